@@ -1,0 +1,34 @@
+/* Typed access to JSON documents through jansson.
+ *
+ * Every getter distinguishes a missing key (PAGODA_ENOENT, nothing recorded) from a present key
+ * of the wrong type or range (PAGODA_EFORMAT / PAGODA_ERANGE, with a detail naming the key), so
+ * that callers can apply defaults to the first and refuse the second. */
+#ifndef PAGODA_COMMON_JSON_UTIL_H
+#define PAGODA_COMMON_JSON_UTIL_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Reads and parses the JSON file at path, refusing files larger than max_bytes. On success
+ * *out is a new reference the caller releases with json_decref(). Errors: PAGODA_ENOENT,
+ * PAGODA_EIO, PAGODA_ERANGE (too large), PAGODA_EFORMAT (with line and column). */
+int json_util_load_file(const char *path, size_t max_bytes, json_t **out);
+
+/* An integer value (a JSON integer, or a real with no fractional part). */
+int json_util_get_int(const json_t *obj, const char *key, int64_t *out);
+
+/* A number value (integer or real). */
+int json_util_get_number(const json_t *obj, const char *key, double *out);
+
+/* A boolean value. */
+int json_util_get_bool(const json_t *obj, const char *key, bool *out);
+
+/* A string value; *out points into obj and lives as long as obj. */
+int json_util_get_string(const json_t *obj, const char *key, const char **out);
+
+/* True when key is absent or JSON null. */
+bool json_util_is_null(const json_t *obj, const char *key);
+
+#endif

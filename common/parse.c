@@ -1,0 +1,68 @@
+#include "common/parse.h"
+#include "common/error.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+
+int parse_i64(const char *flag, const char *text, int64_t min, int64_t max, int64_t *out)
+{
+    char *end;
+    errno = 0;
+    long long v = strtoll(text, &end, 10);
+    if (end == text || *end != '\0')
+        return pagoda_error_set(PAGODA_EINVAL, "%s: '%s' is not an integer", flag, text);
+    if (errno == ERANGE || v < min || v > max)
+        return pagoda_error_set(PAGODA_ERANGE, "%s: %s is outside [%lld, %lld]", flag, text,
+                                (long long)min, (long long)max);
+    *out = v;
+    return 0;
+}
+
+int parse_f64(const char *flag, const char *text, double min, double max, double *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(text, &end);
+    if (end == text || *end != '\0' || !isfinite(v))
+        return pagoda_error_set(PAGODA_EINVAL, "%s: '%s' is not a number", flag, text);
+    if (v < min || v > max)
+        return pagoda_error_set(PAGODA_ERANGE, "%s: %s is outside [%g, %g]", flag, text, min, max);
+    *out = v;
+    return 0;
+}
+
+int parse_i32_list(const char *flag, const char *text, int32_t min, int32_t max, size_t cap,
+                   int32_t **out, size_t *count)
+{
+    size_t n = 1;
+    for (const char *p = text; *p; p++)
+        n += (*p == ',');
+    if (n > cap)
+        return pagoda_error_set(PAGODA_ERANGE, "%s: %zu values, more than the limit of %zu", flag,
+                                n, cap);
+    int32_t *values = malloc(n * sizeof(*values));
+    if (values == NULL)
+        return PAGODA_ENOMEM;
+    const char *p = text;
+    for (size_t i = 0; i < n; i++) {
+        char *end;
+        errno = 0;
+        long long v = strtoll(p, &end, 10);
+        if (end == p || (*end != ',' && *end != '\0')) {
+            free(values);
+            return pagoda_error_set(PAGODA_EINVAL, "%s: '%s' is not a list of integers", flag,
+                                    text);
+        }
+        if (errno == ERANGE || v < min || v > max) {
+            free(values);
+            return pagoda_error_set(PAGODA_ERANGE, "%s: value %lld is outside [%d, %d]", flag, v,
+                                    (int)min, (int)max);
+        }
+        values[i] = (int32_t)v;
+        p = end + 1;
+    }
+    *out = values;
+    *count = n;
+    return 0;
+}

@@ -1,0 +1,21 @@
+/* Parsing of command-line values: whole strings only, range-checked, with a detail message
+ * naming the flag on failure. */
+#ifndef PAGODA_COMMON_PARSE_H
+#define PAGODA_COMMON_PARSE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Parses a decimal integer in [min, max]. Errors: PAGODA_EINVAL (not a number), PAGODA_ERANGE. */
+int parse_i64(const char *flag, const char *text, int64_t min, int64_t max, int64_t *out);
+
+/* Parses a finite floating-point number in [min, max]. Same errors as parse_i64. */
+int parse_f64(const char *flag, const char *text, double min, double max, double *out);
+
+/* Parses a comma-separated list of integers in [min, max] ("1,2,3"), at most cap of them.
+ * On success *out is a new array (the caller frees it) and *count its length (at least 1).
+ * Errors: PAGODA_EINVAL, PAGODA_ERANGE (a value or the count), PAGODA_ENOMEM. */
+int parse_i32_list(const char *flag, const char *text, int32_t min, int32_t max, size_t cap,
+                   int32_t **out, size_t *count);
+
+#endif

@@ -1,0 +1,146 @@
+/* Tests of common/: error codes and details, JSON access, command-line value parsing. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "common/dtype.h"
+#include "common/error.h"
+#include "common/json_util.h"
+#include "common/log.h"
+#include "common/parse.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static void test_strerror_covers_every_code(void **state)
+{
+    for (int e = PAGODA_EINTERNAL; e <= 0; e++)
+        assert_string_not_equal(pagoda_strerror(e), "unknown error");
+    assert_string_equal(pagoda_strerror(-1000), "unknown error");
+}
+
+static void test_error_detail_is_kept_and_cleared(void **state)
+{
+    int rc = pagoda_error_set(PAGODA_ENOENT, "tensor %s missing", "lm_head.weight");
+    assert_int_equal(rc, PAGODA_ENOENT);
+    char buf[128];
+    assert_string_equal(pagoda_error_message(rc, buf, sizeof(buf)),
+                        "tensor lm_head.weight missing (not found)");
+    pagoda_error_clear();
+    assert_string_equal(pagoda_error_message(rc, buf, sizeof(buf)), "not found");
+}
+
+static void test_json_getters_tell_missing_from_wrong(void **state)
+{
+    json_error_t jerr;
+    json_t *o = json_loads("{\"a\": 3, \"b\": 2.5, \"c\": true, \"d\": \"x\", \"e\": null,"
+                           " \"f\": 4.0}",
+                           0, &jerr);
+    assert_non_null(o);
+    int64_t i;
+    double d;
+    bool b;
+    const char *s;
+    assert_int_equal(json_util_get_int(o, "a", &i), 0);
+    assert_int_equal(i, 3);
+    assert_int_equal(json_util_get_int(o, "f", &i), 0);
+    assert_int_equal(i, 4);
+    assert_int_equal(json_util_get_int(o, "b", &i), PAGODA_EFORMAT);
+    assert_int_equal(json_util_get_int(o, "zz", &i), PAGODA_ENOENT);
+    assert_int_equal(json_util_get_int(o, "e", &i), PAGODA_ENOENT);
+    assert_int_equal(json_util_get_number(o, "b", &d), 0);
+    assert_true(d == 2.5);
+    assert_int_equal(json_util_get_bool(o, "c", &b), 0);
+    assert_true(b);
+    assert_int_equal(json_util_get_bool(o, "a", &b), PAGODA_EFORMAT);
+    assert_int_equal(json_util_get_string(o, "d", &s), 0);
+    assert_string_equal(s, "x");
+    assert_int_equal(json_util_get_string(o, "a", &s), PAGODA_EFORMAT);
+    json_decref(o);
+}
+
+static void test_json_load_file_errors(void **state)
+{
+    json_t *root;
+    assert_int_equal(json_util_load_file("/nonexistent/config.json", 100, &root), PAGODA_ENOENT);
+    char path[] = "/tmp/pagoda_json_XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    FILE *f = fdopen(fd, "w");
+    fputs("{\"a\": [1, 2,}", f);
+    fclose(f);
+    assert_int_equal(json_util_load_file(path, 100, &root), PAGODA_EFORMAT);
+    assert_non_null(strstr(pagoda_error_detail(), path));
+    assert_int_equal(json_util_load_file(path, 4, &root), PAGODA_ERANGE);
+    unlink(path);
+}
+
+static void test_parse_values(void **state)
+{
+    int64_t i;
+    double d;
+    assert_int_equal(parse_i64("--n", "42", 0, 100, &i), 0);
+    assert_int_equal(i, 42);
+    assert_int_equal(parse_i64("--n", "42x", 0, 100, &i), PAGODA_EINVAL);
+    assert_int_equal(parse_i64("--n", "", 0, 100, &i), PAGODA_EINVAL);
+    assert_int_equal(parse_i64("--n", "101", 0, 100, &i), PAGODA_ERANGE);
+    assert_non_null(strstr(pagoda_error_detail(), "--n"));
+    assert_int_equal(parse_f64("--t", "0.5", 0, 2, &d), 0);
+    assert_true(d == 0.5);
+    assert_int_equal(parse_f64("--t", "nan", 0, 2, &d), PAGODA_EINVAL);
+    assert_int_equal(parse_f64("--t", "-1", 0, 2, &d), PAGODA_ERANGE);
+
+    int32_t *v;
+    size_t n;
+    assert_int_equal(parse_i32_list("--tokens", "1,2,3", 0, 10, 8, &v, &n), 0);
+    assert_int_equal(n, 3);
+    assert_int_equal(v[2], 3);
+    free(v);
+    assert_int_equal(parse_i32_list("--tokens", "1,,3", 0, 10, 8, &v, &n), PAGODA_EINVAL);
+    assert_int_equal(parse_i32_list("--tokens", "1,2,", 0, 10, 8, &v, &n), PAGODA_EINVAL);
+    assert_int_equal(parse_i32_list("--tokens", "1,11", 0, 10, 8, &v, &n), PAGODA_ERANGE);
+    assert_int_equal(parse_i32_list("--tokens", "1,2,3", 0, 10, 2, &v, &n), PAGODA_ERANGE);
+}
+
+static void test_bf16_round_trip_and_rounding(void **state)
+{
+    /* Values exactly representable in bf16 survive; others round to nearest even. */
+    float exact[] = {0.0f, 1.0f, -2.5f, 0.15625f, 65536.0f};
+    for (size_t k = 0; k < sizeof(exact) / sizeof(exact[0]); k++)
+        assert_true(bf16_to_f32(f32_to_bf16(exact[k])) == exact[k]);
+    /* 1 + 2^-8 lies exactly between 1 and 1 + 2^-7: ties go to the even mantissa (1). */
+    assert_true(bf16_to_f32(f32_to_bf16(1.0f + 1.0f / 256)) == 1.0f);
+    assert_true(bf16_to_f32(f32_to_bf16(1.0f + 3.0f / 256)) == 1.0f + 4.0f / 256);
+    assert_true(isnan(bf16_to_f32(f32_to_bf16(NAN))));
+    assert_true(f16_to_f32(0x3c00) == 1.0f);
+    assert_true(f16_to_f32(0xc000) == -2.0f);
+    assert_true(f16_to_f32(0x0001) == ldexpf(1.0f, -24));
+    assert_true(isinf(f16_to_f32(0x7c00)));
+}
+
+static void test_log_level_parse(void **state)
+{
+    enum log_level l;
+    assert_int_equal(log_level_parse("warn", &l), 0);
+    assert_int_equal(l, LOG_WARN);
+    assert_int_equal(log_level_parse("loud", &l), PAGODA_EINVAL);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_strerror_covers_every_code),
+        cmocka_unit_test(test_error_detail_is_kept_and_cleared),
+        cmocka_unit_test(test_json_getters_tell_missing_from_wrong),
+        cmocka_unit_test(test_json_load_file_errors),
+        cmocka_unit_test(test_parse_values),
+        cmocka_unit_test(test_bf16_round_trip_and_rounding),
+        cmocka_unit_test(test_log_level_parse),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,659 @@
+/* Tests of worker/model_config.c: config.json of the three supported architectures in both
+ * RoPE spellings, every refusal naming its field, validation, and the writer's round trip. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "common/error.h"
+#include "worker/model_config.h"
+
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* Shaped like meta-llama/Llama-3.1-8B's config.json. */
+static const char *const LLAMA31 =
+    "{\"architectures\": [\"LlamaForCausalLM\"], \"model_type\": \"llama\","
+    " \"vocab_size\": 128256, \"hidden_size\": 4096, \"intermediate_size\": 14336,"
+    " \"num_hidden_layers\": 32, \"num_attention_heads\": 32, \"num_key_value_heads\": 8,"
+    " \"head_dim\": 128, \"rms_norm_eps\": 1e-05, \"max_position_embeddings\": 131072,"
+    " \"tie_word_embeddings\": false, \"attention_bias\": false, \"mlp_bias\": false,"
+    " \"bos_token_id\": 128000, \"eos_token_id\": [128001, 128008, 128009],"
+    " \"rope_theta\": 500000.0, \"rope_scaling\": {\"factor\": 8.0, \"low_freq_factor\": 1.0,"
+    " \"high_freq_factor\": 4.0, \"original_max_position_embeddings\": 8192,"
+    " \"rope_type\": \"llama3\"}, \"torch_dtype\": \"bfloat16\", \"hidden_act\": \"silu\","
+    " \"pretraining_tp\": 1, \"use_cache\": true, \"transformers_version\": \"4.43.0\"}";
+
+/* Shaped like mistralai/Mistral-7B-v0.3's config.json. */
+static const char *const MISTRAL =
+    "{\"architectures\": [\"MistralForCausalLM\"], \"model_type\": \"mistral\","
+    " \"vocab_size\": 32768, \"hidden_size\": 4096, \"intermediate_size\": 14336,"
+    " \"num_hidden_layers\": 32, \"num_attention_heads\": 32, \"num_key_value_heads\": 8,"
+    " \"rms_norm_eps\": 1e-05, \"max_position_embeddings\": 32768, \"rope_theta\": 1000000.0,"
+    " \"sliding_window\": null, \"tie_word_embeddings\": false, \"torch_dtype\": \"float16\","
+    " \"bos_token_id\": 1, \"eos_token_id\": 2, \"hidden_act\": \"silu\"}";
+
+/* Shaped like Qwen/Qwen2.5-0.5B's config.json. */
+static const char *const QWEN2 =
+    "{\"architectures\": [\"Qwen2ForCausalLM\"], \"model_type\": \"qwen2\","
+    " \"vocab_size\": 151936, \"hidden_size\": 896, \"intermediate_size\": 4864,"
+    " \"num_hidden_layers\": 24, \"num_attention_heads\": 14, \"num_key_value_heads\": 2,"
+    " \"rms_norm_eps\": 1e-06, \"max_position_embeddings\": 32768, \"max_window_layers\": 21,"
+    " \"rope_theta\": 1000000.0, \"rope_scaling\": null, \"sliding_window\": 32768,"
+    " \"use_sliding_window\": false, \"tie_word_embeddings\": true,"
+    " \"torch_dtype\": \"bfloat16\", \"bos_token_id\": 151643, \"eos_token_id\": 151643,"
+    " \"hidden_act\": \"silu\", \"attention_dropout\": 0.0}";
+
+/* A transformers 5 file: `rope_parameters` and `dtype`. */
+static const char *const LLAMA_V5 =
+    "{\"architectures\": [\"LlamaForCausalLM\"], \"model_type\": \"llama\","
+    " \"vocab_size\": 32000, \"hidden_size\": 2048, \"intermediate_size\": 5632,"
+    " \"num_hidden_layers\": 22, \"num_attention_heads\": 32, \"num_key_value_heads\": 4,"
+    " \"rms_norm_eps\": 1e-05, \"max_position_embeddings\": 8192, \"attention_bias\": true,"
+    " \"rope_parameters\": {\"rope_type\": \"linear\", \"rope_theta\": 10000.0,"
+    " \"factor\": 4.0}, \"dtype\": \"float32\", \"bos_token_id\": 1, \"eos_token_id\": 2}";
+
+/* Parses base with the keys of overrides (a JSON object) replacing its own and the key
+ * remove (when not NULL) deleted. */
+static int parse_with(const char *base, const char *overrides, const char *remove,
+                      struct model_config *c)
+{
+    json_error_t jerr;
+    json_t *root = json_loads(base, 0, &jerr);
+    assert_non_null(root);
+    if (overrides != NULL) {
+        json_t *o = json_loads(overrides, 0, &jerr);
+        assert_non_null(o);
+        assert_int_equal(json_object_update(root, o), 0);
+        json_decref(o);
+    }
+    if (remove != NULL)
+        assert_int_equal(json_object_del(root, remove), 0);
+    pagoda_error_clear();
+    int rc = model_config_parse(root, c);
+    json_decref(root);
+    return rc;
+}
+
+/* Asserts that the change is refused with code and a detail containing each of the needles. */
+static void expect_refusal(const char *base, const char *overrides, const char *remove, int code,
+                           const char *needle1, const char *needle2)
+{
+    struct model_config c;
+    int rc = parse_with(base, overrides, remove, &c);
+    if (rc != code || strstr(pagoda_error_detail(), needle1) == NULL ||
+        (needle2 != NULL && strstr(pagoda_error_detail(), needle2) == NULL))
+        print_error("with %s: got %d \"%s\", want %d naming \"%s\"\n",
+                    overrides ? overrides : remove, rc, pagoda_error_detail(), code, needle1);
+    assert_int_equal(rc, code);
+    assert_non_null(strstr(pagoda_error_detail(), needle1));
+    if (needle2 != NULL)
+        assert_non_null(strstr(pagoda_error_detail(), needle2));
+    assert_non_null(strstr(pagoda_error_detail(), "config.json"));
+}
+
+static void assert_config_equal(const struct model_config *a, const struct model_config *b)
+{
+    assert_int_equal(a->arch, b->arch);
+    assert_int_equal(a->vocab_size, b->vocab_size);
+    assert_int_equal(a->hidden_size, b->hidden_size);
+    assert_int_equal(a->intermediate_size, b->intermediate_size);
+    assert_int_equal(a->num_layers, b->num_layers);
+    assert_int_equal(a->num_heads, b->num_heads);
+    assert_int_equal(a->num_kv_heads, b->num_kv_heads);
+    assert_int_equal(a->head_dim, b->head_dim);
+    assert_true(a->rms_norm_eps == b->rms_norm_eps);
+    assert_int_equal(a->tie_word_embeddings, b->tie_word_embeddings);
+    assert_int_equal(a->qkv_bias, b->qkv_bias);
+    assert_int_equal(a->o_bias, b->o_bias);
+    assert_int_equal(a->bos_token_id, b->bos_token_id);
+    assert_int_equal(a->num_eos, b->num_eos);
+    for (int i = 0; i < a->num_eos; i++)
+        assert_int_equal(a->eos_token_ids[i], b->eos_token_ids[i]);
+    assert_int_equal(a->max_position_embeddings, b->max_position_embeddings);
+    assert_int_equal(a->rope.type, b->rope.type);
+    assert_true(a->rope.theta == b->rope.theta);
+    assert_true(a->rope.factor == b->rope.factor);
+    assert_true(a->rope.low_freq_factor == b->rope.low_freq_factor);
+    assert_true(a->rope.high_freq_factor == b->rope.high_freq_factor);
+    assert_int_equal(a->rope.original_max_position_embeddings,
+                     b->rope.original_max_position_embeddings);
+    assert_int_equal(a->dtype, b->dtype);
+}
+
+static void test_llama_every_field(void **state)
+{
+    struct model_config c;
+    assert_int_equal(parse_with(LLAMA31, NULL, NULL, &c), 0);
+    assert_int_equal(c.arch, MODEL_ARCH_LLAMA);
+    assert_int_equal(c.vocab_size, 128256);
+    assert_int_equal(c.hidden_size, 4096);
+    assert_int_equal(c.intermediate_size, 14336);
+    assert_int_equal(c.num_layers, 32);
+    assert_int_equal(c.num_heads, 32);
+    assert_int_equal(c.num_kv_heads, 8);
+    assert_int_equal(c.head_dim, 128);
+    assert_true(c.rms_norm_eps == 1e-5);
+    assert_false(c.tie_word_embeddings);
+    assert_false(c.qkv_bias);
+    assert_false(c.o_bias);
+    assert_int_equal(c.bos_token_id, 128000);
+    assert_int_equal(c.num_eos, 3);
+    assert_int_equal(c.eos_token_ids[0], 128001);
+    assert_int_equal(c.eos_token_ids[1], 128008);
+    assert_int_equal(c.eos_token_ids[2], 128009);
+    assert_int_equal(c.max_position_embeddings, 131072);
+    assert_int_equal(c.rope.type, ROPE_LLAMA3);
+    assert_true(c.rope.theta == 500000.0);
+    assert_true(c.rope.factor == 8.0);
+    assert_true(c.rope.low_freq_factor == 1.0);
+    assert_true(c.rope.high_freq_factor == 4.0);
+    assert_int_equal(c.rope.original_max_position_embeddings, 8192);
+    assert_int_equal(c.dtype, DTYPE_BF16);
+
+    /* Llama's attention_bias puts a bias on all four projections. */
+    assert_int_equal(parse_with(LLAMA31, "{\"attention_bias\": true}", NULL, &c), 0);
+    assert_true(c.qkv_bias);
+    assert_true(c.o_bias);
+}
+
+static void test_mistral_fields(void **state)
+{
+    struct model_config c;
+    assert_int_equal(parse_with(MISTRAL, NULL, NULL, &c), 0);
+    assert_int_equal(c.arch, MODEL_ARCH_MISTRAL);
+    assert_int_equal(c.vocab_size, 32768);
+    assert_int_equal(c.num_kv_heads, 8);
+    assert_int_equal(c.head_dim, 128); /* 4096 / 32 */
+    assert_int_equal(c.max_position_embeddings, 32768);
+    assert_int_equal(c.rope.type, ROPE_DEFAULT);
+    assert_true(c.rope.theta == 1e6);
+    assert_true(c.rope.factor == 1.0);
+    assert_int_equal(c.dtype, DTYPE_F16);
+    assert_int_equal(c.bos_token_id, 1);
+    assert_int_equal(c.num_eos, 1);
+    assert_int_equal(c.eos_token_ids[0], 2);
+    assert_false(c.qkv_bias);
+    assert_false(c.o_bias);
+    assert_false(c.tie_word_embeddings);
+
+    /* A window as long as the context never slides. */
+    assert_int_equal(parse_with(MISTRAL, "{\"sliding_window\": 32768}", NULL, &c), 0);
+}
+
+static void test_qwen2_fields(void **state)
+{
+    struct model_config c;
+    assert_int_equal(parse_with(QWEN2, NULL, NULL, &c), 0);
+    assert_int_equal(c.arch, MODEL_ARCH_QWEN2);
+    assert_int_equal(c.vocab_size, 151936);
+    assert_int_equal(c.hidden_size, 896);
+    assert_int_equal(c.intermediate_size, 4864);
+    assert_int_equal(c.num_layers, 24);
+    assert_int_equal(c.num_heads, 14);
+    assert_int_equal(c.num_kv_heads, 2);
+    assert_int_equal(c.head_dim, 64);
+    assert_true(c.rms_norm_eps == 1e-6);
+    assert_true(c.tie_word_embeddings);
+    /* Qwen2 always has q/k/v biases and never an o_proj bias. */
+    assert_true(c.qkv_bias);
+    assert_false(c.o_bias);
+    assert_int_equal(c.bos_token_id, 151643);
+    assert_int_equal(c.num_eos, 1);
+    assert_int_equal(c.eos_token_ids[0], 151643);
+    assert_int_equal(c.rope.type, ROPE_DEFAULT);
+    assert_true(c.rope.theta == 1e6);
+}
+
+static void test_defaults_when_absent(void **state)
+{
+    static const char *const minimal =
+        "{\"architectures\": [\"LlamaForCausalLM\"], \"vocab_size\": 1000,"
+        " \"hidden_size\": 64, \"intermediate_size\": 128, \"num_hidden_layers\": 2,"
+        " \"num_attention_heads\": 8, \"head_dim\": null, \"rms_norm_eps\": 1e-6,"
+        " \"max_position_embeddings\": 512, \"bos_token_id\": null}";
+    struct model_config c;
+    assert_int_equal(parse_with(minimal, NULL, NULL, &c), 0);
+    assert_int_equal(c.num_kv_heads, 8);
+    assert_int_equal(c.head_dim, 8);
+    assert_true(c.rope.theta == 10000.0);
+    assert_int_equal(c.rope.type, ROPE_DEFAULT);
+    assert_false(c.tie_word_embeddings);
+    assert_int_equal(c.dtype, DTYPE_BF16);
+    assert_int_equal(c.bos_token_id, -1);
+    assert_int_equal(c.num_eos, 0);
+    assert_false(c.qkv_bias);
+
+    /* Without `architectures`, model_type decides. */
+    assert_int_equal(parse_with(minimal, "{\"model_type\": \"qwen2\"}", "architectures", &c), 0);
+    assert_int_equal(c.arch, MODEL_ARCH_QWEN2);
+}
+
+static void test_rope_parameters_spelling(void **state)
+{
+    struct model_config c;
+    assert_int_equal(parse_with(LLAMA_V5, NULL, NULL, &c), 0);
+    assert_int_equal(c.rope.type, ROPE_LINEAR);
+    assert_true(c.rope.theta == 10000.0);
+    assert_true(c.rope.factor == 4.0);
+    assert_int_equal(c.dtype, DTYPE_F32);
+    assert_true(c.qkv_bias);
+    assert_true(c.o_bias);
+
+    assert_int_equal(parse_with(LLAMA_V5,
+                                "{\"rope_parameters\": {\"rope_type\": \"llama3\","
+                                " \"rope_theta\": 500000.0, \"factor\": 32.0,"
+                                " \"low_freq_factor\": 1.0, \"high_freq_factor\": 4.0,"
+                                " \"original_max_position_embeddings\": 8192}}",
+                                NULL, &c),
+                     0);
+    assert_int_equal(c.rope.type, ROPE_LLAMA3);
+    assert_true(c.rope.theta == 500000.0);
+    assert_true(c.rope.factor == 32.0);
+    assert_true(c.rope.low_freq_factor == 1.0);
+    assert_true(c.rope.high_freq_factor == 4.0);
+    assert_int_equal(c.rope.original_max_position_embeddings, 8192);
+
+    assert_int_equal(parse_with(LLAMA_V5,
+                                "{\"rope_parameters\": {\"rope_type\": \"default\","
+                                " \"rope_theta\": 250000.0}}",
+                                NULL, &c),
+                     0);
+    assert_int_equal(c.rope.type, ROPE_DEFAULT);
+    assert_true(c.rope.theta == 250000.0);
+    assert_true(c.rope.factor == 1.0);
+
+    /* Both spellings in one file must agree. */
+    assert_int_equal(parse_with(LLAMA_V5, "{\"rope_theta\": 10000.0}", NULL, &c), 0);
+    expect_refusal(LLAMA_V5, "{\"rope_theta\": 500000.0}", NULL, PAGODA_EMISMATCH, "rope_theta",
+                   NULL);
+    expect_refusal(LLAMA_V5, "{\"rope_scaling\": {\"rope_type\": \"linear\", \"factor\": 2.0}}",
+                   NULL, PAGODA_EMISMATCH, "rope_scaling", NULL);
+    /* Keyed by layer type (other architectures do this): not plain RoPE with theta 10000. */
+    expect_refusal(LLAMA_V5,
+                   "{\"rope_parameters\": {\"full_attention\": {\"rope_type\": \"default\","
+                   " \"rope_theta\": 1000000.0}}}",
+                   NULL, PAGODA_EFORMAT, "rope_parameters", "rope_type");
+}
+
+static void test_rope_scaling_type_or_rope_type(void **state)
+{
+    struct model_config c;
+    assert_int_equal(parse_with(MISTRAL,
+                                "{\"rope_scaling\": {\"type\": \"linear\","
+                                " \"factor\": 2.0}}",
+                                NULL, &c),
+                     0);
+    assert_int_equal(c.rope.type, ROPE_LINEAR);
+    assert_true(c.rope.factor == 2.0);
+    assert_true(c.rope.theta == 1e6);
+    assert_int_equal(parse_with(MISTRAL,
+                                "{\"rope_scaling\": {\"rope_type\": \"linear\","
+                                " \"factor\": 3.0}}",
+                                NULL, &c),
+                     0);
+    assert_int_equal(c.rope.type, ROPE_LINEAR);
+    assert_true(c.rope.factor == 3.0);
+    assert_int_equal(parse_with(MISTRAL,
+                                "{\"rope_scaling\": {\"rope_type\": \"llama3\","
+                                " \"type\": \"llama3\", \"factor\": 8.0,"
+                                " \"low_freq_factor\": 1.0, \"high_freq_factor\": 4.0,"
+                                " \"original_max_position_embeddings\": 8192}}",
+                                NULL, &c),
+                     0);
+    assert_int_equal(c.rope.type, ROPE_LLAMA3);
+    expect_refusal(MISTRAL,
+                   "{\"rope_scaling\": {\"rope_type\": \"linear\", \"type\": \"llama3\","
+                   " \"factor\": 2.0}}",
+                   NULL, PAGODA_EMISMATCH, "rope_scaling", NULL);
+    expect_refusal(MISTRAL, "{\"rope_scaling\": {\"factor\": 2.0}}", NULL, PAGODA_EFORMAT,
+                   "rope_scaling", "rope_type");
+    expect_refusal(MISTRAL, "{\"rope_scaling\": {\"rope_type\": \"linear\"}}", NULL, PAGODA_EFORMAT,
+                   "\"factor\" is missing", NULL);
+    expect_refusal(MISTRAL, "{\"rope_scaling\": {\"rope_type\": \"linear\", \"factor\": 0}}", NULL,
+                   PAGODA_ERANGE, "factor", NULL);
+}
+
+static void test_eos_number_list_null(void **state)
+{
+    struct model_config c;
+    assert_int_equal(parse_with(MISTRAL, "{\"eos_token_id\": 7}", NULL, &c), 0);
+    assert_int_equal(c.num_eos, 1);
+    assert_int_equal(c.eos_token_ids[0], 7);
+    assert_int_equal(parse_with(MISTRAL, "{\"eos_token_id\": [2, 5]}", NULL, &c), 0);
+    assert_int_equal(c.num_eos, 2);
+    assert_int_equal(c.eos_token_ids[0], 2);
+    assert_int_equal(c.eos_token_ids[1], 5);
+    assert_int_equal(parse_with(MISTRAL, "{\"eos_token_id\": null}", NULL, &c), 0);
+    assert_int_equal(c.num_eos, 0);
+    assert_int_equal(parse_with(MISTRAL, NULL, "eos_token_id", &c), 0);
+    assert_int_equal(c.num_eos, 0);
+    assert_int_equal(parse_with(MISTRAL, "{\"bos_token_id\": [3]}", NULL, &c), 0);
+    assert_int_equal(c.bos_token_id, 3);
+    expect_refusal(MISTRAL, "{\"eos_token_id\": [1, 2, 3, 4, 5, 6, 7, 8, 9]}", NULL, PAGODA_ERANGE,
+                   "eos_token_id", NULL);
+    expect_refusal(MISTRAL, "{\"eos_token_id\": \"2\"}", NULL, PAGODA_EFORMAT, "eos_token_id",
+                   NULL);
+    expect_refusal(MISTRAL, "{\"eos_token_id\": [2, -1]}", NULL, PAGODA_ERANGE, "eos_token_id",
+                   NULL);
+    expect_refusal(MISTRAL, "{\"eos_token_id\": 40000}", NULL, PAGODA_ERANGE, "eos_token_id", NULL);
+}
+
+static void test_head_dim_given_or_derived(void **state)
+{
+    struct model_config c;
+    /* Given: need not be hidden / heads (Mistral Nemo: 5120 / 32 heads, head_dim 128). */
+    assert_int_equal(parse_with(MISTRAL, "{\"hidden_size\": 5120, \"head_dim\": 128}", NULL, &c),
+                     0);
+    assert_int_equal(c.head_dim, 128);
+    assert_int_equal(parse_with(MISTRAL, "{\"hidden_size\": 5120, \"head_dim\": null}", NULL, &c),
+                     0);
+    assert_int_equal(c.head_dim, 160);
+    expect_refusal(MISTRAL, "{\"hidden_size\": 5000}", NULL, PAGODA_ERANGE, "hidden_size",
+                   "num_attention_heads");
+    expect_refusal(MISTRAL, "{\"head_dim\": 127}", NULL, PAGODA_ERANGE, "head_dim", NULL);
+}
+
+static void test_refuses_active_sliding_window(void **state)
+{
+    expect_refusal(MISTRAL, "{\"sliding_window\": 4096}", NULL, PAGODA_EUNSUPPORTED,
+                   "active sliding_window 4096", NULL);
+    expect_refusal(QWEN2, "{\"use_sliding_window\": true}", NULL, PAGODA_EUNSUPPORTED,
+                   "sliding_window", "use_sliding_window");
+    expect_refusal(LLAMA31, "{\"sliding_window\": 4096}", NULL, PAGODA_EUNSUPPORTED,
+                   "sliding_window 4096", NULL);
+    expect_refusal(QWEN2, "{\"layer_types\": [\"full_attention\", \"sliding_attention\"]}", NULL,
+                   PAGODA_EUNSUPPORTED, "sliding_attention", NULL);
+}
+
+static void test_refuses_unsupported_rope(void **state)
+{
+    expect_refusal(LLAMA31, "{\"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4.0}}", NULL,
+                   PAGODA_EUNSUPPORTED, "rope type \"yarn\" is not supported", NULL);
+    expect_refusal(LLAMA31, "{\"rope_scaling\": {\"type\": \"dynamic\", \"factor\": 2.0}}", NULL,
+                   PAGODA_EUNSUPPORTED, "\"dynamic\"", NULL);
+    expect_refusal(LLAMA_V5, "{\"rope_parameters\": {\"rope_type\": \"longrope\"}}", NULL,
+                   PAGODA_EUNSUPPORTED, "\"longrope\"", "rope_parameters");
+    expect_refusal(LLAMA31, "{\"partial_rotary_factor\": 0.5}", NULL, PAGODA_EUNSUPPORTED,
+                   "partial_rotary_factor", NULL);
+    /* llama3's ramp divides by high - low. */
+    expect_refusal(LLAMA31,
+                   "{\"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8.0,"
+                   " \"low_freq_factor\": 4.0, \"high_freq_factor\": 4.0,"
+                   " \"original_max_position_embeddings\": 8192}}",
+                   NULL, PAGODA_ERANGE, "high_freq_factor", NULL);
+    expect_refusal(LLAMA31,
+                   "{\"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8.0,"
+                   " \"high_freq_factor\": 4.0, \"original_max_position_embeddings\": 8192}}",
+                   NULL, PAGODA_EFORMAT, "\"low_freq_factor\" is missing", NULL);
+}
+
+static void test_refuses_architecture(void **state)
+{
+    expect_refusal(LLAMA31, "{\"architectures\": [\"GPT2LMHeadModel\"], \"model_type\": null}",
+                   NULL, PAGODA_EUNSUPPORTED, "\"GPT2LMHeadModel\" is not supported", NULL);
+    expect_refusal(LLAMA31, "{\"architectures\": [\"LlamaForCausalLM\", \"MistralForCausalLM\"]}",
+                   NULL, PAGODA_EUNSUPPORTED, "architectures", "2 classes");
+    expect_refusal(LLAMA31, "{\"model_type\": \"qwen2\"}", NULL, PAGODA_EMISMATCH,
+                   "model_type \"qwen2\"", "LlamaForCausalLM");
+    expect_refusal(LLAMA31, "{\"architectures\": []}", NULL, PAGODA_EFORMAT, "architectures", NULL);
+    expect_refusal(LLAMA31, "{\"model_type\": \"gemma\"}", "architectures", PAGODA_EUNSUPPORTED,
+                   "\"gemma\"", NULL);
+}
+
+static void test_refuses_dtype(void **state)
+{
+    expect_refusal(LLAMA31, "{\"torch_dtype\": \"float8_e4m3fn\"}", NULL, PAGODA_EUNSUPPORTED,
+                   "torch_dtype", "\"float8_e4m3fn\" is not supported");
+    expect_refusal(LLAMA31, "{\"dtype\": \"int8\"}", "torch_dtype", PAGODA_EUNSUPPORTED,
+                   "\"dtype\" \"int8\"", NULL);
+    expect_refusal(LLAMA31, "{\"dtype\": \"float16\"}", NULL, PAGODA_EMISMATCH, "float16",
+                   "bfloat16");
+}
+
+static void test_refuses_other_math(void **state)
+{
+    expect_refusal(LLAMA31, "{\"mlp_bias\": true}", NULL, PAGODA_EUNSUPPORTED, "mlp_bias", NULL);
+    expect_refusal(LLAMA31, "{\"hidden_act\": \"gelu\"}", NULL, PAGODA_EUNSUPPORTED, "\"gelu\"",
+                   NULL);
+    expect_refusal(LLAMA31, "{\"quantization_config\": {\"quant_method\": \"fp8\"}}", NULL,
+                   PAGODA_EUNSUPPORTED, "quantization_config", NULL);
+}
+
+static void test_missing_or_mistyped_fields(void **state)
+{
+    expect_refusal(LLAMA31, NULL, "hidden_size", PAGODA_EFORMAT, "\"hidden_size\" is missing",
+                   NULL);
+    expect_refusal(QWEN2, NULL, "rms_norm_eps", PAGODA_EFORMAT, "\"rms_norm_eps\"", NULL);
+    expect_refusal(LLAMA31, "{\"num_hidden_layers\": \"32\"}", NULL, PAGODA_EFORMAT,
+                   "\"num_hidden_layers\" must be an integer", NULL);
+    expect_refusal(LLAMA31, "{\"tie_word_embeddings\": 1}", NULL, PAGODA_EFORMAT,
+                   "tie_word_embeddings", NULL);
+    expect_refusal(LLAMA31, "{\"num_key_value_heads\": 5}", NULL, PAGODA_ERANGE,
+                   "num_key_value_heads 5", NULL);
+    expect_refusal(LLAMA31, "{\"rms_norm_eps\": 0}", NULL, PAGODA_ERANGE, "rms_norm_eps", NULL);
+    expect_refusal(LLAMA31, "{\"vocab_size\": 2147483649}", NULL, PAGODA_ERANGE, "vocab_size",
+                   NULL);
+    expect_refusal(LLAMA31, "{\"num_attention_heads\": 0}", NULL, PAGODA_ERANGE,
+                   "num_attention_heads", NULL);
+
+    struct model_config c;
+    json_t *not_object = json_array();
+    assert_int_equal(model_config_parse(not_object, &c), PAGODA_EFORMAT);
+    json_decref(not_object);
+}
+
+static void test_validate(void **state)
+{
+    struct model_config c;
+    model_config_tiny(&c);
+    assert_int_equal(model_config_validate(&c), 0);
+
+    struct model_config bad = c;
+    bad.num_kv_heads = 3;
+    assert_int_equal(model_config_validate(&bad), PAGODA_ERANGE);
+    assert_non_null(strstr(pagoda_error_detail(), "num_key_value_heads"));
+    bad = c;
+    bad.head_dim = 63;
+    assert_int_equal(model_config_validate(&bad), PAGODA_ERANGE);
+    assert_non_null(strstr(pagoda_error_detail(), "head_dim 63"));
+    bad = c;
+    bad.rms_norm_eps = 0.0;
+    assert_int_equal(model_config_validate(&bad), PAGODA_ERANGE);
+    bad = c;
+    bad.vocab_size = (INT64_C(1) << 31) + 1;
+    assert_int_equal(model_config_validate(&bad), PAGODA_ERANGE);
+    bad.vocab_size = INT64_C(1) << 31;
+    assert_int_equal(model_config_validate(&bad), 0);
+    bad = c;
+    bad.rope.type = ROPE_LINEAR;
+    bad.rope.factor = -2.0;
+    assert_int_equal(model_config_validate(&bad), PAGODA_ERANGE);
+    assert_non_null(strstr(pagoda_error_detail(), "factor"));
+    bad = c;
+    bad.rope.type = ROPE_LLAMA3;
+    bad.rope.factor = 8.0;
+    bad.rope.low_freq_factor = 1.0;
+    bad.rope.high_freq_factor = 4.0;
+    bad.rope.original_max_position_embeddings = 0;
+    assert_int_equal(model_config_validate(&bad), PAGODA_ERANGE);
+    assert_non_null(strstr(pagoda_error_detail(), "original_max_position_embeddings"));
+    bad = c;
+    bad.hidden_size = 0;
+    assert_int_equal(model_config_validate(&bad), PAGODA_ERANGE);
+    assert_non_null(strstr(pagoda_error_detail(), "hidden_size"));
+    /* A Qwen2 config without q/k/v biases is not one config.json can express. */
+    bad = c;
+    bad.arch = MODEL_ARCH_QWEN2;
+    assert_int_equal(model_config_validate(&bad), PAGODA_ERANGE);
+    bad.qkv_bias = true;
+    assert_int_equal(model_config_validate(&bad), 0);
+}
+
+static void test_tiny_preset(void **state)
+{
+    struct model_config c;
+    model_config_tiny(&c);
+    assert_int_equal(c.arch, MODEL_ARCH_LLAMA);
+    assert_int_equal(c.vocab_size, 512);
+    assert_int_equal(c.hidden_size, 256);
+    assert_int_equal(c.num_layers, 4);
+    assert_int_equal(c.num_heads, 4);
+    assert_int_equal(c.num_kv_heads, 2);
+    assert_int_equal(c.head_dim, 64);
+    assert_int_equal(c.intermediate_size, 688);
+    assert_true(c.rope.theta == 10000.0);
+    assert_int_equal(c.rope.type, ROPE_DEFAULT);
+    assert_true(c.rms_norm_eps == 1e-5);
+    assert_false(c.tie_word_embeddings);
+    assert_int_equal(c.dtype, DTYPE_BF16);
+    assert_int_equal(c.max_position_embeddings, 2048);
+    assert_int_equal(c.bos_token_id, 1);
+    assert_int_equal(c.num_eos, 1);
+    assert_int_equal(c.eos_token_ids[0], 2);
+}
+
+/* Writes cfg in one spelling, checks the keys transformers reads are there, parses it back
+ * and compares. */
+static void round_trip(const struct model_config *cfg, bool legacy)
+{
+    json_t *root;
+    assert_int_equal(model_config_to_json(cfg, legacy, &root), 0);
+    assert_string_equal(
+        json_string_value(json_array_get(json_object_get(root, "architectures"), 0)),
+        model_arch_class(cfg->arch));
+    assert_string_equal(json_string_value(json_object_get(root, "model_type")),
+                        model_arch_type(cfg->arch));
+    assert_string_equal(json_string_value(json_object_get(root, "torch_dtype")),
+                        dtype_torch_name(cfg->dtype));
+    assert_string_equal(json_string_value(json_object_get(root, "dtype")),
+                        dtype_torch_name(cfg->dtype));
+    assert_string_equal(json_string_value(json_object_get(root, "hidden_act")), "silu");
+    assert_true(json_is_boolean(json_object_get(root, "tie_word_embeddings")));
+    if (legacy) {
+        assert_null(json_object_get(root, "rope_parameters"));
+        assert_true(json_is_number(json_object_get(root, "rope_theta")));
+        assert_non_null(json_object_get(root, "rope_scaling"));
+    } else {
+        assert_null(json_object_get(root, "rope_theta"));
+        assert_null(json_object_get(root, "rope_scaling"));
+        assert_true(json_is_object(json_object_get(root, "rope_parameters")));
+    }
+    if (cfg->arch == MODEL_ARCH_QWEN2) {
+        assert_true(json_is_false(json_object_get(root, "use_sliding_window")));
+        assert_true(json_is_null(json_object_get(root, "sliding_window")));
+    }
+    if (cfg->arch == MODEL_ARCH_MISTRAL)
+        assert_true(json_is_null(json_object_get(root, "sliding_window")));
+    if (cfg->arch == MODEL_ARCH_LLAMA)
+        assert_int_equal(json_is_true(json_object_get(root, "attention_bias")), cfg->o_bias);
+
+    /* Through text, as a file would go. */
+    char *text = json_dumps(root, JSON_INDENT(2));
+    assert_non_null(text);
+    json_decref(root);
+    json_error_t jerr;
+    root = json_loads(text, 0, &jerr);
+    free(text);
+    assert_non_null(root);
+    struct model_config back;
+    int rc = model_config_parse(root, &back);
+    if (rc != 0)
+        print_error("%s\n", pagoda_error_detail());
+    assert_int_equal(rc, 0);
+    json_decref(root);
+    assert_config_equal(&back, cfg);
+}
+
+static void test_to_json_round_trip(void **state)
+{
+    const char *const sources[] = {LLAMA31, MISTRAL, QWEN2, LLAMA_V5};
+    for (size_t i = 0; i < sizeof(sources) / sizeof(sources[0]); i++) {
+        struct model_config c;
+        assert_int_equal(parse_with(sources[i], NULL, NULL, &c), 0);
+        round_trip(&c, false);
+        round_trip(&c, true);
+    }
+    struct model_config c;
+    model_config_tiny(&c);
+    round_trip(&c, false);
+    round_trip(&c, true);
+    /* No BOS, no EOS, F16, an odd epsilon, Qwen2 with llama3 RoPE and many EOS ids. */
+    c.bos_token_id = -1;
+    c.num_eos = 0;
+    c.dtype = DTYPE_F16;
+    c.rms_norm_eps = 1e-5 / 3.0;
+    round_trip(&c, false);
+    round_trip(&c, true);
+    c.arch = MODEL_ARCH_QWEN2;
+    c.qkv_bias = true;
+    c.tie_word_embeddings = true;
+    c.rope = (struct rope_config){.type = ROPE_LLAMA3,
+                                  .theta = 123456.5,
+                                  .factor = 16.0,
+                                  .low_freq_factor = 0.5,
+                                  .high_freq_factor = 2.5,
+                                  .original_max_position_embeddings = 1024};
+    c.num_eos = MODEL_MAX_EOS;
+    for (int i = 0; i < MODEL_MAX_EOS; i++)
+        c.eos_token_ids[i] = 500 - i;
+    round_trip(&c, false);
+    round_trip(&c, true);
+}
+
+static void test_load_from_directory(void **state)
+{
+    char dir[] = "/tmp/pagoda_config_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char path[256];
+    snprintf(path, sizeof(path), "%s/config.json", dir);
+    struct model_config c;
+    assert_int_equal(model_config_load(dir, &c), PAGODA_ENOENT);
+
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(QWEN2, f);
+    fclose(f);
+    assert_int_equal(model_config_load(dir, &c), 0);
+    assert_int_equal(c.arch, MODEL_ARCH_QWEN2);
+
+    /* A refusal names the file it came from. */
+    f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("{\"architectures\": [\"GPT2LMHeadModel\"]}", f);
+    fclose(f);
+    assert_int_equal(model_config_load(dir, &c), PAGODA_EUNSUPPORTED);
+    assert_non_null(strstr(pagoda_error_detail(), path));
+    assert_non_null(strstr(pagoda_error_detail(), "GPT2LMHeadModel"));
+    unlink(path);
+    rmdir(dir);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_llama_every_field),
+        cmocka_unit_test(test_mistral_fields),
+        cmocka_unit_test(test_qwen2_fields),
+        cmocka_unit_test(test_defaults_when_absent),
+        cmocka_unit_test(test_rope_parameters_spelling),
+        cmocka_unit_test(test_rope_scaling_type_or_rope_type),
+        cmocka_unit_test(test_eos_number_list_null),
+        cmocka_unit_test(test_head_dim_given_or_derived),
+        cmocka_unit_test(test_refuses_active_sliding_window),
+        cmocka_unit_test(test_refuses_unsupported_rope),
+        cmocka_unit_test(test_refuses_architecture),
+        cmocka_unit_test(test_refuses_dtype),
+        cmocka_unit_test(test_refuses_other_math),
+        cmocka_unit_test(test_missing_or_mistyped_fields),
+        cmocka_unit_test(test_validate),
+        cmocka_unit_test(test_tiny_preset),
+        cmocka_unit_test(test_to_json_round_trip),
+        cmocka_unit_test(test_load_from_directory),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,87 @@
+/* The model's configuration, as read from a Hugging Face config.json.
+ *
+ * Supported: LlamaForCausalLM, MistralForCausalLM and Qwen2ForCausalLM with RoPE of type
+ * default, linear or llama3, in either spelling real files use (`rope_theta` + `rope_scaling`,
+ * or transformers 5's `rope_parameters`). Anything else that changes the math (another
+ * architecture, rope type or dtype, an active sliding window) is refused by name rather than
+ * silently computed wrong. */
+#ifndef PAGODA_WORKER_MODEL_CONFIG_H
+#define PAGODA_WORKER_MODEL_CONFIG_H
+
+#include "common/dtype.h"
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#define MODEL_MAX_EOS 8
+/* config.json files larger than this are refused (real ones are a few KiB). */
+#define MODEL_CONFIG_MAX_BYTES (1u << 20)
+
+enum model_arch { MODEL_ARCH_LLAMA = 0, MODEL_ARCH_MISTRAL = 1, MODEL_ARCH_QWEN2 = 2 };
+
+enum rope_type { ROPE_DEFAULT = 0, ROPE_LINEAR = 1, ROPE_LLAMA3 = 2 };
+
+struct rope_config {
+    enum rope_type type;
+    double theta;  /* base of the inverse frequencies */
+    double factor; /* linear and llama3: the scaling factor; 1 for default */
+    /* llama3 only */
+    double low_freq_factor;
+    double high_freq_factor;
+    int64_t original_max_position_embeddings;
+};
+
+struct model_config {
+    enum model_arch arch;
+    int64_t vocab_size;
+    int64_t hidden_size;
+    int64_t intermediate_size;
+    int64_t num_layers;   /* num_hidden_layers */
+    int64_t num_heads;    /* num_attention_heads */
+    int64_t num_kv_heads; /* num_key_value_heads, num_heads when absent */
+    int64_t head_dim;     /* head_dim, hidden_size / num_heads when absent */
+    double rms_norm_eps;
+    bool tie_word_embeddings;
+    /* Q, K and V projections carry a bias (Qwen2 always; Llama with attention_bias, which
+     * also gives o_proj a bias: see o_bias). */
+    bool qkv_bias;
+    bool o_bias;
+    int32_t bos_token_id; /* -1 when absent */
+    int32_t eos_token_ids[MODEL_MAX_EOS];
+    int num_eos;
+    int64_t max_position_embeddings;
+    struct rope_config rope;
+    enum dtype dtype; /* torch_dtype / dtype: the dtype the weights are stored in */
+};
+
+/* The architecture's class name ("LlamaForCausalLM", ...) and model_type ("llama", ...). */
+const char *model_arch_class(enum model_arch arch);
+const char *model_arch_type(enum model_arch arch);
+
+/* Parses a config.json document into *out. Errors: PAGODA_EUNSUPPORTED (an architecture,
+ * rope type or dtype pagoda does not support, or an active sliding window), PAGODA_EFORMAT (a
+ * field of the wrong type or missing), PAGODA_ERANGE (a value that cannot be right),
+ * PAGODA_EMISMATCH (two fields that must agree do not: model_type and architectures, dtype and
+ * torch_dtype, rope_parameters and rope_theta/rope_scaling), each with a detail
+ * (pagoda_error_detail) that names the field. */
+int model_config_parse(const json_t *root, struct model_config *out);
+
+/* Reads DIR/config.json and parses it. Same errors, plus those of opening the file. */
+int model_config_load(const char *model_dir, struct model_config *out);
+
+/* Checks that a config is self-consistent (positive sizes, heads divisible by KV heads, ...).
+ * model_config_parse calls it; pagoda-mkmodel calls it on what it is asked to write. */
+int model_config_validate(const struct model_config *cfg);
+
+/* Fills *out with the `tiny` preset: Llama, vocabulary 512, hidden 256, 4 layers, 4 heads,
+ * 2 KV heads, head dim 64, intermediate 688, rope theta 10000, eps 1e-5, untied, BF16, 2048
+ * positions, BOS 1, EOS 2. */
+void model_config_tiny(struct model_config *out);
+
+/* Serialises cfg as a config.json that Hugging Face transformers loads. legacy_rope selects
+ * the older spelling (`rope_theta` + `rope_scaling`) instead of `rope_parameters`. On success
+ * *out is a new reference. Errors: PAGODA_ENOMEM. */
+int model_config_to_json(const struct model_config *cfg, bool legacy_rope, json_t **out);
+
+#endif
