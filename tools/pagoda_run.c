@@ -1,0 +1,494 @@
+/* pagoda-run: offline generation for people and scripts.
+ *
+ * Every prompt runs in one batch: each step is one forward pass over all unfinished sequences,
+ * prefill chunks and decode tokens together (chunked when the prompts exceed the step's token
+ * budget), against one KV pool laid out as kvpool/geometry.h defines. Tokens are chosen by the
+ * sampler of kernels/cpu/sampler.h, so a seeded run repeats exactly and a prompt's tokens do not
+ * depend on the other prompts in the batch. */
+#include "common/error.h"
+#include "common/log.h"
+#include "common/parse.h"
+#include "kernels/cpu/sampler.h"
+#include "worker/cpu_backend.h"
+#include "worker/model_weights.h"
+
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define MAX_PROMPTS 256
+#define MAX_PROMPT_TOKENS (1 << 20)
+#define MAX_NEW_TOKENS (1 << 20)
+
+struct seq {
+    int32_t *tokens; /* prompt then output */
+    float *logprobs; /* one per output token */
+    int32_t num_prompt;
+    int32_t num_tokens;   /* prompt + output so far */
+    int32_t num_computed; /* tokens whose K/V are in the pool */
+    int32_t max_total;    /* stop when num_tokens reaches it */
+    int32_t *block_table;
+    int32_t num_blocks;
+    const char *finish; /* NULL while running: "stop" or "length" */
+};
+
+struct run_opts {
+    const char *model;
+    const char *attention;
+    int32_t max_tokens;
+    int32_t block_size;
+    int32_t max_batched_tokens;
+    int json;
+    int ignore_eos;
+    int stats;
+    struct sampling_params sampling;
+};
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: pagoda-run --model DIR --tokens 1,2,3 [--tokens 4,5 ...] --max-tokens N\n"
+               "                  [--temperature T] [--top-p P] [--top-k K] [--min-p M]\n"
+               "                  [--repetition-penalty R] [--presence-penalty X]\n"
+               "                  [--frequency-penalty X] [--seed S] [--block-size B]\n"
+               "                  [--max-batched-tokens N] [--attention paged|gather]\n"
+               "                  [--ignore-eos] [--stats] [--json]\n");
+}
+
+static int fail(int rc)
+{
+    char msg[700];
+    fprintf(stderr, "pagoda-run: %s\n", pagoda_error_message(rc, msg, sizeof(msg)));
+    return 1;
+}
+
+static int is_eos(const struct model_config *c, int32_t tok)
+{
+    for (int i = 0; i < c->num_eos; i++)
+        if (c->eos_token_ids[i] == tok)
+            return 1;
+    return 0;
+}
+
+static void print_result(const struct seq *s, int json)
+{
+    int32_t n = s->num_tokens - s->num_prompt;
+    if (json) {
+        printf("{\"token_ids\": [");
+        for (int32_t i = 0; i < n; i++)
+            printf("%s%d", i ? ", " : "", s->tokens[s->num_prompt + i]);
+        printf("], \"logprobs\": [");
+        for (int32_t i = 0; i < n; i++)
+            printf("%s%.6g", i ? ", " : "", s->logprobs[i]);
+        printf("], \"finish_reason\": \"%s\"}\n", s->finish);
+    } else {
+        for (int32_t i = 0; i < n; i++)
+            printf("%s%d", i ? "," : "", s->tokens[s->num_prompt + i]);
+        printf("\n");
+    }
+}
+
+/* The step's batch: built into arrays sized for the whole run once. */
+struct step_buf {
+    int32_t *token_ids, *positions, *query_start, *context_lens, *block_tables, *logits_rows;
+    int64_t *slots;
+    int32_t *seq_of_row; /* which sequence each logits row belongs to */
+    int32_t *sched;      /* which sequence each scheduled chunk belongs to */
+    float *logits;
+};
+
+static int generate(struct backend *be, struct seq *seqs, int num_seqs, int32_t block_size,
+                    int32_t max_blocks, const struct run_opts *o)
+{
+    const struct model_config *c = backend_config(be);
+    struct step_buf sb = {0};
+    struct sampler_workspace ws = {0};
+    size_t budget = (size_t)o->max_batched_tokens;
+    int rc = PAGODA_ENOMEM;
+    sb.token_ids = malloc(budget * sizeof(int32_t));
+    sb.positions = malloc(budget * sizeof(int32_t));
+    sb.slots = malloc(budget * sizeof(int64_t));
+    sb.query_start = malloc((size_t)(num_seqs + 1) * sizeof(int32_t));
+    sb.context_lens = malloc((size_t)num_seqs * sizeof(int32_t));
+    sb.block_tables = malloc((size_t)num_seqs * (size_t)max_blocks * sizeof(int32_t));
+    sb.logits_rows = malloc((size_t)num_seqs * sizeof(int32_t));
+    sb.seq_of_row = malloc((size_t)num_seqs * sizeof(int32_t));
+    sb.sched = malloc((size_t)num_seqs * sizeof(int32_t));
+    sb.logits = malloc((size_t)num_seqs * (size_t)c->vocab_size * sizeof(float));
+    if (!sb.token_ids || !sb.positions || !sb.slots || !sb.query_start || !sb.context_lens ||
+        !sb.block_tables || !sb.logits_rows || !sb.seq_of_row || !sb.sched || !sb.logits)
+        goto out;
+    if ((rc = sampler_workspace_init(&ws, (int32_t)c->vocab_size)) != 0)
+        goto out;
+
+    for (;;) {
+        /* Schedule: decodes first (one token each), then prefill chunks within the budget. */
+        int32_t n = 0, ns = 0, nl = 0;
+        for (int pass = 0; pass < 2; pass++) {
+            for (int i = 0; i < num_seqs; i++) {
+                struct seq *s = &seqs[i];
+                int32_t pending = s->num_tokens - s->num_computed;
+                if (s->finish != NULL || (pass == 0) != (pending == 1) || pending == 0)
+                    continue;
+                int32_t take = pending;
+                if ((size_t)(n + take) > budget)
+                    take = (int32_t)budget - n;
+                if (take <= 0)
+                    continue;
+                sb.query_start[ns] = n;
+                sb.sched[ns] = i;
+                for (int32_t j = 0; j < take; j++) {
+                    int32_t p = s->num_computed + j;
+                    sb.token_ids[n + j] = s->tokens[p];
+                    sb.positions[n + j] = p;
+                    sb.slots[n + j] =
+                        (int64_t)s->block_table[p / block_size] * block_size + p % block_size;
+                }
+                n += take;
+                sb.context_lens[ns] = s->num_computed + take;
+                memcpy(sb.block_tables + (size_t)ns * max_blocks, s->block_table,
+                       (size_t)s->num_blocks * sizeof(int32_t));
+                /* Logits only when the chunk reaches the end of what the sequence holds. */
+                if (s->num_computed + take == s->num_tokens) {
+                    sb.logits_rows[nl] = n - 1;
+                    sb.seq_of_row[nl++] = i;
+                }
+                ns++;
+            }
+        }
+        if (ns == 0)
+            break;
+        sb.query_start[ns] = n;
+        struct fwd_batch b = {
+            .num_tokens = n,
+            .token_ids = sb.token_ids,
+            .positions = sb.positions,
+            .slot_mapping = sb.slots,
+            .num_seqs = ns,
+            .query_start = sb.query_start,
+            .context_lens = sb.context_lens,
+            .block_tables = sb.block_tables,
+            .max_blocks_per_seq = max_blocks,
+            .num_logits = nl,
+            .logits_indices = sb.logits_rows,
+        };
+        if ((rc = backend_forward(be, &b, sb.logits)) != 0)
+            goto out;
+        /* Every sequence in the step has its chunk computed. */
+        for (int32_t k = 0; k < ns; k++)
+            seqs[sb.sched[k]].num_computed += sb.query_start[k + 1] - sb.query_start[k];
+        for (int32_t r = 0; r < nl; r++) {
+            struct seq *s = &seqs[sb.seq_of_row[r]];
+            int32_t out_len = s->num_tokens - s->num_prompt, token;
+            float lp;
+            rc = sampler_sample(&o->sampling, sb.logits + (size_t)r * c->vocab_size,
+                                (int32_t)c->vocab_size, s->tokens, (size_t)s->num_prompt,
+                                s->tokens + s->num_prompt, (size_t)out_len, (uint64_t)out_len, &ws,
+                                &token, &lp);
+            if (rc != 0)
+                goto out;
+            s->tokens[s->num_tokens] = token;
+            s->logprobs[out_len] = lp;
+            s->num_tokens++;
+            if (!o->ignore_eos && is_eos(c, token))
+                s->finish = "stop";
+            else if (s->num_tokens >= s->max_total)
+                s->finish = "length";
+        }
+    }
+    rc = 0;
+out:
+    sampler_workspace_fini(&ws);
+    free(sb.token_ids);
+    free(sb.positions);
+    free(sb.slots);
+    free(sb.query_start);
+    free(sb.context_lens);
+    free(sb.block_tables);
+    free(sb.logits_rows);
+    free(sb.seq_of_row);
+    free(sb.sched);
+    free(sb.logits);
+    return rc;
+}
+
+enum {
+    OPT_TEMPERATURE = 256,
+    OPT_TOP_P,
+    OPT_TOP_K,
+    OPT_MIN_P,
+    OPT_REP,
+    OPT_PRESENCE,
+    OPT_FREQUENCY,
+    OPT_SEED,
+    OPT_BLOCK_SIZE,
+    OPT_MAX_BATCHED,
+    OPT_ATTENTION,
+    OPT_IGNORE_EOS,
+    OPT_STATS,
+    OPT_JSON,
+};
+
+static int parse_flag(int opt, const char *arg, struct run_opts *o, int32_t ***prompts,
+                      size_t **lens, int *num_prompts)
+{
+    int64_t i;
+    double d;
+    int rc = 0;
+    switch (opt) {
+    case 'm':
+        o->model = arg;
+        break;
+    case 't': {
+        if (*num_prompts >= MAX_PROMPTS)
+            return pagoda_error_set(PAGODA_ERANGE, "--tokens: more than %d prompts", MAX_PROMPTS);
+        int32_t *toks;
+        size_t n;
+        if ((rc = parse_i32_list("--tokens", arg, 0, INT32_MAX, MAX_PROMPT_TOKENS, &toks, &n)))
+            return rc;
+        (*prompts)[*num_prompts] = toks;
+        (*lens)[*num_prompts] = n;
+        (*num_prompts)++;
+        break;
+    }
+    case 'n':
+        if ((rc = parse_i64("--max-tokens", arg, 1, MAX_NEW_TOKENS, &i)) == 0)
+            o->max_tokens = (int32_t)i;
+        break;
+    case OPT_TEMPERATURE:
+        if ((rc = parse_f64("--temperature", arg, 0, 1e6, &d)) == 0)
+            o->sampling.temperature = (float)d;
+        break;
+    case OPT_TOP_P:
+        if ((rc = parse_f64("--top-p", arg, 0, 1, &d)) == 0)
+            o->sampling.top_p = (float)d;
+        break;
+    case OPT_TOP_K:
+        if ((rc = parse_i64("--top-k", arg, 0, INT32_MAX, &i)) == 0)
+            o->sampling.top_k = (int32_t)i;
+        break;
+    case OPT_MIN_P:
+        if ((rc = parse_f64("--min-p", arg, 0, 1, &d)) == 0)
+            o->sampling.min_p = (float)d;
+        break;
+    case OPT_REP:
+        if ((rc = parse_f64("--repetition-penalty", arg, 0, 1e6, &d)) == 0)
+            o->sampling.repetition_penalty = (float)d;
+        break;
+    case OPT_PRESENCE:
+        if ((rc = parse_f64("--presence-penalty", arg, -2, 2, &d)) == 0)
+            o->sampling.presence_penalty = (float)d;
+        break;
+    case OPT_FREQUENCY:
+        if ((rc = parse_f64("--frequency-penalty", arg, -2, 2, &d)) == 0)
+            o->sampling.frequency_penalty = (float)d;
+        break;
+    case OPT_SEED:
+        if ((rc = parse_i64("--seed", arg, 0, INT64_MAX, &i)) == 0)
+            o->sampling.seed = (uint64_t)i;
+        break;
+    case OPT_BLOCK_SIZE:
+        if ((rc = parse_i64("--block-size", arg, KV_BLOCK_SIZE_MIN, KV_BLOCK_SIZE_MAX, &i)) == 0)
+            o->block_size = (int32_t)i;
+        break;
+    case OPT_MAX_BATCHED:
+        if ((rc = parse_i64("--max-batched-tokens", arg, 1, 1 << 16, &i)) == 0)
+            o->max_batched_tokens = (int32_t)i;
+        break;
+    case OPT_ATTENTION:
+        if (strcmp(arg, "paged") != 0 && strcmp(arg, "gather") != 0)
+            return pagoda_error_set(PAGODA_EINVAL, "--attention: '%s' is not paged or gather", arg);
+        o->attention = arg;
+        break;
+    case OPT_IGNORE_EOS:
+        o->ignore_eos = 1;
+        break;
+    case OPT_STATS:
+        o->stats = 1;
+        break;
+    case OPT_JSON:
+        o->json = 1;
+        break;
+    default:
+        return pagoda_error_set(PAGODA_EINVAL, "unknown option (see --help)");
+    }
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    static const struct option longopts[] = {
+        {"model", required_argument, NULL, 'm'},
+        {"tokens", required_argument, NULL, 't'},
+        {"max-tokens", required_argument, NULL, 'n'},
+        {"temperature", required_argument, NULL, OPT_TEMPERATURE},
+        {"top-p", required_argument, NULL, OPT_TOP_P},
+        {"top-k", required_argument, NULL, OPT_TOP_K},
+        {"min-p", required_argument, NULL, OPT_MIN_P},
+        {"repetition-penalty", required_argument, NULL, OPT_REP},
+        {"presence-penalty", required_argument, NULL, OPT_PRESENCE},
+        {"frequency-penalty", required_argument, NULL, OPT_FREQUENCY},
+        {"seed", required_argument, NULL, OPT_SEED},
+        {"block-size", required_argument, NULL, OPT_BLOCK_SIZE},
+        {"max-batched-tokens", required_argument, NULL, OPT_MAX_BATCHED},
+        {"attention", required_argument, NULL, OPT_ATTENTION},
+        {"ignore-eos", no_argument, NULL, OPT_IGNORE_EOS},
+        {"stats", no_argument, NULL, OPT_STATS},
+        {"json", no_argument, NULL, OPT_JSON},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    struct run_opts o = {
+        .attention = "paged",
+        .max_tokens = 16,
+        .block_size = KV_BLOCK_SIZE_DEFAULT,
+        .max_batched_tokens = 2048,
+        .sampling = sampling_params_default(),
+    };
+    o.sampling.temperature = 0.0f; /* greedy unless asked otherwise */
+    int32_t **prompts = calloc(MAX_PROMPTS, sizeof(*prompts));
+    size_t *lens = calloc(MAX_PROMPTS, sizeof(*lens));
+    int num_prompts = 0, status = 1, rc = 0, opt;
+    struct model_weights *w = NULL;
+    struct backend *be = NULL;
+    struct seq *seqs = NULL;
+    float *pool = NULL;
+    if (prompts == NULL || lens == NULL)
+        goto out;
+    log_set_name("pagoda-run");
+    while ((opt = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
+        if (opt == 'h') {
+            usage(stdout);
+            status = 0;
+            goto out;
+        }
+        if (opt == '?') {
+            usage(stderr);
+            status = 2;
+            goto out;
+        }
+        if ((rc = parse_flag(opt, optarg, &o, &prompts, &lens, &num_prompts)) != 0) {
+            status = fail(rc) + 1;
+            goto out;
+        }
+    }
+    if (optind != argc || o.model == NULL || num_prompts == 0) {
+        usage(stderr);
+        status = 2;
+        goto out;
+    }
+    if ((rc = sampling_params_validate(&o.sampling)) != 0) {
+        status = fail(rc) + 1;
+        goto out;
+    }
+    if ((rc = model_weights_open(o.model, &w)) != 0)
+        goto fail;
+    const struct model_config *c = &w->config;
+
+    /* Check the prompts and size the pool: each sequence's blocks, plus block 0. */
+    seqs = calloc((size_t)num_prompts, sizeof(*seqs));
+    if (seqs == NULL)
+        goto fail_nomem;
+    int64_t total_blocks = 1;
+    int32_t max_blocks = 1;
+    for (int p = 0; p < num_prompts; p++) {
+        struct seq *s = &seqs[p];
+        if ((int64_t)lens[p] >= c->max_position_embeddings) {
+            rc = pagoda_error_set(PAGODA_ERANGE,
+                                  "prompt %d has %zu tokens; the model has %lld positions and "
+                                  "needs one for the first new token",
+                                  p + 1, lens[p], (long long)c->max_position_embeddings);
+            goto fail;
+        }
+        for (size_t j = 0; j < lens[p]; j++)
+            if (prompts[p][j] >= c->vocab_size) {
+                rc = pagoda_error_set(PAGODA_ERANGE,
+                                      "prompt %d: token id %d is outside the vocabulary (size "
+                                      "%lld)",
+                                      p + 1, prompts[p][j], (long long)c->vocab_size);
+                goto fail;
+            }
+        int64_t total = (int64_t)lens[p] + o.max_tokens;
+        if (total > c->max_position_embeddings)
+            total = c->max_position_embeddings;
+        s->num_prompt = s->num_tokens = (int32_t)lens[p];
+        s->max_total = (int32_t)total;
+        s->num_blocks = (int32_t)((total + o.block_size - 1) / o.block_size);
+        s->tokens = malloc((size_t)total * sizeof(int32_t));
+        s->logprobs = malloc((size_t)o.max_tokens * sizeof(float));
+        s->block_table = malloc((size_t)s->num_blocks * sizeof(int32_t));
+        if (!s->tokens || !s->logprobs || !s->block_table)
+            goto fail_nomem;
+        memcpy(s->tokens, prompts[p], lens[p] * sizeof(int32_t));
+        for (int32_t b = 0; b < s->num_blocks; b++)
+            s->block_table[b] = (int32_t)total_blocks++;
+        if (s->num_blocks > max_blocks)
+            max_blocks = s->num_blocks;
+    }
+    if (total_blocks > INT32_MAX) {
+        rc = pagoda_error_set(PAGODA_ERANGE, "the run needs more than 2^31 KV blocks");
+        goto fail;
+    }
+    struct kv_geometry g = {
+        .pool_id = 1,
+        .num_layers = (int32_t)c->num_layers,
+        .num_blocks = (int32_t)total_blocks,
+        .block_size = o.block_size,
+        .num_kv_heads = (int32_t)c->num_kv_heads,
+        .head_dim = (int32_t)c->head_dim,
+        .dtype = DTYPE_F32,
+    };
+    if ((rc = kv_geometry_validate(&g)) != 0)
+        goto fail;
+    pool = calloc(1, kv_pool_bytes(&g));
+    if (pool == NULL)
+        goto fail_nomem;
+    struct cpu_backend_options bo = cpu_backend_default_options();
+    bo.attention = strcmp(o.attention, "gather") == 0 ? ATTN_CPU_GATHER : ATTN_CPU_PAGED;
+    bo.limits.max_num_tokens = o.max_batched_tokens;
+    bo.limits.max_num_seqs = num_prompts;
+    bo.limits.max_blocks_per_seq = max_blocks;
+    if ((rc = cpu_backend_open(w, &g, pool, &bo, &be)) != 0)
+        goto fail;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    if ((rc = generate(be, seqs, num_prompts, o.block_size, max_blocks, &o)) != 0)
+        goto fail;
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    for (int p = 0; p < num_prompts; p++)
+        print_result(&seqs[p], o.json);
+    if (o.stats) {
+        long long generated = 0;
+        for (int p = 0; p < num_prompts; p++)
+            generated += seqs[p].num_tokens - seqs[p].num_prompt;
+        double secs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+        fprintf(stderr,
+                "pagoda-run: %d prompts, %llu forward passes, %lld tokens generated in "
+                "%.3f s (%.1f tokens/s)\n",
+                num_prompts, (unsigned long long)backend_forward_count(be), generated, secs,
+                secs > 0 ? (double)generated / secs : 0.0);
+    }
+    status = 0;
+    goto out;
+fail_nomem:
+    rc = PAGODA_ENOMEM;
+fail:
+    status = fail(rc);
+out:
+    backend_close(be);
+    free(pool);
+    if (seqs != NULL)
+        for (int p = 0; p < num_prompts; p++) {
+            free(seqs[p].tokens);
+            free(seqs[p].logprobs);
+            free(seqs[p].block_table);
+        }
+    free(seqs);
+    for (int p = 0; p < num_prompts && prompts != NULL; p++)
+        free(prompts[p]);
+    free(prompts);
+    free(lens);
+    model_weights_close(w);
+    return status;
+}

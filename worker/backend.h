@@ -1,0 +1,68 @@
+/* The forward-pass interface every backend (cpu, cuda) implements.
+ *
+ * A step's batch is flattened: num_tokens tokens of num_seqs sequences, any mix of prefill
+ * chunks (possibly continuing a sequence whose earlier tokens are already in the pool) and
+ * decode tokens. The caller (pagoda-run, or the worker's mirror) derives positions and the slot
+ * mapping from block tables it owns; the backend writes each token's K/V at its slot, attends
+ * through the block tables, and returns the logits of the rows it is asked for. */
+#ifndef PAGODA_WORKER_BACKEND_H
+#define PAGODA_WORKER_BACKEND_H
+
+#include "kvpool/geometry.h"
+#include "worker/model_config.h"
+
+#include <stdint.h>
+
+struct fwd_batch {
+    int32_t num_tokens;
+    const int32_t *token_ids;    /* [num_tokens], each < vocab_size */
+    const int32_t *positions;    /* [num_tokens], absolute positions within the sequence */
+    const int64_t *slot_mapping; /* [num_tokens]: block_id * block_size + offset */
+    int32_t num_seqs;
+    const int32_t *query_start;  /* [num_seqs + 1]: sequence s owns tokens [qs[s], qs[s+1]) */
+    const int32_t *context_lens; /* [num_seqs]: tokens in the pool after this step */
+    const int32_t *block_tables; /* [num_seqs][max_blocks_per_seq], row-major */
+    int32_t max_blocks_per_seq;
+    int32_t num_logits;            /* rows of logits wanted */
+    const int32_t *logits_indices; /* [num_logits]: token rows (usually each sequence's last) */
+};
+
+/* Limits a backend is built for: the largest step it accepts. */
+struct backend_limits {
+    int32_t max_num_tokens;
+    int32_t max_num_seqs;
+    int32_t max_blocks_per_seq;
+};
+
+struct backend;
+
+/* The model a backend serves: its config (valid while the backend is open). */
+const struct model_config *backend_config(const struct backend *b);
+
+/* One forward pass over batch, reading and writing the pool. logits is [num_logits][vocab]
+ * f32. Returns 0, PAGODA_EINVAL / PAGODA_ERANGE for a batch that breaks its contract (a token
+ * id at or above the vocabulary, a position at or above max positions, a slot or block id
+ * outside the pool, a batch above the limits), each with a detail; the pool may then hold
+ * partial writes of this step's slots only. */
+int backend_forward(struct backend *b, const struct fwd_batch *batch, float *logits);
+
+/* The number of forward passes run since the backend was opened. */
+uint64_t backend_forward_count(const struct backend *b);
+
+/* Closes a backend; NULL is accepted. */
+void backend_close(struct backend *b);
+
+/* Internal: what each backend implements. */
+struct backend_ops {
+    const char *name;
+    int (*forward)(struct backend *b, const struct fwd_batch *batch, float *logits);
+    void (*close)(struct backend *b);
+};
+
+struct backend {
+    const struct backend_ops *ops;
+    struct model_config config;
+    uint64_t forward_count;
+};
+
+#endif

@@ -1,0 +1,320 @@
+/* The reference forward pass of a Llama-family decoder, read top to bottom in cpu_forward. */
+#include "worker/cpu_backend.h"
+#include "common/error.h"
+#include "kernels/cpu/ops.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct cpu_layer {
+    float *input_norm, *post_norm;
+    float *wq, *wk, *wv, *wo; /* [out][in] */
+    float *bq, *bk, *bv, *bo; /* NULL when the model has no bias */
+    float *w_gate_up;         /* gate and up stacked: [2 * inter][hidden] */
+    float *w_down;            /* [hidden][inter] */
+};
+
+struct cpu_backend {
+    struct backend base;
+    struct cpu_backend_options opt;
+    struct kv_geometry geometry;
+    char *pool_base;
+    float *embed;   /* [vocab][hidden] */
+    float *lm_head; /* [vocab][hidden]; equals embed when tied */
+    float *final_norm;
+    struct cpu_layer *layers;
+    float *inv_freq; /* [head_dim / 2] */
+    struct attention_plan *plan;
+    /* Activations, sized for opt.limits.max_num_tokens rows. */
+    float *residual, *hidden, *q, *k, *v, *attn, *proj, *gate_up, *act;
+};
+
+static const struct backend_ops cpu_ops;
+
+/* A weight converted to f32; NULL for an absent optional tensor. */
+static int to_f32(const struct tensor_view *t, float **out)
+{
+    *out = NULL;
+    if (t->data == NULL)
+        return 0;
+    size_t n = t->nbytes / dtype_size(t->dtype);
+    float *f = malloc(n * sizeof(float));
+    if (f == NULL)
+        return PAGODA_ENOMEM;
+    dtype_to_f32(t->dtype, t->data, f, n);
+    *out = f;
+    return 0;
+}
+
+/* Two weights stacked row-wise into one [rows_a + rows_b][cols] matrix. */
+static int stack_f32(const struct tensor_view *a, const struct tensor_view *b, float **out)
+{
+    size_t na = a->nbytes / dtype_size(a->dtype), nb = b->nbytes / dtype_size(b->dtype);
+    float *f = malloc((na + nb) * sizeof(float));
+    if (f == NULL)
+        return PAGODA_ENOMEM;
+    dtype_to_f32(a->dtype, a->data, f, na);
+    dtype_to_f32(b->dtype, b->data, f + na, nb);
+    *out = f;
+    return 0;
+}
+
+static void free_layer(struct cpu_layer *l)
+{
+    float *ptrs[] = {l->input_norm, l->post_norm, l->wq, l->wk,        l->wv,     l->wo,
+                     l->bq,         l->bk,        l->bv, l->w_gate_up, l->w_down, l->bo};
+    for (size_t i = 0; i < sizeof(ptrs) / sizeof(ptrs[0]); i++)
+        free(ptrs[i]);
+}
+
+static void cpu_close(struct backend *base)
+{
+    struct cpu_backend *b = (struct cpu_backend *)base;
+    if (b->layers != NULL) {
+        for (int64_t i = 0; i < b->base.config.num_layers; i++)
+            free_layer(&b->layers[i]);
+        free(b->layers);
+    }
+    if (b->lm_head != b->embed)
+        free(b->lm_head);
+    free(b->embed);
+    free(b->final_norm);
+    free(b->inv_freq);
+    attention_plan_free(b->plan);
+    float *acts[] = {b->residual, b->hidden, b->q,       b->k,  b->v,
+                     b->attn,     b->proj,   b->gate_up, b->act};
+    for (size_t i = 0; i < sizeof(acts) / sizeof(acts[0]); i++)
+        free(acts[i]);
+    free(b);
+}
+
+struct cpu_backend_options cpu_backend_default_options(void)
+{
+    struct cpu_backend_options o = {
+        .attention = ATTN_CPU_PAGED,
+        .limits = {.max_num_tokens = 2048, .max_num_seqs = 256, .max_blocks_per_seq = 4096},
+    };
+    return o;
+}
+
+static int check_pool(const struct model_config *c, const struct kv_geometry *g)
+{
+    if (g->dtype != DTYPE_F32)
+        return pagoda_error_set(PAGODA_EMISMATCH, "the CPU backend needs an f32 pool, not %s",
+                                dtype_name(g->dtype));
+    if (g->num_layers != c->num_layers)
+        return pagoda_error_set(PAGODA_EMISMATCH, "pool has %d layers, model %lld", g->num_layers,
+                                (long long)c->num_layers);
+    if (g->num_kv_heads != c->num_kv_heads)
+        return pagoda_error_set(PAGODA_EMISMATCH, "pool has %d KV heads, model %lld",
+                                g->num_kv_heads, (long long)c->num_kv_heads);
+    if (g->head_dim != c->head_dim)
+        return pagoda_error_set(PAGODA_EMISMATCH, "pool has head_dim %d, model %lld", g->head_dim,
+                                (long long)c->head_dim);
+    return 0;
+}
+
+static int load_layers(struct cpu_backend *b, const struct model_weights *w)
+{
+    int64_t n = b->base.config.num_layers;
+    b->layers = calloc((size_t)n, sizeof(*b->layers));
+    if (b->layers == NULL)
+        return PAGODA_ENOMEM;
+    for (int64_t i = 0; i < n; i++) {
+        const struct model_weights_layer *lw = &w->layers[i];
+        struct cpu_layer *l = &b->layers[i];
+        int rc;
+        if ((rc = to_f32(&lw->input_layernorm, &l->input_norm)) ||
+            (rc = to_f32(&lw->post_attention_layernorm, &l->post_norm)) ||
+            (rc = to_f32(&lw->q_proj, &l->wq)) || (rc = to_f32(&lw->k_proj, &l->wk)) ||
+            (rc = to_f32(&lw->v_proj, &l->wv)) || (rc = to_f32(&lw->o_proj, &l->wo)) ||
+            (rc = to_f32(&lw->q_bias, &l->bq)) || (rc = to_f32(&lw->k_bias, &l->bk)) ||
+            (rc = to_f32(&lw->v_bias, &l->bv)) || (rc = to_f32(&lw->o_bias, &l->bo)) ||
+            (rc = stack_f32(&lw->gate_proj, &lw->up_proj, &l->w_gate_up)) ||
+            (rc = to_f32(&lw->down_proj, &l->w_down)))
+            return rc;
+    }
+    return 0;
+}
+
+static int alloc_activations(struct cpu_backend *b)
+{
+    const struct model_config *c = &b->base.config;
+    size_t rows = (size_t)b->opt.limits.max_num_tokens;
+    size_t qdim = (size_t)(c->num_heads * c->head_dim),
+           kvdim = (size_t)(c->num_kv_heads * c->head_dim);
+    struct {
+        float **p;
+        size_t cols;
+    } bufs[] = {
+        {&b->residual, (size_t)c->hidden_size},
+        {&b->hidden, (size_t)c->hidden_size},
+        {&b->q, qdim},
+        {&b->k, kvdim},
+        {&b->v, kvdim},
+        {&b->attn, qdim},
+        {&b->proj, (size_t)c->hidden_size},
+        {&b->gate_up, 2 * (size_t)c->intermediate_size},
+        {&b->act, (size_t)c->intermediate_size},
+    };
+    for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) {
+        *bufs[i].p = malloc(rows * bufs[i].cols * sizeof(float));
+        if (*bufs[i].p == NULL)
+            return PAGODA_ENOMEM;
+    }
+    return 0;
+}
+
+int cpu_backend_open(const struct model_weights *w, const struct kv_geometry *g, void *pool_base,
+                     const struct cpu_backend_options *opt, struct backend **out)
+{
+    const struct model_config *c = &w->config;
+    int rc = check_pool(c, g);
+    if (rc != 0)
+        return rc;
+    struct cpu_backend *b = calloc(1, sizeof(*b));
+    if (b == NULL)
+        return PAGODA_ENOMEM;
+    b->base.ops = &cpu_ops;
+    b->base.config = *c;
+    b->opt = opt ? *opt : cpu_backend_default_options();
+    b->geometry = *g;
+    b->pool_base = pool_base;
+    if (b->opt.limits.max_blocks_per_seq > g->num_blocks - 1)
+        b->opt.limits.max_blocks_per_seq = g->num_blocks - 1;
+
+    if ((rc = to_f32(&w->embed_tokens, &b->embed)) != 0 ||
+        (rc = to_f32(&w->norm, &b->final_norm)) != 0)
+        goto fail;
+    if (w->lm_head.data != w->embed_tokens.data) {
+        if ((rc = to_f32(&w->lm_head, &b->lm_head)) != 0)
+            goto fail;
+    } else {
+        b->lm_head = b->embed;
+    }
+    if ((rc = load_layers(b, w)) != 0 || (rc = alloc_activations(b)) != 0)
+        goto fail;
+
+    b->inv_freq = malloc((size_t)c->head_dim / 2 * sizeof(float));
+    if (b->inv_freq == NULL) {
+        rc = PAGODA_ENOMEM;
+        goto fail;
+    }
+    struct cpu_rope_params rp = {
+        .type = (enum cpu_rope_type)c->rope.type,
+        .theta = c->rope.theta,
+        .factor = c->rope.factor,
+        .low_freq_factor = c->rope.low_freq_factor,
+        .high_freq_factor = c->rope.high_freq_factor,
+        .original_max_position_embeddings = (double)c->rope.original_max_position_embeddings,
+    };
+    cpu_rope_inv_freq(&rp, c->head_dim, b->inv_freq);
+
+    struct attention_config ac = {
+        .impl = b->opt.attention,
+        .num_heads = (int32_t)c->num_heads,
+        .num_kv_heads = (int32_t)c->num_kv_heads,
+        .head_dim = (int32_t)c->head_dim,
+        .scale = (float)(1.0 / sqrt((double)c->head_dim)),
+        .block_size = g->block_size,
+        .num_blocks = g->num_blocks,
+        .dtype = g->dtype,
+        .max_num_seqs = b->opt.limits.max_num_seqs,
+        .max_num_tokens = b->opt.limits.max_num_tokens,
+        .max_blocks_per_seq = b->opt.limits.max_blocks_per_seq,
+    };
+    if ((rc = attention_plan_new(&ac, &b->plan)) != 0)
+        goto fail;
+    *out = &b->base;
+    return 0;
+fail:
+    cpu_close(&b->base);
+    return rc;
+}
+
+/* Checks what the attention plan does not: token ids, positions and the rows asked for. */
+static int check_batch(const struct cpu_backend *b, const struct fwd_batch *batch)
+{
+    const struct model_config *c = &b->base.config;
+    if (batch->num_tokens < 1 || batch->num_tokens > b->opt.limits.max_num_tokens)
+        return pagoda_error_set(PAGODA_ERANGE, "step of %d tokens (the limit is %d)",
+                                batch->num_tokens, b->opt.limits.max_num_tokens);
+    for (int32_t t = 0; t < batch->num_tokens; t++) {
+        if (batch->token_ids[t] < 0 || batch->token_ids[t] >= c->vocab_size)
+            return pagoda_error_set(PAGODA_ERANGE,
+                                    "token id %d is outside the vocabulary (size %lld)",
+                                    batch->token_ids[t], (long long)c->vocab_size);
+        if (batch->positions[t] < 0 || batch->positions[t] >= c->max_position_embeddings)
+            return pagoda_error_set(PAGODA_ERANGE,
+                                    "position %d is beyond the model's %lld positions",
+                                    batch->positions[t], (long long)c->max_position_embeddings);
+    }
+    for (int32_t i = 0; i < batch->num_logits; i++)
+        if (batch->logits_indices[i] < 0 || batch->logits_indices[i] >= batch->num_tokens)
+            return pagoda_error_set(PAGODA_ERANGE, "logits row %d is outside the step",
+                                    batch->logits_indices[i]);
+    return 0;
+}
+
+static int cpu_forward(struct backend *base, const struct fwd_batch *batch, float *logits)
+{
+    struct cpu_backend *b = (struct cpu_backend *)base;
+    const struct model_config *c = &b->base.config;
+    int rc = check_batch(b, batch);
+    if (rc != 0)
+        return rc;
+    struct attention_batch ab = {
+        .num_seqs = batch->num_seqs,
+        .num_tokens = batch->num_tokens,
+        .query_start = batch->query_start,
+        .context_len = batch->context_lens,
+        .block_tables = batch->block_tables,
+        .max_blocks_per_seq = batch->max_blocks_per_seq,
+    };
+    if ((rc = attention_plan(b->plan, &ab)) != 0)
+        return rc;
+
+    const int64_t n = batch->num_tokens, hidden = c->hidden_size, hd = c->head_dim;
+    const int64_t qdim = c->num_heads * hd, kvdim = c->num_kv_heads * hd;
+    const int64_t inter = c->intermediate_size;
+    const float eps = (float)c->rms_norm_eps;
+
+    for (int64_t t = 0; t < n; t++)
+        memcpy(b->residual + t * hidden, b->embed + (int64_t)batch->token_ids[t] * hidden,
+               (size_t)hidden * sizeof(float));
+    memset(b->proj, 0, (size_t)(n * hidden) * sizeof(float));
+
+    for (int64_t i = 0; i < c->num_layers; i++) {
+        const struct cpu_layer *l = &b->layers[i];
+        /* Attention block: the previous block's output (proj) joins the residual stream. */
+        cpu_add_rmsnorm(b->residual, b->proj, l->input_norm, b->hidden, n, hidden, eps);
+        cpu_linear(b->hidden, l->wq, l->bq, b->q, n, hidden, qdim);
+        cpu_linear(b->hidden, l->wk, l->bk, b->k, n, hidden, kvdim);
+        cpu_linear(b->hidden, l->wv, l->bv, b->v, n, hidden, kvdim);
+        cpu_rope(b->q, batch->positions, b->inv_freq, n, c->num_heads, hd);
+        cpu_rope(b->k, batch->positions, b->inv_freq, n, c->num_kv_heads, hd);
+        struct kv_layer_view kv = kv_layer_view_make(&b->geometry, b->pool_base, (int32_t)i);
+        if ((rc = attention_write_kv(&kv, (int32_t)n, batch->slot_mapping, b->k, b->v)) != 0 ||
+            (rc = attention_run(b->plan, &kv, b->q, b->attn)) != 0)
+            return rc;
+        cpu_linear(b->attn, l->wo, l->bo, b->proj, n, qdim, hidden);
+
+        /* MLP block. */
+        cpu_add_rmsnorm(b->residual, b->proj, l->post_norm, b->hidden, n, hidden, eps);
+        cpu_linear(b->hidden, l->w_gate_up, NULL, b->gate_up, n, hidden, 2 * inter);
+        cpu_silu_mul(b->gate_up, b->act, n, inter);
+        cpu_linear(b->act, l->w_down, NULL, b->proj, n, inter, hidden);
+    }
+    cpu_add_rmsnorm(b->residual, b->proj, b->final_norm, b->hidden, n, hidden, eps);
+    for (int32_t r = 0; r < batch->num_logits; r++)
+        cpu_linear(b->hidden + (int64_t)batch->logits_indices[r] * hidden, b->lm_head, NULL,
+                   logits + (int64_t)r * c->vocab_size, 1, hidden, c->vocab_size);
+    return 0;
+}
+
+static const struct backend_ops cpu_ops = {
+    .name = "cpu",
+    .forward = cpu_forward,
+    .close = cpu_close,
+};

@@ -1,0 +1,29 @@
+/* The CPU backend: the reference forward pass, plain and exact f32 arithmetic on the BF16 (or
+ * F16/F32) weights, reading and writing an f32 KV pool through kernels/cpu/attention. */
+#ifndef PAGODA_WORKER_CPU_BACKEND_H
+#define PAGODA_WORKER_CPU_BACKEND_H
+
+#include "kernels/cpu/attention.h"
+#include "kvpool/geometry.h"
+#include "worker/backend.h"
+#include "worker/model_weights.h"
+
+struct cpu_backend_options {
+    enum attention_impl attention; /* ATTN_CPU_PAGED by default */
+    struct backend_limits limits;
+};
+
+/* Defaults: paged attention, 2048 tokens and 256 sequences per step, 4096 blocks per sequence
+ * (further bounded by the pool). */
+struct cpu_backend_options cpu_backend_default_options(void);
+
+/* Opens a CPU backend for the loaded model over a pool of geometry g whose KV data starts at
+ * pool_base (the caller keeps both alive while the backend is open). Converts the weights to
+ * f32 (the backend does not keep a reference to w afterwards). The pool must be f32 with the
+ * model's layers, KV heads and head dim. On success *out is released with backend_close.
+ * Errors: PAGODA_EMISMATCH (pool and model disagree, naming the field), PAGODA_EINVAL,
+ * PAGODA_ENOMEM. */
+int cpu_backend_open(const struct model_weights *w, const struct kv_geometry *g, void *pool_base,
+                     const struct cpu_backend_options *opt, struct backend **out);
+
+#endif
