@@ -28,3 +28,33 @@ function(pagoda_add_script_test name)
   set_tests_properties(${name} PROPERTIES TIMEOUT ${T_TIMEOUT}
                        ENVIRONMENT "PAGODA_SOURCE_DIR=${PROJECT_SOURCE_DIR};PAGODA_BINARY_DIR=${PROJECT_BINARY_DIR}")
 endfunction()
+
+# pagoda_add_gpu_test(NAME SOURCES src... [LIBS lib...] [TIMEOUT seconds]): a test that needs a
+# CUDA device. Built only with the CUDA backend; registered with the label "gpu". Without a
+# device it prints why and exits 77, which CTest reports as skipped (CI has no GPU; these tests
+# run on the GPU machine through tests/gpu/run).
+function(pagoda_add_gpu_test name)
+  cmake_parse_arguments(T "" "TIMEOUT" "SOURCES;LIBS" ${ARGN})
+  if(NOT PAGODA_HAVE_CUDA)
+    return()
+  endif()
+  if(NOT T_TIMEOUT)
+    set(T_TIMEOUT 300)
+  endif()
+  # Plain C test programs (no CMocka), so that the binary runs on the GPU machine, where only
+  # the CUDA toolkit is installed.
+  add_executable(${name} ${T_SOURCES})
+  target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR})
+  target_link_libraries(${name} PRIVATE ${T_LIBS})
+  add_test(NAME ${name} COMMAND ${name})
+  set_tests_properties(${name} PROPERTIES TIMEOUT ${T_TIMEOUT} LABELS gpu SKIP_RETURN_CODE 77
+                       ENVIRONMENT "PAGODA_SOURCE_DIR=${PROJECT_SOURCE_DIR};PAGODA_BINARY_DIR=${PROJECT_BINARY_DIR}")
+endfunction()
+
+# pagoda_add_program(NAME SOURCES src... LIBS lib...): a program of pagoda's, in build/bin.
+function(pagoda_add_program name)
+  cmake_parse_arguments(P "" "" "SOURCES;LIBS" ${ARGN})
+  add_executable(${name} ${P_SOURCES})
+  target_link_libraries(${name} PRIVATE ${P_LIBS})
+  set_target_properties(${name} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/bin)
+endfunction()

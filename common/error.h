@@ -10,6 +10,10 @@
 
 #include <stddef.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 enum pagoda_error {
     PAGODA_OK = 0,
     PAGODA_EINVAL = -1,       /* an argument or a value read from input is invalid */
@@ -51,5 +55,9 @@ void pagoda_error_clear(void);
 
 /* Formats "<detail>" when a detail is set, else "<strerror(err)>", into buf. Returns buf. */
 const char *pagoda_error_message(int err, char *buf, size_t len);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

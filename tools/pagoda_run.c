@@ -10,6 +10,9 @@
 #include "common/parse.h"
 #include "kernels/cpu/sampler.h"
 #include "worker/cpu_backend.h"
+#ifdef PAGODA_HAVE_CUDA
+#include "worker/cuda_backend.h"
+#endif
 #include "worker/model_weights.h"
 
 #include <getopt.h>
@@ -36,6 +39,8 @@ struct seq {
 
 struct run_opts {
     const char *model;
+    const char *backend;     /* "cpu" or "cuda" */
+    const char *load_format; /* "safetensors" or "random" */
     const char *attention;
     int32_t max_tokens;
     int32_t block_size;
@@ -53,7 +58,10 @@ static void usage(FILE *f)
                "                  [--repetition-penalty R] [--presence-penalty X]\n"
                "                  [--frequency-penalty X] [--seed S] [--block-size B]\n"
                "                  [--max-batched-tokens N] [--attention paged|gather]\n"
-               "                  [--ignore-eos] [--stats] [--json]\n");
+               "                  [--ignore-eos] [--stats] [--json]\n"
+               "                  [--backend cpu|cuda] [--load-format safetensors|random]\n"
+               "--load-format random (CUDA only) draws weights of the shape in DIR/config.json on\n"
+               "the GPU from --seed, so no weight file is needed.\n");
 }
 
 static int fail(int rc)
@@ -95,7 +103,9 @@ struct step_buf {
     int64_t *slots;
     int32_t *seq_of_row; /* which sequence each logits row belongs to */
     int32_t *sched;      /* which sequence each scheduled chunk belongs to */
-    float *logits;
+    struct sample_row *rows;
+    int32_t *tokens;
+    float *logprobs;
 };
 
 static int generate(struct backend *be, struct seq *seqs, int num_seqs, int32_t block_size,
@@ -103,7 +113,6 @@ static int generate(struct backend *be, struct seq *seqs, int num_seqs, int32_t 
 {
     const struct model_config *c = backend_config(be);
     struct step_buf sb = {0};
-    struct sampler_workspace ws = {0};
     size_t budget = (size_t)o->max_batched_tokens;
     int rc = PAGODA_ENOMEM;
     sb.token_ids = malloc(budget * sizeof(int32_t));
@@ -115,11 +124,12 @@ static int generate(struct backend *be, struct seq *seqs, int num_seqs, int32_t 
     sb.logits_rows = malloc((size_t)num_seqs * sizeof(int32_t));
     sb.seq_of_row = malloc((size_t)num_seqs * sizeof(int32_t));
     sb.sched = malloc((size_t)num_seqs * sizeof(int32_t));
-    sb.logits = malloc((size_t)num_seqs * (size_t)c->vocab_size * sizeof(float));
+    sb.rows = malloc((size_t)num_seqs * sizeof(*sb.rows));
+    sb.tokens = malloc((size_t)num_seqs * sizeof(int32_t));
+    sb.logprobs = malloc((size_t)num_seqs * sizeof(float));
     if (!sb.token_ids || !sb.positions || !sb.slots || !sb.query_start || !sb.context_lens ||
-        !sb.block_tables || !sb.logits_rows || !sb.seq_of_row || !sb.sched || !sb.logits)
-        goto out;
-    if ((rc = sampler_workspace_init(&ws, (int32_t)c->vocab_size)) != 0)
+        !sb.block_tables || !sb.logits_rows || !sb.seq_of_row || !sb.sched || !sb.rows ||
+        !sb.tokens || !sb.logprobs)
         goto out;
 
     for (;;) {
@@ -151,6 +161,15 @@ static int generate(struct backend *be, struct seq *seqs, int num_seqs, int32_t 
                        (size_t)s->num_blocks * sizeof(int32_t));
                 /* Logits only when the chunk reaches the end of what the sequence holds. */
                 if (s->num_computed + take == s->num_tokens) {
+                    int32_t out_len = s->num_tokens - s->num_prompt;
+                    sb.rows[nl] = (struct sample_row){
+                        .params = o->sampling,
+                        .output_index = (uint64_t)out_len,
+                        .prompt_tokens = s->tokens,
+                        .n_prompt = (size_t)s->num_prompt,
+                        .output_tokens = s->tokens + s->num_prompt,
+                        .n_output = (size_t)out_len,
+                    };
                     sb.logits_rows[nl] = n - 1;
                     sb.seq_of_row[nl++] = i;
                 }
@@ -173,23 +192,16 @@ static int generate(struct backend *be, struct seq *seqs, int num_seqs, int32_t 
             .num_logits = nl,
             .logits_indices = sb.logits_rows,
         };
-        if ((rc = backend_forward(be, &b, sb.logits)) != 0)
+        if ((rc = backend_forward_sample(be, &b, sb.rows, sb.tokens, sb.logprobs)) != 0)
             goto out;
         /* Every sequence in the step has its chunk computed. */
         for (int32_t k = 0; k < ns; k++)
             seqs[sb.sched[k]].num_computed += sb.query_start[k + 1] - sb.query_start[k];
         for (int32_t r = 0; r < nl; r++) {
             struct seq *s = &seqs[sb.seq_of_row[r]];
-            int32_t out_len = s->num_tokens - s->num_prompt, token;
-            float lp;
-            rc = sampler_sample(&o->sampling, sb.logits + (size_t)r * c->vocab_size,
-                                (int32_t)c->vocab_size, s->tokens, (size_t)s->num_prompt,
-                                s->tokens + s->num_prompt, (size_t)out_len, (uint64_t)out_len, &ws,
-                                &token, &lp);
-            if (rc != 0)
-                goto out;
+            int32_t out_len = s->num_tokens - s->num_prompt, token = sb.tokens[r];
             s->tokens[s->num_tokens] = token;
-            s->logprobs[out_len] = lp;
+            s->logprobs[out_len] = sb.logprobs[r];
             s->num_tokens++;
             if (!o->ignore_eos && is_eos(c, token))
                 s->finish = "stop";
@@ -199,7 +211,6 @@ static int generate(struct backend *be, struct seq *seqs, int num_seqs, int32_t 
     }
     rc = 0;
 out:
-    sampler_workspace_fini(&ws);
     free(sb.token_ids);
     free(sb.positions);
     free(sb.slots);
@@ -209,7 +220,9 @@ out:
     free(sb.logits_rows);
     free(sb.seq_of_row);
     free(sb.sched);
-    free(sb.logits);
+    free(sb.rows);
+    free(sb.tokens);
+    free(sb.logprobs);
     return rc;
 }
 
@@ -228,6 +241,8 @@ enum {
     OPT_IGNORE_EOS,
     OPT_STATS,
     OPT_JSON,
+    OPT_BACKEND,
+    OPT_LOAD_FORMAT,
 };
 
 static int parse_flag(int opt, const char *arg, struct run_opts *o, int32_t ***prompts,
@@ -310,6 +325,17 @@ static int parse_flag(int opt, const char *arg, struct run_opts *o, int32_t ***p
     case OPT_JSON:
         o->json = 1;
         break;
+    case OPT_BACKEND:
+        if (strcmp(arg, "cpu") != 0 && strcmp(arg, "cuda") != 0)
+            return pagoda_error_set(PAGODA_EINVAL, "--backend: '%s' is not cpu or cuda", arg);
+        o->backend = arg;
+        break;
+    case OPT_LOAD_FORMAT:
+        if (strcmp(arg, "safetensors") != 0 && strcmp(arg, "random") != 0)
+            return pagoda_error_set(PAGODA_EINVAL,
+                                    "--load-format: '%s' is not safetensors or random", arg);
+        o->load_format = arg;
+        break;
     default:
         return pagoda_error_set(PAGODA_EINVAL, "unknown option (see --help)");
     }
@@ -336,11 +362,15 @@ int main(int argc, char **argv)
         {"ignore-eos", no_argument, NULL, OPT_IGNORE_EOS},
         {"stats", no_argument, NULL, OPT_STATS},
         {"json", no_argument, NULL, OPT_JSON},
+        {"backend", required_argument, NULL, OPT_BACKEND},
+        {"load-format", required_argument, NULL, OPT_LOAD_FORMAT},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
     struct run_opts o = {
         .attention = "paged",
+        .backend = "cpu",
+        .load_format = "safetensors",
         .max_tokens = 16,
         .block_size = KV_BLOCK_SIZE_DEFAULT,
         .max_batched_tokens = 2048,
@@ -354,6 +384,8 @@ int main(int argc, char **argv)
     struct backend *be = NULL;
     struct seq *seqs = NULL;
     float *pool = NULL;
+    void *gpu_pool = NULL; /* the CUDA backend's pool */
+    (void)gpu_pool;
     if (prompts == NULL || lens == NULL)
         goto out;
     log_set_name("pagoda-run");
@@ -382,9 +414,31 @@ int main(int argc, char **argv)
         status = fail(rc) + 1;
         goto out;
     }
-    if ((rc = model_weights_open(o.model, &w)) != 0)
+    const int use_cuda = strcmp(o.backend, "cuda") == 0;
+    const int random_weights = strcmp(o.load_format, "random") == 0;
+#ifndef PAGODA_HAVE_CUDA
+    if (use_cuda) {
+        rc = pagoda_error_set(PAGODA_EUNSUPPORTED, "--backend cuda: this build has no CUDA "
+                                                   "backend (configure with -DPAGODA_CUDA=ON)");
         goto fail;
-    const struct model_config *c = &w->config;
+    }
+#endif
+    if (random_weights && !use_cuda) {
+        rc = pagoda_error_set(PAGODA_EUNSUPPORTED,
+                              "--load-format random needs --backend cuda (the CPU backend "
+                              "runs on checkpoints: make one with pagoda-mkmodel)");
+        goto fail;
+    }
+    struct model_config cfg;
+    if (random_weights) {
+        if ((rc = model_config_load(o.model, &cfg)) != 0)
+            goto fail;
+    } else {
+        if ((rc = model_weights_open(o.model, &w)) != 0)
+            goto fail;
+        cfg = w->config;
+    }
+    const struct model_config *c = &cfg;
 
     /* Check the prompts and size the pool: each sequence's blocks, plus block 0. */
     seqs = calloc((size_t)num_prompts, sizeof(*seqs));
@@ -437,20 +491,33 @@ int main(int argc, char **argv)
         .block_size = o.block_size,
         .num_kv_heads = (int32_t)c->num_kv_heads,
         .head_dim = (int32_t)c->head_dim,
-        .dtype = DTYPE_F32,
+        .dtype = use_cuda ? DTYPE_BF16 : DTYPE_F32,
     };
     if ((rc = kv_geometry_validate(&g)) != 0)
         goto fail;
-    pool = calloc(1, kv_pool_bytes(&g));
-    if (pool == NULL)
-        goto fail_nomem;
-    struct cpu_backend_options bo = cpu_backend_default_options();
-    bo.attention = strcmp(o.attention, "gather") == 0 ? ATTN_CPU_GATHER : ATTN_CPU_PAGED;
-    bo.limits.max_num_tokens = o.max_batched_tokens;
-    bo.limits.max_num_seqs = num_prompts;
-    bo.limits.max_blocks_per_seq = max_blocks;
-    if ((rc = cpu_backend_open(w, &g, pool, &bo, &be)) != 0)
-        goto fail;
+    struct backend_limits limits = {
+        .max_num_tokens = o.max_batched_tokens,
+        .max_num_seqs = num_prompts,
+        .max_blocks_per_seq = max_blocks,
+    };
+    if (use_cuda) {
+#ifdef PAGODA_HAVE_CUDA
+        struct cuda_backend_options co = cuda_backend_default_options();
+        co.limits = limits;
+        if ((rc = cuda_pool_alloc(&g, co.device, &gpu_pool)) != 0 ||
+            (rc = cuda_backend_open(c, w, o.sampling.seed, &g, gpu_pool, &co, &be)) != 0)
+            goto fail;
+#endif
+    } else {
+        pool = calloc(1, kv_pool_bytes(&g));
+        if (pool == NULL)
+            goto fail_nomem;
+        struct cpu_backend_options bo = cpu_backend_default_options();
+        bo.attention = strcmp(o.attention, "gather") == 0 ? ATTN_CPU_GATHER : ATTN_CPU_PAGED;
+        bo.limits = limits;
+        if ((rc = cpu_backend_open(w, &g, pool, &bo, &be)) != 0)
+            goto fail;
+    }
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     if ((rc = generate(be, seqs, num_prompts, o.block_size, max_blocks, &o)) != 0)
@@ -478,6 +545,9 @@ fail:
 out:
     backend_close(be);
     free(pool);
+#ifdef PAGODA_HAVE_CUDA
+    cuda_pool_free(gpu_pool);
+#endif
     if (seqs != NULL)
         for (int p = 0; p < num_prompts; p++) {
             free(seqs[p].tokens);

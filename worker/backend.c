@@ -1,4 +1,7 @@
 #include "worker/backend.h"
+#include "common/error.h"
+
+#include <stdlib.h>
 
 const struct model_config *backend_config(const struct backend *b)
 {
@@ -13,6 +16,71 @@ int backend_forward(struct backend *b, const struct fwd_batch *batch, float *log
     return rc;
 }
 
+int backend_check_batch(const struct model_config *c, const struct backend_limits *limits,
+                        const struct fwd_batch *batch)
+{
+    if (batch->num_tokens < 1 || batch->num_tokens > limits->max_num_tokens)
+        return pagoda_error_set(PAGODA_ERANGE, "step of %d tokens (the limit is %d)",
+                                batch->num_tokens, limits->max_num_tokens);
+    if (batch->num_logits < 0 || batch->num_logits > limits->max_num_seqs)
+        return pagoda_error_set(PAGODA_ERANGE, "step asks for %d logits rows (the limit is %d)",
+                                batch->num_logits, limits->max_num_seqs);
+    for (int32_t t = 0; t < batch->num_tokens; t++) {
+        if (batch->token_ids[t] < 0 || batch->token_ids[t] >= c->vocab_size)
+            return pagoda_error_set(PAGODA_ERANGE,
+                                    "token id %d is outside the vocabulary (size %lld)",
+                                    batch->token_ids[t], (long long)c->vocab_size);
+        if (batch->positions[t] < 0 || batch->positions[t] >= c->max_position_embeddings)
+            return pagoda_error_set(PAGODA_ERANGE,
+                                    "position %d is beyond the model's %lld positions",
+                                    batch->positions[t], (long long)c->max_position_embeddings);
+    }
+    for (int32_t i = 0; i < batch->num_logits; i++)
+        if (batch->logits_indices[i] < 0 || batch->logits_indices[i] >= batch->num_tokens)
+            return pagoda_error_set(PAGODA_ERANGE, "logits row %d is outside the step",
+                                    batch->logits_indices[i]);
+    return 0;
+}
+
+/* The host path: logits come back to the host and the CPU sampler draws. */
+static int forward_sample_host(struct backend *b, const struct fwd_batch *batch,
+                               const struct sample_row *rows, int32_t *tokens, float *logprobs)
+{
+    int32_t vocab = (int32_t)b->config.vocab_size;
+    if (batch->num_logits > b->host_logits_rows) {
+        float *grown =
+            realloc(b->host_logits, (size_t)batch->num_logits * (size_t)vocab * sizeof(float));
+        if (grown == NULL)
+            return PAGODA_ENOMEM;
+        b->host_logits = grown;
+        b->host_logits_rows = batch->num_logits;
+    }
+    if (b->workspace.vocab == 0) {
+        int rc = sampler_workspace_init(&b->workspace, vocab);
+        if (rc != 0)
+            return rc;
+    }
+    int rc = backend_forward(b, batch, b->host_logits);
+    for (int32_t r = 0; rc == 0 && r < batch->num_logits; r++) {
+        const struct sample_row *row = &rows[r];
+        rc = sampler_sample(&row->params, b->host_logits + (size_t)r * (size_t)vocab, vocab,
+                            row->prompt_tokens, row->n_prompt, row->output_tokens, row->n_output,
+                            row->output_index, &b->workspace, &tokens[r], &logprobs[r]);
+    }
+    return rc;
+}
+
+int backend_forward_sample(struct backend *b, const struct fwd_batch *batch,
+                           const struct sample_row *rows, int32_t *tokens, float *logprobs)
+{
+    if (b->ops->forward_sample == NULL)
+        return forward_sample_host(b, batch, rows, tokens, logprobs);
+    int rc = b->ops->forward_sample(b, batch, rows, tokens, logprobs);
+    if (rc == 0)
+        b->forward_count++;
+    return rc;
+}
+
 uint64_t backend_forward_count(const struct backend *b)
 {
     return b->forward_count;
@@ -20,6 +88,9 @@ uint64_t backend_forward_count(const struct backend *b)
 
 void backend_close(struct backend *b)
 {
-    if (b != NULL)
-        b->ops->close(b);
+    if (b == NULL)
+        return;
+    free(b->host_logits);
+    sampler_workspace_fini(&b->workspace);
+    b->ops->close(b);
 }

@@ -8,6 +8,7 @@
 #ifndef PAGODA_WORKER_BACKEND_H
 #define PAGODA_WORKER_BACKEND_H
 
+#include "kernels/cpu/sampler.h"
 #include "kvpool/geometry.h"
 #include "worker/model_config.h"
 
@@ -46,6 +47,31 @@ const struct model_config *backend_config(const struct backend *b);
  * partial writes of this step's slots only. */
 int backend_forward(struct backend *b, const struct fwd_batch *batch, float *logits);
 
+/* What the sampler needs for one logits row: the parameters, the number of tokens the sequence
+ * generated before (which, with the seed, selects the Philox draw), and its history for the
+ * penalties (either pointer may be NULL when its count is 0). */
+struct sample_row {
+    struct sampling_params params;
+    uint64_t output_index;
+    const int32_t *prompt_tokens;
+    size_t n_prompt;
+    const int32_t *output_tokens;
+    size_t n_output;
+};
+
+/* One forward pass, then one token per logits row (rows[i] describes logits row i), sampled
+ * where the backend computes: tokens[num_logits] and logprobs[num_logits] are host arrays.
+ * Every backend draws with the algorithm of docs/sampling.md, so equal logits give equal
+ * tokens on any backend. Errors: those of backend_forward and of sampler_sample. */
+int backend_forward_sample(struct backend *b, const struct fwd_batch *batch,
+                           const struct sample_row *rows, int32_t *tokens, float *logprobs);
+
+/* Checks what every backend checks before a forward pass and the attention plan does not:
+ * the step's size against the limits, token ids against the vocabulary, positions against the
+ * model's positions, logits rows inside the step. Returns 0 or PAGODA_ERANGE with a detail. */
+int backend_check_batch(const struct model_config *c, const struct backend_limits *limits,
+                        const struct fwd_batch *batch);
+
 /* The number of forward passes run since the backend was opened. */
 uint64_t backend_forward_count(const struct backend *b);
 
@@ -56,6 +82,9 @@ void backend_close(struct backend *b);
 struct backend_ops {
     const char *name;
     int (*forward)(struct backend *b, const struct fwd_batch *batch, float *logits);
+    /* NULL: backend_forward_sample runs forward and the CPU sampler on the host logits. */
+    int (*forward_sample)(struct backend *b, const struct fwd_batch *batch,
+                          const struct sample_row *rows, int32_t *tokens, float *logprobs);
     void (*close)(struct backend *b);
 };
 
@@ -63,6 +92,10 @@ struct backend {
     const struct backend_ops *ops;
     struct model_config config;
     uint64_t forward_count;
+    /* Host sampling (forward_sample == NULL): grown on first use, freed by backend_close. */
+    float *host_logits;
+    int32_t host_logits_rows;
+    struct sampler_workspace workspace;
 };
 
 #endif

@@ -233,35 +233,11 @@ fail:
     return rc;
 }
 
-/* Checks what the attention plan does not: token ids, positions and the rows asked for. */
-static int check_batch(const struct cpu_backend *b, const struct fwd_batch *batch)
-{
-    const struct model_config *c = &b->base.config;
-    if (batch->num_tokens < 1 || batch->num_tokens > b->opt.limits.max_num_tokens)
-        return pagoda_error_set(PAGODA_ERANGE, "step of %d tokens (the limit is %d)",
-                                batch->num_tokens, b->opt.limits.max_num_tokens);
-    for (int32_t t = 0; t < batch->num_tokens; t++) {
-        if (batch->token_ids[t] < 0 || batch->token_ids[t] >= c->vocab_size)
-            return pagoda_error_set(PAGODA_ERANGE,
-                                    "token id %d is outside the vocabulary (size %lld)",
-                                    batch->token_ids[t], (long long)c->vocab_size);
-        if (batch->positions[t] < 0 || batch->positions[t] >= c->max_position_embeddings)
-            return pagoda_error_set(PAGODA_ERANGE,
-                                    "position %d is beyond the model's %lld positions",
-                                    batch->positions[t], (long long)c->max_position_embeddings);
-    }
-    for (int32_t i = 0; i < batch->num_logits; i++)
-        if (batch->logits_indices[i] < 0 || batch->logits_indices[i] >= batch->num_tokens)
-            return pagoda_error_set(PAGODA_ERANGE, "logits row %d is outside the step",
-                                    batch->logits_indices[i]);
-    return 0;
-}
-
 static int cpu_forward(struct backend *base, const struct fwd_batch *batch, float *logits)
 {
     struct cpu_backend *b = (struct cpu_backend *)base;
     const struct model_config *c = &b->base.config;
-    int rc = check_batch(b, batch);
+    int rc = backend_check_batch(&b->base.config, &b->opt.limits, batch);
     if (rc != 0)
         return rc;
     struct attention_batch ab = {

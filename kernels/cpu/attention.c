@@ -5,6 +5,7 @@
 #include "kernels/cpu/attention.h"
 
 #include "common/error.h"
+#include "kernels/attention_batch.h"
 
 #include <math.h>
 #include <stdbool.h>
@@ -40,6 +41,18 @@ static uint64_t scratch_floats_for(const struct attention_config *c, int32_t gro
     return (uint64_t)group * ((uint64_t)c->head_dim + (uint64_t)c->block_size + 2);
 }
 
+static struct attention_limits limits_of(const struct attention_config *c)
+{
+    struct attention_limits l = {
+        .block_size = c->block_size,
+        .num_blocks = c->num_blocks,
+        .max_num_seqs = c->max_num_seqs,
+        .max_num_tokens = c->max_num_tokens,
+        .max_blocks_per_seq = c->max_blocks_per_seq,
+    };
+    return l;
+}
+
 static int config_check(const struct attention_config *c)
 {
     if (c->impl != ATTN_CPU_GATHER && c->impl != ATTN_CPU_PAGED)
@@ -59,26 +72,8 @@ static int config_check(const struct attention_config *c)
                                 (int)c->head_dim, ATTENTION_HEAD_DIM_MAX);
     if (!isfinite(c->scale))
         return pagoda_error_set(PAGODA_EINVAL, "attention: scale is not finite");
-    if (c->block_size < KV_BLOCK_SIZE_MIN || c->block_size > KV_BLOCK_SIZE_MAX)
-        return pagoda_error_set(PAGODA_ERANGE, "attention: block_size %d outside %d..%d",
-                                (int)c->block_size, KV_BLOCK_SIZE_MIN, KV_BLOCK_SIZE_MAX);
-    if (c->num_blocks < 2)
-        return pagoda_error_set(PAGODA_ERANGE, "attention: num_blocks %d, at least 2 needed",
-                                (int)c->num_blocks);
-    if (c->max_num_seqs <= 0 || c->max_num_tokens <= 0 || c->max_blocks_per_seq <= 0)
-        return pagoda_error_set(PAGODA_ERANGE,
-                                "attention: limits must be positive (max_num_seqs %d, "
-                                "max_num_tokens %d, max_blocks_per_seq %d)",
-                                (int)c->max_num_seqs, (int)c->max_num_tokens,
-                                (int)c->max_blocks_per_seq);
-    /* Context lengths are int32: the longest context a block table can hold must be one. */
-    if ((int64_t)c->max_blocks_per_seq * c->block_size > INT32_MAX)
-        return pagoda_error_set(PAGODA_ERANGE,
-                                "attention: max_blocks_per_seq %d * block_size %d exceeds int32",
-                                (int)c->max_blocks_per_seq, (int)c->block_size);
-    if (c->max_num_seqs == INT32_MAX)
-        return pagoda_error_set(PAGODA_ERANGE, "attention: max_num_seqs too large");
-    return 0;
+    struct attention_limits limits = limits_of(c);
+    return attention_limits_check(&limits);
 }
 
 /* calloc of n elements of size bytes, refusing products that do not fit size_t. */
@@ -141,72 +136,14 @@ void attention_plan_free(struct attention_plan *plan)
     free(plan);
 }
 
-/* Checks the whole batch against the plan's limits and the pool before anything is copied. */
-static int batch_check(const struct attention_plan *p, const struct attention_batch *b,
-                       int32_t *max_context_len)
-{
-    const struct attention_config *c = &p->config;
-    if (b->num_seqs < 0 || b->num_seqs > c->max_num_seqs)
-        return pagoda_error_set(PAGODA_ERANGE, "attention_plan: num_seqs %d outside 0..%d",
-                                (int)b->num_seqs, (int)c->max_num_seqs);
-    if (b->num_tokens < 0 || b->num_tokens > c->max_num_tokens)
-        return pagoda_error_set(PAGODA_ERANGE, "attention_plan: num_tokens %d outside 0..%d",
-                                (int)b->num_tokens, (int)c->max_num_tokens);
-    if (b->query_start == NULL)
-        return pagoda_error_set(PAGODA_EINVAL, "attention_plan: query_start is NULL");
-    if (b->query_start[0] != 0 || b->query_start[b->num_seqs] != b->num_tokens)
-        return pagoda_error_set(
-            PAGODA_EINVAL, "attention_plan: query_start runs %d..%d, not 0..num_tokens %d",
-            (int)b->query_start[0], (int)b->query_start[b->num_seqs], (int)b->num_tokens);
-    if (b->num_seqs > 0 && (b->context_len == NULL || b->block_tables == NULL))
-        return pagoda_error_set(PAGODA_EINVAL, "attention_plan: context_len or block_tables "
-                                               "is NULL");
-    if (b->num_seqs > 0 && b->max_blocks_per_seq <= 0)
-        return pagoda_error_set(PAGODA_EINVAL, "attention_plan: max_blocks_per_seq %d",
-                                (int)b->max_blocks_per_seq);
-
-    *max_context_len = 0;
-    for (int32_t s = 0; s < b->num_seqs; s++) {
-        int32_t query_len = b->query_start[s + 1] - b->query_start[s];
-        int32_t context_len = b->context_len[s];
-        if (b->query_start[s + 1] <= b->query_start[s] || b->query_start[s + 1] > b->num_tokens)
-            return pagoda_error_set(PAGODA_EINVAL,
-                                    "attention_plan: sequence %d has query tokens %d..%d (every "
-                                    "sequence needs at least one, within num_tokens %d)",
-                                    (int)s, (int)b->query_start[s], (int)b->query_start[s + 1] - 1,
-                                    (int)b->num_tokens);
-        if (context_len < query_len)
-            return pagoda_error_set(PAGODA_EINVAL,
-                                    "attention_plan: sequence %d has context_len %d < query_len "
-                                    "%d",
-                                    (int)s, (int)context_len, (int)query_len);
-        int64_t blocks_needed = ((int64_t)context_len + c->block_size - 1) / c->block_size;
-        if (blocks_needed > b->max_blocks_per_seq || blocks_needed > c->max_blocks_per_seq)
-            return pagoda_error_set(PAGODA_ERANGE,
-                                    "attention_plan: sequence %d needs %lld blocks for "
-                                    "context_len %d; its table has %d (plan limit %d)",
-                                    (int)s, (long long)blocks_needed, (int)context_len,
-                                    (int)b->max_blocks_per_seq, (int)c->max_blocks_per_seq);
-        const int32_t *row = b->block_tables + (size_t)s * (size_t)b->max_blocks_per_seq;
-        for (int64_t i = 0; i < blocks_needed; i++)
-            if (row[i] <= 0 || row[i] >= c->num_blocks)
-                return pagoda_error_set(PAGODA_ERANGE,
-                                        "attention_plan: sequence %d, table entry %lld: block %d "
-                                        "outside 1..%d",
-                                        (int)s, (long long)i, (int)row[i], (int)c->num_blocks - 1);
-        if (context_len > *max_context_len)
-            *max_context_len = context_len;
-    }
-    return 0;
-}
-
 int attention_plan(struct attention_plan *plan, const struct attention_batch *batch)
 {
     if (plan == NULL || batch == NULL)
         return pagoda_error_set(PAGODA_EINVAL, "attention_plan: NULL argument");
     plan->planned = false;
     int32_t max_context_len = 0;
-    int rc = batch_check(plan, batch, &max_context_len);
+    struct attention_limits limits = limits_of(&plan->config);
+    int rc = attention_batch_check(&limits, batch, &max_context_len);
     if (rc < 0)
         return rc;
 

@@ -7,29 +7,15 @@
 
 #include "common/error.h"
 #include "kernels/philox.h"
+#include "kernels/sampling_math.h"
 
 #include <math.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* Weights (step 4): the most likely token weighs 2^40; x below WEIGHT_X_MIN weighs 0 (exp(-32)
- * < 2^-46, so the cut-off only saves work: those weights truncate to 0 anyway). */
-#define WEIGHT_ONE 0x1p40f
-#define WEIGHT_X_MIN -32.0f
-
-/* exp(x) = 2^k * exp(r), k = rint(x * log2(e)), r = x - k * ln2 in two parts (Cody and Waite)
- * so that k * LN2_HI is exact for |k| < 128; exp(r) by its Taylor polynomial to degree 6. */
-#define EXP_LOG2E 0x1.715476p+0f
-#define EXP_LN2_HI 0x1.62e4p-1f
-#define EXP_LN2_LO 0x1.7f7d1cp-20f
-#define EXP_C6 0x1.6c16c2p-10f /* 1/720 */
-#define EXP_C5 0x1.111112p-7f  /* 1/120 */
-#define EXP_C4 0x1.555556p-5f  /* 1/24 */
-#define EXP_C3 0x1.555556p-3f  /* 1/6 */
-#define EXP_C2 0.5f
-#define EXP_C1 1.0f
-#define EXP_C0 1.0f
+/* The most likely token's weight (step 4), exactly 2^40. */
+#define WEIGHT_ONE SAMPLING_WEIGHT_ONE
 
 struct sampling_params sampling_params_default(void)
 {
@@ -134,15 +120,11 @@ static int check_tokens(const char *which, const int32_t *tokens, size_t n, int3
     return 0;
 }
 
-/* Step 1 for one token: repetition, then frequency (count times), then presence. */
+/* Step 1 for one token (kernels/sampling_math.h, shared with the CUDA sampler). */
 static float penalise(float v, const struct sampling_params *p, int32_t output_count)
 {
-    v = v > 0.0f ? v / p->repetition_penalty : v * p->repetition_penalty;
-    if (output_count > 0) {
-        v = v - p->frequency_penalty * (float)output_count;
-        v = v - p->presence_penalty;
-    }
-    return v;
+    return sampling_penalise(v, p->repetition_penalty, p->presence_penalty, p->frequency_penalty,
+                             output_count);
 }
 
 /* Step 1. Each distinct token of the history is penalised once: the output pass handles tokens
@@ -186,23 +168,11 @@ static int apply_penalties(const struct sampling_params *p, const int32_t *promp
     return 0;
 }
 
-/* Step 4: the weight of a token whose scaled logit is x <= 0, floor(exp~(x) * 2^40), where exp~
- * is this exact sequence of f32 operations (relative error below 3e-7 on [-32, 0]). */
-static uint64_t token_weight(float x)
+/* Steps 3 and 4: the weight of a token, floor(exp~((l - m) / temperature) * 2^40), by the
+ * arithmetic in kernels/sampling_math.h, which the CUDA sampler shares. */
+static uint64_t token_weight(float l, float max_logit, float temperature)
 {
-    if (!(x >= WEIGHT_X_MIN))
-        return 0;
-    float k = rintf(x * EXP_LOG2E);
-    float r = x - k * EXP_LN2_HI;
-    r = r - k * EXP_LN2_LO;
-    float q = EXP_C6;
-    q = q * r + EXP_C5;
-    q = q * r + EXP_C4;
-    q = q * r + EXP_C3;
-    q = q * r + EXP_C2;
-    q = q * r + EXP_C1;
-    q = q * r + EXP_C0;
-    return (uint64_t)(ldexpf(q, (int)k) * WEIGHT_ONE);
+    return sampling_weight(sampling_scaled_logit(l, max_logit, temperature));
 }
 
 /* The canonical order (step 5): higher logit first, then lower token id. Whether a comes after
@@ -301,7 +271,7 @@ static int32_t draw_token(const struct sampling_params *p, int32_t vocab, float 
     /* Steps 3 and 4: scaled logits and weights; the candidates are the tokens of weight > 0. */
     int32_t n = 0;
     for (int32_t i = 0; i < vocab; i++) {
-        w[i] = token_weight((l[i] - max_logit) / p->temperature);
+        w[i] = token_weight(l[i], max_logit, p->temperature);
         if (w[i] > 0)
             order[n++] = i;
     }

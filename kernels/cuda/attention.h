@@ -1,0 +1,97 @@
+/* Paged attention on the GPU: the plan/run split of kernels/cpu/attention.h, over a bf16 pool.
+ *
+ * The batch is described exactly as on the CPU (struct attention_batch: query_start,
+ * context_len, block tables; host arrays), with the same semantics: query token j of a
+ * sequence with query_len tokens sits at absolute position context_len - query_len + j and
+ * attends causally to keys 0 .. that position; query head h reads KV head h / (num_heads /
+ * num_kv_heads). Scores, softmax and accumulation are f32 (online softmax); the output is
+ * rounded to bf16 once.
+ *
+ * Lifecycle: cuda_attention_plan_new once per model (device and pinned host buffers, sized by
+ * the config's limits, at addresses that never change), cuda_attention_plan once per step (host
+ * validation, then one asynchronous copy of the step's metadata to the device),
+ * cuda_attention_run once per layer (launches only: no allocation, no synchronisation).
+ *
+ * Two kernels behind run: sequences with query_len 1 (decode) go to a paged decode kernel, one
+ * CTA per (sequence, KV head, KV partition) handling that KV head's query heads, with a merge
+ * kernel when a long context was split across CTAs (split-KV, chosen by the plan when there
+ * are too few decode CTAs to fill the GPU); the others (prefill chunks, a chunk continuing a
+ * sequence already in the pool included) go to a paged prefill kernel, one CTA per (tile of
+ * query tokens, KV head), K/V tiles read in place through the block table into shared memory.
+ *
+ * Streams: plan's copy and run's kernels are ordered by the stream. Run on the stream the step
+ * was planned on (or order the streams with an event); the plan owns one set of device
+ * metadata and split-KV scratch, so one run at a time per plan. Split-KV results depend (in
+ * the last bits) on the batch a decode sequence is planned in. */
+#ifndef PAGODA_KERNELS_CUDA_ATTENTION_H
+#define PAGODA_KERNELS_CUDA_ATTENTION_H
+
+#include <cuda_runtime_api.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#include "kernels/cpu/attention.h"
+#include "kvpool/geometry.h"
+
+/* What stays fixed for the life of a plan: the model's attention shape, the pool's geometry
+ * and the largest batch a step may bring. */
+struct cuda_attention_config {
+    int32_t num_heads;    /* query heads; a multiple of num_kv_heads, at most 64 per KV head */
+    int32_t num_kv_heads; /* query head h reads KV head h / (num_heads / num_kv_heads) */
+    int32_t head_dim;     /* 64 or 128 */
+    float scale;          /* multiplies q.k before the softmax, usually 1 / sqrt(head_dim) */
+    int32_t block_size;   /* the pool's, KV_BLOCK_SIZE_MIN .. KV_BLOCK_SIZE_MAX */
+    int32_t num_blocks;   /* the pool's, including the reserved block 0 */
+    int32_t max_num_seqs; /* limits on one step's batch */
+    int32_t max_num_tokens;
+    int32_t max_blocks_per_seq; /* bounds the context: max_blocks_per_seq * block_size tokens */
+};
+
+struct cuda_attention_plan;
+
+/* Allocates a plan on the current device: device buffers for one step's metadata and for the
+ * split-KV partial results, pinned host staging (two slots, so that planning step n + 1 does
+ * not wait for step n's copy), and the events that guard the staging. On success *out is the
+ * caller's, to release with cuda_attention_plan_free; it holds no batch until
+ * cuda_attention_plan succeeds. Returns 0, PAGODA_EINVAL (a non-positive head count, num_heads
+ * not a multiple of num_kv_heads, a scale that is not finite), PAGODA_ERANGE (block_size,
+ * num_blocks, head_dim or a limit out of range: the CPU plan's checks), PAGODA_EUNSUPPORTED
+ * (head_dim other than 64 or 128, more than 64 query heads per KV head), PAGODA_ENOMEM or
+ * PAGODA_ECUDA. */
+int cuda_attention_plan_new(const struct cuda_attention_config *c,
+                            struct cuda_attention_plan **out);
+
+/* Frees a plan; NULL is accepted. Waits for the plan's pending copies, not for runs: the caller
+ * makes sure no run that uses the plan is still in flight (synchronise its stream first). */
+void cuda_attention_plan_free(struct cuda_attention_plan *p);
+
+/* Validates one step's batch on the host exactly as the CPU plan does (same errors and
+ * details), splits it into decode sequences (query_len 1) and prefill tiles, chooses the
+ * split-KV partition of the decode contexts, and enqueues on stream s one copy of that
+ * metadata from pinned staging to the device. The batch's arrays stay the caller's and may be
+ * reused as soon as this returns. May wait for the copy enqueued two plans ago to finish (the
+ * staging slot it used). On failure the plan holds no batch (run refuses it). Returns 0,
+ * PAGODA_EINVAL, PAGODA_ERANGE (as attention_plan) or PAGODA_ECUDA. */
+int cuda_attention_plan(struct cuda_attention_plan *p, const struct attention_batch *batch,
+                        cudaStream_t s);
+
+/* Attention of one layer for the planned batch, enqueued on s. q holds num_heads * head_dim
+ * bf16 per token at q + t * q_row_stride (q may live inside the fused QKV output); out is
+ * [num_tokens][num_heads * head_dim] bf16, contiguous, and must not overlap q. kv is the
+ * layer's bf16 view of the pool (device pointers), whose K/V for every context token must
+ * already be written (cuda_reshape_and_cache earlier on the stream). q and out must be 16-byte
+ * aligned and q_row_stride a multiple of 8 elements, at least num_heads * head_dim; the view's
+ * pointers 16-byte aligned and its strides multiples of 8. Returns 0, PAGODA_EINVAL (no batch
+ * planned, NULL buffers, a stride or alignment as above), PAGODA_EMISMATCH (the view's dtype,
+ * block_size, num_kv_heads, head_dim or num_blocks differ from the config) or PAGODA_ECUDA. */
+int cuda_attention_run(struct cuda_attention_plan *p, const struct kv_layer_view *kv,
+                       const uint16_t *q, int64_t q_row_stride, uint16_t *out, cudaStream_t s);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

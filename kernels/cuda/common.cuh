@@ -1,0 +1,92 @@
+/* Device helpers shared by the .cu files of kernels/cuda: bf16 conversions, 16-byte vectors
+ * of eight bf16, warp reductions, and the translation of CUDA errors into pagoda's error space
+ * at the boundary. Private to kernels/cuda (not a public header). */
+#ifndef PAGODA_KERNELS_CUDA_COMMON_CUH
+#define PAGODA_KERNELS_CUDA_COMMON_CUH
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+extern "C" {
+#include "common/error.h"
+}
+
+/* Records the result of the launch just made (a bad configuration, too much shared memory)
+ * as PAGODA_ECUDA with a detail naming the kernel. */
+static inline int cuda_launch_result(const char *kernel)
+{
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess)
+        return pagoda_error_set(PAGODA_ECUDA, "%s: launch failed: %s", kernel,
+                                cudaGetErrorString(e));
+    return 0;
+}
+
+/* Translates the result of one CUDA runtime call, naming the call. */
+static inline int cuda_call_result(cudaError_t e, const char *call)
+{
+    if (e != cudaSuccess)
+        return pagoda_error_set(PAGODA_ECUDA, "%s: %s", call, cudaGetErrorString(e));
+    return 0;
+}
+
+static inline bool cuda_aligned16(const void *p)
+{
+    return ((uintptr_t)p & 15u) == 0;
+}
+
+__device__ __forceinline__ float bf16_bits_to_float(uint16_t h)
+{
+    return __uint_as_float((uint32_t)h << 16);
+}
+
+/* Round to nearest even, NaN kept (cuda_bf16's conversion, as PyTorch and common/dtype.h). */
+__device__ __forceinline__ uint16_t float_to_bf16_bits(float f)
+{
+    return __bfloat16_as_ushort(__float2bfloat16_rn(f));
+}
+
+/* The two bf16 of a 32-bit word (low half first, the element with the lower address). */
+__device__ __forceinline__ float2 bf16x2_to_float2(uint32_t w)
+{
+    return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
+}
+
+__device__ __forceinline__ uint32_t float2_to_bf16x2(float lo, float hi)
+{
+    return (uint32_t)float_to_bf16_bits(lo) | ((uint32_t)float_to_bf16_bits(hi) << 16);
+}
+
+/* Eight bf16 of a 16-byte vector to f32 and back. */
+__device__ __forceinline__ void bf16x8_to_float(uint4 v, float f[8])
+{
+    float2 a = bf16x2_to_float2(v.x), b = bf16x2_to_float2(v.y);
+    float2 c = bf16x2_to_float2(v.z), d = bf16x2_to_float2(v.w);
+    f[0] = a.x, f[1] = a.y, f[2] = b.x, f[3] = b.y;
+    f[4] = c.x, f[5] = c.y, f[6] = d.x, f[7] = d.y;
+}
+
+__device__ __forceinline__ uint4 float_to_bf16x8(const float f[8])
+{
+    return make_uint4(float2_to_bf16x2(f[0], f[1]), float2_to_bf16x2(f[2], f[3]),
+                      float2_to_bf16x2(f[4], f[5]), float2_to_bf16x2(f[6], f[7]));
+}
+
+__device__ __forceinline__ float warp_sum(float v)
+{
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v)
+{
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+#endif

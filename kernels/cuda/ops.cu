@@ -1,0 +1,425 @@
+/* The dense operations of the forward pass on the GPU: embedding, residual add + RMSNorm, bias,
+ * RoPE, SiLU-and-multiply, reshape-and-cache. Each is memory-bound: one pass over its rows,
+ * 16-byte accesses where the buffers allow (see ops.h), f32 arithmetic in the order the CPU
+ * reference (kernels/cpu/ops.c) uses, so that the two differ only by the final bf16 rounding
+ * and the last bits of the library functions. */
+#include "kernels/cuda/ops.h"
+
+#include "kernels/cuda/common.cuh"
+
+#include <math.h>
+
+namespace
+{
+
+constexpr int kThreads = 256;
+/* Grid-stride kernels never need more CTAs than this to fill the GPU. */
+constexpr int64_t kMaxGrid = 8192;
+
+unsigned grid_for(int64_t work, int threads)
+{
+    int64_t g = (work + threads - 1) / threads;
+    if (g < 1)
+        g = 1;
+    return (unsigned)(g < kMaxGrid ? g : kMaxGrid);
+}
+
+/* Threads for one CTA per row of n work items: a multiple of 32 up to kThreads. */
+int threads_for_row(int64_t n)
+{
+    int64_t t = (n + 31) / 32 * 32;
+    if (t < 32)
+        t = 32;
+    return (int)(t < kThreads ? t : kThreads);
+}
+
+/* ---- embedding ---- */
+
+template <bool VEC>
+__global__ void embedding_kernel(const uint16_t *__restrict__ table,
+                                 const int32_t *__restrict__ ids, int32_t hidden,
+                                 float *__restrict__ residual)
+{
+    const int64_t t = blockIdx.x;
+    const uint16_t *src = table + (int64_t)ids[t] * hidden;
+    float *dst = residual + t * hidden;
+    if (VEC) {
+        for (int32_t c = threadIdx.x * 8; c < hidden; c += blockDim.x * 8) {
+            float f[8];
+            bf16x8_to_float(__ldg(reinterpret_cast<const uint4 *>(src + c)), f);
+            reinterpret_cast<float4 *>(dst + c)[0] = make_float4(f[0], f[1], f[2], f[3]);
+            reinterpret_cast<float4 *>(dst + c)[1] = make_float4(f[4], f[5], f[6], f[7]);
+        }
+    } else {
+        for (int32_t c = threadIdx.x; c < hidden; c += blockDim.x)
+            dst[c] = bf16_bits_to_float(src[c]);
+    }
+}
+
+/* ---- residual add + RMSNorm ---- */
+
+/* The sum of v over the CTA, returned to every thread. */
+__device__ float block_sum(float v)
+{
+    __shared__ float partial[32];
+    __shared__ float total;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    v = warp_sum(v);
+    if (lane == 0)
+        partial[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        v = lane < (int)(blockDim.x >> 5) ? partial[lane] : 0.0f;
+        v = warp_sum(v);
+        if (lane == 0)
+            total = v;
+    }
+    __syncthreads();
+    return total;
+}
+
+/* One CTA per row. The first pass adds x into the residual and sums squares; the second reads
+ * back the residual values this same thread wrote, normalises and applies the weight. */
+template <bool VEC>
+__global__ void add_rmsnorm_kernel(float *__restrict__ residual, const uint16_t *__restrict__ x,
+                                   const uint16_t *__restrict__ weight, uint16_t *__restrict__ out,
+                                   int32_t dim, float eps)
+{
+    const int64_t row = blockIdx.x;
+    float *r = residual + row * dim;
+    const uint16_t *xr = x != nullptr ? x + row * dim : nullptr;
+    uint16_t *o = out + row * dim;
+
+    float ss = 0.0f;
+    if (VEC) {
+        for (int32_t c = threadIdx.x * 8; c < dim; c += blockDim.x * 8) {
+            float4 a = reinterpret_cast<float4 *>(r + c)[0];
+            float4 b = reinterpret_cast<float4 *>(r + c)[1];
+            float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+            if (xr != nullptr) {
+                float xf[8];
+                bf16x8_to_float(*reinterpret_cast<const uint4 *>(xr + c), xf);
+#pragma unroll
+                for (int i = 0; i < 8; i++)
+                    v[i] += xf[i];
+                reinterpret_cast<float4 *>(r + c)[0] = make_float4(v[0], v[1], v[2], v[3]);
+                reinterpret_cast<float4 *>(r + c)[1] = make_float4(v[4], v[5], v[6], v[7]);
+            }
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+                ss += v[i] * v[i];
+        }
+    } else {
+        for (int32_t c = threadIdx.x; c < dim; c += blockDim.x) {
+            float v = r[c];
+            if (xr != nullptr) {
+                v += bf16_bits_to_float(xr[c]);
+                r[c] = v;
+            }
+            ss += v * v;
+        }
+    }
+    ss = block_sum(ss);
+    const float inv = 1.0f / sqrtf(ss / (float)dim + eps);
+
+    if (VEC) {
+        for (int32_t c = threadIdx.x * 8; c < dim; c += blockDim.x * 8) {
+            float4 a = reinterpret_cast<const float4 *>(r + c)[0];
+            float4 b = reinterpret_cast<const float4 *>(r + c)[1];
+            float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+            float w[8];
+            bf16x8_to_float(__ldg(reinterpret_cast<const uint4 *>(weight + c)), w);
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+                v[i] = __fmul_rn(__fmul_rn(v[i], inv), w[i]);
+            *reinterpret_cast<uint4 *>(o + c) = float_to_bf16x8(v);
+        }
+    } else {
+        for (int32_t c = threadIdx.x; c < dim; c += blockDim.x)
+            o[c] =
+                float_to_bf16_bits(__fmul_rn(__fmul_rn(r[c], inv), bf16_bits_to_float(weight[c])));
+    }
+}
+
+/* ---- bias ---- */
+
+template <bool VEC>
+__global__ void add_bias_kernel(uint16_t *__restrict__ x, int64_t ld,
+                                const uint16_t *__restrict__ bias, int32_t rows, int32_t cols)
+{
+    const int32_t width = VEC ? cols / 8 : cols;
+    const int64_t n = (int64_t)rows * width;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t r = i / width;
+        const int32_t c = (int32_t)(i - r * width);
+        if (VEC) {
+            uint4 *p = reinterpret_cast<uint4 *>(x + r * ld + (int64_t)c * 8);
+            float a[8], b[8];
+            bf16x8_to_float(*p, a);
+            bf16x8_to_float(__ldg(reinterpret_cast<const uint4 *>(bias + (int64_t)c * 8)), b);
+#pragma unroll
+            for (int k = 0; k < 8; k++)
+                a[k] += b[k];
+            *p = float_to_bf16x8(a);
+        } else {
+            uint16_t *p = x + r * ld + c;
+            *p = float_to_bf16_bits(bf16_bits_to_float(*p) + bf16_bits_to_float(bias[c]));
+        }
+    }
+}
+
+/* ---- RoPE ---- */
+
+/* One CTA per row: the row's cos and sin (one per frequency) are computed once into shared
+ * memory, then every head of the row is rotated with them. */
+__global__ void rope_kernel(uint16_t *__restrict__ x, int64_t row_stride,
+                            const int32_t *__restrict__ positions,
+                            const float *__restrict__ inv_freq, int32_t num_heads, int32_t head_dim)
+{
+    extern __shared__ float rope_cs[]; /* [half] cos, then [half] sin */
+    const int32_t half = head_dim / 2;
+    const int64_t row = blockIdx.x;
+    const float pos = (float)positions[row];
+    for (int32_t i = threadIdx.x; i < half; i += blockDim.x) {
+        float sn, cs;
+        sincosf(__fmul_rn(pos, inv_freq[i]), &sn, &cs);
+        rope_cs[i] = cs;
+        rope_cs[half + i] = sn;
+    }
+    __syncthreads();
+    uint16_t *base = x + row * row_stride;
+    const int32_t n = num_heads * half;
+    for (int32_t idx = threadIdx.x; idx < n; idx += blockDim.x) {
+        const int32_t h = idx / half, i = idx - h * half;
+        uint16_t *v = base + (int64_t)h * head_dim;
+        const float a = bf16_bits_to_float(v[i]), b = bf16_bits_to_float(v[i + half]);
+        const float cs = rope_cs[i], sn = rope_cs[half + i];
+        /* Rounded products, no fused multiply-add: the CPU reference's order. */
+        v[i] = float_to_bf16_bits(__fsub_rn(__fmul_rn(a, cs), __fmul_rn(b, sn)));
+        v[i + half] = float_to_bf16_bits(__fadd_rn(__fmul_rn(b, cs), __fmul_rn(a, sn)));
+    }
+}
+
+/* ---- SiLU and multiply ---- */
+
+__device__ __forceinline__ float silu_mul1(float g, float u)
+{
+    return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
+}
+
+template <bool VEC>
+__global__ void silu_mul_kernel(const uint16_t *__restrict__ gate_up, uint16_t *__restrict__ out,
+                                int32_t rows, int32_t inter)
+{
+    const int32_t width = VEC ? inter / 8 : inter;
+    const int64_t n = (int64_t)rows * width;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t r = i / width;
+        const int32_t c = (int32_t)(i - r * width);
+        const uint16_t *g = gate_up + r * 2 * inter;
+        if (VEC) {
+            float gf[8], uf[8];
+            bf16x8_to_float(__ldg(reinterpret_cast<const uint4 *>(g + (int64_t)c * 8)), gf);
+            bf16x8_to_float(__ldg(reinterpret_cast<const uint4 *>(g + inter + (int64_t)c * 8)), uf);
+#pragma unroll
+            for (int k = 0; k < 8; k++)
+                gf[k] = silu_mul1(gf[k], uf[k]);
+            *reinterpret_cast<uint4 *>(out + r * inter + (int64_t)c * 8) = float_to_bf16x8(gf);
+        } else {
+            out[r * inter + c] = float_to_bf16_bits(
+                silu_mul1(bf16_bits_to_float(g[c]), bf16_bits_to_float(g[inter + c])));
+        }
+    }
+}
+
+/* ---- reshape and cache ---- */
+
+struct cache_dst {
+    uint16_t *k, *v;
+    int64_t block_stride, head_stride, slot_stride;
+    int32_t block_size, num_kv_heads, head_dim, num_blocks;
+};
+
+/* One CTA per token. Slots outside the pool's usable range (padding, block 0, beyond the end)
+ * write nothing. */
+template <bool VEC>
+__global__ void reshape_and_cache_kernel(cache_dst dst, const uint16_t *__restrict__ k,
+                                         const uint16_t *__restrict__ v, int64_t row_stride,
+                                         const int64_t *__restrict__ slot_mapping)
+{
+    const int64_t t = blockIdx.x;
+    const int64_t slot = slot_mapping[t];
+    if (slot < dst.block_size || slot >= (int64_t)dst.num_blocks * dst.block_size)
+        return;
+    const int64_t block = slot / dst.block_size;
+    const int64_t offset = slot - block * dst.block_size;
+    const int64_t base = block * dst.block_stride + offset * dst.slot_stride;
+    const uint16_t *ks = k + t * row_stride;
+    const uint16_t *vs = v + t * row_stride;
+    const int32_t step = VEC ? 8 : 1;
+    const int32_t n = dst.num_kv_heads * dst.head_dim;
+    for (int32_t c = threadIdx.x * step; c < n; c += blockDim.x * step) {
+        const int32_t h = c / dst.head_dim, d = c - h * dst.head_dim;
+        const int64_t at = base + h * dst.head_stride + d;
+        if (VEC) {
+            *reinterpret_cast<uint4 *>(dst.k + at) = *reinterpret_cast<const uint4 *>(ks + c);
+            *reinterpret_cast<uint4 *>(dst.v + at) = *reinterpret_cast<const uint4 *>(vs + c);
+        } else {
+            dst.k[at] = ks[c];
+            dst.v[at] = vs[c];
+        }
+    }
+}
+
+} // namespace
+
+int cuda_embedding(const uint16_t *table, const int32_t *ids, int32_t num_tokens, int32_t hidden,
+                   float *residual, cudaStream_t s)
+{
+    if (num_tokens < 0 || hidden <= 0)
+        return pagoda_error_set(PAGODA_EINVAL, "cuda_embedding: num_tokens %d, hidden %d",
+                                (int)num_tokens, (int)hidden);
+    if (num_tokens == 0)
+        return 0;
+    if (table == NULL || ids == NULL || residual == NULL)
+        return pagoda_error_set(PAGODA_EINVAL, "cuda_embedding: NULL buffer");
+    const bool vec = hidden % 8 == 0 && cuda_aligned16(table) && cuda_aligned16(residual);
+    const int threads = threads_for_row(vec ? hidden / 8 : hidden);
+    if (vec)
+        embedding_kernel<true><<<num_tokens, threads, 0, s>>>(table, ids, hidden, residual);
+    else
+        embedding_kernel<false><<<num_tokens, threads, 0, s>>>(table, ids, hidden, residual);
+    return cuda_launch_result("cuda_embedding");
+}
+
+int cuda_add_rmsnorm(float *residual, const uint16_t *x, const uint16_t *weight, uint16_t *out,
+                     int32_t rows, int32_t dim, float eps, cudaStream_t s)
+{
+    if (rows < 0 || dim <= 0 || !(eps >= 0.0f) || !isfinite(eps))
+        return pagoda_error_set(PAGODA_EINVAL, "cuda_add_rmsnorm: rows %d, dim %d, eps %g",
+                                (int)rows, (int)dim, (double)eps);
+    if (rows == 0)
+        return 0;
+    if (residual == NULL || weight == NULL || out == NULL)
+        return pagoda_error_set(PAGODA_EINVAL, "cuda_add_rmsnorm: NULL buffer");
+    const bool vec = dim % 8 == 0 && cuda_aligned16(residual) && cuda_aligned16(weight) &&
+                     cuda_aligned16(out) && (x == NULL || cuda_aligned16(x));
+    const int threads = threads_for_row(vec ? dim / 8 : dim);
+    if (vec)
+        add_rmsnorm_kernel<true><<<rows, threads, 0, s>>>(residual, x, weight, out, dim, eps);
+    else
+        add_rmsnorm_kernel<false><<<rows, threads, 0, s>>>(residual, x, weight, out, dim, eps);
+    return cuda_launch_result("cuda_add_rmsnorm");
+}
+
+int cuda_add_bias(uint16_t *x, int64_t ld, const uint16_t *bias, int32_t rows, int32_t cols,
+                  cudaStream_t s)
+{
+    if (rows < 0 || cols <= 0 || ld < cols)
+        return pagoda_error_set(PAGODA_EINVAL, "cuda_add_bias: rows %d, cols %d, ld %lld",
+                                (int)rows, (int)cols, (long long)ld);
+    if (rows == 0)
+        return 0;
+    if (x == NULL || bias == NULL)
+        return pagoda_error_set(PAGODA_EINVAL, "cuda_add_bias: NULL buffer");
+    const bool vec = cols % 8 == 0 && ld % 8 == 0 && cuda_aligned16(x) && cuda_aligned16(bias);
+    const int64_t work = (int64_t)rows * (vec ? cols / 8 : cols);
+    if (vec)
+        add_bias_kernel<true>
+            <<<grid_for(work, kThreads), kThreads, 0, s>>>(x, ld, bias, rows, cols);
+    else
+        add_bias_kernel<false>
+            <<<grid_for(work, kThreads), kThreads, 0, s>>>(x, ld, bias, rows, cols);
+    return cuda_launch_result("cuda_add_bias");
+}
+
+int cuda_rope(uint16_t *x, int64_t row_stride, const int32_t *positions, const float *inv_freq,
+              int32_t rows, int32_t num_heads, int32_t head_dim, cudaStream_t s)
+{
+    if (rows < 0 || num_heads <= 0 || head_dim <= 0 || head_dim % 2 != 0 ||
+        head_dim > KV_HEAD_DIM_MAX || row_stride < (int64_t)num_heads * head_dim)
+        return pagoda_error_set(PAGODA_EINVAL,
+                                "cuda_rope: rows %d, num_heads %d, head_dim %d, row_stride %lld",
+                                (int)rows, (int)num_heads, (int)head_dim, (long long)row_stride);
+    if (rows == 0)
+        return 0;
+    if (x == NULL || positions == NULL || inv_freq == NULL)
+        return pagoda_error_set(PAGODA_EINVAL, "cuda_rope: NULL buffer");
+    const int threads = threads_for_row((int64_t)num_heads * (head_dim / 2));
+    const size_t smem = (size_t)head_dim * sizeof(float);
+    rope_kernel<<<rows, threads, smem, s>>>(x, row_stride, positions, inv_freq, num_heads,
+                                            head_dim);
+    return cuda_launch_result("cuda_rope");
+}
+
+int cuda_silu_mul(const uint16_t *gate_up, uint16_t *out, int32_t rows, int32_t inter,
+                  cudaStream_t s)
+{
+    if (rows < 0 || inter <= 0)
+        return pagoda_error_set(PAGODA_EINVAL, "cuda_silu_mul: rows %d, inter %d", (int)rows,
+                                (int)inter);
+    if (rows == 0)
+        return 0;
+    if (gate_up == NULL || out == NULL)
+        return pagoda_error_set(PAGODA_EINVAL, "cuda_silu_mul: NULL buffer");
+    const bool vec = inter % 8 == 0 && cuda_aligned16(gate_up) && cuda_aligned16(out);
+    const int64_t work = (int64_t)rows * (vec ? inter / 8 : inter);
+    if (vec)
+        silu_mul_kernel<true>
+            <<<grid_for(work, kThreads), kThreads, 0, s>>>(gate_up, out, rows, inter);
+    else
+        silu_mul_kernel<false>
+            <<<grid_for(work, kThreads), kThreads, 0, s>>>(gate_up, out, rows, inter);
+    return cuda_launch_result("cuda_silu_mul");
+}
+
+int cuda_reshape_and_cache(const struct kv_layer_view *kv, const uint16_t *k, const uint16_t *v,
+                           int64_t row_stride, const int64_t *slot_mapping, int32_t num_tokens,
+                           cudaStream_t s)
+{
+    if (kv == NULL || num_tokens < 0)
+        return pagoda_error_set(PAGODA_EINVAL, "cuda_reshape_and_cache: NULL view or num_tokens %d",
+                                (int)num_tokens);
+    if (kv->dtype != DTYPE_BF16)
+        return pagoda_error_set(PAGODA_EUNSUPPORTED,
+                                "cuda_reshape_and_cache: the GPU pool is bf16, not %s",
+                                dtype_name(kv->dtype));
+    if (kv->block_size <= 0 || kv->num_blocks <= 0 || kv->num_kv_heads <= 0 || kv->head_dim <= 0 ||
+        kv->k == NULL || kv->v == NULL)
+        return pagoda_error_set(PAGODA_EINVAL, "cuda_reshape_and_cache: empty layer view");
+    if (row_stride < (int64_t)kv->num_kv_heads * kv->head_dim)
+        return pagoda_error_set(PAGODA_EINVAL,
+                                "cuda_reshape_and_cache: row_stride %lld < %d KV heads * "
+                                "head_dim %d",
+                                (long long)row_stride, (int)kv->num_kv_heads, (int)kv->head_dim);
+    if (num_tokens == 0)
+        return 0;
+    if (k == NULL || v == NULL || slot_mapping == NULL)
+        return pagoda_error_set(PAGODA_EINVAL, "cuda_reshape_and_cache: NULL buffer");
+
+    cache_dst dst;
+    dst.k = static_cast<uint16_t *>(kv->k);
+    dst.v = static_cast<uint16_t *>(kv->v);
+    dst.block_stride = kv->block_stride;
+    dst.head_stride = kv->head_stride;
+    dst.slot_stride = kv->slot_stride;
+    dst.block_size = kv->block_size;
+    dst.num_kv_heads = kv->num_kv_heads;
+    dst.head_dim = kv->head_dim;
+    dst.num_blocks = kv->num_blocks;
+    const bool vec = kv->head_dim % 8 == 0 && kv->block_stride % 8 == 0 &&
+                     kv->head_stride % 8 == 0 && kv->slot_stride % 8 == 0 && row_stride % 8 == 0 &&
+                     cuda_aligned16(kv->k) && cuda_aligned16(kv->v) && cuda_aligned16(k) &&
+                     cuda_aligned16(v);
+    const int64_t n = (int64_t)kv->num_kv_heads * kv->head_dim;
+    const int threads = threads_for_row(vec ? n / 8 : n);
+    if (vec)
+        reshape_and_cache_kernel<true>
+            <<<num_tokens, threads, 0, s>>>(dst, k, v, row_stride, slot_mapping);
+    else
+        reshape_and_cache_kernel<false>
+            <<<num_tokens, threads, 0, s>>>(dst, k, v, row_stride, slot_mapping);
+    return cuda_launch_result("cuda_reshape_and_cache");
+}

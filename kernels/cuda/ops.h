@@ -1,0 +1,80 @@
+/* The dense, memory-bound operations of the forward pass on the GPU, behind a plain C header.
+ *
+ * Types: bf16 tensors are raw uint16_t bit patterns (the GEMM inputs and outputs, weights,
+ * the KV pool); the residual stream is f32. Every pointer is a device pointer unless a comment
+ * says otherwise. Arithmetic is f32; every bf16 result is rounded to nearest even once.
+ *
+ * Every function enqueues its work on stream s and returns without waiting: 0 when the launch
+ * was accepted, PAGODA_EINVAL for bad sizes or NULL buffers (with a detail naming the
+ * argument), PAGODA_ECUDA when the launch failed (with a detail naming the kernel and the CUDA
+ * error). A zero-row call is accepted and launches nothing. Errors of the kernel itself (a bad
+ * address) surface at the stream's next synchronisation, as for any CUDA work. Nothing here
+ * allocates or synchronises, so every call can be captured in a CUDA graph.
+ *
+ * Vector paths: a kernel uses 16-byte loads and stores when its buffers are 16-byte aligned and
+ * its row lengths and strides are multiples of 8 elements (cudaMalloc'd buffers and the usual
+ * model sizes); otherwise it falls back to element-wise code, with the same results. */
+#ifndef PAGODA_KERNELS_CUDA_OPS_H
+#define PAGODA_KERNELS_CUDA_OPS_H
+
+#include <cuda_runtime_api.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#include "kvpool/geometry.h"
+
+/* residual[t][i] = table[ids[t]][i] in f32: the token embedding. table is [vocab][hidden]
+ * bf16, ids [num_tokens] int32 on the device, residual [num_tokens][hidden] f32. The ids are
+ * not checked (they live on the device): each must be in 0 .. vocab - 1. */
+int cuda_embedding(const uint16_t *table, const int32_t *ids, int32_t num_tokens, int32_t hidden,
+                   float *residual, cudaStream_t s);
+
+/* The fused residual add and RMSNorm of a transformer block: when x is not NULL, residual += x
+ * (x is bf16, the sum f32, written back to residual); then out = bf16(residual / sqrt(mean(
+ * residual^2) + eps) * weight), the sum of squares in f32. residual is [rows][dim] f32, x and
+ * out [rows][dim] bf16, weight [dim] bf16. out must not overlap residual or x. eps must be
+ * finite and >= 0. */
+int cuda_add_rmsnorm(float *residual, const uint16_t *x, const uint16_t *weight, uint16_t *out,
+                     int32_t rows, int32_t dim, float eps, cudaStream_t s);
+
+/* x[r * ld + c] = bf16(x[r * ld + c] + bias[c]) for r < rows, c < cols (the sum in f32): the
+ * bias of a linear layer whose output has leading dimension ld >= cols (elements). */
+int cuda_add_bias(uint16_t *x, int64_t ld, const uint16_t *bias, int32_t rows, int32_t cols,
+                  cudaStream_t s);
+
+/* Rotary position embedding, "rotate half" form (Hugging Face Llama), in place: for each row r
+ * and head h, the head at x + r * row_stride + h * head_dim has its pairs (i, i + head_dim/2)
+ * rotated by angle = (float)positions[r] * inv_freq[i] (f32, as transformers forms it), with
+ * cos and sin in f32 by the precise sincosf. positions [rows] int32 and inv_freq [head_dim/2]
+ * f32 live on the device. head_dim must be even and at most KV_HEAD_DIM_MAX; row_stride >=
+ * num_heads * head_dim. The Q and K heads of a fused QKV row are adjacent, so one call with
+ * num_heads = num_q_heads + num_kv_heads rotates both. */
+int cuda_rope(uint16_t *x, int64_t row_stride, const int32_t *positions, const float *inv_freq,
+              int32_t rows, int32_t num_heads, int32_t head_dim, cudaStream_t s);
+
+/* out[r][i] = bf16(silu(gate) * up) with gate = gate_up[r][i], up = gate_up[r][inter + i] and
+ * silu(g) = g / (1 + exp(-g)), all in f32. gate_up is [rows][2 * inter] bf16 (the gate and up
+ * projections side by side, one GEMM's output), out [rows][inter] bf16; they must not
+ * overlap. */
+int cuda_silu_mul(const uint16_t *gate_up, uint16_t *out, int32_t rows, int32_t inter,
+                  cudaStream_t s);
+
+/* Reshape-and-cache: copies token t's K and V (num_kv_heads * head_dim bf16 each, at
+ * k + t * row_stride and v + t * row_stride) into the pool at slot slot_mapping[t] = block *
+ * block_size + offset, through kv (a bf16 view with device pointers). slot_mapping
+ * [num_tokens] int64 lives on the device. A negative slot is padding and is skipped; so is a
+ * slot the device finds in the reserved block 0 or beyond the pool (the caller, who builds the
+ * slots on the host, must not produce one: the GPU cannot report it). row_stride >=
+ * num_kv_heads * head_dim. Returns PAGODA_EUNSUPPORTED for a view that is not bf16. */
+int cuda_reshape_and_cache(const struct kv_layer_view *kv, const uint16_t *k, const uint16_t *v,
+                           int64_t row_stride, const int64_t *slot_mapping, int32_t num_tokens,
+                           cudaStream_t s);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

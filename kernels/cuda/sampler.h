@@ -1,0 +1,85 @@
+/* The CUDA sampler: one token per row of a batch of device logits, by the algorithm of
+ * docs/sampling.md, so that it chooses exactly the token kernels/cpu/sampler.c's
+ * sampler_sample() chooses for the same logits, parameters, history, seed and output index, in
+ * any batch and at any position in it.
+ *
+ * One thread block per row. The penalties, the argmax, the weights, top-k, top-p, min-p and the
+ * inverse-CDF scan run on the device; everything that decides the token is exact integer
+ * arithmetic or single IEEE-754 operations (kernels/sampling_math.h, shared with the CPU), so
+ * the result does not depend on how the work is split between threads. The log-probability is
+ * the one value that may differ from the CPU's in the last bits.
+ *
+ * A plain C header: the implementation is kernels/cuda/sampler.cu. It also needs
+ * pagoda_kernels_cpu at link time (sampling_params_validate(), so that both samplers refuse the
+ * same parameters with the same errors). */
+#ifndef PAGODA_KERNELS_CUDA_SAMPLER_H
+#define PAGODA_KERNELS_CUDA_SAMPLER_H
+
+#include <cuda_runtime_api.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#include "kernels/cpu/sampler.h"
+
+/* Largest batch a sampler can be created for. */
+#define CUDA_SAMPLER_ROWS_MAX 65536
+
+/* The device buffers and pinned staging memory of one sampler. Opaque. */
+struct cuda_sampler;
+
+/* Creates a sampler for vocabularies of exactly vocab tokens and batches of up to max_rows rows,
+ * each with a history (prompt plus output tokens) of at most max_history tokens. Everything is
+ * allocated here, on the current CUDA device, and never during sampling: 8 bytes per token per
+ * row of device memory (penalised logits and history counts), and about 64 + 4 * max_history
+ * bytes per row of device and of pinned host memory. The sampler belongs to the caller until
+ * cuda_sampler_free(), and serves one thread at a time.
+ *
+ * Returns 0, PAGODA_EINVAL for a NULL out, PAGODA_ERANGE when vocab is outside [1,
+ * SAMPLER_VOCAB_MAX], max_rows outside [1, CUDA_SAMPLER_ROWS_MAX], max_history outside [0,
+ * SAMPLER_HISTORY_MAX] or max_rows * max_history above INT32_MAX, PAGODA_ENOMEM when host memory
+ * runs out, or PAGODA_ECUDA (the detail names the call) when a device or pinned allocation
+ * fails. *out is NULL on failure. */
+int cuda_sampler_new(int32_t vocab, int32_t max_rows, size_t max_history,
+                     struct cuda_sampler **out);
+
+/* Frees the sampler's memory. Accepts NULL. Its device must be current, and no sample call may
+ * be in flight (none is once cuda_sampler_sample() has returned). */
+void cuda_sampler_free(struct cuda_sampler *s);
+
+/* Samples one token for each of rows rows and writes it to tokens[r], and when logprobs is not
+ * NULL the natural log-probability of that token under log_softmax of the penalised logits to
+ * logprobs[r] (as sampler_sample() does).
+ *
+ * logits is a device pointer to rows * vocab f32 logits, row r at logits + r * vocab, on the
+ * sampler's device; it is only read. Everything else is host memory with one entry per row:
+ * params[r], output_index[r], and the history of row r: prompt_tokens[r][0..n_prompt[r]) and
+ * output_tokens[r][0..n_output[r]). n_prompt and prompt_tokens may both be NULL when no row has
+ * a prompt, and prompt_tokens[r] may be NULL when n_prompt[r] is 0; likewise for the output.
+ * History is copied to the device only for rows whose penalties are on. tokens and logprobs are
+ * host arrays of rows entries, written when the call returns: the work is queued on stream and
+ * the call waits for it (cudaStreamSynchronize), so the caller's arrays are free again on
+ * return and nothing is kept.
+ *
+ * Returns 0, or, with nothing written to tokens or logprobs: PAGODA_EINVAL for a NULL s,
+ * logits, params, output_index or tokens, or a NULL history that has tokens; PAGODA_ERANGE
+ * when rows is negative or above the sampler's max_rows (0 rows does nothing) or a row's
+ * history exceeds max_history; and for the first failing row (the detail names it) the errors
+ * of sampler_sample(): those of sampling_params_validate(), PAGODA_EINVAL for a token id
+ * outside [0, vocab), a NaN or +inf logit or a row whose logits are all -inf, PAGODA_ERANGE
+ * when a penalty makes a finite logit overflow. PAGODA_ECUDA when a CUDA call fails (the detail
+ * names it). */
+int cuda_sampler_sample(struct cuda_sampler *s, const float *logits, int32_t rows,
+                        const struct sampling_params *params, const uint64_t *output_index,
+                        const int32_t *const *prompt_tokens, const size_t *n_prompt,
+                        const int32_t *const *output_tokens, const size_t *n_output,
+                        int32_t *tokens, float *logprobs, cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

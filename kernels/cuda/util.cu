@@ -1,0 +1,68 @@
+#include "kernels/cuda/util.h"
+#include "common/error.h"
+
+#include <cuda_bf16.h>
+
+static int launch_status(const char *what)
+{
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess)
+        return pagoda_error_set(PAGODA_ECUDA, "%s: %s", what, cudaGetErrorString(e));
+    return 0;
+}
+
+__device__ static inline uint64_t splitmix64(uint64_t x)
+{
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+__global__ static void fill_random_kernel(__nv_bfloat16 *dst, int64_t n, uint64_t key, float a,
+                                          float offset)
+{
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        uint64_t r = splitmix64(key ^ splitmix64((uint64_t)i));
+        float u = (float)(r >> 40) * (1.0f / 16777216.0f); /* [0, 1) from 24 bits */
+        dst[i] = __float2bfloat16(offset + a * (2.0f * u - 1.0f));
+    }
+}
+
+extern "C" int cuda_fill_random_bf16(uint16_t *dst, int64_t n, uint64_t seed, uint64_t stream_id,
+                                     float std, float offset, cudaStream_t s)
+{
+    if (n < 0 || (n > 0 && dst == NULL))
+        return PAGODA_EINVAL;
+    if (n == 0)
+        return 0;
+    int64_t blocks = (n + 255) / 256;
+    if (blocks > 65536)
+        blocks = 65536;
+    uint64_t key = seed * 0x2545f4914f6cdd1dull ^ (stream_id + 1) * 0x9e3779b97f4a7c15ull;
+    fill_random_kernel<<<(unsigned)blocks, 256, 0, s>>>((__nv_bfloat16 *)dst, n, key,
+                                                         1.7320508f * std, offset);
+    return launch_status("cuda_fill_random_bf16");
+}
+
+__global__ static void gather_rows_kernel(const uint16_t *src, int64_t ld_src,
+                                          const int32_t *rows, int32_t cols, uint16_t *dst)
+{
+    const uint16_t *from = src + (int64_t)rows[blockIdx.x] * ld_src;
+    uint16_t *to = dst + (int64_t)blockIdx.x * cols;
+    for (int32_t c = threadIdx.x; c < cols; c += blockDim.x)
+        to[c] = from[c];
+}
+
+extern "C" int cuda_gather_rows_bf16(const uint16_t *src, int64_t ld_src, const int32_t *rows,
+                                     int32_t num_rows, int32_t cols, uint16_t *dst,
+                                     cudaStream_t s)
+{
+    if (num_rows < 0 || cols <= 0)
+        return PAGODA_EINVAL;
+    if (num_rows == 0)
+        return 0;
+    gather_rows_kernel<<<num_rows, 256, 0, s>>>(src, ld_src, rows, cols, dst);
+    return launch_status("cuda_gather_rows_bf16");
+}

@@ -1,0 +1,28 @@
+/* Small CUDA helpers of the GPU backend: random weights for --load-format random, and row
+ * gathering for the LM head. Plain C interface; every function launches asynchronously on the
+ * given stream and returns 0, PAGODA_EINVAL or PAGODA_ECUDA. */
+#ifndef PAGODA_KERNELS_CUDA_UTIL_H
+#define PAGODA_KERNELS_CUDA_UTIL_H
+
+#include <cuda_runtime_api.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Fills n bf16 values at dst with offset + uniform(-a, a) where a = sqrt(3) * std, from a
+ * counter-based hash of (seed, stream_id, index): deterministic whatever the launch shape. */
+int cuda_fill_random_bf16(uint16_t *dst, int64_t n, uint64_t seed, uint64_t stream_id, float std,
+                          float offset, cudaStream_t s);
+
+/* dst[i] = src[rows[i]] for num_rows rows of cols bf16 values (src row stride ld_src, dst
+ * contiguous); rows is a device array. */
+int cuda_gather_rows_bf16(const uint16_t *src, int64_t ld_src, const int32_t *rows,
+                          int32_t num_rows, int32_t cols, uint16_t *dst, cudaStream_t s);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,49 @@
+/* A minimal harness for GPU tests: plain C (they run on the GPU machine, where CMocka is not
+ * installed), a check macro that counts, and the CTest skip convention (exit 77 with a line
+ * saying why) when there is no CUDA device, as on CI. */
+#ifndef PAGODA_TESTS_GPU_TEST_H
+#define PAGODA_TESTS_GPU_TEST_H
+
+#include <cuda_runtime_api.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+static int gpu_test_passed, gpu_test_failed;
+
+/* Counts one check; prints the failures (and, with GPU_TEST_VERBOSE set, the passes). */
+#define GPU_CHECK(cond, ...)                                                                       \
+    do {                                                                                           \
+        if (cond) {                                                                                \
+            gpu_test_passed++;                                                                     \
+            if (getenv("GPU_TEST_VERBOSE")) {                                                      \
+                printf("ok   ");                                                                   \
+                printf(__VA_ARGS__);                                                               \
+                printf("\n");                                                                      \
+            }                                                                                      \
+        } else {                                                                                   \
+            gpu_test_failed++;                                                                     \
+            printf("FAIL %s:%d: ", __FILE__, __LINE__);                                            \
+            printf(__VA_ARGS__);                                                                   \
+            printf("\n");                                                                          \
+        }                                                                                          \
+    } while (0)
+
+/* Exits 77 (skipped) with a message when no CUDA device is usable. */
+static inline void gpu_test_require_device(const char *name)
+{
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+        printf("SKIP %s: no CUDA device here (GPU tests run on the GPU machine: tests/gpu/run)\n",
+               name);
+        exit(77);
+    }
+}
+
+/* Prints "N passed, M failed" and returns the exit status. */
+static inline int gpu_test_finish(void)
+{
+    printf("%d passed, %d failed\n", gpu_test_passed, gpu_test_failed);
+    return gpu_test_failed == 0 ? 0 : 1;
+}
+
+#endif

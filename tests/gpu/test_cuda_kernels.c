@@ -1,0 +1,887 @@
+/* Tests of kernels/cuda (ops and paged attention) against the CPU reference kernels
+ * (kernels/cpu/ops.h, kernels/cpu/attention.h) on the same bf16 inputs, compared in f32.
+ *
+ * Every input is fresh random data; every device output is poisoned (0xFF bytes: NaN in bf16
+ * and f32) before the run, and so is the whole KV pool before K/V is written, so a kernel that
+ * skips an output, reads a slot past the context, a block it was not given or the wrong layer
+ * produces NaN and fails. The pool has two layers and the tests use layer 1. Block tables are
+ * random permutations of blocks 1 .. num_blocks - 1. One line per case (kernel, config, relative
+ * error ||out - ref|| / ||ref||), then "N passed, M failed". */
+#include "tests/gpu/gpu_test.h"
+
+#include "common/dtype.h"
+#include "common/error.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/ops.h"
+#include "kernels/cuda/attention.h"
+#include "kernels/cuda/ops.h"
+#include "kvpool/geometry.h"
+
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <string.h>
+#include <time.h>
+
+#define TOLERANCE 1e-2 /* bf16 outputs: expect about 3e-3 */
+#define EXACT 1e-6     /* copies and f32 sums that must match */
+
+static cudaStream_t stream;
+
+/* Stops the test on a failing CUDA call (a device fault poisons the context for every later
+ * case), printing the summary first. */
+#define CK(call)                                                                                   \
+    do {                                                                                           \
+        cudaError_t e_ = (call);                                                                   \
+        if (e_ != cudaSuccess) {                                                                   \
+            printf("FATAL %s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_));    \
+            gpu_test_failed++;                                                                     \
+            exit(gpu_test_finish());                                                               \
+        }                                                                                          \
+    } while (0)
+
+/* ---- helpers ---- */
+
+static uint64_t rng = 0x2545f4914f6cdd1dull;
+
+static uint64_t rng_next(void)
+{
+    uint64_t x = (rng += 0x9e3779b97f4a7c15ull);
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+static float uniform(float lo, float hi)
+{
+    return lo + (hi - lo) * (float)((double)(rng_next() >> 11) / (double)(1ull << 53));
+}
+
+static int32_t rand_int(int32_t n) /* 0 .. n - 1 */
+{
+    return (int32_t)(rng_next() % (uint64_t)n);
+}
+
+static void fill_bf16(uint16_t *x, size_t n, float lo, float hi)
+{
+    for (size_t i = 0; i < n; i++)
+        x[i] = f32_to_bf16(uniform(lo, hi));
+}
+
+static void bf16_to_f32_n(const uint16_t *x, float *y, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        y[i] = bf16_to_f32(x[i]);
+}
+
+static void *xmalloc(size_t bytes)
+{
+    void *p = malloc(bytes > 0 ? bytes : 1);
+    if (p == NULL) {
+        printf("FATAL: out of host memory (%zu bytes)\n", bytes);
+        exit(1);
+    }
+    return p;
+}
+
+static void *dev_alloc(size_t bytes)
+{
+    void *p = NULL;
+    CK(cudaMalloc(&p, bytes > 0 ? bytes : 1));
+    return p;
+}
+
+static void *dev_upload(const void *h, size_t bytes)
+{
+    void *d = dev_alloc(bytes);
+    CK(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice));
+    CK(cudaDeviceSynchronize()); /* a pageable copy may still be in flight */
+    return d;
+}
+
+static void download(void *h, const void *d, size_t bytes)
+{
+    CK(cudaStreamSynchronize(stream));
+    CK(cudaMemcpy(h, d, bytes, cudaMemcpyDeviceToHost));
+}
+
+static void poison(void *d, size_t bytes)
+{
+    CK(cudaMemset(d, 0xFF, bytes));
+    CK(cudaDeviceSynchronize()); /* cudaMemset is asynchronous, on the legacy stream */
+}
+
+/* ||out - ref|| / ||ref|| in double; infinite when out holds a NaN or an infinity. */
+static double rel_err(const float *out, const float *ref, size_t n)
+{
+    double num = 0.0, den = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(out[i]))
+            return INFINITY;
+        double d = (double)out[i] - (double)ref[i];
+        num += d * d;
+        den += (double)ref[i] * (double)ref[i];
+    }
+    return den > 0.0 ? sqrt(num / den) : sqrt(num);
+}
+
+static double rel_err_bf16(const uint16_t *out, const float *ref, size_t n)
+{
+    float *f = xmalloc(n * sizeof(float));
+    bf16_to_f32_n(out, f, n);
+    double e = rel_err(f, ref, n);
+    free(f);
+    return e;
+}
+
+static double worst_err;
+
+static void report(const char *kernel, const char *config, double err, double tol)
+{
+    bool ok = err < tol;
+    printf("%-20s %-58s rel err %.2e%s\n", kernel, config, err, ok ? "" : "  FAIL");
+    GPU_CHECK(ok, "%s %s: rel err %.3e, tolerance %.1e", kernel, config, err, tol);
+    if (tol == TOLERANCE && err > worst_err)
+        worst_err = err;
+}
+
+static void expect_rc(const char *what, int got, int want)
+{
+    bool ok = got == want;
+    printf("%-20s %-58s rc %d%s\n", "refusal", what, got, ok ? "" : "  FAIL");
+    GPU_CHECK(ok, "%s: returned %d (%s), expected %d (%s)", what, got, pagoda_strerror(got), want,
+              pagoda_strerror(want));
+}
+
+/* ---- ops ---- */
+
+static void test_embedding(int32_t vocab, int32_t hidden, int32_t num_tokens)
+{
+    size_t tn = (size_t)vocab * hidden, rn = (size_t)num_tokens * hidden;
+    uint16_t *table = xmalloc(tn * sizeof(uint16_t));
+    int32_t *ids = xmalloc((size_t)num_tokens * sizeof(int32_t));
+    float *ref = xmalloc(rn * sizeof(float)), *got = xmalloc(rn * sizeof(float));
+    fill_bf16(table, tn, -1.0f, 1.0f);
+    for (int32_t t = 0; t < num_tokens; t++)
+        ids[t] = t == 0 ? vocab - 1 : rand_int(vocab);
+    for (int32_t t = 0; t < num_tokens; t++)
+        bf16_to_f32_n(table + (size_t)ids[t] * hidden, ref + (size_t)t * hidden, (size_t)hidden);
+
+    uint16_t *d_table = dev_upload(table, tn * sizeof(uint16_t));
+    int32_t *d_ids = dev_upload(ids, (size_t)num_tokens * sizeof(int32_t));
+    float *d_res = dev_alloc(rn * sizeof(float));
+    poison(d_res, rn * sizeof(float));
+    int rc = cuda_embedding(d_table, d_ids, num_tokens, hidden, d_res, stream);
+    GPU_CHECK(rc == 0, "cuda_embedding: %d", rc);
+    download(got, d_res, rn * sizeof(float));
+    char cfg[96];
+    snprintf(cfg, sizeof(cfg), "vocab %d hidden %d tokens %d", (int)vocab, (int)hidden,
+             (int)num_tokens);
+    report("embedding", cfg, rel_err(got, ref, rn), EXACT);
+
+    CK(cudaFree(d_table));
+    CK(cudaFree(d_ids));
+    CK(cudaFree(d_res));
+    free(table);
+    free(ids);
+    free(ref);
+    free(got);
+}
+
+static void test_add_rmsnorm(int32_t rows, int32_t dim, bool with_x)
+{
+    size_t n = (size_t)rows * dim;
+    const float eps = 1e-6f;
+    float *res = xmalloc(n * sizeof(float)), *res_ref = xmalloc(n * sizeof(float));
+    float *res_got = xmalloc(n * sizeof(float));
+    uint16_t *x = xmalloc(n * sizeof(uint16_t)), *w = xmalloc((size_t)dim * sizeof(uint16_t));
+    uint16_t *out = xmalloc(n * sizeof(uint16_t));
+    float *xf = xmalloc(n * sizeof(float)), *wf = xmalloc((size_t)dim * sizeof(float));
+    float *ref = xmalloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++)
+        res[i] = uniform(-2.0f, 2.0f);
+    fill_bf16(x, n, -1.0f, 1.0f);
+    fill_bf16(w, (size_t)dim, 0.5f, 1.5f);
+    bf16_to_f32_n(x, xf, n);
+    bf16_to_f32_n(w, wf, (size_t)dim);
+    memcpy(res_ref, res, n * sizeof(float));
+    if (with_x)
+        cpu_add_rmsnorm(res_ref, xf, wf, ref, rows, dim, eps);
+    else
+        cpu_rmsnorm(res_ref, wf, ref, rows, dim, eps);
+
+    float *d_res = dev_upload(res, n * sizeof(float));
+    uint16_t *d_x = dev_upload(x, n * sizeof(uint16_t));
+    uint16_t *d_w = dev_upload(w, (size_t)dim * sizeof(uint16_t));
+    uint16_t *d_out = dev_alloc(n * sizeof(uint16_t));
+    poison(d_out, n * sizeof(uint16_t));
+    int rc = cuda_add_rmsnorm(d_res, with_x ? d_x : NULL, d_w, d_out, rows, dim, eps, stream);
+    GPU_CHECK(rc == 0, "cuda_add_rmsnorm: %d", rc);
+    download(out, d_out, n * sizeof(uint16_t));
+    download(res_got, d_res, n * sizeof(float));
+    char cfg[96];
+    snprintf(cfg, sizeof(cfg), "rows %d dim %d%s (%s)", (int)rows, (int)dim,
+             with_x ? " + residual add" : "", dim % 8 == 0 ? "16-byte" : "scalar");
+    report("add_rmsnorm out", cfg, rel_err_bf16(out, ref, n), TOLERANCE);
+    report("add_rmsnorm residual", cfg, rel_err(res_got, res_ref, n), EXACT);
+
+    CK(cudaFree(d_res));
+    CK(cudaFree(d_x));
+    CK(cudaFree(d_w));
+    CK(cudaFree(d_out));
+    free(res);
+    free(res_ref);
+    free(res_got);
+    free(x);
+    free(w);
+    free(out);
+    free(xf);
+    free(wf);
+    free(ref);
+}
+
+static void test_add_bias(int32_t rows, int32_t cols, int64_t ld)
+{
+    size_t n = (size_t)rows * (size_t)ld;
+    uint16_t *x = xmalloc(n * sizeof(uint16_t)), *got = xmalloc(n * sizeof(uint16_t));
+    uint16_t *b = xmalloc((size_t)cols * sizeof(uint16_t));
+    float *ref = xmalloc((size_t)rows * cols * sizeof(float));
+    float *gotf = xmalloc((size_t)rows * cols * sizeof(float));
+    fill_bf16(x, n, -2.0f, 2.0f);
+    fill_bf16(b, (size_t)cols, -1.0f, 1.0f);
+    for (int32_t r = 0; r < rows; r++)
+        for (int32_t c = 0; c < cols; c++)
+            ref[(size_t)r * cols + c] =
+                bf16_to_f32(f32_to_bf16(bf16_to_f32(x[r * ld + c]) + bf16_to_f32(b[c])));
+
+    uint16_t *d_x = dev_upload(x, n * sizeof(uint16_t));
+    uint16_t *d_b = dev_upload(b, (size_t)cols * sizeof(uint16_t));
+    int rc = cuda_add_bias(d_x, ld, d_b, rows, cols, stream);
+    GPU_CHECK(rc == 0, "cuda_add_bias: %d", rc);
+    download(got, d_x, n * sizeof(uint16_t));
+    size_t untouched_changed = 0;
+    for (int32_t r = 0; r < rows; r++) {
+        for (int32_t c = 0; c < cols; c++)
+            gotf[(size_t)r * cols + c] = bf16_to_f32(got[r * ld + c]);
+        for (int64_t c = cols; c < ld; c++)
+            untouched_changed += got[r * ld + c] != x[r * ld + c];
+    }
+    char cfg[96];
+    snprintf(cfg, sizeof(cfg), "rows %d cols %d ld %lld", (int)rows, (int)cols, (long long)ld);
+    report("add_bias", cfg, rel_err(gotf, ref, (size_t)rows * cols), EXACT);
+    GPU_CHECK(untouched_changed == 0, "add_bias wrote %zu elements beyond cols", untouched_changed);
+
+    CK(cudaFree(d_x));
+    CK(cudaFree(d_b));
+    free(x);
+    free(got);
+    free(b);
+    free(ref);
+    free(gotf);
+}
+
+static void test_rope(int32_t rows, int32_t num_heads, int32_t head_dim, int64_t row_stride,
+                      enum cpu_rope_type type, double theta)
+{
+    size_t n = (size_t)rows * (size_t)row_stride, hn = (size_t)rows * num_heads * head_dim;
+    uint16_t *x = xmalloc(n * sizeof(uint16_t)), *got = xmalloc(n * sizeof(uint16_t));
+    float *ref = xmalloc(hn * sizeof(float)), *gotf = xmalloc(hn * sizeof(float));
+    int32_t *pos = xmalloc((size_t)rows * sizeof(int32_t));
+    float *inv_freq = xmalloc((size_t)head_dim / 2 * sizeof(float));
+    struct cpu_rope_params params = {type, theta, 8.0, 1.0, 4.0, 8192.0};
+    cpu_rope_inv_freq(&params, head_dim, inv_freq);
+    fill_bf16(x, n, -1.0f, 1.0f);
+    for (int32_t r = 0; r < rows; r++)
+        pos[r] = r == 0 ? 0 : r == 1 ? 131071 : rand_int(r % 2 ? 100000 : 4096);
+    for (int32_t r = 0; r < rows; r++)
+        bf16_to_f32_n(x + r * row_stride, ref + (size_t)r * num_heads * head_dim,
+                      (size_t)num_heads * head_dim);
+    cpu_rope(ref, pos, inv_freq, rows, num_heads, head_dim);
+
+    uint16_t *d_x = dev_upload(x, n * sizeof(uint16_t));
+    int32_t *d_pos = dev_upload(pos, (size_t)rows * sizeof(int32_t));
+    float *d_inv = dev_upload(inv_freq, (size_t)head_dim / 2 * sizeof(float));
+    int rc = cuda_rope(d_x, row_stride, d_pos, d_inv, rows, num_heads, head_dim, stream);
+    GPU_CHECK(rc == 0, "cuda_rope: %d", rc);
+    download(got, d_x, n * sizeof(uint16_t));
+    size_t untouched_changed = 0;
+    for (int32_t r = 0; r < rows; r++) {
+        bf16_to_f32_n(got + r * row_stride, gotf + (size_t)r * num_heads * head_dim,
+                      (size_t)num_heads * head_dim);
+        for (int64_t c = (int64_t)num_heads * head_dim; c < row_stride; c++)
+            untouched_changed += got[r * row_stride + c] != x[r * row_stride + c];
+    }
+    char cfg[96];
+    snprintf(cfg, sizeof(cfg), "rows %d heads %d head_dim %d stride %lld %s", (int)rows,
+             (int)num_heads, (int)head_dim, (long long)row_stride,
+             type == CPU_ROPE_LLAMA3 ? "llama3" : "default");
+    report("rope", cfg, rel_err(gotf, ref, hn), TOLERANCE);
+    GPU_CHECK(untouched_changed == 0, "rope wrote %zu elements beyond its heads",
+              untouched_changed);
+
+    CK(cudaFree(d_x));
+    CK(cudaFree(d_pos));
+    CK(cudaFree(d_inv));
+    free(x);
+    free(got);
+    free(ref);
+    free(gotf);
+    free(pos);
+    free(inv_freq);
+}
+
+static void test_silu_mul(int32_t rows, int32_t inter)
+{
+    size_t in = (size_t)rows * 2 * inter, on = (size_t)rows * inter;
+    uint16_t *gu = xmalloc(in * sizeof(uint16_t)), *out = xmalloc(on * sizeof(uint16_t));
+    float *guf = xmalloc(in * sizeof(float)), *ref = xmalloc(on * sizeof(float));
+    fill_bf16(gu, in, -6.0f, 6.0f);
+    bf16_to_f32_n(gu, guf, in);
+    cpu_silu_mul(guf, ref, rows, inter);
+
+    uint16_t *d_gu = dev_upload(gu, in * sizeof(uint16_t));
+    uint16_t *d_out = dev_alloc(on * sizeof(uint16_t));
+    poison(d_out, on * sizeof(uint16_t));
+    int rc = cuda_silu_mul(d_gu, d_out, rows, inter, stream);
+    GPU_CHECK(rc == 0, "cuda_silu_mul: %d", rc);
+    download(out, d_out, on * sizeof(uint16_t));
+    char cfg[96];
+    snprintf(cfg, sizeof(cfg), "rows %d inter %d (%s)", (int)rows, (int)inter,
+             inter % 8 == 0 ? "16-byte" : "scalar");
+    report("silu_mul", cfg, rel_err_bf16(out, ref, on), TOLERANCE);
+
+    CK(cudaFree(d_gu));
+    CK(cudaFree(d_out));
+    free(gu);
+    free(out);
+    free(guf);
+    free(ref);
+}
+
+/* A token's K and V come from a fused QKV row (row_stride wide), one token is padding (slot
+ * -1); afterwards every written vector matches its source and everything else in the pool is
+ * still poison. */
+static void test_reshape_and_cache(int32_t block_size, int32_t num_kv_heads, int32_t head_dim,
+                                   int64_t extra_stride)
+{
+    const int32_t num_tokens = 10, num_heads = 2 * num_kv_heads, padding = 3;
+    struct kv_geometry g = {7, 2, 12, block_size, num_kv_heads, head_dim, DTYPE_BF16};
+    size_t pool_elems = kv_pool_bytes(&g) / sizeof(uint16_t); /* both layers */
+    const int64_t kvw = (int64_t)num_kv_heads * head_dim;
+    const int64_t row_stride = (num_heads + 2 * num_kv_heads) * head_dim + extra_stride;
+    size_t qn = (size_t)num_tokens * row_stride;
+    uint16_t *qkv = xmalloc(qn * sizeof(uint16_t));
+    uint16_t *pool = xmalloc(pool_elems * sizeof(uint16_t));
+    int64_t slots[10];
+    fill_bf16(qkv, qn, -1.0f, 1.0f);
+    /* distinct slots in blocks 1 .. 11 */
+    int64_t usable = (int64_t)(g.num_blocks - 1) * block_size;
+    for (int32_t t = 0; t < num_tokens; t++) {
+        bool again;
+        do {
+            slots[t] = block_size + rng_next() % (uint64_t)usable;
+            again = false;
+            for (int32_t u = 0; u < t; u++)
+                again |= slots[u] == slots[t];
+        } while (again);
+    }
+    slots[padding] = -1;
+
+    void *d_pool = dev_alloc(pool_elems * sizeof(uint16_t));
+    poison(d_pool, pool_elems * sizeof(uint16_t));
+    struct kv_layer_view view = kv_layer_view_make(&g, d_pool, 1);
+    uint16_t *d_qkv = dev_upload(qkv, qn * sizeof(uint16_t));
+    int64_t *d_slots = dev_upload(slots, sizeof(slots));
+    int rc = cuda_reshape_and_cache(&view, d_qkv + (int64_t)num_heads * head_dim,
+                                    d_qkv + (int64_t)(num_heads + num_kv_heads) * head_dim,
+                                    row_stride, d_slots, num_tokens, stream);
+    GPU_CHECK(rc == 0, "cuda_reshape_and_cache: %d", rc);
+    download(pool, d_pool, pool_elems * sizeof(uint16_t));
+
+    struct kv_layer_view hv = kv_layer_view_make(&g, pool, 1);
+    size_t mismatched = 0, written = 0, not_poison = 0;
+    for (int32_t t = 0; t < num_tokens; t++) {
+        if (slots[t] < 0)
+            continue;
+        int64_t block = slots[t] / block_size, off = slots[t] % block_size;
+        for (int32_t h = 0; h < num_kv_heads; h++)
+            for (int32_t d = 0; d < head_dim; d++) {
+                int64_t at =
+                    block * hv.block_stride + h * hv.head_stride + off * hv.slot_stride + d;
+                const uint16_t *src = qkv + t * row_stride + (int64_t)num_heads * head_dim;
+                mismatched += ((uint16_t *)hv.k)[at] != src[h * head_dim + d];
+                mismatched += ((uint16_t *)hv.v)[at] != src[kvw + h * head_dim + d];
+                written += 2;
+            }
+    }
+    for (size_t i = 0; i < pool_elems; i++)
+        not_poison += pool[i] != 0xFFFF;
+    char cfg[128];
+    snprintf(cfg, sizeof(cfg), "bs %d kv heads %d head_dim %d stride %lld (%s), 1 padding",
+             (int)block_size, (int)num_kv_heads, (int)head_dim, (long long)row_stride,
+             row_stride % 8 == 0 ? "16-byte" : "scalar");
+    printf("%-20s %-58s %zu of %zu differ, %zu written%s\n", "reshape_and_cache", cfg, mismatched,
+           written, not_poison, mismatched == 0 && not_poison == written ? "" : "  FAIL");
+    GPU_CHECK(mismatched == 0, "reshape_and_cache: %zu elements differ", mismatched);
+    GPU_CHECK(not_poison == written,
+              "reshape_and_cache: %zu pool elements written, %zu expected (padding skipped)",
+              not_poison, written);
+
+    CK(cudaFree(d_pool));
+    CK(cudaFree(d_qkv));
+    CK(cudaFree(d_slots));
+    free(qkv);
+    free(pool);
+}
+
+/* ---- attention ---- */
+
+struct shape {
+    int32_t num_heads, num_kv_heads, head_dim, block_size;
+};
+
+/* One step: sequences with (query_len, context_len), the last query_len tokens of each context
+ * being this step's. K/V of the earlier tokens is written by one reshape-and-cache call (a
+ * prefix already in the pool), this step's from the fused QKV rows by another, as the worker
+ * does; the CPU pool gets the same values in f32. */
+static void test_attention(const char *label, struct shape sh, int32_t num_seqs,
+                           const int32_t *query_len, const int32_t *context_len)
+{
+    const int32_t nh = sh.num_heads, nkv = sh.num_kv_heads, hd = sh.head_dim, bs = sh.block_size;
+    const int64_t qkv_w = (int64_t)(nh + 2 * nkv) * hd, kvw = (int64_t)nkv * hd;
+    const int64_t qw = (int64_t)nh * hd;
+
+    int32_t *query_start = xmalloc(((size_t)num_seqs + 1) * sizeof(int32_t));
+    int32_t num_tokens = 0, num_prefix = 0, max_blocks = 1, total_blocks = 0;
+    for (int32_t s = 0; s < num_seqs; s++) {
+        query_start[s] = num_tokens;
+        num_tokens += query_len[s];
+        num_prefix += context_len[s] - query_len[s];
+        int32_t b = (context_len[s] + bs - 1) / bs;
+        total_blocks += b;
+        if (b > max_blocks)
+            max_blocks = b;
+    }
+    query_start[num_seqs] = num_tokens;
+
+    /* Block tables: a random permutation of 1 .. num_blocks - 1 (3 blocks left unused),
+     * rows padded with zeros past what the context needs. */
+    const int32_t num_blocks = total_blocks + 4;
+    int32_t *perm = xmalloc((size_t)num_blocks * sizeof(int32_t));
+    for (int32_t i = 0; i < num_blocks - 1; i++)
+        perm[i] = i + 1;
+    for (int32_t i = num_blocks - 2; i > 0; i--) {
+        int32_t j = rand_int(i + 1), t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+    int32_t *tables = calloc((size_t)num_seqs * max_blocks, sizeof(int32_t));
+    for (int32_t s = 0, used = 0; s < num_seqs; s++)
+        for (int32_t b = 0; b < (context_len[s] + bs - 1) / bs; b++)
+            tables[(size_t)s * max_blocks + b] = perm[used++];
+
+    /* Data: fused QKV rows of this step's tokens, contiguous K/V of the prefixes. */
+    uint16_t *qkv = xmalloc((size_t)num_tokens * qkv_w * sizeof(uint16_t));
+    uint16_t *pk = xmalloc(((size_t)num_prefix * kvw + 1) * sizeof(uint16_t));
+    uint16_t *pv = xmalloc(((size_t)num_prefix * kvw + 1) * sizeof(uint16_t));
+    fill_bf16(qkv, (size_t)num_tokens * qkv_w, -1.0f, 1.0f);
+    for (int32_t t = 0; t < num_tokens; t++) /* sharper softmax: larger queries */
+        for (int64_t i = 0; i < qw; i++)
+            qkv[t * qkv_w + i] = f32_to_bf16(3.0f * bf16_to_f32(qkv[t * qkv_w + i]));
+    fill_bf16(pk, (size_t)num_prefix * kvw, -1.0f, 1.0f);
+    fill_bf16(pv, (size_t)num_prefix * kvw, -1.0f, 1.0f);
+    int64_t *step_slots = xmalloc((size_t)num_tokens * sizeof(int64_t));
+    int64_t *prefix_slots = xmalloc(((size_t)num_prefix + 1) * sizeof(int64_t));
+    for (int32_t s = 0, p = 0; s < num_seqs; s++) {
+        const int32_t *row = tables + (size_t)s * max_blocks;
+        for (int32_t i = 0; i < context_len[s]; i++) {
+            int64_t slot = (int64_t)row[i / bs] * bs + i % bs;
+            int32_t j = i - (context_len[s] - query_len[s]);
+            if (j < 0)
+                prefix_slots[p++] = slot;
+            else
+                step_slots[query_start[s] + j] = slot;
+        }
+    }
+
+    /* CPU reference: f32 pool and q with the same values. */
+    struct kv_geometry cg = {1, 2, num_blocks, bs, nkv, hd, DTYPE_F32};
+    float *cpool = xmalloc(kv_pool_bytes(&cg));
+    for (size_t i = 0; i < kv_pool_bytes(&cg) / sizeof(float); i++)
+        cpool[i] = NAN;
+    struct kv_layer_view cview = kv_layer_view_make(&cg, cpool, 1);
+    float *q = xmalloc((size_t)num_tokens * qw * sizeof(float));
+    float *sk = xmalloc((size_t)num_tokens * kvw * sizeof(float));
+    float *sv = xmalloc((size_t)num_tokens * kvw * sizeof(float));
+    float *fk = xmalloc(((size_t)num_prefix * kvw + 1) * sizeof(float));
+    float *fv = xmalloc(((size_t)num_prefix * kvw + 1) * sizeof(float));
+    for (int32_t t = 0; t < num_tokens; t++) {
+        bf16_to_f32_n(qkv + t * qkv_w, q + t * qw, (size_t)qw);
+        bf16_to_f32_n(qkv + t * qkv_w + qw, sk + t * kvw, (size_t)kvw);
+        bf16_to_f32_n(qkv + t * qkv_w + qw + kvw, sv + t * kvw, (size_t)kvw);
+    }
+    bf16_to_f32_n(pk, fk, (size_t)num_prefix * kvw);
+    bf16_to_f32_n(pv, fv, (size_t)num_prefix * kvw);
+    int rc = attention_write_kv(&cview, num_prefix, prefix_slots, fk, fv);
+    rc |= attention_write_kv(&cview, num_tokens, step_slots, sk, sv);
+    GPU_CHECK(rc == 0, "attention_write_kv: %d", rc);
+    struct attention_config ccfg = {
+        ATTN_CPU_PAGED, nh,       nkv,        hd,        1.0f / sqrtf((float)hd), bs, num_blocks,
+        DTYPE_F32,      num_seqs, num_tokens, max_blocks};
+    struct attention_batch batch = {num_seqs,    num_tokens, query_start,
+                                    context_len, tables,     max_blocks};
+    struct attention_plan *cplan = NULL;
+    float *ref = xmalloc((size_t)num_tokens * qw * sizeof(float));
+    rc = attention_plan_new(&ccfg, &cplan);
+    if (rc == 0)
+        rc = attention_plan(cplan, &batch);
+    if (rc == 0)
+        rc = attention_run(cplan, &cview, q, ref);
+    GPU_CHECK(rc == 0, "CPU attention: %d (%s)", rc, pagoda_error_detail());
+    attention_plan_free(cplan);
+
+    /* GPU: bf16 pool (two layers, all poison), reshape-and-cache, plan, run. The plan's limits
+     * are larger than the batch, so its tables are repacked. */
+    struct kv_geometry gg = cg;
+    gg.dtype = DTYPE_BF16;
+    size_t gbytes = kv_pool_bytes(&gg);
+    void *d_pool = dev_alloc(gbytes);
+    poison(d_pool, gbytes);
+    struct kv_layer_view gview = kv_layer_view_make(&gg, d_pool, 1);
+    uint16_t *d_qkv = dev_upload(qkv, (size_t)num_tokens * qkv_w * sizeof(uint16_t));
+    uint16_t *d_pk = dev_upload(pk, ((size_t)num_prefix * kvw + 1) * sizeof(uint16_t));
+    uint16_t *d_pv = dev_upload(pv, ((size_t)num_prefix * kvw + 1) * sizeof(uint16_t));
+    int64_t *d_ps = dev_upload(prefix_slots, ((size_t)num_prefix + 1) * sizeof(int64_t));
+    int64_t *d_ss = dev_upload(step_slots, (size_t)num_tokens * sizeof(int64_t));
+    uint16_t *d_out = dev_alloc((size_t)num_tokens * qw * sizeof(uint16_t));
+    poison(d_out, (size_t)num_tokens * qw * sizeof(uint16_t));
+    rc = cuda_reshape_and_cache(&gview, d_pk, d_pv, kvw, d_ps, num_prefix, stream);
+    rc |= cuda_reshape_and_cache(&gview, d_qkv + qw, d_qkv + qw + kvw, qkv_w, d_ss, num_tokens,
+                                 stream);
+    GPU_CHECK(rc == 0, "cuda_reshape_and_cache: %d", rc);
+
+    struct cuda_attention_config gcfg = {nh,
+                                         nkv,
+                                         hd,
+                                         1.0f / sqrtf((float)hd),
+                                         bs,
+                                         num_blocks,
+                                         num_seqs + 3,
+                                         num_tokens + 5,
+                                         max_blocks + 7};
+    struct cuda_attention_plan *gplan = NULL;
+    rc = cuda_attention_plan_new(&gcfg, &gplan);
+    GPU_CHECK(rc == 0, "cuda_attention_plan_new: %d (%s)", rc, pagoda_error_detail());
+    /* Three plans in a row: the staging slots are reused once. */
+    for (int i = 0; i < 3 && rc == 0; i++)
+        rc = cuda_attention_plan(gplan, &batch, stream);
+    GPU_CHECK(rc == 0, "cuda_attention_plan: %d (%s)", rc, pagoda_error_detail());
+    /* The batch's arrays are the caller's again: scribble over them before the run. */
+    for (size_t i = 0; i < (size_t)num_seqs * max_blocks; i++)
+        tables[i] = -7;
+    if (rc == 0) {
+        rc = cuda_attention_run(gplan, &gview, d_qkv, qkv_w, d_out, stream);
+        GPU_CHECK(rc == 0, "cuda_attention_run: %d (%s)", rc, pagoda_error_detail());
+    }
+    uint16_t *out = xmalloc((size_t)num_tokens * qw * sizeof(uint16_t));
+    download(out, d_out, (size_t)num_tokens * qw * sizeof(uint16_t));
+
+    /* Whole batch, and the worst sequence. */
+    double all = rel_err_bf16(out, ref, (size_t)num_tokens * qw), worst = 0.0;
+    int32_t worst_seq = 0;
+    for (int32_t s = 0; s < num_seqs; s++) {
+        double e = rel_err_bf16(out + (size_t)query_start[s] * qw,
+                                ref + (size_t)query_start[s] * qw, (size_t)query_len[s] * qw);
+        if (!(e <= worst)) {
+            worst = e;
+            worst_seq = s;
+        }
+    }
+    int32_t num_decode = 0;
+    for (int32_t s = 0; s < num_seqs; s++)
+        num_decode += query_len[s] == 1;
+    char cfg[160];
+    snprintf(cfg, sizeof(cfg), "%s hd %d bs %d %d/%d heads, %d seqs (%d decode), %d tok", label,
+             (int)hd, (int)bs, (int)nh, (int)nkv, (int)num_seqs, (int)num_decode, (int)num_tokens);
+    report("attention", cfg, all, TOLERANCE);
+    char wcfg[200];
+    snprintf(wcfg, sizeof(wcfg), "  worst seq %d (query %d, context %d)", (int)worst_seq,
+             (int)query_len[worst_seq], (int)context_len[worst_seq]);
+    report("attention", wcfg, worst, TOLERANCE);
+
+    cuda_attention_plan_free(gplan);
+    CK(cudaFree(d_pool));
+    CK(cudaFree(d_qkv));
+    CK(cudaFree(d_pk));
+    CK(cudaFree(d_pv));
+    CK(cudaFree(d_ps));
+    CK(cudaFree(d_ss));
+    CK(cudaFree(d_out));
+    free(query_start);
+    free(perm);
+    free(tables);
+    free(qkv);
+    free(pk);
+    free(pv);
+    free(step_slots);
+    free(prefix_slots);
+    free(cpool);
+    free(q);
+    free(sk);
+    free(sv);
+    free(fk);
+    free(fv);
+    free(ref);
+    free(out);
+}
+
+/* The mixed step of the brief: decodes at contexts 1, bs - 1, bs, bs + 1, 5 blocks and 3000,
+ * fresh prefills (ragged, block-aligned), chunks continuing sequences already in the pool
+ * (short and at 3000), in an interleaved order. */
+static void test_attention_mixed(struct shape sh)
+{
+    const int32_t bs = sh.block_size;
+    const int32_t query_len[] = {1, 37, 1, 20, 1, bs + 1, 1, 40, 1, 2, 1, 5 * bs, bs - 1};
+    const int32_t context_len[] = {1,    37,     bs - 1, 5 * bs + 7, bs,     bs + 1, bs + 1,
+                                   3000, 5 * bs, bs + 1, 3000,       5 * bs, bs - 1};
+    test_attention("mixed", sh, (int32_t)(sizeof(query_len) / sizeof(query_len[0])), query_len,
+                   context_len);
+}
+
+/* Many decodes: enough CTAs that no context is split. */
+static void test_attention_many_decodes(struct shape sh, int32_t n)
+{
+    int32_t *query_len = xmalloc((size_t)n * sizeof(int32_t));
+    int32_t *context_len = xmalloc((size_t)n * sizeof(int32_t));
+    for (int32_t s = 0; s < n; s++) {
+        query_len[s] = 1;
+        context_len[s] = 1 + rand_int(700);
+    }
+    test_attention("decodes", sh, n, query_len, context_len);
+    free(query_len);
+    free(context_len);
+}
+
+/* One long decode alone: split into many partitions. */
+static void test_attention_long_decode(struct shape sh)
+{
+    const int32_t query_len[] = {1}, context_len[] = {3000};
+    test_attention("one decode", sh, 1, query_len, context_len);
+}
+
+/* ---- refusals ---- */
+
+/* The GPU plan refuses b with want, as the CPU plan does. */
+static void refuse_batch(struct cuda_attention_plan *p, struct attention_plan *cp, const char *what,
+                         const struct attention_batch *b, int want)
+{
+    int cpu = attention_plan(cp, b);
+    int gpu = cuda_attention_plan(p, b, stream);
+    char line[96];
+    snprintf(line, sizeof(line), "plan: %s (CPU %d)", what, cpu);
+    expect_rc(line, gpu, want);
+    GPU_CHECK(cpu == gpu, "%s: CPU plan %d, GPU plan %d", what, cpu, gpu);
+}
+
+static void test_refusals(void)
+{
+    /* Configurations. */
+    struct cuda_attention_config good = {8, 2, 64, 0.125f, 16, 20, 4, 64, 8};
+    struct cuda_attention_plan *p = NULL;
+    struct cuda_attention_config c = good;
+    c.head_dim = 96;
+    expect_rc("plan_new head_dim 96", cuda_attention_plan_new(&c, &p), PAGODA_EUNSUPPORTED);
+    c = good;
+    c.head_dim = 0;
+    expect_rc("plan_new head_dim 0", cuda_attention_plan_new(&c, &p), PAGODA_ERANGE);
+    c = good;
+    c.num_heads = 7;
+    expect_rc("plan_new 7 heads / 2 kv heads", cuda_attention_plan_new(&c, &p), PAGODA_EINVAL);
+    c = good;
+    c.block_size = 4;
+    expect_rc("plan_new block_size 4", cuda_attention_plan_new(&c, &p), PAGODA_ERANGE);
+    c = good;
+    c.block_size = 128;
+    expect_rc("plan_new block_size 128", cuda_attention_plan_new(&c, &p), PAGODA_ERANGE);
+    c = good;
+    c.num_blocks = 1;
+    expect_rc("plan_new num_blocks 1", cuda_attention_plan_new(&c, &p), PAGODA_ERANGE);
+    c = good;
+    c.scale = NAN;
+    expect_rc("plan_new scale NaN", cuda_attention_plan_new(&c, &p), PAGODA_EINVAL);
+    c = good;
+    c.num_heads = 128;
+    c.num_kv_heads = 1;
+    expect_rc("plan_new 128 heads per kv head", cuda_attention_plan_new(&c, &p),
+              PAGODA_EUNSUPPORTED);
+    GPU_CHECK(p == NULL, "a refused plan_new left a plan");
+
+    /* Batches: the GPU plan must refuse what the CPU plan refuses, with the same code. */
+    int rc = cuda_attention_plan_new(&good, &p);
+    GPU_CHECK(rc == 0, "cuda_attention_plan_new: %d (%s)", rc, pagoda_error_detail());
+    if (rc != 0)
+        return;
+    struct attention_config cc = {ATTN_CPU_PAGED, 8, 2, 64, 0.125f, 16, 20, DTYPE_F32, 4, 64, 8};
+    struct attention_plan *cp = NULL;
+    rc = attention_plan_new(&cc, &cp);
+    GPU_CHECK(rc == 0, "attention_plan_new: %d", rc);
+
+    int32_t qs[3] = {0, 4, 5}, ctx[2] = {40, 9}, tables[2][4] = {{3, 1, 7, 0}, {5, 0, 0, 0}};
+    struct attention_batch ok = {2, 5, qs, ctx, &tables[0][0], 4};
+    expect_rc("valid batch", cuda_attention_plan(p, &ok, stream), 0);
+
+    static int32_t qs_bad0[3] = {1, 4, 5}, qs_end[3] = {0, 4, 6}, qs_empty[3] = {0, 5, 5};
+    static int32_t ctx_short[2] = {3, 9}, ctx_long[2] = {40, 200};
+    static int32_t t_zero[2][4] = {{3, 0, 7, 0}, {5, 0, 0, 0}};
+    static int32_t t_big[2][4] = {{3, 1, 7, 0}, {20, 0, 0, 0}};
+    static int32_t t_neg[2][4] = {{3, 1, -1, 0}, {5, 0, 0, 0}};
+    struct attention_batch b = ok;
+    b.query_start = qs_bad0;
+    refuse_batch(p, cp, "query_start[0] = 1", &b, PAGODA_EINVAL);
+    b = ok;
+    b.query_start = qs_end;
+    refuse_batch(p, cp, "query_start ends past num_tokens", &b, PAGODA_EINVAL);
+    b = ok;
+    b.query_start = qs_empty;
+    refuse_batch(p, cp, "sequence without query tokens", &b, PAGODA_EINVAL);
+    b = ok;
+    b.context_len = ctx_short;
+    refuse_batch(p, cp, "context_len < query_len", &b, PAGODA_EINVAL);
+    b = ok;
+    b.block_tables = &t_zero[0][0];
+    refuse_batch(p, cp, "block id 0", &b, PAGODA_ERANGE);
+    b = ok;
+    b.block_tables = &t_big[0][0];
+    refuse_batch(p, cp, "block id num_blocks", &b, PAGODA_ERANGE);
+    b = ok;
+    b.block_tables = &t_neg[0][0];
+    refuse_batch(p, cp, "block id -1", &b, PAGODA_ERANGE);
+    b = ok;
+    b.max_blocks_per_seq = 2;
+    refuse_batch(p, cp, "table row too short", &b, PAGODA_ERANGE);
+    b = ok;
+    b.context_len = ctx_long;
+    refuse_batch(p, cp, "context longer than table and plan allow", &b, PAGODA_ERANGE);
+    b = ok;
+    b.num_seqs = 5;
+    refuse_batch(p, cp, "num_seqs above limit", &b, PAGODA_ERANGE);
+    b = ok;
+    b.num_tokens = 65;
+    refuse_batch(p, cp, "num_tokens above limit", &b, PAGODA_ERANGE);
+    b = ok;
+    b.context_len = NULL;
+    refuse_batch(p, cp, "NULL context_len", &b, PAGODA_EINVAL);
+    b = ok;
+    b.query_start = NULL;
+    refuse_batch(p, cp, "NULL query_start", &b, PAGODA_EINVAL);
+
+    /* Runs: nothing planned after a refusal; a view or q that does not fit. */
+    struct kv_geometry g = {1, 1, 20, 16, 2, 64, DTYPE_BF16};
+    void *d_pool = dev_alloc(kv_pool_bytes(&g));
+    uint16_t *d_q = dev_alloc(5 * 8 * 64 * 2 + 16), *d_out = dev_alloc(5 * 8 * 64 * 2);
+    struct kv_layer_view view = kv_layer_view_make(&g, d_pool, 0);
+    expect_rc("run after a refused plan", cuda_attention_run(p, &view, d_q, 512, d_out, stream),
+              PAGODA_EINVAL);
+    expect_rc("plan again", cuda_attention_plan(p, &ok, stream), 0);
+    struct kv_layer_view bad = view;
+    bad.dtype = DTYPE_F32;
+    expect_rc("run on an f32 view", cuda_attention_run(p, &bad, d_q, 512, d_out, stream),
+              PAGODA_EMISMATCH);
+    bad = view;
+    bad.block_size = 32;
+    expect_rc("run on another block_size", cuda_attention_run(p, &bad, d_q, 512, d_out, stream),
+              PAGODA_EMISMATCH);
+    expect_rc("run with q_row_stride 516", cuda_attention_run(p, &view, d_q, 516, d_out, stream),
+              PAGODA_EINVAL);
+    expect_rc("run with q_row_stride 256", cuda_attention_run(p, &view, d_q, 256, d_out, stream),
+              PAGODA_EINVAL);
+    expect_rc("run with misaligned q", cuda_attention_run(p, &view, d_q + 1, 512, d_out, stream),
+              PAGODA_EINVAL);
+    expect_rc("run with NULL out", cuda_attention_run(p, &view, d_q, 512, NULL, stream),
+              PAGODA_EINVAL);
+
+    /* Ops. */
+    expect_rc("rope odd head_dim",
+              cuda_rope(d_q, 64, (const int32_t *)d_pool, (float *)d_pool, 1, 1, 63, stream),
+              PAGODA_EINVAL);
+    expect_rc("rope row_stride < heads",
+              cuda_rope(d_q, 64, (const int32_t *)d_pool, (float *)d_pool, 1, 2, 64, stream),
+              PAGODA_EINVAL);
+    expect_rc("add_bias ld < cols", cuda_add_bias(d_q, 8, d_q, 1, 16, stream), PAGODA_EINVAL);
+    expect_rc("add_rmsnorm dim 0",
+              cuda_add_rmsnorm((float *)d_pool, NULL, d_q, d_out, 1, 0, 1e-6f, stream),
+              PAGODA_EINVAL);
+    expect_rc("add_rmsnorm eps NaN",
+              cuda_add_rmsnorm((float *)d_pool, NULL, d_q, d_out, 1, 8, NAN, stream),
+              PAGODA_EINVAL);
+    expect_rc("silu_mul rows -1", cuda_silu_mul(d_q, d_out, -1, 8, stream), PAGODA_EINVAL);
+    expect_rc("embedding hidden 0",
+              cuda_embedding(d_q, (const int32_t *)d_pool, 1, 0, (float *)d_out, stream),
+              PAGODA_EINVAL);
+    struct kv_layer_view fview = view;
+    fview.dtype = DTYPE_F32;
+    expect_rc("reshape_and_cache f32 view",
+              cuda_reshape_and_cache(&fview, d_q, d_q, 128, (const int64_t *)d_pool, 1, stream),
+              PAGODA_EUNSUPPORTED);
+    expect_rc("reshape_and_cache row_stride < kv",
+              cuda_reshape_and_cache(&view, d_q, d_q, 64, (const int64_t *)d_pool, 1, stream),
+              PAGODA_EINVAL);
+    CK(cudaStreamSynchronize(stream));
+
+    cuda_attention_plan_free(p);
+    attention_plan_free(cp);
+    CK(cudaFree(d_pool));
+    CK(cudaFree(d_q));
+    CK(cudaFree(d_out));
+}
+
+int main(void)
+{
+    gpu_test_require_device("test_cuda_kernels");
+    CK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+
+    test_embedding(1000, 4096, 37);
+    test_embedding(97, 100, 9);
+    test_add_rmsnorm(7, 4096, true);
+    test_add_rmsnorm(5, 1000, false);
+    test_add_rmsnorm(3, 100, true);
+    test_add_bias(5, 4096, 4096 + 64);
+    test_add_bias(3, 100, 130);
+    test_rope(9, 32 + 8, 128, (32 + 2 * 8) * 128, CPU_ROPE_LLAMA3, 500000.0);
+    test_rope(6, 6, 64, 6 * 64 + 5, CPU_ROPE_DEFAULT, 10000.0);
+    test_silu_mul(6, 1024);
+    test_silu_mul(4, 77);
+    test_reshape_and_cache(16, 4, 128, 0);
+    test_reshape_and_cache(32, 2, 64, 3);
+
+    /* GPU_TEST_QUICK (for compute-sanitizer runs) keeps one case of each kernel path. */
+    const bool quick = getenv("GPU_TEST_QUICK") != NULL;
+    const int32_t head_dims[] = {64, 128}, block_sizes[] = {16, 32};
+    const int32_t heads[][2] = {{32, 8}, {8, 8}};
+    for (int h = 0; h < 2; h++)
+        for (int d = 0; d < 2; d++)
+            for (int b = 0; b < 2; b++) {
+                if (quick && (h + d + b) % 3 != 0)
+                    continue;
+                struct shape sh = {heads[h][0], heads[h][1], head_dims[d], block_sizes[b]};
+                test_attention_mixed(sh);
+            }
+    test_attention_mixed((struct shape){24, 2, 64, 16}); /* 12 heads per KV head */
+    if (!quick) {
+        test_attention_mixed((struct shape){32, 8, 128, 8}); /* smallest block */
+        test_attention_mixed((struct shape){16, 4, 64, 64}); /* largest block */
+        test_attention_many_decodes((struct shape){32, 8, 128, 16}, 48);
+        test_attention_long_decode((struct shape){8, 8, 128, 32});
+    }
+    test_attention_long_decode((struct shape){64, 1, 64, 16}); /* 64 heads per KV head */
+
+    test_refusals();
+
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    printf("worst relative error of the bf16 cases: %.2e; %.1f s\n", worst_err,
+           (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec));
+    CK(cudaStreamDestroy(stream));
+    return gpu_test_finish();
+}

@@ -1,0 +1,564 @@
+/* The forward pass on one GPU, read top to bottom in cuda_forward_device. */
+#include "worker/cuda_backend.h"
+#include "common/error.h"
+#include "kernels/cpu/ops.h"
+#include "kernels/cuda/attention.h"
+#include "kernels/cuda/ops.h"
+#include "kernels/cuda/sampler.h"
+#include "kernels/cuda/util.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Room kept free beside the weights and activations for cuBLAS workspaces and the CUDA
+ * context's own needs. */
+#define CUDA_RESERVE_BYTES (512ull << 20)
+
+struct cuda_layer {
+    uint16_t *input_norm, *post_norm;
+    uint16_t *w_qkv;     /* [(heads + 2 kv_heads) * head_dim][hidden]: q, k, v stacked */
+    uint16_t *b_qkv;     /* [(heads + 2 kv_heads) * head_dim] or NULL */
+    uint16_t *w_o;       /* [hidden][heads * head_dim] */
+    uint16_t *b_o;       /* [hidden] or NULL */
+    uint16_t *w_gate_up; /* [2 * inter][hidden]: gate and up stacked */
+    uint16_t *w_down;    /* [hidden][inter] */
+};
+
+struct cuda_backend {
+    struct backend base;
+    struct cuda_backend_options opt;
+    struct kv_geometry geometry;
+    void *pool;
+    cudaStream_t stream;
+    cublasHandle_t cublas;
+    uint16_t *embed, *lm_head, *final_norm;
+    struct cuda_layer *layers;
+    float *inv_freq;
+    struct cuda_attention_plan *plan;
+    struct cuda_sampler *sampler;
+    /* Activations, sized for opt.limits. */
+    float *residual;
+    uint16_t *hidden, *qkv, *attn, *proj, *gate_up, *act, *selected;
+    float *logits; /* [max_num_seqs][vocab] */
+    /* The step's token metadata on the device. */
+    int32_t *d_token_ids, *d_positions, *d_logits_rows;
+    int64_t *d_slots;
+    /* The sampler's per-row arguments, one array per field, sized max_num_seqs. */
+    struct sampling_params *row_params;
+    uint64_t *row_index;
+    const int32_t **row_prompt, **row_output;
+    size_t *row_n_prompt, *row_n_output;
+    /* Every device allocation, for cuda_close. */
+    void **allocs;
+    size_t num_allocs, cap_allocs;
+};
+
+static const struct backend_ops cuda_ops;
+
+static int cuda_fail(cudaError_t e, const char *what)
+{
+    return pagoda_error_set(PAGODA_ECUDA, "%s: %s", what, cudaGetErrorString(e));
+}
+
+static int cublas_fail(cublasStatus_t st, const char *what)
+{
+    return pagoda_error_set(PAGODA_ECUDA, "%s: cuBLAS status %d", what, (int)st);
+}
+
+/* Allocates device memory owned by the backend (freed in cuda_close). */
+static int dev_alloc(struct cuda_backend *b, size_t bytes, void **out)
+{
+    if (b->num_allocs == b->cap_allocs) {
+        size_t cap = b->cap_allocs ? 2 * b->cap_allocs : 64;
+        void **grown = realloc(b->allocs, cap * sizeof(void *));
+        if (grown == NULL)
+            return PAGODA_ENOMEM;
+        b->allocs = grown;
+        b->cap_allocs = cap;
+    }
+    cudaError_t e = cudaMalloc(out, bytes ? bytes : 1);
+    if (e != cudaSuccess)
+        return cuda_fail(e, "cudaMalloc");
+    b->allocs[b->num_allocs++] = *out;
+    return 0;
+}
+
+static void cuda_close(struct backend *base)
+{
+    struct cuda_backend *b = (struct cuda_backend *)base;
+    if (b->stream != NULL)
+        cudaStreamSynchronize(b->stream);
+    cuda_attention_plan_free(b->plan);
+    cuda_sampler_free(b->sampler);
+    for (size_t i = 0; i < b->num_allocs; i++)
+        cudaFree(b->allocs[i]);
+    free(b->allocs);
+    free(b->layers);
+    free(b->row_params);
+    free(b->row_index);
+    free(b->row_prompt);
+    free(b->row_output);
+    free(b->row_n_prompt);
+    free(b->row_n_output);
+    if (b->cublas != NULL)
+        cublasDestroy(b->cublas);
+    if (b->stream != NULL)
+        cudaStreamDestroy(b->stream);
+    free(b);
+}
+
+struct cuda_backend_options cuda_backend_default_options(void)
+{
+    struct cuda_backend_options o = {
+        .device = 0,
+        .limits = {.max_num_tokens = 2048, .max_num_seqs = 256, .max_blocks_per_seq = 4096},
+    };
+    return o;
+}
+
+/* ---- weights ---------------------------------------------------------------------------- */
+
+/* Where one weight comes from: a checkpoint view, or random numbers of a given scale. */
+struct weight_src {
+    const struct tensor_view *view; /* NULL: random */
+    int64_t elems;
+    float std, offset;
+};
+
+/* Copies (or draws) src into device memory at dst, converting a checkpoint's F16/F32 to BF16.
+ * stream_id keeps random tensors independent of one another. */
+static int upload(struct cuda_backend *b, uint16_t *dst, const struct weight_src *src,
+                  uint64_t seed, uint64_t stream_id)
+{
+    if (src->view == NULL)
+        return cuda_fill_random_bf16(dst, src->elems, seed, stream_id, src->std, src->offset,
+                                     b->stream);
+    const struct tensor_view *t = src->view;
+    size_t n = (size_t)src->elems;
+    cudaError_t e;
+    if (t->dtype == DTYPE_BF16) {
+        e = cudaMemcpy(dst, t->data, n * 2, cudaMemcpyHostToDevice);
+    } else {
+        uint16_t *tmp = malloc(n * 2);
+        float *f = malloc(n * sizeof(float));
+        if (tmp == NULL || f == NULL) {
+            free(tmp);
+            free(f);
+            return PAGODA_ENOMEM;
+        }
+        dtype_to_f32(t->dtype, t->data, f, n);
+        for (size_t i = 0; i < n; i++)
+            tmp[i] = f32_to_bf16(f[i]);
+        e = cudaMemcpy(dst, tmp, n * 2, cudaMemcpyHostToDevice);
+        free(tmp);
+        free(f);
+    }
+    return e == cudaSuccess ? 0 : cuda_fail(e, "cudaMemcpy (weights)");
+}
+
+/* Allocates one device tensor made of parts stacked row-wise and fills it. */
+static int load_stacked(struct cuda_backend *b, uint16_t **out, const struct weight_src *parts,
+                        int num_parts, uint64_t seed, uint64_t *stream_id)
+{
+    int64_t total = 0;
+    for (int i = 0; i < num_parts; i++)
+        total += parts[i].elems;
+    int rc = dev_alloc(b, (size_t)total * 2, (void **)out);
+    int64_t off = 0;
+    for (int i = 0; rc == 0 && i < num_parts; i++) {
+        rc = upload(b, *out + off, &parts[i], seed, (*stream_id)++);
+        off += parts[i].elems;
+    }
+    return rc;
+}
+
+static struct weight_src src_of(const struct tensor_view *v, int64_t elems, float std, float offset,
+                                int random)
+{
+    struct weight_src s = {random ? NULL : v, elems, std, offset};
+    return s;
+}
+
+static int load_weights(struct cuda_backend *b, const struct model_weights *w, uint64_t seed)
+{
+    const struct model_config *c = &b->base.config;
+    const int rnd = (w == NULL);
+    const int64_t H = c->hidden_size, I = c->intermediate_size, V = c->vocab_size;
+    const int64_t qd = c->num_heads * c->head_dim, kvd = c->num_kv_heads * c->head_dim;
+    const float norm_std = 0.1f / 1.7320508f; /* 1 +- 0.1 uniform, as pagoda-mkmodel */
+    uint64_t sid = 0;
+    int rc;
+    static const struct tensor_view none = {0};
+#define VIEW(expr) (rnd ? &none : &(expr))
+    struct weight_src e = src_of(VIEW(w->embed_tokens), V * H, 1.0f, 0.0f, rnd);
+    if ((rc = load_stacked(b, &b->embed, &e, 1, seed, &sid)) != 0)
+        return rc;
+    struct weight_src n = src_of(VIEW(w->norm), H, norm_std, 1.0f, rnd);
+    if ((rc = load_stacked(b, &b->final_norm, &n, 1, seed, &sid)) != 0)
+        return rc;
+    if (c->tie_word_embeddings && (rnd || w->lm_head.data == w->embed_tokens.data)) {
+        b->lm_head = b->embed;
+    } else {
+        struct weight_src l = src_of(VIEW(w->lm_head), V * H, 1.0f / sqrtf((float)H), 0, rnd);
+        if ((rc = load_stacked(b, &b->lm_head, &l, 1, seed, &sid)) != 0)
+            return rc;
+    }
+    b->layers = calloc((size_t)c->num_layers, sizeof(*b->layers));
+    if (b->layers == NULL)
+        return PAGODA_ENOMEM;
+    for (int64_t i = 0; i < c->num_layers; i++) {
+        const struct model_weights_layer *lw = rnd ? NULL : &w->layers[i];
+        struct cuda_layer *l = &b->layers[i];
+        float s_in = 1.0f / sqrtf((float)H), s_o = 1.0f / sqrtf((float)qd);
+        struct weight_src in_norm = src_of(VIEW(lw->input_layernorm), H, norm_std, 1.0f, rnd);
+        struct weight_src post = src_of(VIEW(lw->post_attention_layernorm), H, norm_std, 1, rnd);
+        struct weight_src qkv[3] = {src_of(VIEW(lw->q_proj), qd * H, s_in, 0, rnd),
+                                    src_of(VIEW(lw->k_proj), kvd * H, s_in, 0, rnd),
+                                    src_of(VIEW(lw->v_proj), kvd * H, s_in, 0, rnd)};
+        struct weight_src o = src_of(VIEW(lw->o_proj), H * qd, s_o, 0, rnd);
+        struct weight_src gu[2] = {src_of(VIEW(lw->gate_proj), I * H, s_in, 0, rnd),
+                                   src_of(VIEW(lw->up_proj), I * H, s_in, 0, rnd)};
+        struct weight_src down = src_of(VIEW(lw->down_proj), H * I, 1.0f / sqrtf((float)I), 0, rnd);
+        if ((rc = load_stacked(b, &l->input_norm, &in_norm, 1, seed, &sid)) != 0 ||
+            (rc = load_stacked(b, &l->post_norm, &post, 1, seed, &sid)) != 0 ||
+            (rc = load_stacked(b, &l->w_qkv, qkv, 3, seed, &sid)) != 0 ||
+            (rc = load_stacked(b, &l->w_o, &o, 1, seed, &sid)) != 0 ||
+            (rc = load_stacked(b, &l->w_gate_up, gu, 2, seed, &sid)) != 0 ||
+            (rc = load_stacked(b, &l->w_down, &down, 1, seed, &sid)) != 0)
+            return rc;
+        if (c->qkv_bias) {
+            struct weight_src bias[3] = {src_of(VIEW(lw->q_bias), qd, 0.1f, 0, rnd),
+                                         src_of(VIEW(lw->k_bias), kvd, 0.1f, 0, rnd),
+                                         src_of(VIEW(lw->v_bias), kvd, 0.1f, 0, rnd)};
+            if ((rc = load_stacked(b, &l->b_qkv, bias, 3, seed, &sid)) != 0)
+                return rc;
+        }
+        if (c->o_bias) {
+            struct weight_src ob = src_of(VIEW(lw->o_bias), H, 0.1f, 0, rnd);
+            if ((rc = load_stacked(b, &l->b_o, &ob, 1, seed, &sid)) != 0)
+                return rc;
+        }
+    }
+#undef VIEW
+    cudaError_t err = cudaStreamSynchronize(b->stream);
+    return err == cudaSuccess ? 0 : cuda_fail(err, "loading weights");
+}
+
+/* Bytes of weights on the device, for the memory check before anything is allocated. */
+static size_t weight_bytes(const struct model_config *c)
+{
+    int64_t H = c->hidden_size, I = c->intermediate_size, V = c->vocab_size;
+    int64_t qd = c->num_heads * c->head_dim, kvd = c->num_kv_heads * c->head_dim;
+    int64_t per_layer = 2 * H + (qd + 2 * kvd) * H + H * qd + 3 * I * H;
+    if (c->qkv_bias)
+        per_layer += qd + 2 * kvd;
+    if (c->o_bias)
+        per_layer += H;
+    int64_t total = V * H * (c->tie_word_embeddings ? 1 : 2) + H + per_layer * c->num_layers;
+    return (size_t)total * 2;
+}
+
+static size_t activation_bytes(const struct model_config *c, const struct backend_limits *l)
+{
+    size_t T = (size_t)l->max_num_tokens, S = (size_t)l->max_num_seqs;
+    size_t H = (size_t)c->hidden_size, I = (size_t)c->intermediate_size;
+    size_t qd = (size_t)(c->num_heads * c->head_dim), kvd = (size_t)(c->num_kv_heads * c->head_dim);
+    return T * H * 4 + T * (H + qd + 2 * kvd + qd + H + 2 * I + I) * 2 + S * H * 2 +
+           S * (size_t)c->vocab_size * 4 + T * (4 + 4 + 8) + S * 4;
+}
+
+static int alloc_activations(struct cuda_backend *b)
+{
+    const struct model_config *c = &b->base.config;
+    size_t T = (size_t)b->opt.limits.max_num_tokens, S = (size_t)b->opt.limits.max_num_seqs;
+    size_t H = (size_t)c->hidden_size, I = (size_t)c->intermediate_size;
+    size_t qd = (size_t)(c->num_heads * c->head_dim), kvd = (size_t)(c->num_kv_heads * c->head_dim);
+    int rc;
+    if ((rc = dev_alloc(b, T * H * 4, (void **)&b->residual)) ||
+        (rc = dev_alloc(b, T * H * 2, (void **)&b->hidden)) ||
+        (rc = dev_alloc(b, T * (qd + 2 * kvd) * 2, (void **)&b->qkv)) ||
+        (rc = dev_alloc(b, T * qd * 2, (void **)&b->attn)) ||
+        (rc = dev_alloc(b, T * H * 2, (void **)&b->proj)) ||
+        (rc = dev_alloc(b, T * 2 * I * 2, (void **)&b->gate_up)) ||
+        (rc = dev_alloc(b, T * I * 2, (void **)&b->act)) ||
+        (rc = dev_alloc(b, S * H * 2, (void **)&b->selected)) ||
+        (rc = dev_alloc(b, S * (size_t)c->vocab_size * 4, (void **)&b->logits)) ||
+        (rc = dev_alloc(b, T * 4, (void **)&b->d_token_ids)) ||
+        (rc = dev_alloc(b, T * 4, (void **)&b->d_positions)) ||
+        (rc = dev_alloc(b, T * 8, (void **)&b->d_slots)) ||
+        (rc = dev_alloc(b, S * 4, (void **)&b->d_logits_rows)))
+        return rc;
+    return 0;
+}
+
+static int check_pool(const struct model_config *c, const struct kv_geometry *g)
+{
+    if (g->dtype != DTYPE_BF16)
+        return pagoda_error_set(PAGODA_EMISMATCH, "the CUDA backend needs a bf16 pool, not %s",
+                                dtype_name(g->dtype));
+    if (g->num_layers != c->num_layers || g->num_kv_heads != c->num_kv_heads ||
+        g->head_dim != c->head_dim)
+        return pagoda_error_set(PAGODA_EMISMATCH,
+                                "pool (%d layers, %d KV heads, head_dim %d) does not fit the model "
+                                "(%lld, %lld, %lld)",
+                                g->num_layers, g->num_kv_heads, g->head_dim,
+                                (long long)c->num_layers, (long long)c->num_kv_heads,
+                                (long long)c->head_dim);
+    return 0;
+}
+
+int cuda_backend_open(const struct model_config *cfg, const struct model_weights *w,
+                      uint64_t random_seed, const struct kv_geometry *g, void *pool,
+                      const struct cuda_backend_options *opt, struct backend **out)
+{
+    int rc = check_pool(cfg, g);
+    if (rc != 0)
+        return rc;
+    struct cuda_backend *b = calloc(1, sizeof(*b));
+    if (b == NULL)
+        return PAGODA_ENOMEM;
+    b->base.ops = &cuda_ops;
+    b->base.config = *cfg;
+    b->opt = opt ? *opt : cuda_backend_default_options();
+    b->geometry = *g;
+    b->pool = pool;
+    if (b->opt.limits.max_blocks_per_seq > g->num_blocks - 1)
+        b->opt.limits.max_blocks_per_seq = g->num_blocks - 1;
+
+    cudaError_t e;
+    if ((e = cudaSetDevice(b->opt.device)) != cudaSuccess) {
+        rc = cuda_fail(e, "cudaSetDevice");
+        goto fail;
+    }
+    size_t free_bytes = 0, total_bytes = 0;
+    if ((e = cudaMemGetInfo(&free_bytes, &total_bytes)) != cudaSuccess) {
+        rc = cuda_fail(e, "cudaMemGetInfo");
+        goto fail;
+    }
+    size_t need = weight_bytes(cfg) + activation_bytes(cfg, &b->opt.limits) + CUDA_RESERVE_BYTES;
+    if (need > free_bytes) {
+        rc = pagoda_error_set(PAGODA_EEXHAUSTED,
+                              "the model needs %zu MiB on the GPU (weights %zu, activations %zu, "
+                              "reserve %llu), %zu MiB are free: short by %zu MiB",
+                              need >> 20, weight_bytes(cfg) >> 20,
+                              activation_bytes(cfg, &b->opt.limits) >> 20, CUDA_RESERVE_BYTES >> 20,
+                              free_bytes >> 20, (need - free_bytes + (1 << 20) - 1) >> 20);
+        goto fail;
+    }
+    if ((e = cudaStreamCreateWithFlags(&b->stream, cudaStreamNonBlocking)) != cudaSuccess) {
+        rc = cuda_fail(e, "cudaStreamCreate");
+        goto fail;
+    }
+    cublasStatus_t st = cublasCreate(&b->cublas);
+    if (st != CUBLAS_STATUS_SUCCESS ||
+        (st = cublasSetStream(b->cublas, b->stream)) != CUBLAS_STATUS_SUCCESS) {
+        rc = cublas_fail(st, "cublasCreate");
+        goto fail;
+    }
+    if ((rc = load_weights(b, w, random_seed)) != 0 || (rc = alloc_activations(b)) != 0)
+        goto fail;
+    size_t S = (size_t)b->opt.limits.max_num_seqs;
+    b->row_params = malloc(S * sizeof(*b->row_params));
+    b->row_index = malloc(S * sizeof(*b->row_index));
+    b->row_prompt = malloc(S * sizeof(*b->row_prompt));
+    b->row_output = malloc(S * sizeof(*b->row_output));
+    b->row_n_prompt = malloc(S * sizeof(*b->row_n_prompt));
+    b->row_n_output = malloc(S * sizeof(*b->row_n_output));
+    if (!b->row_params || !b->row_index || !b->row_prompt || !b->row_output || !b->row_n_prompt ||
+        !b->row_n_output) {
+        rc = PAGODA_ENOMEM;
+        goto fail;
+    }
+
+    float inv_freq[1024];
+    struct cpu_rope_params rp = {
+        .type = (enum cpu_rope_type)cfg->rope.type,
+        .theta = cfg->rope.theta,
+        .factor = cfg->rope.factor,
+        .low_freq_factor = cfg->rope.low_freq_factor,
+        .high_freq_factor = cfg->rope.high_freq_factor,
+        .original_max_position_embeddings = (double)cfg->rope.original_max_position_embeddings,
+    };
+    if (cfg->head_dim > 2048) {
+        rc = pagoda_error_set(PAGODA_EUNSUPPORTED, "head_dim %lld", (long long)cfg->head_dim);
+        goto fail;
+    }
+    cpu_rope_inv_freq(&rp, cfg->head_dim, inv_freq);
+    if ((rc = dev_alloc(b, (size_t)cfg->head_dim / 2 * sizeof(float), (void **)&b->inv_freq)))
+        goto fail;
+    if ((e = cudaMemcpy(b->inv_freq, inv_freq, (size_t)cfg->head_dim / 2 * sizeof(float),
+                        cudaMemcpyHostToDevice)) != cudaSuccess) {
+        rc = cuda_fail(e, "cudaMemcpy (inv_freq)");
+        goto fail;
+    }
+    struct cuda_attention_config ac = {
+        .num_heads = (int32_t)cfg->num_heads,
+        .num_kv_heads = (int32_t)cfg->num_kv_heads,
+        .head_dim = (int32_t)cfg->head_dim,
+        .scale = (float)(1.0 / sqrt((double)cfg->head_dim)),
+        .block_size = g->block_size,
+        .num_blocks = g->num_blocks,
+        .max_num_seqs = b->opt.limits.max_num_seqs,
+        .max_num_tokens = b->opt.limits.max_num_tokens,
+        .max_blocks_per_seq = b->opt.limits.max_blocks_per_seq,
+    };
+    if ((rc = cuda_attention_plan_new(&ac, &b->plan)) != 0 ||
+        (rc = cuda_sampler_new((int32_t)cfg->vocab_size, b->opt.limits.max_num_seqs,
+                               (size_t)cfg->max_position_embeddings, &b->sampler)) != 0)
+        goto fail;
+    *out = &b->base;
+    return 0;
+fail:
+    cuda_close(&b->base);
+    return rc;
+}
+
+/* ---- the forward pass ------------------------------------------------------------------- */
+
+/* y[rows][out] = x[rows][in] . w[out][in]^T, BF16 inputs, FP32 accumulation, output in ytype. */
+static int gemm(struct cuda_backend *b, const uint16_t *x, const uint16_t *w, void *y,
+                cudaDataType ytype, int64_t rows, int64_t in, int64_t out)
+{
+    const float one = 1.0f, zero = 0.0f;
+    cublasStatus_t st =
+        cublasGemmEx(b->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)out, (int)rows, (int)in, &one, w,
+                     CUDA_R_16BF, (int)in, x, CUDA_R_16BF, (int)in, &zero, y, ytype, (int)out,
+                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    return st == CUBLAS_STATUS_SUCCESS ? 0 : cublas_fail(st, "cublasGemmEx");
+}
+
+/* Runs the batch and leaves the logits rows in b->logits (device). */
+static int cuda_forward_device(struct cuda_backend *b, const struct fwd_batch *batch)
+{
+    const struct model_config *c = &b->base.config;
+    int rc = backend_check_batch(c, &b->opt.limits, batch);
+    if (rc != 0)
+        return rc;
+    struct attention_batch ab = {
+        .num_seqs = batch->num_seqs,
+        .num_tokens = batch->num_tokens,
+        .query_start = batch->query_start,
+        .context_len = batch->context_lens,
+        .block_tables = batch->block_tables,
+        .max_blocks_per_seq = batch->max_blocks_per_seq,
+    };
+    if ((rc = cuda_attention_plan(b->plan, &ab, b->stream)) != 0)
+        return rc;
+    const int32_t n = batch->num_tokens;
+    cudaStream_t s = b->stream;
+    cudaError_t e;
+    if ((e = cudaMemcpyAsync(b->d_token_ids, batch->token_ids, (size_t)n * 4,
+                             cudaMemcpyHostToDevice, s)) != cudaSuccess ||
+        (e = cudaMemcpyAsync(b->d_positions, batch->positions, (size_t)n * 4,
+                             cudaMemcpyHostToDevice, s)) != cudaSuccess ||
+        (e = cudaMemcpyAsync(b->d_slots, batch->slot_mapping, (size_t)n * 8, cudaMemcpyHostToDevice,
+                             s)) != cudaSuccess ||
+        (e = cudaMemcpyAsync(b->d_logits_rows, batch->logits_indices, (size_t)batch->num_logits * 4,
+                             cudaMemcpyHostToDevice, s)) != cudaSuccess)
+        return cuda_fail(e, "cudaMemcpyAsync (step metadata)");
+
+    const int64_t H = c->hidden_size, I = c->intermediate_size, hd = c->head_dim;
+    const int64_t qd = c->num_heads * hd, kvd = c->num_kv_heads * hd, qkvd = qd + 2 * kvd;
+    const float eps = (float)c->rms_norm_eps;
+    if ((rc = cuda_embedding(b->embed, b->d_token_ids, n, (int32_t)H, b->residual, s)) != 0)
+        return rc;
+    for (int64_t i = 0; i < c->num_layers; i++) {
+        const struct cuda_layer *l = &b->layers[i];
+        struct kv_layer_view kv = kv_layer_view_make(&b->geometry, b->pool, (int32_t)i);
+        /* Attention block; the previous block's output (proj) joins the residual stream. */
+        if ((rc = cuda_add_rmsnorm(b->residual, i ? b->proj : NULL, l->input_norm, b->hidden, n,
+                                   (int32_t)H, eps, s)) ||
+            (rc = gemm(b, b->hidden, l->w_qkv, b->qkv, CUDA_R_16BF, n, H, qkvd)) ||
+            (l->b_qkv && (rc = cuda_add_bias(b->qkv, qkvd, l->b_qkv, n, (int32_t)qkvd, s))) ||
+            /* Q and K heads sit side by side in a QKV row: one RoPE call rotates both. */
+            (rc = cuda_rope(b->qkv, qkvd, b->d_positions, b->inv_freq, n,
+                            (int32_t)(c->num_heads + c->num_kv_heads), (int32_t)hd, s)) ||
+            (rc = cuda_reshape_and_cache(&kv, b->qkv + qd, b->qkv + qd + kvd, qkvd, b->d_slots, n,
+                                         s)) ||
+            (rc = cuda_attention_run(b->plan, &kv, b->qkv, qkvd, b->attn, s)) ||
+            (rc = gemm(b, b->attn, l->w_o, b->proj, CUDA_R_16BF, n, qd, H)) ||
+            (l->b_o && (rc = cuda_add_bias(b->proj, H, l->b_o, n, (int32_t)H, s))))
+            return rc;
+        /* MLP block. */
+        if ((rc = cuda_add_rmsnorm(b->residual, b->proj, l->post_norm, b->hidden, n, (int32_t)H,
+                                   eps, s)) ||
+            (rc = gemm(b, b->hidden, l->w_gate_up, b->gate_up, CUDA_R_16BF, n, H, 2 * I)) ||
+            (rc = cuda_silu_mul(b->gate_up, b->act, n, (int32_t)I, s)) ||
+            (rc = gemm(b, b->act, l->w_down, b->proj, CUDA_R_16BF, n, I, H)))
+            return rc;
+    }
+    if ((rc = cuda_add_rmsnorm(b->residual, c->num_layers ? b->proj : NULL, b->final_norm,
+                               b->hidden, n, (int32_t)H, eps, s)) ||
+        (rc = cuda_gather_rows_bf16(b->hidden, H, b->d_logits_rows, batch->num_logits, (int32_t)H,
+                                    b->selected, s)))
+        return rc;
+    if (batch->num_logits > 0)
+        rc = gemm(b, b->selected, b->lm_head, b->logits, CUDA_R_32F, batch->num_logits, H,
+                  c->vocab_size);
+    return rc;
+}
+
+static int cuda_forward(struct backend *base, const struct fwd_batch *batch, float *logits)
+{
+    struct cuda_backend *b = (struct cuda_backend *)base;
+    int rc = cuda_forward_device(b, batch);
+    if (rc != 0)
+        return rc;
+    cudaError_t e = cudaMemcpyAsync(logits, b->logits,
+                                    (size_t)batch->num_logits * (size_t)b->base.config.vocab_size *
+                                        sizeof(float),
+                                    cudaMemcpyDeviceToHost, b->stream);
+    if (e == cudaSuccess)
+        e = cudaStreamSynchronize(b->stream);
+    return e == cudaSuccess ? 0 : cuda_fail(e, "forward pass");
+}
+
+static int cuda_forward_sample(struct backend *base, const struct fwd_batch *batch,
+                               const struct sample_row *rows, int32_t *tokens, float *logprobs)
+{
+    struct cuda_backend *b = (struct cuda_backend *)base;
+    int rc = cuda_forward_device(b, batch);
+    if (rc != 0)
+        return rc;
+    int32_t n = batch->num_logits;
+    if (n == 0)
+        return 0;
+    for (int32_t r = 0; r < n; r++) {
+        b->row_params[r] = rows[r].params;
+        b->row_index[r] = rows[r].output_index;
+        b->row_prompt[r] = rows[r].prompt_tokens;
+        b->row_n_prompt[r] = rows[r].n_prompt;
+        b->row_output[r] = rows[r].output_tokens;
+        b->row_n_output[r] = rows[r].n_output;
+    }
+    rc = cuda_sampler_sample(b->sampler, b->logits, n, b->row_params, b->row_index, b->row_prompt,
+                             b->row_n_prompt, b->row_output, b->row_n_output, tokens, logprobs,
+                             b->stream);
+    return rc;
+}
+
+static const struct backend_ops cuda_ops = {
+    .name = "cuda",
+    .forward = cuda_forward,
+    .forward_sample = cuda_forward_sample,
+    .close = cuda_close,
+};
+
+int cuda_pool_alloc(const struct kv_geometry *g, int device, void **pool)
+{
+    cudaError_t e = cudaSetDevice(device);
+    if (e == cudaSuccess)
+        e = cudaMalloc(pool, kv_pool_bytes(g));
+    if (e == cudaSuccess)
+        e = cudaMemset(*pool, 0, kv_pool_bytes(g));
+    return e == cudaSuccess ? 0 : cuda_fail(e, "allocating the KV pool");
+}
+
+void cuda_pool_free(void *pool)
+{
+    if (pool != NULL)
+        cudaFree(pool);
+}

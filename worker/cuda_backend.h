@@ -1,0 +1,40 @@
+/* The CUDA backend: the forward pass of worker/backend.h on one GPU. Weights live on the GPU in
+ * BF16; the projections and the LM head are cuBLAS GEMMs (BF16 in, FP32 accumulate); the
+ * residual stream is FP32; K/V are written into and read from a BF16 pool in device memory
+ * through the same layout as the CPU pool; tokens are sampled on the GPU with the algorithm of
+ * docs/sampling.md. Available only in builds with CUDA (PAGODA_HAVE_CUDA). */
+#ifndef PAGODA_WORKER_CUDA_BACKEND_H
+#define PAGODA_WORKER_CUDA_BACKEND_H
+
+#include "kvpool/geometry.h"
+#include "worker/backend.h"
+#include "worker/model_weights.h"
+
+#include <stdint.h>
+
+struct cuda_backend_options {
+    int device;
+    struct backend_limits limits;
+};
+
+/* Defaults: device 0, 2048 tokens and 256 sequences per step, 4096 blocks per sequence. */
+struct cuda_backend_options cuda_backend_default_options(void);
+
+/* Opens a CUDA backend. Weights come from w (copied to the GPU, converted to BF16 when the
+ * checkpoint holds F16 or F32), or, when w is NULL, are drawn at random on the GPU from
+ * random_seed with the scales of pagoda-mkmodel (--load-format random: any shape, no file), for
+ * config cfg. pool is the device address of a BF16 pool of geometry g (the caller keeps it
+ * alive). On success *out is released with backend_close. Errors: PAGODA_EMISMATCH (pool and
+ * model disagree), PAGODA_ECUDA (no device, a failed CUDA or cuBLAS call, with a detail),
+ * PAGODA_EEXHAUSTED (the weights and activations do not fit on the GPU, saying by how much),
+ * PAGODA_ENOMEM. */
+int cuda_backend_open(const struct model_config *cfg, const struct model_weights *w,
+                      uint64_t random_seed, const struct kv_geometry *g, void *pool,
+                      const struct cuda_backend_options *opt, struct backend **out);
+
+/* Allocates a zeroed BF16 pool of geometry g on the device (for pagoda-run and tests; the
+ * serving group's pool belongs to the kvpool process). Free with cuda_pool_free. */
+int cuda_pool_alloc(const struct kv_geometry *g, int device, void **pool);
+void cuda_pool_free(void *pool);
+
+#endif
