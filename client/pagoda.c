@@ -1,0 +1,535 @@
+#include "client/pagoda.h"
+
+#include "proto/pagoda.pb-c.h"
+
+#include <nng/nng.h>
+#include <nng/protocol/reqrep0/req.h>
+
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+
+/* The protocol version of proto/pagoda.proto this client speaks. */
+#define CLIENT_PROTOCOL_VERSION 1u
+/* The largest request the router accepts (router.h ROUTER_MAX_CLIENT_MESSAGE_BYTES): a bigger
+ * one would only make NNG drop the connection, so it is refused here with a clear error. */
+#define CLIENT_MAX_REQUEST_BYTES (4u << 20)
+/* NNG's REQ resends a call that has had no reply for this long beyond its poll wait: long
+ * enough that a busy router is not asked twice, short enough that a lost reply costs little. */
+#define RESEND_MARGIN_MS 5000u
+/* pagoda_generate's wait per poll. */
+#define GENERATE_POLL_WAIT_MS 10000u
+
+struct pagoda_client {
+    nng_socket sock;
+    atomic_uint timeout_ms;
+};
+
+/* NNG's codes become PAGODA_E* codes here and travel no further. */
+static int nng_error(int rv, const char *what)
+{
+    int code;
+    switch (rv) {
+    case NNG_ENOMEM:
+        code = PAGODA_ENOMEM;
+        break;
+    case NNG_ETIMEDOUT:
+        code = PAGODA_ETIMEDOUT;
+        break;
+    case NNG_ECLOSED:
+    case NNG_ECONNREFUSED:
+    case NNG_ECONNRESET:
+        code = PAGODA_ECLOSED;
+        break;
+    case NNG_EINVAL:
+    case NNG_EADDRINVAL:
+    case NNG_ENOTSUP:
+        code = PAGODA_EINVAL;
+        break;
+    default:
+        code = PAGODA_EIO;
+    }
+    return pagoda_error_set(code, "%s: %s", what, nng_strerror(rv));
+}
+
+pagoda_generate_params pagoda_generate_params_default(void)
+{
+    pagoda_generate_params p = {
+        .temperature = 1.0f,
+        .top_p = 1.0f,
+        .top_k = 0,
+        .min_p = 0.0f,
+        .repetition_penalty = 1.0f,
+        .presence_penalty = 0.0f,
+        .frequency_penalty = 0.0f,
+        .has_seed = 0,
+        .seed = 0,
+        .max_tokens = 16,
+        .stop_token_ids = NULL,
+        .num_stop_token_ids = 0,
+        .ignore_eos = 0,
+        .logprobs = 0,
+    };
+    return p;
+}
+
+int pagoda_client_open(const char *url, pagoda_client **out)
+{
+    if (url == NULL || out == NULL)
+        return pagoda_error_set(PAGODA_EINVAL, "pagoda_client_open: NULL argument");
+    pagoda_client *c = calloc(1, sizeof(*c));
+    if (c == NULL)
+        return PAGODA_ENOMEM;
+    atomic_init(&c->timeout_ms, PAGODA_DEFAULT_TIMEOUT_MS);
+    int rv = nng_req0_open(&c->sock);
+    if (rv != 0) {
+        free(c);
+        return nng_error(rv, "nng_req0_open");
+    }
+    if ((rv = nng_socket_set_size(c->sock, NNG_OPT_RECVMAXSZ, PAGODA_MAX_REPLY_BYTES)) != 0 ||
+        (rv = nng_socket_set_ms(c->sock, NNG_OPT_RECONNMINT, 20)) != 0 ||
+        (rv = nng_socket_set_ms(c->sock, NNG_OPT_RECONNMAXT, 500)) != 0) {
+        nng_close(c->sock);
+        free(c);
+        return nng_error(rv, "client socket options");
+    }
+    /* Non-blocking: the dial goes on in the background until the router is there. */
+    if ((rv = nng_dial(c->sock, url, NULL, NNG_FLAG_NONBLOCK)) != 0) {
+        nng_close(c->sock);
+        free(c);
+        return nng_error(rv, url);
+    }
+    *out = c;
+    return 0;
+}
+
+void pagoda_client_close(pagoda_client *c)
+{
+    if (c == NULL)
+        return;
+    nng_close(c->sock);
+    free(c);
+}
+
+void pagoda_client_set_timeout_ms(pagoda_client *c, uint32_t timeout_ms)
+{
+    atomic_store(&c->timeout_ms, timeout_ms ? timeout_ms : 1);
+}
+
+/* One call: packs req, sends it on a context of its own and waits for the reply. On success
+ * *out is the unpacked reply (free with pagoda__client_response__free_unpacked) and has no
+ * error; an error the router reported is returned as its code, with its message as the
+ * detail. */
+static int call(pagoda_client *c, Pagoda__ClientRequest *req, uint32_t wait_ms,
+                Pagoda__ClientResponse **out)
+{
+    req->has_protocol_version = 1;
+    req->protocol_version = CLIENT_PROTOCOL_VERSION;
+    size_t len = protobuf_c_message_get_packed_size(&req->base);
+    if (len > CLIENT_MAX_REQUEST_BYTES)
+        return pagoda_error_set(PAGODA_ERANGE,
+                                "a %zu-byte request exceeds the router's limit of "
+                                "%u bytes",
+                                len, CLIENT_MAX_REQUEST_BYTES);
+    uint32_t timeout_ms = atomic_load(&c->timeout_ms);
+    nng_ctx ctx;
+    nng_aio *aio = NULL;
+    nng_msg *m = NULL;
+    int rc = 0;
+    int rv = nng_ctx_open(&ctx, c->sock);
+    if (rv != 0)
+        return nng_error(rv, "nng_ctx_open");
+    if ((rv = nng_ctx_set_ms(ctx, NNG_OPT_REQ_RESENDTIME,
+                             (nng_duration)(wait_ms + RESEND_MARGIN_MS))) != 0 ||
+        (rv = nng_aio_alloc(&aio, NULL, NULL)) != 0 || (rv = nng_msg_alloc(&m, len)) != 0) {
+        rc = nng_error(rv, "client call setup");
+        goto out;
+    }
+    protobuf_c_message_pack(&req->base, nng_msg_body(m));
+    /* The send waits for a connection to the router, up to the timeout. */
+    nng_aio_set_timeout(aio, (nng_duration)timeout_ms);
+    nng_aio_set_msg(aio, m);
+    nng_ctx_send(ctx, aio);
+    nng_aio_wait(aio);
+    if ((rv = nng_aio_result(aio)) != 0) {
+        rc = rv == NNG_ETIMEDOUT
+                 ? pagoda_error_set(PAGODA_ETIMEDOUT, "no connection to the router within %u ms",
+                                    timeout_ms)
+                 : nng_error(rv, "sending to the router");
+        goto out; /* m is still ours */
+    }
+    m = NULL;
+    nng_aio_set_timeout(aio, (nng_duration)(wait_ms + timeout_ms));
+    nng_ctx_recv(ctx, aio);
+    nng_aio_wait(aio);
+    if ((rv = nng_aio_result(aio)) != 0) {
+        rc = rv == NNG_ETIMEDOUT
+                 ? pagoda_error_set(PAGODA_ETIMEDOUT, "the router did not answer within %u ms",
+                                    wait_ms + timeout_ms)
+                 : nng_error(rv, "receiving from the router");
+        goto out;
+    }
+    m = nng_aio_get_msg(aio);
+    Pagoda__ClientResponse *resp =
+        pagoda__client_response__unpack(NULL, nng_msg_len(m), nng_msg_body(m));
+    if (resp == NULL) {
+        rc = pagoda_error_set(PAGODA_EPROTO, "a malformed %zu-byte reply from the router",
+                              nng_msg_len(m));
+        goto out;
+    }
+    if (resp->has_error_code && resp->error_code != 0) {
+        int code = resp->error_code;
+        if (code < PAGODA_EINTERNAL || code > 0)
+            code = PAGODA_EPROTO;
+        rc = pagoda_error_set(code, "router: %s",
+                              resp->error_message ? resp->error_message : pagoda_strerror(code));
+        pagoda__client_response__free_unpacked(resp, NULL);
+        goto out;
+    }
+    *out = resp;
+out:
+    nng_msg_free(m);
+    nng_aio_free(aio);
+    nng_ctx_close(ctx);
+    return rc;
+}
+
+void pagoda_result_free(pagoda_result *r)
+{
+    if (r == NULL)
+        return;
+    free(r->token_ids);
+    free(r->logprobs);
+    free(r->error_message);
+    memset(r, 0, sizeof(*r));
+}
+
+/* Copies an update into *result (which is overwritten). */
+static int result_from_update(const Pagoda__ClientResponse *resp,
+                              const uint8_t id[PAGODA_REQUEST_ID_BYTES], pagoda_result *result)
+{
+    memset(result, 0, sizeof(*result));
+    memcpy(result->request_id, id, PAGODA_REQUEST_ID_BYTES);
+    if (resp->result_case != PAGODA__CLIENT_RESPONSE__RESULT_UPDATE || resp->update == NULL)
+        return pagoda_error_set(PAGODA_EPROTO, "the router's reply carries no token update");
+    const Pagoda__TokenUpdate *up = resp->update;
+    if (up->has_request_id && (up->request_id.len != PAGODA_REQUEST_ID_BYTES ||
+                               memcmp(up->request_id.data, id, PAGODA_REQUEST_ID_BYTES) != 0))
+        return pagoda_error_set(PAGODA_EPROTO, "the router answered for another request");
+    if (up->has_finish_reason && (up->finish_reason < PAGODA__FINISH_REASON__FINISH_NONE ||
+                                  up->finish_reason > PAGODA__FINISH_REASON__FINISH_ERROR))
+        return pagoda_error_set(PAGODA_EPROTO, "unknown finish reason %d", (int)up->finish_reason);
+    if (up->n_logprobs != 0 && up->n_logprobs != up->n_token_ids)
+        return pagoda_error_set(PAGODA_EPROTO, "%zu logprobs for %zu tokens", up->n_logprobs,
+                                up->n_token_ids);
+    result->offset = up->has_offset ? up->offset : 0;
+    result->finish_reason =
+        up->has_finish_reason ? (pagoda_finish_reason)up->finish_reason : PAGODA_FINISH_NONE;
+    if (up->n_token_ids > 0) {
+        result->token_ids = malloc(up->n_token_ids * sizeof(int32_t));
+        if (result->token_ids == NULL)
+            return PAGODA_ENOMEM;
+        memcpy(result->token_ids, up->token_ids, up->n_token_ids * sizeof(int32_t));
+        result->num_tokens = up->n_token_ids;
+        if (up->n_logprobs > 0) {
+            result->logprobs = malloc(up->n_logprobs * sizeof(float));
+            if (result->logprobs == NULL) {
+                pagoda_result_free(result);
+                return PAGODA_ENOMEM;
+            }
+            memcpy(result->logprobs, up->logprobs, up->n_logprobs * sizeof(float));
+        }
+    }
+    if (up->usage != NULL) {
+        result->prompt_tokens = up->usage->prompt_tokens;
+        result->completion_tokens = up->usage->completion_tokens;
+        result->cached_tokens = up->usage->cached_tokens;
+    }
+    if (result->finish_reason == PAGODA_FINISH_ERROR) {
+        result->error_message = strdup(resp->error_message ? resp->error_message : "error");
+        if (result->error_message == NULL) {
+            pagoda_result_free(result);
+            return PAGODA_ENOMEM;
+        }
+    }
+    return 0;
+}
+
+int pagoda_submit(pagoda_client *c, const pagoda_generate_params *params, const int32_t *prompt,
+                  size_t n, uint8_t request_id_out[PAGODA_REQUEST_ID_BYTES])
+{
+    if (c == NULL || params == NULL || request_id_out == NULL || (n > 0 && prompt == NULL) ||
+        (params->num_stop_token_ids > 0 && params->stop_token_ids == NULL))
+        return pagoda_error_set(PAGODA_EINVAL, "pagoda_submit: NULL argument");
+    if (n == 0)
+        return pagoda_error_set(PAGODA_EINVAL, "pagoda_submit: the prompt is empty");
+    if (params->max_tokens < 1)
+        return pagoda_error_set(PAGODA_ERANGE, "pagoda_submit: max_tokens %d must be >= 1",
+                                (int)params->max_tokens);
+    uint8_t id[PAGODA_REQUEST_ID_BYTES];
+    if (getrandom(id, sizeof(id), 0) != (ssize_t)sizeof(id))
+        return pagoda_error_set(PAGODA_EIO, "getrandom failed: no request id");
+
+    Pagoda__SamplingParams sp = PAGODA__SAMPLING_PARAMS__INIT;
+    sp.has_temperature = sp.has_top_p = sp.has_top_k = sp.has_min_p = 1;
+    sp.has_repetition_penalty = sp.has_presence_penalty = sp.has_frequency_penalty = 1;
+    sp.temperature = params->temperature;
+    sp.top_p = params->top_p;
+    sp.top_k = params->top_k;
+    sp.min_p = params->min_p;
+    sp.repetition_penalty = params->repetition_penalty;
+    sp.presence_penalty = params->presence_penalty;
+    sp.frequency_penalty = params->frequency_penalty;
+    sp.has_seed = params->has_seed != 0;
+    sp.seed = params->seed;
+    sp.has_logprobs = 1;
+    sp.logprobs = params->logprobs != 0;
+    Pagoda__SubmitRequest sub = PAGODA__SUBMIT_REQUEST__INIT;
+    sub.has_request_id = 1;
+    sub.request_id.data = id;
+    sub.request_id.len = sizeof(id);
+    sub.n_prompt_token_ids = n;
+    sub.prompt_token_ids = (int32_t *)prompt;
+    sub.sampling = &sp;
+    sub.has_max_tokens = 1;
+    sub.max_tokens = params->max_tokens;
+    sub.n_stop_token_ids = params->num_stop_token_ids;
+    sub.stop_token_ids = (int32_t *)params->stop_token_ids;
+    sub.has_ignore_eos = 1;
+    sub.ignore_eos = params->ignore_eos != 0;
+    Pagoda__ClientRequest req = PAGODA__CLIENT_REQUEST__INIT;
+    req.call_case = PAGODA__CLIENT_REQUEST__CALL_SUBMIT;
+    req.submit = &sub;
+    Pagoda__ClientResponse *resp = NULL;
+    int rc = call(c, &req, 0, &resp);
+    if (rc != 0)
+        return rc;
+    pagoda_result ack;
+    rc = result_from_update(resp, id, &ack);
+    pagoda__client_response__free_unpacked(resp, NULL);
+    pagoda_result_free(&ack);
+    if (rc == 0)
+        memcpy(request_id_out, id, sizeof(id));
+    return rc;
+}
+
+int pagoda_poll(pagoda_client *c, const uint8_t request_id[PAGODA_REQUEST_ID_BYTES],
+                uint32_t offset, uint32_t wait_ms, pagoda_result *result)
+{
+    if (c == NULL || request_id == NULL || result == NULL)
+        return pagoda_error_set(PAGODA_EINVAL, "pagoda_poll: NULL argument");
+    memset(result, 0, sizeof(*result));
+    if (wait_ms > PAGODA_POLL_WAIT_MS_MAX)
+        wait_ms = PAGODA_POLL_WAIT_MS_MAX;
+    Pagoda__PollRequest poll = PAGODA__POLL_REQUEST__INIT;
+    poll.has_request_id = 1;
+    poll.request_id.data = (uint8_t *)request_id;
+    poll.request_id.len = PAGODA_REQUEST_ID_BYTES;
+    poll.has_offset = 1;
+    poll.offset = offset;
+    poll.has_wait_ms = 1;
+    poll.wait_ms = wait_ms;
+    Pagoda__ClientRequest req = PAGODA__CLIENT_REQUEST__INIT;
+    req.call_case = PAGODA__CLIENT_REQUEST__CALL_POLL;
+    req.poll = &poll;
+    Pagoda__ClientResponse *resp = NULL;
+    int rc = call(c, &req, wait_ms, &resp);
+    if (rc != 0)
+        return rc;
+    rc = result_from_update(resp, request_id, result);
+    pagoda__client_response__free_unpacked(resp, NULL);
+    if (rc == 0 && result->num_tokens > 0 && result->offset != offset) {
+        pagoda_result_free(result);
+        rc = pagoda_error_set(PAGODA_EPROTO, "asked for tokens from %u, the router sent from %u",
+                              offset, result->offset);
+    }
+    return rc;
+}
+
+int pagoda_cancel(pagoda_client *c, const uint8_t request_id[PAGODA_REQUEST_ID_BYTES],
+                  pagoda_result *result)
+{
+    if (c == NULL || request_id == NULL)
+        return pagoda_error_set(PAGODA_EINVAL, "pagoda_cancel: NULL argument");
+    Pagoda__CancelRequest cancel = PAGODA__CANCEL_REQUEST__INIT;
+    cancel.has_request_id = 1;
+    cancel.request_id.data = (uint8_t *)request_id;
+    cancel.request_id.len = PAGODA_REQUEST_ID_BYTES;
+    Pagoda__ClientRequest req = PAGODA__CLIENT_REQUEST__INIT;
+    req.call_case = PAGODA__CLIENT_REQUEST__CALL_CANCEL;
+    req.cancel = &cancel;
+    Pagoda__ClientResponse *resp = NULL;
+    int rc = call(c, &req, 0, &resp);
+    if (rc != 0)
+        return rc;
+    pagoda_result state;
+    rc = result_from_update(resp, request_id, &state);
+    pagoda__client_response__free_unpacked(resp, NULL);
+    if (rc == 0 && result != NULL)
+        *result = state;
+    else
+        pagoda_result_free(&state);
+    return rc;
+}
+
+/* Appends a polled piece to the whole result. */
+static int result_append(pagoda_result *all, const pagoda_result *piece, int want_logprobs)
+{
+    size_t n = all->num_tokens + piece->num_tokens;
+    int32_t *t = realloc(all->token_ids, n * sizeof(*t));
+    if (t == NULL)
+        return PAGODA_ENOMEM;
+    all->token_ids = t;
+    memcpy(t + all->num_tokens, piece->token_ids, piece->num_tokens * sizeof(*t));
+    if (want_logprobs) {
+        float *l = realloc(all->logprobs, n * sizeof(*l));
+        if (l == NULL)
+            return PAGODA_ENOMEM;
+        all->logprobs = l;
+        for (size_t i = 0; i < piece->num_tokens; i++)
+            l[all->num_tokens + i] = piece->logprobs ? piece->logprobs[i] : 0.0f;
+    }
+    all->num_tokens = n;
+    return 0;
+}
+
+int pagoda_generate_stream(pagoda_client *c, const pagoda_generate_params *params,
+                           const int32_t *prompt, size_t n, pagoda_stream_fn on_tokens, void *user,
+                           pagoda_result *result)
+{
+    if (result == NULL)
+        return pagoda_error_set(PAGODA_EINVAL, "pagoda_generate: NULL result");
+    memset(result, 0, sizeof(*result));
+    int rc = pagoda_submit(c, params, prompt, n, result->request_id);
+    if (rc != 0)
+        return rc;
+    for (;;) {
+        pagoda_result piece;
+        uint32_t have = (uint32_t)result->num_tokens;
+        if ((rc = pagoda_poll(c, result->request_id, have, GENERATE_POLL_WAIT_MS, &piece)) != 0)
+            return rc;
+        if (piece.num_tokens > 0 && (piece.num_tokens > (size_t)params->max_tokens - have)) {
+            pagoda_result_free(&piece);
+            return pagoda_error_set(PAGODA_EPROTO, "the router sent more than max_tokens (%d)",
+                                    (int)params->max_tokens);
+        }
+        if (piece.num_tokens > 0) {
+            if ((rc = result_append(result, &piece, params->logprobs)) != 0) {
+                pagoda_result_free(&piece);
+                return rc;
+            }
+            if (on_tokens != NULL)
+                on_tokens(user, have, piece.token_ids, piece.logprobs, piece.num_tokens);
+        }
+        if (piece.finish_reason != PAGODA_FINISH_NONE) {
+            result->finish_reason = piece.finish_reason;
+            result->prompt_tokens = piece.prompt_tokens;
+            result->completion_tokens = piece.completion_tokens;
+            result->cached_tokens = piece.cached_tokens;
+            result->error_message = piece.error_message;
+            piece.error_message = NULL;
+            pagoda_result_free(&piece);
+            return 0;
+        }
+        pagoda_result_free(&piece);
+    }
+}
+
+int pagoda_generate(pagoda_client *c, const pagoda_generate_params *params, const int32_t *prompt,
+                    size_t n, pagoda_result *result)
+{
+    return pagoda_generate_stream(c, params, prompt, n, NULL, NULL, result);
+}
+
+int pagoda_stats(pagoda_client *c, pagoda_engine_stats *out)
+{
+    if (c == NULL || out == NULL)
+        return pagoda_error_set(PAGODA_EINVAL, "pagoda_stats: NULL argument");
+    Pagoda__StatsRequest sreq = PAGODA__STATS_REQUEST__INIT;
+    Pagoda__ClientRequest req = PAGODA__CLIENT_REQUEST__INIT;
+    req.call_case = PAGODA__CLIENT_REQUEST__CALL_STATS;
+    req.stats = &sreq;
+    Pagoda__ClientResponse *resp = NULL;
+    int rc = call(c, &req, 0, &resp);
+    if (rc != 0)
+        return rc;
+    if (resp->result_case != PAGODA__CLIENT_RESPONSE__RESULT_STATS || resp->stats == NULL) {
+        pagoda__client_response__free_unpacked(resp, NULL);
+        return pagoda_error_set(PAGODA_EPROTO, "the router's reply carries no stats");
+    }
+    const Pagoda__Stats *s = resp->stats;
+    memset(out, 0, sizeof(*out));
+    out->running = s->running;
+    out->waiting = s->waiting;
+    out->peak_running = s->peak_running;
+    out->kv_usage = s->kv_usage;
+    out->prefix_hit_rate = s->prefix_hit_rate;
+    out->fragmentation = s->fragmentation;
+    out->preemptions = s->preemptions;
+    out->steps = s->steps;
+    out->resyncs = s->resyncs;
+    out->worker_restarts = s->worker_restarts;
+    out->num_blocks = s->num_blocks;
+    out->free_blocks = s->free_blocks;
+    out->computed_tokens = s->computed_tokens;
+    out->malformed_messages = s->malformed_messages;
+    out->step_cpu_us = s->step_cpu_us;
+    out->live_requests = s->live_requests;
+    out->finished_requests = s->finished_requests;
+    out->malformed_requests = s->malformed_requests;
+    out->scheduler_connected = s->scheduler_connected;
+    pagoda__client_response__free_unpacked(resp, NULL);
+    return 0;
+}
+
+int pagoda_health(pagoda_client *c, int *healthy)
+{
+    if (c == NULL || healthy == NULL)
+        return pagoda_error_set(PAGODA_EINVAL, "pagoda_health: NULL argument");
+    Pagoda__HealthRequest hreq = PAGODA__HEALTH_REQUEST__INIT;
+    Pagoda__ClientRequest req = PAGODA__CLIENT_REQUEST__INIT;
+    req.call_case = PAGODA__CLIENT_REQUEST__CALL_HEALTH;
+    req.health = &hreq;
+    Pagoda__ClientResponse *resp = NULL;
+    int rc = call(c, &req, 0, &resp);
+    if (rc != 0)
+        return rc;
+    if (resp->result_case != PAGODA__CLIENT_RESPONSE__RESULT_HEALTHY) {
+        pagoda__client_response__free_unpacked(resp, NULL);
+        return pagoda_error_set(PAGODA_EPROTO, "the router's reply carries no health");
+    }
+    *healthy = resp->healthy != 0;
+    if (!*healthy)
+        pagoda_error_set(PAGODA_EBUSY, "%s",
+                         resp->error_message ? resp->error_message : "the router is not healthy");
+    pagoda__client_response__free_unpacked(resp, NULL);
+    return 0;
+}
+
+const char *pagoda_finish_reason_name(pagoda_finish_reason reason)
+{
+    switch (reason) {
+    case PAGODA_FINISH_NONE:
+        return "none";
+    case PAGODA_FINISH_STOP:
+        return "stop";
+    case PAGODA_FINISH_LENGTH:
+        return "length";
+    case PAGODA_FINISH_CANCELLED:
+        return "cancelled";
+    case PAGODA_FINISH_ERROR:
+        return "error";
+    }
+    return "unknown";
+}
+
+void pagoda_request_id_hex(const uint8_t id[PAGODA_REQUEST_ID_BYTES], char out[33])
+{
+    static const char digits[] = "0123456789abcdef";
+    for (int i = 0; i < PAGODA_REQUEST_ID_BYTES; i++) {
+        out[2 * i] = digits[id[i] >> 4];
+        out[2 * i + 1] = digits[id[i] & 15];
+    }
+    out[32] = '\0';
+}

@@ -1,0 +1,166 @@
+/* libpagoda: the C client of a pagoda router.
+ *
+ * One pagoda_client is one NNG REQ socket connected to a router (tcp:// or ipc://). Every call
+ * opens its own NNG context on it, so any number of threads may call at once on one client.
+ * Calls block the calling thread until the router answers or the client's timeout runs out.
+ *
+ * Generation is a resumable long poll: pagoda_submit sends the request under a fresh random
+ * 128-bit id and returns at once; pagoda_poll(id, offset, wait_ms) returns every output token
+ * from offset on as soon as there is at least one (or the request has finished, or the wait ran
+ * out). pagoda_generate does both until the request finishes. NNG's REQ resends a call whose
+ * reply was lost (a timeout, a reconnection); the router deduplicates Submits by id, and Poll
+ * is idempotent, so a resend is harmless.
+ *
+ * Errors: every function returns 0 or a negative PAGODA_E* code (common/error.h); the calling
+ * thread's pagoda_error_detail() then says what went wrong (for an error the router reported,
+ * its message). */
+#ifndef PAGODA_CLIENT_PAGODA_H
+#define PAGODA_CLIENT_PAGODA_H
+
+#include "common/error.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define PAGODA_REQUEST_ID_BYTES 16
+#define PAGODA_DEFAULT_URL "tcp://127.0.0.1:7450"
+/* The router clamps a poll's wait to this. */
+#define PAGODA_POLL_WAIT_MS_MAX 30000u
+/* The default time a call may take beyond its poll wait (connecting included). */
+#define PAGODA_DEFAULT_TIMEOUT_MS 30000u
+/* The largest reply the client accepts (NNG_OPT_RECVMAXSZ). */
+#define PAGODA_MAX_REPLY_BYTES (64u << 20)
+
+typedef struct pagoda_client pagoda_client;
+
+/* How a request ended (pagoda.proto FinishReason). */
+typedef enum pagoda_finish_reason {
+    PAGODA_FINISH_NONE = 0,   /* still running */
+    PAGODA_FINISH_STOP = 1,   /* EOS or a stop token id */
+    PAGODA_FINISH_LENGTH = 2, /* max_tokens, or the context is full */
+    PAGODA_FINISH_CANCELLED = 3,
+    PAGODA_FINISH_ERROR = 4, /* the engine failed the request: see pagoda_result.error_message */
+} pagoda_finish_reason;
+
+/* What to generate. Start from pagoda_generate_params_default() and change what you need. */
+typedef struct pagoda_generate_params {
+    float temperature;        /* 0: greedy; otherwise finite and > 0 */
+    float top_p;              /* in (0, 1]; 1: off */
+    int32_t top_k;            /* 0: off */
+    float min_p;              /* in [0, 1]; 0: off */
+    float repetition_penalty; /* > 0; 1: off */
+    float presence_penalty;   /* in [-2, 2]; 0: off */
+    float frequency_penalty;  /* in [-2, 2]; 0: off */
+    int has_seed;             /* 0: the router draws a seed */
+    uint64_t seed;
+    int32_t max_tokens;            /* at least 1 */
+    const int32_t *stop_token_ids; /* borrowed for the call; NULL when num_stop_token_ids is 0 */
+    size_t num_stop_token_ids;
+    int ignore_eos;
+    int logprobs; /* return the log-probability of every sampled token */
+} pagoda_generate_params;
+
+/* Output of a request, all of it (pagoda_generate) or one piece (pagoda_poll). The arrays belong
+ * to the result: release them with pagoda_result_free. */
+typedef struct pagoda_result {
+    uint8_t request_id[PAGODA_REQUEST_ID_BYTES];
+    uint32_t offset;    /* the output index of token_ids[0] */
+    int32_t *token_ids; /* num_tokens of them */
+    float *logprobs;    /* num_tokens of them when logprobs were asked for, else NULL */
+    size_t num_tokens;
+    pagoda_finish_reason finish_reason;
+    /* Set once the request has finished. */
+    uint32_t prompt_tokens, completion_tokens, cached_tokens;
+    char *error_message; /* with PAGODA_FINISH_ERROR: why; else NULL */
+} pagoda_result;
+
+/* The engine's figures (pagoda.proto Stats); a figure the scheduler did not report is 0. */
+typedef struct pagoda_engine_stats {
+    uint32_t running, waiting, peak_running;
+    double kv_usage, prefix_hit_rate, fragmentation;
+    uint64_t preemptions, steps, resyncs, worker_restarts;
+    int32_t num_blocks, free_blocks;
+    uint64_t computed_tokens, malformed_messages;
+    double step_cpu_us;
+    /* The router's own. */
+    uint32_t live_requests, finished_requests;
+    uint64_t malformed_requests;
+    int scheduler_connected;
+} pagoda_engine_stats;
+
+/* Temperature 1 with every filter and penalty off, no seed (the router draws one), max_tokens
+ * 16, no stop ids, EOS honoured, no logprobs. */
+pagoda_generate_params pagoda_generate_params_default(void);
+
+/* Connects to the router at url (tcp://HOST:PORT or ipc://PATH). The connection is made in the
+ * background and remade when it breaks, so this succeeds before the router is up; calls wait
+ * for it up to their timeout. On success *out is released with pagoda_client_close. Errors:
+ * PAGODA_EINVAL (a bad url), PAGODA_ENOMEM, PAGODA_EIO. */
+int pagoda_client_open(const char *url, pagoda_client **out);
+
+/* Closes the socket and frees the client. No call may be running on it. Accepts NULL. */
+void pagoda_client_close(pagoda_client *c);
+
+/* Sets how long a call may take beyond its poll wait (default PAGODA_DEFAULT_TIMEOUT_MS, at
+ * least 1). A call that runs out returns PAGODA_ETIMEDOUT. Not to be changed while calls run. */
+void pagoda_client_set_timeout_ms(pagoda_client *c, uint32_t timeout_ms);
+
+/* Submits a request for prompt (n token ids) under a new random id, written to request_id_out.
+ * Returns once the router has registered it. Errors: PAGODA_EINVAL or PAGODA_ERANGE (params or
+ * prompt refused, by the client or the router), PAGODA_EEXHAUSTED (the router is full),
+ * PAGODA_ECLOSED (the router is draining), PAGODA_ETIMEDOUT, PAGODA_ENOMEM, PAGODA_EIO. */
+int pagoda_submit(pagoda_client *c, const pagoda_generate_params *params, const int32_t *prompt,
+                  size_t n, uint8_t request_id_out[PAGODA_REQUEST_ID_BYTES]);
+
+/* Fetches the request's output from offset on, waiting up to wait_ms (clamped to
+ * PAGODA_POLL_WAIT_MS_MAX) for at least one token or the end. *result is overwritten (free an
+ * earlier result in it first) and is the caller's to free with pagoda_result_free. An empty result
+ * with PAGODA_FINISH_NONE means the wait ran out. Errors: PAGODA_ENOENT (unknown id, or the result
+ * expired), PAGODA_ERANGE (offset beyond the output), PAGODA_ETIMEDOUT, PAGODA_EPROTO,
+ * PAGODA_ENOMEM, PAGODA_EIO. */
+int pagoda_poll(pagoda_client *c, const uint8_t request_id[PAGODA_REQUEST_ID_BYTES],
+                uint32_t offset, uint32_t wait_ms, pagoda_result *result);
+
+/* Cancels the request: it ends with PAGODA_FINISH_CANCELLED unless it had already finished.
+ * When result is not NULL it receives the request's state (no tokens). Errors as pagoda_poll. */
+int pagoda_cancel(pagoda_client *c, const uint8_t request_id[PAGODA_REQUEST_ID_BYTES],
+                  pagoda_result *result);
+
+/* Called by pagoda_generate_stream with each new piece of output: n tokens starting at output
+ * index offset (logprobs NULL unless asked for). The arrays are borrowed for the call. */
+typedef void (*pagoda_stream_fn)(void *user, uint32_t offset, const int32_t *token_ids,
+                                 const float *logprobs, size_t n);
+
+/* Submits and polls until the request finishes; *result receives every output token once, in
+ * order, the finish reason and the usage. The request id is in result->request_id from the
+ * moment the submit succeeded, so after a failed poll (PAGODA_ETIMEDOUT, say) a caller can go on
+ * with pagoda_poll from result->num_tokens; free the result in every case. Errors as
+ * pagoda_submit and pagoda_poll. */
+int pagoda_generate(pagoda_client *c, const pagoda_generate_params *params, const int32_t *prompt,
+                    size_t n, pagoda_result *result);
+
+/* pagoda_generate that also calls on_tokens (when not NULL) with every new piece of output as it
+ * arrives. */
+int pagoda_generate_stream(pagoda_client *c, const pagoda_generate_params *params,
+                           const int32_t *prompt, size_t n, pagoda_stream_fn on_tokens, void *user,
+                           pagoda_result *result);
+
+/* Asks for the engine's figures. Errors: PAGODA_ECLOSED (the router has no scheduler link),
+ * PAGODA_ETIMEDOUT (no answer in time), PAGODA_EPROTO, PAGODA_EIO. */
+int pagoda_stats(pagoda_client *c, pagoda_engine_stats *out);
+
+/* Asks whether the router is healthy (its scheduler link is up and it is not draining): *healthy
+ * is 1 or 0; when 0, pagoda_error_detail() says why. Returns 0 when the router answered, or an
+ * error as pagoda_stats. */
+int pagoda_health(pagoda_client *c, int *healthy);
+
+/* Frees a result's arrays and zeroes it. Accepts NULL and a zeroed result. */
+void pagoda_result_free(pagoda_result *r);
+
+/* "none", "stop", "length", "cancelled" or "error". */
+const char *pagoda_finish_reason_name(pagoda_finish_reason reason);
+
+/* Writes the id as 32 lower-case hex digits and a NUL into out. */
+void pagoda_request_id_hex(const uint8_t id[PAGODA_REQUEST_ID_BYTES], char out[33]);
+
+#endif

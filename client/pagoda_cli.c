@@ -1,0 +1,439 @@
+/* pagoda: the command-line client of a pagoda router (libpagoda).
+ *
+ *   pagoda [--url URL] generate --tokens 1,2,3 [--max-tokens N] [sampling flags] [--stream]
+ *                                [--json]
+ *   pagoda [--url URL] stats [--json]
+ *   pagoda [--url URL] health
+ *
+ * Sampling defaults to greedy (temperature 0), as pagoda-run does, so that the two can be
+ * compared token for token. Exit status: 0 on success, 1 when the router (or the request)
+ * failed, 2 for bad flags. */
+#include "client/pagoda.h"
+#include "common/error.h"
+#include "common/parse.h"
+
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_PROMPT_TOKENS (1 << 20)
+#define MAX_STOP_TOKEN_IDS 64
+
+static void usage(FILE *f)
+{
+    fprintf(
+        f,
+        "usage: pagoda [--url URL] generate --tokens 1,2,3 [--max-tokens N]\n"
+        "              [--temperature T] [--top-p P] [--top-k K] [--min-p M]\n"
+        "              [--repetition-penalty R] [--presence-penalty X]\n"
+        "              [--frequency-penalty X] [--seed S] [--stop-token-ids 1,2]\n"
+        "              [--ignore-eos] [--stream] [--json] [--timeout-ms MS]\n"
+        "       pagoda [--url URL] stats [--json]\n"
+        "       pagoda [--url URL] health\n"
+        "URL: the router's address, default %s.\n"
+        "generate: greedy (temperature 0) and 16 tokens unless told otherwise; prints the\n"
+        "token ids, or with --json one line {\"id\", \"token_ids\", \"logprobs\",\n"
+        "\"finish_reason\", \"usage\"}. --stream prints tokens as they arrive (with --json, one\n"
+        "line per piece, then the summary line).\n"
+        "Exit status: 0 done, 1 the router or the request failed, 2 bad flags.\n",
+        PAGODA_DEFAULT_URL);
+}
+
+static int bad_flags(int rc)
+{
+    char msg[700];
+    fprintf(stderr, "pagoda: %s\n", pagoda_error_message(rc, msg, sizeof(msg)));
+    return 2;
+}
+
+static int server_error(int rc)
+{
+    char msg[700];
+    fprintf(stderr, "pagoda: %s\n", pagoda_error_message(rc, msg, sizeof(msg)));
+    return 1;
+}
+
+static void print_json_floats(const float *v, size_t n)
+{
+    putchar('[');
+    for (size_t i = 0; i < n; i++) {
+        if (i)
+            fputs(", ", stdout);
+        if (v != NULL && isfinite(v[i]))
+            printf("%.6g", (double)v[i]);
+        else
+            fputs("null", stdout); /* JSON has no infinity */
+    }
+    putchar(']');
+}
+
+static void print_json_ints(const int32_t *v, size_t n)
+{
+    putchar('[');
+    for (size_t i = 0; i < n; i++)
+        printf("%s%d", i ? ", " : "", v[i]);
+    putchar(']');
+}
+
+/* JSON string body: the only strings printed are the router's messages. */
+static void print_json_string(const char *s)
+{
+    putchar('"');
+    for (; *s; s++) {
+        unsigned char ch = (unsigned char)*s;
+        if (ch == '"' || ch == '\\')
+            printf("\\%c", ch);
+        else if (ch < 0x20)
+            printf("\\u%04x", ch);
+        else
+            putchar(ch);
+    }
+    putchar('"');
+}
+
+struct stream_state {
+    int json;
+    int printed; /* tokens printed so far (plain output) */
+};
+
+static void on_tokens(void *user, uint32_t offset, const int32_t *ids, const float *logprobs,
+                      size_t n)
+{
+    struct stream_state *st = user;
+    if (st->json) {
+        printf("{\"offset\": %u, \"token_ids\": ", offset);
+        print_json_ints(ids, n);
+        fputs(", \"logprobs\": ", stdout);
+        print_json_floats(logprobs, n);
+        fputs("}\n", stdout);
+    } else {
+        for (size_t i = 0; i < n; i++)
+            printf("%s%d", st->printed++ ? "," : "", ids[i]);
+    }
+    fflush(stdout);
+}
+
+enum {
+    OPT_URL = 1000,
+    OPT_TOKENS,
+    OPT_MAX_TOKENS,
+    OPT_TEMPERATURE,
+    OPT_TOP_P,
+    OPT_TOP_K,
+    OPT_MIN_P,
+    OPT_REP,
+    OPT_PRESENCE,
+    OPT_FREQUENCY,
+    OPT_SEED,
+    OPT_STOP,
+    OPT_IGNORE_EOS,
+    OPT_STREAM,
+    OPT_JSON,
+    OPT_TIMEOUT,
+};
+
+static const struct option longopts[] = {
+    {"url", required_argument, NULL, OPT_URL},
+    {"tokens", required_argument, NULL, OPT_TOKENS},
+    {"max-tokens", required_argument, NULL, OPT_MAX_TOKENS},
+    {"temperature", required_argument, NULL, OPT_TEMPERATURE},
+    {"top-p", required_argument, NULL, OPT_TOP_P},
+    {"top-k", required_argument, NULL, OPT_TOP_K},
+    {"min-p", required_argument, NULL, OPT_MIN_P},
+    {"repetition-penalty", required_argument, NULL, OPT_REP},
+    {"presence-penalty", required_argument, NULL, OPT_PRESENCE},
+    {"frequency-penalty", required_argument, NULL, OPT_FREQUENCY},
+    {"seed", required_argument, NULL, OPT_SEED},
+    {"stop-token-ids", required_argument, NULL, OPT_STOP},
+    {"ignore-eos", no_argument, NULL, OPT_IGNORE_EOS},
+    {"stream", no_argument, NULL, OPT_STREAM},
+    {"json", no_argument, NULL, OPT_JSON},
+    {"timeout-ms", required_argument, NULL, OPT_TIMEOUT},
+    {"help", no_argument, NULL, 'h'},
+    {NULL, 0, NULL, 0},
+};
+
+struct cli {
+    const char *url;
+    int32_t *prompt;
+    size_t num_prompt;
+    int32_t *stop_ids;
+    pagoda_generate_params params;
+    int stream, json;
+    uint32_t timeout_ms;
+    int generate; /* flags only generate takes were given */
+};
+
+static int parse_flag(struct cli *o, int opt, const char *arg)
+{
+    double d;
+    int64_t i;
+    int rc;
+    size_t n;
+    if (opt != OPT_URL && opt != OPT_JSON && opt != OPT_TIMEOUT)
+        o->generate = 1;
+    switch (opt) {
+    case OPT_URL:
+        o->url = arg;
+        return 0;
+    case OPT_TOKENS:
+        free(o->prompt);
+        o->prompt = NULL;
+        return parse_i32_list("--tokens", arg, 0, INT32_MAX, MAX_PROMPT_TOKENS, &o->prompt,
+                              &o->num_prompt);
+    case OPT_MAX_TOKENS:
+        if ((rc = parse_i64("--max-tokens", arg, 1, INT32_MAX, &i)) == 0)
+            o->params.max_tokens = (int32_t)i;
+        return rc;
+    case OPT_TEMPERATURE:
+        if ((rc = parse_f64("--temperature", arg, 0, 1e6, &d)) == 0)
+            o->params.temperature = (float)d;
+        return rc;
+    case OPT_TOP_P:
+        if ((rc = parse_f64("--top-p", arg, 0, 1, &d)) == 0 && d <= 0)
+            rc = pagoda_error_set(PAGODA_ERANGE, "--top-p: %s must be in (0, 1]", arg);
+        if (rc == 0)
+            o->params.top_p = (float)d;
+        return rc;
+    case OPT_TOP_K:
+        if ((rc = parse_i64("--top-k", arg, 0, INT32_MAX, &i)) == 0)
+            o->params.top_k = (int32_t)i;
+        return rc;
+    case OPT_MIN_P:
+        if ((rc = parse_f64("--min-p", arg, 0, 1, &d)) == 0)
+            o->params.min_p = (float)d;
+        return rc;
+    case OPT_REP:
+        if ((rc = parse_f64("--repetition-penalty", arg, 0, 1e6, &d)) == 0 && d <= 0)
+            rc = pagoda_error_set(PAGODA_ERANGE, "--repetition-penalty: %s must be > 0", arg);
+        if (rc == 0)
+            o->params.repetition_penalty = (float)d;
+        return rc;
+    case OPT_PRESENCE:
+        if ((rc = parse_f64("--presence-penalty", arg, -2, 2, &d)) == 0)
+            o->params.presence_penalty = (float)d;
+        return rc;
+    case OPT_FREQUENCY:
+        if ((rc = parse_f64("--frequency-penalty", arg, -2, 2, &d)) == 0)
+            o->params.frequency_penalty = (float)d;
+        return rc;
+    case OPT_SEED:
+        if ((rc = parse_i64("--seed", arg, 0, INT64_MAX, &i)) == 0) {
+            o->params.has_seed = 1;
+            o->params.seed = (uint64_t)i;
+        }
+        return rc;
+    case OPT_STOP:
+        free(o->stop_ids);
+        o->stop_ids = NULL;
+        rc = parse_i32_list("--stop-token-ids", arg, 0, INT32_MAX, MAX_STOP_TOKEN_IDS, &o->stop_ids,
+                            &n);
+        o->params.stop_token_ids = o->stop_ids;
+        o->params.num_stop_token_ids = rc == 0 ? n : 0;
+        return rc;
+    case OPT_IGNORE_EOS:
+        o->params.ignore_eos = 1;
+        return 0;
+    case OPT_STREAM:
+        o->stream = 1;
+        return 0;
+    case OPT_JSON:
+        o->json = 1;
+        return 0;
+    case OPT_TIMEOUT:
+        if ((rc = parse_i64("--timeout-ms", arg, 1, UINT32_MAX, &i)) == 0)
+            o->timeout_ms = (uint32_t)i;
+        return rc;
+    default:
+        return pagoda_error_set(PAGODA_EINVAL, "unknown option (see --help)");
+    }
+}
+
+static int cmd_generate(pagoda_client *c, struct cli *o)
+{
+    if (o->num_prompt == 0) {
+        fprintf(stderr, "pagoda: generate needs --tokens\n");
+        return 2;
+    }
+    o->params.logprobs = 1;
+    struct stream_state st = {.json = o->json};
+    pagoda_result res;
+    int rc = pagoda_generate_stream(c, &o->params, o->prompt, o->num_prompt,
+                                    o->stream ? on_tokens : NULL, &st, &res);
+    if (rc != 0) {
+        if (o->stream && !o->json && st.printed)
+            putchar('\n');
+        pagoda_result_free(&res);
+        return server_error(rc);
+    }
+    char hex[33];
+    pagoda_request_id_hex(res.request_id, hex);
+    if (o->json) {
+        printf("{\"id\": \"%s\", \"token_ids\": ", hex);
+        print_json_ints(res.token_ids, res.num_tokens);
+        fputs(", \"logprobs\": ", stdout);
+        print_json_floats(res.logprobs, res.num_tokens);
+        printf(", \"finish_reason\": \"%s\", \"usage\": {\"prompt_tokens\": %u, "
+               "\"completion_tokens\": %u, \"cached_tokens\": %u}",
+               pagoda_finish_reason_name(res.finish_reason), res.prompt_tokens,
+               res.completion_tokens, res.cached_tokens);
+        if (res.error_message != NULL) {
+            fputs(", \"error\": ", stdout);
+            print_json_string(res.error_message);
+        }
+        fputs("}\n", stdout);
+    } else if (o->stream) {
+        putchar('\n');
+    } else {
+        for (size_t i = 0; i < res.num_tokens; i++)
+            printf("%s%d", i ? "," : "", res.token_ids[i]);
+        putchar('\n');
+    }
+    int status = 0;
+    if (res.finish_reason == PAGODA_FINISH_ERROR) {
+        fprintf(stderr, "pagoda: request %s failed: %s\n", hex,
+                res.error_message ? res.error_message : "error");
+        status = 1;
+    }
+    pagoda_result_free(&res);
+    return status;
+}
+
+static int cmd_stats(pagoda_client *c, const struct cli *o)
+{
+    pagoda_engine_stats s;
+    int rc = pagoda_stats(c, &s);
+    if (rc != 0)
+        return server_error(rc);
+    const char *fmt = o->json ? "%s\"%s\": " : "%s%s ";
+    const char *sep0 = "", *sep = o->json ? ", " : "\n";
+#define FIELD(name, spec, value)                                                                   \
+    do {                                                                                           \
+        printf(fmt, sep0, name);                                                                   \
+        printf(spec, value);                                                                       \
+        sep0 = sep;                                                                                \
+    } while (0)
+    if (o->json)
+        putchar('{');
+    FIELD("running", "%u", s.running);
+    FIELD("waiting", "%u", s.waiting);
+    FIELD("peak_running", "%u", s.peak_running);
+    FIELD("kv_usage", "%.6g", s.kv_usage);
+    FIELD("prefix_hit_rate", "%.6g", s.prefix_hit_rate);
+    FIELD("fragmentation", "%.6g", s.fragmentation);
+    FIELD("preemptions", "%llu", (unsigned long long)s.preemptions);
+    FIELD("steps", "%llu", (unsigned long long)s.steps);
+    FIELD("resyncs", "%llu", (unsigned long long)s.resyncs);
+    FIELD("worker_restarts", "%llu", (unsigned long long)s.worker_restarts);
+    FIELD("num_blocks", "%d", s.num_blocks);
+    FIELD("free_blocks", "%d", s.free_blocks);
+    FIELD("computed_tokens", "%llu", (unsigned long long)s.computed_tokens);
+    FIELD("malformed_messages", "%llu", (unsigned long long)s.malformed_messages);
+    FIELD("step_cpu_us", "%.6g", s.step_cpu_us);
+    FIELD("live_requests", "%u", s.live_requests);
+    FIELD("finished_requests", "%u", s.finished_requests);
+    FIELD("malformed_requests", "%llu", (unsigned long long)s.malformed_requests);
+    FIELD("scheduler_connected", "%s", s.scheduler_connected ? "true" : "false");
+#undef FIELD
+    puts(o->json ? "}" : "");
+    return 0;
+}
+
+static int cmd_health(pagoda_client *c)
+{
+    int healthy = 0;
+    int rc = pagoda_health(c, &healthy);
+    if (rc != 0)
+        return server_error(rc);
+    if (!healthy) {
+        printf("unhealthy: %s\n", pagoda_error_detail());
+        return 1;
+    }
+    puts("healthy");
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    struct cli o = {.url = PAGODA_DEFAULT_URL, .params = pagoda_generate_params_default()};
+    o.params.temperature = 0.0f; /* greedy unless asked otherwise, as pagoda-run */
+    int status = 2, opt, rc;
+    pagoda_client *c = NULL;
+
+    /* Global flags come before the command; the command's own follow it. */
+    int i = 1;
+    while (i < argc && strncmp(argv[i], "--", 2) == 0) {
+        if (strcmp(argv[i], "--help") == 0) {
+            usage(stdout);
+            return 0;
+        }
+        if (strcmp(argv[i], "--url") == 0 && i + 1 < argc) {
+            o.url = argv[i + 1];
+            i += 2;
+        } else if (strncmp(argv[i], "--url=", 6) == 0) {
+            o.url = argv[i] + 6;
+            i++;
+        } else {
+            fprintf(stderr, "pagoda: unknown option '%s' before the command\n", argv[i]);
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (i >= argc) {
+        usage(stderr);
+        return 2;
+    }
+    const char *cmd = argv[i];
+    int sub_argc = argc - i;
+    char **sub_argv = argv + i;
+    int is_generate = strcmp(cmd, "generate") == 0;
+    if (!is_generate && strcmp(cmd, "stats") != 0 && strcmp(cmd, "health") != 0) {
+        fprintf(stderr, "pagoda: unknown command '%s' (generate, stats, health)\n", cmd);
+        return 2;
+    }
+    optind = 1;
+    while ((opt = getopt_long(sub_argc, sub_argv, "", longopts, NULL)) != -1) {
+        if (opt == 'h') {
+            usage(stdout);
+            status = 0;
+            goto out;
+        }
+        if (opt == '?') {
+            usage(stderr);
+            goto out;
+        }
+        if ((rc = parse_flag(&o, opt, optarg)) != 0) {
+            status = bad_flags(rc);
+            goto out;
+        }
+    }
+    if (optind != sub_argc) {
+        fprintf(stderr, "pagoda: unexpected argument '%s'\n", sub_argv[optind]);
+        goto out;
+    }
+    if (!is_generate && o.generate) {
+        fprintf(stderr, "pagoda: %s takes only --url and --json\n", cmd);
+        goto out;
+    }
+    if ((rc = pagoda_client_open(o.url, &c)) != 0) {
+        status = bad_flags(rc); /* a malformed address */
+        goto out;
+    }
+    if (o.timeout_ms)
+        pagoda_client_set_timeout_ms(c, o.timeout_ms);
+    else if (!is_generate)
+        pagoda_client_set_timeout_ms(c, 5000); /* a quick answer or none */
+    if (is_generate)
+        status = cmd_generate(c, &o);
+    else if (strcmp(cmd, "stats") == 0)
+        status = cmd_stats(c, &o);
+    else
+        status = cmd_health(c);
+out:
+    pagoda_client_close(c);
+    free(o.prompt);
+    free(o.stop_ids);
+    return status;
+}

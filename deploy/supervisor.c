@@ -1,0 +1,1223 @@
+/* pagoda-supervisor: starts pagoda's process group on one machine, keeps it running, stops it.
+ *
+ *   pagoda-supervisor --run-dir DIR --bin-dir BINDIR --model MODEL [--workers N] [--listen URL]
+ *                     [--block-size B] [--kv-blocks N | --kv-bytes B] [--backend cpu]
+ *                     [--log-level info] [--ready-timeout-ms 60000] [--stop-timeout-ms 30000]
+ *                     [--kvpool-arg A]... [--worker-arg A]... [--scheduler-arg A]...
+ *                     [--router-arg A]...
+ *
+ * Everything happens on one libuv loop. The supervisor listens PULL on ipc://DIR/control.ipc,
+ * where every program pushes Control messages (docs/protocol.md), and starts the programs of
+ * BINDIR in order, kvpool, worker 0..N-1, scheduler, router, each after the one before it has
+ * pushed Control{ready}: every program needs the ones before it (a worker maps the kvpool's
+ * memory, the scheduler resyncs every worker, the router dials the scheduler). A program that
+ * exits or stays silent for --ready-timeout-ms during this start fails it: the supervisor stops
+ * what it started and exits 1, naming the program. When the last is ready it writes DIR/ready
+ * (the client URL) for whoever waits on the group (deploy/pagoda-up, tests).
+ *
+ * Afterwards a program that exits, however, is restarted with back-off (restart_policy.h), and
+ * not waited for: the others keep running, and the protocol reconnects them. Repeated fast
+ * exits stop the group (exit 1). A Control{hung_worker_id, hung_worker_pid} from the
+ * scheduler's watchdog kills that worker with SIGKILL when the pid is the worker's current
+ * process (a stale report about a process already replaced kills nothing); its restart
+ * follows from its exit.
+ *
+ * SIGTERM or SIGINT drains the group in the reverse order of its dependencies: the router first
+ * (it stops admitting and lets running requests finish), then the scheduler, the workers, and
+ * the kvpool last, whose memory must outlive everyone who maps it. Each is sent SIGTERM and
+ * waited for up to --stop-timeout-ms, then killed. A second signal hurries the rest with
+ * SIGKILL. The supervisor then removes DIR/ready and DIR/supervisor.pid and exits 0.
+ *
+ * Children run in their own session (UV_PROCESS_DETACHED), so a Ctrl-C at a terminal reaches
+ * the supervisor only and the drain order holds. The price: a supervisor killed with SIGKILL
+ * leaves its children running; they are ordinary processes that an operator stops by pid.
+ *
+ * Output: DIR/<name>.log (appended; kvpool, worker-I, scheduler, router) holds each program's
+ * stdout and stderr, one header line per start. The supervisor logs to its own stderr.
+ *
+ * DIR is created with mode 0700 when it does not exist: anyone who can write to control.ipc can
+ * have workers killed. Its absolute path is bounded so that every ipc:// address the group uses
+ * in it fits a Unix socket path (SUP_MAX_RUN_DIR). */
+#include "common/error.h"
+#include "common/log.h"
+#include "common/parse.h"
+#include "deploy/restart_policy.h"
+#include "wire/wire.h"
+
+#include <nng/nng.h>
+#include <nng/protocol/pipeline0/pull.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <limits.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#include <uv.h>
+
+/* Limits on what the command line may ask for. */
+#define SUP_MAX_WORKERS 64
+#define SUP_MAX_EXTRA_ARGS 32  /* --X-arg values per program */
+#define SUP_MAX_ARG_BYTES 4096 /* any one flag value */
+#define SUP_MAX_URL_BYTES 256  /* --listen */
+#define SUP_MAX_TIMEOUT_MS 3600000
+/* A Unix socket path holds 107 bytes; the longest name the group binds in DIR is about 15
+ * ("worker-63.ipc", "scheduler.ipc"), so DIR's absolute path gets 80 and leaves room. */
+#define SUP_MAX_RUN_DIR 80
+/* Control messages are a few dozen bytes; the socket refuses anything larger than this. */
+#define SUP_MAX_CONTROL_BYTES 4096
+/* How long a process that got SIGKILL may take to be reaped before it is given up on. */
+#define SUP_KILL_WAIT_MS 5000
+/* Recently connected control pipes whose peer pid is remembered (see on_pipe_add). */
+#define SUP_PIPE_SLOTS 64
+/* argv of one child: program, --run-dir, --log-level, role flags, extra flags, NULL. */
+#define SUP_MAX_ARGV (1 + 4 + 8 + SUP_MAX_EXTRA_ARGS + 1)
+
+enum role { ROLE_KVPOOL, ROLE_WORKER, ROLE_SCHEDULER, ROLE_ROUTER, ROLE_COUNT };
+
+/* The sender names of Control{ready}, which are also the suffixes of the program names. */
+static const char *const role_names[ROLE_COUNT] = {"kvpool", "worker", "scheduler", "router"};
+
+/* The stop order: the router drains first, the kvpool's memory outlives everyone mapping it. */
+static const enum role stop_order[ROLE_COUNT] = {ROLE_ROUTER, ROLE_SCHEDULER, ROLE_WORKER,
+                                                 ROLE_KVPOOL};
+
+struct sup_opts {
+    const char *run_dir;
+    const char *bin_dir;
+    const char *model;
+    const char *listen;
+    const char *block_size;
+    const char *kv_blocks;
+    const char *kv_bytes;
+    const char *backend;
+    const char *log_level;
+    int workers;
+    uint64_t ready_timeout_ms;
+    uint64_t stop_timeout_ms;
+    const char *extra[ROLE_COUNT][SUP_MAX_EXTRA_ARGS];
+    int num_extra[ROLE_COUNT];
+};
+
+enum child_state {
+    CHILD_IDLE,    /* not started yet, or stopped; the process handle is closed */
+    CHILD_RUNNING, /* spawned, its exit not seen yet */
+    CHILD_CLOSING, /* exited (or failed to spawn, or abandoned): the handle is closing */
+    CHILD_BACKOFF, /* waiting on restart_timer to be started again */
+};
+
+struct supervisor;
+
+struct child {
+    struct supervisor *sup;
+    enum role role;
+    int worker_id; /* -1 for the other roles */
+    char name[16]; /* "kvpool", "worker-3", ... */
+    char *argv[SUP_MAX_ARGV];
+    char worker_id_text[12];
+    uv_process_t proc;        /* initialized by each spawn, closed after each exit */
+    uv_timer_t restart_timer; /* initialized once, closed at the end */
+    enum child_state state;
+    int pid;             /* of the current or last process */
+    int ready;           /* the current process pushed Control{ready} */
+    int starts;          /* how many times it was spawned */
+    uint64_t started_ms; /* loop time of the last spawn */
+    int64_t exit_status; /* of the last exit */
+    int term_signal;     /* of the last exit, 0 if none */
+    int spawn_error;     /* libuv error of the last spawn, 0 if it succeeded */
+    int hung_killed;     /* the current process was killed as hung */
+    struct restart_state restart;
+};
+
+enum phase { PHASE_STARTING, PHASE_RUNNING, PHASE_STOPPING, PHASE_DONE };
+
+struct pipe_pid {
+    uint32_t pipe_id;
+    int pid;
+};
+
+struct supervisor {
+    uv_loop_t loop;
+    struct sup_opts opts;
+    struct restart_policy policy;
+    char run_dir[PATH_MAX];
+    char pid_path[PATH_MAX];
+    char ready_path[PATH_MAX];
+    char program[ROLE_COUNT][PATH_MAX];
+    char workers_text[12];
+
+    nng_socket control;
+    int control_open;
+    struct wire_inbox *inbox;
+    /* Written on NNG's threads (on_pipe_add), read on the loop thread. */
+    pthread_mutex_t pipe_lock;
+    struct pipe_pid pipes[SUP_PIPE_SLOTS];
+    unsigned pipe_next;
+
+    uv_signal_t sigterm, sigint;
+    int signals_init;
+    uv_timer_t ready_timer; /* the start of the awaited child */
+    uv_timer_t stop_timer;  /* the bound of the current stop stage */
+    int timers_init;
+
+    struct child children[2 + SUP_MAX_WORKERS + 1]; /* in start order */
+    int num_children;
+
+    enum phase phase;
+    int awaiting;   /* PHASE_STARTING: index of the child whose ready is awaited */
+    int stop_stage; /* PHASE_STOPPING: index into stop_order */
+    int stage_killed;
+    int hurry; /* a second signal: SIGKILL instead of SIGTERM */
+    int exit_code;
+    uint64_t malformed;
+};
+
+static void begin_stop(struct supervisor *sup, int exit_code);
+static void on_child_closed(uv_handle_t *h);
+
+/* ---- command line ------------------------------------------------------------------------ */
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: pagoda-supervisor --run-dir DIR --bin-dir BINDIR --model MODEL\n"
+            "         [--workers N (1..%d, default 1)] [--listen URL (tcp://127.0.0.1:7450)]\n"
+            "         [--block-size B] [--kv-blocks N | --kv-bytes B] [--backend cpu]\n"
+            "         [--log-level debug|info|warn|error] [--ready-timeout-ms 60000]\n"
+            "         [--stop-timeout-ms 30000] [--kvpool-arg A]... [--worker-arg A]...\n"
+            "         [--scheduler-arg A]... [--router-arg A]...\n"
+            "Starts BINDIR/pagoda-kvpool, -worker (x N), -scheduler and -router with run\n"
+            "directory DIR, restarts any that exits, and drains them on SIGTERM or SIGINT.\n"
+            "Writes DIR/ready (the client URL) once every program is ready. Each --X-arg adds\n"
+            "one argument (at most %d) to program X's command line.\n",
+            SUP_MAX_WORKERS, SUP_MAX_EXTRA_ARGS);
+}
+
+enum {
+    OPT_RUN_DIR = 256,
+    OPT_BIN_DIR,
+    OPT_MODEL,
+    OPT_WORKERS,
+    OPT_LISTEN,
+    OPT_BLOCK_SIZE,
+    OPT_KV_BLOCKS,
+    OPT_KV_BYTES,
+    OPT_BACKEND,
+    OPT_LOG_LEVEL,
+    OPT_READY_TIMEOUT,
+    OPT_STOP_TIMEOUT,
+    OPT_KVPOOL_ARG,
+    OPT_WORKER_ARG,
+    OPT_SCHEDULER_ARG,
+    OPT_ROUTER_ARG,
+    OPT_HELP,
+};
+
+static int check_len(const char *flag, const char *text, size_t min, size_t max)
+{
+    size_t n = strlen(text);
+    if (n < min || n >= max)
+        return pagoda_error_set(PAGODA_ERANGE, "--%s: the value must have %zu to %zu bytes", flag,
+                                min, max - 1);
+    return 0;
+}
+
+/* Parses argv into o. Returns 0, 1 when --help was asked for, or a PAGODA_E* code with a
+ * detail naming the flag. */
+static int parse_opts(int argc, char **argv, struct sup_opts *o)
+{
+    static const struct option longopts[] = {
+        {"run-dir", required_argument, NULL, OPT_RUN_DIR},
+        {"bin-dir", required_argument, NULL, OPT_BIN_DIR},
+        {"model", required_argument, NULL, OPT_MODEL},
+        {"workers", required_argument, NULL, OPT_WORKERS},
+        {"listen", required_argument, NULL, OPT_LISTEN},
+        {"block-size", required_argument, NULL, OPT_BLOCK_SIZE},
+        {"kv-blocks", required_argument, NULL, OPT_KV_BLOCKS},
+        {"kv-bytes", required_argument, NULL, OPT_KV_BYTES},
+        {"backend", required_argument, NULL, OPT_BACKEND},
+        {"log-level", required_argument, NULL, OPT_LOG_LEVEL},
+        {"ready-timeout-ms", required_argument, NULL, OPT_READY_TIMEOUT},
+        {"stop-timeout-ms", required_argument, NULL, OPT_STOP_TIMEOUT},
+        {"kvpool-arg", required_argument, NULL, OPT_KVPOOL_ARG},
+        {"worker-arg", required_argument, NULL, OPT_WORKER_ARG},
+        {"scheduler-arg", required_argument, NULL, OPT_SCHEDULER_ARG},
+        {"router-arg", required_argument, NULL, OPT_ROUTER_ARG},
+        {"help", no_argument, NULL, OPT_HELP},
+        {NULL, 0, NULL, 0},
+    };
+    memset(o, 0, sizeof(*o));
+    o->listen = "tcp://127.0.0.1:7450";
+    o->backend = "cpu";
+    o->log_level = "info";
+    o->workers = 1;
+    o->ready_timeout_ms = 60000;
+    o->stop_timeout_ms = 30000;
+
+    int opt, rc;
+    int64_t v;
+    opterr = 0;
+    int li = -1;
+    while ((opt = getopt_long(argc, argv, "", longopts, &li)) != -1) {
+        const char *flag = optind > 0 && optind <= argc ? argv[optind - 1] : "?";
+        /* Every value is bounded; only the pass-through arguments may be empty. */
+        if (opt >= OPT_RUN_DIR && opt < OPT_HELP && li >= 0 &&
+            (rc = check_len(longopts[li].name, optarg, opt >= OPT_KVPOOL_ARG ? 0 : 1,
+                            opt == OPT_LISTEN ? SUP_MAX_URL_BYTES : SUP_MAX_ARG_BYTES)) != 0)
+            return rc;
+        li = -1;
+        switch (opt) {
+        case OPT_RUN_DIR:
+            o->run_dir = optarg;
+            break;
+        case OPT_BIN_DIR:
+            o->bin_dir = optarg;
+            break;
+        case OPT_MODEL:
+            o->model = optarg;
+            break;
+        case OPT_WORKERS:
+            if ((rc = parse_i64("--workers", optarg, 1, SUP_MAX_WORKERS, &v)) != 0)
+                return rc;
+            o->workers = (int)v;
+            break;
+        case OPT_LISTEN:
+            o->listen = optarg;
+            break;
+        case OPT_BLOCK_SIZE:
+            if ((rc = parse_i64("--block-size", optarg, 1, 1024, &v)) != 0)
+                return rc;
+            o->block_size = optarg;
+            break;
+        case OPT_KV_BLOCKS:
+            if ((rc = parse_i64("--kv-blocks", optarg, 1, INT32_MAX, &v)) != 0)
+                return rc;
+            o->kv_blocks = optarg;
+            break;
+        case OPT_KV_BYTES:
+            if ((rc = parse_i64("--kv-bytes", optarg, 1, INT64_MAX, &v)) != 0)
+                return rc;
+            o->kv_bytes = optarg;
+            break;
+        case OPT_BACKEND:
+            o->backend = optarg;
+            break;
+        case OPT_LOG_LEVEL: {
+            enum log_level level;
+            if ((rc = log_level_parse(optarg, &level)) != 0)
+                return rc;
+            o->log_level = optarg;
+            break;
+        }
+        case OPT_READY_TIMEOUT:
+            if ((rc = parse_i64("--ready-timeout-ms", optarg, 1, SUP_MAX_TIMEOUT_MS, &v)) != 0)
+                return rc;
+            o->ready_timeout_ms = (uint64_t)v;
+            break;
+        case OPT_STOP_TIMEOUT:
+            if ((rc = parse_i64("--stop-timeout-ms", optarg, 1, SUP_MAX_TIMEOUT_MS, &v)) != 0)
+                return rc;
+            o->stop_timeout_ms = (uint64_t)v;
+            break;
+        case OPT_KVPOOL_ARG:
+        case OPT_WORKER_ARG:
+        case OPT_SCHEDULER_ARG:
+        case OPT_ROUTER_ARG: {
+            int role = opt - OPT_KVPOOL_ARG;
+            if (o->num_extra[role] == SUP_MAX_EXTRA_ARGS)
+                return pagoda_error_set(PAGODA_ERANGE, "more than %d --%s-arg values",
+                                        SUP_MAX_EXTRA_ARGS, role_names[role]);
+            o->extra[role][o->num_extra[role]++] = optarg;
+            break;
+        }
+        case OPT_HELP:
+            return 1;
+        default:
+            return pagoda_error_set(PAGODA_EINVAL, "unknown flag or missing value: %s", flag);
+        }
+    }
+    if (optind < argc)
+        return pagoda_error_set(PAGODA_EINVAL, "unexpected argument '%s'", argv[optind]);
+    if (o->run_dir == NULL || o->bin_dir == NULL || o->model == NULL)
+        return pagoda_error_set(PAGODA_EINVAL, "--run-dir, --bin-dir and --model are required");
+    if (o->kv_blocks != NULL && o->kv_bytes != NULL)
+        return pagoda_error_set(PAGODA_EINVAL, "--kv-blocks and --kv-bytes exclude each other");
+    return 0;
+}
+
+/* ---- files ------------------------------------------------------------------------------- */
+
+/* mkdir -p, with mode 0700 for the directories it creates. */
+static int make_dirs(const char *path)
+{
+    char buf[PATH_MAX];
+    if (snprintf(buf, sizeof(buf), "%s", path) >= (int)sizeof(buf))
+        return pagoda_error_set(PAGODA_ERANGE, "path too long: %s", path);
+    for (char *p = buf + 1;; p++) {
+        if (*p != '/' && *p != '\0')
+            continue;
+        char c = *p;
+        *p = '\0';
+        if (mkdir(buf, 0700) != 0 && errno != EEXIST)
+            return pagoda_error_set(pagoda_from_errno(errno), "cannot create %s: %s", buf,
+                                    strerror(errno));
+        *p = c;
+        if (c == '\0')
+            break;
+    }
+    struct stat st;
+    if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode))
+        return pagoda_error_set(PAGODA_EIO, "%s is not a directory", path);
+    return 0;
+}
+
+/* Writes text to path through a temporary file and a rename, so that a reader sees the whole
+ * file or none. */
+static int write_file_atomic(const char *path, const char *text)
+{
+    char tmp[PATH_MAX];
+    if (snprintf(tmp, sizeof(tmp), "%s.tmp", path) >= (int)sizeof(tmp))
+        return pagoda_error_set(PAGODA_ERANGE, "path too long: %s", path);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return pagoda_error_set(pagoda_from_errno(errno), "cannot create %s: %s", tmp,
+                                strerror(errno));
+    size_t len = strlen(text);
+    ssize_t n = write(fd, text, len);
+    int err = n < 0 ? errno : 0;
+    if (close(fd) != 0 && err == 0)
+        err = errno;
+    if (err == 0 && (size_t)n != len)
+        err = EIO;
+    if (err == 0 && rename(tmp, path) != 0)
+        err = errno;
+    if (err != 0) {
+        unlink(tmp);
+        return pagoda_error_set(pagoda_from_errno(err), "cannot write %s: %s", path, strerror(err));
+    }
+    return 0;
+}
+
+static void remove_file(const char *path)
+{
+    if (unlink(path) != 0 && errno != ENOENT)
+        log_warn("cannot remove %s: %s", path, strerror(errno));
+}
+
+/* ---- children ---------------------------------------------------------------------------- */
+
+static void describe_exit(const struct child *c, char *buf, size_t len)
+{
+    if (c->spawn_error != 0)
+        snprintf(buf, len, "could not be started: %s", uv_strerror(c->spawn_error));
+    else if (c->term_signal != 0)
+        snprintf(buf, len, "killed by signal %d (%s)", c->term_signal, strsignal(c->term_signal));
+    else
+        snprintf(buf, len, "exit status %lld", (long long)c->exit_status);
+}
+
+/* Fills c->argv: the program, the flags every program takes, its role's flags, the extras. */
+static void child_build_argv(struct supervisor *sup, struct child *c)
+{
+    const struct sup_opts *o = &sup->opts;
+    int n = 0;
+    c->argv[n++] = sup->program[c->role];
+    c->argv[n++] = "--run-dir";
+    c->argv[n++] = sup->run_dir;
+    c->argv[n++] = "--log-level";
+    c->argv[n++] = (char *)o->log_level;
+    switch (c->role) {
+    case ROLE_KVPOOL:
+        c->argv[n++] = "--model";
+        c->argv[n++] = (char *)o->model;
+        if (o->block_size != NULL) {
+            c->argv[n++] = "--block-size";
+            c->argv[n++] = (char *)o->block_size;
+        }
+        if (o->kv_blocks != NULL) {
+            c->argv[n++] = "--kv-blocks";
+            c->argv[n++] = (char *)o->kv_blocks;
+        } else if (o->kv_bytes != NULL) {
+            c->argv[n++] = "--kv-bytes";
+            c->argv[n++] = (char *)o->kv_bytes;
+        }
+        break;
+    case ROLE_WORKER:
+        c->argv[n++] = "--model";
+        c->argv[n++] = (char *)o->model;
+        c->argv[n++] = "--worker-id";
+        c->argv[n++] = c->worker_id_text;
+        c->argv[n++] = "--backend";
+        c->argv[n++] = (char *)o->backend;
+        break;
+    case ROLE_SCHEDULER:
+        c->argv[n++] = "--workers";
+        c->argv[n++] = sup->workers_text;
+        break;
+    case ROLE_ROUTER:
+        c->argv[n++] = "--listen";
+        c->argv[n++] = (char *)o->listen;
+        break;
+    default:
+        break;
+    }
+    for (int i = 0; i < o->num_extra[c->role]; i++)
+        c->argv[n++] = (char *)o->extra[c->role][i];
+    c->argv[n] = NULL;
+}
+
+static void on_child_exit(uv_process_t *p, int64_t exit_status, int term_signal)
+{
+    struct child *c = p->data;
+    c->exit_status = exit_status;
+    c->term_signal = term_signal;
+    c->state = CHILD_CLOSING;
+    uv_close((uv_handle_t *)p, on_child_closed);
+}
+
+/* Opens DIR/<name>.log for appending and writes a header line for this start. Returns the
+ * descriptor or a PAGODA_E* code. */
+static int child_open_log(struct supervisor *sup, struct child *c)
+{
+    char path[PATH_MAX];
+    if (snprintf(path, sizeof(path), "%s/%s.log", sup->run_dir, c->name) >= (int)sizeof(path))
+        return pagoda_error_set(PAGODA_ERANGE, "path too long: %s/%s.log", sup->run_dir, c->name);
+    int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return pagoda_error_set(pagoda_from_errno(errno), "cannot open %s: %s", path,
+                                strerror(errno));
+    char line[128], stamp[32];
+    time_t now = time(NULL);
+    struct tm tm;
+    gmtime_r(&now, &tm);
+    strftime(stamp, sizeof(stamp), "%Y-%m-%dT%H:%M:%SZ", &tm);
+    int n = snprintf(line, sizeof(line), "---- %s pagoda-supervisor: starting %s (start %d)\n",
+                     stamp, c->name, c->starts + 1);
+    if (n > 0 && write(fd, line, (size_t)n) < 0)
+        log_warn("cannot write to %s: %s", path, strerror(errno));
+    return fd;
+}
+
+/* Starts c's program. Whatever happens, c leaves CHILD_IDLE: on success it is CHILD_RUNNING;
+ * when uv_spawn fails its handle is closing and on_child_closed treats the failure like an
+ * exit (a failed start of the group, or a fast exit counted towards giving up). */
+static void child_spawn(struct child *c)
+{
+    struct supervisor *sup = c->sup;
+    c->ready = 0;
+    c->hung_killed = 0;
+    c->spawn_error = 0;
+    c->exit_status = 0;
+    c->term_signal = 0;
+    c->pid = 0;
+    c->started_ms = uv_now(&sup->loop);
+
+    int fd = child_open_log(sup, c);
+    if (fd < 0) {
+        /* The program matters more than its log: let it write to the supervisor's stderr. */
+        char msg[700];
+        log_warn("%s: %s; its output goes to the supervisor's", c->name,
+                 pagoda_error_message(fd, msg, sizeof(msg)));
+    }
+    int out_fd = fd >= 0 ? fd : STDERR_FILENO;
+    uv_stdio_container_t stdio[3];
+    stdio[0].flags = UV_IGNORE;
+    stdio[1].flags = UV_INHERIT_FD;
+    stdio[1].data.fd = out_fd;
+    stdio[2].flags = UV_INHERIT_FD;
+    stdio[2].data.fd = out_fd;
+    uv_process_options_t options;
+    memset(&options, 0, sizeof(options));
+    options.exit_cb = on_child_exit;
+    options.file = c->argv[0];
+    options.args = c->argv;
+    options.stdio_count = 3;
+    options.stdio = stdio;
+    options.flags = UV_PROCESS_DETACHED;
+    int rv = uv_spawn(&sup->loop, &c->proc, &options);
+    if (fd >= 0)
+        close(fd);
+    c->proc.data = c;
+    c->starts++;
+    if (rv != 0) {
+        /* uv_spawn initializes the handle before it fails, so it is closed like any other. */
+        c->spawn_error = rv;
+        c->state = CHILD_CLOSING;
+        uv_close((uv_handle_t *)&c->proc, on_child_closed);
+        return;
+    }
+    c->pid = c->proc.pid;
+    c->state = CHILD_RUNNING;
+    log_info("started %s (pid %d)", c->name, c->pid);
+}
+
+static void child_signal(struct child *c, int signum)
+{
+    if (c->state != CHILD_RUNNING)
+        return;
+    int rv = uv_process_kill(&c->proc, signum);
+    if (rv != 0)
+        log_warn("cannot send signal %d to %s (pid %d): %s", signum, c->name, c->pid,
+                 uv_strerror(rv));
+}
+
+static void on_restart_timer(uv_timer_t *t)
+{
+    struct child *c = t->data;
+    if (c->state != CHILD_BACKOFF)
+        return;
+    c->state = CHILD_IDLE;
+    log_info("restarting %s (start %d)", c->name, c->starts + 1);
+    child_spawn(c);
+}
+
+/* ---- starting the group ------------------------------------------------------------------ */
+
+static void on_ready_timeout(uv_timer_t *t);
+
+/* The program the start waits for: the one started last, or, once all are started, the first
+ * that is not ready now (one that crashed during the start and is being restarted). NULL when
+ * every program is ready. */
+static struct child *start_waits_for(struct supervisor *sup)
+{
+    if (sup->awaiting < sup->num_children)
+        return &sup->children[sup->awaiting];
+    for (int i = 0; i < sup->num_children; i++) {
+        struct child *c = &sup->children[i];
+        if (c->state != CHILD_RUNNING || !c->ready)
+            return c;
+    }
+    return NULL;
+}
+
+/* Once every program has been started: writes DIR/ready when all of them are ready now, or
+ * waits (bounded by --ready-timeout-ms) for the one that is not. */
+static void check_group_ready(struct supervisor *sup)
+{
+    struct child *c = start_waits_for(sup);
+    if (c != NULL) {
+        log_info("waiting for %s, restarted during the start, before the group is ready", c->name);
+        if (!uv_is_active((uv_handle_t *)&sup->ready_timer))
+            uv_timer_start(&sup->ready_timer, on_ready_timeout, sup->opts.ready_timeout_ms, 0);
+        return;
+    }
+    uv_timer_stop(&sup->ready_timer);
+    char text[SUP_MAX_URL_BYTES + 2];
+    snprintf(text, sizeof(text), "%s\n", sup->opts.listen);
+    int rc = write_file_atomic(sup->ready_path, text);
+    if (rc != 0) {
+        char msg[700];
+        log_error("%s; stopping the group", pagoda_error_message(rc, msg, sizeof(msg)));
+        begin_stop(sup, 1);
+        return;
+    }
+    sup->phase = PHASE_RUNNING;
+    log_info("the group is ready (%d worker%s): clients connect to %s", sup->opts.workers,
+             sup->opts.workers == 1 ? "" : "s", sup->opts.listen);
+}
+
+/* Starts the next program of the start order; after the last, checks the group. */
+static void start_next(struct supervisor *sup)
+{
+    sup->awaiting++;
+    if (sup->awaiting == sup->num_children) {
+        check_group_ready(sup);
+        return;
+    }
+    struct child *c = &sup->children[sup->awaiting];
+    child_spawn(c);
+    if (c->state == CHILD_RUNNING)
+        uv_timer_start(&sup->ready_timer, on_ready_timeout, sup->opts.ready_timeout_ms, 0);
+}
+
+static void on_ready_timeout(uv_timer_t *t)
+{
+    struct supervisor *sup = t->data;
+    struct child *c = start_waits_for(sup);
+    if (sup->phase != PHASE_STARTING || c == NULL)
+        return;
+    log_error("%s (pid %d) did not become ready within %llu ms (see %s/%s.log); stopping the "
+              "group",
+              c->name, c->pid, (unsigned long long)sup->opts.ready_timeout_ms, sup->run_dir,
+              c->name);
+    begin_stop(sup, 1);
+}
+
+/* ---- stopping the group ------------------------------------------------------------------ */
+
+static void on_stop_timeout(uv_timer_t *t);
+
+/* Children of the current stop stage whose process is still there. */
+static int stage_alive(struct supervisor *sup)
+{
+    enum role role = stop_order[sup->stop_stage];
+    int n = 0;
+    for (int i = 0; i < sup->num_children; i++) {
+        const struct child *c = &sup->children[i];
+        if (c->role == role && (c->state == CHILD_RUNNING || c->state == CHILD_CLOSING))
+            n++;
+    }
+    return n;
+}
+
+static void close_handle(uv_handle_t *h)
+{
+    if (!uv_is_closing(h))
+        uv_close(h, NULL);
+}
+
+/* Closes every handle, so that the loop ends. Runs once everything has stopped, or when the
+ * start-up fails before anything was spawned; every child is CHILD_IDLE then. */
+static void finish(struct supervisor *sup)
+{
+    sup->phase = PHASE_DONE;
+    if (sup->timers_init) {
+        close_handle((uv_handle_t *)&sup->ready_timer);
+        close_handle((uv_handle_t *)&sup->stop_timer);
+        for (int i = 0; i < sup->num_children; i++)
+            close_handle((uv_handle_t *)&sup->children[i].restart_timer);
+        sup->timers_init = 0;
+    }
+    if (sup->signals_init) {
+        close_handle((uv_handle_t *)&sup->sigterm);
+        close_handle((uv_handle_t *)&sup->sigint);
+        sup->signals_init = 0;
+    }
+    /* The inbox before its socket (wire.h); closing the listener removes control.ipc. */
+    wire_inbox_close(sup->inbox);
+    sup->inbox = NULL;
+    if (sup->control_open) {
+        nng_close(sup->control);
+        sup->control_open = 0;
+    }
+}
+
+/* Moves to the next stop stage that has a process to stop and signals it; after the last
+ * stage, finishes. */
+static void advance_stage(struct supervisor *sup)
+{
+    for (sup->stop_stage++; sup->stop_stage < ROLE_COUNT; sup->stop_stage++) {
+        enum role role = stop_order[sup->stop_stage];
+        int signum = sup->hurry ? SIGKILL : SIGTERM;
+        for (int i = 0; i < sup->num_children; i++) {
+            struct child *c = &sup->children[i];
+            if (c->role == role && c->state == CHILD_RUNNING) {
+                log_info("stopping %s (pid %d) with %s", c->name, c->pid,
+                         signum == SIGKILL ? "SIGKILL" : "SIGTERM");
+                child_signal(c, signum);
+            }
+        }
+        if (stage_alive(sup) > 0) {
+            sup->stage_killed = sup->hurry;
+            uv_timer_start(&sup->stop_timer, on_stop_timeout,
+                           sup->hurry ? SUP_KILL_WAIT_MS : sup->opts.stop_timeout_ms, 0);
+            return;
+        }
+    }
+    log_info("every program has stopped");
+    finish(sup);
+}
+
+static void on_stop_timeout(uv_timer_t *t)
+{
+    struct supervisor *sup = t->data;
+    enum role role = stop_order[sup->stop_stage];
+    for (int i = 0; i < sup->num_children; i++) {
+        struct child *c = &sup->children[i];
+        if (c->role != role || c->state != CHILD_RUNNING)
+            continue;
+        if (!sup->stage_killed) {
+            log_warn("%s (pid %d) did not stop within %llu ms: SIGKILL", c->name, c->pid,
+                     (unsigned long long)sup->opts.stop_timeout_ms);
+            child_signal(c, SIGKILL);
+        } else {
+            /* Stuck in the kernel; waiting longer helps nobody. */
+            log_error("%s (pid %d) survived SIGKILL for %d ms; leaving it", c->name, c->pid,
+                      SUP_KILL_WAIT_MS);
+            c->state = CHILD_CLOSING;
+            uv_close((uv_handle_t *)&c->proc, on_child_closed);
+        }
+    }
+    if (!sup->stage_killed) {
+        sup->stage_killed = 1;
+        uv_timer_start(&sup->stop_timer, on_stop_timeout, SUP_KILL_WAIT_MS, 0);
+    }
+}
+
+/* Stops the group in stop_order; the process exits with exit_code when it is done (the first
+ * non-zero code given wins). */
+static void begin_stop(struct supervisor *sup, int exit_code)
+{
+    if (exit_code != 0 && sup->exit_code == 0)
+        sup->exit_code = exit_code;
+    if (sup->phase == PHASE_STOPPING || sup->phase == PHASE_DONE)
+        return;
+    sup->phase = PHASE_STOPPING;
+    uv_timer_stop(&sup->ready_timer);
+    remove_file(sup->ready_path);
+    for (int i = 0; i < sup->num_children; i++) {
+        struct child *c = &sup->children[i];
+        if (c->state == CHILD_BACKOFF) {
+            uv_timer_stop(&c->restart_timer);
+            c->state = CHILD_IDLE;
+        }
+    }
+    sup->stop_stage = -1;
+    advance_stage(sup);
+}
+
+static void on_signal(uv_signal_t *h, int signum)
+{
+    struct supervisor *sup = h->data;
+    const char *name = signum == SIGINT ? "SIGINT" : "SIGTERM";
+    if (sup->phase == PHASE_STOPPING) {
+        if (sup->hurry)
+            return;
+        log_warn("%s again: killing the rest of the group", name);
+        sup->hurry = 1;
+        sup->stage_killed = 1;
+        enum role role = stop_order[sup->stop_stage];
+        for (int i = 0; i < sup->num_children; i++)
+            if (sup->children[i].role == role)
+                child_signal(&sup->children[i], SIGKILL);
+        uv_timer_start(&sup->stop_timer, on_stop_timeout, SUP_KILL_WAIT_MS, 0);
+        return;
+    }
+    if (sup->phase == PHASE_DONE)
+        return;
+    log_info("%s: draining the group (router, scheduler, workers, kvpool)", name);
+    begin_stop(sup, 0);
+}
+
+/* ---- what happens when a child's process is gone ------------------------------------------ */
+
+static void on_child_closed(uv_handle_t *h)
+{
+    struct child *c = h->data;
+    struct supervisor *sup = c->sup;
+    c->state = CHILD_IDLE;
+    uint64_t uptime_ms = c->spawn_error != 0 ? 0 : uv_now(&sup->loop) - c->started_ms;
+    char how[128];
+    describe_exit(c, how, sizeof(how));
+
+    switch (sup->phase) {
+    case PHASE_STOPPING:
+        log_info("%s (pid %d) stopped: %s", c->name, c->pid, how);
+        if (c->role == stop_order[sup->stop_stage] && stage_alive(sup) == 0) {
+            uv_timer_stop(&sup->stop_timer);
+            advance_stage(sup);
+        }
+        return;
+    case PHASE_DONE:
+        return;
+    case PHASE_STARTING:
+        if (sup->awaiting < sup->num_children && c == &sup->children[sup->awaiting] && !c->ready) {
+            if (c->spawn_error != 0)
+                log_error("%s (%s) %s; stopping the group", c->name, c->argv[0], how);
+            else
+                log_error("%s (pid %d) exited before it was ready: %s (see %s/%s.log); "
+                          "stopping the group",
+                          c->name, c->pid, how, sup->run_dir, c->name);
+            begin_stop(sup, 1);
+            return;
+        }
+        break;
+    case PHASE_RUNNING:
+        break;
+    }
+
+    uint64_t delay_ms = 0;
+    if (restart_policy_exit(&sup->policy, &c->restart, uptime_ms, &delay_ms) != 0) {
+        log_error("%s exited %d times in a row, each within %llu ms of its start; the last "
+                  "time: %s (see %s/%s.log); stopping the group",
+                  c->name, sup->policy.max_fast_exits, (unsigned long long)sup->policy.fast_exit_ms,
+                  how, sup->run_dir, c->name);
+        begin_stop(sup, 1);
+        return;
+    }
+    if (c->spawn_error != 0)
+        log_warn("%s (%s) %s; trying again in %llu ms", c->name, c->argv[0], how,
+                 (unsigned long long)delay_ms);
+    else
+        log_warn("%s (pid %d) exited after %llu ms%s: %s; restarting it in %llu ms", c->name,
+                 c->pid, (unsigned long long)uptime_ms, c->hung_killed ? " (killed as hung)" : "",
+                 how, (unsigned long long)delay_ms);
+    c->state = CHILD_BACKOFF;
+    uv_timer_start(&c->restart_timer, on_restart_timer, delay_ms, 0);
+}
+
+/* ---- control messages -------------------------------------------------------------------- */
+
+/* NNG thread: remembers the pid of the process at the other end of a new control pipe, so
+ * that a Control{ready} is credited to the exact process that sent it (two workers both say
+ * "worker"; a restarted one may be ready while the next one is awaited). */
+static void on_pipe_add(nng_pipe p, nng_pipe_ev ev, void *arg)
+{
+    struct supervisor *sup = arg;
+    uint64_t peer = 0; /* NNG_OPT_IPC_PEER_PID is a uint64 option */
+    int pid =
+        nng_pipe_get_uint64(p, NNG_OPT_IPC_PEER_PID, &peer) == 0 && peer > 0 && peer <= INT32_MAX
+            ? (int)peer
+            : -1;
+    pthread_mutex_lock(&sup->pipe_lock);
+    struct pipe_pid *slot = &sup->pipes[sup->pipe_next++ % SUP_PIPE_SLOTS];
+    slot->pipe_id = (uint32_t)nng_pipe_id(p);
+    slot->pid = pid;
+    pthread_mutex_unlock(&sup->pipe_lock);
+}
+
+static int pipe_peer_pid(struct supervisor *sup, nng_pipe p)
+{
+    uint32_t id = (uint32_t)nng_pipe_id(p);
+    int pid = -1;
+    pthread_mutex_lock(&sup->pipe_lock);
+    for (int i = 0; i < SUP_PIPE_SLOTS; i++)
+        if (sup->pipes[i].pipe_id == id && id != 0)
+            pid = sup->pipes[i].pid;
+    pthread_mutex_unlock(&sup->pipe_lock);
+    return pid;
+}
+
+/* Maps a sender ("kvpool", "worker", "worker-3", ...) to a role and, for "worker-I", an id. */
+static int parse_sender(const char *sender, enum role *role, int *worker_id)
+{
+    *worker_id = -1;
+    if (sender == NULL)
+        return PAGODA_EINVAL;
+    for (int r = 0; r < ROLE_COUNT; r++) {
+        if (strcmp(sender, role_names[r]) == 0) {
+            *role = (enum role)r;
+            return 0;
+        }
+    }
+    int64_t v;
+    if (strncmp(sender, "worker-", 7) == 0 &&
+        parse_i64("sender", sender + 7, 0, SUP_MAX_WORKERS - 1, &v) == 0) {
+        *role = ROLE_WORKER;
+        *worker_id = (int)v;
+        return 0;
+    }
+    return PAGODA_EINVAL;
+}
+
+/* The parent of pid, from /proc (Linux); -1 when it cannot be read (the process is gone). */
+static int parent_pid(int pid)
+{
+    char path[64], buf[512];
+    snprintf(path, sizeof(path), "/proc/%d/stat", pid);
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return -1;
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    /* "pid (comm) state ppid ...": comm may hold anything, so parse after its last ')'. */
+    const char *p = strrchr(buf, ')');
+    char state;
+    int ppid;
+    if (p == NULL || sscanf(p + 1, " %c %d", &state, &ppid) != 2)
+        return -1;
+    return ppid;
+}
+
+/* The running child whose process is pid or an ancestor of pid (a program started through a
+ * wrapper that did not exec), or NULL. */
+static struct child *child_of_pid(struct supervisor *sup, int pid)
+{
+    for (int depth = 0; depth < 8 && pid > 1; depth++) {
+        for (int i = 0; i < sup->num_children; i++) {
+            struct child *c = &sup->children[i];
+            if (c->state == CHILD_RUNNING && c->pid == pid)
+                return c;
+        }
+        pid = parent_pid(pid);
+    }
+    return NULL;
+}
+
+static void on_ready(struct supervisor *sup, const char *sender, int pid)
+{
+    enum role role;
+    int worker_id;
+    if (parse_sender(sender, &role, &worker_id) != 0) {
+        log_warn("Control{ready} from an unknown sender '%s' (pid %d) ignored",
+                 sender ? sender : "", pid);
+        return;
+    }
+    struct child *c = NULL;
+    if (pid > 0) {
+        c = child_of_pid(sup, pid);
+    } else {
+        /* No peer pid (not an ipc:// pipe): only an unambiguous sender can be credited. */
+        int candidates = 0;
+        for (int i = 0; i < sup->num_children; i++) {
+            struct child *x = &sup->children[i];
+            if (x->state == CHILD_RUNNING && x->role == role && !x->ready &&
+                (worker_id < 0 || x->worker_id == worker_id)) {
+                c = x;
+                candidates++;
+            }
+        }
+        if (candidates > 1)
+            c = NULL;
+    }
+    if (c == NULL || c->role != role || (worker_id >= 0 && c->worker_id != worker_id)) {
+        /* A process that has exited since, or one this supervisor did not start. */
+        log_warn("Control{ready} from %s (pid %d) matches no running process of this group; "
+                 "ignored",
+                 sender, pid);
+        return;
+    }
+    if (c->ready)
+        return;
+    c->ready = 1;
+    log_info("%s (pid %d) is ready%s", c->name, c->pid, c->starts > 1 ? " again" : "");
+    if (sup->phase != PHASE_STARTING)
+        return;
+    if (sup->awaiting < sup->num_children && c == &sup->children[sup->awaiting]) {
+        uv_timer_stop(&sup->ready_timer);
+        start_next(sup);
+    } else if (sup->awaiting == sup->num_children) {
+        check_group_ready(sup);
+    }
+}
+
+static void on_hung(struct supervisor *sup, const Pagoda__Internal__Control *ctl)
+{
+    if (!ctl->has_hung_worker_id || !ctl->has_hung_worker_pid) {
+        log_warn("a hung-worker report without both id and pid ignored");
+        return;
+    }
+    if (ctl->hung_worker_id >= (uint32_t)sup->opts.workers) {
+        log_warn("a hung-worker report names worker %u, which does not exist; ignored",
+                 ctl->hung_worker_id);
+        return;
+    }
+    struct child *c = &sup->children[1 + ctl->hung_worker_id];
+    if (c->state != CHILD_RUNNING || c->pid != ctl->hung_worker_pid) {
+        log_warn("%s reports %s hung as pid %d, which is not its current process (pid %d, "
+                 "%s); ignored",
+                 ctl->sender ? ctl->sender : "a peer", c->name, ctl->hung_worker_pid, c->pid,
+                 c->state == CHILD_RUNNING ? "running" : "not running");
+        return;
+    }
+    log_warn("%s reports %s (pid %d) hung: killing it with SIGKILL",
+             ctl->sender ? ctl->sender : "a peer", c->name, c->pid);
+    c->hung_killed = 1;
+    child_signal(c, SIGKILL);
+}
+
+static void on_control(void *ctx, nng_msg *m)
+{
+    struct supervisor *sup = ctx;
+    int pid = pipe_peer_pid(sup, nng_msg_get_pipe(m));
+    Pagoda__Internal__Control *ctl =
+        (Pagoda__Internal__Control *)wire_unpack(&pagoda__internal__control__descriptor, m);
+    nng_msg_free(m);
+    if (ctl == NULL) {
+        sup->malformed++;
+        log_warn("malformed control message from pid %d ignored (%llu so far)", pid,
+                 (unsigned long long)sup->malformed);
+        return;
+    }
+    if (sup->phase != PHASE_DONE) {
+        if (ctl->has_hung_worker_id || ctl->has_hung_worker_pid)
+            on_hung(sup, ctl);
+        if (ctl->has_ready && ctl->ready)
+            on_ready(sup, ctl->sender, pid);
+    }
+    protobuf_c_message_free_unpacked(&ctl->base, NULL);
+}
+
+/* ---- setting up -------------------------------------------------------------------------- */
+
+/* Resolves the run directory and the programs and prepares each child. */
+static int prepare(struct supervisor *sup)
+{
+    const struct sup_opts *o = &sup->opts;
+    /* Refuse a path that is too long before creating it, when its length is plain to see (no
+     * "." or ".." in it); realpath's answer is checked again below in any case. */
+    char cwd[PATH_MAX] = "";
+    if (o->run_dir[0] != '/' && getcwd(cwd, sizeof(cwd)) == NULL)
+        cwd[0] = '\0';
+    size_t plain_len = strlen(o->run_dir) + (cwd[0] ? strlen(cwd) + 1 : 0);
+    if (plain_len > SUP_MAX_RUN_DIR && strstr(o->run_dir, "/.") == NULL && o->run_dir[0] != '.')
+        return pagoda_error_set(PAGODA_ERANGE,
+                                "run directory %s is longer than %d bytes: its ipc:// "
+                                "addresses would not fit a Unix socket path",
+                                o->run_dir, SUP_MAX_RUN_DIR);
+    int rc = make_dirs(o->run_dir);
+    if (rc != 0)
+        return rc;
+    if (realpath(o->run_dir, sup->run_dir) == NULL)
+        return pagoda_error_set(pagoda_from_errno(errno), "%s: %s", o->run_dir, strerror(errno));
+    if (strlen(sup->run_dir) > SUP_MAX_RUN_DIR)
+        return pagoda_error_set(PAGODA_ERANGE,
+                                "run directory %s is longer than %d bytes: its ipc:// "
+                                "addresses would not fit a Unix socket path",
+                                sup->run_dir, SUP_MAX_RUN_DIR);
+    snprintf(sup->pid_path, sizeof(sup->pid_path), "%s/supervisor.pid", sup->run_dir);
+    snprintf(sup->ready_path, sizeof(sup->ready_path), "%s/ready", sup->run_dir);
+
+    char bin_dir[PATH_MAX];
+    if (realpath(o->bin_dir, bin_dir) == NULL)
+        return pagoda_error_set(pagoda_from_errno(errno), "--bin-dir %s: %s", o->bin_dir,
+                                strerror(errno));
+    for (int r = 0; r < ROLE_COUNT; r++) {
+        char *path = sup->program[r];
+        if (snprintf(path, PATH_MAX, "%s/pagoda-%s", bin_dir, role_names[r]) >= PATH_MAX)
+            return pagoda_error_set(PAGODA_ERANGE, "--bin-dir %s is too long", o->bin_dir);
+        struct stat st;
+        if (stat(path, &st) != 0 || !S_ISREG(st.st_mode) || access(path, X_OK) != 0)
+            return pagoda_error_set(PAGODA_ENOENT, "%s is not an executable file", path);
+    }
+
+    snprintf(sup->workers_text, sizeof(sup->workers_text), "%d", o->workers);
+    sup->num_children = 0;
+    for (int i = 0; i < o->workers + 2 + 1; i++) {
+        struct child *c = &sup->children[sup->num_children++];
+        c->sup = sup;
+        c->worker_id = -1;
+        if (i == 0) {
+            c->role = ROLE_KVPOOL;
+        } else if (i <= o->workers) {
+            c->role = ROLE_WORKER;
+            c->worker_id = i - 1;
+            snprintf(c->worker_id_text, sizeof(c->worker_id_text), "%d", c->worker_id);
+        } else {
+            c->role = i == o->workers + 1 ? ROLE_SCHEDULER : ROLE_ROUTER;
+        }
+        if (c->role == ROLE_WORKER)
+            snprintf(c->name, sizeof(c->name), "worker-%d", c->worker_id);
+        else
+            snprintf(c->name, sizeof(c->name), "%s", role_names[c->role]);
+        child_build_argv(sup, c);
+    }
+    return 0;
+}
+
+/* Creates the loop's handles and the control socket, and writes the pid file. On failure
+ * whatever was created is closed by finish(). */
+static int open_loop(struct supervisor *sup)
+{
+    uv_timer_init(&sup->loop, &sup->ready_timer);
+    uv_timer_init(&sup->loop, &sup->stop_timer);
+    sup->ready_timer.data = sup;
+    sup->stop_timer.data = sup;
+    for (int i = 0; i < sup->num_children; i++) {
+        uv_timer_init(&sup->loop, &sup->children[i].restart_timer);
+        sup->children[i].restart_timer.data = &sup->children[i];
+    }
+    sup->timers_init = 1;
+
+    int rv = uv_signal_init(&sup->loop, &sup->sigterm);
+    if (rv == 0) {
+        rv = uv_signal_init(&sup->loop, &sup->sigint);
+        if (rv != 0)
+            uv_close((uv_handle_t *)&sup->sigterm, NULL);
+    }
+    if (rv != 0)
+        return pagoda_error_set(PAGODA_EIO, "uv_signal_init: %s", uv_strerror(rv));
+    sup->signals_init = 1;
+    sup->sigterm.data = sup;
+    sup->sigint.data = sup;
+    if ((rv = uv_signal_start(&sup->sigterm, on_signal, SIGTERM)) != 0 ||
+        (rv = uv_signal_start(&sup->sigint, on_signal, SIGINT)) != 0)
+        return pagoda_error_set(PAGODA_EIO, "uv_signal_start: %s", uv_strerror(rv));
+
+    char url[PATH_MAX + 16];
+    int rc = wire_ipc_url(url, sizeof(url), sup->run_dir, "control.ipc");
+    if (rc != 0)
+        return rc;
+    if ((rv = nng_pull0_open(&sup->control)) != 0)
+        return wire_error(rv, "nng_pull0_open");
+    sup->control_open = 1;
+    if ((rv = nng_socket_set_size(sup->control, NNG_OPT_RECVMAXSZ, SUP_MAX_CONTROL_BYTES)) != 0)
+        return wire_error(rv, "NNG_OPT_RECVMAXSZ");
+    if ((rv = nng_pipe_notify(sup->control, NNG_PIPE_EV_ADD_PRE, on_pipe_add, sup)) != 0)
+        return wire_error(rv, "nng_pipe_notify");
+    if ((rv = nng_listen(sup->control, url, NULL, 0)) != 0) {
+        if (rv == NNG_EADDRINUSE)
+            return pagoda_error_set(PAGODA_EBUSY, "%s is in use: another supervisor runs in %s",
+                                    url, sup->run_dir);
+        return wire_error(rv, url);
+    }
+    if ((rc = wire_inbox_open(&sup->loop, sup->control, on_control, sup, &sup->inbox)) != 0)
+        return rc;
+
+    /* A ready file left by an earlier group must not announce this one. */
+    remove_file(sup->ready_path);
+    char text[32];
+    snprintf(text, sizeof(text), "%d\n", (int)getpid());
+    return write_file_atomic(sup->pid_path, text);
+}
+
+int main(int argc, char **argv)
+{
+    log_set_name("supervisor");
+    static struct supervisor sup_storage; /* large (the children's paths): not on the stack */
+    struct supervisor *sup = &sup_storage;
+    char msg[700];
+
+    int rc = parse_opts(argc, argv, &sup->opts);
+    if (rc == 1) {
+        usage(stdout);
+        return 0;
+    }
+    if (rc != 0) {
+        fprintf(stderr, "pagoda-supervisor: %s\n", pagoda_error_message(rc, msg, sizeof(msg)));
+        usage(stderr);
+        return 2;
+    }
+    enum log_level level = LOG_INFO;
+    log_level_parse(sup->opts.log_level, &level);
+    log_set_level(level);
+    sup->policy = restart_policy_default();
+    sup->awaiting = -1;
+    sup->phase = PHASE_STARTING;
+
+    if ((rc = prepare(sup)) != 0) {
+        log_error("%s", pagoda_error_message(rc, msg, sizeof(msg)));
+        return 1;
+    }
+    /* A child that closes its end of a pipe must not kill the supervisor. */
+    signal(SIGPIPE, SIG_IGN);
+    int rv = uv_loop_init(&sup->loop);
+    if (rv != 0) {
+        log_error("uv_loop_init: %s", uv_strerror(rv));
+        return 1;
+    }
+    pthread_mutex_init(&sup->pipe_lock, NULL);
+    int pid_written = 0;
+    if ((rc = open_loop(sup)) != 0) {
+        log_error("%s", pagoda_error_message(rc, msg, sizeof(msg)));
+        sup->exit_code = 1;
+        finish(sup);
+    } else {
+        pid_written = 1;
+        log_info("supervising %d worker%s in %s (programs from %s)", sup->opts.workers,
+                 sup->opts.workers == 1 ? "" : "s", sup->run_dir, sup->opts.bin_dir);
+        start_next(sup);
+    }
+    uv_run(&sup->loop, UV_RUN_DEFAULT);
+
+    if (pid_written) {
+        remove_file(sup->ready_path);
+        remove_file(sup->pid_path);
+    }
+    if ((rv = uv_loop_close(&sup->loop)) != 0)
+        log_error("uv_loop_close: %s (a handle was left open)", uv_strerror(rv));
+    pthread_mutex_destroy(&sup->pipe_lock);
+    nng_fini();
+    if (sup->exit_code != 0)
+        log_error("exiting with status %d", sup->exit_code);
+    else
+        log_info("stopped");
+    return sup->exit_code;
+}

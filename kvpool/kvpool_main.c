@@ -1,0 +1,555 @@
+/* pagoda-kvpool: the process that owns one machine's CPU KV pool.
+ *
+ *   pagoda-kvpool --run-dir DIR --model MODEL_DIR [--block-size 16]
+ *                 [--kv-blocks N | --kv-bytes B] [--log-level info]
+ *
+ * It reads MODEL_DIR/config.json for the pool's shape (layers, KV heads, head dim; f32 on the
+ * CPU), creates the pool in POSIX shared memory (kvpool/shm_pool.h) under a name derived from
+ * DIR, answers every KvpoolRequest on ipc://DIR/kvpool.ipc with the pool's geometry (shm_name
+ * included), and pushes Control{ready, "kvpool"} to the supervisor. The pool outlives every
+ * worker that maps it: a restarted worker finds the KV it left. On SIGTERM or SIGINT it stops
+ * serving, unlinks the pool (the memory goes away with the last mapping) and exits 0.
+ *
+ * The name is "/pagoda-" and 16 hex digits of the 64-bit FNV-1a hash of DIR's absolute path,
+ * so each run directory has its own pool and a supervisor can find it again. A pool left under
+ * that name by a kvpool that crashed is unlinked and created anew (logged); a kvpool still
+ * serving DIR is found first (its socket is in use) and this one refuses to start.
+ *
+ * Serving: the pool's state never changes after start, so both possible answers (the geometry,
+ * and the error for a malformed request) are packed once; NNG aio callbacks on a few REP
+ * contexts copy one of them into the reply, which never blocks. The main thread waits for
+ * signals, logs the counters the callbacks keep, and checks the listener.
+ *
+ * Why the check: NNG 1.5.2's IPC listener stops accepting for good when a peer connects and
+ * closes before the SP handshake (the handshake's write fails with EPIPE, reported as
+ * NNG_ECLOSED, which the listener takes for its own close). A plain connect-and-close does it,
+ * and so does NNG itself when another process's nng_listen finds the socket file and probes it.
+ * Existing connections keep working, but a restarted worker could never ask again. So another
+ * kvpool is looked for with a real request first (never by listening over it), and every
+ * KVPOOL_TICK_S the kvpool asks itself; without an answer it listens anew. */
+#include "common/error.h"
+#include "common/log.h"
+#include "common/parse.h"
+#include "kvpool/geometry.h"
+#include "kvpool/shm_pool.h"
+#include "wire/wire.h"
+#include "worker/model_config.h"
+
+#include <nng/nng.h>
+#include <nng/protocol/reqrep0/rep.h>
+#include <nng/protocol/reqrep0/req.h>
+
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+#include <unistd.h>
+
+#define KVPOOL_DEFAULT_KV_BYTES (UINT64_C(256) << 20)
+#define KVPOOL_MAX_KV_BYTES (UINT64_C(1) << 50)
+/* A KvpoolRequest is a few bytes; anything larger is refused by the socket. */
+#define KVPOOL_MAX_REQUEST_BYTES 4096
+/* REP contexts served at once: workers and the scheduler ask once each at start. */
+#define KVPOOL_CONTEXTS 4
+/* A reply that cannot leave within this long (a peer that stopped reading) is dropped. */
+#define KVPOOL_SEND_TIMEOUT_MS 1000
+/* How often the main thread wakes to log new malformed requests and check the listener. */
+#define KVPOOL_TICK_S 2
+/* How long a check of the listener (or of another kvpool) waits for an answer. */
+#define KVPOOL_PROBE_MS 1000
+
+struct opts {
+    const char *run_dir;
+    const char *model;
+    const char *log_level;
+    int32_t block_size;
+    int64_t kv_blocks; /* 0: from kv_bytes */
+    uint64_t kv_bytes;
+    int kv_bytes_set;
+};
+
+struct server;
+
+/* One REP context and its aio: receive, then send the reply, then receive again. */
+struct slot {
+    struct server *srv;
+    nng_ctx ctx;
+    nng_aio *aio;
+    int sending; /* touched only by this slot's callback, which NNG runs one at a time */
+};
+
+struct server {
+    nng_socket sock;
+    nng_listener listener;
+    char url[512];
+    struct slot slots[KVPOOL_CONTEXTS];
+    int num_slots;
+    uint8_t *geometry_reply, *error_reply; /* packed KvpoolResponses */
+    size_t geometry_reply_len, error_reply_len;
+    atomic_uint_fast64_t requests, malformed;
+};
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: pagoda-kvpool --run-dir DIR --model MODEL_DIR [--block-size 16]\n"
+               "                     [--kv-blocks N | --kv-bytes B (default 256 MiB)]\n"
+               "                     [--log-level debug|info|warn|error]\n"
+               "Creates the CPU KV pool for the model in shared memory and serves its geometry\n"
+               "on ipc://DIR/kvpool.ipc until SIGTERM, which removes the pool.\n");
+}
+
+static int fail_msg(int rc)
+{
+    char msg[700];
+    log_error("%s", pagoda_error_message(rc, msg, sizeof(msg)));
+    return 1;
+}
+
+/* ---- the pool ---------------------------------------------------------------------------- */
+
+static uint64_t fnv1a64(const char *s)
+{
+    uint64_t h = UINT64_C(0xcbf29ce484222325);
+    for (; *s != '\0'; s++) {
+        h ^= (uint8_t)*s;
+        h *= UINT64_C(0x100000001b3);
+    }
+    return h;
+}
+
+static uint64_t random_pool_id(void)
+{
+    uint64_t id = 0;
+    if (getrandom(&id, sizeof(id), 0) != (ssize_t)sizeof(id)) {
+        /* getrandom only fails this early in boot; a pool id needs uniqueness, not secrecy. */
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        id = fnv1a64("pool") ^ ((uint64_t)ts.tv_sec << 32) ^ (uint64_t)ts.tv_nsec ^
+             ((uint64_t)getpid() << 16);
+    }
+    return id != 0 ? id : 1;
+}
+
+/* The pool's geometry: the model's shape, and the block count asked for or what fits. */
+static int pool_geometry(const struct opts *o, const struct model_config *c, struct kv_geometry *g)
+{
+    *g = (struct kv_geometry){
+        .pool_id = random_pool_id(),
+        .num_layers = (int32_t)c->num_layers,
+        .num_blocks = 2,
+        .block_size = o->block_size,
+        .num_kv_heads = (int32_t)c->num_kv_heads,
+        .head_dim = (int32_t)c->head_dim,
+        .dtype = DTYPE_F32,
+    };
+    if (c->num_layers > INT32_MAX || c->num_kv_heads > INT32_MAX || c->head_dim > INT32_MAX)
+        return pagoda_error_set(PAGODA_ERANGE, "the model is too large for a KV pool");
+    int rc = kv_geometry_validate(g);
+    if (rc != 0)
+        return rc;
+    uint64_t block_bytes = kv_pool_bytes(g) / 2;
+    int64_t blocks = o->kv_blocks;
+    if (blocks == 0) {
+        uint64_t fit = o->kv_bytes / block_bytes;
+        if (fit < 2)
+            return pagoda_error_set(PAGODA_ERANGE,
+                                    "--kv-bytes %" PRIu64 " holds %" PRIu64 " blocks of %" PRIu64
+                                    " bytes; at least 2 are needed",
+                                    o->kv_bytes, fit, block_bytes);
+        blocks = fit > INT32_MAX ? INT32_MAX : (int64_t)fit;
+    }
+    g->num_blocks = (int32_t)blocks;
+    return kv_geometry_validate(g);
+}
+
+/* Creates the pool; a leftover of a crashed kvpool under the same name is replaced. */
+static int pool_create(const char *name, const struct kv_geometry *g, struct kv_shm_pool **out)
+{
+    int rc = kv_shm_pool_create(name, g, out);
+    if (rc != PAGODA_EEXIST)
+        return rc;
+    log_warn("kv pool %s exists (left by a kvpool that did not exit cleanly): removing it and "
+             "creating it anew",
+             name);
+    if ((rc = kv_shm_pool_unlink(name)) != 0 && rc != PAGODA_ENOENT)
+        return rc;
+    return kv_shm_pool_create(name, g, out);
+}
+
+/* ---- serving ----------------------------------------------------------------------------- */
+
+static int pack_response(const struct kv_geometry *g, const char *shm_name, int error_code,
+                         const char *error_message, uint8_t **out, size_t *len)
+{
+    Pagoda__Internal__PoolGeometry pg = PAGODA__INTERNAL__POOL_GEOMETRY__INIT;
+    pg.has_pool_id = pg.has_num_layers = pg.has_num_blocks = pg.has_block_size = 1;
+    pg.has_num_kv_heads = pg.has_head_dim = pg.has_dtype = 1;
+    pg.pool_id = g->pool_id;
+    pg.num_layers = g->num_layers;
+    pg.num_blocks = g->num_blocks;
+    pg.block_size = g->block_size;
+    pg.num_kv_heads = g->num_kv_heads;
+    pg.head_dim = g->head_dim;
+    pg.dtype = PAGODA__INTERNAL__DTYPE__DTYPE_F32;
+    pg.shm_name = (char *)shm_name;
+    Pagoda__Internal__KvpoolResponse r = PAGODA__INTERNAL__KVPOOL_RESPONSE__INIT;
+    r.has_protocol_version = 1;
+    r.protocol_version = WIRE_PROTOCOL_VERSION;
+    if (error_code != 0) {
+        r.has_error_code = 1;
+        r.error_code = error_code;
+        r.error_message = (char *)error_message;
+    } else {
+        r.geometry = &pg;
+    }
+    *len = pagoda__internal__kvpool_response__get_packed_size(&r);
+    *out = malloc(*len > 0 ? *len : 1);
+    if (*out == NULL)
+        return PAGODA_ENOMEM;
+    pagoda__internal__kvpool_response__pack(&r, *out);
+    return 0;
+}
+
+/* Waits for the next request on the slot's context, for as long as it takes. */
+static void slot_recv(struct slot *s)
+{
+    nng_aio_set_timeout(s->aio, NNG_DURATION_INFINITE);
+    nng_ctx_recv(s->ctx, s->aio);
+}
+
+/* NNG thread. A receive hands the request over; the reply reuses its message (a REP context
+ * remembers whom to answer). Never blocks: the replies are packed already. */
+static void on_slot(void *arg)
+{
+    struct slot *s = arg;
+    struct server *srv = s->srv;
+    int rv = nng_aio_result(s->aio);
+    if (s->sending) {
+        s->sending = 0;
+        if (rv != 0)
+            nng_msg_free(nng_aio_get_msg(s->aio)); /* not sent: still ours */
+        if (rv == NNG_ECLOSED || rv == NNG_ECANCELED)
+            return;
+        slot_recv(s);
+        return;
+    }
+    if (rv == NNG_ECLOSED || rv == NNG_ECANCELED)
+        return;
+    if (rv != 0) {
+        slot_recv(s);
+        return;
+    }
+    nng_msg *m = nng_aio_get_msg(s->aio);
+    Pagoda__Internal__KvpoolRequest *req = (Pagoda__Internal__KvpoolRequest *)wire_unpack(
+        &pagoda__internal__kvpool_request__descriptor, m);
+    const uint8_t *reply = srv->geometry_reply;
+    size_t len = srv->geometry_reply_len;
+    atomic_fetch_add(&srv->requests, 1);
+    if (req == NULL) {
+        atomic_fetch_add(&srv->malformed, 1);
+        reply = srv->error_reply;
+        len = srv->error_reply_len;
+    } else {
+        protobuf_c_message_free_unpacked(&req->base, NULL);
+    }
+    nng_msg_clear(m);
+    if (nng_msg_append(m, reply, len) != 0) {
+        nng_msg_free(m); /* out of memory: the requester's REQ asks again */
+        slot_recv(s);
+        return;
+    }
+    nng_aio_set_msg(s->aio, m);
+    nng_aio_set_timeout(s->aio, KVPOOL_SEND_TIMEOUT_MS);
+    s->sending = 1;
+    nng_ctx_send(s->ctx, s->aio);
+}
+
+/* Asks whoever listens at url for the geometry, as a worker would. Returns 0 when an answer
+ * came within KVPOOL_PROBE_MS, or an error. */
+static int probe(const char *url)
+{
+    nng_socket s;
+    int rv = nng_req0_open(&s);
+    if (rv != 0)
+        return wire_error(rv, "nng_req0_open");
+    nng_socket_set_ms(s, NNG_OPT_SENDTIMEO, KVPOOL_PROBE_MS);
+    nng_socket_set_ms(s, NNG_OPT_RECVTIMEO, KVPOOL_PROBE_MS);
+    nng_socket_set_size(s, NNG_OPT_RECVMAXSZ, 65536);
+    Pagoda__Internal__KvpoolRequest req = PAGODA__INTERNAL__KVPOOL_REQUEST__INIT;
+    req.has_protocol_version = 1;
+    req.protocol_version = WIRE_PROTOCOL_VERSION;
+    uint8_t buf[64];
+    size_t len = pagoda__internal__kvpool_request__pack(&req, buf);
+    void *reply = NULL;
+    size_t reply_len = 0;
+    if ((rv = nng_dial(s, url, NULL, 0)) == 0 && (rv = nng_send(s, buf, len, 0)) == 0 &&
+        (rv = nng_recv(s, &reply, &reply_len, NNG_FLAG_ALLOC)) == 0)
+        nng_free(reply, reply_len);
+    nng_close(s);
+    return rv == 0 ? 0 : wire_error(rv, url);
+}
+
+/* Opens the REP socket and listens, unless a kvpool already serves DIR. */
+static int server_listen(struct server *srv, const char *run_dir)
+{
+    int rc = wire_ipc_url(srv->url, sizeof(srv->url), run_dir, "kvpool.ipc");
+    if (rc != 0)
+        return rc;
+    if (probe(srv->url) == 0)
+        return pagoda_error_set(PAGODA_EEXIST, "another kvpool serves %s (stop it first)", run_dir);
+    int rv = nng_rep0_open(&srv->sock);
+    if (rv != 0)
+        return wire_error(rv, "nng_rep0_open");
+    if ((rv = nng_socket_set_size(srv->sock, NNG_OPT_RECVMAXSZ, KVPOOL_MAX_REQUEST_BYTES)) != 0) {
+        nng_close(srv->sock);
+        return wire_error(rv, "NNG_OPT_RECVMAXSZ");
+    }
+    if ((rv = nng_listen(srv->sock, srv->url, &srv->listener, 0)) != 0) {
+        nng_close(srv->sock);
+        if (rv == NNG_EADDRINUSE)
+            return pagoda_error_set(PAGODA_EEXIST, "%s is in use by another process", srv->url);
+        return wire_error(rv, srv->url);
+    }
+    return 0;
+}
+
+/* Main thread: the listener answers its own request, or is replaced (see the file comment).
+ * Returns 1 when it was replaced. */
+static int server_check(struct server *srv)
+{
+    if (probe(srv->url) == 0)
+        return 0;
+    log_warn("%s: no answer to a request of our own; listening anew (NNG 1.5.2 stops accepting "
+             "after a peer that drops during the handshake)",
+             srv->url);
+    nng_listener_close(srv->listener);
+    int rv = nng_listen(srv->sock, srv->url, &srv->listener, 0);
+    if (rv != 0) {
+        char msg[700];
+        int rc = wire_error(rv, srv->url);
+        log_error("listening anew: %s", pagoda_error_message(rc, msg, sizeof(msg)));
+    }
+    return 1;
+}
+
+/* Starts the contexts receiving. On failure the started ones keep running until
+ * server_close. */
+static int server_start(struct server *srv)
+{
+    for (int i = 0; i < KVPOOL_CONTEXTS; i++) {
+        struct slot *s = &srv->slots[i];
+        s->srv = srv;
+        int rv = nng_aio_alloc(&s->aio, on_slot, s);
+        if (rv != 0)
+            return wire_error(rv, "nng_aio_alloc");
+        if ((rv = nng_ctx_open(&s->ctx, srv->sock)) != 0) {
+            nng_aio_free(s->aio);
+            return wire_error(rv, "nng_ctx_open");
+        }
+        srv->num_slots++;
+        slot_recv(s);
+    }
+    return 0;
+}
+
+/* Stops the aios (waiting for running callbacks), then closes the socket, then frees. */
+static void server_close(struct server *srv)
+{
+    for (int i = 0; i < srv->num_slots; i++)
+        nng_aio_stop(srv->slots[i].aio);
+    for (int i = 0; i < srv->num_slots; i++) {
+        struct slot *s = &srv->slots[i];
+        if (s->sending) /* stopped before the send took the message */
+            nng_msg_free(nng_aio_get_msg(s->aio));
+        nng_ctx_close(s->ctx);
+    }
+    nng_close(srv->sock);
+    for (int i = 0; i < srv->num_slots; i++)
+        nng_aio_free(srv->slots[i].aio);
+    srv->num_slots = 0;
+}
+
+/* ---- main -------------------------------------------------------------------------------- */
+
+enum { OPT_RUN_DIR = 256, OPT_MODEL, OPT_BLOCK_SIZE, OPT_KV_BLOCKS, OPT_KV_BYTES, OPT_LOG_LEVEL };
+
+/* Returns 0, 2 for a usage error (after printing it), or 3 for --help. */
+static int parse_args(int argc, char **argv, struct opts *o)
+{
+    static const struct option longopts[] = {
+        {"run-dir", required_argument, NULL, OPT_RUN_DIR},
+        {"model", required_argument, NULL, OPT_MODEL},
+        {"block-size", required_argument, NULL, OPT_BLOCK_SIZE},
+        {"kv-blocks", required_argument, NULL, OPT_KV_BLOCKS},
+        {"kv-bytes", required_argument, NULL, OPT_KV_BYTES},
+        {"log-level", required_argument, NULL, OPT_LOG_LEVEL},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    int opt, rc = 0;
+    int64_t v;
+    while ((opt = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
+        switch (opt) {
+        case OPT_RUN_DIR:
+            o->run_dir = optarg;
+            break;
+        case OPT_MODEL:
+            o->model = optarg;
+            break;
+        case OPT_BLOCK_SIZE:
+            if ((rc = parse_i64("--block-size", optarg, KV_BLOCK_SIZE_MIN, KV_BLOCK_SIZE_MAX,
+                                &v)) == 0)
+                o->block_size = (int32_t)v;
+            break;
+        case OPT_KV_BLOCKS:
+            if ((rc = parse_i64("--kv-blocks", optarg, 2, INT32_MAX, &v)) == 0)
+                o->kv_blocks = v;
+            break;
+        case OPT_KV_BYTES:
+            if ((rc = parse_i64("--kv-bytes", optarg, 1, (int64_t)KVPOOL_MAX_KV_BYTES, &v)) == 0) {
+                o->kv_bytes = (uint64_t)v;
+                o->kv_bytes_set = 1;
+            }
+            break;
+        case OPT_LOG_LEVEL:
+            o->log_level = optarg;
+            break;
+        case 'h':
+            usage(stdout);
+            return 3;
+        default:
+            usage(stderr);
+            return 2;
+        }
+        if (rc != 0) {
+            char msg[700];
+            fprintf(stderr, "pagoda-kvpool: %s\n", pagoda_error_message(rc, msg, sizeof(msg)));
+            return 2;
+        }
+    }
+    if (optind != argc || o->run_dir == NULL || o->model == NULL) {
+        usage(stderr);
+        return 2;
+    }
+    if (o->kv_blocks != 0 && o->kv_bytes_set) {
+        fprintf(stderr, "pagoda-kvpool: --kv-blocks and --kv-bytes exclude each other\n");
+        return 2;
+    }
+    enum log_level level;
+    if (log_level_parse(o->log_level, &level) != 0) {
+        fprintf(stderr, "pagoda-kvpool: --log-level '%s' is not debug, info, warn or error\n",
+                o->log_level);
+        return 2;
+    }
+    log_set_level(level);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    struct opts o = {
+        .log_level = "info",
+        .block_size = KV_BLOCK_SIZE_DEFAULT,
+        .kv_bytes = KVPOOL_DEFAULT_KV_BYTES,
+    };
+    log_set_name("kvpool");
+    int status = parse_args(argc, argv, &o);
+    if (status != 0)
+        return status == 3 ? 0 : status;
+
+    /* Signals are taken by sigwait only; NNG's threads inherit the mask. */
+    sigset_t stop_signals;
+    sigemptyset(&stop_signals);
+    sigaddset(&stop_signals, SIGTERM);
+    sigaddset(&stop_signals, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &stop_signals, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    struct server srv = {0};
+    struct kv_shm_pool *pool = NULL;
+    int listening = 0, rc;
+    char run_dir[PATH_MAX], shm_name[KV_SHM_NAME_MAX + 1];
+    struct model_config cfg;
+    struct kv_geometry g;
+    status = 1;
+    if (realpath(o.run_dir, run_dir) == NULL) {
+        rc = pagoda_error_set(pagoda_from_errno(errno), "--run-dir %s: %s", o.run_dir,
+                              strerror(errno));
+        goto fail;
+    }
+    if ((rc = model_config_load(o.model, &cfg)) != 0 || (rc = pool_geometry(&o, &cfg, &g)) != 0)
+        goto fail;
+    snprintf(shm_name, sizeof(shm_name), "/pagoda-%016" PRIx64, fnv1a64(run_dir));
+    if ((rc = server_listen(&srv, run_dir)) != 0)
+        goto fail;
+    listening = 1;
+    if ((rc = pool_create(shm_name, &g, &pool)) != 0)
+        goto fail;
+    if ((rc = pack_response(&g, shm_name, 0, NULL, &srv.geometry_reply, &srv.geometry_reply_len)) !=
+            0 ||
+        (rc = pack_response(&g, shm_name, PAGODA_EFORMAT, "malformed KvpoolRequest",
+                            &srv.error_reply, &srv.error_reply_len)) != 0)
+        goto fail;
+    if ((rc = server_start(&srv)) != 0)
+        goto fail;
+
+    uint64_t block_bytes = kv_pool_bytes(&g) / (uint64_t)g.num_blocks;
+    log_info("kv pool %s: %d blocks of %d tokens (%d usable, %" PRId64 " tokens), %.1f MiB; "
+             "%d layers, %d KV heads, head dim %d, f32, pool id %016" PRIx64,
+             shm_name, g.num_blocks, g.block_size, g.num_blocks - 1,
+             (int64_t)(g.num_blocks - 1) * g.block_size,
+             (double)block_bytes * g.num_blocks / (1024.0 * 1024.0), g.num_layers, g.num_kv_heads,
+             g.head_dim, g.pool_id);
+    log_info("serving %s", srv.url);
+    if ((rc = wire_control_ready(run_dir, "kvpool")) != 0) {
+        char msg[700];
+        log_debug("no supervisor told of readiness: %s",
+                  pagoda_error_message(rc, msg, sizeof(msg)));
+    }
+
+    uint64_t malformed_logged = 0, own_requests = 0;
+    for (;;) {
+        struct timespec tick = {.tv_sec = KVPOOL_TICK_S};
+        int sig = sigtimedwait(&stop_signals, NULL, &tick);
+        if (sig < 0 && server_check(&srv) == 0)
+            own_requests++;
+        uint64_t malformed = atomic_load(&srv.malformed);
+        if (malformed != malformed_logged) {
+            log_warn("%" PRIu64 " malformed requests answered with an error (%" PRIu64 " in all)",
+                     malformed - malformed_logged, malformed);
+            malformed_logged = malformed;
+        }
+        if (sig == SIGTERM || sig == SIGINT) {
+            log_info("%s: stopping after %" PRIu64 " requests", strsignal(sig),
+                     (uint64_t)atomic_load(&srv.requests) - own_requests);
+            break;
+        }
+    }
+    status = 0;
+    goto out;
+fail:
+    fail_msg(rc);
+out:
+    if (listening)
+        server_close(&srv);
+    if (pool != NULL) {
+        kv_shm_pool_close(pool);
+        if ((rc = kv_shm_pool_unlink(shm_name)) != 0) {
+            fail_msg(rc);
+            status = 1;
+        } else {
+            log_info("kv pool %s removed", shm_name);
+        }
+    }
+    free(srv.geometry_reply);
+    free(srv.error_reply);
+    nng_fini();
+    return status;
+}

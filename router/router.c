@@ -1,0 +1,1354 @@
+#include "router/router.h"
+
+#include "common/error.h"
+#include "common/log.h"
+#include "proto/internal.pb-c.h"
+#include "proto/pagoda.pb-c.h"
+#include "wire/wire.h"
+
+#include <nng/nng.h>
+#include <nng/protocol/pair1/pair.h>
+#include <nng/protocol/reqrep0/rep.h>
+
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#define ID_BYTES 16
+/* The housekeeping tick: resends what the link refused, expires results, checks a drain. */
+#define HOUSEKEEPING_MS 100
+/* A drain waits this long for a client to fetch a result that finished during the drain. */
+#define DRAIN_LINGER_MS 2000
+/* Messages the scheduler link queues in each direction, so that a burst of submits or events
+ * is not refused by a non-blocking send while the pipe is busy. */
+#define LINK_BUFFER_MESSAGES 1024
+
+/* ---- state ------------------------------------------------------------------------------- */
+
+enum park { PARK_NONE = 0, PARK_POLL, PARK_STATS };
+
+struct request;
+
+/* One REP context: receives a call, is owned by the loop while the call is handled or parked,
+ * then sends the reply and receives again. */
+struct rctx {
+    struct router *r;
+    nng_ctx ctx;
+    nng_aio *aio;
+    int ctx_open;
+    int sending;            /* the aio's operation is a send; set before it starts */
+    nng_msg *msg;           /* a received call waiting in the mailbox */
+    struct rctx *next_mail; /* mailbox link, guarded by router.lock */
+    uv_timer_t timer;       /* a parked call's deadline */
+    enum park park;
+    struct request *req;      /* PARK_POLL: the request waited on */
+    uint32_t offset;          /* PARK_POLL: the first output token the client wants */
+    uint64_t cookie;          /* PARK_STATS: the StatsRequest sent for this call */
+    struct rctx *prev, *next; /* the waiter list it is parked on */
+};
+
+/* What the client asked for, with defaults applied: two Submits are the same request when
+ * these are equal. */
+struct submit_params {
+    const int32_t *prompt;
+    uint32_t num_prompt;
+    const int32_t *stop_ids;
+    uint32_t num_stop;
+    float temperature, top_p, min_p, repetition_penalty, presence_penalty, frequency_penalty;
+    int32_t top_k;
+    int has_seed; /* the client chose the seed */
+    uint64_t seed;
+    int32_t max_tokens;
+    int ignore_eos;
+    int logprobs;
+};
+
+struct request {
+    uint8_t id[ID_BYTES];
+    struct request *hash_next;
+    struct request *prev, *next; /* the live list or the finished list (oldest first) */
+    struct submit_params p;      /* prompt and stop_ids point into the two arrays below */
+    int32_t *prompt;
+    int32_t *stop_ids;
+    int32_t *tokens;
+    float *logprobs;
+    uint32_t num_tokens, cap_tokens;
+    Pagoda__FinishReason finish;
+    uint32_t prompt_tokens, cached_tokens;
+    int32_t error_code;
+    char *error_message;
+    uint64_t finished_at_ms;
+    int delivered;        /* a reply with the finish reason went out */
+    int need_submit;      /* the SubmitSeq is still to be sent */
+    int need_cancel;      /* the CancelSeq is still to be sent */
+    struct rctx *waiters; /* parked polls */
+};
+
+struct req_list {
+    struct request *head, *tail;
+    uint32_t count;
+};
+
+struct router {
+    uv_loop_t *loop;
+    struct router_config cfg;
+    char *run_dir, *listen_url;
+    char sched_url[512];
+
+    nng_socket rep, link;
+    int rep_open, link_open;
+    struct wire_inbox *inbox;
+    struct rctx *ctxs;
+    uint32_t num_ctxs;
+
+    uv_async_t async;
+    uv_timer_t housekeeping;
+    int async_init, timer_init;
+    int handles_open; /* uv handles still to close before the router is freed */
+
+    pthread_mutex_t lock;
+    int lock_init;
+    struct rctx *mail_head, *mail_tail; /* guarded by lock */
+    atomic_int closing;
+    atomic_int link_pipes;
+    atomic_uint link_gen; /* bumped by every pipe that joins the link */
+    unsigned link_gen_seen;
+
+    struct request **buckets;
+    size_t num_buckets; /* a power of two */
+    uint64_t hash_seed;
+    struct req_list live, finished;
+    uint32_t num_pending; /* requests with need_submit or need_cancel */
+
+    struct rctx *stats_waiters;
+    uint64_t stats_cookie;
+
+    uint64_t malformed_requests, malformed_internal, unknown_events, event_gaps;
+
+    int draining;
+    uint64_t drain_deadline_ms;
+    router_drained_fn drained_fn;
+    void *drained_arg;
+};
+
+/* ---- small helpers ------------------------------------------------------------------------- */
+
+void router_config_default(struct router_config *cfg)
+{
+    memset(cfg, 0, sizeof(*cfg));
+    cfg->num_contexts = ROUTER_DEFAULT_CONTEXTS;
+    cfg->max_live_requests = ROUTER_DEFAULT_MAX_LIVE_REQUESTS;
+    cfg->max_finished_requests = ROUTER_DEFAULT_MAX_FINISHED_REQUESTS;
+    cfg->finished_ttl_ms = ROUTER_DEFAULT_FINISHED_TTL_MS;
+    cfg->max_prompt_tokens = ROUTER_DEFAULT_MAX_PROMPT_TOKENS;
+    cfg->max_new_tokens = ROUTER_DEFAULT_MAX_NEW_TOKENS;
+    cfg->max_wait_ms = ROUTER_DEFAULT_MAX_WAIT_MS;
+    cfg->stats_timeout_ms = ROUTER_DEFAULT_STATS_TIMEOUT_MS;
+    cfg->drain_timeout_ms = ROUTER_DEFAULT_DRAIN_TIMEOUT_MS;
+}
+
+static void id_hex(const uint8_t *id, char out[2 * ID_BYTES + 1])
+{
+    static const char digits[] = "0123456789abcdef";
+    for (int i = 0; i < ID_BYTES; i++) {
+        out[2 * i] = digits[id[i] >> 4];
+        out[2 * i + 1] = digits[id[i] & 15];
+    }
+    out[2 * ID_BYTES] = '\0';
+}
+
+static uint64_t random_u64(void)
+{
+    uint64_t v = 0;
+    if (getrandom(&v, sizeof(v), 0) != (ssize_t)sizeof(v)) {
+        /* getrandom on Linux only fails before the entropy pool is ready; a seed or a hash
+         * key from the clock is still a valid one. */
+        v = (uint64_t)uv_hrtime() * 0x9E3779B97F4A7C15ull;
+    }
+    return v;
+}
+
+static void list_push(struct req_list *l, struct request *q)
+{
+    q->next = NULL;
+    q->prev = l->tail;
+    if (l->tail)
+        l->tail->next = q;
+    else
+        l->head = q;
+    l->tail = q;
+    l->count++;
+}
+
+static void list_remove(struct req_list *l, struct request *q)
+{
+    if (q->prev)
+        q->prev->next = q->next;
+    else
+        l->head = q->next;
+    if (q->next)
+        q->next->prev = q->prev;
+    else
+        l->tail = q->prev;
+    q->prev = q->next = NULL;
+    l->count--;
+}
+
+/* ---- the registry -------------------------------------------------------------------------- */
+
+/* Ids come from clients, so the bucket index is a keyed hash (the key drawn at start): a client
+ * cannot choose ids that pile into one bucket on purpose. */
+static size_t bucket_of(const struct router *r, const uint8_t *id)
+{
+    return (size_t)XXH3_64bits_withSeed(id, ID_BYTES, r->hash_seed) & (r->num_buckets - 1);
+}
+
+static struct request *registry_find(const struct router *r, const uint8_t *id)
+{
+    for (struct request *q = r->buckets[bucket_of(r, id)]; q != NULL; q = q->hash_next)
+        if (memcmp(q->id, id, ID_BYTES) == 0)
+            return q;
+    return NULL;
+}
+
+static void request_free(struct request *q)
+{
+    if (q == NULL)
+        return;
+    free(q->prompt);
+    free(q->stop_ids);
+    free(q->tokens);
+    free(q->logprobs);
+    free(q->error_message);
+    free(q);
+}
+
+/* Forgets a finished request: its id becomes unknown (PAGODA_ENOENT). */
+static void registry_drop(struct router *r, struct request *q)
+{
+    struct request **pp = &r->buckets[bucket_of(r, q->id)];
+    while (*pp != q)
+        pp = &(*pp)->hash_next;
+    *pp = q->hash_next;
+    list_remove(q->finish == PAGODA__FINISH_REASON__FINISH_NONE ? &r->live : &r->finished, q);
+    if (q->need_submit || q->need_cancel)
+        r->num_pending--;
+    request_free(q);
+}
+
+/* Drops the oldest finished results while more than the configured count are kept. The newest
+ * is never dropped (max_finished_requests >= 1), and a finished request has no parked polls. */
+static void registry_trim(struct router *r)
+{
+    while (r->finished.count > r->cfg.max_finished_requests)
+        registry_drop(r, r->finished.head);
+}
+
+/* ---- replies -------------------------------------------------------------------------------- */
+
+static void arm_recv(struct rctx *c)
+{
+    if (!atomic_load(&c->r->closing))
+        nng_ctx_recv(c->ctx, c->aio);
+}
+
+/* Packs resp and sends it on c's context. The context receives its next call once the send has
+ * completed. If no message can be allocated, the call goes unanswered and the client's REQ
+ * resends it later. */
+static void reply(struct rctx *c, Pagoda__ClientResponse *resp)
+{
+    resp->has_protocol_version = 1;
+    resp->protocol_version = ROUTER_CLIENT_PROTOCOL_VERSION;
+    size_t len = protobuf_c_message_get_packed_size(&resp->base);
+    nng_msg *m;
+    if (nng_msg_alloc(&m, len) != 0) {
+        log_warn("out of memory for a %zu-byte reply: the call goes unanswered", len);
+        arm_recv(c);
+        return;
+    }
+    protobuf_c_message_pack(&resp->base, nng_msg_body(m));
+    c->sending = 1;
+    nng_aio_set_msg(c->aio, m);
+    nng_ctx_send(c->ctx, c->aio);
+}
+
+static void reply_error(struct rctx *c, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static void reply_error(struct rctx *c, int code, const char *fmt, ...)
+{
+    char text[600];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof(text), fmt, ap);
+    va_end(ap);
+    Pagoda__ClientResponse resp = PAGODA__CLIENT_RESPONSE__INIT;
+    resp.has_error_code = 1;
+    resp.error_code = code;
+    resp.error_message = text;
+    reply(c, &resp);
+}
+
+/* Answers with the request's tokens from offset on (none when offset is at the end), its state,
+ * and its usage once it has finished. */
+static void reply_update_ex(struct rctx *c, struct request *q, uint32_t offset, int with_tokens)
+{
+    Pagoda__ClientResponse resp = PAGODA__CLIENT_RESPONSE__INIT;
+    Pagoda__TokenUpdate up = PAGODA__TOKEN_UPDATE__INIT;
+    Pagoda__Usage usage = PAGODA__USAGE__INIT;
+    up.has_request_id = 1;
+    up.request_id.data = q->id;
+    up.request_id.len = ID_BYTES;
+    up.has_offset = 1;
+    up.offset = offset;
+    if (with_tokens && offset < q->num_tokens) {
+        up.n_token_ids = q->num_tokens - offset;
+        up.token_ids = q->tokens + offset;
+        if (q->p.logprobs) {
+            up.n_logprobs = up.n_token_ids;
+            up.logprobs = q->logprobs + offset;
+        }
+    }
+    up.has_finish_reason = 1;
+    up.finish_reason = q->finish;
+    if (q->finish != PAGODA__FINISH_REASON__FINISH_NONE) {
+        usage.has_prompt_tokens = usage.has_completion_tokens = usage.has_cached_tokens = 1;
+        usage.prompt_tokens = q->prompt_tokens;
+        usage.completion_tokens = q->num_tokens;
+        usage.cached_tokens = q->cached_tokens;
+        up.usage = &usage;
+        if (q->finish == PAGODA__FINISH_REASON__FINISH_ERROR && q->error_message != NULL)
+            resp.error_message = q->error_message;
+        if (with_tokens)
+            q->delivered = 1;
+    }
+    resp.result_case = PAGODA__CLIENT_RESPONSE__RESULT_UPDATE;
+    resp.update = &up;
+    reply(c, &resp);
+}
+
+static void reply_update(struct rctx *c, struct request *q, uint32_t offset)
+{
+    reply_update_ex(c, q, offset, 1);
+}
+
+/* A Submit's answer: the request's id and state, offset 0 and no tokens (a resent Submit of a
+ * request that has made progress gets the same answer as the first). */
+static void reply_submitted(struct rctx *c, struct request *q)
+{
+    reply_update_ex(c, q, 0, 0);
+}
+
+/* ---- parking --------------------------------------------------------------------------------- */
+
+static void park_remove(struct rctx **list, struct rctx *c)
+{
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        *list = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    c->prev = c->next = NULL;
+}
+
+static void park_push(struct rctx **list, struct rctx *c)
+{
+    c->prev = NULL;
+    c->next = *list;
+    if (*list)
+        (*list)->prev = c;
+    *list = c;
+}
+
+/* Takes c off whatever it waits on and stops its timer; the call is the loop's to answer. */
+static void unpark(struct rctx *c)
+{
+    if (c->park == PARK_POLL)
+        park_remove(&c->req->waiters, c);
+    else if (c->park == PARK_STATS)
+        park_remove(&c->r->stats_waiters, c);
+    c->park = PARK_NONE;
+    c->req = NULL;
+    uv_timer_stop(&c->timer);
+}
+
+static void on_park_timeout(uv_timer_t *t)
+{
+    struct rctx *c = t->data;
+    if (c->park == PARK_POLL) {
+        struct request *q = c->req;
+        uint32_t offset = c->offset;
+        unpark(c);
+        reply_update(c, q, offset); /* the wait ran out: an empty update */
+    } else if (c->park == PARK_STATS) {
+        unpark(c);
+        reply_error(c, PAGODA_ETIMEDOUT,
+                    "the scheduler did not answer a stats request within %u ms",
+                    c->r->cfg.stats_timeout_ms);
+    }
+}
+
+/* Answers every poll parked on q that now has something to say. */
+static void wake_waiters(struct request *q)
+{
+    struct rctx *c = q->waiters;
+    while (c != NULL) {
+        struct rctx *next = c->next;
+        if (c->offset < q->num_tokens || q->finish != PAGODA__FINISH_REASON__FINISH_NONE) {
+            uint32_t offset = c->offset;
+            unpark(c);
+            reply_update(c, q, offset);
+        }
+        c = next;
+    }
+}
+
+/* ---- the scheduler link ------------------------------------------------------------------------
+ */
+
+/* Whether a scheduler is on the link, as far as the loop knows: a pipe that joined is only
+ * counted once on_link_joined has run for it, so that it sees every unfinished request exactly
+ * once. */
+static int link_up(struct router *r)
+{
+    return r->link_gen_seen == atomic_load(&r->link_gen) && atomic_load(&r->link_pipes) > 0;
+}
+
+static void set_pending(struct router *r, struct request *q, int *flag, int value)
+{
+    int before = q->need_submit || q->need_cancel;
+    *flag = value;
+    int after = q->need_submit || q->need_cancel;
+    if (!before && after)
+        r->num_pending++;
+    else if (before && !after)
+        r->num_pending--;
+}
+
+static int send_submit(struct router *r, struct request *q)
+{
+    Pagoda__Internal__SamplingParams sp = PAGODA__INTERNAL__SAMPLING_PARAMS__INIT;
+    sp.has_temperature = sp.has_top_k = sp.has_top_p = sp.has_min_p = 1;
+    sp.has_repetition_penalty = sp.has_presence_penalty = sp.has_frequency_penalty = 1;
+    sp.has_seed = 1;
+    sp.temperature = q->p.temperature;
+    sp.top_k = q->p.top_k;
+    sp.top_p = q->p.top_p;
+    sp.min_p = q->p.min_p;
+    sp.repetition_penalty = q->p.repetition_penalty;
+    sp.presence_penalty = q->p.presence_penalty;
+    sp.frequency_penalty = q->p.frequency_penalty;
+    sp.seed = q->p.seed;
+
+    Pagoda__Internal__SubmitSeq sub = PAGODA__INTERNAL__SUBMIT_SEQ__INIT;
+    sub.has_request_id = 1;
+    sub.request_id.data = q->id;
+    sub.request_id.len = ID_BYTES;
+    sub.tenant = (char *)ROUTER_DEFAULT_TENANT;
+    sub.n_prompt_token_ids = q->p.num_prompt;
+    sub.prompt_token_ids = q->prompt;
+    sub.sampling = &sp;
+    sub.has_max_tokens = 1;
+    sub.max_tokens = q->p.max_tokens;
+    sub.n_stop_token_ids = q->p.num_stop;
+    sub.stop_token_ids = q->stop_ids;
+    sub.has_ignore_eos = 1;
+    sub.ignore_eos = q->p.ignore_eos;
+    sub.n_output_token_ids = q->num_tokens;
+    sub.output_token_ids = q->tokens;
+
+    Pagoda__Internal__ToScheduler env = PAGODA__INTERNAL__TO_SCHEDULER__INIT;
+    env.has_protocol_version = 1;
+    env.protocol_version = WIRE_PROTOCOL_VERSION;
+    env.msg_case = PAGODA__INTERNAL__TO_SCHEDULER__MSG_SUBMIT;
+    env.submit = &sub;
+    return wire_send(r->link, &env.base);
+}
+
+static int send_cancel(struct router *r, struct request *q)
+{
+    Pagoda__Internal__CancelSeq cancel = PAGODA__INTERNAL__CANCEL_SEQ__INIT;
+    cancel.has_request_id = 1;
+    cancel.request_id.data = q->id;
+    cancel.request_id.len = ID_BYTES;
+    Pagoda__Internal__ToScheduler env = PAGODA__INTERNAL__TO_SCHEDULER__INIT;
+    env.has_protocol_version = 1;
+    env.protocol_version = WIRE_PROTOCOL_VERSION;
+    env.msg_case = PAGODA__INTERNAL__TO_SCHEDULER__MSG_CANCEL;
+    env.cancel = &cancel;
+    return wire_send(r->link, &env.base);
+}
+
+/* Sends what is still to be sent to the scheduler, while the link takes it. A refused send
+ * stays pending for the next housekeeping tick. */
+static void flush_pending(struct router *r)
+{
+    if (r->num_pending == 0 || !link_up(r))
+        return;
+    struct req_list *lists[2] = {&r->live, &r->finished};
+    for (int l = 0; l < 2; l++) {
+        for (struct request *q = lists[l]->head; q != NULL && r->num_pending > 0; q = q->next) {
+            if (q->need_submit) {
+                if (send_submit(r, q) != 0)
+                    return;
+                set_pending(r, q, &q->need_submit, 0);
+            }
+            if (q->need_cancel) {
+                if (send_cancel(r, q) != 0)
+                    return;
+                set_pending(r, q, &q->need_cancel, 0);
+            }
+        }
+    }
+}
+
+/* A pipe joined the link: a scheduler (new or restarted) is there. It may not know the
+ * unfinished requests, so each is sent again with the output it already has. */
+static void on_link_joined(struct router *r)
+{
+    log_info("scheduler link up (%s): sending %u unfinished requests", r->sched_url, r->live.count);
+    for (struct request *q = r->live.head; q != NULL; q = q->next)
+        set_pending(r, q, &q->need_submit, 1);
+    flush_pending(r);
+}
+
+/* NNG thread: the link's pipes come and go. */
+static void on_link_pipe(nng_pipe p, nng_pipe_ev ev, void *arg)
+{
+    struct router *r = arg;
+    if (ev == NNG_PIPE_EV_ADD_POST) {
+        atomic_fetch_add(&r->link_pipes, 1);
+        atomic_fetch_add(&r->link_gen, 1);
+    } else if (ev == NNG_PIPE_EV_REM_POST) {
+        atomic_fetch_sub(&r->link_pipes, 1);
+    }
+    if (!atomic_load(&r->closing))
+        uv_async_send(&r->async);
+}
+
+static void finish_request(struct router *r, struct request *q, Pagoda__FinishReason reason,
+                           int32_t error_code, const char *error_message)
+{
+    if (q->finish != PAGODA__FINISH_REASON__FINISH_NONE)
+        return;
+    list_remove(&r->live, q);
+    q->finish = reason;
+    q->finished_at_ms = uv_now(r->loop);
+    q->error_code = error_code;
+    if (error_message != NULL)
+        q->error_message = strdup(error_message);
+    set_pending(r, q, &q->need_submit, 0);
+    list_push(&r->finished, q);
+    wake_waiters(q);
+}
+
+/* Appends one token; a request never holds more than max_tokens. */
+static int append_token(struct request *q, int32_t token, float logprob)
+{
+    if (q->num_tokens == q->cap_tokens) {
+        uint32_t cap = q->cap_tokens ? 2 * q->cap_tokens : 16;
+        if (cap > (uint32_t)q->p.max_tokens)
+            cap = (uint32_t)q->p.max_tokens;
+        int32_t *t = realloc(q->tokens, cap * sizeof(*t));
+        if (t == NULL)
+            return PAGODA_ENOMEM;
+        q->tokens = t;
+        float *l = realloc(q->logprobs, cap * sizeof(*l));
+        if (l == NULL)
+            return PAGODA_ENOMEM;
+        q->logprobs = l;
+        q->cap_tokens = cap;
+    }
+    q->tokens[q->num_tokens] = token;
+    q->logprobs[q->num_tokens] = logprob;
+    q->num_tokens++;
+    return 0;
+}
+
+static Pagoda__FinishReason finish_from_internal(Pagoda__Internal__FinishReason f)
+{
+    switch (f) {
+    case PAGODA__INTERNAL__FINISH_REASON__FINISH_STOP:
+        return PAGODA__FINISH_REASON__FINISH_STOP;
+    case PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH:
+        return PAGODA__FINISH_REASON__FINISH_LENGTH;
+    case PAGODA__INTERNAL__FINISH_REASON__FINISH_CANCELLED:
+        return PAGODA__FINISH_REASON__FINISH_CANCELLED;
+    case PAGODA__INTERNAL__FINISH_REASON__FINISH_NONE:
+        return PAGODA__FINISH_REASON__FINISH_NONE;
+    default:
+        return PAGODA__FINISH_REASON__FINISH_ERROR;
+    }
+}
+
+/* Appends an event's new tokens (those beyond what the request holds: a resent or overlapping
+ * event adds nothing twice), records its end, and answers the polls waiting on it. */
+static void apply_event(struct router *r, const Pagoda__Internal__TokenEvent *ev)
+{
+    char hex[2 * ID_BYTES + 1];
+    if (!ev->has_request_id || ev->request_id.len != ID_BYTES) {
+        r->malformed_internal++;
+        log_warn("a token event without a 16-byte request id: ignored");
+        return;
+    }
+    struct request *q = registry_find(r, ev->request_id.data);
+    if (q == NULL) {
+        /* A request this router does not know: finished and expired, or from before a router
+         * restart (re-announced by the scheduler). */
+        r->unknown_events++;
+        id_hex(ev->request_id.data, hex);
+        log_debug("an event for request %s, which this router does not hold: ignored", hex);
+        return;
+    }
+    if (q->finish != PAGODA__FINISH_REASON__FINISH_NONE)
+        return;
+    uint32_t offset = ev->has_offset ? ev->offset : 0;
+    if (offset > q->num_tokens) {
+        r->event_gaps++;
+        id_hex(q->id, hex);
+        log_warn("request %s: an event from output offset %u, but %u tokens are held: ignored", hex,
+                 offset, q->num_tokens);
+        return;
+    }
+    for (size_t i = q->num_tokens - offset; i < ev->n_token_ids; i++) {
+        if (q->num_tokens >= (uint32_t)q->p.max_tokens)
+            break;
+        float lp = i < ev->n_logprobs ? ev->logprobs[i] : 0.0f;
+        if (append_token(q, ev->token_ids[i], lp) != 0) {
+            finish_request(r, q, PAGODA__FINISH_REASON__FINISH_ERROR, PAGODA_ENOMEM,
+                           "the router ran out of memory for this request's tokens");
+            set_pending(r, q, &q->need_cancel, 1);
+            flush_pending(r);
+            registry_trim(r);
+            return;
+        }
+    }
+    if (ev->has_finish_reason &&
+        ev->finish_reason != PAGODA__INTERNAL__FINISH_REASON__FINISH_NONE) {
+        if (ev->has_prompt_tokens)
+            q->prompt_tokens = ev->prompt_tokens;
+        if (ev->has_cached_tokens)
+            q->cached_tokens = ev->cached_tokens;
+        finish_request(r, q, finish_from_internal(ev->finish_reason),
+                       ev->has_error_code ? ev->error_code : 0, ev->error_message);
+        registry_trim(r);
+        return;
+    }
+    wake_waiters(q);
+}
+
+static void fill_stats(struct router *r, const Pagoda__Internal__SchedulerStats *s,
+                       Pagoda__Stats *out)
+{
+    out->has_running = s->has_running;
+    out->running = s->running;
+    out->has_waiting = s->has_waiting;
+    out->waiting = s->waiting;
+    out->has_kv_usage = s->has_kv_usage;
+    out->kv_usage = s->kv_usage;
+    out->has_preemptions = s->has_preemptions;
+    out->preemptions = s->preemptions;
+    out->has_peak_running = s->has_peak_running;
+    out->peak_running = s->peak_running;
+    out->has_steps = s->has_steps;
+    out->steps = s->steps;
+    out->has_resyncs = s->has_resyncs;
+    out->resyncs = s->resyncs;
+    out->has_worker_restarts = s->has_worker_restarts;
+    out->worker_restarts = s->worker_restarts;
+    out->has_num_blocks = s->has_num_blocks;
+    out->num_blocks = s->num_blocks;
+    out->has_free_blocks = s->has_free_blocks;
+    out->free_blocks = s->free_blocks;
+    out->has_computed_tokens = s->has_computed_tokens;
+    out->computed_tokens = s->computed_tokens;
+    out->has_malformed_messages = s->has_malformed_messages;
+    out->malformed_messages = s->malformed_messages;
+    out->has_step_cpu_us = s->has_step_cpu_us;
+    out->step_cpu_us = s->step_cpu_us;
+    out->has_live_requests = out->has_finished_requests = out->has_malformed_requests = 1;
+    out->live_requests = r->live.count;
+    out->finished_requests = r->finished.count;
+    out->malformed_requests = r->malformed_requests;
+    out->has_scheduler_connected = 1;
+    out->scheduler_connected = link_up(r);
+}
+
+/* Answers the stats calls waiting for this answer (every one sent no later than it). */
+static void answer_stats(struct router *r, const Pagoda__Internal__SchedulerStats *s)
+{
+    Pagoda__Stats stats = PAGODA__STATS__INIT;
+    fill_stats(r, s, &stats);
+    struct rctx *c = r->stats_waiters;
+    while (c != NULL) {
+        struct rctx *next = c->next;
+        if (!s->has_cookie || c->cookie <= s->cookie) {
+            unpark(c);
+            Pagoda__ClientResponse resp = PAGODA__CLIENT_RESPONSE__INIT;
+            resp.result_case = PAGODA__CLIENT_RESPONSE__RESULT_STATS;
+            resp.stats = &stats;
+            reply(c, &resp);
+        }
+        c = next;
+    }
+}
+
+/* Loop thread: one message from the scheduler. */
+static void on_link_msg(void *arg, nng_msg *m)
+{
+    struct router *r = arg;
+    Pagoda__Internal__ToRouter *msg =
+        (Pagoda__Internal__ToRouter *)wire_unpack(&pagoda__internal__to_router__descriptor, m);
+    size_t len = nng_msg_len(m);
+    nng_msg_free(m);
+    if (msg == NULL) {
+        r->malformed_internal++;
+        log_warn("a malformed %zu-byte message from the scheduler: ignored", len);
+        return;
+    }
+    switch (msg->msg_case) {
+    case PAGODA__INTERNAL__TO_ROUTER__MSG_EVENTS:
+        for (size_t i = 0; msg->events != NULL && i < msg->events->n_events; i++)
+            apply_event(r, msg->events->events[i]);
+        break;
+    case PAGODA__INTERNAL__TO_ROUTER__MSG_STATS:
+        answer_stats(r, msg->stats);
+        break;
+    default:
+        r->malformed_internal++;
+        log_warn("a message from the scheduler with no known content: ignored");
+    }
+    protobuf_c_message_free_unpacked(&msg->base, NULL);
+}
+
+/* ---- client calls ---------------------------------------------------------------------------- */
+
+/* Applies defaults to a Submit and checks every value; on success *p points into s. */
+static int submit_params_read(const struct router *r, const Pagoda__SubmitRequest *s,
+                              struct submit_params *p)
+{
+    const struct router_config *cfg = &r->cfg;
+    memset(p, 0, sizeof(*p));
+    if (s->n_prompt_token_ids == 0)
+        return pagoda_error_set(PAGODA_EINVAL, "the prompt is empty");
+    if (s->n_prompt_token_ids > cfg->max_prompt_tokens)
+        return pagoda_error_set(PAGODA_ERANGE,
+                                "the prompt has %zu tokens, more than the limit of %u",
+                                s->n_prompt_token_ids, cfg->max_prompt_tokens);
+    for (size_t i = 0; i < s->n_prompt_token_ids; i++)
+        if (s->prompt_token_ids[i] < 0)
+            return pagoda_error_set(PAGODA_ERANGE, "prompt token %zu is negative (%d)", i,
+                                    (int)s->prompt_token_ids[i]);
+    if (s->n_stop_token_ids > ROUTER_MAX_STOP_TOKEN_IDS)
+        return pagoda_error_set(PAGODA_ERANGE, "%zu stop token ids, more than the limit of %u",
+                                s->n_stop_token_ids, ROUTER_MAX_STOP_TOKEN_IDS);
+    for (size_t i = 0; i < s->n_stop_token_ids; i++)
+        if (s->stop_token_ids[i] < 0)
+            return pagoda_error_set(PAGODA_ERANGE, "stop token id %d is negative",
+                                    (int)s->stop_token_ids[i]);
+    p->prompt = s->prompt_token_ids;
+    p->num_prompt = (uint32_t)s->n_prompt_token_ids;
+    p->stop_ids = s->stop_token_ids;
+    p->num_stop = (uint32_t)s->n_stop_token_ids;
+    p->max_tokens = s->has_max_tokens ? s->max_tokens : ROUTER_DEFAULT_MAX_TOKENS;
+    if (p->max_tokens < 1 || (uint32_t)p->max_tokens > cfg->max_new_tokens)
+        return pagoda_error_set(PAGODA_ERANGE, "max_tokens %d is outside [1, %u]",
+                                (int)p->max_tokens, cfg->max_new_tokens);
+    p->ignore_eos = s->has_ignore_eos && s->ignore_eos;
+
+    /* Sampling: an absent field is the neutral value (temperature 1, every filter off). */
+    const Pagoda__SamplingParams *sp = s->sampling;
+    p->temperature = sp && sp->has_temperature ? sp->temperature : 1.0f;
+    p->top_p = sp && sp->has_top_p ? sp->top_p : 1.0f;
+    p->top_k = sp && sp->has_top_k ? sp->top_k : 0;
+    p->min_p = sp && sp->has_min_p ? sp->min_p : 0.0f;
+    p->repetition_penalty = sp && sp->has_repetition_penalty ? sp->repetition_penalty : 1.0f;
+    p->presence_penalty = sp && sp->has_presence_penalty ? sp->presence_penalty : 0.0f;
+    p->frequency_penalty = sp && sp->has_frequency_penalty ? sp->frequency_penalty : 0.0f;
+    p->has_seed = sp && sp->has_seed;
+    p->seed = p->has_seed ? sp->seed : 0;
+    p->logprobs = sp && sp->has_logprobs && sp->logprobs;
+    if (!isfinite(p->temperature) || p->temperature < 0.0f)
+        return pagoda_error_set(PAGODA_ERANGE,
+                                "temperature %g must be 0 (greedy) or finite and > 0",
+                                (double)p->temperature);
+    if (!(p->top_p > 0.0f && p->top_p <= 1.0f))
+        return pagoda_error_set(PAGODA_ERANGE, "top_p %g must be in (0, 1]", (double)p->top_p);
+    if (p->top_k < 0)
+        return pagoda_error_set(PAGODA_ERANGE, "top_k %d must be >= 0 (0: off)", (int)p->top_k);
+    if (!(p->min_p >= 0.0f && p->min_p <= 1.0f))
+        return pagoda_error_set(PAGODA_ERANGE, "min_p %g must be in [0, 1]", (double)p->min_p);
+    if (!isfinite(p->repetition_penalty) || !(p->repetition_penalty > 0.0f))
+        return pagoda_error_set(PAGODA_ERANGE, "repetition_penalty %g must be finite and > 0",
+                                (double)p->repetition_penalty);
+    if (!(fabsf(p->presence_penalty) <= 2.0f))
+        return pagoda_error_set(PAGODA_ERANGE, "presence_penalty %g must be in [-2, 2]",
+                                (double)p->presence_penalty);
+    if (!(fabsf(p->frequency_penalty) <= 2.0f))
+        return pagoda_error_set(PAGODA_ERANGE, "frequency_penalty %g must be in [-2, 2]",
+                                (double)p->frequency_penalty);
+    return 0;
+}
+
+/* Whether a repeated Submit asks for the same thing. A seed the router drew is not the
+ * client's choice, so only seeds the clients chose are compared. */
+static int submit_params_equal(const struct submit_params *a, const struct submit_params *b)
+{
+    return a->num_prompt == b->num_prompt &&
+           memcmp(a->prompt, b->prompt, a->num_prompt * sizeof(int32_t)) == 0 &&
+           a->num_stop == b->num_stop &&
+           (a->num_stop == 0 ||
+            memcmp(a->stop_ids, b->stop_ids, a->num_stop * sizeof(int32_t)) == 0) &&
+           a->temperature == b->temperature && a->top_p == b->top_p && a->top_k == b->top_k &&
+           a->min_p == b->min_p && a->repetition_penalty == b->repetition_penalty &&
+           a->presence_penalty == b->presence_penalty &&
+           a->frequency_penalty == b->frequency_penalty && a->has_seed == b->has_seed &&
+           (!a->has_seed || a->seed == b->seed) && a->max_tokens == b->max_tokens &&
+           a->ignore_eos == b->ignore_eos && a->logprobs == b->logprobs;
+}
+
+static struct request *request_new(const uint8_t *id, const struct submit_params *p)
+{
+    struct request *q = calloc(1, sizeof(*q));
+    if (q == NULL)
+        return NULL;
+    memcpy(q->id, id, ID_BYTES);
+    q->p = *p;
+    q->prompt = malloc(p->num_prompt * sizeof(int32_t));
+    q->stop_ids = malloc((p->num_stop ? p->num_stop : 1) * sizeof(int32_t));
+    if (q->prompt == NULL || q->stop_ids == NULL) {
+        request_free(q);
+        return NULL;
+    }
+    memcpy(q->prompt, p->prompt, p->num_prompt * sizeof(int32_t));
+    if (p->num_stop)
+        memcpy(q->stop_ids, p->stop_ids, p->num_stop * sizeof(int32_t));
+    q->p.prompt = q->prompt;
+    q->p.stop_ids = q->stop_ids;
+    if (!q->p.has_seed)
+        q->p.seed = random_u64(); /* the router draws a seed for requests without one */
+    q->prompt_tokens = p->num_prompt;
+    return q;
+}
+
+static int read_id(const ProtobufCBinaryData *id, int has)
+{
+    if (!has || id->len != ID_BYTES)
+        return pagoda_error_set(PAGODA_EINVAL, "request_id must be %d bytes (got %zu)", ID_BYTES,
+                                has ? id->len : (size_t)0);
+    return 0;
+}
+
+static void handle_submit(struct router *r, struct rctx *c, const Pagoda__SubmitRequest *s)
+{
+    struct submit_params p;
+    int rc = read_id(&s->request_id, s->has_request_id);
+    if (rc == 0)
+        rc = submit_params_read(r, s, &p);
+    if (rc != 0) {
+        reply_error(c, rc, "submit: %s", pagoda_error_detail());
+        return;
+    }
+    struct request *q = registry_find(r, s->request_id.data);
+    if (q != NULL) {
+        /* A resent Submit (NNG's REQ resends on a timeout or a lost connection): the same
+         * request. The same id for something else is the client's mistake. */
+        if (!submit_params_equal(&q->p, &p)) {
+            reply_error(c, PAGODA_EEXIST,
+                        "submit: request id already used with different parameters");
+            return;
+        }
+        reply_submitted(c, q);
+        return;
+    }
+    if (r->draining) {
+        reply_error(c, PAGODA_ECLOSED,
+                    "submit: the router is draining (shutting down) and "
+                    "admits no new requests");
+        return;
+    }
+    if (r->live.count >= r->cfg.max_live_requests) {
+        reply_error(c, PAGODA_EEXHAUSTED, "submit: %u requests are running, the limit",
+                    r->live.count);
+        return;
+    }
+    if ((q = request_new(s->request_id.data, &p)) == NULL) {
+        reply_error(c, PAGODA_ENOMEM, "submit: out of memory");
+        return;
+    }
+    size_t b = bucket_of(r, q->id);
+    q->hash_next = r->buckets[b];
+    r->buckets[b] = q;
+    list_push(&r->live, q);
+    set_pending(r, q, &q->need_submit, 1);
+    flush_pending(r);
+    reply_submitted(c, q);
+}
+
+static void handle_poll(struct router *r, struct rctx *c, const Pagoda__PollRequest *poll)
+{
+    if (read_id(&poll->request_id, poll->has_request_id) != 0) {
+        reply_error(c, PAGODA_EINVAL, "poll: %s", pagoda_error_detail());
+        return;
+    }
+    struct request *q = registry_find(r, poll->request_id.data);
+    if (q == NULL) {
+        reply_error(c, PAGODA_ENOENT,
+                    "poll: no request with this id (never submitted, or its result expired)");
+        return;
+    }
+    uint32_t offset = poll->has_offset ? poll->offset : 0;
+    uint32_t wait_ms = poll->has_wait_ms ? poll->wait_ms : 0;
+    if (wait_ms > r->cfg.max_wait_ms)
+        wait_ms = r->cfg.max_wait_ms;
+    int finished = q->finish != PAGODA__FINISH_REASON__FINISH_NONE;
+    if (offset > (uint32_t)q->p.max_tokens || (finished && offset > q->num_tokens)) {
+        reply_error(c, PAGODA_ERANGE,
+                    "poll: offset %u is beyond the request's output (%u tokens%s)", offset,
+                    q->num_tokens, finished ? ", finished" : " so far");
+        return;
+    }
+    if (offset < q->num_tokens || finished || wait_ms == 0) {
+        reply_update(c, q, offset);
+        return;
+    }
+    c->park = PARK_POLL;
+    c->req = q;
+    c->offset = offset;
+    park_push(&q->waiters, c);
+    uv_timer_start(&c->timer, on_park_timeout, wait_ms, 0);
+}
+
+static void handle_cancel(struct router *r, struct rctx *c, const Pagoda__CancelRequest *cancel)
+{
+    if (read_id(&cancel->request_id, cancel->has_request_id) != 0) {
+        reply_error(c, PAGODA_EINVAL, "cancel: %s", pagoda_error_detail());
+        return;
+    }
+    struct request *q = registry_find(r, cancel->request_id.data);
+    if (q == NULL) {
+        reply_error(c, PAGODA_ENOENT,
+                    "cancel: no request with this id (never submitted, or its result expired)");
+        return;
+    }
+    if (q->finish == PAGODA__FINISH_REASON__FINISH_NONE) {
+        finish_request(r, q, PAGODA__FINISH_REASON__FINISH_CANCELLED, 0, NULL);
+        set_pending(r, q, &q->need_cancel, 1);
+        flush_pending(r);
+    }
+    reply_update(c, q, q->num_tokens);
+    registry_trim(r);
+}
+
+static void handle_health(struct router *r, struct rctx *c)
+{
+    Pagoda__ClientResponse resp = PAGODA__CLIENT_RESPONSE__INIT;
+    resp.result_case = PAGODA__CLIENT_RESPONSE__RESULT_HEALTHY;
+    resp.healthy = link_up(r) && !r->draining;
+    if (r->draining)
+        resp.error_message = (char *)"the router is draining";
+    else if (!link_up(r))
+        resp.error_message = (char *)"the scheduler link is down";
+    reply(c, &resp);
+}
+
+static void handle_stats(struct router *r, struct rctx *c)
+{
+    if (!link_up(r)) {
+        reply_error(c, PAGODA_ECLOSED, "stats: the scheduler link is down");
+        return;
+    }
+    Pagoda__Internal__StatsRequest sreq = PAGODA__INTERNAL__STATS_REQUEST__INIT;
+    sreq.has_cookie = 1;
+    sreq.cookie = ++r->stats_cookie;
+    Pagoda__Internal__ToScheduler env = PAGODA__INTERNAL__TO_SCHEDULER__INIT;
+    env.has_protocol_version = 1;
+    env.protocol_version = WIRE_PROTOCOL_VERSION;
+    env.msg_case = PAGODA__INTERNAL__TO_SCHEDULER__MSG_STATS;
+    env.stats = &sreq;
+    int rc = wire_send(r->link, &env.base);
+    if (rc != 0) {
+        reply_error(c, rc, "stats: %s", pagoda_error_detail());
+        return;
+    }
+    c->park = PARK_STATS;
+    c->cookie = sreq.cookie;
+    park_push(&r->stats_waiters, c);
+    uv_timer_start(&c->timer, on_park_timeout, r->cfg.stats_timeout_ms, 0);
+}
+
+/* Loop thread: one call from a client. Every path answers the call or parks it. */
+static void handle_call(struct router *r, struct rctx *c)
+{
+    nng_msg *m = c->msg;
+    c->msg = NULL;
+    size_t len = nng_msg_len(m);
+    Pagoda__ClientRequest *req = (Pagoda__ClientRequest *)protobuf_c_message_unpack(
+        &pagoda__client_request__descriptor, NULL, len, nng_msg_body(m));
+    nng_msg_free(m);
+    if (req == NULL) {
+        r->malformed_requests++;
+        reply_error(c, PAGODA_EFORMAT, "malformed request: %zu bytes that are not a ClientRequest",
+                    len);
+        return;
+    }
+    switch (req->call_case) {
+    case PAGODA__CLIENT_REQUEST__CALL_SUBMIT:
+        handle_submit(r, c, req->submit);
+        break;
+    case PAGODA__CLIENT_REQUEST__CALL_POLL:
+        handle_poll(r, c, req->poll);
+        break;
+    case PAGODA__CLIENT_REQUEST__CALL_CANCEL:
+        handle_cancel(r, c, req->cancel);
+        break;
+    case PAGODA__CLIENT_REQUEST__CALL_HEALTH:
+        handle_health(r, c);
+        break;
+    case PAGODA__CLIENT_REQUEST__CALL_STATS:
+        handle_stats(r, c);
+        break;
+    default:
+        r->malformed_requests++;
+        reply_error(c, PAGODA_EFORMAT,
+                    "malformed request: it names no call (submit, poll, "
+                    "cancel, health or stats)");
+    }
+    protobuf_c_message_free_unpacked(&req->base, NULL);
+}
+
+/* ---- threads meet the loop ---------------------------------------------------------------- */
+
+/* NNG thread: a context's receive or send completed. A received call goes to the loop through
+ * the mailbox; a completed send starts the next receive. Never blocks. */
+static void on_ctx_io(void *arg)
+{
+    struct rctx *c = arg;
+    struct router *r = c->r;
+    int rv = nng_aio_result(c->aio);
+    if (c->sending) {
+        c->sending = 0;
+        if (rv != 0)
+            nng_msg_free(nng_aio_get_msg(c->aio)); /* not sent: still ours */
+        arm_recv(c);
+        return;
+    }
+    if (rv != 0) {
+        if (rv != NNG_ECLOSED && rv != NNG_ECANCELED)
+            arm_recv(c);
+        return;
+    }
+    nng_msg *m = nng_aio_get_msg(c->aio);
+    pthread_mutex_lock(&r->lock);
+    int closing = atomic_load(&r->closing);
+    if (!closing) {
+        c->msg = m;
+        c->next_mail = NULL;
+        if (r->mail_tail)
+            r->mail_tail->next_mail = c;
+        else
+            r->mail_head = c;
+        r->mail_tail = c;
+    }
+    pthread_mutex_unlock(&r->lock);
+    if (closing)
+        nng_msg_free(m);
+    else
+        uv_async_send(&r->async);
+}
+
+/* Loop thread: the link changed, or calls are waiting in the mailbox. */
+static void on_async(uv_async_t *h)
+{
+    struct router *r = h->data;
+    unsigned gen = atomic_load(&r->link_gen);
+    if (gen != r->link_gen_seen) {
+        r->link_gen_seen = gen;
+        on_link_joined(r);
+    }
+    pthread_mutex_lock(&r->lock);
+    struct rctx *list = r->mail_head;
+    r->mail_head = r->mail_tail = NULL;
+    pthread_mutex_unlock(&r->lock);
+    while (list != NULL) {
+        struct rctx *next = list->next_mail;
+        list->next_mail = NULL;
+        handle_call(r, list);
+        list = next;
+    }
+}
+
+static void drain_check(struct router *r)
+{
+    if (!r->draining || r->drained_fn == NULL)
+        return;
+    uint64_t now = uv_now(r->loop);
+    int done = r->live.count == 0;
+    for (struct request *q = r->finished.tail; done && q != NULL; q = q->prev) {
+        if (now - q->finished_at_ms >= DRAIN_LINGER_MS)
+            break; /* the list is in finishing order: all older ones had their time */
+        if (!q->delivered)
+            done = 0;
+    }
+    if (done || now >= r->drain_deadline_ms) {
+        router_drained_fn fn = r->drained_fn;
+        r->drained_fn = NULL;
+        if (!done)
+            log_warn("drain timed out with %u requests unfinished", r->live.count);
+        fn(r->drained_arg, done);
+    }
+}
+
+static void on_housekeeping(uv_timer_t *t)
+{
+    struct router *r = t->data;
+    flush_pending(r);
+    uint64_t now = uv_now(r->loop);
+    while (r->finished.head != NULL &&
+           now - r->finished.head->finished_at_ms >= r->cfg.finished_ttl_ms)
+        registry_drop(r, r->finished.head);
+    drain_check(r);
+}
+
+void router_drain(struct router *r, router_drained_fn done, void *arg)
+{
+    if (r->draining)
+        return;
+    r->draining = 1;
+    r->drain_deadline_ms = uv_now(r->loop) + r->cfg.drain_timeout_ms;
+    r->drained_fn = done;
+    r->drained_arg = arg;
+    log_info("draining: %u requests still running", r->live.count);
+    drain_check(r);
+}
+
+/* ---- lifecycle ------------------------------------------------------------------------------ */
+
+static void router_free(struct router *r)
+{
+    struct req_list *lists[2] = {&r->live, &r->finished};
+    for (int l = 0; l < 2; l++) {
+        struct request *q = lists[l]->head;
+        while (q != NULL) {
+            struct request *next = q->next;
+            request_free(q);
+            q = next;
+        }
+    }
+    free(r->buckets);
+    free(r->ctxs);
+    if (r->lock_init)
+        pthread_mutex_destroy(&r->lock);
+    free(r->run_dir);
+    free(r->listen_url);
+    free(r);
+}
+
+static void on_handle_closed(uv_handle_t *h)
+{
+    struct router *r = h->data;
+    if (--r->handles_open == 0)
+        router_free(r);
+}
+
+static void on_ctx_timer_closed(uv_handle_t *h)
+{
+    struct router *r = ((struct rctx *)h->data)->r;
+    if (--r->handles_open == 0)
+        router_free(r);
+}
+
+void router_close(struct router *r)
+{
+    if (r == NULL)
+        return;
+    atomic_store(&r->closing, 1);
+    /* Stop the aios first: nng_aio_stop waits for a running callback, and none re-arms after
+     * closing is set. */
+    for (uint32_t i = 0; i < r->num_ctxs; i++)
+        if (r->ctxs[i].aio != NULL)
+            nng_aio_stop(r->ctxs[i].aio);
+    wire_inbox_close(r->inbox);
+    r->inbox = NULL;
+    /* Then the sockets. */
+    if (r->rep_open)
+        nng_close(r->rep);
+    if (r->link_open)
+        nng_close(r->link);
+    /* Then free what the contexts held, and close the loop's handles. */
+    pthread_mutex_lock(&r->lock);
+    r->mail_head = r->mail_tail = NULL;
+    pthread_mutex_unlock(&r->lock);
+    r->handles_open = 1; /* held until every close below is issued */
+    for (uint32_t i = 0; i < r->num_ctxs; i++) {
+        struct rctx *c = &r->ctxs[i];
+        if (c->aio != NULL)
+            nng_aio_free(c->aio);
+        c->aio = NULL;
+        nng_msg_free(c->msg);
+        c->msg = NULL;
+        if (c->park != PARK_NONE)
+            unpark(c);
+        r->handles_open++;
+        uv_close((uv_handle_t *)&c->timer, on_ctx_timer_closed);
+    }
+    if (r->async_init) {
+        r->handles_open++;
+        uv_close((uv_handle_t *)&r->async, on_handle_closed);
+    }
+    if (r->timer_init) {
+        r->handles_open++;
+        uv_close((uv_handle_t *)&r->housekeeping, on_handle_closed);
+    }
+    if (--r->handles_open == 0)
+        router_free(r);
+}
+
+/* Opens the scheduler link by hand rather than with wire_pair_open: the pipe notifications
+ * that tell the router when a scheduler is there must be registered before the dial. */
+static int open_link(struct router *r)
+{
+    int rv = nng_pair1_open(&r->link);
+    if (rv != 0)
+        return wire_error(rv, "nng_pair1_open");
+    r->link_open = 1;
+    if ((rv = nng_socket_set_size(r->link, NNG_OPT_RECVMAXSZ, WIRE_MAX_MESSAGE_BYTES)) != 0 ||
+        (rv = nng_socket_set_int(r->link, NNG_OPT_SENDBUF, LINK_BUFFER_MESSAGES)) != 0 ||
+        (rv = nng_socket_set_int(r->link, NNG_OPT_RECVBUF, LINK_BUFFER_MESSAGES)) != 0 ||
+        (rv = nng_socket_set_ms(r->link, NNG_OPT_RECONNMINT, 20)) != 0 ||
+        (rv = nng_socket_set_ms(r->link, NNG_OPT_RECONNMAXT, 100)) != 0)
+        return wire_error(rv, "scheduler link options");
+    if ((rv = nng_pipe_notify(r->link, NNG_PIPE_EV_ADD_POST, on_link_pipe, r)) != 0 ||
+        (rv = nng_pipe_notify(r->link, NNG_PIPE_EV_REM_POST, on_link_pipe, r)) != 0)
+        return wire_error(rv, "nng_pipe_notify");
+    if ((rv = nng_dial(r->link, r->sched_url, NULL, NNG_FLAG_NONBLOCK)) != 0)
+        return wire_error(rv, r->sched_url);
+    return 0;
+}
+
+static int open_rep(struct router *r)
+{
+    int rv = nng_rep0_open(&r->rep);
+    if (rv != 0)
+        return wire_error(rv, "nng_rep0_open");
+    r->rep_open = 1;
+    if ((rv = nng_socket_set_size(r->rep, NNG_OPT_RECVMAXSZ, ROUTER_MAX_CLIENT_MESSAGE_BYTES)) != 0)
+        return wire_error(rv, "NNG_OPT_RECVMAXSZ");
+    for (uint32_t i = 0; i < r->num_ctxs; i++) {
+        struct rctx *c = &r->ctxs[i];
+        if ((rv = nng_ctx_open(&c->ctx, r->rep)) != 0)
+            return wire_error(rv, "nng_ctx_open");
+        c->ctx_open = 1;
+        if ((rv = nng_aio_alloc(&c->aio, on_ctx_io, c)) != 0)
+            return wire_error(rv, "nng_aio_alloc");
+    }
+    if ((rv = nng_listen(r->rep, r->listen_url, NULL, 0)) != 0)
+        return wire_error(rv, r->listen_url);
+    return 0;
+}
+
+static int check_config(const struct router_config *cfg)
+{
+    if (cfg->run_dir == NULL && cfg->scheduler_url == NULL)
+        return pagoda_error_set(PAGODA_EINVAL, "router: a run directory or a scheduler address "
+                                               "is needed");
+    if (cfg->listen_url == NULL)
+        return pagoda_error_set(PAGODA_EINVAL, "router: no listen address");
+    if (cfg->num_contexts < 1 || cfg->num_contexts > 65536)
+        return pagoda_error_set(PAGODA_ERANGE, "router: %u contexts, outside [1, 65536]",
+                                cfg->num_contexts);
+    if (cfg->max_live_requests < 1 || cfg->max_live_requests > (1u << 24) ||
+        cfg->max_finished_requests < 1 || cfg->max_finished_requests > (1u << 24))
+        return pagoda_error_set(
+            PAGODA_ERANGE, "router: request limits must be in [1, 2^24] (live %u, finished %u)",
+            cfg->max_live_requests, cfg->max_finished_requests);
+    if (cfg->max_prompt_tokens < 1 || cfg->max_new_tokens < 1 ||
+        cfg->max_new_tokens > (uint32_t)INT32_MAX)
+        return pagoda_error_set(PAGODA_ERANGE, "router: token limits must be >= 1");
+    return 0;
+}
+
+int router_open(uv_loop_t *loop, const struct router_config *cfg, struct router **out)
+{
+    int rc = check_config(cfg);
+    if (rc != 0)
+        return rc;
+    struct router *r = calloc(1, sizeof(*r));
+    if (r == NULL)
+        return PAGODA_ENOMEM;
+    r->loop = loop;
+    r->cfg = *cfg;
+    r->run_dir = cfg->run_dir ? strdup(cfg->run_dir) : NULL;
+    r->listen_url = strdup(cfg->listen_url);
+    r->cfg.run_dir = r->run_dir;
+    r->cfg.listen_url = r->listen_url;
+    r->cfg.scheduler_url = NULL;
+    if (cfg->scheduler_url != NULL) {
+        int n = snprintf(r->sched_url, sizeof(r->sched_url), "%s", cfg->scheduler_url);
+        if (n < 0 || (size_t)n >= sizeof(r->sched_url)) {
+            rc = pagoda_error_set(PAGODA_ERANGE, "router: scheduler address too long");
+            goto fail;
+        }
+    } else if ((rc = wire_ipc_url(r->sched_url, sizeof(r->sched_url), cfg->run_dir,
+                                  "scheduler.ipc")) != 0) {
+        goto fail;
+    }
+    r->num_buckets = 1024;
+    while (r->num_buckets < 2 * ((size_t)cfg->max_live_requests + cfg->max_finished_requests))
+        r->num_buckets *= 2;
+    r->buckets = calloc(r->num_buckets, sizeof(*r->buckets));
+    r->ctxs = calloc(cfg->num_contexts, sizeof(*r->ctxs));
+    if ((cfg->run_dir != NULL && r->run_dir == NULL) || r->listen_url == NULL ||
+        r->buckets == NULL || r->ctxs == NULL) {
+        rc = PAGODA_ENOMEM;
+        goto fail;
+    }
+    r->hash_seed = random_u64();
+    if (pthread_mutex_init(&r->lock, NULL) != 0) {
+        rc = pagoda_error_set(PAGODA_EIO, "router: pthread_mutex_init failed");
+        goto fail;
+    }
+    r->lock_init = 1;
+    if (uv_async_init(loop, &r->async, on_async) != 0) {
+        rc = pagoda_error_set(PAGODA_EIO, "router: uv_async_init failed");
+        goto fail;
+    }
+    r->async.data = r;
+    r->async_init = 1;
+    uv_timer_init(loop, &r->housekeeping);
+    r->housekeeping.data = r;
+    r->timer_init = 1;
+    r->num_ctxs = cfg->num_contexts;
+    for (uint32_t i = 0; i < r->num_ctxs; i++) {
+        r->ctxs[i].r = r;
+        uv_timer_init(loop, &r->ctxs[i].timer);
+        r->ctxs[i].timer.data = &r->ctxs[i];
+    }
+    if ((rc = open_link(r)) != 0)
+        goto fail;
+    if ((rc = wire_inbox_open(loop, r->link, on_link_msg, r, &r->inbox)) != 0)
+        goto fail;
+    if ((rc = open_rep(r)) != 0)
+        goto fail;
+    for (uint32_t i = 0; i < r->num_ctxs; i++)
+        nng_ctx_recv(r->ctxs[i].ctx, r->ctxs[i].aio);
+    uv_timer_start(&r->housekeeping, on_housekeeping, HOUSEKEEPING_MS, HOUSEKEEPING_MS);
+    *out = r;
+    return 0;
+
+fail:
+    if (r->async_init)
+        router_close(r); /* frees r once the loop has closed the handles */
+    else
+        router_free(r);
+    return rc;
+}

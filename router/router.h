@@ -1,0 +1,103 @@
+/* The router: clients' front door and the registry of their requests.
+ *
+ * Clients speak proto/pagoda.proto over NNG REQ/REP. The router listens with a REP socket and a
+ * pool of contexts, so that many calls are in flight at once: each context receives one call on
+ * NNG's threads, hands it to the libuv loop through a mailbox, and the loop answers it at once
+ * (Submit, Cancel, Health), or parks it (a Poll waiting for tokens, a Stats waiting for the
+ * scheduler) until there is something to say or its wait runs out. A parked call holds its
+ * context and no thread.
+ *
+ * The router owns the request registry: for every request the parameters the client sent, the
+ * tokens generated so far and how it ended. It forwards new requests to the scheduler over a
+ * PAIR link (ipc://RUN_DIR/scheduler.ipc) and appends the TokenEvents the scheduler sends back.
+ * Events carry their output offset, so a resent or overlapping event never duplicates a token.
+ * When the link comes up (the first time, or after a scheduler restart), every unfinished request
+ * is sent again with the output it already has (SubmitSeq.output_token_ids): the scheduler must
+ * treat a SubmitSeq for an id it already holds as a no-op.
+ *
+ * Decisions (minimal first version; a later issue adds the rest):
+ *  - No authentication yet: api_key is ignored and every request belongs to tenant "default".
+ *  - Deduplication is on the request id: the same id with the same parameters (after defaults
+ *    are applied) answers with the existing request, other parameters are PAGODA_EEXIST.
+ *  - Cancel finishes the request in the router at once (FINISH_CANCELLED) and tells the
+ *    scheduler; tokens that arrive later are ignored.
+ *  - A request that finishes with an error (FINISH_ERROR) is reported in a successful Poll:
+ *    error_code 0, the update's finish_reason FINISH_ERROR, and the scheduler's message in
+ *    ClientResponse.error_message.
+ *  - Health is healthy when the scheduler link is up and the router is not draining.
+ *  - Messages above ROUTER_MAX_CLIENT_MESSAGE_BYTES are refused by NNG itself (it drops the
+ *    connection, the client's REQ resends and eventually times out); every smaller message is
+ *    unpacked with checks and a malformed one is answered with PAGODA_EFORMAT. */
+#ifndef PAGODA_ROUTER_ROUTER_H
+#define PAGODA_ROUTER_ROUTER_H
+
+#include <stdint.h>
+#include <uv.h>
+
+/* The largest client message the REP socket accepts (NNG_OPT_RECVMAXSZ). */
+#define ROUTER_MAX_CLIENT_MESSAGE_BYTES (4u << 20)
+
+/* The protocol version of proto/pagoda.proto that this router speaks. */
+#define ROUTER_CLIENT_PROTOCOL_VERSION 1u
+
+/* The tenant of every request until authentication exists. */
+#define ROUTER_DEFAULT_TENANT "default"
+
+/* Defaults of struct router_config. */
+#define ROUTER_DEFAULT_CONTEXTS 256u
+#define ROUTER_DEFAULT_MAX_LIVE_REQUESTS 4096u
+#define ROUTER_DEFAULT_MAX_FINISHED_REQUESTS 4096u
+#define ROUTER_DEFAULT_FINISHED_TTL_MS (10u * 60u * 1000u)
+#define ROUTER_DEFAULT_MAX_PROMPT_TOKENS (128u * 1024u)
+#define ROUTER_DEFAULT_MAX_NEW_TOKENS (128u * 1024u)
+#define ROUTER_DEFAULT_MAX_WAIT_MS 30000u
+#define ROUTER_DEFAULT_STATS_TIMEOUT_MS 2000u
+#define ROUTER_DEFAULT_DRAIN_TIMEOUT_MS 60000u
+
+/* A Submit without max_tokens generates this many tokens (vLLM's default). */
+#define ROUTER_DEFAULT_MAX_TOKENS 16
+/* The most stop token ids one request may carry. */
+#define ROUTER_MAX_STOP_TOKEN_IDS 64u
+
+struct router_config {
+    const char *run_dir;            /* control.ipc lives here; the scheduler link unless below */
+    const char *listen_url;         /* tcp://HOST:PORT or ipc://PATH */
+    const char *scheduler_url;      /* NULL: ipc://RUN_DIR/scheduler.ipc */
+    uint32_t num_contexts;          /* client calls in flight at once, parked polls included */
+    uint32_t max_live_requests;     /* admitted, unfinished; more is PAGODA_EEXHAUSTED */
+    uint32_t max_finished_requests; /* finished results kept (oldest dropped first), >= 1 */
+    uint32_t finished_ttl_ms;       /* and for how long at most */
+    uint32_t max_prompt_tokens;
+    uint32_t max_new_tokens; /* the largest max_tokens a Submit may ask for */
+    uint32_t max_wait_ms;    /* a Poll's wait_ms is clamped to this */
+    uint32_t stats_timeout_ms;
+    uint32_t drain_timeout_ms;
+};
+
+struct router;
+
+/* Fills *cfg with the defaults above and no addresses. */
+void router_config_default(struct router_config *cfg);
+
+/* Starts a router on loop: dials the scheduler, listens at cfg->listen_url and starts receiving.
+ * The strings in cfg are copied. On success *out is released with router_close. On error the
+ * partly built router has already been closed, and the caller must run the loop until it has no
+ * handles left (uv_run(loop, UV_RUN_DEFAULT)) before closing it. Errors: PAGODA_EINVAL (a bad
+ * configuration or address), PAGODA_ENOMEM, PAGODA_EIO (a socket could not listen or dial). */
+int router_open(uv_loop_t *loop, const struct router_config *cfg, struct router **out);
+
+/* Called once when a drain ends: drained is 1 when every request finished (and its result went
+ * to a client or had time to), 0 when the drain timeout ran out first. */
+typedef void (*router_drained_fn)(void *arg, int drained);
+
+/* Starts draining: new Submits are refused with PAGODA_ECLOSED, everything else is served, and
+ * done(arg, drained) runs on the loop when every live request has finished or
+ * cfg->drain_timeout_ms has passed. A second call is ignored. */
+void router_drain(struct router *r, router_drained_fn done, void *arg);
+
+/* Stops every aio, closes the sockets and frees the router once libuv has closed its handles
+ * (so the loop must run a little after this). Parked calls get no answer. Call on the loop
+ * thread. Accepts NULL. */
+void router_close(struct router *r);
+
+#endif

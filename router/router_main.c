@@ -1,0 +1,205 @@
+/* pagoda-router: serves clients (proto/pagoda.proto over NNG REQ/REP) and keeps their requests'
+ * registry; forwards requests to the scheduler over ipc://RUN_DIR/scheduler.ipc.
+ *
+ * SIGTERM or SIGINT drains: new Submits are refused, polls are answered until every request has
+ * finished (bounded by --drain-timeout-ms), then the router exits 0 (1 when the drain ran out of
+ * time). A second signal stops at once. */
+#include "common/error.h"
+#include "common/log.h"
+#include "common/parse.h"
+#include "router/router.h"
+#include "wire/wire.h"
+
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct main_state {
+    struct router *router;
+    uv_signal_t sigterm, sigint;
+    int signals_open;
+    int status;
+};
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: pagoda-router --run-dir DIR --listen URL [--scheduler URL]\n"
+               "                     [--log-level debug|info|warn|error] [--contexts N]\n"
+               "                     [--max-requests N] [--max-finished N] [--finished-ttl-ms MS]\n"
+               "                     [--max-prompt-tokens N] [--max-new-tokens N]\n"
+               "                     [--drain-timeout-ms MS]\n"
+               "--listen: tcp://HOST:PORT or ipc://PATH (clients' address).\n"
+               "--scheduler: the scheduler link (default ipc://DIR/scheduler.ipc).\n");
+}
+
+static int fail(int rc)
+{
+    char msg[700];
+    fprintf(stderr, "pagoda-router: %s\n", pagoda_error_message(rc, msg, sizeof(msg)));
+    return 1;
+}
+
+static void on_signal_closed(uv_handle_t *h)
+{
+    (void)h;
+}
+
+static void stop(struct main_state *st, int status)
+{
+    st->status = status;
+    if (st->signals_open) {
+        st->signals_open = 0;
+        uv_close((uv_handle_t *)&st->sigterm, on_signal_closed);
+        uv_close((uv_handle_t *)&st->sigint, on_signal_closed);
+    }
+    router_close(st->router);
+    st->router = NULL;
+}
+
+static void on_drained(void *arg, int drained)
+{
+    struct main_state *st = arg;
+    log_info(drained ? "drained: every request finished, exiting"
+                     : "drain timed out: exiting with requests unfinished");
+    stop(st, drained ? 0 : 1);
+}
+
+static void on_signal(uv_signal_t *h, int signum)
+{
+    struct main_state *st = h->data;
+    static int seen;
+    if (seen++ == 0) {
+        log_info("signal %d: draining (a second signal stops at once)", signum);
+        router_drain(st->router, on_drained, st);
+    } else {
+        log_warn("signal %d again: stopping now", signum);
+        stop(st, 1);
+    }
+}
+
+static int parse_u32(const char *flag, const char *text, int64_t min, int64_t max, uint32_t *out)
+{
+    int64_t v;
+    int rc = parse_i64(flag, text, min, max, &v);
+    if (rc == 0)
+        *out = (uint32_t)v;
+    return rc;
+}
+
+enum {
+    OPT_RUN_DIR = 1000,
+    OPT_LISTEN,
+    OPT_SCHEDULER,
+    OPT_LOG_LEVEL,
+    OPT_CONTEXTS,
+    OPT_MAX_REQUESTS,
+    OPT_MAX_FINISHED,
+    OPT_FINISHED_TTL,
+    OPT_MAX_PROMPT,
+    OPT_MAX_NEW,
+    OPT_DRAIN_TIMEOUT,
+};
+
+static int parse_flag(int opt, const char *arg, struct router_config *cfg)
+{
+    enum log_level level;
+    int rc;
+    switch (opt) {
+    case OPT_RUN_DIR:
+        cfg->run_dir = arg;
+        return 0;
+    case OPT_LISTEN:
+        cfg->listen_url = arg;
+        return 0;
+    case OPT_SCHEDULER:
+        cfg->scheduler_url = arg;
+        return 0;
+    case OPT_LOG_LEVEL:
+        if ((rc = log_level_parse(arg, &level)) == 0)
+            log_set_level(level);
+        return rc;
+    case OPT_CONTEXTS:
+        return parse_u32("--contexts", arg, 1, 65536, &cfg->num_contexts);
+    case OPT_MAX_REQUESTS:
+        return parse_u32("--max-requests", arg, 1, 1 << 24, &cfg->max_live_requests);
+    case OPT_MAX_FINISHED:
+        return parse_u32("--max-finished", arg, 1, 1 << 24, &cfg->max_finished_requests);
+    case OPT_FINISHED_TTL:
+        return parse_u32("--finished-ttl-ms", arg, 0, UINT32_MAX, &cfg->finished_ttl_ms);
+    case OPT_MAX_PROMPT:
+        return parse_u32("--max-prompt-tokens", arg, 1, 1 << 24, &cfg->max_prompt_tokens);
+    case OPT_MAX_NEW:
+        return parse_u32("--max-new-tokens", arg, 1, 1 << 24, &cfg->max_new_tokens);
+    case OPT_DRAIN_TIMEOUT:
+        return parse_u32("--drain-timeout-ms", arg, 0, UINT32_MAX, &cfg->drain_timeout_ms);
+    default:
+        return pagoda_error_set(PAGODA_EINVAL, "unknown option (see --help)");
+    }
+}
+
+int main(int argc, char **argv)
+{
+    static const struct option longopts[] = {
+        {"run-dir", required_argument, NULL, OPT_RUN_DIR},
+        {"listen", required_argument, NULL, OPT_LISTEN},
+        {"scheduler", required_argument, NULL, OPT_SCHEDULER},
+        {"log-level", required_argument, NULL, OPT_LOG_LEVEL},
+        {"contexts", required_argument, NULL, OPT_CONTEXTS},
+        {"max-requests", required_argument, NULL, OPT_MAX_REQUESTS},
+        {"max-finished", required_argument, NULL, OPT_MAX_FINISHED},
+        {"finished-ttl-ms", required_argument, NULL, OPT_FINISHED_TTL},
+        {"max-prompt-tokens", required_argument, NULL, OPT_MAX_PROMPT},
+        {"max-new-tokens", required_argument, NULL, OPT_MAX_NEW},
+        {"drain-timeout-ms", required_argument, NULL, OPT_DRAIN_TIMEOUT},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    struct router_config cfg;
+    router_config_default(&cfg);
+    log_set_name("pagoda-router");
+    int opt, rc;
+    while ((opt = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
+        if (opt == 'h') {
+            usage(stdout);
+            return 0;
+        }
+        if (opt == '?') {
+            usage(stderr);
+            return 2;
+        }
+        if ((rc = parse_flag(opt, optarg, &cfg)) != 0)
+            return fail(rc) + 1;
+    }
+    if (optind != argc || cfg.run_dir == NULL || cfg.listen_url == NULL) {
+        usage(stderr);
+        return 2;
+    }
+    signal(SIGPIPE, SIG_IGN);
+
+    uv_loop_t loop;
+    if (uv_loop_init(&loop) != 0)
+        return fail(pagoda_error_set(PAGODA_EIO, "uv_loop_init failed"));
+    struct main_state st = {.status = 0};
+    if ((rc = router_open(&loop, &cfg, &st.router)) != 0) {
+        int status = fail(rc);
+        uv_run(&loop, UV_RUN_DEFAULT); /* lets the partly built router close its handles */
+        uv_loop_close(&loop);
+        return status;
+    }
+    uv_signal_init(&loop, &st.sigterm);
+    uv_signal_init(&loop, &st.sigint);
+    st.sigterm.data = st.sigint.data = &st;
+    uv_signal_start(&st.sigterm, on_signal, SIGTERM);
+    uv_signal_start(&st.sigint, on_signal, SIGINT);
+    st.signals_open = 1;
+    log_info("listening on %s", cfg.listen_url);
+    if ((rc = wire_control_ready(cfg.run_dir, "router")) != 0)
+        log_debug("no supervisor told of readiness: %s", pagoda_error_detail());
+
+    uv_run(&loop, UV_RUN_DEFAULT);
+    if (uv_loop_close(&loop) != 0)
+        log_warn("the loop still had handles at exit");
+    return st.status;
+}

@@ -1,0 +1,1432 @@
+#include "scheduler/scheduler.h"
+
+#include "common/error.h"
+#include "common/log.h"
+#include "kernels/cpu/sampler.h"
+#include "scheduler/block_manager.h"
+#include "wire/wire.h"
+
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* ---- sequences ------------------------------------------------------------------------------ */
+
+enum seq_state { SEQ_WAITING, SEQ_RUNNING };
+
+/* One request. tokens holds everything known, prompt then output; num_computed of them are in
+ * the pool as acknowledged by the worker, inflight_new more are being computed by the step in
+ * flight. */
+struct seq {
+    uint8_t request_id[SCHEDULER_REQUEST_ID_BYTES];
+    uint64_t seq_id; /* this admission's id (the worker's key); 0 while waiting */
+    enum seq_state state;
+    int32_t *tokens;
+    int32_t num_tokens, cap_tokens;
+    int32_t num_prompt_tokens;
+    int32_t num_computed;
+    int32_t inflight_new;
+    bool inflight_samples;
+    bool worker_knows;     /* sent as new or in a snapshot since the worker's mirror was reset */
+    int32_t blocks_sent;   /* how much of table the worker knows */
+    int64_t vocab_checked; /* the vocabulary the tokens were checked against (0: not yet) */
+    struct block_table table;
+    int32_t plan_index; /* while a step is formed: its entry, or -1 */
+    bool has_result;    /* while a result is checked */
+    int32_t result_token;
+    float result_logprob;
+    struct sampling_params sampling;
+    int32_t max_tokens; /* 0: up to the context */
+    bool ignore_eos;
+    int32_t num_stop_ids;
+    int32_t stop_ids[SCHEDULER_MAX_STOP_IDS];
+    struct seq *prev, *next; /* in waiting or running */
+    struct seq *req_next;    /* request-id hash chain */
+    struct seq *id_next;     /* seq-id hash chain, while running */
+};
+
+struct seq_list {
+    struct seq *head, *tail;
+    uint32_t count;
+};
+
+static void list_remove(struct seq_list *l, struct seq *q)
+{
+    if (q->prev)
+        q->prev->next = q->next;
+    else
+        l->head = q->next;
+    if (q->next)
+        q->next->prev = q->prev;
+    else
+        l->tail = q->prev;
+    q->prev = q->next = NULL;
+    l->count--;
+}
+
+static void list_push_back(struct seq_list *l, struct seq *q)
+{
+    q->next = NULL;
+    q->prev = l->tail;
+    if (l->tail)
+        l->tail->next = q;
+    else
+        l->head = q;
+    l->tail = q;
+    l->count++;
+}
+
+static void list_push_front(struct seq_list *l, struct seq *q)
+{
+    q->prev = NULL;
+    q->next = l->head;
+    if (l->head)
+        l->head->prev = q;
+    else
+        l->tail = q;
+    l->head = q;
+    l->count++;
+}
+
+/* A bounded list of seq ids for the next step (finished, preempted). */
+struct id_list {
+    uint64_t *ids;
+    uint32_t count, cap;
+};
+
+/* ---- the worker link ------------------------------------------------------------------------ */
+
+enum link_state {
+    LINK_NEED_HELLO, /* no Hello yet: announce the epoch now and then */
+    LINK_RESYNCING,  /* a resync is outstanding */
+    LINK_IDLE,       /* in sync, no step in flight */
+    LINK_STEP,       /* a step is in flight */
+};
+
+struct worker_link {
+    enum link_state state;
+    bool hello_seen;
+    int32_t pid;
+    int64_t vocab_size;
+    int64_t max_positions;
+    int32_t num_eos;
+    int32_t eos_ids[SCHEDULER_MAX_EOS_IDS];
+    uint64_t resync_id;        /* of the outstanding (or last) resync */
+    uint64_t resync_next_step; /* its next_step_id */
+    int64_t resync_sent_ms;
+    bool announced;
+    int64_t announce_ms;
+    uint64_t step_id; /* in flight */
+    int64_t step_sent_ms;
+    /* A slow worker is not a lost step: when the result of a step that timed out arrives
+     * after all, the timeout doubles (up to SCHEDULER_MAX_TIMEOUT_BACKOFF times) for the rest
+     * of this worker process's life, so that a long step cannot be resynced forever. */
+    uint64_t timed_out_step;
+    int64_t timed_out_at_ms;
+    int timeout_backoff;
+    uint64_t *step_seq_ids; /* the sequences of the step in flight */
+    uint32_t step_num_seqs;
+    int64_t last_rx_ms;
+    int64_t owes_since_ms; /* when the outstanding answer became due */
+    bool hung_reported;
+};
+
+/* ---- the scheduler -------------------------------------------------------------------------- */
+
+struct plan_entry {
+    struct seq *seq; /* NULL: removed (preempted while the step was formed) */
+    int32_t num_new;
+};
+
+/* A token event's own copy of what it reports (the sequence may be gone when it is sent). */
+struct event_slot {
+    uint8_t request_id[SCHEDULER_REQUEST_ID_BYTES];
+    int32_t token;
+    float logprob;
+};
+
+struct scheduler {
+    struct scheduler_config cfg;
+    struct scheduler_io io;
+    struct block_manager *bm;
+    int32_t block_size;
+    struct seq_list waiting, running;
+    struct seq **req_buckets, **id_buckets;
+    uint32_t bucket_mask;
+    uint64_t next_seq_id;
+    uint64_t last_step_id; /* the last step sent (0: none yet) */
+    struct worker_link worker;
+    struct id_list pending_finished, pending_preempted;
+    bool need_resync;
+    bool ready_sent;
+    /* Forming a step. */
+    struct plan_entry *plan;
+    uint32_t plan_len;
+    int32_t budget;
+    bool preempted_now;
+    struct seq **order;
+    /* Message scratch, max_seqs entries each. */
+    Pagoda__Internal__NewSequence *new_msgs;
+    Pagoda__Internal__NewSequence **new_ptrs;
+    Pagoda__Internal__ContinuingSequence *cont_msgs;
+    Pagoda__Internal__ContinuingSequence **cont_ptrs;
+    Pagoda__Internal__SamplingParams *sp_msgs;
+    Pagoda__Internal__SequenceSnapshot *snap_msgs;
+    Pagoda__Internal__SequenceSnapshot **snap_ptrs;
+    Pagoda__Internal__TokenEvent *ev_msgs;
+    Pagoda__Internal__TokenEvent **ev_ptrs;
+    struct event_slot *ev_slots;
+    struct scheduler_stats stats;
+    uint64_t step_cpu_ns;
+};
+
+/* ---- helpers -------------------------------------------------------------------------------- */
+
+static uint64_t cpu_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static void charge_cpu(struct scheduler *s, uint64_t start_ns)
+{
+    s->step_cpu_ns += cpu_now_ns() - start_ns;
+}
+
+static uint64_t mix64(uint64_t x)
+{
+    x ^= x >> 33;
+    x *= UINT64_C(0xff51afd7ed558ccd);
+    x ^= x >> 33;
+    x *= UINT64_C(0xc4ceb9fe1a85ec53);
+    x ^= x >> 33;
+    return x;
+}
+
+static uint32_t req_bucket(const struct scheduler *s, const uint8_t *id)
+{
+    uint64_t a, b;
+    memcpy(&a, id, 8);
+    memcpy(&b, id + 8, 8);
+    return (uint32_t)(mix64(a ^ mix64(b)) & s->bucket_mask);
+}
+
+static struct seq *find_request(const struct scheduler *s, const uint8_t *id)
+{
+    for (struct seq *q = s->req_buckets[req_bucket(s, id)]; q; q = q->req_next)
+        if (memcmp(q->request_id, id, SCHEDULER_REQUEST_ID_BYTES) == 0)
+            return q;
+    return NULL;
+}
+
+static struct seq *find_seq_id(const struct scheduler *s, uint64_t seq_id)
+{
+    if (seq_id == 0)
+        return NULL;
+    for (struct seq *q = s->id_buckets[mix64(seq_id) & s->bucket_mask]; q; q = q->id_next)
+        if (q->seq_id == seq_id)
+            return q;
+    return NULL;
+}
+
+static void hash_request(struct scheduler *s, struct seq *q)
+{
+    uint32_t b = req_bucket(s, q->request_id);
+    q->req_next = s->req_buckets[b];
+    s->req_buckets[b] = q;
+}
+
+static void unhash_request(struct scheduler *s, struct seq *q)
+{
+    struct seq **p = &s->req_buckets[req_bucket(s, q->request_id)];
+    while (*p && *p != q)
+        p = &(*p)->req_next;
+    if (*p)
+        *p = q->req_next;
+}
+
+static void hash_seq_id(struct scheduler *s, struct seq *q)
+{
+    uint32_t b = (uint32_t)(mix64(q->seq_id) & s->bucket_mask);
+    q->id_next = s->id_buckets[b];
+    s->id_buckets[b] = q;
+}
+
+static void unhash_seq_id(struct scheduler *s, struct seq *q)
+{
+    if (q->seq_id == 0)
+        return;
+    struct seq **p = &s->id_buckets[mix64(q->seq_id) & s->bucket_mask];
+    while (*p && *p != q)
+        p = &(*p)->id_next;
+    if (*p)
+        *p = q->id_next;
+    q->seq_id = 0;
+}
+
+static void seq_free(struct seq *q)
+{
+    if (q == NULL)
+        return;
+    block_table_fini(&q->table);
+    free(q->tokens);
+    free(q);
+}
+
+/* Adds id to l; when l is full, the next step is replaced by a resync (whose snapshot says
+ * everything the list would have). */
+static void id_list_push(struct scheduler *s, struct id_list *l, uint64_t id)
+{
+    if (l->count == l->cap) {
+        s->need_resync = true;
+        return;
+    }
+    l->ids[l->count++] = id;
+}
+
+/* The most tokens a sequence may hold: the model's positions and the whole pool. */
+static int64_t context_limit(const struct scheduler *s)
+{
+    int64_t pool = (int64_t)block_manager_usable(s->bm) * s->block_size;
+    int64_t limit = s->worker.max_positions > 0 ? s->worker.max_positions : pool;
+    return limit < pool ? limit : pool;
+}
+
+static Pagoda__Internal__SamplingParams sampling_to_msg(const struct sampling_params *p)
+{
+    Pagoda__Internal__SamplingParams m = PAGODA__INTERNAL__SAMPLING_PARAMS__INIT;
+    m.has_temperature = m.has_top_k = m.has_top_p = m.has_min_p = 1;
+    m.has_repetition_penalty = m.has_presence_penalty = m.has_frequency_penalty = 1;
+    m.has_seed = 1;
+    m.temperature = p->temperature;
+    m.top_k = p->top_k;
+    m.top_p = p->top_p;
+    m.min_p = p->min_p;
+    m.repetition_penalty = p->repetition_penalty;
+    m.presence_penalty = p->presence_penalty;
+    m.frequency_penalty = p->frequency_penalty;
+    m.seed = p->seed;
+    return m;
+}
+
+/* ---- messages out --------------------------------------------------------------------------- */
+
+static void send_worker(struct scheduler *s, uint32_t worker_id, Pagoda__Internal__ToWorker *m)
+{
+    m->has_protocol_version = 1;
+    m->protocol_version = WIRE_PROTOCOL_VERSION;
+    s->io.to_worker(s->io.ctx, worker_id, m);
+}
+
+static void send_events(struct scheduler *s, Pagoda__Internal__TokenEvent **events, size_t n)
+{
+    if (n == 0)
+        return;
+    Pagoda__Internal__TokenEvents evs = PAGODA__INTERNAL__TOKEN_EVENTS__INIT;
+    evs.n_events = n;
+    evs.events = events;
+    Pagoda__Internal__ToRouter m = PAGODA__INTERNAL__TO_ROUTER__INIT;
+    m.has_protocol_version = 1;
+    m.protocol_version = WIRE_PROTOCOL_VERSION;
+    m.has_epoch = 1;
+    m.epoch = s->cfg.epoch;
+    m.msg_case = PAGODA__INTERNAL__TO_ROUTER__MSG_EVENTS;
+    m.events = &evs;
+    s->io.to_router(s->io.ctx, &m);
+}
+
+/* Sends one event that ends a request: reason, with error (0 or a PAGODA_E* code and a
+ * message) and no tokens. id is echoed as given (any length). */
+static void send_end(struct scheduler *s, const uint8_t *id, size_t id_len, uint32_t offset,
+                     uint32_t prompt_tokens, Pagoda__Internal__FinishReason reason, int error,
+                     const char *message)
+{
+    Pagoda__Internal__TokenEvent ev = PAGODA__INTERNAL__TOKEN_EVENT__INIT;
+    if (id != NULL) {
+        ev.has_request_id = 1;
+        ev.request_id.data = (uint8_t *)id;
+        ev.request_id.len = id_len;
+    }
+    ev.has_offset = 1;
+    ev.offset = offset;
+    ev.has_finish_reason = 1;
+    ev.finish_reason = reason;
+    ev.has_prompt_tokens = 1;
+    ev.prompt_tokens = prompt_tokens;
+    if (error != 0) {
+        ev.has_error_code = 1;
+        ev.error_code = error;
+        ev.error_message = (char *)message;
+    }
+    Pagoda__Internal__TokenEvent *p = &ev;
+    send_events(s, &p, 1);
+}
+
+static void send_error(struct scheduler *s, const uint8_t *id, size_t id_len, int error,
+                       const char *message)
+{
+    char hex[2 * SCHEDULER_REQUEST_ID_BYTES + 1] = "";
+    for (size_t i = 0; id && i < id_len && i < SCHEDULER_REQUEST_ID_BYTES; i++)
+        snprintf(hex + 2 * i, 3, "%02x", id[i]);
+    log_warn("request %s refused: %s", hex, message);
+    s->stats.rejected_requests++;
+    send_end(s, id, id_len, 0, 0, PAGODA__INTERNAL__FINISH_REASON__FINISH_ERROR, error, message);
+}
+
+/* ---- ending sequences ----------------------------------------------------------------------- */
+
+/* Removes q from its list and the tables and frees it. Its blocks are fenced on the last step
+ * sent; a worker that knows it hears of it in the next step's finished_seq_ids. */
+static void seq_remove(struct scheduler *s, struct seq *q)
+{
+    if (q->state == SEQ_RUNNING) {
+        list_remove(&s->running, q);
+        if (q->worker_knows)
+            id_list_push(s, &s->pending_finished, q->seq_id);
+        if (block_table_release(s->bm, &q->table, s->last_step_id) != 0)
+            log_error("scheduler: releasing blocks: %s", pagoda_error_detail());
+        unhash_seq_id(s, q);
+    } else {
+        list_remove(&s->waiting, q);
+    }
+    unhash_request(s, q);
+    seq_free(q);
+}
+
+/* A request that ended (finished, cancelled, or out of memory). */
+static void seq_end(struct scheduler *s, struct seq *q)
+{
+    s->stats.finished_requests++;
+    seq_remove(s, q);
+}
+
+/* Ends q with an error event (a request found unfit at admission). */
+static void seq_refuse(struct scheduler *s, struct seq *q, int error, const char *message)
+{
+    send_error(s, q->request_id, SCHEDULER_REQUEST_ID_BYTES, error, message);
+    seq_remove(s, q);
+}
+
+/* Releases a running sequence's blocks and requeues it at the front to recompute everything it
+ * knows. */
+static void preempt(struct scheduler *s, struct seq *v)
+{
+    if (v->plan_index >= 0) {
+        struct plan_entry *e = &s->plan[v->plan_index];
+        s->budget += e->num_new;
+        e->seq = NULL;
+        v->plan_index = -1;
+    }
+    if (v->worker_knows)
+        id_list_push(s, &s->pending_preempted, v->seq_id);
+    if (block_table_release(s->bm, &v->table, s->last_step_id) != 0)
+        log_error("scheduler: releasing blocks: %s", pagoda_error_detail());
+    log_debug("preempting seq %llu (%d tokens)", (unsigned long long)v->seq_id, (int)v->num_tokens);
+    unhash_seq_id(s, v);
+    v->num_computed = 0;
+    v->inflight_new = 0;
+    v->inflight_samples = false;
+    v->worker_knows = false;
+    v->blocks_sent = 0;
+    list_remove(&s->running, v);
+    v->state = SEQ_WAITING;
+    list_push_front(&s->waiting, v);
+    s->stats.preemptions++;
+    s->preempted_now = true;
+}
+
+/* The result timeout in force for the current worker process. */
+static int64_t result_timeout(const struct scheduler *s)
+{
+    return (int64_t)s->cfg.result_timeout_ms << s->worker.timeout_backoff;
+}
+
+/* ---- resync --------------------------------------------------------------------------------- */
+
+static void owe_from(struct worker_link *w, int64_t now_ms)
+{
+    if (w->state != LINK_STEP && w->state != LINK_RESYNCING)
+        w->owes_since_ms = now_ms;
+}
+
+/* Sends a resync to the worker: discards the step in flight and snapshots every running
+ * sequence as acknowledged. announce: the empty resync sent before any Hello. */
+static void send_resync(struct scheduler *s, int64_t now_ms, bool announce)
+{
+    struct worker_link *w = &s->worker;
+    if (w->state == LINK_STEP) {
+        for (uint32_t i = 0; i < w->step_num_seqs; i++) {
+            struct seq *q = find_seq_id(s, w->step_seq_ids[i]);
+            if (q != NULL) {
+                q->inflight_new = 0;
+                q->inflight_samples = false;
+            }
+        }
+    }
+    w->step_num_seqs = 0;
+    s->pending_finished.count = 0;
+    s->pending_preempted.count = 0;
+    s->need_resync = false;
+
+    Pagoda__Internal__Resync r = PAGODA__INTERNAL__RESYNC__INIT;
+    r.has_epoch = r.has_resync_id = r.has_next_step_id = 1;
+    r.epoch = s->cfg.epoch;
+    r.resync_id = ++w->resync_id;
+    r.next_step_id = s->last_step_id + 1;
+    size_t n = 0;
+    if (!announce) {
+        for (struct seq *q = s->running.head; q; q = q->next, n++) {
+            Pagoda__Internal__SequenceSnapshot *m = &s->snap_msgs[n];
+            pagoda__internal__sequence_snapshot__init(m);
+            m->has_seq_id = m->has_num_prompt_tokens = m->has_num_computed_tokens = 1;
+            m->seq_id = q->seq_id;
+            m->n_token_ids = (size_t)q->num_tokens;
+            m->token_ids = q->tokens;
+            m->num_prompt_tokens = q->num_prompt_tokens;
+            m->n_block_ids = (size_t)q->table.num_blocks;
+            m->block_ids = q->table.ids;
+            s->sp_msgs[n] = sampling_to_msg(&q->sampling);
+            m->sampling = &s->sp_msgs[n];
+            m->num_computed_tokens = q->num_computed;
+            s->snap_ptrs[n] = m;
+            q->worker_knows = true;
+            q->blocks_sent = q->table.num_blocks;
+        }
+    }
+    r.n_seqs = n;
+    r.seqs = s->snap_ptrs;
+    Pagoda__Internal__ToWorker m = PAGODA__INTERNAL__TO_WORKER__INIT;
+    m.msg_case = PAGODA__INTERNAL__TO_WORKER__MSG_RESYNC;
+    m.resync = &r;
+    w->resync_next_step = r.next_step_id;
+    if (announce) {
+        w->announced = true;
+        w->announce_ms = now_ms;
+    } else {
+        owe_from(w, now_ms);
+        w->state = LINK_RESYNCING;
+        w->resync_sent_ms = now_ms;
+        s->stats.resyncs++;
+        log_info("resync %llu to worker 0: %zu sequences, next step %llu",
+                 (unsigned long long)r.resync_id, n, (unsigned long long)r.next_step_id);
+    }
+    send_worker(s, 0, &m);
+}
+
+/* ---- forming a step ------------------------------------------------------------------------- */
+
+static void plan_add(struct scheduler *s, struct seq *q, int32_t num_new)
+{
+    q->plan_index = (int32_t)s->plan_len;
+    s->plan[s->plan_len].seq = q;
+    s->plan[s->plan_len].num_new = num_new;
+    s->plan_len++;
+    s->budget -= num_new;
+}
+
+/* Makes q's table cover upto tokens, preempting the most recently admitted running sequences
+ * while no block is free. Returns false when q itself had to go. */
+static bool ensure_blocks(struct scheduler *s, struct seq *q, int64_t upto)
+{
+    int32_t need = block_count_for(upto, s->block_size);
+    while (q->table.num_blocks < need) {
+        int rc = block_table_append_new(s->bm, &q->table);
+        if (rc == 0)
+            continue;
+        struct seq *victim = rc == PAGODA_EEXHAUSTED ? s->running.tail : q;
+        if (rc != PAGODA_EEXHAUSTED)
+            log_error("scheduler: block table of seq %llu: %s", (unsigned long long)q->seq_id,
+                      pagoda_strerror(rc));
+        preempt(s, victim);
+        if (victim == q)
+            return false;
+    }
+    return true;
+}
+
+/* Checks a sequence against the worker's model before it is admitted. Returns 0, or refuses it
+ * (error event) or ends it (its resubmitted output already fills the context) and returns -1. */
+static int admission_check(struct scheduler *s, struct seq *q)
+{
+    char msg[160];
+    int64_t limit = context_limit(s);
+    if ((int64_t)q->num_prompt_tokens + 1 > limit) {
+        snprintf(msg, sizeof(msg), "prompt of %d tokens + 1 exceeds the context of %lld tokens",
+                 (int)q->num_prompt_tokens, (long long)limit);
+        seq_refuse(s, q, PAGODA_ERANGE, msg);
+        return -1;
+    }
+    if (q->vocab_checked != s->worker.vocab_size) {
+        for (int32_t i = 0; i < q->num_tokens; i++) {
+            if (q->tokens[i] >= s->worker.vocab_size) {
+                snprintf(msg, sizeof(msg), "token id %d at %d is outside the vocabulary of %lld",
+                         (int)q->tokens[i], (int)i, (long long)s->worker.vocab_size);
+                seq_refuse(s, q, PAGODA_EINVAL, msg);
+                return -1;
+            }
+        }
+        q->vocab_checked = s->worker.vocab_size;
+    }
+    if ((int64_t)q->num_tokens >= limit) {
+        uint32_t out = (uint32_t)(q->num_tokens - q->num_prompt_tokens);
+        send_end(s, q->request_id, SCHEDULER_REQUEST_ID_BYTES, out, (uint32_t)q->num_prompt_tokens,
+                 PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH, 0, NULL);
+        seq_end(s, q);
+        return -1;
+    }
+    return 0;
+}
+
+/* Blocks that admitted sequences still prefilling will need for their whole prompt + 1. */
+static int64_t blocks_owed(const struct scheduler *s)
+{
+    int64_t owed = 0;
+    for (struct seq *q = s->running.head; q; q = q->next) {
+        if (q->num_tokens - q->num_computed <= 1)
+            continue;
+        int32_t need = block_count_for((int64_t)q->num_tokens + 1, s->block_size);
+        if (need > q->table.num_blocks)
+            owed += need - q->table.num_blocks;
+    }
+    return owed;
+}
+
+static void form_plan(struct scheduler *s)
+{
+    s->plan_len = 0;
+    s->budget = s->cfg.max_batched_tokens;
+    s->preempted_now = false;
+
+    /* The running sequences in admission order (preemption edits the list as we go). */
+    uint32_t n = 0;
+    for (struct seq *q = s->running.head; q; q = q->next) {
+        q->plan_index = -1;
+        s->order[n++] = q;
+    }
+    /* Decodes first: one token each. */
+    for (uint32_t i = 0; i < n && s->budget > 0; i++) {
+        struct seq *q = s->order[i];
+        if (q->state != SEQ_RUNNING || q->num_tokens - q->num_computed != 1)
+            continue;
+        if (ensure_blocks(s, q, (int64_t)q->num_computed + 1))
+            plan_add(s, q, 1);
+    }
+    /* Then the chunks of sequences still prefilling. */
+    for (uint32_t i = 0; i < n && s->budget > 0; i++) {
+        struct seq *q = s->order[i];
+        int32_t remaining = q->num_tokens - q->num_computed;
+        if (q->state != SEQ_RUNNING || remaining <= 1)
+            continue;
+        int32_t chunk = remaining < s->budget ? remaining : s->budget;
+        if (ensure_blocks(s, q, (int64_t)q->num_computed + chunk))
+            plan_add(s, q, chunk);
+    }
+    /* Then admissions, unless this step had to preempt. */
+    int64_t owed = blocks_owed(s);
+    while (s->waiting.head && !s->preempted_now && s->budget > 0 &&
+           s->running.count < (uint32_t)s->cfg.max_seqs) {
+        struct seq *q = s->waiting.head;
+        if (admission_check(s, q) != 0)
+            continue;
+        int32_t need = block_count_for((int64_t)q->num_tokens + 1, s->block_size);
+        if ((int64_t)block_manager_free_count(s->bm) - owed < need)
+            break;
+        list_remove(&s->waiting, q);
+        q->state = SEQ_RUNNING;
+        q->seq_id = ++s->next_seq_id;
+        hash_seq_id(s, q);
+        list_push_back(&s->running, q);
+        q->num_computed = 0;
+        q->plan_index = -1;
+        int32_t chunk = q->num_tokens < s->budget ? q->num_tokens : s->budget;
+        if (!ensure_blocks(s, q, chunk))
+            break; /* cannot happen: the free blocks were counted */
+        plan_add(s, q, chunk);
+        owed += need - q->table.num_blocks;
+    }
+    if (s->running.count > s->stats.peak_running)
+        s->stats.peak_running = s->running.count;
+}
+
+/* Forms and sends the next step when the worker is idle and there is work. */
+static void try_step(struct scheduler *s, int64_t now_ms)
+{
+    struct worker_link *w = &s->worker;
+    if (w->state != LINK_IDLE)
+        return;
+    if (s->need_resync) {
+        send_resync(s, now_ms, false);
+        return;
+    }
+    if (s->running.count == 0 && s->waiting.count == 0)
+        return;
+    uint64_t cpu0 = cpu_now_ns();
+    form_plan(s);
+    if (s->need_resync) { /* a pending list overflowed while forming */
+        for (uint32_t i = 0; i < s->plan_len; i++)
+            if (s->plan[i].seq)
+                s->plan[i].seq->plan_index = -1;
+        send_resync(s, now_ms, false);
+        return;
+    }
+    size_t n_new = 0, n_cont = 0;
+    w->step_num_seqs = 0;
+    for (uint32_t i = 0; i < s->plan_len; i++) {
+        struct seq *q = s->plan[i].seq;
+        if (q == NULL)
+            continue;
+        int32_t num_new = s->plan[i].num_new;
+        q->plan_index = -1;
+        q->inflight_new = num_new;
+        q->inflight_samples = q->num_computed + num_new == q->num_tokens;
+        w->step_seq_ids[w->step_num_seqs++] = q->seq_id;
+        if (!q->worker_knows) {
+            Pagoda__Internal__NewSequence *m = &s->new_msgs[n_new];
+            pagoda__internal__new_sequence__init(m);
+            m->has_seq_id = m->has_num_prompt_tokens = 1;
+            m->has_num_computed_tokens = m->has_num_new_tokens = 1;
+            m->seq_id = q->seq_id;
+            m->n_token_ids = (size_t)q->num_tokens;
+            m->token_ids = q->tokens;
+            m->num_prompt_tokens = q->num_prompt_tokens;
+            m->n_block_ids = (size_t)q->table.num_blocks;
+            m->block_ids = q->table.ids;
+            s->sp_msgs[n_new] = sampling_to_msg(&q->sampling);
+            m->sampling = &s->sp_msgs[n_new];
+            m->num_computed_tokens = q->num_computed;
+            m->num_new_tokens = num_new;
+            s->new_ptrs[n_new++] = m;
+            q->worker_knows = true;
+        } else {
+            Pagoda__Internal__ContinuingSequence *m = &s->cont_msgs[n_cont];
+            pagoda__internal__continuing_sequence__init(m);
+            m->has_seq_id = m->has_num_computed_tokens = m->has_num_new_tokens = 1;
+            m->seq_id = q->seq_id;
+            m->num_computed_tokens = q->num_computed;
+            m->num_new_tokens = num_new;
+            m->n_appended_block_ids = (size_t)(q->table.num_blocks - q->blocks_sent);
+            m->appended_block_ids = q->table.ids + q->blocks_sent;
+            s->cont_ptrs[n_cont++] = m;
+        }
+        q->blocks_sent = q->table.num_blocks;
+    }
+    if (w->step_num_seqs == 0) {
+        /* Nothing could run (every candidate was preempted): the preempted ids wait for the
+         * next step, the next tick tries again. */
+        charge_cpu(s, cpu0);
+        return;
+    }
+    Pagoda__Internal__Step st = PAGODA__INTERNAL__STEP__INIT;
+    st.has_epoch = st.has_step_id = 1;
+    st.epoch = s->cfg.epoch;
+    st.step_id = ++s->last_step_id;
+    st.n_new_seqs = n_new;
+    st.new_seqs = s->new_ptrs;
+    st.n_cont_seqs = n_cont;
+    st.cont_seqs = s->cont_ptrs;
+    st.n_finished_seq_ids = s->pending_finished.count;
+    st.finished_seq_ids = s->pending_finished.ids;
+    st.n_preempted_seq_ids = s->pending_preempted.count;
+    st.preempted_seq_ids = s->pending_preempted.ids;
+    Pagoda__Internal__ToWorker m = PAGODA__INTERNAL__TO_WORKER__INIT;
+    m.msg_case = PAGODA__INTERNAL__TO_WORKER__MSG_STEP;
+    m.step = &st;
+    owe_from(w, now_ms);
+    w->state = LINK_STEP;
+    w->step_id = st.step_id;
+    w->step_sent_ms = now_ms;
+    s->stats.steps++;
+    send_worker(s, 0, &m);
+    if (s->cfg.fault_dup_step != 0 && st.step_id == s->cfg.fault_dup_step) {
+        log_warn("fault injection: sending step %llu twice", (unsigned long long)st.step_id);
+        send_worker(s, 0, &m);
+    }
+    s->pending_finished.count = 0;
+    s->pending_preempted.count = 0;
+    charge_cpu(s, cpu0);
+}
+
+/* ---- results -------------------------------------------------------------------------------- */
+
+/* The finish reason for q after its newest token, or FINISH_NONE. */
+static Pagoda__Internal__FinishReason stop_reason(const struct scheduler *s, const struct seq *q)
+{
+    int32_t t = q->tokens[q->num_tokens - 1];
+    if (!q->ignore_eos)
+        for (int32_t i = 0; i < s->worker.num_eos; i++)
+            if (t == s->worker.eos_ids[i])
+                return PAGODA__INTERNAL__FINISH_REASON__FINISH_STOP;
+    for (int32_t i = 0; i < q->num_stop_ids; i++)
+        if (t == q->stop_ids[i])
+            return PAGODA__INTERNAL__FINISH_REASON__FINISH_STOP;
+    if (q->max_tokens > 0 && q->num_tokens - q->num_prompt_tokens >= q->max_tokens)
+        return PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH;
+    if ((int64_t)q->num_tokens >= context_limit(s))
+        return PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH;
+    return PAGODA__INTERNAL__FINISH_REASON__FINISH_NONE;
+}
+
+static int append_token(struct seq *q, int32_t token)
+{
+    if (q->num_tokens == q->cap_tokens) {
+        int32_t cap = q->cap_tokens * 2;
+        int32_t *t = realloc(q->tokens, (size_t)cap * sizeof(*t));
+        if (t == NULL)
+            return PAGODA_ENOMEM;
+        q->tokens = t;
+        q->cap_tokens = cap;
+    }
+    q->tokens[q->num_tokens++] = token;
+    return 0;
+}
+
+static void clear_results(struct scheduler *s, const Pagoda__Internal__StepResult *r)
+{
+    for (size_t i = 0; i < r->n_results; i++) {
+        struct seq *q = find_seq_id(s, r->results[i]->seq_id);
+        if (q != NULL)
+            q->has_result = false;
+    }
+}
+
+/* Checks a result of the step in flight against it: one token per sequence that samples (those
+ * cancelled meanwhile aside), none for others, each inside the vocabulary. Marks each
+ * sequence's token. Returns 0 or -1 with a reason in why. */
+static int check_result(struct scheduler *s, const Pagoda__Internal__StepResult *r,
+                        const char **why)
+{
+    for (size_t i = 0; i < r->n_results; i++) {
+        const Pagoda__Internal__SeqResult *res = r->results[i];
+        if (!res->has_seq_id || !res->has_token_id) {
+            *why = "a result without seq_id or token_id";
+            return -1;
+        }
+        struct seq *q = find_seq_id(s, res->seq_id);
+        if (q == NULL)
+            continue; /* cancelled while the step ran */
+        if (!q->inflight_samples || q->has_result) {
+            *why = "a token for a sequence that did not sample, or two";
+            return -1;
+        }
+        if (res->token_id < 0 || res->token_id >= s->worker.vocab_size) {
+            *why = "a token outside the vocabulary";
+            return -1;
+        }
+        q->has_result = true;
+        q->result_token = res->token_id;
+        q->result_logprob = res->has_logprob ? res->logprob : 0.0f;
+    }
+    for (uint32_t i = 0; i < s->worker.step_num_seqs; i++) {
+        struct seq *q = find_seq_id(s, s->worker.step_seq_ids[i]);
+        if (q != NULL && q->inflight_samples && !q->has_result) {
+            *why = "no token for a sequence that sampled";
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static void apply_result(struct scheduler *s, const Pagoda__Internal__StepResult *r, int64_t now_ms)
+{
+    struct worker_link *w = &s->worker;
+    block_manager_ack(s->bm, r->step_id);
+    if (r->has_computed_tokens)
+        s->stats.computed_tokens = r->computed_tokens;
+    w->state = LINK_IDLE;
+    size_t n_ev = 0;
+    for (uint32_t i = 0; i < w->step_num_seqs; i++) {
+        struct seq *q = find_seq_id(s, w->step_seq_ids[i]);
+        if (q == NULL)
+            continue;
+        q->num_computed += q->inflight_new;
+        q->inflight_new = 0;
+        if (!q->inflight_samples)
+            continue;
+        q->inflight_samples = false;
+        q->has_result = false;
+        uint32_t offset = (uint32_t)(q->num_tokens - q->num_prompt_tokens);
+        struct event_slot *slot = &s->ev_slots[n_ev];
+        Pagoda__Internal__TokenEvent *ev = &s->ev_msgs[n_ev];
+        pagoda__internal__token_event__init(ev);
+        memcpy(slot->request_id, q->request_id, SCHEDULER_REQUEST_ID_BYTES);
+        slot->token = q->result_token;
+        slot->logprob = q->result_logprob;
+        ev->has_request_id = 1;
+        ev->request_id.data = slot->request_id;
+        ev->request_id.len = SCHEDULER_REQUEST_ID_BYTES;
+        ev->has_offset = 1;
+        ev->offset = offset;
+        ev->n_token_ids = 1;
+        ev->token_ids = &slot->token;
+        ev->n_logprobs = 1;
+        ev->logprobs = &slot->logprob;
+        ev->has_prompt_tokens = 1;
+        ev->prompt_tokens = (uint32_t)q->num_prompt_tokens;
+        s->ev_ptrs[n_ev++] = ev;
+        Pagoda__Internal__FinishReason reason;
+        if (append_token(q, q->result_token) != 0) {
+            ev->has_error_code = 1;
+            ev->error_code = PAGODA_ENOMEM;
+            ev->error_message = "out of memory for the sequence's tokens";
+            reason = PAGODA__INTERNAL__FINISH_REASON__FINISH_ERROR;
+        } else {
+            reason = stop_reason(s, q);
+        }
+        if (reason != PAGODA__INTERNAL__FINISH_REASON__FINISH_NONE) {
+            ev->has_finish_reason = 1;
+            ev->finish_reason = reason;
+            seq_end(s, q);
+        }
+    }
+    send_events(s, s->ev_ptrs, n_ev);
+    w->step_num_seqs = 0;
+    try_step(s, now_ms);
+}
+
+static void on_step_result(struct scheduler *s, const Pagoda__Internal__StepResult *r,
+                           int64_t now_ms)
+{
+    struct worker_link *w = &s->worker;
+    if (r->epoch != s->cfg.epoch || w->state == LINK_NEED_HELLO || r->step_id == 0 ||
+        r->step_id > s->last_step_id) {
+        s->stats.ignored_messages++;
+        return;
+    }
+    if (r->has_error_code && r->error_code != 0) {
+        s->stats.refused_steps++;
+        log_warn("worker 0 refused step %llu: %s (%d)", (unsigned long long)r->step_id,
+                 r->error_message ? r->error_message : "", (int)r->error_code);
+        if (w->state == LINK_RESYNCING)
+            return; /* the resync on its way repairs it */
+        send_resync(s, now_ms, false);
+        return;
+    }
+    if (w->state != LINK_STEP || r->step_id != w->step_id) {
+        s->stats.ignored_messages++;
+        if (r->step_id == w->timed_out_step) {
+            w->timed_out_step = 0;
+            if (w->timeout_backoff < SCHEDULER_MAX_TIMEOUT_BACKOFF)
+                w->timeout_backoff++;
+            log_warn("worker 0 answered step %llu %lld ms after its timeout: result timeout now "
+                     "%lld ms",
+                     (unsigned long long)r->step_id, (long long)(now_ms - w->timed_out_at_ms),
+                     (long long)result_timeout(s));
+        }
+        return;
+    }
+    uint64_t cpu0 = cpu_now_ns();
+    const char *why = NULL;
+    if (check_result(s, r, &why) != 0) {
+        clear_results(s, r);
+        s->stats.malformed_messages++;
+        log_warn("worker 0: result of step %llu breaks the protocol (%s); resync",
+                 (unsigned long long)r->step_id, why);
+        send_resync(s, now_ms, false);
+        charge_cpu(s, cpu0);
+        return;
+    }
+    apply_result(s, r, now_ms);
+    charge_cpu(s, cpu0);
+}
+
+/* ---- worker messages ------------------------------------------------------------------------ */
+
+static void on_hello(struct scheduler *s, const Pagoda__Internal__Hello *h, int64_t now_ms)
+{
+    struct worker_link *w = &s->worker;
+    const char *bad = NULL;
+    if (!h->has_max_position_embeddings || h->max_position_embeddings < 2 ||
+        h->max_position_embeddings > SCHEDULER_MAX_POSITIONS)
+        bad = "max_position_embeddings missing or out of range";
+    else if (!h->has_vocab_size || h->vocab_size < 1 || h->vocab_size > SCHEDULER_MAX_VOCAB)
+        bad = "vocab_size missing or out of range";
+    else if (h->n_eos_token_ids > SCHEDULER_MAX_EOS_IDS)
+        bad = "too many eos_token_ids";
+    else if (h->has_worker_id && h->worker_id != 0)
+        bad = "worker_id differs from the link's";
+    else if (h->geometry != NULL &&
+             ((h->geometry->has_num_blocks &&
+               h->geometry->num_blocks != s->cfg.geometry.num_blocks) ||
+              (h->geometry->has_block_size &&
+               h->geometry->block_size != s->cfg.geometry.block_size) ||
+              (h->geometry->has_pool_id && h->geometry->pool_id != s->cfg.geometry.pool_id)))
+        bad = "its pool geometry differs from kvpool's";
+    if (bad != NULL) {
+        s->stats.malformed_messages++;
+        log_error("worker 0: Hello refused: %s", bad);
+        return;
+    }
+    int32_t pid = h->has_pid ? h->pid : 0;
+    bool restart = w->hello_seen && pid != w->pid;
+    if (w->hello_seen && !restart && w->state == LINK_RESYNCING)
+        return; /* a repeat sent before our resync reached it */
+    if (restart) {
+        s->stats.worker_restarts++;
+        w->timeout_backoff = 0;
+    }
+    log_info("worker 0 hello: pid %d, vocab %lld, %lld positions%s", (int)pid,
+             (long long)h->vocab_size, (long long)h->max_position_embeddings,
+             restart ? " (restarted)" : "");
+    w->hello_seen = true;
+    w->pid = pid;
+    w->vocab_size = h->vocab_size;
+    w->max_positions = h->max_position_embeddings;
+    w->num_eos = (int32_t)h->n_eos_token_ids;
+    if (h->n_eos_token_ids > 0)
+        memcpy(w->eos_ids, h->eos_token_ids, h->n_eos_token_ids * sizeof(int32_t));
+    send_resync(s, now_ms, false);
+}
+
+static void on_resync_done(struct scheduler *s, const Pagoda__Internal__ResyncDone *d,
+                           int64_t now_ms)
+{
+    struct worker_link *w = &s->worker;
+    if (d->epoch != s->cfg.epoch || !w->hello_seen || w->state != LINK_RESYNCING ||
+        d->resync_id != w->resync_id) {
+        s->stats.ignored_messages++;
+        return;
+    }
+    if (d->has_error_code && d->error_code != 0) {
+        /* Left outstanding: the result timeout sends a new one. */
+        log_error("worker 0 failed resync %llu: %s (%d)", (unsigned long long)d->resync_id,
+                  d->error_message ? d->error_message : "", (int)d->error_code);
+        return;
+    }
+    block_manager_ack(s->bm, w->resync_next_step - 1);
+    w->state = LINK_IDLE;
+    if (!s->ready_sent) {
+        s->ready_sent = true;
+        Pagoda__Internal__Control ctl = PAGODA__INTERNAL__CONTROL__INIT;
+        ctl.has_protocol_version = 1;
+        ctl.protocol_version = WIRE_PROTOCOL_VERSION;
+        ctl.has_ready = 1;
+        ctl.ready = 1;
+        ctl.sender = "scheduler";
+        s->io.to_supervisor(s->io.ctx, &ctl);
+    }
+    try_step(s, now_ms);
+}
+
+void scheduler_on_worker(struct scheduler *s, uint32_t worker_id,
+                         const Pagoda__Internal__ToScheduler *msg, int64_t now_ms)
+{
+    if (worker_id >= (uint32_t)s->cfg.num_workers)
+        return;
+    struct worker_link *w = &s->worker;
+    w->last_rx_ms = now_ms;
+    w->hung_reported = false;
+    bool ok = msg != NULL;
+    if (ok) {
+        switch (msg->msg_case) {
+        case PAGODA__INTERNAL__TO_SCHEDULER__MSG_HELLO:
+            on_hello(s, msg->hello, now_ms);
+            return;
+        case PAGODA__INTERNAL__TO_SCHEDULER__MSG_RESULT:
+            ok = msg->result->has_epoch && msg->result->has_step_id;
+            if (ok)
+                on_step_result(s, msg->result, now_ms);
+            break;
+        case PAGODA__INTERNAL__TO_SCHEDULER__MSG_RESYNC_DONE:
+            ok = msg->resync_done->has_epoch && msg->resync_done->has_resync_id;
+            if (ok)
+                on_resync_done(s, msg->resync_done, now_ms);
+            break;
+        default:
+            ok = false;
+        }
+    }
+    if (!ok) {
+        s->stats.malformed_messages++;
+        log_warn("worker 0: malformed message%s", w->hello_seen ? "; resync" : "");
+        if (w->hello_seen)
+            send_resync(s, now_ms, false);
+    }
+}
+
+/* ---- router messages ------------------------------------------------------------------------ */
+
+static void on_submit(struct scheduler *s, const Pagoda__Internal__SubmitSeq *m)
+{
+    const uint8_t *id = m->has_request_id ? m->request_id.data : NULL;
+    size_t id_len = m->has_request_id ? m->request_id.len : 0;
+    char msg[160];
+    if (id_len != SCHEDULER_REQUEST_ID_BYTES) {
+        snprintf(msg, sizeof(msg), "request_id must be %d bytes, not %zu",
+                 SCHEDULER_REQUEST_ID_BYTES, id_len);
+        send_error(s, id, id_len, PAGODA_EINVAL, msg);
+        return;
+    }
+    if (find_request(s, id) != NULL) {
+        log_debug("submit of a request already queued: ignored");
+        return;
+    }
+    size_t n_prompt = m->n_prompt_token_ids, n_out = m->n_output_token_ids;
+    int64_t limit = context_limit(s);
+    int err = 0;
+    if (n_prompt == 0) {
+        err = PAGODA_EINVAL;
+        snprintf(msg, sizeof(msg), "the prompt is empty");
+    } else if (n_prompt > SCHEDULER_MAX_PROMPT_TOKENS || n_out > SCHEDULER_MAX_PROMPT_TOKENS ||
+               (int64_t)n_prompt + 1 > limit) {
+        err = PAGODA_ERANGE;
+        snprintf(msg, sizeof(msg), "prompt of %zu tokens + 1 exceeds the context of %lld tokens",
+                 n_prompt,
+                 (long long)(limit < SCHEDULER_MAX_PROMPT_TOKENS
+                                 ? limit
+                                 : (int64_t)SCHEDULER_MAX_PROMPT_TOKENS));
+    } else if (m->n_stop_token_ids > SCHEDULER_MAX_STOP_IDS) {
+        err = PAGODA_ERANGE;
+        snprintf(msg, sizeof(msg), "%zu stop token ids, more than %d", m->n_stop_token_ids,
+                 SCHEDULER_MAX_STOP_IDS);
+    } else if (m->has_max_tokens && m->max_tokens < 0) {
+        err = PAGODA_ERANGE;
+        snprintf(msg, sizeof(msg), "max_tokens %d is negative", (int)m->max_tokens);
+    } else if (s->waiting.count + s->running.count >= (uint32_t)s->cfg.max_queued) {
+        err = PAGODA_EEXHAUSTED;
+        snprintf(msg, sizeof(msg), "the scheduler's queue is full (%d requests)",
+                 (int)s->cfg.max_queued);
+    }
+    int64_t vocab = s->worker.hello_seen ? s->worker.vocab_size : INT32_MAX;
+    for (size_t i = 0; err == 0 && i < n_prompt + n_out; i++) {
+        int32_t t = i < n_prompt ? m->prompt_token_ids[i] : m->output_token_ids[i - n_prompt];
+        if (t < 0 || t >= vocab) {
+            err = PAGODA_EINVAL;
+            snprintf(msg, sizeof(msg), "token id %d is outside the vocabulary", (int)t);
+        }
+    }
+    struct sampling_params sp = sampling_params_default();
+    if (err == 0 && m->sampling != NULL) {
+        const Pagoda__Internal__SamplingParams *p = m->sampling;
+        if (p->has_temperature)
+            sp.temperature = p->temperature;
+        if (p->has_top_k)
+            sp.top_k = p->top_k;
+        if (p->has_top_p)
+            sp.top_p = p->top_p;
+        if (p->has_min_p)
+            sp.min_p = p->min_p;
+        if (p->has_repetition_penalty)
+            sp.repetition_penalty = p->repetition_penalty;
+        if (p->has_presence_penalty)
+            sp.presence_penalty = p->presence_penalty;
+        if (p->has_frequency_penalty)
+            sp.frequency_penalty = p->frequency_penalty;
+        if (p->has_seed)
+            sp.seed = p->seed;
+        if ((err = sampling_params_validate(&sp)) != 0)
+            snprintf(msg, sizeof(msg), "%s", pagoda_error_detail());
+    }
+    if (err != 0) {
+        send_error(s, id, id_len, err, msg);
+        return;
+    }
+    struct seq *q = calloc(1, sizeof(*q));
+    int32_t cap = 16;
+    while ((size_t)cap < n_prompt + n_out + 1)
+        cap *= 2;
+    if (q == NULL || (q->tokens = malloc((size_t)cap * sizeof(int32_t))) == NULL) {
+        free(q);
+        send_error(s, id, id_len, PAGODA_ENOMEM, "out of memory for the request");
+        return;
+    }
+    memcpy(q->request_id, id, SCHEDULER_REQUEST_ID_BYTES);
+    q->cap_tokens = cap;
+    memcpy(q->tokens, m->prompt_token_ids, n_prompt * sizeof(int32_t));
+    if (n_out > 0)
+        memcpy(q->tokens + n_prompt, m->output_token_ids, n_out * sizeof(int32_t));
+    q->num_tokens = (int32_t)(n_prompt + n_out);
+    q->num_prompt_tokens = (int32_t)n_prompt;
+    q->sampling = sp;
+    q->max_tokens = m->has_max_tokens ? m->max_tokens : 0;
+    q->ignore_eos = m->has_ignore_eos && m->ignore_eos;
+    q->num_stop_ids = (int32_t)m->n_stop_token_ids;
+    if (m->n_stop_token_ids > 0)
+        memcpy(q->stop_ids, m->stop_token_ids, m->n_stop_token_ids * sizeof(int32_t));
+    q->state = SEQ_WAITING;
+    q->plan_index = -1;
+    block_table_init(&q->table);
+    hash_request(s, q);
+    list_push_back(&s->waiting, q);
+    if (q->max_tokens > 0 && (int64_t)n_out >= q->max_tokens) {
+        /* A resubmission whose output is already complete. */
+        send_end(s, q->request_id, SCHEDULER_REQUEST_ID_BYTES, (uint32_t)n_out, (uint32_t)n_prompt,
+                 PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH, 0, NULL);
+        seq_end(s, q);
+    }
+}
+
+static void on_cancel(struct scheduler *s, const Pagoda__Internal__CancelSeq *m)
+{
+    if (!m->has_request_id || m->request_id.len != SCHEDULER_REQUEST_ID_BYTES) {
+        log_warn("cancel with a request id that is not %d bytes: ignored",
+                 SCHEDULER_REQUEST_ID_BYTES);
+        return;
+    }
+    struct seq *q = find_request(s, m->request_id.data);
+    if (q == NULL)
+        return;
+    send_end(s, q->request_id, SCHEDULER_REQUEST_ID_BYTES,
+             (uint32_t)(q->num_tokens - q->num_prompt_tokens), (uint32_t)q->num_prompt_tokens,
+             PAGODA__INTERNAL__FINISH_REASON__FINISH_CANCELLED, 0, NULL);
+    seq_end(s, q);
+}
+
+static void on_stats_request(struct scheduler *s, const Pagoda__Internal__StatsRequest *m)
+{
+    struct scheduler_stats st;
+    scheduler_get_stats(s, &st);
+    Pagoda__Internal__SchedulerStats ps = PAGODA__INTERNAL__SCHEDULER_STATS__INIT;
+    ps.has_cookie = m->has_cookie;
+    ps.cookie = m->cookie;
+    ps.has_running = ps.has_waiting = ps.has_peak_running = ps.has_steps = 1;
+    ps.has_resyncs = ps.has_worker_restarts = ps.has_num_blocks = ps.has_free_blocks = 1;
+    ps.has_kv_usage = ps.has_computed_tokens = ps.has_malformed_messages = 1;
+    ps.has_preemptions = ps.has_step_cpu_us = 1;
+    ps.running = st.running;
+    ps.waiting = st.waiting;
+    ps.peak_running = st.peak_running;
+    ps.steps = st.steps;
+    ps.resyncs = st.resyncs;
+    ps.worker_restarts = st.worker_restarts;
+    ps.num_blocks = st.num_blocks;
+    ps.free_blocks = st.free_blocks;
+    ps.kv_usage = st.kv_usage;
+    ps.computed_tokens = st.computed_tokens;
+    ps.malformed_messages = st.malformed_messages;
+    ps.preemptions = st.preemptions;
+    ps.step_cpu_us = st.step_cpu_us;
+    Pagoda__Internal__ToRouter r = PAGODA__INTERNAL__TO_ROUTER__INIT;
+    r.has_protocol_version = 1;
+    r.protocol_version = WIRE_PROTOCOL_VERSION;
+    r.has_epoch = 1;
+    r.epoch = s->cfg.epoch;
+    r.msg_case = PAGODA__INTERNAL__TO_ROUTER__MSG_STATS;
+    r.stats = &ps;
+    s->io.to_router(s->io.ctx, &r);
+}
+
+void scheduler_on_router(struct scheduler *s, const Pagoda__Internal__ToScheduler *msg,
+                         int64_t now_ms)
+{
+    if (msg == NULL) {
+        s->stats.malformed_messages++;
+        log_warn("router: malformed message");
+        return;
+    }
+    switch (msg->msg_case) {
+    case PAGODA__INTERNAL__TO_SCHEDULER__MSG_SUBMIT:
+        on_submit(s, msg->submit);
+        break;
+    case PAGODA__INTERNAL__TO_SCHEDULER__MSG_CANCEL:
+        on_cancel(s, msg->cancel);
+        break;
+    case PAGODA__INTERNAL__TO_SCHEDULER__MSG_STATS:
+        on_stats_request(s, msg->stats);
+        return;
+    default:
+        s->stats.malformed_messages++;
+        log_warn("router: unexpected message (case %d)", (int)msg->msg_case);
+        return;
+    }
+    try_step(s, now_ms);
+}
+
+/* ---- timer ---------------------------------------------------------------------------------- */
+
+void scheduler_tick(struct scheduler *s, int64_t now_ms)
+{
+    struct worker_link *w = &s->worker;
+    switch (w->state) {
+    case LINK_NEED_HELLO:
+        if (!w->announced || now_ms - w->announce_ms >= SCHEDULER_ANNOUNCE_MS)
+            send_resync(s, now_ms, true);
+        return;
+    case LINK_STEP:
+    case LINK_RESYNCING: {
+        int64_t sent = w->state == LINK_STEP ? w->step_sent_ms : w->resync_sent_ms;
+        int64_t quiet_since = w->last_rx_ms > w->owes_since_ms ? w->last_rx_ms : w->owes_since_ms;
+        if (!w->hung_reported && now_ms - quiet_since >= s->cfg.watchdog_ms) {
+            w->hung_reported = true;
+            s->stats.hung_reports++;
+            log_error("worker 0 (pid %d) silent for %lld ms while owing an answer: hung",
+                      (int)w->pid, (long long)(now_ms - quiet_since));
+            Pagoda__Internal__Control ctl = PAGODA__INTERNAL__CONTROL__INIT;
+            ctl.has_protocol_version = 1;
+            ctl.protocol_version = WIRE_PROTOCOL_VERSION;
+            ctl.has_hung_worker_id = ctl.has_hung_worker_pid = 1;
+            ctl.hung_worker_id = 0;
+            ctl.hung_worker_pid = w->pid;
+            ctl.sender = "scheduler";
+            s->io.to_supervisor(s->io.ctx, &ctl);
+        }
+        if (now_ms - sent >= result_timeout(s)) {
+            s->stats.result_timeouts++;
+            if (w->state == LINK_STEP) {
+                w->timed_out_step = w->step_id;
+                w->timed_out_at_ms = now_ms;
+            }
+            log_warn("worker 0: %s %llu unanswered for %lld ms; resync",
+                     w->state == LINK_STEP ? "step" : "resync",
+                     (unsigned long long)(w->state == LINK_STEP ? w->step_id : w->resync_id),
+                     (long long)(now_ms - sent));
+            send_resync(s, now_ms, false);
+        }
+        return;
+    }
+    case LINK_IDLE:
+        try_step(s, now_ms);
+        return;
+    }
+}
+
+/* ---- lifecycle ------------------------------------------------------------------------------ */
+
+void scheduler_config_default(struct scheduler_config *cfg)
+{
+    memset(cfg, 0, sizeof(*cfg));
+    cfg->num_workers = 1;
+    cfg->max_batched_tokens = SCHEDULER_DEFAULT_MAX_BATCHED_TOKENS;
+    cfg->max_seqs = SCHEDULER_DEFAULT_MAX_SEQS;
+    cfg->max_queued = SCHEDULER_DEFAULT_MAX_QUEUED;
+    cfg->result_timeout_ms = SCHEDULER_DEFAULT_RESULT_TIMEOUT_MS;
+    cfg->watchdog_ms = SCHEDULER_DEFAULT_WATCHDOG_MS;
+}
+
+static int check_config(const struct scheduler_config *c)
+{
+    if (c->epoch == 0)
+        return pagoda_error_set(PAGODA_EINVAL, "scheduler: epoch must not be 0");
+    if (c->num_workers != 1)
+        return pagoda_error_set(PAGODA_EUNSUPPORTED,
+                                "scheduler: %d workers; only 1 is supported for now",
+                                (int)c->num_workers);
+    if (c->max_seqs < 1 || c->max_seqs > SCHEDULER_MAX_SEQS_LIMIT)
+        return pagoda_error_set(PAGODA_ERANGE, "scheduler: max_seqs %d outside [1, %d]",
+                                (int)c->max_seqs, SCHEDULER_MAX_SEQS_LIMIT);
+    if (c->max_batched_tokens < c->max_seqs ||
+        c->max_batched_tokens > SCHEDULER_MAX_BATCHED_TOKENS_LIMIT)
+        return pagoda_error_set(
+            PAGODA_ERANGE, "scheduler: max_batched_tokens %d outside [max_seqs %d, %d]",
+            (int)c->max_batched_tokens, (int)c->max_seqs, SCHEDULER_MAX_BATCHED_TOKENS_LIMIT);
+    if (c->max_queued < c->max_seqs || c->max_queued > SCHEDULER_MAX_QUEUED_LIMIT)
+        return pagoda_error_set(PAGODA_ERANGE, "scheduler: max_queued %d outside [max_seqs %d, %d]",
+                                (int)c->max_queued, (int)c->max_seqs, SCHEDULER_MAX_QUEUED_LIMIT);
+    if (c->result_timeout_ms < 1 || c->result_timeout_ms > SCHEDULER_MAX_TIMEOUT_MS ||
+        c->watchdog_ms < 1 || c->watchdog_ms > SCHEDULER_MAX_TIMEOUT_MS)
+        return pagoda_error_set(PAGODA_ERANGE, "scheduler: timeouts must lie in [1, %d] ms",
+                                SCHEDULER_MAX_TIMEOUT_MS);
+    int rc = kv_geometry_validate(&c->geometry);
+    if (rc != 0)
+        return rc;
+    return 0;
+}
+
+int scheduler_open(const struct scheduler_config *cfg, const struct scheduler_io *io,
+                   struct scheduler **out)
+{
+    if (cfg == NULL || io == NULL || out == NULL || !io->to_worker || !io->to_router ||
+        !io->to_supervisor)
+        return PAGODA_EINVAL;
+    int rc = check_config(cfg);
+    if (rc != 0)
+        return rc;
+    struct scheduler *s = calloc(1, sizeof(*s));
+    if (s == NULL)
+        return PAGODA_ENOMEM;
+    s->cfg = *cfg;
+    s->io = *io;
+    s->block_size = cfg->geometry.block_size;
+    if ((rc = block_manager_open(cfg->geometry.num_blocks, &s->bm)) != 0)
+        goto fail;
+    uint32_t buckets = 1;
+    while (buckets < 2u * (uint32_t)cfg->max_queued)
+        buckets *= 2;
+    s->bucket_mask = buckets - 1;
+    size_t m = (size_t)cfg->max_seqs;
+    s->req_buckets = calloc(buckets, sizeof(*s->req_buckets));
+    s->id_buckets = calloc(buckets, sizeof(*s->id_buckets));
+    s->worker.step_seq_ids = calloc(m, sizeof(uint64_t));
+    s->pending_finished.ids = calloc(2 * m, sizeof(uint64_t));
+    s->pending_preempted.ids = calloc(2 * m, sizeof(uint64_t));
+    s->plan = calloc(m, sizeof(*s->plan));
+    s->order = calloc(m, sizeof(*s->order));
+    s->new_msgs = calloc(m, sizeof(*s->new_msgs));
+    s->new_ptrs = calloc(m, sizeof(*s->new_ptrs));
+    s->cont_msgs = calloc(m, sizeof(*s->cont_msgs));
+    s->cont_ptrs = calloc(m, sizeof(*s->cont_ptrs));
+    s->sp_msgs = calloc(m, sizeof(*s->sp_msgs));
+    s->snap_msgs = calloc(m, sizeof(*s->snap_msgs));
+    s->snap_ptrs = calloc(m, sizeof(*s->snap_ptrs));
+    s->ev_msgs = calloc(m, sizeof(*s->ev_msgs));
+    s->ev_ptrs = calloc(m, sizeof(*s->ev_ptrs));
+    s->ev_slots = calloc(m, sizeof(*s->ev_slots));
+    if (!s->req_buckets || !s->id_buckets || !s->worker.step_seq_ids || !s->pending_finished.ids ||
+        !s->pending_preempted.ids || !s->plan || !s->order || !s->new_msgs || !s->new_ptrs ||
+        !s->cont_msgs || !s->cont_ptrs || !s->sp_msgs || !s->snap_msgs || !s->snap_ptrs ||
+        !s->ev_msgs || !s->ev_ptrs || !s->ev_slots) {
+        rc = PAGODA_ENOMEM;
+        goto fail;
+    }
+    s->pending_finished.cap = s->pending_preempted.cap = 2 * (uint32_t)m;
+    s->worker.state = LINK_NEED_HELLO;
+    *out = s;
+    return 0;
+fail:
+    scheduler_close(s);
+    return rc;
+}
+
+static void free_list(struct seq_list *l)
+{
+    struct seq *q = l->head;
+    while (q) {
+        struct seq *next = q->next;
+        seq_free(q);
+        q = next;
+    }
+    l->head = l->tail = NULL;
+    l->count = 0;
+}
+
+void scheduler_close(struct scheduler *s)
+{
+    if (s == NULL)
+        return;
+    free_list(&s->waiting);
+    free_list(&s->running);
+    block_manager_close(s->bm);
+    free(s->req_buckets);
+    free(s->id_buckets);
+    free(s->worker.step_seq_ids);
+    free(s->pending_finished.ids);
+    free(s->pending_preempted.ids);
+    free(s->plan);
+    free(s->order);
+    free(s->new_msgs);
+    free(s->new_ptrs);
+    free(s->cont_msgs);
+    free(s->cont_ptrs);
+    free(s->sp_msgs);
+    free(s->snap_msgs);
+    free(s->snap_ptrs);
+    free(s->ev_msgs);
+    free(s->ev_ptrs);
+    free(s->ev_slots);
+    free(s);
+}
+
+void scheduler_get_stats(const struct scheduler *s, struct scheduler_stats *out)
+{
+    *out = s->stats;
+    out->running = s->running.count;
+    out->waiting = s->waiting.count;
+    out->num_blocks = block_manager_usable(s->bm);
+    out->free_blocks = block_manager_free_count(s->bm);
+    out->kv_usage = 1.0 - (double)out->free_blocks / (double)out->num_blocks;
+    out->deferred_blocks = block_manager_deferred_count(s->bm);
+    out->step_cpu_us = s->stats.steps ? (double)s->step_cpu_ns / 1e3 / (double)s->stats.steps : 0;
+    out->ready = s->ready_sent;
+    out->result_timeout_ms = result_timeout(s);
+}

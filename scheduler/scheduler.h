@@ -1,0 +1,197 @@
+/* The scheduler's state machine: the truth about every sequence of one KV pool.
+ *
+ * A pure module: no sockets, no wall clock. The caller (scheduler_main.c, or a test) feeds it
+ * events: messages from the router link and from each worker link (already unpacked with
+ * wire_unpack; NULL stands for a message that failed to unpack) and timer ticks carrying the
+ * current time in milliseconds. It answers through the callbacks of struct scheduler_io:
+ * ToWorker messages (steps and resyncs), ToRouter messages (token events and stats) and Control
+ * messages for the supervisor (ready, hung worker). docs/protocol.md tells the message flow;
+ * this header says what this scheduler does within it.
+ *
+ * Policy (continuous batching with chunked prefill). Requests join at step boundaries. Each
+ * step takes, in admission order, one decode token for every running sequence whose known
+ * tokens are all computed but the last, then prefill chunks of running sequences still
+ * prefilling, then admits waiting sequences (FIFO, preempted ones at the front) while
+ *   - the step has token budget left (max_batched_tokens counts decode and prefill tokens),
+ *   - fewer than max_seqs sequences are running, and
+ *   - the free blocks, less those still owed to admitted sequences that are prefilling, cover
+ *     the whole sequence plus one token (blocks are allocated per step, for the tokens of the
+ *     step, but admission is checked against the whole prompt so that prefills rarely stall).
+ * A sequence samples when its chunk reaches the end of its known tokens. When a running
+ * sequence needs a block and none is free, the most recently admitted running sequence is
+ * preempted: its blocks are released, it is told to the worker in preempted_seq_ids and goes
+ * back to the front of the waiting queue to recompute prompt + output so far (with a new
+ * seq_id; the request id and output offsets are unchanged). A step that preempted admits
+ * nobody.
+ *
+ * One step is in flight at a time for now; steps carry (epoch, step_id) and step ids are never
+ * reused (a resync continues the numbering), so nothing depends on lock-step. A StepResult
+ * is applied only when its epoch and step id match the step in flight; others are ignored and
+ * counted (stats.ignored_messages). An error StepResult of this epoch for any step already sent
+ * (the worker refused a step) triggers a resync, as do a malformed message on a worker link, a
+ * result that breaks the protocol (a token for a sequence that did not sample, a missing token,
+ * a token outside the vocabulary), and a step or resync unanswered for result_timeout_ms. When
+ * the result of a step that timed out arrives after all (a slow step, not a lost one), the
+ * timeout doubles for the rest of that worker process's life (at most
+ * SCHEDULER_MAX_TIMEOUT_BACKOFF times), so that a step longer than the timeout cannot be
+ * resynced and replayed forever.
+ *
+ * Resync: Resync{epoch, resync_id, next_step_id = last step id sent + 1, seqs} with a snapshot
+ * of every running sequence as acknowledged: num_computed_tokens excludes the step in flight,
+ * whose results are discarded and recomputed by later steps. Until the worker's first Hello the
+ * scheduler announces itself every SCHEDULER_ANNOUNCE_MS with an empty resync of its epoch
+ * (not counted in stats.resyncs): a worker that outlived the previous scheduler learns the new
+ * epoch from it. So a worker sends Hello before it answers a Resync whose epoch differs from its
+ * own (none at start); a ResyncDone from a worker that has not sent a Hello is ignored, since the
+ * Hello carries what the scheduler needs (EOS ids, vocabulary, context length, pid). After a Hello
+ * (a new or restarted worker), a resync with the snapshot follows. A repeated Hello from the same
+ * pid while that resync is on its way is ignored; a Hello with another pid counts as a worker
+ * restart.
+ *
+ * Blocks are freed only once no step in flight can write them (block_manager.h): a finished,
+ * cancelled or preempted sequence's blocks are fenced on the last step sent and return to the
+ * free list when that step's result, or a later ResyncDone, arrives. Finished and cancelled
+ * sequences the worker knows are named in the next step's finished_seq_ids.
+ *
+ * Stop conditions, checked on each sampled token in this order: an EOS id from the worker's
+ * Hello (unless ignore_eos) or one of the request's stop ids: FINISH_STOP; max_tokens output
+ * tokens (0 or absent: no limit but the context): FINISH_LENGTH; the context is full (prompt +
+ * output reaches the context limit, min(max_position_embeddings, usable blocks * block_size)):
+ * FINISH_LENGTH. The stopping token is part of the output.
+ *
+ * Requests are refused with a TokenEvent carrying error_code, error_message and
+ * finish_reason FINISH_ERROR (the request id echoed as received): a request id that is not
+ * SCHEDULER_REQUEST_ID_BYTES long, an empty or over-long prompt (prompt + 1 above the pool,
+ * checked at submission, or above the model's context, checked at submission once a worker has
+ * said Hello and again at admission), a
+ * token id outside the vocabulary, invalid sampling parameters, too many stop ids, negative
+ * max_tokens, or a full queue (running + waiting = max_queued: PAGODA_EEXHAUSTED). A submit of
+ * a request id already queued or running is ignored (the router deduplicates; a repeat is a
+ * resend). A cancel of an unknown id is ignored.
+ *
+ * Watchdog: a worker that owes an answer (a step or a resync is outstanding) and has sent no
+ * message at all for watchdog_ms is reported once per incident with Control{hung_worker_id,
+ * hung_worker_pid} (the pid of its latest Hello); any message from it ends the incident.
+ *
+ * Not thread-safe: one loop owns a scheduler. */
+#ifndef PAGODA_SCHEDULER_SCHEDULER_H
+#define PAGODA_SCHEDULER_SCHEDULER_H
+
+#include "kvpool/geometry.h"
+#include "proto/internal.pb-c.h"
+
+#include <stdint.h>
+
+/* Worker groups per scheduler. Only one is supported now (data parallelism, one pool per
+ * group, comes later); scheduler_open refuses others. */
+#define SCHEDULER_MAX_WORKERS 1
+#define SCHEDULER_DEFAULT_MAX_BATCHED_TOKENS 2048
+#define SCHEDULER_DEFAULT_MAX_SEQS 256
+#define SCHEDULER_DEFAULT_MAX_QUEUED 4096
+#define SCHEDULER_DEFAULT_RESULT_TIMEOUT_MS 2000
+#define SCHEDULER_DEFAULT_WATCHDOG_MS 10000
+/* Upper limits of the configuration values above. */
+#define SCHEDULER_MAX_BATCHED_TOKENS_LIMIT (1 << 20)
+#define SCHEDULER_MAX_SEQS_LIMIT 65536
+#define SCHEDULER_MAX_QUEUED_LIMIT (1 << 20)
+#define SCHEDULER_MAX_TIMEOUT_MS (24 * 3600 * 1000)
+/* A worker whose result arrives after its step timed out is slow, not lost: the timeout
+ * doubles, at most this many times, until the worker process changes. */
+#define SCHEDULER_MAX_TIMEOUT_BACKOFF 5
+/* How often the scheduler announces its epoch to a worker it has not heard from. */
+#define SCHEDULER_ANNOUNCE_MS 500
+/* Request ids are 128-bit. */
+#define SCHEDULER_REQUEST_ID_BYTES 16
+/* Per request: stop token ids; per worker: EOS ids. */
+#define SCHEDULER_MAX_STOP_IDS 64
+#define SCHEDULER_MAX_EOS_IDS 64
+/* The longest prompt (and resubmitted output) accepted before any worker has told the
+ * context length; the context limit applies on top. */
+#define SCHEDULER_MAX_PROMPT_TOKENS (1 << 20)
+/* The largest vocabulary and context a worker may announce. */
+#define SCHEDULER_MAX_VOCAB (1 << 24)
+#define SCHEDULER_MAX_POSITIONS (1 << 24)
+
+struct scheduler_config {
+    uint64_t epoch;              /* this scheduler's epoch; must not be 0 */
+    int32_t num_workers;         /* 1 */
+    int32_t max_batched_tokens;  /* tokens per step, decode and prefill; >= max_seqs */
+    int32_t max_seqs;            /* running (admitted) sequences, hence sequences per step */
+    int32_t max_queued;          /* running + waiting sequences; >= max_seqs */
+    int32_t result_timeout_ms;   /* a step or resync unanswered this long is resynced */
+    int32_t watchdog_ms;         /* a silent worker owing an answer this long is reported */
+    uint64_t fault_dup_step;     /* tests: send this step id twice (0: off) */
+    struct kv_geometry geometry; /* the pool, as kvpool reports it */
+};
+
+/* Defaults for everything but epoch (0) and geometry (zeroed): the caller sets those. */
+void scheduler_config_default(struct scheduler_config *cfg);
+
+/* Where the scheduler's messages go. Each callback receives a message built in the
+ * scheduler's memory, valid only during the call (pack it, do not keep it), with
+ * protocol_version set. Callbacks must not call into the scheduler. A message the callback
+ * cannot deliver may be dropped: the protocol recovers (a lost step or resync times out). */
+struct scheduler_io {
+    void *ctx;
+    void (*to_worker)(void *ctx, uint32_t worker_id, const Pagoda__Internal__ToWorker *msg);
+    void (*to_router)(void *ctx, const Pagoda__Internal__ToRouter *msg);
+    void (*to_supervisor)(void *ctx, const Pagoda__Internal__Control *msg);
+};
+
+/* Counters and gauges. The first group mirrors proto SchedulerStats; num_blocks counts the
+ * blocks that can be handed out (the pool's less block 0), free_blocks those on the free list
+ * now, kv_usage = 1 - free_blocks / num_blocks. */
+struct scheduler_stats {
+    uint32_t running, waiting, peak_running;
+    uint64_t steps, resyncs, worker_restarts;
+    int32_t num_blocks, free_blocks;
+    double kv_usage;
+    uint64_t computed_tokens; /* the worker's counter from its latest StepResult */
+    uint64_t malformed_messages;
+    uint64_t preemptions;
+    double step_cpu_us; /* mean thread CPU time per step: forming it and handling its result */
+    /* Beyond the proto. */
+    uint64_t ignored_messages;  /* results and ResyncDones of another epoch, step or resync */
+    uint64_t refused_steps;     /* StepResults with an error code */
+    uint64_t result_timeouts;   /* steps or resyncs unanswered for result_timeout_ms */
+    uint64_t hung_reports;      /* Control{hung_worker_id} sent */
+    uint64_t rejected_requests; /* submits answered with an error event */
+    uint64_t finished_requests; /* requests that ended (any finish reason but error) */
+    int32_t deferred_blocks;    /* blocks waiting for a step to be acknowledged */
+    int64_t result_timeout_ms;  /* in force now (see SCHEDULER_MAX_TIMEOUT_BACKOFF) */
+    int ready;                  /* the worker answered a resync (Control{ready} was sent) */
+};
+
+struct scheduler;
+
+/* Creates a scheduler; nothing is sent until the first scheduler_tick (which announces the
+ * epoch to the workers). cfg and io are copied. On success *out is the caller's, released with
+ * scheduler_close. Errors: PAGODA_EINVAL (NULL argument, epoch 0, a callback missing),
+ * PAGODA_EUNSUPPORTED (num_workers other than 1), PAGODA_ERANGE (a configuration value or the
+ * geometry out of range; the detail names it), PAGODA_ENOMEM. */
+int scheduler_open(const struct scheduler_config *cfg, const struct scheduler_io *io,
+                   struct scheduler **out);
+
+/* Frees the scheduler and every sequence it holds (nothing is sent). Accepts NULL. */
+void scheduler_close(struct scheduler *s);
+
+/* A message from the router link (NULL: it did not unpack, and is counted as malformed):
+ * submit, cancel or stats request. Anything else is counted as malformed. */
+void scheduler_on_router(struct scheduler *s, const Pagoda__Internal__ToScheduler *msg,
+                         int64_t now_ms);
+
+/* A message from worker link worker_id (NULL: it did not unpack): Hello, StepResult or
+ * ResyncDone. A malformed message is counted and leads to a resync of that worker (once it
+ * has said Hello). Messages for a worker_id >= num_workers are ignored. */
+void scheduler_on_worker(struct scheduler *s, uint32_t worker_id,
+                         const Pagoda__Internal__ToScheduler *msg, int64_t now_ms);
+
+/* Timer: announces the epoch to workers not heard from yet, resyncs a worker whose step or
+ * resync timed out, runs the watchdog, and starts a step when the worker is idle and there is
+ * work. Call it every few tens of milliseconds with a monotonic now_ms. */
+void scheduler_tick(struct scheduler *s, int64_t now_ms);
+
+/* Fills *out with the current counters. */
+void scheduler_get_stats(const struct scheduler *s, struct scheduler_stats *out);
+
+#endif

@@ -1,0 +1,67 @@
+/* Helpers for integration tests that start a real process group: a model, the supervisor with
+ * its programs, libpagoda clients, and the expected outputs from pagoda-run. Plain C with a
+ * counting check macro; each scenario prints "N passed, M failed" last. */
+#ifndef PAGODA_TESTS_INTEGRATION_GROUP_H
+#define PAGODA_TESTS_INTEGRATION_GROUP_H
+
+#include "client/pagoda.h"
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+extern int group_passed, group_failed;
+
+#define CHECK(cond, ...)                                                                           \
+    do {                                                                                           \
+        if (cond) {                                                                                \
+            group_passed++;                                                                        \
+            printf("ok   ");                                                                       \
+        } else {                                                                                   \
+            group_failed++;                                                                        \
+            printf("FAIL %s:%d: ", __FILE__, __LINE__);                                            \
+        }                                                                                          \
+        printf(__VA_ARGS__);                                                                       \
+        printf("\n");                                                                              \
+        fflush(stdout);                                                                            \
+    } while (0)
+
+struct group {
+    char bin_dir[1024];
+    char tmp[256]; /* everything of this test lives here */
+    char run_dir[512];
+    char model[512];
+    char url[600];
+    pid_t supervisor;
+    int kv_blocks; /* the pool's size (group_prepare sets 2048) */
+};
+
+/* Makes a temporary folder and the tiny model in it. Returns 0 or -1. */
+int group_prepare(struct group *g, const char *bin_dir);
+
+/* Starts pagoda-supervisor with extra flags (NULL-terminated) and waits until RUN/ready exists
+ * (up to 60 s). Returns 0 or -1. */
+int group_start(struct group *g, const char *const *extra);
+
+/* SIGTERM to the supervisor and wait for it (up to 60 s, then SIGKILL). Returns its exit status
+ * (0 for a clean drain) or -1. */
+int group_stop(struct group *g);
+
+/* Removes the temporary folder. */
+void group_cleanup(struct group *g);
+
+/* The pid of the running pagoda-worker of this group (found in /proc), or -1. */
+pid_t group_worker_pid(const struct group *g);
+
+/* A prompt of n token ids below vocab, from seed. */
+void group_prompt(int32_t *out, size_t n, uint32_t seed, int32_t vocab);
+
+/* Runs pagoda-run (greedy, --ignore-eos) on the prompts in one batch and stores each prompt's
+ * tokens: out[i] (malloc'd, out_len[i] tokens). Returns 0 or -1. */
+int group_expected(const struct group *g, int32_t *const *prompts, const size_t *lens,
+                   int num_prompts, int32_t max_tokens, int32_t **out, size_t *out_len);
+
+/* Greedy generation parameters with max_tokens and EOS ignored. */
+pagoda_generate_params group_greedy(int32_t max_tokens);
+
+#endif

@@ -1,0 +1,466 @@
+/* The stand-in scheduler and router harness of router_fake_scheduler.h. Test code: it may
+ * block, and it favours plainness over speed. */
+#include "tests/unit/router_fake_scheduler.h"
+
+#include "client/pagoda.h"
+#include "common/error.h"
+#include "proto/internal.pb-c.h"
+#include "wire/wire.h"
+
+#include <nng/nng.h>
+#include <nng/protocol/pair1/pair.h>
+
+#include <dirent.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#ifndef PAGODA_BIN_DIR
+#error "PAGODA_BIN_DIR must name the directory of pagoda-router"
+#endif
+
+#define TICK_MS 2
+
+struct fseq {
+    uint8_t id[16];
+    int32_t *prompt;
+    size_t num_prompt;
+    int32_t max_tokens;
+    int32_t stop_ids[64];
+    size_t num_stop;
+    int ignore_eos;
+    uint32_t emitted;
+    int done;
+    struct fseq *next;
+};
+
+struct fake_sched {
+    nng_socket sock;
+    pthread_t thread;
+    atomic_int stop, hold, dups;
+    pthread_mutex_t lock;
+    struct fseq *seqs; /* guarded by lock */
+    struct fake_sched_counts counts;
+    uint32_t peak_running;
+    uint64_t ticks, emitted_total;
+    /* tick()'s message, built in place */
+    Pagoda__Internal__TokenEvent events[256];
+    Pagoda__Internal__TokenEvent *event_ptrs[256];
+    int32_t tokens[256][FAKE_SCHED_PIECE_TOKENS + 1];
+    float logprobs[256][FAKE_SCHED_PIECE_TOKENS + 1];
+};
+
+uint64_t rtr_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+int32_t fake_sched_token(const int32_t *prompt, size_t n, uint32_t i)
+{
+    uint32_t sum = 0;
+    for (size_t k = 0; k < n; k++)
+        sum += (uint32_t)prompt[k];
+    return (int32_t)(1000u + (sum * 7u + i * 13u) % 30000u);
+}
+
+float fake_sched_logprob(uint32_t i)
+{
+    return -0.125f * (float)(i % 16 + 1);
+}
+
+static void send_msg(struct fake_sched *fs, const ProtobufCMessage *msg)
+{
+    size_t len = protobuf_c_message_get_packed_size(msg);
+    nng_msg *m;
+    if (nng_msg_alloc(&m, len) != 0)
+        return;
+    protobuf_c_message_pack(msg, nng_msg_body(m));
+    if (nng_sendmsg(fs->sock, m, 0) != 0)
+        nng_msg_free(m);
+}
+
+static struct fseq *find(struct fake_sched *fs, const uint8_t *id)
+{
+    for (struct fseq *q = fs->seqs; q; q = q->next)
+        if (memcmp(q->id, id, 16) == 0)
+            return q;
+    return NULL;
+}
+
+static uint32_t count_running(const struct fake_sched *fs)
+{
+    uint32_t n = 0;
+    for (const struct fseq *q = fs->seqs; q; q = q->next)
+        n += !q->done;
+    return n;
+}
+
+static void on_submit(struct fake_sched *fs, const Pagoda__Internal__SubmitSeq *s)
+{
+    if (!s->has_request_id || s->request_id.len != 16)
+        return;
+    pthread_mutex_lock(&fs->lock);
+    struct fseq *q = find(fs, s->request_id.data);
+    if (q != NULL) {
+        fs->counts.repeated_submits++;
+        pthread_mutex_unlock(&fs->lock);
+        return;
+    }
+    fs->counts.submits++;
+    fs->counts.last_has_seed = s->sampling && s->sampling->has_seed;
+    fs->counts.last_seed = s->sampling ? s->sampling->seed : 0;
+    snprintf(fs->counts.last_tenant, sizeof(fs->counts.last_tenant), "%s",
+             s->tenant ? s->tenant : "");
+    q = calloc(1, sizeof(*q));
+    q->prompt = malloc(s->n_prompt_token_ids * sizeof(int32_t) + 1);
+    memcpy(q->id, s->request_id.data, 16);
+    memcpy(q->prompt, s->prompt_token_ids, s->n_prompt_token_ids * sizeof(int32_t));
+    q->num_prompt = s->n_prompt_token_ids;
+    q->max_tokens = s->has_max_tokens ? s->max_tokens : 16;
+    q->num_stop = s->n_stop_token_ids < 64 ? s->n_stop_token_ids : 64;
+    if (q->num_stop > 0)
+        memcpy(q->stop_ids, s->stop_token_ids, q->num_stop * sizeof(int32_t));
+    q->ignore_eos = s->ignore_eos;
+    if (s->n_output_token_ids > 0) {
+        fs->counts.resumed++;
+        for (size_t i = 0; i < s->n_output_token_ids; i++)
+            if (s->output_token_ids[i] != fake_sched_token(q->prompt, q->num_prompt, (uint32_t)i))
+                fs->counts.output_mismatches++;
+        q->emitted = (uint32_t)s->n_output_token_ids;
+    }
+    q->next = fs->seqs;
+    fs->seqs = q;
+    uint32_t running = count_running(fs);
+    if (running > fs->peak_running)
+        fs->peak_running = running;
+    pthread_mutex_unlock(&fs->lock);
+}
+
+static void on_stats(struct fake_sched *fs, const Pagoda__Internal__StatsRequest *sr)
+{
+    Pagoda__Internal__SchedulerStats st = PAGODA__INTERNAL__SCHEDULER_STATS__INIT;
+    pthread_mutex_lock(&fs->lock);
+    fs->counts.stats_requests++;
+    st.has_cookie = sr->has_cookie;
+    st.cookie = sr->cookie;
+    st.has_running = st.has_waiting = st.has_peak_running = st.has_steps = 1;
+    st.running = count_running(fs);
+    st.waiting = 0;
+    st.peak_running = FAKE_SCHED_PEAK_RUNNING_BASE + fs->peak_running;
+    st.steps = fs->ticks;
+    st.has_num_blocks = st.has_free_blocks = st.has_kv_usage = st.has_computed_tokens = 1;
+    st.num_blocks = 64;
+    st.free_blocks = 48;
+    st.kv_usage = 0.25;
+    st.computed_tokens = fs->emitted_total;
+    st.has_resyncs = st.has_preemptions = 1;
+    st.resyncs = 3;
+    st.preemptions = 2;
+    pthread_mutex_unlock(&fs->lock);
+    Pagoda__Internal__ToRouter env = PAGODA__INTERNAL__TO_ROUTER__INIT;
+    env.has_protocol_version = 1;
+    env.protocol_version = WIRE_PROTOCOL_VERSION;
+    env.msg_case = PAGODA__INTERNAL__TO_ROUTER__MSG_STATS;
+    env.stats = &st;
+    send_msg(fs, &env.base);
+}
+
+static void on_message(struct fake_sched *fs, nng_msg *m)
+{
+    Pagoda__Internal__ToScheduler *msg = (Pagoda__Internal__ToScheduler *)wire_unpack(
+        &pagoda__internal__to_scheduler__descriptor, m);
+    nng_msg_free(m);
+    if (msg == NULL)
+        return;
+    if (msg->msg_case == PAGODA__INTERNAL__TO_SCHEDULER__MSG_SUBMIT) {
+        on_submit(fs, msg->submit);
+    } else if (msg->msg_case == PAGODA__INTERNAL__TO_SCHEDULER__MSG_CANCEL) {
+        pthread_mutex_lock(&fs->lock);
+        fs->counts.cancels++;
+        if (msg->cancel->has_request_id && msg->cancel->request_id.len == 16) {
+            struct fseq *q = find(fs, msg->cancel->request_id.data);
+            if (q != NULL)
+                q->done = 1;
+        }
+        pthread_mutex_unlock(&fs->lock);
+    } else if (msg->msg_case == PAGODA__INTERNAL__TO_SCHEDULER__MSG_STATS) {
+        on_stats(fs, msg->stats);
+    }
+    protobuf_c_message_free_unpacked(&msg->base, NULL);
+}
+
+/* One step: a piece of every running request, in one TokenEvents message. */
+static void tick(struct fake_sched *fs)
+{
+    enum { MAX_EVENTS = 256 };
+    Pagoda__Internal__TokenEvent *events = fs->events, **ptrs = fs->event_ptrs;
+    int32_t(*tokens)[FAKE_SCHED_PIECE_TOKENS + 1] = fs->tokens;
+    float(*logprobs)[FAKE_SCHED_PIECE_TOKENS + 1] = fs->logprobs;
+    size_t n = 0;
+    int dups = atomic_load(&fs->dups);
+    pthread_mutex_lock(&fs->lock);
+    fs->ticks++;
+    for (struct fseq *q = fs->seqs; q != NULL && n < MAX_EVENTS; q = q->next) {
+        if (q->done)
+            continue;
+        Pagoda__Internal__TokenEvent *ev = &events[n];
+        pagoda__internal__token_event__init(ev);
+        ev->has_request_id = 1;
+        ev->request_id.data = q->id;
+        ev->request_id.len = 16;
+        if (q->prompt[0] == FAKE_SCHED_ERROR_TOKEN) {
+            ev->has_finish_reason = ev->has_error_code = 1;
+            ev->finish_reason = PAGODA__INTERNAL__FINISH_REASON__FINISH_ERROR;
+            ev->error_code = PAGODA_ERANGE;
+            ev->error_message = (char *)"token 999999 is outside the vocabulary";
+            q->done = 1;
+            ptrs[n] = ev;
+            n++;
+            continue;
+        }
+        uint32_t start = q->emitted;
+        if (dups && start > 0)
+            start--; /* overlap the previous event by one token */
+        size_t k = 0;
+        int finish = 0;
+        for (uint32_t i = start; i < q->emitted + FAKE_SCHED_PIECE_TOKENS; i++) {
+            if (i >= (uint32_t)q->max_tokens) {
+                finish = PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH;
+                break;
+            }
+            int32_t t = fake_sched_token(q->prompt, q->num_prompt, i);
+            tokens[n][k] = t;
+            logprobs[n][k] = fake_sched_logprob(i);
+            k++;
+            int stop = 0;
+            for (size_t s = 0; s < q->num_stop; s++)
+                stop |= q->stop_ids[s] == t;
+            if (stop) {
+                finish = PAGODA__INTERNAL__FINISH_REASON__FINISH_STOP;
+                break;
+            }
+            if (i + 1 == (uint32_t)q->max_tokens) {
+                finish = PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH;
+                break;
+            }
+        }
+        ev->has_offset = 1;
+        ev->offset = start;
+        ev->n_token_ids = ev->n_logprobs = k;
+        ev->token_ids = tokens[n];
+        ev->logprobs = logprobs[n];
+        uint32_t end = start + (uint32_t)k;
+        if (end > q->emitted) {
+            fs->emitted_total += end - q->emitted;
+            q->emitted = end;
+        }
+        if (finish) {
+            ev->has_finish_reason = ev->has_prompt_tokens = ev->has_cached_tokens = 1;
+            ev->finish_reason = (Pagoda__Internal__FinishReason)finish;
+            ev->prompt_tokens = (uint32_t)q->num_prompt;
+            ev->cached_tokens = (uint32_t)q->num_prompt / 2;
+            q->done = 1;
+        }
+        ptrs[n] = ev;
+        n++;
+    }
+    pthread_mutex_unlock(&fs->lock);
+    if (n == 0)
+        return;
+    Pagoda__Internal__TokenEvents te = PAGODA__INTERNAL__TOKEN_EVENTS__INIT;
+    te.n_events = n;
+    te.events = ptrs;
+    Pagoda__Internal__ToRouter env = PAGODA__INTERNAL__TO_ROUTER__INIT;
+    env.has_protocol_version = 1;
+    env.protocol_version = WIRE_PROTOCOL_VERSION;
+    env.msg_case = PAGODA__INTERNAL__TO_ROUTER__MSG_EVENTS;
+    env.events = &te;
+    send_msg(fs, &env.base);
+    if (dups)
+        send_msg(fs, &env.base);
+}
+
+static void *run(void *arg)
+{
+    struct fake_sched *fs = arg;
+    uint64_t last_tick = rtr_now_ms();
+    while (!atomic_load(&fs->stop)) {
+        nng_msg *m;
+        int rv = nng_recvmsg(fs->sock, &m, 0);
+        if (rv == 0)
+            on_message(fs, m);
+        else if (rv != NNG_ETIMEDOUT)
+            break;
+        uint64_t now = rtr_now_ms();
+        if (now - last_tick >= TICK_MS) {
+            last_tick = now;
+            if (!atomic_load(&fs->hold))
+                tick(fs);
+        }
+    }
+    return NULL;
+}
+
+int fake_sched_start(const char *url, struct fake_sched **out)
+{
+    struct fake_sched *fs = calloc(1, sizeof(*fs));
+    if (fs == NULL)
+        return PAGODA_ENOMEM;
+    int rc = wire_pair_open(&fs->sock, url, 1, WIRE_MAX_MESSAGE_BYTES);
+    if (rc != 0) {
+        free(fs);
+        return rc;
+    }
+    nng_socket_set_int(fs->sock, NNG_OPT_SENDBUF, 1024);
+    nng_socket_set_ms(fs->sock, NNG_OPT_RECVTIMEO, 1);
+    nng_socket_set_ms(fs->sock, NNG_OPT_SENDTIMEO, 1000);
+    pthread_mutex_init(&fs->lock, NULL);
+    pthread_create(&fs->thread, NULL, run, fs);
+    *out = fs;
+    return 0;
+}
+
+void fake_sched_stop(struct fake_sched *fs)
+{
+    if (fs == NULL)
+        return;
+    atomic_store(&fs->stop, 1);
+    pthread_join(fs->thread, NULL);
+    nng_close(fs->sock);
+    struct fseq *q = fs->seqs;
+    while (q) {
+        struct fseq *next = q->next;
+        free(q->prompt);
+        free(q);
+        q = next;
+    }
+    pthread_mutex_destroy(&fs->lock);
+    free(fs);
+}
+
+void fake_sched_hold(struct fake_sched *fs, int hold)
+{
+    atomic_store(&fs->hold, hold);
+}
+
+void fake_sched_set_duplicates(struct fake_sched *fs, int on)
+{
+    atomic_store(&fs->dups, on);
+}
+
+void fake_sched_get_counts(struct fake_sched *fs, struct fake_sched_counts *out)
+{
+    pthread_mutex_lock(&fs->lock);
+    *out = fs->counts;
+    out->running = count_running(fs);
+    pthread_mutex_unlock(&fs->lock);
+}
+
+/* ---- the harness --------------------------------------------------------------------------- */
+
+static void remove_dir(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (d != NULL) {
+        struct dirent *de;
+        char path[512];
+        while ((de = readdir(d)) != NULL) {
+            if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
+                continue;
+            snprintf(path, sizeof(path), "%s/%s", dir, de->d_name);
+            unlink(path);
+        }
+        closedir(d);
+    }
+    rmdir(dir);
+}
+
+int rtr_env_start(struct rtr_env *e, const char *const *extra_args)
+{
+    memset(e, 0, sizeof(*e));
+    snprintf(e->dir, sizeof(e->dir), "/tmp/pagoda-rtr-XXXXXX");
+    if (mkdtemp(e->dir) == NULL)
+        return -1;
+    snprintf(e->sched_url, sizeof(e->sched_url), "ipc://%s/scheduler.ipc", e->dir);
+    snprintf(e->url, sizeof(e->url), "ipc://%s/router.ipc", e->dir);
+    if (fake_sched_start(e->sched_url, &e->fs) != 0)
+        return -1;
+    const char *argv[32] = {PAGODA_BIN_DIR "/pagoda-router",
+                            "--run-dir",
+                            e->dir,
+                            "--listen",
+                            e->url,
+                            "--log-level",
+                            "warn"};
+    int argc = 7;
+    for (int i = 0; extra_args != NULL && extra_args[i] != NULL && argc < 31; i++)
+        argv[argc++] = extra_args[i];
+    argv[argc] = NULL;
+    /* fork and exec rather than posix_spawn, so that the router dies with a test that dies
+     * (PR_SET_PDEATHSIG) instead of draining on without its parent. */
+    pid_t parent = getpid();
+    e->router = fork();
+    if (e->router < 0)
+        return -1;
+    if (e->router == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent)
+            _exit(127);
+        execv(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+    pagoda_client *c;
+    if (pagoda_client_open(e->url, &c) != 0)
+        return -1;
+    pagoda_client_set_timeout_ms(c, 200);
+    int healthy = 0;
+    for (uint64_t t0 = rtr_now_ms(); !healthy && rtr_now_ms() - t0 < 10000;) {
+        if (pagoda_health(c, &healthy) != 0 || !healthy)
+            usleep(10000);
+    }
+    pagoda_client_close(c);
+    return healthy ? 0 : -1;
+}
+
+int rtr_env_wait(struct rtr_env *e, int timeout_ms)
+{
+    uint64_t t0 = rtr_now_ms();
+    for (;;) {
+        int status;
+        pid_t p = waitpid(e->router, &status, WNOHANG);
+        if (p == e->router) {
+            e->router = 0;
+            return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+        }
+        if (rtr_now_ms() - t0 > (uint64_t)timeout_ms)
+            return -2;
+        usleep(5000);
+    }
+}
+
+int rtr_env_stop(struct rtr_env *e)
+{
+    int status = 0;
+    if (e->router > 0) {
+        kill(e->router, SIGTERM);
+        status = rtr_env_wait(e, 20000);
+        if (status == -2) {
+            kill(e->router, SIGKILL);
+            waitpid(e->router, NULL, 0);
+            e->router = 0;
+        }
+    }
+    fake_sched_stop(e->fs);
+    e->fs = NULL;
+    remove_dir(e->dir);
+    return status;
+}

@@ -1,0 +1,341 @@
+/* supervisor_fake: a stand-in for pagoda's programs in test_supervisor.
+ *
+ * Linked as BINDIR/pagoda-kvpool, -worker, -scheduler and -router, it takes its role from the
+ * name it was started under and accepts the flags the real program takes, refusing any other
+ * (exit 64), so that a test sees what the supervisor passes. It appends one line per thing it
+ * does to RUN_DIR/events.log ("<monotonic ms> <event> <name> <pid> <detail>", written with one
+ * O_APPEND write so that lines of several processes do not mix) and writes its pid to
+ * RUN_DIR/fake-<name>.pid. Events: start (detail: its arguments), ready, crash, hung-report,
+ * term, exit.
+ *
+ * Behaviour flags (passed with the supervisor's --X-arg):
+ *   --ready-delay-ms N     push Control{ready} N ms after the start (default 0)
+ *   --ready-delay-for NAME:N   the same, only for the fake named NAME ("worker-1")
+ *   --never-ready          never push it
+ *   --crash-after-ms N     N ms after ready (after the start with --never-ready), crash:
+ *   --crash-code C         exit with status C (default 1), or
+ *   --crash-signal S       kill itself with signal S
+ *   --crash-once FILE      crash only if FILE does not exist yet (and create it)
+ *   --ignore-term          ignore SIGTERM
+ *   --term-delay-ms N      on SIGTERM, wait N ms (draining) before exiting 0
+ *   --report-hung I:J      (scheduler) 100 ms after ready, report worker I hung with the pid of
+ *                          worker J's fake (repeatable; reports are sent in order)
+ * A fake runs only under the supervisor whose pid is in RUN_DIR/supervisor.pid and dies with
+ * it (PR_SET_PDEATHSIG, and a check of its parent), so a failed test leaves no process
+ * behind. */
+#include "common/error.h"
+#include "wire/wire.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <time.h>
+#include <unistd.h>
+
+enum { R_KVPOOL = 1, R_WORKER = 2, R_SCHEDULER = 4, R_ROUTER = 8, R_ALL = 15 };
+
+struct flag {
+    const char *name;
+    int roles;     /* which roles accept it */
+    int has_value; /* takes the next argument */
+};
+
+static const struct flag flags[] = {
+    {"--run-dir", R_ALL, 1},
+    {"--log-level", R_ALL, 1},
+    {"--model", R_KVPOOL | R_WORKER, 1},
+    {"--block-size", R_KVPOOL, 1},
+    {"--kv-blocks", R_KVPOOL, 1},
+    {"--kv-bytes", R_KVPOOL, 1},
+    {"--worker-id", R_WORKER, 1},
+    {"--backend", R_WORKER, 1},
+    {"--workers", R_SCHEDULER, 1},
+    {"--listen", R_ROUTER, 1},
+    {"--ready-delay-ms", R_ALL, 1},
+    {"--ready-delay-for", R_ALL, 1},
+    {"--never-ready", R_ALL, 0},
+    {"--crash-after-ms", R_ALL, 1},
+    {"--crash-code", R_ALL, 1},
+    {"--crash-signal", R_ALL, 1},
+    {"--crash-once", R_ALL, 1},
+    {"--ignore-term", R_ALL, 0},
+    {"--term-delay-ms", R_ALL, 1},
+    {"--report-hung", R_SCHEDULER, 1},
+};
+
+#define MAX_REPORTS 8
+
+static char events_path[4200];
+static char name[32] = "?";
+static volatile sig_atomic_t term_received;
+
+static unsigned long long now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (unsigned long long)ts.tv_sec * 1000ull + (unsigned long long)ts.tv_nsec / 1000000ull;
+}
+
+static void event(const char *what, const char *detail)
+{
+    char line[4096];
+    int n = snprintf(line, sizeof(line), "%llu %s %s %d %s\n", now_ms(), what, name, (int)getpid(),
+                     detail ? detail : "");
+    if (n < 0)
+        return;
+    if ((size_t)n >= sizeof(line)) {
+        n = sizeof(line) - 1;
+        line[n - 1] = '\n';
+    }
+    if (events_path[0] == '\0')
+        return;
+    int fd = open(events_path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return;
+    if (write(fd, line, (size_t)n) < 0)
+        perror("supervisor_fake: events.log");
+    close(fd);
+}
+
+static void on_term(int signum)
+{
+    (void)signum;
+    term_received = 1;
+}
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static int usage_error(const char *fmt, const char *arg)
+{
+    char msg[512];
+    snprintf(msg, sizeof(msg), fmt, arg);
+    fprintf(stderr, "supervisor_fake (%s): %s\n", name, msg);
+    event("usage", msg);
+    return 64;
+}
+
+static int read_pid(const char *run_dir, int worker_id)
+{
+    char path[4200];
+    snprintf(path, sizeof(path), "%s/fake-worker-%d.pid", run_dir, worker_id);
+    FILE *f = fopen(path, "r");
+    int pid = -1;
+    if (f != NULL) {
+        if (fscanf(f, "%d", &pid) != 1)
+            pid = -1;
+        fclose(f);
+    }
+    return pid;
+}
+
+int main(int argc, char **argv)
+{
+    const char *base = strrchr(argv[0], '/');
+    base = base ? base + 1 : argv[0];
+    int role = 0;
+    const char *sender = NULL;
+    if (strcmp(base, "pagoda-kvpool") == 0)
+        role = R_KVPOOL, sender = "kvpool";
+    else if (strcmp(base, "pagoda-worker") == 0)
+        role = R_WORKER, sender = "worker";
+    else if (strcmp(base, "pagoda-scheduler") == 0)
+        role = R_SCHEDULER, sender = "scheduler";
+    else if (strcmp(base, "pagoda-router") == 0)
+        role = R_ROUTER, sender = "router";
+    else
+        return usage_error("started as '%s', not as one of pagoda's programs", base);
+    snprintf(name, sizeof(name), "%s", sender);
+
+    const char *run_dir = NULL, *model = NULL, *worker_id = NULL, *workers = NULL, *listen = NULL,
+               *crash_once = NULL;
+    int ready_delay_ms = 0, never_ready = 0, crash_after_ms = -1, crash_code = 1, crash_signal = 0,
+        ignore_term = 0, term_delay_ms = 0;
+    int report_id[MAX_REPORTS], report_of[MAX_REPORTS], num_reports = 0;
+    const char *delay_for = NULL;
+    char args[3000] = "";
+    size_t args_len = 0;
+
+    for (int i = 1; i < argc; i++) {
+        const struct flag *fl = NULL;
+        for (size_t k = 0; k < sizeof(flags) / sizeof(flags[0]); k++)
+            if (strcmp(argv[i], flags[k].name) == 0)
+                fl = &flags[k];
+        if (fl == NULL || !(fl->roles & role))
+            return usage_error("unknown flag %s", argv[i]);
+        const char *v = NULL;
+        if (fl->has_value) {
+            if (i + 1 >= argc)
+                return usage_error("%s needs a value", argv[i]);
+            v = argv[++i];
+        }
+        int n = snprintf(args + args_len, sizeof(args) - args_len, "%s%s%s%s", args_len ? " " : "",
+                         fl->name, v ? " " : "", v ? v : "");
+        if (n > 0 && (size_t)n < sizeof(args) - args_len)
+            args_len += (size_t)n;
+        if (strcmp(fl->name, "--run-dir") == 0)
+            run_dir = v;
+        else if (strcmp(fl->name, "--model") == 0)
+            model = v;
+        else if (strcmp(fl->name, "--worker-id") == 0)
+            worker_id = v;
+        else if (strcmp(fl->name, "--workers") == 0)
+            workers = v;
+        else if (strcmp(fl->name, "--listen") == 0)
+            listen = v;
+        else if (strcmp(fl->name, "--ready-delay-ms") == 0)
+            ready_delay_ms = atoi(v);
+        else if (strcmp(fl->name, "--ready-delay-for") == 0)
+            delay_for = v;
+        else if (strcmp(fl->name, "--never-ready") == 0)
+            never_ready = 1;
+        else if (strcmp(fl->name, "--crash-after-ms") == 0)
+            crash_after_ms = atoi(v);
+        else if (strcmp(fl->name, "--crash-code") == 0)
+            crash_code = atoi(v);
+        else if (strcmp(fl->name, "--crash-signal") == 0)
+            crash_signal = atoi(v);
+        else if (strcmp(fl->name, "--crash-once") == 0)
+            crash_once = v;
+        else if (strcmp(fl->name, "--ignore-term") == 0)
+            ignore_term = 1;
+        else if (strcmp(fl->name, "--term-delay-ms") == 0)
+            term_delay_ms = atoi(v);
+        else if (strcmp(fl->name, "--report-hung") == 0) {
+            if (num_reports == MAX_REPORTS ||
+                sscanf(v, "%d:%d", &report_id[num_reports], &report_of[num_reports]) != 2)
+                return usage_error("bad --report-hung %s", v);
+            num_reports++;
+        }
+    }
+    if (run_dir == NULL)
+        return usage_error("%s", "--run-dir is required");
+    snprintf(events_path, sizeof(events_path), "%s/events.log", run_dir);
+    if (role == R_WORKER) {
+        if (worker_id == NULL)
+            return usage_error("%s", "--worker-id is required");
+        snprintf(name, sizeof(name), "worker-%s", worker_id);
+    }
+    if (delay_for != NULL) {
+        const char *colon = strrchr(delay_for, ':');
+        if (colon == NULL)
+            return usage_error("bad --ready-delay-for %s", delay_for);
+        if ((size_t)(colon - delay_for) == strlen(name) &&
+            strncmp(delay_for, name, strlen(name)) == 0)
+            ready_delay_ms = atoi(colon + 1);
+    }
+    if ((role & (R_KVPOOL | R_WORKER)) && model == NULL)
+        return usage_error("%s", "--model is required");
+    if (role == R_SCHEDULER && workers == NULL)
+        return usage_error("%s", "--workers is required");
+    if (role == R_ROUTER && listen == NULL)
+        return usage_error("%s", "--listen is required");
+
+    if (ignore_term) {
+        signal(SIGTERM, SIG_IGN);
+    } else {
+        struct sigaction sa;
+        memset(&sa, 0, sizeof(sa));
+        sa.sa_handler = on_term;
+        sigaction(SIGTERM, &sa, NULL);
+    }
+    /* Die with the supervisor, and do not outlive one that died before this line. */
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    pid_t parent = getppid();
+    char sup_path[4200];
+    snprintf(sup_path, sizeof(sup_path), "%s/supervisor.pid", run_dir);
+    FILE *sup_file = fopen(sup_path, "r");
+    int sup_pid = -1;
+    if (sup_file != NULL) {
+        if (fscanf(sup_file, "%d", &sup_pid) != 1)
+            sup_pid = -1;
+        fclose(sup_file);
+    }
+    if (sup_pid != (int)parent)
+        return usage_error("%s", "not started by the supervisor of this run directory");
+
+    char pid_path[4200], pid_text[32];
+    snprintf(pid_path, sizeof(pid_path), "%s/fake-%s.pid", run_dir, name);
+    int fd = open(pid_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd >= 0) {
+        int n = snprintf(pid_text, sizeof(pid_text), "%d\n", (int)getpid());
+        if (write(fd, pid_text, (size_t)n) < 0)
+            perror("supervisor_fake: pid file");
+        close(fd);
+    }
+    /* crash-once decides now, so that the decision belongs to this process alone. */
+    int will_crash = crash_after_ms >= 0;
+    if (will_crash && crash_once != NULL) {
+        fd = open(crash_once, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+        will_crash = fd >= 0;
+        if (fd >= 0)
+            close(fd);
+    }
+    event("start", args);
+
+    unsigned long long t0 = now_ms(), ready_at = 0;
+    int ready = 0, reported = 0;
+    for (;;) {
+        if (getppid() != parent)
+            _exit(0); /* the supervisor is gone */
+        unsigned long long t = now_ms();
+        if (term_received) {
+            event("term", NULL);
+            unsigned long long until = now_ms() + (unsigned long long)term_delay_ms;
+            while (now_ms() < until && getppid() == parent)
+                sleep_ms(5);
+            event("exit", NULL);
+            return 0;
+        }
+        if (!never_ready && !ready && t - t0 >= (unsigned long long)ready_delay_ms) {
+            /* The event first: the supervisor may start the next program as soon as it has
+             * the message, and that one's start must come after this line. */
+            event("ready", NULL);
+            int rc = wire_control_ready(run_dir, sender);
+            if (rc != 0)
+                fprintf(stderr, "supervisor_fake (%s): ready: %s\n", name, pagoda_strerror(rc));
+            ready = 1;
+            ready_at = now_ms();
+            continue;
+        }
+        if (will_crash && (ready || never_ready) &&
+            now_ms() - (never_ready ? t0 : ready_at) >= (unsigned long long)crash_after_ms) {
+            char detail[64];
+            if (crash_signal > 0) {
+                snprintf(detail, sizeof(detail), "signal %d", crash_signal);
+                event("crash", detail);
+                signal(crash_signal, SIG_DFL);
+                kill(getpid(), crash_signal);
+                sleep_ms(1000);
+            }
+            snprintf(detail, sizeof(detail), "code %d", crash_code);
+            event("crash", detail);
+            _exit(crash_code);
+        }
+        if (ready && !reported && num_reports > 0 && now_ms() - ready_at >= 100) {
+            for (int i = 0; i < num_reports; i++) {
+                Pagoda__Internal__Control ctl = PAGODA__INTERNAL__CONTROL__INIT;
+                ctl.has_hung_worker_id = 1;
+                ctl.hung_worker_id = (uint32_t)report_id[i];
+                ctl.has_hung_worker_pid = 1;
+                ctl.hung_worker_pid = read_pid(run_dir, report_of[i]);
+                ctl.sender = (char *)sender;
+                char detail[64];
+                snprintf(detail, sizeof(detail), "%d %d", report_id[i], ctl.hung_worker_pid);
+                event("hung-report", detail);
+                int rc = wire_control_send(run_dir, &ctl);
+                if (rc != 0)
+                    fprintf(stderr, "supervisor_fake: hung report: %s\n", pagoda_strerror(rc));
+            }
+            reported = 1;
+        }
+        sleep_ms(5);
+    }
+}

@@ -1,0 +1,322 @@
+/* Tests of client/: libpagoda and the pagoda command against pagoda-router and a stand-in
+ * scheduler (router_fake_scheduler.h). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "client/pagoda.h"
+#include "common/error.h"
+#include "tests/unit/router_fake_scheduler.h"
+
+#include <nng/nng.h>
+
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#ifndef PAGODA_BIN_DIR
+#error "PAGODA_BIN_DIR must name the directory of the pagoda program"
+#endif
+
+static pagoda_client *open_client(const struct rtr_env *e)
+{
+    pagoda_client *c = NULL;
+    assert_int_equal(pagoda_client_open(e->url, &c), 0);
+    pagoda_client_set_timeout_ms(c, 5000);
+    return c;
+}
+
+/* ---- without a router ----------------------------------------------------------------------- */
+
+static void test_params_default_and_local_checks(void **state)
+{
+    pagoda_generate_params p = pagoda_generate_params_default();
+    assert_true(p.temperature == 1.0f);
+    assert_true(p.top_p == 1.0f);
+    assert_int_equal(p.top_k, 0);
+    assert_true(p.repetition_penalty == 1.0f);
+    assert_int_equal(p.max_tokens, 16);
+    assert_false(p.has_seed);
+
+    pagoda_client *c = NULL;
+    assert_int_equal(pagoda_client_open("ipc:///nonexistent/pagoda.ipc", &c), 0);
+    uint8_t id[16];
+    const int32_t prompt[] = {1};
+    assert_int_equal(pagoda_submit(c, &p, prompt, 0, id), PAGODA_EINVAL);
+    p.max_tokens = 0;
+    assert_int_equal(pagoda_submit(c, &p, prompt, 1, id), PAGODA_ERANGE);
+    pagoda_client_close(c);
+    assert_int_equal(pagoda_client_open("nonsense://x", &c), PAGODA_EINVAL);
+    pagoda_client_close(NULL);
+    pagoda_result_free(NULL);
+    assert_string_equal(pagoda_finish_reason_name(PAGODA_FINISH_CANCELLED), "cancelled");
+    const uint8_t hex_id[16] = {0x01, 0xab, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff};
+    char hex[33];
+    pagoda_request_id_hex(hex_id, hex);
+    assert_string_equal(hex, "01ab00000000000000000000000000ff");
+}
+
+static void test_unreachable_router_times_out(void **state)
+{
+    pagoda_client *c = NULL;
+    assert_int_equal(pagoda_client_open("ipc:///nonexistent/pagoda.ipc", &c), 0);
+    pagoda_client_set_timeout_ms(c, 200);
+    uint64_t t0 = rtr_now_ms();
+    int healthy = 1;
+    assert_int_equal(pagoda_health(c, &healthy), PAGODA_ETIMEDOUT);
+    assert_true(rtr_now_ms() - t0 < 2000);
+    pagoda_client_close(c);
+}
+
+/* ---- with a router ------------------------------------------------------------------------- */
+
+static int group_setup(void **state)
+{
+    static struct rtr_env env;
+    if (rtr_env_start(&env, NULL) != 0)
+        return -1;
+    *state = &env;
+    return 0;
+}
+
+static int group_teardown(void **state)
+{
+    return rtr_env_stop(*state) == 0 ? 0 : -1;
+}
+
+static void test_generate_returns_every_token_once_in_order(void **state)
+{
+    struct rtr_env *e = *state;
+    pagoda_client *c = open_client(e);
+    const int32_t prompt[] = {3, 1, 4, 1};
+    pagoda_generate_params p = pagoda_generate_params_default();
+    p.max_tokens = 25; /* nine events of up to three tokens */
+    p.logprobs = 1;
+    pagoda_result r;
+    assert_int_equal(pagoda_generate(c, &p, prompt, 4, &r), 0);
+    assert_int_equal(r.num_tokens, 25);
+    for (uint32_t i = 0; i < 25; i++) {
+        assert_int_equal(r.token_ids[i], fake_sched_token(prompt, 4, i));
+        assert_true(r.logprobs[i] == fake_sched_logprob(i));
+    }
+    assert_int_equal(r.finish_reason, PAGODA_FINISH_LENGTH);
+    assert_int_equal(r.prompt_tokens, 4);
+    assert_int_equal(r.completion_tokens, 25);
+    assert_int_equal(r.cached_tokens, 2);
+    assert_null(r.error_message);
+    pagoda_result_free(&r);
+
+    /* Without logprobs asked for, none come back. */
+    p.logprobs = 0;
+    p.max_tokens = 4;
+    assert_int_equal(pagoda_generate(c, &p, prompt, 4, &r), 0);
+    assert_int_equal(r.num_tokens, 4);
+    assert_null(r.logprobs);
+    pagoda_result_free(&r);
+    pagoda_client_close(c);
+}
+
+struct stream_seen {
+    uint32_t next;
+    int calls;
+    int32_t tokens[64];
+};
+
+static void on_piece(void *user, uint32_t offset, const int32_t *ids, const float *lp, size_t n)
+{
+    struct stream_seen *s = user;
+    assert_int_equal(offset, s->next);
+    assert_true(n > 0);
+    assert_true(offset + n <= 64);
+    memcpy(s->tokens + offset, ids, n * sizeof(int32_t));
+    s->next += (uint32_t)n;
+    s->calls++;
+}
+
+static void test_generate_stream_sees_contiguous_pieces(void **state)
+{
+    struct rtr_env *e = *state;
+    pagoda_client *c = open_client(e);
+    const int32_t prompt[] = {9, 9};
+    pagoda_generate_params p = pagoda_generate_params_default();
+    p.max_tokens = 40;
+    struct stream_seen seen = {0};
+    pagoda_result r;
+    assert_int_equal(pagoda_generate_stream(c, &p, prompt, 2, on_piece, &seen, &r), 0);
+    assert_int_equal(seen.next, 40);
+    assert_true(seen.calls >= 1);
+    assert_memory_equal(seen.tokens, r.token_ids, 40 * sizeof(int32_t));
+    pagoda_result_free(&r);
+    pagoda_client_close(c);
+}
+
+#define THREADS 8
+#define PER_THREAD 6
+
+struct worker_arg {
+    pagoda_client *c;
+    int index;
+    int failures;
+};
+
+static void *generate_many(void *arg)
+{
+    struct worker_arg *a = arg;
+    for (int k = 0; k < PER_THREAD; k++) {
+        const int32_t prompt[] = {100 + a->index, k, 7};
+        pagoda_generate_params p = pagoda_generate_params_default();
+        p.max_tokens = 5 + (a->index + k) % 11;
+        pagoda_result r;
+        int rc = pagoda_generate(a->c, &p, prompt, 3, &r);
+        int ok = rc == 0 && r.finish_reason == PAGODA_FINISH_LENGTH &&
+                 r.num_tokens == (size_t)p.max_tokens;
+        for (size_t i = 0; ok && i < r.num_tokens; i++)
+            ok = r.token_ids[i] == fake_sched_token(prompt, 3, (uint32_t)i);
+        a->failures += !ok;
+        pagoda_result_free(&r);
+    }
+    return NULL;
+}
+
+static void test_concurrent_generates_on_one_client(void **state)
+{
+    struct rtr_env *e = *state;
+    pagoda_client *c = open_client(e);
+    pthread_t threads[THREADS];
+    struct worker_arg args[THREADS];
+    for (int i = 0; i < THREADS; i++) {
+        args[i] = (struct worker_arg){.c = c, .index = i};
+        pthread_create(&threads[i], NULL, generate_many, &args[i]);
+    }
+    int failures = 0;
+    for (int i = 0; i < THREADS; i++) {
+        pthread_join(threads[i], NULL);
+        failures += args[i].failures;
+    }
+    assert_int_equal(failures, 0);
+    struct fake_sched_counts counts;
+    fake_sched_get_counts(e->fs, &counts);
+    assert_int_equal(counts.repeated_submits, 0);
+    pagoda_client_close(c);
+}
+
+/* Runs a shell command line; returns its exit status, its standard output in out. */
+static int run(const char *cmd, char *out, size_t len)
+{
+    FILE *f = popen(cmd, "r");
+    assert_non_null(f);
+    size_t n = fread(out, 1, len - 1, f);
+    out[n] = '\0';
+    int status = pclose(f);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+static void test_cli(void **state)
+{
+    struct rtr_env *e = *state;
+    char cmd[512], out[4096], expect[256];
+    const int32_t prompt[] = {5, 6};
+
+    snprintf(cmd, sizeof(cmd),
+             PAGODA_BIN_DIR "/pagoda --url %s generate --tokens 5,6 "
+                            "--max-tokens 4 --json",
+             e->url);
+    assert_int_equal(run(cmd, out, sizeof(out)), 0);
+    snprintf(expect, sizeof(expect), "\"token_ids\": [%d, %d, %d, %d]",
+             fake_sched_token(prompt, 2, 0), fake_sched_token(prompt, 2, 1),
+             fake_sched_token(prompt, 2, 2), fake_sched_token(prompt, 2, 3));
+    assert_non_null(strstr(out, expect));
+    assert_non_null(strstr(out, "\"finish_reason\": \"length\""));
+    assert_non_null(strstr(out, "\"usage\": {\"prompt_tokens\": 2, \"completion_tokens\": 4, "
+                                "\"cached_tokens\": 1}"));
+    assert_non_null(strstr(out, "\"logprobs\": [-0.125, -0.25, -0.375, -0.5]"));
+    assert_non_null(strstr(out, "{\"id\": \""));
+    assert_int_equal(strchr(out, '\n') - out, (long)strlen(out) - 1); /* one line */
+
+    snprintf(cmd, sizeof(cmd),
+             PAGODA_BIN_DIR
+             "/pagoda --url %s generate --tokens 5,6 "
+             "--max-tokens 2 --temperature 0.7 --top-p 0.9 --top-k 5 --min-p 0.1 --seed 3 "
+             "--stop-token-ids 1,2 --ignore-eos",
+             e->url);
+    assert_int_equal(run(cmd, out, sizeof(out)), 0);
+    snprintf(expect, sizeof(expect), "%d,%d\n", fake_sched_token(prompt, 2, 0),
+             fake_sched_token(prompt, 2, 1));
+    assert_string_equal(out, expect);
+
+    snprintf(cmd, sizeof(cmd),
+             PAGODA_BIN_DIR "/pagoda --url %s generate --tokens 5,6 "
+                            "--max-tokens 2 --stream",
+             e->url);
+    assert_int_equal(run(cmd, out, sizeof(out)), 0);
+    assert_string_equal(out, expect);
+
+    snprintf(cmd, sizeof(cmd), PAGODA_BIN_DIR "/pagoda --url %s stats --json", e->url);
+    assert_int_equal(run(cmd, out, sizeof(out)), 0);
+    assert_non_null(strstr(out, "\"peak_running\": 10"));
+    assert_non_null(strstr(out, "\"kv_usage\": 0.25"));
+    assert_non_null(strstr(out, "\"scheduler_connected\": true"));
+    assert_int_equal(out[0], '{');
+
+    snprintf(cmd, sizeof(cmd), PAGODA_BIN_DIR "/pagoda --url %s health", e->url);
+    assert_int_equal(run(cmd, out, sizeof(out)), 0);
+
+    /* Bad flags: 2. A failed request: 1. No router: 1. */
+    snprintf(cmd, sizeof(cmd), PAGODA_BIN_DIR "/pagoda --url %s generate --bogus 2>/dev/null",
+             e->url);
+    assert_int_equal(run(cmd, out, sizeof(out)), 2);
+    snprintf(cmd, sizeof(cmd),
+             PAGODA_BIN_DIR "/pagoda --url %s generate --tokens 1,x "
+                            "2>/dev/null",
+             e->url);
+    assert_int_equal(run(cmd, out, sizeof(out)), 2);
+    snprintf(cmd, sizeof(cmd),
+             PAGODA_BIN_DIR "/pagoda --url %s generate --tokens 1 "
+                            "--top-p 0 2>/dev/null",
+             e->url);
+    assert_int_equal(run(cmd, out, sizeof(out)), 2);
+    snprintf(cmd, sizeof(cmd), PAGODA_BIN_DIR "/pagoda frobnicate 2>/dev/null");
+    assert_int_equal(run(cmd, out, sizeof(out)), 2);
+    snprintf(cmd, sizeof(cmd),
+             PAGODA_BIN_DIR "/pagoda --url %s generate --tokens %d "
+                            "--max-tokens 3 --json 2>/dev/null",
+             e->url, FAKE_SCHED_ERROR_TOKEN);
+    assert_int_equal(run(cmd, out, sizeof(out)), 1);
+    assert_non_null(strstr(out, "\"finish_reason\": \"error\""));
+    assert_non_null(strstr(out, "vocabulary"));
+    snprintf(cmd, sizeof(cmd),
+             PAGODA_BIN_DIR "/pagoda --url %s generate --tokens 1 "
+                            "--max-tokens 1000000000 2>&1",
+             e->url);
+    assert_int_equal(run(cmd, out, sizeof(out)), 1);
+    assert_non_null(strstr(out, "max_tokens"));
+    snprintf(cmd, sizeof(cmd),
+             PAGODA_BIN_DIR
+             "/pagoda --url ipc:///nonexistent/x.ipc health --timeout-ms 300 2>/dev/null");
+    assert_int_equal(run(cmd, out, sizeof(out)), 1);
+}
+
+int main(void)
+{
+    const struct CMUnitTest alone[] = {
+        cmocka_unit_test(test_params_default_and_local_checks),
+        cmocka_unit_test(test_unreachable_router_times_out),
+    };
+    const struct CMUnitTest with_router[] = {
+        cmocka_unit_test(test_generate_returns_every_token_once_in_order),
+        cmocka_unit_test(test_generate_stream_sees_contiguous_pieces),
+        cmocka_unit_test(test_concurrent_generates_on_one_client),
+        cmocka_unit_test(test_cli),
+    };
+    signal(SIGPIPE, SIG_IGN);
+    int failed = cmocka_run_group_tests_name("client", alone, NULL, NULL);
+    failed += cmocka_run_group_tests_name("client with a router", with_router, group_setup,
+                                          group_teardown);
+    nng_fini();
+    return failed;
+}

@@ -1,0 +1,663 @@
+/* Tests of worker/mirror.c: resyncs and steps against the worker's mirror, and the forward
+ * batches they build (positions, slots through shuffled block tables, logits rows, sample
+ * rows). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "common/error.h"
+#include "worker/mirror.h"
+
+#include <string.h>
+
+#define BS 8 /* block size */
+
+static struct mirror_limits test_limits(void)
+{
+    return (struct mirror_limits){
+        .max_seqs = 8,
+        .max_tokens_per_seq = 64,
+        .max_batched_tokens = 32,
+        .num_blocks = 16,
+        .block_size = BS,
+        .vocab_size = 100,
+    };
+}
+
+static struct mirror *new_mirror(void)
+{
+    struct mirror_limits l = test_limits();
+    struct mirror *m = NULL;
+    assert_int_equal(mirror_new(&l, &m), 0);
+    return m;
+}
+
+static Pagoda__Internal__SequenceSnapshot snap(uint64_t id, int32_t *tokens, size_t n,
+                                               int32_t prompt, int32_t computed, int32_t *blocks,
+                                               size_t nb)
+{
+    Pagoda__Internal__SequenceSnapshot s = PAGODA__INTERNAL__SEQUENCE_SNAPSHOT__INIT;
+    s.has_seq_id = 1;
+    s.seq_id = id;
+    s.n_token_ids = n;
+    s.token_ids = tokens;
+    s.has_num_prompt_tokens = 1;
+    s.num_prompt_tokens = prompt;
+    s.has_num_computed_tokens = 1;
+    s.num_computed_tokens = computed;
+    s.n_block_ids = nb;
+    s.block_ids = blocks;
+    return s;
+}
+
+static Pagoda__Internal__NewSequence new_seq(uint64_t id, int32_t *tokens, size_t n, int32_t prompt,
+                                             int32_t computed, int32_t new_tokens, int32_t *blocks,
+                                             size_t nb)
+{
+    Pagoda__Internal__NewSequence s = PAGODA__INTERNAL__NEW_SEQUENCE__INIT;
+    s.has_seq_id = 1;
+    s.seq_id = id;
+    s.n_token_ids = n;
+    s.token_ids = tokens;
+    s.has_num_prompt_tokens = 1;
+    s.num_prompt_tokens = prompt;
+    s.has_num_computed_tokens = 1;
+    s.num_computed_tokens = computed;
+    s.has_num_new_tokens = 1;
+    s.num_new_tokens = new_tokens;
+    s.n_block_ids = nb;
+    s.block_ids = blocks;
+    return s;
+}
+
+static Pagoda__Internal__ContinuingSequence
+cont_seq(uint64_t id, int32_t computed, int32_t new_tokens, int32_t *appended, size_t na)
+{
+    Pagoda__Internal__ContinuingSequence c = PAGODA__INTERNAL__CONTINUING_SEQUENCE__INIT;
+    c.has_seq_id = 1;
+    c.seq_id = id;
+    c.has_num_computed_tokens = 1;
+    c.num_computed_tokens = computed;
+    c.has_num_new_tokens = 1;
+    c.num_new_tokens = new_tokens;
+    c.n_appended_block_ids = na;
+    c.appended_block_ids = appended;
+    return c;
+}
+
+static Pagoda__Internal__Step step_msg(uint64_t epoch, uint64_t id)
+{
+    Pagoda__Internal__Step s = PAGODA__INTERNAL__STEP__INIT;
+    s.has_epoch = 1;
+    s.epoch = epoch;
+    s.has_step_id = 1;
+    s.step_id = id;
+    return s;
+}
+
+static void resync(struct mirror *m, uint64_t epoch, uint64_t next,
+                   Pagoda__Internal__SequenceSnapshot **seqs, size_t n)
+{
+    Pagoda__Internal__Resync r = PAGODA__INTERNAL__RESYNC__INIT;
+    r.has_epoch = 1;
+    r.epoch = epoch;
+    r.has_next_step_id = 1;
+    r.next_step_id = next;
+    r.n_seqs = n;
+    r.seqs = seqs;
+    assert_int_equal(mirror_resync(m, &r), 0);
+}
+
+static void assert_i32s(const int32_t *have, const int32_t *want, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (have[i] != want[i])
+            fail_msg("entry %zu: %d, expected %d", i, have[i], want[i]);
+    }
+}
+
+static void assert_i64s(const int64_t *have, const int64_t *want, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (have[i] != want[i])
+            fail_msg("entry %zu: %lld, expected %lld", i, (long long)have[i], (long long)want[i]);
+    }
+}
+
+static struct mirror_seq_view view(const struct mirror *m, uint64_t id)
+{
+    struct mirror_seq_view v;
+    assert_int_equal(mirror_find(m, id, &v), 0);
+    return v;
+}
+
+/* A: 16 prompt tokens, 14 computed, blocks 7, 3. B arrives new in the first step. */
+static void test_resync_then_steps_build_the_batch(void **state)
+{
+    struct mirror *m = new_mirror();
+    int32_t a_tokens[16], b_tokens[9];
+    for (int i = 0; i < 16; i++)
+        a_tokens[i] = 10 + i;
+    for (int i = 0; i < 9; i++)
+        b_tokens[i] = 20 + i;
+    int32_t a_blocks[] = {7, 3}, b_blocks[] = {12, 5};
+    Pagoda__Internal__SequenceSnapshot sa = snap(1, a_tokens, 16, 16, 14, a_blocks, 2);
+    Pagoda__Internal__SequenceSnapshot *snaps[] = {&sa};
+    resync(m, 5, 10, snaps, 1);
+    assert_true(mirror_synced(m));
+    assert_int_equal(mirror_epoch(m), 5);
+    assert_int_equal(mirror_next_step_id(m), 10);
+
+    /* Step 10: A computes its last two prompt tokens (and samples); B its first chunk of 5. */
+    Pagoda__Internal__Step s = step_msg(5, 10);
+    Pagoda__Internal__ContinuingSequence ca = cont_seq(1, 14, 2, NULL, 0);
+    Pagoda__Internal__ContinuingSequence *conts[] = {&ca};
+    Pagoda__Internal__NewSequence nb = new_seq(2, b_tokens, 9, 9, 0, 5, b_blocks, 2);
+    Pagoda__Internal__NewSequence *news[] = {&nb};
+    s.n_cont_seqs = 1;
+    s.cont_seqs = conts;
+    s.n_new_seqs = 1;
+    s.new_seqs = news;
+    struct mirror_step ms;
+    assert_int_equal(mirror_step_prepare(m, &s, &ms), 0);
+    const struct fwd_batch *b = &ms.batch;
+    assert_int_equal(b->num_tokens, 7);
+    assert_i32s(b->token_ids, (int32_t[]){24, 25, 20, 21, 22, 23, 24}, 7);
+    assert_i32s(b->positions, (int32_t[]){14, 15, 0, 1, 2, 3, 4}, 7);
+    assert_i64s(b->slot_mapping, (int64_t[]){3 * BS + 6, 3 * BS + 7, 96, 97, 98, 99, 100}, 7);
+    assert_int_equal(b->num_seqs, 2);
+    assert_i32s(b->query_start, (int32_t[]){0, 2, 7}, 3);
+    assert_i32s(b->context_lens, (int32_t[]){16, 5}, 2);
+    assert_int_equal(b->max_blocks_per_seq, 2);
+    assert_i32s(b->block_tables, (int32_t[]){7, 3, 12, 5}, 4);
+    /* Only A's chunk reaches the end of its tokens. */
+    assert_int_equal(b->num_logits, 1);
+    assert_int_equal(b->logits_indices[0], 1);
+    assert_int_equal(ms.seq_ids[0], 1);
+    assert_int_equal(ms.rows[0].output_index, 0);
+    assert_int_equal(ms.rows[0].n_prompt, 16);
+    assert_int_equal(ms.rows[0].n_output, 0);
+    assert_int_equal(ms.rows[0].prompt_tokens[15], 25);
+    assert_true(ms.rows[0].params.temperature == 0.0f);
+    int32_t t1[] = {42};
+    mirror_step_commit(m, t1);
+    struct mirror_seq_view va = view(m, 1), vb = view(m, 2);
+    assert_int_equal(va.num_tokens, 17);
+    assert_int_equal(va.token_ids[16], 42);
+    assert_int_equal(va.num_computed_tokens, 16);
+    assert_int_equal(vb.num_tokens, 9);
+    assert_int_equal(vb.num_computed_tokens, 5);
+    assert_int_equal(mirror_next_step_id(m), 11);
+
+    /* Step 11: A decodes its own token at position 16 in the appended block 11; B finishes its
+     * prompt across its block boundary and samples. */
+    s = step_msg(5, 11);
+    int32_t appended[] = {11};
+    ca = cont_seq(1, 16, 1, appended, 1);
+    Pagoda__Internal__ContinuingSequence cb = cont_seq(2, 5, 4, NULL, 0);
+    Pagoda__Internal__ContinuingSequence *conts2[] = {&ca, &cb};
+    s.n_cont_seqs = 2;
+    s.cont_seqs = conts2;
+    assert_int_equal(mirror_step_prepare(m, &s, &ms), 0);
+    assert_int_equal(b->num_tokens, 5);
+    assert_i32s(b->token_ids, (int32_t[]){42, 25, 26, 27, 28}, 5);
+    assert_i32s(b->positions, (int32_t[]){16, 5, 6, 7, 8}, 5);
+    assert_i64s(b->slot_mapping,
+                (int64_t[]){11 * BS, 12 * BS + 5, 12 * BS + 6, 12 * BS + 7, 5 * BS}, 5);
+    assert_i32s(b->query_start, (int32_t[]){0, 1, 5}, 3);
+    assert_i32s(b->context_lens, (int32_t[]){17, 9}, 2);
+    assert_int_equal(b->max_blocks_per_seq, 3);
+    assert_i32s(b->block_tables, (int32_t[]){7, 3, 11, 12, 5, 0}, 6);
+    assert_int_equal(b->num_logits, 2);
+    assert_i32s(b->logits_indices, (int32_t[]){0, 4}, 2);
+    assert_int_equal(ms.seq_ids[0], 1);
+    assert_int_equal(ms.seq_ids[1], 2);
+    assert_int_equal(ms.rows[0].output_index, 1);
+    assert_int_equal(ms.rows[0].n_output, 1);
+    assert_int_equal(ms.rows[0].output_tokens[0], 42);
+    assert_int_equal(ms.rows[1].output_index, 0);
+    assert_int_equal(ms.rows[1].n_prompt, 9);
+    int32_t t2[] = {43, 44};
+    mirror_step_commit(m, t2);
+    va = view(m, 1);
+    vb = view(m, 2);
+    assert_int_equal(va.num_tokens, 18);
+    assert_int_equal(va.token_ids[17], 43);
+    assert_int_equal(va.num_blocks, 3);
+    assert_int_equal(va.block_table[2], 11);
+    assert_int_equal(vb.num_tokens, 10);
+    assert_int_equal(vb.token_ids[9], 44);
+    assert_int_equal(vb.num_computed_tokens, 9);
+    assert_int_equal(mirror_next_step_id(m), 12);
+    mirror_free(m);
+}
+
+static void test_other_epochs_and_step_ids_are_refused(void **state)
+{
+    struct mirror *m = new_mirror();
+    Pagoda__Internal__Step s = step_msg(2, 0);
+    struct mirror_step ms;
+    /* Before the first resync every step is stale. */
+    assert_int_equal(mirror_step_prepare(m, &s, &ms), MIRROR_EOTHER_EPOCH);
+    resync(m, 2, 0, NULL, 0);
+    s = step_msg(1, 0);
+    assert_int_equal(mirror_step_prepare(m, &s, &ms), MIRROR_EOTHER_EPOCH);
+    s = step_msg(3, 0);
+    assert_int_equal(mirror_step_prepare(m, &s, &ms), MIRROR_EOTHER_EPOCH);
+    s = step_msg(2, 1);
+    assert_int_equal(mirror_step_prepare(m, &s, &ms), PAGODA_EPROTO);
+    assert_non_null(strstr(pagoda_error_detail(), "expects step 0"));
+    assert_int_equal(mirror_next_step_id(m), 0);
+    s = step_msg(2, 0);
+    assert_int_equal(mirror_step_prepare(m, &s, &ms), 0);
+    assert_int_equal(ms.batch.num_tokens, 0);
+    mirror_step_commit(m, NULL);
+    assert_int_equal(mirror_next_step_id(m), 1);
+    /* A repeated step is refused, not absorbed. */
+    assert_int_equal(mirror_step_prepare(m, &s, &ms), PAGODA_EPROTO);
+    s.has_epoch = 0;
+    assert_int_equal(mirror_step_prepare(m, &s, &ms), PAGODA_EINVAL);
+    /* A new resync adopts its epoch and step id. */
+    resync(m, 7, 100, NULL, 0);
+    s = step_msg(2, 1);
+    assert_int_equal(mirror_step_prepare(m, &s, &ms), MIRROR_EOTHER_EPOCH);
+    s = step_msg(7, 100);
+    assert_int_equal(mirror_step_prepare(m, &s, &ms), 0);
+    mirror_free(m);
+}
+
+/* A refused step changes nothing, even when its refusal comes after parts that were fine. */
+static void test_computed_mismatch_is_refused_and_the_mirror_kept(void **state)
+{
+    struct mirror *m = new_mirror();
+    int32_t a_tokens[] = {1, 2, 3, 4, 5, 6, 7, 8, 9}, b_tokens[] = {11, 12, 13},
+            c_tokens[] = {21, 22};
+    int32_t a_blocks[] = {4, 2}, b_blocks[] = {9}, c_blocks[] = {6};
+    Pagoda__Internal__SequenceSnapshot sa = snap(1, a_tokens, 9, 9, 8, a_blocks, 2);
+    Pagoda__Internal__SequenceSnapshot sb = snap(2, b_tokens, 3, 3, 2, b_blocks, 1);
+    Pagoda__Internal__SequenceSnapshot *snaps[] = {&sa, &sb};
+    resync(m, 1, 0, snaps, 2);
+
+    Pagoda__Internal__Step s = step_msg(1, 0);
+    int32_t appended[] = {10};
+    Pagoda__Internal__ContinuingSequence cb = cont_seq(2, 2, 1, appended, 1);
+    Pagoda__Internal__ContinuingSequence ca = cont_seq(1, 7, 2, NULL, 0); /* mirror says 8 */
+    Pagoda__Internal__ContinuingSequence *conts[] = {&cb, &ca};
+    Pagoda__Internal__NewSequence nc = new_seq(3, c_tokens, 2, 2, 0, 2, c_blocks, 1);
+    Pagoda__Internal__NewSequence *news[] = {&nc};
+    uint64_t finished[] = {2};
+    s.n_cont_seqs = 2;
+    s.cont_seqs = conts;
+    s.n_new_seqs = 1;
+    s.new_seqs = news;
+    struct mirror_step ms;
+    assert_int_equal(mirror_step_prepare(m, &s, &ms), PAGODA_EMISMATCH);
+    assert_non_null(strstr(pagoda_error_detail(), "sequence 1"));
+    assert_int_equal(mirror_num_seqs(m), 2);
+    assert_int_equal(mirror_find(m, 3, &(struct mirror_seq_view){0}), PAGODA_ENOENT);
+    struct mirror_seq_view vb = view(m, 2), va = view(m, 1);
+    assert_int_equal(vb.num_blocks, 1);
+    assert_int_equal(vb.num_computed_tokens, 2);
+    assert_int_equal(va.num_computed_tokens, 8);
+    assert_int_equal(va.num_tokens, 9);
+    assert_int_equal(mirror_next_step_id(m), 0);
+
+    /* A continuing sequence the same step drops is not held. */
+    ca = cont_seq(1, 8, 1, NULL, 0);
+    s.n_finished_seq_ids = 1;
+    s.finished_seq_ids = finished;
+    assert_int_equal(mirror_step_prepare(m, &s, &ms), PAGODA_ENOENT);
+    assert_int_equal(mirror_num_seqs(m), 2);
+
+    /* The corrected step goes through, and an abort of it keeps the mirror too. */
+    s.n_finished_seq_ids = 0;
+    assert_int_equal(mirror_step_prepare(m, &s, &ms), 0);
+    assert_int_equal(ms.batch.num_tokens, 4);
+    mirror_step_abort(m);
+    assert_int_equal(mirror_num_seqs(m), 2);
+    assert_int_equal(view(m, 2).num_blocks, 1);
+    assert_int_equal(mirror_next_step_id(m), 0);
+    assert_int_equal(mirror_step_prepare(m, &s, &ms), 0);
+    assert_int_equal(ms.batch.num_logits, 3);
+    mirror_step_commit(m, (int32_t[]){50, 51, 52});
+    assert_int_equal(mirror_num_seqs(m), 3);
+    assert_int_equal(view(m, 2).num_blocks, 2);
+    assert_int_equal(view(m, 3).token_ids[2], 52);
+    mirror_free(m);
+}
+
+static void test_finished_and_preempted_are_dropped(void **state)
+{
+    struct mirror *m = new_mirror();
+    int32_t t[] = {5, 6, 7}, t2[] = {8, 9, 10, 11};
+    int32_t b1[] = {1}, b2[] = {2}, b3[] = {3}, b4[] = {4};
+    Pagoda__Internal__SequenceSnapshot s1 = snap(1, t, 3, 3, 2, b1, 1);
+    Pagoda__Internal__SequenceSnapshot s2 = snap(2, t, 3, 3, 2, b2, 1);
+    Pagoda__Internal__SequenceSnapshot s3 = snap(3, t, 3, 3, 2, b3, 1);
+    Pagoda__Internal__SequenceSnapshot *snaps[] = {&s1, &s2, &s3};
+    resync(m, 1, 0, snaps, 3);
+    assert_int_equal(mirror_num_seqs(m), 3);
+
+    /* 1 finishes, 2 is preempted and comes back new in the same step, 99 is unknown. */
+    Pagoda__Internal__Step s = step_msg(1, 0);
+    uint64_t finished[] = {1, 99}, preempted[] = {2};
+    Pagoda__Internal__NewSequence n2 = new_seq(2, t2, 4, 4, 0, 4, b4, 1);
+    Pagoda__Internal__NewSequence *news[] = {&n2};
+    Pagoda__Internal__ContinuingSequence c3 = cont_seq(3, 2, 1, NULL, 0);
+    Pagoda__Internal__ContinuingSequence *conts[] = {&c3};
+    s.n_finished_seq_ids = 2;
+    s.finished_seq_ids = finished;
+    s.n_preempted_seq_ids = 1;
+    s.preempted_seq_ids = preempted;
+    s.n_new_seqs = 1;
+    s.new_seqs = news;
+    s.n_cont_seqs = 1;
+    s.cont_seqs = conts;
+    struct mirror_step ms;
+    assert_int_equal(mirror_step_prepare(m, &s, &ms), 0);
+    assert_int_equal(ms.batch.num_tokens, 5);
+    mirror_step_commit(m, (int32_t[]){60, 61});
+    assert_int_equal(mirror_num_seqs(m), 2);
+    struct mirror_seq_view v;
+    assert_int_equal(mirror_find(m, 1, &v), PAGODA_ENOENT);
+    v = view(m, 2);
+    assert_int_equal(v.num_tokens, 5);
+    assert_int_equal(v.token_ids[0], 8);
+    assert_int_equal(v.block_table[0], 4);
+    assert_int_equal(v.token_ids[4], 61);
+    assert_int_equal(view(m, 3).token_ids[3], 60);
+
+    /* A new sequence the mirror holds and the step does not drop is refused. */
+    s = step_msg(1, 1);
+    Pagoda__Internal__NewSequence n3 = new_seq(3, t, 3, 3, 0, 3, b3, 1);
+    Pagoda__Internal__NewSequence *news3[] = {&n3};
+    s.n_new_seqs = 1;
+    s.new_seqs = news3;
+    assert_int_equal(mirror_step_prepare(m, &s, &ms), PAGODA_EEXIST);
+    /* A sequence listed twice among the new ones too. */
+    Pagoda__Internal__NewSequence n5 = new_seq(5, t, 3, 3, 0, 3, b1, 1);
+    Pagoda__Internal__NewSequence *twice[] = {&n5, &n5};
+    s.n_new_seqs = 2;
+    s.new_seqs = twice;
+    assert_int_equal(mirror_step_prepare(m, &s, &ms), PAGODA_EEXIST);
+    assert_int_equal(mirror_num_seqs(m), 2);
+    mirror_free(m);
+}
+
+/* A prompt of 20 tokens in chunks of 8, 8 and 4: logits only for the last chunk. Then a prefix
+ * hit: a new sequence whose first 8 tokens are already in the pool. */
+static void test_prefill_chunks_continue_a_sequence(void **state)
+{
+    struct mirror *m = new_mirror();
+    resync(m, 9, 3, NULL, 0);
+    int32_t prompt[20];
+    for (int i = 0; i < 20; i++)
+        prompt[i] = 30 + i;
+    int32_t blocks[] = {14, 2, 8};
+    Pagoda__Internal__Step s = step_msg(9, 3);
+    Pagoda__Internal__NewSequence n = new_seq(77, prompt, 20, 20, 0, 8, blocks, 1);
+    Pagoda__Internal__NewSequence *news[] = {&n};
+    s.n_new_seqs = 1;
+    s.new_seqs = news;
+    struct mirror_step ms;
+    assert_int_equal(mirror_step_prepare(m, &s, &ms), 0);
+    assert_int_equal(ms.batch.num_tokens, 8);
+    assert_int_equal(ms.batch.num_logits, 0);
+    assert_int_equal(ms.batch.positions[7], 7);
+    assert_int_equal(ms.batch.slot_mapping[7], 14 * BS + 7);
+    mirror_step_commit(m, NULL);
+
+    s = step_msg(9, 4);
+    int32_t more[] = {2};
+    Pagoda__Internal__ContinuingSequence c = cont_seq(77, 8, 8, more, 1);
+    Pagoda__Internal__ContinuingSequence *conts[] = {&c};
+    s.n_cont_seqs = 1;
+    s.cont_seqs = conts;
+    assert_int_equal(mirror_step_prepare(m, &s, &ms), 0);
+    assert_int_equal(ms.batch.num_logits, 0);
+    assert_i32s(ms.batch.token_ids, prompt + 8, 8);
+    assert_int_equal(ms.batch.positions[0], 8);
+    assert_int_equal(ms.batch.slot_mapping[0], 2 * BS);
+    assert_int_equal(ms.batch.context_lens[0], 16);
+    mirror_step_commit(m, NULL);
+
+    /* The last chunk: its block table must cover position 19. */
+    s = step_msg(9, 5);
+    s.n_cont_seqs = 1;
+    s.cont_seqs = conts;
+    c = cont_seq(77, 16, 4, NULL, 0);
+    assert_int_equal(mirror_step_prepare(m, &s, &ms), PAGODA_ERANGE);
+    assert_non_null(strstr(pagoda_error_detail(), "cannot hold"));
+    int32_t last[] = {8};
+    c = cont_seq(77, 16, 4, last, 1);
+    assert_int_equal(mirror_step_prepare(m, &s, &ms), 0);
+    assert_int_equal(ms.batch.num_tokens, 4);
+    assert_int_equal(ms.batch.num_logits, 1);
+    assert_int_equal(ms.batch.logits_indices[0], 3);
+    assert_int_equal(ms.batch.positions[3], 19);
+    assert_int_equal(ms.batch.slot_mapping[3], 8 * BS + 3);
+    assert_int_equal(ms.rows[0].n_prompt, 20);
+    assert_int_equal(ms.rows[0].output_index, 0);
+    mirror_step_commit(m, (int32_t[]){7});
+    assert_int_equal(view(m, 77).num_tokens, 21);
+
+    /* Prefix hit: 8 tokens computed already; the chunk starts at position 8. */
+    s = step_msg(9, 6);
+    int32_t hit_blocks[] = {14, 5};
+    Pagoda__Internal__NewSequence h = new_seq(78, prompt, 12, 12, 8, 4, hit_blocks, 2);
+    Pagoda__Internal__NewSequence *hits[] = {&h};
+    s.n_new_seqs = 1;
+    s.new_seqs = hits;
+    assert_int_equal(mirror_step_prepare(m, &s, &ms), 0);
+    assert_i32s(ms.batch.positions, (int32_t[]){8, 9, 10, 11}, 4);
+    assert_i64s(ms.batch.slot_mapping, (int64_t[]){5 * BS, 5 * BS + 1, 5 * BS + 2, 5 * BS + 3}, 4);
+    assert_int_equal(ms.batch.context_lens[0], 12);
+    assert_int_equal(ms.batch.num_logits, 1);
+    mirror_free(m);
+}
+
+/* After a resync the output so far is history: the sample row says so. */
+static void test_sample_rows_carry_histories_after_a_resync(void **state)
+{
+    struct mirror *m = new_mirror();
+    int32_t tokens[] = {3, 4, 5, 6, 90, 91, 92}; /* 4 prompt tokens, 3 output */
+    int32_t blocks[] = {13};
+    Pagoda__Internal__SequenceSnapshot sn = snap(4, tokens, 7, 4, 6, blocks, 1);
+    Pagoda__Internal__SamplingParams sp = PAGODA__INTERNAL__SAMPLING_PARAMS__INIT;
+    sp.has_temperature = 1;
+    sp.temperature = 0.7f;
+    sp.has_seed = 1;
+    sp.seed = 1234;
+    sp.has_frequency_penalty = 1;
+    sp.frequency_penalty = 0.5f;
+    sn.sampling = &sp;
+    Pagoda__Internal__SequenceSnapshot *snaps[] = {&sn};
+    resync(m, 1, 0, snaps, 1);
+    Pagoda__Internal__Step s = step_msg(1, 0);
+    Pagoda__Internal__ContinuingSequence c = cont_seq(4, 6, 1, NULL, 0);
+    Pagoda__Internal__ContinuingSequence *conts[] = {&c};
+    s.n_cont_seqs = 1;
+    s.cont_seqs = conts;
+    struct mirror_step ms;
+    assert_int_equal(mirror_step_prepare(m, &s, &ms), 0);
+    assert_int_equal(ms.batch.token_ids[0], 92);
+    assert_int_equal(ms.batch.positions[0], 6);
+    const struct sample_row *r = &ms.rows[0];
+    assert_int_equal(r->output_index, 3);
+    assert_int_equal(r->n_prompt, 4);
+    assert_int_equal(r->n_output, 3);
+    assert_i32s(r->prompt_tokens, tokens, 4);
+    assert_i32s(r->output_tokens, tokens + 4, 3);
+    assert_true(r->params.temperature == 0.7f);
+    assert_true(r->params.frequency_penalty == 0.5f);
+    assert_true(r->params.top_p == 1.0f);
+    assert_true(r->params.repetition_penalty == 1.0f);
+    assert_int_equal(r->params.seed, 1234);
+    mirror_step_commit(m, (int32_t[]){93});
+    s = step_msg(1, 1);
+    s.n_cont_seqs = 1;
+    s.cont_seqs = conts;
+    c = cont_seq(4, 7, 1, NULL, 0);
+    assert_int_equal(mirror_step_prepare(m, &s, &ms), 0);
+    assert_int_equal(ms.batch.token_ids[0], 93);
+    assert_int_equal(ms.rows[0].output_index, 4);
+    assert_int_equal(ms.rows[0].output_tokens[3], 93);
+
+    /* Invalid sampling parameters are refused with the sequence named. */
+    Pagoda__Internal__SamplingParams bad = PAGODA__INTERNAL__SAMPLING_PARAMS__INIT;
+    bad.has_top_p = 1;
+    bad.top_p = 0.0f;
+    sn.sampling = &bad;
+    Pagoda__Internal__Resync r2 = PAGODA__INTERNAL__RESYNC__INIT;
+    r2.has_epoch = r2.has_next_step_id = 1;
+    r2.epoch = 2;
+    r2.n_seqs = 1;
+    r2.seqs = snaps;
+    assert_int_equal(mirror_resync(m, &r2), PAGODA_ERANGE);
+    assert_non_null(strstr(pagoda_error_detail(), "sequence 4"));
+    assert_int_equal(mirror_epoch(m), 1);
+    mirror_free(m);
+}
+
+static void test_block_ids_outside_the_pool_are_refused(void **state)
+{
+    struct mirror *m = new_mirror();
+    int32_t t[] = {1, 2, 3};
+    int32_t ok[] = {15}, past[] = {16}, zero[] = {0}, neg[] = {-1};
+    Pagoda__Internal__SequenceSnapshot good = snap(1, t, 3, 3, 2, ok, 1);
+    Pagoda__Internal__SequenceSnapshot *snaps[] = {&good};
+    resync(m, 1, 0, snaps, 1);
+
+    /* A resync with a block past the pool is refused and the old mirror kept. */
+    Pagoda__Internal__SequenceSnapshot far = snap(2, t, 3, 3, 2, past, 1);
+    Pagoda__Internal__SequenceSnapshot *bad_snaps[] = {&good, &far};
+    Pagoda__Internal__Resync r = PAGODA__INTERNAL__RESYNC__INIT;
+    r.has_epoch = r.has_next_step_id = 1;
+    r.epoch = 2;
+    r.next_step_id = 50;
+    r.n_seqs = 2;
+    r.seqs = bad_snaps;
+    assert_int_equal(mirror_resync(m, &r), PAGODA_ERANGE);
+    assert_non_null(strstr(pagoda_error_detail(), "block id 16"));
+    assert_int_equal(mirror_epoch(m), 1);
+    assert_int_equal(mirror_next_step_id(m), 0);
+    assert_int_equal(mirror_num_seqs(m), 1);
+
+    struct mirror_step ms;
+    int32_t *bad_blocks[] = {past, zero, neg};
+    for (int i = 0; i < 3; i++) {
+        Pagoda__Internal__Step s = step_msg(1, 0);
+        Pagoda__Internal__NewSequence n = new_seq(5, t, 3, 3, 0, 3, bad_blocks[i], 1);
+        Pagoda__Internal__NewSequence *news[] = {&n};
+        s.n_new_seqs = 1;
+        s.new_seqs = news;
+        assert_int_equal(mirror_step_prepare(m, &s, &ms), PAGODA_ERANGE);
+        Pagoda__Internal__ContinuingSequence c = cont_seq(1, 2, 1, bad_blocks[i], 1);
+        Pagoda__Internal__ContinuingSequence *conts[] = {&c};
+        s.n_new_seqs = 0;
+        s.n_cont_seqs = 1;
+        s.cont_seqs = conts;
+        assert_int_equal(mirror_step_prepare(m, &s, &ms), PAGODA_ERANGE);
+    }
+    assert_int_equal(mirror_num_seqs(m), 1);
+    assert_int_equal(view(m, 1).num_blocks, 1);
+    mirror_free(m);
+}
+
+static void test_limits_are_enforced(void **state)
+{
+    struct mirror *m = new_mirror();
+    resync(m, 1, 0, NULL, 0);
+    struct mirror_step ms;
+    int32_t big[40] = {0}, blocks[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+
+    /* More tokens than the step budget (32). */
+    Pagoda__Internal__Step s = step_msg(1, 0);
+    Pagoda__Internal__NewSequence n = new_seq(1, big, 40, 40, 0, 33, blocks, 5);
+    Pagoda__Internal__NewSequence *news[] = {&n};
+    s.n_new_seqs = 1;
+    s.new_seqs = news;
+    assert_int_equal(mirror_step_prepare(m, &s, &ms), PAGODA_ERANGE);
+    /* A chunk past the known tokens. */
+    n = new_seq(1, big, 4, 4, 0, 5, blocks, 1);
+    assert_int_equal(mirror_step_prepare(m, &s, &ms), PAGODA_ERANGE);
+    /* A token outside the vocabulary. */
+    big[2] = 100;
+    n = new_seq(1, big, 4, 4, 0, 4, blocks, 1);
+    assert_int_equal(mirror_step_prepare(m, &s, &ms), PAGODA_ERANGE);
+    big[2] = 0;
+    /* More than max_tokens_per_seq (64) tokens. */
+    int32_t huge[65] = {0};
+    n = new_seq(1, huge, 65, 65, 0, 1, blocks, 8);
+    assert_int_equal(mirror_step_prepare(m, &s, &ms), PAGODA_ERANGE);
+    /* A sequence at the limit cannot sample once more. */
+    int32_t full_blocks[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    n = new_seq(1, huge, 64, 64, 60, 4, full_blocks, 8);
+    assert_int_equal(mirror_step_prepare(m, &s, &ms), PAGODA_ERANGE);
+    assert_non_null(strstr(pagoda_error_detail(), "exceed"));
+    /* One token below the limit it samples its last token; the decode after that is refused. */
+    n = new_seq(1, huge, 63, 63, 60, 3, full_blocks, 8);
+    assert_int_equal(mirror_step_prepare(m, &s, &ms), 0);
+    mirror_step_commit(m, (int32_t[]){77});
+    assert_int_equal(view(m, 1).num_tokens, 64);
+    assert_int_equal(view(m, 1).token_ids[63], 77);
+    s = step_msg(1, 1);
+    Pagoda__Internal__ContinuingSequence last = cont_seq(1, 63, 1, NULL, 0);
+    Pagoda__Internal__ContinuingSequence *lasts[] = {&last};
+    s.n_cont_seqs = 1;
+    s.cont_seqs = lasts;
+    assert_int_equal(mirror_step_prepare(m, &s, &ms), PAGODA_ERANGE);
+    assert_non_null(strstr(pagoda_error_detail(), "exceed"));
+    uint64_t gone[] = {1};
+    s = step_msg(1, 1);
+    s.n_finished_seq_ids = 1;
+    s.finished_seq_ids = gone;
+    assert_int_equal(mirror_step_prepare(m, &s, &ms), 0);
+    mirror_step_commit(m, NULL);
+    s = step_msg(1, 2);
+    /* More sequences than max_seqs (8). */
+    Pagoda__Internal__NewSequence many[9];
+    Pagoda__Internal__NewSequence *many_p[9];
+    for (int i = 0; i < 9; i++) {
+        many[i] = new_seq((uint64_t)i + 1, big, 1, 1, 0, 1, blocks + (i % 8), 1);
+        many_p[i] = &many[i];
+    }
+    s.n_new_seqs = 9;
+    s.new_seqs = many_p;
+    assert_int_equal(mirror_step_prepare(m, &s, &ms), PAGODA_ERANGE);
+    s.n_new_seqs = 8;
+    assert_int_equal(mirror_step_prepare(m, &s, &ms), 0);
+    assert_int_equal(ms.batch.num_seqs, 8);
+    mirror_step_commit(m, (int32_t[]){1, 2, 3, 4, 5, 6, 7, 8});
+    /* The mirror is full: one more new sequence is refused unless one is dropped. */
+    s = step_msg(1, 3);
+    Pagoda__Internal__NewSequence extra = new_seq(20, big, 1, 1, 0, 1, blocks, 1);
+    Pagoda__Internal__NewSequence *extra_p[] = {&extra};
+    s.n_new_seqs = 1;
+    s.new_seqs = extra_p;
+    assert_int_equal(mirror_step_prepare(m, &s, &ms), PAGODA_ERANGE);
+    uint64_t done[] = {3};
+    s.n_finished_seq_ids = 1;
+    s.finished_seq_ids = done;
+    assert_int_equal(mirror_step_prepare(m, &s, &ms), 0);
+    mirror_step_commit(m, (int32_t[]){9});
+    assert_int_equal(mirror_num_seqs(m), 8);
+    mirror_free(m);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_resync_then_steps_build_the_batch),
+        cmocka_unit_test(test_other_epochs_and_step_ids_are_refused),
+        cmocka_unit_test(test_computed_mismatch_is_refused_and_the_mirror_kept),
+        cmocka_unit_test(test_finished_and_preempted_are_dropped),
+        cmocka_unit_test(test_prefill_chunks_continue_a_sequence),
+        cmocka_unit_test(test_sample_rows_carry_histories_after_a_resync),
+        cmocka_unit_test(test_block_ids_outside_the_pool_are_refused),
+        cmocka_unit_test(test_limits_are_enforced),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

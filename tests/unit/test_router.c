@@ -1,0 +1,714 @@
+/* Tests of router/: pagoda-router against a stand-in scheduler (router_fake_scheduler.h),
+ * spoken to through libpagoda and through raw REQ sockets (for what libpagoda never sends). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "client/pagoda.h"
+#include "common/error.h"
+#include "proto/pagoda.pb-c.h"
+#include "tests/unit/router_fake_scheduler.h"
+
+#include <nng/nng.h>
+#include <nng/protocol/reqrep0/req.h>
+
+#include <math.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+/* ---- helpers -------------------------------------------------------------------------------- */
+
+static pagoda_client *open_client(const struct rtr_env *e)
+{
+    pagoda_client *c = NULL;
+    assert_int_equal(pagoda_client_open(e->url, &c), 0);
+    pagoda_client_set_timeout_ms(c, 5000);
+    return c;
+}
+
+static pagoda_generate_params greedy(int32_t max_tokens)
+{
+    pagoda_generate_params p = pagoda_generate_params_default();
+    p.temperature = 0.0f;
+    p.max_tokens = max_tokens;
+    p.logprobs = 1;
+    return p;
+}
+
+static void assert_tokens(const int32_t *prompt, size_t n, const int32_t *got, size_t count,
+                          uint32_t first)
+{
+    for (size_t i = 0; i < count; i++)
+        assert_int_equal(got[i], fake_sched_token(prompt, n, first + (uint32_t)i));
+}
+
+/* Sends bytes on a fresh REQ socket and returns the unpacked reply, or NULL when none came
+ * within timeout_ms. */
+static Pagoda__ClientResponse *raw_call(const struct rtr_env *e, const void *bytes, size_t len,
+                                        int timeout_ms)
+{
+    nng_socket s;
+    assert_int_equal(nng_req0_open(&s), 0);
+    nng_socket_set_ms(s, NNG_OPT_RECVTIMEO, timeout_ms);
+    nng_socket_set_ms(s, NNG_OPT_SENDTIMEO, timeout_ms);
+    nng_socket_set_ms(s, NNG_OPT_REQ_RESENDTIME, 60000);
+    assert_int_equal(nng_dial(s, e->url, NULL, 0), 0);
+    assert_int_equal(nng_send(s, (void *)bytes, len, 0), 0);
+    nng_msg *m = NULL;
+    Pagoda__ClientResponse *resp = NULL;
+    if (nng_recvmsg(s, &m, 0) == 0) {
+        resp = pagoda__client_response__unpack(NULL, nng_msg_len(m), nng_msg_body(m));
+        assert_non_null(resp);
+        nng_msg_free(m);
+    }
+    nng_close(s);
+    return resp;
+}
+
+static Pagoda__ClientResponse *raw_request(const struct rtr_env *e, Pagoda__ClientRequest *req)
+{
+    size_t len = pagoda__client_request__get_packed_size(req);
+    uint8_t *buf = malloc(len + 1);
+    pagoda__client_request__pack(req, buf);
+    Pagoda__ClientResponse *resp = raw_call(e, buf, len, 5000);
+    free(buf);
+    assert_non_null(resp);
+    return resp;
+}
+
+/* A Submit with defaults for everything but what the test changes. */
+struct raw_submit {
+    Pagoda__ClientRequest req;
+    Pagoda__SubmitRequest sub;
+    Pagoda__SamplingParams sp;
+    uint8_t id[16];
+    int32_t prompt[8];
+};
+
+static void raw_submit_init(struct raw_submit *r, const uint8_t *id, int32_t max_tokens)
+{
+    pagoda__client_request__init(&r->req);
+    pagoda__submit_request__init(&r->sub);
+    pagoda__sampling_params__init(&r->sp);
+    memcpy(r->id, id, 16);
+    r->prompt[0] = 11;
+    r->prompt[1] = 12;
+    r->prompt[2] = 13;
+    r->sub.has_request_id = 1;
+    r->sub.request_id.data = r->id;
+    r->sub.request_id.len = 16;
+    r->sub.n_prompt_token_ids = 3;
+    r->sub.prompt_token_ids = r->prompt;
+    r->sub.has_max_tokens = 1;
+    r->sub.max_tokens = max_tokens;
+    r->sp.has_temperature = 1;
+    r->sp.temperature = 0.0f;
+    r->sub.sampling = &r->sp;
+    r->req.call_case = PAGODA__CLIENT_REQUEST__CALL_SUBMIT;
+    r->req.submit = &r->sub;
+}
+
+static int response_code(const Pagoda__ClientResponse *resp)
+{
+    return resp->has_error_code ? resp->error_code : 0;
+}
+
+/* Polls until the request has finished; returns the final piece's finish reason. */
+static pagoda_finish_reason wait_finished(pagoda_client *c, const uint8_t *id, uint32_t *count)
+{
+    uint32_t have = 0;
+    for (int i = 0; i < 1000; i++) {
+        pagoda_result r;
+        assert_int_equal(pagoda_poll(c, id, have, 2000, &r), 0);
+        have += (uint32_t)r.num_tokens;
+        pagoda_finish_reason f = r.finish_reason;
+        pagoda_result_free(&r);
+        if (f != PAGODA_FINISH_NONE) {
+            if (count)
+                *count = have;
+            return f;
+        }
+    }
+    fail_msg("the request never finished");
+    return PAGODA_FINISH_NONE;
+}
+
+static void random_id(uint8_t id[16])
+{
+    assert_int_equal(getrandom(id, 16, 0), 16);
+}
+
+/* ---- the shared router ------------------------------------------------------------------ */
+
+static int group_setup(void **state)
+{
+    static struct rtr_env env;
+    if (rtr_env_start(&env, NULL) != 0)
+        return -1;
+    *state = &env;
+    return 0;
+}
+
+static int group_teardown(void **state)
+{
+    struct rtr_env *e = *state;
+    int status = rtr_env_stop(e);
+    if (status != 0) {
+        fprintf(stderr, "pagoda-router exited with status %d after SIGTERM\n", status);
+        return -1;
+    }
+    return 0;
+}
+
+static void test_poll_from_offset_returns_only_later_tokens(void **state)
+{
+    struct rtr_env *e = *state;
+    pagoda_client *c = open_client(e);
+    const int32_t prompt[] = {5, 6, 7};
+    pagoda_generate_params p = greedy(10);
+    pagoda_result all;
+    assert_int_equal(pagoda_generate(c, &p, prompt, 3, &all), 0);
+    assert_int_equal(all.finish_reason, PAGODA_FINISH_LENGTH);
+    assert_int_equal(all.num_tokens, 10);
+    assert_tokens(prompt, 3, all.token_ids, 10, 0);
+
+    pagoda_result r;
+    assert_int_equal(pagoda_poll(c, all.request_id, 4, 0, &r), 0);
+    assert_int_equal(r.offset, 4);
+    assert_int_equal(r.num_tokens, 6);
+    assert_tokens(prompt, 3, r.token_ids, 6, 4);
+    assert_non_null(r.logprobs);
+    assert_true(r.logprobs[0] == fake_sched_logprob(4));
+    assert_int_equal(r.finish_reason, PAGODA_FINISH_LENGTH);
+    assert_int_equal(r.prompt_tokens, 3);
+    assert_int_equal(r.completion_tokens, 10);
+    assert_int_equal(r.cached_tokens, 1);
+    pagoda_result_free(&r);
+
+    assert_int_equal(pagoda_poll(c, all.request_id, 10, 1000, &r), 0);
+    assert_int_equal(r.num_tokens, 0);
+    assert_int_equal(r.finish_reason, PAGODA_FINISH_LENGTH);
+    pagoda_result_free(&r);
+
+    assert_int_equal(pagoda_poll(c, all.request_id, 11, 0, &r), PAGODA_ERANGE);
+    pagoda_result_free(&all);
+    pagoda_client_close(c);
+}
+
+struct release_arg {
+    struct fake_sched *fs;
+    int delay_ms;
+};
+
+static void *release_later(void *arg)
+{
+    struct release_arg *a = arg;
+    usleep((useconds_t)a->delay_ms * 1000);
+    fake_sched_hold(a->fs, 0);
+    return NULL;
+}
+
+static void test_poll_wait_returns_early_when_tokens_come(void **state)
+{
+    struct rtr_env *e = *state;
+    pagoda_client *c = open_client(e);
+    const int32_t prompt[] = {21, 22};
+    pagoda_generate_params p = greedy(5);
+    uint8_t id[16];
+    fake_sched_hold(e->fs, 1);
+    assert_int_equal(pagoda_submit(c, &p, prompt, 2, id), 0);
+    struct release_arg a = {e->fs, 150};
+    pthread_t t;
+    pthread_create(&t, NULL, release_later, &a);
+    uint64_t t0 = rtr_now_ms();
+    pagoda_result r;
+    assert_int_equal(pagoda_poll(c, id, 0, 5000, &r), 0);
+    uint64_t elapsed = rtr_now_ms() - t0;
+    pthread_join(t, NULL);
+    assert_true(elapsed >= 100);
+    assert_true(elapsed < 2500);
+    assert_true(r.num_tokens >= 1);
+    assert_int_equal(r.offset, 0);
+    assert_tokens(prompt, 2, r.token_ids, r.num_tokens, 0);
+    pagoda_result_free(&r);
+    assert_int_equal(wait_finished(c, id, NULL), PAGODA_FINISH_LENGTH);
+    pagoda_client_close(c);
+}
+
+static void test_poll_wait_runs_out_empty(void **state)
+{
+    struct rtr_env *e = *state;
+    pagoda_client *c = open_client(e);
+    const int32_t prompt[] = {31};
+    pagoda_generate_params p = greedy(5);
+    uint8_t id[16];
+    fake_sched_hold(e->fs, 1);
+    assert_int_equal(pagoda_submit(c, &p, prompt, 1, id), 0);
+    uint64_t t0 = rtr_now_ms();
+    pagoda_result r;
+    assert_int_equal(pagoda_poll(c, id, 0, 200, &r), 0);
+    uint64_t elapsed = rtr_now_ms() - t0;
+    assert_true(elapsed >= 190);
+    assert_true(elapsed < 2000);
+    assert_int_equal(r.num_tokens, 0);
+    assert_int_equal(r.finish_reason, PAGODA_FINISH_NONE);
+    pagoda_result_free(&r);
+    /* wait_ms 0 answers at once. */
+    t0 = rtr_now_ms();
+    assert_int_equal(pagoda_poll(c, id, 0, 0, &r), 0);
+    assert_true(rtr_now_ms() - t0 < 150);
+    assert_int_equal(r.num_tokens, 0);
+    pagoda_result_free(&r);
+    fake_sched_hold(e->fs, 0);
+    assert_int_equal(wait_finished(c, id, NULL), PAGODA_FINISH_LENGTH);
+    pagoda_client_close(c);
+}
+
+static void test_duplicate_submit_is_one_request(void **state)
+{
+    struct rtr_env *e = *state;
+    struct fake_sched_counts before, after;
+    fake_sched_get_counts(e->fs, &before);
+    uint8_t id[16];
+    random_id(id);
+    struct raw_submit s;
+    raw_submit_init(&s, id, 4);
+    for (int i = 0; i < 2; i++) {
+        Pagoda__ClientResponse *resp = raw_request(e, &s.req);
+        assert_int_equal(response_code(resp), 0);
+        assert_int_equal(resp->result_case, PAGODA__CLIENT_RESPONSE__RESULT_UPDATE);
+        assert_int_equal(resp->update->offset, 0);
+        assert_int_equal(resp->update->n_token_ids, 0);
+        assert_memory_equal(resp->update->request_id.data, id, 16);
+        pagoda__client_response__free_unpacked(resp, NULL);
+    }
+    pagoda_client *c = open_client(e);
+    uint32_t count = 0;
+    assert_int_equal(wait_finished(c, id, &count), PAGODA_FINISH_LENGTH);
+    assert_int_equal(count, 4);
+    /* Submitted again after it finished: still the same request, not a new one. */
+    Pagoda__ClientResponse *resp = raw_request(e, &s.req);
+    assert_int_equal(response_code(resp), 0);
+    assert_int_equal(resp->update->finish_reason, PAGODA__FINISH_REASON__FINISH_LENGTH);
+    pagoda__client_response__free_unpacked(resp, NULL);
+    fake_sched_get_counts(e->fs, &after);
+    assert_int_equal(after.submits, before.submits + 1);
+    assert_int_equal(after.repeated_submits, before.repeated_submits);
+    /* The router drew a seed, and the request belongs to the default tenant. */
+    assert_true(after.last_has_seed);
+    assert_string_equal(after.last_tenant, "default");
+
+    /* The same id with other parameters is refused. */
+    s.sub.max_tokens = 5;
+    resp = raw_request(e, &s.req);
+    assert_int_equal(response_code(resp), PAGODA_EEXIST);
+    assert_non_null(resp->error_message);
+    pagoda__client_response__free_unpacked(resp, NULL);
+    s.sub.max_tokens = 4;
+    s.sp.has_seed = 1;
+    s.sp.seed = 7;
+    resp = raw_request(e, &s.req);
+    assert_int_equal(response_code(resp), PAGODA_EEXIST);
+    pagoda__client_response__free_unpacked(resp, NULL);
+    pagoda_client_close(c);
+}
+
+static void test_unknown_id_is_enoent(void **state)
+{
+    struct rtr_env *e = *state;
+    pagoda_client *c = open_client(e);
+    uint8_t id[16];
+    random_id(id);
+    pagoda_result r;
+    assert_int_equal(pagoda_poll(c, id, 0, 100, &r), PAGODA_ENOENT);
+    assert_non_null(strstr(pagoda_error_detail(), "no request"));
+    assert_int_equal(pagoda_cancel(c, id, NULL), PAGODA_ENOENT);
+    pagoda_client_close(c);
+}
+
+static void test_bad_submits_are_refused(void **state)
+{
+    struct rtr_env *e = *state;
+    uint8_t id[16];
+    random_id(id);
+    struct raw_submit s;
+    Pagoda__ClientResponse *resp;
+
+    raw_submit_init(&s, id, 4);
+    s.sub.request_id.len = 15;
+    resp = raw_request(e, &s.req);
+    assert_int_equal(response_code(resp), PAGODA_EINVAL);
+    pagoda__client_response__free_unpacked(resp, NULL);
+
+    raw_submit_init(&s, id, 4);
+    s.sub.has_request_id = 0;
+    resp = raw_request(e, &s.req);
+    assert_int_equal(response_code(resp), PAGODA_EINVAL);
+    pagoda__client_response__free_unpacked(resp, NULL);
+
+    raw_submit_init(&s, id, 4);
+    s.sub.n_prompt_token_ids = 0;
+    resp = raw_request(e, &s.req);
+    assert_int_equal(response_code(resp), PAGODA_EINVAL);
+    pagoda__client_response__free_unpacked(resp, NULL);
+
+    raw_submit_init(&s, id, 0);
+    resp = raw_request(e, &s.req);
+    assert_int_equal(response_code(resp), PAGODA_ERANGE);
+    pagoda__client_response__free_unpacked(resp, NULL);
+
+    raw_submit_init(&s, id, 4);
+    s.prompt[1] = -3;
+    resp = raw_request(e, &s.req);
+    assert_int_equal(response_code(resp), PAGODA_ERANGE);
+    pagoda__client_response__free_unpacked(resp, NULL);
+
+    raw_submit_init(&s, id, 4);
+    s.sp.has_top_p = 1;
+    s.sp.top_p = 1.5f;
+    resp = raw_request(e, &s.req);
+    assert_int_equal(response_code(resp), PAGODA_ERANGE);
+    assert_non_null(strstr(resp->error_message, "top_p"));
+    pagoda__client_response__free_unpacked(resp, NULL);
+
+    raw_submit_init(&s, id, 4);
+    s.sp.temperature = NAN;
+    resp = raw_request(e, &s.req);
+    assert_int_equal(response_code(resp), PAGODA_ERANGE);
+    pagoda__client_response__free_unpacked(resp, NULL);
+
+    raw_submit_init(&s, id, 4);
+    s.sp.has_presence_penalty = 1;
+    s.sp.presence_penalty = -2.5f;
+    resp = raw_request(e, &s.req);
+    assert_int_equal(response_code(resp), PAGODA_ERANGE);
+    pagoda__client_response__free_unpacked(resp, NULL);
+
+    /* None of them was registered. */
+    pagoda_client *c = open_client(e);
+    pagoda_result r;
+    assert_int_equal(pagoda_poll(c, id, 0, 0, &r), PAGODA_ENOENT);
+    pagoda_client_close(c);
+}
+
+static void test_malformed_bytes_are_answered_and_router_serves(void **state)
+{
+    struct rtr_env *e = *state;
+    static const uint8_t garbage[] = {0xff, 0xff, 0xff, 0xff, 0xff, 0x0f, 0x0a, 0x40, 0x01};
+    Pagoda__ClientResponse *resp = raw_call(e, garbage, sizeof(garbage), 5000);
+    assert_non_null(resp);
+    assert_int_equal(response_code(resp), PAGODA_EFORMAT);
+    assert_non_null(resp->error_message);
+    pagoda__client_response__free_unpacked(resp, NULL);
+
+    /* An empty message is a valid ClientRequest that names no call. */
+    resp = raw_call(e, "", 0, 5000);
+    assert_non_null(resp);
+    assert_int_equal(response_code(resp), PAGODA_EFORMAT);
+    pagoda__client_response__free_unpacked(resp, NULL);
+
+    /* A message above the router's limit is refused by NNG: no answer, and no harm. */
+    size_t big = (5u << 20);
+    uint8_t *huge = calloc(1, big);
+    resp = raw_call(e, huge, big, 300);
+    free(huge);
+    assert_null(resp);
+
+    pagoda_client *c = open_client(e);
+    int healthy = 0;
+    assert_int_equal(pagoda_health(c, &healthy), 0);
+    assert_true(healthy);
+    pagoda_engine_stats st;
+    assert_int_equal(pagoda_stats(c, &st), 0);
+    assert_true(st.malformed_requests >= 2);
+    const int32_t prompt[] = {1, 2};
+    pagoda_generate_params p = greedy(3);
+    pagoda_result r;
+    assert_int_equal(pagoda_generate(c, &p, prompt, 2, &r), 0);
+    assert_int_equal(r.num_tokens, 3);
+    pagoda_result_free(&r);
+    pagoda_client_close(c);
+}
+
+static void test_cancel_finishes_cancelled(void **state)
+{
+    struct rtr_env *e = *state;
+    pagoda_client *c = open_client(e);
+    struct fake_sched_counts before, after;
+    fake_sched_get_counts(e->fs, &before);
+    const int32_t prompt[] = {41, 42, 43};
+    pagoda_generate_params p = greedy(50);
+    uint8_t id[16];
+    fake_sched_hold(e->fs, 1);
+    assert_int_equal(pagoda_submit(c, &p, prompt, 3, id), 0);
+    /* A poll parked on the request is answered by the cancel. */
+    pagoda_result r;
+    assert_int_equal(pagoda_cancel(c, id, &r), 0);
+    assert_int_equal(r.finish_reason, PAGODA_FINISH_CANCELLED);
+    assert_int_equal(r.num_tokens, 0);
+    pagoda_result_free(&r);
+    for (uint64_t t0 = rtr_now_ms(); rtr_now_ms() - t0 < 2000; usleep(5000)) {
+        fake_sched_get_counts(e->fs, &after);
+        if (after.cancels > before.cancels)
+            break;
+    }
+    assert_int_equal(after.cancels, before.cancels + 1);
+    fake_sched_hold(e->fs, 0);
+    usleep(20000);
+    assert_int_equal(pagoda_poll(c, id, 0, 1000, &r), 0);
+    assert_int_equal(r.finish_reason, PAGODA_FINISH_CANCELLED);
+    assert_int_equal(r.num_tokens, 0);
+    assert_int_equal(r.completion_tokens, 0);
+    assert_int_equal(r.prompt_tokens, 3);
+    pagoda_result_free(&r);
+    /* Cancelling again changes nothing. */
+    assert_int_equal(pagoda_cancel(c, id, &r), 0);
+    assert_int_equal(r.finish_reason, PAGODA_FINISH_CANCELLED);
+    pagoda_result_free(&r);
+    pagoda_client_close(c);
+}
+
+struct parked_poll {
+    pagoda_client *c;
+    uint8_t id[16];
+    int rc;
+    pagoda_result r;
+};
+
+static void *poll_thread(void *arg)
+{
+    struct parked_poll *pp = arg;
+    pp->rc = pagoda_poll(pp->c, pp->id, 0, 10000, &pp->r);
+    return NULL;
+}
+
+static void test_cancel_wakes_a_parked_poll(void **state)
+{
+    struct rtr_env *e = *state;
+    pagoda_client *c = open_client(e);
+    const int32_t prompt[] = {44};
+    pagoda_generate_params p = greedy(50);
+    struct parked_poll pp = {.c = c};
+    fake_sched_hold(e->fs, 1);
+    assert_int_equal(pagoda_submit(c, &p, prompt, 1, pp.id), 0);
+    pthread_t t;
+    pthread_create(&t, NULL, poll_thread, &pp);
+    usleep(100000);
+    uint64_t t0 = rtr_now_ms();
+    assert_int_equal(pagoda_cancel(c, pp.id, NULL), 0);
+    pthread_join(t, NULL);
+    assert_true(rtr_now_ms() - t0 < 2000);
+    assert_int_equal(pp.rc, 0);
+    assert_int_equal(pp.r.finish_reason, PAGODA_FINISH_CANCELLED);
+    pagoda_result_free(&pp.r);
+    fake_sched_hold(e->fs, 0);
+    pagoda_client_close(c);
+}
+
+static void test_stats_round_trip(void **state)
+{
+    struct rtr_env *e = *state;
+    pagoda_client *c = open_client(e);
+    pagoda_engine_stats st;
+    assert_int_equal(pagoda_stats(c, &st), 0);
+    assert_true(st.peak_running > FAKE_SCHED_PEAK_RUNNING_BASE);
+    assert_int_equal(st.num_blocks, 64);
+    assert_int_equal(st.free_blocks, 48);
+    assert_true(st.kv_usage == 0.25);
+    assert_int_equal(st.resyncs, 3);
+    assert_int_equal(st.preemptions, 2);
+    assert_true(st.steps > 0);
+    assert_true(st.computed_tokens > 0);
+    assert_true(st.scheduler_connected);
+    assert_true(st.finished_requests > 0);
+    struct fake_sched_counts counts;
+    fake_sched_get_counts(e->fs, &counts);
+    assert_true(counts.stats_requests >= 1);
+    pagoda_client_close(c);
+}
+
+static void test_resent_events_do_not_duplicate_tokens(void **state)
+{
+    struct rtr_env *e = *state;
+    pagoda_client *c = open_client(e);
+    fake_sched_set_duplicates(e->fs, 1);
+    const int32_t prompt[] = {51, 52, 53, 54};
+    pagoda_generate_params p = greedy(20);
+    pagoda_result r;
+    int rc = pagoda_generate(c, &p, prompt, 4, &r);
+    fake_sched_set_duplicates(e->fs, 0);
+    assert_int_equal(rc, 0);
+    assert_int_equal(r.num_tokens, 20);
+    assert_tokens(prompt, 4, r.token_ids, 20, 0);
+    for (uint32_t i = 0; i < 20; i++)
+        assert_true(r.logprobs[i] == fake_sched_logprob(i));
+    assert_int_equal(r.completion_tokens, 20);
+    pagoda_result_free(&r);
+    pagoda_client_close(c);
+}
+
+static void test_stop_token_and_engine_error(void **state)
+{
+    struct rtr_env *e = *state;
+    pagoda_client *c = open_client(e);
+    const int32_t prompt[] = {61, 62};
+    int32_t stop = fake_sched_token(prompt, 2, 4);
+    pagoda_generate_params p = greedy(20);
+    p.stop_token_ids = &stop;
+    p.num_stop_token_ids = 1;
+    pagoda_result r;
+    assert_int_equal(pagoda_generate(c, &p, prompt, 2, &r), 0);
+    assert_int_equal(r.finish_reason, PAGODA_FINISH_STOP);
+    assert_int_equal(r.num_tokens, 5);
+    assert_int_equal(r.token_ids[4], stop);
+    pagoda_result_free(&r);
+
+    const int32_t bad[] = {FAKE_SCHED_ERROR_TOKEN};
+    p = greedy(5);
+    assert_int_equal(pagoda_generate(c, &p, bad, 1, &r), 0);
+    assert_int_equal(r.finish_reason, PAGODA_FINISH_ERROR);
+    assert_non_null(r.error_message);
+    assert_non_null(strstr(r.error_message, "vocabulary"));
+    pagoda_result_free(&r);
+    pagoda_client_close(c);
+}
+
+/* ---- routers of their own ------------------------------------------------------------------ */
+
+static void test_scheduler_restart_resumes_requests(void **state)
+{
+    struct rtr_env env, *e = &env;
+    assert_int_equal(rtr_env_start(e, NULL), 0);
+    pagoda_client *c = open_client(e);
+    const int32_t prompt[] = {71, 72, 73};
+    pagoda_generate_params p = greedy(30);
+    uint8_t id[16];
+    fake_sched_hold(e->fs, 1);
+    assert_int_equal(pagoda_submit(c, &p, prompt, 3, id), 0);
+    /* Let the first scheduler produce a few tokens, then replace it. */
+    fake_sched_hold(e->fs, 0);
+    pagoda_result r;
+    assert_int_equal(pagoda_poll(c, id, 0, 2000, &r), 0);
+    fake_sched_hold(e->fs, 1);
+    uint32_t have = (uint32_t)r.num_tokens;
+    assert_true(have >= 1 && have < 30);
+    pagoda_result_free(&r);
+    fake_sched_stop(e->fs);
+    e->fs = NULL;
+    assert_int_equal(fake_sched_start(e->sched_url, &e->fs), 0);
+
+    uint32_t count = 0;
+    int32_t tokens[30];
+    while (count < 30) {
+        assert_int_equal(pagoda_poll(c, id, count, 3000, &r), 0);
+        assert_true(r.num_tokens > 0 || r.finish_reason == PAGODA_FINISH_NONE);
+        assert_true(count + r.num_tokens <= 30);
+        memcpy(tokens + count, r.token_ids, r.num_tokens * sizeof(int32_t));
+        count += (uint32_t)r.num_tokens;
+        pagoda_finish_reason f = r.finish_reason;
+        pagoda_result_free(&r);
+        if (f != PAGODA_FINISH_NONE) {
+            assert_int_equal(f, PAGODA_FINISH_LENGTH);
+            break;
+        }
+    }
+    assert_int_equal(count, 30);
+    assert_tokens(prompt, 3, tokens, 30, 0);
+    struct fake_sched_counts counts;
+    fake_sched_get_counts(e->fs, &counts);
+    assert_int_equal(counts.submits, 1);
+    assert_int_equal(counts.resumed, 1);
+    assert_int_equal(counts.output_mismatches, 0);
+    pagoda_client_close(c);
+    assert_int_equal(rtr_env_stop(e), 0);
+}
+
+static void test_sigterm_drains(void **state)
+{
+    static const char *const args[] = {"--drain-timeout-ms", "5000", NULL};
+    struct rtr_env env, *e = &env;
+    assert_int_equal(rtr_env_start(e, args), 0);
+    pagoda_client *c = open_client(e);
+    const int32_t prompt[] = {81, 82};
+    pagoda_generate_params p = greedy(10);
+    uint8_t id[16];
+    fake_sched_hold(e->fs, 1);
+    assert_int_equal(pagoda_submit(c, &p, prompt, 2, id), 0);
+
+    assert_int_equal(kill(e->router, SIGTERM), 0);
+    int healthy = 1;
+    for (uint64_t t0 = rtr_now_ms(); healthy && rtr_now_ms() - t0 < 3000;) {
+        assert_int_equal(pagoda_health(c, &healthy), 0);
+        if (healthy)
+            usleep(5000);
+    }
+    assert_false(healthy);
+    assert_non_null(strstr(pagoda_error_detail(), "draining"));
+
+    uint8_t other[16];
+    assert_int_equal(pagoda_submit(c, &p, prompt, 2, other), PAGODA_ECLOSED);
+    assert_non_null(strstr(pagoda_error_detail(), "draining"));
+    assert_int_equal(rtr_env_wait(e, 200), -2); /* still serving the running request */
+
+    fake_sched_hold(e->fs, 0);
+    uint32_t count = 0;
+    assert_int_equal(wait_finished(c, id, &count), PAGODA_FINISH_LENGTH);
+    assert_int_equal(count, 10);
+    assert_int_equal(rtr_env_wait(e, 5000), 0);
+    pagoda_client_close(c);
+    rtr_env_stop(e);
+}
+
+static void test_drain_timeout_exits_nonzero(void **state)
+{
+    static const char *const args[] = {"--drain-timeout-ms", "300", NULL};
+    struct rtr_env env, *e = &env;
+    assert_int_equal(rtr_env_start(e, args), 0);
+    pagoda_client *c = open_client(e);
+    const int32_t prompt[] = {91};
+    pagoda_generate_params p = greedy(10);
+    uint8_t id[16];
+    fake_sched_hold(e->fs, 1);
+    assert_int_equal(pagoda_submit(c, &p, prompt, 1, id), 0);
+    uint64_t t0 = rtr_now_ms();
+    assert_int_equal(kill(e->router, SIGTERM), 0);
+    assert_int_equal(rtr_env_wait(e, 5000), 1);
+    assert_true(rtr_now_ms() - t0 >= 250);
+    pagoda_client_close(c);
+    rtr_env_stop(e);
+}
+
+int main(void)
+{
+    const struct CMUnitTest shared[] = {
+        cmocka_unit_test(test_poll_from_offset_returns_only_later_tokens),
+        cmocka_unit_test(test_poll_wait_returns_early_when_tokens_come),
+        cmocka_unit_test(test_poll_wait_runs_out_empty),
+        cmocka_unit_test(test_duplicate_submit_is_one_request),
+        cmocka_unit_test(test_unknown_id_is_enoent),
+        cmocka_unit_test(test_bad_submits_are_refused),
+        cmocka_unit_test(test_malformed_bytes_are_answered_and_router_serves),
+        cmocka_unit_test(test_cancel_finishes_cancelled),
+        cmocka_unit_test(test_cancel_wakes_a_parked_poll),
+        cmocka_unit_test(test_stats_round_trip),
+        cmocka_unit_test(test_resent_events_do_not_duplicate_tokens),
+        cmocka_unit_test(test_stop_token_and_engine_error),
+    };
+    const struct CMUnitTest own[] = {
+        cmocka_unit_test(test_scheduler_restart_resumes_requests),
+        cmocka_unit_test(test_sigterm_drains),
+        cmocka_unit_test(test_drain_timeout_exits_nonzero),
+    };
+    signal(SIGPIPE, SIG_IGN);
+    int failed = cmocka_run_group_tests_name("router", shared, group_setup, group_teardown);
+    failed += cmocka_run_group_tests_name("router processes", own, NULL, NULL);
+    nng_fini();
+    return failed;
+}

@@ -1,0 +1,69 @@
+/* Messages between processes: protobuf-c messages over NNG sockets, received on a libuv loop.
+ *
+ * NNG's aio callbacks run on NNG's threads; they never block and never touch process state.
+ * A wire_inbox keeps one receive outstanding on a socket; each message that arrives is put in a
+ * mailbox and the loop is woken with uv_async_send, so the owner handles every message on its
+ * loop thread, in arrival order. Sending is non-blocking: a message that cannot be queued now
+ * (no peer, full buffers) is dropped and counted, which the protocol tolerates (steps and
+ * results are numbered; a loss leads to a resync). */
+#ifndef PAGODA_WIRE_WIRE_H
+#define PAGODA_WIRE_WIRE_H
+
+#include "proto/internal.pb-c.h"
+
+#include <nng/nng.h>
+#include <protobuf-c/protobuf-c.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <uv.h>
+
+/* The protocol version every internal envelope carries. */
+#define WIRE_PROTOCOL_VERSION 1u
+
+/* The largest internal message any socket accepts (NNG_OPT_RECVMAXSZ): a step or resync of
+ * thousands of sequences with their tokens fits. */
+#define WIRE_MAX_MESSAGE_BYTES (64u << 20)
+
+/* Translates an NNG error into a PAGODA_E* code, with a detail naming what failed. */
+int wire_error(int nng_rv, const char *what);
+
+/* Opens a PAIR socket and listens (listen != 0) or dials (non-blocking: the dial retries in the
+ * background until the peer is there) at url. Sets NNG_OPT_RECVMAXSZ to max_bytes. */
+int wire_pair_open(nng_socket *s, const char *url, int listen, size_t max_bytes);
+
+/* Packs msg into a new NNG message and sends it without blocking. Returns 0, PAGODA_EBUSY (not
+ * sent now: no peer or full buffers; the message is dropped), PAGODA_ENOMEM or PAGODA_ECLOSED. */
+int wire_send(nng_socket s, const ProtobufCMessage *msg);
+
+/* Unpacks an NNG message body as desc; NULL when it is malformed. The caller frees the result
+ * with protobuf_c_message_free_unpacked and keeps ownership of m. */
+ProtobufCMessage *wire_unpack(const ProtobufCMessageDescriptor *desc, nng_msg *m);
+
+struct wire_inbox;
+
+/* Called on the loop thread for every message received; the handler owns m (nng_msg_free). */
+typedef void (*wire_handler)(void *ctx, nng_msg *m);
+
+/* Starts receiving on s into a mailbox drained on loop. On success *out is released with
+ * wire_inbox_close, which must run on the loop thread before the socket is closed. Errors:
+ * PAGODA_ENOMEM, PAGODA_EIO. */
+int wire_inbox_open(uv_loop_t *loop, nng_socket s, wire_handler handler, void *ctx,
+                    struct wire_inbox **out);
+
+/* Stops receiving, drops undelivered messages and frees the inbox once libuv has closed its
+ * handle (so the loop must run a little after this). Accepts NULL. */
+void wire_inbox_close(struct wire_inbox *in);
+
+/* Pushes ctl (protocol_version is filled in) to the supervisor's control socket,
+ * ipc://RUN_DIR/control.ipc, waiting up to 1 s for the connection. Processes started without a
+ * supervisor (run_dir NULL or no listener) lose nothing but the message. Returns 0 or a
+ * PAGODA_E* code. */
+int wire_control_send(const char *run_dir, Pagoda__Internal__Control *ctl);
+
+/* Pushes Control{ready, sender} to the supervisor. */
+int wire_control_ready(const char *run_dir, const char *sender);
+
+/* Formats "ipc://RUN_DIR/NAME" into buf (len bytes). Returns 0 or PAGODA_ERANGE. */
+int wire_ipc_url(char *buf, size_t len, const char *run_dir, const char *name);
+
+#endif

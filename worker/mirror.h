@@ -1,0 +1,155 @@
+/* The worker's mirror of the sequences it runs (docs/protocol.md, "Steps").
+ *
+ * The scheduler holds the truth about every sequence; the mirror is the worker's derived copy:
+ * per sequence its token ids (prompt, then the output sampled so far), how many of them have
+ * their K/V in the pool (num_computed_tokens), its block table and its sampling parameters. A
+ * Resync replaces the whole mirror with the scheduler's snapshot; each Step then changes it in
+ * the order the protocol defines: finished and preempted sequences are dropped, new ones are
+ * added, continuing ones get their appended blocks, and after the forward pass every sequence in
+ * the step has its chunk computed and, when it sampled, its new token appended.
+ *
+ * A step is applied in two halves so that a refused step, or one whose forward pass fails,
+ * leaves the mirror exactly as it was: mirror_step_prepare checks the whole step against the
+ * mirror and the limits and builds the forward batch without changing any sequence;
+ * mirror_step_commit then applies it (and cannot fail), or mirror_step_abort forgets it.
+ *
+ * Positions are absolute: a continuing sequence's num_computed_tokens must equal the mirror's,
+ * so a lost or repeated step is detected instead of absorbed. Decode inputs are the mirror's own
+ * tokens, i.e. the tokens this worker sampled.
+ *
+ * Pure: no I/O, no threads; one mirror is used by one thread. */
+#ifndef PAGODA_WORKER_MIRROR_H
+#define PAGODA_WORKER_MIRROR_H
+
+#include "kernels/cpu/sampler.h"
+#include "proto/internal.pb-c.h"
+#include "worker/backend.h"
+
+#include <stdint.h>
+
+/* What mirror_step_prepare returns for a step of another epoch than the mirror's (or any step
+ * before the first resync): not a failure of this worker but a stale message, which the caller
+ * ignores (no answer) and counts. No other function returns it. */
+#define MIRROR_EOTHER_EPOCH PAGODA_ECLOSED
+
+/* finished_seq_ids plus preempted_seq_ids of one step: at most this many times max_seqs. */
+#define MIRROR_MAX_DROPS_PER_SEQ 4
+
+struct mirror_limits {
+    int32_t max_seqs;           /* sequences held at once, and per step */
+    int32_t max_tokens_per_seq; /* known tokens of one sequence (prompt + output) */
+    int32_t max_batched_tokens; /* tokens computed in one step */
+    int32_t num_blocks;         /* the pool's blocks, reserved block 0 included */
+    int32_t block_size;         /* tokens per block */
+    int64_t vocab_size;         /* token ids lie in [0, vocab_size) */
+};
+
+/* A read-only view of one sequence, for the caller's logs and for tests. Pointers are the
+ * mirror's, valid until the next call that changes the mirror. */
+struct mirror_seq_view {
+    uint64_t seq_id;
+    const int32_t *token_ids;
+    int32_t num_tokens; /* prompt + output */
+    int32_t num_prompt_tokens;
+    int32_t num_computed_tokens;
+    const int32_t *block_table;
+    int32_t num_blocks;
+    struct sampling_params sampling;
+};
+
+/* A prepared step: what the forward pass needs. batch's arrays, rows and seq_ids are the
+ * mirror's, valid until mirror_step_commit, mirror_step_abort or the next prepare.
+ *
+ * Order: the continuing sequences with tokens to compute, in the step's order, then the new ones,
+ * in the step's order. Logits row r (batch.logits_indices[r], the last token of its chunk)
+ * belongs to sequence seq_ids[r] and is sampled as rows[r] says. A step that computes nothing
+ * (only drops, or chunks of 0 tokens) has batch.num_tokens == 0: the caller skips the forward
+ * pass and commits. */
+struct mirror_step {
+    struct fwd_batch batch;
+    const struct sample_row *rows; /* [batch.num_logits] */
+    const uint64_t *seq_ids;       /* [batch.num_logits] */
+};
+
+struct mirror;
+
+/* Derived limit: blocks one sequence's table may hold, min(ceil(max_tokens_per_seq /
+ * block_size), num_blocks - 1). A backend serving the mirror's batches must accept block tables
+ * this wide. */
+int32_t mirror_limits_max_blocks_per_seq(const struct mirror_limits *limits);
+
+/* Creates an empty mirror, not yet synced (every step is of "another epoch" until the first
+ * mirror_resync). All batch buffers that depend only on the limits are allocated here. On
+ * success *out is released with mirror_free. Errors: PAGODA_EINVAL (NULL argument), PAGODA_ERANGE
+ * (a limit that is not positive, a block size outside 8..64, fewer than 2 blocks, a vocabulary
+ * above SAMPLER_VOCAB_MAX), PAGODA_ENOMEM. */
+int mirror_new(const struct mirror_limits *limits, struct mirror **out);
+
+/* Frees the mirror and any prepared step. Accepts NULL. */
+void mirror_free(struct mirror *m);
+
+/* Replaces the mirror with the snapshot r, adopts r->epoch and expects r->next_step_id next.
+ * Forgets a prepared step. The snapshot is checked completely first; when it is refused the
+ * mirror is left as it was (epoch and expected step included). An absent SamplingParams field
+ * takes its "off" value (temperature: 0, greedy; top_p: 1; repetition_penalty: 1; the others 0),
+ * an absent SamplingParams message is greedy. r is only read.
+ *
+ * Errors, with a detail naming the sequence: PAGODA_EINVAL (NULL argument, a missing epoch,
+ * next_step_id, seq_id or num_prompt_tokens (an absent num_computed_tokens is 0), a sequence
+ * listed twice), PAGODA_ERANGE (more than
+ * max_seqs sequences, more than max_tokens_per_seq tokens or max_blocks_per_seq blocks, a token id
+ * outside the vocabulary, a block id outside 1..num_blocks-1, num_prompt_tokens outside
+ * 1..tokens, num_computed_tokens outside 0..tokens, a block table shorter than the computed
+ * tokens, sampling parameters out of range), PAGODA_ENOMEM. */
+int mirror_resync(struct mirror *m, const Pagoda__Internal__Resync *r);
+
+/* Checks step s against the mirror and builds its forward batch into *out, changing no
+ * sequence (a previously prepared, uncommitted step is forgotten first). s is only read and may
+ * be freed once this returns.
+ *
+ * Returns 0, or:
+ *  - MIRROR_EOTHER_EPOCH: s belongs to another epoch, or the mirror was never synced;
+ *  - PAGODA_EPROTO: s->step_id is not the one expected (the detail says both);
+ *  - PAGODA_EMISMATCH: a continuing sequence's num_computed_tokens differs from the mirror's
+ *    (the detail names the sequence and both counts);
+ *  - PAGODA_ENOENT: a continuing sequence the mirror does not hold (or that the step drops);
+ *  - PAGODA_EEXIST: a new sequence the mirror already holds (and the step does not drop), or one
+ *    listed twice;
+ *  - PAGODA_EINVAL: a missing epoch or step_id; a new sequence without seq_id,
+ *    num_prompt_tokens or num_new_tokens (an absent num_computed_tokens is 0); a continuing one
+ *    without seq_id, num_computed_tokens or num_new_tokens; a sequence continued twice;
+ *  - PAGODA_ERANGE: the step breaks a limit: more sequences than max_seqs held after it or in it,
+ *    more drops than MIRROR_MAX_DROPS_PER_SEQ * max_seqs, more tokens than max_batched_tokens, a
+ *    token id outside the vocabulary, a block id outside 1..num_blocks-1, a chunk reaching past
+ *    the sequence's known tokens, a block table too short for the chunk or too long, a sequence
+ *    that would exceed max_tokens_per_seq by sampling, invalid sampling parameters;
+ *  - PAGODA_ENOMEM.
+ * On any error nothing is prepared and the mirror is unchanged. */
+int mirror_step_prepare(struct mirror *m, const Pagoda__Internal__Step *s, struct mirror_step *out);
+
+/* Applies the prepared step: drops its finished and preempted sequences, adds its new ones,
+ * appends blocks, adds each chunk to num_computed_tokens, appends tokens[r] to the sequence of
+ * logits row r (tokens has the prepared batch.num_logits entries; NULL when there are none), and
+ * expects the next step id. Does nothing when no step is prepared. */
+void mirror_step_commit(struct mirror *m, const int32_t *tokens);
+
+/* Forgets the prepared step; the mirror stays as it was before mirror_step_prepare. Does nothing
+ * when no step is prepared. */
+void mirror_step_abort(struct mirror *m);
+
+/* Whether a resync has been applied. */
+int mirror_synced(const struct mirror *m);
+
+/* The epoch adopted at the last resync (0 before the first). */
+uint64_t mirror_epoch(const struct mirror *m);
+
+/* The step id the mirror expects next. */
+uint64_t mirror_next_step_id(const struct mirror *m);
+
+/* The number of sequences held. */
+int32_t mirror_num_seqs(const struct mirror *m);
+
+/* Fills *out with the sequence seq_id. Returns 0 or PAGODA_ENOENT. */
+int mirror_find(const struct mirror *m, uint64_t seq_id, struct mirror_seq_view *out);
+
+#endif

@@ -1,0 +1,764 @@
+/* pagoda-worker: runs the forward passes of one pool's sequences for the scheduler.
+ *
+ *   pagoda-worker --run-dir DIR --model MODEL_DIR --worker-id I [--backend cpu|null]
+ *                 [--step-delay-ms X] [--fault drop-step=N|drop-result=N]
+ *                 [--max-batched-tokens 2048] [--max-seqs 256] [--log-level info]
+ *
+ * Start (docs/protocol.md): asks kvpool (REQ ipc://DIR/kvpool.ipc, for up to 30 s) for the
+ * pool's geometry, maps the pool and checks that it fits the model, loads the model and opens
+ * the backend over the pool, pushes Control{ready, "worker-I"} to the supervisor, dials its
+ * scheduler link (PAIR ipc://DIR/worker-I.ipc) and sends Hello every 200 ms until a Resync
+ * answers. Hello is sent again the same way whenever the link connects anew (a restarted
+ * scheduler learns who is there).
+ *
+ * Then, on one libuv loop, for each ToWorker:
+ *  - Resync: the mirror (worker/mirror.h) takes the snapshot; answers ResyncDone (with an
+ *    error code when the snapshot is refused; the mirror is then unchanged).
+ *  - Step: sleeps --step-delay-ms (or the step's delay_ms, whichever is longer), then checks and
+ *    applies the step through the mirror, runs one forward pass and samples, and answers
+ *    StepResult{epoch, step_id, results, computed_tokens}. A step of another epoch is ignored
+ *    (counted, no answer). A refused step or a failed forward pass is answered with
+ *    StepResult{error_code, error_message} and leaves the mirror unchanged.
+ *  - Shutdown (or SIGTERM / SIGINT): exits 0.
+ * computed_tokens counts every token this process computed in forward passes since it started.
+ * A malformed message is counted and logged, never fatal.
+ *
+ * The KV pool is kvpool's: the worker maps it and never removes it, so a restarted worker
+ * finds the KV its predecessor wrote.
+ *
+ * --backend null loads only config.json and answers every step at once with deterministic
+ * tokens (worker/null_backend.h), still through the mirror: for benchmarks of the engine.
+ * --fault drop-step=N ignores the N-th Step received (no answer, mirror unchanged);
+ * --fault drop-result=N runs the N-th Step (the mirror advances) but does not send its result.
+ * Both count every Step message received, of any epoch, from 1. */
+#include "common/error.h"
+#include "common/log.h"
+#include "common/parse.h"
+#include "kvpool/shm_pool.h"
+#include "kvpool/kvpool_client.h"
+#include "wire/wire.h"
+#include "worker/backend.h"
+#include "worker/cpu_backend.h"
+#include "worker/mirror.h"
+#include "worker/model_config.h"
+#include "worker/model_weights.h"
+#include "worker/null_backend.h"
+
+#include <nng/nng.h>
+#include <nng/protocol/pair1/pair.h>
+#include <nng/protocol/reqrep0/req.h>
+#include <nng/supplemental/util/platform.h>
+
+#include <getopt.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <uv.h>
+
+#define WORKER_MAX_ID 1023
+#define WORKER_MAX_SEQS 4096
+#define WORKER_MAX_BATCHED_TOKENS (1 << 16)
+#define WORKER_MAX_DELAY_MS 600000
+/* How long the worker waits for kvpool's answer at start, and how often it asks. */
+#define WORKER_KVPOOL_WAIT_MS 30000
+#define WORKER_HELLO_MS 200
+/* Messages the scheduler link queues while the transport is busy. NNG's PAIR socket holds none
+ * by default, so a non-blocking send made while the previous message is still being written
+ * fails; results sent back to back (fast steps) would be dropped at random. */
+#define WORKER_SEND_BUFFER 64
+/* Malformed messages are logged one by one up to this many, then every 1000th. */
+#define WORKER_MALFORMED_LOGGED 10
+
+struct worker_opts {
+    const char *run_dir;
+    const char *model;
+    const char *backend; /* "cpu" or "null" */
+    const char *log_level;
+    uint32_t worker_id;
+    int worker_id_set;
+    uint32_t step_delay_ms;
+    uint64_t drop_step;   /* 0: off */
+    uint64_t drop_result; /* 0: off */
+    int32_t max_batched_tokens;
+    int32_t max_seqs;
+};
+
+struct worker {
+    struct worker_opts o;
+    char name[32]; /* "worker-I": the Control sender */
+    uv_loop_t loop;
+    uv_timer_t hello_timer;
+    uv_signal_t sigterm, sigint;
+    uv_async_t pipe_async;
+    atomic_int pipe_added; /* set on NNG's thread, taken on the loop */
+    atomic_int connected;  /* pipes of the scheduler link; kept on NNG's thread */
+    int handles_open;
+    nng_socket sock;
+    int sock_open;
+    struct wire_inbox *inbox;
+    int hello_active;
+    int stopping;
+
+    struct model_config config;
+    struct kv_shm_pool *pool;
+    struct backend *backend;
+    struct mirror *mirror;
+    int32_t *tokens; /* [max_seqs] */
+    float *logprobs; /* [max_seqs] */
+    Pagoda__Internal__SeqResult *results;
+    Pagoda__Internal__SeqResult **result_ptrs;
+
+    uint64_t computed_tokens;
+    uint64_t steps_received, steps_run, steps_refused, stale_steps, resyncs, malformed;
+    uint64_t send_failures;
+};
+
+/* Set by the signal handler while the loop does not run yet (start-up). */
+static volatile sig_atomic_t g_stop;
+
+static void on_early_signal(int sig)
+{
+    (void)sig;
+    g_stop = 1;
+}
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: pagoda-worker --run-dir DIR --model MODEL_DIR --worker-id I\n"
+               "                     [--backend cpu|null] [--step-delay-ms X]\n"
+               "                     [--fault drop-step=N|drop-result=N]\n"
+               "                     [--max-batched-tokens 2048] [--max-seqs 256]\n"
+               "                     [--log-level debug|info|warn|error]\n"
+               "Maps the kv pool that pagoda-kvpool serves in DIR, loads the model and runs the\n"
+               "steps the scheduler sends on ipc://DIR/worker-I.ipc.\n");
+}
+
+static void log_rc(enum log_level level, const char *what, int rc)
+{
+    char msg[700];
+    log_msg(level, "%s: %s", what, pagoda_error_message(rc, msg, sizeof(msg)));
+}
+
+/* ---- start: the pool --------------------------------------------------------------------- */
+
+/* The pool must have the model's shape and the dtype the backend computes in. */
+static int check_pool_fits(const struct kv_geometry *g, const char *shm_name,
+                           const struct model_config *c, const char *model)
+{
+    const char *field = NULL;
+    long long have = 0, want = 0;
+    if (g->num_layers != c->num_layers)
+        field = "layers", have = g->num_layers, want = c->num_layers;
+    else if (g->num_kv_heads != c->num_kv_heads)
+        field = "KV heads", have = g->num_kv_heads, want = c->num_kv_heads;
+    else if (g->head_dim != c->head_dim)
+        field = "head dim", have = g->head_dim, want = c->head_dim;
+    if (field != NULL)
+        return pagoda_error_set(PAGODA_EMISMATCH,
+                                "kv pool %s does not fit the model %s: %s %lld in the pool, %lld "
+                                "in the model (was kvpool started with another --model?)",
+                                shm_name, model, field, have, want);
+    if (g->dtype != DTYPE_F32)
+        return pagoda_error_set(PAGODA_EMISMATCH,
+                                "kv pool %s holds %s; the CPU backend needs an f32 pool", shm_name,
+                                dtype_name(g->dtype));
+    return 0;
+}
+
+/* Maps the pool kvpool named, loads the model and opens the backend and the mirror. */
+static int worker_load(struct worker *w)
+{
+    const struct worker_opts *o = &w->o;
+    struct kv_geometry g;
+    char shm_name[KV_SHM_NAME_MAX + 1];
+    int rc;
+    if ((rc = model_config_load(o->model, &w->config)) != 0 ||
+        (rc = kvpool_fetch_geometry(o->run_dir, o->worker_id, WORKER_KVPOOL_WAIT_MS, &g_stop, &g,
+                                    shm_name, sizeof(shm_name))) != 0 ||
+        (rc = kv_shm_pool_open(shm_name, NULL, &w->pool)) != 0)
+        return rc;
+    const struct kv_geometry *pg = kv_shm_pool_geometry(w->pool);
+    if (!kv_geometry_equal(pg, &g))
+        return pagoda_error_set(PAGODA_EMISMATCH,
+                                "kv pool %s (pool id %016" PRIx64
+                                ") is not the pool kvpool described (pool id %016" PRIx64 ")",
+                                shm_name, pg->pool_id, g.pool_id);
+    if ((rc = check_pool_fits(pg, shm_name, &w->config, o->model)) != 0)
+        return rc;
+
+    int64_t max_tokens = w->config.max_position_embeddings;
+    int64_t pool_tokens = (int64_t)(pg->num_blocks - 1) * pg->block_size;
+    if (max_tokens > pool_tokens)
+        max_tokens = pool_tokens;
+    if (max_tokens > SAMPLER_HISTORY_MAX)
+        max_tokens = SAMPLER_HISTORY_MAX;
+    struct mirror_limits ml = {
+        .max_seqs = o->max_seqs,
+        .max_tokens_per_seq = (int32_t)max_tokens,
+        .max_batched_tokens = o->max_batched_tokens,
+        .num_blocks = pg->num_blocks,
+        .block_size = pg->block_size,
+        .vocab_size = w->config.vocab_size,
+    };
+    struct backend_limits bl = {
+        .max_num_tokens = o->max_batched_tokens,
+        .max_num_seqs = o->max_seqs,
+        .max_blocks_per_seq = mirror_limits_max_blocks_per_seq(&ml),
+    };
+    if ((rc = mirror_new(&ml, &w->mirror)) != 0)
+        return rc;
+
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    if (strcmp(o->backend, "null") == 0) {
+        rc = null_backend_open(&w->config, &bl, &w->backend);
+    } else {
+        struct model_weights *mw = NULL;
+        if ((rc = model_weights_open(o->model, &mw)) == 0) {
+            struct cpu_backend_options co = cpu_backend_default_options();
+            co.limits = bl;
+            rc = cpu_backend_open(mw, pg, kv_shm_pool_data(w->pool), &co, &w->backend);
+        }
+        model_weights_close(mw); /* the CPU backend keeps its own f32 copy */
+    }
+    if (rc != 0)
+        return rc;
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+
+    size_t n = (size_t)o->max_seqs;
+    w->tokens = malloc(n * sizeof(*w->tokens));
+    w->logprobs = malloc(n * sizeof(*w->logprobs));
+    w->results = malloc(n * sizeof(*w->results));
+    w->result_ptrs = malloc(n * sizeof(*w->result_ptrs));
+    if (!w->tokens || !w->logprobs || !w->results || !w->result_ptrs)
+        return PAGODA_ENOMEM;
+    log_info("worker %u: %s backend, model %s (%" PRId64 " layers, vocab %" PRId64
+             ") loaded in %.2f s; kv pool %s: %d blocks of %d tokens; up to %d sequences, %d "
+             "tokens a step, %d tokens a sequence",
+             o->worker_id, o->backend, o->model, w->config.num_layers, w->config.vocab_size,
+             (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9, shm_name,
+             pg->num_blocks, pg->block_size, o->max_seqs, o->max_batched_tokens,
+             ml.max_tokens_per_seq);
+    return 0;
+}
+
+/* ---- messages out ------------------------------------------------------------------------ */
+
+static void send_to_scheduler(struct worker *w, Pagoda__Internal__ToScheduler *msg,
+                              const char *what)
+{
+    msg->has_protocol_version = 1;
+    msg->protocol_version = WIRE_PROTOCOL_VERSION;
+    int rc = wire_send(w->sock, &msg->base);
+    if (rc != 0) {
+        w->send_failures++;
+        log_rc(rc == PAGODA_EBUSY ? LOG_DEBUG : LOG_WARN, what, rc);
+    }
+}
+
+static void send_hello(struct worker *w)
+{
+    const struct kv_geometry *g = kv_shm_pool_geometry(w->pool);
+    Pagoda__Internal__PoolGeometry pg = PAGODA__INTERNAL__POOL_GEOMETRY__INIT;
+    pg.has_pool_id = pg.has_num_layers = pg.has_num_blocks = pg.has_block_size = 1;
+    pg.has_num_kv_heads = pg.has_head_dim = pg.has_dtype = 1;
+    pg.pool_id = g->pool_id;
+    pg.num_layers = g->num_layers;
+    pg.num_blocks = g->num_blocks;
+    pg.block_size = g->block_size;
+    pg.num_kv_heads = g->num_kv_heads;
+    pg.head_dim = g->head_dim;
+    pg.dtype = (Pagoda__Internal__DType)g->dtype;
+    pg.shm_name = (char *)kv_shm_pool_name(w->pool);
+    Pagoda__Internal__Hello h = PAGODA__INTERNAL__HELLO__INIT;
+    h.has_worker_id = h.has_pid = h.has_tp_rank = h.has_tp_size = 1;
+    h.worker_id = w->o.worker_id;
+    h.pid = (int32_t)getpid();
+    h.tp_rank = 0;
+    h.tp_size = 1;
+    h.geometry = &pg;
+    h.has_vocab_size = h.has_max_position_embeddings = 1;
+    h.vocab_size = w->config.vocab_size;
+    h.max_position_embeddings = w->config.max_position_embeddings;
+    h.n_eos_token_ids = (size_t)w->config.num_eos;
+    h.eos_token_ids = w->config.eos_token_ids;
+    h.backend = (char *)w->o.backend;
+    Pagoda__Internal__ToScheduler msg = PAGODA__INTERNAL__TO_SCHEDULER__INIT;
+    msg.msg_case = PAGODA__INTERNAL__TO_SCHEDULER__MSG_HELLO;
+    msg.hello = &h;
+    send_to_scheduler(w, &msg, "Hello");
+}
+
+static void send_result(struct worker *w, Pagoda__Internal__StepResult *r)
+{
+    r->has_epoch = r->has_step_id = r->has_computed_tokens = 1;
+    r->computed_tokens = w->computed_tokens;
+    Pagoda__Internal__ToScheduler msg = PAGODA__INTERNAL__TO_SCHEDULER__INIT;
+    msg.msg_case = PAGODA__INTERNAL__TO_SCHEDULER__MSG_RESULT;
+    msg.result = r;
+    send_to_scheduler(w, &msg, "StepResult");
+}
+
+static void send_step_error(struct worker *w, const Pagoda__Internal__Step *s, int rc)
+{
+    char text[700];
+    pagoda_error_message(rc, text, sizeof(text));
+    log_warn("step %" PRIu64 " (epoch %" PRIu64 ") refused: %s", s->step_id, s->epoch, text);
+    Pagoda__Internal__StepResult r = PAGODA__INTERNAL__STEP_RESULT__INIT;
+    r.epoch = s->epoch;
+    r.step_id = s->step_id;
+    r.has_error_code = 1;
+    r.error_code = rc;
+    r.error_message = text;
+    send_result(w, &r);
+}
+
+/* ---- messages in --------------------------------------------------------------------------- */
+
+static void stop_hello(struct worker *w)
+{
+    if (w->hello_active) {
+        uv_timer_stop(&w->hello_timer);
+        w->hello_active = 0;
+    }
+}
+
+static void on_resync(struct worker *w, const Pagoda__Internal__Resync *r)
+{
+    stop_hello(w);
+    /* A resync of an epoch this worker has not seen comes from a scheduler that may never have
+     * received a Hello (it announces its epoch with empty resyncs until one arrives): introduce
+     * ourselves first, or each side would wait for the other. */
+    if (!mirror_synced(w->mirror) || mirror_epoch(w->mirror) != r->epoch)
+        send_hello(w);
+    w->resyncs++;
+    int rc = mirror_resync(w->mirror, r);
+    Pagoda__Internal__ResyncDone d = PAGODA__INTERNAL__RESYNC_DONE__INIT;
+    d.has_epoch = d.has_resync_id = 1;
+    d.epoch = r->epoch;
+    d.resync_id = r->resync_id;
+    char text[700];
+    if (rc != 0) {
+        pagoda_error_message(rc, text, sizeof(text));
+        log_warn("resync %" PRIu64 " (epoch %" PRIu64 ") refused: %s", r->resync_id, r->epoch,
+                 text);
+        d.has_error_code = 1;
+        d.error_code = rc;
+        d.error_message = text;
+    } else {
+        log_info("resync %" PRIu64 ": epoch %" PRIu64 ", %zu sequences, next step %" PRIu64,
+                 r->resync_id, r->epoch, r->n_seqs, r->next_step_id);
+    }
+    Pagoda__Internal__ToScheduler msg = PAGODA__INTERNAL__TO_SCHEDULER__INIT;
+    msg.msg_case = PAGODA__INTERNAL__TO_SCHEDULER__MSG_RESYNC_DONE;
+    msg.resync_done = &d;
+    send_to_scheduler(w, &msg, "ResyncDone");
+}
+
+static void on_step(struct worker *w, const Pagoda__Internal__Step *s)
+{
+    uint64_t nth = ++w->steps_received;
+    if (w->o.drop_step == nth) {
+        log_warn("fault drop-step=%" PRIu64 ": ignoring step %" PRIu64 " (epoch %" PRIu64 ")", nth,
+                 s->step_id, s->epoch);
+        return;
+    }
+    uint32_t delay = w->o.step_delay_ms;
+    if (s->has_delay_ms && s->delay_ms > delay)
+        delay = s->delay_ms < WORKER_MAX_DELAY_MS ? s->delay_ms : WORKER_MAX_DELAY_MS;
+    if (delay > 0)
+        uv_sleep(delay);
+
+    if (s->has_tp_size && s->tp_size > 1) {
+        w->steps_refused++;
+        send_step_error(w, s,
+                        pagoda_error_set(PAGODA_EUNSUPPORTED,
+                                         "tensor parallel steps (tp_size %d) are not supported",
+                                         s->tp_size));
+        return;
+    }
+    struct mirror_step ms;
+    int rc = mirror_step_prepare(w->mirror, s, &ms);
+    if (rc == MIRROR_EOTHER_EPOCH) {
+        w->stale_steps++;
+        char text[700];
+        log_debug("step %" PRIu64 " ignored: %s", s->step_id,
+                  pagoda_error_message(rc, text, sizeof(text)));
+        return;
+    }
+    if (rc == 0 && ms.batch.num_tokens > 0) {
+        rc = backend_forward_sample(w->backend, &ms.batch, ms.rows, w->tokens, w->logprobs);
+        if (rc != 0)
+            mirror_step_abort(w->mirror);
+        else
+            w->computed_tokens += (uint64_t)ms.batch.num_tokens;
+    }
+    if (rc != 0) {
+        w->steps_refused++;
+        send_step_error(w, s, rc);
+        return;
+    }
+    mirror_step_commit(w->mirror, w->tokens);
+    w->steps_run++;
+
+    Pagoda__Internal__StepResult r = PAGODA__INTERNAL__STEP_RESULT__INIT;
+    r.epoch = s->epoch;
+    r.step_id = s->step_id;
+    r.n_results = (size_t)ms.batch.num_logits;
+    r.results = w->result_ptrs;
+    for (int32_t i = 0; i < ms.batch.num_logits; i++) {
+        Pagoda__Internal__SeqResult *sr = &w->results[i];
+        pagoda__internal__seq_result__init(sr);
+        sr->has_seq_id = sr->has_token_id = sr->has_logprob = 1;
+        sr->seq_id = ms.seq_ids[i];
+        sr->token_id = w->tokens[i];
+        sr->logprob = w->logprobs[i];
+        w->result_ptrs[i] = sr;
+    }
+    log_debug("step %" PRIu64 ": %d tokens of %d sequences, %d sampled", s->step_id,
+              ms.batch.num_tokens, ms.batch.num_seqs, ms.batch.num_logits);
+    if (w->o.drop_result == nth) {
+        log_warn("fault drop-result=%" PRIu64 ": not sending the result of step %" PRIu64, nth,
+                 s->step_id);
+        return;
+    }
+    send_result(w, &r);
+}
+
+static void worker_stop(struct worker *w, const char *why)
+{
+    if (w->stopping)
+        return;
+    w->stopping = 1;
+    log_info("stopping (%s) after %" PRIu64 " steps, %" PRIu64 " tokens computed; %" PRIu64
+             " steps refused, %" PRIu64 " of other epochs ignored, %" PRIu64 " resyncs, %" PRIu64
+             " malformed messages",
+             why, w->steps_run, w->computed_tokens, w->steps_refused, w->stale_steps, w->resyncs,
+             w->malformed);
+    uv_stop(&w->loop);
+}
+
+static void count_malformed(struct worker *w, const char *what)
+{
+    w->malformed++;
+    if (w->malformed <= WORKER_MALFORMED_LOGGED || w->malformed % 1000 == 0)
+        log_warn("malformed message from the scheduler (%s); %" PRIu64 " so far", what,
+                 w->malformed);
+}
+
+static void on_message(void *ctx, nng_msg *m)
+{
+    struct worker *w = ctx;
+    if (w->stopping) {
+        nng_msg_free(m);
+        return;
+    }
+    Pagoda__Internal__ToWorker *msg =
+        (Pagoda__Internal__ToWorker *)wire_unpack(&pagoda__internal__to_worker__descriptor, m);
+    nng_msg_free(m);
+    if (msg == NULL) {
+        count_malformed(w, "not a ToWorker");
+        return;
+    }
+    switch (msg->msg_case) {
+    case PAGODA__INTERNAL__TO_WORKER__MSG_STEP:
+        on_step(w, msg->step);
+        break;
+    case PAGODA__INTERNAL__TO_WORKER__MSG_RESYNC:
+        on_resync(w, msg->resync);
+        break;
+    case PAGODA__INTERNAL__TO_WORKER__MSG_SHUTDOWN:
+        worker_stop(w, "Shutdown");
+        break;
+    default:
+        count_malformed(w, "an empty ToWorker");
+        break;
+    }
+    protobuf_c_message_free_unpacked(&msg->base, NULL);
+}
+
+/* ---- loop handles ---------------------------------------------------------------------------- */
+
+/* Hello goes out only while the link is up: queued, a pile of stale Hellos would reach the
+ * next scheduler and each would ask it for a resync. */
+static void on_hello_timer(uv_timer_t *t)
+{
+    struct worker *w = t->data;
+    if (atomic_load(&w->connected) > 0)
+        send_hello(w);
+}
+
+/* NNG thread: the link connected (the first time, or to a restarted scheduler) or dropped. */
+static void on_pipe_event(nng_pipe p, nng_pipe_ev ev, void *arg)
+{
+    struct worker *w = arg;
+    if (ev == NNG_PIPE_EV_REM_POST) {
+        atomic_fetch_sub(&w->connected, 1);
+        return;
+    }
+    atomic_fetch_add(&w->connected, 1);
+    atomic_store(&w->pipe_added, 1);
+    uv_async_send(&w->pipe_async);
+}
+
+static void on_pipe_async(uv_async_t *a)
+{
+    struct worker *w = a->data;
+    if (!atomic_exchange(&w->pipe_added, 0) || w->stopping)
+        return;
+    if (!w->hello_active)
+        log_info("scheduler link connected anew: sending Hello until a Resync answers");
+    w->hello_active = 1;
+    uv_timer_start(&w->hello_timer, on_hello_timer, 0, WORKER_HELLO_MS);
+}
+
+static void on_signal(uv_signal_t *s, int signum)
+{
+    worker_stop(s->data, strsignal(signum));
+}
+
+/* The scheduler link: wire_pair_open's PAIR dialer, plus a send buffer and pipe events, which
+ * must be in place before the dial starts (a connection made before them would go unseen). */
+static int open_link(struct worker *w, const char *url)
+{
+    int rv = nng_pair1_open(&w->sock);
+    if (rv != 0)
+        return wire_error(rv, "nng_pair1_open");
+    w->sock_open = 1;
+    if ((rv = nng_socket_set_size(w->sock, NNG_OPT_RECVMAXSZ, WIRE_MAX_MESSAGE_BYTES)) != 0 ||
+        (rv = nng_socket_set_int(w->sock, NNG_OPT_SENDBUF, WORKER_SEND_BUFFER)) != 0 ||
+        (rv = nng_socket_set_ms(w->sock, NNG_OPT_RECONNMINT, 20)) != 0 ||
+        (rv = nng_socket_set_ms(w->sock, NNG_OPT_RECONNMAXT, 100)) != 0 ||
+        (rv = nng_pipe_notify(w->sock, NNG_PIPE_EV_ADD_POST, on_pipe_event, w)) != 0 ||
+        (rv = nng_pipe_notify(w->sock, NNG_PIPE_EV_REM_POST, on_pipe_event, w)) != 0)
+        return wire_error(rv, "scheduler link options");
+    if ((rv = nng_dial(w->sock, url, NULL, NNG_FLAG_NONBLOCK)) != 0)
+        return wire_error(rv, url);
+    return 0;
+}
+
+static int worker_serve(struct worker *w)
+{
+    char url[512], file[48];
+    snprintf(file, sizeof(file), "%s.ipc", w->name);
+    int rc = wire_ipc_url(url, sizeof(url), w->o.run_dir, file);
+    if (rc != 0)
+        return rc;
+
+    if (uv_loop_init(&w->loop) != 0)
+        return pagoda_error_set(PAGODA_EIO, "uv_loop_init failed");
+    uv_timer_init(&w->loop, &w->hello_timer);
+    uv_signal_init(&w->loop, &w->sigterm);
+    uv_signal_init(&w->loop, &w->sigint);
+    uv_async_init(&w->loop, &w->pipe_async, on_pipe_async);
+    w->hello_timer.data = w->sigterm.data = w->sigint.data = w->pipe_async.data = w;
+    w->handles_open = 1;
+    uv_signal_start(&w->sigterm, on_signal, SIGTERM);
+    uv_signal_start(&w->sigint, on_signal, SIGINT);
+
+    if ((rc = open_link(w, url)) != 0)
+        return rc;
+    if ((rc = wire_inbox_open(&w->loop, w->sock, on_message, w, &w->inbox)) != 0)
+        return rc;
+    log_info("dialing the scheduler at %s", url);
+    w->hello_active = 1;
+    uv_timer_start(&w->hello_timer, on_hello_timer, 0, WORKER_HELLO_MS);
+    if (g_stop)
+        worker_stop(w, "signal during start");
+    uv_run(&w->loop, UV_RUN_DEFAULT);
+    return 0;
+}
+
+static void close_cb(uv_handle_t *h)
+{
+    (void)h;
+}
+
+/* Teardown: the inbox and its aio first, then the socket, then the loop's handles. */
+static void worker_fini(struct worker *w)
+{
+    wire_inbox_close(w->inbox);
+    w->inbox = NULL;
+    if (w->sock_open)
+        nng_close(w->sock);
+    if (w->handles_open) {
+        uv_close((uv_handle_t *)&w->hello_timer, close_cb);
+        uv_close((uv_handle_t *)&w->sigterm, close_cb);
+        uv_close((uv_handle_t *)&w->sigint, close_cb);
+        uv_close((uv_handle_t *)&w->pipe_async, close_cb);
+        uv_run(&w->loop, UV_RUN_DEFAULT);
+        uv_loop_close(&w->loop);
+    }
+    mirror_free(w->mirror);
+    backend_close(w->backend);
+    kv_shm_pool_close(w->pool); /* unmaps only: the pool is kvpool's */
+    free(w->tokens);
+    free(w->logprobs);
+    free(w->results);
+    free(w->result_ptrs);
+}
+
+/* ---- main ------------------------------------------------------------------------------------ */
+
+enum {
+    OPT_RUN_DIR = 256,
+    OPT_MODEL,
+    OPT_WORKER_ID,
+    OPT_BACKEND,
+    OPT_STEP_DELAY,
+    OPT_FAULT,
+    OPT_MAX_BATCHED,
+    OPT_MAX_SEQS,
+    OPT_LOG_LEVEL,
+};
+
+static int parse_fault(const char *arg, struct worker_opts *o)
+{
+    const char *eq = strchr(arg, '=');
+    int64_t n;
+    if (eq == NULL)
+        return pagoda_error_set(PAGODA_EINVAL, "--fault %s: expected drop-step=N or drop-result=N",
+                                arg);
+    int rc = parse_i64("--fault", eq + 1, 1, INT64_MAX, &n);
+    if (rc != 0)
+        return rc;
+    size_t klen = (size_t)(eq - arg);
+    if (klen == 9 && strncmp(arg, "drop-step", klen) == 0)
+        o->drop_step = (uint64_t)n;
+    else if (klen == 11 && strncmp(arg, "drop-result", klen) == 0)
+        o->drop_result = (uint64_t)n;
+    else
+        return pagoda_error_set(PAGODA_EINVAL, "--fault %s: expected drop-step=N or drop-result=N",
+                                arg);
+    return 0;
+}
+
+/* Returns 0, 2 for a usage error (after printing it), or 3 for --help. */
+static int parse_args(int argc, char **argv, struct worker_opts *o)
+{
+    static const struct option longopts[] = {
+        {"run-dir", required_argument, NULL, OPT_RUN_DIR},
+        {"model", required_argument, NULL, OPT_MODEL},
+        {"worker-id", required_argument, NULL, OPT_WORKER_ID},
+        {"backend", required_argument, NULL, OPT_BACKEND},
+        {"step-delay-ms", required_argument, NULL, OPT_STEP_DELAY},
+        {"fault", required_argument, NULL, OPT_FAULT},
+        {"max-batched-tokens", required_argument, NULL, OPT_MAX_BATCHED},
+        {"max-seqs", required_argument, NULL, OPT_MAX_SEQS},
+        {"log-level", required_argument, NULL, OPT_LOG_LEVEL},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    int opt, rc = 0;
+    int64_t v;
+    while ((opt = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
+        switch (opt) {
+        case OPT_RUN_DIR:
+            o->run_dir = optarg;
+            break;
+        case OPT_MODEL:
+            o->model = optarg;
+            break;
+        case OPT_WORKER_ID:
+            if ((rc = parse_i64("--worker-id", optarg, 0, WORKER_MAX_ID, &v)) == 0) {
+                o->worker_id = (uint32_t)v;
+                o->worker_id_set = 1;
+            }
+            break;
+        case OPT_BACKEND:
+            if (strcmp(optarg, "cpu") != 0 && strcmp(optarg, "null") != 0)
+                rc = pagoda_error_set(PAGODA_EINVAL, "--backend %s: expected cpu or null", optarg);
+            o->backend = optarg;
+            break;
+        case OPT_STEP_DELAY:
+            if ((rc = parse_i64("--step-delay-ms", optarg, 0, WORKER_MAX_DELAY_MS, &v)) == 0)
+                o->step_delay_ms = (uint32_t)v;
+            break;
+        case OPT_FAULT:
+            rc = parse_fault(optarg, o);
+            break;
+        case OPT_MAX_BATCHED:
+            if ((rc = parse_i64("--max-batched-tokens", optarg, 1, WORKER_MAX_BATCHED_TOKENS,
+                                &v)) == 0)
+                o->max_batched_tokens = (int32_t)v;
+            break;
+        case OPT_MAX_SEQS:
+            if ((rc = parse_i64("--max-seqs", optarg, 1, WORKER_MAX_SEQS, &v)) == 0)
+                o->max_seqs = (int32_t)v;
+            break;
+        case OPT_LOG_LEVEL:
+            o->log_level = optarg;
+            break;
+        case 'h':
+            usage(stdout);
+            return 3;
+        default:
+            usage(stderr);
+            return 2;
+        }
+        if (rc != 0) {
+            char msg[700];
+            fprintf(stderr, "pagoda-worker: %s\n", pagoda_error_message(rc, msg, sizeof(msg)));
+            return 2;
+        }
+    }
+    if (optind != argc || o->run_dir == NULL || o->model == NULL || !o->worker_id_set) {
+        usage(stderr);
+        return 2;
+    }
+    enum log_level level;
+    if (log_level_parse(o->log_level, &level) != 0) {
+        fprintf(stderr, "pagoda-worker: --log-level '%s' is not debug, info, warn or error\n",
+                o->log_level);
+        return 2;
+    }
+    log_set_level(level);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    static struct worker w; /* large and process-wide; zeroed */
+    w.o = (struct worker_opts){
+        .backend = "cpu",
+        .log_level = "info",
+        .max_batched_tokens = 2048,
+        .max_seqs = 256,
+    };
+    log_set_name("worker");
+    int status = parse_args(argc, argv, &w.o);
+    if (status != 0)
+        return status == 3 ? 0 : status;
+    snprintf(w.name, sizeof(w.name), "worker-%u", w.o.worker_id);
+
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = on_early_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    int rc = worker_load(&w);
+    if (rc == 0) {
+        if ((rc = wire_control_ready(w.o.run_dir, w.name)) != 0)
+            log_rc(LOG_DEBUG, "no supervisor told of readiness", rc);
+        rc = worker_serve(&w);
+    }
+    if (rc != 0) {
+        if (g_stop && rc == PAGODA_ECLOSED) {
+            log_info("stopped by a signal during start");
+            rc = 0;
+        } else {
+            log_rc(LOG_ERROR, "worker", rc);
+        }
+    }
+    worker_fini(&w);
+    nng_fini();
+    return rc == 0 ? 0 : 1;
+}
