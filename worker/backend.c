@@ -16,6 +16,24 @@ int backend_forward(struct backend *b, const struct fwd_batch *batch, float *log
     return rc;
 }
 
+int backend_check_pool(const struct model_config *c, const struct kv_geometry *g, enum dtype dtype,
+                       const char *backend_name)
+{
+    if (g->dtype != dtype)
+        return pagoda_error_set(PAGODA_EMISMATCH, "the %s backend needs a %s pool, not %s",
+                                backend_name, dtype_name(dtype), dtype_name(g->dtype));
+    if (g->num_layers != c->num_layers)
+        return pagoda_error_set(PAGODA_EMISMATCH, "pool has %d layers, model %lld", g->num_layers,
+                                (long long)c->num_layers);
+    if (g->num_kv_heads != c->num_kv_heads)
+        return pagoda_error_set(PAGODA_EMISMATCH, "pool has %d KV heads, model %lld",
+                                g->num_kv_heads, (long long)c->num_kv_heads);
+    if (g->head_dim != c->head_dim)
+        return pagoda_error_set(PAGODA_EMISMATCH, "pool has head_dim %d, model %lld", g->head_dim,
+                                (long long)c->head_dim);
+    return 0;
+}
+
 int backend_check_batch(const struct model_config *c, const struct backend_limits *limits,
                         const struct fwd_batch *batch)
 {

@@ -66,6 +66,12 @@ struct sample_row {
 int backend_forward_sample(struct backend *b, const struct fwd_batch *batch,
                            const struct sample_row *rows, int32_t *tokens, float *logprobs);
 
+/* Checks that a pool of geometry g fits the model: the dtype the backend computes in (named
+ * backend_name in the message), and the model's layers, KV heads and head dim. Returns 0 or
+ * PAGODA_EMISMATCH with a detail naming the field. */
+int backend_check_pool(const struct model_config *c, const struct kv_geometry *g, enum dtype dtype,
+                       const char *backend_name);
+
 /* Checks what every backend checks before a forward pass and the attention plan does not:
  * the step's size against the limits, token ids against the vocabulary, positions against the
  * model's positions, logits rows inside the step. Returns 0 or PAGODA_ERANGE with a detail. */

@@ -98,23 +98,6 @@ struct cpu_backend_options cpu_backend_default_options(void)
     return o;
 }
 
-static int check_pool(const struct model_config *c, const struct kv_geometry *g)
-{
-    if (g->dtype != DTYPE_F32)
-        return pagoda_error_set(PAGODA_EMISMATCH, "the CPU backend needs an f32 pool, not %s",
-                                dtype_name(g->dtype));
-    if (g->num_layers != c->num_layers)
-        return pagoda_error_set(PAGODA_EMISMATCH, "pool has %d layers, model %lld", g->num_layers,
-                                (long long)c->num_layers);
-    if (g->num_kv_heads != c->num_kv_heads)
-        return pagoda_error_set(PAGODA_EMISMATCH, "pool has %d KV heads, model %lld",
-                                g->num_kv_heads, (long long)c->num_kv_heads);
-    if (g->head_dim != c->head_dim)
-        return pagoda_error_set(PAGODA_EMISMATCH, "pool has head_dim %d, model %lld", g->head_dim,
-                                (long long)c->head_dim);
-    return 0;
-}
-
 static int load_layers(struct cpu_backend *b, const struct model_weights *w)
 {
     int64_t n = b->base.config.num_layers;
@@ -170,7 +153,7 @@ int cpu_backend_open(const struct model_weights *w, const struct kv_geometry *g,
                      const struct cpu_backend_options *opt, struct backend **out)
 {
     const struct model_config *c = &w->config;
-    int rc = check_pool(c, g);
+    int rc = backend_check_pool(c, g, DTYPE_F32, "CPU");
     if (rc != 0)
         return rc;
     struct cpu_backend *b = calloc(1, sizeof(*b));

@@ -294,27 +294,11 @@ static int alloc_activations(struct cuda_backend *b)
     return 0;
 }
 
-static int check_pool(const struct model_config *c, const struct kv_geometry *g)
-{
-    if (g->dtype != DTYPE_BF16)
-        return pagoda_error_set(PAGODA_EMISMATCH, "the CUDA backend needs a bf16 pool, not %s",
-                                dtype_name(g->dtype));
-    if (g->num_layers != c->num_layers || g->num_kv_heads != c->num_kv_heads ||
-        g->head_dim != c->head_dim)
-        return pagoda_error_set(PAGODA_EMISMATCH,
-                                "pool (%d layers, %d KV heads, head_dim %d) does not fit the model "
-                                "(%lld, %lld, %lld)",
-                                g->num_layers, g->num_kv_heads, g->head_dim,
-                                (long long)c->num_layers, (long long)c->num_kv_heads,
-                                (long long)c->head_dim);
-    return 0;
-}
-
 int cuda_backend_open(const struct model_config *cfg, const struct model_weights *w,
                       uint64_t random_seed, const struct kv_geometry *g, void *pool,
                       const struct cuda_backend_options *opt, struct backend **out)
 {
-    int rc = check_pool(cfg, g);
+    int rc = backend_check_pool(cfg, g, DTYPE_BF16, "CUDA");
     if (rc != 0)
         return rc;
     struct cuda_backend *b = calloc(1, sizeof(*b));
