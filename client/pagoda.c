@@ -24,6 +24,7 @@
 struct pagoda_client {
     nng_socket sock;
     atomic_uint timeout_ms;
+    char *api_key; /* sent with every call; NULL: none */
 };
 
 /* NNG's codes become PAGODA_E* codes here and travel no further. */
@@ -109,7 +110,25 @@ void pagoda_client_close(pagoda_client *c)
     if (c == NULL)
         return;
     nng_close(c->sock);
+    free(c->api_key);
     free(c);
+}
+
+int pagoda_client_set_api_key(pagoda_client *c, const char *api_key)
+{
+    if (c == NULL)
+        return pagoda_error_set(PAGODA_EINVAL, "pagoda_client_set_api_key: NULL client");
+    char *copy = NULL;
+    if (api_key != NULL) {
+        if (strlen(api_key) > PAGODA_MAX_API_KEY_BYTES)
+            return pagoda_error_set(PAGODA_ERANGE, "the API key is longer than %u bytes",
+                                    PAGODA_MAX_API_KEY_BYTES);
+        if ((copy = strdup(api_key)) == NULL)
+            return PAGODA_ENOMEM;
+    }
+    free(c->api_key);
+    c->api_key = copy;
+    return 0;
 }
 
 void pagoda_client_set_timeout_ms(pagoda_client *c, uint32_t timeout_ms)
@@ -126,6 +145,7 @@ static int call(pagoda_client *c, Pagoda__ClientRequest *req, uint32_t wait_ms,
 {
     req->has_protocol_version = 1;
     req->protocol_version = CLIENT_PROTOCOL_VERSION;
+    req->api_key = c->api_key;
     size_t len = protobuf_c_message_get_packed_size(&req->base);
     if (len > CLIENT_MAX_REQUEST_BYTES)
         return pagoda_error_set(PAGODA_ERANGE,

@@ -28,6 +28,8 @@
 #define PAGODA_POLL_WAIT_MS_MAX 30000u
 /* The default time a call may take beyond its poll wait (connecting included). */
 #define PAGODA_DEFAULT_TIMEOUT_MS 30000u
+/* The longest API key pagoda_client_set_api_key accepts. */
+#define PAGODA_MAX_API_KEY_BYTES 256u
 /* The largest reply the client accepts (NNG_OPT_RECVMAXSZ). */
 #define PAGODA_MAX_REPLY_BYTES (64u << 20)
 
@@ -104,6 +106,11 @@ void pagoda_client_close(pagoda_client *c);
 /* Sets how long a call may take beyond its poll wait (default PAGODA_DEFAULT_TIMEOUT_MS, at
  * least 1). A call that runs out returns PAGODA_ETIMEDOUT. Not to be changed while calls run. */
 void pagoda_client_set_timeout_ms(pagoda_client *c, uint32_t timeout_ms);
+
+/* Sets the API key sent with every later call (the router maps it to a tenant); NULL sends
+ * none. The key is copied. Not to be changed while calls run. Errors: PAGODA_EINVAL (c is
+ * NULL), PAGODA_ERANGE (longer than PAGODA_MAX_API_KEY_BYTES), PAGODA_ENOMEM. */
+int pagoda_client_set_api_key(pagoda_client *c, const char *api_key);
 
 /* Submits a request for prompt (n token ids) under a new random id, written to request_id_out.
  * Returns once the router has registered it. Errors: PAGODA_EINVAL or PAGODA_ERANGE (params or

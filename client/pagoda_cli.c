@@ -1,6 +1,7 @@
 /* pagoda: the command-line client of a pagoda router (libpagoda).
  *
- *   pagoda [--url URL] generate --tokens 1,2,3 [--max-tokens N] [sampling flags] [--stream]
+ *   pagoda [--url URL] [--api-key KEY] generate --tokens 1,2,3 [--max-tokens N] [sampling flags]
+ * [--stream]
  *                                [--json]
  *   pagoda [--url URL] stats [--json]
  *   pagoda [--url URL] health
@@ -32,7 +33,9 @@ static void usage(FILE *f)
         "              [--ignore-eos] [--stream] [--json] [--timeout-ms MS]\n"
         "       pagoda [--url URL] stats [--json]\n"
         "       pagoda [--url URL] health\n"
-        "URL: the router's address, default %s.\n"
+        "Global flags (before the command): --url URL, --api-key KEY.\n"
+        "URL: the router's address, default %s. KEY: the API key the router knows the\n"
+        "caller's tenant by.\n"
         "generate: greedy (temperature 0) and 16 tokens unless told otherwise; prints the\n"
         "token ids, or with --json one line {\"id\", \"token_ids\", \"logprobs\",\n"
         "\"finish_reason\", \"usage\"}. --stream prints tokens as they arrive (with --json, one\n"
@@ -132,6 +135,7 @@ enum {
     OPT_STREAM,
     OPT_JSON,
     OPT_TIMEOUT,
+    OPT_API_KEY,
 };
 
 static const struct option longopts[] = {
@@ -151,12 +155,14 @@ static const struct option longopts[] = {
     {"stream", no_argument, NULL, OPT_STREAM},
     {"json", no_argument, NULL, OPT_JSON},
     {"timeout-ms", required_argument, NULL, OPT_TIMEOUT},
+    {"api-key", required_argument, NULL, OPT_API_KEY},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
 };
 
 struct cli {
     const char *url;
+    const char *api_key; /* NULL: none */
     int32_t *prompt;
     size_t num_prompt;
     int32_t *stop_ids;
@@ -172,11 +178,14 @@ static int parse_flag(struct cli *o, int opt, const char *arg)
     int64_t i;
     int rc;
     size_t n;
-    if (opt != OPT_URL && opt != OPT_JSON && opt != OPT_TIMEOUT)
+    if (opt != OPT_URL && opt != OPT_JSON && opt != OPT_TIMEOUT && opt != OPT_API_KEY)
         o->generate = 1;
     switch (opt) {
     case OPT_URL:
         o->url = arg;
+        return 0;
+    case OPT_API_KEY:
+        o->api_key = arg;
         return 0;
     case OPT_TOKENS:
         free(o->prompt);
@@ -375,6 +384,12 @@ int main(int argc, char **argv)
         } else if (strncmp(argv[i], "--url=", 6) == 0) {
             o.url = argv[i] + 6;
             i++;
+        } else if (strcmp(argv[i], "--api-key") == 0 && i + 1 < argc) {
+            o.api_key = argv[i + 1];
+            i += 2;
+        } else if (strncmp(argv[i], "--api-key=", 10) == 0) {
+            o.api_key = argv[i] + 10;
+            i++;
         } else {
             fprintf(stderr, "pagoda: unknown option '%s' before the command\n", argv[i]);
             usage(stderr);
@@ -414,11 +429,15 @@ int main(int argc, char **argv)
         goto out;
     }
     if (!is_generate && o.generate) {
-        fprintf(stderr, "pagoda: %s takes only --url and --json\n", cmd);
+        fprintf(stderr, "pagoda: %s takes only --url, --api-key and --json\n", cmd);
         goto out;
     }
     if ((rc = pagoda_client_open(o.url, &c)) != 0) {
         status = bad_flags(rc); /* a malformed address */
+        goto out;
+    }
+    if (o.api_key != NULL && (rc = pagoda_client_set_api_key(c, o.api_key)) != 0) {
+        status = bad_flags(rc);
         goto out;
     }
     if (o.timeout_ms)

@@ -1,4 +1,5 @@
 #include "router/router.h"
+#include "router/tenants.h"
 
 #include "common/error.h"
 #include "common/log.h"
@@ -72,7 +73,9 @@ struct submit_params {
 };
 
 struct request {
-    uint8_t id[ID_BYTES];
+    uint8_t id[ID_BYTES];       /* the client's id, unique within its tenant */
+    uint8_t sched_id[ID_BYTES]; /* the id the scheduler knows it by, unique in the router */
+    uint32_t tenant;            /* index into router.tenant_names */
     struct request *hash_next;
     struct request *prev, *next; /* the live list or the finished list (oldest first) */
     struct submit_params p;      /* prompt and stop_ids point into the two arrays below */
@@ -122,6 +125,13 @@ struct router {
     atomic_uint link_gen; /* bumped by every pipe that joins the link */
     unsigned link_gen_seen;
 
+    struct router_tenants *tenants; /* NULL: one tenant, ROUTER_DEFAULT_TENANT, any key */
+    uint32_t num_tenants;
+    const char **tenant_names;
+    uint32_t *tenant_live;  /* each tenant's admitted, unfinished requests */
+    uint32_t *tenant_limit; /* and how many it may have (max_running + max_waiting) */
+    uint64_t id_seed;
+
     struct request **buckets;
     size_t num_buckets; /* a power of two */
     uint64_t hash_seed;
@@ -131,7 +141,7 @@ struct router {
     struct rctx *stats_waiters;
     uint64_t stats_cookie;
 
-    uint64_t malformed_requests, malformed_internal, unknown_events, event_gaps;
+    uint64_t malformed_requests, malformed_internal, unknown_events, event_gaps, refused_keys;
 
     int draining;
     uint64_t drain_deadline_ms;
@@ -211,12 +221,47 @@ static size_t bucket_of(const struct router *r, const uint8_t *id)
     return (size_t)XXH3_64bits_withSeed(id, ID_BYTES, r->hash_seed) & (r->num_buckets - 1);
 }
 
-static struct request *registry_find(const struct router *r, const uint8_t *id)
+/* The request the scheduler knows by sched_id. */
+static struct request *registry_find(const struct router *r, const uint8_t *sched_id)
 {
-    for (struct request *q = r->buckets[bucket_of(r, id)]; q != NULL; q = q->hash_next)
-        if (memcmp(q->id, id, ID_BYTES) == 0)
+    for (struct request *q = r->buckets[bucket_of(r, sched_id)]; q != NULL; q = q->hash_next)
+        if (memcmp(q->sched_id, sched_id, ID_BYTES) == 0)
             return q;
     return NULL;
+}
+
+/* The id the scheduler knows a tenant's request by. Two tenants may use the same client id, so
+ * with a tenants file it is a keyed 128-bit hash of (tenant, id) (the key drawn at start);
+ * with the one default tenant it is the client's id itself. */
+static void sched_id_of(const struct router *r, uint32_t tenant, const uint8_t *id,
+                        uint8_t out[ID_BYTES])
+{
+    if (r->tenants == NULL) {
+        memcpy(out, id, ID_BYTES);
+        return;
+    }
+    uint8_t buf[ROUTER_TENANT_NAME_MAX + 1 + ID_BYTES];
+    size_t n = strlen(r->tenant_names[tenant]);
+    memcpy(buf, r->tenant_names[tenant], n);
+    buf[n] = 0;
+    memcpy(buf + n + 1, id, ID_BYTES);
+    XXH128_hash_t h = XXH3_128bits_withSeed(buf, n + 1 + ID_BYTES, r->id_seed);
+    XXH128_canonical_t c;
+    XXH128_canonicalFromHash(&c, h);
+    memcpy(out, c.digest, ID_BYTES);
+}
+
+/* The caller's request with this id: another tenant's is not found, exactly like an id never
+ * submitted, so that ids do not leak between tenants. */
+static struct request *registry_find_client(const struct router *r, uint32_t tenant,
+                                            const uint8_t *id)
+{
+    uint8_t sched_id[ID_BYTES];
+    sched_id_of(r, tenant, id, sched_id);
+    struct request *q = registry_find(r, sched_id);
+    if (q != NULL && (q->tenant != tenant || memcmp(q->id, id, ID_BYTES) != 0))
+        return NULL;
+    return q;
 }
 
 static void request_free(struct request *q)
@@ -234,10 +279,12 @@ static void request_free(struct request *q)
 /* Forgets a finished request: its id becomes unknown (PAGODA_ENOENT). */
 static void registry_drop(struct router *r, struct request *q)
 {
-    struct request **pp = &r->buckets[bucket_of(r, q->id)];
+    struct request **pp = &r->buckets[bucket_of(r, q->sched_id)];
     while (*pp != q)
         pp = &(*pp)->hash_next;
     *pp = q->hash_next;
+    if (q->finish == PAGODA__FINISH_REASON__FINISH_NONE)
+        r->tenant_live[q->tenant]--;
     list_remove(q->finish == PAGODA__FINISH_REASON__FINISH_NONE ? &r->live : &r->finished, q);
     if (q->need_submit || q->need_cancel)
         r->num_pending--;
@@ -451,9 +498,9 @@ static int send_submit(struct router *r, struct request *q)
 
     Pagoda__Internal__SubmitSeq sub = PAGODA__INTERNAL__SUBMIT_SEQ__INIT;
     sub.has_request_id = 1;
-    sub.request_id.data = q->id;
+    sub.request_id.data = q->sched_id;
     sub.request_id.len = ID_BYTES;
-    sub.tenant = (char *)ROUTER_DEFAULT_TENANT;
+    sub.tenant = (char *)r->tenant_names[q->tenant];
     sub.n_prompt_token_ids = q->p.num_prompt;
     sub.prompt_token_ids = q->prompt;
     sub.sampling = &sp;
@@ -478,7 +525,7 @@ static int send_cancel(struct router *r, struct request *q)
 {
     Pagoda__Internal__CancelSeq cancel = PAGODA__INTERNAL__CANCEL_SEQ__INIT;
     cancel.has_request_id = 1;
-    cancel.request_id.data = q->id;
+    cancel.request_id.data = q->sched_id;
     cancel.request_id.len = ID_BYTES;
     Pagoda__Internal__ToScheduler env = PAGODA__INTERNAL__TO_SCHEDULER__INIT;
     env.has_protocol_version = 1;
@@ -541,6 +588,7 @@ static void finish_request(struct router *r, struct request *q, Pagoda__FinishRe
     if (q->finish != PAGODA__FINISH_REASON__FINISH_NONE)
         return;
     list_remove(&r->live, q);
+    r->tenant_live[q->tenant]--;
     q->finish = reason;
     q->finished_at_ms = uv_now(r->loop);
     q->error_code = error_code;
@@ -816,12 +864,15 @@ static int submit_params_equal(const struct submit_params *a, const struct submi
            a->ignore_eos == b->ignore_eos && a->logprobs == b->logprobs;
 }
 
-static struct request *request_new(const uint8_t *id, const struct submit_params *p)
+static struct request *request_new(const struct router *r, uint32_t tenant, const uint8_t *id,
+                                   const struct submit_params *p)
 {
     struct request *q = calloc(1, sizeof(*q));
     if (q == NULL)
         return NULL;
     memcpy(q->id, id, ID_BYTES);
+    q->tenant = tenant;
+    sched_id_of(r, tenant, id, q->sched_id);
     q->p = *p;
     q->prompt = malloc(p->num_prompt * sizeof(int32_t));
     q->stop_ids = malloc((p->num_stop ? p->num_stop : 1) * sizeof(int32_t));
@@ -840,6 +891,15 @@ static struct request *request_new(const uint8_t *id, const struct submit_params
     return q;
 }
 
+/* Whether another request already holds the scheduler id that (tenant, id) maps to: a 128-bit
+ * hash collision, which is never expected, but must not merge two requests. */
+static int sched_id_taken(const struct router *r, uint32_t tenant, const uint8_t *id)
+{
+    uint8_t sched_id[ID_BYTES];
+    sched_id_of(r, tenant, id, sched_id);
+    return registry_find(r, sched_id) != NULL;
+}
+
 static int read_id(const ProtobufCBinaryData *id, int has)
 {
     if (!has || id->len != ID_BYTES)
@@ -848,7 +908,8 @@ static int read_id(const ProtobufCBinaryData *id, int has)
     return 0;
 }
 
-static void handle_submit(struct router *r, struct rctx *c, const Pagoda__SubmitRequest *s)
+static void handle_submit(struct router *r, struct rctx *c, uint32_t tenant,
+                          const Pagoda__SubmitRequest *s)
 {
     struct submit_params p;
     int rc = read_id(&s->request_id, s->has_request_id);
@@ -858,7 +919,7 @@ static void handle_submit(struct router *r, struct rctx *c, const Pagoda__Submit
         reply_error(c, rc, "submit: %s", pagoda_error_detail());
         return;
     }
-    struct request *q = registry_find(r, s->request_id.data);
+    struct request *q = registry_find_client(r, tenant, s->request_id.data);
     if (q != NULL) {
         /* A resent Submit (NNG's REQ resends on a timeout or a lost connection): the same
          * request. The same id for something else is the client's mistake. */
@@ -877,30 +938,44 @@ static void handle_submit(struct router *r, struct rctx *c, const Pagoda__Submit
         return;
     }
     if (r->live.count >= r->cfg.max_live_requests) {
-        reply_error(c, PAGODA_EEXHAUSTED, "submit: %u requests are running, the limit",
+        reply_error(c, PAGODA_EEXHAUSTED,
+                    "submit: the router holds %u unfinished requests, its limit: retry later",
                     r->live.count);
         return;
     }
-    if ((q = request_new(s->request_id.data, &p)) == NULL) {
+    if (r->tenant_live[tenant] >= r->tenant_limit[tenant]) {
+        reply_error(c, PAGODA_EEXHAUSTED,
+                    "submit: this tenant has %u unfinished requests, its limit (max_running + "
+                    "max_waiting): retry later",
+                    r->tenant_live[tenant]);
+        return;
+    }
+    if (sched_id_taken(r, tenant, s->request_id.data)) {
+        reply_error(c, PAGODA_EEXIST, "submit: request id collides, choose another");
+        return;
+    }
+    if ((q = request_new(r, tenant, s->request_id.data, &p)) == NULL) {
         reply_error(c, PAGODA_ENOMEM, "submit: out of memory");
         return;
     }
-    size_t b = bucket_of(r, q->id);
+    size_t b = bucket_of(r, q->sched_id);
     q->hash_next = r->buckets[b];
     r->buckets[b] = q;
     list_push(&r->live, q);
+    r->tenant_live[tenant]++;
     set_pending(r, q, &q->need_submit, 1);
     flush_pending(r);
     reply_submitted(c, q);
 }
 
-static void handle_poll(struct router *r, struct rctx *c, const Pagoda__PollRequest *poll)
+static void handle_poll(struct router *r, struct rctx *c, uint32_t tenant,
+                        const Pagoda__PollRequest *poll)
 {
     if (read_id(&poll->request_id, poll->has_request_id) != 0) {
         reply_error(c, PAGODA_EINVAL, "poll: %s", pagoda_error_detail());
         return;
     }
-    struct request *q = registry_find(r, poll->request_id.data);
+    struct request *q = registry_find_client(r, tenant, poll->request_id.data);
     if (q == NULL) {
         reply_error(c, PAGODA_ENOENT,
                     "poll: no request with this id (never submitted, or its result expired)");
@@ -928,13 +1003,14 @@ static void handle_poll(struct router *r, struct rctx *c, const Pagoda__PollRequ
     uv_timer_start(&c->timer, on_park_timeout, wait_ms, 0);
 }
 
-static void handle_cancel(struct router *r, struct rctx *c, const Pagoda__CancelRequest *cancel)
+static void handle_cancel(struct router *r, struct rctx *c, uint32_t tenant,
+                          const Pagoda__CancelRequest *cancel)
 {
     if (read_id(&cancel->request_id, cancel->has_request_id) != 0) {
         reply_error(c, PAGODA_EINVAL, "cancel: %s", pagoda_error_detail());
         return;
     }
-    struct request *q = registry_find(r, cancel->request_id.data);
+    struct request *q = registry_find_client(r, tenant, cancel->request_id.data);
     if (q == NULL) {
         reply_error(c, PAGODA_ENOENT,
                     "cancel: no request with this id (never submitted, or its result expired)");
@@ -986,6 +1062,20 @@ static void handle_stats(struct router *r, struct rctx *c)
     uv_timer_start(&c->timer, on_park_timeout, r->cfg.stats_timeout_ms, 0);
 }
 
+/* Maps an API key to its tenant. Without a tenants file every call (with any key or none)
+ * belongs to the one default tenant. */
+static int authenticate(const struct router *r, const char *api_key, uint32_t *tenant)
+{
+    *tenant = 0;
+    if (r->tenants == NULL)
+        return 0;
+    const struct router_tenant *t = router_tenants_find_key(r->tenants, api_key);
+    if (t == NULL)
+        return PAGODA_EPERM;
+    *tenant = (uint32_t)(t - r->tenants->tenants);
+    return 0;
+}
+
 /* Loop thread: one call from a client. Every path answers the call or parks it. */
 static void handle_call(struct router *r, struct rctx *c)
 {
@@ -1001,15 +1091,28 @@ static void handle_call(struct router *r, struct rctx *c)
                     len);
         return;
     }
+    uint32_t tenant = 0;
+    if (req->call_case == PAGODA__CLIENT_REQUEST__CALL_SUBMIT ||
+        req->call_case == PAGODA__CLIENT_REQUEST__CALL_POLL ||
+        req->call_case == PAGODA__CLIENT_REQUEST__CALL_CANCEL ||
+        req->call_case == PAGODA__CLIENT_REQUEST__CALL_STATS) {
+        if (authenticate(r, req->api_key, &tenant) != 0) {
+            /* The same answer for a missing and a wrong key, and nothing about who exists. */
+            r->refused_keys++;
+            reply_error(c, PAGODA_EPERM, "unknown API key");
+            protobuf_c_message_free_unpacked(&req->base, NULL);
+            return;
+        }
+    }
     switch (req->call_case) {
     case PAGODA__CLIENT_REQUEST__CALL_SUBMIT:
-        handle_submit(r, c, req->submit);
+        handle_submit(r, c, tenant, req->submit);
         break;
     case PAGODA__CLIENT_REQUEST__CALL_POLL:
-        handle_poll(r, c, req->poll);
+        handle_poll(r, c, tenant, req->poll);
         break;
     case PAGODA__CLIENT_REQUEST__CALL_CANCEL:
-        handle_cancel(r, c, req->cancel);
+        handle_cancel(r, c, tenant, req->cancel);
         break;
     case PAGODA__CLIENT_REQUEST__CALL_HEALTH:
         handle_health(r, c);
@@ -1146,6 +1249,10 @@ static void router_free(struct router *r)
     }
     free(r->buckets);
     free(r->ctxs);
+    router_tenants_free(r->tenants);
+    free(r->tenant_names);
+    free(r->tenant_live);
+    free(r->tenant_limit);
     if (r->lock_init)
         pthread_mutex_destroy(&r->lock);
     free(r->run_dir);
@@ -1256,6 +1363,33 @@ static int open_rep(struct router *r)
     return 0;
 }
 
+/* Loads the tenants file, or sets up the one default tenant (bounded only by the global limit). */
+static int open_tenants(struct router *r, const struct router_config *cfg)
+{
+    int rc;
+    if (cfg->tenants_file != NULL &&
+        (rc = router_tenants_load(cfg->tenants_file, &r->tenants)) != 0)
+        return rc;
+    r->num_tenants = r->tenants ? r->tenants->count : 1;
+    r->tenant_names = calloc(r->num_tenants, sizeof(*r->tenant_names));
+    r->tenant_live = calloc(r->num_tenants, sizeof(*r->tenant_live));
+    r->tenant_limit = calloc(r->num_tenants, sizeof(*r->tenant_limit));
+    if (r->tenant_names == NULL || r->tenant_live == NULL || r->tenant_limit == NULL)
+        return PAGODA_ENOMEM;
+    if (r->tenants == NULL) {
+        r->tenant_names[0] = ROUTER_DEFAULT_TENANT;
+        r->tenant_limit[0] = cfg->max_live_requests;
+        return 0;
+    }
+    for (uint32_t i = 0; i < r->num_tenants; i++) {
+        const struct router_tenant *t = &r->tenants->tenants[i];
+        r->tenant_names[i] = t->name;
+        r->tenant_limit[i] = t->max_running + t->max_waiting;
+    }
+    log_info("%u tenants from %s", r->num_tenants, cfg->tenants_file);
+    return 0;
+}
+
 static int check_config(const struct router_config *cfg)
 {
     if (cfg->run_dir == NULL && cfg->scheduler_url == NULL)
@@ -1292,6 +1426,7 @@ int router_open(uv_loop_t *loop, const struct router_config *cfg, struct router 
     r->cfg.run_dir = r->run_dir;
     r->cfg.listen_url = r->listen_url;
     r->cfg.scheduler_url = NULL;
+    r->cfg.tenants_file = NULL;
     if (cfg->scheduler_url != NULL) {
         int n = snprintf(r->sched_url, sizeof(r->sched_url), "%s", cfg->scheduler_url);
         if (n < 0 || (size_t)n >= sizeof(r->sched_url)) {
@@ -1313,6 +1448,9 @@ int router_open(uv_loop_t *loop, const struct router_config *cfg, struct router 
         goto fail;
     }
     r->hash_seed = random_u64();
+    r->id_seed = random_u64();
+    if ((rc = open_tenants(r, cfg)) != 0)
+        goto fail;
     if (pthread_mutex_init(&r->lock, NULL) != 0) {
         rc = pagoda_error_set(PAGODA_EIO, "router: pthread_mutex_init failed");
         goto fail;

@@ -16,9 +16,22 @@
  * treat a SubmitSeq for an id it already holds as a no-op.
  *
  * Decisions (minimal first version; a later issue adds the rest):
- *  - No authentication yet: api_key is ignored and every request belongs to tenant "default".
- *  - Deduplication is on the request id: the same id with the same parameters (after defaults
- *    are applied) answers with the existing request, other parameters are PAGODA_EEXIST.
+ *  - Tenants (router/tenants.h): without a tenants file, api_key is ignored and every request
+ *    belongs to tenant "default" (bounded only by max_live_requests). With one, Submit, Poll,
+ *    Cancel and Stats need a key of a tenant: any other key, or none, is PAGODA_EPERM "unknown
+ *    API key" (the answer says nothing about which tenants or keys exist). Health needs no key
+ *    (load balancers ask it). SubmitSeq.tenant carries the tenant's name.
+ *  - Request ids are per tenant: two tenants may use the same id. The scheduler knows a request
+ *    by a keyed 128-bit hash of (tenant, id) (with no tenants file: the id itself), so its ids
+ *    stay unique. Another tenant's id answers Poll and Cancel exactly like an unknown id
+ *    (PAGODA_ENOENT), so ids do not leak between tenants.
+ *  - Admission: a Submit is refused with PAGODA_EEXHAUSTED when the router holds
+ *    max_live_requests unfinished requests, or the tenant holds max_running + max_waiting of
+ *    them (the scheduler enforces the split between running and waiting). A refusal changes
+ *    nothing already admitted.
+ *  - Deduplication is on (tenant, request id): the same id with the same parameters (after
+ *    defaults are applied) answers with the existing request, other parameters are
+ *    PAGODA_EEXIST.
  *  - Cancel finishes the request in the router at once (FINISH_CANCELLED) and tells the
  *    scheduler; tokens that arrive later are ignored.
  *  - A request that finishes with an error (FINISH_ERROR) is reported in a successful Poll:
@@ -40,7 +53,7 @@
 /* The protocol version of proto/pagoda.proto that this router speaks. */
 #define ROUTER_CLIENT_PROTOCOL_VERSION 1u
 
-/* The tenant of every request until authentication exists. */
+/* The tenant of every request when there is no tenants file. */
 #define ROUTER_DEFAULT_TENANT "default"
 
 /* Defaults of struct router_config. */
@@ -63,6 +76,7 @@ struct router_config {
     const char *run_dir;            /* control.ipc lives here; the scheduler link unless below */
     const char *listen_url;         /* tcp://HOST:PORT or ipc://PATH */
     const char *scheduler_url;      /* NULL: ipc://RUN_DIR/scheduler.ipc */
+    const char *tenants_file;       /* router/tenants.h; NULL: one tenant, any key */
     uint32_t num_contexts;          /* client calls in flight at once, parked polls included */
     uint32_t max_live_requests;     /* admitted, unfinished; more is PAGODA_EEXHAUSTED */
     uint32_t max_finished_requests; /* finished results kept (oldest dropped first), >= 1 */
@@ -83,7 +97,8 @@ void router_config_default(struct router_config *cfg);
  * The strings in cfg are copied. On success *out is released with router_close. On error the
  * partly built router has already been closed, and the caller must run the loop until it has no
  * handles left (uv_run(loop, UV_RUN_DEFAULT)) before closing it. Errors: PAGODA_EINVAL (a bad
- * configuration or address), PAGODA_ENOMEM, PAGODA_EIO (a socket could not listen or dial). */
+ * configuration or address), PAGODA_ENOMEM, PAGODA_EIO (a socket could not listen or dial), and
+ * those of router_tenants_load (a bad tenants file, with the field named in the detail). */
 int router_open(uv_loop_t *loop, const struct router_config *cfg, struct router **out);
 
 /* Called once when a drain ends: drained is 1 when every request finished (and its result went

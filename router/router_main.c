@@ -29,9 +29,11 @@ static void usage(FILE *f)
                "                     [--log-level debug|info|warn|error] [--contexts N]\n"
                "                     [--max-requests N] [--max-finished N] [--finished-ttl-ms MS]\n"
                "                     [--max-prompt-tokens N] [--max-new-tokens N]\n"
-               "                     [--drain-timeout-ms MS]\n"
+               "                     [--drain-timeout-ms MS] [--tenants FILE]\n"
                "--listen: tcp://HOST:PORT or ipc://PATH (clients' address).\n"
-               "--scheduler: the scheduler link (default ipc://DIR/scheduler.ipc).\n");
+               "--scheduler: the scheduler link (default ipc://DIR/scheduler.ipc).\n"
+               "--tenants: JSON {\"tenants\": [{\"name\", \"api_keys\": [...], \"max_running\",\n"
+               "           \"max_waiting\"}]}; without it every key is the \"default\" tenant.\n");
 }
 
 static int fail(int rc)
@@ -100,6 +102,7 @@ enum {
     OPT_MAX_PROMPT,
     OPT_MAX_NEW,
     OPT_DRAIN_TIMEOUT,
+    OPT_TENANTS,
 };
 
 static int parse_flag(int opt, const char *arg, struct router_config *cfg)
@@ -132,6 +135,9 @@ static int parse_flag(int opt, const char *arg, struct router_config *cfg)
         return parse_u32("--max-prompt-tokens", arg, 1, 1 << 24, &cfg->max_prompt_tokens);
     case OPT_MAX_NEW:
         return parse_u32("--max-new-tokens", arg, 1, 1 << 24, &cfg->max_new_tokens);
+    case OPT_TENANTS:
+        cfg->tenants_file = arg;
+        return 0;
     case OPT_DRAIN_TIMEOUT:
         return parse_u32("--drain-timeout-ms", arg, 0, UINT32_MAX, &cfg->drain_timeout_ms);
     default:
@@ -153,6 +159,7 @@ int main(int argc, char **argv)
         {"max-prompt-tokens", required_argument, NULL, OPT_MAX_PROMPT},
         {"max-new-tokens", required_argument, NULL, OPT_MAX_NEW},
         {"drain-timeout-ms", required_argument, NULL, OPT_DRAIN_TIMEOUT},
+        {"tenants", required_argument, NULL, OPT_TENANTS},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };

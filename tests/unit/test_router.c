@@ -9,6 +9,7 @@
 #include "client/pagoda.h"
 #include "common/error.h"
 #include "proto/pagoda.pb-c.h"
+#include "router/tenants.h"
 #include "tests/unit/router_fake_scheduler.h"
 
 #include <nng/nng.h>
@@ -685,6 +686,287 @@ static void test_drain_timeout_exits_nonzero(void **state)
     rtr_env_stop(e);
 }
 
+/* ---- tenants ------------------------------------------------------------------------------ */
+
+static const char tenants_json[] =
+    "{\"tenants\": ["
+    "{\"name\": \"alice\", \"api_keys\": [\"alice-key-1\", \"alice-key-2\"], \"max_running\": 4,"
+    " \"max_waiting\": 4},"
+    "{\"name\": \"bob\", \"api_keys\": [\"bob-key\"]},"
+    "{\"name\": \"carol\", \"api_keys\": [\"carol-key\"], \"max_running\": 2, \"max_waiting\": 1}"
+    "]}";
+
+static char tenants_path[64];
+
+static pagoda_client *open_tenant_client(const struct rtr_env *e, const char *key)
+{
+    pagoda_client *c = open_client(e);
+    assert_int_equal(pagoda_client_set_api_key(c, key), 0);
+    return c;
+}
+
+static int tenants_setup(void **state)
+{
+    static struct rtr_env env;
+    snprintf(tenants_path, sizeof(tenants_path), "/tmp/pagoda-tenants-XXXXXX");
+    int fd = mkstemp(tenants_path);
+    if (fd < 0)
+        return -1;
+    ssize_t n = write(fd, tenants_json, sizeof(tenants_json) - 1);
+    close(fd);
+    if (n != (ssize_t)sizeof(tenants_json) - 1)
+        return -1;
+    /* A global bound of 9: alice (8) and carol (3) together can reach it. */
+    const char *const args[] = {"--tenants", tenants_path, "--max-requests", "9", NULL};
+    if (rtr_env_start(&env, args) != 0)
+        return -1;
+    *state = &env;
+    return 0;
+}
+
+static int tenants_teardown(void **state)
+{
+    unlink(tenants_path);
+    return group_teardown(state);
+}
+
+/* Parses doc; expects code and, when field is not NULL, a detail that names it. */
+static void expect_tenants_error(const char *doc, int code, const char *field)
+{
+    struct router_tenants *t = NULL;
+    int rc = router_tenants_parse(doc, strlen(doc), "t.json", &t);
+    if (rc != code || (field != NULL && strstr(pagoda_error_detail(), field) == NULL))
+        fail_msg("for %s: got %d (%s), expected %d naming %s", doc, rc, pagoda_error_detail(), code,
+                 field ? field : "-");
+    assert_null(t);
+}
+
+static void test_tenants_file_errors_name_the_field(void **state)
+{
+    (void)state;
+    struct router_tenants *t = NULL;
+    assert_int_equal(router_tenants_parse(tenants_json, strlen(tenants_json), "t.json", &t), 0);
+    assert_int_equal(t->count, 3);
+    assert_string_equal(t->tenants[1].name, "bob");
+    assert_int_equal(t->tenants[1].max_running, ROUTER_TENANT_DEFAULT_MAX_RUNNING);
+    assert_int_equal(t->tenants[1].max_waiting, ROUTER_TENANT_DEFAULT_MAX_WAITING);
+    assert_int_equal(t->tenants[2].max_running, 2);
+    assert_string_equal(router_tenants_find_key(t, "alice-key-2")->name, "alice");
+    assert_null(router_tenants_find_key(t, "alice-key-3"));
+    assert_null(router_tenants_find_key(t, NULL));
+    router_tenants_free(t);
+
+    expect_tenants_error("{\"tenants\": [", PAGODA_EFORMAT, "t.json:");
+    expect_tenants_error("[]", PAGODA_EFORMAT, "object");
+    expect_tenants_error("{\"tenant\": []}", PAGODA_EFORMAT, "tenant");
+    expect_tenants_error("{\"tenants\": {}}", PAGODA_EFORMAT, "\"tenants\"");
+    expect_tenants_error("{\"tenants\": []}", PAGODA_ERANGE, "\"tenants\"");
+    expect_tenants_error("{\"tenants\": [7]}", PAGODA_EFORMAT, "tenants[0]");
+    expect_tenants_error("{\"tenants\": [{\"api_keys\": [\"k\"]}]}", PAGODA_EFORMAT,
+                         "tenants[0].name");
+    expect_tenants_error("{\"tenants\": [{\"name\": \"a b\", \"api_keys\": [\"k\"]}]}",
+                         PAGODA_EFORMAT, "tenants[0].name");
+    expect_tenants_error("{\"tenants\": [{\"name\": \"a\"}]}", PAGODA_EFORMAT,
+                         "tenants[0].api_keys");
+    expect_tenants_error("{\"tenants\": [{\"name\": \"a\", \"api_keys\": []}]}", PAGODA_ERANGE,
+                         "tenants[0].api_keys");
+    expect_tenants_error("{\"tenants\": [{\"name\": \"a\", \"api_keys\": [\"k\", 3]}]}",
+                         PAGODA_EFORMAT, "tenants[0].api_keys[1]");
+    expect_tenants_error("{\"tenants\": [{\"name\": \"a\", \"api_keys\": [\"\"]}]}", PAGODA_EFORMAT,
+                         "tenants[0].api_keys[0]");
+    expect_tenants_error("{\"tenants\": [{\"name\": \"a\", \"api_keys\": [\"k\"]},"
+                         " {\"name\": \"b\", \"api_keys\": [\"k\"]}]}",
+                         PAGODA_EEXIST, "tenants[1].api_keys[0]");
+    expect_tenants_error("{\"tenants\": [{\"name\": \"a\", \"api_keys\": [\"k\"]},"
+                         " {\"name\": \"a\", \"api_keys\": [\"j\"]}]}",
+                         PAGODA_EEXIST, "tenants[1].name");
+    expect_tenants_error("{\"tenants\": [{\"name\": \"a\", \"api_keys\": [\"k\"], "
+                         "\"max_running\": 0}]}",
+                         PAGODA_ERANGE, "tenants[0].max_running");
+    expect_tenants_error("{\"tenants\": [{\"name\": \"a\", \"api_keys\": [\"k\"], "
+                         "\"max_waiting\": \"many\"}]}",
+                         PAGODA_EFORMAT, "tenants[0].max_waiting");
+    expect_tenants_error("{\"tenants\": [{\"name\": \"a\", \"api_keys\": [\"k\"], "
+                         "\"max_wait\": 3}]}",
+                         PAGODA_EFORMAT, "max_wait");
+    /* A file above the size bound is refused before it is parsed. */
+    size_t big = ROUTER_MAX_TENANTS_FILE_BYTES + 1;
+    char *huge = malloc(big + 1);
+    memset(huge, ' ', big);
+    huge[big] = '\0';
+    expect_tenants_error(huge, PAGODA_ERANGE, "limit");
+    free(huge);
+}
+
+static void test_tenants_unknown_key_is_refused(void **state)
+{
+    struct rtr_env *e = *state;
+    const int32_t prompt[] = {5, 6};
+    pagoda_generate_params p = greedy(3);
+    uint8_t id[16];
+    const char *keys[] = {NULL, "", "nobody", "alice-key-3"};
+    for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
+        pagoda_client *c = open_tenant_client(e, keys[i]);
+        assert_int_equal(pagoda_submit(c, &p, prompt, 2, id), PAGODA_EPERM);
+        assert_non_null(strstr(pagoda_error_detail(), "unknown API key"));
+        assert_null(strstr(pagoda_error_detail(), "alice"));
+        assert_null(strstr(pagoda_error_detail(), "bob"));
+        pagoda_result r;
+        assert_int_equal(pagoda_poll(c, id, 0, 0, &r), PAGODA_EPERM);
+        assert_int_equal(pagoda_cancel(c, id, NULL), PAGODA_EPERM);
+        pagoda_engine_stats st;
+        assert_int_equal(pagoda_stats(c, &st), PAGODA_EPERM);
+        /* Health is open to anyone. */
+        int healthy = 0;
+        assert_int_equal(pagoda_health(c, &healthy), 0);
+        assert_true(healthy);
+        pagoda_client_close(c);
+    }
+    /* Either of a tenant's keys works, and the request is stamped with its name. */
+    const char *good[] = {"alice-key-1", "alice-key-2"};
+    for (int i = 0; i < 2; i++) {
+        pagoda_client *c = open_tenant_client(e, good[i]);
+        pagoda_result r;
+        assert_int_equal(pagoda_generate(c, &p, prompt, 2, &r), 0);
+        assert_int_equal(r.num_tokens, 3);
+        pagoda_result_free(&r);
+        struct fake_sched_counts counts;
+        fake_sched_get_counts(e->fs, &counts);
+        assert_string_equal(counts.last_tenant, "alice");
+        pagoda_client_close(c);
+    }
+}
+
+static void test_tenants_other_tenants_id_is_enoent(void **state)
+{
+    struct rtr_env *e = *state;
+    pagoda_client *alice = open_tenant_client(e, "alice-key-1");
+    pagoda_client *bob = open_tenant_client(e, "bob-key");
+    const int32_t prompt[] = {7, 8, 9};
+    pagoda_generate_params p = greedy(6);
+    uint8_t id[16], unknown[16];
+    random_id(unknown);
+    fake_sched_hold(e->fs, 1);
+    assert_int_equal(pagoda_submit(alice, &p, prompt, 3, id), 0);
+
+    pagoda_result r;
+    char unknown_msg[256];
+    assert_int_equal(pagoda_poll(bob, unknown, 0, 0, &r), PAGODA_ENOENT);
+    snprintf(unknown_msg, sizeof(unknown_msg), "%s", pagoda_error_detail());
+    assert_int_equal(pagoda_poll(bob, id, 0, 0, &r), PAGODA_ENOENT);
+    assert_string_equal(pagoda_error_detail(), unknown_msg);
+    assert_int_equal(pagoda_cancel(bob, unknown, NULL), PAGODA_ENOENT);
+    snprintf(unknown_msg, sizeof(unknown_msg), "%s", pagoda_error_detail());
+    assert_int_equal(pagoda_cancel(bob, id, NULL), PAGODA_ENOENT);
+    assert_string_equal(pagoda_error_detail(), unknown_msg);
+
+    /* Bob's cancel touched nothing: alice's request runs to its end. */
+    fake_sched_hold(e->fs, 0);
+    uint32_t count = 0;
+    assert_int_equal(wait_finished(alice, id, &count), PAGODA_FINISH_LENGTH);
+    assert_int_equal(count, 6);
+    pagoda_client_close(alice);
+    pagoda_client_close(bob);
+}
+
+static void test_tenants_dedup_is_per_tenant(void **state)
+{
+    struct rtr_env *e = *state;
+    struct fake_sched_counts before, after;
+    fake_sched_get_counts(e->fs, &before);
+    uint8_t id[16];
+    random_id(id);
+    struct raw_submit a, b;
+    raw_submit_init(&a, id, 4);
+    a.req.api_key = (char *)"alice-key-1";
+    raw_submit_init(&b, id, 5); /* other parameters: would be EEXIST within one tenant */
+    b.req.api_key = (char *)"bob-key";
+    b.prompt[0] = 99;
+    for (int i = 0; i < 2; i++) { /* each twice: the resend is the same request */
+        Pagoda__ClientResponse *resp = raw_request(e, &a.req);
+        assert_int_equal(response_code(resp), 0);
+        pagoda__client_response__free_unpacked(resp, NULL);
+        resp = raw_request(e, &b.req);
+        assert_int_equal(response_code(resp), 0);
+        assert_memory_equal(resp->update->request_id.data, id, 16);
+        pagoda__client_response__free_unpacked(resp, NULL);
+    }
+    /* Within a tenant the same id with other parameters is still refused. */
+    a.sub.max_tokens = 7;
+    Pagoda__ClientResponse *resp = raw_request(e, &a.req);
+    assert_int_equal(response_code(resp), PAGODA_EEXIST);
+    pagoda__client_response__free_unpacked(resp, NULL);
+
+    pagoda_client *alice = open_tenant_client(e, "alice-key-2");
+    pagoda_client *bob = open_tenant_client(e, "bob-key");
+    pagoda_result r;
+    uint32_t count = 0;
+    assert_int_equal(wait_finished(alice, id, &count), PAGODA_FINISH_LENGTH);
+    assert_int_equal(count, 4);
+    assert_int_equal(pagoda_poll(alice, id, 0, 0, &r), 0);
+    assert_tokens(a.prompt, 3, r.token_ids, r.num_tokens, 0);
+    pagoda_result_free(&r);
+    assert_int_equal(wait_finished(bob, id, &count), PAGODA_FINISH_LENGTH);
+    assert_int_equal(count, 5);
+    assert_int_equal(pagoda_poll(bob, id, 0, 0, &r), 0);
+    assert_tokens(b.prompt, 3, r.token_ids, r.num_tokens, 0);
+    pagoda_result_free(&r);
+    fake_sched_get_counts(e->fs, &after);
+    assert_int_equal(after.submits, before.submits + 2);
+    pagoda_client_close(alice);
+    pagoda_client_close(bob);
+}
+
+static void test_tenants_exhausted_keeps_admitted(void **state)
+{
+    struct rtr_env *e = *state;
+    pagoda_client *alice = open_tenant_client(e, "alice-key-1");
+    pagoda_client *carol = open_tenant_client(e, "carol-key");
+    pagoda_client *bob = open_tenant_client(e, "bob-key");
+    pagoda_generate_params p = greedy(5);
+    int32_t prompts[9][2];
+    uint8_t ids[9][16], extra[16];
+    fake_sched_hold(e->fs, 1);
+    /* carol may hold 2 + 1. */
+    for (int i = 0; i < 3; i++) {
+        prompts[i][0] = 200 + i;
+        prompts[i][1] = 1;
+        assert_int_equal(pagoda_submit(carol, &p, prompts[i], 2, ids[i]), 0);
+    }
+    assert_int_equal(pagoda_submit(carol, &p, prompts[0], 2, extra), PAGODA_EEXHAUSTED);
+    assert_non_null(strstr(pagoda_error_detail(), "this tenant"));
+    /* Others are not held back by carol's bound: alice fills the global one (9). */
+    for (int i = 3; i < 9; i++) {
+        prompts[i][0] = 200 + i;
+        prompts[i][1] = 2;
+        assert_int_equal(pagoda_submit(alice, &p, prompts[i], 2, ids[i]), 0);
+    }
+    assert_int_equal(pagoda_submit(bob, &p, prompts[0], 2, extra), PAGODA_EEXHAUSTED);
+    assert_non_null(strstr(pagoda_error_detail(), "router holds"));
+    assert_int_equal(pagoda_submit(alice, &p, prompts[0], 2, extra), PAGODA_EEXHAUSTED);
+
+    /* Every admitted request completes, with its own tokens. */
+    fake_sched_hold(e->fs, 0);
+    for (int i = 0; i < 9; i++) {
+        pagoda_client *c = i < 3 ? carol : alice;
+        uint32_t count = 0;
+        assert_int_equal(wait_finished(c, ids[i], &count), PAGODA_FINISH_LENGTH);
+        assert_int_equal(count, 5);
+        pagoda_result r;
+        assert_int_equal(pagoda_poll(c, ids[i], 0, 0, &r), 0);
+        assert_tokens(prompts[i], 2, r.token_ids, r.num_tokens, 0);
+        pagoda_result_free(&r);
+    }
+    /* And there is room again. */
+    pagoda_result r;
+    assert_int_equal(pagoda_generate(carol, &p, prompts[0], 2, &r), 0);
+    assert_int_equal(r.num_tokens, 5);
+    pagoda_result_free(&r);
+    pagoda_client_close(alice);
+    pagoda_client_close(carol);
+    pagoda_client_close(bob);
+}
+
 int main(void)
 {
     const struct CMUnitTest shared[] = {
@@ -701,6 +983,13 @@ int main(void)
         cmocka_unit_test(test_resent_events_do_not_duplicate_tokens),
         cmocka_unit_test(test_stop_token_and_engine_error),
     };
+    const struct CMUnitTest tenants[] = {
+        cmocka_unit_test(test_tenants_file_errors_name_the_field),
+        cmocka_unit_test(test_tenants_unknown_key_is_refused),
+        cmocka_unit_test(test_tenants_other_tenants_id_is_enoent),
+        cmocka_unit_test(test_tenants_dedup_is_per_tenant),
+        cmocka_unit_test(test_tenants_exhausted_keeps_admitted),
+    };
     const struct CMUnitTest own[] = {
         cmocka_unit_test(test_scheduler_restart_resumes_requests),
         cmocka_unit_test(test_sigterm_drains),
@@ -708,6 +997,8 @@ int main(void)
     };
     signal(SIGPIPE, SIG_IGN);
     int failed = cmocka_run_group_tests_name("router", shared, group_setup, group_teardown);
+    failed +=
+        cmocka_run_group_tests_name("router tenants", tenants, tenants_setup, tenants_teardown);
     failed += cmocka_run_group_tests_name("router processes", own, NULL, NULL);
     nng_fini();
     return failed;
