@@ -7,6 +7,9 @@
  *   streaming    with a step delay, the first token arrives before the request finishes
  *   kill-worker  kill -9 of the worker amid 32 running requests: all complete unchanged, and
  *                the new worker computed no sequence's prompt again
+ *   cancel       cancel ends a running request and its blocks return to the pool
+ *   kill-scheduler  kill -9 of the scheduler amid 32 requests (greedy and seeded sampling):
+ *                all complete, outputs equal a run without the kill
  *   stop-worker  SIGSTOP of the worker: the watchdog reports it, the supervisor replaces it,
  *                all requests complete unchanged
  *   faults       a dropped step, a dropped result and a duplicated step: resyncs, unchanged
@@ -33,6 +36,8 @@ struct job {
     pagoda_result result;
     int rc;
     atomic_int received; /* output tokens delivered so far */
+    float temperature;   /* 0: greedy */
+    uint64_t seed;       /* used when temperature > 0 */
 };
 
 static atomic_int started_jobs; /* jobs that received their first token */
@@ -69,6 +74,11 @@ static void *run_job(void *arg)
 {
     struct job *j = arg;
     pagoda_generate_params p = group_greedy(j->max_tokens);
+    if (j->temperature > 0) {
+        p.temperature = j->temperature;
+        p.has_seed = 1;
+        p.seed = j->seed;
+    }
     j->rc =
         pagoda_generate_stream(j->client, &p, j->prompt, j->prompt_len, on_tokens, j, &j->result);
     return NULL;
@@ -104,7 +114,8 @@ static int run_jobs(struct group *g, struct job *jobs, int n, void (*during)(str
     return 0;
 }
 
-/* Every job's output equals pagoda-run's on the same prompt. Returns the number that differ. */
+/* Every job's output equals pagoda-run's on the same prompt and sampling (the jobs' first
+ * temperature and seed). Returns the number that differ. */
 static int compare_with_pagoda_run(struct group *g, struct job *jobs, int n, int32_t max_tokens)
 {
     int32_t *prompts[MAX_CLIENTS], *want[MAX_CLIENTS];
@@ -114,7 +125,8 @@ static int compare_with_pagoda_run(struct group *g, struct job *jobs, int n, int
         lens[i] = jobs[i].prompt_len;
     }
     /* pagoda-run uses one max_tokens for all prompts: run the longest and cut. */
-    if (group_expected(g, prompts, lens, n, max_tokens, want, want_len) != 0)
+    if (group_expected_sampled(g, prompts, lens, n, max_tokens, jobs[0].temperature, jobs[0].seed,
+                               want, want_len) != 0)
         return n;
     int differ = 0;
     for (int i = 0; i < n; i++) {
@@ -122,10 +134,15 @@ static int compare_with_pagoda_run(struct group *g, struct job *jobs, int n, int
         int same = jobs[i].rc == 0 && jobs[i].result.num_tokens == m && want_len[i] >= m &&
                    memcmp(jobs[i].result.token_ids, want[i], m * sizeof(int32_t)) == 0;
         if (!same) {
+            size_t first = 0;
+            while (first < m && first < jobs[i].result.num_tokens && first < want_len[i] &&
+                   jobs[i].result.token_ids[first] == want[i][first])
+                first++;
             differ++;
-            printf("     job %d: rc %d, %zu tokens (want %zu), finish %s\n", i, jobs[i].rc,
-                   jobs[i].result.num_tokens, m,
-                   pagoda_finish_reason_name(jobs[i].result.finish_reason));
+            printf(
+                "     job %d: rc %d, %zu tokens (want %zu), finish %s, first difference at %zu\n",
+                i, jobs[i].rc, jobs[i].result.num_tokens, m,
+                pagoda_finish_reason_name(jobs[i].result.finish_reason), first);
         }
         free(want[i]);
     }
@@ -276,6 +293,104 @@ static void scenario_kill_worker(struct group *g)
     CHECK(group_stop(g) == 0, "the group stops");
 }
 
+static void kill_scheduler(struct group *g)
+{
+    pid_t pid = group_program_pid(g, "pagoda-scheduler");
+    CHECK(pid > 0 && atomic_load(&started_jobs) == 32,
+          "every request has its first token; killing scheduler %d", (int)pid);
+    if (pid > 0)
+        kill(pid, SIGKILL);
+}
+
+/* kill -9 of the scheduler amid 32 running requests, half greedy, half sampled with a seed:
+ * the supervisor restarts it, the router resubmits every unfinished request with the output it
+ * already has (as output, not prompt), and every output equals a run without the kill. */
+static void scenario_kill_scheduler(struct group *g)
+{
+    /* clang-format off */
+    const char *extra[] = {
+        "--worker-arg", "--step-delay-ms", "--worker-arg", "30",
+        "--scheduler-arg", "--result-timeout-ms", "--scheduler-arg", ms(2000),
+        "--scheduler-arg", "--watchdog-ms", "--scheduler-arg", ms(10000),
+        "--scheduler-arg", "--max-batched-tokens", "--scheduler-arg", "512",
+        NULL};
+    /* clang-format on */
+    CHECK(group_start(g, extra) == 0, "group started");
+    make_jobs(kill_jobs, 32, 20, 80, 30, 11);
+    for (int i = 16; i < 32; i++) {
+        kill_jobs[i].temperature = 0.8f;
+        kill_jobs[i].seed = 777;
+    }
+    run_jobs(g, kill_jobs, 32, kill_scheduler);
+    int ok = 0;
+    for (int i = 0; i < 32; i++)
+        ok += kill_jobs[i].rc == 0;
+    CHECK(ok == 32, "all 32 requests completed after the kill (%d)", ok);
+    CHECK(compare_with_pagoda_run(g, kill_jobs, 16, 40) == 0,
+          "greedy outputs equal a run without the kill");
+    CHECK(compare_with_pagoda_run(g, kill_jobs + 16, 16, 40) == 0,
+          "seeded sampled outputs equal a run without the kill");
+    char log[700], cmd[800];
+    snprintf(log, sizeof(log), "%s/supervisor.log", g->tmp);
+    snprintf(cmd, sizeof(cmd), "grep -q 'scheduler.*exited' '%s'", log);
+    CHECK(system(cmd) == 0, "the supervisor restarted the scheduler");
+    free_jobs(kill_jobs, 32);
+    CHECK(group_stop(g) == 0, "the group stops");
+}
+
+/* Cancel ends a running request, and its blocks return to the pool. */
+static void scenario_cancel(struct group *g)
+{
+    /* clang-format off */
+    const char *extra[] = {
+        "--worker-arg", "--step-delay-ms", "--worker-arg", "20",
+        "--scheduler-arg", "--result-timeout-ms", "--scheduler-arg", ms(2000),
+        "--scheduler-arg", "--watchdog-ms", "--scheduler-arg", ms(10000),
+        NULL};
+    /* clang-format on */
+    CHECK(group_start(g, extra) == 0, "group started");
+    pagoda_client *c;
+    pagoda_client_open(g->url, &c);
+    pagoda_client_set_timeout_ms(c, (uint32_t)(30000 * time_scale()));
+    int32_t prompt[100];
+    group_prompt(prompt, 100, 9, VOCAB);
+    pagoda_generate_params p = group_greedy(500);
+    uint8_t id[PAGODA_REQUEST_ID_BYTES];
+    pagoda_result r = {0};
+    pagoda_engine_stats idle = {0}, busy = {0}, after = {0};
+    pagoda_stats(c, &idle);
+    int rc = pagoda_submit(c, &p, prompt, 100, id);
+    if (rc == 0)
+        rc = pagoda_poll(c, id, 0, 10000, &r);
+    pagoda_result_free(&r);
+    pagoda_stats(c, &busy);
+    CHECK(rc == 0 && busy.running == 1 && busy.free_blocks < idle.free_blocks,
+          "a running request holds blocks (%d of %d free)", busy.free_blocks, idle.free_blocks);
+    rc = pagoda_cancel(c, id, &r);
+    pagoda_result_free(&r);
+    CHECK(rc == 0, "cancel accepted");
+    uint32_t have = 0;
+    int finish = PAGODA_FINISH_NONE;
+    for (int i = 0; rc == 0 && i < 100 && finish == PAGODA_FINISH_NONE; i++) {
+        rc = pagoda_poll(c, id, have, 1000, &r);
+        have += (uint32_t)r.num_tokens;
+        finish = r.finish_reason;
+        pagoda_result_free(&r);
+    }
+    CHECK(rc == 0 && finish == PAGODA_FINISH_CANCELLED && have < 500,
+          "the request ends as cancelled after %u of 500 tokens", have);
+    for (int i = 0; i < 100; i++) {
+        pagoda_stats(c, &after);
+        if (after.running == 0 && after.free_blocks == idle.free_blocks)
+            break;
+        sleep_ms(50);
+    }
+    CHECK(after.running == 0 && after.free_blocks == idle.free_blocks,
+          "its blocks returned to the pool (%d of %d free)", after.free_blocks, idle.free_blocks);
+    pagoda_client_close(c);
+    CHECK(group_stop(g) == 0, "the group stops");
+}
+
 static void stop_worker(struct group *g)
 {
     pid_t pid = group_worker_pid(g);
@@ -363,6 +478,10 @@ int main(int argc, char **argv)
         scenario_streaming(&g);
     else if (strcmp(s, "kill-worker") == 0)
         scenario_kill_worker(&g);
+    else if (strcmp(s, "cancel") == 0)
+        scenario_cancel(&g);
+    else if (strcmp(s, "kill-scheduler") == 0)
+        scenario_kill_scheduler(&g);
     else if (strcmp(s, "stop-worker") == 0)
         scenario_stop_worker(&g);
     else if (strcmp(s, "faults") == 0)

@@ -133,6 +133,11 @@ void group_cleanup(struct group *g)
 
 pid_t group_worker_pid(const struct group *g)
 {
+    return group_program_pid(g, "pagoda-worker");
+}
+
+pid_t group_program_pid(const struct group *g, const char *program)
+{
     DIR *d = opendir("/proc");
     if (d == NULL)
         return -1;
@@ -149,9 +154,9 @@ pid_t group_worker_pid(const struct group *g)
         size_t n = fread(buf, 1, sizeof(buf) - 1, f);
         fclose(f);
         buf[n] = '\0';
-        /* argv[0] ends in pagoda-worker and some argument is our run dir. */
+        /* argv[0] ends in the program's name and some argument is our run dir. */
         const char *base = strrchr(buf, '/');
-        if (strcmp(base ? base + 1 : buf, "pagoda-worker") != 0)
+        if (strcmp(base ? base + 1 : buf, program) != 0)
             continue;
         for (size_t i = 0; i < n; i += strlen(buf + i) + 1)
             if (strcmp(buf + i, g->run_dir) == 0)
@@ -175,11 +180,18 @@ void group_prompt(int32_t *out, size_t n, uint32_t seed, int32_t vocab)
 int group_expected(const struct group *g, int32_t *const *prompts, const size_t *lens,
                    int num_prompts, int32_t max_tokens, int32_t **out, size_t *out_len)
 {
-    char prog[1100], max[16], json_path[700];
+    return group_expected_sampled(g, prompts, lens, num_prompts, max_tokens, 0.0f, 0, out, out_len);
+}
+
+int group_expected_sampled(const struct group *g, int32_t *const *prompts, const size_t *lens,
+                           int num_prompts, int32_t max_tokens, float temperature, uint64_t seed,
+                           int32_t **out, size_t *out_len)
+{
+    char prog[1100], max[16], json_path[700], temp[32], seed_text[32];
     snprintf(prog, sizeof(prog), "%s/pagoda-run", g->bin_dir);
     snprintf(max, sizeof(max), "%d", max_tokens);
     snprintf(json_path, sizeof(json_path), "%s/expected.json", g->tmp);
-    char **argv = calloc((size_t)(2 * num_prompts + 10), sizeof(char *));
+    char **argv = calloc((size_t)(2 * num_prompts + 14), sizeof(char *));
     char **lists = calloc((size_t)num_prompts, sizeof(char *));
     int n = 0, rc = -1;
     argv[n++] = prog;
@@ -189,6 +201,12 @@ int group_expected(const struct group *g, int32_t *const *prompts, const size_t 
     argv[n++] = max;
     argv[n++] = "--ignore-eos";
     argv[n++] = "--json";
+    snprintf(temp, sizeof(temp), "%.9g", (double)temperature);
+    snprintf(seed_text, sizeof(seed_text), "%llu", (unsigned long long)seed);
+    argv[n++] = "--temperature";
+    argv[n++] = temp;
+    argv[n++] = "--seed";
+    argv[n++] = seed_text;
     for (int p = 0; p < num_prompts; p++) {
         lists[p] = malloc(lens[p] * 12 + 1);
         size_t pos = 0;

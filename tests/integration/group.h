@@ -50,7 +50,10 @@ int group_stop(struct group *g);
 /* Removes the temporary folder. */
 void group_cleanup(struct group *g);
 
-/* The pid of the running pagoda-worker of this group (found in /proc), or -1. */
+/* The pid of this group's running program (e.g. "pagoda-worker", found in /proc), or -1. */
+pid_t group_program_pid(const struct group *g, const char *program);
+
+/* The pid of the running pagoda-worker of this group, or -1. */
 pid_t group_worker_pid(const struct group *g);
 
 /* A prompt of n token ids below vocab, from seed. */
@@ -60,6 +63,11 @@ void group_prompt(int32_t *out, size_t n, uint32_t seed, int32_t vocab);
  * tokens: out[i] (malloc'd, out_len[i] tokens). Returns 0 or -1. */
 int group_expected(const struct group *g, int32_t *const *prompts, const size_t *lens,
                    int num_prompts, int32_t max_tokens, int32_t **out, size_t *out_len);
+
+/* The same with sampling at temperature (0: greedy) and one seed for every prompt. */
+int group_expected_sampled(const struct group *g, int32_t *const *prompts, const size_t *lens,
+                           int num_prompts, int32_t max_tokens, float temperature, uint64_t seed,
+                           int32_t **out, size_t *out_len);
 
 /* Greedy generation parameters with max_tokens and EOS ignored. */
 pagoda_generate_params group_greedy(int32_t max_tokens);
