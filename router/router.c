@@ -31,10 +31,15 @@
 /* Messages the scheduler link queues in each direction, so that a burst of submits or events
  * is not refused by a non-blocking send while the pipe is busy. */
 #define LINK_BUFFER_MESSAGES 1024
+/* A poll for an unknown id within this long of the router's start, before the scheduler's
+ * announcement has arrived, waits for it (a restarted router does not know its requests yet). */
+#define ANNOUNCE_GRACE_MS 2000
+/* The most polls parked that way at once; more are answered at once. */
+#define MAX_UNKNOWN_PARKED 1024
 
 /* ---- state ------------------------------------------------------------------------------- */
 
-enum park { PARK_NONE = 0, PARK_POLL, PARK_STATS };
+enum park { PARK_NONE = 0, PARK_POLL, PARK_STATS, PARK_UNKNOWN };
 
 struct request;
 
@@ -50,9 +55,13 @@ struct rctx {
     struct rctx *next_mail; /* mailbox link, guarded by router.lock */
     uv_timer_t timer;       /* a parked call's deadline */
     enum park park;
-    struct request *req;      /* PARK_POLL: the request waited on */
-    uint32_t offset;          /* PARK_POLL: the first output token the client wants */
-    uint64_t cookie;          /* PARK_STATS: the StatsRequest sent for this call */
+    struct request *req;  /* PARK_POLL: the request waited on */
+    uint32_t offset;      /* PARK_POLL: the first output token the client wants */
+    uint64_t cookie;      /* PARK_STATS: the StatsRequest sent for this call */
+    uint8_t id[ID_BYTES]; /* PARK_UNKNOWN: the poll's id, tenant, offset and wait */
+    uint32_t tenant;
+    int has_offset;
+    uint32_t wait_ms;
     struct rctx *prev, *next; /* the waiter list it is parked on */
 };
 
@@ -93,6 +102,9 @@ struct request {
     int need_submit;      /* the SubmitSeq is still to be sent */
     int need_cancel;      /* the CancelSeq is still to be sent */
     struct rctx *waiters; /* parked polls */
+    int adopted;          /* registered from the scheduler's announcement (no prompt known) */
+    int aliased;          /* also in router.alias_buckets (see adopt_request) */
+    struct request *alias_next;
 };
 
 struct req_list {
@@ -133,13 +145,20 @@ struct router {
     uint64_t id_seed;
 
     struct request **buckets;
-    size_t num_buckets; /* a power of two */
+    struct request **alias_buckets; /* adopted requests by sched_id_of(tenant, id) */
+    size_t num_buckets;             /* a power of two */
     uint64_t hash_seed;
     struct req_list live, finished;
     uint32_t num_pending; /* requests with need_submit or need_cancel */
 
     struct rctx *stats_waiters;
     uint64_t stats_cookie;
+
+    uint64_t started_ms;
+    int need_hello; /* a RouterHello is still to be sent */
+    int announced;  /* the scheduler's announcement has arrived */
+    struct rctx *unknown_waiters;
+    uint32_t num_unknown_parked;
 
     uint64_t malformed_requests, malformed_internal, unknown_events, event_gaps, refused_keys;
 
@@ -260,7 +279,12 @@ static struct request *registry_find_client(const struct router *r, uint32_t ten
     sched_id_of(r, tenant, id, sched_id);
     struct request *q = registry_find(r, sched_id);
     if (q != NULL && (q->tenant != tenant || memcmp(q->id, id, ID_BYTES) != 0))
-        return NULL;
+        q = NULL;
+    if (q == NULL) {
+        for (q = r->alias_buckets[bucket_of(r, sched_id)]; q != NULL; q = q->alias_next)
+            if (q->tenant == tenant && memcmp(q->id, id, ID_BYTES) == 0)
+                break;
+    }
     return q;
 }
 
@@ -283,6 +307,14 @@ static void registry_drop(struct router *r, struct request *q)
     while (*pp != q)
         pp = &(*pp)->hash_next;
     *pp = q->hash_next;
+    if (q->aliased) {
+        uint8_t key[ID_BYTES];
+        sched_id_of(r, q->tenant, q->id, key);
+        pp = &r->alias_buckets[bucket_of(r, key)];
+        while (*pp != q)
+            pp = &(*pp)->alias_next;
+        *pp = q->alias_next;
+    }
     if (q->finish == PAGODA__FINISH_REASON__FINISH_NONE)
         r->tenant_live[q->tenant]--;
     list_remove(q->finish == PAGODA__FINISH_REASON__FINISH_NONE ? &r->live : &r->finished, q);
@@ -423,15 +455,36 @@ static void unpark(struct rctx *c)
         park_remove(&c->req->waiters, c);
     else if (c->park == PARK_STATS)
         park_remove(&c->r->stats_waiters, c);
+    else if (c->park == PARK_UNKNOWN) {
+        park_remove(&c->r->unknown_waiters, c);
+        c->r->num_unknown_parked--;
+    }
     c->park = PARK_NONE;
     c->req = NULL;
     uv_timer_stop(&c->timer);
 }
 
+static void poll_answer(struct router *r, struct rctx *c, uint32_t tenant, const uint8_t *id,
+                        int has_offset, uint32_t offset, uint32_t wait_ms);
+
+/* A poll parked for an unknown id is answered as if it arrived now (the announcement has
+ * arrived or the grace has ended, so it is not parked that way again). */
+static void unpark_unknown(struct rctx *c)
+{
+    uint8_t id[ID_BYTES];
+    memcpy(id, c->id, ID_BYTES);
+    uint32_t tenant = c->tenant, offset = c->offset, wait_ms = c->wait_ms;
+    int has_offset = c->has_offset;
+    unpark(c);
+    poll_answer(c->r, c, tenant, id, has_offset, offset, wait_ms);
+}
+
 static void on_park_timeout(uv_timer_t *t)
 {
     struct rctx *c = t->data;
-    if (c->park == PARK_POLL) {
+    if (c->park == PARK_UNKNOWN) {
+        unpark_unknown(c);
+    } else if (c->park == PARK_POLL) {
         struct request *q = c->req;
         uint32_t offset = c->offset;
         unpark(c);
@@ -512,6 +565,9 @@ static int send_submit(struct router *r, struct request *q)
     sub.ignore_eos = q->p.ignore_eos;
     sub.n_output_token_ids = q->num_tokens;
     sub.output_token_ids = q->tokens;
+    sub.has_client_request_id = 1;
+    sub.client_request_id.data = q->id;
+    sub.client_request_id.len = ID_BYTES;
 
     Pagoda__Internal__ToScheduler env = PAGODA__INTERNAL__TO_SCHEDULER__INIT;
     env.has_protocol_version = 1;
@@ -535,11 +591,26 @@ static int send_cancel(struct router *r, struct request *q)
     return wire_send(r->link, &env.base);
 }
 
+static int send_hello(struct router *r)
+{
+    Pagoda__Internal__RouterHello hello = PAGODA__INTERNAL__ROUTER_HELLO__INIT;
+    Pagoda__Internal__ToScheduler env = PAGODA__INTERNAL__TO_SCHEDULER__INIT;
+    env.has_protocol_version = 1;
+    env.protocol_version = WIRE_PROTOCOL_VERSION;
+    env.msg_case = PAGODA__INTERNAL__TO_SCHEDULER__MSG_ROUTER_HELLO;
+    env.router_hello = &hello;
+    return wire_send(r->link, &env.base);
+}
+
 /* Sends what is still to be sent to the scheduler, while the link takes it. A refused send
  * stays pending for the next housekeeping tick. */
 static void flush_pending(struct router *r)
 {
-    if (r->num_pending == 0 || !link_up(r))
+    if (!link_up(r))
+        return;
+    if (r->need_hello && send_hello(r) == 0)
+        r->need_hello = 0;
+    if (r->num_pending == 0)
         return;
     struct req_list *lists[2] = {&r->live, &r->finished};
     for (int l = 0; l < 2; l++) {
@@ -559,12 +630,14 @@ static void flush_pending(struct router *r)
 }
 
 /* A pipe joined the link: a scheduler (new or restarted) is there. It may not know the
- * unfinished requests, so each is sent again with the output it already has. */
+ * unfinished requests, so each is sent again with the output it already has; and this router
+ * may not know the scheduler's (after a router restart), so a RouterHello asks for them. */
 static void on_link_joined(struct router *r)
 {
     log_info("scheduler link up (%s): sending %u unfinished requests", r->sched_url, r->live.count);
     for (struct request *q = r->live.head; q != NULL; q = q->next)
         set_pending(r, q, &q->need_submit, 1);
+    r->need_hello = 1;
     flush_pending(r);
 }
 
@@ -638,6 +711,77 @@ static Pagoda__FinishReason finish_from_internal(Pagoda__Internal__FinishReason 
     }
 }
 
+/* Registers a request the scheduler announced and this router does not hold (it restarted):
+ * under the tenant and client id the event echoes (without a tenants file the scheduler's id is
+ * the client's), with what Poll and Cancel need. The prompt is not known: should the scheduler
+ * restart too, its resubmission is refused and the request ends with an error. The caller
+ * appends the event's tokens. Returns NULL when it cannot be registered. */
+static struct request *adopt_request(struct router *r, const Pagoda__Internal__TokenEvent *ev)
+{
+    char hex[2 * ID_BYTES + 1];
+    id_hex(ev->request_id.data, hex);
+    uint32_t tenant = 0;
+    if (r->tenants != NULL) {
+        for (tenant = 0; tenant < r->num_tenants; tenant++)
+            if (ev->tenant != NULL && strcmp(ev->tenant, r->tenant_names[tenant]) == 0)
+                break;
+        if (tenant == r->num_tenants) {
+            log_warn("announced request %s of unknown tenant '%s': ignored", hex,
+                     ev->tenant ? ev->tenant : "");
+            return NULL;
+        }
+    }
+    const uint8_t *id = ev->request_id.data;
+    if (ev->has_client_request_id && ev->client_request_id.len == ID_BYTES)
+        id = ev->client_request_id.data;
+    else if (r->tenants != NULL) {
+        log_warn("announced request %s without the client's id: ignored", hex);
+        return NULL;
+    }
+    if (registry_find_client(r, tenant, id) != NULL) {
+        log_warn("announced request %s collides with a request held: ignored", hex);
+        return NULL;
+    }
+    struct request *q = calloc(1, sizeof(*q));
+    if (q == NULL)
+        return NULL;
+    memcpy(q->id, id, ID_BYTES);
+    memcpy(q->sched_id, ev->request_id.data, ID_BYTES);
+    q->tenant = tenant;
+    q->adopted = 1;
+    q->p.max_tokens =
+        ev->has_max_tokens && ev->max_tokens > 0 ? ev->max_tokens : (int32_t)r->cfg.max_new_tokens;
+    q->p.ignore_eos = ev->has_ignore_eos && ev->ignore_eos;
+    q->prompt_tokens = ev->has_prompt_tokens ? ev->prompt_tokens : 0;
+    size_t b = bucket_of(r, q->sched_id);
+    q->hash_next = r->buckets[b];
+    r->buckets[b] = q;
+    uint8_t key[ID_BYTES];
+    sched_id_of(r, tenant, id, key);
+    if (memcmp(key, q->sched_id, ID_BYTES) != 0) {
+        /* With a tenants file the hash key of this router differs from its predecessor's. */
+        b = bucket_of(r, key);
+        q->alias_next = r->alias_buckets[b];
+        r->alias_buckets[b] = q;
+        q->aliased = 1;
+    }
+    list_push(&r->live, q);
+    r->tenant_live[tenant]++;
+    log_debug("request %s registered from the scheduler's announcement", hex);
+    return q;
+}
+
+/* The scheduler's announcement is complete: polls parked for unknown ids are answered. */
+static void on_announced(struct router *r)
+{
+    if (!r->announced)
+        log_info("the scheduler's announcement arrived: %u unfinished requests held",
+                 r->live.count);
+    r->announced = 1;
+    while (r->unknown_waiters != NULL)
+        unpark_unknown(r->unknown_waiters);
+}
+
 /* Appends an event's new tokens (those beyond what the request holds: a resent or overlapping
  * event adds nothing twice), records its end, and answers the polls waiting on it. */
 static void apply_event(struct router *r, const Pagoda__Internal__TokenEvent *ev)
@@ -649,9 +793,11 @@ static void apply_event(struct router *r, const Pagoda__Internal__TokenEvent *ev
         return;
     }
     struct request *q = registry_find(r, ev->request_id.data);
+    if (q == NULL && ev->has_announce && ev->announce)
+        q = adopt_request(r, ev);
     if (q == NULL) {
         /* A request this router does not know: finished and expired, or from before a router
-         * restart (re-announced by the scheduler). */
+         * restart and not announced. */
         r->unknown_events++;
         id_hex(ev->request_id.data, hex);
         log_debug("an event for request %s, which this router does not hold: ignored", hex);
@@ -767,6 +913,8 @@ static void on_link_msg(void *arg, nng_msg *m)
     case PAGODA__INTERNAL__TO_ROUTER__MSG_EVENTS:
         for (size_t i = 0; msg->events != NULL && i < msg->events->n_events; i++)
             apply_event(r, msg->events->events[i]);
+        if (msg->events != NULL && msg->events->has_announce_done && msg->events->announce_done)
+            on_announced(r);
         break;
     case PAGODA__INTERNAL__TO_ROUTER__MSG_STATS:
         answer_stats(r, msg->stats);
@@ -923,7 +1071,7 @@ static void handle_submit(struct router *r, struct rctx *c, uint32_t tenant,
     if (q != NULL) {
         /* A resent Submit (NNG's REQ resends on a timeout or a lost connection): the same
          * request. The same id for something else is the client's mistake. */
-        if (!submit_params_equal(&q->p, &p)) {
+        if (!q->adopted && !submit_params_equal(&q->p, &p)) {
             reply_error(c, PAGODA_EEXIST,
                         "submit: request id already used with different parameters");
             return;
@@ -975,14 +1123,36 @@ static void handle_poll(struct router *r, struct rctx *c, uint32_t tenant,
         reply_error(c, PAGODA_EINVAL, "poll: %s", pagoda_error_detail());
         return;
     }
-    struct request *q = registry_find_client(r, tenant, poll->request_id.data);
+    poll_answer(r, c, tenant, poll->request_id.data, poll->has_offset, poll->offset,
+                poll->has_wait_ms ? poll->wait_ms : 0);
+}
+
+static void poll_answer(struct router *r, struct rctx *c, uint32_t tenant, const uint8_t *id,
+                        int has_offset, uint32_t offset, uint32_t wait_ms)
+{
+    struct request *q = registry_find_client(r, tenant, id);
+    uint64_t age = uv_now(r->loop) - r->started_ms;
+    if (q == NULL && !r->announced && age < ANNOUNCE_GRACE_MS &&
+        r->num_unknown_parked < MAX_UNKNOWN_PARKED) {
+        /* A restarted router: the scheduler may still announce this request. */
+        c->park = PARK_UNKNOWN;
+        memcpy(c->id, id, ID_BYTES);
+        c->tenant = tenant;
+        c->has_offset = has_offset;
+        c->offset = offset;
+        c->wait_ms = wait_ms;
+        park_push(&r->unknown_waiters, c);
+        r->num_unknown_parked++;
+        uv_timer_start(&c->timer, on_park_timeout, ANNOUNCE_GRACE_MS - age, 0);
+        return;
+    }
     if (q == NULL) {
         reply_error(c, PAGODA_ENOENT,
                     "poll: no request with this id (never submitted, or its result expired)");
         return;
     }
-    uint32_t offset = poll->has_offset ? poll->offset : 0;
-    uint32_t wait_ms = poll->has_wait_ms ? poll->wait_ms : 0;
+    if (!has_offset)
+        offset = 0;
     if (wait_ms > r->cfg.max_wait_ms)
         wait_ms = r->cfg.max_wait_ms;
     int finished = q->finish != PAGODA__FINISH_REASON__FINISH_NONE;
@@ -1248,6 +1418,7 @@ static void router_free(struct router *r)
         }
     }
     free(r->buckets);
+    free(r->alias_buckets);
     free(r->ctxs);
     router_tenants_free(r->tenants);
     free(r->tenant_names);
@@ -1420,6 +1591,8 @@ int router_open(uv_loop_t *loop, const struct router_config *cfg, struct router 
     if (r == NULL)
         return PAGODA_ENOMEM;
     r->loop = loop;
+    uv_update_time(loop);
+    r->started_ms = uv_now(loop);
     r->cfg = *cfg;
     r->run_dir = cfg->run_dir ? strdup(cfg->run_dir) : NULL;
     r->listen_url = strdup(cfg->listen_url);
@@ -1441,9 +1614,10 @@ int router_open(uv_loop_t *loop, const struct router_config *cfg, struct router 
     while (r->num_buckets < 2 * ((size_t)cfg->max_live_requests + cfg->max_finished_requests))
         r->num_buckets *= 2;
     r->buckets = calloc(r->num_buckets, sizeof(*r->buckets));
+    r->alias_buckets = calloc(r->num_buckets, sizeof(*r->alias_buckets));
     r->ctxs = calloc(cfg->num_contexts, sizeof(*r->ctxs));
     if ((cfg->run_dir != NULL && r->run_dir == NULL) || r->listen_url == NULL ||
-        r->buckets == NULL || r->ctxs == NULL) {
+        r->buckets == NULL || r->alias_buckets == NULL || r->ctxs == NULL) {
         rc = PAGODA_ENOMEM;
         goto fail;
     }

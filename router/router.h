@@ -13,7 +13,12 @@
  * Events carry their output offset, so a resent or overlapping event never duplicates a token.
  * When the link comes up (the first time, or after a scheduler restart), every unfinished request
  * is sent again with the output it already has (SubmitSeq.output_token_ids): the scheduler must
- * treat a SubmitSeq for an id it already holds as a no-op.
+ * treat a SubmitSeq for an id it already holds as a no-op. It then sends a RouterHello, and the
+ * scheduler announces every request it holds: a restarted router (whose registry was lost)
+ * registers the requests it does not hold under the tenant and client id the announcement
+ * echoes, so that clients polling by id get every token. A poll for an unknown id within
+ * ANNOUNCE_GRACE_MS (router.c) of the router's start, before the announcement completed, waits
+ * for it instead of failing at once.
  *
  * Decisions (minimal first version; a later issue adds the rest):
  *  - Tenants (router/tenants.h): without a tenants file, api_key is ignored and every request

@@ -44,6 +44,14 @@ struct seq {
     struct seq *prev, *next; /* in waiting or running */
     struct seq *req_next;    /* request-id hash chain */
     struct seq *id_next;     /* seq-id hash chain, while running */
+    /* For announcements (RouterHello): what a restarted router needs to register it again. */
+    char *tenant;
+    bool has_client_id;
+    uint8_t client_id[SCHEDULER_REQUEST_ID_BYTES];
+    /* Once it has ended and is kept in the recent list. */
+    Pagoda__Internal__FinishReason finish_reason;
+    int32_t error_code;
+    const char *error_message; /* a static string, or NULL */
 };
 
 struct seq_list {
@@ -152,6 +160,7 @@ struct scheduler {
     struct block_manager *bm;
     int32_t block_size;
     struct seq_list waiting, running;
+    struct seq_list recent; /* ended requests kept for announcements, oldest first */
     struct seq **req_buckets, **id_buckets;
     uint32_t bucket_mask;
     uint64_t next_seq_id;
@@ -272,6 +281,7 @@ static void seq_free(struct seq *q)
         return;
     block_table_fini(&q->table);
     free(q->tokens);
+    free(q->tenant);
     free(q);
 }
 
@@ -395,11 +405,39 @@ static void seq_remove(struct scheduler *s, struct seq *q)
     seq_free(q);
 }
 
-/* A request that ended (finished, cancelled, or out of memory). */
-static void seq_end(struct scheduler *s, struct seq *q)
+/* Like seq_remove, but keeps the removed sequence (its tokens, not its blocks) in the recent
+ * list: a router that restarts before it heard the end learns it from the announcement. */
+static void seq_retire(struct scheduler *s, struct seq *q)
+{
+    if (q->state == SEQ_RUNNING) {
+        list_remove(&s->running, q);
+        if (q->worker_knows)
+            id_list_push(s, &s->pending_finished, q->seq_id);
+        if (block_table_release(s->bm, &q->table, s->last_step_id) != 0)
+            log_error("scheduler: releasing blocks: %s", pagoda_error_detail());
+        unhash_seq_id(s, q);
+    } else {
+        list_remove(&s->waiting, q);
+    }
+    unhash_request(s, q);
+    q->state = SEQ_WAITING;
+    list_push_back(&s->recent, q);
+    while (s->recent.count > SCHEDULER_MAX_RECENT_ENDED) {
+        struct seq *old = s->recent.head;
+        list_remove(&s->recent, old);
+        seq_free(old);
+    }
+}
+
+/* A request that ended (finished, cancelled, or out of memory) with reason. */
+static void seq_end(struct scheduler *s, struct seq *q, Pagoda__Internal__FinishReason reason,
+                    int32_t error_code, const char *error_message)
 {
     s->stats.finished_requests++;
-    seq_remove(s, q);
+    q->finish_reason = reason;
+    q->error_code = error_code;
+    q->error_message = error_message;
+    seq_retire(s, q);
 }
 
 /* Ends q with an error event (a request found unfit at admission). */
@@ -573,7 +611,7 @@ static int admission_check(struct scheduler *s, struct seq *q)
         uint32_t out = (uint32_t)(q->num_tokens - q->num_prompt_tokens);
         send_end(s, q->request_id, SCHEDULER_REQUEST_ID_BYTES, out, (uint32_t)q->num_prompt_tokens,
                  PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH, 0, NULL);
-        seq_end(s, q);
+        seq_end(s, q, PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH, 0, NULL);
         return -1;
     }
     return 0;
@@ -877,7 +915,7 @@ static void apply_result(struct scheduler *s, const Pagoda__Internal__StepResult
         if (reason != PAGODA__INTERNAL__FINISH_REASON__FINISH_NONE) {
             ev->has_finish_reason = 1;
             ev->finish_reason = reason;
-            seq_end(s, q);
+            seq_end(s, q, reason, ev->has_error_code ? ev->error_code : 0, ev->error_message);
         }
     }
     send_events(s, s->ev_ptrs, n_ev);
@@ -1144,6 +1182,15 @@ static void on_submit(struct scheduler *s, const Pagoda__Internal__SubmitSeq *m)
     q->num_stop_ids = (int32_t)m->n_stop_token_ids;
     if (m->n_stop_token_ids > 0)
         memcpy(q->stop_ids, m->stop_token_ids, m->n_stop_token_ids * sizeof(int32_t));
+    if (m->tenant != NULL && (q->tenant = strdup(m->tenant)) == NULL) {
+        seq_free(q);
+        send_error(s, id, id_len, PAGODA_ENOMEM, "out of memory for the request");
+        return;
+    }
+    if (m->has_client_request_id && m->client_request_id.len == SCHEDULER_REQUEST_ID_BYTES) {
+        q->has_client_id = true;
+        memcpy(q->client_id, m->client_request_id.data, SCHEDULER_REQUEST_ID_BYTES);
+    }
     q->state = SEQ_WAITING;
     q->plan_index = -1;
     block_table_init(&q->table);
@@ -1153,7 +1200,7 @@ static void on_submit(struct scheduler *s, const Pagoda__Internal__SubmitSeq *m)
         /* A resubmission whose output is already complete. */
         send_end(s, q->request_id, SCHEDULER_REQUEST_ID_BYTES, (uint32_t)n_out, (uint32_t)n_prompt,
                  PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH, 0, NULL);
-        seq_end(s, q);
+        seq_end(s, q, PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH, 0, NULL);
     }
 }
 
@@ -1170,7 +1217,7 @@ static void on_cancel(struct scheduler *s, const Pagoda__Internal__CancelSeq *m)
     send_end(s, q->request_id, SCHEDULER_REQUEST_ID_BYTES,
              (uint32_t)(q->num_tokens - q->num_prompt_tokens), (uint32_t)q->num_prompt_tokens,
              PAGODA__INTERNAL__FINISH_REASON__FINISH_CANCELLED, 0, NULL);
-    seq_end(s, q);
+    seq_end(s, q, PAGODA__INTERNAL__FINISH_REASON__FINISH_CANCELLED, 0, NULL);
 }
 
 static void on_stats_request(struct scheduler *s, const Pagoda__Internal__StatsRequest *m)
@@ -1207,6 +1254,86 @@ static void on_stats_request(struct scheduler *s, const Pagoda__Internal__StatsR
     s->io.to_router(s->io.ctx, &r);
 }
 
+static void announce_fill(Pagoda__Internal__TokenEvent *ev, struct seq *q)
+{
+    pagoda__internal__token_event__init(ev);
+    ev->has_request_id = 1;
+    ev->request_id.data = q->request_id;
+    ev->request_id.len = SCHEDULER_REQUEST_ID_BYTES;
+    ev->has_offset = 1;
+    ev->offset = 0;
+    ev->n_token_ids = (size_t)(q->num_tokens - q->num_prompt_tokens);
+    ev->token_ids = q->tokens + q->num_prompt_tokens;
+    ev->has_prompt_tokens = 1;
+    ev->prompt_tokens = (uint32_t)q->num_prompt_tokens;
+    ev->has_announce = 1;
+    ev->announce = 1;
+    ev->tenant = q->tenant;
+    ev->has_max_tokens = 1;
+    ev->max_tokens = q->max_tokens;
+    ev->has_ignore_eos = 1;
+    ev->ignore_eos = q->ignore_eos;
+    if (q->has_client_id) {
+        ev->has_client_request_id = 1;
+        ev->client_request_id.data = q->client_id;
+        ev->client_request_id.len = SCHEDULER_REQUEST_ID_BYTES;
+    }
+    if (q->finish_reason != PAGODA__INTERNAL__FINISH_REASON__FINISH_NONE) {
+        ev->has_finish_reason = 1;
+        ev->finish_reason = q->finish_reason;
+        if (q->error_code != 0) {
+            ev->has_error_code = 1;
+            ev->error_code = q->error_code;
+            ev->error_message = (char *)q->error_message;
+        }
+    }
+}
+
+/* Sends an announcement message: events, and announce_done on the last one. */
+static void announce_send(struct scheduler *s, size_t n, bool done)
+{
+    Pagoda__Internal__TokenEvents evs = PAGODA__INTERNAL__TOKEN_EVENTS__INIT;
+    evs.n_events = n;
+    evs.events = s->ev_ptrs;
+    evs.has_announce_done = done;
+    evs.announce_done = done;
+    Pagoda__Internal__ToRouter m = PAGODA__INTERNAL__TO_ROUTER__INIT;
+    m.has_protocol_version = 1;
+    m.protocol_version = WIRE_PROTOCOL_VERSION;
+    m.has_epoch = 1;
+    m.epoch = s->cfg.epoch;
+    m.msg_case = PAGODA__INTERNAL__TO_ROUTER__MSG_EVENTS;
+    m.events = &evs;
+    s->io.to_router(s->io.ctx, &m);
+}
+
+/* RouterHello: announces every request held (waiting, running, and the recently ended), in
+ * messages of at most max_seqs events and about SCHEDULER_ANNOUNCE_TOKENS tokens. */
+static void on_router_hello(struct scheduler *s)
+{
+    struct seq_list *lists[3] = {&s->running, &s->waiting, &s->recent};
+    size_t n = 0, tokens = 0, total = 0;
+    for (int l = 0; l < 3; l++) {
+        for (struct seq *q = lists[l]->head; q != NULL; q = q->next) {
+            if (l == 2 && find_request(s, q->request_id) != NULL)
+                continue; /* ended, then submitted again: the live one speaks */
+            size_t out = (size_t)(q->num_tokens - q->num_prompt_tokens);
+            if (n > 0 &&
+                (n == (size_t)s->cfg.max_seqs || tokens + out > SCHEDULER_ANNOUNCE_TOKENS)) {
+                announce_send(s, n, false);
+                n = tokens = 0;
+            }
+            announce_fill(&s->ev_msgs[n], q);
+            s->ev_ptrs[n] = &s->ev_msgs[n];
+            n++;
+            tokens += out;
+            total++;
+        }
+    }
+    announce_send(s, n, true);
+    log_info("router hello: announced %zu requests", total);
+}
+
 void scheduler_on_router(struct scheduler *s, const Pagoda__Internal__ToScheduler *msg,
                          int64_t now_ms)
 {
@@ -1224,6 +1351,9 @@ void scheduler_on_router(struct scheduler *s, const Pagoda__Internal__ToSchedule
         break;
     case PAGODA__INTERNAL__TO_SCHEDULER__MSG_STATS:
         on_stats_request(s, msg->stats);
+        return;
+    case PAGODA__INTERNAL__TO_SCHEDULER__MSG_ROUTER_HELLO:
+        on_router_hello(s);
         return;
     default:
         s->stats.malformed_messages++;
@@ -1396,6 +1526,7 @@ void scheduler_close(struct scheduler *s)
         return;
     free_list(&s->waiting);
     free_list(&s->running);
+    free_list(&s->recent);
     block_manager_close(s->bm);
     free(s->req_buckets);
     free(s->id_buckets);

@@ -69,6 +69,12 @@
  * a request id already queued or running is ignored (the router deduplicates; a repeat is a
  * resend). A cancel of an unknown id is ignored.
  *
+ * Announcement: a RouterHello (sent by a router whenever its link comes up) is answered with
+ * one TokenEvent{announce} per request held, running, waiting or among the last
+ * SCHEDULER_MAX_RECENT_ENDED that ended: offset 0, every output token (no logprobs: they are
+ * not kept), prompt_tokens, tenant, max_tokens, ignore_eos, the SubmitSeq's client_request_id,
+ * and the finish reason of one that ended; the last message carries TokenEvents.announce_done.
+ *
  * Watchdog: a worker that owes an answer (a step or a resync is outstanding) and has sent no
  * message at all for watchdog_ms is reported once per incident with Control{hung_worker_id,
  * hung_worker_pid} (the pid of its latest Hello); any message from it ends the incident.
@@ -100,6 +106,10 @@
 #define SCHEDULER_MAX_TIMEOUT_BACKOFF 5
 /* How often the scheduler announces its epoch to a worker it has not heard from. */
 #define SCHEDULER_ANNOUNCE_MS 500
+/* Ended requests kept (tokens, not blocks) for the announcement a restarted router asks for
+ * with RouterHello, and the most output tokens one announcement message carries. */
+#define SCHEDULER_MAX_RECENT_ENDED 1024
+#define SCHEDULER_ANNOUNCE_TOKENS (1 << 20)
 /* Request ids are 128-bit. */
 #define SCHEDULER_REQUEST_ID_BYTES 16
 /* Per request: stop token ids; per worker: EOS ids. */

@@ -10,10 +10,13 @@
  *   cancel       cancel ends a running request and its blocks return to the pool
  *   kill-scheduler  kill -9 of the scheduler amid 32 requests (greedy and seeded sampling):
  *                all complete, outputs equal a run without the kill
+ *   kill-router  kill -9 of the router amid 32 requests (greedy and seeded sampling): the
+ *                scheduler announces them to the new router, all complete unchanged
  *   stop-worker  SIGSTOP of the worker: the watchdog reports it, the supervisor replaces it,
  *                all requests complete unchanged
  *   faults       a dropped step, a dropped result and a duplicated step: resyncs, unchanged
  *                outputs */
+#include "common/error.h"
 #include "tests/integration/group.h"
 
 #include <pthread.h>
@@ -338,6 +341,55 @@ static void scenario_kill_scheduler(struct group *g)
     CHECK(group_stop(g) == 0, "the group stops");
 }
 
+static void kill_router(struct group *g)
+{
+    pid_t pid = group_program_pid(g, "pagoda-router");
+    CHECK(pid > 0 && atomic_load(&started_jobs) == 32,
+          "every request has its first token; killing router %d", (int)pid);
+    if (pid > 0)
+        kill(pid, SIGKILL);
+}
+
+/* kill -9 of the router amid 32 running requests, half greedy, half sampled with a seed: the
+ * supervisor restarts it, the scheduler announces every request it holds to the new router, the
+ * clients' polls (resent by NNG's REQ) find them by id, and every output equals a run without
+ * the kill. */
+static void scenario_kill_router(struct group *g)
+{
+    /* clang-format off */
+    const char *extra[] = {
+        "--worker-arg", "--step-delay-ms", "--worker-arg", "30",
+        "--scheduler-arg", "--result-timeout-ms", "--scheduler-arg", ms(2000),
+        "--scheduler-arg", "--watchdog-ms", "--scheduler-arg", ms(10000),
+        "--scheduler-arg", "--max-batched-tokens", "--scheduler-arg", "512",
+        NULL};
+    /* clang-format on */
+    CHECK(group_start(g, extra) == 0, "group started");
+    make_jobs(kill_jobs, 32, 20, 80, 30, 11);
+    for (int i = 16; i < 32; i++) {
+        kill_jobs[i].temperature = 0.8f;
+        kill_jobs[i].seed = 777;
+    }
+    run_jobs(g, kill_jobs, 32, kill_router);
+    int ok = 0;
+    for (int i = 0; i < 32; i++) {
+        ok += kill_jobs[i].rc == 0;
+        if (kill_jobs[i].rc != 0)
+            printf("job %d: %s\n", i, pagoda_strerror(kill_jobs[i].rc));
+    }
+    CHECK(ok == 32, "all 32 requests completed after the kill (%d)", ok);
+    CHECK(compare_with_pagoda_run(g, kill_jobs, 16, 40) == 0,
+          "greedy outputs equal a run without the kill");
+    CHECK(compare_with_pagoda_run(g, kill_jobs + 16, 16, 40) == 0,
+          "seeded sampled outputs equal a run without the kill");
+    char log[700], cmd[800];
+    snprintf(log, sizeof(log), "%s/supervisor.log", g->tmp);
+    snprintf(cmd, sizeof(cmd), "grep -q 'router.*exited' '%s'", log);
+    CHECK(system(cmd) == 0, "the supervisor restarted the router");
+    free_jobs(kill_jobs, 32);
+    CHECK(group_stop(g) == 0, "the group stops");
+}
+
 /* Cancel ends a running request, and its blocks return to the pool. */
 static void scenario_cancel(struct group *g)
 {
@@ -482,6 +534,8 @@ int main(int argc, char **argv)
         scenario_cancel(&g);
     else if (strcmp(s, "kill-scheduler") == 0)
         scenario_kill_scheduler(&g);
+    else if (strcmp(s, "kill-router") == 0)
+        scenario_kill_router(&g);
     else if (strcmp(s, "stop-worker") == 0)
         scenario_stop_worker(&g);
     else if (strcmp(s, "faults") == 0)

@@ -36,6 +36,9 @@ struct fseq {
     int32_t stop_ids[64];
     size_t num_stop;
     int ignore_eos;
+    char tenant[32];
+    uint8_t client_id[16];
+    int has_client_id;
     uint32_t emitted;
     int done;
     struct fseq *next;
@@ -130,6 +133,11 @@ static void on_submit(struct fake_sched *fs, const Pagoda__Internal__SubmitSeq *
     if (q->num_stop > 0)
         memcpy(q->stop_ids, s->stop_token_ids, q->num_stop * sizeof(int32_t));
     q->ignore_eos = s->ignore_eos;
+    snprintf(q->tenant, sizeof(q->tenant), "%s", s->tenant ? s->tenant : "");
+    if (s->has_client_request_id && s->client_request_id.len == 16) {
+        q->has_client_id = 1;
+        memcpy(q->client_id, s->client_request_id.data, 16);
+    }
     if (s->n_output_token_ids > 0) {
         fs->counts.resumed++;
         for (size_t i = 0; i < s->n_output_token_ids; i++)
@@ -174,6 +182,55 @@ static void on_stats(struct fake_sched *fs, const Pagoda__Internal__StatsRequest
     send_msg(fs, &env.base);
 }
 
+/* RouterHello: every unfinished request from offset 0, then announce_done (one message). */
+static void on_router_hello(struct fake_sched *fs)
+{
+    enum { MAX_ANNOUNCE = 64, MAX_TOKENS = 256 };
+    Pagoda__Internal__TokenEvent events[MAX_ANNOUNCE], *ptrs[MAX_ANNOUNCE];
+    static int32_t tokens[MAX_ANNOUNCE][MAX_TOKENS];
+    size_t n = 0;
+    pthread_mutex_lock(&fs->lock);
+    fs->counts.router_hellos++;
+    for (struct fseq *q = fs->seqs; q != NULL && n < MAX_ANNOUNCE; q = q->next) {
+        if (q->done)
+            continue;
+        Pagoda__Internal__TokenEvent *ev = &events[n];
+        pagoda__internal__token_event__init(ev);
+        ev->has_request_id = ev->has_offset = ev->has_announce = 1;
+        ev->request_id.data = q->id;
+        ev->request_id.len = 16;
+        ev->announce = 1;
+        uint32_t k = q->emitted < MAX_TOKENS ? q->emitted : MAX_TOKENS;
+        for (uint32_t i = 0; i < k; i++)
+            tokens[n][i] = fake_sched_token(q->prompt, q->num_prompt, i);
+        ev->n_token_ids = k;
+        ev->token_ids = tokens[n];
+        ev->tenant = q->tenant;
+        ev->has_max_tokens = ev->has_ignore_eos = ev->has_prompt_tokens = 1;
+        ev->max_tokens = q->max_tokens;
+        ev->ignore_eos = q->ignore_eos;
+        ev->prompt_tokens = (uint32_t)q->num_prompt;
+        if (q->has_client_id) {
+            ev->has_client_request_id = 1;
+            ev->client_request_id.data = q->client_id;
+            ev->client_request_id.len = 16;
+        }
+        ptrs[n] = ev;
+        n++;
+    }
+    Pagoda__Internal__TokenEvents te = PAGODA__INTERNAL__TOKEN_EVENTS__INIT;
+    te.n_events = n;
+    te.events = ptrs;
+    te.has_announce_done = te.announce_done = 1;
+    Pagoda__Internal__ToRouter env = PAGODA__INTERNAL__TO_ROUTER__INIT;
+    env.has_protocol_version = 1;
+    env.protocol_version = WIRE_PROTOCOL_VERSION;
+    env.msg_case = PAGODA__INTERNAL__TO_ROUTER__MSG_EVENTS;
+    env.events = &te;
+    send_msg(fs, &env.base);
+    pthread_mutex_unlock(&fs->lock);
+}
+
 static void on_message(struct fake_sched *fs, nng_msg *m)
 {
     Pagoda__Internal__ToScheduler *msg = (Pagoda__Internal__ToScheduler *)wire_unpack(
@@ -194,6 +251,8 @@ static void on_message(struct fake_sched *fs, nng_msg *m)
         pthread_mutex_unlock(&fs->lock);
     } else if (msg->msg_case == PAGODA__INTERNAL__TO_SCHEDULER__MSG_STATS) {
         on_stats(fs, msg->stats);
+    } else if (msg->msg_case == PAGODA__INTERNAL__TO_SCHEDULER__MSG_ROUTER_HELLO) {
+        on_router_hello(fs);
     }
     protobuf_c_message_free_unpacked(&msg->base, NULL);
 }
@@ -384,6 +443,8 @@ static void remove_dir(const char *dir)
     rmdir(dir);
 }
 
+static int spawn_router(struct rtr_env *e);
+
 int rtr_env_start(struct rtr_env *e, const char *const *extra_args)
 {
     memset(e, 0, sizeof(*e));
@@ -394,17 +455,35 @@ int rtr_env_start(struct rtr_env *e, const char *const *extra_args)
     snprintf(e->url, sizeof(e->url), "ipc://%s/router.ipc", e->dir);
     if (fake_sched_start(e->sched_url, &e->fs) != 0)
         return -1;
-    const char *argv[32] = {PAGODA_BIN_DIR "/pagoda-router",
-                            "--run-dir",
-                            e->dir,
-                            "--listen",
-                            e->url,
-                            "--log-level",
-                            "warn"};
-    int argc = 7;
+    const char *base[] = {PAGODA_BIN_DIR "/pagoda-router",
+                          "--run-dir",
+                          e->dir,
+                          "--listen",
+                          e->url,
+                          "--log-level",
+                          "warn"};
+    int argc = 0;
+    for (size_t i = 0; i < sizeof(base) / sizeof(base[0]); i++)
+        e->argv[argc++] = base[i];
     for (int i = 0; extra_args != NULL && extra_args[i] != NULL && argc < 31; i++)
-        argv[argc++] = extra_args[i];
-    argv[argc] = NULL;
+        e->argv[argc++] = extra_args[i];
+    e->argv[argc] = NULL;
+    return spawn_router(e);
+}
+
+int rtr_env_restart_router(struct rtr_env *e)
+{
+    if (e->router > 0) {
+        kill(e->router, SIGKILL);
+        waitpid(e->router, NULL, 0);
+        e->router = 0;
+    }
+    return spawn_router(e);
+}
+
+static int spawn_router(struct rtr_env *e)
+{
+    const char *const *argv = e->argv;
     /* fork and exec rather than posix_spawn, so that the router dies with a test that dies
      * (PR_SET_PDEATHSIG) instead of draining on without its parent. */
     pid_t parent = getpid();

@@ -4,7 +4,8 @@
  * TokenEvents of deterministic tokens (fake_sched_token), a few per event, one event per request
  * every couple of milliseconds; it answers StatsRequest with figures of its own. A request whose
  * first prompt token is FAKE_SCHED_ERROR_TOKEN fails (FINISH_ERROR). A resubmission
- * (output_token_ids set) continues from the output it carries. */
+ * (output_token_ids set) continues from the output it carries. A RouterHello is answered with
+ * an announcement of every unfinished request (TokenEvent{announce}, then announce_done). */
 #ifndef PAGODA_TESTS_ROUTER_FAKE_SCHEDULER_H
 #define PAGODA_TESTS_ROUTER_FAKE_SCHEDULER_H
 
@@ -25,6 +26,7 @@ struct fake_sched_counts {
     uint32_t output_mismatches; /* carried output that differs from the deterministic tokens */
     uint32_t cancels;
     uint32_t stats_requests;
+    uint32_t router_hellos;
     uint32_t running;
     int last_has_seed;
     uint64_t last_seed;
@@ -51,11 +53,15 @@ struct rtr_env {
     char url[128]; /* the router's client address (ipc://) */
     pid_t router;
     struct fake_sched *fs;
+    const char *argv[32]; /* the router's command line */
 };
 
 /* Starts the fake scheduler and pagoda-router (with extra flags, NULL-terminated; may be
  * NULL) and waits until the router reports healthy. Returns 0 or -1. */
 int rtr_env_start(struct rtr_env *e, const char *const *extra_args);
+/* kill -9 of the router, then starts it again with the same arguments and waits until it reports
+ * healthy. Returns 0 or -1. */
+int rtr_env_restart_router(struct rtr_env *e);
 /* Sends SIGTERM (when the router still runs), waits for it and returns its exit status (or -1
  * when it did not exit normally); stops the fake and removes the run directory. */
 int rtr_env_stop(struct rtr_env *e);

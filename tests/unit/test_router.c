@@ -967,6 +967,49 @@ static void test_tenants_exhausted_keeps_admitted(void **state)
     pagoda_client_close(bob);
 }
 
+/* kill -9 of the router: the restarted one learns the request from the scheduler's
+ * announcement (with a tenants file, under the client's id that the scheduler echoes), so its
+ * owner polling by id gets every token, and another tenant still gets PAGODA_ENOENT. */
+static void test_tenants_router_restart_keeps_requests(void **state)
+{
+    struct rtr_env *e = *state;
+    pagoda_client *alice = open_tenant_client(e, "alice-key-2");
+    const int32_t prompt[] = {21, 22, 23};
+    pagoda_generate_params p = greedy(30);
+    uint8_t id[16];
+    assert_int_equal(pagoda_submit(alice, &p, prompt, 3, id), 0);
+    pagoda_result r;
+    assert_int_equal(pagoda_poll(alice, id, 0, 2000, &r), 0);
+    assert_true(r.num_tokens > 0);
+    pagoda_result_free(&r);
+    fake_sched_hold(e->fs, 1);
+    struct fake_sched_counts before, after;
+    fake_sched_get_counts(e->fs, &before);
+    assert_int_equal(rtr_env_restart_router(e), 0);
+    pagoda_client *bob = open_tenant_client(e, "bob-key");
+    assert_int_equal(pagoda_poll(bob, id, 0, 0, &r), PAGODA_ENOENT);
+    fake_sched_get_counts(e->fs, &after);
+    assert_int_equal(after.router_hellos, before.router_hellos + 1);
+    fake_sched_hold(e->fs, 0);
+    int32_t out[30];
+    uint32_t have = 0;
+    pagoda_finish_reason f = PAGODA_FINISH_NONE;
+    for (int i = 0; i < 1000 && f == PAGODA_FINISH_NONE; i++) {
+        assert_int_equal(pagoda_poll(alice, id, have, 2000, &r), 0);
+        assert_true(have + r.num_tokens <= 30);
+        memcpy(out + have, r.token_ids, r.num_tokens * sizeof(int32_t));
+        have += (uint32_t)r.num_tokens;
+        f = r.finish_reason;
+        pagoda_result_free(&r);
+    }
+    assert_int_equal(f, PAGODA_FINISH_LENGTH);
+    assert_int_equal(have, 30);
+    for (uint32_t i = 0; i < 30; i++)
+        assert_int_equal(out[i], fake_sched_token(prompt, 3, i));
+    pagoda_client_close(alice);
+    pagoda_client_close(bob);
+}
+
 int main(void)
 {
     const struct CMUnitTest shared[] = {
@@ -989,6 +1032,7 @@ int main(void)
         cmocka_unit_test(test_tenants_other_tenants_id_is_enoent),
         cmocka_unit_test(test_tenants_dedup_is_per_tenant),
         cmocka_unit_test(test_tenants_exhausted_keeps_admitted),
+        cmocka_unit_test(test_tenants_router_restart_keeps_requests),
     };
     const struct CMUnitTest own[] = {
         cmocka_unit_test(test_scheduler_restart_resumes_requests),

@@ -469,8 +469,24 @@ struct req_rec {
     int ends;
 };
 
+/* One TokenEvent{announce} received. */
+struct ann_rec {
+    uint8_t id[SCHEDULER_REQUEST_ID_BYTES];
+    uint8_t client_id[SCHEDULER_REQUEST_ID_BYTES];
+    bool has_client_id;
+    int32_t out[MAX_OUT];
+    int n_out;
+    int finish;
+    int32_t max_tokens;
+    bool ignore_eos;
+    bool tenant_ok;
+    uint32_t prompt_tokens;
+};
+
 struct harness {
     struct scheduler *s;
+    struct ann_rec ann[MAX_REQS];
+    int n_ann, ann_done;
     struct scheduler_config cfg;
     struct hello_opts hello;
     int64_t now;
@@ -523,8 +539,31 @@ static void io_to_router(void *ctx, const Pagoda__Internal__ToRouter *msg)
         h->stats_cpu_us = m->stats->step_cpu_us;
     } else {
         assert_int_equal(m->msg_case, PAGODA__INTERNAL__TO_ROUTER__MSG_EVENTS);
+        if (m->events->has_announce_done && m->events->announce_done)
+            h->ann_done++;
         for (size_t i = 0; i < m->events->n_events; i++) {
             const Pagoda__Internal__TokenEvent *ev = m->events->events[i];
+            if (ev->has_announce && ev->announce) {
+                assert_true(h->n_ann < MAX_REQS);
+                struct ann_rec *a = &h->ann[h->n_ann++];
+                assert_int_equal(ev->request_id.len, SCHEDULER_REQUEST_ID_BYTES);
+                memcpy(a->id, ev->request_id.data, SCHEDULER_REQUEST_ID_BYTES);
+                a->has_client_id = ev->has_client_request_id &&
+                                   ev->client_request_id.len == SCHEDULER_REQUEST_ID_BYTES;
+                if (a->has_client_id)
+                    memcpy(a->client_id, ev->client_request_id.data, SCHEDULER_REQUEST_ID_BYTES);
+                assert_int_equal(ev->offset, 0);
+                assert_true(ev->n_token_ids <= MAX_OUT);
+                a->n_out = (int)ev->n_token_ids;
+                for (size_t t = 0; t < ev->n_token_ids; t++)
+                    a->out[t] = ev->token_ids[t];
+                a->finish = ev->has_finish_reason ? (int)ev->finish_reason : 0;
+                a->max_tokens = ev->max_tokens;
+                a->ignore_eos = ev->ignore_eos;
+                a->tenant_ok = ev->tenant != NULL && strcmp(ev->tenant, "t") == 0;
+                a->prompt_tokens = ev->prompt_tokens;
+                continue;
+            }
             if (ev->request_id.len != SCHEDULER_REQUEST_ID_BYTES) {
                 assert_int_not_equal(ev->error_code, 0);
                 assert_int_equal(ev->finish_reason, PAGODA__INTERNAL__FINISH_REASON__FINISH_ERROR);
@@ -776,6 +815,12 @@ static struct req_rec *submit_full(struct harness *h, int idn, const int32_t *pr
     sub.stop_token_ids = (int32_t *)stop;
     sub.has_ignore_eos = 1;
     sub.ignore_eos = ignore_eos;
+    uint8_t client_id[SCHEDULER_REQUEST_ID_BYTES];
+    for (int i = 0; i < SCHEDULER_REQUEST_ID_BYTES; i++)
+        client_id[i] = (uint8_t)(r->id[i] ^ 0xa5);
+    sub.has_client_request_id = 1;
+    sub.client_request_id.data = client_id;
+    sub.client_request_id.len = SCHEDULER_REQUEST_ID_BYTES;
     Pagoda__Internal__ToScheduler m = PAGODA__INTERNAL__TO_SCHEDULER__INIT;
     m.msg_case = PAGODA__INTERNAL__TO_SCHEDULER__MSG_SUBMIT;
     m.submit = &sub;
@@ -1488,6 +1533,58 @@ static void test_stats_reply(void **state)
     harness_close(h);
 }
 
+static void router_hello(struct harness *h)
+{
+    Pagoda__Internal__RouterHello hello = PAGODA__INTERNAL__ROUTER_HELLO__INIT;
+    Pagoda__Internal__ToScheduler m = PAGODA__INTERNAL__TO_SCHEDULER__INIT;
+    m.msg_case = PAGODA__INTERNAL__TO_SCHEDULER__MSG_ROUTER_HELLO;
+    m.router_hello = &hello;
+    deliver_router(h, &m);
+}
+
+/* RouterHello: every request held is announced from offset 0 with its output so far, the
+ * parameters a router needs and the client's id; a recently ended one with its finish reason;
+ * announce_done closes the announcement, and events continue from where they were. */
+static void test_router_hello_announces(void **state)
+{
+    struct harness *h = harness_open(&DEFAULT_SETUP);
+    router_hello(h);
+    assert_int_equal(h->n_ann, 0);
+    assert_int_equal(h->ann_done, 1);
+    int32_t pa[6], pb[6];
+    make_prompt(40, 6, pa);
+    make_prompt(41, 6, pb);
+    struct req_rec *a = submit(h, 1, pa, 6, 2);
+    struct req_rec *b = submit_full(h, 2, pb, 6, 30, NULL, 0, true);
+    for (int i = 0; i < 5; i++)
+        exchange(h);
+    assert_int_equal(a->ends, 1);
+    assert_int_equal(b->ends, 0);
+    assert_true(b->n_out >= 3);
+    router_hello(h);
+    assert_int_equal(h->ann_done, 2);
+    assert_int_equal(h->n_ann, 2);
+    const struct ann_rec *ab = &h->ann[0], *aa = &h->ann[1]; /* running first, then ended */
+    assert_memory_equal(ab->id, b->id, SCHEDULER_REQUEST_ID_BYTES);
+    assert_int_equal(ab->n_out, b->n_out);
+    assert_memory_equal(ab->out, b->out, (size_t)b->n_out * sizeof(int32_t));
+    assert_int_equal(ab->finish, 0);
+    assert_int_equal(ab->max_tokens, 30);
+    assert_true(ab->ignore_eos && ab->tenant_ok && ab->has_client_id);
+    assert_int_equal(ab->client_id[0], b->id[0] ^ 0xa5);
+    assert_int_equal(ab->prompt_tokens, 6);
+    assert_memory_equal(aa->id, a->id, SCHEDULER_REQUEST_ID_BYTES);
+    assert_int_equal(aa->n_out, 2);
+    assert_memory_equal(aa->out, a->out, 2 * sizeof(int32_t));
+    assert_int_equal(aa->finish, PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH);
+    assert_false(aa->ignore_eos);
+    pump(h);
+    assert_int_equal(b->ends, 1);
+    assert_int_equal(b->n_out, 30);
+    expect_idle_pool(h);
+    harness_close(h);
+}
+
 int main(void)
 {
     log_set_level(LOG_OFF);
@@ -1508,6 +1605,7 @@ int main(void)
         cmocka_unit_test(test_dup_step_fault),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_stats_reply),
+        cmocka_unit_test(test_router_hello_announces),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     nng_fini();
