@@ -387,9 +387,9 @@ static void send_error(struct scheduler *s, const uint8_t *id, size_t id_len, in
 
 /* ---- ending sequences ----------------------------------------------------------------------- */
 
-/* Removes q from its list and the tables and frees it. Its blocks are fenced on the last step
- * sent; a worker that knows it hears of it in the next step's finished_seq_ids. */
-static void seq_remove(struct scheduler *s, struct seq *q)
+/* Takes q out of its list and the tables. Its blocks are fenced on the last step sent; a worker
+ * that knows it hears of it in the next step's finished_seq_ids. */
+static void seq_detach(struct scheduler *s, struct seq *q)
 {
     if (q->state == SEQ_RUNNING) {
         list_remove(&s->running, q);
@@ -402,6 +402,12 @@ static void seq_remove(struct scheduler *s, struct seq *q)
         list_remove(&s->waiting, q);
     }
     unhash_request(s, q);
+}
+
+/* Removes q from its list and the tables and frees it. */
+static void seq_remove(struct scheduler *s, struct seq *q)
+{
+    seq_detach(s, q);
     seq_free(q);
 }
 
@@ -409,17 +415,7 @@ static void seq_remove(struct scheduler *s, struct seq *q)
  * list: a router that restarts before it heard the end learns it from the announcement. */
 static void seq_retire(struct scheduler *s, struct seq *q)
 {
-    if (q->state == SEQ_RUNNING) {
-        list_remove(&s->running, q);
-        if (q->worker_knows)
-            id_list_push(s, &s->pending_finished, q->seq_id);
-        if (block_table_release(s->bm, &q->table, s->last_step_id) != 0)
-            log_error("scheduler: releasing blocks: %s", pagoda_error_detail());
-        unhash_seq_id(s, q);
-    } else {
-        list_remove(&s->waiting, q);
-    }
-    unhash_request(s, q);
+    seq_detach(s, q);
     q->state = SEQ_WAITING;
     list_push_back(&s->recent, q);
     while (s->recent.count > SCHEDULER_MAX_RECENT_ENDED) {

@@ -296,19 +296,26 @@ static void scenario_kill_worker(struct group *g)
     CHECK(group_stop(g) == 0, "the group stops");
 }
 
-static void kill_scheduler(struct group *g)
+/* The program the kill-scheduler and kill-router scenarios kill ("scheduler" or "router"). */
+static const char *victim;
+
+static void kill_victim(struct group *g)
 {
-    pid_t pid = group_program_pid(g, "pagoda-scheduler");
+    char program[32];
+    snprintf(program, sizeof(program), "pagoda-%s", victim);
+    pid_t pid = group_program_pid(g, program);
     CHECK(pid > 0 && atomic_load(&started_jobs) == 32,
-          "every request has its first token; killing scheduler %d", (int)pid);
+          "every request has its first token; killing %s %d", victim, (int)pid);
     if (pid > 0)
         kill(pid, SIGKILL);
 }
 
-/* kill -9 of the scheduler amid 32 running requests, half greedy, half sampled with a seed:
- * the supervisor restarts it, the router resubmits every unfinished request with the output it
- * already has (as output, not prompt), and every output equals a run without the kill. */
-static void scenario_kill_scheduler(struct group *g)
+/* kill -9 of the scheduler or the router amid 32 running requests, half greedy, half sampled
+ * with a seed; the supervisor restarts it, and every output equals a run without the kill.
+ * A new scheduler gets every unfinished request again from the router, with the output it
+ * already has (as output, not prompt); a new router learns every request from the scheduler's
+ * announcement, and the clients' polls (resent by NNG's REQ) find them by id. */
+static void scenario_kill_program(struct group *g, const char *program)
 {
     /* clang-format off */
     const char *extra[] = {
@@ -318,59 +325,14 @@ static void scenario_kill_scheduler(struct group *g)
         "--scheduler-arg", "--max-batched-tokens", "--scheduler-arg", "512",
         NULL};
     /* clang-format on */
+    victim = program;
     CHECK(group_start(g, extra) == 0, "group started");
     make_jobs(kill_jobs, 32, 20, 80, 30, 11);
     for (int i = 16; i < 32; i++) {
         kill_jobs[i].temperature = 0.8f;
         kill_jobs[i].seed = 777;
     }
-    run_jobs(g, kill_jobs, 32, kill_scheduler);
-    int ok = 0;
-    for (int i = 0; i < 32; i++)
-        ok += kill_jobs[i].rc == 0;
-    CHECK(ok == 32, "all 32 requests completed after the kill (%d)", ok);
-    CHECK(compare_with_pagoda_run(g, kill_jobs, 16, 40) == 0,
-          "greedy outputs equal a run without the kill");
-    CHECK(compare_with_pagoda_run(g, kill_jobs + 16, 16, 40) == 0,
-          "seeded sampled outputs equal a run without the kill");
-    char log[700], cmd[800];
-    snprintf(log, sizeof(log), "%s/supervisor.log", g->tmp);
-    snprintf(cmd, sizeof(cmd), "grep -q 'scheduler.*exited' '%s'", log);
-    CHECK(system(cmd) == 0, "the supervisor restarted the scheduler");
-    free_jobs(kill_jobs, 32);
-    CHECK(group_stop(g) == 0, "the group stops");
-}
-
-static void kill_router(struct group *g)
-{
-    pid_t pid = group_program_pid(g, "pagoda-router");
-    CHECK(pid > 0 && atomic_load(&started_jobs) == 32,
-          "every request has its first token; killing router %d", (int)pid);
-    if (pid > 0)
-        kill(pid, SIGKILL);
-}
-
-/* kill -9 of the router amid 32 running requests, half greedy, half sampled with a seed: the
- * supervisor restarts it, the scheduler announces every request it holds to the new router, the
- * clients' polls (resent by NNG's REQ) find them by id, and every output equals a run without
- * the kill. */
-static void scenario_kill_router(struct group *g)
-{
-    /* clang-format off */
-    const char *extra[] = {
-        "--worker-arg", "--step-delay-ms", "--worker-arg", "30",
-        "--scheduler-arg", "--result-timeout-ms", "--scheduler-arg", ms(2000),
-        "--scheduler-arg", "--watchdog-ms", "--scheduler-arg", ms(10000),
-        "--scheduler-arg", "--max-batched-tokens", "--scheduler-arg", "512",
-        NULL};
-    /* clang-format on */
-    CHECK(group_start(g, extra) == 0, "group started");
-    make_jobs(kill_jobs, 32, 20, 80, 30, 11);
-    for (int i = 16; i < 32; i++) {
-        kill_jobs[i].temperature = 0.8f;
-        kill_jobs[i].seed = 777;
-    }
-    run_jobs(g, kill_jobs, 32, kill_router);
+    run_jobs(g, kill_jobs, 32, kill_victim);
     int ok = 0;
     for (int i = 0; i < 32; i++) {
         ok += kill_jobs[i].rc == 0;
@@ -384,8 +346,8 @@ static void scenario_kill_router(struct group *g)
           "seeded sampled outputs equal a run without the kill");
     char log[700], cmd[800];
     snprintf(log, sizeof(log), "%s/supervisor.log", g->tmp);
-    snprintf(cmd, sizeof(cmd), "grep -q 'router.*exited' '%s'", log);
-    CHECK(system(cmd) == 0, "the supervisor restarted the router");
+    snprintf(cmd, sizeof(cmd), "grep -q '%s.*exited' '%s'", program, log);
+    CHECK(system(cmd) == 0, "the supervisor restarted the %s", program);
     free_jobs(kill_jobs, 32);
     CHECK(group_stop(g) == 0, "the group stops");
 }
@@ -533,9 +495,9 @@ int main(int argc, char **argv)
     else if (strcmp(s, "cancel") == 0)
         scenario_cancel(&g);
     else if (strcmp(s, "kill-scheduler") == 0)
-        scenario_kill_scheduler(&g);
+        scenario_kill_program(&g, "scheduler");
     else if (strcmp(s, "kill-router") == 0)
-        scenario_kill_router(&g);
+        scenario_kill_program(&g, "router");
     else if (strcmp(s, "stop-worker") == 0)
         scenario_stop_worker(&g);
     else if (strcmp(s, "faults") == 0)
