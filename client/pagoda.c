@@ -1,4 +1,5 @@
 #include "client/pagoda.h"
+#include "client/client_internal.h"
 
 #include "proto/pagoda.pb-c.h"
 
@@ -15,16 +16,14 @@
 /* The largest request the router accepts (router.h ROUTER_MAX_CLIENT_MESSAGE_BYTES): a bigger
  * one would only make NNG drop the connection, so it is refused here with a clear error. */
 #define CLIENT_MAX_REQUEST_BYTES (4u << 20)
-/* NNG's REQ resends a call that has had no reply for this long beyond its poll wait: long
- * enough that a busy router is not asked twice, short enough that a lost reply costs little. */
-#define RESEND_MARGIN_MS 5000u
 /* pagoda_generate's wait per poll. */
 #define GENERATE_POLL_WAIT_MS 10000u
 
 struct pagoda_client {
     nng_socket sock;
     atomic_uint timeout_ms;
-    char *api_key; /* sent with every call; NULL: none */
+    atomic_uint resend_ms; /* beyond a call's poll wait; see pagoda_client_set_resend_ms */
+    char *api_key;         /* sent with every call; NULL: none */
 };
 
 /* NNG's codes become PAGODA_E* codes here and travel no further. */
@@ -83,6 +82,7 @@ int pagoda_client_open(const char *url, pagoda_client **out)
     if (c == NULL)
         return PAGODA_ENOMEM;
     atomic_init(&c->timeout_ms, PAGODA_DEFAULT_TIMEOUT_MS);
+    atomic_init(&c->resend_ms, PAGODA_DEFAULT_RESEND_MS);
     int rv = nng_req0_open(&c->sock);
     if (rv != 0) {
         free(c);
@@ -136,6 +136,13 @@ void pagoda_client_set_timeout_ms(pagoda_client *c, uint32_t timeout_ms)
     atomic_store(&c->timeout_ms, timeout_ms ? timeout_ms : 1);
 }
 
+void pagoda_client_set_resend_ms(pagoda_client *c, uint32_t resend_ms)
+{
+    if (resend_ms > PAGODA_MAX_RESEND_MS)
+        resend_ms = PAGODA_MAX_RESEND_MS;
+    atomic_store(&c->resend_ms, resend_ms ? resend_ms : 1);
+}
+
 /* One call: packs req, sends it on a context of its own and waits for the reply. On success
  * *out is the unpacked reply (free with pagoda__client_response__free_unpacked) and has no
  * error; an error the router reported is returned as its code, with its message as the
@@ -153,6 +160,8 @@ static int call(pagoda_client *c, Pagoda__ClientRequest *req, uint32_t wait_ms,
                                 "%u bytes",
                                 len, CLIENT_MAX_REQUEST_BYTES);
     uint32_t timeout_ms = atomic_load(&c->timeout_ms);
+    /* wait_ms <= PAGODA_POLL_WAIT_MS_MAX, so the sum fits NNG's int32 milliseconds. */
+    uint32_t resend_ms = wait_ms + atomic_load(&c->resend_ms);
     nng_ctx ctx;
     nng_aio *aio = NULL;
     nng_msg *m = NULL;
@@ -160,8 +169,7 @@ static int call(pagoda_client *c, Pagoda__ClientRequest *req, uint32_t wait_ms,
     int rv = nng_ctx_open(&ctx, c->sock);
     if (rv != 0)
         return nng_error(rv, "nng_ctx_open");
-    if ((rv = nng_ctx_set_ms(ctx, NNG_OPT_REQ_RESENDTIME,
-                             (nng_duration)(wait_ms + RESEND_MARGIN_MS))) != 0 ||
+    if ((rv = nng_ctx_set_ms(ctx, NNG_OPT_REQ_RESENDTIME, (nng_duration)resend_ms)) != 0 ||
         (rv = nng_aio_alloc(&aio, NULL, NULL)) != 0 || (rv = nng_msg_alloc(&m, len)) != 0) {
         rc = nng_error(rv, "client call setup");
         goto out;
@@ -495,9 +503,16 @@ int pagoda_stats(pagoda_client *c, pagoda_engine_stats *out)
     out->computed_tokens = s->computed_tokens;
     out->malformed_messages = s->malformed_messages;
     out->step_cpu_us = s->step_cpu_us;
+    out->cached_blocks = s->cached_blocks;
+    out->pinned_blocks = s->pinned_blocks;
+    out->peak_kv_usage = s->peak_kv_usage;
+    out->prefix_query_tokens = s->prefix_query_tokens;
+    out->prefix_hit_tokens = s->prefix_hit_tokens;
+    out->evictions = s->evictions;
     out->live_requests = s->live_requests;
     out->finished_requests = s->finished_requests;
     out->malformed_requests = s->malformed_requests;
+    out->duplicate_submits = s->duplicate_submits;
     out->scheduler_connected = s->scheduler_connected;
     pagoda__client_response__free_unpacked(resp, NULL);
     return 0;
@@ -552,4 +567,10 @@ void pagoda_request_id_hex(const uint8_t id[PAGODA_REQUEST_ID_BYTES], char out[3
         out[2 * i + 1] = digits[id[i] & 15];
     }
     out[32] = '\0';
+}
+
+int client_call(pagoda_client *c, Pagoda__ClientRequest *req, uint32_t wait_ms,
+                Pagoda__ClientResponse **out)
+{
+    return call(c, req, wait_ms, out);
 }

@@ -28,6 +28,11 @@
 #define PAGODA_POLL_WAIT_MS_MAX 30000u
 /* The default time a call may take beyond its poll wait (connecting included). */
 #define PAGODA_DEFAULT_TIMEOUT_MS 30000u
+/* The default time NNG's REQ waits for a call's reply beyond its poll wait before it sends the
+ * call again: long enough that a busy router is not asked twice, short enough that a lost reply
+ * costs little. pagoda_client_set_resend_ms clamps to the maximum. */
+#define PAGODA_DEFAULT_RESEND_MS 5000u
+#define PAGODA_MAX_RESEND_MS 3600000u
 /* The longest API key pagoda_client_set_api_key accepts. */
 #define PAGODA_MAX_API_KEY_BYTES 256u
 /* The largest reply the client accepts (NNG_OPT_RECVMAXSZ). */
@@ -84,9 +89,15 @@ typedef struct pagoda_engine_stats {
     int32_t num_blocks, free_blocks;
     uint64_t computed_tokens, malformed_messages;
     double step_cpu_us;
+    /* The prefix cache (prefix_hit_rate = prefix_hit_tokens / prefix_query_tokens) and the
+     * pool (fragmentation: allocated slots holding no token over allocated slots). */
+    uint32_t cached_blocks, pinned_blocks;
+    double peak_kv_usage;
+    uint64_t prefix_query_tokens, prefix_hit_tokens, evictions;
     /* The router's own. */
     uint32_t live_requests, finished_requests;
     uint64_t malformed_requests;
+    uint64_t duplicate_submits; /* Submits of an id already held, answered with that request */
     int scheduler_connected;
 } pagoda_engine_stats;
 
@@ -106,6 +117,13 @@ void pagoda_client_close(pagoda_client *c);
 /* Sets how long a call may take beyond its poll wait (default PAGODA_DEFAULT_TIMEOUT_MS, at
  * least 1). A call that runs out returns PAGODA_ETIMEDOUT. Not to be changed while calls run. */
 void pagoda_client_set_timeout_ms(pagoda_client *c, uint32_t timeout_ms);
+
+/* Sets how long a call waits for its reply, beyond its poll wait, before NNG's REQ sends it again
+ * on the same or a new connection (default PAGODA_DEFAULT_RESEND_MS; 0 counts as 1, more than
+ * PAGODA_MAX_RESEND_MS as that). A resend is harmless (the router answers a resent Submit with
+ * the request it already holds, and Poll is idempotent), so a short time only costs traffic:
+ * tests use one to make the router receive duplicates. Not to be changed while calls run. */
+void pagoda_client_set_resend_ms(pagoda_client *c, uint32_t resend_ms);
 
 /* Sets the API key sent with every later call (the router maps it to a tenant); NULL sends
  * none. The key is copied. Not to be changed while calls run. Errors: PAGODA_EINVAL (c is

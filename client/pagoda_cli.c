@@ -5,6 +5,8 @@
  *                                [--json]
  *   pagoda [--url URL] stats [--json]
  *   pagoda [--url URL] health
+ *   pagoda [--url URL] --api-key ADMINKEY admin tenants|pin|unpin|flush|reload ...
+ *                                (pagoda_admin_cli.c)
  *
  * Sampling defaults to greedy (temperature 0), as pagoda-run does, so that the two can be
  * compared token for token. Exit status: 0 on success, 1 when the router (or the request)
@@ -12,6 +14,7 @@
 #include "client/pagoda.h"
 #include "common/error.h"
 #include "common/parse.h"
+#include "client/pagoda_admin_cli.h"
 
 #include <getopt.h>
 #include <math.h>
@@ -42,6 +45,7 @@ static void usage(FILE *f)
         "line per piece, then the summary line).\n"
         "Exit status: 0 done, 1 the router or the request failed, 2 bad flags.\n",
         PAGODA_DEFAULT_URL);
+    admin_cli_usage(f);
 }
 
 static int bad_flags(int rc)
@@ -341,6 +345,12 @@ static int cmd_stats(pagoda_client *c, const struct cli *o)
     FIELD("computed_tokens", "%llu", (unsigned long long)s.computed_tokens);
     FIELD("malformed_messages", "%llu", (unsigned long long)s.malformed_messages);
     FIELD("step_cpu_us", "%.6g", s.step_cpu_us);
+    FIELD("cached_blocks", "%u", s.cached_blocks);
+    FIELD("pinned_blocks", "%u", s.pinned_blocks);
+    FIELD("peak_kv_usage", "%.6g", s.peak_kv_usage);
+    FIELD("prefix_query_tokens", "%llu", (unsigned long long)s.prefix_query_tokens);
+    FIELD("prefix_hit_tokens", "%llu", (unsigned long long)s.prefix_hit_tokens);
+    FIELD("evictions", "%llu", (unsigned long long)s.evictions);
     FIELD("live_requests", "%u", s.live_requests);
     FIELD("finished_requests", "%u", s.finished_requests);
     FIELD("malformed_requests", "%llu", (unsigned long long)s.malformed_requests);
@@ -401,11 +411,13 @@ int main(int argc, char **argv)
         return 2;
     }
     const char *cmd = argv[i];
+    if (strcmp(cmd, "admin") == 0)
+        return admin_cli_main(o.url, o.api_key, argc - i, argv + i);
     int sub_argc = argc - i;
     char **sub_argv = argv + i;
     int is_generate = strcmp(cmd, "generate") == 0;
     if (!is_generate && strcmp(cmd, "stats") != 0 && strcmp(cmd, "health") != 0) {
-        fprintf(stderr, "pagoda: unknown command '%s' (generate, stats, health)\n", cmd);
+        fprintf(stderr, "pagoda: unknown command '%s' (generate, stats, health, admin)\n", cmd);
         return 2;
     }
     optind = 1;

@@ -13,6 +13,12 @@
 
 #include <stdint.h>
 
+/* The exit status of a program that cannot run as it is configured (EX_CONFIG of sysexits.h):
+ * a GPU worker whose weights do not fit beside the KV pool, a worker whose backend does not
+ * match the pool. A restart would fail the same way, so the supervisor does not restart it: it
+ * stops the group and says why. */
+#define RESTART_POLICY_EXIT_CANNOT_RUN 78
+
 struct restart_policy {
     uint64_t backoff_min_ms; /* the delay before the first restart */
     uint64_t backoff_max_ms; /* the delay doubles up to this */

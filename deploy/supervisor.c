@@ -1,7 +1,7 @@
 /* pagoda-supervisor: starts pagoda's process group on one machine, keeps it running, stops it.
  *
  *   pagoda-supervisor --run-dir DIR --bin-dir BINDIR --model MODEL [--workers N] [--listen URL]
- *                     [--block-size B] [--kv-blocks N | --kv-bytes B] [--backend cpu]
+ *                     [--block-size B] [--kv-blocks N | --kv-bytes B] [--backend cpu|cuda|null]
  *                     [--log-level info] [--ready-timeout-ms 60000] [--stop-timeout-ms 30000]
  *                     [--kvpool-arg A]... [--worker-arg A]... [--scheduler-arg A]...
  *                     [--router-arg A]...
@@ -17,10 +17,12 @@
  *
  * Afterwards a program that exits, however, is restarted with back-off (restart_policy.h), and
  * not waited for: the others keep running, and the protocol reconnects them. Repeated fast
- * exits stop the group (exit 1). A Control{hung_worker_id, hung_worker_pid} from the
- * scheduler's watchdog kills that worker with SIGKILL when the pid is the worker's current
- * process (a stale report about a process already replaced kills nothing); its restart
- * follows from its exit.
+ * exits stop the group (exit 1), and so does, at once, an exit with
+ * RESTART_POLICY_EXIT_CANNOT_RUN (a program that says it cannot run as configured, such as a GPU
+ * worker whose weights do not fit beside the pool: restarting it would only repeat that). A
+ * Control{hung_worker_id, hung_worker_pid} from the scheduler's watchdog kills that worker with
+ * SIGKILL when the pid is the worker's current process (a stale report about a process already
+ * replaced kills nothing); its restart follows from its exit.
  *
  * SIGTERM or SIGINT drains the group in the reverse order of its dependencies: the router first
  * (it stops admitting and lets running requests finish), then the scheduler, the workers, and
@@ -188,7 +190,8 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: pagoda-supervisor --run-dir DIR --bin-dir BINDIR --model MODEL\n"
             "         [--workers N (1..%d, default 1)] [--listen URL (tcp://127.0.0.1:7450)]\n"
-            "         [--block-size B] [--kv-blocks N | --kv-bytes B] [--backend cpu]\n"
+            "         [--block-size B] [--kv-blocks N | --kv-bytes B]\n"
+            "         [--backend cpu|cuda|null (the workers'; cuda puts the pool on the GPU)]\n"
             "         [--log-level debug|info|warn|error] [--ready-timeout-ms 60000]\n"
             "         [--stop-timeout-ms 30000] [--kvpool-arg A]... [--worker-arg A]...\n"
             "         [--scheduler-arg A]... [--router-arg A]...\n"
@@ -306,6 +309,10 @@ static int parse_opts(int argc, char **argv, struct sup_opts *o)
             o->kv_bytes = optarg;
             break;
         case OPT_BACKEND:
+            if (strcmp(optarg, "cpu") != 0 && strcmp(optarg, "cuda") != 0 &&
+                strcmp(optarg, "null") != 0)
+                return pagoda_error_set(PAGODA_EINVAL, "--backend %s: expected cpu, cuda or null",
+                                        optarg);
             o->backend = optarg;
             break;
         case OPT_LOG_LEVEL: {
@@ -446,6 +453,11 @@ static void child_build_argv(struct supervisor *sup, struct child *c)
         } else if (o->kv_bytes != NULL) {
             c->argv[n++] = "--kv-bytes";
             c->argv[n++] = (char *)o->kv_bytes;
+        }
+        /* The CUDA backend's pool is on the GPU; cpu and null workers use the shared one. */
+        if (strcmp(o->backend, "cuda") == 0) {
+            c->argv[n++] = "--backend";
+            c->argv[n++] = "cuda";
         }
         break;
     case ROLE_WORKER:
@@ -817,6 +829,17 @@ static void on_child_closed(uv_handle_t *h)
     case PHASE_DONE:
         return;
     case PHASE_STARTING:
+    case PHASE_RUNNING:
+        if (c->spawn_error == 0 && c->term_signal == 0 &&
+            c->exit_status == RESTART_POLICY_EXIT_CANNOT_RUN) {
+            log_error("%s (pid %d) cannot run as configured (exit status %d, see %s/%s.log); not "
+                      "restarting it: stopping the group",
+                      c->name, c->pid, RESTART_POLICY_EXIT_CANNOT_RUN, sup->run_dir, c->name);
+            begin_stop(sup, 1);
+            return;
+        }
+        if (sup->phase == PHASE_RUNNING)
+            break;
         if (sup->awaiting < sup->num_children && c == &sup->children[sup->awaiting] && !c->ready) {
             if (c->spawn_error != 0)
                 log_error("%s (%s) %s; stopping the group", c->name, c->argv[0], how);
@@ -827,8 +850,6 @@ static void on_child_closed(uv_handle_t *h)
             begin_stop(sup, 1);
             return;
         }
-        break;
-    case PHASE_RUNNING:
         break;
     }
 

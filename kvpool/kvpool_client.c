@@ -30,10 +30,31 @@ static int geometry_from_proto(const Pagoda__Internal__PoolGeometry *p, struct k
     return kv_geometry_validate(g);
 }
 
-/* One request on an open REQ socket: 0, PAGODA_ETIMEDOUT (ask again) or another error. */
-static int ask_once(nng_socket s, int64_t worker_id, struct kv_geometry *g, char *shm_name,
-                    size_t len)
+/* Where the pool is: a shared-memory name or a device and a socket, each fitting its field. */
+static int location_from_proto(const Pagoda__Internal__PoolGeometry *p, struct kvpool_info *out)
 {
+    out->device = -1;
+    out->shm_name[0] = out->handle_socket[0] = '\0';
+    if (p->handle_socket != NULL && p->handle_socket[0] != '\0') {
+        if (!p->has_device || p->device < 0)
+            return pagoda_error_set(PAGODA_EPROTO, "kvpool's GPU pool has no device");
+        if ((size_t)snprintf(out->handle_socket, sizeof(out->handle_socket), "%s",
+                             p->handle_socket) >= sizeof(out->handle_socket))
+            return pagoda_error_set(PAGODA_EPROTO, "kvpool's handle socket path is too long");
+        out->device = p->device;
+        return 0;
+    }
+    if (p->shm_name == NULL || p->shm_name[0] == '\0' ||
+        (size_t)snprintf(out->shm_name, sizeof(out->shm_name), "%s", p->shm_name) >=
+            sizeof(out->shm_name))
+        return pagoda_error_set(PAGODA_EPROTO, "kvpool's shm name is missing or too long");
+    return 0;
+}
+
+/* One request on an open REQ socket: 0, PAGODA_ETIMEDOUT (ask again) or another error. */
+static int ask_once(nng_socket s, int64_t worker_id, struct kvpool_info *info)
+{
+    struct kv_geometry *g = &info->geometry;
     Pagoda__Internal__KvpoolRequest req = PAGODA__INTERNAL__KVPOOL_REQUEST__INIT;
     req.has_protocol_version = req.has_geometry = 1;
     req.protocol_version = WIRE_PROTOCOL_VERSION;
@@ -65,17 +86,14 @@ static int ask_once(nng_socket s, int64_t worker_id, struct kv_geometry *g, char
         rc = pagoda_error_set(r->error_code < 0 ? r->error_code : PAGODA_EPROTO,
                               "kvpool refused: %s",
                               r->error_message ? r->error_message : "(no message)");
-    else if ((rc = geometry_from_proto(r->geometry, g)) == 0 && shm_name != NULL &&
-             (r->geometry->shm_name == NULL ||
-              (size_t)snprintf(shm_name, len, "%s", r->geometry->shm_name) >= len))
-        rc = pagoda_error_set(PAGODA_EPROTO, "kvpool's shm name is missing or too long");
+    else if ((rc = geometry_from_proto(r->geometry, g)) == 0)
+        rc = location_from_proto(r->geometry, info);
     protobuf_c_message_free_unpacked(&r->base, NULL);
     return rc;
 }
 
-int kvpool_fetch_geometry(const char *run_dir, int64_t worker_id, int wait_ms,
-                          const volatile sig_atomic_t *stop, struct kv_geometry *g, char *shm_name,
-                          size_t len)
+int kvpool_fetch_pool(const char *run_dir, int64_t worker_id, int wait_ms,
+                      const volatile sig_atomic_t *stop, struct kvpool_info *info)
 {
     char url[512];
     int rc = wire_ipc_url(url, sizeof(url), run_dir, "kvpool.ipc");
@@ -101,7 +119,7 @@ int kvpool_fetch_geometry(const char *run_dir, int64_t worker_id, int wait_ms,
             rc = pagoda_error_set(PAGODA_ECLOSED, "stopped while waiting for kvpool");
             break;
         }
-        rc = ask_once(s, worker_id, g, shm_name, len);
+        rc = ask_once(s, worker_id, info);
         if (rc != PAGODA_ETIMEDOUT && rc != PAGODA_ECLOSED)
             break;
         if (nng_clock() >= deadline) {
@@ -117,4 +135,19 @@ int kvpool_fetch_geometry(const char *run_dir, int64_t worker_id, int wait_ms,
     }
     nng_close(s);
     return rc;
+}
+
+int kvpool_fetch_geometry(const char *run_dir, int64_t worker_id, int wait_ms,
+                          const volatile sig_atomic_t *stop, struct kv_geometry *g, char *shm_name,
+                          size_t len)
+{
+    struct kvpool_info info;
+    int rc = kvpool_fetch_pool(run_dir, worker_id, wait_ms, stop, &info);
+    if (rc != 0)
+        return rc;
+    if (shm_name != NULL &&
+        (info.shm_name[0] == '\0' || (size_t)snprintf(shm_name, len, "%s", info.shm_name) >= len))
+        return pagoda_error_set(PAGODA_EPROTO, "kvpool's shm name is missing or too long");
+    *g = info.geometry;
+    return 0;
 }

@@ -1,14 +1,29 @@
-/* pagoda-kvpool: the process that owns one machine's CPU KV pool.
+/* pagoda-kvpool: the process that owns one machine's CPU KV pool, or one GPU's.
  *
  *   pagoda-kvpool --run-dir DIR --model MODEL_DIR [--block-size 16]
- *                 [--kv-blocks N | --kv-bytes B] [--log-level info]
+ *                 [--kv-blocks N | --kv-bytes B] [--backend cpu|cuda] [--device 0]
+ *                 [--reserve-bytes B] [--log-level info]
  *
- * It reads MODEL_DIR/config.json for the pool's shape (layers, KV heads, head dim; f32 on the
- * CPU), creates the pool in POSIX shared memory (kvpool/shm_pool.h) under a name derived from
- * DIR, answers every KvpoolRequest on ipc://DIR/kvpool.ipc with the pool's geometry (shm_name
- * included), and pushes Control{ready, "kvpool"} to the supervisor. The pool outlives every
- * worker that maps it: a restarted worker finds the KV it left. On SIGTERM or SIGINT it stops
- * serving, unlinks the pool (the memory goes away with the last mapping) and exits 0.
+ * It reads MODEL_DIR/config.json for the pool's shape (layers, KV heads, head dim), creates the
+ * pool, answers every KvpoolRequest on ipc://DIR/kvpool.ipc with the pool's geometry, and pushes
+ * Control{ready, "kvpool"} to the supervisor. The pool outlives every worker that maps it: a
+ * restarted worker finds the KV it left. On SIGTERM or SIGINT it stops serving, releases the
+ * pool (the memory goes away with the last mapping) and exits 0.
+ *
+ * --backend cpu (the default): f32, in POSIX shared memory (kvpool/shm_pool.h) under a name
+ * derived from DIR (the geometry's shm_name), 256 MiB unless --kv-blocks or --kv-bytes say.
+ *
+ * --backend cuda: bf16, on GPU --device, allocated with the CUDA VMM API and handed to workers
+ * as file descriptors on the Unix socket DIR/kvpool-fds.ipc (kvpool/cuda_pool.h; the geometry
+ * carries device and handle_socket, no shm_name). The pool is sized here, because this process
+ * sees the GPU's free memory just before it allocates: without --kv-blocks or --kv-bytes it
+ * takes what the GPU has free (measured once this process's CUDA context exists) minus the
+ * model's weights as the CUDA backend stores them (bf16, worker/cuda_budget.h) minus a reserve
+ * for the worker: its activations at the worker's default step limits, CUDA_BUDGET_RESERVE_BYTES
+ * (cuBLAS workspaces, attention plan, sampler) and CUDA_BUDGET_CONTEXT_BYTES (the worker's own
+ * CUDA context). --reserve-bytes replaces that reserve (for workers started with larger
+ * limits, or several workers on one GPU). An explicit size that leaves the worker too little is
+ * allowed but warned about: the worker is the one that refuses, saying by how much.
  *
  * The name is "/pagoda-" and 16 hex digits of the 64-bit FNV-1a hash of DIR's absolute path,
  * so each run directory has its own pool and a supervisor can find it again. A pool left under
@@ -33,7 +48,11 @@
 #include "kvpool/geometry.h"
 #include "kvpool/shm_pool.h"
 #include "wire/wire.h"
+#include "worker/cuda_budget.h"
 #include "worker/model_config.h"
+#ifdef PAGODA_HAVE_CUDA
+#include "kvpool/cuda_pool.h"
+#endif
 
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/rep.h>
@@ -64,6 +83,9 @@
 #define KVPOOL_TICK_S 2
 /* How long a check of the listener (or of another kvpool) waits for an answer. */
 #define KVPOOL_PROBE_MS 1000
+/* The Unix socket in DIR that hands out a GPU pool's descriptors. */
+#define KVPOOL_FDS_SOCKET "kvpool-fds.ipc"
+#define KVPOOL_MAX_DEVICE 1023
 
 struct opts {
     const char *run_dir;
@@ -73,6 +95,9 @@ struct opts {
     int64_t kv_blocks; /* 0: from kv_bytes */
     uint64_t kv_bytes;
     int kv_bytes_set;
+    const char *backend; /* "cpu" or "cuda" */
+    int device;
+    uint64_t reserve_bytes; /* 0: computed (see the file comment) */
 };
 
 struct server;
@@ -99,10 +124,16 @@ struct server {
 static void usage(FILE *f)
 {
     fprintf(f, "usage: pagoda-kvpool --run-dir DIR --model MODEL_DIR [--block-size 16]\n"
-               "                     [--kv-blocks N | --kv-bytes B (default 256 MiB)]\n"
+               "                     [--kv-blocks N | --kv-bytes B] [--backend cpu|cuda]\n"
+               "                     [--device 0] [--reserve-bytes B]\n"
                "                     [--log-level debug|info|warn|error]\n"
-               "Creates the CPU KV pool for the model in shared memory and serves its geometry\n"
-               "on ipc://DIR/kvpool.ipc until SIGTERM, which removes the pool.\n");
+               "Creates the KV pool for the model and serves its geometry on\n"
+               "ipc://DIR/kvpool.ipc until SIGTERM, which removes the pool.\n"
+               "--backend cpu: f32 in shared memory, 256 MiB unless --kv-blocks/--kv-bytes.\n"
+               "--backend cuda: bf16 on GPU --device (CUDA VMM, descriptors on\n"
+               "DIR/" KVPOOL_FDS_SOCKET "); by default the GPU's free memory minus the model's\n"
+               "weights and a reserve for the worker (--reserve-bytes; default: activations at\n"
+               "the worker's default limits, 512 MiB of workspaces and 1 GiB for its context).\n");
 }
 
 static int fail_msg(int rc)
@@ -138,7 +169,8 @@ static uint64_t random_pool_id(void)
 }
 
 /* The pool's geometry: the model's shape, and the block count asked for or what fits. */
-static int pool_geometry(const struct opts *o, const struct model_config *c, struct kv_geometry *g)
+static int pool_geometry(const struct opts *o, const struct model_config *c, enum dtype dtype,
+                         struct kv_geometry *g)
 {
     *g = (struct kv_geometry){
         .pool_id = random_pool_id(),
@@ -147,7 +179,7 @@ static int pool_geometry(const struct opts *o, const struct model_config *c, str
         .block_size = o->block_size,
         .num_kv_heads = (int32_t)c->num_kv_heads,
         .head_dim = (int32_t)c->head_dim,
-        .dtype = DTYPE_F32,
+        .dtype = dtype,
     };
     if (c->num_layers > INT32_MAX || c->num_kv_heads > INT32_MAX || c->head_dim > INT32_MAX)
         return pagoda_error_set(PAGODA_ERANGE, "the model is too large for a KV pool");
@@ -169,6 +201,56 @@ static int pool_geometry(const struct opts *o, const struct model_config *c, str
     return kv_geometry_validate(g);
 }
 
+static double mib(uint64_t bytes)
+{
+    return (double)bytes / (1024.0 * 1024.0);
+}
+
+/* What the GPU has free before the pool, and what the worker will need beside it. */
+struct gpu_budget {
+    uint64_t free_bytes, total_bytes;
+    uint64_t weight_bytes;  /* the model's, as the CUDA backend stores them */
+    uint64_t reserve_bytes; /* the worker's activations, workspaces and context */
+};
+
+#ifdef PAGODA_HAVE_CUDA
+/* --backend cuda: measures the GPU and, without --kv-blocks or --kv-bytes, sets o->kv_bytes to
+ * what is free minus the weights minus the reserve (see the file comment). */
+static int gpu_size(struct opts *o, const struct model_config *c, struct gpu_budget *b)
+{
+    int rc = kv_cuda_mem_info(o->device, &b->free_bytes, &b->total_bytes);
+    if (rc != 0)
+        return rc;
+    b->weight_bytes = cuda_budget_weight_bytes(c);
+    b->reserve_bytes = o->reserve_bytes != 0
+                           ? o->reserve_bytes
+                           : cuda_budget_activation_bytes(c, CUDA_BUDGET_DEFAULT_MAX_TOKENS,
+                                                          CUDA_BUDGET_DEFAULT_MAX_SEQS) +
+                                 CUDA_BUDGET_RESERVE_BYTES + CUDA_BUDGET_CONTEXT_BYTES;
+    log_info("GPU %d: %.0f MiB free of %.0f MiB; the model's weights take %.0f MiB, the "
+             "worker's reserve %.0f MiB",
+             o->device, mib(b->free_bytes), mib(b->total_bytes), mib(b->weight_bytes),
+             mib(b->reserve_bytes));
+    if (o->kv_blocks != 0 || o->kv_bytes_set)
+        return 0;
+    uint64_t beside = b->weight_bytes + b->reserve_bytes;
+    if (beside >= b->free_bytes)
+        return pagoda_error_set(PAGODA_EEXHAUSTED,
+                                "GPU %d has %.0f MiB free; the model's weights (%.0f MiB) and the "
+                                "worker's reserve (%.0f MiB) leave nothing for a KV pool: short "
+                                "by %.0f MiB",
+                                o->device, mib(b->free_bytes), mib(b->weight_bytes),
+                                mib(b->reserve_bytes), mib(beside - b->free_bytes));
+    o->kv_bytes = b->free_bytes - beside;
+    if (o->kv_bytes > KVPOOL_MAX_KV_BYTES)
+        o->kv_bytes = KVPOOL_MAX_KV_BYTES;
+    log_info("--kv-bytes by default: %.0f MiB free - %.0f MiB of weights - %.0f MiB of reserve "
+             "= %.0f MiB",
+             mib(b->free_bytes), mib(b->weight_bytes), mib(b->reserve_bytes), mib(o->kv_bytes));
+    return 0;
+}
+#endif
+
 /* Creates the pool; a leftover of a crashed kvpool under the same name is replaced. */
 static int pool_create(const char *name, const struct kv_geometry *g, struct kv_shm_pool **out)
 {
@@ -185,8 +267,11 @@ static int pool_create(const char *name, const struct kv_geometry *g, struct kv_
 
 /* ---- serving ----------------------------------------------------------------------------- */
 
-static int pack_response(const struct kv_geometry *g, const char *shm_name, int error_code,
-                         const char *error_message, uint8_t **out, size_t *len)
+/* The answer to every request: the geometry and where the pool is (shm_name for the CPU pool,
+ * device and handle_socket for a GPU pool: the other is NULL / -1), or an error. */
+static int pack_response(const struct kv_geometry *g, const char *shm_name, int device,
+                         const char *handle_socket, int error_code, const char *error_message,
+                         uint8_t **out, size_t *len)
 {
     Pagoda__Internal__PoolGeometry pg = PAGODA__INTERNAL__POOL_GEOMETRY__INIT;
     pg.has_pool_id = pg.has_num_layers = pg.has_num_blocks = pg.has_block_size = 1;
@@ -197,8 +282,13 @@ static int pack_response(const struct kv_geometry *g, const char *shm_name, int 
     pg.block_size = g->block_size;
     pg.num_kv_heads = g->num_kv_heads;
     pg.head_dim = g->head_dim;
-    pg.dtype = PAGODA__INTERNAL__DTYPE__DTYPE_F32;
+    pg.dtype = (Pagoda__Internal__DType)g->dtype;
     pg.shm_name = (char *)shm_name;
+    if (handle_socket != NULL) {
+        pg.has_device = 1;
+        pg.device = device;
+        pg.handle_socket = (char *)handle_socket;
+    }
     Pagoda__Internal__KvpoolResponse r = PAGODA__INTERNAL__KVPOOL_RESPONSE__INIT;
     r.has_protocol_version = 1;
     r.protocol_version = WIRE_PROTOCOL_VERSION;
@@ -378,7 +468,17 @@ static void server_close(struct server *srv)
 
 /* ---- main -------------------------------------------------------------------------------- */
 
-enum { OPT_RUN_DIR = 256, OPT_MODEL, OPT_BLOCK_SIZE, OPT_KV_BLOCKS, OPT_KV_BYTES, OPT_LOG_LEVEL };
+enum {
+    OPT_RUN_DIR = 256,
+    OPT_MODEL,
+    OPT_BLOCK_SIZE,
+    OPT_KV_BLOCKS,
+    OPT_KV_BYTES,
+    OPT_LOG_LEVEL,
+    OPT_BACKEND,
+    OPT_DEVICE,
+    OPT_RESERVE_BYTES,
+};
 
 /* Returns 0, 2 for a usage error (after printing it), or 3 for --help. */
 static int parse_args(int argc, char **argv, struct opts *o)
@@ -390,6 +490,9 @@ static int parse_args(int argc, char **argv, struct opts *o)
         {"kv-blocks", required_argument, NULL, OPT_KV_BLOCKS},
         {"kv-bytes", required_argument, NULL, OPT_KV_BYTES},
         {"log-level", required_argument, NULL, OPT_LOG_LEVEL},
+        {"backend", required_argument, NULL, OPT_BACKEND},
+        {"device", required_argument, NULL, OPT_DEVICE},
+        {"reserve-bytes", required_argument, NULL, OPT_RESERVE_BYTES},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -420,6 +523,26 @@ static int parse_args(int argc, char **argv, struct opts *o)
             break;
         case OPT_LOG_LEVEL:
             o->log_level = optarg;
+            break;
+        case OPT_BACKEND:
+            if (strcmp(optarg, "cpu") != 0 && strcmp(optarg, "cuda") != 0)
+                rc = pagoda_error_set(PAGODA_EINVAL, "--backend %s: expected cpu or cuda", optarg);
+#ifndef PAGODA_HAVE_CUDA
+            else if (strcmp(optarg, "cuda") == 0)
+                rc = pagoda_error_set(PAGODA_EUNSUPPORTED,
+                                      "--backend cuda: this build has no CUDA (configure with "
+                                      "-DPAGODA_CUDA=ON)");
+#endif
+            o->backend = optarg;
+            break;
+        case OPT_DEVICE:
+            if ((rc = parse_i64("--device", optarg, 0, KVPOOL_MAX_DEVICE, &v)) == 0)
+                o->device = (int)v;
+            break;
+        case OPT_RESERVE_BYTES:
+            if ((rc = parse_i64("--reserve-bytes", optarg, 1, (int64_t)KVPOOL_MAX_KV_BYTES, &v)) ==
+                0)
+                o->reserve_bytes = (uint64_t)v;
             break;
         case 'h':
             usage(stdout);
@@ -458,11 +581,13 @@ int main(int argc, char **argv)
         .log_level = "info",
         .block_size = KV_BLOCK_SIZE_DEFAULT,
         .kv_bytes = KVPOOL_DEFAULT_KV_BYTES,
+        .backend = "cpu",
     };
     log_set_name("kvpool");
     int status = parse_args(argc, argv, &o);
     if (status != 0)
         return status == 3 ? 0 : status;
+    const int gpu = strcmp(o.backend, "cuda") == 0;
 
     /* Signals are taken by sigwait only; NNG's threads inherit the mask. */
     sigset_t stop_signals;
@@ -474,8 +599,16 @@ int main(int argc, char **argv)
 
     struct server srv = {0};
     struct kv_shm_pool *pool = NULL;
+#ifdef PAGODA_HAVE_CUDA
+    struct kv_cuda_pool *gpu_pool = NULL;
+    struct kv_cuda_server *fds_server = NULL;
+#endif
+#ifdef PAGODA_HAVE_CUDA
+    struct gpu_budget budget = {0};
+#endif
     int listening = 0, rc;
-    char run_dir[PATH_MAX], shm_name[KV_SHM_NAME_MAX + 1];
+    char run_dir[PATH_MAX], shm_name[KV_SHM_NAME_MAX + 1], fds_path[PATH_MAX + 32];
+    char where[PATH_MAX + 160];
     struct model_config cfg;
     struct kv_geometry g;
     status = 1;
@@ -484,29 +617,63 @@ int main(int argc, char **argv)
                               strerror(errno));
         goto fail;
     }
-    if ((rc = model_config_load(o.model, &cfg)) != 0 || (rc = pool_geometry(&o, &cfg, &g)) != 0)
+    if ((rc = model_config_load(o.model, &cfg)) != 0)
+        goto fail;
+#ifdef PAGODA_HAVE_CUDA
+    if (gpu && (rc = gpu_size(&o, &cfg, &budget)) != 0)
+        goto fail;
+#endif
+    if ((rc = pool_geometry(&o, &cfg, gpu ? DTYPE_BF16 : DTYPE_F32, &g)) != 0)
         goto fail;
     snprintf(shm_name, sizeof(shm_name), "/pagoda-%016" PRIx64, fnv1a64(run_dir));
+    snprintf(fds_path, sizeof(fds_path), "%s/%s", run_dir, KVPOOL_FDS_SOCKET);
     if ((rc = server_listen(&srv, run_dir)) != 0)
         goto fail;
     listening = 1;
-    if ((rc = pool_create(shm_name, &g, &pool)) != 0)
-        goto fail;
-    if ((rc = pack_response(&g, shm_name, 0, NULL, &srv.geometry_reply, &srv.geometry_reply_len)) !=
-            0 ||
-        (rc = pack_response(&g, shm_name, PAGODA_EFORMAT, "malformed KvpoolRequest",
-                            &srv.error_reply, &srv.error_reply_len)) != 0)
-        goto fail;
+    if (!gpu) {
+        if ((rc = pool_create(shm_name, &g, &pool)) != 0 ||
+            (rc = pack_response(&g, shm_name, -1, NULL, 0, NULL, &srv.geometry_reply,
+                                &srv.geometry_reply_len)) != 0 ||
+            (rc = pack_response(&g, shm_name, -1, NULL, PAGODA_EFORMAT, "malformed KvpoolRequest",
+                                &srv.error_reply, &srv.error_reply_len)) != 0)
+            goto fail;
+        snprintf(where, sizeof(where), "%s", shm_name);
+    } else {
+#ifdef PAGODA_HAVE_CUDA
+        uint64_t need = kv_pool_bytes(&g) + budget.weight_bytes + budget.reserve_bytes;
+        if (need > budget.free_bytes)
+            log_warn(
+                "the KV pool (%.0f MiB) leaves %.0f MiB of GPU %d free; a worker needs about "
+                "%.0f MiB beside it (weights %.0f MiB, reserve %.0f MiB) and will refuse to "
+                "start: short by %.0f MiB",
+                mib(kv_pool_bytes(&g)),
+                budget.free_bytes > kv_pool_bytes(&g) ? mib(budget.free_bytes - kv_pool_bytes(&g))
+                                                      : 0.0,
+                o.device, mib(budget.weight_bytes + budget.reserve_bytes), mib(budget.weight_bytes),
+                mib(budget.reserve_bytes), mib(need - budget.free_bytes));
+        struct kv_cuda_pool_options co = {.device = o.device};
+        if ((rc = kv_cuda_pool_create(&g, &co, &gpu_pool)) != 0 ||
+            (rc = kv_cuda_server_open(gpu_pool, fds_path, &fds_server)) != 0 ||
+            (rc = pack_response(&g, NULL, o.device, fds_path, 0, NULL, &srv.geometry_reply,
+                                &srv.geometry_reply_len)) != 0 ||
+            (rc = pack_response(&g, NULL, o.device, fds_path, PAGODA_EFORMAT,
+                                "malformed KvpoolRequest", &srv.error_reply,
+                                &srv.error_reply_len)) != 0)
+            goto fail;
+        snprintf(where, sizeof(where),
+                 "on GPU %d (%.0f MiB mapped in %d chunk(s), descriptors on %.*s)", o.device,
+                 mib(kv_cuda_pool_mapped_bytes(gpu_pool)), kv_cuda_pool_num_chunks(gpu_pool),
+                 PATH_MAX, fds_path);
+#endif
+    }
     if ((rc = server_start(&srv)) != 0)
         goto fail;
 
-    uint64_t block_bytes = kv_pool_bytes(&g) / (uint64_t)g.num_blocks;
     log_info("kv pool %s: %d blocks of %d tokens (%d usable, %" PRId64 " tokens), %.1f MiB; "
-             "%d layers, %d KV heads, head dim %d, f32, pool id %016" PRIx64,
-             shm_name, g.num_blocks, g.block_size, g.num_blocks - 1,
-             (int64_t)(g.num_blocks - 1) * g.block_size,
-             (double)block_bytes * g.num_blocks / (1024.0 * 1024.0), g.num_layers, g.num_kv_heads,
-             g.head_dim, g.pool_id);
+             "%d layers, %d KV heads, head dim %d, %s, pool id %016" PRIx64,
+             where, g.num_blocks, g.block_size, g.num_blocks - 1,
+             (int64_t)(g.num_blocks - 1) * g.block_size, mib(kv_pool_bytes(&g)), g.num_layers,
+             g.num_kv_heads, g.head_dim, dtype_name(g.dtype), g.pool_id);
     log_info("serving %s", srv.url);
     if ((rc = wire_control_ready(run_dir, "kvpool")) != 0) {
         char msg[700];
@@ -548,6 +715,18 @@ out:
             log_info("kv pool %s removed", shm_name);
         }
     }
+#ifdef PAGODA_HAVE_CUDA
+    if (fds_server != NULL)
+        log_info("the pool's descriptors were handed out %" PRIu64 " time(s), refused %" PRIu64
+                 " time(s)",
+                 kv_cuda_server_handouts(fds_server), kv_cuda_server_refusals(fds_server));
+    kv_cuda_server_close(fds_server);
+    if (gpu_pool != NULL) {
+        kv_cuda_pool_close(gpu_pool);
+        log_info("kv pool on GPU %d released (its memory returns once no worker maps it)",
+                 o.device);
+    }
+#endif
     free(srv.geometry_reply);
     free(srv.error_reply);
     nng_fini();

@@ -1,4 +1,5 @@
 #include "router/router.h"
+#include "router/router_internal.h"
 #include "router/tenants.h"
 
 #include "common/error.h"
@@ -23,7 +24,6 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
-#define ID_BYTES 16
 /* The housekeeping tick: resends what the link refused, expires results, checks a drain. */
 #define HOUSEKEEPING_MS 100
 /* A drain waits this long for a client to fetch a result that finished during the drain. */
@@ -36,137 +36,6 @@
 #define ANNOUNCE_GRACE_MS 2000
 /* The most polls parked that way at once; more are answered at once. */
 #define MAX_UNKNOWN_PARKED 1024
-
-/* ---- state ------------------------------------------------------------------------------- */
-
-enum park { PARK_NONE = 0, PARK_POLL, PARK_STATS, PARK_UNKNOWN };
-
-struct request;
-
-/* One REP context: receives a call, is owned by the loop while the call is handled or parked,
- * then sends the reply and receives again. */
-struct rctx {
-    struct router *r;
-    nng_ctx ctx;
-    nng_aio *aio;
-    int ctx_open;
-    int sending;            /* the aio's operation is a send; set before it starts */
-    nng_msg *msg;           /* a received call waiting in the mailbox */
-    struct rctx *next_mail; /* mailbox link, guarded by router.lock */
-    uv_timer_t timer;       /* a parked call's deadline */
-    enum park park;
-    struct request *req;  /* PARK_POLL: the request waited on */
-    uint32_t offset;      /* PARK_POLL: the first output token the client wants */
-    uint64_t cookie;      /* PARK_STATS: the StatsRequest sent for this call */
-    uint8_t id[ID_BYTES]; /* PARK_UNKNOWN: the poll's id, tenant, offset and wait */
-    uint32_t tenant;
-    int has_offset;
-    uint32_t wait_ms;
-    struct rctx *prev, *next; /* the waiter list it is parked on */
-};
-
-/* What the client asked for, with defaults applied: two Submits are the same request when
- * these are equal. */
-struct submit_params {
-    const int32_t *prompt;
-    uint32_t num_prompt;
-    const int32_t *stop_ids;
-    uint32_t num_stop;
-    float temperature, top_p, min_p, repetition_penalty, presence_penalty, frequency_penalty;
-    int32_t top_k;
-    int has_seed; /* the client chose the seed */
-    uint64_t seed;
-    int32_t max_tokens;
-    int ignore_eos;
-    int logprobs;
-};
-
-struct request {
-    uint8_t id[ID_BYTES];       /* the client's id, unique within its tenant */
-    uint8_t sched_id[ID_BYTES]; /* the id the scheduler knows it by, unique in the router */
-    uint32_t tenant;            /* index into router.tenant_names */
-    struct request *hash_next;
-    struct request *prev, *next; /* the live list or the finished list (oldest first) */
-    struct submit_params p;      /* prompt and stop_ids point into the two arrays below */
-    int32_t *prompt;
-    int32_t *stop_ids;
-    int32_t *tokens;
-    float *logprobs;
-    uint32_t num_tokens, cap_tokens;
-    Pagoda__FinishReason finish;
-    uint32_t prompt_tokens, cached_tokens;
-    int32_t error_code;
-    char *error_message;
-    uint64_t finished_at_ms;
-    int delivered;        /* a reply with the finish reason went out */
-    int need_submit;      /* the SubmitSeq is still to be sent */
-    int need_cancel;      /* the CancelSeq is still to be sent */
-    struct rctx *waiters; /* parked polls */
-    int adopted;          /* registered from the scheduler's announcement (no prompt known) */
-    int aliased;          /* also in router.alias_buckets (see adopt_request) */
-    struct request *alias_next;
-};
-
-struct req_list {
-    struct request *head, *tail;
-    uint32_t count;
-};
-
-struct router {
-    uv_loop_t *loop;
-    struct router_config cfg;
-    char *run_dir, *listen_url;
-    char sched_url[512];
-
-    nng_socket rep, link;
-    int rep_open, link_open;
-    struct wire_inbox *inbox;
-    struct rctx *ctxs;
-    uint32_t num_ctxs;
-
-    uv_async_t async;
-    uv_timer_t housekeeping;
-    int async_init, timer_init;
-    int handles_open; /* uv handles still to close before the router is freed */
-
-    pthread_mutex_t lock;
-    int lock_init;
-    struct rctx *mail_head, *mail_tail; /* guarded by lock */
-    atomic_int closing;
-    atomic_int link_pipes;
-    atomic_uint link_gen; /* bumped by every pipe that joins the link */
-    unsigned link_gen_seen;
-
-    struct router_tenants *tenants; /* NULL: one tenant, ROUTER_DEFAULT_TENANT, any key */
-    uint32_t num_tenants;
-    const char **tenant_names;
-    uint32_t *tenant_live;  /* each tenant's admitted, unfinished requests */
-    uint32_t *tenant_limit; /* and how many it may have (max_running + max_waiting) */
-    uint64_t id_seed;
-
-    struct request **buckets;
-    struct request **alias_buckets; /* adopted requests by sched_id_of(tenant, id) */
-    size_t num_buckets;             /* a power of two */
-    uint64_t hash_seed;
-    struct req_list live, finished;
-    uint32_t num_pending; /* requests with need_submit or need_cancel */
-
-    struct rctx *stats_waiters;
-    uint64_t stats_cookie;
-
-    uint64_t started_ms;
-    int need_hello; /* a RouterHello is still to be sent */
-    int announced;  /* the scheduler's announcement has arrived */
-    struct rctx *unknown_waiters;
-    uint32_t num_unknown_parked;
-
-    uint64_t malformed_requests, malformed_internal, unknown_events, event_gaps, refused_keys;
-
-    int draining;
-    uint64_t drain_deadline_ms;
-    router_drained_fn drained_fn;
-    void *drained_arg;
-};
 
 /* ---- small helpers ------------------------------------------------------------------------- */
 
@@ -181,6 +50,7 @@ void router_config_default(struct router_config *cfg)
     cfg->max_new_tokens = ROUTER_DEFAULT_MAX_NEW_TOKENS;
     cfg->max_wait_ms = ROUTER_DEFAULT_MAX_WAIT_MS;
     cfg->stats_timeout_ms = ROUTER_DEFAULT_STATS_TIMEOUT_MS;
+    cfg->admin_timeout_ms = ROUTER_DEFAULT_ADMIN_TIMEOUT_MS;
     cfg->drain_timeout_ms = ROUTER_DEFAULT_DRAIN_TIMEOUT_MS;
 }
 
@@ -255,13 +125,13 @@ static struct request *registry_find(const struct router *r, const uint8_t *sche
 static void sched_id_of(const struct router *r, uint32_t tenant, const uint8_t *id,
                         uint8_t out[ID_BYTES])
 {
-    if (r->tenants == NULL) {
+    if (r->tenants_file == NULL) {
         memcpy(out, id, ID_BYTES);
         return;
     }
     uint8_t buf[ROUTER_TENANT_NAME_MAX + 1 + ID_BYTES];
-    size_t n = strlen(r->tenant_names[tenant]);
-    memcpy(buf, r->tenant_names[tenant], n);
+    size_t n = strlen(r->slots[tenant].name);
+    memcpy(buf, r->slots[tenant].name, n);
     buf[n] = 0;
     memcpy(buf + n + 1, id, ID_BYTES);
     XXH128_hash_t h = XXH3_128bits_withSeed(buf, n + 1 + ID_BYTES, r->id_seed);
@@ -316,10 +186,11 @@ static void registry_drop(struct router *r, struct request *q)
         *pp = q->alias_next;
     }
     if (q->finish == PAGODA__FINISH_REASON__FINISH_NONE)
-        r->tenant_live[q->tenant]--;
+        r->slots[q->tenant].live--;
     list_remove(q->finish == PAGODA__FINISH_REASON__FINISH_NONE ? &r->live : &r->finished, q);
     if (q->need_submit || q->need_cancel)
         r->num_pending--;
+    tenancy_unref(r, q->tenant);
     request_free(q);
 }
 
@@ -342,7 +213,7 @@ static void arm_recv(struct rctx *c)
 /* Packs resp and sends it on c's context. The context receives its next call once the send has
  * completed. If no message can be allocated, the call goes unanswered and the client's REQ
  * resends it later. */
-static void reply(struct rctx *c, Pagoda__ClientResponse *resp)
+void router_reply(struct rctx *c, Pagoda__ClientResponse *resp)
 {
     resp->has_protocol_version = 1;
     resp->protocol_version = ROUTER_CLIENT_PROTOCOL_VERSION;
@@ -359,10 +230,7 @@ static void reply(struct rctx *c, Pagoda__ClientResponse *resp)
     nng_ctx_send(c->ctx, c->aio);
 }
 
-static void reply_error(struct rctx *c, int code, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static void reply_error(struct rctx *c, int code, const char *fmt, ...)
+void router_reply_error(struct rctx *c, int code, const char *fmt, ...)
 {
     char text[600];
     va_list ap;
@@ -373,7 +241,7 @@ static void reply_error(struct rctx *c, int code, const char *fmt, ...)
     resp.has_error_code = 1;
     resp.error_code = code;
     resp.error_message = text;
-    reply(c, &resp);
+    router_reply(c, &resp);
 }
 
 /* Answers with the request's tokens from offset on (none when offset is at the end), its state,
@@ -411,7 +279,7 @@ static void reply_update_ex(struct rctx *c, struct request *q, uint32_t offset, 
     }
     resp.result_case = PAGODA__CLIENT_RESPONSE__RESULT_UPDATE;
     resp.update = &up;
-    reply(c, &resp);
+    router_reply(c, &resp);
 }
 
 static void reply_update(struct rctx *c, struct request *q, uint32_t offset)
@@ -428,7 +296,7 @@ static void reply_submitted(struct rctx *c, struct request *q)
 
 /* ---- parking --------------------------------------------------------------------------------- */
 
-static void park_remove(struct rctx **list, struct rctx *c)
+void router_park_remove(struct rctx **list, struct rctx *c)
 {
     if (c->prev)
         c->prev->next = c->next;
@@ -449,16 +317,19 @@ static void park_push(struct rctx **list, struct rctx *c)
 }
 
 /* Takes c off whatever it waits on and stops its timer; the call is the loop's to answer. */
-static void unpark(struct rctx *c)
+void router_unpark(struct rctx *c)
 {
     if (c->park == PARK_POLL)
-        park_remove(&c->req->waiters, c);
+        router_park_remove(&c->req->waiters, c);
     else if (c->park == PARK_STATS)
-        park_remove(&c->r->stats_waiters, c);
+        router_park_remove(&c->r->stats_waiters, c);
     else if (c->park == PARK_UNKNOWN) {
-        park_remove(&c->r->unknown_waiters, c);
+        router_park_remove(&c->r->unknown_waiters, c);
         c->r->num_unknown_parked--;
-    }
+    } else if (c->park == PARK_ADMIN)
+        router_park_remove(&c->r->admin_waiters, c);
+    else if (c->park == PARK_POLICY)
+        router_park_remove(&c->r->policy_waiters, c);
     c->park = PARK_NONE;
     c->req = NULL;
     uv_timer_stop(&c->timer);
@@ -475,7 +346,7 @@ static void unpark_unknown(struct rctx *c)
     memcpy(id, c->id, ID_BYTES);
     uint32_t tenant = c->tenant, offset = c->offset, wait_ms = c->wait_ms;
     int has_offset = c->has_offset;
-    unpark(c);
+    router_unpark(c);
     poll_answer(c->r, c, tenant, id, has_offset, offset, wait_ms);
 }
 
@@ -487,14 +358,23 @@ static void on_park_timeout(uv_timer_t *t)
     } else if (c->park == PARK_POLL) {
         struct request *q = c->req;
         uint32_t offset = c->offset;
-        unpark(c);
+        router_unpark(c);
         reply_update(c, q, offset); /* the wait ran out: an empty update */
     } else if (c->park == PARK_STATS) {
-        unpark(c);
-        reply_error(c, PAGODA_ETIMEDOUT,
-                    "the scheduler did not answer a stats request within %u ms",
-                    c->r->cfg.stats_timeout_ms);
+        router_unpark(c);
+        router_reply_error(c, PAGODA_ETIMEDOUT,
+                           "the scheduler did not answer a stats request within %u ms",
+                           c->r->cfg.stats_timeout_ms);
+    } else if (c->park == PARK_ADMIN || c->park == PARK_POLICY) {
+        router_unpark(c);
+        admin_on_timeout(c);
     }
+}
+
+void router_park(struct rctx **list, struct rctx *c, uint32_t timeout_ms)
+{
+    park_push(list, c);
+    uv_timer_start(&c->timer, on_park_timeout, timeout_ms, 0);
 }
 
 /* Answers every poll parked on q that now has something to say. */
@@ -505,7 +385,7 @@ static void wake_waiters(struct request *q)
         struct rctx *next = c->next;
         if (c->offset < q->num_tokens || q->finish != PAGODA__FINISH_REASON__FINISH_NONE) {
             uint32_t offset = c->offset;
-            unpark(c);
+            router_unpark(c);
             reply_update(c, q, offset);
         }
         c = next;
@@ -518,7 +398,7 @@ static void wake_waiters(struct request *q)
 /* Whether a scheduler is on the link, as far as the loop knows: a pipe that joined is only
  * counted once on_link_joined has run for it, so that it sees every unfinished request exactly
  * once. */
-static int link_up(struct router *r)
+int router_link_up(struct router *r)
 {
     return r->link_gen_seen == atomic_load(&r->link_gen) && atomic_load(&r->link_pipes) > 0;
 }
@@ -553,7 +433,7 @@ static int send_submit(struct router *r, struct request *q)
     sub.has_request_id = 1;
     sub.request_id.data = q->sched_id;
     sub.request_id.len = ID_BYTES;
-    sub.tenant = (char *)r->tenant_names[q->tenant];
+    sub.tenant = r->slots[q->tenant].name;
     sub.n_prompt_token_ids = q->p.num_prompt;
     sub.prompt_token_ids = q->prompt;
     sub.sampling = &sp;
@@ -602,12 +482,26 @@ static int send_hello(struct router *r)
     return wire_send(r->link, &env.base);
 }
 
-/* Sends what is still to be sent to the scheduler, while the link takes it. A refused send
- * stays pending for the next housekeeping tick. */
-static void flush_pending(struct router *r)
+int router_send(struct router *r, Pagoda__Internal__ToScheduler *env)
 {
-    if (!link_up(r))
+    env->has_protocol_version = 1;
+    env->protocol_version = WIRE_PROTOCOL_VERSION;
+    return wire_send(r->link, &env->base);
+}
+
+/* Sends what is still to be sent to the scheduler, while the link takes it. A refused send
+ * stays pending for the next housekeeping tick. The Policy goes first: nothing is submitted
+ * under an older tenancy than the router's (but nothing waits for the scheduler to apply it
+ * either: only admin calls do). */
+void router_flush_pending(struct router *r)
+{
+    if (!router_link_up(r))
         return;
+    if (r->need_policy) {
+        if (tenancy_send_policy(r) != 0)
+            return;
+        r->need_policy = 0;
+    }
     if (r->need_hello && send_hello(r) == 0)
         r->need_hello = 0;
     if (r->num_pending == 0)
@@ -629,16 +523,18 @@ static void flush_pending(struct router *r)
     }
 }
 
-/* A pipe joined the link: a scheduler (new or restarted) is there. It may not know the
- * unfinished requests, so each is sent again with the output it already has; and this router
- * may not know the scheduler's (after a router restart), so a RouterHello asks for them. */
+/* A pipe joined the link: a scheduler (new or restarted) is there. It may not know the tenancy,
+ * so the current Policy goes first; nor the unfinished requests, so each is sent again with the
+ * output it already has; and this router may not know the scheduler's (after a router restart),
+ * so a RouterHello asks for them. */
 static void on_link_joined(struct router *r)
 {
     log_info("scheduler link up (%s): sending %u unfinished requests", r->sched_url, r->live.count);
     for (struct request *q = r->live.head; q != NULL; q = q->next)
         set_pending(r, q, &q->need_submit, 1);
+    tenancy_on_link_up(r);
     r->need_hello = 1;
-    flush_pending(r);
+    router_flush_pending(r);
 }
 
 /* NNG thread: the link's pipes come and go. */
@@ -661,7 +557,7 @@ static void finish_request(struct router *r, struct request *q, Pagoda__FinishRe
     if (q->finish != PAGODA__FINISH_REASON__FINISH_NONE)
         return;
     list_remove(&r->live, q);
-    r->tenant_live[q->tenant]--;
+    r->slots[q->tenant].live--;
     q->finish = reason;
     q->finished_at_ms = uv_now(r->loop);
     q->error_code = error_code;
@@ -721,11 +617,9 @@ static struct request *adopt_request(struct router *r, const Pagoda__Internal__T
     char hex[2 * ID_BYTES + 1];
     id_hex(ev->request_id.data, hex);
     uint32_t tenant = 0;
-    if (r->tenants != NULL) {
-        for (tenant = 0; tenant < r->num_tenants; tenant++)
-            if (ev->tenant != NULL && strcmp(ev->tenant, r->tenant_names[tenant]) == 0)
-                break;
-        if (tenant == r->num_tenants) {
+    if (r->tenants_file != NULL) {
+        tenant = tenancy_find_slot(r, ev->tenant);
+        if (tenant == UINT32_MAX) {
             log_warn("announced request %s of unknown tenant '%s': ignored", hex,
                      ev->tenant ? ev->tenant : "");
             return NULL;
@@ -734,7 +628,7 @@ static struct request *adopt_request(struct router *r, const Pagoda__Internal__T
     const uint8_t *id = ev->request_id.data;
     if (ev->has_client_request_id && ev->client_request_id.len == ID_BYTES)
         id = ev->client_request_id.data;
-    else if (r->tenants != NULL) {
+    else if (r->tenants_file != NULL) {
         log_warn("announced request %s without the client's id: ignored", hex);
         return NULL;
     }
@@ -766,7 +660,8 @@ static struct request *adopt_request(struct router *r, const Pagoda__Internal__T
         q->aliased = 1;
     }
     list_push(&r->live, q);
-    r->tenant_live[tenant]++;
+    r->slots[tenant].live++;
+    tenancy_ref(r, tenant);
     log_debug("request %s registered from the scheduler's announcement", hex);
     return q;
 }
@@ -821,7 +716,7 @@ static void apply_event(struct router *r, const Pagoda__Internal__TokenEvent *ev
             finish_request(r, q, PAGODA__FINISH_REASON__FINISH_ERROR, PAGODA_ENOMEM,
                            "the router ran out of memory for this request's tokens");
             set_pending(r, q, &q->need_cancel, 1);
-            flush_pending(r);
+            router_flush_pending(r);
             registry_trim(r);
             return;
         }
@@ -869,12 +764,31 @@ static void fill_stats(struct router *r, const Pagoda__Internal__SchedulerStats 
     out->malformed_messages = s->malformed_messages;
     out->has_step_cpu_us = s->has_step_cpu_us;
     out->step_cpu_us = s->step_cpu_us;
+#define COPY(f)                                                                                    \
+    do {                                                                                           \
+        out->has_##f = s->has_##f;                                                                 \
+        out->f = s->f;                                                                             \
+    } while (0)
+    COPY(fragmentation);
+    COPY(cached_blocks);
+    COPY(peak_kv_usage);
+    COPY(prefix_query_tokens);
+    COPY(prefix_hit_tokens);
+    COPY(evictions);
+    COPY(pinned_blocks);
+#undef COPY
+    out->has_prefix_hit_rate = s->has_prefix_query_tokens;
+    out->prefix_hit_rate = s->prefix_query_tokens == 0
+                               ? 0.0
+                               : (double)s->prefix_hit_tokens / (double)s->prefix_query_tokens;
     out->has_live_requests = out->has_finished_requests = out->has_malformed_requests = 1;
     out->live_requests = r->live.count;
     out->finished_requests = r->finished.count;
     out->malformed_requests = r->malformed_requests;
+    out->has_duplicate_submits = 1;
+    out->duplicate_submits = r->duplicate_submits;
     out->has_scheduler_connected = 1;
-    out->scheduler_connected = link_up(r);
+    out->scheduler_connected = router_link_up(r);
 }
 
 /* Answers the stats calls waiting for this answer (every one sent no later than it). */
@@ -886,11 +800,11 @@ static void answer_stats(struct router *r, const Pagoda__Internal__SchedulerStat
     while (c != NULL) {
         struct rctx *next = c->next;
         if (!s->has_cookie || c->cookie <= s->cookie) {
-            unpark(c);
+            router_unpark(c);
             Pagoda__ClientResponse resp = PAGODA__CLIENT_RESPONSE__INIT;
             resp.result_case = PAGODA__CLIENT_RESPONSE__RESULT_STATS;
             resp.stats = &stats;
-            reply(c, &resp);
+            router_reply(c, &resp);
         }
         c = next;
     }
@@ -918,6 +832,12 @@ static void on_link_msg(void *arg, nng_msg *m)
         break;
     case PAGODA__INTERNAL__TO_ROUTER__MSG_STATS:
         answer_stats(r, msg->stats);
+        break;
+    case PAGODA__INTERNAL__TO_ROUTER__MSG_POLICY_APPLIED:
+        admin_on_policy_applied(r, msg->policy_applied);
+        break;
+    case PAGODA__INTERNAL__TO_ROUTER__MSG_ADMIN:
+        admin_on_result(r, msg->admin);
         break;
     default:
         r->malformed_internal++;
@@ -1064,7 +984,7 @@ static void handle_submit(struct router *r, struct rctx *c, uint32_t tenant,
     if (rc == 0)
         rc = submit_params_read(r, s, &p);
     if (rc != 0) {
-        reply_error(c, rc, "submit: %s", pagoda_error_detail());
+        router_reply_error(c, rc, "submit: %s", pagoda_error_detail());
         return;
     }
     struct request *q = registry_find_client(r, tenant, s->request_id.data);
@@ -1072,47 +992,51 @@ static void handle_submit(struct router *r, struct rctx *c, uint32_t tenant,
         /* A resent Submit (NNG's REQ resends on a timeout or a lost connection): the same
          * request. The same id for something else is the client's mistake. */
         if (!q->adopted && !submit_params_equal(&q->p, &p)) {
-            reply_error(c, PAGODA_EEXIST,
-                        "submit: request id already used with different parameters");
+            router_reply_error(c, PAGODA_EEXIST,
+                               "submit: request id already used with different parameters");
             return;
         }
+        r->duplicate_submits++;
         reply_submitted(c, q);
         return;
     }
     if (r->draining) {
-        reply_error(c, PAGODA_ECLOSED,
-                    "submit: the router is draining (shutting down) and "
-                    "admits no new requests");
+        router_reply_error(c, PAGODA_ECLOSED,
+                           "submit: the router is draining (shutting down) and "
+                           "admits no new requests");
         return;
     }
     if (r->live.count >= r->cfg.max_live_requests) {
-        reply_error(c, PAGODA_EEXHAUSTED,
-                    "submit: the router holds %u unfinished requests, its limit: retry later",
-                    r->live.count);
+        router_reply_error(
+            c, PAGODA_EEXHAUSTED,
+            "submit: the router holds %u unfinished requests, its limit: retry later",
+            r->live.count);
         return;
     }
-    if (r->tenant_live[tenant] >= r->tenant_limit[tenant]) {
-        reply_error(c, PAGODA_EEXHAUSTED,
-                    "submit: this tenant has %u unfinished requests, its limit (max_running + "
-                    "max_waiting): retry later",
-                    r->tenant_live[tenant]);
+    if (r->slots[tenant].live >= r->slots[tenant].limit) {
+        router_reply_error(
+            c, PAGODA_EEXHAUSTED,
+            "submit: this tenant has %u unfinished requests, its limit (max_running + "
+            "max_waiting): retry later",
+            r->slots[tenant].live);
         return;
     }
     if (sched_id_taken(r, tenant, s->request_id.data)) {
-        reply_error(c, PAGODA_EEXIST, "submit: request id collides, choose another");
+        router_reply_error(c, PAGODA_EEXIST, "submit: request id collides, choose another");
         return;
     }
     if ((q = request_new(r, tenant, s->request_id.data, &p)) == NULL) {
-        reply_error(c, PAGODA_ENOMEM, "submit: out of memory");
+        router_reply_error(c, PAGODA_ENOMEM, "submit: out of memory");
         return;
     }
     size_t b = bucket_of(r, q->sched_id);
     q->hash_next = r->buckets[b];
     r->buckets[b] = q;
     list_push(&r->live, q);
-    r->tenant_live[tenant]++;
+    r->slots[tenant].live++;
+    tenancy_ref(r, tenant);
     set_pending(r, q, &q->need_submit, 1);
-    flush_pending(r);
+    router_flush_pending(r);
     reply_submitted(c, q);
 }
 
@@ -1120,7 +1044,7 @@ static void handle_poll(struct router *r, struct rctx *c, uint32_t tenant,
                         const Pagoda__PollRequest *poll)
 {
     if (read_id(&poll->request_id, poll->has_request_id) != 0) {
-        reply_error(c, PAGODA_EINVAL, "poll: %s", pagoda_error_detail());
+        router_reply_error(c, PAGODA_EINVAL, "poll: %s", pagoda_error_detail());
         return;
     }
     poll_answer(r, c, tenant, poll->request_id.data, poll->has_offset, poll->offset,
@@ -1147,8 +1071,9 @@ static void poll_answer(struct router *r, struct rctx *c, uint32_t tenant, const
         return;
     }
     if (q == NULL) {
-        reply_error(c, PAGODA_ENOENT,
-                    "poll: no request with this id (never submitted, or its result expired)");
+        router_reply_error(
+            c, PAGODA_ENOENT,
+            "poll: no request with this id (never submitted, or its result expired)");
         return;
     }
     if (!has_offset)
@@ -1157,9 +1082,9 @@ static void poll_answer(struct router *r, struct rctx *c, uint32_t tenant, const
         wait_ms = r->cfg.max_wait_ms;
     int finished = q->finish != PAGODA__FINISH_REASON__FINISH_NONE;
     if (offset > (uint32_t)q->p.max_tokens || (finished && offset > q->num_tokens)) {
-        reply_error(c, PAGODA_ERANGE,
-                    "poll: offset %u is beyond the request's output (%u tokens%s)", offset,
-                    q->num_tokens, finished ? ", finished" : " so far");
+        router_reply_error(c, PAGODA_ERANGE,
+                           "poll: offset %u is beyond the request's output (%u tokens%s)", offset,
+                           q->num_tokens, finished ? ", finished" : " so far");
         return;
     }
     if (offset < q->num_tokens || finished || wait_ms == 0) {
@@ -1177,19 +1102,20 @@ static void handle_cancel(struct router *r, struct rctx *c, uint32_t tenant,
                           const Pagoda__CancelRequest *cancel)
 {
     if (read_id(&cancel->request_id, cancel->has_request_id) != 0) {
-        reply_error(c, PAGODA_EINVAL, "cancel: %s", pagoda_error_detail());
+        router_reply_error(c, PAGODA_EINVAL, "cancel: %s", pagoda_error_detail());
         return;
     }
     struct request *q = registry_find_client(r, tenant, cancel->request_id.data);
     if (q == NULL) {
-        reply_error(c, PAGODA_ENOENT,
-                    "cancel: no request with this id (never submitted, or its result expired)");
+        router_reply_error(
+            c, PAGODA_ENOENT,
+            "cancel: no request with this id (never submitted, or its result expired)");
         return;
     }
     if (q->finish == PAGODA__FINISH_REASON__FINISH_NONE) {
         finish_request(r, q, PAGODA__FINISH_REASON__FINISH_CANCELLED, 0, NULL);
         set_pending(r, q, &q->need_cancel, 1);
-        flush_pending(r);
+        router_flush_pending(r);
     }
     reply_update(c, q, q->num_tokens);
     registry_trim(r);
@@ -1199,18 +1125,18 @@ static void handle_health(struct router *r, struct rctx *c)
 {
     Pagoda__ClientResponse resp = PAGODA__CLIENT_RESPONSE__INIT;
     resp.result_case = PAGODA__CLIENT_RESPONSE__RESULT_HEALTHY;
-    resp.healthy = link_up(r) && !r->draining;
+    resp.healthy = router_link_up(r) && !r->draining;
     if (r->draining)
         resp.error_message = (char *)"the router is draining";
-    else if (!link_up(r))
+    else if (!router_link_up(r))
         resp.error_message = (char *)"the scheduler link is down";
-    reply(c, &resp);
+    router_reply(c, &resp);
 }
 
 static void handle_stats(struct router *r, struct rctx *c)
 {
-    if (!link_up(r)) {
-        reply_error(c, PAGODA_ECLOSED, "stats: the scheduler link is down");
+    if (!router_link_up(r)) {
+        router_reply_error(c, PAGODA_ECLOSED, "stats: the scheduler link is down");
         return;
     }
     Pagoda__Internal__StatsRequest sreq = PAGODA__INTERNAL__STATS_REQUEST__INIT;
@@ -1223,7 +1149,7 @@ static void handle_stats(struct router *r, struct rctx *c)
     env.stats = &sreq;
     int rc = wire_send(r->link, &env.base);
     if (rc != 0) {
-        reply_error(c, rc, "stats: %s", pagoda_error_detail());
+        router_reply_error(c, rc, "stats: %s", pagoda_error_detail());
         return;
     }
     c->park = PARK_STATS;
@@ -1232,17 +1158,41 @@ static void handle_stats(struct router *r, struct rctx *c)
     uv_timer_start(&c->timer, on_park_timeout, r->cfg.stats_timeout_ms, 0);
 }
 
-/* Maps an API key to its tenant. Without a tenants file every call (with any key or none)
- * belongs to the one default tenant. */
-static int authenticate(const struct router *r, const char *api_key, uint32_t *tenant)
+/* Who may make the call: Health anyone; Submit, Poll and Cancel a tenant's key; Stats a tenant's
+ * or an admin key; the admin API an admin key only. Without a tenants file every key (or none) is
+ * the default tenant's and there is no admin key. Answers the call and returns nonzero when it is
+ * refused; otherwise *tenant is the caller's slot (unused for an admin). */
+static int check_caller(struct router *r, struct rctx *c, const Pagoda__ClientRequest *req,
+                        uint32_t *tenant)
 {
     *tenant = 0;
-    if (r->tenants == NULL)
+    if (req->call_case == PAGODA__CLIENT_REQUEST__CALL_HEALTH)
         return 0;
-    const struct router_tenant *t = router_tenants_find_key(r->tenants, api_key);
-    if (t == NULL)
-        return PAGODA_EPERM;
-    *tenant = (uint32_t)(t - r->tenants->tenants);
+    int admin = 0;
+    int rc = tenancy_authenticate(r, req->api_key, tenant, &admin);
+    if (req->call_case == PAGODA__CLIENT_REQUEST__CALL_ADMIN) {
+        if (admin)
+            return 0;
+        r->refused_keys++;
+        if (r->tenants == NULL || r->tenants->num_admin_keys == 0)
+            router_reply_error(c, PAGODA_EPERM,
+                               "admin: no admin keys configured (admin_keys in the tenants file)");
+        else
+            router_reply_error(c, PAGODA_EPERM, "admin: not an admin key");
+        return -1;
+    }
+    if (rc != 0) {
+        /* The same answer for a missing and a wrong key, and nothing about who exists. */
+        r->refused_keys++;
+        router_reply_error(c, PAGODA_EPERM, "unknown API key");
+        return -1;
+    }
+    if (admin && req->call_case != PAGODA__CLIENT_REQUEST__CALL_STATS) {
+        r->refused_keys++;
+        router_reply_error(c, PAGODA_EPERM,
+                           "an admin key may not submit, poll or cancel: use a tenant's key");
+        return -1;
+    }
     return 0;
 }
 
@@ -1257,22 +1207,15 @@ static void handle_call(struct router *r, struct rctx *c)
     nng_msg_free(m);
     if (req == NULL) {
         r->malformed_requests++;
-        reply_error(c, PAGODA_EFORMAT, "malformed request: %zu bytes that are not a ClientRequest",
-                    len);
+        router_reply_error(c, PAGODA_EFORMAT,
+                           "malformed request: %zu bytes that are not a ClientRequest", len);
         return;
     }
     uint32_t tenant = 0;
-    if (req->call_case == PAGODA__CLIENT_REQUEST__CALL_SUBMIT ||
-        req->call_case == PAGODA__CLIENT_REQUEST__CALL_POLL ||
-        req->call_case == PAGODA__CLIENT_REQUEST__CALL_CANCEL ||
-        req->call_case == PAGODA__CLIENT_REQUEST__CALL_STATS) {
-        if (authenticate(r, req->api_key, &tenant) != 0) {
-            /* The same answer for a missing and a wrong key, and nothing about who exists. */
-            r->refused_keys++;
-            reply_error(c, PAGODA_EPERM, "unknown API key");
-            protobuf_c_message_free_unpacked(&req->base, NULL);
-            return;
-        }
+    if (req->call_case != PAGODA__CLIENT_REQUEST__CALL__NOT_SET &&
+        check_caller(r, c, req, &tenant) != 0) {
+        protobuf_c_message_free_unpacked(&req->base, NULL);
+        return;
     }
     switch (req->call_case) {
     case PAGODA__CLIENT_REQUEST__CALL_SUBMIT:
@@ -1290,11 +1233,14 @@ static void handle_call(struct router *r, struct rctx *c)
     case PAGODA__CLIENT_REQUEST__CALL_STATS:
         handle_stats(r, c);
         break;
+    case PAGODA__CLIENT_REQUEST__CALL_ADMIN:
+        admin_handle(r, c, req->admin);
+        break;
     default:
         r->malformed_requests++;
-        reply_error(c, PAGODA_EFORMAT,
-                    "malformed request: it names no call (submit, poll, "
-                    "cancel, health or stats)");
+        router_reply_error(c, PAGODA_EFORMAT,
+                           "malformed request: it names no call (submit, poll, "
+                           "cancel, health, stats or admin)");
     }
     protobuf_c_message_free_unpacked(&req->base, NULL);
 }
@@ -1384,7 +1330,7 @@ static void drain_check(struct router *r)
 static void on_housekeeping(uv_timer_t *t)
 {
     struct router *r = t->data;
-    flush_pending(r);
+    router_flush_pending(r);
     uint64_t now = uv_now(r->loop);
     while (r->finished.head != NULL &&
            now - r->finished.head->finished_at_ms >= r->cfg.finished_ttl_ms)
@@ -1420,10 +1366,7 @@ static void router_free(struct router *r)
     free(r->buckets);
     free(r->alias_buckets);
     free(r->ctxs);
-    router_tenants_free(r->tenants);
-    free(r->tenant_names);
-    free(r->tenant_live);
-    free(r->tenant_limit);
+    tenancy_close(r);
     if (r->lock_init)
         pthread_mutex_destroy(&r->lock);
     free(r->run_dir);
@@ -1475,7 +1418,7 @@ void router_close(struct router *r)
         nng_msg_free(c->msg);
         c->msg = NULL;
         if (c->park != PARK_NONE)
-            unpark(c);
+            router_unpark(c);
         r->handles_open++;
         uv_close((uv_handle_t *)&c->timer, on_ctx_timer_closed);
     }
@@ -1531,33 +1474,6 @@ static int open_rep(struct router *r)
     }
     if ((rv = nng_listen(r->rep, r->listen_url, NULL, 0)) != 0)
         return wire_error(rv, r->listen_url);
-    return 0;
-}
-
-/* Loads the tenants file, or sets up the one default tenant (bounded only by the global limit). */
-static int open_tenants(struct router *r, const struct router_config *cfg)
-{
-    int rc;
-    if (cfg->tenants_file != NULL &&
-        (rc = router_tenants_load(cfg->tenants_file, &r->tenants)) != 0)
-        return rc;
-    r->num_tenants = r->tenants ? r->tenants->count : 1;
-    r->tenant_names = calloc(r->num_tenants, sizeof(*r->tenant_names));
-    r->tenant_live = calloc(r->num_tenants, sizeof(*r->tenant_live));
-    r->tenant_limit = calloc(r->num_tenants, sizeof(*r->tenant_limit));
-    if (r->tenant_names == NULL || r->tenant_live == NULL || r->tenant_limit == NULL)
-        return PAGODA_ENOMEM;
-    if (r->tenants == NULL) {
-        r->tenant_names[0] = ROUTER_DEFAULT_TENANT;
-        r->tenant_limit[0] = cfg->max_live_requests;
-        return 0;
-    }
-    for (uint32_t i = 0; i < r->num_tenants; i++) {
-        const struct router_tenant *t = &r->tenants->tenants[i];
-        r->tenant_names[i] = t->name;
-        r->tenant_limit[i] = t->max_running + t->max_waiting;
-    }
-    log_info("%u tenants from %s", r->num_tenants, cfg->tenants_file);
     return 0;
 }
 
@@ -1623,7 +1539,7 @@ int router_open(uv_loop_t *loop, const struct router_config *cfg, struct router 
     }
     r->hash_seed = random_u64();
     r->id_seed = random_u64();
-    if ((rc = open_tenants(r, cfg)) != 0)
+    if ((rc = tenancy_open(r, cfg->tenants_file)) != 0)
         goto fail;
     if (pthread_mutex_init(&r->lock, NULL) != 0) {
         rc = pagoda_error_set(PAGODA_EIO, "router: pthread_mutex_init failed");

@@ -13,12 +13,12 @@
  * Events carry their output offset, so a resent or overlapping event never duplicates a token.
  * When the link comes up (the first time, or after a scheduler restart), every unfinished request
  * is sent again with the output it already has (SubmitSeq.output_token_ids): the scheduler must
- * treat a SubmitSeq for an id it already holds as a no-op. It then sends a RouterHello, and the
- * scheduler announces every request it holds: a restarted router (whose registry was lost)
- * registers the requests it does not hold under the tenant and client id the announcement
- * echoes, so that clients polling by id get every token. A poll for an unknown id within
- * ANNOUNCE_GRACE_MS (router.c) of the router's start, before the announcement completed, waits
- * for it instead of failing at once.
+ * treat a SubmitSeq for an id it already holds as a no-op. It also sends a RouterHello (after the
+ * Policy, before the resubmissions), and the scheduler announces every request it holds: a
+ * restarted router (whose registry was lost) registers the requests it does not hold under the
+ * tenant and client id the announcement echoes, so that clients polling by id get every token. A
+ * poll for an unknown id within ANNOUNCE_GRACE_MS (router.c) of the router's start, before the
+ * announcement completed, waits for it instead of failing at once.
  *
  * Decisions (minimal first version; a later issue adds the rest):
  *  - Tenants (router/tenants.h): without a tenants file, api_key is ignored and every request
@@ -26,6 +26,18 @@
  *    Cancel and Stats need a key of a tenant: any other key, or none, is PAGODA_EPERM "unknown
  *    API key" (the answer says nothing about which tenants or keys exist). Health needs no key
  *    (load balancers ask it). SubmitSeq.tenant carries the tenant's name.
+ *  - The router owns the tenancy and pushes it to the scheduler as a Policy (namespaces and
+ *    quotas, each tenant's namespace, max_running and readable pins, the pins' tokens): when the
+ *    link comes up, before the RouterHello and any Submit, and after every change, with a
+ *    version that increases from 1 within the router process. Serving never waits for the
+ *    scheduler's PolicyApplied; only the admin calls that changed the tenancy do.
+ *  - Admin (ClientRequest.admin, router_admin.c): only a key of the file's admin_keys (without
+ *    admin keys every admin call is PAGODA_EPERM); an admin key may also ask for Stats, but not
+ *    submit, poll or cancel. Calls that need the scheduler answer PAGODA_ECLOSED while its link
+ *    is down (nothing changes) and PAGODA_ETIMEDOUT when it does not answer within
+ *    admin_timeout_ms (a pin, unpin or reload then stays configured and goes out with the
+ *    Policy). A reload that removes a tenant stops its keys at once; its requests run to their
+ *    end, but no key reaches them unless a later reload brings the tenant back by name.
  *  - Request ids are per tenant: two tenants may use the same id. The scheduler knows a request
  *    by a keyed 128-bit hash of (tenant, id) (with no tenants file: the id itself), so its ids
  *    stay unique. Another tenant's id answers Poll and Cancel exactly like an unknown id
@@ -70,6 +82,7 @@
 #define ROUTER_DEFAULT_MAX_NEW_TOKENS (128u * 1024u)
 #define ROUTER_DEFAULT_MAX_WAIT_MS 30000u
 #define ROUTER_DEFAULT_STATS_TIMEOUT_MS 2000u
+#define ROUTER_DEFAULT_ADMIN_TIMEOUT_MS 10000u
 #define ROUTER_DEFAULT_DRAIN_TIMEOUT_MS 60000u
 
 /* A Submit without max_tokens generates this many tokens (vLLM's default). */
@@ -90,6 +103,7 @@ struct router_config {
     uint32_t max_new_tokens; /* the largest max_tokens a Submit may ask for */
     uint32_t max_wait_ms;    /* a Poll's wait_ms is clamped to this */
     uint32_t stats_timeout_ms;
+    uint32_t admin_timeout_ms; /* an admin call's wait for the scheduler (pins are computed) */
     uint32_t drain_timeout_ms;
 };
 

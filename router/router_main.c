@@ -25,15 +25,23 @@ struct main_state {
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: pagoda-router --run-dir DIR --listen URL [--scheduler URL]\n"
-               "                     [--log-level debug|info|warn|error] [--contexts N]\n"
-               "                     [--max-requests N] [--max-finished N] [--finished-ttl-ms MS]\n"
-               "                     [--max-prompt-tokens N] [--max-new-tokens N]\n"
-               "                     [--drain-timeout-ms MS] [--tenants FILE]\n"
-               "--listen: tcp://HOST:PORT or ipc://PATH (clients' address).\n"
-               "--scheduler: the scheduler link (default ipc://DIR/scheduler.ipc).\n"
-               "--tenants: JSON {\"tenants\": [{\"name\", \"api_keys\": [...], \"max_running\",\n"
-               "           \"max_waiting\"}]}; without it every key is the \"default\" tenant.\n");
+    fprintf(f,
+            "usage: pagoda-router --run-dir DIR --listen URL [--scheduler URL]\n"
+            "                     [--log-level debug|info|warn|error] [--contexts N]\n"
+            "                     [--max-requests N] [--max-finished N] [--finished-ttl-ms MS]\n"
+            "                     [--max-prompt-tokens N] [--max-new-tokens N]\n"
+            "                     [--drain-timeout-ms MS] [--tenants FILE]\n"
+            "                     [--admin-timeout-ms MS]\n"
+            "--listen: tcp://HOST:PORT or ipc://PATH (clients' address).\n"
+            "--scheduler: the scheduler link (default ipc://DIR/scheduler.ipc).\n"
+            "--tenants: JSON {\"admin_keys\": [...], \"groups\": [{\"name\",\n"
+            "           \"cache_quota_blocks\"}], \"tenants\": [{\"name\", \"api_keys\": [...],\n"
+            "           \"group\", \"max_running\", \"max_waiting\", \"cache_quota_blocks\"}],\n"
+            "           \"pins\": [{\"name\", \"token_ids\": [...], \"tenants\": [...]}]}\n"
+            "           (router/tenants.h); without it every key is the \"default\" tenant\n"
+            "           and there is no admin API. An admin call reloads it.\n"
+            "--admin-timeout-ms: how long an admin call waits for the scheduler (%u).\n",
+            ROUTER_DEFAULT_ADMIN_TIMEOUT_MS);
 }
 
 static int fail(int rc)
@@ -103,6 +111,7 @@ enum {
     OPT_MAX_NEW,
     OPT_DRAIN_TIMEOUT,
     OPT_TENANTS,
+    OPT_ADMIN_TIMEOUT,
 };
 
 static int parse_flag(int opt, const char *arg, struct router_config *cfg)
@@ -140,6 +149,8 @@ static int parse_flag(int opt, const char *arg, struct router_config *cfg)
         return 0;
     case OPT_DRAIN_TIMEOUT:
         return parse_u32("--drain-timeout-ms", arg, 0, UINT32_MAX, &cfg->drain_timeout_ms);
+    case OPT_ADMIN_TIMEOUT:
+        return parse_u32("--admin-timeout-ms", arg, 1, 600000, &cfg->admin_timeout_ms);
     default:
         return pagoda_error_set(PAGODA_EINVAL, "unknown option (see --help)");
     }
@@ -160,6 +171,7 @@ int main(int argc, char **argv)
         {"max-new-tokens", required_argument, NULL, OPT_MAX_NEW},
         {"drain-timeout-ms", required_argument, NULL, OPT_DRAIN_TIMEOUT},
         {"tenants", required_argument, NULL, OPT_TENANTS},
+        {"admin-timeout-ms", required_argument, NULL, OPT_ADMIN_TIMEOUT},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };

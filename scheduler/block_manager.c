@@ -280,3 +280,43 @@ int block_table_release(struct block_manager *bm, struct block_table *t, uint64_
     t->num_blocks = 0;
     return first;
 }
+
+void block_manager_add_deferred(const struct block_manager *bm, int32_t *counts)
+{
+    for (int32_t b = 0; b < bm->num_blocks; b++)
+        counts[b] += bm->pending[b];
+}
+
+int block_manager_check(const struct block_manager *bm, const char **why)
+{
+    int32_t zero = 0, deferred = 0;
+    for (int32_t b = 1; b < bm->num_blocks; b++) {
+        zero += bm->refcount[b] == 0;
+        deferred += bm->pending[b] > 0;
+        if (bm->refcount[b] < 0 || bm->pending[b] > bm->refcount[b]) {
+            *why = "a block has a negative count or more deferred drops than references";
+            return -1;
+        }
+    }
+    if (zero != bm->free_top || deferred != bm->num_deferred) {
+        *why = "the free stack or the deferred list disagrees with the counts";
+        return -1;
+    }
+    uint8_t *seen = calloc((size_t)bm->num_blocks, 1);
+    if (seen == NULL) {
+        *why = "out of memory for the check";
+        return -1;
+    }
+    int rc = 0;
+    for (int32_t i = 0; i < bm->free_top && rc == 0; i++) {
+        int32_t b = bm->free_stack[i];
+        if (b < 1 || b >= bm->num_blocks || seen[b] || bm->refcount[b] != 0) {
+            *why = "a block on the free stack is referenced, out of range, or there twice";
+            rc = -1;
+        } else {
+            seen[b] = 1;
+        }
+    }
+    free(seen);
+    return rc;
+}

@@ -86,6 +86,14 @@ int32_t block_manager_ack(struct block_manager *bm, uint64_t acked_through);
 /* The highest acked_through reported so far (0 at the start). */
 uint64_t block_manager_acked_through(const struct block_manager *bm);
 
+/* Tests: adds to counts[b] (num_blocks entries) the drops of block b deferred to a fence. */
+void block_manager_add_deferred(const struct block_manager *bm, int32_t *counts);
+
+/* Tests: checks the free stack (each block on it once, each with reference count 0, and every
+ * block with count 0 on it) and the deferred drops (never more than the references). Returns 0,
+ * or -1 with a reason in *why. */
+int block_manager_check(const struct block_manager *bm, const char **why);
+
 /* Empties a table for reuse: (re)initialises t to no blocks and no storage. */
 void block_table_init(struct block_table *t);
 

@@ -4,191 +4,13 @@
 #include "common/log.h"
 #include "kernels/cpu/sampler.h"
 #include "scheduler/block_manager.h"
+#include "scheduler/scheduler_impl.h"
 #include "wire/wire.h"
 
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
-/* ---- sequences ------------------------------------------------------------------------------ */
-
-enum seq_state { SEQ_WAITING, SEQ_RUNNING };
-
-/* One request. tokens holds everything known, prompt then output; num_computed of them are in
- * the pool as acknowledged by the worker, inflight_new more are being computed by the step in
- * flight. */
-struct seq {
-    uint8_t request_id[SCHEDULER_REQUEST_ID_BYTES];
-    uint64_t seq_id; /* this admission's id (the worker's key); 0 while waiting */
-    enum seq_state state;
-    int32_t *tokens;
-    int32_t num_tokens, cap_tokens;
-    int32_t num_prompt_tokens;
-    int32_t num_computed;
-    int32_t inflight_new;
-    bool inflight_samples;
-    bool worker_knows;     /* sent as new or in a snapshot since the worker's mirror was reset */
-    int32_t blocks_sent;   /* how much of table the worker knows */
-    int64_t vocab_checked; /* the vocabulary the tokens were checked against (0: not yet) */
-    struct block_table table;
-    int32_t plan_index; /* while a step is formed: its entry, or -1 */
-    bool has_result;    /* while a result is checked */
-    int32_t result_token;
-    float result_logprob;
-    struct sampling_params sampling;
-    int32_t max_tokens; /* 0: up to the context */
-    bool ignore_eos;
-    int32_t num_stop_ids;
-    int32_t stop_ids[SCHEDULER_MAX_STOP_IDS];
-    struct seq *prev, *next; /* in waiting or running */
-    struct seq *req_next;    /* request-id hash chain */
-    struct seq *id_next;     /* seq-id hash chain, while running */
-    /* For announcements (RouterHello): what a restarted router needs to register it again. */
-    char *tenant;
-    bool has_client_id;
-    uint8_t client_id[SCHEDULER_REQUEST_ID_BYTES];
-    /* Once it has ended and is kept in the recent list. */
-    Pagoda__Internal__FinishReason finish_reason;
-    int32_t error_code;
-    const char *error_message; /* a static string, or NULL */
-};
-
-struct seq_list {
-    struct seq *head, *tail;
-    uint32_t count;
-};
-
-static void list_remove(struct seq_list *l, struct seq *q)
-{
-    if (q->prev)
-        q->prev->next = q->next;
-    else
-        l->head = q->next;
-    if (q->next)
-        q->next->prev = q->prev;
-    else
-        l->tail = q->prev;
-    q->prev = q->next = NULL;
-    l->count--;
-}
-
-static void list_push_back(struct seq_list *l, struct seq *q)
-{
-    q->next = NULL;
-    q->prev = l->tail;
-    if (l->tail)
-        l->tail->next = q;
-    else
-        l->head = q;
-    l->tail = q;
-    l->count++;
-}
-
-static void list_push_front(struct seq_list *l, struct seq *q)
-{
-    q->prev = NULL;
-    q->next = l->head;
-    if (l->head)
-        l->head->prev = q;
-    else
-        l->tail = q;
-    l->head = q;
-    l->count++;
-}
-
-/* A bounded list of seq ids for the next step (finished, preempted). */
-struct id_list {
-    uint64_t *ids;
-    uint32_t count, cap;
-};
-
-/* ---- the worker link ------------------------------------------------------------------------ */
-
-enum link_state {
-    LINK_NEED_HELLO, /* no Hello yet: announce the epoch now and then */
-    LINK_RESYNCING,  /* a resync is outstanding */
-    LINK_IDLE,       /* in sync, no step in flight */
-    LINK_STEP,       /* a step is in flight */
-};
-
-struct worker_link {
-    enum link_state state;
-    bool hello_seen;
-    int32_t pid;
-    int64_t vocab_size;
-    int64_t max_positions;
-    int32_t num_eos;
-    int32_t eos_ids[SCHEDULER_MAX_EOS_IDS];
-    uint64_t resync_id;        /* of the outstanding (or last) resync */
-    uint64_t resync_next_step; /* its next_step_id */
-    int64_t resync_sent_ms;
-    bool announced;
-    int64_t announce_ms;
-    uint64_t step_id; /* in flight */
-    int64_t step_sent_ms;
-    /* A slow worker is not a lost step: when the result of a step that timed out arrives
-     * after all, the timeout doubles (up to SCHEDULER_MAX_TIMEOUT_BACKOFF times) for the rest
-     * of this worker process's life, so that a long step cannot be resynced forever. */
-    uint64_t timed_out_step;
-    int64_t timed_out_at_ms;
-    int timeout_backoff;
-    uint64_t *step_seq_ids; /* the sequences of the step in flight */
-    uint32_t step_num_seqs;
-    int64_t last_rx_ms;
-    int64_t owes_since_ms; /* when the outstanding answer became due */
-    bool hung_reported;
-};
-
-/* ---- the scheduler -------------------------------------------------------------------------- */
-
-struct plan_entry {
-    struct seq *seq; /* NULL: removed (preempted while the step was formed) */
-    int32_t num_new;
-};
-
-/* A token event's own copy of what it reports (the sequence may be gone when it is sent). */
-struct event_slot {
-    uint8_t request_id[SCHEDULER_REQUEST_ID_BYTES];
-    int32_t token;
-    float logprob;
-};
-
-struct scheduler {
-    struct scheduler_config cfg;
-    struct scheduler_io io;
-    struct block_manager *bm;
-    int32_t block_size;
-    struct seq_list waiting, running;
-    struct seq_list recent; /* ended requests kept for announcements, oldest first */
-    struct seq **req_buckets, **id_buckets;
-    uint32_t bucket_mask;
-    uint64_t next_seq_id;
-    uint64_t last_step_id; /* the last step sent (0: none yet) */
-    struct worker_link worker;
-    struct id_list pending_finished, pending_preempted;
-    bool need_resync;
-    bool ready_sent;
-    /* Forming a step. */
-    struct plan_entry *plan;
-    uint32_t plan_len;
-    int32_t budget;
-    bool preempted_now;
-    struct seq **order;
-    /* Message scratch, max_seqs entries each. */
-    Pagoda__Internal__NewSequence *new_msgs;
-    Pagoda__Internal__NewSequence **new_ptrs;
-    Pagoda__Internal__ContinuingSequence *cont_msgs;
-    Pagoda__Internal__ContinuingSequence **cont_ptrs;
-    Pagoda__Internal__SamplingParams *sp_msgs;
-    Pagoda__Internal__SequenceSnapshot *snap_msgs;
-    Pagoda__Internal__SequenceSnapshot **snap_ptrs;
-    Pagoda__Internal__TokenEvent *ev_msgs;
-    Pagoda__Internal__TokenEvent **ev_ptrs;
-    struct event_slot *ev_slots;
-    struct scheduler_stats stats;
-    uint64_t step_cpu_ns;
-};
 
 /* ---- helpers -------------------------------------------------------------------------------- */
 
@@ -282,7 +104,29 @@ static void seq_free(struct seq *q)
     block_table_fini(&q->table);
     free(q->tokens);
     free(q->tenant);
+    free(q->entries);
+    free(q->keys);
     free(q);
+}
+
+struct seq *seq_new(const int32_t *tokens, int32_t n)
+{
+    struct seq *q = calloc(1, sizeof(*q));
+    int32_t cap = 16;
+    while (cap < n + 1)
+        cap *= 2;
+    if (q == NULL || (q->tokens = malloc((size_t)cap * sizeof(int32_t))) == NULL) {
+        free(q);
+        return NULL;
+    }
+    q->cap_tokens = cap;
+    memcpy(q->tokens, tokens, (size_t)n * sizeof(int32_t));
+    q->num_tokens = q->num_prompt_tokens = n;
+    q->sampling = sampling_params_default();
+    q->state = SEQ_WAITING;
+    q->plan_index = -1;
+    block_table_init(&q->table);
+    return q;
 }
 
 /* Adds id to l; when l is full, the next step is replaced by a resync (whose snapshot says
@@ -328,6 +172,15 @@ static void send_worker(struct scheduler *s, uint32_t worker_id, Pagoda__Interna
     m->has_protocol_version = 1;
     m->protocol_version = WIRE_PROTOCOL_VERSION;
     s->io.to_worker(s->io.ctx, worker_id, m);
+}
+
+void send_router(struct scheduler *s, Pagoda__Internal__ToRouter *m)
+{
+    m->has_protocol_version = 1;
+    m->protocol_version = WIRE_PROTOCOL_VERSION;
+    m->has_epoch = 1;
+    m->epoch = s->cfg.epoch;
+    s->io.to_router(s->io.ctx, m);
 }
 
 static void send_events(struct scheduler *s, Pagoda__Internal__TokenEvent **events, size_t n)
@@ -393,10 +246,11 @@ static void seq_detach(struct scheduler *s, struct seq *q)
 {
     if (q->state == SEQ_RUNNING) {
         list_remove(&s->running, q);
+        if (q->owner)
+            q->owner->running--;
         if (q->worker_knows)
             id_list_push(s, &s->pending_finished, q->seq_id);
-        if (block_table_release(s->bm, &q->table, s->last_step_id) != 0)
-            log_error("scheduler: releasing blocks: %s", pagoda_error_detail());
+        seq_release_blocks(s, q);
         unhash_seq_id(s, q);
     } else {
         list_remove(&s->waiting, q);
@@ -405,7 +259,7 @@ static void seq_detach(struct scheduler *s, struct seq *q)
 }
 
 /* Removes q from its list and the tables and frees it. */
-static void seq_remove(struct scheduler *s, struct seq *q)
+void seq_remove(struct scheduler *s, struct seq *q)
 {
     seq_detach(s, q);
     seq_free(q);
@@ -429,6 +283,12 @@ static void seq_retire(struct scheduler *s, struct seq *q)
 static void seq_end(struct scheduler *s, struct seq *q, Pagoda__Internal__FinishReason reason,
                     int32_t error_code, const char *error_message)
 {
+    if (q->pin != NULL) {
+        pin_seq_ended(s, q, reason != PAGODA__INTERNAL__FINISH_REASON__FINISH_ERROR, error_code,
+                      error_message);
+        seq_remove(s, q);
+        return;
+    }
     s->stats.finished_requests++;
     q->finish_reason = reason;
     q->error_code = error_code;
@@ -439,6 +299,11 @@ static void seq_end(struct scheduler *s, struct seq *q, Pagoda__Internal__Finish
 /* Ends q with an error event (a request found unfit at admission). */
 static void seq_refuse(struct scheduler *s, struct seq *q, int error, const char *message)
 {
+    if (q->pin != NULL) {
+        pin_seq_ended(s, q, false, error, message);
+        seq_remove(s, q);
+        return;
+    }
     send_error(s, q->request_id, SCHEDULER_REQUEST_ID_BYTES, error, message);
     seq_remove(s, q);
 }
@@ -455,8 +320,9 @@ static void preempt(struct scheduler *s, struct seq *v)
     }
     if (v->worker_knows)
         id_list_push(s, &s->pending_preempted, v->seq_id);
-    if (block_table_release(s->bm, &v->table, s->last_step_id) != 0)
-        log_error("scheduler: releasing blocks: %s", pagoda_error_detail());
+    seq_release_blocks(s, v);
+    if (v->owner)
+        v->owner->running--;
     log_debug("preempting seq %llu (%d tokens)", (unsigned long long)v->seq_id, (int)v->num_tokens);
     unhash_seq_id(s, v);
     v->num_computed = 0;
@@ -566,7 +432,7 @@ static bool ensure_blocks(struct scheduler *s, struct seq *q, int64_t upto)
 {
     int32_t need = block_count_for(upto, s->block_size);
     while (q->table.num_blocks < need) {
-        int rc = block_table_append_new(s->bm, &q->table);
+        int rc = seq_append_block(s, q);
         if (rc == 0)
             continue;
         struct seq *victim = rc == PAGODA_EEXHAUSTED ? s->running.tail : q;
@@ -657,31 +523,53 @@ static void form_plan(struct scheduler *s)
         if (ensure_blocks(s, q, (int64_t)q->num_computed + chunk))
             plan_add(s, q, chunk);
     }
-    /* Then admissions, unless this step had to preempt. */
+    /* Then admissions, unless this step had to preempt: FIFO, except that a tenant at its cap
+     * on running sequences is passed over (its requests keep their places). */
     int64_t owed = blocks_owed(s);
-    while (s->waiting.head && !s->preempted_now && s->budget > 0 &&
+    struct seq *next = s->waiting.head;
+    while (next && !s->preempted_now && s->budget > 0 &&
            s->running.count < (uint32_t)s->cfg.max_seqs) {
-        struct seq *q = s->waiting.head;
+        struct seq *q = next;
+        next = q->next;
+        if (q->owner && q->owner->max_running > 0 && q->owner->running >= q->owner->max_running)
+            continue;
         if (admission_check(s, q) != 0)
             continue;
-        int32_t need = block_count_for((int64_t)q->num_tokens + 1, s->block_size);
-        if ((int64_t)block_manager_free_count(s->bm) - owed < need)
+        int32_t evictable_hits = 0;
+        int32_t hits = cache_match(s, q, &evictable_hits);
+        int32_t need = block_count_for((int64_t)q->num_tokens + 1, s->block_size) - hits;
+        int64_t available = (int64_t)block_manager_free_count(s->bm) +
+                            prefix_cache_evictable_blocks(s->pc) - evictable_hits - owed;
+        if (available < need)
             break;
         list_remove(&s->waiting, q);
         q->state = SEQ_RUNNING;
         q->seq_id = ++s->next_seq_id;
         hash_seq_id(s, q);
         list_push_back(&s->running, q);
+        if (q->owner)
+            q->owner->running++;
         q->num_computed = 0;
         q->plan_index = -1;
-        int32_t chunk = q->num_tokens < s->budget ? q->num_tokens : s->budget;
-        if (!ensure_blocks(s, q, chunk))
+        if (cache_take_match(s, q, hits) != 0) {
+            preempt(s, q); /* out of memory for its table: try again later */
+            break;
+        }
+        int32_t remaining = q->num_tokens - q->num_computed;
+        int32_t chunk = remaining < s->budget ? remaining : s->budget;
+        if (!ensure_blocks(s, q, (int64_t)q->num_computed + chunk))
             break; /* cannot happen: the free blocks were counted */
         plan_add(s, q, chunk);
-        owed += need - q->table.num_blocks;
+        owed += need - (q->table.num_blocks - hits);
     }
     if (s->running.count > s->stats.peak_running)
         s->stats.peak_running = s->running.count;
+    int32_t usable = block_manager_usable(s->bm);
+    double usage = 1.0 - (double)(block_manager_free_count(s->bm) +
+                                  (int32_t)prefix_cache_evictable_blocks(s->pc)) /
+                             (double)usable;
+    if (usage > s->stats.peak_kv_usage)
+        s->stats.peak_kv_usage = usage;
 }
 
 /* Forms and sends the next step when the worker is idle and there is work. */
@@ -712,6 +600,7 @@ static void try_step(struct scheduler *s, int64_t now_ms)
         if (q == NULL)
             continue;
         int32_t num_new = s->plan[i].num_new;
+        cache_assert_writable(s, q, num_new);
         q->plan_index = -1;
         q->inflight_new = num_new;
         q->inflight_samples = q->num_computed + num_new == q->num_tokens;
@@ -876,6 +765,7 @@ static void apply_result(struct scheduler *s, const Pagoda__Internal__StepResult
             continue;
         q->num_computed += q->inflight_new;
         q->inflight_new = 0;
+        cache_publish(s, q);
         if (!q->inflight_samples)
             continue;
         q->inflight_samples = false;
@@ -896,9 +786,11 @@ static void apply_result(struct scheduler *s, const Pagoda__Internal__StepResult
         ev->token_ids = &slot->token;
         ev->n_logprobs = 1;
         ev->logprobs = &slot->logprob;
-        ev->has_prompt_tokens = 1;
+        ev->has_prompt_tokens = ev->has_cached_tokens = 1;
         ev->prompt_tokens = (uint32_t)q->num_prompt_tokens;
-        s->ev_ptrs[n_ev++] = ev;
+        ev->cached_tokens = q->cached_tokens;
+        if (q->pin == NULL) /* a pin's own sequence tells nobody */
+            s->ev_ptrs[n_ev++] = ev;
         Pagoda__Internal__FinishReason reason;
         if (append_token(q, q->result_token) != 0) {
             ev->has_error_code = 1;
@@ -1010,6 +902,7 @@ static void on_hello(struct scheduler *s, const Pagoda__Internal__Hello *h, int6
     w->num_eos = (int32_t)h->n_eos_token_ids;
     if (h->n_eos_token_ids > 0)
         memcpy(w->eos_ids, h->eos_token_ids, h->n_eos_token_ids * sizeof(int32_t));
+    cache_on_hello(s, h);
     send_resync(s, now_ms, false);
 }
 
@@ -1178,7 +1071,8 @@ static void on_submit(struct scheduler *s, const Pagoda__Internal__SubmitSeq *m)
     q->num_stop_ids = (int32_t)m->n_stop_token_ids;
     if (m->n_stop_token_ids > 0)
         memcpy(q->stop_ids, m->stop_token_ids, m->n_stop_token_ids * sizeof(int32_t));
-    if (m->tenant != NULL && (q->tenant = strdup(m->tenant)) == NULL) {
+    q->owner = tenant_get(s, m->tenant != NULL ? m->tenant : "default");
+    if ((m->tenant != NULL && (q->tenant = strdup(m->tenant)) == NULL) || q->owner == NULL) {
         seq_free(q);
         send_error(s, id, id_len, PAGODA_ENOMEM, "out of memory for the request");
         return;
@@ -1240,6 +1134,16 @@ static void on_stats_request(struct scheduler *s, const Pagoda__Internal__StatsR
     ps.malformed_messages = st.malformed_messages;
     ps.preemptions = st.preemptions;
     ps.step_cpu_us = st.step_cpu_us;
+    ps.has_fragmentation = ps.has_cached_blocks = ps.has_peak_kv_usage = 1;
+    ps.has_prefix_query_tokens = ps.has_prefix_hit_tokens = ps.has_evictions = 1;
+    ps.has_pinned_blocks = 1;
+    ps.fragmentation = st.fragmentation;
+    ps.cached_blocks = st.cached_blocks;
+    ps.peak_kv_usage = st.peak_kv_usage;
+    ps.prefix_query_tokens = st.prefix_query_tokens;
+    ps.prefix_hit_tokens = st.prefix_hit_tokens;
+    ps.evictions = st.evictions;
+    ps.pinned_blocks = st.pinned_blocks;
     Pagoda__Internal__ToRouter r = PAGODA__INTERNAL__TO_ROUTER__INIT;
     r.has_protocol_version = 1;
     r.protocol_version = WIRE_PROTOCOL_VERSION;
@@ -1311,8 +1215,8 @@ static void on_router_hello(struct scheduler *s)
     size_t n = 0, tokens = 0, total = 0;
     for (int l = 0; l < 3; l++) {
         for (struct seq *q = lists[l]->head; q != NULL; q = q->next) {
-            if (l == 2 && find_request(s, q->request_id) != NULL)
-                continue; /* ended, then submitted again: the live one speaks */
+            if (q->pin != NULL || (l == 2 && find_request(s, q->request_id) != NULL))
+                continue; /* a pin's own, or ended then submitted again: the live one speaks */
             size_t out = (size_t)(q->num_tokens - q->num_prompt_tokens);
             if (n > 0 &&
                 (n == (size_t)s->cfg.max_seqs || tokens + out > SCHEDULER_ANNOUNCE_TOKENS)) {
@@ -1350,6 +1254,12 @@ void scheduler_on_router(struct scheduler *s, const Pagoda__Internal__ToSchedule
         return;
     case PAGODA__INTERNAL__TO_SCHEDULER__MSG_ROUTER_HELLO:
         on_router_hello(s);
+        return;
+    case PAGODA__INTERNAL__TO_SCHEDULER__MSG_POLICY:
+        on_policy(s, msg->policy);
+        break;
+    case PAGODA__INTERNAL__TO_SCHEDULER__MSG_ADMIN:
+        on_admin(s, msg->admin);
         return;
     default:
         s->stats.malformed_messages++;
@@ -1418,6 +1328,7 @@ void scheduler_config_default(struct scheduler_config *cfg)
     cfg->max_queued = SCHEDULER_DEFAULT_MAX_QUEUED;
     cfg->result_timeout_ms = SCHEDULER_DEFAULT_RESULT_TIMEOUT_MS;
     cfg->watchdog_ms = SCHEDULER_DEFAULT_WATCHDOG_MS;
+    cfg->prefix_cache = 1;
 }
 
 static int check_config(const struct scheduler_config *c)
@@ -1496,6 +1407,8 @@ int scheduler_open(const struct scheduler_config *cfg, const struct scheduler_io
         goto fail;
     }
     s->pending_finished.cap = s->pending_preempted.cap = 2 * (uint32_t)m;
+    if ((rc = cache_open(s)) != 0)
+        goto fail;
     s->worker.state = LINK_NEED_HELLO;
     *out = s;
     return 0;
@@ -1523,6 +1436,7 @@ void scheduler_close(struct scheduler *s)
     free_list(&s->waiting);
     free_list(&s->running);
     free_list(&s->recent);
+    cache_close(s);
     block_manager_close(s->bm);
     free(s->req_buckets);
     free(s->id_buckets);
@@ -1551,7 +1465,7 @@ void scheduler_get_stats(const struct scheduler *s, struct scheduler_stats *out)
     out->waiting = s->waiting.count;
     out->num_blocks = block_manager_usable(s->bm);
     out->free_blocks = block_manager_free_count(s->bm);
-    out->kv_usage = 1.0 - (double)out->free_blocks / (double)out->num_blocks;
+    cache_stats(s, out);
     out->deferred_blocks = block_manager_deferred_count(s->bm);
     out->step_cpu_us = s->stats.steps ? (double)s->step_cpu_ns / 1e3 / (double)s->stats.steps : 0;
     out->ready = s->ready_sent;

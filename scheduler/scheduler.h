@@ -79,6 +79,32 @@
  * message at all for watchdog_ms is reported once per incident with Control{hung_worker_id,
  * hung_worker_pid} (the pid of its latest Hello); any message from it ends the incident.
  *
+ * Prefix cache (prefix_cache.h; cfg.prefix_cache, on by default). At admission a sequence's
+ * known tokens are looked up: first the pinned prefixes its tenant may read (the one matching
+ * most blocks), then its own namespace (its tenant's "t:NAME", or its group's), never the block
+ * holding its last token. Hits join its table as computed tokens (shared, read-only), and the
+ * first admission's hit counts as usage.cached_tokens (min(hit tokens, prompt tokens), on every
+ * TokenEvent). After a step is acknowledged, the full blocks it completed are published in the
+ * sequence's namespace (a block whose key is cached already stays private; one whose parent
+ * is not cached is not published). Admission counts evictable cached blocks as available;
+ * allocation evicts (prefix_cache_evict_one) before it preempts. A sequence that ends or is
+ * preempted drops its references on cached blocks at once (no step writes them) and fences the
+ * rest. Before a step is sent, every block it writes is checked to be neither cached nor
+ * shared: a violation is a bug, logged, and the scheduler aborts (the supervisor restarts it).
+ * The root key covers the worker's model fingerprint (Hello) and the pool's dtype; a new
+ * fingerprint flushes the cache and recomputes the pins.
+ *
+ * Tenancy (the router's Policy, internal.proto): namespaces and their quotas, each tenant's
+ * namespace, cap on running sequences (admission passes over a tenant at its cap) and readable
+ * pins, and the pins with their tokens. Each Policy replaces the last; tenants it does not name
+ * get a namespace of their own, no cap and no pins. A new pin is computed by a sequence of its
+ * own (queued first, greedy, one sampled token discarded, no events) whose full blocks are then
+ * pinned; a pin that leaves the policy is unpinned (its blocks become ordinary cached blocks).
+ * PolicyApplied{version, pins} answers once no pin is being computed. AdminCall answers
+ * AdminResult: per-tenant figures (lookups, hits, query and hit tokens, running, waiting),
+ * per-namespace figures (cached blocks, quota, evictions, inserted), pins; or flushes a
+ * namespace ("p:" ones are refused: unpin them).
+ *
  * Not thread-safe: one loop owns a scheduler. */
 #ifndef PAGODA_SCHEDULER_SCHEDULER_H
 #define PAGODA_SCHEDULER_SCHEDULER_H
@@ -130,6 +156,7 @@ struct scheduler_config {
     int32_t max_queued;          /* running + waiting sequences; >= max_seqs */
     int32_t result_timeout_ms;   /* a step or resync unanswered this long is resynced */
     int32_t watchdog_ms;         /* a silent worker owing an answer this long is reported */
+    int prefix_cache;            /* 1: look prompts up in the prefix cache and publish blocks */
     uint64_t fault_dup_step;     /* tests: send this step id twice (0: off) */
     struct kv_geometry geometry; /* the pool, as kvpool reports it */
 };
@@ -155,7 +182,11 @@ struct scheduler_stats {
     uint32_t running, waiting, peak_running;
     uint64_t steps, resyncs, worker_restarts;
     int32_t num_blocks, free_blocks;
-    double kv_usage;
+    double kv_usage; /* 1 - (free + evictable cached blocks) / num_blocks */
+    double peak_kv_usage;
+    double fragmentation; /* running sequences' allocated slots holding no token / all of them */
+    uint32_t cached_blocks, pinned_blocks, evictable_blocks;
+    uint64_t prefix_query_tokens, prefix_hit_tokens, evictions;
     uint64_t computed_tokens; /* the worker's counter from its latest StepResult */
     uint64_t malformed_messages;
     uint64_t preemptions;
@@ -203,5 +234,11 @@ void scheduler_tick(struct scheduler *s, int64_t now_ms);
 
 /* Fills *out with the current counters. */
 void scheduler_get_stats(const struct scheduler *s, struct scheduler_stats *out);
+
+/* Tests: checks the block invariants (no block both free and referenced; each block's reference
+ * count equals the tables holding it, plus the cache's reference, plus the drops deferred to a
+ * fence; the cache's own bookkeeping; per-tenant running counts). Returns 0, or -1 with a
+ * reason in *why. */
+int scheduler_check_invariants(const struct scheduler *s, const char **why);
 
 #endif

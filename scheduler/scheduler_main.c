@@ -63,7 +63,7 @@ static void usage(FILE *f)
     fprintf(f, "usage: pagoda-scheduler --run-dir DIR [--workers 1] [--max-batched-tokens N]\n"
                "         [--max-seqs N] [--max-queued N] [--result-timeout-ms MS]\n"
                "         [--watchdog-ms MS] [--epoch E] [--fault dup-step=N]\n"
-               "         [--log-level debug|info|warn|error]\n");
+               "         [--prefix-cache on|off] [--log-level debug|info|warn|error]\n");
 }
 
 /* ---- the scheduler's outputs ---------------------------------------------------------------- */
@@ -214,6 +214,10 @@ static int parse_flags(int argc, char **argv, struct scheduler_config *cfg, cons
                 return pagoda_error_set(PAGODA_EINVAL, "--fault %s: expected dup-step=N", v);
             if ((rc = parse_i64(flag, v + strlen(prefix), 1, INT64_MAX, &x)) == 0)
                 cfg->fault_dup_step = (uint64_t)x;
+        } else if (strcmp(flag, "--prefix-cache") == 0) {
+            if (strcmp(v, "on") != 0 && strcmp(v, "off") != 0)
+                return pagoda_error_set(PAGODA_EINVAL, "--prefix-cache %s: expected on or off", v);
+            cfg->prefix_cache = strcmp(v, "on") == 0;
         } else if (strcmp(flag, "--log-level") == 0) {
             enum log_level level;
             if ((rc = log_level_parse(v, &level)) != 0)

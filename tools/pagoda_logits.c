@@ -4,7 +4,12 @@
  * --chunk tokens (each chunk continuing the sequence already in the pool).
  *
  * usage: pagoda-logits --model DIR --tokens 1,2,3 --out FILE [--backend cpu|cuda]
- *                      [--chunk N] [--block-size B] */
+ *                      [--chunk N] [--block-size B] [--load-format safetensors|random]
+ *                      [--seed N]
+ *
+ * --load-format random (CUDA only) draws the weights of DIR/config.json's shape on the GPU from
+ * --seed, as pagoda-run and pagoda-worker do with the same flags: the same seed, the same
+ * weights. */
 #include "common/error.h"
 #include "common/parse.h"
 #include "worker/cpu_backend.h"
@@ -35,12 +40,15 @@ int main(int argc, char **argv)
         {"backend", required_argument, NULL, 'b'},
         {"chunk", required_argument, NULL, 'c'},
         {"block-size", required_argument, NULL, 's'},
+        {"load-format", required_argument, NULL, 'l'},
+        {"seed", required_argument, NULL, 'S'},
         {NULL, 0, NULL, 0},
     };
     const char *model = NULL, *out_path = NULL, *backend_name = "cpu";
     int32_t *tokens = NULL;
     size_t n = 0;
-    int64_t chunk = 512, block_size = 16;
+    int64_t chunk = 512, block_size = 16, seed = 0;
+    int random_weights = 0;
     int opt, rc = 0;
     while ((opt = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
         switch (opt) {
@@ -63,9 +71,20 @@ int main(int argc, char **argv)
         case 's':
             rc = parse_i64("--block-size", optarg, 8, 64, &block_size);
             break;
+        case 'l':
+            if (strcmp(optarg, "random") == 0)
+                random_weights = 1;
+            else if (strcmp(optarg, "safetensors") != 0)
+                rc = pagoda_error_set(PAGODA_EINVAL,
+                                      "--load-format: '%s' is not safetensors or random", optarg);
+            break;
+        case 'S':
+            rc = parse_i64("--seed", optarg, 0, INT64_MAX, &seed);
+            break;
         default:
             fprintf(stderr, "usage: pagoda-logits --model DIR --tokens 1,2,3 --out FILE "
-                            "[--backend cpu|cuda] [--chunk N] [--block-size B]\n");
+                            "[--backend cpu|cuda] [--chunk N] [--block-size B] "
+                            "[--load-format safetensors|random] [--seed N]\n");
             return 2;
         }
         if (rc != 0)
@@ -76,16 +95,25 @@ int main(int argc, char **argv)
         return 2;
     }
     int use_cuda = strcmp(backend_name, "cuda") == 0;
+    if (random_weights && !use_cuda) {
+        fprintf(stderr, "pagoda-logits: --load-format random needs --backend cuda\n");
+        return 2;
+    }
     struct model_weights *w = NULL;
+    struct model_config cfg;
     struct backend *be = NULL;
     void *pool = NULL;
     float *logits = NULL;
     int32_t *table = NULL, *positions = NULL, *rows = NULL;
     int64_t *slots = NULL;
     FILE *f = NULL;
-    if ((rc = model_weights_open(model, &w)) != 0)
+    if (random_weights)
+        rc = model_config_load(model, &cfg);
+    else if ((rc = model_weights_open(model, &w)) == 0)
+        cfg = w->config;
+    if (rc != 0)
         goto done;
-    const struct model_config *c = &w->config;
+    const struct model_config *c = &cfg;
     int32_t nblocks = (int32_t)((n + (size_t)block_size - 1) / (size_t)block_size);
     struct kv_geometry g = {
         .pool_id = 1,
@@ -104,7 +132,7 @@ int main(int argc, char **argv)
         struct cuda_backend_options co = cuda_backend_default_options();
         co.limits = limits;
         if ((rc = cuda_pool_alloc(&g, 0, &pool)) != 0 ||
-            (rc = cuda_backend_open(c, w, 0, &g, pool, &co, &be)) != 0)
+            (rc = cuda_backend_open(c, w, (uint64_t)seed, &g, pool, &co, &be)) != 0)
             goto done;
 #else
         rc = pagoda_error_set(PAGODA_EUNSUPPORTED, "this build has no CUDA backend");

@@ -6,16 +6,13 @@
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/sampler.h"
 #include "kernels/cuda/util.h"
+#include "worker/cuda_budget.h"
 
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* Room kept free beside the weights and activations for cuBLAS workspaces and the CUDA
- * context's own needs. */
-#define CUDA_RESERVE_BYTES (512ull << 20)
 
 struct cuda_layer {
     uint16_t *input_norm, *post_norm;
@@ -247,29 +244,6 @@ static int load_weights(struct cuda_backend *b, const struct model_weights *w, u
     return err == cudaSuccess ? 0 : cuda_fail(err, "loading weights");
 }
 
-/* Bytes of weights on the device, for the memory check before anything is allocated. */
-static size_t weight_bytes(const struct model_config *c)
-{
-    int64_t H = c->hidden_size, I = c->intermediate_size, V = c->vocab_size;
-    int64_t qd = c->num_heads * c->head_dim, kvd = c->num_kv_heads * c->head_dim;
-    int64_t per_layer = 2 * H + (qd + 2 * kvd) * H + H * qd + 3 * I * H;
-    if (c->qkv_bias)
-        per_layer += qd + 2 * kvd;
-    if (c->o_bias)
-        per_layer += H;
-    int64_t total = V * H * (c->tie_word_embeddings ? 1 : 2) + H + per_layer * c->num_layers;
-    return (size_t)total * 2;
-}
-
-static size_t activation_bytes(const struct model_config *c, const struct backend_limits *l)
-{
-    size_t T = (size_t)l->max_num_tokens, S = (size_t)l->max_num_seqs;
-    size_t H = (size_t)c->hidden_size, I = (size_t)c->intermediate_size;
-    size_t qd = (size_t)(c->num_heads * c->head_dim), kvd = (size_t)(c->num_kv_heads * c->head_dim);
-    return T * H * 4 + T * (H + qd + 2 * kvd + qd + H + 2 * I + I) * 2 + S * H * 2 +
-           S * (size_t)c->vocab_size * 4 + T * (4 + 4 + 8) + S * 4;
-}
-
 static int alloc_activations(struct cuda_backend *b)
 {
     const struct model_config *c = &b->base.config;
@@ -322,14 +296,19 @@ int cuda_backend_open(const struct model_config *cfg, const struct model_weights
         rc = cuda_fail(e, "cudaMemGetInfo");
         goto fail;
     }
-    size_t need = weight_bytes(cfg) + activation_bytes(cfg, &b->opt.limits) + CUDA_RESERVE_BYTES;
+    const int64_t max_tokens = b->opt.limits.max_num_tokens;
+    const int64_t max_seqs = b->opt.limits.max_num_seqs;
+    uint64_t need = cuda_budget_worker_bytes(cfg, max_tokens, max_seqs);
     if (need > free_bytes) {
-        rc = pagoda_error_set(PAGODA_EEXHAUSTED,
-                              "the model needs %zu MiB on the GPU (weights %zu, activations %zu, "
-                              "reserve %llu), %zu MiB are free: short by %zu MiB",
-                              need >> 20, weight_bytes(cfg) >> 20,
-                              activation_bytes(cfg, &b->opt.limits) >> 20, CUDA_RESERVE_BYTES >> 20,
-                              free_bytes >> 20, (need - free_bytes + (1 << 20) - 1) >> 20);
+        rc = pagoda_error_set(
+            PAGODA_EEXHAUSTED,
+            "the model needs %llu MiB on the GPU (weights %llu, activations "
+            "%llu, reserve %llu), %zu MiB are free: short by %llu MiB",
+            (unsigned long long)(need >> 20),
+            (unsigned long long)(cuda_budget_weight_bytes(cfg) >> 20),
+            (unsigned long long)(cuda_budget_activation_bytes(cfg, max_tokens, max_seqs) >> 20),
+            (unsigned long long)(CUDA_BUDGET_RESERVE_BYTES >> 20), free_bytes >> 20,
+            (unsigned long long)((need - free_bytes + (1 << 20) - 1) >> 20));
         goto fail;
     }
     if ((e = cudaStreamCreateWithFlags(&b->stream, cudaStreamNonBlocking)) != cudaSuccess) {

@@ -1,6 +1,7 @@
 /* pagoda-worker: runs the forward passes of one pool's sequences for the scheduler.
  *
- *   pagoda-worker --run-dir DIR --model MODEL_DIR --worker-id I [--backend cpu|null]
+ *   pagoda-worker --run-dir DIR --model MODEL_DIR --worker-id I [--backend cpu|cuda|null]
+ *                 [--load-format safetensors|random] [--seed N]
  *                 [--step-delay-ms X] [--fault drop-step=N|drop-result=N]
  *                 [--max-batched-tokens 2048] [--max-seqs 256] [--log-level info]
  *
@@ -24,7 +25,20 @@
  * A malformed message is counted and logged, never fatal.
  *
  * The KV pool is kvpool's: the worker maps it and never removes it, so a restarted worker
- * finds the KV its predecessor wrote.
+ * finds the KV its predecessor wrote. The CPU backend maps kvpool's shared-memory pool; the
+ * CUDA backend imports kvpool's GPU pool (kvpool/cuda_pool.h: descriptors over kvpool's Unix
+ * socket, mapped on the pool's device, found by its UUID) and runs on that device. Before it
+ * loads anything onto the GPU, a CUDA worker checks that its weights, activations (for
+ * --max-batched-tokens and --max-seqs) and reserve (worker/cuda_budget.h) fit in the memory
+ * left beside the pool; if not (after waiting up to WORKER_GPU_MEMORY_WAIT_MS for memory that a
+ * predecessor killed a moment ago may still be releasing), it refuses to start, saying by how
+ * much. A worker that cannot run as configured (that refusal, a pool of the wrong kind, dtype
+ * or shape) exits with RESTART_POLICY_EXIT_CANNOT_RUN, which tells the supervisor that a restart
+ * would fail the same way; other start failures exit 1.
+ *
+ * --load-format random (CUDA backend) draws weights of the shape in MODEL_DIR/config.json on
+ * the GPU from --seed instead of reading them (as pagoda-run --load-format random does, so the
+ * two give the same weights for the same seed).
  *
  * --backend null loads only config.json and answers every step at once with deterministic
  * tokens (worker/null_backend.h), still through the mirror: for benchmarks of the engine.
@@ -34,15 +48,22 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "common/parse.h"
-#include "kvpool/shm_pool.h"
+#include "deploy/restart_policy.h"
 #include "kvpool/kvpool_client.h"
+#include "kvpool/shm_pool.h"
 #include "wire/wire.h"
 #include "worker/backend.h"
 #include "worker/cpu_backend.h"
 #include "worker/mirror.h"
 #include "worker/model_config.h"
 #include "worker/model_weights.h"
+#include "worker/model_fingerprint.h"
 #include "worker/null_backend.h"
+#ifdef PAGODA_HAVE_CUDA
+#include "kvpool/cuda_pool.h"
+#include "worker/cuda_backend.h"
+#include "worker/cuda_budget.h"
+#endif
 
 #include <nng/nng.h>
 #include <nng/protocol/pair1/pair.h>
@@ -67,6 +88,10 @@
 /* How long the worker waits for kvpool's answer at start, and how often it asks. */
 #define WORKER_KVPOOL_WAIT_MS 30000
 #define WORKER_HELLO_MS 200
+/* How long a CUDA worker waits for GPU memory to come free before it refuses to start (a
+ * predecessor killed a moment ago may still be releasing its weights), and how often it looks. */
+#define WORKER_GPU_MEMORY_WAIT_MS 5000
+#define WORKER_GPU_MEMORY_POLL_MS 200
 /* Messages the scheduler link queues while the transport is busy. NNG's PAIR socket holds none
  * by default, so a non-blocking send made while the previous message is still being written
  * fails; results sent back to back (fast steps) would be dropped at random. */
@@ -77,7 +102,9 @@
 struct worker_opts {
     const char *run_dir;
     const char *model;
-    const char *backend; /* "cpu" or "null" */
+    const char *backend;     /* "cpu", "cuda" or "null" */
+    const char *load_format; /* "safetensors" or "random" */
+    uint64_t seed;           /* the random weights' seed */
     const char *log_level;
     uint32_t worker_id;
     int worker_id_set;
@@ -105,7 +132,14 @@ struct worker {
     int stopping;
 
     struct model_config config;
-    struct kv_shm_pool *pool;
+    uint8_t fingerprint[MODEL_FINGERPRINT_BYTES]; /* model_fingerprint.h: in every Hello */
+    struct kvpool_info pool_info; /* what kvpool said: geometry, shm name or device and socket */
+    char pool_where[160];         /* the pool, for logs: its shm name or its GPU */
+    struct kv_shm_pool *pool;     /* the CPU pool, when mapped */
+#ifdef PAGODA_HAVE_CUDA
+    struct kv_cuda_pool *gpu_pool; /* the GPU pool, when mapped */
+#endif
+    int cannot_run; /* the start failed in a way a restart would repeat */
     struct backend *backend;
     struct mirror *mirror;
     int32_t *tokens; /* [max_seqs] */
@@ -117,6 +151,13 @@ struct worker {
     uint64_t steps_received, steps_run, steps_refused, stale_steps, resyncs, malformed;
     uint64_t send_failures;
 };
+
+/* The backends of this build, as --help names them (deploy/pagoda-up looks for "cpu|cuda"). */
+#ifdef PAGODA_HAVE_CUDA
+#define WORKER_BACKENDS "cpu|cuda|null"
+#else
+#define WORKER_BACKENDS "cpu|null"
+#endif
 
 /* Set by the signal handler while the loop does not run yet (start-up). */
 static volatile sig_atomic_t g_stop;
@@ -130,7 +171,8 @@ static void on_early_signal(int sig)
 static void usage(FILE *f)
 {
     fprintf(f, "usage: pagoda-worker --run-dir DIR --model MODEL_DIR --worker-id I\n"
-               "                     [--backend cpu|null] [--step-delay-ms X]\n"
+               "                     [--backend " WORKER_BACKENDS "] [--step-delay-ms X]\n"
+               "                     [--load-format safetensors|random] [--seed N]\n"
                "                     [--fault drop-step=N|drop-result=N]\n"
                "                     [--max-batched-tokens 2048] [--max-seqs 256]\n"
                "                     [--log-level debug|info|warn|error]\n"
@@ -146,9 +188,11 @@ static void log_rc(enum log_level level, const char *what, int rc)
 
 /* ---- start: the pool --------------------------------------------------------------------- */
 
-/* The pool must have the model's shape and the dtype the backend computes in. */
-static int check_pool_fits(const struct kv_geometry *g, const char *shm_name,
-                           const struct model_config *c, const char *model)
+/* The pool must have the model's shape and the dtype the backend computes in (want_dtype; -1
+ * for the null backend, which never touches KV memory). */
+static int check_pool_fits(const struct kv_geometry *g, const char *where,
+                           const struct model_config *c, const char *model, int want_dtype,
+                           const char *backend)
 {
     const char *field = NULL;
     long long have = 0, want = 0;
@@ -162,34 +206,164 @@ static int check_pool_fits(const struct kv_geometry *g, const char *shm_name,
         return pagoda_error_set(PAGODA_EMISMATCH,
                                 "kv pool %s does not fit the model %s: %s %lld in the pool, %lld "
                                 "in the model (was kvpool started with another --model?)",
-                                shm_name, model, field, have, want);
-    if (g->dtype != DTYPE_F32)
-        return pagoda_error_set(PAGODA_EMISMATCH,
-                                "kv pool %s holds %s; the CPU backend needs an f32 pool", shm_name,
-                                dtype_name(g->dtype));
+                                where, model, field, have, want);
+    if (want_dtype >= 0 && g->dtype != (enum dtype)want_dtype)
+        return pagoda_error_set(PAGODA_EMISMATCH, "kv pool %s holds %s; the %s backend needs %s",
+                                where, dtype_name(g->dtype), backend,
+                                dtype_name((enum dtype)want_dtype));
     return 0;
+}
+
+/* Maps kvpool's pool: the shared-memory one, or (CUDA backend) the GPU one. The CPU backend
+ * needs the first, the CUDA backend the second; the null backend maps the CPU pool and leaves
+ * a GPU pool alone (it never touches KV memory). */
+static int map_pool(struct worker *w)
+{
+    const struct worker_opts *o = &w->o;
+    const struct kvpool_info *info = &w->pool_info;
+    const int gpu_pool = info->handle_socket[0] != '\0';
+    const int use_cuda = strcmp(o->backend, "cuda") == 0,
+              use_null = strcmp(o->backend, "null") == 0;
+    if (gpu_pool)
+        snprintf(w->pool_where, sizeof(w->pool_where), "on GPU %d (%s)", info->device,
+                 info->handle_socket);
+    else
+        snprintf(w->pool_where, sizeof(w->pool_where), "%s", info->shm_name);
+    if (gpu_pool && !use_cuda && !use_null) {
+        w->cannot_run = 1;
+        return pagoda_error_set(PAGODA_EMISMATCH,
+                                "kvpool serves a GPU pool %s; the %s backend needs a CPU pool "
+                                "(start the worker with --backend cuda, or kvpool with --backend "
+                                "cpu)",
+                                w->pool_where, o->backend);
+    }
+    if (!gpu_pool && use_cuda) {
+        w->cannot_run = 1;
+        return pagoda_error_set(PAGODA_EMISMATCH,
+                                "kvpool serves a CPU pool in shared memory (%s); the CUDA backend "
+                                "needs a GPU pool (start kvpool with --backend cuda)",
+                                w->pool_where);
+    }
+    if (!gpu_pool) {
+        int rc = kv_shm_pool_open(info->shm_name, NULL, &w->pool);
+        if (rc != 0)
+            return rc;
+        const struct kv_geometry *pg = kv_shm_pool_geometry(w->pool);
+        if (!kv_geometry_equal(pg, &info->geometry))
+            return pagoda_error_set(PAGODA_EMISMATCH,
+                                    "kv pool %s (pool id %016" PRIx64
+                                    ") is not the pool kvpool described (pool id %016" PRIx64 ")",
+                                    info->shm_name, pg->pool_id, info->geometry.pool_id);
+        return 0;
+    }
+#ifdef PAGODA_HAVE_CUDA
+    if (use_cuda)
+        return kv_cuda_pool_import(info->handle_socket, o->worker_id, &info->geometry,
+                                   WORKER_KVPOOL_WAIT_MS, &w->gpu_pool);
+#endif
+    return 0;
+}
+
+#ifdef PAGODA_HAVE_CUDA
+/* The weights, the activations of the largest step and the reserve must fit in what the GPU
+ * has free beside the pool (which is mapped already, so free memory no longer counts it). */
+static int check_gpu_memory(struct worker *w, const struct backend_limits *bl)
+{
+    const struct model_config *c = &w->config;
+    const int device = kv_cuda_pool_device(w->gpu_pool);
+    const uint64_t weights = cuda_budget_weight_bytes(c);
+    const uint64_t acts = cuda_budget_activation_bytes(c, bl->max_num_tokens, bl->max_num_seqs);
+    const uint64_t need = cuda_budget_worker_bytes(c, bl->max_num_tokens, bl->max_num_seqs);
+    const double mib = 1024.0 * 1024.0;
+    uint64_t free_bytes = 0, total_bytes = 0;
+    for (int waited = 0;; waited += WORKER_GPU_MEMORY_POLL_MS) {
+        int rc = kv_cuda_mem_info(device, &free_bytes, &total_bytes);
+        if (rc != 0)
+            return rc;
+        if (need <= free_bytes) {
+            log_info("GPU %d: %.0f MiB free of %.0f MiB beside the KV pool; the worker needs %.0f "
+                     "MiB (weights %.0f, activations %.0f, reserve %.0f)",
+                     device, (double)free_bytes / mib, (double)total_bytes / mib,
+                     (double)need / mib, (double)weights / mib, (double)acts / mib,
+                     (double)CUDA_BUDGET_RESERVE_BYTES / mib);
+            return 0;
+        }
+        if (waited >= WORKER_GPU_MEMORY_WAIT_MS || g_stop)
+            break;
+        if (waited == 0)
+            log_info("GPU %d: %.0f MiB free, %.0f MiB needed; waiting up to %d ms for memory that "
+                     "a predecessor may still be releasing",
+                     device, (double)free_bytes / mib, (double)need / mib,
+                     WORKER_GPU_MEMORY_WAIT_MS);
+        nng_msleep(WORKER_GPU_MEMORY_POLL_MS);
+    }
+    w->cannot_run = 1;
+    uint64_t short_by = need - free_bytes;
+    return pagoda_error_set(
+        PAGODA_EEXHAUSTED,
+        "refusing to start: beside the KV pool (%.0f MiB) the worker needs %.0f MiB on GPU %d "
+        "(weights %.0f, activations %.0f for %d tokens and %d sequences a step, reserve %.0f) but "
+        "%.0f MiB are free: short by %.0f MiB (%" PRIu64 " bytes); give kvpool a --kv-bytes "
+        "smaller by at least that, or the worker a smaller --max-batched-tokens or --max-seqs",
+        (double)kv_cuda_pool_mapped_bytes(w->gpu_pool) / mib, (double)need / mib, device,
+        (double)weights / mib, (double)acts / mib, bl->max_num_tokens, bl->max_num_seqs,
+        (double)CUDA_BUDGET_RESERVE_BYTES / mib, (double)free_bytes / mib, (double)short_by / mib,
+        short_by);
+}
+#endif
+
+/* Opens the backend the options ask for over the mapped pool. */
+static int open_backend(struct worker *w, const struct backend_limits *bl)
+{
+    const struct worker_opts *o = &w->o;
+    const struct kv_geometry *pg = &w->pool_info.geometry;
+    if (strcmp(o->backend, "null") == 0)
+        return null_backend_open(&w->config, bl, &w->backend);
+    struct model_weights *mw = NULL;
+    int rc = 0;
+    if (strcmp(o->backend, "cuda") == 0) {
+#ifdef PAGODA_HAVE_CUDA
+        if ((rc = check_gpu_memory(w, bl)) != 0)
+            return rc;
+        if (strcmp(o->load_format, "random") != 0 && (rc = model_weights_open(o->model, &mw)) != 0)
+            return rc;
+        struct cuda_backend_options co = cuda_backend_default_options();
+        co.device = kv_cuda_pool_device(w->gpu_pool);
+        co.limits = *bl;
+        rc = cuda_backend_open(&w->config, mw, o->seed, pg, kv_cuda_pool_data(w->gpu_pool), &co,
+                               &w->backend);
+        if (rc == PAGODA_EEXHAUSTED)
+            w->cannot_run = 1;
+#endif
+    } else if ((rc = model_weights_open(o->model, &mw)) == 0) {
+        struct cpu_backend_options co = cpu_backend_default_options();
+        co.limits = *bl;
+        rc = cpu_backend_open(mw, pg, kv_shm_pool_data(w->pool), &co, &w->backend);
+    }
+    model_weights_close(mw); /* both backends keep their own copy of the weights */
+    return rc;
 }
 
 /* Maps the pool kvpool named, loads the model and opens the backend and the mirror. */
 static int worker_load(struct worker *w)
 {
     const struct worker_opts *o = &w->o;
-    struct kv_geometry g;
-    char shm_name[KV_SHM_NAME_MAX + 1];
     int rc;
     if ((rc = model_config_load(o->model, &w->config)) != 0 ||
-        (rc = kvpool_fetch_geometry(o->run_dir, o->worker_id, WORKER_KVPOOL_WAIT_MS, &g_stop, &g,
-                                    shm_name, sizeof(shm_name))) != 0 ||
-        (rc = kv_shm_pool_open(shm_name, NULL, &w->pool)) != 0)
+        (rc = model_fingerprint(o->model, o->load_format, o->seed, w->fingerprint)) != 0 ||
+        (rc = kvpool_fetch_pool(o->run_dir, o->worker_id, WORKER_KVPOOL_WAIT_MS, &g_stop,
+                                &w->pool_info)) != 0 ||
+        (rc = map_pool(w)) != 0)
         return rc;
-    const struct kv_geometry *pg = kv_shm_pool_geometry(w->pool);
-    if (!kv_geometry_equal(pg, &g))
-        return pagoda_error_set(PAGODA_EMISMATCH,
-                                "kv pool %s (pool id %016" PRIx64
-                                ") is not the pool kvpool described (pool id %016" PRIx64 ")",
-                                shm_name, pg->pool_id, g.pool_id);
-    if ((rc = check_pool_fits(pg, shm_name, &w->config, o->model)) != 0)
+    const struct kv_geometry *pg = &w->pool_info.geometry;
+    int want_dtype = strcmp(o->backend, "cuda") == 0  ? (int)DTYPE_BF16
+                     : strcmp(o->backend, "cpu") == 0 ? (int)DTYPE_F32
+                                                      : -1;
+    if ((rc = check_pool_fits(pg, w->pool_where, &w->config, o->model, want_dtype, o->backend)) !=
+        0) {
+        w->cannot_run = 1;
         return rc;
+    }
 
     int64_t max_tokens = w->config.max_position_embeddings;
     int64_t pool_tokens = (int64_t)(pg->num_blocks - 1) * pg->block_size;
@@ -215,18 +389,7 @@ static int worker_load(struct worker *w)
 
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    if (strcmp(o->backend, "null") == 0) {
-        rc = null_backend_open(&w->config, &bl, &w->backend);
-    } else {
-        struct model_weights *mw = NULL;
-        if ((rc = model_weights_open(o->model, &mw)) == 0) {
-            struct cpu_backend_options co = cpu_backend_default_options();
-            co.limits = bl;
-            rc = cpu_backend_open(mw, pg, kv_shm_pool_data(w->pool), &co, &w->backend);
-        }
-        model_weights_close(mw); /* the CPU backend keeps its own f32 copy */
-    }
-    if (rc != 0)
+    if ((rc = open_backend(w, &bl)) != 0)
         return rc;
     clock_gettime(CLOCK_MONOTONIC, &t1);
 
@@ -237,13 +400,16 @@ static int worker_load(struct worker *w)
     w->result_ptrs = malloc(n * sizeof(*w->result_ptrs));
     if (!w->tokens || !w->logprobs || !w->results || !w->result_ptrs)
         return PAGODA_ENOMEM;
-    log_info("worker %u: %s backend, model %s (%" PRId64 " layers, vocab %" PRId64
-             ") loaded in %.2f s; kv pool %s: %d blocks of %d tokens; up to %d sequences, %d "
-             "tokens a step, %d tokens a sequence",
-             o->worker_id, o->backend, o->model, w->config.num_layers, w->config.vocab_size,
-             (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9, shm_name,
-             pg->num_blocks, pg->block_size, o->max_seqs, o->max_batched_tokens,
-             ml.max_tokens_per_seq);
+    log_info("worker %u: %s backend, model %s%s (%" PRId64 " layers, vocab %" PRId64
+             ") loaded in %.2f s; kv pool %s: %d blocks of %d tokens (%" PRId64
+             " tokens), %s; up to %d sequences, %d tokens a step, %d tokens a sequence",
+             o->worker_id, o->backend, o->model,
+             strcmp(o->load_format, "random") == 0 ? " (random weights)" : "", w->config.num_layers,
+             w->config.vocab_size,
+             (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9,
+             w->pool_where, pg->num_blocks, pg->block_size,
+             (int64_t)(pg->num_blocks - 1) * pg->block_size, dtype_name(pg->dtype), o->max_seqs,
+             o->max_batched_tokens, ml.max_tokens_per_seq);
     return 0;
 }
 
@@ -263,7 +429,7 @@ static void send_to_scheduler(struct worker *w, Pagoda__Internal__ToScheduler *m
 
 static void send_hello(struct worker *w)
 {
-    const struct kv_geometry *g = kv_shm_pool_geometry(w->pool);
+    const struct kv_geometry *g = &w->pool_info.geometry;
     Pagoda__Internal__PoolGeometry pg = PAGODA__INTERNAL__POOL_GEOMETRY__INIT;
     pg.has_pool_id = pg.has_num_layers = pg.has_num_blocks = pg.has_block_size = 1;
     pg.has_num_kv_heads = pg.has_head_dim = pg.has_dtype = 1;
@@ -274,7 +440,13 @@ static void send_hello(struct worker *w)
     pg.num_kv_heads = g->num_kv_heads;
     pg.head_dim = g->head_dim;
     pg.dtype = (Pagoda__Internal__DType)g->dtype;
-    pg.shm_name = (char *)kv_shm_pool_name(w->pool);
+    if (w->pool_info.handle_socket[0] != '\0') {
+        pg.has_device = 1;
+        pg.device = w->pool_info.device;
+        pg.handle_socket = w->pool_info.handle_socket;
+    } else {
+        pg.shm_name = w->pool_info.shm_name;
+    }
     Pagoda__Internal__Hello h = PAGODA__INTERNAL__HELLO__INIT;
     h.has_worker_id = h.has_pid = h.has_tp_rank = h.has_tp_size = 1;
     h.worker_id = w->o.worker_id;
@@ -288,6 +460,9 @@ static void send_hello(struct worker *w)
     h.n_eos_token_ids = (size_t)w->config.num_eos;
     h.eos_token_ids = w->config.eos_token_ids;
     h.backend = (char *)w->o.backend;
+    h.has_model_fingerprint = 1;
+    h.model_fingerprint.data = w->fingerprint;
+    h.model_fingerprint.len = sizeof(w->fingerprint);
     Pagoda__Internal__ToScheduler msg = PAGODA__INTERNAL__TO_SCHEDULER__INIT;
     msg.msg_case = PAGODA__INTERNAL__TO_SCHEDULER__MSG_HELLO;
     msg.hello = &h;
@@ -595,8 +770,11 @@ static void worker_fini(struct worker *w)
         uv_loop_close(&w->loop);
     }
     mirror_free(w->mirror);
-    backend_close(w->backend);
+    backend_close(w->backend);  /* first: it synchronizes its stream, then nothing uses the pool */
     kv_shm_pool_close(w->pool); /* unmaps only: the pool is kvpool's */
+#ifdef PAGODA_HAVE_CUDA
+    kv_cuda_pool_close(w->gpu_pool); /* likewise */
+#endif
     free(w->tokens);
     free(w->logprobs);
     free(w->results);
@@ -615,6 +793,8 @@ enum {
     OPT_MAX_BATCHED,
     OPT_MAX_SEQS,
     OPT_LOG_LEVEL,
+    OPT_LOAD_FORMAT,
+    OPT_SEED,
 };
 
 static int parse_fault(const char *arg, struct worker_opts *o)
@@ -651,6 +831,8 @@ static int parse_args(int argc, char **argv, struct worker_opts *o)
         {"max-batched-tokens", required_argument, NULL, OPT_MAX_BATCHED},
         {"max-seqs", required_argument, NULL, OPT_MAX_SEQS},
         {"log-level", required_argument, NULL, OPT_LOG_LEVEL},
+        {"load-format", required_argument, NULL, OPT_LOAD_FORMAT},
+        {"seed", required_argument, NULL, OPT_SEED},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -671,9 +853,27 @@ static int parse_args(int argc, char **argv, struct worker_opts *o)
             }
             break;
         case OPT_BACKEND:
-            if (strcmp(optarg, "cpu") != 0 && strcmp(optarg, "null") != 0)
-                rc = pagoda_error_set(PAGODA_EINVAL, "--backend %s: expected cpu or null", optarg);
+            if (strcmp(optarg, "cpu") != 0 && strcmp(optarg, "cuda") != 0 &&
+                strcmp(optarg, "null") != 0)
+                rc = pagoda_error_set(PAGODA_EINVAL, "--backend %s: expected cpu, cuda or null",
+                                      optarg);
+#ifndef PAGODA_HAVE_CUDA
+            else if (strcmp(optarg, "cuda") == 0)
+                rc = pagoda_error_set(PAGODA_EUNSUPPORTED,
+                                      "--backend cuda: this build has no CUDA backend (configure "
+                                      "with -DPAGODA_CUDA=ON)");
+#endif
             o->backend = optarg;
+            break;
+        case OPT_LOAD_FORMAT:
+            if (strcmp(optarg, "safetensors") != 0 && strcmp(optarg, "random") != 0)
+                rc = pagoda_error_set(PAGODA_EINVAL,
+                                      "--load-format %s: expected safetensors or random", optarg);
+            o->load_format = optarg;
+            break;
+        case OPT_SEED:
+            if ((rc = parse_i64("--seed", optarg, 0, INT64_MAX, &v)) == 0)
+                o->seed = (uint64_t)v;
             break;
         case OPT_STEP_DELAY:
             if ((rc = parse_i64("--step-delay-ms", optarg, 0, WORKER_MAX_DELAY_MS, &v)) == 0)
@@ -711,6 +911,11 @@ static int parse_args(int argc, char **argv, struct worker_opts *o)
         usage(stderr);
         return 2;
     }
+    if (strcmp(o->load_format, "random") == 0 && strcmp(o->backend, "cpu") == 0) {
+        fprintf(stderr, "pagoda-worker: --load-format random needs --backend cuda (the CPU "
+                        "backend runs on checkpoints: make one with pagoda-mkmodel)\n");
+        return 2;
+    }
     enum log_level level;
     if (log_level_parse(o->log_level, &level) != 0) {
         fprintf(stderr, "pagoda-worker: --log-level '%s' is not debug, info, warn or error\n",
@@ -726,6 +931,7 @@ int main(int argc, char **argv)
     static struct worker w; /* large and process-wide; zeroed */
     w.o = (struct worker_opts){
         .backend = "cpu",
+        .load_format = "safetensors",
         .log_level = "info",
         .max_batched_tokens = 2048,
         .max_seqs = 256,
@@ -760,5 +966,11 @@ int main(int argc, char **argv)
     }
     worker_fini(&w);
     nng_fini();
+    if (rc != 0 && w.cannot_run) {
+        log_error("worker %u cannot run as configured: exiting with status %d so that the "
+                  "supervisor does not restart it",
+                  w.o.worker_id, RESTART_POLICY_EXIT_CANNOT_RUN);
+        return RESTART_POLICY_EXIT_CANNOT_RUN;
+    }
     return rc == 0 ? 0 : 1;
 }

@@ -5,11 +5,6 @@
  * usage: bad_input_test BIN_DIR */
 #include "tests/integration/group.h"
 
-#include "proto/pagoda.pb-c.h"
-
-#include <nng/nng.h>
-#include <nng/protocol/reqrep0/req.h>
-
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -67,22 +62,7 @@ static void still_serving(pagoda_client *alice, const char *after)
 /* Sends bytes on a fresh REQ socket; returns the unpacked reply or NULL. */
 static Pagoda__ClientResponse *raw_call(const struct group *g, const void *bytes, size_t len)
 {
-    nng_socket s;
-    if (nng_req0_open(&s) != 0)
-        return NULL;
-    nng_duration t = (nng_duration)(30000 * time_scale());
-    nng_socket_set_ms(s, NNG_OPT_RECVTIMEO, t);
-    nng_socket_set_ms(s, NNG_OPT_SENDTIMEO, t);
-    nng_socket_set_ms(s, NNG_OPT_REQ_RESENDTIME, 2 * t);
-    Pagoda__ClientResponse *resp = NULL;
-    nng_msg *m = NULL;
-    if (nng_dial(s, g->url, NULL, 0) == 0 && nng_send(s, (void *)bytes, len, 0) == 0 &&
-        nng_recvmsg(s, &m, 0) == 0) {
-        resp = pagoda__client_response__unpack(NULL, nng_msg_len(m), nng_msg_body(m));
-        nng_msg_free(m);
-    }
-    nng_close(s);
-    return resp;
+    return group_raw_call(g, bytes, len, (uint32_t)(30000 * time_scale()));
 }
 
 static int resp_code(const Pagoda__ClientResponse *r)

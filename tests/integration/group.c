@@ -1,5 +1,8 @@
 #include "tests/integration/group.h"
 
+#include <nng/nng.h>
+#include <nng/protocol/reqrep0/req.h>
+
 #include <dirent.h>
 #include <errno.h>
 #include <jansson.h>
@@ -24,6 +27,7 @@ static void sleep_ms(long ms)
 /* Runs argv to completion; stdout to out_path when not NULL. Returns the exit status or -1. */
 static int run_cmd(char *const argv[], const char *out_path)
 {
+    fflush(NULL); /* a child must not inherit and repeat buffered output */
     pid_t pid = fork();
     if (pid < 0)
         return -1;
@@ -65,11 +69,21 @@ int group_start(struct group *g, const char *const *extra)
                             "--model", g->model,      "--listen", g->url,      "--kv-blocks",
                             blocks,    "--log-level", "warn"};
     int n = 13;
+    char seed[24];
+    if (g->cuda) {
+        snprintf(seed, sizeof(seed), "%llu", (unsigned long long)g->weight_seed);
+        const char *gpu[] = {"--backend",    "cuda",   "--worker-arg", "--load-format",
+                             "--worker-arg", "random", "--worker-arg", "--seed",
+                             "--worker-arg", seed};
+        for (size_t i = 0; i < sizeof(gpu) / sizeof(gpu[0]); i++)
+            argv[n++] = gpu[i];
+    }
     for (int i = 0; extra != NULL && extra[i] != NULL && n < 62; i++)
         argv[n++] = extra[i];
     argv[n] = NULL;
     char log[700];
     snprintf(log, sizeof(log), "%s/supervisor.log", g->tmp);
+    fflush(NULL);
     g->supervisor = fork();
     if (g->supervisor < 0)
         return -1;
@@ -191,7 +205,9 @@ int group_expected_sampled(const struct group *g, int32_t *const *prompts, const
     snprintf(prog, sizeof(prog), "%s/pagoda-run", g->bin_dir);
     snprintf(max, sizeof(max), "%d", max_tokens);
     snprintf(json_path, sizeof(json_path), "%s/expected.json", g->tmp);
-    char **argv = calloc((size_t)(2 * num_prompts + 14), sizeof(char *));
+    if (g->cuda && temperature > 0)
+        return -1; /* pagoda-run's --seed is the weight seed there */
+    char **argv = calloc((size_t)(2 * num_prompts + 18), sizeof(char *));
     char **lists = calloc((size_t)num_prompts, sizeof(char *));
     int n = 0, rc = -1;
     argv[n++] = prog;
@@ -202,7 +218,14 @@ int group_expected_sampled(const struct group *g, int32_t *const *prompts, const
     argv[n++] = "--ignore-eos";
     argv[n++] = "--json";
     snprintf(temp, sizeof(temp), "%.9g", (double)temperature);
-    snprintf(seed_text, sizeof(seed_text), "%llu", (unsigned long long)seed);
+    snprintf(seed_text, sizeof(seed_text), "%llu",
+             (unsigned long long)(g->cuda ? g->weight_seed : seed));
+    if (g->cuda) {
+        argv[n++] = "--backend";
+        argv[n++] = "cuda";
+        argv[n++] = "--load-format";
+        argv[n++] = "random";
+    }
     argv[n++] = "--temperature";
     argv[n++] = temp;
     argv[n++] = "--seed";
@@ -249,4 +272,131 @@ pagoda_generate_params group_greedy(int32_t max_tokens)
     p.max_tokens = max_tokens;
     p.ignore_eos = 1;
     return p;
+}
+
+Pagoda__ClientResponse *group_raw_call(const struct group *g, const void *bytes, size_t len,
+                                       uint32_t timeout_ms)
+{
+    nng_socket s;
+    if (nng_req0_open(&s) != 0)
+        return NULL;
+    nng_duration t = (nng_duration)timeout_ms;
+    nng_socket_set_ms(s, NNG_OPT_RECVTIMEO, t);
+    nng_socket_set_ms(s, NNG_OPT_SENDTIMEO, t);
+    nng_socket_set_ms(s, NNG_OPT_REQ_RESENDTIME, 2 * t);
+    Pagoda__ClientResponse *resp = NULL;
+    nng_msg *m = NULL;
+    if (nng_dial(s, g->url, NULL, 0) == 0 && nng_send(s, (void *)bytes, len, 0) == 0 &&
+        nng_recvmsg(s, &m, 0) == 0) {
+        resp = pagoda__client_response__unpack(NULL, nng_msg_len(m), nng_msg_body(m));
+        nng_msg_free(m);
+    }
+    nng_close(s);
+    return resp;
+}
+
+/* The Llama shape of tests/gpu/run's llama-4l, about 2.3 GB of bf16 weights. */
+static const char gpu_model_config[] =
+    "{\"architectures\": [\"LlamaForCausalLM\"], \"model_type\": \"llama\",\n"
+    " \"vocab_size\": 32000, \"hidden_size\": 4096, \"intermediate_size\": 14336,\n"
+    " \"num_hidden_layers\": 4, \"num_attention_heads\": 32, \"num_key_value_heads\": 8,\n"
+    " \"head_dim\": 128, \"max_position_embeddings\": 4096, \"rms_norm_eps\": 1e-05,\n"
+    " \"rope_theta\": 500000.0, \"tie_word_embeddings\": false, \"attention_bias\": false,\n"
+    " \"bos_token_id\": 1, \"eos_token_id\": 2, \"torch_dtype\": \"bfloat16\"}\n";
+
+int group_use_cuda(struct group *g)
+{
+    /* A build with CUDA names the backend in the worker's usage; a machine with an NVIDIA GPU
+     * has its device files. */
+    char cmd[1200], line[512];
+    snprintf(cmd, sizeof(cmd), "'%s/pagoda-worker' --help 2>&1", g->bin_dir);
+    FILE *p = popen(cmd, "r");
+    int has_cuda = 0;
+    while (p != NULL && fgets(line, sizeof(line), p) != NULL)
+        has_cuda |= strstr(line, "cpu|cuda") != NULL;
+    if (p != NULL)
+        pclose(p);
+    if (!has_cuda) {
+        printf("SKIP: %s/pagoda-worker has no CUDA backend (a build without CUDA)\n", g->bin_dir);
+        return 77;
+    }
+    if (access("/dev/nvidiactl", F_OK) != 0 && access("/dev/nvidia0", F_OK) != 0) {
+        printf("SKIP: no CUDA device here (GPU tests run on the GPU machine: tests/gpu/run)\n");
+        return 77;
+    }
+    snprintf(g->model, sizeof(g->model), "%s/llama-4l", g->tmp);
+    if (mkdir(g->model, 0700) != 0)
+        return -1;
+    char path[700];
+    snprintf(path, sizeof(path), "%s/config.json", g->model);
+    FILE *f = fopen(path, "w");
+    if (f == NULL)
+        return -1;
+    int ok = fputs(gpu_model_config, f) >= 0;
+    if (fclose(f) != 0 || !ok)
+        return -1;
+    g->cuda = 1;
+    g->weight_seed = 7;
+    return 0;
+}
+
+long group_first_near_tie(const struct group *g, const int32_t *prompt, size_t n,
+                          const int32_t *want, size_t want_len, float margin)
+{
+    if (n == 0 || want_len == 0)
+        return (long)want_len;
+    /* The prompt and every output token but the last: the logits of row n - 1 + j chose
+     * want[j]. */
+    size_t rows = n + want_len - 1;
+    char *list = malloc(rows * 12 + 1);
+    if (list == NULL)
+        return -1;
+    size_t pos = 0;
+    for (size_t i = 0; i < rows; i++)
+        pos += (size_t)sprintf(list + pos, "%s%d", i ? "," : "", i < n ? prompt[i] : want[i - n]);
+    char prog[1100], out[700], seed[24];
+    snprintf(prog, sizeof(prog), "%s/pagoda-logits", g->bin_dir);
+    snprintf(out, sizeof(out), "%s/logits.f32", g->tmp);
+    snprintf(seed, sizeof(seed), "%llu", (unsigned long long)g->weight_seed);
+    char *argv[] = {prog,    "--model", (char *)g->model, "--backend", "cuda",   "--tokens", list,
+                    "--out", out,       "--load-format",  "random",    "--seed", seed,       NULL};
+    int rc = run_cmd(argv, "/dev/null");
+    free(list);
+    if (rc != 0)
+        return -1;
+    FILE *f = fopen(out, "rb");
+    if (f == NULL)
+        return -1;
+    fseek(f, 0, SEEK_END);
+    long bytes = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    size_t vocab = bytes > 0 ? (size_t)bytes / sizeof(float) / rows : 0;
+    float *row = vocab > 1 ? malloc(vocab * sizeof(float)) : NULL;
+    long tie = -1;
+    if (row != NULL && fseek(f, (long)((n - 1) * vocab * sizeof(float)), SEEK_SET) == 0) {
+        tie = (long)want_len;
+        for (size_t j = 0; j < want_len; j++) {
+            if (fread(row, sizeof(float), vocab, f) != vocab) {
+                tie = -1;
+                break;
+            }
+            float top1 = row[0] > row[1] ? row[0] : row[1],
+                  top2 = row[0] > row[1] ? row[1] : row[0];
+            for (size_t v = 2; v < vocab; v++) {
+                if (row[v] > top1) {
+                    top2 = top1;
+                    top1 = row[v];
+                } else if (row[v] > top2) {
+                    top2 = row[v];
+                }
+            }
+            if (top1 - top2 < margin) {
+                tie = (long)j;
+                break;
+            }
+        }
+    }
+    free(row);
+    fclose(f);
+    return tie;
 }

@@ -5,6 +5,7 @@
 #define PAGODA_TESTS_INTEGRATION_GROUP_H
 
 #include "client/pagoda.h"
+#include "proto/pagoda.pb-c.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -34,6 +35,10 @@ struct group {
     char url[600];
     pid_t supervisor;
     int kv_blocks; /* the pool's size (group_prepare sets 2048) */
+    /* Set by group_use_cuda: the worker, pagoda-run and pagoda-logits run the CUDA backend on
+     * weights of the model's shape drawn on the GPU from weight_seed. */
+    int cuda;
+    uint64_t weight_seed;
 };
 
 /* Makes a temporary folder and the tiny model in it. Returns 0 or -1. */
@@ -68,6 +73,28 @@ int group_expected(const struct group *g, int32_t *const *prompts, const size_t 
 int group_expected_sampled(const struct group *g, int32_t *const *prompts, const size_t *lens,
                            int num_prompts, int32_t max_tokens, float temperature, uint64_t seed,
                            int32_t **out, size_t *out_len);
+
+/* Sends bytes as one call on a fresh REQ socket of its own (no resends within the timeout) and
+ * waits up to timeout_ms for the reply. Returns the unpacked reply (the caller frees it with
+ * pagoda__client_response__free_unpacked) or NULL when none came or it was malformed. */
+Pagoda__ClientResponse *group_raw_call(const struct group *g, const void *bytes, size_t len,
+                                       uint32_t timeout_ms);
+
+/* Puts the group on the GPU: the model becomes a config-only directory of the Llama shape
+ * tests/gpu uses (4 layers, hidden 4096, 32 heads, 8 KV heads, head dim 128, vocab 32000), with
+ * weights drawn on the GPU (--load-format random, seed g->weight_seed); the group's pool is on
+ * the GPU (supervisor --backend cuda) and group_expected runs pagoda-run --backend cuda on the
+ * same weights (greedy only: pagoda-run's --seed is also its weight seed). Returns 0, 77 when
+ * this build has no CUDA backend or this machine no NVIDIA GPU (the caller skips), or -1. */
+int group_use_cuda(struct group *g);
+
+/* GPU groups: bf16 results depend slightly on the batch, so outputs are compared with the
+ * reference up to the first position where the reference's top two logits are within margin
+ * (tests/gpu/cuda_vs_cpu.py's rule). Returns that position (0-based in want; want_len when there
+ * is none), computed with pagoda-logits --backend cuda teacher-forced on the prompt followed by
+ * want, or -1 when pagoda-logits fails. */
+long group_first_near_tie(const struct group *g, const int32_t *prompt, size_t n,
+                          const int32_t *want, size_t want_len, float margin);
 
 /* Greedy generation parameters with max_tokens and EOS ignored. */
 pagoda_generate_params group_greedy(int32_t max_tokens);

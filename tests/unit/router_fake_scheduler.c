@@ -47,7 +47,10 @@ struct fseq {
 struct fake_sched {
     nng_socket sock;
     pthread_t thread;
-    atomic_int stop, hold, dups;
+    atomic_int stop, hold, dups, hold_policy, hold_admin;
+    uint8_t *policy; /* the last Policy, packed; guarded by lock */
+    size_t policy_len;
+    int policy_pending; /* it is still to be answered (held); guarded by lock */
     pthread_mutex_t lock;
     struct fseq *seqs; /* guarded by lock */
     struct fake_sched_counts counts;
@@ -231,6 +234,197 @@ static void on_router_hello(struct fake_sched *fs)
     pthread_mutex_unlock(&fs->lock);
 }
 
+/* Caller holds the lock. */
+static void trace(struct fake_sched *fs, char kind)
+{
+    size_t n = strlen(fs->counts.trace);
+    if (n + 1 < sizeof(fs->counts.trace))
+        fs->counts.trace[n] = kind;
+}
+
+void fake_sched_tenant_figures(const char *tenant, struct fake_figures *out)
+{
+    uint64_t n = strlen(tenant);
+    memset(out, 0, sizeof(*out));
+    out->lookups = 10 + n;
+    out->hits = 2 + n;
+    out->query_tokens = tenant[0] == 'z' ? 0 : 100 * n;
+    out->hit_tokens = tenant[0] == 'z' ? 0 : 10 * n * n;
+    out->waiting = 3;
+}
+
+void fake_sched_namespace_figures(const char *ns, uint32_t *cached_blocks, uint64_t *evictions)
+{
+    *cached_blocks = 3u * (uint32_t)strlen(ns);
+    *evictions = strlen(ns);
+}
+
+/* The status of every pin of the last Policy; caller holds the lock and frees the array (the
+ * names point into policy). */
+static Pagoda__Internal__PinStatus *pin_statuses(const Pagoda__Internal__Policy *policy)
+{
+    Pagoda__Internal__PinStatus *st = calloc(policy->n_pins + 1, sizeof(*st));
+    for (size_t i = 0; i < policy->n_pins; i++) {
+        const Pagoda__Internal__PinPolicy *p = policy->pins[i];
+        pagoda__internal__pin_status__init(&st[i]);
+        st[i].name = p->name;
+        st[i].has_ready = st[i].has_blocks = 1;
+        if (p->n_token_ids > 0 && p->token_ids[0] == FAKE_SCHED_ERROR_TOKEN) {
+            st[i].has_error_code = 1;
+            st[i].error_code = PAGODA_ERANGE;
+            st[i].error_message = (char *)"token 999999 is outside the vocabulary";
+        } else {
+            st[i].ready = 1;
+            st[i].blocks = (uint32_t)(p->n_token_ids / FAKE_SCHED_BLOCK_SIZE);
+        }
+    }
+    return st;
+}
+
+static Pagoda__Internal__Policy *unpack_policy(const struct fake_sched *fs)
+{
+    if (fs->policy == NULL)
+        return NULL;
+    return pagoda__internal__policy__unpack(NULL, fs->policy_len, fs->policy);
+}
+
+/* Answers the last Policy. Caller holds the lock. */
+static void send_policy_applied(struct fake_sched *fs)
+{
+    Pagoda__Internal__Policy *policy = unpack_policy(fs);
+    fs->policy_pending = 0;
+    if (policy == NULL)
+        return;
+    Pagoda__Internal__PinStatus *st = pin_statuses(policy);
+    Pagoda__Internal__PinStatus **ptrs = calloc(policy->n_pins + 1, sizeof(*ptrs));
+    for (size_t i = 0; i < policy->n_pins; i++)
+        ptrs[i] = &st[i];
+    Pagoda__Internal__PolicyApplied pa = PAGODA__INTERNAL__POLICY_APPLIED__INIT;
+    pa.has_version = 1;
+    pa.version = policy->version;
+    pa.n_pins = policy->n_pins;
+    pa.pins = ptrs;
+    Pagoda__Internal__ToRouter env = PAGODA__INTERNAL__TO_ROUTER__INIT;
+    env.has_protocol_version = 1;
+    env.protocol_version = WIRE_PROTOCOL_VERSION;
+    env.msg_case = PAGODA__INTERNAL__TO_ROUTER__MSG_POLICY_APPLIED;
+    env.policy_applied = &pa;
+    send_msg(fs, &env.base);
+    fs->counts.policies_applied++;
+    free(ptrs);
+    free(st);
+    pagoda__internal__policy__free_unpacked(policy, NULL);
+}
+
+static void on_policy(struct fake_sched *fs, const Pagoda__Internal__Policy *policy)
+{
+    pthread_mutex_lock(&fs->lock);
+    fs->counts.policies++;
+    fs->counts.last_policy_version = policy->version;
+    free(fs->policy);
+    fs->policy_len = pagoda__internal__policy__get_packed_size(policy);
+    fs->policy = malloc(fs->policy_len + 1);
+    pagoda__internal__policy__pack(policy, fs->policy);
+    fs->policy_pending = 1;
+    if (!atomic_load(&fs->hold_policy))
+        send_policy_applied(fs);
+    pthread_mutex_unlock(&fs->lock);
+}
+
+static uint32_t running_of(const struct fake_sched *fs, const char *tenant)
+{
+    uint32_t n = 0;
+    for (const struct fseq *q = fs->seqs; q; q = q->next)
+        n += !q->done && strcmp(q->tenant, tenant) == 0;
+    return n;
+}
+
+static void on_admin(struct fake_sched *fs, const Pagoda__Internal__AdminCall *call)
+{
+    pthread_mutex_lock(&fs->lock);
+    fs->counts.admin_calls++;
+    snprintf(fs->counts.last_flush, sizeof(fs->counts.last_flush), "%s",
+             call->flush_namespace ? call->flush_namespace : "");
+    if (atomic_load(&fs->hold_admin)) {
+        pthread_mutex_unlock(&fs->lock);
+        return;
+    }
+    Pagoda__Internal__AdminResult res = PAGODA__INTERNAL__ADMIN_RESULT__INIT;
+    res.has_cookie = call->has_cookie;
+    res.cookie = call->cookie;
+    Pagoda__Internal__Policy *policy = unpack_policy(fs);
+    size_t nt = policy ? policy->n_tenants : 0, nn = policy ? policy->n_namespaces : 0;
+    size_t np = policy ? policy->n_pins : 0;
+    Pagoda__Internal__TenantFigures *tf = calloc(nt + 1, sizeof(*tf)), **tf_ptrs;
+    Pagoda__Internal__NamespaceFigures *nf = calloc(nn + 1, sizeof(*nf)), **nf_ptrs;
+    Pagoda__Internal__PinStatus *st = policy ? pin_statuses(policy) : NULL, **st_ptrs;
+    tf_ptrs = calloc(nt + 1, sizeof(*tf_ptrs));
+    nf_ptrs = calloc(nn + 1, sizeof(*nf_ptrs));
+    st_ptrs = calloc(np + 1, sizeof(*st_ptrs));
+    if (call->has_figures && call->figures) {
+        /* Reverse order and a stranger: the router joins by name. */
+        for (size_t i = 0; i < nt; i++) {
+            const Pagoda__Internal__TenantPolicy *tp = policy->tenants[nt - 1 - i];
+            struct fake_figures f;
+            fake_sched_tenant_figures(tp->name, &f);
+            pagoda__internal__tenant_figures__init(&tf[i]);
+            tf[i].name = tp->name;
+            tf[i].namespace_ = tp->namespace_;
+            tf[i].has_lookups = tf[i].has_hits = tf[i].has_query_tokens = 1;
+            tf[i].has_hit_tokens = tf[i].has_running = tf[i].has_waiting = 1;
+            tf[i].lookups = f.lookups;
+            tf[i].hits = f.hits;
+            tf[i].query_tokens = f.query_tokens;
+            tf[i].hit_tokens = f.hit_tokens;
+            tf[i].running = running_of(fs, tp->name);
+            tf[i].waiting = f.waiting;
+            tf_ptrs[i] = &tf[i];
+        }
+        pagoda__internal__tenant_figures__init(&tf[nt]);
+        tf[nt].name = (char *)"stranger";
+        tf[nt].has_lookups = 1;
+        tf[nt].lookups = 999;
+        tf_ptrs[nt] = &tf[nt];
+        res.n_tenants = nt + 1;
+        res.tenants = tf_ptrs;
+        for (size_t i = 0; i < nn; i++) {
+            pagoda__internal__namespace_figures__init(&nf[i]);
+            nf[i].name = policy->namespaces[i]->name;
+            nf[i].has_cached_blocks = nf[i].has_evictions = nf[i].has_quota_blocks = 1;
+            nf[i].has_inserted = 1;
+            fake_sched_namespace_figures(nf[i].name, &nf[i].cached_blocks, &nf[i].evictions);
+            nf[i].quota_blocks = policy->namespaces[i]->quota_blocks;
+            nf[i].inserted = 100;
+            nf_ptrs[i] = &nf[i];
+        }
+        res.n_namespaces = nn;
+        res.namespaces = nf_ptrs;
+        for (size_t i = 0; i < np; i++)
+            st_ptrs[i] = &st[i];
+        res.n_pins = np;
+        res.pins = st_ptrs;
+    }
+    if (call->flush_namespace != NULL) {
+        res.has_flushed_blocks = 1;
+        res.flushed_blocks = 7u + (uint32_t)strlen(call->flush_namespace);
+    }
+    Pagoda__Internal__ToRouter env = PAGODA__INTERNAL__TO_ROUTER__INIT;
+    env.has_protocol_version = 1;
+    env.protocol_version = WIRE_PROTOCOL_VERSION;
+    env.msg_case = PAGODA__INTERNAL__TO_ROUTER__MSG_ADMIN;
+    env.admin = &res;
+    send_msg(fs, &env.base);
+    free(tf);
+    free(tf_ptrs);
+    free(nf);
+    free(nf_ptrs);
+    free(st);
+    free(st_ptrs);
+    if (policy != NULL)
+        pagoda__internal__policy__free_unpacked(policy, NULL);
+    pthread_mutex_unlock(&fs->lock);
+}
+
 static void on_message(struct fake_sched *fs, nng_msg *m)
 {
     Pagoda__Internal__ToScheduler *msg = (Pagoda__Internal__ToScheduler *)wire_unpack(
@@ -238,6 +432,19 @@ static void on_message(struct fake_sched *fs, nng_msg *m)
     nng_msg_free(m);
     if (msg == NULL)
         return;
+    static const char kinds[][2] = {
+        [PAGODA__INTERNAL__TO_SCHEDULER__MSG_SUBMIT - 20] = "S",
+        [PAGODA__INTERNAL__TO_SCHEDULER__MSG_CANCEL - 20] = "C",
+        [PAGODA__INTERNAL__TO_SCHEDULER__MSG_STATS - 20] = "T",
+        [PAGODA__INTERNAL__TO_SCHEDULER__MSG_ROUTER_HELLO - 20] = "H",
+        [PAGODA__INTERNAL__TO_SCHEDULER__MSG_POLICY - 20] = "P",
+        [PAGODA__INTERNAL__TO_SCHEDULER__MSG_ADMIN - 20] = "A",
+    };
+    if (msg->msg_case >= 20 && msg->msg_case <= 25) {
+        pthread_mutex_lock(&fs->lock);
+        trace(fs, kinds[msg->msg_case - 20][0]);
+        pthread_mutex_unlock(&fs->lock);
+    }
     if (msg->msg_case == PAGODA__INTERNAL__TO_SCHEDULER__MSG_SUBMIT) {
         on_submit(fs, msg->submit);
     } else if (msg->msg_case == PAGODA__INTERNAL__TO_SCHEDULER__MSG_CANCEL) {
@@ -253,6 +460,10 @@ static void on_message(struct fake_sched *fs, nng_msg *m)
         on_stats(fs, msg->stats);
     } else if (msg->msg_case == PAGODA__INTERNAL__TO_SCHEDULER__MSG_ROUTER_HELLO) {
         on_router_hello(fs);
+    } else if (msg->msg_case == PAGODA__INTERNAL__TO_SCHEDULER__MSG_POLICY) {
+        on_policy(fs, msg->policy);
+    } else if (msg->msg_case == PAGODA__INTERNAL__TO_SCHEDULER__MSG_ADMIN) {
+        on_admin(fs, msg->admin);
     }
     protobuf_c_message_free_unpacked(&msg->base, NULL);
 }
@@ -359,6 +570,12 @@ static void *run(void *arg)
             on_message(fs, m);
         else if (rv != NNG_ETIMEDOUT)
             break;
+        if (!atomic_load(&fs->hold_policy)) {
+            pthread_mutex_lock(&fs->lock);
+            if (fs->policy_pending)
+                send_policy_applied(fs);
+            pthread_mutex_unlock(&fs->lock);
+        }
         uint64_t now = rtr_now_ms();
         if (now - last_tick >= TICK_MS) {
             last_tick = now;
@@ -403,6 +620,7 @@ void fake_sched_stop(struct fake_sched *fs)
         q = next;
     }
     pthread_mutex_destroy(&fs->lock);
+    free(fs->policy);
     free(fs);
 }
 
@@ -414,6 +632,24 @@ void fake_sched_hold(struct fake_sched *fs, int hold)
 void fake_sched_set_duplicates(struct fake_sched *fs, int on)
 {
     atomic_store(&fs->dups, on);
+}
+
+void fake_sched_hold_policy(struct fake_sched *fs, int hold)
+{
+    atomic_store(&fs->hold_policy, hold);
+}
+
+void fake_sched_hold_admin(struct fake_sched *fs, int hold)
+{
+    atomic_store(&fs->hold_admin, hold);
+}
+
+Pagoda__Internal__Policy *fake_sched_last_policy(struct fake_sched *fs)
+{
+    pthread_mutex_lock(&fs->lock);
+    Pagoda__Internal__Policy *p = unpack_policy(fs);
+    pthread_mutex_unlock(&fs->lock);
+    return p;
 }
 
 void fake_sched_get_counts(struct fake_sched *fs, struct fake_sched_counts *out)

@@ -5,9 +5,19 @@
  * every couple of milliseconds; it answers StatsRequest with figures of its own. A request whose
  * first prompt token is FAKE_SCHED_ERROR_TOKEN fails (FINISH_ERROR). A resubmission
  * (output_token_ids set) continues from the output it carries. A RouterHello is answered with
- * an announcement of every unfinished request (TokenEvent{announce}, then announce_done). */
+ * an announcement of every unfinished request (TokenEvent{announce}, then announce_done).
+ *
+ * The tenancy: it keeps the last Policy and answers each with PolicyApplied{version, pins} (a pin
+ * whose first token is FAKE_SCHED_ERROR_TOKEN fails with PAGODA_ERANGE, any other is ready with
+ * num_tokens / FAKE_SCHED_BLOCK_SIZE blocks), unless held. It answers AdminCall{figures} with
+ * the figures of fake_sched_tenant_figures for every tenant of the last Policy (in reverse
+ * order, plus one tenant the router does not know), fake_sched_namespace_figures for every
+ * namespace, and the pins' statuses; AdminCall{flush_namespace: NS} with flushed_blocks
+ * 7 + strlen(NS). */
 #ifndef PAGODA_TESTS_ROUTER_FAKE_SCHEDULER_H
 #define PAGODA_TESTS_ROUTER_FAKE_SCHEDULER_H
+
+#include "proto/internal.pb-c.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -16,6 +26,8 @@
 #define FAKE_SCHED_PIECE_TOKENS 3
 #define FAKE_SCHED_ERROR_TOKEN 999999
 #define FAKE_SCHED_PEAK_RUNNING_BASE 1000u /* peak_running reported is this + the real peak */
+#define FAKE_SCHED_BLOCK_SIZE 4
+#define FAKE_SCHED_TRACE_MAX 256
 
 struct fake_sched;
 
@@ -31,7 +43,26 @@ struct fake_sched_counts {
     int last_has_seed;
     uint64_t last_seed;
     char last_tenant[32];
+    uint32_t policies;            /* Policy messages */
+    uint64_t last_policy_version; /* of the last one */
+    uint32_t policies_applied;    /* PolicyApplied messages sent */
+    uint32_t admin_calls;
+    char last_flush[80]; /* the last AdminCall's flush_namespace */
+    /* One letter per message received, in order (P policy, H hello, S submit, C cancel, T stats,
+     * A admin call), the first FAKE_SCHED_TRACE_MAX - 1 of them. */
+    char trace[FAKE_SCHED_TRACE_MAX];
 };
+
+/* The figures the fake reports for a tenant: lookups 10 + n, hits 2 + n, query_tokens 100 * n
+ * and hit_tokens 10 * n * n where n is the name's length (query and hit tokens 0 for a name that
+ * starts with 'z'); running is its unfinished requests, waiting 3. */
+struct fake_figures {
+    uint64_t lookups, hits, query_tokens, hit_tokens;
+    uint32_t running, waiting;
+};
+void fake_sched_tenant_figures(const char *tenant, struct fake_figures *out);
+/* And for a namespace: cached_blocks 3 * strlen(ns), evictions strlen(ns), inserted 100. */
+void fake_sched_namespace_figures(const char *ns, uint32_t *cached_blocks, uint64_t *evictions);
 
 /* The i-th output token of a prompt, and its logprob. */
 int32_t fake_sched_token(const int32_t *prompt, size_t n, uint32_t i);
@@ -45,6 +76,12 @@ void fake_sched_hold(struct fake_sched *fs, int hold);
 /* Sends every event twice, each overlapping the previous one by a token. */
 void fake_sched_set_duplicates(struct fake_sched *fs, int on);
 void fake_sched_get_counts(struct fake_sched *fs, struct fake_sched_counts *out);
+/* While held, Policies are kept but not answered; when released, the last one is. */
+void fake_sched_hold_policy(struct fake_sched *fs, int hold);
+/* While held, AdminCalls are counted and not answered. */
+void fake_sched_hold_admin(struct fake_sched *fs, int hold);
+/* The last Policy received (free with pagoda__internal__policy__free_unpacked), or NULL. */
+Pagoda__Internal__Policy *fake_sched_last_policy(struct fake_sched *fs);
 
 /* A router process with a fake scheduler in a fresh run directory. */
 struct rtr_env {

@@ -52,7 +52,7 @@ static const struct flag flags[] = {
     {"--kv-blocks", R_KVPOOL, 1},
     {"--kv-bytes", R_KVPOOL, 1},
     {"--worker-id", R_WORKER, 1},
-    {"--backend", R_WORKER, 1},
+    {"--backend", R_KVPOOL | R_WORKER, 1},
     {"--workers", R_SCHEDULER, 1},
     {"--listen", R_ROUTER, 1},
     {"--ready-delay-ms", R_ALL, 1},

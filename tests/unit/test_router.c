@@ -798,6 +798,148 @@ static void test_tenants_file_errors_name_the_field(void **state)
     free(huge);
 }
 
+/* The keys an issue-7 file adds: groups, namespaces and quotas, pins, admin keys. */
+static void test_tenants_file_groups_pins_admin_keys(void **state)
+{
+    (void)state;
+    static const char doc[] =
+        "{\"admin_keys\": [\"adm\", \"adm2\"],"
+        " \"groups\": [{\"name\": \"team\", \"cache_quota_blocks\": 1000}, {\"name\": \"empty\"}],"
+        " \"tenants\": [{\"name\": \"zed\", \"api_keys\": [\"k3\"], \"cache_quota_blocks\": 500},"
+        "  {\"name\": \"alice\", \"api_keys\": [\"k1\"], \"group\": \"team\", \"max_running\": 64,"
+        "   \"max_waiting\": 256},"
+        "  {\"name\": \"bob\", \"api_keys\": [\"k2\"], \"group\": \"team\"}],"
+        " \"pins\": [{\"name\": \"sys\", \"token_ids\": [1, 2, 3], \"tenants\": [\"alice\", "
+        "\"zed\"]}]}";
+    struct router_tenants *t = NULL;
+    assert_int_equal(router_tenants_parse(doc, strlen(doc), "t.json", &t), 0);
+    assert_int_equal(t->count, 3);
+    assert_int_equal(t->num_groups, 2);
+    assert_int_equal(t->num_admin_keys, 2);
+    assert_int_equal(t->num_pins, 1);
+    const struct router_tenant *alice = router_tenants_find(t, "alice");
+    assert_non_null(alice);
+    assert_string_equal(alice->namespace_name, "g:team");
+    assert_int_equal(alice->cache_quota_blocks, 1000); /* the group's */
+    assert_int_equal(alice->max_running, 64);
+    assert_string_equal(t->groups[alice->group].name, "team");
+    const struct router_tenant *zed = router_tenants_find(t, "zed");
+    assert_string_equal(zed->namespace_name, "t:zed");
+    assert_int_equal(zed->group, -1);
+    assert_int_equal(zed->cache_quota_blocks, 500);
+    assert_string_equal(router_tenants_find(t, "bob")->namespace_name, "g:team");
+    assert_null(router_tenants_find(t, "carol"));
+    assert_int_equal(router_tenants_find_group(t, "empty")->cache_quota_blocks, 0);
+    assert_true(router_tenants_is_admin_key(t, "adm2"));
+    assert_false(router_tenants_is_admin_key(t, "k1"));
+    assert_null(router_tenants_find_key(t, "adm"));
+    assert_string_equal(t->pins[0].name, "sys");
+    assert_int_equal(t->pins[0].num_tokens, 3);
+    assert_int_equal(t->pins[0].token_ids[2], 3);
+    assert_int_equal(t->pins[0].num_tenants, 2);
+    assert_string_equal(t->pins[0].tenants[1], "zed");
+    router_tenants_free(t);
+
+#define T1 "{\"name\": \"a\", \"api_keys\": [\"k\"]}"
+    /* Groups. */
+    expect_tenants_error("{\"groups\": {}, \"tenants\": [" T1 "]}", PAGODA_EFORMAT, "\"groups\"");
+    expect_tenants_error("{\"groups\": [{\"name\": \"g h\"}], \"tenants\": [" T1 "]}",
+                         PAGODA_EFORMAT, "groups[0].name");
+    expect_tenants_error("{\"groups\": [{\"name\": \"g\"}, {\"name\": \"g\"}], \"tenants\": [" T1
+                         "]}",
+                         PAGODA_EEXIST, "groups[1].name");
+    expect_tenants_error("{\"groups\": [{\"name\": \"g\", \"quota\": 3}], \"tenants\": [" T1 "]}",
+                         PAGODA_EFORMAT, "quota");
+    expect_tenants_error("{\"groups\": [{\"name\": \"g\", \"cache_quota_blocks\": -1}],"
+                         " \"tenants\": [" T1 "]}",
+                         PAGODA_ERANGE, "groups[0].cache_quota_blocks");
+    /* A tenant's group and quota. */
+    expect_tenants_error(
+        "{\"tenants\": [{\"name\": \"a\", \"api_keys\": [\"k\"], \"group\": \"g\"}]}",
+        PAGODA_EINVAL, "tenants[0].group");
+    expect_tenants_error("{\"groups\": [{\"name\": \"g\"}], \"tenants\": [{\"name\": \"a\","
+                         " \"api_keys\": [\"k\"], \"group\": \"g\", \"cache_quota_blocks\": 5}]}",
+                         PAGODA_EINVAL, "tenants[0].cache_quota_blocks");
+    expect_tenants_error("{\"tenants\": [{\"name\": \"a\", \"api_keys\": [\"k\"], \"group\": 7}]}",
+                         PAGODA_EFORMAT, "tenants[0].group");
+    expect_tenants_error("{\"tenants\": [{\"name\": \"a\", \"api_keys\": [\"k\"],"
+                         " \"cache_quota_blocks\": 2000000000}]}",
+                         PAGODA_ERANGE, "tenants[0].cache_quota_blocks");
+    /* Admin keys. */
+    expect_tenants_error("{\"admin_keys\": [\"k\"], \"tenants\": [" T1 "]}", PAGODA_EEXIST,
+                         "admin_keys[0]");
+    expect_tenants_error("{\"admin_keys\": [\"x\", \"x\"], \"tenants\": [" T1 "]}", PAGODA_EEXIST,
+                         "admin_keys[1]");
+    expect_tenants_error("{\"admin_keys\": [\"\"], \"tenants\": [" T1 "]}", PAGODA_EFORMAT,
+                         "admin_keys[0]");
+    expect_tenants_error("{\"admin_keys\": \"x\", \"tenants\": [" T1 "]}", PAGODA_EFORMAT,
+                         "\"admin_keys\"");
+    /* Pins. */
+    expect_tenants_error("{\"tenants\": [" T1 "], \"pins\": [{\"name\": \"p\", \"token_ids\": [1],"
+                         " \"tenants\": [\"a\", \"b\"]}]}",
+                         PAGODA_EINVAL, "pins[0].tenants[1]");
+    expect_tenants_error(
+        "{\"tenants\": [" T1 "], \"pins\": [{\"name\": \"p\", \"token_ids\": [1],"
+        " \"tenants\": [\"a\"]}, {\"name\": \"p\", \"token_ids\": [2], \"tenants\": [\"a\"]}]}",
+        PAGODA_EEXIST, "pins[1].name");
+    expect_tenants_error("{\"tenants\": [" T1
+                         "], \"pins\": [{\"name\": \"p q\", \"token_ids\": [1],"
+                         " \"tenants\": [\"a\"]}]}",
+                         PAGODA_EFORMAT, "pins[0].name");
+    expect_tenants_error("{\"tenants\": [" T1 "], \"pins\": [{\"name\": \"p\", \"token_ids\": [],"
+                         " \"tenants\": [\"a\"]}]}",
+                         PAGODA_ERANGE, "pins[0].token_ids");
+    expect_tenants_error("{\"tenants\": [" T1
+                         "], \"pins\": [{\"name\": \"p\", \"token_ids\": [1, -2],"
+                         " \"tenants\": [\"a\"]}]}",
+                         PAGODA_ERANGE, "pins[0].token_ids[1]");
+    expect_tenants_error("{\"tenants\": [" T1
+                         "], \"pins\": [{\"name\": \"p\", \"token_ids\": [\"1\"],"
+                         " \"tenants\": [\"a\"]}]}",
+                         PAGODA_EFORMAT, "pins[0].token_ids[0]");
+    expect_tenants_error("{\"tenants\": [" T1 "], \"pins\": [{\"name\": \"p\", \"token_ids\": [1],"
+                         " \"tenants\": []}]}",
+                         PAGODA_ERANGE, "pins[0].tenants");
+    expect_tenants_error("{\"tenants\": [" T1 "], \"pins\": [{\"name\": \"p\", \"token_ids\": [1],"
+                         " \"tenants\": [\"a\", \"a\"]}]}",
+                         PAGODA_EEXIST, "pins[0].tenants[1]");
+    expect_tenants_error("{\"tenants\": [" T1 "], \"pins\": [{\"name\": \"p\", \"token_ids\": [1],"
+                         " \"tenants\": [\"a\"], \"group\": \"g\"}]}",
+                         PAGODA_EFORMAT, "pins[0]");
+    expect_tenants_error("{\"tenants\": [" T1 "], \"pins\": [{\"name\": \"p\", \"token_ids\": 1,"
+                         " \"tenants\": [\"a\"]}]}",
+                         PAGODA_EFORMAT, "pins[0].token_ids");
+#undef T1
+    /* One pin above ROUTER_PIN_MAX_TOKENS, and pins above ROUTER_MAX_PINNED_TOKENS in all. */
+    size_t cap = 8u << 20;
+    char *big = malloc(cap);
+    size_t n = (size_t)snprintf(big, cap,
+                                "{\"tenants\": [{\"name\": \"a\", \"api_keys\": [\"k\"]}],"
+                                " \"pins\": [{\"name\": \"p\", \"tenants\": [\"a\"], "
+                                "\"token_ids\": [0");
+    for (uint32_t i = 0; i < ROUTER_PIN_MAX_TOKENS; i++)
+        n += (size_t)snprintf(big + n, cap - n, ",1");
+    n += (size_t)snprintf(big + n, cap - n, "]}]}");
+    expect_tenants_error(big, PAGODA_ERANGE, "pins[0]");
+    n = (size_t)snprintf(big, cap,
+                         "{\"tenants\": [{\"name\": \"a\", \"api_keys\": [\"k\"]}],"
+                         " \"pins\": [");
+    uint32_t num_pins = ROUTER_MAX_PINNED_TOKENS / ROUTER_PIN_MAX_TOKENS + 1;
+    for (uint32_t p = 0; p < num_pins; p++) {
+        n += (size_t)snprintf(big + n, cap - n,
+                              "%s{\"name\": \"p%u\", \"tenants\": [\"a\"], \"token_ids\": [0",
+                              p ? ", " : "", p);
+        for (uint32_t i = 1; i < ROUTER_PIN_MAX_TOKENS; i++) {
+            memcpy(big + n, ",1", 2);
+            n += 2;
+        }
+        n += (size_t)snprintf(big + n, cap - n, "]}");
+    }
+    snprintf(big + n, cap - n, "]}");
+    expect_tenants_error(big, PAGODA_ERANGE, "in all");
+    free(big);
+}
+
 static void test_tenants_unknown_key_is_refused(void **state)
 {
     struct rtr_env *e = *state;
@@ -1028,6 +1170,7 @@ int main(void)
     };
     const struct CMUnitTest tenants[] = {
         cmocka_unit_test(test_tenants_file_errors_name_the_field),
+        cmocka_unit_test(test_tenants_file_groups_pins_admin_keys),
         cmocka_unit_test(test_tenants_unknown_key_is_refused),
         cmocka_unit_test(test_tenants_other_tenants_id_is_enoent),
         cmocka_unit_test(test_tenants_dedup_is_per_tenant),

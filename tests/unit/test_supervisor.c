@@ -742,6 +742,28 @@ static void test_crash_loop_stops_the_group(void **state)
     assert_false(file_exists(f->run, "ready"));
 }
 
+/* A worker that exits with RESTART_POLICY_EXIT_CANNOT_RUN (a GPU worker whose weights do not
+ * fit beside the pool) is not restarted: the group stops at once, saying why. */
+static void test_cannot_run_exit_stops_the_group(void **state)
+{
+    struct fx *f = *state;
+    char code[16];
+    snprintf(code, sizeof(code), "%d", RESTART_POLICY_EXIT_CANNOT_RUN);
+    const char *extra[] = {
+        "--worker-arg", "--crash-after-ms", "--worker-arg", "300", "--worker-arg",
+        "--crash-code", "--worker-arg",     code,           NULL};
+    start_sup(f, extra);
+    assert_true(wait_sup(f, 12000));
+    assert_int_equal(f->sup_exit, 1);
+    assert_output_has(f, "worker-0 (pid");
+    assert_output_has(f, "cannot run as configured");
+    struct ev *evs = events;
+    int n = load_events(f, evs);
+    assert_int_equal(count_ev(evs, n, "start", "worker-0"), 1);
+    assert_true(find_ev(evs, n, "exit", "kvpool", 0) > find_ev(evs, n, "exit", "scheduler", 0));
+    assert_false(file_exists(f->run, "supervisor.pid"));
+}
+
 static void test_hung_report_kills_that_worker(void **state)
 {
     struct fx *f = *state;
@@ -855,6 +877,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_ready_is_credited_to_the_process_that_sent_it, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_crash_loop_stops_the_group, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_cannot_run_exit_stops_the_group, setup, teardown),
         cmocka_unit_test_setup_teardown(test_hung_report_kills_that_worker, setup, teardown),
         cmocka_unit_test_setup_teardown(test_sigterm_drains_in_order, setup, teardown),
         cmocka_unit_test_setup_teardown(test_stuck_program_is_killed_after_the_stop_timeout, setup,

@@ -1,0 +1,285 @@
+/* The router's private state, shared by its three source files:
+ *
+ *   router.c          clients' calls, the request registry, the scheduler link
+ *   router_tenancy.c  the tenancy it owns: tenants (from the tenants file), pins, the Policy it
+ *                     pushes to the scheduler
+ *   router_admin.c    the admin API (ClientRequest.admin) and the scheduler's answers to it
+ *
+ * Nothing here is for other modules: router.h is the router's interface. Everything runs on the
+ * router's libuv loop thread unless a comment says otherwise. */
+#ifndef PAGODA_ROUTER_ROUTER_INTERNAL_H
+#define PAGODA_ROUTER_ROUTER_INTERNAL_H
+
+#include "proto/internal.pb-c.h"
+#include "proto/pagoda.pb-c.h"
+#include "router/router.h"
+#include "router/tenants.h"
+
+#include <nng/nng.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <uv.h>
+
+#define ID_BYTES 16
+
+/* What a parked call waits for. */
+enum park {
+    PARK_NONE = 0,
+    PARK_POLL,    /* tokens of a request */
+    PARK_STATS,   /* SchedulerStats with cookie >= its own */
+    PARK_UNKNOWN, /* the scheduler's announcement (a poll for an unknown id after a restart) */
+    PARK_ADMIN,   /* AdminResult with its cookie (router_admin.c) */
+    PARK_POLICY,  /* PolicyApplied of its version or a later one (router_admin.c) */
+};
+
+/* The admin call a PARK_ADMIN or PARK_POLICY context answers. */
+enum admin_op {
+    ADMIN_OP_NONE = 0,
+    ADMIN_OP_TENANTS,
+    ADMIN_OP_FLUSH,
+    ADMIN_OP_PIN,
+    ADMIN_OP_UNPIN,
+    ADMIN_OP_RELOAD
+};
+
+struct request;
+
+/* One REP context: receives a call, is owned by the loop while the call is handled or parked,
+ * then sends the reply and receives again. */
+struct rctx {
+    struct router *r;
+    nng_ctx ctx;
+    nng_aio *aio;
+    int ctx_open;
+    int sending;            /* the aio's operation is a send; set before it starts */
+    nng_msg *msg;           /* a received call waiting in the mailbox */
+    struct rctx *next_mail; /* mailbox link, guarded by router.lock */
+    uv_timer_t timer;       /* a parked call's deadline */
+    enum park park;
+    struct request *req;  /* PARK_POLL: the request waited on */
+    uint32_t offset;      /* PARK_POLL: the first output token the client wants */
+    uint64_t cookie;      /* PARK_STATS, PARK_ADMIN: the cookie sent; PARK_POLICY: the version */
+    uint8_t id[ID_BYTES]; /* PARK_UNKNOWN: the poll's id, tenant, offset and wait */
+    uint32_t tenant;
+    int has_offset;
+    uint32_t wait_ms;
+    enum admin_op admin_op;                      /* PARK_ADMIN, PARK_POLICY */
+    char admin_name[ROUTER_TENANT_NAME_MAX + 1]; /* ADMIN_OP_PIN: the pin */
+    struct rctx *prev, *next;                    /* the waiter list it is parked on */
+};
+
+/* What the client asked for, with defaults applied: two Submits are the same request when
+ * these are equal. */
+struct submit_params {
+    const int32_t *prompt;
+    uint32_t num_prompt;
+    const int32_t *stop_ids;
+    uint32_t num_stop;
+    float temperature, top_p, min_p, repetition_penalty, presence_penalty, frequency_penalty;
+    int32_t top_k;
+    int has_seed; /* the client chose the seed */
+    uint64_t seed;
+    int32_t max_tokens;
+    int ignore_eos;
+    int logprobs;
+};
+
+struct request {
+    uint8_t id[ID_BYTES];       /* the client's id, unique within its tenant */
+    uint8_t sched_id[ID_BYTES]; /* the id the scheduler knows it by, unique in the router */
+    uint32_t tenant;            /* index into router.slots */
+    struct request *hash_next;
+    struct request *prev, *next; /* the live list or the finished list (oldest first) */
+    struct submit_params p;      /* prompt and stop_ids point into the two arrays below */
+    int32_t *prompt;
+    int32_t *stop_ids;
+    int32_t *tokens;
+    float *logprobs;
+    uint32_t num_tokens, cap_tokens;
+    Pagoda__FinishReason finish;
+    uint32_t prompt_tokens, cached_tokens;
+    int32_t error_code;
+    char *error_message;
+    uint64_t finished_at_ms;
+    int delivered;        /* a reply with the finish reason went out */
+    int need_submit;      /* the SubmitSeq is still to be sent */
+    int need_cancel;      /* the CancelSeq is still to be sent */
+    struct rctx *waiters; /* parked polls */
+    int adopted;          /* registered from the scheduler's announcement (no prompt known) */
+    int aliased;          /* also in router.alias_buckets (see adopt_request) */
+    struct request *alias_next;
+};
+
+struct req_list {
+    struct request *head, *tail;
+    uint32_t count;
+};
+
+/* A tenant as the registry knows it. A request holds its slot's index for its whole life, so a
+ * slot outlives a reload that removes its tenant (inactive: no key reaches it) for as long as a
+ * request of it is in the registry; a tenant that comes back (by name) gets its slot again. */
+struct tenant_slot {
+    char name[ROUTER_TENANT_NAME_MAX + 1];
+    int active;     /* in the current configuration */
+    uint32_t live;  /* admitted, unfinished requests */
+    uint32_t limit; /* how many it may have (max_running + max_waiting); 0 when inactive */
+    uint32_t refs;  /* requests in the registry, live or finished */
+};
+
+/* A configured pin (from the tenants file or the admin API) and what the scheduler last said of
+ * it. */
+struct pin_state {
+    struct router_pin pin;
+    int from_file;
+    uint64_t version; /* the first policy version that carries it as it is now */
+    int has_status;   /* a PinStatus of that version or a later one arrived */
+    int ready;
+    uint32_t blocks;
+    int32_t error_code;
+    char *error_message;
+};
+
+struct router {
+    uv_loop_t *loop;
+    struct router_config cfg;
+    char *run_dir, *listen_url;
+    char sched_url[512];
+
+    nng_socket rep, link;
+    int rep_open, link_open;
+    struct wire_inbox *inbox;
+    struct rctx *ctxs;
+    uint32_t num_ctxs;
+
+    uv_async_t async;
+    uv_timer_t housekeeping;
+    int async_init, timer_init;
+    int handles_open; /* uv handles still to close before the router is freed */
+
+    pthread_mutex_t lock;
+    int lock_init;
+    struct rctx *mail_head, *mail_tail; /* guarded by lock */
+    atomic_int closing;
+    atomic_int link_pipes;
+    atomic_uint link_gen; /* bumped by every pipe that joins the link */
+    unsigned link_gen_seen;
+
+    /* The tenancy (router_tenancy.c). */
+    char *tenants_file;             /* NULL: one tenant, ROUTER_DEFAULT_TENANT, any key */
+    struct router_tenants *tenants; /* the file as last loaded */
+    uint32_t *slot_of;              /* the slot of each tenants->tenants[i] */
+    struct tenant_slot *slots;
+    uint32_t num_slots, cap_slots;
+    struct pin_state *pins; /* ROUTER_MAX_PINS of room */
+    uint32_t num_pins;
+    uint64_t policy_version;  /* of the current tenancy; 1 at start */
+    uint64_t applied_version; /* the latest the scheduler on the link said it applied */
+    int need_policy;          /* the current Policy is still to be sent */
+    uint64_t id_seed;
+
+    struct request **buckets;
+    struct request **alias_buckets; /* adopted requests by sched_id_of(tenant, id) */
+    size_t num_buckets;             /* a power of two */
+    uint64_t hash_seed;
+    struct req_list live, finished;
+    uint32_t num_pending; /* requests with need_submit or need_cancel */
+
+    struct rctx *stats_waiters;
+    uint64_t stats_cookie;
+
+    /* The admin API (router_admin.c). */
+    struct rctx *admin_waiters;  /* PARK_ADMIN */
+    struct rctx *policy_waiters; /* PARK_POLICY */
+    uint64_t admin_cookie;
+
+    uint64_t started_ms;
+    int need_hello; /* a RouterHello is still to be sent */
+    int announced;  /* the scheduler's announcement has arrived */
+    struct rctx *unknown_waiters;
+    uint32_t num_unknown_parked;
+
+    uint64_t malformed_requests, malformed_internal, unknown_events, event_gaps, refused_keys;
+    uint64_t duplicate_submits; /* Submits of an id held, answered with that request */
+
+    int draining;
+    uint64_t drain_deadline_ms;
+    router_drained_fn drained_fn;
+    void *drained_arg;
+};
+
+/* ---- router.c ---------------------------------------------------------------------------- */
+
+/* Packs resp and sends it on c's context (the context then receives its next call). */
+void router_reply(struct rctx *c, Pagoda__ClientResponse *resp);
+void router_reply_error(struct rctx *c, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Whether a scheduler is on the link (and the loop has sent it what a new one needs). */
+int router_link_up(struct router *r);
+/* Parks c on list until timeout_ms; c->park and what it waits for are the caller's to set. */
+void router_park(struct rctx **list, struct rctx *c, uint32_t timeout_ms);
+void router_park_remove(struct rctx **list, struct rctx *c);
+/* Takes c off whatever it is parked on and stops its timer: the call is the caller's to answer. */
+void router_unpark(struct rctx *c);
+/* Sends what is still to be sent to the scheduler (the Policy first), while the link takes
+ * it. */
+void router_flush_pending(struct router *r);
+/* Sends a ToScheduler envelope with the protocol version set. Errors: those of wire_send. */
+int router_send(struct router *r, Pagoda__Internal__ToScheduler *env);
+
+/* ---- router_tenancy.c ---------------------------------------------------------------------- */
+
+/* Loads r->cfg's tenants file (or sets up the one default tenant) and its pins, at policy
+ * version 1, to be sent when the link comes up. Errors: those of router_tenants_load,
+ * PAGODA_ENOMEM. */
+int tenancy_open(struct router *r, const char *tenants_file);
+/* Frees what tenancy_open and later changes allocated. */
+void tenancy_close(struct router *r);
+
+/* Who calls with api_key: *admin is set for an admin key; otherwise *slot is the tenant's slot.
+ * Without a tenants file every key (or none) is the default tenant. Errors: PAGODA_EPERM (an
+ * unknown key, or none). */
+int tenancy_authenticate(const struct router *r, const char *api_key, uint32_t *slot, int *admin);
+/* The active slot of the tenant named name, or UINT32_MAX. */
+uint32_t tenancy_find_slot(const struct router *r, const char *name);
+/* A request of the slot enters or leaves the registry. */
+void tenancy_ref(struct router *r, uint32_t slot);
+void tenancy_unref(struct router *r, uint32_t slot);
+
+/* The configured pin named name, or NULL. */
+struct pin_state *tenancy_find_pin(struct router *r, const char *name);
+/* Adds the pin or replaces the one of its name (taking *pin's memory; it is zeroed). A pin
+ * identical to the configured one changes nothing and returns 0 with *changed 0. Errors:
+ * PAGODA_ERANGE (too many pins or pinned tokens; nothing changes). */
+int tenancy_set_pin(struct router *r, struct router_pin *pin, int *changed);
+/* Removes the pin. Errors: PAGODA_ENOENT. */
+int tenancy_remove_pin(struct router *r, const char *name);
+/* Reads the tenants file again and, when it is valid, replaces tenants, groups and file pins
+ * (runtime pins stay, less the tenants that are gone, unless the file has one of the same name).
+ * Errors: those of router_tenants_load (the old configuration stays), PAGODA_EUNSUPPORTED (no
+ * tenants file), PAGODA_ERANGE (too many pins with the runtime ones), PAGODA_ENOMEM. */
+int tenancy_reload(struct router *r);
+/* The pins each tenant of the file may read: names[offsets[i] .. offsets[i + 1]) for
+ * r->tenants->tenants[i] (offsets has count + 1 entries; both are the caller's to free, the names
+ * point into r->pins). Errors: PAGODA_ENOMEM. */
+int tenancy_pins_by_tenant(const struct router *r, uint32_t **offsets, char ***names);
+/* A scheduler joined the link: it gets the current Policy first; what another scheduler said
+ * of the pins no longer holds. */
+void tenancy_on_link_up(struct router *r);
+/* The tenancy changed: a new policy version, sent as soon as the link takes it. */
+void tenancy_changed(struct router *r);
+/* Sends the current Policy. Errors: those of wire_send, PAGODA_ENOMEM. */
+int tenancy_send_policy(struct router *r);
+/* Keeps the pins' statuses of a PolicyApplied. */
+void tenancy_on_policy_applied(struct router *r, const Pagoda__Internal__PolicyApplied *pa);
+
+/* ---- router_admin.c ------------------------------------------------------------------------ */
+
+/* One admin call from a caller with an admin key: answered or parked. */
+void admin_handle(struct router *r, struct rctx *c, const Pagoda__AdminRequest *a);
+void admin_on_result(struct router *r, const Pagoda__Internal__AdminResult *res);
+void admin_on_policy_applied(struct router *r, const Pagoda__Internal__PolicyApplied *pa);
+/* A PARK_ADMIN or PARK_POLICY call ran out of time (already unparked): answers it. */
+void admin_on_timeout(struct rctx *c);
+
+#endif

@@ -1,0 +1,306 @@
+/* The scheduler's private state, shared by scheduler.c (steps, results, workers, requests) and
+ * scheduler_cache.c (the prefix cache in use: lookups, publication, tenants, pins, the policy
+ * and admin calls). Nothing outside scheduler/ includes it. */
+#ifndef PAGODA_SCHEDULER_SCHEDULER_IMPL_H
+#define PAGODA_SCHEDULER_SCHEDULER_IMPL_H
+
+#include "kernels/cpu/sampler.h"
+#include "scheduler/block_manager.h"
+#include "scheduler/prefix_cache.h"
+#include "scheduler/scheduler.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+/* ---- sequences ------------------------------------------------------------------------------ */
+
+struct sched_tenant;
+struct sched_pin;
+
+enum seq_state { SEQ_WAITING, SEQ_RUNNING };
+
+/* One request. tokens holds everything known, prompt then output; num_computed of them are in
+ * the pool as acknowledged by the worker, inflight_new more are being computed by the step in
+ * flight. */
+struct seq {
+    uint8_t request_id[SCHEDULER_REQUEST_ID_BYTES];
+    uint64_t seq_id; /* this admission's id (the worker's key); 0 while waiting */
+    enum seq_state state;
+    int32_t *tokens;
+    int32_t num_tokens, cap_tokens;
+    int32_t num_prompt_tokens;
+    int32_t num_computed;
+    int32_t inflight_new;
+    bool inflight_samples;
+    bool worker_knows;     /* sent as new or in a snapshot since the worker's mirror was reset */
+    int32_t blocks_sent;   /* how much of table the worker knows */
+    int64_t vocab_checked; /* the vocabulary the tokens were checked against (0: not yet) */
+    struct block_table table;
+    int32_t plan_index; /* while a step is formed: its entry, or -1 */
+    bool has_result;    /* while a result is checked */
+    int32_t result_token;
+    float result_logprob;
+    struct sampling_params sampling;
+    int32_t max_tokens; /* 0: up to the context */
+    bool ignore_eos;
+    int32_t num_stop_ids;
+    int32_t stop_ids[SCHEDULER_MAX_STOP_IDS];
+    struct seq *prev, *next; /* in waiting or running */
+    struct seq *req_next;    /* request-id hash chain */
+    struct seq *id_next;     /* seq-id hash chain, while running */
+    /* For announcements (RouterHello): what a restarted router needs to register it again. */
+    char *tenant;
+    bool has_client_id;
+    uint8_t client_id[SCHEDULER_REQUEST_ID_BYTES];
+    /* Once it has ended and is kept in the recent list. */
+    Pagoda__Internal__FinishReason finish_reason;
+    int32_t error_code;
+    const char *error_message; /* a static string, or NULL */
+    /* The prefix cache (scheduler_cache.c). */
+    struct sched_tenant *owner;  /* whose request (NULL for a pin's own sequence) */
+    struct sched_pin *pin;       /* a pin being computed: this is its sequence */
+    struct pc_namespace *ns;     /* where its blocks are published, fixed at admission */
+    struct pc_namespace *pin_ns; /* blocks [0, key_switch) were a pinned prefix's */
+    int32_t key_switch;
+    struct pc_entry **entries; /* per block of table: its cache entry, or NULL (private) */
+    int32_t cap_entries;
+    struct pc_key *keys; /* keys of the first num_keys full blocks */
+    int32_t num_keys, cap_keys;
+    int32_t num_published; /* blocks whose publication was decided */
+    bool looked_up;        /* the first admission's lookup was counted */
+    uint32_t cached_tokens;
+};
+
+struct seq_list {
+    struct seq *head, *tail;
+    uint32_t count;
+};
+
+static inline void list_remove(struct seq_list *l, struct seq *q)
+{
+    if (q->prev)
+        q->prev->next = q->next;
+    else
+        l->head = q->next;
+    if (q->next)
+        q->next->prev = q->prev;
+    else
+        l->tail = q->prev;
+    q->prev = q->next = NULL;
+    l->count--;
+}
+
+static inline void list_push_back(struct seq_list *l, struct seq *q)
+{
+    q->next = NULL;
+    q->prev = l->tail;
+    if (l->tail)
+        l->tail->next = q;
+    else
+        l->head = q;
+    l->tail = q;
+    l->count++;
+}
+
+static inline void list_push_front(struct seq_list *l, struct seq *q)
+{
+    q->prev = NULL;
+    q->next = l->head;
+    if (l->head)
+        l->head->prev = q;
+    else
+        l->tail = q;
+    l->head = q;
+    l->count++;
+}
+
+/* A bounded list of seq ids for the next step (finished, preempted). */
+struct id_list {
+    uint64_t *ids;
+    uint32_t count, cap;
+};
+
+/* ---- the worker link ------------------------------------------------------------------------ */
+
+enum link_state {
+    LINK_NEED_HELLO, /* no Hello yet: announce the epoch now and then */
+    LINK_RESYNCING,  /* a resync is outstanding */
+    LINK_IDLE,       /* in sync, no step in flight */
+    LINK_STEP,       /* a step is in flight */
+};
+
+struct worker_link {
+    enum link_state state;
+    bool hello_seen;
+    int32_t pid;
+    int64_t vocab_size;
+    int64_t max_positions;
+    int32_t num_eos;
+    int32_t eos_ids[SCHEDULER_MAX_EOS_IDS];
+    uint64_t resync_id;        /* of the outstanding (or last) resync */
+    uint64_t resync_next_step; /* its next_step_id */
+    int64_t resync_sent_ms;
+    bool announced;
+    int64_t announce_ms;
+    uint64_t step_id; /* in flight */
+    int64_t step_sent_ms;
+    /* A slow worker is not a lost step: when the result of a step that timed out arrives
+     * after all, the timeout doubles (up to SCHEDULER_MAX_TIMEOUT_BACKOFF times) for the rest
+     * of this worker process's life, so that a long step cannot be resynced forever. */
+    uint64_t timed_out_step;
+    int64_t timed_out_at_ms;
+    int timeout_backoff;
+    uint64_t *step_seq_ids; /* the sequences of the step in flight */
+    uint32_t step_num_seqs;
+    int64_t last_rx_ms;
+    int64_t owes_since_ms; /* when the outstanding answer became due */
+    bool hung_reported;
+};
+
+/* ---- the scheduler -------------------------------------------------------------------------- */
+
+struct plan_entry {
+    struct seq *seq; /* NULL: removed (preempted while the step was formed) */
+    int32_t num_new;
+};
+
+/* A token event's own copy of what it reports (the sequence may be gone when it is sent). */
+struct event_slot {
+    uint8_t request_id[SCHEDULER_REQUEST_ID_BYTES];
+    int32_t token;
+    float logprob;
+};
+
+struct scheduler {
+    struct scheduler_config cfg;
+    struct scheduler_io io;
+    struct block_manager *bm;
+    int32_t block_size;
+    struct seq_list waiting, running;
+    struct seq_list recent; /* ended requests kept for announcements, oldest first */
+    struct seq **req_buckets, **id_buckets;
+    uint32_t bucket_mask;
+    uint64_t next_seq_id;
+    uint64_t last_step_id; /* the last step sent (0: none yet) */
+    struct worker_link worker;
+    struct id_list pending_finished, pending_preempted;
+    bool need_resync;
+    bool ready_sent;
+    /* Forming a step. */
+    struct plan_entry *plan;
+    uint32_t plan_len;
+    int32_t budget;
+    bool preempted_now;
+    struct seq **order;
+    /* Message scratch, max_seqs entries each. */
+    Pagoda__Internal__NewSequence *new_msgs;
+    Pagoda__Internal__NewSequence **new_ptrs;
+    Pagoda__Internal__ContinuingSequence *cont_msgs;
+    Pagoda__Internal__ContinuingSequence **cont_ptrs;
+    Pagoda__Internal__SamplingParams *sp_msgs;
+    Pagoda__Internal__SequenceSnapshot *snap_msgs;
+    Pagoda__Internal__SequenceSnapshot **snap_ptrs;
+    Pagoda__Internal__TokenEvent *ev_msgs;
+    Pagoda__Internal__TokenEvent **ev_ptrs;
+    struct event_slot *ev_slots;
+    struct scheduler_stats stats;
+    uint64_t step_cpu_ns;
+    /* The prefix cache, tenants and pins (scheduler_cache.c). */
+    struct prefix_cache *pc;
+    struct pc_entry **match; /* lookup scratch, one per usable block */
+    struct sched_tenant *tenants;
+    struct sched_pin *pins;
+    uint64_t policy_version; /* the newest policy applied */
+    bool policy_reply_owed;  /* PolicyApplied waits for pins being computed */
+    uint64_t next_pin_id;
+};
+
+/* A tenant as the scheduler knows it: from the router's policy, or by default (a namespace of
+ * its own, no cap, no pins) when the policy does not name it. */
+struct sched_tenant {
+    char name[PREFIX_CACHE_NAMESPACE_MAX + 1];
+    struct pc_namespace *ns;
+    uint32_t max_running; /* 0: none */
+    uint32_t running;
+    struct sched_pin **pins;
+    uint32_t num_pins;
+    uint64_t lookups, hits, query_tokens, hit_tokens;
+    bool in_policy;
+    struct sched_tenant *next;
+};
+
+enum pin_state { PIN_COMPUTING, PIN_READY, PIN_FAILED };
+
+/* A public prefix: computed by a sequence of its own, then held (its entries pinned). */
+struct sched_pin {
+    char name[PREFIX_CACHE_NAMESPACE_MAX + 1];
+    struct pc_namespace *ns;
+    int32_t *tokens;
+    int32_t num_tokens;
+    enum pin_state state;
+    struct seq *computing;
+    struct pc_entry **held;
+    int32_t num_held;
+    int32_t error_code;
+    char error[160];
+    bool in_policy;
+    struct sched_pin *next;
+};
+
+/* ---- scheduler.c, for scheduler_cache.c ---- */
+
+/* Removes q from its list and tables, releases its blocks and frees it. */
+void seq_remove(struct scheduler *s, struct seq *q);
+
+/* A waiting sequence for tokens (n of them, all prompt), not yet listed anywhere; NULL when out
+ * of memory. */
+struct seq *seq_new(const int32_t *tokens, int32_t n);
+
+/* Sends m to the router with protocol version and epoch set. */
+void send_router(struct scheduler *s, Pagoda__Internal__ToRouter *m);
+
+/* ---- scheduler_cache.c ---- */
+
+int cache_open(struct scheduler *s);
+void cache_close(struct scheduler *s);
+
+/* The tenant called name (created with the defaults when new); NULL when out of memory or the
+ * name is too long. */
+struct sched_tenant *tenant_get(struct scheduler *s, const char *name);
+
+/* Looks q up (at admission): fills s->match with the entries its known tokens hit, never the
+ * block holding its last token, and returns how many; *evictable_hits counts those now waiting
+ * in an LRU (taking them makes them unevictable). Sets q's namespaces and key switch. */
+int32_t cache_match(struct scheduler *s, struct seq *q, int32_t *evictable_hits);
+
+/* Takes the n entries of the last cache_match into q's empty table as computed tokens, and
+ * counts the lookup (the first admission's) in q's tenant's figures and the stats. */
+int cache_take_match(struct scheduler *s, struct seq *q, int32_t n);
+
+/* Appends a new block to q's table, evicting cached blocks while none is free. Errors:
+ * PAGODA_EEXHAUSTED (nothing to evict), PAGODA_ENOMEM. */
+int seq_append_block(struct scheduler *s, struct seq *q);
+
+/* Releases q's blocks: cached ones at once (no step writes them), private ones fenced on the
+ * last step sent. Empties q's table. */
+void seq_release_blocks(struct scheduler *s, struct seq *q);
+
+/* Publishes q's newly computed full blocks (after the step that filled them was acknowledged). */
+void cache_publish(struct scheduler *s, struct seq *q);
+
+/* Aborts when the num_new tokens q computes next would land in a cached or shared block. */
+void cache_assert_writable(const struct scheduler *s, const struct seq *q, int32_t num_new);
+
+/* A worker's Hello: the root key from its model fingerprint and the pool's dtype. */
+void cache_on_hello(struct scheduler *s, const Pagoda__Internal__Hello *h);
+
+/* A pin's sequence ended: ok (its blocks are computed: hold them), or failed with error. */
+void pin_seq_ended(struct scheduler *s, struct seq *q, bool ok, int error, const char *message);
+
+void on_policy(struct scheduler *s, const Pagoda__Internal__Policy *m);
+void on_admin(struct scheduler *s, const Pagoda__Internal__AdminCall *m);
+
+/* Fills the cache's and the pool's figures into out. */
+void cache_stats(const struct scheduler *s, struct scheduler_stats *out);
+
+#endif

@@ -1,0 +1,818 @@
+/* Tests of the prefix cache: scheduler/prefix_cache.c on its own (keys, LRU order, quotas, pins,
+ * flushes), and in the scheduler with the fake worker of scheduler_harness.c, whose outputs
+ * are a hash of what its fake pool holds, so a hit that served wrong KV changes the output:
+ * hits and cached_tokens, isolation between tenants, sharing groups, pinned public prefixes,
+ * quotas under pressure, chunked prefill beside decodes, preemption, and a randomized run of
+ * 100,000 operations that checks the block invariants after each. */
+#include "scheduler_harness.h"
+
+#include "scheduler/prefix_cache.h"
+
+/* ---- the cache on its own ------------------------------------------------------------------- */
+
+#define BS 4
+
+struct pc_fixture {
+    struct block_manager *bm;
+    struct prefix_cache *pc;
+};
+
+static void pcf_open(struct pc_fixture *f, int32_t num_blocks)
+{
+    uint8_t secret[PREFIX_CACHE_SECRET_BYTES];
+    for (size_t i = 0; i < sizeof(secret); i++)
+        secret[i] = (uint8_t)(i * 31 + 7);
+    assert_int_equal(block_manager_open(num_blocks, &f->bm), 0);
+    assert_int_equal(prefix_cache_open(f->bm, BS, secret, &f->pc), 0);
+    assert_int_equal(prefix_cache_set_root(f->pc, "model", 5, 2), 0);
+}
+
+static void pcf_check(struct pc_fixture *f)
+{
+    int32_t n = block_manager_usable(f->bm) + 1;
+    int32_t *refs = calloc((size_t)n, sizeof(int32_t));
+    const char *why = NULL;
+    assert_non_null(refs);
+    if (prefix_cache_check(f->pc, refs, n, &why) != 0)
+        fail_msg("prefix cache: %s", why);
+    if (block_manager_check(f->bm, &why) != 0)
+        fail_msg("block manager: %s", why);
+    free(refs);
+}
+
+static void pcf_close(struct pc_fixture *f)
+{
+    prefix_cache_close(f->pc);
+    block_manager_close(f->bm);
+}
+
+/* Inserts a chain of n blocks of tokens (n * BS) into ns, each block allocated and then
+ * released by its "sequence" from the tail, as the scheduler does. Returns the last entry. */
+static void insert_chain(struct pc_fixture *f, struct pc_namespace *ns, const int32_t *tokens,
+                         int n, struct pc_entry **out)
+{
+    struct pc_key parent = prefix_cache_root(f->pc);
+    struct pc_entry *up = NULL;
+    for (int i = 0; i < n; i++) {
+        int32_t b;
+        assert_int_equal(block_manager_alloc(f->bm, &b), 0);
+        struct pc_key k = prefix_cache_key(f->pc, ns, parent, tokens + i * BS);
+        out[i] = prefix_cache_insert(f->pc, ns, up, k, parent, tokens + i * BS, b);
+        assert_non_null(out[i]);
+        up = out[i];
+        parent = k;
+    }
+    for (int i = n - 1; i >= 0; i--) {
+        int32_t b = prefix_cache_entry_block(out[i]);
+        prefix_cache_release(f->pc, out[i]);
+        assert_int_equal(block_manager_unref(f->bm, b), 0);
+    }
+}
+
+/* Keys depend on the namespace, the parent and the tokens; a lookup also compares the tokens
+ * and the parent, and finds nothing in another namespace. */
+static void test_keys_and_namespaces(void **state)
+{
+    (void)state;
+    struct pc_fixture f;
+    pcf_open(&f, 32);
+    struct pc_namespace *a = prefix_cache_namespace(f.pc, "t:a");
+    struct pc_namespace *b = prefix_cache_namespace(f.pc, "t:b");
+    assert_ptr_equal(prefix_cache_namespace(f.pc, "t:a"), a);
+    int32_t tok[BS] = {1, 2, 3, 4}, other[BS] = {1, 2, 3, 5};
+    struct pc_key root = prefix_cache_root(f.pc);
+    struct pc_key ka = prefix_cache_key(f.pc, a, root, tok);
+    struct pc_key kb = prefix_cache_key(f.pc, b, root, tok);
+    struct pc_key ko = prefix_cache_key(f.pc, a, root, other);
+    struct pc_key kp = prefix_cache_key(f.pc, a, ka, tok);
+    assert_false(ka.lo == kb.lo && ka.hi == kb.hi);
+    assert_false(ka.lo == ko.lo && ka.hi == ko.hi);
+    assert_false(ka.lo == kp.lo && ka.hi == kp.hi);
+    struct pc_entry *e[1];
+    insert_chain(&f, a, tok, 1, e);
+    assert_ptr_equal(prefix_cache_lookup(f.pc, a, ka, root, tok), e[0]);
+    assert_null(prefix_cache_lookup(f.pc, b, ka, root, tok));   /* another namespace */
+    assert_null(prefix_cache_lookup(f.pc, b, kb, root, tok));   /* its own key: nothing */
+    assert_null(prefix_cache_lookup(f.pc, a, ka, root, other)); /* same key, other tokens */
+    assert_null(prefix_cache_lookup(f.pc, a, ka, ka, tok));     /* same key, other parent */
+    /* A second insert of the same key is refused (the caller keeps its block private). */
+    int32_t blk;
+    assert_int_equal(block_manager_alloc(f.bm, &blk), 0);
+    assert_null(prefix_cache_insert(f.pc, a, NULL, ka, root, tok, blk));
+    assert_int_equal(block_manager_unref(f.bm, blk), 0);
+    /* A new root (another model) flushes everything. */
+    assert_int_equal(prefix_cache_set_root(f.pc, "model2", 6, 2), 1);
+    assert_null(prefix_cache_lookup(f.pc, a, ka, root, tok));
+    assert_int_equal(prefix_cache_cached_blocks(f.pc), 0);
+    assert_int_equal(block_manager_free_count(f.bm), 31);
+    pcf_check(&f);
+    pcf_close(&f);
+}
+
+/* Unused entries are evicted leaves first, oldest first; a used or pinned one never. */
+static void test_lru_leaves_first_and_pins(void **state)
+{
+    (void)state;
+    struct pc_fixture f;
+    pcf_open(&f, 32);
+    struct pc_namespace *ns = prefix_cache_namespace(f.pc, "t:a");
+    int32_t t1[3 * BS], t2[2 * BS];
+    for (int i = 0; i < 3 * BS; i++)
+        t1[i] = 10 + i;
+    for (int i = 0; i < 2 * BS; i++)
+        t2[i] = 100 + i;
+    struct pc_entry *c1[3], *c2[2];
+    insert_chain(&f, ns, t1, 3, c1);
+    insert_chain(&f, ns, t2, 2, c2);
+    assert_int_equal(prefix_cache_evictable_blocks(f.pc), 5);
+    prefix_cache_acquire(f.pc, c2[0]); /* a sequence holds t2's first block */
+    prefix_cache_acquire(f.pc, c2[1]);
+    prefix_cache_pin(f.pc, c1[0]); /* and t1's first block is pinned */
+    int32_t b12 = prefix_cache_entry_block(c1[2]), b11 = prefix_cache_entry_block(c1[1]);
+    int32_t free0 = block_manager_free_count(f.bm);
+    assert_int_equal(prefix_cache_evict_one(f.pc), 1); /* the leaf of t1 */
+    assert_int_equal(block_manager_refcount(f.bm, b12), 0);
+    assert_int_equal(block_manager_refcount(f.bm, b11), 1);
+    assert_int_equal(prefix_cache_evict_one(f.pc), 1); /* then its parent */
+    assert_int_equal(block_manager_refcount(f.bm, b11), 0);
+    assert_int_equal(block_manager_free_count(f.bm), free0 + 2);
+    assert_int_equal(prefix_cache_evict_one(f.pc), 0); /* the rest is used or pinned */
+    pcf_check(&f);
+    prefix_cache_unpin(f.pc, c1[0]);
+    prefix_cache_release(f.pc, c2[1]);
+    prefix_cache_release(f.pc, c2[0]);
+    assert_int_equal(prefix_cache_evictable_blocks(f.pc), 3);
+    while (prefix_cache_evict_one(f.pc))
+        ;
+    assert_int_equal(prefix_cache_cached_blocks(f.pc), 0);
+    assert_int_equal(block_manager_free_count(f.bm), 31);
+    assert_int_equal(prefix_cache_evictions(f.pc), 5);
+    pcf_check(&f);
+    pcf_close(&f);
+}
+
+/* A namespace over its quota loses its blocks first, even when the other's are older. */
+static void test_quota_first(void **state)
+{
+    (void)state;
+    struct pc_fixture f;
+    pcf_open(&f, 64);
+    struct pc_namespace *mod = prefix_cache_namespace(f.pc, "t:modest");
+    struct pc_namespace *flood = prefix_cache_namespace(f.pc, "t:flood");
+    prefix_cache_set_quota(mod, 4);
+    prefix_cache_set_quota(flood, 4);
+    int32_t t[BS];
+    struct pc_entry *e[1];
+    for (int i = 0; i < 3; i++) { /* older, within quota */
+        for (int j = 0; j < BS; j++)
+            t[j] = 1000 + i * BS + j;
+        insert_chain(&f, mod, t, 1, e);
+    }
+    for (int i = 0; i < 10; i++) { /* newer, over quota */
+        for (int j = 0; j < BS; j++)
+            t[j] = 2000 + i * BS + j;
+        insert_chain(&f, flood, t, 1, e);
+    }
+    for (int i = 0; i < 6; i++)
+        assert_int_equal(prefix_cache_evict_one(f.pc), 1);
+    struct pc_namespace_stats sm, sf;
+    prefix_cache_namespace_stats(mod, &sm);
+    prefix_cache_namespace_stats(flood, &sf);
+    assert_int_equal(sm.cached_blocks, 3);
+    assert_int_equal(sf.cached_blocks, 4);
+    assert_int_equal(sf.evictions, 6);
+    /* Once nobody is over quota, plain LRU: the modest namespace's oldest goes. */
+    assert_int_equal(prefix_cache_evict_one(f.pc), 1);
+    prefix_cache_namespace_stats(mod, &sm);
+    assert_int_equal(sm.cached_blocks, 2);
+    pcf_check(&f);
+    pcf_close(&f);
+}
+
+/* A flush detaches everything at once: unused blocks are free now, used ones when released. */
+static void test_flush_with_users(void **state)
+{
+    (void)state;
+    struct pc_fixture f;
+    pcf_open(&f, 32);
+    struct pc_namespace *ns = prefix_cache_namespace(f.pc, "t:a");
+    int32_t t1[3 * BS];
+    for (int i = 0; i < 3 * BS; i++)
+        t1[i] = 7 * i + 1;
+    struct pc_entry *c[3];
+    insert_chain(&f, ns, t1, 3, c);
+    prefix_cache_acquire(f.pc, c[0]);
+    prefix_cache_acquire(f.pc, c[1]);
+    int32_t b0 = prefix_cache_entry_block(c[0]);
+    assert_int_equal(prefix_cache_flush(f.pc, ns), 3);
+    assert_int_equal(prefix_cache_cached_blocks(f.pc), 0);
+    struct pc_key root = prefix_cache_root(f.pc);
+    assert_null(prefix_cache_lookup(f.pc, ns, prefix_cache_key(f.pc, ns, root, t1), root, t1));
+    assert_int_equal(block_manager_free_count(f.bm), 31 - 2);
+    pcf_check(&f);
+    prefix_cache_release(f.pc, c[1]);
+    prefix_cache_release(f.pc, c[0]);
+    assert_int_equal(block_manager_refcount(f.bm, b0), 0);
+    assert_int_equal(block_manager_free_count(f.bm), 31);
+    pcf_check(&f);
+    pcf_close(&f);
+}
+
+/* ---- in the scheduler ----------------------------------------------------------------------- */
+
+static const struct setup CACHE_SETUP = {.eos = -1, .cache = true};
+
+struct tenant_spec {
+    const char *name, *ns;
+    uint32_t max_running;
+    const char *pin; /* one pin it may read, or NULL */
+};
+
+struct pin_spec {
+    const char *name;
+    const int32_t *tokens;
+    int n;
+};
+
+/* Sends the router's policy: namespaces with quotas, tenants, pins. */
+static void send_policy(struct harness *h, uint64_t version, const char **ns_names,
+                        const uint32_t *quotas, int n_ns, const struct tenant_spec *ts, int n_t,
+                        const struct pin_spec *ps, int n_p)
+{
+    Pagoda__Internal__NamespacePolicy nsp[8], *nspp[8];
+    Pagoda__Internal__TenantPolicy tp[8], *tpp[8];
+    Pagoda__Internal__PinPolicy pp[4], *ppp[4];
+    char *pin_names[8];
+    assert_true(n_ns <= 8 && n_t <= 8 && n_p <= 4);
+    for (int i = 0; i < n_ns; i++) {
+        pagoda__internal__namespace_policy__init(&nsp[i]);
+        nsp[i].name = (char *)ns_names[i];
+        nsp[i].has_quota_blocks = 1;
+        nsp[i].quota_blocks = quotas[i];
+        nspp[i] = &nsp[i];
+    }
+    for (int i = 0; i < n_t; i++) {
+        pagoda__internal__tenant_policy__init(&tp[i]);
+        tp[i].name = (char *)ts[i].name;
+        tp[i].namespace_ = (char *)ts[i].ns;
+        tp[i].has_max_running = ts[i].max_running > 0;
+        tp[i].max_running = ts[i].max_running;
+        if (ts[i].pin) {
+            pin_names[i] = (char *)ts[i].pin;
+            tp[i].n_pins = 1;
+            tp[i].pins = &pin_names[i];
+        }
+        tpp[i] = &tp[i];
+    }
+    for (int i = 0; i < n_p; i++) {
+        pagoda__internal__pin_policy__init(&pp[i]);
+        pp[i].name = (char *)ps[i].name;
+        pp[i].n_token_ids = (size_t)ps[i].n;
+        pp[i].token_ids = (int32_t *)ps[i].tokens;
+        ppp[i] = &pp[i];
+    }
+    Pagoda__Internal__Policy pol = PAGODA__INTERNAL__POLICY__INIT;
+    pol.has_version = 1;
+    pol.version = version;
+    pol.n_namespaces = (size_t)n_ns;
+    pol.namespaces = nspp;
+    pol.n_tenants = (size_t)n_t;
+    pol.tenants = tpp;
+    pol.n_pins = (size_t)n_p;
+    pol.pins = ppp;
+    Pagoda__Internal__ToScheduler m = PAGODA__INTERNAL__TO_SCHEDULER__INIT;
+    m.msg_case = PAGODA__INTERNAL__TO_SCHEDULER__MSG_POLICY;
+    m.policy = &pol;
+    deliver_router(h, &m);
+}
+
+static void admin_call(struct harness *h, bool figures, const char *flush)
+{
+    Pagoda__Internal__AdminCall a = PAGODA__INTERNAL__ADMIN_CALL__INIT;
+    a.has_cookie = 1;
+    a.cookie = 77;
+    a.has_figures = figures;
+    a.figures = figures;
+    a.flush_namespace = (char *)flush;
+    Pagoda__Internal__ToScheduler m = PAGODA__INTERNAL__TO_SCHEDULER__INIT;
+    m.msg_case = PAGODA__INTERNAL__TO_SCHEDULER__MSG_ADMIN;
+    m.admin = &a;
+    int before = h->admin_count;
+    deliver_router(h, &m);
+    assert_int_equal(h->admin_count, before + 1);
+    assert_non_null(h->admin);
+    assert_int_equal(h->admin->cookie, 77);
+}
+
+static const Pagoda__Internal__TenantFigures *tenant_figures(struct harness *h, const char *name)
+{
+    admin_call(h, true, NULL);
+    for (size_t i = 0; i < h->admin->n_tenants; i++)
+        if (strcmp(h->admin->tenants[i]->name, name) == 0)
+            return h->admin->tenants[i];
+    fail_msg("no figures for tenant %s", name);
+    return NULL;
+}
+
+static uint32_t ns_blocks(struct harness *h, const char *ns)
+{
+    admin_call(h, true, NULL);
+    for (size_t i = 0; i < h->admin->n_namespaces; i++)
+        if (strcmp(h->admin->namespaces[i]->name, ns) == 0)
+            return h->admin->namespaces[i]->cached_blocks;
+    return 0;
+}
+
+static int next_idn = 1;
+
+/* tenant sends prompt and waits for its n outputs; the result is checked against the reference
+ * (so a hit that served wrong KV fails here). */
+static struct req_rec *ask(struct harness *h, const char *tenant, const int32_t *prompt, int n,
+                           int max_tokens)
+{
+    h->tenant = tenant;
+    struct req_rec *r = submit(h, next_idn++, prompt, n, max_tokens);
+    pump(h);
+    expect_output(r, prompt, n, max_tokens, PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH);
+    return r;
+}
+
+static int expected_cached(int n_prompt)
+{
+    return (n_prompt - 1) / 8 * 8; /* full blocks before the one holding the last token */
+}
+
+/* The same prompt twice: the second is served from the cache up to (not including) the block
+ * holding its last token, with the same output. Block-aligned and unaligned lengths. */
+static void test_repeat_hits(void **state)
+{
+    (void)state;
+    struct harness *h = harness_open(&CACHE_SETUP);
+    static const int lens[] = {5, 8, 9, 16, 17, 40, 41};
+    for (size_t i = 0; i < sizeof(lens) / sizeof(lens[0]); i++) {
+        int32_t p[64];
+        make_prompt(500 + (int)i, lens[i], p);
+        struct req_rec *a = ask(h, "alice", p, lens[i], 6);
+        assert_int_equal(a->cached_tokens, 0);
+        struct req_rec *b = ask(h, "alice", p, lens[i], 6);
+        assert_int_equal(b->cached_tokens, expected_cached(lens[i]));
+        assert_memory_equal(a->out, b->out, 6 * sizeof(int32_t));
+    }
+    struct scheduler_stats st = stats(h);
+    assert_true(st.prefix_hit_tokens > 0);
+    assert_true(st.cached_blocks > 0);
+    assert_int_equal(st.kv_usage, 0.0); /* cached blocks nobody uses count as free */
+    const char *why = NULL;
+    if (scheduler_check_invariants(h->s, &why) != 0)
+        fail_msg("%s", why);
+    harness_close(h);
+}
+
+/* Isolation: B sends A's exact prompts and never hits; A's figures do not move. */
+static void test_isolation(void **state)
+{
+    (void)state;
+    struct setup su = CACHE_SETUP;
+    su.num_blocks = 1 + 1024; /* no pool pressure: only isolation can keep B from hitting */
+    struct harness *h = harness_open(&su);
+    int32_t prompts[100][24];
+    for (int i = 0; i < 100; i++) {
+        make_prompt(1000 + i, 24, prompts[i]);
+        ask(h, "alice", prompts[i], 24, 2);
+    }
+    const Pagoda__Internal__TenantFigures *fa = tenant_figures(h, "alice");
+    uint64_t lookups = fa->lookups, hits = fa->hits, hit_tokens = fa->hit_tokens;
+    uint32_t a_blocks = ns_blocks(h, "t:alice");
+    assert_true(a_blocks >= 200);
+    for (int i = 0; i < 100; i++) {
+        struct req_rec *r = ask(h, "bob", prompts[i], 24, 2);
+        assert_int_equal(r->cached_tokens, 0);
+    }
+    fa = tenant_figures(h, "alice");
+    assert_int_equal(fa->lookups, lookups);
+    assert_int_equal(fa->hits, hits);
+    assert_int_equal(fa->hit_tokens, hit_tokens);
+    assert_int_equal(ns_blocks(h, "t:alice"), a_blocks);
+    const Pagoda__Internal__TenantFigures *fb = tenant_figures(h, "bob");
+    assert_int_equal(fb->lookups, 100);
+    assert_int_equal(fb->hits, 0);
+    /* And A still hits its own. */
+    struct req_rec *again = ask(h, "alice", prompts[7], 24, 2);
+    assert_int_equal(again->cached_tokens, 16);
+    harness_close(h);
+}
+
+/* A sharing group: C and D share a namespace; E, outside it, does not hit. */
+static void test_sharing_group(void **state)
+{
+    (void)state;
+    struct harness *h = harness_open(&CACHE_SETUP);
+    const char *names[] = {"g:team", "t:erin"};
+    const uint32_t quotas[] = {0, 0};
+    const struct tenant_spec ts[] = {
+        {"carol", "g:team", 0, NULL}, {"dave", "g:team", 0, NULL}, {"erin", "t:erin", 0, NULL}};
+    send_policy(h, 1, names, quotas, 2, ts, 3, NULL, 0);
+    assert_int_equal(h->applied_count, 1);
+    assert_int_equal(h->applied->version, 1);
+    int32_t p[33];
+    make_prompt(77, 33, p);
+    ask(h, "carol", p, 33, 3);
+    struct req_rec *d = ask(h, "dave", p, 33, 3);
+    assert_int_equal(d->cached_tokens, 32);
+    struct req_rec *e = ask(h, "erin", p, 33, 3);
+    assert_int_equal(e->cached_tokens, 0);
+    struct req_rec *f = ask(h, "frank", p, 33, 3); /* not in the policy: its own namespace */
+    assert_int_equal(f->cached_tokens, 0);
+    assert_true(ns_blocks(h, "g:team") >= 4);
+    harness_close(h);
+}
+
+/* A pinned prefix: computed when the policy names it, readable by the tenants it names from
+ * their first request, never evicted while pinned, evictable after it is unpinned. */
+static void test_pinned_prefix(void **state)
+{
+    (void)state;
+    struct setup su = CACHE_SETUP;
+    su.num_blocks = 1 + 40;
+    struct harness *h = harness_open(&su);
+    int32_t sys[32];
+    make_prompt(4242, 32, sys);
+    const char *names[] = {"t:alice", "t:bob"};
+    const uint32_t quotas[] = {0, 0};
+    const struct tenant_spec ts[] = {{"alice", "t:alice", 0, "sys"}, {"bob", "t:bob", 0, NULL}};
+    const struct pin_spec ps[] = {{"sys", sys, 32}};
+    send_policy(h, 1, names, quotas, 2, ts, 2, ps, 1);
+    assert_int_equal(h->applied_count, 0); /* the pin is being computed */
+    pump(h);
+    assert_int_equal(h->applied_count, 1);
+    assert_int_equal(h->applied->n_pins, 1);
+    assert_true(h->applied->pins[0]->ready);
+    assert_int_equal(h->applied->pins[0]->blocks, 4);
+    assert_int_equal(stats(h).pinned_blocks, 4);
+    int32_t p[45];
+    memcpy(p, sys, sizeof(sys));
+    make_prompt(9, 13, p + 32);
+    struct req_rec *a = ask(h, "alice", p, 45, 4);
+    assert_int_equal(a->cached_tokens, 32);
+    struct req_rec *b = ask(h, "bob", p, 45, 4);
+    assert_int_equal(b->cached_tokens, 0);
+    /* Alice's own continuation is cached in her namespace after the public chain. */
+    struct req_rec *a2 = ask(h, "alice", p, 45, 4);
+    assert_int_equal(a2->cached_tokens, 40);
+    /* Pressure: unique prompts of 80 tokens (11 blocks each) fill the pool again and again. */
+    for (int i = 0; i < 12; i++) {
+        int32_t u[80];
+        make_prompt(7000 + i, 80, u);
+        ask(h, "bob", u, 80, 3);
+    }
+    assert_true(stats(h).evictions > 0);
+    struct req_rec *a3 = ask(h, "alice", p, 45, 4);
+    assert_true(a3->cached_tokens >= 32); /* the pin survived */
+    /* Unpin (a policy without it): its blocks become ordinary cached blocks, evictable. */
+    send_policy(h, 2, names, quotas, 2, ts, 2, NULL, 0);
+    assert_int_equal(h->applied->version, 2);
+    assert_int_equal(stats(h).pinned_blocks, 0);
+    for (int i = 0; i < 12; i++) {
+        int32_t u[80];
+        make_prompt(8000 + i, 80, u);
+        ask(h, "bob", u, 80, 3);
+    }
+    assert_int_equal(ns_blocks(h, "p:sys"), 0);
+    const char *why = NULL;
+    if (scheduler_check_invariants(h->s, &why) != 0)
+        fail_msg("%s", why);
+    harness_close(h);
+}
+
+/* A pin that cannot be computed is reported, not fatal. */
+static void test_pin_refused(void **state)
+{
+    (void)state;
+    struct harness *h = harness_open(&CACHE_SETUP);
+    int32_t short_pin[5] = {1, 2, 3, 4, 5}, bad_pin[16];
+    make_prompt(3, 16, bad_pin);
+    bad_pin[3] = VOCAB + 5;
+    const struct pin_spec ps[] = {{"short", short_pin, 5}, {"bad", bad_pin, 16}};
+    send_policy(h, 1, NULL, NULL, 0, NULL, 0, ps, 2);
+    pump(h);
+    assert_int_equal(h->applied_count, 1);
+    for (size_t i = 0; i < h->applied->n_pins; i++) {
+        assert_false(h->applied->pins[i]->ready);
+        assert_int_not_equal(h->applied->pins[i]->error_code, 0);
+        assert_non_null(h->applied->pins[i]->error_message);
+    }
+    int32_t p[12];
+    make_prompt(5, 12, p);
+    ask(h, "alice", p, 12, 3); /* still serving */
+    harness_close(h);
+}
+
+/* Quotas: a tenant flooding the cache with unique prompts evicts its own blocks before those
+ * of a tenant within its quota. */
+static void test_quota_flood(void **state)
+{
+    (void)state;
+    struct setup su = CACHE_SETUP;
+    su.num_blocks = 1 + 48;
+    struct harness *h = harness_open(&su);
+    const char *names[] = {"t:modest", "t:flood"};
+    const uint32_t quotas[] = {12, 12};
+    const struct tenant_spec ts[] = {{"modest", "t:modest", 0, NULL},
+                                     {"flood", "t:flood", 0, NULL}};
+    send_policy(h, 1, names, quotas, 2, ts, 2, NULL, 0);
+    int32_t m[4][17];
+    for (int i = 0; i < 4; i++) {
+        make_prompt(300 + i, 17, m[i]);
+        ask(h, "modest", m[i], 17, 2);
+    }
+    uint32_t modest = ns_blocks(h, "t:modest");
+    assert_true(modest > 0 && modest <= 12);
+    for (int i = 0; i < 30; i++) {
+        int32_t u[40];
+        make_prompt(600 + i, 40, u);
+        ask(h, "flood", u, 40, 2);
+    }
+    assert_true(stats(h).evictions > 0);
+    assert_int_equal(ns_blocks(h, "t:modest"), modest);
+    for (int i = 0; i < 4; i++) {
+        struct req_rec *r = ask(h, "modest", m[i], 17, 2);
+        assert_int_equal(r->cached_tokens, 16);
+    }
+    harness_close(h);
+}
+
+/* Flushing a tenant's namespace: the next request misses; pinned namespaces refuse a flush. */
+static void test_flush(void **state)
+{
+    (void)state;
+    struct harness *h = harness_open(&CACHE_SETUP);
+    int32_t p[20];
+    make_prompt(55, 20, p);
+    ask(h, "alice", p, 20, 2);
+    admin_call(h, false, "t:alice");
+    assert_int_equal(h->admin->flushed_blocks, 2);
+    struct req_rec *r = ask(h, "alice", p, 20, 2);
+    assert_int_equal(r->cached_tokens, 0);
+    admin_call(h, false, "p:anything");
+    assert_int_equal(h->admin->error_code, PAGODA_EPERM);
+    harness_close(h);
+}
+
+/* Chunked prefill: while a 3000-token prompt is prefilled, every step gives each of 16
+ * decoding sequences one token and no step exceeds max_batched_tokens; the long prompt's output
+ * equals the reference (its unchunked output). */
+static void test_chunked_prefill_beside_decodes(void **state)
+{
+    (void)state;
+    struct setup su = CACHE_SETUP;
+    su.max_batched_tokens = 256;
+    su.max_seqs = 32;
+    su.num_blocks = 1 + 600;
+    su.max_positions = 4096;
+    struct harness *h = harness_open(&su);
+    int32_t prompts[16][8];
+    struct req_rec *dec[16];
+    for (int i = 0; i < 16; i++) {
+        make_prompt(40 + i, 8, prompts[i]);
+        dec[i] = submit(h, 100 + i, prompts[i], 8, 200);
+    }
+    exchange(h);
+    exchange(h); /* all 16 are decoding now */
+    for (int i = 0; i < 16; i++)
+        assert_true(dec[i]->n_out >= 1);
+    static int32_t longp[3000];
+    make_prompt(9999, 3000, longp);
+    struct req_rec *lr = submit(h, 200, longp, 3000, 4);
+    int steps_with_long = 0, long_done = 0;
+    while (lr->n_out == 0) {
+        Pagoda__Internal__ToWorker *m = peek_worker(h);
+        assert_non_null(m);
+        assert_int_equal(m->msg_case, PAGODA__INTERNAL__TO_WORKER__MSG_STEP);
+        int total = 0, decodes = 0, prefill = 0;
+        for (size_t i = 0; i < m->step->n_new_seqs; i++) {
+            total += m->step->new_seqs[i]->num_new_tokens;
+            prefill += m->step->new_seqs[i]->num_new_tokens;
+        }
+        for (size_t i = 0; i < m->step->n_cont_seqs; i++) {
+            int n = m->step->cont_seqs[i]->num_new_tokens;
+            total += n;
+            if (n == 1)
+                decodes++;
+            else
+                prefill += n;
+        }
+        assert_true(total <= 256);
+        if (prefill > 1) {
+            steps_with_long++;
+            assert_int_equal(decodes, 16); /* every decoding sequence got its token */
+            /* and the prompt took the rest of the budget, but for its last chunk */
+            assert_int_equal(prefill, long_done + 240 <= 3000 ? 240 : 3000 - long_done);
+            long_done += prefill;
+        }
+        protobuf_c_message_free_unpacked(&m->base, NULL);
+        exchange(h);
+    }
+    assert_int_equal(long_done, 3000);
+    assert_int_equal(steps_with_long, (3000 + 239) / 240);
+    pump(h);
+    expect_output(lr, longp, 3000, 4, PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH);
+    for (int i = 0; i < 16; i++)
+        expect_output(dec[i], prompts[i], 8, 200, PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH);
+    harness_close(h);
+}
+
+/* Preemption with the cache on: a pool too small for all at once; every output equals the
+ * reference, and resumed sequences hit their own published blocks. */
+static void test_preemption_with_cache(void **state)
+{
+    (void)state;
+    struct setup su = CACHE_SETUP;
+    su.num_blocks = 1 + 10;
+    struct harness *h = harness_open(&su);
+    int32_t prompts[6][20];
+    struct req_rec *r[6];
+    for (int i = 0; i < 6; i++) {
+        make_prompt(70 + i, 20, prompts[i]);
+        r[i] = submit(h, 300 + i, prompts[i], 20, 30);
+    }
+    pump(h);
+    for (int i = 0; i < 6; i++)
+        expect_output(r[i], prompts[i], 20, 30, PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH);
+    assert_true(stats(h).preemptions > 0);
+    const char *why = NULL;
+    if (scheduler_check_invariants(h->s, &why) != 0)
+        fail_msg("%s", why);
+    harness_close(h);
+}
+
+/* ---- the randomized run --------------------------------------------------------------------- */
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15u;
+
+static uint32_t rnd(uint32_t n)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (uint32_t)(rng_state % n);
+}
+
+static void check_invariants(struct harness *h, long op)
+{
+    const char *why = NULL;
+    if (scheduler_check_invariants(h->s, &why) != 0)
+        fail_msg("after operation %ld: %s", op, why);
+}
+
+/* 100,000 operations (admit, step, finish by length or stop token, cancel, preempt under a
+ * small pool, evict, flush, pin, unpin) over prompts that share prefixes, three tenants (two in
+ * a group) and two pins; the invariants hold after every one, every output equals the
+ * reference, and when all requests have ended and the cache is flushed and unpinned, every
+ * block is free. */
+static void test_randomized_invariants(void **state)
+{
+    (void)state;
+    struct setup su = CACHE_SETUP;
+    su.num_blocks = 1 + 40;
+    su.max_seqs = 8;
+    su.max_queued = 64;
+    su.max_batched_tokens = 64;
+    struct harness *h = harness_open(&su);
+    const char *tenants[] = {"ann", "ben", "cat"};
+    const char *names[] = {"g:ab", "t:cat"};
+    const uint32_t quotas[] = {16, 8};
+    int32_t base[4][64];
+    for (int i = 0; i < 4; i++)
+        make_prompt(11 + i, 64, base[i]);
+    const struct tenant_spec ts[] = {
+        {"ann", "g:ab", 3, "p0"}, {"ben", "g:ab", 0, "p1"}, {"cat", "t:cat", 2, "p0"}};
+    const struct pin_spec pins_on[] = {{"p0", base[0], 24}, {"p1", base[1], 16}};
+    uint64_t version = 1;
+    send_policy(h, version, names, quotas, 2, ts, 3, pins_on, 2);
+    struct req_rec *live[64];
+    int32_t live_prompt[64][80];
+    int live_n[64], live_max[64];
+    int n_live = 0, submitted = 0;
+    long ops = 0;
+    bool pinned = true;
+    while (ops < 100000) {
+        uint32_t op = rnd(100);
+        if (h->n_reqs >= MAX_REQS - 72 && n_live == 0) {
+            /* The harness's records are full and none is live: start over (ids stay unique). */
+            h->n_reqs = 0;
+            memset(h->rec_index, 0, sizeof(h->rec_index));
+        }
+        if (h->n_reqs >= MAX_REQS - 72 && op < 5)
+            op = 50; /* no admissions until the live ones have ended */
+        if (op < 5 && n_live < 64) {
+            /* Admit: a prompt that shares a prefix with one of the bases, or not. */
+            int k = n_live++;
+            int n = 1 + (int)rnd(72);
+            int share = (int)rnd(5);
+            for (int i = 0; i < n; i++)
+                live_prompt[k][i] = share < 4 && i < 48 ? base[share][i] : (int32_t)rnd(VOCAB);
+            live_n[k] = n;
+            live_max[k] = 1 + (int)rnd(24);
+            h->tenant = tenants[rnd(3)];
+            live[k] = submit(h, 10 + submitted++, live_prompt[k], n, live_max[k]);
+        } else if (op < 80 || n_live > 40) {
+            /* A step: the worker handles what is queued, its answers come back. */
+            exchange(h);
+            if (rnd(4) == 0)
+                tick(h, h->now + 10);
+        } else if (op < 85 && n_live > 0) {
+            cancel(h, live[rnd((uint32_t)n_live)]);
+        } else if (op < 90) {
+            admin_call(h, false, rnd(2) ? "g:ab" : "t:cat");
+        } else if (op < 93) {
+            pinned = !pinned;
+            send_policy(h, ++version, names, quotas, 2, ts, 3, pinned ? pins_on : NULL,
+                        pinned ? 2 : 0);
+        } else if (op < 97 && n_live < 64) {
+            /* Pressure: a long unique prompt makes room by evicting or preempting. */
+            int k = n_live++;
+            live_n[k] = 60 + (int)rnd(20);
+            for (int i = 0; i < live_n[k]; i++)
+                live_prompt[k][i] = (int32_t)rnd(VOCAB);
+            live_max[k] = 1 + (int)rnd(4);
+            h->tenant = tenants[rnd(3)];
+            live[k] = submit(h, 10 + submitted++, live_prompt[k], live_n[k], live_max[k]);
+        } else {
+            admin_call(h, true, NULL);
+        }
+        ops++;
+        /* Forget the requests that ended, checking their outputs. */
+        for (int i = 0; i < n_live;) {
+            struct req_rec *r = live[i];
+            if (r->ends == 0) {
+                i++;
+                continue;
+            }
+            if (r->finish == PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH)
+                expect_output(r, live_prompt[i], live_n[i], live_max[i], r->finish);
+            else
+                assert_int_equal(r->finish, PAGODA__INTERNAL__FINISH_REASON__FINISH_CANCELLED);
+            n_live--;
+            live[i] = live[n_live];
+            memcpy(live_prompt[i], live_prompt[n_live], sizeof(live_prompt[i]));
+            live_n[i] = live_n[n_live];
+            live_max[i] = live_max[n_live];
+        }
+        check_invariants(h, ops);
+    }
+    /* Drain, then let go of everything: nothing may be left. */
+    pump(h);
+    for (int guard = 0; n_live > 0 && guard < 100000; guard++) {
+        exchange(h);
+        tick(h, h->now + 10);
+        for (int i = 0; i < n_live;)
+            if (live[i]->ends) {
+                live[i] = live[--n_live];
+            } else {
+                i++;
+            }
+    }
+    assert_int_equal(n_live, 0);
+    pump(h);
+    send_policy(h, ++version, names, quotas, 2, ts, 3, NULL, 0);
+    admin_call(h, false, "g:ab");
+    admin_call(h, false, "t:cat");
+    admin_call(h, true, NULL);
+    for (size_t i = 0; i < h->admin->n_namespaces; i++)
+        if (h->admin->namespaces[i]->cached_blocks > 0)
+            admin_call(h, false, h->admin->namespaces[i]->name);
+    check_invariants(h, ops);
+    struct scheduler_stats st = stats(h);
+    print_message("randomized: %ld operations, %d requests, %llu steps, %llu preemptions, %llu "
+                  "evictions, %llu of %llu prompt tokens from the cache\n",
+                  ops, submitted, (unsigned long long)st.steps, (unsigned long long)st.preemptions,
+                  (unsigned long long)st.evictions, (unsigned long long)st.prefix_hit_tokens,
+                  (unsigned long long)st.prefix_query_tokens);
+    assert_true(st.preemptions > 0);
+    assert_true(st.prefix_hit_tokens > 0);
+    assert_true(st.evictions > 0);
+    assert_int_equal(st.running + st.waiting, 0);
+    harness_close(h);
+}
+
+int main(void)
+{
+    log_set_level(LOG_OFF);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_keys_and_namespaces),
+        cmocka_unit_test(test_lru_leaves_first_and_pins),
+        cmocka_unit_test(test_quota_first),
+        cmocka_unit_test(test_flush_with_users),
+        cmocka_unit_test(test_repeat_hits),
+        cmocka_unit_test(test_isolation),
+        cmocka_unit_test(test_sharing_group),
+        cmocka_unit_test(test_pinned_prefix),
+        cmocka_unit_test(test_pin_refused),
+        cmocka_unit_test(test_quota_flood),
+        cmocka_unit_test(test_flush),
+        cmocka_unit_test(test_chunked_prefill_beside_decodes),
+        cmocka_unit_test(test_preemption_with_cache),
+        cmocka_unit_test(test_randomized_invariants),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,38 @@
+#include "worker/cuda_budget.h"
+
+/* Mirrors load_weights in cuda_backend.c: embeddings (and an untied LM head), the final norm,
+ * and per layer two norms, QKV, O, gate/up and down, with the optional biases. */
+uint64_t cuda_budget_weight_bytes(const struct model_config *c)
+{
+    uint64_t H = (uint64_t)c->hidden_size, I = (uint64_t)c->intermediate_size;
+    uint64_t V = (uint64_t)c->vocab_size;
+    uint64_t qd = (uint64_t)(c->num_heads * c->head_dim);
+    uint64_t kvd = (uint64_t)(c->num_kv_heads * c->head_dim);
+    uint64_t per_layer = 2 * H + (qd + 2 * kvd) * H + H * qd + 3 * I * H;
+    if (c->qkv_bias)
+        per_layer += qd + 2 * kvd;
+    if (c->o_bias)
+        per_layer += H;
+    uint64_t total =
+        V * H * (c->tie_word_embeddings ? 1 : 2) + H + per_layer * (uint64_t)c->num_layers;
+    return total * 2;
+}
+
+/* Mirrors alloc_activations in cuda_backend.c. */
+uint64_t cuda_budget_activation_bytes(const struct model_config *c, int64_t max_tokens,
+                                      int64_t max_seqs)
+{
+    uint64_t T = (uint64_t)max_tokens, S = (uint64_t)max_seqs;
+    uint64_t H = (uint64_t)c->hidden_size, I = (uint64_t)c->intermediate_size;
+    uint64_t qd = (uint64_t)(c->num_heads * c->head_dim);
+    uint64_t kvd = (uint64_t)(c->num_kv_heads * c->head_dim);
+    return T * H * 4 + T * (H + qd + 2 * kvd + qd + H + 2 * I + I) * 2 + S * H * 2 +
+           S * (uint64_t)c->vocab_size * 4 + T * (4 + 4 + 8) + S * 4;
+}
+
+uint64_t cuda_budget_worker_bytes(const struct model_config *c, int64_t max_tokens,
+                                  int64_t max_seqs)
+{
+    return cuda_budget_weight_bytes(c) + cuda_budget_activation_bytes(c, max_tokens, max_seqs) +
+           CUDA_BUDGET_RESERVE_BYTES;
+}
