@@ -1,0 +1,19 @@
+/* The bytes a decode step must move, from a model's shape: the denominator-free half of the
+ * bandwidth floor that pagoda-bench reports (report.h divides by the measured bandwidth). */
+#ifndef PAGODA_BENCH_FLOOR_H
+#define PAGODA_BENCH_FLOOR_H
+
+#include "worker/model_config.h"
+
+/* Bytes of weights one decode step reads once, stored dtype_bytes per parameter: every layer's
+ * projections (q, k, v, o, gate, up, down, with their biases) and norms, the final norm and the
+ * output layer (lm_head, or the embeddings when tied). The embedding table is not counted when
+ * untied: a step reads only the rows of its tokens. */
+double floor_weight_bytes(const struct model_config *cfg, int dtype_bytes);
+
+/* Bytes of K and V that one token holds across all layers, dtype_bytes per element:
+ * layers x 2 x kv_heads x head_dim x dtype_bytes. A decode step at context c reads c times
+ * this for its sequence. */
+double floor_kv_bytes_per_token(const struct model_config *cfg, int dtype_bytes);
+
+#endif

@@ -1,0 +1,180 @@
+#!/usr/bin/env python3
+"""The offline baseline of pagoda-bench: the same workload through Hugging Face transformers.
+
+    python3 bench/hf_baseline.py --model DIR --workload FILE [--batch-sizes 64,256]
+                                 [--compile auto|forward|none] [--json OUT]
+
+FILE is what `pagoda-bench --dump-workload FILE` wrote (same flags and seed as the pagoda run, so
+the same prompts and output lengths). DIR holds the model's config.json; with safetensors there
+the weights are loaded, otherwise random weights of that shape are drawn on the GPU (as pagoda's
+--load-format random does): the speed does not depend on the values, since EOS is ignored on both
+sides.
+
+How it runs, as fast as transformers goes offline: greedy `generate` with a static KV cache
+(`cache_implementation="static"`), bf16, on one GPU. Every batch has the same shape -- prompts
+left-padded to the workload's longest, `max_new_tokens` the workload's largest, the last batch
+filled with copies -- so the compiled graphs are made once per batch size, in an untimed warm-up
+batch. `--compile auto` leaves compilation to generate (transformers compiles the decoding
+forward pass itself when the cache is static, on CUDA); `forward` compiles model.forward with
+torch.compile(mode="reduce-overhead", fullgraph=True) instead, as the transformers guide shows;
+`none` runs eager (for comparison). Each batch size in --batch-sizes is timed over the whole
+workload; the best is the baseline.
+
+Throughput counted two ways: `output_tps` counts the tokens the workload asks for (each request's
+max_tokens: what pagoda generates with --ignore-eos), which is the figure to compare pagoda's
+output tokens/s with; `generated_tps` counts every token generate produced, padding rows and
+tokens past a request's max_tokens included.
+
+Prints one JSON line per batch size and, last, {"best": ...}; --json writes all of it.
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+
+def load_workload(path):
+    with open(path) as f:
+        w = json.load(f)
+    reqs = w["requests"]
+    if not reqs:
+        sys.exit(f"{path}: no requests")
+    prompts = [r["prompt"] for r in reqs]
+    outs = [int(r["max_tokens"]) for r in reqs]
+    return w, prompts, outs
+
+
+def load_model(model_dir, torch, transformers):
+    config = transformers.AutoConfig.from_pretrained(model_dir)
+    has_weights = any(n.endswith(".safetensors") for n in os.listdir(model_dir))
+    cls = transformers.AutoModelForCausalLM
+    if has_weights:
+        try:
+            model = cls.from_pretrained(model_dir, dtype=torch.bfloat16, device_map="cuda")
+        except TypeError:  # transformers 4: torch_dtype
+            model = cls.from_pretrained(model_dir, torch_dtype=torch.bfloat16, device_map="cuda")
+    else:
+        # Random weights drawn on the GPU: an 8B model initialised on the CPU takes minutes.
+        with torch.device("cuda"):
+            try:
+                model = cls.from_config(config, dtype=torch.bfloat16)
+            except TypeError:
+                model = cls.from_config(config, torch_dtype=torch.bfloat16)
+    if model.dtype != torch.bfloat16:  # an older transformers may ignore dtype=
+        model = model.to(torch.bfloat16)
+    model.eval()
+    return model, has_weights
+
+
+def run_batch_size(model, torch, prompts, outs, batch, compile_mode, pad_id):
+    """Times the whole workload in batches of `batch`; returns a result dict."""
+    n = len(prompts)
+    width = max(len(p) for p in prompts)
+    new_tokens = max(outs)
+    dev = "cuda"
+
+    def make_batch(rows):
+        ids = torch.full((batch, width), pad_id, dtype=torch.long)
+        mask = torch.zeros((batch, width), dtype=torch.long)
+        for i in range(batch):
+            p = prompts[rows[i % len(rows)]]  # the last batch is filled with copies
+            ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
+            mask[i, width - len(p):] = 1
+        return ids.to(dev), mask.to(dev)
+
+    gen_kwargs = dict(
+        max_new_tokens=new_tokens,
+        do_sample=False,
+        cache_implementation="static",
+        pad_token_id=pad_id,
+        eos_token_id=None,  # EOS ignored, as pagoda-bench --ignore-eos
+    )
+    if compile_mode != "auto":
+        gen_kwargs["disable_compile"] = True
+
+    batches = [list(range(s, min(s + batch, n))) for s in range(0, n, batch)]
+    # Warm-up (compilation, the static cache's allocation): one batch, not timed.
+    ids, mask = make_batch(batches[0])
+    with torch.inference_mode():
+        t = time.perf_counter()
+        out = model.generate(input_ids=ids, attention_mask=mask, **gen_kwargs)
+        torch.cuda.synchronize()
+        warmup_s = time.perf_counter() - t
+    if out.shape[1] != width + new_tokens:
+        sys.exit(f"generate stopped early: {out.shape[1] - width} of {new_tokens} tokens")
+
+    inputs = [make_batch(rows) for rows in batches]
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        for ids, mask in inputs:
+            out = model.generate(input_ids=ids, attention_mask=mask, **gen_kwargs)
+    torch.cuda.synchronize()
+    elapsed = time.perf_counter() - t0
+    useful = sum(outs)
+    generated = len(batches) * batch * new_tokens
+    return {
+        "batch_size": batch,
+        "batches": len(batches),
+        "requests": n,
+        "prompt_width": width,
+        "max_new_tokens": new_tokens,
+        "input_tokens": sum(len(p) for p in prompts),
+        "output_tokens": useful,
+        "time_s": elapsed,
+        "warmup_s": warmup_s,
+        "output_tps": useful / elapsed,
+        "generated_tps": generated / elapsed,
+        "request_throughput": n / elapsed,
+    }
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[1])
+    ap.add_argument("--model", required=True, help="model dir (config.json, optional weights)")
+    ap.add_argument("--workload", required=True, help="pagoda-bench --dump-workload output")
+    ap.add_argument("--batch-sizes", default="64,256", help="comma-separated (default 64,256)")
+    ap.add_argument("--compile", choices=["auto", "forward", "none"], default="auto")
+    ap.add_argument("--seed", type=int, default=0, help="for the random weights")
+    ap.add_argument("--json", help="write the results here")
+    args = ap.parse_args()
+
+    import torch
+    import transformers
+
+    if not torch.cuda.is_available():
+        sys.exit("hf_baseline.py: no CUDA device")
+    torch.manual_seed(args.seed)
+    w, prompts, outs = load_workload(args.workload)
+    model, has_weights = load_model(args.model, torch, transformers)
+    vocab = model.config.vocab_size
+    if max(max(p) for p in prompts) >= vocab:
+        sys.exit(f"the workload has token ids >= the model's vocabulary ({vocab})")
+    positions = getattr(model.config, "max_position_embeddings", None)
+    if positions and max(len(p) for p in prompts) + max(outs) > positions:
+        sys.exit(f"the padded prompt + max_new_tokens exceed {positions} positions")
+    # EOS ignored, as pagoda-bench --ignore-eos: generate stops only at max_new_tokens.
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    if args.compile == "forward":
+        model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
+
+    results = []
+    for b in [int(x) for x in args.batch_sizes.split(",") if x]:
+        r = run_batch_size(model, torch, prompts, outs, b, args.compile, pad_id=0)
+        r.update(workload=w.get("workload"), seed=w.get("seed"), compile=args.compile,
+                 weights="file" if has_weights else "random", torch=torch.__version__,
+                 transformers=transformers.__version__, gpu=torch.cuda.get_device_name())
+        print(json.dumps(r), flush=True)
+        results.append(r)
+        torch.cuda.empty_cache()
+    best = max(results, key=lambda r: r["output_tps"])
+    print(json.dumps({"best": best}), flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"results": results, "best": best}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

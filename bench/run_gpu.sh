@@ -1,0 +1,217 @@
+#!/usr/bin/env bash
+# bench/run_gpu.sh BUILD_DIR [PART...]: pagoda-bench on the GPU machine, then a table.
+#
+# BUILD_DIR is a build made with CUDA (scripts/build build-gpu -DPAGODA_CUDA=ON, taken along).
+# The model is a Llama-3-8B shape (config.json written here, weights drawn on the GPU by
+# --load-format random), unless MODEL_DIR names another. Parts, in this order by default (each
+# writes its JSON into OUT_DIR, so that parts can run in separate calls of at most 10 minutes
+# and `table` prints whatever is there):
+#   hf       the random workload dumped by pagoda-bench (--dump-workload) through Hugging Face
+#            transformers generate, static cache, compiled (bench/hf_baseline.py): the baseline
+#   random   pagoda, random workload, all at once (--rate inf), prefix cache on and off
+#   shared   pagoda, shared-prefix workload (the common defaults: 64 x 16, 2048 + 128, 256),
+#            prefix cache on and off
+#   floor    pagoda, closed loops of batch 1, 16 and 64 (prompt 1024, 256 tokens each): the
+#            measured decode step against the bandwidth floor (weights + K/V bytes read per step
+#            over BANDWIDTH_GBS, the device-to-device copy figure of shared/GPU.md)
+#   table    the results as markdown tables
+# Prefix cache on/off needs deploy/pagoda-up --prefix-cache; without it each run is done once
+# with the engine's default and the table says "default".
+#
+# Environment (defaults): OUT_DIR (BUILD_DIR/bench-gpu), MODEL_DIR (OUT_DIR/llama3-8b),
+# SEED (1), NUM_PROMPTS (512), INPUT_LEN (1024), OUTPUT_LEN (256), SP_GROUPS (64), SP_PPG (16),
+# SP_SYSTEM_LEN (2048), SP_QUESTION_LEN (128), SP_OUTPUT_LEN (256), MAX_CONCURRENCY (256),
+# HF_BATCH_SIZES (64,256), HF_COMPILE (auto), BANDWIDTH_GBS (4300),
+# FLOOR_BATCHES (1 16 64), BACKEND (cuda; cpu with a small MODEL_DIR tries the script here),
+# LOAD_FORMAT (random; safetensors reads MODEL_DIR's weights).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd -P)
+build=$(cd "${1:?usage: bench/run_gpu.sh BUILD_DIR [hf|random|shared|floor|table ...]}" && pwd -P)
+shift
+parts=("$@")
+[ ${#parts[@]} -gt 0 ] || parts=(hf random shared floor table)
+bin=$build/bin
+out=${OUT_DIR:-$build/bench-gpu}
+mkdir -p "$out"
+out=$(cd "$out" && pwd -P)
+seed=${SEED:-1}
+num_prompts=${NUM_PROMPTS:-512}
+input_len=${INPUT_LEN:-1024}
+output_len=${OUTPUT_LEN:-256}
+sp_groups=${SP_GROUPS:-64}
+sp_ppg=${SP_PPG:-16}
+max_conc=${MAX_CONCURRENCY:-256}
+bandwidth=${BANDWIDTH_GBS:-4300}
+backend=${BACKEND:-cuda}
+load_format=${LOAD_FORMAT:-random}
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+export PYTHONUNBUFFERED=1
+
+for p in pagoda-bench pagoda-supervisor pagoda-worker; do
+    [ -x "$bin/$p" ] || { echo "run_gpu.sh: $bin/$p is missing"; exit 1; }
+done
+up_help=$("$root/deploy/pagoda-up" --help 2>&1 || true)
+if [ "$backend" = cuda ] && ! grep -q -- '--load-format' <<<"$up_help"; then
+    echo "run_gpu.sh: deploy/pagoda-up has no --backend cuda / --load-format yet"
+    exit 1
+fi
+if grep -q -- '--prefix-cache' <<<"$up_help"; then
+    modes=(on off)
+else
+    modes=(default)
+fi
+
+model=${MODEL_DIR:-$out/llama3-8b}
+if [ -z "${MODEL_DIR:-}" ]; then
+    # Meta-Llama-3-8B's shape (config.json of the release, rope of Llama 3.0).
+    mkdir -p "$model"
+    cat >"$model/config.json" <<'EOF'
+{"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+ "vocab_size": 128256, "hidden_size": 4096, "intermediate_size": 14336,
+ "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+ "head_dim": 128, "max_position_embeddings": 8192, "rms_norm_eps": 1e-05,
+ "rope_theta": 500000.0, "tie_word_embeddings": false, "attention_bias": false,
+ "mlp_bias": false, "hidden_act": "silu", "bos_token_id": 128000, "eos_token_id": 128001,
+ "torch_dtype": "bfloat16"}
+EOF
+fi
+
+random_flags=(--workload random --num-prompts "$num_prompts" --input-len "$input_len"
+              --output-len "$output_len" --seed "$seed" --ignore-eos)
+shared_flags=(--workload shared-prefix --groups "$sp_groups" --prompts-per-group "$sp_ppg"
+              --system-prompt-len "${SP_SYSTEM_LEN:-2048}" --question-len "${SP_QUESTION_LEN:-128}"
+              --output-len "${SP_OUTPUT_LEN:-256}" --seed "$seed" --ignore-eos)
+
+run=/tmp/pagoda-gpu-bench-$$
+url=ipc://$run.client.ipc
+down() { "$root/deploy/pagoda-down" --run-dir "$run" --timeout 120 >/dev/null 2>&1 || true; }
+trap 'down; rm -rf "$run"' EXIT
+
+up() { # up MODE: a group serving the model, prefix cache MODE (on, off or default)
+    local args=(--run-dir "$run" --bin-dir "$bin" --model "$model" --listen "$url"
+                --backend "$backend" --timeout 600)
+    [ "$backend" = cpu ] || args+=(--load-format "$load_format" --seed "$seed")
+    [ "$1" = default ] || args+=(--prefix-cache "$1")
+    echo "== pagoda-up ${args[*]}"
+    if ! "$root/deploy/pagoda-up" "${args[@]}" >/dev/null; then
+        echo "run_gpu.sh: the group did not start"
+        exit 1
+    fi
+}
+
+bench() { # bench NAME FLAGS...: pagoda-bench against the group, report in OUT/NAME.json
+    local name=$1
+    shift
+    echo "== pagoda-bench $name: $*"
+    "$bin/pagoda-bench" --url "$url" --model "$model" --json "$out/$name.json" "$@" \
+        | tee "$out/$name.txt"
+}
+
+baseline_tps() { # the best output tokens/s of hf.json, or nothing
+    [ -f "$out/hf.json" ] && python3 -c 'import json,sys
+print(json.load(open(sys.argv[1]))["best"]["output_tps"])' "$out/hf.json" || true
+}
+
+part_hf() {
+    "$bin/pagoda-bench" --model "$model" "${random_flags[@]}" \
+        --dump-workload "$out/random-workload.json"
+    echo "== hf_baseline.py (batch sizes ${HF_BATCH_SIZES:-64,256}, compile ${HF_COMPILE:-auto})"
+    python3 "$root/bench/hf_baseline.py" --model "$model" --workload "$out/random-workload.json" \
+        --batch-sizes "${HF_BATCH_SIZES:-64,256}" --compile "${HF_COMPILE:-auto}" \
+        --seed "$seed" --json "$out/hf.json"
+}
+
+part_random() {
+    local m base
+    base=$(baseline_tps)
+    for m in "${modes[@]}"; do
+        up "$m"
+        bench "random-$m" "${random_flags[@]}" --rate inf --max-concurrency "$max_conc" \
+            ${base:+--baseline-tps "$base"}
+        down
+    done
+}
+
+part_shared() {
+    local m
+    for m in "${modes[@]}"; do
+        up "$m"
+        bench "shared-$m" "${shared_flags[@]}" --rate inf --max-concurrency "$max_conc"
+        down
+    done
+}
+
+part_floor() {
+    local b
+    up "${modes[0]}"
+    for b in ${FLOOR_BATCHES:-1 16 64}; do
+        bench "floor-$b" --workload random --num-prompts "$b" --concurrency "$b" \
+            --input-len "$input_len" --output-len "$output_len" --seed "$seed" --ignore-eos \
+            --warmup 2 --bandwidth-gbs "$bandwidth" --weight-dtype-bytes 2 --kv-dtype-bytes 2
+    done
+    down
+}
+
+part_table() {
+    python3 - "$out" <<'EOF'
+import glob, json, os, sys
+out = sys.argv[1]
+def load(name):
+    p = os.path.join(out, name + ".json")
+    return json.load(open(p)) if os.path.exists(p) else None
+def f(v, spec=".1f"):
+    return "n/a" if v is None else format(v, spec)
+hf = load("hf")
+if hf:
+    b = hf["best"]
+    print(f"HF baseline ({b['gpu']}, torch {b['torch']}, transformers {b['transformers']}, "
+          f"compile {b['compile']}, {b['weights']} weights): best batch {b['batch_size']}: "
+          f"{b['output_tps']:.1f} output tok/s ({b['requests']} requests, {b['time_s']:.1f} s)")
+    for r in hf["results"]:
+        print(f"  batch {r['batch_size']}: {r['output_tps']:.1f} output tok/s, "
+              f"{r['generated_tps']:.1f} generated tok/s")
+print()
+print("| run | prefix cache | done | failed | req/s | out tok/s | / HF | TTFT p50 | TTFT p99 "
+      "| TPOT p50 | TPOT p99 | ITL p99 | E2E p50 | hit rate | peak KV | preempt |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+for p in sorted(glob.glob(os.path.join(out, "random-*.json")) +
+                glob.glob(os.path.join(out, "shared-*.json"))):
+    name = os.path.basename(p)[:-5]
+    if name == "random-workload":
+        continue
+    r = json.load(open(p))
+    e = r["engine"]
+    ratio = r["baseline"]["ratio"] if r.get("baseline") else (
+        r["output_tps"] / hf["best"]["output_tps"] if hf and name.startswith("random") else None)
+    print(f"| {r['workload']} | {name.split('-')[-1]} | {r['completed']} | {r['failed']} "
+          f"| {f(r['request_throughput'], '.2f')} | {f(r['output_tps'])} | {f(ratio, '.2f')} "
+          f"| {f(r['ttft_ms']['p50'])} | {f(r['ttft_ms']['p99'])} "
+          f"| {f(r['tpot_ms']['p50'], '.2f')} "
+          f"| {f(r['tpot_ms']['p99'], '.2f')} | {f(r['itl_ms']['p99'], '.2f')} "
+          f"| {f(r['e2e_ms']['p50'])} | {f(e['prefix_hit_rate'], '.3f')} "
+          f"| {f(e['peak_kv_usage'], '.3f')} | {e['preemptions']} |")
+print()
+print("| batch | decode step (median TPOT) ms | wall per engine step ms | weights GB | K/V GB "
+      "per step | floor ms | fraction of the floor |")
+print("|---|---|---|---|---|---|---|")
+for p in sorted(glob.glob(os.path.join(out, "floor-*.json")),
+                key=lambda p: int(p.rsplit("-", 1)[1][:-5])):
+    r = json.load(open(p))
+    fl = r["bandwidth_floor"]
+    if not fl:
+        print(f"| {os.path.basename(p)} | no floor (failed: {r['failed']}) | | | | | |")
+        continue
+    print(f"| {fl['batch']:.0f} | {fl['decode_step_ms']:.3f} | {f(fl['step_wall_ms'], '.3f')} "
+          f"| {fl['weight_bytes'] / 1e9:.2f} | {fl['kv_bytes_per_step'] / 1e9:.3f} "
+          f"| {fl['floor_step_ms']:.3f} | {fl['fraction']:.3f}"
+          f"{'' if fl.get('reliable', True) else ' (unreliable: tokens bunched in polls)'} |")
+print(f"\n(bandwidth {os.environ.get('BANDWIDTH_GBS', '4300')} GB/s; ms; results in {out})")
+EOF
+}
+
+for p in "${parts[@]}"; do
+    case $p in
+    hf | random | shared | floor | table) "part_$p" ;;
+    *) echo "run_gpu.sh: unknown part $p (hf, random, shared, floor, table)"; exit 2 ;;
+    esac
+done
