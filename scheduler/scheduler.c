@@ -140,10 +140,13 @@ static void id_list_push(struct scheduler *s, struct id_list *l, uint64_t id)
     l->ids[l->count++] = id;
 }
 
-/* The most tokens a sequence may hold: the model's positions and the whole pool. */
+/* The most tokens a sequence may hold: the model's positions and the pool less its pinned
+ * blocks (which no sequence can take). */
 static int64_t context_limit(const struct scheduler *s)
 {
-    int64_t pool = (int64_t)block_manager_usable(s->bm) * s->block_size;
+    int64_t pool =
+        (int64_t)(block_manager_usable(s->bm) - (int32_t)prefix_cache_pinned_blocks(s->pc)) *
+        s->block_size;
     int64_t limit = s->worker.max_positions > 0 ? s->worker.max_positions : pool;
     return limit < pool ? limit : pool;
 }
@@ -902,7 +905,11 @@ static void on_hello(struct scheduler *s, const Pagoda__Internal__Hello *h, int6
     w->num_eos = (int32_t)h->n_eos_token_ids;
     if (h->n_eos_token_ids > 0)
         memcpy(w->eos_ids, h->eos_token_ids, h->n_eos_token_ids * sizeof(int32_t));
-    cache_on_hello(s, h);
+    if (cache_on_hello(s, h) != 0) {
+        /* Another model: what the running sequences hold in the pool is the old model's. */
+        while (s->running.tail != NULL)
+            preempt(s, s->running.tail);
+    }
     send_resync(s, now_ms, false);
 }
 

@@ -505,6 +505,10 @@ static void apply_pin(struct scheduler *s, const Pagoda__Internal__PinPolicy *pp
         return;
     }
     struct sched_pin *p = pin_find(s, pp->name);
+    if (p != NULL && p->in_policy) {
+        log_warn("policy: pin %s named twice: the first one holds", pp->name);
+        return;
+    }
     if (p != NULL && same_tokens(p, pp)) {
         p->in_policy = true;
         return;
@@ -595,6 +599,12 @@ void on_policy(struct scheduler *s, const Pagoda__Internal__Policy *m)
     for (struct sched_tenant *t = s->tenants; t; t = t->next)
         if (!t->in_policy)
             tenant_defaults(s, t);
+    /* A running sequence whose tenant changed namespace publishes no more: its blocks computed
+     * from now on must not reach the namespace it left (a preemption readmits it in the new
+     * one). */
+    for (struct seq *q = s->running.head; q; q = q->next)
+        if (q->owner != NULL && q->ns != NULL && q->ns != q->owner->ns)
+            q->ns = NULL;
     s->policy_version = m->has_version ? m->version : 0;
     s->policy_reply_owed = true;
     log_info("policy %llu: %zu tenants, %zu namespaces, %zu pins",
@@ -602,7 +612,7 @@ void on_policy(struct scheduler *s, const Pagoda__Internal__Policy *m)
     policy_maybe_reply(s);
 }
 
-void cache_on_hello(struct scheduler *s, const Pagoda__Internal__Hello *h)
+int cache_on_hello(struct scheduler *s, const Pagoda__Internal__Hello *h)
 {
     char fallback[96];
     const void *fp;
@@ -626,7 +636,9 @@ void cache_on_hello(struct scheduler *s, const Pagoda__Internal__Hello *h)
             pin_start(s, p);
         }
         s->policy_reply_owed = s->policy_version != 0;
+        return 1;
     }
+    return 0;
 }
 
 /* ---- admin ---------------------------------------------------------------------------------- */

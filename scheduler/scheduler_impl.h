@@ -291,8 +291,10 @@ void cache_publish(struct scheduler *s, struct seq *q);
 /* Aborts when the num_new tokens q computes next would land in a cached or shared block. */
 void cache_assert_writable(const struct scheduler *s, const struct seq *q, int32_t num_new);
 
-/* A worker's Hello: the root key from its model fingerprint and the pool's dtype. */
-void cache_on_hello(struct scheduler *s, const Pagoda__Internal__Hello *h);
+/* A worker's Hello: the root key from its model fingerprint and the pool's dtype. Returns 1
+ * when the model changed (the cache was flushed and the pins are computed again: the caller
+ * must preempt every running sequence, whose KV is the old model's), else 0. */
+int cache_on_hello(struct scheduler *s, const Pagoda__Internal__Hello *h);
 
 /* A pin's sequence ended: ok (its blocks are computed: hold them), or failed with error. */
 void pin_seq_ended(struct scheduler *s, struct seq *q, bool ok, int error, const char *message);

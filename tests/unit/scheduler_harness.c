@@ -215,6 +215,11 @@ void fw_hello(struct fake_worker *fw, const struct hello_opts *ho, struct queue 
     h.eos_token_ids = (int32_t *)ho->eos;
     h.geometry = &g;
     h.backend = "fake";
+    if (ho->fingerprint != NULL) {
+        h.has_model_fingerprint = 1;
+        h.model_fingerprint.data = (uint8_t *)ho->fingerprint;
+        h.model_fingerprint.len = strlen(ho->fingerprint);
+    }
     Pagoda__Internal__ToScheduler m = PAGODA__INTERNAL__TO_SCHEDULER__INIT;
     m.msg_case = PAGODA__INTERNAL__TO_SCHEDULER__MSG_HELLO;
     m.hello = &h;

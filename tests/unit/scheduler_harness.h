@@ -72,6 +72,7 @@ struct hello_opts {
     int64_t max_positions;
     int32_t eos[4];
     size_t n_eos;
+    const char *fingerprint; /* the model's, in Hello (NULL: none) */
 };
 
 /* ---- the harness ---------------------------------------------------------------------------- */

@@ -645,6 +645,110 @@ static void test_preemption_with_cache(void **state)
     harness_close(h);
 }
 
+/* A worker that comes back with another model: the cache is flushed and every running
+ * sequence is preempted and recomputed from nothing (its KV is the old model's), so nothing the
+ * old model computed is published under the new root. */
+static void test_model_change_recomputes(void **state)
+{
+    (void)state;
+    struct harness *h = harness_open(&CACHE_SETUP);
+    int32_t p[40];
+    make_prompt(123, 40, p);
+    ask(h, "alice", p, 40, 2); /* cached under the first model */
+    struct req_rec *r = submit(h, next_idn++, p, 40, 30);
+    exchange(h);
+    exchange(h);
+    assert_true(r->n_out >= 1 && r->ends == 0);
+    uint64_t preempted = stats(h).preemptions;
+    fw_restart(&h->fw, 555);
+    queue_clear(&h->to_worker); /* what the dead worker had not read is lost */
+    h->hello.fingerprint = "another model";
+    fw_hello(&h->fw, &h->hello, &h->from_worker);
+    deliver_answers(h); /* the Hello: a resync follows */
+    assert_int_equal(stats(h).preemptions, preempted + 1);
+    assert_int_equal(stats(h).cached_blocks, 0);
+    /* Past the resyncs (no sequence in their snapshots) to the first step. */
+    Pagoda__Internal__ToWorker *m = NULL;
+    for (int guard = 0; guard < 10; guard++) {
+        m = peek_worker(h);
+        assert_non_null(m);
+        if (m->msg_case == PAGODA__INTERNAL__TO_WORKER__MSG_STEP)
+            break;
+        assert_int_equal(m->msg_case, PAGODA__INTERNAL__TO_WORKER__MSG_RESYNC);
+        assert_int_equal(m->resync->n_seqs, 0);
+        protobuf_c_message_free_unpacked(&m->base, NULL);
+        m = NULL;
+        exchange(h);
+    }
+    assert_non_null(m);
+    assert_int_equal(m->step->n_new_seqs, 1);
+    assert_int_equal(m->step->new_seqs[0]->num_computed_tokens, 0); /* recomputed, no hit */
+    protobuf_c_message_free_unpacked(&m->base, NULL);
+    pump(h);
+    expect_output(r, p, 40, 30, PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH);
+    harness_close(h);
+}
+
+/* Pinned blocks are no sequence's: a prompt that fits the pool but not beside the pins is
+ * refused at once, and does not hold up the requests behind it. */
+static void test_pins_shrink_the_context(void **state)
+{
+    (void)state;
+    struct setup su = CACHE_SETUP;
+    su.num_blocks = 1 + 40;
+    struct harness *h = harness_open(&su);
+    int32_t sys[240];
+    make_prompt(31, 240, sys); /* 30 blocks of 8 */
+    const struct pin_spec ps[] = {{"big", sys, 240}};
+    send_policy(h, 1, NULL, NULL, 0, NULL, 0, ps, 1);
+    pump(h);
+    assert_true(h->applied->pins[0]->ready);
+    assert_int_equal(stats(h).pinned_blocks, 30);
+    int32_t big[100], small[5];
+    make_prompt(32, 100, big);
+    make_prompt(33, 5, small);
+    h->tenant = "bob";
+    struct req_rec *b = submit(h, next_idn++, big, 100, 4);
+    struct req_rec *s2 = submit(h, next_idn++, small, 5, 4);
+    pump(h);
+    assert_int_equal(b->finish, PAGODA__INTERNAL__FINISH_REASON__FINISH_ERROR);
+    assert_int_equal(b->error_code, PAGODA_ERANGE);
+    expect_output(s2, small, 5, 4, PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH);
+    harness_close(h);
+}
+
+/* A tenant moved out of its sharing group mid-request: what its running request computes after
+ * the move is not published in the group's namespace. */
+static void test_moved_tenant_stops_publishing(void **state)
+{
+    (void)state;
+    struct setup su = CACHE_SETUP;
+    su.max_batched_tokens = 16;
+    su.max_seqs = 16;
+    struct harness *h = harness_open(&su);
+    const char *names[] = {"g:team", "t:alice"};
+    const uint32_t quotas[] = {0, 0};
+    const struct tenant_spec in_group[] = {{"alice", "g:team", 0, NULL},
+                                           {"bob", "g:team", 0, NULL}};
+    const struct tenant_spec moved[] = {{"alice", "t:alice", 0, NULL}, {"bob", "g:team", 0, NULL}};
+    send_policy(h, 1, names, quotas, 2, in_group, 2, NULL, 0);
+    int32_t p[80];
+    make_prompt(71, 80, p);
+    h->tenant = "alice";
+    struct req_rec *a = submit(h, next_idn++, p, 80, 4);
+    exchange(h);
+    exchange(h); /* 32 of 80 prompt tokens: 4 blocks published in g:team */
+    uint32_t before = ns_blocks(h, "g:team");
+    assert_int_equal(before, 4);
+    send_policy(h, 2, names, quotas, 2, moved, 2, NULL, 0);
+    pump(h);
+    expect_output(a, p, 80, 4, PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH);
+    assert_int_equal(ns_blocks(h, "g:team"), before);
+    struct req_rec *b = ask(h, "bob", p, 80, 4);
+    assert_int_equal(b->cached_tokens, 32);
+    harness_close(h);
+}
+
 /* ---- the randomized run --------------------------------------------------------------------- */
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15u;
@@ -792,6 +896,14 @@ static void test_randomized_invariants(void **state)
     assert_true(st.prefix_hit_tokens > 0);
     assert_true(st.evictions > 0);
     assert_int_equal(st.running + st.waiting, 0);
+    /* Nothing leaked: with every request ended, the tenants' namespaces flushed and no pin,
+     * every block is free but those of the unpinned prefixes, which wait in the LRU (pinned
+     * namespaces are not flushed, only unpinned), unused and evictable. */
+    assert_int_equal(st.pinned_blocks, 0);
+    assert_int_equal(st.deferred_blocks, 0);
+    assert_int_equal(st.evictable_blocks, st.cached_blocks);
+    assert_int_equal(st.free_blocks + (int32_t)st.cached_blocks, st.num_blocks);
+    assert_true(st.kv_usage == 0.0);
     harness_close(h);
 }
 
@@ -812,6 +924,9 @@ int main(void)
         cmocka_unit_test(test_flush),
         cmocka_unit_test(test_chunked_prefill_beside_decodes),
         cmocka_unit_test(test_preemption_with_cache),
+        cmocka_unit_test(test_model_change_recomputes),
+        cmocka_unit_test(test_pins_shrink_the_context),
+        cmocka_unit_test(test_moved_tenant_stops_publishing),
         cmocka_unit_test(test_randomized_invariants),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
