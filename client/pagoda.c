@@ -133,6 +133,8 @@ int pagoda_client_set_api_key(pagoda_client *c, const char *api_key)
 
 void pagoda_client_set_timeout_ms(pagoda_client *c, uint32_t timeout_ms)
 {
+    if (timeout_ms > PAGODA_MAX_TIMEOUT_MS)
+        timeout_ms = PAGODA_MAX_TIMEOUT_MS;
     atomic_store(&c->timeout_ms, timeout_ms ? timeout_ms : 1);
 }
 

@@ -28,6 +28,9 @@
 #define PAGODA_POLL_WAIT_MS_MAX 30000u
 /* The default time a call may take beyond its poll wait (connecting included). */
 #define PAGODA_DEFAULT_TIMEOUT_MS 30000u
+/* The longest timeout a client takes (a day): with the waits added it still fits NNG's signed
+ * 32-bit milliseconds. */
+#define PAGODA_MAX_TIMEOUT_MS 86400000u
 /* The default time NNG's REQ waits for a call's reply beyond its poll wait before it sends the
  * call again: long enough that a busy router is not asked twice, short enough that a lost reply
  * costs little. pagoda_client_set_resend_ms clamps to the maximum. */
@@ -115,7 +118,8 @@ int pagoda_client_open(const char *url, pagoda_client **out);
 void pagoda_client_close(pagoda_client *c);
 
 /* Sets how long a call may take beyond its poll wait (default PAGODA_DEFAULT_TIMEOUT_MS, at
- * least 1). A call that runs out returns PAGODA_ETIMEDOUT. Not to be changed while calls run. */
+ * least 1, at most PAGODA_MAX_TIMEOUT_MS: larger values are capped). A call that runs out
+ * returns PAGODA_ETIMEDOUT. Not to be changed while calls run. */
 void pagoda_client_set_timeout_ms(pagoda_client *c, uint32_t timeout_ms);
 
 /* Sets how long a call waits for its reply, beyond its poll wait, before NNG's REQ sends it again

@@ -242,7 +242,7 @@ static int parse_admin_flag(struct admin_opts *o, int opt, const char *arg)
         o->group = arg;
         return 0;
     case OPT_TIMEOUT:
-        if ((rc = parse_i64("--timeout-ms", arg, 1, UINT32_MAX, &v)) == 0)
+        if ((rc = parse_i64("--timeout-ms", arg, 1, PAGODA_MAX_TIMEOUT_MS, &v)) == 0)
             o->timeout_ms = (uint32_t)v;
         return rc;
     default:

@@ -256,7 +256,7 @@ static int parse_flag(struct cli *o, int opt, const char *arg)
         o->json = 1;
         return 0;
     case OPT_TIMEOUT:
-        if ((rc = parse_i64("--timeout-ms", arg, 1, UINT32_MAX, &i)) == 0)
+        if ((rc = parse_i64("--timeout-ms", arg, 1, PAGODA_MAX_TIMEOUT_MS, &i)) == 0)
             o->timeout_ms = (uint32_t)i;
         return rc;
     default:
@@ -351,6 +351,7 @@ static int cmd_stats(pagoda_client *c, const struct cli *o)
     FIELD("prefix_query_tokens", "%llu", (unsigned long long)s.prefix_query_tokens);
     FIELD("prefix_hit_tokens", "%llu", (unsigned long long)s.prefix_hit_tokens);
     FIELD("evictions", "%llu", (unsigned long long)s.evictions);
+    FIELD("duplicate_submits", "%llu", (unsigned long long)s.duplicate_submits);
     FIELD("live_requests", "%u", s.live_requests);
     FIELD("finished_requests", "%u", s.finished_requests);
     FIELD("malformed_requests", "%llu", (unsigned long long)s.malformed_requests);

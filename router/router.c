@@ -1484,6 +1484,9 @@ static int check_config(const struct router_config *cfg)
                                                "is needed");
     if (cfg->listen_url == NULL)
         return pagoda_error_set(PAGODA_EINVAL, "router: no listen address");
+    if (cfg->admin_timeout_ms < 1 || cfg->admin_timeout_ms > ROUTER_MAX_ADMIN_TIMEOUT_MS)
+        return pagoda_error_set(PAGODA_ERANGE, "router: admin timeout %u ms, outside [1, %u]",
+                                cfg->admin_timeout_ms, ROUTER_MAX_ADMIN_TIMEOUT_MS);
     if (cfg->num_contexts < 1 || cfg->num_contexts > 65536)
         return pagoda_error_set(PAGODA_ERANGE, "router: %u contexts, outside [1, 65536]",
                                 cfg->num_contexts);

@@ -83,6 +83,10 @@
 #define ROUTER_DEFAULT_MAX_WAIT_MS 30000u
 #define ROUTER_DEFAULT_STATS_TIMEOUT_MS 2000u
 #define ROUTER_DEFAULT_ADMIN_TIMEOUT_MS 10000u
+/* The router must answer an admin call before libpagoda resends it (PAGODA_ADMIN_WAIT_MS, 15 s,
+ * plus the client's resend time): a resent unpin or flush would report the second call's
+ * outcome (ENOENT, 0 blocks) for a first that succeeded. */
+#define ROUTER_MAX_ADMIN_TIMEOUT_MS 15000u
 #define ROUTER_DEFAULT_DRAIN_TIMEOUT_MS 60000u
 
 /* A Submit without max_tokens generates this many tokens (vLLM's default). */

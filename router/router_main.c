@@ -150,7 +150,8 @@ static int parse_flag(int opt, const char *arg, struct router_config *cfg)
     case OPT_DRAIN_TIMEOUT:
         return parse_u32("--drain-timeout-ms", arg, 0, UINT32_MAX, &cfg->drain_timeout_ms);
     case OPT_ADMIN_TIMEOUT:
-        return parse_u32("--admin-timeout-ms", arg, 1, 600000, &cfg->admin_timeout_ms);
+        return parse_u32("--admin-timeout-ms", arg, 1, ROUTER_MAX_ADMIN_TIMEOUT_MS,
+                         &cfg->admin_timeout_ms);
     default:
         return pagoda_error_set(PAGODA_EINVAL, "unknown option (see --help)");
     }

@@ -66,9 +66,19 @@ static void assign_slots(struct router *r, const struct router_tenants *t, uint3
         r->slots[i].active = 0;
         r->slots[i].limit = 0;
     }
+    /* Names that have a slot first: otherwise a new name could take the free slot of a tenant
+     * listed later in the file, whose parked calls would then be answered as the newcomer's. */
+    for (uint32_t i = 0; i < t->count; i++) {
+        slot_of[i] = UINT32_MAX;
+        for (uint32_t k = 0; k < r->num_slots; k++)
+            if (strcmp(r->slots[k].name, t->tenants[i].name) == 0)
+                slot_of[i] = slot_for(r, t->tenants[i].name,
+                                      t->tenants[i].max_running + t->tenants[i].max_waiting);
+    }
     for (uint32_t i = 0; i < t->count; i++)
-        slot_of[i] =
-            slot_for(r, t->tenants[i].name, t->tenants[i].max_running + t->tenants[i].max_waiting);
+        if (slot_of[i] == UINT32_MAX)
+            slot_of[i] = slot_for(r, t->tenants[i].name,
+                                  t->tenants[i].max_running + t->tenants[i].max_waiting);
 }
 
 /* Takes the file's pins into pins (from_file), leaving t with none: the router's pin table is
@@ -205,8 +215,7 @@ int tenancy_set_pin(struct router *r, struct router_pin *pin, int *changed)
 {
     struct pin_state *old = tenancy_find_pin(r, pin->name);
     *changed = 0;
-    if (old != NULL && !old->from_file && same_tokens(&old->pin, pin) &&
-        same_tenants(&old->pin, pin)) {
+    if (old != NULL && same_tokens(&old->pin, pin) && same_tenants(&old->pin, pin)) {
         router_pin_fini(pin); /* a resent call: nothing to change */
         return 0;
     }

@@ -8,6 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
 static void free_strings(char **v, uint32_t n)
 {
     for (uint32_t i = 0; v != NULL && i < n; i++)
@@ -37,6 +40,7 @@ void router_tenants_free(struct router_tenants *t)
     free(t->pins);
     free_strings(t->admin_keys, t->num_admin_keys);
     free(t->by_name);
+    free(t->key_index);
     free(t);
 }
 
@@ -103,25 +107,55 @@ static int read_name(const char *origin, const char *what, const json_t *v, char
     return 0;
 }
 
+/* The slot of key in the index: its own, or the empty one where it would go. */
+static struct router_key_slot *key_slot(const struct router_tenants *t, const char *key)
+{
+    uint32_t mask = t->key_cap - 1;
+    for (uint32_t i = (uint32_t)XXH3_64bits(key, strlen(key)) & mask;; i = (i + 1) & mask)
+        if (t->key_index[i].key == NULL || strcmp(t->key_index[i].key, key) == 0)
+            return &t->key_index[i];
+}
+
+/* Adds key (owned by the file's strings) for owner; the caller checked it is new. */
+static int key_index_add(struct router_tenants *t, const char *key, int32_t owner)
+{
+    if (2 * (t->num_keys + 1) > t->key_cap) {
+        uint32_t cap = t->key_cap ? 2 * t->key_cap : 64;
+        struct router_key_slot *old = t->key_index;
+        uint32_t old_cap = t->key_cap;
+        if ((t->key_index = calloc(cap, sizeof(*t->key_index))) == NULL) {
+            t->key_index = old;
+            return PAGODA_ENOMEM;
+        }
+        t->key_cap = cap;
+        for (uint32_t i = 0; i < old_cap; i++)
+            if (old[i].key != NULL)
+                *key_slot(t, old[i].key) = old[i];
+        free(old);
+    }
+    *key_slot(t, key) = (struct router_key_slot){key, owner};
+    t->num_keys++;
+    return 0;
+}
+
+static const struct router_key_slot *key_find(const struct router_tenants *t, const char *key)
+{
+    if (t == NULL || key == NULL || t->key_cap == 0)
+        return NULL;
+    const struct router_key_slot *s = key_slot(t, key);
+    return s->key != NULL ? s : NULL;
+}
+
 const struct router_tenant *router_tenants_find_key(const struct router_tenants *t, const char *key)
 {
-    if (t == NULL || key == NULL)
-        return NULL;
-    for (uint32_t i = 0; i < t->count; i++)
-        for (uint32_t k = 0; k < t->tenants[i].num_api_keys; k++)
-            if (t->tenants[i].api_keys[k] != NULL && strcmp(t->tenants[i].api_keys[k], key) == 0)
-                return &t->tenants[i];
-    return NULL;
+    const struct router_key_slot *s = key_find(t, key);
+    return s != NULL && s->owner >= 0 ? &t->tenants[s->owner] : NULL;
 }
 
 int router_tenants_is_admin_key(const struct router_tenants *t, const char *key)
 {
-    if (t == NULL || key == NULL)
-        return 0;
-    for (uint32_t i = 0; i < t->num_admin_keys; i++)
-        if (strcmp(t->admin_keys[i], key) == 0)
-            return 1;
-    return 0;
+    const struct router_key_slot *s = key_find(t, key);
+    return s != NULL && s->owner < 0;
 }
 
 const struct router_tenant *router_tenants_find(const struct router_tenants *t, const char *name)
@@ -203,7 +237,7 @@ nomem:
 /* A key (API or admin): a non-empty string of at most ROUTER_TENANT_KEY_MAX bytes, unique in
  * the file so far. Never echoed, even in an error: a key is a secret. */
 static int read_key(const char *origin, const char *what, size_t k, const json_t *kv,
-                    const struct router_tenants *t, char **out)
+                    struct router_tenants *t, int32_t owner, char **out)
 {
     if (!json_is_string(kv) || json_string_length(kv) == 0 ||
         json_string_length(kv) > ROUTER_TENANT_KEY_MAX ||
@@ -212,11 +246,16 @@ static int read_key(const char *origin, const char *what, size_t k, const json_t
                                 "%s: %s[%zu] must be a non-empty string of at most %u bytes",
                                 origin, what, k, ROUTER_TENANT_KEY_MAX);
     const char *key = json_string_value(kv);
-    if (router_tenants_find_key(t, key) != NULL || router_tenants_is_admin_key(t, key))
+    if (key_find(t, key) != NULL)
         return pagoda_error_set(PAGODA_EEXIST, "%s: %s[%zu] is used twice in the file", origin,
                                 what, k);
     if ((*out = strdup(key)) == NULL)
         return PAGODA_ENOMEM;
+    if (key_index_add(t, *out, owner) != 0) {
+        free(*out);
+        *out = NULL;
+        return PAGODA_ENOMEM;
+    }
     return 0;
 }
 
@@ -280,7 +319,8 @@ static int parse_tenant(const char *origin, uint32_t i, const json_t *obj, struc
         return PAGODA_ENOMEM;
     snprintf(what, sizeof(what), "tenants[%u].api_keys", i);
     for (size_t k = 0; k < n; k++) {
-        if ((rc = read_key(origin, what, k, json_array_get(keys, k), t, &tn->api_keys[k])) != 0)
+        if ((rc = read_key(origin, what, k, json_array_get(keys, k), t, (int32_t)i,
+                           &tn->api_keys[k])) != 0)
             return rc;
         tn->num_api_keys++;
     }
@@ -470,7 +510,7 @@ static int parse_root(const char *origin, const json_t *root, struct router_tena
             return rc;
     }
     for (size_t i = 0; i < na; i++) {
-        if ((rc = read_key(origin, "admin_keys", i, json_array_get(admin, i), t,
+        if ((rc = read_key(origin, "admin_keys", i, json_array_get(admin, i), t, -1,
                            &t->admin_keys[i])) != 0)
             return rc;
         t->num_admin_keys++;

@@ -83,6 +83,13 @@ struct router_tenants {
     char **admin_keys;
     uint32_t num_admin_keys;
     uint32_t *by_name; /* tenant indexes sorted by name, for router_tenants_find */
+    /* Every key (API and admin), hashed: open addressing, a power of two of slots at most half
+     * full; owner is the tenant's index, or -1 for an admin key. */
+    struct router_key_slot {
+        const char *key; /* NULL: empty */
+        int32_t owner;
+    } * key_index;
+    uint32_t key_cap, num_keys;
 };
 
 /* Parses a tenants document of len bytes; origin names it in errors (a path). On success *out
@@ -98,7 +105,7 @@ int router_tenants_parse(const char *json, size_t len, const char *origin,
  * Errors: those of router_tenants_parse, PAGODA_ENOENT and PAGODA_EIO. */
 int router_tenants_load(const char *path, struct router_tenants **out);
 
-/* The tenant whose keys include key, or NULL. */
+/* The tenant whose keys include key, or NULL (a hash lookup). */
 const struct router_tenant *router_tenants_find_key(const struct router_tenants *t,
                                                     const char *key);
 
