@@ -830,7 +830,11 @@ static void on_child_closed(uv_handle_t *h)
         return;
     case PHASE_STARTING:
     case PHASE_RUNNING:
-        if (c->spawn_error == 0 && c->term_signal == 0 &&
+        /* "Cannot run as configured" stops a group that is starting; once it has served, the
+         * same status can be passing (a restarted worker that found the GPU memory of the one
+         * it replaces not yet released): restart with back-off, whose crash-loop limit stops a
+         * failure that persists. */
+        if (sup->phase == PHASE_STARTING && c->spawn_error == 0 && c->term_signal == 0 &&
             c->exit_status == RESTART_POLICY_EXIT_CANNOT_RUN) {
             log_error("%s (pid %d) cannot run as configured (exit status %d, see %s/%s.log); not "
                       "restarting it: stopping the group",

@@ -496,9 +496,9 @@ static int64_t now_ms(void)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-static int set_io_timeouts(int fd)
+static int set_io_timeouts(int fd, int ms)
 {
-    struct timeval tv = {KV_CUDA_IO_TIMEOUT_MS / 1000, (KV_CUDA_IO_TIMEOUT_MS % 1000) * 1000};
+    struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
     if (setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) != 0 ||
         setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) != 0)
         return pagoda_error_set(PAGODA_EIO, "setsockopt (timeouts): %s", strerror(errno));
@@ -641,7 +641,7 @@ int kv_cuda_pool_import(const char *socket_path, int64_t worker_id,
         .pool_id = expected->pool_id,
     };
     if ((rc = connect_server(socket_path, wait_ms, &sock)) != 0 ||
-        (rc = set_io_timeouts(sock)) != 0 ||
+        (rc = set_io_timeouts(sock, KV_CUDA_IO_TIMEOUT_MS)) != 0 ||
         (rc = exchange(sock, &req, &reply, fds, &num_fds)) != 0)
         goto out;
     if (reply.error_code != 0) {
@@ -780,7 +780,7 @@ static void serve_one(struct kv_cuda_server *s, int conn)
                (int)cred.pid, (unsigned)cred.uid, (unsigned)geteuid());
         return;
     }
-    if (set_io_timeouts(conn) != 0) {
+    if (set_io_timeouts(conn, KV_CUDA_SERVER_IO_TIMEOUT_MS) != 0) {
         log_warn("%s", pagoda_error_detail());
         return;
     }

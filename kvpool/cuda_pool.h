@@ -45,8 +45,11 @@
 /* The largest chunk by default; a pool larger than KV_CUDA_MAX_CHUNKS of them uses larger
  * chunks. */
 #define KV_CUDA_CHUNK_BYTES_DEFAULT (UINT64_C(2) << 30)
-/* How long the server and an importer wait on a peer's send or receive. */
+/* How long an importer waits on the server's send or receive, and the server on a peer's:
+ * shorter, since the server serves one peer at a time, so that a silent peer cannot make the
+ * importers queued behind it run out of time (and stop holds a shutdown up no longer). */
 #define KV_CUDA_IO_TIMEOUT_MS 2000
+#define KV_CUDA_SERVER_IO_TIMEOUT_MS 300
 
 struct kv_cuda_pool;
 

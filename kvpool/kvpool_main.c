@@ -2,7 +2,8 @@
  *
  *   pagoda-kvpool --run-dir DIR --model MODEL_DIR [--block-size 16]
  *                 [--kv-blocks N | --kv-bytes B] [--backend cpu|cuda] [--device 0]
- *                 [--reserve-bytes B] [--log-level info]
+ *                 [--reserve-bytes B] [--max-batched-tokens N] [--max-seqs N]
+ *                 [--log-level info]
  *
  * It reads MODEL_DIR/config.json for the pool's shape (layers, KV heads, head dim), creates the
  * pool, answers every KvpoolRequest on ipc://DIR/kvpool.ipc with the pool's geometry, and pushes
@@ -19,7 +20,8 @@
  * sees the GPU's free memory just before it allocates: without --kv-blocks or --kv-bytes it
  * takes what the GPU has free (measured once this process's CUDA context exists) minus the
  * model's weights as the CUDA backend stores them (bf16, worker/cuda_budget.h) minus a reserve
- * for the worker: its activations at the worker's default step limits, CUDA_BUDGET_RESERVE_BYTES
+ * for the worker: its activations at its step limits (--max-batched-tokens, --max-seqs: give the
+ * worker's; the worker's defaults when absent), CUDA_BUDGET_RESERVE_BYTES
  * (cuBLAS workspaces, attention plan, sampler) and CUDA_BUDGET_CONTEXT_BYTES (the worker's own
  * CUDA context). --reserve-bytes replaces that reserve (for workers started with larger
  * limits, or several workers on one GPU). An explicit size that leaves the worker too little is
@@ -97,7 +99,8 @@ struct opts {
     int kv_bytes_set;
     const char *backend; /* "cpu" or "cuda" */
     int device;
-    uint64_t reserve_bytes; /* 0: computed (see the file comment) */
+    uint64_t reserve_bytes;       /* 0: computed (see the file comment) */
+    int64_t max_tokens, max_seqs; /* the worker's step limits, for that reserve */
 };
 
 struct server;
@@ -125,7 +128,8 @@ static void usage(FILE *f)
 {
     fprintf(f, "usage: pagoda-kvpool --run-dir DIR --model MODEL_DIR [--block-size 16]\n"
                "                     [--kv-blocks N | --kv-bytes B] [--backend cpu|cuda]\n"
-               "                     [--device 0] [--reserve-bytes B]\n"
+               "                     [--device 0] [--reserve-bytes B] [--max-batched-tokens N]\n"
+               "                     [--max-seqs N]\n"
                "                     [--log-level debug|info|warn|error]\n"
                "Creates the KV pool for the model and serves its geometry on\n"
                "ipc://DIR/kvpool.ipc until SIGTERM, which removes the pool.\n"
@@ -133,7 +137,8 @@ static void usage(FILE *f)
                "--backend cuda: bf16 on GPU --device (CUDA VMM, descriptors on\n"
                "DIR/" KVPOOL_FDS_SOCKET "); by default the GPU's free memory minus the model's\n"
                "weights and a reserve for the worker (--reserve-bytes; default: activations at\n"
-               "the worker's default limits, 512 MiB of workspaces and 1 GiB for its context).\n");
+               "the worker's step limits, --max-batched-tokens (2048) and --max-seqs (256),\n"
+               "512 MiB of workspaces and 1 GiB for its context).\n");
 }
 
 static int fail_msg(int rc)
@@ -224,8 +229,7 @@ static int gpu_size(struct opts *o, const struct model_config *c, struct gpu_bud
     b->weight_bytes = cuda_budget_weight_bytes(c);
     b->reserve_bytes = o->reserve_bytes != 0
                            ? o->reserve_bytes
-                           : cuda_budget_activation_bytes(c, CUDA_BUDGET_DEFAULT_MAX_TOKENS,
-                                                          CUDA_BUDGET_DEFAULT_MAX_SEQS) +
+                           : cuda_budget_activation_bytes(c, o->max_tokens, o->max_seqs) +
                                  CUDA_BUDGET_RESERVE_BYTES + CUDA_BUDGET_CONTEXT_BYTES;
     log_info("GPU %d: %.0f MiB free of %.0f MiB; the model's weights take %.0f MiB, the "
              "worker's reserve %.0f MiB",
@@ -478,6 +482,8 @@ enum {
     OPT_BACKEND,
     OPT_DEVICE,
     OPT_RESERVE_BYTES,
+    OPT_MAX_TOKENS,
+    OPT_MAX_SEQS,
 };
 
 /* Returns 0, 2 for a usage error (after printing it), or 3 for --help. */
@@ -493,6 +499,8 @@ static int parse_args(int argc, char **argv, struct opts *o)
         {"backend", required_argument, NULL, OPT_BACKEND},
         {"device", required_argument, NULL, OPT_DEVICE},
         {"reserve-bytes", required_argument, NULL, OPT_RESERVE_BYTES},
+        {"max-batched-tokens", required_argument, NULL, OPT_MAX_TOKENS},
+        {"max-seqs", required_argument, NULL, OPT_MAX_SEQS},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -544,6 +552,14 @@ static int parse_args(int argc, char **argv, struct opts *o)
                 0)
                 o->reserve_bytes = (uint64_t)v;
             break;
+        case OPT_MAX_TOKENS:
+            if ((rc = parse_i64("--max-batched-tokens", optarg, 1, 1 << 20, &v)) == 0)
+                o->max_tokens = v;
+            break;
+        case OPT_MAX_SEQS:
+            if ((rc = parse_i64("--max-seqs", optarg, 1, 65536, &v)) == 0)
+                o->max_seqs = v;
+            break;
         case 'h':
             usage(stdout);
             return 3;
@@ -582,6 +598,8 @@ int main(int argc, char **argv)
         .block_size = KV_BLOCK_SIZE_DEFAULT,
         .kv_bytes = KVPOOL_DEFAULT_KV_BYTES,
         .backend = "cpu",
+        .max_tokens = CUDA_BUDGET_DEFAULT_MAX_TOKENS,
+        .max_seqs = CUDA_BUDGET_DEFAULT_MAX_SEQS,
     };
     log_set_name("kvpool");
     int status = parse_args(argc, argv, &o);

@@ -742,16 +742,25 @@ static void test_crash_loop_stops_the_group(void **state)
     assert_false(file_exists(f->run, "ready"));
 }
 
-/* A worker that exits with RESTART_POLICY_EXIT_CANNOT_RUN (a GPU worker whose weights do not
- * fit beside the pool) is not restarted: the group stops at once, saying why. */
+/* A worker that exits with RESTART_POLICY_EXIT_CANNOT_RUN while the group starts (a GPU worker
+ * whose weights do not fit beside the pool) is not restarted: the group stops at once, saying
+ * why. */
 static void test_cannot_run_exit_stops_the_group(void **state)
 {
     struct fx *f = *state;
     char code[16];
     snprintf(code, sizeof(code), "%d", RESTART_POLICY_EXIT_CANNOT_RUN);
-    const char *extra[] = {
-        "--worker-arg", "--crash-after-ms", "--worker-arg", "300", "--worker-arg",
-        "--crash-code", "--worker-arg",     code,           NULL};
+    const char *extra[] = {"--worker-arg",
+                           "--never-ready",
+                           "--worker-arg",
+                           "--crash-after-ms",
+                           "--worker-arg",
+                           "300",
+                           "--worker-arg",
+                           "--crash-code",
+                           "--worker-arg",
+                           code,
+                           NULL};
     start_sup(f, extra);
     assert_true(wait_sup(f, 12000));
     assert_int_equal(f->sup_exit, 1);
@@ -762,6 +771,35 @@ static void test_cannot_run_exit_stops_the_group(void **state)
     assert_int_equal(count_ev(evs, n, "start", "worker-0"), 1);
     assert_true(find_ev(evs, n, "exit", "kvpool", 0) > find_ev(evs, n, "exit", "scheduler", 0));
     assert_false(file_exists(f->run, "supervisor.pid"));
+}
+
+/* The same status from a worker of a group that already serves (a restarted GPU worker that
+ * found its predecessor's memory not yet released) is restarted like any exit. */
+static void test_cannot_run_exit_after_start_is_restarted(void **state)
+{
+    struct fx *f = *state;
+    char code[16], marker[160];
+    snprintf(code, sizeof(code), "%d", RESTART_POLICY_EXIT_CANNOT_RUN);
+    snprintf(marker, sizeof(marker), "%s/crashed", f->root);
+    const char *extra[] = {"--worker-arg",
+                           "--crash-once",
+                           "--worker-arg",
+                           marker,
+                           "--worker-arg",
+                           "--crash-after-ms",
+                           "--worker-arg",
+                           "200",
+                           "--worker-arg",
+                           "--crash-code",
+                           "--worker-arg",
+                           code,
+                           NULL};
+    start_sup(f, extra);
+    struct ev *evs = events;
+    assert_true(wait_ev(f, evs, "ready", "worker-0", 2, 10000));
+    assert_int_equal(waitpid(f->sup, NULL, WNOHANG), 0); /* still supervising */
+    int n = load_events(f, evs);
+    assert_int_equal(count_ev(evs, n, "start", "worker-0"), 2);
 }
 
 static void test_hung_report_kills_that_worker(void **state)
@@ -878,6 +916,8 @@ int main(int argc, char **argv)
                                         teardown),
         cmocka_unit_test_setup_teardown(test_crash_loop_stops_the_group, setup, teardown),
         cmocka_unit_test_setup_teardown(test_cannot_run_exit_stops_the_group, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_cannot_run_exit_after_start_is_restarted, setup,
+                                        teardown),
         cmocka_unit_test_setup_teardown(test_hung_report_kills_that_worker, setup, teardown),
         cmocka_unit_test_setup_teardown(test_sigterm_drains_in_order, setup, teardown),
         cmocka_unit_test_setup_teardown(test_stuck_program_is_killed_after_the_stop_timeout, setup,
