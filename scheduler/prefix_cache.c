@@ -529,6 +529,12 @@ static int check_entry(const struct pc_entry *e, int32_t *refs, int32_t num_bloc
         return -1;
     }
     refs[e->block]++;
+    /* What is in use hangs under what is in use: every LRU entry can go once its unused
+     * descendants went before it (so the evictable count is true). */
+    if (!unused(e) && e->parent_entry != NULL && unused(e->parent_entry)) {
+        *why = "an entry in use or pinned under an unused parent";
+        return -1;
+    }
     if (e->in_lru != (unused(e) && !e->detached)) {
         *why = "an entry is in the LRU exactly when unused and not detached: broken";
         return -1;

@@ -85,14 +85,14 @@
  * holding its last token. Hits join its table as computed tokens (shared, read-only), and the
  * first admission's hit counts as usage.cached_tokens (min(hit tokens, prompt tokens), on every
  * TokenEvent). After a step is acknowledged, the full blocks it completed are published in the
- * sequence's namespace (a block whose key is cached already stays private; one whose parent
- * is not cached is not published). Admission counts evictable cached blocks as available;
- * allocation evicts (prefix_cache_evict_one) before it preempts. A sequence that ends or is
- * preempted drops its references on cached blocks at once (no step writes them) and fences the
- * rest. Before a step is sent, every block it writes is checked to be neither cached nor
- * shared: a violation is a bug, logged, and the scheduler aborts (the supervisor restarts it).
- * The root key covers the worker's model fingerprint (Hello) and the pool's dtype; a new
- * fingerprint flushes the cache and recomputes the pins.
+ * sequence's namespace (a block whose key is cached already stays private, and so do the
+ * blocks after it: a block is published only under a parent entry the sequence holds). Admission
+ * counts evictable cached blocks as available; allocation evicts (prefix_cache_evict_one) before it
+ * preempts. A sequence that ends or is preempted drops its references on cached blocks at once (no
+ * step writes them) and fences the rest. Before a step is sent, every block it writes is checked to
+ * be neither cached nor shared: a violation is a bug, logged, and the scheduler aborts (the
+ * supervisor restarts it). The root key covers the worker's model fingerprint (Hello) and the
+ * pool's dtype; a new fingerprint flushes the cache and recomputes the pins.
  *
  * Tenancy (the router's Policy, internal.proto): namespaces and their quotas, each tenant's
  * namespace, cap on running sequences (admission passes over a tenant at its cap) and readable

@@ -293,15 +293,14 @@ void cache_publish(struct scheduler *s, struct seq *q)
         /* A block whose contents are cached already stays private. */
         if (prefix_cache_lookup(s->pc, ns, q->keys[i], parent, tok) != NULL)
             continue;
-        struct pc_entry *up = NULL;
-        if (i > 0) {
-            up = q->entries[i - 1];
-            if (up == NULL)
-                up = prefix_cache_lookup(s->pc, block_ns(q, i - 1), q->keys[i - 1],
-                                         parent_key(s, q, i - 1), tok - s->block_size);
-            if (up == NULL)
-                continue; /* its parent is not cached: no lookup could reach it */
-        }
+        /* Only under a parent this sequence holds: what is in use then always hangs under what
+         * is in use, so an unused entry never has a child in use and every entry in an LRU can
+         * be evicted (leaves first); the evictable count admission relies on stays true. A
+         * block after one kept private (its key was cached meanwhile by another sequence)
+         * stays private too. */
+        struct pc_entry *up = i > 0 ? q->entries[i - 1] : NULL;
+        if (i > 0 && up == NULL)
+            continue;
         q->entries[i] =
             prefix_cache_insert(s->pc, ns, up, q->keys[i], parent, tok, q->table.ids[i]);
     }
