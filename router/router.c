@@ -3,6 +3,7 @@
 #include "router/tenants.h"
 
 #include "common/error.h"
+#include "common/list.h"
 #include "common/log.h"
 #include "proto/internal.pb-c.h"
 #include "proto/pagoda.pb-c.h"
@@ -75,31 +76,7 @@ static uint64_t random_u64(void)
     return v;
 }
 
-static void list_push(struct req_list *l, struct request *q)
-{
-    q->next = NULL;
-    q->prev = l->tail;
-    if (l->tail)
-        l->tail->next = q;
-    else
-        l->head = q;
-    l->tail = q;
-    l->count++;
-}
-
-static void list_remove(struct req_list *l, struct request *q)
-{
-    if (q->prev)
-        q->prev->next = q->next;
-    else
-        l->head = q->next;
-    if (q->next)
-        q->next->prev = q->prev;
-    else
-        l->tail = q->prev;
-    q->prev = q->next = NULL;
-    l->count--;
-}
+PAGODA_LIST_DEFINE(list, struct req_list, struct request)
 
 /* ---- the registry -------------------------------------------------------------------------- */
 
@@ -564,7 +541,7 @@ static void finish_request(struct router *r, struct request *q, Pagoda__FinishRe
     if (error_message != NULL)
         q->error_message = strdup(error_message);
     set_pending(r, q, &q->need_submit, 0);
-    list_push(&r->finished, q);
+    list_push_back(&r->finished, q);
     wake_waiters(q);
 }
 
@@ -659,7 +636,7 @@ static struct request *adopt_request(struct router *r, const Pagoda__Internal__T
         r->alias_buckets[b] = q;
         q->aliased = 1;
     }
-    list_push(&r->live, q);
+    list_push_back(&r->live, q);
     r->slots[tenant].live++;
     tenancy_ref(r, tenant);
     log_debug("request %s registered from the scheduler's announcement", hex);
@@ -1032,7 +1009,7 @@ static void handle_submit(struct router *r, struct rctx *c, uint32_t tenant,
     size_t b = bucket_of(r, q->sched_id);
     q->hash_next = r->buckets[b];
     r->buckets[b] = q;
-    list_push(&r->live, q);
+    list_push_back(&r->live, q);
     r->slots[tenant].live++;
     tenancy_ref(r, tenant);
     set_pending(r, q, &q->need_submit, 1);

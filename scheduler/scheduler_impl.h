@@ -4,6 +4,7 @@
 #ifndef PAGODA_SCHEDULER_SCHEDULER_IMPL_H
 #define PAGODA_SCHEDULER_SCHEDULER_IMPL_H
 
+#include "common/list.h"
 #include "kernels/cpu/sampler.h"
 #include "scheduler/block_manager.h"
 #include "scheduler/prefix_cache.h"
@@ -76,43 +77,7 @@ struct seq_list {
     uint32_t count;
 };
 
-static inline void list_remove(struct seq_list *l, struct seq *q)
-{
-    if (q->prev)
-        q->prev->next = q->next;
-    else
-        l->head = q->next;
-    if (q->next)
-        q->next->prev = q->prev;
-    else
-        l->tail = q->prev;
-    q->prev = q->next = NULL;
-    l->count--;
-}
-
-static inline void list_push_back(struct seq_list *l, struct seq *q)
-{
-    q->next = NULL;
-    q->prev = l->tail;
-    if (l->tail)
-        l->tail->next = q;
-    else
-        l->head = q;
-    l->tail = q;
-    l->count++;
-}
-
-static inline void list_push_front(struct seq_list *l, struct seq *q)
-{
-    q->prev = NULL;
-    q->next = l->head;
-    if (l->head)
-        l->head->prev = q;
-    else
-        l->tail = q;
-    l->head = q;
-    l->count++;
-}
+PAGODA_LIST_DEFINE(list, struct seq_list, struct seq)
 
 /* A bounded list of seq ids for the next step (finished, preempted). */
 struct id_list {
