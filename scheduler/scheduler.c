@@ -177,6 +177,14 @@ static void send_worker(struct scheduler *s, uint32_t worker_id, Pagoda__Interna
     s->io.to_worker(s->io.ctx, worker_id, m);
 }
 
+static void send_supervisor(struct scheduler *s, Pagoda__Internal__Control *ctl)
+{
+    ctl->has_protocol_version = 1;
+    ctl->protocol_version = WIRE_PROTOCOL_VERSION;
+    ctl->sender = "scheduler";
+    s->io.to_supervisor(s->io.ctx, ctl);
+}
+
 void send_router(struct scheduler *s, Pagoda__Internal__ToRouter *m)
 {
     m->has_protocol_version = 1;
@@ -186,21 +194,25 @@ void send_router(struct scheduler *s, Pagoda__Internal__ToRouter *m)
     s->io.to_router(s->io.ctx, m);
 }
 
-static void send_events(struct scheduler *s, Pagoda__Internal__TokenEvent **events, size_t n)
+/* Sends n events in one message; announce_done marks the last message of an announcement. */
+static void send_events_msg(struct scheduler *s, Pagoda__Internal__TokenEvent **events, size_t n,
+                            bool announce_done)
 {
-    if (n == 0)
-        return;
     Pagoda__Internal__TokenEvents evs = PAGODA__INTERNAL__TOKEN_EVENTS__INIT;
     evs.n_events = n;
     evs.events = events;
+    evs.has_announce_done = announce_done;
+    evs.announce_done = announce_done;
     Pagoda__Internal__ToRouter m = PAGODA__INTERNAL__TO_ROUTER__INIT;
-    m.has_protocol_version = 1;
-    m.protocol_version = WIRE_PROTOCOL_VERSION;
-    m.has_epoch = 1;
-    m.epoch = s->cfg.epoch;
     m.msg_case = PAGODA__INTERNAL__TO_ROUTER__MSG_EVENTS;
     m.events = &evs;
-    s->io.to_router(s->io.ctx, &m);
+    send_router(s, &m);
+}
+
+static void send_events(struct scheduler *s, Pagoda__Internal__TokenEvent **events, size_t n)
+{
+    if (n > 0)
+        send_events_msg(s, events, n, false);
 }
 
 /* Sends one event that ends a request: reason, with error (0 or a PAGODA_E* code and a
@@ -933,12 +945,9 @@ static void on_resync_done(struct scheduler *s, const Pagoda__Internal__ResyncDo
     if (!s->ready_sent) {
         s->ready_sent = true;
         Pagoda__Internal__Control ctl = PAGODA__INTERNAL__CONTROL__INIT;
-        ctl.has_protocol_version = 1;
-        ctl.protocol_version = WIRE_PROTOCOL_VERSION;
         ctl.has_ready = 1;
         ctl.ready = 1;
-        ctl.sender = "scheduler";
-        s->io.to_supervisor(s->io.ctx, &ctl);
+        send_supervisor(s, &ctl);
     }
     try_step(s, now_ms);
 }
@@ -1152,13 +1161,9 @@ static void on_stats_request(struct scheduler *s, const Pagoda__Internal__StatsR
     ps.evictions = st.evictions;
     ps.pinned_blocks = st.pinned_blocks;
     Pagoda__Internal__ToRouter r = PAGODA__INTERNAL__TO_ROUTER__INIT;
-    r.has_protocol_version = 1;
-    r.protocol_version = WIRE_PROTOCOL_VERSION;
-    r.has_epoch = 1;
-    r.epoch = s->cfg.epoch;
     r.msg_case = PAGODA__INTERNAL__TO_ROUTER__MSG_STATS;
     r.stats = &ps;
-    s->io.to_router(s->io.ctx, &r);
+    send_router(s, &r);
 }
 
 static void announce_fill(Pagoda__Internal__TokenEvent *ev, struct seq *q)
@@ -1199,19 +1204,7 @@ static void announce_fill(Pagoda__Internal__TokenEvent *ev, struct seq *q)
 /* Sends an announcement message: events, and announce_done on the last one. */
 static void announce_send(struct scheduler *s, size_t n, bool done)
 {
-    Pagoda__Internal__TokenEvents evs = PAGODA__INTERNAL__TOKEN_EVENTS__INIT;
-    evs.n_events = n;
-    evs.events = s->ev_ptrs;
-    evs.has_announce_done = done;
-    evs.announce_done = done;
-    Pagoda__Internal__ToRouter m = PAGODA__INTERNAL__TO_ROUTER__INIT;
-    m.has_protocol_version = 1;
-    m.protocol_version = WIRE_PROTOCOL_VERSION;
-    m.has_epoch = 1;
-    m.epoch = s->cfg.epoch;
-    m.msg_case = PAGODA__INTERNAL__TO_ROUTER__MSG_EVENTS;
-    m.events = &evs;
-    s->io.to_router(s->io.ctx, &m);
+    send_events_msg(s, s->ev_ptrs, n, done);
 }
 
 /* RouterHello: announces every request held (waiting, running, and the recently ended), in
@@ -1296,13 +1289,10 @@ void scheduler_tick(struct scheduler *s, int64_t now_ms)
             log_error("worker 0 (pid %d) silent for %lld ms while owing an answer: hung",
                       (int)w->pid, (long long)(now_ms - quiet_since));
             Pagoda__Internal__Control ctl = PAGODA__INTERNAL__CONTROL__INIT;
-            ctl.has_protocol_version = 1;
-            ctl.protocol_version = WIRE_PROTOCOL_VERSION;
             ctl.has_hung_worker_id = ctl.has_hung_worker_pid = 1;
             ctl.hung_worker_id = 0;
             ctl.hung_worker_pid = w->pid;
-            ctl.sender = "scheduler";
-            s->io.to_supervisor(s->io.ctx, &ctl);
+            send_supervisor(s, &ctl);
         }
         if (now_ms - sent >= result_timeout(s)) {
             s->stats.result_timeouts++;
