@@ -8,6 +8,8 @@
 # received and the router's usage), percentiles ordered and equal to an independent
 # recomputation, failures counted with their reason. No timing is asserted.
 set -euo pipefail
+# shellcheck source=tests/check.sh
+. "$(dirname "$0")/../check.sh"
 
 bin_dir=$(cd "${1:?usage: test_pagoda_bench.sh BINDIR}" && pwd -P)
 src=${PAGODA_SOURCE_DIR:-$(cd "$(dirname "$0")/../.." && pwd -P)}
@@ -23,19 +25,6 @@ cleanup() {
 }
 trap cleanup EXIT
 
-passed=0
-failed=0
-check() { # name command...
-    local name=$1
-    shift
-    if "$@"; then
-        passed=$((passed + 1))
-        echo "ok: $name"
-    else
-        failed=$((failed + 1))
-        echo "FAIL: $name"
-    fi
-}
 # jq_true FILE FILTER: the filter yields true on the file (slurped when it is JSON lines).
 jq_true() { [ "$(jq -e "$2" "$1" 2>/dev/null)" = true ]; }
 jqs_true() { [ "$(jq -s -e "$2" "$1" 2>/dev/null)" = true ]; }
@@ -71,8 +60,7 @@ up_timeout=$((60 * scale))
 check "pagoda-up starts the group with the tenants file (exit $rc)" [ "$rc" = 0 ]
 if [ "$rc" != 0 ]; then
     cat "$tmp/up.err"
-    echo "$passed passed, $failed failed"
-    exit 1
+    check_summary || exit 1
 fi
 
 bench() { # NAME args...: runs pagoda-bench, JSON in $tmp/NAME.json, records in $tmp/NAME.jsonl
@@ -241,5 +229,4 @@ if [ "$failed" != 0 ]; then
         tail -n 20 "$f"
     done
 fi
-echo "$passed passed, $failed failed"
-[ "$failed" = 0 ]
+check_summary

@@ -12,6 +12,8 @@
 #    and the memory is back.
 # Prints a line per check and "N passed, M failed"; exits 77 when there is no CUDA device.
 set -uo pipefail
+# shellcheck source=tests/check.sh
+. "$(dirname "$0")/../check.sh"
 build=$(cd "${1:?usage: group_gpu.sh BUILD_DIR}" && pwd -P)
 root=$(cd "$(dirname "$0")/../.." && pwd -P)
 bin=$build/bin
@@ -23,7 +25,6 @@ if [ ! -x "$meminfo" ] || ! "$meminfo" >/dev/null 2>&1; then
     exit 77
 fi
 tmp=$(mktemp -d /tmp/pagoda-gpu-XXXXXX)
-passed=0 failed=0
 cleanup() {
     for r in "$tmp"/run*; do
         [ -d "$r" ] && "$root/deploy/pagoda-down" --run-dir "$r" --timeout 60 >/dev/null 2>&1
@@ -31,17 +32,6 @@ cleanup() {
     rm -rf -- "$tmp"
 }
 trap cleanup EXIT
-check() { # check DESCRIPTION COMMAND...
-    local what=$1
-    shift
-    if "$@"; then
-        passed=$((passed + 1))
-        echo "ok   $what"
-    else
-        failed=$((failed + 1))
-        echo "FAIL $what"
-    fi
-}
 free_bytes() { "$meminfo" | cut -d' ' -f1; }
 mib() { echo $(($1 >> 20)); }
 # Waits up to 30 s for the free memory to be back at $1 (within the tolerance); prints it.
@@ -126,5 +116,4 @@ after=$(wait_back "$before")
 check "the memory is back after the refusal: $(mib "$after") MiB free, $(mib "$before") before" \
     [ $((after + tolerance)) -ge "$before" ]
 
-echo "$passed passed, $failed failed"
-[ "$failed" = 0 ]
+check_summary

@@ -6,6 +6,8 @@
 # The group listens on a private ipc:// address in a temporary dir, so it never collides with a
 # group on the default TCP port.
 set -euo pipefail
+# shellcheck source=tests/check.sh
+. "$(dirname "$0")/../check.sh"
 
 bin_dir=$(cd "${1:?usage: test_deploy.sh BINDIR}" && pwd -P)
 src=${PAGODA_SOURCE_DIR:-$(cd "$(dirname "$0")/../.." && pwd -P)}
@@ -20,19 +22,6 @@ cleanup() {
 }
 trap cleanup EXIT
 
-passed=0
-failed=0
-check() { # name command...
-    local name=$1
-    shift
-    if "$@"; then
-        passed=$((passed + 1))
-        echo "ok: $name"
-    else
-        failed=$((failed + 1))
-        echo "FAIL: $name"
-    fi
-}
 
 # The pids of pagoda-* processes with an argument equal to the run dir.
 group_pids() {
@@ -126,5 +115,4 @@ if [ "$failed" != 0 ]; then
         tail -n 20 "$f"
     done
 fi
-echo "$passed passed, $failed failed"
-[ "$failed" = 0 ]
+check_summary

@@ -11,8 +11,8 @@ info=$bin/pagoda-model-info
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
-passed=0
-failed=0
+# shellcheck source=tests/check.sh
+. "$(dirname "$0")/../check.sh"
 ok() {
     passed=$((passed + 1))
     echo "ok   $1"
@@ -373,5 +373,4 @@ cp "$tmp/llama-tie-false/config.json" "$tmp/empty/"
 expect_load_error empty model.safetensors
 expect_load_error does-not-exist config.json
 
-echo "$passed passed, $failed failed"
-[[ $failed -eq 0 ]]
+check_summary

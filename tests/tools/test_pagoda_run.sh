@@ -5,25 +5,14 @@
 # (each refused with a message naming it and a non-zero exit, never a crash).
 # Usage: tests/tools/test_pagoda_run.sh BINDIR
 set -euo pipefail
+# shellcheck source=tests/check.sh
+. "$(dirname "$0")/../check.sh"
 bin=${1:?usage: $0 BINDIR}
 run=$bin/pagoda-run
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 "$bin/pagoda-mkmodel" --preset tiny --seed 7 --out "$tmp/tiny" >/dev/null
 
-passed=0
-failed=0
-check() { # check NAME COMMAND...: passes when the command succeeds
-    local name=$1
-    shift
-    if "$@"; then
-        passed=$((passed + 1))
-        echo "ok   $name"
-    else
-        failed=$((failed + 1))
-        echo "FAIL $name"
-    fi
-}
 
 p1=1,2,3,4,5
 others=(--tokens 9,8,7 --tokens 100,200,300,400,500,6,7,8,9,10,11,12,13,14,15,16,17,18
@@ -102,5 +91,4 @@ refused "block size 7" "--block-size" --model "$tmp/tiny" --tokens 1 --block-siz
 refused "missing model" "config.json" --model "$tmp/nothing" --tokens 1
 refused "no prompt" "usage" --model "$tmp/tiny"
 
-echo "$passed passed, $failed failed"
-[[ $failed -eq 0 ]]
+check_summary
