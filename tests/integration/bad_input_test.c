@@ -316,12 +316,10 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: bad_input_test BIN_DIR\n");
         return 2;
     }
-    signal(SIGPIPE, SIG_IGN);
     struct group g;
-    if (group_prepare(&g, argv[1]) != 0) {
-        printf("cannot make the model\n");
-        return 1;
-    }
+    int rc = group_setup(&g, argv[1], 0);
+    if (rc != 0)
+        return rc;
     char tenants[600], max_new[16], max_prompt[16];
     snprintf(tenants, sizeof(tenants), "%s/tenants.json", g.tmp);
     snprintf(max_new, sizeof(max_new), "%d", MAX_NEW_TOKENS);
@@ -356,15 +354,6 @@ int main(int argc, char **argv)
     }
     pagoda_client_close(alice);
     pagoda_client_close(bob);
-    if (group_failed > 0) {
-        char cmd[700];
-        snprintf(cmd, sizeof(cmd), "tail -n 20 %s/supervisor.log %s/run/*.log 2>/dev/null", g.tmp,
-                 g.tmp);
-        if (system(cmd) != 0)
-            printf("(no logs)\n");
-    }
     group_stop(&g);
-    group_cleanup(&g);
-    printf("%d passed, %d failed\n", group_passed, group_failed);
-    return group_failed == 0 && group_passed > 0 ? 0 : 1;
+    return group_finish(&g);
 }

@@ -959,19 +959,10 @@ int main(int argc, char **argv)
                         "comment)\n");
         return 2;
     }
-    signal(SIGPIPE, SIG_IGN);
     struct group g;
-    if (group_prepare(&g, argv[1]) != 0) {
-        printf("cannot make the model\n");
-        return 1;
-    }
-    int gpu = argc == 4 ? group_use_cuda(&g) : 0;
-    if (gpu != 0) {
-        group_cleanup(&g);
-        if (gpu != 77)
-            printf("cannot set up the GPU model\n");
-        return gpu == 77 ? 77 : 1;
-    }
+    int rc = group_setup(&g, argv[1], argc == 4);
+    if (rc != 0)
+        return rc;
     const char *s = argv[2];
     if (strcmp(s, "concurrent") == 0)
         scenario_concurrent(&g);
@@ -997,14 +988,5 @@ int main(int argc, char **argv)
         scenario_poll_resume(&g);
     else
         fprintf(stderr, "unknown scenario %s\n", s);
-    if (group_failed > 0) {
-        char cmd[700];
-        snprintf(cmd, sizeof(cmd), "tail -n 20 %s/supervisor.log %s/run/*.log 2>/dev/null", g.tmp,
-                 g.tmp);
-        if (system(cmd) != 0)
-            printf("(no logs)\n");
-    }
-    group_cleanup(&g);
-    printf("%d passed, %d failed\n", group_passed, group_failed);
-    return group_failed == 0 && group_passed > 0 ? 0 : 1;
+    return group_finish(&g);
 }

@@ -400,3 +400,34 @@ long group_first_near_tie(const struct group *g, const int32_t *prompt, size_t n
     fclose(f);
     return tie;
 }
+
+int group_setup(struct group *g, const char *bin_dir, int cuda)
+{
+    signal(SIGPIPE, SIG_IGN);
+    if (group_prepare(g, bin_dir) != 0) {
+        printf("cannot make the model\n");
+        return 1;
+    }
+    int gpu = cuda ? group_use_cuda(g) : 0;
+    if (gpu != 0) {
+        group_cleanup(g);
+        if (gpu != 77)
+            printf("cannot set up the GPU model\n");
+        return gpu == 77 ? 77 : 1;
+    }
+    return 0;
+}
+
+int group_finish(struct group *g)
+{
+    if (group_failed > 0) {
+        char cmd[700];
+        snprintf(cmd, sizeof(cmd), "tail -n 20 %s/supervisor.log %s/run/*.log 2>/dev/null", g->tmp,
+                 g->tmp);
+        if (system(cmd) != 0)
+            printf("(no logs)\n");
+    }
+    group_cleanup(g);
+    printf("%d passed, %d failed\n", group_passed, group_failed);
+    return group_failed == 0 && group_passed > 0 ? 0 : 1;
+}

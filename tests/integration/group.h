@@ -44,6 +44,16 @@ struct group {
 /* Makes a temporary folder and the tiny model in it. Returns 0 or -1. */
 int group_prepare(struct group *g, const char *bin_dir);
 
+/* A test program's start: ignores SIGPIPE, group_prepare, and group_use_cuda when cuda is set.
+ * Returns 0, 77 (no GPU here: the caller exits 77 to skip) or 1 (the reason printed; the
+ * caller exits 1). Nothing is left to clean up unless it returns 0. */
+int group_setup(struct group *g, const char *bin_dir, int cuda);
+
+/* A test program's end: after a failure, the tails of the group's logs; group_cleanup; the
+ * "N passed, M failed" line. Returns the exit status: 0 when something passed and nothing
+ * failed, else 1. */
+int group_finish(struct group *g);
+
 /* Starts pagoda-supervisor with extra flags (NULL-terminated) and waits until RUN/ready exists
  * (up to 60 s). Returns 0 or -1. */
 int group_start(struct group *g, const char *const *extra);

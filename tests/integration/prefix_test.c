@@ -400,20 +400,11 @@ int main(int argc, char **argv)
                 "usage: prefix_test BIN_DIR cache|chunked|preempt, or BIN_DIR cache cuda\n");
         return 2;
     }
-    signal(SIGPIPE, SIG_IGN);
     struct group g;
-    if (group_prepare(&g, argv[1]) != 0) {
-        printf("cannot make the model\n");
-        return 1;
-    }
+    int rc = group_setup(&g, argv[1], argc == 4);
+    if (rc != 0)
+        return rc;
     the_group = &g;
-    int gpu = argc == 4 ? group_use_cuda(&g) : 0;
-    if (gpu != 0) {
-        group_cleanup(&g);
-        if (gpu != 77)
-            printf("cannot set up the GPU model\n");
-        return gpu == 77 ? 77 : 1;
-    }
     if (strcmp(argv[2], "cache") == 0)
         scenario_cache(&g);
     else if (strcmp(argv[2], "chunked") == 0)
@@ -422,7 +413,5 @@ int main(int argc, char **argv)
         scenario_preempt(&g);
     else
         printf("unknown scenario %s\n", argv[2]);
-    group_cleanup(&g);
-    printf("%d passed, %d failed\n", group_passed, group_failed);
-    return group_failed == 0 && group_passed > 0 ? 0 : 1;
+    return group_finish(&g);
 }
