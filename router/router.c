@@ -427,11 +427,9 @@ static int send_submit(struct router *r, struct request *q)
     sub.client_request_id.len = ID_BYTES;
 
     Pagoda__Internal__ToScheduler env = PAGODA__INTERNAL__TO_SCHEDULER__INIT;
-    env.has_protocol_version = 1;
-    env.protocol_version = WIRE_PROTOCOL_VERSION;
     env.msg_case = PAGODA__INTERNAL__TO_SCHEDULER__MSG_SUBMIT;
     env.submit = &sub;
-    return wire_send(r->link, &env.base);
+    return router_send(r, &env);
 }
 
 static int send_cancel(struct router *r, struct request *q)
@@ -441,22 +439,18 @@ static int send_cancel(struct router *r, struct request *q)
     cancel.request_id.data = q->sched_id;
     cancel.request_id.len = ID_BYTES;
     Pagoda__Internal__ToScheduler env = PAGODA__INTERNAL__TO_SCHEDULER__INIT;
-    env.has_protocol_version = 1;
-    env.protocol_version = WIRE_PROTOCOL_VERSION;
     env.msg_case = PAGODA__INTERNAL__TO_SCHEDULER__MSG_CANCEL;
     env.cancel = &cancel;
-    return wire_send(r->link, &env.base);
+    return router_send(r, &env);
 }
 
 static int send_hello(struct router *r)
 {
     Pagoda__Internal__RouterHello hello = PAGODA__INTERNAL__ROUTER_HELLO__INIT;
     Pagoda__Internal__ToScheduler env = PAGODA__INTERNAL__TO_SCHEDULER__INIT;
-    env.has_protocol_version = 1;
-    env.protocol_version = WIRE_PROTOCOL_VERSION;
     env.msg_case = PAGODA__INTERNAL__TO_SCHEDULER__MSG_ROUTER_HELLO;
     env.router_hello = &hello;
-    return wire_send(r->link, &env.base);
+    return router_send(r, &env);
 }
 
 int router_send(struct router *r, Pagoda__Internal__ToScheduler *env)
@@ -1120,11 +1114,9 @@ static void handle_stats(struct router *r, struct rctx *c)
     sreq.has_cookie = 1;
     sreq.cookie = ++r->stats_cookie;
     Pagoda__Internal__ToScheduler env = PAGODA__INTERNAL__TO_SCHEDULER__INIT;
-    env.has_protocol_version = 1;
-    env.protocol_version = WIRE_PROTOCOL_VERSION;
     env.msg_case = PAGODA__INTERNAL__TO_SCHEDULER__MSG_STATS;
     env.stats = &sreq;
-    int rc = wire_send(r->link, &env.base);
+    int rc = router_send(r, &env);
     if (rc != 0) {
         router_reply_error(c, rc, "stats: %s", pagoda_error_detail());
         return;

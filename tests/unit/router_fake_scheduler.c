@@ -83,8 +83,12 @@ float fake_sched_logprob(uint32_t i)
     return -0.125f * (float)(i % 16 + 1);
 }
 
-static void send_msg(struct fake_sched *fs, const ProtobufCMessage *msg)
+/* Sends env to the router, stamped with the protocol version. */
+static void send_msg(struct fake_sched *fs, Pagoda__Internal__ToRouter *env)
 {
+    env->has_protocol_version = 1;
+    env->protocol_version = WIRE_PROTOCOL_VERSION;
+    const ProtobufCMessage *msg = &env->base;
     size_t len = protobuf_c_message_get_packed_size(msg);
     nng_msg *m;
     if (nng_msg_alloc(&m, len) != 0)
@@ -178,11 +182,9 @@ static void on_stats(struct fake_sched *fs, const Pagoda__Internal__StatsRequest
     st.preemptions = 2;
     pthread_mutex_unlock(&fs->lock);
     Pagoda__Internal__ToRouter env = PAGODA__INTERNAL__TO_ROUTER__INIT;
-    env.has_protocol_version = 1;
-    env.protocol_version = WIRE_PROTOCOL_VERSION;
     env.msg_case = PAGODA__INTERNAL__TO_ROUTER__MSG_STATS;
     env.stats = &st;
-    send_msg(fs, &env.base);
+    send_msg(fs, &env);
 }
 
 /* RouterHello: every unfinished request from offset 0, then announce_done (one message). */
@@ -226,11 +228,9 @@ static void on_router_hello(struct fake_sched *fs)
     te.events = ptrs;
     te.has_announce_done = te.announce_done = 1;
     Pagoda__Internal__ToRouter env = PAGODA__INTERNAL__TO_ROUTER__INIT;
-    env.has_protocol_version = 1;
-    env.protocol_version = WIRE_PROTOCOL_VERSION;
     env.msg_case = PAGODA__INTERNAL__TO_ROUTER__MSG_EVENTS;
     env.events = &te;
-    send_msg(fs, &env.base);
+    send_msg(fs, &env);
     pthread_mutex_unlock(&fs->lock);
 }
 
@@ -305,11 +305,9 @@ static void send_policy_applied(struct fake_sched *fs)
     pa.n_pins = policy->n_pins;
     pa.pins = ptrs;
     Pagoda__Internal__ToRouter env = PAGODA__INTERNAL__TO_ROUTER__INIT;
-    env.has_protocol_version = 1;
-    env.protocol_version = WIRE_PROTOCOL_VERSION;
     env.msg_case = PAGODA__INTERNAL__TO_ROUTER__MSG_POLICY_APPLIED;
     env.policy_applied = &pa;
-    send_msg(fs, &env.base);
+    send_msg(fs, &env);
     fs->counts.policies_applied++;
     free(ptrs);
     free(st);
@@ -409,11 +407,9 @@ static void on_admin(struct fake_sched *fs, const Pagoda__Internal__AdminCall *c
         res.flushed_blocks = 7u + (uint32_t)strlen(call->flush_namespace);
     }
     Pagoda__Internal__ToRouter env = PAGODA__INTERNAL__TO_ROUTER__INIT;
-    env.has_protocol_version = 1;
-    env.protocol_version = WIRE_PROTOCOL_VERSION;
     env.msg_case = PAGODA__INTERNAL__TO_ROUTER__MSG_ADMIN;
     env.admin = &res;
-    send_msg(fs, &env.base);
+    send_msg(fs, &env);
     free(tf);
     free(tf_ptrs);
     free(nf);
@@ -550,13 +546,11 @@ static void tick(struct fake_sched *fs)
     te.n_events = n;
     te.events = ptrs;
     Pagoda__Internal__ToRouter env = PAGODA__INTERNAL__TO_ROUTER__INIT;
-    env.has_protocol_version = 1;
-    env.protocol_version = WIRE_PROTOCOL_VERSION;
     env.msg_case = PAGODA__INTERNAL__TO_ROUTER__MSG_EVENTS;
     env.events = &te;
-    send_msg(fs, &env.base);
+    send_msg(fs, &env);
     if (dups)
-        send_msg(fs, &env.base);
+        send_msg(fs, &env);
 }
 
 static void *run(void *arg)
