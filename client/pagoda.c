@@ -2,6 +2,7 @@
 #include "client/client_internal.h"
 
 #include "proto/pagoda.pb-c.h"
+#include "wire/wire_error.h"
 
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/req.h>
@@ -25,33 +26,6 @@ struct pagoda_client {
     atomic_uint resend_ms; /* beyond a call's poll wait; see pagoda_client_set_resend_ms */
     char *api_key;         /* sent with every call; NULL: none */
 };
-
-/* NNG's codes become PAGODA_E* codes here and travel no further. */
-static int nng_error(int rv, const char *what)
-{
-    int code;
-    switch (rv) {
-    case NNG_ENOMEM:
-        code = PAGODA_ENOMEM;
-        break;
-    case NNG_ETIMEDOUT:
-        code = PAGODA_ETIMEDOUT;
-        break;
-    case NNG_ECLOSED:
-    case NNG_ECONNREFUSED:
-    case NNG_ECONNRESET:
-        code = PAGODA_ECLOSED;
-        break;
-    case NNG_EINVAL:
-    case NNG_EADDRINVAL:
-    case NNG_ENOTSUP:
-        code = PAGODA_EINVAL;
-        break;
-    default:
-        code = PAGODA_EIO;
-    }
-    return pagoda_error_set(code, "%s: %s", what, nng_strerror(rv));
-}
 
 pagoda_generate_params pagoda_generate_params_default(void)
 {
@@ -86,20 +60,20 @@ int pagoda_client_open(const char *url, pagoda_client **out)
     int rv = nng_req0_open(&c->sock);
     if (rv != 0) {
         free(c);
-        return nng_error(rv, "nng_req0_open");
+        return wire_error(rv, "nng_req0_open");
     }
     if ((rv = nng_socket_set_size(c->sock, NNG_OPT_RECVMAXSZ, PAGODA_MAX_REPLY_BYTES)) != 0 ||
         (rv = nng_socket_set_ms(c->sock, NNG_OPT_RECONNMINT, 20)) != 0 ||
         (rv = nng_socket_set_ms(c->sock, NNG_OPT_RECONNMAXT, 500)) != 0) {
         nng_close(c->sock);
         free(c);
-        return nng_error(rv, "client socket options");
+        return wire_error(rv, "client socket options");
     }
     /* Non-blocking: the dial goes on in the background until the router is there. */
     if ((rv = nng_dial(c->sock, url, NULL, NNG_FLAG_NONBLOCK)) != 0) {
         nng_close(c->sock);
         free(c);
-        return nng_error(rv, url);
+        return wire_error(rv, url);
     }
     *out = c;
     return 0;
@@ -170,10 +144,10 @@ static int call(pagoda_client *c, Pagoda__ClientRequest *req, uint32_t wait_ms,
     int rc = 0;
     int rv = nng_ctx_open(&ctx, c->sock);
     if (rv != 0)
-        return nng_error(rv, "nng_ctx_open");
+        return wire_error(rv, "nng_ctx_open");
     if ((rv = nng_ctx_set_ms(ctx, NNG_OPT_REQ_RESENDTIME, (nng_duration)resend_ms)) != 0 ||
         (rv = nng_aio_alloc(&aio, NULL, NULL)) != 0 || (rv = nng_msg_alloc(&m, len)) != 0) {
-        rc = nng_error(rv, "client call setup");
+        rc = wire_error(rv, "client call setup");
         goto out;
     }
     protobuf_c_message_pack(&req->base, nng_msg_body(m));
@@ -186,7 +160,7 @@ static int call(pagoda_client *c, Pagoda__ClientRequest *req, uint32_t wait_ms,
         rc = rv == NNG_ETIMEDOUT
                  ? pagoda_error_set(PAGODA_ETIMEDOUT, "no connection to the router within %u ms",
                                     timeout_ms)
-                 : nng_error(rv, "sending to the router");
+                 : wire_error(rv, "sending to the router");
         goto out; /* m is still ours */
     }
     m = NULL;
@@ -197,7 +171,7 @@ static int call(pagoda_client *c, Pagoda__ClientRequest *req, uint32_t wait_ms,
         rc = rv == NNG_ETIMEDOUT
                  ? pagoda_error_set(PAGODA_ETIMEDOUT, "the router did not answer within %u ms",
                                     wait_ms + timeout_ms)
-                 : nng_error(rv, "receiving from the router");
+                 : wire_error(rv, "receiving from the router");
         goto out;
     }
     m = nng_aio_get_msg(aio);

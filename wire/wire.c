@@ -8,36 +8,6 @@
 #include <pthread.h>
 #include <stdlib.h>
 
-int wire_error(int nng_rv, const char *what)
-{
-    int code;
-    switch (nng_rv) {
-    case 0:
-        return 0;
-    case NNG_ENOMEM:
-        code = PAGODA_ENOMEM;
-        break;
-    case NNG_ETIMEDOUT:
-        code = PAGODA_ETIMEDOUT;
-        break;
-    case NNG_EAGAIN:
-        code = PAGODA_EBUSY;
-        break;
-    case NNG_ECLOSED:
-    case NNG_ECONNREFUSED:
-    case NNG_ECONNRESET:
-        code = PAGODA_ECLOSED;
-        break;
-    case NNG_EINVAL:
-    case NNG_EADDRINVAL:
-        code = PAGODA_EINVAL;
-        break;
-    default:
-        code = PAGODA_EIO;
-    }
-    return pagoda_error_set(code, "%s: %s", what, nng_strerror(nng_rv));
-}
-
 int wire_pair_open(nng_socket *s, const char *url, int listen, size_t max_bytes)
 {
     int rv = nng_pair1_open(s);

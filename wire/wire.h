@@ -10,6 +10,7 @@
 #define PAGODA_WIRE_WIRE_H
 
 #include "proto/internal.pb-c.h"
+#include "wire/wire_error.h"
 
 #include <nng/nng.h>
 #include <protobuf-c/protobuf-c.h>
@@ -23,9 +24,6 @@
 /* The largest internal message any socket accepts (NNG_OPT_RECVMAXSZ): a step or resync of
  * thousands of sequences with their tokens fits. */
 #define WIRE_MAX_MESSAGE_BYTES (64u << 20)
-
-/* Translates an NNG error into a PAGODA_E* code, with a detail naming what failed. */
-int wire_error(int nng_rv, const char *what);
 
 /* Opens a PAIR socket and listens (listen != 0) or dials (non-blocking: the dial retries in the
  * background until the peer is there) at url. Sets NNG_OPT_RECVMAXSZ to max_bytes. */
