@@ -10,7 +10,11 @@
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <time.h>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
 
 /* ---- helpers -------------------------------------------------------------------------------- */
 
@@ -26,22 +30,17 @@ static void charge_cpu(struct scheduler *s, uint64_t start_ns)
     s->step_cpu_ns += cpu_now_ns() - start_ns;
 }
 
-static uint64_t mix64(uint64_t x)
-{
-    x ^= x >> 33;
-    x *= UINT64_C(0xff51afd7ed558ccd);
-    x ^= x >> 33;
-    x *= UINT64_C(0xc4ceb9fe1a85ec53);
-    x ^= x >> 33;
-    return x;
-}
-
+/* Request ids may be a client's own (one default tenant), so buckets come from a keyed hash:
+ * nobody can choose ids that pile into one bucket. */
 static uint32_t req_bucket(const struct scheduler *s, const uint8_t *id)
 {
-    uint64_t a, b;
-    memcpy(&a, id, 8);
-    memcpy(&b, id + 8, 8);
-    return (uint32_t)(mix64(a ^ mix64(b)) & s->bucket_mask);
+    return (uint32_t)(XXH3_64bits_withSeed(id, SCHEDULER_REQUEST_ID_BYTES, s->hash_seed) &
+                      s->bucket_mask);
+}
+
+static uint32_t id_bucket(const struct scheduler *s, uint64_t seq_id)
+{
+    return (uint32_t)(XXH3_64bits_withSeed(&seq_id, sizeof(seq_id), s->hash_seed) & s->bucket_mask);
 }
 
 static struct seq *find_request(const struct scheduler *s, const uint8_t *id)
@@ -56,7 +55,7 @@ static struct seq *find_seq_id(const struct scheduler *s, uint64_t seq_id)
 {
     if (seq_id == 0)
         return NULL;
-    for (struct seq *q = s->id_buckets[mix64(seq_id) & s->bucket_mask]; q; q = q->id_next)
+    for (struct seq *q = s->id_buckets[id_bucket(s, seq_id)]; q; q = q->id_next)
         if (q->seq_id == seq_id)
             return q;
     return NULL;
@@ -80,7 +79,7 @@ static void unhash_request(struct scheduler *s, struct seq *q)
 
 static void hash_seq_id(struct scheduler *s, struct seq *q)
 {
-    uint32_t b = (uint32_t)(mix64(q->seq_id) & s->bucket_mask);
+    uint32_t b = id_bucket(s, q->seq_id);
     q->id_next = s->id_buckets[b];
     s->id_buckets[b] = q;
 }
@@ -89,7 +88,7 @@ static void unhash_seq_id(struct scheduler *s, struct seq *q)
 {
     if (q->seq_id == 0)
         return;
-    struct seq **p = &s->id_buckets[mix64(q->seq_id) & s->bucket_mask];
+    struct seq **p = &s->id_buckets[id_bucket(s, q->seq_id)];
     while (*p && *p != q)
         p = &(*p)->id_next;
     if (*p)
@@ -1372,6 +1371,8 @@ int scheduler_open(const struct scheduler_config *cfg, const struct scheduler_io
     s->cfg = *cfg;
     s->io = *io;
     s->block_size = cfg->geometry.block_size;
+    if (getrandom(&s->hash_seed, sizeof(s->hash_seed), 0) != (ssize_t)sizeof(s->hash_seed))
+        s->hash_seed = cfg->epoch; /* only before the entropy pool is ready: still a key */
     if ((rc = block_manager_open(cfg->geometry.num_blocks, &s->bm)) != 0)
         goto fail;
     uint32_t buckets = 1;

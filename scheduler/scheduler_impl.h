@@ -145,6 +145,7 @@ struct scheduler {
     struct seq_list recent; /* ended requests kept for announcements, oldest first */
     struct seq **req_buckets, **id_buckets;
     uint32_t bucket_mask;
+    uint64_t hash_seed; /* keys the request and sequence id buckets */
     uint64_t next_seq_id;
     uint64_t last_step_id; /* the last step sent (0: none yet) */
     struct worker_link worker;

@@ -5,6 +5,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
 /* One sequence. tokens and blocks have room for growth (their *_cap); entries past num_tokens
  * and num_blocks are not part of the mirror's state, which lets a prepared step stage appended
  * block ids there without changing the sequence. */
@@ -226,12 +229,7 @@ static int mseq_from_fields(const struct mirror *m, const struct seq_fields *f,
 
 static uint32_t hash_id(uint64_t x)
 {
-    x ^= x >> 30;
-    x *= UINT64_C(0xbf58476d1ce4e5b9);
-    x ^= x >> 27;
-    x *= UINT64_C(0x94d049bb133111eb);
-    x ^= x >> 31;
-    return (uint32_t)x;
+    return (uint32_t)XXH3_64bits(&x, sizeof(x));
 }
 
 static void index_rebuild(struct mirror *m)
