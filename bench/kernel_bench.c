@@ -1,0 +1,634 @@
+/* kernel_bench: times pagoda's CUDA kernels on device buffers, on the Llama-3-8B shape.
+ *
+ *   kernel_bench [--json FILE] [--quick]
+ *
+ * Cases: paged decode attention (batch x context, head dim 64 and 128, block sizes 8 to 64,
+ * block tables in order and shuffled), paged causal prefill attention, the append case (a chunk
+ * continuing a sequence already in the pool), each linear of the model through the worker's
+ * cuBLAS call, RMSNorm with the residual add, RoPE + cache write, SiLU-mul and the sampler.
+ *
+ * Data: every input is drawn on the device by cuda_fill_random_bf16 (seed kBenchSeed, one
+ * stream id per buffer, std 1, offset 0), and block tables follow a formula (in order, or an
+ * affine permutation of the blocks), so that bench/kernel_competitor.py rebuilds the same bytes
+ * in PyTorch, lays the same K/V out contiguously and times SDPA and torch.matmul on them. Each
+ * attention and linear case records a checksum of pagoda's output (sum |x| and sum x * w_i with
+ * w_i = i % 7 - 3) that the script compares with its own output: equal data, equal function.
+ * Correctness against the CPU implementation is tests/gpu/test_cuda_kernels (run first by
+ * bench/run_kernels.sh).
+ *
+ * Timing: CUDA events around each launch after warm-up, the median of the repetitions; inputs
+ * that would fit in L2 (the linears' weights) rotate among copies that together exceed it.
+ * Prints one line per case and writes the JSON the script reads. Exit status 0, or 1 on a
+ * failed CUDA or pagoda call (the message names it). */
+#define _POSIX_C_SOURCE 200809L
+#include "common/error.h"
+#include "kernels/cuda/attention.h"
+#include "kernels/cuda/ops.h"
+#include "kernels/cuda/sampler.h"
+#include "kernels/cuda/util.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define kBenchSeed 20261201ull
+#define kWarmup 3
+#define kReps 15
+
+/* Stream ids of cuda_fill_random_bf16 (the script uses the same). */
+enum { STREAM_POOL = 1, STREAM_Q = 2, STREAM_X = 3, STREAM_W = 4, STREAM_AUX = 5 };
+
+static cudaStream_t stream;
+static cublasHandle_t cublas;
+static FILE *json;
+static int json_cases;
+static size_t l2_bytes;
+
+#define CK(call)                                                                                   \
+    do {                                                                                           \
+        cudaError_t e_ = (call);                                                                   \
+        if (e_ != cudaSuccess) {                                                                   \
+            fprintf(stderr, "kernel_bench: %s:%d: %s: %s\n", __FILE__, __LINE__, #call,            \
+                    cudaGetErrorString(e_));                                                       \
+            exit(1);                                                                               \
+        }                                                                                          \
+    } while (0)
+
+#define PK(call)                                                                                   \
+    do {                                                                                           \
+        int rc_ = (call);                                                                          \
+        if (rc_ != 0) {                                                                            \
+            fprintf(stderr, "kernel_bench: %s:%d: %s: %s (%s)\n", __FILE__, __LINE__, #call,       \
+                    pagoda_strerror(rc_), pagoda_error_detail());                                  \
+            exit(1);                                                                               \
+        }                                                                                          \
+    } while (0)
+
+static void *dev_alloc(size_t bytes)
+{
+    void *p = NULL;
+    CK(cudaMalloc(&p, bytes > 0 ? bytes : 16));
+    return p;
+}
+
+static void fill(uint16_t *d, int64_t n, uint64_t stream_id)
+{
+    PK(cuda_fill_random_bf16(d, n, kBenchSeed, stream_id, 1.0f, 0.0f, stream));
+}
+
+static int cmp_float(const void *a, const void *b)
+{
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+/* The median time of fn(ctx, rep) over kReps launches after kWarmup, in ms (CUDA events). */
+typedef void (*bench_fn)(void *ctx, int rep);
+static double time_median_ms(bench_fn fn, void *ctx)
+{
+    cudaEvent_t ev[2 * kReps];
+    for (int i = 0; i < 2 * kReps; i++)
+        CK(cudaEventCreate(&ev[i]));
+    for (int i = 0; i < kWarmup; i++)
+        fn(ctx, i);
+    for (int i = 0; i < kReps; i++) {
+        CK(cudaEventRecord(ev[2 * i], stream));
+        fn(ctx, i);
+        CK(cudaEventRecord(ev[2 * i + 1], stream));
+    }
+    CK(cudaStreamSynchronize(stream));
+    CK(cudaGetLastError());
+    float t[kReps];
+    for (int i = 0; i < kReps; i++)
+        CK(cudaEventElapsedTime(&t[i], ev[2 * i], ev[2 * i + 1]));
+    for (int i = 0; i < 2 * kReps; i++)
+        CK(cudaEventDestroy(ev[i]));
+    qsort(t, kReps, sizeof(float), cmp_float);
+    return t[kReps / 2];
+}
+
+/* sum |x| and sum x * (i % 7 - 3) of n bf16 on the device. */
+static void checksum(const uint16_t *d, int64_t n, double *sum_abs, double *sum_w)
+{
+    uint16_t *h = malloc((size_t)n * sizeof(uint16_t));
+    if (h == NULL) {
+        fprintf(stderr, "kernel_bench: out of host memory\n");
+        exit(1);
+    }
+    CK(cudaMemcpy(h, d, (size_t)n * sizeof(uint16_t), cudaMemcpyDeviceToHost));
+    double a = 0.0, w = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t bits = (uint32_t)h[i] << 16;
+        float f;
+        memcpy(&f, &bits, sizeof(f));
+        a += fabs((double)f);
+        w += (double)f * (double)(i % 7 - 3);
+    }
+    free(h);
+    *sum_abs = a;
+    *sum_w = w;
+}
+
+static void json_begin_case(const char *name, const char *kind)
+{
+    fprintf(json, "%s\n  {\"name\": \"%s\", \"kind\": \"%s\"", json_cases++ ? "," : "", name, kind);
+}
+
+/* ---- attention ---- */
+
+struct attn_case {
+    const char *name;
+    const char *kind; /* decode, prefill, append */
+    int32_t batch, context_len, query_len;
+    int32_t num_heads, num_kv_heads, head_dim, block_size;
+    bool shuffled;
+};
+
+static int64_t gcd64(int64_t a, int64_t b)
+{
+    while (b != 0) {
+        int64_t t = a % b;
+        a = b;
+        b = t;
+    }
+    return a;
+}
+
+/* The physical block of logical block i (0 .. n - 1, sequence after sequence): 1 + i in order,
+ * else 1 + (i * mult + n / 3) % n with mult the first number >= 0x9E3779B1 % n (at least 2)
+ * coprime with n. bench/kernel_competitor.py computes the same. */
+static int64_t shuffle_mult(int64_t n)
+{
+    int64_t m = 0x9E3779B1ll % n;
+    if (m < 2)
+        m = 2;
+    while (gcd64(m, n) != 1)
+        m++;
+    return m;
+}
+
+struct attn_run {
+    struct cuda_attention_plan *plan;
+    struct kv_layer_view view;
+    const uint16_t *q;
+    int64_t q_stride;
+    uint16_t *out;
+};
+
+static void attn_launch(void *ctx, int rep)
+{
+    (void)rep;
+    struct attn_run *r = ctx;
+    PK(cuda_attention_run(r->plan, &r->view, r->q, r->q_stride, r->out, stream));
+}
+
+static void bench_attention(const struct attn_case *c)
+{
+    const int32_t bs = c->block_size, nb = (c->context_len + bs - 1) / bs;
+    const int64_t total_blocks = (int64_t)c->batch * nb;
+    struct kv_geometry g = {
+        1, 1, (int32_t)(total_blocks + 1), bs, c->num_kv_heads, c->head_dim, DTYPE_BF16};
+    const size_t pool_bytes = kv_pool_bytes(&g);
+    uint16_t *pool = dev_alloc(pool_bytes);
+    fill(pool, (int64_t)(pool_bytes / 2), STREAM_POOL);
+    const int32_t num_tokens = c->batch * c->query_len;
+    const int64_t qw = (int64_t)c->num_heads * c->head_dim;
+    uint16_t *q = dev_alloc((size_t)num_tokens * qw * 2);
+    fill(q, num_tokens * qw, STREAM_Q);
+    uint16_t *out = dev_alloc((size_t)num_tokens * qw * 2);
+    CK(cudaMemsetAsync(out, 0xff, (size_t)num_tokens * qw * 2, stream));
+
+    int32_t *query_start = malloc(((size_t)c->batch + 1) * sizeof(int32_t));
+    int32_t *context_len = malloc((size_t)c->batch * sizeof(int32_t));
+    int32_t *tables = malloc((size_t)total_blocks * sizeof(int32_t));
+    if (query_start == NULL || context_len == NULL || tables == NULL) {
+        fprintf(stderr, "kernel_bench: out of host memory\n");
+        exit(1);
+    }
+    const int64_t mult = shuffle_mult(total_blocks);
+    for (int64_t i = 0; i < total_blocks; i++)
+        tables[i] = (int32_t)(1 + (c->shuffled ? (i * mult + total_blocks / 3) % total_blocks : i));
+    for (int32_t s = 0; s <= c->batch; s++)
+        query_start[s] = s * c->query_len;
+    for (int32_t s = 0; s < c->batch; s++)
+        context_len[s] = c->context_len;
+
+    struct cuda_attention_config ac = {c->num_heads,
+                                       c->num_kv_heads,
+                                       c->head_dim,
+                                       1.0f / sqrtf((float)c->head_dim),
+                                       bs,
+                                       g.num_blocks,
+                                       c->batch,
+                                       num_tokens,
+                                       nb};
+    struct attn_run r = {NULL, kv_layer_view_make(&g, pool, 0), q, qw, out};
+    PK(cuda_attention_plan_new(&ac, &r.plan));
+    struct attention_batch b = {c->batch, num_tokens, query_start, context_len, tables, nb};
+    PK(cuda_attention_plan(r.plan, &b, stream));
+    const double ms = time_median_ms(attn_launch, &r);
+    double sum_abs, sum_w;
+    checksum(out, num_tokens * qw, &sum_abs, &sum_w);
+
+    /* Bytes: the K/V the queries need, each read once (decode); FLOPs: 4 per (query head, key,
+     * dimension) pair the causal mask keeps (QK^T and PV). */
+    double pairs = 0.0;
+    for (int32_t j = 0; j < c->query_len; j++)
+        pairs += (double)(c->context_len - c->query_len + j + 1);
+    pairs *= c->batch;
+    const double kv_bytes =
+        (double)c->batch * c->context_len * c->num_kv_heads * c->head_dim * 2.0 * 2.0;
+    const double flops = 4.0 * pairs * c->num_heads * c->head_dim;
+    printf("%-28s %9.3f ms  %7.3f TB/s  %7.1f TFLOP/s\n", c->name, ms, kv_bytes / ms * 1e-9,
+           flops / ms * 1e-9);
+    fflush(stdout);
+
+    /* The first four bf16 of the pool and of q: the script checks its generator on them. */
+    uint16_t ph[4], qh[4];
+    CK(cudaMemcpy(ph, pool, sizeof(ph), cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(qh, q, sizeof(qh), cudaMemcpyDeviceToHost));
+    json_begin_case(c->name, c->kind);
+    fprintf(json,
+            ", \"batch\": %d, \"context_len\": %d, \"query_len\": %d, \"num_heads\": %d, "
+            "\"num_kv_heads\": %d, \"head_dim\": %d, \"block_size\": %d, \"shuffled\": %s, "
+            "\"shuffle_mult\": %lld, \"num_blocks\": %d, \"ms\": %.6f, \"bytes\": %.0f, "
+            "\"flops\": %.0f, \"sum_abs\": %.9e, \"sum_w\": %.9e, "
+            "\"pool_head\": [%u, %u, %u, %u], \"q_head\": [%u, %u, %u, %u]}",
+            c->batch, c->context_len, c->query_len, c->num_heads, c->num_kv_heads, c->head_dim, bs,
+            c->shuffled ? "true" : "false", (long long)mult, g.num_blocks, ms, kv_bytes, flops,
+            sum_abs, sum_w, ph[0], ph[1], ph[2], ph[3], qh[0], qh[1], qh[2], qh[3]);
+
+    cuda_attention_plan_free(r.plan);
+    CK(cudaFree(pool));
+    CK(cudaFree(q));
+    CK(cudaFree(out));
+    free(query_start);
+    free(context_len);
+    free(tables);
+}
+
+/* ---- linears: y[rows][out] = x[rows][in] . w[out][in]^T, the worker's cublasGemmEx ---- */
+
+struct gemm_run {
+    const uint16_t *x;
+    uint16_t *w; /* copies of the weight, each out * in */
+    int copies;
+    uint16_t *y;
+    int32_t rows, in, out;
+};
+
+static void gemm_launch(void *ctx, int rep)
+{
+    struct gemm_run *r = ctx;
+    const float one = 1.0f, zero = 0.0f;
+    const uint16_t *w = r->w + (size_t)(rep % r->copies) * r->out * r->in;
+    cublasStatus_t st = cublasGemmEx(cublas, CUBLAS_OP_T, CUBLAS_OP_N, r->out, r->rows, r->in, &one,
+                                     w, CUDA_R_16BF, r->in, r->x, CUDA_R_16BF, r->in, &zero, r->y,
+                                     CUDA_R_16BF, r->out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    if (st != CUBLAS_STATUS_SUCCESS) {
+        fprintf(stderr, "kernel_bench: cublasGemmEx: status %d\n", (int)st);
+        exit(1);
+    }
+}
+
+static void bench_linear(const char *name, int32_t rows, int32_t in, int32_t out)
+{
+    const size_t wbytes = (size_t)out * in * 2;
+    int copies = (int)((4 * l2_bytes + wbytes - 1) / wbytes);
+    if (copies < 1)
+        copies = 1;
+    if (copies > 16)
+        copies = 16;
+    struct gemm_run r = {dev_alloc((size_t)rows * in * 2),
+                         dev_alloc(wbytes * copies),
+                         copies,
+                         dev_alloc((size_t)rows * out * 2),
+                         rows,
+                         in,
+                         out};
+    fill((uint16_t *)r.x, (int64_t)rows * in, STREAM_X);
+    for (int i = 0; i < copies; i++)
+        fill(r.w + (size_t)i * out * in, (int64_t)out * in, STREAM_W + 16 * (uint64_t)i);
+    const double ms = time_median_ms(gemm_launch, &r);
+    gemm_launch(&r, 0); /* the first copy's product, for the checksum */
+    double sum_abs, sum_w;
+    checksum(r.y, (int64_t)rows * out, &sum_abs, &sum_w);
+    const double bytes = (double)wbytes + (double)rows * (in + out) * 2.0;
+    const double flops = 2.0 * rows * (double)in * out;
+    printf("%-28s %9.3f ms  %7.3f TB/s  %7.1f TFLOP/s\n", name, ms, bytes / ms * 1e-9,
+           flops / ms * 1e-9);
+    fflush(stdout);
+    json_begin_case(name, "linear");
+    fprintf(json,
+            ", \"rows\": %d, \"in\": %d, \"out\": %d, \"copies\": %d, \"ms\": %.6f, \"bytes\": "
+            "%.0f, \"flops\": %.0f, \"sum_abs\": %.9e, \"sum_w\": %.9e}",
+            rows, in, out, copies, ms, bytes, flops, sum_abs, sum_w);
+    CK(cudaFree((void *)r.x));
+    CK(cudaFree(r.w));
+    CK(cudaFree(r.y));
+}
+
+/* ---- the memory-bound operations ---- */
+
+static void json_simple(const char *name, const char *kind, int32_t rows, double ms, double bytes)
+{
+    printf("%-28s %9.3f ms  %7.3f TB/s\n", name, ms, bytes / ms * 1e-9);
+    fflush(stdout);
+    json_begin_case(name, kind);
+    fprintf(json, ", \"rows\": %d, \"ms\": %.6f, \"bytes\": %.0f, \"flops\": 0}", rows, ms, bytes);
+}
+
+struct norm_run {
+    float *residual;
+    uint16_t *x, *weight, *out;
+    int32_t rows, dim;
+};
+
+static void norm_launch(void *ctx, int rep)
+{
+    (void)rep;
+    struct norm_run *r = ctx;
+    PK(cuda_add_rmsnorm(r->residual, r->x, r->weight, r->out, r->rows, r->dim, 1e-5f, stream));
+}
+
+static void bench_rmsnorm(int32_t rows, int32_t dim)
+{
+    struct norm_run r = {dev_alloc((size_t)rows * dim * 4),
+                         dev_alloc((size_t)rows * dim * 2),
+                         dev_alloc((size_t)dim * 2),
+                         dev_alloc((size_t)rows * dim * 2),
+                         rows,
+                         dim};
+    /* The residual from the embedding of a random table: f32 values that are not zeros. */
+    uint16_t *table = dev_alloc((size_t)rows * dim * 2);
+    int32_t *ids = malloc((size_t)rows * sizeof(int32_t));
+    for (int32_t i = 0; i < rows; i++)
+        ids[i] = i;
+    int32_t *d_ids = dev_alloc((size_t)rows * sizeof(int32_t));
+    CK(cudaMemcpy(d_ids, ids, (size_t)rows * sizeof(int32_t), cudaMemcpyHostToDevice));
+    fill(table, (int64_t)rows * dim, STREAM_AUX);
+    PK(cuda_embedding(table, d_ids, rows, dim, r.residual, stream));
+    fill(r.x, (int64_t)rows * dim, STREAM_X);
+    fill(r.weight, dim, STREAM_W);
+    const double ms = time_median_ms(norm_launch, &r);
+    char name[64];
+    snprintf(name, sizeof(name), "add_rmsnorm_%dx%d", (int)rows, (int)dim);
+    json_simple(name, "rmsnorm", rows, ms, (double)rows * dim * (4 + 4 + 2 + 2) + dim * 2.0);
+    CK(cudaFree(r.residual));
+    CK(cudaFree(r.x));
+    CK(cudaFree(r.weight));
+    CK(cudaFree(r.out));
+    CK(cudaFree(table));
+    CK(cudaFree(d_ids));
+    free(ids);
+}
+
+struct rope_run {
+    uint16_t *qkv;
+    int32_t *positions;
+    float *inv_freq;
+    int64_t *slots;
+    struct kv_layer_view view;
+    int32_t rows, nh, nkv, hd;
+};
+
+static void rope_launch(void *ctx, int rep)
+{
+    (void)rep;
+    struct rope_run *r = ctx;
+    const int64_t stride = (int64_t)(r->nh + 2 * r->nkv) * r->hd;
+    PK(cuda_rope(r->qkv, stride, r->positions, r->inv_freq, r->rows, r->nh + r->nkv, r->hd,
+                 stream));
+    PK(cuda_reshape_and_cache(&r->view, r->qkv + (int64_t)r->nh * r->hd,
+                              r->qkv + (int64_t)(r->nh + r->nkv) * r->hd, stride, r->slots, r->rows,
+                              stream));
+}
+
+/* RoPE on the fused QKV rows of rows tokens, then their K/V into the pool (one layer). */
+static void bench_rope_cache(int32_t rows)
+{
+    const int32_t nh = 32, nkv = 8, hd = 128, bs = 16;
+    struct kv_geometry g = {1, 1, rows / bs + 2, bs, nkv, hd, DTYPE_BF16};
+    uint16_t *pool = dev_alloc(kv_pool_bytes(&g));
+    const int64_t stride = (int64_t)(nh + 2 * nkv) * hd;
+    struct rope_run r = {dev_alloc((size_t)rows * stride * 2),
+                         dev_alloc((size_t)rows * sizeof(int32_t)),
+                         dev_alloc((size_t)hd / 2 * sizeof(float)),
+                         dev_alloc((size_t)rows * sizeof(int64_t)),
+                         kv_layer_view_make(&g, pool, 0),
+                         rows,
+                         nh,
+                         nkv,
+                         hd};
+    fill(r.qkv, (int64_t)rows * stride, STREAM_X);
+    int32_t *pos = malloc((size_t)rows * sizeof(int32_t));
+    int64_t *slots = malloc((size_t)rows * sizeof(int64_t));
+    float inv[64];
+    for (int i = 0; i < hd / 2; i++)
+        inv[i] = (float)pow(500000.0, -2.0 * i / hd);
+    for (int32_t i = 0; i < rows; i++) {
+        pos[i] = i;
+        slots[i] = bs + i;
+    }
+    CK(cudaMemcpy(r.positions, pos, (size_t)rows * sizeof(int32_t), cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(r.slots, slots, (size_t)rows * sizeof(int64_t), cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(r.inv_freq, inv, sizeof(float) * hd / 2, cudaMemcpyHostToDevice));
+    const double ms = time_median_ms(rope_launch, &r);
+    char name[64];
+    snprintf(name, sizeof(name), "rope_cache_%d", (int)rows);
+    /* RoPE reads and writes q and k; the cache write reads k and v and writes them. */
+    json_simple(name, "rope_cache", rows, ms,
+                (double)rows * hd * 2.0 * (2.0 * (nh + nkv) + 4.0 * nkv));
+    CK(cudaFree(pool));
+    CK(cudaFree(r.qkv));
+    CK(cudaFree(r.positions));
+    CK(cudaFree(r.inv_freq));
+    CK(cudaFree(r.slots));
+    free(pos);
+    free(slots);
+}
+
+struct silu_run {
+    uint16_t *gate_up, *out;
+    int32_t rows, inter;
+};
+
+static void silu_launch(void *ctx, int rep)
+{
+    (void)rep;
+    struct silu_run *r = ctx;
+    PK(cuda_silu_mul(r->gate_up, r->out, r->rows, r->inter, stream));
+}
+
+static void bench_silu(int32_t rows, int32_t inter)
+{
+    struct silu_run r = {dev_alloc((size_t)rows * inter * 4), dev_alloc((size_t)rows * inter * 2),
+                         rows, inter};
+    fill(r.gate_up, (int64_t)rows * inter * 2, STREAM_X);
+    const double ms = time_median_ms(silu_launch, &r);
+    char name[64];
+    snprintf(name, sizeof(name), "silu_mul_%dx%d", (int)rows, (int)inter);
+    json_simple(name, "silu_mul", rows, ms, (double)rows * inter * 6.0);
+    CK(cudaFree(r.gate_up));
+    CK(cudaFree(r.out));
+}
+
+/* The sampler synchronises (tokens come back to the host): host clock, median. */
+static void bench_sampler(int32_t rows, int32_t vocab, float temperature, float top_p)
+{
+    struct cuda_sampler *smp = NULL;
+    PK(cuda_sampler_new(vocab, rows, 0, &smp));
+    uint16_t *tmp = dev_alloc((size_t)rows * vocab * 2);
+    float *logits = dev_alloc((size_t)rows * vocab * 4);
+    fill(tmp, (int64_t)rows * vocab, STREAM_X);
+    int32_t *ids = malloc((size_t)rows * sizeof(int32_t));
+    for (int32_t i = 0; i < rows; i++)
+        ids[i] = i;
+    int32_t *d_ids = dev_alloc((size_t)rows * sizeof(int32_t));
+    CK(cudaMemcpy(d_ids, ids, (size_t)rows * sizeof(int32_t), cudaMemcpyHostToDevice));
+    PK(cuda_embedding(tmp, d_ids, rows, vocab, logits, stream)); /* f32 logits in [-1.7, 1.7] */
+    CK(cudaStreamSynchronize(stream));
+    struct sampling_params *params = malloc((size_t)rows * sizeof(*params));
+    uint64_t *oi = calloc((size_t)rows, sizeof(uint64_t));
+    int32_t *tokens = malloc((size_t)rows * sizeof(int32_t));
+    float *lp = malloc((size_t)rows * sizeof(float));
+    for (int32_t i = 0; i < rows; i++) {
+        params[i] = sampling_params_default();
+        params[i].temperature = temperature;
+        params[i].top_p = top_p;
+        params[i].seed = (uint64_t)i;
+    }
+    double t[kReps];
+    for (int i = 0; i < kWarmup + kReps; i++) {
+        struct timespec a, b;
+        clock_gettime(CLOCK_MONOTONIC, &a);
+        PK(cuda_sampler_sample(smp, logits, rows, params, oi, NULL, NULL, NULL, NULL, tokens, lp,
+                               stream));
+        clock_gettime(CLOCK_MONOTONIC, &b);
+        if (i >= kWarmup)
+            t[i - kWarmup] = (double)(b.tv_sec - a.tv_sec) * 1e3 + (b.tv_nsec - a.tv_nsec) * 1e-6;
+    }
+    for (int i = 1; i < kReps; i++) /* insertion sort */
+        for (int j = i; j > 0 && t[j] < t[j - 1]; j--) {
+            double x = t[j];
+            t[j] = t[j - 1];
+            t[j - 1] = x;
+        }
+    char name[64];
+    snprintf(name, sizeof(name), "sampler_%dx%d_t%g_p%g", (int)rows, (int)vocab, temperature,
+             top_p);
+    json_simple(name, "sampler", rows, t[kReps / 2], (double)rows * vocab * 4.0);
+    cuda_sampler_free(smp);
+    CK(cudaFree(tmp));
+    CK(cudaFree(logits));
+    CK(cudaFree(d_ids));
+    free(ids);
+    free(params);
+    free(oi);
+    free(tokens);
+    free(lp);
+}
+
+int main(int argc, char **argv)
+{
+    const char *json_path = "kernel_bench.json";
+    bool quick = false;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--json") == 0 && i + 1 < argc)
+            json_path = argv[++i];
+        else if (strcmp(argv[i], "--quick") == 0)
+            quick = true;
+        else {
+            fprintf(stderr, "usage: kernel_bench [--json FILE] [--quick]\n");
+            return 2;
+        }
+    }
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+        fprintf(stderr, "kernel_bench: no CUDA device\n");
+        return 1;
+    }
+    struct cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    l2_bytes = (size_t)prop.l2CacheSize;
+    CK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    if (cublasCreate(&cublas) != CUBLAS_STATUS_SUCCESS ||
+        cublasSetStream(cublas, stream) != CUBLAS_STATUS_SUCCESS) {
+        fprintf(stderr, "kernel_bench: cublasCreate failed\n");
+        return 1;
+    }
+    json = fopen(json_path, "w");
+    if (json == NULL) {
+        perror(json_path);
+        return 1;
+    }
+    fprintf(json, "{\"device\": \"%s\", \"sms\": %d, \"seed\": %llu, \"cases\": [", prop.name,
+            prop.multiProcessorCount, (unsigned long long)kBenchSeed);
+    printf("kernel_bench on %s (%d SMs, L2 %zu MiB)\n", prop.name, prop.multiProcessorCount,
+           l2_bytes >> 20);
+
+    /* Decode, prefill and append: 32 query heads, 8 KV heads, head dim 128, block size 16
+     * unless the name says otherwise. */
+    const struct attn_case attn[] = {
+        {"decode_b64_c4096", "decode", 64, 4096, 1, 32, 8, 128, 16, false},
+        {"decode_b64_c4096_shuf", "decode", 64, 4096, 1, 32, 8, 128, 16, true},
+        {"decode_b32_c8192", "decode", 32, 8192, 1, 32, 8, 128, 16, false},
+        {"decode_b32_c8192_shuf", "decode", 32, 8192, 1, 32, 8, 128, 16, true},
+        {"decode_b1_c32768", "decode", 1, 32768, 1, 32, 8, 128, 16, false},
+        {"decode_b1_c32768_shuf", "decode", 1, 32768, 1, 32, 8, 128, 16, true},
+        {"decode_b256_c512", "decode", 256, 512, 1, 32, 8, 128, 16, true},
+        {"decode_b64_c4096_hd64", "decode", 64, 4096, 1, 32, 8, 64, 16, true},
+        {"decode_b64_c4096_bs8", "decode", 64, 4096, 1, 32, 8, 128, 8, true},
+        {"decode_b64_c4096_bs64", "decode", 64, 4096, 1, 32, 8, 128, 64, true},
+        {"prefill_1k", "prefill", 1, 1024, 1024, 32, 8, 128, 16, true},
+        {"prefill_4k", "prefill", 1, 4096, 4096, 32, 8, 128, 16, true},
+        {"prefill_16k", "prefill", 1, 16384, 16384, 32, 8, 128, 16, true},
+        {"append_512_after_4096", "append", 1, 4608, 512, 32, 8, 128, 16, true},
+    };
+    for (size_t i = 0; i < sizeof(attn) / sizeof(attn[0]); i++) {
+        if (quick && strcmp(attn[i].name, "prefill_16k") == 0)
+            continue;
+        bench_attention(&attn[i]);
+    }
+
+    /* The linears of the Llama-3-8B shape at decode batches and one prefill chunk. */
+    const int32_t rows[] = {1, 64, 256, 8000};
+    const struct {
+        const char *name;
+        int32_t in, out;
+    } lin[] = {{"qkv", 4096, 6144},
+               {"o", 4096, 4096},
+               {"gate_up", 4096, 28672},
+               {"down", 14336, 4096},
+               {"lm_head", 4096, 128256}};
+    for (size_t r = 0; r < sizeof(rows) / sizeof(rows[0]); r++)
+        for (size_t i = 0; i < sizeof(lin) / sizeof(lin[0]); i++) {
+            if (quick && rows[r] == 8000 && i == 4)
+                continue;
+            char name[64];
+            snprintf(name, sizeof(name), "linear_%s_%d", lin[i].name, (int)rows[r]);
+            bench_linear(name, rows[r], lin[i].in, lin[i].out);
+        }
+
+    bench_rmsnorm(64, 4096);
+    bench_rmsnorm(8000, 4096);
+    bench_rope_cache(64);
+    bench_rope_cache(8000);
+    bench_silu(64, 14336);
+    bench_silu(8000, 14336);
+    bench_sampler(64, 128256, 0.0f, 1.0f);
+    bench_sampler(64, 128256, 1.0f, 0.9f);
+    bench_sampler(256, 128256, 1.0f, 0.9f);
+
+    fprintf(json, "\n]}\n");
+    fclose(json);
+    cublasDestroy(cublas);
+    CK(cudaStreamDestroy(stream));
+    printf("kernel_bench: %d cases, JSON in %s\n", json_cases, json_path);
+    return 0;
+}
