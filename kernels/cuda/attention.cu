@@ -2,11 +2,13 @@
  * partition, one asynchronous metadata copy) and the run (a decode kernel, a merge kernel for
  * split decode contexts, a prefill kernel), all reading K/V in place through the block table.
  *
- * Both kernels keep, per query row, a running max m, a running sum l of exp(score - m) and an
- * f32 accumulator of the exp-weighted V, as the CPU's paged version does; K/V tiles of 64 keys
- * are staged in shared memory with 16-byte loads, and keys beyond a row's causal limit (or
- * beyond the context) get probability 0 and are never read from the pool. Arithmetic is plain
- * FMA in f32; tensor cores are the next step. */
+ * Both kernels run on the tensor cores (mma.sync m16n8k16, bf16 operands, f32 accumulators) and
+ * keep, per query row, a running max m, a running sum l of exp(score - m) and an f32
+ * accumulator of the exp-weighted V (online softmax, as the CPU's paged version does). K/V tiles
+ * of 64 keys come from the pool through the block table into XOR-swizzled shared memory by a
+ * cp.async pipeline (16-byte copies, the next tile's block-table entries already in registers)
+ * and reach the tensor cores by ldmatrix; keys beyond a row's causal limit (or beyond the
+ * context) get probability 0, and tiles past the last one a CTA needs are never read. */
 #include "kernels/cuda/attention.h"
 
 #include "kernels/attention_batch.h"
@@ -19,26 +21,28 @@
 namespace
 {
 
-/* Decode: one CTA of 128 threads per (decode partition, KV head, chunk of at most 8 query
- * heads of that KV head). */
+/* Decode: one CTA of 128 threads (4 warps) per (decode partition, KV head, chunk of at most
+ * kDecodeHeadsMax query heads of that KV head), so that each K/V byte is read once for all the
+ * query heads that use it. */
 constexpr int kDecodeThreads = 128;
-constexpr int kDecodeTile = 64;    /* keys per shared-memory tile */
-constexpr int kDecodeHeadsMax = 8; /* query heads per decode CTA */
+constexpr int kDecodeWarps = kDecodeThreads / 32;
+constexpr int kDecodeHeadsMax = 8;
 
-/* Prefill: one CTA of 256 threads per (tile of query rows, KV head); a row is one (query
- * token, query head of the KV head), 64 rows per tile. */
-constexpr int kPrefillThreads = 256;
+/* Prefill: one CTA of 128 threads (4 warps of 16 rows) per (tile of query rows, KV head); a row
+ * is one (query token, query head of the KV head), 64 rows per tile. */
+constexpr int kPrefillThreads = 128;
 constexpr int kPrefillRows = 64;
-constexpr int kPrefillKeys = 64;        /* keys per shared-memory tile */
-constexpr int kPrefillScoreStride = 80; /* floats per score row: 64 + 16 against bank conflicts */
+constexpr int kPrefillKeys = 64; /* keys per shared-memory tile */
 
 /* Query heads per KV head the kernels accept (one prefill tile must hold a token's heads). */
 constexpr int kGroupMax = kPrefillRows;
 
-/* Split-KV: decode contexts are split when fewer than kDecodeCtasPerSm CTAs per SM would run,
- * into partitions of at least kSplitMinTokens keys (a multiple of kDecodeTile). */
-constexpr int kDecodeCtasPerSm = 2;
+/* Split-KV: decode contexts are split when the decode CTAs would not fill kDecodeWaves waves of
+ * the GPU (resident decode CTAs per SM times SMs), into partitions of at least kSplitMinTokens
+ * keys, multiples of kSplitAlign (a multiple of every decode tile). */
+constexpr int kDecodeWaves = 2;
 constexpr int kSplitMinTokens = 256;
+constexpr int kSplitAlign = 64;
 
 /* Everything a kernel needs, passed by value. Metadata pointers point into the plan's device
  * buffer. */
@@ -62,170 +66,287 @@ struct attn_args {
     float *part_lse;       /* [partition][num_heads] */
 };
 
-/* The pool offset (elements) of key pos of a sequence for KV head kh. */
-__device__ __forceinline__ int64_t key_offset(const attn_args &a, const int32_t *table, int32_t pos,
-                                              int32_t kh)
-{
-    const int32_t b = pos / a.block_size;
-    const int32_t slot = pos - b * a.block_size;
-    return (int64_t)table[b] * a.block_stride + (int64_t)kh * a.head_stride +
-           (int64_t)slot * a.slot_stride;
-}
-
 /* ---- decode ---- */
 
+/* cp.async of 16 bytes into shared memory, bypassing L1; with valid false nothing is read and
+ * the 16 bytes are zero-filled (src must still be a valid address). */
+__device__ __forceinline__ void cp_async16(void *dst, const void *src, bool valid)
+{
+    const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src),
+                 "r"(valid ? 16 : 0)
+                 : "memory");
+}
+
+__device__ __forceinline__ void cp_async_commit()
+{
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+/* Waits until at most N of this thread's committed groups are still in flight. */
+template <int N> __device__ __forceinline__ void cp_async_wait()
+{
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+/* Four 8 x 8 bf16 matrices from shared memory (lane i gives the address of row i % 8 of
+ * matrix i / 8); trans gives each thread a column pair instead of a row pair. */
+__device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const void *p)
+{
+    const uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a)
+                 : "memory");
+}
+
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const void *p)
+{
+    const uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a)
+                 : "memory");
+}
+
+/* c += a . b on the tensor cores: m16n8k16, bf16 inputs, f32 accumulators. Fragments (lane
+ * t, g = t / 4, c = 2 * (t % 4)): a0 = A[g][c, c+1], a1 = A[g+8][c, c+1], a2 = A[g][c+8, c+9],
+ * a3 = A[g+8][c+8, c+9]; b0 = B[c, c+1][g], b1 = B[c+8, c+9][g]; c0, c1 = C[g][c, c+1], c2, c3 =
+ * C[g+8][c, c+1]. */
+__device__ __forceinline__ void mma_bf16(float d[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                         uint32_t a3, uint32_t b0, uint32_t b1)
+{
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, "
+        "%7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+/* Two f32 to a bf16 pair (lo at the lower address). */
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi)
+{
+    return float2_to_bf16x2(lo, hi);
+}
+
+/* The element offset of 16-byte chunk c of row r in a shared-memory tile of rows of HD bf16:
+ * chunks are XOR-swizzled by r % 8, so that the 8 rows an ldmatrix reads at one logical column
+ * fall in 8 different bank groups. */
+template <int HD> __device__ __forceinline__ int swz(int r, int c)
+{
+    return r * HD + ((c ^ (r & 7)) << 3);
+}
+
+/* The decode kernel's geometry for head dimension HD: tiles of 64 keys (16 per warp), the
+ * pipeline 3 stages deep at head dim 128 (96 KiB) and 4 at 64 (64 KiB). In the copies, thread t
+ * moves 16-byte column t % C8 of keys t / C8 + j * ROW_STEP. */
+template <int HD> struct decode_geom {
+    static constexpr int T = 64;
+    static constexpr int STAGES = HD == 128 ? 3 : 4;
+    static constexpr int C8 = HD / 8;
+    static constexpr int ROW_STEP = kDecodeThreads / C8;
+    static constexpr int LOADS = T / ROW_STEP;
+    static constexpr size_t smem = (size_t)STAGES * 2 * T * HD * sizeof(uint16_t);
+    static_assert(kSplitAlign % T == 0 && T == 16 * kDecodeWarps, "tile shape");
+};
+
+/* Split-KV decode (flash decoding) on the tensor cores: the CTA walks its partition's keys
+ * [part.y, part.z) tile by tile through a cp.async pipeline, the block-table entries of the next
+ * tile to copy already in registers. Each warp takes 16 keys of every tile: S = Q K^T with the
+ * CTA's query heads as the rows of one m16n8k16 A operand (rows gc .. 15 zero), an online
+ * softmax per head in f32, then O += P V with P (bf16) as the next A operand. The warps merge
+ * through shared memory at the end. A partition that is the whole context writes bf16 out,
+ * otherwise the normalised f32 output and its log-sum-exp for the merge kernel. */
 template <int HD> __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(attn_args a)
 {
-    constexpr int W = HD / 2;  /* bf16 pairs per vector */
-    constexpr int KS = W + 1;  /* K row stride in words: odd, so a column read is conflict-free */
-    constexpr int C8 = HD / 8; /* 16-byte chunks per vector */
-    constexpr int SCORES = kDecodeHeadsMax * kDecodeTile / kDecodeThreads; /* per thread */
-    constexpr int PAIRS = kDecodeHeadsMax * W / kDecodeThreads;            /* per thread */
-
-    __shared__ __align__(16) float qs[kDecodeHeadsMax][HD]; /* read as float2 */
-    __shared__ uint32_t ks[kDecodeTile * KS];
-    __shared__ __align__(16) uint32_t vs[kDecodeTile * W];
-    __shared__ float ps[kDecodeHeadsMax][kDecodeTile];
-    __shared__ float row_max[kDecodeHeadsMax], row_sum[kDecodeHeadsMax], row_alpha[kDecodeHeadsMax];
+    using D = decode_geom<HD>;
+    constexpr int T = D::T, S = D::STAGES;
+    extern __shared__ __align__(16) unsigned char smem[];
+    uint16_t *tiles = reinterpret_cast<uint16_t *>(smem); /* [stage][K, V][T][HD], swizzled */
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int4 part = a.dparts[blockIdx.x];
     const int32_t kh = blockIdx.y;
     const int32_t heads = (a.group + a.decode_chunks - 1) / a.decode_chunks;
     const int32_t g0 = blockIdx.z * heads;
-    const int32_t gc = min(heads, a.group - g0); /* query heads of this CTA */
+    const int32_t gc = min(heads, a.group - g0); /* query heads of this CTA, at most 8 */
     if (gc <= 0)
         return;
-    const int32_t seq = part.x;
+    const int32_t seq = part.x, begin = part.y, end = part.z;
     const int32_t token = a.query_start[seq];
     const int32_t *table = a.block_tables + (int64_t)seq * a.table_stride;
     const int32_t h0 = kh * a.group + g0;
+    const int32_t ntiles = (end - begin + T - 1) / T;
+    const int32_t bs = a.block_size;
 
-    const uint16_t *qrow = a.q + (int64_t)token * a.q_row_stride + (int64_t)h0 * HD;
-    for (int i = tid; i < gc * C8; i += kDecodeThreads) {
-        const int g = i / C8, c = i % C8;
-        float f[8];
-        bf16x8_to_float(__ldg(reinterpret_cast<const uint4 *>(qrow + g * HD + c * 8)), f);
+    const int lcol = tid % D::C8, lrow = tid / D::C8;
+    const uint16_t *kcol = a.k + (int64_t)kh * a.head_stride + lcol * 8;
+    const uint16_t *vcol = a.v + (int64_t)kh * a.head_stride + lcol * 8;
+    int32_t blk[D::LOADS]; /* physical blocks of this thread's keys in the next tile to copy */
+
+    auto fetch_table = [&](int32_t t) {
 #pragma unroll
-        for (int e = 0; e < 8; e++)
-            qs[g][c * 8 + e] = f[e];
-    }
-    if (tid < kDecodeHeadsMax) {
-        row_max[tid] = -INFINITY;
-        row_sum[tid] = 0.0f;
-    }
-    float2 acc[PAIRS];
+        for (int j = 0; j < D::LOADS; j++) {
+            const int32_t pos = begin + t * T + lrow + j * D::ROW_STEP;
+            blk[j] = pos < end ? __ldg(table + pos / bs) : 0;
+        }
+    };
+    auto copy_tile = [&](int32_t t) {
+        uint16_t *ks = tiles + (size_t)(t % S) * 2 * T * HD;
+        uint16_t *vs = ks + T * HD;
 #pragma unroll
-    for (int i = 0; i < PAIRS; i++)
-        acc[i] = make_float2(0.0f, 0.0f);
+        for (int j = 0; j < D::LOADS; j++) {
+            const int r = lrow + j * D::ROW_STEP;
+            const int32_t pos = begin + t * T + r;
+            const bool valid = pos < end;
+            const int64_t off =
+                valid ? (int64_t)blk[j] * a.block_stride + (int64_t)(pos % bs) * a.slot_stride : 0;
+            cp_async16(ks + swz<HD>(r, lcol), kcol + off, valid);
+            cp_async16(vs + swz<HD>(r, lcol), vcol + off, valid);
+        }
+    };
+
+    /* Prologue: S - 1 tiles in flight (a group is committed even when empty, so that the wait
+     * counts stay right), the table entries of the next one fetched. */
+    fetch_table(0);
+#pragma unroll
+    for (int t = 0; t < S - 1; t++) {
+        if (t < ntiles)
+            copy_tile(t);
+        cp_async_commit();
+        fetch_table(t + 1);
+    }
+
+    /* Q as A fragments: row lane / 4 is query head g0 + lane / 4 (zero beyond gc). */
+    const int qr = lane >> 2, qc = 2 * (lane & 3);
+    uint32_t qa[HD / 16][2];
+    {
+        const uint16_t *qrow = a.q + (int64_t)token * a.q_row_stride + (int64_t)(h0 + qr) * HD;
+#pragma unroll
+        for (int k = 0; k < HD / 16; k++) {
+            qa[k][0] = qr < gc ? __ldg(reinterpret_cast<const uint32_t *>(qrow + k * 16 + qc)) : 0;
+            qa[k][1] =
+                qr < gc ? __ldg(reinterpret_cast<const uint32_t *>(qrow + k * 16 + 8 + qc)) : 0;
+        }
+    }
+    const float qscale = a.scale * 1.4426950408889634f; /* scores in log2 units */
+    float o[HD / 8][4];
+#pragma unroll
+    for (int n = 0; n < HD / 8; n++)
+        o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    float m = -INFINITY, l = 0.0f; /* of row qr, l over this lane's keys only */
+    const int wkey = warp * 16;
+
+    for (int32_t i = 0; i < ntiles; i++) {
+        cp_async_wait<S - 2>();
+        __syncthreads(); /* tile i is in; every warp is done with tile i - 1's stage */
+        if (i + S - 1 < ntiles)
+            copy_tile(i + S - 1);
+        cp_async_commit();
+        fetch_table(i + S);
+
+        const uint16_t *ks = tiles + (size_t)(i % S) * 2 * T * HD;
+        const uint16_t *vs = ks + T * HD;
+        /* S = Q K^T for the warp's 16 keys: two n-tiles of 8 keys. */
+        float s[2][4];
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++) {
+            s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+#pragma unroll
+            for (int kk = 0; kk < HD / 32; kk++) {
+                uint32_t b[4];
+                ldmatrix_x4(b, ks + swz<HD>(wkey + nt * 8 + (lane & 7), kk * 4 + (lane >> 3)));
+                mma_bf16(s[nt], qa[2 * kk][0], 0u, qa[2 * kk][1], 0u, b[0], b[1]);
+                mma_bf16(s[nt], qa[2 * kk + 1][0], 0u, qa[2 * kk + 1][1], 0u, b[2], b[3]);
+            }
+        }
+        const int32_t key0 = begin + i * T + wkey + qc;
+        float mx = -INFINITY;
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                s[nt][j] = key0 + nt * 8 + j < end ? s[nt][j] * qscale : -INFINITY;
+                mx = fmaxf(mx, s[nt][j]);
+            }
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_new = fmaxf(m, mx);
+        float alpha = 1.0f;
+        if (m_new != -INFINITY) {
+            alpha = exp2f(m - m_new);
+#pragma unroll
+            for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+                for (int j = 0; j < 2; j++)
+                    s[nt][j] = exp2f(s[nt][j] - m_new);
+        } else {
+#pragma unroll
+            for (int nt = 0; nt < 2; nt++)
+                s[nt][0] = s[nt][1] = 0.0f;
+        }
+        m = m_new;
+        l = l * alpha + (s[0][0] + s[0][1] + s[1][0] + s[1][1]);
+        const uint32_t p0 = pack_bf16(s[0][0], s[0][1]), p1 = pack_bf16(s[1][0], s[1][1]);
+        /* O += P V: V^T fragments by ldmatrix.trans, two n-tiles of 8 dims per load. */
+#pragma unroll
+        for (int dp = 0; dp < HD / 16; dp++) {
+            o[2 * dp][0] *= alpha;
+            o[2 * dp][1] *= alpha;
+            o[2 * dp + 1][0] *= alpha;
+            o[2 * dp + 1][1] *= alpha;
+            uint32_t b[4];
+            ldmatrix_x4_trans(
+                b, vs + swz<HD>(wkey + (lane & 7) + ((lane >> 3) & 1) * 8, 2 * dp + (lane >> 4)));
+            mma_bf16(o[2 * dp], p0, 0u, p1, 0u, b[0], b[1]);
+            mma_bf16(o[2 * dp + 1], p0, 0u, p1, 0u, b[2], b[3]);
+        }
+    }
+
+    /* l over the row's four lanes; then the warps merge through shared memory (the pipeline's,
+     * now idle). */
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    cp_async_wait<0>();
     __syncthreads();
-
-    for (int32_t k0 = part.y; k0 < part.z; k0 += kDecodeTile) {
-        const int n = min(kDecodeTile, part.z - k0);
-        /* K and V of keys k0 .. k0 + n - 1; the rest of the tile is zeros. */
-        for (int i = tid; i < kDecodeTile * C8; i += kDecodeThreads) {
-            const int r = i / C8, c = i % C8;
-            uint4 kv4 = make_uint4(0, 0, 0, 0), vv4 = make_uint4(0, 0, 0, 0);
-            if (r < n) {
-                const int64_t off = key_offset(a, table, k0 + r, kh) + c * 8;
-                kv4 = __ldg(reinterpret_cast<const uint4 *>(a.k + off));
-                vv4 = __ldg(reinterpret_cast<const uint4 *>(a.v + off));
-            }
-            uint32_t *kd = ks + r * KS + c * 4;
-            kd[0] = kv4.x;
-            kd[1] = kv4.y;
-            kd[2] = kv4.z;
-            kd[3] = kv4.w;
-            *reinterpret_cast<uint4 *>(vs + r * W + c * 4) = vv4;
-        }
-        __syncthreads();
-
-        /* Scores: thread column j, query heads gs, gs + 2, ... (warp-uniform). */
-        {
-            const int j = tid % kDecodeTile, gs = tid / kDecodeTile;
-            float s[SCORES];
+    float *red_o = reinterpret_cast<float *>(smem); /* [warp][8][HD] */
+    float *red_ml = red_o + kDecodeWarps * 8 * HD;  /* [warp][8][2] */
+    static_assert(sizeof(float) * kDecodeWarps * 8 * (HD + 2) <= D::smem, "merge fits");
 #pragma unroll
-            for (int i = 0; i < SCORES; i++)
-                s[i] = 0.0f;
-            const uint32_t *kr = ks + j * KS;
-            for (int w = 0; w < W; w++) {
-                const float2 kf = bf16x2_to_float2(kr[w]);
-#pragma unroll
-                for (int i = 0; i < SCORES; i++) {
-                    const int g = gs + i * (kDecodeThreads / kDecodeTile);
-                    if (g < gc) {
-                        const float2 qf = *reinterpret_cast<const float2 *>(&qs[g][2 * w]);
-                        s[i] = fmaf(qf.x, kf.x, s[i]);
-                        s[i] = fmaf(qf.y, kf.y, s[i]);
-                    }
-                }
-            }
-#pragma unroll
-            for (int i = 0; i < SCORES; i++) {
-                const int g = gs + i * (kDecodeThreads / kDecodeTile);
-                if (g < gc)
-                    ps[g][j] = j < n ? s[i] * a.scale : -INFINITY;
-            }
-        }
-        __syncthreads();
-
-        /* Online softmax, one warp per query head. Every tile holds at least one key, so the
-         * new max is finite. */
-        for (int g = warp; g < gc; g += kDecodeThreads / 32) {
-            const float v0 = ps[g][lane], v1 = ps[g][lane + 32];
-            const float m_old = row_max[g];
-            const float m_new = fmaxf(m_old, warp_max(fmaxf(v0, v1)));
-            const float p0 = expf(v0 - m_new), p1 = expf(v1 - m_new);
-            const float sum = warp_sum(p0 + p1);
-            ps[g][lane] = p0;
-            ps[g][lane + 32] = p1;
-            __syncwarp(); /* every lane has read row_max[g] before lane 0 rewrites it */
-            if (lane == 0) {
-                const float alpha = expf(m_old - m_new); /* 0 on the first tile */
-                row_alpha[g] = alpha;
-                row_sum[g] = row_sum[g] * alpha + sum;
-                row_max[g] = m_new;
-            }
-        }
-        __syncthreads();
-
-        /* acc = acc * alpha + P V: thread pairs tid, tid + 128, ... of [head][W]. */
-#pragma unroll
-        for (int i = 0; i < PAIRS; i++) {
-            const int pidx = tid + i * kDecodeThreads;
-            const int g = pidx / W, w = pidx % W;
-            if (g < gc) {
-                const float alpha = row_alpha[g];
-                float2 o = make_float2(acc[i].x * alpha, acc[i].y * alpha);
-                for (int j = 0; j < n; j++) {
-                    const float p = ps[g][j];
-                    const float2 vf = bf16x2_to_float2(vs[j * W + w]);
-                    o.x = fmaf(p, vf.x, o.x);
-                    o.y = fmaf(p, vf.y, o.y);
-                }
-                acc[i] = o;
-            }
-        }
-        __syncthreads();
+    for (int n = 0; n < HD / 8; n++)
+        *reinterpret_cast<float2 *>(red_o + (warp * 8 + qr) * HD + n * 8 + qc) =
+            make_float2(o[n][0], o[n][1]);
+    if ((lane & 3) == 0) {
+        red_ml[(warp * 8 + qr) * 2] = m;
+        red_ml[(warp * 8 + qr) * 2 + 1] = l;
     }
-
+    __syncthreads();
+    for (int idx = tid; idx < gc * (HD / 2); idx += kDecodeThreads) {
+        const int g = idx / (HD / 2), w = idx % (HD / 2);
+        float mx = -INFINITY;
 #pragma unroll
-    for (int i = 0; i < PAIRS; i++) {
-        const int pidx = tid + i * kDecodeThreads;
-        const int g = pidx / W, w = pidx % W;
-        if (g >= gc)
-            continue;
+        for (int k = 0; k < kDecodeWarps; k++)
+            mx = fmaxf(mx, red_ml[(k * 8 + g) * 2]);
+        float total = 0.0f, ox = 0.0f, oy = 0.0f;
+#pragma unroll
+        for (int k = 0; k < kDecodeWarps; k++) {
+            const float mk = red_ml[(k * 8 + g) * 2];
+            const float wt = mk == -INFINITY ? 0.0f : exp2f(mk - mx);
+            const float2 ov = *reinterpret_cast<const float2 *>(red_o + (k * 8 + g) * HD + 2 * w);
+            total = fmaf(wt, red_ml[(k * 8 + g) * 2 + 1], total);
+            ox = fmaf(wt, ov.x, ox);
+            oy = fmaf(wt, ov.y, oy);
+        }
         const int32_t h = h0 + g;
-        const float l = row_sum[g];
-        const float ox = acc[i].x / l, oy = acc[i].y / l;
+        ox /= total;
+        oy /= total;
         if (part.w < 0) {
-            uint16_t *o = a.out + (int64_t)token * a.num_heads * HD + (int64_t)h * HD;
-            reinterpret_cast<uint32_t *>(o)[w] = float2_to_bf16x2(ox, oy);
+            uint16_t *out = a.out + (int64_t)token * a.num_heads * HD + (int64_t)h * HD;
+            reinterpret_cast<uint32_t *>(out)[w] = float2_to_bf16x2(ox, oy);
         } else {
             const int64_t row = (int64_t)blockIdx.x * a.num_heads + h;
             reinterpret_cast<float2 *>(a.part_out + row * HD)[w] = make_float2(ox, oy);
-            if (w == 0)
-                a.part_lse[row] = row_max[g] + logf(l);
+            if (w == 0) /* natural log: (mx + log2(total)) * ln 2 */
+                a.part_lse[row] = (mx + log2f(total)) * 0.6931471805599453f;
         }
     }
 }
@@ -257,37 +378,37 @@ template <int HD> __global__ void merge_kernel(attn_args a)
 
 /* ---- prefill ---- */
 
-template <int HD> struct prefill_smem {
-    static constexpr int W = HD / 2;
-    static constexpr int KS = W + 1;  /* K row stride in words (odd) */
-    static constexpr int QS = HD + 2; /* Q row stride in floats: two rows per warp, no conflict */
-    static constexpr size_t vs = 0;   /* uint32 [keys][W], 16-byte aligned */
-    static constexpr size_t ks = vs + sizeof(uint32_t) * kPrefillKeys * W;
-    static constexpr size_t qs = ks + sizeof(uint32_t) * kPrefillKeys * KS;
-    static constexpr size_t ps = qs + sizeof(float) * kPrefillRows * QS;
-    static constexpr size_t stats = ps + sizeof(float) * kPrefillRows * kPrefillScoreStride;
-    static constexpr size_t bytes = stats + sizeof(float) * 4 * kPrefillRows;
+/* The prefill kernel's geometry for head dimension HD: 64 query rows per CTA (16 per warp),
+ * K/V tiles of 64 keys, the pipeline 3 stages deep at head dim 128 (96 KiB), 4 at 64. */
+template <int HD> struct prefill_geom {
+    static constexpr int T = kPrefillKeys;
+    static constexpr int STAGES = HD == 128 ? 3 : 4;
+    static constexpr int C8 = HD / 8;
+    static constexpr int ROW_STEP = kPrefillThreads / C8;
+    static constexpr int LOADS = T / ROW_STEP;
+    static constexpr size_t smem = (size_t)STAGES * 2 * T * HD * sizeof(uint16_t);
+    static_assert(kPrefillRows == 16 * (kPrefillThreads / 32), "16 rows per warp");
 };
 
+/* Causal prefill (FlashAttention-2 style) on the tensor cores: one CTA per (tile of query rows,
+ * KV head); row r of the tile is token first + r / group of the sequence, query head kh * group
+ * + r % group, so that the K/V tiles read for one KV head serve all of its query heads. K/V
+ * tiles of 64 keys come through the block table into swizzled shared memory by a cp.async
+ * pipeline, from key 0 to the tile's last query position (tiles past it, fully masked, are
+ * never read); only tiles that reach past the tile's first query position are masked. Each warp
+ * holds 16 rows: S = Q K^T (m16n8k16, bf16, f32 accumulators), online softmax in f32 (exp2),
+ * O += P V with P rounded to bf16 as the A operand. A chunk continuing a sequence already in the
+ * pool is the same computation with context_len > query_len. */
 template <int HD> __global__ void __launch_bounds__(kPrefillThreads) prefill_kernel(attn_args a)
 {
-    using L = prefill_smem<HD>;
-    constexpr int W = L::W, KS = L::KS, QS = L::QS, PS = kPrefillScoreStride;
-    constexpr int C8 = HD / 8;
-    constexpr int PAIRS = W / 16; /* column pairs per thread in P V */
+    using P = prefill_geom<HD>;
+    constexpr int T = P::T, S = P::STAGES;
     extern __shared__ __align__(16) unsigned char smem[];
-    uint32_t *vs = reinterpret_cast<uint32_t *>(smem + L::vs);
-    uint32_t *ks = reinterpret_cast<uint32_t *>(smem + L::ks);
-    float *qs = reinterpret_cast<float *>(smem + L::qs);
-    float *ps = reinterpret_cast<float *>(smem + L::ps);
-    float *row_max = reinterpret_cast<float *>(smem + L::stats);
-    float *row_sum = row_max + kPrefillRows;
-    float *row_alpha = row_sum + kPrefillRows;
-    int32_t *row_pos = reinterpret_cast<int32_t *>(row_alpha + kPrefillRows);
+    uint16_t *tiles = reinterpret_cast<uint16_t *>(smem); /* [stage][K, V][T][HD], swizzled */
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int tx = tid % 16, ty = tid / 16;
-    const int2 item = a.pitems[blockIdx.x];
+    /* The longest tiles first: items are in ascending order of their first token. */
+    const int2 item = a.pitems[gridDim.x - 1 - blockIdx.x];
     const int32_t kh = blockIdx.y;
     const int32_t seq = item.x, first = item.y;
     const int32_t q0 = a.query_start[seq];
@@ -298,160 +419,172 @@ template <int HD> __global__ void __launch_bounds__(kPrefillThreads) prefill_ker
     const int32_t pos0 = context_len - query_len + first; /* position of the tile's token 0 */
     const int32_t key_end = pos0 + ntok;                  /* one past the last key needed */
     const int32_t *table = a.block_tables + (int64_t)seq * a.table_stride;
+    const int32_t ntiles = (key_end + T - 1) / T;
+    const int32_t bs = a.block_size;
 
-    /* Q rows: row r is token r / group of the tile, query head kh * group + r % group. */
-    for (int i = tid; i < kPrefillRows * C8; i += kPrefillThreads) {
-        const int r = i / C8, c = i % C8;
-        float f[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        if (r < rows) {
-            const int32_t t = q0 + first + r / a.group;
-            const int32_t h = kh * a.group + r % a.group;
-            const uint16_t *src = a.q + (int64_t)t * a.q_row_stride + (int64_t)h * HD + c * 8;
-            bf16x8_to_float(__ldg(reinterpret_cast<const uint4 *>(src)), f);
+    const int lcol = tid % P::C8, lrow = tid / P::C8;
+    const uint16_t *kcol = a.k + (int64_t)kh * a.head_stride + lcol * 8;
+    const uint16_t *vcol = a.v + (int64_t)kh * a.head_stride + lcol * 8;
+    int32_t blk[P::LOADS];
+    auto fetch_table = [&](int32_t t) {
+#pragma unroll
+        for (int j = 0; j < P::LOADS; j++) {
+            const int32_t pos = t * T + lrow + j * P::ROW_STEP;
+            blk[j] = pos < key_end ? __ldg(table + pos / bs) : 0;
         }
+    };
+    auto copy_tile = [&](int32_t t) {
+        uint16_t *ks = tiles + (size_t)(t % S) * 2 * T * HD;
+        uint16_t *vs = ks + T * HD;
 #pragma unroll
-        for (int e = 0; e < 8; e++)
-            qs[r * QS + c * 8 + e] = f[e];
-    }
-    if (tid < kPrefillRows) {
-        row_max[tid] = -INFINITY;
-        row_sum[tid] = 0.0f;
-        row_pos[tid] = tid < rows ? pos0 + tid / a.group : -1;
-    }
-    float2 acc[4][PAIRS];
-#pragma unroll
-    for (int i = 0; i < 4; i++)
-#pragma unroll
-        for (int j = 0; j < PAIRS; j++)
-            acc[i][j] = make_float2(0.0f, 0.0f);
-    __syncthreads();
-
-    for (int32_t k0 = 0; k0 < key_end; k0 += kPrefillKeys) {
-        const int n = min(kPrefillKeys, key_end - k0);
-        for (int i = tid; i < kPrefillKeys * C8; i += kPrefillThreads) {
-            const int r = i / C8, c = i % C8;
-            uint4 kv4 = make_uint4(0, 0, 0, 0), vv4 = make_uint4(0, 0, 0, 0);
-            if (r < n) {
-                const int64_t off = key_offset(a, table, k0 + r, kh) + c * 8;
-                kv4 = __ldg(reinterpret_cast<const uint4 *>(a.k + off));
-                vv4 = __ldg(reinterpret_cast<const uint4 *>(a.v + off));
-            }
-            uint32_t *kd = ks + r * KS + c * 4;
-            kd[0] = kv4.x;
-            kd[1] = kv4.y;
-            kd[2] = kv4.z;
-            kd[3] = kv4.w;
-            *reinterpret_cast<uint4 *>(vs + r * W + c * 4) = vv4;
+        for (int j = 0; j < P::LOADS; j++) {
+            const int r = lrow + j * P::ROW_STEP;
+            const int32_t pos = t * T + r;
+            const bool valid = pos < key_end;
+            const int64_t off =
+                valid ? (int64_t)blk[j] * a.block_stride + (int64_t)(pos % bs) * a.slot_stride : 0;
+            cp_async16(ks + swz<HD>(r, lcol), kcol + off, valid);
+            cp_async16(vs + swz<HD>(r, lcol), vcol + off, valid);
         }
-        __syncthreads();
-
-        /* S = Q K^T * scale on a 4 x 4 micro-tile: rows ty + 16 i, keys tx + 16 j. */
-        {
-            float s[4][4];
+    };
+    fetch_table(0);
 #pragma unroll
-            for (int i = 0; i < 4; i++)
-#pragma unroll
-                for (int j = 0; j < 4; j++)
-                    s[i][j] = 0.0f;
-            for (int w = 0; w < W; w++) {
-                float2 qf[4], kf[4];
-#pragma unroll
-                for (int i = 0; i < 4; i++)
-                    qf[i] = *reinterpret_cast<const float2 *>(qs + (ty + 16 * i) * QS + 2 * w);
-#pragma unroll
-                for (int j = 0; j < 4; j++)
-                    kf[j] = bf16x2_to_float2(ks[(tx + 16 * j) * KS + w]);
-#pragma unroll
-                for (int i = 0; i < 4; i++)
-#pragma unroll
-                    for (int j = 0; j < 4; j++) {
-                        s[i][j] = fmaf(qf[i].x, kf[j].x, s[i][j]);
-                        s[i][j] = fmaf(qf[i].y, kf[j].y, s[i][j]);
-                    }
-            }
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const int r = ty + 16 * i;
-                const int32_t limit = row_pos[r]; /* causal: keys 0 .. limit */
-#pragma unroll
-                for (int j = 0; j < 4; j++) {
-                    const int c = tx + 16 * j;
-                    ps[r * PS + c] = k0 + c <= limit ? s[i][j] * a.scale : -INFINITY;
-                }
-            }
-        }
-        __syncthreads();
-
-        /* Online softmax, one warp per 8 rows. A row may have no key in this tile (its token
-         * precedes the tile), or none at all (a padding row): then nothing changes. */
-        for (int rr = 0; rr < kPrefillRows / (kPrefillThreads / 32); rr++) {
-            const int r = warp * (kPrefillRows / (kPrefillThreads / 32)) + rr;
-            const float v0 = ps[r * PS + lane], v1 = ps[r * PS + lane + 32];
-            const float m_old = row_max[r];
-            const float m_new = fmaxf(m_old, warp_max(fmaxf(v0, v1)));
-            float p0 = 0.0f, p1 = 0.0f, alpha = 1.0f;
-            if (m_new != -INFINITY) {
-                p0 = expf(v0 - m_new);
-                p1 = expf(v1 - m_new);
-                alpha = expf(m_old - m_new);
-            }
-            const float sum = warp_sum(p0 + p1);
-            ps[r * PS + lane] = p0;
-            ps[r * PS + lane + 32] = p1;
-            __syncwarp(); /* every lane has read row_max[r] before lane 0 rewrites it */
-            if (lane == 0) {
-                row_alpha[r] = alpha;
-                row_sum[r] = row_sum[r] * alpha + sum;
-                row_max[r] = m_new;
-            }
-        }
-        __syncthreads();
-
-        /* acc = acc * alpha + P V: rows ty + 16 i, column pairs tx + 16 j. */
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const float alpha = row_alpha[ty + 16 * i];
-#pragma unroll
-            for (int j = 0; j < PAIRS; j++) {
-                acc[i][j].x *= alpha;
-                acc[i][j].y *= alpha;
-            }
-        }
-        for (int c = 0; c < n; c++) {
-            float p[4];
-            float2 vf[PAIRS];
-#pragma unroll
-            for (int i = 0; i < 4; i++)
-                p[i] = ps[(ty + 16 * i) * PS + c];
-#pragma unroll
-            for (int j = 0; j < PAIRS; j++)
-                vf[j] = bf16x2_to_float2(vs[c * W + tx + 16 * j]);
-#pragma unroll
-            for (int i = 0; i < 4; i++)
-#pragma unroll
-                for (int j = 0; j < PAIRS; j++) {
-                    acc[i][j].x = fmaf(p[i], vf[j].x, acc[i][j].x);
-                    acc[i][j].y = fmaf(p[i], vf[j].y, acc[i][j].y);
-                }
-        }
-        __syncthreads();
+    for (int t = 0; t < S - 1; t++) {
+        if (t < ntiles)
+            copy_tile(t);
+        cp_async_commit();
+        fetch_table(t + 1);
     }
 
+    /* This thread's rows: g and g + 8 of the warp's 16; their Q as A fragments, their causal
+     * limits (-1 for padding rows: every key masked). */
+    const int g = lane >> 2, qc = 2 * (lane & 3);
+    int32_t limit[2];
+    uint32_t qa[HD / 16][4];
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const int r = ty + 16 * i;
+    for (int h = 0; h < 2; h++) {
+        const int r = warp * 16 + g + 8 * h;
+        const bool live = r < rows;
+        limit[h] = live ? pos0 + r / a.group : -1;
+        const uint16_t *qrow = a.q +
+                               (int64_t)(q0 + first + (live ? r / a.group : 0)) * a.q_row_stride +
+                               (int64_t)(kh * a.group + (live ? r % a.group : 0)) * HD + qc;
+#pragma unroll
+        for (int k = 0; k < HD / 16; k++) {
+            qa[k][h] = live ? __ldg(reinterpret_cast<const uint32_t *>(qrow + k * 16)) : 0u;
+            qa[k][2 + h] = live ? __ldg(reinterpret_cast<const uint32_t *>(qrow + k * 16 + 8)) : 0u;
+        }
+    }
+    const float qscale = a.scale * 1.4426950408889634f;
+    float o[HD / 8][4];
+#pragma unroll
+    for (int n = 0; n < HD / 8; n++)
+        o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+
+    for (int32_t i = 0; i < ntiles; i++) {
+        cp_async_wait<S - 2>();
+        __syncthreads();
+        if (i + S - 1 < ntiles)
+            copy_tile(i + S - 1);
+        cp_async_commit();
+        fetch_table(i + S);
+
+        const uint16_t *ks = tiles + (size_t)(i % S) * 2 * T * HD;
+        const uint16_t *vs = ks + T * HD;
+        const int32_t k0 = i * T;
+        float s[T / 8][4];
+#pragma unroll
+        for (int nt = 0; nt < T / 8; nt++) {
+            s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+#pragma unroll
+            for (int kk = 0; kk < HD / 32; kk++) {
+                uint32_t b[4];
+                ldmatrix_x4(b, ks + swz<HD>(nt * 8 + (lane & 7), kk * 4 + (lane >> 3)));
+                mma_bf16(s[nt], qa[2 * kk][0], qa[2 * kk][1], qa[2 * kk][2], qa[2 * kk][3], b[0],
+                         b[1]);
+                mma_bf16(s[nt], qa[2 * kk + 1][0], qa[2 * kk + 1][1], qa[2 * kk + 1][2],
+                         qa[2 * kk + 1][3], b[2], b[3]);
+            }
+        }
+        /* Scale, and mask the tiles that reach past the first row's position. */
+        const bool masked = k0 + T - 1 > pos0;
+        float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int nt = 0; nt < T / 8; nt++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const int h = j >> 1;
+                float v = s[nt][j] * qscale;
+                if (masked && k0 + nt * 8 + qc + (j & 1) > limit[h])
+                    v = -INFINITY;
+                s[nt][j] = v;
+                mx[h] = fmaxf(mx[h], v);
+            }
+        float alpha[2];
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+            const float m_new = fmaxf(m[h], mx[h]);
+            /* A row with no key yet keeps m = -inf: subtract 0 instead, exp2(-inf) = 0. */
+            const float base = m_new == -INFINITY ? 0.0f : m_new;
+            alpha[h] = exp2f(m[h] - base);
+            m[h] = m_new;
+            float sum = 0.0f;
+#pragma unroll
+            for (int nt = 0; nt < T / 8; nt++) {
+                s[nt][2 * h] = exp2f(s[nt][2 * h] - base);
+                s[nt][2 * h + 1] = exp2f(s[nt][2 * h + 1] - base);
+                sum += s[nt][2 * h] + s[nt][2 * h + 1];
+            }
+            l[h] = l[h] * alpha[h] + sum;
+        }
+#pragma unroll
+        for (int n = 0; n < HD / 8; n++) {
+            o[n][0] *= alpha[0];
+            o[n][1] *= alpha[0];
+            o[n][2] *= alpha[1];
+            o[n][3] *= alpha[1];
+        }
+        /* O += P V, 16 keys per k-step. */
+#pragma unroll
+        for (int kk = 0; kk < T / 16; kk++) {
+            const uint32_t p0 = pack_bf16(s[2 * kk][0], s[2 * kk][1]);
+            const uint32_t p1 = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
+            const uint32_t p2 = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+            const uint32_t p3 = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+#pragma unroll
+            for (int dp = 0; dp < HD / 16; dp++) {
+                uint32_t b[4];
+                ldmatrix_x4_trans(b, vs + swz<HD>(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8,
+                                                  2 * dp + (lane >> 4)));
+                mma_bf16(o[2 * dp], p0, p1, p2, p3, b[0], b[1]);
+                mma_bf16(o[2 * dp + 1], p0, p1, p2, p3, b[2], b[3]);
+            }
+        }
+    }
+    cp_async_wait<0>();
+
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+        l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+        const int r = warp * 16 + g + 8 * h;
         if (r >= rows)
             continue;
         const int32_t t = q0 + first + r / a.group;
-        const int32_t h = kh * a.group + r % a.group;
-        const float l = row_sum[r];
-        uint32_t *o =
-            reinterpret_cast<uint32_t *>(a.out + (int64_t)t * a.num_heads * HD + (int64_t)h * HD);
+        const int32_t head = kh * a.group + r % a.group;
+        const float inv = 1.0f / l[h];
+        uint16_t *out = a.out + (int64_t)t * a.num_heads * HD + (int64_t)head * HD + qc;
 #pragma unroll
-        for (int j = 0; j < PAIRS; j++)
-            o[tx + 16 * j] = float2_to_bf16x2(acc[i][j].x / l, acc[i][j].y / l);
+        for (int n = 0; n < HD / 8; n++)
+            *reinterpret_cast<uint32_t *>(out + n * 8) =
+                float2_to_bf16x2(o[n][2 * h] * inv, o[n][2 * h + 1] * inv);
     }
 }
+
+using decode_fn = void (*)(attn_args);
 
 /* Rounds a word count up to a multiple of 4, so that int4 arrays stay 16-byte aligned. */
 size_t align4(size_t words)
@@ -467,7 +600,9 @@ struct cuda_attention_plan {
     int32_t decode_chunks; /* decode CTAs per KV head: ceil(group / kDecodeHeadsMax) */
     int32_t tile_tokens;   /* query tokens per prefill tile */
     int32_t target_ctas;   /* decode CTAs wanted before contexts are split */
-    int32_t max_parts;     /* decode partitions the scratch holds */
+    decode_fn decode;      /* decode_kernel for head_dim and the heads of one decode CTA */
+    size_t decode_smem;
+    int32_t max_parts; /* decode partitions the scratch holds */
 
     /* Metadata: packed per step into pinned staging (two slots, each guarded by an event
      * recorded after its copy), then one copy into the device buffer. */
@@ -539,7 +674,23 @@ int cuda_attention_plan_new(const struct cuda_attention_config *c, struct cuda_a
     p->group = c->num_heads / c->num_kv_heads;
     p->decode_chunks = (p->group + kDecodeHeadsMax - 1) / kDecodeHeadsMax;
     p->tile_tokens = kPrefillRows / p->group;
-    p->target_ctas = kDecodeCtasPerSm * (sms > 0 ? sms : 1);
+    p->decode = c->head_dim == 64 ? decode_kernel<64> : decode_kernel<128>;
+    p->decode_smem = c->head_dim == 64 ? decode_geom<64>::smem : decode_geom<128>::smem;
+    int resident = 0;
+    rc = cuda_call_result(cudaFuncSetAttribute(p->decode,
+                                               cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               (int)p->decode_smem),
+                          "cuda_attention_plan_new: cudaFuncSetAttribute (decode)");
+    if (rc == 0)
+        rc = cuda_call_result(
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, p->decode, kDecodeThreads,
+                                                          p->decode_smem),
+            "cuda_attention_plan_new: cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+    if (rc < 0) {
+        free(p);
+        return rc;
+    }
+    p->target_ctas = kDecodeWaves * (resident > 0 ? resident : 1) * (sms > 0 ? sms : 1);
     const int32_t ctas_per_part = c->num_kv_heads * p->decode_chunks;
     /* At most one partition per sequence, plus the extra ones a split adds (see plan). */
     p->max_parts = c->max_num_seqs + (p->target_ctas + ctas_per_part - 1) / ctas_per_part + 1;
@@ -584,12 +735,12 @@ int cuda_attention_plan_new(const struct cuda_attention_config *c, struct cuda_a
     if (c->head_dim == 64)
         rc = cuda_call_result(cudaFuncSetAttribute(prefill_kernel<64>,
                                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                   (int)prefill_smem<64>::bytes),
+                                                   (int)prefill_geom<64>::smem),
                               "cuda_attention_plan_new: cudaFuncSetAttribute");
     else
         rc = cuda_call_result(cudaFuncSetAttribute(prefill_kernel<128>,
                                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                   (int)prefill_smem<128>::bytes),
+                                                   (int)prefill_geom<128>::smem),
                               "cuda_attention_plan_new: cudaFuncSetAttribute");
     if (rc < 0)
         goto fail;
@@ -678,8 +829,9 @@ int cuda_attention_plan(struct cuda_attention_plan *p, const struct attention_ba
         }
     }
 
-    /* Split-KV: with too few decode CTAs to fill the GPU, cut the contexts into partitions of
-     * split keys, sized so that all decode contexts together make about target_ctas CTAs.
+    /* Split-KV: with too few decode CTAs to fill kDecodeWaves waves of the GPU, cut the
+     * contexts into partitions of about split keys, sized so that all decode contexts together
+     * make about target_ctas CTAs; a context cut in n gets n nearly equal partitions.
      * Partitions then number at most target / ctas_per_part + num_decode < max_parts. */
     const int64_t ctas_per_part = (int64_t)c->num_kv_heads * p->decode_chunks;
     int64_t split = INT32_MAX;
@@ -688,7 +840,7 @@ int cuda_attention_plan(struct cuda_attention_plan *p, const struct attention_ba
         split = (decode_keys + want - 1) / want;
         if (split < kSplitMinTokens)
             split = kSplitMinTokens;
-        split = (split + kDecodeTile - 1) / kDecodeTile * kDecodeTile;
+        split = (split + kSplitAlign - 1) / kSplitAlign * kSplitAlign;
     }
     /* Merges (at most one per decode sequence) come first, then the partitions. */
     p->off_parts = p->off_merges + 4 * (size_t)num_decode;
@@ -699,14 +851,19 @@ int cuda_attention_plan(struct cuda_attention_plan *p, const struct attention_ba
         if (batch->query_start[q + 1] - batch->query_start[q] != 1)
             continue;
         const int64_t context_len = batch->context_len[q];
-        const int32_t n = (int32_t)((context_len + split - 1) / split);
+        int32_t n = (int32_t)((context_len + split - 1) / split);
+        int64_t len = context_len;
+        if (n > 1) { /* n nearly equal partitions, tile-aligned: never more of them */
+            len = ((context_len + n - 1) / n + kSplitAlign - 1) / kSplitAlign * kSplitAlign;
+            n = (int32_t)((context_len + len - 1) / len);
+        }
         if (num_parts + n > p->max_parts)
             return pagoda_error_set(PAGODA_EINTERNAL,
                                     "cuda_attention_plan: %d split-KV partitions exceed %d",
                                     (int)(num_parts + n), (int)p->max_parts);
         for (int32_t i = 0; i < n; i++) {
-            const int64_t begin = i * split;
-            const int64_t end = begin + split < context_len ? begin + split : context_len;
+            const int64_t begin = i * len;
+            const int64_t end = begin + len < context_len ? begin + len : context_len;
             parts[num_parts + i] = make_int4(q, (int)begin, (int)end, n > 1 ? num_merges : -1);
         }
         if (n > 1)
@@ -772,7 +929,7 @@ static int launch(const struct cuda_attention_plan *p, const attn_args &a, cudaS
     const struct cuda_attention_config *c = &p->config;
     if (p->num_parts > 0) {
         dim3 grid(p->num_parts, c->num_kv_heads, p->decode_chunks);
-        decode_kernel<HD><<<grid, kDecodeThreads, 0, s>>>(a);
+        p->decode<<<grid, kDecodeThreads, p->decode_smem, s>>>(a);
         int rc = cuda_launch_result("cuda_attention_run: decode kernel");
         if (rc < 0)
             return rc;
@@ -786,7 +943,7 @@ static int launch(const struct cuda_attention_plan *p, const attn_args &a, cudaS
     }
     if (p->num_items > 0) {
         dim3 grid(p->num_items, c->num_kv_heads);
-        prefill_kernel<HD><<<grid, kPrefillThreads, prefill_smem<HD>::bytes, s>>>(a);
+        prefill_kernel<HD><<<grid, kPrefillThreads, prefill_geom<HD>::smem, s>>>(a);
         int rc = cuda_launch_result("cuda_attention_run: prefill kernel");
         if (rc < 0)
             return rc;

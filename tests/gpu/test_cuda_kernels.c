@@ -662,6 +662,21 @@ static void test_attention_many_decodes(struct shape sh, int32_t n)
     free(context_len);
 }
 
+/* Decodes at the edge lengths of the pool and of the decode kernel's tiles (32 keys at head
+ * dim 128, 64 at 64) and split-KV partitions (multiples of 64 keys, at least 256): in one batch
+ * small enough that the long contexts are split and the short ones are not. */
+static void test_attention_decode_edges(struct shape sh)
+{
+    const int32_t bs = sh.block_size;
+    const int32_t context_len[] = {1,  bs - 1, bs,  bs + 1, 31,  32,   33,   63,
+                                   64, 65,     255, 256,    257, 1000, 3000, 4 * bs + 3};
+    enum { n = sizeof(context_len) / sizeof(context_len[0]) };
+    int32_t query_len[n];
+    for (int i = 0; i < n; i++)
+        query_len[i] = 1;
+    test_attention("decode edges", sh, n, query_len, context_len);
+}
+
 /* One long decode alone: split into many partitions. */
 static void test_attention_long_decode(struct shape sh)
 {
@@ -876,6 +891,23 @@ int main(void)
         test_attention_long_decode((struct shape){8, 8, 128, 32});
     }
     test_attention_long_decode((struct shape){64, 1, 64, 16}); /* 64 heads per KV head */
+
+    /* Decode: head dims 64 and 128, block sizes 8 to 64, 1, 2, 4 and 12 query heads per KV
+     * head (each width of the decode kernel), split and unsplit contexts. */
+    const int32_t edge_bs[] = {8, 16, 24, 64};
+    for (int d = 0; d < 2; d++)
+        for (int b = 0; b < 4; b++) {
+            if (quick && (d + b) % 3 != 0)
+                continue;
+            test_attention_decode_edges((struct shape){32, 8, head_dims[d], edge_bs[b]});
+        }
+    test_attention_decode_edges((struct shape){16, 8, 128, 32});
+    test_attention_decode_edges((struct shape){8, 8, 64, 16});
+    test_attention_decode_edges((struct shape){24, 2, 128, 16});
+    if (!quick) {
+        test_attention_many_decodes((struct shape){32, 8, 128, 16}, 300); /* no split */
+        test_attention_many_decodes((struct shape){32, 8, 64, 8}, 300);
+    }
 
     test_refusals();
 
