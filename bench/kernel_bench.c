@@ -1,7 +1,8 @@
 /* kernel_bench: times pagoda's CUDA kernels on device buffers, on the Llama-3-8B shape.
  *
- *   kernel_bench [--json FILE] [--quick]
+ *   kernel_bench [--json FILE] [--quick] [--filter SUB[,SUB...]]
  *
+ * --filter runs only the cases whose name contains one of the substrings.
  * Cases: paged decode attention (batch x context, head dim 64 and 128, block sizes 8 to 64,
  * block tables in order and shuffled), paged causal prefill attention, the append case (a chunk
  * continuing a sequence already in the pool), each linear of the model through the worker's
@@ -48,6 +49,28 @@ static cublasHandle_t cublas;
 static FILE *json;
 static int json_cases;
 static size_t l2_bytes;
+static const char *filter; /* comma-separated substrings, or NULL for every case */
+
+/* True when the case name passes --filter. */
+static bool wanted(const char *name)
+{
+    if (filter == NULL)
+        return true;
+    const char *p = filter;
+    while (*p != '\0') {
+        const char *comma = strchr(p, ',');
+        size_t n = comma != NULL ? (size_t)(comma - p) : strlen(p);
+        char sub[64];
+        if (n > 0 && n < sizeof(sub)) {
+            memcpy(sub, p, n);
+            sub[n] = '\0';
+            if (strstr(name, sub) != NULL)
+                return true;
+        }
+        p += n + (comma != NULL);
+    }
+    return false;
+}
 
 #define CK(call)                                                                                   \
     do {                                                                                           \
@@ -543,8 +566,10 @@ int main(int argc, char **argv)
             json_path = argv[++i];
         else if (strcmp(argv[i], "--quick") == 0)
             quick = true;
+        else if (strcmp(argv[i], "--filter") == 0 && i + 1 < argc)
+            filter = argv[++i];
         else {
-            fprintf(stderr, "usage: kernel_bench [--json FILE] [--quick]\n");
+            fprintf(stderr, "usage: kernel_bench [--json FILE] [--quick] [--filter SUB[,SUB]]\n");
             return 2;
         }
     }
@@ -591,7 +616,7 @@ int main(int argc, char **argv)
         {"append_512_after_4096", "append", 1, 4608, 512, 32, 8, 128, 16, true},
     };
     for (size_t i = 0; i < sizeof(attn) / sizeof(attn[0]); i++) {
-        if (quick && strcmp(attn[i].name, "prefill_16k") == 0)
+        if ((quick && strcmp(attn[i].name, "prefill_16k") == 0) || !wanted(attn[i].name))
             continue;
         bench_attention(&attn[i]);
     }
@@ -612,18 +637,27 @@ int main(int argc, char **argv)
                 continue;
             char name[64];
             snprintf(name, sizeof(name), "linear_%s_%d", lin[i].name, (int)rows[r]);
-            bench_linear(name, rows[r], lin[i].in, lin[i].out);
+            if (wanted(name))
+                bench_linear(name, rows[r], lin[i].in, lin[i].out);
         }
 
-    bench_rmsnorm(64, 4096);
-    bench_rmsnorm(8000, 4096);
-    bench_rope_cache(64);
-    bench_rope_cache(8000);
-    bench_silu(64, 14336);
-    bench_silu(8000, 14336);
-    bench_sampler(64, 128256, 0.0f, 1.0f);
-    bench_sampler(64, 128256, 1.0f, 0.9f);
-    bench_sampler(256, 128256, 1.0f, 0.9f);
+    if (wanted("add_rmsnorm")) {
+        bench_rmsnorm(64, 4096);
+        bench_rmsnorm(8000, 4096);
+    }
+    if (wanted("rope_cache")) {
+        bench_rope_cache(64);
+        bench_rope_cache(8000);
+    }
+    if (wanted("silu_mul")) {
+        bench_silu(64, 14336);
+        bench_silu(8000, 14336);
+    }
+    if (wanted("sampler")) {
+        bench_sampler(64, 128256, 0.0f, 1.0f);
+        bench_sampler(64, 128256, 1.0f, 0.9f);
+        bench_sampler(256, 128256, 1.0f, 0.9f);
+    }
 
     fprintf(json, "\n]}\n");
     fclose(json);

@@ -27,6 +27,7 @@ namespace
 constexpr int kDecodeThreads = 128;
 constexpr int kDecodeWarps = kDecodeThreads / 32;
 constexpr int kDecodeHeadsMax = 8;
+constexpr int kMergeThreads = 128; /* the merge of split-KV partitions, per (sequence, head) */
 
 /* Prefill: one CTA of 128 threads (4 warps of 16 rows) per (tile of query rows, KV head); a row
  * is one (query token, query head of the KV head), 64 rows per tile. */
@@ -37,10 +38,11 @@ constexpr int kPrefillKeys = 64; /* keys per shared-memory tile */
 /* Query heads per KV head the kernels accept (one prefill tile must hold a token's heads). */
 constexpr int kGroupMax = kPrefillRows;
 
-/* Split-KV: decode contexts are split when the decode CTAs would not fill kDecodeWaves waves of
- * the GPU (resident decode CTAs per SM times SMs), into partitions of at least kSplitMinTokens
- * keys, multiples of kSplitAlign (a multiple of every decode tile). */
-constexpr int kDecodeWaves = 2;
+/* Split-KV: decode contexts are cut into partitions of at least kSplitMinTokens keys, multiples
+ * of kSplitAlign (a multiple of every decode tile), sized for 1 .. kSplitWavesMax waves of the
+ * resident decode CTAs, or not cut: whichever split_cost models fastest. */
+constexpr int kSplitWavesMax = 4;
+constexpr int kSplitStartupKeys = 128;
 constexpr int kSplitMinTokens = 256;
 constexpr int kSplitAlign = 64;
 
@@ -50,6 +52,7 @@ struct attn_args {
     const uint16_t *k, *v; /* the pool's layer */
     int64_t block_stride, head_stride, slot_stride;
     int32_t block_size;
+    int32_t block_shift; /* log2(block_size) when it is a power of two, else -1 */
     int32_t num_heads, num_kv_heads, group;
     float scale;
     const uint16_t *q;
@@ -65,6 +68,17 @@ struct attn_args {
     float *part_out;       /* [partition][num_heads][head_dim], normalised */
     float *part_lse;       /* [partition][num_heads] */
 };
+
+/* The block of key pos and its slot in it: shifts when the block size is a power of two. */
+__device__ __forceinline__ int32_t block_of(const attn_args &a, int32_t pos)
+{
+    return a.block_shift >= 0 ? pos >> a.block_shift : pos / a.block_size;
+}
+
+__device__ __forceinline__ int32_t slot_of(const attn_args &a, int32_t pos)
+{
+    return a.block_shift >= 0 ? pos & (a.block_size - 1) : pos % a.block_size;
+}
 
 /* ---- decode ---- */
 
@@ -136,22 +150,66 @@ template <int HD> __device__ __forceinline__ int swz(int r, int c)
     return r * HD + ((c ^ (r & 7)) << 3);
 }
 
-/* The decode kernel's geometry for head dimension HD: tiles of 64 keys (16 per warp), the
- * pipeline 3 stages deep at head dim 128 (96 KiB) and 4 at 64 (64 KiB). In the copies, thread t
- * moves 16-byte column t % C8 of keys t / C8 + j * ROW_STEP. */
+/* mbarrier and bulk-copy helpers (sm_90): a bulk copy moves a contiguous run of bytes from global
+ * to shared memory on the copy engine and signals its bytes to an mbarrier, whose phase
+ * completes when its one arrival (with the expected byte count) and all those bytes are in. */
+__device__ __forceinline__ uint32_t smem_addr(const void *p)
+{
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+__device__ __forceinline__ void mbar_init(uint64_t *bar, uint32_t count)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count)
+                 : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t *bar, uint32_t bytes)
+{
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)),
+                 "r"(bytes)
+                 : "memory");
+}
+
+__device__ __forceinline__ void mbar_wait(uint64_t *bar, uint32_t parity)
+{
+    const uint32_t a = smem_addr(bar);
+    uint32_t done = 0;
+    while (!done)
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done)
+                     : "r"(a), "r"(parity)
+                     : "memory");
+}
+
+__device__ __forceinline__ void bulk_copy(void *dst, const void *src, uint32_t bytes, uint64_t *bar)
+{
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], "
+                 "%2, [%3];\n" ::"r"(smem_addr(dst)),
+                 "l"(src), "r"(bytes), "r"(smem_addr(bar))
+                 : "memory");
+}
+
+/* The decode kernel's geometry for head dimension HD: tiles of 64 keys (16 per warp), each key's
+ * K and V row copied by one bulk copy of HD * 2 bytes into a row padded by 16 bytes (so that the
+ * 8 rows an ldmatrix reads fall in 8 different bank groups); the pipeline 3 stages deep at head
+ * dim 128 (102 KiB) and 4 at 64 (72 KiB). */
 template <int HD> struct decode_geom {
     static constexpr int T = 64;
     static constexpr int STAGES = HD == 128 ? 3 : 4;
-    static constexpr int C8 = HD / 8;
-    static constexpr int ROW_STEP = kDecodeThreads / C8;
-    static constexpr int LOADS = T / ROW_STEP;
-    static constexpr size_t smem = (size_t)STAGES * 2 * T * HD * sizeof(uint16_t);
+    static constexpr int ROW = HD + 8; /* elements per shared-memory row */
+    static constexpr int STAGE_ELEMS = 2 * T * ROW;
+    static constexpr size_t bars = (size_t)STAGES * STAGE_ELEMS * sizeof(uint16_t);
+    static constexpr size_t smem = bars + STAGES * sizeof(uint64_t);
     static_assert(kSplitAlign % T == 0 && T == 16 * kDecodeWarps, "tile shape");
+    static_assert(2 * T == kDecodeThreads, "one row copy per thread and tile");
 };
 
 /* Split-KV decode (flash decoding) on the tensor cores: the CTA walks its partition's keys
- * [part.y, part.z) tile by tile through a cp.async pipeline, the block-table entries of the next
- * tile to copy already in registers. Each warp takes 16 keys of every tile: S = Q K^T with the
+ * [part.y, part.z) tile by tile through a pipeline of bulk copies (thread t copies the K or V row
+ * of key t % 64, its block-table entry fetched one tile ahead; keys past the partition repeat its
+ * last key, which the mask then drops). Each warp takes 16 keys of every tile: S = Q K^T with the
  * CTA's query heads as the rows of one m16n8k16 A operand (rows gc .. 15 zero), an online
  * softmax per head in f32, then O += P V with P (bf16) as the next A operand. The warps merge
  * through shared memory at the end. A partition that is the whole context writes bf16 out,
@@ -159,9 +217,10 @@ template <int HD> struct decode_geom {
 template <int HD> __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(attn_args a)
 {
     using D = decode_geom<HD>;
-    constexpr int T = D::T, S = D::STAGES;
+    constexpr int T = D::T, S = D::STAGES, ROW = D::ROW;
     extern __shared__ __align__(16) unsigned char smem[];
-    uint16_t *tiles = reinterpret_cast<uint16_t *>(smem); /* [stage][K, V][T][HD], swizzled */
+    uint16_t *tiles = reinterpret_cast<uint16_t *>(smem); /* [stage][K, V][T][ROW] */
+    uint64_t *full = reinterpret_cast<uint64_t *>(smem + D::bars);
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int4 part = a.dparts[blockIdx.x];
@@ -176,43 +235,39 @@ template <int HD> __global__ void __launch_bounds__(kDecodeThreads) decode_kerne
     const int32_t *table = a.block_tables + (int64_t)seq * a.table_stride;
     const int32_t h0 = kh * a.group + g0;
     const int32_t ntiles = (end - begin + T - 1) / T;
-    const int32_t bs = a.block_size;
 
-    const int lcol = tid % D::C8, lrow = tid / D::C8;
-    const uint16_t *kcol = a.k + (int64_t)kh * a.head_stride + lcol * 8;
-    const uint16_t *vcol = a.v + (int64_t)kh * a.head_stride + lcol * 8;
-    int32_t blk[D::LOADS]; /* physical blocks of this thread's keys in the next tile to copy */
+    if (tid == 0) {
+        for (int st = 0; st < S; st++)
+            mbar_init(&full[st], 1);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
 
+    /* This thread's copy: the K (t < 64) or V row of key t % 64 of each tile. */
+    const int ckey = tid % T, cv = tid / T;
+    const uint16_t *cbase = (cv ? a.v : a.k) + (int64_t)kh * a.head_stride;
+    int32_t blk = 0; /* block-table entry of this thread's key in the next tile to copy */
     auto fetch_table = [&](int32_t t) {
-#pragma unroll
-        for (int j = 0; j < D::LOADS; j++) {
-            const int32_t pos = begin + t * T + lrow + j * D::ROW_STEP;
-            blk[j] = pos < end ? __ldg(table + pos / bs) : 0;
-        }
+        const int32_t pos = min(begin + t * T + ckey, end - 1);
+        if (t < ntiles)
+            blk = __ldg(table + block_of(a, pos));
     };
     auto copy_tile = [&](int32_t t) {
-        uint16_t *ks = tiles + (size_t)(t % S) * 2 * T * HD;
-        uint16_t *vs = ks + T * HD;
-#pragma unroll
-        for (int j = 0; j < D::LOADS; j++) {
-            const int r = lrow + j * D::ROW_STEP;
-            const int32_t pos = begin + t * T + r;
-            const bool valid = pos < end;
-            const int64_t off =
-                valid ? (int64_t)blk[j] * a.block_stride + (int64_t)(pos % bs) * a.slot_stride : 0;
-            cp_async16(ks + swz<HD>(r, lcol), kcol + off, valid);
-            cp_async16(vs + swz<HD>(r, lcol), vcol + off, valid);
-        }
+        const int st = t % S;
+        if (tid == 0)
+            mbar_arrive_expect_tx(&full[st], 2 * T * HD * sizeof(uint16_t));
+        const int32_t pos = min(begin + t * T + ckey, end - 1);
+        const uint16_t *src =
+            cbase + (int64_t)blk * a.block_stride + (int64_t)slot_of(a, pos) * a.slot_stride;
+        bulk_copy(tiles + (size_t)st * D::STAGE_ELEMS + (cv * T + ckey) * ROW, src,
+                  HD * sizeof(uint16_t), &full[st]);
     };
 
-    /* Prologue: S - 1 tiles in flight (a group is committed even when empty, so that the wait
-     * counts stay right), the table entries of the next one fetched. */
     fetch_table(0);
 #pragma unroll
     for (int t = 0; t < S - 1; t++) {
         if (t < ntiles)
             copy_tile(t);
-        cp_async_commit();
         fetch_table(t + 1);
     }
 
@@ -237,28 +292,37 @@ template <int HD> __global__ void __launch_bounds__(kDecodeThreads) decode_kerne
     const int wkey = warp * 16;
 
     for (int32_t i = 0; i < ntiles; i++) {
-        cp_async_wait<S - 2>();
-        __syncthreads(); /* tile i is in; every warp is done with tile i - 1's stage */
+        __syncthreads(); /* every warp is done with tile i - 1's stage: refill it */
         if (i + S - 1 < ntiles)
             copy_tile(i + S - 1);
-        cp_async_commit();
         fetch_table(i + S);
+        mbar_wait(&full[i % S], (uint32_t)(i / S) & 1u);
 
-        const uint16_t *ks = tiles + (size_t)(i % S) * 2 * T * HD;
-        const uint16_t *vs = ks + T * HD;
+        const uint16_t *ks = tiles + (size_t)(i % S) * D::STAGE_ELEMS;
+        const uint16_t *vs = ks + T * ROW;
         /* S = Q K^T for the warp's 16 keys: two n-tiles of 8 keys. */
-        float s[2][4];
+        /* Four independent accumulator chains (n-tile x even/odd k-step), summed after. */
+        float s[2][4], s2[2][4];
 #pragma unroll
-        for (int nt = 0; nt < 2; nt++) {
-            s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+        for (int nt = 0; nt < 2; nt++)
 #pragma unroll
-            for (int kk = 0; kk < HD / 32; kk++) {
+            for (int j = 0; j < 4; j++)
+                s[nt][j] = s2[nt][j] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < HD / 32; kk++)
+#pragma unroll
+            for (int nt = 0; nt < 2; nt++) {
                 uint32_t b[4];
-                ldmatrix_x4(b, ks + swz<HD>(wkey + nt * 8 + (lane & 7), kk * 4 + (lane >> 3)));
+                ldmatrix_x4(b,
+                            ks + (wkey + nt * 8 + (lane & 7)) * ROW + (kk * 4 + (lane >> 3)) * 8);
                 mma_bf16(s[nt], qa[2 * kk][0], 0u, qa[2 * kk][1], 0u, b[0], b[1]);
-                mma_bf16(s[nt], qa[2 * kk + 1][0], 0u, qa[2 * kk + 1][1], 0u, b[2], b[3]);
+                mma_bf16(s2[nt], qa[2 * kk + 1][0], 0u, qa[2 * kk + 1][1], 0u, b[2], b[3]);
             }
-        }
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                s[nt][j] += s2[nt][j];
         const int32_t key0 = begin + i * T + wkey + qc;
         float mx = -INFINITY;
 #pragma unroll
@@ -295,8 +359,8 @@ template <int HD> __global__ void __launch_bounds__(kDecodeThreads) decode_kerne
             o[2 * dp + 1][0] *= alpha;
             o[2 * dp + 1][1] *= alpha;
             uint32_t b[4];
-            ldmatrix_x4_trans(
-                b, vs + swz<HD>(wkey + (lane & 7) + ((lane >> 3) & 1) * 8, 2 * dp + (lane >> 4)));
+            ldmatrix_x4_trans(b, vs + (wkey + (lane & 7) + ((lane >> 3) & 1) * 8) * ROW +
+                                     (2 * dp + (lane >> 4)) * 8);
             mma_bf16(o[2 * dp], p0, 0u, p1, 0u, b[0], b[1]);
             mma_bf16(o[2 * dp + 1], p0, 0u, p1, 0u, b[2], b[3]);
         }
@@ -306,8 +370,7 @@ template <int HD> __global__ void __launch_bounds__(kDecodeThreads) decode_kerne
      * now idle). */
     l += __shfl_xor_sync(0xffffffffu, l, 1);
     l += __shfl_xor_sync(0xffffffffu, l, 2);
-    cp_async_wait<0>();
-    __syncthreads();
+    __syncthreads(); /* every copy was waited for: the tiles are free */
     float *red_o = reinterpret_cast<float *>(smem); /* [warp][8][HD] */
     float *red_ml = red_o + kDecodeWarps * 8 * HD;  /* [warp][8][2] */
     static_assert(sizeof(float) * kDecodeWarps * 8 * (HD + 2) <= D::smem, "merge fits");
@@ -353,36 +416,72 @@ template <int HD> __global__ void __launch_bounds__(kDecodeThreads) decode_kerne
 
 /* Merges the partitions of one split decode sequence for one query head: each partition's
  * normalised output weighted by its share of the exp mass, exp(lse_p - max lse). */
-template <int HD> __global__ void merge_kernel(attn_args a)
+template <int HD> __global__ void __launch_bounds__(kMergeThreads) merge_kernel(attn_args a)
 {
+    constexpr int Q = HD / 4;                /* float4 columns of a head */
+    constexpr int LANES = kMergeThreads / Q; /* partitions summed side by side */
+    __shared__ float4 lane_acc[LANES][Q];
+    __shared__ float lane_total[LANES];
+    __shared__ float warp_mx[kMergeThreads / 32];
     const int4 m = a.merges[blockIdx.x];
     const int32_t h = blockIdx.y;
     const int32_t token = a.query_start[m.x];
+    const int tid = threadIdx.x, col = tid % Q, pl = tid / Q;
+
     float mx = -INFINITY;
-    for (int p = 0; p < m.z; p++)
+    for (int p = tid; p < m.z; p += kMergeThreads)
         mx = fmaxf(mx, a.part_lse[(int64_t)(m.y + p) * a.num_heads + h]);
-    for (int w = threadIdx.x; w < HD / 2; w += blockDim.x) {
-        float ox = 0.0f, oy = 0.0f, total = 0.0f;
-        for (int p = 0; p < m.z; p++) {
-            const int64_t row = (int64_t)(m.y + p) * a.num_heads + h;
-            const float wt = expf(a.part_lse[row] - mx);
-            const float2 o = reinterpret_cast<const float2 *>(a.part_out + row * HD)[w];
-            total += wt;
-            ox = fmaf(wt, o.x, ox);
-            oy = fmaf(wt, o.y, oy);
+    mx = warp_max(mx);
+    if ((tid & 31) == 0)
+        warp_mx[tid >> 5] = mx;
+    __syncthreads();
+#pragma unroll
+    for (int w = 0; w < kMergeThreads / 32; w++)
+        mx = fmaxf(mx, warp_mx[w]);
+
+    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    float total = 0.0f;
+#pragma unroll 4
+    for (int p = pl; p < m.z; p += LANES) {
+        const int64_t row = (int64_t)(m.y + p) * a.num_heads + h;
+        const float wt = expf(a.part_lse[row] - mx);
+        const float4 o = reinterpret_cast<const float4 *>(a.part_out + row * HD)[col];
+        total += wt;
+        acc.x = fmaf(wt, o.x, acc.x);
+        acc.y = fmaf(wt, o.y, acc.y);
+        acc.z = fmaf(wt, o.z, acc.z);
+        acc.w = fmaf(wt, o.w, acc.w);
+    }
+    lane_acc[pl][col] = acc;
+    if (col == 0)
+        lane_total[pl] = total;
+    __syncthreads();
+    if (tid < Q) {
+        float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        float t = 0.0f;
+#pragma unroll
+        for (int k = 0; k < LANES; k++) {
+            sum.x += lane_acc[k][tid].x;
+            sum.y += lane_acc[k][tid].y;
+            sum.z += lane_acc[k][tid].z;
+            sum.w += lane_acc[k][tid].w;
+            t += lane_total[k];
         }
         uint16_t *o = a.out + (int64_t)token * a.num_heads * HD + (int64_t)h * HD;
-        reinterpret_cast<uint32_t *>(o)[w] = float2_to_bf16x2(ox / total, oy / total);
+        reinterpret_cast<uint2 *>(o)[tid] = make_uint2(float2_to_bf16x2(sum.x / t, sum.y / t),
+                                                       float2_to_bf16x2(sum.z / t, sum.w / t));
     }
 }
 
 /* ---- prefill ---- */
 
 /* The prefill kernel's geometry for head dimension HD: 64 query rows per CTA (16 per warp),
- * K/V tiles of 64 keys, the pipeline 3 stages deep at head dim 128 (96 KiB), 4 at 64. */
+ * K/V tiles of 64 keys, the pipeline 2 stages deep (64 KiB at head dim 128), so that three CTAs
+ * fit on an SM (four at 64), registers capped to match. */
 template <int HD> struct prefill_geom {
     static constexpr int T = kPrefillKeys;
-    static constexpr int STAGES = HD == 128 ? 3 : 4;
+    static constexpr int STAGES = 2;
+    static constexpr int CTAS_PER_SM = HD == 128 ? 3 : 4;
     static constexpr int C8 = HD / 8;
     static constexpr int ROW_STEP = kPrefillThreads / C8;
     static constexpr int LOADS = T / ROW_STEP;
@@ -399,7 +498,9 @@ template <int HD> struct prefill_geom {
  * holds 16 rows: S = Q K^T (m16n8k16, bf16, f32 accumulators), online softmax in f32 (exp2),
  * O += P V with P rounded to bf16 as the A operand. A chunk continuing a sequence already in the
  * pool is the same computation with context_len > query_len. */
-template <int HD> __global__ void __launch_bounds__(kPrefillThreads) prefill_kernel(attn_args a)
+template <int HD>
+__global__ void __launch_bounds__(kPrefillThreads, prefill_geom<HD>::CTAS_PER_SM)
+    prefill_kernel(attn_args a)
 {
     using P = prefill_geom<HD>;
     constexpr int T = P::T, S = P::STAGES;
@@ -420,7 +521,6 @@ template <int HD> __global__ void __launch_bounds__(kPrefillThreads) prefill_ker
     const int32_t key_end = pos0 + ntok;                  /* one past the last key needed */
     const int32_t *table = a.block_tables + (int64_t)seq * a.table_stride;
     const int32_t ntiles = (key_end + T - 1) / T;
-    const int32_t bs = a.block_size;
 
     const int lcol = tid % P::C8, lrow = tid / P::C8;
     const uint16_t *kcol = a.k + (int64_t)kh * a.head_stride + lcol * 8;
@@ -430,7 +530,7 @@ template <int HD> __global__ void __launch_bounds__(kPrefillThreads) prefill_ker
 #pragma unroll
         for (int j = 0; j < P::LOADS; j++) {
             const int32_t pos = t * T + lrow + j * P::ROW_STEP;
-            blk[j] = pos < key_end ? __ldg(table + pos / bs) : 0;
+            blk[j] = pos < key_end ? __ldg(table + block_of(a, pos)) : 0;
         }
     };
     auto copy_tile = [&](int32_t t) {
@@ -442,7 +542,8 @@ template <int HD> __global__ void __launch_bounds__(kPrefillThreads) prefill_ker
             const int32_t pos = t * T + r;
             const bool valid = pos < key_end;
             const int64_t off =
-                valid ? (int64_t)blk[j] * a.block_stride + (int64_t)(pos % bs) * a.slot_stride : 0;
+                valid ? (int64_t)blk[j] * a.block_stride + (int64_t)slot_of(a, pos) * a.slot_stride
+                      : 0;
             cp_async16(ks + swz<HD>(r, lcol), kcol + off, valid);
             cp_async16(vs + swz<HD>(r, lcol), vcol + off, valid);
         }
@@ -493,12 +594,16 @@ template <int HD> __global__ void __launch_bounds__(kPrefillThreads) prefill_ker
         const uint16_t *ks = tiles + (size_t)(i % S) * 2 * T * HD;
         const uint16_t *vs = ks + T * HD;
         const int32_t k0 = i * T;
+        /* k-step outside, n-tiles inside: consecutive pairs of mma accumulate into different
+         * tiles, and only one K fragment is live at a time. */
         float s[T / 8][4];
 #pragma unroll
-        for (int nt = 0; nt < T / 8; nt++) {
+        for (int nt = 0; nt < T / 8; nt++)
             s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
 #pragma unroll
-            for (int kk = 0; kk < HD / 32; kk++) {
+        for (int kk = 0; kk < HD / 32; kk++)
+#pragma unroll
+            for (int nt = 0; nt < T / 8; nt++) {
                 uint32_t b[4];
                 ldmatrix_x4(b, ks + swz<HD>(nt * 8 + (lane & 7), kk * 4 + (lane >> 3)));
                 mma_bf16(s[nt], qa[2 * kk][0], qa[2 * kk][1], qa[2 * kk][2], qa[2 * kk][3], b[0],
@@ -506,7 +611,6 @@ template <int HD> __global__ void __launch_bounds__(kPrefillThreads) prefill_ker
                 mma_bf16(s[nt], qa[2 * kk + 1][0], qa[2 * kk + 1][1], qa[2 * kk + 1][2],
                          qa[2 * kk + 1][3], b[2], b[3]);
             }
-        }
         /* Scale, and mask the tiles that reach past the first row's position. */
         const bool masked = k0 + T - 1 > pos0;
         float mx[2] = {-INFINITY, -INFINITY};
@@ -599,7 +703,7 @@ struct cuda_attention_plan {
     int32_t group;         /* query heads per KV head */
     int32_t decode_chunks; /* decode CTAs per KV head: ceil(group / kDecodeHeadsMax) */
     int32_t tile_tokens;   /* query tokens per prefill tile */
-    int32_t target_ctas;   /* decode CTAs wanted before contexts are split */
+    int32_t slots;         /* decode CTAs resident at once on the GPU */
     decode_fn decode;      /* decode_kernel for head_dim and the heads of one decode CTA */
     size_t decode_smem;
     int32_t max_parts; /* decode partitions the scratch holds */
@@ -620,6 +724,42 @@ struct cuda_attention_plan {
     int32_t num_parts, num_merges, num_items;
     size_t off_query_start, off_context_len, off_tables, off_merges, off_parts, off_items;
 };
+
+/* How a context of context_len keys is cut for a split of split keys: into n nearly equal,
+ * tile-aligned partitions of *len keys (the last one shorter), n = ceil(context_len / split)
+ * at most. Returns n. */
+static int32_t split_parts(int64_t context_len, int64_t split, int64_t *len)
+{
+    int64_t n = context_len <= split ? 1 : (context_len + split - 1) / split;
+    *len = context_len;
+    if (n > 1) {
+        *len = ((context_len + n - 1) / n + kSplitAlign - 1) / kSplitAlign * kSplitAlign;
+        n = (context_len + *len - 1) / *len;
+    }
+    return (int32_t)n;
+}
+
+/* The modelled time of the decode CTAs for a split, in keys streamed by one CTA: rounds of
+ * `slots` CTAs over the mean partition, or the longest partition when it is longer, plus a
+ * startup of kSplitStartupKeys per round. */
+static int64_t split_cost(const struct attention_batch *b, int64_t split, int64_t ctas_per_part,
+                          int64_t slots)
+{
+    int64_t ctas = 0, keys = 0, longest = 0;
+    for (int32_t q = 0; q < b->num_seqs; q++) {
+        if (b->query_start[q + 1] - b->query_start[q] != 1)
+            continue;
+        int64_t len;
+        ctas += split_parts(b->context_len[q], split, &len) * ctas_per_part;
+        keys += b->context_len[q] * ctas_per_part;
+        longest = len > longest ? len : longest;
+    }
+    if (ctas == 0)
+        return 0;
+    const int64_t rounds = (ctas + slots - 1) / slots;
+    const int64_t spread = rounds * ((keys + ctas - 1) / ctas);
+    return (spread > longest ? spread : longest) + rounds * kSplitStartupKeys;
+}
 
 static int config_check(const struct cuda_attention_config *c)
 {
@@ -690,10 +830,11 @@ int cuda_attention_plan_new(const struct cuda_attention_config *c, struct cuda_a
         free(p);
         return rc;
     }
-    p->target_ctas = kDecodeWaves * (resident > 0 ? resident : 1) * (sms > 0 ? sms : 1);
+    p->slots = (resident > 0 ? resident : 1) * (sms > 0 ? sms : 1);
     const int32_t ctas_per_part = c->num_kv_heads * p->decode_chunks;
     /* At most one partition per sequence, plus the extra ones a split adds (see plan). */
-    p->max_parts = c->max_num_seqs + (p->target_ctas + ctas_per_part - 1) / ctas_per_part + 1;
+    p->max_parts =
+        c->max_num_seqs + (kSplitWavesMax * p->slots + ctas_per_part - 1) / ctas_per_part + 1;
 
     /* Words of one step's metadata at its largest (int32 sizes: no overflow in uint64). */
     const uint64_t seqs = (uint64_t)c->max_num_seqs;
@@ -829,18 +970,24 @@ int cuda_attention_plan(struct cuda_attention_plan *p, const struct attention_ba
         }
     }
 
-    /* Split-KV: with too few decode CTAs to fill kDecodeWaves waves of the GPU, cut the
-     * contexts into partitions of about split keys, sized so that all decode contexts together
-     * make about target_ctas CTAs; a context cut in n gets n nearly equal partitions.
-     * Partitions then number at most target / ctas_per_part + num_decode < max_parts. */
+    /* Split-KV: the cheapest of no split and splits sized for 1 .. kSplitWavesMax waves of the
+     * resident decode CTAs (split_cost); see the loop below for how a context is cut. */
     const int64_t ctas_per_part = (int64_t)c->num_kv_heads * p->decode_chunks;
-    int64_t split = INT32_MAX;
-    if (num_decode > 0 && (int64_t)num_decode * ctas_per_part < p->target_ctas) {
-        const int64_t want = (p->target_ctas + ctas_per_part - 1) / ctas_per_part;
-        split = (decode_keys + want - 1) / want;
-        if (split < kSplitMinTokens)
-            split = kSplitMinTokens;
-        split = (split + kSplitAlign - 1) / kSplitAlign * kSplitAlign;
+    int64_t split = INT64_MAX;
+    if (num_decode > 0) {
+        int64_t best = split_cost(batch, split, ctas_per_part, p->slots);
+        for (int w = 1; w <= kSplitWavesMax; w++) {
+            const int64_t want = (w * (int64_t)p->slots + ctas_per_part - 1) / ctas_per_part;
+            int64_t cand = (decode_keys + want - 1) / want;
+            if (cand < kSplitMinTokens)
+                cand = kSplitMinTokens;
+            cand = (cand + kSplitAlign - 1) / kSplitAlign * kSplitAlign;
+            const int64_t cost = split_cost(batch, cand, ctas_per_part, p->slots);
+            if (cost < best) {
+                best = cost;
+                split = cand;
+            }
+        }
     }
     /* Merges (at most one per decode sequence) come first, then the partitions. */
     p->off_parts = p->off_merges + 4 * (size_t)num_decode;
@@ -851,12 +998,8 @@ int cuda_attention_plan(struct cuda_attention_plan *p, const struct attention_ba
         if (batch->query_start[q + 1] - batch->query_start[q] != 1)
             continue;
         const int64_t context_len = batch->context_len[q];
-        int32_t n = (int32_t)((context_len + split - 1) / split);
-        int64_t len = context_len;
-        if (n > 1) { /* n nearly equal partitions, tile-aligned: never more of them */
-            len = ((context_len + n - 1) / n + kSplitAlign - 1) / kSplitAlign * kSplitAlign;
-            n = (int32_t)((context_len + len - 1) / len);
-        }
+        int64_t len;
+        const int32_t n = split_parts(context_len, split, &len);
         if (num_parts + n > p->max_parts)
             return pagoda_error_set(PAGODA_EINTERNAL,
                                     "cuda_attention_plan: %d split-KV partitions exceed %d",
@@ -936,7 +1079,7 @@ static int launch(const struct cuda_attention_plan *p, const attn_args &a, cudaS
     }
     if (p->num_merges > 0) {
         dim3 grid(p->num_merges, c->num_heads);
-        merge_kernel<HD><<<grid, HD / 2, 0, s>>>(a);
+        merge_kernel<HD><<<grid, kMergeThreads, 0, s>>>(a);
         int rc = cuda_launch_result("cuda_attention_run: merge kernel");
         if (rc < 0)
             return rc;
@@ -980,6 +1123,10 @@ int cuda_attention_run(struct cuda_attention_plan *p, const struct kv_layer_view
     a.head_stride = kv->head_stride;
     a.slot_stride = kv->slot_stride;
     a.block_size = c->block_size;
+    a.block_shift = -1;
+    for (int sh = 0; sh < 7; sh++)
+        if (c->block_size == 1 << sh)
+            a.block_shift = sh;
     a.num_heads = c->num_heads;
     a.num_kv_heads = c->num_kv_heads;
     a.group = p->group;
