@@ -136,6 +136,15 @@ __device__ __forceinline__ void mma_bf16(float d[4], uint32_t a0, uint32_t a1, u
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+/* 2^x by the MUFU unit (ex2.approx, subnormal results flushed to zero: they are far below what
+ * a bf16 output or an f32 sum of at least one 1 can hold); 2^-inf = 0. */
+__device__ __forceinline__ float fast_exp2(float x)
+{
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
 /* Two f32 to a bf16 pair (lo at the lower address). */
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi)
 {
@@ -191,19 +200,26 @@ __device__ __forceinline__ void bulk_copy(void *dst, const void *src, uint32_t b
                  : "memory");
 }
 
-/* The decode kernel's geometry for head dimension HD: tiles of 64 keys (16 per warp), each key's
- * K and V row copied by one bulk copy of HD * 2 bytes into a row padded by 16 bytes (so that the
- * 8 rows an ldmatrix reads fall in 8 different bank groups); the pipeline 3 stages deep at head
- * dim 128 (102 KiB) and 4 at 64 (72 KiB). */
+/* The decode kernel's geometry for head dimension HD: tiles of 64 keys. In shared memory the K
+ * (and V) rows of a tile are 16 quads of 4 consecutive keys, each quad followed by 16 bytes of
+ * padding, so that one bulk copy moves a quad (4 consecutive slots of a block are contiguous in
+ * the pool) and the 8 rows an ldmatrix reads, one from each of 8 quads, fall in 8 different bank
+ * groups. Warp w owns the keys w, w + 4, ..., w + 60 of every tile. The pipeline is 3 stages deep
+ * at head dim 128 (102 KiB) and 4 at 64 (72 KiB). */
 template <int HD> struct decode_geom {
     static constexpr int T = 64;
     static constexpr int STAGES = HD == 128 ? 3 : 4;
-    static constexpr int ROW = HD + 8; /* elements per shared-memory row */
-    static constexpr int STAGE_ELEMS = 2 * T * ROW;
+    static constexpr int QUAD = 4 * HD + 8; /* elements per quad of rows, padding included */
+    static constexpr int STAGE_ELEMS = 2 * (T / 4) * QUAD;
     static constexpr size_t bars = (size_t)STAGES * STAGE_ELEMS * sizeof(uint16_t);
     static constexpr size_t smem = bars + STAGES * sizeof(uint64_t);
     static_assert(kSplitAlign % T == 0 && T == 16 * kDecodeWarps, "tile shape");
     static_assert(2 * T == kDecodeThreads, "one row copy per thread and tile");
+    /* The element offset of key row r (0 .. T - 1) in a K or V tile. */
+    static __device__ __forceinline__ int row(int r)
+    {
+        return (r >> 2) * QUAD + (r & 3) * HD;
+    }
 };
 
 /* Split-KV decode (flash decoding) on the tensor cores: the CTA walks its partition's keys
@@ -217,16 +233,20 @@ template <int HD> struct decode_geom {
 template <int HD> __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(attn_args a)
 {
     using D = decode_geom<HD>;
-    constexpr int T = D::T, S = D::STAGES, ROW = D::ROW;
+    constexpr int T = D::T, S = D::STAGES;
     extern __shared__ __align__(16) unsigned char smem[];
-    uint16_t *tiles = reinterpret_cast<uint16_t *>(smem); /* [stage][K, V][T][ROW] */
+    uint16_t *tiles = reinterpret_cast<uint16_t *>(smem); /* [stage][K, V][T / 4][QUAD] */
     uint64_t *full = reinterpret_cast<uint64_t *>(smem + D::bars);
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int4 part = a.dparts[blockIdx.x];
-    const int32_t kh = blockIdx.y;
+    /* One linear grid, the KV head fastest: the CTAs running together read every head's part
+     * of the same pool blocks, spreading over the memory channels (in-order block tables). */
+    const int32_t kh = (int32_t)(blockIdx.x % (uint32_t)a.num_kv_heads);
+    const int32_t rest = (int32_t)(blockIdx.x / (uint32_t)a.num_kv_heads);
+    const int32_t pidx = rest / a.decode_chunks;
+    const int4 part = a.dparts[pidx];
     const int32_t heads = (a.group + a.decode_chunks - 1) / a.decode_chunks;
-    const int32_t g0 = blockIdx.z * heads;
+    const int32_t g0 = (rest % a.decode_chunks) * heads;
     const int32_t gc = min(heads, a.group - g0); /* query heads of this CTA, at most 8 */
     if (gc <= 0)
         return;
@@ -243,24 +263,40 @@ template <int HD> __global__ void __launch_bounds__(kDecodeThreads) decode_kerne
     }
     __syncthreads();
 
-    /* This thread's copy: the K (t < 64) or V row of key t % 64 of each tile. */
-    const int ckey = tid % T, cv = tid / T;
+    /* Copies: with quads (the block size a multiple of 4 and rows contiguous), thread t < 32
+     * copies quad t % 16 of K (t < 16) or V, row by row where the quad runs past the partition;
+     * otherwise thread t copies the K (t < 64) or V row of key t % 64. Keys past the partition
+     * repeat its last key, which the mask then drops. */
+    const bool quads = a.block_size % 4 == 0 && a.slot_stride == HD;
+    const int ckey = quads ? 4 * (tid % 16) : tid % T, cv = quads ? (tid / 16) & 1 : tid / T;
+    const bool copier = !quads || tid < 32;
     const uint16_t *cbase = (cv ? a.v : a.k) + (int64_t)kh * a.head_stride;
-    int32_t blk = 0; /* block-table entry of this thread's key in the next tile to copy */
+    int32_t blk = 0; /* block-table entry of this thread's first key in the next tile to copy */
     auto fetch_table = [&](int32_t t) {
         const int32_t pos = min(begin + t * T + ckey, end - 1);
-        if (t < ntiles)
+        if (t < ntiles && copier)
             blk = __ldg(table + block_of(a, pos));
     };
     auto copy_tile = [&](int32_t t) {
         const int st = t % S;
         if (tid == 0)
             mbar_arrive_expect_tx(&full[st], 2 * T * HD * sizeof(uint16_t));
-        const int32_t pos = min(begin + t * T + ckey, end - 1);
-        const uint16_t *src =
-            cbase + (int64_t)blk * a.block_stride + (int64_t)slot_of(a, pos) * a.slot_stride;
-        bulk_copy(tiles + (size_t)st * D::STAGE_ELEMS + (cv * T + ckey) * ROW, src,
-                  HD * sizeof(uint16_t), &full[st]);
+        if (!copier)
+            return;
+        uint16_t *dst = tiles + (size_t)st * D::STAGE_ELEMS + cv * (T / 4) * D::QUAD + D::row(ckey);
+        const int32_t pos = begin + t * T + ckey;
+        const uint16_t *blk_base = cbase + (int64_t)blk * a.block_stride;
+        if (quads && pos + 3 < end) {
+            bulk_copy(dst, blk_base + (int64_t)slot_of(a, pos) * HD, 4 * HD * sizeof(uint16_t),
+                      &full[st]);
+        } else {
+            const int rows = quads ? 4 : 1;
+            for (int r = 0; r < rows; r++) {
+                const int32_t p = min(pos + r, end - 1); /* in pos's block (quads) */
+                bulk_copy(dst + r * HD, blk_base + (int64_t)slot_of(a, p) * a.slot_stride,
+                          HD * sizeof(uint16_t), &full[st]);
+            }
+        }
     };
 
     fetch_table(0);
@@ -289,7 +325,7 @@ template <int HD> __global__ void __launch_bounds__(kDecodeThreads) decode_kerne
     for (int n = 0; n < HD / 8; n++)
         o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
     float m = -INFINITY, l = 0.0f; /* of row qr, l over this lane's keys only */
-    const int wkey = warp * 16;
+    /* The warp's keys: n-tile nt, column j is key 4 * (8 * nt + j) + warp of the tile. */
 
     for (int32_t i = 0; i < ntiles; i++) {
         __syncthreads(); /* every warp is done with tile i - 1's stage: refill it */
@@ -299,7 +335,7 @@ template <int HD> __global__ void __launch_bounds__(kDecodeThreads) decode_kerne
         mbar_wait(&full[i % S], (uint32_t)(i / S) & 1u);
 
         const uint16_t *ks = tiles + (size_t)(i % S) * D::STAGE_ELEMS;
-        const uint16_t *vs = ks + T * ROW;
+        const uint16_t *vs = ks + (T / 4) * D::QUAD;
         /* S = Q K^T for the warp's 16 keys: two n-tiles of 8 keys. */
         /* Four independent accumulator chains (n-tile x even/odd k-step), summed after. */
         float s[2][4], s2[2][4];
@@ -313,8 +349,8 @@ template <int HD> __global__ void __launch_bounds__(kDecodeThreads) decode_kerne
 #pragma unroll
             for (int nt = 0; nt < 2; nt++) {
                 uint32_t b[4];
-                ldmatrix_x4(b,
-                            ks + (wkey + nt * 8 + (lane & 7)) * ROW + (kk * 4 + (lane >> 3)) * 8);
+                ldmatrix_x4(b, ks + D::row(4 * (nt * 8 + (lane & 7)) + warp) +
+                                   (kk * 4 + (lane >> 3)) * 8);
                 mma_bf16(s[nt], qa[2 * kk][0], 0u, qa[2 * kk][1], 0u, b[0], b[1]);
                 mma_bf16(s2[nt], qa[2 * kk + 1][0], 0u, qa[2 * kk + 1][1], 0u, b[2], b[3]);
             }
@@ -323,13 +359,13 @@ template <int HD> __global__ void __launch_bounds__(kDecodeThreads) decode_kerne
 #pragma unroll
             for (int j = 0; j < 4; j++)
                 s[nt][j] += s2[nt][j];
-        const int32_t key0 = begin + i * T + wkey + qc;
+        const int32_t key0 = begin + i * T + warp;
         float mx = -INFINITY;
 #pragma unroll
         for (int nt = 0; nt < 2; nt++)
 #pragma unroll
             for (int j = 0; j < 2; j++) {
-                s[nt][j] = key0 + nt * 8 + j < end ? s[nt][j] * qscale : -INFINITY;
+                s[nt][j] = key0 + 4 * (nt * 8 + qc + j) < end ? s[nt][j] * qscale : -INFINITY;
                 mx = fmaxf(mx, s[nt][j]);
             }
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
@@ -337,12 +373,12 @@ template <int HD> __global__ void __launch_bounds__(kDecodeThreads) decode_kerne
         const float m_new = fmaxf(m, mx);
         float alpha = 1.0f;
         if (m_new != -INFINITY) {
-            alpha = exp2f(m - m_new);
+            alpha = fast_exp2(m - m_new);
 #pragma unroll
             for (int nt = 0; nt < 2; nt++)
 #pragma unroll
                 for (int j = 0; j < 2; j++)
-                    s[nt][j] = exp2f(s[nt][j] - m_new);
+                    s[nt][j] = fast_exp2(s[nt][j] - m_new);
         } else {
 #pragma unroll
             for (int nt = 0; nt < 2; nt++)
@@ -359,7 +395,7 @@ template <int HD> __global__ void __launch_bounds__(kDecodeThreads) decode_kerne
             o[2 * dp + 1][0] *= alpha;
             o[2 * dp + 1][1] *= alpha;
             uint32_t b[4];
-            ldmatrix_x4_trans(b, vs + (wkey + (lane & 7) + ((lane >> 3) & 1) * 8) * ROW +
+            ldmatrix_x4_trans(b, vs + D::row(4 * ((lane & 7) + ((lane >> 3) & 1) * 8) + warp) +
                                      (2 * dp + (lane >> 4)) * 8);
             mma_bf16(o[2 * dp], p0, 0u, p1, 0u, b[0], b[1]);
             mma_bf16(o[2 * dp + 1], p0, 0u, p1, 0u, b[2], b[3]);
@@ -406,7 +442,7 @@ template <int HD> __global__ void __launch_bounds__(kDecodeThreads) decode_kerne
             uint16_t *out = a.out + (int64_t)token * a.num_heads * HD + (int64_t)h * HD;
             reinterpret_cast<uint32_t *>(out)[w] = float2_to_bf16x2(ox, oy);
         } else {
-            const int64_t row = (int64_t)blockIdx.x * a.num_heads + h;
+            const int64_t row = (int64_t)pidx * a.num_heads + h;
             reinterpret_cast<float2 *>(a.part_out + row * HD)[w] = make_float2(ox, oy);
             if (w == 0) /* natural log: (mx + log2(total)) * ln 2 */
                 a.part_lse[row] = (mx + log2f(total)) * 0.6931471805599453f;
@@ -633,13 +669,13 @@ __global__ void __launch_bounds__(kPrefillThreads, prefill_geom<HD>::CTAS_PER_SM
             const float m_new = fmaxf(m[h], mx[h]);
             /* A row with no key yet keeps m = -inf: subtract 0 instead, exp2(-inf) = 0. */
             const float base = m_new == -INFINITY ? 0.0f : m_new;
-            alpha[h] = exp2f(m[h] - base);
+            alpha[h] = fast_exp2(m[h] - base);
             m[h] = m_new;
             float sum = 0.0f;
 #pragma unroll
             for (int nt = 0; nt < T / 8; nt++) {
-                s[nt][2 * h] = exp2f(s[nt][2 * h] - base);
-                s[nt][2 * h + 1] = exp2f(s[nt][2 * h + 1] - base);
+                s[nt][2 * h] = fast_exp2(s[nt][2 * h] - base);
+                s[nt][2 * h + 1] = fast_exp2(s[nt][2 * h + 1] - base);
                 sum += s[nt][2 * h] + s[nt][2 * h + 1];
             }
             l[h] = l[h] * alpha[h] + sum;
@@ -1071,8 +1107,8 @@ static int launch(const struct cuda_attention_plan *p, const attn_args &a, cudaS
 {
     const struct cuda_attention_config *c = &p->config;
     if (p->num_parts > 0) {
-        dim3 grid(p->num_parts, c->num_kv_heads, p->decode_chunks);
-        p->decode<<<grid, kDecodeThreads, p->decode_smem, s>>>(a);
+        const unsigned ctas = (unsigned)p->num_parts * c->num_kv_heads * p->decode_chunks;
+        p->decode<<<ctas, kDecodeThreads, p->decode_smem, s>>>(a);
         int rc = cuda_launch_result("cuda_attention_run: decode kernel");
         if (rc < 0)
             return rc;

@@ -892,8 +892,8 @@ int main(void)
     }
     test_attention_long_decode((struct shape){64, 1, 64, 16}); /* 64 heads per KV head */
 
-    /* Decode: head dims 64 and 128, block sizes 8 to 64, 1, 2, 4 and 12 query heads per KV
-     * head (each width of the decode kernel), split and unsplit contexts. */
+    /* Decode: head dims 64 and 128, block sizes 8 to 64 (10: not a multiple of 4), 1, 2, 4 and
+     * 12 query heads per KV head, split and unsplit contexts. */
     const int32_t edge_bs[] = {8, 16, 24, 64};
     for (int d = 0; d < 2; d++)
         for (int b = 0; b < 4; b++) {
@@ -902,6 +902,8 @@ int main(void)
             test_attention_decode_edges((struct shape){32, 8, head_dims[d], edge_bs[b]});
         }
     test_attention_decode_edges((struct shape){16, 8, 128, 32});
+    test_attention_decode_edges((struct shape){32, 8, 128, 10}); /* no quad copies */
+    test_attention_mixed((struct shape){32, 8, 128, 10});
     test_attention_decode_edges((struct shape){8, 8, 64, 16});
     test_attention_decode_edges((struct shape){24, 2, 128, 16});
     if (!quick) {
