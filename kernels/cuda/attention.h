@@ -12,12 +12,16 @@
  * validation, then one asynchronous copy of the step's metadata to the device),
  * cuda_attention_run once per layer (launches only: no allocation, no synchronisation).
  *
- * Two kernels behind run: sequences with query_len 1 (decode) go to a paged decode kernel, one
- * CTA per (sequence, KV head, KV partition) handling that KV head's query heads, with a merge
- * kernel when a long context was split across CTAs (split-KV, chosen by the plan when there
- * are too few decode CTAs to fill the GPU); the others (prefill chunks, a chunk continuing a
- * sequence already in the pool included) go to a paged prefill kernel, one CTA per (tile of
- * query tokens, KV head), K/V tiles read in place through the block table into shared memory.
+ * Two kernels behind run, both on the tensor cores (mma.sync bf16, f32 accumulation): sequences
+ * with query_len 1 (decode) go to a paged decode kernel, one CTA per (KV partition, KV head)
+ * handling up to 8 of that KV head's query heads so that each K/V byte is read once, K/V tiles
+ * brought in by bulk copies through the block table, with a merge kernel when a context was
+ * split across CTAs (split-KV: the plan picks no split or a split sized for 1 to 4 waves of the
+ * resident CTAs, whichever a cost model of the batch finds fastest, so that batch 1 and batch
+ * 256 both fill the GPU); the others (prefill chunks, a chunk continuing a sequence already in
+ * the pool included) go to a causal prefill kernel, one CTA per (64 rows of (query token, query
+ * head of the KV head), KV head), K/V tiles read in place through the block table into shared
+ * memory by a cp.async pipeline, tiles past the diagonal never read.
  *
  * Streams: plan's copy and run's kernels are ordered by the stream. Run on the stream the step
  * was planned on (or order the streams with an event); the plan owns one set of device
