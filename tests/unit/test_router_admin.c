@@ -167,7 +167,12 @@ static void test_policy_sent_on_link_up_before_anything(void **state)
     env_start(&a, tenants_json, NULL);
     wait_policies(&a, 1);
     struct fake_sched_counts c;
-    counts(&a, &c);
+    /* The RouterHello follows the Policy on the link: wait for it to arrive too. */
+    for (uint64_t t0 = rtr_now_ms(); rtr_now_ms() - t0 < 3000; usleep(2000)) {
+        counts(&a, &c);
+        if (strlen(c.trace) >= 2)
+            break;
+    }
     assert_int_equal(c.trace[0], 'P');
     assert_int_equal(c.trace[1], 'H');
     assert_int_equal(c.last_policy_version, 1);
