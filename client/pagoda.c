@@ -8,6 +8,7 @@
 #include <nng/protocol/reqrep0/req.h>
 
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
@@ -490,6 +491,8 @@ int pagoda_stats(pagoda_client *c, pagoda_engine_stats *out)
     out->malformed_requests = s->malformed_requests;
     out->duplicate_submits = s->duplicate_submits;
     out->scheduler_connected = s->scheduler_connected;
+    if (s->tenant != NULL)
+        snprintf(out->tenant, sizeof(out->tenant), "%s", s->tenant);
     pagoda__client_response__free_unpacked(resp, NULL);
     return 0;
 }

@@ -38,6 +38,8 @@
 #define PAGODA_MAX_RESEND_MS 3600000u
 /* The longest API key pagoda_client_set_api_key accepts. */
 #define PAGODA_MAX_API_KEY_BYTES 256u
+/* Room for a tenant's name in pagoda_engine_stats (names are at most 63 bytes). */
+#define PAGODA_STATS_TENANT_BYTES 64u
 /* The largest reply the client accepts (NNG_OPT_RECVMAXSZ). */
 #define PAGODA_MAX_REPLY_BYTES (64u << 20)
 
@@ -84,7 +86,11 @@ typedef struct pagoda_result {
     char *error_message; /* with PAGODA_FINISH_ERROR: why; else NULL */
 } pagoda_result;
 
-/* The engine's figures (pagoda.proto Stats); a figure the scheduler did not report is 0. */
+/* The engine's figures (pagoda.proto Stats); a figure the scheduler did not report is 0. With a
+ * tenants file, a tenant's key gets its own figures only (tenant is then its name): running,
+ * waiting, the prefix_* figures, cached_blocks and evictions of its namespace, live_requests,
+ * finished_requests, duplicate_submits and scheduler_connected; the rest stays 0, and the
+ * engine's figures need an admin key. */
 typedef struct pagoda_engine_stats {
     uint32_t running, waiting, peak_running;
     double kv_usage, prefix_hit_rate, fragmentation;
@@ -102,6 +108,7 @@ typedef struct pagoda_engine_stats {
     uint64_t malformed_requests;
     uint64_t duplicate_submits; /* Submits of an id already held, answered with that request */
     int scheduler_connected;
+    char tenant[PAGODA_STATS_TENANT_BYTES]; /* "" for the engine's figures */
 } pagoda_engine_stats;
 
 /* Temperature 1 with every filter and penalty off, no seed (the router draws one), max_tokens

@@ -330,31 +330,43 @@ static int cmd_stats(pagoda_client *c, const struct cli *o)
     } while (0)
     if (o->json)
         putchar('{');
+    /* A tenant's key gets its own figures only (pagoda_engine_stats): print just those. */
+    int engine = s.tenant[0] == '\0';
+    if (!engine)
+        printf(o->json ? "\"tenant\": \"%s\"" : "tenant %s", s.tenant); /* [A-Za-z0-9_.-] */
+    sep0 = engine ? "" : sep;
     FIELD("running", "%u", s.running);
     FIELD("waiting", "%u", s.waiting);
-    FIELD("peak_running", "%u", s.peak_running);
-    FIELD("kv_usage", "%.6g", s.kv_usage);
+    if (engine) {
+        FIELD("peak_running", "%u", s.peak_running);
+        FIELD("kv_usage", "%.6g", s.kv_usage);
+    }
     FIELD("prefix_hit_rate", "%.6g", s.prefix_hit_rate);
-    FIELD("fragmentation", "%.6g", s.fragmentation);
-    FIELD("preemptions", "%llu", (unsigned long long)s.preemptions);
-    FIELD("steps", "%llu", (unsigned long long)s.steps);
-    FIELD("resyncs", "%llu", (unsigned long long)s.resyncs);
-    FIELD("worker_restarts", "%llu", (unsigned long long)s.worker_restarts);
-    FIELD("num_blocks", "%d", s.num_blocks);
-    FIELD("free_blocks", "%d", s.free_blocks);
-    FIELD("computed_tokens", "%llu", (unsigned long long)s.computed_tokens);
-    FIELD("malformed_messages", "%llu", (unsigned long long)s.malformed_messages);
-    FIELD("step_cpu_us", "%.6g", s.step_cpu_us);
+    if (engine) {
+        FIELD("fragmentation", "%.6g", s.fragmentation);
+        FIELD("preemptions", "%llu", (unsigned long long)s.preemptions);
+        FIELD("steps", "%llu", (unsigned long long)s.steps);
+        FIELD("resyncs", "%llu", (unsigned long long)s.resyncs);
+        FIELD("worker_restarts", "%llu", (unsigned long long)s.worker_restarts);
+        FIELD("num_blocks", "%d", s.num_blocks);
+        FIELD("free_blocks", "%d", s.free_blocks);
+        FIELD("computed_tokens", "%llu", (unsigned long long)s.computed_tokens);
+        FIELD("malformed_messages", "%llu", (unsigned long long)s.malformed_messages);
+        FIELD("step_cpu_us", "%.6g", s.step_cpu_us);
+    }
     FIELD("cached_blocks", "%u", s.cached_blocks);
-    FIELD("pinned_blocks", "%u", s.pinned_blocks);
-    FIELD("peak_kv_usage", "%.6g", s.peak_kv_usage);
+    if (engine) {
+        FIELD("pinned_blocks", "%u", s.pinned_blocks);
+        FIELD("peak_kv_usage", "%.6g", s.peak_kv_usage);
+    }
     FIELD("prefix_query_tokens", "%llu", (unsigned long long)s.prefix_query_tokens);
     FIELD("prefix_hit_tokens", "%llu", (unsigned long long)s.prefix_hit_tokens);
     FIELD("evictions", "%llu", (unsigned long long)s.evictions);
     FIELD("duplicate_submits", "%llu", (unsigned long long)s.duplicate_submits);
     FIELD("live_requests", "%u", s.live_requests);
     FIELD("finished_requests", "%u", s.finished_requests);
-    FIELD("malformed_requests", "%llu", (unsigned long long)s.malformed_requests);
+    if (engine)
+        FIELD("malformed_requests", "%llu", (unsigned long long)s.malformed_requests);
     FIELD("scheduler_connected", "%s", s.scheduler_connected ? "true" : "false");
 #undef FIELD
     puts(o->json ? "}" : "");

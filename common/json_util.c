@@ -2,21 +2,40 @@
 #include "common/error.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
+/* The file is opened with O_NONBLOCK, so that a FIFO in its place does not block the open until
+ * a writer comes, and what was opened is checked (fstat, not stat on the path, which may change
+ * in between) before a byte is read. */
 int json_util_load_file(const char *path, size_t max_bytes, json_t **out)
 {
-    struct stat st;
-    if (stat(path, &st) != 0)
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+    if (fd < 0)
         return pagoda_error_set(pagoda_from_errno(errno), "%s: cannot open", path);
-    if ((size_t)st.st_size > max_bytes)
-        return pagoda_error_set(PAGODA_ERANGE, "%s: %lld bytes, more than the limit of %zu", path,
-                                (long long)st.st_size, max_bytes);
+    struct stat st;
+    int rc = 0;
+    if (fstat(fd, &st) != 0)
+        rc = pagoda_error_set(PAGODA_EIO, "%s: cannot stat", path);
+    else if (!S_ISREG(st.st_mode))
+        rc = pagoda_error_set(PAGODA_EINVAL, "%s: not a regular file (%s)", path,
+                              S_ISDIR(st.st_mode)    ? "a directory"
+                              : S_ISFIFO(st.st_mode) ? "a FIFO"
+                                                     : "a device or socket");
+    else if ((size_t)st.st_size > max_bytes)
+        rc = pagoda_error_set(PAGODA_ERANGE, "%s: %lld bytes, more than the limit of %zu", path,
+                              (long long)st.st_size, max_bytes);
+    if (rc != 0) {
+        close(fd);
+        return rc;
+    }
     json_error_t jerr;
-    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
+    json_t *root = json_loadfd(fd, JSON_REJECT_DUPLICATES, &jerr);
+    close(fd);
     if (root == NULL)
         return pagoda_error_set(PAGODA_EFORMAT, "%s:%d:%d: %s", path, jerr.line, jerr.column,
                                 jerr.text);

@@ -11,9 +11,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* Reads and parses the JSON file at path, refusing files larger than max_bytes. On success
- * *out is a new reference the caller releases with json_decref(). Errors: PAGODA_ENOENT,
- * PAGODA_EIO, PAGODA_ERANGE (too large), PAGODA_EFORMAT (with line and column). */
+/* Reads and parses the JSON file at path, refusing files larger than max_bytes and anything but
+ * a regular file (symlinks are followed) without blocking on it. On success *out is a new
+ * reference the caller releases with json_decref(). Errors: PAGODA_ENOENT, PAGODA_EPERM,
+ * PAGODA_EIO, PAGODA_EINVAL (a directory, a FIFO, a device), PAGODA_ERANGE (too large),
+ * PAGODA_EFORMAT (with line and column); the detail names the path. */
 int json_util_load_file(const char *path, size_t max_bytes, json_t **out);
 
 /* An integer value (a JSON integer, or a real with no fractional part). */

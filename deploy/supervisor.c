@@ -384,6 +384,24 @@ static int make_dirs(const char *path)
     return 0;
 }
 
+/* Opens path for writing (flags added to O_WRONLY | O_CREAT) from the loop: O_NONBLOCK, so that
+ * a FIFO in its place with no reader fails at once instead of blocking the loop until one comes,
+ * and anything but a regular file is refused. The descriptor is blocking again on return. */
+static int open_regular_for_writing(const char *path, int flags)
+{
+    int fd = open(path, O_WRONLY | O_CREAT | O_NONBLOCK | O_NOCTTY | O_CLOEXEC | flags, 0644);
+    if (fd < 0)
+        return pagoda_error_set(pagoda_from_errno(errno), "cannot open %s: %s", path,
+                                strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) ||
+        fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0) {
+        close(fd);
+        return pagoda_error_set(PAGODA_EINVAL, "%s is not a regular file", path);
+    }
+    return fd;
+}
+
 /* Writes text to path through a temporary file and a rename, so that a reader sees the whole
  * file or none. */
 static int write_file_atomic(const char *path, const char *text)
@@ -391,10 +409,9 @@ static int write_file_atomic(const char *path, const char *text)
     char tmp[PATH_MAX];
     if (snprintf(tmp, sizeof(tmp), "%s.tmp", path) >= (int)sizeof(tmp))
         return pagoda_error_set(PAGODA_ERANGE, "path too long: %s", path);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    int fd = open_regular_for_writing(tmp, O_TRUNC);
     if (fd < 0)
-        return pagoda_error_set(pagoda_from_errno(errno), "cannot create %s: %s", tmp,
-                                strerror(errno));
+        return fd;
     size_t len = strlen(text);
     ssize_t n = write(fd, text, len);
     int err = n < 0 ? errno : 0;
@@ -500,10 +517,9 @@ static int child_open_log(struct supervisor *sup, struct child *c)
     char path[PATH_MAX];
     if (snprintf(path, sizeof(path), "%s/%s.log", sup->run_dir, c->name) >= (int)sizeof(path))
         return pagoda_error_set(PAGODA_ERANGE, "path too long: %s/%s.log", sup->run_dir, c->name);
-    int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    int fd = open_regular_for_writing(path, O_APPEND);
     if (fd < 0)
-        return pagoda_error_set(pagoda_from_errno(errno), "cannot open %s: %s", path,
-                                strerror(errno));
+        return fd;
     char line[128], stamp[32];
     time_t now = time(NULL);
     struct tm tm;

@@ -147,6 +147,34 @@ static void request_free(struct request *q)
     free(q);
 }
 
+/* A tenant's finished results, oldest first (a second list through tprev/tnext: the router's
+ * finished list stays in finishing order for the TTL and the drain). */
+static void slot_finished_push(struct tenant_slot *s, struct request *q)
+{
+    q->tnext = NULL;
+    q->tprev = s->fin_tail;
+    if (s->fin_tail)
+        s->fin_tail->tnext = q;
+    else
+        s->fin_head = q;
+    s->fin_tail = q;
+    s->num_finished++;
+}
+
+static void slot_finished_remove(struct tenant_slot *s, struct request *q)
+{
+    if (q->tprev)
+        q->tprev->tnext = q->tnext;
+    else
+        s->fin_head = q->tnext;
+    if (q->tnext)
+        q->tnext->tprev = q->tprev;
+    else
+        s->fin_tail = q->tprev;
+    q->tprev = q->tnext = NULL;
+    s->num_finished--;
+}
+
 /* Forgets a finished request: its id becomes unknown (PAGODA_ENOENT). */
 static void registry_drop(struct router *r, struct request *q)
 {
@@ -164,6 +192,8 @@ static void registry_drop(struct router *r, struct request *q)
     }
     if (q->finish == PAGODA__FINISH_REASON__FINISH_NONE)
         r->slots[q->tenant].live--;
+    else
+        slot_finished_remove(&r->slots[q->tenant], q);
     list_remove(q->finish == PAGODA__FINISH_REASON__FINISH_NONE ? &r->live : &r->finished, q);
     if (q->need_submit || q->need_cancel)
         r->num_pending--;
@@ -171,12 +201,34 @@ static void registry_drop(struct router *r, struct request *q)
     request_free(q);
 }
 
-/* Drops the oldest finished results while more than the configured count are kept. The newest
- * is never dropped (max_finished_requests >= 1), and a finished request has no parked polls. */
-static void registry_trim(struct router *r)
+/* The tenant that holds the most finished results (the one whose oldest is older on a tie). */
+static struct tenant_slot *largest_holder(struct router *r)
 {
+    struct tenant_slot *best = NULL;
+    for (uint32_t i = 0; i < r->num_slots; i++) {
+        struct tenant_slot *s = &r->slots[i];
+        if (s->num_finished == 0)
+            continue;
+        if (best == NULL || s->num_finished > best->num_finished ||
+            (s->num_finished == best->num_finished &&
+             s->fin_head->finished_at_ms < best->fin_head->finished_at_ms))
+            best = s;
+    }
+    return best;
+}
+
+/* A result of tenant slot finished: drops the tenant's oldest results while it holds more than
+ * its max_finished, so that no tenant's traffic expires another's results; then, while the
+ * router holds more than max_finished_requests in all, the oldest of the tenant holding the most
+ * (a tenant holding no more than its share never loses one to another's flood). A finished
+ * request has no parked polls. */
+static void registry_trim(struct router *r, uint32_t slot)
+{
+    struct tenant_slot *s = &r->slots[slot];
+    while (s->num_finished > s->max_finished)
+        registry_drop(r, s->fin_head);
     while (r->finished.count > r->cfg.max_finished_requests)
-        registry_drop(r, r->finished.head);
+        registry_drop(r, largest_holder(r)->fin_head);
 }
 
 /* ---- replies -------------------------------------------------------------------------------- */
@@ -536,6 +588,7 @@ static void finish_request(struct router *r, struct request *q, Pagoda__FinishRe
         q->error_message = strdup(error_message);
     set_pending(r, q, &q->need_submit, 0);
     list_push_back(&r->finished, q);
+    slot_finished_push(&r->slots[q->tenant], q);
     wake_waiters(q);
 }
 
@@ -688,7 +741,7 @@ static void apply_event(struct router *r, const Pagoda__Internal__TokenEvent *ev
                            "the router ran out of memory for this request's tokens");
             set_pending(r, q, &q->need_cancel, 1);
             router_flush_pending(r);
-            registry_trim(r);
+            registry_trim(r, q->tenant);
             return;
         }
     }
@@ -700,7 +753,7 @@ static void apply_event(struct router *r, const Pagoda__Internal__TokenEvent *ev
             q->cached_tokens = ev->cached_tokens;
         finish_request(r, q, finish_from_internal(ev->finish_reason),
                        ev->has_error_code ? ev->error_code : 0, ev->error_message);
-        registry_trim(r);
+        registry_trim(r, q->tenant);
         return;
     }
     wake_waiters(q);
@@ -968,6 +1021,7 @@ static void handle_submit(struct router *r, struct rctx *c, uint32_t tenant,
             return;
         }
         r->duplicate_submits++;
+        r->slots[tenant].duplicate_submits++;
         reply_submitted(c, q);
         return;
     }
@@ -1089,7 +1143,7 @@ static void handle_cancel(struct router *r, struct rctx *c, uint32_t tenant,
         router_flush_pending(r);
     }
     reply_update(c, q, q->num_tokens);
-    registry_trim(r);
+    registry_trim(r, tenant);
 }
 
 static void handle_health(struct router *r, struct rctx *c)
@@ -1104,8 +1158,15 @@ static void handle_health(struct router *r, struct rctx *c)
     router_reply(c, &resp);
 }
 
-static void handle_stats(struct router *r, struct rctx *c)
+/* Stats: a tenant's key (with a tenants file) gets the tenant's own figures
+ * (admin_tenant_stats); the engine's, which show every tenant's traffic, need an admin key. With
+ * no tenants file the one default tenant is everyone, and any key gets the engine's. */
+static void handle_stats(struct router *r, struct rctx *c, uint32_t tenant, int admin)
 {
+    if (r->tenants != NULL && !admin) {
+        admin_tenant_stats(r, c, tenant);
+        return;
+    }
     if (!router_link_up(r)) {
         router_reply_error(c, PAGODA_ECLOSED, "stats: the scheduler link is down");
         return;
@@ -1130,15 +1191,17 @@ static void handle_stats(struct router *r, struct rctx *c)
 /* Who may make the call: Health anyone; Submit, Poll and Cancel a tenant's key; Stats a tenant's
  * or an admin key; the admin API an admin key only. Without a tenants file every key (or none) is
  * the default tenant's and there is no admin key. Answers the call and returns nonzero when it is
- * refused; otherwise *tenant is the caller's slot (unused for an admin). */
+ * refused; otherwise *tenant is the caller's slot (unused when *admin is set for an admin). */
 static int check_caller(struct router *r, struct rctx *c, const Pagoda__ClientRequest *req,
-                        uint32_t *tenant)
+                        uint32_t *tenant, int *admin_out)
 {
     *tenant = 0;
+    *admin_out = 0;
     if (req->call_case == PAGODA__CLIENT_REQUEST__CALL_HEALTH)
         return 0;
     int admin = 0;
     int rc = tenancy_authenticate(r, req->api_key, tenant, &admin);
+    *admin_out = admin;
     if (req->call_case == PAGODA__CLIENT_REQUEST__CALL_ADMIN) {
         if (admin)
             return 0;
@@ -1181,8 +1244,9 @@ static void handle_call(struct router *r, struct rctx *c)
         return;
     }
     uint32_t tenant = 0;
+    int admin = 0;
     if (req->call_case != PAGODA__CLIENT_REQUEST__CALL__NOT_SET &&
-        check_caller(r, c, req, &tenant) != 0) {
+        check_caller(r, c, req, &tenant, &admin) != 0) {
         protobuf_c_message_free_unpacked(&req->base, NULL);
         return;
     }
@@ -1200,7 +1264,7 @@ static void handle_call(struct router *r, struct rctx *c)
         handle_health(r, c);
         break;
     case PAGODA__CLIENT_REQUEST__CALL_STATS:
-        handle_stats(r, c);
+        handle_stats(r, c, tenant, admin);
         break;
     case PAGODA__CLIENT_REQUEST__CALL_ADMIN:
         admin_handle(r, c, req->admin);

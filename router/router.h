@@ -33,11 +33,15 @@
  *    scheduler's PolicyApplied; only the admin calls that changed the tenancy do.
  *  - Admin (ClientRequest.admin, router_admin.c): only a key of the file's admin_keys (without
  *    admin keys every admin call is PAGODA_EPERM); an admin key may also ask for Stats, but not
- *    submit, poll or cancel. Calls that need the scheduler answer PAGODA_ECLOSED while its link
- *    is down (nothing changes) and PAGODA_ETIMEDOUT when it does not answer within
- *    admin_timeout_ms (a pin, unpin or reload then stays configured and goes out with the
- *    Policy). A reload that removes a tenant stops its keys at once; its requests run to their
- *    end, but no key reaches them unless a later reload brings the tenant back by name.
+ *    submit, poll or cancel. Stats shows every tenant's traffic, so with a tenants file only an
+ *    admin key gets the engine's figures; a tenant's key gets its own (Stats.tenant set). Without
+ *    one the default tenant is everyone and any key gets the engine's. A reload reads the file
+ *    on libuv's threadpool, never on the loop. Calls that need the scheduler answer
+ *    PAGODA_ECLOSED while its link is down (nothing changes) and PAGODA_ETIMEDOUT when it does
+ *    not answer within admin_timeout_ms (a pin, unpin or reload then stays configured and goes
+ *    out with the Policy). A reload that removes a tenant stops its keys at once; its requests
+ *    run to their end, but no key reaches them unless a later reload brings the tenant back by
+ *    name.
  *  - Request ids are per tenant: two tenants may use the same id. The scheduler knows a request
  *    by a keyed 128-bit hash of (tenant, id) (with no tenants file: the id itself), so its ids
  *    stay unique. Another tenant's id answers Poll and Cancel exactly like an unknown id
@@ -46,6 +50,10 @@
  *    max_live_requests unfinished requests, or the tenant holds max_running + max_waiting of
  *    them (the scheduler enforces the split between running and waiting). A refusal changes
  *    nothing already admitted.
+ *  - Finished results are kept until polled for at most finished_ttl_ms, per tenant: a tenant
+ *    keeps at most its max_finished (tenants.h) and past it loses its own oldest; the total is
+ *    capped by max_finished_requests, and over it the tenant holding the most loses its oldest,
+ *    so one tenant's flood never expires another's results (unless that one holds more).
  *  - Deduplication is on (tenant, request id): the same id with the same parameters (after
  *    defaults are applied) answers with the existing request, other parameters are
  *    PAGODA_EEXIST.
@@ -101,7 +109,7 @@ struct router_config {
     const char *tenants_file;       /* router/tenants.h; NULL: one tenant, any key */
     uint32_t num_contexts;          /* client calls in flight at once, parked polls included */
     uint32_t max_live_requests;     /* admitted, unfinished; more is PAGODA_EEXHAUSTED */
-    uint32_t max_finished_requests; /* finished results kept (oldest dropped first), >= 1 */
+    uint32_t max_finished_requests; /* finished results kept in all, >= 1 (see above) */
     uint32_t finished_ttl_ms;       /* and for how long at most */
     uint32_t max_prompt_tokens;
     uint32_t max_new_tokens; /* the largest max_tokens a Submit may ask for */

@@ -8,7 +8,15 @@
  *   unpin    removes a pin (a file pin too, until the next reload), the same way
  *   flush    drops a tenant's namespace (its group's when it has one) or a group's
  *            (AdminCall{flush_namespace}), answers how many blocks went
- *   reload   reads the tenants file again: on any error nothing changes; else the same way as pin
+ *   reload   reads the tenants file again, on libuv's threadpool (the loop serves everyone
+ *            meanwhile; router_tenants_load refuses a FIFO, a directory or a file too large
+ *            without blocking): on any error nothing changes; else the same way as pin. One
+ *            read at a time: a reload while another is reading is refused with PAGODA_EBUSY
+ *            (retry). The read and the scheduler's PolicyApplied share admin_timeout_ms; a read
+ *            that takes longer is answered PAGODA_ETIMEDOUT and its late result is dropped.
+ *
+ * A tenant's Stats (admin_tenant_stats) also asks the scheduler for the figures, and answers
+ * with the caller's own only.
  *
  * A call that needs the scheduler is refused with PAGODA_ECLOSED while the link is down (and
  * changes nothing), and answered with PAGODA_ETIMEDOUT when the scheduler has not answered within
@@ -40,27 +48,36 @@ static int send_admin_call(struct router *r, uint64_t cookie, int figures, const
 /* Sends an AdminCall for c and parks it until the AdminResult with its cookie arrives. */
 static void ask_scheduler(struct router *r, struct rctx *c, enum admin_op op, const char *flush_ns)
 {
-    uint64_t cookie = ++r->admin_cookie;
-    int rc = send_admin_call(r, cookie, op == ADMIN_OP_TENANTS, flush_ns);
+    uint64_t cookie = ++r->admin_cookie; /* from 1: cookie 0 is a reload's read */
+    int figures = op == ADMIN_OP_TENANTS || op == ADMIN_OP_STATS;
+    int rc = send_admin_call(r, cookie, figures, flush_ns);
     if (rc != 0) {
-        router_reply_error(c, rc, "admin: %s", pagoda_error_detail());
+        router_reply_error(c, rc, "%s: %s", op == ADMIN_OP_STATS ? "stats" : "admin",
+                           pagoda_error_detail());
         return;
     }
     c->park = PARK_ADMIN;
     c->admin_op = op;
     c->cookie = cookie;
-    router_park(&r->admin_waiters, c, r->cfg.admin_timeout_ms);
+    router_park(&r->admin_waiters, c,
+                op == ADMIN_OP_STATS ? r->cfg.stats_timeout_ms : r->cfg.admin_timeout_ms);
 }
 
-/* Parks c until the scheduler has applied policy version (or a later one). */
-static void wait_applied(struct router *r, struct rctx *c, enum admin_op op, uint64_t version,
-                         const char *pin_name)
+/* Parks c until the scheduler has applied policy version (or a later one), or timeout_ms. */
+static void wait_applied_for(struct router *r, struct rctx *c, enum admin_op op, uint64_t version,
+                             const char *pin_name, uint32_t timeout_ms)
 {
     c->park = PARK_POLICY;
     c->admin_op = op;
     c->cookie = version;
     snprintf(c->admin_name, sizeof(c->admin_name), "%s", pin_name ? pin_name : "");
-    router_park(&r->policy_waiters, c, r->cfg.admin_timeout_ms);
+    router_park(&r->policy_waiters, c, timeout_ms);
+}
+
+static void wait_applied(struct router *r, struct rctx *c, enum admin_op op, uint64_t version,
+                         const char *pin_name)
+{
+    wait_applied_for(r, c, op, version, pin_name, r->cfg.admin_timeout_ms);
 }
 
 /* A pin as the admin sees it. A status the scheduler just sent (fresh, from an AdminResult) is
@@ -252,6 +269,62 @@ void admin_on_policy_applied(struct router *r, const Pagoda__Internal__PolicyApp
     }
 }
 
+/* A tenant's Stats: its own figures from the scheduler's (its prefix-cache lookups, its running
+ * and waiting requests, its namespace's cached blocks and evictions: its group's namespace when
+ * it is in one, which the group shares by configuration) and the router's of it. Nothing global
+ * (the pool, the steps, the other tenants' requests) is filled in: those are an admin key's. */
+static void reply_tenant_stats(struct router *r, struct rctx *c,
+                               const Pagoda__Internal__AdminResult *res)
+{
+    const struct tenant_slot *slot = &r->slots[c->tenant];
+    const struct router_tenant *tn = router_tenants_find(r->tenants, slot->name);
+    Pagoda__Stats st = PAGODA__STATS__INIT;
+    st.tenant = (char *)slot->name;
+    for (size_t k = 0; k < res->n_tenants; k++) {
+        const Pagoda__Internal__TenantFigures *f = res->tenants[k];
+        if (f->name == NULL || strcmp(f->name, slot->name) != 0)
+            continue;
+        st.has_running = st.has_waiting = 1;
+        st.running = f->running;
+        st.waiting = f->waiting;
+        st.has_prefix_query_tokens = st.has_prefix_hit_tokens = st.has_prefix_hit_rate = 1;
+        st.prefix_query_tokens = f->query_tokens;
+        st.prefix_hit_tokens = f->hit_tokens;
+        st.prefix_hit_rate =
+            f->query_tokens == 0 ? 0.0 : (double)f->hit_tokens / (double)f->query_tokens;
+        break;
+    }
+    for (size_t k = 0; tn != NULL && k < res->n_namespaces; k++) {
+        const Pagoda__Internal__NamespaceFigures *f = res->namespaces[k];
+        if (f->name == NULL || strcmp(f->name, tn->namespace_name) != 0)
+            continue;
+        st.has_cached_blocks = st.has_evictions = 1;
+        st.cached_blocks = f->cached_blocks;
+        st.evictions = f->evictions;
+        break;
+    }
+    st.has_live_requests = st.has_finished_requests = st.has_duplicate_submits = 1;
+    st.live_requests = slot->live;
+    st.finished_requests = slot->num_finished;
+    st.duplicate_submits = slot->duplicate_submits;
+    st.has_scheduler_connected = 1;
+    st.scheduler_connected = router_link_up(r);
+    Pagoda__ClientResponse resp = PAGODA__CLIENT_RESPONSE__INIT;
+    resp.result_case = PAGODA__CLIENT_RESPONSE__RESULT_STATS;
+    resp.stats = &st;
+    router_reply(c, &resp);
+}
+
+void admin_tenant_stats(struct router *r, struct rctx *c, uint32_t slot)
+{
+    if (!router_link_up(r)) {
+        router_reply_error(c, PAGODA_ECLOSED, "stats: the scheduler link is down");
+        return;
+    }
+    c->tenant = slot;
+    ask_scheduler(r, c, ADMIN_OP_STATS, NULL);
+}
+
 void admin_on_result(struct router *r, const Pagoda__Internal__AdminResult *res)
 {
     if (res == NULL || !res->has_cookie) {
@@ -260,7 +333,7 @@ void admin_on_result(struct router *r, const Pagoda__Internal__AdminResult *res)
         return;
     }
     struct rctx *c = r->admin_waiters;
-    while (c != NULL && c->cookie != res->cookie)
+    while (c != NULL && (c->cookie != res->cookie || c->admin_op == ADMIN_OP_RELOAD))
         c = c->next;
     if (c == NULL) {
         log_debug("an AdminResult for cookie %llu, which no call waits for (it timed out)",
@@ -269,9 +342,14 @@ void admin_on_result(struct router *r, const Pagoda__Internal__AdminResult *res)
     }
     router_unpark(c);
     if (res->has_error_code && res->error_code != 0) {
-        router_reply_error(c, res->error_code, "admin: the scheduler: %s",
+        router_reply_error(c, res->error_code, "%s: the scheduler: %s",
+                           c->admin_op == ADMIN_OP_STATS ? "stats" : "admin",
                            res->error_message ? res->error_message
                                               : pagoda_strerror(res->error_code));
+        return;
+    }
+    if (c->admin_op == ADMIN_OP_STATS) {
+        reply_tenant_stats(r, c, res);
         return;
     }
     if (c->admin_op == ADMIN_OP_TENANTS) {
@@ -287,7 +365,16 @@ void admin_on_result(struct router *r, const Pagoda__Internal__AdminResult *res)
 void admin_on_timeout(struct rctx *c)
 {
     struct router *r = c->r;
-    if (c->admin_op == ADMIN_OP_TENANTS || c->admin_op == ADMIN_OP_FLUSH)
+    if (c->admin_op == ADMIN_OP_STATS)
+        router_reply_error(c, PAGODA_ETIMEDOUT,
+                           "the scheduler did not answer a stats request within %u ms",
+                           r->cfg.stats_timeout_ms);
+    else if (c->admin_op == ADMIN_OP_RELOAD && c->cookie == 0)
+        router_reply_error(c, PAGODA_ETIMEDOUT,
+                           "reload: reading %s took more than %u ms: nothing changed (the read's "
+                           "late result is dropped)",
+                           r->tenants_file, r->cfg.admin_timeout_ms);
+    else if (c->admin_op == ADMIN_OP_TENANTS || c->admin_op == ADMIN_OP_FLUSH)
         router_reply_error(c, PAGODA_ETIMEDOUT, "admin: the scheduler did not answer within %u ms",
                            r->cfg.admin_timeout_ms);
     else
@@ -391,18 +478,51 @@ static void handle_flush(struct router *r, struct rctx *c, const Pagoda__AdminFl
     ask_scheduler(r, c, ADMIN_OP_FLUSH, ns);
 }
 
+/* Starts the read and parks c (cookie 0: no AdminResult answers it) until
+ * admin_on_reload_read. */
 static void handle_reload(struct router *r, struct rctx *c)
 {
     if (need_link(r, c, "reload") != 0)
         return;
-    int rc = tenancy_reload(r);
+    int rc = tenancy_reload_start(r);
     if (rc != 0) {
         log_warn("admin: reload refused, the configuration stays: %s", pagoda_error_detail());
         router_reply_error(c, rc, "reload: %s (the configuration stays as it was)",
                            pagoda_error_detail());
         return;
     }
-    wait_applied(r, c, ADMIN_OP_RELOAD, r->policy_version, NULL);
+    c->park = PARK_ADMIN;
+    c->admin_op = ADMIN_OP_RELOAD;
+    c->cookie = 0;
+    router_park(&r->admin_waiters, c, r->cfg.admin_timeout_ms);
+}
+
+void admin_on_reload_read(struct router *r, struct router_tenants *t, int rc, const char *detail,
+                          uint64_t started_ms)
+{
+    struct rctx *c = r->admin_waiters;
+    while (c != NULL && !(c->admin_op == ADMIN_OP_RELOAD && c->cookie == 0))
+        c = c->next;
+    if (c == NULL) {
+        log_warn("reload: the read of %s ended after its call timed out: %s", r->tenants_file,
+                 rc == 0 ? "its result is dropped, nothing changed" : detail);
+        router_tenants_free(t);
+        return;
+    }
+    router_unpark(c);
+    if (rc == 0 && (rc = tenancy_apply(r, t)) != 0)
+        detail = rc == PAGODA_ENOMEM ? "out of memory" : pagoda_error_detail();
+    if (rc != 0) {
+        log_warn("admin: reload refused, the configuration stays: %s", detail);
+        router_reply_error(c, rc, "reload: %s (the configuration stays as it was)", detail);
+        return;
+    }
+    /* The read and the scheduler's PolicyApplied share the call's admin_timeout_ms, so that the
+     * answer still comes before libpagoda resends the call. */
+    uint64_t spent = uv_now(r->loop) - started_ms;
+    uint32_t left =
+        spent >= r->cfg.admin_timeout_ms ? 1 : r->cfg.admin_timeout_ms - (uint32_t)spent;
+    wait_applied_for(r, c, ADMIN_OP_RELOAD, r->policy_version, NULL, left);
 }
 
 void admin_handle(struct router *r, struct rctx *c, const Pagoda__AdminRequest *a)

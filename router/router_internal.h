@@ -40,10 +40,12 @@ enum admin_op {
     ADMIN_OP_FLUSH,
     ADMIN_OP_PIN,
     ADMIN_OP_UNPIN,
-    ADMIN_OP_RELOAD
+    ADMIN_OP_RELOAD, /* cookie 0 while the file is read, then the policy version */
+    ADMIN_OP_STATS   /* a tenant's Stats: its own figures (AdminCall{figures}) */
 };
 
 struct request;
+struct reload_job;
 
 /* One REP context: receives a call, is owned by the loop while the call is handled or parked,
  * then sends the reply and receives again. */
@@ -109,6 +111,8 @@ struct request {
     int adopted;          /* registered from the scheduler's announcement (no prompt known) */
     int aliased;          /* also in router.alias_buckets (see adopt_request) */
     struct request *alias_next;
+    /* Once finished: its tenant's finished list (tenant_slot.fin_head), oldest first. */
+    struct request *tprev, *tnext;
 };
 
 struct req_list {
@@ -125,6 +129,11 @@ struct tenant_slot {
     uint32_t live;  /* admitted, unfinished requests */
     uint32_t limit; /* how many it may have (max_running + max_waiting); 0 when inactive */
     uint32_t refs;  /* requests in the registry, live or finished */
+    /* Its finished results, oldest first, at most max_finished of them (tenants.h), and its
+     * Submits answered with a request it already had (for its Stats). */
+    struct request *fin_head, *fin_tail;
+    uint32_t num_finished, max_finished;
+    uint64_t duplicate_submits;
 };
 
 /* A configured pin (from the tenants file or the admin API) and what the scheduler last said of
@@ -176,6 +185,8 @@ struct router {
     uint64_t policy_version;  /* of the current tenancy; 1 at start */
     uint64_t applied_version; /* the latest the scheduler on the link said it applied */
     int need_policy;          /* the current Policy is still to be sent */
+    /* The tenants file being read on libuv's threadpool, or NULL. */
+    struct reload_job *reload;
     uint64_t id_seed;
 
     struct request **buckets;
@@ -254,11 +265,15 @@ struct pin_state *tenancy_find_pin(struct router *r, const char *name);
 int tenancy_set_pin(struct router *r, struct router_pin *pin, int *changed);
 /* Removes the pin. Errors: PAGODA_ENOENT. */
 int tenancy_remove_pin(struct router *r, const char *name);
-/* Reads the tenants file again and, when it is valid, replaces tenants, groups and file pins
- * (runtime pins stay, less the tenants that are gone, unless the file has one of the same name).
- * Errors: those of router_tenants_load (the old configuration stays), PAGODA_EUNSUPPORTED (no
- * tenants file), PAGODA_ERANGE (too many pins with the runtime ones), PAGODA_ENOMEM. */
-int tenancy_reload(struct router *r);
+/* Starts reading and parsing the tenants file again on libuv's threadpool (the loop never opens
+ * or reads it); admin_on_reload_read gets the outcome on the loop. Errors: PAGODA_EUNSUPPORTED
+ * (no tenants file), PAGODA_EBUSY (a read is still in flight: one at a time), PAGODA_EIO (the
+ * threadpool refused the work). */
+int tenancy_reload_start(struct router *r);
+/* Replaces tenants, groups and file pins with t's (taking t in every case); runtime pins stay, less
+ * the tenants that are gone, unless t has one of the same name. Errors: PAGODA_ERANGE (too many
+ * pins with the runtime ones), PAGODA_ENOMEM: nothing changed. */
+int tenancy_apply(struct router *r, struct router_tenants *t);
 /* The pins each tenant of the file may read: names[offsets[i] .. offsets[i + 1]) for
  * r->tenants->tenants[i] (offsets has count + 1 entries; both are the caller's to free, the names
  * point into r->pins). Errors: PAGODA_ENOMEM. */
@@ -281,5 +296,14 @@ void admin_on_result(struct router *r, const Pagoda__Internal__AdminResult *res)
 void admin_on_policy_applied(struct router *r, const Pagoda__Internal__PolicyApplied *pa);
 /* A PARK_ADMIN or PARK_POLICY call ran out of time (already unparked): answers it. */
 void admin_on_timeout(struct rctx *c);
+/* The tenants file a reload read: t (taken; NULL when rc is an error whose detail is detail),
+ * read since started_ms. Applies it and answers the reload call, or drops it when that call is
+ * no longer waiting (it timed out: the admin was told nothing changed). */
+void admin_on_reload_read(struct router *r, struct router_tenants *t, int rc, const char *detail,
+                          uint64_t started_ms);
+/* A tenant's Stats call (with a tenants file): asks the scheduler for the figures and answers
+ * with the tenant's own (and the router's figures of it), never another tenant's or the
+ * engine's. */
+void admin_tenant_stats(struct router *r, struct rctx *c, uint32_t slot);
 
 #endif

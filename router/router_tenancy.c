@@ -35,8 +35,8 @@ static int slots_reserve(struct router *r, uint32_t extra)
 
 /* The slot of the tenant named name: the one it had (a tenant that a reload removed and a later
  * one brought back finds its requests again), else one that no tenant and no request holds, else
- * a new one. The caller has reserved room. Marks it active with limit. */
-static uint32_t slot_for(struct router *r, const char *name, uint32_t limit)
+ * a new one. The caller has reserved room. Marks it active with its limits. */
+static uint32_t slot_for(struct router *r, const char *name, uint32_t limit, uint32_t max_finished)
 {
     uint32_t i, free_slot = UINT32_MAX;
     for (i = 0; i < r->num_slots; i++) {
@@ -55,6 +55,7 @@ static uint32_t slot_for(struct router *r, const char *name, uint32_t limit)
     }
     r->slots[i].active = 1;
     r->slots[i].limit = limit;
+    r->slots[i].max_finished = max_finished;
     return i;
 }
 
@@ -73,12 +74,14 @@ static void assign_slots(struct router *r, const struct router_tenants *t, uint3
         for (uint32_t k = 0; k < r->num_slots; k++)
             if (strcmp(r->slots[k].name, t->tenants[i].name) == 0)
                 slot_of[i] = slot_for(r, t->tenants[i].name,
-                                      t->tenants[i].max_running + t->tenants[i].max_waiting);
+                                      t->tenants[i].max_running + t->tenants[i].max_waiting,
+                                      t->tenants[i].max_finished);
     }
     for (uint32_t i = 0; i < t->count; i++)
         if (slot_of[i] == UINT32_MAX)
             slot_of[i] = slot_for(r, t->tenants[i].name,
-                                  t->tenants[i].max_running + t->tenants[i].max_waiting);
+                                  t->tenants[i].max_running + t->tenants[i].max_waiting,
+                                  t->tenants[i].max_finished);
 }
 
 /* Takes the file's pins into pins (from_file), leaving t with none: the router's pin table is
@@ -104,10 +107,12 @@ int tenancy_open(struct router *r, const char *tenants_file)
     if (tenants_file == NULL) {
         if ((rc = slots_reserve(r, 1)) != 0)
             return rc;
-        slot_for(r, ROUTER_DEFAULT_TENANT, r->cfg.max_live_requests);
+        slot_for(r, ROUTER_DEFAULT_TENANT, r->cfg.max_live_requests, r->cfg.max_finished_requests);
     } else {
         if ((r->tenants_file = strdup(tenants_file)) == NULL)
             return PAGODA_ENOMEM;
+        /* Read on the loop's thread, before the router serves anyone: it cannot block on a FIFO
+         * (router_tenants_load), and a slow disk only delays the start. */
         if ((rc = router_tenants_load(tenants_file, &r->tenants)) != 0)
             return rc;
         r->slot_of = calloc(r->tenants->count, sizeof(*r->slot_of));
@@ -125,8 +130,32 @@ int tenancy_open(struct router *r, const char *tenants_file)
     return 0;
 }
 
+/* A read of the tenants file on libuv's threadpool. It outlives the router when the router
+ * closes first (r is then NULL, and the result is dropped): the loop runs until after_reload. */
+struct reload_job {
+    uv_work_t work;
+    struct router *r;
+    char *path;
+    uint64_t started_ms;
+    struct router_tenants *t; /* what the thread parsed */
+    int rc;
+    char detail[512]; /* the thread's pagoda_error_detail (thread-local) */
+};
+
+static void reload_job_free(struct reload_job *job)
+{
+    router_tenants_free(job->t);
+    free(job->path);
+    free(job);
+}
+
 void tenancy_close(struct router *r)
 {
+    if (r->reload != NULL) {
+        r->reload->r = NULL; /* after_reload frees it */
+        uv_cancel((uv_req_t *)&r->reload->work);
+        r->reload = NULL;
+    }
     for (uint32_t i = 0; r->pins != NULL && i < r->num_pins; i++)
         pin_state_fini(&r->pins[i]);
     free(r->pins);
@@ -290,17 +319,66 @@ nomem:
     return PAGODA_ENOMEM;
 }
 
-int tenancy_reload(struct router *r)
+/* Threadpool: opens, reads and parses the file; touches nothing of the router. */
+static void reload_work(uv_work_t *w)
+{
+    struct reload_job *job = w->data;
+    job->rc = router_tenants_load(job->path, &job->t);
+    if (job->rc != 0)
+        snprintf(job->detail, sizeof(job->detail), "%s", pagoda_error_detail());
+}
+
+/* Loop: the read is over (or was cancelled because the router closed). */
+static void after_reload(uv_work_t *w, int status)
+{
+    struct reload_job *job = w->data;
+    struct router *r = job->r;
+    if (r == NULL) {
+        reload_job_free(job);
+        return;
+    }
+    r->reload = NULL;
+    if (status != 0 && job->rc == 0) {
+        job->rc = PAGODA_EIO;
+        snprintf(job->detail, sizeof(job->detail), "%s: the read was cancelled", job->path);
+    }
+    struct router_tenants *t = job->t;
+    job->t = NULL;
+    admin_on_reload_read(r, t, job->rc, job->detail, job->started_ms);
+    reload_job_free(job);
+}
+
+int tenancy_reload_start(struct router *r)
 {
     if (r->tenants_file == NULL)
         return pagoda_error_set(PAGODA_EUNSUPPORTED, "the router was started without a tenants "
                                                      "file: there is nothing to reload");
-    struct router_tenants *t = NULL;
+    if (r->reload != NULL)
+        return pagoda_error_set(PAGODA_EBUSY, "%s: another reload is still reading it; retry",
+                                r->tenants_file);
+    struct reload_job *job = calloc(1, sizeof(*job));
+    if (job == NULL || (job->path = strdup(r->tenants_file)) == NULL) {
+        free(job);
+        return PAGODA_ENOMEM;
+    }
+    job->r = r;
+    job->started_ms = uv_now(r->loop);
+    job->work.data = job;
+    int uv = uv_queue_work(r->loop, &job->work, reload_work, after_reload);
+    if (uv != 0) {
+        reload_job_free(job);
+        return pagoda_error_set(PAGODA_EIO, "cannot start reading the tenants file: %s",
+                                uv_strerror(uv));
+    }
+    r->reload = job;
+    return 0;
+}
+
+int tenancy_apply(struct router *r, struct router_tenants *t)
+{
     struct pin_state *pins = NULL;
     uint32_t *slot_of = NULL, n = 0;
-    int rc = router_tenants_load(r->tenants_file, &t);
-    if (rc != 0)
-        return rc;
+    int rc = 0;
     pins = calloc(ROUTER_MAX_PINS, sizeof(*pins));
     slot_of = calloc(t->count, sizeof(*slot_of));
     if (pins == NULL || slot_of == NULL || slots_reserve(r, t->count) != 0) {

@@ -3,10 +3,13 @@
 #include "common/error.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #define XXH_INLINE_ALL
 #include <xxhash.h>
@@ -284,8 +287,9 @@ static int parse_group(const char *origin, uint32_t i, const json_t *obj, struct
 
 static int parse_tenant(const char *origin, uint32_t i, const json_t *obj, struct router_tenants *t)
 {
-    static const char *const allowed[] = {
-        "name", "api_keys", "max_running", "max_waiting", "group", "cache_quota_blocks", NULL};
+    static const char *const allowed[] = {"name",         "api_keys", "max_running",
+                                          "max_waiting",  "group",    "cache_quota_blocks",
+                                          "max_finished", NULL};
     struct router_tenant *tn = &t->tenants[i];
     tn->group = -1;
     char what[64];
@@ -293,7 +297,8 @@ static int parse_tenant(const char *origin, uint32_t i, const json_t *obj, struc
         return pagoda_error_set(PAGODA_EFORMAT, "%s: tenants[%u] must be an object", origin, i);
     snprintf(what, sizeof(what), "tenants[%u]", i);
     int rc = check_keys(origin, what, obj, allowed,
-                        "name, api_keys, group, max_running, max_waiting, cache_quota_blocks");
+                        "name, api_keys, group, max_running, max_waiting, max_finished, "
+                        "cache_quota_blocks");
     snprintf(what, sizeof(what), "tenants[%u].name", i);
     if (rc == 0)
         rc = read_name(origin, what, json_object_get(obj, "name"), tn->name);
@@ -333,6 +338,11 @@ static int parse_tenant(const char *origin, uint32_t i, const json_t *obj, struc
     snprintf(what, sizeof(what), "tenants[%u].max_waiting", i);
     if ((rc = read_u32(origin, what, json_object_get(obj, "max_waiting"), 0,
                        ROUTER_TENANT_LIMIT_MAX, &tn->max_waiting)) != 0)
+        return rc;
+    tn->max_finished = ROUTER_TENANT_DEFAULT_MAX_FINISHED;
+    snprintf(what, sizeof(what), "tenants[%u].max_finished", i);
+    if ((rc = read_u32(origin, what, json_object_get(obj, "max_finished"), 1,
+                       ROUTER_TENANT_LIMIT_MAX, &tn->max_finished)) != 0)
         return rc;
     json_t *quota = json_object_get(obj, "cache_quota_blocks");
     snprintf(what, sizeof(what), "tenants[%u].cache_quota_blocks", i);
@@ -542,27 +552,88 @@ int router_tenants_parse(const char *json, size_t len, const char *origin,
     return 0;
 }
 
+static const char *file_kind(mode_t mode)
+{
+    if (S_ISDIR(mode))
+        return "a directory";
+    if (S_ISFIFO(mode))
+        return "a FIFO";
+    if (S_ISSOCK(mode))
+        return "a socket";
+    if (S_ISCHR(mode) || S_ISBLK(mode))
+        return "a device";
+    return "not a regular file";
+}
+
+/* Reads the whole regular file at path (at most max bytes) into a new buffer. O_NONBLOCK makes
+ * the open of a FIFO return at once instead of waiting for a writer; fstat on what was opened
+ * (not stat on the path, which could change in between) then refuses anything but a regular
+ * file before a byte is read. The size is checked again while reading: the file may grow. */
+static int read_regular_file(const char *path, size_t max, char **out, size_t *len)
+{
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+    if (fd < 0)
+        return pagoda_error_set(pagoda_from_errno(errno), "%s: cannot open the tenants file: %s",
+                                path, strerror(errno));
+    struct stat st;
+    char *buf = NULL;
+    size_t n = 0;
+    int rc = 0;
+    if (fstat(fd, &st) != 0) {
+        rc = pagoda_error_set(PAGODA_EIO, "%s: cannot stat the tenants file: %s", path,
+                              strerror(errno));
+        goto out;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        rc = pagoda_error_set(PAGODA_EINVAL, "%s: the tenants file is %s, not a regular file", path,
+                              file_kind(st.st_mode));
+        goto out;
+    }
+    if ((uint64_t)st.st_size > max) {
+        rc = pagoda_error_set(PAGODA_ERANGE,
+                              "%s: the tenants file has %lld bytes, more than the limit of %zu",
+                              path, (long long)st.st_size, max);
+        goto out;
+    }
+    if ((buf = malloc((size_t)st.st_size + 1)) == NULL) {
+        rc = PAGODA_ENOMEM;
+        goto out;
+    }
+    size_t cap = (size_t)st.st_size + 1; /* one more byte tells a file that grew */
+    while (n < cap) {
+        ssize_t got = read(fd, buf + n, cap - n);
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got < 0) {
+            rc = pagoda_error_set(PAGODA_EIO, "%s: cannot read the tenants file: %s", path,
+                                  strerror(errno));
+            goto out;
+        }
+        if (got == 0)
+            break;
+        n += (size_t)got;
+    }
+    if (n == cap)
+        rc = pagoda_error_set(PAGODA_EBUSY, "%s: the tenants file grew while it was read", path);
+out:
+    close(fd);
+    if (rc != 0) {
+        free(buf);
+        return rc;
+    }
+    *out = buf;
+    *len = n;
+    return 0;
+}
+
 int router_tenants_load(const char *path, struct router_tenants **out)
 {
-    FILE *f = fopen(path, "rb");
-    if (f == NULL)
-        return pagoda_error_set(pagoda_from_errno(errno), "%s: cannot open the tenants file", path);
-    char *buf = malloc(ROUTER_MAX_TENANTS_FILE_BYTES + 1);
-    if (buf == NULL) {
-        fclose(f);
-        return PAGODA_ENOMEM;
-    }
-    size_t len = fread(buf, 1, ROUTER_MAX_TENANTS_FILE_BYTES + 1, f);
-    int err = ferror(f);
-    fclose(f);
-    int rc;
-    if (err)
-        rc = pagoda_error_set(PAGODA_EIO, "%s: cannot read the tenants file", path);
-    else if (len > ROUTER_MAX_TENANTS_FILE_BYTES)
-        rc = pagoda_error_set(PAGODA_ERANGE, "%s: more than the limit of %u bytes", path,
-                              ROUTER_MAX_TENANTS_FILE_BYTES);
-    else
-        rc = router_tenants_parse(buf, len, path, out);
+    char *buf = NULL;
+    size_t len = 0;
+    int rc = read_regular_file(path, ROUTER_MAX_TENANTS_FILE_BYTES, &buf, &len);
+    if (rc != 0)
+        return rc;
+    rc = router_tenants_parse(buf, len, path, out);
     free(buf);
     return rc;
 }

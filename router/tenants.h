@@ -6,7 +6,8 @@
  *   {"admin_keys": ["adm"],
  *    "groups": [{"name": "team", "cache_quota_blocks": 1000}],
  *    "tenants": [{"name": "alice", "api_keys": ["k1", "k2"], "group": "team",
- *                 "max_running": 64, "max_waiting": 256, "cache_quota_blocks": 500}, ...],
+ *                 "max_running": 64, "max_waiting": 256, "max_finished": 1000,
+ *                 "cache_quota_blocks": 500}, ...],
  *    "pins": [{"name": "sys", "token_ids": [1, 2, 3], "tenants": ["alice", "bob"]}]}
  *
  * Names (of tenants, groups and pins): 1 to ROUTER_TENANT_NAME_MAX bytes of [A-Za-z0-9_.-],
@@ -15,7 +16,10 @@
  * unique across the whole file (an admin key is never a tenant's). max_running (>= 1) and
  * max_waiting (>= 0) default to the values below, at most ROUTER_TENANT_LIMIT_MAX each; the router
  * admits at most max_running + max_waiting unfinished requests of the tenant, and the scheduler
- * runs at most max_running of them at once.
+ * runs at most max_running of them at once. max_finished (>= 1, default below, at most
+ * ROUTER_TENANT_LIMIT_MAX) bounds the finished results the router keeps for the tenant until
+ * their TTL: past it the tenant's own oldest result goes, never another tenant's (the router's
+ * max_finished_requests still caps the total; see router.h).
  *
  * Namespaces: a tenant writes to and looks up in "t:NAME", or "g:GROUP" when it names a group
  * (tenants of one group share their cached prefixes). cache_quota_blocks (0: none, at most
@@ -44,6 +48,10 @@
 #define ROUTER_MAX_ADMIN_KEYS 64u
 #define ROUTER_TENANT_DEFAULT_MAX_RUNNING 256u
 #define ROUTER_TENANT_DEFAULT_MAX_WAITING 1024u
+/* The router's default total (ROUTER_DEFAULT_MAX_FINISHED_REQUESTS): a tenant alone keeps as
+ * many results as the router would without tenants; among several, the total's cap takes from
+ * the tenant holding the most. */
+#define ROUTER_TENANT_DEFAULT_MAX_FINISHED 4096u
 #define ROUTER_TENANT_LIMIT_MAX (1u << 24)
 #define ROUTER_QUOTA_MAX (1u << 30)
 #define ROUTER_MAX_PINS 256u
@@ -60,6 +68,7 @@ struct router_tenant {
     char **api_keys;
     uint32_t num_api_keys;
     uint32_t max_running, max_waiting;
+    uint32_t max_finished;       /* finished results kept for it */
     int32_t group;               /* index into router_tenants.groups, or -1 */
     uint32_t cache_quota_blocks; /* of its namespace: its own, or its group's */
     char namespace_name[ROUTER_NAMESPACE_MAX + 1];
@@ -101,8 +110,13 @@ struct router_tenants {
 int router_tenants_parse(const char *json, size_t len, const char *origin,
                          struct router_tenants **out);
 
-/* router_tenants_parse on the file at path (refused above ROUTER_MAX_TENANTS_FILE_BYTES).
- * Errors: those of router_tenants_parse, PAGODA_ENOENT and PAGODA_EIO. */
+/* router_tenants_parse on the file at path. The file is opened without blocking (O_NONBLOCK: a
+ * FIFO with no writer does not hold the caller) and must be a regular file (a symlink to one is
+ * followed, as Kubernetes mounts ConfigMaps) of at most ROUTER_MAX_TENANTS_FILE_BYTES; nothing of
+ * it is read otherwise. It still reads a file, so an event loop calls it from another thread (the
+ * router's reload does). Errors: those of router_tenants_parse, PAGODA_ENOENT, PAGODA_EPERM
+ * (cannot be opened), PAGODA_EINVAL (not a regular file: a directory, a FIFO, a device),
+ * PAGODA_ERANGE (too large), PAGODA_EIO; the detail names the path. */
 int router_tenants_load(const char *path, struct router_tenants **out);
 
 /* The tenant whose keys include key, or NULL (a hash lookup). */

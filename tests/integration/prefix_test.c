@@ -198,16 +198,29 @@ static void scenario_cache(struct group *g)
         CHECK(0, "pin requests");
     pagoda_result_free(&pa);
     pagoda_result_free(&pb);
-    pagoda_engine_stats st;
-    if (pagoda_stats(alice, &st) == 0)
-        CHECK(st.prefix_hit_tokens > 0 && st.prefix_query_tokens > st.prefix_hit_tokens &&
-                  st.prefix_hit_rate > 0 && st.prefix_hit_rate < 1 && st.pinned_blocks == 3 &&
-                  st.cached_blocks > 3,
+    /* The engine's Stats need the admin key; alice's key gets her own figures only. */
+    pagoda_engine_stats st, own;
+    pagoda_client *adm = client_for(g, "adm");
+    if (adm != NULL && pagoda_stats(adm, &st) == 0 && pagoda_stats(alice, &own) == 0) {
+        CHECK(st.tenant[0] == '\0' && st.prefix_hit_tokens > 0 &&
+                  st.prefix_query_tokens > st.prefix_hit_tokens && st.prefix_hit_rate > 0 &&
+                  st.prefix_hit_rate < 1 && st.pinned_blocks == 3 && st.cached_blocks > 3,
               "Stats: hit rate %.3f (%llu of %llu tokens), %u cached blocks, %u pinned",
               st.prefix_hit_rate, (unsigned long long)st.prefix_hit_tokens,
               (unsigned long long)st.prefix_query_tokens, st.cached_blocks, st.pinned_blocks);
-    else
+        CHECK(strcmp(own.tenant, "alice") == 0 && own.prefix_hit_tokens > 0 &&
+                  own.prefix_hit_tokens < st.prefix_hit_tokens &&
+                  own.prefix_query_tokens < st.prefix_query_tokens && own.pinned_blocks == 0 &&
+                  own.num_blocks == 0 && own.live_requests == 0 && own.finished_requests > 0,
+              "alice's Stats are hers: tenant '%s', %llu of %llu tokens hit (the engine's: %llu "
+              "of %llu), %u finished",
+              own.tenant, (unsigned long long)own.prefix_hit_tokens,
+              (unsigned long long)own.prefix_query_tokens, (unsigned long long)st.prefix_hit_tokens,
+              (unsigned long long)st.prefix_query_tokens, own.finished_requests);
+    } else {
         CHECK(0, "stats: %s", pagoda_error_detail());
+    }
+    pagoda_client_close(adm);
 out:
     pagoda_client_close(alice);
     pagoda_client_close(bob);

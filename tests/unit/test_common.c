@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 static void test_strerror_covers_every_code(void **state)
@@ -77,6 +78,17 @@ static void test_json_load_file_errors(void **state)
     assert_int_equal(json_util_load_file(path, 100, &root), PAGODA_EFORMAT);
     assert_non_null(strstr(pagoda_error_detail(), path));
     assert_int_equal(json_util_load_file(path, 4, &root), PAGODA_ERANGE);
+    unlink(path);
+    /* A directory or a FIFO in place of the file: refused by name, and the FIFO's open does not
+     * wait for a writer (before, it blocked here until the test timed out). */
+    assert_int_equal(mkdir(path, 0700), 0);
+    assert_int_equal(json_util_load_file(path, 100, &root), PAGODA_EINVAL);
+    assert_non_null(strstr(pagoda_error_detail(), "directory"));
+    assert_int_equal(rmdir(path), 0);
+    assert_int_equal(mkfifo(path, 0600), 0);
+    assert_int_equal(json_util_load_file(path, 100, &root), PAGODA_EINVAL);
+    assert_non_null(strstr(pagoda_error_detail(), path));
+    assert_non_null(strstr(pagoda_error_detail(), "FIFO"));
     unlink(path);
 }
 

@@ -15,13 +15,16 @@
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/req.h>
 
+#include <fcntl.h>
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 /* ---- helpers -------------------------------------------------------------------------------- */
@@ -798,6 +801,107 @@ static void test_tenants_file_errors_name_the_field(void **state)
     free(huge);
 }
 
+/* max_finished: per tenant, with a default, in [1, ROUTER_TENANT_LIMIT_MAX]. */
+static void test_tenants_file_max_finished(void **state)
+{
+    (void)state;
+    const char doc[] = "{\"tenants\": [{\"name\": \"a\", \"api_keys\": [\"k\"], "
+                       "\"max_finished\": 7}, {\"name\": \"b\", \"api_keys\": [\"j\"]}]}";
+    struct router_tenants *t = NULL;
+    assert_int_equal(router_tenants_parse(doc, strlen(doc), "t.json", &t), 0);
+    assert_int_equal(t->tenants[0].max_finished, 7);
+    assert_int_equal(t->tenants[1].max_finished, ROUTER_TENANT_DEFAULT_MAX_FINISHED);
+    router_tenants_free(t);
+    expect_tenants_error("{\"tenants\": [{\"name\": \"a\", \"api_keys\": [\"k\"], "
+                         "\"max_finished\": 0}]}",
+                         PAGODA_ERANGE, "tenants[0].max_finished");
+    expect_tenants_error("{\"tenants\": [{\"name\": \"a\", \"api_keys\": [\"k\"], "
+                         "\"max_finished\": \"all\"}]}",
+                         PAGODA_EFORMAT, "tenants[0].max_finished");
+}
+
+struct load_call {
+    const char *path;
+    struct router_tenants *t;
+    int rc;
+    char detail[512];
+    atomic_int done;
+};
+
+static void *load_thread(void *arg)
+{
+    struct load_call *l = arg;
+    l->rc = router_tenants_load(l->path, &l->t);
+    snprintf(l->detail, sizeof(l->detail), "%s", pagoda_error_detail());
+    atomic_store(&l->done, 1);
+    return NULL;
+}
+
+/* router_tenants_load on path, on a thread so that a load that blocks (a FIFO opened for reading
+ * waits for a writer) fails the test instead of hanging it: after 3 s a writer opens the FIFO
+ * to let it go. Expects code and a detail naming the path and what (when not NULL). */
+static void expect_load(const char *path, int code, const char *what)
+{
+    struct load_call l = {.path = path};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, load_thread, &l), 0);
+    int blocked = 1;
+    for (uint64_t t0 = rtr_now_ms(); rtr_now_ms() - t0 < 3000 && blocked; usleep(1000))
+        blocked = !atomic_load(&l.done);
+    for (int i = 0; i < 100 && !atomic_load(&l.done); i++) {
+        int fd = open(path, O_WRONLY | O_NONBLOCK);
+        if (fd >= 0)
+            close(fd);
+        usleep(10000);
+    }
+    pthread_join(th, NULL);
+    router_tenants_free(l.t);
+    if (blocked)
+        fail_msg("loading %s blocked (it returned %d only once a writer came)", path, l.rc);
+    if (l.rc != code || strstr(l.detail, path) == NULL ||
+        (what != NULL && strstr(l.detail, what) == NULL))
+        fail_msg("loading %s: got %d (%s), expected %d naming the path and %s", path, l.rc,
+                 l.detail, code, what ? what : "-");
+}
+
+/* A tenants file that is a FIFO, a directory, a device or too large is refused by name without
+ * reading it, and never blocks the caller; a symlink to a regular file is followed. */
+static void test_tenants_load_refuses_what_is_not_a_file(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/pagoda-load-XXXXXX", path[128], link_path[128];
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof(path), "%s/t.json", dir);
+    snprintf(link_path, sizeof(link_path), "%s/link.json", dir);
+
+    assert_int_equal(mkfifo(path, 0600), 0);
+    expect_load(path, PAGODA_EINVAL, "FIFO");
+    assert_int_equal(unlink(path), 0);
+
+    assert_int_equal(mkdir(path, 0700), 0);
+    expect_load(path, PAGODA_EINVAL, "directory");
+    assert_int_equal(rmdir(path), 0);
+
+    expect_load("/dev/null", PAGODA_EINVAL, "device");
+    expect_load(path, PAGODA_ENOENT, NULL);
+
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    assert_int_equal(fputs(tenants_json, f) >= 0, 1);
+    assert_int_equal(fclose(f), 0);
+    assert_int_equal(truncate(path, (off_t)ROUTER_MAX_TENANTS_FILE_BYTES + 1), 0);
+    expect_load(path, PAGODA_ERANGE, "limit");
+    assert_int_equal(truncate(path, (off_t)strlen(tenants_json)), 0);
+    assert_int_equal(symlink(path, link_path), 0);
+    struct router_tenants *t = NULL;
+    assert_int_equal(router_tenants_load(link_path, &t), 0);
+    assert_int_equal(t->count, 3);
+    router_tenants_free(t);
+    unlink(link_path);
+    unlink(path);
+    rmdir(dir);
+}
+
 /* The keys an issue-7 file adds: groups, namespaces and quotas, pins, admin keys. */
 static void test_tenants_file_groups_pins_admin_keys(void **state)
 {
@@ -1170,6 +1274,8 @@ int main(void)
     };
     const struct CMUnitTest tenants[] = {
         cmocka_unit_test(test_tenants_file_errors_name_the_field),
+        cmocka_unit_test(test_tenants_file_max_finished),
+        cmocka_unit_test(test_tenants_load_refuses_what_is_not_a_file),
         cmocka_unit_test(test_tenants_file_groups_pins_admin_keys),
         cmocka_unit_test(test_tenants_unknown_key_is_refused),
         cmocka_unit_test(test_tenants_other_tenants_id_is_enoent),

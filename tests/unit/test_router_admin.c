@@ -12,16 +12,20 @@
 #include "client/pagoda_admin.h"
 #include "common/error.h"
 #include "proto/internal.pb-c.h"
+#include "router/tenants.h"
 #include "tests/unit/router_fake_scheduler.h"
 
 #include <nng/nng.h>
 
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #ifndef PAGODA_BIN_DIR
@@ -163,7 +167,12 @@ static void test_policy_sent_on_link_up_before_anything(void **state)
     env_start(&a, tenants_json, NULL);
     wait_policies(&a, 1);
     struct fake_sched_counts c;
-    counts(&a, &c);
+    /* The RouterHello follows the Policy on the link: wait for it to arrive too. */
+    for (uint64_t t0 = rtr_now_ms(); rtr_now_ms() - t0 < 3000; usleep(2000)) {
+        counts(&a, &c);
+        if (strlen(c.trace) >= 2)
+            break;
+    }
     assert_int_equal(c.trace[0], 'P');
     assert_int_equal(c.trace[1], 'H');
     assert_int_equal(c.last_policy_version, 1);
@@ -716,6 +725,294 @@ static void test_reload_failure_keeps_old_config(void **state)
     env_stop(&a);
 }
 
+/* ---- finished results and Stats, per tenant -------------------------------------------------- */
+
+static int run(const char *cmd, char *out, size_t len);
+
+/* Waits until the router holds no unfinished request (the engine's Stats, admin key). */
+static void wait_router_idle(pagoda_client *adm)
+{
+    pagoda_engine_stats st = {0};
+    for (uint64_t t0 = rtr_now_ms(); rtr_now_ms() - t0 < 10000; usleep(5000)) {
+        assert_int_equal(pagoda_stats(adm, &st), 0);
+        if (st.live_requests == 0)
+            return;
+    }
+    fail_msg("the router still holds %u unfinished requests", st.live_requests);
+}
+
+/* Submits n requests of one token, their ids into ids. */
+static void submit_many(pagoda_client *c, size_t n, uint8_t (*ids)[16])
+{
+    pagoda_generate_params gp = greedy(1);
+    for (size_t i = 0; i < n; i++) {
+        const int32_t prompt[] = {(int32_t)(100 + i % 50)};
+        assert_int_equal(pagoda_submit(c, &gp, prompt, 1, ids[i]), 0);
+    }
+}
+
+/* How many of ids the router still holds (a poll that is not PAGODA_ENOENT). */
+static size_t count_held(pagoda_client *c, size_t n, uint8_t (*ids)[16])
+{
+    size_t held = 0;
+    for (size_t i = 0; i < n; i++) {
+        pagoda_result r;
+        int rc = pagoda_poll(c, ids[i], 0, 0, &r);
+        assert_true(rc == 0 || rc == PAGODA_ENOENT);
+        held += rc == 0;
+        if (rc == 0)
+            pagoda_result_free(&r);
+    }
+    return held;
+}
+
+/* One tenant's flood of short requests does not expire another's unpolled result. The outside
+ * probe sent 4,100 requests against the default bound of 4,096; this router keeps 40 results in
+ * all, and carol sends 100. The bound on the total takes from the tenant holding the most. */
+static void test_finished_results_do_not_evict_other_tenants(void **state)
+{
+    (void)state;
+    static const char json[] = "{\"admin_keys\": [\"adm-key\"],"
+                               " \"tenants\": [{\"name\": \"bob\", \"api_keys\": [\"bob-key\"]},"
+                               "  {\"name\": \"carol\", \"api_keys\": [\"carol-key\"]}]}";
+    const char *const extra[] = {"--max-finished", "40", NULL};
+    struct admin_env a;
+    env_start(&a, json, extra);
+    pagoda_client *adm = client_with_key(&a, "adm-key");
+    pagoda_client *bob = client_with_key(&a, "bob-key");
+    pagoda_client *carol = client_with_key(&a, "carol-key");
+    const int32_t prompt[] = {9};
+    pagoda_generate_params gp = greedy(2);
+    uint8_t bob_id[16];
+    assert_int_equal(pagoda_submit(bob, &gp, prompt, 1, bob_id), 0);
+    wait_router_idle(adm); /* bob's result is ready, and nobody polled it */
+    enum { FLOOD = 100 };
+    static uint8_t ids[FLOOD][16];
+    submit_many(carol, FLOOD, ids);
+    wait_router_idle(adm);
+
+    pagoda_result r;
+    assert_int_equal(pagoda_poll(bob, bob_id, 0, 0, &r), 0);
+    assert_int_equal(r.finish_reason, PAGODA_FINISH_LENGTH);
+    assert_int_equal(r.num_tokens, 2);
+    pagoda_result_free(&r);
+    assert_int_equal(count_held(carol, FLOOD, ids), 39); /* the total's bound, less bob's one */
+    pagoda_engine_stats st;
+    assert_int_equal(pagoda_stats(adm, &st), 0);
+    assert_int_equal(st.finished_requests, 40);
+    pagoda_client_close(carol);
+    pagoda_client_close(bob);
+    pagoda_client_close(adm);
+    env_stop(&a);
+}
+
+/* A tenant's max_finished bounds its own results: past it its own oldest go. */
+static void test_finished_results_tenant_bound(void **state)
+{
+    (void)state;
+    static const char json[] =
+        "{\"admin_keys\": [\"adm-key\"],"
+        " \"tenants\": [{\"name\": \"alice\", \"api_keys\": [\"alice-key\"], \"max_finished\": 5},"
+        "  {\"name\": \"bob\", \"api_keys\": [\"bob-key\"]}]}";
+    struct admin_env a;
+    env_start(&a, json, NULL);
+    pagoda_client *adm = client_with_key(&a, "adm-key");
+    pagoda_client *alice = client_with_key(&a, "alice-key");
+    pagoda_client *bob = client_with_key(&a, "bob-key");
+    enum { N = 12 };
+    static uint8_t alice_ids[N][16], bob_ids[N][16];
+    submit_many(bob, N, bob_ids);
+    submit_many(alice, N, alice_ids);
+    wait_router_idle(adm);
+    assert_int_equal(count_held(alice, N, alice_ids), 5);
+    assert_int_equal(count_held(bob, N, bob_ids), N);
+    pagoda_client_close(bob);
+    pagoda_client_close(alice);
+    pagoda_client_close(adm);
+    env_stop(&a);
+}
+
+/* A tenant's key gets its own figures only; an admin key the engine's. */
+static void test_stats_are_per_tenant(void **state)
+{
+    (void)state;
+    struct admin_env a;
+    env_start(&a, tenants_json, NULL);
+    wait_policies(&a, 1);
+    pagoda_client *adm = client_with_key(&a, "adm-key");
+    pagoda_client *alice = client_with_key(&a, "alice-key");
+    pagoda_client *bob = client_with_key(&a, "bob-key");
+    const int32_t prompt[] = {7, 7};
+    pagoda_generate_params gp = greedy(2);
+    pagoda_result r;
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(pagoda_generate(alice, &gp, prompt, 2, &r), 0);
+        pagoda_result_free(&r);
+    }
+    fake_sched_hold(a.e.fs, 1); /* bob's request stays running */
+    uint8_t id[16];
+    assert_int_equal(pagoda_submit(bob, &gp, prompt, 2, id), 0);
+    struct fake_sched_counts c;
+    for (uint64_t t0 = rtr_now_ms(); rtr_now_ms() - t0 < 2000; usleep(2000)) {
+        counts(&a, &c);
+        if (c.submits == 4 && c.running == 1)
+            break;
+    }
+
+    pagoda_engine_stats st;
+    struct fake_figures f;
+    assert_int_equal(pagoda_stats(alice, &st), 0);
+    assert_string_equal(st.tenant, "alice");
+    fake_sched_tenant_figures("alice", &f);
+    assert_int_equal(st.prefix_query_tokens, f.query_tokens);
+    assert_int_equal(st.prefix_hit_tokens, f.hit_tokens);
+    assert_true(st.prefix_hit_rate == 0.5);
+    assert_int_equal(st.running, 0);
+    assert_int_equal(st.waiting, f.waiting);
+    uint32_t cached;
+    uint64_t evictions;
+    fake_sched_namespace_figures("g:team", &cached, &evictions); /* alice's group's */
+    assert_int_equal(st.cached_blocks, cached);
+    assert_int_equal(st.evictions, evictions);
+    assert_int_equal(st.live_requests, 0);
+    assert_int_equal(st.finished_requests, 3);
+    assert_int_equal(st.duplicate_submits, 0);
+    assert_true(st.scheduler_connected);
+    /* Nothing of the engine's: those figures show everyone's traffic. */
+    assert_int_equal(st.num_blocks, 0);
+    assert_true(st.kv_usage == 0.0);
+    assert_int_equal(st.steps, 0);
+    assert_int_equal(st.peak_running, 0);
+
+    assert_int_equal(pagoda_stats(bob, &st), 0);
+    assert_string_equal(st.tenant, "bob");
+    fake_sched_tenant_figures("bob", &f);
+    assert_int_equal(st.prefix_query_tokens, f.query_tokens);
+    assert_int_equal(st.running, 1);
+    assert_int_equal(st.live_requests, 1);
+    assert_int_equal(st.finished_requests, 0);
+
+    assert_int_equal(pagoda_stats(adm, &st), 0);
+    assert_string_equal(st.tenant, "");
+    assert_int_equal(st.num_blocks, 64);
+    assert_true(st.kv_usage == 0.25);
+    assert_int_equal(st.live_requests, 1);
+    assert_int_equal(st.finished_requests, 3);
+
+    /* The CLI prints a tenant's figures under its name, and only those. */
+    char cmd[1024], out[8192];
+    snprintf(cmd, sizeof(cmd), PAGODA_BIN_DIR "/pagoda --url %s --api-key bob-key stats", a.e.url);
+    assert_int_equal(run(cmd, out, sizeof(out)), 0);
+    assert_non_null(strstr(out, "tenant bob\nrunning 1\n"));
+    assert_null(strstr(out, "kv_usage"));
+    snprintf(cmd, sizeof(cmd), PAGODA_BIN_DIR "/pagoda --url %s --api-key bob-key stats --json",
+             a.e.url);
+    assert_int_equal(run(cmd, out, sizeof(out)), 0);
+    assert_non_null(strstr(out, "{\"tenant\": \"bob\", \"running\": 1, "));
+    snprintf(cmd, sizeof(cmd), PAGODA_BIN_DIR "/pagoda --url %s --api-key adm-key stats", a.e.url);
+    assert_int_equal(run(cmd, out, sizeof(out)), 0);
+    assert_non_null(strstr(out, "kv_usage 0.25\n"));
+    assert_null(strstr(out, "tenant"));
+    fake_sched_hold(a.e.fs, 0);
+    pagoda_client_close(bob);
+    pagoda_client_close(alice);
+    pagoda_client_close(adm);
+    env_stop(&a);
+}
+
+/* ---- reload --------------------------------------------------------------------------------- */
+
+struct reload_call {
+    pagoda_client *adm;
+    int rc;
+    char detail[512];
+};
+
+static void *reload_thread(void *arg)
+{
+    struct reload_call *rc = arg;
+    rc->rc = pagoda_admin_reload(rc->adm, NULL);
+    snprintf(rc->detail, sizeof(rc->detail), "%s", pagoda_error_detail());
+    return NULL;
+}
+
+/* The tenants file replaced by a FIFO: the reload gets a clear error, and another client's
+ * requests are answered while it runs (the router never opens the file on its loop). */
+static void test_reload_fifo_does_not_block_others(void **state)
+{
+    (void)state;
+    struct admin_env a;
+    env_start(&a, tenants_json, NULL);
+    wait_policies(&a, 1);
+    pagoda_client *bob = client_with_key(&a, "bob-key");
+    struct reload_call call = {.adm = client_with_key(&a, "adm-key")};
+    assert_int_equal(unlink(a.path), 0);
+    assert_int_equal(mkfifo(a.path, 0600), 0);
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, reload_thread, &call), 0);
+    usleep(200 * 1000); /* the reload reaches the router first */
+    const int32_t prompt[] = {4, 2};
+    pagoda_generate_params gp = greedy(3);
+    pagoda_result r;
+    int generated = pagoda_generate(bob, &gp, prompt, 2, &r);
+    pagoda_result_free(&r);
+    /* A router stuck opening the FIFO for reading is let go by a writer (bounded, so that a
+     * failure does not hang the test). */
+    int joined = 0;
+    for (int i = 0; i < 50 && !joined; i++) {
+        int fd = open(a.path, O_WRONLY | O_NONBLOCK);
+        if (fd >= 0)
+            close(fd);
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 100 * 1000 * 1000;
+        if (ts.tv_nsec >= 1000000000) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000;
+        }
+        joined = pthread_timedjoin_np(th, NULL, &ts) == 0;
+    }
+    assert_true(joined);
+    assert_int_equal(generated, 0);
+    assert_int_equal(call.rc, PAGODA_EINVAL);
+    assert_non_null(strstr(call.detail, a.path));
+    assert_non_null(strstr(call.detail, "FIFO"));
+    /* Nothing changed, and a regular file reloads again. */
+    assert_int_equal(unlink(a.path), 0);
+    write_file(a.path, tenants_json);
+    assert_int_equal(pagoda_admin_reload(call.adm, NULL), 0);
+    assert_int_equal(pagoda_generate(bob, &gp, prompt, 2, &r), 0);
+    pagoda_result_free(&r);
+    pagoda_client_close(call.adm);
+    pagoda_client_close(bob);
+    env_stop(&a);
+}
+
+/* A directory or a file above the size limit in place of the tenants file: refused by name. */
+static void test_reload_refuses_directory_and_large_file(void **state)
+{
+    (void)state;
+    struct admin_env a;
+    env_start(&a, tenants_json, NULL);
+    wait_policies(&a, 1);
+    pagoda_client *adm = client_with_key(&a, "adm-key");
+    assert_int_equal(unlink(a.path), 0);
+    assert_int_equal(mkdir(a.path, 0700), 0);
+    assert_int_equal(pagoda_admin_reload(adm, NULL), PAGODA_EINVAL);
+    assert_non_null(strstr(pagoda_error_detail(), a.path));
+    assert_non_null(strstr(pagoda_error_detail(), "directory"));
+    assert_int_equal(rmdir(a.path), 0);
+    write_file(a.path, tenants_json);
+    assert_int_equal(truncate(a.path, (off_t)ROUTER_MAX_TENANTS_FILE_BYTES + 1), 0);
+    assert_int_equal(pagoda_admin_reload(adm, NULL), PAGODA_ERANGE);
+    assert_non_null(strstr(pagoda_error_detail(), a.path));
+    assert_non_null(strstr(pagoda_error_detail(), "limit"));
+    write_file(a.path, tenants_json);
+    assert_int_equal(pagoda_admin_reload(adm, NULL), 0);
+    pagoda_client_close(adm);
+    env_stop(&a);
+}
+
 /* ---- the link ------------------------------------------------------------------------------- */
 
 static void test_admin_link_down_is_eclosed(void **state)
@@ -866,6 +1163,11 @@ int main(void)
         cmocka_unit_test(test_reload_failure_keeps_old_config),
         cmocka_unit_test(test_admin_link_down_is_eclosed),
         cmocka_unit_test(test_admin_cli),
+        cmocka_unit_test(test_finished_results_do_not_evict_other_tenants),
+        cmocka_unit_test(test_finished_results_tenant_bound),
+        cmocka_unit_test(test_stats_are_per_tenant),
+        cmocka_unit_test(test_reload_fifo_does_not_block_others),
+        cmocka_unit_test(test_reload_refuses_directory_and_large_file),
     };
     signal(SIGPIPE, SIG_IGN);
     int failed = cmocka_run_group_tests_name("router admin", tests, NULL, NULL);

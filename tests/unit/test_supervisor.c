@@ -453,6 +453,22 @@ static void test_start_order_and_arguments(void **state)
     stop_sup(f);
 }
 
+/* A FIFO in place of a program's log, with no reader (opening it for writing would wait for one):
+ * the supervisor's loop does not block on it; that program's output goes to the supervisor's, and
+ * the group starts. */
+static void test_log_fifo_does_not_block_the_loop(void **state)
+{
+    struct fx *f = *state;
+    char path[256];
+    assert_int_equal(mkdir(f->run, 0700), 0);
+    snprintf(path, sizeof(path), "%s/worker-0.log", f->run);
+    assert_int_equal(mkfifo(path, 0600), 0);
+    start_sup(f, NULL);
+    assert_true(wait_ready_file(f, 10000));
+    assert_output_has(f, "worker-0.log");
+    stop_sup(f);
+}
+
 static void test_never_ready_fails_the_start(void **state)
 {
     struct fx *f = *state;
@@ -919,6 +935,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_cannot_run_exit_after_start_is_restarted, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_hung_report_kills_that_worker, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_log_fifo_does_not_block_the_loop, setup, teardown),
         cmocka_unit_test_setup_teardown(test_sigterm_drains_in_order, setup, teardown),
         cmocka_unit_test_setup_teardown(test_stuck_program_is_killed_after_the_stop_timeout, setup,
                                         teardown),
