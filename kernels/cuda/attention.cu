@@ -27,7 +27,6 @@ namespace
 constexpr int kDecodeThreads = 128;
 constexpr int kDecodeWarps = kDecodeThreads / 32;
 constexpr int kDecodeHeadsMax = 8;
-constexpr int kMergeThreads = 128; /* the merge of split-KV partitions, per (sequence, head) */
 
 /* Prefill: one CTA of 128 threads (4 warps of 16 rows) per (tile of query rows, KV head); a row
  * is one (query token, query head of the KV head), 64 rows per tile. */
@@ -67,6 +66,7 @@ struct attn_args {
     int32_t tile_tokens;   /* query tokens per prefill tile: kPrefillRows / group */
     float *part_out;       /* [partition][num_heads][head_dim], normalised */
     float *part_lse;       /* [partition][num_heads] */
+    int32_t *merge_count;  /* [merge][decode chunk][KV head]: partitions done, 0 between runs */
 };
 
 /* The block of key pos and its slot in it: shifts when the block size is a power of two. */
@@ -221,6 +221,59 @@ template <int HD> struct decode_geom {
         return (r >> 2) * QUAD + (r & 3) * HD;
     }
 };
+
+/* The merge of a split decode sequence, done by the last of its partitions' CTAs to finish
+ * (per KV head and chunk of query heads): a counter per (merge, chunk, KV head) counts the CTAs
+ * whose partial results are out (written, then fenced); the last one reads them all (through
+ * L2) and writes out each head's output, every partition's normalised output weighted by its
+ * share of the exp mass, exp(lse_p - max lse). It also sets the counter back to 0 for the next
+ * run. */
+template <int HD>
+__device__ __forceinline__ void merge_if_last(const attn_args &a, int32_t merge, int32_t chunk,
+                                              int32_t kh, int32_t h0, int32_t gc, int32_t token)
+{
+    __shared__ int last;
+    const int tid = threadIdx.x;
+    const int4 m = a.merges[merge];
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) {
+        int32_t *count =
+            a.merge_count + ((int64_t)merge * a.decode_chunks + chunk) * a.num_kv_heads + kh;
+        last = atomicAdd(count, 1) == m.z - 1;
+        if (last)
+            *count = 0;
+    }
+    __syncthreads();
+    if (!last)
+        return;
+    __threadfence();
+    constexpr int Q = HD / 4; /* float4 columns of a head */
+    for (int idx = tid; idx < gc * Q; idx += kDecodeThreads) {
+        const int g = idx / Q, col = idx % Q;
+        const int32_t h = h0 + g;
+        float mx = -INFINITY;
+        for (int p = 0; p < m.z; p++)
+            mx = fmaxf(mx, __ldcg(a.part_lse + (int64_t)(m.y + p) * a.num_heads + h));
+        float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        float total = 0.0f;
+#pragma unroll 4
+        for (int p = 0; p < m.z; p++) {
+            const int64_t row = (int64_t)(m.y + p) * a.num_heads + h;
+            const float wt = expf(__ldcg(a.part_lse + row) - mx);
+            const float4 o = __ldcg(reinterpret_cast<const float4 *>(a.part_out + row * HD) + col);
+            total += wt;
+            acc.x = fmaf(wt, o.x, acc.x);
+            acc.y = fmaf(wt, o.y, acc.y);
+            acc.z = fmaf(wt, o.z, acc.z);
+            acc.w = fmaf(wt, o.w, acc.w);
+        }
+        uint16_t *out = a.out + (int64_t)token * a.num_heads * HD + (int64_t)h * HD;
+        reinterpret_cast<uint2 *>(out)[col] =
+            make_uint2(float2_to_bf16x2(acc.x / total, acc.y / total),
+                       float2_to_bf16x2(acc.z / total, acc.w / total));
+    }
+}
 
 /* Split-KV decode (flash decoding) on the tensor cores: the CTA walks its partition's keys
  * [part.y, part.z) tile by tile through a pipeline of bulk copies (thread t copies the K or V row
@@ -448,65 +501,8 @@ template <int HD> __global__ void __launch_bounds__(kDecodeThreads) decode_kerne
                 a.part_lse[row] = (mx + log2f(total)) * 0.6931471805599453f;
         }
     }
-}
-
-/* Merges the partitions of one split decode sequence for one query head: each partition's
- * normalised output weighted by its share of the exp mass, exp(lse_p - max lse). */
-template <int HD> __global__ void __launch_bounds__(kMergeThreads) merge_kernel(attn_args a)
-{
-    constexpr int Q = HD / 4;                /* float4 columns of a head */
-    constexpr int LANES = kMergeThreads / Q; /* partitions summed side by side */
-    __shared__ float4 lane_acc[LANES][Q];
-    __shared__ float lane_total[LANES];
-    __shared__ float warp_mx[kMergeThreads / 32];
-    const int4 m = a.merges[blockIdx.x];
-    const int32_t h = blockIdx.y;
-    const int32_t token = a.query_start[m.x];
-    const int tid = threadIdx.x, col = tid % Q, pl = tid / Q;
-
-    float mx = -INFINITY;
-    for (int p = tid; p < m.z; p += kMergeThreads)
-        mx = fmaxf(mx, a.part_lse[(int64_t)(m.y + p) * a.num_heads + h]);
-    mx = warp_max(mx);
-    if ((tid & 31) == 0)
-        warp_mx[tid >> 5] = mx;
-    __syncthreads();
-#pragma unroll
-    for (int w = 0; w < kMergeThreads / 32; w++)
-        mx = fmaxf(mx, warp_mx[w]);
-
-    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    float total = 0.0f;
-#pragma unroll 4
-    for (int p = pl; p < m.z; p += LANES) {
-        const int64_t row = (int64_t)(m.y + p) * a.num_heads + h;
-        const float wt = expf(a.part_lse[row] - mx);
-        const float4 o = reinterpret_cast<const float4 *>(a.part_out + row * HD)[col];
-        total += wt;
-        acc.x = fmaf(wt, o.x, acc.x);
-        acc.y = fmaf(wt, o.y, acc.y);
-        acc.z = fmaf(wt, o.z, acc.z);
-        acc.w = fmaf(wt, o.w, acc.w);
-    }
-    lane_acc[pl][col] = acc;
-    if (col == 0)
-        lane_total[pl] = total;
-    __syncthreads();
-    if (tid < Q) {
-        float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        float t = 0.0f;
-#pragma unroll
-        for (int k = 0; k < LANES; k++) {
-            sum.x += lane_acc[k][tid].x;
-            sum.y += lane_acc[k][tid].y;
-            sum.z += lane_acc[k][tid].z;
-            sum.w += lane_acc[k][tid].w;
-            t += lane_total[k];
-        }
-        uint16_t *o = a.out + (int64_t)token * a.num_heads * HD + (int64_t)h * HD;
-        reinterpret_cast<uint2 *>(o)[tid] = make_uint2(float2_to_bf16x2(sum.x / t, sum.y / t),
-                                                       float2_to_bf16x2(sum.z / t, sum.w / t));
-    }
+    if (part.w >= 0)
+        merge_if_last<HD>(a, part.w, rest % a.decode_chunks, kh, h0, gc, token);
 }
 
 /* ---- prefill ---- */
@@ -753,6 +749,7 @@ struct cuda_attention_plan {
     int next_slot;
     int32_t *meta;
     float *part_out, *part_lse;
+    int32_t *merge_count;
 
     /* The planned step. */
     bool planned;
@@ -909,6 +906,20 @@ int cuda_attention_plan_new(const struct cuda_attention_config *c, struct cuda_a
                           "cuda_attention_plan_new: cudaMalloc (split-KV lse)");
     if (rc < 0)
         goto fail;
+    {
+        const size_t counts = (size_t)c->max_num_seqs * p->decode_chunks * c->num_kv_heads;
+        rc = cuda_call_result(
+            cudaMalloc(reinterpret_cast<void **>(&p->merge_count), counts * sizeof(int32_t)),
+            "cuda_attention_plan_new: cudaMalloc (split-KV counters)");
+        if (rc == 0)
+            rc = cuda_call_result(cudaMemset(p->merge_count, 0, counts * sizeof(int32_t)),
+                                  "cuda_attention_plan_new: cudaMemset");
+        if (rc == 0) /* the memset is on the legacy stream: done before any run */
+            rc = cuda_call_result(cudaDeviceSynchronize(),
+                                  "cuda_attention_plan_new: cudaDeviceSynchronize");
+        if (rc < 0)
+            goto fail;
+    }
     if (c->head_dim == 64)
         rc = cuda_call_result(cudaFuncSetAttribute(prefill_kernel<64>,
                                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -945,6 +956,7 @@ void cuda_attention_plan_free(struct cuda_attention_plan *p)
     (void)cudaFree(p->meta);
     (void)cudaFree(p->part_out);
     (void)cudaFree(p->part_lse);
+    (void)cudaFree(p->merge_count);
     free(p);
 }
 
@@ -1113,13 +1125,6 @@ static int launch(const struct cuda_attention_plan *p, const attn_args &a, cudaS
         if (rc < 0)
             return rc;
     }
-    if (p->num_merges > 0) {
-        dim3 grid(p->num_merges, c->num_heads);
-        merge_kernel<HD><<<grid, kMergeThreads, 0, s>>>(a);
-        int rc = cuda_launch_result("cuda_attention_run: merge kernel");
-        if (rc < 0)
-            return rc;
-    }
     if (p->num_items > 0) {
         dim3 grid(p->num_items, c->num_kv_heads);
         prefill_kernel<HD><<<grid, kPrefillThreads, prefill_geom<HD>::smem, s>>>(a);
@@ -1181,5 +1186,6 @@ int cuda_attention_run(struct cuda_attention_plan *p, const struct kv_layer_view
     a.tile_tokens = p->tile_tokens;
     a.part_out = p->part_out;
     a.part_lse = p->part_lse;
+    a.merge_count = p->merge_count;
     return c->head_dim == 64 ? launch<64>(p, a, s) : launch<128>(p, a, s);
 }
