@@ -28,14 +28,16 @@ constexpr int kDecodeThreads = 128;
 constexpr int kDecodeWarps = kDecodeThreads / 32;
 constexpr int kDecodeHeadsMax = 8;
 
-/* Prefill: one CTA of 128 threads (4 warps of 16 rows) per (tile of query rows, KV head); a row
- * is one (query token, query head of the KV head), 64 rows per tile. */
+/* Prefill: one CTA of 128 threads (4 warps of 32 rows) per (tile of query rows, KV head); a row
+ * is one (query token, query head of the KV head), 128 rows per tile. */
 constexpr int kPrefillThreads = 128;
-constexpr int kPrefillRows = 64;
+constexpr int kPrefillWarpRows = 32;
+constexpr int kPrefillRows = 128;
 constexpr int kPrefillKeys = 64; /* keys per shared-memory tile */
 
-/* Query heads per KV head the kernels accept (one prefill tile must hold a token's heads). */
-constexpr int kGroupMax = kPrefillRows;
+/* Query heads per KV head the kernels accept (one prefill tile must hold a token's heads; the
+ * decode kernel's chunks of kDecodeHeadsMax cover them). */
+constexpr int kGroupMax = 64;
 
 /* Split-KV: decode contexts are cut into partitions of at least kSplitMinTokens keys, multiples
  * of kSplitAlign (a multiple of every decode tile), sized for 1 .. kSplitWavesMax waves of the
@@ -109,6 +111,23 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const void *p)
 {
     const uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a)
+                 : "memory");
+}
+
+/* The same with a shared-memory address (the prefill kernel computes its addresses itself). */
+__device__ __forceinline__ void ldsm_x4(uint32_t r[4], uint32_t a)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a)
+                 : "memory");
+}
+
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t r[4], uint32_t a)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(a)
                  : "memory");
@@ -507,37 +526,45 @@ template <int HD> __global__ void __launch_bounds__(kDecodeThreads) decode_kerne
 
 /* ---- prefill ---- */
 
-/* The prefill kernel's geometry for head dimension HD: 64 query rows per CTA (16 per warp),
- * K/V tiles of 64 keys, the pipeline 2 stages deep (64 KiB at head dim 128), so that three CTAs
- * fit on an SM (four at 64), registers capped to match. */
+/* The prefill kernel's geometry for head dimension HD: 128 query rows per CTA (32 per warp, two
+ * m16 tiles, so that each K/V fragment read from shared memory feeds four mma instead of two),
+ * K/V tiles of 64 keys, the pipeline 2 stages deep, Q in shared memory beside them (96 KiB at
+ * head dim 128) and re-read by ldmatrix each tile: Q in registers as well as 32 rows of O and S
+ * would not fit in 255 registers. Two CTAs fit on an SM at head dim 128, three at 64. */
 template <int HD> struct prefill_geom {
     static constexpr int T = kPrefillKeys;
     static constexpr int STAGES = 2;
-    static constexpr int CTAS_PER_SM = HD == 128 ? 3 : 4;
+    static constexpr int CTAS_PER_SM = 2;
     static constexpr int C8 = HD / 8;
     static constexpr int ROW_STEP = kPrefillThreads / C8;
     static constexpr int LOADS = T / ROW_STEP;
-    static constexpr size_t smem = (size_t)STAGES * 2 * T * HD * sizeof(uint16_t);
-    static_assert(kPrefillRows == 16 * (kPrefillThreads / 32), "16 rows per warp");
+    static constexpr int QLOADS = kPrefillRows / ROW_STEP;
+    static constexpr int MT = kPrefillWarpRows / 16; /* m16 tiles per warp */
+    static constexpr size_t q_elems = (size_t)kPrefillRows * HD;
+    static constexpr size_t smem = (q_elems + (size_t)STAGES * 2 * T * HD) * sizeof(uint16_t);
+    static_assert(kPrefillRows == kPrefillWarpRows * (kPrefillThreads / 32), "rows per warp");
 };
 
 /* Causal prefill (FlashAttention-2 style) on the tensor cores: one CTA per (tile of query rows,
  * KV head); row r of the tile is token first + r / group of the sequence, query head kh * group
- * + r % group, so that the K/V tiles read for one KV head serve all of its query heads. K/V
- * tiles of 64 keys come through the block table into swizzled shared memory by a cp.async
- * pipeline, from key 0 to the tile's last query position (tiles past it, fully masked, are
- * never read); only tiles that reach past the tile's first query position are masked. Each warp
- * holds 16 rows: S = Q K^T (m16n8k16, bf16, f32 accumulators), online softmax in f32 (exp2),
- * O += P V with P rounded to bf16 as the A operand. A chunk continuing a sequence already in the
- * pool is the same computation with context_len > query_len. */
+ * + r % group, so that the K/V tiles read for one KV head serve all of its query heads. Q is
+ * copied once into swizzled shared memory; K/V tiles of 64 keys come through the block table
+ * into swizzled shared memory by a cp.async pipeline, from key 0 to the tile's last query
+ * position (tiles past it, fully masked, are never read). Each warp holds 32 rows: S = Q K^T
+ * (m16n8k16, bf16, f32 accumulators, Q and K both by ldmatrix), online softmax in f32 (exp2 with
+ * log2(e) folded into the scale), O += P V with P rounded to bf16 as the A operand and V by
+ * ldmatrix.trans. A warp masks only the tiles that reach past its first row's position and
+ * skips the tiles that lie wholly past its last row's. A chunk continuing a sequence already in
+ * the pool is the same computation with context_len > query_len. */
 template <int HD>
 __global__ void __launch_bounds__(kPrefillThreads, prefill_geom<HD>::CTAS_PER_SM)
     prefill_kernel(attn_args a)
 {
     using P = prefill_geom<HD>;
-    constexpr int T = P::T, S = P::STAGES;
+    constexpr int T = P::T, S = P::STAGES, MT = P::MT;
     extern __shared__ __align__(16) unsigned char smem[];
-    uint16_t *tiles = reinterpret_cast<uint16_t *>(smem); /* [stage][K, V][T][HD], swizzled */
+    uint16_t *qs = reinterpret_cast<uint16_t *>(smem); /* [kPrefillRows][HD], swizzled */
+    uint16_t *tiles = qs + P::q_elems;                 /* [stage][K, V][T][HD], swizzled */
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     /* The longest tiles first: items are in ascending order of their first token. */
@@ -555,19 +582,30 @@ __global__ void __launch_bounds__(kPrefillThreads, prefill_geom<HD>::CTAS_PER_SM
     const int32_t ntiles = (key_end + T - 1) / T;
 
     const int lcol = tid % P::C8, lrow = tid / P::C8;
+    /* Q rows into shared memory (padding rows zero-filled), in the first tile's group. */
+#pragma unroll
+    for (int j = 0; j < P::QLOADS; j++) {
+        const int r = lrow + j * P::ROW_STEP;
+        const bool live = r < rows;
+        const uint16_t *src = live ? a.q + (int64_t)(q0 + first + r / a.group) * a.q_row_stride +
+                                         (int64_t)(kh * a.group + r % a.group) * HD + lcol * 8
+                                   : a.q;
+        cp_async16(qs + swz<HD>(r, lcol), src, live);
+    }
+
     const uint16_t *kcol = a.k + (int64_t)kh * a.head_stride + lcol * 8;
     const uint16_t *vcol = a.v + (int64_t)kh * a.head_stride + lcol * 8;
-    int32_t blk[P::LOADS];
-    auto fetch_table = [&](int32_t t) {
+    /* The block-table entries are read when the tile is copied (no prefetch held across the
+     * tile's arithmetic: the registers are all taken by O and S). */
+    auto copy_tile = [&](int32_t t) {
+        uint16_t *ks = tiles + (size_t)(t % S) * 2 * T * HD;
+        uint16_t *vs = ks + T * HD;
+        int32_t blk[P::LOADS];
 #pragma unroll
         for (int j = 0; j < P::LOADS; j++) {
             const int32_t pos = t * T + lrow + j * P::ROW_STEP;
             blk[j] = pos < key_end ? __ldg(table + block_of(a, pos)) : 0;
         }
-    };
-    auto copy_tile = [&](int32_t t) {
-        uint16_t *ks = tiles + (size_t)(t % S) * 2 * T * HD;
-        uint16_t *vs = ks + T * HD;
 #pragma unroll
         for (int j = 0; j < P::LOADS; j++) {
             const int r = lrow + j * P::ROW_STEP;
@@ -580,40 +618,43 @@ __global__ void __launch_bounds__(kPrefillThreads, prefill_geom<HD>::CTAS_PER_SM
             cp_async16(vs + swz<HD>(r, lcol), vcol + off, valid);
         }
     };
-    fetch_table(0);
 #pragma unroll
     for (int t = 0; t < S - 1; t++) {
         if (t < ntiles)
             copy_tile(t);
         cp_async_commit();
-        fetch_table(t + 1);
     }
 
-    /* This thread's rows: g and g + 8 of the warp's 16; their Q as A fragments, their causal
-     * limits (-1 for padding rows: every key masked). */
+    /* This thread's rows: g and g + 8 of each of the warp's m16 tiles. */
     const int g = lane >> 2, qc = 2 * (lane & 3);
-    int32_t limit[2];
-    uint32_t qa[HD / 16][4];
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-        const int r = warp * 16 + g + 8 * h;
-        const bool live = r < rows;
-        limit[h] = live ? pos0 + r / a.group : -1;
-        const uint16_t *qrow = a.q +
-                               (int64_t)(q0 + first + (live ? r / a.group : 0)) * a.q_row_stride +
-                               (int64_t)(kh * a.group + (live ? r % a.group : 0)) * HD + qc;
-#pragma unroll
-        for (int k = 0; k < HD / 16; k++) {
-            qa[k][h] = live ? __ldg(reinterpret_cast<const uint32_t *>(qrow + k * 16)) : 0u;
-            qa[k][2 + h] = live ? __ldg(reinterpret_cast<const uint32_t *>(qrow + k * 16 + 8)) : 0u;
-        }
-    }
+    const int wrow = warp * kPrefillWarpRows;
+    /* The warp's first and last positions: tiles up to wfirst need no mask, tiles past wlast
+     * are skipped (a warp wholly in the padding skips them all). */
+    const int32_t wfirst = pos0 + wrow / a.group;
+    const int32_t wlast =
+        wrow < rows ? pos0 + (min(wrow + kPrefillWarpRows, rows) - 1) / a.group : -1;
     const float qscale = a.scale * 1.4426950408889634f;
-    float o[HD / 8][4];
+    float o[MT][HD / 8][4];
 #pragma unroll
-    for (int n = 0; n < HD / 8; n++)
-        o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    for (int mi = 0; mi < MT; mi++)
+#pragma unroll
+        for (int n = 0; n < HD / 8; n++)
+            o[mi][n][0] = o[mi][n][1] = o[mi][n][2] = o[mi][n][3] = 0.0f;
+    float m[MT][2], l[MT][2];
+#pragma unroll
+    for (int mi = 0; mi < MT; mi++)
+        m[mi][0] = m[mi][1] = -INFINITY, l[mi][0] = l[mi][1] = 0.0f;
+    /* ldmatrix lane addresses: A (Q) and V^T read rows (lane & 7) + 8 * ((lane >> 3) & 1) at
+     * chunk offset lane >> 4; K (two n8 tiles of one k16 step) reads rows (lane & 7) + 8 *
+     * (lane >> 4) at chunk offset (lane >> 3) & 1. */
+    const int arow = (lane & 7) + ((lane >> 3) & 1) * 8, achunk = lane >> 4;
+    const int krow = (lane & 7) + (lane >> 4) * 8, kchunk = (lane >> 3) & 1;
+    /* In bytes: a row is 2 * HD, and chunk c of a row whose r % 8 is lane % 8 sits at
+     * ((c ^ lane % 8) << 4); for c = 2 * d + c0 that is (c0 ^ lane % 8) << 4 XOR d << 5, so
+     * each step's address is one XOR off the row's, with no table of addresses to keep. */
+    const uint32_t aoff = (uint32_t)(achunk ^ (lane & 7)) << 4;
+    const uint32_t koff = (uint32_t)(kchunk ^ (lane & 7)) << 4;
+    const uint32_t qrow_addr = smem_addr(qs) + (uint32_t)(wrow + arow) * (2 * HD);
 
     for (int32_t i = 0; i < ntiles; i++) {
         cp_async_wait<S - 2>();
@@ -621,103 +662,145 @@ __global__ void __launch_bounds__(kPrefillThreads, prefill_geom<HD>::CTAS_PER_SM
         if (i + S - 1 < ntiles)
             copy_tile(i + S - 1);
         cp_async_commit();
-        fetch_table(i + S);
 
-        const uint16_t *ks = tiles + (size_t)(i % S) * 2 * T * HD;
-        const uint16_t *vs = ks + T * HD;
         const int32_t k0 = i * T;
-        /* k-step outside, n-tiles inside: consecutive pairs of mma accumulate into different
-         * tiles, and only one K fragment is live at a time. */
-        float s[T / 8][4];
+        if (k0 > wlast)
+            continue;
+        const uint32_t k_addr = smem_addr(tiles + (size_t)(i % S) * 2 * T * HD) + krow * (2 * HD);
+        const uint32_t v_addr =
+            smem_addr(tiles + (size_t)(i % S) * 2 * T * HD + T * HD) + arow * (2 * HD);
+        /* S = Q K^T, 16 dims per step: the step's Q fragments of both m16 tiles, then each
+         * K fragment (16 keys) into four mma. */
+        float s[MT][T / 8][4];
 #pragma unroll
-        for (int nt = 0; nt < T / 8; nt++)
-            s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+        for (int mi = 0; mi < MT; mi++)
 #pragma unroll
-        for (int kk = 0; kk < HD / 32; kk++)
+            for (int nt = 0; nt < T / 8; nt++)
+                s[mi][nt][0] = s[mi][nt][1] = s[mi][nt][2] = s[mi][nt][3] = 0.0f;
 #pragma unroll
-            for (int nt = 0; nt < T / 8; nt++) {
+        for (int kd = 0; kd < HD / 16; kd++) {
+            uint32_t qa[MT][4];
+            const uint32_t qa_addr = qrow_addr + (aoff ^ (kd << 5));
+#pragma unroll
+            for (int mi = 0; mi < MT; mi++)
+                ldsm_x4(qa[mi], qa_addr + mi * 16 * (2 * HD));
+            const uint32_t kb_addr = k_addr + (koff ^ (kd << 5));
+#pragma unroll
+            for (int np = 0; np < T / 16; np++) {
                 uint32_t b[4];
-                ldmatrix_x4(b, ks + swz<HD>(nt * 8 + (lane & 7), kk * 4 + (lane >> 3)));
-                mma_bf16(s[nt], qa[2 * kk][0], qa[2 * kk][1], qa[2 * kk][2], qa[2 * kk][3], b[0],
-                         b[1]);
-                mma_bf16(s[nt], qa[2 * kk + 1][0], qa[2 * kk + 1][1], qa[2 * kk + 1][2],
-                         qa[2 * kk + 1][3], b[2], b[3]);
+                ldsm_x4(b, kb_addr + np * 16 * (2 * HD));
+#pragma unroll
+                for (int mi = 0; mi < MT; mi++) {
+                    mma_bf16(s[mi][2 * np], qa[mi][0], qa[mi][1], qa[mi][2], qa[mi][3], b[0], b[1]);
+                    mma_bf16(s[mi][2 * np + 1], qa[mi][0], qa[mi][1], qa[mi][2], qa[mi][3], b[2],
+                             b[3]);
+                }
             }
-        /* Scale, and mask the tiles that reach past the first row's position. */
-        const bool masked = k0 + T - 1 > pos0;
-        float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-        for (int nt = 0; nt < T / 8; nt++)
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                const int h = j >> 1;
-                float v = s[nt][j] * qscale;
-                if (masked && k0 + nt * 8 + qc + (j & 1) > limit[h])
-                    v = -INFINITY;
-                s[nt][j] = v;
-                mx[h] = fmaxf(mx[h], v);
-            }
-        float alpha[2];
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
-            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-            const float m_new = fmaxf(m[h], mx[h]);
-            /* A row with no key yet keeps m = -inf: subtract 0 instead, exp2(-inf) = 0. */
-            const float base = m_new == -INFINITY ? 0.0f : m_new;
-            alpha[h] = fast_exp2(m[h] - base);
-            m[h] = m_new;
-            float sum = 0.0f;
-#pragma unroll
-            for (int nt = 0; nt < T / 8; nt++) {
-                s[nt][2 * h] = fast_exp2(s[nt][2 * h] - base);
-                s[nt][2 * h + 1] = fast_exp2(s[nt][2 * h + 1] - base);
-                sum += s[nt][2 * h] + s[nt][2 * h + 1];
-            }
-            l[h] = l[h] * alpha[h] + sum;
         }
+        /* Scale, mask the tiles that reach past the warp's first position, online softmax; P
+         * packed to bf16 A fragments as it is made. */
+        const bool masked = k0 + T - 1 > wfirst;
+        uint32_t pa[MT][T / 16][4];
 #pragma unroll
-        for (int n = 0; n < HD / 8; n++) {
-            o[n][0] *= alpha[0];
-            o[n][1] *= alpha[0];
-            o[n][2] *= alpha[1];
-            o[n][3] *= alpha[1];
+        for (int mi = 0; mi < MT; mi++) {
+#pragma unroll
+            for (int nt = 0; nt < T / 8; nt++)
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+                    s[mi][nt][j] *= qscale;
+            if (masked) {
+                /* The rows' causal limits, -1 for padding rows (every key masked); computed
+                 * here rather than kept, as the registers are all taken. */
+                int32_t limit[2];
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const int r = wrow + mi * 16 + g + 8 * h;
+                    limit[h] = (r < rows ? pos0 + r / a.group : -1) - k0 - qc;
+                }
+#pragma unroll
+                for (int nt = 0; nt < T / 8; nt++)
+#pragma unroll
+                    for (int j = 0; j < 4; j++)
+                        if (nt * 8 + (j & 1) > limit[j >> 1])
+                            s[mi][nt][j] = -INFINITY;
+            }
+            float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+            for (int nt = 0; nt < T / 8; nt++)
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+                    mx[j >> 1] = fmaxf(mx[j >> 1], s[mi][nt][j]);
+            float alpha[2];
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+                mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+                const float m_new = fmaxf(m[mi][h], mx[h]);
+                /* A row with no key yet keeps m = -inf: subtract 0 instead, exp2(-inf) = 0. */
+                const float base = m_new == -INFINITY ? 0.0f : m_new;
+                alpha[h] = fast_exp2(m[mi][h] - base);
+                m[mi][h] = m_new;
+                float sum = 0.0f;
+#pragma unroll
+                for (int nt = 0; nt < T / 8; nt++) {
+                    s[mi][nt][2 * h] = fast_exp2(s[mi][nt][2 * h] - base);
+                    s[mi][nt][2 * h + 1] = fast_exp2(s[mi][nt][2 * h + 1] - base);
+                    sum += s[mi][nt][2 * h] + s[mi][nt][2 * h + 1];
+                }
+                l[mi][h] = l[mi][h] * alpha[h] + sum;
+            }
+#pragma unroll
+            for (int n = 0; n < HD / 8; n++) {
+                o[mi][n][0] *= alpha[0];
+                o[mi][n][1] *= alpha[0];
+                o[mi][n][2] *= alpha[1];
+                o[mi][n][3] *= alpha[1];
+            }
+#pragma unroll
+            for (int kk = 0; kk < T / 16; kk++) {
+                pa[mi][kk][0] = pack_bf16(s[mi][2 * kk][0], s[mi][2 * kk][1]);
+                pa[mi][kk][1] = pack_bf16(s[mi][2 * kk][2], s[mi][2 * kk][3]);
+                pa[mi][kk][2] = pack_bf16(s[mi][2 * kk + 1][0], s[mi][2 * kk + 1][1]);
+                pa[mi][kk][3] = pack_bf16(s[mi][2 * kk + 1][2], s[mi][2 * kk + 1][3]);
+            }
         }
-        /* O += P V, 16 keys per k-step. */
+        /* O += P V, 16 keys per k-step: each V^T fragment into four mma. */
 #pragma unroll
-        for (int kk = 0; kk < T / 16; kk++) {
-            const uint32_t p0 = pack_bf16(s[2 * kk][0], s[2 * kk][1]);
-            const uint32_t p1 = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
-            const uint32_t p2 = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-            const uint32_t p3 = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+        for (int kk = 0; kk < T / 16; kk++)
 #pragma unroll
             for (int dp = 0; dp < HD / 16; dp++) {
                 uint32_t b[4];
-                ldmatrix_x4_trans(b, vs + swz<HD>(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8,
-                                                  2 * dp + (lane >> 4)));
-                mma_bf16(o[2 * dp], p0, p1, p2, p3, b[0], b[1]);
-                mma_bf16(o[2 * dp + 1], p0, p1, p2, p3, b[2], b[3]);
+                ldsm_x4_trans(b, v_addr + (aoff ^ (dp << 5)) + kk * 16 * (2 * HD));
+#pragma unroll
+                for (int mi = 0; mi < MT; mi++) {
+                    mma_bf16(o[mi][2 * dp], pa[mi][kk][0], pa[mi][kk][1], pa[mi][kk][2],
+                             pa[mi][kk][3], b[0], b[1]);
+                    mma_bf16(o[mi][2 * dp + 1], pa[mi][kk][0], pa[mi][kk][1], pa[mi][kk][2],
+                             pa[mi][kk][3], b[2], b[3]);
+                }
             }
-        }
     }
     cp_async_wait<0>();
 
 #pragma unroll
-    for (int h = 0; h < 2; h++) {
-        l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
-        l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
-        const int r = warp * 16 + g + 8 * h;
-        if (r >= rows)
-            continue;
-        const int32_t t = q0 + first + r / a.group;
-        const int32_t head = kh * a.group + r % a.group;
-        const float inv = 1.0f / l[h];
-        uint16_t *out = a.out + (int64_t)t * a.num_heads * HD + (int64_t)head * HD + qc;
+    for (int mi = 0; mi < MT; mi++)
 #pragma unroll
-        for (int n = 0; n < HD / 8; n++)
-            *reinterpret_cast<uint32_t *>(out + n * 8) =
-                float2_to_bf16x2(o[n][2 * h] * inv, o[n][2 * h + 1] * inv);
-    }
+        for (int h = 0; h < 2; h++) {
+            float lsum = l[mi][h];
+            lsum += __shfl_xor_sync(0xffffffffu, lsum, 1);
+            lsum += __shfl_xor_sync(0xffffffffu, lsum, 2);
+            const int r = wrow + mi * 16 + g + 8 * h;
+            if (r >= rows)
+                continue;
+            const int32_t t = q0 + first + r / a.group;
+            const int32_t head = kh * a.group + r % a.group;
+            const float inv = 1.0f / lsum;
+            uint16_t *out = a.out + (int64_t)t * a.num_heads * HD + (int64_t)head * HD + qc;
+#pragma unroll
+            for (int n = 0; n < HD / 8; n++)
+                *reinterpret_cast<uint32_t *>(out + n * 8) =
+                    float2_to_bf16x2(o[mi][n][2 * h] * inv, o[mi][n][2 * h + 1] * inv);
+        }
 }
 
 using decode_fn = void (*)(attn_args);

@@ -19,7 +19,7 @@
  * split across CTAs (split-KV: the plan picks no split or a split sized for 1 to 4 waves of the
  * resident CTAs, whichever a cost model of the batch finds fastest, so that batch 1 and batch
  * 256 both fill the GPU); the others (prefill chunks, a chunk continuing a sequence already in
- * the pool included) go to a causal prefill kernel, one CTA per (64 rows of (query token, query
+ * the pool included) go to a causal prefill kernel, one CTA per (128 rows of (query token, query
  * head of the KV head), KV head), K/V tiles read in place through the block table into shared
  * memory by a cp.async pipeline, tiles past the diagonal never read.
  *
