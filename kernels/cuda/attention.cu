@@ -6,8 +6,9 @@
  * keep, per query row, a running max m, a running sum l of exp(score - m) and an f32
  * accumulator of the exp-weighted V (online softmax, as the CPU's paged version does). K/V tiles
  * of 64 keys come from the pool through the block table into XOR-swizzled shared memory by a
- * cp.async pipeline (16-byte copies, the next tile's block-table entries already in registers)
- * and reach the tensor cores by ldmatrix; keys beyond a row's causal limit (or beyond the
+ * cp.async pipeline (16-byte copies; the block-table entries a copy needs are already at hand:
+ * in registers for decode, copied into shared memory a tile ahead for prefill) and reach the
+ * tensor cores by ldmatrix; keys beyond a row's causal limit (or beyond the
  * context) get probability 0, and tiles past the last one a CTA needs are never read. */
 #include "kernels/cuda/attention.h"
 
@@ -526,6 +527,15 @@ template <int HD> __global__ void __launch_bounds__(kDecodeThreads) decode_kerne
 
 /* ---- prefill ---- */
 
+/* Whether a prefill tile needs the causal mask, as a type, so that each case compiles to its
+ * own straight block of code. */
+struct masked_t {
+    static constexpr bool value = true;
+};
+struct unmasked_t {
+    static constexpr bool value = false;
+};
+
 /* The prefill kernel's geometry for head dimension HD: 128 query rows per CTA (32 per warp, two
  * m16 tiles, so that each K/V fragment read from shared memory feeds four mma instead of two),
  * K/V tiles of 64 keys, the pipeline 2 stages deep, Q in shared memory beside them (96 KiB at
@@ -541,7 +551,13 @@ template <int HD> struct prefill_geom {
     static constexpr int QLOADS = kPrefillRows / ROW_STEP;
     static constexpr int MT = kPrefillWarpRows / 16; /* m16 tiles per warp */
     static constexpr size_t q_elems = (size_t)kPrefillRows * HD;
-    static constexpr size_t smem = (q_elems + (size_t)STAGES * 2 * T * HD) * sizeof(uint16_t);
+    /* Block-table entries one tile can span (a tile of T keys over blocks of at least
+     * KV_BLOCK_SIZE_MIN), two tiles' worth in shared memory. */
+    static constexpr int TAB = T / KV_BLOCK_SIZE_MIN + 1;
+    static constexpr size_t tiles_bytes =
+        (q_elems + (size_t)STAGES * 2 * T * HD) * sizeof(uint16_t);
+    static constexpr size_t smem = tiles_bytes + 2 * TAB * sizeof(int32_t);
+    static_assert(TAB <= kPrefillThreads, "one thread per table entry");
     static_assert(kPrefillRows == kPrefillWarpRows * (kPrefillThreads / 32), "rows per warp");
 };
 
@@ -565,6 +581,7 @@ __global__ void __launch_bounds__(kPrefillThreads, prefill_geom<HD>::CTAS_PER_SM
     extern __shared__ __align__(16) unsigned char smem[];
     uint16_t *qs = reinterpret_cast<uint16_t *>(smem); /* [kPrefillRows][HD], swizzled */
     uint16_t *tiles = qs + P::q_elems;                 /* [stage][K, V][T][HD], swizzled */
+    int32_t *tab = reinterpret_cast<int32_t *>(smem + P::tiles_bytes); /* [2][TAB] */
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     /* The longest tiles first: items are in ascending order of their first token. */
@@ -595,35 +612,45 @@ __global__ void __launch_bounds__(kPrefillThreads, prefill_geom<HD>::CTAS_PER_SM
 
     const uint16_t *kcol = a.k + (int64_t)kh * a.head_stride + lcol * 8;
     const uint16_t *vcol = a.v + (int64_t)kh * a.head_stride + lcol * 8;
-    /* The block-table entries are read when the tile is copied (no prefetch held across the
-     * tile's arithmetic: the registers are all taken by O and S). */
-    auto copy_tile = [&](int32_t t) {
+    /* Tile t's block-table entries, from the block of its first key on, go to tab[t % 2] by
+     * 4-byte cp.async a tile ahead of its K/V copy, so that no copy waits for a global load of
+     * the table (nor holds the entries in registers, all taken by O and S). */
+    auto copy_table = [&](int32_t t) {
+        const int32_t b0 = block_of(a, t * T);
+        const int32_t bend = block_of(a, min(t * T + T, key_end) - 1);
+        if (tid < P::TAB && b0 + tid <= bend) {
+            const uint32_t d = smem_addr(tab + (t & 1) * P::TAB + tid);
+            asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(d),
+                         "l"(table + b0 + tid)
+                         : "memory");
+        }
+    };
+    /* Tile t's K/V rows; the entries from tab[t % 2] (from the table itself for tile 0). */
+    auto copy_tile = [&](int32_t t, bool direct) {
         uint16_t *ks = tiles + (size_t)(t % S) * 2 * T * HD;
         uint16_t *vs = ks + T * HD;
-        int32_t blk[P::LOADS];
-#pragma unroll
-        for (int j = 0; j < P::LOADS; j++) {
-            const int32_t pos = t * T + lrow + j * P::ROW_STEP;
-            blk[j] = pos < key_end ? __ldg(table + block_of(a, pos)) : 0;
-        }
+        const int32_t b0 = block_of(a, t * T);
+        const int32_t *tt = tab + (t & 1) * P::TAB;
 #pragma unroll
         for (int j = 0; j < P::LOADS; j++) {
             const int r = lrow + j * P::ROW_STEP;
             const int32_t pos = t * T + r;
             const bool valid = pos < key_end;
-            const int64_t off =
-                valid ? (int64_t)blk[j] * a.block_stride + (int64_t)slot_of(a, pos) * a.slot_stride
-                      : 0;
+            int64_t off = 0;
+            if (valid) {
+                const int32_t blk =
+                    direct ? __ldg(table + block_of(a, pos)) : tt[block_of(a, pos) - b0];
+                off = (int64_t)blk * a.block_stride + (int64_t)slot_of(a, pos) * a.slot_stride;
+            }
             cp_async16(ks + swz<HD>(r, lcol), kcol + off, valid);
             cp_async16(vs + swz<HD>(r, lcol), vcol + off, valid);
         }
     };
-#pragma unroll
-    for (int t = 0; t < S - 1; t++) {
-        if (t < ntiles)
-            copy_tile(t);
-        cp_async_commit();
-    }
+    static_assert(S == 2, "the table ring and the copies below assume two stages");
+    copy_tile(0, true);
+    if (ntiles > 1)
+        copy_table(1);
+    cp_async_commit();
 
     /* This thread's rows: g and g + 8 of each of the warp's m16 tiles. */
     const int g = lane >> 2, qc = 2 * (lane & 3);
@@ -656,19 +683,12 @@ __global__ void __launch_bounds__(kPrefillThreads, prefill_geom<HD>::CTAS_PER_SM
     const uint32_t koff = (uint32_t)(kchunk ^ (lane & 7)) << 4;
     const uint32_t qrow_addr = smem_addr(qs) + (uint32_t)(wrow + arow) * (2 * HD);
 
-    for (int32_t i = 0; i < ntiles; i++) {
-        cp_async_wait<S - 2>();
-        __syncthreads();
-        if (i + S - 1 < ntiles)
-            copy_tile(i + S - 1);
-        cp_async_commit();
-
-        const int32_t k0 = i * T;
-        if (k0 > wlast)
-            continue;
-        const uint32_t k_addr = smem_addr(tiles + (size_t)(i % S) * 2 * T * HD) + krow * (2 * HD);
+    /* One K/V tile: S = Q K^T, online softmax, O += P V. */
+    auto tile = [&](int32_t k0, int stage, auto mask_tag) {
+        constexpr bool MASK = decltype(mask_tag)::value;
+        const uint32_t k_addr = smem_addr(tiles + (size_t)stage * 2 * T * HD) + krow * (2 * HD);
         const uint32_t v_addr =
-            smem_addr(tiles + (size_t)(i % S) * 2 * T * HD + T * HD) + arow * (2 * HD);
+            smem_addr(tiles + (size_t)stage * 2 * T * HD + T * HD) + arow * (2 * HD);
         /* S = Q K^T, 16 dims per step: the step's Q fragments of both m16 tiles, then each
          * K fragment (16 keys) into four mma. */
         float s[MT][T / 8][4];
@@ -697,18 +717,14 @@ __global__ void __launch_bounds__(kPrefillThreads, prefill_geom<HD>::CTAS_PER_SM
                 }
             }
         }
-        /* Scale, mask the tiles that reach past the warp's first position, online softmax; P
-         * packed to bf16 A fragments as it is made. */
-        const bool masked = k0 + T - 1 > wfirst;
+        /* Mask the tiles that reach past the warp's first position; online softmax on the raw
+         * scores, the scale (log2(e) included) folded into exp2's argument by one fma, so the
+         * row maximum is taken unscaled (hence a positive scale); P packed to bf16 A fragments
+         * as it is made. */
         uint32_t pa[MT][T / 16][4];
 #pragma unroll
         for (int mi = 0; mi < MT; mi++) {
-#pragma unroll
-            for (int nt = 0; nt < T / 8; nt++)
-#pragma unroll
-                for (int j = 0; j < 4; j++)
-                    s[mi][nt][j] *= qscale;
-            if (masked) {
+            if (MASK) {
                 /* The rows' causal limits, -1 for padding rows (every key masked); computed
                  * here rather than kept, as the registers are all taken. */
                 int32_t limit[2];
@@ -735,7 +751,7 @@ __global__ void __launch_bounds__(kPrefillThreads, prefill_geom<HD>::CTAS_PER_SM
             for (int h = 0; h < 2; h++) {
                 mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
                 mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-                const float m_new = fmaxf(m[mi][h], mx[h]);
+                const float m_new = fmaxf(m[mi][h], mx[h] * qscale);
                 /* A row with no key yet keeps m = -inf: subtract 0 instead, exp2(-inf) = 0. */
                 const float base = m_new == -INFINITY ? 0.0f : m_new;
                 alpha[h] = fast_exp2(m[mi][h] - base);
@@ -743,19 +759,22 @@ __global__ void __launch_bounds__(kPrefillThreads, prefill_geom<HD>::CTAS_PER_SM
                 float sum = 0.0f;
 #pragma unroll
                 for (int nt = 0; nt < T / 8; nt++) {
-                    s[mi][nt][2 * h] = fast_exp2(s[mi][nt][2 * h] - base);
-                    s[mi][nt][2 * h + 1] = fast_exp2(s[mi][nt][2 * h + 1] - base);
+                    s[mi][nt][2 * h] = fast_exp2(fmaf(s[mi][nt][2 * h], qscale, -base));
+                    s[mi][nt][2 * h + 1] = fast_exp2(fmaf(s[mi][nt][2 * h + 1], qscale, -base));
                     sum += s[mi][nt][2 * h] + s[mi][nt][2 * h + 1];
                 }
                 l[mi][h] = l[mi][h] * alpha[h] + sum;
             }
+            /* Past the first tiles a row's max rarely moves: skip the rescale when no row of
+             * the warp's m16 tile needs it. */
+            if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f))
 #pragma unroll
-            for (int n = 0; n < HD / 8; n++) {
-                o[mi][n][0] *= alpha[0];
-                o[mi][n][1] *= alpha[0];
-                o[mi][n][2] *= alpha[1];
-                o[mi][n][3] *= alpha[1];
-            }
+                for (int n = 0; n < HD / 8; n++) {
+                    o[mi][n][0] *= alpha[0];
+                    o[mi][n][1] *= alpha[0];
+                    o[mi][n][2] *= alpha[1];
+                    o[mi][n][3] *= alpha[1];
+                }
 #pragma unroll
             for (int kk = 0; kk < T / 16; kk++) {
                 pa[mi][kk][0] = pack_bf16(s[mi][2 * kk][0], s[mi][2 * kk][1]);
@@ -779,6 +798,25 @@ __global__ void __launch_bounds__(kPrefillThreads, prefill_geom<HD>::CTAS_PER_SM
                              pa[mi][kk][3], b[2], b[3]);
                 }
             }
+    };
+
+    for (int32_t i = 0; i < ntiles; i++) {
+        cp_async_wait<0>();
+        __syncthreads();
+        if (i + 1 < ntiles)
+            copy_tile(i + 1, false);
+        if (i + 2 < ntiles)
+            copy_table(i + 2);
+        cp_async_commit();
+
+        const int32_t k0 = i * T;
+        /* The tiles wholly at or below the warp's first position need no mask; those that
+         * reach past it do, those wholly past its last position are skipped. Each case is one
+         * straight block of code, so that the compiler can interleave its parts. */
+        if (k0 + T - 1 <= wfirst)
+            tile(k0, i % S, unmasked_t());
+        else if (k0 <= wlast)
+            tile(k0, i % S, masked_t());
     }
     cp_async_wait<0>();
 
@@ -889,6 +927,10 @@ static int config_check(const struct cuda_attention_config *c)
                                 (int)c->head_dim, ATTENTION_HEAD_DIM_MAX);
     if (!isfinite(c->scale))
         return pagoda_error_set(PAGODA_EINVAL, "attention: scale is not finite");
+    /* The prefill kernel folds the scale into exp2's argument and takes the row maximum of the
+     * unscaled scores, which is the maximum of the scaled ones only for a positive scale. */
+    if (!(c->scale > 0.0f))
+        return pagoda_error_set(PAGODA_EINVAL, "attention: scale is not positive");
     struct attention_limits limits = {c->block_size, c->num_blocks, c->max_num_seqs,
                                       c->max_num_tokens, c->max_blocks_per_seq};
     int rc = attention_limits_check(&limits);
