@@ -6,8 +6,9 @@
  * keep, per query row, a running max m, a running sum l of exp(score - m) and an f32
  * accumulator of the exp-weighted V (online softmax, as the CPU's paged version does). K/V tiles
  * of 64 keys come from the pool through the block table into XOR-swizzled shared memory by a
- * cp.async pipeline (16-byte copies, the next tile's block-table entries already in registers)
- * and reach the tensor cores by ldmatrix; keys beyond a row's causal limit (or beyond the
+ * cp.async pipeline (16-byte copies; the block-table entries a copy needs are already at hand:
+ * in registers for decode, copied into shared memory a tile ahead for prefill) and reach the
+ * tensor cores by ldmatrix; keys beyond a row's causal limit (or beyond the
  * context) get probability 0, and tiles past the last one a CTA needs are never read. */
 #include "kernels/cuda/attention.h"
 
@@ -27,16 +28,17 @@ namespace
 constexpr int kDecodeThreads = 128;
 constexpr int kDecodeWarps = kDecodeThreads / 32;
 constexpr int kDecodeHeadsMax = 8;
-constexpr int kMergeThreads = 128; /* the merge of split-KV partitions, per (sequence, head) */
 
-/* Prefill: one CTA of 128 threads (4 warps of 16 rows) per (tile of query rows, KV head); a row
- * is one (query token, query head of the KV head), 64 rows per tile. */
+/* Prefill: one CTA of 128 threads (4 warps of 32 rows) per (tile of query rows, KV head); a row
+ * is one (query token, query head of the KV head), 128 rows per tile. */
 constexpr int kPrefillThreads = 128;
-constexpr int kPrefillRows = 64;
+constexpr int kPrefillWarpRows = 32;
+constexpr int kPrefillRows = 128;
 constexpr int kPrefillKeys = 64; /* keys per shared-memory tile */
 
-/* Query heads per KV head the kernels accept (one prefill tile must hold a token's heads). */
-constexpr int kGroupMax = kPrefillRows;
+/* Query heads per KV head the kernels accept (one prefill tile must hold a token's heads; the
+ * decode kernel's chunks of kDecodeHeadsMax cover them). */
+constexpr int kGroupMax = 64;
 
 /* Split-KV: decode contexts are cut into partitions of at least kSplitMinTokens keys, multiples
  * of kSplitAlign (a multiple of every decode tile), sized for 1 .. kSplitWavesMax waves of the
@@ -67,6 +69,7 @@ struct attn_args {
     int32_t tile_tokens;   /* query tokens per prefill tile: kPrefillRows / group */
     float *part_out;       /* [partition][num_heads][head_dim], normalised */
     float *part_lse;       /* [partition][num_heads] */
+    int32_t *merge_count;  /* [merge][decode chunk][KV head]: partitions done, 0 between runs */
 };
 
 /* The block of key pos and its slot in it: shifts when the block size is a power of two. */
@@ -109,6 +112,23 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const void *p)
 {
     const uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a)
+                 : "memory");
+}
+
+/* The same with a shared-memory address (the prefill kernel computes its addresses itself). */
+__device__ __forceinline__ void ldsm_x4(uint32_t r[4], uint32_t a)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a)
+                 : "memory");
+}
+
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t r[4], uint32_t a)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(a)
                  : "memory");
@@ -221,6 +241,59 @@ template <int HD> struct decode_geom {
         return (r >> 2) * QUAD + (r & 3) * HD;
     }
 };
+
+/* The merge of a split decode sequence, done by the last of its partitions' CTAs to finish
+ * (per KV head and chunk of query heads): a counter per (merge, chunk, KV head) counts the CTAs
+ * whose partial results are out (written, then fenced); the last one reads them all (through
+ * L2) and writes out each head's output, every partition's normalised output weighted by its
+ * share of the exp mass, exp(lse_p - max lse). It also sets the counter back to 0 for the next
+ * run. */
+template <int HD>
+__device__ __forceinline__ void merge_if_last(const attn_args &a, int32_t merge, int32_t chunk,
+                                              int32_t kh, int32_t h0, int32_t gc, int32_t token)
+{
+    __shared__ int last;
+    const int tid = threadIdx.x;
+    const int4 m = a.merges[merge];
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) {
+        int32_t *count =
+            a.merge_count + ((int64_t)merge * a.decode_chunks + chunk) * a.num_kv_heads + kh;
+        last = atomicAdd(count, 1) == m.z - 1;
+        if (last)
+            *count = 0;
+    }
+    __syncthreads();
+    if (!last)
+        return;
+    __threadfence();
+    constexpr int Q = HD / 4; /* float4 columns of a head */
+    for (int idx = tid; idx < gc * Q; idx += kDecodeThreads) {
+        const int g = idx / Q, col = idx % Q;
+        const int32_t h = h0 + g;
+        float mx = -INFINITY;
+        for (int p = 0; p < m.z; p++)
+            mx = fmaxf(mx, __ldcg(a.part_lse + (int64_t)(m.y + p) * a.num_heads + h));
+        float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        float total = 0.0f;
+#pragma unroll 4
+        for (int p = 0; p < m.z; p++) {
+            const int64_t row = (int64_t)(m.y + p) * a.num_heads + h;
+            const float wt = expf(__ldcg(a.part_lse + row) - mx);
+            const float4 o = __ldcg(reinterpret_cast<const float4 *>(a.part_out + row * HD) + col);
+            total += wt;
+            acc.x = fmaf(wt, o.x, acc.x);
+            acc.y = fmaf(wt, o.y, acc.y);
+            acc.z = fmaf(wt, o.z, acc.z);
+            acc.w = fmaf(wt, o.w, acc.w);
+        }
+        uint16_t *out = a.out + (int64_t)token * a.num_heads * HD + (int64_t)h * HD;
+        reinterpret_cast<uint2 *>(out)[col] =
+            make_uint2(float2_to_bf16x2(acc.x / total, acc.y / total),
+                       float2_to_bf16x2(acc.z / total, acc.w / total));
+    }
+}
 
 /* Split-KV decode (flash decoding) on the tensor cores: the CTA walks its partition's keys
  * [part.y, part.z) tile by tile through a pipeline of bulk copies (thread t copies the K or V row
@@ -448,100 +521,67 @@ template <int HD> __global__ void __launch_bounds__(kDecodeThreads) decode_kerne
                 a.part_lse[row] = (mx + log2f(total)) * 0.6931471805599453f;
         }
     }
-}
-
-/* Merges the partitions of one split decode sequence for one query head: each partition's
- * normalised output weighted by its share of the exp mass, exp(lse_p - max lse). */
-template <int HD> __global__ void __launch_bounds__(kMergeThreads) merge_kernel(attn_args a)
-{
-    constexpr int Q = HD / 4;                /* float4 columns of a head */
-    constexpr int LANES = kMergeThreads / Q; /* partitions summed side by side */
-    __shared__ float4 lane_acc[LANES][Q];
-    __shared__ float lane_total[LANES];
-    __shared__ float warp_mx[kMergeThreads / 32];
-    const int4 m = a.merges[blockIdx.x];
-    const int32_t h = blockIdx.y;
-    const int32_t token = a.query_start[m.x];
-    const int tid = threadIdx.x, col = tid % Q, pl = tid / Q;
-
-    float mx = -INFINITY;
-    for (int p = tid; p < m.z; p += kMergeThreads)
-        mx = fmaxf(mx, a.part_lse[(int64_t)(m.y + p) * a.num_heads + h]);
-    mx = warp_max(mx);
-    if ((tid & 31) == 0)
-        warp_mx[tid >> 5] = mx;
-    __syncthreads();
-#pragma unroll
-    for (int w = 0; w < kMergeThreads / 32; w++)
-        mx = fmaxf(mx, warp_mx[w]);
-
-    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    float total = 0.0f;
-#pragma unroll 4
-    for (int p = pl; p < m.z; p += LANES) {
-        const int64_t row = (int64_t)(m.y + p) * a.num_heads + h;
-        const float wt = expf(a.part_lse[row] - mx);
-        const float4 o = reinterpret_cast<const float4 *>(a.part_out + row * HD)[col];
-        total += wt;
-        acc.x = fmaf(wt, o.x, acc.x);
-        acc.y = fmaf(wt, o.y, acc.y);
-        acc.z = fmaf(wt, o.z, acc.z);
-        acc.w = fmaf(wt, o.w, acc.w);
-    }
-    lane_acc[pl][col] = acc;
-    if (col == 0)
-        lane_total[pl] = total;
-    __syncthreads();
-    if (tid < Q) {
-        float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        float t = 0.0f;
-#pragma unroll
-        for (int k = 0; k < LANES; k++) {
-            sum.x += lane_acc[k][tid].x;
-            sum.y += lane_acc[k][tid].y;
-            sum.z += lane_acc[k][tid].z;
-            sum.w += lane_acc[k][tid].w;
-            t += lane_total[k];
-        }
-        uint16_t *o = a.out + (int64_t)token * a.num_heads * HD + (int64_t)h * HD;
-        reinterpret_cast<uint2 *>(o)[tid] = make_uint2(float2_to_bf16x2(sum.x / t, sum.y / t),
-                                                       float2_to_bf16x2(sum.z / t, sum.w / t));
-    }
+    if (part.w >= 0)
+        merge_if_last<HD>(a, part.w, rest % a.decode_chunks, kh, h0, gc, token);
 }
 
 /* ---- prefill ---- */
 
-/* The prefill kernel's geometry for head dimension HD: 64 query rows per CTA (16 per warp),
- * K/V tiles of 64 keys, the pipeline 2 stages deep (64 KiB at head dim 128), so that three CTAs
- * fit on an SM (four at 64), registers capped to match. */
+/* Whether a prefill tile needs the causal mask, as a type, so that each case compiles to its
+ * own straight block of code. */
+struct masked_t {
+    static constexpr bool value = true;
+};
+struct unmasked_t {
+    static constexpr bool value = false;
+};
+
+/* The prefill kernel's geometry for head dimension HD: 128 query rows per CTA (32 per warp, two
+ * m16 tiles, so that each K/V fragment read from shared memory feeds four mma instead of two),
+ * K/V tiles of 64 keys, the pipeline 2 stages deep, Q in shared memory beside them (96 KiB at
+ * head dim 128) and re-read by ldmatrix each tile: Q in registers as well as 32 rows of O and S
+ * would not fit in 255 registers. Two CTAs fit on an SM at head dim 128, three at 64. */
 template <int HD> struct prefill_geom {
     static constexpr int T = kPrefillKeys;
     static constexpr int STAGES = 2;
-    static constexpr int CTAS_PER_SM = HD == 128 ? 3 : 4;
+    static constexpr int CTAS_PER_SM = 2;
     static constexpr int C8 = HD / 8;
     static constexpr int ROW_STEP = kPrefillThreads / C8;
     static constexpr int LOADS = T / ROW_STEP;
-    static constexpr size_t smem = (size_t)STAGES * 2 * T * HD * sizeof(uint16_t);
-    static_assert(kPrefillRows == 16 * (kPrefillThreads / 32), "16 rows per warp");
+    static constexpr int QLOADS = kPrefillRows / ROW_STEP;
+    static constexpr int MT = kPrefillWarpRows / 16; /* m16 tiles per warp */
+    static constexpr size_t q_elems = (size_t)kPrefillRows * HD;
+    /* Block-table entries one tile can span (a tile of T keys over blocks of at least
+     * KV_BLOCK_SIZE_MIN), two tiles' worth in shared memory. */
+    static constexpr int TAB = T / KV_BLOCK_SIZE_MIN + 1;
+    static constexpr size_t tiles_bytes =
+        (q_elems + (size_t)STAGES * 2 * T * HD) * sizeof(uint16_t);
+    static constexpr size_t smem = tiles_bytes + 2 * TAB * sizeof(int32_t);
+    static_assert(TAB <= kPrefillThreads, "one thread per table entry");
+    static_assert(kPrefillRows == kPrefillWarpRows * (kPrefillThreads / 32), "rows per warp");
 };
 
 /* Causal prefill (FlashAttention-2 style) on the tensor cores: one CTA per (tile of query rows,
  * KV head); row r of the tile is token first + r / group of the sequence, query head kh * group
- * + r % group, so that the K/V tiles read for one KV head serve all of its query heads. K/V
- * tiles of 64 keys come through the block table into swizzled shared memory by a cp.async
- * pipeline, from key 0 to the tile's last query position (tiles past it, fully masked, are
- * never read); only tiles that reach past the tile's first query position are masked. Each warp
- * holds 16 rows: S = Q K^T (m16n8k16, bf16, f32 accumulators), online softmax in f32 (exp2),
- * O += P V with P rounded to bf16 as the A operand. A chunk continuing a sequence already in the
- * pool is the same computation with context_len > query_len. */
+ * + r % group, so that the K/V tiles read for one KV head serve all of its query heads. Q is
+ * copied once into swizzled shared memory; K/V tiles of 64 keys come through the block table
+ * into swizzled shared memory by a cp.async pipeline, from key 0 to the tile's last query
+ * position (tiles past it, fully masked, are never read). Each warp holds 32 rows: S = Q K^T
+ * (m16n8k16, bf16, f32 accumulators, Q and K both by ldmatrix), online softmax in f32 (exp2 with
+ * log2(e) folded into the scale), O += P V with P rounded to bf16 as the A operand and V by
+ * ldmatrix.trans. A warp masks only the tiles that reach past its first row's position and
+ * skips the tiles that lie wholly past its last row's. A chunk continuing a sequence already in
+ * the pool is the same computation with context_len > query_len. */
 template <int HD>
 __global__ void __launch_bounds__(kPrefillThreads, prefill_geom<HD>::CTAS_PER_SM)
     prefill_kernel(attn_args a)
 {
     using P = prefill_geom<HD>;
-    constexpr int T = P::T, S = P::STAGES;
+    constexpr int T = P::T, S = P::STAGES, MT = P::MT;
     extern __shared__ __align__(16) unsigned char smem[];
-    uint16_t *tiles = reinterpret_cast<uint16_t *>(smem); /* [stage][K, V][T][HD], swizzled */
+    uint16_t *qs = reinterpret_cast<uint16_t *>(smem); /* [kPrefillRows][HD], swizzled */
+    uint16_t *tiles = qs + P::q_elems;                 /* [stage][K, V][T][HD], swizzled */
+    int32_t *tab = reinterpret_cast<int32_t *>(smem + P::tiles_bytes); /* [2][TAB] */
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     /* The longest tiles first: items are in ascending order of their first token. */
@@ -559,169 +599,246 @@ __global__ void __launch_bounds__(kPrefillThreads, prefill_geom<HD>::CTAS_PER_SM
     const int32_t ntiles = (key_end + T - 1) / T;
 
     const int lcol = tid % P::C8, lrow = tid / P::C8;
+    /* Q rows into shared memory (padding rows zero-filled), in the first tile's group. */
+#pragma unroll
+    for (int j = 0; j < P::QLOADS; j++) {
+        const int r = lrow + j * P::ROW_STEP;
+        const bool live = r < rows;
+        const uint16_t *src = live ? a.q + (int64_t)(q0 + first + r / a.group) * a.q_row_stride +
+                                         (int64_t)(kh * a.group + r % a.group) * HD + lcol * 8
+                                   : a.q;
+        cp_async16(qs + swz<HD>(r, lcol), src, live);
+    }
+
     const uint16_t *kcol = a.k + (int64_t)kh * a.head_stride + lcol * 8;
     const uint16_t *vcol = a.v + (int64_t)kh * a.head_stride + lcol * 8;
-    int32_t blk[P::LOADS];
-    auto fetch_table = [&](int32_t t) {
-#pragma unroll
-        for (int j = 0; j < P::LOADS; j++) {
-            const int32_t pos = t * T + lrow + j * P::ROW_STEP;
-            blk[j] = pos < key_end ? __ldg(table + block_of(a, pos)) : 0;
+    /* Tile t's block-table entries, from the block of its first key on, go to tab[t % 2] by
+     * 4-byte cp.async a tile ahead of its K/V copy, so that no copy waits for a global load of
+     * the table (nor holds the entries in registers, all taken by O and S). */
+    auto copy_table = [&](int32_t t) {
+        const int32_t b0 = block_of(a, t * T);
+        const int32_t bend = block_of(a, min(t * T + T, key_end) - 1);
+        if (tid < P::TAB && b0 + tid <= bend) {
+            const uint32_t d = smem_addr(tab + (t & 1) * P::TAB + tid);
+            asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(d),
+                         "l"(table + b0 + tid)
+                         : "memory");
         }
     };
-    auto copy_tile = [&](int32_t t) {
+    /* Tile t's K/V rows; the entries from tab[t % 2] (from the table itself for tile 0). */
+    auto copy_tile = [&](int32_t t, bool direct) {
         uint16_t *ks = tiles + (size_t)(t % S) * 2 * T * HD;
         uint16_t *vs = ks + T * HD;
+        const int32_t b0 = block_of(a, t * T);
+        const int32_t *tt = tab + (t & 1) * P::TAB;
 #pragma unroll
         for (int j = 0; j < P::LOADS; j++) {
             const int r = lrow + j * P::ROW_STEP;
             const int32_t pos = t * T + r;
             const bool valid = pos < key_end;
-            const int64_t off =
-                valid ? (int64_t)blk[j] * a.block_stride + (int64_t)slot_of(a, pos) * a.slot_stride
-                      : 0;
+            int64_t off = 0;
+            if (valid) {
+                const int32_t blk =
+                    direct ? __ldg(table + block_of(a, pos)) : tt[block_of(a, pos) - b0];
+                off = (int64_t)blk * a.block_stride + (int64_t)slot_of(a, pos) * a.slot_stride;
+            }
             cp_async16(ks + swz<HD>(r, lcol), kcol + off, valid);
             cp_async16(vs + swz<HD>(r, lcol), vcol + off, valid);
         }
     };
-    fetch_table(0);
-#pragma unroll
-    for (int t = 0; t < S - 1; t++) {
-        if (t < ntiles)
-            copy_tile(t);
-        cp_async_commit();
-        fetch_table(t + 1);
-    }
+    static_assert(S == 2, "the table ring and the copies below assume two stages");
+    copy_tile(0, true);
+    if (ntiles > 1)
+        copy_table(1);
+    cp_async_commit();
 
-    /* This thread's rows: g and g + 8 of the warp's 16; their Q as A fragments, their causal
-     * limits (-1 for padding rows: every key masked). */
+    /* This thread's rows: g and g + 8 of each of the warp's m16 tiles. */
     const int g = lane >> 2, qc = 2 * (lane & 3);
-    int32_t limit[2];
-    uint32_t qa[HD / 16][4];
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-        const int r = warp * 16 + g + 8 * h;
-        const bool live = r < rows;
-        limit[h] = live ? pos0 + r / a.group : -1;
-        const uint16_t *qrow = a.q +
-                               (int64_t)(q0 + first + (live ? r / a.group : 0)) * a.q_row_stride +
-                               (int64_t)(kh * a.group + (live ? r % a.group : 0)) * HD + qc;
-#pragma unroll
-        for (int k = 0; k < HD / 16; k++) {
-            qa[k][h] = live ? __ldg(reinterpret_cast<const uint32_t *>(qrow + k * 16)) : 0u;
-            qa[k][2 + h] = live ? __ldg(reinterpret_cast<const uint32_t *>(qrow + k * 16 + 8)) : 0u;
-        }
-    }
+    const int wrow = warp * kPrefillWarpRows;
+    /* The warp's first and last positions: tiles up to wfirst need no mask, tiles past wlast
+     * are skipped (a warp wholly in the padding skips them all). */
+    const int32_t wfirst = pos0 + wrow / a.group;
+    const int32_t wlast =
+        wrow < rows ? pos0 + (min(wrow + kPrefillWarpRows, rows) - 1) / a.group : -1;
     const float qscale = a.scale * 1.4426950408889634f;
-    float o[HD / 8][4];
+    float o[MT][HD / 8][4];
 #pragma unroll
-    for (int n = 0; n < HD / 8; n++)
-        o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    for (int mi = 0; mi < MT; mi++)
+#pragma unroll
+        for (int n = 0; n < HD / 8; n++)
+            o[mi][n][0] = o[mi][n][1] = o[mi][n][2] = o[mi][n][3] = 0.0f;
+    float m[MT][2], l[MT][2];
+#pragma unroll
+    for (int mi = 0; mi < MT; mi++)
+        m[mi][0] = m[mi][1] = -INFINITY, l[mi][0] = l[mi][1] = 0.0f;
+    /* ldmatrix lane addresses: A (Q) and V^T read rows (lane & 7) + 8 * ((lane >> 3) & 1) at
+     * chunk offset lane >> 4; K (two n8 tiles of one k16 step) reads rows (lane & 7) + 8 *
+     * (lane >> 4) at chunk offset (lane >> 3) & 1. */
+    const int arow = (lane & 7) + ((lane >> 3) & 1) * 8, achunk = lane >> 4;
+    const int krow = (lane & 7) + (lane >> 4) * 8, kchunk = (lane >> 3) & 1;
+    /* In bytes: a row is 2 * HD, and chunk c of a row whose r % 8 is lane % 8 sits at
+     * ((c ^ lane % 8) << 4); for c = 2 * d + c0 that is (c0 ^ lane % 8) << 4 XOR d << 5, so
+     * each step's address is one XOR off the row's, with no table of addresses to keep. */
+    const uint32_t aoff = (uint32_t)(achunk ^ (lane & 7)) << 4;
+    const uint32_t koff = (uint32_t)(kchunk ^ (lane & 7)) << 4;
+    const uint32_t qrow_addr = smem_addr(qs) + (uint32_t)(wrow + arow) * (2 * HD);
 
-    for (int32_t i = 0; i < ntiles; i++) {
-        cp_async_wait<S - 2>();
-        __syncthreads();
-        if (i + S - 1 < ntiles)
-            copy_tile(i + S - 1);
-        cp_async_commit();
-        fetch_table(i + S);
-
-        const uint16_t *ks = tiles + (size_t)(i % S) * 2 * T * HD;
-        const uint16_t *vs = ks + T * HD;
-        const int32_t k0 = i * T;
-        /* k-step outside, n-tiles inside: consecutive pairs of mma accumulate into different
-         * tiles, and only one K fragment is live at a time. */
-        float s[T / 8][4];
+    /* One K/V tile: S = Q K^T, online softmax, O += P V. */
+    auto tile = [&](int32_t k0, int stage, auto mask_tag) {
+        constexpr bool MASK = decltype(mask_tag)::value;
+        const uint32_t k_addr = smem_addr(tiles + (size_t)stage * 2 * T * HD) + krow * (2 * HD);
+        const uint32_t v_addr =
+            smem_addr(tiles + (size_t)stage * 2 * T * HD + T * HD) + arow * (2 * HD);
+        /* S = Q K^T, 16 dims per step: the step's Q fragments of both m16 tiles, then each
+         * K fragment (16 keys) into four mma. */
+        float s[MT][T / 8][4];
 #pragma unroll
-        for (int nt = 0; nt < T / 8; nt++)
-            s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+        for (int mi = 0; mi < MT; mi++)
 #pragma unroll
-        for (int kk = 0; kk < HD / 32; kk++)
+            for (int nt = 0; nt < T / 8; nt++)
+                s[mi][nt][0] = s[mi][nt][1] = s[mi][nt][2] = s[mi][nt][3] = 0.0f;
 #pragma unroll
-            for (int nt = 0; nt < T / 8; nt++) {
+        for (int kd = 0; kd < HD / 16; kd++) {
+            uint32_t qa[MT][4];
+            const uint32_t qa_addr = qrow_addr + (aoff ^ (kd << 5));
+#pragma unroll
+            for (int mi = 0; mi < MT; mi++)
+                ldsm_x4(qa[mi], qa_addr + mi * 16 * (2 * HD));
+            const uint32_t kb_addr = k_addr + (koff ^ (kd << 5));
+#pragma unroll
+            for (int np = 0; np < T / 16; np++) {
                 uint32_t b[4];
-                ldmatrix_x4(b, ks + swz<HD>(nt * 8 + (lane & 7), kk * 4 + (lane >> 3)));
-                mma_bf16(s[nt], qa[2 * kk][0], qa[2 * kk][1], qa[2 * kk][2], qa[2 * kk][3], b[0],
-                         b[1]);
-                mma_bf16(s[nt], qa[2 * kk + 1][0], qa[2 * kk + 1][1], qa[2 * kk + 1][2],
-                         qa[2 * kk + 1][3], b[2], b[3]);
+                ldsm_x4(b, kb_addr + np * 16 * (2 * HD));
+#pragma unroll
+                for (int mi = 0; mi < MT; mi++) {
+                    mma_bf16(s[mi][2 * np], qa[mi][0], qa[mi][1], qa[mi][2], qa[mi][3], b[0], b[1]);
+                    mma_bf16(s[mi][2 * np + 1], qa[mi][0], qa[mi][1], qa[mi][2], qa[mi][3], b[2],
+                             b[3]);
+                }
             }
-        /* Scale, and mask the tiles that reach past the first row's position. */
-        const bool masked = k0 + T - 1 > pos0;
-        float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-        for (int nt = 0; nt < T / 8; nt++)
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                const int h = j >> 1;
-                float v = s[nt][j] * qscale;
-                if (masked && k0 + nt * 8 + qc + (j & 1) > limit[h])
-                    v = -INFINITY;
-                s[nt][j] = v;
-                mx[h] = fmaxf(mx[h], v);
-            }
-        float alpha[2];
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
-            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-            const float m_new = fmaxf(m[h], mx[h]);
-            /* A row with no key yet keeps m = -inf: subtract 0 instead, exp2(-inf) = 0. */
-            const float base = m_new == -INFINITY ? 0.0f : m_new;
-            alpha[h] = fast_exp2(m[h] - base);
-            m[h] = m_new;
-            float sum = 0.0f;
-#pragma unroll
-            for (int nt = 0; nt < T / 8; nt++) {
-                s[nt][2 * h] = fast_exp2(s[nt][2 * h] - base);
-                s[nt][2 * h + 1] = fast_exp2(s[nt][2 * h + 1] - base);
-                sum += s[nt][2 * h] + s[nt][2 * h + 1];
-            }
-            l[h] = l[h] * alpha[h] + sum;
         }
+        /* Mask the tiles that reach past the warp's first position; online softmax on the raw
+         * scores, the scale (log2(e) included) folded into exp2's argument by one fma, so the
+         * row maximum is taken unscaled (hence a positive scale); P packed to bf16 A fragments
+         * as it is made. */
+        uint32_t pa[MT][T / 16][4];
 #pragma unroll
-        for (int n = 0; n < HD / 8; n++) {
-            o[n][0] *= alpha[0];
-            o[n][1] *= alpha[0];
-            o[n][2] *= alpha[1];
-            o[n][3] *= alpha[1];
+        for (int mi = 0; mi < MT; mi++) {
+            if (MASK) {
+                /* The rows' causal limits, -1 for padding rows (every key masked); computed
+                 * here rather than kept, as the registers are all taken. */
+                int32_t limit[2];
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const int r = wrow + mi * 16 + g + 8 * h;
+                    limit[h] = (r < rows ? pos0 + r / a.group : -1) - k0 - qc;
+                }
+#pragma unroll
+                for (int nt = 0; nt < T / 8; nt++)
+#pragma unroll
+                    for (int j = 0; j < 4; j++)
+                        if (nt * 8 + (j & 1) > limit[j >> 1])
+                            s[mi][nt][j] = -INFINITY;
+            }
+            float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+            for (int nt = 0; nt < T / 8; nt++)
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+                    mx[j >> 1] = fmaxf(mx[j >> 1], s[mi][nt][j]);
+            float alpha[2];
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+                mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+                const float m_new = fmaxf(m[mi][h], mx[h] * qscale);
+                /* A row with no key yet keeps m = -inf: subtract 0 instead, exp2(-inf) = 0. */
+                const float base = m_new == -INFINITY ? 0.0f : m_new;
+                alpha[h] = fast_exp2(m[mi][h] - base);
+                m[mi][h] = m_new;
+                float sum = 0.0f;
+#pragma unroll
+                for (int nt = 0; nt < T / 8; nt++) {
+                    s[mi][nt][2 * h] = fast_exp2(fmaf(s[mi][nt][2 * h], qscale, -base));
+                    s[mi][nt][2 * h + 1] = fast_exp2(fmaf(s[mi][nt][2 * h + 1], qscale, -base));
+                    sum += s[mi][nt][2 * h] + s[mi][nt][2 * h + 1];
+                }
+                l[mi][h] = l[mi][h] * alpha[h] + sum;
+            }
+            /* Past the first tiles a row's max rarely moves: skip the rescale when no row of
+             * the warp's m16 tile needs it. */
+            if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f))
+#pragma unroll
+                for (int n = 0; n < HD / 8; n++) {
+                    o[mi][n][0] *= alpha[0];
+                    o[mi][n][1] *= alpha[0];
+                    o[mi][n][2] *= alpha[1];
+                    o[mi][n][3] *= alpha[1];
+                }
+#pragma unroll
+            for (int kk = 0; kk < T / 16; kk++) {
+                pa[mi][kk][0] = pack_bf16(s[mi][2 * kk][0], s[mi][2 * kk][1]);
+                pa[mi][kk][1] = pack_bf16(s[mi][2 * kk][2], s[mi][2 * kk][3]);
+                pa[mi][kk][2] = pack_bf16(s[mi][2 * kk + 1][0], s[mi][2 * kk + 1][1]);
+                pa[mi][kk][3] = pack_bf16(s[mi][2 * kk + 1][2], s[mi][2 * kk + 1][3]);
+            }
         }
-        /* O += P V, 16 keys per k-step. */
+        /* O += P V, 16 keys per k-step: each V^T fragment into four mma. */
 #pragma unroll
-        for (int kk = 0; kk < T / 16; kk++) {
-            const uint32_t p0 = pack_bf16(s[2 * kk][0], s[2 * kk][1]);
-            const uint32_t p1 = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
-            const uint32_t p2 = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-            const uint32_t p3 = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+        for (int kk = 0; kk < T / 16; kk++)
 #pragma unroll
             for (int dp = 0; dp < HD / 16; dp++) {
                 uint32_t b[4];
-                ldmatrix_x4_trans(b, vs + swz<HD>(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8,
-                                                  2 * dp + (lane >> 4)));
-                mma_bf16(o[2 * dp], p0, p1, p2, p3, b[0], b[1]);
-                mma_bf16(o[2 * dp + 1], p0, p1, p2, p3, b[2], b[3]);
+                ldsm_x4_trans(b, v_addr + (aoff ^ (dp << 5)) + kk * 16 * (2 * HD));
+#pragma unroll
+                for (int mi = 0; mi < MT; mi++) {
+                    mma_bf16(o[mi][2 * dp], pa[mi][kk][0], pa[mi][kk][1], pa[mi][kk][2],
+                             pa[mi][kk][3], b[0], b[1]);
+                    mma_bf16(o[mi][2 * dp + 1], pa[mi][kk][0], pa[mi][kk][1], pa[mi][kk][2],
+                             pa[mi][kk][3], b[2], b[3]);
+                }
             }
-        }
+    };
+
+    for (int32_t i = 0; i < ntiles; i++) {
+        cp_async_wait<0>();
+        __syncthreads();
+        if (i + 1 < ntiles)
+            copy_tile(i + 1, false);
+        if (i + 2 < ntiles)
+            copy_table(i + 2);
+        cp_async_commit();
+
+        const int32_t k0 = i * T;
+        /* The tiles wholly at or below the warp's first position need no mask; those that
+         * reach past it do, those wholly past its last position are skipped. Each case is one
+         * straight block of code, so that the compiler can interleave its parts. */
+        if (k0 + T - 1 <= wfirst)
+            tile(k0, i % S, unmasked_t());
+        else if (k0 <= wlast)
+            tile(k0, i % S, masked_t());
     }
     cp_async_wait<0>();
 
 #pragma unroll
-    for (int h = 0; h < 2; h++) {
-        l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
-        l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
-        const int r = warp * 16 + g + 8 * h;
-        if (r >= rows)
-            continue;
-        const int32_t t = q0 + first + r / a.group;
-        const int32_t head = kh * a.group + r % a.group;
-        const float inv = 1.0f / l[h];
-        uint16_t *out = a.out + (int64_t)t * a.num_heads * HD + (int64_t)head * HD + qc;
+    for (int mi = 0; mi < MT; mi++)
 #pragma unroll
-        for (int n = 0; n < HD / 8; n++)
-            *reinterpret_cast<uint32_t *>(out + n * 8) =
-                float2_to_bf16x2(o[n][2 * h] * inv, o[n][2 * h + 1] * inv);
-    }
+        for (int h = 0; h < 2; h++) {
+            float lsum = l[mi][h];
+            lsum += __shfl_xor_sync(0xffffffffu, lsum, 1);
+            lsum += __shfl_xor_sync(0xffffffffu, lsum, 2);
+            const int r = wrow + mi * 16 + g + 8 * h;
+            if (r >= rows)
+                continue;
+            const int32_t t = q0 + first + r / a.group;
+            const int32_t head = kh * a.group + r % a.group;
+            const float inv = 1.0f / lsum;
+            uint16_t *out = a.out + (int64_t)t * a.num_heads * HD + (int64_t)head * HD + qc;
+#pragma unroll
+            for (int n = 0; n < HD / 8; n++)
+                *reinterpret_cast<uint32_t *>(out + n * 8) =
+                    float2_to_bf16x2(o[mi][n][2 * h] * inv, o[mi][n][2 * h + 1] * inv);
+        }
 }
 
 using decode_fn = void (*)(attn_args);
@@ -753,6 +870,7 @@ struct cuda_attention_plan {
     int next_slot;
     int32_t *meta;
     float *part_out, *part_lse;
+    int32_t *merge_count;
 
     /* The planned step. */
     bool planned;
@@ -809,6 +927,10 @@ static int config_check(const struct cuda_attention_config *c)
                                 (int)c->head_dim, ATTENTION_HEAD_DIM_MAX);
     if (!isfinite(c->scale))
         return pagoda_error_set(PAGODA_EINVAL, "attention: scale is not finite");
+    /* The prefill kernel folds the scale into exp2's argument and takes the row maximum of the
+     * unscaled scores, which is the maximum of the scaled ones only for a positive scale. */
+    if (!(c->scale > 0.0f))
+        return pagoda_error_set(PAGODA_EINVAL, "attention: scale is not positive");
     struct attention_limits limits = {c->block_size, c->num_blocks, c->max_num_seqs,
                                       c->max_num_tokens, c->max_blocks_per_seq};
     int rc = attention_limits_check(&limits);
@@ -909,6 +1031,20 @@ int cuda_attention_plan_new(const struct cuda_attention_config *c, struct cuda_a
                           "cuda_attention_plan_new: cudaMalloc (split-KV lse)");
     if (rc < 0)
         goto fail;
+    {
+        const size_t counts = (size_t)c->max_num_seqs * p->decode_chunks * c->num_kv_heads;
+        rc = cuda_call_result(
+            cudaMalloc(reinterpret_cast<void **>(&p->merge_count), counts * sizeof(int32_t)),
+            "cuda_attention_plan_new: cudaMalloc (split-KV counters)");
+        if (rc == 0)
+            rc = cuda_call_result(cudaMemset(p->merge_count, 0, counts * sizeof(int32_t)),
+                                  "cuda_attention_plan_new: cudaMemset");
+        if (rc == 0) /* the memset is on the legacy stream: done before any run */
+            rc = cuda_call_result(cudaDeviceSynchronize(),
+                                  "cuda_attention_plan_new: cudaDeviceSynchronize");
+        if (rc < 0)
+            goto fail;
+    }
     if (c->head_dim == 64)
         rc = cuda_call_result(cudaFuncSetAttribute(prefill_kernel<64>,
                                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -945,6 +1081,7 @@ void cuda_attention_plan_free(struct cuda_attention_plan *p)
     (void)cudaFree(p->meta);
     (void)cudaFree(p->part_out);
     (void)cudaFree(p->part_lse);
+    (void)cudaFree(p->merge_count);
     free(p);
 }
 
@@ -1113,13 +1250,6 @@ static int launch(const struct cuda_attention_plan *p, const attn_args &a, cudaS
         if (rc < 0)
             return rc;
     }
-    if (p->num_merges > 0) {
-        dim3 grid(p->num_merges, c->num_heads);
-        merge_kernel<HD><<<grid, kMergeThreads, 0, s>>>(a);
-        int rc = cuda_launch_result("cuda_attention_run: merge kernel");
-        if (rc < 0)
-            return rc;
-    }
     if (p->num_items > 0) {
         dim3 grid(p->num_items, c->num_kv_heads);
         prefill_kernel<HD><<<grid, kPrefillThreads, prefill_geom<HD>::smem, s>>>(a);
@@ -1181,5 +1311,6 @@ int cuda_attention_run(struct cuda_attention_plan *p, const struct kv_layer_view
     a.tile_tokens = p->tile_tokens;
     a.part_out = p->part_out;
     a.part_lse = p->part_lse;
+    a.merge_count = p->merge_count;
     return c->head_dim == 64 ? launch<64>(p, a, s) : launch<128>(p, a, s);
 }

@@ -19,7 +19,7 @@
  * split across CTAs (split-KV: the plan picks no split or a split sized for 1 to 4 waves of the
  * resident CTAs, whichever a cost model of the batch finds fastest, so that batch 1 and batch
  * 256 both fill the GPU); the others (prefill chunks, a chunk continuing a sequence already in
- * the pool included) go to a causal prefill kernel, one CTA per (64 rows of (query token, query
+ * the pool included) go to a causal prefill kernel, one CTA per (128 rows of (query token, query
  * head of the KV head), KV head), K/V tiles read in place through the block table into shared
  * memory by a cp.async pipeline, tiles past the diagonal never read.
  *
@@ -46,7 +46,7 @@ struct cuda_attention_config {
     int32_t num_heads;    /* query heads; a multiple of num_kv_heads, at most 64 per KV head */
     int32_t num_kv_heads; /* query head h reads KV head h / (num_heads / num_kv_heads) */
     int32_t head_dim;     /* 64 or 128 */
-    float scale;          /* multiplies q.k before the softmax, usually 1 / sqrt(head_dim) */
+    float scale;          /* multiplies q.k before the softmax, usually 1 / sqrt(head_dim); > 0 */
     int32_t block_size;   /* the pool's, KV_BLOCK_SIZE_MIN .. KV_BLOCK_SIZE_MAX */
     int32_t num_blocks;   /* the pool's, including the reserved block 0 */
     int32_t max_num_seqs; /* limits on one step's batch */
@@ -61,10 +61,10 @@ struct cuda_attention_plan;
  * not wait for step n's copy), and the events that guard the staging. On success *out is the
  * caller's, to release with cuda_attention_plan_free; it holds no batch until
  * cuda_attention_plan succeeds. Returns 0, PAGODA_EINVAL (a non-positive head count, num_heads
- * not a multiple of num_kv_heads, a scale that is not finite), PAGODA_ERANGE (block_size,
- * num_blocks, head_dim or a limit out of range: the CPU plan's checks), PAGODA_EUNSUPPORTED
- * (head_dim other than 64 or 128, more than 64 query heads per KV head), PAGODA_ENOMEM or
- * PAGODA_ECUDA. */
+ * not a multiple of num_kv_heads, a scale that is not finite or not positive: the prefill
+ * kernel takes row maxima of unscaled scores), PAGODA_ERANGE (block_size, num_blocks, head_dim
+ * or a limit out of range: the CPU plan's checks), PAGODA_EUNSUPPORTED (head_dim other than 64
+ * or 128, more than 64 query heads per KV head), PAGODA_ENOMEM or PAGODA_ECUDA. */
 int cuda_attention_plan_new(const struct cuda_attention_config *c,
                             struct cuda_attention_plan **out);
 
