@@ -3,8 +3,9 @@
  *
  * NNG 1.5.2 (Debian 12's) stops an ipc:// listener for good after one such peer
  * (nanomsg/nng#1518; pagoda links NNG built with scripts/nng-1518.patch). Each scenario sends
- * LISTENER_POKES raw connections to one listener (a plain connect, a few random bytes or none,
- * close), then shows that the listener takes a new peer:
+ * LISTENER_POKES raw connections to one listener (a plain connect, 1 to 6 random bytes of the
+ * 8-byte SP header, close) while the process that owns it is stopped for a moment (see poke),
+ * then shows that the listener takes a new peer:
  *
  * usage: listener_test BIN_DIR SCENARIO
  *   client-ipc  the router's client listener on ipc://: a client request is answered
@@ -91,9 +92,13 @@ static int poke_once(const struct sockaddr *addr, socklen_t len, int i)
     return ok;
 }
 
-/* LISTENER_POKES raw peers to the listener at url (ipc://PATH or tcp://127.0.0.1:PORT), then
- * time for the listener to see them go. Returns how many connected. */
-static int poke(const char *url)
+/* LISTENER_POKES raw peers to the listener at url (ipc://PATH or tcp://127.0.0.1:PORT) while
+ * the process that owns it is stopped (SIGSTOP, then SIGCONT), then time for the listener to see
+ * them go. Stopped, it accepts each only after the peer has gone, so that its half of the
+ * handshake meets a closed socket every time (EPIPE: what NNG 1.5.2 mistakes for its own close);
+ * running, it often writes first, and the peer's close then reads as a reset, which 1.5.2
+ * survives. Returns how many connected. */
+static int poke(const char *url, pid_t owner)
 {
     struct sockaddr_un un = {.sun_family = AF_UNIX};
     struct sockaddr_in in = {.sin_family = AF_INET};
@@ -114,20 +119,26 @@ static int poke(const char *url)
         len = sizeof(in);
     }
     int connected = 0;
+    if (owner <= 0 || kill(owner, SIGSTOP) != 0)
+        return 0;
     for (int i = 0; i < LISTENER_POKES; i++)
         connected += poke_once(addr, len, i + 1);
+    kill(owner, SIGCONT);
     sleep_ms(POKE_SETTLE_MS * time_scale());
     return connected;
 }
 
-static void poke_listener(const struct group *g, const char *name)
+/* Pokes the listener name ("client" for the client address, else a socket of the run dir)
+ * owned by program (NULL: the supervisor). */
+static void poke_listener(const struct group *g, const char *name, const char *program)
 {
     char url[700];
     if (strcmp(name, "client") == 0)
         snprintf(url, sizeof(url), "%s", g->url);
     else
         snprintf(url, sizeof(url), "ipc://%s/%s", g->run_dir, name);
-    int n = poke(url);
+    pid_t owner = program != NULL ? group_program_pid(g, program) : g->supervisor;
+    int n = poke(url, owner);
     CHECK(n == LISTENER_POKES, "%d raw peers connected to %s and dropped mid-handshake", n, url);
 }
 
@@ -221,7 +232,7 @@ static void scenario_client(struct group *g)
 {
     CHECK(group_start(g, NULL) == 0, "group started, clients on %s", g->url);
     check_request(g, 1, "start");
-    poke_listener(g, "client");
+    poke_listener(g, "client", "pagoda-router");
     check_request(g, 2, "the raw peers");
     CHECK(group_stop(g) == 0, "the group stops");
 }
@@ -245,7 +256,7 @@ static void scenario_scheduler(struct group *g)
 {
     CHECK(group_start(g, NULL) == 0, "group started");
     check_request(g, 1, "start");
-    poke_listener(g, "scheduler.ipc");
+    poke_listener(g, "scheduler.ipc", "pagoda-scheduler");
     replace(g, "pagoda-router");
     check_request(g, 2, "the raw peers and a new router");
     CHECK(group_stop(g) == 0, "the group stops");
@@ -258,7 +269,7 @@ static void scenario_worker(struct group *g)
     pagoda_engine_stats before = {0}, after = {0};
     CHECK(get_stats(g, &before) == 0, "stats (resyncs %llu, worker restarts %llu)",
           (unsigned long long)before.resyncs, (unsigned long long)before.worker_restarts);
-    poke_listener(g, "worker-0.ipc");
+    poke_listener(g, "worker-0.ipc", "pagoda-scheduler");
     replace(g, "pagoda-worker");
     check_request(g, 2, "the raw peers and a new worker");
     CHECK(get_stats(g, &after) == 0 && after.resyncs > before.resyncs &&
@@ -317,7 +328,7 @@ static void scenario_control(struct group *g)
     const char *argv[] = {"pagoda-supervisor", "--run-dir", g->run_dir, "--bin-dir", g->bin_dir,
                           "--model",           g->model,    "--listen", g->url,      NULL};
     second_instance(g, argv);
-    poke_listener(g, "control.ipc");
+    poke_listener(g, "control.ipc", NULL);
     pid_t hung = group_worker_pid(g);
     CHECK(hung > 0 && kill(hung, SIGSTOP) == 0, "SIGSTOP to worker %d", (int)hung);
     check_request(g, 2, "the raw peers and a hung worker");
@@ -339,7 +350,7 @@ static void scenario_kvpool(struct group *g)
     CHECK(group_start(g, NULL) == 0, "group started");
     const char *argv[] = {"pagoda-kvpool", "--run-dir", g->run_dir, "--model", g->model, NULL};
     second_instance(g, argv);
-    poke_listener(g, "kvpool.ipc");
+    poke_listener(g, "kvpool.ipc", "pagoda-kvpool");
     struct kv_geometry geo;
     int rc = kvpool_fetch_geometry(g->run_dir, -1, (int)(CALL_TIMEOUT_MS * time_scale()), NULL,
                                    &geo, NULL, 0);
