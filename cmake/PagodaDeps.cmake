@@ -1,5 +1,6 @@
-# Finds the Debian packages pagoda depends on. With PAGODA_STATIC_DEPS the static archives are
-# preferred, so that a binary built here runs on a machine where none of them is installed.
+# Finds the Debian packages pagoda depends on, and NNG (see below). With PAGODA_STATIC_DEPS the
+# static archives are preferred, so that a binary built here runs on a machine where none of them
+# is installed.
 find_package(PkgConfig REQUIRED)
 find_package(Threads REQUIRED)
 
@@ -15,19 +16,53 @@ endfunction()
 pagoda_find_lib(PAGODA_JANSSON_LIB jansson)
 pagoda_find_lib(PAGODA_XXHASH_LIB xxhash)
 pagoda_find_lib(PAGODA_PROTOBUF_C_LIB protobuf-c)
-pagoda_find_lib(PAGODA_NNG_LIB nng)
+# NNG: always the static libnng.a that scripts/install-deps builds from Debian's source package
+# with scripts/nng-1518.patch (Debian's 1.5.2 has nanomsg/nng#1518: a peer that drops during the
+# handshake stops a listener for good), never Debian's own. Its headers come from the same
+# prefix and are searched before /usr/include. The stamp the install writes holds the patch's
+# SHA-256; without it, or with another patch's, the build stops here.
+set(PAGODA_NNG_PREFIX "/opt/pagoda/nng" CACHE PATH "Where scripts/install-deps installs NNG")
+set(_pagoda_nng_patch "${PROJECT_SOURCE_DIR}/scripts/nng-1518.patch")
+file(SHA256 "${_pagoda_nng_patch}" _pagoda_nng_want)
+set(_pagoda_nng_have "")
+if(EXISTS "${PAGODA_NNG_PREFIX}/pagoda-nng.stamp")
+  file(STRINGS "${PAGODA_NNG_PREFIX}/pagoda-nng.stamp" _pagoda_nng_have LIMIT_COUNT 1)
+  string(REGEX REPLACE " .*" "" _pagoda_nng_have "${_pagoda_nng_have}")
+endif()
+if(NOT _pagoda_nng_have STREQUAL _pagoda_nng_want)
+  message(FATAL_ERROR "NNG in ${PAGODA_NNG_PREFIX} is missing or not built with "
+          "scripts/nng-1518.patch (no stamp with its SHA-256 ${_pagoda_nng_want}). Debian's NNG "
+          "1.5.2 has nanomsg/nng#1518 (a peer that drops during the handshake stops a listener "
+          "for good), so pagoda does not build with it: run scripts/install-deps as root.")
+endif()
+find_library(PAGODA_NNG_ARCHIVE NAMES libnng.a PATHS "${PAGODA_NNG_PREFIX}/lib" NO_DEFAULT_PATH
+             REQUIRED)
+# (A new cache name: build folders configured before this keep PAGODA_NNG_LIB, Debian's.)
+# -DPAGODA_NNG_ARCHIVE=... names another archive (how tests/integration/listener_test.c was shown
+# to fail with Debian's own libnng.a): allowed, never silently.
+if(NOT PAGODA_NNG_ARCHIVE STREQUAL "${PAGODA_NNG_PREFIX}/lib/libnng.a")
+  message(WARNING "PAGODA_NNG_ARCHIVE is ${PAGODA_NNG_ARCHIVE}, not the patched NNG of "
+          "${PAGODA_NNG_PREFIX}: listeners may stop for good after a peer that drops during the "
+          "handshake (nanomsg/nng#1518)")
+endif()
+add_library(pagoda_nng STATIC IMPORTED)
+set_target_properties(pagoda_nng PROPERTIES IMPORTED_LOCATION "${PAGODA_NNG_ARCHIVE}"
+                      INTERFACE_INCLUDE_DIRECTORIES "${PAGODA_NNG_PREFIX}/include")
+
 if(PAGODA_STATIC_DEPS)
   find_library(PAGODA_UV_LIB NAMES libuv_a.a uv REQUIRED)
-  # Debian's libnng.a is built with TLS support through mbedtls.
+  # libnng.a is built with TLS support through mbedtls, as Debian builds it.
   find_library(PAGODA_MBEDTLS_LIB NAMES libmbedtls.a REQUIRED)
   find_library(PAGODA_MBEDX509_LIB NAMES libmbedx509.a REQUIRED)
   find_library(PAGODA_MBEDCRYPTO_LIB NAMES libmbedcrypto.a REQUIRED)
-  set(PAGODA_NNG_LIBS ${PAGODA_NNG_LIB} ${PAGODA_MBEDTLS_LIB} ${PAGODA_MBEDX509_LIB}
-      ${PAGODA_MBEDCRYPTO_LIB} Threads::Threads)
 else()
   find_library(PAGODA_UV_LIB NAMES uv REQUIRED)
-  set(PAGODA_NNG_LIBS ${PAGODA_NNG_LIB} Threads::Threads)
+  find_library(PAGODA_MBEDTLS_LIB NAMES mbedtls REQUIRED)
+  find_library(PAGODA_MBEDX509_LIB NAMES mbedx509 REQUIRED)
+  find_library(PAGODA_MBEDCRYPTO_LIB NAMES mbedcrypto REQUIRED)
 endif()
+set(PAGODA_NNG_LIBS pagoda_nng ${PAGODA_MBEDTLS_LIB} ${PAGODA_MBEDX509_LIB} ${PAGODA_MBEDCRYPTO_LIB}
+    Threads::Threads)
 
 find_program(PAGODA_PROTOC_C NAMES protoc-c REQUIRED)
 

@@ -35,15 +35,10 @@
  * Serving: the pool's state never changes after start, so both possible answers (the geometry,
  * and the error for a malformed request) are packed once; NNG aio callbacks on a few REP
  * contexts copy one of them into the reply, which never blocks. The main thread waits for
- * signals, logs the counters the callbacks keep, and checks the listener.
- *
- * Why the check: NNG 1.5.2's IPC listener stops accepting for good when a peer connects and
- * closes before the SP handshake (the handshake's write fails with EPIPE, reported as
- * NNG_ECLOSED, which the listener takes for its own close). A plain connect-and-close does it,
- * and so does NNG itself when another process's nng_listen finds the socket file and probes it.
- * Existing connections keep working, but a restarted worker could never ask again. So another
- * kvpool is looked for with a real request first (never by listening over it), and every
- * KVPOOL_TICK_S the kvpool asks itself; without an answer it listens anew. */
+ * signals and logs the counters the callbacks keep. A peer that drops during NNG's handshake
+ * leaves the listener serving (nanomsg/nng#1518 is patched in the NNG pagoda links: see
+ * scripts/nng-1518.patch), and another kvpool serving DIR makes nng_listen fail with
+ * NNG_EADDRINUSE. */
 #include "common/error.h"
 #include "common/log.h"
 #include "common/parse.h"
@@ -58,7 +53,6 @@
 
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/rep.h>
-#include <nng/protocol/reqrep0/req.h>
 
 #include <errno.h>
 #include <getopt.h>
@@ -81,10 +75,8 @@
 #define KVPOOL_CONTEXTS 4
 /* A reply that cannot leave within this long (a peer that stopped reading) is dropped. */
 #define KVPOOL_SEND_TIMEOUT_MS 1000
-/* How often the main thread wakes to log new malformed requests and check the listener. */
+/* How often the main thread wakes to log new malformed requests. */
 #define KVPOOL_TICK_S 2
-/* How long a check of the listener (or of another kvpool) waits for an answer. */
-#define KVPOOL_PROBE_MS 1000
 /* The Unix socket in DIR that hands out a GPU pool's descriptors. */
 #define KVPOOL_FDS_SOCKET "kvpool-fds.ipc"
 #define KVPOOL_MAX_DEVICE 1023
@@ -365,39 +357,12 @@ static void on_slot(void *arg)
     nng_ctx_send(s->ctx, s->aio);
 }
 
-/* Asks whoever listens at url for the geometry, as a worker would. Returns 0 when an answer
- * came within KVPOOL_PROBE_MS, or an error. */
-static int probe(const char *url)
-{
-    nng_socket s;
-    int rv = nng_req0_open(&s);
-    if (rv != 0)
-        return wire_error(rv, "nng_req0_open");
-    nng_socket_set_ms(s, NNG_OPT_SENDTIMEO, KVPOOL_PROBE_MS);
-    nng_socket_set_ms(s, NNG_OPT_RECVTIMEO, KVPOOL_PROBE_MS);
-    nng_socket_set_size(s, NNG_OPT_RECVMAXSZ, 65536);
-    Pagoda__Internal__KvpoolRequest req = PAGODA__INTERNAL__KVPOOL_REQUEST__INIT;
-    req.has_protocol_version = 1;
-    req.protocol_version = WIRE_PROTOCOL_VERSION;
-    uint8_t buf[64];
-    size_t len = pagoda__internal__kvpool_request__pack(&req, buf);
-    void *reply = NULL;
-    size_t reply_len = 0;
-    if ((rv = nng_dial(s, url, NULL, 0)) == 0 && (rv = nng_send(s, buf, len, 0)) == 0 &&
-        (rv = nng_recv(s, &reply, &reply_len, NNG_FLAG_ALLOC)) == 0)
-        nng_free(reply, reply_len);
-    nng_close(s);
-    return rv == 0 ? 0 : wire_error(rv, url);
-}
-
 /* Opens the REP socket and listens, unless a kvpool already serves DIR. */
 static int server_listen(struct server *srv, const char *run_dir)
 {
     int rc = wire_ipc_url(srv->url, sizeof(srv->url), run_dir, "kvpool.ipc");
     if (rc != 0)
         return rc;
-    if (probe(srv->url) == 0)
-        return pagoda_error_set(PAGODA_EEXIST, "another kvpool serves %s (stop it first)", run_dir);
     int rv = nng_rep0_open(&srv->sock);
     if (rv != 0)
         return wire_error(rv, "nng_rep0_open");
@@ -412,25 +377,6 @@ static int server_listen(struct server *srv, const char *run_dir)
         return wire_error(rv, srv->url);
     }
     return 0;
-}
-
-/* Main thread: the listener answers its own request, or is replaced (see the file comment).
- * Returns 1 when it was replaced. */
-static int server_check(struct server *srv)
-{
-    if (probe(srv->url) == 0)
-        return 0;
-    log_warn("%s: no answer to a request of our own; listening anew (NNG 1.5.2 stops accepting "
-             "after a peer that drops during the handshake)",
-             srv->url);
-    nng_listener_close(srv->listener);
-    int rv = nng_listen(srv->sock, srv->url, &srv->listener, 0);
-    if (rv != 0) {
-        char msg[700];
-        int rc = wire_error(rv, srv->url);
-        log_error("listening anew: %s", pagoda_error_message(rc, msg, sizeof(msg)));
-    }
-    return 1;
 }
 
 /* Starts the contexts receiving. On failure the started ones keep running until
@@ -699,12 +645,10 @@ int main(int argc, char **argv)
                   pagoda_error_message(rc, msg, sizeof(msg)));
     }
 
-    uint64_t malformed_logged = 0, own_requests = 0;
+    uint64_t malformed_logged = 0;
     for (;;) {
         struct timespec tick = {.tv_sec = KVPOOL_TICK_S};
         int sig = sigtimedwait(&stop_signals, NULL, &tick);
-        if (sig < 0 && server_check(&srv) == 0)
-            own_requests++;
         uint64_t malformed = atomic_load(&srv.malformed);
         if (malformed != malformed_logged) {
             log_warn("%" PRIu64 " malformed requests answered with an error (%" PRIu64 " in all)",
@@ -713,7 +657,7 @@ int main(int argc, char **argv)
         }
         if (sig == SIGTERM || sig == SIGINT) {
             log_info("%s: stopping after %" PRIu64 " requests", strsignal(sig),
-                     (uint64_t)atomic_load(&srv.requests) - own_requests);
+                     (uint64_t)atomic_load(&srv.requests));
             break;
         }
     }
