@@ -159,3 +159,77 @@ for name, header, data in near:
 put("safetensors", "short_length.safetensors", b"\x10\x00\x00")
 put("safetensors", "truncated_header.safetensors", struct.pack("<Q", 100) + b'{"a":')
 put("safetensors", "huge_length.safetensors", struct.pack("<Q", 2**63) + b"{}")
+
+# ---- scheduler scripts (fuzz_scheduler.c: three configuration bytes, then commands) ----
+OP_RAW_ROUTER, OP_RAW_WORKER, OP_TICK, OP_SUBMIT, OP_CANCEL, OP_ANSWER, OP_HELLO = 0, 1, 2, 3, 5, 6, 8
+OP_MISC, OP_POLICY = 9, 9 | 16
+
+
+def tok(t):
+    """A token id below 240, as fuzz_scheduler.c's token() reads it."""
+    return bytes([t % 240, 0])
+
+
+def submit(idn, prompt, max_tokens, sampling=None, stop=None, output=None, tenant=0):
+    flags = (1 if sampling else 0) | (tenant << 3) | (32 if stop else 0) | (128 if output else 0)
+    b = bytes([OP_SUBMIT, flags, idn, len(prompt) - 1]) + b"".join(tok(t) for t in prompt)
+    if sampling:
+        b += bytes(sampling)
+    b += bytes([max_tokens + 1])
+    if stop:
+        b += bytes([len(stop) - 1]) + b"".join(tok(t) for t in stop)
+    if output:
+        b += bytes([len(output) - 1]) + b"".join(tok(t) for t in output)
+    return b
+
+
+def answer(how=0, tokens=()):
+    """The worker answers the oldest message: how (15: lost, 14: the step fails), then 8 tokens."""
+    tokens = list(tokens) + [0] * (8 - len(tokens))
+    return bytes([OP_ANSWER, how]) + b"".join(tok(t) for t in tokens)
+
+
+def run_steps(n, token_base=20):
+    """n rounds of: time passes, the worker answers (tokens from token_base on)."""
+    b = b""
+    for i in range(n):
+        b += bytes([OP_TICK, 3]) + answer(0, [token_base + i + k for k in range(8)])
+    return b
+
+
+start = bytes([OP_TICK, 0, OP_HELLO]) + answer() + answer() + bytes([OP_TICK, 1]) + answer()
+basic = bytes([0x41, 0x03, 0x20]) + start
+basic += submit(1, list(range(3, 13)), 6)
+basic += submit(2, list(range(3, 23)), 0, sampling=[2, 3, 9], stop=[2])
+basic += run_steps(12)
+basic += bytes([OP_CANCEL, 2]) + run_steps(3)
+put("scheduler", "basic.bin", basic)
+
+tight = bytes([0x00, 0x03, 0x08]) + start
+for i in range(4):
+    tight += submit(i, [(7 * i + k) % 200 + 3 for k in range(40)], 20)
+tight += run_steps(30)
+put("scheduler", "preemption.bin", tight)
+
+tenancy = bytes([0x45, 0x13, 0x40]) + start
+tenancy += bytes([OP_POLICY, 0x20 | 0x01, 4, 2, 2, 1, 0, 17] + list(tok(5) * 17) + [0])
+tenancy += run_steps(4)
+tenancy += submit(3, [5] * 17 + [9, 10], 4, tenant=0)
+tenancy += submit(4, [5] * 17 + [11], 4, tenant=1)
+tenancy += run_steps(8)
+tenancy += bytes([OP_MISC, 2, OP_MISC, 3, OP_MISC, 3 | 8, OP_MISC, 1, OP_MISC, 0])
+tenancy += bytes([OP_POLICY, 0x40, 0, 0, 0, 0, 0, 0, 0])
+tenancy += run_steps(3)
+put("scheduler", "tenancy.bin", tenancy)
+
+faults = bytes([0x49, 0x01, 0x10]) + start
+faults += submit(5, list(range(3, 20)), 10, output=[30, 31])
+faults += bytes([OP_TICK, 1]) + answer(15)  # a step lost
+faults += bytes([OP_TICK, 255, OP_TICK, 10]) + answer() + answer() + run_steps(2)
+faults += bytes([OP_HELLO | 16]) + answer() + answer() + run_steps(3)  # a new worker
+faults += bytes([OP_TICK, 1]) + answer(14)  # the forward pass fails
+faults += bytes([OP_RAW_WORKER, 4, 0, 0x5a, 0x02, 0x08, 0x07])  # a ResyncDone of epoch 7
+faults += bytes([OP_RAW_ROUTER, 3, 0, 0xa2, 0x01, 0x00])  # a bare Submit
+faults += bytes([OP_RAW_ROUTER, 2, 0, 0xff, 0xff])  # not a ToScheduler
+faults += run_steps(4)
+put("scheduler", "faults.bin", faults)
