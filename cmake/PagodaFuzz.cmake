@@ -3,13 +3,13 @@
 # only the fuzz targets link libFuzzer's main. A configuration of its own (build-fuzz), with
 # CUDA off, so that the normal and the ASan builds are unchanged:
 #
-#   CC=clang cmake -S . -B build-fuzz -DPAGODA_FUZZ=ON -DPAGODA_CUDA=OFF
+#   cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DPAGODA_FUZZ=ON -DPAGODA_CUDA=OFF
 #   cmake --build build-fuzz --target pagoda_fuzzers
 if(NOT PAGODA_FUZZ)
   return()
 endif()
 if(NOT CMAKE_C_COMPILER_ID STREQUAL "Clang")
-  message(FATAL_ERROR "PAGODA_FUZZ=ON needs clang (CC=clang), not ${CMAKE_C_COMPILER_ID}")
+  message(FATAL_ERROR "PAGODA_FUZZ=ON needs clang (-DCMAKE_C_COMPILER=clang), not ${CMAKE_C_COMPILER_ID}")
 endif()
 if(PAGODA_SANITIZE)
   message(FATAL_ERROR "PAGODA_FUZZ=ON brings its own sanitizers: leave PAGODA_SANITIZE off")
