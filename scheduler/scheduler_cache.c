@@ -493,8 +493,10 @@ static struct sched_pin *pin_find(struct scheduler *s, const char *name)
 
 static bool same_tokens(const struct sched_pin *p, const Pagoda__Internal__PinPolicy *pp)
 {
+    /* An empty pin's token_ids is NULL, which memcmp may not be given even for 0 bytes. */
     return (size_t)p->num_tokens == pp->n_token_ids &&
-           memcmp(p->tokens, pp->token_ids, pp->n_token_ids * sizeof(int32_t)) == 0;
+           (pp->n_token_ids == 0 ||
+            memcmp(p->tokens, pp->token_ids, pp->n_token_ids * sizeof(int32_t)) == 0);
 }
 
 static void apply_pin(struct scheduler *s, const Pagoda__Internal__PinPolicy *pp)

@@ -507,6 +507,27 @@ static void test_pin_refused(void **state)
     harness_close(h);
 }
 
+/* A pin without tokens, named again by the next policy, is refused each time and the scheduler
+ * goes on serving. (Found by tests/fuzz/fuzz_scheduler: comparing the two pins' tokens passed
+ * the unpacked empty token list, NULL, to memcmp.) */
+static void test_empty_pin_named_twice(void **state)
+{
+    (void)state;
+    struct harness *h = harness_open(&CACHE_SETUP);
+    const struct pin_spec ps[] = {{"empty", NULL, 0}};
+    for (uint64_t version = 1; version <= 2; version++) {
+        send_policy(h, version, NULL, NULL, 0, NULL, 0, ps, 1);
+        pump(h);
+        assert_int_equal(h->applied_count, (int)version);
+        assert_int_equal(h->applied->n_pins, 1);
+        assert_false(h->applied->pins[0]->ready);
+    }
+    int32_t p[12];
+    make_prompt(5, 12, p);
+    ask(h, "alice", p, 12, 3); /* still serving */
+    harness_close(h);
+}
+
 /* Quotas: a tenant flooding the cache with unique prompts evicts its own blocks before those
  * of a tenant within its quota. */
 static void test_quota_flood(void **state)
@@ -920,6 +941,7 @@ int main(void)
         cmocka_unit_test(test_sharing_group),
         cmocka_unit_test(test_pinned_prefix),
         cmocka_unit_test(test_pin_refused),
+        cmocka_unit_test(test_empty_pin_named_twice),
         cmocka_unit_test(test_quota_flood),
         cmocka_unit_test(test_flush),
         cmocka_unit_test(test_chunked_prefill_beside_decodes),
