@@ -29,6 +29,7 @@ cleanup() {
     rm -rf -- "$tmp"
 }
 trap cleanup EXIT
+trap 'exit 143' TERM INT # the cleanup runs on a timeout's SIGTERM too
 
 
 # The pids of pagoda-* processes with an argument equal to the run dir.
