@@ -1,8 +1,9 @@
 /* pagoda-supervisor: starts pagoda's process group on one machine, keeps it running, stops it.
  *
- *   pagoda-supervisor --run-dir DIR --bin-dir BINDIR --model MODEL [--workers N] [--listen URL]
+ *   pagoda-supervisor --run-dir DIR --bin-dir BINDIR --model MODEL [--workers 1] [--listen URL]
  *                     [--block-size B] [--kv-blocks N | --kv-bytes B] [--backend cpu|cuda|null]
  *                     [--log-level info] [--ready-timeout-ms 60000] [--stop-timeout-ms 30000]
+ *                     [--heartbeat-ms 1000] [--heartbeat-misses 15]
  *                     [--kvpool-arg A]... [--worker-arg A]... [--scheduler-arg A]...
  *                     [--router-arg A]...
  *
@@ -24,6 +25,17 @@
  * SIGKILL when the pid is the worker's current process (a stale report about a process already
  * replaced kills nothing); its restart follows from its exit.
  *
+ * Liveness: the supervisor puts PAGODA_HEARTBEAT_MS=--heartbeat-ms in its programs' environment
+ * and each of them pushes Control{heartbeat} that often from its event loop (wire.h). A program
+ * that sent its ready or a first heartbeat and then nothing for --heartbeat-ms x
+ * --heartbeat-misses has a loop that no longer runs (blocked in a call, deadlocked, stopped):
+ * it is killed with SIGKILL and restarted like any exit. --heartbeat-ms 0 turns this off. The
+ * default (15 s) outlasts the scheduler's watchdog (10 s), which reports a worker stuck in a
+ * step more precisely.
+ *
+ * --workers: the scheduler drives one worker for now, so --workers above 1 is refused here, at
+ * once, rather than by the scheduler after the workers have started.
+ *
  * SIGTERM or SIGINT drains the group in the reverse order of its dependencies: the router first
  * (it stops admitting and lets running requests finish), then the scheduler, the workers, and
  * the kvpool last, whose memory must outlive everyone who maps it. Each is sent SIGTERM and
@@ -39,7 +51,16 @@
  *
  * DIR is created with mode 0700 when it does not exist: anyone who can write to control.ipc can
  * have workers killed. Its absolute path is bounded so that every ipc:// address the group uses
- * in it fits a Unix socket path (SUP_MAX_RUN_DIR). */
+ * in it fits a Unix socket path (SUP_MAX_RUN_DIR).
+ *
+ * DIR is the group's own: the supervisor refuses one that belongs to another user or that
+ * others may write to, and one under a directory that another user owns or may rename entries
+ * of (writable by others without the sticky bit), so that nobody else can prepare files or
+ * symbolic links in it for a privileged group to write through. It also refuses a DIR where a
+ * file it writes (the logs, ready, supervisor.pid, lock) is a symbolic link or not a regular
+ * file, and opens every one of them with O_NOFOLLOW. DIR/lock is locked (flock) for the
+ * supervisor's life: a second supervisor on DIR exits at once with SUP_EXIT_BUSY, saying
+ * "already running (pid N)", and touches nothing of the first's. */
 #include "common/error.h"
 #include "common/log.h"
 #include "common/parse.h"
@@ -58,6 +79,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -65,6 +87,14 @@
 
 /* Limits on what the command line may ask for. */
 #define SUP_MAX_WORKERS 64
+/* Workers a group may have: the scheduler drives one (scheduler_main.c). SUP_MAX_WORKERS is
+ * reached only with --allow-multi-worker, which tests of the supervisor use with stand-ins. */
+#define SUP_SUPPORTED_WORKERS 1
+#define SUP_DEFAULT_HEARTBEAT_MS 1000
+#define SUP_DEFAULT_HEARTBEAT_MISSES 15
+#define SUP_MAX_HEARTBEAT_MISSES 1000
+/* The exit status of a supervisor that found another one running in its run directory. */
+#define SUP_EXIT_BUSY 3
 #define SUP_MAX_EXTRA_ARGS 32  /* --X-arg values per program */
 #define SUP_MAX_ARG_BYTES 4096 /* any one flag value */
 #define SUP_MAX_URL_BYTES 256  /* --listen */
@@ -76,8 +106,9 @@
 #define SUP_MAX_CONTROL_BYTES 4096
 /* How long a process that got SIGKILL may take to be reaped before it is given up on. */
 #define SUP_KILL_WAIT_MS 5000
-/* Recently connected control pipes whose peer pid is remembered (see on_pipe_add). */
-#define SUP_PIPE_SLOTS 64
+/* Control pipes whose peer pid is remembered (see on_pipe_event): every program's heartbeat
+ * pipe stays connected, and closed pipes are remembered a while for their last messages. */
+#define SUP_PIPE_SLOTS (2 * (SUP_MAX_WORKERS + 3))
 /* argv of one child: program, --run-dir, --log-level, role flags, extra flags, NULL. */
 #define SUP_MAX_ARGV (1 + 4 + 8 + SUP_MAX_EXTRA_ARGS + 1)
 
@@ -101,8 +132,11 @@ struct sup_opts {
     const char *backend;
     const char *log_level;
     int workers;
+    int allow_multi_worker;
     uint64_t ready_timeout_ms;
     uint64_t stop_timeout_ms;
+    uint64_t heartbeat_ms; /* 0: no liveness check */
+    int heartbeat_misses;
     const char *extra[ROLE_COUNT][SUP_MAX_EXTRA_ARGS];
     int num_extra[ROLE_COUNT];
 };
@@ -134,6 +168,8 @@ struct child {
     int term_signal;     /* of the last exit, 0 if none */
     int spawn_error;     /* libuv error of the last spawn, 0 if it succeeded */
     int hung_killed;     /* the current process was killed as hung */
+    int watched;         /* the current process sent a ready or heartbeat: liveness applies */
+    uint64_t alive_ms;   /* loop time of its last ready or heartbeat */
     struct restart_state restart;
 };
 
@@ -142,6 +178,7 @@ enum phase { PHASE_STARTING, PHASE_RUNNING, PHASE_STOPPING, PHASE_DONE };
 struct pipe_pid {
     uint32_t pipe_id;
     int pid;
+    int live; /* connected; a closed pipe's slot is reused first */
 };
 
 struct supervisor {
@@ -151,6 +188,7 @@ struct supervisor {
     char run_dir[PATH_MAX];
     char pid_path[PATH_MAX];
     char ready_path[PATH_MAX];
+    int lock_fd; /* DIR/lock, flock'ed for the supervisor's life; -1 before */
     char program[ROLE_COUNT][PATH_MAX];
     char workers_text[12];
 
@@ -164,8 +202,9 @@ struct supervisor {
 
     uv_signal_t sigterm, sigint;
     int signals_init;
-    uv_timer_t ready_timer; /* the start of the awaited child */
-    uv_timer_t stop_timer;  /* the bound of the current stop stage */
+    uv_timer_t ready_timer;    /* the start of the awaited child */
+    uv_timer_t stop_timer;     /* the bound of the current stop stage */
+    uv_timer_t liveness_timer; /* every --heartbeat-ms: who stopped sending */
     int timers_init;
 
     struct child children[2 + SUP_MAX_WORKERS + 1]; /* in start order */
@@ -187,19 +226,27 @@ static void on_child_closed(uv_handle_t *h);
 
 static void usage(FILE *f)
 {
-    fprintf(f,
-            "usage: pagoda-supervisor --run-dir DIR --bin-dir BINDIR --model MODEL\n"
-            "         [--workers N (1..%d, default 1)] [--listen URL (tcp://127.0.0.1:7450)]\n"
-            "         [--block-size B] [--kv-blocks N | --kv-bytes B]\n"
-            "         [--backend cpu|cuda|null (the workers'; cuda puts the pool on the GPU)]\n"
-            "         [--log-level debug|info|warn|error] [--ready-timeout-ms 60000]\n"
-            "         [--stop-timeout-ms 30000] [--kvpool-arg A]... [--worker-arg A]...\n"
-            "         [--scheduler-arg A]... [--router-arg A]...\n"
-            "Starts BINDIR/pagoda-kvpool, -worker (x N), -scheduler and -router with run\n"
-            "directory DIR, restarts any that exits, and drains them on SIGTERM or SIGINT.\n"
-            "Writes DIR/ready (the client URL) once every program is ready. Each --X-arg adds\n"
-            "one argument (at most %d) to program X's command line.\n",
-            SUP_MAX_WORKERS, SUP_MAX_EXTRA_ARGS);
+    fprintf(
+        f,
+        "usage: pagoda-supervisor --run-dir DIR --bin-dir BINDIR --model MODEL\n"
+        "         [--workers N (%d for now, the default)] [--listen URL (tcp://127.0.0.1:7450)]\n"
+        "         [--block-size B] [--kv-blocks N | --kv-bytes B]\n"
+        "         [--backend cpu|cuda|null (the workers'; cuda puts the pool on the GPU)]\n"
+        "         [--log-level debug|info|warn|error] [--ready-timeout-ms 60000]\n"
+        "         [--stop-timeout-ms 30000] [--heartbeat-ms %d (0: off)]\n"
+        "         [--heartbeat-misses %d] [--kvpool-arg A]... [--worker-arg A]...\n"
+        "         [--scheduler-arg A]... [--router-arg A]...\n"
+        "Starts BINDIR/pagoda-kvpool, -worker (x N), -scheduler and -router with run\n"
+        "directory DIR, restarts any that exits, and drains them on SIGTERM or SIGINT.\n"
+        "Writes DIR/ready (the client URL) once every program is ready. Each --X-arg adds\n"
+        "one argument (at most %d) to program X's command line. A ready program that sends\n"
+        "no heartbeat for --heartbeat-ms x --heartbeat-misses is killed and restarted.\n"
+        "DIR must be the caller's and writable by nobody else; one supervisor at a time\n"
+        "runs in it (exit status %d when another already does).\n"
+        "--allow-multi-worker lets --workers go up to %d (for tests of the supervisor\n"
+        "with stand-in programs: pagoda's scheduler drives one worker).\n",
+        SUP_SUPPORTED_WORKERS, SUP_DEFAULT_HEARTBEAT_MS, SUP_DEFAULT_HEARTBEAT_MISSES,
+        SUP_MAX_EXTRA_ARGS, SUP_EXIT_BUSY, SUP_MAX_WORKERS);
 }
 
 enum {
@@ -215,11 +262,14 @@ enum {
     OPT_LOG_LEVEL,
     OPT_READY_TIMEOUT,
     OPT_STOP_TIMEOUT,
+    OPT_HEARTBEAT_MS,
+    OPT_HEARTBEAT_MISSES,
     OPT_KVPOOL_ARG,
     OPT_WORKER_ARG,
     OPT_SCHEDULER_ARG,
     OPT_ROUTER_ARG,
     OPT_HELP,
+    OPT_ALLOW_MULTI_WORKER, /* after OPT_HELP: takes no value */
 };
 
 static int check_len(const char *flag, const char *text, size_t min, size_t max)
@@ -248,6 +298,9 @@ static int parse_opts(int argc, char **argv, struct sup_opts *o)
         {"log-level", required_argument, NULL, OPT_LOG_LEVEL},
         {"ready-timeout-ms", required_argument, NULL, OPT_READY_TIMEOUT},
         {"stop-timeout-ms", required_argument, NULL, OPT_STOP_TIMEOUT},
+        {"heartbeat-ms", required_argument, NULL, OPT_HEARTBEAT_MS},
+        {"heartbeat-misses", required_argument, NULL, OPT_HEARTBEAT_MISSES},
+        {"allow-multi-worker", no_argument, NULL, OPT_ALLOW_MULTI_WORKER},
         {"kvpool-arg", required_argument, NULL, OPT_KVPOOL_ARG},
         {"worker-arg", required_argument, NULL, OPT_WORKER_ARG},
         {"scheduler-arg", required_argument, NULL, OPT_SCHEDULER_ARG},
@@ -262,6 +315,8 @@ static int parse_opts(int argc, char **argv, struct sup_opts *o)
     o->workers = 1;
     o->ready_timeout_ms = 60000;
     o->stop_timeout_ms = 30000;
+    o->heartbeat_ms = SUP_DEFAULT_HEARTBEAT_MS;
+    o->heartbeat_misses = SUP_DEFAULT_HEARTBEAT_MISSES;
 
     int opt, rc;
     int64_t v;
@@ -332,6 +387,20 @@ static int parse_opts(int argc, char **argv, struct sup_opts *o)
                 return rc;
             o->stop_timeout_ms = (uint64_t)v;
             break;
+        case OPT_HEARTBEAT_MS:
+            if ((rc = parse_i64("--heartbeat-ms", optarg, 0, WIRE_MAX_HEARTBEAT_MS, &v)) != 0)
+                return rc;
+            o->heartbeat_ms = (uint64_t)v;
+            break;
+        case OPT_HEARTBEAT_MISSES:
+            if ((rc = parse_i64("--heartbeat-misses", optarg, 1, SUP_MAX_HEARTBEAT_MISSES, &v)) !=
+                0)
+                return rc;
+            o->heartbeat_misses = (int)v;
+            break;
+        case OPT_ALLOW_MULTI_WORKER:
+            o->allow_multi_worker = 1;
+            break;
         case OPT_KVPOOL_ARG:
         case OPT_WORKER_ARG:
         case OPT_SCHEDULER_ARG:
@@ -355,6 +424,11 @@ static int parse_opts(int argc, char **argv, struct sup_opts *o)
         return pagoda_error_set(PAGODA_EINVAL, "--run-dir, --bin-dir and --model are required");
     if (o->kv_blocks != NULL && o->kv_bytes != NULL)
         return pagoda_error_set(PAGODA_EINVAL, "--kv-blocks and --kv-bytes exclude each other");
+    if (o->workers > SUP_SUPPORTED_WORKERS && !o->allow_multi_worker)
+        return pagoda_error_set(PAGODA_EUNSUPPORTED,
+                                "--workers %d: a group runs %d worker for now (the scheduler "
+                                "drives a single worker); nothing was started",
+                                o->workers, SUP_SUPPORTED_WORKERS);
     return 0;
 }
 
@@ -384,32 +458,43 @@ static int make_dirs(const char *path)
     return 0;
 }
 
-/* Opens path for writing (flags added to O_WRONLY | O_CREAT) from the loop: O_NONBLOCK, so that
- * a FIFO in its place with no reader fails at once instead of blocking the loop until one comes,
- * and anything but a regular file is refused. The descriptor is blocking again on return. */
-static int open_regular_for_writing(const char *path, int flags)
+/* Opens a file of the run directory for writing (flags: O_CREAT, O_APPEND, O_TRUNC, O_EXCL)
+ * without following a symbolic link and without blocking on a FIFO, and checks that it is a
+ * regular file. Returns the descriptor (O_CLOEXEC) or a PAGODA_E* code naming path. */
+static int open_run_file(const char *path, int flags)
 {
-    int fd = open(path, O_WRONLY | O_CREAT | O_NONBLOCK | O_NOCTTY | O_CLOEXEC | flags, 0644);
-    if (fd < 0)
-        return pagoda_error_set(pagoda_from_errno(errno), "cannot open %s: %s", path,
-                                strerror(errno));
-    struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) ||
-        fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0) {
-        close(fd);
-        return pagoda_error_set(PAGODA_EINVAL, "%s is not a regular file", path);
+    int fd = open(path, O_WRONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK | flags, 0644);
+    if (fd < 0) {
+        int err = errno;
+        if (err == ELOOP)
+            return pagoda_error_set(
+                PAGODA_EPERM, "%s is a symbolic link: pagoda does not write through one", path);
+        return pagoda_error_set(pagoda_from_errno(err), "cannot open %s: %s", path, strerror(err));
     }
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        return pagoda_error_set(PAGODA_EPERM, "%s is not a regular file", path);
+    }
+    /* Regular files ignore O_NONBLOCK; clear it anyway, as children inherit log descriptors. */
+    int fl = fcntl(fd, F_GETFL);
+    if (fl >= 0)
+        fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
     return fd;
 }
 
 /* Writes text to path through a temporary file and a rename, so that a reader sees the whole
- * file or none. */
+ * file or none. The temporary file is created anew (O_EXCL: never through a link); the rename
+ * replaces path itself, whatever it was. */
 static int write_file_atomic(const char *path, const char *text)
 {
     char tmp[PATH_MAX];
     if (snprintf(tmp, sizeof(tmp), "%s.tmp", path) >= (int)sizeof(tmp))
         return pagoda_error_set(PAGODA_ERANGE, "path too long: %s", path);
-    int fd = open_regular_for_writing(tmp, O_TRUNC);
+    if (unlink(tmp) != 0 && errno != ENOENT)
+        return pagoda_error_set(pagoda_from_errno(errno), "cannot remove %s: %s", tmp,
+                                strerror(errno));
+    int fd = open_run_file(tmp, O_CREAT | O_EXCL);
     if (fd < 0)
         return fd;
     size_t len = strlen(text);
@@ -432,6 +517,124 @@ static void remove_file(const char *path)
 {
     if (unlink(path) != 0 && errno != ENOENT)
         log_warn("cannot remove %s: %s", path, strerror(errno));
+}
+
+/* Refuses a run directory that someone else could change under the group: dir (an absolute
+ * path without links) must be a directory of this user that nobody else may write to, and every
+ * directory above it must belong to root or to this user and, when others may write to it,
+ * have the sticky bit (as /tmp has: nobody else can rename or remove what is ours in it). */
+static int check_run_dir(const char *dir)
+{
+    uid_t me = geteuid();
+    struct stat st;
+    if (lstat(dir, &st) != 0)
+        return pagoda_error_set(pagoda_from_errno(errno), "%s: %s", dir, strerror(errno));
+    if (!S_ISDIR(st.st_mode))
+        return pagoda_error_set(PAGODA_EINVAL, "%s is not a directory", dir);
+    if (st.st_uid != me)
+        return pagoda_error_set(PAGODA_EPERM,
+                                "run directory %s belongs to uid %u, not to this user (uid %u): "
+                                "refusing it, since its owner could have prepared it",
+                                dir, (unsigned)st.st_uid, (unsigned)me);
+    if (st.st_mode & (S_IWGRP | S_IWOTH))
+        return pagoda_error_set(PAGODA_EPERM,
+                                "run directory %s is writable by others (mode %04o): refusing "
+                                "it (chmod go-w it, or choose another)",
+                                dir, (unsigned)(st.st_mode & 07777));
+    char up[PATH_MAX];
+    snprintf(up, sizeof(up), "%s", dir);
+    for (;;) {
+        char *slash = strrchr(up, '/');
+        if (slash == NULL)
+            break;
+        if (slash == up)
+            slash[1] = '\0'; /* "/" */
+        else
+            *slash = '\0';
+        if (lstat(up, &st) != 0)
+            return pagoda_error_set(pagoda_from_errno(errno), "%s: %s", up, strerror(errno));
+        if (st.st_uid != 0 && st.st_uid != me)
+            return pagoda_error_set(PAGODA_EPERM,
+                                    "%s, above run directory %s, belongs to uid %u: refusing "
+                                    "a run directory that another user can replace",
+                                    up, dir, (unsigned)st.st_uid);
+        if ((st.st_mode & (S_IWGRP | S_IWOTH)) && !(st.st_mode & S_ISVTX))
+            return pagoda_error_set(PAGODA_EPERM,
+                                    "%s, above run directory %s, is writable by others without "
+                                    "the sticky bit (mode %04o): refusing a run directory that "
+                                    "another user can replace",
+                                    up, dir, (unsigned)(st.st_mode & 07777));
+        if (strcmp(up, "/") == 0)
+            break;
+    }
+    return 0;
+}
+
+/* Takes DIR/lock for the supervisor's life (the descriptor stays open, O_CLOEXEC so that no
+ * child holds it) and writes this pid in it. PAGODA_EBUSY, naming the holder's pid, when
+ * another supervisor has it. */
+static int lock_run_dir(struct supervisor *sup)
+{
+    char path[PATH_MAX];
+    if (snprintf(path, sizeof(path), "%s/lock", sup->run_dir) >= (int)sizeof(path))
+        return pagoda_error_set(PAGODA_ERANGE, "path too long: %s/lock", sup->run_dir);
+    int fd = open_run_file(path, O_CREAT);
+    if (fd < 0)
+        return fd;
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        int err = errno;
+        char text[32] = "";
+        int other = -1;
+        int rfd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+        if (rfd >= 0) {
+            ssize_t n = read(rfd, text, sizeof(text) - 1);
+            text[n > 0 ? n : 0] = '\0';
+            close(rfd);
+            other = atoi(text);
+        }
+        close(fd);
+        if (err == EWOULDBLOCK)
+            return pagoda_error_set(PAGODA_EBUSY,
+                                    "a pagoda-supervisor is already running (pid %d) in %s; "
+                                    "this one starts nothing",
+                                    other, sup->run_dir);
+        return pagoda_error_set(pagoda_from_errno(err), "cannot lock %s: %s", path, strerror(err));
+    }
+    char text[32];
+    int len = snprintf(text, sizeof(text), "%d\n", (int)getpid());
+    if (ftruncate(fd, 0) != 0 || write(fd, text, (size_t)len) != len)
+        log_warn("cannot write the pid to %s: %s", path, strerror(errno));
+    sup->lock_fd = fd;
+    return 0;
+}
+
+/* Refuses to start when a file the group writes in DIR is there as something else than a
+ * regular file (a symbolic link, above all: a write through it would land elsewhere). */
+static int check_run_files(struct supervisor *sup)
+{
+    char names[ROLE_COUNT + SUP_MAX_WORKERS + 8][32];
+    int n = 0;
+    const char *fixed[] = {"lock",  "supervisor.pid", "supervisor.pid.tmp",
+                           "ready", "ready.tmp",      "supervisor.log"};
+    for (size_t i = 0; i < sizeof(fixed) / sizeof(fixed[0]); i++)
+        snprintf(names[n++], sizeof(names[0]), "%s", fixed[i]);
+    for (int i = 0; i < sup->num_children; i++)
+        snprintf(names[n++], sizeof(names[0]), "%s.log", sup->children[i].name);
+    for (int i = 0; i < n; i++) {
+        char path[PATH_MAX];
+        struct stat st;
+        snprintf(path, sizeof(path), "%s/%s", sup->run_dir, names[i]);
+        if (lstat(path, &st) != 0)
+            continue;
+        if (S_ISLNK(st.st_mode))
+            return pagoda_error_set(PAGODA_EPERM,
+                                    "%s is a symbolic link: pagoda does not write through one "
+                                    "(remove it)",
+                                    path);
+        if (!S_ISREG(st.st_mode))
+            return pagoda_error_set(PAGODA_EPERM, "%s is not a regular file (remove it)", path);
+    }
+    return 0;
 }
 
 /* ---- children ---------------------------------------------------------------------------- */
@@ -517,7 +720,7 @@ static int child_open_log(struct supervisor *sup, struct child *c)
     char path[PATH_MAX];
     if (snprintf(path, sizeof(path), "%s/%s.log", sup->run_dir, c->name) >= (int)sizeof(path))
         return pagoda_error_set(PAGODA_ERANGE, "path too long: %s/%s.log", sup->run_dir, c->name);
-    int fd = open_regular_for_writing(path, O_APPEND);
+    int fd = open_run_file(path, O_CREAT | O_APPEND);
     if (fd < 0)
         return fd;
     char line[128], stamp[32];
@@ -539,6 +742,7 @@ static void child_spawn(struct child *c)
 {
     struct supervisor *sup = c->sup;
     c->ready = 0;
+    c->watched = 0;
     c->hung_killed = 0;
     c->spawn_error = 0;
     c->exit_status = 0;
@@ -708,6 +912,7 @@ static void finish(struct supervisor *sup)
     if (sup->timers_init) {
         close_handle((uv_handle_t *)&sup->ready_timer);
         close_handle((uv_handle_t *)&sup->stop_timer);
+        close_handle((uv_handle_t *)&sup->liveness_timer);
         for (int i = 0; i < sup->num_children; i++)
             close_handle((uv_handle_t *)&sup->children[i].restart_timer);
         sup->timers_init = 0;
@@ -788,6 +993,7 @@ static void begin_stop(struct supervisor *sup, int exit_code)
         return;
     sup->phase = PHASE_STOPPING;
     uv_timer_stop(&sup->ready_timer);
+    uv_timer_stop(&sup->liveness_timer);
     remove_file(sup->ready_path);
     for (int i = 0; i < sup->num_children; i++) {
         struct child *c = &sup->children[i];
@@ -896,20 +1102,41 @@ static void on_child_closed(uv_handle_t *h)
 /* ---- control messages -------------------------------------------------------------------- */
 
 /* NNG thread: remembers the pid of the process at the other end of a new control pipe, so
- * that a Control{ready} is credited to the exact process that sent it (two workers both say
- * "worker"; a restarted one may be ready while the next one is awaited). */
-static void on_pipe_add(nng_pipe p, nng_pipe_ev ev, void *arg)
+ * that a Control{ready} or heartbeat is credited to the exact process that sent it (two workers
+ * both say "worker"; a restarted one may be ready while the next one is awaited). A closed
+ * pipe's pid is kept until its slot is needed (its last messages may still be in the inbox);
+ * closed slots are reused in turn before any connected one. */
+static void on_pipe_event(nng_pipe p, nng_pipe_ev ev, void *arg)
 {
     struct supervisor *sup = arg;
+    uint32_t id = (uint32_t)nng_pipe_id(p);
+    pthread_mutex_lock(&sup->pipe_lock);
+    if (ev == NNG_PIPE_EV_REM_POST) {
+        for (int i = 0; i < SUP_PIPE_SLOTS; i++)
+            if (sup->pipes[i].pipe_id == id)
+                sup->pipes[i].live = 0;
+        pthread_mutex_unlock(&sup->pipe_lock);
+        return;
+    }
+    pthread_mutex_unlock(&sup->pipe_lock);
     uint64_t peer = 0; /* NNG_OPT_IPC_PEER_PID is a uint64 option */
     int pid =
         nng_pipe_get_uint64(p, NNG_OPT_IPC_PEER_PID, &peer) == 0 && peer > 0 && peer <= INT32_MAX
             ? (int)peer
             : -1;
     pthread_mutex_lock(&sup->pipe_lock);
-    struct pipe_pid *slot = &sup->pipes[sup->pipe_next++ % SUP_PIPE_SLOTS];
-    slot->pipe_id = (uint32_t)nng_pipe_id(p);
+    struct pipe_pid *slot = NULL;
+    for (int k = 0; k < SUP_PIPE_SLOTS && slot == NULL; k++) {
+        struct pipe_pid *s = &sup->pipes[(sup->pipe_next + (unsigned)k) % SUP_PIPE_SLOTS];
+        if (!s->live)
+            slot = s;
+    }
+    if (slot == NULL) /* every slot connected: the oldest position goes */
+        slot = &sup->pipes[sup->pipe_next % SUP_PIPE_SLOTS];
+    sup->pipe_next = (unsigned)(slot - sup->pipes) + 1;
+    slot->pipe_id = id;
     slot->pid = pid;
+    slot->live = 1;
     pthread_mutex_unlock(&sup->pipe_lock);
 }
 
@@ -1018,6 +1245,8 @@ static void on_ready(struct supervisor *sup, const char *sender, int pid)
     if (c->ready)
         return;
     c->ready = 1;
+    c->watched = 1;
+    c->alive_ms = uv_now(&sup->loop);
     log_info("%s (pid %d) is ready%s", c->name, c->pid, c->starts > 1 ? " again" : "");
     if (sup->phase != PHASE_STARTING)
         return;
@@ -1026,6 +1255,47 @@ static void on_ready(struct supervisor *sup, const char *sender, int pid)
         start_next(sup);
     } else if (sup->awaiting == sup->num_children) {
         check_group_ready(sup);
+    }
+}
+
+/* A heartbeat from pid: its loop runs. Only a process of this group counts (by its pid; a
+ * heartbeat carries no proof of anything else), and a stray one is dropped without a word, as
+ * one arrives every --heartbeat-ms. */
+static void on_heartbeat(struct supervisor *sup, const char *sender, int pid)
+{
+    enum role role;
+    int worker_id;
+    if (pid <= 0 || parse_sender(sender, &role, &worker_id) != 0)
+        return;
+    struct child *c = child_of_pid(sup, pid);
+    if (c == NULL || c->role != role || (worker_id >= 0 && c->worker_id != worker_id))
+        return;
+    c->watched = 1;
+    c->alive_ms = uv_now(&sup->loop);
+}
+
+/* Every --heartbeat-ms: a program that has shown signs of life (a ready or a heartbeat: before
+ * them it may be loading, which the ready timeout bounds) and then stays silent for
+ * --heartbeat-ms x --heartbeat-misses has a loop that no longer runs; SIGKILL it (SIGTERM would
+ * need that loop), and its exit restarts it with the usual back-off. */
+static void on_liveness_timer(uv_timer_t *t)
+{
+    struct supervisor *sup = t->data;
+    if (sup->phase != PHASE_STARTING && sup->phase != PHASE_RUNNING)
+        return;
+    uint64_t now = uv_now(&sup->loop);
+    uint64_t limit_ms = sup->opts.heartbeat_ms * (uint64_t)sup->opts.heartbeat_misses;
+    for (int i = 0; i < sup->num_children; i++) {
+        struct child *c = &sup->children[i];
+        if (c->state != CHILD_RUNNING || !c->watched || c->hung_killed ||
+            now - c->alive_ms <= limit_ms)
+            continue;
+        log_warn("%s (pid %d) sent no heartbeat for %llu ms (--heartbeat-ms %llu x "
+                 "--heartbeat-misses %d): its event loop has stopped; killing it with SIGKILL",
+                 c->name, c->pid, (unsigned long long)(now - c->alive_ms),
+                 (unsigned long long)sup->opts.heartbeat_ms, sup->opts.heartbeat_misses);
+        c->hung_killed = 1;
+        child_signal(c, SIGKILL);
     }
 }
 
@@ -1072,6 +1342,8 @@ static void on_control(void *ctx, nng_msg *m)
             on_hung(sup, ctl);
         if (ctl->has_ready && ctl->ready)
             on_ready(sup, ctl->sender, pid);
+        if (ctl->has_heartbeat && ctl->heartbeat)
+            on_heartbeat(sup, ctl->sender, pid);
     }
     protobuf_c_message_free_unpacked(&ctl->base, NULL);
 }
@@ -1103,6 +1375,10 @@ static int prepare(struct supervisor *sup)
                                 "run directory %s is longer than %d bytes: its ipc:// "
                                 "addresses would not fit a Unix socket path",
                                 sup->run_dir, SUP_MAX_RUN_DIR);
+    /* Nothing in DIR is touched before it is known to be ours and this supervisor its only
+     * one. */
+    if ((rc = check_run_dir(sup->run_dir)) != 0 || (rc = lock_run_dir(sup)) != 0)
+        return rc;
     snprintf(sup->pid_path, sizeof(sup->pid_path), "%s/supervisor.pid", sup->run_dir);
     snprintf(sup->ready_path, sizeof(sup->ready_path), "%s/ready", sup->run_dir);
 
@@ -1140,7 +1416,7 @@ static int prepare(struct supervisor *sup)
             snprintf(c->name, sizeof(c->name), "%s", role_names[c->role]);
         child_build_argv(sup, c);
     }
-    return 0;
+    return check_run_files(sup);
 }
 
 /* Creates the loop's handles and the control socket, and writes the pid file. On failure
@@ -1149,8 +1425,10 @@ static int open_loop(struct supervisor *sup)
 {
     uv_timer_init(&sup->loop, &sup->ready_timer);
     uv_timer_init(&sup->loop, &sup->stop_timer);
+    uv_timer_init(&sup->loop, &sup->liveness_timer);
     sup->ready_timer.data = sup;
     sup->stop_timer.data = sup;
+    sup->liveness_timer.data = sup;
     for (int i = 0; i < sup->num_children; i++) {
         uv_timer_init(&sup->loop, &sup->children[i].restart_timer);
         sup->children[i].restart_timer.data = &sup->children[i];
@@ -1181,7 +1459,8 @@ static int open_loop(struct supervisor *sup)
     sup->control_open = 1;
     if ((rv = nng_socket_set_size(sup->control, NNG_OPT_RECVMAXSZ, SUP_MAX_CONTROL_BYTES)) != 0)
         return wire_error(rv, "NNG_OPT_RECVMAXSZ");
-    if ((rv = nng_pipe_notify(sup->control, NNG_PIPE_EV_ADD_PRE, on_pipe_add, sup)) != 0)
+    if ((rv = nng_pipe_notify(sup->control, NNG_PIPE_EV_ADD_PRE, on_pipe_event, sup)) != 0 ||
+        (rv = nng_pipe_notify(sup->control, NNG_PIPE_EV_REM_POST, on_pipe_event, sup)) != 0)
         return wire_error(rv, "nng_pipe_notify");
     if ((rv = nng_listen(sup->control, url, NULL, 0)) != 0) {
         if (rv == NNG_EADDRINUSE)
@@ -1196,7 +1475,12 @@ static int open_loop(struct supervisor *sup)
     remove_file(sup->ready_path);
     char text[32];
     snprintf(text, sizeof(text), "%d\n", (int)getpid());
-    return write_file_atomic(sup->pid_path, text);
+    if ((rc = write_file_atomic(sup->pid_path, text)) != 0)
+        return rc;
+    if (sup->opts.heartbeat_ms > 0)
+        uv_timer_start(&sup->liveness_timer, on_liveness_timer, sup->opts.heartbeat_ms,
+                       sup->opts.heartbeat_ms);
+    return 0;
 }
 
 int main(int argc, char **argv)
@@ -1222,10 +1506,20 @@ int main(int argc, char **argv)
     sup->policy = restart_policy_default();
     sup->awaiting = -1;
     sup->phase = PHASE_STARTING;
+    sup->lock_fd = -1;
 
     if ((rc = prepare(sup)) != 0) {
         log_error("%s", pagoda_error_message(rc, msg, sizeof(msg)));
-        return 1;
+        return rc == PAGODA_EBUSY ? SUP_EXIT_BUSY : 1;
+    }
+    /* The programs learn the heartbeat interval from their environment (wire.h), so that none
+     * of them needs a flag for it. */
+    if (sup->opts.heartbeat_ms > 0) {
+        char text[24];
+        snprintf(text, sizeof(text), "%llu", (unsigned long long)sup->opts.heartbeat_ms);
+        setenv(WIRE_HEARTBEAT_ENV, text, 1);
+    } else {
+        unsetenv(WIRE_HEARTBEAT_ENV);
     }
     /* A child that closes its end of a pipe must not kill the supervisor. */
     signal(SIGPIPE, SIG_IGN);
@@ -1238,7 +1532,7 @@ int main(int argc, char **argv)
     int pid_written = 0;
     if ((rc = open_loop(sup)) != 0) {
         log_error("%s", pagoda_error_message(rc, msg, sizeof(msg)));
-        sup->exit_code = 1;
+        sup->exit_code = rc == PAGODA_EBUSY ? SUP_EXIT_BUSY : 1;
         finish(sup);
     } else {
         pid_written = 1;
@@ -1252,6 +1546,10 @@ int main(int argc, char **argv)
         remove_file(sup->ready_path);
         remove_file(sup->pid_path);
     }
+    /* The lock goes last, once nothing of this group is left in DIR; its file stays (removing
+     * it could let two later supervisors lock two different files). */
+    if (sup->lock_fd >= 0)
+        close(sup->lock_fd);
     if ((rv = uv_loop_close(&sup->loop)) != 0)
         log_error("uv_loop_close: %s (a handle was left open)", uv_strerror(rv));
     pthread_mutex_destroy(&sup->pipe_lock);

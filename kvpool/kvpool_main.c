@@ -571,6 +571,7 @@ int main(int argc, char **argv)
     struct gpu_budget budget = {0};
 #endif
     int listening = 0, rc;
+    struct wire_heartbeat *heartbeat = NULL;
     char run_dir[PATH_MAX], shm_name[KV_SHM_NAME_MAX + 1], fds_path[PATH_MAX + 32];
     char where[PATH_MAX + 160];
     struct model_config cfg;
@@ -645,9 +646,19 @@ int main(int argc, char **argv)
                   pagoda_error_message(rc, msg, sizeof(msg)));
     }
 
+    /* The supervisor's liveness check (wire.h): this loop wakes at least every heartbeat. */
+    if ((rc = wire_heartbeat_open(run_dir, "kvpool", &heartbeat)) != 0) {
+        char msg[700];
+        log_warn("no heartbeat to the supervisor: %s", pagoda_error_message(rc, msg, sizeof(msg)));
+    }
+    uint64_t wake_ms = KVPOOL_TICK_S * 1000;
+    if (heartbeat != NULL && wire_heartbeat_interval_ms(heartbeat) < wake_ms)
+        wake_ms = wire_heartbeat_interval_ms(heartbeat);
     uint64_t malformed_logged = 0;
     for (;;) {
-        struct timespec tick = {.tv_sec = KVPOOL_TICK_S};
+        wire_heartbeat_send(heartbeat);
+        struct timespec tick = {.tv_sec = (time_t)(wake_ms / 1000),
+                                .tv_nsec = (long)(wake_ms % 1000) * 1000000L};
         int sig = sigtimedwait(&stop_signals, NULL, &tick);
         uint64_t malformed = atomic_load(&srv.malformed);
         if (malformed != malformed_logged) {
@@ -666,6 +677,7 @@ int main(int argc, char **argv)
 fail:
     fail_msg(rc);
 out:
+    wire_heartbeat_close(heartbeat);
     if (listening)
         server_close(&srv);
     if (pool != NULL) {

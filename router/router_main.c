@@ -18,6 +18,7 @@
 
 struct main_state {
     struct router *router;
+    struct wire_heartbeat *heartbeat; /* the supervisor's liveness check (wire.h) */
     uv_signal_t sigterm, sigint;
     int signals_open;
     int status;
@@ -66,6 +67,8 @@ static void stop(struct main_state *st, int status)
     }
     router_close(st->router);
     st->router = NULL;
+    wire_heartbeat_close(st->heartbeat);
+    st->heartbeat = NULL;
 }
 
 static void on_drained(void *arg, int drained)
@@ -217,6 +220,9 @@ int main(int argc, char **argv)
     log_info("listening on %s", cfg.listen_url);
     if ((rc = wire_control_ready(cfg.run_dir, "router")) != 0)
         log_debug("no supervisor told of readiness: %s", pagoda_error_detail());
+    if ((rc = wire_heartbeat_open(cfg.run_dir, "router", &st.heartbeat)) != 0 ||
+        (rc = wire_heartbeat_start(st.heartbeat, &loop)) != 0)
+        log_warn("no heartbeat to the supervisor: %s", pagoda_error_detail());
 
     uv_run(&loop, UV_RUN_DEFAULT);
     if (uv_loop_close(&loop) != 0)

@@ -50,6 +50,7 @@ struct app {
     nng_socket router_sock, worker_sock;
     struct wire_inbox *router_inbox, *worker_inbox;
     struct scheduler *sched;
+    struct wire_heartbeat *heartbeat; /* the supervisor's liveness check (wire.h) */
     bool stopping;
 };
 
@@ -143,6 +144,8 @@ static void stop(struct app *app)
     wire_inbox_close(app->router_inbox);
     wire_inbox_close(app->worker_inbox);
     app->router_inbox = app->worker_inbox = NULL;
+    wire_heartbeat_close(app->heartbeat);
+    app->heartbeat = NULL;
 }
 
 static void on_signal(uv_signal_t *h, int signum)
@@ -294,6 +297,9 @@ int main(int argc, char **argv)
     }
     scheduler_tick(app.sched, now_ms()); /* announces the epoch to the worker */
     uv_timer_start(&app.timer, on_tick, TICK_MS, TICK_MS);
+    if ((rc = wire_heartbeat_open(app.run_dir, "scheduler", &app.heartbeat)) != 0 ||
+        (rc = wire_heartbeat_start(app.heartbeat, &app.loop)) != 0)
+        log_warn("no heartbeat to the supervisor: %s", pagoda_error_message(rc, buf, sizeof(buf)));
     uv_run(&app.loop, UV_RUN_DEFAULT);
     uv_loop_close(&app.loop);
     nng_close(app.router_sock);

@@ -64,4 +64,35 @@ int wire_control_ready(const char *run_dir, const char *sender);
 /* Formats "ipc://RUN_DIR/NAME" into buf (len bytes). Returns 0 or PAGODA_ERANGE. */
 int wire_ipc_url(char *buf, size_t len, const char *run_dir, const char *name);
 
+/* Heartbeats: the supervisor's proof that a program's event loop still runs. A supervisor that
+ * checks them puts WIRE_HEARTBEAT_ENV=N (milliseconds) in its programs' environment; each
+ * program then pushes Control{heartbeat, sender} to ipc://RUN_DIR/control.ipc every N ms from
+ * its loop, over a socket of its own that is dialed in the background and sent to without
+ * blocking (a heartbeat that cannot leave now is dropped: the next one follows). */
+#define WIRE_HEARTBEAT_ENV "PAGODA_HEARTBEAT_MS"
+#define WIRE_MAX_HEARTBEAT_MS 3600000
+
+struct wire_heartbeat;
+
+/* Prepares sender's heartbeat when WIRE_HEARTBEAT_ENV asks for one (and run_dir is set): *out
+ * is then the heartbeat, released with wire_heartbeat_close; otherwise *out is NULL and nothing
+ * is sent. Errors: PAGODA_EINVAL (the variable is not a number of ms in
+ * 0..WIRE_MAX_HEARTBEAT_MS), PAGODA_ERANGE, PAGODA_ENOMEM, or NNG's. */
+int wire_heartbeat_open(const char *run_dir, const char *sender, struct wire_heartbeat **out);
+
+/* The interval asked for, in ms; 0 for NULL. */
+uint64_t wire_heartbeat_interval_ms(const struct wire_heartbeat *hb);
+
+/* Sends one heartbeat now, without blocking, for a program that has its own loop (not libuv).
+ * Accepts NULL. */
+void wire_heartbeat_send(struct wire_heartbeat *hb);
+
+/* Sends a heartbeat every interval from a timer on loop, which does not keep the loop alive
+ * (uv_unref). Accepts NULL (nothing to do). Returns 0 or PAGODA_EIO. */
+int wire_heartbeat_start(struct wire_heartbeat *hb, uv_loop_t *loop);
+
+/* Stops and frees hb: on the loop thread when it was started (its timer closes there, so the
+ * loop must run once more before uv_loop_close). Accepts NULL. */
+void wire_heartbeat_close(struct wire_heartbeat *hb);
+
 #endif

@@ -120,6 +120,7 @@ struct worker {
     char name[32]; /* "worker-I": the Control sender */
     uv_loop_t loop;
     uv_timer_t hello_timer;
+    struct wire_heartbeat *heartbeat; /* the supervisor's liveness check (wire.h) */
     uv_signal_t sigterm, sigint;
     uv_async_t pipe_async;
     atomic_int pipe_added; /* set on NNG's thread, taken on the loop */
@@ -741,6 +742,9 @@ static int worker_serve(struct worker *w)
     if ((rc = wire_inbox_open(&w->loop, w->sock, on_message, w, &w->inbox)) != 0)
         return rc;
     log_info("dialing the scheduler at %s", url);
+    if ((rc = wire_heartbeat_open(w->o.run_dir, w->name, &w->heartbeat)) != 0 ||
+        (rc = wire_heartbeat_start(w->heartbeat, &w->loop)) != 0)
+        log_rc(LOG_WARN, "no heartbeat to the supervisor", rc);
     w->hello_active = 1;
     uv_timer_start(&w->hello_timer, on_hello_timer, 0, WORKER_HELLO_MS);
     if (g_stop)
@@ -766,6 +770,8 @@ static void worker_fini(struct worker *w)
         uv_close((uv_handle_t *)&w->sigterm, close_cb);
         uv_close((uv_handle_t *)&w->sigint, close_cb);
         uv_close((uv_handle_t *)&w->pipe_async, close_cb);
+        wire_heartbeat_close(w->heartbeat);
+        w->heartbeat = NULL;
         uv_run(&w->loop, UV_RUN_DEFAULT);
         uv_loop_close(&w->loop);
     }

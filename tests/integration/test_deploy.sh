@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
 # test_deploy.sh BINDIR: deploy/pagoda-up, pagoda-status and pagoda-down drive a real process
-# group on the CPU: up prints the address and refuses a second group in the same run dir, status
-# tells running from stopped, a request is answered, and down leaves no process, no socket and
-# no shared memory behind, also after the supervisor was killed with SIGKILL.
+# group on the CPU: up refuses --workers above 1, a run dir of another user or writable by
+# others, and a supervisor.log or program log that is a symbolic link (whose target stays
+# untouched), all before anything runs; of two ups started at once on one run dir exactly one
+# starts the group and the other says it is already running; up prints the address and refuses
+# a second group in the same run dir, status tells running from stopped, a request is answered,
+# a router whose loop stops (SIGSTOP) is killed and replaced by the supervisor and the group
+# serves again, and down leaves no process, no socket and no shared memory behind, also after
+# the supervisor was killed with SIGKILL.
 # The group listens on a private ipc:// address in a temporary dir, so it never collides with a
 # group on the default TCP port.
 set -euo pipefail
@@ -17,10 +22,14 @@ tmp=$(mktemp -d /tmp/pagoda-td-XXXXXX)
 run=$tmp/run
 url=ipc://$run/client.ipc
 cleanup() {
-    "$deploy/pagoda-down" --run-dir "$run" --timeout 30 >/dev/null 2>&1 || true
+    local d
+    for d in "$run" "$tmp/theirs" "$tmp/open" "$tmp/linked"; do
+        [ ! -d "$d" ] || "$deploy/pagoda-down" --run-dir "$d" --timeout 30 >/dev/null 2>&1 || true
+    done
     rm -rf -- "$tmp"
 }
 trap cleanup EXIT
+trap 'exit 143' TERM INT # the cleanup runs on a timeout's SIGTERM too
 
 
 # The pids of pagoda-* processes with an argument equal to the run dir.
@@ -42,21 +51,85 @@ no_socket() { [ -z "$(find "$run" -maxdepth 1 -name '*.ipc')" ]; }
 pool_name() {
     sed -n 's|.*kv pool \(/pagoda-[0-9a-f]\{16\}\):.*|\1|p' "$run/kvpool.log" | tail -n 1
 }
-up() { "$deploy/pagoda-up" --run-dir "$run" --bin-dir "$bin_dir" --model "$tmp/model" \
-    --listen "$url" --kv-blocks 256 "$@"; }
+up() { up_in "$run" "$@"; }
+up_in() { # DIR ARGS...
+    local dir=$1
+    shift
+    "$deploy/pagoda-up" --run-dir "$dir" --bin-dir "$bin_dir" --model "$tmp/model" \
+        --listen "ipc://$dir/client.ipc" --kv-blocks 256 "$@"
+}
+# The pids of pagoda-* processes naming any dir under $tmp.
+any_pids() {
+    local d
+    for d in /proc/[0-9]*; do
+        case $(basename -- "$(tr '\0' '\n' 2>/dev/null <"$d/cmdline" | head -n 1)") in
+        pagoda-*) tr '\0' '\n' 2>/dev/null <"$d/cmdline" | grep -q "^$tmp/" && echo "${d#/proc/}" ;;
+        esac
+    done
+}
+nothing_runs() { [ -z "$(any_pids)" ]; }
+healthy() { timeout 10 "$bin_dir/pagoda" --url "$url" health >/dev/null 2>&1; }
 
 "$bin_dir/pagoda-mkmodel" --preset tiny --seed 1 --out "$tmp/model" >/dev/null
 mkdir -m 0700 "$run"
 
-# -- up, and a second up refused.
-out=$(up 2>"$tmp/up.err") && rc=0 || rc=$?
-check "pagoda-up starts the group (exit $rc)" [ "$rc" = 0 ]
+# -- refused before anything starts.
+up --workers 2 >/dev/null 2>"$tmp/workers.err" && rc=0 || rc=$?
+check "--workers 2 is refused (exit $rc)" [ "$rc" = 2 ]
+check "the refusal says why" grep -q -- "--workers 2: a group runs 1 worker" "$tmp/workers.err"
+check "nothing was started for --workers 2" nothing_runs
+check "no supervisor was started for --workers 2" [ ! -e "$run/supervisor.log" ]
+
+mkdir -m 0700 "$tmp/theirs"
+if chown 65534:65534 "$tmp/theirs" 2>/dev/null; then
+    up_in "$tmp/theirs" >/dev/null 2>"$tmp/theirs.err" && rc=0 || rc=$?
+    check "a run dir of another user is refused (exit $rc)" [ "$rc" = 2 ]
+    check "the refusal names its owner" grep -q "belongs to uid 65534" "$tmp/theirs.err"
+    check "nothing was written in it" [ -z "$(ls -A "$tmp/theirs")" ]
+else
+    echo "skip a run dir of another user: chown needs root"
+fi
+mkdir -m 0700 "$tmp/open" && chmod 0777 "$tmp/open"
+up_in "$tmp/open" >/dev/null 2>"$tmp/open.err" && rc=0 || rc=$?
+check "a run dir writable by others is refused (exit $rc)" [ "$rc" = 2 ]
+check "the refusal says why" grep -q "writable by others" "$tmp/open.err"
+check "nothing was written in it" [ -z "$(ls -A "$tmp/open")" ]
+check "nothing was started for the refused run dirs" nothing_runs
+
+echo precious >"$tmp/precious"
+mkdir -m 0700 "$tmp/linked"
+ln -s "$tmp/precious" "$tmp/linked/supervisor.log"
+up_in "$tmp/linked" >/dev/null 2>"$tmp/linked.err" && rc=0 || rc=$?
+check "a supervisor.log that is a symbolic link is refused (exit $rc)" [ "$rc" != 0 ]
+check "the refusal says why" grep -q "symbolic link" "$tmp/linked.err"
+rm -f "$tmp/linked/supervisor.log" "$tmp/linked/router.log"
+ln -s "$tmp/precious" "$tmp/linked/router.log"
+up_in "$tmp/linked" >/dev/null 2>"$tmp/linked2.err" && rc=0 || rc=$?
+check "a program log that is a symbolic link is refused (exit $rc)" [ "$rc" != 0 ]
+check "the supervisor says why" grep -q "router.log is a symbolic link" "$tmp/linked/supervisor.log"
+check "the links' target is unchanged" [ "$(cat "$tmp/precious")" = precious ]
+check "nothing runs after the refusals" nothing_runs
+
+# -- two ups at once on one run dir: one group starts, the other up says it is already running
+# and leaves that group alone.
+up >"$tmp/upA.out" 2>"$tmp/upA.err" &
+a=$!
+up >"$tmp/upB.out" 2>"$tmp/upB.err" &
+b=$!
+wait $a && rc_a=0 || rc_a=$?
+wait $b && rc_b=0 || rc_b=$?
+check "exactly one of two ups at once starts the group (exits $rc_a, $rc_b)" \
+    [ "$(((rc_a == 0) + (rc_b == 0)))" = 1 ]
+if [ "$rc_a" = 0 ]; then out=$(cat "$tmp/upA.out") err=$tmp/upB.err; else
+    out=$(cat "$tmp/upB.out") err=$tmp/upA.err; fi
+check "the other says the group is already running" grep -q "already running (pid [0-9]" "$err"
 check "pagoda-up prints the address ($out)" [ "$out" = "$url" ]
+check "the group serves after the race" healthy
 check "DIR/ready names the address" [ "$(head -n 1 "$run/ready" 2>/dev/null)" = "$url" ]
 sup_pid=$(cat "$run/supervisor.pid" 2>/dev/null || true)
 up >"$tmp/up2.out" 2>"$tmp/up2.err" && rc=0 || rc=$?
 check "a second pagoda-up on the same run dir is refused (exit $rc)" [ "$rc" != 0 ]
-check "the refusal says why" grep -q "already runs" "$tmp/up2.err"
+check "the refusal says why" grep -q "already running (pid $sup_pid)" "$tmp/up2.err"
 check "the first group still runs" kill -0 "$sup_pid"
 check "the first group's pid file is kept" [ "$(cat "$run/supervisor.pid")" = "$sup_pid" ]
 if ! "$bin_dir/pagoda-router" --help 2>&1 | grep -q -- --tenants; then
@@ -93,9 +166,43 @@ check "the kvpool's shared memory is gone" [ -n "$pool" -a ! -e "/dev/shm$pool" 
 "$deploy/pagoda-status" --run-dir "$run" >/dev/null 2>&1 && rc=0 || rc=$?
 check "pagoda-status then exits 3 (exit $rc)" [ "$rc" = 3 ]
 
-# -- a supervisor killed with SIGKILL leaves its programs running: pagoda-down stops them.
-up >/dev/null 2>"$tmp/up4.err" && rc=0 || rc=$?
+# -- a router whose loop stops answering is killed and replaced: the group serves again.
+up --heartbeat-ms 200 --heartbeat-misses 10 >/dev/null 2>"$tmp/up4.err" && rc=0 || rc=$?
 check "pagoda-up starts again in the same run dir (exit $rc)" [ "$rc" = 0 ]
+router_pid() { # the pid of the group's router, or nothing
+    local p
+    for p in $(group_pids); do
+        if [ "$(basename -- "$(tr '\0' '\n' 2>/dev/null <"/proc/$p/cmdline" | head -n 1)")" = \
+            pagoda-router ]; then
+            echo "$p"
+            return 0
+        fi
+    done
+    return 0
+}
+stopped=$(router_pid)
+check "the router runs ($stopped)" [ -n "$stopped" ]
+[ -z "$stopped" ] || kill -STOP "$stopped"
+replaced=
+deadline=$((SECONDS + 30))
+while [ $SECONDS -lt $deadline ]; do
+    now=$(router_pid)
+    if [ -n "$now" ] && [ "$now" != "$stopped" ] && healthy; then
+        replaced=$now
+        break
+    fi
+    sleep 0.1
+done
+check "the stopped router was replaced by a new one ($replaced)" [ -n "$replaced" ]
+check "the stopped router was killed" [ ! -e "/proc/$stopped" ]
+check "the supervisor says why" grep -q "router (pid $stopped) sent no heartbeat" "$run/supervisor.log"
+answer=
+[ -z "$replaced" ] || answer=$("$bin_dir/pagoda" --url "$url" generate --tokens 1,2,3 \
+    --max-tokens 5 --json --timeout-ms 30000) || true
+ids=$(sed -n 's/.*"token_ids": *\[\([0-9, ]*\)\].*/\1/p' <<<"$answer")
+check "the group serves again ($ids)" [ "$(tr ',' '\n' <<<"$ids" | grep -c '[0-9]')" = 5 ]
+
+# -- a supervisor killed with SIGKILL leaves its programs running: pagoda-down stops them.
 kill -KILL "$(cat "$run/supervisor.pid")" 2>/dev/null || true
 sleep 0.2
 check "the programs outlive a killed supervisor" [ -n "$(group_pids)" ]

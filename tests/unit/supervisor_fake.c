@@ -6,7 +6,10 @@
  * does to RUN_DIR/events.log ("<monotonic ms> <event> <name> <pid> <detail>", written with one
  * O_APPEND write so that lines of several processes do not mix) and writes its pid to
  * RUN_DIR/fake-<name>.pid. Events: start (detail: its arguments), ready, crash, hung-report,
- * term, exit.
+ * term, exit, hang.
+ *
+ * Like the real programs, a fake started with PAGODA_HEARTBEAT_MS in its environment sends
+ * heartbeats (wire.h) that often while it runs.
  *
  * Behaviour flags (passed with the supervisor's --X-arg):
  *   --ready-delay-ms N     push Control{ready} N ms after the start (default 0)
@@ -15,7 +18,9 @@
  *   --crash-after-ms N     N ms after ready (after the start with --never-ready), crash:
  *   --crash-code C         exit with status C (default 1), or
  *   --crash-signal S       kill itself with signal S
- *   --crash-once FILE      crash only if FILE does not exist yet (and create it)
+ *   --crash-once FILE      crash (or hang) only if FILE does not exist yet (and create it)
+ *   --hang-after-ms N      N ms after ready, stop: no more heartbeats, no answer to SIGTERM
+ *                          (a blocked event loop); the process stays until it is killed
  *   --ignore-term          ignore SIGTERM
  *   --term-delay-ms N      on SIGTERM, wait N ms (draining) before exiting 0
  *   --report-hung I:J      (scheduler) 100 ms after ready, report worker I hung with the pid of
@@ -65,6 +70,7 @@ static const struct flag flags[] = {
     {"--ignore-term", R_ALL, 0},
     {"--term-delay-ms", R_ALL, 1},
     {"--report-hung", R_SCHEDULER, 1},
+    {"--hang-after-ms", R_ALL, 1},
 };
 
 #define MAX_REPORTS 8
@@ -157,7 +163,7 @@ int main(int argc, char **argv)
     const char *run_dir = NULL, *model = NULL, *worker_id = NULL, *workers = NULL, *listen = NULL,
                *crash_once = NULL;
     int ready_delay_ms = 0, never_ready = 0, crash_after_ms = -1, crash_code = 1, crash_signal = 0,
-        ignore_term = 0, term_delay_ms = 0;
+        ignore_term = 0, term_delay_ms = 0, hang_after_ms = -1;
     int report_id[MAX_REPORTS], report_of[MAX_REPORTS], num_reports = 0;
     const char *delay_for = NULL;
     char args[3000] = "";
@@ -208,6 +214,8 @@ int main(int argc, char **argv)
             ignore_term = 1;
         else if (strcmp(fl->name, "--term-delay-ms") == 0)
             term_delay_ms = atoi(v);
+        else if (strcmp(fl->name, "--hang-after-ms") == 0)
+            hang_after_ms = atoi(v);
         else if (strcmp(fl->name, "--report-hung") == 0) {
             if (num_reports == MAX_REPORTS ||
                 sscanf(v, "%d:%d", &report_id[num_reports], &report_of[num_reports]) != 2)
@@ -271,13 +279,19 @@ int main(int argc, char **argv)
         close(fd);
     }
     /* crash-once decides now, so that the decision belongs to this process alone. */
-    int will_crash = crash_after_ms >= 0;
-    if (will_crash && crash_once != NULL) {
+    int will_crash = crash_after_ms >= 0, will_hang = hang_after_ms >= 0;
+    if ((will_crash || will_hang) && crash_once != NULL) {
         fd = open(crash_once, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-        will_crash = fd >= 0;
+        will_crash = will_crash && fd >= 0;
+        will_hang = will_hang && fd >= 0;
         if (fd >= 0)
             close(fd);
     }
+    struct wire_heartbeat *heartbeat = NULL;
+    int hb_rc = wire_heartbeat_open(run_dir, name, &heartbeat);
+    if (hb_rc != 0)
+        fprintf(stderr, "supervisor_fake (%s): heartbeat: %s\n", name, pagoda_strerror(hb_rc));
+    unsigned long long beat_at = 0;
     event("start", args);
 
     unsigned long long t0 = now_ms(), ready_at = 0;
@@ -286,12 +300,23 @@ int main(int argc, char **argv)
         if (getppid() != parent)
             _exit(0); /* the supervisor is gone */
         unsigned long long t = now_ms();
+        if (heartbeat != NULL && t - beat_at >= wire_heartbeat_interval_ms(heartbeat)) {
+            wire_heartbeat_send(heartbeat);
+            beat_at = t;
+        }
+        if (will_hang && ready && t - ready_at >= (unsigned long long)hang_after_ms) {
+            event("hang", NULL);
+            while (getppid() == parent)
+                sleep_ms(5);
+            _exit(0);
+        }
         if (term_received) {
             event("term", NULL);
             unsigned long long until = now_ms() + (unsigned long long)term_delay_ms;
             while (now_ms() < until && getppid() == parent)
                 sleep_ms(5);
             event("exit", NULL);
+            wire_heartbeat_close(heartbeat);
             return 0;
         }
         if (!never_ready && !ready && t - t0 >= (unsigned long long)ready_delay_ms) {

@@ -177,8 +177,9 @@ static int teardown(void **state)
     return 0;
 }
 
-/* Starts the supervisor with the common flags and extra (NULL-terminated). */
-static void start_sup(struct fx *f, const char *const *extra)
+/* Starts a supervisor with the common flags and extra (NULL-terminated), its output in out.
+ * Returns its pid. */
+static pid_t spawn_sup(struct fx *f, const char *out, const char *const *extra)
 {
     const char *argv[96];
     int n = 0;
@@ -205,11 +206,10 @@ static void start_sup(struct fx *f, const char *const *extra)
     for (int i = 0; extra != NULL && extra[i] != NULL && n < 95; i++)
         argv[n++] = extra[i];
     argv[n] = NULL;
-    f->sup_started_ms = now_ms();
     pid_t pid = fork();
     assert_true(pid >= 0);
     if (pid == 0) {
-        int fd = open(f->out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        int fd = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
         if (fd < 0)
             _exit(126);
         dup2(fd, 1);
@@ -218,7 +218,14 @@ static void start_sup(struct fx *f, const char *const *extra)
         execv(SUPERVISOR_PATH, (char *const *)argv);
         _exit(127);
     }
-    f->sup = pid;
+    return pid;
+}
+
+/* Starts the fixture's supervisor with the common flags and extra (NULL-terminated). */
+static void start_sup(struct fx *f, const char *const *extra)
+{
+    f->sup_started_ms = now_ms();
+    f->sup = spawn_sup(f, f->out, extra);
 }
 
 static char *read_text(const char *path)
@@ -388,6 +395,7 @@ static void test_start_order_and_arguments(void **state)
      * program before the previous one's ready line. */
     const char *extra[] = {"--workers",
                            "2",
+                           "--allow-multi-worker",
                            "--kvpool-arg",
                            "--ready-delay-ms",
                            "--kvpool-arg",
@@ -583,6 +591,188 @@ static void test_bad_command_lines(void **state)
     assert_false(file_exists(f->run, "events.log"));
 }
 
+/* Several workers mean nothing yet (the scheduler drives one): refused before anything starts,
+ * rather than by the scheduler once the workers run. */
+static void test_workers_above_one_are_refused_at_once(void **state)
+{
+    struct fx *f = *state;
+    const char *extra[] = {"--workers", "2", NULL};
+    start_sup(f, extra);
+    assert_true(wait_sup(f, 5000));
+    assert_int_equal(f->sup_exit, 2);
+    assert_output_has(f, "--workers 2: a group runs 1 worker for now");
+    assert_output_has(f, "nothing was started");
+    assert_false(file_exists(f->run, "events.log"));
+    assert_false(file_exists(f->run, "supervisor.pid"));
+}
+
+/* ---- the run directory ------------------------------------------------------------------- */
+
+/* Waits up to timeout_ms for pid (a child of this process) to exit. Returns its exit status,
+ * 128 + its signal, or -1 when it still runs (it is then killed). */
+static int wait_pid(pid_t pid, int timeout_ms)
+{
+    unsigned long long deadline = now_ms() + (unsigned long long)timeout_ms;
+    for (;;) {
+        int status;
+        if (waitpid(pid, &status, WNOHANG) == pid)
+            return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        if (now_ms() >= deadline) {
+            kill(pid, SIGKILL);
+            waitpid(pid, NULL, 0);
+            return -1;
+        }
+        sleep_ms(10);
+    }
+}
+
+static void write_text(const char *path, const char *text)
+{
+    FILE *fp = fopen(path, "w");
+    assert_non_null(fp);
+    fputs(text, fp);
+    fclose(fp);
+}
+
+static void assert_file_is(const char *path, const char *want)
+{
+    char *text = read_text(path);
+    assert_non_null(text);
+    assert_string_equal(text, want);
+    free(text);
+}
+
+/* A run directory prepared by another user could hold links to that user's choice of files:
+ * refused, and nothing is started or written in it. */
+static void test_run_dir_of_another_user_is_refused(void **state)
+{
+    struct fx *f = *state;
+    assert_int_equal(mkdir(f->run, 0700), 0);
+    if (geteuid() == 0) {
+        assert_int_equal(chown(f->run, 65534, 65534), 0);
+        start_sup(f, NULL);
+    } else {
+        /* Without root no directory can be given away: "/" is root's. */
+        const char *extra[] = {"--run-dir", "/", NULL};
+        start_sup(f, extra);
+    }
+    assert_true(wait_sup(f, 5000));
+    assert_int_equal(f->sup_exit, 1);
+    assert_output_has(f, geteuid() == 0 ? "belongs to uid 65534" : "belongs to uid 0");
+    assert_output_has(f, "refusing it");
+    assert_false(file_exists(f->run, "events.log"));
+    assert_false(file_exists(f->run, "lock"));
+    assert_false(file_exists(f->run, "supervisor.pid"));
+}
+
+static void test_run_dir_writable_by_others_is_refused(void **state)
+{
+    struct fx *f = *state;
+    assert_int_equal(mkdir(f->run, 0700), 0);
+    assert_int_equal(chmod(f->run, 0777), 0);
+    start_sup(f, NULL);
+    assert_true(wait_sup(f, 5000));
+    assert_int_equal(f->sup_exit, 1);
+    assert_output_has(f, "is writable by others (mode 0777)");
+    assert_false(file_exists(f->run, "events.log"));
+    assert_false(file_exists(f->run, "lock"));
+
+    /* A private run directory in a directory that others may write to without the sticky bit
+     * (they could rename it away and put theirs in its place): refused too. */
+    char open_dir[160], run[200];
+    snprintf(open_dir, sizeof(open_dir), "%s/open", f->root);
+    snprintf(run, sizeof(run), "%s/run", open_dir);
+    assert_int_equal(mkdir(open_dir, 0700), 0);
+    assert_int_equal(chmod(open_dir, 0777), 0);
+    assert_int_equal(mkdir(run, 0700), 0);
+    const char *extra[] = {"--run-dir", run, NULL};
+    start_sup(f, extra);
+    assert_true(wait_sup(f, 5000));
+    assert_int_equal(f->sup_exit, 1);
+    assert_output_has(f, "is writable by others without the sticky bit");
+    assert_false(file_exists(run, "events.log"));
+}
+
+/* Files of the group that are symbolic links are not written through: refused at the start,
+ * and a log replaced by a link while the group runs is not opened on the next restart. */
+static void test_symlinks_in_the_run_dir_are_not_followed(void **state)
+{
+    struct fx *f = *state;
+    char target[160], link[200];
+    snprintf(target, sizeof(target), "%s/precious", f->root);
+    write_text(target, "precious\n");
+    assert_int_equal(mkdir(f->run, 0700), 0);
+
+    const char *names[] = {"kvpool.log", "supervisor.pid.tmp", "ready.tmp", "lock"};
+    for (int i = 0; i < 4; i++) {
+        snprintf(link, sizeof(link), "%s/%s", f->run, names[i]);
+        unlink(link); /* the lock file an earlier round left */
+        assert_int_equal(symlink(target, link), 0);
+        start_sup(f, NULL);
+        assert_true(wait_sup(f, 5000));
+        assert_int_equal(f->sup_exit, 1);
+        assert_output_has(f, names[i]);
+        assert_output_has(f, "is a symbolic link");
+        assert_file_is(target, "precious\n");
+        assert_false(file_exists(f->run, "events.log"));
+        assert_int_equal(unlink(link), 0);
+    }
+
+    /* The same at a restart: worker-0's log becomes a link while the group runs. */
+    start_sup(f, NULL);
+    assert_true(wait_ready_file(f, 10000));
+    snprintf(link, sizeof(link), "%s/worker-0.log", f->run);
+    assert_int_equal(unlink(link), 0);
+    assert_int_equal(symlink(target, link), 0);
+    struct ev *evs = events;
+    int n = load_events(f, evs);
+    int worker = find_ev(evs, n, "start", "worker-0", 0);
+    assert_true(worker >= 0);
+    assert_int_equal(kill(evs[worker].pid, SIGKILL), 0);
+    assert_true(wait_ev(f, evs, "ready", "worker-0", 2, 10000));
+    assert_file_is(target, "precious\n");
+    assert_output_has(f, "worker-0.log is a symbolic link");
+    stop_sup(f);
+}
+
+/* Two supervisors on one run directory: the second exits at once with status 3, naming the
+ * first, and the first's group keeps running untouched. */
+static void test_second_supervisor_on_the_same_dir_is_refused(void **state)
+{
+    struct fx *f = *state;
+    start_sup(f, NULL);
+    assert_true(wait_ready_file(f, 10000));
+    char out2[160];
+    snprintf(out2, sizeof(out2), "%s/second.out", f->root);
+    pid_t second = spawn_sup(f, out2, NULL);
+    assert_int_equal(wait_pid(second, 5000), 3);
+    char *text = read_text(out2);
+    assert_non_null(text);
+    char want[64];
+    snprintf(want, sizeof(want), "already running (pid %d)", (int)f->sup);
+    if (strstr(text, want) == NULL) {
+        print_error("%s\n", text);
+        free(text);
+        fail_msg("the second supervisor's output lacks '%s'", want);
+    }
+    free(text);
+
+    assert_int_equal(waitpid(f->sup, NULL, WNOHANG), 0); /* the first still runs */
+    assert_true(file_exists(f->run, "ready"));
+    assert_true(file_exists(f->run, "control.ipc"));
+    char path[256];
+    snprintf(path, sizeof(path), "%s/supervisor.pid", f->run);
+    text = read_text(path);
+    assert_non_null(text);
+    assert_int_equal(atoi(text), f->sup);
+    free(text);
+    struct ev *evs = events;
+    int n = load_events(f, evs);
+    assert_int_equal(count_ev(evs, n, "start", "kvpool"), 1);
+    assert_int_equal(count_ev(evs, n, "start", "router"), 1);
+    stop_sup(f);
+}
+
 /* ---- restarts ---------------------------------------------------------------------------- */
 
 static void test_crash_once_is_restarted(void **state)
@@ -688,6 +878,7 @@ static void test_ready_is_credited_to_the_process_that_sent_it(void **state)
     snprintf(marker, sizeof(marker), "%s/crashed", f->root);
     const char *extra[] = {"--workers",
                            "2",
+                           "--allow-multi-worker",
                            "--worker-arg",
                            "--crash-once",
                            "--worker-arg",
@@ -825,6 +1016,7 @@ static void test_hung_report_kills_that_worker(void **state)
      * the right one for worker 0. */
     const char *extra[] = {"--workers",
                            "2",
+                           "--allow-multi-worker",
                            "--scheduler-arg",
                            "--report-hung",
                            "--scheduler-arg",
@@ -855,14 +1047,110 @@ static void test_hung_report_kills_that_worker(void **state)
     stop_sup(f);
 }
 
+/* ---- liveness ---------------------------------------------------------------------------- */
+
+/* The pid a fake wrote in run/fake-NAME.pid, or -1. */
+static int fake_pid(const struct fx *f, const char *name)
+{
+    char path[256];
+    snprintf(path, sizeof(path), "%s/fake-%s.pid", f->run, name);
+    char *text = read_text(path);
+    int pid = text != NULL ? atoi(text) : -1;
+    free(text);
+    return pid > 0 ? pid : -1;
+}
+
+/* A program whose loop stops (SIGSTOP: no heartbeat, no answer to anything) is killed with
+ * SIGKILL after --heartbeat-ms x --heartbeat-misses and restarted; the others, whose
+ * heartbeats keep coming, are left alone. */
+static void test_stopped_program_is_killed_and_restarted(void **state)
+{
+    struct fx *f = *state;
+    const char *extra[] = {"--heartbeat-ms", "100", "--heartbeat-misses", "5", NULL};
+    start_sup(f, extra);
+    assert_true(wait_ready_file(f, 10000));
+    int router = fake_pid(f, "router");
+    assert_true(router > 0);
+    assert_int_equal(kill(router, SIGSTOP), 0);
+
+    struct ev *evs = events;
+    assert_true(wait_ev(f, evs, "ready", "router", 2, 10000));
+    assert_true(wait_output(f, "sent no heartbeat for", 5000));
+    assert_int_equal(kill(router, 0), -1);
+    assert_int_equal(errno, ESRCH);
+    assert_output_has(f, "sent no heartbeat for");
+    assert_output_has(f, "(--heartbeat-ms 100 x --heartbeat-misses 5)");
+    assert_output_has(f, "(killed as hung)");
+    int n = load_events(f, evs);
+    assert_int_equal(count_ev(evs, n, "start", "router"), 2);
+    assert_int_equal(count_ev(evs, n, "start", "kvpool"), 1);
+    assert_int_equal(count_ev(evs, n, "start", "worker-0"), 1);
+    assert_int_equal(count_ev(evs, n, "start", "scheduler"), 1);
+    assert_int_not_equal(evs[find_ev(evs, n, "start", "router", 1)].pid, router);
+    stop_sup(f);
+}
+
+/* The same for a program that is running but whose loop no longer turns (the fake stops its
+ * loop, heartbeats included, and ignores SIGTERM). */
+static void test_hung_loop_is_killed_and_restarted(void **state)
+{
+    struct fx *f = *state;
+    char marker[160];
+    snprintf(marker, sizeof(marker), "%s/hung", f->root);
+    const char *extra[] = {"--heartbeat-ms",
+                           "100",
+                           "--heartbeat-misses",
+                           "5",
+                           "--scheduler-arg",
+                           "--hang-after-ms",
+                           "--scheduler-arg",
+                           "200",
+                           "--scheduler-arg",
+                           "--crash-once",
+                           "--scheduler-arg",
+                           marker,
+                           NULL};
+    start_sup(f, extra);
+    struct ev *evs = events;
+    assert_true(wait_ev(f, evs, "ready", "scheduler", 2, 10000));
+    int n = load_events(f, evs);
+    assert_int_equal(count_ev(evs, n, "hang", "scheduler"), 1);
+    int hung = evs[find_ev(evs, n, "hang", "scheduler", 0)].pid;
+    assert_true(wait_output(f, "sent no heartbeat for", 5000));
+    assert_output_has(f, "scheduler (pid");
+    assert_int_equal(kill(hung, 0), -1);
+    assert_int_equal(count_ev(evs, n, "start", "kvpool"), 1);
+    stop_sup(f);
+}
+
+/* --heartbeat-ms 0: no liveness check; a stopped program is left as it is. */
+static void test_heartbeat_off_leaves_a_stopped_program(void **state)
+{
+    struct fx *f = *state;
+    const char *extra[] = {"--heartbeat-ms", "0", "--heartbeat-misses", "1", NULL};
+    start_sup(f, extra);
+    assert_true(wait_ready_file(f, 10000));
+    int router = fake_pid(f, "router");
+    assert_true(router > 0);
+    assert_int_equal(kill(router, SIGSTOP), 0);
+    sleep_ms(1000);
+    struct ev *evs = events;
+    int n = load_events(f, evs);
+    assert_int_equal(count_ev(evs, n, "start", "router"), 1);
+    assert_int_equal(kill(router, 0), 0);
+    kill(router, SIGCONT);
+    stop_sup(f);
+}
+
 /* ---- stopping ---------------------------------------------------------------------------- */
 
 static void test_sigterm_drains_in_order(void **state)
 {
     struct fx *f = *state;
     /* The router takes 300 ms to drain; nothing else may be stopped before it has exited. */
-    const char *extra[] = {"--workers", "2", "--router-arg", "--term-delay-ms", "--router-arg",
-                           "300",       NULL};
+    const char *extra[] = {
+        "--workers", "2", "--allow-multi-worker", "--router-arg", "--term-delay-ms", "--router-arg",
+        "300",       NULL};
     start_sup(f, extra);
     assert_true(wait_ready_file(f, 10000));
     stop_sup(f);
@@ -925,6 +1213,15 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_never_ready_fails_the_start, setup, teardown),
         cmocka_unit_test_setup_teardown(test_exit_before_ready_fails_the_start, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bad_command_lines, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_workers_above_one_are_refused_at_once, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_run_dir_of_another_user_is_refused, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_run_dir_writable_by_others_is_refused, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_symlinks_in_the_run_dir_are_not_followed, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_second_supervisor_on_the_same_dir_is_refused, setup,
+                                        teardown),
         cmocka_unit_test_setup_teardown(test_crash_once_is_restarted, setup, teardown),
         cmocka_unit_test_setup_teardown(test_restart_during_the_start_delays_ready, setup,
                                         teardown),
@@ -936,6 +1233,11 @@ int main(int argc, char **argv)
                                         teardown),
         cmocka_unit_test_setup_teardown(test_hung_report_kills_that_worker, setup, teardown),
         cmocka_unit_test_setup_teardown(test_log_fifo_does_not_block_the_loop, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_stopped_program_is_killed_and_restarted, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_hung_loop_is_killed_and_restarted, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_heartbeat_off_leaves_a_stopped_program, setup,
+                                        teardown),
         cmocka_unit_test_setup_teardown(test_sigterm_drains_in_order, setup, teardown),
         cmocka_unit_test_setup_teardown(test_stuck_program_is_killed_after_the_stop_timeout, setup,
                                         teardown),
