@@ -462,8 +462,8 @@ static void test_start_order_and_arguments(void **state)
 }
 
 /* A FIFO in place of a program's log, with no reader (opening it for writing would wait for one):
- * the supervisor's loop does not block on it; that program's output goes to the supervisor's, and
- * the group starts. */
+ * the supervisor does not block on it; it refuses the run directory at once, naming the file
+ * (the run directory's files are regular files of ours, or nothing starts). */
 static void test_log_fifo_does_not_block_the_loop(void **state)
 {
     struct fx *f = *state;
@@ -472,9 +472,11 @@ static void test_log_fifo_does_not_block_the_loop(void **state)
     snprintf(path, sizeof(path), "%s/worker-0.log", f->run);
     assert_int_equal(mkfifo(path, 0600), 0);
     start_sup(f, NULL);
-    assert_true(wait_ready_file(f, 10000));
+    assert_true(wait_sup(f, 5000));
+    assert_int_equal(f->sup_exit, 1);
     assert_output_has(f, "worker-0.log");
-    stop_sup(f);
+    assert_output_has(f, "not a regular file");
+    assert_false(file_exists(f->run, "events.log"));
 }
 
 static void test_never_ready_fails_the_start(void **state)
