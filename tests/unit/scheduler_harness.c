@@ -266,6 +266,30 @@ void fw_resync(struct fake_worker *fw, const Pagoda__Internal__Resync *r,
     queue_push(out, &m.base);
 }
 
+/* Whether f's tokens hold token. */
+bool fw_holds(const struct fseq *f, int32_t token)
+{
+    for (int i = 0; i < f->n_tokens; i++)
+        if (f->tokens[i] == token)
+            return true;
+    return false;
+}
+
+/* Whether a sequence of step st (new, or continuing and held) holds token. */
+bool fw_step_holds(struct fake_worker *fw, const Pagoda__Internal__Step *st, int32_t token)
+{
+    for (size_t i = 0; i < st->n_new_seqs; i++)
+        for (size_t t = 0; t < st->new_seqs[i]->n_token_ids; t++)
+            if (st->new_seqs[i]->token_ids[t] == token)
+                return true;
+    for (size_t i = 0; i < st->n_cont_seqs; i++) {
+        const struct fseq *f = fw_find(fw, st->cont_seqs[i]->seq_id);
+        if (f != NULL && fw_holds(f, token))
+            return true;
+    }
+    return false;
+}
+
 /* Runs one sequence's part of a step; returns true when it sampled (token in *token). */
 bool fw_compute(struct fake_worker *fw, struct fseq *f, int num_new, int32_t *token)
 {
@@ -299,8 +323,15 @@ void fw_step(struct fake_worker *fw, const Pagoda__Internal__Step *st, struct qu
         reply_result(out, st->epoch, st->step_id, PAGODA_EPROTO, NULL, 0, fw->computed_tokens);
         return;
     }
+    if (fw->refuse && fw_step_holds(fw, st, fw->refuse_token)) {
+        fw->refused++;
+        reply_result(out, st->epoch, st->step_id, PAGODA_ERANGE, NULL, 0, fw->computed_tokens);
+        return;
+    }
     for (size_t i = 0; i < st->n_finished_seq_ids; i++) {
         struct fseq *f = fw_find(fw, st->finished_seq_ids[i]);
+        if (f == NULL && fw->poison)
+            continue; /* one the worker failed and dropped */
         if (f == NULL)
             fail_msg("worker: finished seq %llu unknown",
                      (unsigned long long)st->finished_seq_ids[i]);
@@ -369,7 +400,17 @@ void fw_step(struct fake_worker *fw, const Pagoda__Internal__Step *st, struct qu
     for (size_t i = 0; i < nt; i++) {
         int32_t token;
         tokens += nums[i];
-        if (fw_compute(fw, touched[i], nums[i], &token)) {
+        bool sampled = fw_compute(fw, touched[i], nums[i], &token);
+        if (sampled && fw->poison && fw_holds(touched[i], fw->poison_token)) {
+            pagoda__internal__seq_result__init(&res[nres]);
+            res[nres].has_seq_id = res[nres].has_error_code = 1;
+            res[nres].seq_id = touched[i]->seq_id;
+            res[nres].error_code = PAGODA_EINVAL;
+            res[nres].error_message = "sampler: logit 3 is nan";
+            ptrs[nres] = &res[nres];
+            nres++;
+            touched[i]->live = false;
+        } else if (sampled) {
             pagoda__internal__seq_result__init(&res[nres]);
             res[nres].has_seq_id = res[nres].has_token_id = res[nres].has_logprob = 1;
             res[nres].seq_id = touched[i]->seq_id;
