@@ -1091,6 +1091,14 @@ static void on_resync_done(struct scheduler *s, const Pagoda__Internal__ResyncDo
     block_manager_ack(s->bm, w->resync_next_step - 1);
     w->state = LINK_IDLE;
     w->fresh = true;
+    /* Sequences the worker left out of its mirror for their own content end here. */
+    for (size_t i = 0; i < d->n_failed; i++) {
+        const Pagoda__Internal__SeqResult *f = d->failed[i];
+        struct seq *q = f->has_seq_id ? find_seq_id(s, f->seq_id) : NULL;
+        if (q != NULL)
+            seq_fail(s, q, f->has_error_code && f->error_code != 0 ? f->error_code : PAGODA_EINVAL,
+                     f->error_message);
+    }
     if (!s->ready_sent) {
         s->ready_sent = true;
         Pagoda__Internal__Control ctl = PAGODA__INTERNAL__CONTROL__INIT;

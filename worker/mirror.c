@@ -371,6 +371,8 @@ void mirror_free(struct mirror *m)
     free(m);
 }
 
+static int seq_fails(struct mirror *m, uint64_t id, int rc);
+
 /* ---- resync -------------------------------------------------------------------------------- */
 
 int mirror_resync(struct mirror *m, const Pagoda__Internal__Resync *r)
@@ -398,8 +400,9 @@ int mirror_resync(struct mirror *m, const Pagoda__Internal__Resync *r)
 
     int32_t built = 0;
     int rc = 0;
-    for (; built < n; built++) {
-        const Pagoda__Internal__SequenceSnapshot *sn = r->seqs[built];
+    m->num_failed = 0;
+    for (int32_t i = 0; i < n; i++) {
+        const Pagoda__Internal__SequenceSnapshot *sn = r->seqs[i];
         struct seq_fields f = {
             .seq_id = sn->seq_id,
             .token_ids = sn->token_ids,
@@ -411,16 +414,21 @@ int mirror_resync(struct mirror *m, const Pagoda__Internal__Resync *r)
             .sampling = sn->sampling,
         };
         struct sampling_params sp;
-        if ((rc = check_seq_fields(m, &f, &sp)) != 0 ||
-            (rc = mseq_from_fields(m, &f, &sp, 1, &m->spare[built])) != 0)
+        if ((rc = check_seq_fields(m, &f, &sp)) != 0) {
+            seq_fails(m, sn->seq_id, rc); /* its own content: left out, not the resync */
+            rc = 0;
+            continue;
+        }
+        if ((rc = mseq_from_fields(m, &f, &sp, 1, &m->spare[built])) != 0)
             goto fail;
+        built++;
     }
     for (int32_t i = 0; i < m->num_seqs; i++)
         mseq_free(m->seqs[i]);
     struct mseq **old = m->seqs;
     m->seqs = m->spare;
     m->spare = old;
-    m->num_seqs = n;
+    m->num_seqs = built;
     m->epoch = r->epoch;
     m->next_step_id = r->next_step_id;
     m->synced = 1;
@@ -429,6 +437,7 @@ int mirror_resync(struct mirror *m, const Pagoda__Internal__Resync *r)
 fail:
     for (int32_t i = 0; i < built; i++)
         mseq_free(m->spare[i]);
+    m->num_failed = 0;
     return rc;
 }
 
@@ -830,6 +839,12 @@ void mirror_step_abort(struct mirror *m)
 }
 
 /* ---- queries ------------------------------------------------------------------------------- */
+
+int32_t mirror_resync_failures(const struct mirror *m, const struct mirror_seq_error **out)
+{
+    *out = m->failed;
+    return m->prepared ? 0 : m->num_failed;
+}
 
 int mirror_synced(const struct mirror *m)
 {

@@ -104,7 +104,9 @@ void mirror_free(struct mirror *m);
 
 /* Replaces the mirror with the snapshot r, adopts r->epoch and expects r->next_step_id next.
  * Forgets a prepared step. The snapshot is checked completely first; when it is refused the
- * mirror is left as it was (epoch and expected step included). An absent SamplingParams field
+ * mirror is left as it was (epoch and expected step included). A sequence whose own content is
+ * wrong (the PAGODA_ERANGE cases below) does not refuse the resync: it is left out of the mirror
+ * and listed by mirror_resync_failures. An absent SamplingParams field
  * takes its "off" value (temperature: 0, greedy; top_p: 1; repetition_penalty: 1; the others 0),
  * an absent SamplingParams message is greedy. r is only read.
  *
@@ -163,6 +165,10 @@ void mirror_step_commit_rows(struct mirror *m, const int32_t *tokens, const int3
 /* Forgets the prepared step; the mirror stays as it was before mirror_step_prepare. Does nothing
  * when no step is prepared. */
 void mirror_step_abort(struct mirror *m);
+
+/* The sequences the last successful mirror_resync left out (their own content was wrong), in
+ * *out; returns how many. Valid until the next call that changes the mirror. */
+int32_t mirror_resync_failures(const struct mirror *m, const struct mirror_seq_error **out);
 
 /* Whether a resync has been applied. */
 int mirror_synced(const struct mirror *m);

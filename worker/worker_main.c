@@ -14,7 +14,8 @@
  *
  * Then, on one libuv loop, for each ToWorker:
  *  - Resync: the mirror (worker/mirror.h) takes the snapshot; answers ResyncDone (with an
- *    error code when the snapshot is refused; the mirror is then unchanged).
+ *    error code when the snapshot is refused; the mirror is then unchanged; with the sequences
+ *    it left out for their own content in failed).
  *  - Step: sleeps --step-delay-ms (or the step's delay_ms, whichever is longer), then checks and
  *    applies the step through the mirror, runs one forward pass and samples, and answers
  *    StepResult{epoch, step_id, results, computed_tokens}. A step of another epoch is ignored
@@ -538,6 +539,22 @@ static void on_resync(struct worker *w, const Pagoda__Internal__Resync *r)
     } else {
         log_info("resync %" PRIu64 ": epoch %" PRIu64 ", %zu sequences, next step %" PRIu64,
                  r->resync_id, r->epoch, r->n_seqs, r->next_step_id);
+        /* Sequences left out for their own content: the scheduler fails them. */
+        const struct mirror_seq_error *failed;
+        int32_t n_failed = mirror_resync_failures(w->mirror, &failed);
+        for (int32_t i = 0; i < n_failed && i < w->o.max_seqs; i++) {
+            Pagoda__Internal__SeqResult *sr = &w->results[i];
+            pagoda__internal__seq_result__init(sr);
+            sr->has_seq_id = sr->has_error_code = 1;
+            sr->seq_id = failed[i].seq_id;
+            sr->error_code = failed[i].code;
+            sr->error_message = (char *)failed[i].message;
+            w->result_ptrs[i] = sr;
+            log_warn("resync %" PRIu64 ": sequence %" PRIu64 " left out: %s", r->resync_id,
+                     sr->seq_id, sr->error_message);
+        }
+        d.n_failed = (size_t)(n_failed < w->o.max_seqs ? n_failed : w->o.max_seqs);
+        d.failed = w->result_ptrs;
     }
     Pagoda__Internal__ToScheduler msg = PAGODA__INTERNAL__TO_SCHEDULER__INIT;
     msg.msg_case = PAGODA__INTERNAL__TO_SCHEDULER__MSG_RESYNC_DONE;

@@ -240,8 +240,24 @@ void fw_resync(struct fake_worker *fw, const Pagoda__Internal__Resync *r,
     fw->expected_step = r->next_step_id;
     for (int i = 0; i < MAX_FSEQ; i++)
         fw->seqs[i].live = false;
+    Pagoda__Internal__SeqResult failed[MAX_FSEQ];
+    Pagoda__Internal__SeqResult *failed_ptrs[MAX_FSEQ];
+    size_t n_failed = 0;
     for (size_t i = 0; i < r->n_seqs; i++) {
         const Pagoda__Internal__SequenceSnapshot *sn = r->seqs[i];
+        bool bad = false;
+        for (size_t t = 0; fw->resync_fail && t < sn->n_token_ids; t++)
+            bad |= sn->token_ids[t] == fw->resync_fail_token;
+        if (bad && n_failed < MAX_FSEQ) {
+            pagoda__internal__seq_result__init(&failed[n_failed]);
+            failed[n_failed].has_seq_id = failed[n_failed].has_error_code = 1;
+            failed[n_failed].seq_id = sn->seq_id;
+            failed[n_failed].error_code = PAGODA_ERANGE;
+            failed[n_failed].error_message = "token id outside the vocabulary";
+            failed_ptrs[n_failed] = &failed[n_failed];
+            n_failed++;
+            continue;
+        }
         struct fseq *f = fw_add(fw, sn->seq_id);
         fw_set_tokens(f, sn->token_ids, sn->n_token_ids, sn->num_prompt_tokens);
         fw_set_blocks(f, sn->block_ids, sn->n_block_ids);
@@ -260,6 +276,8 @@ void fw_resync(struct fake_worker *fw, const Pagoda__Internal__Resync *r,
     d.has_epoch = d.has_resync_id = 1;
     d.epoch = r->epoch;
     d.resync_id = r->resync_id;
+    d.n_failed = n_failed;
+    d.failed = failed_ptrs;
     Pagoda__Internal__ToScheduler m = PAGODA__INTERNAL__TO_SCHEDULER__INIT;
     m.msg_case = PAGODA__INTERNAL__TO_SCHEDULER__MSG_RESYNC_DONE;
     m.resync_done = &d;
@@ -330,7 +348,7 @@ void fw_step(struct fake_worker *fw, const Pagoda__Internal__Step *st, struct qu
     }
     for (size_t i = 0; i < st->n_finished_seq_ids; i++) {
         struct fseq *f = fw_find(fw, st->finished_seq_ids[i]);
-        if (f == NULL && fw->poison)
+        if (f == NULL && (fw->poison || fw->resync_fail))
             continue; /* one the worker failed and dropped */
         if (f == NULL)
             fail_msg("worker: finished seq %llu unknown",

@@ -70,6 +70,10 @@ struct fake_worker {
      * which sequence is at fault), every time. */
     bool refuse;
     int32_t refuse_token;
+    /* A resync leaves out the sequences holding resync_fail_token and lists them failed in its
+     * ResyncDone (their content is wrong for this worker). */
+    bool resync_fail;
+    int32_t resync_fail_token;
     /* What it saw. */
     int steps_run, refused, ignored_steps, resyncs_done, hellos_sent;
     int max_step_tokens;

@@ -522,7 +522,7 @@ static void test_sample_rows_carry_histories_after_a_resync(void **state)
     assert_int_equal(ms.rows[0].output_index, 4);
     assert_int_equal(ms.rows[0].output_tokens[3], 93);
 
-    /* Invalid sampling parameters are refused with the sequence named. */
+    /* A sequence with invalid sampling parameters is left out, named with its reason. */
     Pagoda__Internal__SamplingParams bad = PAGODA__INTERNAL__SAMPLING_PARAMS__INIT;
     bad.has_top_p = 1;
     bad.top_p = 0.0f;
@@ -532,9 +532,15 @@ static void test_sample_rows_carry_histories_after_a_resync(void **state)
     r2.epoch = 2;
     r2.n_seqs = 1;
     r2.seqs = snaps;
-    assert_int_equal(mirror_resync(m, &r2), PAGODA_ERANGE);
-    assert_non_null(strstr(pagoda_error_detail(), "sequence 4"));
-    assert_int_equal(mirror_epoch(m), 1);
+    assert_int_equal(mirror_resync(m, &r2), 0);
+    const struct mirror_seq_error *left_out;
+    assert_int_equal(mirror_resync_failures(m, &left_out), 1);
+    assert_int_equal(left_out[0].seq_id, 4);
+    assert_int_equal(left_out[0].code, PAGODA_ERANGE);
+    assert_non_null(strstr(left_out[0].message, "sequence 4"));
+    assert_non_null(strstr(left_out[0].message, "top_p"));
+    assert_int_equal(mirror_epoch(m), 2);
+    assert_int_equal(mirror_num_seqs(m), 0);
     mirror_free(m);
 }
 
@@ -547,17 +553,30 @@ static void test_block_ids_outside_the_pool_are_refused(void **state)
     Pagoda__Internal__SequenceSnapshot *snaps[] = {&good};
     resync(m, 1, 0, snaps, 1);
 
-    /* A resync with a block past the pool is refused and the old mirror kept. */
+    /* A snapshot sequence with a block past the pool is left out (and listed), not the resync
+     * refused: its request fails, the others go on. */
     Pagoda__Internal__SequenceSnapshot far = snap(2, t, 3, 3, 2, past, 1);
     Pagoda__Internal__SequenceSnapshot *bad_snaps[] = {&good, &far};
     Pagoda__Internal__Resync r = PAGODA__INTERNAL__RESYNC__INIT;
     r.has_epoch = r.has_next_step_id = 1;
-    r.epoch = 2;
-    r.next_step_id = 50;
+    r.epoch = 1;
+    r.next_step_id = 0;
     r.n_seqs = 2;
     r.seqs = bad_snaps;
-    assert_int_equal(mirror_resync(m, &r), PAGODA_ERANGE);
-    assert_non_null(strstr(pagoda_error_detail(), "block id 16"));
+    assert_int_equal(mirror_resync(m, &r), 0);
+    const struct mirror_seq_error *left_out;
+    assert_int_equal(mirror_resync_failures(m, &left_out), 1);
+    assert_int_equal(left_out[0].seq_id, 2);
+    assert_int_equal(left_out[0].code, PAGODA_ERANGE);
+    assert_non_null(strstr(left_out[0].message, "block id 16"));
+    assert_int_equal(mirror_num_seqs(m), 1);
+    assert_int_equal(view(m, 1).num_computed_tokens, 2);
+    /* What is wrong with the snapshot itself still refuses it, and the old mirror stays. */
+    Pagoda__Internal__SequenceSnapshot *twice[] = {&good, &good};
+    r.epoch = 2;
+    r.next_step_id = 50;
+    r.seqs = twice;
+    assert_int_equal(mirror_resync(m, &r), PAGODA_EINVAL);
     assert_int_equal(mirror_epoch(m), 1);
     assert_int_equal(mirror_next_step_id(m), 0);
     assert_int_equal(mirror_num_seqs(m), 1);

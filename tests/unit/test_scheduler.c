@@ -772,6 +772,38 @@ static void test_refused_step_isolates_the_culprit(void **state)
     harness_close(h);
 }
 
+/* A worker that leaves one sequence out of a resync (its content is wrong for it) lists it in
+ * ResyncDone: that request fails, the others continue, and the resync is not refused and
+ * resent forever. */
+static void test_sequence_left_out_of_a_resync_fails(void **state)
+{
+    struct harness *h = harness_open(&DEFAULT_SETUP);
+    int32_t pa[12], pb[12], pc[12];
+    make_prompt(50, 12, pa);
+    make_prompt(51, 12, pb);
+    make_prompt(52, 12, pc);
+    int32_t bad = token_only_in(pb, 12, pa, pc, 12, 6);
+    struct req_rec *a = submit(h, 1, pa, 12, 6);
+    struct req_rec *b = submit(h, 2, pb, 12, 6);
+    struct req_rec *c = submit(h, 3, pc, 12, 6);
+    /* Two steps run; the third is lost, so a resync follows its timeout. */
+    exchange(h);
+    exchange(h);
+    h->fw.drop_steps = 1;
+    exchange(h);
+    h->fw.resync_fail = true;
+    h->fw.resync_fail_token = bad;
+    tick(h, h->now + SCHEDULER_DEFAULT_RESULT_TIMEOUT_MS);
+    pump(h);
+    assert_int_equal(b->finish, PAGODA__INTERNAL__FINISH_REASON__FINISH_ERROR);
+    assert_int_equal(b->error_code, PAGODA_ERANGE);
+    expect_output(a, pa, 12, 6, PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH);
+    expect_output(c, pc, 12, 6, PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH);
+    assert_int_equal(stats(h).failed_seqs, 1);
+    expect_idle_pool(h);
+    harness_close(h);
+}
+
 /* A StatsRequest is answered with the counters and its cookie. */
 static void test_stats_reply(void **state)
 {
@@ -873,6 +905,7 @@ int main(void)
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_one_sequence_error_ends_it_alone),
         cmocka_unit_test(test_refused_step_isolates_the_culprit),
+        cmocka_unit_test(test_sequence_left_out_of_a_resync_fails),
         cmocka_unit_test(test_stats_reply),
         cmocka_unit_test(test_router_hello_announces),
     };
