@@ -12,8 +12,7 @@
 
 /* The longest message kept (longer ones are truncated). */
 #define LOG_LINE_MAX 1024
-/* Call sites tracked for the burst limit: a direct-mapped table; a site that takes another's
- * slot first reports what the other had suppressed. */
+/* Call sites tracked for the burst limit: a direct-mapped table keyed by the format string. */
 #define LOG_SITES 64
 
 static atomic_int current_level = LOG_INFO;
@@ -104,8 +103,9 @@ static int site_allows(const char *fmt, int64_t now_ms, uint64_t *suppressed)
     struct log_site *s = &sites[(h >> 40) % LOG_SITES];
     *suppressed = 0;
     if (s->fmt != fmt) {
-        /* A new site: what the evicted one suppressed is lost to the count but not silent. */
-        *suppressed = 0;
+        /* A new site takes the slot and the count of the one it evicts is dropped: two sites
+         * flooding at once in one slot escape the burst limit (not the repeat count), which
+         * LOG_SITES slots make rare. */
         s->fmt = fmt;
         s->window_ms = now_ms;
         s->printed = 0;
