@@ -56,11 +56,11 @@ typedef enum pagoda_finish_reason {
 
 /* What to generate. Start from pagoda_generate_params_default() and change what you need. */
 typedef struct pagoda_generate_params {
-    float temperature;        /* 0: greedy; otherwise finite and > 0 */
+    float temperature;        /* 0: greedy; otherwise in [1e-6, 100] (docs/sampling.md) */
     float top_p;              /* in (0, 1]; 1: off */
     int32_t top_k;            /* 0: off */
     float min_p;              /* in [0, 1]; 0: off */
-    float repetition_penalty; /* > 0; 1: off */
+    float repetition_penalty; /* in [0.01, 100]; 1: off */
     float presence_penalty;   /* in [-2, 2]; 0: off */
     float frequency_penalty;  /* in [-2, 2]; 0: off */
     int has_seed;             /* 0: the router draws a seed */

@@ -5,6 +5,7 @@
 #include "common/error.h"
 #include "common/list.h"
 #include "common/log.h"
+#include "kernels/cpu/sampler.h"
 #include "proto/internal.pb-c.h"
 #include "proto/pagoda.pb-c.h"
 #include "wire/wire.h"
@@ -917,25 +918,23 @@ static int submit_params_read(const struct router *r, const Pagoda__SubmitReques
     p->has_seed = sp && sp->has_seed;
     p->seed = p->has_seed ? sp->seed : 0;
     p->logprobs = sp && sp->has_logprobs && sp->logprobs;
-    if (!isfinite(p->temperature) || p->temperature < 0.0f)
-        return pagoda_error_set(PAGODA_ERANGE,
-                                "temperature %g must be 0 (greedy) or finite and > 0",
-                                (double)p->temperature);
-    if (!(p->top_p > 0.0f && p->top_p <= 1.0f))
-        return pagoda_error_set(PAGODA_ERANGE, "top_p %g must be in (0, 1]", (double)p->top_p);
-    if (p->top_k < 0)
-        return pagoda_error_set(PAGODA_ERANGE, "top_k %d must be >= 0 (0: off)", (int)p->top_k);
-    if (!(p->min_p >= 0.0f && p->min_p <= 1.0f))
-        return pagoda_error_set(PAGODA_ERANGE, "min_p %g must be in [0, 1]", (double)p->min_p);
-    if (!isfinite(p->repetition_penalty) || !(p->repetition_penalty > 0.0f))
-        return pagoda_error_set(PAGODA_ERANGE, "repetition_penalty %g must be finite and > 0",
-                                (double)p->repetition_penalty);
-    if (!(fabsf(p->presence_penalty) <= 2.0f))
-        return pagoda_error_set(PAGODA_ERANGE, "presence_penalty %g must be in [-2, 2]",
-                                (double)p->presence_penalty);
-    if (!(fabsf(p->frequency_penalty) <= 2.0f))
-        return pagoda_error_set(PAGODA_ERANGE, "frequency_penalty %g must be in [-2, 2]",
-                                (double)p->frequency_penalty);
+    /* The sampler's own definition of valid values (kernels/cpu/sampler.h: ranges that cannot
+     * overflow), so that nothing the router admits fails in the worker. */
+    struct sampling_params check = sampling_params_default();
+    check.temperature = p->temperature;
+    check.top_p = p->top_p;
+    check.top_k = p->top_k;
+    check.min_p = p->min_p;
+    check.repetition_penalty = p->repetition_penalty;
+    check.presence_penalty = p->presence_penalty;
+    check.frequency_penalty = p->frequency_penalty;
+    int rc = sampling_params_validate(&check);
+    if (rc != 0) {
+        char why[512];
+        snprintf(why, sizeof(why), "%s", pagoda_error_detail());
+        /* A NaN is out of range too, for a client: one code for every bad value. */
+        return pagoda_error_set(PAGODA_ERANGE, "%s", why);
+    }
     return 0;
 }
 

@@ -105,6 +105,7 @@ static void seq_free(struct seq *q)
     free(q->tenant);
     free(q->entries);
     free(q->keys);
+    free(q->error_text);
     free(q);
 }
 
@@ -322,6 +323,27 @@ static void seq_refuse(struct scheduler *s, struct seq *q, int error, const char
     seq_remove(s, q);
 }
 
+/* Ends q with FINISH_ERROR because of an error of its own that a worker reported (code, message,
+ * copied): its client gets the error, the rest of the step goes on. */
+static void seq_fail(struct scheduler *s, struct seq *q, int32_t code, const char *message)
+{
+    char hex[2 * SCHEDULER_REQUEST_ID_BYTES + 1] = "";
+    for (size_t i = 0; i < SCHEDULER_REQUEST_ID_BYTES; i++)
+        snprintf(hex + 2 * i, 3, "%02x", q->request_id[i]);
+    const char *why = message != NULL && message[0] != '\0' ? message : pagoda_strerror(code);
+    log_warn("request %s (seq %llu) failed in the worker: %s", hex, (unsigned long long)q->seq_id,
+             why);
+    s->stats.failed_seqs++;
+    free(q->error_text);
+    q->error_text = strndup(why, SCHEDULER_ERROR_MESSAGE_MAX - 1);
+    const char *kept = q->error_text != NULL ? q->error_text : "the worker failed the request";
+    if (q->pin == NULL)
+        send_end(s, q->request_id, SCHEDULER_REQUEST_ID_BYTES,
+                 (uint32_t)(q->num_tokens - q->num_prompt_tokens), (uint32_t)q->num_prompt_tokens,
+                 PAGODA__INTERNAL__FINISH_REASON__FINISH_ERROR, code, kept);
+    seq_end(s, q, PAGODA__INTERNAL__FINISH_REASON__FINISH_ERROR, code, kept);
+}
+
 /* Releases a running sequence's blocks and requeues it at the front to recompute everything it
  * knows. */
 static void preempt(struct scheduler *s, struct seq *v)
@@ -429,6 +451,104 @@ static void send_resync(struct scheduler *s, int64_t now_ms, bool announce)
     send_worker(s, 0, &m);
 }
 
+/* ---- isolating a refused step --------------------------------------------------------------- */
+
+/* Whether q may run in the step being formed: anything when not isolating, else only the probe
+ * (the first probe_len suspects). */
+static bool may_run(const struct scheduler *s, const struct seq *q)
+{
+    const struct worker_link *w = &s->worker;
+    if (!w->isolating)
+        return true;
+    for (uint32_t i = 0; i < w->probe_len; i++)
+        if (w->suspects[i] == q->seq_id)
+            return true;
+    return false;
+}
+
+static void isolation_end(struct scheduler *s, const char *why)
+{
+    struct worker_link *w = &s->worker;
+    if (w->isolating)
+        log_info("isolation of a refused step ends: %s", why);
+    w->isolating = false;
+    w->num_suspects = w->probe_len = 0;
+}
+
+/* Before a step is formed while isolating: forgets suspects that no longer run (ended,
+ * cancelled, preempted: a preempted sequence comes back with another seq_id) and picks the
+ * probe again. */
+static void isolation_prune(struct scheduler *s)
+{
+    struct worker_link *w = &s->worker;
+    if (!w->isolating)
+        return;
+    uint32_t kept = 0, probe = 0;
+    for (uint32_t i = 0; i < w->num_suspects; i++) {
+        if (find_seq_id(s, w->suspects[i]) == NULL)
+            continue;
+        probe += i < w->probe_len;
+        w->suspects[kept++] = w->suspects[i];
+    }
+    w->num_suspects = kept;
+    w->probe_len = probe > 0 ? probe : (kept + 1) / 2;
+    if (kept == 0)
+        isolation_end(s, "no suspect runs any more");
+}
+
+/* A step was accepted: when it was a probe, its sequences are cleared and the rest remain. */
+static void isolation_step_accepted(struct scheduler *s)
+{
+    struct worker_link *w = &s->worker;
+    if (!w->isolating)
+        return;
+    uint32_t rest = w->num_suspects - w->probe_len;
+    memmove(w->suspects, w->suspects + w->probe_len, rest * sizeof(*w->suspects));
+    w->num_suspects = rest;
+    w->probe_len = (rest + 1) / 2;
+    if (rest == 0)
+        isolation_end(s, "every suspect ran");
+}
+
+/* The step in flight was refused. Right after a resync (fresh), or while isolating, its
+ * sequences become the suspects; a lone suspect refused right after a resync is the culprit and
+ * fails. Otherwise (the first refusal since steps were accepted) the resync alone is the
+ * remedy: the mirror may simply have diverged. */
+static void isolation_step_refused(struct scheduler *s, const Pagoda__Internal__StepResult *r)
+{
+    struct worker_link *w = &s->worker;
+    if (!w->fresh && !w->isolating)
+        return;
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < w->step_num_seqs; i++)
+        if (find_seq_id(s, w->step_seq_ids[i]) != NULL)
+            w->suspects[n++] = w->step_seq_ids[i];
+    w->num_suspects = n;
+    if (n == 0) {
+        isolation_end(s, "the refused step's sequences are gone");
+        return;
+    }
+    if (n == 1 && w->fresh) {
+        struct seq *q = find_seq_id(s, w->suspects[0]);
+        log_warn("worker 0 refused step %llu right after a resync, and seq %llu alone: failing it",
+                 (unsigned long long)r->step_id, (unsigned long long)q->seq_id);
+        s->stats.isolated_seqs++;
+        q->inflight_new = 0;
+        q->inflight_samples = false;
+        seq_fail(s, q, r->error_code,
+                 r->error_message != NULL ? r->error_message : "the worker refused its steps");
+        isolation_end(s, "the culprit failed");
+        return;
+    }
+    if (!w->isolating)
+        log_warn("worker 0 refused step %llu right after a resync: isolating the culprit among "
+                 "its %u sequences",
+                 (unsigned long long)r->step_id, n);
+    w->isolating = true;
+    /* Not fresh: the probe is tried again as it is after the resync before anything fails. */
+    w->probe_len = w->fresh ? (n + 1) / 2 : n;
+}
+
 /* ---- forming a step ------------------------------------------------------------------------- */
 
 static void plan_add(struct scheduler *s, struct seq *q, int32_t num_new)
@@ -522,7 +642,7 @@ static void form_plan(struct scheduler *s)
     /* Decodes first: one token each. */
     for (uint32_t i = 0; i < n && s->budget > 0; i++) {
         struct seq *q = s->order[i];
-        if (q->state != SEQ_RUNNING || q->num_tokens - q->num_computed != 1)
+        if (q->state != SEQ_RUNNING || q->num_tokens - q->num_computed != 1 || !may_run(s, q))
             continue;
         if (ensure_blocks(s, q, (int64_t)q->num_computed + 1))
             plan_add(s, q, 1);
@@ -531,16 +651,16 @@ static void form_plan(struct scheduler *s)
     for (uint32_t i = 0; i < n && s->budget > 0; i++) {
         struct seq *q = s->order[i];
         int32_t remaining = q->num_tokens - q->num_computed;
-        if (q->state != SEQ_RUNNING || remaining <= 1)
+        if (q->state != SEQ_RUNNING || remaining <= 1 || !may_run(s, q))
             continue;
         int32_t chunk = remaining < s->budget ? remaining : s->budget;
         if (ensure_blocks(s, q, (int64_t)q->num_computed + chunk))
             plan_add(s, q, chunk);
     }
-    /* Then admissions, unless this step had to preempt: FIFO, except that a tenant at its cap
-     * on running sequences is passed over (its requests keep their places). */
+    /* Then admissions, unless this step had to preempt or runs a probe: FIFO, except that a
+     * tenant at its cap on running sequences is passed over (its requests keep their places). */
     int64_t owed = blocks_owed(s);
-    struct seq *next = s->waiting.head;
+    struct seq *next = s->worker.isolating ? NULL : s->waiting.head;
     while (next && !s->preempted_now && s->budget > 0 &&
            s->running.count < (uint32_t)s->cfg.max_seqs) {
         struct seq *q = next;
@@ -599,6 +719,7 @@ static void try_step(struct scheduler *s, int64_t now_ms)
     if (s->running.count == 0 && s->waiting.count == 0)
         return;
     uint64_t cpu0 = cpu_now_ns();
+    isolation_prune(s);
     form_plan(s);
     if (s->need_resync) { /* a pending list overflowed while forming */
         for (uint32_t i = 0; i < s->plan_len; i++)
@@ -651,7 +772,8 @@ static void try_step(struct scheduler *s, int64_t now_ms)
     }
     if (w->step_num_seqs == 0) {
         /* Nothing could run (every candidate was preempted): the preempted ids wait for the
-         * next step, the next tick tries again. */
+         * next step, the next tick tries again (without a probe that cannot run). */
+        isolation_end(s, "the probe cannot run");
         charge_cpu(s, cpu0);
         return;
     }
@@ -723,8 +845,10 @@ static void clear_results(struct scheduler *s, const Pagoda__Internal__StepResul
 {
     for (size_t i = 0; i < r->n_results; i++) {
         struct seq *q = find_seq_id(s, r->results[i]->seq_id);
-        if (q != NULL)
+        if (q != NULL) {
             q->has_result = false;
+            q->result_error = 0;
+        }
     }
 }
 
@@ -736,13 +860,25 @@ static int check_result(struct scheduler *s, const Pagoda__Internal__StepResult 
 {
     for (size_t i = 0; i < r->n_results; i++) {
         const Pagoda__Internal__SeqResult *res = r->results[i];
-        if (!res->has_seq_id || !res->has_token_id) {
+        bool failed = res->has_error_code && res->error_code != 0;
+        if (!res->has_seq_id || (!failed && !res->has_token_id)) {
             *why = "a result without seq_id or token_id";
             return -1;
         }
         struct seq *q = find_seq_id(s, res->seq_id);
         if (q == NULL)
             continue; /* cancelled while the step ran */
+        if (failed) {
+            /* Any sequence of the step may fail, sampling or not. */
+            if (q->inflight_new == 0 || q->has_result) {
+                *why = "an error for a sequence not in the step, or two results";
+                return -1;
+            }
+            q->has_result = true;
+            q->result_error = res->error_code;
+            q->result_error_message = res->error_message;
+            continue;
+        }
         if (!q->inflight_samples || q->has_result) {
             *why = "a token for a sequence that did not sample, or two";
             return -1;
@@ -752,6 +888,7 @@ static int check_result(struct scheduler *s, const Pagoda__Internal__StepResult 
             return -1;
         }
         q->has_result = true;
+        q->result_error = 0;
         q->result_token = res->token_id;
         q->result_logprob = res->has_logprob ? res->logprob : 0.0f;
     }
@@ -772,11 +909,21 @@ static void apply_result(struct scheduler *s, const Pagoda__Internal__StepResult
     if (r->has_computed_tokens)
         s->stats.computed_tokens = r->computed_tokens;
     w->state = LINK_IDLE;
+    w->fresh = false;
+    isolation_step_accepted(s);
     size_t n_ev = 0;
     for (uint32_t i = 0; i < w->step_num_seqs; i++) {
         struct seq *q = find_seq_id(s, w->step_seq_ids[i]);
         if (q == NULL)
             continue;
+        if (q->has_result && q->result_error != 0) {
+            /* The worker failed it: nothing of this step counts for it, and it ends. */
+            q->inflight_new = 0;
+            q->inflight_samples = false;
+            q->has_result = false;
+            seq_fail(s, q, q->result_error, q->result_error_message);
+            continue;
+        }
         q->num_computed += q->inflight_new;
         q->inflight_new = 0;
         cache_publish(s, q);
@@ -840,6 +987,8 @@ static void on_step_result(struct scheduler *s, const Pagoda__Internal__StepResu
                  r->error_message ? r->error_message : "", (int)r->error_code);
         if (w->state == LINK_RESYNCING)
             return; /* the resync on its way repairs it */
+        if (w->state == LINK_STEP && r->step_id == w->step_id)
+            isolation_step_refused(s, r);
         send_resync(s, now_ms, false);
         return;
     }
@@ -941,6 +1090,15 @@ static void on_resync_done(struct scheduler *s, const Pagoda__Internal__ResyncDo
     }
     block_manager_ack(s->bm, w->resync_next_step - 1);
     w->state = LINK_IDLE;
+    w->fresh = true;
+    /* Sequences the worker left out of its mirror for their own content end here. */
+    for (size_t i = 0; i < d->n_failed; i++) {
+        const Pagoda__Internal__SeqResult *f = d->failed[i];
+        struct seq *q = f->has_seq_id ? find_seq_id(s, f->seq_id) : NULL;
+        if (q != NULL)
+            seq_fail(s, q, f->has_error_code && f->error_code != 0 ? f->error_code : PAGODA_EINVAL,
+                     f->error_message);
+    }
     if (!s->ready_sent) {
         s->ready_sent = true;
         Pagoda__Internal__Control ctl = PAGODA__INTERNAL__CONTROL__INIT;
@@ -1383,6 +1541,7 @@ int scheduler_open(const struct scheduler_config *cfg, const struct scheduler_io
     s->req_buckets = calloc(buckets, sizeof(*s->req_buckets));
     s->id_buckets = calloc(buckets, sizeof(*s->id_buckets));
     s->worker.step_seq_ids = calloc(m, sizeof(uint64_t));
+    s->worker.suspects = calloc(m, sizeof(uint64_t));
     s->pending_finished.ids = calloc(2 * m, sizeof(uint64_t));
     s->pending_preempted.ids = calloc(2 * m, sizeof(uint64_t));
     s->plan = calloc(m, sizeof(*s->plan));
@@ -1397,10 +1556,10 @@ int scheduler_open(const struct scheduler_config *cfg, const struct scheduler_io
     s->ev_msgs = calloc(m, sizeof(*s->ev_msgs));
     s->ev_ptrs = calloc(m, sizeof(*s->ev_ptrs));
     s->ev_slots = calloc(m, sizeof(*s->ev_slots));
-    if (!s->req_buckets || !s->id_buckets || !s->worker.step_seq_ids || !s->pending_finished.ids ||
-        !s->pending_preempted.ids || !s->plan || !s->order || !s->new_msgs || !s->new_ptrs ||
-        !s->cont_msgs || !s->cont_ptrs || !s->sp_msgs || !s->snap_msgs || !s->snap_ptrs ||
-        !s->ev_msgs || !s->ev_ptrs || !s->ev_slots) {
+    if (!s->req_buckets || !s->id_buckets || !s->worker.step_seq_ids || !s->worker.suspects ||
+        !s->pending_finished.ids || !s->pending_preempted.ids || !s->plan || !s->order ||
+        !s->new_msgs || !s->new_ptrs || !s->cont_msgs || !s->cont_ptrs || !s->sp_msgs ||
+        !s->snap_msgs || !s->snap_ptrs || !s->ev_msgs || !s->ev_ptrs || !s->ev_slots) {
         rc = PAGODA_ENOMEM;
         goto fail;
     }
@@ -1439,6 +1598,7 @@ void scheduler_close(struct scheduler *s)
     free(s->req_buckets);
     free(s->id_buckets);
     free(s->worker.step_seq_ids);
+    free(s->worker.suspects);
     free(s->pending_finished.ids);
     free(s->pending_preempted.ids);
     free(s->plan);

@@ -30,7 +30,19 @@
  * counted (stats.ignored_messages). An error StepResult of this epoch for any step already sent
  * (the worker refused a step) triggers a resync, as do a malformed message on a worker link, a
  * result that breaks the protocol (a token for a sequence that did not sample, a missing token,
- * a token outside the vocabulary), and a step or resync unanswered for result_timeout_ms. When
+ * a token outside the vocabulary), and a step or resync unanswered for result_timeout_ms.
+ *
+ * Errors of one sequence never stall the others. A SeqResult with an error_code (the worker
+ * failed that sequence alone: its logits, its sampling, its length or ids) ends that request
+ * with FINISH_ERROR, the worker's code and message (stats.failed_seqs); nothing of the step
+ * counts for it and its blocks are released; every other sequence of the step is applied. A step
+ * refused right after a resync is not sent again as it was: its sequences become suspects, the
+ * next steps run only a probe (half of them; nobody else runs and nobody is admitted meanwhile),
+ * a refused probe becomes the suspects and an accepted one clears itself, and a lone suspect
+ * refused right after a resync fails with the refusal's code and message
+ * (stats.isolated_seqs). A first refusal after accepted steps only resyncs (the mirror may have
+ * diverged). So a worker that refuses every step still fails requests one by one, answering
+ * each client, instead of being resent the same step forever. When
  * the result of a step that timed out arrives after all (a slow step, not a lost one), the
  * timeout doubles for the rest of that worker process's life (at most
  * SCHEDULER_MAX_TIMEOUT_BACKOFF times), so that a step longer than the timeout cannot be
@@ -136,6 +148,8 @@
  * with RouterHello, and the most output tokens one announcement message carries. */
 #define SCHEDULER_MAX_RECENT_ENDED 1024
 #define SCHEDULER_ANNOUNCE_TOKENS (1 << 20)
+/* The longest worker's error message kept for a request that failed (longer ones are cut). */
+#define SCHEDULER_ERROR_MESSAGE_MAX 256
 /* Request ids are 128-bit. */
 #define SCHEDULER_REQUEST_ID_BYTES 16
 /* Per request: stop token ids; per worker: EOS ids. */
@@ -194,6 +208,8 @@ struct scheduler_stats {
     /* Beyond the proto. */
     uint64_t ignored_messages;  /* results and ResyncDones of another epoch, step or resync */
     uint64_t refused_steps;     /* StepResults with an error code */
+    uint64_t failed_seqs;       /* sequences ended by an error of their own in a step */
+    uint64_t isolated_seqs;     /* of them, found by isolating a refused step */
     uint64_t result_timeouts;   /* steps or resyncs unanswered for result_timeout_ms */
     uint64_t hung_reports;      /* Control{hung_worker_id} sent */
     uint64_t rejected_requests; /* submits answered with an error event */

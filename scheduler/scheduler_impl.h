@@ -41,6 +41,8 @@ struct seq {
     bool has_result;    /* while a result is checked */
     int32_t result_token;
     float result_logprob;
+    int32_t result_error;             /* while a result is checked: the worker failed it (code) */
+    const char *result_error_message; /* the result's, valid while it is handled */
     struct sampling_params sampling;
     int32_t max_tokens; /* 0: up to the context */
     bool ignore_eos;
@@ -56,7 +58,8 @@ struct seq {
     /* Once it has ended and is kept in the recent list. */
     Pagoda__Internal__FinishReason finish_reason;
     int32_t error_code;
-    const char *error_message; /* a static string, or NULL */
+    const char *error_message; /* a static string, error_text, or NULL */
+    char *error_text;          /* owned: a worker's message for this request's failure */
     /* The prefix cache (scheduler_cache.c). */
     struct sched_tenant *owner;  /* whose request (NULL for a pin's own sequence) */
     struct sched_pin *pin;       /* a pin being computed: this is its sequence */
@@ -117,6 +120,15 @@ struct worker_link {
     int timeout_backoff;
     uint64_t *step_seq_ids; /* the sequences of the step in flight */
     uint32_t step_num_seqs;
+    /* A step refused right after a resync (fresh) is not the mirror's divergence but the step's
+     * own fault: it is never sent again as is. The scheduler isolates the culprit: the next
+     * steps run only a probe, the first half of the suspects (the refused step's sequences);
+     * a refused probe becomes the suspects, an accepted one leaves the rest; a lone suspect
+     * refused again right after a resync is failed (FINISH_ERROR, the worker's message). */
+    bool fresh; /* a resync was answered and no step was accepted since */
+    bool isolating;
+    uint64_t *suspects; /* [max_seqs] */
+    uint32_t num_suspects, probe_len;
     int64_t last_rx_ms;
     int64_t owes_since_ms; /* when the outstanding answer became due */
     bool hung_reported;
@@ -134,6 +146,7 @@ struct event_slot {
     uint8_t request_id[SCHEDULER_REQUEST_ID_BYTES];
     int32_t token;
     float logprob;
+    char error[SCHEDULER_ERROR_MESSAGE_MAX];
 };
 
 struct scheduler {

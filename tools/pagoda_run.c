@@ -4,7 +4,9 @@
  * prefill chunks and decode tokens together (chunked when the prompts exceed the step's token
  * budget), against one KV pool laid out as kvpool/geometry.h defines. Tokens are chosen by the
  * sampler of kernels/cpu/sampler.h, so a seeded run repeats exactly and a prompt's tokens do not
- * depend on the other prompts in the batch. */
+ * depend on the other prompts in the batch. A prompt whose row cannot be sampled (logits that are
+ * not finite: a broken model) ends with finish_reason "error" and the sampler's message, as the
+ * server ends that request; the others go on, and the exit status is 1. */
 #include "common/error.h"
 #include "common/log.h"
 #include "common/parse.h"
@@ -34,7 +36,8 @@ struct seq {
     int32_t max_total;    /* stop when num_tokens reaches it */
     int32_t *block_table;
     int32_t num_blocks;
-    const char *finish; /* NULL while running: "stop" or "length" */
+    const char *finish;                /* NULL while running: "stop", "length" or "error" */
+    char error[BACKEND_ROW_ERROR_MAX]; /* why, for "error" */
 };
 
 struct run_opts {
@@ -89,7 +92,14 @@ static void print_result(const struct seq *s, int json)
         printf("], \"logprobs\": [");
         for (int32_t i = 0; i < n; i++)
             printf("%s%.6g", i ? ", " : "", s->logprobs[i]);
-        printf("], \"finish_reason\": \"%s\"}\n", s->finish);
+        printf("], \"finish_reason\": \"%s\"", s->finish);
+        if (s->error[0] != '\0') {
+            printf(", \"error\": \"");
+            for (const char *c = s->error; *c; c++)
+                printf(*c == '"' || *c == '\\' ? "\\%c" : "%c", *c);
+            printf("\"");
+        }
+        printf("}\n");
     } else {
         for (int32_t i = 0; i < n; i++)
             printf("%s%d", i ? "," : "", s->tokens[s->num_prompt + i]);
@@ -106,6 +116,7 @@ struct step_buf {
     struct sample_row *rows;
     int32_t *tokens;
     float *logprobs;
+    struct backend_row_error *errors;
 };
 
 static int generate(struct backend *be, struct seq *seqs, int num_seqs, int32_t block_size,
@@ -127,9 +138,10 @@ static int generate(struct backend *be, struct seq *seqs, int num_seqs, int32_t 
     sb.rows = malloc((size_t)num_seqs * sizeof(*sb.rows));
     sb.tokens = malloc((size_t)num_seqs * sizeof(int32_t));
     sb.logprobs = malloc((size_t)num_seqs * sizeof(float));
+    sb.errors = malloc((size_t)num_seqs * sizeof(*sb.errors));
     if (!sb.token_ids || !sb.positions || !sb.slots || !sb.query_start || !sb.context_lens ||
         !sb.block_tables || !sb.logits_rows || !sb.seq_of_row || !sb.sched || !sb.rows ||
-        !sb.tokens || !sb.logprobs)
+        !sb.tokens || !sb.logprobs || !sb.errors)
         goto out;
 
     for (;;) {
@@ -192,13 +204,19 @@ static int generate(struct backend *be, struct seq *seqs, int num_seqs, int32_t 
             .num_logits = nl,
             .logits_indices = sb.logits_rows,
         };
-        if ((rc = backend_forward_sample(be, &b, sb.rows, sb.tokens, sb.logprobs)) != 0)
+        if ((rc = backend_forward_sample_rows(be, &b, sb.rows, sb.tokens, sb.logprobs,
+                                              sb.errors)) != 0)
             goto out;
         /* Every sequence in the step has its chunk computed. */
         for (int32_t k = 0; k < ns; k++)
             seqs[sb.sched[k]].num_computed += sb.query_start[k + 1] - sb.query_start[k];
         for (int32_t r = 0; r < nl; r++) {
             struct seq *s = &seqs[sb.seq_of_row[r]];
+            if (sb.errors[r].code != 0) {
+                s->finish = "error";
+                snprintf(s->error, sizeof(s->error), "%s", sb.errors[r].message);
+                continue;
+            }
             int32_t out_len = s->num_tokens - s->num_prompt, token = sb.tokens[r];
             s->tokens[s->num_tokens] = token;
             s->logprobs[out_len] = sb.logprobs[r];
@@ -223,6 +241,7 @@ out:
     free(sb.rows);
     free(sb.tokens);
     free(sb.logprobs);
+    free(sb.errors);
     return rc;
 }
 
@@ -523,8 +542,14 @@ int main(int argc, char **argv)
     if ((rc = generate(be, seqs, num_prompts, o.block_size, max_blocks, &o)) != 0)
         goto fail;
     clock_gettime(CLOCK_MONOTONIC, &t1);
-    for (int p = 0; p < num_prompts; p++)
+    int failed = 0;
+    for (int p = 0; p < num_prompts; p++) {
         print_result(&seqs[p], o.json);
+        if (seqs[p].error[0] != '\0') {
+            fprintf(stderr, "pagoda-run: prompt %d failed: %s\n", p + 1, seqs[p].error);
+            failed++;
+        }
+    }
     if (o.stats) {
         long long generated = 0;
         for (int p = 0; p < num_prompts; p++)
@@ -536,7 +561,7 @@ int main(int argc, char **argv)
                 num_prompts, (unsigned long long)backend_forward_count(be), generated, secs,
                 secs > 0 ? (double)generated / secs : 0.0);
     }
-    status = 0;
+    status = failed > 0;
     goto out;
 fail_nomem:
     rc = PAGODA_ENOMEM;

@@ -1,6 +1,7 @@
 #include "worker/backend.h"
 #include "common/error.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 
 const struct model_config *backend_config(const struct backend *b)
@@ -60,9 +61,12 @@ int backend_check_batch(const struct model_config *c, const struct backend_limit
     return 0;
 }
 
-/* The host path: logits come back to the host and the CPU sampler draws. */
+/* The host path: logits come back to the host and the CPU sampler draws. With row_errors, a
+ * row that fails is recorded there and the others are sampled; without, the first failing row
+ * fails the call. */
 static int forward_sample_host(struct backend *b, const struct fwd_batch *batch,
-                               const struct sample_row *rows, int32_t *tokens, float *logprobs)
+                               const struct sample_row *rows, int32_t *tokens, float *logprobs,
+                               struct backend_row_error *row_errors)
 {
     int32_t vocab = (int32_t)b->config.vocab_size;
     if (batch->num_logits > b->host_logits_rows) {
@@ -81,9 +85,22 @@ static int forward_sample_host(struct backend *b, const struct fwd_batch *batch,
     int rc = backend_forward(b, batch, b->host_logits);
     for (int32_t r = 0; rc == 0 && r < batch->num_logits; r++) {
         const struct sample_row *row = &rows[r];
-        rc = sampler_sample(&row->params, b->host_logits + (size_t)r * (size_t)vocab, vocab,
-                            row->prompt_tokens, row->n_prompt, row->output_tokens, row->n_output,
-                            row->output_index, &b->workspace, &tokens[r], &logprobs[r]);
+        int row_rc =
+            sampler_sample(&row->params, b->host_logits + (size_t)r * (size_t)vocab, vocab,
+                           row->prompt_tokens, row->n_prompt, row->output_tokens, row->n_output,
+                           row->output_index, &b->workspace, &tokens[r], &logprobs[r]);
+        if (row_errors == NULL) {
+            rc = row_rc;
+            continue;
+        }
+        row_errors[r].code = row_rc;
+        row_errors[r].message[0] = '\0';
+        if (row_rc != 0) {
+            snprintf(row_errors[r].message, sizeof(row_errors[r].message), "%s",
+                     pagoda_error_detail());
+            tokens[r] = -1;
+            logprobs[r] = 0.0f;
+        }
     }
     return rc;
 }
@@ -92,11 +109,30 @@ int backend_forward_sample(struct backend *b, const struct fwd_batch *batch,
                            const struct sample_row *rows, int32_t *tokens, float *logprobs)
 {
     if (b->ops->forward_sample == NULL)
-        return forward_sample_host(b, batch, rows, tokens, logprobs);
+        return forward_sample_host(b, batch, rows, tokens, logprobs, NULL);
     int rc = b->ops->forward_sample(b, batch, rows, tokens, logprobs);
     if (rc == 0)
         b->forward_count++;
     return rc;
+}
+
+int backend_forward_sample_rows(struct backend *b, const struct fwd_batch *batch,
+                                const struct sample_row *rows, int32_t *tokens, float *logprobs,
+                                struct backend_row_error *row_errors)
+{
+    if (b->ops->forward_sample != NULL) {
+        int rc = b->ops->forward_sample(b, batch, rows, tokens, logprobs);
+        if (rc == 0) {
+            b->forward_count++;
+            for (int32_t r = 0; r < batch->num_logits; r++) {
+                row_errors[r].code = 0;
+                row_errors[r].message[0] = '\0';
+            }
+            return 0;
+        }
+        /* Which row? Compute the logits again on the host path and sample row by row. */
+    }
+    return forward_sample_host(b, batch, rows, tokens, logprobs, row_errors);
 }
 
 uint64_t backend_forward_count(const struct backend *b)

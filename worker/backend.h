@@ -66,6 +66,28 @@ struct sample_row {
 int backend_forward_sample(struct backend *b, const struct fwd_batch *batch,
                            const struct sample_row *rows, int32_t *tokens, float *logprobs);
 
+/* Why one logits row could not be sampled (backend_forward_sample_rows). */
+#define BACKEND_ROW_ERROR_MAX 256
+struct backend_row_error {
+    int32_t code; /* 0: sampled; else a PAGODA_E* code */
+    char message[BACKEND_ROW_ERROR_MAX];
+};
+
+/* backend_forward_sample, where an error of one row fails that row only (its logits are NaN or
+ * +inf, all -inf, or a penalty overflows them: sampler_sample's row errors). row_errors has
+ * num_logits entries: {0, ""} for a row sampled into tokens[r] and logprobs[r], or the row's code
+ * and message (tokens[r] is then -1). Returns 0 when the forward pass ran, whatever its rows did,
+ * or the error of the forward pass (then nothing is sampled and row_errors is not written).
+ *
+ * A backend that samples on the device (ops.forward_sample) reports only that a row failed, not
+ * which: when its call fails, the step's logits are computed again through ops.forward (the same
+ * K/V written at the same slots: steps are idempotent) and each row is sampled on the host by
+ * the CPU sampler, which draws what the device would have (docs/sampling.md). A failure costs a
+ * second forward pass; a success costs nothing more. */
+int backend_forward_sample_rows(struct backend *b, const struct fwd_batch *batch,
+                                const struct sample_row *rows, int32_t *tokens, float *logprobs,
+                                struct backend_row_error *row_errors);
+
 /* Checks that a pool of geometry g fits the model: the dtype the backend computes in (named
  * backend_name in the message), and the model's layers, KV heads and head dim. Returns 0 or
  * PAGODA_EMISMATCH with a detail naming the field. */

@@ -19,8 +19,9 @@ struct mseq {
     int32_t *blocks;
     int32_t num_blocks, blocks_cap;
     struct sampling_params sampling;
-    /* The prepare generation that drops or continues this sequence: scratch marks, not state. */
-    uint64_t drop_mark, cont_mark;
+    /* The prepare generation that drops, continues or fails this sequence: scratch marks, not
+     * state. A failed sequence is dropped at commit. */
+    uint64_t drop_mark, cont_mark, fail_mark;
 };
 
 /* What a prepared step does to one sequence at commit. */
@@ -51,8 +52,11 @@ struct mirror {
     uint64_t gen;      /* increases with every prepare; marks in mseq refer to it */
     struct pend *pend; /* [2 * max_seqs] */
     int32_t num_pend;
-    struct mseq **staged; /* [max_seqs]: new sequences, not yet in seqs */
+    struct mseq **staged;  /* [max_seqs]: new sequences, not yet in seqs */
+    int32_t *staged_chunk; /* [max_seqs]: the tokens each staged sequence computes */
     int32_t num_staged;
+    struct mirror_seq_error *failed; /* [2 * max_seqs]: sequences the prepared step fails */
+    int32_t num_failed;
 
     /* The batch. */
     int32_t *token_ids, *positions;         /* [max_batched_tokens] */
@@ -311,6 +315,8 @@ int mirror_new(const struct mirror_limits *limits, struct mirror **out)
     m->scratch_ids = malloc(ns * sizeof(*m->scratch_ids));
     m->pend = malloc(2 * ns * sizeof(*m->pend));
     m->staged = calloc(ns, sizeof(*m->staged));
+    m->staged_chunk = calloc(ns, sizeof(*m->staged_chunk));
+    m->failed = calloc(2 * ns, sizeof(*m->failed));
     m->token_ids = malloc(nt * sizeof(int32_t));
     m->positions = malloc(nt * sizeof(int32_t));
     m->slots = malloc(nt * sizeof(int64_t));
@@ -320,8 +326,8 @@ int mirror_new(const struct mirror_limits *limits, struct mirror **out)
     m->rows = malloc(ns * sizeof(*m->rows));
     m->row_seq_ids = malloc(ns * sizeof(*m->row_seq_ids));
     if (!m->seqs || !m->spare || !m->index || !m->scratch_ids || !m->pend || !m->staged ||
-        !m->token_ids || !m->positions || !m->slots || !m->query_start || !m->context_lens ||
-        !m->logits_indices || !m->rows || !m->row_seq_ids) {
+        !m->staged_chunk || !m->failed || !m->token_ids || !m->positions || !m->slots ||
+        !m->query_start || !m->context_lens || !m->logits_indices || !m->rows || !m->row_seq_ids) {
         mirror_free(m);
         return PAGODA_ENOMEM;
     }
@@ -351,6 +357,8 @@ void mirror_free(struct mirror *m)
     free(m->scratch_ids);
     free(m->pend);
     free(m->staged);
+    free(m->staged_chunk);
+    free(m->failed);
     free(m->token_ids);
     free(m->positions);
     free(m->slots);
@@ -362,6 +370,8 @@ void mirror_free(struct mirror *m)
     free(m->block_tables);
     free(m);
 }
+
+static int seq_fails(struct mirror *m, uint64_t id, int rc);
 
 /* ---- resync -------------------------------------------------------------------------------- */
 
@@ -390,8 +400,9 @@ int mirror_resync(struct mirror *m, const Pagoda__Internal__Resync *r)
 
     int32_t built = 0;
     int rc = 0;
-    for (; built < n; built++) {
-        const Pagoda__Internal__SequenceSnapshot *sn = r->seqs[built];
+    m->num_failed = 0;
+    for (int32_t i = 0; i < n; i++) {
+        const Pagoda__Internal__SequenceSnapshot *sn = r->seqs[i];
         struct seq_fields f = {
             .seq_id = sn->seq_id,
             .token_ids = sn->token_ids,
@@ -403,16 +414,21 @@ int mirror_resync(struct mirror *m, const Pagoda__Internal__Resync *r)
             .sampling = sn->sampling,
         };
         struct sampling_params sp;
-        if ((rc = check_seq_fields(m, &f, &sp)) != 0 ||
-            (rc = mseq_from_fields(m, &f, &sp, 1, &m->spare[built])) != 0)
+        if ((rc = check_seq_fields(m, &f, &sp)) != 0) {
+            seq_fails(m, sn->seq_id, rc); /* its own content: left out, not the resync */
+            rc = 0;
+            continue;
+        }
+        if ((rc = mseq_from_fields(m, &f, &sp, 1, &m->spare[built])) != 0)
             goto fail;
+        built++;
     }
     for (int32_t i = 0; i < m->num_seqs; i++)
         mseq_free(m->seqs[i]);
     struct mseq **old = m->seqs;
     m->seqs = m->spare;
     m->spare = old;
-    m->num_seqs = n;
+    m->num_seqs = built;
     m->epoch = r->epoch;
     m->next_step_id = r->next_step_id;
     m->synced = 1;
@@ -421,12 +437,53 @@ int mirror_resync(struct mirror *m, const Pagoda__Internal__Resync *r)
 fail:
     for (int32_t i = 0; i < built; i++)
         mseq_free(m->spare[i]);
+    m->num_failed = 0;
     return rc;
 }
 
 /* ---- steps ----------------------------------------------------------------------------------- */
 
-/* Checks the new sequences and stages a copy of each (nothing enters the table). */
+/* Records that the step being prepared fails sequence id with rc (the detail is the current
+ * error detail): the sequence's own content is at fault, not the step, so the rest of the step
+ * runs. Returns 0. */
+static int seq_fails(struct mirror *m, uint64_t id, int rc)
+{
+    struct mirror_seq_error *e = &m->failed[m->num_failed++];
+    e->seq_id = id;
+    e->code = rc;
+    snprintf(e->message, sizeof(e->message), "%s", pagoda_error_detail());
+    return 0;
+}
+
+/* The checks of one new sequence that concern only its own content. */
+static int check_new_seq(struct mirror *m, const Pagoda__Internal__NewSequence *ns,
+                         const struct seq_fields *f, struct sampling_params *sp)
+{
+    uint64_t id = f->seq_id;
+    int rc = check_seq_fields(m, f, sp);
+    if (rc != 0)
+        return rc;
+    int32_t chunk = ns->num_new_tokens, known = (int32_t)f->n_tokens;
+    if (chunk < 0 || chunk > known - f->num_computed)
+        return pagoda_error_set(PAGODA_ERANGE,
+                                "sequence %" PRIu64 ": %d new tokens after %d computed, of "
+                                "%d known",
+                                id, chunk, f->num_computed, known);
+    int32_t context = f->num_computed + chunk;
+    if (blocks_for(context, m->lim.block_size) > (int32_t)f->n_blocks)
+        return pagoda_error_set(PAGODA_ERANGE,
+                                "sequence %" PRIu64 ": %zu blocks cannot hold %d tokens", id,
+                                f->n_blocks, context);
+    int samples = chunk > 0 && context == known;
+    if (samples && known >= m->lim.max_tokens_per_seq)
+        return pagoda_error_set(PAGODA_ERANGE,
+                                "sequence %" PRIu64 ": sampling would exceed %d tokens", id,
+                                m->lim.max_tokens_per_seq);
+    return 0;
+}
+
+/* Checks the new sequences and stages a copy of each (nothing enters the table). A sequence
+ * whose own content is wrong is not staged but failed. */
 static int stage_new(struct mirror *m, const Pagoda__Internal__Step *s, int64_t *tokens)
 {
     size_t n = s->n_new_seqs;
@@ -460,35 +517,59 @@ static int stage_new(struct mirror *m, const Pagoda__Internal__Step *s, int64_t 
             .sampling = ns->sampling,
         };
         struct sampling_params sp;
-        int rc = check_seq_fields(m, &f, &sp);
-        if (rc != 0)
+        int rc = check_new_seq(m, ns, &f, &sp);
+        if (rc == PAGODA_ENOMEM)
             return rc;
-        int32_t chunk = ns->num_new_tokens, known = (int32_t)f.n_tokens;
-        if (chunk < 0 || chunk > known - f.num_computed)
-            return pagoda_error_set(PAGODA_ERANGE,
-                                    "sequence %" PRIu64 ": %d new tokens after %d computed, of "
-                                    "%d known",
-                                    id, chunk, f.num_computed, known);
-        int32_t context = f.num_computed + chunk;
-        if (blocks_for(context, m->lim.block_size) > (int32_t)f.n_blocks)
-            return pagoda_error_set(PAGODA_ERANGE,
-                                    "sequence %" PRIu64 ": %zu blocks cannot hold %d tokens", id,
-                                    f.n_blocks, context);
-        int samples = chunk > 0 && context == known;
-        if (samples && known >= m->lim.max_tokens_per_seq)
-            return pagoda_error_set(PAGODA_ERANGE,
-                                    "sequence %" PRIu64 ": sampling would exceed %d tokens", id,
-                                    m->lim.max_tokens_per_seq);
+        if (rc != 0) {
+            seq_fails(m, id, rc);
+            continue;
+        }
+        int32_t chunk = ns->num_new_tokens;
         *tokens += chunk;
         struct mseq *copy;
         if ((rc = mseq_from_fields(m, &f, &sp, 1, &copy)) != 0)
             return rc;
+        m->staged_chunk[m->num_staged] = chunk;
         m->staged[m->num_staged++] = copy;
     }
     return 0;
 }
 
-/* Checks the continuing sequences and makes room for what the step appends to them. */
+/* The checks of one continuing sequence that concern only its own content (the step agrees
+ * with the mirror about it). */
+static int check_cont_seq(const struct mirror *m, const Pagoda__Internal__ContinuingSequence *cs,
+                          const struct mseq *q)
+{
+    uint64_t id = cs->seq_id;
+    int32_t chunk = cs->num_new_tokens;
+    if (chunk < 0 || chunk > q->num_tokens - q->num_computed)
+        return pagoda_error_set(PAGODA_ERANGE,
+                                "sequence %" PRIu64 ": %d new tokens after %d computed, of "
+                                "%d known",
+                                id, chunk, q->num_computed, q->num_tokens);
+    if (cs->n_appended_block_ids > (size_t)(m->max_blocks_per_seq - q->num_blocks))
+        return pagoda_error_set(PAGODA_ERANGE,
+                                "sequence %" PRIu64 ": %d + %zu blocks (the limit is %d)", id,
+                                q->num_blocks, cs->n_appended_block_ids, m->max_blocks_per_seq);
+    int rc = check_block_ids(m, id, cs->appended_block_ids, cs->n_appended_block_ids);
+    if (rc != 0)
+        return rc;
+    int32_t nb = q->num_blocks + (int32_t)cs->n_appended_block_ids;
+    int32_t context = q->num_computed + chunk;
+    if (blocks_for(context, m->lim.block_size) > nb)
+        return pagoda_error_set(PAGODA_ERANGE,
+                                "sequence %" PRIu64 ": %d blocks cannot hold %d tokens", id, nb,
+                                context);
+    int samples = chunk > 0 && context == q->num_tokens;
+    if (samples && q->num_tokens >= m->lim.max_tokens_per_seq)
+        return pagoda_error_set(PAGODA_ERANGE,
+                                "sequence %" PRIu64 ": sampling would exceed %d tokens", id,
+                                m->lim.max_tokens_per_seq);
+    return 0;
+}
+
+/* Checks the continuing sequences and makes room for what the step appends to them. A sequence
+ * whose own content is wrong is marked failed (fail_mark) instead. */
 static int check_cont(struct mirror *m, const Pagoda__Internal__Step *s, int64_t *tokens)
 {
     for (size_t i = 0; i < s->n_cont_seqs; i++) {
@@ -516,30 +597,15 @@ static int check_cont(struct mirror *m, const Pagoda__Internal__Step *s, int64_t
                                     "sequence %" PRIu64 ": the step says %d computed tokens, "
                                     "the worker's mirror %d",
                                     id, cs->num_computed_tokens, q->num_computed);
+        int rc = check_cont_seq(m, cs, q);
+        if (rc != 0) {
+            q->fail_mark = m->gen;
+            seq_fails(m, id, rc);
+            continue;
+        }
         int32_t chunk = cs->num_new_tokens;
-        if (chunk < 0 || chunk > q->num_tokens - q->num_computed)
-            return pagoda_error_set(PAGODA_ERANGE,
-                                    "sequence %" PRIu64 ": %d new tokens after %d computed, of "
-                                    "%d known",
-                                    id, chunk, q->num_computed, q->num_tokens);
-        if (cs->n_appended_block_ids > (size_t)(m->max_blocks_per_seq - q->num_blocks))
-            return pagoda_error_set(PAGODA_ERANGE,
-                                    "sequence %" PRIu64 ": %d + %zu blocks (the limit is %d)", id,
-                                    q->num_blocks, cs->n_appended_block_ids, m->max_blocks_per_seq);
-        int rc = check_block_ids(m, id, cs->appended_block_ids, cs->n_appended_block_ids);
-        if (rc != 0)
-            return rc;
         int32_t nb = q->num_blocks + (int32_t)cs->n_appended_block_ids;
-        int32_t context = q->num_computed + chunk;
-        if (blocks_for(context, m->lim.block_size) > nb)
-            return pagoda_error_set(PAGODA_ERANGE,
-                                    "sequence %" PRIu64 ": %d blocks cannot hold %d tokens", id, nb,
-                                    context);
-        int samples = chunk > 0 && context == q->num_tokens;
-        if (samples && q->num_tokens >= m->lim.max_tokens_per_seq)
-            return pagoda_error_set(PAGODA_ERANGE,
-                                    "sequence %" PRIu64 ": sampling would exceed %d tokens", id,
-                                    m->lim.max_tokens_per_seq);
+        int samples = chunk > 0 && q->num_computed + chunk == q->num_tokens;
         *tokens += chunk;
         /* Room only: capacity is not state. */
         if ((rc = reserve_i32(&q->tokens, &q->tokens_cap, q->num_tokens + samples,
@@ -627,6 +693,7 @@ int mirror_step_prepare(struct mirror *m, const Pagoda__Internal__Step *s, struc
 
     /* Marks: which held sequences the step drops. */
     m->gen++;
+    m->num_failed = 0;
     int32_t drops = 0;
     for (int list = 0; list < 2; list++) {
         const uint64_t *ids = list == 0 ? s->finished_seq_ids : s->preempted_seq_ids;
@@ -655,14 +722,17 @@ int mirror_step_prepare(struct mirror *m, const Pagoda__Internal__Step *s, struc
     int32_t width = 1, in_batch = 0;
     for (size_t i = 0; rc == 0 && i < s->n_cont_seqs; i++) {
         const Pagoda__Internal__ContinuingSequence *cs = s->cont_seqs[i];
-        int32_t nb = lookup(m, cs->seq_id)->num_blocks + (int32_t)cs->n_appended_block_ids;
+        const struct mseq *q = lookup(m, cs->seq_id);
+        if (q->fail_mark == m->gen)
+            continue;
+        int32_t nb = q->num_blocks + (int32_t)cs->n_appended_block_ids;
         in_batch += cs->num_new_tokens > 0;
         if (cs->num_new_tokens > 0 && nb > width)
             width = nb;
     }
     for (int32_t i = 0; rc == 0 && i < m->num_staged; i++) {
-        in_batch += s->new_seqs[i]->num_new_tokens > 0;
-        if (s->new_seqs[i]->num_new_tokens > 0 && m->staged[i]->num_blocks > width)
+        in_batch += m->staged_chunk[i] > 0;
+        if (m->staged_chunk[i] > 0 && m->staged[i]->num_blocks > width)
             width = m->staged[i]->num_blocks;
     }
     size_t need = (size_t)(in_batch > 0 ? in_batch : 1) * (size_t)width;
@@ -677,6 +747,7 @@ int mirror_step_prepare(struct mirror *m, const Pagoda__Internal__Step *s, struc
     }
     if (rc != 0) {
         free_staged(m);
+        m->num_failed = 0;
         return rc;
     }
 
@@ -686,13 +757,15 @@ int mirror_step_prepare(struct mirror *m, const Pagoda__Internal__Step *s, struc
     for (size_t i = 0; i < s->n_cont_seqs; i++) {
         const Pagoda__Internal__ContinuingSequence *cs = s->cont_seqs[i];
         struct mseq *q = lookup(m, cs->seq_id);
+        if (q->fail_mark == m->gen)
+            continue;
         if (cs->n_appended_block_ids > 0)
             memcpy(q->blocks + q->num_blocks, cs->appended_block_ids,
                    cs->n_appended_block_ids * sizeof(int32_t));
         add_chunk(m, q, cs->num_new_tokens, (int32_t)cs->n_appended_block_ids, &n, &ns, &nl, width);
     }
     for (int32_t i = 0; i < m->num_staged; i++)
-        add_chunk(m, m->staged[i], s->new_seqs[i]->num_new_tokens, 0, &n, &ns, &nl, width);
+        add_chunk(m, m->staged[i], m->staged_chunk[i], 0, &n, &ns, &nl, width);
     m->query_start[ns] = n;
 
     out->batch = (struct fwd_batch){
@@ -710,11 +783,18 @@ int mirror_step_prepare(struct mirror *m, const Pagoda__Internal__Step *s, struc
     };
     out->rows = m->rows;
     out->seq_ids = m->row_seq_ids;
+    out->failed = m->failed;
+    out->num_failed = m->num_failed;
     m->prepared = 1;
     return 0;
 }
 
 void mirror_step_commit(struct mirror *m, const int32_t *tokens)
+{
+    mirror_step_commit_rows(m, tokens, NULL);
+}
+
+void mirror_step_commit_rows(struct mirror *m, const int32_t *tokens, const int32_t *row_errors)
 {
     if (m == NULL || !m->prepared)
         return;
@@ -730,10 +810,19 @@ void mirror_step_commit(struct mirror *m, const int32_t *tokens)
         struct pend *p = &m->pend[i];
         p->seq->num_blocks += p->n_append;
         p->seq->num_computed += p->chunk;
-        if (p->row >= 0)
+        if (p->row >= 0 && row_errors != NULL && row_errors[p->row] != 0)
+            p->seq->fail_mark = m->gen;
+        else if (p->row >= 0)
             p->seq->tokens[p->seq->num_tokens++] = tokens[p->row];
     }
+    /* Failed sequences end here: the scheduler ends their requests and never continues them. */
+    for (int32_t i = m->num_seqs - 1; i >= 0; i--)
+        if (m->seqs[i]->fail_mark == m->gen) {
+            mseq_free(m->seqs[i]);
+            m->seqs[i] = m->seqs[--m->num_seqs];
+        }
     m->num_pend = 0;
+    m->num_failed = 0;
     m->next_step_id++;
     m->prepared = 0;
     index_rebuild(m);
@@ -745,10 +834,17 @@ void mirror_step_abort(struct mirror *m)
         return;
     free_staged(m);
     m->num_pend = 0;
+    m->num_failed = 0;
     m->prepared = 0;
 }
 
 /* ---- queries ------------------------------------------------------------------------------- */
+
+int32_t mirror_resync_failures(const struct mirror *m, const struct mirror_seq_error **out)
+{
+    *out = m->failed;
+    return m->prepared ? 0 : m->num_failed;
+}
 
 int mirror_synced(const struct mirror *m)
 {

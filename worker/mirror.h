@@ -57,6 +57,18 @@ struct mirror_seq_view {
     struct sampling_params sampling;
 };
 
+/* The longest message of a per-sequence error. */
+#define MIRROR_ERROR_MESSAGE_MAX 256
+
+/* A sequence the prepared step fails because of its own content (a token id outside the
+ * vocabulary, a length beyond the limit, invalid sampling parameters, a chunk or block table
+ * that does not fit): the rest of the step runs without it, and commit drops it. */
+struct mirror_seq_error {
+    uint64_t seq_id;
+    int32_t code; /* a PAGODA_E* code */
+    char message[MIRROR_ERROR_MESSAGE_MAX];
+};
+
 /* A prepared step: what the forward pass needs. batch's arrays, rows and seq_ids are the
  * mirror's, valid until mirror_step_commit, mirror_step_abort or the next prepare.
  *
@@ -67,8 +79,10 @@ struct mirror_seq_view {
  * pass and commits. */
 struct mirror_step {
     struct fwd_batch batch;
-    const struct sample_row *rows; /* [batch.num_logits] */
-    const uint64_t *seq_ids;       /* [batch.num_logits] */
+    const struct sample_row *rows;         /* [batch.num_logits] */
+    const uint64_t *seq_ids;               /* [batch.num_logits] */
+    const struct mirror_seq_error *failed; /* [num_failed]: not in the batch */
+    int32_t num_failed;
 };
 
 struct mirror;
@@ -90,7 +104,9 @@ void mirror_free(struct mirror *m);
 
 /* Replaces the mirror with the snapshot r, adopts r->epoch and expects r->next_step_id next.
  * Forgets a prepared step. The snapshot is checked completely first; when it is refused the
- * mirror is left as it was (epoch and expected step included). An absent SamplingParams field
+ * mirror is left as it was (epoch and expected step included). A sequence whose own content is
+ * wrong (the PAGODA_ERANGE cases below) does not refuse the resync: it is left out of the mirror
+ * and listed by mirror_resync_failures. An absent SamplingParams field
  * takes its "off" value (temperature: 0, greedy; top_p: 1; repetition_penalty: 1; the others 0),
  * an absent SamplingParams message is greedy. r is only read.
  *
@@ -106,6 +122,13 @@ int mirror_resync(struct mirror *m, const Pagoda__Internal__Resync *r);
 /* Checks step s against the mirror and builds its forward batch into *out, changing no
  * sequence (a previously prepared, uncommitted step is forgotten first). s is only read and may
  * be freed once this returns.
+ *
+ * An error that belongs to one sequence does not refuse the step: the sequence is left out of
+ * the batch and listed in out->failed with its code and message (the codes and limits of
+ * PAGODA_ERANGE below: its token ids, its length, its block table, its chunk, its sampling
+ * parameters), and commit drops it. What says that the step and the mirror disagree (a
+ * sequence unknown, already held or with other computed tokens, a wrong step id, a sequence
+ * listed twice) or breaks a limit of the whole step refuses it, as below.
  *
  * Returns 0, or:
  *  - MIRROR_EOTHER_EPOCH: s belongs to another epoch, or the mirror was never synced;
@@ -129,13 +152,23 @@ int mirror_step_prepare(struct mirror *m, const Pagoda__Internal__Step *s, struc
 
 /* Applies the prepared step: drops its finished and preempted sequences, adds its new ones,
  * appends blocks, adds each chunk to num_computed_tokens, appends tokens[r] to the sequence of
- * logits row r (tokens has the prepared batch.num_logits entries; NULL when there are none), and
- * expects the next step id. Does nothing when no step is prepared. */
+ * logits row r (tokens has the prepared batch.num_logits entries; NULL when there are none),
+ * drops the sequences the step failed, and expects the next step id. Does nothing when no step
+ * is prepared. */
 void mirror_step_commit(struct mirror *m, const int32_t *tokens);
+
+/* mirror_step_commit, where row_errors (NULL: none; else batch.num_logits entries) says which
+ * rows could not be sampled: a row whose entry is not 0 appends no token and its sequence is
+ * dropped with the ones the step failed. */
+void mirror_step_commit_rows(struct mirror *m, const int32_t *tokens, const int32_t *row_errors);
 
 /* Forgets the prepared step; the mirror stays as it was before mirror_step_prepare. Does nothing
  * when no step is prepared. */
 void mirror_step_abort(struct mirror *m);
+
+/* The sequences the last successful mirror_resync left out (their own content was wrong), in
+ * *out; returns how many. Valid until the next call that changes the mirror. */
+int32_t mirror_resync_failures(const struct mirror *m, const struct mirror_seq_error **out);
 
 /* Whether a resync has been applied. */
 int mirror_synced(const struct mirror *m);

@@ -14,12 +14,18 @@
  *
  * Then, on one libuv loop, for each ToWorker:
  *  - Resync: the mirror (worker/mirror.h) takes the snapshot; answers ResyncDone (with an
- *    error code when the snapshot is refused; the mirror is then unchanged).
+ *    error code when the snapshot is refused; the mirror is then unchanged; with the sequences
+ *    it left out for their own content in failed).
  *  - Step: sleeps --step-delay-ms (or the step's delay_ms, whichever is longer), then checks and
  *    applies the step through the mirror, runs one forward pass and samples, and answers
  *    StepResult{epoch, step_id, results, computed_tokens}. A step of another epoch is ignored
- *    (counted, no answer). A refused step or a failed forward pass is answered with
- *    StepResult{error_code, error_message} and leaves the mirror unchanged.
+ *    (counted, no answer). An error that belongs to one sequence (its token ids, length, block
+ *    table or sampling parameters, found by the mirror; its logits or its sampling, found by
+ *    the backend) fails that sequence only: its SeqResult carries error_code and error_message
+ *    instead of a token, the mirror drops it, and the step goes on for the others. A refused
+ *    step (it disagrees with the mirror, or breaks a limit of the whole step) or a failed
+ *    forward pass is answered with StepResult{error_code, error_message} and leaves the mirror
+ *    unchanged.
  *  - Shutdown (or SIGTERM / SIGINT): exits 0.
  * computed_tokens counts every token this process computed in forward passes since it started.
  * A malformed message is counted and logged, never fatal.
@@ -143,9 +149,11 @@ struct worker {
     int cannot_run; /* the start failed in a way a restart would repeat */
     struct backend *backend;
     struct mirror *mirror;
-    int32_t *tokens; /* [max_seqs] */
-    float *logprobs; /* [max_seqs] */
-    Pagoda__Internal__SeqResult *results;
+    int32_t *tokens;                      /* [max_seqs] */
+    float *logprobs;                      /* [max_seqs] */
+    struct backend_row_error *row_errors; /* [max_seqs] */
+    int32_t *row_codes;                   /* [max_seqs] */
+    Pagoda__Internal__SeqResult *results; /* [2 * max_seqs]: rows, then failed sequences */
     Pagoda__Internal__SeqResult **result_ptrs;
 
     uint64_t computed_tokens;
@@ -397,9 +405,12 @@ static int worker_load(struct worker *w)
     size_t n = (size_t)o->max_seqs;
     w->tokens = malloc(n * sizeof(*w->tokens));
     w->logprobs = malloc(n * sizeof(*w->logprobs));
-    w->results = malloc(n * sizeof(*w->results));
-    w->result_ptrs = malloc(n * sizeof(*w->result_ptrs));
-    if (!w->tokens || !w->logprobs || !w->results || !w->result_ptrs)
+    w->row_errors = malloc(n * sizeof(*w->row_errors));
+    w->row_codes = malloc(n * sizeof(*w->row_codes));
+    w->results = malloc(2 * n * sizeof(*w->results));
+    w->result_ptrs = malloc(2 * n * sizeof(*w->result_ptrs));
+    if (!w->tokens || !w->logprobs || !w->row_errors || !w->row_codes || !w->results ||
+        !w->result_ptrs)
         return PAGODA_ENOMEM;
     log_info("worker %u: %s backend, model %s%s (%" PRId64 " layers, vocab %" PRId64
              ") loaded in %.2f s; kv pool %s: %d blocks of %d tokens (%" PRId64
@@ -529,6 +540,22 @@ static void on_resync(struct worker *w, const Pagoda__Internal__Resync *r)
     } else {
         log_info("resync %" PRIu64 ": epoch %" PRIu64 ", %zu sequences, next step %" PRIu64,
                  r->resync_id, r->epoch, r->n_seqs, r->next_step_id);
+        /* Sequences left out for their own content: the scheduler fails them. */
+        const struct mirror_seq_error *failed;
+        int32_t n_failed = mirror_resync_failures(w->mirror, &failed);
+        for (int32_t i = 0; i < n_failed && i < w->o.max_seqs; i++) {
+            Pagoda__Internal__SeqResult *sr = &w->results[i];
+            pagoda__internal__seq_result__init(sr);
+            sr->has_seq_id = sr->has_error_code = 1;
+            sr->seq_id = failed[i].seq_id;
+            sr->error_code = failed[i].code;
+            sr->error_message = (char *)failed[i].message;
+            w->result_ptrs[i] = sr;
+            log_warn("resync %" PRIu64 ": sequence %" PRIu64 " left out: %s", r->resync_id,
+                     sr->seq_id, sr->error_message);
+        }
+        d.n_failed = (size_t)(n_failed < w->o.max_seqs ? n_failed : w->o.max_seqs);
+        d.failed = w->result_ptrs;
     }
     Pagoda__Internal__ToScheduler msg = PAGODA__INTERNAL__TO_SCHEDULER__INIT;
     msg.msg_case = PAGODA__INTERNAL__TO_SCHEDULER__MSG_RESYNC_DONE;
@@ -568,7 +595,8 @@ static void on_step(struct worker *w, const Pagoda__Internal__Step *s)
         return;
     }
     if (rc == 0 && ms.batch.num_tokens > 0) {
-        rc = backend_forward_sample(w->backend, &ms.batch, ms.rows, w->tokens, w->logprobs);
+        rc = backend_forward_sample_rows(w->backend, &ms.batch, ms.rows, w->tokens, w->logprobs,
+                                         w->row_errors);
         if (rc != 0)
             mirror_step_abort(w->mirror);
         else
@@ -579,23 +607,51 @@ static void on_step(struct worker *w, const Pagoda__Internal__Step *s)
         send_step_error(w, s, rc);
         return;
     }
-    mirror_step_commit(w->mirror, w->tokens);
-    w->steps_run++;
+    /* Rows that could not be sampled fail their sequence only; so do the sequences the mirror
+     * found at fault. Both leave the mirror at commit. */
+    int32_t failed_rows = 0;
+    for (int32_t i = 0; i < ms.batch.num_logits; i++) {
+        w->row_codes[i] = ms.batch.num_tokens > 0 ? w->row_errors[i].code : 0;
+        failed_rows += w->row_codes[i] != 0;
+    }
 
     Pagoda__Internal__StepResult r = PAGODA__INTERNAL__STEP_RESULT__INIT;
     r.epoch = s->epoch;
     r.step_id = s->step_id;
-    r.n_results = (size_t)ms.batch.num_logits;
     r.results = w->result_ptrs;
+    size_t n = 0;
     for (int32_t i = 0; i < ms.batch.num_logits; i++) {
-        Pagoda__Internal__SeqResult *sr = &w->results[i];
+        Pagoda__Internal__SeqResult *sr = &w->results[n];
         pagoda__internal__seq_result__init(sr);
-        sr->has_seq_id = sr->has_token_id = sr->has_logprob = 1;
+        sr->has_seq_id = 1;
         sr->seq_id = ms.seq_ids[i];
-        sr->token_id = w->tokens[i];
-        sr->logprob = w->logprobs[i];
-        w->result_ptrs[i] = sr;
+        if (w->row_codes[i] != 0) {
+            sr->has_error_code = 1;
+            sr->error_code = w->row_codes[i];
+            sr->error_message = w->row_errors[i].message;
+            log_warn("step %" PRIu64 ": sequence %" PRIu64 " failed: %s", s->step_id, sr->seq_id,
+                     sr->error_message);
+        } else {
+            sr->has_token_id = sr->has_logprob = 1;
+            sr->token_id = w->tokens[i];
+            sr->logprob = w->logprobs[i];
+        }
+        w->result_ptrs[n++] = sr;
     }
+    for (int32_t i = 0; i < ms.num_failed; i++) {
+        Pagoda__Internal__SeqResult *sr = &w->results[n];
+        pagoda__internal__seq_result__init(sr);
+        sr->has_seq_id = sr->has_error_code = 1;
+        sr->seq_id = ms.failed[i].seq_id;
+        sr->error_code = ms.failed[i].code;
+        sr->error_message = (char *)ms.failed[i].message;
+        log_warn("step %" PRIu64 ": sequence %" PRIu64 " failed: %s", s->step_id, sr->seq_id,
+                 sr->error_message);
+        w->result_ptrs[n++] = sr;
+    }
+    r.n_results = n;
+    mirror_step_commit_rows(w->mirror, w->tokens, failed_rows > 0 ? w->row_codes : NULL);
+    w->steps_run++;
     log_debug("step %" PRIu64 ": %d tokens of %d sequences, %d sampled", s->step_id,
               ms.batch.num_tokens, ms.batch.num_seqs, ms.batch.num_logits);
     if (w->o.drop_result == nth) {
@@ -783,6 +839,8 @@ static void worker_fini(struct worker *w)
 #endif
     free(w->tokens);
     free(w->logprobs);
+    free(w->row_errors);
+    free(w->row_codes);
     free(w->results);
     free(w->result_ptrs);
 }

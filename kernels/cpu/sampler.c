@@ -50,10 +50,12 @@ int sampling_params_validate(const struct sampling_params *p)
     for (size_t i = 0; i < sizeof(floats) / sizeof(floats[0]); i++)
         if (isnan(floats[i].value))
             return pagoda_error_set(PAGODA_EINVAL, "sampling param %s is NaN", floats[i].name);
-    if (!(p->temperature >= 0.0f) || isinf(p->temperature))
+    if (p->temperature != 0.0f &&
+        !(p->temperature >= SAMPLING_TEMPERATURE_MIN && p->temperature <= SAMPLING_TEMPERATURE_MAX))
         return pagoda_error_set(PAGODA_ERANGE,
-                                "sampling param temperature %g must be 0 (greedy) or finite > 0",
-                                (double)p->temperature);
+                                "sampling param temperature %g must be 0 (greedy) or in [%g, %g]",
+                                (double)p->temperature, (double)SAMPLING_TEMPERATURE_MIN,
+                                (double)SAMPLING_TEMPERATURE_MAX);
     if (p->top_k < 0)
         return pagoda_error_set(PAGODA_ERANGE, "sampling param top_k %d must be >= 0 (0: off)",
                                 (int)p->top_k);
@@ -63,10 +65,12 @@ int sampling_params_validate(const struct sampling_params *p)
     if (!(p->min_p >= 0.0f && p->min_p <= 1.0f))
         return pagoda_error_set(PAGODA_ERANGE, "sampling param min_p %g must be in [0, 1]",
                                 (double)p->min_p);
-    if (!(p->repetition_penalty > 0.0f) || isinf(p->repetition_penalty))
-        return pagoda_error_set(PAGODA_ERANGE,
-                                "sampling param repetition_penalty %g must be finite and > 0",
-                                (double)p->repetition_penalty);
+    if (!(p->repetition_penalty >= SAMPLING_REPETITION_PENALTY_MIN &&
+          p->repetition_penalty <= SAMPLING_REPETITION_PENALTY_MAX))
+        return pagoda_error_set(
+            PAGODA_ERANGE, "sampling param repetition_penalty %g must be in [%g, %g] (1: off)",
+            (double)p->repetition_penalty, (double)SAMPLING_REPETITION_PENALTY_MIN,
+            (double)SAMPLING_REPETITION_PENALTY_MAX);
     if (fabsf(p->presence_penalty) > SAMPLING_PENALTY_LIMIT)
         return pagoda_error_set(PAGODA_ERANGE,
                                 "sampling param presence_penalty %g must be in [-2, 2]",

@@ -20,17 +20,31 @@
 #define SAMPLER_VOCAB_MAX (1 << 22)
 /* Largest prompt + output history: keeps token counts exact in f32. */
 #define SAMPLER_HISTORY_MAX (1 << 24)
-/* Presence and frequency penalties lie in [-2, 2], as in OpenAI's API. */
+/* The valid ranges of the parameters (docs/sampling.md, "Valid ranges"): vLLM's, with bounds
+ * added where vLLM has none so that no step of the algorithm can overflow for any logit of a
+ * sane model (|logit| below about 3e36). sampling_params_validate() is the one definition: the
+ * router, the scheduler, the worker's mirror and pagoda-run all call it.
+ *
+ * Presence and frequency penalties lie in [-2, 2], as in OpenAI's API and vLLM. */
 #define SAMPLING_PENALTY_LIMIT 2.0f
+/* repetition_penalty lies in [1/100, 100]: a logit divided or multiplied by it stays finite up
+ * to |logit| = FLT_MAX / 100. vLLM accepts any value > 0, but 1e-45 turns every logit of the
+ * history into an infinity. */
+#define SAMPLING_REPETITION_PENALTY_MIN 0.01f
+#define SAMPLING_REPETITION_PENALTY_MAX 100.0f
+/* temperature is 0 (greedy) or lies in [1e-6, 100]: HF users pass 1e-5 for "almost greedy";
+ * above 100 every kept token weighs nearly the same. */
+#define SAMPLING_TEMPERATURE_MIN 1e-6f
+#define SAMPLING_TEMPERATURE_MAX 100.0f
 
 /* How to choose a token. The fields mirror proto SamplingParams; an "off" value makes its step
  * the identity. */
 struct sampling_params {
-    float temperature;        /* 0: greedy; otherwise finite and > 0 */
+    float temperature;        /* 0: greedy; otherwise in [1e-6, 100] */
     int32_t top_k;            /* 0: off; otherwise keep the k most likely tokens */
     float top_p;              /* 1: off; in (0, 1] */
     float min_p;              /* 0: off; in [0, 1], relative to the most likely token */
-    float repetition_penalty; /* 1: off; finite and > 0 */
+    float repetition_penalty; /* 1: off; in [0.01, 100] */
     float presence_penalty;   /* 0: off; in [-2, 2] */
     float frequency_penalty;  /* 0: off; in [-2, 2] */
     uint64_t seed;            /* keys the Philox stream; equal seeds give equal draws */
@@ -39,10 +53,12 @@ struct sampling_params {
 /* Parameters with every step off and temperature 1 (plain sampling from the softmax), seed 0. */
 struct sampling_params sampling_params_default(void);
 
-/* Checks every field's range. Returns 0, PAGODA_EINVAL for a NaN or a NULL p, or PAGODA_ERANGE
- * for a value outside its range (negative or infinite temperature, negative top_k, top_p outside
- * (0, 1], min_p outside [0, 1], repetition_penalty <= 0 or infinite, a presence or frequency
- * penalty outside [-2, 2]); the detail names the field and its value. */
+/* Checks every field's range (the constants above). Returns 0, PAGODA_EINVAL for a NaN or a NULL
+ * p, or PAGODA_ERANGE for a value outside its range (a temperature that is neither 0 nor in
+ * [SAMPLING_TEMPERATURE_MIN, SAMPLING_TEMPERATURE_MAX], negative top_k, top_p outside (0, 1],
+ * min_p outside [0, 1], repetition_penalty outside [SAMPLING_REPETITION_PENALTY_MIN,
+ * SAMPLING_REPETITION_PENALTY_MAX], a presence or frequency penalty outside [-2, 2]); the detail
+ * names the field, its value and its range. */
 int sampling_params_validate(const struct sampling_params *p);
 
 /* Scratch memory for sampler_sample(), sized once for a vocabulary so that sampling does not

@@ -240,8 +240,24 @@ void fw_resync(struct fake_worker *fw, const Pagoda__Internal__Resync *r,
     fw->expected_step = r->next_step_id;
     for (int i = 0; i < MAX_FSEQ; i++)
         fw->seqs[i].live = false;
+    Pagoda__Internal__SeqResult failed[MAX_FSEQ];
+    Pagoda__Internal__SeqResult *failed_ptrs[MAX_FSEQ];
+    size_t n_failed = 0;
     for (size_t i = 0; i < r->n_seqs; i++) {
         const Pagoda__Internal__SequenceSnapshot *sn = r->seqs[i];
+        bool bad = false;
+        for (size_t t = 0; fw->resync_fail && t < sn->n_token_ids; t++)
+            bad |= sn->token_ids[t] == fw->resync_fail_token;
+        if (bad && n_failed < MAX_FSEQ) {
+            pagoda__internal__seq_result__init(&failed[n_failed]);
+            failed[n_failed].has_seq_id = failed[n_failed].has_error_code = 1;
+            failed[n_failed].seq_id = sn->seq_id;
+            failed[n_failed].error_code = PAGODA_ERANGE;
+            failed[n_failed].error_message = "token id outside the vocabulary";
+            failed_ptrs[n_failed] = &failed[n_failed];
+            n_failed++;
+            continue;
+        }
         struct fseq *f = fw_add(fw, sn->seq_id);
         fw_set_tokens(f, sn->token_ids, sn->n_token_ids, sn->num_prompt_tokens);
         fw_set_blocks(f, sn->block_ids, sn->n_block_ids);
@@ -260,10 +276,36 @@ void fw_resync(struct fake_worker *fw, const Pagoda__Internal__Resync *r,
     d.has_epoch = d.has_resync_id = 1;
     d.epoch = r->epoch;
     d.resync_id = r->resync_id;
+    d.n_failed = n_failed;
+    d.failed = failed_ptrs;
     Pagoda__Internal__ToScheduler m = PAGODA__INTERNAL__TO_SCHEDULER__INIT;
     m.msg_case = PAGODA__INTERNAL__TO_SCHEDULER__MSG_RESYNC_DONE;
     m.resync_done = &d;
     queue_push(out, &m.base);
+}
+
+/* Whether f's tokens hold token. */
+bool fw_holds(const struct fseq *f, int32_t token)
+{
+    for (int i = 0; i < f->n_tokens; i++)
+        if (f->tokens[i] == token)
+            return true;
+    return false;
+}
+
+/* Whether a sequence of step st (new, or continuing and held) holds token. */
+bool fw_step_holds(struct fake_worker *fw, const Pagoda__Internal__Step *st, int32_t token)
+{
+    for (size_t i = 0; i < st->n_new_seqs; i++)
+        for (size_t t = 0; t < st->new_seqs[i]->n_token_ids; t++)
+            if (st->new_seqs[i]->token_ids[t] == token)
+                return true;
+    for (size_t i = 0; i < st->n_cont_seqs; i++) {
+        const struct fseq *f = fw_find(fw, st->cont_seqs[i]->seq_id);
+        if (f != NULL && fw_holds(f, token))
+            return true;
+    }
+    return false;
 }
 
 /* Runs one sequence's part of a step; returns true when it sampled (token in *token). */
@@ -299,8 +341,15 @@ void fw_step(struct fake_worker *fw, const Pagoda__Internal__Step *st, struct qu
         reply_result(out, st->epoch, st->step_id, PAGODA_EPROTO, NULL, 0, fw->computed_tokens);
         return;
     }
+    if (fw->refuse && fw_step_holds(fw, st, fw->refuse_token)) {
+        fw->refused++;
+        reply_result(out, st->epoch, st->step_id, PAGODA_ERANGE, NULL, 0, fw->computed_tokens);
+        return;
+    }
     for (size_t i = 0; i < st->n_finished_seq_ids; i++) {
         struct fseq *f = fw_find(fw, st->finished_seq_ids[i]);
+        if (f == NULL && (fw->poison || fw->resync_fail))
+            continue; /* one the worker failed and dropped */
         if (f == NULL)
             fail_msg("worker: finished seq %llu unknown",
                      (unsigned long long)st->finished_seq_ids[i]);
@@ -369,7 +418,17 @@ void fw_step(struct fake_worker *fw, const Pagoda__Internal__Step *st, struct qu
     for (size_t i = 0; i < nt; i++) {
         int32_t token;
         tokens += nums[i];
-        if (fw_compute(fw, touched[i], nums[i], &token)) {
+        bool sampled = fw_compute(fw, touched[i], nums[i], &token);
+        if (sampled && fw->poison && fw_holds(touched[i], fw->poison_token)) {
+            pagoda__internal__seq_result__init(&res[nres]);
+            res[nres].has_seq_id = res[nres].has_error_code = 1;
+            res[nres].seq_id = touched[i]->seq_id;
+            res[nres].error_code = PAGODA_EINVAL;
+            res[nres].error_message = "sampler: logit 3 is nan";
+            ptrs[nres] = &res[nres];
+            nres++;
+            touched[i]->live = false;
+        } else if (sampled) {
             pagoda__internal__seq_result__init(&res[nres]);
             res[nres].has_seq_id = res[nres].has_token_id = res[nres].has_logprob = 1;
             res[nres].seq_id = touched[i]->seq_id;

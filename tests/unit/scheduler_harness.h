@@ -62,6 +62,18 @@ struct fake_worker {
     bool silent;        /* consume everything, answer nothing (hung) */
     int drop_steps;     /* lose this many steps */
     bool strip_results; /* answer the next step without its tokens (a broken result) */
+    /* A sequence holding poison_token fails alone when it samples (as NaN logits would): an
+     * error result for it, the mirror drops it, the step goes on. */
+    bool poison;
+    int32_t poison_token;
+    /* A step holding a sequence with refuse_token is refused whole (a worker that cannot tell
+     * which sequence is at fault), every time. */
+    bool refuse;
+    int32_t refuse_token;
+    /* A resync leaves out the sequences holding resync_fail_token and lists them failed in its
+     * ResyncDone (their content is wrong for this worker). */
+    bool resync_fail;
+    int32_t resync_fail_token;
     /* What it saw. */
     int steps_run, refused, ignored_steps, resyncs_done, hellos_sent;
     int max_step_tokens;
@@ -184,6 +196,12 @@ void fw_hello(struct fake_worker *fw, const struct hello_opts *ho, struct queue 
 
 void fw_resync(struct fake_worker *fw, const Pagoda__Internal__Resync *r,
                const struct hello_opts *ho, struct queue *out);
+
+/* Whether f's tokens hold token. */
+bool fw_holds(const struct fseq *f, int32_t token);
+
+/* Whether a sequence of step st (new, or continuing and held) holds token. */
+bool fw_step_holds(struct fake_worker *fw, const Pagoda__Internal__Step *st, int32_t token);
 
 /* Runs one sequence's part of a step; returns true when it sampled (token in *token). */
 bool fw_compute(struct fake_worker *fw, struct fseq *f, int num_new, int32_t *token);

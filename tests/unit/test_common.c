@@ -16,7 +16,21 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
+
+/* -Wl,--wrap=clock_gettime: while fake_clock is set, every clock reads fake_ms. */
+static int fake_clock;
+static int64_t fake_ms;
+int __real_clock_gettime(clockid_t clk, struct timespec *ts);
+int __wrap_clock_gettime(clockid_t clk, struct timespec *ts)
+{
+    if (!fake_clock)
+        return __real_clock_gettime(clk, ts);
+    ts->tv_sec = (time_t)(fake_ms / 1000);
+    ts->tv_nsec = (long)(fake_ms % 1000) * 1000000;
+    return 0;
+}
 
 static void test_strerror_covers_every_code(void **state)
 {
@@ -143,6 +157,102 @@ static void test_log_level_parse(void **state)
     assert_int_equal(log_level_parse("loud", &l), PAGODA_EINVAL);
 }
 
+/* Standard error is captured in a temporary file between log_capture and log_captured, which
+ * returns what was written (malloc'd) and the number of lines. */
+static int saved_stderr = -1;
+static FILE *capture;
+
+static void log_capture(void)
+{
+    fflush(stderr);
+    capture = tmpfile();
+    assert_non_null(capture);
+    saved_stderr = dup(2);
+    assert_true(saved_stderr >= 0);
+    assert_int_equal(dup2(fileno(capture), 2), 2);
+}
+
+static char *log_captured(int *lines)
+{
+    fflush(stderr);
+    assert_int_equal(dup2(saved_stderr, 2), 2);
+    close(saved_stderr);
+    long n = ftell(capture);
+    assert_true(n >= 0);
+    char *text = calloc(1, (size_t)n + 1);
+    assert_non_null(text);
+    rewind(capture);
+    assert_int_equal(fread(text, 1, (size_t)n, capture), (size_t)n);
+    fclose(capture);
+    *lines = 0;
+    for (long i = 0; i < n; i++)
+        *lines += text[i] == '\n';
+    return text;
+}
+
+/* A line repeated back to back is printed once, then counted: the count comes out with the next
+ * other line, and every LOG_REPEAT_REPORT_MS while the repetition lasts. */
+static void test_log_repeats_are_counted(void **state)
+{
+    fake_clock = 1;
+    fake_ms = 1000000;
+    log_set_level(LOG_INFO);
+    log_capture();
+    for (int i = 0; i < 1000; i++)
+        log_warn("worker 0 refused step 7: sampler: logit 3 is nan");
+    log_info("something else");
+    int lines;
+    char *text = log_captured(&lines);
+    assert_int_equal(lines, 3);
+    assert_non_null(strstr(text, "refused step 7: sampler: logit 3 is nan\n"));
+    assert_non_null(strstr(text, "refused step 7: sampler: logit 3 is nan [repeated 999 times]\n"));
+    assert_non_null(strstr(text, "something else\n"));
+    free(text);
+
+    /* One repetition a second for 100 s: reported every 10 s, not 100 times. */
+    log_capture();
+    for (int i = 0; i < 100; i++) {
+        log_error("the pool is gone");
+        fake_ms += 1000;
+    }
+    log_info("back");
+    text = log_captured(&lines);
+    assert_int_equal(lines, 1 + 9 + 1 + 1);
+    assert_non_null(strstr(text, "the pool is gone [repeated 10 times]"));
+    assert_non_null(strstr(text, "the pool is gone [repeated 9 times]"));
+    free(text);
+    fake_clock = 0;
+}
+
+/* One call site making different lines (a counter in them) prints at most LOG_SITE_BURST a
+ * window; the rest are counted and reported with its next printed line. Debug is not limited. */
+static void test_log_call_site_burst_is_limited(void **state)
+{
+    fake_clock = 1;
+    fake_ms = 2000000;
+    log_set_level(LOG_DEBUG);
+    log_capture();
+    for (int i = 0; i < 1000; i++)
+        log_warn("resync %d to worker 0", i);
+    fake_ms += LOG_SITE_WINDOW_MS;
+    log_warn("resync %d to worker 0", 1000);
+    for (int i = 0; i < 100; i++)
+        log_debug("step %d: 1 token", i);
+    int lines;
+    char *text = log_captured(&lines);
+    assert_int_equal(lines, LOG_SITE_BURST + 1 + 100);
+    assert_non_null(strstr(text, "resync 19 to worker 0\n"));
+    assert_null(strstr(text, "resync 20 to worker 0"));
+    char want[96];
+    snprintf(want, sizeof(want), "resync 1000 to worker 0 [%d similar lines suppressed]\n",
+             1000 - LOG_SITE_BURST);
+    assert_non_null(strstr(text, want));
+    assert_non_null(strstr(text, "step 99: 1 token\n"));
+    free(text);
+    log_set_level(LOG_INFO);
+    fake_clock = 0;
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -153,6 +263,8 @@ int main(void)
         cmocka_unit_test(test_parse_values),
         cmocka_unit_test(test_bf16_round_trip_and_rounding),
         cmocka_unit_test(test_log_level_parse),
+        cmocka_unit_test(test_log_repeats_are_counted),
+        cmocka_unit_test(test_log_call_site_burst_is_limited),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -133,6 +133,24 @@ static struct mirror_seq_view view(const struct mirror *m, uint64_t id)
     return v;
 }
 
+/* Step s is not refused, but fails sequence id alone with code, the message containing what;
+ * the step is then forgotten (the mirror unchanged). */
+static void expect_seq_fails(struct mirror *m, const Pagoda__Internal__Step *s, uint64_t id,
+                             int code, const char *what)
+{
+    struct mirror_step ms;
+    assert_int_equal(mirror_step_prepare(m, s, &ms), 0);
+    assert_int_equal(ms.num_failed, 1);
+    assert_int_equal(ms.failed[0].seq_id, id);
+    assert_int_equal(ms.failed[0].code, code);
+    if (what != NULL && strstr(ms.failed[0].message, what) == NULL)
+        fail_msg("failure of sequence %llu: '%s' does not say '%s'", (unsigned long long)id,
+                 ms.failed[0].message, what);
+    for (int32_t r = 0; r < ms.batch.num_logits; r++)
+        assert_true(ms.seq_ids[r] != id);
+    mirror_step_abort(m);
+}
+
 /* A: 16 prompt tokens, 14 computed, blocks 7, 3. B arrives new in the first step. */
 static void test_resync_then_steps_build_the_batch(void **state)
 {
@@ -428,8 +446,7 @@ static void test_prefill_chunks_continue_a_sequence(void **state)
     s.n_cont_seqs = 1;
     s.cont_seqs = conts;
     c = cont_seq(77, 16, 4, NULL, 0);
-    assert_int_equal(mirror_step_prepare(m, &s, &ms), PAGODA_ERANGE);
-    assert_non_null(strstr(pagoda_error_detail(), "cannot hold"));
+    expect_seq_fails(m, &s, 77, PAGODA_ERANGE, "cannot hold");
     int32_t last[] = {8};
     c = cont_seq(77, 16, 4, last, 1);
     assert_int_equal(mirror_step_prepare(m, &s, &ms), 0);
@@ -505,7 +522,7 @@ static void test_sample_rows_carry_histories_after_a_resync(void **state)
     assert_int_equal(ms.rows[0].output_index, 4);
     assert_int_equal(ms.rows[0].output_tokens[3], 93);
 
-    /* Invalid sampling parameters are refused with the sequence named. */
+    /* A sequence with invalid sampling parameters is left out, named with its reason. */
     Pagoda__Internal__SamplingParams bad = PAGODA__INTERNAL__SAMPLING_PARAMS__INIT;
     bad.has_top_p = 1;
     bad.top_p = 0.0f;
@@ -515,9 +532,15 @@ static void test_sample_rows_carry_histories_after_a_resync(void **state)
     r2.epoch = 2;
     r2.n_seqs = 1;
     r2.seqs = snaps;
-    assert_int_equal(mirror_resync(m, &r2), PAGODA_ERANGE);
-    assert_non_null(strstr(pagoda_error_detail(), "sequence 4"));
-    assert_int_equal(mirror_epoch(m), 1);
+    assert_int_equal(mirror_resync(m, &r2), 0);
+    const struct mirror_seq_error *left_out;
+    assert_int_equal(mirror_resync_failures(m, &left_out), 1);
+    assert_int_equal(left_out[0].seq_id, 4);
+    assert_int_equal(left_out[0].code, PAGODA_ERANGE);
+    assert_non_null(strstr(left_out[0].message, "sequence 4"));
+    assert_non_null(strstr(left_out[0].message, "top_p"));
+    assert_int_equal(mirror_epoch(m), 2);
+    assert_int_equal(mirror_num_seqs(m), 0);
     mirror_free(m);
 }
 
@@ -530,22 +553,34 @@ static void test_block_ids_outside_the_pool_are_refused(void **state)
     Pagoda__Internal__SequenceSnapshot *snaps[] = {&good};
     resync(m, 1, 0, snaps, 1);
 
-    /* A resync with a block past the pool is refused and the old mirror kept. */
+    /* A snapshot sequence with a block past the pool is left out (and listed), not the resync
+     * refused: its request fails, the others go on. */
     Pagoda__Internal__SequenceSnapshot far = snap(2, t, 3, 3, 2, past, 1);
     Pagoda__Internal__SequenceSnapshot *bad_snaps[] = {&good, &far};
     Pagoda__Internal__Resync r = PAGODA__INTERNAL__RESYNC__INIT;
     r.has_epoch = r.has_next_step_id = 1;
-    r.epoch = 2;
-    r.next_step_id = 50;
+    r.epoch = 1;
+    r.next_step_id = 0;
     r.n_seqs = 2;
     r.seqs = bad_snaps;
-    assert_int_equal(mirror_resync(m, &r), PAGODA_ERANGE);
-    assert_non_null(strstr(pagoda_error_detail(), "block id 16"));
+    assert_int_equal(mirror_resync(m, &r), 0);
+    const struct mirror_seq_error *left_out;
+    assert_int_equal(mirror_resync_failures(m, &left_out), 1);
+    assert_int_equal(left_out[0].seq_id, 2);
+    assert_int_equal(left_out[0].code, PAGODA_ERANGE);
+    assert_non_null(strstr(left_out[0].message, "block id 16"));
+    assert_int_equal(mirror_num_seqs(m), 1);
+    assert_int_equal(view(m, 1).num_computed_tokens, 2);
+    /* What is wrong with the snapshot itself still refuses it, and the old mirror stays. */
+    Pagoda__Internal__SequenceSnapshot *twice[] = {&good, &good};
+    r.epoch = 2;
+    r.next_step_id = 50;
+    r.seqs = twice;
+    assert_int_equal(mirror_resync(m, &r), PAGODA_EINVAL);
     assert_int_equal(mirror_epoch(m), 1);
     assert_int_equal(mirror_next_step_id(m), 0);
     assert_int_equal(mirror_num_seqs(m), 1);
 
-    struct mirror_step ms;
     int32_t *bad_blocks[] = {past, zero, neg};
     for (int i = 0; i < 3; i++) {
         Pagoda__Internal__Step s = step_msg(1, 0);
@@ -553,13 +588,13 @@ static void test_block_ids_outside_the_pool_are_refused(void **state)
         Pagoda__Internal__NewSequence *news[] = {&n};
         s.n_new_seqs = 1;
         s.new_seqs = news;
-        assert_int_equal(mirror_step_prepare(m, &s, &ms), PAGODA_ERANGE);
+        expect_seq_fails(m, &s, 5, PAGODA_ERANGE, "outside the pool");
         Pagoda__Internal__ContinuingSequence c = cont_seq(1, 2, 1, bad_blocks[i], 1);
         Pagoda__Internal__ContinuingSequence *conts[] = {&c};
         s.n_new_seqs = 0;
         s.n_cont_seqs = 1;
         s.cont_seqs = conts;
-        assert_int_equal(mirror_step_prepare(m, &s, &ms), PAGODA_ERANGE);
+        expect_seq_fails(m, &s, 1, PAGODA_ERANGE, "outside the pool");
     }
     assert_int_equal(mirror_num_seqs(m), 1);
     assert_int_equal(view(m, 1).num_blocks, 1);
@@ -580,23 +615,23 @@ static void test_limits_are_enforced(void **state)
     s.n_new_seqs = 1;
     s.new_seqs = news;
     assert_int_equal(mirror_step_prepare(m, &s, &ms), PAGODA_ERANGE);
-    /* A chunk past the known tokens. */
+    /* What is wrong with one sequence fails that sequence, not the step: a chunk past the known
+     * tokens, */
     n = new_seq(1, big, 4, 4, 0, 5, blocks, 1);
-    assert_int_equal(mirror_step_prepare(m, &s, &ms), PAGODA_ERANGE);
-    /* A token outside the vocabulary. */
+    expect_seq_fails(m, &s, 1, PAGODA_ERANGE, "new tokens");
+    /* a token outside the vocabulary, */
     big[2] = 100;
     n = new_seq(1, big, 4, 4, 0, 4, blocks, 1);
-    assert_int_equal(mirror_step_prepare(m, &s, &ms), PAGODA_ERANGE);
+    expect_seq_fails(m, &s, 1, PAGODA_ERANGE, "vocabulary");
     big[2] = 0;
-    /* More than max_tokens_per_seq (64) tokens. */
+    /* more than max_tokens_per_seq (64) tokens, */
     int32_t huge[65] = {0};
     n = new_seq(1, huge, 65, 65, 0, 1, blocks, 8);
-    assert_int_equal(mirror_step_prepare(m, &s, &ms), PAGODA_ERANGE);
-    /* A sequence at the limit cannot sample once more. */
+    expect_seq_fails(m, &s, 1, PAGODA_ERANGE, "limit");
+    /* a sequence at the limit that would sample once more. */
     int32_t full_blocks[8] = {1, 2, 3, 4, 5, 6, 7, 8};
     n = new_seq(1, huge, 64, 64, 60, 4, full_blocks, 8);
-    assert_int_equal(mirror_step_prepare(m, &s, &ms), PAGODA_ERANGE);
-    assert_non_null(strstr(pagoda_error_detail(), "exceed"));
+    expect_seq_fails(m, &s, 1, PAGODA_ERANGE, "exceed");
     /* One token below the limit it samples its last token; the decode after that is refused. */
     n = new_seq(1, huge, 63, 63, 60, 3, full_blocks, 8);
     assert_int_equal(mirror_step_prepare(m, &s, &ms), 0);
@@ -608,8 +643,7 @@ static void test_limits_are_enforced(void **state)
     Pagoda__Internal__ContinuingSequence *lasts[] = {&last};
     s.n_cont_seqs = 1;
     s.cont_seqs = lasts;
-    assert_int_equal(mirror_step_prepare(m, &s, &ms), PAGODA_ERANGE);
-    assert_non_null(strstr(pagoda_error_detail(), "exceed"));
+    expect_seq_fails(m, &s, 1, PAGODA_ERANGE, "exceed");
     uint64_t gone[] = {1};
     s = step_msg(1, 1);
     s.n_finished_seq_ids = 1;
@@ -647,6 +681,82 @@ static void test_limits_are_enforced(void **state)
     mirror_free(m);
 }
 
+/* One sequence's error ends that sequence only: the step runs for the others, the failed one
+ * leaves the mirror at commit (and a later drop of it is harmless); a row that could not be
+ * sampled drops its sequence the same way. */
+static void test_one_sequence_fails_and_the_step_goes_on(void **state)
+{
+    struct mirror *m = new_mirror();
+    int32_t a_tokens[] = {1, 2, 3}, a_blocks[] = {4};
+    Pagoda__Internal__SequenceSnapshot a = snap(1, a_tokens, 3, 3, 2, a_blocks, 1);
+    Pagoda__Internal__SequenceSnapshot *snaps[] = {&a};
+    resync(m, 1, 0, snaps, 1);
+
+    /* B's sampling parameters are out of range, C's token is outside the vocabulary, D is fine;
+     * A continues. */
+    int32_t b_tokens[] = {5, 6}, c_tokens[] = {7, 100}, d_tokens[] = {8, 9};
+    int32_t b_blocks[] = {5}, c_blocks[] = {6}, d_blocks[] = {7};
+    Pagoda__Internal__SamplingParams bad = PAGODA__INTERNAL__SAMPLING_PARAMS__INIT;
+    bad.has_repetition_penalty = 1;
+    bad.repetition_penalty = 1e-45f;
+    Pagoda__Internal__NewSequence b = new_seq(2, b_tokens, 2, 2, 0, 2, b_blocks, 1);
+    b.sampling = &bad;
+    Pagoda__Internal__NewSequence c = new_seq(3, c_tokens, 2, 2, 0, 2, c_blocks, 1);
+    Pagoda__Internal__NewSequence d = new_seq(4, d_tokens, 2, 2, 0, 2, d_blocks, 1);
+    Pagoda__Internal__NewSequence *news[] = {&b, &c, &d};
+    Pagoda__Internal__ContinuingSequence ca = cont_seq(1, 2, 1, NULL, 0);
+    Pagoda__Internal__ContinuingSequence *conts[] = {&ca};
+    Pagoda__Internal__Step s = step_msg(1, 0);
+    s.n_new_seqs = 3;
+    s.new_seqs = news;
+    s.n_cont_seqs = 1;
+    s.cont_seqs = conts;
+    struct mirror_step ms;
+    assert_int_equal(mirror_step_prepare(m, &s, &ms), 0);
+    assert_int_equal(ms.num_failed, 2);
+    assert_int_equal(ms.failed[0].seq_id, 2);
+    assert_int_equal(ms.failed[0].code, PAGODA_ERANGE);
+    assert_non_null(strstr(ms.failed[0].message, "repetition_penalty"));
+    assert_int_equal(ms.failed[1].seq_id, 3);
+    assert_non_null(strstr(ms.failed[1].message, "vocabulary"));
+    /* A's decode and D's prefill: 3 tokens, 2 rows. */
+    assert_int_equal(ms.batch.num_tokens, 3);
+    assert_int_equal(ms.batch.num_logits, 2);
+    assert_int_equal(ms.seq_ids[0], 1);
+    assert_int_equal(ms.seq_ids[1], 4);
+    assert_i32s(ms.batch.token_ids, (int32_t[]){3, 8, 9}, 3);
+    /* D's row could not be sampled (its logits were NaN, say): D goes too. */
+    mirror_step_commit_rows(m, (int32_t[]){11, -1}, (int32_t[]){0, PAGODA_EINVAL});
+    assert_int_equal(mirror_num_seqs(m), 1);
+    assert_int_equal(view(m, 1).num_tokens, 4);
+    assert_int_equal(view(m, 1).token_ids[3], 11);
+    struct mirror_seq_view v;
+    assert_int_equal(mirror_find(m, 2, &v), PAGODA_ENOENT);
+    assert_int_equal(mirror_find(m, 3, &v), PAGODA_ENOENT);
+    assert_int_equal(mirror_find(m, 4, &v), PAGODA_ENOENT);
+
+    /* The scheduler names them finished in the next step: accepted, A goes on. */
+    uint64_t gone[] = {2, 3, 4};
+    ca = cont_seq(1, 3, 1, NULL, 0);
+    s = step_msg(1, 1);
+    s.n_cont_seqs = 1;
+    s.cont_seqs = conts;
+    s.n_finished_seq_ids = 3;
+    s.finished_seq_ids = gone;
+    assert_int_equal(mirror_step_prepare(m, &s, &ms), 0);
+    assert_int_equal(ms.num_failed, 0);
+    mirror_step_commit(m, (int32_t[]){12});
+    assert_int_equal(view(m, 1).num_tokens, 5);
+
+    /* What says that the step and the mirror disagree still refuses the whole step. */
+    ca = cont_seq(1, 2, 1, NULL, 0);
+    s = step_msg(1, 2);
+    s.n_cont_seqs = 1;
+    s.cont_seqs = conts;
+    assert_int_equal(mirror_step_prepare(m, &s, &ms), PAGODA_EMISMATCH);
+    mirror_free(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -658,6 +768,7 @@ int main(void)
         cmocka_unit_test(test_sample_rows_carry_histories_after_a_resync),
         cmocka_unit_test(test_block_ids_outside_the_pool_are_refused),
         cmocka_unit_test(test_limits_are_enforced),
+        cmocka_unit_test(test_one_sequence_fails_and_the_step_goes_on),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -395,6 +395,25 @@ static void test_bad_submits_are_refused(void **state)
     assert_int_equal(response_code(resp), PAGODA_ERANGE);
     pagoda__client_response__free_unpacked(resp, NULL);
 
+    /* Finite and above 0, but outside the sampler's range (a logit divided by it overflows):
+     * refused here with the sampler's own definition, not left to fail in the worker. */
+    const float bad_penalties[] = {1e-45f, 0.001f, 1000.0f};
+    for (size_t k = 0; k < sizeof(bad_penalties) / sizeof(bad_penalties[0]); k++) {
+        raw_submit_init(&s, id, 4);
+        s.sp.has_repetition_penalty = 1;
+        s.sp.repetition_penalty = bad_penalties[k];
+        resp = raw_request(e, &s.req);
+        assert_int_equal(response_code(resp), PAGODA_ERANGE);
+        assert_non_null(strstr(resp->error_message, "repetition_penalty"));
+        pagoda__client_response__free_unpacked(resp, NULL);
+    }
+    raw_submit_init(&s, id, 4);
+    s.sp.temperature = 1e-30f;
+    resp = raw_request(e, &s.req);
+    assert_int_equal(response_code(resp), PAGODA_ERANGE);
+    assert_non_null(strstr(resp->error_message, "temperature"));
+    pagoda__client_response__free_unpacked(resp, NULL);
+
     /* None of them was registered. */
     pagoda_client *c = open_client(e);
     pagoda_result r;

@@ -517,6 +517,9 @@ static void test_invalid_params_are_named(void **state)
         {"temperature", -0.5f, PAGODA_ERANGE},
         {"temperature", INFINITY, PAGODA_ERANGE},
         {"temperature", NAN, PAGODA_EINVAL},
+        {"temperature", 1e-45f, PAGODA_ERANGE},
+        {"temperature", 5e-7f, PAGODA_ERANGE},
+        {"temperature", 100.5f, PAGODA_ERANGE},
         {"top_p", 0.0f, PAGODA_ERANGE},
         {"top_p", 1.5f, PAGODA_ERANGE},
         {"top_p", NAN, PAGODA_EINVAL},
@@ -527,6 +530,11 @@ static void test_invalid_params_are_named(void **state)
         {"repetition_penalty", -1.0f, PAGODA_ERANGE},
         {"repetition_penalty", INFINITY, PAGODA_ERANGE},
         {"repetition_penalty", NAN, PAGODA_EINVAL},
+        /* Finite and above 0, but a logit divided by it overflows (the probe). */
+        {"repetition_penalty", 1e-45f, PAGODA_ERANGE},
+        {"repetition_penalty", 0.0099f, PAGODA_ERANGE},
+        {"repetition_penalty", 100.5f, PAGODA_ERANGE},
+        {"repetition_penalty", 1e30f, PAGODA_ERANGE},
         {"presence_penalty", 2.5f, PAGODA_ERANGE},
         {"presence_penalty", -2.01f, PAGODA_ERANGE},
         {"presence_penalty", NAN, PAGODA_EINVAL},
@@ -564,10 +572,45 @@ static void test_invalid_params_are_named(void **state)
     p.min_p = 1.0f;
     p.presence_penalty = -2.0f;
     p.frequency_penalty = 2.0f;
-    p.repetition_penalty = 1e-3f;
+    p.repetition_penalty = SAMPLING_REPETITION_PENALTY_MIN;
     p.top_k = 1 << 30;
     assert_int_equal(sampling_params_validate(&p), 0);
+    p.repetition_penalty = SAMPLING_REPETITION_PENALTY_MAX;
+    p.temperature = SAMPLING_TEMPERATURE_MIN;
+    assert_int_equal(sampling_params_validate(&p), 0);
+    p.temperature = SAMPLING_TEMPERATURE_MAX;
+    assert_int_equal(sampling_params_validate(&p), 0);
     assert_int_equal(sampling_params_validate(NULL), PAGODA_EINVAL);
+    sampler_workspace_fini(&ws);
+}
+
+/* The valid ranges cannot overflow: at every corner of them, a row of logits up to 3e36 in
+ * magnitude (far beyond any sane model) with its whole vocabulary in the history samples. */
+static void test_valid_ranges_cannot_overflow(void **state)
+{
+    struct sampler_workspace ws;
+    assert_int_equal(sampler_workspace_init(&ws, 4), 0);
+    const float logits[4] = {3e36f, -3e36f, 1.0f, -1.0f};
+    const int32_t hist[] = {0, 1, 2, 3, 0, 1};
+    const float reps[] = {SAMPLING_REPETITION_PENALTY_MIN, SAMPLING_REPETITION_PENALTY_MAX};
+    const float temps[] = {0.0f, SAMPLING_TEMPERATURE_MIN, SAMPLING_TEMPERATURE_MAX};
+    const float pens[] = {-SAMPLING_PENALTY_LIMIT, SAMPLING_PENALTY_LIMIT};
+    for (int r = 0; r < 2; r++)
+        for (int t = 0; t < 3; t++)
+            for (int k = 0; k < 2; k++) {
+                struct sampling_params p = sampling_params_default();
+                p.repetition_penalty = reps[r];
+                p.temperature = temps[t];
+                p.presence_penalty = p.frequency_penalty = pens[k];
+                p.top_p = 0.5f;
+                p.min_p = 0.01f;
+                assert_int_equal(sampling_params_validate(&p), 0);
+                int32_t tok = -1;
+                float lp = 0.0f;
+                assert_int_equal(sampler_sample(&p, logits, 4, hist, 6, hist, 6, 6, &ws, &tok, &lp),
+                                 0);
+                assert_true(tok >= 0 && tok < 4);
+            }
     sampler_workspace_fini(&ws);
 }
 
@@ -609,7 +652,7 @@ static void test_bad_inputs_are_refused(void **state)
     /* A penalty that overflows a finite logit is an error, not an infinity. */
     float huge[4] = {-3e38f, 0.0f, 0.0f, 0.0f};
     const int32_t first[] = {0};
-    p.repetition_penalty = 1000.0f;
+    p.repetition_penalty = SAMPLING_REPETITION_PENALTY_MAX;
     assert_int_equal(sampler_sample(&p, huge, 4, first, 1, NULL, 0, 0, &ws, &tok, NULL),
                      PAGODA_ERANGE);
     /* ...and leaves the workspace clean: the next call without history sees no penalty. */
@@ -734,6 +777,7 @@ int main(void)
         cmocka_unit_test(test_repetition_penalty_lowers_probability),
         cmocka_unit_test(test_logprob_is_log_softmax_of_penalised_logits),
         cmocka_unit_test(test_invalid_params_are_named),
+        cmocka_unit_test(test_valid_ranges_cannot_overflow),
         cmocka_unit_test(test_bad_inputs_are_refused),
         cmocka_unit_test(test_golden_draws),
         cmocka_unit_test(test_golden_weights_of_a_large_row),

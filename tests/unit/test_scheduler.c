@@ -638,6 +638,172 @@ static void test_refusals(void **state)
     harness_close(h);
 }
 
+/* Whether token occurs in tokens[0..n). */
+static bool holds(const int32_t *tokens, int n, int32_t token)
+{
+    for (int i = 0; i < n; i++)
+        if (tokens[i] == token)
+            return true;
+    return false;
+}
+
+/* A token of bad[0..n_bad) that neither good prompt nor its first n_out reference outputs hold:
+ * a worker that fails every sequence holding it fails only the bad request. */
+static int32_t token_only_in(const int32_t *bad, int n_bad, const int32_t *g1, const int32_t *g2,
+                             int n_good, int n_out)
+{
+    int32_t all1[MAX_FTOK], all2[MAX_FTOK];
+    memcpy(all1, g1, (size_t)n_good * sizeof(int32_t));
+    memcpy(all2, g2, (size_t)n_good * sizeof(int32_t));
+    ref_generate(g1, n_good, n_out, all1 + n_good);
+    ref_generate(g2, n_good, n_out, all2 + n_good);
+    for (int i = 0; i < n_bad; i++)
+        if (!holds(all1, n_good + n_out, bad[i]) && !holds(all2, n_good + n_out, bad[i]))
+            return bad[i];
+    fail_msg("no token only in the bad prompt");
+    return -1;
+}
+
+/* An error of one sequence in a step (the worker says so in its result: NaN logits, say) ends
+ * that request with FINISH_ERROR and the worker's message; the step is not refused, nothing is
+ * resynced, and the other sequences of the same steps get every token. */
+static void test_one_sequence_error_ends_it_alone(void **state)
+{
+    struct harness *h = harness_open(&DEFAULT_SETUP);
+    int32_t pa[12], pb[12], pc[12];
+    make_prompt(40, 12, pa);
+    make_prompt(41, 12, pb);
+    make_prompt(42, 12, pc);
+    h->fw.poison = true;
+    h->fw.poison_token = token_only_in(pb, 12, pa, pc, 12, 6);
+    uint64_t resyncs = stats(h).resyncs;
+    struct req_rec *a = submit(h, 1, pa, 12, 6);
+    struct req_rec *b = submit(h, 2, pb, 12, 6);
+    struct req_rec *c = submit(h, 3, pc, 12, 6);
+    pump(h);
+    assert_int_equal(b->ends, 1);
+    assert_int_equal(b->finish, PAGODA__INTERNAL__FINISH_REASON__FINISH_ERROR);
+    assert_int_equal(b->error_code, PAGODA_EINVAL);
+    assert_int_equal(b->n_out, 0);
+    expect_output(a, pa, 12, 6, PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH);
+    expect_output(c, pc, 12, 6, PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH);
+    struct scheduler_stats st = stats(h);
+    assert_int_equal(st.failed_seqs, 1);
+    assert_int_equal(st.refused_steps, 0);
+    assert_int_equal(st.resyncs, resyncs);
+    /* The failure is remembered for a router that restarts. */
+    Pagoda__Internal__RouterHello rh = PAGODA__INTERNAL__ROUTER_HELLO__INIT;
+    Pagoda__Internal__ToScheduler m = PAGODA__INTERNAL__TO_SCHEDULER__INIT;
+    m.msg_case = PAGODA__INTERNAL__TO_SCHEDULER__MSG_ROUTER_HELLO;
+    m.router_hello = &rh;
+    deliver_router(h, &m);
+    bool announced = false;
+    for (int i = 0; i < h->n_ann; i++)
+        if (memcmp(h->ann[i].id, b->id, SCHEDULER_REQUEST_ID_BYTES) == 0)
+            announced = h->ann[i].finish == PAGODA__INTERNAL__FINISH_REASON__FINISH_ERROR;
+    assert_true(announced);
+    const char *why = NULL;
+    if (scheduler_check_invariants(h->s, &why) != 0)
+        fail_msg("invariants: %s", why);
+    /* The failed request's blocks are back once the next step is answered. */
+    struct req_rec *d = submit(h, 4, pa, 12, 1);
+    pump(h);
+    expect_output(d, pa, 12, 1, PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH);
+    expect_idle_pool(h);
+    harness_close(h);
+}
+
+/* A worker that refuses every step holding one bad sequence (it cannot tell which): the step is
+ * resent after the resync once at most, then the scheduler isolates the culprit by probing
+ * halves, fails it with the worker's error, and every other request completes. */
+static void test_refused_step_isolates_the_culprit(void **state)
+{
+    struct harness *h = harness_open(&DEFAULT_SETUP);
+    enum { N = 6 };
+    int32_t p[N][10];
+    for (int i = 0; i < N; i++)
+        make_prompt(60 + i, 10, p[i]);
+    const int bad = 4;
+    h->fw.refuse = true;
+    h->fw.refuse_token = -1;
+    for (int t = 0; t < 10 && h->fw.refuse_token < 0; t++) {
+        bool elsewhere = false;
+        for (int i = 0; i < N; i++) {
+            int32_t all[20];
+            memcpy(all, p[i], sizeof(p[i]));
+            ref_generate(p[i], 10, 5, all + 10);
+            if (i != bad && holds(all, 15, p[bad][t]))
+                elsewhere = true;
+        }
+        if (!elsewhere)
+            h->fw.refuse_token = p[bad][t];
+    }
+    assert_true(h->fw.refuse_token >= 0);
+    struct req_rec *r[N];
+    for (int i = 0; i < N; i++)
+        r[i] = submit(h, 20 + i, p[i], 10, 5);
+    pump(h);
+    for (int i = 0; i < N; i++) {
+        if (i == bad)
+            continue;
+        expect_output(r[i], p[i], 10, 5, PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH);
+    }
+    assert_int_equal(r[bad]->ends, 1);
+    assert_int_equal(r[bad]->finish, PAGODA__INTERNAL__FINISH_REASON__FINISH_ERROR);
+    assert_int_equal(r[bad]->error_code, PAGODA_ERANGE);
+    struct scheduler_stats st = stats(h);
+    assert_int_equal(st.isolated_seqs, 1);
+    /* One refusal, then at most two per halving (a probe is retried after its resync once). */
+    assert_true(st.refused_steps >= 2);
+    assert_true(st.refused_steps <= 1 + 2 * 3);
+    expect_idle_pool(h);
+    const char *why = NULL;
+    if (scheduler_check_invariants(h->s, &why) != 0)
+        fail_msg("invariants: %s", why);
+
+    /* A single refusal (a divergence, repaired by the resync) fails nobody. */
+    h->fw.refuse = false;
+    struct req_rec *ok = submit(h, 40, p[0], 10, 3);
+    h->fw.expected_step += 1000; /* the worker's mirror disagrees once: it refuses */
+    pump(h);
+    expect_output(ok, p[0], 10, 3, PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH);
+    assert_int_equal(stats(h).isolated_seqs, 1);
+    assert_int_equal(stats(h).refused_steps, st.refused_steps + 1);
+    harness_close(h);
+}
+
+/* A worker that leaves one sequence out of a resync (its content is wrong for it) lists it in
+ * ResyncDone: that request fails, the others continue, and the resync is not refused and
+ * resent forever. */
+static void test_sequence_left_out_of_a_resync_fails(void **state)
+{
+    struct harness *h = harness_open(&DEFAULT_SETUP);
+    int32_t pa[12], pb[12], pc[12];
+    make_prompt(50, 12, pa);
+    make_prompt(51, 12, pb);
+    make_prompt(52, 12, pc);
+    int32_t bad = token_only_in(pb, 12, pa, pc, 12, 6);
+    struct req_rec *a = submit(h, 1, pa, 12, 6);
+    struct req_rec *b = submit(h, 2, pb, 12, 6);
+    struct req_rec *c = submit(h, 3, pc, 12, 6);
+    /* Two steps run; the third is lost, so a resync follows its timeout. */
+    exchange(h);
+    exchange(h);
+    h->fw.drop_steps = 1;
+    exchange(h);
+    h->fw.resync_fail = true;
+    h->fw.resync_fail_token = bad;
+    tick(h, h->now + SCHEDULER_DEFAULT_RESULT_TIMEOUT_MS);
+    pump(h);
+    assert_int_equal(b->finish, PAGODA__INTERNAL__FINISH_REASON__FINISH_ERROR);
+    assert_int_equal(b->error_code, PAGODA_ERANGE);
+    expect_output(a, pa, 12, 6, PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH);
+    expect_output(c, pc, 12, 6, PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH);
+    assert_int_equal(stats(h).failed_seqs, 1);
+    expect_idle_pool(h);
+    harness_close(h);
+}
+
 /* A StatsRequest is answered with the counters and its cookie. */
 static void test_stats_reply(void **state)
 {
@@ -737,6 +903,9 @@ int main(void)
         cmocka_unit_test(test_resync_done_releases_fenced_blocks),
         cmocka_unit_test(test_dup_step_fault),
         cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_one_sequence_error_ends_it_alone),
+        cmocka_unit_test(test_refused_step_isolates_the_culprit),
+        cmocka_unit_test(test_sequence_left_out_of_a_resync_fails),
         cmocka_unit_test(test_stats_reply),
         cmocka_unit_test(test_router_hello_announces),
     };
