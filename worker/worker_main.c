@@ -512,11 +512,24 @@ static void on_resync(struct worker *w, const Pagoda__Internal__Resync *r)
     if (!mirror_synced(w->mirror) || mirror_epoch(w->mirror) != r->epoch)
         send_hello(w);
     w->resyncs++;
-    int rc = mirror_resync(w->mirror, r);
+    /* Block ids of another pool than ours would read and write KV that is not what the
+     * scheduler believes: refuse, and say which pool this is (the scheduler adopts it). */
+    uint64_t pool_id = w->pool_info.geometry.pool_id;
+    int rc;
+    if (r->has_pool_id && r->pool_id != pool_id) {
+        rc = pagoda_error_set(PAGODA_EMISMATCH,
+                              "the resync is for pool %016" PRIx64 "; this worker maps pool "
+                              "%016" PRIx64,
+                              r->pool_id, pool_id);
+        send_hello(w);
+    } else {
+        rc = mirror_resync(w->mirror, r);
+    }
     Pagoda__Internal__ResyncDone d = PAGODA__INTERNAL__RESYNC_DONE__INIT;
-    d.has_epoch = d.has_resync_id = 1;
+    d.has_epoch = d.has_resync_id = d.has_pool_id = 1;
     d.epoch = r->epoch;
     d.resync_id = r->resync_id;
+    d.pool_id = pool_id;
     char text[700];
     if (rc != 0) {
         pagoda_error_message(rc, text, sizeof(text));
