@@ -14,7 +14,9 @@
  *
  * Then, on one libuv loop, for each ToWorker:
  *  - Resync: the mirror (worker/mirror.h) takes the snapshot; answers ResyncDone (with an
- *    error code when the snapshot is refused; the mirror is then unchanged).
+ *    error code when the snapshot is refused; the mirror is then unchanged) naming the pool
+ *    this worker maps. A resync for another pool (its pool_id) is refused with
+ *    PAGODA_EMISMATCH after a Hello that tells the scheduler which pool this is.
  *  - Step: sleeps --step-delay-ms (or the step's delay_ms, whichever is longer), then checks and
  *    applies the step through the mirror, runs one forward pass and samples, and answers
  *    StepResult{epoch, step_id, results, computed_tokens}. A step of another epoch is ignored
