@@ -919,15 +919,16 @@ static void refuse_hello(struct scheduler *s, int32_t pid, const char *why)
     struct worker_link *w = &s->worker;
     s->stats.malformed_messages++;
     s->stats.refused_hellos++;
-    bool first = !w->refused || w->refused_pid != pid;
-    if (first)
+    if (w->hello_seen && pid == w->pid) {
+        log_error("worker 0 (pid %d): Hello refused and ignored: %s", (int)pid, why);
+        return;
+    }
+    if (!w->refused || w->refused_pid != pid)
         log_error("worker 0 (pid %d): Hello refused: %s; nothing is sent to it until a Hello is "
                   "accepted",
                   (int)pid, why);
     else
         log_debug("worker 0 (pid %d): Hello refused again: %s", (int)pid, why);
-    if (w->hello_seen && pid == w->pid && !w->refused)
-        return;
     discard_inflight(s);
     w->state = LINK_NEED_HELLO;
     w->hello_seen = false;
@@ -943,7 +944,7 @@ static void refuse_hello(struct scheduler *s, int32_t pid, const char *why)
 static void adopt_pool(struct scheduler *s, uint64_t pool_id)
 {
     uint32_t running = s->running.count;
-    uint32_t dropped = s->cfg.prefix_cache ? cache_drop_all(s) : 0;
+    uint32_t dropped = cache_drop_all(s);
     while (s->running.tail != NULL)
         preempt(s, s->running.tail);
     log_warn("worker 0 maps pool %016llx, the block table describes pool %016llx: adopting the "
