@@ -28,9 +28,16 @@
  * allowed but warned about: the worker is the one that refuses, saying by how much.
  *
  * The name is "/pagoda-" and 16 hex digits of the 64-bit FNV-1a hash of DIR's absolute path,
- * so each run directory has its own pool and a supervisor can find it again. A pool left under
- * that name by a kvpool that crashed is unlinked and created anew (logged); a kvpool still
- * serving DIR is found first (its socket is in use) and this one refuses to start.
+ * so each run directory has its own pool and a supervisor can find it again. A kvpool still
+ * serving DIR is found first (its socket is in use) and this one refuses to start. A pool left
+ * under the name by a kvpool that was killed is re-adopted when it is a ready pool of the same
+ * geometry: its identity (pool_id, drawn at creation and kept in the segment's header) and its
+ * KV stay, so the worker that maps it and the scheduler's block table stay right and nothing is
+ * recomputed, and the machine holds one pool, not two. Anything else under the name is unlinked
+ * and a new pool (a new identity) is created; a worker still mapping the old one keeps it until
+ * it exits, and the scheduler, seeing the new identity in the next worker's Hello, drops its
+ * prefix cache and recomputes (scheduler/scheduler.h). A GPU pool dies with its kvpool: a
+ * restarted one always makes a new pool.
  *
  * Serving: the pool's state never changes after start, so both possible answers (the geometry,
  * and the error for a malformed request) are packed once; NNG aio callbacks on a few REP
@@ -247,15 +254,41 @@ static int gpu_size(struct opts *o, const struct model_config *c, struct gpu_bud
 }
 #endif
 
-/* Creates the pool; a leftover of a crashed kvpool under the same name is replaced. */
-static int pool_create(const char *name, const struct kv_geometry *g, struct kv_shm_pool **out)
+/* Creates the pool, or re-adopts the one a kvpool that did not exit cleanly left under the
+ * name (see the file comment): a ready pool whose geometry equals g but for the identity is
+ * kept, and g->pool_id becomes its identity. Anything else there is unlinked first. */
+static int pool_create(const char *name, struct kv_geometry *g, struct kv_shm_pool **out)
 {
     int rc = kv_shm_pool_create(name, g, out);
     if (rc != PAGODA_EEXIST)
         return rc;
-    log_warn("kv pool %s exists (left by a kvpool that did not exit cleanly): removing it and "
-             "creating it anew",
-             name);
+    struct kv_shm_pool *old = NULL;
+    char why[600];
+    rc = kv_shm_pool_open(name, NULL, &old);
+    if (rc == 0) {
+        const struct kv_geometry *og = kv_shm_pool_geometry(old);
+        struct kv_geometry same = *g;
+        same.pool_id = og->pool_id;
+        if (og->pool_id != 0 && kv_geometry_equal(&same, og)) {
+            log_warn("kv pool %s (pool id %016" PRIx64 ") was left by a kvpool that did not exit "
+                     "cleanly: re-adopting it, with its identity and its KV",
+                     name, og->pool_id);
+            *g = same;
+            *out = old;
+            return 0;
+        }
+        snprintf(why, sizeof(why),
+                 "its geometry differs (%d blocks of %d tokens, %d layers, %d KV heads, head dim "
+                 "%d, %s)",
+                 og->num_blocks, og->block_size, og->num_layers, og->num_kv_heads, og->head_dim,
+                 dtype_name(og->dtype));
+        kv_shm_pool_close(old);
+    } else {
+        pagoda_error_message(rc, why, sizeof(why));
+    }
+    log_warn("kv pool %s exists (left by a kvpool that did not exit cleanly) but cannot be "
+             "re-adopted: %s; removing it and creating a new pool",
+             name, why);
     if ((rc = kv_shm_pool_unlink(name)) != 0 && rc != PAGODA_ENOENT)
         return rc;
     return kv_shm_pool_create(name, g, out);

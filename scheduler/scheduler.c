@@ -387,9 +387,9 @@ static void owe_from(struct worker_link *w, int64_t now_ms)
         w->owes_since_ms = now_ms;
 }
 
-/* Sends a resync to the worker: discards the step in flight and snapshots every running
- * sequence as acknowledged. announce: the empty resync sent before any Hello. */
-static void send_resync(struct scheduler *s, int64_t now_ms, bool announce)
+/* Forgets the step in flight: its results, if any come, are ignored, and its tokens are
+ * computed again by later steps. */
+static void discard_inflight(struct scheduler *s)
 {
     struct worker_link *w = &s->worker;
     if (w->state == LINK_STEP) {
@@ -402,6 +402,15 @@ static void send_resync(struct scheduler *s, int64_t now_ms, bool announce)
         }
     }
     w->step_num_seqs = 0;
+}
+
+/* Sends a resync to the worker: discards the step in flight and snapshots every running
+ * sequence as acknowledged. announce: the empty resync sent before any Hello. A resync other
+ * than an announcement names the pool its block ids refer to. */
+static void send_resync(struct scheduler *s, int64_t now_ms, bool announce)
+{
+    struct worker_link *w = &s->worker;
+    discard_inflight(s);
     s->pending_finished.count = 0;
     s->pending_preempted.count = 0;
     s->need_resync = false;
@@ -413,6 +422,8 @@ static void send_resync(struct scheduler *s, int64_t now_ms, bool announce)
     r.next_step_id = s->last_step_id + 1;
     size_t n = 0;
     if (!announce) {
+        r.has_pool_id = 1;
+        r.pool_id = s->cfg.geometry.pool_id;
         for (struct seq *q = s->running.head; q; q = q->next, n++) {
             Pagoda__Internal__SequenceSnapshot *m = &s->snap_msgs[n];
             pagoda__internal__sequence_snapshot__init(m);
@@ -1022,49 +1033,109 @@ static void on_step_result(struct scheduler *s, const Pagoda__Internal__StepResu
 
 /* ---- worker messages ------------------------------------------------------------------------ */
 
+/* Why the Hello cannot be accepted, or NULL. The pool it names must have the block table's
+ * geometry; its identity may differ (on_hello adopts the pool). */
+static const char *hello_refusal(const struct scheduler *s, const Pagoda__Internal__Hello *h)
+{
+    const struct kv_geometry *g = &s->cfg.geometry;
+    const Pagoda__Internal__PoolGeometry *pg = h->geometry;
+    if (!h->has_max_position_embeddings || h->max_position_embeddings < 2 ||
+        h->max_position_embeddings > SCHEDULER_MAX_POSITIONS)
+        return "max_position_embeddings missing or out of range";
+    if (!h->has_vocab_size || h->vocab_size < 1 || h->vocab_size > SCHEDULER_MAX_VOCAB)
+        return "vocab_size missing or out of range";
+    if (h->n_eos_token_ids > SCHEDULER_MAX_EOS_IDS)
+        return "too many eos_token_ids";
+    if (h->has_worker_id && h->worker_id != 0)
+        return "worker_id differs from the link's";
+    if (pg == NULL || !pg->has_pool_id || pg->pool_id == 0)
+        return "it names no pool (geometry.pool_id)";
+    if ((pg->has_num_blocks && pg->num_blocks != g->num_blocks) ||
+        (pg->has_block_size && pg->block_size != g->block_size) ||
+        (pg->has_num_layers && pg->num_layers != g->num_layers) ||
+        (pg->has_dtype && (int)pg->dtype != (int)g->dtype))
+        return "its pool's geometry differs from kvpool's";
+    return NULL;
+}
+
+/* A refused Hello from another process than the accepted worker means that worker is gone
+ * and the one on the link cannot be used: the step in flight is lost and nothing (no resync,
+ * no step, no announcement) goes to the link until a Hello is accepted, so a refused worker
+ * never answers a resync meant for its predecessor. A refused Hello from the accepted worker
+ * itself changes nothing. */
+static void refuse_hello(struct scheduler *s, int32_t pid, const char *why)
+{
+    struct worker_link *w = &s->worker;
+    s->stats.malformed_messages++;
+    s->stats.refused_hellos++;
+    if (w->hello_seen && pid == w->pid) {
+        log_error("worker 0 (pid %d): Hello refused and ignored: %s", (int)pid, why);
+        return;
+    }
+    if (!w->refused || w->refused_pid != pid)
+        log_error("worker 0 (pid %d): Hello refused: %s; nothing is sent to it until a Hello is "
+                  "accepted",
+                  (int)pid, why);
+    else
+        log_debug("worker 0 (pid %d): Hello refused again: %s", (int)pid, why);
+    discard_inflight(s);
+    w->state = LINK_NEED_HELLO;
+    w->hello_seen = false;
+    w->refused = true;
+    w->refused_pid = pid;
+}
+
+/* The pool the worker mapped is not the one the block table describes (kvpool made a new
+ * one): whatever the table says is in the pool is not. Every cached block is dropped (the
+ * pins are computed again) and every running sequence goes back to the queue to recompute its
+ * prompt and output so far, as a preemption does (greedy outputs are unchanged); then the new
+ * pool is the table's. */
+static void adopt_pool(struct scheduler *s, uint64_t pool_id)
+{
+    uint32_t running = s->running.count;
+    uint32_t dropped = cache_drop_all(s);
+    while (s->running.tail != NULL)
+        preempt(s, s->running.tail);
+    log_warn("worker 0 maps pool %016llx, the block table describes pool %016llx: adopting the "
+             "new pool; %u cached blocks dropped, %u running sequences recomputed",
+             (unsigned long long)pool_id, (unsigned long long)s->cfg.geometry.pool_id, dropped,
+             running);
+    s->cfg.geometry.pool_id = pool_id;
+    s->stats.pool_changes++;
+}
+
 static void on_hello(struct scheduler *s, const Pagoda__Internal__Hello *h, int64_t now_ms)
 {
     struct worker_link *w = &s->worker;
-    const char *bad = NULL;
-    if (!h->has_max_position_embeddings || h->max_position_embeddings < 2 ||
-        h->max_position_embeddings > SCHEDULER_MAX_POSITIONS)
-        bad = "max_position_embeddings missing or out of range";
-    else if (!h->has_vocab_size || h->vocab_size < 1 || h->vocab_size > SCHEDULER_MAX_VOCAB)
-        bad = "vocab_size missing or out of range";
-    else if (h->n_eos_token_ids > SCHEDULER_MAX_EOS_IDS)
-        bad = "too many eos_token_ids";
-    else if (h->has_worker_id && h->worker_id != 0)
-        bad = "worker_id differs from the link's";
-    else if (h->geometry != NULL &&
-             ((h->geometry->has_num_blocks &&
-               h->geometry->num_blocks != s->cfg.geometry.num_blocks) ||
-              (h->geometry->has_block_size &&
-               h->geometry->block_size != s->cfg.geometry.block_size) ||
-              (h->geometry->has_pool_id && h->geometry->pool_id != s->cfg.geometry.pool_id)))
-        bad = "its pool geometry differs from kvpool's";
+    int32_t pid = h->has_pid ? h->pid : 0;
+    const char *bad = hello_refusal(s, h);
     if (bad != NULL) {
-        s->stats.malformed_messages++;
-        log_error("worker 0: Hello refused: %s", bad);
+        refuse_hello(s, pid, bad);
         return;
     }
-    int32_t pid = h->has_pid ? h->pid : 0;
-    bool restart = w->hello_seen && pid != w->pid;
-    if (w->hello_seen && !restart && w->state == LINK_RESYNCING)
+    uint64_t pool_id = h->geometry->pool_id;
+    bool same_pool = pool_id == s->cfg.geometry.pool_id;
+    /* w->pid is the last accepted worker's, also while the link is detached by a refusal. */
+    bool restart = (w->hello_seen || (w->refused && w->pid != 0)) && pid != w->pid;
+    if (w->hello_seen && !restart && same_pool && w->state == LINK_RESYNCING)
         return; /* a repeat sent before our resync reached it */
     if (restart) {
         s->stats.worker_restarts++;
         w->timeout_backoff = 0;
     }
-    log_info("worker 0 hello: pid %d, vocab %lld, %lld positions%s", (int)pid,
+    log_info("worker 0 hello: pid %d, vocab %lld, %lld positions, pool %016llx%s", (int)pid,
              (long long)h->vocab_size, (long long)h->max_position_embeddings,
-             restart ? " (restarted)" : "");
+             (unsigned long long)pool_id, restart ? " (restarted)" : "");
     w->hello_seen = true;
+    w->refused = false;
     w->pid = pid;
     w->vocab_size = h->vocab_size;
     w->max_positions = h->max_position_embeddings;
     w->num_eos = (int32_t)h->n_eos_token_ids;
     if (h->n_eos_token_ids > 0)
         memcpy(w->eos_ids, h->eos_token_ids, h->n_eos_token_ids * sizeof(int32_t));
+    if (!same_pool)
+        adopt_pool(s, pool_id);
     if (cache_on_hello(s, h) != 0) {
         /* Another model: what the running sequences hold in the pool is the old model's. */
         while (s->running.tail != NULL)
@@ -1080,6 +1151,15 @@ static void on_resync_done(struct scheduler *s, const Pagoda__Internal__ResyncDo
     if (d->epoch != s->cfg.epoch || !w->hello_seen || w->state != LINK_RESYNCING ||
         d->resync_id != w->resync_id) {
         s->stats.ignored_messages++;
+        return;
+    }
+    if (d->has_pool_id && d->pool_id != s->cfg.geometry.pool_id) {
+        /* The worker maps another pool; the Hello it sends with its refusal adopts it. */
+        s->stats.ignored_messages++;
+        log_warn("worker 0 answered resync %llu for pool %016llx; the block table describes "
+                 "pool %016llx",
+                 (unsigned long long)d->resync_id, (unsigned long long)d->pool_id,
+                 (unsigned long long)s->cfg.geometry.pool_id);
         return;
     }
     if (d->has_error_code && d->error_code != 0) {
@@ -1433,6 +1513,8 @@ void scheduler_tick(struct scheduler *s, int64_t now_ms)
     struct worker_link *w = &s->worker;
     switch (w->state) {
     case LINK_NEED_HELLO:
+        if (w->refused)
+            return;
         if (!w->announced || now_ms - w->announce_ms >= SCHEDULER_ANNOUNCE_MS)
             send_resync(s, now_ms, true);
         return;
@@ -1628,4 +1710,5 @@ void scheduler_get_stats(const struct scheduler *s, struct scheduler_stats *out)
     out->step_cpu_us = s->stats.steps ? (double)s->step_cpu_ns / 1e3 / (double)s->stats.steps : 0;
     out->ready = s->ready_sent;
     out->result_timeout_ms = result_timeout(s);
+    out->pool_id = s->cfg.geometry.pool_id;
 }

@@ -60,6 +60,18 @@
  * pid while that resync is on its way is ignored; a Hello with another pid counts as a worker
  * restart.
  *
+ * The pool's identity: the block table describes one pool, kvpool's at start (geometry.pool_id),
+ * and every non-announcing resync names it. A Hello must name the pool the worker mapped, of the
+ * table's geometry (num_blocks, block_size, num_layers, dtype), or it is refused. A refused Hello
+ * from another process than the accepted worker detaches the link: the step in flight is
+ * forgotten and nothing is sent to the link (no resync, no step, no announcement) until a Hello
+ * is accepted; a refused Hello from the accepted worker itself changes nothing. An accepted Hello
+ * naming another pool (kvpool made a new one) means what the table says is in the pool is not:
+ * the whole prefix cache is dropped (pins are computed again), every running sequence is
+ * preempted to recompute its prompt and output so far, and the new pool becomes the table's
+ * (stats.pool_changes). A worker on the same pool (restarted, or kvpool restarted and re-adopted
+ * the pool) recomputes nothing. A ResyncDone naming another pool is ignored.
+ *
  * Blocks are freed only once no step in flight can write them (block_manager.h): a finished,
  * cancelled or preempted sequence's blocks are fenced on the last step sent and return to the
  * free list when that step's result, or a later ResyncDone, arrives. Finished and cancelled
@@ -214,6 +226,9 @@ struct scheduler_stats {
     uint64_t hung_reports;      /* Control{hung_worker_id} sent */
     uint64_t rejected_requests; /* submits answered with an error event */
     uint64_t finished_requests; /* requests that ended (any finish reason but error) */
+    uint64_t refused_hellos;    /* Hellos refused (bad fields, another pool geometry) */
+    uint64_t pool_changes;      /* Hellos naming another pool than the block table's */
+    uint64_t pool_id;           /* the pool the block table describes now */
     int32_t deferred_blocks;    /* blocks waiting for a step to be acknowledged */
     int64_t result_timeout_ms;  /* in force now (see SCHEDULER_MAX_TIMEOUT_BACKOFF) */
     int ready;                  /* the worker answered a resync (Control{ready} was sent) */

@@ -642,6 +642,29 @@ int cache_on_hello(struct scheduler *s, const Pagoda__Internal__Hello *h)
     return 0;
 }
 
+struct flush_all {
+    struct prefix_cache *pc;
+    uint32_t blocks;
+};
+
+static void flush_ns(void *user, struct pc_namespace *ns)
+{
+    struct flush_all *f = user;
+    f->blocks += prefix_cache_flush(f->pc, ns);
+}
+
+uint32_t cache_drop_all(struct scheduler *s)
+{
+    struct flush_all f = {.pc = s->pc};
+    prefix_cache_each_namespace(s->pc, flush_ns, &f);
+    for (struct sched_pin *p = s->pins; p; p = p->next) {
+        pin_drop(s, p);
+        pin_start(s, p);
+    }
+    s->policy_reply_owed = s->policy_version != 0;
+    return f.blocks;
+}
+
 /* ---- admin ---------------------------------------------------------------------------------- */
 
 struct ns_collect {

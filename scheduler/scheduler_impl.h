@@ -101,6 +101,10 @@ struct worker_link {
     enum link_state state;
     bool hello_seen;
     int32_t pid;
+    /* A Hello was refused (the worker on the link is not one the scheduler can use): nothing
+     * goes to the link, not even announcements, until a Hello is accepted. */
+    bool refused;
+    int32_t refused_pid; /* whose refusal was logged at error level */
     int64_t vocab_size;
     int64_t max_positions;
     int32_t num_eos;
@@ -274,6 +278,11 @@ void cache_assert_writable(const struct scheduler *s, const struct seq *q, int32
  * when the model changed (the cache was flushed and the pins are computed again: the caller
  * must preempt every running sequence, whose KV is the old model's), else 0. */
 int cache_on_hello(struct scheduler *s, const Pagoda__Internal__Hello *h);
+
+/* The worker maps another pool than the one the block table describes: drops every cached
+ * block (no later lookup finds them) and computes the pins again. The caller preempts every
+ * running sequence. Returns the number of cached blocks dropped. */
+uint32_t cache_drop_all(struct scheduler *s);
 
 /* A pin's sequence ended: ok (its blocks are computed: hold them), or failed with error. */
 void pin_seq_ended(struct scheduler *s, struct seq *q, bool ok, int error, const char *message);

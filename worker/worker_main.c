@@ -15,7 +15,9 @@
  * Then, on one libuv loop, for each ToWorker:
  *  - Resync: the mirror (worker/mirror.h) takes the snapshot; answers ResyncDone (with an
  *    error code when the snapshot is refused; the mirror is then unchanged; with the sequences
- *    it left out for their own content in failed).
+ *    it left out for their own content in failed) naming the pool this worker maps. A resync
+ *    for another pool (its pool_id) is refused with PAGODA_EMISMATCH after a Hello that tells
+ *    the scheduler which pool this is.
  *  - Step: sleeps --step-delay-ms (or the step's delay_ms, whichever is longer), then checks and
  *    applies the step through the mirror, runs one forward pass and samples, and answers
  *    StepResult{epoch, step_id, results, computed_tokens}. A step of another epoch is ignored
@@ -524,11 +526,24 @@ static void on_resync(struct worker *w, const Pagoda__Internal__Resync *r)
     if (!mirror_synced(w->mirror) || mirror_epoch(w->mirror) != r->epoch)
         send_hello(w);
     w->resyncs++;
-    int rc = mirror_resync(w->mirror, r);
+    /* Block ids of another pool than ours would read and write KV that is not what the
+     * scheduler believes: refuse, and say which pool this is (the scheduler adopts it). */
+    uint64_t pool_id = w->pool_info.geometry.pool_id;
+    int rc;
+    if (r->has_pool_id && r->pool_id != pool_id) {
+        rc = pagoda_error_set(PAGODA_EMISMATCH,
+                              "the resync is for pool %016" PRIx64 "; this worker maps pool "
+                              "%016" PRIx64,
+                              r->pool_id, pool_id);
+        send_hello(w);
+    } else {
+        rc = mirror_resync(w->mirror, r);
+    }
     Pagoda__Internal__ResyncDone d = PAGODA__INTERNAL__RESYNC_DONE__INIT;
-    d.has_epoch = d.has_resync_id = 1;
+    d.has_epoch = d.has_resync_id = d.has_pool_id = 1;
     d.epoch = r->epoch;
     d.resync_id = r->resync_id;
+    d.pool_id = pool_id;
     char text[700];
     if (rc != 0) {
         pagoda_error_message(rc, text, sizeof(text));

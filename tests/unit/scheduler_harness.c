@@ -202,7 +202,8 @@ void reply_result(struct queue *out, uint64_t epoch, uint64_t step_id, int err,
 void fw_hello(struct fake_worker *fw, const struct hello_opts *ho, struct queue *out)
 {
     Pagoda__Internal__PoolGeometry g = PAGODA__INTERNAL__POOL_GEOMETRY__INIT;
-    g.has_num_blocks = g.has_block_size = 1;
+    g.has_pool_id = g.has_num_blocks = g.has_block_size = 1;
+    g.pool_id = fw->pool_id;
     g.num_blocks = fw->num_blocks;
     g.block_size = fw->block_size;
     Pagoda__Internal__Hello h = PAGODA__INTERNAL__HELLO__INIT;
@@ -235,6 +236,23 @@ void fw_resync(struct fake_worker *fw, const Pagoda__Internal__Resync *r,
      * than the previous one shows that a new scheduler took over. */
     if (!fw->introduced || (fw->has_epoch && fw->epoch != r->epoch))
         fw_hello(fw, ho, out);
+    Pagoda__Internal__ResyncDone d = PAGODA__INTERNAL__RESYNC_DONE__INIT;
+    d.has_epoch = d.has_resync_id = d.has_pool_id = 1;
+    d.epoch = r->epoch;
+    d.resync_id = r->resync_id;
+    d.pool_id = fw->pool_id;
+    Pagoda__Internal__ToScheduler m = PAGODA__INTERNAL__TO_SCHEDULER__INIT;
+    m.msg_case = PAGODA__INTERNAL__TO_SCHEDULER__MSG_RESYNC_DONE;
+    m.resync_done = &d;
+    if (r->has_pool_id && r->pool_id != fw->pool_id) {
+        /* As pagoda-worker: refused, and a Hello says which pool this is. */
+        fw->resyncs_refused++;
+        fw_hello(fw, ho, out);
+        d.has_error_code = 1;
+        d.error_code = PAGODA_EMISMATCH;
+        queue_push(out, &m.base);
+        return;
+    }
     fw->has_epoch = true;
     fw->epoch = r->epoch;
     fw->expected_step = r->next_step_id;
@@ -272,15 +290,8 @@ void fw_resync(struct fake_worker *fw, const Pagoda__Internal__Resync *r,
     }
     fw_check_ownership(fw);
     fw->resyncs_done++;
-    Pagoda__Internal__ResyncDone d = PAGODA__INTERNAL__RESYNC_DONE__INIT;
-    d.has_epoch = d.has_resync_id = 1;
-    d.epoch = r->epoch;
-    d.resync_id = r->resync_id;
     d.n_failed = n_failed;
     d.failed = failed_ptrs;
-    Pagoda__Internal__ToScheduler m = PAGODA__INTERNAL__TO_SCHEDULER__INIT;
-    m.msg_case = PAGODA__INTERNAL__TO_SCHEDULER__MSG_RESYNC_DONE;
-    m.resync_done = &d;
     queue_push(out, &m.base);
 }
 
@@ -459,6 +470,13 @@ void fw_restart(struct fake_worker *fw, int32_t pid)
     fw->introduced = false;
     fw->silent = false;
     fw->pid = pid;
+}
+
+void fw_new_pool(struct fake_worker *fw, uint64_t pool_id)
+{
+    for (size_t i = 0; i < (size_t)fw->num_blocks * (size_t)fw->block_size; i++)
+        fw->pool[i] = -1;
+    fw->pool_id = pool_id;
 }
 
 static uint32_t rec_slot(const uint8_t *id)
@@ -735,6 +753,7 @@ struct harness *harness_open(const struct setup *su)
                               .to_supervisor = io_to_supervisor};
     assert_int_equal(scheduler_open(&h->cfg, &io, &h->s), 0);
     h->fw.pid = 100;
+    h->fw.pool_id = h->cfg.geometry.pool_id;
     h->fw.num_blocks = h->cfg.geometry.num_blocks;
     h->fw.block_size = h->cfg.geometry.block_size;
     size_t slots = (size_t)h->fw.num_blocks * (size_t)h->fw.block_size;

@@ -55,7 +55,8 @@ struct fake_worker {
     uint64_t epoch;
     uint64_t expected_step;
     struct fseq seqs[MAX_FSEQ];
-    int32_t *pool; /* token id per slot, -1 never written */
+    int32_t *pool;    /* token id per slot, -1 never written */
+    uint64_t pool_id; /* the identity of the pool it maps, in Hello and ResyncDone */
     int32_t num_blocks, block_size;
     uint64_t computed_tokens;
     /* Behaviour knobs. */
@@ -75,7 +76,7 @@ struct fake_worker {
     bool resync_fail;
     int32_t resync_fail_token;
     /* What it saw. */
-    int steps_run, refused, ignored_steps, resyncs_done, hellos_sent;
+    int steps_run, refused, ignored_steps, resyncs_done, resyncs_refused, hellos_sent;
     int max_step_tokens;
     int preempted_seen, finished_seen;
 };
@@ -210,6 +211,9 @@ void fw_step(struct fake_worker *fw, const Pagoda__Internal__Step *st, struct qu
 
 /* The process dies and a new one starts: the mirror is gone, the pool is not. */
 void fw_restart(struct fake_worker *fw, int32_t pid);
+
+/* The worker now maps a new, empty pool of the same geometry (kvpool made a new one). */
+void fw_new_pool(struct fake_worker *fw, uint64_t pool_id);
 
 struct req_rec *rec_find(struct harness *h, const uint8_t *id);
 

@@ -884,6 +884,226 @@ static void test_router_hello_announces(void **state)
     harness_close(h);
 }
 
+/* ---- the pool's identity -------------------------------------------------------------------- */
+
+static void expect_invariants(struct harness *h)
+{
+    const char *why = NULL;
+    if (scheduler_check_invariants(h->s, &why) != 0)
+        fail_msg("invariants: %s", why);
+}
+
+/* kvpool restarted with a new, empty pool and the worker restarted on it: the Hello names
+ * another pool of the same geometry. The prefix cache is dropped (a later request of the same
+ * prefix hits nothing), the running request is recomputed from its prompt and output so far
+ * (the fake worker fails any step or resync that claims KV its pool does not hold) and its
+ * output is unchanged; then the new pool is the table's, and caches again. A worker restarted
+ * on the same pool recomputes nothing. */
+static void test_pool_change_recomputes(void **state)
+{
+    struct setup su = DEFAULT_SETUP;
+    su.cache = true;
+    struct harness *h = harness_open(&su);
+    int32_t pa[20], pb[24];
+    make_prompt(90, 20, pa);
+    memcpy(pb, pa, 16 * sizeof(int32_t)); /* two full blocks of 8 in common */
+    make_prompt(91, 8, pb + 16);
+    struct req_rec *a = submit(h, 1, pa, 20, 3);
+    pump(h);
+    expect_output(a, pa, 20, 3, PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH);
+    struct req_rec *b = submit_full(h, 2, pb, 24, 40, NULL, 0, true);
+    for (int i = 0; i < 6; i++)
+        exchange(h);
+    assert_int_equal(b->cached_tokens, 16);
+    assert_true(b->n_out >= 4 && b->ends == 0);
+    /* A restart on the same pool: the KV is still there, nothing is recomputed. */
+    uint64_t preemptions = stats(h).preemptions;
+    worker_handle_one(h);
+    queue_clear(&h->from_worker); /* the step's result is lost with the process */
+    fw_restart(&h->fw, 101);
+    fw_hello(&h->fw, &h->hello, &h->from_worker);
+    exchange(h);
+    exchange(h);
+    assert_int_equal(stats(h).preemptions, preemptions);
+    assert_int_equal(stats(h).pool_changes, 0);
+    /* Now a new pool. */
+    worker_handle_one(h);
+    queue_clear(&h->from_worker);
+    fw_restart(&h->fw, 102);
+    fw_new_pool(&h->fw, 77);
+    fw_hello(&h->fw, &h->hello, &h->from_worker);
+    deliver_answers(h);
+    struct scheduler_stats st = stats(h);
+    assert_int_equal(st.pool_changes, 1);
+    assert_int_equal(st.pool_id, 77);
+    assert_int_equal(st.refused_hellos, 0);
+    assert_int_equal(st.cached_blocks, 0);
+    assert_int_equal(st.preemptions, preemptions + 1);
+    expect_invariants(h);
+    Pagoda__Internal__ToWorker *m = peek_worker(h);
+    assert_non_null(m);
+    assert_int_equal(m->msg_case, PAGODA__INTERNAL__TO_WORKER__MSG_RESYNC);
+    assert_int_equal(m->resync->n_seqs, 0); /* b waits to be recomputed */
+    assert_true(m->resync->has_pool_id);
+    assert_int_equal(m->resync->pool_id, 77);
+    protobuf_c_message_free_unpacked(&m->base, NULL);
+    pump(h);
+    expect_output(b, pb, 24, 40, PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH);
+    assert_int_equal(b->cached_tokens, 16); /* as first reported: it is the request's figure */
+    /* The old pool's entries are gone: b's blocks in the new pool were published instead. */
+    int32_t pc[20];
+    make_prompt(90, 20, pc);
+    struct req_rec *c = submit(h, 3, pc, 20, 3);
+    pump(h);
+    expect_output(c, pc, 20, 3, PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH);
+    assert_int_equal(c->cached_tokens, 16);
+    assert_int_equal(stats(h).pool_changes, 1);
+    expect_invariants(h);
+    harness_close(h);
+}
+
+/* Only cache entries made in the new pool hit: with a prefix that only the old pool held, the
+ * first request after the change hits nothing. */
+static void test_pool_change_drops_cache(void **state)
+{
+    struct setup su = DEFAULT_SETUP;
+    su.cache = true;
+    struct harness *h = harness_open(&su);
+    int32_t pa[20];
+    make_prompt(92, 20, pa);
+    struct req_rec *a = submit(h, 1, pa, 20, 3);
+    pump(h);
+    assert_int_equal(a->cached_tokens, 0);
+    assert_true(stats(h).cached_blocks >= 2);
+    fw_restart(&h->fw, 101);
+    fw_new_pool(&h->fw, 78);
+    fw_hello(&h->fw, &h->hello, &h->from_worker);
+    pump(h);
+    assert_int_equal(stats(h).cached_blocks, 0);
+    struct req_rec *b = submit(h, 2, pa, 20, 3);
+    pump(h);
+    expect_output(b, pa, 20, 3, PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH);
+    assert_int_equal(b->cached_tokens, 0);
+    struct req_rec *c = submit(h, 3, pa, 20, 3);
+    pump(h);
+    assert_int_equal(c->cached_tokens, 16);
+    expect_invariants(h);
+    harness_close(h);
+}
+
+/* A Hello refused (its pool's geometry is not the table's, or it names no pool) detaches the
+ * link: the step in flight is forgotten and nothing goes to the worker, not a resync after the
+ * result timeout, not an announcement, and a ResyncDone from it is ignored. A worker whose
+ * Hello is accepted then finishes the request with its output unchanged. */
+static void test_refused_hello_gets_no_resync(void **state)
+{
+    struct harness *h = harness_open(&DEFAULT_SETUP);
+    int32_t pa[9];
+    make_prompt(93, 9, pa);
+    struct req_rec *a = submit(h, 1, pa, 9, 12);
+    exchange(h);
+    exchange(h);
+    assert_int_equal(a->n_out, 2);
+    uint64_t resyncs = stats(h).resyncs;
+    /* The worker dies amid step 3; its successor maps a pool of another size. */
+    worker_handle_one(h);
+    queue_clear(&h->from_worker);
+    fw_restart(&h->fw, 101);
+    int32_t blocks = h->fw.num_blocks;
+    h->fw.num_blocks = blocks - 1;
+    fw_hello(&h->fw, &h->hello, &h->from_worker);
+    h->fw.num_blocks = blocks;
+    deliver_answers(h);
+    assert_int_equal(stats(h).refused_hellos, 1);
+    /* A successor that names no pool is refused too. */
+    fw_restart(&h->fw, 102);
+    h->fw.pool_id = 0;
+    fw_hello(&h->fw, &h->hello, &h->from_worker);
+    h->fw.pool_id = 9;
+    deliver_answers(h);
+    assert_int_equal(stats(h).refused_hellos, 2);
+    for (int64_t t = 0; t <= 4 * SCHEDULER_DEFAULT_RESULT_TIMEOUT_MS; t += 100)
+        tick(h, t);
+    assert_int_equal(h->to_worker.count, 0);
+    assert_int_equal(stats(h).resyncs, resyncs);
+    /* A ResyncDone for the last resync, from the refused worker, is ignored. */
+    Pagoda__Internal__ResyncDone d = PAGODA__INTERNAL__RESYNC_DONE__INIT;
+    d.has_epoch = d.has_resync_id = 1;
+    d.epoch = EPOCH;
+    d.resync_id = resyncs + 1; /* the announcement took one id */
+    Pagoda__Internal__ToScheduler m = PAGODA__INTERNAL__TO_SCHEDULER__INIT;
+    m.msg_case = PAGODA__INTERNAL__TO_SCHEDULER__MSG_RESYNC_DONE;
+    m.resync_done = &d;
+    for (uint64_t id = 1; id <= resyncs + 1; id++) {
+        d.resync_id = id;
+        queue_push(&h->from_worker, &m.base);
+    }
+    deliver_answers(h);
+    tick(h, 5 * SCHEDULER_DEFAULT_RESULT_TIMEOUT_MS);
+    assert_int_equal(h->to_worker.count, 0);
+    assert_int_equal(stats(h).steps, 2 + 1);
+    /* The right worker comes. */
+    fw_restart(&h->fw, 103);
+    fw_hello(&h->fw, &h->hello, &h->from_worker);
+    pump(h);
+    expect_output(a, pa, 9, 12, PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH);
+    assert_int_equal(stats(h).pool_changes, 0);
+    assert_int_equal(stats(h).worker_restarts, 1);
+    expect_idle_pool(h);
+    harness_close(h);
+}
+
+/* Every resync names the pool its block ids refer to. A worker that maps another pool (here
+ * without a new Hello, which pagoda-worker never does) refuses it and says Hello; the
+ * scheduler adopts that pool, recomputes, and the output is unchanged. A ResyncDone naming
+ * another pool is not taken for an answer. */
+static void test_resync_names_pool(void **state)
+{
+    struct harness *h = harness_open(&DEFAULT_SETUP);
+    int32_t pa[11];
+    make_prompt(94, 11, pa);
+    struct req_rec *a = submit(h, 1, pa, 11, 10);
+    exchange(h);
+    exchange(h);
+    fw_new_pool(&h->fw, 79);
+    deliver_worker_bytes(h, (const uint8_t *)"\xff", 1); /* malformed: resync */
+    pump(h);
+    assert_int_equal(h->fw.resyncs_refused, 1);
+    assert_int_equal(stats(h).pool_changes, 1);
+    assert_int_equal(stats(h).pool_id, 79);
+    expect_output(a, pa, 11, 10, PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH);
+    expect_idle_pool(h);
+    /* A ResyncDone naming pool 9 for the outstanding resync changes nothing. */
+    struct req_rec *b = submit(h, 2, pa, 11, 4);
+    deliver_worker_bytes(h, (const uint8_t *)"\xff", 1);
+    Pagoda__Internal__ToWorker *r = peek_worker(h);
+    while (r != NULL && r->msg_case != PAGODA__INTERNAL__TO_WORKER__MSG_RESYNC) {
+        protobuf_c_message_free_unpacked(&r->base, NULL);
+        struct bytes skip = {0};
+        queue_pop(&h->to_worker, &skip);
+        free(skip.data);
+        r = peek_worker(h);
+    }
+    assert_non_null(r);
+    Pagoda__Internal__ResyncDone d = PAGODA__INTERNAL__RESYNC_DONE__INIT;
+    d.has_epoch = d.has_resync_id = d.has_pool_id = 1;
+    d.epoch = EPOCH;
+    d.resync_id = r->resync->resync_id;
+    d.pool_id = 9;
+    protobuf_c_message_free_unpacked(&r->base, NULL);
+    Pagoda__Internal__ToScheduler m = PAGODA__INTERNAL__TO_SCHEDULER__INIT;
+    m.msg_case = PAGODA__INTERNAL__TO_SCHEDULER__MSG_RESYNC_DONE;
+    m.resync_done = &d;
+    uint64_t ignored = stats(h).ignored_messages;
+    queue_push(&h->from_worker, &m.base);
+    deliver_answers(h);
+    assert_int_equal(stats(h).ignored_messages, ignored + 1);
+    assert_int_equal(h->ready_reports, 1);
+    pump(h);
+    expect_output(b, pa, 11, 4, PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH);
+    harness_close(h);
+}
+
 int main(void)
 {
     log_set_level(LOG_OFF);
@@ -908,6 +1128,10 @@ int main(void)
         cmocka_unit_test(test_sequence_left_out_of_a_resync_fails),
         cmocka_unit_test(test_stats_reply),
         cmocka_unit_test(test_router_hello_announces),
+        cmocka_unit_test(test_pool_change_recomputes),
+        cmocka_unit_test(test_pool_change_drops_cache),
+        cmocka_unit_test(test_refused_hello_gets_no_resync),
+        cmocka_unit_test(test_resync_names_pool),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     nng_fini();
