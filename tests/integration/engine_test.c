@@ -127,7 +127,8 @@ static int run_jobs(struct group *g, struct job *jobs, int n, void (*during)(str
         pthread_create(&threads[i], NULL, run_job, &jobs[i]);
     }
     if (during != NULL) {
-        for (int t = 0; t < 6000 && atomic_load(&started_jobs) < n; t++)
+        /* 60 s, scaled like every other wait (the sanitizer build is several times slower). */
+        for (long t = 0; t < 6000 * time_scale() && atomic_load(&started_jobs) < n; t++)
             sleep_ms(10);
         during(g);
     }
