@@ -26,19 +26,12 @@ static const char tenants_json[] =
     "{\"name\": \"bob\", \"api_keys\": [\"bob-key\"], \"max_running\": 2, \"max_waiting\": 2}"
     "]}";
 
-static long time_scale(void)
-{
-    const char *s = getenv("PAGODA_TEST_TIME_SCALE");
-    long v = s ? atol(s) : 1;
-    return v >= 1 ? v : 1;
-}
-
 static pagoda_client *open_tenant(const struct group *g, const char *key)
 {
     pagoda_client *c = NULL;
     if (pagoda_client_open(g->url, &c) != 0)
         return NULL;
-    pagoda_client_set_timeout_ms(c, (uint32_t)(60000 * time_scale()));
+    pagoda_client_set_timeout_ms(c, (uint32_t)(60000 * group_time_scale()));
     if (key != NULL && pagoda_client_set_api_key(c, key) != 0) {
         pagoda_client_close(c);
         return NULL;
@@ -62,7 +55,7 @@ static void still_serving(pagoda_client *alice, const char *after)
 /* Sends bytes on a fresh REQ socket; returns the unpacked reply or NULL. */
 static Pagoda__ClientResponse *raw_call(const struct group *g, const void *bytes, size_t len)
 {
-    return group_raw_call(g, bytes, len, (uint32_t)(30000 * time_scale()));
+    return group_raw_call(g, bytes, len, (uint32_t)(30000 * group_time_scale()));
 }
 
 static int resp_code(const Pagoda__ClientResponse *r)

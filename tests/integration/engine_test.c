@@ -65,22 +65,13 @@ struct job {
 
 static atomic_int started_jobs; /* jobs that received their first token */
 
-/* The sanitizer build runs the CPU model about 25 times slower: CMake sets
- * PAGODA_TEST_TIME_SCALE there, and every time limit given to the group is multiplied by it. */
-static long time_scale(void)
-{
-    const char *s = getenv("PAGODA_TEST_TIME_SCALE");
-    long v = s ? atol(s) : 1;
-    return v >= 1 ? v : 1;
-}
-
 /* A millisecond figure scaled, as a string that lives for the test. */
 static const char *ms(long value)
 {
     static char bufs[16][24];
     static int next;
     char *b = bufs[next++ % 16];
-    snprintf(b, sizeof(bufs[0]), "%ld", value * time_scale());
+    snprintf(b, sizeof(bufs[0]), "%ld", value * group_time_scale());
     return b;
 }
 
@@ -119,7 +110,7 @@ static int run_jobs(struct group *g, struct job *jobs, int n, void (*during)(str
     pagoda_client *client;
     if (pagoda_client_open(g->url, &client) != 0)
         return -1;
-    pagoda_client_set_timeout_ms(client, (uint32_t)(120000 * time_scale()));
+    pagoda_client_set_timeout_ms(client, (uint32_t)(120000 * group_time_scale()));
     pthread_t threads[MAX_CLIENTS];
     atomic_store(&started_jobs, 0);
     for (int i = 0; i < n; i++) {
@@ -128,7 +119,7 @@ static int run_jobs(struct group *g, struct job *jobs, int n, void (*during)(str
     }
     if (during != NULL) {
         /* 60 s, scaled like every other wait (the sanitizer build is several times slower). */
-        for (long t = 0; t < 6000 * time_scale() && atomic_load(&started_jobs) < n; t++)
+        for (long t = 0; t < 6000 * group_time_scale() && atomic_load(&started_jobs) < n; t++)
             sleep_ms(10);
         during(g);
     }
@@ -398,7 +389,7 @@ static void scenario_cancel(struct group *g)
     CHECK(group_start(g, extra) == 0, "group started");
     pagoda_client *c;
     pagoda_client_open(g->url, &c);
-    pagoda_client_set_timeout_ms(c, (uint32_t)(30000 * time_scale()));
+    pagoda_client_set_timeout_ms(c, (uint32_t)(30000 * group_time_scale()));
     int32_t prompt[100];
     group_prompt(prompt, 100, 9, VOCAB);
     pagoda_generate_params p = group_greedy(500);
@@ -550,7 +541,7 @@ static Pagoda__ClientResponse *raw_submit(struct group *g, const uint8_t id[16],
     if (len > sizeof(buf))
         return NULL;
     pagoda__client_request__pack(&req, buf);
-    return group_raw_call(g, buf, len, (uint32_t)(30000 * time_scale()));
+    return group_raw_call(g, buf, len, (uint32_t)(30000 * group_time_scale()));
 }
 
 /* Whether resp is a successful Submit answer for request id: no error, an update naming id at
@@ -608,9 +599,9 @@ static void scenario_resend(struct group *g)
     pagoda_client *c, *plain;
     pagoda_client_open(g->url, &c);
     pagoda_client_open(g->url, &plain);
-    pagoda_client_set_timeout_ms(c, (uint32_t)(120000 * time_scale()));
+    pagoda_client_set_timeout_ms(c, (uint32_t)(120000 * group_time_scale()));
     pagoda_client_set_resend_ms(c, 2);
-    pagoda_client_set_timeout_ms(plain, (uint32_t)(30000 * time_scale()));
+    pagoda_client_set_timeout_ms(plain, (uint32_t)(30000 * group_time_scale()));
     pagoda_engine_stats before = {0}, after = {0};
     int healthy = 0;
     /* The stats call waits for the router's link to the scheduler; the health call on c makes
@@ -878,7 +869,7 @@ static void scenario_poll_resume(struct group *g)
     p.temperature = 0.8f;
     p.has_seed = 1;
     p.seed = 5150;
-    uint32_t timeout_ms = (uint32_t)(30000 * time_scale());
+    uint32_t timeout_ms = (uint32_t)(30000 * group_time_scale());
 
     /* The first client polls until a few tokens have come, then goes away. */
     pagoda_client *c;

@@ -97,9 +97,8 @@ int group_start(struct group *g, const char *const *extra)
     }
     char ready[700];
     snprintf(ready, sizeof(ready), "%s/ready", g->run_dir);
-    const char *scale = getenv("PAGODA_TEST_TIME_SCALE");
-    int tries = 600 * (scale && atoi(scale) > 1 ? atoi(scale) : 1);
-    for (int i = 0; i < tries; i++) {
+    long tries = 600 * group_time_scale();
+    for (long i = 0; i < tries; i++) {
         if (access(ready, F_OK) == 0)
             return 0;
         int status;
@@ -430,4 +429,11 @@ int group_finish(struct group *g)
     group_cleanup(g);
     printf("%d passed, %d failed\n", group_passed, group_failed);
     return group_failed == 0 && group_passed > 0 ? 0 : 1;
+}
+
+long group_time_scale(void)
+{
+    const char *s = getenv("PAGODA_TEST_TIME_SCALE");
+    long v = s ? atol(s) : 1;
+    return v >= 1 ? v : 1;
 }

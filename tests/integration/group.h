@@ -109,4 +109,8 @@ long group_first_near_tie(const struct group *g, const int32_t *prompt, size_t n
 /* Greedy generation parameters with max_tokens and EOS ignored. */
 pagoda_generate_params group_greedy(int32_t max_tokens);
 
+/* The factor every wait of the integration tests is multiplied by: PAGODA_TEST_TIME_SCALE (at
+ * least 1; CTest sets it higher for the sanitizer build, which runs several times slower). */
+long group_time_scale(void);
+
 #endif

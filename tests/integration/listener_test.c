@@ -53,20 +53,13 @@
 #define LINK_TRIES 100
 #define LINK_RETRY_MS 300
 
-static long time_scale(void)
-{
-    const char *s = getenv("PAGODA_TEST_TIME_SCALE");
-    long v = s ? atol(s) : 1;
-    return v >= 1 ? v : 1;
-}
-
 /* A millisecond figure scaled, as a string that lives for the test. */
 static const char *ms(long value)
 {
     static char bufs[8][24];
     static int next;
     char *b = bufs[next++ % 8];
-    snprintf(b, sizeof(bufs[0]), "%ld", value * time_scale());
+    snprintf(b, sizeof(bufs[0]), "%ld", value * group_time_scale());
     return b;
 }
 
@@ -124,7 +117,7 @@ static int poke(const char *url, pid_t owner)
     for (int i = 0; i < LISTENER_POKES; i++)
         connected += poke_once(addr, len, i + 1);
     kill(owner, SIGCONT);
-    sleep_ms(POKE_SETTLE_MS * time_scale());
+    sleep_ms(POKE_SETTLE_MS * group_time_scale());
     return connected;
 }
 
@@ -147,7 +140,7 @@ static pagoda_client *open_client(const struct group *g)
     pagoda_client *c = NULL;
     if (pagoda_client_open(g->url, &c) != 0)
         return NULL;
-    pagoda_client_set_timeout_ms(c, (uint32_t)(CALL_TIMEOUT_MS * time_scale()));
+    pagoda_client_set_timeout_ms(c, (uint32_t)(CALL_TIMEOUT_MS * group_time_scale()));
     return c;
 }
 
@@ -178,7 +171,7 @@ static int request(const struct group *g, uint32_t seed)
     }
     uint32_t have = 0;
     pagoda_finish_reason finish = PAGODA_FINISH_NONE;
-    long deadline = now_ms() + CALL_TIMEOUT_MS * time_scale();
+    long deadline = now_ms() + CALL_TIMEOUT_MS * group_time_scale();
     while (rc == 0 && finish == PAGODA_FINISH_NONE && now_ms() < deadline) {
         pagoda_result r = {0};
         if ((rc = pagoda_poll(c, id, have, POLL_WAIT_MS, &r)) == 0) {
@@ -298,7 +291,7 @@ static void second_instance(const struct group *g, const char *const *argv)
         _exit(127);
     }
     int status = 0, done = 0;
-    for (long i = 0; i < 300 * time_scale() && !done; i++) {
+    for (long i = 0; i < 300 * group_time_scale() && !done; i++) {
         done = waitpid(pid, &status, WNOHANG) == pid;
         if (!done)
             sleep_ms(100);
@@ -313,7 +306,7 @@ static void second_instance(const struct group *g, const char *const *argv)
     CHECK(done && WIFEXITED(status) && WEXITSTATUS(status) != 0 && WEXITSTATUS(status) != 127 &&
               system(cmd) == 0,
           "a second %s on the live run dir refuses to start (status %d)", argv[0], status);
-    sleep_ms(POKE_SETTLE_MS * time_scale());
+    sleep_ms(POKE_SETTLE_MS * group_time_scale());
 }
 
 static void scenario_control(struct group *g)
@@ -353,8 +346,8 @@ static void scenario_kvpool(struct group *g)
     second_instance(g, argv);
     poke_listener(g, "kvpool.ipc", "pagoda-kvpool");
     struct kv_geometry geo;
-    int rc = kvpool_fetch_geometry(g->run_dir, -1, (int)(CALL_TIMEOUT_MS * time_scale()), NULL,
-                                   &geo, NULL, 0);
+    int rc = kvpool_fetch_geometry(g->run_dir, -1, (int)(CALL_TIMEOUT_MS * group_time_scale()),
+                                   NULL, &geo, NULL, 0);
     CHECK(rc == 0 && geo.num_blocks > 0,
           "after the raw peers, kvpool answers a new request (rc %d, %d blocks)", rc,
           rc == 0 ? (int)geo.num_blocks : -1);

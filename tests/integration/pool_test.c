@@ -37,15 +37,7 @@
 #define LONG_BEFORE_KILL 200
 #define PREFIX_LEN 100 /* a prompt whose first 96 tokens (6 blocks) the cache holds */
 #define SHORT_TOKENS 12
-#define WAIT_STEPS 6000 /* 10 ms polls: 60 s, scaled under the sanitizers */
-
-static long time_scale(void)
-{
-    const char *s = getenv("PAGODA_TEST_TIME_SCALE");
-    long v = s ? atol(s) : 1;
-    return v >= 1 ? v : 1;
-}
-
+#define WAIT_STEPS 6000
 static void sleep_ms(long millis)
 {
     struct timespec ts = {millis / 1000, (millis % 1000) * 1000000L};
@@ -57,7 +49,7 @@ static pagoda_client *client_open(const struct group *g)
     pagoda_client *c = NULL;
     if (pagoda_client_open(g->url, &c) != 0)
         return NULL;
-    pagoda_client_set_timeout_ms(c, (uint32_t)(300000 * time_scale()));
+    pagoda_client_set_timeout_ms(c, (uint32_t)(300000 * group_time_scale()));
     return c;
 }
 
@@ -127,13 +119,13 @@ static size_t first_difference(const pagoda_result *r, const int32_t *want, size
 /* What kvpool serves now (waiting for a restarted one to answer). */
 static int fetch_pool(const struct group *g, struct kvpool_info *info)
 {
-    return kvpool_fetch_pool(g->run_dir, -1, (int)(60000 * time_scale()), NULL, info);
+    return kvpool_fetch_pool(g->run_dir, -1, (int)(60000 * group_time_scale()), NULL, info);
 }
 
 /* Waits for a running program of the group other than old_pid; returns its pid or -1. */
 static pid_t wait_new_pid(const struct group *g, const char *program, pid_t old_pid)
 {
-    for (long i = 0; i < WAIT_STEPS * time_scale(); i++) {
+    for (long i = 0; i < WAIT_STEPS * group_time_scale(); i++) {
         pid_t pid = group_program_pid(g, program);
         if (pid > 0 && pid != old_pid)
             return pid;
@@ -146,7 +138,7 @@ static pid_t wait_new_pid(const struct group *g, const char *program, pid_t old_
  * Hello was handled). Returns 0 or -1. */
 static int wait_worker_restarts(const struct group *g, uint64_t restarts)
 {
-    for (long i = 0; i < WAIT_STEPS * time_scale(); i++) {
+    for (long i = 0; i < WAIT_STEPS * group_time_scale(); i++) {
         pagoda_client *c = client_open(g);
         pagoda_engine_stats st = {0};
         int rc = c ? pagoda_stats(c, &st) : -1;
@@ -233,8 +225,8 @@ static void scenario_kill_kvpool_then_worker(struct group *g, int lose_pool)
 
     pthread_t th;
     pthread_create(&th, NULL, run_long, &lj);
-    for (long i = 0; i < WAIT_STEPS * time_scale() && atomic_load(&lj.received) < LONG_BEFORE_KILL;
-         i++)
+    for (long i = 0;
+         i < WAIT_STEPS * group_time_scale() && atomic_load(&lj.received) < LONG_BEFORE_KILL; i++)
         sleep_ms(10);
     uint64_t restarts = worker_restarts(g);
 
@@ -327,8 +319,8 @@ static void scenario_kill_kvpool(struct group *g)
     group_prompt(lj.prompt, 40, 51, VOCAB);
     pthread_t th;
     pthread_create(&th, NULL, run_long, &lj);
-    for (long i = 0; i < WAIT_STEPS * time_scale() && atomic_load(&lj.received) < LONG_BEFORE_KILL;
-         i++)
+    for (long i = 0;
+         i < WAIT_STEPS * group_time_scale() && atomic_load(&lj.received) < LONG_BEFORE_KILL; i++)
         sleep_ms(10);
     pid_t kvpool = group_program_pid(g, "pagoda-kvpool");
     pid_t worker = group_worker_pid(g);

@@ -27,13 +27,6 @@
 /* Polls of 500 ms before a request counts as stalled (times the sanitizers' scale). */
 #define POLLS 120
 
-static long time_scale(void)
-{
-    const char *s = getenv("PAGODA_TEST_TIME_SCALE");
-    long v = s ? atol(s) : 1;
-    return v >= 1 ? v : 1;
-}
-
 /* Writes NaN over count bf16 elements of tensor name, from element first, in model/
  * model.safetensors. Returns 0 or -1. */
 static int poison_tensor(const char *model, const char *name, size_t first, size_t count)
@@ -85,7 +78,7 @@ static pagoda_client *open_client(const struct group *g, const char *key)
     pagoda_client *c = NULL;
     if (pagoda_client_open(g->url, &c) != 0)
         return NULL;
-    pagoda_client_set_timeout_ms(c, (uint32_t)(30000 * time_scale()));
+    pagoda_client_set_timeout_ms(c, (uint32_t)(30000 * group_time_scale()));
     if (key != NULL && pagoda_client_set_api_key(c, key) != 0) {
         pagoda_client_close(c);
         return NULL;
@@ -101,7 +94,7 @@ static int wait_end(pagoda_client *c, const uint8_t *id, pagoda_result *out)
     memset(out, 0, sizeof(*out));
     int32_t tokens[MAX_TOKENS * 2];
     size_t have = 0;
-    for (long i = 0; i < POLLS * time_scale(); i++) {
+    for (long i = 0; i < POLLS * group_time_scale(); i++) {
         pagoda_result r = {0};
         if (pagoda_poll(c, id, (uint32_t)have, 500, &r) != 0)
             return -1;
