@@ -32,10 +32,12 @@ jqs_true() { [ "$(jq -s -e "$2" "$1" 2>/dev/null)" = true ]; }
 "$bin_dir/pagoda-mkmodel" --preset tiny --seed 1 --out "$tmp/model" >/dev/null
 mkdir -m 0700 "$run"
 
-# The router's tenants file (tenants only: the suite checks the report, not tenancy) and the one
-# pagoda-bench reads (groups, pins: they shape the prompts), naming the same tenants and keys.
+# The router's tenants file (tenants, and the admin key that the engine's figures need: the suite
+# checks the report, not tenancy) and the one pagoda-bench reads (groups, pins: they shape the
+# prompts), naming the same tenants and keys.
 cat >"$tmp/tenants-router.json" <<'EOF'
-{"tenants": [
+{"admin_keys": ["adm"],
+ "tenants": [
   {"name": "alice", "api_keys": ["k1"], "max_running": 64, "max_waiting": 256},
   {"name": "bob", "api_keys": ["k2"], "max_running": 64, "max_waiting": 256},
   {"name": "carol", "api_keys": ["k3"], "max_running": 64, "max_waiting": 256},
@@ -67,7 +69,7 @@ bench() { # NAME args...: runs pagoda-bench, JSON in $tmp/NAME.json, records in 
     local name=$1
     shift
     "$bin_dir/pagoda-bench" --url "$url" --model "$tmp/model" --stats-interval-ms 50 \
-        --stats-api-key k1 --timeout-ms $((30000 * scale)) --json "$tmp/$name.json" \
+        --stats-api-key adm --timeout-ms $((30000 * scale)) --json "$tmp/$name.json" \
         --output-requests "$tmp/$name.jsonl" "$@" >"$tmp/$name.out" 2>"$tmp/$name.err"
 }
 
@@ -197,7 +199,7 @@ check "fail: the failed records carry the error" jqs_true "$tmp/fail.jsonl" \
 check "fail: the text report lists the failures" grep -q "2 x .*unknown API key" "$tmp/fail.out"
 
 # -- a sweep over two rates, with its plot.
-"$bin_dir/pagoda-bench" --url "$url" --model "$tmp/model" --stats-api-key k1 --api-key k2 \
+"$bin_dir/pagoda-bench" --url "$url" --model "$tmp/model" --stats-api-key adm --api-key k2 \
     --workload random --num-prompts 4 --input-len 8 --output-len 4 --ignore-eos \
     --sweep 20,40 --json "$tmp/sweep.json" --output-requests "$tmp/sweep.jsonl" \
     --plot "$tmp/sweep.png" >"$tmp/sweep.out" 2>"$tmp/sweep.err" && rc=0 || rc=$?
