@@ -205,6 +205,8 @@ static void scenario_polls(struct group *g)
     uint8_t buf[128];
     size_t len = pagoda__client_request__pack(&req, buf);
 
+    pid_t router = group_program_pid(g, "pagoda-router");
+    long rss0 = router > 0 ? rss_kib(router) : -1;
     static nng_socket socks[POLL_SOCKETS];
     static nng_ctx ctxs[NUM_POLLS];
     static nng_aio *aios[NUM_POLLS];
@@ -240,6 +242,10 @@ static void scenario_polls(struct group *g)
     CHECK(sent == NUM_POLLS, "%d polls sent with a %u ms wait on %d connections", sent,
           POLL_WAIT_MS, opened);
     sleep_ms(500); /* the router takes them in */
+    long rss1 = router > 0 ? rss_kib(router) : -1;
+    printf("     the router's resident memory: %ld KiB before the polls, %ld KiB with them "
+           "parked\n",
+           rss0, rss1);
 
     uint64_t t0 = now_ms();
     int healthy = 0;
