@@ -15,8 +15,10 @@
 
 /* The protocol version of proto/pagoda.proto this client speaks. */
 #define CLIENT_PROTOCOL_VERSION 1u
-/* The largest request the router accepts (router.h ROUTER_MAX_CLIENT_MESSAGE_BYTES): a bigger
- * one would only make NNG drop the connection, so it is refused here with a clear error. */
+/* The largest request any router accepts (router.h ROUTER_MAX_CLIENT_MESSAGE_BYTES): a bigger
+ * one would only make NNG drop the connection, so it is refused here with a clear error. The
+ * limit in force is usually lower (sized from the model's context, router.h): a request between
+ * the two goes unanswered and the call times out. */
 #define CLIENT_MAX_REQUEST_BYTES (4u << 20)
 /* pagoda_generate's wait per poll. */
 #define GENERATE_POLL_WAIT_MS 10000u
