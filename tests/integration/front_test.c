@@ -286,16 +286,18 @@ static void scenario_polls(struct group *g)
           answered, with_tokens, sent);
     pagoda_result r = {0};
     pagoda_client_set_timeout_ms(b, (uint32_t)(60000 * time_scale()));
-    rc = pagoda_poll(b, id_b, 0, 0, &r);
-    for (int i = 0; rc == 0 && r.finish_reason == PAGODA_FINISH_NONE && i < 100; i++) {
+    uint32_t have = 0;
+    rc = 0;
+    for (int i = 0; rc == 0 && i < 1000; i++) {
+        rc = pagoda_poll(b, id_b, have, 2000, &r);
+        have += rc == 0 ? (uint32_t)r.num_tokens : 0;
+        int done = rc == 0 && r.finish_reason != PAGODA_FINISH_NONE;
         pagoda_result_free(&r);
-        rc = pagoda_poll(b, id_b, 0, 2000, &r);
+        if (done)
+            break;
     }
-    CHECK(rc == 0 && r.num_tokens == 4,
-          "the other client's request completes (rc %d, %zu "
-          "tokens)",
-          rc, r.num_tokens);
-    pagoda_result_free(&r);
+    CHECK(rc == 0 && have == 4, "the other client's request completes (rc %d, %u tokens)", rc,
+          have);
     for (int i = 0; i < sent; i++) {
         nng_aio_free(aios[i]);
         nng_ctx_close(ctxs[i]);
@@ -454,11 +456,35 @@ static void scenario_refused(struct group *g)
     size_t len = pagoda__client_request__get_packed_size(&req);
     uint8_t *buf = malloc(len);
     pagoda__client_request__pack(&req, buf);
-    Pagoda__ClientResponse *resp = group_raw_call(g, buf, len, 3000);
+    /* Sent on a raw connection, so that no REQ socket reconnects and resends it. */
+    int fd = raw_connect(g);
+    int dropped = 0;
+    if (fd >= 0) {
+        uint8_t hdr[9] = {1};
+        for (int i = 0; i < 8; i++)
+            hdr[1 + i] = (uint8_t)((uint64_t)len >> (56 - 8 * i));
+        if (write(fd, hdr, sizeof(hdr)) == (ssize_t)sizeof(hdr)) {
+            for (size_t off = 0; off < len;) {
+                ssize_t w = write(fd, buf + off, len - off);
+                if (w <= 0)
+                    break; /* the router closed the connection */
+                off += (size_t)w;
+            }
+        }
+        /* The router closes the connection without an answer (a read finds its end), where a
+         * router that took the message in answers it. */
+        struct pollfd pfd = {.fd = fd, .events = POLLIN};
+        uint8_t reply[256];
+        dropped =
+            poll(&pfd, 1, (int)(10000 * time_scale())) == 1 && read(fd, reply, sizeof(reply)) <= 0;
+        close(fd);
+    }
     free(buf);
-    CHECK(resp == NULL, "a %zu-byte Submit (131,072 tokens) is not taken in", len);
-    if (resp != NULL)
-        pagoda__client_response__free_unpacked(resp, NULL);
+    CHECK(dropped,
+          "a %zu-byte Submit (131,072 tokens) is not taken in: the connection is "
+          "dropped unanswered",
+          len);
+    Pagoda__ClientResponse *resp = NULL;
     still_serving(a, "oversized prompts");
 
     /* A finished request keeps what its client can fetch, not its prompt. */
@@ -467,7 +493,7 @@ static void scenario_refused(struct group *g)
     int has0 = st != NULL && st->has_registry_bytes;
     if (resp != NULL)
         pagoda__client_response__free_unpacked(resp, NULL);
-    size_t n = 512; /* one prefill step on a loaded CPU stays within the step timeout */
+    size_t n = 256; /* one prefill step on a loaded CPU stays within the step timeout */
     pagoda_result r = {0};
     int rc = pagoda_generate(a, &p, prompt, n, &r);
     CHECK(rc == 0 && r.finish_reason == PAGODA_FINISH_LENGTH,
@@ -478,7 +504,7 @@ static void scenario_refused(struct group *g)
     st = router_stats(g, &resp);
     uint64_t bytes1 = st != NULL && st->has_registry_bytes ? st->registry_bytes : 0;
     CHECK(has0 && st != NULL && st->has_registry_bytes && bytes1 > bytes0 &&
-              bytes1 - bytes0 < n * sizeof(int32_t) / 2,
+              bytes1 - bytes0 < n * sizeof(int32_t),
           "Stats.registry_bytes grew by %llu bytes for the finished request (its prompt is "
           "%zu bytes)",
           (unsigned long long)(bytes1 - bytes0), n * sizeof(int32_t));
@@ -511,6 +537,14 @@ int main(int argc, char **argv)
         extra = conns;
     else if (strcmp(scenario, "idle") == 0)
         extra = idles;
+    if (strcmp(scenario, "refused") == 0) {
+        /* Under AddressSanitizer freed memory waits in a quarantine, which would count as kept
+         * in the router's resident memory: the group runs without one (no effect otherwise). */
+        static char asan[512];
+        const char *o = getenv("ASAN_OPTIONS");
+        snprintf(asan, sizeof(asan), "%s%squarantine_size_mb=0", o ? o : "", o && *o ? ":" : "");
+        setenv("ASAN_OPTIONS", asan, 1);
+    }
     int started = group_start(&g, extra) == 0;
     CHECK(started, "group started (%s)", scenario);
     if (started) {
