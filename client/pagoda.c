@@ -6,6 +6,7 @@
 
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/req.h>
+#include <nng/supplemental/util/platform.h>
 
 #include <stdatomic.h>
 #include <stdio.h>
@@ -15,11 +16,18 @@
 
 /* The protocol version of proto/pagoda.proto this client speaks. */
 #define CLIENT_PROTOCOL_VERSION 1u
-/* The largest request the router accepts (router.h ROUTER_MAX_CLIENT_MESSAGE_BYTES): a bigger
- * one would only make NNG drop the connection, so it is refused here with a clear error. */
+/* The largest request any router accepts (router.h ROUTER_MAX_CLIENT_MESSAGE_BYTES): a bigger
+ * one would only make NNG drop the connection, so it is refused here with a clear error. The
+ * limit in force is usually lower (sized from the model's context, router.h): a request between
+ * the two goes unanswered and the call times out. */
 #define CLIENT_MAX_REQUEST_BYTES (4u << 20)
 /* pagoda_generate's wait per poll. */
 #define GENERATE_POLL_WAIT_MS 10000u
+/* A poll answered with nothing new long before its wait ran out means the router holds as many
+ * waiting calls as it may (router.h max_parked_calls): pagoda_generate waits before polling
+ * again, from the first back-off, doubling up to the last, until tokens come. */
+#define GENERATE_BUSY_BACKOFF_FIRST_MS 20u
+#define GENERATE_BUSY_BACKOFF_MAX_MS 1000u
 
 struct pagoda_client {
     nng_socket sock;
@@ -409,11 +417,22 @@ int pagoda_generate_stream(pagoda_client *c, const pagoda_generate_params *param
     int rc = pagoda_submit(c, params, prompt, n, result->request_id);
     if (rc != 0)
         return rc;
+    uint32_t backoff_ms = 0;
     for (;;) {
         pagoda_result piece;
         uint32_t have = (uint32_t)result->num_tokens;
+        nng_time asked = nng_clock();
         if ((rc = pagoda_poll(c, result->request_id, have, GENERATE_POLL_WAIT_MS, &piece)) != 0)
             return rc;
+        if (piece.num_tokens == 0 && piece.finish_reason == PAGODA_FINISH_NONE &&
+            nng_clock() - asked < GENERATE_POLL_WAIT_MS / 2) {
+            backoff_ms = backoff_ms == 0 ? GENERATE_BUSY_BACKOFF_FIRST_MS : 2 * backoff_ms;
+            if (backoff_ms > GENERATE_BUSY_BACKOFF_MAX_MS)
+                backoff_ms = GENERATE_BUSY_BACKOFF_MAX_MS;
+            nng_msleep(backoff_ms);
+        } else {
+            backoff_ms = 0;
+        }
         if (piece.num_tokens > 0 && (piece.num_tokens > (size_t)params->max_tokens - have)) {
             pagoda_result_free(&piece);
             return pagoda_error_set(PAGODA_EPROTO, "the router sent more than max_tokens (%d)",

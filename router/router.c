@@ -13,6 +13,7 @@
 #include <nng/nng.h>
 #include <nng/protocol/pair1/pair.h>
 #include <nng/protocol/reqrep0/rep.h>
+#include <nng/supplemental/util/platform.h>
 
 #include <math.h>
 #include <pthread.h>
@@ -22,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <sys/resource.h>
 
 #define XXH_INLINE_ALL
 #include <xxhash.h>
@@ -38,6 +40,8 @@
 #define ANNOUNCE_GRACE_MS 2000
 /* The most polls parked that way at once; more are answered at once. */
 #define MAX_UNKNOWN_PARKED 1024
+/* The most idle connections one housekeeping tick closes (the rest go on the next ticks). */
+#define IDLE_CLOSE_BATCH 1024
 
 /* ---- small helpers ------------------------------------------------------------------------- */
 
@@ -45,6 +49,9 @@ void router_config_default(struct router_config *cfg)
 {
     memset(cfg, 0, sizeof(*cfg));
     cfg->num_contexts = ROUTER_DEFAULT_CONTEXTS;
+    cfg->max_parked_calls = ROUTER_DEFAULT_MAX_PARKED_CALLS;
+    cfg->max_connections = ROUTER_DEFAULT_MAX_CONNECTIONS;
+    cfg->idle_timeout_ms = ROUTER_DEFAULT_IDLE_TIMEOUT_MS;
     cfg->max_live_requests = ROUTER_DEFAULT_MAX_LIVE_REQUESTS;
     cfg->max_finished_requests = ROUTER_DEFAULT_MAX_FINISHED_REQUESTS;
     cfg->finished_ttl_ms = ROUTER_DEFAULT_FINISHED_TTL_MS;
@@ -54,6 +61,13 @@ void router_config_default(struct router_config *cfg)
     cfg->stats_timeout_ms = ROUTER_DEFAULT_STATS_TIMEOUT_MS;
     cfg->admin_timeout_ms = ROUTER_DEFAULT_ADMIN_TIMEOUT_MS;
     cfg->drain_timeout_ms = ROUTER_DEFAULT_DRAIN_TIMEOUT_MS;
+}
+
+size_t router_max_message_bytes(uint32_t max_prompt_tokens)
+{
+    size_t n =
+        (size_t)max_prompt_tokens * ROUTER_BYTES_PER_PROMPT_TOKEN + ROUTER_MESSAGE_OVERHEAD_BYTES;
+    return n < ROUTER_MAX_CLIENT_MESSAGE_BYTES ? n : ROUTER_MAX_CLIENT_MESSAGE_BYTES;
 }
 
 static void id_hex(const uint8_t *id, char out[2 * ID_BYTES + 1])
@@ -176,9 +190,52 @@ static void slot_finished_remove(struct tenant_slot *s, struct request *q)
     s->num_finished--;
 }
 
+/* Counts what q holds now in router.registry_bytes (Stats.registry_bytes). */
+static void request_account(struct router *r, struct request *q)
+{
+    size_t bytes = sizeof(*q) + (size_t)q->cap_tokens * (sizeof(int32_t) + sizeof(float));
+    if (q->prompt != NULL)
+        bytes += (size_t)q->p.num_prompt * sizeof(int32_t);
+    if (q->stop_ids != NULL)
+        bytes += (size_t)(q->p.num_stop ? q->p.num_stop : 1) * sizeof(int32_t);
+    if (q->error_message != NULL)
+        bytes += strlen(q->error_message) + 1;
+    r->registry_bytes = r->registry_bytes - q->bytes + bytes;
+    q->bytes = bytes;
+}
+
+/* A keyed hash of a Submit's prompt and stop ids: a finished request keeps it instead of them,
+ * so that a resent Submit is still recognised. */
+static void prompt_hash(const struct router *r, const struct submit_params *p, uint64_t out[2])
+{
+    XXH3_state_t st;
+    memset(&st, 0, sizeof(st));
+    XXH3_128bits_reset_withSeed(&st, r->hash_seed);
+    uint32_t lens[2] = {p->num_prompt, p->num_stop};
+    XXH3_128bits_update(&st, lens, sizeof(lens));
+    XXH3_128bits_update(&st, p->prompt, (size_t)p->num_prompt * sizeof(int32_t));
+    if (p->num_stop)
+        XXH3_128bits_update(&st, p->stop_ids, (size_t)p->num_stop * sizeof(int32_t));
+    XXH128_hash_t h = XXH3_128bits_digest(&st);
+    out[0] = h.low64;
+    out[1] = h.high64;
+}
+
+/* A finished request keeps only what its client can still fetch: the prompt and stop ids go
+ * (a scheduler restart never resubmits a finished request). */
+static void request_forget_prompt(struct router *r, struct request *q)
+{
+    free(q->prompt);
+    free(q->stop_ids);
+    q->prompt = q->stop_ids = NULL;
+    q->p.prompt = q->p.stop_ids = NULL;
+    request_account(r, q);
+}
+
 /* Forgets a finished request: its id becomes unknown (PAGODA_ENOENT). */
 static void registry_drop(struct router *r, struct request *q)
 {
+    r->registry_bytes -= q->bytes;
     struct request **pp = &r->buckets[bucket_of(r, q->sched_id)];
     while (*pp != q)
         pp = &(*pp)->hash_next;
@@ -232,12 +289,176 @@ static void registry_trim(struct router *r, uint32_t slot)
         registry_drop(r, largest_holder(r)->fin_head);
 }
 
+/* ---- client connections --------------------------------------------------------------------- */
+
+/* Every client connection (NNG pipe) of the REP socket, with what the idle rule needs: when its
+ * last complete message arrived or its last reply left, and how many of its calls are in
+ * progress. NNG 1.5.2 has no per-pipe timeout and no connection limit, so the router keeps this
+ * itself: NNG's threads add and remove pipes and count calls, the loop's housekeeping closes
+ * those idle too long. Nodes are preallocated (cap, the connection limit) and chained in
+ * buckets by pipe id; everything is guarded by lock. */
+struct pipe_node {
+    uint32_t id; /* 0: free */
+    uint32_t calls;
+    nng_time last_ms;
+    struct pipe_node *next; /* bucket chain, or the free list */
+};
+
+struct pipe_table {
+    pthread_mutex_t lock;
+    struct pipe_node *nodes, *free_list, **buckets;
+    uint32_t cap, count, mask;
+    uint64_t refused; /* connections closed on arrival: the table was full */
+    uint64_t idle_closed;
+};
+
+static struct pipe_table *pipe_table_new(uint32_t cap)
+{
+    struct pipe_table *t = calloc(1, sizeof(*t));
+    if (t == NULL)
+        return NULL;
+    t->cap = cap;
+    uint32_t nb = 64;
+    while (nb < 2 * cap)
+        nb *= 2;
+    t->mask = nb - 1;
+    t->nodes = calloc(cap, sizeof(*t->nodes));
+    t->buckets = calloc(nb, sizeof(*t->buckets));
+    if (t->nodes == NULL || t->buckets == NULL || pthread_mutex_init(&t->lock, NULL) != 0) {
+        free(t->nodes);
+        free(t->buckets);
+        free(t);
+        return NULL;
+    }
+    for (uint32_t i = 0; i < cap; i++) {
+        t->nodes[i].next = t->free_list;
+        t->free_list = &t->nodes[i];
+    }
+    return t;
+}
+
+static void pipe_table_free(struct pipe_table *t)
+{
+    if (t == NULL)
+        return;
+    pthread_mutex_destroy(&t->lock);
+    free(t->nodes);
+    free(t->buckets);
+    free(t);
+}
+
+/* With t->lock held: the node of pipe id, or NULL; *link is where it is chained from. */
+static struct pipe_node *pipe_find(struct pipe_table *t, uint32_t id, struct pipe_node ***link)
+{
+    struct pipe_node **pp = &t->buckets[id & t->mask];
+    while (*pp != NULL && (*pp)->id != id)
+        pp = &(*pp)->next;
+    if (link != NULL)
+        *link = pp;
+    return *pp;
+}
+
+/* NNG thread: a client connection arrives (ADD_PRE, before any message of it is received) or
+ * goes (REM_POST). One over the limit is closed at once. */
+static void on_rep_pipe(nng_pipe p, nng_pipe_ev ev, void *arg)
+{
+    struct router *r = arg;
+    struct pipe_table *t = r->pipes;
+    uint32_t id = (uint32_t)nng_pipe_id(p);
+    pthread_mutex_lock(&t->lock);
+    if (ev == NNG_PIPE_EV_ADD_PRE) {
+        struct pipe_node *n = t->free_list;
+        if (n == NULL) {
+            t->refused++;
+            pthread_mutex_unlock(&t->lock);
+            nng_pipe_close(p); /* NNG then never starts it */
+            return;
+        }
+        t->free_list = n->next;
+        n->id = id;
+        n->calls = 0;
+        n->last_ms = nng_clock();
+        n->next = t->buckets[id & t->mask];
+        t->buckets[id & t->mask] = n;
+        t->count++;
+    } else if (ev == NNG_PIPE_EV_REM_POST) {
+        struct pipe_node **link;
+        struct pipe_node *n = pipe_find(t, id, &link);
+        if (n != NULL) {
+            *link = n->next;
+            n->id = 0;
+            n->next = t->free_list;
+            t->free_list = n;
+            t->count--;
+        }
+    }
+    pthread_mutex_unlock(&t->lock);
+}
+
+/* NNG thread: a complete call arrived on pipe id (started != 0) or its reply left or was
+ * dropped (started == 0). */
+static void pipe_call(struct pipe_table *t, uint32_t id, int started)
+{
+    if (id == 0)
+        return;
+    pthread_mutex_lock(&t->lock);
+    struct pipe_node *n = pipe_find(t, id, NULL);
+    if (n != NULL) {
+        if (started)
+            n->calls++;
+        else if (n->calls > 0)
+            n->calls--;
+        n->last_ms = nng_clock();
+    }
+    pthread_mutex_unlock(&t->lock);
+}
+
+/* Loop thread: closes connections with no call in progress and no complete message for longer
+ * than idle_ms (an idle client, or a slow one holding a partial message). */
+static void pipes_close_idle(struct router *r, uint32_t idle_ms)
+{
+    struct pipe_table *t = r->pipes;
+    uint32_t ids[IDLE_CLOSE_BATCH];
+    uint32_t n = 0;
+    nng_time now = nng_clock();
+    pthread_mutex_lock(&t->lock);
+    for (uint32_t i = 0; i < t->cap && n < IDLE_CLOSE_BATCH; i++) {
+        struct pipe_node *p = &t->nodes[i];
+        if (p->id != 0 && p->calls == 0 && now - p->last_ms >= idle_ms) {
+            ids[n++] = p->id;
+            p->last_ms = now; /* closed below; not counted twice should the close be slow */
+        }
+    }
+    t->idle_closed += n;
+    pthread_mutex_unlock(&t->lock);
+    for (uint32_t i = 0; i < n; i++) {
+        nng_pipe p = NNG_PIPE_INITIALIZER;
+        p.id = ids[i];
+        nng_pipe_close(p); /* REM_POST takes it off the table */
+    }
+    if (n > 0)
+        log_debug("closed %u idle client connections (no call for %u ms)", n, idle_ms);
+}
+
+static uint32_t pipes_count(struct pipe_table *t)
+{
+    pthread_mutex_lock(&t->lock);
+    uint32_t n = t->count;
+    pthread_mutex_unlock(&t->lock);
+    return n;
+}
+
 /* ---- replies -------------------------------------------------------------------------------- */
 
+/* The context is free again: its call is over (answered or dropped), it receives the next. */
 static void arm_recv(struct rctx *c)
 {
-    if (!atomic_load(&c->r->closing))
+    pipe_call(c->r->pipes, c->pipe, 0);
+    c->pipe = 0;
+    if (!atomic_load(&c->r->closing)) {
+        nng_aio_set_timeout(c->aio, NNG_DURATION_INFINITE);
         nng_ctx_recv(c->ctx, c->aio);
+    }
 }
 
 /* Packs resp and sends it on c's context. The context receives its next call once the send has
@@ -256,6 +477,8 @@ void router_reply(struct rctx *c, Pagoda__ClientResponse *resp)
     }
     protobuf_c_message_pack(&resp->base, nng_msg_body(m));
     c->sending = 1;
+    /* A client that does not read its replies gives its context back after this long. */
+    nng_aio_set_timeout(c->aio, ROUTER_SEND_TIMEOUT_MS);
     nng_aio_set_msg(c->aio, m);
     nng_ctx_send(c->ctx, c->aio);
 }
@@ -335,10 +558,12 @@ void router_park_remove(struct rctx **list, struct rctx *c)
     if (c->next)
         c->next->prev = c->prev;
     c->prev = c->next = NULL;
+    c->r->num_parked--;
 }
 
 static void park_push(struct rctx **list, struct rctx *c)
 {
+    c->r->num_parked++;
     c->prev = NULL;
     c->next = *list;
     if (*list)
@@ -587,6 +812,7 @@ static void finish_request(struct router *r, struct request *q, Pagoda__FinishRe
     q->error_code = error_code;
     if (error_message != NULL)
         q->error_message = strdup(error_message);
+    request_forget_prompt(r, q);
     set_pending(r, q, &q->need_submit, 0);
     list_push_back(&r->finished, q);
     slot_finished_push(&r->slots[q->tenant], q);
@@ -687,6 +913,7 @@ static struct request *adopt_request(struct router *r, const Pagoda__Internal__T
     list_push_back(&r->live, q);
     r->slots[tenant].live++;
     tenancy_ref(r, tenant);
+    request_account(r, q);
     log_debug("request %s registered from the scheduler's announcement", hex);
     return q;
 }
@@ -746,6 +973,7 @@ static void apply_event(struct router *r, const Pagoda__Internal__TokenEvent *ev
             return;
         }
     }
+    request_account(r, q);
     if (ev->has_finish_reason &&
         ev->finish_reason != PAGODA__INTERNAL__FINISH_REASON__FINISH_NONE) {
         if (ev->has_prompt_tokens)
@@ -814,6 +1042,12 @@ static void fill_stats(struct router *r, const Pagoda__Internal__SchedulerStats 
     out->duplicate_submits = r->duplicate_submits;
     out->has_scheduler_connected = 1;
     out->scheduler_connected = router_link_up(r);
+    out->has_registry_bytes = out->has_client_connections = 1;
+    out->registry_bytes = r->registry_bytes;
+    out->client_connections = pipes_count(r->pipes);
+    out->has_parked_calls = out->has_parked_refused = 1;
+    out->parked_calls = r->num_parked;
+    out->parked_refused = r->parked_refused;
 }
 
 /* Answers the stats calls waiting for this answer (every one sent no later than it). */
@@ -834,6 +1068,8 @@ static void answer_stats(struct router *r, const Pagoda__Internal__SchedulerStat
         c = next;
     }
 }
+
+static void on_model_info(struct router *r, const Pagoda__Internal__ModelInfo *info);
 
 /* Loop thread: one message from the scheduler. */
 static void on_link_msg(void *arg, nng_msg *m)
@@ -863,6 +1099,9 @@ static void on_link_msg(void *arg, nng_msg *m)
         break;
     case PAGODA__INTERNAL__TO_ROUTER__MSG_ADMIN:
         admin_on_result(r, msg->admin);
+        break;
+    case PAGODA__INTERNAL__TO_ROUTER__MSG_MODEL:
+        on_model_info(r, msg->model);
         break;
     default:
         r->malformed_internal++;
@@ -938,17 +1177,16 @@ static int submit_params_read(const struct router *r, const Pagoda__SubmitReques
     return 0;
 }
 
-/* Whether a repeated Submit asks for the same thing. A seed the router drew is not the
+/* Whether a repeated Submit asks for the same thing. Prompts and stop ids are compared by their
+ * keyed 128-bit hashes (a finished request keeps only those). A seed the router drew is not the
  * client's choice, so only seeds the clients chose are compared. */
-static int submit_params_equal(const struct submit_params *a, const struct submit_params *b)
+static int submit_params_equal(const struct submit_params *a, const uint64_t a_hash[2],
+                               const struct submit_params *b, const uint64_t b_hash[2])
 {
-    return a->num_prompt == b->num_prompt &&
-           memcmp(a->prompt, b->prompt, a->num_prompt * sizeof(int32_t)) == 0 &&
-           a->num_stop == b->num_stop &&
-           (a->num_stop == 0 ||
-            memcmp(a->stop_ids, b->stop_ids, a->num_stop * sizeof(int32_t)) == 0) &&
-           a->temperature == b->temperature && a->top_p == b->top_p && a->top_k == b->top_k &&
-           a->min_p == b->min_p && a->repetition_penalty == b->repetition_penalty &&
+    return a->num_prompt == b->num_prompt && a->num_stop == b->num_stop && a_hash[0] == b_hash[0] &&
+           a_hash[1] == b_hash[1] && a->temperature == b->temperature && a->top_p == b->top_p &&
+           a->top_k == b->top_k && a->min_p == b->min_p &&
+           a->repetition_penalty == b->repetition_penalty &&
            a->presence_penalty == b->presence_penalty &&
            a->frequency_penalty == b->frequency_penalty && a->has_seed == b->has_seed &&
            (!a->has_seed || a->seed == b->seed) && a->max_tokens == b->max_tokens &&
@@ -976,6 +1214,7 @@ static struct request *request_new(const struct router *r, uint32_t tenant, cons
         memcpy(q->stop_ids, p->stop_ids, p->num_stop * sizeof(int32_t));
     q->p.prompt = q->prompt;
     q->p.stop_ids = q->stop_ids;
+    prompt_hash(r, p, q->prompt_hash);
     if (!q->p.has_seed)
         q->p.seed = random_u64(); /* the router draws a seed for requests without one */
     q->prompt_tokens = p->num_prompt;
@@ -1014,7 +1253,9 @@ static void handle_submit(struct router *r, struct rctx *c, uint32_t tenant,
     if (q != NULL) {
         /* A resent Submit (NNG's REQ resends on a timeout or a lost connection): the same
          * request. The same id for something else is the client's mistake. */
-        if (!q->adopted && !submit_params_equal(&q->p, &p)) {
+        uint64_t hash[2];
+        prompt_hash(r, &p, hash);
+        if (!q->adopted && !submit_params_equal(&q->p, q->prompt_hash, &p, hash)) {
             router_reply_error(c, PAGODA_EEXIST,
                                "submit: request id already used with different parameters");
             return;
@@ -1059,6 +1300,7 @@ static void handle_submit(struct router *r, struct rctx *c, uint32_t tenant,
     list_push_back(&r->live, q);
     r->slots[tenant].live++;
     tenancy_ref(r, tenant);
+    request_account(r, q);
     set_pending(r, q, &q->need_submit, 1);
     router_flush_pending(r);
     reply_submitted(c, q);
@@ -1082,6 +1324,13 @@ static void poll_answer(struct router *r, struct rctx *c, uint32_t tenant, const
     uint64_t age = uv_now(r->loop) - r->started_ms;
     if (q == NULL && !r->announced && age < ANNOUNCE_GRACE_MS &&
         r->num_unknown_parked < MAX_UNKNOWN_PARKED) {
+        if (r->num_parked >= r->cfg.max_parked_calls) {
+            r->parked_refused++;
+            router_reply_error(c, PAGODA_EBUSY,
+                               "poll: the router is starting and %u calls wait: poll again",
+                               r->num_parked);
+            return;
+        }
         /* A restarted router: the scheduler may still announce this request. */
         c->park = PARK_UNKNOWN;
         memcpy(c->id, id, ID_BYTES);
@@ -1112,6 +1361,13 @@ static void poll_answer(struct router *r, struct rctx *c, uint32_t tenant, const
         return;
     }
     if (offset < q->num_tokens || finished || wait_ms == 0) {
+        reply_update(c, q, offset);
+        return;
+    }
+    if (r->num_parked >= r->cfg.max_parked_calls) {
+        /* As many calls wait as the router holds: this one gets what there is (nothing new)
+         * now, and its client polls again. */
+        r->parked_refused++;
         reply_update(c, q, offset);
         return;
     }
@@ -1168,6 +1424,12 @@ static void handle_stats(struct router *r, struct rctx *c, uint32_t tenant, int 
     }
     if (!router_link_up(r)) {
         router_reply_error(c, PAGODA_ECLOSED, "stats: the scheduler link is down");
+        return;
+    }
+    if (r->num_parked >= r->cfg.max_parked_calls) {
+        r->parked_refused++;
+        router_reply_error(c, PAGODA_EBUSY, "stats: %u calls wait already: retry later",
+                           r->num_parked);
         return;
     }
     Pagoda__Internal__StatsRequest sreq = PAGODA__INTERNAL__STATS_REQUEST__INIT;
@@ -1299,6 +1561,8 @@ static void on_ctx_io(void *arg)
         return;
     }
     nng_msg *m = nng_aio_get_msg(c->aio);
+    c->pipe = (uint32_t)nng_pipe_id(nng_msg_get_pipe(m));
+    pipe_call(r->pipes, c->pipe, 1);
     pthread_mutex_lock(&r->lock);
     int closing = atomic_load(&r->closing);
     if (!closing) {
@@ -1315,6 +1579,51 @@ static void on_ctx_io(void *arg)
         nng_msg_free(m);
     else
         uv_async_send(&r->async);
+}
+
+static void on_ctx_timer_closed(uv_handle_t *h);
+
+/* Opens one more context and starts it receiving. */
+static int ctx_add(struct router *r)
+{
+    struct rctx *c = calloc(1, sizeof(*c));
+    if (c == NULL)
+        return PAGODA_ENOMEM;
+    c->r = r;
+    int rv = nng_ctx_open(&c->ctx, r->rep);
+    if (rv != 0) {
+        free(c);
+        return wire_error(rv, "nng_ctx_open");
+    }
+    c->ctx_open = 1;
+    if ((rv = nng_aio_alloc(&c->aio, on_ctx_io, c)) != 0) {
+        nng_ctx_close(c->ctx);
+        free(c);
+        return wire_error(rv, "nng_aio_alloc");
+    }
+    uv_timer_init(r->loop, &c->timer);
+    c->timer.data = c;
+    c->all_next = r->ctxs;
+    r->ctxs = c;
+    r->num_ctxs++;
+    arm_recv(c);
+    return 0;
+}
+
+/* Keeps cfg.num_contexts contexts free to receive beside the parked calls (a context whose reply
+ * is on its way is free again in a moment), up to max_ctxs: a parked poll never keeps others
+ * from being answered. */
+static int ctx_ensure_free(struct router *r)
+{
+    while (r->num_ctxs < r->max_ctxs && r->num_ctxs - r->num_parked < r->cfg.num_contexts) {
+        int rc = ctx_add(r);
+        if (rc != 0) {
+            log_warn("could not open another context (%u open, %u parked): %s", r->num_ctxs,
+                     r->num_parked, pagoda_error_detail());
+            return rc;
+        }
+    }
+    return 0;
 }
 
 /* Loop thread: the link changed, or calls are waiting in the mailbox. */
@@ -1336,6 +1645,8 @@ static void on_async(uv_async_t *h)
         handle_call(r, list);
         list = next;
     }
+    if (!atomic_load(&r->closing))
+        ctx_ensure_free(r);
 }
 
 static void drain_check(struct router *r)
@@ -1363,6 +1674,8 @@ static void on_housekeeping(uv_timer_t *t)
 {
     struct router *r = t->data;
     router_flush_pending(r);
+    pipes_close_idle(r, r->cfg.idle_timeout_ms);
+    ctx_ensure_free(r); /* retries a context that could not be opened */
     uint64_t now = uv_now(r->loop);
     while (r->finished.head != NULL &&
            now - r->finished.head->finished_at_ms >= r->cfg.finished_ttl_ms)
@@ -1397,7 +1710,7 @@ static void router_free(struct router *r)
     }
     free(r->buckets);
     free(r->alias_buckets);
-    free(r->ctxs);
+    pipe_table_free(r->pipes);
     tenancy_close(r);
     if (r->lock_init)
         pthread_mutex_destroy(&r->lock);
@@ -1415,7 +1728,9 @@ static void on_handle_closed(uv_handle_t *h)
 
 static void on_ctx_timer_closed(uv_handle_t *h)
 {
-    struct router *r = ((struct rctx *)h->data)->r;
+    struct rctx *c = h->data;
+    struct router *r = c->r;
+    free(c);
     if (--r->handles_open == 0)
         router_free(r);
 }
@@ -1427,9 +1742,8 @@ void router_close(struct router *r)
     atomic_store(&r->closing, 1);
     /* Stop the aios first: nng_aio_stop waits for a running callback, and none re-arms after
      * closing is set. */
-    for (uint32_t i = 0; i < r->num_ctxs; i++)
-        if (r->ctxs[i].aio != NULL)
-            nng_aio_stop(r->ctxs[i].aio);
+    for (struct rctx *c = r->ctxs; c != NULL; c = c->all_next)
+        nng_aio_stop(c->aio);
     wire_inbox_close(r->inbox);
     r->inbox = NULL;
     /* Then the sockets. */
@@ -1442,8 +1756,9 @@ void router_close(struct router *r)
     r->mail_head = r->mail_tail = NULL;
     pthread_mutex_unlock(&r->lock);
     r->handles_open = 1; /* held until every close below is issued */
-    for (uint32_t i = 0; i < r->num_ctxs; i++) {
-        struct rctx *c = &r->ctxs[i];
+    struct rctx *next;
+    for (struct rctx *c = r->ctxs; c != NULL; c = next) {
+        next = c->all_next;
         if (c->aio != NULL)
             nng_aio_free(c->aio);
         c->aio = NULL;
@@ -1488,22 +1803,75 @@ static int open_link(struct router *r)
     return 0;
 }
 
+/* The prompt limit in force: as configured, lowered to the model's context less one token (the
+ * scheduler refuses a prompt that leaves no room for output) once ModelInfo has arrived. The
+ * largest message the REP socket accepts follows it, for connections to come and those open. */
+static void apply_prompt_limit(struct router *r)
+{
+    uint32_t limit = r->prompt_limit_cfg;
+    if (r->model_positions > 1 && r->model_positions - 1 < limit)
+        limit = r->model_positions - 1;
+    r->cfg.max_prompt_tokens = limit;
+    size_t bytes = router_max_message_bytes(limit);
+    if (bytes == r->recv_max_bytes)
+        return;
+    int rv = nng_socket_set_size(r->rep, NNG_OPT_RECVMAXSZ, bytes);
+    if (rv != 0) {
+        log_warn("could not set the client message limit to %zu bytes: %s", bytes,
+                 nng_strerror(rv));
+        return;
+    }
+    r->recv_max_bytes = bytes;
+    log_info("prompts of up to %u tokens, client messages of up to %zu bytes", limit, bytes);
+}
+
+/* The scheduler's ModelInfo: the model's context. */
+static void on_model_info(struct router *r, const Pagoda__Internal__ModelInfo *info)
+{
+    if (info == NULL || !info->has_max_position_embeddings || info->max_position_embeddings < 2 ||
+        info->max_position_embeddings > UINT32_MAX) {
+        r->malformed_internal++;
+        log_warn("a ModelInfo without a valid max_position_embeddings: ignored");
+        return;
+    }
+    r->model_positions = (uint32_t)info->max_position_embeddings;
+    apply_prompt_limit(r);
+}
+
+/* The file descriptor limit bounds the connections: the cap stays ROUTER_RESERVED_FDS below it
+ * (pagoda-router raises its soft limit to the hard one at start). */
+static uint32_t connection_cap(uint32_t wanted)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY)
+        return wanted;
+    rlim_t room =
+        rl.rlim_cur > 2 * ROUTER_RESERVED_FDS ? rl.rlim_cur - ROUTER_RESERVED_FDS : rl.rlim_cur / 2;
+    if (room < 1)
+        room = 1;
+    if ((rlim_t)wanted > room) {
+        log_warn("%u client connections asked, %llu fit the descriptor limit of %llu: capped",
+                 wanted, (unsigned long long)room, (unsigned long long)rl.rlim_cur);
+        return (uint32_t)room;
+    }
+    return wanted;
+}
+
 static int open_rep(struct router *r)
 {
     int rv = nng_rep0_open(&r->rep);
     if (rv != 0)
         return wire_error(rv, "nng_rep0_open");
     r->rep_open = 1;
-    if ((rv = nng_socket_set_size(r->rep, NNG_OPT_RECVMAXSZ, ROUTER_MAX_CLIENT_MESSAGE_BYTES)) != 0)
+    r->recv_max_bytes = router_max_message_bytes(r->cfg.max_prompt_tokens);
+    if ((rv = nng_socket_set_size(r->rep, NNG_OPT_RECVMAXSZ, r->recv_max_bytes)) != 0)
         return wire_error(rv, "NNG_OPT_RECVMAXSZ");
-    for (uint32_t i = 0; i < r->num_ctxs; i++) {
-        struct rctx *c = &r->ctxs[i];
-        if ((rv = nng_ctx_open(&c->ctx, r->rep)) != 0)
-            return wire_error(rv, "nng_ctx_open");
-        c->ctx_open = 1;
-        if ((rv = nng_aio_alloc(&c->aio, on_ctx_io, c)) != 0)
-            return wire_error(rv, "nng_aio_alloc");
-    }
+    if ((rv = nng_pipe_notify(r->rep, NNG_PIPE_EV_ADD_PRE, on_rep_pipe, r)) != 0 ||
+        (rv = nng_pipe_notify(r->rep, NNG_PIPE_EV_REM_POST, on_rep_pipe, r)) != 0)
+        return wire_error(rv, "nng_pipe_notify");
+    int rc = ctx_ensure_free(r);
+    if (rc != 0)
+        return rc;
     if ((rv = nng_listen(r->rep, r->listen_url, NULL, 0)) != 0)
         return wire_error(rv, r->listen_url);
     return 0;
@@ -1522,6 +1890,14 @@ static int check_config(const struct router_config *cfg)
     if (cfg->num_contexts < 1 || cfg->num_contexts > 65536)
         return pagoda_error_set(PAGODA_ERANGE, "router: %u contexts, outside [1, 65536]",
                                 cfg->num_contexts);
+    if (cfg->max_parked_calls < 1 || cfg->max_parked_calls > ROUTER_MAX_CONTEXTS / 2)
+        return pagoda_error_set(PAGODA_ERANGE, "router: %u parked calls, outside [1, %u]",
+                                cfg->max_parked_calls, ROUTER_MAX_CONTEXTS / 2);
+    if (cfg->max_connections < 1 || cfg->max_connections > (1u << 20))
+        return pagoda_error_set(PAGODA_ERANGE, "router: %u connections, outside [1, 2^20]",
+                                cfg->max_connections);
+    if (cfg->idle_timeout_ms < 1)
+        return pagoda_error_set(PAGODA_ERANGE, "router: the idle timeout must be >= 1 ms");
     if (cfg->max_live_requests < 1 || cfg->max_live_requests > (1u << 24) ||
         cfg->max_finished_requests < 1 || cfg->max_finished_requests > (1u << 24))
         return pagoda_error_set(
@@ -1566,9 +1942,12 @@ int router_open(uv_loop_t *loop, const struct router_config *cfg, struct router 
         r->num_buckets *= 2;
     r->buckets = calloc(r->num_buckets, sizeof(*r->buckets));
     r->alias_buckets = calloc(r->num_buckets, sizeof(*r->alias_buckets));
-    r->ctxs = calloc(cfg->num_contexts, sizeof(*r->ctxs));
+    r->prompt_limit_cfg = cfg->max_prompt_tokens;
+    r->max_ctxs = 2 * cfg->num_contexts + cfg->max_parked_calls;
+    r->cfg.max_connections = connection_cap(cfg->max_connections);
+    r->pipes = pipe_table_new(r->cfg.max_connections);
     if ((cfg->run_dir != NULL && r->run_dir == NULL) || r->listen_url == NULL ||
-        r->buckets == NULL || r->alias_buckets == NULL || r->ctxs == NULL) {
+        r->buckets == NULL || r->alias_buckets == NULL || r->pipes == NULL) {
         rc = PAGODA_ENOMEM;
         goto fail;
     }
@@ -1590,20 +1969,12 @@ int router_open(uv_loop_t *loop, const struct router_config *cfg, struct router 
     uv_timer_init(loop, &r->housekeeping);
     r->housekeeping.data = r;
     r->timer_init = 1;
-    r->num_ctxs = cfg->num_contexts;
-    for (uint32_t i = 0; i < r->num_ctxs; i++) {
-        r->ctxs[i].r = r;
-        uv_timer_init(loop, &r->ctxs[i].timer);
-        r->ctxs[i].timer.data = &r->ctxs[i];
-    }
     if ((rc = open_link(r)) != 0)
         goto fail;
     if ((rc = wire_inbox_open(loop, r->link, on_link_msg, r, &r->inbox)) != 0)
         goto fail;
     if ((rc = open_rep(r)) != 0)
         goto fail;
-    for (uint32_t i = 0; i < r->num_ctxs; i++)
-        nng_ctx_recv(r->ctxs[i].ctx, r->ctxs[i].aio);
     uv_timer_start(&r->housekeeping, on_housekeeping, HOUSEKEEPING_MS, HOUSEKEEPING_MS);
     *out = r;
     return 0;

@@ -63,17 +63,36 @@
  *    error_code 0, the update's finish_reason FINISH_ERROR, and the scheduler's message in
  *    ClientResponse.error_message.
  *  - Health is healthy when the scheduler link is up and the router is not draining.
- *  - Messages above ROUTER_MAX_CLIENT_MESSAGE_BYTES are refused by NNG itself (it drops the
- *    connection, the client's REQ resends and eventually times out); every smaller message is
- *    unpacked with checks and a malformed one is answered with PAGODA_EFORMAT. */
+ *  - The largest client message is sized from the prompt limit: max_prompt_tokens (lowered to
+ *    the model's context less one token once the scheduler reports it, ModelInfo) times
+ *    ROUTER_BYTES_PER_PROMPT_TOKEN plus ROUTER_MESSAGE_OVERHEAD_BYTES, at most
+ *    ROUTER_MAX_CLIENT_MESSAGE_BYTES. A bigger message is refused by NNG itself (it drops the
+ *    connection, the client's REQ resends and eventually times out); every smaller one is
+ *    unpacked with checks and a malformed one is answered with PAGODA_EFORMAT. A prompt over the
+ *    limit that still fits the message is answered with PAGODA_ERANGE.
+ *  - The front holds nothing for a client beyond what bounds allow (the worst case is in the
+ *    README): at most max_connections connections (more are closed as they arrive), a connection
+ *    with no call in progress and no complete message for idle_timeout_ms is closed (an idle
+ *    client's REQ reconnects when it calls again; a slow peer holding a partial message loses
+ *    it). Contexts are opened on demand, so that num_contexts of them are always free to receive
+ *    while calls are parked: a parked poll never keeps Health or a Submit from being answered.
+ *    At most max_parked_calls calls are parked at once; a poll beyond that is answered at once
+ *    with what there is (the client polls again), a Stats with PAGODA_EBUSY. A finished request
+ *    keeps only what its client can still fetch (tokens, logprobs, usage, the finish), not its
+ *    prompt: a resent Submit of it is recognised by a keyed hash of its prompt. */
 #ifndef PAGODA_ROUTER_ROUTER_H
 #define PAGODA_ROUTER_ROUTER_H
 
 #include <stdint.h>
 #include <uv.h>
 
-/* The largest client message the REP socket accepts (NNG_OPT_RECVMAXSZ). */
+/* The largest client message the REP socket ever accepts (NNG_OPT_RECVMAXSZ); the limit in
+ * force is sized from the prompt limit (router_max_message_bytes). */
 #define ROUTER_MAX_CLIENT_MESSAGE_BYTES (4u << 20)
+/* A packed prompt token id below 2^28 (every vocabulary's) takes at most 4 bytes. */
+#define ROUTER_BYTES_PER_PROMPT_TOKEN 4u
+/* Room in a Submit for everything but the prompt: id, key, sampling, stop ids, framing. */
+#define ROUTER_MESSAGE_OVERHEAD_BYTES (16u << 10)
 
 /* The protocol version of proto/pagoda.proto that this router speaks. */
 #define ROUTER_CLIENT_PROTOCOL_VERSION 1u
@@ -82,7 +101,17 @@
 #define ROUTER_DEFAULT_TENANT "default"
 
 /* Defaults of struct router_config. */
-#define ROUTER_DEFAULT_CONTEXTS 256u
+#define ROUTER_DEFAULT_CONTEXTS 64u
+#define ROUTER_DEFAULT_MAX_PARKED_CALLS 16384u
+#define ROUTER_DEFAULT_MAX_CONNECTIONS 4096u
+#define ROUTER_DEFAULT_IDLE_TIMEOUT_MS 30000u
+/* File descriptors kept beyond the connection cap (sockets to the scheduler and supervisor,
+ * connections still negotiating, logs). */
+#define ROUTER_RESERVED_FDS 256u
+/* The most contexts ever open (num_contexts free + max_parked_calls + those sending). */
+#define ROUTER_MAX_CONTEXTS (1u << 20)
+/* How long a reply may wait for a client that does not read it before it is dropped. */
+#define ROUTER_SEND_TIMEOUT_MS 10000
 #define ROUTER_DEFAULT_MAX_LIVE_REQUESTS 4096u
 #define ROUTER_DEFAULT_MAX_FINISHED_REQUESTS 4096u
 #define ROUTER_DEFAULT_FINISHED_TTL_MS (10u * 60u * 1000u)
@@ -107,7 +136,10 @@ struct router_config {
     const char *listen_url;         /* tcp://HOST:PORT or ipc://PATH */
     const char *scheduler_url;      /* NULL: ipc://RUN_DIR/scheduler.ipc */
     const char *tenants_file;       /* router/tenants.h; NULL: one tenant, any key */
-    uint32_t num_contexts;          /* client calls in flight at once, parked polls included */
+    uint32_t num_contexts;          /* contexts always free to receive a call */
+    uint32_t max_parked_calls;      /* polls and stats waiting at once */
+    uint32_t max_connections;       /* client connections at once (lowered to fit the fd limit) */
+    uint32_t idle_timeout_ms;       /* a connection with no call and no complete message */
     uint32_t max_live_requests;     /* admitted, unfinished; more is PAGODA_EEXHAUSTED */
     uint32_t max_finished_requests; /* finished results kept in all, >= 1 (see above) */
     uint32_t finished_ttl_ms;       /* and for how long at most */
@@ -120,6 +152,9 @@ struct router_config {
 };
 
 struct router;
+
+/* The largest client message the router accepts for prompts of up to max_prompt_tokens. */
+size_t router_max_message_bytes(uint32_t max_prompt_tokens);
 
 /* Fills *cfg with the defaults above and no addresses. */
 void router_config_default(struct router_config *cfg);

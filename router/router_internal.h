@@ -55,6 +55,8 @@ struct rctx {
     nng_aio *aio;
     int ctx_open;
     int sending;            /* the aio's operation is a send; set before it starts */
+    uint32_t pipe;          /* the connection the call came on (0: none) */
+    struct rctx *all_next;  /* router.ctxs: every context, loop thread only */
     nng_msg *msg;           /* a received call waiting in the mailbox */
     struct rctx *next_mail; /* mailbox link, guarded by router.lock */
     uv_timer_t timer;       /* a parked call's deadline */
@@ -104,12 +106,14 @@ struct request {
     int32_t error_code;
     char *error_message;
     uint64_t finished_at_ms;
-    int delivered;        /* a reply with the finish reason went out */
-    int need_submit;      /* the SubmitSeq is still to be sent */
-    int need_cancel;      /* the CancelSeq is still to be sent */
-    struct rctx *waiters; /* parked polls */
-    int adopted;          /* registered from the scheduler's announcement (no prompt known) */
-    int aliased;          /* also in router.alias_buckets (see adopt_request) */
+    uint64_t prompt_hash[2]; /* keyed hash of prompt and stop ids (kept after they are freed) */
+    size_t bytes;            /* what it holds, as counted in router.registry_bytes */
+    int delivered;           /* a reply with the finish reason went out */
+    int need_submit;         /* the SubmitSeq is still to be sent */
+    int need_cancel;         /* the CancelSeq is still to be sent */
+    struct rctx *waiters;    /* parked polls */
+    int adopted;             /* registered from the scheduler's announcement (no prompt known) */
+    int aliased;             /* also in router.alias_buckets (see adopt_request) */
     struct request *alias_next;
     /* Once finished: its tenant's finished list (tenant_slot.fin_head), oldest first. */
     struct request *tprev, *tnext;
@@ -158,8 +162,16 @@ struct router {
     nng_socket rep, link;
     int rep_open, link_open;
     struct wire_inbox *inbox;
-    struct rctx *ctxs;
-    uint32_t num_ctxs;
+    struct rctx *ctxs;         /* every context opened, linked by all_next */
+    uint32_t num_ctxs;         /* opened */
+    uint32_t num_parked;       /* parked calls (every kind) */
+    uint32_t max_ctxs;         /* num_contexts + max_parked_calls + num_contexts */
+    uint64_t parked_refused;   /* polls and stats answered at once because max_parked_calls were */
+    uint32_t model_positions;  /* the model's context from ModelInfo; 0 until it arrives */
+    uint32_t prompt_limit_cfg; /* cfg.max_prompt_tokens as configured (cfg's may be lowered) */
+    size_t recv_max_bytes;     /* NNG_OPT_RECVMAXSZ in force */
+    size_t registry_bytes;     /* held by requests in the registry (request_account) */
+    struct pipe_table *pipes;  /* client connections (router.c) */
 
     uv_async_t async;
     uv_timer_t housekeeping;

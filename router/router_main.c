@@ -11,10 +11,17 @@
 #include "wire/wire.h"
 
 #include <getopt.h>
+#include <malloc.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+
+/* Allocations at least this big (client messages) are mapped on their own and go back to the
+ * system when freed. glibc's default threshold rises with every such block freed, after which
+ * they come from the heap and stay in the process after the connections that sent them left. */
+#define ROUTER_MMAP_THRESHOLD_BYTES (128 << 10)
 
 struct main_state {
     struct router *router;
@@ -32,7 +39,8 @@ static void usage(FILE *f)
             "                     [--max-requests N] [--max-finished N] [--finished-ttl-ms MS]\n"
             "                     [--max-prompt-tokens N] [--max-new-tokens N]\n"
             "                     [--drain-timeout-ms MS] [--tenants FILE]\n"
-            "                     [--admin-timeout-ms MS]\n"
+            "                     [--admin-timeout-ms MS] [--max-connections N]\n"
+            "                     [--idle-timeout-ms MS] [--max-parked N]\n"
             "--listen: tcp://HOST:PORT or ipc://PATH (clients' address).\n"
             "--scheduler: the scheduler link (default ipc://DIR/scheduler.ipc).\n"
             "--tenants: JSON {\"admin_keys\": [...], \"groups\": [{\"name\",\n"
@@ -41,8 +49,20 @@ static void usage(FILE *f)
             "           \"pins\": [{\"name\", \"token_ids\": [...], \"tenants\": [...]}]}\n"
             "           (router/tenants.h); without it every key is the \"default\" tenant\n"
             "           and there is no admin API. An admin call reloads it.\n"
-            "--admin-timeout-ms: how long an admin call waits for the scheduler (%u).\n",
-            ROUTER_DEFAULT_ADMIN_TIMEOUT_MS);
+            "--admin-timeout-ms: how long an admin call waits for the scheduler (%u).\n"
+            "--contexts: contexts kept free to receive calls beside the parked ones (%u).\n"
+            "--max-parked: long polls and stats waiting at once; a poll beyond it is\n"
+            "           answered at once with what there is (%u).\n"
+            "--max-connections: client connections at once, more are closed as they\n"
+            "           arrive; kept %u below the descriptor limit (%u).\n"
+            "--idle-timeout-ms: a connection with no call in progress and no complete\n"
+            "           message for this long is closed (%u).\n"
+            "--max-prompt-tokens: lowered to the model's context - 1 once the scheduler\n"
+            "           reports it; the largest client message is %u bytes per token + %u.\n",
+            ROUTER_DEFAULT_ADMIN_TIMEOUT_MS, ROUTER_DEFAULT_CONTEXTS,
+            ROUTER_DEFAULT_MAX_PARKED_CALLS, ROUTER_RESERVED_FDS, ROUTER_DEFAULT_MAX_CONNECTIONS,
+            ROUTER_DEFAULT_IDLE_TIMEOUT_MS, ROUTER_BYTES_PER_PROMPT_TOKEN,
+            ROUTER_MESSAGE_OVERHEAD_BYTES);
 }
 
 static int fail(int rc)
@@ -115,6 +135,9 @@ enum {
     OPT_DRAIN_TIMEOUT,
     OPT_TENANTS,
     OPT_ADMIN_TIMEOUT,
+    OPT_MAX_CONNECTIONS,
+    OPT_IDLE_TIMEOUT,
+    OPT_MAX_PARKED,
 };
 
 static int parse_flag(int opt, const char *arg, struct router_config *cfg)
@@ -152,6 +175,12 @@ static int parse_flag(int opt, const char *arg, struct router_config *cfg)
         return 0;
     case OPT_DRAIN_TIMEOUT:
         return parse_u32("--drain-timeout-ms", arg, 0, UINT32_MAX, &cfg->drain_timeout_ms);
+    case OPT_MAX_CONNECTIONS:
+        return parse_u32("--max-connections", arg, 1, 1 << 20, &cfg->max_connections);
+    case OPT_IDLE_TIMEOUT:
+        return parse_u32("--idle-timeout-ms", arg, 1, UINT32_MAX, &cfg->idle_timeout_ms);
+    case OPT_MAX_PARKED:
+        return parse_u32("--max-parked", arg, 1, ROUTER_MAX_CONTEXTS / 2, &cfg->max_parked_calls);
     case OPT_ADMIN_TIMEOUT:
         return parse_u32("--admin-timeout-ms", arg, 1, ROUTER_MAX_ADMIN_TIMEOUT_MS,
                          &cfg->admin_timeout_ms);
@@ -176,6 +205,9 @@ int main(int argc, char **argv)
         {"drain-timeout-ms", required_argument, NULL, OPT_DRAIN_TIMEOUT},
         {"tenants", required_argument, NULL, OPT_TENANTS},
         {"admin-timeout-ms", required_argument, NULL, OPT_ADMIN_TIMEOUT},
+        {"max-connections", required_argument, NULL, OPT_MAX_CONNECTIONS},
+        {"idle-timeout-ms", required_argument, NULL, OPT_IDLE_TIMEOUT},
+        {"max-parked", required_argument, NULL, OPT_MAX_PARKED},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -200,6 +232,16 @@ int main(int argc, char **argv)
         return 2;
     }
     signal(SIGPIPE, SIG_IGN);
+    /* Every client connection is a descriptor: take all the system allows (the router keeps
+     * its connection cap below it). */
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        if (setrlimit(RLIMIT_NOFILE, &rl) != 0)
+            log_warn("could not raise the descriptor limit to %llu",
+                     (unsigned long long)rl.rlim_max);
+    }
+    mallopt(M_MMAP_THRESHOLD, ROUTER_MMAP_THRESHOLD_BYTES);
 
     uv_loop_t loop;
     if (uv_loop_init(&loop) != 0)

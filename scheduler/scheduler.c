@@ -209,6 +209,21 @@ static void send_events_msg(struct scheduler *s, Pagoda__Internal__TokenEvent **
     send_router(s, &m);
 }
 
+/* Tells the router the model's context (it sizes its prompt and message limits from it), once a
+ * worker has said it. */
+static void send_model_info(struct scheduler *s)
+{
+    if (s->worker.max_positions <= 0)
+        return;
+    Pagoda__Internal__ModelInfo info = PAGODA__INTERNAL__MODEL_INFO__INIT;
+    info.has_max_position_embeddings = 1;
+    info.max_position_embeddings = s->worker.max_positions;
+    Pagoda__Internal__ToRouter m = PAGODA__INTERNAL__TO_ROUTER__INIT;
+    m.msg_case = PAGODA__INTERNAL__TO_ROUTER__MSG_MODEL;
+    m.model = &info;
+    send_router(s, &m);
+}
+
 static void send_events(struct scheduler *s, Pagoda__Internal__TokenEvent **events, size_t n)
 {
     if (n > 0)
@@ -1131,6 +1146,7 @@ static void on_hello(struct scheduler *s, const Pagoda__Internal__Hello *h, int6
     w->pid = pid;
     w->vocab_size = h->vocab_size;
     w->max_positions = h->max_position_embeddings;
+    send_model_info(s);
     w->num_eos = (int32_t)h->n_eos_token_ids;
     if (h->n_eos_token_ids > 0)
         memcpy(w->eos_ids, h->eos_token_ids, h->n_eos_token_ids * sizeof(int32_t));
@@ -1448,6 +1464,7 @@ static void announce_send(struct scheduler *s, size_t n, bool done)
  * messages of at most max_seqs events and about SCHEDULER_ANNOUNCE_TOKENS tokens. */
 static void on_router_hello(struct scheduler *s)
 {
+    send_model_info(s);
     struct seq_list *lists[3] = {&s->running, &s->waiting, &s->recent};
     size_t n = 0, tokens = 0, total = 0;
     for (int l = 0; l < 3; l++) {

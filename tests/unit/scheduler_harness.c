@@ -544,6 +544,9 @@ void io_to_router(void *ctx, const Pagoda__Internal__ToRouter *msg)
         h->admin = m->admin;
         m->admin = NULL;
         m->msg_case = PAGODA__INTERNAL__TO_ROUTER__MSG__NOT_SET;
+    } else if (m->msg_case == PAGODA__INTERNAL__TO_ROUTER__MSG_MODEL) {
+        h->model_infos++;
+        h->model_positions = m->model->max_position_embeddings;
     } else {
         assert_int_equal(m->msg_case, PAGODA__INTERNAL__TO_ROUTER__MSG_EVENTS);
         if (m->events->has_announce_done && m->events->announce_done)

@@ -139,6 +139,9 @@ struct harness {
     Pagoda__Internal__PolicyApplied *applied;
     Pagoda__Internal__AdminResult *admin;
     int applied_count, admin_count;
+    /* ModelInfo messages received and the last one's context. */
+    int model_infos;
+    int64_t model_positions;
 };
 
 struct setup {

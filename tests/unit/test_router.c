@@ -309,7 +309,13 @@ static void test_duplicate_submit_is_one_request(void **state)
     assert_true(after.last_has_seed);
     assert_string_equal(after.last_tenant, "default");
 
-    /* The same id with other parameters is refused. */
+    /* The same id with other parameters is refused (the finished request's prompt is gone, its
+     * hash remains). */
+    s.prompt[1] = 99;
+    resp = raw_request(e, &s.req);
+    assert_int_equal(response_code(resp), PAGODA_EEXIST);
+    pagoda__client_response__free_unpacked(resp, NULL);
+    s.prompt[1] = 12;
     s.sub.max_tokens = 5;
     resp = raw_request(e, &s.req);
     assert_int_equal(response_code(resp), PAGODA_EEXIST);
@@ -687,6 +693,87 @@ static void test_sigterm_drains(void **state)
     assert_int_equal(rtr_env_wait(e, 5000), 0);
     pagoda_client_close(c);
     rtr_env_stop(e);
+}
+
+/* Parked calls hold no context others need: with two contexts kept free and at most three calls
+ * parked, a fourth poll is answered at once with what there is, Health and Stats still answer,
+ * and libpagoda's generate (polling again after such an answer) completes. */
+static void test_parked_calls_are_bounded(void **state)
+{
+    (void)state;
+    static const char *const args[] = {"--contexts", "2", "--max-parked", "3", NULL};
+    struct rtr_env env, *e = &env;
+    assert_int_equal(rtr_env_start(e, args), 0);
+    pagoda_client *c = open_client(e);
+    const int32_t prompt[] = {91, 92};
+    pagoda_generate_params p = greedy(4);
+    uint8_t id[16];
+    fake_sched_hold(e->fs, 1);
+    assert_int_equal(pagoda_submit(c, &p, prompt, 2, id), 0);
+
+    Pagoda__PollRequest poll = PAGODA__POLL_REQUEST__INIT;
+    poll.has_request_id = poll.has_offset = poll.has_wait_ms = 1;
+    poll.request_id.data = id;
+    poll.request_id.len = 16;
+    poll.wait_ms = 20000;
+    Pagoda__ClientRequest req = PAGODA__CLIENT_REQUEST__INIT;
+    req.call_case = PAGODA__CLIENT_REQUEST__CALL_POLL;
+    req.poll = &poll;
+    uint8_t buf[64];
+    size_t len = pagoda__client_request__pack(&req, buf);
+    nng_socket s;
+    assert_int_equal(nng_req0_open(&s), 0);
+    assert_int_equal(nng_dial(s, e->url, NULL, 0), 0);
+    nng_ctx ctxs[3];
+    nng_aio *aios[3];
+    for (int i = 0; i < 3; i++) {
+        nng_msg *m;
+        assert_int_equal(nng_ctx_open(&ctxs[i], s), 0);
+        assert_int_equal(nng_aio_alloc(&aios[i], NULL, NULL), 0);
+        assert_int_equal(nng_msg_alloc(&m, len), 0);
+        memcpy(nng_msg_body(m), buf, len);
+        nng_aio_set_msg(aios[i], m);
+        nng_aio_set_timeout(aios[i], 30000);
+        nng_ctx_send(ctxs[i], aios[i]);
+        nng_aio_wait(aios[i]);
+        assert_int_equal(nng_aio_result(aios[i]), 0);
+        nng_ctx_recv(ctxs[i], aios[i]);
+    }
+    usleep(200 * 1000); /* the router parks them */
+
+    uint64_t t0 = rtr_now_ms();
+    pagoda_result r;
+    assert_int_equal(pagoda_poll(c, id, 0, 10000, &r), 0);
+    assert_true(rtr_now_ms() - t0 < 5000); /* long before its wait: nothing new, at once */
+    assert_int_equal(r.num_tokens, 0);
+    assert_int_equal(r.finish_reason, PAGODA_FINISH_NONE);
+    pagoda_result_free(&r);
+    int healthy = 0;
+    assert_int_equal(pagoda_health(c, &healthy), 0);
+    assert_true(healthy);
+    pagoda_engine_stats st;
+    assert_int_equal(pagoda_stats(c, &st), PAGODA_EBUSY); /* a stats call would park too */
+
+    /* generate polls again after each answer that came at once, and ends once tokens flow. */
+    struct release_arg a = {e->fs, 300};
+    pthread_t t;
+    pthread_create(&t, NULL, release_later, &a);
+    pagoda_result all;
+    assert_int_equal(pagoda_generate(c, &p, prompt, 2, &all), 0);
+    pthread_join(t, NULL);
+    assert_int_equal(all.num_tokens, 4);
+    assert_tokens(prompt, 2, all.token_ids, 4, 0);
+    pagoda_result_free(&all);
+    for (int i = 0; i < 3; i++) {
+        nng_aio_wait(aios[i]);
+        assert_int_equal(nng_aio_result(aios[i]), 0);
+        nng_msg_free(nng_aio_get_msg(aios[i]));
+        nng_aio_free(aios[i]);
+        nng_ctx_close(ctxs[i]);
+    }
+    nng_close(s);
+    pagoda_client_close(c);
+    assert_int_equal(rtr_env_stop(e), 0);
 }
 
 static void test_drain_timeout_exits_nonzero(void **state)
@@ -1306,6 +1393,7 @@ int main(void)
         cmocka_unit_test(test_scheduler_restart_resumes_requests),
         cmocka_unit_test(test_sigterm_drains),
         cmocka_unit_test(test_drain_timeout_exits_nonzero),
+        cmocka_unit_test(test_parked_calls_are_bounded),
     };
     signal(SIGPIPE, SIG_IGN);
     int failed = cmocka_run_group_tests_name("router", shared, group_setup, group_teardown);

@@ -30,6 +30,9 @@ static void test_start_announce_hello_ready(void **state)
     pump(h);
     assert_int_equal(h->fw.hellos_sent, 1);
     assert_int_equal(h->ready_reports, 1);
+    /* The router learns the model's context from the worker's Hello. */
+    assert_int_equal(h->model_infos, 1);
+    assert_int_equal(h->model_positions, h->hello.max_positions);
     struct scheduler_stats st = stats(h);
     assert_int_equal(st.resyncs, 1);
     assert_true(st.ready);
