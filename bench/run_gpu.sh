@@ -11,6 +11,9 @@
 #   random   pagoda, random workload, all at once (--rate inf), prefix cache on and off
 #   shared   pagoda, shared-prefix workload (the common defaults: 64 x 16, 2048 + 128, 256),
 #            prefix cache on and off
+#   ttft     one prompt of TTFT_LEN (8000) tokens alone: pagoda's time to first token (pagoda-bench,
+#            5 prompts one at a time, the whole prompt in one step) against transformers + SDPA
+#            (cuDNN), one forward pass (bench/hf_ttft.py); not in the default parts
 #   floor    pagoda, closed loops of batch 1, 16 and 64 (prompt 1024, 256 tokens each): the
 #            measured decode step against the bandwidth floor (weights + K/V bytes read per step
 #            over BANDWIDTH_GBS, the device-to-device copy figure of shared/GPU.md)
@@ -87,11 +90,14 @@ url=ipc://$run.client.ipc
 down() { "$root/deploy/pagoda-down" --run-dir "$run" --timeout 120 >/dev/null 2>&1 || true; }
 trap 'down; rm -rf "$run"' EXIT
 
-up() { # up MODE: a group serving the model, prefix cache MODE (on, off or default)
+up() { # up MODE [FLAG...]: a group serving the model, prefix cache MODE (on, off or default)
+    local mode=$1
+    shift
     local args=(--run-dir "$run" --bin-dir "$bin" --model "$model" --listen "$url"
                 --backend "$backend" --timeout 600)
     [ "$backend" = cpu ] || args+=(--load-format "$load_format" --seed "$seed")
-    [ "$1" = default ] || args+=(--prefix-cache "$1")
+    [ "$mode" = default ] || args+=(--prefix-cache "$mode")
+    args+=("$@")
     echo "== pagoda-up ${args[*]}"
     if ! "$root/deploy/pagoda-up" "${args[@]}" >/dev/null; then
         echo "run_gpu.sh: the group did not start"
@@ -152,6 +158,19 @@ part_floor() {
     down
 }
 
+part_ttft() { # one long prompt alone: pagoda's time to first token against transformers'
+    local len=${TTFT_LEN:-8000}
+    echo "== hf_ttft.py (one prompt of $len tokens, SDPA cuDNN)"
+    python3 "$root/bench/hf_ttft.py" --model "$model" --input-len "$len" --seed "$seed" \
+        --json "$out/ttft-hf.json"
+    # The whole prompt in one step (as transformers does it), the prefix cache off (every prompt
+    # is new anyway), a 40 GB pool: the worker's activations at 8192 tokens fit beside it.
+    up "${modes[-1]}" --max-batched-tokens "${TTFT_MAX_BATCHED:-8192}" --kv-bytes 40000000000
+    bench ttft --workload random --num-prompts 5 --concurrency 1 --input-len "$len" \
+        --output-len 1 --seed "$seed" --ignore-eos --warmup 1
+    down
+}
+
 part_table() {
     python3 - "$out" <<'EOF'
 import glob, json, os, sys
@@ -190,6 +209,13 @@ for p in sorted(glob.glob(os.path.join(out, "random-*.json")) +
           f"| {f(r['tpot_ms']['p99'], '.2f')} | {f(r['itl_ms']['p99'], '.2f')} "
           f"| {f(r['e2e_ms']['p50'])} | {f(e['prefix_hit_rate'], '.3f')} "
           f"| {f(e['peak_kv_usage'], '.3f')} | {e['preemptions']} |")
+ttft, ttft_hf = load("ttft"), load("ttft-hf")
+if ttft:
+    hf_ms = ttft_hf["ttft_ms_median"] if ttft_hf else None
+    p = ttft["ttft_ms"]["p50"]
+    print(f"Time to first token, one prompt of {ttft_hf['input_len'] if ttft_hf else '?'} tokens: "
+          f"pagoda p50 {f(p)} ms (of {ttft['completed']}), transformers + SDPA (cuDNN) median "
+          f"{f(hf_ms)} ms, ratio {f(p / hf_ms if hf_ms else None, '.2f')}")
 print()
 print("| batch | decode step (median TPOT) ms | wall per engine step ms | weights GB | K/V GB "
       "per step | floor ms | fraction of the floor |")
