@@ -237,7 +237,7 @@ EOF
 
 for p in "${parts[@]}"; do
     case $p in
-    hf | random | shared | floor | table) "part_$p" ;;
-    *) echo "run_gpu.sh: unknown part $p (hf, random, shared, floor, table)"; exit 2 ;;
+    hf | random | shared | floor | ttft | table) "part_$p" ;;
+    *) echo "run_gpu.sh: unknown part $p (hf, random, shared, floor, ttft, table)"; exit 2 ;;
     esac
 done

@@ -139,6 +139,21 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             if (rc != 0) {
                 struct snapshot after = snap(m);
                 same(&before, &after, "a refused resync changed the mirror");
+            } else {
+                /* Sequences left out for their own content are not held, and the held ones
+                 * with them are within max_seqs. */
+                const struct mirror_seq_error *failed;
+                int32_t n_failed = mirror_resync_failures(m, &failed);
+                if (verbose)
+                    fprintf(stderr, "resync: %d held, %d left out\n", mirror_num_seqs(m), n_failed);
+                if (n_failed < 0 || mirror_num_seqs(m) > MAX_SEQS ||
+                    mirror_num_seqs(m) + n_failed > (int32_t)msg->resync->n_seqs)
+                    die("a resync's failures out of bounds");
+                for (int32_t i = 0; i < n_failed; i++) {
+                    struct mirror_seq_view v;
+                    if (failed[i].code == 0 || mirror_find(m, failed[i].seq_id, &v) == 0)
+                        die("a sequence a resync left out is held, or has no error code");
+                }
             }
         } else if (msg->msg_case == PAGODA__INTERNAL__TO_WORKER__MSG_STEP) {
             struct mirror_step ms;
@@ -147,12 +162,39 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 fprintf(stderr, "step: %d %s\n", rc, rc ? pagoda_error_detail() : "");
             if (rc == 0) {
                 check_batch(&ms, max_blocks);
-                int32_t tokens[MAX_SEQS];
-                for (int32_t r = 0; r < ms.batch.num_logits; r++)
+                /* A failed sequence is not in the batch; it is gone after the commit, with the
+                 * rows that could not be sampled (here those of seq ids that are multiples of
+                 * 5, as pagoda-worker fails a row whose logits are not finite). */
+                if (ms.num_failed < 0 || ms.num_failed > 2 * MAX_SEQS)
+                    die("more failed sequences than a step may hold");
+                uint64_t gone[3 * MAX_SEQS];
+                int32_t num_gone = 0;
+                for (int32_t i = 0; i < ms.num_failed; i++) {
+                    if (ms.failed[i].code == 0)
+                        die("a failed sequence with no error code");
+                    for (int32_t r = 0; r < ms.batch.num_logits; r++)
+                        if (ms.seq_ids[r] == ms.failed[i].seq_id)
+                            die("a failed sequence in the batch");
+                    gone[num_gone++] = ms.failed[i].seq_id;
+                }
+                int32_t tokens[MAX_SEQS], row_errors[MAX_SEQS];
+                for (int32_t r = 0; r < ms.batch.num_logits; r++) {
                     tokens[r] = (int32_t)(ms.seq_ids[r] % VOCAB);
-                mirror_step_commit(m, tokens);
+                    row_errors[r] = ms.seq_ids[r] % 5 == 0 ? PAGODA_ERANGE : 0;
+                    if (row_errors[r] != 0)
+                        gone[num_gone++] = ms.seq_ids[r];
+                }
+                mirror_step_commit_rows(m, tokens, row_errors);
+                if (verbose)
+                    fprintf(stderr, "step: %d failed, %d gone in all, %d held\n", ms.num_failed,
+                            num_gone, mirror_num_seqs(m));
                 if (mirror_num_seqs(m) > MAX_SEQS)
                     die("more sequences than max_seqs after a step");
+                for (int32_t i = 0; i < num_gone; i++) {
+                    struct mirror_seq_view v;
+                    if (mirror_find(m, gone[i], &v) == 0)
+                        die("a sequence the step failed is still held");
+                }
             } else {
                 struct snapshot after = snap(m);
                 same(&before, &after, "a refused step changed the mirror");

@@ -40,6 +40,9 @@
 #define MAX_SLEEPS 1 /* time passing costs real time: once per input */
 #define SLEEP_US 1100
 #define KNOWN_IDS 8
+#define MAX_CLIENT_PIPES 8
+#define MAX_PARKED 3      /* cfg.max_parked_calls: small, so that the bound is reached */
+#define MAX_CONNECTIONS 4 /* cfg.max_connections: the fifth client connection is refused */
 
 /* ---- what the router does with NNG, replaced ------------------------------------------------ */
 
@@ -58,10 +61,31 @@ static struct {
     bool capture; /* aios allocated now are the router's contexts' */
     wire_handler link_handler;
     void *link_ctx;
-    nng_pipe_cb pipe_cb;
-    void *pipe_arg;
+    /* The pipe callbacks the router registered: the link's (the socket it dials) and the
+     * client socket's (the one it listens on), per event. */
+    struct {
+        nng_socket sock;
+        nng_pipe_ev ev;
+        nng_pipe_cb cb;
+        void *arg;
+    } notify[4];
+    int num_notify;
+    nng_socket link_sock;
     bool link_busy; /* wire_send refuses (a full link) */
     int link_pipes;
+    /* Client connections that arrived (ids from 1) and were not closed. */
+    uint32_t client_pipes[MAX_CLIENT_PIPES];
+    int num_client_pipes;
+    uint32_t next_pipe_id;
+    bool closed_now; /* nng_pipe_close was called on the client connection arriving */
+    /* Work queued on libuv's threadpool (the tenants file's reads), run at the next pump. */
+    struct {
+        uv_work_t *req;
+        uv_work_cb work;
+        uv_after_work_cb after;
+        bool cancelled;
+    } work[2];
+    int num_work;
     /* What the router sent the scheduler, for the scheduler's answers. */
     uint8_t ids[KNOWN_IDS][16];
     int num_ids;
@@ -147,6 +171,7 @@ void __wrap_nng_ctx_send(nng_ctx ctx, nng_aio *aio)
 
 int __wrap_nng_dial(nng_socket s, const char *url, nng_dialer *d, int flags)
 {
+    fx.link_sock = s; /* the router dials the scheduler: this socket is the link */
     return 0;
 }
 
@@ -157,9 +182,57 @@ int __wrap_nng_listen(nng_socket s, const char *url, nng_listener *l, int flags)
 
 int __wrap_nng_pipe_notify(nng_socket s, nng_pipe_ev ev, nng_pipe_cb cb, void *arg)
 {
-    fx.pipe_cb = cb;
-    fx.pipe_arg = arg;
+    if (fx.num_notify == (int)(sizeof(fx.notify) / sizeof(fx.notify[0])))
+        die("more pipe callbacks than this harness expects");
+    fx.notify[fx.num_notify].sock = s;
+    fx.notify[fx.num_notify].ev = ev;
+    fx.notify[fx.num_notify].cb = cb;
+    fx.notify[fx.num_notify].arg = arg;
+    fx.num_notify++;
     return 0;
+}
+
+/* Runs the callback registered for event ev on the link (link != 0) or the client socket. */
+static void pipe_event(bool link, uint32_t id, nng_pipe_ev ev)
+{
+    for (int i = 0; i < fx.num_notify; i++) {
+        bool is_link = fx.notify[i].sock.id == fx.link_sock.id;
+        if (is_link == link && fx.notify[i].ev == ev) {
+            nng_pipe p = NNG_PIPE_INITIALIZER;
+            p.id = id;
+            fx.notify[i].cb(p, ev, fx.notify[i].arg);
+        }
+    }
+}
+
+static void client_pipe_remove(uint32_t id)
+{
+    for (int i = 0; i < fx.num_client_pipes; i++)
+        if (fx.client_pipes[i] == id) {
+            fx.client_pipes[i] = fx.client_pipes[--fx.num_client_pipes];
+            pipe_event(false, id, NNG_PIPE_EV_REM_POST);
+            return;
+        }
+}
+
+/* The router closes a client connection (over the cap, or idle): it goes, as with NNG. */
+int __wrap_nng_pipe_close(nng_pipe p)
+{
+    if (fx.next_pipe_id != 0 && p.id == fx.next_pipe_id)
+        fx.closed_now = true;
+    client_pipe_remove(p.id);
+    return 0;
+}
+
+/* The router's housekeeping (its one repeating timer, every 100 ms) runs every millisecond here,
+ * so that an input's time passing reaches it (idle connections, expired results, the drain). */
+int __real_uv_timer_start(uv_timer_t *t, uv_timer_cb cb, uint64_t timeout, uint64_t repeat);
+
+int __wrap_uv_timer_start(uv_timer_t *t, uv_timer_cb cb, uint64_t timeout, uint64_t repeat)
+{
+    if (repeat != 0)
+        timeout = repeat = 1;
+    return __real_uv_timer_start(t, cb, timeout, repeat);
 }
 
 static int inbox_token;
@@ -206,7 +279,51 @@ int __wrap_wire_send(nng_socket s, const ProtobufCMessage *msg)
         fx.stats_cookie = m->stats->cookie;
     }
     pagoda__internal__to_scheduler__free_unpacked(m, NULL);
-    return fx.link_busy ? PAGODA_EBUSY : 0;
+    return fx.link_busy ? pagoda_error_set(PAGODA_EBUSY, "fuzz: the link is full") : 0;
+}
+
+/* Work for libuv's threadpool (a reload's read) waits until the input says it completes (then
+ * it runs on the loop's thread, and its completion before the loop runs: no race with the 1 ms
+ * timeouts, the same input takes the same path). Work cancelled before (the router closed
+ * first) completes with UV_ECANCELED without running, as libuv does for work not started. */
+int __wrap_uv_queue_work(uv_loop_t *l, uv_work_t *req, uv_work_cb work, uv_after_work_cb after)
+{
+    if (fx.num_work == (int)(sizeof(fx.work) / sizeof(fx.work[0])))
+        return UV_EBUSY;
+    req->loop = l;
+    fx.work[fx.num_work].req = req;
+    fx.work[fx.num_work].work = work;
+    fx.work[fx.num_work].after = after;
+    fx.work[fx.num_work].cancelled = false;
+    fx.num_work++;
+    return 0;
+}
+
+int __real_uv_cancel(uv_req_t *req);
+
+int __wrap_uv_cancel(uv_req_t *req)
+{
+    for (int i = 0; i < fx.num_work; i++)
+        if ((uv_req_t *)fx.work[i].req == req) {
+            fx.work[i].cancelled = true;
+            return 0;
+        }
+    return __real_uv_cancel(req);
+}
+
+static void run_work(void)
+{
+    while (fx.num_work > 0) {
+        uv_work_t *req = fx.work[0].req;
+        uv_work_cb work = fx.work[0].work;
+        uv_after_work_cb after = fx.work[0].after;
+        bool cancelled = fx.work[0].cancelled;
+        fx.num_work--;
+        memmove(&fx.work[0], &fx.work[1], (size_t)fx.num_work * sizeof(fx.work[0]));
+        if (!cancelled)
+            work(req);
+        after(req, cancelled ? UV_ECANCELED : 0);
+    }
 }
 
 /* ---- the input ------------------------------------------------------------------------------ */
@@ -281,10 +398,17 @@ static void pump(void)
     uv_run(&loop, UV_RUN_NOWAIT);
 }
 
-/* A client call on the first context not busy with another (the others' calls are parked). */
-static void client_call(struct input *in)
+/* A client call on the first context not busy with another (the others' calls are parked), on
+ * client connection conn (0: none, else the conn-th open one, as NNG sets a received message's
+ * pipe). */
+static void client_call(struct input *in, unsigned conn)
 {
     nng_msg *m = take_msg(in, MAX_CALL_BYTES);
+    if (conn > 0 && fx.num_client_pipes > 0) {
+        nng_pipe p = NNG_PIPE_INITIALIZER;
+        p.id = fx.client_pipes[(conn - 1) % (unsigned)fx.num_client_pipes];
+        nng_msg_set_pipe(m, p);
+    }
     for (int i = 0; i < fx.num_aios; i++) {
         struct fake_aio *f = &fx.aios[i];
         if (f->busy)
@@ -330,6 +454,7 @@ static void scheduler_answer(struct input *in)
     Pagoda__Internal__TenantFigures *tf_ptr = &tf;
     Pagoda__Internal__NamespaceFigures nf = PAGODA__INTERNAL__NAMESPACE_FIGURES__INIT;
     Pagoda__Internal__NamespaceFigures *nf_ptr = &nf;
+    Pagoda__Internal__ModelInfo mi = PAGODA__INTERNAL__MODEL_INFO__INIT;
     int32_t tokens[8];
     float logprobs[8];
     uint8_t id[16] = {0};
@@ -381,7 +506,14 @@ static void scheduler_answer(struct input *in)
         msg.events = &evs;
         break;
     case 2:
-        if (what & 4) {
+        if ((what & 4) && (what & 128)) { /* the model's context (valid from 2 positions) */
+            mi.has_max_position_embeddings = (what & 8) == 0;
+            mi.max_position_embeddings = u16(in);
+            if (what & 16)
+                mi.max_position_embeddings <<= 20; /* some beyond 2^32 */
+            msg.msg_case = PAGODA__INTERNAL__TO_ROUTER__MSG_MODEL;
+            msg.model = &mi;
+        } else if (what & 4) {
             st.has_cookie = st.has_running = st.has_num_blocks = st.has_free_blocks = 1;
             st.cookie = fx.stats_cookie;
             st.running = u8(in);
@@ -444,19 +576,34 @@ static void scheduler_answer(struct input *in)
 static void link_event(struct input *in)
 {
     uint8_t what = u8(in);
-    switch (what % 3) {
+    switch (what % 5) {
     case 0: /* a scheduler joins */
         fx.link_pipes++;
-        fx.pipe_cb((nng_pipe)NNG_PIPE_INITIALIZER, NNG_PIPE_EV_ADD_POST, fx.pipe_arg);
+        pipe_event(true, 1000 + (uint32_t)fx.link_pipes, NNG_PIPE_EV_ADD_POST);
         break;
     case 1:
         if (fx.link_pipes > 0) {
+            pipe_event(true, 1000 + (uint32_t)fx.link_pipes, NNG_PIPE_EV_REM_POST);
             fx.link_pipes--;
-            fx.pipe_cb((nng_pipe)NNG_PIPE_INITIALIZER, NNG_PIPE_EV_REM_POST, fx.pipe_arg);
         }
         break;
-    default:
+    case 2:
         fx.link_busy = !fx.link_busy;
+        break;
+    case 3: /* a client connects (the router closes it at once over its cap) */
+        if (fx.num_client_pipes < MAX_CLIENT_PIPES) {
+            uint32_t id = ++fx.next_pipe_id;
+            fx.closed_now = false;
+            pipe_event(false, id, NNG_PIPE_EV_ADD_PRE);
+            if (fx.closed_now)
+                pipe_event(false, id, NNG_PIPE_EV_REM_POST);
+            else
+                fx.client_pipes[fx.num_client_pipes++] = id;
+        }
+        break;
+    default: /* a client goes (its calls in progress stay: their replies find no pipe) */
+        if (fx.num_client_pipes > 0)
+            client_pipe_remove(fx.client_pipes[(what >> 3) % (unsigned)fx.num_client_pipes]);
         break;
     }
     pump();
@@ -474,6 +621,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     cfg.listen_url = "inproc://pagoda-fuzz-router";
     cfg.tenants_file = (flags & 1) ? tenants_path : NULL;
     cfg.num_contexts = NUM_CONTEXTS;
+    cfg.max_parked_calls = MAX_PARKED;
+    cfg.max_connections = MAX_CONNECTIONS;
+    cfg.idle_timeout_ms = 1;
     cfg.max_live_requests = 6;
     cfg.max_finished_requests = 4;
     cfg.finished_ttl_ms = 1;
@@ -484,16 +634,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     cfg.admin_timeout_ms = 1;
     cfg.drain_timeout_ms = 1;
     struct router *r = NULL;
+    /* Every aio the router allocates is a context's: those of router_open and those it opens
+     * on demand while calls are parked. */
     fx.capture = true;
     int rc = router_open(&loop, &cfg, &r);
-    fx.capture = false;
     if (rc != 0)
         die("router_open");
-    if (fx.pipe_cb == NULL || fx.link_handler == NULL || fx.num_aios != NUM_CONTEXTS)
+    if (fx.num_notify != 4 || fx.link_handler == NULL || fx.num_aios != NUM_CONTEXTS)
         die("the router opened differently than this harness expects");
     if (flags & 2) {
         fx.link_pipes++;
-        fx.pipe_cb((nng_pipe)NNG_PIPE_INITIALIZER, NNG_PIPE_EV_ADD_POST, fx.pipe_arg);
+        pipe_event(true, 1000 + (uint32_t)fx.link_pipes, NNG_PIPE_EV_ADD_POST);
     }
     pump();
 
@@ -505,7 +656,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         case 1:
         case 2:
         case 3:
-            client_call(&in);
+            client_call(&in, op >> 3);
             break;
         case 4: {
             nng_msg *m = take_msg(&in, MAX_CALL_BYTES);
@@ -520,7 +671,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             link_event(&in);
             break;
         default:
-            if (sleeps < MAX_SLEEPS) {
+            if (op & 16) { /* the threadpool's work (a reload's read) completes */
+                run_work();
+                pump();
+            } else if (sleeps < MAX_SLEEPS) {
                 sleeps++;
                 usleep(SLEEP_US);
                 pump();
@@ -532,6 +686,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
 
     router_close(r);
+    run_work();
     uv_run(&loop, UV_RUN_DEFAULT);
+    fx.capture = false;
     return 0;
 }

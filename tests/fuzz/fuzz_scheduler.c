@@ -83,6 +83,7 @@ struct fuzz {
     int64_t now;
     struct mirror *mirror;
     int32_t pid;
+    uint64_t pool_id; /* the pool the worker maps (a new one when kvpool restarts too) */
     bool lenient; /* raw bytes reached the worker link, or a message was lost: refusals may be
                    * legitimate */
     struct packed pending[PENDING_CAP];
@@ -206,7 +207,7 @@ static void worker_hello(struct fuzz *f, uint8_t variant)
     const struct kv_geometry *g = &f->cfg.geometry;
     pg.has_pool_id = pg.has_num_layers = pg.has_num_blocks = pg.has_block_size = 1;
     pg.has_num_kv_heads = pg.has_head_dim = pg.has_dtype = 1;
-    pg.pool_id = g->pool_id;
+    pg.pool_id = f->pool_id;
     pg.num_layers = g->num_layers;
     pg.num_blocks = g->num_blocks;
     pg.block_size = g->block_size;
@@ -240,13 +241,53 @@ static void worker_resync(struct fuzz *f, const Pagoda__Internal__Resync *r, uin
 {
     if (!mirror_synced(f->mirror) || mirror_epoch(f->mirror) != r->epoch)
         worker_hello(f, variant);
-    int rc = mirror_resync(f->mirror, r);
-    if (rc != 0 && !f->lenient && r->n_seqs > 0)
-        die("a resync of the scheduler's refused by the mirror", pagoda_error_detail());
+    int rc;
+    Pagoda__Internal__SeqResult failed[WORKER_MAX_SEQS];
+    Pagoda__Internal__SeqResult *ptrs[WORKER_MAX_SEQS];
+    size_t n_failed = 0;
+    if (r->has_pool_id && r->pool_id != f->pool_id) {
+        /* As pagoda-worker: a resync of another pool (sent before the scheduler saw the Hello
+         * of the new one) is refused, and the worker says again which pool it maps. */
+        rc = PAGODA_EMISMATCH;
+        worker_hello(f, variant);
+    } else {
+        rc = mirror_resync(f->mirror, r);
+        if (rc != 0 && !f->lenient && r->n_seqs > 0)
+            die("a resync of the scheduler's refused by the mirror", pagoda_error_detail());
+    }
+    if (rc == 0) {
+        /* The sequences the mirror left out for their own content, and (variant % 16 == 12) the
+         * first one of the snapshot as if its content were wrong (the mirror still holds it:
+         * the scheduler's next steps may be refused). */
+        const struct mirror_seq_error *errs;
+        int32_t n = mirror_resync_failures(f->mirror, &errs);
+        for (int32_t i = 0; i < n && n_failed < WORKER_MAX_SEQS; i++) {
+            pagoda__internal__seq_result__init(&failed[n_failed]);
+            failed[n_failed].has_seq_id = failed[n_failed].has_error_code = 1;
+            failed[n_failed].seq_id = errs[i].seq_id;
+            failed[n_failed].error_code = errs[i].code;
+            failed[n_failed].error_message = (char *)errs[i].message;
+            ptrs[n_failed] = &failed[n_failed];
+            n_failed++;
+        }
+        if (variant % 16 == 12 && r->n_seqs > 0 && n_failed < WORKER_MAX_SEQS) {
+            pagoda__internal__seq_result__init(&failed[n_failed]);
+            failed[n_failed].has_seq_id = failed[n_failed].has_error_code = 1;
+            failed[n_failed].seq_id = r->seqs[0]->seq_id;
+            failed[n_failed].error_code = PAGODA_ERANGE;
+            failed[n_failed].error_message = "a token id outside the vocabulary";
+            ptrs[n_failed] = &failed[n_failed];
+            n_failed++;
+            f->lenient = true;
+        }
+    }
     Pagoda__Internal__ResyncDone d = PAGODA__INTERNAL__RESYNC_DONE__INIT;
-    d.has_epoch = d.has_resync_id = 1;
+    d.has_epoch = d.has_resync_id = d.has_pool_id = 1;
     d.epoch = r->epoch;
     d.resync_id = r->resync_id;
+    d.pool_id = f->pool_id;
+    d.n_failed = n_failed;
+    d.failed = ptrs;
     if (rc != 0) {
         d.has_error_code = 1;
         d.error_code = rc;
@@ -269,9 +310,11 @@ static void worker_step(struct fuzz *f, const Pagoda__Internal__Step *s, uint8_t
     r.has_epoch = r.has_step_id = r.has_computed_tokens = 1;
     r.epoch = s->epoch;
     r.step_id = s->step_id;
-    Pagoda__Internal__SeqResult results[WORKER_MAX_SEQS];
-    Pagoda__Internal__SeqResult *ptrs[WORKER_MAX_SEQS];
-    int32_t tokens[WORKER_MAX_SEQS];
+    /* Sampled rows, then the sequences the step failed (as pagoda-worker answers). */
+    Pagoda__Internal__SeqResult results[3 * WORKER_MAX_SEQS];
+    Pagoda__Internal__SeqResult *ptrs[3 * WORKER_MAX_SEQS];
+    int32_t tokens[WORKER_MAX_SEQS], row_codes[WORKER_MAX_SEQS];
+    bool row_failed = false;
     if (rc == 0 && how % 16 == 14) { /* the forward pass fails */
         mirror_step_abort(f->mirror);
         rc = PAGODA_EIO;
@@ -282,16 +325,36 @@ static void worker_step(struct fuzz *f, const Pagoda__Internal__Step *s, uint8_t
             tokens[i] = token(in);
             if (tokens[i] < 0 || tokens[i] >= VOCAB)
                 f->lenient = true; /* a broken result: the scheduler resyncs */
+            /* how % 16 == 13: the first row cannot be sampled (logits not finite): that
+             * sequence alone fails. */
+            row_codes[i] = (how % 16 == 13 && i == 0 && ms.batch.num_tokens > 0) ? PAGODA_ERANGE : 0;
+            row_failed |= row_codes[i] != 0;
             pagoda__internal__seq_result__init(&results[i]);
-            results[i].has_seq_id = results[i].has_token_id = results[i].has_logprob = 1;
+            results[i].has_seq_id = 1;
             results[i].seq_id = ms.seq_ids[i];
-            results[i].token_id = tokens[i];
-            results[i].logprob = -0.5f;
+            if (row_codes[i] != 0) {
+                results[i].has_error_code = 1;
+                results[i].error_code = row_codes[i];
+                results[i].error_message = "logits that are not finite";
+            } else {
+                results[i].has_token_id = results[i].has_logprob = 1;
+                results[i].token_id = tokens[i];
+                results[i].logprob = -0.5f;
+            }
             ptrs[i] = &results[i];
         }
-        mirror_step_commit(f->mirror, tokens);
+        size_t n = (size_t)ms.batch.num_logits;
+        for (int32_t i = 0; i < ms.num_failed && n < 3 * WORKER_MAX_SEQS; i++, n++) {
+            pagoda__internal__seq_result__init(&results[n]);
+            results[n].has_seq_id = results[n].has_error_code = 1;
+            results[n].seq_id = ms.failed[i].seq_id;
+            results[n].error_code = ms.failed[i].code;
+            results[n].error_message = (char *)ms.failed[i].message;
+            ptrs[n] = &results[n];
+        }
+        mirror_step_commit_rows(f->mirror, tokens, row_failed ? row_codes : NULL);
         f->computed_tokens += (uint64_t)ms.batch.num_tokens;
-        r.n_results = (size_t)ms.batch.num_logits;
+        r.n_results = n;
         r.results = ptrs;
     } else if (!f->lenient) {
         die("a step of the scheduler's refused by the mirror", pagoda_error_detail());
@@ -537,6 +600,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                               .to_supervisor = io_to_supervisor};
     if (scheduler_open(&f->cfg, &io, &f->s) != 0)
         die("scheduler_open", pagoda_error_detail());
+    f->pool_id = f->cfg.geometry.pool_id;
     worker_start(f, 100);
     scheduler_tick(f->s, f->now);
 
@@ -570,6 +634,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         case 8:
             if (op & 16) /* the worker process restarts: a new pid, an empty mirror */
                 worker_start(f, f->pid + 1);
+            if ((op & 16) && (op & 128)) /* and kvpool with it: a new pool */
+                f->pool_id++;
             worker_hello(f, op >> 5);
             break;
         default:

@@ -78,8 +78,11 @@ static void call(struct script *s, Pagoda__ClientRequest *req)
     put_msg(s, &req->base);
 }
 
-static void submit(struct script *s, const char *key, uint8_t *id, size_t id_len, size_t n_prompt,
-                   int32_t max_tokens, float temperature)
+/* submit_body and poll_body write a call's record only (its op byte, which names the client
+ * connection, written before); submit and poll_call write OP_CALL first (no connection). */
+
+static void submit_body(struct script *s, const char *key, uint8_t *id, size_t id_len,
+                        size_t n_prompt, int32_t max_tokens, float temperature)
 {
     int32_t prompt[80];
     for (size_t i = 0; i < n_prompt && i < 80; i++)
@@ -106,10 +109,17 @@ static void submit(struct script *s, const char *key, uint8_t *id, size_t id_len
     req.api_key = (char *)key;
     req.call_case = PAGODA__CLIENT_REQUEST__CALL_SUBMIT;
     req.submit = &sub;
-    call(s, &req);
+    put_msg(s, &req.base);
 }
 
-static void poll_call(struct script *s, const char *key, uint8_t *id, uint32_t offset,
+static void submit(struct script *s, const char *key, uint8_t *id, size_t id_len, size_t n_prompt,
+                   int32_t max_tokens, float temperature)
+{
+    put_byte(s, OP_CALL);
+    submit_body(s, key, id, id_len, n_prompt, max_tokens, temperature);
+}
+
+static void poll_body(struct script *s, const char *key, uint8_t *id, uint32_t offset,
                       uint32_t wait_ms)
 {
     Pagoda__PollRequest p = PAGODA__POLL_REQUEST__INIT;
@@ -122,7 +132,14 @@ static void poll_call(struct script *s, const char *key, uint8_t *id, uint32_t o
     req.api_key = (char *)key;
     req.call_case = PAGODA__CLIENT_REQUEST__CALL_POLL;
     req.poll = &p;
-    call(s, &req);
+    put_msg(s, &req.base);
+}
+
+static void poll_call(struct script *s, const char *key, uint8_t *id, uint32_t offset,
+                      uint32_t wait_ms)
+{
+    put_byte(s, OP_CALL);
+    poll_body(s, key, id, offset, wait_ms);
 }
 
 static void cancel_call(struct script *s, const char *key, uint8_t *id)
@@ -299,6 +316,93 @@ static void router_seeds(void)
     put_byte(&s, 0);
     put_bytes(&s, "\x0a\xff", 2);
     write_seed("router", "refusals.bin", &s);
+
+    /* The front: client connections (the fifth over the cap of 4), calls on them, parked polls
+     * up to the bound (max_parked_calls 3) and one beyond it, a Stats refused while they wait,
+     * Health still answered; the model's context lowering the prompt limit; a finished request
+     * resent (recognised without its prompt); time passing (idle connections closed). */
+    s.len = 0;
+    put_byte(&s, 2);
+    for (int i = 0; i < 5; i++) {
+        put_byte(&s, OP_LINK);
+        put_byte(&s, 3);
+    }
+    put_byte(&s, OP_CALL | 8); /* on the first connection */
+    submit_body(&s, NULL, ID_A, 16, 4, 8, 0.0f);
+    for (uint8_t conn = 1; conn <= 4; conn++) {
+        put_byte(&s, (uint8_t)(OP_CALL | conn << 3));
+        poll_body(&s, NULL, ID_A, 0, 1000);
+    }
+    simple_call(&s, NULL, 1); /* Stats: the parked calls are at the bound */
+    simple_call(&s, NULL, 0); /* Health */
+    answer_events(&s, 0, 0, 8, true);
+    submit(&s, NULL, ID_A, 16, 4, 8, 0.0f); /* resent once finished */
+    submit(&s, NULL, ID_A, 16, 5, 8, 0.0f); /* the same id, another prompt */
+    put_byte(&s, OP_ANSWER);                /* ModelInfo: a context of 40 positions */
+    put_byte(&s, 2 | 4 | 128);
+    put_byte(&s, 40);
+    put_byte(&s, 0);
+    submit(&s, NULL, ID_B, 16, 50, 8, 0.0f); /* over the lowered limit */
+    put_byte(&s, OP_ANSWER);                 /* ModelInfo without its field */
+    put_byte(&s, 2 | 4 | 8 | 128);
+    put_byte(&s, 0);
+    put_byte(&s, 0);
+    put_byte(&s, OP_ANSWER); /* ModelInfo: 2^32 positions, beyond the field's range */
+    put_byte(&s, 2 | 4 | 16 | 128);
+    put_byte(&s, 0);
+    put_byte(&s, 16);
+    put_byte(&s, OP_ANSWER); /* ModelInfo: 2^20 positions, the configured limit again */
+    put_byte(&s, 2 | 4 | 16 | 128);
+    put_byte(&s, 1);
+    put_byte(&s, 0);
+    submit(&s, NULL, ID_B, 16, 50, 8, 0.0f);
+    put_byte(&s, OP_LINK); /* the second connection goes (what % 5 == 4, index what >> 3) */
+    put_byte(&s, 4 + 5);
+    put_byte(&s, OP_TIME);
+    put_byte(&s, OP_CALL | 8);
+    poll_body(&s, NULL, ID_B, 0, 0);
+    simple_call(&s, NULL, 1);
+    put_byte(&s, OP_ANSWER);
+    put_byte(&s, 2 | 4); /* stats */
+    put_byte(&s, 2);
+    put_byte(&s, 40);
+    write_seed("router", "front.bin", &s);
+
+    /* With tenants: a tenant's own Stats, answered (alice) and answered with another tenant's
+     * figures (bob); a reload read on the threadpool, and a second one while it reads. */
+    s.len = 0;
+    put_byte(&s, 3);
+    submit(&s, "k1", ID_A, 16, 4, 8, 0.0f);
+    simple_call(&s, "k1", 1);
+    put_byte(&s, OP_ANSWER);
+    put_byte(&s, 3 | 8 | 16 | 32);
+    for (int i = 0; i < 6; i++)
+        put_byte(&s, (uint8_t)(i + 3));
+    simple_call(&s, "k3", 1);
+    put_byte(&s, OP_ANSWER);
+    put_byte(&s, 3 | 16);
+    for (int i = 0; i < 6; i++)
+        put_byte(&s, 1);
+    simple_call(&s, "k3", 1);
+    put_byte(&s, OP_ANSWER);
+    put_byte(&s, 3 | 4);
+    for (int i = 0; i < 6; i++)
+        put_byte(&s, 1);
+    a.op_case = PAGODA__ADMIN_REQUEST__OP_RELOAD;
+    a.reload = &reload;
+    admin_call(&s, "adm", &a);
+    admin_call(&s, "adm", &a);
+    put_byte(&s, OP_TIME | 16); /* the read completes: the Policy goes out */
+    put_byte(&s, OP_ANSWER);    /* and is applied */
+    put_byte(&s, 2 | 16 | 32);
+    put_byte(&s, 3);
+    admin_call(&s, "adm", &a); /* a reload that the router's close cancels */
+    simple_call(&s, "adm", 1);
+    put_byte(&s, OP_ANSWER);
+    put_byte(&s, 2 | 4);
+    put_byte(&s, 1);
+    put_byte(&s, 50);
+    write_seed("router", "tenant_stats.bin", &s);
 }
 
 /* ---- the mirror's messages (fuzz_mirror.c) -------------------------------------------------- */
@@ -446,6 +550,64 @@ static void mirror_seeds(void)
     tokens[4] = 100;
     to_worker_resync(&s, 3, 1, snaps, 1);
     write_seed("mirror", "bad_resync.bin", &s);
+
+    /* Per-sequence failures: a resync of the scheduler's pool (pool_id) with a sequence whose
+     * token is outside the vocabulary (left out, the others kept), then a step with a valid new
+     * sequence, one with a token outside the vocabulary (failed alone) and seq 5 (whose row
+     * fuzz_mirror fails at commit), then a step continuing the survivor. */
+    s.len = 0;
+    tokens[4] = 100;
+    Pagoda__Internal__SequenceSnapshot good = snap;
+    good.seq_id = 8;
+    good.token_ids = tokens + 5;
+    good.n_token_ids = 14;
+    good.block_ids = blocks_b;
+    Pagoda__Internal__SequenceSnapshot *two[2] = {&snap, &good};
+    Pagoda__Internal__Resync rs = PAGODA__INTERNAL__RESYNC__INIT;
+    rs.has_epoch = rs.has_resync_id = rs.has_next_step_id = rs.has_pool_id = 1;
+    rs.epoch = 6;
+    rs.resync_id = 2;
+    rs.next_step_id = 1;
+    rs.pool_id = 9;
+    rs.n_seqs = 2;
+    rs.seqs = two;
+    Pagoda__Internal__ToWorker tw = PAGODA__INTERNAL__TO_WORKER__INIT;
+    tw.msg_case = PAGODA__INTERNAL__TO_WORKER__MSG_RESYNC;
+    tw.resync = &rs;
+    put_msg(&s, &tw.base);
+    rs.n_seqs = 0; /* an empty one: the mirror is empty again */
+    put_msg(&s, &tw.base);
+    tokens[4] = 7;
+    int32_t bad_tokens[4] = {3, 4, 1000, 5};
+    Pagoda__Internal__NewSequence nbad = na;
+    nbad.seq_id = 3;
+    nbad.n_token_ids = 4;
+    nbad.token_ids = bad_tokens;
+    nbad.num_prompt_tokens = 4;
+    nbad.n_block_ids = 1;
+    nbad.block_ids = more;
+    nbad.num_new_tokens = 4;
+    Pagoda__Internal__NewSequence nfive = nbad;
+    nfive.seq_id = 5;
+    nfive.token_ids = tokens;
+    nfive.block_ids = blocks_b;
+    Pagoda__Internal__NewSequence *three[3] = {&na, &nbad, &nfive};
+    st = (Pagoda__Internal__Step)PAGODA__INTERNAL__STEP__INIT;
+    st.has_epoch = st.has_step_id = 1;
+    st.epoch = 6;
+    st.step_id = 1;
+    st.n_new_seqs = 3;
+    st.new_seqs = three;
+    to_worker_step(&s, &st);
+    ca.seq_id = 1;
+    ca.num_computed_tokens = 12;
+    ca.num_new_tokens = 1;
+    st.step_id = 2;
+    st.n_new_seqs = 0;
+    st.n_cont_seqs = 1;
+    st.cont_seqs = conts;
+    to_worker_step(&s, &st);
+    write_seed("mirror", "failures.bin", &s);
 }
 
 int main(int argc, char **argv)

@@ -162,7 +162,10 @@ put("safetensors", "huge_length.safetensors", struct.pack("<Q", 2**63) + b"{}")
 
 # ---- scheduler scripts (fuzz_scheduler.c: three configuration bytes, then commands) ----
 OP_RAW_ROUTER, OP_RAW_WORKER, OP_TICK, OP_SUBMIT, OP_CANCEL, OP_ANSWER, OP_HELLO = 0, 1, 2, 3, 5, 6, 8
-OP_MISC, OP_POLICY = 9, 9 | 16
+# An op byte is read modulo 10, its other bits by mask: 19 is 9 with bit 16 (a policy), 18 is 8
+# with bit 16 (the worker restarted), 148 is 8 with bits 16 and 128 (and kvpool: a new pool).
+OP_MISC, OP_POLICY = 9, 19
+OP_RESTART, OP_NEW_POOL = 18, 148
 
 
 def tok(t):
@@ -184,7 +187,8 @@ def submit(idn, prompt, max_tokens, sampling=None, stop=None, output=None, tenan
 
 
 def answer(how=0, tokens=()):
-    """The worker answers the oldest message: how (15: lost, 14: the step fails), then 8 tokens."""
+    """The worker answers the oldest message: how (15: lost, 14: the step fails, 13: its first
+    row fails, 12: a resync's first sequence is left out), then 8 tokens."""
     tokens = list(tokens) + [0] * (8 - len(tokens))
     return bytes([OP_ANSWER, how]) + b"".join(tok(t) for t in tokens)
 
@@ -226,10 +230,24 @@ faults = bytes([0x49, 0x01, 0x10]) + start
 faults += submit(5, list(range(3, 20)), 10, output=[30, 31])
 faults += bytes([OP_TICK, 1]) + answer(15)  # a step lost
 faults += bytes([OP_TICK, 255, OP_TICK, 10]) + answer() + answer() + run_steps(2)
-faults += bytes([OP_HELLO | 16]) + answer() + answer() + run_steps(3)  # a new worker
+faults += bytes([OP_RESTART]) + answer() + answer() + run_steps(3)  # a new worker
 faults += bytes([OP_TICK, 1]) + answer(14)  # the forward pass fails
 faults += bytes([OP_RAW_WORKER, 4, 0, 0x5a, 0x02, 0x08, 0x07])  # a ResyncDone of epoch 7
 faults += bytes([OP_RAW_ROUTER, 3, 0, 0xa2, 0x01, 0x00])  # a bare Submit
 faults += bytes([OP_RAW_ROUTER, 2, 0, 0xff, 0xff])  # not a ToScheduler
 faults += run_steps(4)
 put("scheduler", "faults.bin", faults)
+
+# Per-sequence failures (as pagoda-worker answers since the stall work): a row that cannot be
+# sampled fails its sequence alone (how 13); a new worker on a new pool (kvpool restarted: the
+# scheduler adopts the pool and resyncs, the resyncs of the old pool are refused); a resync
+# answer that leaves a sequence out (how 12: ResyncDone.failed).
+stall = bytes([0x49, 0x03, 0x20]) + start
+stall += submit(6, list(range(3, 15)), 8)
+stall += submit(7, list(range(20, 30)), 8)
+stall += bytes([OP_TICK, 1]) + answer(13, [40, 41]) + run_steps(3)
+stall += bytes([OP_NEW_POOL]) + answer() + answer() + answer() + run_steps(2)
+stall += submit(8, list(range(30, 44)), 8)
+stall += bytes([OP_TICK, 1]) + answer(15)  # a step lost: the scheduler resyncs
+stall += bytes([OP_TICK, 255, OP_TICK, 10]) + answer(12) + answer() + run_steps(4)
+put("scheduler", "stall.bin", stall)
