@@ -9,14 +9,20 @@
  * mailbox wakes its loop and the loop handles the call. A reply (nng_ctx_send) is taken here,
  * and it must unpack as a ClientResponse; every message the router sends the scheduler
  * (wire_send) must unpack as a ToScheduler. Messages from the scheduler go to the handler the
- * router gave wire_inbox_open, and the scheduler's arrival and departure to its pipe callback.
- * So the whole path a peer reaches runs as in pagoda-router, with no change to the router.
+ * router gave wire_inbox_open, and the scheduler's arrival and departure to the link's pipe
+ * callback; client connections arrive and go through the client socket's pipe callback (the
+ * router caps them and closes idle ones, with nng_pipe_close), and a call carries its
+ * connection as NNG's received message does. Contexts the router opens on demand (while calls
+ * are parked) are the harness's too. The router's housekeeping runs every millisecond instead of
+ * every 100, and a reload's read (libuv's threadpool) completes when the input says. So the
+ * whole path a peer reaches runs as in pagoda-router, with no change to the router.
  *
  * The input: a flags byte (a tenants file or none; the scheduler there from the start), then
  * commands: a client call of raw bytes (the common case), raw bytes from the scheduler, a
  * well-formed message from the scheduler built from the input and from what the router sent
  * it (token events for the requests it submitted, stats, PolicyApplied, AdminResult answering
- * the router's cookies), the link going down or up or refusing sends, and a little time passing
+ * the router's cookies, ModelInfo), the link going down or up or refusing sends, client
+ * connections arriving or going, the threadpool's work completing, and a little time passing
  * (the router's timeouts are set to 1 ms so that parked calls time out). */
 #include "common/error.h"
 #include "common/log.h"

@@ -8,7 +8,9 @@
  * input's bytes (submits, cancels, policies, admin calls, Hellos), or lets time pass, or lets the
  * worker answer. The worker is the real worker's logic: its mirror (worker/mirror.h) applies
  * each Step and Resync the scheduler sent, exactly as pagoda-worker does, and answers with
- * tokens taken from the input (sometimes an EOS id, sometimes outside the vocabulary). So the
+ * tokens taken from the input (sometimes an EOS id, sometimes outside the vocabulary), with the
+ * sequences a step or resync failed alone (SeqResult.error_code, ResyncDone.failed; sometimes
+ * a row that cannot be sampled) and the pool it maps (a new one when kvpool restarts). So the
  * scheduler is driven through long, valid exchanges that hostile bytes can interrupt at any
  * point.
  *
@@ -84,8 +86,8 @@ struct fuzz {
     struct mirror *mirror;
     int32_t pid;
     uint64_t pool_id; /* the pool the worker maps (a new one when kvpool restarts too) */
-    bool lenient; /* raw bytes reached the worker link, or a message was lost: refusals may be
-                   * legitimate */
+    bool lenient;     /* raw bytes reached the worker link, or a message was lost: refusals may be
+                       * legitimate */
     struct packed pending[PENDING_CAP];
     size_t head, count;
     uint64_t policy_version, cookie;
@@ -327,7 +329,8 @@ static void worker_step(struct fuzz *f, const Pagoda__Internal__Step *s, uint8_t
                 f->lenient = true; /* a broken result: the scheduler resyncs */
             /* how % 16 == 13: the first row cannot be sampled (logits not finite): that
              * sequence alone fails. */
-            row_codes[i] = (how % 16 == 13 && i == 0 && ms.batch.num_tokens > 0) ? PAGODA_ERANGE : 0;
+            row_codes[i] =
+                (how % 16 == 13 && i == 0 && ms.batch.num_tokens > 0) ? PAGODA_ERANGE : 0;
             row_failed |= row_codes[i] != 0;
             pagoda__internal__seq_result__init(&results[i]);
             results[i].has_seq_id = 1;
