@@ -205,6 +205,7 @@ struct supervisor {
     uv_timer_t ready_timer;    /* the start of the awaited child */
     uv_timer_t stop_timer;     /* the bound of the current stop stage */
     uv_timer_t liveness_timer; /* every --heartbeat-ms: who stopped sending */
+    uint64_t liveness_tick_ms; /* loop time of the last liveness check (or of its start) */
     int timers_init;
 
     struct child children[2 + SUP_MAX_WORKERS + 1]; /* in start order */
@@ -1277,17 +1278,36 @@ static void on_heartbeat(struct supervisor *sup, const char *sender, int pid)
 /* Every --heartbeat-ms: a program that has shown signs of life (a ready or a heartbeat: before
  * them it may be loading, which the ready timeout bounds) and then stays silent for
  * --heartbeat-ms x --heartbeat-misses has a loop that no longer runs; SIGKILL it (SIGTERM would
- * need that loop), and its exit restarts it with the usual back-off. */
+ * need that loop), and its exit restarts it with the usual back-off.
+ *
+ * Workers are left to the scheduler's step watchdog (on_hung): a worker runs each step on its
+ * loop, and a long step (a long prefill on the CPU backend, a sanitizer build) may outlast any
+ * fixed heartbeat limit while it is making progress; the scheduler knows when a step is due and
+ * lengthens its wait for slow steps, so it tells a hung worker from a slow one.
+ *
+ * When this check itself runs late (the supervisor's loop was stopped: SIGSTOP, a frozen cgroup,
+ * swapping), libuv runs timers before reading the heartbeats that queued meanwhile: every child
+ * would look silent. Such a late tick only restarts the count. */
 static void on_liveness_timer(uv_timer_t *t)
 {
     struct supervisor *sup = t->data;
     if (sup->phase != PHASE_STARTING && sup->phase != PHASE_RUNNING)
         return;
     uint64_t now = uv_now(&sup->loop);
+    uint64_t last = sup->liveness_tick_ms;
+    sup->liveness_tick_ms = now;
+    if (now - last > 2 * sup->opts.heartbeat_ms) {
+        log_warn("the liveness check ran %llu ms late (this supervisor was stopped?): counting "
+                 "every program's silence from now",
+                 (unsigned long long)(now - last - sup->opts.heartbeat_ms));
+        for (int i = 0; i < sup->num_children; i++)
+            sup->children[i].alive_ms = now;
+        return;
+    }
     uint64_t limit_ms = sup->opts.heartbeat_ms * (uint64_t)sup->opts.heartbeat_misses;
     for (int i = 0; i < sup->num_children; i++) {
         struct child *c = &sup->children[i];
-        if (c->state != CHILD_RUNNING || !c->watched || c->hung_killed ||
+        if (c->state != CHILD_RUNNING || !c->watched || c->hung_killed || c->role == ROLE_WORKER ||
             now - c->alive_ms <= limit_ms)
             continue;
         log_warn("%s (pid %d) sent no heartbeat for %llu ms (--heartbeat-ms %llu x "
@@ -1477,9 +1497,11 @@ static int open_loop(struct supervisor *sup)
     snprintf(text, sizeof(text), "%d\n", (int)getpid());
     if ((rc = write_file_atomic(sup->pid_path, text)) != 0)
         return rc;
-    if (sup->opts.heartbeat_ms > 0)
+    if (sup->opts.heartbeat_ms > 0) {
+        sup->liveness_tick_ms = uv_now(&sup->loop);
         uv_timer_start(&sup->liveness_timer, on_liveness_timer, sup->opts.heartbeat_ms,
                        sup->opts.heartbeat_ms);
+    }
     return 0;
 }
 

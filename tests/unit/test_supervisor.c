@@ -1092,6 +1092,39 @@ static void test_stopped_program_is_killed_and_restarted(void **state)
     stop_sup(f);
 }
 
+/* The supervisor itself stopped for longer than the heartbeat limit (a frozen cgroup, SIGSTOP):
+ * when it runs again its late liveness check must not take the heartbeats that queued meanwhile
+ * for silence: no program is killed. And a stopped worker is left to the scheduler's step
+ * watchdog (a worker's loop runs long steps), so heartbeats never kill it. */
+static void test_stopped_supervisor_kills_nobody(void **state)
+{
+    struct fx *f = *state;
+    const char *extra[] = {"--heartbeat-ms", "100", "--heartbeat-misses", "5", NULL};
+    start_sup(f, extra);
+    assert_true(wait_ready_file(f, 10000));
+    assert_int_equal(kill(f->sup, SIGSTOP), 0);
+    sleep_ms(1500);
+    assert_int_equal(kill(f->sup, SIGCONT), 0);
+    int worker = fake_pid(f, "worker-0");
+    assert_true(worker > 0);
+    assert_int_equal(kill(worker, SIGSTOP), 0);
+    sleep_ms(1500);
+    assert_int_equal(kill(worker, 0), 0); /* still there */
+    assert_int_equal(kill(worker, SIGCONT), 0);
+    struct ev *evs = events;
+    int n = load_events(f, evs);
+    assert_int_equal(count_ev(evs, n, "start", "router"), 1);
+    assert_int_equal(count_ev(evs, n, "start", "kvpool"), 1);
+    assert_int_equal(count_ev(evs, n, "start", "worker-0"), 1);
+    assert_int_equal(count_ev(evs, n, "start", "scheduler"), 1);
+    assert_output_has(f, "ms late (this supervisor was stopped?)");
+    stop_sup(f);
+    char *text = read_text(f->out);
+    assert_non_null(text);
+    assert_null(strstr(text, "sent no heartbeat for"));
+    free(text);
+}
+
 /* The same for a program that is running but whose loop no longer turns (the fake stops its
  * loop, heartbeats included, and ignores SIGTERM). */
 static void test_hung_loop_is_killed_and_restarted(void **state)
@@ -1238,6 +1271,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_stopped_program_is_killed_and_restarted, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_hung_loop_is_killed_and_restarted, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_stopped_supervisor_kills_nobody, setup, teardown),
         cmocka_unit_test_setup_teardown(test_heartbeat_off_leaves_a_stopped_program, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_sigterm_drains_in_order, setup, teardown),
