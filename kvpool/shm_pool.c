@@ -294,6 +294,17 @@ int kv_shm_pool_open(const char *name, const struct kv_geometry *expected, struc
         rc = errno_error(name, "fstat");
         goto fail;
     }
+    /* The name is predictable and /dev/shm is writable by everyone: a segment another user made
+     * (or may read or write) is not ours, whatever its header says. Adopting it would let that
+     * user read every tenant's K/V or change the answers. Pools are created 0600. */
+    if (st.st_uid != geteuid() || (st.st_mode & 077) != 0) {
+        rc = pagoda_error_set(PAGODA_EPERM,
+                              "kv pool %s: owned by uid %u with mode %03o: a pool must belong to "
+                              "this user (uid %u) with no access for others; refusing it",
+                              name, (unsigned)st.st_uid, (unsigned)(st.st_mode & 0777),
+                              (unsigned)geteuid());
+        goto fail;
+    }
     uint64_t size = (uint64_t)st.st_size;
     if (size == 0) {
         rc = pagoda_error_set(PAGODA_EBUSY,

@@ -400,6 +400,33 @@ static void test_unlink_removes_the_name(void **state)
     assert_true(((float *)kv_shm_pool_data(f->other))[0] == 0.0f);
 }
 
+/* A segment under the pool's name that others may access, or that another user owns, is
+ * refused whatever its header says: /dev/shm is writable by everyone and the name predictable. */
+static void test_open_refuses_a_segment_not_ours(void **state)
+{
+    struct fixture *f = *state;
+    struct kv_geometry g = test_geometry();
+    struct kv_shm_pool *p = NULL;
+    assert_int_equal(kv_shm_pool_create(f->name, &g, &f->pool), 0);
+    int fd = shm_open(f->name, O_RDWR, 0);
+    assert_true(fd >= 0);
+    assert_int_equal(fchmod(fd, 0666), 0);
+    assert_int_equal(kv_shm_pool_open(f->name, &g, &p), PAGODA_EPERM);
+    expect_detail("mode 666");
+    assert_null(p);
+    assert_int_equal(fchmod(fd, 0600), 0);
+    assert_int_equal(kv_shm_pool_open(f->name, &g, &p), 0);
+    kv_shm_pool_close(p);
+    p = NULL;
+    if (geteuid() == 0) {
+        assert_int_equal(fchown(fd, 65534, 65534), 0);
+        assert_int_equal(kv_shm_pool_open(f->name, &g, &p), PAGODA_EPERM);
+        expect_detail("owned by uid 65534");
+        assert_null(p);
+    }
+    close(fd);
+}
+
 /* Creating a name that exists fails with PAGODA_EEXIST and leaves what is there alone, be it
  * a pool or some other segment. */
 static void test_create_existing_name_fails(void **state)
@@ -498,6 +525,7 @@ int main(void)
         T(test_open_refuses_wrong_size),
         T(test_open_refuses_pool_not_ready),
         T(test_unlink_removes_the_name),
+        T(test_open_refuses_a_segment_not_ours),
         T(test_create_existing_name_fails),
         T(test_create_refuses_bad_input),
         T(test_create_too_large_is_refused),
