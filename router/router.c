@@ -1418,18 +1418,20 @@ static void handle_health(struct router *r, struct rctx *c)
  * no tenants file the one default tenant is everyone, and any key gets the engine's. */
 static void handle_stats(struct router *r, struct rctx *c, uint32_t tenant, int admin)
 {
+    /* Every Stats call parks until the scheduler answers, a tenant's too: all of them count
+     * against --max-parked. */
+    if (r->num_parked >= r->cfg.max_parked_calls) {
+        r->parked_refused++;
+        router_reply_error(c, PAGODA_EBUSY, "stats: %u calls wait already: retry later",
+                           r->num_parked);
+        return;
+    }
     if (r->tenants != NULL && !admin) {
         admin_tenant_stats(r, c, tenant);
         return;
     }
     if (!router_link_up(r)) {
         router_reply_error(c, PAGODA_ECLOSED, "stats: the scheduler link is down");
-        return;
-    }
-    if (r->num_parked >= r->cfg.max_parked_calls) {
-        r->parked_refused++;
-        router_reply_error(c, PAGODA_EBUSY, "stats: %u calls wait already: retry later",
-                           r->num_parked);
         return;
     }
     Pagoda__Internal__StatsRequest sreq = PAGODA__INTERNAL__STATS_REQUEST__INIT;

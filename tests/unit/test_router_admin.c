@@ -833,6 +833,49 @@ static void test_finished_results_tenant_bound(void **state)
 }
 
 /* A tenant's key gets its own figures only; an admin key the engine's. */
+struct stats_call {
+    pagoda_client *c;
+    int rc;
+};
+
+static void *stats_thread(void *arg)
+{
+    struct stats_call *sc = arg;
+    pagoda_engine_stats st;
+    sc->rc = pagoda_stats(sc->c, &st);
+    return NULL;
+}
+
+/* A tenant's Stats parks until the scheduler answers, like an admin's: they count against
+ * --max-parked, so a tenant calling Stats in a loop cannot hold an unbounded number of the
+ * router's calls (and contexts) while the scheduler is slow. */
+static void test_tenant_stats_count_against_max_parked(void **state)
+{
+    (void)state;
+    static const char *const extra[] = {"--max-parked", "2", NULL};
+    struct admin_env a;
+    env_start(&a, tenants_json, extra);
+    wait_policies(&a, 1);
+    fake_sched_hold_admin(a.e.fs, 1);
+    struct stats_call calls[2];
+    pthread_t t[2];
+    for (int i = 0; i < 2; i++) {
+        calls[i].c = client_with_key(&a, "alice-key");
+        pthread_create(&t[i], NULL, stats_thread, &calls[i]);
+    }
+    usleep(500 * 1000); /* both parked in the router */
+    pagoda_client *bob = client_with_key(&a, "bob-key");
+    pagoda_engine_stats st;
+    assert_int_equal(pagoda_stats(bob, &st), PAGODA_EBUSY);
+    fake_sched_hold_admin(a.e.fs, 0);
+    for (int i = 0; i < 2; i++) {
+        pthread_join(t[i], NULL);
+        pagoda_client_close(calls[i].c);
+    }
+    pagoda_client_close(bob);
+    env_stop(&a);
+}
+
 static void test_stats_are_per_tenant(void **state)
 {
     (void)state;
@@ -1166,6 +1209,7 @@ int main(void)
         cmocka_unit_test(test_finished_results_do_not_evict_other_tenants),
         cmocka_unit_test(test_finished_results_tenant_bound),
         cmocka_unit_test(test_stats_are_per_tenant),
+        cmocka_unit_test(test_tenant_stats_count_against_max_parked),
         cmocka_unit_test(test_reload_fifo_does_not_block_others),
         cmocka_unit_test(test_reload_refuses_directory_and_large_file),
     };
