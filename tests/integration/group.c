@@ -78,6 +78,12 @@ int group_start(struct group *g, const char *const *extra)
         for (size_t i = 0; i < sizeof(gpu) / sizeof(gpu[0]); i++)
             argv[n++] = gpu[i];
     }
+    /* The supervisor's liveness check scales like every other wait (a sanitizer build's loops
+     * turn slower); a test's own --heartbeat-ms, later among the flags, wins. */
+    char heartbeat[24];
+    snprintf(heartbeat, sizeof(heartbeat), "%ld", 1000 * group_time_scale());
+    argv[n++] = "--heartbeat-ms";
+    argv[n++] = heartbeat;
     for (int i = 0; extra != NULL && extra[i] != NULL && n < 62; i++)
         argv[n++] = extra[i];
     argv[n] = NULL;
