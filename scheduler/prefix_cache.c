@@ -366,7 +366,10 @@ struct pc_entry *prefix_cache_insert(struct prefix_cache *pc, struct pc_namespac
                                      struct pc_entry *parent_entry, struct pc_key key,
                                      struct pc_key parent, const int32_t *tokens, int32_t block)
 {
-    if (!pc->has_root || find(ns, key) != NULL)
+    /* Nothing goes under a flushed (detached) parent: such an entry would be found again once
+     * the parent's key is cached anew, in use under a parent nobody uses, and would keep the
+     * flushed blocks from being freed. */
+    if (!pc->has_root || find(ns, key) != NULL || (parent_entry && parent_entry->detached))
         return NULL;
     if (ns->count >= ns->num_buckets && table_grow(ns) != 0)
         return NULL;

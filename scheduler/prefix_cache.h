@@ -102,7 +102,8 @@ void prefix_cache_release(struct prefix_cache *pc, struct pc_entry *e);
 /* Inserts block (held by the caller, who becomes the entry's first user) under key in ns, as a
  * child of parent_entry (NULL for a first block, or one whose parent is not cached). The cache
  * takes a reference on block. Returns the entry, or NULL when the key is already cached, no
- * root is set, or memory ran out (the caller keeps its block private). */
+ * root is set, parent_entry was flushed since the caller took it, or memory ran out (the caller
+ * keeps its block private). */
 struct pc_entry *prefix_cache_insert(struct prefix_cache *pc, struct pc_namespace *ns,
                                      struct pc_entry *parent_entry, struct pc_key key,
                                      struct pc_key parent, const int32_t *tokens, int32_t block);

@@ -39,6 +39,10 @@
 #define MAX_PROMPT 48
 #define ID_CHOICES 16
 
+/* PAGODA_FUZZ_VERBOSE=1: each command, the worker's answers and the scheduler's counters after
+ * the input are printed (to check what a seed does). */
+static bool verbose;
+
 /* ---- reading the input ------------------------------------------------------------------- */
 
 struct input {
@@ -394,6 +398,8 @@ static void worker_answer(struct fuzz *f, struct input *in)
     free(p.data);
     if (m == NULL)
         die("to_worker", "does not unpack");
+    if (verbose)
+        fprintf(stderr, "  worker: how %u, message %d\n", how, (int)m->msg_case);
     if (how % 16 == 15) {
         f->lenient = true; /* lost */
     } else if (m->msg_case == PAGODA__INTERNAL__TO_WORKER__MSG_RESYNC) {
@@ -565,10 +571,6 @@ static void router_misc(struct fuzz *f, struct input *in)
 }
 
 /* ---- the script -------------------------------------------------------------------------- */
-
-/* PAGODA_FUZZ_VERBOSE=1: the scheduler's counters after each input (to check what a seed
- * does). */
-static bool verbose;
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {

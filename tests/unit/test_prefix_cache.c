@@ -218,6 +218,46 @@ static void test_flush_with_users(void **state)
     pcf_close(&f);
 }
 
+/* A sequence holding a flushed chain publishes its next block: it stays private. Found by
+ * fuzz_scheduler (an admin flush while a tenant's sequence decoded): the block was cached under
+ * the flushed parent, so the flushed blocks were never freed, and once another sequence cached
+ * the same prefix again a third found the block and used it under a parent nobody used
+ * (prefix_cache_check: "an entry in use or pinned under an unused parent"). */
+static void test_no_insert_under_flushed_parent(void **state)
+{
+    (void)state;
+    struct pc_fixture f;
+    pcf_open(&f, 32);
+    struct pc_namespace *ns = prefix_cache_namespace(f.pc, "t:a");
+    int32_t t1[3 * BS];
+    for (int i = 0; i < 3 * BS; i++)
+        t1[i] = 5 * i + 2;
+    struct pc_entry *c[2];
+    insert_chain(&f, ns, t1, 2, c);
+    prefix_cache_acquire(f.pc, c[0]);
+    prefix_cache_acquire(f.pc, c[1]);
+    assert_int_equal(prefix_cache_flush(f.pc, ns), 2);
+    /* The holder's third block, under its flushed second one. */
+    int32_t b;
+    assert_int_equal(block_manager_alloc(f.bm, &b), 0);
+    struct pc_key k1 = prefix_cache_entry_key(c[1]);
+    struct pc_key k2 = prefix_cache_key(f.pc, ns, k1, t1 + 2 * BS);
+    assert_null(prefix_cache_insert(f.pc, ns, c[1], k2, k1, t1 + 2 * BS, b));
+    pcf_check(&f);
+    assert_int_equal(block_manager_unref(f.bm, b), 0);
+    prefix_cache_release(f.pc, c[1]);
+    prefix_cache_release(f.pc, c[0]);
+    /* Every flushed block is free once its holder let go. */
+    assert_int_equal(prefix_cache_cached_blocks(f.pc), 0);
+    assert_int_equal(block_manager_free_count(f.bm), 31);
+    /* The same prefix cached again: the third block is not found under it. */
+    struct pc_entry *d[2];
+    insert_chain(&f, ns, t1, 2, d);
+    assert_null(prefix_cache_lookup(f.pc, ns, k2, k1, t1 + 2 * BS));
+    pcf_check(&f);
+    pcf_close(&f);
+}
+
 /* ---- in the scheduler ----------------------------------------------------------------------- */
 
 static const struct setup CACHE_SETUP = {.eos = -1, .cache = true};
@@ -936,6 +976,7 @@ int main(void)
         cmocka_unit_test(test_lru_leaves_first_and_pins),
         cmocka_unit_test(test_quota_first),
         cmocka_unit_test(test_flush_with_users),
+        cmocka_unit_test(test_no_insert_under_flushed_parent),
         cmocka_unit_test(test_repeat_hits),
         cmocka_unit_test(test_isolation),
         cmocka_unit_test(test_sharing_group),
