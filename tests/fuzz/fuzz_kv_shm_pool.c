@@ -7,7 +7,10 @@
  * error of the contract, or opened into a pool whose geometry validates, whose data and every
  * layer's K and V lie inside the segment (their first and last bytes are read and written),
  * that opens again when the same geometry is expected, and is refused (PAGODA_EMISMATCH) when
- * another pool id is. */
+ * another pool id is.
+ *
+ * The segment is /dev/shm/pagoda-fuzz-shm-PID, removed when the process exits normally; a run that
+ * crashes leaves it (4 bytes to 2 MiB) for `rm /dev/shm/pagoda-fuzz-shm-*`. */
 #include "common/error.h"
 #include "kvpool/shm_pool.h"
 
