@@ -64,6 +64,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "common/parse.h"
+#include "deploy/control.h"
 #include "deploy/restart_policy.h"
 #include "wire/wire.h"
 
@@ -111,11 +112,6 @@
 #define SUP_PIPE_SLOTS (2 * (SUP_MAX_WORKERS + 3))
 /* argv of one child: program, --run-dir, --log-level, role flags, extra flags, NULL. */
 #define SUP_MAX_ARGV (1 + 4 + 8 + SUP_MAX_EXTRA_ARGS + 1)
-
-enum role { ROLE_KVPOOL, ROLE_WORKER, ROLE_SCHEDULER, ROLE_ROUTER, ROLE_COUNT };
-
-/* The sender names of Control{ready}, which are also the suffixes of the program names. */
-static const char *const role_names[ROLE_COUNT] = {"kvpool", "worker", "scheduler", "router"};
 
 /* The stop order: the router drains first, the kvpool's memory outlives everyone mapping it. */
 static const enum role stop_order[ROLE_COUNT] = {ROLE_ROUTER, ROLE_SCHEDULER, ROLE_WORKER,
@@ -1156,23 +1152,7 @@ static int pipe_peer_pid(struct supervisor *sup, nng_pipe p)
 /* Maps a sender ("kvpool", "worker", "worker-3", ...) to a role and, for "worker-I", an id. */
 static int parse_sender(const char *sender, enum role *role, int *worker_id)
 {
-    *worker_id = -1;
-    if (sender == NULL)
-        return PAGODA_EINVAL;
-    for (int r = 0; r < ROLE_COUNT; r++) {
-        if (strcmp(sender, role_names[r]) == 0) {
-            *role = (enum role)r;
-            return 0;
-        }
-    }
-    int64_t v;
-    if (strncmp(sender, "worker-", 7) == 0 &&
-        parse_i64("sender", sender + 7, 0, SUP_MAX_WORKERS - 1, &v) == 0) {
-        *role = ROLE_WORKER;
-        *worker_id = (int)v;
-        return 0;
-    }
-    return PAGODA_EINVAL;
+    return control_parse_sender(sender, SUP_MAX_WORKERS, role, worker_id);
 }
 
 /* The parent of pid, from /proc (Linux); -1 when it cannot be read (the process is gone). */

@@ -1,4 +1,5 @@
 #include "kvpool/kvpool_client.h"
+#include "kvpool/kvpool_proto.h"
 #include "common/error.h"
 #include "common/log.h"
 #include "proto/internal.pb-c.h"
@@ -11,50 +12,9 @@
 /* One try: each send and receive waits this long. */
 #define KVPOOL_TRY_MS 500
 
-static int geometry_from_proto(const Pagoda__Internal__PoolGeometry *p, struct kv_geometry *g)
-{
-    if (p == NULL || !p->has_pool_id || !p->has_num_layers || !p->has_num_blocks ||
-        !p->has_block_size || !p->has_num_kv_heads || !p->has_head_dim || !p->has_dtype)
-        return pagoda_error_set(PAGODA_EPROTO, "kvpool's answer lacks part of the geometry");
-    if ((int)p->dtype < DTYPE_BF16 || (int)p->dtype > DTYPE_F32)
-        return pagoda_error_set(PAGODA_EPROTO, "kvpool's answer has dtype %d", (int)p->dtype);
-    *g = (struct kv_geometry){
-        .pool_id = p->pool_id,
-        .num_layers = p->num_layers,
-        .num_blocks = p->num_blocks,
-        .block_size = p->block_size,
-        .num_kv_heads = p->num_kv_heads,
-        .head_dim = p->head_dim,
-        .dtype = (enum dtype)p->dtype,
-    };
-    return kv_geometry_validate(g);
-}
-
-/* Where the pool is: a shared-memory name or a device and a socket, each fitting its field. */
-static int location_from_proto(const Pagoda__Internal__PoolGeometry *p, struct kvpool_info *out)
-{
-    out->device = -1;
-    out->shm_name[0] = out->handle_socket[0] = '\0';
-    if (p->handle_socket != NULL && p->handle_socket[0] != '\0') {
-        if (!p->has_device || p->device < 0)
-            return pagoda_error_set(PAGODA_EPROTO, "kvpool's GPU pool has no device");
-        if ((size_t)snprintf(out->handle_socket, sizeof(out->handle_socket), "%s",
-                             p->handle_socket) >= sizeof(out->handle_socket))
-            return pagoda_error_set(PAGODA_EPROTO, "kvpool's handle socket path is too long");
-        out->device = p->device;
-        return 0;
-    }
-    if (p->shm_name == NULL || p->shm_name[0] == '\0' ||
-        (size_t)snprintf(out->shm_name, sizeof(out->shm_name), "%s", p->shm_name) >=
-            sizeof(out->shm_name))
-        return pagoda_error_set(PAGODA_EPROTO, "kvpool's shm name is missing or too long");
-    return 0;
-}
-
 /* One request on an open REQ socket: 0, PAGODA_ETIMEDOUT (ask again) or another error. */
 static int ask_once(nng_socket s, int64_t worker_id, struct kvpool_info *info)
 {
-    struct kv_geometry *g = &info->geometry;
     Pagoda__Internal__KvpoolRequest req = PAGODA__INTERNAL__KVPOOL_REQUEST__INIT;
     req.has_protocol_version = req.has_geometry = 1;
     req.protocol_version = WIRE_PROTOCOL_VERSION;
@@ -74,21 +34,8 @@ static int ask_once(nng_socket s, int64_t worker_id, struct kvpool_info *info)
     }
     if ((rv = nng_recvmsg(s, &m, 0)) != 0)
         return rv == NNG_ETIMEDOUT ? PAGODA_ETIMEDOUT : wire_error(rv, "kvpool answer");
-    Pagoda__Internal__KvpoolResponse *r = (Pagoda__Internal__KvpoolResponse *)wire_unpack(
-        &pagoda__internal__kvpool_response__descriptor, m);
+    int rc = kvpool_response_decode(nng_msg_body(m), nng_msg_len(m), info);
     nng_msg_free(m);
-    if (r == NULL)
-        return pagoda_error_set(PAGODA_EPROTO, "kvpool's answer is malformed");
-    int rc;
-    if (r->has_error_code && r->error_code == PAGODA_EBUSY)
-        rc = PAGODA_ETIMEDOUT; /* not ready yet: ask again */
-    else if (r->has_error_code && r->error_code != 0)
-        rc = pagoda_error_set(r->error_code < 0 ? r->error_code : PAGODA_EPROTO,
-                              "kvpool refused: %s",
-                              r->error_message ? r->error_message : "(no message)");
-    else if ((rc = geometry_from_proto(r->geometry, g)) == 0)
-        rc = location_from_proto(r->geometry, info);
-    protobuf_c_message_free_unpacked(&r->base, NULL);
     return rc;
 }
 

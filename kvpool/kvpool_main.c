@@ -50,6 +50,7 @@
 #include "common/log.h"
 #include "common/parse.h"
 #include "kvpool/geometry.h"
+#include "kvpool/kvpool_proto.h"
 #include "kvpool/shm_pool.h"
 #include "wire/wire.h"
 #include "worker/cuda_budget.h"
@@ -296,46 +297,6 @@ static int pool_create(const char *name, struct kv_geometry *g, struct kv_shm_po
 
 /* ---- serving ----------------------------------------------------------------------------- */
 
-/* The answer to every request: the geometry and where the pool is (shm_name for the CPU pool,
- * device and handle_socket for a GPU pool: the other is NULL / -1), or an error. */
-static int pack_response(const struct kv_geometry *g, const char *shm_name, int device,
-                         const char *handle_socket, int error_code, const char *error_message,
-                         uint8_t **out, size_t *len)
-{
-    Pagoda__Internal__PoolGeometry pg = PAGODA__INTERNAL__POOL_GEOMETRY__INIT;
-    pg.has_pool_id = pg.has_num_layers = pg.has_num_blocks = pg.has_block_size = 1;
-    pg.has_num_kv_heads = pg.has_head_dim = pg.has_dtype = 1;
-    pg.pool_id = g->pool_id;
-    pg.num_layers = g->num_layers;
-    pg.num_blocks = g->num_blocks;
-    pg.block_size = g->block_size;
-    pg.num_kv_heads = g->num_kv_heads;
-    pg.head_dim = g->head_dim;
-    pg.dtype = (Pagoda__Internal__DType)g->dtype;
-    pg.shm_name = (char *)shm_name;
-    if (handle_socket != NULL) {
-        pg.has_device = 1;
-        pg.device = device;
-        pg.handle_socket = (char *)handle_socket;
-    }
-    Pagoda__Internal__KvpoolResponse r = PAGODA__INTERNAL__KVPOOL_RESPONSE__INIT;
-    r.has_protocol_version = 1;
-    r.protocol_version = WIRE_PROTOCOL_VERSION;
-    if (error_code != 0) {
-        r.has_error_code = 1;
-        r.error_code = error_code;
-        r.error_message = (char *)error_message;
-    } else {
-        r.geometry = &pg;
-    }
-    *len = pagoda__internal__kvpool_response__get_packed_size(&r);
-    *out = malloc(*len > 0 ? *len : 1);
-    if (*out == NULL)
-        return PAGODA_ENOMEM;
-    pagoda__internal__kvpool_response__pack(&r, *out);
-    return 0;
-}
-
 /* Waits for the next request on the slot's context, for as long as it takes. */
 static void slot_recv(struct slot *s)
 {
@@ -366,17 +327,13 @@ static void on_slot(void *arg)
         return;
     }
     nng_msg *m = nng_aio_get_msg(s->aio);
-    Pagoda__Internal__KvpoolRequest *req = (Pagoda__Internal__KvpoolRequest *)wire_unpack(
-        &pagoda__internal__kvpool_request__descriptor, m);
     const uint8_t *reply = srv->geometry_reply;
     size_t len = srv->geometry_reply_len;
     atomic_fetch_add(&srv->requests, 1);
-    if (req == NULL) {
+    if (kvpool_request_check(nng_msg_body(m), nng_msg_len(m)) != 0) {
         atomic_fetch_add(&srv->malformed, 1);
         reply = srv->error_reply;
         len = srv->error_reply_len;
-    } else {
-        protobuf_c_message_free_unpacked(&req->base, NULL);
     }
     nng_msg_clear(m);
     if (nng_msg_append(m, reply, len) != 0) {
@@ -630,10 +587,11 @@ int main(int argc, char **argv)
     listening = 1;
     if (!gpu) {
         if ((rc = pool_create(shm_name, &g, &pool)) != 0 ||
-            (rc = pack_response(&g, shm_name, -1, NULL, 0, NULL, &srv.geometry_reply,
-                                &srv.geometry_reply_len)) != 0 ||
-            (rc = pack_response(&g, shm_name, -1, NULL, PAGODA_EFORMAT, "malformed KvpoolRequest",
-                                &srv.error_reply, &srv.error_reply_len)) != 0)
+            (rc = kvpool_response_pack(&g, shm_name, -1, NULL, 0, NULL, &srv.geometry_reply,
+                                       &srv.geometry_reply_len)) != 0 ||
+            (rc = kvpool_response_pack(&g, shm_name, -1, NULL, PAGODA_EFORMAT,
+                                       "malformed KvpoolRequest", &srv.error_reply,
+                                       &srv.error_reply_len)) != 0)
             goto fail;
         snprintf(where, sizeof(where), "%s", shm_name);
     } else {
@@ -652,11 +610,11 @@ int main(int argc, char **argv)
         struct kv_cuda_pool_options co = {.device = o.device};
         if ((rc = kv_cuda_pool_create(&g, &co, &gpu_pool)) != 0 ||
             (rc = kv_cuda_server_open(gpu_pool, fds_path, &fds_server)) != 0 ||
-            (rc = pack_response(&g, NULL, o.device, fds_path, 0, NULL, &srv.geometry_reply,
-                                &srv.geometry_reply_len)) != 0 ||
-            (rc = pack_response(&g, NULL, o.device, fds_path, PAGODA_EFORMAT,
-                                "malformed KvpoolRequest", &srv.error_reply,
-                                &srv.error_reply_len)) != 0)
+            (rc = kvpool_response_pack(&g, NULL, o.device, fds_path, 0, NULL, &srv.geometry_reply,
+                                       &srv.geometry_reply_len)) != 0 ||
+            (rc = kvpool_response_pack(&g, NULL, o.device, fds_path, PAGODA_EFORMAT,
+                                       "malformed KvpoolRequest", &srv.error_reply,
+                                       &srv.error_reply_len)) != 0)
             goto fail;
         snprintf(where, sizeof(where),
                  "on GPU %d (%.0f MiB mapped in %d chunk(s), descriptors on %.*s)", o.device,
