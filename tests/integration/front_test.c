@@ -46,7 +46,6 @@
 #define IDLE_TIMEOUT_MS 1000
 #define REFUSED_PROMPTS 1000
 
-
 static void sleep_ms(long ms)
 {
     struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
@@ -469,8 +468,8 @@ static void scenario_refused(struct group *g)
          * router that took the message in answers it. */
         struct pollfd pfd = {.fd = fd, .events = POLLIN};
         uint8_t reply[256];
-        dropped =
-            poll(&pfd, 1, (int)(10000 * group_time_scale())) == 1 && read(fd, reply, sizeof(reply)) <= 0;
+        dropped = poll(&pfd, 1, (int)(10000 * group_time_scale())) == 1 &&
+                  read(fd, reply, sizeof(reply)) <= 0;
         close(fd);
     }
     free(buf);
