@@ -6,28 +6,35 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+void kvpool_geometry_to_proto(const struct kv_geometry *g, const char *shm_name, int device,
+                              const char *handle_socket, Pagoda__Internal__PoolGeometry *pg)
+{
+    pagoda__internal__pool_geometry__init(pg);
+    pg->has_pool_id = pg->has_num_layers = pg->has_num_blocks = pg->has_block_size = 1;
+    pg->has_num_kv_heads = pg->has_head_dim = pg->has_dtype = 1;
+    pg->pool_id = g->pool_id;
+    pg->num_layers = g->num_layers;
+    pg->num_blocks = g->num_blocks;
+    pg->block_size = g->block_size;
+    pg->num_kv_heads = g->num_kv_heads;
+    pg->head_dim = g->head_dim;
+    pg->dtype = (Pagoda__Internal__DType)g->dtype;
+    pg->shm_name = (char *)shm_name;
+    if (handle_socket != NULL) {
+        pg->has_device = 1;
+        pg->device = device;
+        pg->handle_socket = (char *)handle_socket;
+    }
+}
+
 /* The answer to every request: the geometry and where the pool is (shm_name for the CPU pool,
  * device and handle_socket for a GPU pool: the other is NULL / -1), or an error. */
 int kvpool_response_pack(const struct kv_geometry *g, const char *shm_name, int device,
                          const char *handle_socket, int error_code, const char *error_message,
                          uint8_t **out, size_t *len)
 {
-    Pagoda__Internal__PoolGeometry pg = PAGODA__INTERNAL__POOL_GEOMETRY__INIT;
-    pg.has_pool_id = pg.has_num_layers = pg.has_num_blocks = pg.has_block_size = 1;
-    pg.has_num_kv_heads = pg.has_head_dim = pg.has_dtype = 1;
-    pg.pool_id = g->pool_id;
-    pg.num_layers = g->num_layers;
-    pg.num_blocks = g->num_blocks;
-    pg.block_size = g->block_size;
-    pg.num_kv_heads = g->num_kv_heads;
-    pg.head_dim = g->head_dim;
-    pg.dtype = (Pagoda__Internal__DType)g->dtype;
-    pg.shm_name = (char *)shm_name;
-    if (handle_socket != NULL) {
-        pg.has_device = 1;
-        pg.device = device;
-        pg.handle_socket = (char *)handle_socket;
-    }
+    Pagoda__Internal__PoolGeometry pg;
+    kvpool_geometry_to_proto(g, shm_name, device, handle_socket, &pg);
     Pagoda__Internal__KvpoolResponse r = PAGODA__INTERNAL__KVPOOL_RESPONSE__INIT;
     r.has_protocol_version = 1;
     r.protocol_version = WIRE_PROTOCOL_VERSION;

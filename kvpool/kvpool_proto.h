@@ -5,9 +5,16 @@
 #define PAGODA_KVPOOL_KVPOOL_PROTO_H
 
 #include "kvpool/kvpool_client.h"
+#include "proto/internal.pb-c.h"
 
 #include <stddef.h>
 #include <stdint.h>
+
+/* Fills *pg (initialised here) with the geometry g and where the pool is: device and
+ * handle_socket for a GPU pool (handle_socket not NULL), else shm_name. The strings are
+ * borrowed: they must outlive *pg. kvpool's answer and the worker's Hello both use it. */
+void kvpool_geometry_to_proto(const struct kv_geometry *g, const char *shm_name, int device,
+                              const char *handle_socket, Pagoda__Internal__PoolGeometry *pg);
 
 /* Packs the answer to every request: the geometry g and where the pool is (shm_name for the CPU
  * pool; device and handle_socket for a GPU pool, the other NULL / -1), or, with error_code not

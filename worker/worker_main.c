@@ -58,6 +58,7 @@
 #include "common/parse.h"
 #include "deploy/restart_policy.h"
 #include "kvpool/kvpool_client.h"
+#include "kvpool/kvpool_proto.h"
 #include "kvpool/shm_pool.h"
 #include "wire/wire.h"
 #include "worker/backend.h"
@@ -443,24 +444,11 @@ static void send_to_scheduler(struct worker *w, Pagoda__Internal__ToScheduler *m
 
 static void send_hello(struct worker *w)
 {
-    const struct kv_geometry *g = &w->pool_info.geometry;
-    Pagoda__Internal__PoolGeometry pg = PAGODA__INTERNAL__POOL_GEOMETRY__INIT;
-    pg.has_pool_id = pg.has_num_layers = pg.has_num_blocks = pg.has_block_size = 1;
-    pg.has_num_kv_heads = pg.has_head_dim = pg.has_dtype = 1;
-    pg.pool_id = g->pool_id;
-    pg.num_layers = g->num_layers;
-    pg.num_blocks = g->num_blocks;
-    pg.block_size = g->block_size;
-    pg.num_kv_heads = g->num_kv_heads;
-    pg.head_dim = g->head_dim;
-    pg.dtype = (Pagoda__Internal__DType)g->dtype;
-    if (w->pool_info.handle_socket[0] != '\0') {
-        pg.has_device = 1;
-        pg.device = w->pool_info.device;
-        pg.handle_socket = w->pool_info.handle_socket;
-    } else {
-        pg.shm_name = w->pool_info.shm_name;
-    }
+    const struct kvpool_info *pi = &w->pool_info;
+    int gpu_pool = pi->handle_socket[0] != '\0';
+    Pagoda__Internal__PoolGeometry pg;
+    kvpool_geometry_to_proto(&pi->geometry, gpu_pool ? NULL : pi->shm_name, pi->device,
+                             gpu_pool ? pi->handle_socket : NULL, &pg);
     Pagoda__Internal__Hello h = PAGODA__INTERNAL__HELLO__INIT;
     h.has_worker_id = h.has_pid = h.has_tp_rank = h.has_tp_size = 1;
     h.worker_id = w->o.worker_id;
