@@ -16,6 +16,10 @@ endfunction()
 pagoda_find_lib(PAGODA_JANSSON_LIB jansson)
 pagoda_find_lib(PAGODA_XXHASH_LIB xxhash)
 pagoda_find_lib(PAGODA_PROTOBUF_C_LIB protobuf-c)
+# The tokenizer's: PCRE2 (8-bit code units, pre-tokenizer regexes with UTF and UCP) and utf8proc
+# (normalization). The static PCRE2 archive needs PCRE2_STATIC before its header.
+pagoda_find_lib(PAGODA_PCRE2_LIB pcre2-8)
+pagoda_find_lib(PAGODA_UTF8PROC_LIB utf8proc)
 # NNG: always the static libnng.a that scripts/install-deps builds from Debian's source package
 # with scripts/nng-1518.patch (Debian's 1.5.2 has nanomsg/nng#1518: a peer that drops during the
 # handshake stops a listener for good), never Debian's own. Its headers come from the same
