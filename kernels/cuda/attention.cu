@@ -64,7 +64,8 @@ struct attn_args {
     int32_t table_stride;
     const int4 *dparts;    /* decode partitions: sequence, first key, end key, merge index or -1 */
     const int4 *merges;    /* split sequences: sequence, first partition, partitions, unused */
-    const int2 *pitems;    /* prefill tiles: sequence, first query token (within the sequence) */
+    const int4 *pitems;    /* prefill tiles: sequence, first query token (within the sequence),
+                              keys needed, unused; the most keys first */
     int32_t decode_chunks; /* CTAs sharing the query heads of one KV head in decode */
     int32_t tile_tokens;   /* query tokens per prefill tile: kPrefillRows / group */
     float *part_out;       /* [partition][num_heads][head_dim], normalised */
@@ -90,6 +91,14 @@ __device__ __forceinline__ int32_t slot_of(const attn_args &a, int32_t pos)
 __device__ __forceinline__ void cp_async16(void *dst, const void *src, bool valid)
 {
     const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src),
+                 "r"(valid ? 16 : 0)
+                 : "memory");
+}
+
+/* The same with a shared-memory address. */
+__device__ __forceinline__ void cp_async16_s(uint32_t d, const void *src, bool valid)
+{
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src),
                  "r"(valid ? 16 : 0)
                  : "memory");
@@ -328,7 +337,6 @@ template <int HD> __global__ void __launch_bounds__(kDecodeThreads) decode_kerne
     const int32_t *table = a.block_tables + (int64_t)seq * a.table_stride;
     const int32_t h0 = kh * a.group + g0;
     const int32_t ntiles = (end - begin + T - 1) / T;
-
     if (tid == 0) {
         for (int st = 0; st < S; st++)
             mbar_init(&full[st], 1);
@@ -584,9 +592,10 @@ __global__ void __launch_bounds__(kPrefillThreads, prefill_geom<HD>::CTAS_PER_SM
     int32_t *tab = reinterpret_cast<int32_t *>(smem + P::tiles_bytes); /* [2][TAB] */
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    /* The longest tiles first: items are in ascending order of their first token. */
-    const int2 item = a.pitems[gridDim.x - 1 - blockIdx.x];
-    const int32_t kh = blockIdx.y;
+    /* One linear grid, the KV head fastest, over the tiles in descending order of length: the
+     * CTAs start longest first, whatever the KV head. */
+    const int32_t kh = (int32_t)(blockIdx.x % (uint32_t)a.num_kv_heads);
+    const int4 item = a.pitems[blockIdx.x / (uint32_t)a.num_kv_heads];
     const int32_t seq = item.x, first = item.y;
     const int32_t q0 = a.query_start[seq];
     const int32_t query_len = a.query_start[seq + 1] - q0;
@@ -625,25 +634,47 @@ __global__ void __launch_bounds__(kPrefillThreads, prefill_geom<HD>::CTAS_PER_SM
                          : "memory");
         }
     };
-    /* Tile t's K/V rows; the entries from tab[t % 2] (from the table itself for tile 0). */
+    /* Tile t's K/V rows; the entries from tab[t % 2] (from the table itself for tile 0).
+     * Thread tid copies chunk lcol of the P::LOADS consecutive rows from crow on. When the
+     * block size is a multiple of P::LOADS those rows lie in one block (tiles start at
+     * multiples of T): one table entry and one offset per tile, and with rows of the pool
+     * contiguous (slot_stride HD, as kv_layer_view_make lays them) constant offsets after it;
+     * otherwise each row looks up its own block. */
+    const int crow = lrow * P::LOADS;
+    const bool grouped = a.block_size % P::LOADS == 0 && a.slot_stride == HD;
     auto copy_tile = [&](int32_t t, bool direct) {
-        uint16_t *ks = tiles + (size_t)(t % S) * 2 * T * HD;
-        uint16_t *vs = ks + T * HD;
+        const uint32_t kdst = smem_addr(tiles + (size_t)(t % S) * 2 * T * HD);
+        /* lcol made opaque here, so that the compiler recomputes the rows' swizzled addresses
+         * each tile (an XOR and an add each) rather than keeping them in registers across the
+         * loop, where they would spill (measured: 1-2% at 16k tokens). */
+        int lc = lcol;
+        asm volatile("" : "+r"(lc));
         const int32_t b0 = block_of(a, t * T);
         const int32_t *tt = tab + (t & 1) * P::TAB;
+        const int32_t pos = t * T + crow;
+        auto offset = [&](int32_t p) -> int64_t {
+            const int32_t blk = direct ? __ldg(table + block_of(a, p)) : tt[block_of(a, p) - b0];
+            return (int64_t)blk * a.block_stride + (int64_t)slot_of(a, p) * a.slot_stride;
+        };
+        if (grouped) {
+            const int64_t off = pos < key_end ? offset(pos) : 0;
+            const uint16_t *ksrc = kcol + off, *vsrc = vcol + off;
 #pragma unroll
-        for (int j = 0; j < P::LOADS; j++) {
-            const int r = lrow + j * P::ROW_STEP;
-            const int32_t pos = t * T + r;
-            const bool valid = pos < key_end;
-            int64_t off = 0;
-            if (valid) {
-                const int32_t blk =
-                    direct ? __ldg(table + block_of(a, pos)) : tt[block_of(a, pos) - b0];
-                off = (int64_t)blk * a.block_stride + (int64_t)slot_of(a, pos) * a.slot_stride;
+            for (int j = 0; j < P::LOADS; j++) {
+                const uint32_t d = kdst + 2 * swz<HD>(crow + j, lc);
+                const bool valid = pos + j < key_end;
+                cp_async16_s(d, ksrc + j * HD, valid);
+                cp_async16_s(d + 2 * T * HD, vsrc + j * HD, valid);
             }
-            cp_async16(ks + swz<HD>(r, lcol), kcol + off, valid);
-            cp_async16(vs + swz<HD>(r, lcol), vcol + off, valid);
+        } else {
+#pragma unroll
+            for (int j = 0; j < P::LOADS; j++) {
+                const uint32_t d = kdst + 2 * swz<HD>(crow + j, lc);
+                const bool valid = pos + j < key_end;
+                const int64_t off = valid ? offset(pos + j) : 0;
+                cp_async16_s(d, kcol + off, valid);
+                cp_async16_s(d + 2 * T * HD, vcol + off, valid);
+            }
         }
     };
     static_assert(S == 2, "the table ring and the copies below assume two stages");
@@ -879,6 +910,18 @@ struct cuda_attention_plan {
     size_t off_query_start, off_context_len, off_tables, off_merges, off_parts, off_items;
 };
 
+/* Prefill tiles (sequence, first token, keys needed, 0) in descending order of keys needed;
+ * ties in the order of the batch. */
+static int item_cmp(const void *x, const void *y)
+{
+    const int4 *a = static_cast<const int4 *>(x), *b = static_cast<const int4 *>(y);
+    if (a->z != b->z)
+        return a->z > b->z ? -1 : 1;
+    if (a->x != b->x)
+        return a->x < b->x ? -1 : 1;
+    return a->y < b->y ? -1 : a->y > b->y;
+}
+
 /* How a context of context_len keys is cut for a split of split keys: into n nearly equal,
  * tile-aligned partitions of *len keys (the last one shorter), n = ceil(context_len / split)
  * at most. Returns n. */
@@ -998,7 +1041,7 @@ int cuda_attention_plan_new(const struct cuda_attention_config *c, struct cuda_a
     const uint64_t seqs = (uint64_t)c->max_num_seqs;
     const uint64_t words = align4(seqs + 1) + align4(seqs) +
                            align4(seqs * (uint64_t)c->max_blocks_per_seq) + 4 * seqs +
-                           4 * (uint64_t)p->max_parts + align4(2 * (uint64_t)c->max_num_tokens);
+                           4 * (uint64_t)p->max_parts + 4 * (uint64_t)c->max_num_tokens;
     const uint64_t part_floats = (uint64_t)p->max_parts * (uint64_t)c->num_heads * c->head_dim;
     if (words > SIZE_MAX / sizeof(int32_t) / 4 || part_floats > SIZE_MAX / sizeof(float) / 4) {
         rc = pagoda_error_set(PAGODA_ENOMEM, "cuda_attention_plan_new: limits too large");
@@ -1186,17 +1229,25 @@ int cuda_attention_plan(struct cuda_attention_plan *p, const struct attention_ba
             merges[num_merges++] = make_int4(q, num_parts, n, 0);
         num_parts += n;
     }
+    /* Prefill tiles, the most keys first (the CTAs start in grid order, the KV head fastest:
+     * the longest go first and the short ones fill the last wave, as FlashAttention does for
+     * causal prefill). */
     p->off_items = p->off_parts + 4 * (size_t)num_parts;
-    int2 *items = reinterpret_cast<int2 *>(h + p->off_items);
+    int4 *items = reinterpret_cast<int4 *>(h + p->off_items);
     int32_t num_items = 0;
     for (int32_t q = 0; q < ns; q++) {
         const int32_t query_len = batch->query_start[q + 1] - batch->query_start[q];
         if (query_len == 1)
             continue;
-        for (int32_t first = 0; first < query_len; first += p->tile_tokens)
-            items[num_items++] = make_int2(q, first);
+        const int32_t pos0 = batch->context_len[q] - query_len;
+        for (int32_t first = 0; first < query_len; first += p->tile_tokens) {
+            const int32_t last =
+                first + p->tile_tokens < query_len ? first + p->tile_tokens : query_len;
+            items[num_items++] = make_int4(q, first, pos0 + last, 0);
+        }
     }
-    const size_t words = p->off_items + 2 * (size_t)num_items;
+    qsort(items, (size_t)num_items, sizeof(int4), item_cmp);
+    const size_t words = p->off_items + 4 * (size_t)num_items;
 
     rc = cuda_call_result(
         cudaMemcpyAsync(p->meta, h, words * sizeof(int32_t), cudaMemcpyHostToDevice, s),
@@ -1251,8 +1302,8 @@ static int launch(const struct cuda_attention_plan *p, const attn_args &a, cudaS
             return rc;
     }
     if (p->num_items > 0) {
-        dim3 grid(p->num_items, c->num_kv_heads);
-        prefill_kernel<HD><<<grid, kPrefillThreads, prefill_geom<HD>::smem, s>>>(a);
+        const unsigned ctas = (unsigned)p->num_items * c->num_kv_heads;
+        prefill_kernel<HD><<<ctas, kPrefillThreads, prefill_geom<HD>::smem, s>>>(a);
         int rc = cuda_launch_result("cuda_attention_run: prefill kernel");
         if (rc < 0)
             return rc;
@@ -1306,7 +1357,7 @@ int cuda_attention_run(struct cuda_attention_plan *p, const struct kv_layer_view
     a.table_stride = p->table_stride;
     a.dparts = reinterpret_cast<const int4 *>(p->meta + p->off_parts);
     a.merges = reinterpret_cast<const int4 *>(p->meta + p->off_merges);
-    a.pitems = reinterpret_cast<const int2 *>(p->meta + p->off_items);
+    a.pitems = reinterpret_cast<const int4 *>(p->meta + p->off_items);
     a.decode_chunks = p->decode_chunks;
     a.tile_tokens = p->tile_tokens;
     a.part_out = p->part_out;

@@ -904,6 +904,11 @@ int main(void)
     test_attention_decode_edges((struct shape){16, 8, 128, 32});
     test_attention_decode_edges((struct shape){32, 8, 128, 10}); /* no quad copies */
     test_attention_mixed((struct shape){32, 8, 128, 10});
+    /* Prefill copies: a thread's rows in one block of a size that is no power of two (24 at
+     * head dim 128, 12 at 64), and a block looked up per row (10 at head dim 64). */
+    test_attention_mixed((struct shape){32, 8, 128, 24});
+    test_attention_mixed((struct shape){16, 4, 64, 12});
+    test_attention_mixed((struct shape){16, 4, 64, 10});
     test_attention_decode_edges((struct shape){8, 8, 64, 16});
     test_attention_decode_edges((struct shape){24, 2, 128, 16});
     if (!quick) {
