@@ -47,6 +47,8 @@ constexpr int kSplitWavesMax = 4;
 constexpr int kSplitStartupKeys = 128;
 constexpr int kSplitMinTokens = 256;
 constexpr int kSplitAlign = 64;
+/* Partitions whose partial results the merge loads at once. */
+constexpr int kMergeBatch = 8;
 
 /* Everything a kernel needs, passed by value. Metadata pointers point into the plan's device
  * buffer. */
@@ -277,25 +279,44 @@ __device__ __forceinline__ void merge_if_last(const attn_args &a, int32_t merge,
     if (!last)
         return;
     __threadfence();
+    /* One pass per (head, float4 column), partitions kMergeBatch at a time so that their loads
+     * are in flight together: an online merge of the partitions' exp masses. */
     constexpr int Q = HD / 4; /* float4 columns of a head */
+    constexpr int B = kMergeBatch;
     for (int idx = tid; idx < gc * Q; idx += kDecodeThreads) {
         const int g = idx / Q, col = idx % Q;
         const int32_t h = h0 + g;
-        float mx = -INFINITY;
-        for (int p = 0; p < m.z; p++)
-            mx = fmaxf(mx, __ldcg(a.part_lse + (int64_t)(m.y + p) * a.num_heads + h));
+        float mx = -INFINITY, total = 0.0f;
         float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        float total = 0.0f;
-#pragma unroll 4
-        for (int p = 0; p < m.z; p++) {
-            const int64_t row = (int64_t)(m.y + p) * a.num_heads + h;
-            const float wt = expf(__ldcg(a.part_lse + row) - mx);
-            const float4 o = __ldcg(reinterpret_cast<const float4 *>(a.part_out + row * HD) + col);
-            total += wt;
-            acc.x = fmaf(wt, o.x, acc.x);
-            acc.y = fmaf(wt, o.y, acc.y);
-            acc.z = fmaf(wt, o.z, acc.z);
-            acc.w = fmaf(wt, o.w, acc.w);
+        for (int p0 = 0; p0 < m.z; p0 += B) {
+            float lse[B];
+            float4 o[B];
+#pragma unroll
+            for (int j = 0; j < B; j++) {
+                const int64_t row = (int64_t)(m.y + min(p0 + j, m.z - 1)) * a.num_heads + h;
+                lse[j] = p0 + j < m.z ? __ldcg(a.part_lse + row) : -INFINITY;
+                o[j] = __ldcg(reinterpret_cast<const float4 *>(a.part_out + row * HD) + col);
+            }
+            float bmx = mx;
+#pragma unroll
+            for (int j = 0; j < B; j++)
+                bmx = fmaxf(bmx, lse[j]);
+            const float sc = expf(mx - bmx); /* every partition has a finite lse */
+            total *= sc;
+            acc.x *= sc;
+            acc.y *= sc;
+            acc.z *= sc;
+            acc.w *= sc;
+#pragma unroll
+            for (int j = 0; j < B; j++) {
+                const float wt = expf(lse[j] - bmx);
+                total += wt;
+                acc.x = fmaf(wt, o[j].x, acc.x);
+                acc.y = fmaf(wt, o[j].y, acc.y);
+                acc.z = fmaf(wt, o[j].z, acc.z);
+                acc.w = fmaf(wt, o[j].w, acc.w);
+            }
+            mx = bmx;
         }
         uint16_t *out = a.out + (int64_t)token * a.num_heads * HD + (int64_t)h * HD;
         reinterpret_cast<uint2 *>(out)[col] =
