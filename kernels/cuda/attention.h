@@ -20,8 +20,9 @@
  * resident CTAs, whichever a cost model of the batch finds fastest, so that batch 1 and batch
  * 256 both fill the GPU); the others (prefill chunks, a chunk continuing a sequence already in
  * the pool included) go to a causal prefill kernel, one CTA per (128 rows of (query token, query
- * head of the KV head), KV head), K/V tiles read in place through the block table into shared
- * memory by a cp.async pipeline, tiles past the diagonal never read.
+ * head of the KV head), KV head), launched in descending order of the keys they need, K/V
+ * tiles read in place through the block table into shared memory by a cp.async pipeline,
+ * tiles past the diagonal never read.
  *
  * Streams: plan's copy and run's kernels are ordered by the stream. Run on the stream the step
  * was planned on (or order the streams with an event); the plan owns one set of device
