@@ -8,6 +8,7 @@
 #include "kernels/cpu/sampler.h"
 #include "proto/internal.pb-c.h"
 #include "proto/pagoda.pb-c.h"
+#include "wire/sampling_wire.h"
 #include "wire/wire.h"
 
 #include <nng/nng.h>
@@ -671,18 +672,7 @@ static void set_pending(struct router *r, struct request *q, int *flag, int valu
 
 static int send_submit(struct router *r, struct request *q)
 {
-    Pagoda__Internal__SamplingParams sp = PAGODA__INTERNAL__SAMPLING_PARAMS__INIT;
-    sp.has_temperature = sp.has_top_k = sp.has_top_p = sp.has_min_p = 1;
-    sp.has_repetition_penalty = sp.has_presence_penalty = sp.has_frequency_penalty = 1;
-    sp.has_seed = 1;
-    sp.temperature = q->p.temperature;
-    sp.top_k = q->p.top_k;
-    sp.top_p = q->p.top_p;
-    sp.min_p = q->p.min_p;
-    sp.repetition_penalty = q->p.repetition_penalty;
-    sp.presence_penalty = q->p.presence_penalty;
-    sp.frequency_penalty = q->p.frequency_penalty;
-    sp.seed = q->p.seed;
+    Pagoda__Internal__SamplingParams sp = sampling_to_internal(&q->p.sampling);
 
     Pagoda__Internal__SubmitSeq sub = PAGODA__INTERNAL__SUBMIT_SEQ__INIT;
     sub.has_request_id = 1;
@@ -1145,30 +1135,11 @@ static int submit_params_read(const struct router *r, const Pagoda__SubmitReques
                                 (int)p->max_tokens, cfg->max_new_tokens);
     p->ignore_eos = s->has_ignore_eos && s->ignore_eos;
 
-    /* Sampling: an absent field is the neutral value (temperature 1, every filter off). */
+    /* Sampling: the one definition of defaults and ranges (wire/sampling_wire.h). */
     const Pagoda__SamplingParams *sp = s->sampling;
-    p->temperature = sp && sp->has_temperature ? sp->temperature : 1.0f;
-    p->top_p = sp && sp->has_top_p ? sp->top_p : 1.0f;
-    p->top_k = sp && sp->has_top_k ? sp->top_k : 0;
-    p->min_p = sp && sp->has_min_p ? sp->min_p : 0.0f;
-    p->repetition_penalty = sp && sp->has_repetition_penalty ? sp->repetition_penalty : 1.0f;
-    p->presence_penalty = sp && sp->has_presence_penalty ? sp->presence_penalty : 0.0f;
-    p->frequency_penalty = sp && sp->has_frequency_penalty ? sp->frequency_penalty : 0.0f;
     p->has_seed = sp && sp->has_seed;
-    p->seed = p->has_seed ? sp->seed : 0;
     p->logprobs = sp && sp->has_logprobs && sp->logprobs;
-    /* The sampler's own definition of valid values (kernels/cpu/sampler.h: ranges that cannot
-     * overflow), so that nothing the router admits fails in the worker. */
-    struct sampling_params check = sampling_params_default();
-    check.temperature = p->temperature;
-    check.top_p = p->top_p;
-    check.top_k = p->top_k;
-    check.min_p = p->min_p;
-    check.repetition_penalty = p->repetition_penalty;
-    check.presence_penalty = p->presence_penalty;
-    check.frequency_penalty = p->frequency_penalty;
-    int rc = sampling_params_validate(&check);
-    if (rc != 0) {
+    if (sampling_from_client(sp, &p->sampling) != 0) {
         char why[512];
         snprintf(why, sizeof(why), "%s", pagoda_error_detail());
         /* A NaN is out of range too, for a client: one code for every bad value. */
@@ -1184,13 +1155,15 @@ static int submit_params_equal(const struct submit_params *a, const uint64_t a_h
                                const struct submit_params *b, const uint64_t b_hash[2])
 {
     return a->num_prompt == b->num_prompt && a->num_stop == b->num_stop && a_hash[0] == b_hash[0] &&
-           a_hash[1] == b_hash[1] && a->temperature == b->temperature && a->top_p == b->top_p &&
-           a->top_k == b->top_k && a->min_p == b->min_p &&
-           a->repetition_penalty == b->repetition_penalty &&
-           a->presence_penalty == b->presence_penalty &&
-           a->frequency_penalty == b->frequency_penalty && a->has_seed == b->has_seed &&
-           (!a->has_seed || a->seed == b->seed) && a->max_tokens == b->max_tokens &&
-           a->ignore_eos == b->ignore_eos && a->logprobs == b->logprobs;
+           a_hash[1] == b_hash[1] && a->sampling.temperature == b->sampling.temperature &&
+           a->sampling.top_p == b->sampling.top_p && a->sampling.top_k == b->sampling.top_k &&
+           a->sampling.min_p == b->sampling.min_p &&
+           a->sampling.repetition_penalty == b->sampling.repetition_penalty &&
+           a->sampling.presence_penalty == b->sampling.presence_penalty &&
+           a->sampling.frequency_penalty == b->sampling.frequency_penalty &&
+           a->has_seed == b->has_seed && (!a->has_seed || a->sampling.seed == b->sampling.seed) &&
+           a->max_tokens == b->max_tokens && a->ignore_eos == b->ignore_eos &&
+           a->logprobs == b->logprobs;
 }
 
 static struct request *request_new(const struct router *r, uint32_t tenant, const uint8_t *id,
@@ -1216,7 +1189,7 @@ static struct request *request_new(const struct router *r, uint32_t tenant, cons
     q->p.stop_ids = q->stop_ids;
     prompt_hash(r, p, q->prompt_hash);
     if (!q->p.has_seed)
-        q->p.seed = random_u64(); /* the router draws a seed for requests without one */
+        q->p.sampling.seed = random_u64(); /* the router draws a seed for requests without one */
     q->prompt_tokens = p->num_prompt;
     return q;
 }

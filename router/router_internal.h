@@ -10,6 +10,7 @@
 #ifndef PAGODA_ROUTER_ROUTER_INTERNAL_H
 #define PAGODA_ROUTER_ROUTER_INTERNAL_H
 
+#include "kernels/cpu/sampler.h"
 #include "proto/internal.pb-c.h"
 #include "proto/pagoda.pb-c.h"
 #include "router/router.h"
@@ -80,10 +81,8 @@ struct submit_params {
     uint32_t num_prompt;
     const int32_t *stop_ids;
     uint32_t num_stop;
-    float temperature, top_p, min_p, repetition_penalty, presence_penalty, frequency_penalty;
-    int32_t top_k;
-    int has_seed; /* the client chose the seed */
-    uint64_t seed;
+    struct sampling_params sampling; /* the seed is the router's draw unless has_seed */
+    int has_seed;                    /* the client chose the seed */
     int32_t max_tokens;
     int ignore_eos;
     int logprobs;
