@@ -53,7 +53,17 @@ pagoda_generate_params pagoda_generate_params_default(void)
         .num_stop_token_ids = 0,
         .ignore_eos = 0,
         .logprobs = 0,
+        .stop = NULL,
+        .num_stop = 0,
+        .detokenize = -1,
+        .skip_special_tokens = 1,
     };
+    return p;
+}
+
+pagoda_prompt pagoda_prompt_default(void)
+{
+    pagoda_prompt p = {.add_generation_prompt = 1, .add_special_tokens = -1};
     return p;
 }
 
@@ -215,6 +225,8 @@ void pagoda_result_free(pagoda_result *r)
     free(r->token_ids);
     free(r->logprobs);
     free(r->error_message);
+    free(r->text);
+    free(r->stop_string);
     memset(r, 0, sizeof(*r));
 }
 
@@ -266,17 +278,76 @@ static int result_from_update(const Pagoda__ClientResponse *resp,
             return PAGODA_ENOMEM;
         }
     }
+    if (up->text != NULL) {
+        result->text_len = strlen(up->text);
+        if ((result->text = strdup(up->text)) == NULL) {
+            pagoda_result_free(result);
+            return PAGODA_ENOMEM;
+        }
+    }
+    if (up->stop_string != NULL && (result->stop_string = strdup(up->stop_string)) == NULL) {
+        pagoda_result_free(result);
+        return PAGODA_ENOMEM;
+    }
+    result->has_stop_token_id = up->has_stop_token_id;
+    result->stop_token_id = up->stop_token_id;
     return 0;
 }
 
 int pagoda_submit(pagoda_client *c, const pagoda_generate_params *params, const int32_t *prompt,
                   size_t n, uint8_t request_id_out[PAGODA_REQUEST_ID_BYTES])
 {
-    if (c == NULL || params == NULL || request_id_out == NULL || (n > 0 && prompt == NULL) ||
-        (params->num_stop_token_ids > 0 && params->stop_token_ids == NULL))
+    if (n > 0 && prompt == NULL)
         return pagoda_error_set(PAGODA_EINVAL, "pagoda_submit: NULL argument");
     if (n == 0)
         return pagoda_error_set(PAGODA_EINVAL, "pagoda_submit: the prompt is empty");
+    pagoda_prompt p = pagoda_prompt_default();
+    p.token_ids = prompt;
+    p.num_token_ids = n;
+    return pagoda_submit_prompt(c, params, &p, request_id_out);
+}
+
+/* The prompt's messages as protobuf messages (pointers borrowed from the caller's). */
+static int chat_messages(const pagoda_prompt *p, Pagoda__ChatMessage **store,
+                         Pagoda__ChatMessage ***out)
+{
+    *store = calloc(p->num_messages, sizeof(**store));
+    *out = calloc(p->num_messages, sizeof(**out));
+    if (*store == NULL || *out == NULL)
+        return PAGODA_ENOMEM;
+    for (size_t i = 0; i < p->num_messages; i++) {
+        const pagoda_chat_message *m = &p->messages[i];
+        if (m->role == NULL)
+            return pagoda_error_set(PAGODA_EINVAL, "pagoda_submit: message %zu has no role", i);
+        Pagoda__ChatMessage init = PAGODA__CHAT_MESSAGE__INIT;
+        (*store)[i] = init;
+        (*store)[i].role = (char *)m->role;
+        (*store)[i].content = (char *)m->content;
+        (*store)[i].name = (char *)m->name;
+        (*store)[i].tool_call_id = (char *)m->tool_call_id;
+        (*store)[i].tool_calls_json = (char *)m->tool_calls_json;
+        (*store)[i].reasoning_content = (char *)m->reasoning_content;
+        (*out)[i] = &(*store)[i];
+    }
+    return 0;
+}
+
+int pagoda_submit_prompt(pagoda_client *c, const pagoda_generate_params *params,
+                         const pagoda_prompt *prompt,
+                         uint8_t request_id_out[PAGODA_REQUEST_ID_BYTES])
+{
+    if (c == NULL || params == NULL || prompt == NULL || request_id_out == NULL ||
+        (prompt->num_token_ids > 0 && prompt->token_ids == NULL) ||
+        (prompt->num_messages > 0 && prompt->messages == NULL) ||
+        (params->num_stop_token_ids > 0 && params->stop_token_ids == NULL) ||
+        (params->num_stop > 0 && params->stop == NULL))
+        return pagoda_error_set(PAGODA_EINVAL, "pagoda_submit: NULL argument");
+    int forms = (prompt->num_token_ids > 0) + (prompt->text != NULL) + (prompt->num_messages > 0);
+    if (forms == 0)
+        return pagoda_error_set(PAGODA_EINVAL, "pagoda_submit: the prompt is empty");
+    if (forms > 1)
+        return pagoda_error_set(PAGODA_EINVAL, "pagoda_submit: give one of token ids, text and "
+                                               "messages");
     if (params->max_tokens < 1)
         return pagoda_error_set(PAGODA_ERANGE, "pagoda_submit: max_tokens %d must be >= 1",
                                 (int)params->max_tokens);
@@ -302,8 +373,9 @@ int pagoda_submit(pagoda_client *c, const pagoda_generate_params *params, const 
     sub.has_request_id = 1;
     sub.request_id.data = id;
     sub.request_id.len = sizeof(id);
-    sub.n_prompt_token_ids = n;
-    sub.prompt_token_ids = (int32_t *)prompt;
+    sub.n_prompt_token_ids = prompt->num_token_ids;
+    sub.prompt_token_ids = (int32_t *)prompt->token_ids;
+    sub.prompt_text = (char *)prompt->text;
     sub.sampling = &sp;
     sub.has_max_tokens = 1;
     sub.max_tokens = params->max_tokens;
@@ -311,19 +383,45 @@ int pagoda_submit(pagoda_client *c, const pagoda_generate_params *params, const 
     sub.stop_token_ids = (int32_t *)params->stop_token_ids;
     sub.has_ignore_eos = 1;
     sub.ignore_eos = params->ignore_eos != 0;
+    sub.n_stop = params->num_stop;
+    sub.stop = (char **)params->stop;
+    if (params->detokenize >= 0) {
+        sub.has_detokenize = 1;
+        sub.detokenize = params->detokenize != 0;
+    }
+    sub.has_skip_special_tokens = 1;
+    sub.skip_special_tokens = params->skip_special_tokens != 0;
+    if (prompt->add_special_tokens >= 0) {
+        sub.has_add_special_tokens = 1;
+        sub.add_special_tokens = prompt->add_special_tokens != 0;
+    }
+    Pagoda__ChatMessage *store = NULL, **messages = NULL;
+    int rc = 0;
+    if (prompt->num_messages > 0) {
+        if ((rc = chat_messages(prompt, &store, &messages)) != 0)
+            goto out;
+        sub.n_messages = prompt->num_messages;
+        sub.messages = messages;
+        sub.has_add_generation_prompt = 1;
+        sub.add_generation_prompt = prompt->add_generation_prompt != 0;
+        sub.chat_template_kwargs = (char *)prompt->chat_template_kwargs;
+        sub.tools_json = (char *)prompt->tools_json;
+    }
     Pagoda__ClientRequest req = PAGODA__CLIENT_REQUEST__INIT;
     req.call_case = PAGODA__CLIENT_REQUEST__CALL_SUBMIT;
     req.submit = &sub;
     Pagoda__ClientResponse *resp = NULL;
-    int rc = call(c, &req, 0, &resp);
-    if (rc != 0)
-        return rc;
+    if ((rc = call(c, &req, 0, &resp)) != 0)
+        goto out;
     pagoda_result ack;
     rc = result_from_update(resp, id, &ack);
     pagoda__client_response__free_unpacked(resp, NULL);
     pagoda_result_free(&ack);
     if (rc == 0)
         memcpy(request_id_out, id, sizeof(id));
+out:
+    free(store);
+    free(messages);
     return rc;
 }
 
@@ -389,6 +487,8 @@ int pagoda_cancel(pagoda_client *c, const uint8_t request_id[PAGODA_REQUEST_ID_B
 /* Appends a polled piece to the whole result. */
 static int result_append(pagoda_result *all, const pagoda_result *piece, int want_logprobs)
 {
+    if (piece->num_tokens == 0)
+        return 0;
     size_t n = all->num_tokens + piece->num_tokens;
     int32_t *t = realloc(all->token_ids, n * sizeof(*t));
     if (t == NULL)
@@ -407,14 +507,30 @@ static int result_append(pagoda_result *all, const pagoda_result *piece, int wan
     return 0;
 }
 
-int pagoda_generate_stream(pagoda_client *c, const pagoda_generate_params *params,
-                           const int32_t *prompt, size_t n, pagoda_stream_fn on_tokens, void *user,
-                           pagoda_result *result)
+/* Appends a piece's text to the whole result's. */
+static int result_append_text(pagoda_result *all, const pagoda_result *piece)
+{
+    if (piece->text == NULL)
+        return 0;
+    char *t = realloc(all->text, all->text_len + piece->text_len + 1);
+    if (t == NULL)
+        return PAGODA_ENOMEM;
+    memcpy(t + all->text_len, piece->text, piece->text_len);
+    all->text = t;
+    all->text_len += piece->text_len;
+    t[all->text_len] = '\0';
+    return 0;
+}
+
+/* Submits and polls until the request ends, handing each piece to on_tokens or on_piece. */
+static int generate(pagoda_client *c, const pagoda_generate_params *params,
+                    const pagoda_prompt *prompt, pagoda_stream_fn on_tokens,
+                    pagoda_piece_fn on_piece, void *user, pagoda_result *result)
 {
     if (result == NULL)
         return pagoda_error_set(PAGODA_EINVAL, "pagoda_generate: NULL result");
     memset(result, 0, sizeof(*result));
-    int rc = pagoda_submit(c, params, prompt, n, result->request_id);
+    int rc = pagoda_submit_prompt(c, params, prompt, result->request_id);
     if (rc != 0)
         return rc;
     uint32_t backoff_ms = 0;
@@ -438,26 +554,55 @@ int pagoda_generate_stream(pagoda_client *c, const pagoda_generate_params *param
             return pagoda_error_set(PAGODA_EPROTO, "the router sent more than max_tokens (%d)",
                                     (int)params->max_tokens);
         }
-        if (piece.num_tokens > 0) {
-            if ((rc = result_append(result, &piece, params->logprobs)) != 0) {
-                pagoda_result_free(&piece);
-                return rc;
-            }
-            if (on_tokens != NULL)
-                on_tokens(user, have, piece.token_ids, piece.logprobs, piece.num_tokens);
+        if ((rc = result_append(result, &piece, params->logprobs)) != 0 ||
+            (rc = result_append_text(result, &piece)) != 0) {
+            pagoda_result_free(&piece);
+            return rc;
         }
+        if (piece.num_tokens > 0 && on_tokens != NULL)
+            on_tokens(user, have, piece.token_ids, piece.logprobs, piece.num_tokens);
+        if ((piece.num_tokens > 0 || piece.text_len > 0 ||
+             piece.finish_reason != PAGODA_FINISH_NONE) &&
+            on_piece != NULL)
+            on_piece(user, &piece);
         if (piece.finish_reason != PAGODA_FINISH_NONE) {
             result->finish_reason = piece.finish_reason;
             result->prompt_tokens = piece.prompt_tokens;
             result->completion_tokens = piece.completion_tokens;
             result->cached_tokens = piece.cached_tokens;
             result->error_message = piece.error_message;
-            piece.error_message = NULL;
+            result->stop_string = piece.stop_string;
+            result->has_stop_token_id = piece.has_stop_token_id;
+            result->stop_token_id = piece.stop_token_id;
+            piece.error_message = piece.stop_string = NULL;
             pagoda_result_free(&piece);
             return 0;
         }
         pagoda_result_free(&piece);
     }
+}
+
+int pagoda_generate_stream(pagoda_client *c, const pagoda_generate_params *params,
+                           const int32_t *prompt, size_t n, pagoda_stream_fn on_tokens, void *user,
+                           pagoda_result *result)
+{
+    if (result != NULL)
+        memset(result, 0, sizeof(*result));
+    if (n > 0 && prompt == NULL)
+        return pagoda_error_set(PAGODA_EINVAL, "pagoda_generate: NULL prompt");
+    if (n == 0)
+        return pagoda_error_set(PAGODA_EINVAL, "pagoda_submit: the prompt is empty");
+    pagoda_prompt p = pagoda_prompt_default();
+    p.token_ids = prompt;
+    p.num_token_ids = n;
+    return generate(c, params, &p, on_tokens, NULL, user, result);
+}
+
+int pagoda_generate_prompt(pagoda_client *c, const pagoda_generate_params *params,
+                           const pagoda_prompt *prompt, pagoda_piece_fn on_piece, void *user,
+                           pagoda_result *result)
+{
+    return generate(c, params, prompt, NULL, on_piece, user, result);
 }
 
 int pagoda_generate(pagoda_client *c, const pagoda_generate_params *params, const int32_t *prompt,

@@ -692,6 +692,8 @@ static void child_build_argv(struct supervisor *sup, struct child *c)
     case ROLE_ROUTER:
         c->argv[n++] = "--listen";
         c->argv[n++] = (char *)o->listen;
+        c->argv[n++] = "--model"; /* its tokenizer, when it has one */
+        c->argv[n++] = (char *)o->model;
         break;
     default:
         break;

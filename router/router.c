@@ -155,6 +155,7 @@ static void request_free(struct request *q)
 {
     if (q == NULL)
         return;
+    router_text_request_free(q);
     free(q->prompt);
     free(q->stop_ids);
     free(q->tokens);
@@ -201,6 +202,7 @@ static void request_account(struct router *r, struct request *q)
         bytes += (size_t)(q->p.num_stop ? q->p.num_stop : 1) * sizeof(int32_t);
     if (q->error_message != NULL)
         bytes += strlen(q->error_message) + 1;
+    bytes += router_text_bytes(q);
     r->registry_bytes = r->registry_bytes - q->bytes + bytes;
     q->bytes = bytes;
 }
@@ -217,6 +219,7 @@ static void prompt_hash(const struct router *r, const struct submit_params *p, u
     XXH3_128bits_update(&st, p->prompt, (size_t)p->num_prompt * sizeof(int32_t));
     if (p->num_stop)
         XXH3_128bits_update(&st, p->stop_ids, (size_t)p->num_stop * sizeof(int32_t));
+    XXH3_128bits_update(&st, p->text_hash, sizeof(p->text_hash));
     XXH128_hash_t h = XXH3_128bits_digest(&st);
     out[0] = h.low64;
     out[1] = h.high64;
@@ -520,6 +523,15 @@ static void reply_update_ex(struct rctx *c, struct request *q, uint32_t offset, 
     }
     up.has_finish_reason = 1;
     up.finish_reason = q->finish;
+    char *text = NULL, *stop_string = NULL;
+    if (with_tokens && router_text_fill(q, offset, &text, &stop_string) != 0) {
+        router_reply_error(c, PAGODA_ENOMEM, "out of memory for the request's text");
+        return;
+    }
+    up.text = text;
+    up.stop_string = stop_string;
+    up.has_stop_token_id = q->has_stop_token_id;
+    up.stop_token_id = q->stop_token_id;
     if (q->finish != PAGODA__FINISH_REASON__FINISH_NONE) {
         usage.has_prompt_tokens = usage.has_completion_tokens = usage.has_cached_tokens = 1;
         usage.prompt_tokens = q->prompt_tokens;
@@ -534,6 +546,8 @@ static void reply_update_ex(struct rctx *c, struct request *q, uint32_t offset, 
     resp.result_case = PAGODA__CLIENT_RESPONSE__RESULT_UPDATE;
     resp.update = &up;
     router_reply(c, &resp);
+    free(text);
+    free(stop_string);
 }
 
 static void reply_update(struct rctx *c, struct request *q, uint32_t offset)
@@ -802,6 +816,7 @@ static void finish_request(struct router *r, struct request *q, Pagoda__FinishRe
     q->error_code = error_code;
     if (error_message != NULL)
         q->error_message = strdup(error_message);
+    router_text_on_finish(q);
     request_forget_prompt(r, q);
     set_pending(r, q, &q->need_submit, 0);
     list_push_back(&r->finished, q);
@@ -900,6 +915,8 @@ static struct request *adopt_request(struct router *r, const Pagoda__Internal__T
         r->alias_buckets[b] = q;
         q->aliased = 1;
     }
+    if (router_text_attach(r, q, NULL) != 0)
+        log_warn("request %s: no memory for its text: it gets token ids only", hex);
     list_push_back(&r->live, q);
     r->slots[tenant].live++;
     tenancy_ref(r, tenant);
@@ -954,11 +971,27 @@ static void apply_event(struct router *r, const Pagoda__Internal__TokenEvent *ev
         if (q->num_tokens >= (uint32_t)q->p.max_tokens)
             break;
         float lp = i < ev->n_logprobs ? ev->logprobs[i] : 0.0f;
-        if (append_token(q, ev->token_ids[i], lp) != 0) {
+        int stop = 0;
+        if (append_token(q, ev->token_ids[i], lp) != 0 ||
+            router_text_on_token(q, ev->token_ids[i], &stop) != 0) {
             finish_request(r, q, PAGODA__FINISH_REASON__FINISH_ERROR, PAGODA_ENOMEM,
                            "the router ran out of memory for this request's tokens");
             set_pending(r, q, &q->need_cancel, 1);
             router_flush_pending(r);
+            registry_trim(r, q->tenant);
+            return;
+        }
+        if (stop > 0) {
+            /* A stop string: the output ends at this token (the text before the string), and
+             * the scheduler stops the sequence; what it sends later is ignored. */
+            if (ev->has_prompt_tokens)
+                q->prompt_tokens = ev->prompt_tokens;
+            if (ev->has_cached_tokens)
+                q->cached_tokens = ev->cached_tokens;
+            finish_request(r, q, PAGODA__FINISH_REASON__FINISH_STOP, 0, NULL);
+            set_pending(r, q, &q->need_cancel, 1);
+            router_flush_pending(r);
+            request_account(r, q);
             registry_trim(r, q->tenant);
             return;
         }
@@ -970,6 +1003,17 @@ static void apply_event(struct router *r, const Pagoda__Internal__TokenEvent *ev
             q->prompt_tokens = ev->prompt_tokens;
         if (ev->has_cached_tokens)
             q->cached_tokens = ev->cached_tokens;
+        /* Which stop: a stop token id is the last token; EOS is neither. */
+        if (ev->finish_reason == PAGODA__INTERNAL__FINISH_REASON__FINISH_STOP &&
+            q->num_tokens > 0 && q->stop_ids != NULL) {
+            int32_t last = q->tokens[q->num_tokens - 1];
+            for (uint32_t k = 0; k < q->p.num_stop; k++)
+                if (q->stop_ids[k] == last) {
+                    q->has_stop_token_id = 1;
+                    q->stop_token_id = last;
+                    break;
+                }
+        }
         finish_request(r, q, finish_from_internal(ev->finish_reason),
                        ev->has_error_code ? ev->error_code : 0, ev->error_message);
         registry_trim(r, q->tenant);
@@ -1108,7 +1152,10 @@ static int submit_params_read(const struct router *r, const Pagoda__SubmitReques
 {
     const struct router_config *cfg = &r->cfg;
     memset(p, 0, sizeof(*p));
-    if (s->n_prompt_token_ids == 0)
+    int rc = router_text_read(r, s, &p->has_text, p->text_hash);
+    if (rc != 0)
+        return rc;
+    if (s->n_prompt_token_ids == 0 && !p->has_text)
         return pagoda_error_set(PAGODA_EINVAL, "the prompt is empty");
     if (s->n_prompt_token_ids > cfg->max_prompt_tokens)
         return pagoda_error_set(PAGODA_ERANGE,
@@ -1154,7 +1201,10 @@ static int submit_params_read(const struct router *r, const Pagoda__SubmitReques
 static int submit_params_equal(const struct submit_params *a, const uint64_t a_hash[2],
                                const struct submit_params *b, const uint64_t b_hash[2])
 {
-    return a->num_prompt == b->num_prompt && a->num_stop == b->num_stop && a_hash[0] == b_hash[0] &&
+    /* A text prompt's token count is known only once tokenized: its text is in the hash. */
+    int same_prompt =
+        a->has_text || b->has_text ? a->has_text == b->has_text : a->num_prompt == b->num_prompt;
+    return same_prompt && a->num_stop == b->num_stop && a_hash[0] == b_hash[0] &&
            a_hash[1] == b_hash[1] && a->sampling.temperature == b->sampling.temperature &&
            a->sampling.top_p == b->sampling.top_p && a->sampling.top_k == b->sampling.top_k &&
            a->sampling.min_p == b->sampling.min_p &&
@@ -1176,7 +1226,7 @@ static struct request *request_new(const struct router *r, uint32_t tenant, cons
     q->tenant = tenant;
     sched_id_of(r, tenant, id, q->sched_id);
     q->p = *p;
-    q->prompt = malloc(p->num_prompt * sizeof(int32_t));
+    q->prompt = malloc((p->num_prompt ? p->num_prompt : 1) * sizeof(int32_t));
     q->stop_ids = malloc((p->num_stop ? p->num_stop : 1) * sizeof(int32_t));
     if (q->prompt == NULL || q->stop_ids == NULL) {
         request_free(q);
@@ -1267,6 +1317,11 @@ static void handle_submit(struct router *r, struct rctx *c, uint32_t tenant,
         router_reply_error(c, PAGODA_ENOMEM, "submit: out of memory");
         return;
     }
+    if ((rc = router_text_attach(r, q, s)) != 0) {
+        request_free(q);
+        router_reply_error(c, rc, "submit: %s", pagoda_error_detail());
+        return;
+    }
     size_t b = bucket_of(r, q->sched_id);
     q->hash_next = r->buckets[b];
     r->buckets[b] = q;
@@ -1274,9 +1329,37 @@ static void handle_submit(struct router *r, struct rctx *c, uint32_t tenant,
     r->slots[tenant].live++;
     tenancy_ref(r, tenant);
     request_account(r, q);
+    if (q->job == NULL) { /* a text prompt goes once its job has tokenized it */
+        set_pending(r, q, &q->need_submit, 1);
+        router_flush_pending(r);
+    }
+    reply_submitted(c, q);
+}
+
+void router_prompt_ready(struct router *r, struct request *q, int rc, const char *detail,
+                         int32_t *ids, size_t n)
+{
+    if (q->finish != PAGODA__FINISH_REASON__FINISH_NONE) {
+        free(ids); /* cancelled while it was tokenized */
+        return;
+    }
+    if (rc != 0) {
+        free(ids);
+        char hex[2 * ID_BYTES + 1];
+        id_hex(q->id, hex);
+        log_debug("request %s: its prompt was refused: %s", hex, detail);
+        finish_request(r, q, PAGODA__FINISH_REASON__FINISH_ERROR, rc, detail);
+        registry_trim(r, q->tenant);
+        return;
+    }
+    free(q->prompt);
+    q->prompt = ids;
+    q->p.prompt = ids;
+    q->p.num_prompt = (uint32_t)n;
+    q->prompt_tokens = (uint32_t)n;
+    request_account(r, q);
     set_pending(r, q, &q->need_submit, 1);
     router_flush_pending(r);
-    reply_submitted(c, q);
 }
 
 static void handle_poll(struct router *r, struct rctx *c, uint32_t tenant,
@@ -1687,6 +1770,7 @@ static void router_free(struct router *r)
     free(r->alias_buckets);
     pipe_table_free(r->pipes);
     tenancy_close(r);
+    router_text_close(r);
     if (r->lock_init)
         pthread_mutex_destroy(&r->lock);
     free(r->run_dir);
@@ -1929,6 +2013,8 @@ int router_open(uv_loop_t *loop, const struct router_config *cfg, struct router 
     r->hash_seed = random_u64();
     r->id_seed = random_u64();
     if ((rc = tenancy_open(r, cfg->tenants_file)) != 0)
+        goto fail;
+    if ((rc = router_text_open(r, cfg->model_dir)) != 0)
         goto fail;
     if (pthread_mutex_init(&r->lock, NULL) != 0) {
         rc = pagoda_error_set(PAGODA_EIO, "router: pthread_mutex_init failed");

@@ -89,7 +89,10 @@
 /* The largest client message the REP socket ever accepts (NNG_OPT_RECVMAXSZ); the limit in
  * force is sized from the prompt limit (router_max_message_bytes). */
 #define ROUTER_MAX_CLIENT_MESSAGE_BYTES (4u << 20)
-/* A packed prompt token id below 2^28 (every vocabulary's) takes at most 4 bytes. */
+/* A packed prompt token id below 2^28 (every vocabulary's) takes at most 4 bytes. A text prompt
+ * or a chat counts against the same limit: about 4 bytes a token for byte-level BPEs on prose, so
+ * a text near the token limit with longer tokens (runs of spaces) does not fit the message. Kept
+ * at 4 so that the worst case of the front (README) does not grow with text. */
 #define ROUTER_BYTES_PER_PROMPT_TOKEN 4u
 /* Room in a Submit for everything but the prompt: id, key, sampling, stop ids, framing. */
 #define ROUTER_MESSAGE_OVERHEAD_BYTES (16u << 10)
@@ -136,6 +139,7 @@ struct router_config {
     const char *listen_url;         /* tcp://HOST:PORT or ipc://PATH */
     const char *scheduler_url;      /* NULL: ipc://RUN_DIR/scheduler.ipc */
     const char *tenants_file;       /* router/tenants.h; NULL: one tenant, any key */
+    const char *model_dir;          /* the model's folder: its tokenizer; NULL: token ids only */
     uint32_t num_contexts;          /* contexts always free to receive a call */
     uint32_t max_parked_calls;      /* polls and stats waiting at once */
     uint32_t max_connections;       /* client connections at once (lowered to fit the fd limit) */
