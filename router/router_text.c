@@ -18,6 +18,7 @@
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
+#define XXH_INLINE_ALL
 #include <xxhash.h>
 
 /* The text model shared by the router and its jobs: a job in flight keeps it alive when the

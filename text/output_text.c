@@ -143,10 +143,11 @@ static int find_stop(struct output_text *o, size_t from)
         }
     }
     if (which != 0) {
+        /* Everything before the stop is final now; nothing after it was ever visible (text
+         * that could begin a stop is held back). */
         o->len = best;
         o->text[best] = '\0';
-        if (o->visible > best)
-            o->visible = best; /* cannot happen: text that could begin a stop is held back */
+        o->visible = best;
     }
     return which;
 }

@@ -231,10 +231,23 @@ static void scenario_text(struct group *g, const Tokenizer *tok, const ChatTempl
     pagoda_result_free(&stopped);
 
     /* A stop token id: it is named. */
-    int32_t stop_id = by_ids.token_ids[5];
-    size_t at = 0;
-    while (by_ids.token_ids[at] != stop_id)
-        at++;
+    /* The first token from the fourth on that has not appeared before it (else the fourth). */
+    size_t at = 3;
+    for (size_t k = 3; k < by_ids.num_tokens; k++) {
+        size_t j = 0;
+        while (j < k && by_ids.token_ids[j] != by_ids.token_ids[k])
+            j++;
+        if (j == k) {
+            at = k;
+            break;
+        }
+    }
+    int32_t stop_id = by_ids.token_ids[at];
+    for (size_t j = 0; j < at; j++)
+        if (by_ids.token_ids[j] == stop_id) {
+            at = j;
+            break;
+        }
     pagoda_generate_params pt = p;
     pt.ignore_eos = 0;
     pt.stop_token_ids = &stop_id;
@@ -326,6 +339,16 @@ static void scenario_text(struct group *g, const Tokenizer *tok, const ChatTempl
     char *out = run_cli(g, args, NULL, &out_len);
     CHECK(out != NULL && out_len == decoded_len + 1 && memcmp(out, decoded, decoded_len) == 0,
           "pagoda generate --prompt prints the text (%zu bytes)", out_len);
+    free(out);
+    /* pagoda-run --prompt: the same text offline. */
+    char cmd[4096], out_path[700];
+    snprintf(out_path, sizeof(out_path), "%s/run.out", g->tmp);
+    snprintf(cmd, sizeof(cmd),
+             "'%s/pagoda-run' --model '%s' --prompt '%s' --max-tokens %d --ignore-eos >'%s'",
+             g->bin_dir, g->model, PROSE, MAX_TOKENS, out_path);
+    out = system(cmd) == 0 ? read_all(out_path, &out_len) : NULL;
+    CHECK(out != NULL && out_len == decoded_len + 1 && memcmp(out, decoded, decoded_len) == 0,
+          "pagoda-run --prompt prints the same text (%zu bytes)", out_len);
     free(out);
     pagoda_generate_params pc = group_greedy(16);
     pc.ignore_eos = 0;
