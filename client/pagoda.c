@@ -14,13 +14,10 @@
 #include <string.h>
 #include <sys/random.h>
 
-/* The protocol version of proto/pagoda.proto this client speaks. */
-#define CLIENT_PROTOCOL_VERSION 1u
-/* The largest request any router accepts (router.h ROUTER_MAX_CLIENT_MESSAGE_BYTES): a bigger
- * one would only make NNG drop the connection, so it is refused here with a clear error. The
- * limit in force is usually lower (sized from the model's context, router.h): a request between
- * the two goes unanswered and the call times out. */
-#define CLIENT_MAX_REQUEST_BYTES (4u << 20)
+/* CLIENT_MAX_REQUEST_BYTES (client_internal.h): a bigger request would only make NNG drop the
+ * connection, so it is refused here with a clear error. The limit in force is usually lower
+ * (sized from the model's context, router.h): a request between the two goes unanswered and the
+ * call times out. */
 /* pagoda_generate's wait per poll. */
 #define GENERATE_POLL_WAIT_MS 10000u
 /* A poll answered with nothing new long before its wait ran out means the router holds as many
@@ -35,6 +32,26 @@ struct pagoda_client {
     atomic_uint resend_ms; /* beyond a call's poll wait; see pagoda_client_set_resend_ms */
     char *api_key;         /* sent with every call; NULL: none */
 };
+
+nng_socket client_socket(const pagoda_client *c)
+{
+    return c->sock;
+}
+
+uint32_t client_timeout_ms(const pagoda_client *c)
+{
+    return atomic_load(&c->timeout_ms);
+}
+
+uint32_t client_resend_ms(const pagoda_client *c)
+{
+    return atomic_load(&c->resend_ms);
+}
+
+const char *client_api_key(const pagoda_client *c)
+{
+    return c->api_key;
+}
 
 pagoda_generate_params pagoda_generate_params_default(void)
 {
@@ -231,7 +248,7 @@ void pagoda_result_free(pagoda_result *r)
 }
 
 /* Copies an update into *result (which is overwritten). */
-static int result_from_update(const Pagoda__ClientResponse *resp,
+int client_result_from_update(const Pagoda__ClientResponse *resp,
                               const uint8_t id[PAGODA_REQUEST_ID_BYTES], pagoda_result *result)
 {
     memset(result, 0, sizeof(*result));
@@ -307,36 +324,11 @@ int pagoda_submit(pagoda_client *c, const pagoda_generate_params *params, const 
     return pagoda_submit_prompt(c, params, &p, request_id_out);
 }
 
-/* The prompt's messages as protobuf messages (pointers borrowed from the caller's). */
-static int chat_messages(const pagoda_prompt *p, Pagoda__ChatMessage **store,
-                         Pagoda__ChatMessage ***out)
+int client_submit_build(struct client_submit *cs, const pagoda_generate_params *params,
+                        const pagoda_prompt *prompt, const uint8_t id[PAGODA_REQUEST_ID_BYTES])
 {
-    *store = calloc(p->num_messages, sizeof(**store));
-    *out = calloc(p->num_messages, sizeof(**out));
-    if (*store == NULL || *out == NULL)
-        return PAGODA_ENOMEM;
-    for (size_t i = 0; i < p->num_messages; i++) {
-        const pagoda_chat_message *m = &p->messages[i];
-        if (m->role == NULL)
-            return pagoda_error_set(PAGODA_EINVAL, "pagoda_submit: message %zu has no role", i);
-        Pagoda__ChatMessage init = PAGODA__CHAT_MESSAGE__INIT;
-        (*store)[i] = init;
-        (*store)[i].role = (char *)m->role;
-        (*store)[i].content = (char *)m->content;
-        (*store)[i].name = (char *)m->name;
-        (*store)[i].tool_call_id = (char *)m->tool_call_id;
-        (*store)[i].tool_calls_json = (char *)m->tool_calls_json;
-        (*store)[i].reasoning_content = (char *)m->reasoning_content;
-        (*out)[i] = &(*store)[i];
-    }
-    return 0;
-}
-
-int pagoda_submit_prompt(pagoda_client *c, const pagoda_generate_params *params,
-                         const pagoda_prompt *prompt,
-                         uint8_t request_id_out[PAGODA_REQUEST_ID_BYTES])
-{
-    if (c == NULL || params == NULL || prompt == NULL || request_id_out == NULL ||
+    memset(cs, 0, sizeof(*cs));
+    if (params == NULL || prompt == NULL ||
         (prompt->num_token_ids > 0 && prompt->token_ids == NULL) ||
         (prompt->num_messages > 0 && prompt->messages == NULL) ||
         (params->num_stop_token_ids > 0 && params->stop_token_ids == NULL) ||
@@ -351,10 +343,7 @@ int pagoda_submit_prompt(pagoda_client *c, const pagoda_generate_params *params,
     if (params->max_tokens < 1)
         return pagoda_error_set(PAGODA_ERANGE, "pagoda_submit: max_tokens %d must be >= 1",
                                 (int)params->max_tokens);
-    uint8_t id[PAGODA_REQUEST_ID_BYTES];
-    if (getrandom(id, sizeof(id), 0) != (ssize_t)sizeof(id))
-        return pagoda_error_set(PAGODA_EIO, "getrandom failed: no request id");
-
+    memcpy(cs->id, id, PAGODA_REQUEST_ID_BYTES);
     Pagoda__SamplingParams sp = PAGODA__SAMPLING_PARAMS__INIT;
     sp.has_temperature = sp.has_top_p = sp.has_top_k = sp.has_min_p = 1;
     sp.has_repetition_penalty = sp.has_presence_penalty = sp.has_frequency_penalty = 1;
@@ -369,14 +358,14 @@ int pagoda_submit_prompt(pagoda_client *c, const pagoda_generate_params *params,
     sp.seed = params->seed;
     sp.has_logprobs = 1;
     sp.logprobs = params->logprobs != 0;
+    cs->sp = sp;
     Pagoda__SubmitRequest sub = PAGODA__SUBMIT_REQUEST__INIT;
     sub.has_request_id = 1;
-    sub.request_id.data = id;
-    sub.request_id.len = sizeof(id);
+    sub.request_id.data = cs->id;
+    sub.request_id.len = PAGODA_REQUEST_ID_BYTES;
     sub.n_prompt_token_ids = prompt->num_token_ids;
     sub.prompt_token_ids = (int32_t *)prompt->token_ids;
     sub.prompt_text = (char *)prompt->text;
-    sub.sampling = &sp;
     sub.has_max_tokens = 1;
     sub.max_tokens = params->max_tokens;
     sub.n_stop_token_ids = params->num_stop_token_ids;
@@ -395,33 +384,76 @@ int pagoda_submit_prompt(pagoda_client *c, const pagoda_generate_params *params,
         sub.has_add_special_tokens = 1;
         sub.add_special_tokens = prompt->add_special_tokens != 0;
     }
-    Pagoda__ChatMessage *store = NULL, **messages = NULL;
-    int rc = 0;
     if (prompt->num_messages > 0) {
-        if ((rc = chat_messages(prompt, &store, &messages)) != 0)
-            goto out;
+        cs->store = calloc(prompt->num_messages, sizeof(*cs->store));
+        cs->messages = calloc(prompt->num_messages, sizeof(*cs->messages));
+        if (cs->store == NULL || cs->messages == NULL) {
+            client_submit_fini(cs);
+            return PAGODA_ENOMEM;
+        }
+        for (size_t i = 0; i < prompt->num_messages; i++) {
+            const pagoda_chat_message *m = &prompt->messages[i];
+            if (m->role == NULL) {
+                client_submit_fini(cs);
+                return pagoda_error_set(PAGODA_EINVAL, "pagoda_submit: message %zu has no role", i);
+            }
+            Pagoda__ChatMessage init = PAGODA__CHAT_MESSAGE__INIT;
+            cs->store[i] = init;
+            cs->store[i].role = (char *)m->role;
+            cs->store[i].content = (char *)m->content;
+            cs->store[i].name = (char *)m->name;
+            cs->store[i].tool_call_id = (char *)m->tool_call_id;
+            cs->store[i].tool_calls_json = (char *)m->tool_calls_json;
+            cs->store[i].reasoning_content = (char *)m->reasoning_content;
+            cs->messages[i] = &cs->store[i];
+        }
         sub.n_messages = prompt->num_messages;
-        sub.messages = messages;
+        sub.messages = cs->messages;
         sub.has_add_generation_prompt = 1;
         sub.add_generation_prompt = prompt->add_generation_prompt != 0;
         sub.chat_template_kwargs = (char *)prompt->chat_template_kwargs;
         sub.tools_json = (char *)prompt->tools_json;
     }
+    cs->sub = sub;
+    cs->sub.sampling = &cs->sp;
     Pagoda__ClientRequest req = PAGODA__CLIENT_REQUEST__INIT;
-    req.call_case = PAGODA__CLIENT_REQUEST__CALL_SUBMIT;
-    req.submit = &sub;
+    cs->req = req;
+    cs->req.call_case = PAGODA__CLIENT_REQUEST__CALL_SUBMIT;
+    cs->req.submit = &cs->sub;
+    return 0;
+}
+
+void client_submit_fini(struct client_submit *cs)
+{
+    free(cs->store);
+    free(cs->messages);
+    cs->store = NULL;
+    cs->messages = NULL;
+}
+
+int pagoda_submit_prompt(pagoda_client *c, const pagoda_generate_params *params,
+                         const pagoda_prompt *prompt,
+                         uint8_t request_id_out[PAGODA_REQUEST_ID_BYTES])
+{
+    if (c == NULL || request_id_out == NULL)
+        return pagoda_error_set(PAGODA_EINVAL, "pagoda_submit: NULL argument");
+    uint8_t id[PAGODA_REQUEST_ID_BYTES];
+    if (getrandom(id, sizeof(id), 0) != (ssize_t)sizeof(id))
+        return pagoda_error_set(PAGODA_EIO, "getrandom failed: no request id");
+    struct client_submit cs;
+    int rc = client_submit_build(&cs, params, prompt, id);
+    if (rc != 0)
+        return rc;
     Pagoda__ClientResponse *resp = NULL;
-    if ((rc = call(c, &req, 0, &resp)) != 0)
-        goto out;
-    pagoda_result ack;
-    rc = result_from_update(resp, id, &ack);
-    pagoda__client_response__free_unpacked(resp, NULL);
-    pagoda_result_free(&ack);
+    if ((rc = call(c, &cs.req, 0, &resp)) == 0) {
+        pagoda_result ack;
+        rc = client_result_from_update(resp, id, &ack);
+        pagoda__client_response__free_unpacked(resp, NULL);
+        pagoda_result_free(&ack);
+    }
+    client_submit_fini(&cs);
     if (rc == 0)
         memcpy(request_id_out, id, sizeof(id));
-out:
-    free(store);
-    free(messages);
     return rc;
 }
 
@@ -448,7 +480,7 @@ int pagoda_poll(pagoda_client *c, const uint8_t request_id[PAGODA_REQUEST_ID_BYT
     int rc = call(c, &req, wait_ms, &resp);
     if (rc != 0)
         return rc;
-    rc = result_from_update(resp, request_id, result);
+    rc = client_result_from_update(resp, request_id, result);
     pagoda__client_response__free_unpacked(resp, NULL);
     if (rc == 0 && result->num_tokens > 0 && result->offset != offset) {
         pagoda_result_free(result);
@@ -475,7 +507,7 @@ int pagoda_cancel(pagoda_client *c, const uint8_t request_id[PAGODA_REQUEST_ID_B
     if (rc != 0)
         return rc;
     pagoda_result state;
-    rc = result_from_update(resp, request_id, &state);
+    rc = client_result_from_update(resp, request_id, &state);
     pagoda__client_response__free_unpacked(resp, NULL);
     if (rc == 0 && result != NULL)
         *result = state;
@@ -611,23 +643,8 @@ int pagoda_generate(pagoda_client *c, const pagoda_generate_params *params, cons
     return pagoda_generate_stream(c, params, prompt, n, NULL, NULL, result);
 }
 
-int pagoda_stats(pagoda_client *c, pagoda_engine_stats *out)
+void client_stats_from_proto(const Pagoda__Stats *s, pagoda_engine_stats *out)
 {
-    if (c == NULL || out == NULL)
-        return pagoda_error_set(PAGODA_EINVAL, "pagoda_stats: NULL argument");
-    Pagoda__StatsRequest sreq = PAGODA__STATS_REQUEST__INIT;
-    Pagoda__ClientRequest req = PAGODA__CLIENT_REQUEST__INIT;
-    req.call_case = PAGODA__CLIENT_REQUEST__CALL_STATS;
-    req.stats = &sreq;
-    Pagoda__ClientResponse *resp = NULL;
-    int rc = call(c, &req, 0, &resp);
-    if (rc != 0)
-        return rc;
-    if (resp->result_case != PAGODA__CLIENT_RESPONSE__RESULT_STATS || resp->stats == NULL) {
-        pagoda__client_response__free_unpacked(resp, NULL);
-        return pagoda_error_set(PAGODA_EPROTO, "the router's reply carries no stats");
-    }
-    const Pagoda__Stats *s = resp->stats;
     memset(out, 0, sizeof(*out));
     out->running = s->running;
     out->waiting = s->waiting;
@@ -657,6 +674,25 @@ int pagoda_stats(pagoda_client *c, pagoda_engine_stats *out)
     out->scheduler_connected = s->scheduler_connected;
     if (s->tenant != NULL)
         snprintf(out->tenant, sizeof(out->tenant), "%s", s->tenant);
+}
+
+int pagoda_stats(pagoda_client *c, pagoda_engine_stats *out)
+{
+    if (c == NULL || out == NULL)
+        return pagoda_error_set(PAGODA_EINVAL, "pagoda_stats: NULL argument");
+    Pagoda__StatsRequest sreq = PAGODA__STATS_REQUEST__INIT;
+    Pagoda__ClientRequest req = PAGODA__CLIENT_REQUEST__INIT;
+    req.call_case = PAGODA__CLIENT_REQUEST__CALL_STATS;
+    req.stats = &sreq;
+    Pagoda__ClientResponse *resp = NULL;
+    int rc = call(c, &req, 0, &resp);
+    if (rc != 0)
+        return rc;
+    if (resp->result_case != PAGODA__CLIENT_RESPONSE__RESULT_STATS || resp->stats == NULL) {
+        pagoda__client_response__free_unpacked(resp, NULL);
+        return pagoda_error_set(PAGODA_EPROTO, "the router's reply carries no stats");
+    }
+    client_stats_from_proto(resp->stats, out);
     pagoda__client_response__free_unpacked(resp, NULL);
     return 0;
 }
