@@ -38,6 +38,7 @@ struct client_submit {
     Pagoda__SubmitRequest sub;
     Pagoda__ClientRequest req;
     Pagoda__ChatMessage *store, **messages;
+    ProtobufCBinaryData stops[PAGODA_MAX_STOP_STRINGS];
 };
 
 /* Checks params and prompt and builds the Submit for request id into *cs (release with

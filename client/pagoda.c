@@ -295,16 +295,25 @@ int client_result_from_update(const Pagoda__ClientResponse *resp,
             return PAGODA_ENOMEM;
         }
     }
-    if (up->text != NULL) {
-        result->text_len = strlen(up->text);
-        if ((result->text = strdup(up->text)) == NULL) {
+    /* Text may hold U+0000 (a model may write it): text_len is its length; a NUL follows it. */
+    if (up->has_text) {
+        result->text_len = up->text.len;
+        if ((result->text = malloc(up->text.len + 1)) == NULL) {
             pagoda_result_free(result);
             return PAGODA_ENOMEM;
         }
+        if (up->text.len > 0)
+            memcpy(result->text, up->text.data, up->text.len);
+        result->text[up->text.len] = '\0';
     }
-    if (up->stop_string != NULL && (result->stop_string = strdup(up->stop_string)) == NULL) {
-        pagoda_result_free(result);
-        return PAGODA_ENOMEM;
+    if (up->has_stop_string) {
+        if ((result->stop_string = malloc(up->stop_string.len + 1)) == NULL) {
+            pagoda_result_free(result);
+            return PAGODA_ENOMEM;
+        }
+        if (up->stop_string.len > 0)
+            memcpy(result->stop_string, up->stop_string.data, up->stop_string.len);
+        result->stop_string[up->stop_string.len] = '\0';
     }
     result->has_stop_token_id = up->has_stop_token_id;
     result->stop_token_id = up->stop_token_id;
@@ -365,15 +374,28 @@ int client_submit_build(struct client_submit *cs, const pagoda_generate_params *
     sub.request_id.len = PAGODA_REQUEST_ID_BYTES;
     sub.n_prompt_token_ids = prompt->num_token_ids;
     sub.prompt_token_ids = (int32_t *)prompt->token_ids;
-    sub.prompt_text = (char *)prompt->text;
+    if (prompt->text != NULL) {
+        sub.has_prompt_text = 1;
+        sub.prompt_text.data = (uint8_t *)prompt->text;
+        sub.prompt_text.len = strlen(prompt->text);
+    }
     sub.has_max_tokens = 1;
     sub.max_tokens = params->max_tokens;
     sub.n_stop_token_ids = params->num_stop_token_ids;
     sub.stop_token_ids = (int32_t *)params->stop_token_ids;
     sub.has_ignore_eos = 1;
     sub.ignore_eos = params->ignore_eos != 0;
+    if (params->num_stop > PAGODA_MAX_STOP_STRINGS)
+        return pagoda_error_set(PAGODA_ERANGE, "pagoda_submit: %zu stop strings, more than %u",
+                                params->num_stop, PAGODA_MAX_STOP_STRINGS);
+    for (size_t i = 0; i < params->num_stop; i++) {
+        if (params->stop[i] == NULL)
+            return pagoda_error_set(PAGODA_EINVAL, "pagoda_submit: stop string %zu is NULL", i);
+        cs->stops[i].data = (uint8_t *)params->stop[i];
+        cs->stops[i].len = strlen(params->stop[i]);
+    }
     sub.n_stop = params->num_stop;
-    sub.stop = (char **)params->stop;
+    sub.stop = cs->stops;
     if (params->detokenize >= 0) {
         sub.has_detokenize = 1;
         sub.detokenize = params->detokenize != 0;
@@ -400,7 +422,11 @@ int client_submit_build(struct client_submit *cs, const pagoda_generate_params *
             Pagoda__ChatMessage init = PAGODA__CHAT_MESSAGE__INIT;
             cs->store[i] = init;
             cs->store[i].role = (char *)m->role;
-            cs->store[i].content = (char *)m->content;
+            if (m->content != NULL) {
+                cs->store[i].has_content = 1;
+                cs->store[i].content.data = (uint8_t *)m->content;
+                cs->store[i].content.len = strlen(m->content);
+            }
             cs->store[i].name = (char *)m->name;
             cs->store[i].tool_call_id = (char *)m->tool_call_id;
             cs->store[i].tool_calls_json = (char *)m->tool_calls_json;

@@ -40,6 +40,8 @@
 #define PAGODA_MAX_API_KEY_BYTES 256u
 /* Room for a tenant's name in pagoda_engine_stats (names are at most 63 bytes). */
 #define PAGODA_STATS_TENANT_BYTES 64u
+/* The most stop strings a request may have (the router's limit). */
+#define PAGODA_MAX_STOP_STRINGS 16u
 /* The largest reply the client accepts (NNG_OPT_RECVMAXSZ). */
 #define PAGODA_MAX_REPLY_BYTES (64u << 20)
 
@@ -117,8 +119,9 @@ typedef struct pagoda_result {
     /* Set once the request has finished. */
     uint32_t prompt_tokens, completion_tokens, cached_tokens;
     char *error_message; /* with PAGODA_FINISH_ERROR: why; else NULL */
-    /* The text these tokens complete (NUL-terminated, text_len bytes; NULL when the router
-     * returns none): a poll's piece, or with pagoda_generate_prompt the whole output. */
+    /* The text these tokens complete (text_len bytes of UTF-8 and a NUL after them; the text may
+     * itself hold U+0000, so use text_len; NULL when the router returns none): a poll's piece,
+     * or with pagoda_generate_prompt the whole output. */
     char *text;
     size_t text_len;
     /* With PAGODA_FINISH_STOP: the stop string that ended it (else NULL), or the stop token id

@@ -95,12 +95,13 @@ static void print_json_ints(const int32_t *v, size_t n)
     putchar(']');
 }
 
-/* JSON string body: the only strings printed are the router's messages. */
-static void print_json_string(const char *s)
+/* A JSON string of len bytes of UTF-8 (the router's messages, the output's text, which may hold
+ * U+0000). */
+static void print_json_bytes(const char *s, size_t len)
 {
     putchar('"');
-    for (; *s; s++) {
-        unsigned char ch = (unsigned char)*s;
+    for (size_t i = 0; i < len; i++) {
+        unsigned char ch = (unsigned char)s[i];
         if (ch == '"' || ch == '\\')
             printf("\\%c", ch);
         else if (ch < 0x20)
@@ -109,6 +110,11 @@ static void print_json_string(const char *s)
             putchar(ch);
     }
     putchar('"');
+}
+
+static void print_json_string(const char *s)
+{
+    print_json_bytes(s, strlen(s));
 }
 
 struct stream_state {
@@ -125,8 +131,11 @@ static void on_piece(void *user, const pagoda_result *piece)
         printf("{\"offset\": %u, \"token_ids\": ", piece->offset);
         print_json_ints(piece->token_ids, piece->num_tokens);
         fputs(", \"text\": ", stdout);
-        print_json_string(piece->text ? piece->text : "");
+        print_json_bytes(piece->text ? piece->text : "", piece->text_len);
         fputs("}\n", stdout);
+    } else if (!st->text) {
+        for (size_t i = 0; i < piece->num_tokens; i++)
+            printf("%s%d", st->printed++ ? "," : "", piece->token_ids[i]);
     } else if (piece->text != NULL) {
         fwrite(piece->text, 1, piece->text_len, stdout);
         st->printed += piece->text_len > 0;
@@ -324,7 +333,7 @@ static void print_json_stop(const pagoda_result *res)
 {
     if (res->text != NULL) {
         fputs(", \"text\": ", stdout);
-        print_json_string(res->text);
+        print_json_bytes(res->text, res->text_len);
     }
     if (res->stop_string != NULL) {
         fputs(", \"stop_string\": ", stdout);
@@ -351,7 +360,7 @@ static int cmd_generate(pagoda_client *c, struct cli *o)
     if (st.text)
         rc = pagoda_generate_prompt(c, &o->params, &prompt, o->stream ? on_piece : NULL, &st, &res);
     else if (o->num_stops > 0)
-        rc = pagoda_generate_prompt(c, &o->params, &prompt, NULL, NULL, &res);
+        rc = pagoda_generate_prompt(c, &o->params, &prompt, o->stream ? on_piece : NULL, &st, &res);
     else
         rc = pagoda_generate_stream(c, &o->params, o->prompt, o->num_prompt,
                                     o->stream ? on_tokens : NULL, &st, &res);
@@ -424,6 +433,10 @@ static char *read_line(void)
         free(buf);
         return NULL;
     }
+    if (len > 0 && buf[len - 1] == '\r') /* CRLF input */
+        len--;
+    if (len + 1 == cap && cap >= CHAT_MAX_LINE_BYTES)
+        fprintf(stderr, "pagoda: a line longer than %u bytes was cut\n", CHAT_MAX_LINE_BYTES);
     buf[len] = '\0';
     return buf;
 }

@@ -523,13 +523,11 @@ static void reply_update_ex(struct rctx *c, struct request *q, uint32_t offset, 
     }
     up.has_finish_reason = 1;
     up.finish_reason = q->finish;
-    char *text = NULL, *stop_string = NULL;
-    if (with_tokens && router_text_fill(q, offset, &text, &stop_string) != 0) {
-        router_reply_error(c, PAGODA_ENOMEM, "out of memory for the request's text");
-        return;
+    if (with_tokens && q->text != NULL) {
+        router_text_fill(q, offset, &up.text, &up.stop_string);
+        up.has_text = 1;
+        up.has_stop_string = q->stop_index > 0;
     }
-    up.text = text;
-    up.stop_string = stop_string;
     up.has_stop_token_id = q->has_stop_token_id;
     up.stop_token_id = q->stop_token_id;
     if (q->finish != PAGODA__FINISH_REASON__FINISH_NONE) {
@@ -546,8 +544,6 @@ static void reply_update_ex(struct rctx *c, struct request *q, uint32_t offset, 
     resp.result_case = PAGODA__CLIENT_RESPONSE__RESULT_UPDATE;
     resp.update = &up;
     router_reply(c, &resp);
-    free(text);
-    free(stop_string);
 }
 
 static void reply_update(struct rctx *c, struct request *q, uint32_t offset)
@@ -784,7 +780,8 @@ static void on_link_joined(struct router *r)
 {
     log_info("scheduler link up (%s): sending %u unfinished requests", r->sched_url, r->live.count);
     for (struct request *q = r->live.head; q != NULL; q = q->next)
-        set_pending(r, q, &q->need_submit, 1);
+        if (q->job == NULL) /* a prompt still being tokenized goes when it is ready */
+            set_pending(r, q, &q->need_submit, 1);
     tenancy_on_link_up(r);
     r->need_hello = 1;
     router_flush_pending(r);
@@ -816,7 +813,10 @@ static void finish_request(struct router *r, struct request *q, Pagoda__FinishRe
     q->error_code = error_code;
     if (error_message != NULL)
         q->error_message = strdup(error_message);
-    router_text_on_finish(q);
+    /* The text held back is released; should it complete a stop string, that is the end. */
+    if (router_text_on_finish(q) && (reason == PAGODA__FINISH_REASON__FINISH_LENGTH ||
+                                     reason == PAGODA__FINISH_REASON__FINISH_STOP))
+        q->finish = PAGODA__FINISH_REASON__FINISH_STOP;
     request_forget_prompt(r, q);
     set_pending(r, q, &q->need_submit, 0);
     list_push_back(&r->finished, q);
@@ -1548,25 +1548,52 @@ static int check_caller(struct router *r, struct rctx *c, const Pagoda__ClientRe
 }
 
 /* Loop thread: one call from a client. Every path answers the call or parks it. */
+/* protobuf-c's allocator for client messages: the system's, with a budget of allocations, so
+ * that unpacking a message of millions of empty repeated strings fails (as malformed) after
+ * ROUTER_MAX_UNPACK_ALLOCATIONS instead of costing the loop millions of mallocs. */
+struct unpack_budget {
+    uint32_t left;
+};
+
+static void *budget_alloc(void *data, size_t size)
+{
+    struct unpack_budget *b = data;
+    if (b->left == 0)
+        return NULL;
+    b->left--;
+    return malloc(size);
+}
+
+static void budget_free(void *data, void *p)
+{
+    (void)data;
+    free(p);
+}
+
 static void handle_call(struct router *r, struct rctx *c)
 {
     nng_msg *m = c->msg;
     c->msg = NULL;
     size_t len = nng_msg_len(m);
+    struct unpack_budget budget = {.left = ROUTER_MAX_UNPACK_ALLOCATIONS};
+    ProtobufCAllocator alloc = {
+        .alloc = budget_alloc, .free = budget_free, .allocator_data = &budget};
     Pagoda__ClientRequest *req = (Pagoda__ClientRequest *)protobuf_c_message_unpack(
-        &pagoda__client_request__descriptor, NULL, len, nng_msg_body(m));
+        &pagoda__client_request__descriptor, &alloc, len, nng_msg_body(m));
     nng_msg_free(m);
     if (req == NULL) {
         r->malformed_requests++;
         router_reply_error(c, PAGODA_EFORMAT,
-                           "malformed request: %zu bytes that are not a ClientRequest", len);
+                           "malformed request: %zu bytes that are not a ClientRequest (or that "
+                           "hold more than %u strings and messages)",
+                           len, ROUTER_MAX_UNPACK_ALLOCATIONS);
         return;
     }
     uint32_t tenant = 0;
     int admin = 0;
     if (req->call_case != PAGODA__CLIENT_REQUEST__CALL__NOT_SET &&
         check_caller(r, c, req, &tenant, &admin) != 0) {
-        protobuf_c_message_free_unpacked(&req->base, NULL);
+        protobuf_c_message_free_unpacked(&req->base, &alloc);
         return;
     }
     switch (req->call_case) {
@@ -1594,7 +1621,7 @@ static void handle_call(struct router *r, struct rctx *c)
                            "malformed request: it names no call (submit, poll, "
                            "cancel, health, stats or admin)");
     }
-    protobuf_c_message_free_unpacked(&req->base, NULL);
+    protobuf_c_message_free_unpacked(&req->base, &alloc);
 }
 
 /* ---- threads meet the loop ---------------------------------------------------------------- */
@@ -1757,6 +1784,7 @@ void router_drain(struct router *r, router_drained_fn done, void *arg)
 
 static void router_free(struct router *r)
 {
+    router_text_router_closing(r);
     struct req_list *lists[2] = {&r->live, &r->finished};
     for (int l = 0; l < 2; l++) {
         struct request *q = lists[l]->head;

@@ -133,6 +133,18 @@
 #define ROUTER_DEFAULT_MAX_TOKENS 16
 /* The most stop token ids one request may carry. */
 #define ROUTER_MAX_STOP_TOKEN_IDS 64u
+/* Text prompts and chats being tokenized on libuv's threadpool at once (jobs whose request was
+ * cancelled still count until they end), in all and per tenant: a Submit over either is refused
+ * with PAGODA_EEXHAUSTED, so one tenant's flood of long prompts cannot queue without bound or
+ * hold up everyone's. */
+#define ROUTER_MAX_TEXT_JOBS 256u
+#define ROUTER_MAX_TENANT_TEXT_JOBS 32u
+/* The most messages in a chat. */
+#define ROUTER_MAX_CHAT_MESSAGES 4096u
+/* Unpacking one client message may make at most this many allocations (one per string or
+ * sub-message): a 4 MiB message of two million empty strings is refused as malformed instead of
+ * costing the loop two million mallocs. */
+#define ROUTER_MAX_UNPACK_ALLOCATIONS 65536u
 
 struct router_config {
     const char *run_dir;            /* control.ipc lives here; the scheduler link unless below */

@@ -149,6 +149,7 @@ struct tenant_slot {
     struct request *fin_head, *fin_tail;
     uint32_t num_finished, max_finished;
     uint64_t duplicate_submits;
+    uint32_t text_jobs; /* its prompts being tokenized (router_text.c) */
 };
 
 /* A configured pin (from the tenants file or the admin API) and what the scheduler last said of
@@ -240,6 +241,7 @@ struct router {
      * chats are refused. */
     struct text_holder *text;
     char text_error[512];
+    uint32_t text_jobs; /* prompts being tokenized, cancelled ones included */
 
     int draining;
     uint64_t drain_deadline_ms;
@@ -289,15 +291,19 @@ int router_text_read(const struct router *r, const Pagoda__SubmitRequest *s, int
  * that tokenizes it (q->job). Errors: those of output_text_new (a bad stop string),
  * PAGODA_ENOMEM, PAGODA_EIO. */
 int router_text_attach(struct router *r, struct request *q, const Pagoda__SubmitRequest *s);
-/* Releases q's text side; a job in flight is left to free itself. */
+/* Releases q's text side; a job in flight is cancelled or left to free itself. */
 void router_text_request_free(struct request *q);
+/* The router is being freed: jobs in flight no longer report to it. */
+void router_text_router_closing(struct router *r);
 /* A new output token: its text. *stop is set (> 0) when it completed a stop string. */
 int router_text_on_token(struct request *q, int32_t token, int *stop);
-/* q ended: what was held back becomes visible. */
-void router_text_on_finish(struct request *q);
-/* The text of q's tokens from offset on, and the stop string that ended it: malloc'd (both NULL
- * when q has no text; *stop_string NULL unless a stop string ended it). Errors: PAGODA_ENOMEM. */
-int router_text_fill(const struct request *q, uint32_t offset, char **text, char **stop_string);
+/* q ended: its job (if any) is dropped and what was held back becomes visible. Returns 1 when that
+ * last text completed a stop string (the request then ends with FINISH_STOP). */
+int router_text_on_finish(struct request *q);
+/* The text of q's tokens from offset on, and the stop string that ended it, pointing into q
+ * (valid until q changes; empty when q has no text). */
+int router_text_fill(const struct request *q, uint32_t offset, ProtobufCBinaryData *text,
+                     ProtobufCBinaryData *stop_string);
 /* The bytes q's text side holds. */
 size_t router_text_bytes(const struct request *q);
 

@@ -10,8 +10,8 @@ struct output_text {
     TokenizerStream *stream;
     char *text; /* everything decoded so far (cut at a stop), NUL-terminated */
     size_t len, cap;
-    size_t visible;      /* of text, what clients may see */
-    uint32_t *token_end; /* [num_tokens] visible when each token arrived */
+    size_t visible;    /* of text, what clients may see */
+    size_t *token_end; /* [num_tokens] visible when each token arrived */
     uint32_t num_tokens, cap_tokens;
     char **stops;
     size_t *stop_lens;
@@ -77,7 +77,7 @@ int output_text_new(const Tokenizer *t, bool skip_special_tokens, const char *co
     }
     struct output_text *o = calloc(1, sizeof(*o));
     if (o == NULL)
-        return PAGODA_ENOMEM;
+        return pagoda_error_set(PAGODA_ENOMEM, "out of memory for the output's text");
     o->tok = t;
     o->vocab = tokenizer_vocab_size(t);
     int rc = tokenizer_stream_new(t, skip_special_tokens, &o->stream);
@@ -107,7 +107,7 @@ int output_text_new(const Tokenizer *t, bool skip_special_tokens, const char *co
     return 0;
 fail:
     output_text_free(o);
-    return rc;
+    return rc == PAGODA_ENOMEM ? pagoda_error_set(rc, "out of memory for the output's text") : rc;
 }
 
 void output_text_free(struct output_text *o)
@@ -171,23 +171,27 @@ int output_text_push(struct output_text *o, int32_t id, int *stop)
         return pagoda_error_set(PAGODA_ECLOSED, "the output has ended");
     if (o->num_tokens == o->cap_tokens) {
         uint32_t cap = o->cap_tokens ? 2 * o->cap_tokens : 16;
-        uint32_t *e = realloc(o->token_end, (size_t)cap * sizeof(*e));
+        size_t *e = realloc(o->token_end, (size_t)cap * sizeof(*e));
         if (e == NULL)
-            return PAGODA_ENOMEM;
+            return pagoda_error_set(PAGODA_ENOMEM, "out of memory for the output's text");
         o->token_end = e;
         o->cap_tokens = cap;
     }
     size_t before = o->len;
     if (id >= 0 && (size_t)id < o->vocab) {
+        /* An id the tokenizer has no string for (a gap in its vocabulary) adds no text. */
         int rc = tokenizer_stream_step(o->stream, id, &o->text, &o->len, &o->cap);
-        if (rc != 0)
+        if (rc != 0 && rc != PAGODA_EINVAL)
             return rc;
     }
-    if (o->num_stops > 0 && o->len > before && (*stop = find_stop(o, before)) != 0)
+    if (o->num_stops > 0 && o->len > before && (*stop = find_stop(o, before)) != 0) {
         o->over = true;
-    else
+        tokenizer_stream_free(o->stream); /* no more text: what a finished output keeps is less */
+        o->stream = NULL;
+    } else {
         advance_visible(o, false);
-    o->token_end[o->num_tokens++] = (uint32_t)o->visible;
+    }
+    o->token_end[o->num_tokens++] = o->visible;
     return 0;
 }
 
@@ -201,6 +205,8 @@ int output_text_finish(struct output_text *o, int *stop)
     if (rc != 0)
         return rc;
     o->over = true;
+    tokenizer_stream_free(o->stream);
+    o->stream = NULL;
     if (o->num_stops > 0 && o->len > before && (*stop = find_stop(o, before)) != 0)
         return 0;
     advance_visible(o, true);
@@ -224,7 +230,7 @@ size_t output_text_start(const struct output_text *o, uint32_t offset)
 
 size_t output_text_bytes(const struct output_text *o)
 {
-    size_t b = sizeof(*o) + o->cap + (size_t)o->cap_tokens * sizeof(uint32_t);
+    size_t b = sizeof(*o) + o->cap + (size_t)o->cap_tokens * sizeof(size_t);
     for (size_t i = 0; i < o->num_stops; i++)
         b += o->stop_lens[i] + sizeof(char *) + sizeof(size_t);
     return b;

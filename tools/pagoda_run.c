@@ -110,10 +110,22 @@ static void print_result(const struct seq *s, int json, const Tokenizer *tok)
     int32_t n = s->num_tokens - s->num_prompt;
     char *text = NULL;
     size_t text_len = 0;
-    if (tok != NULL &&
-        tokenizer_decode(tok, s->tokens + s->num_prompt, (size_t)n, true, &text, &text_len) != 0) {
-        free(text);
-        text = NULL;
+    if (tok != NULL) {
+        /* Ids the tokenizer does not know (a model vocabulary padded beyond it) add no text, as
+         * in the router's output. */
+        int32_t *known = malloc(((size_t)n + 1) * sizeof(*known));
+        size_t k = 0;
+        for (int32_t i = 0; known != NULL && i < n; i++) {
+            int32_t id = s->tokens[s->num_prompt + i];
+            if (tokenizer_id_to_token(tok, id) != NULL)
+                known[k++] = id;
+        }
+        if (known == NULL || tokenizer_decode(tok, known, k, true, &text, &text_len) != 0) {
+            fprintf(stderr, "pagoda-run: could not decode the output: %s\n", pagoda_error_detail());
+            free(text);
+            text = NULL;
+        }
+        free(known);
     }
     if (tok != NULL && !json) {
         if (text != NULL)

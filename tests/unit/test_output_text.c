@@ -195,6 +195,26 @@ static void test_an_id_outside_the_tokenizer_adds_nothing(void **state)
     output_text_free(o);
 }
 
+/* The byte 0 token (id 6 in the test tokenizer) is text like any other: U+0000 is kept, counted
+ * in the length, and what follows it is not lost. */
+static void test_a_nul_is_text(void **state)
+{
+    (void)state;
+    struct output_text *o;
+    assert_int_equal(output_text_new(tok, true, NULL, NULL, 0, &o), 0);
+    int stop;
+    /* The byte tokens: 6 + the byte. */
+    assert_int_equal(output_text_push(o, 6 + 'a', &stop), 0);
+    assert_int_equal(output_text_push(o, 6, &stop), 0);
+    assert_int_equal(output_text_push(o, 6 + 'b', &stop), 0);
+    assert_int_equal(output_text_finish(o, &stop), 0);
+    size_t len;
+    const char *t = output_text_visible(o, &len);
+    assert_int_equal(len, 3);
+    assert_memory_equal(t, "a\0b", 3);
+    output_text_free(o);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -203,6 +223,7 @@ int main(void)
         cmocka_unit_test(test_nothing_that_may_begin_a_stop_is_shown_until_finish),
         cmocka_unit_test(test_stop_strings_are_checked),
         cmocka_unit_test(test_an_id_outside_the_tokenizer_adds_nothing),
+        cmocka_unit_test(test_a_nul_is_text),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
