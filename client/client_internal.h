@@ -6,7 +6,19 @@
 #include "client/pagoda.h"
 #include "proto/pagoda.pb-c.h"
 
+#include <nng/nng.h>
 #include <stdint.h>
+
+/* The largest request any router accepts (router.h ROUTER_MAX_CLIENT_MESSAGE_BYTES). */
+#define CLIENT_MAX_REQUEST_BYTES (4u << 20)
+/* The protocol version of proto/pagoda.proto this client speaks. */
+#define CLIENT_PROTOCOL_VERSION 1u
+
+/* The client's socket and settings (pagoda.c), for the asynchronous calls (pagoda_async.c). */
+nng_socket client_socket(const pagoda_client *c);
+uint32_t client_timeout_ms(const pagoda_client *c);
+uint32_t client_resend_ms(const pagoda_client *c);
+const char *client_api_key(const pagoda_client *c);
 
 /* One call to the router (pagoda.c): packs req (setting its protocol version and the client's
  * API key), sends it on a context of its own and waits up to wait_ms plus the client's timeout
@@ -17,5 +29,30 @@
  * any code the router answers with. */
 int client_call(pagoda_client *c, Pagoda__ClientRequest *req, uint32_t wait_ms,
                 Pagoda__ClientResponse **out);
+
+/* A Submit built from the API's parameters: req points into the rest; the messages are borrowed
+ * from the caller's prompt. */
+struct client_submit {
+    uint8_t id[PAGODA_REQUEST_ID_BYTES];
+    Pagoda__SamplingParams sp;
+    Pagoda__SubmitRequest sub;
+    Pagoda__ClientRequest req;
+    Pagoda__ChatMessage *store, **messages;
+    ProtobufCBinaryData stops[PAGODA_MAX_STOP_STRINGS];
+};
+
+/* Checks params and prompt and builds the Submit for request id into *cs (release with
+ * client_submit_fini). Errors: PAGODA_EINVAL, PAGODA_ERANGE, PAGODA_ENOMEM. */
+int client_submit_build(struct client_submit *cs, const pagoda_generate_params *params,
+                        const pagoda_prompt *prompt, const uint8_t id[PAGODA_REQUEST_ID_BYTES]);
+void client_submit_fini(struct client_submit *cs);
+
+/* Copies a reply's TokenUpdate for request id into *result (overwritten). Errors: PAGODA_EPROTO
+ * (no update, another request's, a bad finish reason), PAGODA_ENOMEM. */
+int client_result_from_update(const Pagoda__ClientResponse *resp,
+                              const uint8_t id[PAGODA_REQUEST_ID_BYTES], pagoda_result *result);
+
+/* A Stats message as the API's figures. */
+void client_stats_from_proto(const Pagoda__Stats *s, pagoda_engine_stats *out);
 
 #endif

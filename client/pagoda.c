@@ -14,13 +14,10 @@
 #include <string.h>
 #include <sys/random.h>
 
-/* The protocol version of proto/pagoda.proto this client speaks. */
-#define CLIENT_PROTOCOL_VERSION 1u
-/* The largest request any router accepts (router.h ROUTER_MAX_CLIENT_MESSAGE_BYTES): a bigger
- * one would only make NNG drop the connection, so it is refused here with a clear error. The
- * limit in force is usually lower (sized from the model's context, router.h): a request between
- * the two goes unanswered and the call times out. */
-#define CLIENT_MAX_REQUEST_BYTES (4u << 20)
+/* CLIENT_MAX_REQUEST_BYTES (client_internal.h): a bigger request would only make NNG drop the
+ * connection, so it is refused here with a clear error. The limit in force is usually lower
+ * (sized from the model's context, router.h): a request between the two goes unanswered and the
+ * call times out. */
 /* pagoda_generate's wait per poll. */
 #define GENERATE_POLL_WAIT_MS 10000u
 /* A poll answered with nothing new long before its wait ran out means the router holds as many
@@ -35,6 +32,26 @@ struct pagoda_client {
     atomic_uint resend_ms; /* beyond a call's poll wait; see pagoda_client_set_resend_ms */
     char *api_key;         /* sent with every call; NULL: none */
 };
+
+nng_socket client_socket(const pagoda_client *c)
+{
+    return c->sock;
+}
+
+uint32_t client_timeout_ms(const pagoda_client *c)
+{
+    return atomic_load(&c->timeout_ms);
+}
+
+uint32_t client_resend_ms(const pagoda_client *c)
+{
+    return atomic_load(&c->resend_ms);
+}
+
+const char *client_api_key(const pagoda_client *c)
+{
+    return c->api_key;
+}
 
 pagoda_generate_params pagoda_generate_params_default(void)
 {
@@ -53,7 +70,17 @@ pagoda_generate_params pagoda_generate_params_default(void)
         .num_stop_token_ids = 0,
         .ignore_eos = 0,
         .logprobs = 0,
+        .stop = NULL,
+        .num_stop = 0,
+        .detokenize = -1,
+        .skip_special_tokens = 1,
     };
+    return p;
+}
+
+pagoda_prompt pagoda_prompt_default(void)
+{
+    pagoda_prompt p = {.add_generation_prompt = 1, .add_special_tokens = -1};
     return p;
 }
 
@@ -215,11 +242,13 @@ void pagoda_result_free(pagoda_result *r)
     free(r->token_ids);
     free(r->logprobs);
     free(r->error_message);
+    free(r->text);
+    free(r->stop_string);
     memset(r, 0, sizeof(*r));
 }
 
 /* Copies an update into *result (which is overwritten). */
-static int result_from_update(const Pagoda__ClientResponse *resp,
+int client_result_from_update(const Pagoda__ClientResponse *resp,
                               const uint8_t id[PAGODA_REQUEST_ID_BYTES], pagoda_result *result)
 {
     memset(result, 0, sizeof(*result));
@@ -266,24 +295,64 @@ static int result_from_update(const Pagoda__ClientResponse *resp,
             return PAGODA_ENOMEM;
         }
     }
+    /* Text may hold U+0000 (a model may write it): text_len is its length; a NUL follows it. */
+    if (up->has_text) {
+        result->text_len = up->text.len;
+        if ((result->text = malloc(up->text.len + 1)) == NULL) {
+            pagoda_result_free(result);
+            return PAGODA_ENOMEM;
+        }
+        if (up->text.len > 0)
+            memcpy(result->text, up->text.data, up->text.len);
+        result->text[up->text.len] = '\0';
+    }
+    if (up->has_stop_string) {
+        if ((result->stop_string = malloc(up->stop_string.len + 1)) == NULL) {
+            pagoda_result_free(result);
+            return PAGODA_ENOMEM;
+        }
+        if (up->stop_string.len > 0)
+            memcpy(result->stop_string, up->stop_string.data, up->stop_string.len);
+        result->stop_string[up->stop_string.len] = '\0';
+    }
+    result->has_stop_token_id = up->has_stop_token_id;
+    result->stop_token_id = up->stop_token_id;
     return 0;
 }
 
 int pagoda_submit(pagoda_client *c, const pagoda_generate_params *params, const int32_t *prompt,
                   size_t n, uint8_t request_id_out[PAGODA_REQUEST_ID_BYTES])
 {
-    if (c == NULL || params == NULL || request_id_out == NULL || (n > 0 && prompt == NULL) ||
-        (params->num_stop_token_ids > 0 && params->stop_token_ids == NULL))
+    if (n > 0 && prompt == NULL)
         return pagoda_error_set(PAGODA_EINVAL, "pagoda_submit: NULL argument");
     if (n == 0)
         return pagoda_error_set(PAGODA_EINVAL, "pagoda_submit: the prompt is empty");
+    pagoda_prompt p = pagoda_prompt_default();
+    p.token_ids = prompt;
+    p.num_token_ids = n;
+    return pagoda_submit_prompt(c, params, &p, request_id_out);
+}
+
+int client_submit_build(struct client_submit *cs, const pagoda_generate_params *params,
+                        const pagoda_prompt *prompt, const uint8_t id[PAGODA_REQUEST_ID_BYTES])
+{
+    memset(cs, 0, sizeof(*cs));
+    if (params == NULL || prompt == NULL ||
+        (prompt->num_token_ids > 0 && prompt->token_ids == NULL) ||
+        (prompt->num_messages > 0 && prompt->messages == NULL) ||
+        (params->num_stop_token_ids > 0 && params->stop_token_ids == NULL) ||
+        (params->num_stop > 0 && params->stop == NULL))
+        return pagoda_error_set(PAGODA_EINVAL, "pagoda_submit: NULL argument");
+    int forms = (prompt->num_token_ids > 0) + (prompt->text != NULL) + (prompt->num_messages > 0);
+    if (forms == 0)
+        return pagoda_error_set(PAGODA_EINVAL, "pagoda_submit: the prompt is empty");
+    if (forms > 1)
+        return pagoda_error_set(PAGODA_EINVAL, "pagoda_submit: give one of token ids, text and "
+                                               "messages");
     if (params->max_tokens < 1)
         return pagoda_error_set(PAGODA_ERANGE, "pagoda_submit: max_tokens %d must be >= 1",
                                 (int)params->max_tokens);
-    uint8_t id[PAGODA_REQUEST_ID_BYTES];
-    if (getrandom(id, sizeof(id), 0) != (ssize_t)sizeof(id))
-        return pagoda_error_set(PAGODA_EIO, "getrandom failed: no request id");
-
+    memcpy(cs->id, id, PAGODA_REQUEST_ID_BYTES);
     Pagoda__SamplingParams sp = PAGODA__SAMPLING_PARAMS__INIT;
     sp.has_temperature = sp.has_top_p = sp.has_top_k = sp.has_min_p = 1;
     sp.has_repetition_penalty = sp.has_presence_penalty = sp.has_frequency_penalty = 1;
@@ -298,30 +367,117 @@ int pagoda_submit(pagoda_client *c, const pagoda_generate_params *params, const 
     sp.seed = params->seed;
     sp.has_logprobs = 1;
     sp.logprobs = params->logprobs != 0;
+    cs->sp = sp;
     Pagoda__SubmitRequest sub = PAGODA__SUBMIT_REQUEST__INIT;
     sub.has_request_id = 1;
-    sub.request_id.data = id;
-    sub.request_id.len = sizeof(id);
-    sub.n_prompt_token_ids = n;
-    sub.prompt_token_ids = (int32_t *)prompt;
-    sub.sampling = &sp;
+    sub.request_id.data = cs->id;
+    sub.request_id.len = PAGODA_REQUEST_ID_BYTES;
+    sub.n_prompt_token_ids = prompt->num_token_ids;
+    sub.prompt_token_ids = (int32_t *)prompt->token_ids;
+    if (prompt->text != NULL) {
+        sub.has_prompt_text = 1;
+        sub.prompt_text.data = (uint8_t *)prompt->text;
+        sub.prompt_text.len = strlen(prompt->text);
+    }
     sub.has_max_tokens = 1;
     sub.max_tokens = params->max_tokens;
     sub.n_stop_token_ids = params->num_stop_token_ids;
     sub.stop_token_ids = (int32_t *)params->stop_token_ids;
     sub.has_ignore_eos = 1;
     sub.ignore_eos = params->ignore_eos != 0;
+    if (params->num_stop > PAGODA_MAX_STOP_STRINGS)
+        return pagoda_error_set(PAGODA_ERANGE, "pagoda_submit: %zu stop strings, more than %u",
+                                params->num_stop, PAGODA_MAX_STOP_STRINGS);
+    for (size_t i = 0; i < params->num_stop; i++) {
+        if (params->stop[i] == NULL)
+            return pagoda_error_set(PAGODA_EINVAL, "pagoda_submit: stop string %zu is NULL", i);
+        cs->stops[i].data = (uint8_t *)params->stop[i];
+        cs->stops[i].len = strlen(params->stop[i]);
+    }
+    sub.n_stop = params->num_stop;
+    sub.stop = cs->stops;
+    if (params->detokenize >= 0) {
+        sub.has_detokenize = 1;
+        sub.detokenize = params->detokenize != 0;
+    }
+    sub.has_skip_special_tokens = 1;
+    sub.skip_special_tokens = params->skip_special_tokens != 0;
+    if (prompt->add_special_tokens >= 0) {
+        sub.has_add_special_tokens = 1;
+        sub.add_special_tokens = prompt->add_special_tokens != 0;
+    }
+    if (prompt->num_messages > 0) {
+        cs->store = calloc(prompt->num_messages, sizeof(*cs->store));
+        cs->messages = calloc(prompt->num_messages, sizeof(*cs->messages));
+        if (cs->store == NULL || cs->messages == NULL) {
+            client_submit_fini(cs);
+            return PAGODA_ENOMEM;
+        }
+        for (size_t i = 0; i < prompt->num_messages; i++) {
+            const pagoda_chat_message *m = &prompt->messages[i];
+            if (m->role == NULL) {
+                client_submit_fini(cs);
+                return pagoda_error_set(PAGODA_EINVAL, "pagoda_submit: message %zu has no role", i);
+            }
+            Pagoda__ChatMessage init = PAGODA__CHAT_MESSAGE__INIT;
+            cs->store[i] = init;
+            cs->store[i].role = (char *)m->role;
+            if (m->content != NULL) {
+                cs->store[i].has_content = 1;
+                cs->store[i].content.data = (uint8_t *)m->content;
+                cs->store[i].content.len = strlen(m->content);
+            }
+            cs->store[i].name = (char *)m->name;
+            cs->store[i].tool_call_id = (char *)m->tool_call_id;
+            cs->store[i].tool_calls_json = (char *)m->tool_calls_json;
+            cs->store[i].reasoning_content = (char *)m->reasoning_content;
+            cs->messages[i] = &cs->store[i];
+        }
+        sub.n_messages = prompt->num_messages;
+        sub.messages = cs->messages;
+        sub.has_add_generation_prompt = 1;
+        sub.add_generation_prompt = prompt->add_generation_prompt != 0;
+        sub.chat_template_kwargs = (char *)prompt->chat_template_kwargs;
+        sub.tools_json = (char *)prompt->tools_json;
+    }
+    cs->sub = sub;
+    cs->sub.sampling = &cs->sp;
     Pagoda__ClientRequest req = PAGODA__CLIENT_REQUEST__INIT;
-    req.call_case = PAGODA__CLIENT_REQUEST__CALL_SUBMIT;
-    req.submit = &sub;
-    Pagoda__ClientResponse *resp = NULL;
-    int rc = call(c, &req, 0, &resp);
+    cs->req = req;
+    cs->req.call_case = PAGODA__CLIENT_REQUEST__CALL_SUBMIT;
+    cs->req.submit = &cs->sub;
+    return 0;
+}
+
+void client_submit_fini(struct client_submit *cs)
+{
+    free(cs->store);
+    free(cs->messages);
+    cs->store = NULL;
+    cs->messages = NULL;
+}
+
+int pagoda_submit_prompt(pagoda_client *c, const pagoda_generate_params *params,
+                         const pagoda_prompt *prompt,
+                         uint8_t request_id_out[PAGODA_REQUEST_ID_BYTES])
+{
+    if (c == NULL || request_id_out == NULL)
+        return pagoda_error_set(PAGODA_EINVAL, "pagoda_submit: NULL argument");
+    uint8_t id[PAGODA_REQUEST_ID_BYTES];
+    if (getrandom(id, sizeof(id), 0) != (ssize_t)sizeof(id))
+        return pagoda_error_set(PAGODA_EIO, "getrandom failed: no request id");
+    struct client_submit cs;
+    int rc = client_submit_build(&cs, params, prompt, id);
     if (rc != 0)
         return rc;
-    pagoda_result ack;
-    rc = result_from_update(resp, id, &ack);
-    pagoda__client_response__free_unpacked(resp, NULL);
-    pagoda_result_free(&ack);
+    Pagoda__ClientResponse *resp = NULL;
+    if ((rc = call(c, &cs.req, 0, &resp)) == 0) {
+        pagoda_result ack;
+        rc = client_result_from_update(resp, id, &ack);
+        pagoda__client_response__free_unpacked(resp, NULL);
+        pagoda_result_free(&ack);
+    }
+    client_submit_fini(&cs);
     if (rc == 0)
         memcpy(request_id_out, id, sizeof(id));
     return rc;
@@ -350,7 +506,7 @@ int pagoda_poll(pagoda_client *c, const uint8_t request_id[PAGODA_REQUEST_ID_BYT
     int rc = call(c, &req, wait_ms, &resp);
     if (rc != 0)
         return rc;
-    rc = result_from_update(resp, request_id, result);
+    rc = client_result_from_update(resp, request_id, result);
     pagoda__client_response__free_unpacked(resp, NULL);
     if (rc == 0 && result->num_tokens > 0 && result->offset != offset) {
         pagoda_result_free(result);
@@ -377,7 +533,7 @@ int pagoda_cancel(pagoda_client *c, const uint8_t request_id[PAGODA_REQUEST_ID_B
     if (rc != 0)
         return rc;
     pagoda_result state;
-    rc = result_from_update(resp, request_id, &state);
+    rc = client_result_from_update(resp, request_id, &state);
     pagoda__client_response__free_unpacked(resp, NULL);
     if (rc == 0 && result != NULL)
         *result = state;
@@ -389,6 +545,8 @@ int pagoda_cancel(pagoda_client *c, const uint8_t request_id[PAGODA_REQUEST_ID_B
 /* Appends a polled piece to the whole result. */
 static int result_append(pagoda_result *all, const pagoda_result *piece, int want_logprobs)
 {
+    if (piece->num_tokens == 0)
+        return 0;
     size_t n = all->num_tokens + piece->num_tokens;
     int32_t *t = realloc(all->token_ids, n * sizeof(*t));
     if (t == NULL)
@@ -407,14 +565,30 @@ static int result_append(pagoda_result *all, const pagoda_result *piece, int wan
     return 0;
 }
 
-int pagoda_generate_stream(pagoda_client *c, const pagoda_generate_params *params,
-                           const int32_t *prompt, size_t n, pagoda_stream_fn on_tokens, void *user,
-                           pagoda_result *result)
+/* Appends a piece's text to the whole result's. */
+static int result_append_text(pagoda_result *all, const pagoda_result *piece)
+{
+    if (piece->text == NULL)
+        return 0;
+    char *t = realloc(all->text, all->text_len + piece->text_len + 1);
+    if (t == NULL)
+        return PAGODA_ENOMEM;
+    memcpy(t + all->text_len, piece->text, piece->text_len);
+    all->text = t;
+    all->text_len += piece->text_len;
+    t[all->text_len] = '\0';
+    return 0;
+}
+
+/* Submits and polls until the request ends, handing each piece to on_tokens or on_piece. */
+static int generate(pagoda_client *c, const pagoda_generate_params *params,
+                    const pagoda_prompt *prompt, pagoda_stream_fn on_tokens,
+                    pagoda_piece_fn on_piece, void *user, pagoda_result *result)
 {
     if (result == NULL)
         return pagoda_error_set(PAGODA_EINVAL, "pagoda_generate: NULL result");
     memset(result, 0, sizeof(*result));
-    int rc = pagoda_submit(c, params, prompt, n, result->request_id);
+    int rc = pagoda_submit_prompt(c, params, prompt, result->request_id);
     if (rc != 0)
         return rc;
     uint32_t backoff_ms = 0;
@@ -438,26 +612,55 @@ int pagoda_generate_stream(pagoda_client *c, const pagoda_generate_params *param
             return pagoda_error_set(PAGODA_EPROTO, "the router sent more than max_tokens (%d)",
                                     (int)params->max_tokens);
         }
-        if (piece.num_tokens > 0) {
-            if ((rc = result_append(result, &piece, params->logprobs)) != 0) {
-                pagoda_result_free(&piece);
-                return rc;
-            }
-            if (on_tokens != NULL)
-                on_tokens(user, have, piece.token_ids, piece.logprobs, piece.num_tokens);
+        if ((rc = result_append(result, &piece, params->logprobs)) != 0 ||
+            (rc = result_append_text(result, &piece)) != 0) {
+            pagoda_result_free(&piece);
+            return rc;
         }
+        if (piece.num_tokens > 0 && on_tokens != NULL)
+            on_tokens(user, have, piece.token_ids, piece.logprobs, piece.num_tokens);
+        if ((piece.num_tokens > 0 || piece.text_len > 0 ||
+             piece.finish_reason != PAGODA_FINISH_NONE) &&
+            on_piece != NULL)
+            on_piece(user, &piece);
         if (piece.finish_reason != PAGODA_FINISH_NONE) {
             result->finish_reason = piece.finish_reason;
             result->prompt_tokens = piece.prompt_tokens;
             result->completion_tokens = piece.completion_tokens;
             result->cached_tokens = piece.cached_tokens;
             result->error_message = piece.error_message;
-            piece.error_message = NULL;
+            result->stop_string = piece.stop_string;
+            result->has_stop_token_id = piece.has_stop_token_id;
+            result->stop_token_id = piece.stop_token_id;
+            piece.error_message = piece.stop_string = NULL;
             pagoda_result_free(&piece);
             return 0;
         }
         pagoda_result_free(&piece);
     }
+}
+
+int pagoda_generate_stream(pagoda_client *c, const pagoda_generate_params *params,
+                           const int32_t *prompt, size_t n, pagoda_stream_fn on_tokens, void *user,
+                           pagoda_result *result)
+{
+    if (result != NULL)
+        memset(result, 0, sizeof(*result));
+    if (n > 0 && prompt == NULL)
+        return pagoda_error_set(PAGODA_EINVAL, "pagoda_generate: NULL prompt");
+    if (n == 0)
+        return pagoda_error_set(PAGODA_EINVAL, "pagoda_submit: the prompt is empty");
+    pagoda_prompt p = pagoda_prompt_default();
+    p.token_ids = prompt;
+    p.num_token_ids = n;
+    return generate(c, params, &p, on_tokens, NULL, user, result);
+}
+
+int pagoda_generate_prompt(pagoda_client *c, const pagoda_generate_params *params,
+                           const pagoda_prompt *prompt, pagoda_piece_fn on_piece, void *user,
+                           pagoda_result *result)
+{
+    return generate(c, params, prompt, NULL, on_piece, user, result);
 }
 
 int pagoda_generate(pagoda_client *c, const pagoda_generate_params *params, const int32_t *prompt,
@@ -466,23 +669,8 @@ int pagoda_generate(pagoda_client *c, const pagoda_generate_params *params, cons
     return pagoda_generate_stream(c, params, prompt, n, NULL, NULL, result);
 }
 
-int pagoda_stats(pagoda_client *c, pagoda_engine_stats *out)
+void client_stats_from_proto(const Pagoda__Stats *s, pagoda_engine_stats *out)
 {
-    if (c == NULL || out == NULL)
-        return pagoda_error_set(PAGODA_EINVAL, "pagoda_stats: NULL argument");
-    Pagoda__StatsRequest sreq = PAGODA__STATS_REQUEST__INIT;
-    Pagoda__ClientRequest req = PAGODA__CLIENT_REQUEST__INIT;
-    req.call_case = PAGODA__CLIENT_REQUEST__CALL_STATS;
-    req.stats = &sreq;
-    Pagoda__ClientResponse *resp = NULL;
-    int rc = call(c, &req, 0, &resp);
-    if (rc != 0)
-        return rc;
-    if (resp->result_case != PAGODA__CLIENT_RESPONSE__RESULT_STATS || resp->stats == NULL) {
-        pagoda__client_response__free_unpacked(resp, NULL);
-        return pagoda_error_set(PAGODA_EPROTO, "the router's reply carries no stats");
-    }
-    const Pagoda__Stats *s = resp->stats;
     memset(out, 0, sizeof(*out));
     out->running = s->running;
     out->waiting = s->waiting;
@@ -512,6 +700,25 @@ int pagoda_stats(pagoda_client *c, pagoda_engine_stats *out)
     out->scheduler_connected = s->scheduler_connected;
     if (s->tenant != NULL)
         snprintf(out->tenant, sizeof(out->tenant), "%s", s->tenant);
+}
+
+int pagoda_stats(pagoda_client *c, pagoda_engine_stats *out)
+{
+    if (c == NULL || out == NULL)
+        return pagoda_error_set(PAGODA_EINVAL, "pagoda_stats: NULL argument");
+    Pagoda__StatsRequest sreq = PAGODA__STATS_REQUEST__INIT;
+    Pagoda__ClientRequest req = PAGODA__CLIENT_REQUEST__INIT;
+    req.call_case = PAGODA__CLIENT_REQUEST__CALL_STATS;
+    req.stats = &sreq;
+    Pagoda__ClientResponse *resp = NULL;
+    int rc = call(c, &req, 0, &resp);
+    if (rc != 0)
+        return rc;
+    if (resp->result_case != PAGODA__CLIENT_RESPONSE__RESULT_STATS || resp->stats == NULL) {
+        pagoda__client_response__free_unpacked(resp, NULL);
+        return pagoda_error_set(PAGODA_EPROTO, "the router's reply carries no stats");
+    }
+    client_stats_from_proto(resp->stats, out);
     pagoda__client_response__free_unpacked(resp, NULL);
     return 0;
 }

@@ -40,6 +40,8 @@
 #define PAGODA_MAX_API_KEY_BYTES 256u
 /* Room for a tenant's name in pagoda_engine_stats (names are at most 63 bytes). */
 #define PAGODA_STATS_TENANT_BYTES 64u
+/* The most stop strings a request may have (the router's limit). */
+#define PAGODA_MAX_STOP_STRINGS 16u
 /* The largest reply the client accepts (NNG_OPT_RECVMAXSZ). */
 #define PAGODA_MAX_REPLY_BYTES (64u << 20)
 
@@ -70,7 +72,40 @@ typedef struct pagoda_generate_params {
     size_t num_stop_token_ids;
     int ignore_eos;
     int logprobs; /* return the log-probability of every sampled token */
+    /* Text (a model with a tokenizer.json): stop strings matched on the output text (borrowed
+     * for the call; at most 16 of at most 256 bytes), whether the router returns text (-1: its
+     * default, on when the model has a tokenizer; 0 off; 1 on), and whether special tokens are
+     * left out of it (1, the default). */
+    const char *const *stop;
+    size_t num_stop;
+    int detokenize;
+    int skip_special_tokens;
 } pagoda_generate_params;
+
+/* One message of a chat (pagoda.proto ChatMessage): role is required, the rest may be NULL. */
+typedef struct pagoda_chat_message {
+    const char *role;
+    const char *content;
+    const char *name;
+    const char *tool_call_id;
+    const char *tool_calls_json;   /* an assistant's tool calls: a JSON array */
+    const char *reasoning_content; /* an assistant's reasoning */
+} pagoda_chat_message;
+
+/* A prompt: exactly one of token ids, text and a chat (rendered by the model's chat template).
+ * Text and chats need a model with a tokenizer.json; the router tokenizes them. Start from
+ * pagoda_prompt_default(). Everything is borrowed for the call. */
+typedef struct pagoda_prompt {
+    const int32_t *token_ids;
+    size_t num_token_ids;
+    const char *text;
+    const pagoda_chat_message *messages;
+    size_t num_messages;
+    int add_generation_prompt;        /* chat: 1 (the default) ends with the assistant's turn */
+    const char *chat_template_kwargs; /* chat: a JSON object of template variables, or NULL */
+    const char *tools_json;           /* chat: a JSON array of tools, or NULL */
+    int add_special_tokens;           /* -1 (default): on for text (BOS), off for chats */
+} pagoda_prompt;
 
 /* Output of a request, all of it (pagoda_generate) or one piece (pagoda_poll). The arrays belong
  * to the result: release them with pagoda_result_free. */
@@ -84,6 +119,16 @@ typedef struct pagoda_result {
     /* Set once the request has finished. */
     uint32_t prompt_tokens, completion_tokens, cached_tokens;
     char *error_message; /* with PAGODA_FINISH_ERROR: why; else NULL */
+    /* The text these tokens complete (text_len bytes of UTF-8 and a NUL after them; the text may
+     * itself hold U+0000, so use text_len; NULL when the router returns none): a poll's piece,
+     * or with pagoda_generate_prompt the whole output. */
+    char *text;
+    size_t text_len;
+    /* With PAGODA_FINISH_STOP: the stop string that ended it (else NULL), or the stop token id
+     * (has_stop_token_id); neither for the model's end-of-sequence token. */
+    char *stop_string;
+    int has_stop_token_id;
+    int32_t stop_token_id;
 } pagoda_result;
 
 /* The engine's figures (pagoda.proto Stats); a figure the scheduler did not report is 0. With a
@@ -112,8 +157,11 @@ typedef struct pagoda_engine_stats {
 } pagoda_engine_stats;
 
 /* Temperature 1 with every filter and penalty off, no seed (the router draws one), max_tokens
- * 16, no stop ids, EOS honoured, no logprobs. */
+ * 16, no stop ids or strings, EOS honoured, no logprobs, the router's text default. */
 pagoda_generate_params pagoda_generate_params_default(void);
+
+/* No prompt yet, add_generation_prompt 1, add_special_tokens -1. */
+pagoda_prompt pagoda_prompt_default(void);
 
 /* Connects to the router at url (tcp://HOST:PORT or ipc://PATH). The connection is made in the
  * background and remade when it breaks, so this succeeds before the router is up; calls wait
@@ -148,6 +196,14 @@ int pagoda_client_set_api_key(pagoda_client *c, const char *api_key);
 int pagoda_submit(pagoda_client *c, const pagoda_generate_params *params, const int32_t *prompt,
                   size_t n, uint8_t request_id_out[PAGODA_REQUEST_ID_BYTES]);
 
+/* pagoda_submit for any prompt (token ids, text or a chat). Errors as pagoda_submit, and
+ * PAGODA_EUNSUPPORTED (text or a chat to a model without a tokenizer or chat template). A text
+ * that the router cannot tokenize or a template error does not fail the submit: the request ends
+ * with PAGODA_FINISH_ERROR and the reason in its result's error_message. */
+int pagoda_submit_prompt(pagoda_client *c, const pagoda_generate_params *params,
+                         const pagoda_prompt *prompt,
+                         uint8_t request_id_out[PAGODA_REQUEST_ID_BYTES]);
+
 /* Fetches the request's output from offset on, waiting up to wait_ms (clamped to
  * PAGODA_POLL_WAIT_MS_MAX) for at least one token or the end. *result is overwritten (free an
  * earlier result in it first) and is the caller's to free with pagoda_result_free. An empty result
@@ -179,6 +235,17 @@ int pagoda_generate(pagoda_client *c, const pagoda_generate_params *params, cons
  * arrives. */
 int pagoda_generate_stream(pagoda_client *c, const pagoda_generate_params *params,
                            const int32_t *prompt, size_t n, pagoda_stream_fn on_tokens, void *user,
+                           pagoda_result *result);
+
+/* Called by pagoda_generate_prompt with each new piece of output as pagoda_poll returns it
+ * (tokens from piece->offset, the text they complete); borrowed for the call. */
+typedef void (*pagoda_piece_fn)(void *user, const pagoda_result *piece);
+
+/* pagoda_generate_stream for any prompt: *result receives every token, the whole text (when the
+ * router returns text), the finish reason, the stop and the usage. Errors as
+ * pagoda_submit_prompt and pagoda_poll. */
+int pagoda_generate_prompt(pagoda_client *c, const pagoda_generate_params *params,
+                           const pagoda_prompt *prompt, pagoda_piece_fn on_piece, void *user,
                            pagoda_result *result);
 
 /* Asks for the engine's figures. Errors: PAGODA_ECLOSED (the router has no scheduler link),

@@ -1,8 +1,9 @@
 /* pagoda: the command-line client of a pagoda router (libpagoda).
  *
- *   pagoda [--url URL] [--api-key KEY] generate --tokens 1,2,3 [--max-tokens N] [sampling flags]
- * [--stream]
- *                                [--json]
+ *   pagoda [--url URL] [--api-key KEY] generate --tokens 1,2,3 | --prompt TEXT [--max-tokens N]
+ *                                [sampling flags] [--stop STR]... [--stream] [--json]
+ *   pagoda [--url URL] [--api-key KEY] chat [--system TEXT] [--max-tokens N] [sampling flags]
+ *                                (reads a user turn per line of stdin, streams the answers)
  *   pagoda [--url URL] stats [--json]
  *   pagoda [--url URL] health
  *   pagoda [--url URL] --api-key ADMINKEY admin tenants|pin|unpin|flush|reload ...
@@ -24,16 +25,21 @@
 
 #define MAX_PROMPT_TOKENS (1 << 20)
 #define MAX_STOP_TOKEN_IDS 64
+#define MAX_STOP_STRINGS 16
+/* pagoda chat: the longest line read as one user turn, and the most turns kept. */
+#define CHAT_MAX_LINE_BYTES (1u << 20)
+#define CHAT_MAX_MESSAGES 1024
 
 static void usage(FILE *f)
 {
     fprintf(
         f,
-        "usage: pagoda [--url URL] generate --tokens 1,2,3 [--max-tokens N]\n"
+        "usage: pagoda [--url URL] generate --tokens 1,2,3 | --prompt TEXT [--max-tokens N]\n"
         "              [--temperature T] [--top-p P] [--top-k K] [--min-p M]\n"
         "              [--repetition-penalty R] [--presence-penalty X]\n"
         "              [--frequency-penalty X] [--seed S] [--stop-token-ids 1,2]\n"
-        "              [--ignore-eos] [--stream] [--json] [--timeout-ms MS]\n"
+        "              [--stop STR]... [--ignore-eos] [--stream] [--json] [--timeout-ms MS]\n"
+        "       pagoda [--url URL] chat [--system TEXT] [--max-tokens N] [sampling flags]\n"
         "       pagoda [--url URL] stats [--json]\n"
         "       pagoda [--url URL] health\n"
         "Global flags (before the command): --url URL, --api-key KEY.\n"
@@ -42,7 +48,12 @@ static void usage(FILE *f)
         "generate: greedy (temperature 0) and 16 tokens unless told otherwise; prints the\n"
         "token ids, or with --json one line {\"id\", \"token_ids\", \"logprobs\",\n"
         "\"finish_reason\", \"usage\"}. --stream prints tokens as they arrive (with --json, one\n"
-        "line per piece, then the summary line).\n"
+        "line per piece, then the summary line). --prompt sends text (the model needs a\n"
+        "tokenizer.json) and prints the text of the output; --stop ends the output before a\n"
+        "stop string (repeatable); with --json the text, \"stop_string\" and \"stop_token_id\"\n"
+        "are in the line too.\n"
+        "chat: one user turn per line of stdin, the model's chat template, the answer streamed\n"
+        "as text; the conversation is kept until end of input. 256 tokens unless told.\n"
         "Exit status: 0 done, 1 the router or the request failed, 2 bad flags.\n",
         PAGODA_DEFAULT_URL);
     admin_cli_usage(f);
@@ -84,12 +95,13 @@ static void print_json_ints(const int32_t *v, size_t n)
     putchar(']');
 }
 
-/* JSON string body: the only strings printed are the router's messages. */
-static void print_json_string(const char *s)
+/* A JSON string of len bytes of UTF-8 (the router's messages, the output's text, which may hold
+ * U+0000). */
+static void print_json_bytes(const char *s, size_t len)
 {
     putchar('"');
-    for (; *s; s++) {
-        unsigned char ch = (unsigned char)*s;
+    for (size_t i = 0; i < len; i++) {
+        unsigned char ch = (unsigned char)s[i];
         if (ch == '"' || ch == '\\')
             printf("\\%c", ch);
         else if (ch < 0x20)
@@ -100,10 +112,36 @@ static void print_json_string(const char *s)
     putchar('"');
 }
 
+static void print_json_string(const char *s)
+{
+    print_json_bytes(s, strlen(s));
+}
+
 struct stream_state {
     int json;
     int printed; /* tokens printed so far (plain output) */
+    int text;    /* print text pieces (a text prompt or a chat) */
 };
+
+/* A piece of a text request: its text (plain), or one JSON line. */
+static void on_piece(void *user, const pagoda_result *piece)
+{
+    struct stream_state *st = user;
+    if (st->json) {
+        printf("{\"offset\": %u, \"token_ids\": ", piece->offset);
+        print_json_ints(piece->token_ids, piece->num_tokens);
+        fputs(", \"text\": ", stdout);
+        print_json_bytes(piece->text ? piece->text : "", piece->text_len);
+        fputs("}\n", stdout);
+    } else if (!st->text) {
+        for (size_t i = 0; i < piece->num_tokens; i++)
+            printf("%s%d", st->printed++ ? "," : "", piece->token_ids[i]);
+    } else if (piece->text != NULL) {
+        fwrite(piece->text, 1, piece->text_len, stdout);
+        st->printed += piece->text_len > 0;
+    }
+    fflush(stdout);
+}
 
 static void on_tokens(void *user, uint32_t offset, const int32_t *ids, const float *logprobs,
                       size_t n)
@@ -140,6 +178,9 @@ enum {
     OPT_JSON,
     OPT_TIMEOUT,
     OPT_API_KEY,
+    OPT_PROMPT,
+    OPT_STOP_STRING,
+    OPT_SYSTEM,
 };
 
 static const struct option longopts[] = {
@@ -160,6 +201,9 @@ static const struct option longopts[] = {
     {"json", no_argument, NULL, OPT_JSON},
     {"timeout-ms", required_argument, NULL, OPT_TIMEOUT},
     {"api-key", required_argument, NULL, OPT_API_KEY},
+    {"prompt", required_argument, NULL, OPT_PROMPT},
+    {"stop", required_argument, NULL, OPT_STOP_STRING},
+    {"system", required_argument, NULL, OPT_SYSTEM},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
 };
@@ -170,6 +214,11 @@ struct cli {
     int32_t *prompt;
     size_t num_prompt;
     int32_t *stop_ids;
+    const char *text;   /* --prompt */
+    const char *system; /* chat --system */
+    const char *stops[MAX_STOP_STRINGS];
+    size_t num_stops;
+    int max_tokens_set;
     pagoda_generate_params params;
     int stream, json;
     uint32_t timeout_ms;
@@ -197,9 +246,25 @@ static int parse_flag(struct cli *o, int opt, const char *arg)
         return parse_i32_list("--tokens", arg, 0, INT32_MAX, MAX_PROMPT_TOKENS, &o->prompt,
                               &o->num_prompt);
     case OPT_MAX_TOKENS:
-        if ((rc = parse_i64("--max-tokens", arg, 1, INT32_MAX, &i)) == 0)
+        if ((rc = parse_i64("--max-tokens", arg, 1, INT32_MAX, &i)) == 0) {
             o->params.max_tokens = (int32_t)i;
+            o->max_tokens_set = 1;
+        }
         return rc;
+    case OPT_PROMPT:
+        o->text = arg;
+        return 0;
+    case OPT_SYSTEM:
+        o->system = arg;
+        return 0;
+    case OPT_STOP_STRING:
+        if (o->num_stops == MAX_STOP_STRINGS)
+            return pagoda_error_set(PAGODA_ERANGE, "--stop: at most %d stop strings",
+                                    MAX_STOP_STRINGS);
+        o->stops[o->num_stops++] = arg;
+        o->params.stop = o->stops;
+        o->params.num_stop = o->num_stops;
+        return 0;
     case OPT_TEMPERATURE:
         if ((rc = parse_f64("--temperature", arg, 0, 1e6, &d)) == 0)
             o->params.temperature = (float)d;
@@ -264,16 +329,40 @@ static int parse_flag(struct cli *o, int opt, const char *arg)
     }
 }
 
+static void print_json_stop(const pagoda_result *res)
+{
+    if (res->text != NULL) {
+        fputs(", \"text\": ", stdout);
+        print_json_bytes(res->text, res->text_len);
+    }
+    if (res->stop_string != NULL) {
+        fputs(", \"stop_string\": ", stdout);
+        print_json_string(res->stop_string);
+    }
+    if (res->has_stop_token_id)
+        printf(", \"stop_token_id\": %d", res->stop_token_id);
+}
+
 static int cmd_generate(pagoda_client *c, struct cli *o)
 {
-    if (o->num_prompt == 0) {
-        fprintf(stderr, "pagoda: generate needs --tokens\n");
+    if ((o->num_prompt == 0) == (o->text == NULL)) {
+        fprintf(stderr, "pagoda: generate needs one of --tokens and --prompt\n");
         return 2;
     }
     o->params.logprobs = 1;
-    struct stream_state st = {.json = o->json};
+    struct stream_state st = {.json = o->json, .text = o->text != NULL};
+    pagoda_prompt prompt = pagoda_prompt_default();
+    prompt.token_ids = o->prompt;
+    prompt.num_token_ids = o->num_prompt;
+    prompt.text = o->text;
     pagoda_result res;
-    int rc = pagoda_generate_stream(c, &o->params, o->prompt, o->num_prompt,
+    int rc;
+    if (st.text)
+        rc = pagoda_generate_prompt(c, &o->params, &prompt, o->stream ? on_piece : NULL, &st, &res);
+    else if (o->num_stops > 0)
+        rc = pagoda_generate_prompt(c, &o->params, &prompt, o->stream ? on_piece : NULL, &st, &res);
+    else
+        rc = pagoda_generate_stream(c, &o->params, o->prompt, o->num_prompt,
                                     o->stream ? on_tokens : NULL, &st, &res);
     if (rc != 0) {
         if (o->stream && !o->json && st.printed)
@@ -292,12 +381,17 @@ static int cmd_generate(pagoda_client *c, struct cli *o)
                "\"completion_tokens\": %u, \"cached_tokens\": %u}",
                pagoda_finish_reason_name(res.finish_reason), res.prompt_tokens,
                res.completion_tokens, res.cached_tokens);
+        print_json_stop(&res);
         if (res.error_message != NULL) {
             fputs(", \"error\": ", stdout);
             print_json_string(res.error_message);
         }
         fputs("}\n", stdout);
     } else if (o->stream) {
+        putchar('\n');
+    } else if (st.text) {
+        if (res.text != NULL)
+            fwrite(res.text, 1, res.text_len, stdout);
         putchar('\n');
     } else {
         for (size_t i = 0; i < res.num_tokens; i++)
@@ -311,6 +405,107 @@ static int cmd_generate(pagoda_client *c, struct cli *o)
         status = 1;
     }
     pagoda_result_free(&res);
+    return status;
+}
+
+/* Reads one line of stdin (without its newline) into a malloc'd string; NULL at the end of
+ * input. A line longer than CHAT_MAX_LINE_BYTES is cut there. */
+static char *read_line(void)
+{
+    size_t cap = 256, len = 0;
+    char *buf = malloc(cap);
+    int ch = EOF;
+    while (buf != NULL && (ch = getchar()) != EOF && ch != '\n') {
+        if (len + 1 == cap) {
+            if (cap >= CHAT_MAX_LINE_BYTES)
+                continue; /* the rest of an overlong line is dropped */
+            char *b = realloc(buf, cap * 2);
+            if (b == NULL) {
+                free(buf);
+                return NULL;
+            }
+            buf = b;
+            cap *= 2;
+        }
+        buf[len++] = (char)ch;
+    }
+    if (buf == NULL || (ch == EOF && len == 0)) {
+        free(buf);
+        return NULL;
+    }
+    if (len > 0 && buf[len - 1] == '\r') /* CRLF input */
+        len--;
+    if (len + 1 == cap && cap >= CHAT_MAX_LINE_BYTES)
+        fprintf(stderr, "pagoda: a line longer than %u bytes was cut\n", CHAT_MAX_LINE_BYTES);
+    buf[len] = '\0';
+    return buf;
+}
+
+/* pagoda chat: each line of stdin is a user turn; the answer streams to stdout and joins the
+ * conversation, which is sent whole each turn (the prefix cache makes that cheap). */
+static int cmd_chat(pagoda_client *c, struct cli *o)
+{
+    if (o->num_prompt > 0 || o->text != NULL) {
+        fprintf(stderr, "pagoda: chat reads its turns from stdin (no --tokens or --prompt)\n");
+        return 2;
+    }
+    if (!o->max_tokens_set)
+        o->params.max_tokens = 256;
+    pagoda_chat_message *msgs = calloc(CHAT_MAX_MESSAGES, sizeof(*msgs));
+    char **owned = calloc(CHAT_MAX_MESSAGES, sizeof(*owned));
+    size_t n = 0;
+    int status = 0;
+    if (msgs == NULL || owned == NULL) {
+        status = server_error(PAGODA_ENOMEM);
+        goto out;
+    }
+    if (o->system != NULL)
+        msgs[n++] = (pagoda_chat_message){.role = "system", .content = o->system};
+    char *line;
+    while ((line = read_line()) != NULL) {
+        if (n + 2 > CHAT_MAX_MESSAGES) {
+            free(line);
+            fprintf(stderr, "pagoda: the conversation reached %d messages\n", CHAT_MAX_MESSAGES);
+            status = 1;
+            break;
+        }
+        owned[n] = line;
+        msgs[n++] = (pagoda_chat_message){.role = "user", .content = line};
+        pagoda_prompt prompt = pagoda_prompt_default();
+        prompt.messages = msgs;
+        prompt.num_messages = n;
+        struct stream_state st = {.json = 0, .text = 1};
+        pagoda_result res;
+        int rc = pagoda_generate_prompt(c, &o->params, &prompt, on_piece, &st, &res);
+        putchar('\n');
+        fflush(stdout);
+        if (rc != 0) {
+            pagoda_result_free(&res);
+            status = server_error(rc);
+            break;
+        }
+        if (res.finish_reason == PAGODA_FINISH_ERROR) {
+            fprintf(stderr, "pagoda: the answer failed: %s\n",
+                    res.error_message ? res.error_message : "error");
+            pagoda_result_free(&res);
+            status = 1;
+            break;
+        }
+        char *answer = res.text ? res.text : strdup("");
+        res.text = NULL;
+        pagoda_result_free(&res);
+        if (answer == NULL) {
+            status = server_error(PAGODA_ENOMEM);
+            break;
+        }
+        owned[n] = answer;
+        msgs[n++] = (pagoda_chat_message){.role = "assistant", .content = answer};
+    }
+out:
+    for (size_t i = 0; owned != NULL && i < n; i++)
+        free(owned[i]);
+    free(owned);
+    free(msgs);
     return status;
 }
 
@@ -428,9 +623,11 @@ int main(int argc, char **argv)
         return admin_cli_main(o.url, o.api_key, argc - i, argv + i);
     int sub_argc = argc - i;
     char **sub_argv = argv + i;
-    int is_generate = strcmp(cmd, "generate") == 0;
+    int is_chat = strcmp(cmd, "chat") == 0;
+    int is_generate = strcmp(cmd, "generate") == 0 || is_chat;
     if (!is_generate && strcmp(cmd, "stats") != 0 && strcmp(cmd, "health") != 0) {
-        fprintf(stderr, "pagoda: unknown command '%s' (generate, stats, health, admin)\n", cmd);
+        fprintf(stderr, "pagoda: unknown command '%s' (generate, chat, stats, health, admin)\n",
+                cmd);
         return 2;
     }
     optind = 1;
@@ -469,7 +666,9 @@ int main(int argc, char **argv)
         pagoda_client_set_timeout_ms(c, o.timeout_ms);
     else if (!is_generate)
         pagoda_client_set_timeout_ms(c, 5000); /* a quick answer or none */
-    if (is_generate)
+    if (is_chat)
+        status = cmd_chat(c, &o);
+    else if (is_generate)
         status = cmd_generate(c, &o);
     else if (strcmp(cmd, "stats") == 0)
         status = cmd_stats(c, &o);

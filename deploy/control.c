@@ -5,7 +5,7 @@
 #include <stdint.h>
 #include <string.h>
 
-const char *const role_names[ROLE_COUNT] = {"kvpool", "worker", "scheduler", "router"};
+const char *const role_names[ROLE_COUNT] = {"kvpool", "worker", "scheduler", "router", "gateway"};
 
 /* Whether text is a decimal number as "%d" writes one that is not negative: digits only, no
  * sign, space or leading zero (strtoll, under parse_i64, would take "+1", " 1" and "01"). */

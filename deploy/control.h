@@ -4,7 +4,7 @@
 #ifndef PAGODA_DEPLOY_CONTROL_H
 #define PAGODA_DEPLOY_CONTROL_H
 
-enum role { ROLE_KVPOOL, ROLE_WORKER, ROLE_SCHEDULER, ROLE_ROUTER, ROLE_COUNT };
+enum role { ROLE_KVPOOL, ROLE_WORKER, ROLE_SCHEDULER, ROLE_ROUTER, ROLE_GATEWAY, ROLE_COUNT };
 
 /* The sender names of Control{ready}, which are also the suffixes of the program names. */
 extern const char *const role_names[ROLE_COUNT];

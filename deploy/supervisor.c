@@ -1,6 +1,7 @@
 /* pagoda-supervisor: starts pagoda's process group on one machine, keeps it running, stops it.
  *
  *   pagoda-supervisor --run-dir DIR --bin-dir BINDIR --model MODEL [--workers 1] [--listen URL]
+ *                     [--http-listen HOST:PORT]
  *                     [--block-size B] [--kv-blocks N | --kv-bytes B] [--backend cpu|cuda|null]
  *                     [--log-level info] [--ready-timeout-ms 60000] [--stop-timeout-ms 30000]
  *                     [--heartbeat-ms 1000] [--heartbeat-misses 15]
@@ -109,19 +110,21 @@
 #define SUP_KILL_WAIT_MS 5000
 /* Control pipes whose peer pid is remembered (see on_pipe_event): every program's heartbeat
  * pipe stays connected, and closed pipes are remembered a while for their last messages. */
-#define SUP_PIPE_SLOTS (2 * (SUP_MAX_WORKERS + 3))
+#define SUP_PIPE_SLOTS (2 * (SUP_MAX_WORKERS + 4))
 /* argv of one child: program, --run-dir, --log-level, role flags, extra flags, NULL. */
 #define SUP_MAX_ARGV (1 + 4 + 8 + SUP_MAX_EXTRA_ARGS + 1)
 
-/* The stop order: the router drains first, the kvpool's memory outlives everyone mapping it. */
-static const enum role stop_order[ROLE_COUNT] = {ROLE_ROUTER, ROLE_SCHEDULER, ROLE_WORKER,
-                                                 ROLE_KVPOOL};
+/* The stop order: the HTTP gateway (its clients' requests are cancelled), then the router drains,
+ * the kvpool's memory outlives everyone mapping it. */
+static const enum role stop_order[ROLE_COUNT] = {ROLE_GATEWAY, ROLE_ROUTER, ROLE_SCHEDULER,
+                                                 ROLE_WORKER, ROLE_KVPOOL};
 
 struct sup_opts {
     const char *run_dir;
     const char *bin_dir;
     const char *model;
     const char *listen;
+    const char *http_listen; /* NULL: no gateway */
     const char *block_size;
     const char *kv_blocks;
     const char *kv_bytes;
@@ -186,6 +189,7 @@ struct supervisor {
     char ready_path[PATH_MAX];
     int lock_fd; /* DIR/lock, flock'ed for the supervisor's life; -1 before */
     char program[ROLE_COUNT][PATH_MAX];
+    char model_name[256]; /* the model folder's last component (the gateway's model id) */
     char workers_text[12];
 
     nng_socket control;
@@ -204,7 +208,7 @@ struct supervisor {
     uint64_t liveness_tick_ms; /* loop time of the last liveness check (or of its start) */
     int timers_init;
 
-    struct child children[2 + SUP_MAX_WORKERS + 1]; /* in start order */
+    struct child children[2 + SUP_MAX_WORKERS + 2]; /* in start order */
     int num_children;
 
     enum phase phase;
@@ -232,9 +236,11 @@ static void usage(FILE *f)
         "         [--log-level debug|info|warn|error] [--ready-timeout-ms 60000]\n"
         "         [--stop-timeout-ms 30000] [--heartbeat-ms %d (0: off)]\n"
         "         [--heartbeat-misses %d] [--kvpool-arg A]... [--worker-arg A]...\n"
-        "         [--scheduler-arg A]... [--router-arg A]...\n"
+        "         [--scheduler-arg A]... [--router-arg A]... [--http-listen HOST:PORT]\n"
+        "         [--gateway-arg A]...\n"
         "Starts BINDIR/pagoda-kvpool, -worker (x N), -scheduler and -router with run\n"
-        "directory DIR, restarts any that exits, and drains them on SIGTERM or SIGINT.\n"
+        "directory DIR (and -gateway, the OpenAI-compatible HTTP front, with --http-listen),\n"
+        "restarts any that exits, and drains them on SIGTERM or SIGINT.\n"
         "Writes DIR/ready (the client URL) once every program is ready. Each --X-arg adds\n"
         "one argument (at most %d) to program X's command line. A ready program that sends\n"
         "no heartbeat for --heartbeat-ms x --heartbeat-misses is killed and restarted.\n"
@@ -265,6 +271,8 @@ enum {
     OPT_WORKER_ARG,
     OPT_SCHEDULER_ARG,
     OPT_ROUTER_ARG,
+    OPT_GATEWAY_ARG,
+    OPT_HTTP_LISTEN,
     OPT_HELP,
     OPT_ALLOW_MULTI_WORKER, /* after OPT_HELP: takes no value */
 };
@@ -302,6 +310,8 @@ static int parse_opts(int argc, char **argv, struct sup_opts *o)
         {"worker-arg", required_argument, NULL, OPT_WORKER_ARG},
         {"scheduler-arg", required_argument, NULL, OPT_SCHEDULER_ARG},
         {"router-arg", required_argument, NULL, OPT_ROUTER_ARG},
+        {"gateway-arg", required_argument, NULL, OPT_GATEWAY_ARG},
+        {"http-listen", required_argument, NULL, OPT_HTTP_LISTEN},
         {"help", no_argument, NULL, OPT_HELP},
         {NULL, 0, NULL, 0},
     };
@@ -344,6 +354,11 @@ static int parse_opts(int argc, char **argv, struct sup_opts *o)
             break;
         case OPT_LISTEN:
             o->listen = optarg;
+            break;
+        case OPT_HTTP_LISTEN:
+            if ((rc = check_len("--http-listen", optarg, 3, SUP_MAX_URL_BYTES)) != 0)
+                return rc;
+            o->http_listen = optarg;
             break;
         case OPT_BLOCK_SIZE:
             if ((rc = parse_i64("--block-size", optarg, 1, 1024, &v)) != 0)
@@ -401,7 +416,8 @@ static int parse_opts(int argc, char **argv, struct sup_opts *o)
         case OPT_KVPOOL_ARG:
         case OPT_WORKER_ARG:
         case OPT_SCHEDULER_ARG:
-        case OPT_ROUTER_ARG: {
+        case OPT_ROUTER_ARG:
+        case OPT_GATEWAY_ARG: {
             int role = opt - OPT_KVPOOL_ARG;
             if (o->num_extra[role] == SUP_MAX_EXTRA_ARGS)
                 return pagoda_error_set(PAGODA_ERANGE, "more than %d --%s-arg values",
@@ -692,6 +708,16 @@ static void child_build_argv(struct supervisor *sup, struct child *c)
     case ROLE_ROUTER:
         c->argv[n++] = "--listen";
         c->argv[n++] = (char *)o->listen;
+        c->argv[n++] = "--model"; /* its tokenizer, when it has one */
+        c->argv[n++] = (char *)o->model;
+        break;
+    case ROLE_GATEWAY:
+        c->argv[n++] = "--router";
+        c->argv[n++] = (char *)o->listen;
+        c->argv[n++] = "--listen";
+        c->argv[n++] = (char *)o->http_listen;
+        c->argv[n++] = "--model-name"; /* the model folder's name; --gateway-arg overrides */
+        c->argv[n++] = (char *)sup->model_name;
         break;
     default:
         break;
@@ -1387,6 +1413,8 @@ static int prepare(struct supervisor *sup)
         return pagoda_error_set(pagoda_from_errno(errno), "--bin-dir %s: %s", o->bin_dir,
                                 strerror(errno));
     for (int r = 0; r < ROLE_COUNT; r++) {
+        if (r == ROLE_GATEWAY && o->http_listen == NULL)
+            continue; /* not started: need not be there */
         char *path = sup->program[r];
         if (snprintf(path, PATH_MAX, "%s/pagoda-%s", bin_dir, role_names[r]) >= PATH_MAX)
             return pagoda_error_set(PAGODA_ERANGE, "--bin-dir %s is too long", o->bin_dir);
@@ -1396,8 +1424,19 @@ static int prepare(struct supervisor *sup)
     }
 
     snprintf(sup->workers_text, sizeof(sup->workers_text), "%d", o->workers);
+    {
+        size_t len = strlen(o->model);
+        while (len > 1 && o->model[len - 1] == '/')
+            len--;
+        size_t start = len;
+        while (start > 0 && o->model[start - 1] != '/')
+            start--;
+        snprintf(sup->model_name, sizeof(sup->model_name), "%.*s", (int)(len - start),
+                 o->model + start);
+    }
     sup->num_children = 0;
-    for (int i = 0; i < o->workers + 2 + 1; i++) {
+    int gateway = o->http_listen != NULL;
+    for (int i = 0; i < o->workers + 2 + 1 + gateway; i++) {
         struct child *c = &sup->children[sup->num_children++];
         c->sup = sup;
         c->worker_id = -1;
@@ -1408,7 +1447,9 @@ static int prepare(struct supervisor *sup)
             c->worker_id = i - 1;
             snprintf(c->worker_id_text, sizeof(c->worker_id_text), "%d", c->worker_id);
         } else {
-            c->role = i == o->workers + 1 ? ROLE_SCHEDULER : ROLE_ROUTER;
+            c->role = i == o->workers + 1   ? ROLE_SCHEDULER
+                      : i == o->workers + 2 ? ROLE_ROUTER
+                                            : ROLE_GATEWAY;
         }
         if (c->role == ROLE_WORKER)
             snprintf(c->name, sizeof(c->name), "worker-%d", c->worker_id);

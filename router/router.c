@@ -8,6 +8,7 @@
 #include "kernels/cpu/sampler.h"
 #include "proto/internal.pb-c.h"
 #include "proto/pagoda.pb-c.h"
+#include "wire/sampling_wire.h"
 #include "wire/wire.h"
 
 #include <nng/nng.h>
@@ -154,6 +155,7 @@ static void request_free(struct request *q)
 {
     if (q == NULL)
         return;
+    router_text_request_free(q);
     free(q->prompt);
     free(q->stop_ids);
     free(q->tokens);
@@ -200,6 +202,7 @@ static void request_account(struct router *r, struct request *q)
         bytes += (size_t)(q->p.num_stop ? q->p.num_stop : 1) * sizeof(int32_t);
     if (q->error_message != NULL)
         bytes += strlen(q->error_message) + 1;
+    bytes += router_text_bytes(q);
     r->registry_bytes = r->registry_bytes - q->bytes + bytes;
     q->bytes = bytes;
 }
@@ -216,6 +219,7 @@ static void prompt_hash(const struct router *r, const struct submit_params *p, u
     XXH3_128bits_update(&st, p->prompt, (size_t)p->num_prompt * sizeof(int32_t));
     if (p->num_stop)
         XXH3_128bits_update(&st, p->stop_ids, (size_t)p->num_stop * sizeof(int32_t));
+    XXH3_128bits_update(&st, p->text_hash, sizeof(p->text_hash));
     XXH128_hash_t h = XXH3_128bits_digest(&st);
     out[0] = h.low64;
     out[1] = h.high64;
@@ -519,6 +523,13 @@ static void reply_update_ex(struct rctx *c, struct request *q, uint32_t offset, 
     }
     up.has_finish_reason = 1;
     up.finish_reason = q->finish;
+    if (with_tokens && q->text != NULL) {
+        router_text_fill(q, offset, &up.text, &up.stop_string);
+        up.has_text = 1;
+        up.has_stop_string = q->stop_index > 0;
+    }
+    up.has_stop_token_id = q->has_stop_token_id;
+    up.stop_token_id = q->stop_token_id;
     if (q->finish != PAGODA__FINISH_REASON__FINISH_NONE) {
         usage.has_prompt_tokens = usage.has_completion_tokens = usage.has_cached_tokens = 1;
         usage.prompt_tokens = q->prompt_tokens;
@@ -671,18 +682,7 @@ static void set_pending(struct router *r, struct request *q, int *flag, int valu
 
 static int send_submit(struct router *r, struct request *q)
 {
-    Pagoda__Internal__SamplingParams sp = PAGODA__INTERNAL__SAMPLING_PARAMS__INIT;
-    sp.has_temperature = sp.has_top_k = sp.has_top_p = sp.has_min_p = 1;
-    sp.has_repetition_penalty = sp.has_presence_penalty = sp.has_frequency_penalty = 1;
-    sp.has_seed = 1;
-    sp.temperature = q->p.temperature;
-    sp.top_k = q->p.top_k;
-    sp.top_p = q->p.top_p;
-    sp.min_p = q->p.min_p;
-    sp.repetition_penalty = q->p.repetition_penalty;
-    sp.presence_penalty = q->p.presence_penalty;
-    sp.frequency_penalty = q->p.frequency_penalty;
-    sp.seed = q->p.seed;
+    Pagoda__Internal__SamplingParams sp = sampling_to_internal(&q->p.sampling);
 
     Pagoda__Internal__SubmitSeq sub = PAGODA__INTERNAL__SUBMIT_SEQ__INIT;
     sub.has_request_id = 1;
@@ -780,7 +780,8 @@ static void on_link_joined(struct router *r)
 {
     log_info("scheduler link up (%s): sending %u unfinished requests", r->sched_url, r->live.count);
     for (struct request *q = r->live.head; q != NULL; q = q->next)
-        set_pending(r, q, &q->need_submit, 1);
+        if (q->job == NULL) /* a prompt still being tokenized goes when it is ready */
+            set_pending(r, q, &q->need_submit, 1);
     tenancy_on_link_up(r);
     r->need_hello = 1;
     router_flush_pending(r);
@@ -812,6 +813,10 @@ static void finish_request(struct router *r, struct request *q, Pagoda__FinishRe
     q->error_code = error_code;
     if (error_message != NULL)
         q->error_message = strdup(error_message);
+    /* The text held back is released; should it complete a stop string, that is the end. */
+    if (router_text_on_finish(q) && (reason == PAGODA__FINISH_REASON__FINISH_LENGTH ||
+                                     reason == PAGODA__FINISH_REASON__FINISH_STOP))
+        q->finish = PAGODA__FINISH_REASON__FINISH_STOP;
     request_forget_prompt(r, q);
     set_pending(r, q, &q->need_submit, 0);
     list_push_back(&r->finished, q);
@@ -910,6 +915,8 @@ static struct request *adopt_request(struct router *r, const Pagoda__Internal__T
         r->alias_buckets[b] = q;
         q->aliased = 1;
     }
+    if (router_text_attach(r, q, NULL) != 0)
+        log_warn("request %s: no memory for its text: it gets token ids only", hex);
     list_push_back(&r->live, q);
     r->slots[tenant].live++;
     tenancy_ref(r, tenant);
@@ -964,11 +971,27 @@ static void apply_event(struct router *r, const Pagoda__Internal__TokenEvent *ev
         if (q->num_tokens >= (uint32_t)q->p.max_tokens)
             break;
         float lp = i < ev->n_logprobs ? ev->logprobs[i] : 0.0f;
-        if (append_token(q, ev->token_ids[i], lp) != 0) {
+        int stop = 0;
+        if (append_token(q, ev->token_ids[i], lp) != 0 ||
+            router_text_on_token(q, ev->token_ids[i], &stop) != 0) {
             finish_request(r, q, PAGODA__FINISH_REASON__FINISH_ERROR, PAGODA_ENOMEM,
                            "the router ran out of memory for this request's tokens");
             set_pending(r, q, &q->need_cancel, 1);
             router_flush_pending(r);
+            registry_trim(r, q->tenant);
+            return;
+        }
+        if (stop > 0) {
+            /* A stop string: the output ends at this token (the text before the string), and
+             * the scheduler stops the sequence; what it sends later is ignored. */
+            if (ev->has_prompt_tokens)
+                q->prompt_tokens = ev->prompt_tokens;
+            if (ev->has_cached_tokens)
+                q->cached_tokens = ev->cached_tokens;
+            finish_request(r, q, PAGODA__FINISH_REASON__FINISH_STOP, 0, NULL);
+            set_pending(r, q, &q->need_cancel, 1);
+            router_flush_pending(r);
+            request_account(r, q);
             registry_trim(r, q->tenant);
             return;
         }
@@ -980,6 +1003,17 @@ static void apply_event(struct router *r, const Pagoda__Internal__TokenEvent *ev
             q->prompt_tokens = ev->prompt_tokens;
         if (ev->has_cached_tokens)
             q->cached_tokens = ev->cached_tokens;
+        /* Which stop: a stop token id is the last token; EOS is neither. */
+        if (ev->finish_reason == PAGODA__INTERNAL__FINISH_REASON__FINISH_STOP &&
+            q->num_tokens > 0 && q->stop_ids != NULL) {
+            int32_t last = q->tokens[q->num_tokens - 1];
+            for (uint32_t k = 0; k < q->p.num_stop; k++)
+                if (q->stop_ids[k] == last) {
+                    q->has_stop_token_id = 1;
+                    q->stop_token_id = last;
+                    break;
+                }
+        }
         finish_request(r, q, finish_from_internal(ev->finish_reason),
                        ev->has_error_code ? ev->error_code : 0, ev->error_message);
         registry_trim(r, q->tenant);
@@ -1118,7 +1152,10 @@ static int submit_params_read(const struct router *r, const Pagoda__SubmitReques
 {
     const struct router_config *cfg = &r->cfg;
     memset(p, 0, sizeof(*p));
-    if (s->n_prompt_token_ids == 0)
+    int rc = router_text_read(r, s, &p->has_text, p->text_hash);
+    if (rc != 0)
+        return rc;
+    if (s->n_prompt_token_ids == 0 && !p->has_text)
         return pagoda_error_set(PAGODA_EINVAL, "the prompt is empty");
     if (s->n_prompt_token_ids > cfg->max_prompt_tokens)
         return pagoda_error_set(PAGODA_ERANGE,
@@ -1145,30 +1182,11 @@ static int submit_params_read(const struct router *r, const Pagoda__SubmitReques
                                 (int)p->max_tokens, cfg->max_new_tokens);
     p->ignore_eos = s->has_ignore_eos && s->ignore_eos;
 
-    /* Sampling: an absent field is the neutral value (temperature 1, every filter off). */
+    /* Sampling: the one definition of defaults and ranges (wire/sampling_wire.h). */
     const Pagoda__SamplingParams *sp = s->sampling;
-    p->temperature = sp && sp->has_temperature ? sp->temperature : 1.0f;
-    p->top_p = sp && sp->has_top_p ? sp->top_p : 1.0f;
-    p->top_k = sp && sp->has_top_k ? sp->top_k : 0;
-    p->min_p = sp && sp->has_min_p ? sp->min_p : 0.0f;
-    p->repetition_penalty = sp && sp->has_repetition_penalty ? sp->repetition_penalty : 1.0f;
-    p->presence_penalty = sp && sp->has_presence_penalty ? sp->presence_penalty : 0.0f;
-    p->frequency_penalty = sp && sp->has_frequency_penalty ? sp->frequency_penalty : 0.0f;
     p->has_seed = sp && sp->has_seed;
-    p->seed = p->has_seed ? sp->seed : 0;
     p->logprobs = sp && sp->has_logprobs && sp->logprobs;
-    /* The sampler's own definition of valid values (kernels/cpu/sampler.h: ranges that cannot
-     * overflow), so that nothing the router admits fails in the worker. */
-    struct sampling_params check = sampling_params_default();
-    check.temperature = p->temperature;
-    check.top_p = p->top_p;
-    check.top_k = p->top_k;
-    check.min_p = p->min_p;
-    check.repetition_penalty = p->repetition_penalty;
-    check.presence_penalty = p->presence_penalty;
-    check.frequency_penalty = p->frequency_penalty;
-    int rc = sampling_params_validate(&check);
-    if (rc != 0) {
+    if (sampling_from_client(sp, &p->sampling) != 0) {
         char why[512];
         snprintf(why, sizeof(why), "%s", pagoda_error_detail());
         /* A NaN is out of range too, for a client: one code for every bad value. */
@@ -1183,14 +1201,19 @@ static int submit_params_read(const struct router *r, const Pagoda__SubmitReques
 static int submit_params_equal(const struct submit_params *a, const uint64_t a_hash[2],
                                const struct submit_params *b, const uint64_t b_hash[2])
 {
-    return a->num_prompt == b->num_prompt && a->num_stop == b->num_stop && a_hash[0] == b_hash[0] &&
-           a_hash[1] == b_hash[1] && a->temperature == b->temperature && a->top_p == b->top_p &&
-           a->top_k == b->top_k && a->min_p == b->min_p &&
-           a->repetition_penalty == b->repetition_penalty &&
-           a->presence_penalty == b->presence_penalty &&
-           a->frequency_penalty == b->frequency_penalty && a->has_seed == b->has_seed &&
-           (!a->has_seed || a->seed == b->seed) && a->max_tokens == b->max_tokens &&
-           a->ignore_eos == b->ignore_eos && a->logprobs == b->logprobs;
+    /* A text prompt's token count is known only once tokenized: its text is in the hash. */
+    int same_prompt =
+        a->has_text || b->has_text ? a->has_text == b->has_text : a->num_prompt == b->num_prompt;
+    return same_prompt && a->num_stop == b->num_stop && a_hash[0] == b_hash[0] &&
+           a_hash[1] == b_hash[1] && a->sampling.temperature == b->sampling.temperature &&
+           a->sampling.top_p == b->sampling.top_p && a->sampling.top_k == b->sampling.top_k &&
+           a->sampling.min_p == b->sampling.min_p &&
+           a->sampling.repetition_penalty == b->sampling.repetition_penalty &&
+           a->sampling.presence_penalty == b->sampling.presence_penalty &&
+           a->sampling.frequency_penalty == b->sampling.frequency_penalty &&
+           a->has_seed == b->has_seed && (!a->has_seed || a->sampling.seed == b->sampling.seed) &&
+           a->max_tokens == b->max_tokens && a->ignore_eos == b->ignore_eos &&
+           a->logprobs == b->logprobs;
 }
 
 static struct request *request_new(const struct router *r, uint32_t tenant, const uint8_t *id,
@@ -1203,7 +1226,7 @@ static struct request *request_new(const struct router *r, uint32_t tenant, cons
     q->tenant = tenant;
     sched_id_of(r, tenant, id, q->sched_id);
     q->p = *p;
-    q->prompt = malloc(p->num_prompt * sizeof(int32_t));
+    q->prompt = malloc((p->num_prompt ? p->num_prompt : 1) * sizeof(int32_t));
     q->stop_ids = malloc((p->num_stop ? p->num_stop : 1) * sizeof(int32_t));
     if (q->prompt == NULL || q->stop_ids == NULL) {
         request_free(q);
@@ -1216,7 +1239,7 @@ static struct request *request_new(const struct router *r, uint32_t tenant, cons
     q->p.stop_ids = q->stop_ids;
     prompt_hash(r, p, q->prompt_hash);
     if (!q->p.has_seed)
-        q->p.seed = random_u64(); /* the router draws a seed for requests without one */
+        q->p.sampling.seed = random_u64(); /* the router draws a seed for requests without one */
     q->prompt_tokens = p->num_prompt;
     return q;
 }
@@ -1294,6 +1317,11 @@ static void handle_submit(struct router *r, struct rctx *c, uint32_t tenant,
         router_reply_error(c, PAGODA_ENOMEM, "submit: out of memory");
         return;
     }
+    if ((rc = router_text_attach(r, q, s)) != 0) {
+        request_free(q);
+        router_reply_error(c, rc, "submit: %s", pagoda_error_detail());
+        return;
+    }
     size_t b = bucket_of(r, q->sched_id);
     q->hash_next = r->buckets[b];
     r->buckets[b] = q;
@@ -1301,9 +1329,37 @@ static void handle_submit(struct router *r, struct rctx *c, uint32_t tenant,
     r->slots[tenant].live++;
     tenancy_ref(r, tenant);
     request_account(r, q);
+    if (q->job == NULL) { /* a text prompt goes once its job has tokenized it */
+        set_pending(r, q, &q->need_submit, 1);
+        router_flush_pending(r);
+    }
+    reply_submitted(c, q);
+}
+
+void router_prompt_ready(struct router *r, struct request *q, int rc, const char *detail,
+                         int32_t *ids, size_t n)
+{
+    if (q->finish != PAGODA__FINISH_REASON__FINISH_NONE) {
+        free(ids); /* cancelled while it was tokenized */
+        return;
+    }
+    if (rc != 0) {
+        free(ids);
+        char hex[2 * ID_BYTES + 1];
+        id_hex(q->id, hex);
+        log_debug("request %s: its prompt was refused: %s", hex, detail);
+        finish_request(r, q, PAGODA__FINISH_REASON__FINISH_ERROR, rc, detail);
+        registry_trim(r, q->tenant);
+        return;
+    }
+    free(q->prompt);
+    q->prompt = ids;
+    q->p.prompt = ids;
+    q->p.num_prompt = (uint32_t)n;
+    q->prompt_tokens = (uint32_t)n;
+    request_account(r, q);
     set_pending(r, q, &q->need_submit, 1);
     router_flush_pending(r);
-    reply_submitted(c, q);
 }
 
 static void handle_poll(struct router *r, struct rctx *c, uint32_t tenant,
@@ -1492,25 +1548,52 @@ static int check_caller(struct router *r, struct rctx *c, const Pagoda__ClientRe
 }
 
 /* Loop thread: one call from a client. Every path answers the call or parks it. */
+/* protobuf-c's allocator for client messages: the system's, with a budget of allocations, so
+ * that unpacking a message of millions of empty repeated strings fails (as malformed) after
+ * ROUTER_MAX_UNPACK_ALLOCATIONS instead of costing the loop millions of mallocs. */
+struct unpack_budget {
+    uint32_t left;
+};
+
+static void *budget_alloc(void *data, size_t size)
+{
+    struct unpack_budget *b = data;
+    if (b->left == 0)
+        return NULL;
+    b->left--;
+    return malloc(size);
+}
+
+static void budget_free(void *data, void *p)
+{
+    (void)data;
+    free(p);
+}
+
 static void handle_call(struct router *r, struct rctx *c)
 {
     nng_msg *m = c->msg;
     c->msg = NULL;
     size_t len = nng_msg_len(m);
+    struct unpack_budget budget = {.left = ROUTER_MAX_UNPACK_ALLOCATIONS};
+    ProtobufCAllocator alloc = {
+        .alloc = budget_alloc, .free = budget_free, .allocator_data = &budget};
     Pagoda__ClientRequest *req = (Pagoda__ClientRequest *)protobuf_c_message_unpack(
-        &pagoda__client_request__descriptor, NULL, len, nng_msg_body(m));
+        &pagoda__client_request__descriptor, &alloc, len, nng_msg_body(m));
     nng_msg_free(m);
     if (req == NULL) {
         r->malformed_requests++;
         router_reply_error(c, PAGODA_EFORMAT,
-                           "malformed request: %zu bytes that are not a ClientRequest", len);
+                           "malformed request: %zu bytes that are not a ClientRequest (or that "
+                           "hold more than %u strings and messages)",
+                           len, ROUTER_MAX_UNPACK_ALLOCATIONS);
         return;
     }
     uint32_t tenant = 0;
     int admin = 0;
     if (req->call_case != PAGODA__CLIENT_REQUEST__CALL__NOT_SET &&
         check_caller(r, c, req, &tenant, &admin) != 0) {
-        protobuf_c_message_free_unpacked(&req->base, NULL);
+        protobuf_c_message_free_unpacked(&req->base, &alloc);
         return;
     }
     switch (req->call_case) {
@@ -1538,7 +1621,7 @@ static void handle_call(struct router *r, struct rctx *c)
                            "malformed request: it names no call (submit, poll, "
                            "cancel, health, stats or admin)");
     }
-    protobuf_c_message_free_unpacked(&req->base, NULL);
+    protobuf_c_message_free_unpacked(&req->base, &alloc);
 }
 
 /* ---- threads meet the loop ---------------------------------------------------------------- */
@@ -1701,6 +1784,7 @@ void router_drain(struct router *r, router_drained_fn done, void *arg)
 
 static void router_free(struct router *r)
 {
+    router_text_router_closing(r);
     struct req_list *lists[2] = {&r->live, &r->finished};
     for (int l = 0; l < 2; l++) {
         struct request *q = lists[l]->head;
@@ -1714,6 +1798,7 @@ static void router_free(struct router *r)
     free(r->alias_buckets);
     pipe_table_free(r->pipes);
     tenancy_close(r);
+    router_text_close(r);
     if (r->lock_init)
         pthread_mutex_destroy(&r->lock);
     free(r->run_dir);
@@ -1956,6 +2041,8 @@ int router_open(uv_loop_t *loop, const struct router_config *cfg, struct router 
     r->hash_seed = random_u64();
     r->id_seed = random_u64();
     if ((rc = tenancy_open(r, cfg->tenants_file)) != 0)
+        goto fail;
+    if ((rc = router_text_open(r, cfg->model_dir)) != 0)
         goto fail;
     if (pthread_mutex_init(&r->lock, NULL) != 0) {
         rc = pagoda_error_set(PAGODA_EIO, "router: pthread_mutex_init failed");

@@ -89,7 +89,10 @@
 /* The largest client message the REP socket ever accepts (NNG_OPT_RECVMAXSZ); the limit in
  * force is sized from the prompt limit (router_max_message_bytes). */
 #define ROUTER_MAX_CLIENT_MESSAGE_BYTES (4u << 20)
-/* A packed prompt token id below 2^28 (every vocabulary's) takes at most 4 bytes. */
+/* A packed prompt token id below 2^28 (every vocabulary's) takes at most 4 bytes. A text prompt
+ * or a chat counts against the same limit: about 4 bytes a token for byte-level BPEs on prose, so
+ * a text near the token limit with longer tokens (runs of spaces) does not fit the message. Kept
+ * at 4 so that the worst case of the front (README) does not grow with text. */
 #define ROUTER_BYTES_PER_PROMPT_TOKEN 4u
 /* Room in a Submit for everything but the prompt: id, key, sampling, stop ids, framing. */
 #define ROUTER_MESSAGE_OVERHEAD_BYTES (16u << 10)
@@ -130,12 +133,25 @@
 #define ROUTER_DEFAULT_MAX_TOKENS 16
 /* The most stop token ids one request may carry. */
 #define ROUTER_MAX_STOP_TOKEN_IDS 64u
+/* Text prompts and chats being tokenized on libuv's threadpool at once (jobs whose request was
+ * cancelled still count until they end), in all and per tenant: a Submit over either is refused
+ * with PAGODA_EEXHAUSTED, so one tenant's flood of long prompts cannot queue without bound or
+ * hold up everyone's. */
+#define ROUTER_MAX_TEXT_JOBS 256u
+#define ROUTER_MAX_TENANT_TEXT_JOBS 32u
+/* The most messages in a chat. */
+#define ROUTER_MAX_CHAT_MESSAGES 4096u
+/* Unpacking one client message may make at most this many allocations (one per string or
+ * sub-message): a 4 MiB message of two million empty strings is refused as malformed instead of
+ * costing the loop two million mallocs. */
+#define ROUTER_MAX_UNPACK_ALLOCATIONS 65536u
 
 struct router_config {
     const char *run_dir;            /* control.ipc lives here; the scheduler link unless below */
     const char *listen_url;         /* tcp://HOST:PORT or ipc://PATH */
     const char *scheduler_url;      /* NULL: ipc://RUN_DIR/scheduler.ipc */
     const char *tenants_file;       /* router/tenants.h; NULL: one tenant, any key */
+    const char *model_dir;          /* the model's folder: its tokenizer; NULL: token ids only */
     uint32_t num_contexts;          /* contexts always free to receive a call */
     uint32_t max_parked_calls;      /* polls and stats waiting at once */
     uint32_t max_connections;       /* client connections at once (lowered to fit the fd limit) */

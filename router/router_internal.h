@@ -10,6 +10,7 @@
 #ifndef PAGODA_ROUTER_ROUTER_INTERNAL_H
 #define PAGODA_ROUTER_ROUTER_INTERNAL_H
 
+#include "kernels/cpu/sampler.h"
 #include "proto/internal.pb-c.h"
 #include "proto/pagoda.pb-c.h"
 #include "router/router.h"
@@ -46,6 +47,8 @@ enum admin_op {
 
 struct request;
 struct reload_job;
+struct text_holder;
+struct text_job;
 
 /* One REP context: receives a call, is owned by the loop while the call is handled or parked,
  * then sends the reply and receives again. */
@@ -80,13 +83,13 @@ struct submit_params {
     uint32_t num_prompt;
     const int32_t *stop_ids;
     uint32_t num_stop;
-    float temperature, top_p, min_p, repetition_penalty, presence_penalty, frequency_penalty;
-    int32_t top_k;
-    int has_seed; /* the client chose the seed */
-    uint64_t seed;
+    struct sampling_params sampling; /* the seed is the router's draw unless has_seed */
+    int has_seed;                    /* the client chose the seed */
     int32_t max_tokens;
     int ignore_eos;
     int logprobs;
+    int has_text;          /* the prompt is text or a chat, tokenized later (router_text.c) */
+    uint64_t text_hash[2]; /* of the text fields (prompt, messages, stops, ...) */
 };
 
 struct request {
@@ -117,6 +120,14 @@ struct request {
     struct request *alias_next;
     /* Once finished: its tenant's finished list (tenant_slot.fin_head), oldest first. */
     struct request *tprev, *tnext;
+    /* The text side (router_text.c): the output text (NULL without detokenization), the job
+     * turning a text or chat prompt into token ids (NULL when none is in flight), the stop string
+     * that ended it (1-based index, 0 none) or the stop token id. */
+    struct output_text *text;
+    struct text_job *job;
+    int stop_index;
+    int has_stop_token_id;
+    int32_t stop_token_id;
 };
 
 struct req_list {
@@ -138,6 +149,7 @@ struct tenant_slot {
     struct request *fin_head, *fin_tail;
     uint32_t num_finished, max_finished;
     uint64_t duplicate_submits;
+    uint32_t text_jobs; /* its prompts being tokenized (router_text.c) */
 };
 
 /* A configured pin (from the tenants file or the admin API) and what the scheduler last said of
@@ -225,6 +237,12 @@ struct router {
     uint64_t malformed_requests, malformed_internal, unknown_events, event_gaps, refused_keys;
     uint64_t duplicate_submits; /* Submits of an id held, answered with that request */
 
+    /* The model's tokenizer and chat template (router_text.c), or NULL with the reason text and
+     * chats are refused. */
+    struct text_holder *text;
+    char text_error[512];
+    uint32_t text_jobs; /* prompts being tokenized, cancelled ones included */
+
     int draining;
     uint64_t drain_deadline_ms;
     router_drained_fn drained_fn;
@@ -249,6 +267,45 @@ void router_unpark(struct rctx *c);
 void router_flush_pending(struct router *r);
 /* Sends a ToScheduler envelope with the protocol version set. Errors: those of wire_send. */
 int router_send(struct router *r, Pagoda__Internal__ToScheduler *env);
+/* A text or chat prompt's job ended: on success (rc 0) q takes ids (n of them, malloc'd) and goes
+ * to the scheduler; otherwise q ends with FINISH_ERROR and detail. Either way q is q as it was
+ * when the job started, unless it has finished since (then ids are freed). */
+void router_prompt_ready(struct router *r, struct request *q, int rc, const char *detail,
+                         int32_t *ids, size_t n);
+
+/* ---- router_text.c ------------------------------------------------------------------------- */
+
+/* Loads model_dir's tokenizer and chat template (text/text_model.h). A model without
+ * tokenizer.json, or with a broken one, serves token ids only: r->text stays NULL and
+ * r->text_error says why (the load error is logged). Errors: PAGODA_ENOMEM only. Reads files: it
+ * runs once at start, before the loop serves anyone. */
+int router_text_open(struct router *r, const char *model_dir);
+void router_text_close(struct router *r);
+/* Checks a Submit's text fields (one prompt form, stop strings, the model having a tokenizer)
+ * and computes the hash of what identifies them, for deduplication; *has_text is set for a text
+ * or chat prompt. Errors: PAGODA_EINVAL, PAGODA_ERANGE, PAGODA_EUNSUPPORTED, with a detail. */
+int router_text_read(const struct router *r, const Pagoda__SubmitRequest *s, int *has_text,
+                     uint64_t hash[2]);
+/* Gives q its output text (when the model has a tokenizer and the client did not turn it off;
+ * s NULL: the defaults, for an adopted request) and, for a text or chat prompt, starts the job
+ * that tokenizes it (q->job). Errors: those of output_text_new (a bad stop string),
+ * PAGODA_ENOMEM, PAGODA_EIO. */
+int router_text_attach(struct router *r, struct request *q, const Pagoda__SubmitRequest *s);
+/* Releases q's text side; a job in flight is cancelled or left to free itself. */
+void router_text_request_free(struct request *q);
+/* The router is being freed: jobs in flight no longer report to it. */
+void router_text_router_closing(struct router *r);
+/* A new output token: its text. *stop is set (> 0) when it completed a stop string. */
+int router_text_on_token(struct request *q, int32_t token, int *stop);
+/* q ended: its job (if any) is dropped and what was held back becomes visible. Returns 1 when that
+ * last text completed a stop string (the request then ends with FINISH_STOP). */
+int router_text_on_finish(struct request *q);
+/* The text of q's tokens from offset on, and the stop string that ended it, pointing into q
+ * (valid until q changes; empty when q has no text). */
+int router_text_fill(const struct request *q, uint32_t offset, ProtobufCBinaryData *text,
+                     ProtobufCBinaryData *stop_string);
+/* The bytes q's text side holds. */
+size_t router_text_bytes(const struct request *q);
 
 /* ---- router_tenancy.c ---------------------------------------------------------------------- */
 

@@ -40,9 +40,11 @@ static void usage(FILE *f)
             "                     [--max-prompt-tokens N] [--max-new-tokens N]\n"
             "                     [--drain-timeout-ms MS] [--tenants FILE]\n"
             "                     [--admin-timeout-ms MS] [--max-connections N]\n"
-            "                     [--idle-timeout-ms MS] [--max-parked N]\n"
+            "                     [--idle-timeout-ms MS] [--max-parked N] [--model DIR]\n"
             "--listen: tcp://HOST:PORT or ipc://PATH (clients' address).\n"
             "--scheduler: the scheduler link (default ipc://DIR/scheduler.ipc).\n"
+            "--model: the model's folder; its tokenizer.json and tokenizer_config.json give\n"
+            "           text prompts, chats and text output (without it: token ids only).\n"
             "--tenants: JSON {\"admin_keys\": [...], \"groups\": [{\"name\",\n"
             "           \"cache_quota_blocks\"}], \"tenants\": [{\"name\", \"api_keys\": [...],\n"
             "           \"group\", \"max_running\", \"max_waiting\", \"cache_quota_blocks\"}],\n"
@@ -138,6 +140,7 @@ enum {
     OPT_MAX_CONNECTIONS,
     OPT_IDLE_TIMEOUT,
     OPT_MAX_PARKED,
+    OPT_MODEL,
 };
 
 static int parse_flag(int opt, const char *arg, struct router_config *cfg)
@@ -172,6 +175,9 @@ static int parse_flag(int opt, const char *arg, struct router_config *cfg)
         return parse_u32("--max-new-tokens", arg, 1, 1 << 24, &cfg->max_new_tokens);
     case OPT_TENANTS:
         cfg->tenants_file = arg;
+        return 0;
+    case OPT_MODEL:
+        cfg->model_dir = arg;
         return 0;
     case OPT_DRAIN_TIMEOUT:
         return parse_u32("--drain-timeout-ms", arg, 0, UINT32_MAX, &cfg->drain_timeout_ms);
@@ -208,6 +214,7 @@ int main(int argc, char **argv)
         {"max-connections", required_argument, NULL, OPT_MAX_CONNECTIONS},
         {"idle-timeout-ms", required_argument, NULL, OPT_IDLE_TIMEOUT},
         {"max-parked", required_argument, NULL, OPT_MAX_PARKED},
+        {"model", required_argument, NULL, OPT_MODEL},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };

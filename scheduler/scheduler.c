@@ -5,6 +5,7 @@
 #include "kernels/cpu/sampler.h"
 #include "scheduler/block_manager.h"
 #include "scheduler/scheduler_impl.h"
+#include "wire/sampling_wire.h"
 #include "wire/wire.h"
 
 #include <stdbool.h>
@@ -149,23 +150,6 @@ static int64_t context_limit(const struct scheduler *s)
         s->block_size;
     int64_t limit = s->worker.max_positions > 0 ? s->worker.max_positions : pool;
     return limit < pool ? limit : pool;
-}
-
-static Pagoda__Internal__SamplingParams sampling_to_msg(const struct sampling_params *p)
-{
-    Pagoda__Internal__SamplingParams m = PAGODA__INTERNAL__SAMPLING_PARAMS__INIT;
-    m.has_temperature = m.has_top_k = m.has_top_p = m.has_min_p = 1;
-    m.has_repetition_penalty = m.has_presence_penalty = m.has_frequency_penalty = 1;
-    m.has_seed = 1;
-    m.temperature = p->temperature;
-    m.top_k = p->top_k;
-    m.top_p = p->top_p;
-    m.min_p = p->min_p;
-    m.repetition_penalty = p->repetition_penalty;
-    m.presence_penalty = p->presence_penalty;
-    m.frequency_penalty = p->frequency_penalty;
-    m.seed = p->seed;
-    return m;
 }
 
 /* ---- messages out --------------------------------------------------------------------------- */
@@ -449,7 +433,7 @@ static void send_resync(struct scheduler *s, int64_t now_ms, bool announce)
             m->num_prompt_tokens = q->num_prompt_tokens;
             m->n_block_ids = (size_t)q->table.num_blocks;
             m->block_ids = q->table.ids;
-            s->sp_msgs[n] = sampling_to_msg(&q->sampling);
+            s->sp_msgs[n] = sampling_to_internal(&q->sampling);
             m->sampling = &s->sp_msgs[n];
             m->num_computed_tokens = q->num_computed;
             s->snap_ptrs[n] = m;
@@ -777,7 +761,7 @@ static void try_step(struct scheduler *s, int64_t now_ms)
             m->num_prompt_tokens = q->num_prompt_tokens;
             m->n_block_ids = (size_t)q->table.num_blocks;
             m->block_ids = q->table.ids;
-            s->sp_msgs[n_new] = sampling_to_msg(&q->sampling);
+            s->sp_msgs[n_new] = sampling_to_internal(&q->sampling);
             m->sampling = &s->sp_msgs[n_new];
             m->num_computed_tokens = q->num_computed;
             m->num_new_tokens = num_new;
@@ -1292,28 +1276,9 @@ static void on_submit(struct scheduler *s, const Pagoda__Internal__SubmitSeq *m)
             snprintf(msg, sizeof(msg), "token id %d is outside the vocabulary", (int)t);
         }
     }
-    struct sampling_params sp = sampling_params_default();
-    if (err == 0 && m->sampling != NULL) {
-        const Pagoda__Internal__SamplingParams *p = m->sampling;
-        if (p->has_temperature)
-            sp.temperature = p->temperature;
-        if (p->has_top_k)
-            sp.top_k = p->top_k;
-        if (p->has_top_p)
-            sp.top_p = p->top_p;
-        if (p->has_min_p)
-            sp.min_p = p->min_p;
-        if (p->has_repetition_penalty)
-            sp.repetition_penalty = p->repetition_penalty;
-        if (p->has_presence_penalty)
-            sp.presence_penalty = p->presence_penalty;
-        if (p->has_frequency_penalty)
-            sp.frequency_penalty = p->frequency_penalty;
-        if (p->has_seed)
-            sp.seed = p->seed;
-        if ((err = sampling_params_validate(&sp)) != 0)
-            snprintf(msg, sizeof(msg), "%s", pagoda_error_detail());
-    }
+    struct sampling_params sp;
+    if (err == 0 && (err = sampling_from_internal(m->sampling, &sp)) != 0)
+        snprintf(msg, sizeof(msg), "%s", pagoda_error_detail());
     if (err != 0) {
         send_error(s, id, id_len, err, msg);
         return;

@@ -6,11 +6,16 @@
  * sampler of kernels/cpu/sampler.h, so a seeded run repeats exactly and a prompt's tokens do not
  * depend on the other prompts in the batch. A prompt whose row cannot be sampled (logits that are
  * not finite: a broken model) ends with finish_reason "error" and the sampler's message, as the
- * server ends that request; the others go on, and the exit status is 1. */
+ * server ends that request; the others go on, and the exit status is 1.
+ *
+ * --prompt TEXT takes a text prompt (the model folder's tokenizer.json encodes it with its special
+ * tokens, as the router does) and prints the output's text (special tokens left out) instead of
+ * its ids; with --json the line has both. */
 #include "common/error.h"
 #include "common/log.h"
 #include "common/parse.h"
 #include "kernels/cpu/sampler.h"
+#include "text/text_model.h"
 #include "worker/cpu_backend.h"
 #ifdef PAGODA_HAVE_CUDA
 #include "worker/cuda_backend.h"
@@ -52,6 +57,7 @@ struct run_opts {
     int ignore_eos;
     int stats;
     struct sampling_params sampling;
+    const char **texts; /* [MAX_PROMPTS]: the text of a --prompt, NULL for --tokens */
 };
 
 static void usage(FILE *f)
@@ -61,7 +67,7 @@ static void usage(FILE *f)
                "                  [--repetition-penalty R] [--presence-penalty X]\n"
                "                  [--frequency-penalty X] [--seed S] [--block-size B]\n"
                "                  [--max-batched-tokens N] [--attention paged|gather]\n"
-               "                  [--ignore-eos] [--stats] [--json]\n"
+               "                  [--ignore-eos] [--stats] [--json] [--prompt TEXT ...]\n"
                "                  [--backend cpu|cuda] [--load-format safetensors|random]\n"
                "--load-format random (CUDA only) draws weights of the shape in DIR/config.json on\n"
                "the GPU from --seed, so no weight file is needed.\n");
@@ -82,9 +88,52 @@ static int is_eos(const struct model_config *c, int32_t tok)
     return 0;
 }
 
-static void print_result(const struct seq *s, int json)
+/* Prints the JSON string body of UTF-8 text. */
+static void print_json_text(const char *t, size_t len)
+{
+    putchar('"');
+    for (size_t i = 0; i < len; i++) {
+        unsigned char ch = (unsigned char)t[i];
+        if (ch == '"' || ch == '\\')
+            printf("\\%c", ch);
+        else if (ch < 0x20)
+            printf("\\u%04x", ch);
+        else
+            putchar(ch);
+    }
+    putchar('"');
+}
+
+/* tok: the tokenizer of a text prompt (its output is printed as text), else NULL. */
+static void print_result(const struct seq *s, int json, const Tokenizer *tok)
 {
     int32_t n = s->num_tokens - s->num_prompt;
+    char *text = NULL;
+    size_t text_len = 0;
+    if (tok != NULL) {
+        /* Ids the tokenizer does not know (a model vocabulary padded beyond it) add no text, as
+         * in the router's output. */
+        int32_t *known = malloc(((size_t)n + 1) * sizeof(*known));
+        size_t k = 0;
+        for (int32_t i = 0; known != NULL && i < n; i++) {
+            int32_t id = s->tokens[s->num_prompt + i];
+            if (tokenizer_id_to_token(tok, id) != NULL)
+                known[k++] = id;
+        }
+        if (known == NULL || tokenizer_decode(tok, known, k, true, &text, &text_len) != 0) {
+            fprintf(stderr, "pagoda-run: could not decode the output: %s\n", pagoda_error_detail());
+            free(text);
+            text = NULL;
+        }
+        free(known);
+    }
+    if (tok != NULL && !json) {
+        if (text != NULL)
+            fwrite(text, 1, text_len, stdout);
+        printf("\n");
+        free(text);
+        return;
+    }
     if (json) {
         printf("{\"token_ids\": [");
         for (int32_t i = 0; i < n; i++)
@@ -93,6 +142,10 @@ static void print_result(const struct seq *s, int json)
         for (int32_t i = 0; i < n; i++)
             printf("%s%.6g", i ? ", " : "", s->logprobs[i]);
         printf("], \"finish_reason\": \"%s\"", s->finish);
+        if (text != NULL) {
+            printf(", \"text\": ");
+            print_json_text(text, text_len);
+        }
         if (s->error[0] != '\0') {
             printf(", \"error\": \"");
             for (const char *c = s->error; *c; c++)
@@ -105,6 +158,7 @@ static void print_result(const struct seq *s, int json)
             printf("%s%d", i ? "," : "", s->tokens[s->num_prompt + i]);
         printf("\n");
     }
+    free(text);
 }
 
 /* The step's batch: built into arrays sized for the whole run once. */
@@ -286,6 +340,11 @@ static int parse_flag(int opt, const char *arg, struct run_opts *o, int32_t ***p
         (*num_prompts)++;
         break;
     }
+    case 'P':
+        if (*num_prompts >= MAX_PROMPTS)
+            return pagoda_error_set(PAGODA_ERANGE, "--prompt: more than %d prompts", MAX_PROMPTS);
+        o->texts[(*num_prompts)++] = arg; /* encoded once the model is known */
+        break;
     case 'n':
         if ((rc = parse_i64("--max-tokens", arg, 1, MAX_NEW_TOKENS, &i)) == 0)
             o->max_tokens = (int32_t)i;
@@ -366,6 +425,7 @@ int main(int argc, char **argv)
     static const struct option longopts[] = {
         {"model", required_argument, NULL, 'm'},
         {"tokens", required_argument, NULL, 't'},
+        {"prompt", required_argument, NULL, 'P'},
         {"max-tokens", required_argument, NULL, 'n'},
         {"temperature", required_argument, NULL, OPT_TEMPERATURE},
         {"top-p", required_argument, NULL, OPT_TOP_P},
@@ -398,6 +458,8 @@ int main(int argc, char **argv)
     o.sampling.temperature = 0.0f; /* greedy unless asked otherwise */
     int32_t **prompts = calloc(MAX_PROMPTS, sizeof(*prompts));
     size_t *lens = calloc(MAX_PROMPTS, sizeof(*lens));
+    o.texts = calloc(MAX_PROMPTS, sizeof(*o.texts));
+    struct text_model *tm = NULL;
     int num_prompts = 0, status = 1, rc = 0, opt;
     struct model_weights *w = NULL;
     struct backend *be = NULL;
@@ -405,7 +467,7 @@ int main(int argc, char **argv)
     float *pool = NULL;
     void *gpu_pool = NULL; /* the CUDA backend's pool */
     (void)gpu_pool;
-    if (prompts == NULL || lens == NULL)
+    if (prompts == NULL || lens == NULL || o.texts == NULL)
         goto out;
     log_set_name("pagoda-run");
     while ((opt = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
@@ -458,6 +520,27 @@ int main(int argc, char **argv)
         cfg = w->config;
     }
     const struct model_config *c = &cfg;
+
+    /* Text prompts: the model folder's tokenizer, as the router encodes them. */
+    for (int p = 0; p < num_prompts; p++) {
+        if (o.texts[p] == NULL)
+            continue;
+        if (tm == NULL && (rc = text_model_open(o.model, &tm)) != 0)
+            goto fail;
+        TokenizerIds ids = {0};
+        if ((rc = tokenizer_encode(text_model_tokenizer(tm), o.texts[p], strlen(o.texts[p]), true,
+                                   &ids)) != 0) {
+            tokenizer_ids_fini(&ids);
+            goto fail;
+        }
+        if (ids.len == 0) {
+            tokenizer_ids_fini(&ids);
+            rc = pagoda_error_set(PAGODA_EINVAL, "prompt %d is empty once tokenized", p + 1);
+            goto fail;
+        }
+        prompts[p] = ids.ids;
+        lens[p] = ids.len;
+    }
 
     /* Check the prompts and size the pool: each sequence's blocks, plus block 0. */
     seqs = calloc((size_t)num_prompts, sizeof(*seqs));
@@ -544,7 +627,7 @@ int main(int argc, char **argv)
     clock_gettime(CLOCK_MONOTONIC, &t1);
     int failed = 0;
     for (int p = 0; p < num_prompts; p++) {
-        print_result(&seqs[p], o.json);
+        print_result(&seqs[p], o.json, o.texts[p] ? text_model_tokenizer(tm) : NULL);
         if (seqs[p].error[0] != '\0') {
             fprintf(stderr, "pagoda-run: prompt %d failed: %s\n", p + 1, seqs[p].error);
             failed++;
@@ -584,6 +667,8 @@ out:
         free(prompts[p]);
     free(prompts);
     free(lens);
+    free(o.texts);
+    text_model_close(tm);
     model_weights_close(w);
     return status;
 }

@@ -1,5 +1,6 @@
 #include "worker/mirror.h"
 #include "common/error.h"
+#include "wire/sampling_wire.h"
 
 #include <inttypes.h>
 #include <stdlib.h>
@@ -107,34 +108,6 @@ static int32_t blocks_for(int32_t tokens, int32_t block_size)
     return (int32_t)(((int64_t)tokens + block_size - 1) / block_size);
 }
 
-/* proto SamplingParams -> sampling_params: an absent field is "off", an absent message greedy. */
-static int sampling_from_proto(const Pagoda__Internal__SamplingParams *p,
-                               struct sampling_params *out)
-{
-    struct sampling_params s = sampling_params_default();
-    s.temperature = 0.0f;
-    if (p != NULL) {
-        if (p->has_temperature)
-            s.temperature = p->temperature;
-        if (p->has_top_k)
-            s.top_k = p->top_k;
-        if (p->has_top_p)
-            s.top_p = p->top_p;
-        if (p->has_min_p)
-            s.min_p = p->min_p;
-        if (p->has_repetition_penalty)
-            s.repetition_penalty = p->repetition_penalty;
-        if (p->has_presence_penalty)
-            s.presence_penalty = p->presence_penalty;
-        if (p->has_frequency_penalty)
-            s.frequency_penalty = p->frequency_penalty;
-        if (p->has_seed)
-            s.seed = p->seed;
-    }
-    *out = s;
-    return sampling_params_validate(&s);
-}
-
 /* The fields a NewSequence and a SequenceSnapshot share, checked against the limits. */
 struct seq_fields {
     uint64_t seq_id;
@@ -191,7 +164,7 @@ static int check_seq_fields(const struct mirror *m, const struct seq_fields *f,
                                 "sequence %" PRIu64 ": %zu blocks cannot hold its %d computed "
                                 "tokens",
                                 id, f->n_blocks, f->num_computed);
-    if ((rc = sampling_from_proto(f->sampling, sp)) != 0) {
+    if ((rc = sampling_from_internal(f->sampling, sp)) != 0) {
         char why[512];
         snprintf(why, sizeof(why), "%s", pagoda_error_detail());
         return pagoda_error_set(rc, "sequence %" PRIu64 ": %s", id, why);

@@ -1,7 +1,7 @@
 /* supervisor_fake: a stand-in for pagoda's programs in test_supervisor.
  *
- * Linked as BINDIR/pagoda-kvpool, -worker, -scheduler and -router, it takes its role from the
- * name it was started under and accepts the flags the real program takes, refusing any other
+ * Linked as BINDIR/pagoda-kvpool, -worker, -scheduler, -router and -gateway, it takes its role from
+ * the name it was started under and accepts the flags the real program takes, refusing any other
  * (exit 64), so that a test sees what the supervisor passes. It appends one line per thing it
  * does to RUN_DIR/events.log ("<monotonic ms> <event> <name> <pid> <detail>", written with one
  * O_APPEND write so that lines of several processes do not mix) and writes its pid to
@@ -41,7 +41,7 @@
 #include <time.h>
 #include <unistd.h>
 
-enum { R_KVPOOL = 1, R_WORKER = 2, R_SCHEDULER = 4, R_ROUTER = 8, R_ALL = 15 };
+enum { R_KVPOOL = 1, R_WORKER = 2, R_SCHEDULER = 4, R_ROUTER = 8, R_GATEWAY = 16, R_ALL = 31 };
 
 struct flag {
     const char *name;
@@ -52,14 +52,16 @@ struct flag {
 static const struct flag flags[] = {
     {"--run-dir", R_ALL, 1},
     {"--log-level", R_ALL, 1},
-    {"--model", R_KVPOOL | R_WORKER, 1},
+    {"--model", R_KVPOOL | R_WORKER | R_ROUTER, 1},
     {"--block-size", R_KVPOOL, 1},
     {"--kv-blocks", R_KVPOOL, 1},
     {"--kv-bytes", R_KVPOOL, 1},
     {"--worker-id", R_WORKER, 1},
     {"--backend", R_KVPOOL | R_WORKER, 1},
     {"--workers", R_SCHEDULER, 1},
-    {"--listen", R_ROUTER, 1},
+    {"--listen", R_ROUTER | R_GATEWAY, 1},
+    {"--router", R_GATEWAY, 1},
+    {"--model-name", R_GATEWAY, 1},
     {"--ready-delay-ms", R_ALL, 1},
     {"--ready-delay-for", R_ALL, 1},
     {"--never-ready", R_ALL, 0},
@@ -156,6 +158,8 @@ int main(int argc, char **argv)
         role = R_SCHEDULER, sender = "scheduler";
     else if (strcmp(base, "pagoda-router") == 0)
         role = R_ROUTER, sender = "router";
+    else if (strcmp(base, "pagoda-gateway") == 0)
+        role = R_GATEWAY, sender = "gateway";
     else
         return usage_error("started as '%s', not as one of pagoda's programs", base);
     snprintf(name, sizeof(name), "%s", sender);

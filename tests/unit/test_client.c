@@ -7,6 +7,7 @@
 #include <cmocka.h>
 
 #include "client/pagoda.h"
+#include "client/pagoda_async.h"
 #include "common/error.h"
 #include "tests/unit/router_fake_scheduler.h"
 
@@ -18,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 
 #ifndef PAGODA_BIN_DIR
 #error "PAGODA_BIN_DIR must name the directory of the pagoda program"
@@ -301,17 +303,153 @@ static void test_cli(void **state)
     assert_int_equal(run(cmd, out, sizeof(out)), 1);
 }
 
+/* ---- the asynchronous calls ------------------------------------------------------------------ */
+
+/* What one asynchronous call reported: the test waits on cond until done. */
+struct waiter {
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    int calls;
+    pagoda_async_result *res;
+};
+
+static void waiter_init(struct waiter *w)
+{
+    pthread_mutex_init(&w->lock, NULL);
+    pthread_cond_init(&w->cond, NULL);
+    w->calls = 0;
+    w->res = NULL;
+}
+
+static void on_async(void *user, pagoda_async_result *res)
+{
+    struct waiter *w = user;
+    pthread_mutex_lock(&w->lock);
+    w->calls++;
+    pagoda_async_result_free(w->res); /* a second call would be a bug: keep the last */
+    w->res = res;
+    pthread_cond_signal(&w->cond);
+    pthread_mutex_unlock(&w->lock);
+}
+
+/* Waits (up to 10 s) for the callback and takes its result. */
+static pagoda_async_result *waiter_take(struct waiter *w)
+{
+    pthread_mutex_lock(&w->lock);
+    uint64_t until = rtr_now_ms() + 10000;
+    while (w->res == NULL && rtr_now_ms() < until) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 50 * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&w->cond, &w->lock, &ts);
+    }
+    pagoda_async_result *res = w->res;
+    w->res = NULL;
+    pthread_mutex_unlock(&w->lock);
+    assert_non_null(res);
+    return res;
+}
+
+static void test_async_calls_report_once_each(void **state)
+{
+    struct rtr_env *e = *state;
+    pagoda_client *c = open_client(e);
+    struct waiter w;
+    waiter_init(&w);
+    const int32_t prompt[] = {2, 7, 1, 8};
+    pagoda_generate_params p = pagoda_generate_params_default();
+    p.max_tokens = 10;
+    pagoda_prompt pr = pagoda_prompt_default();
+    pr.token_ids = prompt;
+    pr.num_token_ids = 4;
+    uint8_t id[PAGODA_REQUEST_ID_BYTES];
+    assert_int_equal(pagoda_submit_async(c, NULL, &p, &pr, id, on_async, &w), 0);
+    pagoda_async_result *res = waiter_take(&w);
+    assert_int_equal(res->rc, 0);
+    assert_memory_equal(res->request_id, id, sizeof(id));
+    pagoda_async_result_free(res);
+    /* Poll until the end: every token once, in order. */
+    uint32_t have = 0;
+    int32_t got[16];
+    pagoda_finish_reason finish = PAGODA_FINISH_NONE;
+    int polls = 0;
+    for (int i = 0; i < 100 && finish == PAGODA_FINISH_NONE; i++) {
+        polls++;
+        assert_int_equal(pagoda_poll_async(c, NULL, id, have, 2000, on_async, &w), 0);
+        res = waiter_take(&w);
+        assert_int_equal(res->rc, 0);
+        assert_int_equal(res->result.offset, have);
+        assert_true(have + res->result.num_tokens <= 10);
+        memcpy(got + have, res->result.token_ids, res->result.num_tokens * sizeof(int32_t));
+        have += (uint32_t)res->result.num_tokens;
+        finish = res->result.finish_reason;
+        pagoda_async_result_free(res);
+    }
+    assert_int_equal(finish, PAGODA_FINISH_LENGTH);
+    assert_int_equal(have, 10);
+    for (uint32_t i = 0; i < 10; i++)
+        assert_int_equal(got[i], fake_sched_token(prompt, 4, i));
+    /* Stats, health, cancel of a finished request, and an unknown id. */
+    assert_int_equal(pagoda_stats_async(c, NULL, on_async, &w), 0);
+    res = waiter_take(&w);
+    assert_int_equal(res->rc, 0);
+    assert_true(res->stats.scheduler_connected);
+    pagoda_async_result_free(res);
+    assert_int_equal(pagoda_health_async(c, on_async, &w), 0);
+    res = waiter_take(&w);
+    assert_int_equal(res->rc, 0);
+    assert_int_equal(res->healthy, 1);
+    pagoda_async_result_free(res);
+    assert_int_equal(pagoda_cancel_async(c, NULL, id, on_async, &w), 0);
+    res = waiter_take(&w);
+    assert_int_equal(res->rc, 0);
+    assert_int_equal(res->result.finish_reason, PAGODA_FINISH_LENGTH);
+    pagoda_async_result_free(res);
+    uint8_t unknown[PAGODA_REQUEST_ID_BYTES] = {9};
+    assert_int_equal(pagoda_poll_async(c, NULL, unknown, 0, 0, on_async, &w), 0);
+    res = waiter_take(&w);
+    assert_int_equal(res->rc, PAGODA_ENOENT);
+    assert_non_null(strstr(res->detail, "no request"));
+    pagoda_async_result_free(res);
+    /* Refused locally: no callback. */
+    p.max_tokens = 0;
+    assert_int_equal(pagoda_submit_async(c, NULL, &p, &pr, id, on_async, &w), PAGODA_ERANGE);
+    assert_int_equal(w.calls, 1 + polls + 4); /* submit, polls, stats, health, cancel, unknown */
+    pagoda_client_close(c);
+}
+
+static void test_async_call_to_nobody_times_out(void **state)
+{
+    pagoda_client *c = NULL;
+    assert_int_equal(pagoda_client_open("ipc:///nonexistent/pagoda.ipc", &c), 0);
+    pagoda_client_set_timeout_ms(c, 200);
+    struct waiter w;
+    waiter_init(&w);
+    assert_int_equal(pagoda_health_async(c, on_async, &w), 0);
+    pagoda_async_result *res = waiter_take(&w);
+    assert_int_equal(res->rc, PAGODA_ETIMEDOUT);
+    pagoda_async_result_free(res);
+    assert_int_equal(w.calls, 1);
+    pagoda_client_close(c);
+}
+
 int main(void)
 {
     const struct CMUnitTest alone[] = {
         cmocka_unit_test(test_params_default_and_local_checks),
         cmocka_unit_test(test_unreachable_router_times_out),
+        cmocka_unit_test(test_async_call_to_nobody_times_out),
     };
     const struct CMUnitTest with_router[] = {
         cmocka_unit_test(test_generate_returns_every_token_once_in_order),
         cmocka_unit_test(test_generate_stream_sees_contiguous_pieces),
         cmocka_unit_test(test_concurrent_generates_on_one_client),
         cmocka_unit_test(test_cli),
+        cmocka_unit_test(test_async_calls_report_once_each),
     };
     signal(SIGPIPE, SIG_IGN);
     int failed = cmocka_run_group_tests_name("client", alone, NULL, NULL);

@@ -198,7 +198,9 @@ static void test_resync_then_steps_build_the_batch(void **state)
     assert_int_equal(ms.rows[0].n_prompt, 16);
     assert_int_equal(ms.rows[0].n_output, 0);
     assert_int_equal(ms.rows[0].prompt_tokens[15], 25);
-    assert_true(ms.rows[0].params.temperature == 0.0f);
+    /* No sampling message: the one default (wire/sampling_wire.h), temperature 1 as the router's
+     * and the scheduler's. */
+    assert_true(ms.rows[0].params.temperature == 1.0f);
     int32_t t1[] = {42};
     mirror_step_commit(m, t1);
     struct mirror_seq_view va = view(m, 1), vb = view(m, 2);

@@ -9,6 +9,7 @@
 #include "client/pagoda.h"
 #include "common/error.h"
 #include "proto/pagoda.pb-c.h"
+#include "router/router.h"
 #include "router/tenants.h"
 #include "tests/unit/router_fake_scheduler.h"
 
@@ -450,13 +451,34 @@ static void test_malformed_bytes_are_answered_and_router_serves(void **state)
     free(huge);
     assert_null(resp);
 
+    /* Within the size limit, but 100,000 one-byte stop strings: refused before a hundred thousand
+     * allocations are made, as malformed, and the router goes on. */
+    struct raw_submit many;
+    raw_submit_init(&many, (const uint8_t *)"many-empty-stops", 4);
+    size_t n_stops = 100000;
+    ProtobufCBinaryData *stops = calloc(n_stops, sizeof(*stops));
+    assert_non_null(stops);
+    for (size_t i = 0; i < n_stops; i++) {
+        stops[i].data = (uint8_t *)"x";
+        stops[i].len = 1;
+    }
+    many.sub.n_stop = n_stops;
+    many.sub.stop = stops;
+    size_t len = pagoda__client_request__get_packed_size(&many.req);
+    assert_true(len < router_max_message_bytes(ROUTER_DEFAULT_MAX_PROMPT_TOKENS));
+    resp = raw_request(e, &many.req);
+    free(stops);
+    assert_int_equal(response_code(resp), PAGODA_EFORMAT);
+    assert_non_null(strstr(resp->error_message, "strings and messages"));
+    pagoda__client_response__free_unpacked(resp, NULL);
+
     pagoda_client *c = open_client(e);
     int healthy = 0;
     assert_int_equal(pagoda_health(c, &healthy), 0);
     assert_true(healthy);
     pagoda_engine_stats st;
     assert_int_equal(pagoda_stats(c, &st), 0);
-    assert_true(st.malformed_requests >= 2);
+    assert_true(st.malformed_requests >= 3);
     const int32_t prompt[] = {1, 2};
     pagoda_generate_params p = greedy(3);
     pagoda_result r;

@@ -144,8 +144,8 @@ static int setup(void **state)
     snprintf(f->out, sizeof(f->out), "%s/supervisor.out", f->root);
     if (mkdir(f->bin, 0755) != 0)
         return -1;
-    const char *progs[] = {"kvpool", "worker", "scheduler", "router"};
-    for (int i = 0; i < 4; i++) {
+    const char *progs[] = {"kvpool", "worker", "scheduler", "router", "gateway"};
+    for (int i = 0; i < 5; i++) {
         char link[256];
         snprintf(link, sizeof(link), "%s/pagoda-%s", f->bin, progs[i]);
         if (symlink(SUPERVISOR_FAKE_PATH, link) != 0)
@@ -412,6 +412,8 @@ static void test_start_order_and_arguments(void **state)
                            "--ready-delay-ms",
                            "--router-arg",
                            "150",
+                           "--http-listen",
+                           "127.0.0.1:0",
                            NULL};
     start_sup(f, extra);
     assert_true(wait_ready_file(f, 10000));
@@ -430,9 +432,9 @@ static void test_start_order_and_arguments(void **state)
 
     struct ev *evs = events;
     int n = load_events(f, evs);
-    const char *order[] = {"kvpool", "worker-0", "worker-1", "scheduler", "router"};
+    const char *order[] = {"kvpool", "worker-0", "worker-1", "scheduler", "router", "gateway"};
     int prev_ready = -1;
-    for (int i = 0; i < 5; i++) {
+    for (int i = 0; i < 6; i++) {
         int s = find_ev(evs, n, "start", order[i], 0);
         int r = find_ev(evs, n, "ready", order[i], 0);
         assert_true(s >= 0);
@@ -449,6 +451,10 @@ static void test_start_order_and_arguments(void **state)
                            "--model /nonexistent-model --worker-id 1 --backend cpu"));
     assert_non_null(strstr(evs[find_ev(evs, n, "start", "scheduler", 0)].rest, "--workers 2"));
     assert_non_null(strstr(evs[find_ev(evs, n, "start", "router", 0)].rest, "--listen " URL));
+    assert_non_null(
+        strstr(evs[find_ev(evs, n, "start", "router", 0)].rest, "--model /nonexistent-model"));
+    assert_non_null(strstr(evs[find_ev(evs, n, "start", "gateway", 0)].rest,
+                           "--router " URL " --listen 127.0.0.1:0 --model-name nonexistent-model"));
     assert_non_null(strstr(evs[0].rest, "--run-dir /"));
 
     /* Each program's output goes to its own log. */

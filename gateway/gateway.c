@@ -1,0 +1,751 @@
+/* The gateway's loop: HTTP requests in, libpagoda's asynchronous calls out, their results back
+ * through a mailbox (NNG's threads hand them over with uv_async_send), responses and stream
+ * chunks written. One struct greq per HTTP request, freed when nothing refers to it any more:
+ * the HTTP side until it is answered or the client went away, the parse job, and every call to
+ * the router still outstanding. */
+#include "gateway/gateway.h"
+#include "gateway/gateway_internal.h"
+
+#include "client/pagoda_async.h"
+#include "common/error.h"
+#include "common/log.h"
+#include "gateway/openai.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+
+/* The most bytes of text and tokens a non-streamed answer gathers (a larger one ends with an
+ * error): max_tokens bounds it first in practice. */
+#define GATEWAY_MAX_ANSWER_BYTES (64u << 20)
+
+void gateway_config_default(struct gateway_config *cfg)
+{
+    memset(cfg, 0, sizeof(*cfg));
+    http_config_default(&cfg->http);
+    cfg->model_name = "pagoda";
+    cfg->max_requests = GATEWAY_DEFAULT_MAX_REQUESTS;
+    cfg->default_max_tokens = GATEWAY_DEFAULT_MAX_TOKENS;
+    cfg->poll_wait_ms = GATEWAY_DEFAULT_POLL_WAIT_MS;
+    cfg->router_timeout_ms = GATEWAY_DEFAULT_ROUTER_TIMEOUT_MS;
+}
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* ---- lifetime --------------------------------------------------------------------------- */
+
+static void greq_unref(struct greq *q)
+{
+    if (--q->refs > 0)
+        return;
+    struct gateway *g = q->g;
+    if (q->prev)
+        q->prev->next = q->next;
+    else
+        g->live = q->next;
+    if (q->next)
+        q->next->prev = q->prev;
+    if (q->generation)
+        g->num_generations--;
+    openai_request_fini(&q->req);
+    free(q->body);
+    free(q->api_key);
+    free(q->text);
+    free(q->ids);
+    free(q->lps);
+    free(q);
+    gateway_maybe_free(g);
+}
+
+/* The HTTP side is done (answered, or the client went away). */
+static void http_done(struct greq *q)
+{
+    if (q->http == NULL)
+        return;
+    q->http = NULL;
+    greq_unref(q);
+}
+
+/* ---- answering ----------------------------------------------------------------------------- */
+
+static void respond_json(struct greq *q, int status, char *json);
+
+void gateway_respond_text(struct greq *q, int status, const char *content_type, const char *body,
+                          size_t len)
+{
+    if (q->http == NULL)
+        return;
+    http_respond(q->http, status, content_type, body, len, NULL, 0);
+    http_done(q);
+}
+
+void gateway_respond_json(struct greq *q, int status, char *json)
+{
+    respond_json(q, status, json);
+}
+
+static void respond_json(struct greq *q, int status, char *json)
+{
+    if (q->http == NULL) {
+        free(json);
+        return;
+    }
+    if (json == NULL) {
+        static const char oom[] = "{\"error\":{\"message\":\"out of memory\",\"type\":"
+                                  "\"internal_server_error\",\"param\":null,\"code\":null}}";
+        http_respond(q->http, 500, "application/json", oom, sizeof(oom) - 1, NULL, 0);
+    } else {
+        http_respond(q->http, status, "application/json", json, strlen(json), NULL, 0);
+        free(json);
+    }
+    http_done(q);
+}
+
+static void respond_error(struct greq *q, const struct openai_error *err)
+{
+    gateway_metrics_error(q->g, err->status);
+    if (q->streaming) {
+        /* The status line is gone: the error is the stream's last event. */
+        char *json = openai_error_json(err);
+        if (q->http != NULL && json != NULL) {
+            http_stream_write(q->http, "data: ", 6);
+            http_stream_write(q->http, json, strlen(json));
+            http_stream_write(q->http, "\n\ndata: [DONE]\n\n", 16);
+            http_stream_end(q->http);
+        }
+        free(json);
+        http_done(q);
+        return;
+    }
+    respond_json(q, err->status, openai_error_json(err));
+}
+
+static void respond_code(struct greq *q, int code, const char *detail)
+{
+    struct openai_error err;
+    openai_error_from_code(code, detail, &err);
+    respond_error(q, &err);
+}
+
+/* ---- calls to the router ------------------------------------------------------------------ */
+
+/* NNG thread: a call reported. Hands it to the loop with what it was. */
+static void mail(struct greq *q, pagoda_async_result *res, enum call_kind kind)
+{
+    struct gateway *g = q->g;
+    struct gmail *m = calloc(1, sizeof(*m));
+    pthread_mutex_lock(&g->lock);
+    if (m != NULL && res != NULL) {
+        m->q = q;
+        m->res = res;
+        m->kind = kind;
+        if (g->mail_tail)
+            g->mail_tail->next = m;
+        else
+            g->mail_head = m;
+        g->mail_tail = m;
+    } else {
+        /* Out of memory: the result is lost; q keeps the call's reference and is leaked rather
+         * than freed under the loop, and the gateway stays open (counted, logged). */
+        free(m);
+        pagoda_async_result_free(res);
+        g->calls_lost++;
+    }
+    pthread_mutex_unlock(&g->lock);
+    uv_async_send(&g->async);
+}
+
+static void on_submit_call(void *user, pagoda_async_result *res)
+{
+    mail(user, res, CALL_KIND_SUBMIT);
+}
+
+static void on_poll_call(void *user, pagoda_async_result *res)
+{
+    mail(user, res, CALL_KIND_POLL);
+}
+
+static void on_cancel_call(void *user, pagoda_async_result *res)
+{
+    mail(user, res, CALL_KIND_CANCEL);
+}
+
+static void on_health_call(void *user, pagoda_async_result *res)
+{
+    mail(user, res, CALL_KIND_HEALTH);
+}
+
+void gateway_on_stats_call(void *user, pagoda_async_result *res)
+{
+    mail(user, res, CALL_KIND_STATS);
+}
+
+int gateway_call_started(struct greq *q, int rc)
+{
+    if (rc == 0) {
+        q->refs++;
+        q->g->calls_outstanding++;
+    }
+    return rc;
+}
+
+static void send_cancel(struct greq *q)
+{
+    if (!q->submitted || q->finished || q->cancel_sent)
+        return;
+    q->cancel_sent = 1;
+    if (gateway_call_started(
+            q, pagoda_cancel_async(q->g->client, q->api_key, q->id, on_cancel_call, q)) != 0)
+        log_warn("could not cancel a request whose client went away: %s", pagoda_error_detail());
+}
+
+static void poll_next(struct greq *q)
+{
+    int rc = gateway_call_started(q, pagoda_poll_async(q->g->client, q->api_key, q->id, q->offset,
+                                                       q->g->cfg.poll_wait_ms, on_poll_call, q));
+    if (rc != 0)
+        respond_code(q, rc, pagoda_error_detail());
+}
+
+/* ---- a generation ------------------------------------------------------------------------ */
+
+static void fill_out(const struct greq *q, struct openai_out *o)
+{
+    memset(o, 0, sizeof(*o));
+    o->req = &q->req;
+    o->id = q->id_str;
+    o->created = q->created;
+    o->model = q->g->cfg.model_name;
+}
+
+static int stream_write_json(struct greq *q, char *json)
+{
+    int rc = json == NULL ? PAGODA_ENOMEM : 0;
+    if (rc == 0 && (rc = http_stream_write(q->http, "data: ", 6)) == 0 &&
+        (rc = http_stream_write(q->http, json, strlen(json))) == 0)
+        rc = http_stream_write(q->http, "\n\n", 2);
+    free(json);
+    return rc;
+}
+
+/* A piece of output for a streaming client: one chunk with its text (and the finish). */
+static void stream_piece(struct greq *q, const pagoda_result *r)
+{
+    struct openai_out o;
+    fill_out(q, &o);
+    o.text = r->text;
+    o.text_len = r->text_len;
+    o.token_ids = r->token_ids;
+    o.logprobs = q->req.params.logprobs ? r->logprobs : NULL;
+    o.n = r->num_tokens;
+    o.finish = r->finish_reason;
+    o.stop_string = r->stop_string;
+    o.has_stop_token_id = r->has_stop_token_id;
+    o.stop_token_id = r->stop_token_id;
+    o.prompt_tokens = r->prompt_tokens;
+    o.completion_tokens = r->completion_tokens;
+    o.cached_tokens = r->cached_tokens;
+    int first = !q->first_chunk_sent;
+    /* A piece whose tokens completed no text yet (a character split over tokens) sends nothing,
+     * unless the client asked for the tokens' log-probabilities. */
+    if (r->text_len > 0 || (r->num_tokens > 0 && o.logprobs != NULL) || first ||
+        r->finish_reason != PAGODA_FINISH_NONE) {
+        if (stream_write_json(q, openai_chunk_json(&o, first, false)) != 0)
+            return; /* the client is gone: its close callback cancels */
+        q->first_chunk_sent = 1;
+    }
+    if (r->finish_reason == PAGODA_FINISH_NONE)
+        return;
+    if (q->req.include_usage && stream_write_json(q, openai_chunk_json(&o, false, true)) != 0)
+        return;
+    if (http_stream_write(q->http, "data: [DONE]\n\n", 14) == 0)
+        http_stream_end(q->http);
+    http_done(q);
+}
+
+/* Gathers a piece for a whole answer. */
+static int gather(struct greq *q, const pagoda_result *r)
+{
+    size_t text = q->text_len + r->text_len, n = q->n + r->num_tokens;
+    if (text + n * 8 > GATEWAY_MAX_ANSWER_BYTES)
+        return pagoda_error_set(PAGODA_ERANGE, "the answer is larger than %u bytes",
+                                GATEWAY_MAX_ANSWER_BYTES);
+    if (r->text_len > 0) {
+        if (text + 1 > q->text_cap) {
+            size_t cap = q->text_cap ? q->text_cap : 256;
+            while (cap < text + 1)
+                cap *= 2;
+            char *t = realloc(q->text, cap);
+            if (t == NULL)
+                return PAGODA_ENOMEM;
+            q->text = t;
+            q->text_cap = cap;
+        }
+        memcpy(q->text + q->text_len, r->text, r->text_len);
+        q->text_len = text;
+        q->text[text] = '\0';
+    }
+    if (r->num_tokens > 0) {
+        if (n > q->cap) {
+            size_t cap = q->cap ? q->cap : 64;
+            while (cap < n)
+                cap *= 2;
+            int32_t *ids = realloc(q->ids, cap * sizeof(*ids));
+            if (ids == NULL)
+                return PAGODA_ENOMEM;
+            q->ids = ids;
+            float *lps = realloc(q->lps, cap * sizeof(*lps));
+            if (lps == NULL)
+                return PAGODA_ENOMEM;
+            q->lps = lps;
+            q->cap = cap;
+        }
+        memcpy(q->ids + q->n, r->token_ids, r->num_tokens * sizeof(int32_t));
+        for (size_t i = 0; i < r->num_tokens; i++)
+            q->lps[q->n + i] = r->logprobs ? r->logprobs[i] : 0.0f;
+        q->n = n;
+    }
+    return 0;
+}
+
+static void answer_whole(struct greq *q, const pagoda_result *r)
+{
+    struct openai_out o;
+    fill_out(q, &o);
+    o.text = q->text;
+    o.text_len = q->text_len;
+    o.token_ids = q->ids;
+    o.logprobs = q->req.params.logprobs ? q->lps : NULL;
+    o.n = q->n;
+    o.finish = r->finish_reason;
+    o.stop_string = r->stop_string;
+    o.has_stop_token_id = r->has_stop_token_id;
+    o.stop_token_id = r->stop_token_id;
+    o.with_usage = true;
+    o.prompt_tokens = r->prompt_tokens;
+    o.completion_tokens = r->completion_tokens;
+    o.cached_tokens = r->cached_tokens;
+    respond_json(q, 200, openai_response_json(&o));
+}
+
+static void on_poll(struct greq *q, pagoda_async_result *res)
+{
+    if (q->http == NULL)
+        return; /* the client went away: the cancel is out */
+    if (res->rc != 0) {
+        respond_code(q, res->rc, res->detail);
+        return;
+    }
+    pagoda_result *r = &res->result;
+    uint64_t t = now_ns();
+    if (r->num_tokens > 0) {
+        gateway_metrics_tokens(q->g, q, r->num_tokens, t);
+        q->offset += (uint32_t)r->num_tokens;
+    }
+    if (r->finish_reason == PAGODA_FINISH_ERROR && q->offset == 0) {
+        /* Refused before any output (a template error, bad text): the client's request. */
+        struct openai_error err;
+        openai_error_from_code(PAGODA_EINVAL, r->error_message, &err);
+        q->finished = 1; /* counted as a 4xx, not as a finished request */
+        respond_error(q, &err);
+        return;
+    }
+    if (r->finish_reason != PAGODA_FINISH_NONE) {
+        q->finished = 1;
+        gateway_metrics_finish(q->g, q, r, t);
+    }
+    if (q->streaming) {
+        stream_piece(q, r);
+    } else {
+        int rc = gather(q, r);
+        if (rc != 0) {
+            respond_code(q, rc, pagoda_error_detail());
+            send_cancel(q);
+            return;
+        }
+        if (r->finish_reason != PAGODA_FINISH_NONE)
+            answer_whole(q, r);
+    }
+    if (r->finish_reason == PAGODA_FINISH_NONE && q->http != NULL)
+        poll_next(q);
+}
+
+static void on_submitted(struct greq *q, pagoda_async_result *res)
+{
+    if (res->rc != 0) {
+        respond_code(q, res->rc, res->detail);
+        return;
+    }
+    q->submitted = 1;
+    q->t_submit_ns = now_ns();
+    if (q->http == NULL) {
+        send_cancel(q); /* the client left while it was submitted */
+        return;
+    }
+    if (q->req.stream) {
+        static const char *const headers[] = {"Cache-Control: no-cache"};
+        if (http_stream_start(q->http, 200, "text/event-stream", headers, 1) != 0) {
+            send_cancel(q);
+            return;
+        }
+        q->streaming = 1;
+    }
+    poll_next(q);
+}
+
+/* The loop: the parse job ended. */
+static void after_parse(uv_work_t *w, int status)
+{
+    struct greq *q = w->data;
+    struct gateway *g = q->g;
+    if (q->http == NULL || status != 0 || g->closing) {
+        greq_unref(q); /* the job's reference */
+        return;
+    }
+    if (q->parse_rc != 0) {
+        respond_error(q, &q->err);
+    } else if (q->req.model != NULL && strcmp(q->req.model, g->cfg.model_name) != 0) {
+        struct openai_error err = {
+            .status = 404, .type = "not_found_error", .code = "model_not_found"};
+        snprintf(err.message, sizeof(err.message),
+                 "the model '%s' does not exist: this server serves '%s'", q->req.model,
+                 g->cfg.model_name);
+        respond_error(q, &err);
+    } else {
+        int rc =
+            gateway_call_started(q, pagoda_submit_async(g->client, q->api_key, &q->req.params,
+                                                        &q->req.prompt, q->id, on_submit_call, q));
+        if (rc != 0)
+            respond_code(q, rc, pagoda_error_detail());
+    }
+    greq_unref(q);
+}
+
+static void parse_work(uv_work_t *w)
+{
+    struct greq *q = w->data;
+    q->parse_rc = openai_parse(q->route == ROUTE_CHAT ? OPENAI_CHAT : OPENAI_COMPLETION, q->body,
+                               q->body_len, q->g->cfg.default_max_tokens, &q->req, &q->err);
+}
+
+/* ---- the other routes ----------------------------------------------------------------------- */
+
+static void on_health(struct greq *q, pagoda_async_result *res)
+{
+    if (res->rc == 0 && res->healthy) {
+        respond_json(q, 200, strdup("{\"status\":\"ok\"}"));
+        return;
+    }
+    struct openai_error err;
+    openai_error_from_code(PAGODA_ECLOSED, res->rc ? res->detail : res->detail, &err);
+    respond_error(q, &err);
+}
+
+/* ---- the mailbox ---------------------------------------------------------------------------- */
+
+static void on_async(uv_async_t *h)
+{
+    struct gateway *g = h->data;
+    pthread_mutex_lock(&g->lock);
+    struct gmail *m = g->mail_head;
+    g->mail_head = g->mail_tail = NULL;
+    pthread_mutex_unlock(&g->lock);
+    while (m != NULL) {
+        struct gmail *next = m->next;
+        struct greq *q = m->q;
+        g->calls_outstanding--;
+        switch (m->kind) {
+        case CALL_KIND_SUBMIT:
+            on_submitted(q, m->res);
+            break;
+        case CALL_KIND_POLL:
+            on_poll(q, m->res);
+            break;
+        case CALL_KIND_CANCEL:
+            break;
+        case CALL_KIND_HEALTH:
+            on_health(q, m->res);
+            break;
+        case CALL_KIND_STATS:
+            gateway_metrics_answer(q, m->res);
+            break;
+        }
+        pagoda_async_result_free(m->res);
+        free(m);
+        greq_unref(q); /* the call's reference */
+        m = next;
+    }
+    gateway_maybe_free(g);
+}
+
+/* ---- requests in ------------------------------------------------------------------------------
+ */
+
+static void on_http_close(void *arg)
+{
+    struct greq *q = arg;
+    q->http = NULL; /* gone: no respond call may follow */
+    gateway_metrics_disconnect(q->g, q);
+    send_cancel(q);
+    greq_unref(q); /* the HTTP side's reference */
+}
+
+static struct greq *greq_new(struct gateway *g, struct http_request *http, enum route route)
+{
+    struct greq *q = calloc(1, sizeof(*q));
+    if (q == NULL)
+        return NULL;
+    q->g = g;
+    q->http = http;
+    q->route = route;
+    q->refs = 1;
+    q->t_start_ns = now_ns();
+    q->next = g->live;
+    if (g->live)
+        g->live->prev = q;
+    g->live = q;
+    http_request_on_close(http, on_http_close, q);
+    return q;
+}
+
+/* The key of "Authorization: Bearer KEY", copied; *bad when the header is there but unusable. */
+static char *bearer_key(struct http_request *http, int *bad)
+{
+    *bad = 0;
+    const char *h = http_request_header(http, "Authorization");
+    if (h == NULL)
+        return NULL;
+    if (strncasecmp(h, "Bearer ", 7) != 0) {
+        *bad = 1;
+        return NULL;
+    }
+    h += 7;
+    while (*h == ' ')
+        h++;
+    size_t n = strlen(h);
+    while (n > 0 && h[n - 1] == ' ')
+        n--;
+    if (n == 0 || n > PAGODA_MAX_API_KEY_BYTES) {
+        *bad = 1;
+        return NULL;
+    }
+    return strndup(h, n);
+}
+
+static void start_generation(struct gateway *g, struct http_request *http, enum route route)
+{
+    if (g->num_generations >= g->cfg.max_requests) {
+        struct greq tmp = {.g = g, .http = http, .refs = 1};
+        (void)tmp;
+        struct openai_error err = {.status = 429, .type = "rate_limit_error"};
+        snprintf(err.message, sizeof(err.message),
+                 "%u requests are in progress, the gateway's limit: retry later",
+                 g->cfg.max_requests);
+        char *json = openai_error_json(&err);
+        http_respond(http, 429, "application/json", json ? json : "{}", json ? strlen(json) : 2,
+                     NULL, 0);
+        free(json);
+        gateway_metrics_error(g, 429);
+        return;
+    }
+    struct greq *q = greq_new(g, http, route);
+    if (q == NULL) {
+        http_respond(http, 500, "text/plain", "out of memory\n", 14, NULL, 0);
+        return;
+    }
+    q->generation = 1;
+    g->num_generations++;
+    int bad = 0;
+    q->api_key = bearer_key(http, &bad);
+    if (bad) {
+        struct openai_error err = {
+            .status = 401, .type = "authentication_error", .code = "invalid_api_key"};
+        snprintf(err.message, sizeof(err.message),
+                 "the Authorization header must be 'Bearer KEY' (at most %u bytes)",
+                 PAGODA_MAX_API_KEY_BYTES);
+        respond_error(q, &err);
+        return;
+    }
+    size_t len;
+    const char *body = http_request_body(http, &len);
+    q->body = malloc(len + 1);
+    if (q->body == NULL) {
+        respond_code(q, PAGODA_ENOMEM, "out of memory");
+        return;
+    }
+    memcpy(q->body, body, len);
+    q->body[len] = '\0';
+    q->body_len = len;
+    q->created = (long long)time(NULL);
+    uint64_t r = now_ns() ^ ((uint64_t)(uintptr_t)q << 16);
+    snprintf(q->id_str, sizeof(q->id_str), "%s-%016llx%08x",
+             route == ROUTE_CHAT ? "chatcmpl" : "cmpl", (unsigned long long)r, g->serial++);
+    q->work.data = q;
+    q->refs++; /* the job's */
+    int uv = uv_queue_work(g->loop, &q->work, parse_work, after_parse);
+    if (uv != 0) {
+        q->refs--;
+        respond_code(q, PAGODA_EIO, uv_strerror(uv));
+    }
+}
+
+static void not_found(struct http_request *http, int status, const char *message)
+{
+    struct openai_error err = {.status = status,
+                               .type = status == 405 ? "invalid_request_error" : "not_found_error"};
+    snprintf(err.message, sizeof(err.message), "%s", message);
+    char *json = openai_error_json(&err);
+    http_respond(http, status, "application/json", json ? json : "{}", json ? strlen(json) : 2,
+                 NULL, 0);
+    free(json);
+}
+
+static void on_http(void *user, struct http_request *http)
+{
+    struct gateway *g = user;
+    const char *method = http_request_method(http), *path = http_request_path(http);
+    int post = strcmp(method, "POST") == 0, get = strcmp(method, "GET") == 0;
+    if (strcmp(path, "/v1/completions") == 0 || strcmp(path, "/v1/chat/completions") == 0) {
+        if (!post) {
+            not_found(http, 405, "use POST");
+            return;
+        }
+        start_generation(g, http, path[4] == 'c' && path[5] == 'h' ? ROUTE_CHAT : ROUTE_COMPLETION);
+        return;
+    }
+    if (!get) {
+        not_found(http,
+                  strcmp(path, "/v1/models") == 0 || strcmp(path, "/health") == 0 ||
+                          strcmp(path, "/metrics") == 0
+                      ? 405
+                      : 404,
+                  "no such route");
+        return;
+    }
+    if (strcmp(path, "/v1/models") == 0) {
+        char *json = openai_models_json(g->cfg.model_name, g->started);
+        http_respond(http, json ? 200 : 500, "application/json", json ? json : "{}",
+                     json ? strlen(json) : 2, NULL, 0);
+        free(json);
+        return;
+    }
+    if (strcmp(path, "/health") == 0 || strcmp(path, "/metrics") == 0) {
+        int metrics = path[1] == 'm';
+        struct greq *q = greq_new(g, http, metrics ? ROUTE_METRICS : ROUTE_HEALTH);
+        if (q == NULL) {
+            http_respond(http, 500, "text/plain", "out of memory\n", 14, NULL, 0);
+            return;
+        }
+        int rc = metrics
+                     ? gateway_call_started(q, pagoda_stats_async(g->client, g->cfg.stats_key,
+                                                                  gateway_on_stats_call, q))
+                     : gateway_call_started(q, pagoda_health_async(g->client, on_health_call, q));
+        if (rc != 0)
+            respond_code(q, rc, pagoda_error_detail());
+        return;
+    }
+    if (strcmp(path, "/") == 0 || strcmp(path, "/status") == 0) {
+        gateway_status_page(http);
+        return;
+    }
+    not_found(http, 404, "no such route");
+}
+
+/* ---- open and close ----------------------------------------------------------------------- */
+
+static void on_async_closed(uv_handle_t *h)
+{
+    struct gateway *g = h->data;
+    pagoda_client_close(g->client);
+    gateway_metrics_fini(g);
+    pthread_mutex_destroy(&g->lock);
+    free(g->model_name);
+    free(g->router_url);
+    free(g->stats_key);
+    free(g);
+}
+
+void gateway_maybe_free(struct gateway *g)
+{
+    if (!g->closing || g->live != NULL || g->calls_outstanding > g->calls_lost || g->freeing)
+        return;
+    g->freeing = 1;
+    uv_close((uv_handle_t *)&g->async, on_async_closed);
+}
+
+int gateway_open(uv_loop_t *loop, const struct gateway_config *cfg, struct gateway **out)
+{
+    if (cfg->router_url == NULL || cfg->model_name == NULL || cfg->max_requests == 0 ||
+        cfg->default_max_tokens < 1 || cfg->poll_wait_ms == 0 ||
+        cfg->poll_wait_ms > PAGODA_POLL_WAIT_MS_MAX)
+        return pagoda_error_set(PAGODA_EINVAL, "gateway: incomplete configuration");
+    struct gateway *g = calloc(1, sizeof(*g));
+    if (g == NULL)
+        return PAGODA_ENOMEM;
+    g->loop = loop;
+    g->cfg = *cfg;
+    g->model_name = strdup(cfg->model_name);
+    g->router_url = strdup(cfg->router_url);
+    g->stats_key = cfg->stats_key ? strdup(cfg->stats_key) : NULL;
+    if (g->model_name == NULL || g->router_url == NULL || (cfg->stats_key && !g->stats_key)) {
+        free(g->model_name);
+        free(g->router_url);
+        free(g->stats_key);
+        free(g);
+        return PAGODA_ENOMEM;
+    }
+    g->cfg.model_name = g->model_name;
+    g->cfg.router_url = g->router_url;
+    g->cfg.stats_key = g->stats_key;
+    g->started = (long long)time(NULL);
+    pthread_mutex_init(&g->lock, NULL);
+    int rc = pagoda_client_open(g->router_url, &g->client);
+    if (rc == 0) {
+        pagoda_client_set_timeout_ms(g->client, cfg->router_timeout_ms);
+        rc = gateway_metrics_init(g);
+    }
+    if (rc == 0 && uv_async_init(loop, &g->async, on_async) != 0)
+        rc = pagoda_error_set(PAGODA_EIO, "gateway: uv_async_init failed");
+    if (rc != 0) {
+        gateway_metrics_fini(g);
+        pagoda_client_close(g->client);
+        pthread_mutex_destroy(&g->lock);
+        free(g->model_name);
+        free(g->router_url);
+        free(g->stats_key);
+        free(g);
+        return rc;
+    }
+    g->async.data = g;
+    if ((rc = http_server_open(loop, &g->cfg.http, on_http, g, &g->http)) != 0) {
+        g->closing = 1;
+        gateway_maybe_free(g);
+        return rc;
+    }
+    *out = g;
+    return 0;
+}
+
+uint16_t gateway_port(const struct gateway *g)
+{
+    return http_server_port(g->http);
+}
+
+void gateway_close(struct gateway *g)
+{
+    if (g == NULL)
+        return;
+    g->closing = 1;
+    /* Every request in progress gets its close callback: each cancels its router request. */
+    http_server_close(g->http);
+    g->http = NULL;
+    gateway_maybe_free(g);
+}

@@ -1,0 +1,130 @@
+/* The gateway's private state, shared by its source files:
+ *
+ *   gateway.c          the loop: HTTP requests, calls to the router, responses and streams
+ *   gateway_metrics.c  /metrics (Prometheus) and the latency figures it reports
+ *   gateway_status.c   the status page (/ and /status)
+ *   openai.c           OpenAI's JSON in and out (pure)
+ *
+ * Everything runs on the gateway's loop thread unless a comment says otherwise. */
+#ifndef PAGODA_GATEWAY_GATEWAY_INTERNAL_H
+#define PAGODA_GATEWAY_GATEWAY_INTERNAL_H
+
+#include "client/pagoda_async.h"
+#include "gateway/gateway.h"
+#include "gateway/openai.h"
+#include "metrics/metrics.h"
+
+#include <pthread.h>
+#include <stdint.h>
+#include <uv.h>
+
+enum route { ROUTE_COMPLETION, ROUTE_CHAT, ROUTE_HEALTH, ROUTE_METRICS };
+
+enum call_kind {
+    CALL_KIND_SUBMIT,
+    CALL_KIND_POLL,
+    CALL_KIND_CANCEL,
+    CALL_KIND_HEALTH,
+    CALL_KIND_STATS
+};
+
+/* One HTTP request in progress. Alive while refs > 0: the HTTP side (until answered or the
+ * client went away), the parse job, and each call to the router outstanding. */
+struct greq {
+    struct gateway *g;
+    struct http_request *http; /* NULL once answered or gone */
+    enum route route;
+    int refs;
+    int generation; /* counted in gateway.num_generations */
+    char *api_key;
+    char *body;
+    size_t body_len;
+    uv_work_t work;
+    int parse_rc;
+    struct openai_request req;
+    struct openai_error err;
+    uint8_t id[PAGODA_REQUEST_ID_BYTES];
+    char id_str[64];
+    long long created;
+    int submitted, finished, cancel_sent, streaming, first_chunk_sent;
+    uint32_t offset; /* output tokens received */
+    /* A whole answer being gathered. */
+    char *text;
+    size_t text_len, text_cap;
+    int32_t *ids;
+    float *lps;
+    size_t n, cap;
+    /* Times for the latency figures (CLOCK_MONOTONIC, ns). */
+    uint64_t t_start_ns, t_submit_ns, t_first_ns, t_last_ns;
+    struct greq *prev, *next; /* gateway.live */
+};
+
+/* A call's result on its way from NNG's thread to the loop. */
+struct gmail {
+    struct greq *q;
+    pagoda_async_result *res;
+    enum call_kind kind;
+    struct gmail *next;
+};
+
+/* What /metrics reports of the gateway's own traffic (gateway_metrics.c). */
+struct gateway_figures {
+    struct metrics_hist ttft, tpot, itl, e2e;
+    uint64_t prompt_tokens, generation_tokens, cached_tokens;
+    uint64_t finished[5]; /* by pagoda_finish_reason */
+    uint64_t disconnects; /* clients gone before their answer was complete */
+    uint64_t errors_4xx, errors_5xx;
+};
+
+struct gateway {
+    uv_loop_t *loop;
+    struct gateway_config cfg;
+    char *model_name, *router_url, *stats_key;
+    struct http_server *http;
+    pagoda_client *client;
+    uv_async_t async;
+    pthread_mutex_t lock;
+    struct gmail *mail_head, *mail_tail; /* guarded by lock */
+    uint64_t calls_lost;                 /* guarded by lock: results lost for want of memory */
+    uint64_t calls_outstanding;
+    struct greq *live;
+    uint32_t num_generations;
+    uint32_t serial;
+    long long started;
+    int closing, freeing;
+    struct gateway_figures fig;
+};
+
+/* ---- gateway.c --------------------------------------------------------------------------- */
+
+/* Counts a call that started (rc 0) against q and the gateway; returns rc. */
+int gateway_call_started(struct greq *q, int rc);
+/* The NNG-thread callback of a Stats call made for /metrics. */
+void gateway_on_stats_call(void *user, pagoda_async_result *res);
+/* Frees the gateway once it is closing and nothing is left in progress. */
+void gateway_maybe_free(struct gateway *g);
+
+/* ---- gateway_metrics.c ------------------------------------------------------------------- */
+
+int gateway_metrics_init(struct gateway *g);
+void gateway_metrics_fini(struct gateway *g);
+/* n tokens of q arrived at t_ns. */
+void gateway_metrics_tokens(struct gateway *g, struct greq *q, size_t n, uint64_t t_ns);
+/* q's request ended with r (its finish and usage) at t_ns. */
+void gateway_metrics_finish(struct gateway *g, struct greq *q, const pagoda_result *r,
+                            uint64_t t_ns);
+void gateway_metrics_error(struct gateway *g, int status);
+void gateway_metrics_disconnect(struct gateway *g, struct greq *q);
+/* The router's Stats for a /metrics call arrived (or failed): renders and answers q. */
+void gateway_metrics_answer(struct greq *q, pagoda_async_result *res);
+/* Answers a request with a JSON body and ends its HTTP side (gateway.c). */
+void gateway_respond_json(struct greq *q, int status, char *json);
+void gateway_respond_text(struct greq *q, int status, const char *content_type, const char *body,
+                          size_t len);
+
+/* ---- gateway_status.c -------------------------------------------------------------------- */
+
+/* Serves the status page: one HTML page whose script polls /metrics. */
+void gateway_status_page(struct http_request *http);
+
+#endif

@@ -1,0 +1,615 @@
+#include "gateway/openai.h"
+
+#include "common/error.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- errors ------------------------------------------------------------------------------ */
+
+static int bad(struct openai_error *err, const char *code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static int bad(struct openai_error *err, const char *code, const char *fmt, ...)
+{
+    err->status = 400;
+    err->type = "invalid_request_error";
+    err->code = code;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err->message, sizeof(err->message), fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+void openai_error_from_code(int code, const char *detail, struct openai_error *err)
+{
+    err->code = NULL;
+    switch (code) {
+    case PAGODA_EPERM:
+        err->status = 401;
+        err->type = "authentication_error";
+        err->code = "invalid_api_key";
+        break;
+    case PAGODA_ENOENT:
+        err->status = 404;
+        err->type = "not_found_error";
+        break;
+    case PAGODA_EEXHAUSTED:
+    case PAGODA_EBUSY:
+        err->status = 429;
+        err->type = "rate_limit_error";
+        break;
+    case PAGODA_ECLOSED:
+    case PAGODA_ETIMEDOUT:
+    case PAGODA_EIO:
+        err->status = 503;
+        err->type = "service_unavailable_error";
+        break;
+    case PAGODA_EINVAL:
+    case PAGODA_ERANGE:
+    case PAGODA_EUNSUPPORTED:
+    case PAGODA_EFORMAT:
+    case PAGODA_EEXIST:
+        err->status = 400;
+        err->type = "invalid_request_error";
+        break;
+    default:
+        err->status = 500;
+        err->type = "internal_server_error";
+    }
+    snprintf(err->message, sizeof(err->message), "%s",
+             detail && detail[0] ? detail : pagoda_strerror(code));
+}
+
+char *openai_error_json(const struct openai_error *err)
+{
+    json_t *e =
+        json_pack("{s:{s:s,s:s,s:n,s:o}}", "error", "message", err->message, "type", err->type,
+                  "param", "code", err->code ? json_string(err->code) : json_null());
+    if (e == NULL) /* a message that is not UTF-8: say so without it */
+        e = json_pack("{s:{s:s,s:s,s:n,s:n}}", "error", "message", "(unprintable error)", "type",
+                      err->type, "param", "code");
+    char *s = e ? json_dumps(e, JSON_COMPACT) : NULL;
+    json_decref(e);
+    return s;
+}
+
+/* ---- request parsing ---------------------------------------------------------------------- */
+
+static char *own(struct openai_request *req, char *s)
+{
+    if (s == NULL)
+        return NULL;
+    char **o = realloc(req->owned, (req->num_owned + 1) * sizeof(*o));
+    if (o == NULL) {
+        free(s);
+        return NULL;
+    }
+    req->owned = o;
+    o[req->num_owned++] = s;
+    return s;
+}
+
+/* A number field within [lo, hi], or the default when absent or null. */
+static int number(const json_t *root, const char *key, double lo, double hi, double *out,
+                  struct openai_error *err)
+{
+    const json_t *v = json_object_get(root, key);
+    if (v == NULL || json_is_null(v))
+        return 0;
+    if (!json_is_number(v))
+        return bad(err, "invalid_type", "'%s' must be a number", key);
+    double d = json_number_value(v);
+    if (!(d >= lo && d <= hi))
+        return bad(err, "invalid_value", "'%s' is %g; it must be in [%g, %g]", key, d, lo, hi);
+    *out = d;
+    return 0;
+}
+
+static int integer(const json_t *root, const char *key, long long lo, long long hi, long long *out,
+                   struct openai_error *err)
+{
+    const json_t *v = json_object_get(root, key);
+    if (v == NULL || json_is_null(v))
+        return 0;
+    if (!json_is_integer(v))
+        return bad(err, "invalid_type", "'%s' must be an integer", key);
+    long long n = json_integer_value(v);
+    if (n < lo || n > hi)
+        return bad(err, "invalid_value", "'%s' is %lld; it must be in [%lld, %lld]", key, n, lo,
+                   hi);
+    *out = n;
+    return 0;
+}
+
+static int boolean(const json_t *root, const char *key, bool *out, struct openai_error *err)
+{
+    const json_t *v = json_object_get(root, key);
+    if (v == NULL || json_is_null(v))
+        return 0;
+    if (!json_is_boolean(v))
+        return bad(err, "invalid_type", "'%s' must be true or false", key);
+    *out = json_is_true(v);
+    return 0;
+}
+
+/* The sampling and stop fields both endpoints share. */
+static int read_common(struct openai_request *req, struct openai_error *err)
+{
+    const json_t *root = req->root;
+    pagoda_generate_params *p = &req->params;
+    const json_t *model = json_object_get(root, "model");
+    if (model != NULL && !json_is_null(model)) {
+        if (!json_is_string(model))
+            return bad(err, "invalid_type", "'model' must be a string");
+        req->model = strdup(json_string_value(model));
+    }
+    double d;
+    long long n;
+    d = 1.0;
+    if (number(root, "temperature", 0, 100, &d, err))
+        return -1;
+    p->temperature = (float)d;
+    d = 1.0;
+    if (number(root, "top_p", 0, 1, &d, err))
+        return -1;
+    if (d <= 0)
+        return bad(err, "invalid_value", "'top_p' must be in (0, 1]");
+    p->top_p = (float)d;
+    n = 0;
+    if (integer(root, "top_k", -1, INT32_MAX, &n, err))
+        return -1;
+    p->top_k = n < 0 ? 0 : (int32_t)n; /* vLLM: -1 means off */
+    d = 0;
+    if (number(root, "min_p", 0, 1, &d, err))
+        return -1;
+    p->min_p = (float)d;
+    d = 0;
+    if (number(root, "presence_penalty", -2, 2, &d, err))
+        return -1;
+    p->presence_penalty = (float)d;
+    d = 0;
+    if (number(root, "frequency_penalty", -2, 2, &d, err))
+        return -1;
+    p->frequency_penalty = (float)d;
+    d = 1;
+    if (number(root, "repetition_penalty", 0.01, 100, &d, err))
+        return -1;
+    p->repetition_penalty = (float)d;
+    const json_t *seed = json_object_get(root, "seed");
+    if (seed != NULL && !json_is_null(seed)) {
+        if (!json_is_integer(seed))
+            return bad(err, "invalid_type", "'seed' must be an integer");
+        p->has_seed = 1;
+        p->seed = (uint64_t)json_integer_value(seed);
+    }
+    n = -1;
+    if (integer(root, "max_completion_tokens", 1, INT32_MAX, &n, err) ||
+        (n < 0 && integer(root, "max_tokens", 1, INT32_MAX, &n, err)))
+        return -1;
+    if (n > 0)
+        p->max_tokens = (int32_t)n;
+    const char *one[] = {"n", "best_of"};
+    for (size_t k = 0; k < 2; k++) {
+        const json_t *v = json_object_get(root, one[k]);
+        if (v != NULL && !json_is_null(v) && !(json_is_integer(v) && json_integer_value(v) == 1))
+            return bad(err, "unsupported", "'%s' must be 1: one choice per request", one[k]);
+    }
+    bool b = false;
+    if (boolean(root, "echo", &b, err))
+        return -1;
+    if (b)
+        return bad(err, "unsupported", "'echo' is not supported");
+    bool ignore_eos = false;
+    if (boolean(root, "ignore_eos", &ignore_eos, err))
+        return -1;
+    p->ignore_eos = ignore_eos;
+    bool skip = true;
+    if (boolean(root, "skip_special_tokens", &skip, err))
+        return -1;
+    p->skip_special_tokens = skip;
+    if (boolean(root, "stream", &req->stream, err))
+        return -1;
+    const json_t *so = json_object_get(root, "stream_options");
+    if (so != NULL && !json_is_null(so)) {
+        if (!json_is_object(so))
+            return bad(err, "invalid_type", "'stream_options' must be an object");
+        if (boolean(so, "include_usage", &req->include_usage, err))
+            return -1;
+    }
+    /* stop: a string or a list of strings. */
+    const json_t *stop = json_object_get(root, "stop");
+    if (json_is_string(stop)) {
+        if ((req->stops[0] = strdup(json_string_value(stop))) == NULL)
+            return bad(err, NULL, "out of memory");
+        p->num_stop = 1;
+    } else if (json_is_array(stop)) {
+        if (json_array_size(stop) > OPENAI_MAX_STOPS)
+            return bad(err, "invalid_value", "'stop' has %zu strings, more than %u",
+                       json_array_size(stop), OPENAI_MAX_STOPS);
+        size_t i;
+        const json_t *s;
+        json_array_foreach(stop, i, s)
+        {
+            if (!json_is_string(s))
+                return bad(err, "invalid_type", "'stop' must hold strings");
+            if ((req->stops[i] = strdup(json_string_value(s))) == NULL)
+                return bad(err, NULL, "out of memory");
+            p->num_stop = i + 1;
+        }
+    } else if (stop != NULL && !json_is_null(stop)) {
+        return bad(err, "invalid_type", "'stop' must be a string or a list of strings");
+    }
+    p->stop = (const char *const *)req->stops;
+    const json_t *ids = json_object_get(root, "stop_token_ids");
+    if (json_is_array(ids)) {
+        if (json_array_size(ids) > OPENAI_MAX_STOP_TOKEN_IDS)
+            return bad(err, "invalid_value", "'stop_token_ids' has more than %u ids",
+                       OPENAI_MAX_STOP_TOKEN_IDS);
+        size_t i;
+        const json_t *v;
+        json_array_foreach(ids, i, v)
+        {
+            if (!json_is_integer(v) || json_integer_value(v) < 0 ||
+                json_integer_value(v) > INT32_MAX)
+                return bad(err, "invalid_type", "'stop_token_ids' must hold token ids");
+            req->stop_ids[i] = (int32_t)json_integer_value(v);
+        }
+        p->stop_token_ids = req->stop_ids;
+        p->num_stop_token_ids = json_array_size(ids);
+    } else if (ids != NULL && !json_is_null(ids)) {
+        return bad(err, "invalid_type", "'stop_token_ids' must be a list");
+    }
+    const json_t *ast = json_object_get(root, "add_special_tokens");
+    if (ast != NULL && !json_is_null(ast)) {
+        if (!json_is_boolean(ast))
+            return bad(err, "invalid_type", "'add_special_tokens' must be true or false");
+        req->prompt.add_special_tokens = json_is_true(ast);
+    }
+    return 0;
+}
+
+/* The prompt of /v1/completions: a string, a list of token ids, or a list of one of either. */
+static int read_prompt(struct openai_request *req, struct openai_error *err)
+{
+    const json_t *pr = json_object_get(req->root, "prompt");
+    if (json_is_array(pr) && json_array_size(pr) == 1 &&
+        (json_is_string(json_array_get(pr, 0)) || json_is_array(json_array_get(pr, 0))))
+        pr = json_array_get(pr, 0);
+    if (json_is_string(pr)) {
+        if (json_string_length(pr) == 0)
+            return bad(err, "invalid_value", "'prompt' is empty");
+        req->prompt.text = json_string_value(pr);
+        return 0;
+    }
+    if (json_is_array(pr) && json_array_size(pr) > 0) {
+        size_t n = json_array_size(pr);
+        if (json_is_string(json_array_get(pr, 0)))
+            return bad(err, "unsupported",
+                       "'prompt' as a list of %zu strings: send one per "
+                       "request",
+                       n);
+        if ((req->prompt_ids = malloc(n * sizeof(int32_t))) == NULL)
+            return bad(err, NULL, "out of memory");
+        size_t i;
+        const json_t *v;
+        json_array_foreach(pr, i, v)
+        {
+            if (!json_is_integer(v) || json_integer_value(v) < 0 ||
+                json_integer_value(v) > INT32_MAX)
+                return bad(err, "invalid_type", "'prompt' token %zu is not a token id", i);
+            req->prompt_ids[i] = (int32_t)json_integer_value(v);
+        }
+        req->prompt.token_ids = req->prompt_ids;
+        req->prompt.num_token_ids = n;
+        return 0;
+    }
+    return bad(err, "invalid_value", "'prompt' must be a non-empty string or list of token ids");
+}
+
+/* A chat message's content: a string, null, or a list of text parts (joined). */
+static int read_content(struct openai_request *req, const json_t *c, size_t i, const char **out,
+                        struct openai_error *err)
+{
+    if (c == NULL || json_is_null(c)) {
+        *out = NULL;
+        return 0;
+    }
+    if (json_is_string(c)) {
+        *out = json_string_value(c);
+        return 0;
+    }
+    if (!json_is_array(c))
+        return bad(err, "invalid_type", "messages[%zu].content must be a string or a list", i);
+    size_t len = 0, k;
+    const json_t *part;
+    json_array_foreach(c, k, part)
+    {
+        const char *type = json_string_value(json_object_get(part, "type"));
+        const json_t *text = json_object_get(part, "text");
+        if (type == NULL || strcmp(type, "text") != 0 || !json_is_string(text))
+            return bad(err, "unsupported",
+                       "messages[%zu].content[%zu]: only {\"type\": \"text\", \"text\": ...} "
+                       "parts are supported",
+                       i, k);
+        len += json_string_length(text);
+    }
+    char *joined = own(req, malloc(len + 1));
+    if (joined == NULL)
+        return bad(err, NULL, "out of memory");
+    size_t at = 0;
+    json_array_foreach(c, k, part)
+    {
+        const json_t *text = json_object_get(part, "text");
+        memcpy(joined + at, json_string_value(text), json_string_length(text));
+        at += json_string_length(text);
+    }
+    joined[at] = '\0';
+    *out = joined;
+    return 0;
+}
+
+static int read_messages(struct openai_request *req, struct openai_error *err)
+{
+    const json_t *ms = json_object_get(req->root, "messages");
+    if (!json_is_array(ms) || json_array_size(ms) == 0)
+        return bad(err, "invalid_value", "'messages' must be a non-empty list");
+    size_t n = json_array_size(ms);
+    if (n > OPENAI_MAX_MESSAGES)
+        return bad(err, "invalid_value", "%zu messages, more than %u", n, OPENAI_MAX_MESSAGES);
+    if ((req->messages = calloc(n, sizeof(*req->messages))) == NULL)
+        return bad(err, NULL, "out of memory");
+    size_t i;
+    const json_t *m;
+    json_array_foreach(ms, i, m)
+    {
+        pagoda_chat_message *out = &req->messages[i];
+        if (!json_is_object(m))
+            return bad(err, "invalid_type", "messages[%zu] must be an object", i);
+        out->role = json_string_value(json_object_get(m, "role"));
+        if (out->role == NULL)
+            return bad(err, "invalid_value", "messages[%zu] needs a string 'role'", i);
+        if (read_content(req, json_object_get(m, "content"), i, &out->content, err))
+            return -1;
+        out->name = json_string_value(json_object_get(m, "name"));
+        out->tool_call_id = json_string_value(json_object_get(m, "tool_call_id"));
+        out->reasoning_content = json_string_value(json_object_get(m, "reasoning_content"));
+        const json_t *calls = json_object_get(m, "tool_calls");
+        if (json_is_array(calls)) {
+            /* OpenAI sends arguments as a JSON string; templates iterate them as objects. */
+            json_t *copy = json_deep_copy(calls);
+            size_t k;
+            json_t *call;
+            json_array_foreach(copy, k, call)
+            {
+                json_t *fn = json_object_get(call, "function");
+                const char *args = json_string_value(json_object_get(fn, "arguments"));
+                json_t *parsed = args ? json_loads(args, 0, NULL) : NULL;
+                if (parsed != NULL)
+                    json_object_set_new(fn, "arguments", parsed);
+            }
+            out->tool_calls_json = own(req, copy ? json_dumps(copy, JSON_COMPACT) : NULL);
+            json_decref(copy);
+            if (out->tool_calls_json == NULL)
+                return bad(err, NULL, "out of memory");
+        }
+    }
+    req->prompt.messages = req->messages;
+    req->prompt.num_messages = n;
+    const json_t *tools = json_object_get(req->root, "tools");
+    if (json_is_array(tools) && json_array_size(tools) > 0) {
+        if ((req->tools_json = json_dumps(tools, JSON_COMPACT)) == NULL)
+            return bad(err, NULL, "out of memory");
+        req->prompt.tools_json = req->tools_json;
+    } else if (tools != NULL && !json_is_null(tools) && !json_is_array(tools)) {
+        return bad(err, "invalid_type", "'tools' must be a list");
+    }
+    const json_t *kw = json_object_get(req->root, "chat_template_kwargs");
+    if (json_is_object(kw)) {
+        if ((req->kwargs_json = json_dumps(kw, JSON_COMPACT)) == NULL)
+            return bad(err, NULL, "out of memory");
+        req->prompt.chat_template_kwargs = req->kwargs_json;
+    } else if (kw != NULL && !json_is_null(kw)) {
+        return bad(err, "invalid_type", "'chat_template_kwargs' must be an object");
+    }
+    bool gen = true;
+    if (boolean(req->root, "add_generation_prompt", &gen, err))
+        return -1;
+    req->prompt.add_generation_prompt = gen;
+    return 0;
+}
+
+static int read_logprobs(struct openai_request *req, struct openai_error *err)
+{
+    const json_t *lp = json_object_get(req->root, "logprobs");
+    if (lp == NULL || json_is_null(lp))
+        return 0;
+    if (req->kind == OPENAI_COMPLETION) {
+        if (!json_is_integer(lp) || json_integer_value(lp) < 0 || json_integer_value(lp) > 1)
+            return bad(err, "unsupported", "'logprobs' must be 0 or 1 (the sampled token's only)");
+        req->params.logprobs = json_integer_value(lp) == 1;
+        return 0;
+    }
+    if (!json_is_boolean(lp))
+        return bad(err, "invalid_type", "'logprobs' must be true or false");
+    req->params.logprobs = json_is_true(lp);
+    long long top = 0;
+    if (integer(req->root, "top_logprobs", 0, 0, &top, err))
+        return bad(err, "unsupported", "'top_logprobs' must be 0 (the sampled token's only)");
+    return 0;
+}
+
+int openai_parse(enum openai_kind kind, const char *body, size_t len, int32_t default_max_tokens,
+                 struct openai_request *req, struct openai_error *err)
+{
+    memset(req, 0, sizeof(*req));
+    memset(err, 0, sizeof(*err));
+    req->kind = kind;
+    req->params = pagoda_generate_params_default();
+    req->params.max_tokens = kind == OPENAI_CHAT ? default_max_tokens : 16;
+    req->prompt = pagoda_prompt_default();
+    json_error_t jerr;
+    req->root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &jerr);
+    if (req->root == NULL)
+        return bad(err, "invalid_json", "the body is not JSON: line %d: %s", jerr.line, jerr.text);
+    if (!json_is_object(req->root))
+        return bad(err, "invalid_json", "the body must be a JSON object");
+    if (read_common(req, err) || read_logprobs(req, err))
+        return -1;
+    return kind == OPENAI_COMPLETION ? read_prompt(req, err) : read_messages(req, err);
+}
+
+void openai_request_fini(struct openai_request *req)
+{
+    free(req->model);
+    for (size_t i = 0; i < OPENAI_MAX_STOPS; i++)
+        free(req->stops[i]);
+    free(req->prompt_ids);
+    free(req->messages);
+    for (size_t i = 0; i < req->num_owned; i++)
+        free(req->owned[i]);
+    free(req->owned);
+    free(req->tools_json);
+    free(req->kwargs_json);
+    json_decref(req->root);
+    memset(req, 0, sizeof(*req));
+}
+
+/* ---- responses ------------------------------------------------------------------------------ */
+
+const char *openai_finish_reason(pagoda_finish_reason reason)
+{
+    switch (reason) {
+    case PAGODA_FINISH_STOP:
+        return "stop";
+    case PAGODA_FINISH_LENGTH:
+        return "length";
+    case PAGODA_FINISH_CANCELLED:
+        return "abort";
+    case PAGODA_FINISH_ERROR:
+        return "error";
+    default:
+        return NULL;
+    }
+}
+
+static json_t *usage_json(const struct openai_out *o)
+{
+    return json_pack("{s:I,s:I,s:I,s:{s:I}}", "prompt_tokens", (json_int_t)o->prompt_tokens,
+                     "completion_tokens", (json_int_t)o->completion_tokens, "total_tokens",
+                     (json_int_t)o->prompt_tokens + o->completion_tokens, "prompt_tokens_details",
+                     "cached_tokens", (json_int_t)o->cached_tokens);
+}
+
+/* A JSON string of text, which is valid UTF-8 from the router; NULL for none. */
+static json_t *text_json(const char *text, size_t len)
+{
+    json_t *t = json_stringn(text ? text : "", text ? len : 0);
+    return t ? t : json_string("\xef\xbf\xbd"); /* never expected: the router sends UTF-8 */
+}
+
+/* The sampled tokens' log-probabilities: completions' {tokens, token_logprobs, top_logprobs,
+ * text_offset} or chats' {content: [{token, logprob, bytes, top_logprobs}]}. Tokens are named
+ * "token_id:N" (vLLM's return_tokens_as_token_ids): the gateway holds no tokenizer. */
+static json_t *logprobs_json(const struct openai_out *o)
+{
+    if (o->logprobs == NULL)
+        return json_null();
+    json_t *tokens = json_array(), *lps = json_array(), *content = json_array();
+    for (size_t i = 0; i < o->n; i++) {
+        char name[32];
+        snprintf(name, sizeof(name), "token_id:%d", o->token_ids[i]);
+        double lp = isfinite(o->logprobs[i]) ? o->logprobs[i] : -9999.0;
+        json_array_append_new(tokens, json_string(name));
+        json_array_append_new(lps, json_real(lp));
+        json_array_append_new(content, json_pack("{s:s,s:f,s:n,s:[]}", "token", name, "logprob", lp,
+                                                 "bytes", "top_logprobs"));
+    }
+    if (o->req->kind == OPENAI_CHAT) {
+        json_decref(tokens);
+        json_decref(lps);
+        return json_pack("{s:o}", "content", content);
+    }
+    json_decref(content);
+    return json_pack("{s:o,s:o,s:n,s:[]}", "tokens", tokens, "token_logprobs", lps, "top_logprobs",
+                     "text_offset");
+}
+
+static json_t *stop_reason_json(const struct openai_out *o)
+{
+    if (o->stop_string != NULL)
+        return json_string(o->stop_string);
+    if (o->has_stop_token_id)
+        return json_integer(o->stop_token_id);
+    return json_null();
+}
+
+static char *dump(json_t *j)
+{
+    char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    json_decref(j);
+    return s;
+}
+
+char *openai_response_json(const struct openai_out *o)
+{
+    const char *finish = openai_finish_reason(o->finish);
+    json_t *choice;
+    if (o->req->kind == OPENAI_CHAT)
+        choice = json_pack(
+            "{s:i,s:{s:s,s:o},s:o,s:o,s:o}", "index", 0, "message", "role", "assistant", "content",
+            text_json(o->text, o->text_len), "logprobs", logprobs_json(o), "finish_reason",
+            finish ? json_string(finish) : json_null(), "stop_reason", stop_reason_json(o));
+    else
+        choice = json_pack("{s:i,s:o,s:o,s:o,s:o}", "index", 0, "text",
+                           text_json(o->text, o->text_len), "logprobs", logprobs_json(o),
+                           "finish_reason", finish ? json_string(finish) : json_null(),
+                           "stop_reason", stop_reason_json(o));
+    return dump(json_pack("{s:s,s:s,s:I,s:s,s:[o],s:o}", "id", o->id, "object",
+                          o->req->kind == OPENAI_CHAT ? "chat.completion" : "text_completion",
+                          "created", (json_int_t)o->created, "model", o->model, "choices", choice,
+                          "usage", usage_json(o)));
+}
+
+char *openai_chunk_json(const struct openai_out *o, bool first_chunk, bool usage_only)
+{
+    const bool chat = o->req->kind == OPENAI_CHAT;
+    json_t *choices = json_array();
+    if (!usage_only) {
+        const char *finish = openai_finish_reason(o->finish);
+        json_t *choice;
+        if (chat) {
+            json_t *delta = json_object();
+            if (first_chunk)
+                json_object_set_new(delta, "role", json_string("assistant"));
+            if (o->text_len > 0 || first_chunk)
+                json_object_set_new(delta, "content", text_json(o->text, o->text_len));
+            choice = json_pack("{s:i,s:o,s:o,s:o}", "index", 0, "delta", delta, "logprobs",
+                               logprobs_json(o), "finish_reason",
+                               finish ? json_string(finish) : json_null());
+        } else {
+            choice = json_pack("{s:i,s:o,s:o,s:o}", "index", 0, "text",
+                               text_json(o->text, o->text_len), "logprobs", logprobs_json(o),
+                               "finish_reason", finish ? json_string(finish) : json_null());
+        }
+        if (finish != NULL)
+            json_object_set_new(choice, "stop_reason", stop_reason_json(o));
+        json_array_append_new(choices, choice);
+    }
+    json_t *chunk = json_pack("{s:s,s:s,s:I,s:s,s:o}", "id", o->id, "object",
+                              chat ? "chat.completion.chunk" : "text_completion", "created",
+                              (json_int_t)o->created, "model", o->model, "choices", choices);
+    if (chunk != NULL && o->req->include_usage)
+        json_object_set_new(chunk, "usage", usage_only ? usage_json(o) : json_null());
+    return dump(chunk);
+}
+
+char *openai_models_json(const char *model, long long created)
+{
+    return dump(json_pack("{s:s,s:[{s:s,s:s,s:I,s:s}]}", "object", "list", "data", "id", model,
+                          "object", "model", "created", (json_int_t)created, "owned_by", "pagoda"));
+}

@@ -1,0 +1,101 @@
+/* OpenAI's API as pagoda reads and writes it: request bodies of POST /v1/completions and
+ * /v1/chat/completions turned into libpagoda's parameters and prompt, and the JSON of responses,
+ * stream chunks, usage and errors. Pure: no sockets, no loop; the gateway runs the parsing on
+ * libuv's threadpool (a body may be megabytes).
+ *
+ * Decisions (vLLM's where OpenAI is silent): max_tokens defaults to 16 for completions (OpenAI's)
+ * and to the gateway's default (--default-max-tokens) for chats; max_completion_tokens is read as
+ * max_tokens; n, best_of and echo other than 1/1/false are refused; logprobs (completions: an
+ * integer, chats: true) return the sampled token's log-probability only, so top_logprobs above 0
+ * and completion logprobs above 1 are refused, and tokens are named "token_id:N" (vLLM's
+ * return_tokens_as_token_ids: the gateway holds no tokenizer); a prompt that is a list of strings
+ * is refused (batching is the client's); chat content may be a string or a list of {"type": "text"}
+ * parts (joined), other parts are refused. vLLM's extensions top_k, min_p, repetition_penalty,
+ * ignore_eos, stop_token_ids, skip_special_tokens, add_special_tokens, chat_template_kwargs and
+ * add_generation_prompt are read. */
+#ifndef PAGODA_GATEWAY_OPENAI_H
+#define PAGODA_GATEWAY_OPENAI_H
+
+#include "client/pagoda.h"
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
+
+#define OPENAI_MAX_STOPS 16u
+#define OPENAI_MAX_STOP_TOKEN_IDS 64u
+#define OPENAI_MAX_MESSAGES 4096u
+
+enum openai_kind { OPENAI_COMPLETION, OPENAI_CHAT };
+
+/* A parsed request. Owns everything the params and prompt point to. */
+struct openai_request {
+    enum openai_kind kind;
+    char *model;
+    bool stream, include_usage;
+    pagoda_generate_params params;
+    pagoda_prompt prompt;
+    /* Storage the params and prompt borrow. */
+    json_t *root;
+    char *stops[OPENAI_MAX_STOPS];
+    int32_t stop_ids[OPENAI_MAX_STOP_TOKEN_IDS];
+    int32_t *prompt_ids;
+    pagoda_chat_message *messages;
+    char **owned; /* strings made here (joined content parts, tool_calls JSON) */
+    size_t num_owned;
+    char *tools_json, *kwargs_json;
+};
+
+/* An error to answer with: the HTTP status and OpenAI's type and code. */
+struct openai_error {
+    int status;
+    const char *type; /* "invalid_request_error", ... */
+    const char *code; /* a short machine-readable code or NULL */
+    char message[512];
+};
+
+/* Parses body as the request of kind. default_max_tokens applies to chats without max_tokens.
+ * Returns 0, or -1 with *err filled (status 400). */
+int openai_parse(enum openai_kind kind, const char *body, size_t len, int32_t default_max_tokens,
+                 struct openai_request *req, struct openai_error *err);
+
+void openai_request_fini(struct openai_request *req);
+
+/* The error for a libpagoda failure code and its detail. */
+void openai_error_from_code(int code, const char *detail, struct openai_error *err);
+
+/* {"error": {"message", "type", "param": null, "code"}} as a malloc'd string. */
+char *openai_error_json(const struct openai_error *err);
+
+/* The finish_reason name OpenAI uses: "stop", "length", or NULL while running; cancelled and
+ * error become "abort" and "error" (vLLM's). */
+const char *openai_finish_reason(pagoda_finish_reason reason);
+
+/* One response, or one stream chunk, as a malloc'd JSON string. id is "cmpl-..." or
+ * "chatcmpl-..."; text the text (whole or the delta); logprobs the sampled tokens' (n of them,
+ * NULL for none); usage is included when with_usage. A chat's first chunk carries the role
+ * (first_chunk). */
+struct openai_out {
+    const struct openai_request *req;
+    const char *id;
+    long long created;
+    const char *model;
+    const char *text;
+    size_t text_len;
+    const int32_t *token_ids;
+    const float *logprobs;
+    size_t n;
+    pagoda_finish_reason finish;
+    const char *stop_string; /* vLLM's stop_reason */
+    bool has_stop_token_id;
+    int32_t stop_token_id;
+    bool with_usage;
+    uint32_t prompt_tokens, completion_tokens, cached_tokens;
+};
+char *openai_response_json(const struct openai_out *o);
+char *openai_chunk_json(const struct openai_out *o, bool first_chunk, bool usage_only);
+
+/* GET /v1/models. */
+char *openai_models_json(const char *model, long long created);
+
+#endif

@@ -1,0 +1,496 @@
+/* The router's text side: a model's tokenizer and chat template (text/text_model.h), prompts
+ * given as text or as chat messages turned into token ids on libuv's threadpool (never on the
+ * loop: a long prompt or a slow template holds up no poll), and each request's output text
+ * (text/output_text.h: incremental detokenization, stop strings) kept beside its tokens so that
+ * a poll from any offset gets the text those tokens complete.
+ *
+ * A text or chat Submit is registered at once like any other (so a resent Submit finds it), but
+ * is sent to the scheduler only when its job has produced the token ids; a job that fails (bad
+ * UTF-8, a template error, a prompt over the limit) ends the request with FINISH_ERROR and the
+ * reason, which the client's next poll receives. Jobs in flight are bounded in all and per
+ * tenant (router.h); a job whose request ends is cancelled if it has not started. */
+#include "router/router_internal.h"
+
+#include "common/error.h"
+#include "common/log.h"
+#include "text/output_text.h"
+#include "text/text_model.h"
+
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+/* The text model shared by the router and its jobs: a job in flight keeps it alive when the
+ * router closes first. */
+struct text_holder {
+    atomic_int refs;
+    struct text_model *model;
+};
+
+static void holder_unref(struct text_holder *h)
+{
+    if (h != NULL && atomic_fetch_sub(&h->refs, 1) == 1) {
+        text_model_close(h->model);
+        free(h);
+    }
+}
+
+/* One prompt to tokenize. The Submit's text fields travel packed (a copy made on the loop at
+ * memcpy speed); the thread unpacks them, renders the chat and encodes. */
+struct text_job {
+    uv_work_t work;
+    struct router *r;  /* NULL once the router is gone */
+    struct request *q; /* NULL once the request is gone or has ended */
+    uint32_t tenant;
+    struct text_holder *holder;
+    uint8_t *packed;
+    size_t packed_len;
+    uint32_t max_prompt_tokens;
+    TokenizerIds ids;
+    int rc;
+    char detail[512];
+};
+
+int router_text_open(struct router *r, const char *model_dir)
+{
+    if (model_dir == NULL || model_dir[0] == '\0') {
+        snprintf(r->text_error, sizeof(r->text_error),
+                 "the router was started without the model's folder (--model): token ids only");
+        return 0;
+    }
+    struct text_model *m = NULL;
+    int rc = text_model_open(model_dir, &m);
+    if (rc == PAGODA_ENOENT) {
+        snprintf(r->text_error, sizeof(r->text_error),
+                 "the model has no tokenizer.json: it serves token ids only");
+        log_warn("%s has no tokenizer.json: token ids only", model_dir);
+        return 0;
+    }
+    if (rc != 0) {
+        /* A broken tokenizer.json: token ids are still served; text gets the reason. */
+        char why[512];
+        snprintf(r->text_error, sizeof(r->text_error),
+                 "the model's tokenizer.json could not be loaded: %s",
+                 pagoda_error_message(rc, why, sizeof(why)));
+        log_error("%s", r->text_error);
+        return 0;
+    }
+    struct text_holder *h = calloc(1, sizeof(*h));
+    if (h == NULL) {
+        text_model_close(m);
+        return pagoda_error_set(PAGODA_ENOMEM, "out of memory for the tokenizer");
+    }
+    atomic_init(&h->refs, 1);
+    h->model = m;
+    r->text = h;
+    r->text_error[0] = '\0';
+    const char *chat = text_model_chat_error(m);
+    log_info("tokenizer of %s loaded: %zu tokens%s%s", model_dir,
+             tokenizer_vocab_size(text_model_tokenizer(m)), chat[0] ? "; chats refused: " : "",
+             chat);
+    return 0;
+}
+
+void router_text_close(struct router *r)
+{
+    holder_unref(r->text);
+    r->text = NULL;
+}
+
+/* The Submit's fields a job needs (and that identify the text side, for deduplication), packed. */
+static uint8_t *pack_text_fields(const Pagoda__SubmitRequest *s, int with_stops, size_t *len)
+{
+    Pagoda__SubmitRequest key = PAGODA__SUBMIT_REQUEST__INIT;
+    key.has_prompt_text = s->has_prompt_text;
+    key.prompt_text = s->prompt_text;
+    key.n_messages = s->n_messages;
+    key.messages = s->messages;
+    key.has_add_generation_prompt = s->has_add_generation_prompt;
+    key.add_generation_prompt = s->add_generation_prompt;
+    key.chat_template_kwargs = s->chat_template_kwargs;
+    key.tools_json = s->tools_json;
+    key.has_add_special_tokens = s->has_add_special_tokens;
+    key.add_special_tokens = s->add_special_tokens;
+    if (with_stops) {
+        key.n_stop = s->n_stop;
+        key.stop = s->stop;
+        key.has_detokenize = s->has_detokenize;
+        key.detokenize = s->detokenize;
+        key.has_skip_special_tokens = s->has_skip_special_tokens;
+        key.skip_special_tokens = s->skip_special_tokens;
+    }
+    *len = pagoda__submit_request__get_packed_size(&key);
+    uint8_t *buf = malloc(*len ? *len : 1);
+    if (buf != NULL)
+        pagoda__submit_request__pack(&key, buf);
+    return buf;
+}
+
+int router_text_read(const struct router *r, const Pagoda__SubmitRequest *s, int *has_text,
+                     uint64_t hash[2])
+{
+    int text = s->has_prompt_text, chat = s->n_messages > 0;
+    *has_text = text || chat;
+    hash[0] = hash[1] = 0;
+    if (text + chat + (s->n_prompt_token_ids > 0) > 1)
+        return pagoda_error_set(PAGODA_EINVAL, "give one of prompt_token_ids, prompt_text and "
+                                               "messages");
+    if (!chat &&
+        (s->chat_template_kwargs != NULL || s->tools_json != NULL || s->has_add_generation_prompt))
+        return pagoda_error_set(PAGODA_EINVAL, "chat_template_kwargs, tools_json and "
+                                               "add_generation_prompt go with messages");
+    if (r->text == NULL) {
+        if (*has_text)
+            return pagoda_error_set(PAGODA_EUNSUPPORTED, "%s: send prompt_token_ids",
+                                    r->text_error);
+        if (s->n_stop > 0 || (s->has_detokenize && s->detokenize))
+            return pagoda_error_set(PAGODA_EUNSUPPORTED, "stop strings and text output: %s",
+                                    r->text_error);
+    }
+    if (chat && text_model_chat_error(r->text->model)[0] != '\0')
+        return pagoda_error_set(PAGODA_EUNSUPPORTED, "chat: %s",
+                                text_model_chat_error(r->text->model));
+    if (text && s->prompt_text.len == 0)
+        return pagoda_error_set(PAGODA_EINVAL, "the prompt is empty");
+    if (s->n_messages > ROUTER_MAX_CHAT_MESSAGES)
+        return pagoda_error_set(PAGODA_ERANGE, "%zu messages, more than the limit of %u",
+                                s->n_messages, ROUTER_MAX_CHAT_MESSAGES);
+    if (s->n_stop > OUTPUT_TEXT_MAX_STOPS)
+        return pagoda_error_set(PAGODA_ERANGE, "%zu stop strings, more than the limit of %u",
+                                s->n_stop, OUTPUT_TEXT_MAX_STOPS);
+    for (size_t i = 0; i < s->n_stop; i++)
+        if (s->stop[i].len == 0 || s->stop[i].len > OUTPUT_TEXT_MAX_STOP_BYTES)
+            return pagoda_error_set(PAGODA_ERANGE, "stop string %zu has %zu bytes: 1 to %u", i,
+                                    s->stop[i].len, OUTPUT_TEXT_MAX_STOP_BYTES);
+    if (s->n_stop > 0 && s->has_detokenize && !s->detokenize)
+        return pagoda_error_set(PAGODA_EINVAL, "stop strings need the text: detokenize is off");
+    if (!*has_text && s->n_stop == 0 && !s->has_detokenize && !s->has_skip_special_tokens)
+        return 0; /* nothing of the text side: the hash stays 0 as before */
+    /* What identifies the text side of the request, for a resent Submit's comparison. */
+    size_t n;
+    uint8_t *buf = pack_text_fields(s, 1, &n);
+    if (buf == NULL)
+        return pagoda_error_set(PAGODA_ENOMEM, "out of memory reading the text fields");
+    XXH128_hash_t h = XXH3_128bits_withSeed(buf, n, r->hash_seed ^ 0x74657874u);
+    free(buf);
+    hash[0] = h.low64;
+    hash[1] = h.high64;
+    return 0;
+}
+
+/* ---- the job, on libuv's threadpool -------------------------------------------------------- */
+
+/* A ChatMessage as the templates see it: OpenAI's message object. Content is refused when it
+ * holds a NUL (the template would see it cut) or is not UTF-8. */
+static json_t *message_json(const Pagoda__ChatMessage *m, char *why, size_t why_len, size_t i)
+{
+    if (m->role == NULL || m->role[0] == '\0') {
+        snprintf(why, why_len, "message %zu has no role", i);
+        return NULL;
+    }
+    if (m->has_content && memchr(m->content.data, 0, m->content.len) != NULL) {
+        snprintf(why, why_len, "message %zu: its content holds a NUL character", i);
+        return NULL;
+    }
+    json_t *o = json_object();
+    if (o == NULL) {
+        snprintf(why, why_len, "out of memory");
+        return NULL;
+    }
+    json_t *content =
+        m->has_content ? json_stringn((const char *)m->content.data, m->content.len) : json_null();
+    if (content == NULL || json_object_set_new(o, "content", content) != 0) {
+        snprintf(why, why_len, "message %zu: its content is not valid UTF-8", i);
+        json_decref(o);
+        return NULL;
+    }
+    const struct {
+        const char *key, *value;
+    } fields[] = {
+        {"role", m->role},
+        {"name", m->name},
+        {"tool_call_id", m->tool_call_id},
+        {"reasoning_content", m->reasoning_content},
+    };
+    for (size_t k = 0; k < sizeof(fields) / sizeof(fields[0]); k++) {
+        if (fields[k].value == NULL)
+            continue;
+        json_t *v = json_string(fields[k].value);
+        if (v == NULL || json_object_set_new(o, fields[k].key, v) != 0) {
+            snprintf(why, why_len, "message %zu: its %s is not valid UTF-8", i, fields[k].key);
+            json_decref(o);
+            return NULL;
+        }
+    }
+    if (m->tool_calls_json != NULL) {
+        json_error_t err;
+        json_t *calls = json_loads(m->tool_calls_json, JSON_REJECT_DUPLICATES, &err);
+        if (calls == NULL || !json_is_array(calls)) {
+            snprintf(why, why_len, "message %zu: tool_calls_json is not a JSON array%s%s", i,
+                     calls ? "" : ": ", calls ? "" : err.text);
+            json_decref(calls);
+            json_decref(o);
+            return NULL;
+        }
+        json_object_set_new(o, "tool_calls", calls);
+    }
+    return o;
+}
+
+static int job_render(struct text_job *job, const struct text_model *m,
+                      const Pagoda__SubmitRequest *s, char **text, size_t *text_len)
+{
+    int rc = PAGODA_ENOMEM;
+    json_t *messages = json_array(), *tools = NULL, *kwargs = NULL;
+    if (messages == NULL)
+        goto out;
+    for (size_t i = 0; i < s->n_messages; i++) {
+        json_t *o = message_json(s->messages[i], job->detail, sizeof(job->detail), i);
+        if (o == NULL) {
+            rc = PAGODA_EINVAL;
+            goto out;
+        }
+        json_array_append_new(messages, o);
+    }
+    json_error_t err;
+    if (s->tools_json != NULL) {
+        tools = json_loads(s->tools_json, JSON_REJECT_DUPLICATES, &err);
+        if (tools == NULL || !json_is_array(tools)) {
+            rc = PAGODA_EINVAL;
+            snprintf(job->detail, sizeof(job->detail), "tools_json is not a JSON array%s%s",
+                     tools ? "" : ": ", tools ? "" : err.text);
+            goto out;
+        }
+    }
+    if (s->chat_template_kwargs != NULL) {
+        kwargs = json_loads(s->chat_template_kwargs, JSON_REJECT_DUPLICATES, &err);
+        if (kwargs == NULL || !json_is_object(kwargs)) {
+            rc = PAGODA_EINVAL;
+            snprintf(job->detail, sizeof(job->detail),
+                     "chat_template_kwargs is not a JSON object%s%s", kwargs ? "" : ": ",
+                     kwargs ? "" : err.text);
+            goto out;
+        }
+    }
+    bool gen = !s->has_add_generation_prompt || s->add_generation_prompt;
+    rc = text_model_render_chat(m, messages, tools, gen, kwargs, text, text_len);
+out:
+    if (rc == PAGODA_ENOMEM && job->detail[0] == '\0')
+        snprintf(job->detail, sizeof(job->detail), "out of memory rendering the chat");
+    json_decref(messages);
+    json_decref(tools);
+    json_decref(kwargs);
+    return rc;
+}
+
+static void job_work(uv_work_t *w)
+{
+    struct text_job *job = w->data;
+    const struct text_model *m = job->holder->model;
+    pagoda_error_clear();
+    Pagoda__SubmitRequest *s = pagoda__submit_request__unpack(NULL, job->packed_len, job->packed);
+    if (s == NULL) {
+        job->rc = PAGODA_ENOMEM;
+        snprintf(job->detail, sizeof(job->detail), "out of memory reading the prompt");
+        return;
+    }
+    char *rendered = NULL;
+    size_t rendered_len = 0;
+    const char *text = (const char *)s->prompt_text.data;
+    size_t len = s->prompt_text.len;
+    /* As vLLM: a text prompt gets the tokenizer's special tokens (BOS), a chat does not (its
+     * template writes them); add_special_tokens overrides either. */
+    bool special = s->n_messages == 0;
+    if (s->has_add_special_tokens)
+        special = s->add_special_tokens;
+    int rc = 0;
+    if (s->n_messages > 0) {
+        rc = job_render(job, m, s, &rendered, &rendered_len);
+        text = rendered;
+        len = rendered_len;
+    }
+    if (rc == 0)
+        rc = tokenizer_encode(text_model_tokenizer(m), text ? text : "", len, special, &job->ids);
+    if (rc == 0 && job->ids.len == 0) {
+        rc = PAGODA_EINVAL;
+        snprintf(job->detail, sizeof(job->detail), "the prompt is empty once tokenized");
+    }
+    if (rc == 0 && job->ids.len > job->max_prompt_tokens) {
+        rc = PAGODA_ERANGE;
+        snprintf(job->detail, sizeof(job->detail),
+                 "the prompt has %zu tokens, more than the limit of %u", job->ids.len,
+                 job->max_prompt_tokens);
+    }
+    if (rc != 0 && job->detail[0] == '\0')
+        pagoda_error_message(rc, job->detail, sizeof(job->detail));
+    job->rc = rc;
+    free(rendered);
+    pagoda__submit_request__free_unpacked(s, NULL);
+}
+
+static void job_free(struct text_job *job)
+{
+    holder_unref(job->holder);
+    tokenizer_ids_fini(&job->ids);
+    free(job->packed);
+    free(job);
+}
+
+static void job_done(uv_work_t *w, int status)
+{
+    struct text_job *job = w->data;
+    struct router *r = job->r;
+    struct request *q = job->q;
+    if (r != NULL) {
+        r->text_jobs--;
+        r->slots[job->tenant].text_jobs--;
+        tenancy_unref(r, job->tenant); /* the slot is the job's until now */
+    }
+    if (r == NULL || q == NULL) {
+        job_free(job);
+        return;
+    }
+    q->job = NULL;
+    if (status != 0 && job->rc == 0) {
+        job->rc = PAGODA_EINTERNAL;
+        snprintf(job->detail, sizeof(job->detail), "the tokenization job was cancelled");
+    }
+    router_prompt_ready(r, q, job->rc, job->detail, job->ids.ids, job->ids.len);
+    job->ids.ids = NULL; /* taken by router_prompt_ready */
+    job->ids.len = job->ids.cap = 0;
+    job_free(job);
+}
+
+int router_text_attach(struct router *r, struct request *q, const Pagoda__SubmitRequest *s)
+{
+    int text = s != NULL && (s->has_prompt_text || s->n_messages > 0);
+    int detokenize = r->text != NULL && (s == NULL || !s->has_detokenize || s->detokenize);
+    if (text && (r->text_jobs >= ROUTER_MAX_TEXT_JOBS ||
+                 r->slots[q->tenant].text_jobs >= ROUTER_MAX_TENANT_TEXT_JOBS))
+        return pagoda_error_set(PAGODA_EEXHAUSTED,
+                                "%u prompts are being tokenized (%u of this tenant), the limit: "
+                                "retry later",
+                                r->text_jobs, r->slots[q->tenant].text_jobs);
+    if (detokenize) {
+        const char *stops[OUTPUT_TEXT_MAX_STOPS];
+        size_t lens[OUTPUT_TEXT_MAX_STOPS];
+        size_t n = s ? s->n_stop : 0;
+        for (size_t i = 0; i < n; i++) {
+            stops[i] = (const char *)s->stop[i].data;
+            lens[i] = s->stop[i].len;
+        }
+        bool skip = s == NULL || !s->has_skip_special_tokens || s->skip_special_tokens;
+        int rc =
+            output_text_new(text_model_tokenizer(r->text->model), skip, stops, lens, n, &q->text);
+        if (rc != 0)
+            return rc;
+    }
+    if (!text)
+        return 0;
+    struct text_job *job = calloc(1, sizeof(*job));
+    if (job == NULL)
+        return pagoda_error_set(PAGODA_ENOMEM, "out of memory for the prompt");
+    if ((job->packed = pack_text_fields(s, 0, &job->packed_len)) == NULL) {
+        free(job);
+        return pagoda_error_set(PAGODA_ENOMEM, "out of memory for the prompt");
+    }
+    job->r = r;
+    job->q = q;
+    job->tenant = q->tenant;
+    job->holder = r->text;
+    atomic_fetch_add(&r->text->refs, 1);
+    job->max_prompt_tokens = r->cfg.max_prompt_tokens;
+    job->work.data = job;
+    int uv = uv_queue_work(r->loop, &job->work, job_work, job_done);
+    if (uv != 0) {
+        job_free(job);
+        return pagoda_error_set(PAGODA_EIO, "could not queue the tokenization: %s",
+                                uv_strerror(uv));
+    }
+    r->text_jobs++;
+    r->slots[q->tenant].text_jobs++;
+    tenancy_ref(r, q->tenant);
+    q->job = job;
+    return 0;
+}
+
+/* The request no longer waits for its job: it is cancelled if it has not started (job_done then
+ * runs with UV_ECANCELED), else its result is dropped. Either way it still counts until done. */
+static void detach_job(struct request *q)
+{
+    if (q->job == NULL)
+        return;
+    q->job->q = NULL;
+    uv_cancel((uv_req_t *)&q->job->work);
+    q->job = NULL;
+}
+
+void router_text_request_free(struct request *q)
+{
+    detach_job(q);
+    output_text_free(q->text);
+    q->text = NULL;
+}
+
+void router_text_router_closing(struct router *r)
+{
+    struct req_list *lists[2] = {&r->live, &r->finished};
+    for (int l = 0; l < 2; l++)
+        for (struct request *q = lists[l]->head; q != NULL; q = q->next)
+            if (q->job != NULL) {
+                q->job->r = NULL; /* the router goes first: the job only frees itself */
+                detach_job(q);
+            }
+}
+
+int router_text_on_token(struct request *q, int32_t token, int *stop)
+{
+    *stop = 0;
+    if (q->text == NULL)
+        return 0;
+    int rc = output_text_push(q->text, token, stop);
+    if (rc == 0 && *stop > 0)
+        q->stop_index = *stop;
+    return rc;
+}
+
+int router_text_on_finish(struct request *q)
+{
+    detach_job(q);
+    int stop = 0;
+    if (q->text != NULL && output_text_finish(q->text, &stop) == 0 && stop > 0 &&
+        q->stop_index == 0) {
+        q->stop_index = stop;
+        return 1;
+    }
+    return 0;
+}
+
+int router_text_fill(const struct request *q, uint32_t offset, ProtobufCBinaryData *text,
+                     ProtobufCBinaryData *stop_string)
+{
+    text->data = stop_string->data = NULL;
+    text->len = stop_string->len = 0;
+    if (q->text == NULL)
+        return 0;
+    size_t len, start = output_text_start(q->text, offset);
+    const char *all = output_text_visible(q->text, &len);
+    if (start > len)
+        start = len;
+    text->data = (uint8_t *)all + start;
+    text->len = len - start;
+    if (q->stop_index > 0) {
+        size_t n;
+        const char *stop = output_text_stop(q->text, q->stop_index, &n);
+        stop_string->data = (uint8_t *)stop;
+        stop_string->len = n;
+    }
+    return 0;
+}
+
+size_t router_text_bytes(const struct request *q)
+{
+    return (q->text ? output_text_bytes(q->text) : 0) + (q->job ? q->job->packed_len : 0);
+}

@@ -1,0 +1,147 @@
+// The OpenAI-compatible gateway driven by the real `openai` npm client (tests/gateway/run).
+//
+//   node openai_test.mjs NODE_MODULES BASE_URL MODEL KEY OTHER_KEY SMALL_TENANT_KEY [abort]
+//
+// With "abort" it only starts one long stream (2000 tokens) and aborts it after three chunks:
+// the caller checks with the router's Stats that the request stopped long before its end.
+// Prints "ok ..." / "FAIL ..." lines and "N passed, M failed" last; exits 1 on any failure.
+// Finishes it made are counted and printed as "finished N" for the caller's /metrics check.
+import { createRequire } from 'node:module';
+const [nodeModules, baseURL, model, key, badKey, smallKey, mode] = process.argv.slice(2);
+const require = createRequire(nodeModules + '/');
+const OpenAI = require('openai').default ?? require('openai');
+
+let passed = 0, failed = 0, finished = 0;
+function check(cond, what) {
+  if (cond) { passed++; console.log('ok   ' + what); }
+  else { failed++; console.log('FAIL ' + what); }
+}
+const client = new OpenAI({ apiKey: key, baseURL, maxRetries: 0, timeout: 120000 });
+
+async function completion(params) {
+  const r = await client.completions.create({ model, ...params });
+  finished++;
+  return r;
+}
+async function completionStream(params) {
+  const s = await client.completions.create({ model, ...params, stream: true,
+                                               stream_options: { include_usage: true } });
+  let text = '', finish = null, usage = null, chunks = 0;
+  for await (const c of s) {
+    chunks++;
+    if (c.usage) usage = c.usage;
+    for (const ch of c.choices) { text += ch.text; if (ch.finish_reason) finish = ch.finish_reason; }
+  }
+  finished++;
+  return { text, finish, usage, chunks };
+}
+async function chat(params) {
+  const r = await client.chat.completions.create({ model, ...params });
+  finished++;
+  return r;
+}
+async function chatStream(params) {
+  const s = await client.chat.completions.create({ model, ...params, stream: true });
+  let text = '', finish = null, role = null;
+  for await (const c of s) {
+    for (const ch of c.choices) {
+      if (ch.delta.role) role = ch.delta.role;
+      text += ch.delta.content ?? '';
+      if (ch.finish_reason) finish = ch.finish_reason;
+    }
+  }
+  finished++;
+  return { text, finish, role };
+}
+async function status(promise) {
+  try { await promise; return 200; } catch (e) { return e.status ?? String(e); }
+}
+
+const prompt = 'The router accepts client requests and the scheduler forms batches.';
+
+if (mode === 'abort') {
+  // A client that aborts mid-stream: its request is cancelled.
+  const ac = new AbortController();
+  let got = 0;
+  try {
+    const s = await client.completions.create({ model, prompt, max_tokens: 2000, ignore_eos: true,
+                                                stream: true }, { signal: ac.signal });
+    for await (const c of s) { if (++got === 3) ac.abort(); }
+  } catch (e) { /* the abort */ }
+  check(got >= 3, `aborted a stream after ${got} chunks`);
+  console.log(`${passed} passed, ${failed} failed`);
+  process.exit(failed ? 1 : 0);
+}
+
+const base = { prompt, max_tokens: 24, temperature: 0.8, seed: 1234, ignore_eos: true };
+
+// Completions, whole and streamed: the same text for the same seed.
+const whole = await completion(base);
+check(whole.object === 'text_completion' && whole.choices[0].finish_reason === 'length' &&
+      whole.usage.completion_tokens === 24 && whole.usage.total_tokens ===
+      whole.usage.prompt_tokens + 24, `completion: 24 tokens, usage ${JSON.stringify(whole.usage)}`);
+check('cached_tokens' in (whole.usage.prompt_tokens_details ?? {}),
+      'completion: usage.prompt_tokens_details.cached_tokens');
+const streamed = await completionStream(base);
+check(streamed.text === whole.choices[0].text && streamed.finish === 'length',
+      `completion streamed in ${streamed.chunks} chunks: the same text as whole`);
+check(streamed.usage && streamed.usage.completion_tokens === 24,
+      'completion streamed: include_usage gives the usage chunk');
+const again = await completion(base);
+check(again.choices[0].text === whole.choices[0].text, 'the same seed gives the same text');
+
+// A stop string: the text ends before it.
+const full = whole.choices[0].text;
+const cp = [...full];
+const stop = cp.slice(Math.floor(cp.length / 3), Math.floor(cp.length / 3) + 2).join('');
+const stopped = await completion({ ...base, stop: [stop] });
+const want = full.slice(0, full.indexOf(stop));
+check(stopped.choices[0].finish_reason === 'stop' && stopped.choices[0].text === want,
+      `stop ${JSON.stringify(stop)}: text ends before it (${want.length} chars)`);
+const stoppedStream = await completionStream({ ...base, stop: [stop] });
+check(stoppedStream.text === want && stoppedStream.finish === 'stop',
+      'stop, streamed: nothing past the stop string');
+
+// Log-probabilities of the sampled tokens.
+const lp = await completion({ ...base, logprobs: 1 });
+const l = lp.choices[0].logprobs;
+check(l && l.token_logprobs.length === 24 && l.tokens.length === 24 &&
+      l.token_logprobs.every((x) => typeof x === 'number' && x <= 0),
+      'completion logprobs: one per token, each <= 0');
+
+// Chat completions, whole and streamed.
+const messages = [{ role: 'system', content: 'You are terse.' },
+                  { role: 'user', content: 'Name the parts of pagoda.' }];
+const cw = await chat({ messages, max_tokens: 16, temperature: 0.7, seed: 99, logprobs: true });
+check(cw.object === 'chat.completion' && cw.choices[0].message.role === 'assistant' &&
+      typeof cw.choices[0].message.content === 'string', 'chat: an assistant message');
+check(cw.choices[0].logprobs && cw.choices[0].logprobs.content.length ===
+      cw.usage.completion_tokens, 'chat logprobs: one per token');
+const cs = await chatStream({ messages, max_tokens: 16, temperature: 0.7, seed: 99 });
+check(cs.role === 'assistant' && cs.text === cw.choices[0].message.content &&
+      cs.finish === cw.choices[0].finish_reason, 'chat streamed: the same text as whole');
+
+// Errors in OpenAI's shape with their statuses.
+const bad = new OpenAI({ apiKey: badKey, baseURL, maxRetries: 0 });
+check(await status(bad.completions.create({ model, prompt: 'x', max_tokens: 2 })) === 401,
+      'a wrong key: 401');
+const long = 'word '.repeat(3000);
+check(await status(client.completions.create({ model, prompt: long, max_tokens: 2 })) === 400,
+      'an over-long prompt: 400');
+check(await status(client.completions.create({ model: 'nope', prompt: 'x' })) === 404,
+      'an unknown model: 404');
+check(await status(client.completions.create({ model, prompt: 'x', n: 2 })) === 400,
+      'n = 2: 400');
+check(await status(client.chat.completions.create({ model, messages: [{ role: 'tool',
+      content: 'x' }] })) === 400, 'a template error (raise_exception): 400');
+
+// An overfull tenant (max_running 1, max_waiting 0): the extra requests get 429.
+const small = new OpenAI({ apiKey: smallKey, baseURL, maxRetries: 0, timeout: 120000 });
+const many = await Promise.all([0, 1, 2, 3].map(() => status(small.completions.create(
+  { model, prompt, max_tokens: 64, ignore_eos: true }))));
+finished += many.filter((s) => s === 200).length;
+check(many.includes(429) && many.includes(200), `an overfull tenant: ${many.join(', ')}`);
+
+console.log(`finished ${finished}`);
+console.log(`${passed} passed, ${failed} failed`);
+process.exit(failed ? 1 : 0);

@@ -1,0 +1,417 @@
+/* Integration test: text in, text out (issue 16) on a CPU group serving the tiny model with the
+ * test tokenizer of tests/data/tiny-text (a byte-level BPE laid out as Llama 3's, a Llama-3-style
+ * chat template).
+ *
+ *   - A model without tokenizer.json, then with a broken one: text and chats get a clear error at
+ *     Submit, token ids are served.
+ *   - With the tokenizer: a text prompt gives the tokens a token-id client gets for its encoding
+ *     (the two share the group), the text is the decode of those tokens and the streamed pieces
+ *     join to it; a chat is the template's rendering; a stop string cuts the text before it (across
+ *     tokens) and says which; a stop token id says which; invalid UTF-8, a template's
+ *     raise_exception and bad template variables end their request with the reason while the group
+ *     goes on serving; `pagoda generate --prompt` and `pagoda chat` print the same text as the
+ *     library gets. */
+#include "tests/integration/group.h"
+
+#include "chat/chat_template.h"
+#include "tokenizer/tokenizer.h"
+
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define MAX_TOKENS 24
+#define PROSE "The router accepts client requests and the scheduler forms batches."
+
+static pagoda_client *open_client(const struct group *g)
+{
+    pagoda_client *c = NULL;
+    if (pagoda_client_open(g->url, &c) != 0)
+        return NULL;
+    pagoda_client_set_timeout_ms(c, (uint32_t)(60000 * group_time_scale()));
+    return c;
+}
+
+static int copy_file(const char *from, const char *to)
+{
+    FILE *in = fopen(from, "rb"), *out = fopen(to, "wb");
+    int rc = in != NULL && out != NULL ? 0 : -1;
+    char buf[8192];
+    size_t n;
+    while (rc == 0 && (n = fread(buf, 1, sizeof(buf), in)) > 0)
+        if (fwrite(buf, 1, n, out) != n)
+            rc = -1;
+    if (in)
+        fclose(in);
+    if (out && fclose(out) != 0)
+        rc = -1;
+    return rc;
+}
+
+static int write_text(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    if (f == NULL)
+        return -1;
+    int rc = fputs(text, f) < 0 ? -1 : 0;
+    return fclose(f) != 0 ? -1 : rc;
+}
+
+static char *read_all(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (f == NULL)
+        return NULL;
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap + 1);
+    size_t got;
+    while (buf != NULL && (got = fread(buf + n, 1, cap - n, f)) > 0) {
+        n += got;
+        if (n == cap) {
+            char *b = realloc(buf, 2 * cap + 1);
+            if (b == NULL) {
+                free(buf);
+                buf = NULL;
+                break;
+            }
+            buf = b;
+            cap *= 2;
+        }
+    }
+    fclose(f);
+    if (buf != NULL)
+        buf[n] = '\0';
+    *len = n;
+    return buf;
+}
+
+/* A token-id request must still be served. */
+static int ids_served(pagoda_client *c)
+{
+    int32_t prompt[] = {7, 8, 9, 10};
+    pagoda_generate_params p = group_greedy(4);
+    pagoda_result r;
+    int rc = pagoda_generate(c, &p, prompt, 4, &r);
+    int ok = rc == 0 && r.num_tokens == 4 && r.finish_reason == PAGODA_FINISH_LENGTH;
+    pagoda_result_free(&r);
+    return ok;
+}
+
+/* Without a usable tokenizer: text and chats are refused at Submit with why; ids are served. */
+static void scenario_refused(struct group *g, const char *what, const char *want)
+{
+    int ok = group_start(g, NULL) == 0;
+    CHECK(ok, "%s: the group starts", what);
+    pagoda_client *c = ok ? open_client(g) : NULL;
+    if (c != NULL) {
+        pagoda_generate_params p = group_greedy(4);
+        pagoda_prompt pr = pagoda_prompt_default();
+        pr.text = "hello";
+        uint8_t id[PAGODA_REQUEST_ID_BYTES];
+        int rc = pagoda_submit_prompt(c, &p, &pr, id);
+        CHECK(rc == PAGODA_EUNSUPPORTED && strstr(pagoda_error_detail(), want) != NULL,
+              "%s: a text prompt is refused: %d '%s'", what, rc, pagoda_error_detail());
+        pagoda_chat_message m = {.role = "user", .content = "hi"};
+        pr = pagoda_prompt_default();
+        pr.messages = &m;
+        pr.num_messages = 1;
+        rc = pagoda_submit_prompt(c, &p, &pr, id);
+        CHECK(rc == PAGODA_EUNSUPPORTED, "%s: a chat is refused: '%s'", what,
+              pagoda_error_detail());
+        CHECK(ids_served(c), "%s: token ids are served", what);
+        pagoda_client_close(c);
+    }
+    CHECK(group_stop(g) == 0, "%s: the group drains", what);
+}
+
+struct pieces {
+    char buf[1 << 16];
+    size_t len;
+    int count;
+};
+
+static void on_piece(void *user, const pagoda_result *piece)
+{
+    struct pieces *p = user;
+    if (piece->text != NULL && p->len + piece->text_len < sizeof(p->buf)) {
+        memcpy(p->buf + p->len, piece->text, piece->text_len);
+        p->len += piece->text_len;
+    }
+    p->count++;
+}
+
+static int same_ids(const int32_t *a, size_t na, const int32_t *b, size_t nb)
+{
+    return na == nb && (na == 0 || memcmp(a, b, na * sizeof(*a)) == 0);
+}
+
+/* Runs a command with the shell, stdin from input (may be NULL), and returns its stdout. */
+static char *run_cli(const struct group *g, const char *args, const char *input, size_t *len)
+{
+    char in_path[700], out_path[700], cmd[4096];
+    snprintf(in_path, sizeof(in_path), "%s/cli.in", g->tmp);
+    snprintf(out_path, sizeof(out_path), "%s/cli.out", g->tmp);
+    if (write_text(in_path, input ? input : "") != 0)
+        return NULL;
+    snprintf(cmd, sizeof(cmd), "'%s/pagoda' --url '%s' %s <'%s' >'%s'", g->bin_dir, g->url, args,
+             in_path, out_path);
+    if (system(cmd) != 0)
+        return NULL;
+    return read_all(out_path, len);
+}
+
+static void scenario_text(struct group *g, const Tokenizer *tok, const ChatTemplate *chat)
+{
+    int ok = group_start(g, NULL) == 0;
+    CHECK(ok, "text: the group starts");
+    pagoda_client *c = ok ? open_client(g) : NULL;
+    if (c == NULL)
+        return;
+
+    /* A text prompt and its token ids give the same tokens; the text is their decode. */
+    TokenizerIds ids = {0};
+    CHECK(tokenizer_encode(tok, PROSE, strlen(PROSE), true, &ids) == 0 && ids.len > 3,
+          "the prompt encodes to %zu ids", ids.len);
+    pagoda_generate_params p = group_greedy(MAX_TOKENS);
+    pagoda_result by_ids, by_text;
+    CHECK(pagoda_generate(c, &p, ids.ids, ids.len, &by_ids) == 0 && by_ids.num_tokens == MAX_TOKENS,
+          "token ids: %zu tokens", by_ids.num_tokens);
+    CHECK(by_ids.text != NULL, "a token-id request gets text too (the model has a tokenizer)");
+    pagoda_prompt pr = pagoda_prompt_default();
+    pr.text = PROSE;
+    struct pieces pieces = {0};
+    int rc = pagoda_generate_prompt(c, &p, &pr, on_piece, &pieces, &by_text);
+    CHECK(rc == 0 && by_text.finish_reason == PAGODA_FINISH_LENGTH, "text: finished (%d)", rc);
+    CHECK(by_text.prompt_tokens == ids.len, "text: %u prompt tokens, the encoding's %zu",
+          by_text.prompt_tokens, ids.len);
+    CHECK(same_ids(by_text.token_ids, by_text.num_tokens, by_ids.token_ids, by_ids.num_tokens),
+          "text: the same tokens as the token-id client");
+    char *decoded = NULL;
+    size_t decoded_len = 0;
+    tokenizer_decode(tok, by_text.token_ids, by_text.num_tokens, true, &decoded, &decoded_len);
+    CHECK(decoded != NULL && by_text.text != NULL && by_text.text_len == decoded_len &&
+              memcmp(by_text.text, decoded, decoded_len) == 0,
+          "text: the output text is the decode of its tokens (%zu bytes)", decoded_len);
+    CHECK(pieces.len == decoded_len && memcmp(pieces.buf, decoded, decoded_len) == 0 &&
+              pieces.count >= 1,
+          "text: %d streamed pieces join to it", pieces.count);
+
+    /* A stop string across tokens: the text ends before its first occurrence. Its bytes are taken
+     * from the middle of the greedy output (on character boundaries). */
+    size_t a = decoded_len / 3, b = a + 4;
+    while (a > 0 && ((unsigned char)decoded[a] & 0xC0) == 0x80)
+        a--;
+    while (b < decoded_len && ((unsigned char)decoded[b] & 0xC0) == 0x80)
+        b++;
+    if (b > decoded_len)
+        b = decoded_len;
+    char stop[64];
+    snprintf(stop, sizeof(stop), "%.*s", (int)(b - a), decoded + a);
+    const char *first = strstr(decoded, stop);
+    const char *stops[] = {"\x01never\x02", stop};
+    pagoda_generate_params ps = p;
+    ps.stop = stops;
+    ps.num_stop = 2;
+    pagoda_result stopped;
+    memset(&pieces, 0, sizeof(pieces));
+    rc = pagoda_generate_prompt(c, &ps, &pr, on_piece, &pieces, &stopped);
+    size_t want = first ? (size_t)(first - decoded) : 0;
+    CHECK(rc == 0 && stopped.finish_reason == PAGODA_FINISH_STOP && stopped.stop_string != NULL &&
+              strcmp(stopped.stop_string, stop) == 0,
+          "stop string: finish stop with the string '%s'", stop);
+    CHECK(first != NULL && stopped.text_len == want && memcmp(stopped.text, decoded, want) == 0,
+          "stop string: the text is the %zu bytes before it (got %zu)", want, stopped.text_len);
+    CHECK(pieces.len == stopped.text_len, "stop string: nothing past it was streamed");
+    CHECK(
+        stopped.num_tokens < by_text.num_tokens &&
+            same_ids(stopped.token_ids, stopped.num_tokens, by_text.token_ids, stopped.num_tokens),
+        "stop string: %zu tokens, up to the one that completed it", stopped.num_tokens);
+    pagoda_result_free(&stopped);
+
+    /* A stop token id: it is named. */
+    /* The first token from the fourth on that has not appeared before it (else the fourth). */
+    size_t at = 3;
+    for (size_t k = 3; k < by_ids.num_tokens; k++) {
+        size_t j = 0;
+        while (j < k && by_ids.token_ids[j] != by_ids.token_ids[k])
+            j++;
+        if (j == k) {
+            at = k;
+            break;
+        }
+    }
+    int32_t stop_id = by_ids.token_ids[at];
+    for (size_t j = 0; j < at; j++)
+        if (by_ids.token_ids[j] == stop_id) {
+            at = j;
+            break;
+        }
+    pagoda_generate_params pt = p;
+    pt.ignore_eos = 0;
+    pt.stop_token_ids = &stop_id;
+    pt.num_stop_token_ids = 1;
+    pagoda_result by_stop_id;
+    rc = pagoda_generate_prompt(c, &pt, &pr, NULL, NULL, &by_stop_id);
+    int eos_first = 0;
+    for (size_t i = 0; i < at; i++)
+        eos_first |= by_ids.token_ids[i] == 2; /* the tiny model's EOS */
+    CHECK(rc == 0 && by_stop_id.finish_reason == PAGODA_FINISH_STOP &&
+              (eos_first || (by_stop_id.has_stop_token_id && by_stop_id.stop_token_id == stop_id &&
+                             by_stop_id.num_tokens == at + 1 && by_stop_id.stop_string == NULL)),
+          "stop token id %d: named, after %zu tokens", stop_id, by_stop_id.num_tokens);
+    pagoda_result_free(&by_stop_id);
+
+    /* A chat: the template's rendering, then the same tokens as its ids. */
+    pagoda_chat_message msgs[] = {
+        {.role = "system", .content = "You are terse."},
+        {.role = "user", .content = "  Name the parts of pagoda.  "},
+    };
+    json_t *vars = json_pack("[{s:s,s:s},{s:s,s:s}]", "role", "system", "content", "You are terse.",
+                             "role", "user", "content", "  Name the parts of pagoda.  ");
+    char *rendered = NULL;
+    size_t rendered_len = 0;
+    TokenizerIds chat_ids = {0};
+    CHECK(vars &&
+              chat_template_apply(chat, vars, NULL, true, NULL, &rendered, &rendered_len) == 0 &&
+              tokenizer_encode(tok, rendered, rendered_len, false, &chat_ids) == 0,
+          "the chat renders to %zu bytes", rendered_len);
+    json_decref(vars);
+    pr = pagoda_prompt_default();
+    pr.messages = msgs;
+    pr.num_messages = 2;
+    pagoda_result by_chat, by_chat_ids;
+    rc = pagoda_generate_prompt(c, &p, &pr, NULL, NULL, &by_chat);
+    CHECK(rc == 0 && by_chat.finish_reason == PAGODA_FINISH_LENGTH &&
+              by_chat.prompt_tokens == chat_ids.len,
+          "chat: %u prompt tokens, the rendering's %zu", by_chat.prompt_tokens, chat_ids.len);
+    CHECK(pagoda_generate(c, &p, chat_ids.ids, chat_ids.len, &by_chat_ids) == 0 &&
+              same_ids(by_chat.token_ids, by_chat.num_tokens, by_chat_ids.token_ids,
+                       by_chat_ids.num_tokens),
+          "chat: the same tokens as its rendering's ids");
+
+    /* Bad input ends its request with the reason; the group goes on. */
+    pagoda_generate_params p4 = group_greedy(4);
+    pagoda_result bad;
+    pr = pagoda_prompt_default();
+    pr.text = "caf\xc3 au lait";
+    rc = pagoda_generate_prompt(c, &p4, &pr, NULL, NULL, &bad);
+    CHECK(rc == 0 && bad.finish_reason == PAGODA_FINISH_ERROR && bad.error_message != NULL &&
+              strstr(bad.error_message, "UTF-8") != NULL,
+          "invalid UTF-8: '%s'", bad.error_message ? bad.error_message : "");
+    pagoda_result_free(&bad);
+    pagoda_chat_message tool = {.role = "tool", .content = "42"};
+    pr = pagoda_prompt_default();
+    pr.messages = &tool;
+    pr.num_messages = 1;
+    rc = pagoda_generate_prompt(c, &p4, &pr, NULL, NULL, &bad);
+    CHECK(rc == 0 && bad.finish_reason == PAGODA_FINISH_ERROR && bad.error_message != NULL &&
+              strstr(bad.error_message, "unknown role") != NULL &&
+              strstr(bad.error_message, "line") != NULL,
+          "template error: '%s'", bad.error_message ? bad.error_message : "");
+    pagoda_result_free(&bad);
+    pr.messages = msgs;
+    pr.num_messages = 2;
+    pr.chat_template_kwargs = "[1, 2";
+    rc = pagoda_generate_prompt(c, &p4, &pr, NULL, NULL, &bad);
+    CHECK(rc == 0 && bad.finish_reason == PAGODA_FINISH_ERROR && bad.error_message != NULL &&
+              strstr(bad.error_message, "chat_template_kwargs") != NULL,
+          "bad template variables: '%s'", bad.error_message ? bad.error_message : "");
+    pagoda_result_free(&bad);
+    const char *bad_stop[] = {"ok", "\xff"};
+    pagoda_generate_params pb = p4;
+    pb.stop = bad_stop;
+    pb.num_stop = 2;
+    pr = pagoda_prompt_default();
+    pr.text = PROSE;
+    uint8_t id[PAGODA_REQUEST_ID_BYTES];
+    rc = pagoda_submit_prompt(c, &pb, &pr, id);
+    CHECK(rc == PAGODA_EINVAL && strstr(pagoda_error_detail(), "UTF-8") != NULL,
+          "an invalid stop string is refused at Submit: '%s'", pagoda_error_detail());
+    CHECK(ids_served(c), "the group still serves");
+
+    /* The CLI: generate --prompt and chat print what the library got (greedy is its default). */
+    char args[512];
+    snprintf(args, sizeof(args), "generate --prompt '%s' --max-tokens %d --ignore-eos", PROSE,
+             MAX_TOKENS);
+    size_t out_len = 0;
+    char *out = run_cli(g, args, NULL, &out_len);
+    CHECK(out != NULL && out_len == decoded_len + 1 && memcmp(out, decoded, decoded_len) == 0,
+          "pagoda generate --prompt prints the text (%zu bytes)", out_len);
+    free(out);
+    /* pagoda-run --prompt: the same text offline. */
+    char cmd[4096], out_path[700];
+    snprintf(out_path, sizeof(out_path), "%s/run.out", g->tmp);
+    snprintf(cmd, sizeof(cmd),
+             "'%s/pagoda-run' --model '%s' --prompt '%s' --max-tokens %d --ignore-eos >'%s'",
+             g->bin_dir, g->model, PROSE, MAX_TOKENS, out_path);
+    out = system(cmd) == 0 ? read_all(out_path, &out_len) : NULL;
+    CHECK(out != NULL && out_len == decoded_len + 1 && memcmp(out, decoded, decoded_len) == 0,
+          "pagoda-run --prompt prints the same text (%zu bytes)", out_len);
+    free(out);
+    pagoda_generate_params pc = group_greedy(16);
+    pc.ignore_eos = 0;
+    pagoda_chat_message user = {.role = "user", .content = "hello there"};
+    pr = pagoda_prompt_default();
+    pr.messages = &user;
+    pr.num_messages = 1;
+    pagoda_result lib_chat;
+    rc = pagoda_generate_prompt(c, &pc, &pr, NULL, NULL, &lib_chat);
+    out = run_cli(g, "chat --max-tokens 16", "hello there\n", &out_len);
+    CHECK(rc == 0 && out != NULL && lib_chat.text != NULL && out_len == lib_chat.text_len + 1 &&
+              memcmp(out, lib_chat.text, lib_chat.text_len) == 0 && out[out_len - 1] == '\n',
+          "pagoda chat streams the answer (%zu bytes)", out_len);
+    free(out);
+    pagoda_result_free(&lib_chat);
+
+    free(rendered);
+    tokenizer_ids_fini(&chat_ids);
+    pagoda_result_free(&by_chat);
+    pagoda_result_free(&by_chat_ids);
+    free(decoded);
+    tokenizer_ids_fini(&ids);
+    pagoda_result_free(&by_ids);
+    pagoda_result_free(&by_text);
+    pagoda_client_close(c);
+    CHECK(group_stop(g) == 0, "text: the group drains");
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 2) {
+        fprintf(stderr, "usage: text_test BIN_DIR\n");
+        return 2;
+    }
+    struct group g;
+    int rc = group_setup(&g, argv[1], 0);
+    if (rc != 0)
+        return rc;
+    const char *src = getenv("PAGODA_SOURCE_DIR");
+    char from[1024], to[1024];
+    scenario_refused(&g, "no tokenizer.json", "no tokenizer.json");
+    snprintf(to, sizeof(to), "%s/tokenizer.json", g.model);
+    CHECK(write_text(to, "{\"model\": {\"type\": \"WordPiece\"") == 0, "a broken tokenizer.json");
+    scenario_refused(&g, "broken tokenizer.json", "could not be loaded");
+
+    snprintf(from, sizeof(from), "%s/tests/data/tiny-text/tokenizer.json", src ? src : ".");
+    int ok = copy_file(from, to) == 0;
+    snprintf(from, sizeof(from), "%s/tests/data/tiny-text/tokenizer_config.json", src ? src : ".");
+    snprintf(to, sizeof(to), "%s/tokenizer_config.json", g.model);
+    ok = ok && copy_file(from, to) == 0;
+    CHECK(ok, "the test tokenizer is in the model's folder");
+    Tokenizer *tok = NULL;
+    ChatTemplate *chat = NULL;
+    snprintf(to, sizeof(to), "%s/tokenizer.json", g.model);
+    ok = ok && tokenizer_new_from_file(to, &tok) == 0;
+    size_t cfg_len = 0;
+    char *cfg_text = read_all(from, &cfg_len);
+    ok = ok && cfg_text != NULL && chat_template_new(cfg_text, cfg_len, &chat) == 0;
+    CHECK(ok, "the test's own tokenizer and template load");
+    if (ok)
+        scenario_text(&g, tok, chat);
+    free(cfg_text);
+    chat_template_free(chat);
+    tokenizer_free(tok);
+    return group_finish(&g);
+}

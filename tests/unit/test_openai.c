@@ -1,0 +1,223 @@
+/* gateway/openai.c: OpenAI's request bodies read into libpagoda's parameters, and responses,
+ * chunks and errors written as OpenAI's clients parse them. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+
+#include <cmocka.h>
+
+#include "common/error.h"
+#include "gateway/openai.h"
+
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int parse(enum openai_kind kind, const char *body, struct openai_request *req,
+                 struct openai_error *err)
+{
+    return openai_parse(kind, body, strlen(body), 1024, req, err);
+}
+
+static void test_a_completion_is_read(void **state)
+{
+    (void)state;
+    struct openai_request req;
+    struct openai_error err;
+    assert_int_equal(parse(OPENAI_COMPLETION,
+                           "{\"model\": \"m\", \"prompt\": \"Hello\", \"max_tokens\": 7, "
+                           "\"temperature\": 0, \"top_p\": 0.5, \"seed\": 42, \"stop\": [\"a\", "
+                           "\"bc\"], \"stream\": true, \"stream_options\": {\"include_usage\": "
+                           "true}, \"logprobs\": 1, \"top_k\": -1, \"ignore_eos\": true}",
+                           &req, &err),
+                     0);
+    assert_string_equal(req.model, "m");
+    assert_string_equal(req.prompt.text, "Hello");
+    assert_int_equal(req.params.max_tokens, 7);
+    assert_true(req.params.temperature == 0.0f);
+    assert_true(req.params.top_p == 0.5f);
+    assert_int_equal(req.params.top_k, 0);
+    assert_true(req.params.has_seed && req.params.seed == 42);
+    assert_int_equal(req.params.num_stop, 2);
+    assert_string_equal(req.params.stop[1], "bc");
+    assert_true(req.stream && req.include_usage);
+    assert_true(req.params.logprobs);
+    assert_true(req.params.ignore_eos);
+    openai_request_fini(&req);
+    /* Token ids, and the defaults: 16 tokens, temperature 1. */
+    assert_int_equal(parse(OPENAI_COMPLETION, "{\"prompt\": [[1, 2, 3]]}", &req, &err), 0);
+    assert_int_equal(req.prompt.num_token_ids, 3);
+    assert_int_equal(req.prompt.token_ids[2], 3);
+    assert_int_equal(req.params.max_tokens, 16);
+    assert_true(req.params.temperature == 1.0f);
+    assert_null(req.model);
+    openai_request_fini(&req);
+}
+
+static void test_a_chat_is_read(void **state)
+{
+    (void)state;
+    struct openai_request req;
+    struct openai_error err;
+    assert_int_equal(
+        parse(OPENAI_CHAT,
+              "{\"messages\": [{\"role\": \"system\", \"content\": \"Be brief.\"}, {\"role\": "
+              "\"user\", \"content\": [{\"type\": \"text\", \"text\": \"Hi \"}, {\"type\": "
+              "\"text\", \"text\": \"there\"}]}, {\"role\": \"assistant\", \"content\": null, "
+              "\"tool_calls\": [{\"id\": \"c1\", \"type\": \"function\", \"function\": {\"name\": "
+              "\"f\", \"arguments\": \"{\\\"x\\\": 1}\"}}]}], \"max_completion_tokens\": 5, "
+              "\"chat_template_kwargs\": {\"enable_thinking\": false}, \"logprobs\": true}",
+              &req, &err),
+        0);
+    assert_int_equal(req.prompt.num_messages, 3);
+    assert_string_equal(req.prompt.messages[1].content, "Hi there");
+    assert_null(req.prompt.messages[2].content);
+    assert_non_null(strstr(req.prompt.messages[2].tool_calls_json, "\"arguments\":{\"x\":1}"));
+    assert_int_equal(req.params.max_tokens, 5);
+    assert_string_equal(req.prompt.chat_template_kwargs, "{\"enable_thinking\":false}");
+    assert_true(req.params.logprobs);
+    openai_request_fini(&req);
+    assert_int_equal(parse(OPENAI_CHAT,
+                           "{\"messages\": [{\"role\": \"user\", \"content\": "
+                           "\"x\"}]}",
+                           &req, &err),
+                     0);
+    assert_int_equal(req.params.max_tokens, 1024); /* the gateway's default */
+    openai_request_fini(&req);
+}
+
+static void test_bad_requests_are_400_with_a_reason(void **state)
+{
+    (void)state;
+    static const struct {
+        enum openai_kind kind;
+        const char *body, *want;
+    } cases[] = {
+        {OPENAI_COMPLETION, "{\"prompt\": \"x\"", "not JSON"},
+        {OPENAI_COMPLETION, "[1]", "JSON object"},
+        {OPENAI_COMPLETION, "{}", "'prompt'"},
+        {OPENAI_COMPLETION, "{\"prompt\": \"\"}", "empty"},
+        {OPENAI_COMPLETION, "{\"prompt\": [\"a\", \"b\"]}", "one per request"},
+        {OPENAI_COMPLETION, "{\"prompt\": [1, -2]}", "token 1"},
+        {OPENAI_COMPLETION, "{\"prompt\": \"x\", \"n\": 2}", "'n' must be 1"},
+        {OPENAI_COMPLETION, "{\"prompt\": \"x\", \"echo\": true}", "'echo'"},
+        {OPENAI_COMPLETION, "{\"prompt\": \"x\", \"temperature\": -1}", "'temperature'"},
+        {OPENAI_COMPLETION, "{\"prompt\": \"x\", \"top_p\": 0}", "'top_p'"},
+        {OPENAI_COMPLETION, "{\"prompt\": \"x\", \"stop\": 5}", "'stop'"},
+        {OPENAI_COMPLETION, "{\"prompt\": \"x\", \"max_tokens\": 0}", "'max_tokens'"},
+        {OPENAI_COMPLETION, "{\"prompt\": \"x\", \"logprobs\": 5}", "'logprobs'"},
+        {OPENAI_COMPLETION, "{\"prompt\": \"x\", \"seed\": \"7\"}", "'seed'"},
+        {OPENAI_CHAT, "{\"messages\": []}", "'messages'"},
+        {OPENAI_CHAT, "{\"messages\": [{\"content\": \"x\"}]}", "'role'"},
+        {OPENAI_CHAT,
+         "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": "
+         "\"image_url\"}]}]}",
+         "only {\"type\": \"text\""},
+        {OPENAI_CHAT,
+         "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
+         "\"logprobs\": true, \"top_logprobs\": 3}",
+         "'top_logprobs'"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        struct openai_request req;
+        struct openai_error err;
+        assert_int_equal(parse(cases[i].kind, cases[i].body, &req, &err), -1);
+        assert_int_equal(err.status, 400);
+        assert_string_equal(err.type, "invalid_request_error");
+        if (strstr(err.message, cases[i].want) == NULL)
+            fail_msg("case %zu: '%s' does not say '%s'", i, err.message, cases[i].want);
+        openai_request_fini(&req);
+    }
+}
+
+static void test_responses_and_chunks_are_openai_json(void **state)
+{
+    (void)state;
+    struct openai_request req;
+    struct openai_error err;
+    assert_int_equal(parse(OPENAI_CHAT,
+                           "{\"messages\": [{\"role\": \"user\", \"content\": "
+                           "\"x\"}], \"stream_options\": {\"include_usage\": true}}",
+                           &req, &err),
+                     0);
+    int32_t ids[2] = {5, 9};
+    float lps[2] = {-0.5f, -1.25f};
+    struct openai_out o = {.req = &req,
+                           .id = "chatcmpl-1",
+                           .created = 7,
+                           .model = "m",
+                           .text = "a\0b",
+                           .text_len = 3,
+                           .token_ids = ids,
+                           .logprobs = lps,
+                           .n = 2,
+                           .finish = PAGODA_FINISH_STOP,
+                           .stop_string = "zz",
+                           .with_usage = true,
+                           .prompt_tokens = 4,
+                           .completion_tokens = 2,
+                           .cached_tokens = 3};
+    char *s = openai_response_json(&o);
+    json_t *j = json_loads(s, JSON_ALLOW_NUL, NULL); /* the text holds U+0000 */
+    assert_non_null(j);
+    assert_string_equal(json_string_value(json_object_get(j, "object")), "chat.completion");
+    json_t *c0 = json_array_get(json_object_get(j, "choices"), 0);
+    json_t *msg = json_object_get(c0, "message");
+    assert_int_equal(json_string_length(json_object_get(msg, "content")), 3);
+    assert_string_equal(json_string_value(json_object_get(c0, "finish_reason")), "stop");
+    assert_string_equal(json_string_value(json_object_get(c0, "stop_reason")), "zz");
+    json_t *content = json_object_get(json_object_get(c0, "logprobs"), "content");
+    assert_int_equal(json_array_size(content), 2);
+    assert_string_equal(json_string_value(json_object_get(json_array_get(content, 1), "token")),
+                        "token_id:9");
+    json_t *usage = json_object_get(j, "usage");
+    assert_int_equal(json_integer_value(json_object_get(usage, "total_tokens")), 6);
+    assert_int_equal(json_integer_value(json_object_get(
+                         json_object_get(usage, "prompt_tokens_details"), "cached_tokens")),
+                     3);
+    json_decref(j);
+    free(s);
+    /* The first chunk carries the role; a usage chunk has no choices. */
+    o.finish = PAGODA_FINISH_NONE;
+    s = openai_chunk_json(&o, true, false);
+    j = json_loads(s, JSON_ALLOW_NUL, NULL);
+    assert_string_equal(json_string_value(json_object_get(j, "object")), "chat.completion.chunk");
+    json_t *delta = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "delta");
+    assert_string_equal(json_string_value(json_object_get(delta, "role")), "assistant");
+    assert_true(json_is_null(json_object_get(j, "usage")));
+    json_decref(j);
+    free(s);
+    s = openai_chunk_json(&o, false, true);
+    j = json_loads(s, JSON_ALLOW_NUL, NULL);
+    assert_int_equal(json_array_size(json_object_get(j, "choices")), 0);
+    assert_int_equal(
+        json_integer_value(json_object_get(json_object_get(j, "usage"), "completion_tokens")), 2);
+    json_decref(j);
+    free(s);
+    openai_request_fini(&req);
+    /* Errors in OpenAI's shape, with the status of the failure. */
+    struct openai_error e;
+    openai_error_from_code(PAGODA_EPERM, "unknown API key", &e);
+    assert_int_equal(e.status, 401);
+    openai_error_from_code(PAGODA_EEXHAUSTED, "full", &e);
+    assert_int_equal(e.status, 429);
+    openai_error_from_code(PAGODA_ECLOSED, "draining", &e);
+    assert_int_equal(e.status, 503);
+    s = openai_error_json(&e);
+    j = json_loads(s, JSON_ALLOW_NUL, NULL);
+    assert_string_equal(json_string_value(json_object_get(json_object_get(j, "error"), "message")),
+                        "draining");
+    json_decref(j);
+    free(s);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_a_completion_is_read),
+        cmocka_unit_test(test_a_chat_is_read),
+        cmocka_unit_test(test_bad_requests_are_400_with_a_reason),
+        cmocka_unit_test(test_responses_and_chunks_are_openai_json),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

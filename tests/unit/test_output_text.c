@@ -1,0 +1,229 @@
+/* text/output_text.c: a request's output text. With the test tokenizer of
+ * tests/data/tiny-text (a byte-level BPE laid out as Llama 3's), the text visible token by token
+ * joins to the full decode; stop strings are found across token boundaries and nothing after
+ * them is ever visible; held-back text comes out at the end. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+
+#include <cmocka.h>
+
+#include "common/error.h"
+#include "text/output_text.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static Tokenizer *tok;
+
+static int setup(void **state)
+{
+    (void)state;
+    char path[1024];
+    const char *src = getenv("PAGODA_SOURCE_DIR");
+    snprintf(path, sizeof(path), "%s/tests/data/tiny-text/tokenizer.json", src ? src : ".");
+    int rc = tokenizer_new_from_file(path, &tok);
+    if (rc != 0)
+        fprintf(stderr, "%s: %s\n", path, pagoda_error_detail());
+    return rc;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    tokenizer_free(tok);
+    return 0;
+}
+
+static void encode(const char *text, TokenizerIds *ids)
+{
+    memset(ids, 0, sizeof(*ids));
+    assert_int_equal(tokenizer_encode(tok, text, strlen(text), false, ids), 0);
+}
+
+/* Pushes every id and checks that each token's piece, joined, is the visible text, which only
+ * grows. Returns the stop index reported (0: none) and the number of ids taken. */
+static int push_all(struct output_text *o, const int32_t *ids, size_t n, size_t *taken)
+{
+    size_t prev = 0;
+    for (size_t i = 0; i < n; i++) {
+        int stop = 0;
+        assert_int_equal(output_text_push(o, ids[i], &stop), 0);
+        size_t len;
+        output_text_visible(o, &len);
+        assert_true(len >= prev);
+        assert_int_equal(output_text_start(o, (uint32_t)i + 1), len);
+        assert_int_equal(output_text_start(o, (uint32_t)i), prev);
+        prev = len;
+        if (stop) {
+            *taken = i + 1;
+            return stop;
+        }
+    }
+    *taken = n;
+    return 0;
+}
+
+static void test_pieces_join_to_the_full_decode(void **state)
+{
+    (void)state;
+    /* Random ids, byte tokens among them, so that characters are split and bytes are invalid. */
+    uint32_t x = 12345;
+    for (int round = 0; round < 200; round++) {
+        int32_t ids[64];
+        size_t n = 1 + round % 64;
+        for (size_t i = 0; i < n; i++) {
+            x = x * 1664525u + 1013904223u;
+            ids[i] = (int32_t)(x >> 8) % 512;
+        }
+        for (int skip = 0; skip < 2; skip++) {
+            struct output_text *o;
+            assert_int_equal(output_text_new(tok, skip, NULL, NULL, 0, &o), 0);
+            size_t taken;
+            assert_int_equal(push_all(o, ids, n, &taken), 0);
+            int stop;
+            assert_int_equal(output_text_finish(o, &stop), 0);
+            assert_int_equal(stop, 0);
+            char *full;
+            size_t full_len, len;
+            assert_int_equal(tokenizer_decode(tok, ids, n, skip, &full, &full_len), 0);
+            const char *vis = output_text_visible(o, &len);
+            assert_int_equal(len, full_len);
+            assert_memory_equal(vis, full, len);
+            free(full);
+            output_text_free(o);
+        }
+    }
+}
+
+static void test_a_stop_string_across_tokens_cuts_the_text(void **state)
+{
+    (void)state;
+    const char *text = "The scheduler owns the block table, and the worker runs the kernels.";
+    TokenizerIds ids;
+    encode(text, &ids);
+    assert_true(ids.len > 6);
+    const char *stops[] = {"zzz", "le, and th"};
+    size_t lens[] = {3, strlen(stops[1])};
+    struct output_text *o;
+    assert_int_equal(output_text_new(tok, true, stops, lens, 2, &o), 0);
+    size_t taken;
+    int stop = push_all(o, ids.ids, ids.len, &taken);
+    assert_int_equal(stop, 2);
+    assert_true(taken < ids.len);
+    size_t len;
+    const char *vis = output_text_visible(o, &len);
+    const char *at = strstr(text, stops[1]);
+    assert_int_equal(len, (size_t)(at - text));
+    assert_memory_equal(vis, text, len);
+    size_t n;
+    const char *which = output_text_stop(o, stop, &n);
+    assert_int_equal(n, lens[1]);
+    assert_memory_equal(which, stops[1], n);
+    /* The output is over. */
+    int again;
+    assert_int_equal(output_text_push(o, ids.ids[0], &again), PAGODA_ECLOSED);
+    assert_int_equal(output_text_finish(o, &again), 0);
+    assert_int_equal(output_text_visible(o, &len) != NULL, 1);
+    assert_int_equal(len, (size_t)(at - text));
+    output_text_free(o);
+    tokenizer_ids_fini(&ids);
+}
+
+static void test_nothing_that_may_begin_a_stop_is_shown_until_finish(void **state)
+{
+    (void)state;
+    const char *text = "worker runs the kernels";
+    TokenizerIds ids;
+    encode(text, &ids);
+    const char *stops[] = {"kernels!"}; /* never completes: "kernels" is held back to the end */
+    size_t lens[] = {8};
+    struct output_text *o;
+    assert_int_equal(output_text_new(tok, true, stops, lens, 1, &o), 0);
+    size_t taken, len;
+    assert_int_equal(push_all(o, ids.ids, ids.len, &taken), 0);
+    output_text_visible(o, &len);
+    assert_true(len <= strlen(text) - 7);
+    int stop;
+    assert_int_equal(output_text_finish(o, &stop), 0);
+    assert_int_equal(stop, 0);
+    const char *vis = output_text_visible(o, &len);
+    assert_int_equal(len, strlen(text));
+    assert_memory_equal(vis, text, len);
+    output_text_free(o);
+    tokenizer_ids_fini(&ids);
+}
+
+static void test_stop_strings_are_checked(void **state)
+{
+    (void)state;
+    struct output_text *o = NULL;
+    const char *s1[] = {""};
+    size_t l1[] = {0};
+    assert_int_equal(output_text_new(tok, true, s1, l1, 1, &o), PAGODA_EINVAL);
+    const char *s2[] = {"\xff\xfe"};
+    size_t l2[] = {2};
+    assert_int_equal(output_text_new(tok, true, s2, l2, 1, &o), PAGODA_EINVAL);
+    char big[OUTPUT_TEXT_MAX_STOP_BYTES + 2];
+    memset(big, 'a', sizeof(big));
+    const char *s3[] = {big};
+    size_t l3[] = {OUTPUT_TEXT_MAX_STOP_BYTES + 1};
+    assert_int_equal(output_text_new(tok, true, s3, l3, 1, &o), PAGODA_ERANGE);
+    const char *many[OUTPUT_TEXT_MAX_STOPS + 1];
+    size_t ml[OUTPUT_TEXT_MAX_STOPS + 1];
+    for (size_t i = 0; i <= OUTPUT_TEXT_MAX_STOPS; i++) {
+        many[i] = "x";
+        ml[i] = 1;
+    }
+    assert_int_equal(output_text_new(tok, true, many, ml, OUTPUT_TEXT_MAX_STOPS + 1, &o),
+                     PAGODA_ERANGE);
+    assert_null(o);
+}
+
+static void test_an_id_outside_the_tokenizer_adds_nothing(void **state)
+{
+    (void)state;
+    struct output_text *o;
+    assert_int_equal(output_text_new(tok, true, NULL, NULL, 0, &o), 0);
+    int stop;
+    assert_int_equal(output_text_push(o, 100000, &stop), 0);
+    assert_int_equal(output_text_push(o, -1, &stop), 0);
+    size_t len;
+    output_text_visible(o, &len);
+    assert_int_equal(len, 0);
+    output_text_free(o);
+}
+
+/* The byte 0 token (id 6 in the test tokenizer) is text like any other: U+0000 is kept, counted
+ * in the length, and what follows it is not lost. */
+static void test_a_nul_is_text(void **state)
+{
+    (void)state;
+    struct output_text *o;
+    assert_int_equal(output_text_new(tok, true, NULL, NULL, 0, &o), 0);
+    int stop;
+    /* The byte tokens: 6 + the byte. */
+    assert_int_equal(output_text_push(o, 6 + 'a', &stop), 0);
+    assert_int_equal(output_text_push(o, 6, &stop), 0);
+    assert_int_equal(output_text_push(o, 6 + 'b', &stop), 0);
+    assert_int_equal(output_text_finish(o, &stop), 0);
+    size_t len;
+    const char *t = output_text_visible(o, &len);
+    assert_int_equal(len, 3);
+    assert_memory_equal(t, "a\0b", 3);
+    output_text_free(o);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_pieces_join_to_the_full_decode),
+        cmocka_unit_test(test_a_stop_string_across_tokens_cuts_the_text),
+        cmocka_unit_test(test_nothing_that_may_begin_a_stop_is_shown_until_finish),
+        cmocka_unit_test(test_stop_strings_are_checked),
+        cmocka_unit_test(test_an_id_outside_the_tokenizer_adds_nothing),
+        cmocka_unit_test(test_a_nul_is_text),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

@@ -1,0 +1,46 @@
+/* A served model's text side, read from its folder: the tokenizer (tokenizer.json) and the chat
+ * template with its special tokens (tokenizer_config.json). What every front needs to take text
+ * or a chat in and give text out; pure (files are read by text_model_open only, which a caller
+ * runs off its event loop or before it starts). A text_model may be used by several threads at
+ * once.
+ *
+ * Decisions (as vLLM makes them): a text prompt is encoded with add_special_tokens on (Llama's
+ * BOS), a rendered chat with it off (the template writes the BOS itself); a chat is rendered with
+ * the template chat/chat_template.h chooses ("tool_use" with tools when there is one, else
+ * "default"). */
+#ifndef PAGODA_TEXT_TEXT_MODEL_H
+#define PAGODA_TEXT_TEXT_MODEL_H
+
+#include "tokenizer/tokenizer.h"
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
+
+struct text_model;
+
+/* Reads DIR/tokenizer.json and, when present, DIR/tokenizer_config.json. Errors: PAGODA_ENOENT
+ * when DIR has no tokenizer.json (the model serves token ids only); the tokenizer's errors when
+ * tokenizer.json is broken or asks for what is not implemented (the detail names it). A broken
+ * tokenizer_config.json or chat template does not fail the open: chats are then refused with
+ * that reason (text_model_chat_error). On success *out is the caller's (text_model_close). */
+int text_model_open(const char *dir, struct text_model **out);
+
+/* Frees a text model; accepts NULL. */
+void text_model_close(struct text_model *m);
+
+const Tokenizer *text_model_tokenizer(const struct text_model *m);
+
+/* Why chats are refused ("" when the model has a usable chat template). */
+const char *text_model_chat_error(const struct text_model *m);
+
+/* Renders a chat (messages: a JSON array of OpenAI chat messages; tools: a JSON array or NULL;
+ * kwargs: a JSON object of further template variables or NULL) into a prompt text, *out the
+ * caller's to free(). Errors: PAGODA_ENOENT (no chat template: the detail says why), the
+ * template's errors (PAGODA_EINVAL for a bad message or a raise_exception, with the template's
+ * line), PAGODA_ERANGE (a limit). */
+int text_model_render_chat(const struct text_model *m, const json_t *messages, const json_t *tools,
+                           bool add_generation_prompt, const json_t *kwargs, char **out,
+                           size_t *out_len);
+
+#endif

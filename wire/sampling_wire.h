@@ -1,0 +1,27 @@
+/* The one conversion between the sampling parameters the protocols carry (pagoda.proto's client
+ * SamplingParams, internal.proto's) and the sampler's struct sampling_params
+ * (kernels/cpu/sampler.h, which holds the ranges and sampling_params_default()).
+ *
+ * An absent message or field means the default of sampling_params_default(): temperature 1
+ * (plain sampling from the softmax, as OpenAI's API and vLLM default to), every filter and
+ * penalty off, seed 0. The router, the scheduler, the worker's mirror and pagoda-run all read
+ * parameters through here, so no two of them can disagree on what an absent field means. */
+#ifndef PAGODA_WIRE_SAMPLING_WIRE_H
+#define PAGODA_WIRE_SAMPLING_WIRE_H
+
+#include "kernels/cpu/sampler.h"
+#include "proto/internal.pb-c.h"
+#include "proto/pagoda.pb-c.h"
+
+/* Reads a client's SamplingParams (m may be NULL) into *out and validates it
+ * (sampling_params_validate). Returns 0, or PAGODA_EINVAL/PAGODA_ERANGE with the detail naming
+ * the field; *out holds the values read either way. */
+int sampling_from_client(const Pagoda__SamplingParams *m, struct sampling_params *out);
+
+/* The same for internal.proto's SamplingParams (the scheduler's and the worker's input). */
+int sampling_from_internal(const Pagoda__Internal__SamplingParams *m, struct sampling_params *out);
+
+/* internal.proto's SamplingParams with every field present. */
+Pagoda__Internal__SamplingParams sampling_to_internal(const struct sampling_params *p);
+
+#endif
