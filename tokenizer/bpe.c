@@ -40,6 +40,7 @@ struct TokBpe {
     size_t arena_len;
     VocabEntry *by_id; /* len 0 and off UINT32_MAX: no token */
     size_t nids;
+    size_t count;   /* entries (HF's get_vocab_size; ids may have gaps) */
     int32_t *table; /* string -> id, -1 empty */
     size_t table_mask;
     MergeSlot *merges;
@@ -106,6 +107,11 @@ const char *tok_bpe_id_to_token(const TokBpe *m, int32_t id, size_t *len)
 size_t tok_bpe_vocab_size(const TokBpe *m)
 {
     return m->nids;
+}
+
+size_t tok_bpe_vocab_count(const TokBpe *m)
+{
+    return m->count;
 }
 
 static const MergeSlot *merge_find(const TokBpe *m, int32_t a, int32_t b)
@@ -204,6 +210,7 @@ static int parse_vocab(TokBpe *m, const json_t *vocab)
             max_id = (size_t)id;
     }
     m->nids = max_id + 1;
+    m->count = n;
     m->arena = malloc(bytes);
     m->by_id = malloc(m->nids * sizeof(*m->by_id));
     size_t cap = pow2_at_least(n * 2);

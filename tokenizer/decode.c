@@ -403,12 +403,12 @@ void tok_decode_state_free(TokDecodeState *d)
 
 int tok_decode_state_push(TokDecodeState *d, int32_t id, TokBuf *out)
 {
-    if (d->skip_special && tokenizer_is_special(d->t, id))
-        return 0;
     size_t len;
     const char *s = tok_id_string(d->t, id, &len);
     if (!s)
         return pagoda_error_set(PAGODA_EINVAL, "token id %d is not in the vocabulary", id);
+    if (d->skip_special && d->t->skip[id])
+        return 0;
     return push(d, 0, s, len, out);
 }
 

@@ -51,7 +51,9 @@ static int compile_regex(const char *pat, size_t len, uint32_t extra, const char
 {
     int err;
     PCRE2_SIZE off;
-    *re = pcre2_compile((PCRE2_SPTR)pat, len, PCRE2_UTF | PCRE2_UCP | extra, &err, &off, NULL);
+    /* PCRE2_LITERAL takes no UCP (nothing in a literal depends on it) */
+    uint32_t opts = PCRE2_UTF | extra | ((extra & PCRE2_LITERAL) ? 0 : PCRE2_UCP);
+    *re = pcre2_compile((PCRE2_SPTR)pat, len, opts, &err, &off, NULL);
     if (!*re) {
         char msg[128];
         compile_error(err, msg, sizeof(msg));

@@ -200,6 +200,8 @@ int32_t tok_bpe_token_to_id(const TokBpe *m, const char *s, size_t len);
 /* The string of an id (NULL when unknown) and its length. */
 const char *tok_bpe_id_to_token(const TokBpe *m, int32_t id, size_t *len);
 size_t tok_bpe_vocab_size(const TokBpe *m);
+/* The number of entries of the vocabulary (HF's get_vocab_size, which ignores gaps). */
+size_t tok_bpe_vocab_count(const TokBpe *m);
 
 /* ---- decoders (decode.c) ---- */
 
@@ -241,6 +243,10 @@ typedef struct TokAdded {
     bool rstrip;
     bool normalized;
     bool single_word;
+    /* what the token decodes to (and tokenizer_id_to_token gives): HF keeps the normalized
+     * content of a normalized token; NULL when that is content itself */
+    char *dec;
+    size_t dec_len;
 } TokAdded;
 
 /* Added tokens of one kind (normalized or not), found leftmost-longest. */
@@ -267,6 +273,9 @@ struct Tokenizer {
     TokAddedSet added_norm;
     /* id -> index into added + 1, or 0 (ids up to vocab_size) */
     uint32_t *added_by_id;
+    /* id -> 1 when skip_special_tokens drops it: HF drops every id whose string is the content
+     * of a special added token */
+    uint8_t *skip;
     size_t vocab_size;
     TokNormalizer norm[TOK_MAX_STAGES];
     size_t nnorm;

@@ -3,13 +3,16 @@
  * encode pipeline that ties the stages together, and the lookups of tokenizer.h. */
 #include "tokenizer/tok_internal.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "common/error.h"
-#include "common/json_util.h"
 
 void tokenizer_ids_fini(TokenizerIds *ids)
 {
@@ -34,6 +37,11 @@ static int json_flag(const json_t *o, const char *key, size_t i, bool def, bool 
     return 0;
 }
 
+/* Reads added_tokens and gives each its id as HF's AddedVocabulary::add_tokens does, in the
+ * file's order: the id of the same content added before, else its id in the model's
+ * vocabulary, else the next free one (after the vocabulary's entry count, or after the largest
+ * added id when that is past it). The file's "id" is only checked for type: HF does not use it
+ * either (it warns when it differs). A content added twice takes its later flags. */
 static int parse_added(Tokenizer *t, const json_t *list)
 {
     if (!list || json_is_null(list))
@@ -46,33 +54,59 @@ static int parse_added(Tokenizer *t, const json_t *list)
     t->added = calloc(n ? n : 1, sizeof(*t->added));
     if (!t->added)
         return PAGODA_ENOMEM;
+    size_t vocab_count = tok_bpe_vocab_count(t->bpe);
+    int64_t max_id = -1;
     for (size_t i = 0; i < n; i++) {
         const json_t *o = json_array_get(list, i);
         const json_t *id = json_object_get(o, "id"), *content = json_object_get(o, "content");
-        if (!json_is_integer(id) || json_integer_value(id) < 0 ||
-            json_integer_value(id) >= (json_int_t)TOK_MAX_VOCAB)
+        if (!json_is_integer(id) || json_integer_value(id) < 0)
             return pagoda_error_set(PAGODA_EFORMAT, "added_tokens[%zu].id: not an id", i);
-        if (!json_is_string(content) || json_string_length(content) == 0 ||
-            json_string_length(content) > TOK_MAX_TOKEN_BYTES)
+        if (!json_is_string(content) || json_string_length(content) > TOK_MAX_TOKEN_BYTES)
             return pagoda_error_set(PAGODA_EFORMAT, "added_tokens[%zu].content: not a token", i);
-        TokAdded *a = &t->added[t->nadded];
-        a->id = (int32_t)json_integer_value(id);
-        a->len = json_string_length(content);
-        int rc = json_flag(o, "special", i, false, &a->special);
+        TokAdded a = {0};
+        a.len = json_string_length(content);
+        int rc = json_flag(o, "special", i, false, &a.special);
         if (!rc)
-            rc = json_flag(o, "lstrip", i, false, &a->lstrip);
+            rc = json_flag(o, "lstrip", i, false, &a.lstrip);
         if (!rc)
-            rc = json_flag(o, "rstrip", i, false, &a->rstrip);
+            rc = json_flag(o, "rstrip", i, false, &a.rstrip);
         if (!rc)
-            rc = json_flag(o, "single_word", i, false, &a->single_word);
+            rc = json_flag(o, "single_word", i, false, &a.single_word);
         if (!rc)
-            rc = json_flag(o, "normalized", i, !a->special, &a->normalized);
+            rc = json_flag(o, "normalized", i, !a.special, &a.normalized);
         if (rc)
             return rc;
-        if (!(a->content = malloc(a->len + 1)))
+        if (a.len == 0) /* HF ignores an empty token */
+            continue;
+        const char *c = json_string_value(content);
+        TokAdded *same = NULL;
+        for (size_t k = 0; k < t->nadded && !same; k++)
+            if (t->added[k].len == a.len && memcmp(t->added[k].content, c, a.len) == 0)
+                same = &t->added[k];
+        if (same) {
+            bool special = same->special || a.special;
+            a.content = same->content;
+            a.id = same->id;
+            *same = a;
+            same->special = special;
+            continue;
+        }
+        int32_t vid = tok_bpe_token_to_id(t->bpe, c, a.len);
+        if (vid >= 0)
+            a.id = vid;
+        else if (max_id >= 0 && ((size_t)max_id >= vocab_count || vocab_count == 0))
+            a.id = (int32_t)(max_id + 1);
+        else
+            a.id = (int32_t)vocab_count;
+        if ((size_t)a.id >= TOK_MAX_VOCAB)
+            return pagoda_error_set(PAGODA_EFORMAT, "added_tokens[%zu]: id past %u", i,
+                                    TOK_MAX_VOCAB);
+        if (a.id > max_id)
+            max_id = a.id;
+        if (!(a.content = malloc(a.len + 1)))
             return PAGODA_ENOMEM;
-        memcpy(a->content, json_string_value(content), a->len + 1);
-        t->nadded++;
+        memcpy(a.content, c, a.len + 1);
+        t->added[t->nadded++] = a;
     }
     return 0;
 }
@@ -249,6 +283,49 @@ static int split_added(const Tokenizer *t, const TokAddedSet *set, const char *t
     return 0;
 }
 
+/* The decode strings of the added tokens and the ids skip_special_tokens drops (see Tokenizer),
+ * as HF has them. */
+static int decode_strings(Tokenizer *t)
+{
+    TokBuf norm = {0}, tmp = {0};
+    int rc = 0;
+    for (size_t i = 0; i < t->nadded && !rc; i++) {
+        TokAdded *a = &t->added[i];
+        if (!a->normalized || !t->nnorm)
+            continue;
+        rc = tok_normalize(t->norm, t->nnorm, a->content, a->len, &norm, &tmp);
+        if (rc || (norm.len == a->len && memcmp(norm.data, a->content, a->len) == 0))
+            continue;
+        if (!(a->dec = malloc(norm.len + 1))) {
+            rc = PAGODA_ENOMEM;
+            break;
+        }
+        memcpy(a->dec, norm.data, norm.len + 1);
+        a->dec_len = norm.len;
+    }
+    tokbuf_fini(&norm);
+    tokbuf_fini(&tmp);
+    if (rc)
+        return rc;
+    if (!(t->skip = calloc(t->vocab_size, 1)))
+        return PAGODA_ENOMEM;
+    for (size_t i = 0; i < t->nadded; i++) {
+        const TokAdded *a = &t->added[i];
+        if (!a->dec) {
+            t->skip[a->id] = a->special;
+        } else { /* a changed string: special only if it is some special token's content */
+            for (size_t k = 0; k < t->nadded; k++)
+                if (t->added[k].special && t->added[k].len == a->dec_len &&
+                    memcmp(t->added[k].content, a->dec, a->dec_len) == 0)
+                    t->skip[a->id] = 1;
+        }
+        int32_t vid = a->special ? tok_bpe_token_to_id(t->bpe, a->content, a->len) : -1;
+        if (vid >= 0 && !t->added_by_id[vid])
+            t->skip[vid] = 1;
+    }
+    return 0;
+}
+
 /* ---- the post-processor ---- */
 
 static int parse_template(Tokenizer *t, const json_t *j, const char *path)
@@ -346,12 +423,15 @@ void tokenizer_free(Tokenizer *t)
     if (!t)
         return;
     tok_bpe_free(t->bpe);
-    for (size_t i = 0; i < t->nadded; i++)
+    for (size_t i = 0; i < t->nadded; i++) {
         free(t->added[i].content);
+        free(t->added[i].dec);
+    }
     free(t->added);
     free_set(&t->added_raw);
     free_set(&t->added_norm);
     free(t->added_by_id);
+    free(t->skip);
     tok_normalizers_fini(t->norm, t->nnorm);
     tok_pretokenizers_fini(t->pre, t->npre);
     for (size_t i = 0; i < t->ntmpl; i++)
@@ -407,7 +487,9 @@ static int build(const json_t *root, Tokenizer **out)
     }
     for (size_t i = 0; i < t->nadded; i++)
         t->added_by_id[t->added[i].id] = (uint32_t)i + 1;
-    rc = parse_post(t, json_object_get(root, "post_processor"), "post_processor", 0);
+    rc = decode_strings(t);
+    if (!rc)
+        rc = parse_post(t, json_object_get(root, "post_processor"), "post_processor", 0);
     if (!rc)
         rc = build_set(t, false, &t->added_raw);
     if (!rc)
@@ -438,16 +520,58 @@ int tokenizer_new_from_json(const char *json, size_t len, Tokenizer **out)
     return rc;
 }
 
+/* Reads the whole file (jansson's json_loadfd, behind json_util_load_file, reads a byte per
+ * system call: seconds for a 10 MB tokenizer.json). Regular files only, opened without
+ * blocking on a FIFO. */
 int tokenizer_new_from_file(const char *path, Tokenizer **out)
 {
     if (!path || !out)
         return pagoda_error_set(PAGODA_EINVAL, "tokenizer_new_from_file: a NULL argument");
-    json_t *root;
-    int rc = json_util_load_file(path, TOKENIZER_MAX_FILE_BYTES, &root);
-    if (rc)
-        return rc;
-    rc = build(root, out);
-    json_decref(root);
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0)
+        return pagoda_error_set(pagoda_from_errno(errno), "%s: %s", path, strerror(errno));
+    struct stat st;
+    char *buf = NULL;
+    int rc = 0;
+    if (fstat(fd, &st) != 0) {
+        rc = pagoda_error_set(pagoda_from_errno(errno), "%s: %s", path, strerror(errno));
+        goto done;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        rc = pagoda_error_set(PAGODA_EINVAL, "%s: not a regular file", path);
+        goto done;
+    }
+    if ((uint64_t)st.st_size > TOKENIZER_MAX_FILE_BYTES) {
+        rc = pagoda_error_set(PAGODA_ERANGE, "%s: %lld bytes (at most %u)", path,
+                              (long long)st.st_size, TOKENIZER_MAX_FILE_BYTES);
+        goto done;
+    }
+    size_t size = (size_t)st.st_size, got = 0;
+    if (!(buf = malloc(size + 1))) {
+        rc = PAGODA_ENOMEM;
+        goto done;
+    }
+    while (got < size) {
+        ssize_t r = read(fd, buf + got, size - got);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0) {
+            rc = pagoda_error_set(r < 0 ? pagoda_from_errno(errno) : PAGODA_EIO,
+                                  "%s: read failed%s%s", path, r < 0 ? ": " : " (short file)",
+                                  r < 0 ? strerror(errno) : "");
+            goto done;
+        }
+        got += (size_t)r;
+    }
+    rc = tokenizer_new_from_json(buf, size, out);
+    if (rc && pagoda_error_detail()[0]) {
+        char detail[512];
+        snprintf(detail, sizeof(detail), "%s", pagoda_error_detail());
+        pagoda_error_set(rc, "%s: %s", path, detail);
+    }
+done:
+    free(buf);
+    close(fd);
     return rc;
 }
 
@@ -459,8 +583,9 @@ const char *tok_id_string(const Tokenizer *t, int32_t id, size_t *len)
         return NULL;
     uint32_t a = t->added_by_id[id];
     if (a) {
-        *len = t->added[a - 1].len;
-        return t->added[a - 1].content;
+        const TokAdded *x = &t->added[a - 1];
+        *len = x->dec ? x->dec_len : x->len;
+        return x->dec ? x->dec : x->content;
     }
     return tok_bpe_id_to_token(t->bpe, id, len);
 }
