@@ -434,6 +434,8 @@ int tokenizer_decode(const Tokenizer *t, const int32_t *ids, size_t n, bool skip
         return rc;
     TokBuf out = {0};
     rc = tokbuf_reserve(&out, 16);
+    if (!rc)
+        out.data[0] = 0; /* no ids (or only skipped ones): "" */
     for (size_t i = 0; i < n && !rc; i++)
         rc = tok_decode_state_push(d, ids[i], &out);
     if (!rc)
