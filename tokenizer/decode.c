@@ -32,6 +32,7 @@ typedef struct Stage {
     uint32_t start_left; /* Strip on running text: leading characters still to strip */
     bool started;
     bool group_invalid; /* ByteFallback: the current run is already invalid UTF-8 */
+    size_t valid_upto;  /* ByteFallback: the held run is valid and whole up to here */
 } Stage;
 
 struct TokDecodeState {
@@ -46,21 +47,15 @@ static const char FFFD[3] = {(char)0xEF, (char)0xBF, (char)0xBD};
 static int push(TokDecodeState *d, size_t i, const char *p, size_t n, TokBuf *sink);
 static int finish(TokDecodeState *d, size_t i, TokBuf *sink);
 
-/* Whether b[0..n) is valid UTF-8 up to an incomplete (but so far well-formed) last sequence;
- * *complete says whether there is no such incomplete tail. */
-static bool utf8_prefix_ok(const char *b, size_t n, bool *complete)
+/* Whether the held run b[0..n) is valid UTF-8 up to an incomplete (but so far well-formed)
+ * last sequence; *complete says whether there is no such tail. *upto is how far the run is
+ * already known valid and whole (it only grows while the run does, so each byte is looked at
+ * a bounded number of times). */
+static bool utf8_prefix_ok(const char *b, size_t n, size_t *upto, bool *complete)
 {
-    size_t v = tok_utf8_valid_prefix(b, n);
-    *complete = v == n;
-    if (v == n)
-        return true;
-    /* the tail must be a proper prefix of one well-formed sequence */
-    TokLossy l = {0};
-    TokBuf tmp = {0};
-    int rc = tok_lossy_feed(&l, (const unsigned char *)b + v, n - v, false, &tmp);
-    bool ok = rc == 0 && tmp.len == 0 && l.npend == n - v;
-    tokbuf_fini(&tmp);
-    return ok;
+    *upto += tok_utf8_valid_prefix(b + *upto, n - *upto);
+    *complete = *upto == n;
+    return *complete || tok_utf8_is_partial(b + *upto, n - *upto);
 }
 
 static int byte_token(const char *p, size_t n)
@@ -129,12 +124,13 @@ static int bytefallback_flush(TokDecodeState *d, size_t i, TokBuf *sink)
     int rc = 0;
     if (s->hold.len) {
         bool complete;
-        utf8_prefix_ok(s->hold.data, s->hold.len, &complete);
+        utf8_prefix_ok(s->hold.data, s->hold.len, &s->valid_upto, &complete);
         s->out.len = 0;
         if (complete)
             rc = tokbuf_append(&s->out, s->hold.data, s->hold.len);
         size_t nbytes = s->hold.len;
         s->hold.len = 0;
+        s->valid_upto = 0;
         if (!rc)
             rc = complete ? push(d, i + 1, s->out.data, s->out.len, sink)
                           : emit_fffd_tokens(d, i, nbytes, sink);
@@ -157,9 +153,10 @@ static int bytefallback_token(TokDecodeState *d, size_t i, const char *p, size_t
     if (tokbuf_append(&s->hold, &c, 1))
         return PAGODA_ENOMEM;
     bool complete;
-    if (!utf8_prefix_ok(s->hold.data, s->hold.len, &complete)) {
+    if (!utf8_prefix_ok(s->hold.data, s->hold.len, &s->valid_upto, &complete)) {
         size_t nbytes = s->hold.len;
         s->hold.len = 0;
+        s->valid_upto = 0;
         s->group_invalid = true;
         return emit_fffd_tokens(d, i, nbytes, sink);
     }

@@ -152,6 +152,21 @@ size_t tok_utf8_valid_prefix(const char *s, size_t len)
     return len;
 }
 
+bool tok_utf8_is_partial(const char *s, size_t len)
+{
+    const unsigned char *p = (const unsigned char *)s;
+    unsigned char lo, hi;
+    int k = len ? utf8_lead(p[0], &lo, &hi) : -1;
+    if (k <= 0 || len > (size_t)k)
+        return false;
+    if (len > 1 && (p[1] < lo || p[1] > hi))
+        return false;
+    for (size_t j = 2; j < len; j++)
+        if (p[j] < 0x80 || p[j] > 0xBF)
+            return false;
+    return true;
+}
+
 uint32_t tok_utf8_decode(const char *s, size_t len, size_t *adv)
 {
     const unsigned char *p = (const unsigned char *)s;

@@ -54,6 +54,8 @@ void tokbuf_fini(TokBuf *b);
 
 /* Length of the valid UTF-8 prefix of s (== len when all of s is valid). */
 size_t tok_utf8_valid_prefix(const char *s, size_t len);
+/* Whether s[0..len) is a proper, so far well-formed beginning of one UTF-8 sequence. */
+bool tok_utf8_is_partial(const char *s, size_t len);
 /* Decodes the (valid) character at s; *adv its byte length. */
 uint32_t tok_utf8_decode(const char *s, size_t len, size_t *adv);
 /* Encodes cp into out (4 bytes room); returns its length. */

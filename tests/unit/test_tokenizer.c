@@ -733,6 +733,39 @@ static void test_stream_never_splits_a_character(void **state)
     tokenizer_free(t);
 }
 
+/* A run of a million byte-fallback tokens: decoded in linear time (checking the whole held
+ * run again at each byte took 48 s here, past the test's timeout), and a stream releases a
+ * run that stays valid once it passes its bound instead of holding all of it. */
+static void test_long_byte_runs(void **state)
+{
+    Tokenizer *t = load(sentencepiece_fixture());
+    size_t n = 1u << 20;
+    int32_t *ids = malloc(n * sizeof(*ids));
+    for (size_t i = 0; i < n; i++)
+        ids[i] = 3 + '\n';
+    char *text = decode(t, ids, n, false);
+    assert_int_equal(strlen(text), n);
+    assert_int_equal(strspn(text, "\n"), n);
+    free(text);
+
+    TokenizerStream *s;
+    assert_int_equal(tokenizer_stream_new(t, false, &s), 0);
+    char *buf = NULL;
+    size_t len = 0, cap = 0, held_most = 0;
+    for (size_t i = 0; i < (256u << 10); i++) {
+        assert_int_equal(tokenizer_stream_step(s, ids[i], &buf, &len, &cap), 0);
+        if (i + 1 - len > held_most)
+            held_most = i + 1 - len;
+    }
+    assert_true(held_most <= (64u << 10) + 1);
+    assert_int_equal(tokenizer_stream_finish(s, &buf, &len, &cap), 0);
+    assert_int_equal(len, 256u << 10);
+    free(buf);
+    tokenizer_stream_free(s);
+    free(ids);
+    tokenizer_free(t);
+}
+
 static void test_stream_refuses_unknown_ids(void **state)
 {
     Tokenizer *t = load(bytelevel_fixture(true));
@@ -943,6 +976,7 @@ int main(void)
         cmocka_unit_test(test_decode_of_nothing_is_an_empty_string),
         cmocka_unit_test(test_lossy_utf8),
         cmocka_unit_test(test_stream_never_splits_a_character),
+        cmocka_unit_test(test_long_byte_runs),
         cmocka_unit_test(test_stream_refuses_unknown_ids),
         cmocka_unit_test(test_invalid_text_is_refused),
         cmocka_unit_test(test_unsupported_components_are_refused_by_name),
