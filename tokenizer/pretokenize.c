@@ -41,6 +41,97 @@ int tok_bytelevel_byte(uint32_t cp)
     return cp == 323 ? 173 : -1;
 }
 
+/* ---- the Unicode of Hugging Face's regexes ----
+ *
+ * HF runs these patterns through Oniguruma with Unicode 16.0 tables; Debian 12's PCRE2 has
+ * Unicode 14.0. The characters that are \p{L} or \p{N} in HF's and not in PCRE2's (no character
+ * is the other way round) are added to those classes when a pattern is compiled, and \s is
+ * spelled out as HF's White_Space (PCRE2 also counts U+180E). The lists were made by asking
+ * both libraries about every code point: npm tokenizers 0.23.2 (a Split with "\p{L}", "\p{N}"
+ * or "\s" and behavior Removed over all code points, pre_tokenize_string) against pcre2_match
+ * of PCRE2 10.42 with UTF and UCP. */
+static const char DELTA_L[] =
+    "\\x{1c89}-\\x{1c8a}\\x{a7cb}-\\x{a7cd}\\x{a7da}-\\x{a7dc}\\x{105c0}-\\x{105f3}"
+    "\\x{10d4a}-\\x{10d65}\\x{10d6f}-\\x{10d85}\\x{10ec2}-\\x{10ec4}"
+    "\\x{1123f}-\\x{11240}\\x{11380}-\\x{11389}\\x{1138b}\\x{1138e}"
+    "\\x{11390}-\\x{113b5}\\x{113b7}\\x{113d1}\\x{113d3}\\x{11bc0}-\\x{11be0}"
+    "\\x{11f02}\\x{11f04}-\\x{11f10}\\x{11f12}-\\x{11f33}\\x{1342f}"
+    "\\x{13441}-\\x{13446}\\x{13460}-\\x{143fa}\\x{16100}-\\x{1611d}"
+    "\\x{16d40}-\\x{16d6c}\\x{18cff}\\x{1b132}\\x{1b155}\\x{1df25}-\\x{1df2a}"
+    "\\x{1e030}-\\x{1e06d}\\x{1e4d0}-\\x{1e4eb}\\x{1e5d0}-\\x{1e5ed}\\x{1e5f0}"
+    "\\x{2b739}\\x{2ebf0}-\\x{2ee5d}\\x{31350}-\\x{323af}";
+static const char DELTA_N[] = "\\x{10d40}-\\x{10d49}\\x{116d0}-\\x{116e3}\\x{11bf0}-\\x{11bf9}"
+                              "\\x{11f50}-\\x{11f59}\\x{16130}-\\x{16139}\\x{16d70}-\\x{16d79}"
+                              "\\x{1ccf0}-\\x{1ccf9}\\x{1d2c0}-\\x{1d2d3}\\x{1e4f0}-\\x{1e4f9}"
+                              "\\x{1e5f1}-\\x{1e5fa}";
+static const char WHITE_SPACE[] = "\\t-\\r \\x{85}\\x{a0}\\x{1680}\\x{2000}-\\x{200a}\\x{2028}"
+                                  "\\x{2029}\\x{202f}\\x{205f}\\x{3000}";
+
+/* Rewrites \p{L}, \p{N}, \P{L}, \P{N}, \s and \S as described above, into out (Oniguruma
+ * does not read the short \pL, so neither is it rewritten here).
+ * Inside a character class the additions are spliced into the class; a negated one (\P, \S)
+ * inside a class is left as it is (no model's pattern has one). */
+static int hf_unicode(const char *pat, size_t len, TokBuf *out)
+{
+    bool in_class = false;
+    size_t class_start = 0;
+    out->len = 0;
+    for (size_t i = 0; i < len;) {
+        const char *add = NULL, *cls = NULL;
+        size_t skip = 0;
+        bool neg = false;
+        if (pat[i] == '\\' && i + 1 < len) {
+            char c = pat[i + 1];
+            if ((c == 'p' || c == 'P') && i + 4 < len && pat[i + 2] == '{' &&
+                (pat[i + 3] == 'L' || pat[i + 3] == 'N') && pat[i + 4] == '}') {
+                add = pat[i + 3] == 'L' ? DELTA_L : DELTA_N;
+                cls = pat[i + 3] == 'L' ? "\\p{L}" : "\\p{N}";
+                neg = c == 'P';
+                skip = 5;
+            } else if (c == 's' || c == 'S') {
+                add = WHITE_SPACE;
+                cls = "";
+                neg = c == 'S';
+                skip = 2;
+            }
+            if (!add || (in_class && neg)) {
+                if (tokbuf_append(out, pat + i, 2))
+                    return PAGODA_ENOMEM;
+                i += 2;
+                continue;
+            }
+            int rc = in_class ? 0 : tokbuf_append(out, neg ? "[^" : "[", neg ? 2 : 1);
+            if (!rc)
+                rc = tokbuf_append(out, cls, strlen(cls));
+            if (!rc)
+                rc = tokbuf_append(out, add, strlen(add));
+            if (!rc && !in_class)
+                rc = tokbuf_append(out, "]", 1);
+            if (rc)
+                return rc;
+            i += skip;
+            continue;
+        }
+        if (!in_class && pat[i] == '[') {
+            in_class = true;
+            class_start = i + 1 + (i + 1 < len && pat[i + 1] == '^');
+        } else if (in_class && pat[i] == '[' && i + 1 < len && pat[i + 1] == ':') {
+            const char *end = strstr(pat + i, ":]"); /* a POSIX class: copied whole */
+            size_t n = end ? (size_t)(end - (pat + i)) + 2 : len - i;
+            if (tokbuf_append(out, pat + i, n))
+                return PAGODA_ENOMEM;
+            i += n;
+            continue;
+        } else if (in_class && pat[i] == ']' && i != class_start) {
+            in_class = false;
+        }
+        if (tokbuf_append(out, pat + i, 1))
+            return PAGODA_ENOMEM;
+        i++;
+    }
+    return tokbuf_reserve(out, 0);
+}
+
 static void compile_error(int code, char *buf, size_t len)
 {
     pcre2_get_error_message(code, (PCRE2_UCHAR *)buf, len);
@@ -53,7 +144,17 @@ static int compile_regex(const char *pat, size_t len, uint32_t extra, const char
     PCRE2_SIZE off;
     /* PCRE2_LITERAL takes no UCP (nothing in a literal depends on it) */
     uint32_t opts = PCRE2_UTF | extra | ((extra & PCRE2_LITERAL) ? 0 : PCRE2_UCP);
+    TokBuf hf = {0};
+    if (!(extra & PCRE2_LITERAL)) {
+        if (hf_unicode(pat, len, &hf)) {
+            tokbuf_fini(&hf);
+            return PAGODA_ENOMEM;
+        }
+        pat = hf.data;
+        len = hf.len;
+    }
     *re = pcre2_compile((PCRE2_SPTR)pat, len, opts, &err, &off, NULL);
+    tokbuf_fini(&hf);
     if (!*re) {
         char msg[128];
         compile_error(err, msg, sizeof(msg));

@@ -568,6 +568,49 @@ static void test_split_behaviors(void **state)
     }
 }
 
+/* HF's regexes see Unicode 16.0 (Oniguruma), PCRE2 here Unicode 14.0: a letter or digit added
+ * since (CJK extension H U+31350, Kaktovik numeral U+1D2C0) is one to the pattern, and U+180E is
+ * not whitespace. */
+static void test_regex_classes_follow_hf_unicode(void **state)
+{
+    struct {
+        const char *pattern;
+        const char *text;
+        int32_t want[6];
+        size_t n;
+    } cases[] = {
+        {"\\p{L}+",
+         "a\xF0\xB1\x8D\x90"
+         "b",
+         {0},
+         0},
+        {"[^\\p{L}]+",
+         "a\xF0\xB1\x8D\x90"
+         "b",
+         {260, 3 + 0xF0, 3 + 0xB1, 3 + 0x8D, 3 + 0x90, 261},
+         6},
+        {"\\p{N}", "\xF0\x9D\x8B\x80", {0}, 0},
+        {"\\s",
+         "a\xE1\xA0\x8E"
+         "b",
+         {260, 3 + 0xE1, 3 + 0xA0, 3 + 0x8E, 261},
+         5},
+        {"[\\s]", "a\xE1\xA0\x8E", {260, 3 + 0xE1, 3 + 0xA0, 3 + 0x8E}, 4},
+        {"\\S+", "a\xE1\xA0\x8E", {0}, 0},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        json_t *root = sentencepiece_fixture();
+        set_path(root, json_null(), "normalizer", NULL);
+        set_path(root,
+                 json_pack("{s:s, s:{s:s}, s:s, s:b}", "type", "Split", "pattern", "Regex",
+                           cases[i].pattern, "behavior", "Removed", "invert", 0),
+                 "pre_tokenizer", NULL);
+        Tokenizer *t = load(root);
+        expect_ids(t, cases[i].text, false, cases[i].want, cases[i].n);
+        tokenizer_free(t);
+    }
+}
+
 static void test_bytelevel_pretokenizer_regex_and_prefix_space(void **state)
 {
     json_t *root = bytelevel_fixture(true);
@@ -969,6 +1012,7 @@ int main(void)
         cmocka_unit_test(test_added_token_ids_are_assigned_as_hf_does),
         cmocka_unit_test(test_normalizers),
         cmocka_unit_test(test_split_behaviors),
+        cmocka_unit_test(test_regex_classes_follow_hf_unicode),
         cmocka_unit_test(test_bytelevel_pretokenizer_regex_and_prefix_space),
         cmocka_unit_test(test_digits),
         cmocka_unit_test(test_metaspace),
