@@ -61,11 +61,11 @@ typedef struct Symbol {
     uint32_t len;
 } Symbol;
 
-typedef struct HeapItem {
-    uint32_t rank;
-    uint32_t pos;
-    int32_t new_id;
-} HeapItem;
+/* A candidate merge on the heap: (rank << 32 | position), so that one integer comparison orders
+ * by rank and then leftmost first, as HF's does. A candidate is stale when the pair at its
+ * position is no longer the one of its rank (HF compares the new id; for one position the two
+ * tests agree, since the merged string, hence the new id, differs whenever the pair does). */
+typedef uint64_t HeapItem;
 
 static uint64_t hash_bytes(const char *s, size_t len)
 {
@@ -348,17 +348,12 @@ int tok_bpe_parse(const void *json, TokBpe **out)
 
 /* ---- merging one word ---- */
 
-static bool heap_less(const HeapItem *a, const HeapItem *b)
-{
-    return a->rank != b->rank ? a->rank < b->rank : a->pos < b->pos;
-}
-
 static void heap_push(HeapItem *h, size_t *n, HeapItem it)
 {
     size_t i = (*n)++;
     while (i > 0) {
         size_t p = (i - 1) / 2;
-        if (!heap_less(&it, &h[p]))
+        if (it >= h[p])
             break;
         h[i] = h[p];
         i = p;
@@ -375,9 +370,9 @@ static HeapItem heap_pop(HeapItem *h, size_t *n)
         size_t c = 2 * i + 1;
         if (c >= *n)
             break;
-        if (c + 1 < *n && heap_less(&h[c + 1], &h[c]))
+        if (c + 1 < *n && h[c + 1] < h[c])
             c++;
-        if (!heap_less(&h[c], &last))
+        if (h[c] >= last)
             break;
         h[i] = h[c];
         i = c;
@@ -413,14 +408,15 @@ static void try_push(const TokBpe *m, const Symbol *syms, HeapItem *heap, size_t
     int32_t next = syms[pos].next;
     const MergeSlot *ms = merge_find(m, syms[pos].id, syms[next].id);
     if (ms)
-        heap_push(heap, nheap, (HeapItem){ms->rank, (uint32_t)pos, ms->new_id});
+        heap_push(heap, nheap, (uint64_t)ms->rank << 32 | (uint32_t)pos);
 }
 
 static int merge_word(const TokBpe *m, const char *w, size_t len, TokenizerIds *out, TokScratch *s)
 {
-    /* at most one symbol per byte; at most n-1 initial pairs plus two per merge on the heap */
+    /* at most one symbol per byte; on the heap, at most n-1 pairs at first and each merge pops
+     * one and pushes at most two, over at most n-1 merges */
     if (grow(&s->bpe_syms, &s->bpe_syms_cap, len + 1, sizeof(Symbol)) ||
-        grow(&s->bpe_heap, &s->bpe_heap_cap, 3 * len + 1, sizeof(HeapItem)))
+        grow(&s->bpe_heap, &s->bpe_heap_cap, 2 * len + 1, sizeof(HeapItem)))
         return PAGODA_ENOMEM;
     Symbol *syms = s->bpe_syms;
     HeapItem *heap = s->bpe_heap;
@@ -471,23 +467,24 @@ static int merge_word(const TokBpe *m, const char *w, size_t len, TokenizerIds *
         try_push(m, syms, heap, &nheap, (int32_t)i);
     while (nheap) {
         HeapItem top = heap_pop(heap, &nheap);
-        Symbol *cur = &syms[top.pos];
+        uint32_t rank = (uint32_t)(top >> 32), pos = (uint32_t)top;
+        Symbol *cur = &syms[pos];
         if (cur->len == 0 || cur->next < 0)
             continue;
         Symbol *right = &syms[cur->next];
         const MergeSlot *ms = merge_find(m, cur->id, right->id);
-        if (!ms || ms->new_id != top.new_id)
+        if (!ms || ms->rank != rank)
             continue;
-        cur->id = top.new_id;
+        cur->id = ms->new_id;
         cur->len += right->len;
         cur->next = right->next;
         right->len = 0;
         if (cur->next >= 0)
-            syms[cur->next].prev = (int32_t)top.pos;
+            syms[cur->next].prev = (int32_t)pos;
         if (cur->prev >= 0)
             try_push(m, syms, heap, &nheap, cur->prev);
         if (cur->next >= 0)
-            try_push(m, syms, heap, &nheap, (int32_t)top.pos);
+            try_push(m, syms, heap, &nheap, (int32_t)pos);
     }
     size_t count = 0;
     for (int32_t i = 0; i >= 0; i = syms[i].next)
