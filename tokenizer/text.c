@@ -243,12 +243,21 @@ bool tok_is_numeric(uint32_t cp)
     return c == UTF8PROC_CATEGORY_ND || c == UTF8PROC_CATEGORY_NL || c == UTF8PROC_CATEGORY_NO;
 }
 
-bool tok_is_alphanumeric(uint32_t cp)
+bool tok_is_word_char(uint32_t cp)
 {
     if (cp < 0x80)
-        return (cp >= '0' && cp <= '9') || ((cp | 0x20) >= 'a' && (cp | 0x20) <= 'z');
+        return (cp >= '0' && cp <= '9') || ((cp | 0x20) >= 'a' && (cp | 0x20) <= 'z') || cp == '_';
+    if (cp == 0x200C || cp == 0x200D) /* Join_Control */
+        return true;
+    /* letters outside L that are Alphabetic (Other_Alphabetic symbols: circled and squared
+     * Latin letters) */
+    if ((cp >= 0x24B6 && cp <= 0x24E9) || (cp >= 0x1F130 && cp <= 0x1F149) ||
+        (cp >= 0x1F150 && cp <= 0x1F169) || (cp >= 0x1F170 && cp <= 0x1F189))
+        return true;
     utf8proc_category_t c = utf8proc_category((utf8proc_int32_t)cp);
-    return (c >= UTF8PROC_CATEGORY_LU && c <= UTF8PROC_CATEGORY_LO) || tok_is_numeric(cp);
+    return (c >= UTF8PROC_CATEGORY_LU && c <= UTF8PROC_CATEGORY_LO) || c == UTF8PROC_CATEGORY_MN ||
+           c == UTF8PROC_CATEGORY_MC || c == UTF8PROC_CATEGORY_ME || c == UTF8PROC_CATEGORY_ND ||
+           c == UTF8PROC_CATEGORY_NL || c == UTF8PROC_CATEGORY_PC;
 }
 
 /* Lossy conversion, streaming. A sequence is kept in pend while it may still complete; a byte

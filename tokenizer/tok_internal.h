@@ -62,8 +62,9 @@ uint32_t tok_utf8_decode(const char *s, size_t len, size_t *adv);
 size_t tok_utf8_encode(uint32_t cp, char *out);
 /* Rust's char::is_whitespace (the White_Space property). */
 bool tok_is_whitespace(uint32_t cp);
-/* Rust's char::is_alphanumeric, approximated by the L and N general categories. */
-bool tok_is_alphanumeric(uint32_t cp);
+/* The regex crate's Unicode \w, which HF's single_word test uses: Alphabetic, marks, decimal
+ * digits, connector punctuation, Join_Control (from utf8proc's general categories). */
+bool tok_is_word_char(uint32_t cp);
 /* Rust's char::is_numeric (the N general categories). */
 bool tok_is_numeric(uint32_t cp);
 

@@ -204,6 +204,7 @@ static void free_set(TokAddedSet *set)
     free(set->idx);
 }
 
+/* HF's single_word test: the regexes \w$ and ^\w on the text around the token. */
 static bool ends_with_word(const char *s, size_t len)
 {
     if (len == 0)
@@ -212,13 +213,13 @@ static bool ends_with_word(const char *s, size_t len)
     while (i > 0 && ((unsigned char)s[i] & 0xC0) == 0x80)
         i--;
     size_t adv;
-    return tok_is_alphanumeric(tok_utf8_decode(s + i, len - i, &adv));
+    return tok_is_word_char(tok_utf8_decode(s + i, len - i, &adv));
 }
 
 static bool starts_with_word(const char *s, size_t len)
 {
     size_t adv;
-    return len > 0 && tok_is_alphanumeric(tok_utf8_decode(s, len, &adv));
+    return len > 0 && tok_is_word_char(tok_utf8_decode(s, len, &adv));
 }
 
 /* Cuts text at the added tokens of set (HF's AddedVocabulary::find_matches: leftmost-longest

@@ -451,6 +451,14 @@ static void test_added_tokens_and_their_flags(void **state)
     EXPECT(t, "x ab", false, 120, 32, 265);
     EXPECT(t, "xab", false, 120, 97, 98);
     EXPECT(t, "ab1", false, 97, 98, 49);
+    /* HF tests \w (the regex crate's): a combining mark is a word character, a numeral that
+     * is not a decimal digit (Kaktovik U+1D2C0) is not */
+    EXPECT(t,
+           "e\xCC\x81"
+           "ab",
+           false, 101, 204, 129, 97, 98);
+    EXPECT(t, "ab\xF0\x9D\x8B\x80", false, 265, 240, 157, 139, 128);
+    EXPECT(t, "_ab", false, 95, 97, 98);
     tokenizer_free(t);
 
     /* normalized: matched in the normalized text (by its normalized content); not normalized:
