@@ -49,6 +49,9 @@ struct TokBpe {
     bool fuse_unk;
     bool byte_fallback;
     bool ignore_merges;
+    /* No token has U+2581 after another character than U+2581: a word may be cut before each
+     * run of U+2581 without changing its ids (see split_at_meta) */
+    bool meta_cuts;
     int32_t byte_ids[256]; /* <0xNN> ids, -1 when absent */
     CacheSlot *cache;
     pthread_mutex_t locks[TOK_CACHE_STRIPES];
@@ -276,6 +279,31 @@ static int parse_merges(TokBpe *m, const json_t *merges)
     return rc;
 }
 
+/* SentencePiece-style models without a pre-tokenizer (Llama 2, Mistral) hand the whole text to
+ * the model as one word. When no token of the vocabulary holds U+2581 after another character
+ * than U+2581 (and U+2581 itself is a token), no merge can join the symbols on both sides of the
+ * start of a run of U+2581: the word's ids are those of its pieces cut there, each through the
+ * word cache. Checked on the vocabulary at load. */
+static const char META[3] = {(char)0xE2, (char)0x96, (char)0x81};
+
+static bool meta_cuts_safe(const TokBpe *m)
+{
+    if (tok_bpe_token_to_id(m, META, 3) < 0)
+        return false;
+    for (size_t id = 0; id < m->nids; id++) {
+        const VocabEntry *e = &m->by_id[id];
+        if (e->off == UINT32_MAX)
+            continue;
+        const char *t = m->arena + e->off;
+        size_t run = 0; /* the leading run of U+2581 */
+        while (run + 3 <= e->len && memcmp(t + run, META, 3) == 0)
+            run += 3;
+        if (e->len > run && memmem(t + run, e->len - run, META, 3))
+            return false;
+    }
+    return true;
+}
+
 int tok_bpe_parse(const void *json, TokBpe **out)
 {
     const json_t *model = json;
@@ -342,6 +370,7 @@ int tok_bpe_parse(const void *json, TokBpe **out)
         snprintf(name, sizeof(name), "<0x%02X>", b);
         m->byte_ids[b] = tok_bpe_token_to_id(m, name, 6);
     }
+    m->meta_cuts = meta_cuts_safe(m);
     *out = m;
     return 0;
 }
@@ -521,16 +550,10 @@ static int ids_push(TokenizerIds *out, const int32_t *ids, size_t n)
     return 0;
 }
 
-int tok_bpe_encode_word(const TokBpe *m, const char *word, size_t len, TokenizerIds *out,
-                        TokScratch *s)
+/* One word through the cache, or merged (and remembered when it fits a slot). */
+static int encode_cached(const TokBpe *m, const char *word, size_t len, TokenizerIds *out,
+                         TokScratch *s)
 {
-    if (len == 0)
-        return 0;
-    if (m->ignore_merges) {
-        int32_t id = tok_bpe_token_to_id(m, word, len);
-        if (id >= 0)
-            return ids_push(out, &id, 1);
-    }
     if (len > TOK_CACHE_KEY_BYTES)
         return merge_word(m, word, len, out, s);
 
@@ -562,4 +585,30 @@ int tok_bpe_encode_word(const TokBpe *m, const char *word, size_t len, Tokenizer
     memcpy(c->ids, out->ids + before, c->nids * sizeof(*ids));
     pthread_mutex_unlock(lock);
     return 0;
+}
+
+int tok_bpe_encode_word(const TokBpe *m, const char *word, size_t len, TokenizerIds *out,
+                        TokScratch *s)
+{
+    if (len == 0)
+        return 0;
+    if (m->ignore_merges) { /* HF looks the whole word up, before anything else */
+        int32_t id = tok_bpe_token_to_id(m, word, len);
+        if (id >= 0)
+            return ids_push(out, &id, 1);
+    }
+    if (!m->meta_cuts || len <= TOK_CACHE_KEY_BYTES)
+        return encode_cached(m, word, len, out, s);
+    /* cut before each run of U+2581 (see meta_cuts_safe) */
+    size_t start = 0;
+    for (size_t i = 3; i + 3 <= len; i++) {
+        if (memcmp(word + i, META, 3) != 0 || memcmp(word + i - 3, META, 3) == 0)
+            continue;
+        int rc = encode_cached(m, word + start, i - start, out, s);
+        if (rc)
+            return rc;
+        start = i;
+        i += 2;
+    }
+    return encode_cached(m, word + start, len - start, out, s);
 }

@@ -414,6 +414,39 @@ static void test_long_word_is_not_quadratic(void **state)
     free(text);
 }
 
+/* A SentencePiece-style model encodes a long text (one word: no pre-tokenizer) piece by piece,
+ * cut before each run of U+2581, only when no token of its vocabulary could join across such a
+ * cut; a vocabulary with "a▁" (merged first) must see the whole word. */
+static void test_sentencepiece_long_text(void **state)
+{
+    char text[256] = "";
+    for (int i = 0; i < 40; i++)
+        strcat(text, i ? " ab" : "ab");
+    Tokenizer *t = load(sentencepiece_fixture());
+    int32_t want[40];
+    for (int i = 0; i < 40; i++)
+        want[i] = 265; /* ▁ab */
+    expect_ids(t, text, false, want, 40);
+    tokenizer_free(t);
+
+    json_t *root = sentencepiece_fixture();
+    json_object_set_new(json_object_get(json_object_get(root, "model"), "vocab"), "a" META,
+                        json_integer(268));
+    json_array_insert_new(json_object_get(json_object_get(root, "model"), "merges"), 0,
+                          json_string("a " META));
+    t = load(root);
+    memset(text, 0, sizeof(text));
+    for (int i = 0; i < 30; i++)
+        strcat(text, i ? " a" : "a");
+    int32_t want2[31];
+    want2[0] = 259; /* ▁, then a▁ 29 times, then a */
+    for (int i = 1; i < 30; i++)
+        want2[i] = 268;
+    want2[30] = 260;
+    expect_ids(t, text, false, want2, 31);
+    tokenizer_free(t);
+}
+
 /* ---- added tokens ---- */
 
 static json_t *with_added(json_t *root, int id, const char *content, const char *flag, bool special,
@@ -1015,6 +1048,7 @@ int main(void)
         cmocka_unit_test(test_ignore_merges_takes_whole_words),
         cmocka_unit_test(test_byte_fallback_and_unknown),
         cmocka_unit_test(test_long_word_is_not_quadratic),
+        cmocka_unit_test(test_sentencepiece_long_text),
         cmocka_unit_test(test_added_tokens_and_their_flags),
         cmocka_unit_test(test_lookups),
         cmocka_unit_test(test_added_token_ids_are_assigned_as_hf_does),
