@@ -83,6 +83,13 @@ void tokscratch_fini(TokScratch *s)
     memset(s, 0, sizeof(*s));
 }
 
+size_t tokscratch_bytes(const TokScratch *s)
+{
+    return s->a.buf.cap + s->a.cap * sizeof(TokSpan) + s->b.buf.cap + s->b.cap * sizeof(TokSpan) +
+           s->norm.cap + s->tmp.cap + s->cap_matches * sizeof(TokMatch) + s->bpe_syms_cap * 16 +
+           s->bpe_heap_cap * 8;
+}
+
 /* How many continuation bytes a lead byte takes, and the range its first continuation must be
  * in (Unicode Table 3-7, well-formed UTF-8 byte sequences); 0 continuations and lo > hi for a
  * byte that cannot start a sequence. */

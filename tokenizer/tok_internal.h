@@ -37,6 +37,10 @@
  * it stands: a stream of more than this many bytes of consecutive byte-fallback text that then
  * turns invalid is the one case where the deltas differ from tokenizer_decode. */
 #define TOK_STREAM_MAX_HELD_BYTES (64u << 10)
+/* Encoders' scratch kept for the next call (so that buffers and PCRE2's match data are reused
+ * rather than allocated per call): at most this many, each at most TOK_SCRATCH_KEEP_BYTES. */
+#define TOK_SCRATCH_POOL 8u
+#define TOK_SCRATCH_KEEP_BYTES (1u << 20)
 
 /* ---- byte buffers ---- */
 
@@ -113,6 +117,8 @@ typedef struct TokScratch {
 } TokScratch;
 
 void tokscratch_fini(TokScratch *s);
+/* The bytes a scratch holds (what keeping it costs). */
+size_t tokscratch_bytes(const TokScratch *s);
 
 /* ---- normalizers (normalize.c) ---- */
 
@@ -289,6 +295,10 @@ struct Tokenizer {
     bool has_template;
     TokDecoder dec[TOK_MAX_STAGES];
     size_t ndec;
+    /* scratch of past encodes, for the next (see TOK_SCRATCH_POOL) */
+    pthread_mutex_t pool_lock;
+    TokScratch *pool[TOK_SCRATCH_POOL];
+    size_t npool;
 };
 
 /* The string an id decodes from (added token first, then the model), or NULL. */

@@ -438,6 +438,11 @@ void tokenizer_free(Tokenizer *t)
     for (size_t i = 0; i < t->ntmpl; i++)
         free(t->tmpl[i].ids);
     tok_decoders_fini(t->dec, t->ndec);
+    for (size_t i = 0; i < t->npool; i++) {
+        tokscratch_fini(t->pool[i]);
+        free(t->pool[i]);
+    }
+    pthread_mutex_destroy(&t->pool_lock);
     free(t);
 }
 
@@ -464,6 +469,7 @@ static int build(const json_t *root, Tokenizer **out)
     Tokenizer *t = calloc(1, sizeof(*t));
     if (!t)
         return PAGODA_ENOMEM;
+    pthread_mutex_init(&t->pool_lock, NULL);
     rc = tok_bpe_parse(model, &t->bpe);
     if (!rc)
         rc = parse_added(t, json_object_get(root, "added_tokens"));
@@ -623,6 +629,36 @@ bool tokenizer_is_special(const Tokenizer *t, int32_t id)
 
 /* ---- encoding ---- */
 
+/* A scratch from the pool, or a new one (NULL when out of memory). */
+static TokScratch *scratch_get(const Tokenizer *t)
+{
+    Tokenizer *m = (Tokenizer *)t; /* the pool is the encoders' own, behind its lock */
+    TokScratch *s = NULL;
+    pthread_mutex_lock(&m->pool_lock);
+    if (m->npool)
+        s = m->pool[--m->npool];
+    pthread_mutex_unlock(&m->pool_lock);
+    return s ? s : calloc(1, sizeof(*s));
+}
+
+/* Keeps a scratch for the next call, unless the pool is full or the scratch grew large. */
+static void scratch_put(const Tokenizer *t, TokScratch *s)
+{
+    Tokenizer *m = (Tokenizer *)t;
+    if (tokscratch_bytes(s) <= TOK_SCRATCH_KEEP_BYTES) {
+        pthread_mutex_lock(&m->pool_lock);
+        if (m->npool < TOK_SCRATCH_POOL) {
+            m->pool[m->npool++] = s;
+            s = NULL;
+        }
+        pthread_mutex_unlock(&m->pool_lock);
+    }
+    if (s) {
+        tokscratch_fini(s);
+        free(s);
+    }
+}
+
 static int ids_push(TokenizerIds *out, int32_t id)
 {
     if (out->len == out->cap) {
@@ -641,6 +677,7 @@ static int encode_text(const Tokenizer *t, const char *text, size_t len, Tokeniz
                        TokScratch *s)
 {
     TokPieces *in = &s->a, *next = &s->b;
+    tokpieces_clear(in); /* the scratch may come from an earlier call */
     /* 1. the added tokens matched in the raw text */
     int rc = split_added(t, &t->added_raw, text, len, true, in);
     if (rc)
@@ -690,7 +727,9 @@ int tokenizer_encode(const Tokenizer *t, const char *text, size_t len, bool add_
     if (valid != len)
         return pagoda_error_set(PAGODA_EINVAL, "text is not valid UTF-8 at byte %zu", valid);
     size_t before = out->len;
-    TokScratch s = {0};
+    TokScratch *s = scratch_get(t);
+    if (!s)
+        return PAGODA_ENOMEM;
     int rc = 0;
     bool tmpl = add_special_tokens && t->has_template;
     size_t k = 0;
@@ -698,11 +737,11 @@ int tokenizer_encode(const Tokenizer *t, const char *text, size_t len, bool add_
         for (size_t j = 0; j < t->tmpl[k].n && !rc; j++)
             rc = ids_push(out, t->tmpl[k].ids[j]);
     if (!rc)
-        rc = encode_text(t, text ? text : "", len, out, &s);
+        rc = encode_text(t, text ? text : "", len, out, s);
     for (k = k + 1; tmpl && k < t->ntmpl && !rc; k++)
         for (size_t j = 0; j < t->tmpl[k].n && !rc; j++)
             rc = ids_push(out, t->tmpl[k].ids[j]);
-    tokscratch_fini(&s);
+    scratch_put(t, s);
     if (rc)
         out->len = before;
     return rc;
