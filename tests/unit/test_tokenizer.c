@@ -967,6 +967,17 @@ static void test_unsupported_components_are_refused_by_name(void **state)
                        "prepend_scheme", "sometimes"),
              "pre_tokenizer", NULL);
     refused(r, PAGODA_EUNSUPPORTED, "prepend_scheme", "sometimes");
+    r = bytelevel_fixture(true);
+    set_path(r,
+             json_pack("{s:s, s:{s:s}, s:s}", "type", "Replace", "pattern", "Regex", "x+",
+                       "content", "y"),
+             "decoder", NULL);
+    refused(r, PAGODA_EUNSUPPORTED, "decoder.pattern", "Regex");
+    r = bytelevel_fixture(true);
+    json_object_set_new(
+        json_array_get(json_object_get(json_object_get(r, "post_processor"), "single"), 1),
+        "Sequence", json_pack("{s:s, s:i}", "id", "B", "type_id", 0));
+    refused(r, PAGODA_EUNSUPPORTED, "post_processor.single[1]", "Sequence A");
 }
 
 static void test_malformed_files_are_refused(void **state)
