@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* Llama 3's pre-tokenizer pattern. */
 #define LLAMA3_REGEX                                                                               \
@@ -1000,6 +1001,23 @@ static void test_malformed_files_are_refused(void **state)
     json_object_set_new(json_array_get(json_object_get(r, "added_tokens"), 0), "lstrip",
                         json_string("yes"));
     refused(r, PAGODA_EFORMAT, "added_tokens[0].lstrip", NULL);
+    /* a file: read whole; a broken one names its path */
+    char path[] = "/tmp/pagoda-test-tokenizer-XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    char *doc = json_dumps(r = bytelevel_fixture(true), JSON_COMPACT);
+    json_decref(r);
+    assert_int_equal(write(fd, doc, strlen(doc)), (ssize_t)strlen(doc));
+    assert_int_equal(tokenizer_new_from_file(path, &t), 0);
+    EXPECT(t, " the", false, 258);
+    tokenizer_free(t);
+    t = NULL;
+    assert_int_equal(ftruncate(fd, (off_t)strlen(doc) / 2), 0);
+    assert_int_equal(tokenizer_new_from_file(path, &t), PAGODA_EFORMAT);
+    assert_non_null(strstr(pagoda_error_detail(), path));
+    free(doc);
+    close(fd);
+    unlink(path);
     assert_int_equal(tokenizer_new_from_file("/nonexistent/tokenizer.json", &t), PAGODA_ENOENT);
     assert_int_equal(tokenizer_new_from_file("/", &t), PAGODA_EINVAL);
     assert_null(t);
