@@ -366,12 +366,16 @@ static int parse_template(Tokenizer *t, const json_t *j, const char *path)
                 return PAGODA_ENOMEM;
             for (size_t k = 0; k < p->n; k++) {
                 const json_t *v = json_array_get(ids, k);
+                size_t len;
+                /* an id no token has: HF would emit it and then drop it when decoding */
                 if (!json_is_integer(v) || json_integer_value(v) < 0 ||
-                    json_integer_value(v) >= (json_int_t)t->vocab_size) {
+                    json_integer_value(v) >= (json_int_t)t->vocab_size ||
+                    !tok_id_string(t, (int32_t)json_integer_value(v), &len)) {
                     t->ntmpl++;
-                    return pagoda_error_set(PAGODA_EFORMAT,
-                                            "%s.special_tokens[\"%.64s\"].ids[%zu]: not an id",
-                                            path, name, k);
+                    return pagoda_error_set(
+                        PAGODA_EFORMAT,
+                        "%s.special_tokens[\"%.64s\"].ids[%zu]: not the id of a token", path, name,
+                        k);
                 }
                 p->ids[k] = (int32_t)json_integer_value(v);
             }

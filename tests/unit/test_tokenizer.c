@@ -1018,6 +1018,13 @@ static void test_malformed_files_are_refused(void **state)
     free(doc);
     close(fd);
     unlink(path);
+    /* a template emitting an id no token has (found by fuzz_tokenizer: its encodes could not
+     * be decoded) */
+    r = bytelevel_fixture(true);
+    json_object_set_new(json_object_get(json_object_get(r, "model"), "vocab"), "zz",
+                        json_integer(280)); /* ids 265-279: no token */
+    set_path(r, template_bos("<|bos|>", 270), "post_processor", NULL);
+    refused(r, PAGODA_EFORMAT, "post_processor.special_tokens[\"<|bos|>\"].ids[0]", NULL);
     assert_int_equal(tokenizer_new_from_file("/nonexistent/tokenizer.json", &t), PAGODA_ENOENT);
     assert_int_equal(tokenizer_new_from_file("/", &t), PAGODA_EINVAL);
     assert_null(t);
