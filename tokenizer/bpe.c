@@ -535,6 +535,8 @@ static int merge_word(const TokBpe *m, const char *w, size_t len, TokenizerIds *
 
 static int ids_push(TokenizerIds *out, const int32_t *ids, size_t n)
 {
+    if (n == 0) /* (out->ids may still be NULL) */
+        return 0;
     if (out->len + n > out->cap) {
         size_t cap = out->cap ? out->cap : 64;
         while (cap < out->len + n)
@@ -582,7 +584,8 @@ static int encode_cached(const TokBpe *m, const char *word, size_t len, Tokenize
     c->klen = (uint32_t)len;
     memcpy(c->key, word, len);
     c->nids = (uint32_t)(out->len - before);
-    memcpy(c->ids, out->ids + before, c->nids * sizeof(*ids));
+    if (c->nids) /* (out->ids may still be NULL) */
+        memcpy(c->ids, out->ids + before, c->nids * sizeof(*ids));
     pthread_mutex_unlock(lock);
     return 0;
 }

@@ -383,6 +383,29 @@ static void test_byte_fallback_and_unknown(void **state)
     }
 }
 
+/* A word none of whose characters the model knows (no byte fallback, no unknown token) has no
+ * ids, from the merges and then from the cache (found by fuzz_tokenizer: UBSan saw the empty id
+ * list's NULL pointer offset). */
+static void test_word_without_ids(void **state)
+{
+    json_t *root = sentencepiece_fixture();
+    set_path(root, json_null(), "normalizer", NULL);
+    set_path(root, json_false(), "model", "byte_fallback", NULL);
+    set_path(root, json_null(), "model", "unk_token", NULL);
+    Tokenizer *t = load(root);
+    for (int i = 0; i < 2; i++) {
+        TokenizerIds ids = {0};
+        assert_int_equal(tokenizer_encode(t, "\xE2\x82\xAC", 3, false, &ids), 0);
+        assert_int_equal(ids.len, 0);
+        tokenizer_ids_fini(&ids);
+    }
+    EXPECT(t,
+           "a\xE2\x82\xAC"
+           "b",
+           false, 264); /* the unknown character is dropped */
+    tokenizer_free(t);
+}
+
 static void test_long_word_is_not_quadratic(void **state)
 {
     /* 256 KiB without a break: one word of the byte-level model, and the whole text is one word
@@ -1084,6 +1107,7 @@ int main(void)
         cmocka_unit_test(test_ignore_merges_takes_whole_words),
         cmocka_unit_test(test_byte_fallback_and_unknown),
         cmocka_unit_test(test_long_word_is_not_quadratic),
+        cmocka_unit_test(test_word_without_ids),
         cmocka_unit_test(test_sentencepiece_long_text),
         cmocka_unit_test(test_added_tokens_and_their_flags),
         cmocka_unit_test(test_lookups),
