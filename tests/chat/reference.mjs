@@ -1,0 +1,200 @@
+// The reference writer of tests/chat/run: generates seeded conversations for the chat templates
+// of the tokenizer_config.json files named on the command line, renders each with npm
+// @huggingface/jinja, and writes one JSON object a line for chat_compare:
+//
+//   node reference.mjs NPM_DIR SEED COUNT OUT.jsonl NAME=CONFIG...
+//
+// {id, template, messages, tools, add_generation_prompt, extra, expected | error, expected_raw}
+//
+// expected is @huggingface/jinja's output with one correction, applied here and nowhere else: its
+// str.strip/lstrip/rstrip ignore their chars argument and, like its |trim, strip JavaScript's
+// whitespace set; Python (jinja2, which transformers runs) strips the given chars, or
+// str.isspace() characters. The Qwen3 template relies on strip('\n'), so the corrected output is
+// what transformers renders; expected_raw is the unmodified package's, for the record.
+import { createRequire } from "node:module";
+import { readFileSync, writeFileSync } from "node:fs";
+import path from "node:path";
+
+const [npmDir, seedArg, countArg, outPath, ...configArgs] = process.argv.slice(2);
+const require = createRequire(path.join(path.resolve(npmDir), "package.json"));
+const { Template, Environment, Interpreter } = require("@huggingface/jinja");
+
+// ---- seeded generation ----
+let state = Number(seedArg) >>> 0;
+function rand() {
+  // mulberry32
+  state = (state + 0x6d2b79f5) >>> 0;
+  let t = state;
+  t = Math.imul(t ^ (t >>> 15), t | 1);
+  t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+  return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+}
+const pick = (a) => a[Math.floor(rand() * a.length)];
+const chance = (p) => rand() < p;
+
+const WORDS = ["hello", "world", "What", "is", "the", "weather", "in", "Paris?", "def f(x):",
+  "return x + 1", "42", "3.14", "naïve", "café", "日本語", "中文测试", "한국어", "שלום", "مرحبا",
+  "👍🏽", "👨‍👩‍👧", "e\u0301", "Ω", "<b>bold</b>", "{\"a\": 1}", "'quoted'", "\"dq\"", "a\\b",
+  "{{ not a tag }}", "{% raw %}", "tab\tinside", "line\nbreak", "<|eot_id|>", "<|im_start|>",
+  "\u200b", "ß", "İ"];
+const EDGES = ["", "", "", " ", "  ", "\n", "\n\n", "\t", " \n ", "\u00a0", "\u3000", "\r\n",
+  "\u2028"];
+// Whitespace to Python (str.isspace) but not to JavaScript, or the reverse: rarer, so that most
+// conversations also compare with the unmodified reference.
+const EDGES_DIVERGENT = ["\u0085", "\ufeff", "\u001f"];
+const edge = () => (chance(0.03) ? pick(EDGES_DIVERGENT) : pick(EDGES));
+
+function text(maxWords = 12) {
+  if (chance(0.08)) return "";
+  const n = 1 + Math.floor(rand() * maxWords);
+  const parts = [];
+  for (let i = 0; i < n; i++) parts.push(pick(WORDS));
+  return edge() + parts.join(pick([" ", " ", "\n", ", "])) + edge();
+}
+
+function argsValue(depth = 0) {
+  switch (Math.floor(rand() * (depth > 1 ? 4 : 6))) {
+    case 0: return text(4);
+    case 1: return Math.floor(rand() * 2000) - 1000;
+    case 2: return Math.floor(rand() * 1000) / 8 + 0.125;  // never integral: JS has no 2.0
+    case 3: return chance(0.5);
+    case 4: return [argsValue(depth + 1), argsValue(depth + 1)];
+    default: return { unit: pick(["c", "f"]), nested: argsValue(depth + 1) };
+  }
+}
+
+const TOOLS = [
+  { type: "function", function: { name: "get_weather", description: "Get the weather",
+    parameters: { type: "object", properties: { city: { type: "string", description: "City" },
+      unit: { type: "string", enum: ["c", "f"] } }, required: ["city"] } } },
+  { type: "function", function: { name: "search", description: "Search the web: ünïcode",
+    parameters: { type: "object", properties: { q: { type: "string" }, n: { type: "integer" } } } } },
+];
+
+function toolCall() {
+  const args = {};
+  const n = Math.floor(rand() * 3);
+  for (let i = 0; i < n; i++) args[pick(["city", "q", "n", "unit", "x"]) + i] = argsValue();
+  const fn = { name: pick(["get_weather", "search"]), arguments: chance(0.3) ? JSON.stringify(args) : args };
+  return chance(0.8) ? { id: "call_" + Math.floor(rand() * 1e6), type: "function", function: fn } : fn;
+}
+
+function conversation(kind) {
+  const messages = [];
+  let tools = null;
+  const extra = {};
+  if (chance(0.5)) messages.push({ role: "system", content: text() });
+  const turns = 1 + Math.floor(rand() * 8);
+  const qwen = kind === "qwen";
+  if (qwen && chance(0.35)) tools = TOOLS.slice(0, 1 + Math.floor(rand() * 2));
+  if (qwen && chance(0.6)) extra.enable_thinking = chance(0.5);
+  for (let t = 0; t < turns; t++) {
+    if (qwen && chance(0.1)) messages.push({ role: "user", content: "<tool_response>" + text(3) + "</tool_response>" });
+    else messages.push({ role: "user", content: text() });
+    if (t === turns - 1 && chance(0.6)) break;  // end on a user turn
+    const m = { role: "assistant", content: text() };
+    if (qwen) {
+      if (chance(0.25)) m.reasoning_content = chance(0.8) ? text() : null;
+      else if (chance(0.25)) m.content = pick(["", "\n"]) + "<think>" + text() + "</think>" + text();
+      if (chance(0.3)) {
+        m.tool_calls = [];
+        const k = 1 + Math.floor(rand() * 2);
+        for (let i = 0; i < k; i++) m.tool_calls.push(toolCall());
+        if (chance(0.3)) m.content = chance(0.8) ? "" : null;
+        messages.push(m);
+        for (let i = 0; i < k; i++) messages.push({ role: "tool", content: text(5) });
+        continue;
+      }
+    }
+    messages.push(m);
+  }
+  return { messages, tools, extra };
+}
+
+// ---- rendering ----
+function varsOf(config, c, agp) {
+  const vars = {};
+  for (const k of ["bos_token", "eos_token", "unk_token", "pad_token"]) {
+    let v = config[k];
+    if (v && typeof v === "object") v = v.content;
+    if (typeof v === "string") vars[k] = v;
+  }
+  Object.assign(vars, c.extra);
+  vars.messages = c.messages;
+  vars.tools = c.tools;
+  vars.add_generation_prompt = agp;
+  return vars;
+}
+
+function render(tpl, vars) {
+  try {
+    return { out: new Template(tpl).render(structuredClone(vars)) };
+  } catch (e) {
+    return { error: String(e && e.message ? e.message : e) };
+  }
+}
+
+const cases = [];
+let id = 0;
+for (const arg of configArgs) {
+  const eq = arg.indexOf("=");
+  const name = arg.slice(0, eq);
+  const config = JSON.parse(readFileSync(arg.slice(eq + 1), "utf8"));
+  const kind = name.startsWith("qwen") ? "qwen" : "llama";
+  for (let i = 0; i < Number(countArg); i++) {
+    const c = conversation(kind);
+    for (const agp of [false, true]) cases.push({ id: id++, template: name, tpl: config.chat_template, config, ...c, agp });
+  }
+}
+for (const c of cases) c.raw = render(c.tpl, varsOf(c.config, c, c.agp));
+
+// ---- the correction: Python's str.strip family ----
+const isPySpace = (ch) => {
+  const c = ch.codePointAt(0);
+  return (c >= 0x09 && c <= 0x0d) || (c >= 0x1c && c <= 0x20) || c === 0x85 || c === 0xa0 ||
+    c === 0x1680 || (c >= 0x2000 && c <= 0x200a) || c === 0x2028 || c === 0x2029 ||
+    c === 0x202f || c === 0x205f || c === 0x3000;
+};
+function pyStrip(s, chars, left, right) {
+  const a = Array.from(s);
+  const strip = chars == null ? isPySpace : (ch) => chars.includes(ch);
+  let b = 0, e = a.length;
+  if (left) while (b < e && strip(a[b])) b++;
+  if (right) while (e > b && strip(a[e - 1])) e--;
+  return a.slice(b, e).join("");
+}
+String.prototype.trim = function () { return pyStrip(String(this), null, true, true); };
+String.prototype.trimStart = function () { return pyStrip(String(this), null, true, false); };
+String.prototype.trimEnd = function () { return pyStrip(String(this), null, false, true); };
+{
+  const env = new Environment();
+  const sample = new Interpreter(env).evaluate({ type: "StringLiteral", value: "x" }, env);
+  const proto = Object.getPrototypeOf(sample);
+  const desc = Object.getOwnPropertyDescriptor(proto, "builtins");
+  const FunctionValue = sample.builtins.get("upper").constructor;
+  const StringValue = sample.constructor;
+  Object.defineProperty(proto, "builtins", {
+    get() {
+      const m = desc.get.call(this);
+      for (const [fn, l, r] of [["strip", true, true], ["lstrip", true, false], ["rstrip", false, true]]) {
+        m.set(fn, new FunctionValue((args) => {
+          const chars = args[0] && args[0].type === "StringValue" ? args[0].value : null;
+          return new StringValue(pyStrip(this.value, chars, l, r));
+        }));
+      }
+      return m;
+    },
+  });
+}
+
+const lines = [];
+for (const c of cases) {
+  const r = render(c.tpl, varsOf(c.config, c, c.agp));
+  const rec = { id: c.id, template: c.template, messages: c.messages, tools: c.tools,
+    add_generation_prompt: c.agp, extra: c.extra };
+  if ("out" in r) rec.expected = r.out; else rec.error = r.error;
+  rec.expected_raw = "out" in c.raw ? c.raw.out : null;
+  lines.push(JSON.stringify(rec));
+}
+writeFileSync(outPath, lines.join("\n") + "\n");
+console.log(`reference.mjs: ${cases.length} cases written to ${outPath}`);
