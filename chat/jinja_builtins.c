@@ -856,6 +856,23 @@ int jinja_test(struct jrender *r, int line, const char *name, size_t len, const 
 
 /* ---- filters ---- */
 
+static const char *const FILTERS[] = {
+    "safe",       "e",       "escape",   "forceescape", "default",    "d",          "tojson",
+    "string",     "length",  "count",    "list",        "int",        "float",      "abs",
+    "round",      "items",   "dictsort", "first",       "last",       "reverse",    "sort",
+    "unique",     "join",    "select",   "reject",      "selectattr", "rejectattr", "map",
+    "sum",        "max",     "min",      "trim",        "upper",      "lower",      "title",
+    "capitalize", "replace", "indent",   "wordcount",   NULL,
+};
+
+bool jinja_filter_exists(const char *name, size_t len)
+{
+    for (size_t k = 0; FILTERS[k] != NULL; k++)
+        if (strlen(FILTERS[k]) == len && memcmp(FILTERS[k], name, len) == 0)
+            return true;
+    return false;
+}
+
 /* For select/reject/selectattr/rejectattr/map: the test or filter named by the first string
  * argument (after skip arguments), applied with the remaining ones. */
 static struct jargs rest_args(const struct jargs *a, size_t skip)

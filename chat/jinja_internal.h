@@ -386,8 +386,10 @@ int jinja_filter(struct jrender *r, struct jframe *f, int line, const char *name
 /* Applies the test named (name, len). Unknown tests: PAGODA_EINVAL. */
 int jinja_test(struct jrender *r, int line, const char *name, size_t len, const jv *in,
                const struct jargs *args, bool *out);
-/* True when a test of that name exists (select/reject take a name). */
+/* True when a test / filter of that name exists (the parser refuses unknown ones, as jinja2's
+ * compiler does; select/reject and map take names at run time). */
 bool jinja_test_exists(const char *name, size_t len);
+bool jinja_filter_exists(const char *name, size_t len);
 /* Calls a global function or bound method. */
 int jinja_call_func(struct jrender *r, int line, const struct jfunc *fn, const struct jargs *args,
                     jv *out);

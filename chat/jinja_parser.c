@@ -334,7 +334,7 @@ static int parse_postfix(struct parser *p, struct jnode **io)
     }
 }
 
-/* A filter's or test's name: a name, or dotted names as jinja2 allows. */
+/* A filter's or test's name. */
 static int parse_dotted_name(struct parser *p, struct jnode *n)
 {
     const struct jtoken *t = peek(p);
@@ -344,6 +344,12 @@ static int parse_dotted_name(struct parser *p, struct jnode *n)
     n->len = t->len;
     p->i++;
     return 0;
+}
+
+static int unknown(const struct jtoken *t, const char *what, const struct jnode *n)
+{
+    return pagoda_error_set(PAGODA_EINVAL, "line %d: unknown %s '%.*s'", t->line, what,
+                            (int)(n->len < 64 ? n->len : 64), n->str);
 }
 
 static bool starts_test_arg(const struct jtoken *t)
@@ -368,6 +374,8 @@ static int parse_filter_expr(struct parser *p, struct jnode **io)
                 return oom(p);
             if ((rc = parse_dotted_name(p, n)) != 0)
                 return rc;
+            if (!jinja_filter_exists(n->str, n->len))
+                return unknown(t, "filter", n);
             if (accept_op(p, JOP_LPAREN) && (rc = parse_call_args(p, &n->args)) != 0)
                 return rc;
             n->a = *io;
@@ -381,6 +389,8 @@ static int parse_filter_expr(struct parser *p, struct jnode **io)
                 n->op = JOP_NOT;
             if ((rc = parse_dotted_name(p, n)) != 0)
                 return rc;
+            if (!jinja_test_exists(n->str, n->len))
+                return unknown(t, "test", n);
             if (accept_op(p, JOP_LPAREN)) {
                 if ((rc = parse_call_args(p, &n->args)) != 0)
                     return rc;

@@ -6,11 +6,14 @@
 //
 // {id, template, messages, tools, add_generation_prompt, extra, expected | error, expected_raw}
 //
-// expected is @huggingface/jinja's output with one correction, applied here and nowhere else: its
-// str.strip/lstrip/rstrip ignore their chars argument and, like its |trim, strip JavaScript's
-// whitespace set; Python (jinja2, which transformers runs) strips the given chars, or
-// str.isspace() characters. The Qwen3 template relies on strip('\n'), so the corrected output is
-// what transformers renders; expected_raw is the unmodified package's, for the record.
+// expected is @huggingface/jinja's output with two corrections, applied here and nowhere else,
+// where the package departs from Python's jinja2, which transformers runs:
+//   - its str.strip/lstrip/rstrip ignore their chars argument and, like its |trim, strip
+//     JavaScript's whitespace set; Python strips the given chars, or str.isspace() characters
+//     (the Qwen3 template relies on strip('\n'));
+//   - its == and != are JavaScript's loose ones ("" == false); Python's are typed (Llama 2's
+//     template tests `system_message != false`).
+// expected_raw is the unmodified package's output, for the record.
 import { createRequire } from "node:module";
 import { readFileSync, writeFileSync } from "node:fs";
 import path from "node:path";
@@ -86,8 +89,13 @@ function conversation(kind) {
   if (chance(0.5)) messages.push({ role: "system", content: text() });
   const turns = 1 + Math.floor(rand() * 8);
   const qwen = kind === "qwen";
-  if (qwen && chance(0.35)) tools = TOOLS.slice(0, 1 + Math.floor(rand() * 2));
+  const llama31 = kind === "llama31";
+  if ((qwen || llama31) && chance(0.35)) tools = TOOLS.slice(0, 1 + Math.floor(rand() * 2));
   if (qwen && chance(0.6)) extra.enable_thinking = chance(0.5);
+  if (llama31) {
+    extra.date_string = "26 Jul 2024";  // never the clock: both sides render the same day
+    if (chance(0.5)) extra.tools_in_user_message = chance(0.5);
+  }
   for (let t = 0; t < turns; t++) {
     if (qwen && chance(0.1)) messages.push({ role: "user", content: "<tool_response>" + text(3) + "</tool_response>" });
     else messages.push({ role: "user", content: text() });
@@ -105,6 +113,16 @@ function conversation(kind) {
         for (let i = 0; i < k; i++) messages.push({ role: "tool", content: text(5) });
         continue;
       }
+    }
+    if (llama31 && chance(0.3)) {
+      // one call a turn (the template refuses two), arguments as an object
+      const call = toolCall();
+      m.tool_calls = [call.function ? call : { type: "function", function: call }];
+      if (typeof m.tool_calls[0].function.arguments === "string") m.tool_calls[0].function.arguments = {};
+      if (chance(0.1)) m.tool_calls.push(m.tool_calls[0]);
+      messages.push(m);
+      messages.push({ role: pick(["tool", "ipython"]), content: text(5) });
+      continue;
     }
     messages.push(m);
   }
@@ -140,7 +158,7 @@ for (const arg of configArgs) {
   const eq = arg.indexOf("=");
   const name = arg.slice(0, eq);
   const config = JSON.parse(readFileSync(arg.slice(eq + 1), "utf8"));
-  const kind = name.startsWith("qwen") ? "qwen" : "llama";
+  const kind = name.startsWith("qwen") ? "qwen" : name === "llama3_1_tools" ? "llama31" : "llama";
   for (let i = 0; i < Number(countArg); i++) {
     const c = conversation(kind);
     for (const agp of [false, true]) cases.push({ id: id++, template: name, tpl: config.chat_template, config, ...c, agp });
@@ -185,6 +203,37 @@ String.prototype.trimEnd = function () { return pyStrip(String(this), null, fals
       return m;
     },
   });
+}
+
+// ---- the correction: Python's == and != ----
+// @huggingface/jinja compares with JavaScript's loose ==, so "" == false and 0 == "" there; in
+// Python (and so in transformers) values of different types are unequal, except numbers and
+// booleans among themselves (Llama 2's template tests `system_message != false`).
+{
+  const proto = Interpreter.prototype;
+  const original = proto.evaluateBinaryExpression;
+  const numeric = (v) => ["IntegerValue", "FloatValue", "BooleanValue"].includes(v.type);
+  const seq = (v) => v.type === "ArrayValue" || v.type === "TupleValue";
+  const map = (v) => v.type === "ObjectValue" || v.type === "KeywordArgumentsValue";
+  const pyEqual = (a, b) => {
+    if (numeric(a) && numeric(b)) return Number(a.value) === Number(b.value);
+    if (seq(a) && seq(b))
+      return a.value.length === b.value.length && a.value.every((x, i) => pyEqual(x, b.value[i]));
+    if (map(a) && map(b))
+      return a.value.size === b.value.size &&
+        [...a.value].every(([k, v]) => b.value.has(k) && pyEqual(v, b.value.get(k)));
+    if (a.type !== b.type) return false;
+    if (a.type === "NullValue" || a.type === "UndefinedValue") return true;
+    return a.value === b.value;
+  };
+  let BooleanValue = null;
+  proto.evaluateBinaryExpression = function (node, environment) {
+    const op = node.operator.value;
+    if (op !== "==" && op !== "!=") return original.call(this, node, environment);
+    if (BooleanValue === null) BooleanValue = original.call(this, node, environment).constructor;
+    const eq = pyEqual(this.evaluate(node.left, environment), this.evaluate(node.right, environment));
+    return new BooleanValue(op === "==" ? eq : !eq);
+  };
 }
 
 const lines = [];

@@ -10,6 +10,7 @@
 #include "chat/jinja.h"
 #include "common/error.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -160,6 +161,77 @@ static void test_filters_and_methods(void **state)
           "012[1, 3, 5]");
 }
 
+static void test_more_tests_and_filters(void **state)
+{
+    (void)state;
+    check("{{ x is undefined }}{{ 1.5 is float }}{{ 's' is iterable }}{{ 's' is sequence }}"
+          "{{ range is callable }}{{ true is true }}{{ false is false }}{{ 2 is even }}"
+          "{{ 1 is equalto 1 }}{{ 1 is ne 2 }}{{ 1 is lt 2 }}{{ 2 is ge 2 }}{{ 'a' is in 'ab' }}"
+          "{{ 'ab' is lower }}{{ 'AB' is upper }}{{ none is sameas none }}{{ 1 is not string }}",
+          NULL, "TrueTrueTrueTrueTrueTrueTrueTrueTrueTrueTrueTrueTrueTrueTrueTrueTrue");
+    check("{{ [1,2,3]|reject('odd')|list }}|{{ '<a&b>'|e }}|{{ [2,1]|min }}|{{ 'x'|d('y') }}|"
+          "{{ ['a','B','b']|unique|list }}|{{ [{'n': 2}, {'n': "
+          "1}]|sort(attribute='n')|map(attribute='n')|list }}|"
+          "{{ [1,2]|map('string')|join('+') }}|{{ 'ab'|count }}",
+          NULL, "[2]|&lt;a&amp;b&gt;|1|x|['a', 'B']|[1, 2]|1+2|2");
+    /* a loop over a dict walks its keys, in their order; over a string, its characters */
+    check("{% for k in d %}{{ k }}{% endfor %}|{% for c in 'hé' %}[{{ c }}]{% endfor %}",
+          "{\"d\": {\"z\": 1, \"a\": 2}}", "za|[h][é]");
+    check_error("{% macro m(a) %}{{ a }}{% endmacro %}{{ m(1, 2) }}", NULL, PAGODA_EFORMAT,
+                "takes not more than 1 argument");
+    check_error("{% macro m(a) %}{{ a }}{% endmacro %}{{ m(b=1) }}", NULL, PAGODA_EFORMAT,
+                "no keyword argument 'b'");
+    check_error("{{ [1]|map('nosuch')|list }}", NULL, PAGODA_EINVAL, "unknown filter 'nosuch'");
+}
+
+/* One compiled template rendered by several threads at once gives each the same text. */
+#define THREADS 4
+struct job {
+    const JinjaTemplate *tpl;
+    json_t *vars;
+    int failures;
+};
+
+static void *render_many(void *arg)
+{
+    struct job *j = arg;
+    for (int k = 0; k < 200; k++) {
+        char *out;
+        size_t len;
+        if (jinja_render(j->tpl, j->vars, &out, &len) != 0 || strcmp(out, "<s>a:x|b:y|2") != 0)
+            j->failures++;
+        if (out != NULL)
+            free(out);
+    }
+    return NULL;
+}
+
+static void test_threads(void **state)
+{
+    (void)state;
+    const char *src =
+        "{{ bos }}{% set ns = namespace(n=0) %}{% for m in ms %}{{ m.r }}:{{ m.c|trim }}"
+        "{% if not loop.last %}|{% endif %}{% set ns.n = ns.n + 1 %}{% endfor %}|{{ ns.n }}";
+    JinjaTemplate *t;
+    assert_int_equal(jinja_template_new(src, strlen(src), &t), 0);
+    json_error_t e;
+    json_t *vars = json_loads("{\"bos\": \"<s>\", \"ms\": [{\"r\": \"a\", \"c\": \" x \"},"
+                              " {\"r\": \"b\", \"c\": \"y\"}]}",
+                              0, &e);
+    struct job jobs[THREADS];
+    pthread_t th[THREADS];
+    for (int i = 0; i < THREADS; i++) {
+        jobs[i] = (struct job){t, vars, 0};
+        assert_int_equal(pthread_create(&th[i], NULL, render_many, &jobs[i]), 0);
+    }
+    for (int i = 0; i < THREADS; i++) {
+        pthread_join(th[i], NULL);
+        assert_int_equal(jobs[i].failures, 0);
+    }
+    json_decref(vars);
+    jinja_template_free(t);
+}
+
 static void test_errors_name_lines(void **state)
 {
     (void)state;
@@ -217,14 +289,23 @@ static void test_limits(void **state)
     assert_int_equal(jinja_template_new(big, JINJA_MAX_SOURCE_BYTES + 1, &t), PAGODA_ERANGE);
     free(big);
     check_error("{{ range(1000000)|length }}", NULL, PAGODA_ERANGE, "range too big");
+    /* intermediate values past the render's memory bound */
+    check_error("{% set s = 'x' * 1000000 %}{% for i in range(200) %}{% set t = s ~ i %}"
+                "{% endfor %}",
+                NULL, PAGODA_ERANGE, "bytes of memory");
 }
 
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_expressions),       cmocka_unit_test(test_statements),
-        cmocka_unit_test(test_whitespace),        cmocka_unit_test(test_filters_and_methods),
-        cmocka_unit_test(test_errors_name_lines), cmocka_unit_test(test_limits),
+        cmocka_unit_test(test_expressions),
+        cmocka_unit_test(test_statements),
+        cmocka_unit_test(test_whitespace),
+        cmocka_unit_test(test_filters_and_methods),
+        cmocka_unit_test(test_errors_name_lines),
+        cmocka_unit_test(test_limits),
+        cmocka_unit_test(test_more_tests_and_filters),
+        cmocka_unit_test(test_threads),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
