@@ -78,10 +78,12 @@ int jinja_iterate(struct jrender *r, int line, const jv *v, const jv **items, si
 {
     int rc;
     switch (v->kind) {
-    case JV_UNDEFINED:
-        *items = NULL;
+    case JV_UNDEFINED: {
+        static const jv none[1]; /* never NULL: callers memcpy from it */
+        *items = none;
         *n = 0;
         return 0;
+    }
     case JV_LIST:
         *items = v->u.list->v;
         *n = v->u.list->n;
@@ -344,14 +346,12 @@ static int change_case(struct jrender *r, int line, const jv *s, enum casing how
     return jinja_step(r, s->u.s.len / 16);
 }
 
+/* glibc's memmem is linear in the haystack (two-way), never haystack times needle. */
 static const char *find_sub(const char *h, size_t hl, const char *n, size_t nl)
 {
     if (nl == 0)
         return h;
-    for (size_t i = 0; i + nl <= hl; i++)
-        if (memcmp(h + i, n, nl) == 0)
-            return h + i;
-    return NULL;
+    return memmem(h, hl, n, nl);
 }
 
 static int str_replace(struct jrender *r, int line, const jv *s, const jv *old, const jv *new_,

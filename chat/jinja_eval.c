@@ -330,12 +330,8 @@ static int contains(struct jrender *r, int line, const jv *needle, const jv *hay
             *out = true;
             return 0;
         }
-        *out = false;
-        for (size_t i = 0; i + needle->u.s.len <= hay->u.s.len; i++)
-            if (memcmp(hay->u.s.p + i, needle->u.s.p, needle->u.s.len) == 0) {
-                *out = true;
-                break;
-            }
+        /* glibc's memmem is linear (two-way), whatever the needle */
+        *out = memmem(hay->u.s.p, hay->u.s.len, needle->u.s.p, needle->u.s.len) != NULL;
         return jinja_step(r, hay->u.s.len / 64);
     case JV_LIST:
         *out = false;

@@ -352,8 +352,12 @@ static int64_t inum(const jv *v)
     return v->kind == JV_INT ? v->u.i : (int64_t)v->u.b;
 }
 
-bool jv_equal(const jv *a, const jv *b)
+/* Nested containers compare to JINJA_MAX_DEPTH levels (values a template builds can nest
+ * deeper than the C stack should recurse): below that, they are taken as unequal. */
+static bool equal_at(const jv *a, const jv *b, unsigned depth)
 {
+    if (depth > JINJA_MAX_DEPTH)
+        return false;
     if (is_number(a) && is_number(b)) {
         if (a->kind != JV_FLOAT && b->kind != JV_FLOAT)
             return inum(a) == inum(b);
@@ -371,7 +375,7 @@ bool jv_equal(const jv *a, const jv *b)
         if (a->u.list->n != b->u.list->n)
             return false;
         for (size_t i = 0; i < a->u.list->n; i++)
-            if (!jv_equal(&a->u.list->v[i], &b->u.list->v[i]))
+            if (!equal_at(&a->u.list->v[i], &b->u.list->v[i], depth + 1))
                 return false;
         return true;
     case JV_DICT: {
@@ -384,7 +388,7 @@ bool jv_equal(const jv *a, const jv *b)
                 if (y->e[k].klen == x->e[i].klen &&
                     memcmp(y->e[k].key, x->e[i].key, x->e[i].klen) == 0)
                     break;
-            if (k == y->n || !jv_equal(&x->e[i].v, &y->e[k].v))
+            if (k == y->n || !equal_at(&x->e[i].v, &y->e[k].v, depth + 1))
                 return false;
         }
         return true;
@@ -402,13 +406,22 @@ bool jv_equal(const jv *a, const jv *b)
     }
 }
 
+bool jv_equal(const jv *a, const jv *b)
+{
+    return equal_at(a, b, 0);
+}
+
 static uint32_t fold(uint32_t cp, bool case_sensitive)
 {
     return case_sensitive ? cp : (uint32_t)utf8proc_tolower((utf8proc_int32_t)cp);
 }
 
-int jv_compare(struct jrender *r, int line, const jv *a, const jv *b, bool case_sensitive, int *cmp)
+static int compare_at(struct jrender *r, int line, const jv *a, const jv *b, bool case_sensitive,
+                      int *cmp, unsigned depth)
 {
+    if (depth > JINJA_MAX_DEPTH)
+        return jinja_fail(r, line, PAGODA_ERANGE, "values nested deeper than %u compared",
+                          JINJA_MAX_DEPTH);
     if (is_number(a) && is_number(b)) {
         if (a->kind != JV_FLOAT && b->kind != JV_FLOAT)
             *cmp = inum(a) < inum(b) ? -1 : inum(a) > inum(b);
@@ -439,13 +452,18 @@ int jv_compare(struct jrender *r, int line, const jv *a, const jv *b, bool case_
             const jv *x = &a->u.list->v[i], *y = &b->u.list->v[i];
             if (jv_equal(x, y))
                 continue;
-            return jv_compare(r, line, x, y, case_sensitive, cmp);
+            return compare_at(r, line, x, y, case_sensitive, cmp, depth + 1);
         }
         *cmp = a->u.list->n < b->u.list->n ? -1 : a->u.list->n > b->u.list->n;
         return 0;
     }
     return jinja_fail(r, line, PAGODA_EFORMAT, "'<' not supported between '%s' and '%s'",
                       jv_type_name(a), jv_type_name(b));
+}
+
+int jv_compare(struct jrender *r, int line, const jv *a, const jv *b, bool case_sensitive, int *cmp)
+{
+    return compare_at(r, line, a, b, case_sensitive, cmp, 0);
 }
 
 /* ---- buffers and text ---- */

@@ -174,6 +174,8 @@ static void test_more_tests_and_filters(void **state)
           "1}]|sort(attribute='n')|map(attribute='n')|list }}|"
           "{{ [1,2]|map('string')|join('+') }}|{{ 'ab'|count }}",
           NULL, "[2]|&lt;a&amp;b&gt;|1|x|['a', 'B']|[1, 2]|1+2|2");
+    /* undefined iterates as nothing (fuzz_jinja found the empty copy) */
+    check("{{ nothing|list }}|{{ nothing|reverse|list }}|{{ nothing|length }}", NULL, "[]|[]|0");
     /* a loop over a dict walks its keys, in their order; over a string, its characters */
     check("{% for k in d %}{{ k }}{% endfor %}|{% for c in 'hé' %}[{{ c }}]{% endfor %}",
           "{\"d\": {\"z\": 1, \"a\": 2}}", "za|[h][é]");
@@ -289,6 +291,17 @@ static void test_limits(void **state)
     assert_int_equal(jinja_template_new(big, JINJA_MAX_SOURCE_BYTES + 1, &t), PAGODA_ERANGE);
     free(big);
     check_error("{{ range(1000000)|length }}", NULL, PAGODA_ERANGE, "range too big");
+    /* values a template nests deeper than the C stack should follow */
+    check_error(
+        "{% set ns = namespace(l=[]) %}{% for i in range(10000) %}{% set ns.l = [ns.l, 1] %}"
+        "{% endfor %}{{ [ns.l] < [ns.l + [2]] }}",
+        NULL, PAGODA_ERANGE, "nested deeper than 256 compared");
+    check_error("{% set ns = namespace(l=[]) %}{% for i in range(10000) %}{% set ns.l = [ns.l] %}"
+                "{% endfor %}{{ ns.l }}",
+                NULL, PAGODA_ERANGE, "nested deeper than 256");
+    check("{% set ns = namespace(l=[]) %}{% for i in range(10000) %}{% set ns.l = [ns.l] %}"
+          "{% endfor %}{{ ns.l == ns.l }}",
+          NULL, "False");
     /* intermediate values past the render's memory bound */
     check_error("{% set s = 'x' * 1000000 %}{% for i in range(200) %}{% set t = s ~ i %}"
                 "{% endfor %}",
