@@ -174,6 +174,19 @@ static void test_more_tests_and_filters(void **state)
           "1}]|sort(attribute='n')|map(attribute='n')|list }}|"
           "{{ [1,2]|map('string')|join('+') }}|{{ 'ab'|count }}",
           NULL, "[2]|&lt;a&amp;b&gt;|1|x|['a', 'B']|[1, 2]|1+2|2");
+    check("{{ '<'|forceescape }}|{{ 2.5|round(0, 'floor') }}|{{ 2.1|round(0, 'ceil') }}|"
+          "{{ 2.5|round }}|{{ {'a': 2, 'b': 1}|dictsort(by='value') }}|"
+          "{{ [{'n': 1}, {'n': 2}]|sum(attribute='n') }}|{{ [{'n': 1}, {'n': "
+          "2}]|max(attribute='n') }}|"
+          "{{ [{'n': 1}, {'n': 2}]|join(',', attribute='n') }}",
+          NULL, "&lt;|2.0|3.0|2.0|[['b', 1], ['a', 2]]|3|{'n': 2}|1,2");
+    check("[{{ 'a\n\nb'|indent(2, true, true) }}]|{{ 'aaa'|replace('a', 'b', 2) }}|"
+          "{{ [1, {'a': 2}]|tojson(separators=(',', ':')) }}",
+          NULL, "[  a\n  \n  b]|bba|[1,{\"a\":2}]");
+    check("{{ 'a b c'.split(' ', 1) }}|{{ 'aaa'.replace('a', 'b', 1) }}|{{ 'ab cd'.title() }}|"
+          "{{ 'aB'.capitalize() }}|{{ 'abc'.find('z') }}|{{ 'x'.upper() }}{{ 'X'.lower() }}|"
+          "{{ ' a '.lstrip() }}.{{ ' a '.rstrip() }}.",
+          NULL, "['a', 'b c']|baa|Ab Cd|Ab|-1|Xx|a . a.");
     /* undefined iterates as nothing (fuzz_jinja found the empty copy) */
     check("{{ nothing|list }}|{{ nothing|reverse|list }}|{{ nothing|length }}", NULL, "[]|[]|0");
     /* a loop over a dict walks its keys, in their order; over a string, its characters */
