@@ -310,7 +310,7 @@ enum casing { UPPER, LOWER, TITLE, CAPITALIZE };
 static int change_case(struct jrender *r, int line, const jv *s, enum casing how, jv *out)
 {
     /* at most 4 bytes per code point either way */
-    char *p = jinja_arena_alloc(&r->arena, s->u.s.len * 4 / 1 + 1);
+    char *p = jinja_arena_alloc(&r->arena, s->u.s.len * 4 + 1);
     if (p == NULL)
         return nomem(r, line);
     size_t o = 0;
@@ -1010,7 +1010,10 @@ static int sort_list(struct jrender *r, int line, const jv *items, size_t n, boo
         if (by_value_of_pair)
             s[i].key = items[i].u.list->v[1];
     }
-    if ((rc = jinja_step(r, n * 4)) != 0)
+    uint64_t log2n = 1;
+    for (size_t m = n; m > 1; m >>= 1)
+        log2n++;
+    if ((rc = jinja_step(r, (uint64_t)n * log2n)) != 0) /* the comparisons qsort makes */
         return rc;
     jv res;
     if ((rc = jv_new_list(r, n, &res)) != 0)
