@@ -19,7 +19,60 @@ struct ChatTemplate {
     json_t *tokens; /* {"bos_token": "...", ...}: the special tokens given to the template */
 };
 
-static const char *const SPECIAL_TOKENS[] = {"bos_token", "eos_token", "unk_token", "pad_token"};
+/* transformers passes the tokenizer's special_tokens_map to the template: these, and
+ * additional_special_tokens (a list). */
+static const char *const SPECIAL_TOKENS[] = {"bos_token", "eos_token", "unk_token", "pad_token",
+                                             "cls_token", "sep_token", "mask_token"};
+
+/* A special token's text: a string, or an AddedToken object's "content"; NULL for none. */
+static int token_text(const json_t *tok, const char *name, const json_t **out)
+{
+    if (json_is_object(tok))
+        tok = json_object_get(tok, "content");
+    *out = NULL;
+    if (tok == NULL || json_is_null(tok))
+        return 0;
+    if (!json_is_string(tok))
+        return pagoda_error_set(PAGODA_EFORMAT,
+                                "tokenizer_config.json: %s must be a string or an object with a "
+                                "string \"content\"",
+                                name);
+    *out = tok;
+    return 0;
+}
+
+static int read_special_tokens(ChatTemplate *ct, const json_t *root)
+{
+    int rc;
+    for (size_t i = 0; i < sizeof(SPECIAL_TOKENS) / sizeof(SPECIAL_TOKENS[0]); i++) {
+        const json_t *tok;
+        if ((rc = token_text(json_object_get(root, SPECIAL_TOKENS[i]), SPECIAL_TOKENS[i], &tok)) !=
+            0)
+            return rc;
+        if (tok != NULL && json_object_set(ct->tokens, SPECIAL_TOKENS[i], (json_t *)tok) != 0)
+            return pagoda_error_set(PAGODA_ENOMEM, "out of memory");
+    }
+    const json_t *extra = json_object_get(root, "additional_special_tokens");
+    if (extra == NULL || json_is_null(extra))
+        return 0;
+    if (!json_is_array(extra))
+        return pagoda_error_set(PAGODA_EFORMAT,
+                                "tokenizer_config.json: additional_special_tokens must be a list");
+    json_t *list = json_array();
+    if (list == NULL || json_object_set_new(ct->tokens, "additional_special_tokens", list) != 0)
+        return pagoda_error_set(PAGODA_ENOMEM, "out of memory");
+    size_t i;
+    const json_t *item;
+    json_array_foreach(extra, i, item)
+    {
+        const json_t *tok;
+        if ((rc = token_text(item, "additional_special_tokens[]", &tok)) != 0)
+            return rc;
+        if (tok != NULL && json_array_append(list, (json_t *)tok) != 0)
+            return pagoda_error_set(PAGODA_ENOMEM, "out of memory");
+    }
+    return 0;
+}
 
 void chat_template_free(ChatTemplate *ct)
 {
@@ -84,24 +137,8 @@ int chat_template_new(const char *config_json, size_t len, ChatTemplate **out)
         rc = pagoda_error_set(PAGODA_EFORMAT, "tokenizer_config.json: not a JSON object");
         goto fail;
     }
-    for (size_t i = 0; i < sizeof(SPECIAL_TOKENS) / sizeof(SPECIAL_TOKENS[0]); i++) {
-        const json_t *tok = json_object_get(root, SPECIAL_TOKENS[i]);
-        if (json_is_object(tok))
-            tok = json_object_get(tok, "content"); /* an AddedToken */
-        if (tok == NULL || json_is_null(tok))
-            continue;
-        if (!json_is_string(tok)) {
-            rc = pagoda_error_set(PAGODA_EFORMAT,
-                                  "tokenizer_config.json: %s must be a string or an object with "
-                                  "a string \"content\"",
-                                  SPECIAL_TOKENS[i]);
-            goto fail;
-        }
-        if (json_object_set(ct->tokens, SPECIAL_TOKENS[i], (json_t *)tok) != 0) {
-            rc = pagoda_error_set(PAGODA_ENOMEM, "out of memory");
-            goto fail;
-        }
-    }
+    if ((rc = read_special_tokens(ct, root)) != 0)
+        goto fail;
     const json_t *tpl = json_object_get(root, "chat_template");
     if (tpl == NULL || json_is_null(tpl)) {
         rc = pagoda_error_set(PAGODA_ENOENT, "tokenizer_config.json has no chat_template: this "
@@ -261,7 +298,8 @@ int chat_template_apply_named(const ChatTemplate *ct, const char *name, const js
     if (t == NULL)
         return pagoda_error_set(PAGODA_ENOENT, "the model has no chat template named '%s'", want);
 
-    /* transformers: special tokens, then the caller's kwargs over them, then the fixed names */
+    /* transformers: special tokens, then the caller's kwargs over them, then the fixed names;
+     * documents (RAG templates) is none unless the caller gives it */
     json_t *vars = json_deep_copy(ct->tokens);
     if (vars == NULL)
         return pagoda_error_set(PAGODA_ENOMEM, "out of memory");
@@ -270,7 +308,9 @@ int chat_template_apply_named(const ChatTemplate *ct, const char *name, const js
         json_object_set_new(vars, "tools", tools ? json_incref((json_t *)tools) : json_null()) !=
             0 ||
         json_object_set_new(vars, "add_generation_prompt", json_boolean(add_generation_prompt)) !=
-            0) {
+            0 ||
+        (json_object_get(vars, "documents") == NULL &&
+         json_object_set_new(vars, "documents", json_null()) != 0)) {
         json_decref(vars);
         return pagoda_error_set(PAGODA_ENOMEM, "out of memory");
     }

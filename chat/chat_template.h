@@ -4,8 +4,11 @@
  *
  * The template may be one string or a list of {"name", "template"}; as transformers does, the
  * "tool_use" template is used when tools are given and it exists, "default" otherwise.
- * bos_token, eos_token, unk_token and pad_token (strings or AddedToken objects {"content": ...})
- * are passed to the template. Pure: no I/O; a ChatTemplate may be applied by several threads. */
+ * The config's special tokens are passed to the template as transformers passes its
+ * special_tokens_map: bos_token, eos_token, unk_token, pad_token, cls_token, sep_token,
+ * mask_token (strings or AddedToken objects {"content": ...}) and additional_special_tokens (a
+ * list), as are documents (none unless the caller's extra variables give it). Pure: no I/O; a
+ * ChatTemplate may be applied by several threads at once. */
 #ifndef PAGODA_CHAT_CHAT_TEMPLATE_H
 #define PAGODA_CHAT_CHAT_TEMPLATE_H
 

@@ -2,11 +2,12 @@
  * line: template, messages, tools, add_generation_prompt, extra, and @huggingface/jinja's output
  * or error) through chat_template_apply, and compares byte for byte.
  *
- *   chat_compare CASES.jsonl NAME=tokenizer_config.json...
+ *   chat_compare [--also LABEL] CASES.jsonl NAME=tokenizer_config.json...
  *
  * A case matches when both render the same bytes, or both refuse. Prints the counts per template
- * (and how many the unmodified reference also renders the same, see reference.mjs); exits 1 on
- * any mismatch, printing the first few. */
+ * (and how many also equal expected_raw: the unmodified npm reference, see reference.mjs, or
+ * what --also names); cases marked python_only are left out (reference_jinja2.py compares them).
+ * Exits 1 on any mismatch, printing the first few. */
 #include "chat/chat_template.h"
 #include "common/error.h"
 
@@ -21,7 +22,7 @@
 struct config {
     const char *name;
     ChatTemplate *ct;
-    unsigned cases, with_prompt, equal, both_error, raw_equal, mismatches;
+    unsigned cases, with_prompt, equal, both_error, raw_equal, mismatches, python_only;
 };
 
 static char *read_file(const char *path, size_t *len)
@@ -62,8 +63,16 @@ static void show(const char *what, const char *s, size_t n)
 
 int main(int argc, char **argv)
 {
+    /* --also LABEL: what expected_raw is (the unmodified npm package, unless said) */
+    const char *also = "the unmodified reference";
+    if (argc > 2 && strcmp(argv[1], "--also") == 0) {
+        also = argv[2];
+        argv += 2;
+        argc -= 2;
+    }
     if (argc < 3) {
-        fprintf(stderr, "usage: chat_compare CASES.jsonl NAME=tokenizer_config.json...\n");
+        fprintf(stderr,
+                "usage: chat_compare [--also LABEL] CASES.jsonl NAME=tokenizer_config.json...\n");
         return 2;
     }
     struct config cfg[MAX_CONFIGS];
@@ -112,6 +121,11 @@ int main(int argc, char **argv)
             fprintf(stderr, "chat_compare: %s:%u: unreadable case or unknown template\n", argv[1],
                     lineno);
             bad_lines++;
+            json_decref(c);
+            continue;
+        }
+        if (json_is_true(json_object_get(c, "python_only"))) {
+            k->python_only++; /* the reference departs from Python there: reference_jinja2.py */
             json_decref(c);
             continue;
         }
@@ -165,9 +179,12 @@ int main(int argc, char **argv)
     for (int i = 0; i < ncfg; i++) {
         struct config *k = &cfg[i];
         printf("%s: %u conversations (%u with a generation prompt): %u rendered equal, %u refused "
-               "by both, %u mismatches; %u also equal to the unmodified reference\n",
+               "by both, %u mismatches; %u also equal to %s",
                k->name, k->cases, k->with_prompt, k->equal, k->both_error, k->mismatches,
-               k->raw_equal);
+               k->raw_equal, also);
+        if (k->python_only)
+            printf("; %u left out (python_only)", k->python_only);
+        printf("\n");
         total_bad += k->mismatches;
         chat_template_free(k->ct);
     }

@@ -4,7 +4,8 @@
 //
 //   node reference.mjs NPM_DIR SEED COUNT OUT.jsonl NAME=CONFIG...
 //
-// {id, template, messages, tools, add_generation_prompt, extra, expected | error, expected_raw}
+// {id, template, messages, tools, add_generation_prompt, extra, vars (all the template was given),
+//  expected | error, expected_raw}
 //
 // expected is @huggingface/jinja's output with two corrections, applied here and nowhere else,
 // where the package departs from Python's jinja2, which transformers runs:
@@ -129,18 +130,43 @@ function conversation(kind) {
   return { messages, tools, extra };
 }
 
+// Conversations where @huggingface/jinja departs from Python in ways not corrected below: null
+// and absent content (Python prints None, and an undefined |trim is ""; the package refuses
+// both), whole-number floats in tool arguments (JavaScript has no 2.0: written here as a
+// {"__float__": 2} placeholder that the output turns into 2.0). chat_compare leaves them out
+// of the comparison with this package (python_only) and compares them with Python's jinja2.
+function pythonOnly(c) {
+  const m = c.messages;
+  for (let k = 1 + Math.floor(rand() * 2); k > 0 && m.length > 0; k--) {
+    const msg = pick(m);
+    const how = Math.floor(rand() * 3);
+    if (how === 0) msg.content = null;
+    else if (how === 1) delete msg.content;
+    else msg.content = pick(["\u0085", "\ufeff", "\u001c"]) + text(3) + pick(["\u0085", "\ufeff", "\u001f"]);
+  }
+  for (const msg of m)
+    for (const call of msg.tool_calls || []) {
+      const fn = call.function || call;
+      if (fn.arguments && typeof fn.arguments === "object") fn.arguments.f = { __float__: Math.floor(rand() * 100) - 50 };
+    }
+  c.python_only = true;
+  return c;
+}
+
 // ---- rendering ----
 function varsOf(config, c, agp) {
+  // as transformers: special_tokens_map, the caller's kwargs, then messages, tools, documents
   const vars = {};
-  for (const k of ["bos_token", "eos_token", "unk_token", "pad_token"]) {
-    let v = config[k];
-    if (v && typeof v === "object") v = v.content;
-    if (typeof v === "string") vars[k] = v;
-  }
+  const text = (v) => (v && typeof v === "object" ? v.content : v);
+  for (const k of ["bos_token", "eos_token", "unk_token", "pad_token", "cls_token", "sep_token", "mask_token"])
+    if (typeof text(config[k]) === "string") vars[k] = text(config[k]);
+  if (Array.isArray(config.additional_special_tokens))
+    vars.additional_special_tokens = config.additional_special_tokens.map(text).filter((t) => typeof t === "string");
   Object.assign(vars, c.extra);
   vars.messages = c.messages;
   vars.tools = c.tools;
   vars.add_generation_prompt = agp;
+  if (!("documents" in vars)) vars.documents = null;
   return vars;
 }
 
@@ -161,6 +187,10 @@ for (const arg of configArgs) {
   const kind = name.startsWith("qwen") ? "qwen" : name === "llama3_1_tools" ? "llama31" : "llama";
   for (let i = 0; i < Number(countArg); i++) {
     const c = conversation(kind);
+    for (const agp of [false, true]) cases.push({ id: id++, template: name, tpl: config.chat_template, config, ...c, agp });
+  }
+  for (let i = 0; i < Math.ceil(Number(countArg) / 5); i++) {
+    const c = pythonOnly(conversation(kind));
     for (const agp of [false, true]) cases.push({ id: id++, template: name, tpl: config.chat_template, config, ...c, agp });
   }
 }
@@ -240,10 +270,11 @@ const lines = [];
 for (const c of cases) {
   const r = render(c.tpl, varsOf(c.config, c, c.agp));
   const rec = { id: c.id, template: c.template, messages: c.messages, tools: c.tools,
-    add_generation_prompt: c.agp, extra: c.extra };
+    add_generation_prompt: c.agp, extra: c.extra, vars: varsOf(c.config, c, c.agp) };
   if ("out" in r) rec.expected = r.out; else rec.error = r.error;
   rec.expected_raw = "out" in c.raw ? c.raw.out : null;
-  lines.push(JSON.stringify(rec));
+  if (c.python_only) rec.python_only = true;
+  lines.push(JSON.stringify(rec).replace(/\{"__float__":(-?\d+)\}/g, "$1.0"));
 }
 writeFileSync(outPath, lines.join("\n") + "\n");
 console.log(`reference.mjs: ${cases.length} cases written to ${outPath}`);
