@@ -79,6 +79,22 @@ static void test_named_templates(void **state)
     chat_template_free(ct);
 }
 
+static void test_special_tokens_map(void **state)
+{
+    (void)state;
+    ChatTemplate *ct = load(
+        "{\"pad_token\": null, \"mask_token\": {\"content\": \"<mask>\"},"
+        " \"additional_special_tokens\": [\"<a>\", {\"content\": \"<b>\"}],"
+        " \"chat_template\": \"{{ mask_token }}{{ additional_special_tokens|join(',') }}"
+        "{{ pad_token is defined }}{{ documents is none }}{{ documents|length if documents }}\"}",
+        0);
+    apply(ct, "[]", NULL, false, NULL, 0, "<mask><a>,<b>FalseTrue");
+    apply(ct, "[]", NULL, false, "{\"documents\": [1, 2]}", 0, "<mask><a>,<b>FalseFalse2");
+    chat_template_free(ct);
+    load("{\"additional_special_tokens\": [3], \"chat_template\": \"x\"}", PAGODA_EFORMAT);
+    load("{\"bos_token\": 1, \"chat_template\": \"x\"}", PAGODA_EFORMAT);
+}
+
 static void test_refusals(void **state)
 {
     (void)state;
@@ -98,6 +114,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_string_template_and_tokens),
         cmocka_unit_test(test_named_templates),
+        cmocka_unit_test(test_special_tokens_map),
         cmocka_unit_test(test_refusals),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
