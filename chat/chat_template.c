@@ -115,6 +115,12 @@ static int add_template(ChatTemplate *ct, const char *name, const json_t *text)
 
 int chat_template_new(const char *config_json, size_t len, ChatTemplate **out)
 {
+    return chat_template_new_with(config_json, len, NULL, 0, out);
+}
+
+int chat_template_new_with(const char *config_json, size_t len, const char *template_text,
+                           size_t template_len, ChatTemplate **out)
+{
     *out = NULL;
     if (len > CHAT_TEMPLATE_MAX_CONFIG_BYTES)
         return pagoda_error_set(PAGODA_ERANGE,
@@ -140,6 +146,21 @@ int chat_template_new(const char *config_json, size_t len, ChatTemplate **out)
     if ((rc = read_special_tokens(ct, root)) != 0)
         goto fail;
     const json_t *tpl = json_object_get(root, "chat_template");
+    if (template_text != NULL) {
+        /* chat_template.jinja: it wins over the config's, as in transformers */
+        json_t *text = json_stringn(template_text, template_len);
+        if (text == NULL) {
+            rc = pagoda_error_set(PAGODA_EINVAL, "chat_template.jinja: not valid UTF-8");
+            goto fail;
+        }
+        rc = add_template(ct, "default", text);
+        json_decref(text);
+        if (rc != 0)
+            goto fail;
+        json_decref(root);
+        *out = ct;
+        return 0;
+    }
     if (tpl == NULL || json_is_null(tpl)) {
         rc = pagoda_error_set(PAGODA_ENOENT, "tokenizer_config.json has no chat_template: this "
                                              "model takes prompts, not chats");

@@ -37,6 +37,13 @@ typedef struct ChatTemplate ChatTemplate;
  * template's own compile errors (PAGODA_EINVAL "chat template 'name': line N: ..."). */
 int chat_template_new(const char *config_json, size_t len, ChatTemplate **out);
 
+/* As chat_template_new, with the template taken from template_text (template_len bytes: the
+ * model's chat_template.jinja, which newer models ship beside tokenizer_config.json) when it is
+ * not NULL; it is then the only one ("default"), whatever the config holds, as transformers
+ * prefers that file. The special tokens still come from the config. */
+int chat_template_new_with(const char *config_json, size_t len, const char *template_text,
+                           size_t template_len, ChatTemplate **out);
+
 /* Frees; accepts NULL. */
 void chat_template_free(ChatTemplate *ct);
 

@@ -95,6 +95,23 @@ static void test_special_tokens_map(void **state)
     load("{\"bos_token\": 1, \"chat_template\": \"x\"}", PAGODA_EFORMAT);
 }
 
+static void test_template_file(void **state)
+{
+    (void)state;
+    const char *cfg = "{\"bos_token\": \"<s>\", \"chat_template\": \"from the config\"}";
+    const char *file = "{{ bos_token }}from the file\n";
+    ChatTemplate *ct = NULL;
+    assert_int_equal(chat_template_new_with(cfg, strlen(cfg), file, strlen(file), &ct), 0);
+    apply(ct, "[]", NULL, false, NULL, 0, "<s>from the file");
+    chat_template_free(ct);
+    /* a config without a template, and a file */
+    const char *bare = "{\"eos_token\": \"</s>\"}";
+    assert_int_equal(chat_template_new_with(bare, strlen(bare), "{{ eos_token }}", 15, &ct), 0);
+    apply(ct, "[]", NULL, false, NULL, 0, "</s>");
+    chat_template_free(ct);
+    assert_int_equal(chat_template_new_with(bare, strlen(bare), "{% if %}", 8, &ct), PAGODA_EINVAL);
+}
+
 static void test_refusals(void **state)
 {
     (void)state;
@@ -115,6 +132,7 @@ int main(void)
         cmocka_unit_test(test_string_template_and_tokens),
         cmocka_unit_test(test_named_templates),
         cmocka_unit_test(test_special_tokens_map),
+        cmocka_unit_test(test_template_file),
         cmocka_unit_test(test_refusals),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
