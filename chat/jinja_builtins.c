@@ -1,6 +1,7 @@
-/* Builtins: attribute and item access, filters, tests, the methods of str and dict, and the
- * globals (range, namespace, raise_exception, strftime_now), each as jinja2 and Python define
- * them. An unknown filter or test is an error naming it, never skipped. */
+/* Builtins: attribute and item access (jinja2's getattr and getitem), iteration, the methods of
+ * str and dict, the tests, and the globals (range, namespace, raise_exception, strftime_now),
+ * each as jinja2 and Python define them. An unknown test is an error naming it, never skipped.
+ * The filters are in jinja_filters.c, the string operations both use in jinja_strings.c. */
 #include "chat/jinja_internal.h"
 
 #include "common/error.h"
@@ -31,7 +32,7 @@ const jv *jinja_arg(const struct jargs *a, size_t pos, const char *name)
     return NULL;
 }
 
-static int type_error(struct jrender *r, int line, const char *what, const jv *v)
+int jinja_type_error(struct jrender *r, int line, const char *what, const jv *v)
 {
     return jinja_fail(r, line, PAGODA_EFORMAT, "%s, not %s", what, jv_type_name(v));
 }
@@ -114,7 +115,7 @@ int jinja_iterate(struct jrender *r, int line, const jv *v, const jv **items, si
         return jinja_step(r, k / 16);
     }
     default:
-        return type_error(r, line, "the value iterated must be a list, dict or string", v);
+        return jinja_type_error(r, line, "the value iterated must be a list, dict or string", v);
     }
 }
 
@@ -264,292 +265,22 @@ int jinja_getitem(struct jrender *r, int line, const jv *obj, const jv *key, jv 
     return 0;
 }
 
-/* ---- strings ---- */
-
-static bool in_chars(uint32_t cp, const jv *chars)
-{
-    if (chars == NULL)
-        return jinja_is_space(cp);
-    for (size_t i = 0; i < chars->u.s.len;) {
-        uint32_t c;
-        i += jinja_u8_next(chars->u.s.p + i, chars->u.s.len - i, &c);
-        if (c == cp)
-            return true;
-    }
-    return false;
-}
-
-/* str.strip / lstrip / rstrip(chars): chars NULL strips whitespace. */
-static jv strip(const jv *s, const jv *chars, bool left, bool right)
-{
-    size_t b = 0, e = s->u.s.len;
-    if (left)
-        while (b < e) {
-            uint32_t cp;
-            size_t k = jinja_u8_next(s->u.s.p + b, e - b, &cp);
-            if (!in_chars(cp, chars))
-                break;
-            b += k;
-        }
-    if (right)
-        while (e > b) {
-            size_t start = e - 1;
-            while (start > b && ((unsigned char)s->u.s.p[start] & 0xC0) == 0x80)
-                start--;
-            uint32_t cp;
-            jinja_u8_next(s->u.s.p + start, e - start, &cp);
-            if (!in_chars(cp, chars))
-                break;
-            e = start;
-        }
-    return jv_str(s->u.s.p + b, e - b);
-}
-
-enum casing { UPPER, LOWER, TITLE, CAPITALIZE };
-
-static int change_case(struct jrender *r, int line, const jv *s, enum casing how, jv *out)
-{
-    /* at most 4 bytes per code point either way */
-    char *p = jinja_arena_alloc(&r->arena, s->u.s.len * 4 + 1);
-    if (p == NULL)
-        return nomem(r, line);
-    size_t o = 0;
-    bool prev_cased = false, first = true;
-    for (size_t i = 0; i < s->u.s.len;) {
-        uint32_t cp;
-        i += jinja_u8_next(s->u.s.p + i, s->u.s.len - i, &cp);
-        utf8proc_int32_t c = (utf8proc_int32_t)cp, m = c;
-        switch (how) {
-        case UPPER:
-            m = utf8proc_toupper(c);
-            break;
-        case LOWER:
-            m = utf8proc_tolower(c);
-            break;
-        case CAPITALIZE:
-            m = first ? utf8proc_totitle(c) : utf8proc_tolower(c);
-            break;
-        case TITLE: {
-            utf8proc_category_t cat = utf8proc_category(c);
-            bool cased = cat == UTF8PROC_CATEGORY_LU || cat == UTF8PROC_CATEGORY_LL ||
-                         cat == UTF8PROC_CATEGORY_LT;
-            m = prev_cased ? utf8proc_tolower(c) : utf8proc_totitle(c);
-            prev_cased = cased;
-            break;
-        }
-        }
-        first = false;
-        o += (size_t)utf8proc_encode_char(m, (utf8proc_uint8_t *)p + o);
-    }
-    p[o] = '\0';
-    *out = jv_str(p, o);
-    return jinja_step(r, s->u.s.len / 16);
-}
-
-/* glibc's memmem is linear in the haystack (two-way), never haystack times needle. */
-static const char *find_sub(const char *h, size_t hl, const char *n, size_t nl)
-{
-    if (nl == 0)
-        return h;
-    return memmem(h, hl, n, nl);
-}
-
-static int str_replace(struct jrender *r, int line, const jv *s, const jv *old, const jv *new_,
-                       int64_t count, jv *out)
-{
-    struct jbuf b = {0};
-    int rc = 0;
-    const char *p = s->u.s.p, *end = p + s->u.s.len;
-    int64_t done = 0;
-    if (old->u.s.len == 0) {
-        /* Python inserts new before every code point and at the end */
-        for (const char *q = p; rc == 0;) {
-            if (count >= 0 && done >= count) {
-                rc = jbuf_append(&b, q, (size_t)(end - q));
-                break;
-            }
-            rc = jbuf_append(&b, new_->u.s.p, new_->u.s.len);
-            done++;
-            if (q == end || rc != 0)
-                break;
-            uint32_t cp;
-            size_t k = jinja_u8_next(q, (size_t)(end - q), &cp);
-            rc = jbuf_append(&b, q, k);
-            q += k;
-        }
-    } else {
-        while (rc == 0) {
-            const char *hit = (count < 0 || done < count)
-                                  ? find_sub(p, (size_t)(end - p), old->u.s.p, old->u.s.len)
-                                  : NULL;
-            if (hit == NULL) {
-                rc = jbuf_append(&b, p, (size_t)(end - p));
-                break;
-            }
-            if ((rc = jbuf_append(&b, p, (size_t)(hit - p))) == 0)
-                rc = jbuf_append(&b, new_->u.s.p, new_->u.s.len);
-            p = hit + old->u.s.len;
-            done++;
-        }
-    }
-    if (rc != 0) {
-        free(b.p);
-        return jinja_fail(r, line, PAGODA_ERANGE, "the output would exceed %u bytes",
-                          (unsigned)JINJA_MAX_OUTPUT_BYTES);
-    }
-    if ((rc = jinja_step(r, s->u.s.len / 64)) != 0) {
-        free(b.p);
-        return rc;
-    }
-    return jv_from_jbuf(r, &b, out);
-}
-
-/* str.split(sep=None, maxsplit=-1) */
-static int str_split(struct jrender *r, int line, const jv *s, const jv *sep, int64_t maxsplit,
-                     jv *out)
-{
-    size_t cap = 8, n = 0;
-    jv *v = jinja_arena_alloc(&r->arena, cap * sizeof(jv));
-    if (v == NULL)
-        return nomem(r, line);
-    const char *p = s->u.s.p, *end = p + s->u.s.len;
-#define PUSH(ptr, l)                                                                               \
-    do {                                                                                           \
-        if (n == cap) {                                                                            \
-            jv *nv = jinja_arena_alloc(&r->arena, cap * 2 * sizeof(jv));                           \
-            if (nv == NULL)                                                                        \
-                return nomem(r, line);                                                             \
-            memcpy(nv, v, n * sizeof(jv));                                                         \
-            v = nv;                                                                                \
-            cap *= 2;                                                                              \
-        }                                                                                          \
-        v[n++] = jv_str((ptr), (l));                                                               \
-    } while (0)
-    if (sep == NULL || sep->kind == JV_NONE) {
-        for (;;) {
-            /* skip whitespace */
-            while (p < end) {
-                uint32_t cp;
-                size_t k = jinja_u8_next(p, (size_t)(end - p), &cp);
-                if (!jinja_is_space(cp))
-                    break;
-                p += k;
-            }
-            if (p == end)
-                break;
-            if (maxsplit >= 0 && (int64_t)n >= maxsplit) {
-                jv rest = strip(&(jv){.kind = JV_STRING, .u.s = {p, (size_t)(end - p)}}, NULL,
-                                false, true);
-                PUSH(rest.u.s.p, rest.u.s.len);
-                break;
-            }
-            const char *w = p;
-            while (p < end) {
-                uint32_t cp;
-                size_t k = jinja_u8_next(p, (size_t)(end - p), &cp);
-                if (jinja_is_space(cp))
-                    break;
-                p += k;
-            }
-            PUSH(w, (size_t)(p - w));
-        }
-    } else {
-        if (sep->kind != JV_STRING)
-            return type_error(r, line, "split() separator must be str or None", sep);
-        if (sep->u.s.len == 0)
-            return jinja_fail(r, line, PAGODA_EFORMAT, "empty separator");
-        for (;;) {
-            const char *hit = (maxsplit < 0 || (int64_t)n < maxsplit)
-                                  ? find_sub(p, (size_t)(end - p), sep->u.s.p, sep->u.s.len)
-                                  : NULL;
-            if (hit == NULL) {
-                PUSH(p, (size_t)(end - p));
-                break;
-            }
-            PUSH(p, (size_t)(hit - p));
-            p = hit + sep->u.s.len;
-        }
-    }
-#undef PUSH
-    struct jlist *l = jinja_arena_alloc(&r->arena, sizeof(*l));
-    if (l == NULL)
-        return nomem(r, line);
-    l->v = v;
-    l->n = n;
-    out->kind = JV_LIST;
-    out->u.list = l;
-    return jinja_step(r, s->u.s.len / 64 + n / 16);
-}
-
-static int affix(struct jrender *r, int line, const jv *s, const jv *arg, bool start, jv *out)
-{
-    if (arg == NULL)
-        return jinja_fail(r, line, PAGODA_EFORMAT, "%s() takes at least 1 argument",
-                          start ? "startswith" : "endswith");
-    const jv *cands = arg;
-    size_t nc = 1;
-    if (arg->kind == JV_LIST) {
-        cands = arg->u.list->v;
-        nc = arg->u.list->n;
-    }
-    for (size_t i = 0; i < nc; i++) {
-        const jv *c = &cands[i];
-        if (c->kind != JV_STRING)
-            return type_error(r, line, "startswith/endswith take a str or a tuple of str", c);
-        if (c->u.s.len > s->u.s.len)
-            continue;
-        const char *at = start ? s->u.s.p : s->u.s.p + s->u.s.len - c->u.s.len;
-        if (memcmp(at, c->u.s.p, c->u.s.len) == 0) {
-            *out = jv_bool(true);
-            return 0;
-        }
-    }
-    *out = jv_bool(false);
-    return 0;
-}
-
-static int join(struct jrender *r, int line, const jv *seq, const jv *sep, const jv *attr, jv *out)
-{
-    const jv *items;
-    size_t n;
-    int rc = jinja_iterate(r, line, seq, &items, &n);
-    if (rc != 0)
-        return rc;
-    struct jbuf b = {0};
-    for (size_t i = 0; i < n && rc == 0; i++) {
-        if (i && sep != NULL && (rc = jbuf_append(&b, sep->u.s.p, sep->u.s.len)) != 0)
-            break;
-        jv item = items[i];
-        if (attr != NULL && (rc = jinja_getitem(r, line, &items[i], attr, &item)) != 0)
-            break;
-        rc = jv_append_str(r, &b, &item);
-    }
-    if (rc != 0) {
-        free(b.p);
-        return rc == PAGODA_ERANGE && pagoda_error_detail()[0] == '\0'
-                   ? jinja_fail(r, line, rc, "the output would exceed %u bytes",
-                                (unsigned)JINJA_MAX_OUTPUT_BYTES)
-                   : rc;
-    }
-    return jv_from_jbuf(r, &b, out);
-}
-
 /* ---- globals and methods ---- */
 
-static int need_str(struct jrender *r, int line, const jv *v, const char *what)
+int jinja_need_str(struct jrender *r, int line, const jv *v, const char *what)
 {
     if (v == NULL)
         return jinja_fail(r, line, PAGODA_EFORMAT, "%s: missing argument", what);
     if (v->kind != JV_STRING)
-        return type_error(r, line, what, v);
+        return jinja_type_error(r, line, what, v);
     return 0;
 }
 
-static int need_int(struct jrender *r, int line, const jv *v, const char *what, int64_t *out)
+int jinja_need_int(struct jrender *r, int line, const jv *v, const char *what, int64_t *out)
 {
     *out = 0;
     if (v->kind != JV_INT && v->kind != JV_BOOL)
-        return type_error(r, line, what, v);
+        return jinja_type_error(r, line, what, v);
     *out = v->kind == JV_INT ? v->u.i : v->u.b;
     return 0;
 }
@@ -562,7 +293,7 @@ static int range_fn(struct jrender *r, int line, const struct jargs *a, jv *out)
         return jinja_fail(r, line, PAGODA_EFORMAT, "range expected 1 to 3 arguments, got %zu",
                           a->npos);
     for (size_t i = 0; i < a->npos; i++)
-        if ((rc = need_int(r, line, &a->pos[i], "range() takes integers", &x[i])) != 0)
+        if ((rc = jinja_need_int(r, line, &a->pos[i], "range() takes integers", &x[i])) != 0)
             return rc;
     int64_t start = a->npos == 1 ? 0 : x[0], stop = a->npos == 1 ? x[0] : x[1],
             step = a->npos == 3 ? x[2] : 1;
@@ -607,7 +338,7 @@ int jinja_call_func(struct jrender *r, int line, const struct jfunc *fn, const s
                               "namespace() takes at most 1 positional argument");
         if (a->npos == 1) {
             if (a->pos[0].kind != JV_DICT)
-                return type_error(r, line, "namespace() takes a dict", &a->pos[0]);
+                return jinja_type_error(r, line, "namespace() takes a dict", &a->pos[0]);
             for (size_t i = 0; i < a->pos[0].u.dict->n; i++) {
                 const struct jdict_entry *e = &a->pos[0].u.dict->e[i];
                 if ((rc = jv_dict_set(r, out, e->key, e->klen, e->v)) != 0)
@@ -621,7 +352,7 @@ int jinja_call_func(struct jrender *r, int line, const struct jfunc *fn, const s
     case JF_RANGE:
         return range_fn(r, line, a, out);
     case JF_STRFTIME_NOW: {
-        if ((rc = need_str(r, line, x, "strftime_now() takes a format string")) != 0)
+        if ((rc = jinja_need_str(r, line, x, "strftime_now() takes a format string")) != 0)
             return rc;
         char fmt[256], buf[512];
         if (x->u.s.len >= sizeof(fmt))
@@ -638,42 +369,43 @@ int jinja_call_func(struct jrender *r, int line, const struct jfunc *fn, const s
     case JF_STR_LSTRIP:
     case JF_STR_RSTRIP:
         if (x != NULL && x->kind != JV_NONE && x->kind != JV_STRING)
-            return type_error(r, line, "strip arg must be None or str", x);
-        *out = strip(self, x && x->kind == JV_STRING ? x : NULL, fn->id != JF_STR_RSTRIP,
-                     fn->id != JF_STR_LSTRIP);
+            return jinja_type_error(r, line, "strip arg must be None or str", x);
+        *out = jinja_str_strip(self, x && x->kind == JV_STRING ? x : NULL, fn->id != JF_STR_RSTRIP,
+                               fn->id != JF_STR_LSTRIP);
         return 0;
     case JF_STR_SPLIT: {
         const jv *ms = jinja_arg(a, 1, "maxsplit");
-        if (ms != NULL && (rc = need_int(r, line, ms, "maxsplit must be an integer", &count)) != 0)
+        if (ms != NULL &&
+            (rc = jinja_need_int(r, line, ms, "maxsplit must be an integer", &count)) != 0)
             return rc;
-        return str_split(r, line, self, jinja_arg(a, 0, "sep"), count, out);
+        return jinja_str_split(r, line, self, jinja_arg(a, 0, "sep"), count, out);
     }
     case JF_STR_STARTSWITH:
     case JF_STR_ENDSWITH:
-        return affix(r, line, self, x, fn->id == JF_STR_STARTSWITH, out);
+        return jinja_str_affix(r, line, self, x, fn->id == JF_STR_STARTSWITH, out);
     case JF_STR_UPPER:
-        return change_case(r, line, self, UPPER, out);
+        return jinja_str_case(r, line, self, JCASE_UPPER, out);
     case JF_STR_LOWER:
-        return change_case(r, line, self, LOWER, out);
+        return jinja_str_case(r, line, self, JCASE_LOWER, out);
     case JF_STR_TITLE:
-        return change_case(r, line, self, TITLE, out);
+        return jinja_str_case(r, line, self, JCASE_TITLE, out);
     case JF_STR_CAPITALIZE:
-        return change_case(r, line, self, CAPITALIZE, out);
+        return jinja_str_case(r, line, self, JCASE_CAPITALIZE, out);
     case JF_STR_REPLACE: {
         const jv *c = jinja_arg(a, 2, "count");
-        if ((rc = need_str(r, line, x, "replace() arguments must be str")) != 0 ||
-            (rc = need_str(r, line, y, "replace() arguments must be str")) != 0)
+        if ((rc = jinja_need_str(r, line, x, "replace() arguments must be str")) != 0 ||
+            (rc = jinja_need_str(r, line, y, "replace() arguments must be str")) != 0)
             return rc;
         if (c != NULL &&
-            (rc = need_int(r, line, c, "replace() count must be an integer", &count)) != 0)
+            (rc = jinja_need_int(r, line, c, "replace() count must be an integer", &count)) != 0)
             return rc;
-        return str_replace(r, line, self, x, y, count, out);
+        return jinja_str_replace(r, line, self, x, y, count, out);
     }
     case JF_STR_FIND:
     case JF_STR_COUNT: {
-        if ((rc = need_str(r, line, x, "find()/count() take a str")) != 0)
+        if ((rc = jinja_need_str(r, line, x, "find()/count() take a str")) != 0)
             return rc;
-        const char *hit = find_sub(self->u.s.p, self->u.s.len, x->u.s.p, x->u.s.len);
+        const char *hit = jinja_str_find(self->u.s.p, self->u.s.len, x->u.s.p, x->u.s.len);
         if (fn->id == JF_STR_FIND) {
             if (hit == NULL) {
                 *out = jv_int(-1);
@@ -692,7 +424,7 @@ int jinja_call_func(struct jrender *r, int line, const struct jfunc *fn, const s
             n++;
         } else {
             const char *p = self->u.s.p, *end = p + self->u.s.len;
-            while ((hit = find_sub(p, (size_t)(end - p), x->u.s.p, x->u.s.len)) != NULL) {
+            while ((hit = jinja_str_find(p, (size_t)(end - p), x->u.s.p, x->u.s.len)) != NULL) {
                 n++;
                 p = hit + x->u.s.len;
             }
@@ -702,8 +434,8 @@ int jinja_call_func(struct jrender *r, int line, const struct jfunc *fn, const s
     }
     case JF_STR_JOIN:
         if (x == NULL)
-            return jinja_fail(r, line, PAGODA_EFORMAT, "join() takes exactly one argument");
-        return join(r, line, x, self, NULL, out);
+            return jinja_fail(r, line, PAGODA_EFORMAT, "jinja_join() takes exactly one argument");
+        return jinja_join(r, line, x, self, NULL, out);
     case JF_DICT_ITEMS:
     case JF_DICT_KEYS:
     case JF_DICT_VALUES: {
@@ -797,15 +529,16 @@ int jinja_test(struct jrender *r, int line, const char *name, size_t len, const 
             *out = false;
             return 0;
         }
-        if ((rc = change_case(r, line, v, IS("lower") ? LOWER : UPPER, &conv)) != 0)
+        if ((rc = jinja_str_case(r, line, v, IS("lower") ? JCASE_LOWER : JCASE_UPPER, &conv)) != 0)
             return rc;
         *out = jv_equal(&conv, v);
     } else if (IS("odd") || IS("even") || IS("divisibleby")) {
         int64_t i, d = IS("divisibleby") ? 0 : 2;
-        if ((rc = need_int(r, line, v, "odd/even/divisibleby test an integer", &i)) != 0)
+        if ((rc = jinja_need_int(r, line, v, "odd/even/divisibleby test an integer", &i)) != 0)
             return rc;
         if (d == 0) {
-            if (x == NULL || (rc = need_int(r, line, x, "divisibleby takes an integer", &d)) != 0)
+            if (x == NULL ||
+                (rc = jinja_need_int(r, line, x, "divisibleby takes an integer", &d)) != 0)
                 return x ? rc : jinja_fail(r, line, PAGODA_EFORMAT, "divisibleby needs a number");
             if (d == 0)
                 return jinja_fail(r, line, PAGODA_EFORMAT, "divisibleby 0");
@@ -835,7 +568,7 @@ int jinja_test(struct jrender *r, int line, const char *name, size_t len, const 
         const jv *items;
         size_t n;
         if (x->kind == JV_STRING && v->kind == JV_STRING) {
-            *out = find_sub(x->u.s.p, x->u.s.len, v->u.s.p, v->u.s.len) != NULL;
+            *out = jinja_str_find(x->u.s.p, x->u.s.len, v->u.s.p, v->u.s.len) != NULL;
             return 0;
         }
         if (x->kind == JV_DICT) {
@@ -852,688 +585,4 @@ int jinja_test(struct jrender *r, int line, const char *name, size_t len, const 
     }
 #undef IS
     return 0;
-}
-
-/* ---- filters ---- */
-
-static const char *const FILTERS[] = {
-    "safe",       "e",       "escape",   "forceescape", "default",    "d",          "tojson",
-    "string",     "length",  "count",    "list",        "int",        "float",      "abs",
-    "round",      "items",   "dictsort", "first",       "last",       "reverse",    "sort",
-    "unique",     "join",    "select",   "reject",      "selectattr", "rejectattr", "map",
-    "sum",        "max",     "min",      "trim",        "upper",      "lower",      "title",
-    "capitalize", "replace", "indent",   "wordcount",   NULL,
-};
-
-bool jinja_filter_exists(const char *name, size_t len)
-{
-    for (size_t k = 0; FILTERS[k] != NULL; k++)
-        if (strlen(FILTERS[k]) == len && memcmp(FILTERS[k], name, len) == 0)
-            return true;
-    return false;
-}
-
-/* For select/reject/selectattr/rejectattr/map: the test or filter named by the first string
- * argument (after skip arguments), applied with the remaining ones. */
-static struct jargs rest_args(const struct jargs *a, size_t skip)
-{
-    struct jargs rest = *a;
-    rest.pos = a->npos > skip ? a->pos + skip : a->pos + a->npos;
-    rest.npos = a->npos > skip ? a->npos - skip : 0;
-    return rest;
-}
-
-static int select_filter(struct jrender *r, int line, const jv *in, const struct jargs *a,
-                         bool by_attr, bool keep_if, jv *out)
-{
-    const jv *items;
-    size_t n;
-    int rc = jinja_iterate(r, line, in, &items, &n);
-    if (rc != 0)
-        return rc;
-    const jv *attr = NULL;
-    size_t skip = 0;
-    if (by_attr) {
-        attr = jinja_arg(a, 0, "attribute");
-        if ((rc = need_str(r, line, attr, "selectattr/rejectattr take an attribute name")) != 0)
-            return rc;
-        skip = 1;
-    }
-    const jv *test = a->npos > skip ? &a->pos[skip] : NULL;
-    if (test != NULL && test->kind != JV_STRING)
-        return type_error(r, line, "the test of select/reject must be named by a string", test);
-    if (test != NULL && !jinja_test_exists(test->u.s.p, test->u.s.len))
-        return jinja_fail(r, line, PAGODA_EINVAL, "unknown test '%.*s'", (int)test->u.s.len,
-                          test->u.s.p);
-    struct jargs targs = rest_args(a, skip + 1);
-    targs.nkw = 0;
-    if ((rc = jv_new_list(r, n, out)) != 0)
-        return rc;
-    size_t k = 0;
-    for (size_t i = 0; i < n; i++) {
-        jv v = items[i];
-        if (attr != NULL) {
-            if (v.kind == JV_UNDEFINED)
-                continue;
-            if ((rc = jinja_getattr(r, line, &items[i], attr->u.s.p, attr->u.s.len, &v)) != 0)
-                return rc;
-            if (v.kind == JV_UNDEFINED && (items[i].kind == JV_DICT))
-                if ((rc = jinja_getitem(r, line, &items[i], attr, &v)) != 0)
-                    return rc;
-        }
-        bool t;
-        if (test == NULL)
-            t = jv_truthy(&v);
-        else if ((rc = jinja_test(r, line, test->u.s.p, test->u.s.len, &v, &targs, &t)) != 0)
-            return rc;
-        if (t == keep_if)
-            out->u.list->v[k++] = items[i];
-    }
-    out->u.list->n = k;
-    return 0;
-}
-
-/* Reads an attribute (dotted: "a.b", or an index) for map/sort/join/sum/unique. */
-static int attr_path(struct jrender *r, int line, const jv *v, const jv *attr, jv *out)
-{
-    if (attr->kind == JV_INT)
-        return jinja_getitem(r, line, v, attr, out);
-    const char *p = attr->u.s.p, *end = p + attr->u.s.len;
-    *out = *v;
-    while (p <= end) {
-        const char *dot = memchr(p, '.', (size_t)(end - p));
-        size_t l = dot ? (size_t)(dot - p) : (size_t)(end - p);
-        jv key = jv_str(p, l), next;
-        bool digits = l > 0;
-        int64_t idx = 0;
-        for (size_t i = 0; i < l; i++) {
-            digits = digits && p[i] >= '0' && p[i] <= '9';
-            idx = digits && idx < INT64_MAX / 10 ? idx * 10 + (p[i] - '0') : idx;
-        }
-        jv ik = jv_int(idx);
-        int rc = jinja_getitem(r, line, out, digits && out->kind == JV_LIST ? &ik : &key, &next);
-        if (rc != 0)
-            return rc;
-        *out = next;
-        if (dot == NULL)
-            break;
-        p = dot + 1;
-    }
-    return 0;
-}
-
-struct sort_ctx {
-    struct jrender *r;
-    int line;
-    bool case_sensitive, reverse;
-    int rc;
-};
-
-struct sort_item {
-    jv key, v;
-    size_t index;
-    struct sort_ctx *ctx;
-};
-
-static int sort_cmp(const void *x, const void *y)
-{
-    const struct sort_item *a = x, *b = y;
-    struct sort_ctx *c = a->ctx;
-    int cmp = 0;
-    if (c->rc == 0) {
-        if (a->key.kind == JV_NONE && b->key.kind == JV_NONE)
-            cmp = 0;
-        else
-            c->rc = jv_compare(c->r, c->line, &a->key, &b->key, c->case_sensitive, &cmp);
-    }
-    if (c->reverse)
-        cmp = -cmp;
-    /* stable: Python's sort is */
-    return cmp ? cmp : (a->index > b->index) - (a->index < b->index);
-}
-
-static int sort_list(struct jrender *r, int line, const jv *items, size_t n, bool reverse,
-                     bool case_sensitive, const jv *attr, bool by_value_of_pair, jv *out)
-{
-    struct sort_ctx ctx = {r, line, case_sensitive, reverse, 0};
-    struct sort_item *s = jinja_arena_alloc(&r->arena, (n ? n : 1) * sizeof(*s));
-    if (s == NULL)
-        return nomem(r, line);
-    int rc;
-    for (size_t i = 0; i < n; i++) {
-        s[i].v = items[i];
-        s[i].key = items[i];
-        s[i].index = i;
-        s[i].ctx = &ctx;
-        if (attr != NULL && (rc = attr_path(r, line, &items[i], attr, &s[i].key)) != 0)
-            return rc;
-        if (by_value_of_pair)
-            s[i].key = items[i].u.list->v[1];
-    }
-    uint64_t log2n = 1;
-    for (size_t m = n; m > 1; m >>= 1)
-        log2n++;
-    if ((rc = jinja_step(r, (uint64_t)n * log2n)) != 0) /* the comparisons qsort makes */
-        return rc;
-    jv res;
-    if ((rc = jv_new_list(r, n, &res)) != 0)
-        return rc;
-    qsort(s, n, sizeof(*s), sort_cmp);
-    if (ctx.rc != 0)
-        return ctx.rc;
-    for (size_t i = 0; i < n; i++)
-        res.u.list->v[i] = s[i].v;
-    *out = res;
-    return 0;
-}
-
-static int indent_filter(struct jrender *r, int line, const jv *s, const struct jargs *a, jv *out)
-{
-    const jv *w = jinja_arg(a, 0, "width");
-    const jv *first = jinja_arg(a, 1, "first");
-    const jv *blank = jinja_arg(a, 2, "blank");
-    jv pad = jv_str("    ", 4);
-    int rc;
-    if (w != NULL && w->kind == JV_STRING) {
-        pad = *w;
-    } else if (w != NULL) {
-        int64_t n;
-        if ((rc = need_int(r, line, w, "indent width must be an integer or a string", &n)) != 0)
-            return rc;
-        if (n < 0 || n > 1024)
-            return jinja_fail(r, line, PAGODA_ERANGE, "indent width out of range");
-        char *p = jinja_arena_alloc(&r->arena, (size_t)n + 1);
-        if (p == NULL)
-            return nomem(r, line);
-        memset(p, ' ', (size_t)n);
-        pad = jv_str(p, (size_t)n);
-    }
-    bool f = first && jv_truthy(first), b = blank && jv_truthy(blank);
-    struct jbuf buf = {0};
-    const char *p = s->u.s.p, *end = p + s->u.s.len;
-    bool is_first = true;
-    rc = 0;
-    for (;;) {
-        const char *nl = memchr(p, '\n', (size_t)(end - p));
-        size_t l = nl ? (size_t)(nl - p) : (size_t)(end - p);
-        bool empty = l == 0;
-        if (!is_first && rc == 0)
-            rc = jbuf_append(&buf, "\n", 1);
-        if (rc == 0 && (is_first ? f : (b || !empty)))
-            rc = jbuf_append(&buf, pad.u.s.p, pad.u.s.len);
-        if (rc == 0)
-            rc = jbuf_append(&buf, p, l);
-        is_first = false;
-        if (nl == NULL || rc != 0)
-            break;
-        p = nl + 1;
-    }
-    if (rc != 0) {
-        free(buf.p);
-        return jinja_fail(r, line, PAGODA_ERANGE, "the output would exceed %u bytes",
-                          (unsigned)JINJA_MAX_OUTPUT_BYTES);
-    }
-    return jv_from_jbuf(r, &buf, out);
-}
-
-static int tojson_filter(struct jrender *r, int line, const jv *in, const struct jargs *a, jv *out)
-{
-    const jv *ind = jinja_arg(a, 0, "indent");
-    const jv *ea = jinja_arg(a, 99, "ensure_ascii");
-    const jv *seps = jinja_arg(a, 99, "separators");
-    const jv *sk = jinja_arg(a, 99, "sort_keys");
-    int64_t indent = -1;
-    int rc;
-    if (ind != NULL && ind->kind != JV_NONE) {
-        if ((rc = need_int(r, line, ind, "tojson indent must be an integer", &indent)) != 0)
-            return rc;
-        if (indent < 0 || indent > 64)
-            return jinja_fail(r, line, PAGODA_ERANGE, "tojson indent out of range");
-    }
-    const jv *isep = NULL, *ksep = NULL;
-    if (seps != NULL && seps->kind != JV_NONE) {
-        if (seps->kind != JV_LIST || seps->u.list->n != 2 || seps->u.list->v[0].kind != JV_STRING ||
-            seps->u.list->v[1].kind != JV_STRING)
-            return jinja_fail(r, line, PAGODA_EFORMAT, "separators must be a pair of strings");
-        isep = &seps->u.list->v[0];
-        ksep = &seps->u.list->v[1];
-    }
-    struct jbuf b = {0};
-    rc = jv_append_json(r, line, &b, in, ea != NULL && jv_truthy(ea), (int)indent, isep, ksep,
-                        sk != NULL && jv_truthy(sk), 0);
-    if (rc != 0) {
-        free(b.p);
-        return rc;
-    }
-    return jv_from_jbuf(r, &b, out);
-}
-
-static int length_of(struct jrender *r, int line, const jv *v, int64_t *n)
-{
-    switch (v->kind) {
-    case JV_STRING: {
-        int64_t c = 0;
-        for (size_t i = 0; i < v->u.s.len; i++)
-            c += ((unsigned char)v->u.s.p[i] & 0xC0) != 0x80;
-        *n = c;
-        return 0;
-    }
-    case JV_LIST:
-        *n = (int64_t)v->u.list->n;
-        return 0;
-    case JV_DICT:
-    case JV_NAMESPACE:
-        *n = (int64_t)v->u.dict->n;
-        return 0;
-    case JV_UNDEFINED:
-        *n = 0;
-        return 0;
-    default:
-        return type_error(r, line, "object has no len()", v);
-    }
-}
-
-static int to_number(struct jrender *r, int line, const jv *in, bool want_int, const jv *dflt,
-                     jv *out)
-{
-    (void)r;
-    (void)line;
-    switch (in->kind) {
-    case JV_INT:
-        *out = want_int ? *in : jv_float((double)in->u.i);
-        return 0;
-    case JV_BOOL:
-        *out = want_int ? jv_int(in->u.b) : jv_float(in->u.b);
-        return 0;
-    case JV_FLOAT:
-        if (want_int) {
-            if (!(in->u.f > -9.2e18 && in->u.f < 9.2e18)) {
-                *out = *dflt;
-                return 0;
-            }
-            *out = jv_int((int64_t)in->u.f);
-        } else {
-            *out = *in;
-        }
-        return 0;
-    case JV_STRING: {
-        char buf[64];
-        if (in->u.s.len == 0 || in->u.s.len >= sizeof(buf)) {
-            *out = *dflt;
-            return 0;
-        }
-        memcpy(buf, in->u.s.p, in->u.s.len);
-        buf[in->u.s.len] = '\0';
-        char *end;
-        if (want_int) {
-            long long v = strtoll(buf, &end, 10);
-            if (*end != '\0' && *end != ' ') {
-                double d = strtod(buf, &end);
-                if (*end == '\0' && d > -9.2e18 && d < 9.2e18) {
-                    *out = jv_int((int64_t)d);
-                    return 0;
-                }
-                *out = *dflt;
-                return 0;
-            }
-            *out = jv_int(v);
-        } else {
-            double d = strtod(buf, &end);
-            *out = *end == '\0' ? jv_float(d) : *dflt;
-        }
-        return 0;
-    }
-    default:
-        *out = *dflt;
-        return 0;
-    }
-}
-
-static int map_filter(struct jrender *r, struct jframe *f, int line, const jv *in,
-                      const struct jargs *a, jv *out)
-{
-    const jv *items;
-    size_t n;
-    int rc = jinja_iterate(r, line, in, &items, &n);
-    if (rc != 0)
-        return rc;
-    const jv *attr = jinja_arg(a, 99, "attribute");
-    const jv *dflt = jinja_arg(a, 99, "default");
-    const jv *fname = a->npos > 0 ? &a->pos[0] : NULL;
-    if (attr == NULL && (fname == NULL || fname->kind != JV_STRING))
-        return jinja_fail(r, line, PAGODA_EFORMAT, "map needs attribute= or a filter name");
-    if (attr != NULL && attr->kind != JV_STRING && attr->kind != JV_INT)
-        return type_error(r, line, "map attribute must be a string", attr);
-    struct jargs fargs = rest_args(a, 1);
-    fargs.nkw = 0;
-    if ((rc = jv_new_list(r, n, out)) != 0)
-        return rc;
-    for (size_t i = 0; i < n; i++) {
-        jv v;
-        if (attr != NULL) {
-            if ((rc = attr_path(r, line, &items[i], attr, &v)) != 0)
-                return rc;
-            if (v.kind == JV_UNDEFINED && dflt != NULL)
-                v = *dflt;
-        } else if ((rc = jinja_filter(r, f, line, fname->u.s.p, fname->u.s.len, &items[i], &fargs,
-                                      &v)) != 0) {
-            return rc;
-        }
-        out->u.list->v[i] = v;
-    }
-    return 0;
-}
-
-int jinja_filter(struct jrender *r, struct jframe *f, int line, const char *name, size_t len,
-                 const jv *in, const struct jargs *a, jv *out)
-{
-    const jv *x = jinja_arg(a, 0, "");
-    int rc;
-    int64_t n = 0;
-#define IS(lit) NAME_IS(name, len, lit)
-    if (IS("safe") || IS("e") || IS("escape") || IS("forceescape")) {
-        /* autoescape is off in chat templates: escape is not applied either (transformers) */
-        if (IS("safe")) {
-            *out = *in;
-            return 0;
-        }
-    }
-    if (IS("default") || IS("d")) {
-        const jv *dv = jinja_arg(a, 0, "default_value");
-        const jv *boolean = jinja_arg(a, 1, "boolean");
-        bool use = in->kind == JV_UNDEFINED || (boolean && jv_truthy(boolean) && !jv_truthy(in));
-        *out = use ? (dv ? *dv : jv_str("", 0)) : *in;
-        return 0;
-    }
-    if (IS("tojson"))
-        return tojson_filter(r, line, in, a, out);
-    if (IS("string"))
-        return jv_to_str(r, in, out);
-    if (IS("length") || IS("count")) {
-        if ((rc = length_of(r, line, in, &n)) != 0)
-            return rc;
-        *out = jv_int(n);
-        return 0;
-    }
-    if (IS("list")) {
-        const jv *items;
-        size_t cnt;
-        if ((rc = jinja_iterate(r, line, in, &items, &cnt)) != 0 ||
-            (rc = jv_new_list(r, cnt, out)) != 0)
-            return rc;
-        memcpy(out->u.list->v, items, cnt * sizeof(jv));
-        return 0;
-    }
-    if (IS("int") || IS("float")) {
-        jv d = IS("int") ? jv_int(0) : jv_float(0.0);
-        const jv *dv = jinja_arg(a, 0, "default");
-        return to_number(r, line, in, IS("int"), dv ? dv : &d, out);
-    }
-    if (IS("abs")) {
-        if (in->kind == JV_INT) {
-            if (in->u.i == INT64_MIN)
-                return jinja_fail(r, line, PAGODA_ERANGE, "integer result out of 64-bit range");
-            *out = jv_int(in->u.i < 0 ? -in->u.i : in->u.i);
-        } else if (in->kind == JV_FLOAT) {
-            *out = jv_float(fabs(in->u.f));
-        } else if (in->kind == JV_BOOL) {
-            *out = jv_int(in->u.b);
-        } else {
-            return type_error(r, line, "bad operand type for abs()", in);
-        }
-        return 0;
-    }
-    if (IS("round")) {
-        const jv *prec = jinja_arg(a, 0, "precision");
-        const jv *method = jinja_arg(a, 1, "method");
-        int64_t p = 0;
-        if (prec != NULL &&
-            (rc = need_int(r, line, prec, "round precision must be an integer", &p)) != 0)
-            return rc;
-        if (in->kind != JV_INT && in->kind != JV_FLOAT && in->kind != JV_BOOL)
-            return type_error(r, line, "round takes a number", in);
-        double v = in->kind == JV_FLOAT ? in->u.f : in->kind == JV_INT ? (double)in->u.i : in->u.b;
-        double m = pow(10.0, (double)(p > 300 ? 300 : p < -300 ? -300 : p));
-        double s = v * m;
-        if (method != NULL && method->kind == JV_STRING &&
-            NAME_IS(method->u.s.p, method->u.s.len, "floor"))
-            s = floor(s);
-        else if (method != NULL && method->kind == JV_STRING &&
-                 NAME_IS(method->u.s.p, method->u.s.len, "ceil"))
-            s = ceil(s);
-        else
-            s = nearbyint(s); /* Python rounds half to even */
-        *out = jv_float(s / m);
-        return 0;
-    }
-    if (IS("items")) {
-        if (in->kind == JV_UNDEFINED)
-            return jv_new_list(r, 0, out);
-        if (in->kind != JV_DICT)
-            return type_error(r, line, "items filter takes a mapping", in);
-        struct jfunc fn = {JF_DICT_ITEMS, *in};
-        return jinja_call_func(r, line, &fn, a, out);
-    }
-    if (IS("dictsort")) {
-        if (in->kind != JV_DICT)
-            return type_error(r, line, "dictsort takes a mapping", in);
-        struct jfunc fn = {JF_DICT_ITEMS, *in};
-        jv items;
-        struct jargs none = {0};
-        const jv *cs = jinja_arg(a, 0, "case_sensitive");
-        const jv *by = jinja_arg(a, 1, "by");
-        const jv *rev = jinja_arg(a, 2, "reverse");
-        bool by_value = by && by->kind == JV_STRING && NAME_IS(by->u.s.p, by->u.s.len, "value");
-        if ((rc = jinja_call_func(r, line, &fn, &none, &items)) != 0)
-            return rc;
-        jv zero = jv_int(0);
-        return sort_list(r, line, items.u.list->v, items.u.list->n, rev && jv_truthy(rev),
-                         cs && jv_truthy(cs), by_value ? NULL : &zero, by_value, out);
-    }
-    if (IS("first") || IS("last")) {
-        const jv *items;
-        size_t cnt;
-        if ((rc = jinja_iterate(r, line, in, &items, &cnt)) != 0)
-            return rc;
-        *out = cnt == 0 ? jv_undefined("", 0) : items[IS("first") ? 0 : cnt - 1];
-        return 0;
-    }
-    if (IS("reverse")) {
-        if (in->kind == JV_STRING) {
-            const jv *items;
-            size_t cnt;
-            if ((rc = jinja_iterate(r, line, in, &items, &cnt)) != 0)
-                return rc;
-            char *p = jinja_arena_alloc(&r->arena, in->u.s.len + 1);
-            if (p == NULL)
-                return nomem(r, line);
-            size_t o = 0;
-            for (size_t i = cnt; i-- > 0;) {
-                memcpy(p + o, items[i].u.s.p, items[i].u.s.len);
-                o += items[i].u.s.len;
-            }
-            p[o] = '\0';
-            *out = jv_str(p, o);
-            return 0;
-        }
-        const jv *items;
-        size_t cnt;
-        if ((rc = jinja_iterate(r, line, in, &items, &cnt)) != 0 ||
-            (rc = jv_new_list(r, cnt, out)) != 0)
-            return rc;
-        for (size_t i = 0; i < cnt; i++)
-            out->u.list->v[i] = items[cnt - 1 - i];
-        return 0;
-    }
-    if (IS("sort")) {
-        const jv *items;
-        size_t cnt;
-        const jv *rev = jinja_arg(a, 0, "reverse");
-        const jv *cs = jinja_arg(a, 1, "case_sensitive");
-        const jv *attr = jinja_arg(a, 2, "attribute");
-        if ((rc = jinja_iterate(r, line, in, &items, &cnt)) != 0)
-            return rc;
-        return sort_list(r, line, items, cnt, rev && jv_truthy(rev), cs && jv_truthy(cs),
-                         attr && attr->kind != JV_NONE ? attr : NULL, false, out);
-    }
-    if (IS("unique")) {
-        const jv *items;
-        size_t cnt;
-        if ((rc = jinja_iterate(r, line, in, &items, &cnt)) != 0 ||
-            (rc = jv_new_list(r, cnt, out)) != 0)
-            return rc;
-        if ((rc = jinja_step(r, cnt * cnt / 16)) != 0)
-            return rc;
-        size_t k = 0;
-        for (size_t i = 0; i < cnt; i++) {
-            size_t j;
-            for (j = 0; j < k; j++) {
-                const jv *u = &out->u.list->v[j], *v = &items[i];
-                int cmp = -1;
-                if (u->kind == JV_STRING && v->kind == JV_STRING)
-                    (void)jv_compare(r, line, u, v, false, &cmp);
-                if (cmp == 0 || jv_equal(u, v))
-                    break;
-            }
-            if (j == k)
-                out->u.list->v[k++] = items[i];
-        }
-        out->u.list->n = k;
-        return 0;
-    }
-    if (IS("join")) {
-        const jv *sep = jinja_arg(a, 0, "d");
-        const jv *attr = jinja_arg(a, 1, "attribute");
-        if (sep != NULL && (rc = need_str(r, line, sep, "join separator must be a string")) != 0)
-            return rc;
-        return join(r, line, in, sep, attr, out);
-    }
-    if (IS("select") || IS("reject"))
-        return select_filter(r, line, in, a, false, IS("select"), out);
-    if (IS("selectattr") || IS("rejectattr"))
-        return select_filter(r, line, in, a, true, IS("selectattr"), out);
-    if (IS("map"))
-        return map_filter(r, f, line, in, a, out);
-    if (IS("sum") || IS("max") || IS("min")) {
-        const jv *items;
-        size_t cnt;
-        const jv *attr = jinja_arg(a, IS("sum") ? 0 : 1, "attribute");
-        if ((rc = jinja_iterate(r, line, in, &items, &cnt)) != 0)
-            return rc;
-        if (IS("sum")) {
-            const jv *start = jinja_arg(a, 1, "start");
-            jv acc = start ? *start : jv_int(0);
-            for (size_t i = 0; i < cnt; i++) {
-                jv v = items[i];
-                if (attr != NULL && (rc = attr_path(r, line, &items[i], attr, &v)) != 0)
-                    return rc;
-                if (!((v.kind == JV_INT || v.kind == JV_FLOAT || v.kind == JV_BOOL) &&
-                      (acc.kind == JV_INT || acc.kind == JV_FLOAT)))
-                    return type_error(r, line, "sum takes numbers", &v);
-                if (acc.kind == JV_INT && v.kind != JV_FLOAT) {
-                    int64_t s;
-                    if (__builtin_add_overflow(acc.u.i, v.kind == JV_INT ? v.u.i : v.u.b, &s))
-                        return jinja_fail(r, line, PAGODA_ERANGE,
-                                          "integer result out of 64-bit range");
-                    acc = jv_int(s);
-                } else {
-                    double x2 = acc.kind == JV_FLOAT ? acc.u.f : (double)acc.u.i;
-                    double y2 = v.kind == JV_FLOAT ? v.u.f
-                                : v.kind == JV_INT ? (double)v.u.i
-                                                   : v.u.b;
-                    acc = jv_float(x2 + y2);
-                }
-            }
-            *out = acc;
-            return 0;
-        }
-        if (cnt == 0) {
-            *out = jv_undefined("", 0);
-            return 0;
-        }
-        const jv *cs = jinja_arg(a, 0, "case_sensitive");
-        jv sorted;
-        if ((rc = sort_list(r, line, items, cnt, false, cs && jv_truthy(cs), attr, false,
-                            &sorted)) != 0)
-            return rc;
-        *out = sorted.u.list->v[IS("min") ? 0 : cnt - 1];
-        return 0;
-    }
-    /* string filters: the operand as a string */
-    jv s;
-    if (IS("trim") || IS("upper") || IS("lower") || IS("title") || IS("capitalize") ||
-        IS("replace") || IS("indent") || IS("wordcount") || IS("e") || IS("escape") ||
-        IS("forceescape")) {
-        if ((rc = jv_to_str(r, in, &s)) != 0)
-            return rc;
-    } else {
-        return jinja_fail(r, line, PAGODA_EINVAL, "unknown filter '%.*s'", (int)len, name);
-    }
-    if (IS("trim")) {
-        const jv *chars = jinja_arg(a, 0, "chars");
-        if (chars != NULL && chars->kind != JV_STRING && chars->kind != JV_NONE)
-            return type_error(r, line, "trim chars must be a string", chars);
-        *out = strip(&s, chars && chars->kind == JV_STRING ? chars : NULL, true, true);
-        return 0;
-    }
-    if (IS("upper"))
-        return change_case(r, line, &s, UPPER, out);
-    if (IS("lower"))
-        return change_case(r, line, &s, LOWER, out);
-    if (IS("title"))
-        return change_case(r, line, &s, TITLE, out);
-    if (IS("capitalize"))
-        return change_case(r, line, &s, CAPITALIZE, out);
-    if (IS("replace")) {
-        const jv *y = jinja_arg(a, 1, "new");
-        const jv *c = jinja_arg(a, 2, "count");
-        n = -1;
-        if ((rc = need_str(r, line, x, "replace() arguments must be str")) != 0 ||
-            (rc = need_str(r, line, y, "replace() arguments must be str")) != 0)
-            return rc;
-        if (c != NULL && c->kind != JV_NONE &&
-            (rc = need_int(r, line, c, "replace() count must be an integer", &n)) != 0)
-            return rc;
-        return str_replace(r, line, &s, x, y, n, out);
-    }
-    if (IS("indent"))
-        return indent_filter(r, line, &s, a, out);
-    if (IS("wordcount")) {
-        jv words;
-        if ((rc = str_split(r, line, &s, NULL, -1, &words)) != 0)
-            return rc;
-        *out = jv_int((int64_t)words.u.list->n);
-        return 0;
-    }
-    /* e / escape: HTML escaping, as jinja2's markupsafe does */
-    struct jbuf b = {0};
-    rc = 0;
-    for (size_t i = 0; i < s.u.s.len && rc == 0; i++) {
-        const char *rep = NULL;
-        switch (s.u.s.p[i]) {
-        case '&':
-            rep = "&amp;";
-            break;
-        case '<':
-            rep = "&lt;";
-            break;
-        case '>':
-            rep = "&gt;";
-            break;
-        case '"':
-            rep = "&#34;";
-            break;
-        case '\'':
-            rep = "&#39;";
-            break;
-        }
-        rc = rep ? jbuf_append(&b, rep, strlen(rep)) : jbuf_append(&b, s.u.s.p + i, 1);
-    }
-    if (rc != 0) {
-        free(b.p);
-        return jinja_fail(r, line, PAGODA_ERANGE, "the output would exceed %u bytes",
-                          (unsigned)JINJA_MAX_OUTPUT_BYTES);
-    }
-    return jv_from_jbuf(r, &b, out);
-#undef IS
 }

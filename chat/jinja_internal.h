@@ -6,7 +6,9 @@
  *   jinja_lexer.c    source bytes -> tokens, whitespace control (trim_blocks, lstrip_blocks, -)
  *   jinja_parser.c   tokens -> syntax tree (jinja2's grammar and operator precedence)
  *   jinja_eval.c     syntax tree + variables -> text: statements, expressions, scopes, limits
- *   jinja_builtins.c filters, tests, methods of str/dict, globals (range, namespace, ...)
+ *   jinja_builtins.c attributes, items, iteration, methods of str/dict, tests, globals
+ *   jinja_filters.c  the filters
+ *   jinja_strings.c  the string operations methods and filters share
  *   jinja_value.c    values: conversion from JSON, truth, equality, order, str(), repr(), JSON
  *
  * Memory: a compiled template lives in one arena (nodes, decoded string literals), never written
@@ -407,5 +409,30 @@ int jinja_iterate(struct jrender *r, int line, const jv *v, const jv **items, si
 
 /* A keyword or positional argument: the positional one at index pos, else the keyword name. */
 const jv *jinja_arg(const struct jargs *a, size_t pos, const char *name);
+/* Argument checks: PAGODA_EFORMAT "<what>, not <type>" (or a missing argument). */
+int jinja_type_error(struct jrender *r, int line, const char *what, const jv *v);
+int jinja_need_str(struct jrender *r, int line, const jv *v, const char *what);
+int jinja_need_int(struct jrender *r, int line, const jv *v, const char *what, int64_t *out);
+
+/* ---- strings (jinja_strings.c), shared by str's methods and the filters ---- */
+
+enum jcase { JCASE_UPPER, JCASE_LOWER, JCASE_TITLE, JCASE_CAPITALIZE };
+
+/* str.strip/lstrip/rstrip(chars): chars NULL strips str.isspace() characters. No copy. */
+jv jinja_str_strip(const jv *s, const jv *chars, bool left, bool right);
+/* str.upper/lower/title/capitalize, code point by code point. */
+int jinja_str_case(struct jrender *r, int line, const jv *s, enum jcase how, jv *out);
+/* The first occurrence of n in h, or NULL (linear: glibc's memmem). */
+const char *jinja_str_find(const char *h, size_t hl, const char *n, size_t nl);
+/* str.replace(old, new, count) (count < 0: all). */
+int jinja_str_replace(struct jrender *r, int line, const jv *s, const jv *old, const jv *new_,
+                      int64_t count, jv *out);
+/* str.split(sep, maxsplit) (sep NULL or none: runs of whitespace; maxsplit < 0: no limit). */
+int jinja_str_split(struct jrender *r, int line, const jv *s, const jv *sep, int64_t maxsplit,
+                    jv *out);
+/* str.startswith / endswith (start false) with a string or a tuple of strings. */
+int jinja_str_affix(struct jrender *r, int line, const jv *s, const jv *arg, bool start, jv *out);
+/* sep.join(str(item) for item in seq), item's attribute attr when given. */
+int jinja_join(struct jrender *r, int line, const jv *seq, const jv *sep, const jv *attr, jv *out);
 
 #endif
