@@ -159,10 +159,8 @@ static bool dict_method(const char *name, size_t len, enum jfunc_id *id)
     return true;
 }
 
-static int loop_attr(struct jrender *r, const struct jloop *l, const char *name, size_t len,
-                     jv *out)
+static int loop_attr(const struct jloop *l, const char *name, size_t len, jv *out)
 {
-    (void)r;
     int64_t i = (int64_t)l->index0, n = (int64_t)l->n;
     if (NAME_IS(name, len, "index"))
         *out = jv_int(i + 1);
@@ -215,7 +213,7 @@ int jinja_getattr(struct jrender *r, int line, const jv *obj, const char *name, 
             return func_value(r, line, id, obj, out);
         break;
     case JV_LOOP:
-        return loop_attr(r, obj->u.loop, name, len, out);
+        return loop_attr(obj->u.loop, name, len, out);
     default:
         break;
     }

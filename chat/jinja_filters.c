@@ -298,11 +298,9 @@ static int length_of(struct jrender *r, int line, const jv *v, int64_t *n)
     }
 }
 
-static int to_number(struct jrender *r, int line, const jv *in, bool want_int, const jv *dflt,
-                     jv *out)
+/* The int and float filters: dflt when the value does not convert. */
+static int to_number(const jv *in, bool want_int, const jv *dflt, jv *out)
 {
-    (void)r;
-    (void)line;
     switch (in->kind) {
     case JV_INT:
         *out = want_int ? *in : jv_float((double)in->u.i);
@@ -396,12 +394,10 @@ int jinja_filter(struct jrender *r, struct jframe *f, int line, const char *name
     int rc;
     int64_t n = 0;
 #define IS(lit) NAME_IS(name, len, lit)
-    if (IS("safe") || IS("e") || IS("escape") || IS("forceescape")) {
-        /* autoescape is off in chat templates: escape is not applied either (transformers) */
-        if (IS("safe")) {
-            *out = *in;
-            return 0;
-        }
+    if (IS("safe")) {
+        /* autoescape is off in chat templates: safe changes nothing (e/escape, below, escape) */
+        *out = *in;
+        return 0;
     }
     if (IS("default") || IS("d")) {
         const jv *dv = jinja_arg(a, 0, "default_value");
@@ -432,7 +428,7 @@ int jinja_filter(struct jrender *r, struct jframe *f, int line, const char *name
     if (IS("int") || IS("float")) {
         jv d = IS("int") ? jv_int(0) : jv_float(0.0);
         const jv *dv = jinja_arg(a, 0, "default");
-        return to_number(r, line, in, IS("int"), dv ? dv : &d, out);
+        return to_number(in, IS("int"), dv ? dv : &d, out);
     }
     if (IS("abs")) {
         if (in->kind == JV_INT) {

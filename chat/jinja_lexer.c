@@ -27,9 +27,10 @@ struct lexer {
     size_t n, cap;
 };
 
-static int lex_fail(const struct lexer *lx, int line, const char *fmt, const char *what)
+/* PAGODA_EINVAL with "line N: <msg><what>" (what: the offending text, or NULL). */
+static int lex_fail(int line, const char *msg, const char *what)
 {
-    return pagoda_error_set(PAGODA_EINVAL, "line %d: %s%s", line, fmt, what ? what : "");
+    return pagoda_error_set(PAGODA_EINVAL, "line %d: %s%s", line, msg, what ? what : "");
 }
 
 static int push(struct lexer *lx, struct jtoken t)
@@ -141,7 +142,7 @@ static int lex_string(struct lexer *lx)
         end++;
     }
     if (end >= lx->len)
-        return lex_fail(lx, line, "unterminated string literal", NULL);
+        return lex_fail(line, "unterminated string literal", NULL);
     char *o = jinja_arena_alloc(lx->a, end - i + 1);
     if (o == NULL)
         return pagoda_error_set(PAGODA_ERANGE, "line %d: template too large to compile", line);
@@ -216,12 +217,12 @@ static int lex_string(struct lexer *lx)
         for (int k = 0; k < digits; k++) {
             int h = i + (size_t)k < end ? hexval(lx->src[i + (size_t)k]) : -1;
             if (h < 0)
-                return lex_fail(lx, line, "truncated \\x, \\u or \\U escape in a string", NULL);
+                return lex_fail(line, "truncated \\x, \\u or \\U escape in a string", NULL);
             cp = cp * 16 + (uint32_t)h;
         }
         i += (size_t)digits;
         if (cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
-            return lex_fail(lx, line, "escape outside Unicode scalar values in a string", NULL);
+            return lex_fail(line, "escape outside Unicode scalar values in a string", NULL);
         n += put_utf8(o + n, cp);
     }
     o[n] = '\0';
@@ -278,7 +279,7 @@ static int lex_number(struct lexer *lx)
             buf[n++] = s[i];
     buf[n] = '\0';
     if (pos - start >= sizeof(buf))
-        return lex_fail(lx, lx->line, "number literal too long", NULL);
+        return lex_fail(lx->line, "number literal too long", NULL);
     struct jtoken t = {.line = lx->line};
     if (is_float) {
         t.kind = JT_FLOAT;
@@ -287,7 +288,7 @@ static int lex_number(struct lexer *lx)
         errno = 0;
         unsigned long long v = strtoull(buf, NULL, 10);
         if (errno == ERANGE || v > INT64_MAX)
-            return lex_fail(lx, lx->line, "integer literal out of 64-bit range", NULL);
+            return lex_fail(lx->line, "integer literal out of 64-bit range", NULL);
         t.kind = JT_INT;
         t.ival = (int64_t)v;
     }
@@ -324,7 +325,7 @@ static int lex_tag(struct lexer *lx, bool block, int open_line)
             lx->pos++;
         }
         if (lx->pos >= lx->len)
-            return lex_fail(lx, open_line, block ? "unclosed {% tag" : "unclosed {{ tag", NULL);
+            return lex_fail(open_line, block ? "unclosed {% tag" : "unclosed {{ tag", NULL);
         size_t rem = lx->len - lx->pos;
         const char *p = s + lx->pos;
         if (nesting == 0) {
@@ -373,7 +374,7 @@ static int lex_tag(struct lexer *lx, bool block, int open_line)
                 size_t cl = jinja_u8_next(p, rem, &cp);
                 memcpy(what, p, cl);
                 what[cl] = '\0';
-                return lex_fail(lx, lx->line, "unexpected character in a tag: ", what);
+                return lex_fail(lx->line, "unexpected character in a tag: ", what);
             }
             enum jop op = OPS[k].op;
             if (op == JOP_LPAREN || op == JOP_LBRACKET || op == JOP_LBRACE) {
@@ -482,7 +483,7 @@ int jinja_lex(struct jinja_arena *a, const char *source, size_t len, struct jtok
             while (q + 1 < lx.len && !(s[q] == '#' && s[q + 1] == '}'))
                 q++;
             if (q + 1 >= lx.len)
-                return lex_fail(&lx, open_line, "unclosed comment {#", NULL);
+                return lex_fail(open_line, "unclosed comment {#", NULL);
             bool minus = q > lx.pos && s[q - 1] == '-';
             bool plus = q > lx.pos && s[q - 1] == '+';
             lx.line += count_lines(s + lx.pos, q + 2 - lx.pos);

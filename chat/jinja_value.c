@@ -120,7 +120,6 @@ int jinja_fail(const struct jrender *r, int line, int err, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(msg, sizeof(msg), fmt, ap);
     va_end(ap);
-    (void)r;
     return pagoda_error_set(err, "line %d: %s", line, msg);
 }
 
