@@ -450,6 +450,7 @@ int jinja_call_func(struct jrender *r, int line, const struct jfunc *fn, const s
                 jv pair;
                 if ((rc = jv_new_list(r, 2, &pair)) != 0)
                     return rc;
+                pair.u.list->tuple = true; /* dict.items() yields tuples */
                 pair.u.list->v[0] = k;
                 pair.u.list->v[1] = d->e[i].v;
                 out->u.list->v[i] = pair;

@@ -658,6 +658,7 @@ int jinja_eval(struct jrender *r, struct jframe *f, const struct jnode *n, jv *o
     case JN_TUPLE:
         if ((rc = jv_new_list(r, n->args.n, out)) != 0)
             break;
+        out->u.list->tuple = n->kind == JN_TUPLE;
         for (size_t i = 0; i < n->args.n && rc == 0; i++)
             rc = jinja_eval(r, f, n->args.v[i], &out->u.list->v[i]);
         break;

@@ -6,6 +6,7 @@
 #include "common/error.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -462,8 +463,15 @@ int jinja_filter(struct jrender *r, struct jframe *f, int line, const char *name
         else if (method != NULL && method->kind == JV_STRING &&
                  NAME_IS(method->u.s.p, method->u.s.len, "ceil"))
             s = ceil(s);
-        else
-            s = nearbyint(s); /* Python rounds half to even */
+        else if (p >= 0 && p <= 300 && isfinite(v)) {
+            /* Python's round(): the exact binary value rounded half to even in decimal, which
+             * printf's %.*f also does (2.675 is 2.67499..., so 2.67) */
+            char buf[400];
+            snprintf(buf, sizeof(buf), "%.*f", (int)p, v);
+            *out = jv_float(strtod(buf, NULL));
+            return 0;
+        } else
+            s = nearbyint(s);
         *out = jv_float(s / m);
         return 0;
     }

@@ -210,6 +210,7 @@ int jinja_parse(struct jinja_arena *a, const struct jtoken *toks, size_t count,
 struct jlist {
     jv *v;
     size_t n;
+    bool tuple; /* printed (a, b) as Python prints a tuple; otherwise a list */
 };
 
 struct jdict_entry {

@@ -55,6 +55,30 @@ jv jinja_str_strip(const jv *s, const jv *chars, bool left, bool right)
     return jv_str(s->u.s.p + b, e - b);
 }
 
+/* Python maps a few characters to several (SpecialCasing.txt), where utf8proc maps one to one:
+ * the ones of Latin text. Returns the replacement, or NULL to map the code point alone. */
+static const char *special_case(uint32_t cp, enum jcase how, bool title)
+{
+    static const struct {
+        uint32_t cp;
+        const char *upper, *title;
+    } UP[] = {
+        {0x00DF, "SS", "Ss"}, {0xFB00, "FF", "Ff"},   {0xFB01, "FI", "Fi"},
+        {0xFB02, "FL", "Fl"}, {0xFB03, "FFI", "Ffi"}, {0xFB04, "FFL", "Ffl"},
+        {0xFB05, "ST", "St"}, {0xFB06, "ST", "St"},   {0x0149, "\xCA\xBCN", "\xCA\xBCN"},
+    };
+    if (how == JCASE_LOWER || !title) {
+        if (cp == 0x0130 && how != JCASE_UPPER)
+            return "i\xCC\x87"; /* İ lowercases to i and a combining dot */
+        if (how != JCASE_UPPER)
+            return NULL;
+    }
+    for (size_t k = 0; k < sizeof(UP) / sizeof(UP[0]); k++)
+        if (UP[k].cp == cp)
+            return title ? UP[k].title : UP[k].upper;
+    return NULL;
+}
+
 int jinja_str_case(struct jrender *r, int line, const jv *s, enum jcase how, jv *out)
 {
     /* at most 4 bytes per code point either way */
@@ -67,6 +91,21 @@ int jinja_str_case(struct jrender *r, int line, const jv *s, enum jcase how, jv 
         uint32_t cp;
         i += jinja_u8_next(s->u.s.p + i, s->u.s.len - i, &cp);
         utf8proc_int32_t c = (utf8proc_int32_t)cp, m = c;
+        /* title case for the first of capitalize, and after an uncased character in title */
+        bool as_title = (how == JCASE_CAPITALIZE && first) || (how == JCASE_TITLE && !prev_cased);
+        const char *special = special_case(cp, how, as_title);
+        if (special != NULL) {
+            size_t sl = strlen(special);
+            memcpy(p + o, special, sl);
+            o += sl;
+            if (how == JCASE_TITLE) {
+                utf8proc_category_t cat = utf8proc_category(c);
+                prev_cased = cat == UTF8PROC_CATEGORY_LU || cat == UTF8PROC_CATEGORY_LL ||
+                             cat == UTF8PROC_CATEGORY_LT;
+            }
+            first = false;
+            continue;
+        }
         switch (how) {
         case JCASE_UPPER:
             m = utf8proc_toupper(c);
@@ -224,6 +263,7 @@ int jinja_str_split(struct jrender *r, int line, const jv *s, const jv *sep, int
         return nomem(r, line);
     l->v = v;
     l->n = n;
+    l->tuple = false;
     out->kind = JV_LIST;
     out->u.list = l;
     return jinja_step(r, s->u.s.len / 64 + n / 16);

@@ -163,6 +163,7 @@ int jv_new_list(struct jrender *r, size_t n, jv *out)
         items[i] = jv_none();
     l->v = items;
     l->n = n;
+    l->tuple = false;
     out->kind = JV_LIST;
     out->u.list = l;
     return jinja_step(r, n / 16);
@@ -638,15 +639,19 @@ static int append_value(struct jrender *r, struct jbuf *b, const jv *v, bool rep
         return puts_(r, b, tmp);
     case JV_STRING:
         return repr ? repr_string(r, b, v->u.s.p, v->u.s.len) : put(r, b, v->u.s.p, v->u.s.len);
-    case JV_LIST:
-        if ((rc = puts_(r, b, "[")) != 0)
+    case JV_LIST: {
+        bool tuple = v->u.list->tuple;
+        if ((rc = puts_(r, b, tuple ? "(" : "[")) != 0)
             return rc;
         for (size_t i = 0; i < v->u.list->n; i++) {
             if ((i && (rc = puts_(r, b, ", ")) != 0) ||
                 (rc = append_value(r, b, &v->u.list->v[i], true, depth + 1)) != 0)
                 return rc;
         }
-        return puts_(r, b, "]");
+        if (tuple && v->u.list->n == 1 && (rc = puts_(r, b, ",")) != 0)
+            return rc;
+        return puts_(r, b, tuple ? ")" : "]");
+    }
     case JV_DICT:
     case JV_NAMESPACE:
         if ((rc = puts_(r, b, v->kind == JV_DICT ? "{" : "<Namespace {")) != 0)

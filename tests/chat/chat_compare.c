@@ -3,12 +3,14 @@
  * or error) through chat_template_apply, and compares byte for byte.
  *
  *   chat_compare [--also LABEL] CASES.jsonl NAME=tokenizer_config.json...
+ *   chat_compare --jinja EXPRESSIONS.jsonl
  *
  * A case matches when both render the same bytes, or both refuse. Prints the counts per template
  * (and how many also equal expected_raw: the unmodified npm reference, see reference.mjs, or
  * what --also names); cases marked python_only are left out (reference_jinja2.py compares them).
  * Exits 1 on any mismatch, printing the first few. */
 #include "chat/chat_template.h"
+#include "chat/jinja.h"
 #include "common/error.h"
 
 #include <jansson.h>
@@ -61,8 +63,73 @@ static void show(const char *what, const char *s, size_t n)
     fputc('\n', stderr);
 }
 
+/* chat_compare --jinja CASES.jsonl: templates of their own ({id, source, vars, expected | error},
+ * from expressions_jinja2.py) through jinja.h directly. */
+static int compare_expressions(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    if (f == NULL) {
+        fprintf(stderr, "chat_compare: cannot open %s\n", path);
+        return 2;
+    }
+    char *line = NULL;
+    size_t cap = 0;
+    unsigned cases = 0, equal = 0, both_error = 0, mismatches = 0;
+    while (getline(&line, &cap, f) > 0) {
+        json_error_t jerr;
+        json_t *c = json_loads(line, 0, &jerr);
+        const json_t *src = json_object_get(c, "source");
+        if (!json_is_string(src)) {
+            fprintf(stderr, "chat_compare: %s: unreadable case\n", path);
+            mismatches++;
+            json_decref(c);
+            continue;
+        }
+        cases++;
+        JinjaTemplate *t = NULL;
+        char *out = NULL;
+        size_t len = 0;
+        int rc = jinja_template_new(json_string_value(src), json_string_length(src), &t);
+        if (rc == 0)
+            rc = jinja_render(t, json_object_get(c, "vars"), &out, &len);
+        const json_t *expected = json_object_get(c, "expected");
+        bool ok;
+        if (json_is_string(expected)) {
+            ok = rc == 0 && len == json_string_length(expected) &&
+                 memcmp(out, json_string_value(expected), len) == 0;
+            equal += ok;
+        } else {
+            ok = rc != 0;
+            both_error += ok;
+        }
+        if (!ok && mismatches++ < MAX_SHOWN) {
+            fprintf(stderr, "MISMATCH expression %u: %s\n",
+                    (unsigned)json_integer_value(json_object_get(c, "id")), json_string_value(src));
+            if (json_is_string(expected))
+                show("jinja2", json_string_value(expected), json_string_length(expected));
+            else
+                fprintf(stderr, "  jinja2 error: %s\n",
+                        json_string_value(json_object_get(c, "error")));
+            if (rc == 0)
+                show("pagoda", out, len);
+            else
+                fprintf(stderr, "  pagoda error: %s\n", pagoda_error_detail());
+        }
+        free(out);
+        jinja_template_free(t);
+        json_decref(c);
+    }
+    free(line);
+    fclose(f);
+    printf("expressions: %u templates: %u rendered equal, %u refused by both, %u mismatches\n",
+           cases, equal, both_error, mismatches);
+    return mismatches ? 1 : 0;
+}
+
 int main(int argc, char **argv)
 {
+    if (argc == 3 && strcmp(argv[1], "--jinja") == 0)
+        return compare_expressions(argv[2]);
     /* --also LABEL: what expected_raw is (the unmodified npm package, unless said) */
     const char *also = "the unmodified reference";
     if (argc > 2 && strcmp(argv[1], "--also") == 0) {

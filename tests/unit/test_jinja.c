@@ -147,7 +147,7 @@ static void test_filters_and_methods(void **state)
           "{{ [3,1]|max }}|{{ 'a b  c'|wordcount }}|{{ 'a\\nb'|indent(2) }}",
           NULL, "4|2.5|3|2.57|3|3|3|a\n  b");
     check("{{ {'b': 1, 'a': 2}|dictsort }}|{{ {'k': 1}|items|list }}|{{ 'x'|string }}", NULL,
-          "[['a', 2], ['b', 1]]|[['k', 1]]|x");
+          "[('a', 2), ('b', 1)]|[('k', 1)]|x");
     check("{{ ' a '.strip() }}|{{ '\\n a\\n'.strip('\\n') }}|{{ 'a,b,,c'.split(',') }}|"
           "{{ ' a  b '.split() }}|{{ 'abc'.startswith('ab') }}|{{ 'abc'.endswith(('x', 'c')) }}",
           NULL, "a| a|['a', 'b', '', 'c']|['a', 'b']|True|True");
@@ -179,7 +179,7 @@ static void test_more_tests_and_filters(void **state)
           "{{ [{'n': 1}, {'n': 2}]|sum(attribute='n') }}|{{ [{'n': 1}, {'n': "
           "2}]|max(attribute='n') }}|"
           "{{ [{'n': 1}, {'n': 2}]|join(',', attribute='n') }}",
-          NULL, "&lt;|2.0|3.0|2.0|[['b', 1], ['a', 2]]|3|{'n': 2}|1,2");
+          NULL, "&lt;|2.0|3.0|2.0|[('b', 1), ('a', 2)]|3|{'n': 2}|1,2");
     check("[{{ 'a\n\nb'|indent(2, true, true) }}]|{{ 'aaa'|replace('a', 'b', 2) }}|"
           "{{ [1, {'a': 2}]|tojson(separators=(',', ':')) }}",
           NULL, "[  a\n  \n  b]|bba|[1,{\"a\":2}]");
@@ -187,6 +187,12 @@ static void test_more_tests_and_filters(void **state)
           "{{ 'aB'.capitalize() }}|{{ 'abc'.find('z') }}|{{ 'x'.upper() }}{{ 'X'.lower() }}|"
           "{{ ' a '.lstrip() }}.{{ ' a '.rstrip() }}.",
           NULL, "['a', 'b c']|baa|Ab Cd|Ab|-1|Xx|a . a.");
+    /* as Python: characters that case-map to several (SpecialCasing) */
+    check("{{ 'straße ﬁ'|upper }}|{{ 'İ'|lower|length }}|{{ 'ßa'|title }}|{{ 'ßa'|capitalize }}",
+          NULL, "STRASSE FI|2|Ssa|Ssa");
+    /* as Python: round() is correctly rounded (2.675 is 2.67499...), tuples print as tuples */
+    check("{{ 2.675|round(2) }}|{{ 0.125|round(2) }}|{{ (1, 2) }}|{{ (1,) }}|{{ {'k': (1,)} }}",
+          NULL, "2.67|0.12|(1, 2)|(1,)|{'k': (1,)}");
     /* undefined iterates as nothing (fuzz_jinja found the empty copy) */
     check("{{ nothing|list }}|{{ nothing|reverse|list }}|{{ nothing|length }}", NULL, "[]|[]|0");
     /* a loop over a dict walks its keys, in their order; over a string, its characters */
