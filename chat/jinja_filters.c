@@ -1,0 +1,709 @@
+/* The filters (`value | name(args)`), as jinja2 defines them and transformers overrides tojson
+ * (json.dumps with ensure_ascii off). The names are listed once, in FILTERS, which the parser
+ * checks at compile time. */
+#include "chat/jinja_internal.h"
+
+#include "common/error.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define NAME_IS(p, len, lit) ((len) == sizeof(lit) - 1 && memcmp((p), (lit), (len)) == 0)
+
+static int nomem(struct jrender *r, int line)
+{
+    return jinja_fail(r, line, PAGODA_ERANGE,
+                      "the template needed more than %u bytes of memory while rendering",
+                      (unsigned)JINJA_MAX_RENDER_MEMORY);
+}
+
+static const char *const FILTERS[] = {
+    "safe",       "e",       "escape",   "forceescape", "default",    "d",          "tojson",
+    "string",     "length",  "count",    "list",        "int",        "float",      "abs",
+    "round",      "items",   "dictsort", "first",       "last",       "reverse",    "sort",
+    "unique",     "join",    "select",   "reject",      "selectattr", "rejectattr", "map",
+    "sum",        "max",     "min",      "trim",        "upper",      "lower",      "title",
+    "capitalize", "replace", "indent",   "wordcount",   NULL,
+};
+
+bool jinja_filter_exists(const char *name, size_t len)
+{
+    for (size_t k = 0; FILTERS[k] != NULL; k++)
+        if (strlen(FILTERS[k]) == len && memcmp(FILTERS[k], name, len) == 0)
+            return true;
+    return false;
+}
+
+/* For select/reject/selectattr/rejectattr/map: the test or filter named by the first string
+ * argument (after skip arguments), applied with the remaining ones. */
+static struct jargs rest_args(const struct jargs *a, size_t skip)
+{
+    struct jargs rest = *a;
+    rest.pos = a->npos > skip ? a->pos + skip : a->pos + a->npos;
+    rest.npos = a->npos > skip ? a->npos - skip : 0;
+    return rest;
+}
+
+static int select_filter(struct jrender *r, int line, const jv *in, const struct jargs *a,
+                         bool by_attr, bool keep_if, jv *out)
+{
+    const jv *items;
+    size_t n;
+    int rc = jinja_iterate(r, line, in, &items, &n);
+    if (rc != 0)
+        return rc;
+    const jv *attr = NULL;
+    size_t skip = 0;
+    if (by_attr) {
+        attr = jinja_arg(a, 0, "attribute");
+        if ((rc = jinja_need_str(r, line, attr, "selectattr/rejectattr take an attribute name")) !=
+            0)
+            return rc;
+        skip = 1;
+    }
+    const jv *test = a->npos > skip ? &a->pos[skip] : NULL;
+    if (test != NULL && test->kind != JV_STRING)
+        return jinja_type_error(r, line, "the test of select/reject must be named by a string",
+                                test);
+    if (test != NULL && !jinja_test_exists(test->u.s.p, test->u.s.len))
+        return jinja_fail(r, line, PAGODA_EINVAL, "unknown test '%.*s'", (int)test->u.s.len,
+                          test->u.s.p);
+    struct jargs targs = rest_args(a, skip + 1);
+    targs.nkw = 0;
+    if ((rc = jv_new_list(r, n, out)) != 0)
+        return rc;
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        jv v = items[i];
+        if (attr != NULL) {
+            if (v.kind == JV_UNDEFINED)
+                continue;
+            if ((rc = jinja_getattr(r, line, &items[i], attr->u.s.p, attr->u.s.len, &v)) != 0)
+                return rc;
+            if (v.kind == JV_UNDEFINED && (items[i].kind == JV_DICT))
+                if ((rc = jinja_getitem(r, line, &items[i], attr, &v)) != 0)
+                    return rc;
+        }
+        bool t;
+        if (test == NULL)
+            t = jv_truthy(&v);
+        else if ((rc = jinja_test(r, line, test->u.s.p, test->u.s.len, &v, &targs, &t)) != 0)
+            return rc;
+        if (t == keep_if)
+            out->u.list->v[k++] = items[i];
+    }
+    out->u.list->n = k;
+    return 0;
+}
+
+/* Reads an attribute (dotted: "a.b", or an index) for map/sort/join/sum/unique. */
+static int attr_path(struct jrender *r, int line, const jv *v, const jv *attr, jv *out)
+{
+    if (attr->kind == JV_INT)
+        return jinja_getitem(r, line, v, attr, out);
+    const char *p = attr->u.s.p, *end = p + attr->u.s.len;
+    *out = *v;
+    while (p <= end) {
+        const char *dot = memchr(p, '.', (size_t)(end - p));
+        size_t l = dot ? (size_t)(dot - p) : (size_t)(end - p);
+        jv key = jv_str(p, l), next;
+        bool digits = l > 0;
+        int64_t idx = 0;
+        for (size_t i = 0; i < l; i++) {
+            digits = digits && p[i] >= '0' && p[i] <= '9';
+            idx = digits && idx < INT64_MAX / 10 ? idx * 10 + (p[i] - '0') : idx;
+        }
+        jv ik = jv_int(idx);
+        int rc = jinja_getitem(r, line, out, digits && out->kind == JV_LIST ? &ik : &key, &next);
+        if (rc != 0)
+            return rc;
+        *out = next;
+        if (dot == NULL)
+            break;
+        p = dot + 1;
+    }
+    return 0;
+}
+
+struct sort_ctx {
+    struct jrender *r;
+    int line;
+    bool case_sensitive, reverse;
+    int rc;
+};
+
+struct sort_item {
+    jv key, v;
+    size_t index;
+    struct sort_ctx *ctx;
+};
+
+static int sort_cmp(const void *x, const void *y)
+{
+    const struct sort_item *a = x, *b = y;
+    struct sort_ctx *c = a->ctx;
+    int cmp = 0;
+    if (c->rc == 0) {
+        if (a->key.kind == JV_NONE && b->key.kind == JV_NONE)
+            cmp = 0;
+        else
+            c->rc = jv_compare(c->r, c->line, &a->key, &b->key, c->case_sensitive, &cmp);
+    }
+    if (c->reverse)
+        cmp = -cmp;
+    /* stable: Python's sort is */
+    return cmp ? cmp : (a->index > b->index) - (a->index < b->index);
+}
+
+static int sort_list(struct jrender *r, int line, const jv *items, size_t n, bool reverse,
+                     bool case_sensitive, const jv *attr, bool by_value_of_pair, jv *out)
+{
+    struct sort_ctx ctx = {r, line, case_sensitive, reverse, 0};
+    struct sort_item *s = jinja_arena_alloc(&r->arena, (n ? n : 1) * sizeof(*s));
+    if (s == NULL)
+        return nomem(r, line);
+    int rc;
+    for (size_t i = 0; i < n; i++) {
+        s[i].v = items[i];
+        s[i].key = items[i];
+        s[i].index = i;
+        s[i].ctx = &ctx;
+        if (attr != NULL && (rc = attr_path(r, line, &items[i], attr, &s[i].key)) != 0)
+            return rc;
+        if (by_value_of_pair)
+            s[i].key = items[i].u.list->v[1];
+    }
+    uint64_t log2n = 1;
+    for (size_t m = n; m > 1; m >>= 1)
+        log2n++;
+    if ((rc = jinja_step(r, (uint64_t)n * log2n)) != 0) /* the comparisons qsort makes */
+        return rc;
+    jv res;
+    if ((rc = jv_new_list(r, n, &res)) != 0)
+        return rc;
+    qsort(s, n, sizeof(*s), sort_cmp);
+    if (ctx.rc != 0)
+        return ctx.rc;
+    for (size_t i = 0; i < n; i++)
+        res.u.list->v[i] = s[i].v;
+    *out = res;
+    return 0;
+}
+
+static int indent_filter(struct jrender *r, int line, const jv *s, const struct jargs *a, jv *out)
+{
+    const jv *w = jinja_arg(a, 0, "width");
+    const jv *first = jinja_arg(a, 1, "first");
+    const jv *blank = jinja_arg(a, 2, "blank");
+    jv pad = jv_str("    ", 4);
+    int rc;
+    if (w != NULL && w->kind == JV_STRING) {
+        pad = *w;
+    } else if (w != NULL) {
+        int64_t n;
+        if ((rc = jinja_need_int(r, line, w, "indent width must be an integer or a string", &n)) !=
+            0)
+            return rc;
+        if (n < 0 || n > 1024)
+            return jinja_fail(r, line, PAGODA_ERANGE, "indent width out of range");
+        char *p = jinja_arena_alloc(&r->arena, (size_t)n + 1);
+        if (p == NULL)
+            return nomem(r, line);
+        memset(p, ' ', (size_t)n);
+        pad = jv_str(p, (size_t)n);
+    }
+    bool f = first && jv_truthy(first), b = blank && jv_truthy(blank);
+    struct jbuf buf = {0};
+    const char *p = s->u.s.p, *end = p + s->u.s.len;
+    bool is_first = true;
+    rc = 0;
+    for (;;) {
+        const char *nl = memchr(p, '\n', (size_t)(end - p));
+        size_t l = nl ? (size_t)(nl - p) : (size_t)(end - p);
+        bool empty = l == 0;
+        if (!is_first && rc == 0)
+            rc = jbuf_append(&buf, "\n", 1);
+        if (rc == 0 && (is_first ? f : (b || !empty)))
+            rc = jbuf_append(&buf, pad.u.s.p, pad.u.s.len);
+        if (rc == 0)
+            rc = jbuf_append(&buf, p, l);
+        is_first = false;
+        if (nl == NULL || rc != 0)
+            break;
+        p = nl + 1;
+    }
+    if (rc != 0) {
+        free(buf.p);
+        return jinja_fail(r, line, PAGODA_ERANGE, "the output would exceed %u bytes",
+                          (unsigned)JINJA_MAX_OUTPUT_BYTES);
+    }
+    return jv_from_jbuf(r, &buf, out);
+}
+
+static int tojson_filter(struct jrender *r, int line, const jv *in, const struct jargs *a, jv *out)
+{
+    const jv *ind = jinja_arg(a, 0, "indent");
+    const jv *ea = jinja_arg(a, 99, "ensure_ascii");
+    const jv *seps = jinja_arg(a, 99, "separators");
+    const jv *sk = jinja_arg(a, 99, "sort_keys");
+    int64_t indent = -1;
+    int rc;
+    if (ind != NULL && ind->kind != JV_NONE) {
+        if ((rc = jinja_need_int(r, line, ind, "tojson indent must be an integer", &indent)) != 0)
+            return rc;
+        if (indent < 0 || indent > 64)
+            return jinja_fail(r, line, PAGODA_ERANGE, "tojson indent out of range");
+    }
+    const jv *isep = NULL, *ksep = NULL;
+    if (seps != NULL && seps->kind != JV_NONE) {
+        if (seps->kind != JV_LIST || seps->u.list->n != 2 || seps->u.list->v[0].kind != JV_STRING ||
+            seps->u.list->v[1].kind != JV_STRING)
+            return jinja_fail(r, line, PAGODA_EFORMAT, "separators must be a pair of strings");
+        isep = &seps->u.list->v[0];
+        ksep = &seps->u.list->v[1];
+    }
+    struct jbuf b = {0};
+    rc = jv_append_json(r, line, &b, in, ea != NULL && jv_truthy(ea), (int)indent, isep, ksep,
+                        sk != NULL && jv_truthy(sk), 0);
+    if (rc != 0) {
+        free(b.p);
+        return rc;
+    }
+    return jv_from_jbuf(r, &b, out);
+}
+
+static int length_of(struct jrender *r, int line, const jv *v, int64_t *n)
+{
+    switch (v->kind) {
+    case JV_STRING: {
+        int64_t c = 0;
+        for (size_t i = 0; i < v->u.s.len; i++)
+            c += ((unsigned char)v->u.s.p[i] & 0xC0) != 0x80;
+        *n = c;
+        return 0;
+    }
+    case JV_LIST:
+        *n = (int64_t)v->u.list->n;
+        return 0;
+    case JV_DICT:
+    case JV_NAMESPACE:
+        *n = (int64_t)v->u.dict->n;
+        return 0;
+    case JV_UNDEFINED:
+        *n = 0;
+        return 0;
+    default:
+        return jinja_type_error(r, line, "object has no len()", v);
+    }
+}
+
+/* The int and float filters: dflt when the value does not convert. */
+static int to_number(const jv *in, bool want_int, const jv *dflt, jv *out)
+{
+    switch (in->kind) {
+    case JV_INT:
+        *out = want_int ? *in : jv_float((double)in->u.i);
+        return 0;
+    case JV_BOOL:
+        *out = want_int ? jv_int(in->u.b) : jv_float(in->u.b);
+        return 0;
+    case JV_FLOAT:
+        if (want_int) {
+            if (!(in->u.f > -9.2e18 && in->u.f < 9.2e18)) {
+                *out = *dflt;
+                return 0;
+            }
+            *out = jv_int((int64_t)in->u.f);
+        } else {
+            *out = *in;
+        }
+        return 0;
+    case JV_STRING: {
+        char buf[64];
+        if (in->u.s.len == 0 || in->u.s.len >= sizeof(buf)) {
+            *out = *dflt;
+            return 0;
+        }
+        memcpy(buf, in->u.s.p, in->u.s.len);
+        buf[in->u.s.len] = '\0';
+        char *end;
+        if (want_int) {
+            long long v = strtoll(buf, &end, 10);
+            if (*end != '\0' && *end != ' ') {
+                double d = strtod(buf, &end);
+                if (*end == '\0' && d > -9.2e18 && d < 9.2e18) {
+                    *out = jv_int((int64_t)d);
+                    return 0;
+                }
+                *out = *dflt;
+                return 0;
+            }
+            *out = jv_int(v);
+        } else {
+            double d = strtod(buf, &end);
+            *out = *end == '\0' ? jv_float(d) : *dflt;
+        }
+        return 0;
+    }
+    default:
+        *out = *dflt;
+        return 0;
+    }
+}
+
+static int map_filter(struct jrender *r, struct jframe *f, int line, const jv *in,
+                      const struct jargs *a, jv *out)
+{
+    const jv *items;
+    size_t n;
+    int rc = jinja_iterate(r, line, in, &items, &n);
+    if (rc != 0)
+        return rc;
+    const jv *attr = jinja_arg(a, 99, "attribute");
+    const jv *dflt = jinja_arg(a, 99, "default");
+    const jv *fname = a->npos > 0 ? &a->pos[0] : NULL;
+    if (attr == NULL && (fname == NULL || fname->kind != JV_STRING))
+        return jinja_fail(r, line, PAGODA_EFORMAT, "map needs attribute= or a filter name");
+    if (attr != NULL && attr->kind != JV_STRING && attr->kind != JV_INT)
+        return jinja_type_error(r, line, "map attribute must be a string", attr);
+    struct jargs fargs = rest_args(a, 1);
+    fargs.nkw = 0;
+    if ((rc = jv_new_list(r, n, out)) != 0)
+        return rc;
+    for (size_t i = 0; i < n; i++) {
+        jv v;
+        if (attr != NULL) {
+            if ((rc = attr_path(r, line, &items[i], attr, &v)) != 0)
+                return rc;
+            if (v.kind == JV_UNDEFINED && dflt != NULL)
+                v = *dflt;
+        } else if ((rc = jinja_filter(r, f, line, fname->u.s.p, fname->u.s.len, &items[i], &fargs,
+                                      &v)) != 0) {
+            return rc;
+        }
+        out->u.list->v[i] = v;
+    }
+    return 0;
+}
+
+int jinja_filter(struct jrender *r, struct jframe *f, int line, const char *name, size_t len,
+                 const jv *in, const struct jargs *a, jv *out)
+{
+    const jv *x = jinja_arg(a, 0, "");
+    int rc;
+    int64_t n = 0;
+#define IS(lit) NAME_IS(name, len, lit)
+    if (IS("safe")) {
+        /* autoescape is off in chat templates: safe changes nothing (e/escape, below, escape) */
+        *out = *in;
+        return 0;
+    }
+    if (IS("default") || IS("d")) {
+        const jv *dv = jinja_arg(a, 0, "default_value");
+        const jv *boolean = jinja_arg(a, 1, "boolean");
+        bool use = in->kind == JV_UNDEFINED || (boolean && jv_truthy(boolean) && !jv_truthy(in));
+        *out = use ? (dv ? *dv : jv_str("", 0)) : *in;
+        return 0;
+    }
+    if (IS("tojson"))
+        return tojson_filter(r, line, in, a, out);
+    if (IS("string"))
+        return jv_to_str(r, in, out);
+    if (IS("length") || IS("count")) {
+        if ((rc = length_of(r, line, in, &n)) != 0)
+            return rc;
+        *out = jv_int(n);
+        return 0;
+    }
+    if (IS("list")) {
+        const jv *items;
+        size_t cnt;
+        if ((rc = jinja_iterate(r, line, in, &items, &cnt)) != 0 ||
+            (rc = jv_new_list(r, cnt, out)) != 0)
+            return rc;
+        memcpy(out->u.list->v, items, cnt * sizeof(jv));
+        return 0;
+    }
+    if (IS("int") || IS("float")) {
+        jv d = IS("int") ? jv_int(0) : jv_float(0.0);
+        const jv *dv = jinja_arg(a, 0, "default");
+        return to_number(in, IS("int"), dv ? dv : &d, out);
+    }
+    if (IS("abs")) {
+        if (in->kind == JV_INT) {
+            if (in->u.i == INT64_MIN)
+                return jinja_fail(r, line, PAGODA_ERANGE, "integer result out of 64-bit range");
+            *out = jv_int(in->u.i < 0 ? -in->u.i : in->u.i);
+        } else if (in->kind == JV_FLOAT) {
+            *out = jv_float(fabs(in->u.f));
+        } else if (in->kind == JV_BOOL) {
+            *out = jv_int(in->u.b);
+        } else {
+            return jinja_type_error(r, line, "bad operand type for abs()", in);
+        }
+        return 0;
+    }
+    if (IS("round")) {
+        const jv *prec = jinja_arg(a, 0, "precision");
+        const jv *method = jinja_arg(a, 1, "method");
+        int64_t p = 0;
+        if (prec != NULL &&
+            (rc = jinja_need_int(r, line, prec, "round precision must be an integer", &p)) != 0)
+            return rc;
+        if (in->kind != JV_INT && in->kind != JV_FLOAT && in->kind != JV_BOOL)
+            return jinja_type_error(r, line, "round takes a number", in);
+        double v = in->kind == JV_FLOAT ? in->u.f : in->kind == JV_INT ? (double)in->u.i : in->u.b;
+        double m = pow(10.0, (double)(p > 300 ? 300 : p < -300 ? -300 : p));
+        double s = v * m;
+        if (method != NULL && method->kind == JV_STRING &&
+            NAME_IS(method->u.s.p, method->u.s.len, "floor"))
+            s = floor(s);
+        else if (method != NULL && method->kind == JV_STRING &&
+                 NAME_IS(method->u.s.p, method->u.s.len, "ceil"))
+            s = ceil(s);
+        else if (p >= 0 && p <= 300 && isfinite(v)) {
+            /* Python's round(): the exact binary value rounded half to even in decimal, which
+             * printf's %.*f also does (2.675 is 2.67499..., so 2.67) */
+            char buf[400];
+            snprintf(buf, sizeof(buf), "%.*f", (int)p, v);
+            *out = jv_float(strtod(buf, NULL));
+            return 0;
+        } else
+            s = nearbyint(s);
+        *out = jv_float(s / m);
+        return 0;
+    }
+    if (IS("items")) {
+        if (in->kind == JV_UNDEFINED)
+            return jv_new_list(r, 0, out);
+        if (in->kind != JV_DICT)
+            return jinja_type_error(r, line, "items filter takes a mapping", in);
+        struct jfunc fn = {JF_DICT_ITEMS, *in};
+        return jinja_call_func(r, line, &fn, a, out);
+    }
+    if (IS("dictsort")) {
+        if (in->kind != JV_DICT)
+            return jinja_type_error(r, line, "dictsort takes a mapping", in);
+        struct jfunc fn = {JF_DICT_ITEMS, *in};
+        jv items;
+        struct jargs none = {0};
+        const jv *cs = jinja_arg(a, 0, "case_sensitive");
+        const jv *by = jinja_arg(a, 1, "by");
+        const jv *rev = jinja_arg(a, 2, "reverse");
+        bool by_value = by && by->kind == JV_STRING && NAME_IS(by->u.s.p, by->u.s.len, "value");
+        if ((rc = jinja_call_func(r, line, &fn, &none, &items)) != 0)
+            return rc;
+        jv zero = jv_int(0);
+        return sort_list(r, line, items.u.list->v, items.u.list->n, rev && jv_truthy(rev),
+                         cs && jv_truthy(cs), by_value ? NULL : &zero, by_value, out);
+    }
+    if (IS("first") || IS("last")) {
+        const jv *items;
+        size_t cnt;
+        if ((rc = jinja_iterate(r, line, in, &items, &cnt)) != 0)
+            return rc;
+        *out = cnt == 0 ? jv_undefined("", 0) : items[IS("first") ? 0 : cnt - 1];
+        return 0;
+    }
+    if (IS("reverse")) {
+        if (in->kind == JV_STRING) {
+            const jv *items;
+            size_t cnt;
+            if ((rc = jinja_iterate(r, line, in, &items, &cnt)) != 0)
+                return rc;
+            char *p = jinja_arena_alloc(&r->arena, in->u.s.len + 1);
+            if (p == NULL)
+                return nomem(r, line);
+            size_t o = 0;
+            for (size_t i = cnt; i-- > 0;) {
+                memcpy(p + o, items[i].u.s.p, items[i].u.s.len);
+                o += items[i].u.s.len;
+            }
+            p[o] = '\0';
+            *out = jv_str(p, o);
+            return 0;
+        }
+        const jv *items;
+        size_t cnt;
+        if ((rc = jinja_iterate(r, line, in, &items, &cnt)) != 0 ||
+            (rc = jv_new_list(r, cnt, out)) != 0)
+            return rc;
+        for (size_t i = 0; i < cnt; i++)
+            out->u.list->v[i] = items[cnt - 1 - i];
+        return 0;
+    }
+    if (IS("sort")) {
+        const jv *items;
+        size_t cnt;
+        const jv *rev = jinja_arg(a, 0, "reverse");
+        const jv *cs = jinja_arg(a, 1, "case_sensitive");
+        const jv *attr = jinja_arg(a, 2, "attribute");
+        if ((rc = jinja_iterate(r, line, in, &items, &cnt)) != 0)
+            return rc;
+        return sort_list(r, line, items, cnt, rev && jv_truthy(rev), cs && jv_truthy(cs),
+                         attr && attr->kind != JV_NONE ? attr : NULL, false, out);
+    }
+    if (IS("unique")) {
+        const jv *items;
+        size_t cnt;
+        if ((rc = jinja_iterate(r, line, in, &items, &cnt)) != 0 ||
+            (rc = jv_new_list(r, cnt, out)) != 0)
+            return rc;
+        if ((rc = jinja_step(r, cnt * cnt / 16)) != 0)
+            return rc;
+        size_t k = 0;
+        for (size_t i = 0; i < cnt; i++) {
+            size_t j;
+            for (j = 0; j < k; j++) {
+                const jv *u = &out->u.list->v[j], *v = &items[i];
+                int cmp = -1;
+                if (u->kind == JV_STRING && v->kind == JV_STRING)
+                    (void)jv_compare(r, line, u, v, false, &cmp);
+                if (cmp == 0 || jv_equal(u, v))
+                    break;
+            }
+            if (j == k)
+                out->u.list->v[k++] = items[i];
+        }
+        out->u.list->n = k;
+        return 0;
+    }
+    if (IS("join")) {
+        const jv *sep = jinja_arg(a, 0, "d");
+        const jv *attr = jinja_arg(a, 1, "attribute");
+        if (sep != NULL &&
+            (rc = jinja_need_str(r, line, sep, "join separator must be a string")) != 0)
+            return rc;
+        return jinja_join(r, line, in, sep, attr, out);
+    }
+    if (IS("select") || IS("reject"))
+        return select_filter(r, line, in, a, false, IS("select"), out);
+    if (IS("selectattr") || IS("rejectattr"))
+        return select_filter(r, line, in, a, true, IS("selectattr"), out);
+    if (IS("map"))
+        return map_filter(r, f, line, in, a, out);
+    if (IS("sum") || IS("max") || IS("min")) {
+        const jv *items;
+        size_t cnt;
+        const jv *attr = jinja_arg(a, IS("sum") ? 0 : 1, "attribute");
+        if ((rc = jinja_iterate(r, line, in, &items, &cnt)) != 0)
+            return rc;
+        if (IS("sum")) {
+            const jv *start = jinja_arg(a, 1, "start");
+            jv acc = start ? *start : jv_int(0);
+            for (size_t i = 0; i < cnt; i++) {
+                jv v = items[i];
+                if (attr != NULL && (rc = attr_path(r, line, &items[i], attr, &v)) != 0)
+                    return rc;
+                if (!((v.kind == JV_INT || v.kind == JV_FLOAT || v.kind == JV_BOOL) &&
+                      (acc.kind == JV_INT || acc.kind == JV_FLOAT)))
+                    return jinja_type_error(r, line, "sum takes numbers", &v);
+                if (acc.kind == JV_INT && v.kind != JV_FLOAT) {
+                    int64_t s;
+                    if (__builtin_add_overflow(acc.u.i, v.kind == JV_INT ? v.u.i : v.u.b, &s))
+                        return jinja_fail(r, line, PAGODA_ERANGE,
+                                          "integer result out of 64-bit range");
+                    acc = jv_int(s);
+                } else {
+                    double x2 = acc.kind == JV_FLOAT ? acc.u.f : (double)acc.u.i;
+                    double y2 = v.kind == JV_FLOAT ? v.u.f
+                                : v.kind == JV_INT ? (double)v.u.i
+                                                   : v.u.b;
+                    acc = jv_float(x2 + y2);
+                }
+            }
+            *out = acc;
+            return 0;
+        }
+        if (cnt == 0) {
+            *out = jv_undefined("", 0);
+            return 0;
+        }
+        const jv *cs = jinja_arg(a, 0, "case_sensitive");
+        jv sorted;
+        if ((rc = sort_list(r, line, items, cnt, false, cs && jv_truthy(cs), attr, false,
+                            &sorted)) != 0)
+            return rc;
+        *out = sorted.u.list->v[IS("min") ? 0 : cnt - 1];
+        return 0;
+    }
+    /* string filters: the operand as a string */
+    jv s;
+    if (IS("trim") || IS("upper") || IS("lower") || IS("title") || IS("capitalize") ||
+        IS("replace") || IS("indent") || IS("wordcount") || IS("e") || IS("escape") ||
+        IS("forceescape")) {
+        if ((rc = jv_to_str(r, in, &s)) != 0)
+            return rc;
+    } else {
+        return jinja_fail(r, line, PAGODA_EINVAL, "unknown filter '%.*s'", (int)len, name);
+    }
+    if (IS("trim")) {
+        const jv *chars = jinja_arg(a, 0, "chars");
+        if (chars != NULL && chars->kind != JV_STRING && chars->kind != JV_NONE)
+            return jinja_type_error(r, line, "trim chars must be a string", chars);
+        *out = jinja_str_strip(&s, chars && chars->kind == JV_STRING ? chars : NULL, true, true);
+        return 0;
+    }
+    if (IS("upper"))
+        return jinja_str_case(r, line, &s, JCASE_UPPER, out);
+    if (IS("lower"))
+        return jinja_str_case(r, line, &s, JCASE_LOWER, out);
+    if (IS("title"))
+        return jinja_str_case(r, line, &s, JCASE_TITLE, out);
+    if (IS("capitalize"))
+        return jinja_str_case(r, line, &s, JCASE_CAPITALIZE, out);
+    if (IS("replace")) {
+        const jv *y = jinja_arg(a, 1, "new");
+        const jv *c = jinja_arg(a, 2, "count");
+        n = -1;
+        if ((rc = jinja_need_str(r, line, x, "replace() arguments must be str")) != 0 ||
+            (rc = jinja_need_str(r, line, y, "replace() arguments must be str")) != 0)
+            return rc;
+        if (c != NULL && c->kind != JV_NONE &&
+            (rc = jinja_need_int(r, line, c, "replace() count must be an integer", &n)) != 0)
+            return rc;
+        return jinja_str_replace(r, line, &s, x, y, n, out);
+    }
+    if (IS("indent"))
+        return indent_filter(r, line, &s, a, out);
+    if (IS("wordcount")) {
+        jv words;
+        if ((rc = jinja_str_split(r, line, &s, NULL, -1, &words)) != 0)
+            return rc;
+        *out = jv_int((int64_t)words.u.list->n);
+        return 0;
+    }
+    /* e / escape: HTML escaping, as jinja2's markupsafe does */
+    struct jbuf b = {0};
+    rc = 0;
+    for (size_t i = 0; i < s.u.s.len && rc == 0; i++) {
+        const char *rep = NULL;
+        switch (s.u.s.p[i]) {
+        case '&':
+            rep = "&amp;";
+            break;
+        case '<':
+            rep = "&lt;";
+            break;
+        case '>':
+            rep = "&gt;";
+            break;
+        case '"':
+            rep = "&#34;";
+            break;
+        case '\'':
+            rep = "&#39;";
+            break;
+        }
+        rc = rep ? jbuf_append(&b, rep, strlen(rep)) : jbuf_append(&b, s.u.s.p + i, 1);
+    }
+    if (rc != 0) {
+        free(b.p);
+        return jinja_fail(r, line, PAGODA_ERANGE, "the output would exceed %u bytes",
+                          (unsigned)JINJA_MAX_OUTPUT_BYTES);
+    }
+    return jv_from_jbuf(r, &b, out);
+#undef IS
+}
