@@ -141,16 +141,6 @@ static int on_header_value_complete(llhttp_t *p)
     return head_terminate(c);
 }
 
-static const char *header_lookup(const struct http_request *req, const char *name)
-{
-    for (size_t i = 0; i < req->num_headers; i++) {
-        const struct http_header_ref *h = &req->headers[i];
-        if (h->value != UINT32_MAX && strcasecmp(req->head + h->name, name) == 0)
-            return req->head + h->value;
-    }
-    return NULL;
-}
-
 /* Refuses a body over the limit before it is read; answers Expect: 100-continue. Pauses the
  * parser, so that conn_parse learns where the headers ended. */
 static int on_headers_complete(llhttp_t *p)
@@ -168,7 +158,7 @@ static int on_headers_complete(llhttp_t *p)
     c->http10 = llhttp_get_http_major(p) == 1 && llhttp_get_http_minor(p) == 0;
     req->method = llhttp_method_name((llhttp_method_t)llhttp_get_method(p));
     req->head_only = llhttp_get_method(p) == HTTP_HEAD;
-    const char *expect = header_lookup(req, "Expect");
+    const char *expect = http_request_header(req, "Expect");
     if (expect && !c->http10 && strcasecmp(expect, "100-continue") == 0) {
         static const char cont[] = "HTTP/1.1 100 Continue\r\n\r\n";
         if (http_conn_send(c, cont, sizeof(cont) - 1) < 0)
