@@ -57,6 +57,8 @@ struct fx {
     struct http_request *held[4];
     atomic_int num_held;
     atomic_int on_close_calls;
+    struct http_request *later; /* answered by later_timer */
+    uv_timer_t later_timer;
     struct http_request *flood;
     uv_timer_t flood_timer;
     bool flood_timer_open;
@@ -122,6 +124,21 @@ static void on_flood_tick(uv_timer_t *t)
     }
 }
 
+static void on_later_closed(void *arg)
+{
+    struct fx *f = arg;
+    f->later = NULL;
+    atomic_fetch_add(&f->on_close_calls, 1);
+}
+
+static void on_later(uv_timer_t *t)
+{
+    struct fx *f = t->data;
+    if (f->later && http_respond(f->later, 200, "text/plain", "later\n", 6, NULL, 0) != 0)
+        snprintf(f->failure, sizeof(f->failure), "the later answer failed");
+    f->later = NULL;
+}
+
 static int query_int(struct http_request *req, const char *key, int def)
 {
     const char *q = http_request_query(req);
@@ -173,6 +190,11 @@ static void handler(void *user, struct http_request *req)
             assert_int_equal(http_stream_write(req, "first\n", 6), 0);
         }
         atomic_fetch_add(&f->num_held, 1);
+    } else if (strcmp(path, "/later") == 0) {
+        assert_null(f->later);
+        f->later = req;
+        http_request_on_close(req, on_later_closed, f);
+        uv_timer_start(&f->later_timer, on_later, 50, 0);
     } else if (strcmp(path, "/flood") == 0) {
         assert_null(f->flood);
         f->flood = req;
@@ -194,6 +216,7 @@ static void shut_everything(struct fx *f)
         uv_close((uv_handle_t *)&f->flood_timer, NULL);
         f->flood_timer_open = false;
     }
+    uv_close((uv_handle_t *)&f->later_timer, NULL);
     uv_close((uv_handle_t *)&f->done, NULL);
     uv_close((uv_handle_t *)&f->guard, NULL);
 }
@@ -240,6 +263,8 @@ static void fx_run(struct fx *f, void (*client)(struct fx *f))
     uv_timer_init(&f->loop, &f->guard);
     f->guard.data = f;
     uv_timer_start(&f->guard, on_guard, GUARD_MS, 0);
+    uv_timer_init(&f->loop, &f->later_timer);
+    f->later_timer.data = f;
     uv_timer_init(&f->loop, &f->flood_timer);
     f->flood_timer.data = f;
     f->flood_timer_open = true;
@@ -540,6 +565,13 @@ static void client_keep_alive(struct fx *f)
     resp_free(&r);
     CHECK(f, cl_response(&c, &r, false) == 0 && strstr(r.body, "?p=2 "));
     resp_free(&r);
+    /* The same when the first is answered later: the second waits for it, unparsed. */
+    CHECK(f, cl_sends(&c, "POST /later HTTP/1.1\r\nContent-Length: 1\r\n\r\nx"
+                          "GET /echo?p=3 HTTP/1.1\r\nHost: t\r\n\r\n") == 0);
+    CHECK(f, cl_response(&c, &r, false) == 0 && strcmp(r.body, "later\n") == 0);
+    resp_free(&r);
+    CHECK(f, cl_response(&c, &r, false) == 0 && strstr(r.body, "?p=3 "));
+    resp_free(&r);
     /* Connection: close is honoured: the answer says so and the connection ends. */
     CHECK(f, cl_sends(&c, "GET /echo HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n") == 0);
     CHECK(f, cl_response(&c, &r, false) == 0 && r.status == 200);
@@ -575,7 +607,8 @@ static void test_keep_alive(void **state)
     struct fx f;
     fx_config(&f);
     fx_run(&f, client_keep_alive);
-    assert_int_equal(f.requests, 10);
+    assert_int_equal(f.requests, 12);
+    assert_int_equal(atomic_load(&f.on_close_calls), 0);
 }
 
 /* ---- bodies ---- */
