@@ -48,9 +48,11 @@ struct http_request;
  * http_request_on_close). */
 typedef void (*http_handler_fn)(void *user, struct http_request *req);
 
-/* Listens and serves on loop. On success *out is released with http_server_close. Errors:
- * PAGODA_EINVAL (bad config, host not an IP address), PAGODA_EIO (cannot listen: the detail says
- * why; what was opened is freed once the loop runs), PAGODA_ENOMEM. */
+/* Listens and serves on loop. The process must ignore SIGPIPE (pagoda's programs do): libuv writes
+ * with writev, and a write to a client that has gone would otherwise end it. On success *out is
+ * released with http_server_close. Errors: PAGODA_EINVAL (bad config, host not an IP address),
+ * PAGODA_EIO (cannot listen: the detail says why; what was opened is freed once the loop runs),
+ * PAGODA_ENOMEM. */
 int http_server_open(uv_loop_t *loop, const struct http_config *cfg, http_handler_fn handler,
                      void *user, struct http_server **out);
 
