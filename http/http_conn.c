@@ -137,6 +137,11 @@ static int on_header_value_complete(llhttp_t *p)
     struct http_header_ref *h = &req->headers[req->num_headers - 1];
     if (h->value == UINT32_MAX) /* an empty value: no on_header_value */
         h->value = (uint32_t)req->head_len;
+    /* llhttp skips the blanks before a value but keeps those after it (RFC 9110: not part of
+     * the value). */
+    while (req->head_len > h->value &&
+           (req->head[req->head_len - 1] == ' ' || req->head[req->head_len - 1] == '\t'))
+        req->head_len--;
     req->in_value = true;
     return head_terminate(c);
 }

@@ -626,6 +626,11 @@ static void client_bodies(struct fx *f)
     CHECK(f, cl_response(&c, &r, false) == 0 && r.status == 200);
     CHECK(f, strcmp(r.body, "POST /echo ? x=- conns=1 len=11\nhello world") == 0);
     resp_free(&r);
+    /* A repeated header: the first; names without case; values without surrounding blanks. */
+    CHECK(f, cl_sends(&c, "GET /echo HTTP/1.1\r\nx-TEST:  one \r\nX-Test: two\r\n\r\n") == 0);
+    CHECK(f, cl_response(&c, &r, false) == 0 && r.status == 200);
+    CHECK(f, strcmp(r.body, "GET /echo ? x=one conns=1 len=0\n") == 0);
+    resp_free(&r);
     /* Chunked, in pieces across writes, with a chunk extension. */
     CHECK(f, cl_sends(&c, "POST /echo HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
                           "5\r\nhello\r\n") == 0);
