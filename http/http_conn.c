@@ -160,6 +160,9 @@ static int on_headers_complete(llhttp_t *p)
         c->error_status = 413;
         return -1;
     }
+    /* No protocol switches: an Upgrade request is answered as plain HTTP (llhttp reads the flag
+     * after this callback), and the connection goes on. */
+    p->upgrade = 0;
     c->http10 = llhttp_get_http_major(p) == 1 && llhttp_get_http_minor(p) == 0;
     req->method = llhttp_method_name((llhttp_method_t)llhttp_get_method(p));
     req->head_only = llhttp_get_method(p) == HTTP_HEAD;
@@ -301,12 +304,6 @@ static void conn_parse(struct http_conn *c, const char *data, size_t len)
         if (err == HPE_OK)
             break;
         if (err != HPE_PAUSED) {
-            /* HPE_PAUSED_UPGRADE: no protocol switches here; the request was answered (or
-             * will be) and the connection closes after it. */
-            if (err == HPE_PAUSED_UPGRADE && c->state == CONN_HANDLING) {
-                c->keep_alive = false;
-                break;
-            }
             int status = c->error_status ? c->error_status : 400;
             http_conn_fail(c, status);
             break;

@@ -573,6 +573,13 @@ static void client_keep_alive(struct fx *f)
     resp_free(&r);
     CHECK(f, cl_response(&c, &r, false) == 0 && strstr(r.body, "?p=3 "));
     resp_free(&r);
+    /* An Upgrade request is answered as plain HTTP, and the connection goes on. */
+    CHECK(f, cl_sends(&c, "GET /echo?u=1 HTTP/1.1\r\nConnection: upgrade\r\n"
+                          "Upgrade: websocket\r\n\r\nGET /echo?u=2 HTTP/1.1\r\n\r\n") == 0);
+    CHECK(f, cl_response(&c, &r, false) == 0 && r.status == 200 && strstr(r.body, "?u=1 "));
+    resp_free(&r);
+    CHECK(f, cl_response(&c, &r, false) == 0 && r.status == 200 && strstr(r.body, "?u=2 "));
+    resp_free(&r);
     /* Connection: close is honoured: the answer says so and the connection ends. */
     CHECK(f, cl_sends(&c, "GET /echo HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n") == 0);
     CHECK(f, cl_response(&c, &r, false) == 0 && r.status == 200);
@@ -608,7 +615,7 @@ static void test_keep_alive(void **state)
     struct fx f;
     fx_config(&f);
     fx_run(&f, client_keep_alive);
-    assert_int_equal(f.requests, 12);
+    assert_int_equal(f.requests, 14);
     assert_int_equal(atomic_load(&f.on_close_calls), 0);
 }
 
