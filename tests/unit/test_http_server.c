@@ -162,6 +162,14 @@ static void client_stream(struct fx *f)
         n += (size_t)snprintf(want + n, sizeof(want) - n, "data: %d\n\n", i);
     CHECK(f, r.body_len == n && memcmp(r.body, want, n) == 0);
     resp_free(&r);
+    /* A whole response larger than the socket takes at once. */
+    CHECK(f, cl_sends(&c, "GET /big?n=3000000 HTTP/1.1\r\n\r\n") == 0);
+    CHECK(f, cl_response(&c, &r, false) == 0 && r.status == 200 && r.body_len == 3000000);
+    bool same = true;
+    for (size_t i = 0; i < r.body_len && same; i++)
+        same = r.body[i] == (char)('a' + i % 26);
+    CHECK(f, same);
+    resp_free(&r);
     /* The connection goes on after a stream. */
     CHECK(f, cl_sends(&c, "GET /echo HTTP/1.1\r\nHost: t\r\n\r\n") == 0);
     CHECK(f, cl_response(&c, &r, false) == 0 && r.status == 200);

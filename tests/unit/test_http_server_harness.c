@@ -112,6 +112,13 @@ static void handler(void *user, struct http_request *req)
             assert_int_equal(http_stream_write(req, "first\n", 6), 0);
         }
         atomic_fetch_add(&f->num_held, 1);
+    } else if (strcmp(path, "/big") == 0) {
+        size_t n = (size_t)query_int(req, "n=", 0);
+        char *body = malloc(n + 1);
+        for (size_t i = 0; i < n; i++)
+            body[i] = (char)('a' + i % 26);
+        assert_int_equal(http_respond(req, 200, "text/plain", body, n, NULL, 0), 0);
+        free(body);
     } else if (strcmp(path, "/later") == 0) {
         assert_null(f->later);
         f->later = req;

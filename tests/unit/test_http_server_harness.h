@@ -6,9 +6,9 @@
  * first failure, which the main thread asserts after joining.
  *
  * The handler answers by path: /echo (method, path, query, X-Test, connections, body length,
- * then the body), /stream?n=N (N server-sent events), /later (answered 50 ms later), /hold and
- * /streamhold (held, the latter after a first chunk, until the close callback), /flood (64 KiB
- * writes every millisecond until the client is cut). */
+ * then the body), /big?n=N (N bytes, a..z repeated), /stream?n=N (N server-sent events), /later
+ * (answered 50 ms later), /hold and /streamhold (held, the latter after a first chunk, until the
+ * close callback), /flood (64 KiB writes every millisecond until the client is cut). */
 #ifndef PAGODA_TESTS_UNIT_TEST_HTTP_SERVER_HARNESS_H
 #define PAGODA_TESTS_UNIT_TEST_HTTP_SERVER_HARNESS_H
 
