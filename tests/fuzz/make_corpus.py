@@ -251,3 +251,60 @@ stall += submit(8, list(range(30, 44)), 8)
 stall += bytes([OP_TICK, 1]) + answer(15)  # a step lost: the scheduler resyncs
 stall += bytes([OP_TICK, 255, OP_TICK, 10]) + answer(12) + answer() + run_steps(4)
 put("scheduler", "stall.bin", stall)
+
+# ---- the tokenizer (tokenizer/tokenizer.h): byte 0 + a tokenizer.json; byte 1 or 2 + text for
+# fuzz_tokenizer.c's fixed byte-level or SentencePiece-style tokenizer ----
+def gpt2_char(b):
+    cp = 256 + b if b <= 32 else 289 + (b - 127) if 127 <= b <= 160 else 323 if b == 173 else b
+    return chr(cp)
+
+
+TOK_REGEX = ("(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+"
+             "[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+")
+bl_vocab = {gpt2_char(b): b for b in range(256)}
+bl_vocab.update({"\u0120t": 256, "he": 257, "\u0120the": 258})
+bytelevel_tok = {
+    "version": "1.0", "truncation": None, "padding": None,
+    "added_tokens": [{"id": 259, "content": "<|bos|>", "single_word": False, "lstrip": False,
+                      "rstrip": False, "normalized": False, "special": True}],
+    "normalizer": {"type": "NFC"},
+    "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": TOK_REGEX}, "behavior": "Isolated", "invert": False},
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}]},
+    "post_processor": {"type": "TemplateProcessing",
+                       "single": [{"SpecialToken": {"id": "<|bos|>", "type_id": 0}},
+                                  {"Sequence": {"id": "A", "type_id": 0}}],
+                       "special_tokens": {"<|bos|>": {"id": "<|bos|>", "ids": [259],
+                                                      "tokens": ["<|bos|>"]}}},
+    "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True,
+                "use_regex": True},
+    "model": {"type": "BPE", "dropout": None, "unk_token": None, "ignore_merges": True,
+              "vocab": bl_vocab, "merges": [["\u0120", "t"], ["h", "e"], ["\u0120t", "he"]]},
+}
+sp_vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+sp_vocab.update({"<0x%02X>" % b: 3 + b for b in range(256)})
+sp_vocab.update({"\u2581": 259, "a": 260, "\u2581a": 261})
+sp_tok = {
+    "version": "1.0", "truncation": None, "padding": None,
+    "added_tokens": [{"id": 1, "content": "<s>", "single_word": False, "lstrip": False,
+                      "rstrip": False, "normalized": False, "special": True}],
+    "normalizer": None,
+    "pre_tokenizer": {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "first",
+                      "split": True},
+    "post_processor": None,
+    "decoder": {"type": "Sequence", "decoders": [
+        {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
+        {"type": "ByteFallback"}, {"type": "Fuse"},
+        {"type": "Strip", "content": " ", "start": 1, "stop": 0}]},
+    "model": {"type": "BPE", "dropout": None, "unk_token": "<unk>", "fuse_unk": True,
+              "byte_fallback": True, "vocab": sp_vocab, "merges": ["\u2581 a"]},
+}
+put("tokenizer", "bytelevel.json", b"\x00" + json.dumps(bytelevel_tok).encode())
+put("tokenizer", "sentencepiece.json", b"\x00" + json.dumps(sp_tok).encode())
+unsupported = dict(sp_tok, normalizer={"type": "Precompiled", "precompiled_charsmap": None})
+put("tokenizer", "unsupported.json", b"\x00" + json.dumps(unsupported).encode())
+put("tokenizer", "truncated.json", b"\x00" + json.dumps(sp_tok).encode()[:300])
+put("tokenizer", "text_bytelevel.txt",
+    b"\x01<|bos|>Hello, world! It's 12345 the <tool> x\n\n  \xf0\x9f\x98\x80 caf\xc3\xa9 \xe4\xb8\xad")
+put("tokenizer", "text_sentencepiece.txt", b"\x02ab a\xc3\xa9 b  \xe2\x96\x81<s>\xf0\x9f\x91\x8d")
+put("tokenizer", "text_invalid.txt", b"\x01ab\xe2\x82 \xff\xc0\xaf")

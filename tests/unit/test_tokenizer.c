@@ -1,0 +1,1039 @@
+/* Tests of tokenizer/: small hand-built tokenizer.json files, one per shape of model pagoda
+ * serves (byte-level BPE as Llama 3 and Qwen, SentencePiece-style BPE with byte fallback as
+ * Llama 2 and Mistral), and each component on its own: merges in both spellings and their
+ * order, added tokens with each flag, normalizers, pre-tokenizers and their split behaviors,
+ * the template, the decoders, lossy UTF-8, the stream, every refusal by name, invalid input.
+ * The expected ids were checked against Hugging Face `tokenizers` (npm 0.23.2) loading the
+ * same JSON. The comparison on the real files is tests/tokenizer/. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "common/error.h"
+#include "tokenizer/tokenizer.h"
+
+#include <jansson.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Llama 3's pre-tokenizer pattern. */
+#define LLAMA3_REGEX                                                                               \
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| "                     \
+    "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+
+#define META "\xE2\x96\x81" /* U+2581, SentencePiece's space */
+
+/* ---- fixtures ---- */
+
+/* GPT-2's byte map (written out here independently of the library): the character byte b
+ * stands for, as UTF-8. */
+static void byte_char(unsigned b, char out[3])
+{
+    unsigned cp = b;
+    if (b <= 32)
+        cp = 256 + b;
+    else if (b >= 127 && b <= 160)
+        cp = 289 + (b - 127);
+    else if (b == 173)
+        cp = 323;
+    if (cp < 0x80) {
+        out[0] = (char)cp;
+        out[1] = 0;
+    } else {
+        out[0] = (char)(0xC0 | (cp >> 6));
+        out[1] = (char)(0x80 | (cp & 0x3F));
+        out[2] = 0;
+    }
+}
+
+static json_t *added(int id, const char *content, bool special, bool normalized)
+{
+    return json_pack("{s:i, s:s, s:b, s:b, s:b, s:b, s:b}", "id", id, "content", content,
+                     "single_word", 0, "lstrip", 0, "rstrip", 0, "normalized", normalized,
+                     "special", special);
+}
+
+static json_t *template_bos(const char *bos, int id)
+{
+    json_t *single = json_pack("[{s:{s:s, s:i}}, {s:{s:s, s:i}}]", "SpecialToken", "id", bos,
+                               "type_id", 0, "Sequence", "id", "A", "type_id", 0);
+    json_t *pair = json_deep_copy(single);
+    json_array_append_new(pair, json_pack("{s:{s:s, s:i}}", "Sequence", "id", "B", "type_id", 1));
+    return json_pack("{s:s, s:o, s:o, s:{s:{s:s, s:[i], s:[s]}}}", "type", "TemplateProcessing",
+                     "single", single, "pair", pair, "special_tokens", bos, "id", bos, "ids", id,
+                     "tokens", bos);
+}
+
+/* Byte-level, like Llama 3: the 256 byte characters are ids 0-255 (id == byte), then
+ * Ġt 256, he 257, Ġthe 258, ll 259, llo 260, aa 261, 12 262; <|bos|> 263 and <|eot|> 264 are
+ * special added tokens, and the tests' added tokens take 265 and 266. merges_as_pairs picks the
+ * JSON spelling of the merges. */
+static json_t *bytelevel_fixture(bool merges_as_pairs)
+{
+    json_t *vocab = json_object();
+    for (unsigned b = 0; b < 256; b++) {
+        char c[3];
+        byte_char(b, c);
+        json_object_set_new(vocab, c, json_integer(b));
+    }
+    const char *extra[] = {"\xC4\xA0t", "he", "\xC4\xA0the", "ll", "llo", "aa", "12"};
+    for (int i = 0; i < 7; i++)
+        json_object_set_new(vocab, extra[i], json_integer(256 + i));
+    const char *merges[][2] = {{"\xC4\xA0", "t"}, {"h", "e"}, {"\xC4\xA0t", "he"}, {"l", "l"},
+                               {"ll", "o"},       {"a", "a"}, {"1", "2"}};
+    json_t *m = json_array();
+    for (int i = 0; i < 7; i++) {
+        if (merges_as_pairs) {
+            json_array_append_new(m, json_pack("[s, s]", merges[i][0], merges[i][1]));
+        } else {
+            char s[32];
+            snprintf(s, sizeof(s), "%s %s", merges[i][0], merges[i][1]);
+            json_array_append_new(m, json_string(s));
+        }
+    }
+    json_t *root = json_object();
+    json_object_set_new(root, "version", json_string("1.0"));
+    json_object_set_new(root, "truncation", json_null());
+    json_object_set_new(root, "padding", json_null());
+    json_object_set_new(root, "added_tokens",
+                        json_pack("[o, o]", added(263, "<|bos|>", true, false),
+                                  added(264, "<|eot|>", true, false)));
+    json_object_set_new(root, "normalizer", json_null());
+    json_object_set_new(root, "pre_tokenizer",
+                        json_pack("{s:s, s:[{s:s, s:{s:s}, s:s, s:b}, {s:s, s:b, s:b, s:b}]}",
+                                  "type", "Sequence", "pretokenizers", "type", "Split", "pattern",
+                                  "Regex", LLAMA3_REGEX, "behavior", "Isolated", "invert", 0,
+                                  "type", "ByteLevel", "add_prefix_space", 0, "trim_offsets", 1,
+                                  "use_regex", 0));
+    json_object_set_new(root, "post_processor", template_bos("<|bos|>", 263));
+    json_object_set_new(root, "decoder",
+                        json_pack("{s:s, s:b, s:b, s:b}", "type", "ByteLevel", "add_prefix_space",
+                                  1, "trim_offsets", 1, "use_regex", 1));
+    json_object_set_new(root, "model",
+                        json_pack("{s:s, s:n, s:n, s:n, s:n, s:b, s:b, s:b, s:o, s:o}", "type",
+                                  "BPE", "dropout", "unk_token", "continuing_subword_prefix",
+                                  "end_of_word_suffix", "fuse_unk", 0, "byte_fallback", 0,
+                                  "ignore_merges", 0, "vocab", vocab, "merges", m));
+    return root;
+}
+
+/* SentencePiece-style, like Llama 2: <unk> 0, <s> 1, </s> 2, <0x00>..<0xFF> 3-258, ▁ 259, a 260,
+ * b 261, ▁a 262, ▁b 263, ab 264, ▁ab 265, ba 266, bb 267; Prepend ▁ and Replace " " -> ▁
+ * normalizers, no pre-tokenizer, byte fallback, and Llama 2's decoder chain. */
+static json_t *sentencepiece_fixture(void)
+{
+    json_t *vocab = json_object();
+    json_object_set_new(vocab, "<unk>", json_integer(0));
+    json_object_set_new(vocab, "<s>", json_integer(1));
+    json_object_set_new(vocab, "</s>", json_integer(2));
+    for (int b = 0; b < 256; b++) {
+        char s[8];
+        snprintf(s, sizeof(s), "<0x%02X>", b);
+        json_object_set_new(vocab, s, json_integer(3 + b));
+    }
+    const char *extra[] = {META, "a", "b", (META "a"), (META "b"), "ab", (META "ab"), "ba", "bb"};
+    for (int i = 0; i < 9; i++)
+        json_object_set_new(vocab, extra[i], json_integer(259 + i));
+    json_t *m =
+        json_pack("[s, s, s, s, s, s]", META " a", META " b", "a b", META "a b", "b a", "b b");
+    json_t *root = json_object();
+    json_object_set_new(root, "version", json_string("1.0"));
+    json_object_set_new(root, "truncation", json_null());
+    json_object_set_new(root, "padding", json_null());
+    json_object_set_new(root, "added_tokens",
+                        json_pack("[o, o, o]", added(0, "<unk>", true, false),
+                                  added(1, "<s>", true, false), added(2, "</s>", true, false)));
+    json_object_set_new(root, "normalizer",
+                        json_pack("{s:s, s:[{s:s, s:s}, {s:s, s:{s:s}, s:s}]}", "type", "Sequence",
+                                  "normalizers", "type", "Prepend", "prepend", META, "type",
+                                  "Replace", "pattern", "String", " ", "content", META));
+    json_object_set_new(root, "pre_tokenizer", json_null());
+    json_object_set_new(root, "post_processor", template_bos("<s>", 1));
+    json_object_set_new(
+        root, "decoder",
+        json_pack("{s:s, s:[{s:s, s:{s:s}, s:s}, {s:s}, {s:s}, {s:s, s:s, s:i, s:i}]}", "type",
+                  "Sequence", "decoders", "type", "Replace", "pattern", "String", META, "content",
+                  " ", "type", "ByteFallback", "type", "Fuse", "type", "Strip", "content", " ",
+                  "start", 1, "stop", 0));
+    json_object_set_new(root, "model",
+                        json_pack("{s:s, s:n, s:s, s:n, s:n, s:b, s:b, s:o, s:o}", "type", "BPE",
+                                  "dropout", "unk_token", "<unk>", "continuing_subword_prefix",
+                                  "end_of_word_suffix", "fuse_unk", 1, "byte_fallback", 1, "vocab",
+                                  vocab, "merges", m));
+    return root;
+}
+
+/* Sets root[a][b]... = v (a path of object keys, NULL-terminated); takes v. */
+static void set_path(json_t *root, json_t *v, ...)
+{
+    va_list ap;
+    va_start(ap, v);
+    json_t *o = root;
+    const char *key = va_arg(ap, const char *);
+    for (const char *next; (next = va_arg(ap, const char *)) != NULL; key = next)
+        o = json_object_get(o, key);
+    va_end(ap);
+    json_object_set_new(o, key, v);
+}
+
+/* Builds a tokenizer from root (released); fails the test if it does not load. */
+static Tokenizer *load(json_t *root)
+{
+    char *s = json_dumps(root, JSON_COMPACT);
+    json_decref(root);
+    assert_non_null(s);
+    Tokenizer *t = NULL;
+    int rc = tokenizer_new_from_json(s, strlen(s), &t);
+    if (rc)
+        fail_msg("tokenizer did not load: %s (%s)", pagoda_strerror(rc), pagoda_error_detail());
+    free(s);
+    return t;
+}
+
+/* Loading root must fail with code, the detail naming needle1 and needle2 (when not NULL). */
+static void refused(json_t *root, int code, const char *needle1, const char *needle2)
+{
+    char *s = json_dumps(root, JSON_COMPACT);
+    json_decref(root);
+    Tokenizer *t = NULL;
+    int rc = tokenizer_new_from_json(s, strlen(s), &t);
+    free(s);
+    if (rc != code || !strstr(pagoda_error_detail(), needle1) ||
+        (needle2 && !strstr(pagoda_error_detail(), needle2)))
+        fail_msg("expected %s naming \"%s\", got %d: %s", pagoda_strerror(code), needle1, rc,
+                 pagoda_error_detail());
+    assert_null(t);
+}
+
+/* Encodes text and compares with the expected ids (n of them). */
+static void expect_ids(const Tokenizer *t, const char *text, bool special, const int32_t *want,
+                       size_t n)
+{
+    TokenizerIds ids = {0};
+    int rc = tokenizer_encode(t, text, strlen(text), special, &ids);
+    if (rc)
+        fail_msg("encode \"%s\": %s (%s)", text, pagoda_strerror(rc), pagoda_error_detail());
+    bool same = ids.len == n && (n == 0 || memcmp(ids.ids, want, n * sizeof(*want)) == 0);
+    if (!same) {
+        char got[512] = "";
+        for (size_t i = 0; i < ids.len && strlen(got) < 480; i++)
+            snprintf(got + strlen(got), sizeof(got) - strlen(got), "%d ", ids.ids[i]);
+        fail_msg("encode \"%s\": got [%s], want %zu ids", text, got, n);
+    }
+    tokenizer_ids_fini(&ids);
+}
+
+#define EXPECT(t, text, special, ...)                                                              \
+    do {                                                                                           \
+        const int32_t want_[] = {__VA_ARGS__};                                                     \
+        expect_ids(t, text, special, want_, sizeof(want_) / sizeof(want_[0]));                     \
+    } while (0)
+
+static char *decode(const Tokenizer *t, const int32_t *ids, size_t n, bool skip)
+{
+    char *text = NULL;
+    size_t len = 0;
+    int rc = tokenizer_decode(t, ids, n, skip, &text, &len);
+    if (rc)
+        fail_msg("decode: %s (%s)", pagoda_strerror(rc), pagoda_error_detail());
+    assert_int_equal(strlen(text), len);
+    return text;
+}
+
+#define EXPECT_DECODE(t, skip, want, ...)                                                          \
+    do {                                                                                           \
+        const int32_t ids_[] = {__VA_ARGS__};                                                      \
+        char *got_ = decode(t, ids_, sizeof(ids_) / sizeof(ids_[0]), skip);                        \
+        assert_string_equal(got_, want);                                                           \
+        free(got_);                                                                                \
+    } while (0)
+
+/* Whether s[0..n) is whole, valid UTF-8 (checked here without the library). */
+static bool valid_utf8(const char *s, size_t n)
+{
+    const unsigned char *p = (const unsigned char *)s;
+    for (size_t i = 0; i < n;) {
+        unsigned c = p[i], k;
+        if (c < 0x80)
+            k = 0;
+        else if (c >= 0xC2 && c < 0xE0)
+            k = 1;
+        else if (c >= 0xE0 && c < 0xF0)
+            k = 2;
+        else if (c >= 0xF0 && c < 0xF5)
+            k = 3;
+        else
+            return false;
+        if (i + k >= n && k > 0)
+            return false;
+        for (unsigned j = 1; j <= k; j++)
+            if ((p[i + j] & 0xC0) != 0x80)
+                return false;
+        i += k + 1;
+    }
+    return true;
+}
+
+/* Streams ids: every delta whole UTF-8, the deltas joined equal to tokenizer_decode; returns
+ * the deltas, one per id and the finish, joined by '|' (for tests that check where text comes
+ * out). */
+static char *stream_deltas(const Tokenizer *t, const int32_t *ids, size_t n, bool skip)
+{
+    TokenizerStream *s = NULL;
+    assert_int_equal(tokenizer_stream_new(t, skip, &s), 0);
+    char *buf = NULL;
+    size_t len = 0, cap = 0;
+    char marks[1024] = "";
+    for (size_t i = 0; i <= n; i++) {
+        size_t before = len;
+        int rc = i < n ? tokenizer_stream_step(s, ids[i], &buf, &len, &cap)
+                       : tokenizer_stream_finish(s, &buf, &len, &cap);
+        assert_int_equal(rc, 0);
+        assert_int_equal(buf[len], 0);
+        assert_true(valid_utf8(buf + before, len - before));
+        snprintf(marks + strlen(marks), sizeof(marks) - strlen(marks), "%s%.*s", i ? "|" : "",
+                 (int)(len - before), buf + before);
+    }
+    char *full = decode(t, ids, n, skip);
+    assert_int_equal(len, strlen(full));
+    assert_memory_equal(buf, full, len);
+    free(full);
+    free(buf);
+    tokenizer_stream_free(s);
+    return strdup(marks);
+}
+
+#define EXPECT_STREAM(t, skip, want, ...)                                                          \
+    do {                                                                                           \
+        const int32_t ids_[] = {__VA_ARGS__};                                                      \
+        char *got_ = stream_deltas(t, ids_, sizeof(ids_) / sizeof(ids_[0]), skip);                 \
+        assert_string_equal(got_, want);                                                           \
+        free(got_);                                                                                \
+    } while (0)
+
+/* ---- the BPE model ---- */
+
+static void test_bytelevel_merges_in_both_spellings(void **state)
+{
+    for (int pairs = 0; pairs < 2; pairs++) {
+        Tokenizer *t = load(bytelevel_fixture(pairs));
+        EXPECT(t, "the hello", false, 116, 257, 32, 257, 260);
+        EXPECT(t, " the", false, 258);
+        EXPECT(t, "the", true, 263, 116, 257);
+        /* equal ranks: the leftmost pair first */
+        EXPECT(t, "aaa", false, 261, 97);
+        EXPECT(t, "aaaa", false, 261, 261);
+        /* a character outside ASCII: its bytes' characters */
+        EXPECT(t, "\xC3\xA9", false, 195, 169);
+        EXPECT(t, "", true, 263);
+        EXPECT(t, "", false);
+        tokenizer_free(t);
+    }
+}
+
+static void test_ignore_merges_takes_whole_words(void **state)
+{
+    json_t *root = bytelevel_fixture(true);
+    json_object_set_new(json_object_get(json_object_get(root, "model"), "vocab"), "hel",
+                        json_integer(263));
+    set_path(root, json_true(), "model", "ignore_merges", NULL);
+    Tokenizer *t = load(root);
+    EXPECT(t, "hel", false, 263); /* merges would give he l */
+    EXPECT(t, "hell", false, 257, 259);
+    tokenizer_free(t);
+}
+
+static void test_byte_fallback_and_unknown(void **state)
+{
+    Tokenizer *t = load(sentencepiece_fixture());
+    EXPECT(t, "ab", true, 1, 265);
+    EXPECT(t, "a b", false, 262, 263);
+    EXPECT(t, "a\xC3\xA9", false, 262, 3 + 0xC3, 3 + 0xA9);
+    EXPECT(t, "", true, 1);
+    EXPECT_DECODE(t, false, "a\xC3\xA9", 262, 3 + 0xC3, 3 + 0xA9);
+    /* a run of byte tokens that is not UTF-8: one U+FFFD per byte */
+    EXPECT_DECODE(t, false, "a\xEF\xBF\xBD", 262, 3 + 0xC3);
+    EXPECT_DECODE(t, false, "\xEF\xBF\xBD\xEF\xBF\xBD b", 3 + 'A', 3 + 0xFF, 263);
+    EXPECT_DECODE(t, false, "<s> ab", 1, 265);
+    EXPECT_DECODE(t, true, "ab", 1, 265);
+    tokenizer_free(t);
+
+    /* without byte fallback: the unknown token, consecutive ones fused with fuse_unk */
+    for (int fuse = 0; fuse < 2; fuse++) {
+        json_t *root = sentencepiece_fixture();
+        set_path(root, json_false(), "model", "byte_fallback", NULL);
+        set_path(root, json_boolean(fuse), "model", "fuse_unk", NULL);
+        t = load(root);
+        if (fuse)
+            EXPECT(t,
+                   "a\xE2\x82\xAC\xE2\x82\xAC"
+                   "b",
+                   false, 262, 0, 261);
+        else
+            EXPECT(t,
+                   "a\xE2\x82\xAC\xE2\x82\xAC"
+                   "b",
+                   false, 262, 0, 0, 261);
+        tokenizer_free(t);
+    }
+}
+
+static void test_long_word_is_not_quadratic(void **state)
+{
+    /* 256 KiB without a break: one word of the byte-level model, and the whole text is one word
+     * of the SentencePiece one (it has no pre-tokenizer). A rescan per merge would take far
+     * longer than the test's timeout. */
+    size_t n = 256u << 10;
+    char *text = malloc(n + 1);
+    memset(text, 'a', n);
+    text[n] = 0;
+    Tokenizer *t = load(bytelevel_fixture(true));
+    TokenizerIds ids = {0};
+    assert_int_equal(tokenizer_encode(t, text, n, false, &ids), 0);
+    assert_int_equal(ids.len, n / 2);
+    for (size_t i = 0; i < ids.len; i++)
+        assert_int_equal(ids.ids[i], 261);
+    tokenizer_free(t);
+    t = load(sentencepiece_fixture());
+    for (size_t i = 0; i < n; i += 2)
+        text[i] = 'b';
+    ids.len = 0;
+    assert_int_equal(tokenizer_encode(t, text, n, false, &ids), 0);
+    /* "▁baba...ba": ▁b, then ab (rank 2) before ba (rank 4), the last a alone */
+    assert_int_equal(ids.len, n / 2 + 1);
+    assert_int_equal(ids.ids[0], 263);
+    for (size_t i = 1; i < n / 2; i++)
+        assert_int_equal(ids.ids[i], 264);
+    assert_int_equal(ids.ids[n / 2], 260);
+    tokenizer_ids_fini(&ids);
+    tokenizer_free(t);
+    free(text);
+}
+
+/* ---- added tokens ---- */
+
+static json_t *with_added(json_t *root, int id, const char *content, const char *flag, bool special,
+                          bool normalized)
+{
+    json_t *a = added(id, content, special, normalized);
+    if (flag)
+        json_object_set_new(a, flag, json_true());
+    json_array_append_new(json_object_get(root, "added_tokens"), a);
+    return root;
+}
+
+static void test_added_tokens_and_their_flags(void **state)
+{
+    Tokenizer *t = load(bytelevel_fixture(true));
+    EXPECT(t, "<|bos|>the<|eot|>", false, 263, 116, 257, 264);
+    EXPECT(t, "x<|bos|><|bos|>", false, 120, 263, 263);
+    EXPECT(t, "<|bo", false, 60, 124, 98, 111); /* a prefix is text */
+    tokenizer_free(t);
+
+    t = load(with_added(bytelevel_fixture(true), 265, "<m>", NULL, false, false));
+    EXPECT(t, "a <m>b", false, 97, 32, 265, 98);
+    EXPECT(t, "a<m> b", false, 97, 265, 32, 98);
+    tokenizer_free(t);
+    t = load(with_added(bytelevel_fixture(true), 265, "<m>", "lstrip", false, false));
+    EXPECT(t, "a \t<m>b", false, 97, 265, 98);
+    tokenizer_free(t);
+    t = load(with_added(bytelevel_fixture(true), 265, "<m>", "rstrip", false, false));
+    EXPECT(t, "a<m> \n b", false, 97, 265, 98);
+    tokenizer_free(t);
+
+    /* single_word: only where no letter or digit touches it */
+    t = load(with_added(bytelevel_fixture(true), 265, "ab", "single_word", false, false));
+    EXPECT(t, "ab c", false, 265, 32, 99);
+    EXPECT(t, "x ab", false, 120, 32, 265);
+    EXPECT(t, "xab", false, 120, 97, 98);
+    EXPECT(t, "ab1", false, 97, 98, 49);
+    /* HF tests \w (the regex crate's): a combining mark is a word character, a numeral that
+     * is not a decimal digit (Kaktovik U+1D2C0) is not */
+    EXPECT(t,
+           "e\xCC\x81"
+           "ab",
+           false, 101, 204, 129, 97, 98);
+    EXPECT(t, "ab\xF0\x9D\x8B\x80", false, 265, 240, 157, 139, 128);
+    EXPECT(t, "_ab", false, 95, 97, 98);
+    tokenizer_free(t);
+
+    /* normalized: matched in the normalized text (by its normalized content); not normalized:
+     * in the raw text */
+    json_t *root = bytelevel_fixture(true);
+    set_path(root, json_pack("{s:s}", "type", "Lowercase"), "normalizer", NULL);
+    with_added(root, 265, "HI", NULL, false, true);
+    with_added(root, 266, "YO", NULL, false, false);
+    t = load(root);
+    EXPECT(t, "HI", false, 265);
+    EXPECT(t, "hi", false, 265);
+    EXPECT(t, "YO", false, 266);
+    EXPECT(t, "yo", false, 121, 111);
+    EXPECT(t, "Yo", false, 121, 111);
+    assert_false(tokenizer_is_special(t, 265));
+    assert_true(tokenizer_is_special(t, 263));
+    /* skip_special_tokens drops the special ones only; a normalized token decodes to its
+     * normalized content, as in HF */
+    EXPECT_DECODE(t, true, "hihit", 263, 104, 105, 265, 116, 264);
+    EXPECT_DECODE(t, false, "<|bos|>hihit<|eot|>", 263, 104, 105, 265, 116, 264);
+    assert_string_equal(tokenizer_id_to_token(t, 265), "hi");
+    assert_int_equal(tokenizer_token_to_id(t, "HI"), 265);
+    tokenizer_free(t);
+}
+
+static void test_lookups(void **state)
+{
+    Tokenizer *t = load(bytelevel_fixture(true));
+    assert_int_equal(tokenizer_vocab_size(t), 265);
+    assert_int_equal(tokenizer_token_to_id(t, "<|eot|>"), 264);
+    assert_int_equal(tokenizer_token_to_id(t, "\xC4\xA0the"), 258);
+    assert_int_equal(tokenizer_token_to_id(t, "nope"), -1);
+    assert_string_equal(tokenizer_id_to_token(t, 258), "\xC4\xA0the");
+    assert_string_equal(tokenizer_id_to_token(t, 263), "<|bos|>");
+    assert_null(tokenizer_id_to_token(t, 265));
+    assert_null(tokenizer_id_to_token(t, -1));
+    tokenizer_free(t);
+}
+
+/* HF takes an added token's id from the vocabulary when its content is there, else the next
+ * id after the vocabulary and the added tokens before it; the "id" written in the file is not
+ * read (HF only warns when it differs). */
+static void test_added_token_ids_are_assigned_as_hf_does(void **state)
+{
+    json_t *root = bytelevel_fixture(true);
+    with_added(root, 999, "<x>", NULL, false, false);
+    with_added(root, 5, "he", NULL, true, false);
+    with_added(root, 3, "<y>", NULL, false, false);
+    Tokenizer *t = load(root);
+    EXPECT(t, "<x>he<y>", false, 265, 257, 266);
+    assert_int_equal(tokenizer_vocab_size(t), 267);
+    assert_true(tokenizer_is_special(t, 257));
+    assert_string_equal(tokenizer_id_to_token(t, 266), "<y>");
+    assert_null(tokenizer_id_to_token(t, 999));
+    assert_string_equal(tokenizer_id_to_token(t, 5), "\xC4\x85"); /* byte 5's character */
+    EXPECT_DECODE(t, true, "<x><y>", 265, 257, 266);
+    tokenizer_free(t);
+}
+
+/* ---- normalizers and pre-tokenizers ---- */
+
+static void test_normalizers(void **state)
+{
+    struct {
+        const char *type;
+        const char *text;
+        int32_t want[4];
+        size_t n;
+    } cases[] = {
+        {"NFC", "e\xCC\x81", {195, 169}, 2},      {"NFD", "\xC3\xA9", {101, 204, 129}, 3},
+        {"NFKC", "\xEF\xAC\x81", {102, 105}, 2}, /* U+FB01 ﬁ */
+        {"NFKD", "\xEF\xAC\x81", {102, 105}, 2},  {"Lowercase", "AB", {97, 98}, 2},
+        {"Lowercase", "\xC3\x89", {195, 169}, 2}, /* É */
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        json_t *root = bytelevel_fixture(true);
+        set_path(root, json_pack("{s:s}", "type", cases[i].type), "normalizer", NULL);
+        Tokenizer *t = load(root);
+        expect_ids(t, cases[i].text, false, cases[i].want, cases[i].n);
+        tokenizer_free(t);
+    }
+    /* Prepend and Replace: the SentencePiece fixture's pair */
+    Tokenizer *t = load(sentencepiece_fixture());
+    EXPECT(t, " a", false, 259, 262);
+    tokenizer_free(t);
+}
+
+static void test_split_behaviors(void **state)
+{
+    struct {
+        const char *behavior;
+        bool invert;
+        const char *text;
+        int32_t want[4];
+        size_t n;
+    } cases[] = {
+        {"Removed", false, "abab", {260, 260}, 2},
+        {"Isolated", false, "abab", {260, 261, 260, 261}, 4},
+        {"MergedWithPrevious", false, "abab", {264, 264}, 2},
+        {"MergedWithNext", false, "abab", {260, 266, 261}, 3},
+        {"Contiguous", false, "abba", {260, 267, 260}, 3},
+        {"Isolated", false, "abba", {260, 261, 261, 260}, 4},
+        {"Removed", true, "abab", {261, 261}, 2},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        json_t *root = sentencepiece_fixture();
+        set_path(root, json_null(), "normalizer", NULL);
+        set_path(root,
+                 json_pack("{s:s, s:{s:s}, s:s, s:b}", "type", "Split", "pattern", "String", "b",
+                           "behavior", cases[i].behavior, "invert", cases[i].invert),
+                 "pre_tokenizer", NULL);
+        Tokenizer *t = load(root);
+        expect_ids(t, cases[i].text, false, cases[i].want, cases[i].n);
+        tokenizer_free(t);
+    }
+}
+
+/* HF's regexes see Unicode 16.0 (Oniguruma), PCRE2 here Unicode 14.0: a letter or digit added
+ * since (CJK extension H U+31350, Kaktovik numeral U+1D2C0) is one to the pattern, and U+180E is
+ * not whitespace. */
+static void test_regex_classes_follow_hf_unicode(void **state)
+{
+    struct {
+        const char *pattern;
+        const char *text;
+        int32_t want[6];
+        size_t n;
+    } cases[] = {
+        {"\\p{L}+",
+         "a\xF0\xB1\x8D\x90"
+         "b",
+         {0},
+         0},
+        {"[^\\p{L}]+",
+         "a\xF0\xB1\x8D\x90"
+         "b",
+         {260, 3 + 0xF0, 3 + 0xB1, 3 + 0x8D, 3 + 0x90, 261},
+         6},
+        {"\\p{N}", "\xF0\x9D\x8B\x80", {0}, 0},
+        {"\\s",
+         "a\xE1\xA0\x8E"
+         "b",
+         {260, 3 + 0xE1, 3 + 0xA0, 3 + 0x8E, 261},
+         5},
+        {"[\\s]", "a\xE1\xA0\x8E", {260, 3 + 0xE1, 3 + 0xA0, 3 + 0x8E}, 4},
+        {"\\S+", "a\xE1\xA0\x8E", {0}, 0},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        json_t *root = sentencepiece_fixture();
+        set_path(root, json_null(), "normalizer", NULL);
+        set_path(root,
+                 json_pack("{s:s, s:{s:s}, s:s, s:b}", "type", "Split", "pattern", "Regex",
+                           cases[i].pattern, "behavior", "Removed", "invert", 0),
+                 "pre_tokenizer", NULL);
+        Tokenizer *t = load(root);
+        expect_ids(t, cases[i].text, false, cases[i].want, cases[i].n);
+        tokenizer_free(t);
+    }
+}
+
+static void test_bytelevel_pretokenizer_regex_and_prefix_space(void **state)
+{
+    json_t *root = bytelevel_fixture(true);
+    set_path(root,
+             json_pack("{s:s, s:b, s:b, s:b}", "type", "ByteLevel", "add_prefix_space", 1,
+                       "trim_offsets", 0, "use_regex", 1),
+             "pre_tokenizer", NULL);
+    Tokenizer *t = load(root);
+    EXPECT(t, "the", false, 258);                     /* " the" */
+    EXPECT(t, "he  he", false, 32, 257, 32, 32, 257); /* " he", " ", " he" */
+    tokenizer_free(t);
+}
+
+static void test_digits(void **state)
+{
+    for (int individual = 0; individual < 2; individual++) {
+        json_t *root = bytelevel_fixture(true);
+        set_path(root,
+                 json_pack("{s:s, s:[{s:s, s:b}, {s:s, s:b, s:b, s:b}]}", "type", "Sequence",
+                           "pretokenizers", "type", "Digits", "individual_digits", individual,
+                           "type", "ByteLevel", "add_prefix_space", 0, "trim_offsets", 0,
+                           "use_regex", 0),
+                 "pre_tokenizer", NULL);
+        Tokenizer *t = load(root);
+        if (individual)
+            EXPECT(t, "a12", false, 97, 49, 50);
+        else
+            EXPECT(t, "a12", false, 97, 262);
+        tokenizer_free(t);
+    }
+}
+
+static json_t *metaspace_fixture(const char *scheme, bool split)
+{
+    json_t *root = sentencepiece_fixture();
+    set_path(root, json_null(), "normalizer", NULL);
+    set_path(root,
+             json_pack("{s:s, s:s, s:s, s:b}", "type", "Metaspace", "replacement", META,
+                       "prepend_scheme", scheme, "split", split),
+             "pre_tokenizer", NULL);
+    set_path(root,
+             json_pack("{s:s, s:s, s:s, s:b}", "type", "Metaspace", "replacement", META,
+                       "prepend_scheme", scheme, "split", split),
+             "decoder", NULL);
+    return root;
+}
+
+static void test_metaspace(void **state)
+{
+    Tokenizer *t = load(metaspace_fixture("always", true));
+    EXPECT(t, "a b", false, 262, 263);
+    EXPECT(t, "<s>a b", false, 1, 262, 263);
+    EXPECT(t, "ba", false, 263, 260);
+    EXPECT_DECODE(t, false, "a b", 262, 263);
+    EXPECT_DECODE(t, false, "a", 259, 260); /* the first token's ▁ is dropped */
+    EXPECT_DECODE(t, false, "b a", 261, 259, 260);
+    tokenizer_free(t);
+    t = load(metaspace_fixture("first", true));
+    EXPECT(t, "a b", false, 262, 263);
+    EXPECT(t, "<s>a b", false, 1, 260, 263); /* not at the start of the text: no ▁ */
+    tokenizer_free(t);
+    t = load(metaspace_fixture("never", true));
+    EXPECT(t, "a b", false, 260, 263);
+    EXPECT_DECODE(t, false, " a b", 262, 263);
+    tokenizer_free(t);
+    t = load(metaspace_fixture("always", false));
+    EXPECT(t, "ab", false, 265);
+    EXPECT(t, "a b", false, 262, 263);
+    tokenizer_free(t);
+}
+
+/* ---- decoders ---- */
+
+static void test_decoders(void **state)
+{
+    /* no decoder: the tokens joined by spaces */
+    json_t *root = sentencepiece_fixture();
+    set_path(root, json_null(), "decoder", NULL);
+    Tokenizer *t = load(root);
+    EXPECT_DECODE(t, false, "a b " META "a", 260, 261, 262);
+    EXPECT_DECODE(t, false, "<unk>", 0);
+    tokenizer_free(t);
+
+    /* Strip per token (no Fuse before it), and Replace */
+    root = sentencepiece_fixture();
+    set_path(root,
+             json_pack("{s:s, s:[{s:s, s:{s:s}, s:s}, {s:s, s:s, s:i, s:i}]}", "type", "Sequence",
+                       "decoders", "type", "Replace", "pattern", "String", META "a", "content", "A",
+                       "type", "Strip", "content", "b", "start", 1, "stop", 1),
+             "decoder", NULL);
+    t = load(root);
+    EXPECT_DECODE(t, false, "AaA" META, 262, 264, 262, 259);
+    EXPECT_DECODE(t, false, "a" META, 260, 263);
+    tokenizer_free(t);
+}
+
+/* No ids, or only skipped ones: an empty, NUL-terminated text (found by fuzz_tokenizer: the
+ * buffer was returned without its NUL). */
+static void test_decode_of_nothing_is_an_empty_string(void **state)
+{
+    Tokenizer *t = load(bytelevel_fixture(true));
+    for (int round = 0; round < 50; round++) {
+        char *junk = malloc(16); /* freed chunks of the same size, for decode's buffer to reuse */
+        memset(junk, 'x', 16);
+        free(junk);
+        int32_t special[] = {263, 264};
+        char *text = NULL;
+        size_t len = 99;
+        assert_int_equal(tokenizer_decode(t, special, round % 2 ? 2 : 0, true, &text, &len), 0);
+        assert_int_equal(len, 0);
+        assert_int_equal(text[0], 0);
+        free(text);
+    }
+    tokenizer_free(t);
+}
+
+static void test_lossy_utf8(void **state)
+{
+    Tokenizer *t = load(bytelevel_fixture(true));
+    /* ids are bytes: Rust's from_utf8_lossy, one U+FFFD per maximal subpart */
+    EXPECT_DECODE(t, false,
+                  "\xEF\xBF\xBD"
+                  "A",
+                  0xF0, 0x9F, 0x98, 'A');
+    EXPECT_DECODE(t, false, "\xEF\xBF\xBD\xEF\xBF\xBD", 0xE0, 0x80);
+    EXPECT_DECODE(t, false, "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD", 0xED, 0xA0, 0x80);
+    EXPECT_DECODE(t, false, "\xEF\xBF\xBD", 0xF0, 0x9F, 0x98);
+    EXPECT_DECODE(t, false,
+                  "\xEF\xBF\xBD"
+                  "a",
+                  0xFF, 'a');
+    EXPECT_DECODE(t, false, "\xF0\x9F\x98\x80", 0xF0, 0x9F, 0x98, 0x80);
+    tokenizer_free(t);
+}
+
+/* ---- the stream ---- */
+
+static void test_stream_never_splits_a_character(void **state)
+{
+    Tokenizer *t = load(bytelevel_fixture(true));
+    /* é as two byte tokens, then an emoji as four: nothing until the character is whole */
+    EXPECT_STREAM(t, false, "|\xC3\xA9|a||||\xF0\x9F\x98\x80|", 0xC3, 0xA9, 'a', 0xF0, 0x9F, 0x98,
+                  0x80);
+    /* a broken sequence comes out as U+FFFD once the next byte shows it is broken */
+    EXPECT_STREAM(t, false,
+                  "||\xEF\xBF\xBD"
+                  "a|",
+                  0xE2, 0x82, 'a');
+    EXPECT_STREAM(t, false, "||\xEF\xBF\xBD", 0xE2, 0x82);
+    EXPECT_STREAM(t, true, "|t|he||", 263, 't', 257, 264);
+    tokenizer_free(t);
+
+    t = load(sentencepiece_fixture());
+    /* byte fallback: a run is held until a non-byte token ends it (a later byte could make the
+     * whole run U+FFFD) */
+    EXPECT_STREAM(t, false, "a|||\xC3\xA9 b|", 262, 3 + 0xC3, 3 + 0xA9, 263);
+    EXPECT_STREAM(t, false, "a||\xEF\xBF\xBD\xEF\xBF\xBD|\xEF\xBF\xBD| b|", 262, 3 + 'A', 3 + 0xFF,
+                  3 + 0xC3, 263);
+    /* the leading space is stripped once, at the start of the text */
+    EXPECT_STREAM(t, false, "| a|", 259, 262);
+    EXPECT_STREAM(t, true, "|a| b|", 1, 262, 263);
+    EXPECT_STREAM(t, false, "<s>| a|", 1, 262);
+    tokenizer_free(t);
+}
+
+/* A run of a million byte-fallback tokens: decoded in linear time (checking the whole held
+ * run again at each byte took 48 s here, past the test's timeout), and a stream releases a
+ * run that stays valid once it passes its bound instead of holding all of it. */
+static void test_long_byte_runs(void **state)
+{
+    Tokenizer *t = load(sentencepiece_fixture());
+    size_t n = 1u << 20;
+    int32_t *ids = malloc(n * sizeof(*ids));
+    for (size_t i = 0; i < n; i++)
+        ids[i] = 3 + '\n';
+    char *text = decode(t, ids, n, false);
+    assert_int_equal(strlen(text), n);
+    assert_int_equal(strspn(text, "\n"), n);
+    free(text);
+
+    TokenizerStream *s;
+    assert_int_equal(tokenizer_stream_new(t, false, &s), 0);
+    char *buf = NULL;
+    size_t len = 0, cap = 0, held_most = 0;
+    for (size_t i = 0; i < (256u << 10); i++) {
+        assert_int_equal(tokenizer_stream_step(s, ids[i], &buf, &len, &cap), 0);
+        if (i + 1 - len > held_most)
+            held_most = i + 1 - len;
+    }
+    assert_true(held_most <= (64u << 10) + 1);
+    assert_int_equal(tokenizer_stream_finish(s, &buf, &len, &cap), 0);
+    assert_int_equal(len, 256u << 10);
+    free(buf);
+    tokenizer_stream_free(s);
+    free(ids);
+    tokenizer_free(t);
+}
+
+static void test_stream_refuses_unknown_ids(void **state)
+{
+    Tokenizer *t = load(bytelevel_fixture(true));
+    TokenizerStream *s;
+    assert_int_equal(tokenizer_stream_new(t, false, &s), 0);
+    char *buf = NULL;
+    size_t len = 0, cap = 0;
+    assert_int_equal(tokenizer_stream_step(s, 0xC3, &buf, &len, &cap), 0);
+    assert_int_equal(tokenizer_stream_step(s, 5000, &buf, &len, &cap), PAGODA_EINVAL);
+    assert_int_equal(tokenizer_stream_step(s, -1, &buf, &len, &cap), PAGODA_EINVAL);
+    assert_int_equal(tokenizer_stream_step(s, 0xA9, &buf, &len, &cap), 0);
+    assert_int_equal(tokenizer_stream_finish(s, &buf, &len, &cap), 0);
+    assert_string_equal(buf, "\xC3\xA9");
+    free(buf);
+    tokenizer_stream_free(s);
+
+    char *text = NULL;
+    int32_t bad[] = {97, 265};
+    assert_int_equal(tokenizer_decode(t, bad, 2, false, &text, NULL), PAGODA_EINVAL);
+    assert_null(text);
+    tokenizer_free(t);
+}
+
+/* ---- refusals and invalid input ---- */
+
+static void test_invalid_text_is_refused(void **state)
+{
+    Tokenizer *t = load(bytelevel_fixture(true));
+    const char *bad[] = {"\xC0\xAF",         "\xED\xA0\x80", "ab\xE2\x82",      "\x80",
+                         "\xF5\x80\x80\x80", "a\xFF",        "\xF4\x90\x80\x80"};
+    TokenizerIds ids = {0};
+    assert_int_equal(tokenizer_encode(t, "the", 3, false, &ids), 0);
+    size_t before = ids.len;
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        assert_int_equal(tokenizer_encode(t, bad[i], strlen(bad[i]), false, &ids), PAGODA_EINVAL);
+        assert_non_null(strstr(pagoda_error_detail(), "UTF-8"));
+        assert_int_equal(ids.len, before); /* out keeps what it held */
+    }
+    /* a NUL is text like any other */
+    assert_int_equal(tokenizer_encode(t, "a\0b", 3, false, &ids), 0);
+    assert_int_equal(ids.len, before + 3);
+    tokenizer_ids_fini(&ids);
+    tokenizer_free(t);
+}
+
+static void test_unsupported_components_are_refused_by_name(void **state)
+{
+    json_t *r;
+    r = bytelevel_fixture(true);
+    set_path(r, json_string("WordPiece"), "model", "type", NULL);
+    refused(r, PAGODA_EUNSUPPORTED, "model.type", "WordPiece");
+    r = bytelevel_fixture(true);
+    set_path(r, json_real(0.1), "model", "dropout", NULL);
+    refused(r, PAGODA_EUNSUPPORTED, "model.dropout", NULL);
+    r = bytelevel_fixture(true);
+    set_path(r, json_string("##"), "model", "continuing_subword_prefix", NULL);
+    refused(r, PAGODA_EUNSUPPORTED, "model.continuing_subword_prefix", NULL);
+    r = bytelevel_fixture(true);
+    set_path(r, json_string("</w>"), "model", "end_of_word_suffix", NULL);
+    refused(r, PAGODA_EUNSUPPORTED, "model.end_of_word_suffix", NULL);
+    r = bytelevel_fixture(true);
+    set_path(r, json_pack("{s:i}", "max_length", 8), "truncation", NULL);
+    refused(r, PAGODA_EUNSUPPORTED, "truncation", NULL);
+    r = bytelevel_fixture(true);
+    set_path(r, json_pack("{s:s}", "strategy", "BatchLongest"), "padding", NULL);
+    refused(r, PAGODA_EUNSUPPORTED, "padding", NULL);
+    r = bytelevel_fixture(true);
+    set_path(r,
+             json_pack("{s:s, s:[{s:s}, {s:s}]}", "type", "Sequence", "normalizers", "type", "NFC",
+                       "type", "BertNormalizer"),
+             "normalizer", NULL);
+    refused(r, PAGODA_EUNSUPPORTED, "normalizer.normalizers[1]", "BertNormalizer");
+    r = bytelevel_fixture(true);
+    set_path(r, json_pack("{s:s, s:s}", "type", "Precompiled", "precompiled_charsmap", "AA=="),
+             "normalizer", NULL);
+    refused(r, PAGODA_EUNSUPPORTED, "normalizer", "Precompiled");
+    r = bytelevel_fixture(true);
+    set_path(r,
+             json_pack("{s:s, s:{s:s}, s:s}", "type", "Replace", "pattern", "Regex", " +",
+                       "content", " "),
+             "normalizer", NULL);
+    refused(r, PAGODA_EUNSUPPORTED, "normalizer.pattern", "Regex");
+    r = bytelevel_fixture(true);
+    json_array_set_new(json_object_get(json_object_get(r, "pre_tokenizer"), "pretokenizers"), 1,
+                       json_pack("{s:s}", "type", "BertPreTokenizer"));
+    refused(r, PAGODA_EUNSUPPORTED, "pre_tokenizer.pretokenizers[1]", "BertPreTokenizer");
+    r = bytelevel_fixture(true);
+    json_object_set_new(
+        json_array_get(json_object_get(json_object_get(r, "pre_tokenizer"), "pretokenizers"), 0),
+        "behavior", json_string("Sideways"));
+    refused(r, PAGODA_EUNSUPPORTED, "pre_tokenizer.pretokenizers[0].behavior", "Sideways");
+    r = bytelevel_fixture(true);
+    json_object_set_new(
+        json_array_get(json_object_get(json_object_get(r, "pre_tokenizer"), "pretokenizers"), 0),
+        "pattern", json_pack("{s:s}", "Regex", "(unclosed"));
+    refused(r, PAGODA_EUNSUPPORTED, "pre_tokenizer.pretokenizers[0].pattern", "PCRE2");
+    r = bytelevel_fixture(true);
+    set_path(r,
+             json_pack("{s:s, s:[s, i], s:[s, i]}", "type", "RobertaProcessing", "sep", "x", 1,
+                       "cls", "y", 2),
+             "post_processor", NULL);
+    refused(r, PAGODA_EUNSUPPORTED, "post_processor", "RobertaProcessing");
+    r = bytelevel_fixture(true);
+    set_path(r, json_pack("{s:s, s:s}", "type", "WordPiece", "prefix", "##"), "decoder", NULL);
+    refused(r, PAGODA_EUNSUPPORTED, "decoder", "WordPiece");
+    r = bytelevel_fixture(true);
+    set_path(r,
+             json_pack("{s:s, s:[{s:s}, {s:s}]}", "type", "Sequence", "decoders", "type", "Fuse",
+                       "type", "CTC"),
+             "decoder", NULL);
+    refused(r, PAGODA_EUNSUPPORTED, "decoder.decoders[1]", "CTC");
+    r = bytelevel_fixture(true);
+    set_path(r,
+             json_pack("{s:s, s:s, s:s}", "type", "Metaspace", "replacement", META,
+                       "prepend_scheme", "sometimes"),
+             "pre_tokenizer", NULL);
+    refused(r, PAGODA_EUNSUPPORTED, "prepend_scheme", "sometimes");
+}
+
+static void test_malformed_files_are_refused(void **state)
+{
+    Tokenizer *t = NULL;
+    assert_int_equal(tokenizer_new_from_json("{\"model\": ", 10, &t), PAGODA_EFORMAT);
+    assert_int_equal(tokenizer_new_from_json("[1]", 3, &t), PAGODA_EFORMAT);
+    json_t *r = bytelevel_fixture(true);
+    set_path(r, json_string("x"), "model", "vocab", NULL);
+    refused(r, PAGODA_EFORMAT, "model.vocab", NULL);
+    r = bytelevel_fixture(true);
+    json_array_append_new(json_object_get(json_object_get(r, "model"), "merges"),
+                          json_string("q z"));
+    refused(r, PAGODA_EFORMAT, "model.merges[7]", "not in model.vocab");
+    r = bytelevel_fixture(true);
+    json_array_append_new(json_object_get(json_object_get(r, "model"), "merges"),
+                          json_string("a b c"));
+    refused(r, PAGODA_EFORMAT, "model.merges[7]", NULL);
+    r = bytelevel_fixture(true);
+    json_object_set_new(json_array_get(json_object_get(r, "added_tokens"), 0), "lstrip",
+                        json_string("yes"));
+    refused(r, PAGODA_EFORMAT, "added_tokens[0].lstrip", NULL);
+    assert_int_equal(tokenizer_new_from_file("/nonexistent/tokenizer.json", &t), PAGODA_ENOENT);
+    assert_int_equal(tokenizer_new_from_file("/", &t), PAGODA_EINVAL);
+    assert_null(t);
+}
+
+/* ---- threads ---- */
+
+typedef struct {
+    const Tokenizer *t;
+    int failures;
+} ThreadArg;
+
+static const char *const THREAD_TEXTS[] = {"the hello", " the aaa", "<|bos|>hello\xC3\xA9",
+                                           "llo llo llo", "aaaaaaa the"};
+
+static void *encode_many(void *p)
+{
+    ThreadArg *a = p;
+    TokenizerIds ids = {0}, ref = {0};
+    for (int round = 0; round < 300; round++) {
+        for (size_t i = 0; i < sizeof(THREAD_TEXTS) / sizeof(THREAD_TEXTS[0]); i++) {
+            ids.len = 0;
+            ref.len = 0;
+            const char *s = THREAD_TEXTS[i];
+            if (tokenizer_encode(a->t, s, strlen(s), true, &ids) ||
+                tokenizer_encode(a->t, s, strlen(s), true, &ref) || ids.len != ref.len ||
+                memcmp(ids.ids, ref.ids, ids.len * sizeof(int32_t)) != 0)
+                a->failures++;
+        }
+    }
+    tokenizer_ids_fini(&ids);
+    tokenizer_ids_fini(&ref);
+    return NULL;
+}
+
+static void test_threads_share_a_tokenizer(void **state)
+{
+    Tokenizer *t = load(bytelevel_fixture(true));
+    pthread_t th[4];
+    ThreadArg args[4];
+    for (int i = 0; i < 4; i++) {
+        args[i] = (ThreadArg){t, 0};
+        assert_int_equal(pthread_create(&th[i], NULL, encode_many, &args[i]), 0);
+    }
+    for (int i = 0; i < 4; i++) {
+        pthread_join(th[i], NULL);
+        assert_int_equal(args[i].failures, 0);
+    }
+    EXPECT(t, "the hello", false, 116, 257, 32, 257, 260);
+    tokenizer_free(t);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_bytelevel_merges_in_both_spellings),
+        cmocka_unit_test(test_ignore_merges_takes_whole_words),
+        cmocka_unit_test(test_byte_fallback_and_unknown),
+        cmocka_unit_test(test_long_word_is_not_quadratic),
+        cmocka_unit_test(test_added_tokens_and_their_flags),
+        cmocka_unit_test(test_lookups),
+        cmocka_unit_test(test_added_token_ids_are_assigned_as_hf_does),
+        cmocka_unit_test(test_normalizers),
+        cmocka_unit_test(test_split_behaviors),
+        cmocka_unit_test(test_regex_classes_follow_hf_unicode),
+        cmocka_unit_test(test_bytelevel_pretokenizer_regex_and_prefix_space),
+        cmocka_unit_test(test_digits),
+        cmocka_unit_test(test_metaspace),
+        cmocka_unit_test(test_decoders),
+        cmocka_unit_test(test_decode_of_nothing_is_an_empty_string),
+        cmocka_unit_test(test_lossy_utf8),
+        cmocka_unit_test(test_stream_never_splits_a_character),
+        cmocka_unit_test(test_long_byte_runs),
+        cmocka_unit_test(test_stream_refuses_unknown_ids),
+        cmocka_unit_test(test_invalid_text_is_refused),
+        cmocka_unit_test(test_unsupported_components_are_refused_by_name),
+        cmocka_unit_test(test_malformed_files_are_refused),
+        cmocka_unit_test(test_threads_share_a_tokenizer),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
