@@ -3,31 +3,44 @@
  * and lstrip_blocks on, autoescape off) and as npm @huggingface/jinja. Pure: no I/O, no global
  * state; a compiled template may be rendered by several threads at once.
  *
- * Supported: text, {{ expr }}, {% if/elif/else %}, {% for x in y %} (with loop.index, index0,
- * first, last, length, revindex, previtem/nextitem, `if` filters, else), {% set %} (also
- * namespace attributes and block set), {% macro %}/call of macros, whitespace control (-, +),
- * comments; literals (strings, ints, floats, true/false/none, lists, dicts), `in`, `not in`,
- * `is` tests (defined, undefined, none, string, number, mapping, iterable, sequence, boolean,
- * integer, float, true, false, odd, even, divisibleby, equalto/eq...), and/or/not, comparisons,
- * + - * / // % ~, conditional expressions, subscripts and slices, attribute access, filters
- * (trim, length/count, tojson (with indent), upper, lower, title, capitalize, replace, join,
- * default/d, first, last, list, string, int, float, abs, items, keys/values via methods, map
- * (attribute), select/reject/selectattr/rejectattr, unique, reverse, sort, safe, e/escape,
- * indent, wordcount, round, sum, max/min, dictsort, batch is not required), string methods
- * (strip/lstrip/rstrip, split, startswith, endswith, upper, lower, replace, title, format not
- * required), dict methods (items, keys, values, get), list methods (append via set not
- * required), globals raise_exception(msg), namespace(...), range(...), and strftime_now(fmt)
- * where the template calls it.
+ * Supported: text, {{ expr }}, {% if/elif/else %}, {% for x in y %} and {% for a, b in y %} (with
+ * loop.index, index0, first, last, length, revindex, revindex0, previtem/nextitem, depth, an `if`
+ * filter, else, break and continue), {% set %} (names, several names, namespace attributes, and
+ * block set), {% macro %} with defaults and keyword arguments, whitespace control (-, +), comments,
+ * and transformers' {% generation %} tags (ignored); literals (strings with Python's escapes,
+ * ints, floats, true/false/none, lists, tuples, dicts), `in`, `not in`, `is` tests (defined,
+ * undefined, none, string, number, integer, float, boolean, mapping, iterable, sequence,
+ * callable, true, false, odd, even, divisibleby, equalto/eq, ne, lt/le/gt/ge, in, lower, upper,
+ * sameas), and/or/not, comparisons (chained), + - * / // % ** ~, conditional expressions,
+ * subscripts and slices, attribute access; filters trim, length/count, tojson (indent,
+ * ensure_ascii, separators, sort_keys), upper, lower, title, capitalize, replace, join,
+ * default/d, first, last, list, string, int, float, abs, round, items, dictsort, map (attribute=
+ * or a filter name), select/reject/selectattr/rejectattr, unique, reverse, sort, sum, max, min,
+ * safe, e/escape, indent, wordcount; string methods strip/lstrip/rstrip (with chars), split,
+ * startswith/endswith (a string or a tuple), upper, lower, title, capitalize, replace, find,
+ * count, join; dict methods items, keys, values, get; globals raise_exception(msg),
+ * namespace(...), range(...) (at most 100000 items, as jinja2's sandbox) and strftime_now(fmt).
+ * Not supported: call and filter blocks, recursive loops, raw, include/extends/import, *args and
+ * **kwargs, and methods that mutate (list.append).
  *
- * Anything else is an error at compile time (an unknown tag) or at render time (an unknown filter
- * or test, calling something that is not callable), never silently skipped. Errors return
- * PAGODA_EINVAL (template syntax) or PAGODA_EFORMAT/PAGODA_ERANGE (rendering: a type error, a
- * limit), with a detail through pagoda_error_set() that starts with "line N: ". A template's
+ * Semantics are Python's where the two references differ (docs/chat-templates.md lists where
+ * @huggingface/jinja departs from them): str() of None is "None" and of True "True", == is typed,
+ * strings are indexed and sliced by code point, strip() strips str.isspace() characters, an
+ * undefined value is an error as an operand, an object or a callee; tojson is transformers'
+ * (json.dumps with ensure_ascii off, keys in their order, ", " and ": ").
+ *
+ * Anything else is an error at compile time (an unknown tag, filter or test: PAGODA_EINVAL), or at
+ * render time (a type error, calling something that is not callable: PAGODA_EFORMAT), never
+ * silently skipped. Compile errors are PAGODA_EINVAL (template syntax, invalid UTF-8) or
+ * PAGODA_ERANGE (a source over JINJA_MAX_SOURCE_BYTES, nesting deeper than JINJA_MAX_DEPTH); every
+ * detail set through pagoda_error_set() starts with "line N: ". A template's
  * raise_exception(msg) gives PAGODA_EINVAL with the detail "line N: raise_exception: msg".
  *
  * Rendering is bounded: at most JINJA_MAX_OUTPUT_BYTES of output, JINJA_MAX_STEPS evaluation
- * steps and JINJA_MAX_DEPTH of nesting (macros, expressions), each PAGODA_ERANGE when exceeded,
- * so that no template or input can hang or exhaust the process. */
+ * steps (each statement, expression and loop iteration, and work proportional to the data a
+ * filter walks) and JINJA_MAX_DEPTH of nesting (macros, expressions), and a memory bound of its
+ * own for intermediate values, each PAGODA_ERANGE when exceeded, so that no template or input can
+ * hang or exhaust the process. */
 #ifndef PAGODA_CHAT_JINJA_H
 #define PAGODA_CHAT_JINJA_H
 

@@ -1,0 +1,78 @@
+/* A model's chat template: read from the text of its tokenizer_config.json, compiled once, and
+ * applied to a chat (OpenAI-style messages) to give the prompt text, as transformers'
+ * apply_chat_template(messages, tools=..., add_generation_prompt=..., **kwargs) renders it.
+ *
+ * The template may be one string or a list of {"name", "template"}; as transformers does, the
+ * "tool_use" template is used when tools are given and it exists, "default" otherwise.
+ * The config's special tokens are passed to the template as transformers passes its
+ * special_tokens_map: bos_token, eos_token, unk_token, pad_token, cls_token, sep_token,
+ * mask_token (strings or AddedToken objects {"content": ...}) and additional_special_tokens (a
+ * list), as are documents (none unless the caller's extra variables give it). Pure: no I/O; a
+ * ChatTemplate may be applied by several threads at once. */
+#ifndef PAGODA_CHAT_CHAT_TEMPLATE_H
+#define PAGODA_CHAT_CHAT_TEMPLATE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include <jansson.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Bounds on what a config and a chat may hold. */
+#define CHAT_TEMPLATE_MAX_CONFIG_BYTES (16u << 20)
+#define CHAT_TEMPLATE_MAX_TEMPLATES 16u
+#define CHAT_TEMPLATE_MAX_MESSAGES 65536u
+#define CHAT_TEMPLATE_MAX_TOOLS 4096u
+/* The bytes of all strings of messages, tools and extra variables together. */
+#define CHAT_TEMPLATE_MAX_INPUT_BYTES (16u << 20)
+
+typedef struct ChatTemplate ChatTemplate;
+
+/* Reads the tokenizer_config.json text (len bytes) and compiles its chat template(s). On success
+ * *out is the caller's, freed with chat_template_free. Errors: PAGODA_ENOENT (no chat_template),
+ * PAGODA_EFORMAT (not JSON, or fields of the wrong type), PAGODA_ERANGE (too large), and the
+ * template's own compile errors (PAGODA_EINVAL "chat template 'name': line N: ..."). */
+int chat_template_new(const char *config_json, size_t len, ChatTemplate **out);
+
+/* As chat_template_new, with the template taken from template_text (template_len bytes: the
+ * model's chat_template.jinja, which newer models ship beside tokenizer_config.json) when it is
+ * not NULL; it is then the only one ("default"), whatever the config holds, as transformers
+ * prefers that file. The special tokens still come from the config. */
+int chat_template_new_with(const char *config_json, size_t len, const char *template_text,
+                           size_t template_len, ChatTemplate **out);
+
+/* Frees; accepts NULL. */
+void chat_template_free(ChatTemplate *ct);
+
+/* True when the config has a template of that name ("default", "tool_use", ...). */
+bool chat_template_has(const ChatTemplate *ct, const char *name);
+
+/* The config's bos_token / eos_token, or NULL when it has none. Owned by ct. */
+const char *chat_template_bos_token(const ChatTemplate *ct);
+const char *chat_template_eos_token(const ChatTemplate *ct);
+
+/* Renders messages (a JSON array of objects with a string "role" and a "content" that is a
+ * string, null or absent; other fields such as tool_calls pass through) with tools (a JSON array,
+ * or NULL: the template sees none), add_generation_prompt, and the variables of extra (a JSON
+ * object or NULL, e.g. {"enable_thinking": false}; it may not set messages, tools or
+ * add_generation_prompt). The caller keeps its JSON. On success *out is a NUL-terminated string
+ * of *len bytes, the caller's to free(). Errors: PAGODA_EINVAL (invalid messages, tools or
+ * extra, with the field named; or the template's raise_exception), PAGODA_ERANGE (limits), and
+ * the template's render errors ("chat template: line N: ..."). */
+int chat_template_apply(const ChatTemplate *ct, const json_t *messages, const json_t *tools,
+                        bool add_generation_prompt, const json_t *extra, char **out, size_t *len);
+
+/* As chat_template_apply with the template of the given name (NULL: chosen as above). Errors
+ * also: PAGODA_ENOENT (no template of that name). */
+int chat_template_apply_named(const ChatTemplate *ct, const char *name, const json_t *messages,
+                              const json_t *tools, bool add_generation_prompt, const json_t *extra,
+                              char **out, size_t *len);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

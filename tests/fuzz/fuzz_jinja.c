@@ -1,0 +1,48 @@
+/* libFuzzer target: chat/jinja.h. The bytes are a template, compiled and, when it compiles,
+ * rendered with a small fixed chat. Either step may refuse with an error of the contract; neither
+ * may crash, hang or run past its limits (JINJA_MAX_STEPS, JINJA_MAX_DEPTH, the output bound). */
+#include "chat/jinja.h"
+#include "common/error.h"
+
+#include <jansson.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char VARS[] =
+    "{\"messages\": [{\"role\": \"system\", \"content\": \" sys \"},"
+    " {\"role\": \"user\", \"content\": \"hi <think>x</think>\"},"
+    " {\"role\": \"assistant\", \"content\": \"\", \"tool_calls\": [{\"function\":"
+    " {\"name\": \"f\", \"arguments\": {\"a\": [1, 2.5, null, true]}}}]},"
+    " {\"role\": \"tool\", \"content\": \"r\"}],"
+    " \"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\"}}],"
+    " \"add_generation_prompt\": true, \"bos_token\": \"<s>\", \"eos_token\": \"</s>\"}";
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    static json_t *vars;
+    if (vars == NULL) {
+        json_error_t e;
+        vars = json_loads(VARS, 0, &e);
+        if (vars == NULL)
+            abort();
+    }
+    JinjaTemplate *t = NULL;
+    int rc = jinja_template_new((const char *)data, size, &t);
+    if (rc != 0) {
+        if (rc != PAGODA_EINVAL && rc != PAGODA_ERANGE && rc != PAGODA_ENOMEM)
+            abort();
+        return 0;
+    }
+    char *out = NULL;
+    size_t len = 0;
+    rc = jinja_render(t, vars, &out, &len);
+    if (rc == 0 && (out == NULL || strlen(out) > len || len > JINJA_MAX_OUTPUT_BYTES))
+        abort();
+    if (rc != 0 && rc != PAGODA_EINVAL && rc != PAGODA_EFORMAT && rc != PAGODA_ERANGE &&
+        rc != PAGODA_ENOMEM)
+        abort();
+    free(out);
+    jinja_template_free(t);
+    return 0;
+}
