@@ -72,3 +72,13 @@ find_program(PAGODA_PROTOC_C NAMES protoc-c REQUIRED)
 
 # CMocka: Debian's config gives CMOCKA_LIBRARIES and CMOCKA_INCLUDE_DIR.
 find_package(cmocka REQUIRED)
+
+# llhttp: Debian's node-llhttp ships its generated C sources (llhttp 8.1); http/CMakeLists.txt
+# builds them as the static library pagoda_llhttp (there, after the fuzz build's flags, so that
+# the fuzzer sees the parser's coverage too).
+find_path(PAGODA_LLHTTP_INCLUDE_DIR llhttp.h PATHS /usr/share/include/llhttp NO_DEFAULT_PATH)
+find_path(PAGODA_LLHTTP_SOURCE_DIR llhttp.c PATHS /usr/share/llhttp NO_DEFAULT_PATH)
+if(NOT PAGODA_LLHTTP_INCLUDE_DIR OR NOT PAGODA_LLHTTP_SOURCE_DIR)
+  message(FATAL_ERROR "llhttp's C sources are missing (/usr/share/llhttp/llhttp.c, "
+          "/usr/share/include/llhttp/llhttp.h): run scripts/install-deps as root (node-llhttp)")
+endif()

@@ -1,0 +1,103 @@
+/* A small HTTP/1.1 server on a libuv loop, for the OpenAI-compatible front and the metrics and
+ * status pages: keep-alive, request bodies (Content-Length or chunked, Expect: 100-continue
+ * answered), responses whole or chunked (server-sent events), parsed by llhttp (Debian's
+ * node-llhttp sources, never a parser of our own). Everything runs on the loop thread; nothing
+ * blocks it. HTTP/1.0 clients get keep-alive only when they ask for it, and streams delimited by
+ * the close instead of chunks.
+ *
+ * Bounded: connections at once (more are closed as they arrive, after a 503 when the write can be
+ * made without waiting), header bytes (431), body bytes (413), the time from a request's first
+ * byte to its complete body (408: slow clients), the idle time of a keep-alive connection, and
+ * the bytes a response may have queued unsent (a client that stops reading is disconnected). None
+ * of them stops the server serving others. Malformed requests get 400. These answers of the
+ * server's own carry a JSON body in OpenAI's error shape ({"error": {"message", "type",
+ * "code"}}) and close the connection (after a short linger, so that a client still sending
+ * reads them).
+ *
+ * One request per connection at a time: while a response is in progress the connection parses
+ * no further request. It keeps reading, so that a client that goes away is noticed (EOF counts as
+ * gone, a half-closed client too, as uvicorn does); bytes of a pipelined request are held, up to
+ * 128 KiB, and beyond that wait in the kernel's buffer. */
+#ifndef PAGODA_HTTP_HTTP_SERVER_H
+#define PAGODA_HTTP_HTTP_SERVER_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <uv.h>
+
+struct http_config {
+    const char *host;              /* address to listen on, e.g. "127.0.0.1" or "0.0.0.0" */
+    uint16_t port;                 /* 0: any free port (http_server_port tells which) */
+    uint32_t max_connections;      /* open at once */
+    size_t max_header_bytes;       /* request line and headers */
+    size_t max_body_bytes;         /* a body over it: 413 and the connection closes */
+    uint32_t request_timeout_ms;   /* first byte to complete body, else 408 and close */
+    uint32_t idle_timeout_ms;      /* a keep-alive connection with no request in progress */
+    size_t max_queued_write_bytes; /* a response's unsent bytes beyond this: the client is cut */
+};
+
+/* Defaults: 127.0.0.1:8000, 4096 connections, 64 KiB of headers, 8 MiB bodies, 30 s per request,
+ * 60 s idle, 8 MiB queued. */
+void http_config_default(struct http_config *cfg);
+
+struct http_server;
+struct http_request;
+
+/* Called on the loop for every complete request. The handler must answer it, now or later, with
+ * http_respond or http_stream_start..http_stream_end, unless the connection closes first (see
+ * http_request_on_close). */
+typedef void (*http_handler_fn)(void *user, struct http_request *req);
+
+/* Listens and serves on loop. The process must ignore SIGPIPE (pagoda's programs do): libuv writes
+ * with writev, and a write to a client that has gone would otherwise end it. On success *out is
+ * released with http_server_close. Errors: PAGODA_EINVAL (bad config, host not an IP address),
+ * PAGODA_EIO (cannot listen: the detail says why; what was opened is freed once the loop runs),
+ * PAGODA_ENOMEM. */
+int http_server_open(uv_loop_t *loop, const struct http_config *cfg, http_handler_fn handler,
+                     void *user, struct http_server **out);
+
+/* The port listened on (useful with port 0). */
+uint16_t http_server_port(const struct http_server *s);
+
+/* Connections open now. */
+uint32_t http_server_connections(const struct http_server *s);
+
+/* Stops listening, closes every connection (requests in progress get their close callbacks) and
+ * frees the server once libuv has closed its handles (the loop must run). Accepts NULL. */
+void http_server_close(struct http_server *s);
+
+/* The request, valid until its response has ended or its close callback has returned. Strings are
+ * NUL-terminated and owned by the request; the path is not percent-decoded. */
+const char *http_request_method(const struct http_request *req); /* "GET", "POST", ... */
+const char *http_request_path(const struct http_request *req);   /* without the query */
+const char *http_request_query(const struct http_request *req);  /* after '?', or "" */
+/* A header's value (name matched without case), or NULL; the first when repeated. */
+const char *http_request_header(const struct http_request *req, const char *name);
+/* The body ("" when none), NUL-terminated after its len bytes. */
+const char *http_request_body(const struct http_request *req, size_t *len);
+
+/* Called once if the connection goes away (the client closed it, a limit cut it, the server
+ * closes) before the response ended: the handler's chance to cancel what it started. It runs
+ * from the loop, never inside one of the calls below (one that finds the connection gone returns
+ * PAGODA_ECLOSED and the callback follows). After it returns the request is gone; respond calls
+ * must not be made on it. */
+void http_request_on_close(struct http_request *req, void (*fn)(void *arg), void *arg);
+
+/* A whole response: status (200..999), Content-Type (may be NULL), body (copied; not sent to a
+ * HEAD request), and extra header lines ("Name: value" without line breaks, num_headers of them;
+ * may be NULL). Ends the request. Errors: PAGODA_EINVAL (already answered, a bad status or
+ * header line), PAGODA_ECLOSED (the connection is gone), PAGODA_ENOMEM. */
+int http_respond(struct http_request *req, int status, const char *content_type, const void *body,
+                 size_t len, const char *const *headers, size_t num_headers);
+
+/* A response sent in pieces (Transfer-Encoding: chunked), e.g. text/event-stream. Data is
+ * copied; a client that reads too slowly is disconnected (a write finding unsent bytes queued
+ * and the total over max_queued_write_bytes) and the close callback runs. http_stream_end ends
+ * the request. Errors: PAGODA_EINVAL (wrong state), PAGODA_ECLOSED (the connection is gone),
+ * PAGODA_ENOMEM. */
+int http_stream_start(struct http_request *req, int status, const char *content_type,
+                      const char *const *headers, size_t num_headers);
+int http_stream_write(struct http_request *req, const void *data, size_t len);
+int http_stream_end(struct http_request *req);
+
+#endif

@@ -1,0 +1,54 @@
+#!/usr/bin/env python3
+"""Writes fuzz_http's seed corpus (tests/fuzz/corpus/http/): scripts of a handler mode byte and
+commands (a length byte 1..0xF0 and that many request bytes; 0xF1 the timer; 0xF2 answer the
+held request; 0xF3 stream on it; 0xF4 end the stream), as tests/fuzz/fuzz_http.c reads them."""
+import os
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+OUT = os.path.join(HERE, "corpus", "http")
+
+RESPOND, STREAM, HOLD, BAD_HEADERS = 0, 1, 2, 3
+
+
+def feed(data: bytes, piece: int = 0xF0) -> bytes:
+    out = b""
+    for i in range(0, len(data), piece):
+        part = data[i:i + piece]
+        out += bytes([len(part)]) + part
+    return out
+
+
+GET = b"GET /v1/models?x=1 HTTP/1.1\r\nHost: a\r\nAccept: */*\r\n\r\n"
+POST = (b"POST /v1/completions HTTP/1.1\r\nHost: a\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 17\r\n\r\n{\"prompt\":\"hi\"}\n\n")
+CHUNKED = (b"POST /v1/chat/completions HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+           b"5\r\nhello\r\n6;x=y\r\n world\r\n0\r\nTrailer: t\r\n\r\n")
+
+SEEDS = {
+    "get_respond.bin": bytes([RESPOND]) + feed(GET),
+    "keepalive_three.bin": bytes([RESPOND]) + feed(GET * 3, 7),
+    "post_stream.bin": bytes([STREAM]) + feed(POST, 13),
+    "chunked_hold_answer.bin": bytes([HOLD]) + feed(CHUNKED, 5) + b"\xf2" + feed(GET) + b"\xf2",
+    "hold_stream_end.bin": bytes([HOLD]) + feed(GET) + b"\xf3\xf3\xf4" + feed(GET) + b"\xf2",
+    "bad_headers.bin": bytes([BAD_HEADERS]) + feed(GET) + b"\xf2",
+    "http10.bin": bytes([STREAM]) + feed(b"GET / HTTP/1.0\r\nConnection: keep-alive\r\n\r\n"),
+    "head.bin": bytes([RESPOND]) + feed(b"HEAD /x HTTP/1.1\r\n\r\n"),
+    "expect.bin": bytes([RESPOND]) + feed(
+        b"POST /e HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\n") + feed(b"ok"),
+    "slow.bin": bytes([RESPOND]) + feed(b"GET / HTTP/1.1\r\nHo") + b"\xf1",
+    "malformed.bin": bytes([RESPOND]) + feed(b"GET / HTTP/1.1\r\nContent-Length: x\r\n\r\n"),
+    "bad_chunk.bin": bytes([RESPOND]) + feed(
+        b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n"),
+    "too_big.bin": bytes([RESPOND]) + feed(
+        b"POST / HTTP/1.1\r\nContent-Length: 100000\r\n\r\n"),
+    "big_header.bin": bytes([RESPOND]) + feed(b"GET / HTTP/1.1\r\nX: " + b"a" * 600 + b"\r\n\r\n"),
+    "pipelined_hold.bin": bytes([HOLD]) + feed(GET + POST) + b"\xf2\xf2",
+    "upgrade.bin": bytes([RESPOND]) + feed(
+        b"GET / HTTP/1.1\r\nConnection: upgrade\r\nUpgrade: websocket\r\n\r\nrest"),
+}
+
+os.makedirs(OUT, exist_ok=True)
+for name, data in SEEDS.items():
+    with open(os.path.join(OUT, name), "wb") as f:
+        f.write(data)
+print(f"{len(SEEDS)} seeds in {OUT}")

@@ -1,0 +1,242 @@
+/* Tests of http/'s limits and endings: header and body sizes (431, 413), slow clients (408)
+ * while others are served, idle connections closed, the connection cap (503), a client that
+ * stops reading cut, a client gone mid-stream (the close callback once), and http_server_close
+ * with connections open. The harness is test_http_server_harness.h. */
+#include "tests/unit/test_http_server_harness.h"
+
+#include <signal.h>
+
+/* ---- limits ---- */
+
+static void client_size_limits(struct fx *f)
+{
+    bool ok;
+    char big[4096];
+    snprintf(big, sizeof(big), "GET /echo HTTP/1.1\r\nHost: t\r\nX-Big: %03000d\r\n\r\n", 7);
+    expect_error_and_close(f, big, 431, &ok);
+    CHECK(f, ok);
+    /* Many small headers, over the limit together. */
+    size_t n = (size_t)snprintf(big, sizeof(big), "GET /echo HTTP/1.1\r\n");
+    for (int i = 0; i < 200; i++)
+        n += (size_t)snprintf(big + n, sizeof(big) - n, "H%d: v\r\n", i);
+    snprintf(big + n, sizeof(big) - n, "\r\n");
+    expect_error_and_close(f, big, 431, &ok);
+    CHECK(f, ok);
+    /* A declared body over the limit is refused before it is sent. */
+    expect_error_and_close(f, "POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 5000\r\n\r\n", 413,
+                           &ok);
+    CHECK(f, ok);
+    /* Chunks over the limit together. */
+    n = (size_t)snprintf(big, sizeof(big),
+                         "POST /echo HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n");
+    for (int i = 0; i < 5; i++)
+        n += (size_t)snprintf(big + n, sizeof(big) - n, "100\r\n%0256d\r\n", i);
+    expect_error_and_close(f, big, 413, &ok);
+    CHECK(f, ok);
+    /* Under the limits the same server answers. */
+    struct cl c;
+    struct resp r;
+    CHECK(f, cl_connect(&c, f->port) == 0);
+    CHECK(f, cl_sends(&c, "POST /echo HTTP/1.1\r\nContent-Length: 1000\r\n\r\n") == 0);
+    char body[1000];
+    memset(body, 'b', sizeof(body));
+    CHECK(f, cl_send(&c, body, sizeof(body)) == 0);
+    CHECK(f, cl_response(&c, &r, false) == 0 && r.status == 200 && strstr(r.body, "len=1000"));
+    resp_free(&r);
+    cl_close(&c);
+}
+
+static void test_size_limits(void **state)
+{
+    struct fx f;
+    fx_config(&f);
+    f.cfg.max_header_bytes = 1024;
+    f.cfg.max_body_bytes = 1000;
+    fx_run(&f, client_size_limits);
+}
+
+static void client_slow_and_idle(struct fx *f)
+{
+    struct cl slow, other, idle;
+    struct resp r;
+    /* Half a request, then nothing. */
+    CHECK(f, cl_connect(&slow, f->port) == 0);
+    CHECK(f, cl_sends(&slow, "GET /echo HTTP/1.1\r\nHost: t\r\n") == 0);
+    /* Meanwhile another client is served. */
+    CHECK(f, cl_connect(&other, f->port) == 0);
+    CHECK(f, cl_sends(&other, "GET /echo HTTP/1.1\r\nHost: t\r\n\r\n") == 0);
+    CHECK(f, cl_response(&other, &r, false) == 0 && r.status == 200);
+    resp_free(&r);
+    /* The slow one gets its 408 and the close. */
+    CHECK(f, cl_response(&slow, &r, false) == 0 && r.status == 408);
+    resp_free(&r);
+    CHECK(f, cl_closed(&slow));
+    cl_close(&slow);
+    /* A slow body too: the timeout runs from the first byte to the complete body. */
+    CHECK(f, cl_connect(&slow, f->port) == 0);
+    CHECK(f, cl_sends(&slow, "POST /echo HTTP/1.1\r\nContent-Length: 10\r\n\r\nabc") == 0);
+    CHECK(f, cl_response(&slow, &r, false) == 0 && r.status == 408);
+    resp_free(&r);
+    CHECK(f, cl_closed(&slow));
+    cl_close(&slow);
+    /* The client served before, idle since: closed without a word; and one that never sent
+     * a byte too. */
+    CHECK(f, cl_closed(&other));
+    cl_close(&other);
+    CHECK(f, cl_connect(&idle, f->port) == 0);
+    CHECK(f, cl_closed(&idle));
+    cl_close(&idle);
+}
+
+static void test_slow_and_idle_clients(void **state)
+{
+    struct fx f;
+    fx_config(&f);
+    f.cfg.request_timeout_ms = 300;
+    f.cfg.idle_timeout_ms = 300;
+    fx_run(&f, client_slow_and_idle);
+}
+
+static void client_connection_cap(struct fx *f)
+{
+    struct cl a, b, extra;
+    struct resp r;
+    CHECK(f, cl_connect(&a, f->port) == 0);
+    CHECK(f, cl_connect(&b, f->port) == 0);
+    CHECK(f, cl_sends(&a, "GET /echo HTTP/1.1\r\n\r\n") == 0);
+    CHECK(f, cl_response(&a, &r, false) == 0 && r.status == 200);
+    resp_free(&r);
+    CHECK(f, cl_sends(&b, "GET /echo HTTP/1.1\r\n\r\n") == 0);
+    CHECK(f, cl_response(&b, &r, false) == 0 && r.status == 200 && strstr(r.body, "conns=2"));
+    resp_free(&r);
+    /* The third is refused with a 503 and closed. */
+    CHECK(f, cl_connect(&extra, f->port) == 0);
+    CHECK(f, cl_response(&extra, &r, false) == 0 && r.status == 503);
+    resp_free(&r);
+    CHECK(f, cl_closed(&extra));
+    cl_close(&extra);
+    /* The others are still served; once one leaves, a new one is let in. */
+    CHECK(f, cl_sends(&a, "GET /echo HTTP/1.1\r\n\r\n") == 0);
+    CHECK(f, cl_response(&a, &r, false) == 0 && r.status == 200);
+    resp_free(&r);
+    cl_close(&a);
+    bool served = false;
+    for (int i = 0; i < 50 && !served; i++) { /* until the server has seen a's close */
+        CHECK(f, cl_connect(&extra, f->port) == 0);
+        CHECK(f, cl_sends(&extra, "GET /echo HTTP/1.1\r\n\r\n") == 0);
+        CHECK(f, cl_response(&extra, &r, false) == 0);
+        served = r.status == 200;
+        resp_free(&r);
+        cl_close(&extra);
+        if (!served)
+            sleep_ms(20);
+    }
+    CHECK(f, served);
+    cl_close(&b);
+}
+
+static void test_connection_cap(void **state)
+{
+    struct fx f;
+    fx_config(&f);
+    f.cfg.max_connections = 2;
+    fx_run(&f, client_connection_cap);
+    assert_int_equal(f.max_conns_seen, 2);
+}
+
+/* ---- clients that go away or do not read ---- */
+
+static void client_stops_reading(struct fx *f)
+{
+    struct cl c;
+    CHECK(f, cl_connect_buf(&c, f->port, 4096) == 0);
+    CHECK(f, cl_sends(&c, "GET /flood HTTP/1.1\r\nHost: t\r\n\r\n") == 0);
+    char line[64];
+    CHECK(f, cl_line(&c, line, sizeof(line)) == 0 && strcmp(line, "HTTP/1.1 200 OK") == 0);
+    /* And reads no more: the server cuts it and the handler's close callback runs. */
+    CHECK(f, wait_atomic(&f->on_close_calls, 1));
+    cl_close(&c);
+}
+
+static void test_client_not_reading_is_cut(void **state)
+{
+    struct fx f;
+    fx_config(&f);
+    f.cfg.max_queued_write_bytes = 256 * 1024;
+    fx_run(&f, client_stops_reading);
+    assert_int_equal(atomic_load(&f.on_close_calls), 1);
+    assert_int_equal(f.flood_last_rc, PAGODA_ECLOSED);
+    assert_true(f.flood_writes < FLOOD_MAX_WRITES);
+}
+
+static void client_disconnects_mid_stream(struct fx *f)
+{
+    struct cl c;
+    char line[64];
+    CHECK(f, cl_connect(&c, f->port) == 0);
+    CHECK(f, cl_sends(&c, "GET /streamhold HTTP/1.1\r\nHost: t\r\n\r\n") == 0);
+    CHECK(f, cl_line(&c, line, sizeof(line)) == 0 && strcmp(line, "HTTP/1.1 200 OK") == 0);
+    do {
+        CHECK(f, cl_line(&c, line, sizeof(line)) == 0);
+    } while (line[0]);
+    CHECK(f, cl_line(&c, line, sizeof(line)) == 0 && strcmp(line, "6") == 0);
+    CHECK(f, cl_line(&c, line, sizeof(line)) == 0 && strcmp(line, "first") == 0);
+    cl_close(&c);
+    CHECK(f, wait_atomic(&f->on_close_calls, 1));
+    /* And before the response: a request the handler holds. */
+    CHECK(f, cl_connect(&c, f->port) == 0);
+    CHECK(f, cl_sends(&c, "POST /hold HTTP/1.1\r\nContent-Length: 2\r\n\r\nhi") == 0);
+    CHECK(f, wait_atomic(&f->num_held, 2));
+    cl_close(&c);
+    CHECK(f, wait_atomic(&f->on_close_calls, 2));
+}
+
+static void test_disconnect_mid_stream_closes_once(void **state)
+{
+    struct fx f;
+    fx_config(&f);
+    fx_run(&f, client_disconnects_mid_stream);
+    /* Once each, not again when the server closes. */
+    assert_int_equal(atomic_load(&f.on_close_calls), 2);
+    assert_null(f.held[0]);
+    assert_null(f.held[1]);
+}
+
+static void client_leaves_everything_open(struct fx *f)
+{
+    struct cl c[4];
+    CHECK(f, cl_connect(&c[0], f->port) == 0); /* idle */
+    CHECK(f, cl_connect(&c[1], f->port) == 0); /* half a request */
+    CHECK(f, cl_sends(&c[1], "POST /echo HTTP/1.1\r\nContent-Length: 100\r\n\r\nab") == 0);
+    CHECK(f, cl_connect(&c[2], f->port) == 0); /* held by the handler */
+    CHECK(f, cl_sends(&c[2], "GET /hold HTTP/1.1\r\n\r\n") == 0);
+    CHECK(f, cl_connect(&c[3], f->port) == 0); /* streaming */
+    CHECK(f, cl_sends(&c[3], "GET /streamhold HTTP/1.1\r\n\r\n") == 0);
+    CHECK(f, wait_atomic(&f->num_held, 2));
+    for (int i = 0; i < 4; i++)
+        f->leftover[f->num_leftover++] = c[i].fd;
+    /* Returning closes the server with all four open. */
+}
+
+static void test_close_with_connections_open(void **state)
+{
+    struct fx f;
+    fx_config(&f);
+    fx_run(&f, client_leaves_everything_open);
+    assert_int_equal(atomic_load(&f.on_close_calls), 2);
+}
+
+int main(void)
+{
+    /* As pagoda's programs do (http_server.h): a write to a client gone must not end us. */
+    signal(SIGPIPE, SIG_IGN);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_size_limits),
+        cmocka_unit_test(test_slow_and_idle_clients),
+        cmocka_unit_test(test_connection_cap),
+        cmocka_unit_test(test_client_not_reading_is_cut),
+        cmocka_unit_test(test_disconnect_mid_stream_closes_once),
+        cmocka_unit_test(test_close_with_connections_open),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
