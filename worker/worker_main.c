@@ -37,7 +37,7 @@
  * CUDA backend imports kvpool's GPU pool (kvpool/cuda_pool.h: descriptors over kvpool's Unix
  * socket, mapped on the pool's device, found by its UUID) and runs on that device. Before it
  * loads anything onto the GPU, a CUDA worker checks that its weights, activations (for
- * --max-batched-tokens and --max-seqs) and reserve (worker/cuda_budget.h) fit in the memory
+ * --max-batched-tokens and --max-seqs) and reserve (model/model_budget.h) fit in the memory
  * left beside the pool; if not (after waiting up to WORKER_GPU_MEMORY_WAIT_MS for memory that a
  * predecessor killed a moment ago may still be releasing), it refuses to start, saying by how
  * much. A worker that cannot run as configured (that refusal, a pool of the wrong kind, dtype
@@ -60,18 +60,18 @@
 #include "kvpool/kvpool_client.h"
 #include "kvpool/kvpool_proto.h"
 #include "kvpool/shm_pool.h"
+#include "model/model_config.h"
+#include "model/model_fingerprint.h"
+#include "model/model_weights.h"
 #include "wire/wire.h"
 #include "worker/backend.h"
 #include "worker/cpu_backend.h"
 #include "worker/mirror.h"
-#include "worker/model_config.h"
-#include "worker/model_weights.h"
-#include "worker/model_fingerprint.h"
 #include "worker/null_backend.h"
 #ifdef PAGODA_HAVE_CUDA
 #include "kvpool/cuda_pool.h"
+#include "model/model_budget.h"
 #include "worker/cuda_backend.h"
-#include "worker/cuda_budget.h"
 #endif
 
 #include <nng/nng.h>
@@ -283,9 +283,9 @@ static int check_gpu_memory(struct worker *w, const struct backend_limits *bl)
 {
     const struct model_config *c = &w->config;
     const int device = kv_cuda_pool_device(w->gpu_pool);
-    const uint64_t weights = cuda_budget_weight_bytes(c);
-    const uint64_t acts = cuda_budget_activation_bytes(c, bl->max_num_tokens, bl->max_num_seqs);
-    const uint64_t need = cuda_budget_worker_bytes(c, bl->max_num_tokens, bl->max_num_seqs);
+    const uint64_t weights = model_budget_weight_bytes(c);
+    const uint64_t acts = model_budget_activation_bytes(c, bl->max_num_tokens, bl->max_num_seqs);
+    const uint64_t need = model_budget_worker_bytes(c, bl->max_num_tokens, bl->max_num_seqs);
     const double mib = 1024.0 * 1024.0;
     uint64_t free_bytes = 0, total_bytes = 0;
     for (int waited = 0;; waited += WORKER_GPU_MEMORY_POLL_MS) {
@@ -297,7 +297,7 @@ static int check_gpu_memory(struct worker *w, const struct backend_limits *bl)
                      "MiB (weights %.0f, activations %.0f, reserve %.0f)",
                      device, (double)free_bytes / mib, (double)total_bytes / mib,
                      (double)need / mib, (double)weights / mib, (double)acts / mib,
-                     (double)CUDA_BUDGET_RESERVE_BYTES / mib);
+                     (double)MODEL_BUDGET_RESERVE_BYTES / mib);
             return 0;
         }
         if (waited >= WORKER_GPU_MEMORY_WAIT_MS || g_stop)
@@ -319,7 +319,7 @@ static int check_gpu_memory(struct worker *w, const struct backend_limits *bl)
         "smaller by at least that, or the worker a smaller --max-batched-tokens or --max-seqs",
         (double)kv_cuda_pool_mapped_bytes(w->gpu_pool) / mib, (double)need / mib, device,
         (double)weights / mib, (double)acts / mib, bl->max_num_tokens, bl->max_num_seqs,
-        (double)CUDA_BUDGET_RESERVE_BYTES / mib, (double)free_bytes / mib, (double)short_by / mib,
+        (double)MODEL_BUDGET_RESERVE_BYTES / mib, (double)free_bytes / mib, (double)short_by / mib,
         short_by);
 }
 #endif
