@@ -41,8 +41,8 @@
  * left beside the pool; if not (after waiting up to WORKER_GPU_MEMORY_WAIT_MS for memory that a
  * predecessor killed a moment ago may still be releasing), it refuses to start, saying by how
  * much. A worker that cannot run as configured (that refusal, a pool of the wrong kind, dtype
- * or shape) exits with RESTART_POLICY_EXIT_CANNOT_RUN, which tells the supervisor that a restart
- * would fail the same way; other start failures exit 1.
+ * or shape) exits with PAGODA_EXIT_CANNOT_RUN (common/exit_status.h), which tells the supervisor
+ * that a restart would fail the same way; other start failures exit 1.
  *
  * --load-format random (CUDA backend) draws weights of the shape in MODEL_DIR/config.json on
  * the GPU from --seed instead of reading them (as pagoda-run --load-format random does, so the
@@ -54,9 +54,9 @@
  * --fault drop-result=N runs the N-th Step (the mirror advances) but does not send its result.
  * Both count every Step message received, of any epoch, from 1. */
 #include "common/error.h"
+#include "common/exit_status.h"
 #include "common/log.h"
 #include "common/parse.h"
-#include "deploy/restart_policy.h"
 #include "kvpool/kvpool_client.h"
 #include "kvpool/kvpool_proto.h"
 #include "kvpool/shm_pool.h"
@@ -1036,8 +1036,8 @@ int main(int argc, char **argv)
     if (rc != 0 && w.cannot_run) {
         log_error("worker %u cannot run as configured: exiting with status %d so that the "
                   "supervisor does not restart it",
-                  w.o.worker_id, RESTART_POLICY_EXIT_CANNOT_RUN);
-        return RESTART_POLICY_EXIT_CANNOT_RUN;
+                  w.o.worker_id, PAGODA_EXIT_CANNOT_RUN);
+        return PAGODA_EXIT_CANNOT_RUN;
     }
     return rc == 0 ? 0 : 1;
 }
