@@ -3,7 +3,7 @@
 #ifndef PAGODA_BENCH_FLOOR_H
 #define PAGODA_BENCH_FLOOR_H
 
-#include "worker/model_config.h"
+#include "model/model_config.h"
 
 /* Bytes of weights one decode step reads once, stored dtype_bytes per parameter: every layer's
  * projections (q, k, v, o, gate, up, down, with their biases) and norms, the final norm and the

@@ -19,7 +19,7 @@
 #include "bench/workload.h"
 #include "client/pagoda.h"
 #include "common/error.h"
-#include "worker/model_config.h"
+#include "model/model_config.h"
 
 #include <math.h>
 #include <pthread.h>

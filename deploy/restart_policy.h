@@ -7,17 +7,13 @@
  * of them in a row mean the program cannot run (a bad flag, a missing model, a crash at load)
  * and the supervisor stops the group instead of restarting it forever. A slower exit resets
  * that count, so a program that crashes every few seconds keeps being restarted, at the
- * longest delay, while the operator reads its log. */
+ * longest delay, while the operator reads its log. A program that exits with
+ * PAGODA_EXIT_CANNOT_RUN (common/exit_status.h) while the group starts is not restarted at all;
+ * the supervisor decides that before it asks this policy. */
 #ifndef PAGODA_DEPLOY_RESTART_POLICY_H
 #define PAGODA_DEPLOY_RESTART_POLICY_H
 
 #include <stdint.h>
-
-/* The exit status of a program that cannot run as it is configured (EX_CONFIG of sysexits.h):
- * a GPU worker whose weights do not fit beside the KV pool, a worker whose backend does not
- * match the pool. A restart would fail the same way, so the supervisor does not restart it: it
- * stops the group and says why. */
-#define RESTART_POLICY_EXIT_CANNOT_RUN 78
 
 struct restart_policy {
     uint64_t backoff_min_ms; /* the delay before the first restart */

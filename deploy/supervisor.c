@@ -20,10 +20,10 @@
  * Afterwards a program that exits, however, is restarted with back-off (restart_policy.h), and
  * not waited for: the others keep running, and the protocol reconnects them. Repeated fast
  * exits stop the group (exit 1), and so does, at once, an exit with
- * RESTART_POLICY_EXIT_CANNOT_RUN (a program that says it cannot run as configured, such as a GPU
- * worker whose weights do not fit beside the pool: restarting it would only repeat that). A
- * Control{hung_worker_id, hung_worker_pid} from the scheduler's watchdog kills that worker with
- * SIGKILL when the pid is the worker's current process (a stale report about a process already
+ * PAGODA_EXIT_CANNOT_RUN (common/exit_status.h: a program that says it cannot run as configured,
+ * such as a GPU worker whose weights do not fit beside the pool: restarting it would only repeat
+ * that). A Control{hung_worker_id, hung_worker_pid} from the scheduler's watchdog kills that worker
+ * with SIGKILL when the pid is the worker's current process (a stale report about a process already
  * replaced kills nothing); its restart follows from its exit.
  *
  * Liveness: the supervisor puts PAGODA_HEARTBEAT_MS=--heartbeat-ms in its programs' environment
@@ -63,6 +63,7 @@
  * supervisor's life: a second supervisor on DIR exits at once with SUP_EXIT_BUSY, saying
  * "already running (pid N)", and touches nothing of the first's. */
 #include "common/error.h"
+#include "common/exit_status.h"
 #include "common/log.h"
 #include "common/parse.h"
 #include "deploy/control.h"
@@ -1080,10 +1081,10 @@ static void on_child_closed(uv_handle_t *h)
          * it replaces not yet released): restart with back-off, whose crash-loop limit stops a
          * failure that persists. */
         if (sup->phase == PHASE_STARTING && c->spawn_error == 0 && c->term_signal == 0 &&
-            c->exit_status == RESTART_POLICY_EXIT_CANNOT_RUN) {
+            c->exit_status == PAGODA_EXIT_CANNOT_RUN) {
             log_error("%s (pid %d) cannot run as configured (exit status %d, see %s/%s.log); not "
                       "restarting it: stopping the group",
-                      c->name, c->pid, RESTART_POLICY_EXIT_CANNOT_RUN, sup->run_dir, c->name);
+                      c->name, c->pid, PAGODA_EXIT_CANNOT_RUN, sup->run_dir, c->name);
             begin_stop(sup, 1);
             return;
         }

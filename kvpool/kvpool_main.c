@@ -19,10 +19,10 @@
  * carries device and handle_socket, no shm_name). The pool is sized here, because this process
  * sees the GPU's free memory just before it allocates: without --kv-blocks or --kv-bytes it
  * takes what the GPU has free (measured once this process's CUDA context exists) minus the
- * model's weights as the CUDA backend stores them (bf16, worker/cuda_budget.h) minus a reserve
+ * model's weights as the CUDA backend stores them (bf16, model/model_budget.h) minus a reserve
  * for the worker: its activations at its step limits (--max-batched-tokens, --max-seqs: give the
- * worker's; the worker's defaults when absent), CUDA_BUDGET_RESERVE_BYTES
- * (cuBLAS workspaces, attention plan, sampler) and CUDA_BUDGET_CONTEXT_BYTES (the worker's own
+ * worker's; the worker's defaults when absent), MODEL_BUDGET_RESERVE_BYTES
+ * (cuBLAS workspaces, attention plan, sampler) and MODEL_BUDGET_CONTEXT_BYTES (the worker's own
  * CUDA context). --reserve-bytes replaces that reserve (for workers started with larger
  * limits, or several workers on one GPU). An explicit size that leaves the worker too little is
  * allowed but warned about: the worker is the one that refuses, saying by how much.
@@ -52,9 +52,9 @@
 #include "kvpool/geometry.h"
 #include "kvpool/kvpool_proto.h"
 #include "kvpool/shm_pool.h"
+#include "model/model_budget.h"
+#include "model/model_config.h"
 #include "wire/wire.h"
-#include "worker/cuda_budget.h"
-#include "worker/model_config.h"
 #ifdef PAGODA_HAVE_CUDA
 #include "kvpool/cuda_pool.h"
 #endif
@@ -226,11 +226,11 @@ static int gpu_size(struct opts *o, const struct model_config *c, struct gpu_bud
     int rc = kv_cuda_mem_info(o->device, &b->free_bytes, &b->total_bytes);
     if (rc != 0)
         return rc;
-    b->weight_bytes = cuda_budget_weight_bytes(c);
+    b->weight_bytes = model_budget_weight_bytes(c);
     b->reserve_bytes = o->reserve_bytes != 0
                            ? o->reserve_bytes
-                           : cuda_budget_activation_bytes(c, o->max_tokens, o->max_seqs) +
-                                 CUDA_BUDGET_RESERVE_BYTES + CUDA_BUDGET_CONTEXT_BYTES;
+                           : model_budget_activation_bytes(c, o->max_tokens, o->max_seqs) +
+                                 MODEL_BUDGET_RESERVE_BYTES + MODEL_BUDGET_CONTEXT_BYTES;
     log_info("GPU %d: %.0f MiB free of %.0f MiB; the model's weights take %.0f MiB, the "
              "worker's reserve %.0f MiB",
              o->device, mib(b->free_bytes), mib(b->total_bytes), mib(b->weight_bytes),
@@ -534,8 +534,8 @@ int main(int argc, char **argv)
         .block_size = KV_BLOCK_SIZE_DEFAULT,
         .kv_bytes = KVPOOL_DEFAULT_KV_BYTES,
         .backend = "cpu",
-        .max_tokens = CUDA_BUDGET_DEFAULT_MAX_TOKENS,
-        .max_seqs = CUDA_BUDGET_DEFAULT_MAX_SEQS,
+        .max_tokens = MODEL_BUDGET_DEFAULT_MAX_TOKENS,
+        .max_seqs = MODEL_BUDGET_DEFAULT_MAX_SEQS,
     };
     log_set_name("kvpool");
     int status = parse_args(argc, argv, &o);

@@ -10,8 +10,8 @@
 #include "common/dtype.h"
 #include "common/error.h"
 #include "common/parse.h"
+#include "model/model_config.h"
 #include "tools/safetensors_write.h"
-#include "worker/model_config.h"
 
 #include <dirent.h>
 #include <errno.h>

@@ -5,8 +5,8 @@
 #include "common/dtype.h"
 #include "common/error.h"
 #include "common/json_util.h"
-#include "worker/model_config.h"
-#include "worker/model_weights.h"
+#include "model/model_config.h"
+#include "model/model_weights.h"
 
 #include <inttypes.h>
 #include <jansson.h>

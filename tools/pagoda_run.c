@@ -15,12 +15,12 @@
 #include "common/log.h"
 #include "common/parse.h"
 #include "kernels/cpu/sampler.h"
+#include "model/model_weights.h"
 #include "text/text_model.h"
 #include "worker/cpu_backend.h"
 #ifdef PAGODA_HAVE_CUDA
 #include "worker/cuda_backend.h"
 #endif
-#include "worker/model_weights.h"
 
 #include <getopt.h>
 #include <stdio.h>

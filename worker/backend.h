@@ -10,7 +10,7 @@
 
 #include "kernels/cpu/sampler.h"
 #include "kvpool/geometry.h"
-#include "worker/model_config.h"
+#include "model/model_config.h"
 
 #include <stdint.h>
 

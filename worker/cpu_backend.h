@@ -5,8 +5,8 @@
 
 #include "kernels/cpu/attention.h"
 #include "kvpool/geometry.h"
+#include "model/model_weights.h"
 #include "worker/backend.h"
-#include "worker/model_weights.h"
 
 struct cpu_backend_options {
     enum attention_impl attention; /* ATTN_CPU_PAGED by default */

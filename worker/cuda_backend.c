@@ -6,7 +6,7 @@
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/sampler.h"
 #include "kernels/cuda/util.h"
-#include "worker/cuda_budget.h"
+#include "model/model_budget.h"
 
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
@@ -298,16 +298,16 @@ int cuda_backend_open(const struct model_config *cfg, const struct model_weights
     }
     const int64_t max_tokens = b->opt.limits.max_num_tokens;
     const int64_t max_seqs = b->opt.limits.max_num_seqs;
-    uint64_t need = cuda_budget_worker_bytes(cfg, max_tokens, max_seqs);
+    uint64_t need = model_budget_worker_bytes(cfg, max_tokens, max_seqs);
     if (need > free_bytes) {
         rc = pagoda_error_set(
             PAGODA_EEXHAUSTED,
             "the model needs %llu MiB on the GPU (weights %llu, activations "
             "%llu, reserve %llu), %zu MiB are free: short by %llu MiB",
             (unsigned long long)(need >> 20),
-            (unsigned long long)(cuda_budget_weight_bytes(cfg) >> 20),
-            (unsigned long long)(cuda_budget_activation_bytes(cfg, max_tokens, max_seqs) >> 20),
-            (unsigned long long)(CUDA_BUDGET_RESERVE_BYTES >> 20), free_bytes >> 20,
+            (unsigned long long)(model_budget_weight_bytes(cfg) >> 20),
+            (unsigned long long)(model_budget_activation_bytes(cfg, max_tokens, max_seqs) >> 20),
+            (unsigned long long)(MODEL_BUDGET_RESERVE_BYTES >> 20), free_bytes >> 20,
             (unsigned long long)((need - free_bytes + (1 << 20) - 1) >> 20));
         goto fail;
     }

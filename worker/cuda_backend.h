@@ -7,8 +7,8 @@
 #define PAGODA_WORKER_CUDA_BACKEND_H
 
 #include "kvpool/geometry.h"
+#include "model/model_weights.h"
 #include "worker/backend.h"
-#include "worker/model_weights.h"
 
 #include <stdint.h>
 

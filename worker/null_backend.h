@@ -8,8 +8,8 @@
 #ifndef PAGODA_WORKER_NULL_BACKEND_H
 #define PAGODA_WORKER_NULL_BACKEND_H
 
+#include "model/model_config.h"
 #include "worker/backend.h"
-#include "worker/model_config.h"
 
 #include <stdint.h>
 

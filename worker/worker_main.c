@@ -32,17 +32,14 @@
  * computed_tokens counts every token this process computed in forward passes since it started.
  * A malformed message is counted and logged, never fatal.
  *
- * The KV pool is kvpool's: the worker maps it and never removes it, so a restarted worker
- * finds the KV its predecessor wrote. The CPU backend maps kvpool's shared-memory pool; the
- * CUDA backend imports kvpool's GPU pool (kvpool/cuda_pool.h: descriptors over kvpool's Unix
- * socket, mapped on the pool's device, found by its UUID) and runs on that device. Before it
- * loads anything onto the GPU, a CUDA worker checks that its weights, activations (for
- * --max-batched-tokens and --max-seqs) and reserve (worker/cuda_budget.h) fit in the memory
- * left beside the pool; if not (after waiting up to WORKER_GPU_MEMORY_WAIT_MS for memory that a
- * predecessor killed a moment ago may still be releasing), it refuses to start, saying by how
- * much. A worker that cannot run as configured (that refusal, a pool of the wrong kind, dtype
- * or shape) exits with RESTART_POLICY_EXIT_CANNOT_RUN, which tells the supervisor that a restart
- * would fail the same way; other start failures exit 1.
+ * The KV pool is kvpool's: the worker maps it (worker/worker_pool.h) and never removes it, so a
+ * restarted worker finds the KV its predecessor wrote; the pool must fit the model and the
+ * backend's dtype. Before it loads anything onto the GPU, a CUDA worker checks its memory
+ * budget (worker/worker_budget.h): weights, activations (for --max-batched-tokens and
+ * --max-seqs) and reserve must fit in the memory left beside the pool, or it refuses to start,
+ * saying by how much. A worker that cannot run as configured (that refusal, a pool of the wrong
+ * kind, dtype or shape) exits with PAGODA_EXIT_CANNOT_RUN (common/exit_status.h), which tells the
+ * supervisor that a restart would fail the same way; other start failures exit 1.
  *
  * --load-format random (CUDA backend) draws weights of the shape in MODEL_DIR/config.json on
  * the GPU from --seed instead of reading them (as pagoda-run --load-format random does, so the
@@ -54,30 +51,30 @@
  * --fault drop-result=N runs the N-th Step (the mirror advances) but does not send its result.
  * Both count every Step message received, of any epoch, from 1. */
 #include "common/error.h"
+#include "common/exit_status.h"
 #include "common/log.h"
 #include "common/parse.h"
-#include "deploy/restart_policy.h"
 #include "kvpool/kvpool_client.h"
 #include "kvpool/kvpool_proto.h"
 #include "kvpool/shm_pool.h"
+#include "model/model_config.h"
+#include "model/model_fingerprint.h"
+#include "model/model_weights.h"
 #include "wire/wire.h"
 #include "worker/backend.h"
 #include "worker/cpu_backend.h"
 #include "worker/mirror.h"
-#include "worker/model_config.h"
-#include "worker/model_weights.h"
-#include "worker/model_fingerprint.h"
 #include "worker/null_backend.h"
+#include "worker/worker_pool.h"
 #ifdef PAGODA_HAVE_CUDA
 #include "kvpool/cuda_pool.h"
 #include "worker/cuda_backend.h"
-#include "worker/cuda_budget.h"
+#include "worker/worker_budget.h"
 #endif
 
 #include <nng/nng.h>
 #include <nng/protocol/pair1/pair.h>
 #include <nng/protocol/reqrep0/req.h>
-#include <nng/supplemental/util/platform.h>
 
 #include <getopt.h>
 #include <inttypes.h>
@@ -97,10 +94,6 @@
 /* How long the worker waits for kvpool's answer at start, and how often it asks. */
 #define WORKER_KVPOOL_WAIT_MS 30000
 #define WORKER_HELLO_MS 200
-/* How long a CUDA worker waits for GPU memory to come free before it refuses to start (a
- * predecessor killed a moment ago may still be releasing its weights), and how often it looks. */
-#define WORKER_GPU_MEMORY_WAIT_MS 5000
-#define WORKER_GPU_MEMORY_POLL_MS 200
 /* Messages the scheduler link queues while the transport is busy. NNG's PAIR socket holds none
  * by default, so a non-blocking send made while the previous message is still being written
  * fails; results sent back to back (fast steps) would be dropped at random. */
@@ -143,13 +136,8 @@ struct worker {
 
     struct model_config config;
     uint8_t fingerprint[MODEL_FINGERPRINT_BYTES]; /* model_fingerprint.h: in every Hello */
-    struct kvpool_info pool_info; /* what kvpool said: geometry, shm name or device and socket */
-    char pool_where[160];         /* the pool, for logs: its shm name or its GPU */
-    struct kv_shm_pool *pool;     /* the CPU pool, when mapped */
-#ifdef PAGODA_HAVE_CUDA
-    struct kv_cuda_pool *gpu_pool; /* the GPU pool, when mapped */
-#endif
-    int cannot_run; /* the start failed in a way a restart would repeat */
+    struct worker_pool pool; /* kvpool's pool, as this worker maps it (worker_pool.h) */
+    int cannot_run;          /* the start failed in a way a restart would repeat */
     struct backend *backend;
     struct mirror *mirror;
     int32_t *tokens;                      /* [max_seqs] */
@@ -198,129 +186,34 @@ static void log_rc(enum log_level level, const char *what, int rc)
     log_msg(level, "%s: %s", what, pagoda_error_message(rc, msg, sizeof(msg)));
 }
 
-/* ---- start: the pool --------------------------------------------------------------------- */
-
-/* The pool must have the model's shape and the dtype the backend computes in (want_dtype; -1
- * for the null backend, which never touches KV memory). */
-static int check_pool_fits(const struct kv_geometry *g, const char *where,
-                           const struct model_config *c, const char *model, int want_dtype,
-                           const char *backend)
-{
-    const char *field = NULL;
-    long long have = 0, want = 0;
-    if (g->num_layers != c->num_layers)
-        field = "layers", have = g->num_layers, want = c->num_layers;
-    else if (g->num_kv_heads != c->num_kv_heads)
-        field = "KV heads", have = g->num_kv_heads, want = c->num_kv_heads;
-    else if (g->head_dim != c->head_dim)
-        field = "head dim", have = g->head_dim, want = c->head_dim;
-    if (field != NULL)
-        return pagoda_error_set(PAGODA_EMISMATCH,
-                                "kv pool %s does not fit the model %s: %s %lld in the pool, %lld "
-                                "in the model (was kvpool started with another --model?)",
-                                where, model, field, have, want);
-    if (want_dtype >= 0 && g->dtype != (enum dtype)want_dtype)
-        return pagoda_error_set(PAGODA_EMISMATCH, "kv pool %s holds %s; the %s backend needs %s",
-                                where, dtype_name(g->dtype), backend,
-                                dtype_name((enum dtype)want_dtype));
-    return 0;
-}
-
-/* Maps kvpool's pool: the shared-memory one, or (CUDA backend) the GPU one. The CPU backend
- * needs the first, the CUDA backend the second; the null backend maps the CPU pool and leaves
- * a GPU pool alone (it never touches KV memory). */
-static int map_pool(struct worker *w)
-{
-    const struct worker_opts *o = &w->o;
-    const struct kvpool_info *info = &w->pool_info;
-    const int gpu_pool = info->handle_socket[0] != '\0';
-    const int use_cuda = strcmp(o->backend, "cuda") == 0,
-              use_null = strcmp(o->backend, "null") == 0;
-    if (gpu_pool)
-        snprintf(w->pool_where, sizeof(w->pool_where), "on GPU %d (%s)", info->device,
-                 info->handle_socket);
-    else
-        snprintf(w->pool_where, sizeof(w->pool_where), "%s", info->shm_name);
-    if (gpu_pool && !use_cuda && !use_null) {
-        w->cannot_run = 1;
-        return pagoda_error_set(PAGODA_EMISMATCH,
-                                "kvpool serves a GPU pool %s; the %s backend needs a CPU pool "
-                                "(start the worker with --backend cuda, or kvpool with --backend "
-                                "cpu)",
-                                w->pool_where, o->backend);
-    }
-    if (!gpu_pool && use_cuda) {
-        w->cannot_run = 1;
-        return pagoda_error_set(PAGODA_EMISMATCH,
-                                "kvpool serves a CPU pool in shared memory (%s); the CUDA backend "
-                                "needs a GPU pool (start kvpool with --backend cuda)",
-                                w->pool_where);
-    }
-    if (!gpu_pool) {
-        int rc = kv_shm_pool_open(info->shm_name, NULL, &w->pool);
-        if (rc != 0)
-            return rc;
-        const struct kv_geometry *pg = kv_shm_pool_geometry(w->pool);
-        if (!kv_geometry_equal(pg, &info->geometry))
-            return pagoda_error_set(PAGODA_EMISMATCH,
-                                    "kv pool %s (pool id %016" PRIx64
-                                    ") is not the pool kvpool described (pool id %016" PRIx64 ")",
-                                    info->shm_name, pg->pool_id, info->geometry.pool_id);
-        return 0;
-    }
-#ifdef PAGODA_HAVE_CUDA
-    if (use_cuda)
-        return kv_cuda_pool_import(info->handle_socket, o->worker_id, &info->geometry,
-                                   WORKER_KVPOOL_WAIT_MS, &w->gpu_pool);
-#endif
-    return 0;
-}
+/* ---- start: the pool, the model, the backend ----------------------------------------------- */
 
 #ifdef PAGODA_HAVE_CUDA
-/* The weights, the activations of the largest step and the reserve must fit in what the GPU
- * has free beside the pool (which is mapped already, so free memory no longer counts it). */
+static int gpu_mem_info(void *ctx, uint64_t *free_bytes, uint64_t *total_bytes)
+{
+    return kv_cuda_mem_info(*(const int *)ctx, free_bytes, total_bytes);
+}
+
+/* The memory budget (worker/worker_budget.h), against the GPU the pool is on. */
 static int check_gpu_memory(struct worker *w, const struct backend_limits *bl)
 {
-    const struct model_config *c = &w->config;
-    const int device = kv_cuda_pool_device(w->gpu_pool);
-    const uint64_t weights = cuda_budget_weight_bytes(c);
-    const uint64_t acts = cuda_budget_activation_bytes(c, bl->max_num_tokens, bl->max_num_seqs);
-    const uint64_t need = cuda_budget_worker_bytes(c, bl->max_num_tokens, bl->max_num_seqs);
-    const double mib = 1024.0 * 1024.0;
-    uint64_t free_bytes = 0, total_bytes = 0;
-    for (int waited = 0;; waited += WORKER_GPU_MEMORY_POLL_MS) {
-        int rc = kv_cuda_mem_info(device, &free_bytes, &total_bytes);
-        if (rc != 0)
-            return rc;
-        if (need <= free_bytes) {
-            log_info("GPU %d: %.0f MiB free of %.0f MiB beside the KV pool; the worker needs %.0f "
-                     "MiB (weights %.0f, activations %.0f, reserve %.0f)",
-                     device, (double)free_bytes / mib, (double)total_bytes / mib,
-                     (double)need / mib, (double)weights / mib, (double)acts / mib,
-                     (double)CUDA_BUDGET_RESERVE_BYTES / mib);
-            return 0;
-        }
-        if (waited >= WORKER_GPU_MEMORY_WAIT_MS || g_stop)
-            break;
-        if (waited == 0)
-            log_info("GPU %d: %.0f MiB free, %.0f MiB needed; waiting up to %d ms for memory that "
-                     "a predecessor may still be releasing",
-                     device, (double)free_bytes / mib, (double)need / mib,
-                     WORKER_GPU_MEMORY_WAIT_MS);
-        nng_msleep(WORKER_GPU_MEMORY_POLL_MS);
-    }
-    w->cannot_run = 1;
-    uint64_t short_by = need - free_bytes;
-    return pagoda_error_set(
-        PAGODA_EEXHAUSTED,
-        "refusing to start: beside the KV pool (%.0f MiB) the worker needs %.0f MiB on GPU %d "
-        "(weights %.0f, activations %.0f for %d tokens and %d sequences a step, reserve %.0f) but "
-        "%.0f MiB are free: short by %.0f MiB (%" PRIu64 " bytes); give kvpool a --kv-bytes "
-        "smaller by at least that, or the worker a smaller --max-batched-tokens or --max-seqs",
-        (double)kv_cuda_pool_mapped_bytes(w->gpu_pool) / mib, (double)need / mib, device,
-        (double)weights / mib, (double)acts / mib, bl->max_num_tokens, bl->max_num_seqs,
-        (double)CUDA_BUDGET_RESERVE_BYTES / mib, (double)free_bytes / mib, (double)short_by / mib,
-        short_by);
+    int device = kv_cuda_pool_device(w->pool.gpu);
+    struct worker_budget_request r = {
+        .config = &w->config,
+        .max_tokens = bl->max_num_tokens,
+        .max_seqs = bl->max_num_seqs,
+        .device = device,
+        .pool_bytes = kv_cuda_pool_mapped_bytes(w->pool.gpu),
+        .mem_info = gpu_mem_info,
+        .mem_info_ctx = &device,
+        .wait_ms = WORKER_BUDGET_WAIT_MS,
+        .poll_ms = WORKER_BUDGET_POLL_MS,
+        .stop = &g_stop,
+    };
+    int rc = worker_budget_check(&r);
+    if (rc == PAGODA_EEXHAUSTED)
+        w->cannot_run = 1;
+    return rc;
 }
 #endif
 
@@ -328,7 +221,7 @@ static int check_gpu_memory(struct worker *w, const struct backend_limits *bl)
 static int open_backend(struct worker *w, const struct backend_limits *bl)
 {
     const struct worker_opts *o = &w->o;
-    const struct kv_geometry *pg = &w->pool_info.geometry;
+    const struct kv_geometry *pg = &w->pool.info.geometry;
     if (strcmp(o->backend, "null") == 0)
         return null_backend_open(&w->config, bl, &w->backend);
     struct model_weights *mw = NULL;
@@ -340,9 +233,9 @@ static int open_backend(struct worker *w, const struct backend_limits *bl)
         if (strcmp(o->load_format, "random") != 0 && (rc = model_weights_open(o->model, &mw)) != 0)
             return rc;
         struct cuda_backend_options co = cuda_backend_default_options();
-        co.device = kv_cuda_pool_device(w->gpu_pool);
+        co.device = kv_cuda_pool_device(w->pool.gpu);
         co.limits = *bl;
-        rc = cuda_backend_open(&w->config, mw, o->seed, pg, kv_cuda_pool_data(w->gpu_pool), &co,
+        rc = cuda_backend_open(&w->config, mw, o->seed, pg, kv_cuda_pool_data(w->pool.gpu), &co,
                                &w->backend);
         if (rc == PAGODA_EEXHAUSTED)
             w->cannot_run = 1;
@@ -350,7 +243,7 @@ static int open_backend(struct worker *w, const struct backend_limits *bl)
     } else if ((rc = model_weights_open(o->model, &mw)) == 0) {
         struct cpu_backend_options co = cpu_backend_default_options();
         co.limits = *bl;
-        rc = cpu_backend_open(mw, pg, kv_shm_pool_data(w->pool), &co, &w->backend);
+        rc = cpu_backend_open(mw, pg, kv_shm_pool_data(w->pool.shm), &co, &w->backend);
     }
     model_weights_close(mw); /* both backends keep their own copy of the weights */
     return rc;
@@ -360,19 +253,17 @@ static int open_backend(struct worker *w, const struct backend_limits *bl)
 static int worker_load(struct worker *w)
 {
     const struct worker_opts *o = &w->o;
+    struct kvpool_info info;
     int rc;
     if ((rc = model_config_load(o->model, &w->config)) != 0 ||
         (rc = model_fingerprint(o->model, o->load_format, o->seed, w->fingerprint)) != 0 ||
-        (rc = kvpool_fetch_pool(o->run_dir, o->worker_id, WORKER_KVPOOL_WAIT_MS, &g_stop,
-                                &w->pool_info)) != 0 ||
-        (rc = map_pool(w)) != 0)
+        (rc = kvpool_fetch_pool(o->run_dir, o->worker_id, WORKER_KVPOOL_WAIT_MS, &g_stop, &info)) !=
+            0 ||
+        (rc = worker_pool_init(&w->pool, &info, o->backend, o->worker_id, WORKER_KVPOOL_WAIT_MS,
+                               &w->cannot_run)) != 0)
         return rc;
-    const struct kv_geometry *pg = &w->pool_info.geometry;
-    int want_dtype = strcmp(o->backend, "cuda") == 0  ? (int)DTYPE_BF16
-                     : strcmp(o->backend, "cpu") == 0 ? (int)DTYPE_F32
-                                                      : -1;
-    if ((rc = check_pool_fits(pg, w->pool_where, &w->config, o->model, want_dtype, o->backend)) !=
-        0) {
+    const struct kv_geometry *pg = &w->pool.info.geometry;
+    if ((rc = worker_pool_check_model(&w->pool, &w->config, o->model, o->backend)) != 0) {
         w->cannot_run = 1;
         return rc;
     }
@@ -422,7 +313,7 @@ static int worker_load(struct worker *w)
              strcmp(o->load_format, "random") == 0 ? " (random weights)" : "", w->config.num_layers,
              w->config.vocab_size,
              (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9,
-             w->pool_where, pg->num_blocks, pg->block_size,
+             w->pool.where, pg->num_blocks, pg->block_size,
              (int64_t)(pg->num_blocks - 1) * pg->block_size, dtype_name(pg->dtype), o->max_seqs,
              o->max_batched_tokens, ml.max_tokens_per_seq);
     return 0;
@@ -444,7 +335,7 @@ static void send_to_scheduler(struct worker *w, Pagoda__Internal__ToScheduler *m
 
 static void send_hello(struct worker *w)
 {
-    const struct kvpool_info *pi = &w->pool_info;
+    const struct kvpool_info *pi = &w->pool.info;
     int gpu_pool = pi->handle_socket[0] != '\0';
     Pagoda__Internal__PoolGeometry pg;
     kvpool_geometry_to_proto(&pi->geometry, gpu_pool ? NULL : pi->shm_name, pi->device,
@@ -516,7 +407,7 @@ static void on_resync(struct worker *w, const Pagoda__Internal__Resync *r)
     w->resyncs++;
     /* Block ids of another pool than ours would read and write KV that is not what the
      * scheduler believes: refuse, and say which pool this is (the scheduler adopts it). */
-    uint64_t pool_id = w->pool_info.geometry.pool_id;
+    uint64_t pool_id = w->pool.info.geometry.pool_id;
     int rc;
     if (r->has_pool_id && r->pool_id != pool_id) {
         rc = pagoda_error_set(PAGODA_EMISMATCH,
@@ -836,10 +727,7 @@ static void worker_fini(struct worker *w)
     }
     mirror_free(w->mirror);
     backend_close(w->backend);  /* first: it synchronizes its stream, then nothing uses the pool */
-    kv_shm_pool_close(w->pool); /* unmaps only: the pool is kvpool's */
-#ifdef PAGODA_HAVE_CUDA
-    kv_cuda_pool_close(w->gpu_pool); /* likewise */
-#endif
+    worker_pool_fini(&w->pool); /* unmaps only: the pool is kvpool's */
     free(w->tokens);
     free(w->logprobs);
     free(w->row_errors);
@@ -1036,8 +924,8 @@ int main(int argc, char **argv)
     if (rc != 0 && w.cannot_run) {
         log_error("worker %u cannot run as configured: exiting with status %d so that the "
                   "supervisor does not restart it",
-                  w.o.worker_id, RESTART_POLICY_EXIT_CANNOT_RUN);
-        return RESTART_POLICY_EXIT_CANNOT_RUN;
+                  w.o.worker_id, PAGODA_EXIT_CANNOT_RUN);
+        return PAGODA_EXIT_CANNOT_RUN;
     }
     return rc == 0 ? 0 : 1;
 }

@@ -1,11 +1,11 @@
-/* libFuzzer target: config.json (worker/model_config.h), the bytes as the file's contents,
+/* libFuzzer target: config.json (model/model_config.h), the bytes as the file's contents,
  * parsed as json_util_load_file parses a file.
  *
  * A document is refused with an error of the contract, or parsed into a configuration that
  * model_config_validate accepts and that survives model_config_to_json and a second parse
  * unchanged. */
 #include "common/error.h"
-#include "worker/model_config.h"
+#include "model/model_config.h"
 
 #include <jansson.h>
 #include <stdint.h>

@@ -1,11 +1,11 @@
-/* libFuzzer target: a safetensors file (worker/safetensors.h), the bytes as the whole file.
+/* libFuzzer target: a safetensors file (model/safetensors.h), the bytes as the whole file.
  *
  * safetensors_open maps a path, so the bytes go into a memfd that is opened through /proc (no
  * file on disk). A file is refused with an error of the contract, or opened into tensors that
  * each lie inside the file, aligned to their dtype, with the byte count their shape says, that
  * do not overlap, and that are found again by name. */
 #include "common/error.h"
-#include "worker/safetensors.h"
+#include "model/safetensors.h"
 
 #include <stdint.h>
 #include <stdio.h>

@@ -53,7 +53,7 @@ near = [
 for name, text in near:
     put("tenants", name, text)
 
-# ---- config.json (worker/model_config.h) ----
+# ---- config.json (model/model_config.h) ----
 llama31 = {
     "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 128256,
     "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
@@ -122,7 +122,7 @@ near = [
 for name, text in near:
     put("model_config", name, text)
 
-# ---- safetensors files (worker/safetensors.h) ----
+# ---- safetensors files (model/safetensors.h) ----
 
 
 def st_file(header, data, pad_to=8):

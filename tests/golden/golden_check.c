@@ -11,8 +11,8 @@
  * (model, prompt, attention) and "N passed, M failed" last. */
 #include "common/error.h"
 #include "common/json_util.h"
+#include "model/model_weights.h"
 #include "worker/cpu_backend.h"
-#include "worker/model_weights.h"
 
 #include <math.h>
 #include <stdio.h>

@@ -1,4 +1,4 @@
-/* Tests of worker/model_config.c: config.json of the three supported architectures in both
+/* Tests of model/model_config.c: config.json of the three supported architectures in both
  * RoPE spellings, every refusal naming its field, validation, and the writer's round trip. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -7,7 +7,7 @@
 #include <cmocka.h>
 
 #include "common/error.h"
-#include "worker/model_config.h"
+#include "model/model_config.h"
 
 #include <limits.h>
 #include <stdio.h>

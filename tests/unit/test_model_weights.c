@@ -1,4 +1,4 @@
-/* Tests of worker/model_weights.c: tiny models written here (config.json from
+/* Tests of model/model_weights.c: tiny models written here (config.json from
  * model_config_to_json, weights from a small safetensors writer), loaded whole, sharded, and
  * with each kind of damage a user meets. */
 #include <setjmp.h>
@@ -8,7 +8,7 @@
 #include <cmocka.h>
 
 #include "common/error.h"
-#include "worker/model_weights.h"
+#include "model/model_weights.h"
 
 #include <dirent.h>
 #include <jansson.h>

@@ -1,4 +1,4 @@
-/* Tests of worker/safetensors.c: files written here (a good one, then each kind of damage), and
+/* Tests of model/safetensors.c: files written here (a good one, then each kind of damage), and
  * sets of shards behind model.safetensors.index.json. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -7,7 +7,7 @@
 #include <cmocka.h>
 
 #include "common/error.h"
-#include "worker/safetensors.h"
+#include "model/safetensors.h"
 
 #include <dirent.h>
 #include <jansson.h>

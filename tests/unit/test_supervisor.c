@@ -15,6 +15,7 @@
 #include <cmocka.h>
 
 #include "common/error.h"
+#include "common/exit_status.h"
 #include "deploy/restart_policy.h"
 
 #include <errno.h>
@@ -957,14 +958,14 @@ static void test_crash_loop_stops_the_group(void **state)
     assert_false(file_exists(f->run, "ready"));
 }
 
-/* A worker that exits with RESTART_POLICY_EXIT_CANNOT_RUN while the group starts (a GPU worker
+/* A worker that exits with PAGODA_EXIT_CANNOT_RUN while the group starts (a GPU worker
  * whose weights do not fit beside the pool) is not restarted: the group stops at once, saying
  * why. */
 static void test_cannot_run_exit_stops_the_group(void **state)
 {
     struct fx *f = *state;
     char code[16];
-    snprintf(code, sizeof(code), "%d", RESTART_POLICY_EXIT_CANNOT_RUN);
+    snprintf(code, sizeof(code), "%d", PAGODA_EXIT_CANNOT_RUN);
     const char *extra[] = {"--worker-arg",
                            "--never-ready",
                            "--worker-arg",
@@ -994,7 +995,7 @@ static void test_cannot_run_exit_after_start_is_restarted(void **state)
 {
     struct fx *f = *state;
     char code[16], marker[160];
-    snprintf(code, sizeof(code), "%d", RESTART_POLICY_EXIT_CANNOT_RUN);
+    snprintf(code, sizeof(code), "%d", PAGODA_EXIT_CANNOT_RUN);
     snprintf(marker, sizeof(marker), "%s/crashed", f->root);
     const char *extra[] = {"--worker-arg",
                            "--crash-once",

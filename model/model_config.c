@@ -1,4 +1,4 @@
-#include "worker/model_config.h"
+#include "model/model_config.h"
 #include "common/error.h"
 #include "common/json_util.h"
 

@@ -1,4 +1,4 @@
-#include "worker/model_fingerprint.h"
+#include "model/model_fingerprint.h"
 
 #include "common/error.h"
 

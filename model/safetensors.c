@@ -1,4 +1,4 @@
-#include "worker/safetensors.h"
+#include "model/safetensors.h"
 #include "common/error.h"
 #include "common/json_util.h"
 

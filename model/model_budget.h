@@ -2,36 +2,36 @@
  * alone (no CUDA): the one formula that the backend checks before it allocates, that a worker
  * checks against the memory left beside the pool, and that pagoda-kvpool subtracts when it
  * sizes a GPU pool by default. Plain C, built with or without CUDA. */
-#ifndef PAGODA_WORKER_CUDA_BUDGET_H
-#define PAGODA_WORKER_CUDA_BUDGET_H
+#ifndef PAGODA_MODEL_MODEL_BUDGET_H
+#define PAGODA_MODEL_MODEL_BUDGET_H
 
-#include "worker/model_config.h"
+#include "model/model_config.h"
 
 #include <stdint.h>
 
 /* Kept free beside the weights and activations for cuBLAS workspaces, the attention plan, the
  * sampler and the CUDA context's own needs. */
-#define CUDA_BUDGET_RESERVE_BYTES (UINT64_C(512) << 20)
+#define MODEL_BUDGET_RESERVE_BYTES (UINT64_C(512) << 20)
 
 /* A worker's CUDA context, created after kvpool measured the free memory: pagoda-kvpool leaves
  * this much more when it sizes the pool by default. */
-#define CUDA_BUDGET_CONTEXT_BYTES (UINT64_C(1) << 30)
+#define MODEL_BUDGET_CONTEXT_BYTES (UINT64_C(1) << 30)
 
 /* The worker's default step limits (pagoda-worker --max-batched-tokens, --max-seqs), which a
  * default pool size assumes. */
-#define CUDA_BUDGET_DEFAULT_MAX_TOKENS 2048
-#define CUDA_BUDGET_DEFAULT_MAX_SEQS 256
+#define MODEL_BUDGET_DEFAULT_MAX_TOKENS 2048
+#define MODEL_BUDGET_DEFAULT_MAX_SEQS 256
 
 /* Bytes of the model's weights on the GPU (BF16, whatever the checkpoint's dtype). */
-uint64_t cuda_budget_weight_bytes(const struct model_config *c);
+uint64_t model_budget_weight_bytes(const struct model_config *c);
 
 /* Bytes of the activations of a step of up to max_tokens tokens and max_seqs sequences. */
-uint64_t cuda_budget_activation_bytes(const struct model_config *c, int64_t max_tokens,
-                                      int64_t max_seqs);
+uint64_t model_budget_activation_bytes(const struct model_config *c, int64_t max_tokens,
+                                       int64_t max_seqs);
 
-/* Weights, activations and CUDA_BUDGET_RESERVE_BYTES: what a worker needs free beside the
+/* Weights, activations and MODEL_BUDGET_RESERVE_BYTES: what a worker needs free beside the
  * pool once its CUDA context exists. */
-uint64_t cuda_budget_worker_bytes(const struct model_config *c, int64_t max_tokens,
-                                  int64_t max_seqs);
+uint64_t model_budget_worker_bytes(const struct model_config *c, int64_t max_tokens,
+                                   int64_t max_seqs);
 
 #endif

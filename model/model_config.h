@@ -5,8 +5,8 @@
  * or transformers 5's `rope_parameters`). Anything else that changes the math (another
  * architecture, rope type or dtype, an active sliding window) is refused by name rather than
  * silently computed wrong. */
-#ifndef PAGODA_WORKER_MODEL_CONFIG_H
-#define PAGODA_WORKER_MODEL_CONFIG_H
+#ifndef PAGODA_MODEL_MODEL_CONFIG_H
+#define PAGODA_MODEL_MODEL_CONFIG_H
 
 #include "common/dtype.h"
 

@@ -11,8 +11,8 @@
  *
  * A model directory holds either `model.safetensors` or `model.safetensors.index.json` with
  * the shards it names; a safetensors_set opens either and finds tensors by name across shards. */
-#ifndef PAGODA_WORKER_SAFETENSORS_H
-#define PAGODA_WORKER_SAFETENSORS_H
+#ifndef PAGODA_MODEL_SAFETENSORS_H
+#define PAGODA_MODEL_SAFETENSORS_H
 
 #include "common/dtype.h"
 

@@ -1,6 +1,6 @@
-#include "worker/model_weights.h"
+#include "model/model_weights.h"
 #include "common/error.h"
-#include "worker/safetensors.h"
+#include "model/safetensors.h"
 
 #include <stdbool.h>
 #include <stdio.h>

@@ -6,11 +6,11 @@
  * shapes must match the config exactly. A checkpoint holding a tensor pagoda would not use is
  * refused too (rotary inv_freq buffers excepted, which are recomputed from the config): a
  * leftover tensor usually means the config and the weights describe different models. */
-#ifndef PAGODA_WORKER_MODEL_WEIGHTS_H
-#define PAGODA_WORKER_MODEL_WEIGHTS_H
+#ifndef PAGODA_MODEL_MODEL_WEIGHTS_H
+#define PAGODA_MODEL_MODEL_WEIGHTS_H
 
 #include "common/dtype.h"
-#include "worker/model_config.h"
+#include "model/model_config.h"
 
 #include <stddef.h>
 #include <stdint.h>

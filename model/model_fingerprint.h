@@ -7,8 +7,8 @@
  * every weight byte would take seconds for a large model; a change of weights that keeps every
  * file's size and header is not seen (retrained weights under the same names: restart the
  * group, which starts an empty cache anyway). */
-#ifndef PAGODA_WORKER_MODEL_FINGERPRINT_H
-#define PAGODA_WORKER_MODEL_FINGERPRINT_H
+#ifndef PAGODA_MODEL_MODEL_FINGERPRINT_H
+#define PAGODA_MODEL_MODEL_FINGERPRINT_H
 
 #include <stdint.h>
 

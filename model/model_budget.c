@@ -1,8 +1,8 @@
-#include "worker/cuda_budget.h"
+#include "model/model_budget.h"
 
-/* Mirrors load_weights in cuda_backend.c: embeddings (and an untied LM head), the final norm,
- * and per layer two norms, QKV, O, gate/up and down, with the optional biases. */
-uint64_t cuda_budget_weight_bytes(const struct model_config *c)
+/* Mirrors load_weights in worker/cuda_backend.c: embeddings (and an untied LM head), the final
+ * norm, and per layer two norms, QKV, O, gate/up and down, with the optional biases. */
+uint64_t model_budget_weight_bytes(const struct model_config *c)
 {
     uint64_t H = (uint64_t)c->hidden_size, I = (uint64_t)c->intermediate_size;
     uint64_t V = (uint64_t)c->vocab_size;
@@ -18,9 +18,9 @@ uint64_t cuda_budget_weight_bytes(const struct model_config *c)
     return total * 2;
 }
 
-/* Mirrors alloc_activations in cuda_backend.c. */
-uint64_t cuda_budget_activation_bytes(const struct model_config *c, int64_t max_tokens,
-                                      int64_t max_seqs)
+/* Mirrors alloc_activations in worker/cuda_backend.c. */
+uint64_t model_budget_activation_bytes(const struct model_config *c, int64_t max_tokens,
+                                       int64_t max_seqs)
 {
     uint64_t T = (uint64_t)max_tokens, S = (uint64_t)max_seqs;
     uint64_t H = (uint64_t)c->hidden_size, I = (uint64_t)c->intermediate_size;
@@ -30,9 +30,9 @@ uint64_t cuda_budget_activation_bytes(const struct model_config *c, int64_t max_
            S * (uint64_t)c->vocab_size * 4 + T * (4 + 4 + 8) + S * 4;
 }
 
-uint64_t cuda_budget_worker_bytes(const struct model_config *c, int64_t max_tokens,
-                                  int64_t max_seqs)
+uint64_t model_budget_worker_bytes(const struct model_config *c, int64_t max_tokens,
+                                   int64_t max_seqs)
 {
-    return cuda_budget_weight_bytes(c) + cuda_budget_activation_bytes(c, max_tokens, max_seqs) +
-           CUDA_BUDGET_RESERVE_BYTES;
+    return model_budget_weight_bytes(c) + model_budget_activation_bytes(c, max_tokens, max_seqs) +
+           MODEL_BUDGET_RESERVE_BYTES;
 }

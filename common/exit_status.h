@@ -1,0 +1,16 @@
+/* Exit statuses that carry a meaning between the group's programs and the supervisor that
+ * starts them. A program's exit status is the one word it can still say when it stops before
+ * (or instead of) talking over the wire, so it lives here, beside the error codes, where the
+ * programs that exit with it and deploy/supervisor.c that reads it both include it. */
+#ifndef PAGODA_COMMON_EXIT_STATUS_H
+#define PAGODA_COMMON_EXIT_STATUS_H
+
+/* The program cannot run as it is configured (EX_CONFIG of sysexits.h), and a restart would
+ * fail the same way. pagoda-worker exits with it when its weights and activations do not fit
+ * beside the GPU KV pool, or when kvpool's pool is of the wrong kind, dtype or shape for its
+ * backend and model. pagoda-supervisor, reading it from a program while the group starts,
+ * stops the group and says why instead of restarting the program (restart_policy.h); once the
+ * group has served, it restarts with back-off as for any exit. */
+#define PAGODA_EXIT_CANNOT_RUN 78
+
+#endif
