@@ -5,9 +5,9 @@
  *
  * Rendering is a sequence of calls, each family's samples right after its header:
  *
- *   metrics_family(&b, "pagoda:generation_tokens_total", METRICS_COUNTER, "Tokens generated.");
+ *   metrics_family(&b, "pagoda_generation_tokens_total", METRICS_COUNTER, "Tokens generated.");
  *   metrics_sample(&b, labels, 1, 1234);
- *   metrics_family(&b, "pagoda:time_to_first_token_seconds", METRICS_HISTOGRAM, "...");
+ *   metrics_family(&b, "pagoda_time_to_first_token_seconds", METRICS_HISTOGRAM, "...");
  *   metrics_histogram(&b, labels, 1, &ttft);
  *
  * Errors are sticky: the first failure is kept in the buffer and every later call returns it,

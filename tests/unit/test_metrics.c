@@ -27,39 +27,39 @@ static void test_small_registry_exact_text(void **state)
     metrics_hist_observe(&h, 3);
     struct metrics_label tenant = {"tenant", "acme"};
     struct metrics_label reason[] = {{"tenant", "acme"}, {"finished_reason", "stop"}};
-    assert_int_equal(metrics_family(&b, "pagoda:prompt_tokens_total", METRICS_COUNTER,
+    assert_int_equal(metrics_family(&b, "pagoda_prompt_tokens_total", METRICS_COUNTER,
                                     "Prompt tokens processed."),
                      0);
     assert_int_equal(metrics_sample(&b, &tenant, 1, 1234), 0);
-    assert_int_equal(metrics_family(&b, "pagoda:request_success_total", METRICS_COUNTER,
+    assert_int_equal(metrics_family(&b, "pagoda_request_success_total", METRICS_COUNTER,
                                     "Requests finished, by reason."),
                      0);
     assert_int_equal(metrics_sample(&b, reason, 2, 7), 0);
-    assert_int_equal(metrics_family(&b, "pagoda:kv_cache_usage_perc", METRICS_GAUGE,
+    assert_int_equal(metrics_family(&b, "pagoda_kv_cache_usage_perc", METRICS_GAUGE,
                                     "KV blocks in use, 0 to 1."),
                      0);
     assert_int_equal(metrics_sample(&b, NULL, 0, 0.25), 0);
-    assert_int_equal(metrics_family(&b, "pagoda:e2e_request_latency_seconds", METRICS_HISTOGRAM,
+    assert_int_equal(metrics_family(&b, "pagoda_e2e_request_latency_seconds", METRICS_HISTOGRAM,
                                     "End-to-end latency."),
                      0);
     assert_int_equal(metrics_histogram(&b, &tenant, 1, &h), 0);
-    const char *want = "# HELP pagoda:prompt_tokens_total Prompt tokens processed.\n"
-                       "# TYPE pagoda:prompt_tokens_total counter\n"
-                       "pagoda:prompt_tokens_total{tenant=\"acme\"} 1234\n"
-                       "# HELP pagoda:request_success_total Requests finished, by reason.\n"
-                       "# TYPE pagoda:request_success_total counter\n"
-                       "pagoda:request_success_total{tenant=\"acme\",finished_reason=\"stop\"} 7\n"
-                       "# HELP pagoda:kv_cache_usage_perc KV blocks in use, 0 to 1.\n"
-                       "# TYPE pagoda:kv_cache_usage_perc gauge\n"
-                       "pagoda:kv_cache_usage_perc 0.25\n"
-                       "# HELP pagoda:e2e_request_latency_seconds End-to-end latency.\n"
-                       "# TYPE pagoda:e2e_request_latency_seconds histogram\n"
-                       "pagoda:e2e_request_latency_seconds_bucket{tenant=\"acme\",le=\"0.1\"} 2\n"
-                       "pagoda:e2e_request_latency_seconds_bucket{tenant=\"acme\",le=\"0.5\"} 2\n"
-                       "pagoda:e2e_request_latency_seconds_bucket{tenant=\"acme\",le=\"1\"} 3\n"
-                       "pagoda:e2e_request_latency_seconds_bucket{tenant=\"acme\",le=\"+Inf\"} 4\n"
-                       "pagoda:e2e_request_latency_seconds_sum{tenant=\"acme\"} 3.85\n"
-                       "pagoda:e2e_request_latency_seconds_count{tenant=\"acme\"} 4\n";
+    const char *want = "# HELP pagoda_prompt_tokens_total Prompt tokens processed.\n"
+                       "# TYPE pagoda_prompt_tokens_total counter\n"
+                       "pagoda_prompt_tokens_total{tenant=\"acme\"} 1234\n"
+                       "# HELP pagoda_request_success_total Requests finished, by reason.\n"
+                       "# TYPE pagoda_request_success_total counter\n"
+                       "pagoda_request_success_total{tenant=\"acme\",finished_reason=\"stop\"} 7\n"
+                       "# HELP pagoda_kv_cache_usage_perc KV blocks in use, 0 to 1.\n"
+                       "# TYPE pagoda_kv_cache_usage_perc gauge\n"
+                       "pagoda_kv_cache_usage_perc 0.25\n"
+                       "# HELP pagoda_e2e_request_latency_seconds End-to-end latency.\n"
+                       "# TYPE pagoda_e2e_request_latency_seconds histogram\n"
+                       "pagoda_e2e_request_latency_seconds_bucket{tenant=\"acme\",le=\"0.1\"} 2\n"
+                       "pagoda_e2e_request_latency_seconds_bucket{tenant=\"acme\",le=\"0.5\"} 2\n"
+                       "pagoda_e2e_request_latency_seconds_bucket{tenant=\"acme\",le=\"1\"} 3\n"
+                       "pagoda_e2e_request_latency_seconds_bucket{tenant=\"acme\",le=\"+Inf\"} 4\n"
+                       "pagoda_e2e_request_latency_seconds_sum{tenant=\"acme\"} 3.85\n"
+                       "pagoda_e2e_request_latency_seconds_count{tenant=\"acme\"} 4\n";
     assert_string_equal(b.data, want);
     assert_int_equal(b.len, strlen(want));
     metrics_buf_fini(&b);
@@ -115,7 +115,7 @@ static void test_histogram_buckets_are_cumulative(void **state)
     /* The rendered buckets never decrease and end at the count. */
     struct metrics_buf b;
     metrics_buf_init(&b, 1 << 16);
-    metrics_family(&b, "pagoda:time_per_output_token_seconds", METRICS_HISTOGRAM, "TPOT.");
+    metrics_family(&b, "pagoda_time_per_output_token_seconds", METRICS_HISTOGRAM, "TPOT.");
     assert_int_equal(metrics_histogram(&b, NULL, 0, &h), 0);
     const char *p = b.data;
     unsigned long prev = 0, n = 0, lines = 0;
@@ -214,30 +214,30 @@ static int print_registry(void)
         metrics_hist_observe(&e2e, 0.3 * i);
     }
     struct metrics_label tenants[2] = {{"tenant", "default"}, {"tenant", "we \"quote\"\\n"}};
-    metrics_family(&b, "pagoda:prompt_tokens_total", METRICS_COUNTER, "Prompt tokens.");
+    metrics_family(&b, "pagoda_prompt_tokens_total", METRICS_COUNTER, "Prompt tokens.");
     metrics_sample(&b, &tenants[0], 1, 100);
     metrics_sample(&b, &tenants[1], 1, 5);
-    metrics_family(&b, "pagoda:generation_tokens_total", METRICS_COUNTER, "Generated tokens.");
+    metrics_family(&b, "pagoda_generation_tokens_total", METRICS_COUNTER, "Generated tokens.");
     metrics_sample(&b, &tenants[0], 1, 400);
-    metrics_family(&b, "pagoda:request_success_total", METRICS_COUNTER,
+    metrics_family(&b, "pagoda_request_success_total", METRICS_COUNTER,
                    "Finished requests by reason.");
     const char *reasons[] = {"stop", "length", "abort"};
     for (int i = 0; i < 3; i++) {
         struct metrics_label l[2] = {{"tenant", "default"}, {"finished_reason", reasons[i]}};
         metrics_sample(&b, l, 2, i);
     }
-    metrics_family(&b, "pagoda:num_requests_running", METRICS_GAUGE, "Running requests.");
+    metrics_family(&b, "pagoda_num_requests_running", METRICS_GAUGE, "Running requests.");
     metrics_sample(&b, NULL, 0, 3);
-    metrics_family(&b, "pagoda:kv_cache_usage_perc", METRICS_GAUGE, "KV usage, 0 to 1.");
+    metrics_family(&b, "pagoda_kv_cache_usage_perc", METRICS_GAUGE, "KV usage, 0 to 1.");
     metrics_sample(&b, NULL, 0, 0.4375);
-    metrics_family(&b, "pagoda:time_to_first_token_seconds", METRICS_HISTOGRAM,
+    metrics_family(&b, "pagoda_time_to_first_token_seconds", METRICS_HISTOGRAM,
                    "Time to first token.\nSecond line.");
     metrics_histogram(&b, &tenants[0], 1, &ttft);
     metrics_histogram(&b, &tenants[1], 1, &ttft);
-    metrics_family(&b, "pagoda:time_per_output_token_seconds", METRICS_HISTOGRAM,
+    metrics_family(&b, "pagoda_time_per_output_token_seconds", METRICS_HISTOGRAM,
                    "Time per output token.");
     metrics_histogram(&b, NULL, 0, &tpot);
-    metrics_family(&b, "pagoda:e2e_request_latency_seconds", METRICS_HISTOGRAM,
+    metrics_family(&b, "pagoda_e2e_request_latency_seconds", METRICS_HISTOGRAM,
                    "End-to-end request latency.");
     int rc = metrics_histogram(&b, NULL, 0, &e2e);
     if (rc == 0)

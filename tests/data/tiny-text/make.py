@@ -2,8 +2,9 @@
 """Writes tokenizer.json and tokenizer_config.json of the test tokenizer that pairs with
 pagoda-mkmodel's tiny preset (vocabulary 512, BOS 1, EOS 2): a byte-level BPE laid out as
 Llama 3's (Split with Llama 3's pattern, ByteLevel, TemplateProcessing with BOS), six special
-tokens at 0-5, the 256 byte symbols at 6-261 and 250 merges learned here from the text of
-docs/*.md, deterministically. Run from the repository root: python3 tests/data/tiny-text/make.py.
+tokens at 0-5 (added tokens, and in the model's vocabulary), the 256 byte symbols at 6-261 and
+250 merges learned here from the text of docs/*.md (as it was when the file was made; the output
+is committed), deterministically. Run from the repository root: python3 tests/data/tiny-text/make.py.
 The output is committed; this script says how it was made."""
 import collections, glob, json, os, re
 
@@ -56,12 +57,14 @@ def main():
                     i += 1
             new[tuple(out)] = new.get(tuple(out), 0) + c
         corpus = new
-    vocab = {}
+    # The special tokens are in the model's vocabulary too, at their ids (as Llama 2's <s> and </s>
+    # are): an added token absent from it would get an id after the vocabulary's in HF.
+    vocab = {tok: i for i, tok in enumerate(SPECIALS)}
     for b in range(256):
         vocab[sym[b]] = len(SPECIALS) + b
     for a, b in merges:
-        vocab[a + b] = len(vocab) + len(SPECIALS)
-    assert len(vocab) + len(SPECIALS) == 512, len(vocab)
+        vocab[a + b] = len(vocab)
+    assert len(vocab) == 512 and sorted(vocab.values()) == list(range(512)), len(vocab)
     tok = {
         "version": "1.0",
         "truncation": None,
