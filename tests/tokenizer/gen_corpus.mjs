@@ -52,7 +52,7 @@ const WORDS = (
   'government system city school water house program country president however national ' +
   'tokenizer serving runtime scheduler request latency throughput kernel memory prefix cache ' +
   'don\'t isn\'t we\'re they\'ve I\'m you\'ll she\'d it\'s John\'S WE\'RE I\'LL CAN\'T ' +
-  'naïve café résumé coöperate façade jalapeño Zürich São Paulo Ångström ' +
+  'it\'ſ WE\'ＲＥ \'K \'ﬅ \'İ \'ı \'Ｍ \'ǅ \'ꞵ naïve café résumé coöperate façade jalapeño Zürich São Paulo Ångström ' +
   'antidisestablishmentarianism pneumonoultramicroscopicsilicovolcanoconiosis'
 ).split(' ');
 const PUNCT = ['.', ',', ';', ':', '!', '?', '...', ' -', ' --', ' —', '…', ')', '"', '\'', '’', '”'];
@@ -257,6 +257,9 @@ function emoji() {
 }
 
 const COMBINING_WORDS = ['é', 'Å', 'ñ', 'ü', 'Tiếng Việt', 'Ελληνικά', 'ǅ', 'ḍ̇', 'ﬁnance', 'Ⅳ', 'ﾃｽﾄ', 'ℌ', 'ⓐ'];
+// What NFC changes besides composing marks: singletons (Ohm, Angstrom, en quad, CJK
+// compatibility ideographs), composition exclusions that stay decomposed, Hangul LV + T.
+const NFC_CHANGES = ['\u2126', '\u212b', '\u2000', '\u0340', '\u0344', '\uf900', '\ufa6d', '\u{2f800}', '\u0958', '\u0915\u093c', '\ufb1d', '\u05d9\u05b4', '\u1e9b\u0323', '\uac00\u11a8', '\u0f73', '\u0b47\u0b3e', '\u0cc6\u0cc2\u0cd5'];
 function combining() {
   const n = range(1, 6);
   let s = '';
@@ -275,7 +278,7 @@ function combining() {
         s += randCp(0x1100, 0x1112) + randCp(0x1161, 0x1175) + (chance(0.5) ? randCp(0x11a8, 0x11c2) : '');
         break;
       }
-      case 4: s += word().normalize('NFD'); break;
+      case 4: s += chance(0.5) ? word().normalize('NFD') : pick(NFC_CHANGES); break;
       case 5: s += randCp(0x0300, 0x036f); break; // a mark with no base of its own
       default: s += pick([' ', ' ', '', '-', '\n']) + word();
     }
@@ -307,10 +310,26 @@ function rtl() {
 // Valid UTF-8 that looks wrong: replacement characters, noncharacters, private use, astral
 // planes, marks without a base, controls (NUL included), BOMs, format characters.
 const ODD = [0xfffd, 0xfffe, 0xffff, 0xfdd0, 0xfdef, 0x1fffe, 0x10ffff, 0x10fffd, 0xfeff, 0x200b, 0x200c, 0x200d, 0x2060, 0x00ad, 0x034f, 0x180e, 0x0000, 0x0001, 0x001b, 0x007f, 0x0080, 0x009f, 0x0085, 0x2029, 0xe0001, 0xe007f];
+// Letters and digits of scripts added in Unicode 15, 15.1 and 16: regex engines built on older
+// tables do not count them as \p{L} or \p{N}, which changes how Llama 3's pattern splits.
+const RECENT_LETTERS = [[0x11f04, 0x11f10], [0x1e4d0, 0x1e4eb], [0x31350, 0x323af], [0x2ebf0, 0x2ee5d], [0x10d4a, 0x10d65], [0x11380, 0x11389], [0x16d43, 0x16d6a], [0x1e5d0, 0x1e5ed], [0x11bc0, 0x11be0], [0x16100, 0x1611d], [0x105c0, 0x105f3]];
+const RECENT_DIGITS = [[0x11f50, 0x11f59], [0x10d40, 0x10d49], [0x1ccf0, 0x1ccf9], [0x11bf0, 0x11bf9], [0x16d70, 0x16d79], [0x1e5f1, 0x1e5fa], [0x116d0, 0x116e3], [0x16130, 0x16139]];
+function recentUnicode() {
+  const [lo, hi] = chance(0.5) ? pick(RECENT_LETTERS) : pick(RECENT_DIGITS);
+  const k = range(1, 5);
+  let s = '';
+  for (let j = 0; j < k; j++) s += randCp(lo, hi);
+  return pick(['', 'a', '1', '12', ' ', '\'']) + s + pick(['', 'b', '3', '456', ' x', '.']);
+}
+
 function oddUtf8() {
   const n = range(1, 8);
   let s = '';
   for (let i = 0; i < n; i++) {
+    if (chance(0.1)) {
+      s += recentUnicode();
+      continue;
+    }
     switch (int(8)) {
       case 0: s += cp(pick(ODD)); break;
       case 1: s += randCp(0xe000, 0xf8ff); break; // BMP private use
