@@ -1,9 +1,10 @@
 /* The router's private state, shared by its source files:
  *
- *   router.c           the request registry and the client calls on requests, the scheduler
- *                      link, open/drain/close
+ *   router.c           the scheduler link, open/drain/close
  *   router_front.c     the REP front: client connections, contexts and the mailbox, parking,
  *                      authentication and the dispatch of each call, replies
+ *   router_registry.c  the request registry: requests, deduplication, finished lists, trimming,
+ *                      accounting; the Submit, Poll and Cancel calls
  *   router_tenancy.c   the tenancy it owns: tenants (from the tenants file), pins, the Policy it
  *                      pushes to the scheduler
  *   router_admin.c     the admin API (ClientRequest.admin) and the scheduler's answers to it
@@ -255,6 +256,10 @@ struct router {
 
 /* ---- router.c ---------------------------------------------------------------------------- */
 
+/* id as 32 lowercase hex digits, for the logs. */
+void router_id_hex(const uint8_t *id, char out[2 * ID_BYTES + 1]);
+/* 64 random bits (getrandom; the clock should it fail): seeds and hash keys. */
+uint64_t router_random_u64(void);
 /* Whether a scheduler is on the link (and the loop has sent it what a new one needs). */
 int router_link_up(struct router *r);
 /* Sends what is still to be sent to the scheduler (the Policy first), while the link takes
@@ -262,21 +267,6 @@ int router_link_up(struct router *r);
 void router_flush_pending(struct router *r);
 /* Sends a ToScheduler envelope with the protocol version set. Errors: those of wire_send. */
 int router_send(struct router *r, Pagoda__Internal__ToScheduler *env);
-/* A text or chat prompt's job ended: on success (rc 0) q takes ids (n of them, malloc'd) and goes
- * to the scheduler; otherwise q ends with FINISH_ERROR and detail. Either way q is q as it was
- * when the job started, unless it has finished since (then ids are freed). */
-void router_prompt_ready(struct router *r, struct request *q, int rc, const char *detail,
-                         int32_t *ids, size_t n);
-/* The client calls on requests, from a tenant's key (slot tenant): each answers c or parks it. */
-void registry_handle_submit(struct router *r, struct rctx *c, uint32_t tenant,
-                            const Pagoda__SubmitRequest *s);
-void registry_handle_poll(struct router *r, struct rctx *c, uint32_t tenant,
-                          const Pagoda__PollRequest *poll);
-void registry_handle_cancel(struct router *r, struct rctx *c, uint32_t tenant,
-                            const Pagoda__CancelRequest *cancel);
-/* A poll parked for an unknown id (PARK_UNKNOWN) is taken off and answered as if it arrived now:
- * the announcement arrived or the grace ended, so it is not parked that way again. */
-void registry_unpark_unknown(struct rctx *c);
 /* The Stats call: parked until the scheduler's figures arrive (a tenant's key gets its own,
  * admin_tenant_stats), or answered at once with PAGODA_EBUSY (too many calls parked) or
  * PAGODA_ECLOSED (no scheduler on the link). */
@@ -318,6 +308,48 @@ void router_park_remove(struct rctx **list, struct rctx *c);
 void router_unpark(struct rctx *c);
 /* Answers every poll parked on q that now has something to say (new tokens, or the end). */
 void router_wake_waiters(struct request *q);
+
+/* ---- router_registry.c ------------------------------------------------------------------- */
+
+/* The request the scheduler knows by sched_id, or NULL. */
+struct request *registry_find(const struct router *r, const uint8_t *sched_id);
+/* Registers a request the scheduler announced (ev->announce) that this router does not hold: a
+ * restarted router's. Returns NULL (logged) when it cannot: an unknown tenant, no client id with
+ * a tenants file, a collision, no memory. */
+struct request *registry_adopt(struct router *r, const Pagoda__Internal__TokenEvent *ev);
+/* Frees q and what it holds (its text side too); NULL is fine. The registry's lists and counts are
+ * the caller's: registry_drop for a request in the registry. */
+void registry_request_free(struct request *q);
+/* Counts what q holds now in r->registry_bytes, after q changed. */
+void registry_account(struct router *r, struct request *q);
+/* Sets *flag (q->need_submit or q->need_cancel) to value, keeping r->num_pending. */
+void registry_set_pending(struct router *r, struct request *q, int *flag, int value);
+/* q ends with reason (error_code and error_message for FINISH_ERROR; the message is copied): it
+ * moves to the finished lists, forgets its prompt and answers its parked polls. Nothing when q
+ * has already finished. The caller trims (registry_trim) and, when the scheduler must stop the
+ * sequence, sets need_cancel. */
+void registry_finish(struct router *r, struct request *q, Pagoda__FinishReason reason,
+                     int32_t error_code, const char *error_message);
+/* Forgets a finished request: its id becomes unknown (PAGODA_ENOENT). */
+void registry_drop(struct router *r, struct request *q);
+/* A result of tenant slot finished: drops the oldest results while the tenant holds more than its
+ * max_finished, then while the router holds more than max_finished_requests. */
+void registry_trim(struct router *r, uint32_t slot);
+/* The client calls on requests, from a tenant's key (slot tenant): each answers c or parks it. */
+void registry_handle_submit(struct router *r, struct rctx *c, uint32_t tenant,
+                            const Pagoda__SubmitRequest *s);
+void registry_handle_poll(struct router *r, struct rctx *c, uint32_t tenant,
+                          const Pagoda__PollRequest *poll);
+void registry_handle_cancel(struct router *r, struct rctx *c, uint32_t tenant,
+                            const Pagoda__CancelRequest *cancel);
+/* A poll parked for an unknown id (PARK_UNKNOWN) is taken off and answered as if it arrived now:
+ * the announcement arrived or the grace ended, so it is not parked that way again. */
+void registry_unpark_unknown(struct rctx *c);
+/* A text or chat prompt's job ended: on success (rc 0) q takes ids (n of them, malloc'd) and goes
+ * to the scheduler; otherwise q ends with FINISH_ERROR and detail. Either way q is q as it was
+ * when the job started, unless it has finished since (then ids are freed). */
+void router_prompt_ready(struct router *r, struct request *q, int rc, const char *detail,
+                         int32_t *ids, size_t n);
 
 /* ---- router_text.c ------------------------------------------------------------------------- */
 
