@@ -1,10 +1,12 @@
 /* The router's private state, shared by its source files:
  *
- *   router.c           the scheduler link, open/drain/close
+ *   router.c           open, drain, close; the loop's housekeeping tick
  *   router_front.c     the REP front: client connections, contexts and the mailbox, parking,
  *                      authentication and the dispatch of each call, replies
  *   router_registry.c  the request registry: requests, deduplication, finished lists, trimming,
  *                      accounting; the Submit, Poll and Cancel calls
+ *   router_link.c      the scheduler link: submits, cancels, resubmission after a restart, token
+ *                      events, stats, ModelInfo
  *   router_tenancy.c   the tenancy it owns: tenants (from the tenants file), pins, the Policy it
  *                      pushes to the scheduler
  *   router_admin.c     the admin API (ClientRequest.admin) and the scheduler's answers to it
@@ -260,17 +262,6 @@ struct router {
 void router_id_hex(const uint8_t *id, char out[2 * ID_BYTES + 1]);
 /* 64 random bits (getrandom; the clock should it fail): seeds and hash keys. */
 uint64_t router_random_u64(void);
-/* Whether a scheduler is on the link (and the loop has sent it what a new one needs). */
-int router_link_up(struct router *r);
-/* Sends what is still to be sent to the scheduler (the Policy first), while the link takes
- * it. */
-void router_flush_pending(struct router *r);
-/* Sends a ToScheduler envelope with the protocol version set. Errors: those of wire_send. */
-int router_send(struct router *r, Pagoda__Internal__ToScheduler *env);
-/* The Stats call: parked until the scheduler's figures arrive (a tenant's key gets its own,
- * admin_tenant_stats), or answered at once with PAGODA_EBUSY (too many calls parked) or
- * PAGODA_ECLOSED (no scheduler on the link). */
-void link_handle_stats(struct router *r, struct rctx *c, uint32_t tenant, int admin);
 
 /* ---- router_front.c ---------------------------------------------------------------------- */
 
@@ -292,6 +283,7 @@ int front_open(struct router *r);
 int front_ensure_contexts(struct router *r);
 /* Loop thread: handles the calls waiting in the mailbox, then keeps contexts free to receive. */
 void front_on_mail(struct router *r);
+
 /* Packs resp and sends it on c's context (the context then receives its next call). */
 void router_reply(struct rctx *c, Pagoda__ClientResponse *resp);
 void router_reply_error(struct rctx *c, int code, const char *fmt, ...)
@@ -350,6 +342,29 @@ void registry_unpark_unknown(struct rctx *c);
  * when the job started, unless it has finished since (then ids are freed). */
 void router_prompt_ready(struct router *r, struct request *q, int rc, const char *detail,
                          int32_t *ids, size_t n);
+
+/* ---- router_link.c ----------------------------------------------------------------------- */
+
+/* Opens the scheduler link's PAIR socket and dials r->sched_url without waiting (a scheduler
+ * that is not there yet is dialled again and again). Errors: those of NNG (wire_error); the
+ * caller's router_close undoes what was done. */
+int link_dial(struct router *r);
+/* Loop thread: one message from the scheduler (wire_inbox_open's handler; takes m). */
+void link_on_msg(void *arg, nng_msg *m);
+/* Loop thread, on the router's async: a pipe that joined the link since the loop last looked
+ * gets what a new scheduler needs (the Policy, every unfinished request, a RouterHello). */
+void link_on_async(struct router *r);
+/* Whether a scheduler is on the link (and the loop has sent it what a new one needs). */
+int router_link_up(struct router *r);
+/* Sends what is still to be sent to the scheduler (the Policy first), while the link takes
+ * it. */
+void router_flush_pending(struct router *r);
+/* Sends a ToScheduler envelope with the protocol version set. Errors: those of wire_send. */
+int router_send(struct router *r, Pagoda__Internal__ToScheduler *env);
+/* The Stats call: parked until the scheduler's figures arrive (a tenant's key gets its own,
+ * admin_tenant_stats), or answered at once with PAGODA_EBUSY (too many calls parked) or
+ * PAGODA_ECLOSED (no scheduler on the link). */
+void link_handle_stats(struct router *r, struct rctx *c, uint32_t tenant, int admin);
 
 /* ---- router_text.c ------------------------------------------------------------------------- */
 
