@@ -412,7 +412,8 @@ static struct request *request_new(const struct router *r, uint32_t tenant, cons
         registry_request_free(q);
         return NULL;
     }
-    memcpy(q->prompt, p->prompt, p->num_prompt * sizeof(int32_t));
+    if (p->num_prompt) /* a text or chat prompt has no ids yet: p->prompt is NULL */
+        memcpy(q->prompt, p->prompt, p->num_prompt * sizeof(int32_t));
     if (p->num_stop)
         memcpy(q->stop_ids, p->stop_ids, p->num_stop * sizeof(int32_t));
     q->p.prompt = q->prompt;
