@@ -17,7 +17,7 @@
  * Policy, before the resubmissions), and the scheduler announces every request it holds: a
  * restarted router (whose registry was lost) registers the requests it does not hold under the
  * tenant and client id the announcement echoes, so that clients polling by id get every token. A
- * poll for an unknown id within ANNOUNCE_GRACE_MS (router.c) of the router's start, before the
+ * poll for an unknown id within ANNOUNCE_GRACE_MS (router_registry.c) of the router's start, before the
  * announcement completed, waits for it instead of failing at once.
  *
  * Decisions (minimal first version; a later issue adds the rest):

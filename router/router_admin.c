@@ -1,5 +1,5 @@
 /* The admin API (pagoda.proto AdminRequest): calls from a key of the tenants file's admin_keys
- * (router.c checks the key before admin_handle).
+ * (router_front.c checks the key before admin_handle).
  *
  *   tenants  every tenant's configuration joined with the scheduler's figures (AdminCall{figures}:
  *            TenantFigures by tenant name, NamespaceFigures by namespace name), and every pin

@@ -1,9 +1,16 @@
-/* The router's private state, shared by its three source files:
+/* The router's private state, shared by its source files:
  *
- *   router.c          clients' calls, the request registry, the scheduler link
- *   router_tenancy.c  the tenancy it owns: tenants (from the tenants file), pins, the Policy it
- *                     pushes to the scheduler
- *   router_admin.c    the admin API (ClientRequest.admin) and the scheduler's answers to it
+ *   router.c           open, drain, close; the loop's housekeeping tick
+ *   router_front.c     the REP front: client connections, contexts and the mailbox, parking,
+ *                      authentication and the dispatch of each call, replies
+ *   router_registry.c  the request registry: requests, deduplication, finished lists, trimming,
+ *                      accounting; the Submit, Poll and Cancel calls
+ *   router_link.c      the scheduler link: submits, cancels, resubmission after a restart, token
+ *                      events, stats, ModelInfo
+ *   router_tenancy.c   the tenancy it owns: tenants (from the tenants file), pins, the Policy it
+ *                      pushes to the scheduler
+ *   router_admin.c     the admin API (ClientRequest.admin) and the scheduler's answers to it
+ *   router_text.c      the text side: tokenizer, chat template, output text
  *
  * Nothing here is for other modules: router.h is the router's interface. Everything runs on the
  * router's libuv loop thread unless a comment says otherwise. */
@@ -116,7 +123,7 @@ struct request {
     int need_cancel;         /* the CancelSeq is still to be sent */
     struct rctx *waiters;    /* parked polls */
     int adopted;             /* registered from the scheduler's announcement (no prompt known) */
-    int aliased;             /* also in router.alias_buckets (see adopt_request) */
+    int aliased;             /* also in router.alias_buckets (see registry_adopt) */
     struct request *alias_next;
     /* Once finished: its tenant's finished list (tenant_slot.fin_head), oldest first. */
     struct request *tprev, *tnext;
@@ -182,8 +189,8 @@ struct router {
     uint32_t model_positions;  /* the model's context from ModelInfo; 0 until it arrives */
     uint32_t prompt_limit_cfg; /* cfg.max_prompt_tokens as configured (cfg's may be lowered) */
     size_t recv_max_bytes;     /* NNG_OPT_RECVMAXSZ in force */
-    size_t registry_bytes;     /* held by requests in the registry (request_account) */
-    struct pipe_table *pipes;  /* client connections (router.c) */
+    size_t registry_bytes;     /* held by requests in the registry (registry_account) */
+    struct pipe_table *pipes;  /* client connections (router_front.c) */
 
     uv_async_t async;
     uv_timer_t housekeeping;
@@ -251,27 +258,113 @@ struct router {
 
 /* ---- router.c ---------------------------------------------------------------------------- */
 
+/* id as 32 lowercase hex digits, for the logs. */
+void router_id_hex(const uint8_t *id, char out[2 * ID_BYTES + 1]);
+/* 64 random bits (getrandom; the clock should it fail): seeds and hash keys. */
+uint64_t router_random_u64(void);
+
+/* ---- router_front.c ---------------------------------------------------------------------- */
+
+/* The table of client connections, for cap connections (front_open registers its callbacks).
+ * Returns NULL when out of memory. */
+struct pipe_table *front_pipes_new(uint32_t cap);
+void front_pipes_free(struct pipe_table *t);
+/* The client connections open now (Stats.client_connections). */
+uint32_t front_pipes_count(struct pipe_table *t);
+/* Closes the connections with no call in progress and no complete message for idle_ms or longer
+ * (at most IDLE_CLOSE_BATCH a call; the housekeeping tick calls it). */
+void front_close_idle(struct router *r, uint32_t idle_ms);
+/* Opens the REP socket (message limit, connection callbacks, the first contexts) and listens on
+ * r->listen_url. Errors: those of NNG (wire_error), PAGODA_ENOMEM; the caller's router_close
+ * undoes what was done. */
+int front_open(struct router *r);
+/* Opens contexts until cfg.num_contexts are free to receive beside the parked calls, up to
+ * r->max_ctxs. Errors: PAGODA_ENOMEM, those of NNG (logged; the housekeeping tick retries). */
+int front_ensure_contexts(struct router *r);
+/* Loop thread: handles the calls waiting in the mailbox, then keeps contexts free to receive. */
+void front_on_mail(struct router *r);
+
 /* Packs resp and sends it on c's context (the context then receives its next call). */
 void router_reply(struct rctx *c, Pagoda__ClientResponse *resp);
 void router_reply_error(struct rctx *c, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-/* Whether a scheduler is on the link (and the loop has sent it what a new one needs). */
-int router_link_up(struct router *r);
+/* Answers with q's tokens (and text) from offset on, its state, and its usage once finished; a
+ * reply that carries the finish reason marks q delivered. */
+void router_reply_update(struct rctx *c, struct request *q, uint32_t offset);
+/* A Submit's answer: q's id and state, offset 0 and no tokens. */
+void router_reply_submitted(struct rctx *c, struct request *q);
 /* Parks c on list until timeout_ms; c->park and what it waits for are the caller's to set. */
 void router_park(struct rctx **list, struct rctx *c, uint32_t timeout_ms);
 void router_park_remove(struct rctx **list, struct rctx *c);
 /* Takes c off whatever it is parked on and stops its timer: the call is the caller's to answer. */
 void router_unpark(struct rctx *c);
-/* Sends what is still to be sent to the scheduler (the Policy first), while the link takes
- * it. */
-void router_flush_pending(struct router *r);
-/* Sends a ToScheduler envelope with the protocol version set. Errors: those of wire_send. */
-int router_send(struct router *r, Pagoda__Internal__ToScheduler *env);
+/* Answers every poll parked on q that now has something to say (new tokens, or the end). */
+void router_wake_waiters(struct request *q);
+
+/* ---- router_registry.c ------------------------------------------------------------------- */
+
+/* The request the scheduler knows by sched_id, or NULL. */
+struct request *registry_find(const struct router *r, const uint8_t *sched_id);
+/* Registers a request the scheduler announced (ev->announce) that this router does not hold: a
+ * restarted router's. Returns NULL (logged) when it cannot: an unknown tenant, no client id with
+ * a tenants file, a collision, no memory. */
+struct request *registry_adopt(struct router *r, const Pagoda__Internal__TokenEvent *ev);
+/* Frees q and what it holds (its text side too); NULL is fine. The registry's lists and counts are
+ * the caller's: registry_drop for a request in the registry. */
+void registry_request_free(struct request *q);
+/* Counts what q holds now in r->registry_bytes, after q changed. */
+void registry_account(struct router *r, struct request *q);
+/* Sets *flag (q->need_submit or q->need_cancel) to value, keeping r->num_pending. */
+void registry_set_pending(struct router *r, struct request *q, int *flag, int value);
+/* q ends with reason (error_code and error_message for FINISH_ERROR; the message is copied): it
+ * moves to the finished lists, forgets its prompt and answers its parked polls. Nothing when q
+ * has already finished. The caller trims (registry_trim) and, when the scheduler must stop the
+ * sequence, sets need_cancel. */
+void registry_finish(struct router *r, struct request *q, Pagoda__FinishReason reason,
+                     int32_t error_code, const char *error_message);
+/* Forgets a finished request: its id becomes unknown (PAGODA_ENOENT). */
+void registry_drop(struct router *r, struct request *q);
+/* A result of tenant slot finished: drops the oldest results while the tenant holds more than its
+ * max_finished, then while the router holds more than max_finished_requests. */
+void registry_trim(struct router *r, uint32_t slot);
+/* The client calls on requests, from a tenant's key (slot tenant): each answers c or parks it. */
+void registry_handle_submit(struct router *r, struct rctx *c, uint32_t tenant,
+                            const Pagoda__SubmitRequest *s);
+void registry_handle_poll(struct router *r, struct rctx *c, uint32_t tenant,
+                          const Pagoda__PollRequest *poll);
+void registry_handle_cancel(struct router *r, struct rctx *c, uint32_t tenant,
+                            const Pagoda__CancelRequest *cancel);
+/* A poll parked for an unknown id (PARK_UNKNOWN) is taken off and answered as if it arrived now:
+ * the announcement arrived or the grace ended, so it is not parked that way again. */
+void registry_unpark_unknown(struct rctx *c);
 /* A text or chat prompt's job ended: on success (rc 0) q takes ids (n of them, malloc'd) and goes
  * to the scheduler; otherwise q ends with FINISH_ERROR and detail. Either way q is q as it was
  * when the job started, unless it has finished since (then ids are freed). */
 void router_prompt_ready(struct router *r, struct request *q, int rc, const char *detail,
                          int32_t *ids, size_t n);
+
+/* ---- router_link.c ----------------------------------------------------------------------- */
+
+/* Opens the scheduler link's PAIR socket and dials r->sched_url without waiting (a scheduler
+ * that is not there yet is dialled again and again). Errors: those of NNG (wire_error); the
+ * caller's router_close undoes what was done. */
+int link_dial(struct router *r);
+/* Loop thread: one message from the scheduler (wire_inbox_open's handler; takes m). */
+void link_on_msg(void *arg, nng_msg *m);
+/* Loop thread, on the router's async: a pipe that joined the link since the loop last looked
+ * gets what a new scheduler needs (the Policy, every unfinished request, a RouterHello). */
+void link_on_async(struct router *r);
+/* Whether a scheduler is on the link (and the loop has sent it what a new one needs). */
+int router_link_up(struct router *r);
+/* Sends what is still to be sent to the scheduler (the Policy first), while the link takes
+ * it. */
+void router_flush_pending(struct router *r);
+/* Sends a ToScheduler envelope with the protocol version set. Errors: those of wire_send. */
+int router_send(struct router *r, Pagoda__Internal__ToScheduler *env);
+/* The Stats call: parked until the scheduler's figures arrive (a tenant's key gets its own,
+ * admin_tenant_stats), or answered at once with PAGODA_EBUSY (too many calls parked) or
+ * PAGODA_ECLOSED (no scheduler on the link). */
+void link_handle_stats(struct router *r, struct rctx *c, uint32_t tenant, int admin);
 
 /* ---- router_text.c ------------------------------------------------------------------------- */
 

@@ -1,6 +1,7 @@
 /* libFuzzer target: the client API, i.e. a ClientRequest's bytes through the router's unpacking,
- * authentication, validation and handling (router/router.c, router_tenancy.c, router_admin.c),
- * and the scheduler's ToRouter messages through the router's handler of its link.
+ * authentication, validation and handling (router/router_front.c, router_registry.c,
+ * router_tenancy.c, router_admin.c), and the scheduler's ToRouter messages through the router's
+ * handler of its link (router_link.c).
  *
  * No sockets carry anything: the router is opened for real (router_open) on a libuv loop, but
  * the NNG calls through which messages enter and leave it are replaced at link time

@@ -1,0 +1,649 @@
+/* The request registry (router_internal.h): every request the router holds, live or finished, by
+ * the id the scheduler knows it by (and by the client's, per tenant); what each holds, in
+ * router.registry_bytes; its life from the Submit (validated, deduplicated against a resent one,
+ * bounded per tenant and in all) or the scheduler's announcement, to its end and, once its
+ * client has had time to fetch it, its drop (per tenant first, so that no tenant's traffic
+ * expires another's results); and the client calls on requests: Submit, Poll, Cancel. */
+#include "router/router_internal.h"
+
+#include "common/error.h"
+#include "common/list.h"
+#include "common/log.h"
+#include "wire/sampling_wire.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+/* A poll for an unknown id within this long of the router's start, before the scheduler's
+ * announcement has arrived, waits for it (a restarted router does not know its requests yet). */
+#define ANNOUNCE_GRACE_MS 2000
+
+/* The most polls parked that way at once; more are answered at once. */
+#define MAX_UNKNOWN_PARKED 1024
+
+PAGODA_LIST_DEFINE(list, struct req_list, struct request)
+
+/* ---- the registry ---------------------------------------------------------------------------- */
+
+/* Ids come from clients, so the bucket index is a keyed hash (the key drawn at start): a client
+ * cannot choose ids that pile into one bucket on purpose. */
+static size_t bucket_of(const struct router *r, const uint8_t *id)
+{
+    return (size_t)XXH3_64bits_withSeed(id, ID_BYTES, r->hash_seed) & (r->num_buckets - 1);
+}
+
+/* The request the scheduler knows by sched_id. */
+struct request *registry_find(const struct router *r, const uint8_t *sched_id)
+{
+    for (struct request *q = r->buckets[bucket_of(r, sched_id)]; q != NULL; q = q->hash_next)
+        if (memcmp(q->sched_id, sched_id, ID_BYTES) == 0)
+            return q;
+    return NULL;
+}
+
+/* The id the scheduler knows a tenant's request by. Two tenants may use the same client id, so
+ * with a tenants file it is a keyed 128-bit hash of (tenant, id) (the key drawn at start);
+ * with the one default tenant it is the client's id itself. */
+static void sched_id_of(const struct router *r, uint32_t tenant, const uint8_t *id,
+                        uint8_t out[ID_BYTES])
+{
+    if (r->tenants_file == NULL) {
+        memcpy(out, id, ID_BYTES);
+        return;
+    }
+    uint8_t buf[ROUTER_TENANT_NAME_MAX + 1 + ID_BYTES];
+    size_t n = strlen(r->slots[tenant].name);
+    memcpy(buf, r->slots[tenant].name, n);
+    buf[n] = 0;
+    memcpy(buf + n + 1, id, ID_BYTES);
+    XXH128_hash_t h = XXH3_128bits_withSeed(buf, n + 1 + ID_BYTES, r->id_seed);
+    XXH128_canonical_t c;
+    XXH128_canonicalFromHash(&c, h);
+    memcpy(out, c.digest, ID_BYTES);
+}
+
+/* The caller's request with this id: another tenant's is not found, exactly like an id never
+ * submitted, so that ids do not leak between tenants. */
+static struct request *registry_find_client(const struct router *r, uint32_t tenant,
+                                            const uint8_t *id)
+{
+    uint8_t sched_id[ID_BYTES];
+    sched_id_of(r, tenant, id, sched_id);
+    struct request *q = registry_find(r, sched_id);
+    if (q != NULL && (q->tenant != tenant || memcmp(q->id, id, ID_BYTES) != 0))
+        q = NULL;
+    if (q == NULL) {
+        for (q = r->alias_buckets[bucket_of(r, sched_id)]; q != NULL; q = q->alias_next)
+            if (q->tenant == tenant && memcmp(q->id, id, ID_BYTES) == 0)
+                break;
+    }
+    return q;
+}
+
+void registry_request_free(struct request *q)
+{
+    if (q == NULL)
+        return;
+    router_text_request_free(q);
+    free(q->prompt);
+    free(q->stop_ids);
+    free(q->tokens);
+    free(q->logprobs);
+    free(q->error_message);
+    free(q);
+}
+
+/* A tenant's finished results, oldest first (a second list through tprev/tnext: the router's
+ * finished list stays in finishing order for the TTL and the drain). */
+static void slot_finished_push(struct tenant_slot *s, struct request *q)
+{
+    q->tnext = NULL;
+    q->tprev = s->fin_tail;
+    if (s->fin_tail)
+        s->fin_tail->tnext = q;
+    else
+        s->fin_head = q;
+    s->fin_tail = q;
+    s->num_finished++;
+}
+
+static void slot_finished_remove(struct tenant_slot *s, struct request *q)
+{
+    if (q->tprev)
+        q->tprev->tnext = q->tnext;
+    else
+        s->fin_head = q->tnext;
+    if (q->tnext)
+        q->tnext->tprev = q->tprev;
+    else
+        s->fin_tail = q->tprev;
+    q->tprev = q->tnext = NULL;
+    s->num_finished--;
+}
+
+/* Counts what q holds now in router.registry_bytes (Stats.registry_bytes). */
+void registry_account(struct router *r, struct request *q)
+{
+    size_t bytes = sizeof(*q) + (size_t)q->cap_tokens * (sizeof(int32_t) + sizeof(float));
+    if (q->prompt != NULL)
+        bytes += (size_t)q->p.num_prompt * sizeof(int32_t);
+    if (q->stop_ids != NULL)
+        bytes += (size_t)(q->p.num_stop ? q->p.num_stop : 1) * sizeof(int32_t);
+    if (q->error_message != NULL)
+        bytes += strlen(q->error_message) + 1;
+    bytes += router_text_bytes(q);
+    r->registry_bytes = r->registry_bytes - q->bytes + bytes;
+    q->bytes = bytes;
+}
+
+/* A keyed hash of a Submit's prompt and stop ids: a finished request keeps it instead of them,
+ * so that a resent Submit is still recognised. */
+static void prompt_hash(const struct router *r, const struct submit_params *p, uint64_t out[2])
+{
+    XXH3_state_t st;
+    memset(&st, 0, sizeof(st));
+    XXH3_128bits_reset_withSeed(&st, r->hash_seed);
+    uint32_t lens[2] = {p->num_prompt, p->num_stop};
+    XXH3_128bits_update(&st, lens, sizeof(lens));
+    XXH3_128bits_update(&st, p->prompt, (size_t)p->num_prompt * sizeof(int32_t));
+    if (p->num_stop)
+        XXH3_128bits_update(&st, p->stop_ids, (size_t)p->num_stop * sizeof(int32_t));
+    XXH3_128bits_update(&st, p->text_hash, sizeof(p->text_hash));
+    XXH128_hash_t h = XXH3_128bits_digest(&st);
+    out[0] = h.low64;
+    out[1] = h.high64;
+}
+
+/* A finished request keeps only what its client can still fetch: the prompt and stop ids go
+ * (a scheduler restart never resubmits a finished request). */
+static void request_forget_prompt(struct router *r, struct request *q)
+{
+    free(q->prompt);
+    free(q->stop_ids);
+    q->prompt = q->stop_ids = NULL;
+    q->p.prompt = q->p.stop_ids = NULL;
+    registry_account(r, q);
+}
+
+/* Forgets a finished request: its id becomes unknown (PAGODA_ENOENT). */
+void registry_drop(struct router *r, struct request *q)
+{
+    r->registry_bytes -= q->bytes;
+    struct request **pp = &r->buckets[bucket_of(r, q->sched_id)];
+    while (*pp != q)
+        pp = &(*pp)->hash_next;
+    *pp = q->hash_next;
+    if (q->aliased) {
+        uint8_t key[ID_BYTES];
+        sched_id_of(r, q->tenant, q->id, key);
+        pp = &r->alias_buckets[bucket_of(r, key)];
+        while (*pp != q)
+            pp = &(*pp)->alias_next;
+        *pp = q->alias_next;
+    }
+    if (q->finish == PAGODA__FINISH_REASON__FINISH_NONE)
+        r->slots[q->tenant].live--;
+    else
+        slot_finished_remove(&r->slots[q->tenant], q);
+    list_remove(q->finish == PAGODA__FINISH_REASON__FINISH_NONE ? &r->live : &r->finished, q);
+    if (q->need_submit || q->need_cancel)
+        r->num_pending--;
+    tenancy_unref(r, q->tenant);
+    registry_request_free(q);
+}
+
+/* The tenant that holds the most finished results (the one whose oldest is older on a tie). */
+static struct tenant_slot *largest_holder(struct router *r)
+{
+    struct tenant_slot *best = NULL;
+    for (uint32_t i = 0; i < r->num_slots; i++) {
+        struct tenant_slot *s = &r->slots[i];
+        if (s->num_finished == 0)
+            continue;
+        if (best == NULL || s->num_finished > best->num_finished ||
+            (s->num_finished == best->num_finished &&
+             s->fin_head->finished_at_ms < best->fin_head->finished_at_ms))
+            best = s;
+    }
+    return best;
+}
+
+/* A result of tenant slot finished: drops the tenant's oldest results while it holds more than
+ * its max_finished, so that no tenant's traffic expires another's results; then, while the
+ * router holds more than max_finished_requests in all, the oldest of the tenant holding the most
+ * (a tenant holding no more than its share never loses one to another's flood). A finished
+ * request has no parked polls. */
+void registry_trim(struct router *r, uint32_t slot)
+{
+    struct tenant_slot *s = &r->slots[slot];
+    while (s->num_finished > s->max_finished)
+        registry_drop(r, s->fin_head);
+    while (r->finished.count > r->cfg.max_finished_requests)
+        registry_drop(r, largest_holder(r)->fin_head);
+}
+
+/* ---- a request's life ------------------------------------------------------------------------ */
+
+void registry_set_pending(struct router *r, struct request *q, int *flag, int value)
+{
+    int before = q->need_submit || q->need_cancel;
+    *flag = value;
+    int after = q->need_submit || q->need_cancel;
+    if (!before && after)
+        r->num_pending++;
+    else if (before && !after)
+        r->num_pending--;
+}
+
+void registry_finish(struct router *r, struct request *q, Pagoda__FinishReason reason,
+                     int32_t error_code, const char *error_message)
+{
+    if (q->finish != PAGODA__FINISH_REASON__FINISH_NONE)
+        return;
+    list_remove(&r->live, q);
+    r->slots[q->tenant].live--;
+    q->finish = reason;
+    q->finished_at_ms = uv_now(r->loop);
+    q->error_code = error_code;
+    if (error_message != NULL)
+        q->error_message = strdup(error_message);
+    /* The text held back is released; should it complete a stop string, that is the end. */
+    if (router_text_on_finish(q) && (reason == PAGODA__FINISH_REASON__FINISH_LENGTH ||
+                                     reason == PAGODA__FINISH_REASON__FINISH_STOP))
+        q->finish = PAGODA__FINISH_REASON__FINISH_STOP;
+    request_forget_prompt(r, q);
+    registry_set_pending(r, q, &q->need_submit, 0);
+    list_push_back(&r->finished, q);
+    slot_finished_push(&r->slots[q->tenant], q);
+    router_wake_waiters(q);
+}
+
+/* Registers a request the scheduler announced and this router does not hold (it restarted):
+ * under the tenant and client id the event echoes (without a tenants file the scheduler's id is
+ * the client's), with what Poll and Cancel need. The prompt is not known: should the scheduler
+ * restart too, its resubmission is refused and the request ends with an error. The caller
+ * appends the event's tokens. Returns NULL when it cannot be registered. */
+struct request *registry_adopt(struct router *r, const Pagoda__Internal__TokenEvent *ev)
+{
+    char hex[2 * ID_BYTES + 1];
+    router_id_hex(ev->request_id.data, hex);
+    uint32_t tenant = 0;
+    if (r->tenants_file != NULL) {
+        tenant = tenancy_find_slot(r, ev->tenant);
+        if (tenant == UINT32_MAX) {
+            log_warn("announced request %s of unknown tenant '%s': ignored", hex,
+                     ev->tenant ? ev->tenant : "");
+            return NULL;
+        }
+    }
+    const uint8_t *id = ev->request_id.data;
+    if (ev->has_client_request_id && ev->client_request_id.len == ID_BYTES)
+        id = ev->client_request_id.data;
+    else if (r->tenants_file != NULL) {
+        log_warn("announced request %s without the client's id: ignored", hex);
+        return NULL;
+    }
+    if (registry_find_client(r, tenant, id) != NULL) {
+        log_warn("announced request %s collides with a request held: ignored", hex);
+        return NULL;
+    }
+    struct request *q = calloc(1, sizeof(*q));
+    if (q == NULL)
+        return NULL;
+    memcpy(q->id, id, ID_BYTES);
+    memcpy(q->sched_id, ev->request_id.data, ID_BYTES);
+    q->tenant = tenant;
+    q->adopted = 1;
+    q->p.max_tokens =
+        ev->has_max_tokens && ev->max_tokens > 0 ? ev->max_tokens : (int32_t)r->cfg.max_new_tokens;
+    q->p.ignore_eos = ev->has_ignore_eos && ev->ignore_eos;
+    q->prompt_tokens = ev->has_prompt_tokens ? ev->prompt_tokens : 0;
+    size_t b = bucket_of(r, q->sched_id);
+    q->hash_next = r->buckets[b];
+    r->buckets[b] = q;
+    uint8_t key[ID_BYTES];
+    sched_id_of(r, tenant, id, key);
+    if (memcmp(key, q->sched_id, ID_BYTES) != 0) {
+        /* With a tenants file the hash key of this router differs from its predecessor's. */
+        b = bucket_of(r, key);
+        q->alias_next = r->alias_buckets[b];
+        r->alias_buckets[b] = q;
+        q->aliased = 1;
+    }
+    if (router_text_attach(r, q, NULL) != 0)
+        log_warn("request %s: no memory for its text: it gets token ids only", hex);
+    list_push_back(&r->live, q);
+    r->slots[tenant].live++;
+    tenancy_ref(r, tenant);
+    registry_account(r, q);
+    log_debug("request %s registered from the scheduler's announcement", hex);
+    return q;
+}
+
+/* ---- client calls ---------------------------------------------------------------------------- */
+
+/* Applies defaults to a Submit and checks every value; on success *p points into s. */
+static int submit_params_read(const struct router *r, const Pagoda__SubmitRequest *s,
+                              struct submit_params *p)
+{
+    const struct router_config *cfg = &r->cfg;
+    memset(p, 0, sizeof(*p));
+    int rc = router_text_read(r, s, &p->has_text, p->text_hash);
+    if (rc != 0)
+        return rc;
+    if (s->n_prompt_token_ids == 0 && !p->has_text)
+        return pagoda_error_set(PAGODA_EINVAL, "the prompt is empty");
+    if (s->n_prompt_token_ids > cfg->max_prompt_tokens)
+        return pagoda_error_set(PAGODA_ERANGE,
+                                "the prompt has %zu tokens, more than the limit of %u",
+                                s->n_prompt_token_ids, cfg->max_prompt_tokens);
+    for (size_t i = 0; i < s->n_prompt_token_ids; i++)
+        if (s->prompt_token_ids[i] < 0)
+            return pagoda_error_set(PAGODA_ERANGE, "prompt token %zu is negative (%d)", i,
+                                    (int)s->prompt_token_ids[i]);
+    if (s->n_stop_token_ids > ROUTER_MAX_STOP_TOKEN_IDS)
+        return pagoda_error_set(PAGODA_ERANGE, "%zu stop token ids, more than the limit of %u",
+                                s->n_stop_token_ids, ROUTER_MAX_STOP_TOKEN_IDS);
+    for (size_t i = 0; i < s->n_stop_token_ids; i++)
+        if (s->stop_token_ids[i] < 0)
+            return pagoda_error_set(PAGODA_ERANGE, "stop token id %d is negative",
+                                    (int)s->stop_token_ids[i]);
+    p->prompt = s->prompt_token_ids;
+    p->num_prompt = (uint32_t)s->n_prompt_token_ids;
+    p->stop_ids = s->stop_token_ids;
+    p->num_stop = (uint32_t)s->n_stop_token_ids;
+    p->max_tokens = s->has_max_tokens ? s->max_tokens : ROUTER_DEFAULT_MAX_TOKENS;
+    if (p->max_tokens < 1 || (uint32_t)p->max_tokens > cfg->max_new_tokens)
+        return pagoda_error_set(PAGODA_ERANGE, "max_tokens %d is outside [1, %u]",
+                                (int)p->max_tokens, cfg->max_new_tokens);
+    p->ignore_eos = s->has_ignore_eos && s->ignore_eos;
+
+    /* Sampling: the one definition of defaults and ranges (wire/sampling_wire.h). */
+    const Pagoda__SamplingParams *sp = s->sampling;
+    p->has_seed = sp && sp->has_seed;
+    p->logprobs = sp && sp->has_logprobs && sp->logprobs;
+    if (sampling_from_client(sp, &p->sampling) != 0) {
+        char why[512];
+        snprintf(why, sizeof(why), "%s", pagoda_error_detail());
+        /* A NaN is out of range too, for a client: one code for every bad value. */
+        return pagoda_error_set(PAGODA_ERANGE, "%s", why);
+    }
+    return 0;
+}
+
+/* Whether a repeated Submit asks for the same thing. Prompts and stop ids are compared by their
+ * keyed 128-bit hashes (a finished request keeps only those). A seed the router drew is not the
+ * client's choice, so only seeds the clients chose are compared. */
+static int submit_params_equal(const struct submit_params *a, const uint64_t a_hash[2],
+                               const struct submit_params *b, const uint64_t b_hash[2])
+{
+    /* A text prompt's token count is known only once tokenized: its text is in the hash. */
+    int same_prompt =
+        a->has_text || b->has_text ? a->has_text == b->has_text : a->num_prompt == b->num_prompt;
+    return same_prompt && a->num_stop == b->num_stop && a_hash[0] == b_hash[0] &&
+           a_hash[1] == b_hash[1] && a->sampling.temperature == b->sampling.temperature &&
+           a->sampling.top_p == b->sampling.top_p && a->sampling.top_k == b->sampling.top_k &&
+           a->sampling.min_p == b->sampling.min_p &&
+           a->sampling.repetition_penalty == b->sampling.repetition_penalty &&
+           a->sampling.presence_penalty == b->sampling.presence_penalty &&
+           a->sampling.frequency_penalty == b->sampling.frequency_penalty &&
+           a->has_seed == b->has_seed && (!a->has_seed || a->sampling.seed == b->sampling.seed) &&
+           a->max_tokens == b->max_tokens && a->ignore_eos == b->ignore_eos &&
+           a->logprobs == b->logprobs;
+}
+
+static struct request *request_new(const struct router *r, uint32_t tenant, const uint8_t *id,
+                                   const struct submit_params *p)
+{
+    struct request *q = calloc(1, sizeof(*q));
+    if (q == NULL)
+        return NULL;
+    memcpy(q->id, id, ID_BYTES);
+    q->tenant = tenant;
+    sched_id_of(r, tenant, id, q->sched_id);
+    q->p = *p;
+    q->prompt = malloc((p->num_prompt ? p->num_prompt : 1) * sizeof(int32_t));
+    q->stop_ids = malloc((p->num_stop ? p->num_stop : 1) * sizeof(int32_t));
+    if (q->prompt == NULL || q->stop_ids == NULL) {
+        registry_request_free(q);
+        return NULL;
+    }
+    if (p->num_prompt) /* a text or chat prompt has no ids yet: p->prompt is NULL */
+        memcpy(q->prompt, p->prompt, p->num_prompt * sizeof(int32_t));
+    if (p->num_stop)
+        memcpy(q->stop_ids, p->stop_ids, p->num_stop * sizeof(int32_t));
+    q->p.prompt = q->prompt;
+    q->p.stop_ids = q->stop_ids;
+    prompt_hash(r, p, q->prompt_hash);
+    if (!q->p.has_seed) /* the router draws a seed for requests without one */
+        q->p.sampling.seed = router_random_u64();
+    q->prompt_tokens = p->num_prompt;
+    return q;
+}
+
+/* Whether another request already holds the scheduler id that (tenant, id) maps to: a 128-bit
+ * hash collision, which is never expected, but must not merge two requests. */
+static int sched_id_taken(const struct router *r, uint32_t tenant, const uint8_t *id)
+{
+    uint8_t sched_id[ID_BYTES];
+    sched_id_of(r, tenant, id, sched_id);
+    return registry_find(r, sched_id) != NULL;
+}
+
+static int read_id(const ProtobufCBinaryData *id, int has)
+{
+    if (!has || id->len != ID_BYTES)
+        return pagoda_error_set(PAGODA_EINVAL, "request_id must be %d bytes (got %zu)", ID_BYTES,
+                                has ? id->len : (size_t)0);
+    return 0;
+}
+
+void registry_handle_submit(struct router *r, struct rctx *c, uint32_t tenant,
+                            const Pagoda__SubmitRequest *s)
+{
+    struct submit_params p;
+    int rc = read_id(&s->request_id, s->has_request_id);
+    if (rc == 0)
+        rc = submit_params_read(r, s, &p);
+    if (rc != 0) {
+        router_reply_error(c, rc, "submit: %s", pagoda_error_detail());
+        return;
+    }
+    struct request *q = registry_find_client(r, tenant, s->request_id.data);
+    if (q != NULL) {
+        /* A resent Submit (NNG's REQ resends on a timeout or a lost connection): the same
+         * request. The same id for something else is the client's mistake. */
+        uint64_t hash[2];
+        prompt_hash(r, &p, hash);
+        if (!q->adopted && !submit_params_equal(&q->p, q->prompt_hash, &p, hash)) {
+            router_reply_error(c, PAGODA_EEXIST,
+                               "submit: request id already used with different parameters");
+            return;
+        }
+        r->duplicate_submits++;
+        r->slots[tenant].duplicate_submits++;
+        router_reply_submitted(c, q);
+        return;
+    }
+    if (r->draining) {
+        router_reply_error(c, PAGODA_ECLOSED,
+                           "submit: the router is draining (shutting down) and "
+                           "admits no new requests");
+        return;
+    }
+    if (r->live.count >= r->cfg.max_live_requests) {
+        router_reply_error(
+            c, PAGODA_EEXHAUSTED,
+            "submit: the router holds %u unfinished requests, its limit: retry later",
+            r->live.count);
+        return;
+    }
+    if (r->slots[tenant].live >= r->slots[tenant].limit) {
+        router_reply_error(
+            c, PAGODA_EEXHAUSTED,
+            "submit: this tenant has %u unfinished requests, its limit (max_running + "
+            "max_waiting): retry later",
+            r->slots[tenant].live);
+        return;
+    }
+    if (sched_id_taken(r, tenant, s->request_id.data)) {
+        router_reply_error(c, PAGODA_EEXIST, "submit: request id collides, choose another");
+        return;
+    }
+    if ((q = request_new(r, tenant, s->request_id.data, &p)) == NULL) {
+        router_reply_error(c, PAGODA_ENOMEM, "submit: out of memory");
+        return;
+    }
+    if ((rc = router_text_attach(r, q, s)) != 0) {
+        registry_request_free(q);
+        router_reply_error(c, rc, "submit: %s", pagoda_error_detail());
+        return;
+    }
+    size_t b = bucket_of(r, q->sched_id);
+    q->hash_next = r->buckets[b];
+    r->buckets[b] = q;
+    list_push_back(&r->live, q);
+    r->slots[tenant].live++;
+    tenancy_ref(r, tenant);
+    registry_account(r, q);
+    if (q->job == NULL) { /* a text prompt goes once its job has tokenized it */
+        registry_set_pending(r, q, &q->need_submit, 1);
+        router_flush_pending(r);
+    }
+    router_reply_submitted(c, q);
+}
+
+void router_prompt_ready(struct router *r, struct request *q, int rc, const char *detail,
+                         int32_t *ids, size_t n)
+{
+    if (q->finish != PAGODA__FINISH_REASON__FINISH_NONE) {
+        free(ids); /* cancelled while it was tokenized */
+        return;
+    }
+    if (rc != 0) {
+        free(ids);
+        char hex[2 * ID_BYTES + 1];
+        router_id_hex(q->id, hex);
+        log_debug("request %s: its prompt was refused: %s", hex, detail);
+        registry_finish(r, q, PAGODA__FINISH_REASON__FINISH_ERROR, rc, detail);
+        registry_trim(r, q->tenant);
+        return;
+    }
+    free(q->prompt);
+    q->prompt = ids;
+    q->p.prompt = ids;
+    q->p.num_prompt = (uint32_t)n;
+    q->prompt_tokens = (uint32_t)n;
+    registry_account(r, q);
+    registry_set_pending(r, q, &q->need_submit, 1);
+    router_flush_pending(r);
+}
+
+static void poll_answer(struct router *r, struct rctx *c, uint32_t tenant, const uint8_t *id,
+                        int has_offset, uint32_t offset, uint32_t wait_ms)
+{
+    struct request *q = registry_find_client(r, tenant, id);
+    uint64_t age = uv_now(r->loop) - r->started_ms;
+    if (q == NULL && !r->announced && age < ANNOUNCE_GRACE_MS &&
+        r->num_unknown_parked < MAX_UNKNOWN_PARKED) {
+        if (r->num_parked >= r->cfg.max_parked_calls) {
+            r->parked_refused++;
+            router_reply_error(c, PAGODA_EBUSY,
+                               "poll: the router is starting and %u calls wait: poll again",
+                               r->num_parked);
+            return;
+        }
+        /* A restarted router: the scheduler may still announce this request. */
+        c->park = PARK_UNKNOWN;
+        memcpy(c->id, id, ID_BYTES);
+        c->tenant = tenant;
+        c->has_offset = has_offset;
+        c->offset = offset;
+        c->wait_ms = wait_ms;
+        r->num_unknown_parked++;
+        router_park(&r->unknown_waiters, c, (uint32_t)(ANNOUNCE_GRACE_MS - age));
+        return;
+    }
+    if (q == NULL) {
+        router_reply_error(
+            c, PAGODA_ENOENT,
+            "poll: no request with this id (never submitted, or its result expired)");
+        return;
+    }
+    if (!has_offset)
+        offset = 0;
+    if (wait_ms > r->cfg.max_wait_ms)
+        wait_ms = r->cfg.max_wait_ms;
+    int finished = q->finish != PAGODA__FINISH_REASON__FINISH_NONE;
+    if (offset > (uint32_t)q->p.max_tokens || (finished && offset > q->num_tokens)) {
+        router_reply_error(c, PAGODA_ERANGE,
+                           "poll: offset %u is beyond the request's output (%u tokens%s)", offset,
+                           q->num_tokens, finished ? ", finished" : " so far");
+        return;
+    }
+    if (offset < q->num_tokens || finished || wait_ms == 0) {
+        router_reply_update(c, q, offset);
+        return;
+    }
+    if (r->num_parked >= r->cfg.max_parked_calls) {
+        /* As many calls wait as the router holds: this one gets what there is (nothing new)
+         * now, and its client polls again. */
+        r->parked_refused++;
+        router_reply_update(c, q, offset);
+        return;
+    }
+    c->park = PARK_POLL;
+    c->req = q;
+    c->offset = offset;
+    router_park(&q->waiters, c, wait_ms);
+}
+
+/* A poll parked for an unknown id is answered as if it arrived now (the announcement has
+ * arrived or the grace has ended, so it is not parked that way again). */
+void registry_unpark_unknown(struct rctx *c)
+{
+    uint8_t id[ID_BYTES];
+    memcpy(id, c->id, ID_BYTES);
+    uint32_t tenant = c->tenant, offset = c->offset, wait_ms = c->wait_ms;
+    int has_offset = c->has_offset;
+    router_unpark(c);
+    poll_answer(c->r, c, tenant, id, has_offset, offset, wait_ms);
+}
+
+void registry_handle_poll(struct router *r, struct rctx *c, uint32_t tenant,
+                          const Pagoda__PollRequest *poll)
+{
+    if (read_id(&poll->request_id, poll->has_request_id) != 0) {
+        router_reply_error(c, PAGODA_EINVAL, "poll: %s", pagoda_error_detail());
+        return;
+    }
+    poll_answer(r, c, tenant, poll->request_id.data, poll->has_offset, poll->offset,
+                poll->has_wait_ms ? poll->wait_ms : 0);
+}
+
+void registry_handle_cancel(struct router *r, struct rctx *c, uint32_t tenant,
+                            const Pagoda__CancelRequest *cancel)
+{
+    if (read_id(&cancel->request_id, cancel->has_request_id) != 0) {
+        router_reply_error(c, PAGODA_EINVAL, "cancel: %s", pagoda_error_detail());
+        return;
+    }
+    struct request *q = registry_find_client(r, tenant, cancel->request_id.data);
+    if (q == NULL) {
+        router_reply_error(
+            c, PAGODA_ENOENT,
+            "cancel: no request with this id (never submitted, or its result expired)");
+        return;
+    }
+    if (q->finish == PAGODA__FINISH_REASON__FINISH_NONE) {
+        registry_finish(r, q, PAGODA__FINISH_REASON__FINISH_CANCELLED, 0, NULL);
+        registry_set_pending(r, q, &q->need_cancel, 1);
+        router_flush_pending(r);
+    }
+    router_reply_update(c, q, q->num_tokens);
+    registry_trim(r, tenant);
+}
