@@ -7,7 +7,9 @@
  * decode both id lists with and without skip_special_tokens (byte for byte), and stream both id
  * lists through tokenizer_stream_* with both skip settings: the deltas must join to HF's decode,
  * each delta must be valid UTF-8 on its own (no delta ends inside a character) and the buffer
- * stays NUL-terminated. For each random id sequence: decode and stream, both skip settings.
+ * stays NUL-terminated. For each random id sequence: decode and stream, both skip settings. And
+ * the vocabulary: its size, each id's string (tokenizer_id_to_token), the id of each string
+ * (tokenizer_token_to_id).
  * Prints one line per check (compared, mismatches) and the first --show (default 5) mismatches
  * of each check: the string escaped, both id lists or texts, the first differing position.
  *
@@ -44,6 +46,9 @@ enum check {
     CHECK_RAND_DECODE_SKIP,
     CHECK_RAND_STREAM, /* random id sequences: stream deltas joined, skip=false */
     CHECK_RAND_STREAM_SKIP,
+    CHECK_VOCAB_SIZE,  /* tokenizer_vocab_size against getVocabSize(with added tokens) */
+    CHECK_ID_TO_TOKEN, /* every id's string */
+    CHECK_TOKEN_TO_ID, /* the id given back for each of those strings */
     CHECK_COUNT
 };
 
@@ -59,6 +64,9 @@ static const char *const check_names[CHECK_COUNT] = {
     "random ids: decode (skip)",
     "random ids: stream",
     "random ids: stream (skip)",
+    "vocabulary size",
+    "id_to_token",
+    "token_to_id",
 };
 
 static struct {
@@ -402,6 +410,55 @@ static int compare_sequence(const Tokenizer *t, json_t *rec, const char *kind, T
     return 0;
 }
 
+static void vocab_mismatch(enum check c, long long id, const char *want, const char *got)
+{
+    g.mismatched[c]++;
+    if (!should_show(c))
+        return;
+    printf("  MISMATCH %s, line %" PRIu64 ", id %lld\n      HF:     %s\n      pagoda: %s\n",
+           check_names[c], g.line, id, want, got);
+}
+
+/* The vocabulary record: its size, each id's string, the id of each string. */
+static int compare_vocab(const Tokenizer *t, json_t *rec)
+{
+    const json_t *size = json_object_get(rec, "vocab_size");
+    const json_t *tokens = json_object_get(rec, "tokens");
+    const json_t *to_id = json_object_get(rec, "to_id");
+    if (!json_is_integer(size) || !json_is_array(tokens) || !json_is_array(to_id) ||
+        json_array_size(tokens) != json_array_size(to_id))
+        return -1;
+    char want[32], got[32];
+    g.compared[CHECK_VOCAB_SIZE]++;
+    if ((json_int_t)tokenizer_vocab_size(t) != json_integer_value(size)) {
+        snprintf(want, sizeof want, "%lld", (long long)json_integer_value(size));
+        snprintf(got, sizeof got, "%zu", tokenizer_vocab_size(t));
+        vocab_mismatch(CHECK_VOCAB_SIZE, -1, want, got);
+    }
+    for (size_t id = 0; id < json_array_size(tokens); id++) {
+        const json_t *w = json_array_get(tokens, id);
+        const json_t *wid = json_array_get(to_id, id);
+        const char *mine = tokenizer_id_to_token(t, (int32_t)id);
+        g.compared[CHECK_ID_TO_TOKEN]++;
+        if (json_is_null(w) ? mine != NULL
+                            : mine == NULL || strcmp(mine, json_string_value(w)) != 0)
+            vocab_mismatch(CHECK_ID_TO_TOKEN, (long long)id,
+                           json_is_null(w) ? "(none)" : json_string_value(w),
+                           mine == NULL ? "(none)" : mine);
+        if (!json_is_string(w))
+            continue;
+        int32_t back = tokenizer_token_to_id(t, json_string_value(w));
+        g.compared[CHECK_TOKEN_TO_ID]++;
+        if (!json_is_integer(wid) || back != json_integer_value(wid)) {
+            snprintf(want, sizeof want, "%lld",
+                     json_is_integer(wid) ? (long long)json_integer_value(wid) : -1LL);
+            snprintf(got, sizeof got, "%" PRId32, back);
+            vocab_mismatch(CHECK_TOKEN_TO_ID, (long long)id, want, got);
+        }
+    }
+    return 0;
+}
+
 static int usage(void)
 {
     fprintf(stderr, "usage: tokenizer_compare [--show N] [--min-strings N] TOKENIZER_JSON "
@@ -472,6 +529,8 @@ int main(int argc, char **argv)
             printf("references: %s\n", h != NULL ? h : "?");
             free(h);
             r = 0;
+        } else if (kind != NULL && strcmp(kind, "vocab") == 0) {
+            r = compare_vocab(t, rec);
         } else if (kind != NULL && strncmp(kind, "ids:", 4) == 0) {
             r = compare_sequence(t, rec, kind, &want);
         } else if (kind != NULL) {
@@ -508,9 +567,15 @@ int main(int argc, char **argv)
     uint64_t enc = g.mismatched[CHECK_ENCODE_SPECIAL] + g.mismatched[CHECK_ENCODE_PLAIN];
     uint64_t dec = g.mismatched[CHECK_DECODE] + g.mismatched[CHECK_DECODE_SKIP] +
                    g.mismatched[CHECK_RAND_DECODE] + g.mismatched[CHECK_RAND_DECODE_SKIP];
+    uint64_t voc = g.mismatched[CHECK_VOCAB_SIZE] + g.mismatched[CHECK_ID_TO_TOKEN] +
+                   g.mismatched[CHECK_TOKEN_TO_ID];
     printf("summary strings=%" PRIu64 " sequences=%" PRIu64 " encode=%" PRIu64 " decode=%" PRIu64
-           " stream=%" PRIu64 "\n",
-           g.strings, g.sequences, enc, dec, total - enc - dec);
+           " stream=%" PRIu64 " vocab=%" PRIu64 "\n",
+           g.strings, g.sequences, enc, dec, total - enc - dec - voc, voc);
+    if (g.compared[CHECK_VOCAB_SIZE] == 0) {
+        printf("FAIL: the references hold no vocabulary record\n");
+        return 1;
+    }
     if (g.strings < min_strings) {
         printf("FAIL: %" PRIu64 " strings, fewer than the %lu asked for\n", g.strings, min_strings);
         return 1;

@@ -10,6 +10,8 @@
 //       ids = encode(S, add_special_tokens=true), ids_plain = encode(S, false),
 //       dec = [decode(ids, skip=false), decode(ids, skip=true),
 //              decode(ids_plain, skip=false), decode(ids_plain, skip=true)]
+//   {"kind": "vocab", "vocab_size": N, "tokens": [id_to_token(id)...], "to_id": [...]}
+//       second: getVocabSize(with added tokens), each id's string, token_to_id of that string
 //   {"kind": "ids:SUB", "ids": [...], "dec": [decode(ids, false), decode(ids, true)]}
 //       --random sequences (default 1500) not from encode: uniform ids, byte tokens that are
 //       partial UTF-8 (byte-level pieces, <0x80>-style byte fallback), broken encodings,
@@ -212,4 +214,14 @@ const header = {
   byte_fallback_ids: byteFallbackIds.filter((x) => x !== undefined).length,
 };
 fs.writeSync(1, JSON.stringify({ header }) + '\n');
+// The vocabulary as HF sees it: every id's string (null where none) and the id HF gives back
+// for that string.
+const tokens = [];
+const toId = [];
+for (let id = 0; id < vocabSize; id++) {
+  const t = tok.idToToken(id);
+  tokens.push(t);
+  toId.push(t === null ? null : tok.tokenToId(t));
+}
+fs.writeSync(1, JSON.stringify({ kind: 'vocab', vocab_size: vocabSize, tokens, to_id: toId }) + '\n');
 for (const r of encoded.concat(decoded)) fs.writeSync(1, JSON.stringify(r) + '\n');
