@@ -436,6 +436,9 @@ int openai_client_stream(struct openai_client *c, const char *api_key, const cha
     setup(c, c->completions_url, api_key, &headers, &s);
     headers = curl_slist_append(headers, "Content-Type: application/json");
     headers = curl_slist_append(headers, "Accept: text/event-stream");
+    /* libcurl would send a body over 1 KiB after "Expect: 100-continue" and an answer (or a
+     * second's wait): a round trip that is no part of what is measured. */
+    headers = curl_slist_append(headers, "Expect:");
     curl_easy_setopt(c->curl, CURLOPT_HTTPHEADER, headers);
     curl_easy_setopt(c->curl, CURLOPT_POSTFIELDS, body);
     curl_easy_setopt(c->curl, CURLOPT_POSTFIELDSIZE, (long)strlen(body));
