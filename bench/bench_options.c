@@ -13,7 +13,8 @@ void bench_usage(FILE *f)
 {
     fprintf(
         f,
-        "usage: pagoda-bench [--url URL] [--workload random|shared-prefix|multi-tenant]\n"
+        "usage: pagoda-bench [--url URL] [--api pagoda|openai [--model-name NAME]\n"
+        "         [--stats-url URL]] [--workload random|shared-prefix|multi-tenant]\n"
         "         [--rate R|inf | --concurrency C | --sweep R1,R2,...] [--max-concurrency N]\n"
         "         [--num-prompts N] [--seed S] [--ignore-eos] [--temperature T]\n"
         "         [--model DIR | --vocab N --max-context N]\n"
@@ -46,6 +47,12 @@ void bench_usage(FILE *f)
         "--max-concurrency [%u] in flight; --concurrency C: closed loop of C clients;\n"
         "--sweep R1,R2,...: one open-loop run per rate, the k-th with fresh prompts from seed\n"
         "S + k (a prefix cache would serve repeated ones), and --plot FILE.png.\n"
+        "API: --api pagoda (the default) speaks to the router at --url through libpagoda;\n"
+        "--api openai streams OpenAI completions (POST /v1/completions, stream, logprobs 1,\n"
+        "the prompt as token ids) from --url http://HOST:PORT (pagoda-gateway or any\n"
+        "OpenAI-compatible server); TTFT and token times come from the SSE chunks.\n"
+        "--model-name: the requests' \"model\" (default: the first of GET /v1/models);\n"
+        "--stats-url: a pagoda router to read the engine's figures from (else none).\n"
         "Sampling: greedy unless --temperature; request i has seed S + i; --ignore-eos.\n"
         "Output: the text report on stdout (unless --quiet); --json FILE the report as JSON\n"
         "(a sweep: {\"sweep\": [...]}); --output-requests FILE one JSON line per request with\n"
@@ -96,6 +103,9 @@ static const struct option longopts[] = {
     {"weight-dtype-bytes", required_argument, NULL, OPT_WEIGHT_DTYPE_BYTES},
     {"kv-dtype-bytes", required_argument, NULL, OPT_KV_DTYPE_BYTES},
     {"baseline-tps", required_argument, NULL, OPT_BASELINE_TPS},
+    {"api", required_argument, NULL, OPT_API},
+    {"model-name", required_argument, NULL, OPT_MODEL_NAME},
+    {"stats-url", required_argument, NULL, OPT_STATS_URL},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
 };
@@ -285,6 +295,20 @@ static int parse_flag(struct options *o, int opt, const char *arg)
             rc = pagoda_error_set(PAGODA_ERANGE, "--baseline-tps: %s must be above 0", arg);
         o->baseline_tps = d;
         return rc;
+    case OPT_API:
+        if (strcmp(arg, "pagoda") == 0)
+            o->api = BENCH_API_PAGODA;
+        else if (strcmp(arg, "openai") == 0)
+            o->api = BENCH_API_OPENAI;
+        else
+            return pagoda_error_set(PAGODA_EINVAL, "--api %s: expected pagoda or openai", arg);
+        return 0;
+    case OPT_MODEL_NAME:
+        o->model_name = arg;
+        return 0;
+    case OPT_STATS_URL:
+        o->stats_url = arg;
+        return 0;
     default:
         return pagoda_error_set(PAGODA_EINVAL, "unknown option (see --help)");
     }
@@ -336,6 +360,13 @@ static int check_flags(struct options *o)
     if (GIVEN(o, OPT_VOCAB) != GIVEN(o, OPT_MAX_CONTEXT))
         return pagoda_error_set(PAGODA_EINVAL, "--vocab and --max-context go together (the "
                                                "model's vocab_size and max_position_embeddings)");
+    if (o->api != BENCH_API_OPENAI && (o->model_name || o->stats_url))
+        return pagoda_error_set(PAGODA_EINVAL, "--model-name and --stats-url go with --api openai");
+    if (o->api == BENCH_API_OPENAI && !GIVEN(o, OPT_URL))
+        return pagoda_error_set(PAGODA_EINVAL, "--api openai needs --url http://HOST:PORT");
+    if (o->api == BENCH_API_OPENAI && strncmp(o->url, "http://", 7) != 0 &&
+        strncmp(o->url, "https://", 8) != 0)
+        return pagoda_error_set(PAGODA_EINVAL, "--api openai: --url %s is not http(s)://", o->url);
     if (GIVEN(o, OPT_VOCAB) && o->model_dir)
         return pagoda_error_set(PAGODA_EINVAL, "--vocab and --model exclude each other");
     return 0;

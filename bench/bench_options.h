@@ -60,14 +60,24 @@ enum {
     OPT_WEIGHT_DTYPE_BYTES,
     OPT_KV_DTYPE_BYTES,
     OPT_BASELINE_TPS,
+    OPT_API,
+    OPT_MODEL_NAME,
+    OPT_STATS_URL,
     OPT_COUNT_ /* flags are tracked in a 64-bit mask below */
 };
 
 _Static_assert(OPT_COUNT_ - OPT_URL <= 64, "every flag needs a bit of options.given");
 #define GIVEN(o, opt) (((o)->given >> ((opt)-OPT_URL)) & 1u)
 
+/* The API the benchmark speaks: the router's (libpagoda over NNG) or OpenAI's streaming
+ * completions over HTTP (bench/openai_client.h: pagoda-gateway or any compatible server). */
+enum bench_api { BENCH_API_PAGODA, BENCH_API_OPENAI };
+
 struct options {
     uint64_t given; /* bit (opt - OPT_URL) for each flag given */
+    enum bench_api api;
+    const char *model_name; /* --api openai: the "model" field (default: the server's first) */
+    const char *stats_url;  /* --api openai: a router to read the engine's figures from */
     const char *url, *model_dir, *tenants_file, *api_keys, *api_key, *stats_api_key;
     const char *json_path, *requests_path, *dump_path, *plot_path, *title;
     enum workload_kind kind;

@@ -4,16 +4,19 @@
  * hits, KV usage, preemptions and fragmentation (bench/report.h), as text and as JSON.
  *
  * Each request runs on a client thread in one pagoda_generate_stream call; the stream callback
- * timestamps every poll's tokens (CLOCK_MONOTONIC). Open loop: each thread takes the next
- * request in arrival order and sleeps until its arrival time, so at most --max-concurrency
- * requests are in flight and a request that finds every thread busy starts late (the report
- * counts those). Closed loop: --concurrency threads each send their next request as soon as the
- * previous one ends. A sampler thread reads pagoda_stats() during the run.
+ * timestamps every poll's tokens (CLOCK_MONOTONIC). With --api openai the same workload goes to
+ * an OpenAI-compatible server as streamed completions (bench/openai_client.h), one kept-alive
+ * connection per client thread, and the tokens are timestamped as each SSE chunk arrives. Open
+ * loop: each thread takes the next request in arrival order and sleeps until its arrival time, so
+ * at most --max-concurrency requests are in flight and a request that finds every thread busy
+ * starts late (the report counts those). Closed loop: --concurrency threads each send their next
+ * request as soon as the previous one ends. A sampler thread reads pagoda_stats() during the run.
  *
  * Exit status: 0 when the benchmark ran (failed requests are in the report), 1 when it could not
  * run (no router, an I/O error), 2 for bad flags or a workload that does not fit the model. */
 #include "bench/bench_options.h"
 #include "bench/floor.h"
+#include "bench/openai_client.h"
 #include "bench/plot.h"
 #include "bench/report.h"
 #include "bench/workload.h"
@@ -21,6 +24,7 @@
 #include "common/error.h"
 #include "model/model_config.h"
 
+#include <curl/curl.h>
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
@@ -55,7 +59,12 @@ static void sleep_until(double t)
 
 struct run {
     const struct workload *w;
-    pagoda_client **clients; /* one per tenant */
+    pagoda_client **clients; /* one per tenant (--api pagoda) */
+    /* --api openai: the server, each tenant's key, the model's name. */
+    enum bench_api api;
+    const char *url, *model_name;
+    char **api_keys;
+    uint32_t timeout_ms;
     struct report_request *recs;
     pagoda_generate_params params;
     uint64_t seed;
@@ -86,7 +95,7 @@ static void record_error(struct report_request *rec, int rc)
     snprintf(rec->error, sizeof(rec->error), "%s", pagoda_error_message(rc, msg, sizeof(msg)));
 }
 
-static void run_one(struct run *run, size_t i)
+static void run_one(struct run *run, struct openai_client *http, size_t i)
 {
     const struct workload_request *q = &run->w->requests[i];
     struct report_request *rec = &run->recs[i];
@@ -104,7 +113,12 @@ static void run_one(struct run *run, size_t i)
     memset(&res, 0, sizeof(res));
     int rc = report_request_reserve(rec, q->max_tokens);
     rec->start_s = now_s() - run->t0;
-    if (rc == 0)
+    if (rc == 0 && run->api == BENCH_API_OPENAI)
+        rc = http == NULL
+                 ? pagoda_error_set(PAGODA_ENOMEM, "no HTTP client for this thread")
+                 : openai_client_stream(http, run->api_keys[q->tenant], run->model_name, &p,
+                                        q->prompt, q->prompt_len, on_tokens, &ctx, &res);
+    else if (rc == 0)
         rc = pagoda_generate_stream(run->clients[q->tenant], &p, q->prompt, q->prompt_len,
                                     on_tokens, &ctx, &res);
     rec->end_s = now_s() - run->t0;
@@ -129,14 +143,19 @@ static void run_one(struct run *run, size_t i)
 static void *client_thread(void *arg)
 {
     struct run *run = arg;
+    /* One connection per thread, kept alive between its requests (made before the first). */
+    struct openai_client *http =
+        run->api == BENCH_API_OPENAI ? openai_client_new(run->url, run->timeout_ms) : NULL;
     for (;;) {
         size_t i = atomic_fetch_add(&run->next, 1);
         if (i >= run->w->num_requests)
-            return NULL;
+            break;
         if (run->open_loop)
             sleep_until(run->t0 + run->w->requests[i].arrival_s);
-        run_one(run, i);
+        run_one(run, http, i);
     }
+    openai_client_free(http);
+    return NULL;
 }
 
 /* The sampler: pagoda_stats every interval until told to stop. */
@@ -191,9 +210,11 @@ static void *sampler_thread(void *arg)
 struct bench {
     struct options *o;
     struct workload w;
-    pagoda_client **clients;
-    pagoda_client *stats_client;
-    const char **tenant_names; /* copies, num_tenants of them */
+    pagoda_client **clients;     /* --api pagoda */
+    char **api_keys;             /* --api openai: each tenant's key (copies; NULL: none) */
+    char *model_name;            /* --api openai: the requests' "model" */
+    pagoda_client *stats_client; /* NULL: no engine figures (--api openai without --stats-url) */
+    const char **tenant_names;   /* copies, num_tenants of them */
     uint32_t num_tenants;
     FILE *requests_out;
     double weight_bytes, kv_bytes_per_token;
@@ -203,15 +224,23 @@ struct bench {
 static int run_workload(struct bench *b, int open_loop, uint32_t threads,
                         struct report_request *recs, struct report_engine *eng)
 {
-    struct run run = {
-        .w = &b->w, .clients = b->clients, .recs = recs, .open_loop = open_loop, .seed = b->w.seed};
+    struct run run = {.w = &b->w,
+                      .clients = b->clients,
+                      .api = b->o->api,
+                      .url = b->o->url,
+                      .model_name = b->model_name,
+                      .api_keys = b->api_keys,
+                      .timeout_ms = b->o->timeout_ms ? b->o->timeout_ms : PAGODA_DEFAULT_TIMEOUT_MS,
+                      .recs = recs,
+                      .open_loop = open_loop,
+                      .seed = b->w.seed};
     run.params = pagoda_generate_params_default();
     run.params.temperature = (float)b->o->temperature;
     run.params.ignore_eos = b->o->ignore_eos;
     atomic_init(&run.next, 0);
     memset(eng, 0, sizeof(*eng));
-    eng->have_before = pagoda_stats(b->stats_client, &eng->before) == 0;
-    if (!eng->have_before)
+    eng->have_before = b->stats_client != NULL && pagoda_stats(b->stats_client, &eng->before) == 0;
+    if (!eng->have_before && b->stats_client != NULL)
         fprintf(stderr, "pagoda-bench: stats before the run: %s\n", pagoda_error_detail());
 
     struct sampler s = {
@@ -223,7 +252,8 @@ static int run_workload(struct bench *b, int open_loop, uint32_t threads,
     pthread_cond_init(&s.cond, &ca);
     pthread_condattr_destroy(&ca);
     pthread_t sampler;
-    int have_sampler = pthread_create(&sampler, NULL, sampler_thread, &s) == 0;
+    int have_sampler =
+        b->stats_client != NULL && pthread_create(&sampler, NULL, sampler_thread, &s) == 0;
 
     pthread_t *tids = calloc(threads, sizeof(*tids));
     if (tids == NULL)
@@ -252,8 +282,8 @@ static int run_workload(struct bench *b, int open_loop, uint32_t threads,
     }
     pthread_mutex_destroy(&s.lock);
     pthread_cond_destroy(&s.cond);
-    eng->have_after = pagoda_stats(b->stats_client, &eng->after) == 0;
-    if (!eng->have_after)
+    eng->have_after = b->stats_client != NULL && pagoda_stats(b->stats_client, &eng->after) == 0;
+    if (!eng->have_after && b->stats_client != NULL)
         fprintf(stderr, "pagoda-bench: stats after the run: %s\n", pagoda_error_detail());
     return 0;
 }
@@ -322,6 +352,12 @@ static void warm_up(struct bench *b)
 {
     int32_t prompt[BENCH_WARMUP_PROMPT_LEN];
     uint64_t x = b->o->seed ^ 0x7761726d7570ull;
+    struct openai_client *http = NULL;
+    if (b->o->api == BENCH_API_OPENAI && b->o->warmup > 0 &&
+        (http = openai_client_new(b->o->url, PAGODA_DEFAULT_TIMEOUT_MS)) == NULL) {
+        fprintf(stderr, "pagoda-bench: no HTTP client for the warm-up\n");
+        return;
+    }
     for (uint32_t i = 0; i < b->o->warmup; i++) {
         for (size_t k = 0; k < BENCH_WARMUP_PROMPT_LEN; k++) {
             x = x * 6364136223846793005ull + 1442695040888963407ull;
@@ -332,11 +368,15 @@ static void warm_up(struct bench *b)
         p.max_tokens = BENCH_WARMUP_MAX_TOKENS;
         p.ignore_eos = 1;
         pagoda_result res;
-        int rc = pagoda_generate(b->clients[0], &p, prompt, BENCH_WARMUP_PROMPT_LEN, &res);
+        int rc = http != NULL
+                     ? openai_client_stream(http, b->api_keys[0], b->model_name, &p, prompt,
+                                            BENCH_WARMUP_PROMPT_LEN, NULL, NULL, &res)
+                     : pagoda_generate(b->clients[0], &p, prompt, BENCH_WARMUP_PROMPT_LEN, &res);
         if (rc != 0)
             fprintf(stderr, "pagoda-bench: warm-up request %u: %s\n", i, pagoda_error_detail());
         pagoda_result_free(&res);
     }
+    openai_client_free(http);
 }
 
 static int write_json_file(const char *path, json_t *doc)
@@ -438,15 +478,23 @@ static int open_clients(struct bench *b)
     const struct workload_tenants *t = &b->w.tenants;
     b->num_tenants = t->num_tenants;
     b->clients = calloc(t->num_tenants, sizeof(*b->clients));
+    b->api_keys = calloc(t->num_tenants, sizeof(*b->api_keys));
     b->tenant_names = calloc(t->num_tenants, sizeof(*b->tenant_names));
-    if (b->clients == NULL || b->tenant_names == NULL)
+    if (b->clients == NULL || b->api_keys == NULL || b->tenant_names == NULL)
         return PAGODA_ENOMEM;
+    int openai = b->o->api == BENCH_API_OPENAI;
     uint32_t timeout = b->o->timeout_ms ? b->o->timeout_ms : PAGODA_DEFAULT_TIMEOUT_MS;
     int rc = 0;
     for (uint32_t i = 0; rc == 0 && i < t->num_tenants; i++) {
         /* Copies: a sweep rebuilds the workload, and its reports outlive each build. */
         if ((b->tenant_names[i] = strdup(t->tenants[i].name)) == NULL)
             return PAGODA_ENOMEM;
+        if (openai) {
+            if (t->tenants[i].api_key != NULL &&
+                (b->api_keys[i] = strdup(t->tenants[i].api_key)) == NULL)
+                return PAGODA_ENOMEM;
+            continue;
+        }
         rc = pagoda_client_open(b->o->url, &b->clients[i]);
         if (rc == 0)
             rc = pagoda_client_set_api_key(b->clients[i], t->tenants[i].api_key);
@@ -457,8 +505,10 @@ static int open_clients(struct bench *b)
     const char *key = b->o->stats_api_key ? b->o->stats_api_key
                       : t->admin_key      ? t->admin_key
                                           : t->tenants[0].api_key;
+    if (openai && b->o->stats_url == NULL)
+        return rc; /* no engine figures */
     if (rc == 0)
-        rc = pagoda_client_open(b->o->url, &b->stats_client);
+        rc = pagoda_client_open(openai ? b->o->stats_url : b->o->url, &b->stats_client);
     if (rc == 0)
         rc = pagoda_client_set_api_key(b->stats_client, key);
     if (rc == 0)
@@ -471,6 +521,10 @@ static void close_clients(struct bench *b)
     for (uint32_t i = 0; b->clients && i < b->num_tenants; i++)
         pagoda_client_close(b->clients[i]);
     free(b->clients);
+    for (uint32_t i = 0; b->api_keys && i < b->num_tenants; i++)
+        free(b->api_keys[i]);
+    free(b->api_keys);
+    free(b->model_name);
     for (uint32_t i = 0; b->tenant_names && i < b->num_tenants; i++)
         free((char *)b->tenant_names[i]);
     free(b->tenant_names);
@@ -492,10 +546,25 @@ static int bench_main(struct bench *b)
     int rc = open_clients(b);
     if (rc != 0)
         return fail(1, rc, "connecting");
-    int healthy = 0;
-    rc = pagoda_health(b->clients[0], &healthy);
-    if (rc != 0 || !healthy)
-        return fail(1, rc ? rc : PAGODA_EBUSY, o->url);
+    if (o->api == BENCH_API_OPENAI) {
+        /* The server answers its models list; the first names the model unless given. */
+        struct openai_client *http = openai_client_new(o->url, PAGODA_DEFAULT_TIMEOUT_MS);
+        char *first = NULL;
+        rc = http == NULL ? PAGODA_ENOMEM : openai_client_models(http, b->api_keys[0], &first);
+        openai_client_free(http);
+        if (rc != 0)
+            return fail(1, rc, o->url);
+        b->model_name = o->model_name ? strdup(o->model_name) : first;
+        if (o->model_name)
+            free(first);
+        if (o->model_name && b->model_name == NULL)
+            return fail(1, PAGODA_ENOMEM, NULL);
+    } else {
+        int healthy = 0;
+        rc = pagoda_health(b->clients[0], &healthy);
+        if (rc != 0 || !healthy)
+            return fail(1, rc ? rc : PAGODA_EBUSY, o->url);
+    }
     warm_up(b);
 
     int sweep = GIVEN(o, OPT_SWEEP);
@@ -568,6 +637,8 @@ int main(int argc, char **argv)
         return parsed == 3 ? 0 : parsed;
     /* A gnuplot child that dies must not take pagoda-bench with it. */
     signal(SIGPIPE, SIG_IGN);
+    if (o.api == BENCH_API_OPENAI && curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK)
+        return fail(1, pagoda_error_set(PAGODA_EIO, "curl_global_init failed"), NULL);
 
     struct bench b = {.o = &o};
     struct model_config cfg;
@@ -615,5 +686,7 @@ int main(int argc, char **argv)
     close_clients(&b);
 out:
     workload_fini(&b.w);
+    if (o.api == BENCH_API_OPENAI)
+        curl_global_cleanup();
     return status;
 }

@@ -4,6 +4,7 @@
 #define PAGODA_CLIENT_CLIENT_INTERNAL_H
 
 #include "client/pagoda.h"
+#include "client/pagoda_admin.h"
 #include "proto/pagoda.pb-c.h"
 
 #include <nng/nng.h>
@@ -51,6 +52,10 @@ void client_submit_fini(struct client_submit *cs);
  * (no update, another request's, a bad finish reason), PAGODA_ENOMEM. */
 int client_result_from_update(const Pagoda__ClientResponse *resp,
                               const uint8_t id[PAGODA_REQUEST_ID_BYTES], pagoda_result *result);
+
+/* An AdminResponse's tenants and pins as the API's list (pagoda_admin.c), for the asynchronous
+ * admin call. *out is overwritten. Errors: PAGODA_ENOMEM. */
+int client_admin_list_from_proto(const Pagoda__AdminResponse *a, pagoda_admin_list *out);
 
 /* A Stats message as the API's figures. */
 void client_stats_from_proto(const Pagoda__Stats *s, pagoda_engine_stats *out);

@@ -136,6 +136,11 @@ static int list_from_proto(const Pagoda__AdminResponse *a, pagoda_admin_list *ou
     return rc;
 }
 
+int client_admin_list_from_proto(const Pagoda__AdminResponse *a, pagoda_admin_list *out)
+{
+    return list_from_proto(a, out);
+}
+
 /* One admin call; on success *out is the reply's AdminResponse holder (free the reply with
  * pagoda__client_response__free_unpacked). */
 static int admin_call(pagoda_client *c, Pagoda__AdminRequest *admin, Pagoda__ClientResponse **out)

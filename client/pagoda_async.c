@@ -13,7 +13,7 @@
 #include <string.h>
 #include <sys/random.h>
 
-enum call_kind { CALL_SUBMIT, CALL_POLL, CALL_CANCEL, CALL_STATS, CALL_HEALTH };
+enum call_kind { CALL_SUBMIT, CALL_POLL, CALL_CANCEL, CALL_STATS, CALL_HEALTH, CALL_TENANTS };
 
 struct acall {
     enum call_kind kind;
@@ -33,6 +33,7 @@ void pagoda_async_result_free(pagoda_async_result *res)
     if (res == NULL)
         return;
     pagoda_result_free(&res->result);
+    pagoda_admin_list_free(&res->tenants);
     free(res);
 }
 
@@ -78,6 +79,15 @@ static void read_reply(struct acall *a, nng_msg *m)
         } else {
             res->rc = PAGODA_EPROTO;
             snprintf(res->detail, sizeof(res->detail), "the router's reply carries no stats");
+        }
+    } else if (a->kind == CALL_TENANTS) {
+        if (resp->result_case == PAGODA__CLIENT_RESPONSE__RESULT_ADMIN && resp->admin != NULL) {
+            res->rc = client_admin_list_from_proto(resp->admin, &res->tenants);
+            if (res->rc != 0)
+                snprintf(res->detail, sizeof(res->detail), "out of memory");
+        } else {
+            res->rc = PAGODA_EPROTO;
+            snprintf(res->detail, sizeof(res->detail), "the router's reply carries no tenants");
         }
     } else if (a->kind == CALL_HEALTH) {
         if (resp->result_case == PAGODA__CLIENT_RESPONSE__RESULT_HEALTHY) {
@@ -277,4 +287,20 @@ int pagoda_health_async(pagoda_client *c, pagoda_async_fn done, void *user)
     req.health = &hreq;
     struct acall *a = acall_new(CALL_HEALTH, NULL, done, user);
     return a == NULL ? PAGODA_ENOMEM : start(c, NULL, &req, 0, a);
+}
+
+int pagoda_admin_tenants_async(pagoda_client *c, const char *api_key, pagoda_async_fn done,
+                               void *user)
+{
+    if (c == NULL || done == NULL)
+        return pagoda_error_set(PAGODA_EINVAL, "pagoda_admin_tenants_async: NULL argument");
+    Pagoda__AdminTenantsRequest treq = PAGODA__ADMIN_TENANTS_REQUEST__INIT;
+    Pagoda__AdminRequest admin = PAGODA__ADMIN_REQUEST__INIT;
+    admin.op_case = PAGODA__ADMIN_REQUEST__OP_TENANTS;
+    admin.tenants = &treq;
+    Pagoda__ClientRequest req = PAGODA__CLIENT_REQUEST__INIT;
+    req.call_case = PAGODA__CLIENT_REQUEST__CALL_ADMIN;
+    req.admin = &admin;
+    struct acall *a = acall_new(CALL_TENANTS, NULL, done, user);
+    return a == NULL ? PAGODA_ENOMEM : start(c, api_key, &req, PAGODA_ADMIN_WAIT_MS, a);
 }

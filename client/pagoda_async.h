@@ -10,6 +10,7 @@
 #define PAGODA_CLIENT_PAGODA_ASYNC_H
 
 #include "client/pagoda.h"
+#include "client/pagoda_admin.h"
 
 /* The outcome of one call: rc 0 and the call's result, or an error code with its detail (the
  * router's message for an error it reported). The callback owns it: release it with
@@ -21,6 +22,7 @@ typedef struct pagoda_async_result {
     pagoda_result result;      /* submit (no tokens), poll, cancel */
     pagoda_engine_stats stats; /* stats */
     int healthy;               /* health */
+    pagoda_admin_list tenants; /* admin tenants */
 } pagoda_async_result;
 
 typedef void (*pagoda_async_fn)(void *user, pagoda_async_result *res);
@@ -49,5 +51,11 @@ int pagoda_cancel_async(pagoda_client *c, const char *api_key,
 /* pagoda_stats and pagoda_health without waiting. */
 int pagoda_stats_async(pagoda_client *c, const char *api_key, pagoda_async_fn done, void *user);
 int pagoda_health_async(pagoda_client *c, pagoda_async_fn done, void *user);
+
+/* pagoda_admin_tenants without waiting, with api_key (an admin key of the router): the result's
+ * tenants (and pins) list. Waits up to PAGODA_ADMIN_WAIT_MS plus the client's timeout, as the
+ * blocking call does. Errors in the result as pagoda_admin_tenants'. */
+int pagoda_admin_tenants_async(pagoda_client *c, const char *api_key, pagoda_async_fn done,
+                               void *user);
 
 #endif

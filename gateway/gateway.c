@@ -56,6 +56,7 @@ static void greq_unref(struct greq *q)
     if (q->generation)
         g->num_generations--;
     openai_request_fini(&q->req);
+    pagoda_async_result_free(q->stats_res);
     free(q->body);
     free(q->api_key);
     free(q->text);
@@ -186,6 +187,11 @@ static void on_health_call(void *user, pagoda_async_result *res)
 void gateway_on_stats_call(void *user, pagoda_async_result *res)
 {
     mail(user, res, CALL_KIND_STATS);
+}
+
+void gateway_on_tenants_call(void *user, pagoda_async_result *res)
+{
+    mail(user, res, CALL_KIND_TENANTS);
 }
 
 int gateway_call_started(struct greq *q, int rc)
@@ -475,7 +481,10 @@ static void on_async(uv_async_t *h)
             on_health(q, m->res);
             break;
         case CALL_KIND_STATS:
-            gateway_metrics_answer(q, m->res);
+            gateway_metrics_answer(q, &m->res);
+            break;
+        case CALL_KIND_TENANTS:
+            gateway_metrics_tenants(q, m->res);
             break;
         }
         pagoda_async_result_free(m->res);

@@ -25,7 +25,8 @@ enum call_kind {
     CALL_KIND_POLL,
     CALL_KIND_CANCEL,
     CALL_KIND_HEALTH,
-    CALL_KIND_STATS
+    CALL_KIND_STATS,
+    CALL_KIND_TENANTS
 };
 
 /* One HTTP request in progress. Alive while refs > 0: the HTTP side (until answered or the
@@ -56,6 +57,8 @@ struct greq {
     size_t n, cap;
     /* Times for the latency figures (CLOCK_MONOTONIC, ns). */
     uint64_t t_start_ns, t_submit_ns, t_first_ns, t_last_ns;
+    /* /metrics: the router's Stats, kept while its tenants are asked for. */
+    pagoda_async_result *stats_res;
     struct greq *prev, *next; /* gateway.live */
 };
 
@@ -99,8 +102,9 @@ struct gateway {
 
 /* Counts a call that started (rc 0) against q and the gateway; returns rc. */
 int gateway_call_started(struct greq *q, int rc);
-/* The NNG-thread callback of a Stats call made for /metrics. */
+/* The NNG-thread callbacks of the Stats and admin tenants calls made for /metrics. */
 void gateway_on_stats_call(void *user, pagoda_async_result *res);
+void gateway_on_tenants_call(void *user, pagoda_async_result *res);
 /* Frees the gateway once it is closing and nothing is left in progress. */
 void gateway_maybe_free(struct gateway *g);
 
@@ -115,8 +119,11 @@ void gateway_metrics_finish(struct gateway *g, struct greq *q, const pagoda_resu
                             uint64_t t_ns);
 void gateway_metrics_error(struct gateway *g, int status);
 void gateway_metrics_disconnect(struct gateway *g, struct greq *q);
-/* The router's Stats for a /metrics call arrived (or failed): renders and answers q. */
-void gateway_metrics_answer(struct greq *q, pagoda_async_result *res);
+/* The router's Stats for a /metrics call arrived (or failed): renders and answers q, or, with a
+ * --stats-key, first asks the router's tenants (taking *res into q, *res set to NULL). */
+void gateway_metrics_answer(struct greq *q, pagoda_async_result **res);
+/* The tenants for q's /metrics arrived (or failed: the page goes without them): answers q. */
+void gateway_metrics_tenants(struct greq *q, pagoda_async_result *res);
 /* Answers a request with a JSON body and ends its HTTP side (gateway.c). */
 void gateway_respond_json(struct greq *q, int status, char *json);
 void gateway_respond_text(struct greq *q, int status, const char *content_type, const char *body,

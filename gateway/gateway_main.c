@@ -40,7 +40,8 @@ static void usage(FILE *f)
             "/health, /metrics, and a status page at /) for the router at URL.\n"
             "--model-name: the model's id in /v1/models and responses (default \"pagoda\").\n"
             "--stats-key: the API key /metrics asks the router's Stats with (an admin key when\n"
-            "           the router has a tenants file).\n"
+            "           the router has a tenants file; an admin key also gives the per-tenant\n"
+            "           series pagoda_tenant_*{tenant=...}).\n"
             "--max-requests: generations in progress at once; more get 429 (%u).\n"
             "--default-max-tokens: a chat completion without max_tokens (%d).\n",
             GATEWAY_DEFAULT_MAX_REQUESTS, GATEWAY_DEFAULT_MAX_TOKENS);

@@ -1,7 +1,15 @@
 /* /metrics: the gateway's own figures of the requests it served (latencies as its clients saw
  * them, tokens, finishes) and the engine's gauges from the router's Stats, fetched when scraped,
  * in Prometheus' text format (metrics/metrics.h). Names follow vLLM's where one exists, under
- * "pagoda_". */
+ * "pagoda_".
+ *
+ * Labelled by tenant where it applies (issue 18): when --stats-key is an admin key of the
+ * router, each scrape also asks the router's admin tenants call and exports, per tenant, its
+ * running and waiting requests and its namespace's prefix-cache figures (pagoda_tenant_*, label
+ * tenant). The engine-wide series stay unlabelled beside them, so that sums over tenants are
+ * never double counted. With any other key (or a router without a tenants file) the router
+ * refuses the call and the page goes without the tenant series. The gateway's own figures are
+ * not split by tenant: it knows API keys, not tenants (the router maps one to the other). */
 #include "gateway/gateway_internal.h"
 
 #include "common/error.h"
@@ -78,6 +86,9 @@ void gateway_metrics_disconnect(struct gateway *g, struct greq *q)
         g->fig.disconnects++;
 }
 
+static void render(struct greq *q, const pagoda_async_result *res,
+                   const pagoda_admin_list *tenants);
+
 static void counter(struct metrics_buf *b, const char *name, const char *help, double v)
 {
     metrics_family(b, name, METRICS_COUNTER, help);
@@ -97,7 +108,72 @@ static void histogram(struct metrics_buf *b, const char *name, const char *help,
     metrics_histogram(b, NULL, 0, h);
 }
 
-void gateway_metrics_answer(struct greq *q, pagoda_async_result *res)
+/* The per-tenant series of the router's tenants list. */
+static void tenant_series(struct metrics_buf *b, const pagoda_admin_list *l)
+{
+    if (l->num_tenants == 0)
+        return;
+    static const struct {
+        const char *name, *help;
+        enum metrics_type type;
+    } fam[] = {
+        {"pagoda_tenant_num_requests_running", "The tenant's sequences the scheduler runs now.",
+         METRICS_GAUGE},
+        {"pagoda_tenant_num_requests_waiting", "The tenant's sequences waiting for the scheduler.",
+         METRICS_GAUGE},
+        {"pagoda_tenant_prefix_cache_hit_rate",
+         "Prompt tokens of the tenant's requests served from the prefix cache over those looked "
+         "up.",
+         METRICS_GAUGE},
+        {"pagoda_tenant_prefix_cache_blocks",
+         "KV blocks cached in the tenant's namespace (its group's when it is in one).",
+         METRICS_GAUGE},
+        {"pagoda_tenant_prefix_cache_queries_total",
+         "Prompt tokens of the tenant's requests looked up in the prefix cache.", METRICS_COUNTER},
+        {"pagoda_tenant_prefix_cache_hits_total",
+         "Prompt tokens of the tenant's requests served from the prefix cache.", METRICS_COUNTER},
+        {"pagoda_tenant_prefix_cache_evictions_total",
+         "Cached KV blocks evicted from the tenant's namespace.", METRICS_COUNTER},
+    };
+    for (size_t k = 0; k < sizeof(fam) / sizeof(fam[0]); k++) {
+        metrics_family(b, fam[k].name, fam[k].type, fam[k].help);
+        for (size_t i = 0; i < l->num_tenants; i++) {
+            const pagoda_tenant_info *t = &l->tenants[i];
+            const double v[] = {t->running,
+                                t->waiting,
+                                t->hit_rate,
+                                t->cached_blocks,
+                                (double)t->query_tokens,
+                                (double)t->hit_tokens,
+                                (double)t->evictions};
+            struct metrics_label label = {"tenant", t->name ? t->name : ""};
+            metrics_sample(b, &label, 1, v[k]);
+        }
+    }
+}
+
+void gateway_metrics_answer(struct greq *q, pagoda_async_result **resp)
+{
+    struct gateway *g = q->g;
+    if (q->http != NULL && g->stats_key != NULL && (*resp)->rc == 0 &&
+        gateway_call_started(q, pagoda_admin_tenants_async(g->client, g->stats_key,
+                                                           gateway_on_tenants_call, q)) == 0) {
+        q->stats_res = *resp;
+        *resp = NULL;
+        return;
+    }
+    render(q, *resp, NULL);
+}
+
+void gateway_metrics_tenants(struct greq *q, pagoda_async_result *res)
+{
+    if (res->rc != 0)
+        log_debug("/metrics without the tenants' figures: %s", res->detail);
+    render(q, q->stats_res, res->rc == 0 ? &res->tenants : NULL);
+}
+
+/* Renders the page from the router's Stats (res) and its tenants (NULL: none) and answers q. */
+static void render(struct greq *q, const pagoda_async_result *res, const pagoda_admin_list *tenants)
 {
     struct gateway *g = q->g;
     const struct gateway_figures *f = &g->fig;
@@ -158,6 +234,8 @@ void gateway_metrics_answer(struct greq *q, pagoda_async_result *res)
     } else {
         log_debug("/metrics without the engine's figures: %s", res->detail);
     }
+    if (tenants != NULL)
+        tenant_series(&b, tenants);
     if (b.err != 0) {
         metrics_buf_fini(&b);
         gateway_respond_text(q, 500, "text/plain", "metrics could not be rendered\n", 30);
