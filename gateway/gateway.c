@@ -552,8 +552,6 @@ static char *bearer_key(struct http_request *http, int *bad)
 static void start_generation(struct gateway *g, struct http_request *http, enum route route)
 {
     if (g->num_generations >= g->cfg.max_requests) {
-        struct greq tmp = {.g = g, .http = http, .refs = 1};
-        (void)tmp;
         struct openai_error err = {.status = 429, .type = "rate_limit_error"};
         snprintf(err.message, sizeof(err.message),
                  "%u requests are in progress, the gateway's limit: retry later",

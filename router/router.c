@@ -140,7 +140,7 @@ static void router_free(struct router *r)
         struct request *q = lists[l]->head;
         while (q != NULL) {
             struct request *next = q->next;
-            registry_request_free(q);
+            registry_request_free(r, q);
             q = next;
         }
     }

@@ -17,8 +17,8 @@
  * Policy, before the resubmissions), and the scheduler announces every request it holds: a
  * restarted router (whose registry was lost) registers the requests it does not hold under the
  * tenant and client id the announcement echoes, so that clients polling by id get every token. A
- * poll for an unknown id within ANNOUNCE_GRACE_MS (router_registry.c) of the router's start, before the
- * announcement completed, waits for it instead of failing at once.
+ * poll for an unknown id within ANNOUNCE_GRACE_MS (router_registry.c) of the router's start, before
+ * the announcement completed, waits for it instead of failing at once.
  *
  * Decisions (minimal first version; a later issue adds the rest):
  *  - Tenants (router/tenants.h): without a tenants file, api_key is ignored and every request
@@ -134,11 +134,11 @@
 /* The most stop token ids one request may carry. */
 #define ROUTER_MAX_STOP_TOKEN_IDS 64u
 /* Text prompts and chats being tokenized on libuv's threadpool at once (jobs whose request was
- * cancelled still count until they end), in all and per tenant: a Submit over either is refused
- * with PAGODA_EEXHAUSTED, so one tenant's flood of long prompts cannot queue without bound or
- * hold up everyone's. */
-#define ROUTER_MAX_TEXT_JOBS 256u
-#define ROUTER_MAX_TENANT_TEXT_JOBS 32u
+ * cancelled still count until they end), in all and per tenant. More wait their turn in the
+ * router, in arrival order, skipping a tenant at its share: one tenant's flood of long prompts
+ * never holds up everyone's, and none is refused for it (admission bounds them, as any request). */
+#define ROUTER_MAX_TEXT_JOBS 64u
+#define ROUTER_MAX_TENANT_TEXT_JOBS 8u
 /* The most messages in a chat. */
 #define ROUTER_MAX_CHAT_MESSAGES 4096u
 /* Unpacking one client message may make at most this many allocations (one per string or

@@ -249,6 +249,7 @@ struct router {
     struct text_holder *text;
     char text_error[512];
     uint32_t text_jobs; /* prompts being tokenized, cancelled ones included */
+    struct text_job *text_pending_head, *text_pending_tail; /* waiting for their turn */
 
     int draining;
     uint64_t drain_deadline_ms;
@@ -311,7 +312,7 @@ struct request *registry_find(const struct router *r, const uint8_t *sched_id);
 struct request *registry_adopt(struct router *r, const Pagoda__Internal__TokenEvent *ev);
 /* Frees q and what it holds (its text side too); NULL is fine. The registry's lists and counts are
  * the caller's: registry_drop for a request in the registry. */
-void registry_request_free(struct request *q);
+void registry_request_free(struct router *r, struct request *q);
 /* Counts what q holds now in r->registry_bytes, after q changed. */
 void registry_account(struct router *r, struct request *q);
 /* Sets *flag (q->need_submit or q->need_cancel) to value, keeping r->num_pending. */
@@ -385,14 +386,14 @@ int router_text_read(const struct router *r, const Pagoda__SubmitRequest *s, int
  * PAGODA_ENOMEM, PAGODA_EIO. */
 int router_text_attach(struct router *r, struct request *q, const Pagoda__SubmitRequest *s);
 /* Releases q's text side; a job in flight is cancelled or left to free itself. */
-void router_text_request_free(struct request *q);
+void router_text_request_free(struct router *r, struct request *q);
 /* The router is being freed: jobs in flight no longer report to it. */
 void router_text_router_closing(struct router *r);
 /* A new output token: its text. *stop is set (> 0) when it completed a stop string. */
 int router_text_on_token(struct request *q, int32_t token, int *stop);
 /* q ended: its job (if any) is dropped and what was held back becomes visible. Returns 1 when that
  * last text completed a stop string (the request then ends with FINISH_STOP). */
-int router_text_on_finish(struct request *q);
+int router_text_on_finish(struct router *r, struct request *q);
 /* The text of q's tokens from offset on, and the stop string that ended it, pointing into q
  * (valid until q changes; empty when q has no text). */
 int router_text_fill(const struct request *q, uint32_t offset, ProtobufCBinaryData *text,

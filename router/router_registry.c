@@ -84,11 +84,11 @@ static struct request *registry_find_client(const struct router *r, uint32_t ten
     return q;
 }
 
-void registry_request_free(struct request *q)
+void registry_request_free(struct router *r, struct request *q)
 {
     if (q == NULL)
         return;
-    router_text_request_free(q);
+    router_text_request_free(r, q);
     free(q->prompt);
     free(q->stop_ids);
     free(q->tokens);
@@ -193,7 +193,7 @@ void registry_drop(struct router *r, struct request *q)
     if (q->need_submit || q->need_cancel)
         r->num_pending--;
     tenancy_unref(r, q->tenant);
-    registry_request_free(q);
+    registry_request_free(r, q);
 }
 
 /* The tenant that holds the most finished results (the one whose oldest is older on a tie). */
@@ -252,8 +252,8 @@ void registry_finish(struct router *r, struct request *q, Pagoda__FinishReason r
     if (error_message != NULL)
         q->error_message = strdup(error_message);
     /* The text held back is released; should it complete a stop string, that is the end. */
-    if (router_text_on_finish(q) && (reason == PAGODA__FINISH_REASON__FINISH_LENGTH ||
-                                     reason == PAGODA__FINISH_REASON__FINISH_STOP))
+    if (router_text_on_finish(r, q) && (reason == PAGODA__FINISH_REASON__FINISH_LENGTH ||
+                                        reason == PAGODA__FINISH_REASON__FINISH_STOP))
         q->finish = PAGODA__FINISH_REASON__FINISH_STOP;
     request_forget_prompt(r, q);
     registry_set_pending(r, q, &q->need_submit, 0);
@@ -396,7 +396,7 @@ static int submit_params_equal(const struct submit_params *a, const uint64_t a_h
            a->logprobs == b->logprobs;
 }
 
-static struct request *request_new(const struct router *r, uint32_t tenant, const uint8_t *id,
+static struct request *request_new(struct router *r, uint32_t tenant, const uint8_t *id,
                                    const struct submit_params *p)
 {
     struct request *q = calloc(1, sizeof(*q));
@@ -409,7 +409,7 @@ static struct request *request_new(const struct router *r, uint32_t tenant, cons
     q->prompt = malloc((p->num_prompt ? p->num_prompt : 1) * sizeof(int32_t));
     q->stop_ids = malloc((p->num_stop ? p->num_stop : 1) * sizeof(int32_t));
     if (q->prompt == NULL || q->stop_ids == NULL) {
-        registry_request_free(q);
+        registry_request_free(r, q);
         return NULL;
     }
     if (p->num_prompt) /* a text or chat prompt has no ids yet: p->prompt is NULL */
@@ -499,7 +499,7 @@ void registry_handle_submit(struct router *r, struct rctx *c, uint32_t tenant,
         return;
     }
     if ((rc = router_text_attach(r, q, s)) != 0) {
-        registry_request_free(q);
+        registry_request_free(r, q);
         router_reply_error(c, rc, "submit: %s", pagoda_error_detail());
         return;
     }

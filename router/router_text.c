@@ -7,8 +7,9 @@
  * A text or chat Submit is registered at once like any other (so a resent Submit finds it), but
  * is sent to the scheduler only when its job has produced the token ids; a job that fails (bad
  * UTF-8, a template error, a prompt over the limit) ends the request with FINISH_ERROR and the
- * reason, which the client's next poll receives. Jobs in flight are bounded in all and per
- * tenant (router.h); a job whose request ends is cancelled if it has not started. */
+ * reason, which the client's next poll receives. Jobs on the threadpool are bounded in all and
+ * per tenant (router.h); more wait in the router's list, in arrival order, skipping a tenant at
+ * its share. A job whose request ends is dropped if it waits, cancelled if it has not started. */
 #include "router/router_internal.h"
 
 #include "common/error.h"
@@ -41,8 +42,10 @@ static void holder_unref(struct text_holder *h)
  * memcpy speed); the thread unpacks them, renders the chat and encodes. */
 struct text_job {
     uv_work_t work;
-    struct router *r;  /* NULL once the router is gone */
-    struct request *q; /* NULL once the request is gone or has ended */
+    struct text_job *prev, *next; /* router.text_pending while it waits its turn */
+    int queued;                   /* on libuv's threadpool (counted in text_jobs) */
+    struct router *r;             /* NULL once the router is gone */
+    struct request *q;            /* NULL once the request is gone or has ended */
     uint32_t tenant;
     struct text_holder *holder;
     uint8_t *packed;
@@ -338,6 +341,44 @@ static void job_free(struct text_job *job)
     free(job);
 }
 
+static void pending_remove(struct router *r, struct text_job *job)
+{
+    if (job->prev)
+        job->prev->next = job->next;
+    else
+        r->text_pending_head = job->next;
+    if (job->next)
+        job->next->prev = job->prev;
+    else
+        r->text_pending_tail = job->prev;
+    job->prev = job->next = NULL;
+}
+
+static void job_done(uv_work_t *w, int status);
+
+/* Starts waiting jobs, in arrival order, while the threadpool has room in all and for their
+ * tenant. A job libuv refuses (never expected) waits for the next turn. */
+static void dispatch(struct router *r)
+{
+    struct text_job *job = r->text_pending_head;
+    while (job != NULL && r->text_jobs < ROUTER_MAX_TEXT_JOBS) {
+        struct text_job *next = job->next;
+        if (r->slots[job->tenant].text_jobs < ROUTER_MAX_TENANT_TEXT_JOBS) {
+            int uv = uv_queue_work(r->loop, &job->work, job_work, job_done);
+            if (uv != 0) {
+                log_warn("could not queue a tokenization: %s", uv_strerror(uv));
+                return;
+            }
+            pending_remove(r, job);
+            job->queued = 1;
+            r->text_jobs++;
+            r->slots[job->tenant].text_jobs++;
+            tenancy_ref(r, job->tenant);
+        }
+        job = next;
+    }
+}
+
 static void job_done(uv_work_t *w, int status)
 {
     struct text_job *job = w->data;
@@ -347,6 +388,7 @@ static void job_done(uv_work_t *w, int status)
         r->text_jobs--;
         r->slots[job->tenant].text_jobs--;
         tenancy_unref(r, job->tenant); /* the slot is the job's until now */
+        dispatch(r);
     }
     if (r == NULL || q == NULL) {
         job_free(job);
@@ -367,12 +409,6 @@ int router_text_attach(struct router *r, struct request *q, const Pagoda__Submit
 {
     int text = s != NULL && (s->has_prompt_text || s->n_messages > 0);
     int detokenize = r->text != NULL && (s == NULL || !s->has_detokenize || s->detokenize);
-    if (text && (r->text_jobs >= ROUTER_MAX_TEXT_JOBS ||
-                 r->slots[q->tenant].text_jobs >= ROUTER_MAX_TENANT_TEXT_JOBS))
-        return pagoda_error_set(PAGODA_EEXHAUSTED,
-                                "%u prompts are being tokenized (%u of this tenant), the limit: "
-                                "retry later",
-                                r->text_jobs, r->slots[q->tenant].text_jobs);
     if (detokenize) {
         const char *stops[OUTPUT_TEXT_MAX_STOPS];
         size_t lens[OUTPUT_TEXT_MAX_STOPS];
@@ -403,33 +439,38 @@ int router_text_attach(struct router *r, struct request *q, const Pagoda__Submit
     atomic_fetch_add(&r->text->refs, 1);
     job->max_prompt_tokens = r->cfg.max_prompt_tokens;
     job->work.data = job;
-    int uv = uv_queue_work(r->loop, &job->work, job_work, job_done);
-    if (uv != 0) {
-        job_free(job);
-        return pagoda_error_set(PAGODA_EIO, "could not queue the tokenization: %s",
-                                uv_strerror(uv));
-    }
-    r->text_jobs++;
-    r->slots[q->tenant].text_jobs++;
-    tenancy_ref(r, q->tenant);
+    job->prev = r->text_pending_tail;
+    if (r->text_pending_tail)
+        r->text_pending_tail->next = job;
+    else
+        r->text_pending_head = job;
+    r->text_pending_tail = job;
     q->job = job;
+    dispatch(r);
     return 0;
 }
 
-/* The request no longer waits for its job: it is cancelled if it has not started (job_done then
- * runs with UV_ECANCELED), else its result is dropped. Either way it still counts until done. */
-static void detach_job(struct request *q)
+/* The request no longer waits for its job: a job still waiting its turn is freed; one on the
+ * threadpool is cancelled if it has not started (job_done then runs with UV_ECANCELED), else its
+ * result is dropped, and it counts until it ends. */
+static void detach_job(struct router *r, struct request *q)
 {
-    if (q->job == NULL)
+    struct text_job *job = q->job;
+    if (job == NULL)
         return;
-    q->job->q = NULL;
-    uv_cancel((uv_req_t *)&q->job->work);
     q->job = NULL;
+    if (!job->queued) {
+        pending_remove(r, job);
+        job_free(job);
+        return;
+    }
+    job->q = NULL;
+    uv_cancel((uv_req_t *)&job->work);
 }
 
-void router_text_request_free(struct request *q)
+void router_text_request_free(struct router *r, struct request *q)
 {
-    detach_job(q);
+    detach_job(r, q);
     output_text_free(q->text);
     q->text = NULL;
 }
@@ -440,8 +481,9 @@ void router_text_router_closing(struct router *r)
     for (int l = 0; l < 2; l++)
         for (struct request *q = lists[l]->head; q != NULL; q = q->next)
             if (q->job != NULL) {
-                q->job->r = NULL; /* the router goes first: the job only frees itself */
-                detach_job(q);
+                if (q->job->queued)
+                    q->job->r = NULL; /* the router goes first: the job only frees itself */
+                detach_job(r, q);
             }
 }
 
@@ -456,9 +498,9 @@ int router_text_on_token(struct request *q, int32_t token, int *stop)
     return rc;
 }
 
-int router_text_on_finish(struct request *q)
+int router_text_on_finish(struct router *r, struct request *q)
 {
-    detach_job(q);
+    detach_job(r, q);
     int stop = 0;
     if (q->text != NULL && output_text_finish(q->text, &stop) == 0 && stop > 0 &&
         q->stop_index == 0) {

@@ -331,6 +331,39 @@ static void scenario_text(struct group *g, const Tokenizer *tok, const ChatTempl
           "an invalid stop string is refused at Submit: '%s'", pagoda_error_detail());
     CHECK(ids_served(c), "the group still serves");
 
+    /* A burst of text prompts, more than are tokenized at once: every one is admitted (they wait
+     * their turn in the router) and ends with its tokens. */
+    enum { BURST = 64 };
+    static char burst_text[4096];
+    for (size_t i = 0; i + 12 < sizeof(burst_text) - 1; i += 11)
+        memcpy(burst_text + i, "the router ", 11);
+    uint8_t burst_ids[BURST][PAGODA_REQUEST_ID_BYTES];
+    int admitted = 0, completed = 0;
+    pagoda_generate_params pburst = group_greedy(2);
+    pr = pagoda_prompt_default();
+    pr.text = burst_text;
+    for (int i = 0; i < BURST; i++)
+        admitted += pagoda_submit_prompt(c, &pburst, &pr, burst_ids[i]) == 0;
+    for (int i = 0; i < BURST; i++) {
+        pagoda_result res = {0};
+        size_t have = 0;
+        for (int k = 0; k < 200 && res.finish_reason == PAGODA_FINISH_NONE; k++) {
+            pagoda_result_free(&res);
+            if (pagoda_poll(c, burst_ids[i], (uint32_t)have, 1000, &res) != 0)
+                break;
+            have += res.num_tokens;
+        }
+        int done = res.finish_reason == PAGODA_FINISH_LENGTH && have == 2;
+        if (!done)
+            printf("burst %d: finish %s, %zu tokens, %s\n", i,
+                   pagoda_finish_reason_name(res.finish_reason), have,
+                   res.error_message ? res.error_message : pagoda_error_detail());
+        completed += done;
+        pagoda_result_free(&res);
+    }
+    CHECK(admitted == BURST && completed == BURST,
+          "a burst of %d text prompts: %d admitted, %d completed", BURST, admitted, completed);
+
     /* The CLI: generate --prompt and chat print what the library got (greedy is its default). */
     char args[512];
     snprintf(args, sizeof(args), "generate --prompt '%s' --max-tokens %d --ignore-eos", PROSE,
