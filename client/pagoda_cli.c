@@ -14,6 +14,7 @@
  * failed, 2 for bad flags. */
 #include "client/pagoda.h"
 #include "common/error.h"
+#include "common/json_util.h"
 #include "common/parse.h"
 #include "client/pagoda_admin_cli.h"
 
@@ -99,17 +100,7 @@ static void print_json_ints(const int32_t *v, size_t n)
  * U+0000). */
 static void print_json_bytes(const char *s, size_t len)
 {
-    putchar('"');
-    for (size_t i = 0; i < len; i++) {
-        unsigned char ch = (unsigned char)s[i];
-        if (ch == '"' || ch == '\\')
-            printf("\\%c", ch);
-        else if (ch < 0x20)
-            printf("\\u%04x", ch);
-        else
-            putchar(ch);
-    }
-    putchar('"');
+    json_util_print_string(stdout, s, len);
 }
 
 static void print_json_string(const char *s)

@@ -108,3 +108,18 @@ bool json_util_is_null(const json_t *obj, const char *key)
     json_t *v;
     return lookup(obj, key, &v) != 0;
 }
+
+void json_util_print_string(FILE *f, const char *s, size_t len)
+{
+    fputc('"', f);
+    for (size_t i = 0; i < len; i++) {
+        unsigned char ch = (unsigned char)s[i];
+        if (ch == '"' || ch == '\\')
+            fprintf(f, "\\%c", ch);
+        else if (ch < 0x20)
+            fprintf(f, "\\u%04x", ch);
+        else
+            fputc(ch, f);
+    }
+    fputc('"', f);
+}

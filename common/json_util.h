@@ -8,6 +8,7 @@
 
 #include <jansson.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -32,5 +33,9 @@ int json_util_get_string(const json_t *obj, const char *key, const char **out);
 
 /* True when key is absent or JSON null. */
 bool json_util_is_null(const json_t *obj, const char *key);
+
+/* Writes len bytes of UTF-8 to f as a JSON string literal (quotes, backslashes and control
+ * characters escaped; U+0000 as \u0000), for the tools that print JSON lines by hand. */
+void json_util_print_string(FILE *f, const char *s, size_t len);
 
 #endif

@@ -12,6 +12,7 @@
  * tokens, as the router does) and prints the output's text (special tokens left out) instead of
  * its ids; with --json the line has both. */
 #include "common/error.h"
+#include "common/json_util.h"
 #include "common/log.h"
 #include "common/parse.h"
 #include "kernels/cpu/sampler.h"
@@ -88,22 +89,6 @@ static int is_eos(const struct model_config *c, int32_t tok)
     return 0;
 }
 
-/* Prints the JSON string body of UTF-8 text. */
-static void print_json_text(const char *t, size_t len)
-{
-    putchar('"');
-    for (size_t i = 0; i < len; i++) {
-        unsigned char ch = (unsigned char)t[i];
-        if (ch == '"' || ch == '\\')
-            printf("\\%c", ch);
-        else if (ch < 0x20)
-            printf("\\u%04x", ch);
-        else
-            putchar(ch);
-    }
-    putchar('"');
-}
-
 /* tok: the tokenizer of a text prompt (its output is printed as text), else NULL. */
 static void print_result(const struct seq *s, int json, const Tokenizer *tok)
 {
@@ -144,7 +129,7 @@ static void print_result(const struct seq *s, int json, const Tokenizer *tok)
         printf("], \"finish_reason\": \"%s\"", s->finish);
         if (text != NULL) {
             printf(", \"text\": ");
-            print_json_text(text, text_len);
+            json_util_print_string(stdout, text, text_len);
         }
         if (s->error[0] != '\0') {
             printf(", \"error\": \"");
