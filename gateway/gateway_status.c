@@ -1,7 +1,9 @@
 /* The status page: static HTML with a little JavaScript (no framework) that reads /metrics every
  * two seconds and shows the figures live: throughput (tokens per second over the last interval),
  * latency percentiles estimated from the histograms, KV usage, prefix hit rate, running and
- * waiting requests. Everything it shows comes from /metrics, so the page and a scraper agree. */
+ * waiting requests, and per tenant (when /metrics has the tenants' series) its running and
+ * waiting requests and prefix hit rate. Everything it shows comes from /metrics, so the page and a
+ * scraper agree. */
 #include "gateway/gateway_internal.h"
 
 #include <string.h>
@@ -26,6 +28,8 @@ static const char page[] =
     "<tr><th>time per output token p50 / p95 / p99 (s)</th><td id=\"tpot\">-</td></tr>\n"
     "<tr><th>end-to-end latency p50 / p95 / p99 (s)</th><td id=\"e2e\">-</td></tr>\n"
     "</table>\n"
+    "<h2>tenants</h2><table id=\"tenants\"><tr><th>tenant</th><th>running</th><th>waiting</th>"
+    "<th>prefix cache hit rate</th></tr></table>\n"
     "<script>\n"
     "function parse(text){const m={};for(const line of text.split('\\n')){"
     "if(!line||line[0]==='#')continue;const i=line.lastIndexOf(' ');"
@@ -53,6 +57,14 @@ static const char page[] =
     "set('ttft',q3(m,'pagoda_time_to_first_token_seconds'));"
     "set('tpot',q3(m,'pagoda_time_per_output_token_seconds'));"
     "set('e2e',q3(m,'pagoda_e2e_request_latency_seconds'));"
+    "const ts={};for(const k in m){const p=k.match(/^pagoda_tenant_(num_requests_running|"
+    "num_requests_waiting|prefix_cache_hit_rate)\\{tenant=\"((?:[^\"\\\\]|\\\\.)*)\"\\}$/);"
+    "if(p){(ts[p[2]]=ts[p[2]]||{})[p[1]]=m[k];}}"
+    "const tb=document.getElementById('tenants');while(tb.rows.length>1)tb.deleteRow(1);"
+    "for(const name of Object.keys(ts).sort()){const r=tb.insertRow();r.id='tenant-'+name;"
+    "const t=ts[name];for(const v of [name,fmt(t.num_requests_running,0),"
+    "fmt(t.num_requests_waiting,0),fmt(100*t.prefix_cache_hit_rate,1)+' %'])"
+    "r.insertCell().textContent=v;}"
     "set('updated',new Date().toLocaleTimeString());}catch(e){"
     "document.getElementById('state').textContent='unreachable';}}\n"
     "tick();setInterval(tick,2000);\n"
