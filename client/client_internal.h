@@ -48,6 +48,19 @@ int client_submit_build(struct client_submit *cs, const pagoda_generate_params *
                         const pagoda_prompt *prompt, const uint8_t id[PAGODA_REQUEST_ID_BYTES]);
 void client_submit_fini(struct client_submit *cs);
 
+/* A Poll or a Cancel for request id, as the blocking and the asynchronous calls send it: req
+ * points into the struct (keep it in place while req is used; the id is borrowed). */
+struct client_id_call {
+    Pagoda__ClientRequest req;
+    Pagoda__PollRequest poll;
+    Pagoda__CancelRequest cancel;
+};
+
+/* wait_ms is sent as given: the callers clamp it to PAGODA_POLL_WAIT_MS_MAX. */
+void client_poll_build(struct client_id_call *m, const uint8_t id[PAGODA_REQUEST_ID_BYTES],
+                       uint32_t offset, uint32_t wait_ms);
+void client_cancel_build(struct client_id_call *m, const uint8_t id[PAGODA_REQUEST_ID_BYTES]);
+
 /* Copies a reply's TokenUpdate for request id into *result (overwritten). Errors: PAGODA_EPROTO
  * (no update, another request's, a bad finish reason), PAGODA_ENOMEM. */
 int client_result_from_update(const Pagoda__ClientResponse *resp,

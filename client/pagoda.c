@@ -449,6 +449,37 @@ int client_submit_build(struct client_submit *cs, const pagoda_generate_params *
     return 0;
 }
 
+void client_poll_build(struct client_id_call *m, const uint8_t id[PAGODA_REQUEST_ID_BYTES],
+                       uint32_t offset, uint32_t wait_ms)
+{
+    Pagoda__ClientRequest req = PAGODA__CLIENT_REQUEST__INIT;
+    Pagoda__PollRequest poll = PAGODA__POLL_REQUEST__INIT;
+    m->req = req;
+    m->poll = poll;
+    m->poll.has_request_id = 1;
+    m->poll.request_id.data = (uint8_t *)id;
+    m->poll.request_id.len = PAGODA_REQUEST_ID_BYTES;
+    m->poll.has_offset = 1;
+    m->poll.offset = offset;
+    m->poll.has_wait_ms = 1;
+    m->poll.wait_ms = wait_ms;
+    m->req.call_case = PAGODA__CLIENT_REQUEST__CALL_POLL;
+    m->req.poll = &m->poll;
+}
+
+void client_cancel_build(struct client_id_call *m, const uint8_t id[PAGODA_REQUEST_ID_BYTES])
+{
+    Pagoda__ClientRequest req = PAGODA__CLIENT_REQUEST__INIT;
+    Pagoda__CancelRequest cancel = PAGODA__CANCEL_REQUEST__INIT;
+    m->req = req;
+    m->cancel = cancel;
+    m->cancel.has_request_id = 1;
+    m->cancel.request_id.data = (uint8_t *)id;
+    m->cancel.request_id.len = PAGODA_REQUEST_ID_BYTES;
+    m->req.call_case = PAGODA__CLIENT_REQUEST__CALL_CANCEL;
+    m->req.cancel = &m->cancel;
+}
+
 void client_submit_fini(struct client_submit *cs)
 {
     free(cs->store);
@@ -491,19 +522,10 @@ int pagoda_poll(pagoda_client *c, const uint8_t request_id[PAGODA_REQUEST_ID_BYT
     memset(result, 0, sizeof(*result));
     if (wait_ms > PAGODA_POLL_WAIT_MS_MAX)
         wait_ms = PAGODA_POLL_WAIT_MS_MAX;
-    Pagoda__PollRequest poll = PAGODA__POLL_REQUEST__INIT;
-    poll.has_request_id = 1;
-    poll.request_id.data = (uint8_t *)request_id;
-    poll.request_id.len = PAGODA_REQUEST_ID_BYTES;
-    poll.has_offset = 1;
-    poll.offset = offset;
-    poll.has_wait_ms = 1;
-    poll.wait_ms = wait_ms;
-    Pagoda__ClientRequest req = PAGODA__CLIENT_REQUEST__INIT;
-    req.call_case = PAGODA__CLIENT_REQUEST__CALL_POLL;
-    req.poll = &poll;
+    struct client_id_call m;
+    client_poll_build(&m, request_id, offset, wait_ms);
     Pagoda__ClientResponse *resp = NULL;
-    int rc = call(c, &req, wait_ms, &resp);
+    int rc = call(c, &m.req, wait_ms, &resp);
     if (rc != 0)
         return rc;
     rc = client_result_from_update(resp, request_id, result);
@@ -521,15 +543,10 @@ int pagoda_cancel(pagoda_client *c, const uint8_t request_id[PAGODA_REQUEST_ID_B
 {
     if (c == NULL || request_id == NULL)
         return pagoda_error_set(PAGODA_EINVAL, "pagoda_cancel: NULL argument");
-    Pagoda__CancelRequest cancel = PAGODA__CANCEL_REQUEST__INIT;
-    cancel.has_request_id = 1;
-    cancel.request_id.data = (uint8_t *)request_id;
-    cancel.request_id.len = PAGODA_REQUEST_ID_BYTES;
-    Pagoda__ClientRequest req = PAGODA__CLIENT_REQUEST__INIT;
-    req.call_case = PAGODA__CLIENT_REQUEST__CALL_CANCEL;
-    req.cancel = &cancel;
+    struct client_id_call m;
+    client_cancel_build(&m, request_id);
     Pagoda__ClientResponse *resp = NULL;
-    int rc = call(c, &req, 0, &resp);
+    int rc = call(c, &m.req, 0, &resp);
     if (rc != 0)
         return rc;
     pagoda_result state;

@@ -233,19 +233,10 @@ int pagoda_poll_async(pagoda_client *c, const char *api_key,
         return pagoda_error_set(PAGODA_EINVAL, "pagoda_poll_async: NULL argument");
     if (wait_ms > PAGODA_POLL_WAIT_MS_MAX)
         wait_ms = PAGODA_POLL_WAIT_MS_MAX;
-    Pagoda__PollRequest poll = PAGODA__POLL_REQUEST__INIT;
-    poll.has_request_id = 1;
-    poll.request_id.data = (uint8_t *)request_id;
-    poll.request_id.len = PAGODA_REQUEST_ID_BYTES;
-    poll.has_offset = 1;
-    poll.offset = offset;
-    poll.has_wait_ms = 1;
-    poll.wait_ms = wait_ms;
-    Pagoda__ClientRequest req = PAGODA__CLIENT_REQUEST__INIT;
-    req.call_case = PAGODA__CLIENT_REQUEST__CALL_POLL;
-    req.poll = &poll;
+    struct client_id_call m;
+    client_poll_build(&m, request_id, offset, wait_ms);
     struct acall *a = acall_new(CALL_POLL, request_id, done, user);
-    return a == NULL ? PAGODA_ENOMEM : start(c, api_key, &req, wait_ms, a);
+    return a == NULL ? PAGODA_ENOMEM : start(c, api_key, &m.req, wait_ms, a);
 }
 
 int pagoda_cancel_async(pagoda_client *c, const char *api_key,
@@ -254,15 +245,10 @@ int pagoda_cancel_async(pagoda_client *c, const char *api_key,
 {
     if (c == NULL || request_id == NULL || done == NULL)
         return pagoda_error_set(PAGODA_EINVAL, "pagoda_cancel_async: NULL argument");
-    Pagoda__CancelRequest cancel = PAGODA__CANCEL_REQUEST__INIT;
-    cancel.has_request_id = 1;
-    cancel.request_id.data = (uint8_t *)request_id;
-    cancel.request_id.len = PAGODA_REQUEST_ID_BYTES;
-    Pagoda__ClientRequest req = PAGODA__CLIENT_REQUEST__INIT;
-    req.call_case = PAGODA__CLIENT_REQUEST__CALL_CANCEL;
-    req.cancel = &cancel;
+    struct client_id_call m;
+    client_cancel_build(&m, request_id);
     struct acall *a = acall_new(CALL_CANCEL, request_id, done, user);
-    return a == NULL ? PAGODA_ENOMEM : start(c, api_key, &req, 0, a);
+    return a == NULL ? PAGODA_ENOMEM : start(c, api_key, &m.req, 0, a);
 }
 
 int pagoda_stats_async(pagoda_client *c, const char *api_key, pagoda_async_fn done, void *user)

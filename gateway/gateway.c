@@ -223,13 +223,22 @@ static void poll_next(struct greq *q)
 
 /* ---- a generation ------------------------------------------------------------------------ */
 
-static void fill_out(const struct greq *q, struct openai_out *o)
+/* The fields of an answer or chunk that come from the request and from the poll's result r
+ * (its finish, stop and usage); the caller adds the text and tokens. */
+static void fill_out(const struct greq *q, const pagoda_result *r, struct openai_out *o)
 {
     memset(o, 0, sizeof(*o));
     o->req = &q->req;
     o->id = q->id_str;
     o->created = q->created;
     o->model = q->g->cfg.model_name;
+    o->finish = r->finish_reason;
+    o->stop_string = r->stop_string;
+    o->has_stop_token_id = r->has_stop_token_id;
+    o->stop_token_id = r->stop_token_id;
+    o->prompt_tokens = r->prompt_tokens;
+    o->completion_tokens = r->completion_tokens;
+    o->cached_tokens = r->cached_tokens;
 }
 
 static int stream_write_json(struct greq *q, char *json)
@@ -246,19 +255,12 @@ static int stream_write_json(struct greq *q, char *json)
 static void stream_piece(struct greq *q, const pagoda_result *r)
 {
     struct openai_out o;
-    fill_out(q, &o);
+    fill_out(q, r, &o);
     o.text = r->text;
     o.text_len = r->text_len;
     o.token_ids = r->token_ids;
     o.logprobs = q->req.params.logprobs ? r->logprobs : NULL;
     o.n = r->num_tokens;
-    o.finish = r->finish_reason;
-    o.stop_string = r->stop_string;
-    o.has_stop_token_id = r->has_stop_token_id;
-    o.stop_token_id = r->stop_token_id;
-    o.prompt_tokens = r->prompt_tokens;
-    o.completion_tokens = r->completion_tokens;
-    o.cached_tokens = r->cached_tokens;
     int first = !q->first_chunk_sent;
     /* A piece whose tokens completed no text yet (a character split over tokens) sends nothing,
      * unless the client asked for the tokens' log-probabilities. */
@@ -325,20 +327,13 @@ static int gather(struct greq *q, const pagoda_result *r)
 static void answer_whole(struct greq *q, const pagoda_result *r)
 {
     struct openai_out o;
-    fill_out(q, &o);
+    fill_out(q, r, &o);
     o.text = q->text;
     o.text_len = q->text_len;
     o.token_ids = q->ids;
     o.logprobs = q->req.params.logprobs ? q->lps : NULL;
     o.n = q->n;
-    o.finish = r->finish_reason;
-    o.stop_string = r->stop_string;
-    o.has_stop_token_id = r->has_stop_token_id;
-    o.stop_token_id = r->stop_token_id;
     o.with_usage = true;
-    o.prompt_tokens = r->prompt_tokens;
-    o.completion_tokens = r->completion_tokens;
-    o.cached_tokens = r->cached_tokens;
     respond_json(q, 200, openai_response_json(&o));
 }
 
