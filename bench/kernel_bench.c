@@ -1,8 +1,13 @@
 /* kernel_bench: times pagoda's CUDA kernels on device buffers, on the Llama-3-8B shape.
  *
- *   kernel_bench [--json FILE] [--quick] [--filter SUB[,SUB...]]
+ *   kernel_bench [--json FILE] [--quick] [--filter SUB[,SUB...]] [--pool vmm|malloc]
  *
- * --filter runs only the cases whose name contains one of the substrings.
+ * --filter runs only the cases whose name contains one of the substrings. --pool says where the
+ * attention cases' KV pool comes from: vmm (the default) allocates it as pagoda-kvpool does, by
+ * kv_cuda_pool_create (CUDA VMM: cuMemCreate chunks of the recommended granularity mapped at one
+ * address), since that is the memory the worker's kernels read; malloc takes it from cudaMalloc
+ * (the layout is the same, but where it lands physically depends on what the process allocated
+ * and freed before: bench/RESULTS.md measured both).
  * Cases: paged decode attention (batch x context, head dim 64 and 128, block sizes 8 to 64,
  * block tables in order and shuffled), paged causal prefill attention, the append case (a chunk
  * continuing a sequence already in the pool), each linear of the model through the worker's
@@ -27,6 +32,7 @@
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/sampler.h"
 #include "kernels/cuda/util.h"
+#include "kvpool/cuda_pool.h"
 
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
@@ -49,7 +55,8 @@ static cublasHandle_t cublas;
 static FILE *json;
 static int json_cases;
 static size_t l2_bytes;
-static const char *filter; /* comma-separated substrings, or NULL for every case */
+static const char *filter;   /* comma-separated substrings, or NULL for every case */
+static bool pool_vmm = true; /* --pool: the attention pools by kv_cuda_pool_create */
 
 /* True when the case name passes --filter. */
 static bool wanted(const char *name)
@@ -217,7 +224,16 @@ static void bench_attention(const struct attn_case *c)
     struct kv_geometry g = {
         1, 1, (int32_t)(total_blocks + 1), bs, c->num_kv_heads, c->head_dim, DTYPE_BF16};
     const size_t pool_bytes = kv_pool_bytes(&g);
-    uint16_t *pool = dev_alloc(pool_bytes);
+    struct kv_cuda_pool *vmm = NULL;
+    uint16_t *pool;
+    if (pool_vmm) {
+        struct kv_cuda_pool_options po = {0, 0};
+        CK(cudaGetDevice(&po.device));
+        PK(kv_cuda_pool_create(&g, &po, &vmm));
+        pool = kv_cuda_pool_data(vmm);
+    } else {
+        pool = dev_alloc(pool_bytes);
+    }
     fill(pool, (int64_t)(pool_bytes / 2), STREAM_POOL);
     const int32_t num_tokens = c->batch * c->query_len;
     const int64_t qw = (int64_t)c->num_heads * c->head_dim;
@@ -281,13 +297,19 @@ static void bench_attention(const struct attn_case *c)
             "\"num_kv_heads\": %d, \"head_dim\": %d, \"block_size\": %d, \"shuffled\": %s, "
             "\"shuffle_mult\": %lld, \"num_blocks\": %d, \"ms\": %.6f, \"bytes\": %.0f, "
             "\"flops\": %.0f, \"sum_abs\": %.9e, \"sum_w\": %.9e, "
-            "\"pool_head\": [%u, %u, %u, %u], \"q_head\": [%u, %u, %u, %u]}",
+            "\"pool_head\": [%u, %u, %u, %u], \"q_head\": [%u, %u, %u, %u], \"pool\": \"%s\"}",
             c->batch, c->context_len, c->query_len, c->num_heads, c->num_kv_heads, c->head_dim, bs,
             c->shuffled ? "true" : "false", (long long)mult, g.num_blocks, ms, kv_bytes, flops,
-            sum_abs, sum_w, ph[0], ph[1], ph[2], ph[3], qh[0], qh[1], qh[2], qh[3]);
+            sum_abs, sum_w, ph[0], ph[1], ph[2], ph[3], qh[0], qh[1], qh[2], qh[3],
+            pool_vmm ? "vmm" : "malloc");
 
     cuda_attention_plan_free(r.plan);
-    CK(cudaFree(pool));
+    if (vmm != NULL) {
+        CK(cudaStreamSynchronize(stream));
+        kv_cuda_pool_close(vmm);
+    } else {
+        CK(cudaFree(pool));
+    }
     CK(cudaFree(q));
     CK(cudaFree(out));
     free(query_start);
@@ -568,8 +590,12 @@ int main(int argc, char **argv)
             quick = true;
         else if (strcmp(argv[i], "--filter") == 0 && i + 1 < argc)
             filter = argv[++i];
+        else if (strcmp(argv[i], "--pool") == 0 && i + 1 < argc &&
+                 (strcmp(argv[i + 1], "vmm") == 0 || strcmp(argv[i + 1], "malloc") == 0))
+            pool_vmm = strcmp(argv[++i], "vmm") == 0;
         else {
-            fprintf(stderr, "usage: kernel_bench [--json FILE] [--quick] [--filter SUB[,SUB]]\n");
+            fprintf(stderr, "usage: kernel_bench [--json FILE] [--quick] [--filter SUB[,SUB]] "
+                            "[--pool vmm|malloc]\n");
             return 2;
         }
     }
@@ -594,8 +620,9 @@ int main(int argc, char **argv)
     }
     fprintf(json, "{\"device\": \"%s\", \"sms\": %d, \"seed\": %llu, \"cases\": [", prop.name,
             prop.multiProcessorCount, (unsigned long long)kBenchSeed);
-    printf("kernel_bench on %s (%d SMs, L2 %zu MiB)\n", prop.name, prop.multiProcessorCount,
-           l2_bytes >> 20);
+    printf("kernel_bench on %s (%d SMs, L2 %zu MiB), attention pools by %s\n", prop.name,
+           prop.multiProcessorCount, l2_bytes >> 20,
+           pool_vmm ? "kv_cuda_pool_create (VMM)" : "cudaMalloc");
 
     /* Decode, prefill and append: 32 query heads, 8 KV heads, head dim 128, block size 16
      * unless the name says otherwise. */

@@ -2,7 +2,9 @@
 # bench/run_kernels.sh BUILD_DIR: pagoda's CUDA kernels against PyTorch on the GPU machine, in
 # one run: correctness first, then timings, then one table.
 #   1. tests/gpu's kernel suite (test_cuda_kernels: every kernel against the CPU implementation)
-#   2. kernel_bench: pagoda's kernels timed on device buffers, JSON in OUT_DIR/kernel_bench.json
+#   2. kernel_bench: pagoda's kernels timed on device buffers (the attention pools allocated as
+#      pagoda-kvpool does, by CUDA VMM; KERNEL_BENCH_ARGS="--pool malloc" for cudaMalloc), JSON
+#      in OUT_DIR/kernel_bench.json
 #   3. bench/kernel_competitor.py: PyTorch SDPA (cuDNN, FlashAttention-2) and torch.matmul on the
 #      same shapes and data, checksums compared with pagoda's, the table; JSON in
 #      OUT_DIR/kernels.json
