@@ -47,8 +47,12 @@ constexpr int kSplitWavesMax = 4;
 constexpr int kSplitStartupKeys = 128;
 constexpr int kSplitMinTokens = 256;
 constexpr int kSplitAlign = 64;
-/* Partitions whose partial results the merge loads at once. */
-constexpr int kMergeBatch = 8;
+/* Partitions whose partial results the merge loads at once: 32, so that the 32 partitions of
+ * one 32k-token sequence at batch 1 come through L2 in one round trip (ncu on the H200: the
+ * merge took ~3.4 of 42 us with 8 at a time, ~2.9 with 32; bench/RESULTS.md). The decode
+ * kernel's registers rise (142 -> 208 at head dim 128, 86 -> 138 at 64) without costing
+ * occupancy, which shared memory limits to 2 and 3 CTAs per SM. */
+constexpr int kMergeBatch = 32;
 
 /* Everything a kernel needs, passed by value. Metadata pointers point into the plan's device
  * buffer. */

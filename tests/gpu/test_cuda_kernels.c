@@ -677,10 +677,12 @@ static void test_attention_decode_edges(struct shape sh)
     test_attention("decode edges", sh, n, query_len, context_len);
 }
 
-/* One long decode alone: split into many partitions. */
-static void test_attention_long_decode(struct shape sh)
+/* One long decode alone: split into many partitions. With one KV head, 10000 keys make 40
+ * partitions of 256 on any GPU of 40 resident decode CTAs or more: more than the merge loads at
+ * once (kMergeBatch, 32), so that its second batch runs. */
+static void test_attention_long_decode(struct shape sh, int32_t context)
 {
-    const int32_t query_len[] = {1}, context_len[] = {3000};
+    const int32_t query_len[] = {1}, context_len[] = {context};
     test_attention("one decode", sh, 1, query_len, context_len);
 }
 
@@ -888,9 +890,11 @@ int main(void)
         test_attention_mixed((struct shape){32, 8, 128, 8}); /* smallest block */
         test_attention_mixed((struct shape){16, 4, 64, 64}); /* largest block */
         test_attention_many_decodes((struct shape){32, 8, 128, 16}, 48);
-        test_attention_long_decode((struct shape){8, 8, 128, 32});
+        test_attention_long_decode((struct shape){8, 8, 128, 32}, 3000);
     }
-    test_attention_long_decode((struct shape){64, 1, 64, 16}); /* 64 heads per KV head */
+    test_attention_long_decode((struct shape){64, 1, 64, 16}, 3000);  /* 64 heads per KV head */
+    test_attention_long_decode((struct shape){8, 1, 128, 16}, 10000); /* 40 partitions */
+    test_attention_long_decode((struct shape){8, 1, 64, 16}, 10000);
 
     /* Decode: head dims 64 and 128, block sizes 8 to 64 (10: not a multiple of 4), 1, 2, 4 and
      * 12 query heads per KV head, split and unsplit contexts. */
