@@ -14,7 +14,8 @@ void bench_usage(FILE *f)
     fprintf(
         f,
         "usage: pagoda-bench [--url URL] [--api pagoda|openai [--model-name NAME]\n"
-        "         [--stats-url URL]] [--workload random|shared-prefix|multi-tenant]\n"
+        "         [--stats-url URL]]\n"
+        "         [--workload random|shared-prefix|multi-tenant|realistic]\n"
         "         [--rate R|inf | --concurrency C | --sweep R1,R2,...] [--max-concurrency N]\n"
         "         [--num-prompts N] [--seed S] [--ignore-eos] [--temperature T]\n"
         "         [--model DIR | --vocab N --max-context N]\n"
@@ -23,6 +24,9 @@ void bench_usage(FILE *f)
         "                        [--question-len Q] [--output-len N]\n"
         "         multi-tenant:  --tenants FILE | --api-keys K1,K2,...\n"
         "                        [--system-prompt-len L] [--question-len Q] [--output-len N]\n"
+        "         realistic:     [--input-len MEDIAN[:CAP]] [--output-len MEDIAN[:CAP]]\n"
+        "                        [--length-sigma IN[:OUT]]\n"
+        "         [--duration S] [--timeline-interval S] [--timeline-plot FILE.png]\n"
         "         [--api-key KEY] [--stats-api-key KEY] [--warmup N] [--timeout-ms MS]\n"
         "         [--stats-interval-ms MS] [--json FILE] [--output-requests FILE]\n"
         "         [--dump-workload FILE] [--plot FILE.png] [--title TEXT] [--quiet]\n"
@@ -40,6 +44,10 @@ void bench_usage(FILE *f)
         "                 the tenant's pinned prompt (when a pin names it), then its namespace's\n"
         "                 system prompt (its group's, else its own; --system-prompt-len [512]),\n"
         "                 then its own question (--question-len [128]); --output-len [128].\n"
+        "  realistic      --num-prompts [1000] prompts with long-tailed lengths: prompt and\n"
+        "                 output lengths log-normal, medians --input-len [256] and --output-len\n"
+        "                 [128], sigmas (of the log) --length-sigma [1.0:0.8], capped at CAP\n"
+        "                 [16 x the median] and at the model's context.\n"
         "Token ids are uniform below the vocabulary of --model DIR (config.json; default the\n"
         "bundled %s) or --vocab; prompt + output must fit the model's positions\n"
         "(max_position_embeddings, or --max-context), else pagoda-bench refuses (exit 2).\n"
@@ -53,6 +61,11 @@ void bench_usage(FILE *f)
         "OpenAI-compatible server); TTFT and token times come from the SSE chunks.\n"
         "--model-name: the requests' \"model\" (default: the first of GET /v1/models);\n"
         "--stats-url: a pagoda router to read the engine's figures from (else none).\n"
+        "Long runs: --duration S sends requests for S seconds only (open loop: the workload\n"
+        "gets rate x S x 1.25 + 64 prompts unless --num-prompts; closed loop: %u), and the\n"
+        "report adds a timeline: every --timeline-interval [5] seconds, TTFT/TPOT p50/p95/p99,\n"
+        "throughput, KV usage, fragmentation, page locality, prefix hit rate, evictions and\n"
+        "preemptions (in the text, in --json as \"timeline\", and drawn by --timeline-plot).\n"
         "Sampling: greedy unless --temperature; request i has seed S + i; --ignore-eos.\n"
         "Output: the text report on stdout (unless --quiet); --json FILE the report as JSON\n"
         "(a sweep: {\"sweep\": [...]}); --output-requests FILE one JSON line per request with\n"
@@ -62,7 +75,7 @@ void bench_usage(FILE *f)
         "model's shape x --weight-dtype-bytes [2] (or --weight-bytes) and K/V bytes per token\n"
         "x --kv-dtype-bytes [2]. --baseline-tps X: also report output tokens/s as a ratio of X.\n"
         "Exit status: 0 ran (failed requests are in the report), 1 could not run, 2 bad flags.\n",
-        PAGODA_BENCH_DEFAULT_MODEL, BENCH_DEFAULT_MAX_CONCURRENCY);
+        PAGODA_BENCH_DEFAULT_MODEL, BENCH_DEFAULT_MAX_CONCURRENCY, BENCH_DURATION_CLOSED_PROMPTS);
 }
 
 static const struct option longopts[] = {
@@ -96,6 +109,10 @@ static const struct option longopts[] = {
     {"output-requests", required_argument, NULL, OPT_OUTPUT_REQUESTS},
     {"dump-workload", required_argument, NULL, OPT_DUMP_WORKLOAD},
     {"plot", required_argument, NULL, OPT_PLOT},
+    {"duration", required_argument, NULL, OPT_DURATION},
+    {"timeline-interval", required_argument, NULL, OPT_TIMELINE_INTERVAL},
+    {"timeline-plot", required_argument, NULL, OPT_TIMELINE_PLOT},
+    {"length-sigma", required_argument, NULL, OPT_LENGTH_SIGMA},
     {"title", required_argument, NULL, OPT_TITLE},
     {"quiet", no_argument, NULL, OPT_QUIET},
     {"bandwidth-gbs", required_argument, NULL, OPT_BANDWIDTH},
@@ -225,9 +242,11 @@ static int parse_flag(struct options *o, int opt, const char *arg)
     case OPT_MAX_CONTEXT:
         return parse_i64("--max-context", arg, 2, INT32_MAX, &o->max_context);
     case OPT_INPUT_LEN:
+        o->input_cap_given = strchr(arg, ':') != NULL;
         return parse_range("--input-len", arg, WORKLOAD_MAX_PROMPT_TOKENS, &o->input_min,
                            &o->input_max);
     case OPT_OUTPUT_LEN:
+        o->output_cap_given = strchr(arg, ':') != NULL;
         return parse_range("--output-len", arg, WORKLOAD_MAX_OUTPUT_TOKENS, &o->output_min,
                            &o->output_max);
     case OPT_GROUPS:
@@ -309,6 +328,32 @@ static int parse_flag(struct options *o, int opt, const char *arg)
     case OPT_STATS_URL:
         o->stats_url = arg;
         return 0;
+    case OPT_DURATION:
+        if ((rc = parse_f64("--duration", arg, 0, BENCH_MAX_DURATION_S, &d)) == 0 && d <= 0)
+            rc = pagoda_error_set(PAGODA_ERANGE, "--duration: %s must be above 0", arg);
+        o->duration_s = d;
+        return rc;
+    case OPT_TIMELINE_INTERVAL:
+        if ((rc = parse_f64("--timeline-interval", arg, 0, BENCH_MAX_DURATION_S, &d)) == 0 &&
+            d < 0.1)
+            rc = pagoda_error_set(PAGODA_ERANGE, "--timeline-interval: %s is below 0.1 s", arg);
+        o->timeline_interval_s = d;
+        return rc;
+    case OPT_TIMELINE_PLOT:
+        o->timeline_plot_path = arg;
+        return 0;
+    case OPT_LENGTH_SIGMA: {
+        char buf[64];
+        snprintf(buf, sizeof(buf), "%s", arg);
+        char *colon = strchr(buf, ':');
+        if (colon)
+            *colon = '\0';
+        rc = parse_f64("--length-sigma", buf, 0, 10, &o->input_sigma);
+        o->output_sigma = o->input_sigma;
+        if (rc == 0 && colon)
+            rc = parse_f64("--length-sigma", colon + 1, 0, 10, &o->output_sigma);
+        return rc;
+    }
     default:
         return pagoda_error_set(PAGODA_EINVAL, "unknown option (see --help)");
     }
@@ -322,10 +367,12 @@ static int check_flags(struct options *o)
         const char *name;
         unsigned workloads; /* bit per enum workload_kind */
     } only[] = {
-        {OPT_INPUT_LEN, "--input-len", 1u << WORKLOAD_RANDOM},
+        {OPT_INPUT_LEN, "--input-len", 1u << WORKLOAD_RANDOM | 1u << WORKLOAD_REALISTIC},
+        {OPT_LENGTH_SIGMA, "--length-sigma", 1u << WORKLOAD_REALISTIC},
         {OPT_GROUPS, "--groups", 1u << WORKLOAD_SHARED_PREFIX},
         {OPT_PROMPTS_PER_GROUP, "--prompts-per-group", 1u << WORKLOAD_SHARED_PREFIX},
-        {OPT_NUM_PROMPTS, "--num-prompts", 1u << WORKLOAD_RANDOM | 1u << WORKLOAD_MULTI_TENANT},
+        {OPT_NUM_PROMPTS, "--num-prompts",
+         1u << WORKLOAD_RANDOM | 1u << WORKLOAD_MULTI_TENANT | 1u << WORKLOAD_REALISTIC},
         {OPT_SYSTEM_PROMPT_LEN, "--system-prompt-len",
          1u << WORKLOAD_SHARED_PREFIX | 1u << WORKLOAD_MULTI_TENANT},
         {OPT_QUESTION_LEN, "--question-len",
@@ -335,9 +382,18 @@ static int check_flags(struct options *o)
         if (GIVEN(o, only[k].opt) && !(only[k].workloads & (1u << o->kind)))
             return pagoda_error_set(PAGODA_EINVAL, "%s does not apply to --workload %s",
                                     only[k].name, workload_kind_name(o->kind));
-    if (o->kind != WORKLOAD_RANDOM && o->output_min != o->output_max)
+    if (o->kind != WORKLOAD_RANDOM && o->kind != WORKLOAD_REALISTIC &&
+        o->output_min != o->output_max)
         return pagoda_error_set(PAGODA_EINVAL, "--output-len: a range applies to --workload "
-                                               "random only");
+                                               "random (LO:HI) and realistic (MEDIAN:CAP) only");
+    if (GIVEN(o, OPT_DURATION) && GIVEN(o, OPT_SWEEP))
+        return pagoda_error_set(PAGODA_EINVAL, "--duration is for one run, not a --sweep");
+    if (GIVEN(o, OPT_DURATION) && !GIVEN(o, OPT_CONCURRENCY) && !GIVEN(o, OPT_RATE))
+        return pagoda_error_set(PAGODA_EINVAL, "--duration needs --rate R or --concurrency C");
+    if (GIVEN(o, OPT_DURATION) && GIVEN(o, OPT_RATE) && isinf(o->rate))
+        return pagoda_error_set(PAGODA_EINVAL, "--duration needs a finite --rate");
+    if ((GIVEN(o, OPT_TIMELINE_PLOT) || GIVEN(o, OPT_TIMELINE_INTERVAL)) && GIVEN(o, OPT_SWEEP))
+        return pagoda_error_set(PAGODA_EINVAL, "the timeline is for one run, not a --sweep");
     int modes = GIVEN(o, OPT_RATE) + GIVEN(o, OPT_CONCURRENCY) + GIVEN(o, OPT_SWEEP);
     if (modes > 1)
         return pagoda_error_set(PAGODA_EINVAL,
@@ -374,14 +430,35 @@ static int check_flags(struct options *o)
 
 static void set_defaults(struct options *o)
 {
+    if (o->kind == WORKLOAD_REALISTIC) {
+        if (!GIVEN(o, OPT_INPUT_LEN))
+            o->input_min = BENCH_REALISTIC_INPUT_MEDIAN;
+        if (!GIVEN(o, OPT_OUTPUT_LEN))
+            o->output_min = BENCH_REALISTIC_OUTPUT_MEDIAN;
+        if (!o->input_cap_given)
+            o->input_max = (uint32_t)fmin((double)o->input_min * BENCH_REALISTIC_CAP_FACTOR,
+                                          WORKLOAD_MAX_PROMPT_TOKENS);
+        if (!o->output_cap_given)
+            o->output_max = (uint32_t)fmin((double)o->output_min * BENCH_REALISTIC_CAP_FACTOR,
+                                           WORKLOAD_MAX_OUTPUT_TOKENS);
+        if (!GIVEN(o, OPT_LENGTH_SIGMA)) {
+            o->input_sigma = BENCH_REALISTIC_INPUT_SIGMA;
+            o->output_sigma = BENCH_REALISTIC_OUTPUT_SIGMA;
+        }
+    }
     if (!GIVEN(o, OPT_NUM_PROMPTS))
         o->num_prompts = o->kind == WORKLOAD_MULTI_TENANT ? 256 : 1000;
-    if (!GIVEN(o, OPT_OUTPUT_LEN))
+    if (!GIVEN(o, OPT_OUTPUT_LEN) && o->kind != WORKLOAD_REALISTIC)
         o->output_min = o->output_max = o->kind == WORKLOAD_SHARED_PREFIX ? 256 : 128;
     if (!GIVEN(o, OPT_SYSTEM_PROMPT_LEN))
         o->system_len = o->kind == WORKLOAD_SHARED_PREFIX ? 2048 : 512;
     if (!GIVEN(o, OPT_RATE) && !GIVEN(o, OPT_CONCURRENCY) && !GIVEN(o, OPT_SWEEP))
         o->rate = INFINITY;
+    if (GIVEN(o, OPT_DURATION) && !GIVEN(o, OPT_NUM_PROMPTS)) {
+        double n = GIVEN(o, OPT_CONCURRENCY) ? BENCH_DURATION_CLOSED_PROMPTS
+                                             : ceil(o->rate * o->duration_s * 1.25) + 64;
+        o->num_prompts = (size_t)fmin(n, WORKLOAD_MAX_REQUESTS);
+    }
 }
 
 void bench_options_init(struct options *o)
@@ -396,6 +473,7 @@ void bench_options_init(struct options *o)
         .prompts_per_group = 16,
         .question_len = 128,
         .stats_interval_ms = BENCH_DEFAULT_STATS_INTERVAL_MS,
+        .timeline_interval_s = BENCH_DEFAULT_TIMELINE_INTERVAL_S,
         .weight_dtype_bytes = 2,
         .kv_dtype_bytes = 2,
     };

@@ -21,6 +21,20 @@
 #define BENCH_DEFAULT_STATS_INTERVAL_MS 200u
 #define BENCH_WARMUP_PROMPT_LEN 16u
 #define BENCH_WARMUP_MAX_TOKENS 8u
+#define BENCH_DEFAULT_TIMELINE_INTERVAL_S 5.0
+/* The longest --duration: a day. */
+#define BENCH_MAX_DURATION_S 86400.0
+/* --duration without --num-prompts, closed loop: the workload's size (requests not sent by the
+ * deadline are not sent; a workload used up before it ends the run early, and says so). */
+#define BENCH_DURATION_CLOSED_PROMPTS 65536u
+/* The realistic workload's defaults: log-normal medians and sigmas; caps of CAP_FACTOR x the
+ * median unless --input-len / --output-len give MEDIAN:CAP. Chat traffic as published traces
+ * (ShareGPT, LMSYS-Chat) show it has a median prompt of a few hundred tokens and a long tail. */
+#define BENCH_REALISTIC_INPUT_MEDIAN 256u
+#define BENCH_REALISTIC_OUTPUT_MEDIAN 128u
+#define BENCH_REALISTIC_INPUT_SIGMA 1.0
+#define BENCH_REALISTIC_OUTPUT_SIGMA 0.8
+#define BENCH_REALISTIC_CAP_FACTOR 16u
 
 enum {
     OPT_URL = 1000,
@@ -63,6 +77,10 @@ enum {
     OPT_API,
     OPT_MODEL_NAME,
     OPT_STATS_URL,
+    OPT_DURATION,
+    OPT_TIMELINE_INTERVAL,
+    OPT_TIMELINE_PLOT,
+    OPT_LENGTH_SIGMA,
     OPT_COUNT_ /* flags are tracked in a 64-bit mask below */
 };
 
@@ -96,6 +114,11 @@ struct options {
     uint32_t warmup, timeout_ms, stats_interval_ms;
     double bandwidth_gbs, weight_bytes, baseline_tps;
     int weight_dtype_bytes, kv_dtype_bytes;
+    double duration_s;          /* 0: send the whole workload */
+    double timeline_interval_s; /* the timeline's window */
+    const char *timeline_plot_path;
+    double input_sigma, output_sigma;      /* realistic */
+    int input_cap_given, output_cap_given; /* realistic: MEDIAN:CAP given */
 };
 
 /* The defaults of every option (before the flags). */

@@ -19,6 +19,7 @@
 #include "bench/openai_client.h"
 #include "bench/plot.h"
 #include "bench/report.h"
+#include "bench/timeline.h"
 #include "bench/workload.h"
 #include "client/pagoda.h"
 #include "common/error.h"
@@ -70,6 +71,7 @@ struct run {
     uint64_t seed;
     int open_loop;
     double t0;
+    double deadline_s; /* > 0: no request starts this long after t0 (--duration) */
     atomic_size_t next;
 };
 
@@ -99,6 +101,7 @@ static void run_one(struct run *run, struct openai_client *http, size_t i)
 {
     const struct workload_request *q = &run->w->requests[i];
     struct report_request *rec = &run->recs[i];
+    rec->sent = 1;
     rec->index = (uint32_t)i;
     rec->tenant = q->tenant;
     rec->prompt_len = q->prompt_len;
@@ -150,6 +153,9 @@ static void *client_thread(void *arg)
         size_t i = atomic_fetch_add(&run->next, 1);
         if (i >= run->w->num_requests)
             break;
+        if (run->deadline_s > 0 &&
+            (run->open_loop ? run->w->requests[i].arrival_s : now_s() - run->t0) >= run->deadline_s)
+            break; /* this and every later index: the run is over */
         if (run->open_loop)
             sleep_until(run->t0 + run->w->requests[i].arrival_s);
         run_one(run, http, i);
@@ -166,7 +172,28 @@ struct sampler {
     pthread_cond_t cond;
     int stop;
     struct report_engine *eng;
+    double t0;
+    struct timeline_sample *samples; /* for the timeline, up to TIMELINE_MAX_SAMPLES */
+    size_t num_samples, cap_samples;
 };
+
+static void keep_sample(struct sampler *s, const pagoda_engine_stats *st)
+{
+    if (s->num_samples == s->cap_samples) {
+        size_t cap = s->cap_samples ? s->cap_samples * 2 : 256;
+        if (cap > TIMELINE_MAX_SAMPLES)
+            cap = TIMELINE_MAX_SAMPLES;
+        if (cap == s->num_samples)
+            return;
+        struct timeline_sample *p = realloc(s->samples, cap * sizeof(*p));
+        if (p == NULL)
+            return; /* the timeline misses this sample; the run goes on */
+        s->samples = p;
+        s->cap_samples = cap;
+    }
+    s->samples[s->num_samples].t_s = now_s() - s->t0;
+    s->samples[s->num_samples++].st = *st;
+}
 
 static void *sampler_thread(void *arg)
 {
@@ -186,6 +213,14 @@ static void *sampler_thread(void *arg)
                 if (st.fragmentation > e->fragmentation_max)
                     e->fragmentation_max = st.fragmentation;
             }
+            if (st.running > 0) {
+                if (e->locality_samples == 0 || st.locality < e->locality_min)
+                    e->locality_min = st.locality;
+                e->locality_samples++;
+                e->locality_sum += st.locality;
+                e->run_length_sum += st.locality_run_length;
+            }
+            keep_sample(s, &st);
             if (st.running > e->running_max)
                 e->running_max = st.running;
             if (st.waiting > e->waiting_max)
@@ -218,9 +253,17 @@ struct bench {
     uint32_t num_tenants;
     FILE *requests_out;
     double weight_bytes, kv_bytes_per_token;
+    char workload_params[256];
+    /* The last single run's timeline (not for sweeps). */
+    struct timeline_sample *samples;
+    size_t num_samples;
+    struct timeline_window *timeline;
+    size_t num_windows;
+    double timeline_interval_s;
 };
 
-/* One run of the whole workload. recs (num_requests of them) are filled; *eng with stats. */
+/* One run of the workload (all of it, or what --duration lets start). recs (num_requests of
+ * them) are filled, those sent marked; *eng with stats; b->samples with the stats sampled. */
 static int run_workload(struct bench *b, int open_loop, uint32_t threads,
                         struct report_request *recs, struct report_engine *eng)
 {
@@ -233,6 +276,7 @@ static int run_workload(struct bench *b, int open_loop, uint32_t threads,
                       .timeout_ms = b->o->timeout_ms ? b->o->timeout_ms : PAGODA_DEFAULT_TIMEOUT_MS,
                       .recs = recs,
                       .open_loop = open_loop,
+                      .deadline_s = b->o->duration_s,
                       .seed = b->w.seed};
     run.params = pagoda_generate_params_default();
     run.params.temperature = (float)b->o->temperature;
@@ -243,8 +287,11 @@ static int run_workload(struct bench *b, int open_loop, uint32_t threads,
     if (!eng->have_before && b->stats_client != NULL)
         fprintf(stderr, "pagoda-bench: stats before the run: %s\n", pagoda_error_detail());
 
-    struct sampler s = {
-        .client = b->stats_client, .interval_ms = b->o->stats_interval_ms, .eng = eng};
+    run.t0 = now_s();
+    struct sampler s = {.client = b->stats_client,
+                        .interval_ms = b->o->stats_interval_ms,
+                        .eng = eng,
+                        .t0 = run.t0};
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -258,7 +305,6 @@ static int run_workload(struct bench *b, int open_loop, uint32_t threads,
     pthread_t *tids = calloc(threads, sizeof(*tids));
     if (tids == NULL)
         threads = 0;
-    run.t0 = now_s();
     uint32_t started = 0;
     for (; started < threads; started++)
         if (pthread_create(&tids[started], NULL, client_thread, &run) != 0)
@@ -282,6 +328,9 @@ static int run_workload(struct bench *b, int open_loop, uint32_t threads,
     }
     pthread_mutex_destroy(&s.lock);
     pthread_cond_destroy(&s.cond);
+    free(b->samples);
+    b->samples = s.samples;
+    b->num_samples = s.num_samples;
     eng->have_after = b->stats_client != NULL && pagoda_stats(b->stats_client, &eng->after) == 0;
     if (!eng->have_after && b->stats_client != NULL)
         fprintf(stderr, "pagoda-bench: stats after the run: %s\n", pagoda_error_detail());
@@ -323,8 +372,15 @@ static int bench_once(struct bench *b, int open_loop, double rate, int sweep, st
         return PAGODA_ENOMEM;
     struct report_engine eng;
     int rc = run_workload(b, open_loop, threads, recs, &eng);
+    size_t sent = 0; /* the records sent, in index order, moved to the front */
+    for (size_t i = 0; i < n; i++)
+        if (recs[i].sent)
+            recs[sent++] = recs[i];
     struct report_config cfg = {
         .workload = workload_kind_name(b->w.kind),
+        .workload_params = b->workload_params[0] ? b->workload_params : NULL,
+        .duration_limit_s = o->duration_s,
+        .workload_requests = n,
         .seed = b->w.seed,
         .open_loop = open_loop,
         .rate = rate,
@@ -337,10 +393,19 @@ static int bench_once(struct bench *b, int open_loop, double rate, int sweep, st
         .baseline_output_tps = o->baseline_tps,
     };
     if (rc == 0)
-        rc = report_compute(&cfg, recs, n, &eng, rep);
+        rc = report_compute(&cfg, recs, sent, &eng, rep);
     if (rc == 0)
-        rc = write_requests(b, recs, n, rate, sweep);
-    for (size_t i = 0; i < n; i++)
+        rc = write_requests(b, recs, sent, rate, sweep);
+    if (rc == 0 && !sweep) {
+        free(b->timeline);
+        b->timeline = NULL;
+        double end = rep->duration_s;
+        if (b->num_samples > 0 && b->samples[b->num_samples - 1].t_s > end)
+            end = b->samples[b->num_samples - 1].t_s;
+        rc = timeline_compute(b->samples, b->num_samples, recs, sent, o->timeline_interval_s, end,
+                              &b->timeline, &b->num_windows, &b->timeline_interval_s);
+    }
+    for (size_t i = 0; i < sent; i++)
         report_request_fini(&recs[i]);
     free(recs);
     return rc;
@@ -467,6 +532,23 @@ static int build_workload(struct bench *b, uint64_t seed)
         rc = workload_multi_tenant(&p, o->vocab, seed, &t, &b->w);
         break;
     }
+    case WORKLOAD_REALISTIC: {
+        struct workload_realistic_params p = {.num_requests = o->num_prompts,
+                                              .input_median = o->input_min,
+                                              .input_cap = o->input_max,
+                                              .output_median = o->output_min,
+                                              .output_cap = o->output_max,
+                                              .input_sigma = o->input_sigma,
+                                              .output_sigma = o->output_sigma,
+                                              .max_context = o->max_context};
+        snprintf(b->workload_params, sizeof(b->workload_params),
+                 "prompt log-normal, median %u, sigma %.2f, cap %u; output log-normal, median %u, "
+                 "sigma %.2f, cap %u; both within the context of %lld",
+                 p.input_median, p.input_sigma, p.input_cap, p.output_median, p.output_sigma,
+                 p.output_cap, (long long)p.max_context);
+        rc = workload_realistic(&p, o->vocab, seed, &t, &b->w);
+        break;
+    }
     }
     if (rc == 0)
         rc = workload_check_context(&b->w, o->max_context);
@@ -591,10 +673,27 @@ static int bench_main(struct bench *b)
     }
     if (rc == 0 && sweep && !o->quiet)
         print_sweep_table(stdout, reps, runs);
+    int show_timeline =
+        !sweep && b->num_windows > 0 &&
+        (o->duration_s > 0 || GIVEN(o, OPT_TIMELINE_INTERVAL) || o->timeline_plot_path != NULL);
+    if (rc == 0 && show_timeline && !o->quiet) {
+        printf("\nTimeline (windows of %.1f s; latencies in ms of the requests whose first token "
+               "(TTFT) or end (TPOT) fell in the window; KV max, the rest means of the engine's "
+               "samples):\n",
+               b->timeline_interval_s);
+        timeline_print(stdout, b->timeline, b->num_windows);
+    }
     json_t *doc = NULL;
     if (rc == 0 && o->json_path) {
         if (!sweep) {
             rc = report_to_json(&reps[0], &doc);
+            json_t *tl = NULL;
+            if (rc == 0)
+                rc = timeline_to_json(b->timeline, b->num_windows, &tl);
+            if (rc == 0 && (json_object_set_new(doc, "timeline", tl) != 0 ||
+                            json_object_set_new(doc, "timeline_interval_s",
+                                                json_real(b->timeline_interval_s)) != 0))
+                rc = PAGODA_ENOMEM;
         } else {
             json_t *arr = json_array();
             doc = json_object();
@@ -621,6 +720,15 @@ static int bench_main(struct bench *b)
             snprintf(title, sizeof(title), "pagoda-bench %s workload, %zu requests per rate",
                      workload_kind_name(b->w.kind), b->w.num_requests);
         rc = plot_sweep(reps, runs, title, o->plot_path);
+    }
+    if (rc == 0 && o->timeline_plot_path) {
+        char title[512];
+        if (o->title)
+            snprintf(title, sizeof(title), "%s", o->title);
+        else
+            snprintf(title, sizeof(title), "pagoda-bench %s workload: timeline",
+                     workload_kind_name(b->w.kind));
+        rc = plot_timeline(b->timeline, b->num_windows, title, o->timeline_plot_path);
     }
     for (size_t i = 0; i < runs; i++)
         report_fini(&reps[i]);
@@ -684,6 +792,8 @@ int main(int argc, char **argv)
                       "--output-requests");
     b.requests_out = NULL;
     close_clients(&b);
+    free(b.samples);
+    free(b.timeline);
 out:
     workload_fini(&b.w);
     if (o.api == BENCH_API_OPENAI)

@@ -42,21 +42,106 @@ static void plot_percentiles(FILE *f, int opens, int first, const char *color, c
     }
 }
 
-int plot_sweep(const struct report *reports, size_t n, const char *title, const char *png_path)
+/* Runs gnuplot's script from write(f, arg) into png_path (what of plot_sweep and plot_timeline
+ * is the same). */
+static int run_gnuplot(const char *flag, const char *png_path, const char *title, int width,
+                       int height, void (*write)(FILE *f, const void *arg), const void *arg)
 {
-    if (n == 0)
-        return pagoda_error_set(PAGODA_EINVAL, "--plot: no rate was run");
     if (strpbrk(png_path, "'\n") != NULL || strpbrk(title, "'\n") != NULL)
-        return pagoda_error_set(PAGODA_EINVAL, "--plot: no quote or newline in the path or title");
-    for (size_t i = 0; i < n; i++)
-        if (!isfinite(reports[i].cfg.rate))
-            return pagoda_error_set(PAGODA_EINVAL, "--plot: every rate must be finite");
+        return pagoda_error_set(PAGODA_EINVAL, "%s: no quote or newline in the path or title",
+                                flag);
     FILE *f = popen("gnuplot", "w");
     if (f == NULL)
-        return pagoda_error_set(PAGODA_EIO, "--plot: cannot run gnuplot");
-    fprintf(f, "set terminal pngcairo noenhanced size 1500,520 font 'sans,10'\n");
+        return pagoda_error_set(PAGODA_EIO, "%s: cannot run gnuplot", flag);
+    fprintf(f, "set terminal pngcairo noenhanced size %d,%d font 'sans,10'\n", width, height);
     fprintf(f, "set output '%s'\n", png_path);
     fprintf(f, "set datafile missing '?'\n");
+    write(f, arg);
+    int status = pclose(f);
+    if (status == -1)
+        return pagoda_error_set(PAGODA_EIO, "%s: waiting for gnuplot failed", flag);
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 127)
+        return pagoda_error_set(PAGODA_ENOENT,
+                                "%s: gnuplot is not installed "
+                                "(scripts/install-deps installs gnuplot-nox)",
+                                flag);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+        return pagoda_error_set(PAGODA_EIO, "%s: gnuplot failed (its messages are above)", flag);
+    return 0;
+}
+
+struct timeline_arg {
+    const struct timeline_window *w;
+    size_t n;
+    const char *title;
+};
+
+static void write_timeline(FILE *f, const void *p)
+{
+    const struct timeline_arg *a = p;
+    /* t, TTFT p99, TPOT p99, out tok/s, prefill tok/s, decode tok/s, KV, frag, locality, hit,
+     * preemptions, evictions */
+    fprintf(f, "$d << EOD\n");
+    for (size_t k = 0; k < a->n; k++) {
+        const struct timeline_window *x = &a->w[k];
+        put_value(f, x->t1_s);
+        put_value(f, x->ttft_ms.p99);
+        put_value(f, x->tpot_ms.p99);
+        put_value(f, x->output_tps);
+        put_value(f, x->prefill_tps);
+        put_value(f, x->decode_tps);
+        put_value(f, x->kv_usage_max);
+        put_value(f, x->fragmentation_mean);
+        put_value(f, x->locality_mean);
+        put_value(f, x->hit_rate);
+        put_value(f, x->have_counters ? (double)x->preemptions : NAN);
+        put_value(f, x->have_counters ? (double)x->evictions : NAN);
+        fputc('\n', f);
+    }
+    fprintf(f, "EOD\n");
+    fprintf(f, "set multiplot layout 2,2 title '%s' font 'sans,12'\n", a->title);
+    fprintf(f, "set grid\nset key top left\nset xlabel 'time (s)'\n");
+    fprintf(f, "set title 'Latency p99 per window'\nset ylabel 'ms'\nset yrange [0:*]\n");
+    plot_line(f, 1, 2, "#1f77b4", 1, "TTFT p99");
+    plot_line(f, 0, 3, "#2ca02c", 1, "TPOT p99");
+    fprintf(f, "\nset title 'Throughput'\nset ylabel 'tokens/s'\n");
+    plot_line(f, 1, 4, "#d62728", 1, "output (clients)");
+    plot_line(f, 0, 5, "#9467bd", 2, "prefill (engine)");
+    plot_line(f, 0, 6, "#8c564b", 3, "decode (engine)");
+    fprintf(f, "\nset title 'The pool and the prefix cache'\nset ylabel 'fraction'\n");
+    fprintf(f, "set yrange [0:1.05]\n");
+    plot_line(f, 1, 7, "#1f77b4", 1, "KV usage (max)");
+    plot_line(f, 0, 8, "#ff7f0e", 1, "fragmentation");
+    plot_line(f, 0, 9, "#2ca02c", 1, "page locality");
+    plot_line(f, 0, 10, "#d62728", 2, "prefix hit rate");
+    fprintf(f, "\nset title 'Preemptions and evictions per window'\nset ylabel 'count'\n");
+    fprintf(f, "set yrange [0:*]\n");
+    plot_line(f, 1, 11, "#9467bd", 1, "preemptions");
+    plot_line(f, 0, 12, "#8c564b", 2, "evictions");
+    fprintf(f, "\nunset multiplot\n");
+}
+
+int plot_timeline(const struct timeline_window *w, size_t n, const char *title,
+                  const char *png_path)
+{
+    if (n == 0)
+        return pagoda_error_set(PAGODA_EINVAL, "--timeline-plot: no window");
+    struct timeline_arg a = {w, n, title};
+    return run_gnuplot("--timeline-plot", png_path, title, 1500, 900, write_timeline, &a);
+}
+
+struct sweep_arg {
+    const struct report *reports;
+    size_t n;
+    const char *title;
+};
+
+static void write_sweep(FILE *f, const void *p)
+{
+    const struct sweep_arg *a = p;
+    const struct report *reports = a->reports;
+    size_t n = a->n;
+    const char *title = a->title;
     /* rate, TTFT p50/p90/p99, E2E, TPOT, ITL, output tok/s, completed req/s */
     fprintf(f, "$d << EOD\n");
     for (size_t i = 0; i < n; i++) {
@@ -91,13 +176,15 @@ int plot_sweep(const struct report *reports, size_t n, const char *title, const 
     fprintf(f, "plot $d using 1:14 axes x1y1 with linespoints lw 2 title 'output tokens/s', \\\n"
                "     $d using 1:15 axes x1y2 with linespoints dashtype 2 title 'requests/s'\n");
     fprintf(f, "unset multiplot\n");
-    int status = pclose(f);
-    if (status == -1)
-        return pagoda_error_set(PAGODA_EIO, "--plot: waiting for gnuplot failed");
-    if (WIFEXITED(status) && WEXITSTATUS(status) == 127)
-        return pagoda_error_set(PAGODA_ENOENT, "--plot: gnuplot is not installed "
-                                               "(scripts/install-deps installs gnuplot-nox)");
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
-        return pagoda_error_set(PAGODA_EIO, "--plot: gnuplot failed (its messages are above)");
-    return 0;
+}
+
+int plot_sweep(const struct report *reports, size_t n, const char *title, const char *png_path)
+{
+    if (n == 0)
+        return pagoda_error_set(PAGODA_EINVAL, "--plot: no rate was run");
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(reports[i].cfg.rate))
+            return pagoda_error_set(PAGODA_EINVAL, "--plot: every rate must be finite");
+    struct sweep_arg a = {reports, n, title};
+    return run_gnuplot("--plot", png_path, title, 1500, 520, write_sweep, &a);
 }

@@ -95,7 +95,7 @@ void report_summarize(double *values, size_t n, struct report_summary *out)
 {
     out->count = n;
     if (n == 0) {
-        out->mean = out->min = out->p50 = out->p90 = out->p99 = out->max = NAN;
+        out->mean = out->min = out->p50 = out->p90 = out->p95 = out->p99 = out->max = NAN;
         return;
     }
     qsort(values, n, sizeof(*values), cmp_double);
@@ -107,6 +107,7 @@ void report_summarize(double *values, size_t n, struct report_summary *out)
     out->max = values[n - 1];
     out->p50 = report_percentile(values, n, 50);
     out->p90 = report_percentile(values, n, 90);
+    out->p95 = report_percentile(values, n, 95);
     out->p99 = report_percentile(values, n, 99);
 }
 
@@ -144,6 +145,8 @@ static void count_failure(struct report *rep, const struct report_request *r)
 static void engine_figures(struct report *rep, const struct report_engine *e)
 {
     rep->prefix_hit_rate = NAN;
+    rep->engine_prefill_tps = rep->engine_decode_tps = NAN;
+    rep->locality_mean = rep->locality_min = rep->locality_end = rep->run_length_mean = NAN;
     rep->samples = e ? e->samples : 0;
     if (e == NULL || !e->have_before || !e->have_after)
         return;
@@ -156,7 +159,18 @@ static void engine_figures(struct report *rep, const struct report_engine *e)
     rep->steps = DELTA(steps);
     rep->computed_tokens = DELTA(computed_tokens);
     rep->evictions = DELTA(evictions);
+    rep->prefill_tokens = DELTA(prefill_tokens);
+    rep->decode_tokens = DELTA(decode_tokens);
 #undef DELTA
+    double d = rep->duration_s > 0 ? rep->duration_s : NAN;
+    rep->engine_prefill_tps = (double)rep->prefill_tokens / d;
+    rep->engine_decode_tps = (double)rep->decode_tokens / d;
+    if (e->locality_samples) {
+        rep->locality_mean = e->locality_sum / (double)e->locality_samples;
+        rep->locality_min = e->locality_min;
+        rep->run_length_mean = e->run_length_sum / (double)e->locality_samples;
+    }
+    rep->locality_end = a->locality;
     if (rep->prefix_query_tokens > 0)
         rep->prefix_hit_rate = (double)rep->prefix_hit_tokens / (double)rep->prefix_query_tokens;
     rep->peak_kv_usage = a->peak_kv_usage;
@@ -255,8 +269,9 @@ int report_compute(const struct report_config *cfg, const struct report_request 
     double *tpot = malloc((n + 1) * sizeof(double));
     double *e2e = malloc((n + 1) * sizeof(double));
     double *itl = malloc((itl_n + 1) * sizeof(double));
-    int rc = ttft && tpot && e2e && itl ? 0 : PAGODA_ENOMEM;
-    size_t nt = 0, np = 0, ne = 0, ni = 0;
+    double *pre = malloc((n + 1) * sizeof(double));
+    int rc = ttft && tpot && e2e && itl && pre ? 0 : PAGODA_ENOMEM;
+    size_t nt = 0, np = 0, ne = 0, ni = 0, npre = 0;
     for (size_t i = 0; rc == 0 && i < n; i++) {
         const struct report_request *r = &reqs[i];
         if (r->end_s > out->duration_s)
@@ -284,6 +299,10 @@ int report_compute(const struct report_config *cfg, const struct report_request 
             out->max_poll_tokens = r->max_poll_tokens;
         if (r->num_tokens > 0)
             ttft[nt++] = ttft_ms(r);
+        if (r->num_tokens > 0 && ttft_ms(r) > 0) {
+            uint32_t cached = r->cached_tokens < r->prompt_len ? r->cached_tokens : r->prompt_len;
+            pre[npre++] = (double)(r->prompt_len - cached) / (ttft_ms(r) / 1e3);
+        }
         if (r->num_tokens > 1)
             tpot[np++] = tpot_ms(r);
         e2e[ne++] = e2e_ms(r);
@@ -300,6 +319,7 @@ int report_compute(const struct report_config *cfg, const struct report_request 
         report_summarize(tpot, np, &out->tpot_ms);
         report_summarize(e2e, ne, &out->e2e_ms);
         report_summarize(itl, ni, &out->itl_ms);
+        report_summarize(pre, npre, &out->prefill_tps);
         out->shared_fraction = ni ? (double)out->shared_tokens / (double)ni : NAN;
         double d = out->duration_s > 0 ? out->duration_s : NAN;
         out->request_throughput = (double)out->completed / d;
@@ -318,6 +338,7 @@ int report_compute(const struct report_config *cfg, const struct report_request 
     free(tpot);
     free(e2e);
     free(itl);
+    free(pre);
     return rc;
 }
 
@@ -350,8 +371,8 @@ static void print_summary_row(FILE *f, const char *name, const struct report_sum
         fprintf(f, "%-10s %8s  (no samples)\n", name, "0");
         return;
     }
-    fprintf(f, "%-10s %8zu %10.3f %10.3f %10.3f %10.3f %10.3f %10.3f\n", name, s->count, s->mean,
-            s->min, s->p50, s->p90, s->p99, s->max);
+    fprintf(f, "%-10s %8zu %10.3f %10.3f %10.3f %10.3f %10.3f %10.3f %10.3f\n", name, s->count,
+            s->mean, s->min, s->p50, s->p90, s->p95, s->p99, s->max);
 }
 
 static void print_rule(FILE *f, const char *title)
@@ -371,6 +392,12 @@ void report_print(FILE *f, const struct report *r)
     const struct report_config *c = &r->cfg;
     fprintf(f, "==================== pagoda-bench report ====================\n");
     fprintf(f, "%-44s %s (seed %llu)\n", "Workload:", c->workload, (unsigned long long)c->seed);
+    if (c->workload_params)
+        fprintf(f, "%-44s %s\n", "Workload parameters:", c->workload_params);
+    if (c->duration_limit_s > 0)
+        fprintf(f, "%-44s %.1f s (%zu of the workload's %zu requests sent)\n",
+                "Run limited to (--duration):", c->duration_limit_s, r->num_requests,
+                c->workload_requests);
     if (c->open_loop && isinf(c->rate))
         fprintf(f, "%-44s all at once, at most %u in flight\n", "Arrivals:", c->concurrency);
     else if (c->open_loop)
@@ -404,12 +431,17 @@ void report_print(FILE *f, const struct report *r)
         print_num(f, "Output throughput / baseline:", r->baseline_ratio, "");
     }
     print_rule(f, " latency (ms) ");
-    fprintf(f, "%-10s %8s %10s %10s %10s %10s %10s %10s\n", "", "count", "mean", "min", "p50",
-            "p90", "p99", "max");
+    fprintf(f, "%-10s %8s %10s %10s %10s %10s %10s %10s %10s\n", "", "count", "mean", "min", "p50",
+            "p90", "p95", "p99", "max");
     print_summary_row(f, "TTFT", &r->ttft_ms);
     print_summary_row(f, "TPOT", &r->tpot_ms);
     print_summary_row(f, "ITL", &r->itl_ms);
     print_summary_row(f, "E2E", &r->e2e_ms);
+    print_rule(f, " prefill throughput per request (tok/s) ");
+    fprintf(f, "%-10s %8s %10s %10s %10s %10s %10s %10s %10s\n", "", "count", "mean", "min", "p50",
+            "p90", "p95", "p99", "max");
+    print_summary_row(f, "prefill", &r->prefill_tps);
+    fprintf(f, "(prompt tokens computed, i.e. less cached ones, over TTFT, queueing included)\n");
     fprintf(f, "ITL is per token; tokens that arrived in the same poll as the token before\n"
                "share its arrival time (ITL 0):\n");
     fprintf(f,
@@ -437,6 +469,14 @@ void report_print(FILE *f, const struct report *r)
         print_count(f, "Evictions (delta):", r->evictions);
         print_count(f, "Steps (delta):", r->steps);
         print_count(f, "Computed tokens (delta):", r->computed_tokens);
+        print_count(f, "Prefill tokens computed (engine, delta):", r->prefill_tokens);
+        print_count(f, "Decode tokens computed (engine, delta):", r->decode_tokens);
+        print_num(f, "Engine prefill throughput:", r->engine_prefill_tps, "tok/s");
+        print_num(f, "Engine decode throughput:", r->engine_decode_tps, "tok/s");
+        print_num(f, "Page locality, mean (sampled):", r->locality_mean, "");
+        print_num(f, "Page locality, min (sampled):", r->locality_min, "");
+        print_num(f, "Page locality after the run:", r->locality_end, "");
+        print_num(f, "Consecutive-block run length, mean:", r->run_length_mean, "blocks");
         print_count(f, "Cached blocks after the run:", r->cached_blocks_end);
         fprintf(f, "%-44s %12u / %u (%zu samples)\n",
                 "Max running / waiting (sampled):", r->running_max, r->waiting_max, r->samples);
@@ -512,6 +552,7 @@ static json_t *summary_json(const struct report_summary *s, int *bad)
     put(o, "min", jnum(s->min), bad);
     put(o, "p50", jnum(s->p50), bad);
     put(o, "p90", jnum(s->p90), bad);
+    put(o, "p95", jnum(s->p95), bad);
     put(o, "p99", jnum(s->p99), bad);
     put(o, "max", jnum(s->max), bad);
     return o;
@@ -533,6 +574,14 @@ static json_t *engine_json(const struct report *r, int *bad)
     put(e, "evictions", json_integer((json_int_t)r->evictions), bad);
     put(e, "steps", json_integer((json_int_t)r->steps), bad);
     put(e, "computed_tokens", json_integer((json_int_t)r->computed_tokens), bad);
+    put(e, "prefill_tokens", json_integer((json_int_t)r->prefill_tokens), bad);
+    put(e, "decode_tokens", json_integer((json_int_t)r->decode_tokens), bad);
+    put(e, "prefill_tps", jnum(r->engine_prefill_tps), bad);
+    put(e, "decode_tps", jnum(r->engine_decode_tps), bad);
+    put(e, "locality_mean", jnum(r->locality_mean), bad);
+    put(e, "locality_min", jnum(r->locality_min), bad);
+    put(e, "locality_end", jnum(r->have_engine ? r->locality_end : NAN), bad);
+    put(e, "run_length_mean", jnum(r->run_length_mean), bad);
     put(e, "num_blocks", json_integer(r->num_blocks), bad);
     put(e, "cached_blocks_end", json_integer(r->cached_blocks_end), bad);
     put(e, "running_max", json_integer(r->running_max), bad);
@@ -572,6 +621,11 @@ int report_to_json(const struct report *r, json_t **out)
     json_t *o = json_object();
     put(o, "workload", json_string(c->workload), &bad);
     put(o, "seed", json_integer((json_int_t)c->seed), &bad);
+    put(o, "workload_params", c->workload_params ? json_string(c->workload_params) : json_null(),
+        &bad);
+    put(o, "duration_limit_s", c->duration_limit_s > 0 ? jnum(c->duration_limit_s) : json_null(),
+        &bad);
+    put(o, "workload_requests", json_integer((json_int_t)c->workload_requests), &bad);
     put(o, "mode", json_string(c->open_loop ? "rate" : "concurrency"), &bad);
     put(o, "request_rate", c->open_loop ? jnum(c->rate) : json_null(), &bad);
     put(o, "concurrency", json_integer(c->concurrency), &bad);
@@ -602,6 +656,7 @@ int report_to_json(const struct report *r, json_t **out)
     put(o, "tpot_ms", summary_json(&r->tpot_ms, &bad), &bad);
     put(o, "itl_ms", summary_json(&r->itl_ms, &bad), &bad);
     put(o, "e2e_ms", summary_json(&r->e2e_ms, &bad), &bad);
+    put(o, "prefill_tps", summary_json(&r->prefill_tps, &bad), &bad);
     json_t *polls = json_object();
     put(o, "polls", polls, &bad);
     put(polls, "polls", json_integer((json_int_t)r->polls), &bad);

@@ -7,7 +7,9 @@
  *   are counted by their error text.
  * - Times come from CLOCK_MONOTONIC. TTFT: from the start of the submit call to the arrival of
  *   the first output token. E2E: from the start of the submit call to the return of the last
- *   poll. TPOT: (E2E - TTFT) / (output tokens - 1), for requests of at least 2 tokens. ITL: per
+ *   poll. TPOT: (E2E - TTFT) / (output tokens - 1), for requests of at least 2 tokens.
+ *   Prefill throughput of a request: the prompt tokens it computed (prompt less cached, by its
+ *   usage) over its TTFT (queueing included: what a client sees). ITL: per
  *   token, the arrival of a token minus the arrival of the one before; a poll that returns
  *   several tokens gives them all its arrival time, so all but the first have an ITL of 0 (the
  *   report counts these "shared" tokens).
@@ -15,8 +17,9 @@
  *   values x[0..n-1] and p in [0, 100], h = (n - 1) p / 100 and the percentile is
  *   x[floor(h)] + (h - floor(h)) (x[floor(h) + 1] - x[floor(h)]).
  * - Engine figures: counters are the difference of pagoda_stats() taken before and after the
- *   run; peak_kv_usage is the engine's own (since it started); kv usage and fragmentation are
- *   also sampled during the run. */
+ *   run; peak_kv_usage is the engine's own (since it started); kv usage, fragmentation and page
+ *   locality are also sampled during the run. The engine's prefill and decode throughput are its
+ *   prefill_tokens and decode_tokens deltas over the run's duration. */
 #ifndef PAGODA_BENCH_REPORT_H
 #define PAGODA_BENCH_REPORT_H
 
@@ -41,10 +44,11 @@
     "linear interpolation between closest ranks (numpy's default): h = (n-1)p/100, "               \
     "x[floor(h)] + (h-floor(h))(x[floor(h)+1]-x[floor(h)])"
 
-/* count, mean, min, p50, p90, p99, max of a set of values; NAN (JSON null) when count is 0. */
+/* count, mean, min, p50, p90, p95, p99, max of a set of values; NAN (JSON null) when count
+ * is 0. */
 struct report_summary {
     size_t count;
-    double mean, min, p50, p90, p99, max;
+    double mean, min, p50, p90, p95, p99, max;
 };
 
 /* One request as the driver saw it. Times are seconds after the run's start. */
@@ -62,6 +66,7 @@ struct report_request {
     uint32_t multi_token_polls; /* of them, those that returned more than one */
     uint32_t max_poll_tokens;
     uint32_t prompt_tokens, completion_tokens, cached_tokens; /* the router's usage */
+    int sent; /* the driver sent it (a --duration run leaves the rest unsent) */
 };
 
 /* Prepares r's token arrays for up to max_tokens tokens. Errors: PAGODA_ENOMEM. */
@@ -92,6 +97,9 @@ void report_summarize(double *values, size_t n, struct report_summary *out);
 /* What was run. Strings and arrays are borrowed: they must outlive the report. */
 struct report_config {
     const char *workload;
+    const char *workload_params; /* how its lengths are drawn, or NULL */
+    double duration_limit_s;     /* --duration, or 0 */
+    size_t workload_requests;    /* the workload's size (requests sent may be fewer) */
     uint64_t seed;
     int open_loop;        /* 1: Poisson arrivals at rate; 0: closed loop */
     double rate;          /* requests/s; INFINITY: all at once */
@@ -112,6 +120,8 @@ struct report_engine {
     size_t samples;
     double kv_usage_max, fragmentation_sum, fragmentation_max;
     size_t fragmentation_samples; /* samples with blocks in use */
+    double locality_sum, locality_min, run_length_sum;
+    size_t locality_samples; /* samples with a running sequence */
     uint32_t running_max, waiting_max;
 };
 
@@ -138,6 +148,7 @@ struct report {
     uint64_t cached_tokens;               /* usage.cached_tokens of completed requests */
     double request_throughput, input_tps, output_tps, total_tps, cached_fraction;
     struct report_summary ttft_ms, tpot_ms, itl_ms, e2e_ms;
+    struct report_summary prefill_tps; /* per request: computed prompt tokens / TTFT */
     uint64_t polls, multi_token_polls, shared_tokens;
     uint32_t max_poll_tokens;
     double shared_fraction; /* shared tokens over ITL samples */
@@ -149,6 +160,9 @@ struct report {
     double prefix_hit_rate; /* NAN when the engine reported no prefix lookups */
     double peak_kv_usage, kv_usage_max_sampled, fragmentation_mean, fragmentation_max,
         fragmentation_end;
+    uint64_t prefill_tokens, decode_tokens; /* the engine's, deltas */
+    double engine_prefill_tps, engine_decode_tps;
+    double locality_mean, locality_min, locality_end, run_length_mean; /* NAN: no sample */
     int32_t num_blocks;
     uint32_t cached_blocks_end, running_max, waiting_max;
     size_t samples;

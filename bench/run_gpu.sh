@@ -17,6 +17,15 @@
 #   floor    pagoda, closed loops of batch 1, 16 and 64 (prompt 1024, 256 tokens each): the
 #            measured decode step against the bandwidth floor (weights + K/V bytes read per step
 #            over BANDWIDTH_GBS, the device-to-device copy figure of shared/GPU.md)
+#   long     an 8-minute run (LONG_DURATION, 480 s) of the realistic workload, LONG_CLIENTS (128)
+#            clients, with its timeline (long.json, long.png); not in the default parts
+#   pagesize the page size study: for each of PAGE_SIZES (8 16 32 64) a group with that block
+#            size and a pool of PAGE_POOL_BYTES (16e9: about 122k tokens of the 8B shape, so the
+#            pool binds), the realistic workload (PAGE_CLIENTS, 256, closed loop) and the
+#            shared-prefix workload (32 groups x 16, 2048 + 128, 128 out; 128 clients), each for
+#            PAGE_DURATION (40 s); then pagesize_table; not in the default parts
+#   pagesize_table  the page size table (also reads kernels.json of bench/run_kernels.sh in
+#            OUT_DIR for decode attention TB/s per block size, when there)
 #   table    the results as markdown tables
 # Prefix cache on/off needs deploy/pagoda-up --prefix-cache; without it each run is done once
 # with the engine's default and the table says "default".
@@ -171,6 +180,76 @@ part_ttft() { # one long prompt alone: pagoda's time to first token against tran
     down
 }
 
+part_long() {
+    local d=${LONG_DURATION:-480}
+    up "${modes[0]}"
+    bench long --workload realistic --concurrency "${LONG_CLIENTS:-128}" --duration "$d" \
+        --timeline-interval 10 --timeline-plot "$out/long.png" --seed "$seed" --ignore-eos \
+        --title "pagoda-bench realistic workload, Llama-3-8B shape on the H200, ${d} s"
+    down
+}
+
+part_pagesize() {
+    local b dur=${PAGE_DURATION:-40}
+    for b in ${PAGE_SIZES:-8 16 32 64}; do
+        up "${modes[0]}" --block-size "$b" --kv-bytes "${PAGE_POOL_BYTES:-16000000000}"
+        bench "page-$b-realistic" --workload realistic --concurrency "${PAGE_CLIENTS:-256}" \
+            --duration "$dur" --seed "$seed" --ignore-eos --quiet
+        "$bin/pagoda-bench" --model "$model" --workload realistic --seed "$seed" \
+            --num-prompts 4096 --dump-workload "$out/page-$b-realistic-workload.json"
+        bench "page-$b-shared" --workload shared-prefix --groups 32 --prompts-per-group 16 \
+            --system-prompt-len 2048 --question-len 128 --output-len 128 --concurrency 128 \
+            --duration "$dur" --seed "$seed" --ignore-eos --quiet
+        down
+    done
+    part_pagesize_table
+}
+
+part_pagesize_table() {
+    python3 - "$out" "${PAGE_POOL_BYTES:-16000000000}" <<'EOF'
+import glob, json, math, os, sys
+out, pool_bytes = sys.argv[1], float(sys.argv[2])
+kv_token = 32 * 8 * 128 * 2 * 2  # the 8B shape: layers x KV heads x head dim x (K, V) x bf16
+def load(p):
+    return json.load(open(p)) if os.path.exists(p) else None
+def f(v, spec=".3f"):
+    return "n/a" if v is None else format(v, spec)
+kern = load(os.path.join(out, "kernels.json"))
+tbs = {}
+if kern:
+    for r in kern.get("rows", []) if isinstance(kern, dict) else kern:
+        name = r.get("name", "")
+        if name.startswith("decode_b64_c4096") and "hd64" not in name:
+            tbs.setdefault(r.get("block_size", 16), r.get("tbs") or r.get("pagoda_tbs"))
+print("| block size | workload | done | out tok/s | TTFT p50 | TTFT p95 | TTFT p99 | TPOT p50 "
+      "| TPOT p95 | TPOT p99 | frag mean | locality | hit rate | peak running | preempt "
+      "| seqs that fit | decode attn TB/s |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+for p in sorted(glob.glob(os.path.join(out, "page-*-*.json")),
+                key=lambda p: (int(os.path.basename(p).split("-")[1]), p)):
+    base = os.path.basename(p)[:-5]
+    if base.endswith("-workload"):
+        continue
+    bs, wl = int(base.split("-")[1]), base.split("-", 2)[2]
+    r = load(p)
+    e = r["engine"]
+    fit = None
+    w = load(os.path.join(out, f"page-{bs}-realistic-workload.json"))
+    if w and wl == "realistic":
+        blocks = [math.ceil((len(q["prompt"]) + q["max_tokens"]) / bs) for q in w["requests"]]
+        pool_blocks = pool_bytes // (kv_token * bs)
+        fit = pool_blocks / (sum(blocks) / len(blocks))
+    print(f"| {bs} | {wl} | {r['completed']} | {f(r['output_tps'], '.0f')} "
+          f"| {f(r['ttft_ms']['p50'], '.0f')} | {f(r['ttft_ms']['p95'], '.0f')} "
+          f"| {f(r['ttft_ms']['p99'], '.0f')} | {f(r['tpot_ms']['p50'], '.2f')} "
+          f"| {f(r['tpot_ms']['p95'], '.2f')} | {f(r['tpot_ms']['p99'], '.2f')} "
+          f"| {f(e['fragmentation_mean'])} | {f(e['locality_mean'])} | {f(e['prefix_hit_rate'])} "
+          f"| {e['running_max']} | {e['preemptions']} | {f(fit, '.0f')} | {f(tbs.get(bs), '.2f')} |")
+print(f"\n(pool {pool_bytes / 1e9:.0f} GB for every block size; seqs that fit: pool blocks over "
+      f"the realistic workload's mean blocks per sequence at its full length; results in {out})")
+EOF
+}
+
 part_table() {
     python3 - "$out" <<'EOF'
 import glob, json, os, sys
@@ -237,7 +316,8 @@ EOF
 
 for p in "${parts[@]}"; do
     case $p in
-    hf | random | shared | floor | ttft | table) "part_$p" ;;
-    *) echo "run_gpu.sh: unknown part $p (hf, random, shared, floor, ttft, table)"; exit 2 ;;
+    hf | random | shared | floor | ttft | long | pagesize | pagesize_table | table) "part_$p" ;;
+    *) echo "run_gpu.sh: unknown part $p (hf, random, shared, floor, ttft, long, pagesize," \
+            "pagesize_table, table)"; exit 2 ;;
     esac
 done

@@ -54,20 +54,23 @@ const char *workload_kind_name(enum workload_kind kind)
         return "shared-prefix";
     case WORKLOAD_MULTI_TENANT:
         return "multi-tenant";
+    case WORKLOAD_REALISTIC:
+        return "realistic";
     }
     return "unknown";
 }
 
 int workload_kind_parse(const char *name, enum workload_kind *out)
 {
-    for (int k = WORKLOAD_RANDOM; k <= WORKLOAD_MULTI_TENANT; k++) {
+    for (int k = WORKLOAD_RANDOM; k <= WORKLOAD_REALISTIC; k++) {
         if (strcmp(name, workload_kind_name((enum workload_kind)k)) == 0) {
             *out = (enum workload_kind)k;
             return 0;
         }
     }
     return pagoda_error_set(
-        PAGODA_EINVAL, "--workload: \"%s\" is not random, shared-prefix or multi-tenant", name);
+        PAGODA_EINVAL, "--workload: \"%s\" is not random, shared-prefix, multi-tenant or realistic",
+        name);
 }
 
 void workload_tenants_fini(struct workload_tenants *t)
@@ -433,6 +436,61 @@ int workload_random(const struct workload_random_params *p, int32_t vocab, uint6
         struct workload_request *q = &out->requests[i];
         q->prompt_len = rng_range(&r, p->input_min, p->input_max);
         q->max_tokens = rng_range(&r, p->output_min, p->output_max);
+        q->tenant = (uint32_t)(i % out->tenants.num_tenants);
+        if ((q->prompt = malloc(q->prompt_len * sizeof(int32_t))) == NULL)
+            rc = PAGODA_ENOMEM;
+        else
+            fill_tokens(&r, q->prompt, q->prompt_len, vocab);
+    }
+    if (rc != 0)
+        workload_fini(out);
+    return rc;
+}
+
+/* A log-normal length: median exp(sigma z), z standard normal (Box-Muller), rounded and clamped
+ * to [1, cap]. */
+static uint32_t lognormal_len(struct rng *r, uint32_t median, double sigma, uint32_t cap)
+{
+    double u1 = rng_unit(r), u2 = rng_unit(r);
+    double z = sqrt(-2.0 * log1p(-u1)) * cos(2.0 * M_PI * u2);
+    double v = round((double)median * exp(sigma * z));
+    if (!(v >= 1.0))
+        return 1;
+    return v >= (double)cap ? cap : (uint32_t)v;
+}
+
+int workload_realistic(const struct workload_realistic_params *p, int32_t vocab, uint64_t seed,
+                       struct workload_tenants *tenants, struct workload *out)
+{
+    int rc = workload_begin(out, WORKLOAD_REALISTIC, p->num_requests, vocab, seed, tenants);
+    if (rc == 0)
+        rc = check_len("--input-len (the median)", p->input_median, 1, WORKLOAD_MAX_PROMPT_TOKENS);
+    if (rc == 0)
+        rc = check_len("--input-len (the cap)", p->input_cap, p->input_median,
+                       WORKLOAD_MAX_PROMPT_TOKENS);
+    if (rc == 0)
+        rc =
+            check_len("--output-len (the median)", p->output_median, 1, WORKLOAD_MAX_OUTPUT_TOKENS);
+    if (rc == 0)
+        rc = check_len("--output-len (the cap)", p->output_cap, p->output_median,
+                       WORKLOAD_MAX_OUTPUT_TOKENS);
+    if (rc == 0 && (!(p->input_sigma >= 0 && p->input_sigma <= 10) ||
+                    !(p->output_sigma >= 0 && p->output_sigma <= 10)))
+        rc = pagoda_error_set(PAGODA_ERANGE, "--length-sigma: each sigma must be in [0, 10]");
+    if (rc == 0 && p->max_context < 2)
+        rc = pagoda_error_set(PAGODA_ERANGE, "realistic: a context of %lld positions is too small",
+                              (long long)p->max_context);
+    struct rng r = {seed ^ STREAM_PROMPTS};
+    for (size_t i = 0; rc == 0 && i < out->num_requests; i++) {
+        struct workload_request *q = &out->requests[i];
+        uint32_t in_cap = p->input_cap;
+        if ((int64_t)in_cap > p->max_context - 1)
+            in_cap = (uint32_t)(p->max_context - 1);
+        q->prompt_len = lognormal_len(&r, p->input_median, p->input_sigma, in_cap);
+        uint32_t out_cap = p->output_cap;
+        if ((int64_t)out_cap > p->max_context - q->prompt_len)
+            out_cap = (uint32_t)(p->max_context - q->prompt_len);
+        q->max_tokens = lognormal_len(&r, p->output_median, p->output_sigma, out_cap);
         q->tenant = (uint32_t)(i % out->tenants.num_tenants);
         if ((q->prompt = malloc(q->prompt_len * sizeof(int32_t))) == NULL)
             rc = PAGODA_ENOMEM;

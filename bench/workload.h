@@ -2,9 +2,12 @@
  * from one seed, so that the same flags give the same workload on any machine (and the Hugging
  * Face baseline can run the very same prompts from --dump-workload).
  *
- * Three workloads:
+ * Four workloads:
  * - random: prompt and output lengths drawn uniformly from ranges, token ids uniform in
  *   [0, vocab).
+ * - realistic: long-tailed lengths, as chat traffic has them: prompt and output lengths each
+ *   log-normal (a median and a sigma of the log), rounded, clamped to [1, a cap] and to the
+ *   model's context (the output to what the prompt leaves); token ids as random.
  * - shared-prefix: groups x prompts per group; each group has its own system prompt, each
  *   prompt is the group's system prompt followed by its own question (as the common
  *   generated-shared-prefix benchmark), sent in a seeded random order.
@@ -37,6 +40,7 @@ enum workload_kind {
     WORKLOAD_RANDOM = 0,
     WORKLOAD_SHARED_PREFIX = 1,
     WORKLOAD_MULTI_TENANT = 2,
+    WORKLOAD_REALISTIC = 3,
 };
 
 struct workload_request {
@@ -91,6 +95,14 @@ struct workload_random_params {
     uint32_t output_min, output_max; /* max_tokens, inclusive */
 };
 
+struct workload_realistic_params {
+    size_t num_requests;
+    uint32_t input_median, input_cap;   /* prompt lengths: median, largest */
+    uint32_t output_median, output_cap; /* max_tokens: median, largest */
+    double input_sigma, output_sigma;   /* of the natural log of the length, >= 0 */
+    int64_t max_context;                /* prompt + output never exceed it (>= 2) */
+};
+
 struct workload_shared_prefix_params {
     uint32_t groups, prompts_per_group;
     uint32_t system_len, question_len, output_len;
@@ -101,7 +113,7 @@ struct workload_multi_tenant_params {
     uint32_t system_len, question_len, output_len;
 };
 
-/* "random", "shared-prefix", "multi-tenant". */
+/* "random", "shared-prefix", "multi-tenant", "realistic". */
 const char *workload_kind_name(enum workload_kind kind);
 
 /* Parses a workload name. Errors: PAGODA_EINVAL (with a detail listing the names). */
@@ -113,6 +125,8 @@ int workload_kind_parse(const char *name, enum workload_kind *out);
  * length out of bounds, an empty range, vocab < 1), PAGODA_ENOMEM; each with a detail. */
 int workload_random(const struct workload_random_params *p, int32_t vocab, uint64_t seed,
                     struct workload_tenants *tenants, struct workload *out);
+int workload_realistic(const struct workload_realistic_params *p, int32_t vocab, uint64_t seed,
+                       struct workload_tenants *tenants, struct workload *out);
 int workload_shared_prefix(const struct workload_shared_prefix_params *p, int32_t vocab,
                            uint64_t seed, struct workload_tenants *tenants, struct workload *out);
 int workload_multi_tenant(const struct workload_multi_tenant_params *p, int32_t vocab,

@@ -715,6 +715,10 @@ void client_stats_from_proto(const Pagoda__Stats *s, pagoda_engine_stats *out)
     out->malformed_requests = s->malformed_requests;
     out->duplicate_submits = s->duplicate_submits;
     out->scheduler_connected = s->scheduler_connected;
+    out->prefill_tokens = s->prefill_tokens;
+    out->decode_tokens = s->decode_tokens;
+    out->locality = s->locality;
+    out->locality_run_length = s->locality_run_length;
     if (s->tenant != NULL)
         snprintf(out->tenant, sizeof(out->tenant), "%s", s->tenant);
 }

@@ -154,6 +154,11 @@ typedef struct pagoda_engine_stats {
     uint64_t duplicate_submits; /* Submits of an id already held, answered with that request */
     int scheduler_connected;
     char tenant[PAGODA_STATS_TENANT_BYTES]; /* "" for the engine's figures */
+    /* The scheduler's work and page locality: prompt and decode tokens computed by acknowledged
+     * steps; the share of consecutive logical blocks of running sequences that are physically
+     * consecutive in the pool (1 when none has two blocks) and their mean run length. */
+    uint64_t prefill_tokens, decode_tokens;
+    double locality, locality_run_length;
 } pagoda_engine_stats;
 
 /* Temperature 1 with every filter and penalty off, no seed (the router draws one), max_tokens

@@ -539,6 +539,10 @@ static int cmd_stats(pagoda_client *c, const struct cli *o)
         FIELD("computed_tokens", "%llu", (unsigned long long)s.computed_tokens);
         FIELD("malformed_messages", "%llu", (unsigned long long)s.malformed_messages);
         FIELD("step_cpu_us", "%.6g", s.step_cpu_us);
+        FIELD("prefill_tokens", "%llu", (unsigned long long)s.prefill_tokens);
+        FIELD("decode_tokens", "%llu", (unsigned long long)s.decode_tokens);
+        FIELD("locality", "%.6g", s.locality);
+        FIELD("locality_run_length", "%.6g", s.locality_run_length);
     }
     FIELD("cached_blocks", "%u", s.cached_blocks);
     if (engine) {

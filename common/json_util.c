@@ -33,9 +33,52 @@ int json_util_load_file(const char *path, size_t max_bytes, json_t **out)
         close(fd);
         return rc;
     }
-    json_error_t jerr;
-    json_t *root = json_loadfd(fd, JSON_REJECT_DUPLICATES, &jerr);
+    /* Read whole, in large reads (jansson's json_loadfd reads one byte per read(2)), never
+     * more than max_bytes even when the file grows after the fstat. */
+    size_t cap = (size_t)st.st_size + 1, len = 0;
+    char *buf = malloc(cap);
+    if (buf == NULL) {
+        close(fd);
+        return PAGODA_ENOMEM;
+    }
+    for (;;) {
+        if (len == cap) {
+            size_t ncap = cap * 2 > max_bytes + 1 ? max_bytes + 1 : cap * 2;
+            char *nb = ncap > cap ? realloc(buf, ncap) : NULL;
+            if (nb == NULL) {
+                rc = ncap > cap ? PAGODA_ENOMEM
+                                : pagoda_error_set(PAGODA_ERANGE,
+                                                   "%s: grew past the limit of %zu bytes while "
+                                                   "being read",
+                                                   path, max_bytes);
+                break;
+            }
+            buf = nb;
+            cap = ncap;
+        }
+        ssize_t n = read(fd, buf + len, cap - len);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0) {
+            rc = pagoda_error_set(pagoda_from_errno(errno), "%s: read failed", path);
+            break;
+        }
+        if (n == 0)
+            break;
+        len += (size_t)n;
+    }
     close(fd);
+    if (rc == 0 && len > max_bytes)
+        rc =
+            pagoda_error_set(PAGODA_ERANGE, "%s: grew past the limit of %zu bytes while being read",
+                             path, max_bytes);
+    if (rc != 0) {
+        free(buf);
+        return rc;
+    }
+    json_error_t jerr;
+    json_t *root = json_loadb(buf, len, JSON_REJECT_DUPLICATES, &jerr);
+    free(buf);
     if (root == NULL)
         return pagoda_error_set(PAGODA_EFORMAT, "%s:%d:%d: %s", path, jerr.line, jerr.column,
                                 jerr.text);

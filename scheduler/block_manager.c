@@ -5,8 +5,10 @@
 #include <stdlib.h>
 
 /* Per block: its reference count, the drops deferred to a fence and the fence itself, and its
- * links in the deferred list (ordered by fence, oldest first). A block is on the free stack
- * exactly when its count is 0. */
+ * links in the deferred list (ordered by fence, oldest first). A block is free (its bit set in
+ * free_bits) exactly when its count is 0. The free set is a bitmap with a summary (bit w of
+ * free_sum is set when word w of free_bits has a free block), so the lowest free block is found
+ * in O(num_blocks / 4096) words at worst, from a cursor below which no summary word has a bit. */
 struct block_manager {
     int32_t num_blocks;
     int32_t *refcount;
@@ -15,10 +17,55 @@ struct block_manager {
     int32_t *dprev, *dnext;
     int32_t dhead, dtail; /* -1 when empty */
     int32_t num_deferred;
-    int32_t *free_stack;
-    int32_t free_top;
+    uint64_t *free_bits, *free_sum;
+    int32_t num_words, num_sum_words;
+    int32_t sum_lo; /* free_sum[i] == 0 for every i < sum_lo */
+    int32_t free_count;
     uint64_t acked_through;
 };
+
+static int is_free(const struct block_manager *bm, int32_t b)
+{
+    return (bm->free_bits[b >> 6] >> (b & 63)) & 1u;
+}
+
+static void set_free(struct block_manager *bm, int32_t b)
+{
+    int32_t w = b >> 6;
+    bm->free_bits[w] |= 1ull << (b & 63);
+    bm->free_sum[w >> 6] |= 1ull << (w & 63);
+    if ((w >> 6) < bm->sum_lo)
+        bm->sum_lo = w >> 6;
+    bm->free_count++;
+}
+
+static void take(struct block_manager *bm, int32_t b)
+{
+    int32_t w = b >> 6;
+    bm->free_bits[w] &= ~(1ull << (b & 63));
+    if (bm->free_bits[w] == 0)
+        bm->free_sum[w >> 6] &= ~(1ull << (w & 63));
+    bm->free_count--;
+    bm->refcount[b] = 1;
+}
+
+/* The lowest free block; the caller checked that one exists. */
+static int32_t lowest_free(struct block_manager *bm)
+{
+    while (bm->free_sum[bm->sum_lo] == 0)
+        bm->sum_lo++;
+    int32_t w = (bm->sum_lo << 6) + __builtin_ctzll(bm->free_sum[bm->sum_lo]);
+    return (w << 6) + __builtin_ctzll(bm->free_bits[w]);
+}
+
+/* The block to hand out: hint when it is free (a sequence's next block right after its last),
+ * else the lowest free one. */
+static int32_t pick(struct block_manager *bm, int32_t hint)
+{
+    if (hint >= 1 && hint < bm->num_blocks && is_free(bm, hint))
+        return hint;
+    return lowest_free(bm);
+}
 
 int block_manager_open(int32_t num_blocks, struct block_manager **out)
 {
@@ -36,17 +83,20 @@ int block_manager_open(int32_t num_blocks, struct block_manager **out)
     bm->fence = calloc(n, sizeof(uint64_t));
     bm->dprev = malloc(n * sizeof(int32_t));
     bm->dnext = malloc(n * sizeof(int32_t));
-    bm->free_stack = malloc(n * sizeof(int32_t));
-    if (!bm->refcount || !bm->pending || !bm->fence || !bm->dprev || !bm->dnext ||
-        !bm->free_stack) {
+    bm->num_words = (num_blocks + 63) / 64;
+    bm->num_sum_words = (bm->num_words + 63) / 64;
+    bm->free_bits = calloc((size_t)bm->num_words, sizeof(uint64_t));
+    bm->free_sum = calloc((size_t)bm->num_sum_words + 1, sizeof(uint64_t));
+    if (!bm->refcount || !bm->pending || !bm->fence || !bm->dprev || !bm->dnext || !bm->free_bits ||
+        !bm->free_sum) {
         block_manager_close(bm);
         return PAGODA_ENOMEM;
     }
     bm->num_blocks = num_blocks;
-    bm->refcount[0] = 1; /* the padding block: held forever, never on the free stack */
-    /* Low ids on top, so a fresh pool hands out 1, 2, 3, ... (readable logs and tests). */
-    for (int32_t b = num_blocks - 1; b >= 1; b--)
-        bm->free_stack[bm->free_top++] = b;
+    bm->refcount[0] = 1; /* the padding block: held forever, never free */
+    for (int32_t b = 1; b < num_blocks; b++)
+        set_free(bm, b);
+    bm->sum_lo = 0;
     bm->dhead = bm->dtail = -1;
     *out = bm;
     return 0;
@@ -61,7 +111,8 @@ void block_manager_close(struct block_manager *bm)
     free(bm->fence);
     free(bm->dprev);
     free(bm->dnext);
-    free(bm->free_stack);
+    free(bm->free_bits);
+    free(bm->free_sum);
     free(bm);
 }
 
@@ -72,7 +123,7 @@ int32_t block_manager_usable(const struct block_manager *bm)
 
 int32_t block_manager_free_count(const struct block_manager *bm)
 {
-    return bm->free_top;
+    return bm->free_count;
 }
 
 int32_t block_manager_deferred_count(const struct block_manager *bm)
@@ -94,10 +145,10 @@ uint64_t block_manager_acked_through(const struct block_manager *bm)
 
 int block_manager_alloc(struct block_manager *bm, int32_t *block)
 {
-    if (bm->free_top == 0)
+    if (bm->free_count == 0)
         return PAGODA_EEXHAUSTED;
-    int32_t b = bm->free_stack[--bm->free_top];
-    bm->refcount[b] = 1;
+    int32_t b = lowest_free(bm);
+    take(bm, b);
     *block = b;
     return 0;
 }
@@ -127,7 +178,7 @@ static void drop(struct block_manager *bm, int32_t block, int32_t count)
 {
     bm->refcount[block] -= count;
     if (bm->refcount[block] == 0)
-        bm->free_stack[bm->free_top++] = block;
+        set_free(bm, block);
 }
 
 int block_manager_unref(struct block_manager *bm, int32_t block)
@@ -246,13 +297,13 @@ static int table_reserve(struct block_table *t)
 
 int block_table_append_new(struct block_manager *bm, struct block_table *t)
 {
-    if (bm->free_top == 0)
+    if (bm->free_count == 0)
         return PAGODA_EEXHAUSTED;
     int rc = table_reserve(t);
     if (rc != 0)
         return rc;
-    int32_t b = bm->free_stack[--bm->free_top];
-    bm->refcount[b] = 1;
+    int32_t b = pick(bm, t->num_blocks > 0 ? t->ids[t->num_blocks - 1] + 1 : -1);
+    take(bm, b);
     t->ids[t->num_blocks++] = b;
     return 0;
 }
@@ -290,33 +341,28 @@ void block_manager_add_deferred(const struct block_manager *bm, int32_t *counts)
 int block_manager_check(const struct block_manager *bm, const char **why)
 {
     int32_t zero = 0, deferred = 0;
-    for (int32_t b = 1; b < bm->num_blocks; b++) {
-        zero += bm->refcount[b] == 0;
-        deferred += bm->pending[b] > 0;
-        if (bm->refcount[b] < 0 || bm->pending[b] > bm->refcount[b]) {
+    for (int32_t b = 0; b < bm->num_blocks; b++) {
+        zero += b > 0 && bm->refcount[b] == 0;
+        deferred += b > 0 && bm->pending[b] > 0;
+        if (b > 0 && (bm->refcount[b] < 0 || bm->pending[b] > bm->refcount[b])) {
             *why = "a block has a negative count or more deferred drops than references";
             return -1;
         }
-    }
-    if (zero != bm->free_top || deferred != bm->num_deferred) {
-        *why = "the free stack or the deferred list disagrees with the counts";
-        return -1;
-    }
-    uint8_t *seen = calloc((size_t)bm->num_blocks, 1);
-    if (seen == NULL) {
-        *why = "out of memory for the check";
-        return -1;
-    }
-    int rc = 0;
-    for (int32_t i = 0; i < bm->free_top && rc == 0; i++) {
-        int32_t b = bm->free_stack[i];
-        if (b < 1 || b >= bm->num_blocks || seen[b] || bm->refcount[b] != 0) {
-            *why = "a block on the free stack is referenced, out of range, or there twice";
-            rc = -1;
-        } else {
-            seen[b] = 1;
+        if (is_free(bm, b) != (b > 0 && bm->refcount[b] == 0)) {
+            *why = "the free bitmap disagrees with a block's reference count";
+            return -1;
         }
     }
-    free(seen);
-    return rc;
+    if (zero != bm->free_count || deferred != bm->num_deferred) {
+        *why = "the free count or the deferred list disagrees with the counts";
+        return -1;
+    }
+    for (int32_t w = 0; w < bm->num_words; w++) {
+        int sum = (bm->free_sum[w >> 6] >> (w & 63)) & 1u;
+        if (sum != (bm->free_bits[w] != 0) || (sum && (w >> 6) < bm->sum_lo)) {
+            *why = "the free summary disagrees with the free bitmap";
+            return -1;
+        }
+    }
+    return 0;
 }

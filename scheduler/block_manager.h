@@ -1,9 +1,17 @@
 /* The block manager: who holds which block of one KV pool.
  *
  * The scheduler is the only actor that decides which block belongs to whom; this module is its
- * ledger. It keeps a free list (a stack: alloc and free are O(1)), a reference count per block
- * and, per sequence, a block table (struct block_table, storage owned by the sequence). Block 0
- * is reserved as padding (kvpool/geometry.h) and never handed out.
+ * ledger. It keeps the set of free blocks, a reference count per block and, per sequence, a
+ * block table (struct block_table, storage owned by the sequence). Block 0 is reserved as
+ * padding (kvpool/geometry.h) and never handed out.
+ *
+ * Allocation order, for locality (a sequence's blocks physically consecutive where it costs
+ * nothing, which the scheduler's Stats measure as locality): a table's next block is the one
+ * right after its last when that one is free, otherwise (and for a table's first block, and for
+ * block_manager_alloc) the lowest free block. Both are O(1) but for the search of the lowest,
+ * which scans a bitmap summary (one bit per 64 blocks) from a cursor. (Until 2026-12 the free
+ * set was a LIFO stack, which hands a freed block straight back to the next sequence that asks
+ * and scatters tables after churn; bench/RESULTS.md "Page locality" measures both.)
  *
  * Sharing: a block may be held by several tables (the prefix cache of a later issue shares
  * full prompt blocks, and will hold a reference of its own); it returns to the free list only
@@ -49,7 +57,7 @@ void block_manager_close(struct block_manager *bm);
 /* Blocks that can ever be handed out: num_blocks - 1. */
 int32_t block_manager_usable(const struct block_manager *bm);
 
-/* Blocks on the free list now (not counting deferred ones). */
+/* Free blocks now (not counting deferred ones). */
 int32_t block_manager_free_count(const struct block_manager *bm);
 
 /* Blocks whose last reference waits for a fence (held, but by nobody who will write them). */
@@ -59,8 +67,8 @@ int32_t block_manager_deferred_count(const struct block_manager *bm);
  * of range. */
 int32_t block_manager_refcount(const struct block_manager *bm, int32_t block);
 
-/* Takes a free block with reference count 1 into *block. Errors: PAGODA_EEXHAUSTED (no free
- * block; nothing changes). */
+/* Takes the lowest free block with reference count 1 into *block. Errors: PAGODA_EEXHAUSTED (no
+ * free block; nothing changes). */
 int block_manager_alloc(struct block_manager *bm, int32_t *block);
 
 /* Adds a reference to a held block (sharing). Errors: PAGODA_ERANGE (not a valid block id),
@@ -89,8 +97,8 @@ uint64_t block_manager_acked_through(const struct block_manager *bm);
 /* Tests: adds to counts[b] (num_blocks entries) the drops of block b deferred to a fence. */
 void block_manager_add_deferred(const struct block_manager *bm, int32_t *counts);
 
-/* Tests: checks the free stack (each block on it once, each with reference count 0, and every
- * block with count 0 on it) and the deferred drops (never more than the references). Returns 0,
+/* Tests: checks the free set (exactly the blocks with reference count 0, block 0 never; the
+ * summary agreeing with it) and the deferred drops (never more than the references). Returns 0,
  * or -1 with a reason in *why. */
 int block_manager_check(const struct block_manager *bm, const char **why);
 
@@ -100,7 +108,8 @@ void block_table_init(struct block_table *t);
 /* Frees the table's storage (not its blocks: release them first). Accepts NULL. */
 void block_table_fini(struct block_table *t);
 
-/* Allocates a block and appends it to t. Errors: PAGODA_EEXHAUSTED (no free block),
+/* Allocates a block (the one after t's last when free, else the lowest free) and appends it to
+ * t. Errors: PAGODA_EEXHAUSTED (no free block),
  * PAGODA_ENOMEM (the table could not grow; the block is returned). Nothing changes on error. */
 int block_table_append_new(struct block_manager *bm, struct block_table *t);
 

@@ -912,6 +912,17 @@ static int check_result(struct scheduler *s, const Pagoda__Internal__StepResult 
     return 0;
 }
 
+/* Counts q's tokens of the acknowledged step as decode (one token after all the known ones but
+ * the last, which q sampled) or prefill (scheduler_stats). */
+static void count_work(struct scheduler *s, const struct seq *q)
+{
+    if (q->inflight_new == 1 && q->num_computed + 1 == q->num_tokens &&
+        q->num_tokens > q->num_prompt_tokens)
+        s->stats.decode_tokens++;
+    else
+        s->stats.prefill_tokens += (uint64_t)q->inflight_new;
+}
+
 static void apply_result(struct scheduler *s, const Pagoda__Internal__StepResult *r, int64_t now_ms)
 {
     struct worker_link *w = &s->worker;
@@ -934,6 +945,7 @@ static void apply_result(struct scheduler *s, const Pagoda__Internal__StepResult
             seq_fail(s, q, q->result_error, q->result_error_message);
             continue;
         }
+        count_work(s, q);
         q->num_computed += q->inflight_new;
         q->inflight_new = 0;
         cache_publish(s, q);
@@ -1378,6 +1390,12 @@ static void on_stats_request(struct scheduler *s, const Pagoda__Internal__StatsR
     ps.prefix_hit_tokens = st.prefix_hit_tokens;
     ps.evictions = st.evictions;
     ps.pinned_blocks = st.pinned_blocks;
+    ps.has_prefill_tokens = ps.has_decode_tokens = ps.has_locality = 1;
+    ps.has_locality_run_length = 1;
+    ps.prefill_tokens = st.prefill_tokens;
+    ps.decode_tokens = st.decode_tokens;
+    ps.locality = st.locality;
+    ps.locality_run_length = st.locality_run_length;
     Pagoda__Internal__ToRouter r = PAGODA__INTERNAL__TO_ROUTER__INIT;
     r.msg_case = PAGODA__INTERNAL__TO_ROUTER__MSG_STATS;
     r.stats = &ps;

@@ -211,6 +211,14 @@ struct scheduler_stats {
     double kv_usage; /* 1 - (free + evictable cached blocks) / num_blocks */
     double peak_kv_usage;
     double fragmentation; /* running sequences' allocated slots holding no token / all of them */
+    /* Tokens computed by acknowledged steps: decode = one token of a sequence whose known
+     * tokens were all computed but the last, which it had sampled; prefill = every other (prompt
+     * chunks, recomputation after a preemption). */
+    uint64_t prefill_tokens, decode_tokens;
+    /* Page locality of the running sequences' tables: the share of consecutive logical blocks
+     * (i, i+1) whose physical ids are consecutive (1 when no table has two blocks), and the mean
+     * length of the physically consecutive runs (0 with no block). */
+    double locality, locality_run_length;
     uint32_t cached_blocks, pinned_blocks, evictable_blocks;
     uint64_t prefix_query_tokens, prefix_hit_tokens, evictions;
     uint64_t computed_tokens; /* the worker's counter from its latest StepResult */

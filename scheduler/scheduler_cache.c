@@ -789,6 +789,21 @@ void cache_stats(const struct scheduler *s, struct scheduler_stats *out)
         held += t < n ? t : n;
     }
     out->fragmentation = slots ? (double)(slots - held) / (double)slots : 0.0;
+    int64_t pairs = 0, adjacent = 0, blocks = 0, runs = 0;
+    for (const struct seq *q = s->running.head; q; q = q->next) {
+        const struct block_table *t = &q->table;
+        blocks += t->num_blocks;
+        runs += t->num_blocks > 0;
+        for (int32_t i = 1; i < t->num_blocks; i++) {
+            pairs++;
+            if (t->ids[i] == t->ids[i - 1] + 1)
+                adjacent++;
+            else
+                runs++;
+        }
+    }
+    out->locality = pairs ? (double)adjacent / (double)pairs : 1.0;
+    out->locality_run_length = runs ? (double)blocks / (double)runs : 0.0;
 }
 
 int scheduler_check_invariants(const struct scheduler *s, const char **why)

@@ -21,7 +21,7 @@ run=$tmp/run
 url=ipc://$run/client.ipc
 cleanup() {
     "$src/deploy/pagoda-down" --run-dir "$run" --timeout 60 >/dev/null 2>&1 || true
-    rm -rf -- "$tmp"
+    [ -n "${KEEP_TMP:-}" ] || rm -rf -- "$tmp"
 }
 trap cleanup EXIT
 
@@ -99,10 +99,10 @@ check_report() { # NAME SENT
     check "$n: failures by reason add up to the failed count" jq_true "$j" \
         '(.failures | map(.count) | add // 0) + .failures_other == .failed'
     local m
-    for m in ttft_ms tpot_ms itl_ms e2e_ms; do
-        check "$n: $m percentiles ordered" jq_true "$j" \
-            ".$m | .count == 0 or (.min <= .p50 and .p50 <= .p90 and .p90 <= .p99 and
-                                   .p99 <= .max)"
+    for m in ttft_ms tpot_ms itl_ms e2e_ms prefill_tps; do
+        check "$n: $m percentiles ordered (P95 between P90 and P99)" jq_true "$j" \
+            ".$m | .count == 0 or (.min <= .p50 and .p50 <= .p90 and .p90 <= .p95 and
+                                   .p95 <= .p99 and .p99 <= .max)"
     done
     check "$n: ITL samples = tokens after each first token" jqs_true "$r" \
         "(map(select(.ok) | .itl_ms | length) | add // 0) == $(jq .itl_ms.count "$j")"
@@ -125,9 +125,35 @@ check_report() { # NAME SENT
          near(\$i | pct(99); $(jq .itl_ms.p99 "$j"))"
     check "$n: engine figures were read" jq_true "$j" \
         '.engine.available and .engine.steps > 0 and .engine.computed_tokens > 0'
+    # The engine's work against the requests: with nothing failed or preempted, the prompt
+    # tokens it computed are the prompts less their cached tokens, and it decoded at least one
+    # token per output token after each first (a stop seen a step late may cost one more).
+    check "$n: engine prefill tokens = prompt tokens less cached ones (no preemption)" \
+        jqs_true "$r" "$(jq '.engine.preemptions > 0 or .failed > 0' "$j") or
+         (map(.prompt_len - .usage.cached_tokens) | add // 0) == $(jq .engine.prefill_tokens "$j")"
+    check "$n: engine decode tokens cover every output token after the first" jqs_true "$r" \
+        "(map(select(.ok) | (.token_ids | length) - 1) | add // 0) <= $(jq .engine.decode_tokens "$j")"
+    check "$n: engine prefill and decode tokens/s are their counts over the duration" jq_true "$j" \
+        '(.engine.prefill_tps - .engine.prefill_tokens / .duration_s | fabs) < 1e-6 and
+         (.engine.decode_tps - .engine.decode_tokens / .duration_s | fabs) < 1e-6'
+    check "$n: prefill throughput per request recomputed from the records" jqs_true "$r" \
+        "$pct [.[] | select(.ok and .ttft_ms > 0) |
+               (.prompt_len - .usage.cached_tokens) / (.ttft_ms / 1000)] as \$p |
+         (\$p | length) == $(jq .prefill_tps.count "$j") and
+         ((\$p | length) == 0 or near(\$p | pct(50); $(jq .prefill_tps.p50 "$j")))"
     check "$n: the text report says the same counts" \
         grep -q "Completed requests: *$(jq .completed "$j")\$" "$tmp/$n.out"
 }
+
+# -- page locality on the fresh pool (the first run): one sequence at a time, its blocks handed
+# out consecutively, so every sample with it running reads locality 1.
+bench local --api-key k1 --workload random --num-prompts 2 --input-len 100 --output-len 60 \
+    --concurrency 1 --ignore-eos --seed 9 && rc=0 || rc=$?
+check "local: one sequence at a time runs (exit $rc)" [ "$rc" = 0 ]
+check_report local 2
+check "local: locality 1 on a fresh pool with one sequence (sampled while it ran)" \
+    jq_true "$tmp/local.json" '.engine.locality_min == 1 and .engine.locality_mean == 1 and
+                               .engine.run_length_mean >= 3'
 
 # -- random, open loop (Poisson), EOS ignored: every request gets exactly max_tokens.
 bench rate --api-key k2 --workload random --num-prompts 8 --input-len 8:24 --output-len 4:10 \
@@ -212,6 +238,41 @@ check "the sweep's records name their rate" jqs_true "$tmp/sweep.jsonl" \
     'length == 8 and ([.[].rate] | unique) == [20, 40]'
 png_magic=$(head -c 8 "$tmp/sweep.png" 2>/dev/null | od -An -tx1 | tr -d ' \n')
 check "the plot is a PNG" [ "$png_magic" = 89504e470d0a1a0a ]
+
+# -- a --duration run of the realistic workload, with its timeline: requests of long-tailed
+# lengths decode side by side, so tables interleave (locality below 1); nothing starts after
+# the duration; the windows add up to the report.
+dur=$((3 * scale))
+bench long --api-key k2 --workload realistic --input-len 24:200 --output-len 16:80 \
+    --concurrency 6 --duration "$dur" --timeline-interval 1 --timeline-plot "$tmp/long.png" \
+    --ignore-eos --seed 11 && rc=0 || rc=$?
+check "realistic --duration runs (exit $rc)" [ "$rc" = 0 ]
+check_report long "$(jq .num_requests "$tmp/long.json")"
+check "long: the workload's parameters are reported" jq_true "$tmp/long.json" \
+    '.workload == "realistic" and (.workload_params | test("median 24, sigma 1.00, cap 200"))
+     and .duration_limit_s == '"$dur"' and .workload_requests > .num_requests'
+check "long: no request started after --duration" jqs_true "$tmp/long.jsonl" \
+    "all(.[]; .start_s < $dur)"
+check "long: lengths long-tailed within the caps" jqs_true "$tmp/long.jsonl" \
+    'all(.[]; .prompt_len >= 1 and .prompt_len <= 200 and .max_tokens <= 80) and
+     ([.[].prompt_len] | max) > 2 * ([.[].prompt_len] | sort | .[length / 2 | floor])'
+check "long: tables interleave under churn (locality below 1)" jq_true "$tmp/long.json" \
+    '.engine.locality_min < 1'
+check "long: the timeline's windows cover the run and add up to the report" jq_true \
+    "$tmp/long.json" '(.timeline | length) >= '"$dur"' and .timeline_interval_s == 1 and
+     (.timeline | map(.started) | add) == .num_requests and
+     (.timeline | map(.completed) | add) == .completed and
+     (.timeline | map(.output_tokens) | add) == .output_tokens + .failed_output_tokens and
+     all(.timeline[]; .tpot_ms.count == 0 or
+                      (.tpot_ms.p50 <= .tpot_ms.p95 and .tpot_ms.p95 <= .tpot_ms.p99))'
+check "long: the timeline's engine windows carry the counters" jq_true "$tmp/long.json" \
+    '(.timeline | map(select(.engine != null)) | length) > 0 and
+     all(.timeline[] | select(.engine != null) | .engine;
+         .prefill_tokens >= 0 and .decode_tokens >= 0)'
+check "long: the text report prints the timeline" grep -q "^Timeline (windows of 1.0 s" \
+    "$tmp/long.out"
+png_magic=$(head -c 8 "$tmp/long.png" 2>/dev/null | od -An -tx1 | tr -d ' \n')
+check "long: the timeline plot is a PNG" [ "$png_magic" = 89504e470d0a1a0a ]
 
 # -- refusals: a workload that does not fit the model's 2048 positions, bad flags.
 "$bin_dir/pagoda-bench" --url "$url" --model "$tmp/model" --workload shared-prefix \

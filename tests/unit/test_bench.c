@@ -9,6 +9,7 @@
 
 #include "bench/floor.h"
 #include "bench/report.h"
+#include "bench/timeline.h"
 #include "bench/workload.h"
 #include "common/error.h"
 
@@ -48,7 +49,9 @@ static void test_summary_is_ordered(void **state)
     struct report_summary s;
     report_summarize(v, 1000, &s);
     assert_int_equal(s.count, 1000);
-    assert_true(s.min <= s.p50 && s.p50 <= s.p90 && s.p90 <= s.p99 && s.p99 <= s.max);
+    assert_true(s.min <= s.p50 && s.p50 <= s.p90 && s.p90 <= s.p95 && s.p95 <= s.p99 &&
+                s.p99 <= s.max);
+    assert_true(fabs(s.p95 - report_percentile(v, 1000, 95)) < 1e-12);
     assert_true(fabs(s.mean - sum / 1000) < 1e-9 * fabs(sum));
     for (int i = 1; i < 1000; i++)
         assert_true(v[i - 1] <= v[i]); /* sorted in place */
@@ -368,6 +371,126 @@ static void test_random_workload(void **state)
     workload_fini(&c);
 }
 
+static int cmp_u32(const void *a, const void *b)
+{
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* The realistic workload: deterministic from its seed; log-normal lengths (the sample median near
+ * the median, a long tail: the 95th percentile well above it), within the caps and the context. */
+static void test_realistic_workload(void **state)
+{
+    struct workload_realistic_params p = {.num_requests = 2000,
+                                          .input_median = 200,
+                                          .input_cap = 3000,
+                                          .output_median = 50,
+                                          .output_cap = 400,
+                                          .input_sigma = 1.0,
+                                          .output_sigma = 0.8,
+                                          .max_context = 2048};
+    struct workload_tenants t;
+    struct workload a, b;
+    assert_int_equal(workload_tenants_single(NULL, &t), 0);
+    assert_int_equal(workload_realistic(&p, 100, 3, &t, &a), 0);
+    assert_int_equal(workload_tenants_single(NULL, &t), 0);
+    assert_int_equal(workload_realistic(&p, 100, 3, &t, &b), 0);
+    static uint32_t in[2000], out[2000];
+    for (size_t i = 0; i < 2000; i++) {
+        const struct workload_request *q = &a.requests[i];
+        assert_int_equal(q->prompt_len, b.requests[i].prompt_len);
+        assert_int_equal(q->max_tokens, b.requests[i].max_tokens);
+        assert_memory_equal(q->prompt, b.requests[i].prompt, q->prompt_len * sizeof(int32_t));
+        assert_true(q->prompt_len >= 1 && q->prompt_len <= 2047);
+        assert_true(q->max_tokens >= 1 && q->max_tokens <= 400);
+        assert_true(q->prompt_len + q->max_tokens <= 2048);
+        in[i] = q->prompt_len;
+        out[i] = q->max_tokens;
+    }
+    qsort(in, 2000, sizeof(in[0]), cmp_u32);
+    qsort(out, 2000, sizeof(out[0]), cmp_u32);
+    /* median 200 (sampling error at n = 2000 is a few %); p95 = 200 e^1.645 = 1036 */
+    assert_true(in[1000] > 180 && in[1000] < 220);
+    assert_true(in[1900] > 850 && in[1900] < 1250);
+    assert_true(out[1000] > 45 && out[1000] < 55);
+    assert_true(in[1999] == 2047 || in[1999] > 1500); /* the tail reaches the context's cap */
+    workload_fini(&a);
+    workload_fini(&b);
+    /* Bad parameters are refused with the flag's name. */
+    p.input_sigma = -1;
+    assert_int_equal(workload_tenants_single(NULL, &t), 0);
+    assert_int_equal(workload_realistic(&p, 100, 3, &t, &a), PAGODA_ERANGE);
+    p.input_sigma = 1;
+    p.input_cap = 10;
+    assert_int_equal(workload_tenants_single(NULL, &t), 0);
+    assert_int_equal(workload_realistic(&p, 100, 3, &t, &a), PAGODA_ERANGE);
+}
+
+/* The timeline: requests and engine samples fall into their windows; counters are deltas. */
+static void test_timeline_windows(void **state)
+{
+    struct report_request r[2];
+    memset(r, 0, sizeof(r));
+    double ts0[] = {0.5, 0.6, 1.2}, ts1[] = {1.5, 2.5};
+    int32_t ids[] = {1, 2, 3};
+    r[0].start_s = 0.1;
+    r[0].end_s = 1.3;
+    r[0].token_s = ts0;
+    r[0].token_ids = ids;
+    r[0].num_tokens = 3;
+    r[0].finish_reason = PAGODA_FINISH_LENGTH;
+    r[1].start_s = 1.1;
+    r[1].end_s = 2.6;
+    r[1].token_s = ts1;
+    r[1].token_ids = ids;
+    r[1].num_tokens = 2;
+    r[1].finish_reason = PAGODA_FINISH_STOP;
+    struct timeline_sample s[4];
+    memset(s, 0, sizeof(s));
+    for (int i = 0; i < 4; i++) {
+        s[i].t_s = 0.4 + 0.7 * i; /* 0.4, 1.1, 1.8, 2.5 */
+        s[i].st.prefill_tokens = 100 * (uint64_t)(i + 1);
+        s[i].st.prefix_query_tokens = 10 * (uint64_t)i;
+        s[i].st.prefix_hit_tokens = 5 * (uint64_t)i;
+        s[i].st.running = i < 3 ? 1 : 0;
+        s[i].st.locality = 0.5 + 0.1 * i;
+        s[i].st.kv_usage = 0.1 * i;
+    }
+    struct timeline_window *w = NULL;
+    size_t n = 0;
+    double used = 0;
+    assert_int_equal(timeline_compute(s, 4, r, 2, 1.0, 2.6, &w, &n, &used), 0);
+    assert_int_equal(n, 3);
+    assert_true(used == 1.0);
+    assert_int_equal(w[0].started, 1);
+    assert_int_equal(w[1].started, 1);
+    assert_int_equal(w[1].completed, 1);
+    assert_int_equal(w[2].completed, 1);
+    assert_int_equal(w[0].output_tokens, 2);
+    assert_int_equal(w[1].output_tokens, 2);
+    assert_int_equal(w[2].output_tokens, 1);
+    assert_int_equal(w[0].ttft_ms.count, 1);
+    assert_true(fabs(w[0].ttft_ms.p99 - 400.0) < 1e-9);
+    assert_int_equal(w[1].tpot_ms.count, 1); /* r[0] ended at 1.3: (1.3 - 0.5) / 2 */
+    assert_true(fabs(w[1].tpot_ms.p50 - 400.0) < 1e-9);
+    /* Window 0 holds the sample at 0.4 (its own first is the base: no delta); window 1 holds
+     * 1.1 and 1.8: deltas from 0.4 to 1.8. */
+    assert_int_equal(w[0].prefill_tokens, 0);
+    assert_int_equal(w[1].prefill_tokens, 200);
+    assert_int_equal(w[1].prefix_query_tokens, 20);
+    assert_true(fabs(w[1].hit_rate - 0.5) < 1e-12);
+    assert_int_equal(w[2].prefill_tokens, 100);
+    assert_true(fabs(w[1].locality_mean - 0.65) < 1e-12);
+    assert_true(isnan(w[2].locality_mean)); /* nothing running at 2.5 */
+    assert_true(fabs(w[2].kv_usage_max - 0.3) < 1e-12);
+    free(w);
+    /* A long run gets stretched windows, never more than TIMELINE_MAX_WINDOWS. */
+    assert_int_equal(timeline_compute(s, 4, r, 2, 0.1, 1e6, &w, &n, &used), 0);
+    assert_true(n <= TIMELINE_MAX_WINDOWS && used > 0.1);
+    free(w);
+    assert_int_equal(timeline_compute(s, 4, r, 2, 0, 3, &w, &n, &used), PAGODA_EINVAL);
+}
+
 static void test_shared_prefix_workload(void **state)
 {
     struct workload_shared_prefix_params p = {
@@ -516,6 +639,8 @@ int main(void)
         cmocka_unit_test(test_json_report_and_record),
         cmocka_unit_test(test_random_workload),
         cmocka_unit_test(test_shared_prefix_workload),
+        cmocka_unit_test(test_realistic_workload),
+        cmocka_unit_test(test_timeline_windows),
         cmocka_unit_test(test_multi_tenant_workload),
         cmocka_unit_test(test_tenants_file_errors),
         cmocka_unit_test(test_floor_bytes_of_the_tiny_model),

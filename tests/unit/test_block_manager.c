@@ -1,5 +1,5 @@
-/* Tests of scheduler/block_manager.c: the free list, reference counts, deferred frees fenced on
- * acknowledged steps, exhaustion, and block 0 never handed out. */
+/* Tests of scheduler/block_manager.c: the free set and its allocation order, reference counts,
+ * deferred frees fenced on acknowledged steps, exhaustion, and block 0 never handed out. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -42,7 +42,7 @@ static void test_alloc_until_exhausted(void **state)
     int32_t b = 77;
     assert_int_equal(block_manager_alloc(bm, &b), PAGODA_EEXHAUSTED);
     assert_int_equal(b, 77);
-    /* One freed block is the next one handed out (O(1) stack). */
+    /* One freed block is the next one handed out. */
     assert_int_equal(block_manager_unref(bm, 5), 0);
     assert_int_equal(block_manager_free_count(bm), 1);
     assert_int_equal(block_manager_alloc(bm, &b), 0);
@@ -204,6 +204,58 @@ static void test_churn_keeps_ledger(void **state)
     block_manager_close(bm);
 }
 
+/* Allocation order: a fresh pool hands out 1, 2, 3, ...; a table's next block is the one after
+ * its last when that is free; otherwise, and for a first block, the lowest free one (not the
+ * most recently freed, as the LIFO stack before it did). */
+static void test_allocation_order(void **state)
+{
+    const int32_t n = 300; /* more than one bitmap word, and more than one summary bit */
+    struct block_manager *bm = open_bm(n);
+    struct block_table a, b;
+    block_table_init(&a);
+    block_table_init(&b);
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(block_table_append_new(bm, &a), 0);
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(a.ids[i], 1 + i);
+    /* b takes 5; a's next (5) is taken, so a gets the lowest free (6); b's next is 6, taken:
+     * b gets 7; then a's next after 6 is 7, taken: 8. */
+    assert_int_equal(block_table_append_new(bm, &b), 0);
+    assert_int_equal(b.ids[0], 5);
+    assert_int_equal(block_table_append_new(bm, &a), 0);
+    assert_int_equal(a.ids[4], 6);
+    assert_int_equal(block_table_append_new(bm, &b), 0);
+    assert_int_equal(b.ids[1], 7);
+    assert_int_equal(block_table_append_new(bm, &a), 0);
+    assert_int_equal(a.ids[5], 8);
+    /* Free 2 and 3 (a's), then 200 after filling up to it: the lowest free (2) comes first,
+     * although 200 was freed last. */
+    int32_t blk;
+    for (int32_t want = 9; want <= 200; want++) {
+        assert_int_equal(block_manager_alloc(bm, &blk), 0);
+        assert_int_equal(blk, want);
+    }
+    assert_int_equal(block_manager_unref(bm, 2), 0);
+    assert_int_equal(block_manager_unref(bm, 3), 0);
+    assert_int_equal(block_manager_unref(bm, 200), 0);
+    assert_int_equal(block_manager_alloc(bm, &blk), 0);
+    assert_int_equal(blk, 2);
+    /* A table whose last block is 199 continues at the free 200, not at the lowest (3). */
+    struct block_table c;
+    block_table_init(&c);
+    assert_int_equal(block_table_append_shared(bm, &c, 199), 0);
+    assert_int_equal(block_table_append_new(bm, &c), 0);
+    assert_int_equal(c.ids[1], 200);
+    assert_int_equal(block_table_append_new(bm, &c), 0);
+    assert_int_equal(c.ids[2], 201);
+    const char *why = NULL;
+    assert_int_equal(block_manager_check(bm, &why), 0);
+    block_table_fini(&a);
+    block_table_fini(&b);
+    block_table_fini(&c);
+    block_manager_close(bm);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -213,6 +265,7 @@ int main(void)
         cmocka_unit_test(test_deferred_free_waits_for_ack),
         cmocka_unit_test(test_deferred_shared_block),
         cmocka_unit_test(test_churn_keeps_ledger),
+        cmocka_unit_test(test_allocation_order),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,63 @@
+/* pagoda-bench's timeline: a long run cut into windows of a few seconds, each with the figures
+ * that show drift (issue: "the seeds' one report"): from the requests, the output tokens that
+ * arrived in the window, the TTFT of requests whose first token arrived in it and the TPOT of
+ * requests that ended in it (p50, p95, p99); from the engine's stats sampled during the run, KV
+ * usage (max), fragmentation and page locality (means over the window's samples), and the
+ * window's prefix hit rate, evictions, preemptions, prefill and decode tokens (counter deltas
+ * from the last sample before the window, or its first one, to its last one).
+ *
+ * A pure module: samples and requests in, windows out. */
+#ifndef PAGODA_BENCH_TIMELINE_H
+#define PAGODA_BENCH_TIMELINE_H
+
+#include "bench/report.h"
+#include "client/pagoda.h"
+
+#include <jansson.h>
+#include <stddef.h>
+#include <stdio.h>
+
+/* Samples one run keeps, at most (at the default 200 ms interval: 58 hours). */
+#define TIMELINE_MAX_SAMPLES (1u << 20)
+/* Windows one run has, at most (longer runs get longer windows: see timeline_compute). */
+#define TIMELINE_MAX_WINDOWS 4096u
+
+/* One pagoda_stats sample, t_s seconds after the run's start. */
+struct timeline_sample {
+    double t_s;
+    pagoda_engine_stats st;
+};
+
+struct timeline_window {
+    double t0_s, t1_s;
+    uint32_t started, completed, failed; /* requests started / ended in the window */
+    uint64_t output_tokens;              /* that arrived in the window (any request) */
+    double output_tps;
+    struct report_summary ttft_ms, tpot_ms;
+    size_t samples;
+    double kv_usage_max, fragmentation_mean, locality_mean, run_length_mean; /* NAN: no sample */
+    uint32_t running_max, waiting_max;
+    int have_counters; /* at least one sample in the window */
+    uint64_t prefix_query_tokens, prefix_hit_tokens, evictions, preemptions, prefill_tokens,
+        decode_tokens;
+    double hit_rate, prefill_tps, decode_tps; /* NAN without counters (or no lookups) */
+};
+
+/* Cuts [0, end_s) into windows of interval_s seconds (more when that would exceed
+ * TIMELINE_MAX_WINDOWS: the interval is then stretched, and *used_interval_s says by how much)
+ * and fills them from n_samples samples (in time order) and n_reqs requests. On success *out
+ * (free()) holds *n_out windows. Errors: PAGODA_EINVAL (interval_s <= 0 or end_s not finite),
+ * PAGODA_ENOMEM. */
+int timeline_compute(const struct timeline_sample *samples, size_t n_samples,
+                     const struct report_request *reqs, size_t n_reqs, double interval_s,
+                     double end_s, struct timeline_window **out, size_t *n_out,
+                     double *used_interval_s);
+
+/* The windows as a JSON array of objects (the fields above; NAN as null). On success *out is a
+ * new reference. Errors: PAGODA_ENOMEM. */
+int timeline_to_json(const struct timeline_window *w, size_t n, json_t **out);
+
+/* The windows as a text table. */
+void timeline_print(FILE *f, const struct timeline_window *w, size_t n);
+
+#endif

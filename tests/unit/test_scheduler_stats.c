@@ -1,0 +1,67 @@
+/* Tests of the scheduler's work and page-locality figures (scheduler_stats: prefill_tokens,
+ * decode_tokens, locality, locality_run_length), through the fake worker of
+ * scheduler_harness.h. */
+#include "scheduler_harness.h"
+
+/* One sequence on a fresh pool: its blocks are consecutive (locality 1, one run of all its
+ * blocks); prefill and decode tokens count what the acknowledged steps computed. */
+static void test_one_sequence_is_local(void **state)
+{
+    struct harness *h = harness_open(&DEFAULT_SETUP); /* block size 8 */
+    int32_t p[30];
+    make_prompt(7, 30, p);
+    struct req_rec *r = submit(h, 1, p, 30, 20);
+    for (int i = 0; i < 8; i++)
+        exchange(h);
+    struct scheduler_stats st = stats(h);
+    assert_int_equal(st.running, 1);
+    assert_true(st.locality == 1.0);
+    /* 30 prompt tokens plus decodes so far: every block of the table in one run. */
+    assert_true(st.locality_run_length >= 4.0);
+    assert_int_equal(st.prefill_tokens, 30);
+    assert_true(st.decode_tokens >= 5);
+    pump(h);
+    expect_output(r, p, 30, 20, PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH);
+    st = stats(h);
+    assert_int_equal(st.prefill_tokens, 30);
+    /* The first output token comes from the prefill; the other 19 from decodes of which the
+     * last one's token ends the request: 19 decode steps computed one token each. */
+    assert_int_equal(st.decode_tokens, 19);
+    assert_int_equal(st.prefill_tokens + st.decode_tokens, st.computed_tokens);
+    harness_close(h);
+}
+
+/* Sequences decoding side by side grow into each other's neighbourhood: after churn the tables
+ * interleave (locality below 1, shorter runs); no running sequence: locality 1, run length 0. */
+static void test_churn_lowers_locality(void **state)
+{
+    struct harness *h = harness_open(&DEFAULT_SETUP); /* block size 8 */
+    int32_t p[8][16];
+    for (int i = 0; i < 8; i++) {
+        make_prompt(40 + i, 3, p[i]);
+        submit(h, i + 1, p[i], 3, 40 + 4 * i);
+    }
+    for (int i = 0; i < 40; i++)
+        exchange(h);
+    struct scheduler_stats st = stats(h);
+    assert_true(st.running >= 2);
+    assert_true(st.locality < 1.0);
+    assert_true(st.locality_run_length >= 1.0 && st.locality_run_length < 4.0);
+    pump(h);
+    st = stats(h);
+    assert_int_equal(st.running, 0);
+    assert_true(st.locality == 1.0);
+    assert_true(st.locality_run_length == 0.0);
+    assert_int_equal(st.prefill_tokens, 8 * 3);
+    assert_int_equal(st.prefill_tokens + st.decode_tokens, st.computed_tokens);
+    harness_close(h);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_one_sequence_is_local),
+        cmocka_unit_test(test_churn_lowers_locality),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
