@@ -636,6 +636,7 @@ int main(int argc, char **argv)
         {"decode_b256_c512", "decode", 256, 512, 1, 32, 8, 128, 16, true},
         {"decode_b64_c4096_hd64", "decode", 64, 4096, 1, 32, 8, 64, 16, true},
         {"decode_b64_c4096_bs8", "decode", 64, 4096, 1, 32, 8, 128, 8, true},
+        {"decode_b64_c4096_bs32", "decode", 64, 4096, 1, 32, 8, 128, 32, true},
         {"decode_b64_c4096_bs64", "decode", 64, 4096, 1, 32, 8, 128, 64, true},
         {"prefill_1k", "prefill", 1, 1024, 1024, 32, 8, 128, 16, true},
         {"prefill_4k", "prefill", 1, 4096, 4096, 32, 8, 128, 16, true},

@@ -216,11 +216,12 @@ def f(v, spec=".3f"):
     return "n/a" if v is None else format(v, spec)
 kern = load(os.path.join(out, "kernels.json"))
 tbs = {}
-if kern:
-    for r in kern.get("rows", []) if isinstance(kern, dict) else kern:
-        name = r.get("name", "")
-        if name.startswith("decode_b64_c4096") and "hd64" not in name:
-            tbs.setdefault(r.get("block_size", 16), r.get("tbs") or r.get("pagoda_tbs"))
+if kern:  # batch 64 x 4096, head dim 128, shuffled tables: decode_b64_c4096_shuf, _bs8, ...
+    for c in kern.get("cases", []):
+        name = c.get("name", "")
+        if (c.get("kind") == "decode" and name.startswith("decode_b64_c4096") and c.get("shuffled")
+                and "hd64" not in name and c.get("ms", 0) > 0):
+            tbs[c["block_size"]] = c["bytes"] / c["ms"] * 1e-9
 print("| block size | workload | done | out tok/s | TTFT p50 | TTFT p95 | TTFT p99 | TPOT p50 "
       "| TPOT p95 | TPOT p99 | frag mean | locality | hit rate | peak running | preempt "
       "| seqs that fit | decode attn TB/s |")
