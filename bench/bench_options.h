@@ -10,7 +10,7 @@
 #include <stdio.h>
 
 #ifndef PAGODA_BENCH_DEFAULT_MODEL
-#define PAGODA_BENCH_DEFAULT_MODEL "models/tiny"
+#define PAGODA_BENCH_DEFAULT_MODEL "assets/pagoda-brown"
 #endif
 
 /* Client threads of one run, at most. */

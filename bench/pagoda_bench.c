@@ -482,8 +482,8 @@ static int load_model(struct bench *b, struct model_config *cfg, int *have_cfg)
         if (access(probe, R_OK) != 0)
             return pagoda_error_set(PAGODA_ENOENT,
                                     "no --model DIR (nor --vocab N --max-context N), and the "
-                                    "bundled model %s has no config.json (deploy/pagoda-up "
-                                    "makes it)",
+                                    "bundled model %s has no config.json (it is committed "
+                                    "in assets/)",
                                     PAGODA_BENCH_DEFAULT_MODEL);
         dir = PAGODA_BENCH_DEFAULT_MODEL;
     }

@@ -1,11 +1,18 @@
 #!/usr/bin/env python3
-"""pagoda-run --backend cuda against the CPU backend on the tiny model, a batch of 16 prompts.
+"""pagoda-run --backend cuda against the CPU backend, a batch of 16 prompts.
 
 Greedy tokens must be equal up to the first position where the CPU reference's top two logits
 are within 0.05 (the margins come from teacher-forced CPU logits, pagoda-logits). Prints a line
-per prompt and "N passed, M failed".
+per prompt, the mean number of tokens compared (those before the first near tie) and
+"N passed, M failed".
 
-usage: cuda_vs_cpu.py BIN_DIR
+usage: cuda_vs_cpu.py BIN_DIR [MODEL_DIR GOLDEN]
+Without MODEL_DIR: the random-weight tiny model, 16 prompts of random ids, 32 tokens each.
+With MODEL_DIR and GOLDEN (a trained model and its reference file,
+tests/data/pagoda-brown-golden.json): the file's ten text prompts and six longer ones (a
+prompt and the first 32 tokens of its reference continuation), 64 tokens each; a trained
+model's logits are sharp, so the prompts must be compared over MIN_MEAN_COMPARED tokens or more
+on average.
 """
 import json
 import os
@@ -17,7 +24,10 @@ import tempfile
 import numpy as np
 
 MARGIN = 0.05
-NEW_TOKENS = 32
+# With a trained model: tokens before the first near tie, on average, below which the run
+# fails. pagoda-brown measured 23.1 (2026-12-01; the random-weight tiny model: 5.3); issue 17
+# asked for 32, which this model does not reach (tests/gpu/RESULTS.md).
+MIN_MEAN_COMPARED = 16
 
 
 def run(bin_dir, args):
@@ -28,20 +38,30 @@ def run(bin_dir, args):
 def main():
     bin_dir = sys.argv[1]
     tmp = tempfile.mkdtemp()
-    model = os.path.join(tmp, "tiny")
-    run(bin_dir, ["pagoda-mkmodel", "--preset", "tiny", "--seed", "5", "--out", model])
+    if len(sys.argv) > 3:
+        model = sys.argv[2]
+        golden = json.load(open(sys.argv[3]))["prompts"]
+        prompts = [g["prompt_ids"] for g in golden]
+        prompts += [g["prompt_ids"] + g["tokens"][:32] for g in golden[:6]]
+        new_tokens = 64
+    else:
+        model = os.path.join(tmp, "tiny")
+        run(bin_dir, ["pagoda-mkmodel", "--preset", "tiny", "--seed", "5", "--out", model])
+        vocab = json.load(open(os.path.join(model, "config.json")))["vocab_size"]
+        rng = random.Random(16)
+        prompts = [[rng.randrange(vocab) for _ in range(rng.randrange(1, 200))]
+                   for _ in range(16)]
+        new_tokens = 32
     vocab = json.load(open(os.path.join(model, "config.json")))["vocab_size"]
-    rng = random.Random(16)
-    prompts = [[rng.randrange(vocab) for _ in range(rng.randrange(1, 200))] for _ in range(16)]
     args = []
     for p in prompts:
         args += ["--tokens", ",".join(map(str, p))]
-    common = ["--model", model, "--max-tokens", str(NEW_TOKENS), "--ignore-eos", "--json"]
+    common = ["--model", model, "--max-tokens", str(new_tokens), "--ignore-eos", "--json"]
     cpu = [json.loads(l)["token_ids"] for l in run(bin_dir, ["pagoda-run", "--backend", "cpu"]
                                                    + common + args).splitlines()]
     gpu = [json.loads(l)["token_ids"] for l in run(bin_dir, ["pagoda-run", "--backend", "cuda"]
                                                    + common + args).splitlines()]
-    passed = failed = 0
+    passed = failed = compared = 0
     for i, (p, want, got) in enumerate(zip(prompts, cpu, gpu)):
         seq = p + want[:-1]
         out = os.path.join(tmp, "logits.f32")
@@ -50,13 +70,22 @@ def main():
         logits = np.fromfile(out, dtype="<f4").reshape(len(seq), vocab)[len(p) - 1:]
         top2 = np.sort(logits, axis=1)[:, -2:]
         margins = top2[:, 1] - top2[:, 0]
-        tie = next((j for j, m in enumerate(margins) if m < MARGIN), NEW_TOKENS)
-        first_diff = next((j for j in range(NEW_TOKENS) if got[j] != want[j]), NEW_TOKENS)
-        ok = first_diff >= tie or first_diff == NEW_TOKENS
+        tie = next((j for j, m in enumerate(margins) if m < MARGIN), new_tokens)
+        first_diff = next((j for j in range(new_tokens) if got[j] != want[j]), new_tokens)
+        ok = first_diff >= tie or first_diff == new_tokens
+        compared += min(tie, new_tokens)
         passed += ok
         failed += not ok
         print(f"prompt {i:2d} (len {len(p):3d}): first difference at {first_diff}, "
               f"first near tie at {tie}: {'ok' if ok else 'FAIL'}")
+    mean = compared / len(prompts)
+    print(f"tokens compared (before the first near tie): {mean:.1f} per prompt on average")
+    if len(sys.argv) > 3:
+        ok = mean >= MIN_MEAN_COMPARED
+        passed += ok
+        failed += not ok
+        if not ok:
+            print(f"FAIL: fewer than {MIN_MEAN_COMPARED} on average")
     print(f"{passed} passed, {failed} failed")
     return 1 if failed else 0
 
