@@ -2,9 +2,11 @@
 """pagoda-run --backend cuda against the CPU backend, a batch of 16 prompts.
 
 Greedy tokens must be equal up to the first position where the CPU reference's top two logits
-are within 0.05 (the margins come from teacher-forced CPU logits, pagoda-logits). Prints a line
-per prompt, the mean number of tokens compared (those before the first near tie) and
-"N passed, M failed".
+are within 0.05 (the margins come from teacher-forced CPU logits, pagoda-logits), and from there
+on teacher-forced: the CUDA backend's logits along the CPU's tokens (pagoda-logits --backend
+cuda) must have the CPU's token as their argmax at every position without a near tie; those
+positions are the tokens compared. Prints a line per prompt, the mean number of tokens compared
+and "N passed, M failed".
 
 usage: cuda_vs_cpu.py BIN_DIR [MODEL_DIR GOLDEN]
 Without MODEL_DIR: the random-weight tiny model, 16 prompts of random ids, 32 tokens each.
@@ -24,10 +26,10 @@ import tempfile
 import numpy as np
 
 MARGIN = 0.05
-# With a trained model: tokens before the first near tie, on average, below which the run
-# fails. pagoda-brown measured 23.1 (2026-12-01; the random-weight tiny model: 5.3); issue 17
-# asked for 32, which this model does not reach (tests/gpu/RESULTS.md).
-MIN_MEAN_COMPARED = 16
+# With a trained model: tokens compared per prompt on average (free-running to the first near
+# tie, then teacher-forced past near ties), below which the run fails (issue 17). pagoda-brown:
+# 23.1 before the first near tie alone (2026-12-01; the random-weight tiny model: 5.3).
+MIN_MEAN_COMPARED = 32
 
 
 def run(bin_dir, args):
@@ -72,14 +74,22 @@ def main():
         margins = top2[:, 1] - top2[:, 0]
         tie = next((j for j, m in enumerate(margins) if m < MARGIN), new_tokens)
         first_diff = next((j for j in range(new_tokens) if got[j] != want[j]), new_tokens)
-        ok = first_diff >= tie or first_diff == new_tokens
-        compared += min(tie, new_tokens)
+        # Past the first near tie, teacher-forced: the GPU's logits along the CPU's tokens.
+        run(bin_dir, ["pagoda-logits", "--model", model, "--backend", "cuda", "--out", out,
+                      "--tokens", ",".join(map(str, seq))])
+        glog = np.fromfile(out, dtype="<f4").reshape(len(seq), vocab)[len(p) - 1:]
+        sure = [j for j in range(new_tokens) if margins[j] >= MARGIN]
+        wrong = [j for j in sure if int(np.argmax(glog[j])) != want[j]]
+        ok = (first_diff >= tie or first_diff == new_tokens) and not wrong
+        compared += len(sure)
         passed += ok
         failed += not ok
         print(f"prompt {i:2d} (len {len(p):3d}): first difference at {first_diff}, "
-              f"first near tie at {tie}: {'ok' if ok else 'FAIL'}")
+              f"first near tie at {tie}; forced: {len(sure) - len(wrong)}/{len(sure)} argmax: "
+              f"{'ok' if ok else 'FAIL'}")
     mean = compared / len(prompts)
-    print(f"tokens compared (before the first near tie): {mean:.1f} per prompt on average")
+    print(f"tokens compared (to the first near tie, then forced past near ties): {mean:.1f} "
+          "per prompt on average")
     if len(sys.argv) > 3:
         ok = mean >= MIN_MEAN_COMPARED
         passed += ok
