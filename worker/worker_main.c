@@ -12,23 +12,30 @@
  * answers. Hello is sent again the same way whenever the link connects anew (a restarted
  * scheduler learns who is there).
  *
- * Then, on one libuv loop, for each ToWorker:
+ * Then, on one libuv loop, for each ToWorker (the step loop, worker/step_loop.h):
  *  - Resync: the mirror (worker/mirror.h) takes the snapshot; answers ResyncDone (with an
  *    error code when the snapshot is refused; the mirror is then unchanged; with the sequences
  *    it left out for their own content in failed) naming the pool this worker maps. A resync
  *    for another pool (its pool_id) is refused with PAGODA_EMISMATCH after a Hello that tells
- *    the scheduler which pool this is.
- *  - Step: sleeps --step-delay-ms (or the step's delay_ms, whichever is longer), then checks and
- *    applies the step through the mirror, runs one forward pass and samples, and answers
- *    StepResult{epoch, step_id, results, computed_tokens}. A step of another epoch is ignored
- *    (counted, no answer). An error that belongs to one sequence (its token ids, length, block
- *    table or sampling parameters, found by the mirror; its logits or its sampling, found by
- *    the backend) fails that sequence only: its SeqResult carries error_code and error_message
- *    instead of a token, the mirror drops it, and the step goes on for the others. A refused
- *    step (it disagrees with the mirror, or breaks a limit of the whole step) or a failed
- *    forward pass is answered with StepResult{error_code, error_message} and leaves the mirror
- *    unchanged.
- *  - Shutdown (or SIGTERM / SIGINT): exits 0.
+ *    the scheduler which pool this is. Steps queued and not started are discarded first; a step
+ *    that runs is waited for (without blocking the loop) and answered before the ResyncDone.
+ *  - Step: checks the step against the mirror and prepares its batch on the loop, then hands it
+ *    to the executor (worker/executor.h), whose thread waits --step-delay-ms (or the step's
+ *    delay_ms, whichever is longer), runs one forward pass and samples; the loop answers
+ *    StepResult{epoch, step_id, results, computed_tokens, step timing} when it is done. Steps
+ *    run in order and up to MIRROR_MAX_STEPS_IN_FLIGHT are held, so a step can arrive and be
+ *    prepared while the one before it runs (its decode inputs are that one's tokens, resolved
+ *    when it runs). A step of another epoch is ignored (counted, no answer). An error that
+ *    belongs to one sequence (its token ids, length, block table or sampling parameters, found
+ *    by the mirror; its logits or its sampling, found by the backend; a sequence whose token of
+ *    the step before could not be sampled) fails that sequence only: its SeqResult carries
+ *    error_code and error_message instead of a token, the mirror drops it, and the step goes on
+ *    for the others. A refused step (it disagrees with the mirror, or breaks a limit of the
+ *    whole step) is answered with StepResult{error_code, error_message} and leaves the mirror
+ *    unchanged; a failed forward pass is answered the same way, and so is every step after it
+ *    until the next Resync (the steps prepared from it are not run).
+ *  - Shutdown (or SIGTERM / SIGINT): exits 0 (the step running is finished, queued ones are
+ *    dropped).
  * computed_tokens counts every token this process computed in forward passes since it started.
  * A malformed message is counted and logged, never fatal.
  *
