@@ -88,6 +88,8 @@ struct sent {
     uint64_t id;
     int32_t error_code;
     size_t n_results;
+    uint64_t steps_run;
+    double wall_us_total, step_wall_us, step_device_us;
 };
 
 struct h {
@@ -109,6 +111,10 @@ static void on_send(void *ctx, Pagoda__Internal__ToScheduler *msg, const char *w
         s->id = msg->result->step_id;
         s->error_code = msg->result->has_error_code ? msg->result->error_code : 0;
         s->n_results = msg->result->n_results;
+        s->steps_run = msg->result->has_steps_run ? msg->result->steps_run : 0;
+        s->wall_us_total = msg->result->wall_us_total;
+        s->step_wall_us = msg->result->has_step_wall_us ? msg->result->step_wall_us : -1;
+        s->step_device_us = msg->result->has_step_device_us ? msg->result->step_device_us : -1;
     } else {
         assert_int_equal(msg->msg_case, PAGODA__INTERNAL__TO_SCHEDULER__MSG_RESYNC_DONE);
         s->kind = 'R';
@@ -239,6 +245,12 @@ static void test_two_steps_in_flight(void **state)
     assert_int_equal(h->sent[3].id, 6);
     assert_int_equal(h->sent[3].error_code, 0);
     assert_int_equal(h->sent[3].n_results, 1);
+    /* The worker's step timing travels with each result: cumulative, then the step's own (the
+     * fake backend has no device: its device time is the executor thread's CPU time). */
+    assert_int_equal(h->sent[2].steps_run, 1);
+    assert_int_equal(h->sent[3].steps_run, 2);
+    assert_true(h->sent[2].step_wall_us > 0 && h->sent[2].step_device_us >= 0);
+    assert_true(h->sent[3].wall_us_total >= h->sent[2].step_wall_us + h->sent[3].step_wall_us - 1);
     struct step_loop_stats st;
     step_loop_stats(h->sl, &st);
     assert_int_equal(st.steps_run, 2);
