@@ -135,6 +135,13 @@ int backend_forward_sample_rows(struct backend *b, const struct fwd_batch *batch
     return forward_sample_host(b, batch, rows, tokens, logprobs, row_errors);
 }
 
+int backend_device_time_us(struct backend *b, double *us)
+{
+    if (b->ops->device_time_us == NULL)
+        return PAGODA_EUNSUPPORTED;
+    return b->ops->device_time_us(b, us);
+}
+
 uint64_t backend_forward_count(const struct backend *b)
 {
     return b->forward_count;

@@ -100,6 +100,11 @@ int backend_check_pool(const struct model_config *c, const struct kv_geometry *g
 int backend_check_batch(const struct model_config *c, const struct backend_limits *limits,
                         const struct fwd_batch *batch);
 
+/* The device time of the last forward pass (with its sampling) in microseconds, measured on the
+ * backend's stream (CUDA events), in *us. Returns 0, or PAGODA_EUNSUPPORTED for a backend that
+ * computes on the host (its caller measures the thread's CPU time instead). */
+int backend_device_time_us(struct backend *b, double *us);
+
 /* The number of forward passes run since the backend was opened. */
 uint64_t backend_forward_count(const struct backend *b);
 
@@ -114,6 +119,8 @@ struct backend_ops {
     int (*forward_sample)(struct backend *b, const struct fwd_batch *batch,
                           const struct sample_row *rows, int32_t *tokens, float *logprobs);
     void (*close)(struct backend *b);
+    /* NULL: the backend computes on the host (backend_device_time_us). */
+    int (*device_time_us)(struct backend *b, double *us);
 };
 
 struct backend {

@@ -30,6 +30,9 @@ struct cuda_backend {
     struct kv_geometry geometry;
     void *pool;
     cudaStream_t stream;
+    /* Around each forward pass on the stream: its device time (backend_device_time_us). */
+    cudaEvent_t ev_start, ev_end;
+    int timed; /* both recorded since the last forward pass began */
     cublasHandle_t cublas;
     uint16_t *embed, *lm_head, *final_norm;
     struct cuda_layer *layers;
@@ -102,6 +105,10 @@ static void cuda_close(struct backend *base)
     free(b->row_n_output);
     if (b->cublas != NULL)
         cublasDestroy(b->cublas);
+    if (b->ev_start != NULL)
+        cudaEventDestroy(b->ev_start);
+    if (b->ev_end != NULL)
+        cudaEventDestroy(b->ev_end);
     if (b->stream != NULL)
         cudaStreamDestroy(b->stream);
     free(b);
@@ -315,6 +322,11 @@ int cuda_backend_open(const struct model_config *cfg, const struct model_weights
         rc = cuda_fail(e, "cudaStreamCreate");
         goto fail;
     }
+    if ((e = cudaEventCreate(&b->ev_start)) != cudaSuccess ||
+        (e = cudaEventCreate(&b->ev_end)) != cudaSuccess) {
+        rc = cuda_fail(e, "cudaEventCreate");
+        goto fail;
+    }
     cublasStatus_t st = cublasCreate(&b->cublas);
     if (st != CUBLAS_STATUS_SUCCESS ||
         (st = cublasSetStream(b->cublas, b->stream)) != CUBLAS_STATUS_SUCCESS) {
@@ -400,6 +412,14 @@ static int cuda_forward_device(struct cuda_backend *b, const struct fwd_batch *b
     int rc = backend_check_batch(c, &b->opt.limits, batch);
     if (rc != 0)
         return rc;
+    /* The device is per thread and the worker's executor thread is not the one that opened the
+     * backend (worker/executor.h): bind it on every pass (a cheap call once bound). */
+    cudaError_t e = cudaSetDevice(b->opt.device);
+    if (e != cudaSuccess)
+        return cuda_fail(e, "cudaSetDevice");
+    b->timed = 0;
+    if ((e = cudaEventRecord(b->ev_start, b->stream)) != cudaSuccess)
+        return cuda_fail(e, "cudaEventRecord");
     struct attention_batch ab = {
         .num_seqs = batch->num_seqs,
         .num_tokens = batch->num_tokens,
@@ -412,7 +432,6 @@ static int cuda_forward_device(struct cuda_backend *b, const struct fwd_batch *b
         return rc;
     const int32_t n = batch->num_tokens;
     cudaStream_t s = b->stream;
-    cudaError_t e;
     if ((e = cudaMemcpyAsync(b->d_token_ids, batch->token_ids, (size_t)n * 4,
                              cudaMemcpyHostToDevice, s)) != cudaSuccess ||
         (e = cudaMemcpyAsync(b->d_positions, batch->positions, (size_t)n * 4,
@@ -474,6 +493,8 @@ static int cuda_forward(struct backend *base, const struct fwd_batch *batch, flo
                                     (size_t)batch->num_logits * (size_t)b->base.config.vocab_size *
                                         sizeof(float),
                                     cudaMemcpyDeviceToHost, b->stream);
+    if (e == cudaSuccess && (e = cudaEventRecord(b->ev_end, b->stream)) == cudaSuccess)
+        b->timed = 1;
     if (e == cudaSuccess)
         e = cudaStreamSynchronize(b->stream);
     return e == cudaSuccess ? 0 : cuda_fail(e, "forward pass");
@@ -487,8 +508,11 @@ static int cuda_forward_sample(struct backend *base, const struct fwd_batch *bat
     if (rc != 0)
         return rc;
     int32_t n = batch->num_logits;
-    if (n == 0)
+    if (n == 0) {
+        if (cudaEventRecord(b->ev_end, b->stream) == cudaSuccess)
+            b->timed = 1;
         return 0;
+    }
     for (int32_t r = 0; r < n; r++) {
         b->row_params[r] = rows[r].params;
         b->row_index[r] = rows[r].output_index;
@@ -500,7 +524,26 @@ static int cuda_forward_sample(struct backend *base, const struct fwd_batch *bat
     rc = cuda_sampler_sample(b->sampler, b->logits, n, b->row_params, b->row_index, b->row_prompt,
                              b->row_n_prompt, b->row_output, b->row_n_output, tokens, logprobs,
                              b->stream);
+    /* The sampler has waited for its stream: the end event marks the step's last work. */
+    if (rc == 0 && cudaEventRecord(b->ev_end, b->stream) == cudaSuccess)
+        b->timed = 1;
     return rc;
+}
+
+/* The time between the events around the last forward pass (and its sampling). */
+static int cuda_device_time_us(struct backend *base, double *us)
+{
+    struct cuda_backend *b = (struct cuda_backend *)base;
+    if (!b->timed)
+        return pagoda_error_set(PAGODA_EUNSUPPORTED, "no forward pass timed yet");
+    float ms = 0.0f;
+    cudaError_t e = cudaEventSynchronize(b->ev_end);
+    if (e == cudaSuccess)
+        e = cudaEventElapsedTime(&ms, b->ev_start, b->ev_end);
+    if (e != cudaSuccess)
+        return cuda_fail(e, "cudaEventElapsedTime");
+    *us = (double)ms * 1e3;
+    return 0;
 }
 
 static const struct backend_ops cuda_ops = {
@@ -508,6 +551,7 @@ static const struct backend_ops cuda_ops = {
     .forward = cuda_forward,
     .forward_sample = cuda_forward_sample,
     .close = cuda_close,
+    .device_time_us = cuda_device_time_us,
 };
 
 int cuda_pool_alloc(const struct kv_geometry *g, int device, void **pool)

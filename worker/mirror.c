@@ -33,6 +33,22 @@ struct pend {
     int32_t row;      /* its logits row, or -1 */
 };
 
+/* A step committed pending: where each row's pending token sits. */
+struct inflight {
+    uint64_t step_id;
+    int32_t num_rows;
+    uint64_t *seq_ids; /* [max_seqs] */
+    int32_t *pos;      /* [max_seqs]: index of the pending token in the sequence's tokens */
+};
+
+/* A sequence dropped because one of its steps failed it, remembered for the steps the scheduler
+ * may have formed before it learned. */
+struct recent_failure {
+    uint64_t seq_id, step_id;
+    int32_t code;
+    char message[MIRROR_ERROR_MESSAGE_MAX];
+};
+
 struct mirror {
     struct mirror_limits lim;
     int32_t max_blocks_per_seq;
@@ -68,6 +84,14 @@ struct mirror {
     uint64_t *row_seq_ids;                  /* [max_seqs] */
     int32_t *block_tables;
     size_t block_tables_cap; /* entries */
+
+    /* Steps in flight: slot step_id % MIRROR_MAX_STEPS_IN_FLIGHT, oldest first. */
+    struct inflight inflight[MIRROR_MAX_STEPS_IN_FLIGHT];
+    int32_t num_inflight;
+    uint64_t oldest_inflight;
+    uint64_t broken_step;          /* 0, or the step whose failure left the mirror wrong */
+    struct recent_failure *recent; /* ring of [2 * max_seqs] */
+    int32_t recent_head, num_recent;
 };
 
 /* ---- sequences --------------------------------------------------------------------------- */
@@ -264,7 +288,7 @@ int mirror_new(const struct mirror_limits *limits, struct mirror **out)
     if (limits == NULL || out == NULL)
         return pagoda_error_set(PAGODA_EINVAL, "mirror_new: NULL argument");
     const struct mirror_limits *l = limits;
-    if (l->max_seqs < 1 || l->max_seqs > (1 << 20) || l->max_tokens_per_seq < 1 ||
+    if (l->max_seqs < 1 || l->max_seqs > MIRROR_PENDING_ROWS || l->max_tokens_per_seq < 1 ||
         l->max_batched_tokens < 1 || l->num_blocks < 2 || l->block_size < KV_BLOCK_SIZE_MIN ||
         l->block_size > KV_BLOCK_SIZE_MAX || l->vocab_size < 1 || l->vocab_size > SAMPLER_VOCAB_MAX)
         return pagoda_error_set(PAGODA_ERANGE,
@@ -298,9 +322,17 @@ int mirror_new(const struct mirror_limits *limits, struct mirror **out)
     m->logits_indices = malloc(ns * sizeof(int32_t));
     m->rows = malloc(ns * sizeof(*m->rows));
     m->row_seq_ids = malloc(ns * sizeof(*m->row_seq_ids));
-    if (!m->seqs || !m->spare || !m->index || !m->scratch_ids || !m->pend || !m->staged ||
-        !m->staged_chunk || !m->failed || !m->token_ids || !m->positions || !m->slots ||
-        !m->query_start || !m->context_lens || !m->logits_indices || !m->rows || !m->row_seq_ids) {
+    m->recent = calloc(2 * ns, sizeof(*m->recent));
+    int inflight_ok = 1;
+    for (int i = 0; i < MIRROR_MAX_STEPS_IN_FLIGHT; i++) {
+        m->inflight[i].seq_ids = malloc(ns * sizeof(uint64_t));
+        m->inflight[i].pos = malloc(ns * sizeof(int32_t));
+        inflight_ok = inflight_ok && m->inflight[i].seq_ids && m->inflight[i].pos;
+    }
+    if (!inflight_ok || !m->recent || !m->seqs || !m->spare || !m->index || !m->scratch_ids ||
+        !m->pend || !m->staged || !m->staged_chunk || !m->failed || !m->token_ids ||
+        !m->positions || !m->slots || !m->query_start || !m->context_lens || !m->logits_indices ||
+        !m->rows || !m->row_seq_ids) {
         mirror_free(m);
         return PAGODA_ENOMEM;
     }
@@ -341,6 +373,11 @@ void mirror_free(struct mirror *m)
     free(m->rows);
     free(m->row_seq_ids);
     free(m->block_tables);
+    free(m->recent);
+    for (int i = 0; i < MIRROR_MAX_STEPS_IN_FLIGHT; i++) {
+        free(m->inflight[i].seq_ids);
+        free(m->inflight[i].pos);
+    }
     free(m);
 }
 
@@ -405,6 +442,9 @@ int mirror_resync(struct mirror *m, const Pagoda__Internal__Resync *r)
     m->epoch = r->epoch;
     m->next_step_id = r->next_step_id;
     m->synced = 1;
+    m->num_inflight = 0;
+    m->broken_step = 0;
+    m->num_recent = 0;
     index_rebuild(m);
     return 0;
 fail:
@@ -415,6 +455,43 @@ fail:
 }
 
 /* ---- steps ----------------------------------------------------------------------------------- */
+
+/* Remembers that step_id failed sequence e->seq_id, for the steps formed before the scheduler
+ * knew (MIRROR_MAX_STEPS_IN_FLIGHT of them); the ring forgets the oldest first. */
+static void remember_failure(struct mirror *m, const struct mirror_seq_error *e, uint64_t step_id)
+{
+    int32_t cap = 2 * m->lim.max_seqs;
+    struct recent_failure *f = &m->recent[(m->recent_head + m->num_recent) % cap];
+    if (m->num_recent == cap)
+        m->recent_head = (m->recent_head + 1) % cap;
+    else
+        m->num_recent++;
+    f->seq_id = e->seq_id;
+    f->step_id = step_id;
+    f->code = e->code;
+    snprintf(f->message, sizeof(f->message), "%s", e->message);
+}
+
+/* The failure of seq_id in one of the last MIRROR_MAX_STEPS_IN_FLIGHT steps, or NULL. */
+static const struct recent_failure *find_recent_failure(const struct mirror *m, uint64_t seq_id)
+{
+    int32_t cap = 2 * m->lim.max_seqs;
+    for (int32_t i = m->num_recent - 1; i >= 0; i--) {
+        const struct recent_failure *f = &m->recent[(m->recent_head + i) % cap];
+        if (f->seq_id == seq_id && f->step_id + MIRROR_MAX_STEPS_IN_FLIGHT >= m->next_step_id)
+            return f;
+    }
+    return NULL;
+}
+
+/* The logits rows of the prepared step. */
+static int32_t count_rows(const struct mirror *m)
+{
+    int32_t n = 0;
+    for (int32_t i = 0; i < m->num_pend; i++)
+        n += m->pend[i].row >= 0;
+    return n;
+}
 
 /* Records that the step being prepared fails sequence id with rc (the detail is the current
  * error detail): the sequence's own content is at fault, not the step, so the rest of the step
@@ -554,9 +631,16 @@ static int check_cont(struct mirror *m, const Pagoda__Internal__Step *s, int64_t
                                                                    : "num_new_tokens");
         uint64_t id = cs->seq_id;
         struct mseq *q = lookup(m, id);
-        if (q == NULL)
-            return pagoda_error_set(PAGODA_ENOENT,
-                                    "step: continuing sequence %" PRIu64 " is not held", id);
+        if (q == NULL) {
+            const struct recent_failure *f = find_recent_failure(m, id);
+            if (f == NULL)
+                return pagoda_error_set(PAGODA_ENOENT,
+                                        "step: continuing sequence %" PRIu64 " is not held", id);
+            pagoda_error_set(f->code, "sequence %" PRIu64 " failed in step %" PRIu64 ": %s", id,
+                             f->step_id, f->message);
+            seq_fails(m, id, f->code);
+            continue;
+        }
         if (q->drop_mark == m->gen)
             return pagoda_error_set(
                 PAGODA_ENOENT, "step: continuing sequence %" PRIu64 " is dropped by the same step",
@@ -649,9 +733,18 @@ int mirror_step_prepare(struct mirror *m, const Pagoda__Internal__Step *s, struc
                                 s->epoch, m->epoch);
     if (!s->has_step_id)
         return pagoda_error_set(PAGODA_EINVAL, "step without a step_id");
+    if (m->broken_step != 0)
+        return pagoda_error_set(PAGODA_EPROTO,
+                                "step %" PRIu64 ": step %" PRIu64 " failed after later steps were "
+                                "prepared from it; the worker waits for a resync",
+                                s->step_id, m->broken_step);
     if (s->step_id != m->next_step_id)
         return pagoda_error_set(PAGODA_EPROTO, "step %" PRIu64 ", the worker expects step %" PRIu64,
                                 s->step_id, m->next_step_id);
+    if (m->num_inflight >= MIRROR_MAX_STEPS_IN_FLIGHT)
+        return pagoda_error_set(PAGODA_EBUSY,
+                                "step %" PRIu64 ": %d steps are in flight already (the limit)",
+                                s->step_id, m->num_inflight);
     const size_t max_seqs = (size_t)m->lim.max_seqs;
     if (s->n_new_seqs > max_seqs || s->n_cont_seqs > max_seqs)
         return pagoda_error_set(PAGODA_ERANGE,
@@ -696,7 +789,7 @@ int mirror_step_prepare(struct mirror *m, const Pagoda__Internal__Step *s, struc
     for (size_t i = 0; rc == 0 && i < s->n_cont_seqs; i++) {
         const Pagoda__Internal__ContinuingSequence *cs = s->cont_seqs[i];
         const struct mseq *q = lookup(m, cs->seq_id);
-        if (q->fail_mark == m->gen)
+        if (q == NULL || q->fail_mark == m->gen)
             continue;
         int32_t nb = q->num_blocks + (int32_t)cs->n_appended_block_ids;
         in_batch += cs->num_new_tokens > 0;
@@ -730,7 +823,7 @@ int mirror_step_prepare(struct mirror *m, const Pagoda__Internal__Step *s, struc
     for (size_t i = 0; i < s->n_cont_seqs; i++) {
         const Pagoda__Internal__ContinuingSequence *cs = s->cont_seqs[i];
         struct mseq *q = lookup(m, cs->seq_id);
-        if (q->fail_mark == m->gen)
+        if (q == NULL || q->fail_mark == m->gen)
             continue;
         if (cs->n_appended_block_ids > 0)
             memcpy(q->blocks + q->num_blocks, cs->appended_block_ids,
@@ -767,10 +860,13 @@ void mirror_step_commit(struct mirror *m, const int32_t *tokens)
     mirror_step_commit_rows(m, tokens, NULL);
 }
 
-void mirror_step_commit_rows(struct mirror *m, const int32_t *tokens, const int32_t *row_errors)
+static void commit(struct mirror *m, const int32_t *tokens, const int32_t *row_errors, int pending)
 {
-    if (m == NULL || !m->prepared)
-        return;
+    uint64_t step_id = m->next_step_id;
+    struct inflight *fl = &m->inflight[step_id % MIRROR_MAX_STEPS_IN_FLIGHT];
+    int32_t slot = (int32_t)(step_id % MIRROR_MAX_STEPS_IN_FLIGHT);
+    for (int32_t i = 0; i < m->num_failed; i++)
+        remember_failure(m, &m->failed[i], step_id);
     for (int32_t i = m->num_seqs - 1; i >= 0; i--)
         if (m->seqs[i]->drop_mark == m->gen) {
             mseq_free(m->seqs[i]);
@@ -783,10 +879,23 @@ void mirror_step_commit_rows(struct mirror *m, const int32_t *tokens, const int3
         struct pend *p = &m->pend[i];
         p->seq->num_blocks += p->n_append;
         p->seq->num_computed += p->chunk;
-        if (p->row >= 0 && row_errors != NULL && row_errors[p->row] != 0)
+        if (p->row < 0)
+            continue;
+        if (pending) {
+            fl->seq_ids[p->row] = p->seq->seq_id;
+            fl->pos[p->row] = p->seq->num_tokens;
+            p->seq->tokens[p->seq->num_tokens++] = MIRROR_PENDING_TOKEN(slot, p->row);
+        } else if (row_errors != NULL && row_errors[p->row] != 0) {
             p->seq->fail_mark = m->gen;
-        else if (p->row >= 0)
+        } else {
             p->seq->tokens[p->seq->num_tokens++] = tokens[p->row];
+        }
+    }
+    if (pending) {
+        fl->step_id = step_id;
+        fl->num_rows = m->num_pend > 0 ? count_rows(m) : 0;
+        if (m->num_inflight++ == 0)
+            m->oldest_inflight = step_id;
     }
     /* Failed sequences end here: the scheduler ends their requests and never continues them. */
     for (int32_t i = m->num_seqs - 1; i >= 0; i--)
@@ -799,6 +908,67 @@ void mirror_step_commit_rows(struct mirror *m, const int32_t *tokens, const int3
     m->next_step_id++;
     m->prepared = 0;
     index_rebuild(m);
+}
+
+void mirror_step_commit_rows(struct mirror *m, const int32_t *tokens, const int32_t *row_errors)
+{
+    if (m == NULL || !m->prepared)
+        return;
+    commit(m, tokens, row_errors, 0);
+}
+
+void mirror_step_commit_pending(struct mirror *m)
+{
+    if (m == NULL || !m->prepared)
+        return;
+    commit(m, NULL, NULL, 1);
+}
+
+void mirror_step_resolve(struct mirror *m, uint64_t step_id, const int32_t *tokens,
+                         const struct backend_row_error *row_errors)
+{
+    if (m == NULL || m->num_inflight == 0 || step_id != m->oldest_inflight)
+        return;
+    int32_t slot = (int32_t)(step_id % MIRROR_MAX_STEPS_IN_FLIGHT);
+    const struct inflight *fl = &m->inflight[slot];
+    int dropped = 0;
+    for (int32_t r = 0; r < fl->num_rows; r++) {
+        struct mseq *q = lookup(m, fl->seq_ids[r]);
+        /* Dropped since (finished, preempted, failed), or a sequence of the same id added anew. */
+        if (q == NULL || fl->pos[r] >= q->num_tokens ||
+            q->tokens[fl->pos[r]] != MIRROR_PENDING_TOKEN(slot, r))
+            continue;
+        if (row_errors == NULL || row_errors[r].code == 0) {
+            q->tokens[fl->pos[r]] = tokens[r];
+            continue;
+        }
+        struct mirror_seq_error e = {.seq_id = q->seq_id, .code = row_errors[r].code};
+        snprintf(e.message, sizeof(e.message), "%s", row_errors[r].message);
+        remember_failure(m, &e, step_id);
+        q->drop_mark = ~(uint64_t)0; /* a mark no prepare uses */
+        dropped = 1;
+    }
+    if (dropped) {
+        for (int32_t i = m->num_seqs - 1; i >= 0; i--)
+            if (m->seqs[i]->drop_mark == ~(uint64_t)0) {
+                mseq_free(m->seqs[i]);
+                m->seqs[i] = m->seqs[--m->num_seqs];
+            }
+        index_rebuild(m);
+    }
+    m->num_inflight--;
+    m->oldest_inflight++;
+}
+
+void mirror_step_break(struct mirror *m, uint64_t step_id)
+{
+    if (m != NULL && m->broken_step == 0)
+        m->broken_step = step_id ? step_id : 1;
+}
+
+int32_t mirror_steps_in_flight(const struct mirror *m)
+{
+    return m->num_inflight;
 }
 
 void mirror_step_abort(struct mirror *m)

@@ -17,6 +17,17 @@
  * so a lost or repeated step is detected instead of absorbed. Decode inputs are the mirror's own
  * tokens, i.e. the tokens this worker sampled.
  *
+ * Steps in flight (worker/executor.h): a step may be committed before its forward pass has run,
+ * with mirror_step_commit_pending. Its sampled tokens are then not known yet: each sampling
+ * sequence gets a pending token (MIRROR_PENDING_TOKEN, a negative value naming the step's slot
+ * and logits row), so the next step is prepared from what this one will have written. Pending
+ * tokens appear in a later step's batch.token_ids and in its rows' histories; whoever runs that
+ * step replaces them with the tokens sampled by then (mirror_pending_slot, mirror_pending_row).
+ * mirror_step_resolve later writes the tokens into the mirror, in step order. A sequence whose
+ * row could not be sampled is dropped then and remembered for MIRROR_MAX_STEPS_IN_FLIGHT steps:
+ * a later step the scheduler formed before it knew fails that sequence alone (with the first
+ * error) instead of being refused for naming a sequence the mirror no longer holds.
+ *
  * Pure: no I/O, no threads; one mirror is used by one thread. */
 #ifndef PAGODA_WORKER_MIRROR_H
 #define PAGODA_WORKER_MIRROR_H
@@ -31,6 +42,30 @@
  * before the first resync): not a failure of this worker but a stale message, which the caller
  * ignores (no answer) and counts. No other function returns it. */
 #define MIRROR_EOTHER_EPOCH PAGODA_ECLOSED
+
+/* Steps committed and not yet resolved, at most (mirror_step_commit_pending). */
+#define MIRROR_MAX_STEPS_IN_FLIGHT 4
+
+/* A pending token: logits row `row` of the step in flight in slot `slot` (its step_id modulo
+ * MIRROR_MAX_STEPS_IN_FLIGHT). Negative, so never a token id; rows stay below
+ * MIRROR_PENDING_ROWS (mirror_new bounds max_seqs by it). */
+#define MIRROR_PENDING_ROWS (1 << 20)
+#define MIRROR_PENDING_TOKEN(slot, row) ((int32_t)(-1 - ((slot)*MIRROR_PENDING_ROWS + (row))))
+
+static inline int mirror_token_pending(int32_t token)
+{
+    return token < 0;
+}
+
+static inline int32_t mirror_pending_slot(int32_t token)
+{
+    return (-1 - token) / MIRROR_PENDING_ROWS;
+}
+
+static inline int32_t mirror_pending_row(int32_t token)
+{
+    return (-1 - token) % MIRROR_PENDING_ROWS;
+}
 
 /* finished_seq_ids plus preempted_seq_ids of one step: at most this many times max_seqs. */
 #define MIRROR_MAX_DROPS_PER_SEQ 4
@@ -70,7 +105,9 @@ struct mirror_seq_error {
 };
 
 /* A prepared step: what the forward pass needs. batch's arrays, rows and seq_ids are the
- * mirror's, valid until mirror_step_commit, mirror_step_abort or the next prepare.
+ * mirror's, valid until mirror_step_commit, mirror_step_abort or the next prepare (after
+ * mirror_step_commit_pending: until the next prepare or resolve). With steps in flight,
+ * batch.token_ids and the rows' histories may hold pending tokens.
  *
  * Order: the continuing sequences with tokens to compute, in the step's order, then the new ones,
  * in the step's order. Logits row r (batch.logits_indices[r], the last token of its chunk)
@@ -141,6 +178,8 @@ int mirror_resync(struct mirror *m, const Pagoda__Internal__Resync *r);
  *  - PAGODA_EINVAL: a missing epoch or step_id; a new sequence without seq_id,
  *    num_prompt_tokens or num_new_tokens (an absent num_computed_tokens is 0); a continuing one
  *    without seq_id, num_computed_tokens or num_new_tokens; a sequence continued twice;
+ *  - PAGODA_EBUSY: MIRROR_MAX_STEPS_IN_FLIGHT steps are in flight already;
+ *  - PAGODA_EPROTO too after mirror_step_break, until the next resync;
  *  - PAGODA_ERANGE: the step breaks a limit: more sequences than max_seqs held after it or in it,
  *    more drops than MIRROR_MAX_DROPS_PER_SEQ * max_seqs, more tokens than max_batched_tokens, a
  *    token id outside the vocabulary, a block id outside 1..num_blocks-1, a chunk reaching past
@@ -161,6 +200,27 @@ void mirror_step_commit(struct mirror *m, const int32_t *tokens);
  * rows could not be sampled: a row whose entry is not 0 appends no token and its sequence is
  * dropped with the ones the step failed. */
 void mirror_step_commit_rows(struct mirror *m, const int32_t *tokens, const int32_t *row_errors);
+
+/* Applies the prepared step before its forward pass has run (see "Steps in flight" above): as
+ * mirror_step_commit, but each sampling sequence gets a pending token for its row, and the step
+ * stays in flight until mirror_step_resolve. Does nothing when no step is prepared. */
+void mirror_step_commit_pending(struct mirror *m);
+
+/* Writes the tokens of step_id, committed pending, into the mirror: tokens[r] replaces the
+ * pending token of row r (sequences dropped since are skipped). row_errors (NULL: none; else one
+ * per row) says which rows could not be sampled: their sequences are dropped and remembered (see
+ * above). Steps are resolved in the order they were committed; a step_id that is not the oldest
+ * in flight (one a resync forgot) is ignored. */
+void mirror_step_resolve(struct mirror *m, uint64_t step_id, const int32_t *tokens,
+                         const struct backend_row_error *row_errors);
+
+/* The forward pass of step_id, committed pending, failed as a whole: the mirror holds what it
+ * did not write. Every later step is refused (PAGODA_EPROTO, naming step_id) until the next
+ * resync, which the scheduler sends after any error result. */
+void mirror_step_break(struct mirror *m, uint64_t step_id);
+
+/* Steps committed pending and not yet resolved. */
+int32_t mirror_steps_in_flight(const struct mirror *m);
 
 /* Forgets the prepared step; the mirror stays as it was before mirror_step_prepare. Does nothing
  * when no step is prepared. */

@@ -12,23 +12,30 @@
  * answers. Hello is sent again the same way whenever the link connects anew (a restarted
  * scheduler learns who is there).
  *
- * Then, on one libuv loop, for each ToWorker:
+ * Then, on one libuv loop, for each ToWorker (the step loop, worker/step_loop.h):
  *  - Resync: the mirror (worker/mirror.h) takes the snapshot; answers ResyncDone (with an
  *    error code when the snapshot is refused; the mirror is then unchanged; with the sequences
  *    it left out for their own content in failed) naming the pool this worker maps. A resync
  *    for another pool (its pool_id) is refused with PAGODA_EMISMATCH after a Hello that tells
- *    the scheduler which pool this is.
- *  - Step: sleeps --step-delay-ms (or the step's delay_ms, whichever is longer), then checks and
- *    applies the step through the mirror, runs one forward pass and samples, and answers
- *    StepResult{epoch, step_id, results, computed_tokens}. A step of another epoch is ignored
- *    (counted, no answer). An error that belongs to one sequence (its token ids, length, block
- *    table or sampling parameters, found by the mirror; its logits or its sampling, found by
- *    the backend) fails that sequence only: its SeqResult carries error_code and error_message
- *    instead of a token, the mirror drops it, and the step goes on for the others. A refused
- *    step (it disagrees with the mirror, or breaks a limit of the whole step) or a failed
- *    forward pass is answered with StepResult{error_code, error_message} and leaves the mirror
- *    unchanged.
- *  - Shutdown (or SIGTERM / SIGINT): exits 0.
+ *    the scheduler which pool this is. Steps queued and not started are discarded first; a step
+ *    that runs is waited for (without blocking the loop) and answered before the ResyncDone.
+ *  - Step: checks the step against the mirror and prepares its batch on the loop, then hands it
+ *    to the executor (worker/executor.h), whose thread waits --step-delay-ms (or the step's
+ *    delay_ms, whichever is longer), runs one forward pass and samples; the loop answers
+ *    StepResult{epoch, step_id, results, computed_tokens, step timing} when it is done. Steps
+ *    run in order and up to MIRROR_MAX_STEPS_IN_FLIGHT are held, so a step can arrive and be
+ *    prepared while the one before it runs (its decode inputs are that one's tokens, resolved
+ *    when it runs). A step of another epoch is ignored (counted, no answer). An error that
+ *    belongs to one sequence (its token ids, length, block table or sampling parameters, found
+ *    by the mirror; its logits or its sampling, found by the backend; a sequence whose token of
+ *    the step before could not be sampled) fails that sequence only: its SeqResult carries
+ *    error_code and error_message instead of a token, the mirror drops it, and the step goes on
+ *    for the others. A refused step (it disagrees with the mirror, or breaks a limit of the
+ *    whole step) is answered with StepResult{error_code, error_message} and leaves the mirror
+ *    unchanged; a failed forward pass is answered the same way, and so is every step after it
+ *    until the next Resync (the steps prepared from it are not run).
+ *  - Shutdown (or SIGTERM / SIGINT): exits 0 (the step running is finished, queued ones are
+ *    dropped).
  * computed_tokens counts every token this process computed in forward passes since it started.
  * A malformed message is counted and logged, never fatal.
  *
@@ -65,6 +72,7 @@
 #include "worker/cpu_backend.h"
 #include "worker/mirror.h"
 #include "worker/null_backend.h"
+#include "worker/step_loop.h"
 #include "worker/worker_pool.h"
 #ifdef PAGODA_HAVE_CUDA
 #include "kvpool/cuda_pool.h"
@@ -90,7 +98,7 @@
 #define WORKER_MAX_ID 1023
 #define WORKER_MAX_SEQS 4096
 #define WORKER_MAX_BATCHED_TOKENS (1 << 16)
-#define WORKER_MAX_DELAY_MS 600000
+#define WORKER_MAX_DELAY_MS STEP_LOOP_MAX_DELAY_MS
 /* How long the worker waits for kvpool's answer at start, and how often it asks. */
 #define WORKER_KVPOOL_WAIT_MS 30000
 #define WORKER_HELLO_MS 200
@@ -139,16 +147,10 @@ struct worker {
     struct worker_pool pool; /* kvpool's pool, as this worker maps it (worker_pool.h) */
     int cannot_run;          /* the start failed in a way a restart would repeat */
     struct backend *backend;
-    struct mirror *mirror;
-    int32_t *tokens;                      /* [max_seqs] */
-    float *logprobs;                      /* [max_seqs] */
-    struct backend_row_error *row_errors; /* [max_seqs] */
-    int32_t *row_codes;                   /* [max_seqs] */
-    Pagoda__Internal__SeqResult *results; /* [2 * max_seqs]: rows, then failed sequences */
-    Pagoda__Internal__SeqResult **result_ptrs;
+    struct mirror_limits mirror_limits;
+    struct step_loop *steps; /* the mirror and the executor (worker/step_loop.h) */
 
-    uint64_t computed_tokens;
-    uint64_t steps_received, steps_run, steps_refused, stale_steps, resyncs, malformed;
+    uint64_t malformed;
     uint64_t send_failures;
 };
 
@@ -287,8 +289,7 @@ static int worker_load(struct worker *w)
         .max_num_seqs = o->max_seqs,
         .max_blocks_per_seq = mirror_limits_max_blocks_per_seq(&ml),
     };
-    if ((rc = mirror_new(&ml, &w->mirror)) != 0)
-        return rc;
+    w->mirror_limits = ml;
 
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
@@ -296,16 +297,6 @@ static int worker_load(struct worker *w)
         return rc;
     clock_gettime(CLOCK_MONOTONIC, &t1);
 
-    size_t n = (size_t)o->max_seqs;
-    w->tokens = malloc(n * sizeof(*w->tokens));
-    w->logprobs = malloc(n * sizeof(*w->logprobs));
-    w->row_errors = malloc(n * sizeof(*w->row_errors));
-    w->row_codes = malloc(n * sizeof(*w->row_codes));
-    w->results = malloc(2 * n * sizeof(*w->results));
-    w->result_ptrs = malloc(2 * n * sizeof(*w->result_ptrs));
-    if (!w->tokens || !w->logprobs || !w->row_errors || !w->row_codes || !w->results ||
-        !w->result_ptrs)
-        return PAGODA_ENOMEM;
     log_info("worker %u: %s backend, model %s%s (%" PRId64 " layers, vocab %" PRId64
              ") loaded in %.2f s; kv pool %s: %d blocks of %d tokens (%" PRId64
              " tokens), %s; up to %d sequences, %d tokens a step, %d tokens a sequence",
@@ -362,28 +353,14 @@ static void send_hello(struct worker *w)
     send_to_scheduler(w, &msg, "Hello");
 }
 
-static void send_result(struct worker *w, Pagoda__Internal__StepResult *r)
+static void send_to_scheduler_cb(void *ctx, Pagoda__Internal__ToScheduler *msg, const char *what)
 {
-    r->has_epoch = r->has_step_id = r->has_computed_tokens = 1;
-    r->computed_tokens = w->computed_tokens;
-    Pagoda__Internal__ToScheduler msg = PAGODA__INTERNAL__TO_SCHEDULER__INIT;
-    msg.msg_case = PAGODA__INTERNAL__TO_SCHEDULER__MSG_RESULT;
-    msg.result = r;
-    send_to_scheduler(w, &msg, "StepResult");
+    send_to_scheduler(ctx, msg, what);
 }
 
-static void send_step_error(struct worker *w, const Pagoda__Internal__Step *s, int rc)
+static void send_hello_cb(void *ctx)
 {
-    char text[700];
-    pagoda_error_message(rc, text, sizeof(text));
-    log_warn("step %" PRIu64 " (epoch %" PRIu64 ") refused: %s", s->step_id, s->epoch, text);
-    Pagoda__Internal__StepResult r = PAGODA__INTERNAL__STEP_RESULT__INIT;
-    r.epoch = s->epoch;
-    r.step_id = s->step_id;
-    r.has_error_code = 1;
-    r.error_code = rc;
-    r.error_message = text;
-    send_result(w, &r);
+    send_hello(ctx);
 }
 
 /* ---- messages in --------------------------------------------------------------------------- */
@@ -396,176 +373,20 @@ static void stop_hello(struct worker *w)
     }
 }
 
-static void on_resync(struct worker *w, const Pagoda__Internal__Resync *r)
-{
-    stop_hello(w);
-    /* A resync of an epoch this worker has not seen comes from a scheduler that may never have
-     * received a Hello (it announces its epoch with empty resyncs until one arrives): introduce
-     * ourselves first, or each side would wait for the other. */
-    if (!mirror_synced(w->mirror) || mirror_epoch(w->mirror) != r->epoch)
-        send_hello(w);
-    w->resyncs++;
-    /* Block ids of another pool than ours would read and write KV that is not what the
-     * scheduler believes: refuse, and say which pool this is (the scheduler adopts it). */
-    uint64_t pool_id = w->pool.info.geometry.pool_id;
-    int rc;
-    if (r->has_pool_id && r->pool_id != pool_id) {
-        rc = pagoda_error_set(PAGODA_EMISMATCH,
-                              "the resync is for pool %016" PRIx64 "; this worker maps pool "
-                              "%016" PRIx64,
-                              r->pool_id, pool_id);
-        send_hello(w);
-    } else {
-        rc = mirror_resync(w->mirror, r);
-    }
-    Pagoda__Internal__ResyncDone d = PAGODA__INTERNAL__RESYNC_DONE__INIT;
-    d.has_epoch = d.has_resync_id = d.has_pool_id = 1;
-    d.epoch = r->epoch;
-    d.resync_id = r->resync_id;
-    d.pool_id = pool_id;
-    char text[700];
-    if (rc != 0) {
-        pagoda_error_message(rc, text, sizeof(text));
-        log_warn("resync %" PRIu64 " (epoch %" PRIu64 ") refused: %s", r->resync_id, r->epoch,
-                 text);
-        d.has_error_code = 1;
-        d.error_code = rc;
-        d.error_message = text;
-    } else {
-        log_info("resync %" PRIu64 ": epoch %" PRIu64 ", %zu sequences, next step %" PRIu64,
-                 r->resync_id, r->epoch, r->n_seqs, r->next_step_id);
-        /* Sequences left out for their own content: the scheduler fails them. */
-        const struct mirror_seq_error *failed;
-        int32_t n_failed = mirror_resync_failures(w->mirror, &failed);
-        for (int32_t i = 0; i < n_failed && i < w->o.max_seqs; i++) {
-            Pagoda__Internal__SeqResult *sr = &w->results[i];
-            pagoda__internal__seq_result__init(sr);
-            sr->has_seq_id = sr->has_error_code = 1;
-            sr->seq_id = failed[i].seq_id;
-            sr->error_code = failed[i].code;
-            sr->error_message = (char *)failed[i].message;
-            w->result_ptrs[i] = sr;
-            log_warn("resync %" PRIu64 ": sequence %" PRIu64 " left out: %s", r->resync_id,
-                     sr->seq_id, sr->error_message);
-        }
-        d.n_failed = (size_t)(n_failed < w->o.max_seqs ? n_failed : w->o.max_seqs);
-        d.failed = w->result_ptrs;
-    }
-    Pagoda__Internal__ToScheduler msg = PAGODA__INTERNAL__TO_SCHEDULER__INIT;
-    msg.msg_case = PAGODA__INTERNAL__TO_SCHEDULER__MSG_RESYNC_DONE;
-    msg.resync_done = &d;
-    send_to_scheduler(w, &msg, "ResyncDone");
-}
-
-static void on_step(struct worker *w, const Pagoda__Internal__Step *s)
-{
-    uint64_t nth = ++w->steps_received;
-    if (w->o.drop_step == nth) {
-        log_warn("fault drop-step=%" PRIu64 ": ignoring step %" PRIu64 " (epoch %" PRIu64 ")", nth,
-                 s->step_id, s->epoch);
-        return;
-    }
-    uint32_t delay = w->o.step_delay_ms;
-    if (s->has_delay_ms && s->delay_ms > delay)
-        delay = s->delay_ms < WORKER_MAX_DELAY_MS ? s->delay_ms : WORKER_MAX_DELAY_MS;
-    if (delay > 0)
-        uv_sleep(delay);
-
-    if (s->has_tp_size && s->tp_size > 1) {
-        w->steps_refused++;
-        send_step_error(w, s,
-                        pagoda_error_set(PAGODA_EUNSUPPORTED,
-                                         "tensor parallel steps (tp_size %d) are not supported",
-                                         s->tp_size));
-        return;
-    }
-    struct mirror_step ms;
-    int rc = mirror_step_prepare(w->mirror, s, &ms);
-    if (rc == MIRROR_EOTHER_EPOCH) {
-        w->stale_steps++;
-        char text[700];
-        log_debug("step %" PRIu64 " ignored: %s", s->step_id,
-                  pagoda_error_message(rc, text, sizeof(text)));
-        return;
-    }
-    if (rc == 0 && ms.batch.num_tokens > 0) {
-        rc = backend_forward_sample_rows(w->backend, &ms.batch, ms.rows, w->tokens, w->logprobs,
-                                         w->row_errors);
-        if (rc != 0)
-            mirror_step_abort(w->mirror);
-        else
-            w->computed_tokens += (uint64_t)ms.batch.num_tokens;
-    }
-    if (rc != 0) {
-        w->steps_refused++;
-        send_step_error(w, s, rc);
-        return;
-    }
-    /* Rows that could not be sampled fail their sequence only; so do the sequences the mirror
-     * found at fault. Both leave the mirror at commit. */
-    int32_t failed_rows = 0;
-    for (int32_t i = 0; i < ms.batch.num_logits; i++) {
-        w->row_codes[i] = ms.batch.num_tokens > 0 ? w->row_errors[i].code : 0;
-        failed_rows += w->row_codes[i] != 0;
-    }
-
-    Pagoda__Internal__StepResult r = PAGODA__INTERNAL__STEP_RESULT__INIT;
-    r.epoch = s->epoch;
-    r.step_id = s->step_id;
-    r.results = w->result_ptrs;
-    size_t n = 0;
-    for (int32_t i = 0; i < ms.batch.num_logits; i++) {
-        Pagoda__Internal__SeqResult *sr = &w->results[n];
-        pagoda__internal__seq_result__init(sr);
-        sr->has_seq_id = 1;
-        sr->seq_id = ms.seq_ids[i];
-        if (w->row_codes[i] != 0) {
-            sr->has_error_code = 1;
-            sr->error_code = w->row_codes[i];
-            sr->error_message = w->row_errors[i].message;
-            log_warn("step %" PRIu64 ": sequence %" PRIu64 " failed: %s", s->step_id, sr->seq_id,
-                     sr->error_message);
-        } else {
-            sr->has_token_id = sr->has_logprob = 1;
-            sr->token_id = w->tokens[i];
-            sr->logprob = w->logprobs[i];
-        }
-        w->result_ptrs[n++] = sr;
-    }
-    for (int32_t i = 0; i < ms.num_failed; i++) {
-        Pagoda__Internal__SeqResult *sr = &w->results[n];
-        pagoda__internal__seq_result__init(sr);
-        sr->has_seq_id = sr->has_error_code = 1;
-        sr->seq_id = ms.failed[i].seq_id;
-        sr->error_code = ms.failed[i].code;
-        sr->error_message = (char *)ms.failed[i].message;
-        log_warn("step %" PRIu64 ": sequence %" PRIu64 " failed: %s", s->step_id, sr->seq_id,
-                 sr->error_message);
-        w->result_ptrs[n++] = sr;
-    }
-    r.n_results = n;
-    mirror_step_commit_rows(w->mirror, w->tokens, failed_rows > 0 ? w->row_codes : NULL);
-    w->steps_run++;
-    log_debug("step %" PRIu64 ": %d tokens of %d sequences, %d sampled", s->step_id,
-              ms.batch.num_tokens, ms.batch.num_seqs, ms.batch.num_logits);
-    if (w->o.drop_result == nth) {
-        log_warn("fault drop-result=%" PRIu64 ": not sending the result of step %" PRIu64, nth,
-                 s->step_id);
-        return;
-    }
-    send_result(w, &r);
-}
-
 static void worker_stop(struct worker *w, const char *why)
 {
     if (w->stopping)
         return;
     w->stopping = 1;
-    log_info("stopping (%s) after %" PRIu64 " steps, %" PRIu64 " tokens computed; %" PRIu64
-             " steps refused, %" PRIu64 " of other epochs ignored, %" PRIu64 " resyncs, %" PRIu64
-             " malformed messages",
-             why, w->steps_run, w->computed_tokens, w->steps_refused, w->stale_steps, w->resyncs,
-             w->malformed);
+    struct step_loop_stats st = {0};
+    if (w->steps != NULL)
+        step_loop_stats(w->steps, &st);
+    double n = st.steps_run ? (double)st.steps_run : 1.0;
+    log_info("stopping (%s) after %" PRIu64 " steps (%.1f us wall, %.1f us device each), %" PRIu64
+             " tokens computed; %" PRIu64 " steps refused, %" PRIu64
+             " of other epochs ignored, %" PRIu64 " resyncs, %" PRIu64 " malformed messages",
+             why, st.steps_run, st.wall_us_total / n, st.device_us_total / n, st.computed_tokens,
+             st.steps_refused, st.stale_steps, st.resyncs, w->malformed);
     uv_stop(&w->loop);
 }
 
@@ -592,12 +413,13 @@ static void on_message(void *ctx, nng_msg *m)
         return;
     }
     switch (msg->msg_case) {
-    case PAGODA__INTERNAL__TO_WORKER__MSG_STEP:
-        on_step(w, msg->step);
-        break;
     case PAGODA__INTERNAL__TO_WORKER__MSG_RESYNC:
-        on_resync(w, msg->resync);
-        break;
+        stop_hello(w);
+        step_loop_handle(w->steps, msg); /* takes msg */
+        return;
+    case PAGODA__INTERNAL__TO_WORKER__MSG_STEP:
+        step_loop_handle(w->steps, msg); /* takes msg */
+        return;
     case PAGODA__INTERNAL__TO_WORKER__MSG_SHUTDOWN:
         worker_stop(w, "Shutdown");
         break;
@@ -687,6 +509,18 @@ static int worker_serve(struct worker *w)
     uv_signal_start(&w->sigterm, on_signal, SIGTERM);
     uv_signal_start(&w->sigint, on_signal, SIGINT);
 
+    struct step_loop_options so = {
+        .mirror = w->mirror_limits,
+        .pool_id = w->pool.info.geometry.pool_id,
+        .step_delay_ms = w->o.step_delay_ms,
+        .drop_step = w->o.drop_step,
+        .drop_result = w->o.drop_result,
+        .send = send_to_scheduler_cb,
+        .send_hello = send_hello_cb,
+        .ctx = w,
+    };
+    if ((rc = step_loop_open(&w->loop, w->backend, &so, &w->steps)) != 0)
+        return rc;
     if ((rc = open_link(w, url)) != 0)
         return rc;
     if ((rc = wire_inbox_open(&w->loop, w->sock, on_message, w, &w->inbox)) != 0)
@@ -716,6 +550,8 @@ static void worker_fini(struct worker *w)
     if (w->sock_open)
         nng_close(w->sock);
     if (w->handles_open) {
+        step_loop_close(w->steps); /* joins the executor's thread: no forward pass runs after */
+        w->steps = NULL;
         uv_close((uv_handle_t *)&w->hello_timer, close_cb);
         uv_close((uv_handle_t *)&w->sigterm, close_cb);
         uv_close((uv_handle_t *)&w->sigint, close_cb);
@@ -725,15 +561,8 @@ static void worker_fini(struct worker *w)
         uv_run(&w->loop, UV_RUN_DEFAULT);
         uv_loop_close(&w->loop);
     }
-    mirror_free(w->mirror);
     backend_close(w->backend);  /* first: it synchronizes its stream, then nothing uses the pool */
     worker_pool_fini(&w->pool); /* unmaps only: the pool is kvpool's */
-    free(w->tokens);
-    free(w->logprobs);
-    free(w->row_errors);
-    free(w->row_codes);
-    free(w->results);
-    free(w->result_ptrs);
 }
 
 /* ---- main ------------------------------------------------------------------------------------ */

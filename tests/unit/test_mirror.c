@@ -759,6 +759,134 @@ static void test_one_sequence_fails_and_the_step_goes_on(void **state)
     mirror_free(m);
 }
 
+/* Steps in flight: a step committed pending leaves a pending token where its sample goes; the
+ * next step, prepared before the first is resolved, decodes that pending token; resolving writes
+ * the sampled tokens in order. */
+static void test_steps_in_flight_carry_pending_tokens(void **state)
+{
+    (void)state;
+    struct mirror *m = new_mirror();
+    int32_t tokens[] = {1, 2, 3}, blocks[] = {4};
+    Pagoda__Internal__SequenceSnapshot a = snap(1, tokens, 3, 3, 0, blocks, 1), *seqs[] = {&a};
+    resync(m, 1, 10, seqs, 1);
+    Pagoda__Internal__ContinuingSequence c = cont_seq(1, 0, 3, NULL, 0), *cp[] = {&c};
+    Pagoda__Internal__Step s = step_msg(1, 10);
+    s.cont_seqs = cp;
+    s.n_cont_seqs = 1;
+    struct mirror_step ms;
+    assert_int_equal(mirror_step_prepare(m, &s, &ms), 0);
+    mirror_step_commit_pending(m);
+    assert_int_equal(mirror_steps_in_flight(m), 1);
+    struct mirror_seq_view v = view(m, 1);
+    assert_int_equal(v.num_tokens, 4);
+    assert_int_equal(v.num_computed_tokens, 3);
+    assert_int_equal(v.token_ids[3], MIRROR_PENDING_TOKEN(10 % MIRROR_MAX_STEPS_IN_FLIGHT, 0));
+
+    c = cont_seq(1, 3, 1, NULL, 0);
+    s = step_msg(1, 11);
+    s.cont_seqs = cp;
+    s.n_cont_seqs = 1;
+    assert_int_equal(mirror_step_prepare(m, &s, &ms), 0);
+    assert_int_equal(ms.batch.num_tokens, 1);
+    int32_t t = ms.batch.token_ids[0];
+    assert_true(mirror_token_pending(t));
+    assert_int_equal(mirror_pending_slot(t), 10 % MIRROR_MAX_STEPS_IN_FLIGHT);
+    assert_int_equal(mirror_pending_row(t), 0);
+    assert_int_equal(ms.batch.positions[0], 3);
+    mirror_step_commit_pending(m);
+    assert_int_equal(mirror_steps_in_flight(m), 2);
+
+    int32_t t11 = 43, t10 = 42;
+    mirror_step_resolve(m, 11, &t11, NULL); /* not the oldest: ignored */
+    assert_int_equal(mirror_steps_in_flight(m), 2);
+    mirror_step_resolve(m, 10, &t10, NULL);
+    mirror_step_resolve(m, 11, &t11, NULL);
+    assert_int_equal(mirror_steps_in_flight(m), 0);
+    v = view(m, 1);
+    int32_t want[] = {1, 2, 3, 42, 43};
+    assert_int_equal(v.num_tokens, 5);
+    assert_i32s(v.token_ids, want, 5);
+    assert_int_equal(v.num_computed_tokens, 4);
+    mirror_free(m);
+}
+
+/* At most MIRROR_MAX_STEPS_IN_FLIGHT steps are in flight; a whole-step failure refuses every
+ * step until a resync. */
+static void test_in_flight_limit_and_break(void **state)
+{
+    (void)state;
+    struct mirror *m = new_mirror();
+    int32_t tokens[] = {1, 2, 3}, blocks[] = {4};
+    Pagoda__Internal__SequenceSnapshot a = snap(1, tokens, 3, 3, 2, blocks, 1), *seqs[] = {&a};
+    resync(m, 1, 1, seqs, 1);
+    Pagoda__Internal__ContinuingSequence c, *cp[] = {&c};
+    Pagoda__Internal__Step s;
+    struct mirror_step ms;
+    for (int i = 0; i < MIRROR_MAX_STEPS_IN_FLIGHT; i++) {
+        c = cont_seq(1, 2 + i, 1, NULL, 0); /* each decodes the one before's token */
+        s = step_msg(1, 1 + (uint64_t)i);
+        s.cont_seqs = cp;
+        s.n_cont_seqs = 1;
+        assert_int_equal(mirror_step_prepare(m, &s, &ms), 0);
+        mirror_step_commit_pending(m);
+    }
+    c = cont_seq(1, 2 + MIRROR_MAX_STEPS_IN_FLIGHT, 1, NULL, 0);
+    s = step_msg(1, 1 + MIRROR_MAX_STEPS_IN_FLIGHT);
+    s.cont_seqs = cp;
+    s.n_cont_seqs = 1;
+    assert_int_equal(mirror_step_prepare(m, &s, &ms), PAGODA_EBUSY);
+    int32_t t = 5;
+    mirror_step_resolve(m, 1, &t, NULL);
+    assert_int_equal(mirror_step_prepare(m, &s, &ms), 0);
+    mirror_step_abort(m);
+    mirror_step_break(m, 2);
+    assert_int_equal(mirror_step_prepare(m, &s, &ms), PAGODA_EPROTO);
+    resync(m, 1, 9, seqs, 1);
+    assert_int_equal(mirror_steps_in_flight(m), 0);
+    c = cont_seq(1, 2, 0, NULL, 0);
+    s = step_msg(1, 9);
+    s.cont_seqs = cp;
+    s.n_cont_seqs = 1;
+    assert_int_equal(mirror_step_prepare(m, &s, &ms), 0);
+    mirror_step_abort(m);
+    mirror_free(m);
+}
+
+/* A row that could not be sampled drops its sequence at resolve; a later step that still
+ * continues it (the scheduler formed it before it knew) fails that sequence alone, saying why,
+ * instead of being refused for an unknown sequence. */
+static void test_row_failure_fails_the_sequence_in_later_steps(void **state)
+{
+    (void)state;
+    struct mirror *m = new_mirror();
+    int32_t ta[] = {1, 2, 3}, tb[] = {4, 5, 6}, ba[] = {4}, bb[] = {5};
+    Pagoda__Internal__SequenceSnapshot a = snap(1, ta, 3, 3, 2, ba, 1),
+                                       b = snap(2, tb, 3, 3, 2, bb, 1), *seqs[] = {&a, &b};
+    resync(m, 1, 1, seqs, 2);
+    Pagoda__Internal__ContinuingSequence ca = cont_seq(1, 2, 1, NULL, 0),
+                                         cb = cont_seq(2, 2, 1, NULL, 0), *cp[] = {&ca, &cb};
+    Pagoda__Internal__Step s = step_msg(1, 1);
+    s.cont_seqs = cp;
+    s.n_cont_seqs = 2;
+    struct mirror_step ms;
+    assert_int_equal(mirror_step_prepare(m, &s, &ms), 0);
+    mirror_step_commit_pending(m);
+    int32_t toks[] = {-1, 7};
+    struct backend_row_error errs[2] = {{.code = PAGODA_EINVAL, .message = "logit 0 is nan"},
+                                        {.code = 0}};
+    mirror_step_resolve(m, 1, toks, errs);
+    struct mirror_seq_view v;
+    assert_int_equal(mirror_find(m, 1, &v), PAGODA_ENOENT);
+    assert_int_equal(view(m, 2).token_ids[3], 7);
+    ca = cont_seq(1, 3, 1, NULL, 0);
+    cb = cont_seq(2, 3, 1, NULL, 0);
+    s = step_msg(1, 2);
+    s.cont_seqs = cp;
+    s.n_cont_seqs = 2;
+    expect_seq_fails(m, &s, 1, PAGODA_EINVAL, "failed in step 1: logit 0 is nan");
+    mirror_free(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -771,6 +899,9 @@ int main(void)
         cmocka_unit_test(test_block_ids_outside_the_pool_are_refused),
         cmocka_unit_test(test_limits_are_enforced),
         cmocka_unit_test(test_one_sequence_fails_and_the_step_goes_on),
+        cmocka_unit_test(test_steps_in_flight_carry_pending_tokens),
+        cmocka_unit_test(test_in_flight_limit_and_break),
+        cmocka_unit_test(test_row_failure_fails_the_sequence_in_later_steps),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,499 @@
+/* Tests of worker/executor.c with the mirror, as the worker's step loop drives them: steps run
+ * in order, a step prepared while the previous one is in flight decodes the token that one
+ * sampled, the queue is bounded, a resync's discard drops the queued steps and lets the running
+ * one finish, a sequence whose row fails in step n fails in the queued step n+1 (and in a later
+ * step the scheduler formed before it knew), a whole-step failure fails the steps prepared from
+ * it, and closing with steps queued neither waits out their delay nor leaks (ASan build). A
+ * fake backend holds a step on a gate, and fails a row or the whole pass at chosen positions. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "common/error.h"
+#include "worker/executor.h"
+#include "worker/mirror.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define BS 8
+#define VOCAB 100
+#define WAIT_ITERATIONS 5000 /* x 1 ms: how long a test waits for the executor */
+
+/* ---- the fake backend -------------------------------------------------------------------- */
+
+static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_cv = PTHREAD_COND_INITIALIZER;
+static int g_gate_open = 1;  /* forward_sample waits while 0 */
+static int g_entered;        /* forward passes started */
+static int g_fail_pos = -1;  /* a row sampled at this position fails (NaN logits) */
+static int g_break_pos = -1; /* a step sampling at this position fails as a whole */
+static int g_pending_seen;   /* pending tokens that reached a forward pass */
+
+static int32_t next_token(int32_t token, int32_t pos)
+{
+    return (int32_t)(((int64_t)token * 31 + pos) % VOCAB);
+}
+
+static int fake_forward(struct backend *b, const struct fwd_batch *batch, float *logits)
+{
+    (void)b;
+    for (int32_t r = 0; r < batch->num_logits; r++) {
+        int32_t t = batch->logits_indices[r], pos = batch->positions[t];
+        if (pos == g_break_pos)
+            return pagoda_error_set(PAGODA_EIO, "fake: the pass at position %d fails", pos);
+        float *row = logits + (size_t)r * VOCAB;
+        for (int v = 0; v < VOCAB; v++)
+            row[v] = 0.0f;
+        row[next_token(batch->token_ids[t], pos)] = 1.0f;
+        if (pos == g_fail_pos)
+            row[0] = NAN;
+    }
+    return 0;
+}
+
+static int fake_forward_sample(struct backend *b, const struct fwd_batch *batch,
+                               const struct sample_row *rows, int32_t *tokens, float *logprobs)
+{
+    (void)b;
+    (void)rows;
+    pthread_mutex_lock(&g_mu);
+    g_entered++;
+    pthread_cond_broadcast(&g_cv);
+    while (!g_gate_open)
+        pthread_cond_wait(&g_cv, &g_mu);
+    pthread_mutex_unlock(&g_mu);
+    for (int32_t i = 0; i < batch->num_tokens; i++)
+        if (mirror_token_pending(batch->token_ids[i]))
+            g_pending_seen++; /* checked by teardown: resolved before the pass */
+    for (int32_t r = 0; r < batch->num_logits; r++) {
+        int32_t t = batch->logits_indices[r], pos = batch->positions[t];
+        if (pos == g_fail_pos || pos == g_break_pos)
+            return PAGODA_EINVAL; /* which row? the host path finds out */
+        tokens[r] = next_token(batch->token_ids[t], pos);
+        logprobs[r] = 0.0f;
+    }
+    return 0;
+}
+
+static void fake_close(struct backend *b)
+{
+    free(b);
+}
+
+static const struct backend_ops fake_ops = {
+    .name = "fake",
+    .forward = fake_forward,
+    .forward_sample = fake_forward_sample,
+    .close = fake_close,
+};
+
+static void gate(int open)
+{
+    pthread_mutex_lock(&g_mu);
+    g_gate_open = open;
+    pthread_cond_broadcast(&g_cv);
+    pthread_mutex_unlock(&g_mu);
+}
+
+/* ---- the harness: a loop, a mirror, an executor ------------------------------------------- */
+
+#define MAX_RESULTS 16
+
+struct got {
+    uint64_t step_id;
+    int rc;
+    int32_t num_rows;
+    uint64_t seq_ids[8];
+    int32_t tokens[8];
+    int32_t codes[8];
+    int32_t num_failed;
+    uint64_t failed_ids[8];
+};
+
+struct h {
+    uv_loop_t loop;
+    struct backend *b;
+    struct mirror *m;
+    struct executor *e;
+    struct got got[MAX_RESULTS];
+    int n_got, idle_calls;
+};
+
+static void on_done(void *ctx, const struct executor_result *x)
+{
+    struct h *h = ctx;
+    if (x == NULL) {
+        h->idle_calls++;
+        return;
+    }
+    assert_true(h->n_got < MAX_RESULTS);
+    struct got *g = &h->got[h->n_got++];
+    g->step_id = x->step_id;
+    g->rc = x->rc;
+    g->num_rows = x->num_rows;
+    for (int32_t r = 0; r < x->num_rows; r++) {
+        g->seq_ids[r] = x->seq_ids[r];
+        g->tokens[r] = x->tokens[r];
+        g->codes[r] = x->row_errors[r].code;
+    }
+    g->num_failed = x->num_failed;
+    for (int32_t i = 0; i < x->num_failed; i++)
+        g->failed_ids[i] = x->failed[i].seq_id;
+    /* What the step loop does with a result. */
+    if (x->rc != 0)
+        mirror_step_break(h->m, x->step_id);
+    else
+        mirror_step_resolve(h->m, x->step_id, x->tokens, x->row_errors);
+}
+
+static int setup(void **state)
+{
+    struct h *h = calloc(1, sizeof(*h));
+    assert_non_null(h);
+    assert_int_equal(uv_loop_init(&h->loop), 0);
+    h->b = calloc(1, sizeof(*h->b));
+    h->b->ops = &fake_ops;
+    h->b->config.vocab_size = VOCAB;
+    struct mirror_limits ml = {
+        .max_seqs = 8,
+        .max_tokens_per_seq = 64,
+        .max_batched_tokens = 32,
+        .num_blocks = 16,
+        .block_size = BS,
+        .vocab_size = VOCAB,
+    };
+    assert_int_equal(mirror_new(&ml, &h->m), 0);
+    struct executor_limits el = {.max_num_tokens = 32, .max_num_seqs = 8};
+    assert_int_equal(executor_open(&h->loop, h->b, &el, on_done, h, &h->e), 0);
+    g_gate_open = 1;
+    g_entered = 0;
+    g_fail_pos = g_break_pos = -1;
+    g_pending_seen = 0;
+    *state = h;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    struct h *h = *state;
+    gate(1);
+    executor_close(h->e);
+    uv_run(&h->loop, UV_RUN_DEFAULT); /* the handle's close frees the executor */
+    assert_int_equal(uv_loop_close(&h->loop), 0);
+    mirror_free(h->m);
+    backend_close(h->b);
+    free(h);
+    assert_int_equal(g_pending_seen, 0);
+    return 0;
+}
+
+/* Runs the loop until n results have come (bounded). */
+static void wait_results(struct h *h, int n)
+{
+    for (int i = 0; i < WAIT_ITERATIONS && h->n_got < n; i++) {
+        uv_run(&h->loop, UV_RUN_NOWAIT);
+        if (h->n_got < n)
+            usleep(1000);
+    }
+    assert_int_equal(h->n_got, n);
+}
+
+static void wait_entered(int n)
+{
+    pthread_mutex_lock(&g_mu);
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += 5;
+    while (g_entered < n && pthread_cond_timedwait(&g_cv, &g_mu, &until) == 0) {
+    }
+    int entered = g_entered;
+    pthread_mutex_unlock(&g_mu);
+    assert_true(entered >= n);
+}
+
+/* A resync holding sequences 1 and 2: 3 prompt tokens each, none computed, blocks 1 and 2. */
+static void resync(struct h *h, uint64_t next_step)
+{
+    static int32_t tokens[2][3] = {{1, 2, 3}, {4, 5, 6}};
+    static int32_t blocks[2][1] = {{1}, {2}};
+    Pagoda__Internal__SequenceSnapshot sn[2], *ptrs[2];
+    for (int i = 0; i < 2; i++) {
+        pagoda__internal__sequence_snapshot__init(&sn[i]);
+        sn[i].has_seq_id = sn[i].has_num_prompt_tokens = sn[i].has_num_computed_tokens = 1;
+        sn[i].seq_id = (uint64_t)i + 1;
+        sn[i].token_ids = tokens[i];
+        sn[i].n_token_ids = 3;
+        sn[i].num_prompt_tokens = 3;
+        sn[i].block_ids = blocks[i];
+        sn[i].n_block_ids = 1;
+        ptrs[i] = &sn[i];
+    }
+    Pagoda__Internal__Resync r = PAGODA__INTERNAL__RESYNC__INIT;
+    r.has_epoch = r.has_next_step_id = r.has_resync_id = 1;
+    r.epoch = 1;
+    r.next_step_id = next_step;
+    r.seqs = ptrs;
+    r.n_seqs = 2;
+    executor_discard(h->e); /* as the step loop does before it applies a resync */
+    assert_int_equal(mirror_resync(h->m, &r), 0);
+}
+
+/* Step step_id continuing n sequences (ids), each from `computed` tokens by `chunk`; as the step
+ * loop does: prepare, submit, commit pending. Returns prepare's or submit's error. */
+static int step(struct h *h, uint64_t step_id, const uint64_t *ids, int n, int32_t computed,
+                int32_t chunk, uint32_t delay_ms)
+{
+    Pagoda__Internal__ContinuingSequence cs[4], *ptrs[4];
+    for (int i = 0; i < n; i++) {
+        pagoda__internal__continuing_sequence__init(&cs[i]);
+        cs[i].has_seq_id = cs[i].has_num_computed_tokens = cs[i].has_num_new_tokens = 1;
+        cs[i].seq_id = ids[i];
+        cs[i].num_computed_tokens = computed;
+        cs[i].num_new_tokens = chunk;
+        ptrs[i] = &cs[i];
+    }
+    Pagoda__Internal__Step s = PAGODA__INTERNAL__STEP__INIT;
+    s.has_epoch = s.has_step_id = 1;
+    s.epoch = 1;
+    s.step_id = step_id;
+    s.cont_seqs = ptrs;
+    s.n_cont_seqs = (size_t)n;
+    struct mirror_step ms;
+    int rc = mirror_step_prepare(h->m, &s, &ms);
+    if (rc != 0)
+        return rc;
+    if ((rc = executor_submit(h->e, 1, step_id, &ms, delay_ms)) != 0) {
+        mirror_step_abort(h->m);
+        return rc;
+    }
+    mirror_step_commit_pending(h->m);
+    return 0;
+}
+
+static const uint64_t ONE[] = {1}, BOTH[] = {1, 2};
+
+/* Three steps in flight at once: each decodes the token the one before sampled. */
+static void test_order_and_pending_tokens(void **state)
+{
+    struct h *h = *state;
+    resync(h, 10);
+    gate(0);
+    assert_int_equal(step(h, 10, ONE, 1, 0, 3, 0), 0); /* the prompt: samples at position 2 */
+    wait_entered(1);
+    assert_int_equal(step(h, 11, ONE, 1, 3, 1, 0), 0); /* decodes step 10's token */
+    assert_int_equal(step(h, 12, ONE, 1, 4, 1, 0), 0); /* decodes step 11's */
+    assert_int_equal(mirror_steps_in_flight(h->m), 3);
+    struct mirror_seq_view v;
+    assert_int_equal(mirror_find(h->m, 1, &v), 0);
+    assert_int_equal(v.num_tokens, 6);
+    assert_true(mirror_token_pending(v.token_ids[3]));
+    gate(1);
+    wait_results(h, 3);
+    int32_t t = 3;
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(h->got[i].step_id, 10 + i);
+        assert_int_equal(h->got[i].rc, 0);
+        assert_int_equal(h->got[i].num_rows, 1);
+        t = next_token(t, 2 + i);
+        assert_int_equal(h->got[i].tokens[0], t);
+    }
+    assert_int_equal(mirror_steps_in_flight(h->m), 0);
+    assert_int_equal(mirror_find(h->m, 1, &v), 0);
+    assert_int_equal(v.num_tokens, 6);
+    assert_int_equal(v.token_ids[3], h->got[0].tokens[0]);
+    assert_int_equal(v.token_ids[4], h->got[1].tokens[0]);
+    assert_int_equal(v.token_ids[5], h->got[2].tokens[0]);
+    assert_true(executor_idle(h->e));
+    assert_true(h->idle_calls >= 1);
+}
+
+/* At most EXECUTOR_MAX_STEPS steps are held; the next is refused and changes nothing. */
+static void test_queue_bound(void **state)
+{
+    struct h *h = *state;
+    resync(h, 1);
+    gate(0);
+    assert_int_equal(step(h, 1, ONE, 1, 0, 3, 0), 0);
+    for (int i = 1; i < EXECUTOR_MAX_STEPS; i++)
+        assert_int_equal(step(h, 1 + (uint64_t)i, ONE, 1, 3 + i - 1, 1, 0), 0);
+    assert_int_equal(executor_held(h->e), EXECUTOR_MAX_STEPS);
+    uint64_t next = 1 + EXECUTOR_MAX_STEPS;
+    assert_int_equal(step(h, next, ONE, 1, 3 + EXECUTOR_MAX_STEPS - 1, 1, 0), PAGODA_EBUSY);
+    assert_int_equal(mirror_next_step_id(h->m), next);
+    gate(1);
+    wait_results(h, EXECUTOR_MAX_STEPS);
+    /* Room again. */
+    assert_int_equal(step(h, next, ONE, 1, 3 + EXECUTOR_MAX_STEPS - 1, 1, 0), 0);
+    wait_results(h, EXECUTOR_MAX_STEPS + 1);
+    assert_int_equal(h->got[EXECUTOR_MAX_STEPS].rc, 0);
+}
+
+/* A resync's discard: the queued steps never run nor answer; the running one finishes. */
+static void test_discard_on_resync(void **state)
+{
+    struct h *h = *state;
+    resync(h, 1);
+    gate(0);
+    assert_int_equal(step(h, 1, ONE, 1, 0, 3, 0), 0);
+    wait_entered(1);
+    assert_int_equal(step(h, 2, ONE, 1, 3, 1, 0), 0);
+    assert_int_equal(step(h, 3, ONE, 1, 4, 1, 0), 0);
+    assert_int_equal(executor_discard(h->e), 2);
+    assert_false(executor_idle(h->e)); /* step 1 still runs */
+    gate(1);
+    wait_results(h, 1);
+    assert_int_equal(h->got[0].step_id, 1);
+    for (int i = 0; i < 50; i++) {
+        uv_run(&h->loop, UV_RUN_NOWAIT);
+        usleep(1000);
+    }
+    assert_int_equal(h->n_got, 1);
+    assert_true(executor_idle(h->e));
+    assert_int_equal(g_entered, 1);
+    /* The resync replaces the mirror; steps run again from its next step. */
+    resync(h, 7);
+    assert_int_equal(step(h, 7, ONE, 1, 0, 3, 0), 0);
+    wait_results(h, 2);
+    assert_int_equal(h->got[1].step_id, 7);
+    assert_int_equal(h->got[1].rc, 0);
+}
+
+/* A step waiting out its delay counts as not started: discard drops it at once. */
+static void test_discard_interrupts_delay(void **state)
+{
+    struct h *h = *state;
+    resync(h, 1);
+    assert_int_equal(step(h, 1, ONE, 1, 0, 3, 60000), 0);
+    assert_int_equal(step(h, 2, ONE, 1, 3, 1, 0), 0);
+    assert_int_equal(executor_discard(h->e), 2);
+    for (int i = 0; i < WAIT_ITERATIONS && !executor_idle(h->e); i++) {
+        uv_run(&h->loop, UV_RUN_NOWAIT);
+        usleep(1000);
+    }
+    assert_true(executor_idle(h->e));
+    assert_int_equal(h->n_got, 0);
+    assert_int_equal(g_entered, 0);
+}
+
+/* Sequence 1's row fails in step 1: it fails in the queued step 2 too (whose input is that
+ * token), and in step 3, formed by a scheduler that did not know yet; sequence 2 goes on. */
+static void test_row_error_fails_queued_step(void **state)
+{
+    struct h *h = *state;
+    resync(h, 1);
+    gate(0);
+    g_fail_pos = 2; /* both prompts sample at position 2 ... */
+    /* ... so give sequence 2 a head start: its prompt is computed in a step of its own. */
+    assert_int_equal(step(h, 1, BOTH + 1, 1, 0, 3, 0), 0);
+    gate(1);
+    wait_results(h, 1);
+    assert_int_equal(h->got[0].codes[0], PAGODA_EINVAL); /* sequence 2 at position 2 */
+    /* Sequence 2 is gone; now sequence 1 samples at position 2 and fails, while step 2 waits. */
+    g_fail_pos = 2;
+    gate(0);
+    assert_int_equal(step(h, 2, ONE, 1, 0, 3, 0), 0);
+    wait_entered(2);
+    assert_int_equal(step(h, 3, ONE, 1, 3, 1, 0), 0);
+    gate(1);
+    wait_results(h, 3);
+    assert_int_equal(h->got[1].step_id, 2);
+    assert_int_equal(h->got[1].codes[0], PAGODA_EINVAL);
+    assert_int_equal(h->got[2].step_id, 3);
+    assert_int_equal(h->got[2].seq_ids[0], 1);
+    assert_int_equal(h->got[2].codes[0], PAGODA_EINVAL); /* failed through its input */
+    assert_int_equal(h->got[2].tokens[0], -1);
+    struct mirror_seq_view v;
+    assert_int_equal(mirror_find(h->m, 1, &v), PAGODA_ENOENT);
+    /* Step 4 still continues sequence 1: it fails there alone, the step is not refused. */
+    assert_int_equal(step(h, 4, ONE, 1, 4, 1, 0), 0);
+    wait_results(h, 4);
+    assert_int_equal(h->got[3].rc, 0);
+    assert_int_equal(h->got[3].num_rows, 0);
+    assert_int_equal(h->got[3].num_failed, 1);
+    assert_int_equal(h->got[3].failed_ids[0], 1);
+}
+
+/* A failing row drops its sequence only: the other one, held beside it, runs on. */
+static void test_row_error_spares_others(void **state)
+{
+    struct h *h = *state;
+    resync(h, 1);
+    assert_int_equal(step(h, 1, ONE, 1, 0, 2, 0), 0); /* sequence 1: 2 of 3 tokens, no row */
+    wait_results(h, 1);
+    g_fail_pos = 2;
+    gate(0);
+    assert_int_equal(step(h, 2, ONE, 1, 2, 1, 0), 0); /* samples at position 2: fails */
+    wait_entered(2);
+    assert_int_equal(step(h, 3, ONE, 1, 3, 1, 0), 0);
+    gate(1);
+    wait_results(h, 3);
+    assert_int_equal(h->got[1].codes[0], PAGODA_EINVAL);
+    assert_int_equal(h->got[2].codes[0], PAGODA_EINVAL);
+    /* Sequence 2 is untouched and runs. */
+    g_fail_pos = -1;
+    uint64_t two[] = {2};
+    assert_int_equal(step(h, 4, two, 1, 0, 3, 0), 0);
+    wait_results(h, 4);
+    assert_int_equal(h->got[3].codes[0], 0);
+    assert_int_equal(h->got[3].tokens[0], next_token(6, 2));
+}
+
+/* A step that fails as a whole fails the queued step prepared from it; the mirror then refuses
+ * steps until a resync. */
+static void test_step_failure_fails_queued(void **state)
+{
+    struct h *h = *state;
+    resync(h, 1);
+    gate(0);
+    g_break_pos = 2;
+    assert_int_equal(step(h, 1, ONE, 1, 0, 3, 0), 0);
+    wait_entered(1);
+    assert_int_equal(step(h, 2, ONE, 1, 3, 1, 0), 0);
+    gate(1);
+    wait_results(h, 2);
+    assert_int_not_equal(h->got[0].rc, 0);
+    assert_int_equal(h->got[1].rc, PAGODA_EPROTO);
+    assert_int_equal(g_entered, 1); /* step 2 never ran */
+    assert_int_equal(step(h, 3, ONE, 1, 4, 1, 0), PAGODA_EPROTO);
+    g_break_pos = -1;
+    resync(h, 5);
+    assert_int_equal(step(h, 5, ONE, 1, 0, 3, 0), 0);
+    wait_results(h, 3);
+    assert_int_equal(h->got[2].rc, 0);
+}
+
+/* Closing with a step in its delay and others queued returns at once and delivers nothing. */
+static void test_close_with_steps_queued(void **state)
+{
+    struct h *h = *state;
+    resync(h, 1);
+    assert_int_equal(step(h, 1, ONE, 1, 0, 3, 60000), 0);
+    assert_int_equal(step(h, 2, ONE, 1, 3, 1, 0), 0);
+    assert_int_equal(step(h, 3, ONE, 1, 4, 1, 0), 0);
+    executor_close(h->e);
+    h->e = NULL;
+    uv_run(&h->loop, UV_RUN_DEFAULT);
+    assert_int_equal(h->n_got, 0);
+    assert_int_equal(g_entered, 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_order_and_pending_tokens, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_queue_bound, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_discard_on_resync, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_discard_interrupts_delay, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_row_error_fails_queued_step, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_row_error_spares_others, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_step_failure_fails_queued, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_close_with_steps_queued, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

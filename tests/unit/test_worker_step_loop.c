@@ -1,0 +1,310 @@
+/* Tests of worker/step_loop.c: the worker's answers in order around its executor. A Resync that
+ * arrives while a step runs waits for it without blocking the loop (the running step is
+ * answered first, the queued one is discarded and never answered), and the messages behind the
+ * Resync are handled after it, in order. A fake backend holds a pass on a gate. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "common/error.h"
+#include "worker/step_loop.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define VOCAB 100
+#define WAIT_ITERATIONS 5000 /* x 1 ms */
+
+static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_cv = PTHREAD_COND_INITIALIZER;
+static int g_gate_open = 1, g_entered;
+
+static int fake_forward(struct backend *b, const struct fwd_batch *batch, float *logits)
+{
+    (void)b;
+    (void)batch;
+    (void)logits;
+    return pagoda_error_set(PAGODA_EINTERNAL, "fake: not used");
+}
+
+static int fake_forward_sample(struct backend *b, const struct fwd_batch *batch,
+                               const struct sample_row *rows, int32_t *tokens, float *logprobs)
+{
+    (void)b;
+    (void)rows;
+    pthread_mutex_lock(&g_mu);
+    g_entered++;
+    pthread_cond_broadcast(&g_cv);
+    while (!g_gate_open)
+        pthread_cond_wait(&g_cv, &g_mu);
+    pthread_mutex_unlock(&g_mu);
+    for (int32_t r = 0; r < batch->num_logits; r++) {
+        tokens[r] = 7;
+        logprobs[r] = 0.0f;
+    }
+    return 0;
+}
+
+static void fake_close(struct backend *b)
+{
+    free(b);
+}
+
+static const struct backend_ops fake_ops = {
+    .name = "fake",
+    .forward = fake_forward,
+    .forward_sample = fake_forward_sample,
+    .close = fake_close,
+};
+
+static void gate(int open)
+{
+    pthread_mutex_lock(&g_mu);
+    g_gate_open = open;
+    pthread_cond_broadcast(&g_cv);
+    pthread_mutex_unlock(&g_mu);
+}
+
+static void wait_entered(int n)
+{
+    for (int i = 0; i < WAIT_ITERATIONS; i++) {
+        pthread_mutex_lock(&g_mu);
+        int e = g_entered;
+        pthread_mutex_unlock(&g_mu);
+        if (e >= n)
+            return;
+        usleep(1000);
+    }
+    fail_msg("the backend never ran %d passes", n);
+}
+
+/* What the step loop sent, in order. */
+struct sent {
+    int kind; /* 'S': StepResult, 'R': ResyncDone, 'H': Hello */
+    uint64_t id;
+    int32_t error_code;
+    size_t n_results;
+    uint64_t steps_run;
+    double wall_us_total, step_wall_us, step_device_us;
+};
+
+struct h {
+    uv_loop_t loop;
+    struct backend *b;
+    struct step_loop *sl;
+    struct sent sent[32];
+    int n_sent;
+};
+
+static void on_send(void *ctx, Pagoda__Internal__ToScheduler *msg, const char *what)
+{
+    (void)what;
+    struct h *h = ctx;
+    assert_true(h->n_sent < 32);
+    struct sent *s = &h->sent[h->n_sent++];
+    if (msg->msg_case == PAGODA__INTERNAL__TO_SCHEDULER__MSG_RESULT) {
+        s->kind = 'S';
+        s->id = msg->result->step_id;
+        s->error_code = msg->result->has_error_code ? msg->result->error_code : 0;
+        s->n_results = msg->result->n_results;
+        s->steps_run = msg->result->has_steps_run ? msg->result->steps_run : 0;
+        s->wall_us_total = msg->result->wall_us_total;
+        s->step_wall_us = msg->result->has_step_wall_us ? msg->result->step_wall_us : -1;
+        s->step_device_us = msg->result->has_step_device_us ? msg->result->step_device_us : -1;
+    } else {
+        assert_int_equal(msg->msg_case, PAGODA__INTERNAL__TO_SCHEDULER__MSG_RESYNC_DONE);
+        s->kind = 'R';
+        s->id = msg->resync_done->resync_id;
+        s->error_code = msg->resync_done->has_error_code ? msg->resync_done->error_code : 0;
+    }
+}
+
+static void on_hello(void *ctx)
+{
+    struct h *h = ctx;
+    h->sent[h->n_sent++].kind = 'H';
+}
+
+static int setup(void **state)
+{
+    struct h *h = calloc(1, sizeof(*h));
+    assert_int_equal(uv_loop_init(&h->loop), 0);
+    h->b = calloc(1, sizeof(*h->b));
+    h->b->ops = &fake_ops;
+    h->b->config.vocab_size = VOCAB;
+    struct step_loop_options o = {
+        .mirror = {.max_seqs = 4,
+                   .max_tokens_per_seq = 32,
+                   .max_batched_tokens = 16,
+                   .num_blocks = 8,
+                   .block_size = 8,
+                   .vocab_size = VOCAB},
+        .pool_id = 77,
+        .send = on_send,
+        .send_hello = on_hello,
+        .ctx = h,
+    };
+    assert_int_equal(step_loop_open(&h->loop, h->b, &o, &h->sl), 0);
+    g_gate_open = 1;
+    g_entered = 0;
+    *state = h;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    struct h *h = *state;
+    gate(1);
+    step_loop_close(h->sl);
+    uv_run(&h->loop, UV_RUN_DEFAULT);
+    assert_int_equal(uv_loop_close(&h->loop), 0);
+    backend_close(h->b);
+    free(h);
+    return 0;
+}
+
+/* A ToWorker as wire_unpack would give it: the step loop takes and frees it. */
+static Pagoda__Internal__ToWorker *resync_msg(uint64_t resync_id, uint64_t next_step)
+{
+    static int32_t tokens[] = {1, 2, 3}, blocks[] = {1};
+    Pagoda__Internal__SequenceSnapshot sn = PAGODA__INTERNAL__SEQUENCE_SNAPSHOT__INIT, *ptr = &sn;
+    sn.has_seq_id = sn.has_num_prompt_tokens = sn.has_num_computed_tokens = 1;
+    sn.seq_id = 1;
+    sn.token_ids = tokens;
+    sn.n_token_ids = 3;
+    sn.num_prompt_tokens = 3;
+    sn.block_ids = blocks;
+    sn.n_block_ids = 1;
+    Pagoda__Internal__Resync r = PAGODA__INTERNAL__RESYNC__INIT;
+    r.has_epoch = r.has_next_step_id = r.has_resync_id = r.has_pool_id = 1;
+    r.epoch = 1;
+    r.resync_id = resync_id;
+    r.next_step_id = next_step;
+    r.pool_id = 77;
+    r.seqs = &ptr;
+    r.n_seqs = 1;
+    Pagoda__Internal__ToWorker m = PAGODA__INTERNAL__TO_WORKER__INIT;
+    m.msg_case = PAGODA__INTERNAL__TO_WORKER__MSG_RESYNC;
+    m.resync = &r;
+    uint8_t buf[512];
+    size_t n = pagoda__internal__to_worker__pack(&m, buf);
+    return pagoda__internal__to_worker__unpack(NULL, n, buf);
+}
+
+static Pagoda__Internal__ToWorker *step_msg(uint64_t step_id, int32_t computed, int32_t chunk)
+{
+    Pagoda__Internal__ContinuingSequence c = PAGODA__INTERNAL__CONTINUING_SEQUENCE__INIT, *ptr = &c;
+    c.has_seq_id = c.has_num_computed_tokens = c.has_num_new_tokens = 1;
+    c.seq_id = 1;
+    c.num_computed_tokens = computed;
+    c.num_new_tokens = chunk;
+    Pagoda__Internal__Step s = PAGODA__INTERNAL__STEP__INIT;
+    s.has_epoch = s.has_step_id = 1;
+    s.epoch = 1;
+    s.step_id = step_id;
+    s.cont_seqs = &ptr;
+    s.n_cont_seqs = 1;
+    Pagoda__Internal__ToWorker m = PAGODA__INTERNAL__TO_WORKER__INIT;
+    m.msg_case = PAGODA__INTERNAL__TO_WORKER__MSG_STEP;
+    m.step = &s;
+    uint8_t buf[512];
+    size_t n = pagoda__internal__to_worker__pack(&m, buf);
+    return pagoda__internal__to_worker__unpack(NULL, n, buf);
+}
+
+static void run_until_sent(struct h *h, int n)
+{
+    for (int i = 0; i < WAIT_ITERATIONS && h->n_sent < n; i++) {
+        uv_run(&h->loop, UV_RUN_NOWAIT);
+        if (h->n_sent < n)
+            usleep(1000);
+    }
+    assert_int_equal(h->n_sent, n);
+}
+
+/* Steps are answered in order, two in flight at once. */
+static void test_two_steps_in_flight(void **state)
+{
+    struct h *h = *state;
+    step_loop_handle(h->sl, resync_msg(1, 5));
+    assert_int_equal(h->n_sent, 2); /* Hello (a new epoch), ResyncDone */
+    gate(0);
+    step_loop_handle(h->sl, step_msg(5, 0, 3));
+    wait_entered(1);
+    step_loop_handle(h->sl, step_msg(6, 3, 1)); /* prepared while step 5 runs */
+    assert_int_equal(h->n_sent, 2);             /* the loop answered nothing yet, never waited */
+    gate(1);
+    run_until_sent(h, 4);
+    assert_int_equal(h->sent[2].kind, 'S');
+    assert_int_equal(h->sent[2].id, 5);
+    assert_int_equal(h->sent[2].error_code, 0);
+    assert_int_equal(h->sent[3].id, 6);
+    assert_int_equal(h->sent[3].error_code, 0);
+    assert_int_equal(h->sent[3].n_results, 1);
+    /* The worker's step timing travels with each result: cumulative, then the step's own (the
+     * fake backend has no device: its device time is the executor thread's CPU time). */
+    assert_int_equal(h->sent[2].steps_run, 1);
+    assert_int_equal(h->sent[3].steps_run, 2);
+    assert_true(h->sent[2].step_wall_us > 0 && h->sent[2].step_device_us >= 0);
+    assert_true(h->sent[3].wall_us_total >= h->sent[2].step_wall_us + h->sent[3].step_wall_us - 1);
+    struct step_loop_stats st;
+    step_loop_stats(h->sl, &st);
+    assert_int_equal(st.steps_run, 2);
+    assert_int_equal(st.computed_tokens, 4);
+}
+
+/* A Resync while step 5 runs and step 6 waits: step 5 is answered, step 6 never, then the
+ * ResyncDone; a Step behind the Resync is handled after it, from the new snapshot. */
+static void test_resync_waits_for_the_running_step(void **state)
+{
+    struct h *h = *state;
+    step_loop_handle(h->sl, resync_msg(1, 5));
+    gate(0);
+    step_loop_handle(h->sl, step_msg(5, 0, 3));
+    wait_entered(1);
+    step_loop_handle(h->sl, step_msg(6, 3, 1));
+    step_loop_handle(h->sl, resync_msg(2, 9));  /* held: step 5 runs */
+    step_loop_handle(h->sl, step_msg(9, 0, 3)); /* held behind it */
+    assert_int_equal(h->n_sent, 2);
+    gate(1);
+    run_until_sent(h, 5);
+    assert_int_equal(h->sent[2].kind, 'S');
+    assert_int_equal(h->sent[2].id, 5);
+    assert_int_equal(h->sent[3].kind, 'R');
+    assert_int_equal(h->sent[3].id, 2);
+    assert_int_equal(h->sent[3].error_code, 0);
+    assert_int_equal(h->sent[4].kind, 'S');
+    assert_int_equal(h->sent[4].id, 9);
+    assert_int_equal(h->sent[4].error_code, 0);
+    for (int i = 0; i < 50; i++) {
+        uv_run(&h->loop, UV_RUN_NOWAIT);
+        usleep(1000);
+    }
+    assert_int_equal(h->n_sent, 5); /* step 6 is never answered */
+    assert_int_equal(g_entered, 2); /* steps 5 and 9 ran, 6 did not */
+}
+
+/* Closing with a step running and others queued and held frees everything (ASan build). */
+static void test_close_with_work_in_flight(void **state)
+{
+    struct h *h = *state;
+    step_loop_handle(h->sl, resync_msg(1, 5));
+    step_loop_handle(h->sl, step_msg(5, 0, 3));
+    step_loop_handle(h->sl, step_msg(6, 3, 1));
+    step_loop_handle(h->sl, resync_msg(2, 9));
+    step_loop_handle(h->sl, step_msg(9, 0, 3));
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_two_steps_in_flight, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_resync_waits_for_the_running_step, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_close_with_work_in_flight, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

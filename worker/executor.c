@@ -1,0 +1,618 @@
+#include "worker/executor.h"
+#include "common/error.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+enum slot_state { SLOT_FREE, SLOT_QUEUED, SLOT_RUNNING, SLOT_DONE };
+
+/* One step held by the executor, with its own copy of everything the forward pass reads. */
+struct slot {
+    enum slot_state state;
+    int in_delay;  /* running, but still waiting its delay: discard may drop it */
+    int discarded; /* dropped while in its delay: delivered to nobody */
+    uint64_t gen;  /* the discard generation it was submitted in */
+    uint64_t epoch, step_id;
+    uint32_t delay_ms;
+
+    struct fwd_batch batch;
+    int32_t *token_ids, *positions;         /* [max_num_tokens] */
+    int64_t *slot_mapping;                  /* [max_num_tokens] */
+    int32_t *query_start;                   /* [max_num_seqs + 1] */
+    int32_t *context_lens, *logits_indices; /* [max_num_seqs] */
+    int32_t *block_tables;                  /* grown on submit */
+    size_t block_tables_cap;                /* entries */
+    struct sample_row *rows;                /* [max_num_seqs] */
+    uint64_t *seq_ids;                      /* [max_num_seqs] */
+    int32_t *history;                       /* penalised rows' prompt + output, grown */
+    size_t history_cap;                     /* entries */
+    struct mirror_seq_error *failed;        /* [2 * max_num_seqs] */
+    int32_t num_failed;
+
+    int32_t *tokens;                      /* [max_num_seqs] */
+    float *logprobs;                      /* [max_num_seqs] */
+    struct backend_row_error *row_errors; /* [max_num_seqs] */
+    int32_t *seq_fail;                    /* [max_num_seqs]: a sequence's failed pending input */
+    uint64_t *seq_fail_step;              /* [max_num_seqs]: the step of that input */
+    int rc;
+    char error[EXECUTOR_ERROR_MAX];
+    double wall_us, device_us;
+};
+
+/* What one step sampled, kept for the steps prepared while it was in flight: their pending
+ * tokens name this step by its mirror slot. Touched by the executor's thread only. */
+struct sampled {
+    int valid;
+    uint64_t gen, step_id;
+    int32_t *tokens; /* [max_num_seqs] */
+    int32_t *codes;  /* [max_num_seqs]: 0, or the row's error */
+};
+
+struct executor {
+    uv_loop_t *loop;
+    uv_async_t async;
+    struct backend *backend;
+    struct executor_limits lim;
+    executor_done_fn done;
+    void *ctx;
+
+    pthread_t thread;
+    int thread_started;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    /* Under mu: the steps held, in submission order: slots[(head + i) % EXECUTOR_MAX_STEPS]. */
+    struct slot slots[EXECUTOR_MAX_STEPS];
+    int head, count;
+    int stop;
+    uint64_t gen; /* executor_discard increments it */
+    int failed;   /* a step of generation failed_gen failed as a whole */
+    uint64_t failed_gen, failed_step;
+
+    struct sampled sampled[MIRROR_MAX_STEPS_IN_FLIGHT];
+};
+
+/* ---- memory -------------------------------------------------------------------------------- */
+
+static void slot_free(struct slot *s)
+{
+    free(s->token_ids);
+    free(s->positions);
+    free(s->slot_mapping);
+    free(s->query_start);
+    free(s->context_lens);
+    free(s->logits_indices);
+    free(s->block_tables);
+    free(s->rows);
+    free(s->seq_ids);
+    free(s->history);
+    free(s->failed);
+    free(s->tokens);
+    free(s->logprobs);
+    free(s->row_errors);
+    free(s->seq_fail);
+    free(s->seq_fail_step);
+}
+
+static int slot_alloc(struct slot *s, const struct executor_limits *l)
+{
+    size_t nt = (size_t)l->max_num_tokens, ns = (size_t)l->max_num_seqs;
+    s->token_ids = malloc(nt * sizeof(int32_t));
+    s->positions = malloc(nt * sizeof(int32_t));
+    s->slot_mapping = malloc(nt * sizeof(int64_t));
+    s->query_start = malloc((ns + 1) * sizeof(int32_t));
+    s->context_lens = malloc(ns * sizeof(int32_t));
+    s->logits_indices = malloc(ns * sizeof(int32_t));
+    s->rows = malloc(ns * sizeof(*s->rows));
+    s->seq_ids = malloc(ns * sizeof(uint64_t));
+    s->failed = malloc(2 * ns * sizeof(*s->failed));
+    s->tokens = malloc(ns * sizeof(int32_t));
+    s->logprobs = malloc(ns * sizeof(float));
+    s->row_errors = malloc(ns * sizeof(*s->row_errors));
+    s->seq_fail = malloc(ns * sizeof(int32_t));
+    s->seq_fail_step = malloc(ns * sizeof(uint64_t));
+    if (!s->token_ids || !s->positions || !s->slot_mapping || !s->query_start || !s->context_lens ||
+        !s->logits_indices || !s->rows || !s->seq_ids || !s->failed || !s->tokens || !s->logprobs ||
+        !s->row_errors || !s->seq_fail || !s->seq_fail_step)
+        return PAGODA_ENOMEM;
+    return 0;
+}
+
+static void executor_free(struct executor *e)
+{
+    for (int i = 0; i < EXECUTOR_MAX_STEPS; i++)
+        slot_free(&e->slots[i]);
+    for (int i = 0; i < MIRROR_MAX_STEPS_IN_FLIGHT; i++) {
+        free(e->sampled[i].tokens);
+        free(e->sampled[i].codes);
+    }
+    pthread_cond_destroy(&e->cv);
+    pthread_mutex_destroy(&e->mu);
+    free(e);
+}
+
+/* ---- the executor's thread ------------------------------------------------------------------ */
+
+static double ns_between(const struct timespec *a, const struct timespec *b)
+{
+    return (double)(b->tv_sec - a->tv_sec) * 1e9 + (double)(b->tv_nsec - a->tv_nsec);
+}
+
+/* The token a pending token stands for, from the step that sampled it: 0 when that row failed or
+ * the step is not known (then *code says why, and the sequence fails in this step). */
+static int32_t resolve_token(const struct executor *e, const struct slot *s, int32_t t,
+                             int32_t *code, uint64_t *from_step)
+{
+    const struct sampled *src = &e->sampled[mirror_pending_slot(t)];
+    int32_t row = mirror_pending_row(t);
+    if (!src->valid || src->gen != s->gen || src->step_id >= s->step_id ||
+        row >= e->lim.max_num_seqs) {
+        *code = PAGODA_EINTERNAL;
+        *from_step = 0;
+        return 0;
+    }
+    *from_step = src->step_id;
+    if (src->codes[row] != 0) {
+        *code = src->codes[row];
+        return 0;
+    }
+    return src->tokens[row];
+}
+
+/* Replaces the pending tokens of the step's inputs and histories; a sequence whose input cannot
+ * be resolved is marked in seq_fail. */
+static void resolve_pending(struct executor *e, struct slot *s)
+{
+    const struct fwd_batch *b = &s->batch;
+    int32_t row = 0;
+    for (int32_t i = 0; i < b->num_seqs; i++) {
+        s->seq_fail[i] = 0;
+        for (int32_t t = b->query_start[i]; t < b->query_start[i + 1]; t++) {
+            if (!mirror_token_pending(s->token_ids[t]))
+                continue;
+            int32_t code = 0;
+            uint64_t from = 0;
+            s->token_ids[t] = resolve_token(e, s, s->token_ids[t], &code, &from);
+            if (code != 0 && s->seq_fail[i] == 0) {
+                s->seq_fail[i] = code;
+                s->seq_fail_step[i] = from;
+            }
+        }
+        int samples = row < b->num_logits && b->logits_indices[row] == b->query_start[i + 1] - 1;
+        if (!samples)
+            continue;
+        struct sample_row *r = &s->rows[row++];
+        int32_t *out = (int32_t *)r->output_tokens; /* the slot's own history copy */
+        for (size_t k = 0; k < r->n_output; k++)
+            if (mirror_token_pending(out[k])) {
+                int32_t code = 0;
+                uint64_t from = 0;
+                out[k] = resolve_token(e, s, out[k], &code, &from);
+            }
+    }
+}
+
+/* After the forward pass: a sequence whose input failed reports that failure on its row. */
+static void fail_rows_of_failed_inputs(struct slot *s)
+{
+    const struct fwd_batch *b = &s->batch;
+    int32_t row = 0;
+    for (int32_t i = 0; i < b->num_seqs && row < b->num_logits; i++) {
+        if (b->logits_indices[row] != b->query_start[i + 1] - 1)
+            continue;
+        if (s->seq_fail[i] != 0) {
+            struct backend_row_error *re = &s->row_errors[row];
+            re->code = s->seq_fail[i];
+            if (s->seq_fail_step[i] != 0)
+                snprintf(re->message, sizeof(re->message),
+                         "sequence %" PRIu64 ": its token of step %" PRIu64 " could not be sampled",
+                         s->seq_ids[row], s->seq_fail_step[i]);
+            else
+                snprintf(re->message, sizeof(re->message),
+                         "sequence %" PRIu64 ": its input token names a step the worker did not "
+                         "run",
+                         s->seq_ids[row]);
+            s->tokens[row] = -1;
+            s->logprobs[row] = 0.0f;
+        }
+        row++;
+    }
+}
+
+static void run_step(struct executor *e, struct slot *s, int after_failure, uint64_t failed_step)
+{
+    struct timespec w0, w1, c0, c1;
+    clock_gettime(CLOCK_MONOTONIC, &w0);
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c0);
+    const int32_t nl = s->batch.num_logits;
+    s->rc = 0;
+    s->error[0] = '\0';
+    s->device_us = -1.0;
+    for (int32_t r = 0; r < nl; r++) {
+        s->tokens[r] = -1;
+        s->logprobs[r] = 0.0f;
+        s->row_errors[r].code = 0;
+        s->row_errors[r].message[0] = '\0';
+    }
+    if (after_failure) {
+        s->rc = pagoda_error_set(PAGODA_EPROTO,
+                                 "step %" PRIu64 " was not run: step %" PRIu64
+                                 ", which it was prepared from, failed",
+                                 s->step_id, failed_step);
+    } else if (s->batch.num_tokens > 0) {
+        resolve_pending(e, s);
+        s->rc = backend_forward_sample_rows(e->backend, &s->batch, s->rows, s->tokens, s->logprobs,
+                                            s->row_errors);
+        if (s->rc == 0) {
+            fail_rows_of_failed_inputs(s);
+            double us;
+            if (backend_device_time_us(e->backend, &us) == 0)
+                s->device_us = us;
+        }
+    }
+    if (s->rc != 0)
+        pagoda_error_message(s->rc, s->error, sizeof(s->error));
+    /* What it sampled, for the steps prepared from it. */
+    struct sampled *out = &e->sampled[s->step_id % MIRROR_MAX_STEPS_IN_FLIGHT];
+    out->valid = s->rc == 0;
+    out->gen = s->gen;
+    out->step_id = s->step_id;
+    for (int32_t r = 0; r < nl && s->rc == 0; r++) {
+        out->tokens[r] = s->tokens[r];
+        out->codes[r] = s->row_errors[r].code;
+    }
+    clock_gettime(CLOCK_MONOTONIC, &w1);
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c1);
+    s->wall_us = ns_between(&w0, &w1) / 1e3;
+    if (s->device_us < 0)
+        s->device_us = ns_between(&c0, &c1) / 1e3;
+}
+
+static struct slot *first_queued(struct executor *e)
+{
+    for (int i = 0; i < e->count; i++) {
+        struct slot *s = &e->slots[(e->head + i) % EXECUTOR_MAX_STEPS];
+        if (s->state == SLOT_QUEUED)
+            return s;
+    }
+    return NULL;
+}
+
+/* Waits out a step's delay; returns early when it is discarded or the executor stops. */
+static void wait_delay(struct executor *e, struct slot *s)
+{
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += s->delay_ms / 1000;
+    until.tv_nsec += (long)(s->delay_ms % 1000) * 1000000L;
+    if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+    }
+    s->in_delay = 1;
+    while (!e->stop && !s->discarded &&
+           pthread_cond_timedwait(&e->cv, &e->mu, &until) != ETIMEDOUT) {
+    }
+    s->in_delay = 0;
+}
+
+static void *executor_thread(void *arg)
+{
+    struct executor *e = arg;
+    pthread_mutex_lock(&e->mu);
+    for (;;) {
+        struct slot *s = NULL;
+        while (!e->stop && (s = first_queued(e)) == NULL)
+            pthread_cond_wait(&e->cv, &e->mu);
+        if (e->stop)
+            break;
+        s->state = SLOT_RUNNING;
+        if (s->delay_ms > 0)
+            wait_delay(e, s);
+        if (e->stop)
+            break;
+        if (!s->discarded) {
+            int after_failure = e->failed && e->failed_gen == s->gen;
+            uint64_t failed_step = e->failed_step;
+            pthread_mutex_unlock(&e->mu);
+            run_step(e, s, after_failure, failed_step);
+            pthread_mutex_lock(&e->mu);
+            if (s->rc != 0 && !after_failure && s->gen == e->gen) {
+                e->failed = 1;
+                e->failed_gen = s->gen;
+                e->failed_step = s->step_id;
+            }
+        }
+        s->state = SLOT_DONE;
+        uv_async_send(&e->async);
+    }
+    pthread_mutex_unlock(&e->mu);
+    return NULL;
+}
+
+/* ---- the loop's side ------------------------------------------------------------------------ */
+
+static void on_async(uv_async_t *a)
+{
+    struct executor *e = a->data;
+    int delivered = 0;
+    pthread_mutex_lock(&e->mu);
+    while (e->count > 0 && e->slots[e->head].state == SLOT_DONE) {
+        struct slot *s = &e->slots[e->head];
+        pthread_mutex_unlock(&e->mu);
+        if (!s->discarded && e->done != NULL) {
+            struct executor_result r = {
+                .epoch = s->epoch,
+                .step_id = s->step_id,
+                .rc = s->rc,
+                .num_tokens = s->rc == 0 ? s->batch.num_tokens : 0,
+                .num_rows = s->batch.num_logits,
+                .seq_ids = s->seq_ids,
+                .tokens = s->tokens,
+                .logprobs = s->logprobs,
+                .row_errors = s->row_errors,
+                .failed = s->failed,
+                .num_failed = s->num_failed,
+                .wall_us = s->wall_us,
+                .device_us = s->device_us,
+            };
+            memcpy(r.error, s->error, sizeof(r.error));
+            e->done(e->ctx, &r);
+        }
+        delivered = 1;
+        pthread_mutex_lock(&e->mu);
+        s->state = SLOT_FREE;
+        e->head = (e->head + 1) % EXECUTOR_MAX_STEPS;
+        e->count--;
+    }
+    int idle = e->count == 0;
+    pthread_mutex_unlock(&e->mu);
+    if (delivered && idle && e->done != NULL)
+        e->done(e->ctx, NULL);
+}
+
+int executor_open(uv_loop_t *loop, struct backend *b, const struct executor_limits *limits,
+                  executor_done_fn done, void *ctx, struct executor **out)
+{
+    if (loop == NULL || b == NULL || limits == NULL || out == NULL)
+        return pagoda_error_set(PAGODA_EINVAL, "executor_open: NULL argument");
+    if (limits->max_num_tokens < 1 || limits->max_num_seqs < 1 ||
+        limits->max_num_seqs > MIRROR_PENDING_ROWS)
+        return pagoda_error_set(PAGODA_EINVAL, "executor limits: %d tokens, %d sequences",
+                                limits->max_num_tokens, limits->max_num_seqs);
+    struct executor *e = calloc(1, sizeof(*e));
+    if (e == NULL)
+        return PAGODA_ENOMEM;
+    e->loop = loop;
+    e->backend = b;
+    e->lim = *limits;
+    e->done = done;
+    e->ctx = ctx;
+    pthread_mutex_init(&e->mu, NULL);
+    pthread_cond_init(&e->cv, NULL);
+    int rc = 0;
+    for (int i = 0; rc == 0 && i < EXECUTOR_MAX_STEPS; i++)
+        rc = slot_alloc(&e->slots[i], limits);
+    for (int i = 0; rc == 0 && i < MIRROR_MAX_STEPS_IN_FLIGHT; i++) {
+        e->sampled[i].tokens = malloc((size_t)limits->max_num_seqs * sizeof(int32_t));
+        e->sampled[i].codes = malloc((size_t)limits->max_num_seqs * sizeof(int32_t));
+        if (!e->sampled[i].tokens || !e->sampled[i].codes)
+            rc = PAGODA_ENOMEM;
+    }
+    if (rc != 0) {
+        executor_free(e);
+        return rc;
+    }
+    if (uv_async_init(loop, &e->async, on_async) != 0) {
+        executor_free(e);
+        return pagoda_error_set(PAGODA_EIO, "executor: uv_async_init failed");
+    }
+    e->async.data = e;
+    if (pthread_create(&e->thread, NULL, executor_thread, e) != 0) {
+        e->done = NULL;
+        executor_close(e); /* frees it on the handle's close */
+        return pagoda_error_set(PAGODA_EIO, "executor: pthread_create failed");
+    }
+    e->thread_started = 1;
+    *out = e;
+    return 0;
+}
+
+static int grow(void **p, size_t *cap, size_t need, size_t elem)
+{
+    if (need <= *cap)
+        return 0;
+    size_t n = *cap ? *cap : 64;
+    while (n < need)
+        n *= 2;
+    void *q = realloc(*p, n * elem);
+    if (q == NULL)
+        return PAGODA_ENOMEM;
+    *p = q;
+    *cap = n;
+    return 0;
+}
+
+static int penalised(const struct sampling_params *p)
+{
+    return p->repetition_penalty != 1.0f || p->presence_penalty != 0.0f ||
+           p->frequency_penalty != 0.0f;
+}
+
+/* Copies the prepared step into s. */
+static int copy_step(struct slot *s, const struct mirror_step *ms)
+{
+    const struct fwd_batch *b = &ms->batch;
+    size_t nt = (size_t)b->num_tokens, ns = (size_t)b->num_seqs, nl = (size_t)b->num_logits;
+    size_t bt = ns * (size_t)(b->max_blocks_per_seq > 0 ? b->max_blocks_per_seq : 1);
+    size_t hist = 0;
+    for (size_t r = 0; r < nl; r++)
+        if (penalised(&ms->rows[r].params))
+            hist += ms->rows[r].n_prompt + ms->rows[r].n_output;
+    int rc;
+    if ((rc = grow((void **)&s->block_tables, &s->block_tables_cap, bt, sizeof(int32_t))) != 0 ||
+        (rc = grow((void **)&s->history, &s->history_cap, hist, sizeof(int32_t))) != 0)
+        return rc;
+    if (nt > 0) {
+        memcpy(s->token_ids, b->token_ids, nt * sizeof(int32_t));
+        memcpy(s->positions, b->positions, nt * sizeof(int32_t));
+        memcpy(s->slot_mapping, b->slot_mapping, nt * sizeof(int64_t));
+    }
+    if (ns > 0) {
+        memcpy(s->context_lens, b->context_lens, ns * sizeof(int32_t));
+        memcpy(s->block_tables, b->block_tables, bt * sizeof(int32_t));
+    }
+    memcpy(s->query_start, b->query_start, (ns + 1) * sizeof(int32_t));
+    if (nl > 0) {
+        memcpy(s->logits_indices, b->logits_indices, nl * sizeof(int32_t));
+        memcpy(s->seq_ids, ms->seq_ids, nl * sizeof(uint64_t));
+    }
+    size_t h = 0;
+    for (size_t r = 0; r < nl; r++) {
+        const struct sample_row *src = &ms->rows[r];
+        struct sample_row *dst = &s->rows[r];
+        *dst = *src;
+        if (!penalised(&src->params)) {
+            /* No penalty reads the history: none travels (the Philox draw needs only the index). */
+            dst->prompt_tokens = dst->output_tokens = NULL;
+            dst->n_prompt = dst->n_output = 0;
+            continue;
+        }
+        int32_t *p = s->history + h;
+        if (src->n_prompt > 0)
+            memcpy(p, src->prompt_tokens, src->n_prompt * sizeof(int32_t));
+        if (src->n_output > 0)
+            memcpy(p + src->n_prompt, src->output_tokens, src->n_output * sizeof(int32_t));
+        dst->prompt_tokens = p;
+        dst->output_tokens = p + src->n_prompt;
+        h += src->n_prompt + src->n_output;
+    }
+    memcpy(s->failed, ms->failed, (size_t)ms->num_failed * sizeof(*ms->failed));
+    s->num_failed = ms->num_failed;
+    s->batch = (struct fwd_batch){
+        .num_tokens = b->num_tokens,
+        .token_ids = s->token_ids,
+        .positions = s->positions,
+        .slot_mapping = s->slot_mapping,
+        .num_seqs = b->num_seqs,
+        .query_start = s->query_start,
+        .context_lens = s->context_lens,
+        .block_tables = s->block_tables,
+        .max_blocks_per_seq = b->max_blocks_per_seq,
+        .num_logits = b->num_logits,
+        .logits_indices = s->logits_indices,
+    };
+    return 0;
+}
+
+int executor_submit(struct executor *e, uint64_t epoch, uint64_t step_id,
+                    const struct mirror_step *ms, uint32_t delay_ms)
+{
+    if (e == NULL || ms == NULL)
+        return pagoda_error_set(PAGODA_EINVAL, "executor_submit: NULL argument");
+    const struct fwd_batch *b = &ms->batch;
+    if (b->num_tokens < 0 || b->num_tokens > e->lim.max_num_tokens || b->num_seqs < 0 ||
+        b->num_seqs > e->lim.max_num_seqs || b->num_logits < 0 ||
+        b->num_logits > e->lim.max_num_seqs || ms->num_failed < 0 ||
+        ms->num_failed > 2 * e->lim.max_num_seqs)
+        return pagoda_error_set(PAGODA_ERANGE,
+                                "executor: step %" PRIu64 " of %d tokens, %d sequences, %d rows "
+                                "(the limits are %d tokens, %d sequences)",
+                                step_id, b->num_tokens, b->num_seqs, b->num_logits,
+                                e->lim.max_num_tokens, e->lim.max_num_seqs);
+    pthread_mutex_lock(&e->mu);
+    int count = e->count, head = e->head;
+    pthread_mutex_unlock(&e->mu);
+    if (count == EXECUTOR_MAX_STEPS)
+        return pagoda_error_set(PAGODA_EBUSY,
+                                "executor: step %" PRIu64 ": %d steps are held already (the limit)",
+                                step_id, EXECUTOR_MAX_STEPS);
+    /* The slot past the last held one is free and only this thread fills slots. */
+    struct slot *s = &e->slots[(head + count) % EXECUTOR_MAX_STEPS];
+    int rc = copy_step(s, ms);
+    if (rc != 0)
+        return rc;
+    s->epoch = epoch;
+    s->step_id = step_id;
+    s->delay_ms = delay_ms;
+    s->discarded = 0;
+    s->in_delay = 0;
+    pthread_mutex_lock(&e->mu);
+    s->gen = e->gen;
+    s->state = SLOT_QUEUED;
+    e->count++;
+    pthread_cond_broadcast(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+    return 0;
+}
+
+/* Under mu. */
+static int discard_locked(struct executor *e)
+{
+    int dropped = 0;
+    while (e->count > 0) {
+        struct slot *s = &e->slots[(e->head + e->count - 1) % EXECUTOR_MAX_STEPS];
+        if (s->state != SLOT_QUEUED)
+            break;
+        s->state = SLOT_FREE;
+        e->count--;
+        dropped++;
+    }
+    for (int i = 0; i < e->count; i++) {
+        struct slot *s = &e->slots[(e->head + i) % EXECUTOR_MAX_STEPS];
+        if (s->state == SLOT_RUNNING && s->in_delay) {
+            s->discarded = 1;
+            dropped++;
+        }
+    }
+    e->gen++;
+    e->failed = 0;
+    pthread_cond_broadcast(&e->cv);
+    return dropped;
+}
+
+int executor_discard(struct executor *e)
+{
+    pthread_mutex_lock(&e->mu);
+    int dropped = discard_locked(e);
+    pthread_mutex_unlock(&e->mu);
+    return dropped;
+}
+
+int executor_idle(const struct executor *e)
+{
+    return executor_held(e) == 0;
+}
+
+int executor_held(const struct executor *e)
+{
+    struct executor *m = (struct executor *)e; /* the lock only */
+    pthread_mutex_lock(&m->mu);
+    int n = m->count;
+    pthread_mutex_unlock(&m->mu);
+    return n;
+}
+
+static void on_close(uv_handle_t *h)
+{
+    executor_free(h->data);
+}
+
+void executor_close(struct executor *e)
+{
+    if (e == NULL)
+        return;
+    pthread_mutex_lock(&e->mu);
+    discard_locked(e);
+    e->stop = 1;
+    pthread_cond_broadcast(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+    if (e->thread_started)
+        pthread_join(e->thread, NULL);
+    e->done = NULL;
+    uv_close((uv_handle_t *)&e->async, on_close);
+}
