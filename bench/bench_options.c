@@ -34,7 +34,7 @@ void bench_usage(FILE *f)
         "          [--kv-dtype-bytes N]] [--baseline-tps X]\n"
         "\n"
         "Workloads (defaults in brackets):\n"
-        "  random         --num-prompts [1000] prompts of --input-len [1024] tokens (a range\n"
+        "  random         --num-prompts [1000] prompts of --input-len [512] tokens (a range\n"
         "                 LO:HI draws uniformly), --output-len [128] tokens each.\n"
         "  shared-prefix  --groups [64] x --prompts-per-group [16] prompts: the group's system\n"
         "                 prompt (--system-prompt-len [2048]) then a question (--question-len\n"
@@ -62,7 +62,8 @@ void bench_usage(FILE *f)
         "--model-name: the requests' \"model\" (default: the first of GET /v1/models);\n"
         "--stats-url: a pagoda router to read the engine's figures from (else none).\n"
         "Long runs: --duration S sends requests for S seconds only (open loop: the workload\n"
-        "gets rate x S x 1.25 + 64 prompts unless --num-prompts; closed loop: %u), and the\n"
+        "gets rate x S x 1.25 + 64 prompts unless --num-prompts; closed loop: 256 per client,\n"
+        "from %u to %u; a workload used up before S ends the run early and says so), and the\n"
         "report adds a timeline: every --timeline-interval [5] seconds, TTFT/TPOT p50/p95/p99,\n"
         "throughput, KV usage, fragmentation, page locality, prefix hit rate, evictions and\n"
         "preemptions (in the text, in --json as \"timeline\", and drawn by --timeline-plot).\n"
@@ -75,7 +76,8 @@ void bench_usage(FILE *f)
         "model's shape x --weight-dtype-bytes [2] (or --weight-bytes) and K/V bytes per token\n"
         "x --kv-dtype-bytes [2]. --baseline-tps X: also report output tokens/s as a ratio of X.\n"
         "Exit status: 0 ran (failed requests are in the report), 1 could not run, 2 bad flags.\n",
-        PAGODA_BENCH_DEFAULT_MODEL, BENCH_DEFAULT_MAX_CONCURRENCY, BENCH_DURATION_CLOSED_PROMPTS);
+        PAGODA_BENCH_DEFAULT_MODEL, BENCH_DEFAULT_MAX_CONCURRENCY,
+        BENCH_DURATION_CLOSED_MIN_PROMPTS, BENCH_DURATION_CLOSED_PROMPTS);
 }
 
 static const struct option longopts[] = {
@@ -202,7 +204,7 @@ static int parse_u32(const char *flag, const char *text, uint32_t min, uint32_t 
 static int parse_flag(struct options *o, int opt, const char *arg)
 {
     int64_t i;
-    double d;
+    double d = 0;
     int rc = 0;
     o->given |= 1ull << (opt - OPT_URL);
     switch (opt) {
@@ -344,6 +346,8 @@ static int parse_flag(struct options *o, int opt, const char *arg)
         return 0;
     case OPT_LENGTH_SIGMA: {
         char buf[64];
+        if (strlen(arg) >= sizeof(buf))
+            return pagoda_error_set(PAGODA_ERANGE, "--length-sigma: \"%.20s...\" is too long", arg);
         snprintf(buf, sizeof(buf), "%s", arg);
         char *colon = strchr(buf, ':');
         if (colon)
@@ -392,6 +396,12 @@ static int check_flags(struct options *o)
         return pagoda_error_set(PAGODA_EINVAL, "--duration needs --rate R or --concurrency C");
     if (GIVEN(o, OPT_DURATION) && GIVEN(o, OPT_RATE) && isinf(o->rate))
         return pagoda_error_set(PAGODA_EINVAL, "--duration needs a finite --rate");
+    /* gnuplot's script quotes them: checked now, not after a long run. */
+    const char *quoted[] = {o->plot_path, o->timeline_plot_path, o->title};
+    for (size_t k = 0; k < sizeof(quoted) / sizeof(quoted[0]); k++)
+        if (quoted[k] && strpbrk(quoted[k], "'\n") != NULL)
+            return pagoda_error_set(PAGODA_EINVAL, "--plot, --timeline-plot and --title take no "
+                                                   "quote or newline (gnuplot quotes them)");
     if ((GIVEN(o, OPT_TIMELINE_PLOT) || GIVEN(o, OPT_TIMELINE_INTERVAL)) && GIVEN(o, OPT_SWEEP))
         return pagoda_error_set(PAGODA_EINVAL, "the timeline is for one run, not a --sweep");
     int modes = GIVEN(o, OPT_RATE) + GIVEN(o, OPT_CONCURRENCY) + GIVEN(o, OPT_SWEEP);
@@ -455,8 +465,11 @@ static void set_defaults(struct options *o)
     if (!GIVEN(o, OPT_RATE) && !GIVEN(o, OPT_CONCURRENCY) && !GIVEN(o, OPT_SWEEP))
         o->rate = INFINITY;
     if (GIVEN(o, OPT_DURATION) && !GIVEN(o, OPT_NUM_PROMPTS)) {
-        double n = GIVEN(o, OPT_CONCURRENCY) ? BENCH_DURATION_CLOSED_PROMPTS
-                                             : ceil(o->rate * o->duration_s * 1.25) + 64;
+        double n = GIVEN(o, OPT_CONCURRENCY)
+                       ? fmin(fmax(BENCH_DURATION_CLOSED_MIN_PROMPTS,
+                                   (double)o->concurrency * BENCH_DURATION_PROMPTS_PER_CLIENT),
+                              BENCH_DURATION_CLOSED_PROMPTS)
+                       : ceil(o->rate * o->duration_s * 1.25) + 64;
         o->num_prompts = (size_t)fmin(n, WORKLOAD_MAX_REQUESTS);
     }
 }
@@ -467,8 +480,8 @@ void bench_options_init(struct options *o)
         .url = PAGODA_DEFAULT_URL,
         .kind = WORKLOAD_RANDOM,
         .max_concurrency = BENCH_DEFAULT_MAX_CONCURRENCY,
-        .input_min = 1024,
-        .input_max = 1024,
+        .input_min = 512,
+        .input_max = 512,
         .groups = 64,
         .prompts_per_group = 16,
         .question_len = 128,

@@ -24,9 +24,12 @@
 #define BENCH_DEFAULT_TIMELINE_INTERVAL_S 5.0
 /* The longest --duration: a day. */
 #define BENCH_MAX_DURATION_S 86400.0
-/* --duration without --num-prompts, closed loop: the workload's size (requests not sent by the
- * deadline are not sent; a workload used up before it ends the run early, and says so). */
+/* --duration without --num-prompts, closed loop: the workload's size, PROMPTS_PER_CLIENT per
+ * client within [MIN_PROMPTS, PROMPTS] (requests not sent by the deadline are not sent; a
+ * workload used up before it ends the run early, and says so). */
 #define BENCH_DURATION_CLOSED_PROMPTS 65536u
+#define BENCH_DURATION_CLOSED_MIN_PROMPTS 4096u
+#define BENCH_DURATION_PROMPTS_PER_CLIENT 256u
 /* The realistic workload's defaults: log-normal medians and sigmas; caps of CAP_FACTOR x the
  * median unless --input-len / --output-len give MEDIAN:CAP. Chat traffic as published traces
  * (ShareGPT, LMSYS-Chat) show it has a median prompt of a few hundred tokens and a long tail. */

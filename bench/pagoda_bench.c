@@ -153,8 +153,11 @@ static void *client_thread(void *arg)
         size_t i = atomic_fetch_add(&run->next, 1);
         if (i >= run->w->num_requests)
             break;
+        /* --duration: no request starts at or after the deadline, whether by its arrival time
+         * (open loop) or because the clients fell behind (every thread busy past it). */
         if (run->deadline_s > 0 &&
-            (run->open_loop ? run->w->requests[i].arrival_s : now_s() - run->t0) >= run->deadline_s)
+            (now_s() - run->t0 >= run->deadline_s ||
+             (run->open_loop && run->w->requests[i].arrival_s >= run->deadline_s)))
             break; /* this and every later index: the run is over */
         if (run->open_loop)
             sleep_until(run->t0 + run->w->requests[i].arrival_s);
@@ -175,6 +178,7 @@ struct sampler {
     double t0;
     struct timeline_sample *samples; /* for the timeline, up to TIMELINE_MAX_SAMPLES */
     size_t num_samples, cap_samples;
+    int samples_full; /* said once */
 };
 
 static void keep_sample(struct sampler *s, const pagoda_engine_stats *st)
@@ -183,8 +187,16 @@ static void keep_sample(struct sampler *s, const pagoda_engine_stats *st)
         size_t cap = s->cap_samples ? s->cap_samples * 2 : 256;
         if (cap > TIMELINE_MAX_SAMPLES)
             cap = TIMELINE_MAX_SAMPLES;
-        if (cap == s->num_samples)
+        if (cap == s->num_samples) {
+            if (!s->samples_full) {
+                s->samples_full = 1;
+                fprintf(stderr,
+                        "pagoda-bench: %u engine samples kept; the timeline has no engine "
+                        "figures from %.0f s on (raise --stats-interval-ms)\n",
+                        TIMELINE_MAX_SAMPLES, now_s() - s->t0);
+            }
             return;
+        }
         struct timeline_sample *p = realloc(s->samples, cap * sizeof(*p));
         if (p == NULL)
             return; /* the timeline misses this sample; the run goes on */
@@ -213,7 +225,9 @@ static void *sampler_thread(void *arg)
                 if (st.fragmentation > e->fragmentation_max)
                     e->fragmentation_max = st.fragmentation;
             }
-            if (st.running > 0) {
+            /* A tenant's key gets no engine-wide figures (locality and the work counters read
+             * 0): only the engine's own stats count. */
+            if (st.running > 0 && st.tenant[0] == '\0') {
                 if (e->locality_samples == 0 || st.locality < e->locality_min)
                     e->locality_min = st.locality;
                 e->locality_samples++;
@@ -380,6 +394,7 @@ static int bench_once(struct bench *b, int open_loop, double rate, int sweep, st
         .workload = workload_kind_name(b->w.kind),
         .workload_params = b->workload_params[0] ? b->workload_params : NULL,
         .duration_limit_s = o->duration_s,
+        .workload_exhausted = o->duration_s > 0 && sent == n,
         .workload_requests = n,
         .seed = b->w.seed,
         .open_loop = open_loop,
@@ -392,6 +407,11 @@ static int bench_once(struct bench *b, int open_loop, double rate, int sweep, st
         .kv_bytes_per_token = b->kv_bytes_per_token,
         .baseline_output_tps = o->baseline_tps,
     };
+    if (cfg.workload_exhausted)
+        fprintf(stderr,
+                "pagoda-bench: the workload's %zu requests were all sent before "
+                "--duration %.1f s ran out: the run ended early\n",
+                n, o->duration_s);
     if (rc == 0)
         rc = report_compute(&cfg, recs, sent, &eng, rep);
     if (rc == 0)
@@ -402,8 +422,9 @@ static int bench_once(struct bench *b, int open_loop, double rate, int sweep, st
         double end = rep->duration_s;
         if (b->num_samples > 0 && b->samples[b->num_samples - 1].t_s > end)
             end = b->samples[b->num_samples - 1].t_s;
-        rc = timeline_compute(b->samples, b->num_samples, recs, sent, o->timeline_interval_s, end,
-                              &b->timeline, &b->num_windows, &b->timeline_interval_s);
+        rc = timeline_compute(b->samples, b->num_samples, eng.have_before ? &eng.before : NULL,
+                              recs, sent, o->timeline_interval_s, end, &b->timeline,
+                              &b->num_windows, &b->timeline_interval_s);
     }
     for (size_t i = 0; i < sent; i++)
         report_request_fini(&recs[i]);
@@ -543,10 +564,14 @@ static int build_workload(struct bench *b, uint64_t seed)
                                               .max_context = o->max_context};
         snprintf(b->workload_params, sizeof(b->workload_params),
                  "prompt log-normal, median %u, sigma %.2f, cap %u; output log-normal, median %u, "
-                 "sigma %.2f, cap %u; both within the context of %lld",
+                 "sigma %.2f, cap %u; both truncated to the context of %lld",
                  p.input_median, p.input_sigma, p.input_cap, p.output_median, p.output_sigma,
                  p.output_cap, (long long)p.max_context);
         rc = workload_realistic(&p, o->vocab, seed, &t, &b->w);
+        size_t used = strlen(b->workload_params);
+        if (rc == 0 && b->w.clamped > 0)
+            snprintf(b->workload_params + used, sizeof(b->workload_params) - used,
+                     "; %zu lengths clamped after %d draws", b->w.clamped, WORKLOAD_REDRAWS);
         break;
     }
     }

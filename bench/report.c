@@ -146,7 +146,7 @@ static void engine_figures(struct report *rep, const struct report_engine *e)
 {
     rep->prefix_hit_rate = NAN;
     rep->engine_prefill_tps = rep->engine_decode_tps = NAN;
-    rep->locality_mean = rep->locality_min = rep->locality_end = rep->run_length_mean = NAN;
+    rep->locality_mean = rep->locality_min = rep->run_length_mean = NAN;
     rep->samples = e ? e->samples : 0;
     if (e == NULL || !e->have_before || !e->have_after)
         return;
@@ -162,7 +162,9 @@ static void engine_figures(struct report *rep, const struct report_engine *e)
     rep->prefill_tokens = DELTA(prefill_tokens);
     rep->decode_tokens = DELTA(decode_tokens);
 #undef DELTA
-    double d = rep->duration_s > 0 ? rep->duration_s : NAN;
+    /* A tenant's key reads its own figures only: no engine-wide work or locality. */
+    rep->engine_wide = a->tenant[0] == '\0';
+    double d = rep->duration_s > 0 && rep->engine_wide ? rep->duration_s : NAN;
     rep->engine_prefill_tps = (double)rep->prefill_tokens / d;
     rep->engine_decode_tps = (double)rep->decode_tokens / d;
     if (e->locality_samples) {
@@ -170,7 +172,6 @@ static void engine_figures(struct report *rep, const struct report_engine *e)
         rep->locality_min = e->locality_min;
         rep->run_length_mean = e->run_length_sum / (double)e->locality_samples;
     }
-    rep->locality_end = a->locality;
     if (rep->prefix_query_tokens > 0)
         rep->prefix_hit_rate = (double)rep->prefix_hit_tokens / (double)rep->prefix_query_tokens;
     rep->peak_kv_usage = a->peak_kv_usage;
@@ -398,6 +399,9 @@ void report_print(FILE *f, const struct report *r)
         fprintf(f, "%-44s %.1f s (%zu of the workload's %zu requests sent)\n",
                 "Run limited to (--duration):", c->duration_limit_s, r->num_requests,
                 c->workload_requests);
+    if (c->workload_exhausted)
+        fprintf(f, "WORKLOAD USED UP: every request was sent before --duration ran out; the run "
+                   "ended early (--num-prompts, or --groups for shared-prefix)\n");
     if (c->open_loop && isinf(c->rate))
         fprintf(f, "%-44s all at once, at most %u in flight\n", "Arrivals:", c->concurrency);
     else if (c->open_loop)
@@ -469,14 +473,18 @@ void report_print(FILE *f, const struct report *r)
         print_count(f, "Evictions (delta):", r->evictions);
         print_count(f, "Steps (delta):", r->steps);
         print_count(f, "Computed tokens (delta):", r->computed_tokens);
-        print_count(f, "Prefill tokens computed (engine, delta):", r->prefill_tokens);
-        print_count(f, "Decode tokens computed (engine, delta):", r->decode_tokens);
-        print_num(f, "Engine prefill throughput:", r->engine_prefill_tps, "tok/s");
-        print_num(f, "Engine decode throughput:", r->engine_decode_tps, "tok/s");
-        print_num(f, "Page locality, mean (sampled):", r->locality_mean, "");
-        print_num(f, "Page locality, min (sampled):", r->locality_min, "");
-        print_num(f, "Page locality after the run:", r->locality_end, "");
-        print_num(f, "Consecutive-block run length, mean:", r->run_length_mean, "blocks");
+        if (r->engine_wide) {
+            print_count(f, "Prefill tokens computed (engine, delta):", r->prefill_tokens);
+            print_count(f, "Decode tokens computed (engine, delta):", r->decode_tokens);
+            print_num(f, "Engine prefill throughput:", r->engine_prefill_tps, "tok/s");
+            print_num(f, "Engine decode throughput:", r->engine_decode_tps, "tok/s");
+            print_num(f, "Page locality, mean (sampled):", r->locality_mean, "");
+            print_num(f, "Page locality, min (sampled):", r->locality_min, "");
+            print_num(f, "Consecutive-block run length, mean:", r->run_length_mean, "blocks");
+        } else {
+            fprintf(f, "Engine work and page locality: n/a (the stats key is a tenant's: give an "
+                       "admin key with --stats-api-key)\n");
+        }
         print_count(f, "Cached blocks after the run:", r->cached_blocks_end);
         fprintf(f, "%-44s %12u / %u (%zu samples)\n",
                 "Max running / waiting (sampled):", r->running_max, r->waiting_max, r->samples);
@@ -580,7 +588,7 @@ static json_t *engine_json(const struct report *r, int *bad)
     put(e, "decode_tps", jnum(r->engine_decode_tps), bad);
     put(e, "locality_mean", jnum(r->locality_mean), bad);
     put(e, "locality_min", jnum(r->locality_min), bad);
-    put(e, "locality_end", jnum(r->have_engine ? r->locality_end : NAN), bad);
+    put(e, "engine_wide", json_boolean(r->engine_wide), bad);
     put(e, "run_length_mean", jnum(r->run_length_mean), bad);
     put(e, "num_blocks", json_integer(r->num_blocks), bad);
     put(e, "cached_blocks_end", json_integer(r->cached_blocks_end), bad);
@@ -626,6 +634,7 @@ int report_to_json(const struct report *r, json_t **out)
     put(o, "duration_limit_s", c->duration_limit_s > 0 ? jnum(c->duration_limit_s) : json_null(),
         &bad);
     put(o, "workload_requests", json_integer((json_int_t)c->workload_requests), &bad);
+    put(o, "workload_exhausted", json_boolean(c->workload_exhausted), &bad);
     put(o, "mode", json_string(c->open_loop ? "rate" : "concurrency"), &bad);
     put(o, "request_rate", c->open_loop ? jnum(c->rate) : json_null(), &bad);
     put(o, "concurrency", json_integer(c->concurrency), &bad);

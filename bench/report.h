@@ -99,6 +99,7 @@ struct report_config {
     const char *workload;
     const char *workload_params; /* how its lengths are drawn, or NULL */
     double duration_limit_s;     /* --duration, or 0 */
+    int workload_exhausted;      /* every request was sent before the duration ran out */
     size_t workload_requests;    /* the workload's size (requests sent may be fewer) */
     uint64_t seed;
     int open_loop;        /* 1: Poisson arrivals at rate; 0: closed loop */
@@ -162,7 +163,8 @@ struct report {
         fragmentation_end;
     uint64_t prefill_tokens, decode_tokens; /* the engine's, deltas */
     double engine_prefill_tps, engine_decode_tps;
-    double locality_mean, locality_min, locality_end, run_length_mean; /* NAN: no sample */
+    double locality_mean, locality_min, run_length_mean; /* NAN: no sample */
+    int engine_wide; /* the stats were the engine's (0: a tenant key's own figures) */
     int32_t num_blocks;
     uint32_t cached_blocks_end, running_max, waiting_max;
     size_t samples;

@@ -55,21 +55,28 @@ static void request_figures(struct timeline_window *w, size_t nw, double interva
     }
 }
 
-static void sample_figures(struct timeline_window *w, size_t nw, double interval,
-                           const struct timeline_sample *s, size_t ns)
+static void sample_figures(struct timeline_window *w, size_t nw, const struct timeline_sample *s,
+                           size_t ns, const pagoda_engine_stats *base)
 {
     size_t i = 0;
-    const pagoda_engine_stats *before = NULL; /* the last sample before the window */
+    /* The last sample before the window (at first the stats read just before the run, t = 0),
+     * and its time. */
+    const pagoda_engine_stats *before = base;
+    double before_t = 0;
     for (size_t k = 0; k < nw; k++) {
         struct timeline_window *x = &w[k];
         double frag = 0, loc = 0, run = 0;
         size_t nfrag = 0, nloc = 0;
         const pagoda_engine_stats *first = NULL, *last = NULL;
+        double first_t = 0, last_t = 0;
         for (; i < ns && (k == nw - 1 || s[i].t_s < x->t1_s); i++) {
             const pagoda_engine_stats *st = &s[i].st;
-            if (first == NULL)
+            if (first == NULL) {
                 first = st;
+                first_t = s[i].t_s;
+            }
             last = st;
+            last_t = s[i].t_s;
             x->samples++;
             if (isnan(x->kv_usage_max) || st->kv_usage > x->kv_usage_max)
                 x->kv_usage_max = st->kv_usage;
@@ -77,7 +84,7 @@ static void sample_figures(struct timeline_window *w, size_t nw, double interval
                 frag += st->fragmentation;
                 nfrag++;
             }
-            if (st->running > 0) {
+            if (st->running > 0 && st->tenant[0] == '\0') { /* a tenant's stats have none */
                 loc += st->locality;
                 run += st->locality_run_length;
                 nloc++;
@@ -92,6 +99,7 @@ static void sample_figures(struct timeline_window *w, size_t nw, double interval
         x->run_length_mean = nloc ? run / (double)nloc : NAN;
         if (last != NULL) {
             const pagoda_engine_stats *b = before ? before : first;
+            double span = last_t - (before ? before_t : first_t); /* what the deltas cover */
             x->have_counters = 1;
 #define DELTA(f) (last->f >= b->f ? last->f - b->f : 0)
             x->prefix_query_tokens = DELTA(prefix_query_tokens);
@@ -104,17 +112,19 @@ static void sample_figures(struct timeline_window *w, size_t nw, double interval
             x->hit_rate = x->prefix_query_tokens
                               ? (double)x->prefix_hit_tokens / (double)x->prefix_query_tokens
                               : NAN;
-            x->prefill_tps = (double)x->prefill_tokens / interval;
-            x->decode_tps = (double)x->decode_tokens / interval;
+            int engine_wide = last->tenant[0] == '\0';
+            x->prefill_tps = span > 0 && engine_wide ? (double)x->prefill_tokens / span : NAN;
+            x->decode_tps = span > 0 && engine_wide ? (double)x->decode_tokens / span : NAN;
             before = last;
+            before_t = last_t;
         }
     }
 }
 
 int timeline_compute(const struct timeline_sample *samples, size_t n_samples,
-                     const struct report_request *reqs, size_t n_reqs, double interval_s,
-                     double end_s, struct timeline_window **out, size_t *n_out,
-                     double *used_interval_s)
+                     const pagoda_engine_stats *base, const struct report_request *reqs,
+                     size_t n_reqs, double interval_s, double end_s, struct timeline_window **out,
+                     size_t *n_out, double *used_interval_s)
 {
     *out = NULL;
     *n_out = 0;
@@ -141,13 +151,14 @@ int timeline_compute(const struct timeline_sample *samples, size_t n_samples,
         size_t *nt = cnt, *ct = cnt + nw, *np = cnt + 2 * nw, *cp = cnt + 3 * nw;
         request_figures(w, nw, interval, reqs, n_reqs, ttft, nt, ct, tpot, np, cp, &rc);
         for (size_t k = 0; rc == 0 && k < nw; k++) {
-            double len = w[k].t1_s - w[k].t0_s;
-            w[k].output_tps = (double)w[k].output_tokens / len;
+            /* The last window ends with the run, usually before its nominal end. */
+            double len = (w[k].t1_s < end_s ? w[k].t1_s : end_s) - w[k].t0_s;
+            w[k].output_tps = len > 0 ? (double)w[k].output_tokens / len : NAN;
             report_summarize(ttft[k], nt[k], &w[k].ttft_ms);
             report_summarize(tpot[k], np[k], &w[k].tpot_ms);
         }
         if (rc == 0)
-            sample_figures(w, nw, interval, samples, n_samples);
+            sample_figures(w, nw, samples, n_samples, base);
     }
     for (size_t k = 0; k < nw && ttft && tpot; k++) {
         free(ttft[k]);

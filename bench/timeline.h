@@ -4,7 +4,9 @@
  * requests that ended in it (p50, p95, p99); from the engine's stats sampled during the run, KV
  * usage (max), fragmentation and page locality (means over the window's samples), and the
  * window's prefix hit rate, evictions, preemptions, prefill and decode tokens (counter deltas
- * from the last sample before the window, or its first one, to its last one).
+ * from the last sample before the window, or the stats read just before the run, to the
+ * window's last sample; their rates per second of the time between those two samples). Client
+ * rates are per second of the window's part of the run (the last window ends with the run).
  *
  * A pure module: samples and requests in, windows out. */
 #ifndef PAGODA_BENCH_TIMELINE_H
@@ -43,15 +45,16 @@ struct timeline_window {
     double hit_rate, prefill_tps, decode_tps; /* NAN without counters (or no lookups) */
 };
 
-/* Cuts [0, end_s) into windows of interval_s seconds (more when that would exceed
- * TIMELINE_MAX_WINDOWS: the interval is then stretched, and *used_interval_s says by how much)
- * and fills them from n_samples samples (in time order) and n_reqs requests. On success *out
- * (free()) holds *n_out windows. Errors: PAGODA_EINVAL (interval_s <= 0 or end_s not finite),
- * PAGODA_ENOMEM. */
+/* Cuts [0, end_s) into windows of interval_s seconds (longer when that would exceed
+ * TIMELINE_MAX_WINDOWS: the interval is then stretched, and *used_interval_s says to what) and
+ * fills them from n_samples samples (in time order), base (the stats read at t = 0, or NULL:
+ * the first window's counters then start at its first sample) and n_reqs requests. On success
+ * *out (free()) holds *n_out windows. Errors: PAGODA_EINVAL (interval_s <= 0 or end_s not
+ * finite), PAGODA_ENOMEM. */
 int timeline_compute(const struct timeline_sample *samples, size_t n_samples,
-                     const struct report_request *reqs, size_t n_reqs, double interval_s,
-                     double end_s, struct timeline_window **out, size_t *n_out,
-                     double *used_interval_s);
+                     const pagoda_engine_stats *base, const struct report_request *reqs,
+                     size_t n_reqs, double interval_s, double end_s, struct timeline_window **out,
+                     size_t *n_out, double *used_interval_s);
 
 /* The windows as a JSON array of objects (the fields above; NAN as null). On success *out is a
  * new reference. Errors: PAGODA_ENOMEM. */

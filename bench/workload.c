@@ -447,16 +447,22 @@ int workload_random(const struct workload_random_params *p, int32_t vocab, uint6
     return rc;
 }
 
-/* A log-normal length: median exp(sigma z), z standard normal (Box-Muller), rounded and clamped
- * to [1, cap]. */
-static uint32_t lognormal_len(struct rng *r, uint32_t median, double sigma, uint32_t cap)
+/* A log-normal length truncated to [1, cap]: median exp(sigma z), z standard normal
+ * (Box-Muller), rounded; a draw outside is drawn again, up to WORKLOAD_REDRAWS times, then
+ * clamped (counted in *clamped). */
+static uint32_t lognormal_len(struct rng *r, uint32_t median, double sigma, uint32_t cap,
+                              size_t *clamped)
 {
-    double u1 = rng_unit(r), u2 = rng_unit(r);
-    double z = sqrt(-2.0 * log1p(-u1)) * cos(2.0 * M_PI * u2);
-    double v = round((double)median * exp(sigma * z));
-    if (!(v >= 1.0))
-        return 1;
-    return v >= (double)cap ? cap : (uint32_t)v;
+    double v = 0;
+    for (int k = 0; k < WORKLOAD_REDRAWS; k++) {
+        double u1 = rng_unit(r), u2 = rng_unit(r);
+        double z = sqrt(-2.0 * log1p(-u1)) * cos(2.0 * M_PI * u2);
+        v = round((double)median * exp(sigma * z));
+        if (v >= 1.0 && v <= (double)cap)
+            return (uint32_t)v;
+    }
+    (*clamped)++;
+    return v >= 1.0 ? cap : 1;
 }
 
 int workload_realistic(const struct workload_realistic_params *p, int32_t vocab, uint64_t seed,
@@ -486,11 +492,12 @@ int workload_realistic(const struct workload_realistic_params *p, int32_t vocab,
         uint32_t in_cap = p->input_cap;
         if ((int64_t)in_cap > p->max_context - 1)
             in_cap = (uint32_t)(p->max_context - 1);
-        q->prompt_len = lognormal_len(&r, p->input_median, p->input_sigma, in_cap);
+        q->prompt_len = lognormal_len(&r, p->input_median, p->input_sigma, in_cap, &out->clamped);
         uint32_t out_cap = p->output_cap;
         if ((int64_t)out_cap > p->max_context - q->prompt_len)
             out_cap = (uint32_t)(p->max_context - q->prompt_len);
-        q->max_tokens = lognormal_len(&r, p->output_median, p->output_sigma, out_cap);
+        q->max_tokens =
+            lognormal_len(&r, p->output_median, p->output_sigma, out_cap, &out->clamped);
         q->tenant = (uint32_t)(i % out->tenants.num_tenants);
         if ((q->prompt = malloc(q->prompt_len * sizeof(int32_t))) == NULL)
             rc = PAGODA_ENOMEM;

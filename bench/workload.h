@@ -6,8 +6,10 @@
  * - random: prompt and output lengths drawn uniformly from ranges, token ids uniform in
  *   [0, vocab).
  * - realistic: long-tailed lengths, as chat traffic has them: prompt and output lengths each
- *   log-normal (a median and a sigma of the log), rounded, clamped to [1, a cap] and to the
- *   model's context (the output to what the prompt leaves); token ids as random.
+ *   log-normal (a median and a sigma of the log), rounded, truncated to [1, a cap] and to the
+ *   model's context (the output to what the prompt leaves) by drawing again (a length still
+ *   outside after WORKLOAD_REDRAWS draws is clamped, and counted in workload.clamped); token ids
+ *   as random.
  * - shared-prefix: groups x prompts per group; each group has its own system prompt, each
  *   prompt is the group's system prompt followed by its own question (as the common
  *   generated-shared-prefix benchmark), sent in a seeded random order.
@@ -35,6 +37,8 @@
 #define WORKLOAD_API_KEY_MAX 256u
 /* A tenants file larger than this is refused. */
 #define WORKLOAD_TENANTS_FILE_MAX_BYTES (4u << 20)
+/* realistic: draws of a length outside its bounds before it is clamped to them. */
+#define WORKLOAD_REDRAWS 16
 
 enum workload_kind {
     WORKLOAD_RANDOM = 0,
@@ -87,6 +91,7 @@ struct workload {
     struct workload_request *requests;
     size_t num_requests;
     struct workload_tenants tenants;
+    size_t clamped; /* realistic: lengths clamped after WORKLOAD_REDRAWS draws */
 };
 
 struct workload_random_params {

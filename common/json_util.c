@@ -12,8 +12,10 @@
 /* The file is opened with O_NONBLOCK, so that a FIFO in its place does not block the open until
  * a writer comes, and what was opened is checked (fstat, not stat on the path, which may change
  * in between) before a byte is read. */
-int json_util_load_file(const char *path, size_t max_bytes, json_t **out)
+int json_util_read_file(const char *path, size_t max_bytes, char **out, size_t *out_len)
 {
+    *out = NULL;
+    *out_len = 0;
     int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
     if (fd < 0)
         return pagoda_error_set(pagoda_from_errno(errno), "%s: cannot open", path);
@@ -33,10 +35,10 @@ int json_util_load_file(const char *path, size_t max_bytes, json_t **out)
         close(fd);
         return rc;
     }
-    /* Read whole, in large reads (jansson's json_loadfd reads one byte per read(2)), never
-     * more than max_bytes even when the file grows after the fstat. */
+    /* Large reads (jansson's json_loadfd reads one byte per read(2)), never more than
+     * max_bytes even when the file grows after the fstat; one byte more is room for a NUL. */
     size_t cap = (size_t)st.st_size + 1, len = 0;
-    char *buf = malloc(cap);
+    char *buf = malloc(cap + 1);
     if (buf == NULL) {
         close(fd);
         return PAGODA_ENOMEM;
@@ -44,7 +46,7 @@ int json_util_load_file(const char *path, size_t max_bytes, json_t **out)
     for (;;) {
         if (len == cap) {
             size_t ncap = cap * 2 > max_bytes + 1 ? max_bytes + 1 : cap * 2;
-            char *nb = ncap > cap ? realloc(buf, ncap) : NULL;
+            char *nb = ncap > cap ? realloc(buf, ncap + 1) : NULL;
             if (nb == NULL) {
                 rc = ncap > cap ? PAGODA_ENOMEM
                                 : pagoda_error_set(PAGODA_ERANGE,
@@ -76,6 +78,19 @@ int json_util_load_file(const char *path, size_t max_bytes, json_t **out)
         free(buf);
         return rc;
     }
+    buf[len] = '\0';
+    *out = buf;
+    *out_len = len;
+    return 0;
+}
+
+int json_util_load_file(const char *path, size_t max_bytes, json_t **out)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    int rc = json_util_read_file(path, max_bytes, &buf, &len);
+    if (rc != 0)
+        return rc;
     json_error_t jerr;
     json_t *root = json_loadb(buf, len, JSON_REJECT_DUPLICATES, &jerr);
     free(buf);

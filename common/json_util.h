@@ -12,11 +12,19 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* Reads and parses the JSON file at path, refusing files larger than max_bytes and anything but
- * a regular file (symlinks are followed) without blocking on it. On success *out is a new
- * reference the caller releases with json_decref(). Errors: PAGODA_ENOENT, PAGODA_EPERM,
+/* Reads the whole regular file at path (symlinks followed) into a new buffer (*buf, NUL-terminated
+ * after *len bytes; the caller frees it), in large reads, refusing files larger than max_bytes
+ * (also one that grows past it while read) and anything but a regular file without blocking on
+ * it (opened O_NONBLOCK, then checked with fstat). Errors: PAGODA_ENOENT, PAGODA_EPERM,
  * PAGODA_EIO, PAGODA_EINVAL (a directory, a FIFO, a device), PAGODA_ERANGE (too large),
- * PAGODA_EFORMAT (with line and column); the detail names the path. */
+ * PAGODA_ENOMEM; the detail names the path. */
+int json_util_read_file(const char *path, size_t max_bytes, char **buf, size_t *len);
+
+/* Reads (json_util_read_file) and parses the JSON file at path, refusing files larger than
+ * max_bytes and anything but a regular file (symlinks are followed) without blocking on it. On
+ * success *out is a new reference the caller releases with json_decref(). Errors: PAGODA_ENOENT,
+ * PAGODA_EPERM, PAGODA_EIO, PAGODA_EINVAL (a directory, a FIFO, a device), PAGODA_ERANGE (too
+ * large), PAGODA_EFORMAT (with line and column); the detail names the path. */
 int json_util_load_file(const char *path, size_t max_bytes, json_t **out);
 
 /* An integer value (a JSON integer, or a real with no fractional part). */

@@ -211,9 +211,11 @@ struct scheduler_stats {
     double kv_usage; /* 1 - (free + evictable cached blocks) / num_blocks */
     double peak_kv_usage;
     double fragmentation; /* running sequences' allocated slots holding no token / all of them */
-    /* Tokens computed by acknowledged steps: decode = one token of a sequence whose known
-     * tokens were all computed but the last, which it had sampled; prefill = every other (prompt
-     * chunks, recomputation after a preemption). */
+    /* Tokens computed by acknowledged steps, for the sequences still held when the result
+     * arrives (a sequence cancelled, failed or preempted while its step ran is not counted, so
+     * these can add up to less than computed_tokens): decode = one token of a sequence whose
+     * known tokens were all computed but the last, which it had sampled; prefill = every other
+     * (prompt chunks, recomputation after a preemption). */
     uint64_t prefill_tokens, decode_tokens;
     /* Page locality of the running sequences' tables: the share of consecutive logical blocks
      * (i, i+1) whose physical ids are consecutive (1 when no table has two blocks), and the mean

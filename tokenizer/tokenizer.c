@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "common/error.h"
+#include "common/json_util.h"
 
 void tokenizer_ids_fini(TokenizerIds *ids)
 {
@@ -531,58 +532,24 @@ int tokenizer_new_from_json(const char *json, size_t len, Tokenizer **out)
     return rc;
 }
 
-/* Reads the whole file (jansson's json_loadfd, behind json_util_load_file, reads a byte per
- * system call: seconds for a 10 MB tokenizer.json). Regular files only, opened without
- * blocking on a FIFO. */
+/* The file through json_util_read_file (large reads; regular files only, opened without blocking
+ * on a FIFO), then tokenizer_new_from_json. */
 int tokenizer_new_from_file(const char *path, Tokenizer **out)
 {
     if (!path || !out)
         return pagoda_error_set(PAGODA_EINVAL, "tokenizer_new_from_file: a NULL argument");
-    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-    if (fd < 0)
-        return pagoda_error_set(pagoda_from_errno(errno), "%s: %s", path, strerror(errno));
-    struct stat st;
     char *buf = NULL;
-    int rc = 0;
-    if (fstat(fd, &st) != 0) {
-        rc = pagoda_error_set(pagoda_from_errno(errno), "%s: %s", path, strerror(errno));
-        goto done;
-    }
-    if (!S_ISREG(st.st_mode)) {
-        rc = pagoda_error_set(PAGODA_EINVAL, "%s: not a regular file", path);
-        goto done;
-    }
-    if ((uint64_t)st.st_size > TOKENIZER_MAX_FILE_BYTES) {
-        rc = pagoda_error_set(PAGODA_ERANGE, "%s: %lld bytes (at most %u)", path,
-                              (long long)st.st_size, TOKENIZER_MAX_FILE_BYTES);
-        goto done;
-    }
-    size_t size = (size_t)st.st_size, got = 0;
-    if (!(buf = malloc(size + 1))) {
-        rc = PAGODA_ENOMEM;
-        goto done;
-    }
-    while (got < size) {
-        ssize_t r = read(fd, buf + got, size - got);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0) {
-            rc = pagoda_error_set(r < 0 ? pagoda_from_errno(errno) : PAGODA_EIO,
-                                  "%s: read failed%s%s", path, r < 0 ? ": " : " (short file)",
-                                  r < 0 ? strerror(errno) : "");
-            goto done;
-        }
-        got += (size_t)r;
-    }
+    size_t size = 0;
+    int rc = json_util_read_file(path, TOKENIZER_MAX_FILE_BYTES, &buf, &size);
+    if (rc != 0)
+        return rc;
     rc = tokenizer_new_from_json(buf, size, out);
     if (rc && pagoda_error_detail()[0]) {
         char detail[512];
         snprintf(detail, sizeof(detail), "%s", pagoda_error_detail());
         pagoda_error_set(rc, "%s: %s", path, detail);
     }
-done:
     free(buf);
-    close(fd);
     return rc;
 }
 

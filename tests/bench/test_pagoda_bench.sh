@@ -274,6 +274,28 @@ check "long: the text report prints the timeline" grep -q "^Timeline (windows of
 png_magic=$(head -c 8 "$tmp/long.png" 2>/dev/null | od -An -tx1 | tr -d ' \n')
 check "long: the timeline plot is a PNG" [ "$png_magic" = 89504e470d0a1a0a ]
 
+# -- --duration holds in open loop when the clients fall behind (400 req/s offered to 2 client
+# threads): no request starts after the duration, whatever its scheduled arrival.
+bench over --api-key k2 --workload random --num-prompts 2000 --input-len 16 --output-len 16 \
+    --rate 400 --max-concurrency 2 --duration 1 --ignore-eos --seed 12 && rc=0 || rc=$?
+check "over: an overloaded open loop with --duration runs (exit $rc)" [ "$rc" = 0 ]
+check "over: no request started after --duration (+0.1 s)" jqs_true "$tmp/over.jsonl" \
+    'length > 0 and all(.[]; .start_s < 1.1)'
+check "over: late starts are counted, the workload was not used up" jq_true "$tmp/over.json" \
+    '.late_starts > 0 and .workload_exhausted == false'
+# -- a workload used up before --duration ends the run early, and says so.
+bench short --api-key k2 --workload shared-prefix --groups 2 --prompts-per-group 2 \
+    --system-prompt-len 16 --question-len 8 --output-len 4 --concurrency 2 --duration 60 \
+    --ignore-eos --seed 13 && rc=0 || rc=$?
+check "short: a --duration run of a small workload runs (exit $rc)" [ "$rc" = 0 ]
+check "short: it says the workload was used up" jq_true "$tmp/short.json" \
+    '.workload_exhausted == true and .num_requests == 4 and .duration_s < 60'
+check "short: the text report and stderr say so" grep -q "WORKLOAD USED UP" "$tmp/short.out"
+# -- a plot path gnuplot cannot quote is refused before anything is sent.
+"$bin_dir/pagoda-bench" --url "$url" --model "$tmp/model" --concurrency 1 --duration 1 \
+    --timeline-plot "$tmp/a'b.png" >/dev/null 2>"$tmp/quote.err" && rc=0 || rc=$?
+check "a quote in --timeline-plot is refused at once (exit $rc)" [ "$rc" = 2 ]
+
 # -- refusals: a workload that does not fit the model's 2048 positions, bad flags.
 "$bin_dir/pagoda-bench" --url "$url" --model "$tmp/model" --workload shared-prefix \
     >/dev/null 2>"$tmp/ctx.err" && rc=0 || rc=$?

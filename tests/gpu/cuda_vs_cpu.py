@@ -38,6 +38,8 @@ def run(bin_dir, args):
 
 
 def main():
+    if len(sys.argv) not in (2, 4):
+        sys.exit("usage: cuda_vs_cpu.py BIN_DIR [MODEL_DIR GOLDEN]")
     bin_dir = sys.argv[1]
     tmp = tempfile.mkdtemp()
     if len(sys.argv) > 3:

@@ -459,7 +459,7 @@ static void test_timeline_windows(void **state)
     struct timeline_window *w = NULL;
     size_t n = 0;
     double used = 0;
-    assert_int_equal(timeline_compute(s, 4, r, 2, 1.0, 2.6, &w, &n, &used), 0);
+    assert_int_equal(timeline_compute(s, 4, NULL, r, 2, 1.0, 2.6, &w, &n, &used), 0);
     assert_int_equal(n, 3);
     assert_true(used == 1.0);
     assert_int_equal(w[0].started, 1);
@@ -483,12 +483,27 @@ static void test_timeline_windows(void **state)
     assert_true(fabs(w[1].locality_mean - 0.65) < 1e-12);
     assert_true(isnan(w[2].locality_mean)); /* nothing running at 2.5 */
     assert_true(fabs(w[2].kv_usage_max - 0.3) < 1e-12);
+    /* Rates: engine deltas over the time between their samples (0.4 -> 1.8: 200 / 1.4 s), client
+     * tokens over the window's part of the run (the last window ends at 2.6: 1 token / 0.6 s). */
+    assert_true(isnan(w[0].prefill_tps));
+    assert_true(fabs(w[1].prefill_tps - 200.0 / 1.4) < 1e-9);
+    assert_true(fabs(w[2].prefill_tps - 100.0 / 0.7) < 1e-9);
+    assert_true(fabs(w[0].output_tps - 2.0) < 1e-9);
+    assert_true(fabs(w[2].output_tps - 1.0 / 0.6) < 1e-9);
+    free(w);
+    /* With the stats read at t = 0 as the base, the first window's counters start there. */
+    pagoda_engine_stats base;
+    memset(&base, 0, sizeof(base));
+    base.prefill_tokens = 40;
+    assert_int_equal(timeline_compute(s, 4, &base, r, 2, 1.0, 2.6, &w, &n, &used), 0);
+    assert_int_equal(w[0].prefill_tokens, 60);
+    assert_true(fabs(w[0].prefill_tps - 60.0 / 0.4) < 1e-9);
     free(w);
     /* A long run gets stretched windows, never more than TIMELINE_MAX_WINDOWS. */
-    assert_int_equal(timeline_compute(s, 4, r, 2, 0.1, 1e6, &w, &n, &used), 0);
+    assert_int_equal(timeline_compute(s, 4, NULL, r, 2, 0.1, 1e6, &w, &n, &used), 0);
     assert_true(n <= TIMELINE_MAX_WINDOWS && used > 0.1);
     free(w);
-    assert_int_equal(timeline_compute(s, 4, r, 2, 0, 3, &w, &n, &used), PAGODA_EINVAL);
+    assert_int_equal(timeline_compute(s, 4, NULL, r, 2, 0, 3, &w, &n, &used), PAGODA_EINVAL);
 }
 
 static void test_shared_prefix_workload(void **state)

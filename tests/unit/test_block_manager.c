@@ -254,6 +254,27 @@ static void test_allocation_order(void **state)
     block_table_fini(&b);
     block_table_fini(&c);
     block_manager_close(bm);
+
+    /* Past one summary word (64 x 64 blocks): the cursor moves up as the low words fill and
+     * back down when a lower block is freed. */
+    const int32_t big = 20000;
+    bm = open_bm(big);
+    for (int32_t want = 1; want < big; want++) {
+        assert_int_equal(block_manager_alloc(bm, &blk), 0);
+        assert_int_equal(blk, want);
+    }
+    assert_int_equal(block_manager_alloc(bm, &blk), PAGODA_EEXHAUSTED);
+    assert_int_equal(block_manager_unref(bm, 19000), 0);
+    assert_int_equal(block_manager_unref(bm, 15000), 0);
+    assert_int_equal(block_manager_alloc(bm, &blk), 0);
+    assert_int_equal(blk, 15000);
+    assert_int_equal(block_manager_unref(bm, 100), 0);
+    assert_int_equal(block_manager_alloc(bm, &blk), 0);
+    assert_int_equal(blk, 100);
+    assert_int_equal(block_manager_alloc(bm, &blk), 0);
+    assert_int_equal(blk, 19000);
+    assert_int_equal(block_manager_check(bm, &why), 0);
+    block_manager_close(bm);
 }
 
 int main(void)
