@@ -178,13 +178,19 @@ static int32_t seq_remaining(const struct seq *q)
     return seq_known(q) - q->num_scheduled;
 }
 
-/* Whether a token q samples in a step in flight will end it by length (max_tokens, the context):
- * then nothing is scheduled for it after that step. A stop token cannot be foreseen: the next
- * step's token of a sequence it ends is discarded. */
-static bool seq_ends_by_length(const struct scheduler *s, const struct seq *q)
+/* Whether q waits for a step in flight before its next position is scheduled:
+ *  - the token it samples there will end it by length (max_tokens, the context); a stop token
+ *    cannot be foreseen: the next step's token of a sequence it ends is discarded;
+ *  - it is its first sample since admission, where the worker finds what is wrong with a
+ *    sequence (its tokens, its sampling, logits a broken model makes NaN) and fails it alone: a
+ *    step sent behind it would continue a sequence the worker dropped, which pagoda-worker
+ *    refuses whole (a resync). One step of latency for the second token, once per admission. */
+static bool seq_waits(const struct scheduler *s, const struct seq *q)
 {
     if (q->pending_samples == 0)
         return false;
+    if (!q->sampled)
+        return true;
     int32_t known = seq_known(q);
     return (q->max_tokens > 0 && known - q->num_prompt_tokens >= q->max_tokens) ||
            (int64_t)known >= context_limit(s);
@@ -405,6 +411,7 @@ static void preempt(struct scheduler *s, struct seq *v)
     log_debug("preempting seq %llu (%d tokens)", (unsigned long long)v->seq_id, (int)v->num_tokens);
     unhash_seq_id(s, v);
     v->num_computed = 0;
+    v->sampled = false;
     seq_clear_inflight(v);
     v->worker_knows = false;
     v->blocks_sent = 0;
@@ -705,8 +712,7 @@ static void form_plan(struct scheduler *s)
      * token it samples: the worker reads that token from its own mirror). */
     for (uint32_t i = 0; i < n && s->budget > 0; i++) {
         struct seq *q = s->order[i];
-        if (q->state != SEQ_RUNNING || seq_remaining(q) != 1 || seq_ends_by_length(s, q) ||
-            !may_run(s, q))
+        if (q->state != SEQ_RUNNING || seq_remaining(q) != 1 || seq_waits(s, q) || !may_run(s, q))
             continue;
         if (ensure_blocks(s, q, (int64_t)q->num_scheduled + 1))
             plan_add(s, q, 1);
@@ -748,6 +754,7 @@ static void form_plan(struct scheduler *s)
         if (q->owner)
             q->owner->running++;
         q->num_computed = 0;
+        q->sampled = false;
         seq_clear_inflight(q);
         q->plan_index = -1;
         if (cache_take_match(s, q, hits) != 0) {
@@ -1040,6 +1047,7 @@ static void apply_result(struct scheduler *s, const Pagoda__Internal__StepResult
         if (!part.samples)
             continue;
         q->pending_samples--;
+        q->sampled = true;
         q->has_result = false;
         uint32_t offset = (uint32_t)(q->num_tokens - q->num_prompt_tokens);
         struct event_slot *slot = &s->ev_slots[n_ev];

@@ -269,49 +269,75 @@ static void test_preemption_with_two_in_flight(void **state)
     harness_close(h);
 }
 
-/* A sequence the worker fails in step n is also in step n+1 (sent before the failure was seen):
- * its request ends once with the worker's error; pagoda-worker refuses step n+1 for continuing
- * a sequence it dropped, which costs one resync; every other request completes unchanged. */
+/* A token of bad's first n_bad outputs (from the k-th on; k = 0: of its prompt) that neither
+ * good prompt nor its first n_out outputs hold, nor bad's tokens before it. */
+static int32_t poison_for(const int32_t *bad, int k, const int32_t *g1, const int32_t *g2,
+                          int n_out, int *at)
+{
+    int32_t all_bad[64], all1[64], all2[64];
+    memcpy(all_bad, bad, 12 * sizeof(int32_t));
+    memcpy(all1, g1, 12 * sizeof(int32_t));
+    memcpy(all2, g2, 12 * sizeof(int32_t));
+    ref_generate(bad, 12, n_out, all_bad + 12);
+    ref_generate(g1, 12, n_out, all1 + 12);
+    ref_generate(g2, 12, n_out, all2 + 12);
+    int from = k == 0 ? 0 : 12 + k;
+    for (int i = from; i < 12 + n_out; i++) {
+        int32_t t = all_bad[i];
+        if (!holds(all1, 12 + n_out, t) && !holds(all2, 12 + n_out, t) && !holds(all_bad, i, t) &&
+            (k == 0 || !holds(all_bad, 12, t))) {
+            *at = i - 12;
+            return t;
+        }
+    }
+    fail_msg("no poison token");
+    return -1;
+}
+
+/* The worker fails one sequence (NaN logits). At its first sample (a poisoned prompt) nothing
+ * was sent behind it: no step is refused, nothing is resynced. Later in its decode (it samples
+ * the poisoned token), step n+1 already continues it: pagoda-worker refuses that step, which
+ * costs one resync. Either way the request ends once with the worker's error and its tokens
+ * before it, and every other request completes unchanged. */
 static void test_worker_error_with_two_in_flight(void **state)
 {
     (void)state;
-    struct harness *h = harness_open(&DEFAULT_SETUP);
-    int32_t pa[12], pb[12], pc[12];
-    make_prompt(40, 12, pa);
-    make_prompt(41, 12, pb);
-    make_prompt(42, 12, pc);
-    int32_t all_a[24], all_c[24];
-    memcpy(all_a, pa, sizeof(pa));
-    memcpy(all_c, pc, sizeof(pc));
-    ref_generate(pa, 12, 10, all_a + 12);
-    ref_generate(pc, 12, 10, all_c + 12);
-    h->fw.poison = true;
-    h->fw.poison_token = -1;
-    for (int i = 0; i < 12 && h->fw.poison_token < 0; i++)
-        if (!holds(all_a, 22, pb[i]) && !holds(all_c, 22, pb[i]))
-            h->fw.poison_token = pb[i];
-    assert_true(h->fw.poison_token >= 0);
-    struct req_rec *a = submit(h, 1, pa, 12, 10);
-    struct req_rec *c = submit(h, 3, pc, 12, 10);
-    exchange(h);                                  /* step 1 alone; 2 and 3 out */
-    struct req_rec *b = submit(h, 2, pb, 12, 10); /* joins at step 4; its decode in step 5 */
-    uint64_t resyncs = stats(h).resyncs;
-    pump(h);
-    assert_int_equal(b->ends, 1);
-    assert_int_equal(b->finish, PAGODA__INTERNAL__FINISH_REASON__FINISH_ERROR);
-    assert_int_equal(b->error_code, PAGODA_EINVAL);
-    assert_int_equal(b->n_out, 0);
-    expect_output(a, pa, 12, 10, PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH);
-    expect_output(c, pc, 12, 10, PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH);
-    struct scheduler_stats st = stats(h);
-    assert_int_equal(st.failed_seqs, 1);
-    assert_int_equal(h->fw.refused_unknown, 1);
-    assert_int_equal(st.refused_steps, 1);
-    assert_int_equal(st.resyncs, resyncs + 1);
-    assert_int_equal(st.isolated_seqs, 0);
-    expect_idle_pool(h);
-    expect_invariants(h);
-    harness_close(h);
+    for (int mid = 0; mid <= 1; mid++) {
+        struct harness *h = harness_open(&DEFAULT_SETUP);
+        int32_t pa[12], pb[12], pc[12];
+        make_prompt(40, 12, pa);
+        make_prompt(41 + 10 * mid, 12, pb);
+        make_prompt(42, 12, pc);
+        int at = 0;
+        h->fw.poison = true;
+        h->fw.poison_token = poison_for(pb, mid ? 3 : 0, pa, pc, 10, &at);
+        int b_out = mid ? at : 0;
+        assert_true(!mid || b_out >= 3);
+        struct req_rec *a = submit(h, 1, pa, 12, 10);
+        struct req_rec *c = submit(h, 3, pc, 12, 10);
+        exchange(h);                                  /* step 1 alone; 2 and 3 out */
+        struct req_rec *b = submit(h, 2, pb, 12, 10); /* joins at step 4 */
+        uint64_t resyncs = stats(h).resyncs;
+        pump(h);
+        assert_int_equal(b->ends, 1);
+        assert_int_equal(b->finish, PAGODA__INTERNAL__FINISH_REASON__FINISH_ERROR);
+        assert_int_equal(b->error_code, PAGODA_EINVAL);
+        assert_int_equal(b->n_out, b_out);
+        int32_t ref[16];
+        ref_generate(pb, 12, 16, ref);
+        assert_memory_equal(b->out, ref, (size_t)b_out * sizeof(int32_t));
+        expect_output(a, pa, 12, 10, PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH);
+        expect_output(c, pc, 12, 10, PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH);
+        struct scheduler_stats st = stats(h);
+        assert_int_equal(st.failed_seqs, 1);
+        assert_int_equal(h->fw.refused_unknown, mid);
+        assert_int_equal(st.refused_steps, (uint64_t)mid);
+        assert_int_equal(st.resyncs, resyncs + (uint64_t)mid);
+        assert_int_equal(st.isolated_seqs, 0);
+        expect_idle_pool(h);
+        expect_invariants(h);
+        harness_close(h);
+    }
 }
 
 /* The worker dies with two steps outstanding (both ran, neither answer arrives): the resync's
