@@ -539,6 +539,9 @@ static int cmd_stats(pagoda_client *c, const struct cli *o)
         FIELD("computed_tokens", "%llu", (unsigned long long)s.computed_tokens);
         FIELD("malformed_messages", "%llu", (unsigned long long)s.malformed_messages);
         FIELD("step_cpu_us", "%.6g", s.step_cpu_us);
+        FIELD("steps_in_flight", "%u", s.steps_in_flight);
+        FIELD("peak_steps_in_flight", "%u", s.peak_steps_in_flight);
+        FIELD("discarded_tokens", "%llu", (unsigned long long)s.discarded_tokens);
     }
     FIELD("cached_blocks", "%u", s.cached_blocks);
     if (engine) {

@@ -365,6 +365,9 @@ static void fill_stats(struct router *r, const Pagoda__Internal__SchedulerStats 
     COPY(prefix_hit_tokens);
     COPY(evictions);
     COPY(pinned_blocks);
+    COPY(steps_in_flight);
+    COPY(peak_steps_in_flight);
+    COPY(discarded_tokens);
 #undef COPY
     out->has_prefix_hit_rate = s->has_prefix_query_tokens;
     out->prefix_hit_rate = s->prefix_query_tokens == 0

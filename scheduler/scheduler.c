@@ -1506,6 +1506,10 @@ static void on_stats_request(struct scheduler *s, const Pagoda__Internal__StatsR
     ps.prefix_hit_tokens = st.prefix_hit_tokens;
     ps.evictions = st.evictions;
     ps.pinned_blocks = st.pinned_blocks;
+    ps.has_steps_in_flight = ps.has_peak_steps_in_flight = ps.has_discarded_tokens = 1;
+    ps.steps_in_flight = st.steps_in_flight;
+    ps.peak_steps_in_flight = st.peak_steps_in_flight;
+    ps.discarded_tokens = st.discarded_tokens;
     Pagoda__Internal__ToRouter r = PAGODA__INTERNAL__TO_ROUTER__INIT;
     r.msg_case = PAGODA__INTERNAL__TO_ROUTER__MSG_STATS;
     r.stats = &ps;

@@ -133,6 +133,8 @@ struct harness {
     uint32_t stats_running;
     uint64_t stats_steps;
     double stats_cpu_us;
+    uint32_t stats_peak_in_flight;
+    uint64_t stats_discarded;
     int stats_replies;
     int32_t rec_index[REC_INDEX]; /* 1 + the index in reqs of an id, 0: empty */
     const char *tenant;           /* what submit_full stamps ("t" when NULL) */

@@ -174,6 +174,15 @@ static void test_stop_found_late_discards_one_token(void **state)
         struct scheduler_stats st = stats(h);
         /* Prefill, k decodes up to EOS, and with two in flight the decode of EOS itself. */
         assert_int_equal(st.discarded_tokens, steps == 2 ? 1 : 0);
+        /* The router's stats carry them. */
+        Pagoda__Internal__StatsRequest sr = PAGODA__INTERNAL__STATS_REQUEST__INIT;
+        Pagoda__Internal__ToScheduler sm = PAGODA__INTERNAL__TO_SCHEDULER__INIT;
+        sm.msg_case = PAGODA__INTERNAL__TO_SCHEDULER__MSG_STATS;
+        sm.stats = &sr;
+        deliver_router(h, &sm);
+        assert_int_equal(h->stats_replies, 1);
+        assert_int_equal(h->stats_discarded, steps == 2 ? 1 : 0);
+        assert_int_equal(h->stats_peak_in_flight, steps);
         assert_int_equal(h->fw.computed_tokens, (uint64_t)(6 + k + (steps == 2 ? 1 : 0)));
         /* The next step tells the worker; the pool is whole again. */
         struct req_rec *b = submit(h, 2, p, 6, 2);
