@@ -174,10 +174,14 @@
  * scheduler's work and the round trip overlap the worker's step). */
 #define SCHEDULER_MAX_STEPS_IN_FLIGHT 2
 #define SCHEDULER_DEFAULT_STEPS_IN_FLIGHT 2
-/* Time a step may take per token it computes, on top of result_timeout_ms (and watchdog_ms):
- * 2 ms covers the sanitizer build's CPU worker on the tiny model; a 2048-token step may then take
- * 2 s + 4.1 s before it is resynced. 0: the fixed timeout alone. */
-#define SCHEDULER_DEFAULT_STEP_TIMEOUT_PER_TOKEN_US 2000
+/* Time a step may take per token it computes, on top of result_timeout_ms (and watchdog_ms).
+ * The release build's CPU worker prefills 2000 tokens of the tiny model in one step in about
+ * 3.5 s on a loaded 2-core machine (1.75 ms per token; pagoda-run --max-batched-tokens 2048),
+ * the sanitizer build's in about 34 s (17 ms per token: give it --step-timeout-per-token-us
+ * 20000 or more); a GPU is thousands of times faster. 5 ms per token lets a 2048-token step take
+ * 2 s + 10.2 s before it is resynced, while a lost step or result is still found at once by
+ * the next step's answer (two steps in flight). 0: the fixed timeout alone. */
+#define SCHEDULER_DEFAULT_STEP_TIMEOUT_PER_TOKEN_US 5000
 #define SCHEDULER_MAX_STEP_TIMEOUT_PER_TOKEN_US 1000000
 /* Upper limits of the configuration values above. */
 #define SCHEDULER_MAX_BATCHED_TOKENS_LIMIT (1 << 20)

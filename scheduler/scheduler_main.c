@@ -2,7 +2,7 @@
  *
  *   pagoda-scheduler --run-dir DIR [--workers 1] [--max-batched-tokens 2048] [--max-seqs 256]
  *                    [--max-queued 4096] [--result-timeout-ms 2000] [--watchdog-ms 10000]
- *                    [--max-steps-in-flight 2] [--step-timeout-per-token-us 2000]
+ *                    [--max-steps-in-flight 2] [--step-timeout-per-token-us 5000]
  *                    [--epoch E] [--fault dup-step=N] [--log-level info]
  *
  * Start: asks kvpool for the pool's geometry (REQ to ipc://DIR/kvpool.ipc, retried for up to

@@ -464,8 +464,8 @@ static void test_second_step_timeout_counts_from_first_result(void **state)
 }
 
 /* A step of 2000 prompt tokens may take result_timeout_ms + 2000 x step_timeout_per_token_us:
- * a worker that answers it after 5.9 s is not resynced (with the fixed 2 s it would be, and
- * the step replayed). */
+ * a worker that answers it just within that (well after result_timeout_ms) is not resynced; with
+ * the fixed timeout alone it would be, and the step replayed. */
 static void test_long_step_not_timed_out(void **state)
 {
     (void)state;
