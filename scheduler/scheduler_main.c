@@ -314,9 +314,10 @@ int main(int argc, char **argv)
     nng_close(app.worker_sock);
     struct scheduler_stats st;
     scheduler_get_stats(app.sched, &st);
-    log_info("exit: %" PRIu64 " steps, %" PRIu64 " resyncs, %" PRIu64 " preemptions, "
-             "%.1f us CPU per step",
-             st.steps, st.resyncs, st.preemptions, st.step_cpu_us);
+    log_info("exit: %" PRIu64 " steps (at most %u in flight), %" PRIu64 " resyncs, %" PRIu64
+             " preemptions, %" PRIu64 " tokens discarded, %.1f us CPU per step",
+             st.steps, st.peak_steps_in_flight, st.resyncs, st.preemptions, st.discarded_tokens,
+             st.step_cpu_us);
     scheduler_close(app.sched);
     return 0;
 fail:

@@ -501,6 +501,32 @@ static void test_long_step_not_timed_out(void **state)
     }
 }
 
+/* The watchdog allows the same per-token time: a worker silent for longer than watchdog_ms on
+ * a step of 2000 tokens, but within its allowance, is not reported hung (with the fixed
+ * watchdog it would be, and killed amid its step). */
+static void test_watchdog_allows_a_long_step(void **state)
+{
+    (void)state;
+    static int32_t p[2000];
+    make_prompt(48, 2000, p);
+    const int64_t quiet = SCHEDULER_DEFAULT_WATCHDOG_MS + 500;
+    for (int fixed = 0; fixed <= 1; fixed++) {
+        struct setup su = DEFAULT_SETUP;
+        su.step_timeout_per_token_us = fixed ? -1 : 0;
+        struct harness *h = harness_open(&su);
+        submit(h, 1, p, 2000, 2);
+        h->fw.silent = true;
+        exchange(h); /* the long step is taken and computed in silence */
+        for (int64_t t = 0; t <= quiet; t += 100)
+            tick(h, t);
+        struct scheduler_stats st = stats(h);
+        assert_int_equal(st.hung_reports, fixed ? 1 : 0);
+        /* The fixed timeout resynced it long ago; the per-token one not yet. */
+        assert_int_equal(st.result_timeouts > 0, fixed);
+        harness_close(h);
+    }
+}
+
 /* max_steps_in_flight 1 is lock-step; values outside [1, 2] and a negative per-token timeout
  * are refused. */
 static void test_steps_in_flight_config(void **state)
@@ -553,6 +579,7 @@ int main(void)
         cmocka_unit_test(test_missing_result_resyncs_at_once),
         cmocka_unit_test(test_second_step_timeout_counts_from_first_result),
         cmocka_unit_test(test_long_step_not_timed_out),
+        cmocka_unit_test(test_watchdog_allows_a_long_step),
         cmocka_unit_test(test_steps_in_flight_config),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
