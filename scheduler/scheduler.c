@@ -202,6 +202,37 @@ static bool seq_in_step(const struct seq *q, uint64_t step_id)
     return q->num_inflight > 0 && q->inflight[0].step_id == step_id;
 }
 
+int check_inflight(const struct scheduler *s, const char **why)
+{
+    const struct worker_link *w = &s->worker;
+    for (const struct seq *q = s->running.head; q; q = q->next) {
+        int32_t tokens = 0, samples = 0;
+        uint32_t k = 0; /* the next step in flight q's part may belong to */
+        for (int32_t i = 0; i < q->num_inflight; i++) {
+            const struct seq_inflight *part = &q->inflight[i];
+            while (k < w->num_steps &&
+                   w->steps[(w->step_head + k) % SCHEDULER_MAX_STEPS_IN_FLIGHT].step_id !=
+                       part->step_id)
+                k++;
+            if (k == w->num_steps || part->num_new < 1) {
+                *why = "a sequence's part in flight names no step in flight, or is out of order";
+                return -1;
+            }
+            k++;
+            tokens += part->num_new;
+            samples += part->samples;
+        }
+        if (q->num_scheduled != q->num_computed + tokens || q->pending_samples != samples ||
+            q->num_scheduled > q->num_tokens + samples ||
+            (int64_t)q->table.num_blocks * s->block_size < q->num_scheduled) {
+            *why = "a sequence's scheduled tokens, pending samples or table disagree with its "
+                   "parts in flight";
+            return -1;
+        }
+    }
+    return 0;
+}
+
 /* ---- messages out --------------------------------------------------------------------------- */
 
 static void send_worker(struct scheduler *s, uint32_t worker_id, Pagoda__Internal__ToWorker *m)

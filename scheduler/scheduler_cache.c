@@ -825,6 +825,8 @@ int scheduler_check_invariants(const struct scheduler *s, const char **why)
         *why = "the tenants' running counts differ from the running sequences";
         goto out;
     }
+    if (check_inflight(s, why) != 0)
+        goto out;
     for (const struct seq *q = s->waiting.head; q; q = q->next) {
         if (q->table.num_blocks != 0) {
             *why = "a waiting sequence holds blocks";

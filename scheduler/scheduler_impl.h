@@ -260,6 +260,11 @@ void seq_remove(struct scheduler *s, struct seq *q);
  * of memory. */
 struct seq *seq_new(const int32_t *tokens, int32_t n);
 
+/* Tests: each running sequence's parts in flight against the steps in flight (in order, one per
+ * step at most, adding up to num_scheduled and pending_samples, with the table covering them).
+ * Returns 0, or -1 with a reason in *why. */
+int check_inflight(const struct scheduler *s, const char **why);
+
 /* Sends m to the router with protocol version and epoch set. */
 void send_router(struct scheduler *s, Pagoda__Internal__ToRouter *m);
 
