@@ -704,6 +704,11 @@ void client_stats_from_proto(const Pagoda__Stats *s, pagoda_engine_stats *out)
     out->computed_tokens = s->computed_tokens;
     out->malformed_messages = s->malformed_messages;
     out->step_cpu_us = s->step_cpu_us;
+    out->steps_in_flight = s->steps_in_flight;
+    out->peak_steps_in_flight = s->peak_steps_in_flight;
+    out->discarded_tokens = s->discarded_tokens;
+    out->worker_step_wall_us = s->worker_step_wall_us;
+    out->worker_step_device_us = s->worker_step_device_us;
     out->cached_blocks = s->cached_blocks;
     out->pinned_blocks = s->pinned_blocks;
     out->peak_kv_usage = s->peak_kv_usage;

@@ -143,6 +143,13 @@ typedef struct pagoda_engine_stats {
     int32_t num_blocks, free_blocks;
     uint64_t computed_tokens, malformed_messages;
     double step_cpu_us;
+    /* Steps in flight now and at most so far; sampled tokens discarded (their sequence ended or
+     * was preempted while a step computed them). */
+    uint32_t steps_in_flight, peak_steps_in_flight;
+    uint64_t discarded_tokens;
+    /* The current worker's mean wall and device time per step (CUDA events; on the CPU its
+     * executor thread's CPU time), microseconds. */
+    double worker_step_wall_us, worker_step_device_us;
     /* The prefix cache (prefix_hit_rate = prefix_hit_tokens / prefix_query_tokens) and the
      * pool (fragmentation: allocated slots holding no token over allocated slots). */
     uint32_t cached_blocks, pinned_blocks;

@@ -539,6 +539,11 @@ static int cmd_stats(pagoda_client *c, const struct cli *o)
         FIELD("computed_tokens", "%llu", (unsigned long long)s.computed_tokens);
         FIELD("malformed_messages", "%llu", (unsigned long long)s.malformed_messages);
         FIELD("step_cpu_us", "%.6g", s.step_cpu_us);
+        FIELD("steps_in_flight", "%u", s.steps_in_flight);
+        FIELD("peak_steps_in_flight", "%u", s.peak_steps_in_flight);
+        FIELD("discarded_tokens", "%llu", (unsigned long long)s.discarded_tokens);
+        FIELD("worker_step_wall_us", "%.6g", s.worker_step_wall_us);
+        FIELD("worker_step_device_us", "%.6g", s.worker_step_device_us);
         FIELD("prefill_tokens", "%llu", (unsigned long long)s.prefill_tokens);
         FIELD("decode_tokens", "%llu", (unsigned long long)s.decode_tokens);
         FIELD("locality", "%.6g", s.locality);

@@ -365,6 +365,11 @@ static void fill_stats(struct router *r, const Pagoda__Internal__SchedulerStats 
     COPY(prefix_hit_tokens);
     COPY(evictions);
     COPY(pinned_blocks);
+    COPY(steps_in_flight);
+    COPY(peak_steps_in_flight);
+    COPY(discarded_tokens);
+    COPY(worker_step_wall_us);
+    COPY(worker_step_device_us);
     COPY(prefill_tokens);
     COPY(decode_tokens);
     COPY(locality);

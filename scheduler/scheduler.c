@@ -152,6 +152,87 @@ static int64_t context_limit(const struct scheduler *s)
     return limit < pool ? limit : pool;
 }
 
+/* The step in flight i places after the oldest (i < num_steps). */
+static struct step_rec *step_at(struct worker_link *w, uint32_t i)
+{
+    return &w->steps[(w->step_head + i) % SCHEDULER_MAX_STEPS_IN_FLIGHT];
+}
+
+/* Forgets q's parts of the steps in flight: it continues from what was acknowledged. */
+static void seq_clear_inflight(struct seq *q)
+{
+    q->num_inflight = 0;
+    q->pending_samples = 0;
+    q->num_scheduled = q->num_computed;
+}
+
+/* The tokens q will know once the steps in flight are answered (each one it samples in adds
+ * one), and how many of them no step computes yet. */
+static int32_t seq_known(const struct seq *q)
+{
+    return q->num_tokens + q->pending_samples;
+}
+
+static int32_t seq_remaining(const struct seq *q)
+{
+    return seq_known(q) - q->num_scheduled;
+}
+
+/* Whether q waits for a step in flight before its next position is scheduled:
+ *  - the token it samples there will end it by length (max_tokens, the context); a stop token
+ *    cannot be foreseen: the next step's token of a sequence it ends is discarded;
+ *  - it is its first sample since admission, where the worker finds what is wrong with a
+ *    sequence (its tokens, its sampling, logits a broken model makes NaN) and fails it alone: a
+ *    step sent behind it would continue a sequence the worker dropped, which pagoda-worker
+ *    refuses whole (a resync). One step of latency for the second token, once per admission. */
+static bool seq_waits(const struct scheduler *s, const struct seq *q)
+{
+    if (q->pending_samples == 0)
+        return false;
+    if (!q->sampled)
+        return true;
+    int32_t known = seq_known(q);
+    return (q->max_tokens > 0 && known - q->num_prompt_tokens >= q->max_tokens) ||
+           (int64_t)known >= context_limit(s);
+}
+
+/* Whether q's oldest part in flight belongs to step_id. */
+static bool seq_in_step(const struct seq *q, uint64_t step_id)
+{
+    return q->num_inflight > 0 && q->inflight[0].step_id == step_id;
+}
+
+int check_inflight(const struct scheduler *s, const char **why)
+{
+    const struct worker_link *w = &s->worker;
+    for (const struct seq *q = s->running.head; q; q = q->next) {
+        int32_t tokens = 0, samples = 0;
+        uint32_t k = 0; /* the next step in flight q's part may belong to */
+        for (int32_t i = 0; i < q->num_inflight; i++) {
+            const struct seq_inflight *part = &q->inflight[i];
+            while (k < w->num_steps &&
+                   w->steps[(w->step_head + k) % SCHEDULER_MAX_STEPS_IN_FLIGHT].step_id !=
+                       part->step_id)
+                k++;
+            if (k == w->num_steps || part->num_new < 1) {
+                *why = "a sequence's part in flight names no step in flight, or is out of order";
+                return -1;
+            }
+            k++;
+            tokens += part->num_new;
+            samples += part->samples;
+        }
+        if (q->num_scheduled != q->num_computed + tokens || q->pending_samples != samples ||
+            q->num_scheduled > q->num_tokens + samples ||
+            (int64_t)q->table.num_blocks * s->block_size < q->num_scheduled) {
+            *why = "a sequence's scheduled tokens, pending samples or table disagree with its "
+                   "parts in flight";
+            return -1;
+        }
+    }
+    return 0;
+}
+
 /* ---- messages out --------------------------------------------------------------------------- */
 
 static void send_worker(struct scheduler *s, uint32_t worker_id, Pagoda__Internal__ToWorker *m)
@@ -361,8 +442,8 @@ static void preempt(struct scheduler *s, struct seq *v)
     log_debug("preempting seq %llu (%d tokens)", (unsigned long long)v->seq_id, (int)v->num_tokens);
     unhash_seq_id(s, v);
     v->num_computed = 0;
-    v->inflight_new = 0;
-    v->inflight_samples = false;
+    v->sampled = false;
+    seq_clear_inflight(v);
     v->worker_knows = false;
     v->blocks_sent = 0;
     list_remove(&s->running, v);
@@ -378,6 +459,21 @@ static int64_t result_timeout(const struct scheduler *s)
     return (int64_t)s->cfg.result_timeout_ms << s->worker.timeout_backoff;
 }
 
+/* The time a step of num_tokens tokens may take once the worker could start it: the result
+ * timeout plus step_timeout_per_token_us per token, doubled as the result timeout is. */
+static int64_t step_timeout(const struct scheduler *s, int64_t num_tokens)
+{
+    int64_t extra = (int64_t)s->cfg.step_timeout_per_token_us * num_tokens / 1000;
+    return ((int64_t)s->cfg.result_timeout_ms + extra) << s->worker.timeout_backoff;
+}
+
+/* The silence the watchdog allows while the worker owes the answer to a step of num_tokens. */
+static int64_t watchdog_timeout(const struct scheduler *s, int64_t num_tokens)
+{
+    return (int64_t)s->cfg.watchdog_ms +
+           (int64_t)s->cfg.step_timeout_per_token_us * num_tokens / 1000;
+}
+
 /* ---- resync --------------------------------------------------------------------------------- */
 
 static void owe_from(struct worker_link *w, int64_t now_ms)
@@ -386,21 +482,15 @@ static void owe_from(struct worker_link *w, int64_t now_ms)
         w->owes_since_ms = now_ms;
 }
 
-/* Forgets the step in flight: its results, if any come, are ignored, and its tokens are
+/* Forgets the steps in flight: their results, if any come, are ignored, and their tokens are
  * computed again by later steps. */
 static void discard_inflight(struct scheduler *s)
 {
     struct worker_link *w = &s->worker;
-    if (w->state == LINK_STEP) {
-        for (uint32_t i = 0; i < w->step_num_seqs; i++) {
-            struct seq *q = find_seq_id(s, w->step_seq_ids[i]);
-            if (q != NULL) {
-                q->inflight_new = 0;
-                q->inflight_samples = false;
-            }
-        }
-    }
-    w->step_num_seqs = 0;
+    for (struct seq *q = s->running.head; q; q = q->next)
+        seq_clear_inflight(q);
+    w->num_steps = 0;
+    w->step_head = 0;
 }
 
 /* Sends a resync to the worker: discards the step in flight and snapshots every running
@@ -529,10 +619,11 @@ static void isolation_step_refused(struct scheduler *s, const Pagoda__Internal__
     struct worker_link *w = &s->worker;
     if (!w->fresh && !w->isolating)
         return;
+    const struct step_rec *rec = step_at(w, 0);
     uint32_t n = 0;
-    for (uint32_t i = 0; i < w->step_num_seqs; i++)
-        if (find_seq_id(s, w->step_seq_ids[i]) != NULL)
-            w->suspects[n++] = w->step_seq_ids[i];
+    for (uint32_t i = 0; i < rec->num_seqs; i++)
+        if (find_seq_id(s, rec->seq_ids[i]) != NULL)
+            w->suspects[n++] = rec->seq_ids[i];
     w->num_suspects = n;
     if (n == 0) {
         isolation_end(s, "the refused step's sequences are gone");
@@ -543,8 +634,7 @@ static void isolation_step_refused(struct scheduler *s, const Pagoda__Internal__
         log_warn("worker 0 refused step %llu right after a resync, and seq %llu alone: failing it",
                  (unsigned long long)r->step_id, (unsigned long long)q->seq_id);
         s->stats.isolated_seqs++;
-        q->inflight_new = 0;
-        q->inflight_samples = false;
+        seq_clear_inflight(q);
         seq_fail(s, q, r->error_code,
                  r->error_message != NULL ? r->error_message : "the worker refused its steps");
         isolation_end(s, "the culprit failed");
@@ -628,7 +718,7 @@ static int64_t blocks_owed(const struct scheduler *s)
 {
     int64_t owed = 0;
     for (struct seq *q = s->running.head; q; q = q->next) {
-        if (q->num_tokens - q->num_computed <= 1)
+        if (seq_remaining(q) <= 1)
             continue;
         int32_t need = block_count_for((int64_t)q->num_tokens + 1, s->block_size);
         if (need > q->table.num_blocks)
@@ -649,22 +739,23 @@ static void form_plan(struct scheduler *s)
         q->plan_index = -1;
         s->order[n++] = q;
     }
-    /* Decodes first: one token each. */
+    /* Decodes first: one token each (with a step in flight that samples q, the position of the
+     * token it samples: the worker reads that token from its own mirror). */
     for (uint32_t i = 0; i < n && s->budget > 0; i++) {
         struct seq *q = s->order[i];
-        if (q->state != SEQ_RUNNING || q->num_tokens - q->num_computed != 1 || !may_run(s, q))
+        if (q->state != SEQ_RUNNING || seq_remaining(q) != 1 || seq_waits(s, q) || !may_run(s, q))
             continue;
-        if (ensure_blocks(s, q, (int64_t)q->num_computed + 1))
+        if (ensure_blocks(s, q, (int64_t)q->num_scheduled + 1))
             plan_add(s, q, 1);
     }
-    /* Then the chunks of sequences still prefilling. */
+    /* Then the chunks of sequences still prefilling (after their chunk in flight, if any). */
     for (uint32_t i = 0; i < n && s->budget > 0; i++) {
         struct seq *q = s->order[i];
-        int32_t remaining = q->num_tokens - q->num_computed;
+        int32_t remaining = seq_remaining(q);
         if (q->state != SEQ_RUNNING || remaining <= 1 || !may_run(s, q))
             continue;
         int32_t chunk = remaining < s->budget ? remaining : s->budget;
-        if (ensure_blocks(s, q, (int64_t)q->num_computed + chunk))
+        if (ensure_blocks(s, q, (int64_t)q->num_scheduled + chunk))
             plan_add(s, q, chunk);
     }
     /* Then admissions, unless this step had to preempt or runs a probe: FIFO, except that a
@@ -694,6 +785,8 @@ static void form_plan(struct scheduler *s)
         if (q->owner)
             q->owner->running++;
         q->num_computed = 0;
+        q->sampled = false;
+        seq_clear_inflight(q);
         q->plan_index = -1;
         if (cache_take_match(s, q, hits) != 0) {
             preempt(s, q); /* out of memory for its table: try again later */
@@ -716,18 +809,28 @@ static void form_plan(struct scheduler *s)
         s->stats.peak_kv_usage = usage;
 }
 
-/* Forms and sends the next step when the worker is idle and there is work. */
-static void try_step(struct scheduler *s, int64_t now_ms)
+/* Forms and sends the next step when the worker is in sync, fewer than max_steps_in_flight steps
+ * are out (one while a refused step is being isolated), and there is work. Returns true when a
+ * step was sent. */
+static bool step_once(struct scheduler *s, int64_t now_ms)
 {
     struct worker_link *w = &s->worker;
-    if (w->state != LINK_IDLE)
-        return;
+    if (w->state == LINK_STEP) {
+        /* A resync waits for the steps out (the worker may still be computing them). Right
+         * after a resync, and while isolating, one step goes alone: a refused step is then the
+         * step's own fault, and its follower is not refused for nothing. */
+        if (w->num_steps >= (uint32_t)s->cfg.max_steps_in_flight || w->fresh || w->isolating ||
+            s->need_resync)
+            return false;
+    } else if (w->state != LINK_IDLE) {
+        return false;
+    }
     if (s->need_resync) {
         send_resync(s, now_ms, false);
-        return;
+        return false;
     }
     if (s->running.count == 0 && s->waiting.count == 0)
-        return;
+        return false;
     uint64_t cpu0 = cpu_now_ns();
     isolation_prune(s);
     form_plan(s);
@@ -736,10 +839,13 @@ static void try_step(struct scheduler *s, int64_t now_ms)
             if (s->plan[i].seq)
                 s->plan[i].seq->plan_index = -1;
         send_resync(s, now_ms, false);
-        return;
+        return false;
     }
     size_t n_new = 0, n_cont = 0;
-    w->step_num_seqs = 0;
+    struct step_rec *rec = step_at(w, w->num_steps);
+    rec->num_seqs = 0;
+    rec->num_tokens = 0;
+    uint64_t step_id = s->last_step_id + 1;
     for (uint32_t i = 0; i < s->plan_len; i++) {
         struct seq *q = s->plan[i].seq;
         if (q == NULL)
@@ -747,9 +853,8 @@ static void try_step(struct scheduler *s, int64_t now_ms)
         int32_t num_new = s->plan[i].num_new;
         cache_assert_writable(s, q, num_new);
         q->plan_index = -1;
-        q->inflight_new = num_new;
-        q->inflight_samples = q->num_computed + num_new == q->num_tokens;
-        w->step_seq_ids[w->step_num_seqs++] = q->seq_id;
+        rec->seq_ids[rec->num_seqs++] = q->seq_id;
+        rec->num_tokens += num_new;
         if (!q->worker_knows) {
             Pagoda__Internal__NewSequence *m = &s->new_msgs[n_new];
             pagoda__internal__new_sequence__init(m);
@@ -772,25 +877,34 @@ static void try_step(struct scheduler *s, int64_t now_ms)
             pagoda__internal__continuing_sequence__init(m);
             m->has_seq_id = m->has_num_computed_tokens = m->has_num_new_tokens = 1;
             m->seq_id = q->seq_id;
-            m->num_computed_tokens = q->num_computed;
+            m->num_computed_tokens = q->num_scheduled;
             m->num_new_tokens = num_new;
             m->n_appended_block_ids = (size_t)(q->table.num_blocks - q->blocks_sent);
             m->appended_block_ids = q->table.ids + q->blocks_sent;
             s->cont_ptrs[n_cont++] = m;
         }
         q->blocks_sent = q->table.num_blocks;
+        /* It samples when the chunk reaches the end of what it will know. */
+        bool samples = q->num_scheduled + num_new == seq_known(q);
+        q->inflight[q->num_inflight++] =
+            (struct seq_inflight){.step_id = step_id, .num_new = num_new, .samples = samples};
+        q->num_scheduled += num_new;
+        q->pending_samples += samples;
     }
-    if (w->step_num_seqs == 0) {
-        /* Nothing could run (every candidate was preempted): the preempted ids wait for the
-         * next step, the next tick tries again (without a probe that cannot run). */
-        isolation_end(s, "the probe cannot run");
+    if (rec->num_seqs == 0) {
+        /* Nothing could run (every candidate was preempted, or what runs is all in flight):
+         * the preempted ids wait for the next step, the next tick tries again (without a probe
+         * that cannot run). */
+        if (w->num_steps == 0)
+            isolation_end(s, "the probe cannot run");
         charge_cpu(s, cpu0);
-        return;
+        return false;
     }
     Pagoda__Internal__Step st = PAGODA__INTERNAL__STEP__INIT;
     st.has_epoch = st.has_step_id = 1;
     st.epoch = s->cfg.epoch;
-    st.step_id = ++s->last_step_id;
+    st.step_id = step_id;
+    s->last_step_id = step_id;
     st.n_new_seqs = n_new;
     st.new_seqs = s->new_ptrs;
     st.n_cont_seqs = n_cont;
@@ -804,8 +918,11 @@ static void try_step(struct scheduler *s, int64_t now_ms)
     m.step = &st;
     owe_from(w, now_ms);
     w->state = LINK_STEP;
-    w->step_id = st.step_id;
-    w->step_sent_ms = now_ms;
+    rec->step_id = step_id;
+    rec->start_ms = now_ms; /* for a step behind another: reset when that one is answered */
+    w->num_steps++;
+    if (w->num_steps > s->stats.peak_steps_in_flight)
+        s->stats.peak_steps_in_flight = w->num_steps;
     s->stats.steps++;
     send_worker(s, 0, &m);
     if (s->cfg.fault_dup_step != 0 && st.step_id == s->cfg.fault_dup_step) {
@@ -815,6 +932,14 @@ static void try_step(struct scheduler *s, int64_t now_ms)
     s->pending_finished.count = 0;
     s->pending_preempted.count = 0;
     charge_cpu(s, cpu0);
+    return true;
+}
+
+/* Sends steps while one may go out: with two in flight, step n+1 right behind step n. */
+static void try_step(struct scheduler *s, int64_t now_ms)
+{
+    for (int i = 0; i < SCHEDULER_MAX_STEPS_IN_FLIGHT && step_once(s, now_ms); i++)
+        ;
 }
 
 /* ---- results -------------------------------------------------------------------------------- */
@@ -862,9 +987,9 @@ static void clear_results(struct scheduler *s, const Pagoda__Internal__StepResul
     }
 }
 
-/* Checks a result of the step in flight against it: one token per sequence that samples (those
- * cancelled meanwhile aside), none for others, each inside the vocabulary. Marks each
- * sequence's token. Returns 0 or -1 with a reason in why. */
+/* Checks a result of the oldest step in flight against it: one token per sequence that samples
+ * in it (those ended or preempted meanwhile aside), none for others, each inside the
+ * vocabulary. Marks each sequence's token. Returns 0 or -1 with a reason in why. */
 static int check_result(struct scheduler *s, const Pagoda__Internal__StepResult *r,
                         const char **why)
 {
@@ -880,7 +1005,7 @@ static int check_result(struct scheduler *s, const Pagoda__Internal__StepResult 
             continue; /* cancelled while the step ran */
         if (failed) {
             /* Any sequence of the step may fail, sampling or not. */
-            if (q->inflight_new == 0 || q->has_result) {
+            if (!seq_in_step(q, r->step_id) || q->has_result) {
                 *why = "an error for a sequence not in the step, or two results";
                 return -1;
             }
@@ -889,7 +1014,7 @@ static int check_result(struct scheduler *s, const Pagoda__Internal__StepResult 
             q->result_error_message = res->error_message;
             continue;
         }
-        if (!q->inflight_samples || q->has_result) {
+        if (!seq_in_step(q, r->step_id) || !q->inflight[0].samples || q->has_result) {
             *why = "a token for a sequence that did not sample, or two";
             return -1;
         }
@@ -902,9 +1027,10 @@ static int check_result(struct scheduler *s, const Pagoda__Internal__StepResult 
         q->result_token = res->token_id;
         q->result_logprob = res->has_logprob ? res->logprob : 0.0f;
     }
-    for (uint32_t i = 0; i < s->worker.step_num_seqs; i++) {
-        struct seq *q = find_seq_id(s, s->worker.step_seq_ids[i]);
-        if (q != NULL && q->inflight_samples && !q->has_result) {
+    const struct step_rec *rec = step_at(&s->worker, 0);
+    for (uint32_t i = 0; i < rec->num_seqs; i++) {
+        struct seq *q = find_seq_id(s, rec->seq_ids[i]);
+        if (q != NULL && seq_in_step(q, rec->step_id) && q->inflight[0].samples && !q->has_result) {
             *why = "no token for a sequence that sampled";
             return -1;
         }
@@ -912,46 +1038,63 @@ static int check_result(struct scheduler *s, const Pagoda__Internal__StepResult 
     return 0;
 }
 
-/* Counts q's tokens of the acknowledged step as decode (one token after all the known ones but
- * the last, which q sampled) or prefill (scheduler_stats). */
-static void count_work(struct scheduler *s, const struct seq *q)
+/* Counts q's num_new tokens of the acknowledged step as decode (one token after all the known
+ * ones but the last, which q sampled) or prefill (scheduler_stats). */
+static void count_work(struct scheduler *s, const struct seq *q, int32_t num_new)
 {
-    if (q->inflight_new == 1 && q->num_computed + 1 == q->num_tokens &&
+    if (num_new == 1 && q->num_computed + 1 == q->num_tokens &&
         q->num_tokens > q->num_prompt_tokens)
         s->stats.decode_tokens++;
     else
-        s->stats.prefill_tokens += (uint64_t)q->inflight_new;
+        s->stats.prefill_tokens += (uint64_t)num_new;
 }
 
+/* Applies the result of the oldest step in flight (checked by check_result): tokens to the
+ * router, stop conditions, the step's blocks acknowledged. Then the next step may go out. */
 static void apply_result(struct scheduler *s, const Pagoda__Internal__StepResult *r, int64_t now_ms)
 {
     struct worker_link *w = &s->worker;
+    struct step_rec *rec = step_at(w, 0);
     block_manager_ack(s->bm, r->step_id);
     if (r->has_computed_tokens)
         s->stats.computed_tokens = r->computed_tokens;
-    w->state = LINK_IDLE;
+    if (r->has_steps_run && r->steps_run > 0) {
+        s->stats.worker_step_wall_us = r->wall_us_total / (double)r->steps_run;
+        s->stats.worker_step_device_us = r->device_us_total / (double)r->steps_run;
+    }
     w->fresh = false;
     isolation_step_accepted(s);
+    /* Tokens of sequences that ended (a stop found in an earlier step's result, a cancel) or were
+     * preempted after the step was sent: computed for nothing, told to nobody. */
+    for (size_t i = 0; i < r->n_results; i++) {
+        const Pagoda__Internal__SeqResult *res = r->results[i];
+        if (res->has_token_id && !(res->has_error_code && res->error_code != 0) &&
+            find_seq_id(s, res->seq_id) == NULL)
+            s->stats.discarded_tokens++;
+    }
     size_t n_ev = 0;
-    for (uint32_t i = 0; i < w->step_num_seqs; i++) {
-        struct seq *q = find_seq_id(s, w->step_seq_ids[i]);
-        if (q == NULL)
+    for (uint32_t i = 0; i < rec->num_seqs; i++) {
+        struct seq *q = find_seq_id(s, rec->seq_ids[i]);
+        if (q == NULL || !seq_in_step(q, rec->step_id))
             continue;
+        struct seq_inflight part = q->inflight[0];
+        q->num_inflight--;
+        memmove(q->inflight, q->inflight + 1, (size_t)q->num_inflight * sizeof(*q->inflight));
         if (q->has_result && q->result_error != 0) {
-            /* The worker failed it: nothing of this step counts for it, and it ends. */
-            q->inflight_new = 0;
-            q->inflight_samples = false;
+            /* The worker failed it: nothing of this step counts for it, and it ends (a later
+             * step in flight that holds it is answered for nothing). */
+            seq_clear_inflight(q);
             q->has_result = false;
             seq_fail(s, q, q->result_error, q->result_error_message);
             continue;
         }
-        count_work(s, q);
-        q->num_computed += q->inflight_new;
-        q->inflight_new = 0;
+        count_work(s, q, part.num_new);
+        q->num_computed += part.num_new;
         cache_publish(s, q);
-        if (!q->inflight_samples)
+        if (!part.samples)
             continue;
-        q->inflight_samples = false;
+        q->pending_samples--;
+        q->sampled = true;
         q->has_result = false;
         uint32_t offset = (uint32_t)(q->num_tokens - q->num_prompt_tokens);
         struct event_slot *slot = &s->ev_slots[n_ev];
@@ -990,7 +1133,12 @@ static void apply_result(struct scheduler *s, const Pagoda__Internal__StepResult
         }
     }
     send_events(s, s->ev_ptrs, n_ev);
-    w->step_num_seqs = 0;
+    w->step_head = (w->step_head + 1) % SCHEDULER_MAX_STEPS_IN_FLIGHT;
+    w->num_steps--;
+    if (w->num_steps == 0)
+        w->state = LINK_IDLE;
+    else
+        step_at(w, 0)->start_ms = now_ms; /* the worker starts the next one now */
     try_step(s, now_ms);
 }
 
@@ -1004,17 +1152,24 @@ static void on_step_result(struct scheduler *s, const Pagoda__Internal__StepResu
         return;
     }
     if (r->has_error_code && r->error_code != 0) {
+        if (w->state == LINK_RESYNCING) {
+            /* The resync on its way repairs it (with two steps in flight: the refused step's
+             * follower, which the worker refuses for its step id). */
+            s->stats.ignored_messages++;
+            log_debug("worker 0 refused step %llu while a resync is on its way: %s (%d)",
+                      (unsigned long long)r->step_id, r->error_message ? r->error_message : "",
+                      (int)r->error_code);
+            return;
+        }
         s->stats.refused_steps++;
         log_warn("worker 0 refused step %llu: %s (%d)", (unsigned long long)r->step_id,
                  r->error_message ? r->error_message : "", (int)r->error_code);
-        if (w->state == LINK_RESYNCING)
-            return; /* the resync on its way repairs it */
-        if (w->state == LINK_STEP && r->step_id == w->step_id)
+        if (w->state == LINK_STEP && r->step_id == step_at(w, 0)->step_id)
             isolation_step_refused(s, r);
         send_resync(s, now_ms, false);
         return;
     }
-    if (w->state != LINK_STEP || r->step_id != w->step_id) {
+    if (w->state != LINK_STEP || r->step_id < step_at(w, 0)->step_id) {
         s->stats.ignored_messages++;
         if (r->step_id == w->timed_out_step) {
             w->timed_out_step = 0;
@@ -1025,6 +1180,14 @@ static void on_step_result(struct scheduler *s, const Pagoda__Internal__StepResu
                      (unsigned long long)r->step_id, (long long)(now_ms - w->timed_out_at_ms),
                      (long long)result_timeout(s));
         }
+        return;
+    }
+    if (r->step_id != step_at(w, 0)->step_id) {
+        /* A later step's result first: the oldest one's was lost (or the worker skipped it). */
+        s->stats.malformed_messages++;
+        log_warn("worker 0: result of step %llu while step %llu's is missing; resync",
+                 (unsigned long long)r->step_id, (unsigned long long)step_at(w, 0)->step_id);
+        send_resync(s, now_ms, false);
         return;
     }
     uint64_t cpu0 = cpu_now_ns();
@@ -1390,6 +1553,13 @@ static void on_stats_request(struct scheduler *s, const Pagoda__Internal__StatsR
     ps.prefix_hit_tokens = st.prefix_hit_tokens;
     ps.evictions = st.evictions;
     ps.pinned_blocks = st.pinned_blocks;
+    ps.has_steps_in_flight = ps.has_peak_steps_in_flight = ps.has_discarded_tokens = 1;
+    ps.steps_in_flight = st.steps_in_flight;
+    ps.peak_steps_in_flight = st.peak_steps_in_flight;
+    ps.discarded_tokens = st.discarded_tokens;
+    ps.has_worker_step_wall_us = ps.has_worker_step_device_us = 1;
+    ps.worker_step_wall_us = st.worker_step_wall_us;
+    ps.worker_step_device_us = st.worker_step_device_us;
     ps.has_prefill_tokens = ps.has_decode_tokens = ps.has_locality = 1;
     ps.has_locality_run_length = 1;
     ps.prefill_tokens = st.prefill_tokens;
@@ -1520,9 +1690,15 @@ void scheduler_tick(struct scheduler *s, int64_t now_ms)
         return;
     case LINK_STEP:
     case LINK_RESYNCING: {
-        int64_t sent = w->state == LINK_STEP ? w->step_sent_ms : w->resync_sent_ms;
+        /* The oldest step in flight is the one the worker is on: its timeouts count from when
+         * it could start, and grow with its tokens. */
+        bool step = w->state == LINK_STEP;
+        const struct step_rec *rec = step ? step_at(w, 0) : NULL;
+        int64_t sent = step ? rec->start_ms : w->resync_sent_ms;
+        int64_t timeout = step ? step_timeout(s, rec->num_tokens) : result_timeout(s);
+        int64_t watchdog = watchdog_timeout(s, step ? rec->num_tokens : 0);
         int64_t quiet_since = w->last_rx_ms > w->owes_since_ms ? w->last_rx_ms : w->owes_since_ms;
-        if (!w->hung_reported && now_ms - quiet_since >= s->cfg.watchdog_ms) {
+        if (!w->hung_reported && now_ms - quiet_since >= watchdog) {
             w->hung_reported = true;
             s->stats.hung_reports++;
             log_error("worker 0 (pid %d) silent for %lld ms while owing an answer: hung",
@@ -1533,18 +1709,20 @@ void scheduler_tick(struct scheduler *s, int64_t now_ms)
             ctl.hung_worker_pid = w->pid;
             send_supervisor(s, &ctl);
         }
-        if (now_ms - sent >= result_timeout(s)) {
+        if (now_ms - sent >= timeout) {
             s->stats.result_timeouts++;
-            if (w->state == LINK_STEP) {
-                w->timed_out_step = w->step_id;
+            if (step) {
+                w->timed_out_step = rec->step_id;
                 w->timed_out_at_ms = now_ms;
             }
-            log_warn("worker 0: %s %llu unanswered for %lld ms; resync",
-                     w->state == LINK_STEP ? "step" : "resync",
-                     (unsigned long long)(w->state == LINK_STEP ? w->step_id : w->resync_id),
+            log_warn("worker 0: %s %llu unanswered for %lld ms; resync", step ? "step" : "resync",
+                     (unsigned long long)(step ? rec->step_id : w->resync_id),
                      (long long)(now_ms - sent));
             send_resync(s, now_ms, false);
+            return;
         }
+        if (step)
+            try_step(s, now_ms); /* a second step, when the first went out alone */
         return;
     }
     case LINK_IDLE:
@@ -1564,6 +1742,8 @@ void scheduler_config_default(struct scheduler_config *cfg)
     cfg->max_queued = SCHEDULER_DEFAULT_MAX_QUEUED;
     cfg->result_timeout_ms = SCHEDULER_DEFAULT_RESULT_TIMEOUT_MS;
     cfg->watchdog_ms = SCHEDULER_DEFAULT_WATCHDOG_MS;
+    cfg->max_steps_in_flight = SCHEDULER_DEFAULT_STEPS_IN_FLIGHT;
+    cfg->step_timeout_per_token_us = SCHEDULER_DEFAULT_STEP_TIMEOUT_PER_TOKEN_US;
     cfg->prefix_cache = 1;
 }
 
@@ -1590,6 +1770,14 @@ static int check_config(const struct scheduler_config *c)
         c->watchdog_ms < 1 || c->watchdog_ms > SCHEDULER_MAX_TIMEOUT_MS)
         return pagoda_error_set(PAGODA_ERANGE, "scheduler: timeouts must lie in [1, %d] ms",
                                 SCHEDULER_MAX_TIMEOUT_MS);
+    if (c->max_steps_in_flight < 1 || c->max_steps_in_flight > SCHEDULER_MAX_STEPS_IN_FLIGHT)
+        return pagoda_error_set(PAGODA_ERANGE, "scheduler: max_steps_in_flight %d outside [1, %d]",
+                                (int)c->max_steps_in_flight, SCHEDULER_MAX_STEPS_IN_FLIGHT);
+    if (c->step_timeout_per_token_us < 0 ||
+        c->step_timeout_per_token_us > SCHEDULER_MAX_STEP_TIMEOUT_PER_TOKEN_US)
+        return pagoda_error_set(
+            PAGODA_ERANGE, "scheduler: step_timeout_per_token_us %d outside [0, %d]",
+            (int)c->step_timeout_per_token_us, SCHEDULER_MAX_STEP_TIMEOUT_PER_TOKEN_US);
     int rc = kv_geometry_validate(&c->geometry);
     if (rc != 0)
         return rc;
@@ -1622,7 +1810,9 @@ int scheduler_open(const struct scheduler_config *cfg, const struct scheduler_io
     size_t m = (size_t)cfg->max_seqs;
     s->req_buckets = calloc(buckets, sizeof(*s->req_buckets));
     s->id_buckets = calloc(buckets, sizeof(*s->id_buckets));
-    s->worker.step_seq_ids = calloc(m, sizeof(uint64_t));
+    bool steps_ok = true;
+    for (int i = 0; i < SCHEDULER_MAX_STEPS_IN_FLIGHT; i++)
+        steps_ok &= (s->worker.steps[i].seq_ids = calloc(m, sizeof(uint64_t))) != NULL;
     s->worker.suspects = calloc(m, sizeof(uint64_t));
     s->pending_finished.ids = calloc(2 * m, sizeof(uint64_t));
     s->pending_preempted.ids = calloc(2 * m, sizeof(uint64_t));
@@ -1638,7 +1828,7 @@ int scheduler_open(const struct scheduler_config *cfg, const struct scheduler_io
     s->ev_msgs = calloc(m, sizeof(*s->ev_msgs));
     s->ev_ptrs = calloc(m, sizeof(*s->ev_ptrs));
     s->ev_slots = calloc(m, sizeof(*s->ev_slots));
-    if (!s->req_buckets || !s->id_buckets || !s->worker.step_seq_ids || !s->worker.suspects ||
+    if (!s->req_buckets || !s->id_buckets || !steps_ok || !s->worker.suspects ||
         !s->pending_finished.ids || !s->pending_preempted.ids || !s->plan || !s->order ||
         !s->new_msgs || !s->new_ptrs || !s->cont_msgs || !s->cont_ptrs || !s->sp_msgs ||
         !s->snap_msgs || !s->snap_ptrs || !s->ev_msgs || !s->ev_ptrs || !s->ev_slots) {
@@ -1679,7 +1869,8 @@ void scheduler_close(struct scheduler *s)
     block_manager_close(s->bm);
     free(s->req_buckets);
     free(s->id_buckets);
-    free(s->worker.step_seq_ids);
+    for (int i = 0; i < SCHEDULER_MAX_STEPS_IN_FLIGHT; i++)
+        free(s->worker.steps[i].seq_ids);
     free(s->worker.suspects);
     free(s->pending_finished.ids);
     free(s->pending_preempted.ids);
@@ -1711,4 +1902,5 @@ void scheduler_get_stats(const struct scheduler *s, struct scheduler_stats *out)
     out->ready = s->ready_sent;
     out->result_timeout_ms = result_timeout(s);
     out->pool_id = s->cfg.geometry.pool_id;
+    out->steps_in_flight = s->worker.num_steps;
 }

@@ -24,13 +24,35 @@
  * seq_id; the request id and output offsets are unchanged). A step that preempted admits
  * nobody.
  *
- * One step is in flight at a time for now; steps carry (epoch, step_id) and step ids are never
- * reused (a resync continues the numbering), so nothing depends on lock-step. A StepResult
- * is applied only when its epoch and step id match the step in flight; others are ignored and
- * counted (stats.ignored_messages). An error StepResult of this epoch for any step already sent
- * (the worker refused a step) triggers a resync, as do a malformed message on a worker link, a
- * result that breaks the protocol (a token for a sequence that did not sample, a missing token,
- * a token outside the vocabulary), and a step or resync unanswered for result_timeout_ms.
+ * Steps in flight (cfg.max_steps_in_flight, 1 or 2; 2 by default). With 2 the scheduler forms and
+ * sends step n+1 as soon as step n is sent, from what step n will have written: every sequence
+ * that samples in step n decodes its next position in step n+1 (the worker decodes from its own
+ * sampled token: ContinuingSequence carries none), a prefill continues after its chunk in flight,
+ * and the blocks are allocated for those positions. Two exceptions wait for step n's result: a
+ * sequence whose token of step n will end it by length (max_tokens, the context), and a sequence's
+ * first sample since its admission (where the worker finds what is wrong with a sequence and fails
+ * it alone: a step sent behind would continue a sequence the worker dropped, which a worker
+ * refuses whole). A sequence that a stop token (EOS, a stop id) ends in step n has its token of
+ * step n+1 discarded, never sent to the router (at most one wasted token per request:
+ * stats.discarded_tokens); a sequence the worker fails in a later step costs, with a worker that
+ * refuses a step continuing it, one resync. When step n's result arrives while step n+1 is out,
+ * step n+2 is formed. Right after a resync (until a step is accepted), while a refused step is
+ * being isolated, and with max_steps_in_flight 1, one step is in flight at a time (lock-step).
+ * Steps carry (epoch, step_id) and step ids are never reused (a resync continues the numbering).
+ * Results are applied in the order the steps were sent: a result of the oldest outstanding step is
+ * applied; one of a later outstanding step (the oldest's result is missing or out of order)
+ * triggers a resync; others (older, another epoch) are ignored and counted
+ * (stats.ignored_messages). An error StepResult of this epoch for any step already sent (the
+ * worker refused a step) triggers a resync, as do a malformed message on a worker link, a result
+ * that breaks the protocol (a token for a sequence that did not sample, a missing token, a token
+ * outside the vocabulary), and a step or resync unanswered for its timeout.
+ *
+ * Step timeouts scale with the step's work: the oldest outstanding step must be answered within
+ * result_timeout_ms + step_timeout_per_token_us * (its tokens) / 1000, counted from when it could
+ * start (when it was sent, or for a step sent behind another, when the previous step's result
+ * arrived); a resync within result_timeout_ms. So a slow worker (the sanitizer build's CPU worker
+ * on a step of thousands of prompt tokens) is not resynced in a loop that never catches up. The
+ * watchdog allows the same per-token time on top of watchdog_ms for the step the worker is on.
  *
  * Errors of one sequence never stall the others. A SeqResult with an error_code (the worker
  * failed that sequence alone: its logits, its sampling, its length or ids) ends that request
@@ -49,7 +71,7 @@
  * resynced and replayed forever.
  *
  * Resync: Resync{epoch, resync_id, next_step_id = last step id sent + 1, seqs} with a snapshot
- * of every running sequence as acknowledged: num_computed_tokens excludes the step in flight,
+ * of every running sequence as acknowledged: num_computed_tokens excludes the steps in flight,
  * whose results are discarded and recomputed by later steps. Until the worker's first Hello the
  * scheduler announces itself every SCHEDULER_ANNOUNCE_MS with an empty resync of its epoch
  * (not counted in stats.resyncs): a worker that outlived the previous scheduler learns the new
@@ -73,9 +95,11 @@
  * the pool) recomputes nothing. A ResyncDone naming another pool is ignored.
  *
  * Blocks are freed only once no step in flight can write them (block_manager.h): a finished,
- * cancelled or preempted sequence's blocks are fenced on the last step sent and return to the
- * free list when that step's result, or a later ResyncDone, arrives. Finished and cancelled
- * sequences the worker knows are named in the next step's finished_seq_ids.
+ * cancelled or preempted sequence's blocks are fenced on the last step sent (with two steps in
+ * flight, the later one) and return to the free list when that step's result, or a later
+ * ResyncDone, arrives. Finished and cancelled sequences the worker knows are named in the next
+ * step's finished_seq_ids; a sequence that ended while a step holding it is in flight is still
+ * computed by that step (its result is ignored).
  *
  * Stop conditions, checked on each sampled token in this order: an EOS id from the worker's
  * Hello (unless ignore_eos) or one of the request's stop ids: FINISH_STOP; max_tokens output
@@ -146,6 +170,19 @@
 #define SCHEDULER_DEFAULT_MAX_QUEUED 4096
 #define SCHEDULER_DEFAULT_RESULT_TIMEOUT_MS 2000
 #define SCHEDULER_DEFAULT_WATCHDOG_MS 10000
+/* Steps sent before the previous one's result arrives: 1 (lock-step) or 2 (the default: the
+ * scheduler's work and the round trip overlap the worker's step). */
+#define SCHEDULER_MAX_STEPS_IN_FLIGHT 2
+#define SCHEDULER_DEFAULT_STEPS_IN_FLIGHT 2
+/* Time a step may take per token it computes, on top of result_timeout_ms (and watchdog_ms).
+ * The release build's CPU worker prefills 2000 tokens of the tiny model in one step in about
+ * 3.5 s on a loaded 2-core machine (1.75 ms per token; pagoda-run --max-batched-tokens 2048),
+ * the sanitizer build's in about 34 s (17 ms per token: give it --step-timeout-per-token-us
+ * 20000 or more); a GPU is thousands of times faster. 5 ms per token lets a 2048-token step take
+ * 2 s + 10.2 s before it is resynced, while a lost step or result is still found at once by
+ * the next step's answer (two steps in flight). 0: the fixed timeout alone. */
+#define SCHEDULER_DEFAULT_STEP_TIMEOUT_PER_TOKEN_US 5000
+#define SCHEDULER_MAX_STEP_TIMEOUT_PER_TOKEN_US 1000000
 /* Upper limits of the configuration values above. */
 #define SCHEDULER_MAX_BATCHED_TOKENS_LIMIT (1 << 20)
 #define SCHEDULER_MAX_SEQS_LIMIT 65536
@@ -175,13 +212,15 @@
 #define SCHEDULER_MAX_POSITIONS (1 << 24)
 
 struct scheduler_config {
-    uint64_t epoch;              /* this scheduler's epoch; must not be 0 */
-    int32_t num_workers;         /* 1 */
-    int32_t max_batched_tokens;  /* tokens per step, decode and prefill; >= max_seqs */
-    int32_t max_seqs;            /* running (admitted) sequences, hence sequences per step */
-    int32_t max_queued;          /* running + waiting sequences; >= max_seqs */
-    int32_t result_timeout_ms;   /* a step or resync unanswered this long is resynced */
-    int32_t watchdog_ms;         /* a silent worker owing an answer this long is reported */
+    uint64_t epoch;                    /* this scheduler's epoch; must not be 0 */
+    int32_t num_workers;               /* 1 */
+    int32_t max_batched_tokens;        /* tokens per step, decode and prefill; >= max_seqs */
+    int32_t max_seqs;                  /* running (admitted) sequences, hence sequences per step */
+    int32_t max_queued;                /* running + waiting sequences; >= max_seqs */
+    int32_t result_timeout_ms;         /* a step or resync unanswered this long is resynced */
+    int32_t watchdog_ms;               /* a silent worker owing an answer this long is reported */
+    int32_t max_steps_in_flight;       /* 1 or 2 (SCHEDULER_MAX_STEPS_IN_FLIGHT) */
+    int32_t step_timeout_per_token_us; /* added to both timeouts per token of the step */
     int prefix_cache;            /* 1: look prompts up in the prefix cache and publish blocks */
     uint64_t fault_dup_step;     /* tests: send this step id twice (0: off) */
     struct kv_geometry geometry; /* the pool, as kvpool reports it */
@@ -229,7 +268,8 @@ struct scheduler_stats {
     double step_cpu_us; /* mean thread CPU time per step: forming it and handling its result */
     /* Beyond the proto. */
     uint64_t ignored_messages;  /* results and ResyncDones of another epoch, step or resync */
-    uint64_t refused_steps;     /* StepResults with an error code */
+    uint64_t refused_steps;     /* StepResults with an error code (but while a resync is on its
+                                   way: those are ignored_messages) */
     uint64_t failed_seqs;       /* sequences ended by an error of their own in a step */
     uint64_t isolated_seqs;     /* of them, found by isolating a refused step */
     uint64_t result_timeouts;   /* steps or resyncs unanswered for result_timeout_ms */
@@ -241,7 +281,14 @@ struct scheduler_stats {
     uint64_t pool_id;           /* the pool the block table describes now */
     int32_t deferred_blocks;    /* blocks waiting for a step to be acknowledged */
     int64_t result_timeout_ms;  /* in force now (see SCHEDULER_MAX_TIMEOUT_BACKOFF) */
-    int ready;                  /* the worker answered a resync (Control{ready} was sent) */
+    uint32_t steps_in_flight;   /* steps sent and not answered now */
+    uint32_t peak_steps_in_flight;
+    uint64_t discarded_tokens; /* sampled tokens dropped: their sequence ended or was preempted
+                                  while the step ran (a stop found one step late, a cancel) */
+    /* The current worker's mean wall and device time per step (its StepResult totals over its
+     * steps run), microseconds; 0 until it reports them. */
+    double worker_step_wall_us, worker_step_device_us;
+    int ready; /* the worker answered a resync (Control{ready} was sent) */
 };
 
 struct scheduler;

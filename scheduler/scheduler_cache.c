@@ -218,6 +218,7 @@ int cache_take_match(struct scheduler *s, struct seq *q, int32_t n)
         q->entries[i] = s->match[i];
     }
     q->num_computed = n * s->block_size;
+    q->num_scheduled = q->num_computed;
     q->num_published = n;
     if (!q->looked_up && q->pin == NULL) {
         q->looked_up = true;
@@ -311,15 +312,15 @@ void cache_assert_writable(const struct scheduler *s, const struct seq *q, int32
 {
     if (num_new <= 0)
         return;
-    int32_t first = q->num_computed / s->block_size;
-    int32_t last = (q->num_computed + num_new - 1) / s->block_size;
+    int32_t first = q->num_scheduled / s->block_size;
+    int32_t last = (q->num_scheduled + num_new - 1) / s->block_size;
     for (int32_t b = first; b <= last && b < q->table.num_blocks; b++) {
         if ((b < q->cap_entries && q->entries[b] != NULL) ||
             block_manager_refcount(s->bm, q->table.ids[b]) != 1) {
             log_error("scheduler: BUG: seq %llu would write positions [%d, %d) into block %d, "
                       "which is cached or shared (%d references)",
-                      (unsigned long long)q->seq_id, (int)q->num_computed,
-                      (int)(q->num_computed + num_new), (int)q->table.ids[b],
+                      (unsigned long long)q->seq_id, (int)q->num_scheduled,
+                      (int)(q->num_scheduled + num_new), (int)q->table.ids[b],
                       (int)block_manager_refcount(s->bm, q->table.ids[b]));
             abort();
         }
@@ -784,7 +785,7 @@ void cache_stats(const struct scheduler *s, struct scheduler_stats *out)
     int64_t slots = 0, held = 0;
     for (const struct seq *q = s->running.head; q; q = q->next) {
         int64_t n = (int64_t)q->table.num_blocks * s->block_size;
-        int64_t t = (int64_t)q->num_computed + q->inflight_new;
+        int64_t t = q->num_scheduled;
         slots += n;
         held += t < n ? t : n;
     }
@@ -839,6 +840,8 @@ int scheduler_check_invariants(const struct scheduler *s, const char **why)
         *why = "the tenants' running counts differ from the running sequences";
         goto out;
     }
+    if (check_inflight(s, why) != 0)
+        goto out;
     for (const struct seq *q = s->waiting.head; q; q = q->next) {
         if (q->table.num_blocks != 0) {
             *why = "a waiting sequence holds blocks";

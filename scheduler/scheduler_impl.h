@@ -20,9 +20,17 @@ struct sched_pin;
 
 enum seq_state { SEQ_WAITING, SEQ_RUNNING };
 
+/* q's part of one step in flight. */
+struct seq_inflight {
+    uint64_t step_id;
+    int32_t num_new;
+    bool samples;
+};
+
 /* One request. tokens holds everything known, prompt then output; num_computed of them are in
- * the pool as acknowledged by the worker, inflight_new more are being computed by the step in
- * flight. */
+ * the pool as acknowledged by the worker. inflight lists q's parts of the steps in flight, oldest
+ * first: after them the worker will have computed num_scheduled positions and sampled
+ * pending_samples more tokens than the scheduler knows (the next step decodes from them). */
 struct seq {
     uint8_t request_id[SCHEDULER_REQUEST_ID_BYTES];
     uint64_t seq_id; /* this admission's id (the worker's key); 0 while waiting */
@@ -31,8 +39,11 @@ struct seq {
     int32_t num_tokens, cap_tokens;
     int32_t num_prompt_tokens;
     int32_t num_computed;
-    int32_t inflight_new;
-    bool inflight_samples;
+    int32_t num_scheduled;   /* num_computed + the tokens of the steps in flight */
+    int32_t pending_samples; /* steps in flight in which q samples */
+    struct seq_inflight inflight[SCHEDULER_MAX_STEPS_IN_FLIGHT];
+    int32_t num_inflight;
+    bool sampled;          /* a step in which it sampled was accepted since its admission */
     bool worker_knows;     /* sent as new or in a snapshot since the worker's mirror was reset */
     int32_t blocks_sent;   /* how much of table the worker knows */
     int64_t vocab_checked; /* the vocabulary the tokens were checked against (0: not yet) */
@@ -94,7 +105,17 @@ enum link_state {
     LINK_NEED_HELLO, /* no Hello yet: announce the epoch now and then */
     LINK_RESYNCING,  /* a resync is outstanding */
     LINK_IDLE,       /* in sync, no step in flight */
-    LINK_STEP,       /* a step is in flight */
+    LINK_STEP,       /* one or more steps are in flight */
+};
+
+/* A step sent and not answered. start_ms: when the worker could start it (sent, or the previous
+ * step's result for a step sent behind another): its timeout counts from there. */
+struct step_rec {
+    uint64_t step_id;
+    int64_t start_ms;
+    int64_t num_tokens;
+    uint64_t *seq_ids; /* [max_seqs] */
+    uint32_t num_seqs;
 };
 
 struct worker_link {
@@ -114,16 +135,16 @@ struct worker_link {
     int64_t resync_sent_ms;
     bool announced;
     int64_t announce_ms;
-    uint64_t step_id; /* in flight */
-    int64_t step_sent_ms;
+    /* The steps in flight, oldest first: steps[(step_head + i) % SCHEDULER_MAX_STEPS_IN_FLIGHT]
+     * for i < num_steps. */
+    struct step_rec steps[SCHEDULER_MAX_STEPS_IN_FLIGHT];
+    uint32_t step_head, num_steps;
     /* A slow worker is not a lost step: when the result of a step that timed out arrives
      * after all, the timeout doubles (up to SCHEDULER_MAX_TIMEOUT_BACKOFF times) for the rest
      * of this worker process's life, so that a long step cannot be resynced forever. */
     uint64_t timed_out_step;
     int64_t timed_out_at_ms;
     int timeout_backoff;
-    uint64_t *step_seq_ids; /* the sequences of the step in flight */
-    uint32_t step_num_seqs;
     /* A step refused right after a resync (fresh) is not the mirror's divergence but the step's
      * own fault: it is never sent again as is. The scheduler isolates the culprit: the next
      * steps run only a probe, the first half of the suspects (the refused step's sequences);
@@ -238,6 +259,11 @@ void seq_remove(struct scheduler *s, struct seq *q);
 /* A waiting sequence for tokens (n of them, all prompt), not yet listed anywhere; NULL when out
  * of memory. */
 struct seq *seq_new(const int32_t *tokens, int32_t n);
+
+/* Tests: each running sequence's parts in flight against the steps in flight (in order, one per
+ * step at most, adding up to num_scheduled and pending_samples, with the table covering them).
+ * Returns 0, or -1 with a reason in *why. */
+int check_inflight(const struct scheduler *s, const char **why);
 
 /* Sends m to the router with protocol version and epoch set. */
 void send_router(struct scheduler *s, Pagoda__Internal__ToRouter *m);

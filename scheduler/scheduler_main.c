@@ -2,6 +2,7 @@
  *
  *   pagoda-scheduler --run-dir DIR [--workers 1] [--max-batched-tokens 2048] [--max-seqs 256]
  *                    [--max-queued 4096] [--result-timeout-ms 2000] [--watchdog-ms 10000]
+ *                    [--max-steps-in-flight 2] [--step-timeout-per-token-us 5000]
  *                    [--epoch E] [--fault dup-step=N] [--log-level info]
  *
  * Start: asks kvpool for the pool's geometry (REQ to ipc://DIR/kvpool.ipc, retried for up to
@@ -63,7 +64,8 @@ static void usage(FILE *f)
 {
     fprintf(f, "usage: pagoda-scheduler --run-dir DIR [--workers 1] [--max-batched-tokens N]\n"
                "         [--max-seqs N] [--max-queued N] [--result-timeout-ms MS]\n"
-               "         [--watchdog-ms MS] [--epoch E] [--fault dup-step=N]\n"
+               "         [--watchdog-ms MS] [--max-steps-in-flight 1|2]\n"
+               "         [--step-timeout-per-token-us US] [--epoch E] [--fault dup-step=N]\n"
                "         [--prefix-cache on|off] [--log-level debug|info|warn|error]\n");
 }
 
@@ -208,6 +210,12 @@ static int parse_flags(int argc, char **argv, struct scheduler_config *cfg, cons
         } else if (strcmp(flag, "--watchdog-ms") == 0) {
             if ((rc = parse_i64(flag, v, 1, SCHEDULER_MAX_TIMEOUT_MS, &x)) == 0)
                 cfg->watchdog_ms = (int32_t)x;
+        } else if (strcmp(flag, "--max-steps-in-flight") == 0) {
+            if ((rc = parse_i64(flag, v, 1, SCHEDULER_MAX_STEPS_IN_FLIGHT, &x)) == 0)
+                cfg->max_steps_in_flight = (int32_t)x;
+        } else if (strcmp(flag, "--step-timeout-per-token-us") == 0) {
+            if ((rc = parse_i64(flag, v, 0, SCHEDULER_MAX_STEP_TIMEOUT_PER_TOKEN_US, &x)) == 0)
+                cfg->step_timeout_per_token_us = (int32_t)x;
         } else if (strcmp(flag, "--epoch") == 0) {
             if ((rc = parse_i64(flag, v, 1, INT64_MAX, &x)) == 0)
                 cfg->epoch = (uint64_t)x;
@@ -306,9 +314,10 @@ int main(int argc, char **argv)
     nng_close(app.worker_sock);
     struct scheduler_stats st;
     scheduler_get_stats(app.sched, &st);
-    log_info("exit: %" PRIu64 " steps, %" PRIu64 " resyncs, %" PRIu64 " preemptions, "
-             "%.1f us CPU per step",
-             st.steps, st.resyncs, st.preemptions, st.step_cpu_us);
+    log_info("exit: %" PRIu64 " steps (at most %u in flight), %" PRIu64 " resyncs, %" PRIu64
+             " preemptions, %" PRIu64 " tokens discarded, %.1f us CPU per step",
+             st.steps, st.peak_steps_in_flight, st.resyncs, st.preemptions, st.discarded_tokens,
+             st.step_cpu_us);
     scheduler_close(app.sched);
     return 0;
 fail:

@@ -296,6 +296,15 @@ check "short: the text report and stderr say so" grep -q "WORKLOAD USED UP" "$tm
     --timeline-plot "$tmp/a'b.png" >/dev/null 2>"$tmp/quote.err" && rc=0 || rc=$?
 check "a quote in --timeline-plot is refused at once (exit $rc)" [ "$rc" = 2 ]
 
+# -- the engine's figures through pagoda stats: the work counters, locality, the steps in flight
+# and the worker's time per step (wall and device, from its step results).
+"$bin_dir/pagoda" --url "$url" --api-key adm stats --json >"$tmp/stats.json" 2>&1 && rc=0 || rc=$?
+check "pagoda stats answers (exit $rc)" [ "$rc" = 0 ]
+check "stats: work, locality, steps in flight and the worker's step times" jq_true \
+    "$tmp/stats.json" '.prefill_tokens > 0 and .decode_tokens > 0 and .locality == 1 and
+     .peak_steps_in_flight >= 1 and .worker_step_wall_us > 0 and .worker_step_device_us > 0 and
+     .worker_step_device_us <= .worker_step_wall_us * 1.5'
+
 # -- refusals: a workload that does not fit the model's 2048 positions, bad flags.
 "$bin_dir/pagoda-bench" --url "$url" --model "$tmp/model" --workload shared-prefix \
     >/dev/null 2>"$tmp/ctx.err" && rc=0 || rc=$?

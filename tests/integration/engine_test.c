@@ -229,6 +229,9 @@ static void scenario_concurrent(struct group *g)
     CHECK(get_stats(g, &st) == 0 && st.peak_running >= 32,
           "peak running sequences %u >= 32 (steps %llu)", st.peak_running,
           (unsigned long long)st.steps);
+    /* The scheduler's default: step n+1 goes out while the worker runs step n. */
+    CHECK(st.peak_steps_in_flight == 2, "two steps were in flight (peak %u, %llu tokens discarded)",
+          st.peak_steps_in_flight, (unsigned long long)st.discarded_tokens);
     free_jobs(jobs, 64);
     CHECK(group_stop(g) == 0, "the group drains and stops on SIGTERM");
 }

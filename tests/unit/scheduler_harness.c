@@ -357,6 +357,17 @@ void fw_step(struct fake_worker *fw, const Pagoda__Internal__Step *st, struct qu
         reply_result(out, st->epoch, st->step_id, PAGODA_ERANGE, NULL, 0, fw->computed_tokens);
         return;
     }
+    /* A sequence it failed and dropped may still be continued by a step the scheduler sent
+     * before it saw the failure (two steps in flight): as pagoda-worker, the step is refused
+     * (PAGODA_ENOENT) and the mirror is unchanged; the scheduler resyncs. */
+    for (size_t i = 0; (fw->poison || fw->resync_fail) && i < st->n_cont_seqs; i++) {
+        if (fw_find(fw, st->cont_seqs[i]->seq_id) == NULL) {
+            fw->refused++;
+            fw->refused_unknown++;
+            reply_result(out, st->epoch, st->step_id, PAGODA_ENOENT, NULL, 0, fw->computed_tokens);
+            return;
+        }
+    }
     for (size_t i = 0; i < st->n_finished_seq_ids; i++) {
         struct fseq *f = fw_find(fw, st->finished_seq_ids[i]);
         if (f == NULL && (fw->poison || fw->resync_fail))
@@ -530,6 +541,8 @@ void io_to_router(void *ctx, const Pagoda__Internal__ToRouter *msg)
         h->stats_running = m->stats->running;
         h->stats_steps = m->stats->steps;
         h->stats_cpu_us = m->stats->step_cpu_us;
+        h->stats_peak_in_flight = m->stats->peak_steps_in_flight;
+        h->stats_discarded = m->stats->discarded_tokens;
     } else if (m->msg_case == PAGODA__INTERNAL__TO_ROUTER__MSG_POLICY_APPLIED) {
         h->applied_count++;
         if (h->applied)
@@ -738,6 +751,11 @@ struct harness *harness_open(const struct setup *su)
     h->cfg.max_queued = su->max_queued ? su->max_queued : 64;
     h->cfg.fault_dup_step = su->fault_dup_step;
     h->cfg.prefix_cache = su->cache;
+    if (su->max_steps_in_flight != 0)
+        h->cfg.max_steps_in_flight = su->max_steps_in_flight;
+    if (su->step_timeout_per_token_us != 0)
+        h->cfg.step_timeout_per_token_us =
+            su->step_timeout_per_token_us < 0 ? 0 : su->step_timeout_per_token_us;
     h->cfg.geometry = (struct kv_geometry){.pool_id = 9,
                                            .num_layers = 2,
                                            .num_blocks = su->num_blocks ? su->num_blocks : 257,

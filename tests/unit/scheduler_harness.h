@@ -76,6 +76,7 @@ struct fake_worker {
     bool resync_fail;
     int32_t resync_fail_token;
     /* What it saw. */
+    int refused_unknown; /* steps refused for continuing a sequence it had failed */
     int steps_run, refused, ignored_steps, resyncs_done, resyncs_refused, hellos_sent;
     int max_step_tokens;
     int preempted_seen, finished_seen;
@@ -132,6 +133,8 @@ struct harness {
     uint32_t stats_running;
     uint64_t stats_steps;
     double stats_cpu_us;
+    uint32_t stats_peak_in_flight;
+    uint64_t stats_discarded;
     int stats_replies;
     int32_t rec_index[REC_INDEX]; /* 1 + the index in reqs of an id, 0: empty */
     const char *tenant;           /* what submit_full stamps ("t" when NULL) */
@@ -152,6 +155,8 @@ struct setup {
     int32_t eos;
     bool no_start;
     bool cache; /* the prefix cache on (the tests of fences and timing keep it off) */
+    int32_t max_steps_in_flight;       /* 0: the default (2) */
+    int32_t step_timeout_per_token_us; /* 0: the default; -1: none */
 };
 
 static const struct setup DEFAULT_SETUP = {.eos = -1};

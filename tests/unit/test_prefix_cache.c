@@ -646,31 +646,37 @@ static void test_chunked_prefill_beside_decodes(void **state)
     struct req_rec *lr = submit(h, 200, longp, 3000, 4);
     int steps_with_long = 0, long_done = 0;
     while (lr->n_out == 0) {
-        Pagoda__Internal__ToWorker *m = peek_worker(h);
-        assert_non_null(m);
-        assert_int_equal(m->msg_case, PAGODA__INTERNAL__TO_WORKER__MSG_STEP);
-        int total = 0, decodes = 0, prefill = 0;
-        for (size_t i = 0; i < m->step->n_new_seqs; i++) {
-            total += m->step->new_seqs[i]->num_new_tokens;
-            prefill += m->step->new_seqs[i]->num_new_tokens;
+        assert_true(h->to_worker.count > 0);
+        /* Every step queued (two are in flight). */
+        for (size_t k = 0; k < h->to_worker.count; k++) {
+            struct bytes *qb = &h->to_worker.items[h->to_worker.head + k];
+            Pagoda__Internal__ToWorker *m =
+                pagoda__internal__to_worker__unpack(NULL, qb->len, qb->data);
+            assert_non_null(m);
+            assert_int_equal(m->msg_case, PAGODA__INTERNAL__TO_WORKER__MSG_STEP);
+            int total = 0, decodes = 0, prefill = 0;
+            for (size_t i = 0; i < m->step->n_new_seqs; i++) {
+                total += m->step->new_seqs[i]->num_new_tokens;
+                prefill += m->step->new_seqs[i]->num_new_tokens;
+            }
+            for (size_t i = 0; i < m->step->n_cont_seqs; i++) {
+                int n = m->step->cont_seqs[i]->num_new_tokens;
+                total += n;
+                if (n == 1)
+                    decodes++;
+                else
+                    prefill += n;
+            }
+            assert_true(total <= 256);
+            if (prefill > 1) {
+                steps_with_long++;
+                assert_int_equal(decodes, 16); /* every decoding sequence got its token */
+                /* and the prompt took the rest of the budget, but for its last chunk */
+                assert_int_equal(prefill, long_done + 240 <= 3000 ? 240 : 3000 - long_done);
+                long_done += prefill;
+            }
+            protobuf_c_message_free_unpacked(&m->base, NULL);
         }
-        for (size_t i = 0; i < m->step->n_cont_seqs; i++) {
-            int n = m->step->cont_seqs[i]->num_new_tokens;
-            total += n;
-            if (n == 1)
-                decodes++;
-            else
-                prefill += n;
-        }
-        assert_true(total <= 256);
-        if (prefill > 1) {
-            steps_with_long++;
-            assert_int_equal(decodes, 16); /* every decoding sequence got its token */
-            /* and the prompt took the rest of the budget, but for its last chunk */
-            assert_int_equal(prefill, long_done + 240 <= 3000 ? 240 : 3000 - long_done);
-            long_done += prefill;
-        }
-        protobuf_c_message_free_unpacked(&m->base, NULL);
         exchange(h);
     }
     assert_int_equal(long_done, 3000);
@@ -786,6 +792,7 @@ static void test_moved_tenant_stops_publishing(void **state)
     struct setup su = CACHE_SETUP;
     su.max_batched_tokens = 16;
     su.max_seqs = 16;
+    su.max_steps_in_flight = 1; /* lock-step: two exchanges are two chunks */
     struct harness *h = harness_open(&su);
     const char *names[] = {"g:team", "t:alice"};
     const uint32_t quotas[] = {0, 0};

@@ -53,7 +53,10 @@ static void test_start_announce_hello_ready(void **state)
  * the running request's decode and the new request's prefill together. */
 static void test_continuous_batching(void **state)
 {
-    struct harness *h = harness_open(&DEFAULT_SETUP);
+    /* Lock-step (one step in flight): the test follows the steps one by one. */
+    struct setup su = DEFAULT_SETUP;
+    su.max_steps_in_flight = 1;
+    struct harness *h = harness_open(&su);
     int32_t pa[5], pb[9];
     make_prompt(1, 5, pa);
     make_prompt(2, 9, pb);
@@ -96,7 +99,9 @@ static void test_continuous_batching(void **state)
  * only at the last; decodes come first and shrink the budget left for chunks. */
 static void test_chunked_prefill_under_budget(void **state)
 {
+    /* Lock-step (one step in flight): the test follows the steps one by one. */
     struct setup su = DEFAULT_SETUP;
+    su.max_steps_in_flight = 1;
     su.max_batched_tokens = 8;
     su.max_seqs = 4;
     struct harness *h = harness_open(&su);
@@ -191,7 +196,10 @@ static void test_stop_conditions(void **state)
  * free list until that step's result arrives; the next step tells the worker. */
 static void test_blocks_freed_after_ack(void **state)
 {
-    struct harness *h = harness_open(&DEFAULT_SETUP);
+    /* Lock-step (one step in flight): the test follows the steps one by one. */
+    struct setup su = DEFAULT_SETUP;
+    su.max_steps_in_flight = 1;
+    struct harness *h = harness_open(&su);
     int32_t pa[20], pb[4];
     make_prompt(5, 20, pa);
     make_prompt(6, 4, pb);
@@ -270,7 +278,10 @@ static void test_preemption_keeps_outputs(void **state)
  * is recomputed with unchanged outputs. */
 static void test_resync_after_hello(void **state)
 {
-    struct harness *h = harness_open(&DEFAULT_SETUP);
+    /* Lock-step (one step in flight): the test follows the steps one by one. */
+    struct setup su = DEFAULT_SETUP;
+    su.max_steps_in_flight = 1;
+    struct harness *h = harness_open(&su);
     int32_t pa[7], pb[12];
     make_prompt(30, 7, pa);
     make_prompt(31, 12, pb);
@@ -322,7 +333,11 @@ static void test_resync_after_hello(void **state)
 /* A lost step is resynced after result_timeout_ms and the outputs are unchanged. */
 static void test_result_timeout_resyncs(void **state)
 {
-    struct harness *h = harness_open(&DEFAULT_SETUP);
+    /* Lock-step (one step in flight): the test follows the steps one by one. */
+    struct setup su = DEFAULT_SETUP;
+    su.max_steps_in_flight = 1;
+    su.step_timeout_per_token_us = -1; /* the fixed timeout alone */
+    struct harness *h = harness_open(&su);
     int32_t pa[9];
     make_prompt(40, 9, pa);
     struct req_rec *a = submit(h, 1, pa, 9, 5);
@@ -348,7 +363,11 @@ static void test_result_timeout_resyncs(void **state)
  * ignored (its work is redone), and the timeout doubles so the next long step gets through. */
 static void test_slow_worker_backs_off(void **state)
 {
-    struct harness *h = harness_open(&DEFAULT_SETUP);
+    /* Lock-step (one step in flight): the test follows the steps one by one. */
+    struct setup su = DEFAULT_SETUP;
+    su.max_steps_in_flight = 1;
+    su.step_timeout_per_token_us = -1; /* the fixed timeout alone */
+    struct harness *h = harness_open(&su);
     int32_t pa[9];
     make_prompt(41, 9, pa);
     struct req_rec *a = submit(h, 1, pa, 9, 5);
@@ -394,7 +413,10 @@ static void inject_result(struct harness *h, uint64_t epoch, uint64_t step_id, i
  * the step in flight is unaffected. */
 static void test_stale_results_ignored(void **state)
 {
-    struct harness *h = harness_open(&DEFAULT_SETUP);
+    /* Lock-step (one step in flight): the test follows the steps one by one. */
+    struct setup su = DEFAULT_SETUP;
+    su.max_steps_in_flight = 1;
+    struct harness *h = harness_open(&su);
     int32_t pa[6];
     make_prompt(50, 6, pa);
     struct req_rec *a = submit(h, 1, pa, 6, 4);
@@ -513,7 +535,10 @@ static void test_watchdog_reports_once(void **state)
  * acknowledges every step sent before it, without waiting for a later step. */
 static void test_resync_done_releases_fenced_blocks(void **state)
 {
-    struct harness *h = harness_open(&DEFAULT_SETUP);
+    /* Lock-step (one step in flight): the test follows the steps one by one. */
+    struct setup su = DEFAULT_SETUP;
+    su.max_steps_in_flight = 1;
+    struct harness *h = harness_open(&su);
     int32_t pa[30];
     make_prompt(75, 30, pa);
     struct req_rec *a = submit(h, 1, pa, 30, 0);
@@ -545,6 +570,7 @@ static void test_dup_step_fault(void **state)
     run_many(h, 3, prompts, 9, 7, clean);
     struct setup su = DEFAULT_SETUP;
     su.fault_dup_step = 3;
+    su.max_steps_in_flight = 1; /* lock-step: step 4 is the one the resync overtakes */
     struct harness *f = harness_open(&su);
     uint64_t resyncs = stats(f).resyncs, ignored = stats(f).ignored_messages;
     run_many(f, 3, prompts, 9, 7, dup);
@@ -672,7 +698,10 @@ static int32_t token_only_in(const int32_t *bad, int n_bad, const int32_t *g1, c
  * resynced, and the other sequences of the same steps get every token. */
 static void test_one_sequence_error_ends_it_alone(void **state)
 {
-    struct harness *h = harness_open(&DEFAULT_SETUP);
+    /* Lock-step (one step in flight): the test follows the steps one by one. */
+    struct setup su = DEFAULT_SETUP;
+    su.max_steps_in_flight = 1;
+    struct harness *h = harness_open(&su);
     int32_t pa[12], pb[12], pc[12];
     make_prompt(40, 12, pa);
     make_prompt(41, 12, pb);
@@ -810,7 +839,10 @@ static void test_sequence_left_out_of_a_resync_fails(void **state)
 /* A StatsRequest is answered with the counters and its cookie. */
 static void test_stats_reply(void **state)
 {
-    struct harness *h = harness_open(&DEFAULT_SETUP);
+    /* Lock-step (one step in flight): the test follows the steps one by one. */
+    struct setup su = DEFAULT_SETUP;
+    su.max_steps_in_flight = 1;
+    struct harness *h = harness_open(&su);
     int32_t pa[6];
     make_prompt(90, 6, pa);
     submit(h, 1, pa, 6, 30);
@@ -1000,7 +1032,10 @@ static void test_pool_change_drops_cache(void **state)
  * Hello is accepted then finishes the request with its output unchanged. */
 static void test_refused_hello_gets_no_resync(void **state)
 {
-    struct harness *h = harness_open(&DEFAULT_SETUP);
+    /* Lock-step (one step in flight): the test follows the steps one by one. */
+    struct setup su = DEFAULT_SETUP;
+    su.max_steps_in_flight = 1;
+    struct harness *h = harness_open(&su);
     int32_t pa[9];
     make_prompt(93, 9, pa);
     struct req_rec *a = submit(h, 1, pa, 9, 12);
