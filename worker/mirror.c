@@ -886,6 +886,11 @@ static void commit(struct mirror *m, const int32_t *tokens, const int32_t *row_e
             fl->pos[p->row] = p->seq->num_tokens;
             p->seq->tokens[p->seq->num_tokens++] = MIRROR_PENDING_TOKEN(slot, p->row);
         } else if (row_errors != NULL && row_errors[p->row] != 0) {
+            /* Remembered as a failed pending row is (mirror_step_resolve): a step the scheduler
+             * sent before it knew fails the sequence alone instead of being refused. */
+            struct mirror_seq_error e = {.seq_id = p->seq->seq_id, .code = row_errors[p->row]};
+            snprintf(e.message, sizeof(e.message), "its token could not be sampled");
+            remember_failure(m, &e, step_id);
             p->seq->fail_mark = m->gen;
         } else {
             p->seq->tokens[p->seq->num_tokens++] = tokens[p->row];
@@ -897,7 +902,8 @@ static void commit(struct mirror *m, const int32_t *tokens, const int32_t *row_e
         if (m->num_inflight++ == 0)
             m->oldest_inflight = step_id;
     }
-    /* Failed sequences end here: the scheduler ends their requests and never continues them. */
+    /* Failed sequences end here: the scheduler ends their requests; a step it sent before it
+     * knew finds them among the recent failures. */
     for (int32_t i = m->num_seqs - 1; i >= 0; i--)
         if (m->seqs[i]->fail_mark == m->gen) {
             mseq_free(m->seqs[i]);

@@ -18,7 +18,9 @@
  * and every message it sends packs and unpacks again. Any crash, leak or sanitizer report is a
  * finding; so is a step of the scheduler's that the mirror refuses while no raw worker message
  * has been delivered and no message lost (the worker is then the real one on a perfect link, and
- * a refused step is a protocol bug). */
+ * a refused step is a protocol bug), except the steps sent behind one whose forward pass failed,
+ * until the next resync (with two steps in flight the scheduler has already sent the next one;
+ * docs/protocol.md). */
 #include "common/error.h"
 #include "common/log.h"
 #include "scheduler/scheduler.h"
@@ -92,6 +94,8 @@ struct fuzz {
     uint64_t pool_id; /* the pool the worker maps (a new one when kvpool restarts too) */
     bool lenient;     /* raw bytes reached the worker link, or a message was lost: refusals may be
                        * legitimate */
+    bool broken;      /* a forward pass failed: the steps the scheduler sent behind it (two in
+                       * flight) are refused until the next resync, legitimately */
     struct packed pending[PENDING_CAP];
     size_t head, count;
     uint64_t policy_version, cookie;
@@ -260,6 +264,8 @@ static void worker_resync(struct fuzz *f, const Pagoda__Internal__Resync *r, uin
         rc = mirror_resync(f->mirror, r);
         if (rc != 0 && !f->lenient && r->n_seqs > 0)
             die("a resync of the scheduler's refused by the mirror", pagoda_error_detail());
+        if (rc == 0)
+            f->broken = false;
     }
     if (rc == 0) {
         /* The sequences the mirror left out for their own content, and (variant % 16 == 12) the
@@ -324,6 +330,7 @@ static void worker_step(struct fuzz *f, const Pagoda__Internal__Step *s, uint8_t
     if (rc == 0 && how % 16 == 14) { /* the forward pass fails */
         mirror_step_abort(f->mirror);
         rc = PAGODA_EIO;
+        f->broken = true;
     } else if (rc == 0) {
         if (ms.batch.num_logits > WORKER_MAX_SEQS)
             die("mirror", "more logits rows than sequences");
@@ -363,7 +370,7 @@ static void worker_step(struct fuzz *f, const Pagoda__Internal__Step *s, uint8_t
         f->computed_tokens += (uint64_t)ms.batch.num_tokens;
         r.n_results = n;
         r.results = ptrs;
-    } else if (!f->lenient) {
+    } else if (!f->lenient && !f->broken) {
         die("a step of the scheduler's refused by the mirror", pagoda_error_detail());
     }
     if (rc != 0) {
