@@ -852,12 +852,12 @@ static void test_in_flight_limit_and_break(void **state)
     mirror_free(m);
 }
 
-/* A row that could not be sampled drops its sequence at resolve; a later step that still
- * continues it (the scheduler formed it before it knew) fails that sequence alone, saying why,
- * instead of being refused for an unknown sequence. */
-static void test_row_failure_fails_the_sequence_in_later_steps(void **state)
+/* A row that could not be sampled drops its sequence (at resolve when the step was committed
+ * pending, at commit otherwise); a later step that still continues it (the scheduler formed it
+ * before it knew) fails that sequence alone, saying why, instead of being refused for an unknown
+ * sequence. */
+static void expect_row_failure_remembered(int pending)
 {
-    (void)state;
     struct mirror *m = new_mirror();
     int32_t ta[] = {1, 2, 3}, tb[] = {4, 5, 6}, ba[] = {4}, bb[] = {5};
     Pagoda__Internal__SequenceSnapshot a = snap(1, ta, 3, 3, 2, ba, 1),
@@ -870,11 +870,15 @@ static void test_row_failure_fails_the_sequence_in_later_steps(void **state)
     s.n_cont_seqs = 2;
     struct mirror_step ms;
     assert_int_equal(mirror_step_prepare(m, &s, &ms), 0);
-    mirror_step_commit_pending(m);
     int32_t toks[] = {-1, 7};
-    struct backend_row_error errs[2] = {{.code = PAGODA_EINVAL, .message = "logit 0 is nan"},
-                                        {.code = 0}};
-    mirror_step_resolve(m, 1, toks, errs);
+    if (pending) {
+        mirror_step_commit_pending(m);
+        struct backend_row_error errs[2] = {{.code = PAGODA_EINVAL, .message = "logit 0 is nan"},
+                                            {.code = 0}};
+        mirror_step_resolve(m, 1, toks, errs);
+    } else {
+        mirror_step_commit_rows(m, toks, (int32_t[]){PAGODA_ERANGE, 0});
+    }
     struct mirror_seq_view v;
     assert_int_equal(mirror_find(m, 1, &v), PAGODA_ENOENT);
     assert_int_equal(view(m, 2).token_ids[3], 7);
@@ -883,39 +887,26 @@ static void test_row_failure_fails_the_sequence_in_later_steps(void **state)
     s = step_msg(1, 2);
     s.cont_seqs = cp;
     s.n_cont_seqs = 2;
-    expect_seq_fails(m, &s, 1, PAGODA_EINVAL, "failed in step 1: logit 0 is nan");
+    if (pending)
+        expect_seq_fails(m, &s, 1, PAGODA_EINVAL, "failed in step 1: logit 0 is nan");
+    else
+        expect_seq_fails(m, &s, 1, PAGODA_ERANGE,
+                         "failed in step 1: its token could not be sampled");
     mirror_free(m);
 }
 
-/* The same through the synchronous commit (mirror_step_commit_rows: the fuzz target's worker,
- * or a caller without steps in flight): a row that could not be sampled is remembered, so the
- * next step the scheduler already sent fails that sequence alone and the step goes on. */
+static void test_row_failure_fails_the_sequence_in_later_steps(void **state)
+{
+    (void)state;
+    expect_row_failure_remembered(1);
+}
+
+/* The synchronous commit (mirror_step_commit_rows: the fuzz target's worker, or a caller without
+ * steps in flight) remembers the failure too. */
 static void test_row_failure_at_commit_fails_the_sequence_in_the_next_step(void **state)
 {
     (void)state;
-    struct mirror *m = new_mirror();
-    int32_t ta[] = {1, 2, 3}, tb[] = {4, 5, 6}, ba[] = {4}, bb[] = {5};
-    Pagoda__Internal__SequenceSnapshot a = snap(1, ta, 3, 3, 2, ba, 1),
-                                       b = snap(2, tb, 3, 3, 2, bb, 1), *seqs[] = {&a, &b};
-    resync(m, 1, 1, seqs, 2);
-    Pagoda__Internal__ContinuingSequence ca = cont_seq(1, 2, 1, NULL, 0),
-                                         cb = cont_seq(2, 2, 1, NULL, 0), *cp[] = {&ca, &cb};
-    Pagoda__Internal__Step s = step_msg(1, 1);
-    s.cont_seqs = cp;
-    s.n_cont_seqs = 2;
-    struct mirror_step ms;
-    assert_int_equal(mirror_step_prepare(m, &s, &ms), 0);
-    mirror_step_commit_rows(m, (int32_t[]){-1, 7}, (int32_t[]){PAGODA_ERANGE, 0});
-    struct mirror_seq_view v;
-    assert_int_equal(mirror_find(m, 1, &v), PAGODA_ENOENT);
-    assert_int_equal(view(m, 2).token_ids[3], 7);
-    ca = cont_seq(1, 3, 1, NULL, 0);
-    cb = cont_seq(2, 3, 1, NULL, 0);
-    s = step_msg(1, 2);
-    s.cont_seqs = cp;
-    s.n_cont_seqs = 2;
-    expect_seq_fails(m, &s, 1, PAGODA_ERANGE, "failed in step 1: its token could not be sampled");
-    mirror_free(m);
+    expect_row_failure_remembered(0);
 }
 
 int main(void)
