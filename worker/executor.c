@@ -57,6 +57,8 @@ struct slot {
     struct backend_gather *gathers; /* [max_num_tokens] */
     int32_t *gather_seq;            /* [max_num_tokens]: the sequence of each gather */
     int32_t num_gathers;
+    int32_t *undo; /* [max_num_tokens][2]: (token row, pending token) of each pending input */
+    int32_t num_undo;
     struct timespec submitted; /* when backend_submit was called */
 };
 
@@ -116,6 +118,7 @@ static void slot_free(struct slot *s)
     free(s->seq_fail_step);
     free(s->gathers);
     free(s->gather_seq);
+    free(s->undo);
 }
 
 static int slot_alloc(struct slot *s, const struct executor_limits *l)
@@ -137,7 +140,8 @@ static int slot_alloc(struct slot *s, const struct executor_limits *l)
     s->seq_fail_step = malloc(ns * sizeof(uint64_t));
     s->gathers = malloc(nt * sizeof(*s->gathers));
     s->gather_seq = malloc(nt * sizeof(int32_t));
-    if (!s->gathers || !s->gather_seq)
+    s->undo = malloc(2 * nt * sizeof(int32_t));
+    if (!s->gathers || !s->gather_seq || !s->undo)
         return PAGODA_ENOMEM;
     if (!s->token_ids || !s->positions || !s->slot_mapping || !s->query_start || !s->context_lens ||
         !s->logits_indices || !s->rows || !s->seq_ids || !s->failed || !s->tokens || !s->logprobs ||
@@ -241,19 +245,31 @@ static void resolve_pending(struct executor *e, struct slot *s)
     resolve_histories(e, s);
 }
 
-/* The asynchronous path: each pending input token becomes a gather, read on the device from the
- * slot of the step that samples it (which may still be running); whether that row was sampled
- * is known when this step is completed (check_gathers). The histories are resolved here. */
-static void gather_pending(struct executor *e, struct slot *s)
+/* The asynchronous path: each pending input token sampled by the step still on the device (out,
+ * submitted and not completed) becomes a gather, read on the device from that step's slot;
+ * whether its row was sampled is known when this step is completed (check_gathers). Pending
+ * tokens of steps that have ended are resolved here, on the host (such a step may have run
+ * synchronously, leaving nothing on the device), as are the histories. */
+static void gather_pending(struct executor *e, struct slot *s, const struct slot *out)
 {
     const struct fwd_batch *b = &s->batch;
-    s->num_gathers = 0;
+    s->num_gathers = s->num_undo = 0;
     for (int32_t i = 0; i < b->num_seqs; i++) {
         s->seq_fail[i] = 0;
         for (int32_t t = b->query_start[i]; t < b->query_start[i + 1]; t++) {
             int32_t tok = s->token_ids[t];
             if (!mirror_token_pending(tok))
                 continue;
+            s->undo[2 * s->num_undo] = t;
+            s->undo[2 * s->num_undo++ + 1] = tok;
+            if (out == NULL || out->gen != s->gen ||
+                mirror_pending_slot(tok) != (int32_t)(out->step_id % MIRROR_MAX_STEPS_IN_FLIGHT)) {
+                int32_t code = 0;
+                uint64_t from = 0;
+                s->token_ids[t] = resolve_token(e, s, tok, &code, &from);
+                fail_input(s, i, code, from);
+                continue;
+            }
             s->token_ids[t] = 0; /* the gather writes the token over it on the device */
             if (mirror_pending_row(tok) >= e->lim.max_num_seqs) {
                 fail_input(s, i, PAGODA_EINTERNAL, 0);
@@ -269,14 +285,13 @@ static void gather_pending(struct executor *e, struct slot *s)
     resolve_histories(e, s);
 }
 
-/* Undoes gather_pending's inputs: the step runs synchronously after all. */
+/* Undoes gather_pending's inputs: the step runs synchronously after all, and resolve_pending
+ * resolves them again (with their failures). */
 static void ungather(struct slot *s)
 {
-    for (int32_t k = 0; k < s->num_gathers; k++) {
-        const struct backend_gather *g = &s->gathers[k];
-        s->token_ids[g->token] = MIRROR_PENDING_TOKEN(g->slot, g->row);
-    }
-    s->num_gathers = 0;
+    for (int32_t k = 0; k < s->num_undo; k++)
+        s->token_ids[s->undo[2 * k]] = s->undo[2 * k + 1];
+    s->num_gathers = s->num_undo = 0;
 }
 
 /* Once the steps a step's gathers read have ended: a gathered input whose row could not be
@@ -385,11 +400,11 @@ static void run_step(struct executor *e, struct slot *s, int after_failure, uint
 
 /* The asynchronous path: queues the step on the backend (its inputs gathered on the device).
  * Returns backend_submit's result; on failure the step's inputs are as submitted. */
-static int submit_step(struct executor *e, struct slot *s)
+static int submit_step(struct executor *e, struct slot *s, const struct slot *out)
 {
     clock_gettime(CLOCK_MONOTONIC, &s->submitted);
     reset_result(s);
-    gather_pending(e, s);
+    gather_pending(e, s, out);
     int rc = backend_submit(e->backend, (int)(s->step_id % MIRROR_MAX_STEPS_IN_FLIGHT), &s->batch,
                             s->rows, s->gathers, s->num_gathers);
     if (rc != 0)
@@ -568,7 +583,7 @@ static void *executor_thread(void *arg)
             continue;
         }
         pthread_mutex_unlock(&e->mu);
-        int rc = submit_step(e, s);
+        int rc = submit_step(e, s, out);
         pthread_mutex_lock(&e->mu);
         if (rc != 0) {
             run_sync(e, s, &out);

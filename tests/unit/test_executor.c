@@ -761,18 +761,25 @@ static void test_async_penalised_history_waits(void **state)
 }
 
 /* A submission the backend refuses (as the sampler's host checks do) runs the step the
- * synchronous way, after the step before it, with its pending input resolved on the host. */
+ * synchronous way, after the step before it, with its pending input resolved on the host; the
+ * step behind it reads the token that synchronous step sampled (on the host: it left nothing
+ * on the device). */
 static void test_async_refused_runs_sync(void **state)
 {
     struct h *h = *state;
     resync(h, 1);
     g_refuse_pos = 3;
+    gate(0);
     assert_int_equal(step(h, 1, ONE, 1, 0, 3, 0), 0);
     assert_int_equal(step(h, 2, ONE, 1, 3, 1, 0), 0); /* samples at position 3: refused */
-    wait_results(h, 2);
-    assert_int_equal(g_submits, 1);
+    assert_int_equal(step(h, 3, ONE, 1, 4, 1, 0), 0); /* decodes step 2's token */
+    gate(1);
+    wait_results(h, 3);
+    assert_int_equal(g_submits, 2);
     assert_int_equal(h->got[1].rc, 0);
     assert_int_equal(h->got[1].tokens[0], next_token(h->got[0].tokens[0], 3));
+    assert_int_equal(h->got[2].rc, 0);
+    assert_int_equal(h->got[2].tokens[0], next_token(h->got[1].tokens[0], 4));
 }
 
 int main(void)
