@@ -135,6 +135,49 @@ int backend_forward_sample_rows(struct backend *b, const struct fwd_batch *batch
     return forward_sample_host(b, batch, rows, tokens, logprobs, row_errors);
 }
 
+int backend_can_submit(const struct backend *b)
+{
+    return b->ops->submit != NULL && b->ops->complete != NULL;
+}
+
+int backend_submit(struct backend *b, int slot, const struct fwd_batch *batch,
+                   const struct sample_row *rows, const struct backend_gather *gathers,
+                   int32_t num_gathers)
+{
+    if (!backend_can_submit(b))
+        return pagoda_error_set(PAGODA_EUNSUPPORTED, "the %s backend has no asynchronous steps",
+                                b->ops->name);
+    if (batch == NULL || (rows == NULL && batch->num_logits > 0) ||
+        (gathers == NULL && num_gathers > 0) || num_gathers < 0 || slot < 0 ||
+        slot >= BACKEND_STEP_SLOTS)
+        return pagoda_error_set(PAGODA_EINVAL, "backend_submit: slot %d, %d gathers", slot,
+                                num_gathers);
+    for (int32_t i = 0; i < num_gathers; i++) {
+        const struct backend_gather *g = &gathers[i];
+        if (g->token < 0 || g->token >= batch->num_tokens || g->slot < 0 ||
+            g->slot >= BACKEND_STEP_SLOTS || g->row < 0)
+            return pagoda_error_set(PAGODA_EINVAL,
+                                    "backend_submit: gather %d (token %d from slot %d row %d) is "
+                                    "outside the step or the slots",
+                                    i, g->token, g->slot, g->row);
+    }
+    int rc = b->ops->submit(b, slot, batch, rows, gathers, num_gathers);
+    if (rc == 0)
+        b->forward_count++;
+    return rc;
+}
+
+int backend_complete(struct backend *b, int slot, int wait, int32_t *tokens, float *logprobs,
+                     struct backend_row_error *row_errors, double *device_us)
+{
+    if (!backend_can_submit(b))
+        return pagoda_error_set(PAGODA_EUNSUPPORTED, "the %s backend has no asynchronous steps",
+                                b->ops->name);
+    if (slot < 0 || slot >= BACKEND_STEP_SLOTS)
+        return pagoda_error_set(PAGODA_EINVAL, "backend_complete: slot %d", slot);
+    return b->ops->complete(b, slot, wait, tokens, logprobs, row_errors, device_us);
+}
+
 int backend_device_time_us(struct backend *b, double *us)
 {
     if (b->ops->device_time_us == NULL)

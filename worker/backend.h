@@ -88,6 +88,52 @@ int backend_forward_sample_rows(struct backend *b, const struct fwd_batch *batch
                                 const struct sample_row *rows, int32_t *tokens, float *logprobs,
                                 struct backend_row_error *row_errors);
 
+/* ---- asynchronous steps (a backend whose ops.submit is set) ----------------------------------
+ *
+ * A step is submitted into one of BACKEND_STEP_SLOTS slots (the worker uses its step id modulo
+ * the slots, as the mirror's pending tokens name them): its forward pass and its sampling are
+ * queued on the backend's stream and the call returns without waiting. The tokens it samples stay
+ * in the slot's device buffer, where a later step's inputs read them (struct backend_gather), and
+ * travel to the host asynchronously; backend_complete waits for them (or asks whether they are
+ * there). So the caller submits step n + 1 before step n has ended and the device runs them back
+ * to back. Steps run in the order they are submitted. A slot holds one step until it is
+ * completed; submitting into a slot that holds one is refused. */
+#define BACKEND_STEP_SLOTS 4
+
+/* Token `token` of a submitted batch is the token sampled into logits row `row` of the step in
+ * slot `slot` (submitted earlier; the batch's token_ids holds any valid id there, e.g. 0). A row
+ * that could not be sampled leaves token 0 there: its sequence must fail with it. */
+struct backend_gather {
+    int32_t token;
+    int32_t slot;
+    int32_t row;
+};
+
+/* Whether b has asynchronous steps (else backend_forward_sample_rows is the way). */
+int backend_can_submit(const struct backend *b);
+
+/* Queues one forward pass over batch and one token per logits row into slot (rows as for
+ * backend_forward_sample), gathers[num_gathers] first replacing input tokens by tokens sampled in
+ * earlier slots. The histories of rows are read before this returns (they must hold no pending
+ * token). Returns 0, or with nothing queued in the slot: PAGODA_EINVAL (a NULL argument, a slot
+ * outside [0, BACKEND_STEP_SLOTS) or holding a step, a gather outside the batch or the slots),
+ * the errors of backend_check_batch and the attention plan, the sampler's host checks
+ * (parameters, history) or PAGODA_ECUDA. After an error the caller can run the step through
+ * backend_forward_sample_rows to learn which row failed (work already queued on the device by
+ * the refused call writes the same K/V at the same slots: harmless). */
+int backend_submit(struct backend *b, int slot, const struct fwd_batch *batch,
+                   const struct sample_row *rows, const struct backend_gather *gathers,
+                   int32_t num_gathers);
+
+/* Completes the step in slot: when it has ended (wait != 0 waits for it), writes its num_logits
+ * tokens, logprobs and row_errors (as backend_forward_sample_rows: a row whose logits are NaN or
+ * +inf, all -inf, or overflow under a penalty fails alone, tokens[r] = -1) and its device time in
+ * *device_us, and frees the slot. Returns 0, PAGODA_EBUSY when wait is 0 and the step has not
+ * ended (nothing written, the slot still held), PAGODA_EINVAL for a slot that holds no step, or
+ * PAGODA_ECUDA when the device failed (the slot is freed; the step is lost). */
+int backend_complete(struct backend *b, int slot, int wait, int32_t *tokens, float *logprobs,
+                     struct backend_row_error *row_errors, double *device_us);
+
 /* Checks that a pool of geometry g fits the model: the dtype the backend computes in (named
  * backend_name in the message), and the model's layers, KV heads and head dim. Returns 0 or
  * PAGODA_EMISMATCH with a detail naming the field. */
@@ -121,6 +167,12 @@ struct backend_ops {
     void (*close)(struct backend *b);
     /* NULL: the backend computes on the host (backend_device_time_us). */
     int (*device_time_us)(struct backend *b, double *us);
+    /* Both NULL: no asynchronous steps (backend_can_submit). */
+    int (*submit)(struct backend *b, int slot, const struct fwd_batch *batch,
+                  const struct sample_row *rows, const struct backend_gather *gathers,
+                  int32_t num_gathers);
+    int (*complete)(struct backend *b, int slot, int wait, int32_t *tokens, float *logprobs,
+                    struct backend_row_error *row_errors, double *device_us);
 };
 
 struct backend {

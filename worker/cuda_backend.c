@@ -11,6 +11,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -24,15 +25,32 @@ struct cuda_layer {
     uint16_t *w_down;    /* [hidden][inter] */
 };
 
+/* Staging: STAGES sets of pinned step metadata (the step slots, then the synchronous calls'). */
+#define STAGES (BACKEND_STEP_SLOTS + 1)
+#define STAGE_SYNC BACKEND_STEP_SLOTS
+
+struct step_stage {
+    int32_t *token_ids, *positions, *logits_rows, *gathers; /* gathers: [max_num_tokens][2] */
+    int64_t *slots;
+};
+
 struct cuda_backend {
     struct backend base;
     struct cuda_backend_options opt;
     struct kv_geometry geometry;
     void *pool;
     cudaStream_t stream;
-    /* Around each forward pass on the stream: its device time (backend_device_time_us). */
-    cudaEvent_t ev_start, ev_end;
-    int timed; /* both recorded since the last forward pass began */
+    /* Around each forward pass on the stream, one pair per step slot (backend_submit) and one for
+     * the synchronous calls (STAGE_SYNC): its device time. */
+    cudaEvent_t ev_start[STAGES], ev_end[STAGES];
+    int timed; /* the synchronous pair recorded since the last synchronous pass began */
+    /* The step's metadata in pinned memory, one stage per step slot and one for the
+     * synchronous calls; staged[i] marks the end of the last copy from stage i. */
+    struct step_stage *stage;
+    cudaEvent_t staged[STAGES];
+    int32_t held[BACKEND_STEP_SLOTS]; /* logits rows of the step in each slot; -1: none */
+    int32_t *d_sampled;               /* [BACKEND_STEP_SLOTS][max_num_seqs]: sampled tokens */
+    int32_t *d_gathers;               /* [max_num_tokens][2]: (token, slot * seqs + row) */
     cublasHandle_t cublas;
     uint16_t *embed, *lm_head, *final_norm;
     struct cuda_layer *layers;
@@ -91,6 +109,22 @@ static void cuda_close(struct backend *base)
     struct cuda_backend *b = (struct cuda_backend *)base;
     if (b->stream != NULL)
         cudaStreamSynchronize(b->stream);
+    for (int i = 0; i < STAGES; i++) {
+        if (b->stage != NULL) {
+            cudaFreeHost(b->stage[i].token_ids);
+            cudaFreeHost(b->stage[i].positions);
+            cudaFreeHost(b->stage[i].logits_rows);
+            cudaFreeHost(b->stage[i].gathers);
+            cudaFreeHost(b->stage[i].slots);
+        }
+        if (b->ev_start[i] != NULL)
+            cudaEventDestroy(b->ev_start[i]);
+        if (b->ev_end[i] != NULL)
+            cudaEventDestroy(b->ev_end[i]);
+        if (b->staged[i] != NULL)
+            cudaEventDestroy(b->staged[i]);
+    }
+    free(b->stage);
     cuda_attention_plan_free(b->plan);
     cuda_sampler_free(b->sampler);
     for (size_t i = 0; i < b->num_allocs; i++)
@@ -105,10 +139,6 @@ static void cuda_close(struct backend *base)
     free(b->row_n_output);
     if (b->cublas != NULL)
         cublasDestroy(b->cublas);
-    if (b->ev_start != NULL)
-        cudaEventDestroy(b->ev_start);
-    if (b->ev_end != NULL)
-        cudaEventDestroy(b->ev_end);
     if (b->stream != NULL)
         cudaStreamDestroy(b->stream);
     free(b);
@@ -275,6 +305,38 @@ static int alloc_activations(struct cuda_backend *b)
     return 0;
 }
 
+/* The pinned stages, the events around each pass, the sampled tokens of the step slots. */
+static int alloc_steps(struct cuda_backend *b)
+{
+    size_t T = (size_t)b->opt.limits.max_num_tokens, S = (size_t)b->opt.limits.max_num_seqs;
+    int rc;
+    cudaError_t e;
+    if ((rc = dev_alloc(b, BACKEND_STEP_SLOTS * S * 4, (void **)&b->d_sampled)) != 0 ||
+        (rc = dev_alloc(b, T * 8, (void **)&b->d_gathers)) != 0)
+        return rc;
+    if ((e = cudaMemset(b->d_sampled, 0, BACKEND_STEP_SLOTS * S * 4)) != cudaSuccess)
+        return cuda_fail(e, "cudaMemset (sampled tokens)");
+    for (int i = 0; i < BACKEND_STEP_SLOTS; i++)
+        b->held[i] = -1;
+    b->stage = calloc(STAGES, sizeof(*b->stage));
+    if (b->stage == NULL)
+        return PAGODA_ENOMEM;
+    for (int i = 0; i < STAGES; i++) {
+        struct step_stage *st = &b->stage[i];
+        if ((e = cudaMallocHost((void **)&st->token_ids, T * 4)) != cudaSuccess ||
+            (e = cudaMallocHost((void **)&st->positions, T * 4)) != cudaSuccess ||
+            (e = cudaMallocHost((void **)&st->logits_rows, S * 4)) != cudaSuccess ||
+            (e = cudaMallocHost((void **)&st->gathers, T * 8)) != cudaSuccess ||
+            (e = cudaMallocHost((void **)&st->slots, T * 8)) != cudaSuccess)
+            return cuda_fail(e, "cudaMallocHost (step stage)");
+        if ((e = cudaEventCreate(&b->ev_start[i])) != cudaSuccess ||
+            (e = cudaEventCreate(&b->ev_end[i])) != cudaSuccess ||
+            (e = cudaEventCreateWithFlags(&b->staged[i], cudaEventDisableTiming)) != cudaSuccess)
+            return cuda_fail(e, "cudaEventCreate");
+    }
+    return 0;
+}
+
 int cuda_backend_open(const struct model_config *cfg, const struct model_weights *w,
                       uint64_t random_seed, const struct kv_geometry *g, void *pool,
                       const struct cuda_backend_options *opt, struct backend **out)
@@ -322,18 +384,14 @@ int cuda_backend_open(const struct model_config *cfg, const struct model_weights
         rc = cuda_fail(e, "cudaStreamCreate");
         goto fail;
     }
-    if ((e = cudaEventCreate(&b->ev_start)) != cudaSuccess ||
-        (e = cudaEventCreate(&b->ev_end)) != cudaSuccess) {
-        rc = cuda_fail(e, "cudaEventCreate");
-        goto fail;
-    }
     cublasStatus_t st = cublasCreate(&b->cublas);
     if (st != CUBLAS_STATUS_SUCCESS ||
         (st = cublasSetStream(b->cublas, b->stream)) != CUBLAS_STATUS_SUCCESS) {
         rc = cublas_fail(st, "cublasCreate");
         goto fail;
     }
-    if ((rc = load_weights(b, w, random_seed)) != 0 || (rc = alloc_activations(b)) != 0)
+    if ((rc = load_weights(b, w, random_seed)) != 0 || (rc = alloc_activations(b)) != 0 ||
+        (rc = alloc_steps(b)) != 0)
         goto fail;
     size_t S = (size_t)b->opt.limits.max_num_seqs;
     b->row_params = malloc(S * sizeof(*b->row_params));
@@ -405,8 +463,47 @@ static int gemm(struct cuda_backend *b, const uint16_t *x, const uint16_t *w, vo
     return st == CUBLAS_STATUS_SUCCESS ? 0 : cublas_fail(st, "cublasGemmEx");
 }
 
-/* Runs the batch and leaves the logits rows in b->logits (device). */
-static int cuda_forward_device(struct cuda_backend *b, const struct fwd_batch *batch)
+/* Copies the step's metadata to the device through pinned stage k, then writes the gathered
+ * input tokens (sampled by earlier steps, still on the device) over their placeholders. */
+static int stage_step(struct cuda_backend *b, int k, const struct fwd_batch *batch,
+                      const struct backend_gather *gathers, int32_t num_gathers)
+{
+    struct step_stage *st = &b->stage[k];
+    cudaStream_t s = b->stream;
+    /* The copy from this stage STAGES passes ago has ended long since (a slot is completed
+     * before it is used again); the wait only guards it. */
+    cudaError_t e = cudaEventSynchronize(b->staged[k]);
+    if (e != cudaSuccess)
+        return cuda_fail(e, "cudaEventSynchronize (step stage)");
+    const size_t n = (size_t)batch->num_tokens, nl = (size_t)batch->num_logits;
+    memcpy(st->token_ids, batch->token_ids, n * 4);
+    memcpy(st->positions, batch->positions, n * 4);
+    memcpy(st->slots, batch->slot_mapping, n * 8);
+    memcpy(st->logits_rows, batch->logits_indices, nl * 4);
+    const int32_t seqs = b->opt.limits.max_num_seqs;
+    for (int32_t i = 0; i < num_gathers; i++) {
+        st->gathers[2 * i] = gathers[i].token;
+        st->gathers[2 * i + 1] = gathers[i].slot * seqs + gathers[i].row;
+    }
+    if ((e = cudaMemcpyAsync(b->d_token_ids, st->token_ids, n * 4, cudaMemcpyHostToDevice, s)) !=
+            cudaSuccess ||
+        (e = cudaMemcpyAsync(b->d_positions, st->positions, n * 4, cudaMemcpyHostToDevice, s)) !=
+            cudaSuccess ||
+        (e = cudaMemcpyAsync(b->d_slots, st->slots, n * 8, cudaMemcpyHostToDevice, s)) !=
+            cudaSuccess ||
+        (nl > 0 && (e = cudaMemcpyAsync(b->d_logits_rows, st->logits_rows, nl * 4,
+                                        cudaMemcpyHostToDevice, s)) != cudaSuccess) ||
+        (num_gathers > 0 && (e = cudaMemcpyAsync(b->d_gathers, st->gathers, (size_t)num_gathers * 8,
+                                                 cudaMemcpyHostToDevice, s)) != cudaSuccess) ||
+        (e = cudaEventRecord(b->staged[k], s)) != cudaSuccess)
+        return cuda_fail(e, "cudaMemcpyAsync (step metadata)");
+    return cuda_gather_tokens(b->d_token_ids, b->d_gathers, num_gathers, b->d_sampled, s);
+}
+
+/* Runs the batch and leaves the logits rows in b->logits (device); k names the stage and the
+ * events (a step slot, or STAGE_SYNC). */
+static int cuda_forward_device(struct cuda_backend *b, const struct fwd_batch *batch, int k,
+                               const struct backend_gather *gathers, int32_t num_gathers)
 {
     const struct model_config *c = &b->base.config;
     int rc = backend_check_batch(c, &b->opt.limits, batch);
@@ -417,8 +514,9 @@ static int cuda_forward_device(struct cuda_backend *b, const struct fwd_batch *b
     cudaError_t e = cudaSetDevice(b->opt.device);
     if (e != cudaSuccess)
         return cuda_fail(e, "cudaSetDevice");
-    b->timed = 0;
-    if ((e = cudaEventRecord(b->ev_start, b->stream)) != cudaSuccess)
+    if (k == STAGE_SYNC)
+        b->timed = 0;
+    if ((e = cudaEventRecord(b->ev_start[k], b->stream)) != cudaSuccess)
         return cuda_fail(e, "cudaEventRecord");
     struct attention_batch ab = {
         .num_seqs = batch->num_seqs,
@@ -432,15 +530,8 @@ static int cuda_forward_device(struct cuda_backend *b, const struct fwd_batch *b
         return rc;
     const int32_t n = batch->num_tokens;
     cudaStream_t s = b->stream;
-    if ((e = cudaMemcpyAsync(b->d_token_ids, batch->token_ids, (size_t)n * 4,
-                             cudaMemcpyHostToDevice, s)) != cudaSuccess ||
-        (e = cudaMemcpyAsync(b->d_positions, batch->positions, (size_t)n * 4,
-                             cudaMemcpyHostToDevice, s)) != cudaSuccess ||
-        (e = cudaMemcpyAsync(b->d_slots, batch->slot_mapping, (size_t)n * 8, cudaMemcpyHostToDevice,
-                             s)) != cudaSuccess ||
-        (e = cudaMemcpyAsync(b->d_logits_rows, batch->logits_indices, (size_t)batch->num_logits * 4,
-                             cudaMemcpyHostToDevice, s)) != cudaSuccess)
-        return cuda_fail(e, "cudaMemcpyAsync (step metadata)");
+    if ((rc = stage_step(b, k, batch, gathers, num_gathers)) != 0)
+        return rc;
 
     const int64_t H = c->hidden_size, I = c->intermediate_size, hd = c->head_dim;
     const int64_t qd = c->num_heads * hd, kvd = c->num_kv_heads * hd, qkvd = qd + 2 * kvd;
@@ -486,33 +577,23 @@ static int cuda_forward_device(struct cuda_backend *b, const struct fwd_batch *b
 static int cuda_forward(struct backend *base, const struct fwd_batch *batch, float *logits)
 {
     struct cuda_backend *b = (struct cuda_backend *)base;
-    int rc = cuda_forward_device(b, batch);
+    int rc = cuda_forward_device(b, batch, STAGE_SYNC, NULL, 0);
     if (rc != 0)
         return rc;
     cudaError_t e = cudaMemcpyAsync(logits, b->logits,
                                     (size_t)batch->num_logits * (size_t)b->base.config.vocab_size *
                                         sizeof(float),
                                     cudaMemcpyDeviceToHost, b->stream);
-    if (e == cudaSuccess && (e = cudaEventRecord(b->ev_end, b->stream)) == cudaSuccess)
+    if (e == cudaSuccess && (e = cudaEventRecord(b->ev_end[STAGE_SYNC], b->stream)) == cudaSuccess)
         b->timed = 1;
     if (e == cudaSuccess)
         e = cudaStreamSynchronize(b->stream);
     return e == cudaSuccess ? 0 : cuda_fail(e, "forward pass");
 }
 
-static int cuda_forward_sample(struct backend *base, const struct fwd_batch *batch,
-                               const struct sample_row *rows, int32_t *tokens, float *logprobs)
+/* The sampler's per-row arguments from rows. */
+static void fill_rows(struct cuda_backend *b, const struct sample_row *rows, int32_t n)
 {
-    struct cuda_backend *b = (struct cuda_backend *)base;
-    int rc = cuda_forward_device(b, batch);
-    if (rc != 0)
-        return rc;
-    int32_t n = batch->num_logits;
-    if (n == 0) {
-        if (cudaEventRecord(b->ev_end, b->stream) == cudaSuccess)
-            b->timed = 1;
-        return 0;
-    }
     for (int32_t r = 0; r < n; r++) {
         b->row_params[r] = rows[r].params;
         b->row_index[r] = rows[r].output_index;
@@ -521,13 +602,95 @@ static int cuda_forward_sample(struct backend *base, const struct fwd_batch *bat
         b->row_output[r] = rows[r].output_tokens;
         b->row_n_output[r] = rows[r].n_output;
     }
+}
+
+static int cuda_forward_sample(struct backend *base, const struct fwd_batch *batch,
+                               const struct sample_row *rows, int32_t *tokens, float *logprobs)
+{
+    struct cuda_backend *b = (struct cuda_backend *)base;
+    int rc = cuda_forward_device(b, batch, STAGE_SYNC, NULL, 0);
+    if (rc != 0)
+        return rc;
+    int32_t n = batch->num_logits;
+    if (n == 0) {
+        if (cudaEventRecord(b->ev_end[STAGE_SYNC], b->stream) == cudaSuccess)
+            b->timed = 1;
+        return 0;
+    }
+    fill_rows(b, rows, n);
     rc = cuda_sampler_sample(b->sampler, b->logits, n, b->row_params, b->row_index, b->row_prompt,
                              b->row_n_prompt, b->row_output, b->row_n_output, tokens, logprobs,
                              b->stream);
     /* The sampler has waited for its stream: the end event marks the step's last work. */
-    if (rc == 0 && cudaEventRecord(b->ev_end, b->stream) == cudaSuccess)
+    if (rc == 0 && cudaEventRecord(b->ev_end[STAGE_SYNC], b->stream) == cudaSuccess)
         b->timed = 1;
     return rc;
+}
+
+/* backend_submit: the pass, then the sampler writing the slot's device tokens and, by an
+ * asynchronous copy, its pinned results; the slot's end event marks both. */
+static int cuda_submit(struct backend *base, int slot, const struct fwd_batch *batch,
+                       const struct sample_row *rows, const struct backend_gather *gathers,
+                       int32_t num_gathers)
+{
+    struct cuda_backend *b = (struct cuda_backend *)base;
+    if (b->held[slot] >= 0)
+        return pagoda_error_set(PAGODA_EINVAL, "cuda: step slot %d holds a step not completed",
+                                slot);
+    for (int32_t i = 0; i < num_gathers; i++)
+        if (gathers[i].row >= b->opt.limits.max_num_seqs)
+            return pagoda_error_set(PAGODA_EINVAL, "cuda: gather from row %d (the limit is %d)",
+                                    gathers[i].row, b->opt.limits.max_num_seqs);
+    int rc = cuda_forward_device(b, batch, slot, gathers, num_gathers);
+    if (rc != 0)
+        return rc;
+    int32_t n = batch->num_logits;
+    if (n > 0) {
+        fill_rows(b, rows, n);
+        rc = cuda_sampler_enqueue(b->sampler, slot, b->logits, n, b->row_params, b->row_index,
+                                  b->row_prompt, b->row_n_prompt, b->row_output, b->row_n_output,
+                                  b->d_sampled + (size_t)slot * (size_t)b->opt.limits.max_num_seqs,
+                                  b->stream);
+        if (rc != 0)
+            return rc;
+    }
+    cudaError_t e = cudaEventRecord(b->ev_end[slot], b->stream);
+    if (e != cudaSuccess)
+        return cuda_fail(e, "cudaEventRecord");
+    b->held[slot] = n;
+    return 0;
+}
+
+static int cuda_complete(struct backend *base, int slot, int wait, int32_t *tokens, float *logprobs,
+                         struct backend_row_error *row_errors, double *device_us)
+{
+    struct cuda_backend *b = (struct cuda_backend *)base;
+    const int32_t n = b->held[slot];
+    if (n < 0)
+        return pagoda_error_set(PAGODA_EINVAL, "cuda: step slot %d holds no step", slot);
+    cudaError_t e = wait ? cudaEventSynchronize(b->ev_end[slot]) : cudaEventQuery(b->ev_end[slot]);
+    if (e == cudaErrorNotReady) {
+        (void)cudaGetLastError(); /* not an error: keep it from the next launch's check */
+        return PAGODA_EBUSY;
+    }
+    b->held[slot] = -1;
+    if (e != cudaSuccess)
+        return cuda_fail(e, "the step on the device");
+    float ms = 0.0f;
+    if ((e = cudaEventElapsedTime(&ms, b->ev_start[slot], b->ev_end[slot])) != cudaSuccess)
+        return cuda_fail(e, "cudaEventElapsedTime");
+    *device_us = (double)ms * 1e3;
+    for (int32_t r = 0; r < n; r++) {
+        struct backend_row_error *re = &row_errors[r];
+        re->code = cuda_sampler_result(b->sampler, slot, r, &tokens[r], &logprobs[r]);
+        re->message[0] = '\0';
+        if (re->code != 0) {
+            snprintf(re->message, sizeof(re->message), "%s", pagoda_error_detail());
+            tokens[r] = -1;
+            logprobs[r] = 0.0f;
+        }
+    }
+    return 0;
 }
 
 /* The time between the events around the last forward pass (and its sampling). */
@@ -537,9 +700,9 @@ static int cuda_device_time_us(struct backend *base, double *us)
     if (!b->timed)
         return pagoda_error_set(PAGODA_EUNSUPPORTED, "no forward pass timed yet");
     float ms = 0.0f;
-    cudaError_t e = cudaEventSynchronize(b->ev_end);
+    cudaError_t e = cudaEventSynchronize(b->ev_end[STAGE_SYNC]);
     if (e == cudaSuccess)
-        e = cudaEventElapsedTime(&ms, b->ev_start, b->ev_end);
+        e = cudaEventElapsedTime(&ms, b->ev_start[STAGE_SYNC], b->ev_end[STAGE_SYNC]);
     if (e != cudaSuccess)
         return cuda_fail(e, "cudaEventElapsedTime");
     *us = (double)ms * 1e3;
@@ -552,6 +715,8 @@ static const struct backend_ops cuda_ops = {
     .forward_sample = cuda_forward_sample,
     .close = cuda_close,
     .device_time_us = cuda_device_time_us,
+    .submit = cuda_submit,
+    .complete = cuda_complete,
 };
 
 int cuda_pool_alloc(const struct kv_geometry *g, int device, void **pool)

@@ -11,6 +11,15 @@
 
 enum slot_state { SLOT_FREE, SLOT_QUEUED, SLOT_RUNNING, SLOT_DONE };
 
+/* The mirror's pending tokens name a step by its step id modulo MIRROR_MAX_STEPS_IN_FLIGHT; the
+ * backend's step slots are named the same way. */
+_Static_assert(MIRROR_MAX_STEPS_IN_FLIGHT <= BACKEND_STEP_SLOTS,
+               "a backend step slot for each step the mirror holds in flight");
+
+/* How often the executor's thread looks whether the step it submitted last has ended, while no
+ * other step is queued (an asynchronous backend: the device signals nothing to the thread). */
+#define EXECUTOR_POLL_US 20
+
 /* One step held by the executor, with its own copy of everything the forward pass reads. */
 struct slot {
     enum slot_state state;
@@ -40,8 +49,17 @@ struct slot {
     int32_t *seq_fail;                    /* [max_num_seqs]: a sequence's failed pending input */
     uint64_t *seq_fail_step;              /* [max_num_seqs]: the step of that input */
     int rc;
+    int after_failure; /* rc says it was not run: an earlier step failed as a whole */
     char error[EXECUTOR_ERROR_MAX];
     double wall_us, device_us;
+
+    /* An asynchronous backend: the step's inputs read on the device (backend_submit). */
+    struct backend_gather *gathers; /* [max_num_tokens] */
+    int32_t *gather_seq;            /* [max_num_tokens]: the sequence of each gather */
+    int32_t num_gathers;
+    int32_t *undo; /* [max_num_tokens][2]: (token row, pending token) of each pending input */
+    int32_t num_undo;
+    struct timespec submitted; /* when backend_submit was called */
 };
 
 /* What one step sampled, kept for the steps prepared while it was in flight: their pending
@@ -74,6 +92,8 @@ struct executor {
     uint64_t failed_gen, failed_step;
 
     struct sampled sampled[MIRROR_MAX_STEPS_IN_FLIGHT];
+    int submits;                /* backend_can_submit */
+    struct timespec last_ended; /* when the last step ended on the executor's thread */
 };
 
 /* ---- memory -------------------------------------------------------------------------------- */
@@ -96,6 +116,9 @@ static void slot_free(struct slot *s)
     free(s->row_errors);
     free(s->seq_fail);
     free(s->seq_fail_step);
+    free(s->gathers);
+    free(s->gather_seq);
+    free(s->undo);
 }
 
 static int slot_alloc(struct slot *s, const struct executor_limits *l)
@@ -115,6 +138,11 @@ static int slot_alloc(struct slot *s, const struct executor_limits *l)
     s->row_errors = malloc(ns * sizeof(*s->row_errors));
     s->seq_fail = malloc(ns * sizeof(int32_t));
     s->seq_fail_step = malloc(ns * sizeof(uint64_t));
+    s->gathers = malloc(nt * sizeof(*s->gathers));
+    s->gather_seq = malloc(nt * sizeof(int32_t));
+    s->undo = malloc(2 * nt * sizeof(int32_t));
+    if (!s->gathers || !s->gather_seq || !s->undo)
+        return PAGODA_ENOMEM;
     if (!s->token_ids || !s->positions || !s->slot_mapping || !s->query_start || !s->context_lens ||
         !s->logits_indices || !s->rows || !s->seq_ids || !s->failed || !s->tokens || !s->logprobs ||
         !s->row_errors || !s->seq_fail || !s->seq_fail_step)
@@ -163,12 +191,46 @@ static int32_t resolve_token(const struct executor *e, const struct slot *s, int
     return src->tokens[row];
 }
 
+/* Marks sequence i failed through an input that could not be resolved (the first one counts). */
+static void fail_input(struct slot *s, int32_t i, int32_t code, uint64_t from)
+{
+    if (code != 0 && s->seq_fail[i] == 0) {
+        s->seq_fail[i] = code;
+        s->seq_fail_step[i] = from;
+    }
+}
+
+/* Replaces the pending tokens of the rows' histories (only penalised rows carry one) with the
+ * tokens sampled by then. */
+static void resolve_histories(struct executor *e, struct slot *s)
+{
+    for (int32_t r = 0; r < s->batch.num_logits; r++) {
+        int32_t *out = (int32_t *)s->rows[r].output_tokens; /* the slot's own history copy */
+        for (size_t k = 0; k < s->rows[r].n_output; k++)
+            if (mirror_token_pending(out[k])) {
+                int32_t code = 0;
+                uint64_t from = 0;
+                out[k] = resolve_token(e, s, out[k], &code, &from);
+            }
+    }
+}
+
+/* Whether a penalised row's history holds a pending token (asynchronous backends read the
+ * histories on submit: the steps those tokens name must have ended first). */
+static int histories_pending(const struct slot *s)
+{
+    for (int32_t r = 0; r < s->batch.num_logits; r++)
+        for (size_t k = 0; k < s->rows[r].n_output; k++)
+            if (mirror_token_pending(s->rows[r].output_tokens[k]))
+                return 1;
+    return 0;
+}
+
 /* Replaces the pending tokens of the step's inputs and histories; a sequence whose input cannot
  * be resolved is marked in seq_fail. */
 static void resolve_pending(struct executor *e, struct slot *s)
 {
     const struct fwd_batch *b = &s->batch;
-    int32_t row = 0;
     for (int32_t i = 0; i < b->num_seqs; i++) {
         s->seq_fail[i] = 0;
         for (int32_t t = b->query_start[i]; t < b->query_start[i + 1]; t++) {
@@ -177,22 +239,71 @@ static void resolve_pending(struct executor *e, struct slot *s)
             int32_t code = 0;
             uint64_t from = 0;
             s->token_ids[t] = resolve_token(e, s, s->token_ids[t], &code, &from);
-            if (code != 0 && s->seq_fail[i] == 0) {
-                s->seq_fail[i] = code;
-                s->seq_fail_step[i] = from;
-            }
+            fail_input(s, i, code, from);
         }
-        int samples = row < b->num_logits && b->logits_indices[row] == b->query_start[i + 1] - 1;
-        if (!samples)
-            continue;
-        struct sample_row *r = &s->rows[row++];
-        int32_t *out = (int32_t *)r->output_tokens; /* the slot's own history copy */
-        for (size_t k = 0; k < r->n_output; k++)
-            if (mirror_token_pending(out[k])) {
+    }
+    resolve_histories(e, s);
+}
+
+/* The asynchronous path: each pending input token sampled by the step still on the device (out,
+ * submitted and not completed) becomes a gather, read on the device from that step's slot;
+ * whether its row was sampled is known when this step is completed (check_gathers). Pending
+ * tokens of steps that have ended are resolved here, on the host (such a step may have run
+ * synchronously, leaving nothing on the device), as are the histories. */
+static void gather_pending(struct executor *e, struct slot *s, const struct slot *out)
+{
+    const struct fwd_batch *b = &s->batch;
+    s->num_gathers = s->num_undo = 0;
+    for (int32_t i = 0; i < b->num_seqs; i++) {
+        s->seq_fail[i] = 0;
+        for (int32_t t = b->query_start[i]; t < b->query_start[i + 1]; t++) {
+            int32_t tok = s->token_ids[t];
+            if (!mirror_token_pending(tok))
+                continue;
+            s->undo[2 * s->num_undo] = t;
+            s->undo[2 * s->num_undo++ + 1] = tok;
+            if (out == NULL || out->gen != s->gen ||
+                mirror_pending_slot(tok) != (int32_t)(out->step_id % MIRROR_MAX_STEPS_IN_FLIGHT)) {
                 int32_t code = 0;
                 uint64_t from = 0;
-                out[k] = resolve_token(e, s, out[k], &code, &from);
+                s->token_ids[t] = resolve_token(e, s, tok, &code, &from);
+                fail_input(s, i, code, from);
+                continue;
             }
+            s->token_ids[t] = 0; /* the gather writes the token over it on the device */
+            if (mirror_pending_row(tok) >= e->lim.max_num_seqs) {
+                fail_input(s, i, PAGODA_EINTERNAL, 0);
+                continue;
+            }
+            struct backend_gather *g = &s->gathers[s->num_gathers];
+            g->token = t;
+            g->slot = mirror_pending_slot(tok);
+            g->row = mirror_pending_row(tok);
+            s->gather_seq[s->num_gathers++] = i;
+        }
+    }
+    resolve_histories(e, s);
+}
+
+/* Undoes gather_pending's inputs: the step runs synchronously after all, and resolve_pending
+ * resolves them again (with their failures). */
+static void ungather(struct slot *s)
+{
+    for (int32_t k = 0; k < s->num_undo; k++)
+        s->token_ids[s->undo[2 * k]] = s->undo[2 * k + 1];
+    s->num_gathers = s->num_undo = 0;
+}
+
+/* Once the steps a step's gathers read have ended: a gathered input whose row could not be
+ * sampled (or that names no step run) fails its sequence. */
+static void check_gathers(struct executor *e, struct slot *s)
+{
+    for (int32_t k = 0; k < s->num_gathers; k++) {
+        const struct backend_gather *g = &s->gathers[k];
+        int32_t code = 0;
+        uint64_t from = 0;
+        resolve_token(e, s, MIRROR_PENDING_TOKEN(g->slot, g->row), &code, &from);
+        fail_input(s, s->gather_seq[k], code, from);
     }
 }
 
@@ -223,26 +334,48 @@ static void fail_rows_of_failed_inputs(struct slot *s)
     }
 }
 
-static void run_step(struct executor *e, struct slot *s, int after_failure, uint64_t failed_step)
+static void reset_result(struct slot *s)
 {
-    struct timespec w0, w1, c0, c1;
-    clock_gettime(CLOCK_MONOTONIC, &w0);
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c0);
-    const int32_t nl = s->batch.num_logits;
     s->rc = 0;
     s->error[0] = '\0';
     s->device_us = -1.0;
-    for (int32_t r = 0; r < nl; r++) {
+    for (int32_t r = 0; r < s->batch.num_logits; r++) {
         s->tokens[r] = -1;
         s->logprobs[r] = 0.0f;
         s->row_errors[r].code = 0;
         s->row_errors[r].message[0] = '\0';
     }
+}
+
+static int not_run(const struct slot *s, uint64_t failed_step)
+{
+    return pagoda_error_set(PAGODA_EPROTO,
+                            "step %" PRIu64 " was not run: step %" PRIu64
+                            ", which it was prepared from, failed",
+                            s->step_id, failed_step);
+}
+
+/* What the step sampled, for the steps prepared from it. */
+static void record_sampled(struct executor *e, const struct slot *s)
+{
+    struct sampled *out = &e->sampled[s->step_id % MIRROR_MAX_STEPS_IN_FLIGHT];
+    out->valid = s->rc == 0;
+    out->gen = s->gen;
+    out->step_id = s->step_id;
+    for (int32_t r = 0; r < s->batch.num_logits && s->rc == 0; r++) {
+        out->tokens[r] = s->tokens[r];
+        out->codes[r] = s->row_errors[r].code;
+    }
+}
+
+static void run_step(struct executor *e, struct slot *s, int after_failure, uint64_t failed_step)
+{
+    struct timespec w0, w1, c0, c1;
+    clock_gettime(CLOCK_MONOTONIC, &w0);
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c0);
+    reset_result(s);
     if (after_failure) {
-        s->rc = pagoda_error_set(PAGODA_EPROTO,
-                                 "step %" PRIu64 " was not run: step %" PRIu64
-                                 ", which it was prepared from, failed",
-                                 s->step_id, failed_step);
+        s->rc = not_run(s, failed_step);
     } else if (s->batch.num_tokens > 0) {
         resolve_pending(e, s);
         s->rc = backend_forward_sample_rows(e->backend, &s->batch, s->rows, s->tokens, s->logprobs,
@@ -256,20 +389,69 @@ static void run_step(struct executor *e, struct slot *s, int after_failure, uint
     }
     if (s->rc != 0)
         pagoda_error_message(s->rc, s->error, sizeof(s->error));
-    /* What it sampled, for the steps prepared from it. */
-    struct sampled *out = &e->sampled[s->step_id % MIRROR_MAX_STEPS_IN_FLIGHT];
-    out->valid = s->rc == 0;
-    out->gen = s->gen;
-    out->step_id = s->step_id;
-    for (int32_t r = 0; r < nl && s->rc == 0; r++) {
-        out->tokens[r] = s->tokens[r];
-        out->codes[r] = s->row_errors[r].code;
-    }
+    record_sampled(e, s);
     clock_gettime(CLOCK_MONOTONIC, &w1);
     clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c1);
     s->wall_us = ns_between(&w0, &w1) / 1e3;
     if (s->device_us < 0)
         s->device_us = ns_between(&c0, &c1) / 1e3;
+    e->last_ended = w1;
+}
+
+/* The asynchronous path: queues the step on the backend (its inputs gathered on the device).
+ * Returns backend_submit's result; on failure the step's inputs are as submitted. */
+static int submit_step(struct executor *e, struct slot *s, const struct slot *out)
+{
+    clock_gettime(CLOCK_MONOTONIC, &s->submitted);
+    reset_result(s);
+    gather_pending(e, s, out);
+    int rc = backend_submit(e->backend, (int)(s->step_id % MIRROR_MAX_STEPS_IN_FLIGHT), &s->batch,
+                            s->rows, s->gathers, s->num_gathers);
+    if (rc != 0)
+        ungather(s);
+    return rc;
+}
+
+/* Completes a submitted step: returns 0 when wait is 0 and it has not ended, else 1 with its
+ * result in s. Its wall time runs from its submission, or from the end of the step before it when
+ * that came later (the step could not end before), to its end: with the device fed back to back
+ * it approaches the device time. Called without mu. */
+static int complete_step(struct executor *e, struct slot *s, int wait)
+{
+    double device_us = -1.0;
+    int rc = backend_complete(e->backend, (int)(s->step_id % MIRROR_MAX_STEPS_IN_FLIGHT), wait,
+                              s->tokens, s->logprobs, s->row_errors, &device_us);
+    if (rc == PAGODA_EBUSY && !wait)
+        return 0;
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    s->rc = rc;
+    if (rc == 0) {
+        /* A step that failed as a whole after this one was submitted: this one was prepared from
+         * what it did not write, and its result is dropped. */
+        pthread_mutex_lock(&e->mu);
+        int prior = e->failed && e->failed_gen == s->gen && e->failed_step < s->step_id;
+        uint64_t failed_step = e->failed_step;
+        pthread_mutex_unlock(&e->mu);
+        if (prior) {
+            s->after_failure = 1;
+            reset_result(s);
+            s->rc = not_run(s, failed_step);
+        } else {
+            check_gathers(e, s);
+            fail_rows_of_failed_inputs(s);
+        }
+    }
+    if (s->rc != 0)
+        pagoda_error_message(s->rc, s->error, sizeof(s->error));
+    record_sampled(e, s);
+    const struct timespec *from = &s->submitted;
+    if (ns_between(from, &e->last_ended) > 0)
+        from = &e->last_ended;
+    s->wall_us = ns_between(from, &now) / 1e3;
+    s->device_us = device_us >= 0 ? device_us : s->wall_us;
+    e->last_ended = now;
+    return 1;
 }
 
 static struct slot *first_queued(struct executor *e)
@@ -300,35 +482,121 @@ static void wait_delay(struct executor *e, struct slot *s)
     s->in_delay = 0;
 }
 
+/* Waits on cv for at most us microseconds. Under mu. */
+static void wait_us(struct executor *e, long us)
+{
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_nsec += us * 1000L;
+    if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+    }
+    pthread_cond_timedwait(&e->cv, &e->mu, &until);
+}
+
+/* A step has its result: it is delivered in order by the loop. Under mu. */
+static void step_ended(struct executor *e, struct slot *s)
+{
+    if (s->rc != 0 && !s->after_failure && s->gen == e->gen) {
+        e->failed = 1;
+        e->failed_gen = s->gen;
+        e->failed_step = s->step_id;
+    }
+    s->state = SLOT_DONE;
+    uv_async_send(&e->async);
+}
+
+/* Completes the step submitted and not completed yet (*out), waiting for it. Under mu. */
+static void drain(struct executor *e, struct slot **out)
+{
+    if (*out == NULL)
+        return;
+    pthread_mutex_unlock(&e->mu);
+    complete_step(e, *out, 1);
+    pthread_mutex_lock(&e->mu);
+    step_ended(e, *out);
+    *out = NULL;
+}
+
+/* Runs s synchronously, after the submitted step (*out) has ended. Under mu. */
+static void run_sync(struct executor *e, struct slot *s, struct slot **out)
+{
+    drain(e, out);
+    s->after_failure = e->failed && e->failed_gen == s->gen;
+    uint64_t failed_step = e->failed_step;
+    pthread_mutex_unlock(&e->mu);
+    run_step(e, s, s->after_failure, failed_step);
+    pthread_mutex_lock(&e->mu);
+    step_ended(e, s);
+}
+
+/* The thread. With a backend that computes synchronously, each step runs and ends in turn. With
+ * an asynchronous one (backend_submit), step n + 1 is submitted while step n may still run on the
+ * device, then step n is completed and delivered: the device runs the steps back to back and
+ * the results still come in order. A step runs synchronously instead (after the one before it
+ * has ended) when it was prepared from a failed step, has no tokens, has a penalised row whose
+ * history holds a token still being sampled (the sampler reads histories from the host), or was
+ * refused by backend_submit (the synchronous path then tells which row failed, or the step's
+ * error). */
 static void *executor_thread(void *arg)
 {
     struct executor *e = arg;
+    struct slot *out = NULL; /* submitted to the backend, not completed */
     pthread_mutex_lock(&e->mu);
     for (;;) {
         struct slot *s = NULL;
-        while (!e->stop && (s = first_queued(e)) == NULL)
-            pthread_cond_wait(&e->cv, &e->mu);
+        while (!e->stop && (s = first_queued(e)) == NULL) {
+            if (out == NULL) {
+                pthread_cond_wait(&e->cv, &e->mu);
+                continue;
+            }
+            pthread_mutex_unlock(&e->mu);
+            int ended = complete_step(e, out, 0);
+            pthread_mutex_lock(&e->mu);
+            if (ended) {
+                step_ended(e, out);
+                out = NULL;
+            } else {
+                wait_us(e, EXECUTOR_POLL_US);
+            }
+        }
         if (e->stop)
             break;
         s->state = SLOT_RUNNING;
-        if (s->delay_ms > 0)
+        s->after_failure = 0;
+        if (s->delay_ms > 0) {
+            drain(e, &out);
             wait_delay(e, s);
+        }
         if (e->stop)
             break;
-        if (!s->discarded) {
-            int after_failure = e->failed && e->failed_gen == s->gen;
-            uint64_t failed_step = e->failed_step;
-            pthread_mutex_unlock(&e->mu);
-            run_step(e, s, after_failure, failed_step);
-            pthread_mutex_lock(&e->mu);
-            if (s->rc != 0 && !after_failure && s->gen == e->gen) {
-                e->failed = 1;
-                e->failed_gen = s->gen;
-                e->failed_step = s->step_id;
-            }
+        if (s->discarded) {
+            s->state = SLOT_DONE;
+            uv_async_send(&e->async);
+            continue;
         }
-        s->state = SLOT_DONE;
-        uv_async_send(&e->async);
+        if (e->submits && out != NULL && histories_pending(s))
+            drain(e, &out);
+        if (!e->submits || s->batch.num_tokens == 0 || (e->failed && e->failed_gen == s->gen)) {
+            run_sync(e, s, &out);
+            continue;
+        }
+        pthread_mutex_unlock(&e->mu);
+        int rc = submit_step(e, s, out);
+        pthread_mutex_lock(&e->mu);
+        if (rc != 0) {
+            run_sync(e, s, &out);
+            continue;
+        }
+        drain(e, &out); /* step n ends while step n + 1 waits on the device behind it */
+        out = s;
+    }
+    if (out != NULL) { /* closing: nothing is delivered, but the device must be done with it */
+        pthread_mutex_unlock(&e->mu);
+        complete_step(e, out, 1);
+        pthread_mutex_lock(&e->mu);
+        out->state = SLOT_DONE;
     }
     pthread_mutex_unlock(&e->mu);
     return NULL;
@@ -392,6 +660,7 @@ int executor_open(uv_loop_t *loop, struct backend *b, const struct executor_limi
     e->lim = *limits;
     e->done = done;
     e->ctx = ctx;
+    e->submits = backend_can_submit(b);
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cv, NULL);
     int rc = 0;

@@ -16,6 +16,17 @@
  * forward pass fails as a whole fails every later step submitted before the next
  * executor_discard, without running them: they were prepared from what it did not write.
  *
+ * With a backend that has asynchronous steps (backend_submit: the CUDA backend), the thread
+ * submits step n + 1 before it completes step n, so the device runs them back to back: step
+ * n + 1's pending input tokens are read on the device from the slot where step n samples them
+ * (struct backend_gather), and whether their rows were sampled is known once step n has ended,
+ * when step n + 1 is completed; a sequence whose pending input failed then fails its row as above
+ * (its K/V at its own slots was computed from token 0: the scheduler frees them with it). A step
+ * whose forward pass fails as a whole on the device (found on completion) fails the step
+ * submitted behind it the same way. Steps fall back to running one at a time when the backend
+ * must see something on the host first (see executor_thread in executor.c). Backends without
+ * asynchronous steps (CPU, null) run each step synchronously.
+ *
  * Bounded: at most EXECUTOR_MAX_STEPS steps are held at once (queued, running, or done and not yet
  * delivered); a submit beyond that is refused. All buffers are sized at open from the limits,
  * except the block tables and sampling histories, which grow on submit (on the loop's thread).
@@ -55,7 +66,9 @@ struct executor_result {
     const struct backend_row_error *row_errors; /* [num_rows]: code 0 for a sampled row */
     const struct mirror_seq_error *failed;      /* [num_failed]: the mirror's failures */
     int32_t num_failed;
-    double wall_us;   /* the step on the executor's thread, its delay excluded */
+    double wall_us;   /* the step on the executor's thread, its delay excluded; submitted
+                       * asynchronously: from its submission, or the end of the step before it
+                       * if later, to its end */
     double device_us; /* the backend's device time, else the thread's CPU time */
 };
 

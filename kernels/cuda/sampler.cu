@@ -88,12 +88,18 @@ struct cuda_sampler {
     int32_t vocab;
     int32_t max_rows;
     size_t max_history;
-    float *d_logits;              /* [max_rows][vocab] penalised logits (rows with penalties) */
-    int32_t *d_marks;             /* [max_rows][vocab] history marks, zero between calls */
-    unsigned char *d_stage;       /* a call's row_desc[rows], then its packed int32 history */
-    unsigned char *h_stage;       /* pinned, the same layout */
+    float *d_logits;        /* [max_rows][vocab] penalised logits (rows with penalties) */
+    int32_t *d_marks;       /* [max_rows][vocab] history marks, zero between calls */
+    unsigned char *d_stage; /* a call's row_desc[rows], then its packed int32 history */
+    /* Pinned, the same layout, two in turn: a call fills one while the copy of the call before
+     * may still wait on the stream; stage_copied[i] marks the end of the last copy from i. */
+    unsigned char *h_stage[2];
+    cudaEvent_t stage_copied[2];
+    int next_stage;
     struct row_result *d_results; /* [max_rows] */
-    struct row_result *h_results; /* [max_rows], pinned */
+    /* [CUDA_SAMPLER_SLOTS + 1][max_rows], pinned: one per slot of cuda_sampler_enqueue, then
+     * cuda_sampler_sample's. */
+    struct row_result *h_results;
 };
 
 /* ---- device side ---------------------------------------------------------------------- */
@@ -459,10 +465,13 @@ __device__ static int32_t penalise_row(float *work, int32_t *marks, const int32_
 __global__ void __launch_bounds__(SAMPLER_THREADS)
     sample_rows(const float *__restrict__ logits, int32_t vocab,
                 const struct row_desc *__restrict__ descs, const int32_t *__restrict__ history,
-                float *work_logits, int32_t *marks, struct row_result *results)
+                float *work_logits, int32_t *marks, struct row_result *results, int32_t *out_tokens)
 {
     __shared__ struct block_shared sh;
     const int32_t row = blockIdx.x;
+    /* A row that cannot be sampled leaves token 0 for the kernels that read out_tokens. */
+    if (out_tokens && threadIdx.x == 0)
+        out_tokens[row] = 0;
     const struct row_desc d = descs[row];
     const float *in = logits + (size_t)row * vocab;
     float *work = work_logits + (size_t)row * vocab;
@@ -551,6 +560,8 @@ __global__ void __launch_bounds__(SAMPLER_THREADS)
     if (threadIdx.x == 0) {
         res->status = ROW_OK;
         res->token = token;
+        if (out_tokens)
+            out_tokens[row] = token;
         res->logprob = (float)(((double)l[token] - (double)m) - log(exp_sum));
     }
 }
@@ -613,15 +624,23 @@ extern "C" int cuda_sampler_new(int32_t vocab, int32_t max_rows, size_t max_hist
         rc = cuda_failed(err, "cudaMalloc(stage)");
         goto fail;
     }
-    if ((err = cudaMallocHost((void **)&s->h_stage, stage_bytes)) != cudaSuccess) {
-        rc = cuda_failed(err, "cudaMallocHost(stage)");
-        goto fail;
+    for (int i = 0; i < 2; i++) {
+        if ((err = cudaMallocHost((void **)&s->h_stage[i], stage_bytes)) != cudaSuccess) {
+            rc = cuda_failed(err, "cudaMallocHost(stage)");
+            goto fail;
+        }
+        if ((err = cudaEventCreateWithFlags(&s->stage_copied[i], cudaEventDisableTiming)) !=
+            cudaSuccess) {
+            rc = cuda_failed(err, "cudaEventCreate(stage)");
+            goto fail;
+        }
     }
     if ((err = cudaMalloc((void **)&s->d_results, result_bytes)) != cudaSuccess) {
         rc = cuda_failed(err, "cudaMalloc(results)");
         goto fail;
     }
-    if ((err = cudaMallocHost((void **)&s->h_results, result_bytes)) != cudaSuccess) {
+    if ((err = cudaMallocHost((void **)&s->h_results, (CUDA_SAMPLER_SLOTS + 1) * result_bytes)) !=
+        cudaSuccess) {
         rc = cuda_failed(err, "cudaMallocHost(results)");
         goto fail;
     }
@@ -641,7 +660,13 @@ extern "C" void cuda_sampler_free(struct cuda_sampler *s)
     cudaFree(s->d_logits);
     cudaFree(s->d_marks);
     cudaFree(s->d_stage);
-    cudaFreeHost(s->h_stage);
+    for (int i = 0; i < 2; i++) {
+        if (s->stage_copied[i]) {
+            cudaEventSynchronize(s->stage_copied[i]);
+            cudaEventDestroy(s->stage_copied[i]);
+        }
+        cudaFreeHost(s->h_stage[i]);
+    }
     cudaFree(s->d_results);
     cudaFreeHost(s->h_results);
     free(s);
@@ -710,27 +735,23 @@ static int stage_row(struct cuda_sampler *s, int32_t r, const struct sampling_pa
     return 0;
 }
 
-extern "C" int cuda_sampler_sample(struct cuda_sampler *s, const float *logits, int32_t rows,
-                                   const struct sampling_params *params,
-                                   const uint64_t *output_index,
-                                   const int32_t *const *prompt_tokens, const size_t *n_prompt,
-                                   const int32_t *const *output_tokens, const size_t *n_output,
-                                   int32_t *tokens, float *logprobs, cudaStream_t stream)
+/* Queues the call: stages the rows (the host checks), copies them, launches the kernel and the
+ * copy of its results into h_results' slot. */
+static int enqueue(struct cuda_sampler *s, int slot, const float *logits, int32_t rows,
+                   const struct sampling_params *params, const uint64_t *output_index,
+                   const int32_t *const *prompt_tokens, const size_t *n_prompt,
+                   const int32_t *const *output_tokens, const size_t *n_output, int32_t *d_tokens,
+                   cudaStream_t stream)
 {
-    if (!s)
-        return pagoda_error_set(PAGODA_EINVAL, "cuda sampler: NULL sampler");
-    if (rows < 0 || rows > s->max_rows)
-        return pagoda_error_set(PAGODA_ERANGE, "cuda sampler: %d rows outside [0, %d]", (int)rows,
-                                (int)s->max_rows);
-    if (rows == 0)
-        return 0;
-    if (!logits || !params || !output_index || !tokens)
-        return pagoda_error_set(PAGODA_EINVAL, "cuda sampler: NULL argument");
-
     /* The stage holds this call's descriptors, then the histories of its rows with penalties,
-     * so that one copy of exactly the bytes used moves both. */
-    struct row_desc *descs = (struct row_desc *)s->h_stage;
-    int32_t *history = (int32_t *)(s->h_stage + stage_desc_bytes(rows));
+     * so that one copy of exactly the bytes used moves both. The copy from this stage two calls
+     * ago has long ended when the caller completes each call before the next but one. */
+    const int k = s->next_stage;
+    cudaError_t err = cudaEventSynchronize(s->stage_copied[k]);
+    if (err != cudaSuccess)
+        return cuda_failed(err, "cudaEventSynchronize(stage)");
+    struct row_desc *descs = (struct row_desc *)s->h_stage[k];
+    int32_t *history = (int32_t *)(s->h_stage[k] + stage_desc_bytes(rows));
     size_t history_used = 0;
     for (int32_t r = 0; r < rows; r++) {
         size_t np = n_prompt ? n_prompt[r] : 0, no = n_output ? n_output[r] : 0;
@@ -744,47 +765,134 @@ extern "C" int cuda_sampler_sample(struct cuda_sampler *s, const float *logits, 
 
     const size_t copy_bytes = stage_desc_bytes(rows) + history_used * sizeof(int32_t);
     const size_t result_bytes = (size_t)rows * sizeof(struct row_result);
-    cudaError_t err =
-        cudaMemcpyAsync(s->d_stage, s->h_stage, copy_bytes, cudaMemcpyHostToDevice, stream);
+    err = cudaMemcpyAsync(s->d_stage, s->h_stage[k], copy_bytes, cudaMemcpyHostToDevice, stream);
     if (err != cudaSuccess)
         return cuda_failed(err, "cudaMemcpyAsync(stage)");
+    if ((err = cudaEventRecord(s->stage_copied[k], stream)) != cudaSuccess)
+        return cuda_failed(err, "cudaEventRecord(stage)");
+    s->next_stage = 1 - k;
     sample_rows<<<rows, SAMPLER_THREADS, 0, stream>>>(
         logits, s->vocab, (const struct row_desc *)s->d_stage,
         (const int32_t *)(s->d_stage + stage_desc_bytes(rows)), s->d_logits, s->d_marks,
-        s->d_results);
+        s->d_results, d_tokens);
     if ((err = cudaGetLastError()) != cudaSuccess)
         return cuda_failed(err, "sample_rows<<<>>>");
-    err = cudaMemcpyAsync(s->h_results, s->d_results, result_bytes, cudaMemcpyDeviceToHost, stream);
+    err = cudaMemcpyAsync(s->h_results + (size_t)slot * (size_t)s->max_rows, s->d_results,
+                          result_bytes, cudaMemcpyDeviceToHost, stream);
     if (err != cudaSuccess)
         return cuda_failed(err, "cudaMemcpyAsync(results)");
-    if ((err = cudaStreamSynchronize(stream)) != cudaSuccess)
-        return cuda_failed(err, "cudaStreamSynchronize");
-
-    for (int32_t r = 0; r < rows; r++) {
-        const struct row_result *res = &s->h_results[r];
-        switch (res->status) {
-        case ROW_OK:
-            break;
-        case ROW_BAD_LOGIT:
-            return pagoda_error_set(PAGODA_EINVAL, "cuda sampler: row %d: logit %d is %g", (int)r,
-                                    (int)res->detail, (double)res->value);
-        case ROW_OVERFLOW:
-            return pagoda_error_set(PAGODA_ERANGE,
-                                    "cuda sampler: row %d: penalties make token %d's logit "
-                                    "overflow",
-                                    (int)r, (int)res->detail);
-        case ROW_ALL_MASKED:
-            return pagoda_error_set(PAGODA_EINVAL, "cuda sampler: row %d: every logit is -inf",
-                                    (int)r);
-        default:
-            return pagoda_error_set(PAGODA_EINTERNAL, "cuda sampler: row %d: status %d", (int)r,
-                                    (int)res->status);
-        }
-    }
-    for (int32_t r = 0; r < rows; r++) {
-        tokens[r] = s->h_results[r].token;
-        if (logprobs)
-            logprobs[r] = s->h_results[r].logprob;
-    }
     return 0;
+}
+
+/* The checks every entry point makes; *done is set when there is nothing to do (0 rows). */
+static int check_call(const struct cuda_sampler *s, const float *logits, int32_t rows,
+                      const struct sampling_params *params, const uint64_t *output_index,
+                      const void *tokens, int *done)
+{
+    *done = 0;
+    if (!s)
+        return pagoda_error_set(PAGODA_EINVAL, "cuda sampler: NULL sampler");
+    if (rows < 0 || rows > s->max_rows)
+        return pagoda_error_set(PAGODA_ERANGE, "cuda sampler: %d rows outside [0, %d]", (int)rows,
+                                (int)s->max_rows);
+    if (rows == 0) {
+        *done = 1;
+        return 0;
+    }
+    if (!logits || !params || !output_index || !tokens)
+        return pagoda_error_set(PAGODA_EINVAL, "cuda sampler: NULL argument");
+    return 0;
+}
+
+extern "C" int cuda_sampler_enqueue(struct cuda_sampler *s, int slot, const float *logits,
+                                    int32_t rows, const struct sampling_params *params,
+                                    const uint64_t *output_index,
+                                    const int32_t *const *prompt_tokens, const size_t *n_prompt,
+                                    const int32_t *const *output_tokens, const size_t *n_output,
+                                    int32_t *d_tokens, cudaStream_t stream)
+{
+    int done;
+    int rc = check_call(s, logits, rows, params, output_index, logits, &done);
+    if (rc != 0 || done)
+        return rc;
+    if (slot < 0 || slot >= CUDA_SAMPLER_SLOTS)
+        return pagoda_error_set(PAGODA_EINVAL, "cuda sampler: slot %d outside [0, %d)", slot,
+                                CUDA_SAMPLER_SLOTS);
+    return enqueue(s, slot, logits, rows, params, output_index, prompt_tokens, n_prompt,
+                   output_tokens, n_output, d_tokens, stream);
+}
+
+extern "C" int cuda_sampler_result(const struct cuda_sampler *s, int slot, int32_t r,
+                                   int32_t *token, float *logprob)
+{
+    if (!s || slot < 0 || slot > CUDA_SAMPLER_SLOTS || r < 0 || r >= s->max_rows)
+        return pagoda_error_set(PAGODA_EINVAL, "cuda sampler: result of slot %d row %d", slot,
+                                (int)r);
+    const struct row_result *res = &s->h_results[(size_t)slot * (size_t)s->max_rows + (size_t)r];
+    switch (res->status) {
+    case ROW_OK:
+        *token = res->token;
+        if (logprob)
+            *logprob = res->logprob;
+        return 0;
+    case ROW_BAD_LOGIT:
+        return pagoda_error_set(PAGODA_EINVAL, "cuda sampler: row %d: logit %d is %g", (int)r,
+                                (int)res->detail, (double)res->value);
+    case ROW_OVERFLOW:
+        return pagoda_error_set(PAGODA_ERANGE,
+                                "cuda sampler: row %d: penalties make token %d's logit overflow",
+                                (int)r, (int)res->detail);
+    case ROW_ALL_MASKED:
+        return pagoda_error_set(PAGODA_EINVAL, "cuda sampler: row %d: every logit is -inf", (int)r);
+    default:
+        return pagoda_error_set(PAGODA_EINTERNAL, "cuda sampler: row %d: status %d", (int)r,
+                                (int)res->status);
+    }
+}
+
+extern "C" int cuda_sampler_sample(struct cuda_sampler *s, const float *logits, int32_t rows,
+                                   const struct sampling_params *params,
+                                   const uint64_t *output_index,
+                                   const int32_t *const *prompt_tokens, const size_t *n_prompt,
+                                   const int32_t *const *output_tokens, const size_t *n_output,
+                                   int32_t *tokens, float *logprobs, cudaStream_t stream)
+{
+    int done;
+    int rc = check_call(s, logits, rows, params, output_index, tokens, &done);
+    if (rc != 0 || done)
+        return rc;
+    rc = enqueue(s, CUDA_SAMPLER_SLOTS, logits, rows, params, output_index, prompt_tokens, n_prompt,
+                 output_tokens, n_output, NULL, stream);
+    if (rc != 0)
+        return rc;
+    cudaError_t err = cudaStreamSynchronize(stream);
+    if (err != cudaSuccess)
+        return cuda_failed(err, "cudaStreamSynchronize");
+    /* The first failing row fails the call, before anything is written. */
+    int32_t token;
+    for (int32_t r = 0; r < rows; r++)
+        if ((rc = cuda_sampler_result(s, CUDA_SAMPLER_SLOTS, r, &token, NULL)) != 0)
+            return rc;
+    for (int32_t r = 0; r < rows; r++)
+        cuda_sampler_result(s, CUDA_SAMPLER_SLOTS, r, &tokens[r], logprobs ? &logprobs[r] : NULL);
+    return 0;
+}
+
+/* dst[pairs[2i]] = src[pairs[2i + 1]]. */
+__global__ void gather_tokens(int32_t *dst, const int32_t *pairs, int32_t n, const int32_t *src)
+{
+    int32_t i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n)
+        dst[pairs[2 * i]] = src[pairs[2 * i + 1]];
+}
+
+extern "C" int cuda_gather_tokens(int32_t *d_dst, const int32_t *d_pairs, int32_t n,
+                                  const int32_t *d_src, cudaStream_t stream)
+{
+    if (n <= 0)
+        return 0;
+    const int threads = 256;
+    gather_tokens<<<(n + threads - 1) / threads, threads, 0, stream>>>(d_dst, d_pairs, n, d_src);
+    cudaError_t err = cudaGetLastError();
+    return err == cudaSuccess ? 0 : cuda_failed(err, "gather_tokens<<<>>>");
 }

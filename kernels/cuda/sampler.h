@@ -34,8 +34,9 @@ struct cuda_sampler;
 /* Creates a sampler for vocabularies of exactly vocab tokens and batches of up to max_rows rows,
  * each with a history (prompt plus output tokens) of at most max_history tokens. Everything is
  * allocated here, on the current CUDA device, and never during sampling: 8 bytes per token per
- * row of device memory (penalised logits and history counts), and about 64 + 4 * max_history
- * bytes per row of device and of pinned host memory. The sampler belongs to the caller until
+ * row of device memory (penalised logits and history counts), about 64 + 4 * max_history bytes
+ * per row of device memory and twice that of pinned host memory (two stages used in turn), and
+ * 24 bytes per row and slot of pinned results. The sampler belongs to the caller until
  * cuda_sampler_free(), and serves one thread at a time.
  *
  * Returns 0, PAGODA_EINVAL for a NULL out, PAGODA_ERANGE when vocab is outside [1,
@@ -77,6 +78,36 @@ int cuda_sampler_sample(struct cuda_sampler *s, const float *logits, int32_t row
                         const int32_t *const *prompt_tokens, const size_t *n_prompt,
                         const int32_t *const *output_tokens, const size_t *n_output,
                         int32_t *tokens, float *logprobs, cudaStream_t stream);
+
+/* Result buffers of cuda_sampler_enqueue: a call's results stay in its slot until read. */
+#define CUDA_SAMPLER_SLOTS 4
+
+/* cuda_sampler_sample without the wait: the same arguments, checks and errors (nothing is queued
+ * on an error), but the call returns once the work is queued on stream. The rows' results land
+ * in the pinned buffer of slot (in [0, CUDA_SAMPLER_SLOTS)), to be read with cuda_sampler_result
+ * once the stream has passed this call's work (an event recorded after it has completed); and
+ * when d_tokens is not NULL, each row's token is also written to the device array d_tokens[r]
+ * (token 0 for a row that could not be sampled) for later kernels on the stream to read. The
+ * histories are copied before this returns. The slot's previous results must have been read;
+ * the call before the previous one must have completed (the sampler stages two calls at once). */
+int cuda_sampler_enqueue(struct cuda_sampler *s, int slot, const float *logits, int32_t rows,
+                         const struct sampling_params *params, const uint64_t *output_index,
+                         const int32_t *const *prompt_tokens, const size_t *n_prompt,
+                         const int32_t *const *output_tokens, const size_t *n_output,
+                         int32_t *d_tokens, cudaStream_t stream);
+
+/* Row r of the call enqueued in slot, once it has completed: 0 with *token and (logprob not
+ * NULL) *logprob, or that row's error as cuda_sampler_sample reports it (the detail names the
+ * row): PAGODA_EINVAL for a NaN or +inf logit or every logit -inf, PAGODA_ERANGE when a penalty
+ * overflows a logit. PAGODA_EINVAL for a slot or row out of range. */
+int cuda_sampler_result(const struct cuda_sampler *s, int slot, int32_t r, int32_t *token,
+                        float *logprob);
+
+/* On stream: d_dst[d_pairs[2i]] = d_src[d_pairs[2i + 1]] for i < n (device arrays; the indices
+ * are the caller's to keep in range). The way a step's input tokens read tokens sampled by an
+ * earlier step without a trip through the host. Returns 0 or PAGODA_ECUDA. */
+int cuda_gather_tokens(int32_t *d_dst, const int32_t *d_pairs, int32_t n, const int32_t *d_src,
+                       cudaStream_t stream);
 
 #ifdef __cplusplus
 }

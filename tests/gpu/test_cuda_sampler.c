@@ -1,7 +1,8 @@
 /* Tests of kernels/cuda/sampler.cu against kernels/cpu/sampler.c: the GPU must choose exactly
  * the CPU's token for every draw (10,000 draws over vocabularies of 512, 32000 and 151936
  * tokens, temperatures, top-k, top-p, min-p, penalties, ties, -0 and -inf logits), the same
- * token wherever a row sits in a batch, docs/sampling.md's golden draws, and the CPU's errors.
+ * token wherever a row sits in a batch, docs/sampling.md's golden draws, and the CPU's errors;
+ * and the asynchronous calls (cuda_sampler_enqueue, cuda_sampler_result, cuda_gather_tokens).
  * Prints the largest log-probability difference and a few timings, then "N passed, M failed". */
 #include "tests/gpu/gpu_test.h"
 
@@ -390,6 +391,87 @@ static void test_batch_position(int32_t vocab, int32_t rows)
     bank_fini(&b);
 }
 
+/* cuda_sampler_enqueue: two calls queued back to back into their slots give
+ * cuda_sampler_sample's tokens, read after the stream has passed them, and write them to the
+ * device array; a NaN row fails alone there (token 0 on the device); cuda_gather_tokens reads
+ * them back into another array at chosen places. */
+static void test_enqueue_slots(int32_t vocab, int32_t rows)
+{
+    struct bank b;
+    bank_init(&b, vocab, rows, 1);
+    struct cuda_sampler *s;
+    MUST(cuda_sampler_new(vocab, MAX_ROWS, MAX_HISTORY, &s) == 0);
+    static struct batch a;
+    a.rows = rows;
+    for (int32_t r = 0; r < rows; r++) {
+        a.params[r] = combo_params((r * 5 + 2) % N_COMBOS, 2000u + (uint64_t)r);
+        a.output_index[r] = 3u * (uint64_t)r;
+        make_history(&a, r, &b, r);
+    }
+    SAMPLE_OR_RETURN(gpu_sample(s, b.dev, &a));
+    float *nan_logits;
+    int32_t *d_tokens, *d_dst, *d_pairs;
+    const size_t bytes = (size_t)vocab * (size_t)rows * sizeof(float);
+    CUDA_OK(cudaMalloc((void **)&nan_logits, bytes));
+    CUDA_OK(cudaMemcpy(nan_logits, b.dev, bytes, cudaMemcpyDeviceToDevice));
+    const float nan = NAN;
+    CUDA_OK(
+        cudaMemcpy(nan_logits + 5 * (size_t)vocab + 7, &nan, sizeof(nan), cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMalloc((void **)&d_tokens, 2 * MAX_ROWS * sizeof(int32_t)));
+    CUDA_OK(cudaMemset(d_tokens, 0xff, 2 * MAX_ROWS * sizeof(int32_t)));
+    cudaStream_t st;
+    CUDA_OK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    SAMPLE_OR_RETURN(cuda_sampler_enqueue(s, 1, b.dev, rows, a.params, a.output_index, a.prompt_ptr,
+                                          a.n_prompt, a.output_ptr, a.n_output, d_tokens, st));
+    SAMPLE_OR_RETURN(cuda_sampler_enqueue(s, 2, nan_logits, rows, a.params, a.output_index,
+                                          a.prompt_ptr, a.n_prompt, a.output_ptr, a.n_output,
+                                          d_tokens + MAX_ROWS, st));
+    /* Gather: dst[j] = the token of slot-2 row j for even j, slot-1 row j for odd j. */
+    int32_t pairs[2 * MAX_ROWS], dst[MAX_ROWS], dev_tokens[2 * MAX_ROWS];
+    for (int32_t j = 0; j < rows; j++) {
+        pairs[2 * j] = j;
+        pairs[2 * j + 1] = (j % 2 == 0 ? MAX_ROWS : 0) + j;
+    }
+    CUDA_OK(cudaMalloc((void **)&d_dst, MAX_ROWS * sizeof(int32_t)));
+    CUDA_OK(cudaMalloc((void **)&d_pairs, 2 * MAX_ROWS * sizeof(int32_t)));
+    CUDA_OK(cudaMemcpyAsync(d_pairs, pairs, 2 * (size_t)rows * sizeof(int32_t),
+                            cudaMemcpyHostToDevice, st));
+    SAMPLE_OR_RETURN(cuda_gather_tokens(d_dst, d_pairs, rows, d_tokens, st));
+    CUDA_OK(cudaStreamSynchronize(st));
+    CUDA_OK(cudaMemcpy(dst, d_dst, (size_t)rows * sizeof(int32_t), cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(dev_tokens, d_tokens, sizeof(dev_tokens), cudaMemcpyDeviceToHost));
+    int same1 = 0, same2 = 0, gathered = 0;
+    for (int32_t r = 0; r < rows; r++) {
+        int32_t t1 = -1, t2 = -1;
+        float lp;
+        same1 += cuda_sampler_result(s, 1, r, &t1, &lp) == 0 && t1 == a.tokens[r] &&
+                 dev_tokens[r] == a.tokens[r];
+        int rc2 = cuda_sampler_result(s, 2, r, &t2, &lp);
+        if (r == 5)
+            same2 += rc2 == PAGODA_EINVAL && dev_tokens[MAX_ROWS + r] == 0;
+        else
+            same2 += rc2 == 0 && t2 == a.tokens[r] && dev_tokens[MAX_ROWS + r] == a.tokens[r];
+        gathered += dst[r] == (r == 5 ? 0 : a.tokens[r]);
+    }
+    GPU_CHECK(same1 == rows,
+              "vocab %d: enqueued in slot 1: sample's tokens, on the device too "
+              "(%d of %d)",
+              (int)vocab, same1, (int)rows);
+    GPU_CHECK(same2 == rows,
+              "vocab %d: slot 2, queued behind it, row 5 NaN: that row fails "
+              "alone, token 0 on the device (%d of %d)",
+              (int)vocab, same2, (int)rows);
+    GPU_CHECK(gathered == rows, "vocab %d: cuda_gather_tokens reads both slots (%d of %d)",
+              (int)vocab, gathered, (int)rows);
+    CUDA_OK(cudaStreamDestroy(st));
+    CUDA_OK(cudaFree(nan_logits));
+    CUDA_OK(cudaFree(d_tokens));
+    CUDA_OK(cudaFree(d_dst));
+    CUDA_OK(cudaFree(d_pairs));
+    cuda_sampler_free(s);
+    bank_fini(&b);
+}
+
 /* docs/sampling.md's worked example and tests/unit/test_sampler.c's golden values. */
 static void test_golden(void)
 {
@@ -706,6 +788,7 @@ int main(void)
     test_draws_match_cpu(151936, 20, calls);
     test_batch_position(32000, 40);
     test_batch_position(151936, 20);
+    test_enqueue_slots(32000, 40);
     printf("max |logprob difference| over all draws: %.3g\n", max_logprob_diff);
     if (!getenv("SAMPLER_TEST_QUICK"))
         timings();

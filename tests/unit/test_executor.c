@@ -4,7 +4,13 @@
  * one finish, a sequence whose row fails in step n fails in the queued step n+1 (and in a later
  * step the scheduler formed before it knew), a whole-step failure fails the steps prepared from
  * it, and closing with steps queued neither waits out their delay nor leaks (ASan build). A
- * fake backend holds a step on a gate, and fails a row or the whole pass at chosen positions. */
+ * fake backend holds a step on a gate, and fails a row or the whole pass at chosen positions.
+ *
+ * The same with a fake backend that has asynchronous steps (backend_submit): step n + 1 is
+ * submitted before step n is completed, its pending input read from step n's slot on the fake
+ * "device"; a failed row of step n fails the sequence in step n + 1 (known only on completion);
+ * a pass that fails on the device fails the step submitted behind it; a penalised history with a
+ * pending token waits for that step; a refused submission runs the step synchronously. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -17,6 +23,7 @@
 
 #include <math.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -93,6 +100,113 @@ static const struct backend_ops fake_ops = {
     .close = fake_close,
 };
 
+/* ---- the fake asynchronous backend: a "device" that ends a step once the gate is open ------- */
+
+#define ASYNC_ROWS 8
+static int32_t g_dev_tokens[BACKEND_STEP_SLOTS][ASYNC_ROWS]; /* the device's sampled tokens */
+static int32_t g_held[BACKEND_STEP_SLOTS];                   /* rows of the step; -1: none */
+static int32_t g_res_tokens[BACKEND_STEP_SLOTS][ASYNC_ROWS];
+static int32_t g_res_codes[BACKEND_STEP_SLOTS][ASYNC_ROWS];
+static int g_res_broken[BACKEND_STEP_SLOTS]; /* the pass failed on the device */
+static int g_submits, g_completes;           /* calls that succeeded */
+static int g_submits_behind;                 /* submits while another step was held */
+static int g_refuse_pos = -1;                /* submit refuses a step sampling here */
+static int g_history_pending_seen;           /* a pending token in a history at submit */
+static int32_t g_last_history[16];           /* the last penalised row's output history */
+static size_t g_last_history_n;
+
+static int fake_submit(struct backend *b, int slot, const struct fwd_batch *batch,
+                       const struct sample_row *rows, const struct backend_gather *gathers,
+                       int32_t num_gathers)
+{
+    (void)b;
+    if (g_held[slot] >= 0)
+        return pagoda_error_set(PAGODA_EINVAL, "fake: slot %d is held", slot);
+    int32_t tokens[32];
+    for (int32_t i = 0; i < batch->num_tokens; i++) {
+        if (mirror_token_pending(batch->token_ids[i]))
+            g_pending_seen++;
+        tokens[i] = batch->token_ids[i];
+    }
+    for (int32_t i = 0; i < num_gathers; i++) {
+        assert_int_equal(batch->token_ids[gathers[i].token], 0); /* the placeholder */
+        tokens[gathers[i].token] = g_dev_tokens[gathers[i].slot][gathers[i].row];
+    }
+    for (int32_t r = 0; r < batch->num_logits; r++) {
+        int32_t pos = batch->positions[batch->logits_indices[r]];
+        if (pos == g_refuse_pos)
+            return pagoda_error_set(PAGODA_EINVAL, "fake: refused at position %d", pos);
+        for (size_t k = 0; k < rows[r].n_output; k++)
+            if (mirror_token_pending(rows[r].output_tokens[k]))
+                g_history_pending_seen++;
+        if (rows[r].n_output > 0 && rows[r].n_output <= 16) {
+            memcpy(g_last_history, rows[r].output_tokens, rows[r].n_output * sizeof(int32_t));
+            g_last_history_n = rows[r].n_output;
+        }
+    }
+    pthread_mutex_lock(&g_mu);
+    for (int i = 0; i < BACKEND_STEP_SLOTS; i++)
+        if (g_held[i] >= 0) {
+            g_submits_behind++;
+            break;
+        }
+    g_entered++;
+    pthread_cond_broadcast(&g_cv);
+    pthread_mutex_unlock(&g_mu);
+    /* The "device" computes now; the host learns it at completion. */
+    g_res_broken[slot] = 0;
+    for (int32_t r = 0; r < batch->num_logits; r++) {
+        int32_t t = batch->logits_indices[r], pos = batch->positions[t];
+        g_res_broken[slot] |= pos == g_break_pos;
+        int fail = pos == g_fail_pos;
+        g_res_codes[slot][r] = fail ? PAGODA_EINVAL : 0;
+        g_res_tokens[slot][r] = fail ? -1 : next_token(tokens[t], pos);
+        g_dev_tokens[slot][r] = fail ? 0 : g_res_tokens[slot][r];
+    }
+    g_held[slot] = batch->num_logits;
+    g_submits++;
+    return 0;
+}
+
+static int fake_complete(struct backend *b, int slot, int wait, int32_t *tokens, float *logprobs,
+                         struct backend_row_error *row_errors, double *device_us)
+{
+    (void)b;
+    if (g_held[slot] < 0)
+        return pagoda_error_set(PAGODA_EINVAL, "fake: slot %d holds nothing", slot);
+    pthread_mutex_lock(&g_mu);
+    if (!g_gate_open && !wait) {
+        pthread_mutex_unlock(&g_mu);
+        return PAGODA_EBUSY;
+    }
+    while (!g_gate_open)
+        pthread_cond_wait(&g_cv, &g_mu);
+    g_completes++;
+    pthread_mutex_unlock(&g_mu);
+    int32_t n = g_held[slot];
+    g_held[slot] = -1;
+    if (g_res_broken[slot])
+        return pagoda_error_set(PAGODA_ECUDA, "fake: the pass failed on the device");
+    for (int32_t r = 0; r < n; r++) {
+        tokens[r] = g_res_tokens[slot][r];
+        logprobs[r] = 0.0f;
+        row_errors[r].code = g_res_codes[slot][r];
+        snprintf(row_errors[r].message, sizeof(row_errors[r].message), "%s",
+                 g_res_codes[slot][r] ? "fake: NaN" : "");
+    }
+    *device_us = 1.0;
+    return 0;
+}
+
+static const struct backend_ops fake_async_ops = {
+    .name = "fake-async",
+    .forward = fake_forward,
+    .forward_sample = fake_forward_sample,
+    .close = fake_close,
+    .submit = fake_submit,
+    .complete = fake_complete,
+};
+
 static void gate(int open)
 {
     pthread_mutex_lock(&g_mu);
@@ -152,13 +266,23 @@ static void on_done(void *ctx, const struct executor_result *x)
         mirror_step_resolve(h->m, x->step_id, x->tokens, x->row_errors);
 }
 
-static int setup(void **state)
+static int g_penalised; /* resync's sequences carry a repetition penalty */
+
+static int setup_with(void **state, const struct backend_ops *ops)
 {
     struct h *h = calloc(1, sizeof(*h));
     assert_non_null(h);
     assert_int_equal(uv_loop_init(&h->loop), 0);
     h->b = calloc(1, sizeof(*h->b));
-    h->b->ops = &fake_ops;
+    h->b->ops = ops;
+    for (int i = 0; i < BACKEND_STEP_SLOTS; i++)
+        g_held[i] = -1;
+    memset(g_dev_tokens, 0, sizeof(g_dev_tokens));
+    g_submits = g_completes = g_submits_behind = 0;
+    g_refuse_pos = -1;
+    g_history_pending_seen = 0;
+    g_last_history_n = 0;
+    g_penalised = 0;
     h->b->config.vocab_size = VOCAB;
     struct mirror_limits ml = {
         .max_seqs = 8,
@@ -179,6 +303,16 @@ static int setup(void **state)
     return 0;
 }
 
+static int setup(void **state)
+{
+    return setup_with(state, &fake_ops);
+}
+
+static int setup_async(void **state)
+{
+    return setup_with(state, &fake_async_ops);
+}
+
 static int teardown(void **state)
 {
     struct h *h = *state;
@@ -190,6 +324,7 @@ static int teardown(void **state)
     backend_close(h->b);
     free(h);
     assert_int_equal(g_pending_seen, 0);
+    assert_int_equal(g_history_pending_seen, 0);
     return 0;
 }
 
@@ -223,8 +358,13 @@ static void resync(struct h *h, uint64_t next_step)
     static int32_t tokens[2][3] = {{1, 2, 3}, {4, 5, 6}};
     static int32_t blocks[2][1] = {{1}, {2}};
     Pagoda__Internal__SequenceSnapshot sn[2], *ptrs[2];
+    Pagoda__Internal__SamplingParams sp = PAGODA__INTERNAL__SAMPLING_PARAMS__INIT;
+    sp.has_repetition_penalty = 1;
+    sp.repetition_penalty = 1.5f;
     for (int i = 0; i < 2; i++) {
         pagoda__internal__sequence_snapshot__init(&sn[i]);
+        if (g_penalised)
+            sn[i].sampling = &sp;
         sn[i].has_seq_id = sn[i].has_num_prompt_tokens = sn[i].has_num_computed_tokens = 1;
         sn[i].seq_id = (uint64_t)i + 1;
         sn[i].token_ids = tokens[i];
@@ -483,6 +623,165 @@ static void test_close_with_steps_queued(void **state)
     assert_int_equal(g_entered, 0);
 }
 
+/* ---- asynchronous steps ---------------------------------------------------------------------- */
+
+/* Step n + 1 is submitted while step n is held on the device; each decodes the token the one
+ * before sampled (read on the device), and the results come in order. */
+static void test_async_submits_behind(void **state)
+{
+    struct h *h = *state;
+    resync(h, 10);
+    gate(0);
+    assert_int_equal(step(h, 10, ONE, 1, 0, 3, 0), 0);
+    assert_int_equal(step(h, 11, ONE, 1, 3, 1, 0), 0);
+    assert_int_equal(step(h, 12, ONE, 1, 4, 1, 0), 0);
+    wait_entered(2); /* step 11 reached the device while step 10 had not ended */
+    assert_int_equal(g_completes, 0);
+    assert_true(g_submits_behind >= 1);
+    gate(1);
+    wait_results(h, 3);
+    int32_t t = 3;
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(h->got[i].step_id, 10 + i);
+        assert_int_equal(h->got[i].rc, 0);
+        t = next_token(t, 2 + i);
+        assert_int_equal(h->got[i].tokens[0], t);
+    }
+    assert_int_equal(g_submits, 3);
+    assert_int_equal(g_completes, 3);
+    struct mirror_seq_view v;
+    assert_int_equal(mirror_find(h->m, 1, &v), 0);
+    assert_int_equal(v.num_tokens, 6);
+    assert_int_equal(v.token_ids[5], h->got[2].tokens[0]);
+    for (int i = 0; i < WAIT_ITERATIONS && !executor_idle(h->e); i++) {
+        uv_run(&h->loop, UV_RUN_NOWAIT);
+        usleep(1000);
+    }
+    assert_true(executor_idle(h->e));
+}
+
+/* A resync's discard with step 1 on the device and step 2 submitted behind it: both count as
+ * running and are delivered; the queued step 3 is dropped. */
+static void test_async_discard(void **state)
+{
+    struct h *h = *state;
+    resync(h, 1);
+    gate(0);
+    assert_int_equal(step(h, 1, ONE, 1, 0, 3, 0), 0);
+    assert_int_equal(step(h, 2, ONE, 1, 3, 1, 0), 0);
+    wait_entered(2); /* the thread now waits for step 1's end: step 3 stays queued */
+    assert_int_equal(step(h, 3, ONE, 1, 4, 1, 0), 0);
+    assert_int_equal(executor_discard(h->e), 1);
+    gate(1);
+    wait_results(h, 2);
+    assert_int_equal(h->got[0].step_id, 1);
+    assert_int_equal(h->got[1].step_id, 2);
+    for (int i = 0; i < 50; i++) {
+        uv_run(&h->loop, UV_RUN_NOWAIT);
+        usleep(1000);
+    }
+    assert_int_equal(h->n_got, 2);
+    assert_true(executor_idle(h->e));
+    assert_int_equal(g_submits, 2);
+}
+
+/* Sequence 1's row fails in step 1 on the device: step 2, submitted behind it with that token
+ * as its input, learns it on completion and fails sequence 1's row; sequence 2 goes on. */
+static void test_async_row_error_fails_next(void **state)
+{
+    struct h *h = *state;
+    resync(h, 1);
+    assert_int_equal(step(h, 1, BOTH + 1, 1, 0, 3, 0), 0); /* sequence 2's prompt alone */
+    wait_results(h, 1);
+    assert_int_equal(h->got[0].codes[0], 0);
+    g_fail_pos = 2; /* sequence 1 samples at position 2 in step 2 */
+    gate(0);
+    assert_int_equal(step(h, 2, ONE, 1, 0, 3, 0), 0);
+    assert_int_equal(step(h, 3, BOTH, 2, 3, 1, 0), 0); /* sequence 2 decodes from position 3 */
+    wait_entered(3);
+    gate(1);
+    wait_results(h, 3);
+    assert_int_equal(h->got[1].codes[0], PAGODA_EINVAL);
+    assert_int_equal(h->got[2].step_id, 3);
+    assert_int_equal(h->got[2].rc, 0);
+    assert_int_equal(h->got[2].num_rows, 2);
+    assert_int_equal(h->got[2].seq_ids[0], 1);
+    assert_int_equal(h->got[2].codes[0], PAGODA_EINVAL); /* failed through its input */
+    assert_int_equal(h->got[2].tokens[0], -1);
+    assert_int_equal(h->got[2].codes[1], 0);
+    assert_int_equal(h->got[2].tokens[1], next_token(h->got[0].tokens[0], 3));
+    struct mirror_seq_view v;
+    assert_int_equal(mirror_find(h->m, 1, &v), PAGODA_ENOENT);
+}
+
+/* The pass of step 1 fails on the device, found on completion: step 2, already submitted behind
+ * it, is reported not run; the mirror refuses steps until a resync. */
+static void test_async_device_failure_fails_next(void **state)
+{
+    struct h *h = *state;
+    resync(h, 1);
+    gate(0);
+    g_break_pos = 2;
+    assert_int_equal(step(h, 1, ONE, 1, 0, 3, 0), 0);
+    assert_int_equal(step(h, 2, ONE, 1, 3, 1, 0), 0);
+    wait_entered(2);
+    gate(1);
+    wait_results(h, 2);
+    assert_int_equal(h->got[0].rc, PAGODA_ECUDA);
+    assert_int_equal(h->got[1].rc, PAGODA_EPROTO);
+    assert_int_equal(step(h, 3, ONE, 1, 4, 1, 0), PAGODA_EPROTO);
+    g_break_pos = -1;
+    resync(h, 5);
+    assert_int_equal(step(h, 5, ONE, 1, 0, 3, 0), 0);
+    wait_results(h, 3);
+    assert_int_equal(h->got[2].rc, 0);
+}
+
+/* A penalised row whose history holds the token of the step still on the device: that step is
+ * completed first, and the history reaches the backend resolved. */
+static void test_async_penalised_history_waits(void **state)
+{
+    struct h *h = *state;
+    g_penalised = 1;
+    resync(h, 1);
+    gate(0);
+    assert_int_equal(step(h, 1, ONE, 1, 0, 3, 0), 0);
+    assert_int_equal(step(h, 2, ONE, 1, 3, 1, 0), 0); /* its history holds step 1's token */
+    wait_entered(1);
+    for (int i = 0; i < 20; i++)
+        usleep(1000);
+    assert_int_equal(g_entered, 1); /* step 2 waits for step 1's end */
+    gate(1);
+    wait_results(h, 2);
+    assert_int_equal(h->got[1].rc, 0);
+    assert_int_equal(g_submits_behind, 0);
+    assert_int_equal(g_last_history_n, 1);
+    assert_int_equal(g_last_history[0], h->got[0].tokens[0]);
+    assert_int_equal(h->got[1].tokens[0], next_token(h->got[0].tokens[0], 3));
+}
+
+/* A submission the backend refuses (as the sampler's host checks do) runs the step the
+ * synchronous way, after the step before it, with its pending input resolved on the host; the
+ * step behind it reads the token that synchronous step sampled (on the host: it left nothing
+ * on the device). */
+static void test_async_refused_runs_sync(void **state)
+{
+    struct h *h = *state;
+    resync(h, 1);
+    g_refuse_pos = 3;
+    gate(0);
+    assert_int_equal(step(h, 1, ONE, 1, 0, 3, 0), 0);
+    assert_int_equal(step(h, 2, ONE, 1, 3, 1, 0), 0); /* samples at position 3: refused */
+    assert_int_equal(step(h, 3, ONE, 1, 4, 1, 0), 0); /* decodes step 2's token */
+    gate(1);
+    wait_results(h, 3);
+    assert_int_equal(g_submits, 2);
+    assert_int_equal(h->got[1].rc, 0);
+    assert_int_equal(h->got[1].tokens[0], next_token(h->got[0].tokens[0], 3));
+    assert_int_equal(h->got[2].rc, 0);
+    assert_int_equal(h->got[2].tokens[0], next_token(h->got[1].tokens[0], 4));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -494,6 +793,15 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_row_error_spares_others, setup, teardown),
         cmocka_unit_test_setup_teardown(test_step_failure_fails_queued, setup, teardown),
         cmocka_unit_test_setup_teardown(test_close_with_steps_queued, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_order_and_pending_tokens, setup_async, teardown),
+        cmocka_unit_test_setup_teardown(test_async_discard, setup_async, teardown),
+        cmocka_unit_test_setup_teardown(test_close_with_steps_queued, setup_async, teardown),
+        cmocka_unit_test_setup_teardown(test_async_submits_behind, setup_async, teardown),
+        cmocka_unit_test_setup_teardown(test_async_row_error_fails_next, setup_async, teardown),
+        cmocka_unit_test_setup_teardown(test_async_device_failure_fails_next, setup_async,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_async_penalised_history_waits, setup_async, teardown),
+        cmocka_unit_test_setup_teardown(test_async_refused_runs_sync, setup_async, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
