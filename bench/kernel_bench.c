@@ -29,11 +29,13 @@
 #define _POSIX_C_SOURCE 200809L
 #include "common/error.h"
 #include "kernels/cuda/attention.h"
+#include "kernels/cuda/linear.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/sampler.h"
 #include "kernels/cuda/util.h"
 #include "kvpool/cuda_pool.h"
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 #include <math.h>
@@ -319,19 +321,51 @@ static void bench_attention(const struct attn_case *c)
 
 /* ---- linears: y[rows][out] = x[rows][in] . w[out][in]^T, the worker's cublasGemmEx ---- */
 
+/* How a linear case runs: the worker's cublasGemmEx, cuda_gemv (kernels/cuda/linear.h), or
+ * cublasLtMatmul with one algorithm of the heuristic's list (a 32 MiB workspace). */
+enum gemm_mode { GEMM_CUBLAS, GEMM_GEMV, GEMM_LT };
+#define kLtWorkspace (32u << 20)
+#define kLtAlgos 8
+
 struct gemm_run {
     const uint16_t *x;
     uint16_t *w; /* copies of the weight, each out * in */
     int copies;
     uint16_t *y;
     int32_t rows, in, out;
+    enum gemm_mode mode;
+    cublasLtHandle_t lt;
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t lw, lx, ly;
+    cublasLtMatmulAlgo_t algo;
+    void *workspace;
 };
+
+static cublasLtHandle_t lt_handle;
+
+static void lt_check(cublasStatus_t st, const char *what)
+{
+    if (st != CUBLAS_STATUS_SUCCESS) {
+        fprintf(stderr, "kernel_bench: %s: status %d\n", what, (int)st);
+        exit(1);
+    }
+}
 
 static void gemm_launch(void *ctx, int rep)
 {
     struct gemm_run *r = ctx;
     const float one = 1.0f, zero = 0.0f;
     const uint16_t *w = r->w + (size_t)(rep % r->copies) * r->out * r->in;
+    if (r->mode == GEMM_GEMV) {
+        PK(cuda_gemv(r->x, w, r->y, 0, r->rows, r->in, r->out, stream));
+        return;
+    }
+    if (r->mode == GEMM_LT) {
+        lt_check(cublasLtMatmul(r->lt, r->op, &one, w, r->lw, r->x, r->lx, &zero, r->y, r->ly, r->y,
+                                r->ly, &r->algo, r->workspace, kLtWorkspace, stream),
+                 "cublasLtMatmul");
+        return;
+    }
     cublasStatus_t st = cublasGemmEx(cublas, CUBLAS_OP_T, CUBLAS_OP_N, r->out, r->rows, r->in, &one,
                                      w, CUDA_R_16BF, r->in, r->x, CUDA_R_16BF, r->in, &zero, r->y,
                                      CUDA_R_16BF, r->out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
@@ -341,7 +375,83 @@ static void gemm_launch(void *ctx, int rep)
     }
 }
 
-static void bench_linear(const char *name, int32_t rows, int32_t in, int32_t out)
+static void linear_report(const char *name, struct gemm_run *r, double ms, size_t wbytes)
+{
+    gemm_launch(r, 0); /* the first copy's product, for the checksum */
+    double sum_abs, sum_w;
+    checksum(r->y, (int64_t)r->rows * r->out, &sum_abs, &sum_w);
+    const double bytes = (double)wbytes + (double)r->rows * (r->in + r->out) * 2.0;
+    const double flops = 2.0 * r->rows * (double)r->in * r->out;
+    printf("%-28s %9.4f ms  %7.3f TB/s  %7.1f TFLOP/s\n", name, ms, bytes / ms * 1e-9,
+           flops / ms * 1e-9);
+    fflush(stdout);
+    json_begin_case(name, "linear");
+    fprintf(json,
+            ", \"rows\": %d, \"in\": %d, \"out\": %d, \"copies\": %d, \"ms\": %.6f, \"bytes\": "
+            "%.0f, \"flops\": %.0f, \"sum_abs\": %.9e, \"sum_w\": %.9e}",
+            r->rows, r->in, r->out, r->copies, ms, bytes, flops, sum_abs, sum_w);
+}
+
+/* Times the linear's cuBLASLt algorithms (the heuristic's first kLtAlgos for these sizes): prints
+ * the heuristic's first choice and the fastest. */
+static void bench_linear_lt(const char *name, struct gemm_run *r, size_t wbytes)
+{
+    r->mode = GEMM_LT;
+    r->lt = lt_handle;
+    r->workspace = dev_alloc(kLtWorkspace);
+    lt_check(cublasLtMatmulDescCreate(&r->op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "MatmulDescCreate");
+    const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    lt_check(cublasLtMatmulDescSetAttribute(r->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)),
+             "TRANSA");
+    lt_check(cublasLtMatmulDescSetAttribute(r->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)),
+             "TRANSB");
+    lt_check(cublasLtMatrixLayoutCreate(&r->lw, CUDA_R_16BF, r->in, r->out, r->in), "layout w");
+    lt_check(cublasLtMatrixLayoutCreate(&r->lx, CUDA_R_16BF, r->in, r->rows, r->in), "layout x");
+    lt_check(cublasLtMatrixLayoutCreate(&r->ly, CUDA_R_16BF, r->out, r->rows, r->out), "layout y");
+    cublasLtMatmulPreference_t pref;
+    lt_check(cublasLtMatmulPreferenceCreate(&pref), "PreferenceCreate");
+    const size_t ws = kLtWorkspace;
+    lt_check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                  &ws, sizeof(ws)),
+             "workspace");
+    cublasLtMatmulHeuristicResult_t h[kLtAlgos];
+    int found = 0;
+    lt_check(cublasLtMatmulAlgoGetHeuristic(r->lt, r->op, r->lw, r->lx, r->ly, r->ly, pref,
+                                            kLtAlgos, h, &found),
+             "AlgoGetHeuristic");
+    double best = 1e30;
+    int best_i = -1;
+    for (int i = 0; i < found; i++) {
+        r->algo = h[i].algo;
+        const double ms = time_median_ms(gemm_launch, r);
+        if (i == 0) {
+            char n0[80];
+            snprintf(n0, sizeof(n0), "%s_lt1", name);
+            linear_report(n0, r, ms, wbytes);
+        }
+        if (ms < best) {
+            best = ms;
+            best_i = i;
+        }
+    }
+    if (best_i >= 0) {
+        char nb[80];
+        snprintf(nb, sizeof(nb), "%s_ltbest", name);
+        r->algo = h[best_i].algo;
+        linear_report(nb, r, best, wbytes);
+        printf("  (%d algorithms, the fastest is #%d)\n", found, best_i + 1);
+    }
+    cublasLtMatmulPreferenceDestroy(pref);
+    cublasLtMatrixLayoutDestroy(r->lw);
+    cublasLtMatrixLayoutDestroy(r->lx);
+    cublasLtMatrixLayoutDestroy(r->ly);
+    cublasLtMatmulDescDestroy(r->op);
+    CK(cudaFree(r->workspace));
+}
+
+/* The worker's cublasGemmEx, then (when the sizes allow) cuda_gemv and cuBLASLt's algorithms,
+ * on the same data. */
+static void bench_linear(const char *name, int32_t rows, int32_t in, int32_t out, bool variants)
 {
     const size_t wbytes = (size_t)out * in * 2;
     int copies = (int)((4 * l2_bytes + wbytes - 1) / wbytes);
@@ -349,30 +459,27 @@ static void bench_linear(const char *name, int32_t rows, int32_t in, int32_t out
         copies = 1;
     if (copies > 16)
         copies = 16;
-    struct gemm_run r = {dev_alloc((size_t)rows * in * 2),
-                         dev_alloc(wbytes * copies),
-                         copies,
-                         dev_alloc((size_t)rows * out * 2),
-                         rows,
-                         in,
-                         out};
+    struct gemm_run r = {0};
+    r.x = dev_alloc((size_t)rows * in * 2);
+    r.w = dev_alloc(wbytes * copies);
+    r.copies = copies;
+    r.y = dev_alloc((size_t)rows * out * 2);
+    r.rows = rows;
+    r.in = in;
+    r.out = out;
     fill((uint16_t *)r.x, (int64_t)rows * in, STREAM_X);
     for (int i = 0; i < copies; i++)
         fill(r.w + (size_t)i * out * in, (int64_t)out * in, STREAM_W + 16 * (uint64_t)i);
-    const double ms = time_median_ms(gemm_launch, &r);
-    gemm_launch(&r, 0); /* the first copy's product, for the checksum */
-    double sum_abs, sum_w;
-    checksum(r.y, (int64_t)rows * out, &sum_abs, &sum_w);
-    const double bytes = (double)wbytes + (double)rows * (in + out) * 2.0;
-    const double flops = 2.0 * rows * (double)in * out;
-    printf("%-28s %9.3f ms  %7.3f TB/s  %7.1f TFLOP/s\n", name, ms, bytes / ms * 1e-9,
-           flops / ms * 1e-9);
-    fflush(stdout);
-    json_begin_case(name, "linear");
-    fprintf(json,
-            ", \"rows\": %d, \"in\": %d, \"out\": %d, \"copies\": %d, \"ms\": %.6f, \"bytes\": "
-            "%.0f, \"flops\": %.0f, \"sum_abs\": %.9e, \"sum_w\": %.9e}",
-            rows, in, out, copies, ms, bytes, flops, sum_abs, sum_w);
+    r.mode = GEMM_CUBLAS;
+    linear_report(name, &r, time_median_ms(gemm_launch, &r), wbytes);
+    if (variants && cuda_gemv_fits(rows, in, out, r.x, r.w, r.y)) {
+        char n[80];
+        snprintf(n, sizeof(n), "%s_gemv", name);
+        r.mode = GEMM_GEMV;
+        linear_report(n, &r, time_median_ms(gemm_launch, &r), wbytes);
+    }
+    if (variants)
+        bench_linear_lt(name, &r, wbytes);
     CK(cudaFree((void *)r.x));
     CK(cudaFree(r.w));
     CK(cudaFree(r.y));
@@ -608,7 +715,8 @@ int main(int argc, char **argv)
     CK(cudaGetDeviceProperties(&prop, 0));
     l2_bytes = (size_t)prop.l2CacheSize;
     CK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    if (cublasCreate(&cublas) != CUBLAS_STATUS_SUCCESS ||
+    if (cublasLtCreate(&lt_handle) != CUBLAS_STATUS_SUCCESS ||
+        cublasCreate(&cublas) != CUBLAS_STATUS_SUCCESS ||
         cublasSetStream(cublas, stream) != CUBLAS_STATUS_SUCCESS) {
         fprintf(stderr, "kernel_bench: cublasCreate failed\n");
         return 1;
@@ -650,7 +758,7 @@ int main(int argc, char **argv)
     }
 
     /* The linears of the Llama-3-8B shape at decode batches and one prefill chunk. */
-    const int32_t rows[] = {1, 64, 256, 8000};
+    const int32_t rows[] = {1, 8, 16, 64, 256, 8000};
     const struct {
         const char *name;
         int32_t in, out;
@@ -661,12 +769,12 @@ int main(int argc, char **argv)
                {"lm_head", 4096, 128256}};
     for (size_t r = 0; r < sizeof(rows) / sizeof(rows[0]); r++)
         for (size_t i = 0; i < sizeof(lin) / sizeof(lin[0]); i++) {
-            if (quick && rows[r] == 8000 && i == 4)
+            if (quick && rows[r] > 64)
                 continue;
             char name[64];
             snprintf(name, sizeof(name), "linear_%s_%d", lin[i].name, (int)rows[r]);
             if (wanted(name))
-                bench_linear(name, rows[r], lin[i].in, lin[i].out);
+                bench_linear(name, rows[r], lin[i].in, lin[i].out, rows[r] <= 64);
         }
 
     if (wanted("add_rmsnorm")) {

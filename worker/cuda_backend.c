@@ -3,6 +3,7 @@
 #include "common/error.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cuda/attention.h"
+#include "kernels/cuda/linear.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/sampler.h"
 #include "kernels/cuda/util.h"
@@ -149,6 +150,7 @@ struct cuda_backend_options cuda_backend_default_options(void)
     struct cuda_backend_options o = {
         .device = 0,
         .limits = {.max_num_tokens = 2048, .max_num_seqs = 256, .max_blocks_per_seq = 4096},
+        .gemv_max_rows = CUDA_BACKEND_GEMV_MAX_ROWS,
     };
     return o;
 }
@@ -451,16 +453,39 @@ fail:
 
 /* ---- the forward pass ------------------------------------------------------------------- */
 
-/* y[rows][out] = x[rows][in] . w[out][in]^T, BF16 inputs, FP32 accumulation, output in ytype. */
+/* y[rows][out] = x[rows][in] . w[out][in]^T, BF16 inputs, FP32 accumulation, output in ytype.
+ * Up to opt.gemv_max_rows rows through cuda_gemv (off by default: cuBLAS was faster on the H200,
+ * bench/RESULTS.md, issue 15), the rest through cublasGemmEx. */
 static int gemm(struct cuda_backend *b, const uint16_t *x, const uint16_t *w, void *y,
                 cudaDataType ytype, int64_t rows, int64_t in, int64_t out)
 {
+    if (!b->opt.baseline_kernels && rows <= b->opt.gemv_max_rows &&
+        cuda_gemv_fits((int32_t)rows, (int32_t)in, (int32_t)out, x, w, y))
+        return cuda_gemv(x, w, y, ytype == CUDA_R_32F, (int32_t)rows, (int32_t)in, (int32_t)out,
+                         b->stream);
     const float one = 1.0f, zero = 0.0f;
     cublasStatus_t st =
         cublasGemmEx(b->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)out, (int)rows, (int)in, &one, w,
                      CUDA_R_16BF, (int)in, x, CUDA_R_16BF, (int)in, &zero, y, ytype, (int)out,
                      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     return st == CUBLAS_STATUS_SUCCESS ? 0 : cublas_fail(st, "cublasGemmEx");
+}
+
+/* RoPE on the Q and K heads of b->qkv, then K and V into layer kv of the pool: one launch, or
+ * two with opt.baseline_kernels. */
+static int rope_and_cache(struct cuda_backend *b, const struct kv_layer_view *kv, int32_t n)
+{
+    const struct model_config *c = &b->base.config;
+    const int64_t hd = c->head_dim, qd = c->num_heads * hd, kvd = c->num_kv_heads * hd;
+    const int64_t qkvd = qd + 2 * kvd;
+    if (!b->opt.baseline_kernels)
+        return cuda_rope_cache(b->qkv, qkvd, b->d_positions, b->inv_freq, n, (int32_t)c->num_heads,
+                               kv, b->d_slots, b->stream);
+    int rc = cuda_rope(b->qkv, qkvd, b->d_positions, b->inv_freq, n,
+                       (int32_t)(c->num_heads + c->num_kv_heads), (int32_t)hd, b->stream);
+    return rc ? rc
+              : cuda_reshape_and_cache(kv, b->qkv + qd, b->qkv + qd + kvd, qkvd, b->d_slots, n,
+                                       b->stream);
 }
 
 /* Copies the step's metadata to the device through pinned stage k, then writes the gathered
@@ -546,11 +571,9 @@ static int cuda_forward_device(struct cuda_backend *b, const struct fwd_batch *b
                                    (int32_t)H, eps, s)) ||
             (rc = gemm(b, b->hidden, l->w_qkv, b->qkv, CUDA_R_16BF, n, H, qkvd)) ||
             (l->b_qkv && (rc = cuda_add_bias(b->qkv, qkvd, l->b_qkv, n, (int32_t)qkvd, s))) ||
-            /* Q and K heads sit side by side in a QKV row: one RoPE call rotates both. */
-            (rc = cuda_rope(b->qkv, qkvd, b->d_positions, b->inv_freq, n,
-                            (int32_t)(c->num_heads + c->num_kv_heads), (int32_t)hd, s)) ||
-            (rc = cuda_reshape_and_cache(&kv, b->qkv + qd, b->qkv + qd + kvd, qkvd, b->d_slots, n,
-                                         s)) ||
+            /* Q and K heads sit side by side in a QKV row: one RoPE call rotates both, and
+             * writes K and V into the pool in the same pass. */
+            (rc = rope_and_cache(b, &kv, n)) ||
             (rc = cuda_attention_run(b->plan, &kv, b->qkv, qkvd, b->attn, s)) ||
             (rc = gemm(b, b->attn, l->w_o, b->proj, CUDA_R_16BF, n, qd, H)) ||
             (l->b_o && (rc = cuda_add_bias(b->proj, H, l->b_o, n, (int32_t)H, s))))

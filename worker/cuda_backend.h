@@ -12,12 +12,26 @@
 
 #include <stdint.h>
 
+/* The default gemv_max_rows: 0, every linear through cuBLAS. On the H200 (bench/RESULTS.md, issue
+ * 15) cuda_gemv beat cuBLAS only on the O projection at one row (13.3 against 16.2 us) and lost
+ * on the larger weights (gate/up at 16 rows: 94.7 against 58.6 us), so it is off until it wins. */
+#define CUDA_BACKEND_GEMV_MAX_ROWS 0
+
 struct cuda_backend_options {
     int device;
     struct backend_limits limits;
+    /* 1: the kernel sequence before issue 15, for comparison (bench/decode_step): every linear
+     * through cublasGemmEx, RoPE and the K/V cache write as two launches. 0 (the default): RoPE
+     * fused with the cache write, and linears of up to gemv_max_rows rows through cuda_gemv.
+     * (The RMSNorm kernel is the same in both: it changed underneath, cuda_add_rmsnorm.) */
+    int baseline_kernels;
+    /* Linears of at most this many rows (0 .. CUDA_GEMV_MAX_ROWS) go through cuda_gemv (0:
+     * none), the others through cuBLAS. */
+    int gemv_max_rows;
 };
 
-/* Defaults: device 0, 2048 tokens and 256 sequences per step, 4096 blocks per sequence. */
+/* Defaults: device 0, 2048 tokens and 256 sequences per step, 4096 blocks per sequence, the
+ * kernels of issue 15 with gemv_max_rows CUDA_BACKEND_GEMV_MAX_ROWS. */
 struct cuda_backend_options cuda_backend_default_options(void);
 
 /* Opens a CUDA backend. Weights come from w (copied to the GPU, converted to BF16 when the

@@ -73,6 +73,18 @@ int cuda_reshape_and_cache(const struct kv_layer_view *kv, const uint16_t *k, co
                            int64_t row_stride, const int64_t *slot_mapping, int32_t num_tokens,
                            cudaStream_t s);
 
+/* cuda_rope and then cuda_reshape_and_cache on a fused QKV row in one launch (the decode step's
+ * order): for each row r, the num_q_heads Q heads and kv->num_kv_heads K heads at qkv + r *
+ * row_stride are rotated in place as cuda_rope rotates them (inv_freq [head_dim / 2], positions
+ * [rows]), and the rotated K heads and the V heads after them are written to the pool at
+ * slot_mapping[r] as cuda_reshape_and_cache writes them (the same slot rules: negative, block 0
+ * or beyond the pool write nothing there). The results equal the two calls', bit for bit.
+ * row_stride >= (num_q_heads + 2 * num_kv_heads) * head_dim; head_dim even and at most
+ * KV_HEAD_DIM_MAX. Returns PAGODA_EUNSUPPORTED for a view that is not bf16. */
+int cuda_rope_cache(uint16_t *qkv, int64_t row_stride, const int32_t *positions,
+                    const float *inv_freq, int32_t rows, int32_t num_q_heads,
+                    const struct kv_layer_view *kv, const int64_t *slot_mapping, cudaStream_t s);
+
 #ifdef __cplusplus
 }
 #endif

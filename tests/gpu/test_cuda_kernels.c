@@ -14,6 +14,7 @@
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cuda/attention.h"
+#include "kernels/cuda/linear.h"
 #include "kernels/cuda/ops.h"
 #include "kvpool/geometry.h"
 
@@ -356,6 +357,164 @@ static void test_silu_mul(int32_t rows, int32_t inter)
     free(out);
     free(guf);
     free(ref);
+}
+
+/* cuda_rope_cache against cuda_rope then cuda_reshape_and_cache on the same rows and a poisoned
+ * pool: the QKV rows and the whole pool equal bit for bit. One token is padding (slot -1), one
+ * points into the reserved block 0: neither writes to the pool. */
+static void test_rope_cache(int32_t block_size, int32_t num_q_heads, int32_t num_kv_heads,
+                            int32_t head_dim, int64_t extra_stride)
+{
+    const int32_t rows = 11;
+    struct kv_geometry g = {7, 2, 12, block_size, num_kv_heads, head_dim, DTYPE_BF16};
+    const size_t pool_bytes = kv_pool_bytes(&g);
+    const int64_t row_stride = (int64_t)(num_q_heads + 2 * num_kv_heads) * head_dim + extra_stride;
+    const size_t qn = (size_t)rows * row_stride;
+    uint16_t *qkv = xmalloc(qn * 2), *got_qkv = xmalloc(qn * 2), *want_qkv = xmalloc(qn * 2);
+    uint8_t *got_pool = xmalloc(pool_bytes), *want_pool = xmalloc(pool_bytes);
+    int32_t pos[11];
+    int64_t slots[11];
+    float *inv_freq = xmalloc((size_t)head_dim / 2 * sizeof(float));
+    struct cpu_rope_params params = {CPU_ROPE_LLAMA3, 500000.0, 8.0, 1.0, 4.0, 8192.0};
+    cpu_rope_inv_freq(&params, head_dim, inv_freq);
+    fill_bf16(qkv, qn, -1.0f, 1.0f);
+    const int64_t usable = (int64_t)(g.num_blocks - 1) * block_size;
+    for (int32_t t = 0; t < rows; t++) {
+        pos[t] = t == 0 ? 0 : rand_int(t % 2 ? 100000 : 4096);
+        bool again;
+        do {
+            slots[t] = block_size + (int64_t)(rng_next() % (uint64_t)usable);
+            again = false;
+            for (int32_t u = 0; u < t; u++)
+                again |= slots[u] == slots[t];
+        } while (again);
+    }
+    slots[3] = -1;             /* padding */
+    slots[7] = block_size / 2; /* block 0: reserved */
+    int32_t *d_pos = dev_upload(pos, sizeof(pos));
+    int64_t *d_slots = dev_upload(slots, sizeof(slots));
+    float *d_inv = dev_upload(inv_freq, (size_t)head_dim / 2 * sizeof(float));
+    void *d_pool = dev_alloc(pool_bytes);
+    struct kv_layer_view view = kv_layer_view_make(&g, d_pool, 1);
+    const int64_t qd = (int64_t)num_q_heads * head_dim, kvd = (int64_t)num_kv_heads * head_dim;
+
+    /* the two calls */
+    uint16_t *d_qkv = dev_upload(qkv, qn * 2);
+    poison(d_pool, pool_bytes);
+    int rc = cuda_rope(d_qkv, row_stride, d_pos, d_inv, rows, num_q_heads + num_kv_heads, head_dim,
+                       stream);
+    rc |= cuda_reshape_and_cache(&view, d_qkv + qd, d_qkv + qd + kvd, row_stride, d_slots, rows,
+                                 stream);
+    GPU_CHECK(rc == 0, "cuda_rope + cuda_reshape_and_cache: %d", rc);
+    download(want_qkv, d_qkv, qn * 2);
+    download(want_pool, d_pool, pool_bytes);
+    CK(cudaFree(d_qkv));
+
+    /* the fused call */
+    d_qkv = dev_upload(qkv, qn * 2);
+    poison(d_pool, pool_bytes);
+    rc =
+        cuda_rope_cache(d_qkv, row_stride, d_pos, d_inv, rows, num_q_heads, &view, d_slots, stream);
+    GPU_CHECK(rc == 0, "cuda_rope_cache: %d", rc);
+    download(got_qkv, d_qkv, qn * 2);
+    download(got_pool, d_pool, pool_bytes);
+
+    size_t qkv_diff = 0, pool_diff = 0, pool_written = 0;
+    for (size_t i = 0; i < qn; i++)
+        qkv_diff += got_qkv[i] != want_qkv[i];
+    for (size_t i = 0; i < pool_bytes; i++) {
+        pool_diff += got_pool[i] != want_pool[i];
+        pool_written += got_pool[i] != 0xFF;
+    }
+    char cfg[128];
+    snprintf(cfg, sizeof(cfg), "bs %d heads %d/%d head_dim %d stride %lld, pad + block 0",
+             (int)block_size, (int)num_q_heads, (int)num_kv_heads, (int)head_dim,
+             (long long)row_stride);
+    const bool ok = qkv_diff == 0 && pool_diff == 0 && pool_written > 0;
+    printf("%-20s %-58s %zu + %zu bytes differ%s\n", "rope_cache", cfg, qkv_diff, pool_diff,
+           ok ? "" : "  FAIL");
+    GPU_CHECK(qkv_diff == 0, "rope_cache: %zu QKV elements differ from cuda_rope's", qkv_diff);
+    GPU_CHECK(pool_diff == 0, "rope_cache: %zu pool bytes differ from reshape_and_cache's",
+              pool_diff);
+    GPU_CHECK(pool_written > 0, "rope_cache: nothing written to the pool");
+
+    CK(cudaFree(d_qkv));
+    CK(cudaFree(d_pool));
+    CK(cudaFree(d_pos));
+    CK(cudaFree(d_slots));
+    CK(cudaFree(d_inv));
+    free(qkv);
+    free(got_qkv);
+    free(want_qkv);
+    free(got_pool);
+    free(want_pool);
+    free(inv_freq);
+}
+
+/* cuda_gemv against a float64 product of the same bf16 inputs; y has one row more than rows,
+ * poisoned, which must stay poison; a second run gives the same bits (fixed summation order). */
+static void test_gemv(int32_t rows, int32_t in, int32_t out, int y_f32)
+{
+    const size_t xn = (size_t)rows * in, wn = (size_t)out * in, yn = (size_t)(rows + 1) * out;
+    const size_t esz = y_f32 ? 4 : 2;
+    uint16_t *x = xmalloc(xn * 2), *w = xmalloc(wn * 2);
+    float *ref = xmalloc((size_t)rows * out * sizeof(float));
+    float *gotf = xmalloc((size_t)rows * out * sizeof(float));
+    uint8_t *got = xmalloc(yn * esz), *again = xmalloc(yn * esz);
+    fill_bf16(x, xn, -1.0f, 1.0f);
+    fill_bf16(w, wn, -1.0f, 1.0f);
+    for (int32_t r = 0; r < rows; r++)
+        for (int32_t o = 0; o < out; o++) {
+            double acc = 0.0;
+            for (int32_t i = 0; i < in; i++)
+                acc += (double)bf16_to_f32(x[(size_t)r * in + i]) *
+                       (double)bf16_to_f32(w[(size_t)o * in + i]);
+            ref[(size_t)r * out + o] = (float)acc;
+        }
+    uint16_t *d_x = dev_upload(x, xn * 2), *d_w = dev_upload(w, wn * 2);
+    void *d_y = dev_alloc(yn * esz);
+    GPU_CHECK(cuda_gemv_fits(rows, in, out, d_x, d_w, d_y) == 1, "cuda_gemv_fits refused");
+    for (int run = 0; run < 2; run++) {
+        poison(d_y, yn * esz);
+        int rc = cuda_gemv(d_x, d_w, d_y, y_f32, rows, in, out, stream);
+        GPU_CHECK(rc == 0, "cuda_gemv: %d", rc);
+        download(run ? again : got, d_y, yn * esz);
+    }
+    if (y_f32)
+        memcpy(gotf, got, (size_t)rows * out * 4);
+    else
+        bf16_to_f32_n((const uint16_t *)got, gotf, (size_t)rows * out);
+    size_t extra = 0;
+    for (size_t i = (size_t)rows * out * esz; i < yn * esz; i++)
+        extra += got[i] != 0xFF;
+    char cfg[96];
+    snprintf(cfg, sizeof(cfg), "rows %d in %d out %d %s", (int)rows, (int)in, (int)out,
+             y_f32 ? "f32" : "bf16");
+    report("gemv", cfg, rel_err(gotf, ref, (size_t)rows * out), y_f32 ? 1e-5 : TOLERANCE);
+    GPU_CHECK(extra == 0, "gemv %s: %zu bytes written past the rows", cfg, extra);
+    GPU_CHECK(memcmp(got, again, yn * esz) == 0, "gemv %s: two runs differ", cfg);
+    CK(cudaFree(d_x));
+    CK(cudaFree(d_w));
+    CK(cudaFree(d_y));
+    free(x);
+    free(w);
+    free(ref);
+    free(gotf);
+    free(got);
+    free(again);
+}
+
+static void test_gemv_refusals(void)
+{
+    void *d = dev_alloc(1 << 20);
+    uint16_t *p = d;
+    expect_rc("gemv rows 0", cuda_gemv(p, p, p, 0, 0, 64, 8, stream), PAGODA_EINVAL);
+    expect_rc("gemv rows > max", cuda_gemv(p, p, p, 0, CUDA_GEMV_MAX_ROWS + 1, 64, 8, stream),
+              PAGODA_EINVAL);
+    expect_rc("gemv in % 32", cuda_gemv(p, p, p, 0, 1, 40, 8, stream), PAGODA_EINVAL);
+    expect_rc("gemv misaligned x", cuda_gemv(p + 1, p, p, 0, 1, 64, 8, stream), PAGODA_EINVAL);
+    expect_rc("gemv NULL w", cuda_gemv(p, NULL, p, 0, 1, 64, 8, stream), PAGODA_EINVAL);
+    CK(cudaFree(d));
 }
 
 /* A token's K and V come from a fused QKV row (row_stride wide), one token is padding (slot
@@ -864,6 +1023,7 @@ int main(void)
     test_add_rmsnorm(7, 4096, true);
     test_add_rmsnorm(5, 1000, false);
     test_add_rmsnorm(3, 100, true);
+    test_add_rmsnorm(3, 16384, true); /* past the register-resident kernel */
     test_add_bias(5, 4096, 4096 + 64);
     test_add_bias(3, 100, 130);
     test_rope(9, 32 + 8, 128, (32 + 2 * 8) * 128, CPU_ROPE_LLAMA3, 500000.0);
@@ -872,6 +1032,15 @@ int main(void)
     test_silu_mul(4, 77);
     test_reshape_and_cache(16, 4, 128, 0);
     test_reshape_and_cache(32, 2, 64, 3);
+    test_rope_cache(16, 32, 8, 128, 0);
+    test_rope_cache(32, 6, 2, 64, 5);
+    test_gemv(1, 4096, 1000, 0);
+    test_gemv(5, 1024 + 32, 333, 0);
+    test_gemv(8, 96, 17, 1);
+    test_gemv(9, 4096, 256, 0);
+    test_gemv(16, 14336, 160, 0);
+    test_gemv(16, 4096, 1003, 1);
+    test_gemv_refusals();
 
     /* GPU_TEST_QUICK (for compute-sanitizer runs) keeps one case of each kernel path. */
     const bool quick = getenv("GPU_TEST_QUICK") != NULL;

@@ -1,0 +1,306 @@
+/* decode_step: the CUDA backend's decode step on its own, timed on the GPU (issue 15).
+ *
+ *   decode_step MODEL_DIR [--batches 1,16,64] [--context N] [--reps N] [--profile]
+ *               [--only baseline|cublas|gemv]
+ *
+ * MODEL_DIR holds a config.json (weights are drawn at random on the GPU, as --load-format
+ * random). For each batch size B, B sequences of N tokens already in a pool of random K/V
+ * (block size 16) decode one token each through backend_forward_sample (greedy), with the
+ * kernel sequence before issue 15 (cuda_backend_options.baseline_kernels), the current one as it
+ * ships (every linear through cuBLAS), and the current one with cuda_gemv for the linears of up to
+ * CUDA_GEMV_MAX_ROWS rows (gemv_max_rows), on the same weights. Per batch and version: the median
+ * device time of a step (backend_device_time_us: CUDA events around the forward pass and the
+ * sampler) and the median host time of the call, against the step's bandwidth floor (weights + K/V
+ * read once at 4.3 TB/s, the device-to-device copy rate of GPU.md). Each version's logits of the
+ * same step are compared with the baseline's (max |a - b| / max |a|) and their greedy tokens
+ * counted equal.
+ * --profile wraps one extra step per batch and version in cudaProfilerStart/Stop, for
+ * `ncu --profile-from-start off` (bench/run_decode_profile.sh; bench/profile_decode.py reads the
+ * CSV); --only runs one version (for a profile of it). Exit status 0, or 1 on a failed call (the
+ * message names it). */
+#define _POSIX_C_SOURCE 200809L
+#include "common/error.h"
+#include "kernels/cuda/linear.h"
+#include "kernels/cuda/util.h"
+#include "model/model_config.h"
+#include "worker/backend.h"
+#include "worker/cuda_backend.h"
+
+#include <cuda_profiler_api.h>
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define kBlockSize 16
+#define kMaxBatches 8
+#define kMaxReps 200
+#define kWarmup 3
+#define kFloorBytesPerSecond 4.3e12
+#define kSeed 20261202ull
+
+#define PK(call)                                                                                   \
+    do {                                                                                           \
+        int rc_ = (call);                                                                          \
+        if (rc_ != 0) {                                                                            \
+            fprintf(stderr, "decode_step: %s:%d: %s: %s (%s)\n", __FILE__, __LINE__, #call,        \
+                    pagoda_strerror(rc_), pagoda_error_detail());                                  \
+            exit(1);                                                                               \
+        }                                                                                          \
+    } while (0)
+
+#define CK(call)                                                                                   \
+    do {                                                                                           \
+        cudaError_t e_ = (call);                                                                   \
+        if (e_ != cudaSuccess) {                                                                   \
+            fprintf(stderr, "decode_step: %s:%d: %s: %s\n", __FILE__, __LINE__, #call,             \
+                    cudaGetErrorString(e_));                                                       \
+            exit(1);                                                                               \
+        }                                                                                          \
+    } while (0)
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof(double), cmp_double);
+    return v[n / 2];
+}
+
+/* One decode batch of B sequences at context N: sequence s owns blocks 1 + s * bps ... */
+struct step {
+    int32_t *tokens, *positions, *qs, *ctx, *tables, *logits_idx;
+    int64_t *slots;
+    struct sample_row *rows;
+    struct fwd_batch batch;
+};
+
+static void step_make(struct step *st, int32_t B, int32_t ctx, int32_t bps, int32_t vocab)
+{
+    st->tokens = calloc((size_t)B, 4);
+    st->positions = calloc((size_t)B, 4);
+    st->qs = calloc((size_t)B + 1, 4);
+    st->ctx = calloc((size_t)B, 4);
+    st->tables = calloc((size_t)B * bps, 4);
+    st->logits_idx = calloc((size_t)B, 4);
+    st->slots = calloc((size_t)B, 8);
+    st->rows = calloc((size_t)B, sizeof(*st->rows));
+    if (!st->tokens || !st->positions || !st->qs || !st->ctx || !st->tables || !st->logits_idx ||
+        !st->slots || !st->rows) {
+        fprintf(stderr, "decode_step: out of host memory\n");
+        exit(1);
+    }
+    for (int32_t s = 0; s < B; s++) {
+        st->tokens[s] = (int32_t)((s * 7919 + 13) % vocab);
+        st->positions[s] = ctx - 1;
+        st->qs[s + 1] = s + 1;
+        st->ctx[s] = ctx;
+        for (int32_t b = 0; b < bps; b++)
+            st->tables[(int64_t)s * bps + b] = 1 + s * bps + b;
+        st->slots[s] = (int64_t)st->tables[(int64_t)s * bps + (ctx - 1) / kBlockSize] * kBlockSize +
+                       (ctx - 1) % kBlockSize;
+        st->logits_idx[s] = s;
+        st->rows[s].params = sampling_params_default();
+        st->rows[s].params.temperature = 0.0f;
+    }
+    struct fwd_batch fb = {B,   st->tokens, st->positions, st->slots,
+                           B,   st->qs,     st->ctx,       st->tables,
+                           bps, B,          st->logits_idx};
+    st->batch = fb;
+}
+
+static void step_free(struct step *st)
+{
+    free(st->tokens);
+    free(st->positions);
+    free(st->qs);
+    free(st->ctx);
+    free(st->tables);
+    free(st->logits_idx);
+    free(st->slots);
+    free(st->rows);
+}
+
+struct result {
+    double device_ms, host_ms;
+    float *logits; /* [B][vocab], host */
+    int32_t *tokens;
+    float *logprobs;
+};
+
+/* The versions compared: the kernels before issue 15; the current ones with every linear through
+ * cuBLAS (the default); the current ones with cuda_gemv for up to CUDA_GEMV_MAX_ROWS rows. */
+#define kVersions 3
+static const char *const version_name[kVersions] = {"baseline", "cublas", "gemv"};
+
+static void run_version(const struct model_config *c, const struct kv_geometry *g, void *pool,
+                        int version, const int32_t *batches, int nb, int32_t ctx, int reps,
+                        int profile, struct result *res)
+{
+    struct cuda_backend_options o = cuda_backend_default_options();
+    o.limits.max_num_tokens = 256;
+    o.limits.max_num_seqs = batches[nb - 1] > 64 ? batches[nb - 1] : 64;
+    o.limits.max_blocks_per_seq = (ctx + kBlockSize - 1) / kBlockSize;
+    o.baseline_kernels = version == 0;
+    o.gemv_max_rows = version == 2 ? CUDA_GEMV_MAX_ROWS : 0;
+    struct backend *be = NULL;
+    PK(cuda_backend_open(c, NULL, kSeed, g, pool, &o, &be));
+    const int32_t bps = o.limits.max_blocks_per_seq;
+    for (int i = 0; i < nb; i++) {
+        const int32_t B = batches[i];
+        struct step st;
+        step_make(&st, B, ctx, bps, (int32_t)c->vocab_size);
+        double dev[kMaxReps], host[kMaxReps];
+        for (int r = 0; r < kWarmup + reps; r++) {
+            double t0 = now_s();
+            PK(backend_forward_sample(be, &st.batch, st.rows, res[i].tokens, res[i].logprobs));
+            double t1 = now_s();
+            double us = 0.0;
+            PK(backend_device_time_us(be, &us));
+            if (r >= kWarmup) {
+                dev[r - kWarmup] = us * 1e-3;
+                host[r - kWarmup] = (t1 - t0) * 1e3;
+            }
+        }
+        res[i].device_ms = median(dev, reps);
+        res[i].host_ms = median(host, reps);
+        PK(backend_forward(be, &st.batch, res[i].logits));
+        if (profile) {
+            CK(cudaDeviceSynchronize());
+            CK(cudaProfilerStart());
+            PK(backend_forward_sample(be, &st.batch, st.rows, res[i].tokens, res[i].logprobs));
+            CK(cudaDeviceSynchronize());
+            CK(cudaProfilerStop());
+        }
+        /* the tokens of the timed step (the profiled one is the same step again) */
+        step_free(&st);
+    }
+    backend_close(be);
+}
+
+int main(int argc, char **argv)
+{
+    const char *dir = NULL;
+    int32_t batches[kMaxBatches] = {1, 16, 64};
+    int nb = 3, reps = 30, profile = 0, first = 0, last = kVersions - 1;
+    int32_t ctx = 1100;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--batches") == 0 && i + 1 < argc) {
+            nb = 0;
+            for (char *p = argv[++i]; *p != '\0' && nb < kMaxBatches;) {
+                batches[nb++] = (int32_t)strtol(p, &p, 10);
+                if (*p == ',')
+                    p++;
+            }
+        } else if (strcmp(argv[i], "--context") == 0 && i + 1 < argc) {
+            ctx = (int32_t)atoi(argv[++i]);
+        } else if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc) {
+            reps = atoi(argv[++i]);
+        } else if (strcmp(argv[i], "--only") == 0 && i + 1 < argc) {
+            ++i;
+            for (int v = 0; v < kVersions; v++)
+                if (strcmp(argv[i], version_name[v]) == 0)
+                    first = last = v;
+        } else if (strcmp(argv[i], "--profile") == 0) {
+            profile = 1;
+        } else if (dir == NULL && argv[i][0] != '-') {
+            dir = argv[i];
+        } else {
+            dir = NULL;
+            break;
+        }
+    }
+    if (dir == NULL || nb < 1 || ctx < 2 || reps < 1 || reps > kMaxReps) {
+        fprintf(stderr,
+                "usage: decode_step MODEL_DIR [--batches 1,16,64] [--context N] "
+                "[--reps 1..%d] [--profile] [--only baseline|cublas|gemv]\n",
+                kMaxReps);
+        return 2;
+    }
+    for (int i = 0; i < nb; i++)
+        if (batches[i] < 1 || batches[i] > 256 || (i > 0 && batches[i] < batches[i - 1])) {
+            fprintf(stderr, "decode_step: batches must rise, each in 1 .. 256\n");
+            return 2;
+        }
+    struct model_config c;
+    PK(model_config_load(dir, &c));
+    const int32_t bps = (ctx + kBlockSize - 1) / kBlockSize;
+    struct kv_geometry g = {
+        .pool_id = 1,
+        .num_layers = (int32_t)c.num_layers,
+        .num_blocks = 1 + batches[nb - 1] * bps,
+        .block_size = kBlockSize,
+        .num_kv_heads = (int32_t)c.num_kv_heads,
+        .head_dim = (int32_t)c.head_dim,
+        .dtype = DTYPE_BF16,
+    };
+    void *pool = NULL;
+    PK(cuda_pool_alloc(&g, 0, &pool));
+    /* Random K/V everywhere (never zeros: see .library METHOD.md). */
+    PK(cuda_fill_random_bf16(pool, (int64_t)(kv_pool_bytes(&g) / 2), kSeed, 99, 1.0f, 0.0f, 0));
+    CK(cudaDeviceSynchronize());
+
+    struct result res[kVersions][kMaxBatches];
+    for (int v = 0; v < kVersions; v++)
+        for (int i = 0; i < nb; i++) {
+            res[v][i].logits = malloc((size_t)batches[i] * (size_t)c.vocab_size * sizeof(float));
+            res[v][i].tokens = malloc((size_t)batches[i] * sizeof(int32_t));
+            res[v][i].logprobs = malloc((size_t)batches[i] * sizeof(float));
+            if (!res[v][i].logits || !res[v][i].tokens || !res[v][i].logprobs)
+                return 1;
+        }
+    for (int v = first; v <= last; v++)
+        run_version(&c, &g, pool, v, batches, nb, ctx, reps, profile, res[v]);
+    if (first == last) {
+        for (int i = 0; i < nb; i++)
+            printf("batch %d %s: device %.3f ms, host %.3f ms\n", (int)batches[i],
+                   version_name[first], res[first][i].device_ms, res[first][i].host_ms);
+        cuda_pool_free(pool);
+        return 0;
+    }
+
+    /* The floor: every weight read once, each sequence's K/V read once. */
+    const double H = (double)c.hidden_size, I = (double)c.intermediate_size;
+    const double qd = (double)(c.num_heads * c.head_dim),
+                 kvd = (double)(c.num_kv_heads * c.head_dim);
+    const double layer_w = H * (qd + 2 * kvd) + qd * H + 2 * I * H + I * H + 2 * H;
+    const double weights = 2.0 * ((double)c.num_layers * layer_w + (double)c.vocab_size * H);
+    const double kv_per_token = 2.0 * 2.0 * kvd * (double)c.num_layers;
+    printf("\n%-6s %-9s %10s %10s %10s %8s %12s %10s\n", "batch", "version", "device ms", "host ms",
+           "floor ms", "floor/dev", "logits diff", "tokens eq");
+    for (int i = 0; i < nb; i++) {
+        const int32_t B = batches[i];
+        const double bytes = weights + (double)B * ctx * kv_per_token;
+        const double floor_ms = bytes / kFloorBytesPerSecond * 1e3;
+        for (int v = 0; v < kVersions; v++) {
+            double amax = 0.0, dmax = 0.0;
+            int same = 0;
+            for (int64_t k = 0; k < (int64_t)B * c.vocab_size; k++) {
+                double a = fabs((double)res[0][i].logits[k]);
+                double d = fabs((double)res[0][i].logits[k] - (double)res[v][i].logits[k]);
+                amax = a > amax ? a : amax;
+                dmax = d > dmax ? d : dmax;
+            }
+            for (int32_t s = 0; s < B; s++)
+                same += res[0][i].tokens[s] == res[v][i].tokens[s];
+            printf("%-6d %-9s %10.3f %10.3f %10.3f %8.3f %12.2e %7d/%d\n", (int)B, version_name[v],
+                   res[v][i].device_ms, res[v][i].host_ms, floor_ms, floor_ms / res[v][i].device_ms,
+                   dmax / (amax > 0 ? amax : 1), same, (int)B);
+        }
+    }
+    cuda_pool_free(pool);
+    return 0;
+}

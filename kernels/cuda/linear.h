@@ -1,0 +1,41 @@
+/* Small-M linear layers on the GPU: y[rows][out] = x[rows][in] . w[out][in]^T for the few rows
+ * of a decode step, where a linear is a pass over its weights and cuBLAS's general kernels fall
+ * short of the weights' bandwidth (bench/RESULTS.md, issue 15).
+ *
+ * Types: x and w are bf16 bit patterns (uint16_t), device pointers; y is bf16 or f32. The dot
+ * products accumulate in f32 on the tensor cores (mma.sync m16n8k16, bf16 in, f32 out); the
+ * order of the sum is fixed (no atomics), so equal inputs give equal outputs on every run. The
+ * results differ from cuBLAS's only by the order of the f32 sums.
+ *
+ * Like kernels/cuda/ops.h: the call enqueues on stream s and returns 0, PAGODA_EINVAL (bad
+ * sizes, NULL or misaligned buffers: cuda_gemv_fits says beforehand) or PAGODA_ECUDA (the
+ * launch failed); it neither allocates nor synchronises, so it can be captured in a graph. */
+#ifndef PAGODA_KERNELS_CUDA_LINEAR_H
+#define PAGODA_KERNELS_CUDA_LINEAR_H
+
+#include <cuda_runtime_api.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The most rows cuda_gemv takes: above it the weights are re-read from L2 for each group of
+ * rows and a library GEMM is the better tool. */
+#define CUDA_GEMV_MAX_ROWS 16
+
+/* 1 when cuda_gemv accepts these sizes and buffers: 1 <= rows <= CUDA_GEMV_MAX_ROWS, in a
+ * multiple of 32, out >= 1, x, w and y 16-byte aligned; else 0. */
+int cuda_gemv_fits(int32_t rows, int32_t in, int32_t out, const void *x, const void *w,
+                   const void *y);
+
+/* y[r][o] = sum_i x[r][i] * w[o][i], for r < rows, o < out; y is f32 when y_f32, else bf16
+ * (rounded to nearest even once). x is [rows][in], w [out][in], y [rows][out], all dense. */
+int cuda_gemv(const uint16_t *x, const uint16_t *w, void *y, int y_f32, int32_t rows, int32_t in,
+              int32_t out, cudaStream_t s);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
