@@ -14,9 +14,11 @@
 // serve, the StatefulSet's serviceName is its headless Service, the router's --scheduler flags
 // name every engine pod, by the headless Service's DNS names and the engines' port, the
 // tenants ConfigMap the router mounts is generated).
+// The manifests are read as YAML 1.1, as Kubernetes reads them (an unquoted `on` is a boolean).
 // Then the negative cases: mutated copies of the manifests (a misspelled field, a string where
-// an integer goes, a missing required field, an apiVersion 1.30 does not serve, an engine
-// replica the router does not name) must each be refused with the error expected.
+// an integer goes, a missing required field, an apiVersion 1.30 does not serve, an unquoted
+// `on` where a string goes, an engine replica the router does not name, a manifest left out of
+// kustomization.yaml) must each be refused with the error expected.
 // Prints one line per check and "N passed, N failed"; exit 1 when any failed.
 import { createRequire } from "node:module";
 import fs from "node:fs";
@@ -173,7 +175,9 @@ function loadManifests(files) {
         if (!(r in files)) continue;
         let all;
         try {
-            all = YAML.parseAllDocuments(files[r]);
+            // YAML 1.1, as Kubernetes reads it (sigs.k8s.io/yaml): an unquoted on, yes or off
+            // is a boolean there, not a string.
+            all = YAML.parseAllDocuments(files[r], { version: "1.1" });
         } catch (e) {
             errors.push(`${r}: ${e.message}`);
             continue;
@@ -308,6 +312,9 @@ const mutations = [
      "apiVersion: apps/v1beta1", /has no Deployment in apps\/v1beta1/],
     ["a misspelled field in a probe", "engine.yaml", "periodSeconds: 20", "periodSecond: 20",
      /periodSecond.*does not exist in type 'Probe'/],
+    ["an unquoted on (a YAML 1.1 boolean) where a string goes", "engine.yaml",
+     "            - cuda\n", "            - on\n",
+     /args\[5\]: Type 'boolean' is not assignable to type 'string'/],
     ["an engine that the router does not name", "engine.yaml", "replicas: 2", "replicas: 3",
      /--scheduler flags .* must name the 3 engine pods/],
     ["a manifest left out of kustomization.yaml", "kustomization.yaml", "  - router.yaml\n", "",
