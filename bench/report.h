@@ -168,12 +168,12 @@ struct report {
     int32_t num_blocks;
     uint32_t cached_blocks_end, running_max, waiting_max;
     size_t samples;
-    /* The bandwidth floor (have_floor): decode_step_ms is the median TPOT; see report.c.
-     * floor_reliable is 0 when too many tokens arrived several to a poll for TPOT to be the
-     * step time (REPORT_FLOOR_MAX_SHARED). */
+    /* The bandwidth floor (have_floor): decode_step_ms is the median ITL, decode_step_tpot_ms
+     * the median TPOT beside it; see report.c. floor_reliable is 0 when too many tokens arrived
+     * several to a poll for ITL to be the step time (REPORT_FLOOR_MAX_SHARED). */
     int have_floor, floor_reliable;
-    double batch, mean_context, decode_step_ms, step_wall_ms, kv_bytes_per_step, floor_step_ms,
-        floor_fraction;
+    double batch, mean_context, decode_step_ms, decode_step_tpot_ms, step_wall_ms,
+        kv_bytes_per_step, floor_step_ms, floor_fraction;
     double baseline_ratio;         /* NAN without a baseline */
     struct report_tenant *tenants; /* cfg.num_tenants of them */
 };

@@ -297,17 +297,18 @@ if ttft:
           f"pagoda p50 {f(p)} ms (of {ttft['completed']}), transformers + SDPA (cuDNN) median "
           f"{f(hf_ms)} ms, ratio {f(p / hf_ms if hf_ms else None, '.2f')}")
 print()
-print("| batch | decode step (median TPOT) ms | wall per engine step ms | weights GB | K/V GB "
-      "per step | floor ms | fraction of the floor |")
-print("|---|---|---|---|---|---|---|")
+print("| batch | decode step (median ITL) ms | median TPOT ms | wall per engine step ms "
+      "| weights GB | K/V GB per step | floor ms | fraction of the floor |")
+print("|---|---|---|---|---|---|---|---|")
 for p in sorted(glob.glob(os.path.join(out, "floor-*.json")),
                 key=lambda p: int(p.rsplit("-", 1)[1][:-5])):
     r = json.load(open(p))
     fl = r["bandwidth_floor"]
     if not fl:
-        print(f"| {os.path.basename(p)} | no floor (failed: {r['failed']}) | | | | | |")
+        print(f"| {os.path.basename(p)} | no floor (failed: {r['failed']}) | | | | | | |")
         continue
-    print(f"| {fl['batch']:.0f} | {fl['decode_step_ms']:.3f} | {f(fl['step_wall_ms'], '.3f')} "
+    print(f"| {fl['batch']:.0f} | {fl['decode_step_ms']:.3f} | {f(fl.get('tpot_p50_ms'), '.3f')} "
+          f"| {f(fl['step_wall_ms'], '.3f')} "
           f"| {fl['weight_bytes'] / 1e9:.2f} | {fl['kv_bytes_per_step'] / 1e9:.3f} "
           f"| {fl['floor_step_ms']:.3f} | {fl['fraction']:.3f}"
           f"{'' if fl.get('reliable', True) else ' (unreliable: tokens bunched in polls)'} |")

@@ -247,6 +247,21 @@ static void test_bandwidth_floor(void **state)
     assert_true(rep.floor_reliable);
     assert_true(fabs(rep.baseline_ratio - rep.output_tps / 100) < 1e-12);
     report_fini(&rep);
+    /* A prefill stall of 30 ms before the fifth token of each request: TPOT (each request's
+     * mean gap, 50 ms / 10 = 5 ms) counts it, the median gap does not: the step is still 2 ms. */
+    for (int k = 5; k < 11; k++)
+        t[k] += 0.030;
+    struct report_request stalled[2];
+    make_request(&stalled[0], 0, 100, 0, t, p, 11, t[10]);
+    make_request(&stalled[1], 1, 100, 0, t, p, 11, t[10]);
+    assert_int_equal(report_compute(&cfg, stalled, 2, NULL, &rep), 0);
+    assert_true(rep.have_floor);
+    assert_true(fabs(rep.decode_step_ms - 2.0) < 1e-9);
+    assert_true(fabs(rep.decode_step_tpot_ms - 5.0) < 1e-9);
+    assert_true(fabs(rep.floor_fraction - 1.211 / 2.0) < 1e-9);
+    report_fini(&rep);
+    report_request_fini(&stalled[0]);
+    report_request_fini(&stalled[1]);
     /* Tokens that arrive several to a poll hide the steps: the floor is marked unreliable. */
     struct report_request bunched[2];
     const double tb[] = {0.05, 0.07};
