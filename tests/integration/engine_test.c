@@ -8,6 +8,8 @@
  *   pagoda-run --backend cuda up to the reference's first near tie (GPU_MARGIN), as tests/gpu
  *   does: bf16 results depend slightly on the batch. Meant for concurrent and kill-worker.
  *   concurrent   64 concurrent clients: peak running >= 32, every output equals pagoda-run
+ *   overlap      concurrent with no step delay: steps back to back (on the GPU, step n+1 is
+ *                enqueued behind step n and reads its tokens on the device)
  *   streaming    with a step delay, the first token arrives before the request finishes
  *   kill-worker  kill -9 of the worker amid 32 running requests: all complete unchanged, and
  *                the new worker computed no sequence's prompt again
@@ -205,11 +207,14 @@ static int get_stats(struct group *g, pagoda_engine_stats *st)
 
 /* ---- scenarios ------------------------------------------------------------------------ */
 
-static void scenario_concurrent(struct group *g)
+/* 64 concurrent requests; step_delay_ms "0": the worker runs steps back to back, so on the GPU
+ * the executor enqueues step n+1 behind step n with its pending tokens read on the device (the
+ * "overlap" scenario); with a delay each step ends before the next starts. */
+static void scenario_concurrent(struct group *g, const char *step_delay_ms)
 {
     /* clang-format off */
     const char *extra[] = {
-        "--worker-arg", "--step-delay-ms", "--worker-arg", "5",
+        "--worker-arg", "--step-delay-ms", "--worker-arg", step_delay_ms,
         "--scheduler-arg", "--result-timeout-ms", "--scheduler-arg", ms(2000),
         "--scheduler-arg", "--watchdog-ms", "--scheduler-arg", ms(10000),
         "--scheduler-arg", "--max-batched-tokens", "--scheduler-arg", "512",
@@ -960,7 +965,9 @@ int main(int argc, char **argv)
         return rc;
     const char *s = argv[2];
     if (strcmp(s, "concurrent") == 0)
-        scenario_concurrent(&g);
+        scenario_concurrent(&g, "5");
+    else if (strcmp(s, "overlap") == 0)
+        scenario_concurrent(&g, "0");
     else if (strcmp(s, "streaming") == 0)
         scenario_streaming(&g);
     else if (strcmp(s, "kill-worker") == 0)
