@@ -10,6 +10,8 @@
 #include <cmocka.h>
 
 #include "client/pagoda.h"
+#include "client/pagoda_admin.h"
+#include "common/error.h"
 #include "tests/unit/router_fake_scheduler.h"
 
 #include <signal.h>
@@ -39,7 +41,9 @@ static void sleep_ms(long millis)
     nanosleep(&ts, NULL);
 }
 
-static void multi_start(struct multi *m, const char *routing)
+/* Starts two fakes and a router on them with routing and, when tenants is not NULL, a tenants
+ * file of that text and a 500 ms admin timeout. */
+static void multi_start_with(struct multi *m, const char *routing, const char *tenants)
 {
     memset(m, 0, sizeof(*m));
     snprintf(m->dir, sizeof(m->dir), "/tmp/pagoda-rtrm-XXXXXX");
@@ -49,14 +53,28 @@ static void multi_start(struct multi *m, const char *routing)
         snprintf(m->sched_url[i], sizeof(m->sched_url[i]), "ipc://%s/scheduler-%d.ipc", m->dir, i);
         assert_int_equal(fake_sched_start(m->sched_url[i], &m->fs[i]), 0);
     }
+    char path[128];
+    snprintf(path, sizeof(path), "%s/tenants.json", m->dir);
+    if (tenants != NULL) {
+        FILE *f = fopen(path, "w");
+        assert_non_null(f);
+        assert_true(fputs(tenants, f) >= 0);
+        assert_int_equal(fclose(f), 0);
+    }
     fflush(NULL);
     m->router = fork();
     assert_true(m->router >= 0);
     if (m->router == 0) {
         prctl(PR_SET_PDEATHSIG, SIGKILL);
-        execl(PAGODA_BIN_DIR "/pagoda-router", "pagoda-router", "--run-dir", m->dir, "--listen",
-              m->url, "--scheduler", m->sched_url[0], "--scheduler", m->sched_url[1], "--routing",
-              routing, "--log-level", "warn", (char *)NULL);
+        if (tenants != NULL)
+            execl(PAGODA_BIN_DIR "/pagoda-router", "pagoda-router", "--run-dir", m->dir, "--listen",
+                  m->url, "--scheduler", m->sched_url[0], "--scheduler", m->sched_url[1],
+                  "--routing", routing, "--log-level", "warn", "--tenants", path,
+                  "--admin-timeout-ms", "500", (char *)NULL);
+        else
+            execl(PAGODA_BIN_DIR "/pagoda-router", "pagoda-router", "--run-dir", m->dir, "--listen",
+                  m->url, "--scheduler", m->sched_url[0], "--scheduler", m->sched_url[1],
+                  "--routing", routing, "--log-level", "warn", (char *)NULL);
         _exit(127);
     }
     assert_int_equal(pagoda_client_open(m->url, &m->client), 0);
@@ -71,6 +89,11 @@ static void multi_start(struct multi *m, const char *routing)
         sleep_ms(10);
     }
     fail_msg("the router did not link both engines");
+}
+
+static void multi_start(struct multi *m, const char *routing)
+{
+    multi_start_with(m, routing, NULL);
 }
 
 static void multi_stop(struct multi *m)
@@ -228,6 +251,53 @@ static void test_failover_on_hang(void **state)
     multi_stop(&m);
 }
 
+/* Admin calls go to every engine and their answers are merged; a pin is answered once every
+ * engine has applied the policy that carries it. */
+static void test_admin_over_engines(void **state)
+{
+    (void)state;
+    static const char tenants[] =
+        "{\"admin_keys\": [\"adm-key\"],"
+        " \"tenants\": [{\"name\": \"alice\", \"api_keys\": [\"alice-key\"]},"
+        "  {\"name\": \"zoe\", \"api_keys\": [\"zoe-key\"]}]}";
+    struct multi m;
+    multi_start_with(&m, "cache-aware", tenants);
+    pagoda_client *adm = NULL, *alice = NULL;
+    assert_int_equal(pagoda_client_open(m.url, &adm), 0);
+    assert_int_equal(pagoda_client_open(m.url, &alice), 0);
+    pagoda_client_set_timeout_ms(adm, WAIT_MS);
+    pagoda_client_set_timeout_ms(alice, WAIT_MS);
+    assert_int_equal(pagoda_client_set_api_key(adm, "adm-key"), 0);
+    assert_int_equal(pagoda_client_set_api_key(alice, "alice-key"), 0);
+    /* Flush: each engine drops 7 + strlen(ns) blocks (the fake's answer). */
+    uint32_t flushed = 0;
+    assert_int_equal(pagoda_admin_flush_tenant(adm, "zoe", &flushed), 0);
+    assert_int_equal(flushed, 2 * (7 + strlen("t:zoe")));
+    struct fake_sched_counts c0, c1;
+    fake_sched_get_counts(m.fs[0], &c0);
+    fake_sched_get_counts(m.fs[1], &c1);
+    assert_int_equal(c0.admin_calls, 1);
+    assert_int_equal(c1.admin_calls, 1);
+    /* A tenant's Stats: its figures summed over the engines. */
+    struct fake_figures f;
+    fake_sched_tenant_figures("alice", &f);
+    pagoda_engine_stats st;
+    assert_int_equal(pagoda_stats(alice, &st), 0);
+    assert_string_equal(st.tenant, "alice");
+    assert_int_equal(st.prefix_query_tokens, 2 * f.query_tokens);
+    assert_int_equal(st.prefix_hit_tokens, 2 * f.hit_tokens);
+    /* A pin while engine 1 holds its PolicyApplied: not applied everywhere, so it times out. */
+    const int32_t tokens[] = {1, 2, 3, 4, 5, 6, 7, 8};
+    const char *const who[] = {"alice"};
+    fake_sched_hold_policy(m.fs[1], 1);
+    assert_int_equal(pagoda_admin_pin(adm, "sys", tokens, 8, who, 1, NULL), PAGODA_ETIMEDOUT);
+    fake_sched_hold_policy(m.fs[1], 0);
+    assert_int_equal(pagoda_admin_pin(adm, "sys", tokens, 8, who, 1, NULL), 0);
+    pagoda_client_close(alice);
+    pagoda_client_close(adm);
+    multi_stop(&m);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -235,6 +305,7 @@ int main(void)
         cmocka_unit_test(test_round_robin_and_stats),
         cmocka_unit_test(test_failover_on_link_death),
         cmocka_unit_test(test_failover_on_hang),
+        cmocka_unit_test(test_admin_over_engines),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
