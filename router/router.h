@@ -137,6 +137,8 @@
  * outcome (ENOENT, 0 blocks) for a first that succeeded. */
 #define ROUTER_MAX_ADMIN_TIMEOUT_MS 15000u
 #define ROUTER_DEFAULT_DRAIN_TIMEOUT_MS 60000u
+/* The longest --stats-timeout-ms: a parked Stats call holds its context this long at most. */
+#define ROUTER_MAX_STATS_TIMEOUT_MS 60000u
 
 /* A Submit without max_tokens generates this many tokens (vLLM's default). */
 #define ROUTER_DEFAULT_MAX_TOKENS 16

@@ -258,12 +258,14 @@ static void on_engine_down(struct router *r, struct engine *e)
 /* Brings each engine's state up to date with its link: joined, down, or back. */
 static void engines_update(struct router *r)
 {
+    int changed = 0;
     for (uint32_t i = 0; i < r->num_engines; i++) {
         struct engine *e = &r->engines[i];
         unsigned gen = atomic_load(&e->gen);
         if (gen != e->gen_seen) {
             e->gen_seen = gen;
             on_link_joined(r, e);
+            changed = 1;
         }
         int up = engine_usable(e);
         if (up != e->up) {
@@ -271,9 +273,11 @@ static void engines_update(struct router *r)
             route_set_up(r->route, i, up);
             if (!up)
                 on_engine_down(r, e);
+            changed = 1;
         }
     }
-    router_flush_pending(r);
+    if (changed)
+        router_flush_pending(r);
 }
 
 void link_on_async(struct router *r)

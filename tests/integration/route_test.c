@@ -128,7 +128,8 @@ static int start_router(const char *routing)
         if (freopen(log, "w", stderr) == NULL || freopen(log, "a", stdout) == NULL)
             _exit(127);
         execl(bin, bin, "--run-dir", run, "--listen", front.url, "--scheduler", s0, "--scheduler",
-              s1, "--routing", routing, "--log-level", "info", (char *)NULL);
+              s1, "--routing", routing, "--stats-timeout-ms", ms(2000), "--log-level", "info",
+              (char *)NULL);
         _exit(127);
     }
     /* Ready when both engines are linked (60 s, scaled). */

@@ -42,8 +42,8 @@ static void sleep_ms(long millis)
 }
 
 /* Starts two fakes and a router on them with routing and, when tenants is not NULL, a tenants
- * file of that text and a 500 ms admin timeout. */
-static void multi_start_with(struct multi *m, const char *routing, const char *tenants)
+ * file of that text and a 500 ms admin timeout. With tcp, engine 1 is on tcp://127.0.0.1. */
+static void multi_start_with(struct multi *m, const char *routing, const char *tenants, int tcp)
 {
     memset(m, 0, sizeof(*m));
     snprintf(m->dir, sizeof(m->dir), "/tmp/pagoda-rtrm-XXXXXX");
@@ -51,6 +51,17 @@ static void multi_start_with(struct multi *m, const char *routing, const char *t
     snprintf(m->url, sizeof(m->url), "ipc://%s/router.ipc", m->dir);
     for (int i = 0; i < 2; i++) {
         snprintf(m->sched_url[i], sizeof(m->sched_url[i]), "ipc://%s/scheduler-%d.ipc", m->dir, i);
+        if (i == 1 && tcp) {
+            /* A port from the pid; another one on a collision (a bounded number of tries). */
+            int rc = -1;
+            for (int k = 0; k < 20 && rc != 0; k++) {
+                snprintf(m->sched_url[i], sizeof(m->sched_url[i]), "tcp://127.0.0.1:%d",
+                         20000 + (int)((getpid() * 7 + k * 997) % 30000));
+                rc = fake_sched_start(m->sched_url[i], &m->fs[i]);
+            }
+            assert_int_equal(rc, 0);
+            continue;
+        }
         assert_int_equal(fake_sched_start(m->sched_url[i], &m->fs[i]), 0);
     }
     char path[128];
@@ -93,7 +104,7 @@ static void multi_start_with(struct multi *m, const char *routing, const char *t
 
 static void multi_start(struct multi *m, const char *routing)
 {
-    multi_start_with(m, routing, NULL);
+    multi_start_with(m, routing, NULL, 0);
 }
 
 static void multi_stop(struct multi *m)
@@ -126,12 +137,13 @@ static void check_tokens(const int32_t *prompt, size_t n, const pagoda_result *r
         assert_int_equal(r->token_ids[i], fake_sched_token(prompt, n, i));
 }
 
-/* Round robin: four requests, two on each engine; Stats sums the two engines' figures. */
+/* Round robin: four requests, two on each engine (one linked over ipc://, one over tcp://);
+ * Stats sums the two engines' figures. */
 static void test_round_robin_and_stats(void **state)
 {
     (void)state;
     struct multi m;
-    multi_start(&m, "round-robin");
+    multi_start_with(&m, "round-robin", NULL, 1);
     pagoda_generate_params p = pagoda_generate_params_default();
     p.max_tokens = 6;
     for (int k = 0; k < 4; k++) {
@@ -261,7 +273,7 @@ static void test_admin_over_engines(void **state)
         " \"tenants\": [{\"name\": \"alice\", \"api_keys\": [\"alice-key\"]},"
         "  {\"name\": \"zoe\", \"api_keys\": [\"zoe-key\"]}]}";
     struct multi m;
-    multi_start_with(&m, "cache-aware", tenants);
+    multi_start_with(&m, "cache-aware", tenants, 0);
     pagoda_client *adm = NULL, *alice = NULL;
     assert_int_equal(pagoda_client_open(m.url, &adm), 0);
     assert_int_equal(pagoda_client_open(m.url, &alice), 0);
