@@ -251,8 +251,12 @@ static void on_engine_down(struct router *r, struct engine *e)
     if (r->num_engines > 1)
         log_warn("engine %u (%s) is %s: %u unfinished requests move to other engines", e->index,
                  e->url, e->hung ? "not answering" : "down", n);
-    stats_on_engine_down(r, e);
-    admin_on_engine_down(r, e);
+    /* The calls waiting for it are answered with the other engines' figures; with one engine
+     * they wait for their timeout, as they always did. */
+    if (r->num_engines > 1) {
+        stats_on_engine_down(r, e);
+        admin_on_engine_down(r, e);
+    }
 }
 
 /* Brings each engine's state up to date with its link: joined, down, or back. */
