@@ -108,6 +108,7 @@ static void drain_check(struct router *r)
 static void on_housekeeping(uv_timer_t *t)
 {
     struct router *r = t->data;
+    link_tick(r);
     router_flush_pending(r);
     front_close_idle(r, r->cfg.idle_timeout_ms);
     front_ensure_contexts(r); /* retries a context that could not be opened */
@@ -146,6 +147,7 @@ static void router_free(struct router *r)
     }
     free(r->buckets);
     free(r->alias_buckets);
+    link_free_engines(r);
     front_pipes_free(r->pipes);
     tenancy_close(r);
     router_text_close(r);
@@ -167,6 +169,8 @@ static void on_ctx_timer_closed(uv_handle_t *h)
 {
     struct rctx *c = h->data;
     struct router *r = c->r;
+    if (c->admin_acc != NULL)
+        protobuf_c_message_free_unpacked(&c->admin_acc->base, NULL);
     free(c);
     if (--r->handles_open == 0)
         router_free(r);
@@ -181,13 +185,10 @@ void router_close(struct router *r)
      * closing is set. */
     for (struct rctx *c = r->ctxs; c != NULL; c = c->all_next)
         nng_aio_stop(c->aio);
-    wire_inbox_close(r->inbox);
-    r->inbox = NULL;
-    /* Then the sockets. */
+    /* Then the sockets (the engines' inboxes first). */
+    link_close_engines(r);
     if (r->rep_open)
         nng_close(r->rep);
-    if (r->link_open)
-        nng_close(r->link);
     /* Then free what the contexts held, and close the loop's handles. */
     pthread_mutex_lock(&r->lock);
     r->mail_head = r->mail_tail = NULL;
@@ -285,18 +286,7 @@ int router_open(uv_loop_t *loop, const struct router_config *cfg, struct router 
     r->listen_url = strdup(cfg->listen_url);
     r->cfg.run_dir = r->run_dir;
     r->cfg.listen_url = r->listen_url;
-    r->cfg.scheduler_url = NULL;
     r->cfg.tenants_file = NULL;
-    if (cfg->scheduler_url != NULL) {
-        int n = snprintf(r->sched_url, sizeof(r->sched_url), "%s", cfg->scheduler_url);
-        if (n < 0 || (size_t)n >= sizeof(r->sched_url)) {
-            rc = pagoda_error_set(PAGODA_ERANGE, "router: scheduler address too long");
-            goto fail;
-        }
-    } else if ((rc = wire_ipc_url(r->sched_url, sizeof(r->sched_url), cfg->run_dir,
-                                  "scheduler.ipc")) != 0) {
-        goto fail;
-    }
     r->num_buckets = 1024;
     while (r->num_buckets < 2 * ((size_t)cfg->max_live_requests + cfg->max_finished_requests))
         r->num_buckets *= 2;
@@ -331,9 +321,11 @@ int router_open(uv_loop_t *loop, const struct router_config *cfg, struct router 
     uv_timer_init(loop, &r->housekeeping);
     r->housekeeping.data = r;
     r->timer_init = 1;
-    if ((rc = link_dial(r)) != 0)
-        goto fail;
-    if ((rc = wire_inbox_open(loop, r->link, link_on_msg, r, &r->inbox)) != 0)
+    rc = link_open_engines(r); /* copies cfg's addresses */
+    r->cfg.scheduler_url = NULL;
+    r->cfg.scheduler_urls = NULL;
+    r->cfg.routing = NULL;
+    if (rc != 0)
         goto fail;
     if ((rc = front_open(r)) != 0)
         goto fail;

@@ -20,6 +20,15 @@
  * poll for an unknown id within ANNOUNCE_GRACE_MS (router_registry.c) of the router's start, before
  * the announcement completed, waits for it instead of failing at once.
  *
+ * Several engines (docs/routing.md): the router may hold N scheduler links (engines), each with
+ * its own Policy, announcement and resubmission as above. A request is sent to the engine that
+ * route.h picks (cache-aware: the longest cached prefix unless much busier; or round robin), and
+ * stays there; when that engine's link goes down, or it leaves a liveness probe unanswered for
+ * stats_timeout_ms, its unfinished requests are sent to another usable engine with their output
+ * so far, and the old engine's later events for them are ignored (and cancelled there). With
+ * one engine nothing moves: the request waits for its scheduler to come back, as before. Stats
+ * sums the engines' figures (Stats.engines has each one's); admin calls go to every engine.
+ *
  * Decisions (minimal first version; a later issue adds the rest):
  *  - Tenants (router/tenants.h): without a tenants file, api_key is ignored and every request
  *    belongs to tenant "default" (bounded only by max_live_requests). With one, Submit, Poll,
@@ -128,6 +137,8 @@
  * outcome (ENOENT, 0 blocks) for a first that succeeded. */
 #define ROUTER_MAX_ADMIN_TIMEOUT_MS 15000u
 #define ROUTER_DEFAULT_DRAIN_TIMEOUT_MS 60000u
+/* The longest --stats-timeout-ms: a parked Stats call holds its context this long at most. */
+#define ROUTER_MAX_STATS_TIMEOUT_MS 60000u
 
 /* A Submit without max_tokens generates this many tokens (vLLM's default). */
 #define ROUTER_DEFAULT_MAX_TOKENS 16
@@ -147,16 +158,21 @@
 #define ROUTER_MAX_UNPACK_ALLOCATIONS 65536u
 
 struct router_config {
-    const char *run_dir;            /* control.ipc lives here; the scheduler link unless below */
-    const char *listen_url;         /* tcp://HOST:PORT or ipc://PATH */
-    const char *scheduler_url;      /* NULL: ipc://RUN_DIR/scheduler.ipc */
-    const char *tenants_file;       /* router/tenants.h; NULL: one tenant, any key */
-    const char *model_dir;          /* the model's folder: its tokenizer; NULL: token ids only */
-    uint32_t num_contexts;          /* contexts always free to receive a call */
-    uint32_t max_parked_calls;      /* polls and stats waiting at once */
-    uint32_t max_connections;       /* client connections at once (lowered to fit the fd limit) */
-    uint32_t idle_timeout_ms;       /* a connection with no call and no complete message */
-    uint32_t max_live_requests;     /* admitted, unfinished; more is PAGODA_EEXHAUSTED */
+    const char *run_dir;       /* control.ipc lives here; the scheduler link unless below */
+    const char *listen_url;    /* tcp://HOST:PORT or ipc://PATH */
+    const char *scheduler_url; /* NULL: ipc://RUN_DIR/scheduler.ipc (one engine) */
+    /* Several engines (a scheduler each): their links, engine i = scheduler_urls[i]; 0 of them:
+     * the one engine of scheduler_url. At most ROUTE_MAX_ENGINES (route.h). */
+    const char *const *scheduler_urls;
+    uint32_t num_scheduler_urls;
+    const char *routing;        /* "cache-aware" (NULL: the default) or "round-robin" (route.h) */
+    const char *tenants_file;   /* router/tenants.h; NULL: one tenant, any key */
+    const char *model_dir;      /* the model's folder: its tokenizer; NULL: token ids only */
+    uint32_t num_contexts;      /* contexts always free to receive a call */
+    uint32_t max_parked_calls;  /* polls and stats waiting at once */
+    uint32_t max_connections;   /* client connections at once (lowered to fit the fd limit) */
+    uint32_t idle_timeout_ms;   /* a connection with no call and no complete message */
+    uint32_t max_live_requests; /* admitted, unfinished; more is PAGODA_EEXHAUSTED */
     uint32_t max_finished_requests; /* finished results kept in all, >= 1 (see above) */
     uint32_t finished_ttl_ms;       /* and for how long at most */
     uint32_t max_prompt_tokens;

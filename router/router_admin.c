@@ -31,7 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int send_admin_call(struct router *r, uint64_t cookie, int figures, const char *flush_ns)
+static int send_admin_call(struct engine *e, uint64_t cookie, int figures, const char *flush_ns)
 {
     Pagoda__Internal__AdminCall call = PAGODA__INTERNAL__ADMIN_CALL__INIT;
     call.has_cookie = 1;
@@ -42,20 +42,48 @@ static int send_admin_call(struct router *r, uint64_t cookie, int figures, const
     Pagoda__Internal__ToScheduler env = PAGODA__INTERNAL__TO_SCHEDULER__INIT;
     env.msg_case = PAGODA__INTERNAL__TO_SCHEDULER__MSG_ADMIN;
     env.admin = &call;
-    return router_send(r, &env);
+    return router_send(e, &env);
 }
 
-/* Sends an AdminCall for c and parks it until the AdminResult with its cookie arrives. */
+static int engine_usable(const struct engine *e)
+{
+    return engine_linked(e) && !e->hung;
+}
+
+uint64_t admin_applied_version(const struct router *r)
+{
+    uint64_t v = UINT64_MAX;
+    for (uint32_t i = 0; i < r->num_engines; i++)
+        if (engine_usable(&r->engines[i]) && r->engines[i].applied_version < v)
+            v = r->engines[i].applied_version;
+    return v == UINT64_MAX ? 0 : v;
+}
+
+/* Sends an AdminCall for c to every usable engine (the same cookie) and parks it until the
+ * AdminResult with its cookie has arrived from each. */
 static void ask_scheduler(struct router *r, struct rctx *c, enum admin_op op, const char *flush_ns)
 {
     uint64_t cookie = ++r->admin_cookie; /* from 1: cookie 0 is a reload's read */
     int figures = op == ADMIN_OP_TENANTS || op == ADMIN_OP_STATS;
-    int rc = send_admin_call(r, cookie, figures, flush_ns);
-    if (rc != 0) {
+    uint64_t asked = 0;
+    int rc = PAGODA_ECLOSED;
+    for (uint32_t i = 0; i < r->num_engines; i++) {
+        if (!engine_usable(&r->engines[i]))
+            continue;
+        int rv = send_admin_call(&r->engines[i], cookie, figures, flush_ns);
+        if (rv == 0)
+            asked |= 1ull << i;
+        else
+            rc = rv;
+    }
+    if (asked == 0) {
         router_reply_error(c, rc, "%s: %s", op == ADMIN_OP_STATS ? "stats" : "admin",
-                           pagoda_error_detail());
+                           rc == PAGODA_ECLOSED ? "the scheduler link is down"
+                                                : pagoda_error_detail());
         return;
     }
+    c->engines_asked = c->engines_waited = asked;
+    c->admin_acc = NULL;
     c->park = PARK_ADMIN;
     c->admin_op = op;
     c->cookie = cookie;
@@ -241,7 +269,23 @@ static void answer_applied(struct router *r, struct rctx *c)
     }
 }
 
-void admin_on_policy_applied(struct router *r, const Pagoda__Internal__PolicyApplied *pa)
+/* Answers the calls waiting for a policy version every usable engine has applied. */
+static void wake_policy_waiters(struct router *r)
+{
+    r->applied_version = admin_applied_version(r);
+    struct rctx *c = r->policy_waiters;
+    while (c != NULL) {
+        struct rctx *next = c->next;
+        if (r->applied_version > 0 && c->cookie <= r->applied_version) {
+            router_unpark(c);
+            answer_applied(r, c);
+        }
+        c = next;
+    }
+}
+
+void admin_on_policy_applied(struct router *r, struct engine *e,
+                             const Pagoda__Internal__PolicyApplied *pa)
 {
     if (pa == NULL || !pa->has_version) {
         r->malformed_internal++;
@@ -254,19 +298,11 @@ void admin_on_policy_applied(struct router *r, const Pagoda__Internal__PolicyApp
                  (unsigned long long)pa->version, (unsigned long long)r->policy_version);
         return;
     }
-    if (pa->version > r->applied_version)
-        r->applied_version = pa->version;
+    if (pa->version > e->applied_version)
+        e->applied_version = pa->version;
     tenancy_on_policy_applied(r, pa);
-    log_debug("the scheduler applied policy version %llu", (unsigned long long)pa->version);
-    struct rctx *c = r->policy_waiters;
-    while (c != NULL) {
-        struct rctx *next = c->next;
-        if (c->cookie <= pa->version) {
-            router_unpark(c);
-            answer_applied(r, c);
-        }
-        c = next;
-    }
+    log_debug("engine %u applied policy version %llu", e->index, (unsigned long long)pa->version);
+    wake_policy_waiters(r);
 }
 
 /* A tenant's Stats: its own figures from the scheduler's (its prefix-cache lookups, its running
@@ -325,46 +361,134 @@ void admin_tenant_stats(struct router *r, struct rctx *c, uint32_t slot)
     ask_scheduler(r, c, ADMIN_OP_STATS, NULL);
 }
 
-void admin_on_result(struct router *r, const Pagoda__Internal__AdminResult *res)
+/* Adds another engine's figures to acc's: tenants and namespaces by name (every engine has the
+ * same Policy, so the same names), flushed blocks. Pins keep the first engine's statuses. */
+static void merge_result(Pagoda__Internal__AdminResult *acc,
+                         const Pagoda__Internal__AdminResult *res)
 {
+    for (size_t k = 0; k < res->n_tenants; k++) {
+        const Pagoda__Internal__TenantFigures *f = res->tenants[k];
+        for (size_t j = 0; f->name != NULL && j < acc->n_tenants; j++) {
+            Pagoda__Internal__TenantFigures *a = acc->tenants[j];
+            if (a->name == NULL || strcmp(a->name, f->name) != 0)
+                continue;
+            a->lookups += f->lookups;
+            a->hits += f->hits;
+            a->query_tokens += f->query_tokens;
+            a->hit_tokens += f->hit_tokens;
+            a->running += f->running;
+            a->waiting += f->waiting;
+            break;
+        }
+    }
+    for (size_t k = 0; k < res->n_namespaces; k++) {
+        const Pagoda__Internal__NamespaceFigures *f = res->namespaces[k];
+        for (size_t j = 0; f->name != NULL && j < acc->n_namespaces; j++) {
+            Pagoda__Internal__NamespaceFigures *a = acc->namespaces[j];
+            if (a->name == NULL || strcmp(a->name, f->name) != 0)
+                continue;
+            a->cached_blocks += f->cached_blocks;
+            a->evictions += f->evictions;
+            a->inserted += f->inserted;
+            break;
+        }
+    }
+    acc->has_flushed_blocks |= res->has_flushed_blocks;
+    acc->flushed_blocks += res->flushed_blocks;
+}
+
+static void drop_acc(struct rctx *c)
+{
+    if (c->admin_acc != NULL)
+        protobuf_c_message_free_unpacked(&c->admin_acc->base, NULL);
+    c->admin_acc = NULL;
+}
+
+/* Every engine asked has answered (or gone): c is answered from the merged results. */
+static void admin_finish(struct router *r, struct rctx *c)
+{
+    router_unpark(c);
+    const Pagoda__Internal__AdminResult *res = c->admin_acc->admin;
+    if (c->admin_op == ADMIN_OP_STATS) {
+        reply_tenant_stats(r, c, res);
+    } else if (c->admin_op == ADMIN_OP_TENANTS) {
+        reply_listing(r, c, res);
+    } else {
+        Pagoda__AdminResponse admin = PAGODA__ADMIN_RESPONSE__INIT;
+        admin.has_flushed_blocks = 1;
+        admin.flushed_blocks = res->has_flushed_blocks ? res->flushed_blocks : 0;
+        reply_admin(c, &admin);
+    }
+    drop_acc(c);
+}
+
+void admin_on_result(struct router *r, struct engine *e, Pagoda__Internal__ToRouter *msg)
+{
+    const Pagoda__Internal__AdminResult *res = msg->admin;
+    uint64_t bit = 1ull << e->index;
     if (res == NULL || !res->has_cookie) {
         r->malformed_internal++;
         log_warn("an AdminResult without a cookie: ignored");
+        protobuf_c_message_free_unpacked(&msg->base, NULL);
         return;
     }
     struct rctx *c = r->admin_waiters;
-    while (c != NULL && (c->cookie != res->cookie || c->admin_op == ADMIN_OP_RELOAD))
+    while (c != NULL && (c->cookie != res->cookie || c->admin_op == ADMIN_OP_RELOAD ||
+                         !(c->engines_waited & bit)))
         c = c->next;
     if (c == NULL) {
         log_debug("an AdminResult for cookie %llu, which no call waits for (it timed out)",
                   (unsigned long long)res->cookie);
+        protobuf_c_message_free_unpacked(&msg->base, NULL);
         return;
     }
-    router_unpark(c);
     if (res->has_error_code && res->error_code != 0) {
+        router_unpark(c);
+        drop_acc(c);
         router_reply_error(c, res->error_code, "%s: the scheduler: %s",
                            c->admin_op == ADMIN_OP_STATS ? "stats" : "admin",
                            res->error_message ? res->error_message
                                               : pagoda_strerror(res->error_code));
+        protobuf_c_message_free_unpacked(&msg->base, NULL);
         return;
     }
-    if (c->admin_op == ADMIN_OP_STATS) {
-        reply_tenant_stats(r, c, res);
-        return;
+    c->engines_waited &= ~bit;
+    if (c->admin_acc == NULL) {
+        c->admin_acc = msg;
+    } else {
+        merge_result(c->admin_acc->admin, res);
+        protobuf_c_message_free_unpacked(&msg->base, NULL);
     }
-    if (c->admin_op == ADMIN_OP_TENANTS) {
-        reply_listing(r, c, res);
-        return;
+    if (c->engines_waited == 0)
+        admin_finish(r, c);
+}
+
+void admin_on_engine_down(struct router *r, struct engine *e)
+{
+    uint64_t bit = 1ull << e->index;
+    struct rctx *c = r->admin_waiters;
+    while (c != NULL) {
+        struct rctx *next = c->next;
+        if (c->admin_op != ADMIN_OP_RELOAD && (c->engines_waited & bit)) {
+            c->engines_waited &= ~bit;
+            c->engines_asked &= ~bit;
+            if (c->engines_waited == 0 && c->admin_acc != NULL) {
+                admin_finish(r, c);
+            } else if (c->engines_waited == 0) {
+                router_unpark(c);
+                router_reply_error(c, PAGODA_ECLOSED, "%s: the scheduler link is down",
+                                   c->admin_op == ADMIN_OP_STATS ? "stats" : "admin");
+            }
+        }
+        c = next;
     }
-    Pagoda__AdminResponse admin = PAGODA__ADMIN_RESPONSE__INIT;
-    admin.has_flushed_blocks = 1;
-    admin.flushed_blocks = res->has_flushed_blocks ? res->flushed_blocks : 0;
-    reply_admin(c, &admin);
+    wake_policy_waiters(r);
 }
 
 void admin_on_timeout(struct rctx *c)
 {
     struct router *r = c->r;
+    drop_acc(c);
     if (c->admin_op == ADMIN_OP_STATS)
         router_reply_error(c, PAGODA_ETIMEDOUT,
                            "the scheduler did not answer a stats request within %u ms",

@@ -5,8 +5,9 @@
  *                      authentication and the dispatch of each call, replies
  *   router_registry.c  the request registry: requests, deduplication, finished lists, trimming,
  *                      accounting; the Submit, Poll and Cancel calls
- *   router_link.c      the scheduler link: submits, cancels, resubmission after a restart, token
- *                      events, stats, ModelInfo
+ *   router_link.c      the engine links (one scheduler each): submits, cancels, resubmission after
+ *                      a restart, failover to another engine, token events, stats, ModelInfo
+ *   route.c            the routing decision (route.h): which engine a request goes to
  *   router_tenancy.c   the tenancy it owns: tenants (from the tenants file), pins, the Policy it
  *                      pushes to the scheduler
  *   router_admin.c     the admin API (ClientRequest.admin) and the scheduler's answers to it
@@ -20,6 +21,7 @@
 #include "kernels/cpu/sampler.h"
 #include "proto/internal.pb-c.h"
 #include "proto/pagoda.pb-c.h"
+#include "router/route.h"
 #include "router/router.h"
 #include "router/tenants.h"
 
@@ -71,9 +73,13 @@ struct rctx {
     struct rctx *next_mail; /* mailbox link, guarded by router.lock */
     uv_timer_t timer;       /* a parked call's deadline */
     enum park park;
-    struct request *req;  /* PARK_POLL: the request waited on */
-    uint32_t offset;      /* PARK_POLL: the first output token the client wants */
-    uint64_t cookie;      /* PARK_STATS, PARK_ADMIN: the cookie sent; PARK_POLICY: the version */
+    struct request *req;     /* PARK_POLL: the request waited on */
+    uint32_t offset;         /* PARK_POLL: the first output token the client wants */
+    uint64_t cookie;         /* PARK_STATS, PARK_ADMIN: the cookie sent; PARK_POLICY: the version */
+    uint64_t engines_waited; /* PARK_STATS, PARK_ADMIN: bit e: engine e's answer is awaited */
+    uint64_t engines_asked;  /* PARK_STATS, PARK_ADMIN: bit e: engine e was asked */
+    Pagoda__Internal__ToRouter *admin_acc; /* PARK_ADMIN: the engines' AdminResults so far, merged
+                                              (owned), or NULL */
     uint8_t id[ID_BYTES]; /* PARK_UNKNOWN: the poll's id, tenant, offset and wait */
     uint32_t tenant;
     int has_offset;
@@ -122,6 +128,7 @@ struct request {
     int need_submit;         /* the SubmitSeq is still to be sent */
     int need_cancel;         /* the CancelSeq is still to be sent */
     struct rctx *waiters;    /* parked polls */
+    uint32_t engine;         /* the engine it was sent to (ROUTE_NONE: none yet) */
     int adopted;             /* registered from the scheduler's announcement (no prompt known) */
     int aliased;             /* also in router.alias_buckets (see registry_adopt) */
     struct request *alias_next;
@@ -172,15 +179,44 @@ struct pin_state {
     char *error_message;
 };
 
+/* One engine link: the PAIR socket to one scheduler. Its pipe counters are written on NNG's
+ * threads, everything else on the loop. */
+struct engine {
+    struct router *r;
+    uint32_t index;
+    char url[512];
+    nng_socket link;
+    int link_open;
+    struct wire_inbox *inbox;
+    atomic_int pipes;
+    atomic_uint gen; /* bumped by every pipe that joins the link */
+    unsigned gen_seen;
+    int up;          /* usable as the loop last saw it: linked, and answering (router_link.c) */
+    int need_policy; /* the current Policy is still to be sent */
+    int need_hello;  /* a RouterHello is still to be sent */
+    int announced;   /* its announcement has arrived */
+    uint64_t applied_version; /* the latest policy version it said it applied */
+    /* The liveness probe (with several engines): a StatsRequest with cookie 0 every
+     * ENGINE_PROBE_MS; an engine that leaves one unanswered for stats_timeout_ms is hung, and
+     * treated as down until it answers again. */
+    uint64_t probe_sent_ms;
+    int probe_outstanding;
+    int hung;
+    Pagoda__Internal__ToRouter *stats; /* its latest SchedulerStats (owned), or NULL */
+    uint64_t routed;                   /* requests the router sent it (moves included) */
+};
+
 struct router {
     uv_loop_t *loop;
     struct router_config cfg;
     char *run_dir, *listen_url;
-    char sched_url[512];
+    struct engine *engines; /* cfg's scheduler links, in order */
+    uint32_t num_engines;
+    struct route *route; /* the routing decision (route.h) */
+    enum route_mode routing;
 
-    nng_socket rep, link;
-    int rep_open, link_open;
-    struct wire_inbox *inbox;
+    nng_socket rep;
+    int rep_open;
     struct rctx *ctxs;         /* every context opened, linked by all_next */
     uint32_t num_ctxs;         /* opened */
     uint32_t num_parked;       /* parked calls (every kind) */
@@ -201,9 +237,6 @@ struct router {
     int lock_init;
     struct rctx *mail_head, *mail_tail; /* guarded by lock */
     atomic_int closing;
-    atomic_int link_pipes;
-    atomic_uint link_gen; /* bumped by every pipe that joins the link */
-    unsigned link_gen_seen;
 
     /* The tenancy (router_tenancy.c). */
     char *tenants_file;             /* NULL: one tenant, ROUTER_DEFAULT_TENANT, any key */
@@ -214,8 +247,7 @@ struct router {
     struct pin_state *pins; /* ROUTER_MAX_PINS of room */
     uint32_t num_pins;
     uint64_t policy_version;  /* of the current tenancy; 1 at start */
-    uint64_t applied_version; /* the latest the scheduler on the link said it applied */
-    int need_policy;          /* the current Policy is still to be sent */
+    uint64_t applied_version; /* the latest every usable engine said it applied */
     /* The tenants file being read on libuv's threadpool, or NULL. */
     struct reload_job *reload;
     uint64_t id_seed;
@@ -236,8 +268,7 @@ struct router {
     uint64_t admin_cookie;
 
     uint64_t started_ms;
-    int need_hello; /* a RouterHello is still to be sent */
-    int announced;  /* the scheduler's announcement has arrived */
+    int announced; /* every engine's announcement has arrived */
     struct rctx *unknown_waiters;
     uint32_t num_unknown_parked;
 
@@ -309,7 +340,8 @@ struct request *registry_find(const struct router *r, const uint8_t *sched_id);
 /* Registers a request the scheduler announced (ev->announce) that this router does not hold: a
  * restarted router's. Returns NULL (logged) when it cannot: an unknown tenant, no client id with
  * a tenants file, a collision, no memory. */
-struct request *registry_adopt(struct router *r, const Pagoda__Internal__TokenEvent *ev);
+struct request *registry_adopt(struct router *r, const Pagoda__Internal__TokenEvent *ev,
+                               uint32_t engine);
 /* Frees q and what it holds (its text side too); NULL is fine. The registry's lists and counts are
  * the caller's: registry_drop for a request in the registry. */
 void registry_request_free(struct router *r, struct request *q);
@@ -346,22 +378,35 @@ void router_prompt_ready(struct router *r, struct request *q, int rc, const char
 
 /* ---- router_link.c ----------------------------------------------------------------------- */
 
-/* Opens the scheduler link's PAIR socket and dials r->sched_url without waiting (a scheduler
- * that is not there yet is dialled again and again). Errors: those of NNG (wire_error); the
- * caller's router_close undoes what was done. */
-int link_dial(struct router *r);
-/* Loop thread: one message from the scheduler (wire_inbox_open's handler; takes m). */
+/* Opens every engine's PAIR socket and dials its address without waiting (a scheduler that is
+ * not there yet is dialled again and again), and the routing table. Errors: those of NNG
+ * (wire_error), PAGODA_ENOMEM; the caller's router_close undoes what was done. */
+int link_open_engines(struct router *r);
+/* Closes the engines' sockets and inboxes (router_close); link_free_engines frees the rest. */
+void link_close_engines(struct router *r);
+void link_free_engines(struct router *r);
+/* Loop thread: one message from an engine's scheduler (wire_inbox_open's handler, arg the
+ * struct engine; takes m). */
 void link_on_msg(void *arg, nng_msg *m);
-/* Loop thread, on the router's async: a pipe that joined the link since the loop last looked
- * gets what a new scheduler needs (the Policy, every unfinished request, a RouterHello). */
+/* Loop thread, on the router's async: an engine whose link joined since the loop last looked
+ * gets what a new scheduler needs (the Policy, its unfinished requests, a RouterHello); one whose
+ * link went down has its unfinished requests moved to another usable engine, if any. */
 void link_on_async(struct router *r);
-/* Whether a scheduler is on the link (and the loop has sent it what a new one needs). */
+/* Housekeeping tick: the engines' liveness probes and their load for routing. */
+void link_tick(struct router *r);
+/* Whether a scheduler is on some engine's link (and the loop has sent it what a new one needs). */
 int router_link_up(struct router *r);
-/* Sends what is still to be sent to the scheduler (the Policy first), while the link takes
- * it. */
+/* Whether engine e is linked (as router_link_up, for one engine). */
+int engine_linked(const struct engine *e);
+/* The first usable engine (for the calls one engine answers), or NULL. */
+struct engine *router_any_engine(struct router *r);
+/* Sends what is still to be sent to the engines (the Policy first), while the links take it. */
 void router_flush_pending(struct router *r);
-/* Sends a ToScheduler envelope with the protocol version set. Errors: those of wire_send. */
-int router_send(struct router *r, Pagoda__Internal__ToScheduler *env);
+/* Sends a ToScheduler envelope to engine e with the protocol version set. Errors: those of
+ * wire_send. */
+int router_send(struct engine *e, Pagoda__Internal__ToScheduler *env);
+/* q finished or left the registry unfinished: its engine's load no longer counts it. */
+void link_request_done(struct router *r, struct request *q);
 /* The Stats call: parked until the scheduler's figures arrive (a tenant's key gets its own,
  * admin_tenant_stats), or answered at once with PAGODA_EBUSY (too many calls parked) or
  * PAGODA_ECLOSED (no scheduler on the link). */
@@ -443,11 +488,11 @@ int tenancy_apply(struct router *r, struct router_tenants *t);
 int tenancy_pins_by_tenant(const struct router *r, uint32_t **offsets, char ***names);
 /* A scheduler joined the link: it gets the current Policy first; what another scheduler said
  * of the pins no longer holds. */
-void tenancy_on_link_up(struct router *r);
+void tenancy_on_link_up(struct router *r, struct engine *e);
 /* The tenancy changed: a new policy version, sent as soon as the link takes it. */
 void tenancy_changed(struct router *r);
 /* Sends the current Policy. Errors: those of wire_send, PAGODA_ENOMEM. */
-int tenancy_send_policy(struct router *r);
+int tenancy_send_policy(struct router *r, struct engine *e);
 /* Keeps the pins' statuses of a PolicyApplied. */
 void tenancy_on_policy_applied(struct router *r, const Pagoda__Internal__PolicyApplied *pa);
 
@@ -455,8 +500,15 @@ void tenancy_on_policy_applied(struct router *r, const Pagoda__Internal__PolicyA
 
 /* One admin call from a caller with an admin key: answered or parked. */
 void admin_handle(struct router *r, struct rctx *c, const Pagoda__AdminRequest *a);
-void admin_on_result(struct router *r, const Pagoda__Internal__AdminResult *res);
-void admin_on_policy_applied(struct router *r, const Pagoda__Internal__PolicyApplied *pa);
+/* Engine e's AdminResult (msg, taken): once every engine asked has answered, the call is. */
+void admin_on_result(struct router *r, struct engine *e, Pagoda__Internal__ToRouter *msg);
+void admin_on_policy_applied(struct router *r, struct engine *e,
+                             const Pagoda__Internal__PolicyApplied *pa);
+/* Engine e stopped being usable: the admin calls waiting for it are answered with what the others
+ * said, and the applied policy version is recomputed over the engines left. */
+void admin_on_engine_down(struct router *r, struct engine *e);
+/* The policy version every usable engine has applied (0 with none). */
+uint64_t admin_applied_version(const struct router *r);
 /* A PARK_ADMIN or PARK_POLICY call ran out of time (already unparked): answers it. */
 void admin_on_timeout(struct rctx *c);
 /* The tenants file a reload read: t (taken; NULL when rc is an error whose detail is detail),

@@ -18,22 +18,49 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Messages the scheduler link queues in each direction, so that a burst of submits or events
- * is not refused by a non-blocking send while the pipe is busy. */
+/* Messages each engine link queues in each direction, so that a burst of submits or events is
+ * not refused by a non-blocking send while the pipe is busy. */
 #define LINK_BUFFER_MESSAGES 1024
+/* How often each engine is asked for its stats when there are several: its load for routing, and
+ * its liveness (an engine that does not answer within stats_timeout_ms is hung). */
+#define ENGINE_PROBE_MS 250
 
-/* ---- what goes to the scheduler -------------------------------------------------------------- */
+/* ---- what goes to the schedulers ------------------------------------------------------------- */
 
-/* Whether a scheduler is on the link, as far as the loop knows: a pipe that joined is only
+/* Whether a scheduler is on e's link, as far as the loop knows: a pipe that joined is only
  * counted once on_link_joined has run for it, so that it sees every unfinished request exactly
  * once. */
-int router_link_up(struct router *r)
+int engine_linked(const struct engine *e)
 {
-    return r->link_gen_seen == atomic_load(&r->link_gen) && atomic_load(&r->link_pipes) > 0;
+    return e->gen_seen == atomic_load(&((struct engine *)e)->gen) &&
+           atomic_load(&((struct engine *)e)->pipes) > 0;
 }
 
-static int send_submit(struct router *r, struct request *q)
+/* Linked and not hung: requests may go there. */
+static int engine_usable(const struct engine *e)
 {
+    return engine_linked(e) && !e->hung;
+}
+
+int router_link_up(struct router *r)
+{
+    for (uint32_t i = 0; i < r->num_engines; i++)
+        if (engine_usable(&r->engines[i]))
+            return 1;
+    return 0;
+}
+
+struct engine *router_any_engine(struct router *r)
+{
+    for (uint32_t i = 0; i < r->num_engines; i++)
+        if (engine_usable(&r->engines[i]))
+            return &r->engines[i];
+    return NULL;
+}
+
+static int send_submit(struct engine *e, struct request *q)
+{
+    struct router *r = e->r;
     Pagoda__Internal__SamplingParams sp = sampling_to_internal(&q->p.sampling);
 
     Pagoda__Internal__SubmitSeq sub = PAGODA__INTERNAL__SUBMIT_SEQ__INIT;
@@ -59,129 +86,330 @@ static int send_submit(struct router *r, struct request *q)
     Pagoda__Internal__ToScheduler env = PAGODA__INTERNAL__TO_SCHEDULER__INIT;
     env.msg_case = PAGODA__INTERNAL__TO_SCHEDULER__MSG_SUBMIT;
     env.submit = &sub;
-    return router_send(r, &env);
+    return router_send(e, &env);
 }
 
-static int send_cancel(struct router *r, struct request *q)
+static int send_cancel(struct engine *e, const uint8_t *sched_id)
 {
     Pagoda__Internal__CancelSeq cancel = PAGODA__INTERNAL__CANCEL_SEQ__INIT;
     cancel.has_request_id = 1;
-    cancel.request_id.data = q->sched_id;
+    cancel.request_id.data = (uint8_t *)sched_id;
     cancel.request_id.len = ID_BYTES;
     Pagoda__Internal__ToScheduler env = PAGODA__INTERNAL__TO_SCHEDULER__INIT;
     env.msg_case = PAGODA__INTERNAL__TO_SCHEDULER__MSG_CANCEL;
     env.cancel = &cancel;
-    return router_send(r, &env);
+    return router_send(e, &env);
 }
 
-static int send_hello(struct router *r)
+static int send_hello(struct engine *e)
 {
     Pagoda__Internal__RouterHello hello = PAGODA__INTERNAL__ROUTER_HELLO__INIT;
     Pagoda__Internal__ToScheduler env = PAGODA__INTERNAL__TO_SCHEDULER__INIT;
     env.msg_case = PAGODA__INTERNAL__TO_SCHEDULER__MSG_ROUTER_HELLO;
     env.router_hello = &hello;
-    return router_send(r, &env);
+    return router_send(e, &env);
 }
 
-int router_send(struct router *r, Pagoda__Internal__ToScheduler *env)
+static int send_stats_request(struct engine *e, uint64_t cookie)
+{
+    Pagoda__Internal__StatsRequest sreq = PAGODA__INTERNAL__STATS_REQUEST__INIT;
+    sreq.has_cookie = 1;
+    sreq.cookie = cookie;
+    Pagoda__Internal__ToScheduler env = PAGODA__INTERNAL__TO_SCHEDULER__INIT;
+    env.msg_case = PAGODA__INTERNAL__TO_SCHEDULER__MSG_STATS;
+    env.stats = &sreq;
+    return router_send(e, &env);
+}
+
+int router_send(struct engine *e, Pagoda__Internal__ToScheduler *env)
 {
     env->has_protocol_version = 1;
     env->protocol_version = WIRE_PROTOCOL_VERSION;
-    return wire_send(r->link, &env->base);
+    return wire_send(e->link, &env->base);
 }
 
-/* Sends what is still to be sent to the scheduler, while the link takes it. A refused send
- * stays pending for the next housekeeping tick. The Policy goes first: nothing is submitted
- * under an older tenancy than the router's (but nothing waits for the scheduler to apply it
- * either: only admin calls do). */
+/* The namespace of q's tenant (the scheduler's prefix cache's, so routing keeps tenants apart
+ * exactly as the cache does: a group's tenants share theirs). */
+static const char *request_namespace(const struct router *r, const struct request *q)
+{
+    if (r->tenants == NULL)
+        return "t:" ROUTER_DEFAULT_TENANT;
+    const struct router_tenant *tn = router_tenants_find(r->tenants, r->slots[q->tenant].name);
+    return tn != NULL ? tn->namespace_name : r->slots[q->tenant].name;
+}
+
+/* The engine q goes to now: the one it is on while that is usable; otherwise (new, or its engine
+ * is down and another is usable) the one routing picks. NULL when none is usable: q waits (with
+ * one engine, for its scheduler to come back). An adopted request (no prompt known) never
+ * moves. */
+static struct engine *request_engine(struct router *r, struct request *q)
+{
+    uint32_t old = q->engine;
+    if (old != ROUTE_NONE && (engine_usable(&r->engines[old]) || q->adopted))
+        return engine_usable(&r->engines[old]) ? &r->engines[old] : NULL;
+    uint32_t pick =
+        route_pick(r->route, request_namespace(r, q), q->prompt, q->p.num_prompt, old, NULL);
+    if (pick == ROUTE_NONE)
+        return NULL;
+    if (old != ROUTE_NONE) {
+        char hex[2 * ID_BYTES + 1];
+        router_id_hex(q->id, hex);
+        log_info("request %s moves from engine %u to engine %u with %u tokens of output", hex, old,
+                 pick, q->num_tokens);
+        route_release(r->route, old);
+    }
+    q->engine = pick;
+    r->engines[pick].routed++;
+    return &r->engines[pick];
+}
+
+void link_request_done(struct router *r, struct request *q)
+{
+    if (q->engine != ROUTE_NONE)
+        route_release(r->route, q->engine);
+}
+
+/* Sends what is still to be sent to the engines, while their links take it. A refused send
+ * stays pending for the next housekeeping tick. The Policy goes first on each link: nothing is
+ * submitted under an older tenancy than the router's (but nothing waits for the scheduler to
+ * apply it either: only admin calls do). */
 void router_flush_pending(struct router *r)
 {
-    if (!router_link_up(r))
-        return;
-    if (r->need_policy) {
-        if (tenancy_send_policy(r) != 0)
-            return;
-        r->need_policy = 0;
+    int any = 0;
+    for (uint32_t i = 0; i < r->num_engines; i++) {
+        struct engine *e = &r->engines[i];
+        if (!engine_linked(e))
+            continue;
+        if (e->need_policy && tenancy_send_policy(r, e) == 0)
+            e->need_policy = 0;
+        if (!e->need_policy && e->need_hello && send_hello(e) == 0)
+            e->need_hello = 0;
+        any |= !e->need_policy;
     }
-    if (r->need_hello && send_hello(r) == 0)
-        r->need_hello = 0;
-    if (r->num_pending == 0)
+    if (!any || r->num_pending == 0)
         return;
     struct req_list *lists[2] = {&r->live, &r->finished};
     for (int l = 0; l < 2; l++) {
         for (struct request *q = lists[l]->head; q != NULL && r->num_pending > 0; q = q->next) {
             if (q->need_submit) {
-                if (send_submit(r, q) != 0)
-                    return;
-                registry_set_pending(r, q, &q->need_submit, 0);
+                struct engine *e = request_engine(r, q);
+                if (e != NULL && !e->need_policy && send_submit(e, q) == 0)
+                    registry_set_pending(r, q, &q->need_submit, 0);
             }
             if (q->need_cancel) {
-                if (send_cancel(r, q) != 0)
-                    return;
-                registry_set_pending(r, q, &q->need_cancel, 0);
+                if (q->engine == ROUTE_NONE) {
+                    registry_set_pending(r, q, &q->need_cancel, 0); /* never sent anywhere */
+                } else {
+                    struct engine *e = &r->engines[q->engine];
+                    if (engine_linked(e) && !e->need_policy && send_cancel(e, q->sched_id) == 0)
+                        registry_set_pending(r, q, &q->need_cancel, 0);
+                }
             }
         }
     }
 }
 
-/* A pipe joined the link: a scheduler (new or restarted) is there. It may not know the tenancy,
- * so the current Policy goes first; nor the unfinished requests, so each is sent again with the
+/* A pipe joined e's link: a scheduler (new or restarted) is there. It may not know the tenancy,
+ * so the current Policy goes first; nor its unfinished requests, so each is sent again with the
  * output it already has; and this router may not know the scheduler's (after a router restart),
  * so a RouterHello asks for them. */
-static void on_link_joined(struct router *r)
+static void on_link_joined(struct router *r, struct engine *e)
 {
-    log_info("scheduler link up (%s): sending %u unfinished requests", r->sched_url, r->live.count);
+    uint32_t n = 0;
     for (struct request *q = r->live.head; q != NULL; q = q->next)
-        if (q->job == NULL) /* a prompt still being tokenized goes when it is ready */
+        if (q->job == NULL && q->engine == e->index) { /* a prompt being tokenized goes later */
             registry_set_pending(r, q, &q->need_submit, 1);
-    tenancy_on_link_up(r);
-    r->need_hello = 1;
-    router_flush_pending(r);
+            n++;
+        }
+    if (r->num_engines == 1)
+        log_info("scheduler link up (%s): sending %u unfinished requests", e->url, n);
+    else
+        log_info("engine %u up (%s): sending its %u unfinished requests", e->index, e->url, n);
+    e->hung = 0;
+    e->probe_outstanding = 0;
+    tenancy_on_link_up(r, e);
+    e->need_hello = 1;
+}
+
+/* e stopped being usable (its link went down, or it is hung): with another engine usable, its
+ * unfinished requests move there (router_flush_pending picks where); without, they wait for it
+ * (today's single-engine behaviour: they are resent when it comes back). */
+static void stats_on_engine_down(struct router *r, struct engine *e);
+
+static void on_engine_down(struct router *r, struct engine *e)
+{
+    uint32_t n = 0;
+    int others = 0;
+    for (uint32_t i = 0; i < r->num_engines; i++)
+        others |= i != e->index && engine_usable(&r->engines[i]);
+    if (others)
+        for (struct request *q = r->live.head; q != NULL; q = q->next)
+            if (q->engine == e->index && q->job == NULL && !q->adopted) {
+                registry_set_pending(r, q, &q->need_submit, 1);
+                n++;
+            }
+    if (r->num_engines > 1)
+        log_warn("engine %u (%s) is %s: %u unfinished requests move to other engines", e->index,
+                 e->url, e->hung ? "not answering" : "down", n);
+    /* The calls waiting for it are answered with the other engines' figures; with one engine
+     * they wait for their timeout, as they always did. */
+    if (r->num_engines > 1) {
+        stats_on_engine_down(r, e);
+        admin_on_engine_down(r, e);
+    }
+}
+
+/* Brings each engine's state up to date with its link: joined, down, or back. */
+static void engines_update(struct router *r)
+{
+    int changed = 0;
+    for (uint32_t i = 0; i < r->num_engines; i++) {
+        struct engine *e = &r->engines[i];
+        unsigned gen = atomic_load(&e->gen);
+        if (gen != e->gen_seen) {
+            e->gen_seen = gen;
+            on_link_joined(r, e);
+            changed = 1;
+        }
+        int up = engine_usable(e);
+        if (up != e->up) {
+            e->up = up;
+            route_set_up(r->route, i, up);
+            if (!up)
+                on_engine_down(r, e);
+            changed = 1;
+        }
+    }
+    if (changed)
+        router_flush_pending(r);
 }
 
 void link_on_async(struct router *r)
 {
-    unsigned gen = atomic_load(&r->link_gen);
-    if (gen != r->link_gen_seen) {
-        r->link_gen_seen = gen;
-        on_link_joined(r);
-    }
+    engines_update(r);
 }
 
-/* NNG thread: the link's pipes come and go. */
+/* The liveness probes (with several engines; one engine keeps today's behaviour: never hung) and
+ * the loads routing uses. */
+void link_tick(struct router *r)
+{
+    uint64_t now = uv_now(r->loop);
+    for (uint32_t i = 0; r->num_engines > 1 && i < r->num_engines; i++) {
+        struct engine *e = &r->engines[i];
+        if (!engine_linked(e))
+            continue;
+        if (e->probe_outstanding && !e->hung && now - e->probe_sent_ms >= r->cfg.stats_timeout_ms)
+            e->hung = 1;
+        if ((!e->probe_outstanding || e->hung) && now - e->probe_sent_ms >= ENGINE_PROBE_MS &&
+            send_stats_request(e, 0) == 0) {
+            e->probe_sent_ms = now;
+            e->probe_outstanding = 1;
+        }
+    }
+    engines_update(r);
+}
+
+/* NNG thread: an engine link's pipes come and go. */
 static void on_link_pipe(nng_pipe p, nng_pipe_ev ev, void *arg)
 {
-    struct router *r = arg;
+    (void)p;
+    struct engine *e = arg;
     if (ev == NNG_PIPE_EV_ADD_POST) {
-        atomic_fetch_add(&r->link_pipes, 1);
-        atomic_fetch_add(&r->link_gen, 1);
+        atomic_fetch_add(&e->pipes, 1);
+        atomic_fetch_add(&e->gen, 1);
     } else if (ev == NNG_PIPE_EV_REM_POST) {
-        atomic_fetch_sub(&r->link_pipes, 1);
+        atomic_fetch_sub(&e->pipes, 1);
     }
-    if (!atomic_load(&r->closing))
-        uv_async_send(&r->async);
+    if (!atomic_load(&e->r->closing))
+        uv_async_send(&e->r->async);
 }
 
-/* Opens the scheduler link by hand rather than with wire_pair_open: the pipe notifications
- * that tell the router when a scheduler is there must be registered before the dial. */
-int link_dial(struct router *r)
+/* Opens one engine link by hand rather than with wire_pair_open: the pipe notifications that
+ * tell the router when a scheduler is there must be registered before the dial. */
+static int engine_dial(struct engine *e)
 {
-    int rv = nng_pair1_open(&r->link);
+    int rv = nng_pair1_open(&e->link);
     if (rv != 0)
         return wire_error(rv, "nng_pair1_open");
-    r->link_open = 1;
-    if ((rv = nng_socket_set_size(r->link, NNG_OPT_RECVMAXSZ, WIRE_MAX_MESSAGE_BYTES)) != 0 ||
-        (rv = nng_socket_set_int(r->link, NNG_OPT_SENDBUF, LINK_BUFFER_MESSAGES)) != 0 ||
-        (rv = nng_socket_set_int(r->link, NNG_OPT_RECVBUF, LINK_BUFFER_MESSAGES)) != 0 ||
-        (rv = nng_socket_set_ms(r->link, NNG_OPT_RECONNMINT, 20)) != 0 ||
-        (rv = nng_socket_set_ms(r->link, NNG_OPT_RECONNMAXT, 100)) != 0)
+    e->link_open = 1;
+    if ((rv = nng_socket_set_size(e->link, NNG_OPT_RECVMAXSZ, WIRE_MAX_MESSAGE_BYTES)) != 0 ||
+        (rv = nng_socket_set_int(e->link, NNG_OPT_SENDBUF, LINK_BUFFER_MESSAGES)) != 0 ||
+        (rv = nng_socket_set_int(e->link, NNG_OPT_RECVBUF, LINK_BUFFER_MESSAGES)) != 0 ||
+        (rv = nng_socket_set_ms(e->link, NNG_OPT_RECONNMINT, 20)) != 0 ||
+        (rv = nng_socket_set_ms(e->link, NNG_OPT_RECONNMAXT, 100)) != 0)
         return wire_error(rv, "scheduler link options");
-    if ((rv = nng_pipe_notify(r->link, NNG_PIPE_EV_ADD_POST, on_link_pipe, r)) != 0 ||
-        (rv = nng_pipe_notify(r->link, NNG_PIPE_EV_REM_POST, on_link_pipe, r)) != 0)
+    if ((rv = nng_pipe_notify(e->link, NNG_PIPE_EV_ADD_POST, on_link_pipe, e)) != 0 ||
+        (rv = nng_pipe_notify(e->link, NNG_PIPE_EV_REM_POST, on_link_pipe, e)) != 0)
         return wire_error(rv, "nng_pipe_notify");
-    if ((rv = nng_dial(r->link, r->sched_url, NULL, NNG_FLAG_NONBLOCK)) != 0)
-        return wire_error(rv, r->sched_url);
+    if ((rv = nng_dial(e->link, e->url, NULL, NNG_FLAG_NONBLOCK)) != 0)
+        return wire_error(rv, e->url);
+    return wire_inbox_open(e->r->loop, e->link, link_on_msg, e, &e->inbox);
+}
+
+int link_open_engines(struct router *r)
+{
+    const struct router_config *cfg = &r->cfg;
+    uint32_t n = cfg->num_scheduler_urls > 0 ? cfg->num_scheduler_urls : 1;
+    enum route_mode mode = ROUTE_CACHE_AWARE;
+    int rc;
+    if (n > ROUTE_MAX_ENGINES)
+        return pagoda_error_set(PAGODA_ERANGE, "router: at most %u schedulers (got %u)",
+                                ROUTE_MAX_ENGINES, n);
+    if (cfg->routing != NULL && (rc = route_mode_parse(cfg->routing, &mode)) != 0)
+        return rc;
+    r->routing = mode;
+    r->engines = calloc(n, sizeof(*r->engines));
+    if (r->engines == NULL)
+        return PAGODA_ENOMEM;
+    r->num_engines = n;
+    for (uint32_t i = 0; i < n; i++) {
+        struct engine *e = &r->engines[i];
+        e->r = r;
+        e->index = i;
+        const char *url = cfg->num_scheduler_urls > 0 ? cfg->scheduler_urls[i] : cfg->scheduler_url;
+        if (url != NULL) {
+            int len = snprintf(e->url, sizeof(e->url), "%s", url);
+            if (len < 0 || (size_t)len >= sizeof(e->url))
+                return pagoda_error_set(PAGODA_ERANGE, "router: scheduler address too long");
+        } else if ((rc = wire_ipc_url(e->url, sizeof(e->url), cfg->run_dir, "scheduler.ipc")) !=
+                   0) {
+            return rc;
+        }
+    }
+    if ((rc = route_new(n, mode, ROUTE_DEFAULT_MAX_ENTRIES, router_random_u64(), &r->route)) != 0)
+        return rc;
+    for (uint32_t i = 0; i < n; i++)
+        if ((rc = engine_dial(&r->engines[i])) != 0)
+            return rc;
+    if (n > 1)
+        log_info("%u engines, %s routing", n, route_mode_name(mode));
     return 0;
+}
+
+void link_close_engines(struct router *r)
+{
+    for (uint32_t i = 0; i < r->num_engines; i++) {
+        struct engine *e = &r->engines[i];
+        wire_inbox_close(e->inbox);
+        e->inbox = NULL;
+    }
+    for (uint32_t i = 0; i < r->num_engines; i++) {
+        struct engine *e = &r->engines[i];
+        if (e->link_open)
+            nng_close(e->link);
+        e->link_open = 0;
+    }
+}
+
+void link_free_engines(struct router *r)
+{
+    for (uint32_t i = 0; r->engines != NULL && i < r->num_engines; i++)
+        if (r->engines[i].stats != NULL)
+            protobuf_c_message_free_unpacked(&r->engines[i].stats->base, NULL);
+    free(r->engines);
+    r->engines = NULL;
+    route_free(r->route);
+    r->route = NULL;
 }
 
 /* ---- events ---------------------------------------------------------------------------------- */
@@ -225,9 +453,14 @@ static Pagoda__FinishReason finish_from_internal(Pagoda__Internal__FinishReason 
     }
 }
 
-/* The scheduler's announcement is complete: polls parked for unknown ids are answered. */
-static void on_announced(struct router *r)
+/* An engine's announcement is complete; once every engine's is, polls parked for unknown ids are
+ * answered. */
+static void on_announced(struct router *r, struct engine *e)
 {
+    e->announced = 1;
+    for (uint32_t i = 0; i < r->num_engines; i++)
+        if (!r->engines[i].announced)
+            return;
     if (!r->announced)
         log_info("the scheduler's announcement arrived: %u unfinished requests held",
                  r->live.count);
@@ -238,7 +471,7 @@ static void on_announced(struct router *r)
 
 /* Appends an event's new tokens (those beyond what the request holds: a resent or overlapping
  * event adds nothing twice), records its end, and answers the polls waiting on it. */
-static void apply_event(struct router *r, const Pagoda__Internal__TokenEvent *ev)
+static void apply_event(struct router *r, struct engine *e, const Pagoda__Internal__TokenEvent *ev)
 {
     char hex[2 * ID_BYTES + 1];
     if (!ev->has_request_id || ev->request_id.len != ID_BYTES) {
@@ -247,14 +480,25 @@ static void apply_event(struct router *r, const Pagoda__Internal__TokenEvent *ev
         return;
     }
     struct request *q = registry_find(r, ev->request_id.data);
-    if (q == NULL && ev->has_announce && ev->announce)
-        q = registry_adopt(r, ev);
+    if (q == NULL && ev->has_announce && ev->announce) {
+        q = registry_adopt(r, ev, e->index);
+        if (q != NULL)
+            route_charge(r->route, e->index);
+    }
     if (q == NULL) {
         /* A request this router does not know: finished and expired, or from before a router
          * restart and not announced. */
         r->unknown_events++;
         router_id_hex(ev->request_id.data, hex);
         log_debug("an event for request %s, which this router does not hold: ignored", hex);
+        return;
+    }
+    if (q->engine != e->index) {
+        /* An engine the request moved away from (it was down or hung, and is back): the request
+         * goes on elsewhere, so this one stops it (best effort: a later event asks again). */
+        if (!ev->has_finish_reason ||
+            ev->finish_reason == PAGODA__INTERNAL__FINISH_REASON__FINISH_NONE)
+            send_cancel(e, q->sched_id);
         return;
     }
     if (q->finish != PAGODA__FINISH_REASON__FINISH_NONE)
@@ -395,31 +639,186 @@ static void fill_stats(struct router *r, const Pagoda__Internal__SchedulerStats 
     out->parked_refused = r->parked_refused;
 }
 
-/* Answers the stats calls waiting for this answer (every one sent no later than it). */
-static void answer_stats(struct router *r, const Pagoda__Internal__SchedulerStats *s)
+/* The engines' SchedulerStats of mask as one: counters and sizes summed, ratios and means
+ * averaged over the engines that have them, peaks the highest. With one engine: its own. */
+static void merge_stats(struct router *r, uint64_t mask, Pagoda__Internal__SchedulerStats *agg)
 {
+    uint32_t n_mean[16] = {0};
+    for (uint32_t i = 0; i < r->num_engines; i++) {
+        if (!(mask & (1ull << i)) || r->engines[i].stats == NULL ||
+            r->engines[i].stats->stats == NULL)
+            continue;
+        const Pagoda__Internal__SchedulerStats *s = r->engines[i].stats->stats;
+#define SUM(f)                                                                                     \
+    do {                                                                                           \
+        agg->has_##f |= s->has_##f;                                                                \
+        agg->f += s->f;                                                                            \
+    } while (0)
+#define MEAN(k, f)                                                                                 \
+    do {                                                                                           \
+        if (s->has_##f) {                                                                          \
+            agg->has_##f = 1;                                                                      \
+            agg->f += s->f;                                                                        \
+            n_mean[k]++;                                                                           \
+        }                                                                                          \
+    } while (0)
+#define HIGHEST(f)                                                                                 \
+    do {                                                                                           \
+        if (s->has_##f && (!agg->has_##f || s->f > agg->f)) {                                      \
+            agg->has_##f = 1;                                                                      \
+            agg->f = s->f;                                                                         \
+        }                                                                                          \
+    } while (0)
+        SUM(running);
+        SUM(waiting);
+        SUM(peak_running);
+        SUM(steps);
+        SUM(resyncs);
+        SUM(worker_restarts);
+        SUM(num_blocks);
+        SUM(free_blocks);
+        SUM(computed_tokens);
+        SUM(malformed_messages);
+        SUM(preemptions);
+        SUM(cached_blocks);
+        SUM(prefix_query_tokens);
+        SUM(prefix_hit_tokens);
+        SUM(evictions);
+        SUM(pinned_blocks);
+        SUM(steps_in_flight);
+        SUM(peak_steps_in_flight);
+        SUM(discarded_tokens);
+        SUM(prefill_tokens);
+        SUM(decode_tokens);
+        MEAN(0, kv_usage);
+        MEAN(1, step_cpu_us);
+        MEAN(2, fragmentation);
+        MEAN(3, worker_step_wall_us);
+        MEAN(4, worker_step_device_us);
+        MEAN(5, locality);
+        MEAN(6, locality_run_length);
+        HIGHEST(peak_kv_usage);
+#undef SUM
+#undef MEAN
+#undef HIGHEST
+    }
+    double *means[] = {&agg->kv_usage,
+                       &agg->step_cpu_us,
+                       &agg->fragmentation,
+                       &agg->worker_step_wall_us,
+                       &agg->worker_step_device_us,
+                       &agg->locality,
+                       &agg->locality_run_length};
+    for (size_t k = 0; k < sizeof(means) / sizeof(means[0]); k++)
+        if (n_mean[k] > 1)
+            *means[k] /= n_mean[k];
+}
+
+/* Answers a stats call with the figures of the engines it asked (those that answered). */
+static void reply_stats(struct router *r, struct rctx *c)
+{
+    Pagoda__Internal__SchedulerStats agg = PAGODA__INTERNAL__SCHEDULER_STATS__INIT;
+    merge_stats(r, c->engines_asked, &agg);
     Pagoda__Stats stats = PAGODA__STATS__INIT;
-    fill_stats(r, s, &stats);
+    fill_stats(r, &agg, &stats);
+    Pagoda__EngineStats es[ROUTE_MAX_ENGINES], *es_ptrs[ROUTE_MAX_ENGINES];
+    if (r->num_engines > 1) {
+        stats.routing = (char *)route_mode_name(r->routing);
+        for (uint32_t i = 0; i < r->num_engines; i++) {
+            struct engine *e = &r->engines[i];
+            const Pagoda__Internal__SchedulerStats *s = e->stats ? e->stats->stats : NULL;
+            pagoda__engine_stats__init(&es[i]);
+            es[i].has_engine = es[i].has_connected = es[i].has_load = es[i].has_routed = 1;
+            es[i].engine = i;
+            es[i].address = e->url;
+            es[i].connected = engine_usable(e);
+            es[i].load = route_load(r->route, i);
+            es[i].routed = e->routed;
+            if (s != NULL && (c->engines_asked & (1ull << i))) {
+                es[i].has_running = s->has_running;
+                es[i].running = s->running;
+                es[i].has_waiting = s->has_waiting;
+                es[i].waiting = s->waiting;
+                es[i].has_prefix_query_tokens = s->has_prefix_query_tokens;
+                es[i].prefix_query_tokens = s->prefix_query_tokens;
+                es[i].has_prefix_hit_tokens = s->has_prefix_hit_tokens;
+                es[i].prefix_hit_tokens = s->prefix_hit_tokens;
+            }
+            es_ptrs[i] = &es[i];
+        }
+        stats.n_engines = r->num_engines;
+        stats.engines = es_ptrs;
+    }
+    router_unpark(c);
+    Pagoda__ClientResponse resp = PAGODA__CLIENT_RESPONSE__INIT;
+    resp.result_case = PAGODA__CLIENT_RESPONSE__RESULT_STATS;
+    resp.stats = &stats;
+    router_reply(c, &resp);
+}
+
+/* Engine e's SchedulerStats (msg, taken): kept as its latest; it counts for liveness and gives
+ * routing its load; the stats calls waiting for it (every one sent to it no later than this
+ * answer) are answered once every engine they asked has answered. */
+static void on_stats(struct router *r, struct engine *e, Pagoda__Internal__ToRouter *msg)
+{
+    const Pagoda__Internal__SchedulerStats *s = msg->stats;
+    if (s == NULL) {
+        r->malformed_internal++;
+        protobuf_c_message_free_unpacked(&msg->base, NULL);
+        return;
+    }
+    if (e->stats != NULL)
+        protobuf_c_message_free_unpacked(&e->stats->base, NULL);
+    e->stats = msg;
+    e->probe_outstanding = 0;
+    route_set_engine_load(r->route, e->index, s->running + s->waiting);
+    if (e->hung) {
+        log_info("engine %u (%s) answers again: it takes new work", e->index, e->url);
+        e->hung = 0;
+        engines_update(r);
+    }
+    uint64_t bit = 1ull << e->index;
     struct rctx *c = r->stats_waiters;
     while (c != NULL) {
         struct rctx *next = c->next;
-        if (!s->has_cookie || c->cookie <= s->cookie) {
-            router_unpark(c);
-            Pagoda__ClientResponse resp = PAGODA__CLIENT_RESPONSE__INIT;
-            resp.result_case = PAGODA__CLIENT_RESPONSE__RESULT_STATS;
-            resp.stats = &stats;
-            router_reply(c, &resp);
+        if ((c->engines_waited & bit) && (!s->has_cookie || c->cookie <= s->cookie)) {
+            c->engines_waited &= ~bit;
+            if (c->engines_waited == 0)
+                reply_stats(r, c);
+        }
+        c = next;
+    }
+}
+
+/* e went down: the stats calls waiting for it are answered with the others' figures. */
+static void stats_on_engine_down(struct router *r, struct engine *e)
+{
+    uint64_t bit = 1ull << e->index;
+    struct rctx *c = r->stats_waiters;
+    while (c != NULL) {
+        struct rctx *next = c->next;
+        if (c->engines_waited & bit) {
+            c->engines_waited &= ~bit;
+            c->engines_asked &= ~bit;
+            if (c->engines_waited == 0) {
+                if (c->engines_asked != 0)
+                    reply_stats(r, c);
+                else {
+                    router_unpark(c);
+                    router_reply_error(c, PAGODA_ECLOSED, "stats: the scheduler link is down");
+                }
+            }
         }
         c = next;
     }
 }
 
 /* Stats: a tenant's key (with a tenants file) gets the tenant's own figures
- * (admin_tenant_stats); the engine's, which show every tenant's traffic, need an admin key. With
- * no tenants file the one default tenant is everyone, and any key gets the engine's. */
+ * (admin_tenant_stats); the engines', which show every tenant's traffic, need an admin key. With
+ * no tenants file the one default tenant is everyone, and any key gets the engines'. */
 void link_handle_stats(struct router *r, struct rctx *c, uint32_t tenant, int admin)
 {
-    /* Every Stats call parks until the scheduler answers, a tenant's too: all of them count
+    /* Every Stats call parks until the schedulers answer, a tenant's too: all of them count
      * against --max-parked. */
     if (r->num_parked >= r->cfg.max_parked_calls) {
         r->parked_refused++;
@@ -435,19 +834,24 @@ void link_handle_stats(struct router *r, struct rctx *c, uint32_t tenant, int ad
         router_reply_error(c, PAGODA_ECLOSED, "stats: the scheduler link is down");
         return;
     }
-    Pagoda__Internal__StatsRequest sreq = PAGODA__INTERNAL__STATS_REQUEST__INIT;
-    sreq.has_cookie = 1;
-    sreq.cookie = ++r->stats_cookie;
-    Pagoda__Internal__ToScheduler env = PAGODA__INTERNAL__TO_SCHEDULER__INIT;
-    env.msg_case = PAGODA__INTERNAL__TO_SCHEDULER__MSG_STATS;
-    env.stats = &sreq;
-    int rc = router_send(r, &env);
-    if (rc != 0) {
+    uint64_t cookie = ++r->stats_cookie, asked = 0;
+    int rc = 0;
+    for (uint32_t i = 0; i < r->num_engines; i++) {
+        if (!engine_usable(&r->engines[i]))
+            continue;
+        int rv = send_stats_request(&r->engines[i], cookie);
+        if (rv == 0)
+            asked |= 1ull << i;
+        else
+            rc = rv;
+    }
+    if (asked == 0) {
         router_reply_error(c, rc, "stats: %s", pagoda_error_detail());
         return;
     }
     c->park = PARK_STATS;
-    c->cookie = sreq.cookie;
+    c->cookie = cookie;
+    c->engines_asked = c->engines_waited = asked;
     router_park(&r->stats_waiters, c, r->cfg.stats_timeout_ms);
 }
 
@@ -475,9 +879,12 @@ static void apply_prompt_limit(struct router *r)
     log_info("prompts of up to %u tokens, client messages of up to %zu bytes", limit, bytes);
 }
 
-/* The scheduler's ModelInfo: the model's context. */
+/* A scheduler's ModelInfo: the model's context (every engine serves the same model), and the
+ * block size routing cuts prompts by. */
 static void on_model_info(struct router *r, const Pagoda__Internal__ModelInfo *info)
 {
+    if (info != NULL && info->has_block_size && info->block_size > 0)
+        route_set_block_tokens(r->route, info->block_size);
     if (info == NULL || !info->has_max_position_embeddings || info->max_position_embeddings < 2 ||
         info->max_position_embeddings > UINT32_MAX) {
         r->malformed_internal++;
@@ -491,7 +898,8 @@ static void on_model_info(struct router *r, const Pagoda__Internal__ModelInfo *i
 /* Loop thread: one message from the scheduler. */
 void link_on_msg(void *arg, nng_msg *m)
 {
-    struct router *r = arg;
+    struct engine *e = arg;
+    struct router *r = e->r;
     Pagoda__Internal__ToRouter *msg =
         (Pagoda__Internal__ToRouter *)wire_unpack(&pagoda__internal__to_router__descriptor, m);
     size_t len = nng_msg_len(m);
@@ -504,19 +912,19 @@ void link_on_msg(void *arg, nng_msg *m)
     switch (msg->msg_case) {
     case PAGODA__INTERNAL__TO_ROUTER__MSG_EVENTS:
         for (size_t i = 0; msg->events != NULL && i < msg->events->n_events; i++)
-            apply_event(r, msg->events->events[i]);
+            apply_event(r, e, msg->events->events[i]);
         if (msg->events != NULL && msg->events->has_announce_done && msg->events->announce_done)
-            on_announced(r);
+            on_announced(r, e);
         break;
     case PAGODA__INTERNAL__TO_ROUTER__MSG_STATS:
-        answer_stats(r, msg->stats);
-        break;
+        on_stats(r, e, msg); /* takes msg */
+        return;
     case PAGODA__INTERNAL__TO_ROUTER__MSG_POLICY_APPLIED:
-        admin_on_policy_applied(r, msg->policy_applied);
+        admin_on_policy_applied(r, e, msg->policy_applied);
         break;
     case PAGODA__INTERNAL__TO_ROUTER__MSG_ADMIN:
-        admin_on_result(r, msg->admin);
-        break;
+        admin_on_result(r, e, msg); /* takes msg */
+        return;
     case PAGODA__INTERNAL__TO_ROUTER__MSG_MODEL:
         on_model_info(r, msg->model);
         break;

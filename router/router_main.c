@@ -7,6 +7,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "common/parse.h"
+#include "router/route.h"
 #include "router/router.h"
 #include "wire/wire.h"
 
@@ -34,7 +35,8 @@ struct main_state {
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: pagoda-router --run-dir DIR --listen URL [--scheduler URL]\n"
+            "usage: pagoda-router --run-dir DIR --listen URL [--scheduler URL]...\n"
+            "                     [--routing cache-aware|round-robin] [--stats-timeout-ms MS]\n"
             "                     [--log-level debug|info|warn|error] [--contexts N]\n"
             "                     [--max-requests N] [--max-finished N] [--finished-ttl-ms MS]\n"
             "                     [--max-prompt-tokens N] [--max-new-tokens N]\n"
@@ -42,7 +44,10 @@ static void usage(FILE *f)
             "                     [--admin-timeout-ms MS] [--max-connections N]\n"
             "                     [--idle-timeout-ms MS] [--max-parked N] [--model DIR]\n"
             "--listen: tcp://HOST:PORT or ipc://PATH (clients' address).\n"
-            "--scheduler: the scheduler link (default ipc://DIR/scheduler.ipc).\n"
+            "--scheduler: a scheduler link, ipc:// or tcp:// (default ipc://DIR/scheduler.ipc);\n"
+            "           given several times (at most %u), one engine each (docs/routing.md).\n"
+            "--routing: with several engines, cache-aware (the longest cached prefix unless\n"
+            "           that engine is much busier; the default) or round-robin.\n"
             "--model: the model's folder; its tokenizer.json and tokenizer_config.json give\n"
             "           text prompts, chats and text output (without it: token ids only).\n"
             "--tenants: JSON {\"admin_keys\": [...], \"groups\": [{\"name\",\n"
@@ -52,6 +57,8 @@ static void usage(FILE *f)
             "           (router/tenants.h); without it every key is the \"default\" tenant\n"
             "           and there is no admin API. An admin call reloads it.\n"
             "--admin-timeout-ms: how long an admin call waits for the scheduler (%u).\n"
+            "--stats-timeout-ms: how long a Stats call waits for the schedulers; with several\n"
+            "           engines, one that leaves a probe unanswered this long is hung (%u).\n"
             "--contexts: contexts kept free to receive calls beside the parked ones (%u).\n"
             "--max-parked: long polls and stats waiting at once; a poll beyond it is\n"
             "           answered at once with what there is (%u).\n"
@@ -61,10 +68,10 @@ static void usage(FILE *f)
             "           message for this long is closed (%u).\n"
             "--max-prompt-tokens: lowered to the model's context - 1 once the scheduler\n"
             "           reports it; the largest client message is %u bytes per token + %u.\n",
-            ROUTER_DEFAULT_ADMIN_TIMEOUT_MS, ROUTER_DEFAULT_CONTEXTS,
-            ROUTER_DEFAULT_MAX_PARKED_CALLS, ROUTER_RESERVED_FDS, ROUTER_DEFAULT_MAX_CONNECTIONS,
-            ROUTER_DEFAULT_IDLE_TIMEOUT_MS, ROUTER_BYTES_PER_PROMPT_TOKEN,
-            ROUTER_MESSAGE_OVERHEAD_BYTES);
+            ROUTE_MAX_ENGINES, ROUTER_DEFAULT_ADMIN_TIMEOUT_MS, ROUTER_DEFAULT_STATS_TIMEOUT_MS,
+            ROUTER_DEFAULT_CONTEXTS, ROUTER_DEFAULT_MAX_PARKED_CALLS, ROUTER_RESERVED_FDS,
+            ROUTER_DEFAULT_MAX_CONNECTIONS, ROUTER_DEFAULT_IDLE_TIMEOUT_MS,
+            ROUTER_BYTES_PER_PROMPT_TOKEN, ROUTER_MESSAGE_OVERHEAD_BYTES);
 }
 
 static int fail(int rc)
@@ -141,7 +148,12 @@ enum {
     OPT_IDLE_TIMEOUT,
     OPT_MAX_PARKED,
     OPT_MODEL,
+    OPT_ROUTING,
+    OPT_STATS_TIMEOUT,
 };
+
+/* The --scheduler flags, in order (engine i = the i-th). */
+static const char *scheduler_urls[ROUTE_MAX_ENGINES];
 
 static int parse_flag(int opt, const char *arg, struct router_config *cfg)
 {
@@ -155,8 +167,22 @@ static int parse_flag(int opt, const char *arg, struct router_config *cfg)
         cfg->listen_url = arg;
         return 0;
     case OPT_SCHEDULER:
-        cfg->scheduler_url = arg;
+        if (cfg->num_scheduler_urls >= ROUTE_MAX_ENGINES)
+            return pagoda_error_set(PAGODA_ERANGE, "--scheduler: at most %u engines",
+                                    ROUTE_MAX_ENGINES);
+        scheduler_urls[cfg->num_scheduler_urls++] = arg;
+        cfg->scheduler_urls = scheduler_urls;
         return 0;
+    case OPT_STATS_TIMEOUT:
+        return parse_u32("--stats-timeout-ms", arg, 1, ROUTER_MAX_STATS_TIMEOUT_MS,
+                         &cfg->stats_timeout_ms);
+    case OPT_ROUTING: {
+        enum route_mode mode;
+        if ((rc = route_mode_parse(arg, &mode)) != 0)
+            return rc;
+        cfg->routing = arg;
+        return 0;
+    }
     case OPT_LOG_LEVEL:
         if ((rc = log_level_parse(arg, &level)) == 0)
             log_set_level(level);
@@ -215,6 +241,8 @@ int main(int argc, char **argv)
         {"idle-timeout-ms", required_argument, NULL, OPT_IDLE_TIMEOUT},
         {"max-parked", required_argument, NULL, OPT_MAX_PARKED},
         {"model", required_argument, NULL, OPT_MODEL},
+        {"routing", required_argument, NULL, OPT_ROUTING},
+        {"stats-timeout-ms", required_argument, NULL, OPT_STATS_TIMEOUT},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };

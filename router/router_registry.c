@@ -185,9 +185,10 @@ void registry_drop(struct router *r, struct request *q)
             pp = &(*pp)->alias_next;
         *pp = q->alias_next;
     }
-    if (q->finish == PAGODA__FINISH_REASON__FINISH_NONE)
+    if (q->finish == PAGODA__FINISH_REASON__FINISH_NONE) {
         r->slots[q->tenant].live--;
-    else
+        link_request_done(r, q);
+    } else
         slot_finished_remove(&r->slots[q->tenant], q);
     list_remove(q->finish == PAGODA__FINISH_REASON__FINISH_NONE ? &r->live : &r->finished, q);
     if (q->need_submit || q->need_cancel)
@@ -246,6 +247,7 @@ void registry_finish(struct router *r, struct request *q, Pagoda__FinishReason r
         return;
     list_remove(&r->live, q);
     r->slots[q->tenant].live--;
+    link_request_done(r, q);
     q->finish = reason;
     q->finished_at_ms = uv_now(r->loop);
     q->error_code = error_code;
@@ -267,7 +269,8 @@ void registry_finish(struct router *r, struct request *q, Pagoda__FinishReason r
  * the client's), with what Poll and Cancel need. The prompt is not known: should the scheduler
  * restart too, its resubmission is refused and the request ends with an error. The caller
  * appends the event's tokens. Returns NULL when it cannot be registered. */
-struct request *registry_adopt(struct router *r, const Pagoda__Internal__TokenEvent *ev)
+struct request *registry_adopt(struct router *r, const Pagoda__Internal__TokenEvent *ev,
+                               uint32_t engine)
 {
     char hex[2 * ID_BYTES + 1];
     router_id_hex(ev->request_id.data, hex);
@@ -298,6 +301,7 @@ struct request *registry_adopt(struct router *r, const Pagoda__Internal__TokenEv
     memcpy(q->sched_id, ev->request_id.data, ID_BYTES);
     q->tenant = tenant;
     q->adopted = 1;
+    q->engine = engine;
     q->p.max_tokens =
         ev->has_max_tokens && ev->max_tokens > 0 ? ev->max_tokens : (int32_t)r->cfg.max_new_tokens;
     q->p.ignore_eos = ev->has_ignore_eos && ev->ignore_eos;
@@ -404,6 +408,7 @@ static struct request *request_new(struct router *r, uint32_t tenant, const uint
         return NULL;
     memcpy(q->id, id, ID_BYTES);
     q->tenant = tenant;
+    q->engine = ROUTE_NONE;
     sched_id_of(r, tenant, id, q->sched_id);
     q->p = *p;
     q->prompt = malloc((p->num_prompt ? p->num_prompt : 1) * sizeof(int32_t));

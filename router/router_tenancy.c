@@ -126,8 +126,7 @@ int tenancy_open(struct router *r, const char *tenants_file)
     r->policy_version = 1;
     for (uint32_t i = 0; i < r->num_pins; i++)
         r->pins[i].version = 1;
-    r->need_policy = 1;
-    return 0;
+    return 0; /* each engine gets the Policy when its link comes up */
 }
 
 /* A read of the tenants file on libuv's threadpool. It outlives the router when the router
@@ -452,10 +451,11 @@ fail:
     return rc;
 }
 
-void tenancy_on_link_up(struct router *r)
+void tenancy_on_link_up(struct router *r, struct engine *e)
 {
-    r->need_policy = 1;
-    r->applied_version = 0;
+    e->need_policy = 1;
+    e->applied_version = 0;
+    r->applied_version = admin_applied_version(r);
     for (uint32_t i = 0; i < r->num_pins; i++) {
         r->pins[i].has_status = 0;
         r->pins[i].ready = 0;
@@ -472,7 +472,8 @@ void tenancy_changed(struct router *r)
     for (uint32_t i = 0; i < r->num_pins; i++)
         if (r->pins[i].version == 0)
             r->pins[i].version = r->policy_version;
-    r->need_policy = 1;
+    for (uint32_t i = 0; i < r->num_engines; i++)
+        r->engines[i].need_policy = 1;
     router_flush_pending(r);
 }
 
@@ -616,7 +617,7 @@ static int fill_policy(const struct router *r, struct policy_parts *parts,
     return 0;
 }
 
-int tenancy_send_policy(struct router *r)
+int tenancy_send_policy(struct router *r, struct engine *e)
 {
     struct policy_parts parts = {0};
     Pagoda__Internal__Policy policy = PAGODA__INTERNAL__POLICY__INIT;
@@ -625,12 +626,12 @@ int tenancy_send_policy(struct router *r)
         Pagoda__Internal__ToScheduler env = PAGODA__INTERNAL__TO_SCHEDULER__INIT;
         env.msg_case = PAGODA__INTERNAL__TO_SCHEDULER__MSG_POLICY;
         env.policy = &policy;
-        rc = router_send(r, &env);
+        rc = router_send(e, &env);
     }
     if (rc == 0)
-        log_debug("policy version %llu sent: %zu tenants, %zu namespaces, %zu pins",
-                  (unsigned long long)policy.version, policy.n_tenants, policy.n_namespaces,
-                  policy.n_pins);
+        log_debug("policy version %llu sent to engine %u: %zu tenants, %zu namespaces, %zu pins",
+                  (unsigned long long)policy.version, e->index, policy.n_tenants,
+                  policy.n_namespaces, policy.n_pins);
     policy_parts_free(&parts);
     return rc;
 }

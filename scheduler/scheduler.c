@@ -283,6 +283,8 @@ static void send_model_info(struct scheduler *s)
     Pagoda__Internal__ModelInfo info = PAGODA__INTERNAL__MODEL_INFO__INIT;
     info.has_max_position_embeddings = 1;
     info.max_position_embeddings = s->worker.max_positions;
+    info.has_block_size = s->block_size > 0;
+    info.block_size = (uint32_t)s->block_size;
     Pagoda__Internal__ToRouter m = PAGODA__INTERNAL__TO_ROUTER__INIT;
     m.msg_case = PAGODA__INTERNAL__TO_ROUTER__MSG_MODEL;
     m.model = &info;

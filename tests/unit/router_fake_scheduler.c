@@ -47,7 +47,7 @@ struct fseq {
 struct fake_sched {
     nng_socket sock;
     pthread_t thread;
-    atomic_int stop, hold, dups, hold_policy, hold_admin;
+    atomic_int stop, hold, dups, hold_policy, hold_admin, hold_stats;
     uint8_t *policy; /* the last Policy, packed; guarded by lock */
     size_t policy_len;
     int policy_pending; /* it is still to be answered (held); guarded by lock */
@@ -453,7 +453,8 @@ static void on_message(struct fake_sched *fs, nng_msg *m)
         }
         pthread_mutex_unlock(&fs->lock);
     } else if (msg->msg_case == PAGODA__INTERNAL__TO_SCHEDULER__MSG_STATS) {
-        on_stats(fs, msg->stats);
+        if (!atomic_load(&fs->hold_stats))
+            on_stats(fs, msg->stats);
     } else if (msg->msg_case == PAGODA__INTERNAL__TO_SCHEDULER__MSG_ROUTER_HELLO) {
         on_router_hello(fs);
     } else if (msg->msg_case == PAGODA__INTERNAL__TO_SCHEDULER__MSG_POLICY) {
@@ -631,6 +632,11 @@ void fake_sched_set_duplicates(struct fake_sched *fs, int on)
 void fake_sched_hold_policy(struct fake_sched *fs, int hold)
 {
     atomic_store(&fs->hold_policy, hold);
+}
+
+void fake_sched_hold_stats(struct fake_sched *fs, int hold)
+{
+    atomic_store(&fs->hold_stats, hold);
 }
 
 void fake_sched_hold_admin(struct fake_sched *fs, int hold)

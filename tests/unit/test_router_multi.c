@@ -1,0 +1,323 @@
+/* Tests of the router with several engines (router_link.c, route.h): two stand-in schedulers
+ * behind one pagoda-router with two --scheduler flags. Round robin spreads requests and Stats
+ * sums the engines; a request whose engine's link dies, or whose engine stops answering (hung),
+ * moves to the other engine with its output so far and completes with the same tokens; the hung
+ * engine's late events are ignored and it is told to cancel. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "client/pagoda.h"
+#include "client/pagoda_admin.h"
+#include "common/error.h"
+#include "tests/unit/router_fake_scheduler.h"
+
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+/* Every wait here is bounded by this (the sanitizer build is slower). */
+#define WAIT_MS 20000
+
+struct multi {
+    char dir[64];
+    char sched_url[2][128];
+    char url[128];
+    struct fake_sched *fs[2];
+    pid_t router;
+    pagoda_client *client;
+};
+
+static void sleep_ms(long millis)
+{
+    struct timespec ts = {millis / 1000, (millis % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* Starts two fakes and a router on them with routing and, when tenants is not NULL, a tenants
+ * file of that text and a 500 ms admin timeout. With tcp, engine 1 is on tcp://127.0.0.1. */
+static void multi_start_with(struct multi *m, const char *routing, const char *tenants, int tcp)
+{
+    memset(m, 0, sizeof(*m));
+    snprintf(m->dir, sizeof(m->dir), "/tmp/pagoda-rtrm-XXXXXX");
+    assert_non_null(mkdtemp(m->dir));
+    snprintf(m->url, sizeof(m->url), "ipc://%s/router.ipc", m->dir);
+    for (int i = 0; i < 2; i++) {
+        snprintf(m->sched_url[i], sizeof(m->sched_url[i]), "ipc://%s/scheduler-%d.ipc", m->dir, i);
+        if (i == 1 && tcp) {
+            /* A port from the pid; another one on a collision (a bounded number of tries). */
+            int rc = -1;
+            for (int k = 0; k < 20 && rc != 0; k++) {
+                snprintf(m->sched_url[i], sizeof(m->sched_url[i]), "tcp://127.0.0.1:%d",
+                         20000 + (int)((getpid() * 7 + k * 997) % 30000));
+                rc = fake_sched_start(m->sched_url[i], &m->fs[i]);
+            }
+            assert_int_equal(rc, 0);
+            continue;
+        }
+        assert_int_equal(fake_sched_start(m->sched_url[i], &m->fs[i]), 0);
+    }
+    char path[128];
+    snprintf(path, sizeof(path), "%s/tenants.json", m->dir);
+    if (tenants != NULL) {
+        FILE *f = fopen(path, "w");
+        assert_non_null(f);
+        assert_true(fputs(tenants, f) >= 0);
+        assert_int_equal(fclose(f), 0);
+    }
+    fflush(NULL);
+    m->router = fork();
+    assert_true(m->router >= 0);
+    if (m->router == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (tenants != NULL)
+            execl(PAGODA_BIN_DIR "/pagoda-router", "pagoda-router", "--run-dir", m->dir, "--listen",
+                  m->url, "--scheduler", m->sched_url[0], "--scheduler", m->sched_url[1],
+                  "--routing", routing, "--log-level", "warn", "--tenants", path,
+                  "--admin-timeout-ms", "500", (char *)NULL);
+        else
+            execl(PAGODA_BIN_DIR "/pagoda-router", "pagoda-router", "--run-dir", m->dir, "--listen",
+                  m->url, "--scheduler", m->sched_url[0], "--scheduler", m->sched_url[1],
+                  "--routing", routing, "--log-level", "warn", (char *)NULL);
+        _exit(127);
+    }
+    assert_int_equal(pagoda_client_open(m->url, &m->client), 0);
+    pagoda_client_set_timeout_ms(m->client, WAIT_MS);
+    /* Healthy once a link is up; both are up once each fake has had a Policy. */
+    for (int t = 0; t < WAIT_MS / 10; t++) {
+        struct fake_sched_counts c0, c1;
+        fake_sched_get_counts(m->fs[0], &c0);
+        fake_sched_get_counts(m->fs[1], &c1);
+        if (c0.policies > 0 && c1.policies > 0)
+            return;
+        sleep_ms(10);
+    }
+    fail_msg("the router did not link both engines");
+}
+
+static void multi_start(struct multi *m, const char *routing)
+{
+    multi_start_with(m, routing, NULL, 0);
+}
+
+static void multi_stop(struct multi *m)
+{
+    pagoda_client_close(m->client);
+    if (m->router > 0) {
+        kill(m->router, SIGTERM);
+        int status = 0;
+        assert_int_equal(waitpid(m->router, &status, 0), m->router);
+        assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0); /* drained, no leak */
+    }
+    for (int i = 0; i < 2; i++)
+        fake_sched_stop(m->fs[i]);
+    char cmd[128];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", m->dir);
+    assert_int_equal(system(cmd), 0);
+}
+
+static uint32_t submits(struct multi *m, int i)
+{
+    struct fake_sched_counts c;
+    fake_sched_get_counts(m->fs[i], &c);
+    return c.submits;
+}
+
+static void check_tokens(const int32_t *prompt, size_t n, const pagoda_result *r, uint32_t want)
+{
+    assert_int_equal(r->num_tokens, want);
+    for (uint32_t i = 0; i < want; i++)
+        assert_int_equal(r->token_ids[i], fake_sched_token(prompt, n, i));
+}
+
+/* Round robin: four requests, two on each engine (one linked over ipc://, one over tcp://);
+ * Stats sums the two engines' figures. */
+static void test_round_robin_and_stats(void **state)
+{
+    (void)state;
+    struct multi m;
+    multi_start_with(&m, "round-robin", NULL, 1);
+    pagoda_generate_params p = pagoda_generate_params_default();
+    p.max_tokens = 6;
+    for (int k = 0; k < 4; k++) {
+        int32_t prompt[5] = {10 + k, 11, 12, 13, 14};
+        pagoda_result r = {0};
+        assert_int_equal(pagoda_generate(m.client, &p, prompt, 5, &r), 0);
+        check_tokens(prompt, 5, &r, 6);
+        pagoda_result_free(&r);
+    }
+    assert_int_equal(submits(&m, 0), 2);
+    assert_int_equal(submits(&m, 1), 2);
+    pagoda_engine_stats st;
+    assert_int_equal(pagoda_stats(m.client, &st), 0);
+    /* Each fake reports FAKE_SCHED_PEAK_RUNNING_BASE + its own peak. */
+    assert_true(st.peak_running >= 2 * FAKE_SCHED_PEAK_RUNNING_BASE + 2);
+    assert_true(st.scheduler_connected);
+    multi_stop(&m);
+}
+
+/* Submits a long request, waits until it has some output, and returns which engine has it. */
+static int start_long(struct multi *m, const int32_t *prompt, size_t n, uint8_t *id, uint32_t *have)
+{
+    pagoda_generate_params p = pagoda_generate_params_default();
+    p.max_tokens = 60;
+    assert_int_equal(pagoda_submit(m->client, &p, prompt, n, id), 0);
+    *have = 0;
+    for (int t = 0; t < WAIT_MS / 10 && *have < 6; t++) {
+        pagoda_result r = {0};
+        assert_int_equal(pagoda_poll(m->client, id, 0, 10, &r), 0);
+        *have = (uint32_t)r.num_tokens;
+        pagoda_result_free(&r);
+    }
+    assert_true(*have >= 6);
+    int owner = submits(m, 0) == 1 ? 0 : 1;
+    assert_int_equal(submits(m, owner), 1);
+    assert_int_equal(submits(m, 1 - owner), 0);
+    return owner;
+}
+
+/* Polls id to its end and checks every token. */
+static void finish_long(struct multi *m, const int32_t *prompt, size_t n, const uint8_t *id)
+{
+    pagoda_result all = {0};
+    int32_t tokens[60];
+    size_t got = 0;
+    for (int t = 0; t < WAIT_MS / 100 && got < 60; t++) {
+        pagoda_result r = {0};
+        assert_int_equal(pagoda_poll(m->client, id, (uint32_t)got, 100, &r), 0);
+        for (size_t i = 0; i < r.num_tokens && got < 60; i++)
+            tokens[got++] = r.token_ids[i];
+        int done = r.finish_reason != PAGODA_FINISH_NONE;
+        pagoda_result_free(&r);
+        if (done)
+            break;
+    }
+    all.token_ids = tokens;
+    all.num_tokens = got;
+    check_tokens(prompt, n, &all, 60);
+}
+
+/* The engine's link dies amid a request: it moves to the other engine with its output so far. */
+static void test_failover_on_link_death(void **state)
+{
+    (void)state;
+    struct multi m;
+    multi_start(&m, "cache-aware");
+    int32_t prompt[40];
+    for (int i = 0; i < 40; i++)
+        prompt[i] = 100 + i;
+    uint8_t id[PAGODA_REQUEST_ID_BYTES];
+    uint32_t have;
+    int owner = start_long(&m, prompt, 40, id, &have);
+    fake_sched_stop(m.fs[owner]);
+    m.fs[owner] = NULL;
+    finish_long(&m, prompt, 40, id);
+    struct fake_sched_counts c;
+    fake_sched_get_counts(m.fs[1 - owner], &c);
+    assert_int_equal(c.submits, 1);
+    assert_int_equal(c.resumed, 1); /* with the output it had */
+    assert_int_equal(c.output_mismatches, 0);
+    multi_stop(&m);
+}
+
+/* The engine stops answering (no tokens, no stats): after stats_timeout_ms the request moves;
+ * when the engine answers again its late events are ignored and it is told to cancel. */
+static void test_failover_on_hang(void **state)
+{
+    (void)state;
+    struct multi m;
+    multi_start(&m, "cache-aware");
+    int32_t prompt[40];
+    for (int i = 0; i < 40; i++)
+        prompt[i] = 300 + i;
+    uint8_t id[PAGODA_REQUEST_ID_BYTES];
+    uint32_t have;
+    int owner = start_long(&m, prompt, 40, id, &have);
+    fake_sched_hold(m.fs[owner], 1);
+    fake_sched_hold_stats(m.fs[owner], 1);
+    for (int t = 0; t < WAIT_MS / 10 && submits(&m, 1 - owner) == 0; t++)
+        sleep_ms(10);
+    assert_int_equal(submits(&m, 1 - owner), 1);
+    /* Back: it sends the request's tokens again, which the router ignores and cancels. */
+    fake_sched_hold(m.fs[owner], 0);
+    fake_sched_hold_stats(m.fs[owner], 0);
+    finish_long(&m, prompt, 40, id);
+    struct fake_sched_counts c;
+    for (int t = 0; t < WAIT_MS / 10; t++) {
+        fake_sched_get_counts(m.fs[owner], &c);
+        if (c.cancels > 0)
+            break;
+        sleep_ms(10);
+    }
+    assert_true(c.cancels > 0);
+    fake_sched_get_counts(m.fs[1 - owner], &c);
+    assert_int_equal(c.resumed, 1);
+    assert_int_equal(c.output_mismatches, 0);
+    multi_stop(&m);
+}
+
+/* Admin calls go to every engine and their answers are merged; a pin is answered once every
+ * engine has applied the policy that carries it. */
+static void test_admin_over_engines(void **state)
+{
+    (void)state;
+    static const char tenants[] =
+        "{\"admin_keys\": [\"adm-key\"],"
+        " \"tenants\": [{\"name\": \"alice\", \"api_keys\": [\"alice-key\"]},"
+        "  {\"name\": \"zoe\", \"api_keys\": [\"zoe-key\"]}]}";
+    struct multi m;
+    multi_start_with(&m, "cache-aware", tenants, 0);
+    pagoda_client *adm = NULL, *alice = NULL;
+    assert_int_equal(pagoda_client_open(m.url, &adm), 0);
+    assert_int_equal(pagoda_client_open(m.url, &alice), 0);
+    pagoda_client_set_timeout_ms(adm, WAIT_MS);
+    pagoda_client_set_timeout_ms(alice, WAIT_MS);
+    assert_int_equal(pagoda_client_set_api_key(adm, "adm-key"), 0);
+    assert_int_equal(pagoda_client_set_api_key(alice, "alice-key"), 0);
+    /* Flush: each engine drops 7 + strlen(ns) blocks (the fake's answer). */
+    uint32_t flushed = 0;
+    assert_int_equal(pagoda_admin_flush_tenant(adm, "zoe", &flushed), 0);
+    assert_int_equal(flushed, 2 * (7 + strlen("t:zoe")));
+    struct fake_sched_counts c0, c1;
+    fake_sched_get_counts(m.fs[0], &c0);
+    fake_sched_get_counts(m.fs[1], &c1);
+    assert_int_equal(c0.admin_calls, 1);
+    assert_int_equal(c1.admin_calls, 1);
+    /* A tenant's Stats: its figures summed over the engines. */
+    struct fake_figures f;
+    fake_sched_tenant_figures("alice", &f);
+    pagoda_engine_stats st;
+    assert_int_equal(pagoda_stats(alice, &st), 0);
+    assert_string_equal(st.tenant, "alice");
+    assert_int_equal(st.prefix_query_tokens, 2 * f.query_tokens);
+    assert_int_equal(st.prefix_hit_tokens, 2 * f.hit_tokens);
+    /* A pin while engine 1 holds its PolicyApplied: not applied everywhere, so it times out. */
+    const int32_t tokens[] = {1, 2, 3, 4, 5, 6, 7, 8};
+    const char *const who[] = {"alice"};
+    fake_sched_hold_policy(m.fs[1], 1);
+    assert_int_equal(pagoda_admin_pin(adm, "sys", tokens, 8, who, 1, NULL), PAGODA_ETIMEDOUT);
+    fake_sched_hold_policy(m.fs[1], 0);
+    assert_int_equal(pagoda_admin_pin(adm, "sys", tokens, 8, who, 1, NULL), 0);
+    pagoda_client_close(alice);
+    pagoda_client_close(adm);
+    multi_stop(&m);
+}
+
+int main(void)
+{
+    signal(SIGPIPE, SIG_IGN);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_round_robin_and_stats),
+        cmocka_unit_test(test_failover_on_link_death),
+        cmocka_unit_test(test_failover_on_hang),
+        cmocka_unit_test(test_admin_over_engines),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
