@@ -12,7 +12,8 @@
 #    stays) and the router's requests are answered again;
 #  - --engines 2 with the router: when pagoda-router takes several --scheduler (--routing), the
 #    group answers; until then pagoda-up refuses, naming the missing flag;
-#  - pagoda-down leaves no process, socket or shared memory, in the engines' dirs too.
+#  - pagoda-status lists each engine's programs; pagoda-down leaves no process, socket or shared
+#    memory, in the engines' dirs too.
 set -euo pipefail
 # shellcheck source=tests/check.sh
 . "$(dirname "$0")/../check.sh"
@@ -148,6 +149,9 @@ for e in 0 1; do
     check "engine $e has its own logs" [ -s "$eng/engine-$e/worker-0.log" ]
 done
 check "--role engine starts no router" [ -z "$(pid_of router "$eng")" ]
+check "pagoda-status lists engine 1's worker" \
+    grep -q "engine-1/worker-0 .*pid $(pid_of worker "$eng/engine-1")" \
+    <("$deploy/pagoda-status" --run-dir "$eng" 2>&1)
 rtr=$tmp/rtr
 url=$(up "$rtr" --role router --scheduler "tcp://127.0.0.1:$((port + 5))" \
     --listen "ipc://$rtr/client.ipc" 2>"$tmp/rtr.err") || { cat "$tmp/rtr.err" >&2; false; }
