@@ -70,7 +70,7 @@ pid_of() { # program dir
 up() { # DIR ARGS...
     local dir=$1
     shift
-    mkdir -p -m 0700 "$dir"
+    [ -d "$dir" ] || mkdir -m 0700 "$dir"
     "$deploy/pagoda-up" --run-dir "$dir" --bin-dir "$bin_dir" --model "$tmp/model" \
         --kv-blocks 256 "$@"
 }
@@ -106,7 +106,7 @@ refused "--scheduler without --role router" "--scheduler is for --role router" \
 refused "--role router without engines" "--role router needs its engines" --role router
 refused "--workers 2" "run several engines: --engines N" --workers 2
 # The supervisor itself, started without pagoda-up: refused at once (exit 2), no crash loop.
-mkdir -p -m 0700 "$tmp/sup"
+mkdir -m 0700 "$tmp/sup"
 rc=0
 timeout 10 "$bin_dir/pagoda-supervisor" --run-dir "$tmp/sup" --bin-dir "$bin_dir" \
     --model "$tmp/model" --workers 2 >/dev/null 2>"$tmp/sup.err" || rc=$?
