@@ -1,7 +1,9 @@
 /* pagoda-supervisor: starts pagoda's process group on one machine, keeps it running, stops it.
  *
  *   pagoda-supervisor --run-dir DIR --bin-dir BINDIR --model MODEL [--workers 1] [--listen URL]
- *                     [--http-listen HOST:PORT]
+ *                     [--http-listen HOST:PORT] [--engines 1] [--role all|engine|router]
+ *                     [--scheduler-listen URL] [--worker-listen URL] [--kvpool-listen URL]
+ *                     [--scheduler URL]... [--routing cache-aware|round-robin]
  *                     [--block-size B] [--kv-blocks N | --kv-bytes B] [--backend cpu|cuda|null]
  *                     [--log-level info] [--ready-timeout-ms 60000] [--stop-timeout-ms 30000]
  *                     [--heartbeat-ms 1000] [--heartbeat-misses 15]
@@ -35,7 +37,37 @@
  * step more precisely.
  *
  * --workers: the scheduler drives one worker for now, so --workers above 1 is refused here, at
- * once, rather than by the scheduler after the workers have started.
+ * once, rather than by the scheduler after the workers have started (several engines are how a
+ * group grows: --engines N).
+ *
+ * Engines: an engine is one kvpool, its worker(s) and its scheduler. --engines N (default 1)
+ * starts N of them, then one router given every engine's scheduler address (--scheduler, once
+ * per engine, in order; --routing passes through). With one engine everything runs in DIR as it
+ * always has; with N each engine runs in DIR/engine-I (its own sockets, shared-memory pool,
+ * control socket and logs, e.g. DIR/engine-1/worker-0.log), and --kv-blocks/--kv-bytes size
+ * each engine's pool (a GPU shared by N engines needs one of them: each kvpool would otherwise
+ * take all the free memory). The start goes engine by engine, each program after the one
+ * before it is ready; a program that exits is restarted alone, like any other.
+ *
+ * Roles: --role engine starts only the engines (no router: a router on another host is
+ * configured with their addresses, as SGLang's router takes its workers' URLs; DIR/ready then
+ * holds the schedulers' --scheduler-listen addresses, one a line); --role router starts only the
+ * router (and the gateway), given its engines with --scheduler URL, repeated.
+ *
+ * Addresses: every link between programs is configuration. --listen (clients, default
+ * tcp://127.0.0.1:7450), --scheduler-listen (the router's link to a scheduler), --worker-listen
+ * (a scheduler's link to its worker) and --kvpool-listen (kvpool's control link) may each be
+ * ipc://PATH or tcp://HOST:PORT; absent, they are the ipc:// paths of the run directory as
+ * before. With N engines an explicit address must be tcp://, and engine I uses PORT+I. Peers
+ * dial a listening host of 0.0.0.0 or * as 127.0.0.1 (and [::] as [::1]). Every address is
+ * checked (wire/address.h) before anything starts. The KV pool itself stays on its engine's
+ * host (shared memory or GPU descriptors), whatever --kvpool-listen says.
+ *
+ * The supervisor's own control link is not configurable and never tcp: it listens on
+ * ipc://DIR/control.ipc (and, with several engines, on DIR/engine-I/control.ipc, where each
+ * engine's programs push), because it credits every Control message to the process that sent it
+ * by the peer pid that only a Unix socket carries, and the programs it supervises are its
+ * children on this host anyway. Nobody else can reach it: DIR is 0700.
  *
  * SIGTERM or SIGINT drains the group in the reverse order of its dependencies: the router first
  * (it stops admitting and lets running requests finish), then the scheduler, the workers, and
@@ -68,6 +100,7 @@
 #include "common/parse.h"
 #include "deploy/control.h"
 #include "deploy/restart_policy.h"
+#include "wire/address.h"
 #include "wire/wire.h"
 
 #include <nng/nng.h>
@@ -101,9 +134,14 @@
 #define SUP_MAX_EXTRA_ARGS 32  /* --X-arg values per program */
 #define SUP_MAX_ARG_BYTES 4096 /* any one flag value */
 #define SUP_MAX_URL_BYTES 256  /* --listen */
+/* Engines of one supervisor (--engines); --role router takes at most this many --scheduler. */
+#define SUP_MAX_ENGINES 16
+/* Programs of one group: every engine's kvpool, workers and scheduler, the router, the
+ * gateway. */
+#define SUP_MAX_CHILDREN (2 + SUP_MAX_WORKERS + 2 + 3 * SUP_MAX_ENGINES)
 #define SUP_MAX_TIMEOUT_MS 3600000
-/* A Unix socket path holds 107 bytes; the longest name the group binds in DIR is about 15
- * ("worker-63.ipc", "scheduler.ipc"), so DIR's absolute path gets 80 and leaves room. */
+/* A Unix socket path holds 107 bytes; the longest name the group binds in DIR is about 25
+ * ("engine-15/scheduler.ipc", "engine-15/kvpool-fds.ipc"), so DIR's absolute path gets 80. */
 #define SUP_MAX_RUN_DIR 80
 /* Control messages are a few dozen bytes; the socket refuses anything larger than this. */
 #define SUP_MAX_CONTROL_BYTES 4096
@@ -111,9 +149,18 @@
 #define SUP_KILL_WAIT_MS 5000
 /* Control pipes whose peer pid is remembered (see on_pipe_event): every program's heartbeat
  * pipe stays connected, and closed pipes are remembered a while for their last messages. */
-#define SUP_PIPE_SLOTS (2 * (SUP_MAX_WORKERS + 4))
-/* argv of one child: program, --run-dir, --log-level, role flags, extra flags, NULL. */
-#define SUP_MAX_ARGV (1 + 4 + 8 + SUP_MAX_EXTRA_ARGS + 1)
+#define SUP_PIPE_SLOTS (2 * SUP_MAX_CHILDREN)
+/* argv of one child: program, --run-dir, --log-level, role flags (the router's --scheduler
+ * once per engine), extra flags, NULL. */
+#define SUP_MAX_ARGV (1 + 4 + 8 + 2 * SUP_MAX_ENGINES + SUP_MAX_EXTRA_ARGS + 1)
+
+/* The links of an engine whose address is configuration. */
+enum link { LINK_KVPOOL, LINK_WORKER, LINK_SCHEDULER, LINK_COUNT };
+static const char *const link_flags[LINK_COUNT] = {"--kvpool-listen", "--worker-listen",
+                                                   "--scheduler-listen"};
+
+/* What one supervisor starts. */
+enum sup_role { SUP_ROLE_ALL, SUP_ROLE_ENGINE, SUP_ROLE_ROUTER };
 
 /* The stop order: the HTTP gateway (its clients' requests are cancelled), then the router drains,
  * the kvpool's memory outlives everyone mapping it. */
@@ -133,6 +180,13 @@ struct sup_opts {
     const char *log_level;
     int workers;
     int allow_multi_worker;
+    int check_args; /* --check-args: check the command line, start nothing */
+    int engines;
+    enum sup_role role;
+    const char *routing;                     /* NULL: the router's default */
+    const char *link_listen[LINK_COUNT];     /* NULL: the run directory's ipc:// paths */
+    const char *schedulers[SUP_MAX_ENGINES]; /* --role router: the engines */
+    int num_schedulers;
     uint64_t ready_timeout_ms;
     uint64_t stop_timeout_ms;
     uint64_t heartbeat_ms; /* 0: no liveness check */
@@ -154,7 +208,8 @@ struct child {
     struct supervisor *sup;
     enum role role;
     int worker_id; /* -1 for the other roles */
-    char name[16]; /* "kvpool", "worker-3", ... */
+    int engine;    /* -1 for the router and the gateway */
+    char name[48]; /* "kvpool", "worker-3", "engine-1/scheduler", ... */
     char *argv[SUP_MAX_ARGV];
     char worker_id_text[12];
     uv_process_t proc;        /* initialized by each spawn, closed after each exit */
@@ -192,6 +247,11 @@ struct supervisor {
     char program[ROLE_COUNT][PATH_MAX];
     char model_name[256]; /* the model folder's last component (the gateway's model id) */
     char workers_text[12];
+    /* Each engine's run directory (DIR itself with one engine) and its links' addresses: the
+     * one its program listens on and the one its peers dial ("" for the ipc:// default). */
+    char engine_dir[SUP_MAX_ENGINES][PATH_MAX];
+    char listen_addr[SUP_MAX_ENGINES][LINK_COUNT][SUP_MAX_URL_BYTES];
+    char dial_addr[SUP_MAX_ENGINES][LINK_COUNT][SUP_MAX_URL_BYTES];
 
     nng_socket control;
     int control_open;
@@ -209,7 +269,7 @@ struct supervisor {
     uint64_t liveness_tick_ms; /* loop time of the last liveness check (or of its start) */
     int timers_init;
 
-    struct child children[2 + SUP_MAX_WORKERS + 2]; /* in start order */
+    struct child children[SUP_MAX_CHILDREN]; /* in start order */
     int num_children;
 
     enum phase phase;
@@ -248,9 +308,21 @@ static void usage(FILE *f)
         "DIR must be the caller's and writable by nobody else; one supervisor at a time\n"
         "runs in it (exit status %d when another already does).\n"
         "--allow-multi-worker lets --workers go up to %d (for tests of the supervisor\n"
-        "with stand-in programs: pagoda's scheduler drives one worker).\n",
+        "with stand-in programs: pagoda's scheduler drives one worker).\n"
+        "Engines and roles:\n"
+        "  [--engines N (1..%d; each a kvpool, worker and scheduler in DIR/engine-I when N > 1,\n"
+        "   --kv-blocks/--kv-bytes per engine)] [--role all|engine|router]\n"
+        "  [--scheduler-listen URL] [--worker-listen URL] [--kvpool-listen URL] (ipc:// or\n"
+        "   tcp://HOST:PORT; engine I of N listens on PORT+I; default: ipc:// paths in DIR)\n"
+        "  [--scheduler URL]... (--role router: one per engine, in order)\n"
+        "  [--routing cache-aware|round-robin] (passed to the router)\n"
+        "--role engine starts the engines only (DIR/ready lists their --scheduler-listen);\n"
+        "--role router starts the router (and gateway) only. The supervisor's control socket\n"
+        "is always ipc://DIR/control.ipc (it credits messages by the sender's pid).\n"
+        "--check-args checks the command line (addresses included) and exits: 0, or 2\n"
+        "with the reason; nothing is created or started (deploy/pagoda-up uses it).\n",
         SUP_SUPPORTED_WORKERS, SUP_DEFAULT_HEARTBEAT_MS, SUP_DEFAULT_HEARTBEAT_MISSES,
-        SUP_MAX_EXTRA_ARGS, SUP_EXIT_BUSY, SUP_MAX_WORKERS);
+        SUP_MAX_EXTRA_ARGS, SUP_EXIT_BUSY, SUP_MAX_WORKERS, SUP_MAX_ENGINES);
 }
 
 enum {
@@ -274,8 +346,16 @@ enum {
     OPT_ROUTER_ARG,
     OPT_GATEWAY_ARG,
     OPT_HTTP_LISTEN,
+    OPT_ENGINES,
+    OPT_ROLE,
+    OPT_ROUTING,
+    OPT_SCHEDULER_LISTEN,
+    OPT_WORKER_LISTEN,
+    OPT_KVPOOL_LISTEN,
+    OPT_SCHEDULER,
     OPT_HELP,
     OPT_ALLOW_MULTI_WORKER, /* after OPT_HELP: takes no value */
+    OPT_CHECK_ARGS,
 };
 
 static int check_len(const char *flag, const char *text, size_t min, size_t max)
@@ -284,6 +364,61 @@ static int check_len(const char *flag, const char *text, size_t min, size_t max)
     if (n < min || n >= max)
         return pagoda_error_set(PAGODA_ERANGE, "--%s: the value must have %zu to %zu bytes", flag,
                                 min, max - 1);
+    return 0;
+}
+
+/* Checks what the engine and role flags ask for together. */
+static int check_engines(const struct sup_opts *o)
+{
+    if (o->engines * (o->workers + 2) + 2 > SUP_MAX_CHILDREN)
+        return pagoda_error_set(PAGODA_ERANGE, "--engines %d x --workers %d: more than %d programs",
+                                o->engines, o->workers, SUP_MAX_CHILDREN);
+    if (o->role == SUP_ROLE_ROUTER) {
+        if (o->num_schedulers == 0)
+            return pagoda_error_set(PAGODA_EINVAL,
+                                    "--role router needs its engines: --scheduler URL, once per "
+                                    "engine (the addresses their --scheduler-listen gave)");
+        if (o->engines != 1)
+            return pagoda_error_set(PAGODA_EINVAL,
+                                    "--engines with --role router: the router's engines are its "
+                                    "--scheduler addresses");
+        for (int l = 0; l < LINK_COUNT; l++)
+            if (o->link_listen[l] != NULL)
+                return pagoda_error_set(PAGODA_EINVAL,
+                                        "%s with --role router: that is an engine's address",
+                                        link_flags[l]);
+        return 0;
+    }
+    if (o->num_schedulers > 0)
+        return pagoda_error_set(PAGODA_EINVAL,
+                                "--scheduler is for --role router (with --role %s the router's "
+                                "engines are the ones started here)",
+                                o->role == SUP_ROLE_ENGINE ? "engine" : "all");
+    if (o->role == SUP_ROLE_ENGINE && o->http_listen != NULL)
+        return pagoda_error_set(PAGODA_EINVAL, "--http-listen with --role engine: the gateway "
+                                               "runs beside the router (--role router)");
+    for (int l = 0; l < LINK_COUNT; l++) {
+        const char *a = o->link_listen[l];
+        if (a == NULL || o->engines == 1)
+            continue;
+        int port = wire_address_port(a);
+        if (port < 0)
+            return pagoda_error_set(PAGODA_EINVAL,
+                                    "%s %s with --engines %d: several engines need a "
+                                    "tcp://HOST:PORT (engine I listens on PORT+I)",
+                                    link_flags[l], a, o->engines);
+        if (port + o->engines - 1 > 65535)
+            return pagoda_error_set(PAGODA_ERANGE,
+                                    "%s %s with --engines %d: ports up to %d do not exist",
+                                    link_flags[l], a, o->engines, port + o->engines - 1);
+    }
+    /* Every kvpool would size itself from the same free GPU memory. */
+    if (o->engines > 1 && strcmp(o->backend, "cuda") == 0 && o->kv_blocks == NULL &&
+        o->kv_bytes == NULL)
+        return pagoda_error_set(PAGODA_EINVAL,
+                                "--engines %d --backend cuda: give each engine its share of the "
+                                "GPU with --kv-bytes B or --kv-blocks N (per engine)",
+                                o->engines);
     return 0;
 }
 
@@ -307,12 +442,20 @@ static int parse_opts(int argc, char **argv, struct sup_opts *o)
         {"heartbeat-ms", required_argument, NULL, OPT_HEARTBEAT_MS},
         {"heartbeat-misses", required_argument, NULL, OPT_HEARTBEAT_MISSES},
         {"allow-multi-worker", no_argument, NULL, OPT_ALLOW_MULTI_WORKER},
+        {"check-args", no_argument, NULL, OPT_CHECK_ARGS},
         {"kvpool-arg", required_argument, NULL, OPT_KVPOOL_ARG},
         {"worker-arg", required_argument, NULL, OPT_WORKER_ARG},
         {"scheduler-arg", required_argument, NULL, OPT_SCHEDULER_ARG},
         {"router-arg", required_argument, NULL, OPT_ROUTER_ARG},
         {"gateway-arg", required_argument, NULL, OPT_GATEWAY_ARG},
         {"http-listen", required_argument, NULL, OPT_HTTP_LISTEN},
+        {"engines", required_argument, NULL, OPT_ENGINES},
+        {"role", required_argument, NULL, OPT_ROLE},
+        {"routing", required_argument, NULL, OPT_ROUTING},
+        {"scheduler-listen", required_argument, NULL, OPT_SCHEDULER_LISTEN},
+        {"worker-listen", required_argument, NULL, OPT_WORKER_LISTEN},
+        {"kvpool-listen", required_argument, NULL, OPT_KVPOOL_LISTEN},
+        {"scheduler", required_argument, NULL, OPT_SCHEDULER},
         {"help", no_argument, NULL, OPT_HELP},
         {NULL, 0, NULL, 0},
     };
@@ -321,6 +464,8 @@ static int parse_opts(int argc, char **argv, struct sup_opts *o)
     o->backend = "cpu";
     o->log_level = "info";
     o->workers = 1;
+    o->engines = 1;
+    o->role = SUP_ROLE_ALL;
     o->ready_timeout_ms = 60000;
     o->stop_timeout_ms = 30000;
     o->heartbeat_ms = SUP_DEFAULT_HEARTBEAT_MS;
@@ -354,7 +499,50 @@ static int parse_opts(int argc, char **argv, struct sup_opts *o)
             o->workers = (int)v;
             break;
         case OPT_LISTEN:
+            if ((rc = wire_address_check("--listen", optarg, WIRE_ADDRESS_ANY)) != 0)
+                return rc;
             o->listen = optarg;
+            break;
+        case OPT_ENGINES:
+            if ((rc = parse_i64("--engines", optarg, 1, SUP_MAX_ENGINES, &v)) != 0)
+                return rc;
+            o->engines = (int)v;
+            break;
+        case OPT_ROLE:
+            if (strcmp(optarg, "all") == 0)
+                o->role = SUP_ROLE_ALL;
+            else if (strcmp(optarg, "engine") == 0)
+                o->role = SUP_ROLE_ENGINE;
+            else if (strcmp(optarg, "router") == 0)
+                o->role = SUP_ROLE_ROUTER;
+            else
+                return pagoda_error_set(PAGODA_EINVAL, "--role %s: expected all, engine or router",
+                                        optarg);
+            break;
+        case OPT_ROUTING:
+            if (strcmp(optarg, "cache-aware") != 0 && strcmp(optarg, "round-robin") != 0)
+                return pagoda_error_set(
+                    PAGODA_EINVAL, "--routing %s: expected cache-aware or round-robin", optarg);
+            o->routing = optarg;
+            break;
+        case OPT_SCHEDULER_LISTEN:
+        case OPT_WORKER_LISTEN:
+        case OPT_KVPOOL_LISTEN: {
+            enum link l = opt == OPT_SCHEDULER_LISTEN ? LINK_SCHEDULER
+                          : opt == OPT_WORKER_LISTEN  ? LINK_WORKER
+                                                      : LINK_KVPOOL;
+            if ((rc = wire_address_check(link_flags[l], optarg, WIRE_ADDRESS_ANY)) != 0)
+                return rc;
+            o->link_listen[l] = optarg;
+            break;
+        }
+        case OPT_SCHEDULER:
+            if ((rc = wire_address_check("--scheduler", optarg, WIRE_ADDRESS_ANY)) != 0)
+                return rc;
+            if (o->num_schedulers == SUP_MAX_ENGINES)
+                return pagoda_error_set(PAGODA_ERANGE, "more than %d --scheduler addresses",
+                                        SUP_MAX_ENGINES);
+            o->schedulers[o->num_schedulers++] = optarg;
             break;
         case OPT_HTTP_LISTEN:
             if ((rc = check_len("--http-listen", optarg, 3, SUP_MAX_URL_BYTES)) != 0)
@@ -414,6 +602,9 @@ static int parse_opts(int argc, char **argv, struct sup_opts *o)
         case OPT_ALLOW_MULTI_WORKER:
             o->allow_multi_worker = 1;
             break;
+        case OPT_CHECK_ARGS:
+            o->check_args = 1;
+            break;
         case OPT_KVPOOL_ARG:
         case OPT_WORKER_ARG:
         case OPT_SCHEDULER_ARG:
@@ -441,9 +632,10 @@ static int parse_opts(int argc, char **argv, struct sup_opts *o)
     if (o->workers > SUP_SUPPORTED_WORKERS && !o->allow_multi_worker)
         return pagoda_error_set(PAGODA_EUNSUPPORTED,
                                 "--workers %d: a group runs %d worker for now (the scheduler "
-                                "drives a single worker); nothing was started",
+                                "drives a single worker); nothing was started. To serve with "
+                                "more, run several engines: --engines N",
                                 o->workers, SUP_SUPPORTED_WORKERS);
-    return 0;
+    return check_engines(o);
 }
 
 /* ---- files ------------------------------------------------------------------------------- */
@@ -626,7 +818,7 @@ static int lock_run_dir(struct supervisor *sup)
  * regular file (a symbolic link, above all: a write through it would land elsewhere). */
 static int check_run_files(struct supervisor *sup)
 {
-    char names[ROLE_COUNT + SUP_MAX_WORKERS + 8][32];
+    char names[SUP_MAX_CHILDREN + 8][64];
     int n = 0;
     const char *fixed[] = {"lock",  "supervisor.pid", "supervisor.pid.tmp",
                            "ready", "ready.tmp",      "supervisor.log"};
@@ -637,7 +829,8 @@ static int check_run_files(struct supervisor *sup)
     for (int i = 0; i < n; i++) {
         char path[PATH_MAX];
         struct stat st;
-        snprintf(path, sizeof(path), "%s/%s", sup->run_dir, names[i]);
+        if (snprintf(path, sizeof(path), "%s/%s", sup->run_dir, names[i]) >= (int)sizeof(path))
+            return pagoda_error_set(PAGODA_ERANGE, "path too long: %s/%s", sup->run_dir, names[i]);
         if (lstat(path, &st) != 0)
             continue;
         if (S_ISLNK(st.st_mode))
@@ -663,6 +856,19 @@ static void describe_exit(const struct child *c, char *buf, size_t len)
         snprintf(buf, len, "exit status %lld", (long long)c->exit_status);
 }
 
+/* Adds "flag ADDRESS" to c->argv at n for c's engine's link l, when that link's address was
+ * configured (the programs' defaults are the run directory's ipc:// paths): the address the
+ * link listens on, or with dial the one its peers dial. Returns the new n. */
+static int add_link_flag(struct supervisor *sup, struct child *c, int n, enum link l,
+                         const char *flag, int dial)
+{
+    if (sup->opts.link_listen[l] == NULL || c->engine < 0)
+        return n;
+    c->argv[n++] = (char *)flag;
+    c->argv[n++] = dial ? sup->dial_addr[c->engine][l] : sup->listen_addr[c->engine][l];
+    return n;
+}
+
 /* Fills c->argv: the program, the flags every program takes, its role's flags, the extras. */
 static void child_build_argv(struct supervisor *sup, struct child *c)
 {
@@ -670,7 +876,7 @@ static void child_build_argv(struct supervisor *sup, struct child *c)
     int n = 0;
     c->argv[n++] = sup->program[c->role];
     c->argv[n++] = "--run-dir";
-    c->argv[n++] = sup->run_dir;
+    c->argv[n++] = c->engine >= 0 ? sup->engine_dir[c->engine] : sup->run_dir;
     c->argv[n++] = "--log-level";
     c->argv[n++] = (char *)o->log_level;
     switch (c->role) {
@@ -693,6 +899,7 @@ static void child_build_argv(struct supervisor *sup, struct child *c)
             c->argv[n++] = "--backend";
             c->argv[n++] = "cuda";
         }
+        n = add_link_flag(sup, c, n, LINK_KVPOOL, "--listen", 0);
         break;
     case ROLE_WORKER:
         c->argv[n++] = "--model";
@@ -701,16 +908,38 @@ static void child_build_argv(struct supervisor *sup, struct child *c)
         c->argv[n++] = c->worker_id_text;
         c->argv[n++] = "--backend";
         c->argv[n++] = (char *)o->backend;
+        n = add_link_flag(sup, c, n, LINK_KVPOOL, "--kvpool", 1);
+        n = add_link_flag(sup, c, n, LINK_WORKER, "--scheduler", 1);
         break;
     case ROLE_SCHEDULER:
         c->argv[n++] = "--workers";
         c->argv[n++] = sup->workers_text;
+        n = add_link_flag(sup, c, n, LINK_KVPOOL, "--kvpool", 1);
+        n = add_link_flag(sup, c, n, LINK_SCHEDULER, "--listen", 0);
+        n = add_link_flag(sup, c, n, LINK_WORKER, "--worker-listen", 0);
         break;
     case ROLE_ROUTER:
         c->argv[n++] = "--listen";
         c->argv[n++] = (char *)o->listen;
         c->argv[n++] = "--model"; /* its tokenizer, when it has one */
         c->argv[n++] = (char *)o->model;
+        /* Its engines, in order. One engine on the run directory's default address keeps the
+         * router's own default (the command line of a one-engine group is as it always was). */
+        if (o->role == SUP_ROLE_ROUTER) {
+            for (int i = 0; i < o->num_schedulers; i++) {
+                c->argv[n++] = "--scheduler";
+                c->argv[n++] = (char *)o->schedulers[i];
+            }
+        } else if (o->engines > 1 || o->link_listen[LINK_SCHEDULER] != NULL) {
+            for (int e = 0; e < o->engines; e++) {
+                c->argv[n++] = "--scheduler";
+                c->argv[n++] = sup->dial_addr[e][LINK_SCHEDULER];
+            }
+        }
+        if (o->routing != NULL) {
+            c->argv[n++] = "--routing";
+            c->argv[n++] = (char *)o->routing;
+        }
         break;
     case ROLE_GATEWAY:
         c->argv[n++] = "--router";
@@ -864,8 +1093,16 @@ static void check_group_ready(struct supervisor *sup)
         return;
     }
     uv_timer_stop(&sup->ready_timer);
-    char text[SUP_MAX_URL_BYTES + 2];
-    snprintf(text, sizeof(text), "%s\n", sup->opts.listen);
+    /* The address clients use; for engines alone, the ones a router is given. */
+    char text[SUP_MAX_ENGINES * (SUP_MAX_URL_BYTES + 1) + 2];
+    size_t len = 0;
+    if (sup->opts.role == SUP_ROLE_ENGINE) {
+        for (int e = 0; e < sup->opts.engines; e++)
+            len += (size_t)snprintf(text + len, sizeof(text) - len, "%s\n",
+                                    sup->listen_addr[e][LINK_SCHEDULER]);
+    } else {
+        snprintf(text, sizeof(text), "%s\n", sup->opts.listen);
+    }
     int rc = write_file_atomic(sup->ready_path, text);
     if (rc != 0) {
         char msg[700];
@@ -874,8 +1111,14 @@ static void check_group_ready(struct supervisor *sup)
         return;
     }
     sup->phase = PHASE_RUNNING;
-    log_info("the group is ready (%d worker%s): clients connect to %s", sup->opts.workers,
-             sup->opts.workers == 1 ? "" : "s", sup->opts.listen);
+    if (sup->opts.role == SUP_ROLE_ENGINE)
+        log_info("the engine%s ready: routers connect to %s%s",
+                 sup->opts.engines == 1 ? " is" : "s are", sup->listen_addr[0][LINK_SCHEDULER],
+                 sup->opts.engines == 1 ? "" : " (and the next ports; see DIR/ready)");
+    else
+        log_info("the group is ready (%d engine%s, %d worker%s each): clients connect to %s",
+                 sup->opts.engines, sup->opts.engines == 1 ? "" : "s", sup->opts.workers,
+                 sup->opts.workers == 1 ? "" : "s", sup->opts.listen);
 }
 
 /* Starts the next program of the start order; after the last, checks the group. */
@@ -1326,7 +1569,17 @@ static void on_liveness_timer(uv_timer_t *t)
     }
 }
 
-static void on_hung(struct supervisor *sup, const Pagoda__Internal__Control *ctl)
+/* The engine whose scheduler sent a report from pid: its process (or a descendant's) when the
+ * pid is known, the only engine otherwise; -1 when it cannot be told. */
+static int engine_of_sender(struct supervisor *sup, int pid)
+{
+    struct child *c = pid > 0 ? child_of_pid(sup, pid) : NULL;
+    if (c != NULL)
+        return c->engine;
+    return sup->opts.engines == 1 && sup->opts.role != SUP_ROLE_ROUTER ? 0 : -1;
+}
+
+static void on_hung(struct supervisor *sup, const Pagoda__Internal__Control *ctl, int pid)
 {
     if (!ctl->has_hung_worker_id || !ctl->has_hung_worker_pid) {
         log_warn("a hung-worker report without both id and pid ignored");
@@ -1337,7 +1590,17 @@ static void on_hung(struct supervisor *sup, const Pagoda__Internal__Control *ctl
                  ctl->hung_worker_id);
         return;
     }
-    struct child *c = &sup->children[1 + ctl->hung_worker_id];
+    /* Worker I of the engine whose scheduler reports it (each engine numbers its own). */
+    int engine = engine_of_sender(sup, pid);
+    struct child *c = NULL;
+    for (int i = 0; i < sup->num_children && engine >= 0; i++)
+        if (sup->children[i].role == ROLE_WORKER && sup->children[i].engine == engine &&
+            sup->children[i].worker_id == (int)ctl->hung_worker_id)
+            c = &sup->children[i];
+    if (c == NULL) {
+        log_warn("a hung-worker report from pid %d, which is no engine's program; ignored", pid);
+        return;
+    }
     if (c->state != CHILD_RUNNING || c->pid != ctl->hung_worker_pid) {
         log_warn("%s reports %s hung as pid %d, which is not its current process (pid %d, "
                  "%s); ignored",
@@ -1366,7 +1629,7 @@ static void on_control(void *ctx, nng_msg *m)
     }
     if (sup->phase != PHASE_DONE) {
         if (ctl->has_hung_worker_id || ctl->has_hung_worker_pid)
-            on_hung(sup, ctl);
+            on_hung(sup, ctl, pid);
         if (ctl->has_ready && ctl->ready)
             on_ready(sup, ctl->sender, pid);
         if (ctl->has_heartbeat && ctl->heartbeat)
@@ -1376,6 +1639,83 @@ static void on_control(void *ctx, nng_msg *m)
 }
 
 /* ---- setting up -------------------------------------------------------------------------- */
+
+/* Appends a child of role to the start order: of engine (-1 for the router and the gateway),
+ * worker_id (-1 unless a worker). parse_opts bounded their number by SUP_MAX_CHILDREN. */
+static void add_child(struct supervisor *sup, enum role role, int engine, int worker_id)
+{
+    struct child *c = &sup->children[sup->num_children++];
+    c->sup = sup;
+    c->role = role;
+    c->engine = engine;
+    c->worker_id = worker_id;
+    char base[24];
+    if (role == ROLE_WORKER) {
+        snprintf(c->worker_id_text, sizeof(c->worker_id_text), "%d", worker_id);
+        snprintf(base, sizeof(base), "worker-%d", worker_id);
+    } else {
+        snprintf(base, sizeof(base), "%s", role_names[role]);
+    }
+    if (engine >= 0 && sup->opts.engines > 1)
+        snprintf(c->name, sizeof(c->name), "engine-%d/%s", engine, base);
+    else
+        snprintf(c->name, sizeof(c->name), "%s", base);
+    child_build_argv(sup, c);
+}
+
+/* Writes into dial the address a peer dials to reach a program listening on listen: a host of
+ * every interface (0.0.0.0, *, [::]) is dialed on the loopback. */
+static void dial_address(char *dial, size_t len, const char *listen)
+{
+    static const struct {
+        const char *any, *loopback;
+    } hosts[] = {{"tcp://0.0.0.0:", "tcp://127.0.0.1:"},
+                 {"tcp://*:", "tcp://127.0.0.1:"},
+                 {"tcp://[::]:", "tcp://[::1]:"}};
+    for (size_t i = 0; i < sizeof(hosts) / sizeof(hosts[0]); i++) {
+        size_t n = strlen(hosts[i].any);
+        if (strncmp(listen, hosts[i].any, n) == 0) {
+            snprintf(dial, len, "%s%s", hosts[i].loopback, listen + n);
+            return;
+        }
+    }
+    snprintf(dial, len, "%s", listen);
+}
+
+/* Engine e's run directory (DIR itself when it is the only one; DIR/engine-E, created and
+ * checked like DIR, otherwise) and its links' addresses: the configured ones, PORT+E with
+ * several engines, or the run directory's ipc:// paths. */
+static int prepare_engine(struct supervisor *sup, int e)
+{
+    const struct sup_opts *o = &sup->opts;
+    char *dir = sup->engine_dir[e];
+    if (o->engines == 1) {
+        snprintf(dir, PATH_MAX, "%s", sup->run_dir);
+    } else {
+        if (snprintf(dir, PATH_MAX, "%s/engine-%d", sup->run_dir, e) >= PATH_MAX)
+            return pagoda_error_set(PAGODA_ERANGE, "path too long: %s/engine-%d", sup->run_dir, e);
+        int rc = make_dirs(dir);
+        if (rc != 0 || (rc = check_run_dir(dir)) != 0)
+            return rc;
+    }
+    static const char *const ipc_names[LINK_COUNT] = {"kvpool.ipc", "worker-0.ipc",
+                                                      "scheduler.ipc"};
+    for (int l = 0; l < LINK_COUNT; l++) {
+        char *listen = sup->listen_addr[e][l];
+        const char *given = o->link_listen[l];
+        int rc = 0;
+        if (given == NULL)
+            rc = wire_ipc_url(listen, SUP_MAX_URL_BYTES, dir, ipc_names[l]);
+        else if (o->engines == 1)
+            snprintf(listen, SUP_MAX_URL_BYTES, "%s", given); /* checked: WIRE_ADDRESS_MAX */
+        else
+            rc = wire_address_offset_port(listen, SUP_MAX_URL_BYTES, given, e);
+        if (rc != 0)
+            return rc;
+        dial_address(sup->dial_addr[e][l], SUP_MAX_URL_BYTES, listen);
+    }
+    return 0;
+}
 
 /* Resolves the run directory and the programs and prepares each child. */
 static int prepare(struct supervisor *sup)
@@ -1416,6 +1756,9 @@ static int prepare(struct supervisor *sup)
     for (int r = 0; r < ROLE_COUNT; r++) {
         if (r == ROLE_GATEWAY && o->http_listen == NULL)
             continue; /* not started: need not be there */
+        if ((o->role == SUP_ROLE_ENGINE && (r == ROLE_ROUTER || r == ROLE_GATEWAY)) ||
+            (o->role == SUP_ROLE_ROUTER && r != ROLE_ROUTER && r != ROLE_GATEWAY))
+            continue;
         char *path = sup->program[r];
         if (snprintf(path, PATH_MAX, "%s/pagoda-%s", bin_dir, role_names[r]) >= PATH_MAX)
             return pagoda_error_set(PAGODA_ERANGE, "--bin-dir %s is too long", o->bin_dir);
@@ -1435,28 +1778,23 @@ static int prepare(struct supervisor *sup)
         snprintf(sup->model_name, sizeof(sup->model_name), "%.*s", (int)(len - start),
                  o->model + start);
     }
+    if (o->role != SUP_ROLE_ROUTER)
+        for (int e = 0; e < o->engines; e++)
+            if ((rc = prepare_engine(sup, e)) != 0)
+                return rc;
     sup->num_children = 0;
-    int gateway = o->http_listen != NULL;
-    for (int i = 0; i < o->workers + 2 + 1 + gateway; i++) {
-        struct child *c = &sup->children[sup->num_children++];
-        c->sup = sup;
-        c->worker_id = -1;
-        if (i == 0) {
-            c->role = ROLE_KVPOOL;
-        } else if (i <= o->workers) {
-            c->role = ROLE_WORKER;
-            c->worker_id = i - 1;
-            snprintf(c->worker_id_text, sizeof(c->worker_id_text), "%d", c->worker_id);
-        } else {
-            c->role = i == o->workers + 1   ? ROLE_SCHEDULER
-                      : i == o->workers + 2 ? ROLE_ROUTER
-                                            : ROLE_GATEWAY;
+    if (o->role != SUP_ROLE_ROUTER) {
+        for (int e = 0; e < o->engines; e++) {
+            add_child(sup, ROLE_KVPOOL, e, -1);
+            for (int w = 0; w < o->workers; w++)
+                add_child(sup, ROLE_WORKER, e, w);
+            add_child(sup, ROLE_SCHEDULER, e, -1);
         }
-        if (c->role == ROLE_WORKER)
-            snprintf(c->name, sizeof(c->name), "worker-%d", c->worker_id);
-        else
-            snprintf(c->name, sizeof(c->name), "%s", role_names[c->role]);
-        child_build_argv(sup, c);
+    }
+    if (o->role != SUP_ROLE_ENGINE) {
+        add_child(sup, ROLE_ROUTER, -1, -1);
+        if (o->http_listen != NULL)
+            add_child(sup, ROLE_GATEWAY, -1, -1);
     }
     return check_run_files(sup);
 }
@@ -1504,11 +1842,19 @@ static int open_loop(struct supervisor *sup)
     if ((rv = nng_pipe_notify(sup->control, NNG_PIPE_EV_ADD_PRE, on_pipe_event, sup)) != 0 ||
         (rv = nng_pipe_notify(sup->control, NNG_PIPE_EV_REM_POST, on_pipe_event, sup)) != 0)
         return wire_error(rv, "nng_pipe_notify");
-    if ((rv = nng_listen(sup->control, url, NULL, 0)) != 0) {
-        if (rv == NNG_EADDRINUSE)
-            return pagoda_error_set(PAGODA_EBUSY, "%s is in use: another supervisor runs in %s",
-                                    url, sup->run_dir);
-        return wire_error(rv, url);
+    /* DIR's, and each engine's own when there are several (their programs push to the
+     * control socket of their run directory, wire.h): one socket, one listener each. */
+    int engine_dirs =
+        sup->opts.role != SUP_ROLE_ROUTER && sup->opts.engines > 1 ? sup->opts.engines : 0;
+    for (int e = -1; e < engine_dirs; e++) {
+        if (e >= 0 && (rc = wire_ipc_url(url, sizeof(url), sup->engine_dir[e], "control.ipc")) != 0)
+            return rc;
+        if ((rv = nng_listen(sup->control, url, NULL, 0)) != 0) {
+            if (rv == NNG_EADDRINUSE)
+                return pagoda_error_set(PAGODA_EBUSY, "%s is in use: another supervisor runs in %s",
+                                        url, sup->run_dir);
+            return wire_error(rv, url);
+        }
     }
     if ((rc = wire_inbox_open(&sup->loop, sup->control, on_control, sup, &sup->inbox)) != 0)
         return rc;
@@ -1544,6 +1890,8 @@ int main(int argc, char **argv)
         usage(stderr);
         return 2;
     }
+    if (sup->opts.check_args)
+        return 0;
     enum log_level level = LOG_INFO;
     log_level_parse(sup->opts.log_level, &level);
     log_set_level(level);

@@ -46,6 +46,13 @@ int kvpool_fetch_pool(const char *run_dir, int64_t worker_id, int wait_ms,
     int rc = wire_ipc_url(url, sizeof(url), run_dir, "kvpool.ipc");
     if (rc != 0)
         return rc;
+    return kvpool_fetch_pool_at(url, worker_id, wait_ms, stop, info);
+}
+
+int kvpool_fetch_pool_at(const char *url, int64_t worker_id, int wait_ms,
+                         const volatile sig_atomic_t *stop, struct kvpool_info *info)
+{
+    int rc;
     nng_socket s;
     int rv = nng_req0_open(&s);
     if (rv != 0)
@@ -88,8 +95,19 @@ int kvpool_fetch_geometry(const char *run_dir, int64_t worker_id, int wait_ms,
                           const volatile sig_atomic_t *stop, struct kv_geometry *g, char *shm_name,
                           size_t len)
 {
+    char url[512];
+    int rc = wire_ipc_url(url, sizeof(url), run_dir, "kvpool.ipc");
+    if (rc != 0)
+        return rc;
+    return kvpool_fetch_geometry_at(url, worker_id, wait_ms, stop, g, shm_name, len);
+}
+
+int kvpool_fetch_geometry_at(const char *url, int64_t worker_id, int wait_ms,
+                             const volatile sig_atomic_t *stop, struct kv_geometry *g,
+                             char *shm_name, size_t len)
+{
     struct kvpool_info info;
-    int rc = kvpool_fetch_pool(run_dir, worker_id, wait_ms, stop, &info);
+    int rc = kvpool_fetch_pool_at(url, worker_id, wait_ms, stop, &info);
     if (rc != 0)
         return rc;
     if (shm_name != NULL &&

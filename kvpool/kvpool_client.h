@@ -38,4 +38,13 @@ int kvpool_fetch_geometry(const char *run_dir, int64_t worker_id, int wait_ms,
                           const volatile sig_atomic_t *stop, struct kv_geometry *g, char *shm_name,
                           size_t len);
 
+/* kvpool_fetch_pool and kvpool_fetch_geometry for a kvpool that answers at url (its --listen;
+ * ipc:// or tcp://, the pool itself being on this host all the same) instead of the one of a
+ * run directory. Same results. */
+int kvpool_fetch_pool_at(const char *url, int64_t worker_id, int wait_ms,
+                         const volatile sig_atomic_t *stop, struct kvpool_info *out);
+int kvpool_fetch_geometry_at(const char *url, int64_t worker_id, int wait_ms,
+                             const volatile sig_atomic_t *stop, struct kv_geometry *g,
+                             char *shm_name, size_t len);
+
 #endif

@@ -3,10 +3,12 @@
  *   pagoda-kvpool --run-dir DIR --model MODEL_DIR [--block-size 16]
  *                 [--kv-blocks N | --kv-bytes B] [--backend cpu|cuda] [--device 0]
  *                 [--reserve-bytes B] [--max-batched-tokens N] [--max-seqs N]
- *                 [--log-level info]
+ *                 [--log-level info] [--listen URL]
  *
  * It reads MODEL_DIR/config.json for the pool's shape (layers, KV heads, head dim), creates the
- * pool, answers every KvpoolRequest on ipc://DIR/kvpool.ipc with the pool's geometry, and pushes
+ * pool, answers every KvpoolRequest on --listen (default ipc://DIR/kvpool.ipc; a tcp:// address
+ * only moves this control link: the pool is shared memory or GPU descriptors of this host, so
+ * its workers run here whatever the address) with the pool's geometry, and pushes
  * Control{ready, "kvpool"} to the supervisor. The pool outlives every worker that maps it: a
  * restarted worker finds the KV it left. On SIGTERM or SIGINT it stops serving, releases the
  * pool (the memory goes away with the last mapping) and exits 0.
@@ -54,6 +56,7 @@
 #include "kvpool/shm_pool.h"
 #include "model/model_budget.h"
 #include "model/model_config.h"
+#include "wire/address.h"
 #include "wire/wire.h"
 #ifdef PAGODA_HAVE_CUDA
 #include "kvpool/cuda_pool.h"
@@ -91,6 +94,7 @@
 
 struct opts {
     const char *run_dir;
+    const char *listen; /* NULL: ipc://DIR/kvpool.ipc */
     const char *model;
     const char *log_level;
     int32_t block_size;
@@ -129,10 +133,11 @@ static void usage(FILE *f)
     fprintf(f, "usage: pagoda-kvpool --run-dir DIR --model MODEL_DIR [--block-size 16]\n"
                "                     [--kv-blocks N | --kv-bytes B] [--backend cpu|cuda]\n"
                "                     [--device 0] [--reserve-bytes B] [--max-batched-tokens N]\n"
-               "                     [--max-seqs N]\n"
+               "                     [--max-seqs N] [--listen URL]\n"
                "                     [--log-level debug|info|warn|error]\n"
-               "Creates the KV pool for the model and serves its geometry on\n"
-               "ipc://DIR/kvpool.ipc until SIGTERM, which removes the pool.\n"
+               "Creates the KV pool for the model and serves its geometry on --listen\n"
+               "(ipc://DIR/kvpool.ipc by default; tcp://HOST:PORT too, though the pool itself\n"
+               "is shared on this host only) until SIGTERM, which removes the pool.\n"
                "--backend cpu: f32 in shared memory, 256 MiB unless --kv-blocks/--kv-bytes.\n"
                "--backend cuda: bf16 on GPU --device (CUDA VMM, descriptors on\n"
                "DIR/" KVPOOL_FDS_SOCKET "); by default the GPU's free memory minus the model's\n"
@@ -347,10 +352,15 @@ static void on_slot(void *arg)
     nng_ctx_send(s->ctx, s->aio);
 }
 
-/* Opens the REP socket and listens, unless a kvpool already serves DIR. */
-static int server_listen(struct server *srv, const char *run_dir)
+/* Opens the REP socket and listens on listen (NULL: ipc://DIR/kvpool.ipc), unless a kvpool
+ * already serves there. */
+static int server_listen(struct server *srv, const char *run_dir, const char *listen)
 {
-    int rc = wire_ipc_url(srv->url, sizeof(srv->url), run_dir, "kvpool.ipc");
+    int rc = 0;
+    if (listen != NULL)
+        snprintf(srv->url, sizeof(srv->url), "%s", listen); /* checked: WIRE_ADDRESS_MAX */
+    else
+        rc = wire_ipc_url(srv->url, sizeof(srv->url), run_dir, "kvpool.ipc");
     if (rc != 0)
         return rc;
     int rv = nng_rep0_open(&srv->sock);
@@ -420,6 +430,7 @@ enum {
     OPT_RESERVE_BYTES,
     OPT_MAX_TOKENS,
     OPT_MAX_SEQS,
+    OPT_LISTEN,
 };
 
 /* Returns 0, 2 for a usage error (after printing it), or 3 for --help. */
@@ -437,6 +448,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
         {"reserve-bytes", required_argument, NULL, OPT_RESERVE_BYTES},
         {"max-batched-tokens", required_argument, NULL, OPT_MAX_TOKENS},
         {"max-seqs", required_argument, NULL, OPT_MAX_SEQS},
+        {"listen", required_argument, NULL, OPT_LISTEN},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -495,6 +507,10 @@ static int parse_args(int argc, char **argv, struct opts *o)
         case OPT_MAX_SEQS:
             if ((rc = parse_i64("--max-seqs", optarg, 1, 65536, &v)) == 0)
                 o->max_seqs = v;
+            break;
+        case OPT_LISTEN:
+            if ((rc = wire_address_check("--listen", optarg, WIRE_ADDRESS_ANY)) == 0)
+                o->listen = optarg;
             break;
         case 'h':
             usage(stdout);
@@ -582,7 +598,7 @@ int main(int argc, char **argv)
         goto fail;
     snprintf(shm_name, sizeof(shm_name), "/pagoda-%016" PRIx64, fnv1a64(run_dir));
     snprintf(fds_path, sizeof(fds_path), "%s/%s", run_dir, KVPOOL_FDS_SOCKET);
-    if ((rc = server_listen(&srv, run_dir)) != 0)
+    if ((rc = server_listen(&srv, run_dir, o.listen)) != 0)
         goto fail;
     listening = 1;
     if (!gpu) {

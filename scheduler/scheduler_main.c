@@ -4,22 +4,27 @@
  *                    [--max-queued 4096] [--result-timeout-ms 2000] [--watchdog-ms 10000]
  *                    [--max-steps-in-flight 2] [--step-timeout-per-token-us 5000]
  *                    [--epoch E] [--fault dup-step=N] [--log-level info]
+ *                    [--kvpool URL] [--listen URL] [--worker-listen URL]
  *
- * Start: asks kvpool for the pool's geometry (REQ to ipc://DIR/kvpool.ipc, retried for up to
- * GEOMETRY_WAIT_MS while kvpool starts), then listens PAIR on ipc://DIR/scheduler.ipc (the
- * router) and ipc://DIR/worker-0.ipc (worker 0) and runs a libuv loop: a wire_inbox per socket
+ * Start: asks kvpool for the pool's geometry (REQ to --kvpool, default ipc://DIR/kvpool.ipc,
+ * retried for up to GEOMETRY_WAIT_MS while kvpool starts), then listens PAIR on --listen
+ * (default ipc://DIR/scheduler.ipc: the router) and --worker-listen (default
+ * ipc://DIR/worker-0.ipc: worker 0) and runs a libuv loop: a wire_inbox per socket
  * hands each message to the scheduler, a timer ticks it every TICK_MS. Control{ready,
  * sender "scheduler"} goes to the supervisor once the worker has answered its first resync.
  * SIGTERM or SIGINT stops the loop and exits 0.
  *
  * Only --workers 1 is supported for now (one worker group, one pool); other values are
- * refused. --epoch defaults to CLOCK_REALTIME in nanoseconds, which differs for every start.
+ * refused (several engines, each a scheduler of its own, scale out: pagoda-up --engines N).
+ * Every address may be tcp://HOST:PORT (wire/address.h checks them before anything starts).
+ * --epoch defaults to CLOCK_REALTIME in nanoseconds, which differs for every start.
  * --fault dup-step=N (tests) sends step N twice. */
 #include "common/error.h"
 #include "common/log.h"
 #include "common/parse.h"
 #include "scheduler/scheduler.h"
 #include "kvpool/kvpool_client.h"
+#include "wire/address.h"
 #include "wire/wire.h"
 
 #include <nng/nng.h>
@@ -45,6 +50,9 @@
 
 struct app {
     const char *run_dir;
+    const char *kvpool_url;    /* NULL: ipc://DIR/kvpool.ipc */
+    const char *listen_url;    /* NULL: ipc://DIR/scheduler.ipc */
+    const char *worker_listen; /* NULL: ipc://DIR/worker-0.ipc */
     uv_loop_t loop;
     uv_timer_t timer;
     uv_signal_t sigterm, sigint;
@@ -66,7 +74,11 @@ static void usage(FILE *f)
                "         [--max-seqs N] [--max-queued N] [--result-timeout-ms MS]\n"
                "         [--watchdog-ms MS] [--max-steps-in-flight 1|2]\n"
                "         [--step-timeout-per-token-us US] [--epoch E] [--fault dup-step=N]\n"
-               "         [--prefix-cache on|off] [--log-level debug|info|warn|error]\n");
+               "         [--prefix-cache on|off] [--log-level debug|info|warn|error]\n"
+               "         [--kvpool URL] [--listen URL] [--worker-listen URL]\n"
+               "--kvpool: kvpool's address (default ipc://DIR/kvpool.ipc); --listen: the\n"
+               "router's link (ipc://DIR/scheduler.ipc); --worker-listen: worker 0's link\n"
+               "(ipc://DIR/worker-0.ipc). Each may be tcp://HOST:PORT.\n");
 }
 
 /* ---- the scheduler's outputs ---------------------------------------------------------------- */
@@ -156,10 +168,15 @@ static void on_signal(uv_signal_t *h, int signum)
     stop(h->data);
 }
 
-static int open_link(nng_socket *s, const char *run_dir, const char *name)
+/* Listens on address, or on ipc://RUN_DIR/NAME when it is NULL. */
+static int open_link(nng_socket *s, const char *address, const char *run_dir, const char *name)
 {
     char url[URL_MAX];
-    int rc = wire_ipc_url(url, sizeof(url), run_dir, name);
+    int rc = 0;
+    if (address != NULL)
+        snprintf(url, sizeof(url), "%s", address); /* checked: WIRE_ADDRESS_MAX */
+    else
+        rc = wire_ipc_url(url, sizeof(url), run_dir, name);
     if (rc != 0)
         return rc;
     if ((rc = wire_pair_open(s, url, 1, WIRE_MAX_MESSAGE_BYTES)) != 0)
@@ -171,8 +188,9 @@ static int open_link(nng_socket *s, const char *run_dir, const char *name)
 
 /* ---- flags ---------------------------------------------------------------------------------- */
 
-static int parse_flags(int argc, char **argv, struct scheduler_config *cfg, const char **run_dir)
+static int parse_flags(int argc, char **argv, struct scheduler_config *cfg, struct app *app)
 {
+    const char **run_dir = &app->run_dir;
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     cfg->epoch = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
@@ -190,10 +208,21 @@ static int parse_flags(int argc, char **argv, struct scheduler_config *cfg, cons
         int rc = 0;
         if (strcmp(flag, "--run-dir") == 0) {
             *run_dir = v;
+        } else if (strcmp(flag, "--kvpool") == 0) {
+            if ((rc = wire_address_check(flag, v, WIRE_ADDRESS_ANY)) == 0)
+                app->kvpool_url = v;
+        } else if (strcmp(flag, "--listen") == 0) {
+            if ((rc = wire_address_check(flag, v, WIRE_ADDRESS_ANY)) == 0)
+                app->listen_url = v;
+        } else if (strcmp(flag, "--worker-listen") == 0) {
+            if ((rc = wire_address_check(flag, v, WIRE_ADDRESS_ANY)) == 0)
+                app->worker_listen = v;
         } else if (strcmp(flag, "--workers") == 0) {
             if ((rc = parse_i64(flag, v, 1, 1024, &x)) == 0 && x != 1)
                 return pagoda_error_set(PAGODA_EUNSUPPORTED,
-                                        "--workers %s: only 1 worker is supported for now", v);
+                                        "--workers %s: only 1 worker is supported for now (run "
+                                        "several engines instead: pagoda-up --engines N)",
+                                        v);
             cfg->num_workers = (int32_t)x;
         } else if (strcmp(flag, "--max-batched-tokens") == 0) {
             if ((rc = parse_i64(flag, v, 1, SCHEDULER_MAX_BATCHED_TOKENS_LIMIT, &x)) == 0)
@@ -257,14 +286,17 @@ int main(int argc, char **argv)
     struct scheduler_config cfg;
     scheduler_config_default(&cfg);
     char buf[600];
-    int rc = parse_flags(argc, argv, &cfg, &app.run_dir);
+    int rc = parse_flags(argc, argv, &cfg, &app);
     if (rc != 0) {
         fprintf(stderr, "pagoda-scheduler: %s\n", pagoda_error_message(rc, buf, sizeof(buf)));
         usage(stderr);
         return 2;
     }
-    if ((rc = kvpool_fetch_geometry(app.run_dir, -1, GEOMETRY_WAIT_MS, NULL, &cfg.geometry, NULL,
-                                    0)) != 0) {
+    if ((rc = app.kvpool_url != NULL
+                  ? kvpool_fetch_geometry_at(app.kvpool_url, -1, GEOMETRY_WAIT_MS, NULL,
+                                             &cfg.geometry, NULL, 0)
+                  : kvpool_fetch_geometry(app.run_dir, -1, GEOMETRY_WAIT_MS, NULL, &cfg.geometry,
+                                          NULL, 0)) != 0) {
         log_error("pool geometry: %s", pagoda_error_message(rc, buf, sizeof(buf)));
         return 1;
     }
@@ -277,10 +309,10 @@ int main(int argc, char **argv)
     bool router_open = false, worker_open = false, loop_open = false;
     if ((rc = scheduler_open(&cfg, &io, &app.sched)) != 0)
         goto fail;
-    if ((rc = open_link(&app.router_sock, app.run_dir, "scheduler.ipc")) != 0)
+    if ((rc = open_link(&app.router_sock, app.listen_url, app.run_dir, "scheduler.ipc")) != 0)
         goto fail;
     router_open = true;
-    if ((rc = open_link(&app.worker_sock, app.run_dir, "worker-0.ipc")) != 0)
+    if ((rc = open_link(&app.worker_sock, app.worker_listen, app.run_dir, "worker-0.ipc")) != 0)
         goto fail;
     worker_open = true;
     if (uv_loop_init(&app.loop) != 0) {

@@ -4,6 +4,10 @@
  *                 [--load-format safetensors|random] [--seed N]
  *                 [--step-delay-ms X] [--fault drop-step=N|drop-result=N]
  *                 [--max-batched-tokens 2048] [--max-seqs 256] [--log-level info]
+ *                 [--kvpool URL] [--scheduler URL]
+ *
+ * --kvpool (default ipc://DIR/kvpool.ipc) and --scheduler (default ipc://DIR/worker-I.ipc)
+ * replace the two addresses below; either may be tcp:// (the pool itself is of this host).
  *
  * Start (docs/protocol.md): asks kvpool (REQ ipc://DIR/kvpool.ipc, for up to 30 s) for the
  * pool's geometry, maps the pool and checks that it fits the model, loads the model and opens
@@ -67,6 +71,7 @@
 #include "model/model_config.h"
 #include "model/model_fingerprint.h"
 #include "model/model_weights.h"
+#include "wire/address.h"
 #include "wire/wire.h"
 #include "worker/backend.h"
 #include "worker/cpu_backend.h"
@@ -111,6 +116,8 @@
 
 struct worker_opts {
     const char *run_dir;
+    const char *kvpool;    /* NULL: ipc://DIR/kvpool.ipc */
+    const char *scheduler; /* NULL: ipc://DIR/worker-I.ipc */
     const char *model;
     const char *backend;     /* "cpu", "cuda" or "null" */
     const char *load_format; /* "safetensors" or "random" */
@@ -178,8 +185,10 @@ static void usage(FILE *f)
                "                     [--fault drop-step=N|drop-result=N]\n"
                "                     [--max-batched-tokens 2048] [--max-seqs 256]\n"
                "                     [--log-level debug|info|warn|error]\n"
-               "Maps the kv pool that pagoda-kvpool serves in DIR, loads the model and runs the\n"
-               "steps the scheduler sends on ipc://DIR/worker-I.ipc.\n");
+               "                     [--kvpool URL] [--scheduler URL]\n"
+               "Maps the kv pool that pagoda-kvpool serves in DIR (asked at --kvpool, default\n"
+               "ipc://DIR/kvpool.ipc), loads the model and runs the steps the scheduler sends\n"
+               "on --scheduler (default ipc://DIR/worker-I.ipc; tcp://HOST:PORT too).\n");
 }
 
 static void log_rc(enum log_level level, const char *what, int rc)
@@ -259,8 +268,10 @@ static int worker_load(struct worker *w)
     int rc;
     if ((rc = model_config_load(o->model, &w->config)) != 0 ||
         (rc = model_fingerprint(o->model, o->load_format, o->seed, w->fingerprint)) != 0 ||
-        (rc = kvpool_fetch_pool(o->run_dir, o->worker_id, WORKER_KVPOOL_WAIT_MS, &g_stop, &info)) !=
-            0 ||
+        (rc = o->kvpool != NULL ? kvpool_fetch_pool_at(o->kvpool, o->worker_id,
+                                                       WORKER_KVPOOL_WAIT_MS, &g_stop, &info)
+                                : kvpool_fetch_pool(o->run_dir, o->worker_id, WORKER_KVPOOL_WAIT_MS,
+                                                    &g_stop, &info)) != 0 ||
         (rc = worker_pool_init(&w->pool, &info, o->backend, o->worker_id, WORKER_KVPOOL_WAIT_MS,
                                &w->cannot_run)) != 0)
         return rc;
@@ -494,7 +505,11 @@ static int worker_serve(struct worker *w)
 {
     char url[512], file[48];
     snprintf(file, sizeof(file), "%s.ipc", w->name);
-    int rc = wire_ipc_url(url, sizeof(url), w->o.run_dir, file);
+    int rc = 0;
+    if (w->o.scheduler != NULL)
+        snprintf(url, sizeof(url), "%s", w->o.scheduler); /* checked: WIRE_ADDRESS_MAX */
+    else
+        rc = wire_ipc_url(url, sizeof(url), w->o.run_dir, file);
     if (rc != 0)
         return rc;
 
@@ -579,6 +594,8 @@ enum {
     OPT_LOG_LEVEL,
     OPT_LOAD_FORMAT,
     OPT_SEED,
+    OPT_KVPOOL,
+    OPT_SCHEDULER,
 };
 
 static int parse_fault(const char *arg, struct worker_opts *o)
@@ -617,6 +634,8 @@ static int parse_args(int argc, char **argv, struct worker_opts *o)
         {"log-level", required_argument, NULL, OPT_LOG_LEVEL},
         {"load-format", required_argument, NULL, OPT_LOAD_FORMAT},
         {"seed", required_argument, NULL, OPT_SEED},
+        {"kvpool", required_argument, NULL, OPT_KVPOOL},
+        {"scheduler", required_argument, NULL, OPT_SCHEDULER},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -658,6 +677,14 @@ static int parse_args(int argc, char **argv, struct worker_opts *o)
         case OPT_SEED:
             if ((rc = parse_i64("--seed", optarg, 0, INT64_MAX, &v)) == 0)
                 o->seed = (uint64_t)v;
+            break;
+        case OPT_KVPOOL:
+            if ((rc = wire_address_check("--kvpool", optarg, WIRE_ADDRESS_ANY)) == 0)
+                o->kvpool = optarg;
+            break;
+        case OPT_SCHEDULER:
+            if ((rc = wire_address_check("--scheduler", optarg, WIRE_ADDRESS_ANY)) == 0)
+                o->scheduler = optarg;
             break;
         case OPT_STEP_DELAY:
             if ((rc = parse_i64("--step-delay-ms", optarg, 0, WORKER_MAX_DELAY_MS, &v)) == 0)

@@ -25,7 +25,8 @@
  *   --term-delay-ms N      on SIGTERM, wait N ms (draining) before exiting 0
  *   --report-hung I:J      (scheduler) 100 ms after ready, report worker I hung with the pid of
  *                          worker J's fake (repeatable; reports are sent in order)
- * A fake runs only under the supervisor whose pid is in RUN_DIR/supervisor.pid and dies with
+ * A fake runs only under the supervisor whose pid is in RUN_DIR/supervisor.pid (or, for an
+ * engine's RUN_DIR/engine-I, in RUN_DIR's) and dies with
  * it (PR_SET_PDEATHSIG, and a check of its parent), so a failed test leaves no process
  * behind. */
 #include "common/error.h"
@@ -60,6 +61,8 @@ static const struct flag flags[] = {
     {"--backend", R_KVPOOL | R_WORKER, 1},
     {"--workers", R_SCHEDULER, 1},
     {"--listen", R_ROUTER | R_GATEWAY, 1},
+    {"--scheduler", R_ROUTER, 1},
+    {"--routing", R_ROUTER, 1},
     {"--router", R_GATEWAY, 1},
     {"--model-name", R_GATEWAY, 1},
     {"--ready-delay-ms", R_ALL, 1},
@@ -264,6 +267,12 @@ int main(int argc, char **argv)
     char sup_path[4200];
     snprintf(sup_path, sizeof(sup_path), "%s/supervisor.pid", run_dir);
     FILE *sup_file = fopen(sup_path, "r");
+    /* An engine of several runs in DIR/engine-I: its supervisor's pid is in DIR. */
+    const char *last = strrchr(run_dir, '/');
+    if (sup_file == NULL && last != NULL && strncmp(last, "/engine-", 8) == 0) {
+        snprintf(sup_path, sizeof(sup_path), "%.*s/supervisor.pid", (int)(last - run_dir), run_dir);
+        sup_file = fopen(sup_path, "r");
+    }
     int sup_pid = -1;
     if (sup_file != NULL) {
         if (fscanf(sup_file, "%d", &sup_pid) != 1)

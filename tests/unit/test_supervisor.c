@@ -21,6 +21,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1056,6 +1057,52 @@ static void test_hung_report_kills_that_worker(void **state)
     stop_sup(f);
 }
 
+/* --engines 2: each engine's kvpool, worker and scheduler run in run/engine-I, the router is
+ * given both schedulers in order, and a hung report from engine 1's scheduler kills engine 1's
+ * worker (each engine numbers its own workers): each engine's worker 0 is restarted once, by its
+ * own scheduler's report, and nothing else is. */
+static void test_engines_each_supervised(void **state)
+{
+    struct fx *f = *state;
+    const char *extra[] = {
+        "--engines",       "2",   "--routing", "round-robin", "--scheduler-arg", "--report-hung",
+        "--scheduler-arg", "0:0", NULL};
+    start_sup(f, extra);
+    assert_true(wait_ready_file(f, 10000));
+    char top[sizeof(f->run)];
+    snprintf(top, sizeof(top), "%s", f->run);
+    struct ev *evs = events;
+    for (int e = 0; e < 2; e++) {
+        assert_true(snprintf(f->run, sizeof(f->run), "%s/engine-%d", top, e) < (int)sizeof(f->run));
+        assert_true(wait_ev(f, evs, "ready", "worker-0", 2, 10000));
+        int n = load_events(f, evs);
+        assert_int_equal(count_ev(evs, n, "hung-report", "scheduler"), 1);
+        assert_int_equal(count_ev(evs, n, "start", "worker-0"), 2);
+        assert_int_equal(count_ev(evs, n, "start", "kvpool"), 1);
+        assert_int_equal(count_ev(evs, n, "start", "scheduler"), 1);
+        char dir_flag[200];
+        snprintf(dir_flag, sizeof(dir_flag), "--run-dir %s", f->run);
+        assert_non_null(strstr(evs[find_ev(evs, n, "start", "kvpool", 0)].rest, dir_flag));
+    }
+    snprintf(f->run, sizeof(f->run), "%s", top);
+    int n = load_events(f, evs);
+    assert_int_equal(count_ev(evs, n, "start", "router"), 1);
+    char want[PATH_MAX * 2 + 128];
+    char real_top[PATH_MAX];
+    assert_non_null(realpath(top, real_top));
+    assert_true(snprintf(want, sizeof(want),
+                         "--scheduler ipc://%s/engine-0/scheduler.ipc --scheduler "
+                         "ipc://%s/engine-1/scheduler.ipc --routing round-robin",
+                         real_top, real_top) < (int)sizeof(want));
+    const char *router_args = evs[find_ev(evs, n, "start", "router", 0)].rest;
+    if (strstr(router_args, want) == NULL)
+        fail_msg("the router's arguments '%s' lack '%s'", router_args, want);
+    assert_output_has(f, "reports engine-0/worker-0");
+    assert_output_has(f, "reports engine-1/worker-0");
+    assert_output_has(f, "restarting engine-1/worker-0");
+    stop_sup(f);
+}
+
 /* ---- liveness ---------------------------------------------------------------------------- */
 
 /* The pid a fake wrote in run/fake-NAME.pid, or -1. */
@@ -1274,6 +1321,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_cannot_run_exit_after_start_is_restarted, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_hung_report_kills_that_worker, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_engines_each_supervised, setup, teardown),
         cmocka_unit_test_setup_teardown(test_log_fifo_does_not_block_the_loop, setup, teardown),
         cmocka_unit_test_setup_teardown(test_stopped_program_is_killed_and_restarted, setup,
                                         teardown),

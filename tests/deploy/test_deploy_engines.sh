@@ -1,0 +1,200 @@
+#!/usr/bin/env bash
+# test_deploy_engines.sh BINDIR: addresses as configuration and several engines, through
+# deploy/pagoda-up and pagoda-down on the CPU (issue 20):
+#  - bad addresses (scheme, port, a socket path too long, ipc:// for several engines), --workers 2
+#    (pagoda-up and the supervisor itself) and contradictory role flags are refused at once with
+#    a message saying why, and nothing starts;
+#  - a group whose every link is tcp:// on localhost answers a request, and binds no ipc socket
+#    of those links;
+#  - --role engine --engines 2 starts two engines (each its kvpool, worker and scheduler, in
+#    DIR/engine-I), both supervised: a --role router group in another run dir, given engine 1's
+#    address, answers; kill -9 of engine 1's worker restarts that worker alone (every other pid
+#    stays) and the router's requests are answered again;
+#  - --engines 2 with the router: when pagoda-router takes several --scheduler (--routing), the
+#    group answers; until then pagoda-up refuses, naming the missing flag;
+#  - pagoda-status lists each engine's programs; pagoda-down leaves no process, socket or shared
+#    memory, in the engines' dirs too.
+set -euo pipefail
+# shellcheck source=tests/check.sh
+. "$(dirname "$0")/../check.sh"
+
+bin_dir=$(cd "${1:?usage: test_deploy_engines.sh BINDIR}" && pwd -P)
+src=${PAGODA_SOURCE_DIR:-$(cd "$(dirname "$0")/../.." && pwd -P)}
+deploy=$src/deploy
+
+tmp=$(mktemp -d /tmp/pagoda-te-XXXXXX)
+cleanup() {
+    local d
+    for d in "$tmp"/*/; do
+        [ ! -f "$d/lock" ] || "$deploy/pagoda-down" --run-dir "$d" --timeout 30 >/dev/null 2>&1 || true
+    done
+    rm -rf -- "$tmp"
+}
+trap cleanup EXIT
+trap 'exit 143' TERM INT
+
+# Ports for this run: a block of 16 from the pid, away from the default 7450.
+port=$((20000 + ($$ * 16) % 20000))
+
+# The pids of pagoda-* processes with an argument under $tmp (one ps: the run dirs hold no
+# spaces, so its words are the arguments).
+any_pids() {
+    ps -u "$(id -u)" -o pid=,args= | awk -v t="$tmp/" '
+        $2 ~ /(^|\/)pagoda-[a-z]+$/ { for (i = 3; i <= NF; i++) if (index($i, t) == 1) { print $1; break } }'
+}
+nothing_runs() { [ -z "$(any_pids)" ]; }
+# The pid of the program (kvpool, worker, scheduler, router) whose --run-dir is DIR.
+pid_of() { # program dir
+    ps -u "$(id -u)" -o pid=,args= | awk -v p="pagoda-$1" -v d="$2" '
+        $2 ~ ("(^|/)" p "$") { for (i = 3; i < NF; i++) if ($i == "--run-dir" && $(i + 1) == d) print $1 }'
+}
+# retry TENTHS COMMAND...: COMMAND succeeds within TENTHS tenths of a second.
+retry() {
+    local n=$1 i
+    shift
+    for ((i = 0; i < n; i++)); do
+        if "$@"; then return 0; fi
+        sleep 0.1
+    done
+    "$@"
+}
+# The pid of the program (kvpool, worker, scheduler, router) whose --run-dir is DIR.
+pid_of() { # program dir
+    local d
+    for d in /proc/[0-9]*; do
+        [ "$(basename -- "$(tr '\0' '\n' 2>/dev/null <"$d/cmdline" | head -n 1)")" = "pagoda-$1" ] ||
+            continue
+        tr '\0' '\n' 2>/dev/null <"$d/cmdline" | grep -qxF -- "$2" && echo "${d#/proc/}"
+    done
+}
+up() { # DIR ARGS...
+    local dir=$1
+    shift
+    [ -d "$dir" ] || mkdir -m 0700 "$dir"
+    "$deploy/pagoda-up" --run-dir "$dir" --bin-dir "$bin_dir" --model "$tmp/model" \
+        --kv-blocks 256 "$@"
+}
+ask() { # URL
+    timeout 30 "$bin_dir/pagoda" --url "$1" generate --tokens 1,2,3 --max-tokens 4
+}
+# refused WHAT MESSAGE ARGS...: pagoda-up ARGS exits 2 saying MESSAGE, and nothing runs.
+refused() {
+    local what=$1 says=$2
+    shift 2
+    local rc=0
+    up "$tmp/refused" "$@" >/dev/null 2>"$tmp/refused.err" || rc=$?
+    check "$what is refused (exit $rc)" [ "$rc" = 2 ]
+    check "$what: the refusal says '$says'" grep -qF -- "$says" "$tmp/refused.err"
+    check "$what: nothing was started" nothing_runs
+}
+
+"$bin_dir/pagoda-mkmodel" --preset tiny --seed 1 --out "$tmp/model" >/dev/null
+
+# -- refused before anything starts.
+refused "a client address with no port" "--listen tcp://127.0.0.1: the port is missing" \
+    --listen tcp://127.0.0.1
+refused "a scheduler port out of range" "port 70000 is out of range (1..65535)" \
+    --scheduler-listen tcp://127.0.0.1:70000
+refused "an unknown scheme" "--worker-listen udp://127.0.0.1:1: expected ipc://PATH or tcp://HOST:PORT" \
+    --worker-listen udp://127.0.0.1:1
+long=ipc:///tmp/$(printf 'x%.0s' $(seq 1 120)).ipc
+refused "a socket path too long" "a Unix socket path holds at most 107" --kvpool-listen "$long"
+refused "an ipc:// scheduler address for 2 engines" "several engines need a tcp://HOST:PORT" \
+    --role engine --engines 2 --scheduler-listen "ipc://$tmp/s.ipc"
+refused "--scheduler without --role router" "--scheduler is for --role router" \
+    --scheduler tcp://127.0.0.1:$port
+refused "--role router without engines" "--role router needs its engines" --role router
+refused "--workers 2" "run several engines: --engines N" --workers 2
+# The supervisor itself, started without pagoda-up: refused at once (exit 2), no crash loop.
+mkdir -m 0700 "$tmp/sup"
+rc=0
+timeout 10 "$bin_dir/pagoda-supervisor" --run-dir "$tmp/sup" --bin-dir "$bin_dir" \
+    --model "$tmp/model" --workers 2 >/dev/null 2>"$tmp/sup.err" || rc=$?
+check "the supervisor refuses --workers 2 at once (exit $rc)" [ "$rc" = 2 ]
+check "the supervisor's refusal points to --engines" grep -qF -- "--engines N" "$tmp/sup.err"
+check "the supervisor started nothing for --workers 2" nothing_runs
+rc=0
+timeout 10 "$bin_dir/pagoda-supervisor" --run-dir "$tmp/sup" --bin-dir "$bin_dir" \
+    --model "$tmp/model" --scheduler-listen tcp://h:0 >/dev/null 2>"$tmp/sup.err" || rc=$?
+check "the supervisor refuses port 0 (exit $rc)" [ "$rc" = 2 ]
+check "the supervisor's refusal names the flag" grep -qF -- "--scheduler-listen tcp://h:0" "$tmp/sup.err"
+
+# -- one group, every link on tcp:// on localhost.
+tcp=$tmp/tcp
+url=$(up "$tcp" --listen "tcp://127.0.0.1:$port" --scheduler-listen "tcp://127.0.0.1:$((port + 1))" \
+    --worker-listen "tcp://0.0.0.0:$((port + 2))" --kvpool-listen "tcp://127.0.0.1:$((port + 3))" \
+    2>"$tmp/tcp.err") || { cat "$tmp/tcp.err" >&2; false; }
+check "the tcp group prints its tcp address" [ "$url" = "tcp://127.0.0.1:$port" ]
+out=$(ask "$url" 2>&1) || true
+check "the tcp group answers a request ($out)" grep -qE '^[0-9]+(,[0-9]+){3}$' <<<"$out"
+check "the scheduler listens on tcp for the router" \
+    grep -qF "listening on tcp://127.0.0.1:$((port + 1))" "$tcp/scheduler.log"
+check "the worker dials its scheduler on the loopback" \
+    grep -qF "dialing the scheduler at tcp://127.0.0.1:$((port + 2))" "$tcp/worker-0.log"
+check "no ipc socket of the engine's links in the run dir" \
+    [ -z "$(find "$tcp" -maxdepth 1 \( -name 'scheduler.ipc' -o -name 'worker-0.ipc' -o -name 'kvpool.ipc' \))" ]
+"$deploy/pagoda-down" --run-dir "$tcp" >"$tmp/down.out" 2>&1 && rc=0 || rc=$?
+check "the tcp group stops clean (exit $rc)" [ "$rc" = 0 ]
+
+# -- two engines alone, and a router elsewhere given one of them.
+eng=$tmp/eng
+up "$eng" --role engine --engines 2 --scheduler-listen "tcp://127.0.0.1:$((port + 4))" \
+    >"$tmp/eng.out" 2>"$tmp/eng.err" || { cat "$tmp/eng.err" >&2; false; }
+check "--role engine prints both schedulers' addresses" \
+    [ "$(cat "$tmp/eng.out")" = "tcp://127.0.0.1:$((port + 4))"$'\n'"tcp://127.0.0.1:$((port + 5))" ]
+for e in 0 1; do
+    for p in kvpool worker scheduler; do
+        check "engine $e has its $p" [ -n "$(pid_of "$p" "$eng/engine-$e")" ]
+    done
+    check "engine $e has its own logs" [ -s "$eng/engine-$e/worker-0.log" ]
+done
+check "--role engine starts no router" [ -z "$(pid_of router "$eng")" ]
+check "pagoda-status lists engine 1's worker" \
+    grep -q "engine-1/worker-0 .*pid $(pid_of worker "$eng/engine-1")" \
+    <("$deploy/pagoda-status" --run-dir "$eng" 2>&1)
+rtr=$tmp/rtr
+url=$(up "$rtr" --role router --scheduler "tcp://127.0.0.1:$((port + 5))" \
+    --listen "ipc://$rtr/client.ipc" 2>"$tmp/rtr.err") || { cat "$tmp/rtr.err" >&2; false; }
+out=$(ask "$url" 2>&1) || true
+check "a --role router group answers through engine 1 ($out)" grep -qE '^[0-9]+(,[0-9]+){3}$' <<<"$out"
+check "--role router starts no engine" [ -z "$(pid_of kvpool "$rtr")" ]
+
+before=$(for e in 0 1; do for p in kvpool worker scheduler; do pid_of "$p" "$eng/engine-$e"; done; done)
+victim=$(pid_of worker "$eng/engine-1")
+kill -9 "$victim"
+restarted() {
+    local now
+    now=$(pid_of worker "$eng/engine-1")
+    [ -n "$now" ] && [ "$now" != "$victim" ] &&
+        grep -q "engine-1/worker-0 (pid $now) is ready again" "$eng/supervisor.log"
+}
+check "engine 1's worker is restarted after kill -9" retry 300 restarted
+after=$(for e in 0 1; do for p in kvpool worker scheduler; do pid_of "$p" "$eng/engine-$e"; done; done)
+check "only that worker was replaced" \
+    [ "$(comm -23 <(sort <<<"$before") <(sort <<<"$after"))" = "$victim" ]
+out=$(ask "$url" 2>&1) || true
+check "the router's requests are answered again ($out)" grep -qE '^[0-9]+(,[0-9]+){3}$' <<<"$out"
+"$deploy/pagoda-down" --run-dir "$rtr" >/dev/null 2>&1 && rc=0 || rc=$?
+check "the router group stops clean (exit $rc)" [ "$rc" = 0 ]
+"$deploy/pagoda-down" --run-dir "$eng" >"$tmp/down.out" 2>&1 && rc=0 || rc=$?
+check "the engines stop clean (exit $rc)" [ "$rc" = 0 ]
+check "pagoda-down checked both engines' dirs" \
+    [ "$(grep -c 'ok: no socket (\*.ipc) left in .*/engine-[01]$' "$tmp/down.out")" = 2 ]
+check "nothing runs after the stops" nothing_runs
+
+# -- two engines behind one router.
+all=$tmp/all
+if "$bin_dir/pagoda-router" --help 2>&1 | grep -q -- '--routing'; then
+    url=$(up "$all" --engines 2 --routing round-robin --listen "ipc://$all/client.ipc" \
+        2>"$tmp/all.err") || { cat "$tmp/all.err" >&2; false; }
+    for i in 1 2 3 4; do
+        out=$(ask "$url" 2>&1) || true
+        check "request $i to two engines is answered ($out)" grep -qE '^[0-9]+(,[0-9]+){3}$' <<<"$out"
+    done
+    "$deploy/pagoda-down" --run-dir "$all" >/dev/null 2>&1 && rc=0 || rc=$?
+    check "the two-engine group stops clean (exit $rc)" [ "$rc" = 0 ]
+else
+    refused "--engines 2 with a router of one scheduler" "has no --routing flag yet" --engines 2
+fi
+check "nothing runs at the end" nothing_runs
+check_summary
