@@ -29,6 +29,9 @@ struct cuda_layer {
 /* Staging: STAGES sets of pinned step metadata (the step slots, then the synchronous calls'). */
 #define STAGES (BACKEND_STEP_SLOTS + 1)
 #define STAGE_SYNC BACKEND_STEP_SLOTS
+/* Each step slot samples into the sampler's slot of the same index. */
+_Static_assert(CUDA_SAMPLER_SLOTS >= BACKEND_STEP_SLOTS,
+               "the CUDA sampler has fewer slots than the backend's steps");
 
 struct step_stage {
     int32_t *token_ids, *positions, *logits_rows, *gathers; /* gathers: [max_num_tokens][2] */

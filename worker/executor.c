@@ -426,21 +426,20 @@ static int complete_step(struct executor *e, struct slot *s, int wait)
     struct timespec now;
     clock_gettime(CLOCK_MONOTONIC, &now);
     s->rc = rc;
-    if (rc == 0) {
-        /* A step that failed as a whole after this one was submitted: this one was prepared from
-         * what it did not write, and its result is dropped. */
-        pthread_mutex_lock(&e->mu);
-        int prior = e->failed && e->failed_gen == s->gen && e->failed_step < s->step_id;
-        uint64_t failed_step = e->failed_step;
-        pthread_mutex_unlock(&e->mu);
-        if (prior) {
-            s->after_failure = 1;
-            reset_result(s);
-            s->rc = not_run(s, failed_step);
-        } else {
-            check_gathers(e, s);
-            fail_rows_of_failed_inputs(s);
-        }
+    /* A step that failed as a whole after this one was submitted: this one was prepared from
+     * what it did not write, and its result is dropped; whatever this one returned (after a
+     * device fault every later call fails too: the step before is the one to name). */
+    pthread_mutex_lock(&e->mu);
+    int prior = e->failed && e->failed_gen == s->gen && e->failed_step < s->step_id;
+    uint64_t failed_step = e->failed_step;
+    pthread_mutex_unlock(&e->mu);
+    if (prior) {
+        s->after_failure = 1;
+        reset_result(s);
+        s->rc = not_run(s, failed_step);
+    } else if (rc == 0) {
+        check_gathers(e, s);
+        fail_rows_of_failed_inputs(s);
     }
     if (s->rc != 0)
         pagoda_error_message(s->rc, s->error, sizeof(s->error));
@@ -468,7 +467,7 @@ static struct slot *first_queued(struct executor *e)
 static void wait_delay(struct executor *e, struct slot *s)
 {
     struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
+    clock_gettime(CLOCK_MONOTONIC, &until);
     until.tv_sec += s->delay_ms / 1000;
     until.tv_nsec += (long)(s->delay_ms % 1000) * 1000000L;
     if (until.tv_nsec >= 1000000000L) {
@@ -486,7 +485,7 @@ static void wait_delay(struct executor *e, struct slot *s)
 static void wait_us(struct executor *e, long us)
 {
     struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
+    clock_gettime(CLOCK_MONOTONIC, &until);
     until.tv_nsec += us * 1000L;
     if (until.tv_nsec >= 1000000000L) {
         until.tv_sec++;
@@ -662,7 +661,13 @@ int executor_open(uv_loop_t *loop, struct backend *b, const struct executor_limi
     e->ctx = ctx;
     e->submits = backend_can_submit(b);
     pthread_mutex_init(&e->mu, NULL);
-    pthread_cond_init(&e->cv, NULL);
+    /* The timed waits (a step's delay, the poll of a step on the device) run on the monotonic
+     * clock: a wall clock set back must not stall the step at the tail of a burst. */
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&e->cv, &ca);
+    pthread_condattr_destroy(&ca);
     int rc = 0;
     for (int i = 0; rc == 0 && i < EXECUTOR_MAX_STEPS; i++)
         rc = slot_alloc(&e->slots[i], limits);

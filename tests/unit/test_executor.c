@@ -782,6 +782,40 @@ static void test_async_refused_runs_sync(void **state)
     assert_int_equal(h->got[2].tokens[0], next_token(h->got[1].tokens[0], 4));
 }
 
+/* A row that fails on the device in step 1, with steps 2 and 3 submitted behind it before its
+ * failure is known: the sequence fails in both, each from the step before. */
+static void test_async_failure_chain_of_three(void **state)
+{
+    struct h *h = *state;
+    resync(h, 1);
+    gate(0);
+    g_fail_pos = 2;
+    assert_int_equal(step(h, 1, ONE, 1, 0, 3, 0), 0);
+    assert_int_equal(step(h, 2, ONE, 1, 3, 1, 0), 0);
+    assert_int_equal(step(h, 3, ONE, 1, 4, 1, 0), 0);
+    wait_entered(2);
+    gate(1);
+    wait_results(h, 3);
+    assert_int_equal(h->got[1].codes[0], PAGODA_EINVAL);
+    assert_int_equal(h->got[2].codes[0], PAGODA_EINVAL);
+}
+
+/* Two rows of one step read on the device by the next: each gets its own row's token. */
+static void test_async_gathers_two_rows(void **state)
+{
+    struct h *h = *state;
+    resync(h, 1);
+    gate(0);
+    assert_int_equal(step(h, 1, BOTH, 2, 0, 3, 0), 0);
+    assert_int_equal(step(h, 2, BOTH, 2, 3, 1, 0), 0);
+    wait_entered(2);
+    gate(1);
+    wait_results(h, 2);
+    for (int r = 0; r < 2; r++)
+        assert_int_equal(h->got[1].tokens[r], next_token(h->got[0].tokens[r], 3));
+    assert_true(g_submits_behind >= 1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -794,6 +828,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_step_failure_fails_queued, setup, teardown),
         cmocka_unit_test_setup_teardown(test_close_with_steps_queued, setup, teardown),
         cmocka_unit_test_setup_teardown(test_order_and_pending_tokens, setup_async, teardown),
+        cmocka_unit_test_setup_teardown(test_async_failure_chain_of_three, setup_async, teardown),
+        cmocka_unit_test_setup_teardown(test_async_gathers_two_rows, setup_async, teardown),
         cmocka_unit_test_setup_teardown(test_async_discard, setup_async, teardown),
         cmocka_unit_test_setup_teardown(test_close_with_steps_queued, setup_async, teardown),
         cmocka_unit_test_setup_teardown(test_async_submits_behind, setup_async, teardown),
