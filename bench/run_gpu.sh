@@ -19,6 +19,12 @@
 #            over BANDWIDTH_GBS, the device-to-device copy figure of shared/GPU.md)
 #   long     an 8-minute run (LONG_DURATION, 480 s) of the realistic workload, LONG_CLIENTS (128)
 #            clients, with its timeline (long.json, long.png); not in the default parts
+#   engines  two engines sharing the GPU (pagoda-up --engines 2, ENGINES_KV_BYTES (20e9) of pool
+#            each) behind one router, cache-aware and round-robin, against one engine with both
+#            pools (2 x ENGINES_KV_BYTES): a shared-prefix workload (ENG_GROUPS 32 x ENG_PPG 8,
+#            ENG_SYSTEM_LEN 2048 + ENG_QUESTION_LEN 128, ENG_OUTPUT_LEN 64 out, ENG_CONCURRENCY 128):
+#            hit rate and throughput;
+#            not in the default parts
 #   pagesize the page size study: for each of PAGE_SIZES (8 16 32 64) a group with that block
 #            size and a pool of PAGE_POOL_BYTES (16e9: about 122k tokens of the 8B shape, so the
 #            pool binds), the realistic workload (PAGE_CLIENTS, 256, closed loop) and the
@@ -189,6 +195,39 @@ part_long() {
     down
 }
 
+part_engines() { # two engines on the one GPU behind one router against one engine with their memory
+    local kv=${ENGINES_KV_BYTES:-20000000000} n
+    local flags=(--workload shared-prefix --groups "${ENG_GROUPS:-32}"
+                 --prompts-per-group "${ENG_PPG:-8}" --system-prompt-len "${ENG_SYSTEM_LEN:-2048}"
+                 --question-len "${ENG_QUESTION_LEN:-128}" --output-len "${ENG_OUTPUT_LEN:-64}" --seed "$seed" --ignore-eos --rate inf
+                 --max-concurrency "${ENG_CONCURRENCY:-128}")
+    up "${modes[0]}" --kv-bytes $((2 * kv))
+    bench engines-1 "${flags[@]}"
+    down
+    for n in cache-aware round-robin; do
+        up "${modes[0]}" --engines 2 --kv-bytes "$kv" --routing "$n"
+        bench "engines-2-$n" "${flags[@]}"
+        down
+    done
+    python3 - "$out" <<'EOF2'
+import json, os, sys
+out = sys.argv[1]
+print("| group | completed | output tok/s | TTFT p50 ms | TTFT p95 ms | TPOT p50 ms | prefix hit rate |")
+print("|---|---|---|---|---|---|---|")
+for name in ("engines-1", "engines-2-cache-aware", "engines-2-round-robin"):
+    p = os.path.join(out, name + ".json")
+    if not os.path.exists(p):
+        print(f"| {name} | missing | | | | | |")
+        continue
+    r = json.load(open(p))
+    e = r["engine"]
+    hr = e.get("prefix_hit_rate")
+    print(f"| {name} | {r['completed']} | {r['output_tps']:.0f} | {r['ttft_ms']['p50']:.1f} "
+          f"| {r['ttft_ms']['p95']:.1f} | {r['tpot_ms']['p50']:.2f} "
+          f"| {'n/a' if hr is None else format(hr, '.3f')} |")
+EOF2
+}
+
 part_pagesize() {
     local b dur=${PAGE_DURATION:-40}
     for b in ${PAGE_SIZES:-8 16 32 64}; do
@@ -318,8 +357,8 @@ EOF
 
 for p in "${parts[@]}"; do
     case $p in
-    hf | random | shared | floor | ttft | long | pagesize | pagesize_table | table) "part_$p" ;;
-    *) echo "run_gpu.sh: unknown part $p (hf, random, shared, floor, ttft, long, pagesize," \
+    hf | random | shared | floor | ttft | long | engines | pagesize | pagesize_table | table) "part_$p" ;;
+    *) echo "run_gpu.sh: unknown part $p (hf, random, shared, floor, ttft, long, engines, pagesize," \
             "pagesize_table, table)"; exit 2 ;;
     esac
 done
