@@ -178,19 +178,15 @@ static int32_t seq_remaining(const struct seq *q)
     return seq_known(q) - q->num_scheduled;
 }
 
-/* Whether q waits for a step in flight before its next position is scheduled:
- *  - the token it samples there will end it by length (max_tokens, the context); a stop token
- *    cannot be foreseen: the next step's token of a sequence it ends is discarded;
- *  - it is its first sample since admission, where the worker finds what is wrong with a
- *    sequence (its tokens, its sampling, logits a broken model makes NaN) and fails it alone: a
- *    step sent behind it would continue a sequence the worker dropped, which pagoda-worker
- *    refuses whole (a resync). One step of latency for the second token, once per admission. */
+/* Whether q waits for a step in flight before its next position is scheduled: when the token it
+ * samples there will end it by length (max_tokens, the context). A stop token cannot be
+ * foreseen: the next step's token of a sequence it ends is discarded. A failure cannot either:
+ * the worker fails a sequence it failed before alone in the step sent behind (a SeqResult error,
+ * docs/protocol.md), whose result then names a sequence that has ended (ignored). */
 static bool seq_waits(const struct scheduler *s, const struct seq *q)
 {
     if (q->pending_samples == 0)
         return false;
-    if (!q->sampled)
-        return true;
     int32_t known = seq_known(q);
     return (q->max_tokens > 0 && known - q->num_prompt_tokens >= q->max_tokens) ||
            (int64_t)known >= context_limit(s);
@@ -444,7 +440,6 @@ static void preempt(struct scheduler *s, struct seq *v)
     log_debug("preempting seq %llu (%d tokens)", (unsigned long long)v->seq_id, (int)v->num_tokens);
     unhash_seq_id(s, v);
     v->num_computed = 0;
-    v->sampled = false;
     seq_clear_inflight(v);
     v->worker_knows = false;
     v->blocks_sent = 0;
@@ -787,7 +782,6 @@ static void form_plan(struct scheduler *s)
         if (q->owner)
             q->owner->running++;
         q->num_computed = 0;
-        q->sampled = false;
         seq_clear_inflight(q);
         q->plan_index = -1;
         if (cache_take_match(s, q, hits) != 0) {
@@ -1096,7 +1090,6 @@ static void apply_result(struct scheduler *s, const Pagoda__Internal__StepResult
         if (!part.samples)
             continue;
         q->pending_samples--;
-        q->sampled = true;
         q->has_result = false;
         uint32_t offset = (uint32_t)(q->num_tokens - q->num_prompt_tokens);
         struct event_slot *slot = &s->ev_slots[n_ev];

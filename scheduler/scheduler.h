@@ -28,24 +28,25 @@
  * sends step n+1 as soon as step n is sent, from what step n will have written: every sequence
  * that samples in step n decodes its next position in step n+1 (the worker decodes from its own
  * sampled token: ContinuingSequence carries none), a prefill continues after its chunk in flight,
- * and the blocks are allocated for those positions. Two exceptions wait for step n's result: a
- * sequence whose token of step n will end it by length (max_tokens, the context), and a sequence's
- * first sample since its admission (where the worker finds what is wrong with a sequence and fails
- * it alone: a step sent behind would continue a sequence the worker dropped, which a worker
- * refuses whole). A sequence that a stop token (EOS, a stop id) ends in step n has its token of
- * step n+1 discarded, never sent to the router (at most one wasted token per request:
- * stats.discarded_tokens); a sequence the worker fails in a later step costs, with a worker that
- * refuses a step continuing it, one resync. When step n's result arrives while step n+1 is out,
- * step n+2 is formed. Right after a resync (until a step is accepted), while a refused step is
- * being isolated, and with max_steps_in_flight 1, one step is in flight at a time (lock-step).
- * Steps carry (epoch, step_id) and step ids are never reused (a resync continues the numbering).
- * Results are applied in the order the steps were sent: a result of the oldest outstanding step is
- * applied; one of a later outstanding step (the oldest's result is missing or out of order)
- * triggers a resync; others (older, another epoch) are ignored and counted
- * (stats.ignored_messages). An error StepResult of this epoch for any step already sent (the
- * worker refused a step) triggers a resync, as do a malformed message on a worker link, a result
- * that breaks the protocol (a token for a sequence that did not sample, a missing token, a token
- * outside the vocabulary), and a step or resync unanswered for its timeout.
+ * and the blocks are allocated for those positions. One exception waits for step n's result: a
+ * sequence whose token of step n will end it by length (max_tokens, the context); a sequence's
+ * first sample since its admission is decoded ahead like any other. A sequence that a stop token
+ * (EOS, a stop id) ends in step n has its token of step n+1 discarded, never sent to the router
+ * (at most one wasted token per request: stats.discarded_tokens). A sequence the worker fails in
+ * step n (a SeqResult error) ends there, once: nothing past the failure reaches the router, its
+ * blocks stay fenced on the last step sent, and the worker fails it alone in step n+1 too
+ * (docs/protocol.md), a result that names a sequence that has ended and is ignored (no second
+ * report, no resync). A worker that refused step n+1 instead would cost one resync. When step n's
+ * result arrives while step n+1 is out, step n+2 is formed. Right after a resync (until a step is
+ * accepted), while a refused step is being isolated, and with max_steps_in_flight 1, one step is in
+ * flight at a time (lock-step). Steps carry (epoch, step_id) and step ids are never reused (a
+ * resync continues the numbering). Results are applied in the order the steps were sent: a result
+ * of the oldest outstanding step is applied; one of a later outstanding step (the oldest's result
+ * is missing or out of order) triggers a resync; others (older, another epoch) are ignored and
+ * counted (stats.ignored_messages). An error StepResult of this epoch for any step already sent
+ * (the worker refused a step) triggers a resync, as do a malformed message on a worker link, a
+ * result that breaks the protocol (a token for a sequence that did not sample, a missing token, a
+ * token outside the vocabulary), and a step or resync unanswered for its timeout.
  *
  * Step timeouts scale with the step's work: the oldest outstanding step must be answered within
  * result_timeout_ms + step_timeout_per_token_us * (its tokens) / 1000, counted from when it could

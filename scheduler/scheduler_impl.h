@@ -43,7 +43,6 @@ struct seq {
     int32_t pending_samples; /* steps in flight in which q samples */
     struct seq_inflight inflight[SCHEDULER_MAX_STEPS_IN_FLIGHT];
     int32_t num_inflight;
-    bool sampled;          /* a step in which it sampled was accepted since its admission */
     bool worker_knows;     /* sent as new or in a snapshot since the worker's mirror was reset */
     int32_t blocks_sent;   /* how much of table the worker knows */
     int64_t vocab_checked; /* the vocabulary the tokens were checked against (0: not yet) */

@@ -24,9 +24,12 @@
  * tokens appear in a later step's batch.token_ids and in its rows' histories; whoever runs that
  * step replaces them with the tokens sampled by then (mirror_pending_slot, mirror_pending_row).
  * mirror_step_resolve later writes the tokens into the mirror, in step order. A sequence whose
- * row could not be sampled is dropped then and remembered for MIRROR_MAX_STEPS_IN_FLIGHT steps:
- * a later step the scheduler formed before it knew fails that sequence alone (with the first
- * error) instead of being refused for naming a sequence the mirror no longer holds.
+ * row could not be sampled is dropped then, one a step failed for its own content at that step's
+ * commit; either is remembered for MIRROR_MAX_STEPS_IN_FLIGHT steps: a later step the scheduler
+ * formed before it knew (it decodes every sequence one step ahead, from its first sample on)
+ * fails that sequence alone (with the first error, "failed in step N: ...") instead of being
+ * refused for naming a sequence the mirror no longer holds. A sequence it never held, or
+ * dropped longer ago, still refuses the step (PAGODA_ENOENT).
  *
  * Pure: no I/O, no threads; one mirror is used by one thread. */
 #ifndef PAGODA_WORKER_MIRROR_H

@@ -18,9 +18,12 @@
  * and every message it sends packs and unpacks again. Any crash, leak or sanitizer report is a
  * finding; so is a step of the scheduler's that the mirror refuses while no raw worker message
  * has been delivered and no message lost (the worker is then the real one on a perfect link, and
- * a refused step is a protocol bug), except the steps sent behind one whose forward pass failed,
- * until the next resync (with two steps in flight the scheduler has already sent the next one;
- * docs/protocol.md). */
+ * a refused step is a protocol bug), except the steps sent behind one whose forward pass failed
+ * as a whole, until the next resync (with two steps in flight the scheduler has already sent the
+ * next one; docs/protocol.md). A step sent behind one that failed a sequence alone (its content,
+ * a row that cannot be sampled), which the scheduler forms before it knows (it decodes every
+ * sequence ahead from its first sample on), must not be refused: the mirror fails that sequence
+ * alone again. */
 #include "common/error.h"
 #include "common/log.h"
 #include "scheduler/scheduler.h"

@@ -341,6 +341,16 @@ bool fw_compute(struct fake_worker *fw, struct fseq *f, int num_new, int32_t *to
     return true;
 }
 
+/* Whether the worker failed seq_id (poison) among its last FW_FAILED_CAP failures. */
+static bool fw_failed_before(const struct fake_worker *fw, uint64_t seq_id)
+{
+    int n = fw->n_failed_ids < FW_FAILED_CAP ? fw->n_failed_ids : FW_FAILED_CAP;
+    for (int i = 0; i < n; i++)
+        if (fw->failed_ids[i] == seq_id)
+            return true;
+    return false;
+}
+
 void fw_step(struct fake_worker *fw, const Pagoda__Internal__Step *st, struct queue *out)
 {
     if (!fw->has_epoch || st->epoch != fw->epoch) {
@@ -358,15 +368,39 @@ void fw_step(struct fake_worker *fw, const Pagoda__Internal__Step *st, struct qu
         return;
     }
     /* A sequence it failed and dropped may still be continued by a step the scheduler sent
-     * before it saw the failure (two steps in flight): as pagoda-worker, the step is refused
-     * (PAGODA_ENOENT) and the mirror is unchanged; the scheduler resyncs. */
+     * before it saw the failure (two steps in flight): as pagoda-worker, that sequence fails
+     * alone (a SeqResult error naming the first failure) and the step runs for the others. A
+     * continuing sequence it never held, or did not fail, refuses the step (PAGODA_ENOENT) and
+     * the mirror is unchanged; the scheduler resyncs. */
+    size_t n = st->n_new_seqs + st->n_cont_seqs;
+    Pagoda__Internal__SeqResult *res = calloc(n + 1, sizeof(*res));
+    Pagoda__Internal__SeqResult **ptrs = calloc(n + 1, sizeof(*ptrs));
+    assert_true(res && ptrs);
+    size_t nres = 0;
+    bool *skip = calloc(st->n_cont_seqs + 1, sizeof(*skip));
+    assert_non_null(skip);
     for (size_t i = 0; (fw->poison || fw->resync_fail) && i < st->n_cont_seqs; i++) {
-        if (fw_find(fw, st->cont_seqs[i]->seq_id) == NULL) {
+        uint64_t id = st->cont_seqs[i]->seq_id;
+        if (fw_find(fw, id) != NULL)
+            continue;
+        if (!fw_failed_before(fw, id)) {
             fw->refused++;
             fw->refused_unknown++;
             reply_result(out, st->epoch, st->step_id, PAGODA_ENOENT, NULL, 0, fw->computed_tokens);
+            free(res);
+            free(ptrs);
+            free(skip);
             return;
         }
+        skip[i] = true;
+        fw->failed_behind++;
+        pagoda__internal__seq_result__init(&res[nres]);
+        res[nres].has_seq_id = res[nres].has_error_code = 1;
+        res[nres].seq_id = id;
+        res[nres].error_code = PAGODA_EINVAL;
+        res[nres].error_message = "failed in an earlier step: sampler: logit 3 is nan";
+        ptrs[nres] = &res[nres];
+        nres++;
     }
     for (size_t i = 0; i < st->n_finished_seq_ids; i++) {
         struct fseq *f = fw_find(fw, st->finished_seq_ids[i]);
@@ -393,6 +427,8 @@ void fw_step(struct fake_worker *fw, const Pagoda__Internal__Step *st, struct qu
     }
     /* Check every continuing sequence before touching anything. */
     for (size_t i = 0; i < st->n_cont_seqs; i++) {
+        if (skip[i])
+            continue;
         struct fseq *f = fw_find(fw, st->cont_seqs[i]->seq_id);
         if (f == NULL)
             fail_msg("worker: continuing seq %llu unknown",
@@ -401,11 +437,6 @@ void fw_step(struct fake_worker *fw, const Pagoda__Internal__Step *st, struct qu
             fail_msg("worker: seq %llu computed %d, step says %d", (unsigned long long)f->seq_id,
                      f->computed, st->cont_seqs[i]->num_computed_tokens);
     }
-    size_t n = st->n_new_seqs + st->n_cont_seqs;
-    Pagoda__Internal__SeqResult *res = calloc(n + 1, sizeof(*res));
-    Pagoda__Internal__SeqResult **ptrs = calloc(n + 1, sizeof(*ptrs));
-    assert_true(res && ptrs);
-    size_t nres = 0;
     int tokens = 0;
     struct fseq *touched[MAX_FSEQ];
     int nums[MAX_FSEQ];
@@ -426,6 +457,8 @@ void fw_step(struct fake_worker *fw, const Pagoda__Internal__Step *st, struct qu
         nums[nt++] = ns->num_new_tokens;
     }
     for (size_t i = 0; i < st->n_cont_seqs; i++) {
+        if (skip[i])
+            continue;
         const Pagoda__Internal__ContinuingSequence *cs = st->cont_seqs[i];
         struct fseq *f = fw_find(fw, cs->seq_id);
         assert_true(f->n_blocks + (int)cs->n_appended_block_ids <= MAX_FBLK);
@@ -450,6 +483,7 @@ void fw_step(struct fake_worker *fw, const Pagoda__Internal__Step *st, struct qu
             ptrs[nres] = &res[nres];
             nres++;
             touched[i]->live = false;
+            fw->failed_ids[fw->n_failed_ids++ % FW_FAILED_CAP] = touched[i]->seq_id;
         } else if (sampled) {
             pagoda__internal__seq_result__init(&res[nres]);
             res[nres].has_seq_id = res[nres].has_token_id = res[nres].has_logprob = 1;
@@ -471,6 +505,7 @@ void fw_step(struct fake_worker *fw, const Pagoda__Internal__Step *st, struct qu
     reply_result(out, st->epoch, st->step_id, 0, ptrs, nres, fw->computed_tokens);
     free(res);
     free(ptrs);
+    free(skip);
 }
 
 /* The process dies and a new one starts: the mirror is gone, the pool is not. */

@@ -27,6 +27,7 @@
 #define MAX_FTOK 4096
 #define MAX_FBLK 512
 #define MAX_PUMP 100000
+#define FW_FAILED_CAP 8
 /* ---- byte queues ---------------------------------------------------------------------------- */
 struct bytes {
     uint8_t *data;
@@ -75,8 +76,13 @@ struct fake_worker {
      * ResyncDone (their content is wrong for this worker). */
     bool resync_fail;
     int32_t resync_fail_token;
+    /* The sequences it failed (poison) in its last FW_FAILED_CAP failures, as pagoda-worker
+     * remembers them: a step that continues one fails it alone (SeqResult error). */
+    uint64_t failed_ids[FW_FAILED_CAP];
+    int n_failed_ids;
     /* What it saw. */
-    int refused_unknown; /* steps refused for continuing a sequence it had failed */
+    int refused_unknown; /* steps refused for continuing a sequence it does not hold */
+    int failed_behind;   /* continuing sequences failed alone: failed in an earlier step */
     int steps_run, refused, ignored_steps, resyncs_done, resyncs_refused, hellos_sent;
     int max_step_tokens;
     int preempted_seen, finished_seen;

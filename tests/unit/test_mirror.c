@@ -909,6 +909,72 @@ static void test_row_failure_at_commit_fails_the_sequence_in_the_next_step(void 
     expect_row_failure_remembered(0);
 }
 
+/* A new sequence the step fails for its own content at its first sample (sampling parameters
+ * out of range), while the step behind it, which the scheduler formed before it knew, already
+ * decodes it ahead: that step fails the sequence alone, naming the first failure, and runs for
+ * the others; a sequence it never held still refuses the step. With steps in flight (commit
+ * pending) and without. */
+static void expect_first_sample_failure_remembered(int pending)
+{
+    struct mirror *m = new_mirror();
+    int32_t ta[] = {1, 2, 3}, ba[] = {4};
+    Pagoda__Internal__SequenceSnapshot a = snap(1, ta, 3, 3, 2, ba, 1), *seqs[] = {&a};
+    resync(m, 1, 1, seqs, 1);
+    int32_t tb[] = {5, 6}, bb[] = {5};
+    Pagoda__Internal__SamplingParams bad = PAGODA__INTERNAL__SAMPLING_PARAMS__INIT;
+    bad.has_repetition_penalty = 1;
+    bad.repetition_penalty = 1e-45f;
+    Pagoda__Internal__NewSequence nb = new_seq(2, tb, 2, 2, 0, 2, bb, 1), *news[] = {&nb};
+    nb.sampling = &bad;
+    Pagoda__Internal__ContinuingSequence ca = cont_seq(1, 2, 1, NULL, 0),
+                                         cb = cont_seq(2, 2, 1, NULL, 0), *cp[] = {&ca, &cb};
+    Pagoda__Internal__Step s = step_msg(1, 1);
+    s.cont_seqs = cp;
+    s.n_cont_seqs = 1;
+    s.new_seqs = news;
+    s.n_new_seqs = 1;
+    struct mirror_step ms;
+    assert_int_equal(mirror_step_prepare(m, &s, &ms), 0);
+    assert_int_equal(ms.num_failed, 1);
+    assert_int_equal(ms.failed[0].seq_id, 2);
+    assert_int_equal(ms.batch.num_logits, 1);
+    if (pending) {
+        mirror_step_commit_pending(m);
+        mirror_step_resolve(m, 1, (int32_t[]){7}, NULL);
+    } else {
+        mirror_step_commit(m, (int32_t[]){7});
+    }
+    struct mirror_seq_view v;
+    assert_int_equal(mirror_find(m, 2, &v), PAGODA_ENOENT);
+    /* Step 2 decodes A and B ahead: B fails alone, A runs. */
+    ca = cont_seq(1, 3, 1, NULL, 0);
+    cb = cont_seq(2, 2, 1, NULL, 0);
+    s = step_msg(1, 2);
+    s.cont_seqs = cp;
+    s.n_cont_seqs = 2;
+    assert_int_equal(mirror_step_prepare(m, &s, &ms), 0);
+    assert_int_equal(ms.num_failed, 1);
+    assert_int_equal(ms.failed[0].seq_id, 2);
+    assert_int_equal(ms.failed[0].code, PAGODA_ERANGE);
+    if (strstr(ms.failed[0].message, "failed in step 1") == NULL ||
+        strstr(ms.failed[0].message, "repetition_penalty") == NULL)
+        fail_msg("B's failure in step 2 does not name the first one: '%s'", ms.failed[0].message);
+    assert_int_equal(ms.batch.num_logits, 1);
+    assert_int_equal(ms.seq_ids[0], 1);
+    mirror_step_abort(m);
+    /* A sequence the worker never held is still a protocol violation. */
+    cb = cont_seq(9, 2, 1, NULL, 0);
+    assert_int_equal(mirror_step_prepare(m, &s, &ms), PAGODA_ENOENT);
+    mirror_free(m);
+}
+
+static void test_first_sample_failure_fails_the_sequence_in_the_step_behind(void **state)
+{
+    (void)state;
+    expect_first_sample_failure_remembered(1);
+    expect_first_sample_failure_remembered(0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -925,6 +991,7 @@ int main(void)
         cmocka_unit_test(test_in_flight_limit_and_break),
         cmocka_unit_test(test_row_failure_fails_the_sequence_in_later_steps),
         cmocka_unit_test(test_row_failure_at_commit_fails_the_sequence_in_the_next_step),
+        cmocka_unit_test(test_first_sample_failure_fails_the_sequence_in_the_step_behind),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

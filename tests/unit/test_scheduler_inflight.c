@@ -303,11 +303,11 @@ static int32_t poison_for(const int32_t *bad, int k, const int32_t *g1, const in
     return -1;
 }
 
-/* The worker fails one sequence (NaN logits). At its first sample (a poisoned prompt) nothing
- * was sent behind it: no step is refused, nothing is resynced. Later in its decode (it samples
- * the poisoned token), step n+1 already continues it: pagoda-worker refuses that step, which
- * costs one resync. Either way the request ends once with the worker's error and its tokens
- * before it, and every other request completes unchanged. */
+/* The worker fails one sequence (NaN logits), at its first sample (a poisoned prompt) or later
+ * in its decode (it samples the poisoned token). Either way step n+1 already continues it, and
+ * the worker fails it alone there too (as pagoda-worker does): no step is refused, nothing is
+ * resynced, the request ends once with the worker's error and its tokens before it, and every
+ * other request completes unchanged. */
 static void test_worker_error_with_two_in_flight(void **state)
 {
     (void)state;
@@ -339,14 +339,146 @@ static void test_worker_error_with_two_in_flight(void **state)
         expect_output(c, pc, 12, 10, PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH);
         struct scheduler_stats st = stats(h);
         assert_int_equal(st.failed_seqs, 1);
-        assert_int_equal(h->fw.refused_unknown, mid);
-        assert_int_equal(st.refused_steps, (uint64_t)mid);
-        assert_int_equal(st.resyncs, resyncs + (uint64_t)mid);
+        assert_int_equal(h->fw.refused_unknown, 0);
+        /* The step behind the failure continued it, unless its failing token ended it by
+         * max_tokens anyway (nothing is computed past that). */
+        assert_int_equal(h->fw.failed_behind, b_out + 1 < 10 ? 1 : 0);
+        assert_int_equal(st.refused_steps, 0);
+        assert_int_equal(st.resyncs, resyncs);
         assert_int_equal(st.isolated_seqs, 0);
         expect_idle_pool(h);
         expect_invariants(h);
         harness_close(h);
     }
+}
+
+/* Whether step k (step_id) continues seq_id; then *computed and *num_new are its counts. */
+static bool step_continues(struct harness *h, size_t k, uint64_t step_id, uint64_t seq_id,
+                           int *computed, int *num_new)
+{
+    Pagoda__Internal__ToWorker *m = queued(h, k);
+    assert_int_equal(m->msg_case, PAGODA__INTERNAL__TO_WORKER__MSG_STEP);
+    assert_int_equal(m->step->step_id, step_id);
+    bool found = false;
+    for (size_t i = 0; i < m->step->n_cont_seqs; i++)
+        if (m->step->cont_seqs[i]->seq_id == seq_id) {
+            found = true;
+            *computed = m->step->cont_seqs[i]->num_computed_tokens;
+            *num_new = m->step->cont_seqs[i]->num_new_tokens;
+        }
+    protobuf_c_message_free_unpacked(&m->base, NULL);
+    return found;
+}
+
+/* The seq id of the new sequence of step k (its only one). */
+static uint64_t new_seq_id(struct harness *h, size_t k, uint64_t step_id)
+{
+    Pagoda__Internal__ToWorker *m = queued(h, k);
+    assert_int_equal(m->msg_case, PAGODA__INTERNAL__TO_WORKER__MSG_STEP);
+    assert_int_equal(m->step->step_id, step_id);
+    assert_int_equal(m->step->n_new_seqs, 1);
+    uint64_t id = m->step->new_seqs[0]->seq_id;
+    protobuf_c_message_free_unpacked(&m->base, NULL);
+    return id;
+}
+
+/* A sequence's first sample since its admission is decoded ahead like any other: the step sent
+ * behind the one that completes its prompt decodes the position of the token that one samples. */
+static void test_first_sample_decoded_ahead(void **state)
+{
+    (void)state;
+    struct harness *h = harness_open(&DEFAULT_SETUP);
+    int32_t pa[5], pb[9];
+    make_prompt(1, 5, pa);
+    make_prompt(2, 9, pb);
+    struct req_rec *a = submit(h, 1, pa, 5, 8);
+    exchange(h); /* step 1 alone; 2 and 3 out */
+    struct req_rec *b = submit(h, 2, pb, 9, 4);
+    worker_handle_one(h);
+    worker_handle_one(h);
+    assert_true(deliver_one(h)); /* step 2's result: step 4 admits B */
+    uint64_t b_seq = new_seq_id(h, 0, 4);
+    assert_true(deliver_one(h)); /* step 3's result: step 5 goes out behind step 4 */
+    assert_int_equal(h->to_worker.count, 2);
+    int computed = -1, num_new = -1;
+    assert_true(step_continues(h, 1, 5, b_seq, &computed, &num_new));
+    assert_int_equal(computed, 9);
+    assert_int_equal(num_new, 1);
+    pump(h);
+    expect_output(a, pa, 5, 8, PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH);
+    expect_output(b, pb, 9, 4, PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH);
+    assert_int_equal(stats(h).discarded_tokens, 0);
+    expect_idle_pool(h);
+    expect_invariants(h);
+    harness_close(h);
+}
+
+/* The worker fails a sequence at its first sample (step n, NaN logits) while step n+1, which
+ * decodes it ahead, is already out: step n's result ends the request once with the error and
+ * nothing else, its blocks stay fenced on step n+1 (which may still write them) and step n+2
+ * names it finished; step n+1's result, where the worker fails it alone again, is ignored (no
+ * second end, no resync), and then its blocks are free. */
+static void test_failure_with_the_next_step_out(void **state)
+{
+    (void)state;
+    struct harness *h = harness_open(&DEFAULT_SETUP);
+    int32_t pa[12], pb[12], pc[12];
+    make_prompt(40, 12, pa);
+    make_prompt(41, 12, pb);
+    make_prompt(42, 12, pc);
+    int at = 0;
+    h->fw.poison = true;
+    h->fw.poison_token = poison_for(pb, 0, pa, pc, 10, &at);
+    struct req_rec *a = submit(h, 1, pa, 12, 10);
+    exchange(h); /* step 1 alone; 2 and 3 out */
+    struct req_rec *b = submit(h, 2, pb, 12, 10);
+    uint64_t resyncs = stats(h).resyncs;
+    worker_handle_one(h);
+    worker_handle_one(h);
+    assert_true(deliver_one(h)); /* step 2's result: step 4 admits B */
+    uint64_t b_seq = new_seq_id(h, 0, 4);
+    assert_true(deliver_one(h)); /* step 3's result: step 5 decodes B ahead */
+    int computed = -1, num_new = -1;
+    assert_true(step_continues(h, 1, 5, b_seq, &computed, &num_new));
+    assert_int_equal(computed, 12);
+    struct scheduler_stats st = stats(h);
+    int32_t free_before = st.free_blocks;
+    worker_handle_one(h); /* step 4: B's row fails */
+    worker_handle_one(h); /* step 5: B fails alone again */
+    assert_int_equal(h->fw.failed_behind, 1);
+    assert_true(deliver_one(h)); /* step 4's result */
+    assert_int_equal(b->ends, 1);
+    assert_int_equal(b->finish, PAGODA__INTERNAL__FINISH_REASON__FINISH_ERROR);
+    assert_int_equal(b->error_code, PAGODA_EINVAL);
+    assert_int_equal(b->n_out, 0);
+    st = stats(h);
+    assert_int_equal(st.failed_seqs, 1);
+    const int32_t b_blocks = 2; /* 12 prompt positions and the one step 5 decodes, 8 a block */
+    assert_int_equal(st.deferred_blocks, b_blocks);
+    expect_invariants(h);
+    /* Step 6, out behind step 5, names B finished. */
+    Pagoda__Internal__ToWorker *m = queued(h, 0);
+    assert_int_equal(m->step->step_id, 6);
+    assert_int_equal(m->step->n_finished_seq_ids, 1);
+    assert_int_equal(m->step->finished_seq_ids[0], b_seq);
+    protobuf_c_message_free_unpacked(&m->base, NULL);
+    assert_true(deliver_one(h)); /* step 5's result, with B's error again */
+    st = stats(h);
+    assert_int_equal(b->ends, 1);
+    assert_int_equal(b->n_out, 0);
+    assert_int_equal(st.failed_seqs, 1);
+    assert_int_equal(st.deferred_blocks, 0);
+    assert_true(st.free_blocks >= free_before);
+    assert_int_equal(st.refused_steps, 0);
+    assert_int_equal(st.malformed_messages, 0);
+    assert_int_equal(st.resyncs, resyncs);
+    pump(h);
+    expect_output(a, pa, 12, 10, PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH);
+    assert_int_equal(b->ends, 1);
+    assert_int_equal(h->fw.refused_unknown, 0);
+    expect_idle_pool(h);
+    expect_invariants(h);
+    harness_close(h);
 }
 
 /* The worker dies with two steps outstanding (both ran, neither answer arrives): the resync's
@@ -577,6 +709,8 @@ int main(void)
         cmocka_unit_test(test_worker_error_with_two_in_flight),
         cmocka_unit_test(test_resync_with_two_outstanding),
         cmocka_unit_test(test_missing_result_resyncs_at_once),
+        cmocka_unit_test(test_first_sample_decoded_ahead),
+        cmocka_unit_test(test_failure_with_the_next_step_out),
         cmocka_unit_test(test_second_step_timeout_counts_from_first_result),
         cmocka_unit_test(test_long_step_not_timed_out),
         cmocka_unit_test(test_watchdog_allows_a_long_step),
