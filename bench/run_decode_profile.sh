@@ -22,16 +22,8 @@ export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv \
     2>/dev/null || true
-# Meta-Llama-3-8B's shape, as bench/run_gpu.sh writes it.
-cat >"$out/model/config.json" <<'JSON'
-{"architectures": ["LlamaForCausalLM"], "model_type": "llama",
- "vocab_size": 128256, "hidden_size": 4096, "intermediate_size": 14336,
- "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
- "head_dim": 128, "max_position_embeddings": 8192, "rms_norm_eps": 1e-05,
- "rope_theta": 500000.0, "tie_word_embeddings": false, "attention_bias": false,
- "mlp_bias": false, "hidden_act": "silu", "bos_token_id": 128000, "eos_token_id": 128001,
- "torch_dtype": "bfloat16"}
-JSON
+# Meta-Llama-3-8B's shape (bench/models/llama3-8b.json, as bench/run_gpu.sh uses it).
+cp "$root/bench/models/llama3-8b.json" "$out/model/config.json"
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
     echo "=== correctness: test_cuda_kernels"
     "$build/kernels/test_cuda_kernels" >"$out/test_cuda_kernels.log" 2>&1 ||

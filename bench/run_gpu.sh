@@ -83,15 +83,7 @@ model=${MODEL_DIR:-$out/llama3-8b}
 if [ -z "${MODEL_DIR:-}" ]; then
     # Meta-Llama-3-8B's shape (config.json of the release, rope of Llama 3.0).
     mkdir -p "$model"
-    cat >"$model/config.json" <<'EOF'
-{"architectures": ["LlamaForCausalLM"], "model_type": "llama",
- "vocab_size": 128256, "hidden_size": 4096, "intermediate_size": 14336,
- "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
- "head_dim": 128, "max_position_embeddings": 8192, "rms_norm_eps": 1e-05,
- "rope_theta": 500000.0, "tie_word_embeddings": false, "attention_bias": false,
- "mlp_bias": false, "hidden_act": "silu", "bos_token_id": 128000, "eos_token_id": 128001,
- "torch_dtype": "bfloat16"}
-EOF
+    cp "$root/bench/models/llama3-8b.json" "$model/config.json"
 fi
 
 random_flags=(--workload random --num-prompts "$num_prompts" --input-len "$input_len"
