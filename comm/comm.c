@@ -44,6 +44,20 @@ int comm_broadcast(struct comm *c, void *buf, size_t bytes, int root)
     return c->ops->broadcast(c, buf, bytes, root);
 }
 
+int comm_wait_broadcast(struct comm *c, void *buf, size_t bytes, int root,
+                        int (*keep_waiting)(void *ctx), void *ctx)
+{
+    if (root < 0 || root >= c->size || root == c->rank || keep_waiting == NULL)
+        return pagoda_error_set(PAGODA_EINVAL, "rank %d waits for a broadcast from rank %d",
+                                c->rank, root);
+    if (buf == NULL && bytes > 0)
+        return pagoda_error_set(PAGODA_EINVAL, "broadcast of a NULL buffer");
+    if (c->ops->wait_broadcast == NULL)
+        return pagoda_error_set(PAGODA_EUNSUPPORTED, "%s groups cannot wait idle for a step",
+                                c->ops->name);
+    return c->ops->wait_broadcast(c, buf, bytes, root, keep_waiting, ctx);
+}
+
 void comm_abort(struct comm *c)
 {
     if (c != NULL)

@@ -52,6 +52,19 @@ int comm_all_gather(struct comm *c, const void *send, void *recv, size_t count, 
  * a root outside the group. */
 int comm_broadcast(struct comm *c, void *buf, size_t bytes, int root);
 
+/* How often a peer waiting for the next step (comm_wait_broadcast) asks whether to go on. */
+#define COMM_IDLE_POLL_MS 200
+
+/* comm_broadcast for a rank waiting for its next step, which may come after any idle time:
+ * the wait for root does not time out (an idle engine is not a dead peer) while
+ * keep_waiting(ctx) returns nonzero, asked every COMM_IDLE_POLL_MS; once root has arrived, the
+ * transfer is bounded as comm_broadcast's is. Returns 0, PAGODA_ECLOSED when keep_waiting said
+ * stop (this rank leaves the wait; the group is not broken) or the group is broken, the errors
+ * of comm_broadcast, or PAGODA_EUNSUPPORTED for an implementation without it (NCCL: steps travel
+ * over a cpu group of the same ranks, docs/tensor-parallel.md). root may not wait this way. */
+int comm_wait_broadcast(struct comm *c, void *buf, size_t bytes, int root,
+                        int (*keep_waiting)(void *ctx), void *ctx);
+
 /* Breaks the group on purpose (this rank is stopping, or its step failed): the peers' pending
  * and later calls fail with PAGODA_ECLOSED at once instead of waiting for the timeout. */
 void comm_abort(struct comm *c);
@@ -88,6 +101,9 @@ struct comm_ops {
     int (*all_reduce_sum)(struct comm *c, void *buf, size_t count, enum dtype dtype);
     int (*all_gather)(struct comm *c, const void *send, void *recv, size_t count, enum dtype dtype);
     int (*broadcast)(struct comm *c, void *buf, size_t bytes, int root);
+    /* NULL: comm_wait_broadcast is PAGODA_EUNSUPPORTED. */
+    int (*wait_broadcast)(struct comm *c, void *buf, size_t bytes, int root,
+                          int (*keep_waiting)(void *ctx), void *ctx);
     void (*abort)(struct comm *c);
     void (*close)(struct comm *c);
 };

@@ -119,7 +119,11 @@ void comm_cpu_shared_fini(void *mem)
     struct shared *sh = mem;
     if (sh == NULL || sh->magic != SHARED_MAGIC)
         return;
-    pthread_cond_destroy(&sh->cond);
+    /* A broken group may have lost a process inside pthread_cond_timedwait: glibc's
+     * pthread_cond_destroy waits for every waiter to leave, which that one never does. The
+     * region is about to be unmapped or freed anyway. */
+    if (!sh->broken)
+        pthread_cond_destroy(&sh->cond);
     pthread_mutex_destroy(&sh->mutex);
     sh->magic = 0;
 }
@@ -167,11 +171,24 @@ static int lock(struct shared *sh, const struct timespec *deadline)
     return e == 0 ? 0 : PAGODA_EIO;
 }
 
-/* Waits until every rank has arrived, or the deadline passes (which breaks the group). */
-static int barrier(struct cpu_comm *c, const struct timespec *deadline)
+/* How an idle rank waits at a barrier: no deadline while keep_waiting says so. */
+struct idle {
+    int (*keep_waiting)(void *ctx);
+    void *ctx;
+};
+
+/* Waits until every rank has arrived, or the deadline passes (which breaks the group). With
+ * idle, the deadline only paces the calls to keep_waiting; when it says stop, this rank leaves
+ * the barrier and PAGODA_ECLOSED is returned. */
+static int barrier_idle(struct cpu_comm *c, const struct timespec *deadline_in,
+                        const struct idle *idle)
 {
     struct shared *sh = c->sh;
-    int rc = lock(sh, deadline);
+    /* An idle wait's deadline paces keep_waiting; its locks wait as long as any call's. */
+    struct timespec d = idle ? deadline_after(COMM_IDLE_POLL_MS) : *deadline_in;
+    struct timespec lock_deadline = idle ? deadline_after(sh->timeout_ms) : *deadline_in;
+    const struct timespec *deadline = &d;
+    int rc = lock(sh, &lock_deadline);
     if (rc != 0)
         return pagoda_error_set(rc, "comm rank %d: the group's lock was not free in time",
                                 c->base.rank);
@@ -192,6 +209,20 @@ static int barrier(struct cpu_comm *c, const struct timespec *deadline)
             pthread_mutex_consistent(&sh->mutex);
             sh->broken = PAGODA_ECLOSED;
             sh->broken_by = -1;
+        } else if (e == ETIMEDOUT && sh->generation == gen && !sh->broken && idle) {
+            pthread_mutex_unlock(&sh->mutex);
+            int go_on = idle->keep_waiting(idle->ctx);
+            lock_deadline = deadline_after(sh->timeout_ms);
+            if ((rc = lock(sh, &lock_deadline)) != 0)
+                return pagoda_error_set(rc, "comm rank %d: the group's lock was not free in time",
+                                        c->base.rank);
+            if (!go_on && sh->generation == gen && !sh->broken) {
+                sh->arrived--;
+                pthread_mutex_unlock(&sh->mutex);
+                return pagoda_error_set(PAGODA_ECLOSED, "comm rank %d: stopped waiting",
+                                        c->base.rank);
+            }
+            d = deadline_after(COMM_IDLE_POLL_MS);
         } else if (e == ETIMEDOUT && sh->generation == gen && !sh->broken) {
             sh->broken = PAGODA_ETIMEDOUT;
             sh->broken_by = c->base.rank;
@@ -205,6 +236,11 @@ static int barrier(struct cpu_comm *c, const struct timespec *deadline)
     rc = sh->generation == gen ? broken_error(sh, c->base.rank) : 0;
     pthread_mutex_unlock(&sh->mutex);
     return rc;
+}
+
+static int barrier(struct cpu_comm *c, const struct timespec *deadline)
+{
+    return barrier_idle(c, deadline, NULL);
 }
 
 /* Marks the group broken with err (a rank found the peers disagree). */
@@ -223,12 +259,13 @@ static int break_group(struct cpu_comm *c, int err)
     return err;
 }
 
-/* Writes this rank's signature, meets the peers, and checks theirs. */
+/* Writes this rank's signature, meets the peers (waiting idle when idle is not NULL), and
+ * checks theirs. */
 static int exchange(struct cpu_comm *c, const struct signature *sig,
-                    const struct timespec *deadline)
+                    const struct timespec *deadline, const struct idle *idle)
 {
     slot_of(c->sh, c->base.rank)->sig = *sig;
-    int rc = barrier(c, deadline);
+    int rc = barrier_idle(c, deadline, idle);
     if (rc != 0)
         return rc;
     for (int r = 0; r < c->base.size; r++) {
@@ -277,7 +314,7 @@ static int cpu_all_reduce_sum(struct comm *base, void *buf, size_t count, enum d
     do {
         size_t n = count - done < per ? count - done : per;
         memcpy(slot_data(c->sh, base->rank), (char *)buf + done * esize, n * esize);
-        int rc = exchange(c, &sig, &deadline);
+        int rc = exchange(c, &sig, &deadline, NULL);
         if (rc != 0)
             return rc;
         sum_into(c, (char *)buf + done * esize, 0, n, dtype);
@@ -299,7 +336,7 @@ static int cpu_all_gather(struct comm *base, const void *send, void *recv, size_
     do {
         size_t n = count - done < per ? count - done : per;
         memcpy(slot_data(c->sh, base->rank), (const char *)send + done * esize, n * esize);
-        int rc = exchange(c, &sig, &deadline);
+        int rc = exchange(c, &sig, &deadline, NULL);
         if (rc != 0)
             return rc;
         for (int r = 0; r < base->size; r++)
@@ -312,9 +349,11 @@ static int cpu_all_gather(struct comm *base, const void *send, void *recv, size_
     return 0;
 }
 
-static int cpu_broadcast(struct comm *base, void *buf, size_t bytes, int root)
+/* A broadcast; with idle, the first meeting waits idle and the deadline starts once all have
+ * met. */
+static int broadcast(struct cpu_comm *c, void *buf, size_t bytes, int root, const struct idle *idle)
 {
-    struct cpu_comm *c = (struct cpu_comm *)base;
+    struct comm *base = &c->base;
     struct timespec deadline = deadline_after(c->sh->timeout_ms);
     struct signature sig = {.op = OP_BROADCAST, .dtype = UINT32_MAX, .count = bytes, .root = root};
     size_t done = 0;
@@ -322,9 +361,13 @@ static int cpu_broadcast(struct comm *base, void *buf, size_t bytes, int root)
         size_t n = bytes - done < COMM_CPU_SLOT_BYTES ? bytes - done : COMM_CPU_SLOT_BYTES;
         if (base->rank == root)
             memcpy(slot_data(c->sh, root), (const char *)buf + done, n);
-        int rc = exchange(c, &sig, &deadline);
+        int rc = exchange(c, &sig, &deadline, idle);
         if (rc != 0)
             return rc;
+        if (idle != NULL) {
+            idle = NULL;
+            deadline = deadline_after(c->sh->timeout_ms);
+        }
         if (base->rank != root)
             memcpy((char *)buf + done, slot_data(c->sh, root), n);
         if ((rc = barrier(c, &deadline)) != 0)
@@ -332,6 +375,18 @@ static int cpu_broadcast(struct comm *base, void *buf, size_t bytes, int root)
         done += n;
     } while (done < bytes);
     return 0;
+}
+
+static int cpu_broadcast(struct comm *base, void *buf, size_t bytes, int root)
+{
+    return broadcast((struct cpu_comm *)base, buf, bytes, root, NULL);
+}
+
+static int cpu_wait_broadcast(struct comm *base, void *buf, size_t bytes, int root,
+                              int (*keep_waiting)(void *ctx), void *ctx)
+{
+    struct idle idle = {.keep_waiting = keep_waiting, .ctx = ctx};
+    return broadcast((struct cpu_comm *)base, buf, bytes, root, &idle);
 }
 
 static void cpu_abort(struct comm *base)
@@ -359,6 +414,7 @@ static const struct comm_ops cpu_ops = {
     .all_reduce_sum = cpu_all_reduce_sum,
     .all_gather = cpu_all_gather,
     .broadcast = cpu_broadcast,
+    .wait_broadcast = cpu_wait_broadcast,
     .abort = cpu_abort,
     .close = cpu_close,
 };

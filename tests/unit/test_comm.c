@@ -241,6 +241,66 @@ static void test_killed_process_peer(void **state)
     munmap(mem, bytes);
 }
 
+/* An idle follower: waits for rank 0's broadcast past the group's timeout without breaking the
+ * group, and leaves the wait (PAGODA_ECLOSED, the group intact) when told to stop. */
+struct idle_job {
+    struct group *g;
+    int polls, max_polls;
+    int rc;
+    char buf[8];
+};
+
+static int keep_waiting(void *ctx)
+{
+    struct idle_job *j = ctx;
+    return ++j->polls < j->max_polls;
+}
+
+static void *idle_main(void *arg)
+{
+    struct idle_job *j = arg;
+    struct comm *c;
+    if ((j->rc = comm_cpu_open(j->g->shared, 1, &c)) != 0)
+        return NULL;
+    j->rc = comm_wait_broadcast(c, j->buf, sizeof(j->buf), 0, keep_waiting, j);
+    comm_close(c);
+    return NULL;
+}
+
+static void test_idle_wait_outlasts_the_timeout(void **state)
+{
+    (void)state;
+    struct group g = group_make(2, TIMEOUT_MS);
+    struct idle_job j = {.g = &g, .max_polls = 1000};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, idle_main, &j), 0);
+    usleep(3 * TIMEOUT_MS * 1000); /* idle for three timeouts */
+    struct comm *c;
+    assert_int_equal(comm_cpu_open(g.shared, 0, &c), 0);
+    char msg[8] = "step 1";
+    assert_int_equal(comm_broadcast(c, msg, sizeof(msg), 0), 0);
+    pthread_join(th, NULL);
+    assert_int_equal(j.rc, 0);
+    assert_string_equal(j.buf, "step 1");
+    assert_true(j.polls >= 2);
+
+    /* Told to stop: it leaves, and the group still works. */
+    struct idle_job stop = {.g = &g, .max_polls = 2};
+    assert_int_equal(pthread_create(&th, NULL, idle_main, &stop), 0);
+    pthread_join(th, NULL);
+    assert_int_equal(stop.rc, PAGODA_ECLOSED);
+    struct idle_job again = {.g = &g, .max_polls = 1000};
+    assert_int_equal(pthread_create(&th, NULL, idle_main, &again), 0);
+    strcpy(msg, "step 2");
+    assert_int_equal(comm_broadcast(c, msg, sizeof(msg), 0), 0);
+    pthread_join(th, NULL);
+    assert_int_equal(again.rc, 0);
+    assert_string_equal(again.buf, "step 2");
+    assert_int_equal(comm_wait_broadcast(c, msg, 1, 0, keep_waiting, &again), PAGODA_EINVAL);
+    comm_close(c);
+    group_free(&g);
+}
+
 static void test_bad_arguments(void **state)
 {
     (void)state;
@@ -271,6 +331,7 @@ int main(void)
         cmocka_unit_test(test_abort_wakes_peers),
         cmocka_unit_test(test_disagreeing_calls_fail),
         cmocka_unit_test(test_killed_process_peer),
+        cmocka_unit_test(test_idle_wait_outlasts_the_timeout),
         cmocka_unit_test(test_bad_arguments),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
