@@ -22,6 +22,8 @@ struct cpu_backend {
     struct kv_geometry geometry;
     char *pool_base;
     struct model_shard shard; /* the whole model when opt.comm is NULL */
+    bool pool_whole;          /* a shard over a pool of the whole model's KV heads: */
+    int64_t kv_head_offset;   /* the rank's first KV head in it */
     float *embed;             /* [shard vocab rows][hidden] */
     float *lm_head;           /* [shard vocab rows][hidden]; equals embed when tied */
     float *final_norm;
@@ -174,9 +176,12 @@ int cpu_backend_open(const struct model_weights *w, const struct kv_geometry *g,
                                 "the weights are the shard of rank %d of %d, the group's rank is "
                                 "%d of %d",
                                 w->shard.rank, w->shard.size, tp_rank, tp_size);
-    /* A shard's pool holds its KV heads only. */
+    /* A shard's pool holds its KV heads only, or the whole model's, of which the rank uses its
+     * own run (ranks that are threads of one process sharing one pool). */
     struct model_config pool_view = *c;
-    pool_view.num_kv_heads = w->shard.num_kv_heads;
+    bool pool_whole = w->shard.size > 1 && g->num_kv_heads == c->num_kv_heads;
+    if (!pool_whole)
+        pool_view.num_kv_heads = w->shard.num_kv_heads;
     int rc = backend_check_pool(&pool_view, g, DTYPE_F32, "CPU");
     if (rc != 0)
         return rc;
@@ -189,6 +194,8 @@ int cpu_backend_open(const struct model_weights *w, const struct kv_geometry *g,
     b->geometry = *g;
     b->pool_base = pool_base;
     b->shard = w->shard;
+    b->pool_whole = pool_whole;
+    b->kv_head_offset = w->shard.rank * w->shard.num_kv_heads;
     if (b->opt.limits.max_blocks_per_seq > g->num_blocks - 1)
         b->opt.limits.max_blocks_per_seq = g->num_blocks - 1;
 
@@ -337,6 +344,12 @@ static int cpu_forward(struct backend *base, const struct fwd_batch *batch, floa
         cpu_rope(b->q, batch->positions, b->inv_freq, n, sh->num_heads, hd);
         cpu_rope(b->k, batch->positions, b->inv_freq, n, sh->num_kv_heads, hd);
         struct kv_layer_view kv = kv_layer_view_make(&b->geometry, b->pool_base, (int32_t)i);
+        if (b->pool_whole) {
+            size_t skip = (size_t)(b->kv_head_offset * kv.head_stride) * sizeof(float);
+            kv.k = (char *)kv.k + skip;
+            kv.v = (char *)kv.v + skip;
+            kv.num_kv_heads = (int32_t)sh->num_kv_heads;
+        }
         if ((rc = attention_write_kv(&kv, (int32_t)n, batch->slot_mapping, b->k, b->v)) != 0 ||
             (rc = attention_run(b->plan, &kv, b->q, b->attn)) != 0)
             return rc;

@@ -27,7 +27,8 @@ struct cpu_backend_options cpu_backend_default_options(void);
 /* Opens a CPU backend for the loaded model over a pool of geometry g whose KV data starts at
  * pool_base (the caller keeps both alive while the backend is open). Converts the weights to
  * f32 (the backend does not keep a reference to w afterwards). The pool must be f32 with the
- * model's layers, KV heads and head dim (a shard's pool: its KV heads only). On success *out is
+ * model's layers, KV heads and head dim (a shard's pool: its KV heads only, or the whole model's
+ * shared by the ranks, each using its own run of heads). On success *out is
  * released with backend_close. Errors: PAGODA_EMISMATCH (pool and model disagree, naming the
  * field; weights that are not the shard of opt->comm's rank and size), PAGODA_EINVAL,
  * PAGODA_ENOMEM. A forward pass of a tensor-parallel rank adds the errors of the collectives:

@@ -69,9 +69,13 @@ struct run {
     struct comm *comm;
     const int32_t *forced; /* [DECODE]: the tokens fed while decoding; NULL: its own greedy */
     int leave_early;       /* opens the backend and leaves without a step (a dead peer) */
+    /* Non-NULL: a pool of the whole model's heads, which the ranks share (TP 1: its own). */
+    float *shared_pool;
     int rc;
     double step_ms; /* how long the failing step took */
     int64_t vocab;
+    size_t pool_bytes;      /* of a whole-model pool */
+    float *pool_copy;       /* TP 1: its pool after the run, when shared_pool asks for it */
     float *logits;          /* [ROWS][vocab] */
     int32_t tokens[DECODE]; /* argmax of rows PROMPT - 1 ... ROWS - 2 */
 };
@@ -157,7 +161,11 @@ static void *run_main(void *arg)
                             .num_kv_heads = (int32_t)w->shard.num_kv_heads,
                             .head_dim = (int32_t)w->config.head_dim,
                             .dtype = DTYPE_F32};
+    if (r->shared_pool != NULL)
+        g.num_kv_heads = (int32_t)w->config.num_kv_heads;
     pool = calloc(1, kv_pool_bytes(&g));
+    if (pool != NULL && r->shared_pool != NULL)
+        r->pool_bytes = kv_pool_bytes(&g);
     r->logits = calloc((size_t)ROWS * (size_t)r->vocab, sizeof(float));
     struct cpu_backend_options o = cpu_backend_default_options();
     o.limits = (struct backend_limits){
@@ -167,11 +175,18 @@ static void *run_main(void *arg)
         r->rc = PAGODA_ENOMEM;
         goto done;
     }
-    if ((r->rc = cpu_backend_open(w, &g, pool, &o, &be)) != 0 || r->leave_early)
+    if ((r->rc = cpu_backend_open(w, &g, r->shared_pool && r->comm ? r->shared_pool : pool, &o,
+                                  &be)) != 0 ||
+        r->leave_early)
         goto done;
     double t0 = now_ms();
     r->rc = steps(r, be);
     r->step_ms = now_ms() - t0;
+    if (r->shared_pool != NULL && r->comm == NULL) {
+        r->pool_copy = malloc(r->pool_bytes);
+        if (r->pool_copy != NULL)
+            memcpy(r->pool_copy, pool, r->pool_bytes);
+    }
 done:
     backend_close(be);
     model_weights_close(w);
@@ -240,6 +255,42 @@ static void check_tp2_equals_tp1(const char *model)
     free(two[1].logits);
 }
 
+/* Two ranks sharing one pool of the whole model's KV heads (each writes its own heads): their
+ * logits are TP 1's, and the pool they filled together is TP 1's pool. */
+static void test_shared_pool_tp2_equals_tp1(void **state)
+{
+    (void)state;
+    float marker = 0;
+    struct run one = {.model = brown, .shared_pool = &marker};
+    run_main(&one);
+    assert_int_equal(one.rc, 0);
+    assert_non_null(one.pool_copy);
+    float *pool = calloc(1, one.pool_bytes);
+    assert_non_null(pool);
+    struct run two[2] = {{.model = brown, .forced = one.tokens, .shared_pool = pool},
+                         {.model = brown, .forced = one.tokens, .shared_pool = pool}};
+    run_group(two, 2, COMM_DEFAULT_TIMEOUT_MS);
+    assert_int_equal(two[0].rc, 0);
+    assert_int_equal(two[1].rc, 0);
+    int64_t n = ROWS * one.vocab;
+    for (int64_t i = 0; i < n; i++)
+        if (fabs((double)two[0].logits[i] - one.logits[i]) > REL_TOL * (fabs(one.logits[i]) + 1))
+            fail_msg("logit %lld: %g at TP 2, %g at TP 1", (long long)i, two[0].logits[i],
+                     one.logits[i]);
+    size_t floats = one.pool_bytes / sizeof(float), written = 0;
+    for (size_t i = 0; i < floats; i++) {
+        if (fabs((double)pool[i] - one.pool_copy[i]) > REL_TOL * (fabs(one.pool_copy[i]) + 1))
+            fail_msg("pool float %zu: %g at TP 2, %g at TP 1", i, pool[i], one.pool_copy[i]);
+        written += one.pool_copy[i] != 0;
+    }
+    assert_true(written > floats / 8); /* the comparison saw real K/V */
+    free(pool);
+    free(one.pool_copy);
+    free(one.logits);
+    free(two[0].logits);
+    free(two[1].logits);
+}
+
 static void test_tiny_tp2_equals_tp1(void **state)
 {
     (void)state;
@@ -297,8 +348,9 @@ static void test_weights_must_be_the_ranks_shard(void **state)
     assert_non_null(strstr(pagoda_error_detail(), "rank 0 of 1"));
     assert_non_null(strstr(pagoda_error_detail(), "rank is 1 of 2"));
     model_weights_close(w);
-    /* A shard's pool must hold the shard's KV heads, not the model's. */
+    /* A shard's pool holds the shard's KV heads or the model's, nothing else. */
     assert_int_equal(model_weights_open_shard(tiny, 1, 2, &w), 0);
+    g.num_kv_heads = 3;
     assert_int_equal(cpu_backend_open(w, &g, pool, &o, &be), PAGODA_EMISMATCH);
     assert_non_null(strstr(pagoda_error_detail(), "KV heads"));
     model_weights_close(w);
@@ -313,6 +365,7 @@ int main(void)
         cmocka_unit_test(test_tiny_tp2_equals_tp1),
         cmocka_unit_test(test_tiny_attention_bias_tp2_equals_tp1),
         cmocka_unit_test(test_brown_tp2_equals_tp1),
+        cmocka_unit_test(test_shared_pool_tp2_equals_tp1),
         cmocka_unit_test(test_dead_peer_fails_the_step),
         cmocka_unit_test(test_weights_must_be_the_ranks_shard),
     };
