@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # pagoda-up's tensor-parallel flags: --tensor-parallel N --devices LIST are checked (a count
-# that matches, distinct devices, --backend cuda), and N above 1 is refused at once with a
-# message that says the worker does not run groups yet; nothing is started.
+# that matches, distinct devices, --devices only with --backend cuda), and N above 1 with
+# --backend cuda is refused at once, saying GPU groups are not wired yet; nothing is started.
+# (--backend cpu --tensor-parallel 2 serving: tests/integration/test_tp_cpu.sh.)
 # Usage: tests/integration/test_pagoda_up_tp.sh
 set -euo pipefail
 # shellcheck source=tests/check.sh
@@ -21,12 +22,12 @@ refused() {
     check "  starting nothing" test ! -e "$tmp/run"
 }
 
-refused "pagoda-worker does not run tensor-parallel groups yet" \
+refused "pagoda-worker does not run GPU tensor-parallel groups yet" \
     --backend cuda --tensor-parallel 2 --devices 0,1
 refused "--devices 0 names 1 device(s), --tensor-parallel is 2" \
     --backend cuda --tensor-parallel 2 --devices 0
 refused "--devices 1,1 names a device twice" --backend cuda --tensor-parallel 2 --devices 1,1
-refused "--tensor-parallel 2 needs --backend cuda" --tensor-parallel 2
+refused "--tensor-parallel 2 needs --devices" --backend cuda --tensor-parallel 2
 refused "--devices needs --backend cuda" --devices 0
 refused "--tensor-parallel: a number of GPUs" --tensor-parallel 0
 refused "--device and --devices exclude each other" --backend cuda --device 0 --devices 1

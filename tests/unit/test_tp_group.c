@@ -2,8 +2,9 @@
  * a follower (tp_follower_run in a thread) over the group; the tokens it samples (a greedy and a
  * seeded sampling sequence in one batch, prompt then decode) are TP 1's; a bad step is refused
  * on rank 0 without reaching the follower; a follower that is gone fails rank 0's step within
- * the timeout; a follower whose rank 0 never sends leaves when told to. Model: the bundled
- * pagoda-brown. */
+ * the timeout; a follower whose rank 0 never sends leaves when told to. And worker/tp_local.c,
+ * the in-process group pagoda-worker runs: its tokens are TP 1's too, over one shared pool.
+ * Model: the bundled pagoda-brown. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -14,6 +15,7 @@
 #include "common/error.h"
 #include "worker/cpu_backend.h"
 #include "worker/tp_group.h"
+#include "worker/tp_local.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -298,6 +300,38 @@ static void test_follower_leaves_when_told(void **state)
     assert_int_equal(g.f.polls, 3 + TIMEOUT_MS / COMM_IDLE_POLL_MS);
 }
 
+/* tp_local: two ranks in threads over one pool of the whole model's heads sample TP 1's tokens;
+ * three ranks are refused (4 query heads). */
+static void test_local_group_samples_tp1s_tokens(void **state)
+{
+    (void)state;
+    struct rank one = {0};
+    assert_int_equal(rank_open(&one, NULL), 0);
+    int32_t want[SEQS][DECODE];
+    assert_int_equal(generate(one.be, want), 0);
+    struct kv_geometry g = {.pool_id = 1,
+                            .num_layers = (int32_t)one.w->config.num_layers,
+                            .num_blocks = NUM_BLOCKS,
+                            .block_size = BLOCK_SIZE,
+                            .num_kv_heads = (int32_t)one.w->config.num_kv_heads,
+                            .head_dim = (int32_t)one.w->config.head_dim,
+                            .dtype = DTYPE_F32};
+    rank_close(&one);
+    void *pool = calloc(1, kv_pool_bytes(&g));
+    struct cpu_backend_options o = cpu_backend_default_options();
+    o.limits = limits;
+    struct backend *be = NULL;
+    assert_int_equal(tp_local_open(brown, 2, &g, pool, &o, TIMEOUT_MS, &be), 0);
+    int32_t got[SEQS][DECODE];
+    assert_int_equal(generate(be, got), 0);
+    assert_memory_equal(got, want, sizeof(got));
+    backend_close(be);
+    assert_int_equal(tp_local_open(brown, 3, &g, pool, &o, TIMEOUT_MS, &be), PAGODA_EUNSUPPORTED);
+    assert_non_null(strstr(pagoda_error_detail(), "num_attention_heads"));
+    assert_int_equal(tp_local_open(brown, 1, &g, pool, &o, TIMEOUT_MS, &be), PAGODA_EINVAL);
+    free(pool);
+}
+
 static void test_leader_needs_rank0(void **state)
 {
     (void)state;
@@ -324,6 +358,7 @@ int main(void)
         cmocka_unit_test(test_gone_follower_fails_the_step),
         cmocka_unit_test(test_follower_leaves_when_told),
         cmocka_unit_test(test_leader_needs_rank0),
+        cmocka_unit_test(test_local_group_samples_tp1s_tokens),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }
