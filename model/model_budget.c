@@ -1,13 +1,14 @@
 #include "model/model_budget.h"
 
 /* Mirrors load_weights in worker/cuda_backend.c: embeddings (and an untied LM head), the final
- * norm, and per layer two norms, QKV, O, gate/up and down, with the optional biases. */
-uint64_t model_budget_weight_bytes(const struct model_config *c)
+ * norm, and per layer two norms, QKV, O, gate/up and down, with the optional biases; for a
+ * shard, its slices of each (model_shard.h). */
+uint64_t model_budget_shard_weight_bytes(const struct model_config *c, const struct model_shard *s)
 {
-    uint64_t H = (uint64_t)c->hidden_size, I = (uint64_t)c->intermediate_size;
-    uint64_t V = (uint64_t)c->vocab_size;
-    uint64_t qd = (uint64_t)(c->num_heads * c->head_dim);
-    uint64_t kvd = (uint64_t)(c->num_kv_heads * c->head_dim);
+    uint64_t H = (uint64_t)c->hidden_size, I = (uint64_t)s->intermediate_size;
+    uint64_t V = (uint64_t)(s->vocab_end - s->vocab_begin);
+    uint64_t qd = (uint64_t)(s->num_heads * c->head_dim);
+    uint64_t kvd = (uint64_t)(s->num_kv_heads * c->head_dim);
     uint64_t per_layer = 2 * H + (qd + 2 * kvd) * H + H * qd + 3 * I * H;
     if (c->qkv_bias)
         per_layer += qd + 2 * kvd;
@@ -18,21 +19,45 @@ uint64_t model_budget_weight_bytes(const struct model_config *c)
     return total * 2;
 }
 
-/* Mirrors alloc_activations in worker/cuda_backend.c. */
+/* Mirrors alloc_activations in worker/cuda_backend.c; a shard adds its own rows of logits
+ * beside the gathered ones. */
+uint64_t model_budget_shard_activation_bytes(const struct model_config *c,
+                                             const struct model_shard *s, int64_t max_tokens,
+                                             int64_t max_seqs)
+{
+    uint64_t T = (uint64_t)max_tokens, S = (uint64_t)max_seqs;
+    uint64_t H = (uint64_t)c->hidden_size, I = (uint64_t)s->intermediate_size;
+    uint64_t qd = (uint64_t)(s->num_heads * c->head_dim);
+    uint64_t kvd = (uint64_t)(s->num_kv_heads * c->head_dim);
+    uint64_t local_logits = s->size > 1 ? S * (uint64_t)s->vocab_per_rank * 4 : 0;
+    return T * H * 4 + T * (H + qd + 2 * kvd + qd + H + 2 * I + I) * 2 + S * H * 2 +
+           S * (uint64_t)c->vocab_size * 4 + local_logits + T * (4 + 4 + 8) + S * 4;
+}
+
+uint64_t model_budget_shard_worker_bytes(const struct model_config *c, const struct model_shard *s,
+                                         int64_t max_tokens, int64_t max_seqs)
+{
+    return model_budget_shard_weight_bytes(c, s) +
+           model_budget_shard_activation_bytes(c, s, max_tokens, max_seqs) +
+           MODEL_BUDGET_RESERVE_BYTES;
+}
+
+uint64_t model_budget_weight_bytes(const struct model_config *c)
+{
+    struct model_shard s = model_shard_whole(c);
+    return model_budget_shard_weight_bytes(c, &s);
+}
+
 uint64_t model_budget_activation_bytes(const struct model_config *c, int64_t max_tokens,
                                        int64_t max_seqs)
 {
-    uint64_t T = (uint64_t)max_tokens, S = (uint64_t)max_seqs;
-    uint64_t H = (uint64_t)c->hidden_size, I = (uint64_t)c->intermediate_size;
-    uint64_t qd = (uint64_t)(c->num_heads * c->head_dim);
-    uint64_t kvd = (uint64_t)(c->num_kv_heads * c->head_dim);
-    return T * H * 4 + T * (H + qd + 2 * kvd + qd + H + 2 * I + I) * 2 + S * H * 2 +
-           S * (uint64_t)c->vocab_size * 4 + T * (4 + 4 + 8) + S * 4;
+    struct model_shard s = model_shard_whole(c);
+    return model_budget_shard_activation_bytes(c, &s, max_tokens, max_seqs);
 }
 
 uint64_t model_budget_worker_bytes(const struct model_config *c, int64_t max_tokens,
                                    int64_t max_seqs)
 {
-    return model_budget_weight_bytes(c) + model_budget_activation_bytes(c, max_tokens, max_seqs) +
-           MODEL_BUDGET_RESERVE_BYTES;
+    struct model_shard s = model_shard_whole(c);
+    return model_budget_shard_worker_bytes(c, &s, max_tokens, max_seqs);
 }

@@ -6,6 +6,7 @@
 #define PAGODA_MODEL_MODEL_BUDGET_H
 
 #include "model/model_config.h"
+#include "model/model_shard.h"
 
 #include <stdint.h>
 
@@ -33,5 +34,16 @@ uint64_t model_budget_activation_bytes(const struct model_config *c, int64_t max
  * pool once its CUDA context exists. */
 uint64_t model_budget_worker_bytes(const struct model_config *c, int64_t max_tokens,
                                    int64_t max_seqs);
+
+/* The same three for one rank of a tensor-parallel group (model_shard.h): the rank's slices of
+ * the weights (whole norms and O bias, its vocabulary rows of the embedding and LM head), the
+ * activations of its heads and MLP columns plus the gathered logits. The shard of
+ * model_shard_whole gives exactly the functions above. */
+uint64_t model_budget_shard_weight_bytes(const struct model_config *c, const struct model_shard *s);
+uint64_t model_budget_shard_activation_bytes(const struct model_config *c,
+                                             const struct model_shard *s, int64_t max_tokens,
+                                             int64_t max_seqs);
+uint64_t model_budget_shard_worker_bytes(const struct model_config *c, const struct model_shard *s,
+                                         int64_t max_tokens, int64_t max_seqs);
 
 #endif

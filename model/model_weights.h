@@ -11,6 +11,7 @@
 
 #include "common/dtype.h"
 #include "model/model_config.h"
+#include "model/model_shard.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -27,7 +28,9 @@ struct tensor_view {
 };
 
 /* The weights of one decoder layer. Projections are [out_features, in_features], as
- * torch.nn.Linear stores them. */
+ * torch.nn.Linear stores them. The shapes are those of the whole model; a tensor-parallel
+ * shard's views (model_weights_open_shard) have the shard's shapes instead: rows of Q, K, V,
+ * gate and up (and of the Q/K/V biases), columns of O and down, as model_shard.h says. */
 struct model_weights_layer {
     struct tensor_view input_layernorm;          /* [hidden] */
     struct tensor_view q_proj;                   /* [heads * head_dim, hidden] */
@@ -54,7 +57,14 @@ struct model_weights {
      * no lm_head.weight, the same view as embed_tokens. */
     struct tensor_view lm_head;
     struct model_weights_layer *layers; /* config.num_layers of them */
-    struct safetensors_set *files;      /* private: the mappings the views point into */
+    /* The part of the model these views hold (model_shard_whole for model_weights_open). The
+     * embedding and LM head views are its vocabulary rows. */
+    struct model_shard shard;
+    struct safetensors_set *files; /* private: the mappings the views point into */
+    /* private: copies of the row-parallel slices (O and down), whose columns are not
+     * contiguous in the files; num_owned of them. */
+    void **owned;
+    size_t num_owned;
 };
 
 /* Loads model_dir/config.json (model_config_load), opens the weights (safetensors_set_open:
@@ -65,6 +75,15 @@ struct model_weights {
  * shape that differs from the config's: "tensor X has shape [a, b], config expects [c, d]",
  * or a tensor the config does not call for); PAGODA_ENOMEM. */
 int model_weights_open(const char *model_dir, struct model_weights **out);
+
+/* model_weights_open for rank's shard of a tensor-parallel group of size ranks (model_shard.h):
+ * every tensor is found and checked against the whole model's shape as model_weights_open
+ * does, then the views are bound to the rank's slice only. Column-parallel and vocabulary
+ * slices point into the mapping (only their pages are ever read); the row-parallel slices (O
+ * and down) are copied out, column run by column run, into memory the weights own. Extra
+ * errors: those of model_shard_make (a size that does not divide the heads, KV heads or
+ * intermediate size: PAGODA_EUNSUPPORTED naming the field). Size 1 is model_weights_open. */
+int model_weights_open_shard(const char *model_dir, int rank, int size, struct model_weights **out);
 
 /* Unmaps the files and frees w; every view becomes invalid. Accepts NULL. */
 void model_weights_close(struct model_weights *w);

@@ -346,6 +346,10 @@ int cuda_backend_open(const struct model_config *cfg, const struct model_weights
                       uint64_t random_seed, const struct kv_geometry *g, void *pool,
                       const struct cuda_backend_options *opt, struct backend **out)
 {
+    if (w != NULL && w->shard.size > 1)
+        return pagoda_error_set(PAGODA_EUNSUPPORTED,
+                                "the CUDA backend does not run a tensor-parallel shard yet "
+                                "(docs/tensor-parallel.md)");
     int rc = backend_check_pool(cfg, g, DTYPE_BF16, "CUDA");
     if (rc != 0)
         return rc;

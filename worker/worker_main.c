@@ -4,10 +4,13 @@
  *                 [--load-format safetensors|random] [--seed N]
  *                 [--step-delay-ms X] [--fault drop-step=N|drop-result=N]
  *                 [--max-batched-tokens 2048] [--max-seqs 256] [--log-level info]
- *                 [--kvpool URL] [--scheduler URL]
+ *                 [--kvpool URL] [--scheduler URL] [--tensor-parallel N]
  *
  * --kvpool (default ipc://DIR/kvpool.ipc) and --scheduler (default ipc://DIR/worker-I.ipc)
  * replace the two addresses below; either may be tcp:// (the pool itself is of this host).
+ * --tensor-parallel N (CPU backend) splits the model over N ranks that are threads of this
+ * worker, sharing its pool (worker/tp_local.h, docs/tensor-parallel.md); the scheduler still
+ * sees one worker. A size the model's heads, KV heads or MLP cannot be divided by is refused.
  *
  * Start (docs/protocol.md): asks kvpool (REQ ipc://DIR/kvpool.ipc, for up to 30 s) for the
  * pool's geometry, maps the pool and checks that it fits the model, loads the model and opens
@@ -78,6 +81,7 @@
 #include "worker/mirror.h"
 #include "worker/null_backend.h"
 #include "worker/step_loop.h"
+#include "worker/tp_local.h"
 #include "worker/worker_pool.h"
 #ifdef PAGODA_HAVE_CUDA
 #include "kvpool/cuda_pool.h"
@@ -130,6 +134,9 @@ struct worker_opts {
     uint64_t drop_result; /* 0: off */
     int32_t max_batched_tokens;
     int32_t max_seqs;
+    /* Ranks of the model (--tensor-parallel, CPU backend: threads of this worker over its one
+     * pool, worker/tp_local.h); 1: no tensor parallelism. */
+    int tensor_parallel;
 };
 
 struct worker {
@@ -185,7 +192,7 @@ static void usage(FILE *f)
                "                     [--fault drop-step=N|drop-result=N]\n"
                "                     [--max-batched-tokens 2048] [--max-seqs 256]\n"
                "                     [--log-level debug|info|warn|error]\n"
-               "                     [--kvpool URL] [--scheduler URL]\n"
+               "                     [--kvpool URL] [--scheduler URL] [--tensor-parallel N]\n"
                "Maps the kv pool that pagoda-kvpool serves in DIR (asked at --kvpool, default\n"
                "ipc://DIR/kvpool.ipc), loads the model and runs the steps the scheduler sends\n"
                "on --scheduler (default ipc://DIR/worker-I.ipc; tcp://HOST:PORT too).\n");
@@ -251,6 +258,13 @@ static int open_backend(struct worker *w, const struct backend_limits *bl)
         if (rc == PAGODA_EEXHAUSTED)
             w->cannot_run = 1;
 #endif
+    } else if (o->tensor_parallel > 1) {
+        struct cpu_backend_options co = cpu_backend_default_options();
+        co.limits = *bl;
+        rc = tp_local_open(o->model, o->tensor_parallel, pg, kv_shm_pool_data(w->pool.shm), &co,
+                           COMM_DEFAULT_TIMEOUT_MS, &w->backend);
+        if (rc == PAGODA_EUNSUPPORTED)
+            w->cannot_run = 1; /* a size the model cannot be split by: restarting will not help */
     } else if ((rc = model_weights_open(o->model, &mw)) == 0) {
         struct cpu_backend_options co = cpu_backend_default_options();
         co.limits = *bl;
@@ -307,6 +321,9 @@ static int worker_load(struct worker *w)
     if ((rc = open_backend(w, &bl)) != 0)
         return rc;
     clock_gettime(CLOCK_MONOTONIC, &t1);
+    if (o->tensor_parallel > 1)
+        log_info("worker %u: tensor parallel, %d ranks (threads) over one pool", o->worker_id,
+                 o->tensor_parallel);
 
     log_info("worker %u: %s backend, model %s%s (%" PRId64 " layers, vocab %" PRId64
              ") loaded in %.2f s; kv pool %s: %d blocks of %d tokens (%" PRId64
@@ -596,6 +613,7 @@ enum {
     OPT_SEED,
     OPT_KVPOOL,
     OPT_SCHEDULER,
+    OPT_TENSOR_PARALLEL,
 };
 
 static int parse_fault(const char *arg, struct worker_opts *o)
@@ -636,6 +654,7 @@ static int parse_args(int argc, char **argv, struct worker_opts *o)
         {"seed", required_argument, NULL, OPT_SEED},
         {"kvpool", required_argument, NULL, OPT_KVPOOL},
         {"scheduler", required_argument, NULL, OPT_SCHEDULER},
+        {"tensor-parallel", required_argument, NULL, OPT_TENSOR_PARALLEL},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -686,6 +705,10 @@ static int parse_args(int argc, char **argv, struct worker_opts *o)
             if ((rc = wire_address_check("--scheduler", optarg, WIRE_ADDRESS_ANY)) == 0)
                 o->scheduler = optarg;
             break;
+        case OPT_TENSOR_PARALLEL:
+            if ((rc = parse_i64("--tensor-parallel", optarg, 1, COMM_MAX_RANKS, &v)) == 0)
+                o->tensor_parallel = (int)v;
+            break;
         case OPT_STEP_DELAY:
             if ((rc = parse_i64("--step-delay-ms", optarg, 0, WORKER_MAX_DELAY_MS, &v)) == 0)
                 o->step_delay_ms = (uint32_t)v;
@@ -727,6 +750,14 @@ static int parse_args(int argc, char **argv, struct worker_opts *o)
                         "backend runs on checkpoints: make one with pagoda-mkmodel)\n");
         return 2;
     }
+    if (o->tensor_parallel > 1 && strcmp(o->backend, "cpu") != 0) {
+        fprintf(stderr,
+                "pagoda-worker: --tensor-parallel %d needs --backend cpu: its ranks are "
+                "threads of this worker; GPU groups (one worker per GPU) are not wired "
+                "yet (docs/tensor-parallel.md)\n",
+                o->tensor_parallel);
+        return 2;
+    }
     enum log_level level;
     if (log_level_parse(o->log_level, &level) != 0) {
         fprintf(stderr, "pagoda-worker: --log-level '%s' is not debug, info, warn or error\n",
@@ -746,6 +777,7 @@ int main(int argc, char **argv)
         .log_level = "info",
         .max_batched_tokens = 2048,
         .max_seqs = 256,
+        .tensor_parallel = 1,
     };
     log_set_name("worker");
     int status = parse_args(argc, argv, &w.o);
