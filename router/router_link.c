@@ -231,26 +231,26 @@ static void on_link_joined(struct router *r, struct engine *e)
     e->need_hello = 1;
 }
 
-/* e stopped being usable (its link went down, or it is hung): with another engine usable, its
- * unfinished requests move there (router_flush_pending picks where); without, they wait for it
- * (today's single-engine behaviour: they are resent when it comes back). */
+/* e stopped being usable (its link went down, or it is hung): its unfinished requests are marked
+ * to be sent again, whether or not another engine is usable now. router_flush_pending sends each
+ * to the first engine usable again: another one (routing picks it), or e itself when it comes
+ * back first (with one engine: today's behaviour, they are resent when it comes back). Marking
+ * them now rather than when another engine is usable is what keeps them from being stranded when
+ * every engine is down at once and one other than e returns. */
 static void stats_on_engine_down(struct router *r, struct engine *e);
 
 static void on_engine_down(struct router *r, struct engine *e)
 {
     uint32_t n = 0;
-    int others = 0;
-    for (uint32_t i = 0; i < r->num_engines; i++)
-        others |= i != e->index && engine_usable(&r->engines[i]);
-    if (others)
-        for (struct request *q = r->live.head; q != NULL; q = q->next)
-            if (q->engine == e->index && q->job == NULL && !q->adopted) {
-                registry_set_pending(r, q, &q->need_submit, 1);
-                n++;
-            }
+    for (struct request *q = r->live.head; q != NULL; q = q->next)
+        if (q->engine == e->index && q->job == NULL && !q->adopted) {
+            registry_set_pending(r, q, &q->need_submit, 1);
+            n++;
+        }
     if (r->num_engines > 1)
-        log_warn("engine %u (%s) is %s: %u unfinished requests move to other engines", e->index,
-                 e->url, e->hung ? "not answering" : "down", n);
+        log_warn("engine %u (%s) is %s: %u unfinished requests move to another engine once one "
+                 "is usable",
+                 e->index, e->url, e->hung ? "not answering" : "down", n);
     /* The calls waiting for it are answered with the other engines' figures; with one engine
      * they wait for their timeout, as they always did. */
     if (r->num_engines > 1) {

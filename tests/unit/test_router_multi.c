@@ -310,6 +310,34 @@ static void test_admin_over_engines(void **state)
     multi_stop(&m);
 }
 
+/* The other engine dies first, then the request's own: nothing is usable, the request waits.
+ * Then the other engine comes back (the request's own never does): the request moves there and
+ * ends with every token (it used to stay stranded: only the engine that went down last moved its
+ * requests, and only when another engine was usable at that moment). */
+static void test_stranded_when_other_returns(void **state)
+{
+    (void)state;
+    struct multi m;
+    multi_start(&m, "cache-aware");
+    int32_t prompt[40];
+    for (int i = 0; i < 40; i++)
+        prompt[i] = 500 + i;
+    uint8_t id[PAGODA_REQUEST_ID_BYTES];
+    uint32_t have;
+    int owner = start_long(&m, prompt, 40, id, &have);
+    fake_sched_hold(m.fs[owner], 1);
+    fake_sched_stop(m.fs[1 - owner]);
+    m.fs[1 - owner] = NULL;
+    sleep_ms(500);
+    fake_sched_stop(m.fs[owner]);
+    m.fs[owner] = NULL;
+    sleep_ms(500);
+    assert_int_equal(fake_sched_start(m.sched_url[1 - owner], &m.fs[1 - owner]), 0);
+    finish_long(&m, prompt, 40, id);
+    assert_int_equal(submits(&m, 1 - owner), 1);
+    multi_stop(&m);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -318,6 +346,7 @@ int main(void)
         cmocka_unit_test(test_failover_on_link_death),
         cmocka_unit_test(test_failover_on_hang),
         cmocka_unit_test(test_admin_over_engines),
+        cmocka_unit_test(test_stranded_when_other_returns),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
