@@ -129,8 +129,13 @@ struct request {
     int need_cancel;         /* the CancelSeq is still to be sent */
     struct rctx *waiters;    /* parked polls */
     uint32_t engine;         /* the engine it was sent to (ROUTE_NONE: none yet) */
-    int adopted;             /* registered from the scheduler's announcement (no prompt known) */
-    int aliased;             /* also in router.alias_buckets (see registry_adopt) */
+    /* Engines it moved away from whose copy may still run there (bit e: engine e): it is not sent
+     * back to one of them until that copy's end event arrived, or the engine's announcement after
+     * its link rejoined did not name it (heard: bit e, an event from e since that join), so that
+     * the old copy's end is never taken for the new one's (router_link.c). */
+    uint64_t left, heard;
+    int adopted; /* registered from the scheduler's announcement (no prompt known) */
+    int aliased; /* also in router.alias_buckets (see registry_adopt) */
     struct request *alias_next;
     /* Once finished: its tenant's finished list (tenant_slot.fin_head), oldest first. */
     struct request *tprev, *tnext;

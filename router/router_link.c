@@ -147,8 +147,14 @@ static struct engine *request_engine(struct router *r, struct request *q)
     uint32_t old = q->engine;
     if (old != ROUTE_NONE && (engine_usable(&r->engines[old]) || q->adopted))
         return engine_usable(&r->engines[old]) ? &r->engines[old] : NULL;
-    uint32_t pick =
-        route_pick(r->route, request_namespace(r, q), q->prompt, q->p.num_prompt, old, NULL);
+    /* Neither an engine that is not usable now (routing's view may lag its link) nor one whose
+     * copy of q may still run (q->left). */
+    uint64_t avoid = q->left;
+    for (uint32_t i = 0; i < r->num_engines; i++)
+        if (!engine_usable(&r->engines[i]))
+            avoid |= 1ull << i;
+    uint32_t pick = route_pick_avoiding(r->route, request_namespace(r, q), q->prompt,
+                                        q->p.num_prompt, avoid, NULL);
     if (pick == ROUTE_NONE)
         return NULL;
     if (old != ROUTE_NONE) {
@@ -157,6 +163,11 @@ static struct engine *request_engine(struct router *r, struct request *q)
         log_info("request %s moves from engine %u to engine %u with %u tokens of output", hex, old,
                  pick, q->num_tokens);
         route_release(r->route, old);
+        /* Its copy there is told to stop now when the link is there (a hung engine reads it when
+         * it answers again; best effort: its later events ask again, and so does its return). */
+        q->left |= 1ull << old;
+        if (engine_linked(&r->engines[old]))
+            send_cancel(&r->engines[old], q->sched_id);
     }
     q->engine = pick;
     r->engines[pick].routed++;
@@ -216,11 +227,14 @@ void router_flush_pending(struct router *r)
 static void on_link_joined(struct router *r, struct engine *e)
 {
     uint32_t n = 0;
-    for (struct request *q = r->live.head; q != NULL; q = q->next)
+    uint64_t bit = 1ull << e->index;
+    for (struct request *q = r->live.head; q != NULL; q = q->next) {
+        q->heard &= ~bit; /* its announcement tells which copies it holds */
         if (q->job == NULL && q->engine == e->index) { /* a prompt being tokenized goes later */
             registry_set_pending(r, q, &q->need_submit, 1);
             n++;
         }
+    }
     if (r->num_engines == 1)
         log_info("scheduler link up (%s): sending %u unfinished requests", e->url, n);
     else
@@ -259,6 +273,16 @@ static void on_engine_down(struct router *r, struct engine *e)
     }
 }
 
+/* e is usable again: the copies it may still run of requests that moved away from it are told
+ * to stop (again), so that their end events come and those requests may go back there. */
+static void cancel_left_copies(struct router *r, struct engine *e)
+{
+    uint64_t bit = 1ull << e->index;
+    for (struct request *q = r->live.head; q != NULL; q = q->next)
+        if ((q->left & bit) && q->engine != e->index)
+            send_cancel(e, q->sched_id);
+}
+
 /* Brings each engine's state up to date with its link: joined, down, or back. */
 static void engines_update(struct router *r)
 {
@@ -277,6 +301,8 @@ static void engines_update(struct router *r)
             route_set_up(r->route, i, up);
             if (!up)
                 on_engine_down(r, e);
+            else
+                cancel_left_copies(r, e);
             changed = 1;
         }
     }
@@ -457,6 +483,12 @@ static Pagoda__FinishReason finish_from_internal(Pagoda__Internal__FinishReason 
  * answered. */
 static void on_announced(struct router *r, struct engine *e)
 {
+    /* The copies it did not announce are not there (a restarted scheduler): the requests that
+     * left it may go back. */
+    uint64_t bit = 1ull << e->index;
+    for (struct request *q = r->live.head; q != NULL; q = q->next)
+        if ((q->left & bit) && !(q->heard & bit))
+            q->left &= ~bit;
     e->announced = 1;
     for (uint32_t i = 0; i < r->num_engines; i++)
         if (!r->engines[i].announced)
@@ -495,10 +527,16 @@ static void apply_event(struct router *r, struct engine *e, const Pagoda__Intern
     }
     if (q->engine != e->index) {
         /* An engine the request moved away from (it was down or hung, and is back): the request
-         * goes on elsewhere, so this one stops it (best effort: a later event asks again). */
+         * goes on elsewhere, so this one stops it (best effort: a later event asks again). Once
+         * its copy's end arrives (whatever the reason), the request may go back there. */
+        uint64_t bit = 1ull << e->index;
         if (!ev->has_finish_reason ||
-            ev->finish_reason == PAGODA__INTERNAL__FINISH_REASON__FINISH_NONE)
+            ev->finish_reason == PAGODA__INTERNAL__FINISH_REASON__FINISH_NONE) {
+            q->heard |= bit;
             send_cancel(e, q->sched_id);
+        } else {
+            q->left &= ~bit;
+        }
         return;
     }
     if (q->finish != PAGODA__FINISH_REASON__FINISH_NONE)

@@ -120,7 +120,9 @@ static void on_submit(struct fake_sched *fs, const Pagoda__Internal__SubmitSeq *
         return;
     pthread_mutex_lock(&fs->lock);
     struct fseq *q = find(fs, s->request_id.data);
-    if (q != NULL) {
+    /* As the real scheduler, which forgets a sequence once it ended: an id that ended (finished or
+     * cancelled) is a new sequence when submitted again (it goes in front of the old one). */
+    if (q != NULL && !q->done) {
         fs->counts.repeated_submits++;
         pthread_mutex_unlock(&fs->lock);
         return;
@@ -449,7 +451,7 @@ static void on_message(struct fake_sched *fs, nng_msg *m)
         if (msg->cancel->has_request_id && msg->cancel->request_id.len == 16) {
             struct fseq *q = find(fs, msg->cancel->request_id.data);
             if (q != NULL && !q->done) {
-                /* REVIEW: as the real scheduler's on_cancel: an end event, FINISH_CANCELLED. */
+                /* As the real scheduler's on_cancel: an end event, FINISH_CANCELLED. */
                 Pagoda__Internal__TokenEvent ev = PAGODA__INTERNAL__TOKEN_EVENT__INIT;
                 ev.has_request_id = 1;
                 ev.request_id.data = q->id;

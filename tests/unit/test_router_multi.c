@@ -338,6 +338,60 @@ static void test_stranded_when_other_returns(void **state)
     multi_stop(&m);
 }
 
+/* The tokens held from offset on (waiting up to wait_ms for some), plus offset. */
+static uint32_t poll_count(struct multi *m, const uint8_t *id, uint32_t offset, int wait_ms)
+{
+    pagoda_result r = {0};
+    assert_int_equal(pagoda_poll(m->client, id, offset, wait_ms, &r), 0);
+    uint32_t n = offset + (uint32_t)r.num_tokens;
+    pagoda_result_free(&r);
+    return n;
+}
+
+/* A hangs, q moves to B; A answers again; A's late events make the router queue a cancel to A; B
+ * dies before A has processed it, so q moves back to A. A's CANCELLED end (for its old copy) was
+ * taken for q's own, and the client saw "cancelled" for a request it never cancelled: q must not
+ * go back to A before that end arrived. */
+static void test_cancel_race_move_back(void **state)
+{
+    (void)state;
+    struct multi m;
+    multi_start(&m, "cache-aware");
+    int32_t prompt[40];
+    for (int i = 0; i < 40; i++)
+        prompt[i] = 700 + i;
+    uint8_t id[PAGODA_REQUEST_ID_BYTES];
+    uint32_t have;
+    int a = start_long(&m, prompt, 40, id, &have);
+    int b = 1 - a;
+    fake_sched_hold(m.fs[a], 1);
+    fake_sched_hold(m.fs[b], 1);
+    fake_sched_pause(m.fs[a], 1);
+    for (int t = 0; t < WAIT_MS / 10 && submits(&m, b) == 0; t++)
+        sleep_ms(10);
+    assert_int_equal(submits(&m, b), 1);
+    fake_sched_pause(m.fs[a], 0); /* answers its probes again: usable */
+    sleep_ms(500);
+    uint32_t n = poll_count(&m, id, 0, 0);
+    fake_sched_hold(m.fs[b], 0);
+    (void)poll_count(&m, id, n + 25, 5000); /* B goes on with it for a while */
+    fake_sched_hold(m.fs[b], 1);
+    sleep_ms(50);
+    fake_sched_pause(m.fs[a], 1);
+    fake_sched_hold(m.fs[a], 0);
+    sleep_ms(6);
+    fake_sched_hold(m.fs[a], 1);
+    sleep_ms(100); /* the router has A's events and has queued cancels to A */
+    fake_sched_stop(m.fs[b]);
+    m.fs[b] = NULL;
+    sleep_ms(300); /* q moved back to A: its submit is queued behind the cancels */
+    fake_sched_pause(m.fs[a], 0);
+    fake_sched_hold(m.fs[a], 0);
+    /* Every token, in order, and the end at max_tokens: not A's CANCELLED end of its old copy. */
+    finish_long(&m, prompt, 40, id);
+    multi_stop(&m);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -347,6 +401,7 @@ int main(void)
         cmocka_unit_test(test_failover_on_hang),
         cmocka_unit_test(test_admin_over_engines),
         cmocka_unit_test(test_stranded_when_other_returns),
+        cmocka_unit_test(test_cancel_race_move_back),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
