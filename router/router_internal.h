@@ -209,6 +209,7 @@ struct engine {
     int hung;
     Pagoda__Internal__ToRouter *stats; /* its latest SchedulerStats (owned), or NULL */
     uint64_t routed;                   /* requests the router sent it (moves included) */
+    uint64_t sends_refused; /* sends its link refused (full, or closed): they are tried again */
 };
 
 struct router {

@@ -125,7 +125,10 @@ int router_send(struct engine *e, Pagoda__Internal__ToScheduler *env)
 {
     env->has_protocol_version = 1;
     env->protocol_version = WIRE_PROTOCOL_VERSION;
-    return wire_send(e->link, &env->base);
+    int rc = wire_send(e->link, &env->base);
+    if (rc != 0)
+        e->sends_refused++;
+    return rc;
 }
 
 /* The namespace of q's tenant (the scheduler's prefix cache's, so routing keeps tenants apart
@@ -181,11 +184,15 @@ void link_request_done(struct router *r, struct request *q)
 }
 
 /* Sends what is still to be sent to the engines, while their links take it. A refused send
- * stays pending for the next housekeeping tick. The Policy goes first on each link: nothing is
- * submitted under an older tenancy than the router's (but nothing waits for the scheduler to
- * apply it either: only admin calls do). */
+ * stays pending for the next housekeeping tick, and nothing more is tried on that engine's link
+ * in this pass: its buffer is full, and every further SubmitSeq would be packed only to be
+ * refused (a pass over thousands of pending prompts then cost every Submit tens of
+ * milliseconds). The Policy goes first on each link: nothing is submitted under an older
+ * tenancy than the router's (but nothing waits for the scheduler to apply it either: only admin
+ * calls do). */
 void router_flush_pending(struct router *r)
 {
+    uint64_t full = 0; /* bit e: engine e refused a send in this pass */
     int any = 0;
     for (uint32_t i = 0; i < r->num_engines; i++) {
         struct engine *e = &r->engines[i];
@@ -204,16 +211,24 @@ void router_flush_pending(struct router *r)
         for (struct request *q = lists[l]->head; q != NULL && r->num_pending > 0; q = q->next) {
             if (q->need_submit) {
                 struct engine *e = request_engine(r, q);
-                if (e != NULL && !e->need_policy && send_submit(e, q) == 0)
-                    registry_set_pending(r, q, &q->need_submit, 0);
+                if (e != NULL && !e->need_policy && !(full & (1ull << e->index))) {
+                    if (send_submit(e, q) == 0)
+                        registry_set_pending(r, q, &q->need_submit, 0);
+                    else
+                        full |= 1ull << e->index;
+                }
             }
             if (q->need_cancel) {
                 if (q->engine == ROUTE_NONE) {
                     registry_set_pending(r, q, &q->need_cancel, 0); /* never sent anywhere */
                 } else {
                     struct engine *e = &r->engines[q->engine];
-                    if (engine_linked(e) && !e->need_policy && send_cancel(e, q->sched_id) == 0)
-                        registry_set_pending(r, q, &q->need_cancel, 0);
+                    if (engine_linked(e) && !e->need_policy && !(full & (1ull << e->index))) {
+                        if (send_cancel(e, q->sched_id) == 0)
+                            registry_set_pending(r, q, &q->need_cancel, 0);
+                        else
+                            full |= 1ull << e->index;
+                    }
                 }
             }
         }
