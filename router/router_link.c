@@ -724,7 +724,6 @@ static void merge_stats(struct router *r, uint64_t mask, Pagoda__Internal__Sched
     } while (0)
         SUM(running);
         SUM(waiting);
-        SUM(peak_running);
         SUM(steps);
         SUM(resyncs);
         SUM(worker_restarts);
@@ -739,7 +738,6 @@ static void merge_stats(struct router *r, uint64_t mask, Pagoda__Internal__Sched
         SUM(evictions);
         SUM(pinned_blocks);
         SUM(steps_in_flight);
-        SUM(peak_steps_in_flight);
         SUM(discarded_tokens);
         SUM(prefill_tokens);
         SUM(decode_tokens);
@@ -751,6 +749,8 @@ static void merge_stats(struct router *r, uint64_t mask, Pagoda__Internal__Sched
         MEAN(5, locality);
         MEAN(6, locality_run_length);
         HIGHEST(peak_kv_usage);
+        HIGHEST(peak_running);
+        HIGHEST(peak_steps_in_flight);
 #undef SUM
 #undef MEAN
 #undef HIGHEST

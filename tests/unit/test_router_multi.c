@@ -138,7 +138,7 @@ static void check_tokens(const int32_t *prompt, size_t n, const pagoda_result *r
 }
 
 /* Round robin: four requests, two on each engine (one linked over ipc://, one over tcp://);
- * Stats sums the two engines' figures. */
+ * Stats sums the two engines' counters and takes the highest of their peaks. */
 static void test_round_robin_and_stats(void **state)
 {
     (void)state;
@@ -157,8 +157,10 @@ static void test_round_robin_and_stats(void **state)
     assert_int_equal(submits(&m, 1), 2);
     pagoda_engine_stats st;
     assert_int_equal(pagoda_stats(m.client, &st), 0);
-    /* Each fake reports FAKE_SCHED_PEAK_RUNNING_BASE + its own peak. */
-    assert_true(st.peak_running >= 2 * FAKE_SCHED_PEAK_RUNNING_BASE + 2);
+    /* Each fake reports FAKE_SCHED_PEAK_RUNNING_BASE + its own peak: a peak is the highest
+     * engine's, not the sum (which would be over 2 * FAKE_SCHED_PEAK_RUNNING_BASE). */
+    assert_true(st.peak_running >= FAKE_SCHED_PEAK_RUNNING_BASE + 1);
+    assert_true(st.peak_running < 2 * FAKE_SCHED_PEAK_RUNNING_BASE);
     assert_true(st.scheduler_connected);
     multi_stop(&m);
 }
