@@ -202,10 +202,12 @@ struct engine {
     int announced;   /* its announcement has arrived */
     uint64_t applied_version; /* the latest policy version it said it applied */
     /* The liveness probe (with several engines): a StatsRequest with cookie 0 every
-     * ENGINE_PROBE_MS; an engine that leaves one unanswered for stats_timeout_ms is hung, and
-     * treated as down until it answers again. */
+     * ENGINE_PROBE_MS. An engine is hung when nothing at all came from it (any message counts)
+     * for stats_timeout_ms while ENGINE_HUNG_MISSED_PROBES probes or more went out, and is
+     * treated as down until something comes from it again (router_link.c). */
     uint64_t probe_sent_ms;
-    int probe_outstanding;
+    uint64_t heard_ms;          /* when its last message arrived (or its link joined) */
+    uint32_t probes_unanswered; /* probes sent since then */
     int hung;
     Pagoda__Internal__ToRouter *stats; /* its latest SchedulerStats (owned), or NULL */
     uint64_t routed;                   /* requests the router sent it (moves included) */

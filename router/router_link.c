@@ -22,8 +22,11 @@
  * not refused by a non-blocking send while the pipe is busy. */
 #define LINK_BUFFER_MESSAGES 1024
 /* How often each engine is asked for its stats when there are several: its load for routing, and
- * its liveness (an engine that does not answer within stats_timeout_ms is hung). */
+ * its liveness (an engine from which nothing comes within stats_timeout_ms is hung). */
 #define ENGINE_PROBE_MS 250
+/* The probes in a row an engine must leave unanswered (on top of stats_timeout_ms of silence)
+ * before it is hung: a router loop that stalled and sent none is not the engine's fault. */
+#define ENGINE_HUNG_MISSED_PROBES 3
 
 /* ---- what goes to the schedulers ------------------------------------------------------------- */
 
@@ -255,7 +258,8 @@ static void on_link_joined(struct router *r, struct engine *e)
     else
         log_info("engine %u up (%s): sending its %u unfinished requests", e->index, e->url, n);
     e->hung = 0;
-    e->probe_outstanding = 0;
+    e->heard_ms = uv_now(r->loop);
+    e->probes_unanswered = 0;
     tenancy_on_link_up(r, e);
     e->need_hello = 1;
 }
@@ -339,12 +343,12 @@ void link_tick(struct router *r)
         struct engine *e = &r->engines[i];
         if (!engine_linked(e))
             continue;
-        if (e->probe_outstanding && !e->hung && now - e->probe_sent_ms >= r->cfg.stats_timeout_ms)
+        if (!e->hung && e->probes_unanswered >= ENGINE_HUNG_MISSED_PROBES &&
+            now - e->heard_ms >= r->cfg.stats_timeout_ms)
             e->hung = 1;
-        if ((!e->probe_outstanding || e->hung) && now - e->probe_sent_ms >= ENGINE_PROBE_MS &&
-            send_stats_request(e, 0) == 0) {
+        if (now - e->probe_sent_ms >= ENGINE_PROBE_MS && send_stats_request(e, 0) == 0) {
             e->probe_sent_ms = now;
-            e->probe_outstanding = 1;
+            e->probes_unanswered++;
         }
     }
     engines_update(r);
@@ -823,13 +827,7 @@ static void on_stats(struct router *r, struct engine *e, Pagoda__Internal__ToRou
     if (e->stats != NULL)
         protobuf_c_message_free_unpacked(&e->stats->base, NULL);
     e->stats = msg;
-    e->probe_outstanding = 0;
     route_set_engine_load(r->route, e->index, s->running + s->waiting);
-    if (e->hung) {
-        log_info("engine %u (%s) answers again: it takes new work", e->index, e->url);
-        e->hung = 0;
-        engines_update(r);
-    }
     uint64_t bit = 1ull << e->index;
     struct rctx *c = r->stats_waiters;
     while (c != NULL) {
@@ -957,6 +955,14 @@ void link_on_msg(void *arg, nng_msg *m)
         (Pagoda__Internal__ToRouter *)wire_unpack(&pagoda__internal__to_router__descriptor, m);
     size_t len = nng_msg_len(m);
     nng_msg_free(m);
+    /* Any message is a sign of life (a malformed one too: the engine's loop runs). */
+    e->heard_ms = uv_now(r->loop);
+    e->probes_unanswered = 0;
+    if (e->hung) {
+        log_info("engine %u (%s) answers again: it takes new work", e->index, e->url);
+        e->hung = 0;
+        engines_update(r);
+    }
     if (msg == NULL) {
         r->malformed_internal++;
         log_warn("a malformed %zu-byte message from the scheduler: ignored", len);

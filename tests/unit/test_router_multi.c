@@ -394,6 +394,39 @@ static void test_cancel_race_move_back(void **state)
     multi_stop(&m);
 }
 
+/* An engine that answers no probe but keeps sending token events is alive: any message counts.
+ * Short requests with a shared prefix go to it one after another for longer than the stats
+ * timeout (2 s); none goes to the other engine (it used to be taken for hung, and the requests
+ * went elsewhere). */
+static void test_alive_while_streaming(void **state)
+{
+    (void)state;
+    struct multi m;
+    multi_start(&m, "cache-aware");
+    pagoda_generate_params p = pagoda_generate_params_default();
+    p.max_tokens = 6;
+    int32_t prompt[40];
+    for (int i = 0; i < 40; i++)
+        prompt[i] = 900 + i;
+    pagoda_result r = {0};
+    assert_int_equal(pagoda_generate(m.client, &p, prompt, 40, &r), 0);
+    pagoda_result_free(&r);
+    int owner = submits(&m, 0) == 1 ? 0 : 1;
+    fake_sched_hold_stats(m.fs[owner], 1);
+    /* 150 requests and pauses of 20 ms: over 3 s, past the 2 s stats timeout. */
+    for (int k = 0; k < 150; k++) {
+        prompt[39] = 2000 + k; /* the first 32 tokens (two chunks) are the owner's */
+        assert_int_equal(pagoda_generate(m.client, &p, prompt, 40, &r), 0);
+        check_tokens(prompt, 40, &r, 6);
+        pagoda_result_free(&r);
+        sleep_ms(20);
+    }
+    assert_int_equal(submits(&m, owner), 151);
+    assert_int_equal(submits(&m, 1 - owner), 0);
+    fake_sched_hold_stats(m.fs[owner], 0);
+    multi_stop(&m);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -404,6 +437,7 @@ int main(void)
         cmocka_unit_test(test_admin_over_engines),
         cmocka_unit_test(test_stranded_when_other_returns),
         cmocka_unit_test(test_cancel_race_move_back),
+        cmocka_unit_test(test_alive_while_streaming),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
