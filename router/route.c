@@ -292,14 +292,20 @@ uint32_t route_matched(const struct route *rt, uint32_t e, const char *ns, const
 
 /* ---- the choice ------------------------------------------------------------------------------ */
 
-/* The up engine other than avoid that comes first from the cursor on among those with the lowest
- * load (every one when least_only is 0: the next in turn). */
-static uint32_t next_in_turn(const struct route *rt, uint32_t avoid, int least_only)
+/* Whether engine e may be picked: up, and not in avoid (bit e). */
+static int pickable(const struct route *rt, uint32_t e, uint64_t avoid)
+{
+    return rt->engines[e].up && !(avoid & (1ull << e));
+}
+
+/* The pickable engine that comes first from the cursor on among those with the lowest load
+ * (every one when least_only is 0: the next in turn). */
+static uint32_t next_in_turn(const struct route *rt, uint64_t avoid, int least_only)
 {
     uint32_t best = NIL;
     for (uint32_t k = 0; k < rt->num_engines; k++) {
         uint32_t e = (rt->cursor + k) % rt->num_engines;
-        if (!rt->engines[e].up || e == avoid)
+        if (!pickable(rt, e, avoid))
             continue;
         if (!least_only)
             return e;
@@ -317,6 +323,13 @@ static int much_busier(uint64_t load, uint64_t least)
 uint32_t route_pick(struct route *rt, const char *ns, const int32_t *prompt, uint32_t n,
                     uint32_t avoid, uint32_t *matched)
 {
+    uint64_t mask = avoid < rt->num_engines ? 1ull << avoid : 0;
+    return route_pick_avoiding(rt, ns, prompt, n, mask, matched);
+}
+
+uint32_t route_pick_avoiding(struct route *rt, const char *ns, const int32_t *prompt, uint32_t n,
+                             uint64_t avoid, uint32_t *matched)
+{
     uint64_t keys[ROUTE_MAX_BLOCKS];
     uint32_t nb = prompt_keys(rt, ns, prompt, n, keys);
     uint32_t least = next_in_turn(rt, avoid, 1);
@@ -332,7 +345,7 @@ uint32_t route_pick(struct route *rt, const char *ns, const int32_t *prompt, uin
         uint32_t best = NIL, best_m = 0;
         for (uint32_t k = 0; k < rt->num_engines; k++) {
             uint32_t e = (rt->cursor + k) % rt->num_engines;
-            if (!rt->engines[e].up || e == avoid)
+            if (!pickable(rt, e, avoid))
                 continue;
             uint32_t m = matched_of(rt, e, keys, nb);
             if (m > best_m || (m == best_m && m > 0 && route_load(rt, e) < route_load(rt, best))) {

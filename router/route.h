@@ -82,6 +82,9 @@ uint64_t route_load(const struct route *rt, uint32_t e);
  * no engine is up (nothing changes). */
 uint32_t route_pick(struct route *rt, const char *ns, const int32_t *prompt, uint32_t n,
                     uint32_t avoid, uint32_t *matched);
+/* The same, avoiding every engine whose bit is set in avoid (bit e: engine e). */
+uint32_t route_pick_avoiding(struct route *rt, const char *ns, const int32_t *prompt, uint32_t n,
+                             uint64_t avoid, uint32_t *matched);
 /* The chunks of the prompt that engine e is thought to hold (a lookup: nothing changes). */
 uint32_t route_matched(const struct route *rt, uint32_t e, const char *ns, const int32_t *prompt,
                        uint32_t n);

@@ -129,8 +129,13 @@ struct request {
     int need_cancel;         /* the CancelSeq is still to be sent */
     struct rctx *waiters;    /* parked polls */
     uint32_t engine;         /* the engine it was sent to (ROUTE_NONE: none yet) */
-    int adopted;             /* registered from the scheduler's announcement (no prompt known) */
-    int aliased;             /* also in router.alias_buckets (see registry_adopt) */
+    /* Engines it moved away from whose copy may still run there (bit e: engine e): it is not sent
+     * back to one of them until that copy's end event arrived, or the engine's announcement after
+     * its link rejoined did not name it (heard: bit e, an event from e since that join), so that
+     * the old copy's end is never taken for the new one's (router_link.c). */
+    uint64_t left, heard;
+    int adopted; /* registered from the scheduler's announcement (no prompt known) */
+    int aliased; /* also in router.alias_buckets (see registry_adopt) */
     struct request *alias_next;
     /* Once finished: its tenant's finished list (tenant_slot.fin_head), oldest first. */
     struct request *tprev, *tnext;
@@ -197,13 +202,16 @@ struct engine {
     int announced;   /* its announcement has arrived */
     uint64_t applied_version; /* the latest policy version it said it applied */
     /* The liveness probe (with several engines): a StatsRequest with cookie 0 every
-     * ENGINE_PROBE_MS; an engine that leaves one unanswered for stats_timeout_ms is hung, and
-     * treated as down until it answers again. */
+     * ENGINE_PROBE_MS. An engine is hung when nothing at all came from it (any message counts)
+     * for stats_timeout_ms while ENGINE_HUNG_MISSED_PROBES probes or more went out, and is
+     * treated as down until something comes from it again (router_link.c). */
     uint64_t probe_sent_ms;
-    int probe_outstanding;
+    uint64_t heard_ms;          /* when its last message arrived (or its link joined) */
+    uint32_t probes_unanswered; /* probes sent since then */
     int hung;
     Pagoda__Internal__ToRouter *stats; /* its latest SchedulerStats (owned), or NULL */
     uint64_t routed;                   /* requests the router sent it (moves included) */
+    uint64_t sends_refused; /* sends its link refused (full, or closed): they are tried again */
 };
 
 struct router {

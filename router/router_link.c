@@ -22,8 +22,11 @@
  * not refused by a non-blocking send while the pipe is busy. */
 #define LINK_BUFFER_MESSAGES 1024
 /* How often each engine is asked for its stats when there are several: its load for routing, and
- * its liveness (an engine that does not answer within stats_timeout_ms is hung). */
+ * its liveness (an engine from which nothing comes within stats_timeout_ms is hung). */
 #define ENGINE_PROBE_MS 250
+/* The probes in a row an engine must leave unanswered (on top of stats_timeout_ms of silence)
+ * before it is hung: a router loop that stalled and sent none is not the engine's fault. */
+#define ENGINE_HUNG_MISSED_PROBES 3
 
 /* ---- what goes to the schedulers ------------------------------------------------------------- */
 
@@ -125,7 +128,10 @@ int router_send(struct engine *e, Pagoda__Internal__ToScheduler *env)
 {
     env->has_protocol_version = 1;
     env->protocol_version = WIRE_PROTOCOL_VERSION;
-    return wire_send(e->link, &env->base);
+    int rc = wire_send(e->link, &env->base);
+    if (rc != 0)
+        e->sends_refused++;
+    return rc;
 }
 
 /* The namespace of q's tenant (the scheduler's prefix cache's, so routing keeps tenants apart
@@ -147,8 +153,14 @@ static struct engine *request_engine(struct router *r, struct request *q)
     uint32_t old = q->engine;
     if (old != ROUTE_NONE && (engine_usable(&r->engines[old]) || q->adopted))
         return engine_usable(&r->engines[old]) ? &r->engines[old] : NULL;
-    uint32_t pick =
-        route_pick(r->route, request_namespace(r, q), q->prompt, q->p.num_prompt, old, NULL);
+    /* Neither an engine that is not usable now (routing's view may lag its link) nor one whose
+     * copy of q may still run (q->left). */
+    uint64_t avoid = q->left;
+    for (uint32_t i = 0; i < r->num_engines; i++)
+        if (!engine_usable(&r->engines[i]))
+            avoid |= 1ull << i;
+    uint32_t pick = route_pick_avoiding(r->route, request_namespace(r, q), q->prompt,
+                                        q->p.num_prompt, avoid, NULL);
     if (pick == ROUTE_NONE)
         return NULL;
     if (old != ROUTE_NONE) {
@@ -157,6 +169,11 @@ static struct engine *request_engine(struct router *r, struct request *q)
         log_info("request %s moves from engine %u to engine %u with %u tokens of output", hex, old,
                  pick, q->num_tokens);
         route_release(r->route, old);
+        /* Its copy there is told to stop now when the link is there (a hung engine reads it when
+         * it answers again; best effort: its later events ask again, and so does its return). */
+        q->left |= 1ull << old;
+        if (engine_linked(&r->engines[old]))
+            send_cancel(&r->engines[old], q->sched_id);
     }
     q->engine = pick;
     r->engines[pick].routed++;
@@ -170,11 +187,15 @@ void link_request_done(struct router *r, struct request *q)
 }
 
 /* Sends what is still to be sent to the engines, while their links take it. A refused send
- * stays pending for the next housekeeping tick. The Policy goes first on each link: nothing is
- * submitted under an older tenancy than the router's (but nothing waits for the scheduler to
- * apply it either: only admin calls do). */
+ * stays pending for the next housekeeping tick, and nothing more is tried on that engine's link
+ * in this pass: its buffer is full, and every further SubmitSeq would be packed only to be
+ * refused (a pass over thousands of pending prompts then cost every Submit tens of
+ * milliseconds). The Policy goes first on each link: nothing is submitted under an older
+ * tenancy than the router's (but nothing waits for the scheduler to apply it either: only admin
+ * calls do). */
 void router_flush_pending(struct router *r)
 {
+    uint64_t full = 0; /* bit e: engine e refused a send in this pass */
     int any = 0;
     for (uint32_t i = 0; i < r->num_engines; i++) {
         struct engine *e = &r->engines[i];
@@ -193,16 +214,24 @@ void router_flush_pending(struct router *r)
         for (struct request *q = lists[l]->head; q != NULL && r->num_pending > 0; q = q->next) {
             if (q->need_submit) {
                 struct engine *e = request_engine(r, q);
-                if (e != NULL && !e->need_policy && send_submit(e, q) == 0)
-                    registry_set_pending(r, q, &q->need_submit, 0);
+                if (e != NULL && !e->need_policy && !(full & (1ull << e->index))) {
+                    if (send_submit(e, q) == 0)
+                        registry_set_pending(r, q, &q->need_submit, 0);
+                    else
+                        full |= 1ull << e->index;
+                }
             }
             if (q->need_cancel) {
                 if (q->engine == ROUTE_NONE) {
                     registry_set_pending(r, q, &q->need_cancel, 0); /* never sent anywhere */
                 } else {
                     struct engine *e = &r->engines[q->engine];
-                    if (engine_linked(e) && !e->need_policy && send_cancel(e, q->sched_id) == 0)
-                        registry_set_pending(r, q, &q->need_cancel, 0);
+                    if (engine_linked(e) && !e->need_policy && !(full & (1ull << e->index))) {
+                        if (send_cancel(e, q->sched_id) == 0)
+                            registry_set_pending(r, q, &q->need_cancel, 0);
+                        else
+                            full |= 1ull << e->index;
+                    }
                 }
             }
         }
@@ -216,47 +245,61 @@ void router_flush_pending(struct router *r)
 static void on_link_joined(struct router *r, struct engine *e)
 {
     uint32_t n = 0;
-    for (struct request *q = r->live.head; q != NULL; q = q->next)
+    uint64_t bit = 1ull << e->index;
+    for (struct request *q = r->live.head; q != NULL; q = q->next) {
+        q->heard &= ~bit; /* its announcement tells which copies it holds */
         if (q->job == NULL && q->engine == e->index) { /* a prompt being tokenized goes later */
             registry_set_pending(r, q, &q->need_submit, 1);
             n++;
         }
+    }
     if (r->num_engines == 1)
         log_info("scheduler link up (%s): sending %u unfinished requests", e->url, n);
     else
         log_info("engine %u up (%s): sending its %u unfinished requests", e->index, e->url, n);
     e->hung = 0;
-    e->probe_outstanding = 0;
+    e->heard_ms = uv_now(r->loop);
+    e->probes_unanswered = 0;
     tenancy_on_link_up(r, e);
     e->need_hello = 1;
 }
 
-/* e stopped being usable (its link went down, or it is hung): with another engine usable, its
- * unfinished requests move there (router_flush_pending picks where); without, they wait for it
- * (today's single-engine behaviour: they are resent when it comes back). */
+/* e stopped being usable (its link went down, or it is hung): its unfinished requests are marked
+ * to be sent again, whether or not another engine is usable now. router_flush_pending sends each
+ * to the first engine usable again: another one (routing picks it), or e itself when it comes
+ * back first (with one engine: today's behaviour, they are resent when it comes back). Marking
+ * them now rather than when another engine is usable is what keeps them from being stranded when
+ * every engine is down at once and one other than e returns. */
 static void stats_on_engine_down(struct router *r, struct engine *e);
 
 static void on_engine_down(struct router *r, struct engine *e)
 {
     uint32_t n = 0;
-    int others = 0;
-    for (uint32_t i = 0; i < r->num_engines; i++)
-        others |= i != e->index && engine_usable(&r->engines[i]);
-    if (others)
-        for (struct request *q = r->live.head; q != NULL; q = q->next)
-            if (q->engine == e->index && q->job == NULL && !q->adopted) {
-                registry_set_pending(r, q, &q->need_submit, 1);
-                n++;
-            }
+    for (struct request *q = r->live.head; q != NULL; q = q->next)
+        if (q->engine == e->index && q->job == NULL && !q->adopted) {
+            registry_set_pending(r, q, &q->need_submit, 1);
+            n++;
+        }
     if (r->num_engines > 1)
-        log_warn("engine %u (%s) is %s: %u unfinished requests move to other engines", e->index,
-                 e->url, e->hung ? "not answering" : "down", n);
+        log_warn("engine %u (%s) is %s: %u unfinished requests move to another engine once one "
+                 "is usable",
+                 e->index, e->url, e->hung ? "not answering" : "down", n);
     /* The calls waiting for it are answered with the other engines' figures; with one engine
      * they wait for their timeout, as they always did. */
     if (r->num_engines > 1) {
         stats_on_engine_down(r, e);
         admin_on_engine_down(r, e);
     }
+}
+
+/* e is usable again: the copies it may still run of requests that moved away from it are told
+ * to stop (again), so that their end events come and those requests may go back there. */
+static void cancel_left_copies(struct router *r, struct engine *e)
+{
+    uint64_t bit = 1ull << e->index;
+    for (struct request *q = r->live.head; q != NULL; q = q->next)
+        if ((q->left & bit) && q->engine != e->index)
+            send_cancel(e, q->sched_id);
 }
 
 /* Brings each engine's state up to date with its link: joined, down, or back. */
@@ -277,6 +320,8 @@ static void engines_update(struct router *r)
             route_set_up(r->route, i, up);
             if (!up)
                 on_engine_down(r, e);
+            else
+                cancel_left_copies(r, e);
             changed = 1;
         }
     }
@@ -298,12 +343,12 @@ void link_tick(struct router *r)
         struct engine *e = &r->engines[i];
         if (!engine_linked(e))
             continue;
-        if (e->probe_outstanding && !e->hung && now - e->probe_sent_ms >= r->cfg.stats_timeout_ms)
+        if (!e->hung && e->probes_unanswered >= ENGINE_HUNG_MISSED_PROBES &&
+            now - e->heard_ms >= r->cfg.stats_timeout_ms)
             e->hung = 1;
-        if ((!e->probe_outstanding || e->hung) && now - e->probe_sent_ms >= ENGINE_PROBE_MS &&
-            send_stats_request(e, 0) == 0) {
+        if (now - e->probe_sent_ms >= ENGINE_PROBE_MS && send_stats_request(e, 0) == 0) {
             e->probe_sent_ms = now;
-            e->probe_outstanding = 1;
+            e->probes_unanswered++;
         }
     }
     engines_update(r);
@@ -457,6 +502,12 @@ static Pagoda__FinishReason finish_from_internal(Pagoda__Internal__FinishReason 
  * answered. */
 static void on_announced(struct router *r, struct engine *e)
 {
+    /* The copies it did not announce are not there (a restarted scheduler): the requests that
+     * left it may go back. */
+    uint64_t bit = 1ull << e->index;
+    for (struct request *q = r->live.head; q != NULL; q = q->next)
+        if ((q->left & bit) && !(q->heard & bit))
+            q->left &= ~bit;
     e->announced = 1;
     for (uint32_t i = 0; i < r->num_engines; i++)
         if (!r->engines[i].announced)
@@ -495,10 +546,16 @@ static void apply_event(struct router *r, struct engine *e, const Pagoda__Intern
     }
     if (q->engine != e->index) {
         /* An engine the request moved away from (it was down or hung, and is back): the request
-         * goes on elsewhere, so this one stops it (best effort: a later event asks again). */
+         * goes on elsewhere, so this one stops it (best effort: a later event asks again). Once
+         * its copy's end arrives (whatever the reason), the request may go back there. */
+        uint64_t bit = 1ull << e->index;
         if (!ev->has_finish_reason ||
-            ev->finish_reason == PAGODA__INTERNAL__FINISH_REASON__FINISH_NONE)
+            ev->finish_reason == PAGODA__INTERNAL__FINISH_REASON__FINISH_NONE) {
+            q->heard |= bit;
             send_cancel(e, q->sched_id);
+        } else {
+            q->left &= ~bit;
+        }
         return;
     }
     if (q->finish != PAGODA__FINISH_REASON__FINISH_NONE)
@@ -671,7 +728,6 @@ static void merge_stats(struct router *r, uint64_t mask, Pagoda__Internal__Sched
     } while (0)
         SUM(running);
         SUM(waiting);
-        SUM(peak_running);
         SUM(steps);
         SUM(resyncs);
         SUM(worker_restarts);
@@ -686,7 +742,6 @@ static void merge_stats(struct router *r, uint64_t mask, Pagoda__Internal__Sched
         SUM(evictions);
         SUM(pinned_blocks);
         SUM(steps_in_flight);
-        SUM(peak_steps_in_flight);
         SUM(discarded_tokens);
         SUM(prefill_tokens);
         SUM(decode_tokens);
@@ -698,6 +753,8 @@ static void merge_stats(struct router *r, uint64_t mask, Pagoda__Internal__Sched
         MEAN(5, locality);
         MEAN(6, locality_run_length);
         HIGHEST(peak_kv_usage);
+        HIGHEST(peak_running);
+        HIGHEST(peak_steps_in_flight);
 #undef SUM
 #undef MEAN
 #undef HIGHEST
@@ -770,13 +827,7 @@ static void on_stats(struct router *r, struct engine *e, Pagoda__Internal__ToRou
     if (e->stats != NULL)
         protobuf_c_message_free_unpacked(&e->stats->base, NULL);
     e->stats = msg;
-    e->probe_outstanding = 0;
     route_set_engine_load(r->route, e->index, s->running + s->waiting);
-    if (e->hung) {
-        log_info("engine %u (%s) answers again: it takes new work", e->index, e->url);
-        e->hung = 0;
-        engines_update(r);
-    }
     uint64_t bit = 1ull << e->index;
     struct rctx *c = r->stats_waiters;
     while (c != NULL) {
@@ -904,6 +955,14 @@ void link_on_msg(void *arg, nng_msg *m)
         (Pagoda__Internal__ToRouter *)wire_unpack(&pagoda__internal__to_router__descriptor, m);
     size_t len = nng_msg_len(m);
     nng_msg_free(m);
+    /* Any message is a sign of life (a malformed one too: the engine's loop runs). */
+    e->heard_ms = uv_now(r->loop);
+    e->probes_unanswered = 0;
+    if (e->hung) {
+        log_info("engine %u (%s) answers again: it takes new work", e->index, e->url);
+        e->hung = 0;
+        engines_update(r);
+    }
     if (msg == NULL) {
         r->malformed_internal++;
         log_warn("a malformed %zu-byte message from the scheduler: ignored", len);

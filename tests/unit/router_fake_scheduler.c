@@ -47,7 +47,7 @@ struct fseq {
 struct fake_sched {
     nng_socket sock;
     pthread_t thread;
-    atomic_int stop, hold, dups, hold_policy, hold_admin, hold_stats;
+    atomic_int stop, hold, dups, hold_policy, hold_admin, hold_stats, pause;
     uint8_t *policy; /* the last Policy, packed; guarded by lock */
     size_t policy_len;
     int policy_pending; /* it is still to be answered (held); guarded by lock */
@@ -120,7 +120,9 @@ static void on_submit(struct fake_sched *fs, const Pagoda__Internal__SubmitSeq *
         return;
     pthread_mutex_lock(&fs->lock);
     struct fseq *q = find(fs, s->request_id.data);
-    if (q != NULL) {
+    /* As the real scheduler, which forgets a sequence once it ended: an id that ended (finished or
+     * cancelled) is a new sequence when submitted again (it goes in front of the old one). */
+    if (q != NULL && !q->done) {
         fs->counts.repeated_submits++;
         pthread_mutex_unlock(&fs->lock);
         return;
@@ -448,6 +450,25 @@ static void on_message(struct fake_sched *fs, nng_msg *m)
         fs->counts.cancels++;
         if (msg->cancel->has_request_id && msg->cancel->request_id.len == 16) {
             struct fseq *q = find(fs, msg->cancel->request_id.data);
+            if (q != NULL && !q->done) {
+                /* As the real scheduler's on_cancel: an end event, FINISH_CANCELLED. */
+                Pagoda__Internal__TokenEvent ev = PAGODA__INTERNAL__TOKEN_EVENT__INIT;
+                ev.has_request_id = 1;
+                ev.request_id.data = q->id;
+                ev.request_id.len = 16;
+                ev.has_offset = 1;
+                ev.offset = q->emitted;
+                ev.has_finish_reason = 1;
+                ev.finish_reason = PAGODA__INTERNAL__FINISH_REASON__FINISH_CANCELLED;
+                Pagoda__Internal__TokenEvent *pev = &ev;
+                Pagoda__Internal__TokenEvents te = PAGODA__INTERNAL__TOKEN_EVENTS__INIT;
+                te.n_events = 1;
+                te.events = &pev;
+                Pagoda__Internal__ToRouter env = PAGODA__INTERNAL__TO_ROUTER__INIT;
+                env.msg_case = PAGODA__INTERNAL__TO_ROUTER__MSG_EVENTS;
+                env.events = &te;
+                send_msg(fs, &env);
+            }
             if (q != NULL)
                 q->done = 1;
         }
@@ -560,7 +581,13 @@ static void *run(void *arg)
     uint64_t last_tick = rtr_now_ms();
     while (!atomic_load(&fs->stop)) {
         nng_msg *m;
-        int rv = nng_recvmsg(fs->sock, &m, 0);
+        int rv = NNG_ETIMEDOUT;
+        if (atomic_load(&fs->pause)) {
+            struct timespec ts = {0, 1000000L};
+            nanosleep(&ts, NULL);
+        } else {
+            rv = nng_recvmsg(fs->sock, &m, 0);
+        }
         if (rv == 0)
             on_message(fs, m);
         else if (rv != NNG_ETIMEDOUT)
@@ -627,6 +654,11 @@ void fake_sched_hold(struct fake_sched *fs, int hold)
 void fake_sched_set_duplicates(struct fake_sched *fs, int on)
 {
     atomic_store(&fs->dups, on);
+}
+
+void fake_sched_pause(struct fake_sched *fs, int on)
+{
+    atomic_store(&fs->pause, on);
 }
 
 void fake_sched_hold_policy(struct fake_sched *fs, int hold)

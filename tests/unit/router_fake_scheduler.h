@@ -78,6 +78,9 @@ void fake_sched_set_duplicates(struct fake_sched *fs, int on);
 void fake_sched_get_counts(struct fake_sched *fs, struct fake_sched_counts *out);
 /* While held, Policies are kept but not answered; when released, the last one is. */
 void fake_sched_hold_policy(struct fake_sched *fs, int hold);
+/* While paused, it reads nothing from its socket (a scheduler whose loop stalls): what the router
+ * sends piles up in the link's buffers. */
+void fake_sched_pause(struct fake_sched *fs, int on);
 /* While held, StatsRequests are dropped unanswered (with fake_sched_hold: a hung scheduler). */
 void fake_sched_hold_stats(struct fake_sched *fs, int hold);
 /* While held, AdminCalls are counted and not answered. */
