@@ -17,11 +17,15 @@
  * memory, the scheduler resyncs every worker, the router dials the scheduler). A program that
  * exits or stays silent for --ready-timeout-ms during this start fails it: the supervisor stops
  * what it started and exits 1, naming the program. When the last is ready it writes DIR/ready
- * (the client URL) for whoever waits on the group (deploy/pagoda-up, tests).
+ * (the client URL, as a client on this host dials it) for whoever waits on the group
+ * (deploy/pagoda-up, tests).
  *
  * Afterwards a program that exits, however, is restarted with back-off (restart_policy.h), and
  * not waited for: the others keep running, and the protocol reconnects them. Repeated fast
- * exits stop the group (exit 1), and so does, at once, an exit with
+ * exits stop the group (exit 1): the whole group, every engine and the router, even when the
+ * program that loops is one engine's (a known limit: stopping that engine alone and keeping the
+ * router serving the others is not done; across hosts, --role engine per host, it is only that
+ * host's engines that stop). So does, at once, an exit with
  * PAGODA_EXIT_CANNOT_RUN (common/exit_status.h: a program that says it cannot run as configured,
  * such as a GPU worker whose weights do not fit beside the pool: restarting it would only repeat
  * that). A Control{hung_worker_id, hung_worker_pid} from the scheduler's watchdog kills that worker
@@ -58,10 +62,15 @@
  * tcp://127.0.0.1:7450), --scheduler-listen (the router's link to a scheduler), --worker-listen
  * (a scheduler's link to its worker) and --kvpool-listen (kvpool's control link) may each be
  * ipc://PATH or tcp://HOST:PORT; absent, they are the ipc:// paths of the run directory as
- * before. With N engines an explicit address must be tcp://, and engine I uses PORT+I. Peers
- * dial a listening host of 0.0.0.0 or * as 127.0.0.1 (and [::] as [::1]). Every address is
- * checked (wire/address.h) before anything starts. The KV pool itself stays on its engine's
- * host (shared memory or GPU descriptors), whatever --kvpool-listen says.
+ * before. With N engines an explicit address must be tcp://, and engine I uses PORT+I. Ports that
+ * overlap (a link's PORT..PORT+N-1 and another link's, or --listen's and --http-listen's, those
+ * of the router) are refused: they would cross-wire links. Whatever dials on this host (workers,
+ * schedulers, the router, the gateway's --router) and DIR/ready take a listening host of 0.0.0.0
+ * or * as 127.0.0.1 (and [::] as [::1], wire_address_dial_form); --scheduler, which only dials,
+ * refuses them. --role engine needs a tcp:// --scheduler-listen (an ipc:// link reaches no
+ * router elsewhere). Every address is checked (wire/address.h) before anything starts. The KV pool
+ * itself stays on its engine's host (shared memory or GPU descriptors), whatever --kvpool-listen
+ * says.
  *
  * The supervisor's own control link is not configurable and never tcp: it listens on
  * ipc://DIR/control.ipc (and, with several engines, on DIR/engine-I/control.ipc, where each
@@ -252,6 +261,9 @@ struct supervisor {
     char engine_dir[SUP_MAX_ENGINES][PATH_MAX];
     char listen_addr[SUP_MAX_ENGINES][LINK_COUNT][SUP_MAX_URL_BYTES];
     char dial_addr[SUP_MAX_ENGINES][LINK_COUNT][SUP_MAX_URL_BYTES];
+    /* --listen as clients on this host dial it (the gateway, DIR/ready): 0.0.0.0 and * as
+     * 127.0.0.1, [::] as [::1]. */
+    char listen_dial[SUP_MAX_URL_BYTES];
 
     nng_socket control;
     int control_open;
@@ -367,6 +379,59 @@ static int check_len(const char *flag, const char *text, size_t min, size_t max)
     return 0;
 }
 
+/* The tcp ports one group listens on: each engine link's PORT..PORT+N-1 (N engines), --listen's
+ * and --http-listen's (those of the router, unless --role engine). Two that overlap would
+ * cross-wire links (one engine's worker on another's router link) or fail to bind, so they are
+ * refused, whatever their hosts (one machine; 127.0.0.1 and 0.0.0.0 collide). */
+static int check_port_overlap(const struct sup_opts *o)
+{
+    struct {
+        const char *flag, *address;
+        int first, last;
+    } r[LINK_COUNT + 2];
+    int n = 0;
+    if (o->role != SUP_ROLE_ROUTER)
+        for (int l = 0; l < LINK_COUNT; l++) {
+            int port = wire_address_port(o->link_listen[l]);
+            if (port > 0) {
+                r[n].flag = link_flags[l];
+                r[n].address = o->link_listen[l];
+                r[n].first = port;
+                r[n++].last = port + o->engines - 1;
+            }
+        }
+    if (o->role != SUP_ROLE_ENGINE) {
+        int port = wire_address_port(o->listen);
+        if (port > 0) {
+            r[n].flag = "--listen";
+            r[n].address = o->listen;
+            r[n].first = r[n].last = port;
+            n++;
+        }
+        /* HOST:PORT: the digits after the last ':' (the gateway checks the rest). */
+        const char *colon = o->http_listen ? strrchr(o->http_listen, ':') : NULL;
+        int64_t v;
+        if (colon != NULL && parse_i64("--http-listen", colon + 1, 1, 65535, &v) == 0) {
+            r[n].flag = "--http-listen";
+            r[n].address = o->http_listen;
+            r[n].first = r[n].last = (int)v;
+            n++;
+        }
+        pagoda_error_clear();
+    }
+    for (int i = 0; i < n; i++)
+        for (int j = i + 1; j < n; j++)
+            if (r[i].first <= r[j].last && r[j].first <= r[i].last)
+                return pagoda_error_set(
+                    PAGODA_EINVAL,
+                    "%s %s and %s %s use the same port%s (%d..%d and %d..%d%s): every link "
+                    "needs its own ports",
+                    r[i].flag, r[i].address, r[j].flag, r[j].address, o->engines > 1 ? "s" : "",
+                    r[i].first, r[i].last, r[j].first, r[j].last,
+                    o->engines > 1 ? "; engine I of --engines N listens on PORT+I" : "");
+    return 0;
+}
+
 /* Checks what the engine and role flags ask for together. */
 static int check_engines(const struct sup_opts *o)
 {
@@ -387,7 +452,7 @@ static int check_engines(const struct sup_opts *o)
                 return pagoda_error_set(PAGODA_EINVAL,
                                         "%s with --role router: that is an engine's address",
                                         link_flags[l]);
-        return 0;
+        return check_port_overlap(o);
     }
     if (o->num_schedulers > 0)
         return pagoda_error_set(PAGODA_EINVAL,
@@ -412,6 +477,16 @@ static int check_engines(const struct sup_opts *o)
                                     "%s %s with --engines %d: ports up to %d do not exist",
                                     link_flags[l], a, o->engines, port + o->engines - 1);
     }
+    int rc = check_port_overlap(o);
+    if (rc != 0)
+        return rc;
+    if (o->role == SUP_ROLE_ENGINE && wire_address_port(o->link_listen[LINK_SCHEDULER]) < 0)
+        return pagoda_error_set(
+            PAGODA_EINVAL,
+            "--role engine%s%s: a router on another host cannot reach an ipc:// scheduler link; "
+            "give --scheduler-listen tcp://0.0.0.0:PORT (or --role all for one host)",
+            o->link_listen[LINK_SCHEDULER] ? " --scheduler-listen " : "",
+            o->link_listen[LINK_SCHEDULER] ? o->link_listen[LINK_SCHEDULER] : "");
     /* Every kvpool would size itself from the same free GPU memory. */
     if (o->engines > 1 && strcmp(o->backend, "cuda") == 0 && o->kv_blocks == NULL &&
         o->kv_bytes == NULL)
@@ -537,7 +612,7 @@ static int parse_opts(int argc, char **argv, struct sup_opts *o)
             break;
         }
         case OPT_SCHEDULER:
-            if ((rc = wire_address_check("--scheduler", optarg, WIRE_ADDRESS_ANY)) != 0)
+            if ((rc = wire_address_check("--scheduler", optarg, WIRE_ADDRESS_DIAL)) != 0)
                 return rc;
             if (o->num_schedulers == SUP_MAX_ENGINES)
                 return pagoda_error_set(PAGODA_ERANGE, "more than %d --scheduler addresses",
@@ -943,7 +1018,7 @@ static void child_build_argv(struct supervisor *sup, struct child *c)
         break;
     case ROLE_GATEWAY:
         c->argv[n++] = "--router";
-        c->argv[n++] = (char *)o->listen;
+        c->argv[n++] = sup->listen_dial;
         c->argv[n++] = "--listen";
         c->argv[n++] = (char *)o->http_listen;
         c->argv[n++] = "--model-name"; /* the model folder's name; --gateway-arg overrides */
@@ -1101,7 +1176,7 @@ static void check_group_ready(struct supervisor *sup)
             len += (size_t)snprintf(text + len, sizeof(text) - len, "%s\n",
                                     sup->listen_addr[e][LINK_SCHEDULER]);
     } else {
-        snprintf(text, sizeof(text), "%s\n", sup->opts.listen);
+        snprintf(text, sizeof(text), "%s\n", sup->listen_dial);
     }
     int rc = write_file_atomic(sup->ready_path, text);
     if (rc != 0) {
@@ -1118,7 +1193,7 @@ static void check_group_ready(struct supervisor *sup)
     else
         log_info("the group is ready (%d engine%s, %d worker%s each): clients connect to %s",
                  sup->opts.engines, sup->opts.engines == 1 ? "" : "s", sup->opts.workers,
-                 sup->opts.workers == 1 ? "" : "s", sup->opts.listen);
+                 sup->opts.workers == 1 ? "" : "s", sup->listen_dial);
 }
 
 /* Starts the next program of the start order; after the last, checks the group. */
@@ -1663,25 +1738,6 @@ static void add_child(struct supervisor *sup, enum role role, int engine, int wo
     child_build_argv(sup, c);
 }
 
-/* Writes into dial the address a peer dials to reach a program listening on listen: a host of
- * every interface (0.0.0.0, *, [::]) is dialed on the loopback. */
-static void dial_address(char *dial, size_t len, const char *listen)
-{
-    static const struct {
-        const char *any, *loopback;
-    } hosts[] = {{"tcp://0.0.0.0:", "tcp://127.0.0.1:"},
-                 {"tcp://*:", "tcp://127.0.0.1:"},
-                 {"tcp://[::]:", "tcp://[::1]:"}};
-    for (size_t i = 0; i < sizeof(hosts) / sizeof(hosts[0]); i++) {
-        size_t n = strlen(hosts[i].any);
-        if (strncmp(listen, hosts[i].any, n) == 0) {
-            snprintf(dial, len, "%s%s", hosts[i].loopback, listen + n);
-            return;
-        }
-    }
-    snprintf(dial, len, "%s", listen);
-}
-
 /* Engine e's run directory (DIR itself when it is the only one; DIR/engine-E, created and
  * checked like DIR, otherwise) and its links' addresses: the configured ones, PORT+E with
  * several engines, or the run directory's ipc:// paths. */
@@ -1712,7 +1768,8 @@ static int prepare_engine(struct supervisor *sup, int e)
             rc = wire_address_offset_port(listen, SUP_MAX_URL_BYTES, given, e);
         if (rc != 0)
             return rc;
-        dial_address(sup->dial_addr[e][l], SUP_MAX_URL_BYTES, listen);
+        if ((rc = wire_address_dial_form(sup->dial_addr[e][l], SUP_MAX_URL_BYTES, listen)) != 0)
+            return rc;
     }
     return 0;
 }
@@ -1778,6 +1835,8 @@ static int prepare(struct supervisor *sup)
         snprintf(sup->model_name, sizeof(sup->model_name), "%.*s", (int)(len - start),
                  o->model + start);
     }
+    if ((rc = wire_address_dial_form(sup->listen_dial, sizeof(sup->listen_dial), o->listen)) != 0)
+        return rc;
     if (o->role != SUP_ROLE_ROUTER)
         for (int e = 0; e < o->engines; e++)
             if ((rc = prepare_engine(sup, e)) != 0)

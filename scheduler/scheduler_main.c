@@ -209,7 +209,7 @@ static int parse_flags(int argc, char **argv, struct scheduler_config *cfg, stru
         if (strcmp(flag, "--run-dir") == 0) {
             *run_dir = v;
         } else if (strcmp(flag, "--kvpool") == 0) {
-            if ((rc = wire_address_check(flag, v, WIRE_ADDRESS_ANY)) == 0)
+            if ((rc = wire_address_check(flag, v, WIRE_ADDRESS_DIAL)) == 0)
                 app->kvpool_url = v;
         } else if (strcmp(flag, "--listen") == 0) {
             if ((rc = wire_address_check(flag, v, WIRE_ADDRESS_ANY)) == 0)

@@ -99,6 +99,11 @@ int wire_address_check(const char *flag, const char *address, enum wire_address_
             return pagoda_error_set(PAGODA_EINVAL, "%s %s: the port is missing (tcp://HOST:PORT)",
                                     flag, address);
         int rc = check_host(flag, address, rest, (size_t)(port_text - 1 - rest));
+        if (rc == 0 && kind == WIRE_ADDRESS_DIAL && wire_address_is_wildcard(address))
+            return pagoda_error_set(PAGODA_EINVAL,
+                                    "%s %s: this flag dials: give the peer's host (0.0.0.0, * and "
+                                    "[::] only say where to listen)",
+                                    flag, address);
         int port;
         if (rc == 0)
             rc = parse_port(flag, address, port_text, &port);
@@ -132,6 +137,38 @@ int wire_address_offset_port(char *buf, size_t len, const char *address, int off
                                 offset);
     const char *port_text = tcp_port_text(address + 6);
     int n = snprintf(buf, len, "%.*s%d", (int)(port_text - address), address, port + offset);
+    if (n < 0 || (size_t)n >= len)
+        return pagoda_error_set(PAGODA_ERANGE, "%s: the address does not fit %zu bytes", address,
+                                len);
+    return 0;
+}
+
+/* The listening hosts of every interface and the loopback host a peer on this host dials. */
+static const struct {
+    const char *any, *loopback;
+} wildcard_hosts[] = {{"tcp://0.0.0.0:", "tcp://127.0.0.1:"},
+                      {"tcp://*:", "tcp://127.0.0.1:"},
+                      {"tcp://[::]:", "tcp://[::1]:"}};
+
+int wire_address_is_wildcard(const char *address)
+{
+    for (size_t i = 0; address != NULL && i < sizeof(wildcard_hosts) / sizeof(wildcard_hosts[0]);
+         i++)
+        if (strncmp(address, wildcard_hosts[i].any, strlen(wildcard_hosts[i].any)) == 0)
+            return 1;
+    return 0;
+}
+
+int wire_address_dial_form(char *buf, size_t len, const char *address)
+{
+    int n = -1;
+    for (size_t i = 0; i < sizeof(wildcard_hosts) / sizeof(wildcard_hosts[0]) && n < 0; i++) {
+        size_t k = strlen(wildcard_hosts[i].any);
+        if (strncmp(address, wildcard_hosts[i].any, k) == 0)
+            n = snprintf(buf, len, "%s%s", wildcard_hosts[i].loopback, address + k);
+    }
+    if (n < 0)
+        n = snprintf(buf, len, "%s", address);
     if (n < 0 || (size_t)n >= len)
         return pagoda_error_set(PAGODA_ERANGE, "%s: the address does not fit %zu bytes", address,
                                 len);

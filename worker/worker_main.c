@@ -698,11 +698,11 @@ static int parse_args(int argc, char **argv, struct worker_opts *o)
                 o->seed = (uint64_t)v;
             break;
         case OPT_KVPOOL:
-            if ((rc = wire_address_check("--kvpool", optarg, WIRE_ADDRESS_ANY)) == 0)
+            if ((rc = wire_address_check("--kvpool", optarg, WIRE_ADDRESS_DIAL)) == 0)
                 o->kvpool = optarg;
             break;
         case OPT_SCHEDULER:
-            if ((rc = wire_address_check("--scheduler", optarg, WIRE_ADDRESS_ANY)) == 0)
+            if ((rc = wire_address_check("--scheduler", optarg, WIRE_ADDRESS_DIAL)) == 0)
                 o->scheduler = optarg;
             break;
         case OPT_TENSOR_PARALLEL:

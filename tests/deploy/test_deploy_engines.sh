@@ -43,6 +43,9 @@ any_pids() {
         $2 ~ /(^|\/)pagoda-[a-z]+$/ { for (i = 3; i <= NF; i++) if (index($i, t) == 1) { print $1; break } }'
 }
 nothing_runs() { [ -z "$(any_pids)" ]; }
+lacks() { ! grep -qF -- "$1" "$2"; } # lacks TEXT FILE
+gone() { [ -z "$(tr -d '\0' 2>/dev/null <"/proc/$1/cmdline")" ]; } # gone PID (a zombie is gone)
+alive() { ! gone "$1"; }
 # The pid of the program (kvpool, worker, scheduler, router) whose --run-dir is DIR.
 pid_of() { # program dir
     ps -u "$(id -u)" -o pid=,args= | awk -v p="pagoda-$1" -v d="$2" '
@@ -119,12 +122,41 @@ timeout 10 "$bin_dir/pagoda-supervisor" --run-dir "$tmp/sup" --bin-dir "$bin_dir
 check "the supervisor refuses port 0 (exit $rc)" [ "$rc" = 2 ]
 check "the supervisor's refusal names the flag" grep -qF -- "--scheduler-listen tcp://h:0" "$tmp/sup.err"
 
+# Ports of different links that overlap (engine I of N listens on PORT+I) are refused: they
+# would cross-wire one engine's worker onto another's router link, or take --listen's port.
+refused "a worker port range that overlaps the scheduler's" \
+    "--worker-listen tcp://127.0.0.1:$((port + 9)) and --scheduler-listen tcp://127.0.0.1:$((port + 10)) use the same ports" \
+    --role engine --engines 2 --worker-listen "tcp://127.0.0.1:$((port + 9))" \
+    --scheduler-listen "tcp://127.0.0.1:$((port + 10))"
+refused "a scheduler port that is --listen's" "use the same port" \
+    --listen "tcp://127.0.0.1:$((port + 9))" --scheduler-listen "tcp://0.0.0.0:$((port + 9))"
+refused "a kvpool port that is --http-listen's" "and --http-listen 127.0.0.1:$((port + 9)) use the same port" \
+    --http-listen "127.0.0.1:$((port + 9))" --kvpool-listen "tcp://127.0.0.1:$((port + 9))"
+rc=0
+"$bin_dir/pagoda-supervisor" --run-dir "$tmp/sup" --bin-dir "$bin_dir" --model "$tmp/model" \
+    --check-args --scheduler-listen tcp://127.0.0.1:7449 --engines 2 >/dev/null \
+    2>"$tmp/sup.err" || rc=$?
+check "the supervisor refuses engine 1's scheduler on the default --listen (exit $rc)" [ "$rc" = 2 ]
+check "its refusal names both flags" \
+    grep -qF -- "--scheduler-listen tcp://127.0.0.1:7449 and --listen tcp://127.0.0.1:7450 use the same ports" "$tmp/sup.err"
+# A flag that only dials names a peer, not every interface.
+refused "--scheduler tcp://*:PORT" "--scheduler tcp://*:$port: this flag dials" \
+    --role router --scheduler "tcp://*:$port"
+refused "--scheduler tcp://0.0.0.0:PORT" "this flag dials" --role router --scheduler "tcp://0.0.0.0:$port"
+# An engine alone serves a router on another host: an ipc:// scheduler link cannot.
+refused "--role engine on the ipc:// default" "cannot reach an ipc:// scheduler link" --role engine
+
 # -- one group, every link on tcp:// on localhost.
 tcp=$tmp/tcp
-url=$(up "$tcp" --listen "tcp://127.0.0.1:$port" --scheduler-listen "tcp://127.0.0.1:$((port + 1))" \
+# --listen on every interface (tcp://*:PORT): what dials it (the gateway, DIR/ready, pagoda-up's
+# health call) dials the loopback.
+url=$(up "$tcp" --listen "tcp://*:$port" --scheduler-listen "tcp://127.0.0.1:$((port + 1))" \
     --worker-listen "tcp://0.0.0.0:$((port + 2))" --kvpool-listen "tcp://127.0.0.1:$((port + 3))" \
-    2>"$tmp/tcp.err") || { cat "$tmp/tcp.err" >&2; false; }
-check "the tcp group prints its tcp address" [ "$url" = "tcp://127.0.0.1:$port" ]
+    --http-listen "127.0.0.1:$((port + 6))" 2>"$tmp/tcp.err") || { cat "$tmp/tcp.err" >&2; false; }
+check "the tcp group prints its tcp address, dialable" [ "$url" = "tcp://127.0.0.1:$port" ]
+check "DIR/ready holds the address to dial" [ "$(cat "$tcp/ready")" = "tcp://127.0.0.1:$port" ]
+check "the gateway reaches the router listening on *" \
+    curl -sf -o /dev/null --max-time 10 "http://127.0.0.1:$((port + 6))/health"
 out=$(ask "$url" 2>&1) || true
 check "the tcp group answers a request ($out)" grep -qE '^[0-9]+(,[0-9]+){3}$' <<<"$out"
 check "the scheduler listens on tcp for the router" \
@@ -136,12 +168,24 @@ check "no ipc socket of the engine's links in the run dir" \
 "$deploy/pagoda-down" --run-dir "$tcp" >"$tmp/down.out" 2>&1 && rc=0 || rc=$?
 check "the tcp group stops clean (exit $rc)" [ "$rc" = 0 ]
 
-# -- two engines alone, and a router elsewhere given one of them.
+# -- a router started before its engines: it is up and waits for them (pagoda-up succeeds).
+rtr=$tmp/rtr
+url=$(up "$rtr" --role router --scheduler "tcp://127.0.0.1:$((port + 5))" \
+    --listen "ipc://$rtr/client.ipc" 2>"$tmp/rtr.err") && rc=0 || rc=$?
+check "--role router before its engines: pagoda-up succeeds (exit $rc)" [ "$rc" = 0 ]
+check "--role router before its engines: it says it waits for them" \
+    grep -qF "the router is up and waits for its engines" "$tmp/rtr.err"
+check "--role router before its engines: the router runs" [ -n "$(pid_of router "$rtr")" ]
+
+# -- two engines alone on every interface, and the router given one of them.
 eng=$tmp/eng
-up "$eng" --role engine --engines 2 --scheduler-listen "tcp://127.0.0.1:$((port + 4))" \
+up "$eng" --role engine --engines 2 --scheduler-listen "tcp://0.0.0.0:$((port + 4))" \
     >"$tmp/eng.out" 2>"$tmp/eng.err" || { cat "$tmp/eng.err" >&2; false; }
-check "--role engine prints both schedulers' addresses" \
-    [ "$(cat "$tmp/eng.out")" = "tcp://127.0.0.1:$((port + 4))"$'\n'"tcp://127.0.0.1:$((port + 5))" ]
+host=$(hostname -f 2>/dev/null || true)
+check "--role engine prints both schedulers' addresses by this host's name ($(tr '\n' ' ' <"$tmp/eng.out"))" \
+    [ "$(cat "$tmp/eng.out")" = "tcp://$host:$((port + 4))"$'\n'"tcp://$host:$((port + 5))" ]
+check "--role engine prints no address of every interface" lacks 0.0.0.0 "$tmp/eng.out"
+check "--role engine says the addresses name this host" grep -qF "name this host as" "$tmp/eng.err"
 for e in 0 1; do
     for p in kvpool worker scheduler; do
         check "engine $e has its $p" [ -n "$(pid_of "$p" "$eng/engine-$e")" ]
@@ -152,11 +196,12 @@ check "--role engine starts no router" [ -z "$(pid_of router "$eng")" ]
 check "pagoda-status lists engine 1's worker" \
     grep -q "engine-1/worker-0 .*pid $(pid_of worker "$eng/engine-1")" \
     <("$deploy/pagoda-status" --run-dir "$eng" 2>&1)
-rtr=$tmp/rtr
-url=$(up "$rtr" --role router --scheduler "tcp://127.0.0.1:$((port + 5))" \
-    --listen "ipc://$rtr/client.ipc" 2>"$tmp/rtr.err") || { cat "$tmp/rtr.err" >&2; false; }
-out=$(ask "$url" 2>&1) || true
-check "a --role router group answers through engine 1 ($out)" grep -qE '^[0-9]+(,[0-9]+){3}$' <<<"$out"
+answers() { # a request through the router started before its engines is answered
+    local out
+    out=$(timeout 10 "$bin_dir/pagoda" --url "$url" generate --tokens 1,2,3 --max-tokens 4 2>&1) &&
+        grep -qE '^[0-9]+(,[0-9]+){3}$' <<<"$out"
+}
+check "the router started first answers through engine 1 once it serves" retry 100 answers
 check "--role router starts no engine" [ -z "$(pid_of kvpool "$rtr")" ]
 
 before=$(for e in 0 1; do for p in kvpool worker scheduler; do pid_of "$p" "$eng/engine-$e"; done; done)
@@ -196,5 +241,32 @@ if "$bin_dir/pagoda-router" --help 2>&1 | grep -q -- '--routing'; then
 else
     refused "--engines 2 with a router of one scheduler" "has no --routing flag yet" --engines 2
 fi
-check "nothing runs at the end" nothing_runs
+# -- pagoda-down DIR leaves alone a group of its own run in DIR/engine-1 (stand-ins: copies of
+# bash named as pagoda's programs, a "worker" whose parent is its own "supervisor"), and still
+# stops a program of DIR/engine-1 that no supervisor owns (one orphaned by a killed supervisor).
+own=$tmp/own
+mkdir -m 0700 "$own" "$own/engine-1" "$tmp/fake"
+cp "$(command -v bash)" "$tmp/fake/pagoda-supervisor"
+cp "$(command -v bash)" "$tmp/fake/pagoda-worker"
+# shellcheck disable=SC2016 # $0 and $1 are the stand-in's
+"$tmp/fake/pagoda-supervisor" -c '"$0" -c "sleep 60; :" --run-dir "$1" & wait' \
+    "$tmp/fake/pagoda-worker" "$own/engine-1" --run-dir "$own/engine-1" &
+fake_sup=$!
+"$tmp/fake/pagoda-worker" -c 'sleep 60; :' --run-dir "$own/engine-1" &
+orphan=$!
+fake_worker() { pgrep -P "$fake_sup" -x pagoda-worker; }
+check "the stand-in group runs" retry 50 fake_worker
+other=$(fake_worker || true)
+"$deploy/pagoda-down" --run-dir "$own" --timeout 5 >"$tmp/own.out" 2>&1 || true
+check "pagoda-down DIR leaves DIR/engine-1's own group running" alive "$other"
+check "pagoda-down DIR leaves that group's supervisor running" alive "$fake_sup"
+check "pagoda-down DIR does not name that group's worker" lacks "$other (pagoda-worker)" "$tmp/own.out"
+check "pagoda-down DIR stops a program of DIR/engine-1 that no supervisor owns" \
+    retry 50 gone "$orphan"
+touch "$own/engine-1/supervisor.pid" "$own/engine-1/x.ipc"
+"$deploy/pagoda-down" --run-dir "$own" --timeout 5 >"$tmp/own.out" 2>&1 || true
+check "pagoda-down DIR leaves the files of a group run in DIR/engine-1" [ -e "$own/engine-1/x.ipc" ]
+kill "$other" "$fake_sup" 2>/dev/null || true
+wait "$fake_sup" "$orphan" 2>/dev/null || true
+check "nothing runs at the end" retry 50 nothing_runs
 check_summary

@@ -13,7 +13,8 @@
 // existing files, and the documents agree with one another (Services select the pods they
 // serve, the StatefulSet's serviceName is its headless Service, the router's --scheduler flags
 // name every engine pod, by the headless Service's DNS names and the engines' port, the
-// tenants ConfigMap the router mounts is generated).
+// tenants ConfigMap the router mounts is generated, a NetworkPolicy admits only the router pods
+// to the engines' scheduler port and leaves the router's ports open).
 // The manifests are read as YAML 1.1, as Kubernetes reads them (an unquoted `on` is a boolean).
 // Then the negative cases: mutated copies of the manifests (a misspelled field, a string where
 // an integer goes, a missing required field, an apiVersion 1.30 does not serve, an unquoted
@@ -246,6 +247,34 @@ function consistencyCheck(docs, kz) {
     if (JSON.stringify(got) !== JSON.stringify(want))
         errors.push(`router: its --scheduler flags (${got.join(" ")}) must name the ` +
                     `${want.length} engine pods in order: ${want.join(" ")}`);
+    // The links are unauthenticated: the engines' port admits the router pods only, and the
+    // router's ports stay open to clients.
+    const rlabels = router.spec.template.metadata.labels;
+    const policies = of("NetworkPolicy");
+    const onEngine = policies.filter((p) => selects(p.spec?.podSelector?.matchLabels,
+                                                    sts.spec.template.metadata.labels));
+    if (onEngine.length === 0) errors.push("no NetworkPolicy selects the engine pods");
+    for (const p of onEngine) {
+        if (!(p.spec.policyTypes ?? []).includes("Ingress"))
+            errors.push(`NetworkPolicy ${p.metadata.name}: not an Ingress policy`);
+        for (const rule of p.spec.ingress ?? []) {
+            const from = rule.from ?? [];
+            if (from.length === 0 || !from.every((f) => !f.ipBlock && !f.namespaceSelector &&
+                                                       selects(f.podSelector?.matchLabels, rlabels)))
+                errors.push(`NetworkPolicy ${p.metadata.name}: an ingress rule admits more ` +
+                            "than the router pods");
+            const ports = (rule.ports ?? []).map((x) => x.port);
+            if (ports.length === 0 || ports.some((x) => x !== port && x !== "scheduler"))
+                errors.push(`NetworkPolicy ${p.metadata.name}: an ingress rule opens more than ` +
+                            `the scheduler port ${port}`);
+        }
+    }
+    const onRouter = policies.filter((p) => selects(p.spec?.podSelector?.matchLabels, rlabels));
+    for (const cp of r.ports ?? []) {
+        if (onRouter.length && !onRouter.some((p) => (p.spec.ingress ?? []).some((rule) =>
+            (rule.ports ?? []).some((x) => x.port === cp.containerPort || x.port === cp.name))))
+            errors.push(`NetworkPolicy: the router's port ${cp.containerPort} is not admitted`);
+    }
     const generated = new Set((kz.configMapGenerator ?? []).map((g) => g.name));
     for (const w of workloads) {
         for (const v of w.spec.template.spec.volumes ?? []) {
@@ -292,7 +321,8 @@ const kinds = real.docs.map((d) => `${d.doc.kind}/${d.doc.metadata?.name}`).sort
 if (real.errors.length === 0) ok(`deploy/k8s is valid for Kubernetes ${K8S_VERSION}: ${kinds.join(", ")}`);
 else bad(`deploy/k8s is valid for Kubernetes ${K8S_VERSION}`, real.errors);
 for (const want of ["StatefulSet/pagoda-engine", "Deployment/pagoda-router",
-                    "Service/pagoda-engine", "Service/pagoda", "PodDisruptionBudget/pagoda-engine"]) {
+                    "Service/pagoda-engine", "Service/pagoda", "PodDisruptionBudget/pagoda-engine",
+                    "NetworkPolicy/pagoda-engine", "NetworkPolicy/pagoda-router"]) {
     if (kinds.includes(want)) ok(`the manifests hold ${want}`);
     else bad(`the manifests hold ${want}`);
 }
@@ -319,6 +349,18 @@ const mutations = [
      /--scheduler flags .* must name the 3 engine pods/],
     ["a manifest left out of kustomization.yaml", "kustomization.yaml", "  - router.yaml\n", "",
      /router\.yaml is not among its resources/],
+    ["the NetworkPolicy left out of kustomization.yaml", "kustomization.yaml",
+     "  - networkpolicy.yaml\n", "", /networkpolicy\.yaml is not among its resources/],
+    ["an engine policy that admits any pod", "networkpolicy.yaml",
+     "    - from:\n        - podSelector:\n            matchLabels:\n" +
+     "              app.kubernetes.io/name: pagoda\n              app.kubernetes.io/component: router\n      ports:",
+     "    - ports:", /pagoda-engine: an ingress rule admits more than the router pods/],
+    ["an engine policy that opens another port", "networkpolicy.yaml",
+     "        - port: 7460\n", "        - port: 7460\n        - port: 7450\n",
+     /pagoda-engine: an ingress rule opens more than the scheduler port 7460/],
+    ["a router policy that shuts its API port", "networkpolicy.yaml",
+     "        - port: 8000\n          protocol: TCP\n", "",
+     /the router's port 8000 is not admitted/],
 ];
 mutations.forEach(([what, file, from, to, expect], i) => {
     const what2 = `refused: ${what} (${file})`;

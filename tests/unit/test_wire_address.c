@@ -85,12 +85,48 @@ static void test_ports(void **state)
     assert_int_equal(wire_address_offset_port(buf, 8, "tcp://127.0.0.1:7460", 1), PAGODA_ERANGE);
 }
 
+/* A flag that only dials refuses a host of every interface: NNG cannot dial *, and 0.0.0.0 or
+ * [::] name no peer. */
+static void test_dial_only(void **state)
+{
+    (void)state;
+    expect_refused("tcp://*:7460", WIRE_ADDRESS_DIAL, PAGODA_EINVAL, "this flag dials");
+    expect_refused("tcp://0.0.0.0:7460", WIRE_ADDRESS_DIAL, PAGODA_EINVAL, "this flag dials");
+    expect_refused("tcp://[::]:7460", WIRE_ADDRESS_DIAL, PAGODA_EINVAL, "this flag dials");
+    assert_int_equal(wire_address_check("--scheduler", "tcp://10.0.0.5:7460", WIRE_ADDRESS_DIAL),
+                     0);
+    assert_int_equal(wire_address_check("--scheduler", "tcp://[::1]:7460", WIRE_ADDRESS_DIAL), 0);
+    assert_int_equal(wire_address_check("--scheduler", "ipc:///tmp/s.ipc", WIRE_ADDRESS_DIAL), 0);
+    assert_int_equal(wire_address_is_wildcard("tcp://*:1"), 1);
+    assert_int_equal(wire_address_is_wildcard("tcp://0.0.0.0:1"), 1);
+    assert_int_equal(wire_address_is_wildcard("tcp://[::]:1"), 1);
+    assert_int_equal(wire_address_is_wildcard("tcp://0.0.0.01:1"), 0);
+    assert_int_equal(wire_address_is_wildcard("ipc:///tmp/*"), 0);
+}
+
+/* The address a peer on this host dials: every interface is reached on the loopback. */
+static void test_dial_form(void **state)
+{
+    (void)state;
+    char buf[64];
+    const char *cases[][2] = {{"tcp://*:7450", "tcp://127.0.0.1:7450"},
+                              {"tcp://0.0.0.0:7450", "tcp://127.0.0.1:7450"},
+                              {"tcp://[::]:7450", "tcp://[::1]:7450"},
+                              {"tcp://10.1.2.3:7450", "tcp://10.1.2.3:7450"},
+                              {"ipc:///tmp/c.ipc", "ipc:///tmp/c.ipc"}};
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        assert_int_equal(wire_address_dial_form(buf, sizeof(buf), cases[i][0]), 0);
+        assert_string_equal(buf, cases[i][1]);
+    }
+    assert_int_equal(wire_address_dial_form(buf, 10, "tcp://*:7450"), PAGODA_ERANGE);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_accepted),
-        cmocka_unit_test(test_refused),
-        cmocka_unit_test(test_ports),
+        cmocka_unit_test(test_accepted),  cmocka_unit_test(test_refused),
+        cmocka_unit_test(test_ports),     cmocka_unit_test(test_dial_only),
+        cmocka_unit_test(test_dial_form),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
