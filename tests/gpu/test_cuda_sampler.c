@@ -395,6 +395,7 @@ static void test_batch_position(int32_t vocab, int32_t rows)
  * cuda_sampler_sample's tokens, read after the stream has passed them, and write them to the
  * device array; a NaN row fails alone there (token 0 on the device); cuda_gather_tokens reads
  * them back into another array at chosen places. */
+#define NAN_ROW 4 /* even: the gather below reads it from the slot where it failed */
 static void test_enqueue_slots(int32_t vocab, int32_t rows)
 {
     struct bank b;
@@ -415,8 +416,8 @@ static void test_enqueue_slots(int32_t vocab, int32_t rows)
     CUDA_OK(cudaMalloc((void **)&nan_logits, bytes));
     CUDA_OK(cudaMemcpy(nan_logits, b.dev, bytes, cudaMemcpyDeviceToDevice));
     const float nan = NAN;
-    CUDA_OK(
-        cudaMemcpy(nan_logits + 5 * (size_t)vocab + 7, &nan, sizeof(nan), cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(nan_logits + NAN_ROW * (size_t)vocab + 7, &nan, sizeof(nan),
+                       cudaMemcpyHostToDevice));
     CUDA_OK(cudaMalloc((void **)&d_tokens, 2 * MAX_ROWS * sizeof(int32_t)));
     CUDA_OK(cudaMemset(d_tokens, 0xff, 2 * MAX_ROWS * sizeof(int32_t)));
     cudaStream_t st;
@@ -426,7 +427,8 @@ static void test_enqueue_slots(int32_t vocab, int32_t rows)
     SAMPLE_OR_RETURN(cuda_sampler_enqueue(s, 2, nan_logits, rows, a.params, a.output_index,
                                           a.prompt_ptr, a.n_prompt, a.output_ptr, a.n_output,
                                           d_tokens + MAX_ROWS, st));
-    /* Gather: dst[j] = the token of slot-2 row j for even j, slot-1 row j for odd j. */
+    /* Gather: dst[j] = the token of slot-2 row j for even j, slot-1 row j for odd j; the NaN row
+     * is even, so the gather reads the failed row's 0. */
     int32_t pairs[2 * MAX_ROWS], dst[MAX_ROWS], dev_tokens[2 * MAX_ROWS];
     for (int32_t j = 0; j < rows; j++) {
         pairs[2 * j] = j;
@@ -447,18 +449,18 @@ static void test_enqueue_slots(int32_t vocab, int32_t rows)
         same1 += cuda_sampler_result(s, 1, r, &t1, &lp) == 0 && t1 == a.tokens[r] &&
                  dev_tokens[r] == a.tokens[r];
         int rc2 = cuda_sampler_result(s, 2, r, &t2, &lp);
-        if (r == 5)
+        if (r == NAN_ROW)
             same2 += rc2 == PAGODA_EINVAL && dev_tokens[MAX_ROWS + r] == 0;
         else
             same2 += rc2 == 0 && t2 == a.tokens[r] && dev_tokens[MAX_ROWS + r] == a.tokens[r];
-        gathered += dst[r] == (r == 5 ? 0 : a.tokens[r]);
+        gathered += dst[r] == (r == NAN_ROW ? 0 : a.tokens[r]);
     }
     GPU_CHECK(same1 == rows,
               "vocab %d: enqueued in slot 1: sample's tokens, on the device too "
               "(%d of %d)",
               (int)vocab, same1, (int)rows);
     GPU_CHECK(same2 == rows,
-              "vocab %d: slot 2, queued behind it, row 5 NaN: that row fails "
+              "vocab %d: slot 2, queued behind it, row 4 NaN: that row fails "
               "alone, token 0 on the device (%d of %d)",
               (int)vocab, same2, (int)rows);
     GPU_CHECK(gathered == rows, "vocab %d: cuda_gather_tokens reads both slots (%d of %d)",
