@@ -42,6 +42,9 @@ port=7460                                         # in every engine's namespace:
 tenants=$src/bench/tenants-multi.json             # five tenants, a group, a pin
 admin_key=bench-admin
 mt_prompts=30                                     # multi-tenant requests per routing policy
+mt_system=64                                      # their namespace's system prompt: 4 blocks
+mt_question=16                                    # their own question: one block
+mt_namespaces=4                                   # tenants-multi.json: research, carol, dave, erin
 fo_requests=64                                    # requests amid which an engine is killed
 fo_tokens=64                                      # their output tokens
 
@@ -198,7 +201,7 @@ links_up() { [ "$(grep -c "engine [0-9] up (tcp://10\.77\." "$tmp/r/router.log")
 bench_mt() { # NAME: the multi-tenant workload, one request at a time
     bg "$bin_dir/pagoda-bench" --url "$url" --model "$tmp/model" \
         --workload multi-tenant --tenants "$tenants" --num-prompts "$mt_prompts" \
-        --system-prompt-len 64 --question-len 16 --output-len 8 --ignore-eos --concurrency 1 \
+        --system-prompt-len "$mt_system" --question-len "$mt_question" --output-len 8 --ignore-eos --concurrency 1 \
         --seed 7 --stats-api-key "$admin_key" --timeout-ms $((30000 * scale)) \
         --json "$tmp/$1.json" --output-requests "$tmp/$1.jsonl" >"$tmp/$1.out" 2>"$tmp/$1.err"
 }
@@ -249,6 +252,13 @@ ca=$(fmt cache-aware .engine.prefix_hit_rate)
 rr=$(fmt round-robin .engine.prefix_hit_rate)
 check "cache-aware's prefix hit rate ($ca) is higher than round robin's ($rr)" \
     jq -n -e "$ca > $rr" >/dev/null
+# Exactly so: under cache-aware routing each namespace misses its system prompt once (its first
+# request), every later prompt hits all but its question (the pin is on every engine); round
+# robin misses it once per namespace on each engine it visits.
+ca_want=$(jq "(.engine.prefix_query_tokens - $mt_prompts * $mt_question - \
+    $mt_namespaces * $mt_system)" "$tmp/cache-aware.json" 2>/dev/null || echo "?")
+check "cache-aware: one system-prompt miss per namespace ($ca_want hit tokens expected)" \
+    jq_true "$tmp/cache-aware.json" ".engine.prefix_hit_tokens == $ca_want"
 
 # -- kill -9 of engine 1's scheduler and worker amid 64 requests (the cache-aware router again).
 rc=0
