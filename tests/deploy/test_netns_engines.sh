@@ -66,22 +66,27 @@ drop_ns() { # NS
 }
 
 tmp=$(mktemp -d /tmp/pagoda-nn-XXXXXX)
-watchdog=
+watchdog='' child='' bench_pid=''
+# Every group stopped at once (10 s each to drain, within the 30 s that ctest leaves after the
+# deadline), then whatever is left in the namespaces, and the namespaces.
 cleanup() {
     local d ns
     [ -z "$watchdog" ] || kill "$watchdog" 2>/dev/null || true
     [ -z "$child" ] || kill "$child" 2>/dev/null || true
-    [ -z "${bench_pid:-}" ] || kill "$bench_pid" 2>/dev/null || true
+    [ -z "$bench_pid" ] || kill "$bench_pid" 2>/dev/null || true
     for d in "$tmp"/r "$tmp"/e*; do
         [ ! -f "$d/lock" ] ||
-            "$deploy/pagoda-down" --run-dir "$d" --timeout 30 >/dev/null 2>&1 || true
+            "$deploy/pagoda-down" --run-dir "$d" --timeout 10 >/dev/null 2>&1 &
     done
+    wait || true
     for ns in $(all_ns); do drop_ns "$ns"; done
     [ -n "${KEEP_TMP:-}" ] || rm -rf -- "$tmp"
 }
 trap cleanup EXIT
+# (To the test's own output, fd 3: the signal may come while a command's output goes elsewhere.)
+exec 3>&1
 stopped() {
-    echo "test_netns_engines: stopped after $SECONDS s (a signal, or its $deadline_s s deadline)"
+    echo "test_netns_engines: stopped after $SECONDS s (a signal, or its $deadline_s s deadline)" >&3
     exit 143
 }
 trap stopped TERM INT
@@ -96,7 +101,6 @@ watchdog=$!
 # bg COMMAND...: runs COMMAND as a child and waits for it; a wait (unlike a command in the
 # foreground, or a $(...)) gives way to the deadline's signal at once, and the trap kills the
 # child.
-child=
 bg() {
     local rc=0
     "$@" &
