@@ -52,11 +52,10 @@ static int local_forward(struct backend *base, const struct fwd_batch *batch, fl
 
 /* Stops the ranks: rank 0's close tells them (when it can), the flag ends an idle wait, an
  * abort ends any other. */
-static void local_close(struct backend *base)
+/* Joins the other ranks' threads (t->stop set, rank 0's backend closed or aborted before), closes
+ * their backends and communicators, rank 0's communicator and the shared segment, and frees t. */
+static void local_free(struct tp_local *t)
 {
-    struct tp_local *t = (struct tp_local *)base;
-    backend_close(t->leader); /* sends the stop, then closes rank 0's backend */
-    atomic_store(&t->stop, 1);
     for (int r = 0; r < t->size - 1; r++) {
         struct follower *f = &t->followers[r];
         if (f->started)
@@ -65,9 +64,18 @@ static void local_close(struct backend *base)
         comm_close(f->comm);
     }
     comm_close(t->comm0);
-    comm_cpu_shared_fini(t->shared);
+    if (t->shared != NULL)
+        comm_cpu_shared_fini(t->shared);
     free(t->shared);
     free(t);
+}
+
+static void local_close(struct backend *base)
+{
+    struct tp_local *t = (struct tp_local *)base;
+    backend_close(t->leader); /* sends the stop, then closes rank 0's backend */
+    atomic_store(&t->stop, 1);
+    local_free(t);
 }
 
 static const struct backend_ops local_ops = {
@@ -144,17 +152,6 @@ fail:
     if (t->comm0 != NULL)
         comm_abort(t->comm0); /* ends a started rank's wait at once */
     backend_close(rank0);
-    for (int r = 0; r < size - 1; r++) {
-        struct follower *f = &t->followers[r];
-        if (f->started)
-            pthread_join(f->thread, NULL);
-        backend_close(f->be);
-        comm_close(f->comm);
-    }
-    comm_close(t->comm0);
-    if (t->shared != NULL)
-        comm_cpu_shared_fini(t->shared);
-    free(t->shared);
-    free(t);
+    local_free(t);
     return rc;
 }

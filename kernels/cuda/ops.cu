@@ -287,6 +287,22 @@ struct cache_dst {
     int32_t block_size, num_kv_heads, head_dim, num_blocks;
 };
 
+/* A bf16 layer view as the cache-writing kernels take it. */
+static cache_dst cache_dst_of(const struct kv_layer_view *kv)
+{
+    cache_dst dst;
+    dst.k = static_cast<uint16_t *>(kv->k);
+    dst.v = static_cast<uint16_t *>(kv->v);
+    dst.block_stride = kv->block_stride;
+    dst.head_stride = kv->head_stride;
+    dst.slot_stride = kv->slot_stride;
+    dst.block_size = kv->block_size;
+    dst.num_kv_heads = kv->num_kv_heads;
+    dst.head_dim = kv->head_dim;
+    dst.num_blocks = kv->num_blocks;
+    return dst;
+}
+
 /* One CTA per token. Slots outside the pool's usable range (padding, block 0, beyond the end)
  * write nothing. */
 template <bool VEC>
@@ -500,16 +516,7 @@ int cuda_reshape_and_cache(const struct kv_layer_view *kv, const uint16_t *k, co
     if (k == NULL || v == NULL || slot_mapping == NULL)
         return pagoda_error_set(PAGODA_EINVAL, "cuda_reshape_and_cache: NULL buffer");
 
-    cache_dst dst;
-    dst.k = static_cast<uint16_t *>(kv->k);
-    dst.v = static_cast<uint16_t *>(kv->v);
-    dst.block_stride = kv->block_stride;
-    dst.head_stride = kv->head_stride;
-    dst.slot_stride = kv->slot_stride;
-    dst.block_size = kv->block_size;
-    dst.num_kv_heads = kv->num_kv_heads;
-    dst.head_dim = kv->head_dim;
-    dst.num_blocks = kv->num_blocks;
+    const cache_dst dst = cache_dst_of(kv);
     const bool vec = kv->head_dim % 8 == 0 && kv->block_stride % 8 == 0 &&
                      kv->head_stride % 8 == 0 && kv->slot_stride % 8 == 0 && row_stride % 8 == 0 &&
                      cuda_aligned16(kv->k) && cuda_aligned16(kv->v) && cuda_aligned16(k) &&
@@ -548,16 +555,7 @@ int cuda_rope_cache(uint16_t *qkv, int64_t row_stride, const int32_t *positions,
         return 0;
     if (qkv == NULL || positions == NULL || inv_freq == NULL || slot_mapping == NULL)
         return pagoda_error_set(PAGODA_EINVAL, "cuda_rope_cache: NULL buffer");
-    cache_dst dst;
-    dst.k = static_cast<uint16_t *>(kv->k);
-    dst.v = static_cast<uint16_t *>(kv->v);
-    dst.block_stride = kv->block_stride;
-    dst.head_stride = kv->head_stride;
-    dst.slot_stride = kv->slot_stride;
-    dst.block_size = kv->block_size;
-    dst.num_kv_heads = kv->num_kv_heads;
-    dst.head_dim = kv->head_dim;
-    dst.num_blocks = kv->num_blocks;
+    const cache_dst dst = cache_dst_of(kv);
     /* Up to kMaxThreads threads: one CTA per token is the whole grid of a small decode step,
      * so its pairs are spread as wide as a CTA allows. */
     const int64_t pairs = (int64_t)(num_q_heads + kv->num_kv_heads) * (kv->head_dim / 2);
