@@ -275,12 +275,14 @@ png_magic=$(head -c 8 "$tmp/long.png" 2>/dev/null | od -An -tx1 | tr -d ' \n')
 check "long: the timeline plot is a PNG" [ "$png_magic" = 89504e470d0a1a0a ]
 
 # -- --duration holds in open loop when the clients fall behind (400 req/s offered to 2 client
-# threads): no request starts after the duration, whatever its scheduled arrival.
-bench over --api-key k2 --workload random --num-prompts 2000 --input-len 16 --output-len 16 \
-    --rate 400 --max-concurrency 2 --duration 1 --ignore-eos --seed 12 && rc=0 || rc=$?
+# threads): no request starts after the duration, whatever its scheduled arrival. 4 s, so that
+# a client's first request ends before the deadline (under ASan on a busy machine it can take
+# more than 1 s) and its next one starts late.
+bench over --api-key k2 --workload random --num-prompts 4000 --input-len 16 --output-len 16 \
+    --rate 400 --max-concurrency 2 --duration 4 --ignore-eos --seed 12 && rc=0 || rc=$?
 check "over: an overloaded open loop with --duration runs (exit $rc)" [ "$rc" = 0 ]
 check "over: no request started after --duration (+0.1 s)" jqs_true "$tmp/over.jsonl" \
-    'length > 0 and all(.[]; .start_s < 1.1)'
+    'length > 0 and all(.[]; .start_s < 4.1)'
 check "over: late starts are counted, the workload was not used up" jq_true "$tmp/over.json" \
     '.late_starts > 0 and .workload_exhausted == false'
 # -- a workload used up before --duration ends the run early, and says so.
