@@ -273,7 +273,12 @@ uint64_t route_load(const struct route *rt, uint32_t e)
 {
     if (e >= rt->num_engines)
         return 0;
-    return (uint64_t)rt->engines[e].stats_load + rt->engines[e].inflight;
+    /* The stats count the router's own requests too (those that had reached the engine when it
+     * answered): adding the two would count them twice and halve the busy margins. The larger
+     * of the two: the router's count during a burst between two stats answers, the stats' when
+     * requests the router did not send (another router's, adopted ones) make the engine busier. */
+    const uint64_t stats = rt->engines[e].stats_load, inflight = rt->engines[e].inflight;
+    return stats > inflight ? stats : inflight;
 }
 
 uint32_t route_entries(const struct route *rt, uint32_t e)

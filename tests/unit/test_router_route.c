@@ -140,6 +140,31 @@ static void test_busy_threshold(void **state)
     route_free(rt);
 }
 
+/* The stats' running + waiting count the router's own requests too: the load is the larger of
+ * the two figures, not their sum, so that the busy margins are not halved. An engine holding a
+ * group's prefix with its 20 requests in flight (and its stats saying so) keeps the group's next
+ * request while the other engine is idle. */
+static void test_load_not_counted_twice(void **state)
+{
+    (void)state;
+    struct route *rt = make(2, ROUTE_CACHE_AWARE, 1024);
+    int32_t p[16];
+    fill(p, 16, 1, 16, 0);
+    uint32_t a = route_pick(rt, "t:a", p, 16, ROUTE_NONE, NULL);
+    uint32_t other = 1 - a;
+    for (uint32_t i = 1; i < 20; i++)
+        assert_int_equal(route_pick(rt, "t:a", p, 16, ROUTE_NONE, NULL), a);
+    route_set_engine_load(rt, a, 20);
+    route_set_engine_load(rt, other, 0);
+    assert_int_equal(route_load(rt, a), 20);
+    assert_int_equal(route_pick(rt, "t:a", p, 16, ROUTE_NONE, NULL), a);
+    /* The stats' figure when it is the larger (requests the router did not send). */
+    route_set_engine_load(rt, a, 500);
+    assert_int_equal(route_load(rt, a), 500);
+    assert_int_equal(route_pick(rt, "t:a", p, 16, ROUTE_NONE, NULL), other);
+    route_free(rt);
+}
+
 /* A prefix seen in one namespace never attracts a request of another. */
 static void test_namespaces_isolated(void **state)
 {
@@ -258,7 +283,7 @@ int main(void)
         cmocka_unit_test(test_longest_prefix_wins), cmocka_unit_test(test_busy_threshold),
         cmocka_unit_test(test_namespaces_isolated), cmocka_unit_test(test_lru_bound),
         cmocka_unit_test(test_round_robin),         cmocka_unit_test(test_failover_choice),
-        cmocka_unit_test(test_block_size_change),
+        cmocka_unit_test(test_block_size_change),   cmocka_unit_test(test_load_not_counted_twice),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
