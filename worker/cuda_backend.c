@@ -8,6 +8,7 @@
 #include "kernels/cuda/sampler.h"
 #include "kernels/cuda/util.h"
 #include "model/model_budget.h"
+#include "worker/cuda_tp.h"
 
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
@@ -43,6 +44,14 @@ struct cuda_backend {
     struct cuda_backend_options opt;
     struct kv_geometry geometry;
     void *pool;
+    /* The rank's part of the model (the whole model without opt.comm). A shard over a pool of
+     * the whole model's KV heads uses the run starting at kv_head_offset. */
+    struct model_shard shard;
+    int pool_whole;
+    int64_t kv_head_offset;
+    struct cuda_tp tp;   /* with opt.comm: the collectives */
+    float *partial;      /* with opt.comm: [max_num_tokens][hidden], a row-parallel output */
+    float *local_logits; /* with opt.comm: [max_num_seqs][vocab_per_rank] */
     cudaStream_t stream;
     /* Around each forward pass on the stream, one pair per step slot (backend_submit) and one for
      * the synchronous calls (STAGE_SYNC): its device time. */
@@ -129,6 +138,7 @@ static void cuda_close(struct backend *base)
             cudaEventDestroy(b->staged[i]);
     }
     free(b->stage);
+    cuda_tp_fini(&b->tp);
     cuda_attention_plan_free(b->plan);
     cuda_sampler_free(b->sampler);
     for (size_t i = 0; i < b->num_allocs; i++)
@@ -224,9 +234,13 @@ static struct weight_src src_of(const struct tensor_view *v, int64_t elems, floa
 static int load_weights(struct cuda_backend *b, const struct model_weights *w, uint64_t seed)
 {
     const struct model_config *c = &b->base.config;
+    const struct model_shard *sh = &b->shard;
     const int rnd = (w == NULL);
-    const int64_t H = c->hidden_size, I = c->intermediate_size, V = c->vocab_size;
-    const int64_t qd = c->num_heads * c->head_dim, kvd = c->num_kv_heads * c->head_dim;
+    /* The shard's sizes (the whole model's for one rank); the row-parallel O and down keep
+     * the whole output dimension H, a slice of the input one. */
+    const int64_t H = c->hidden_size, I = sh->intermediate_size;
+    const int64_t V = sh->vocab_end - sh->vocab_begin;
+    const int64_t qd = sh->num_heads * c->head_dim, kvd = sh->num_kv_heads * c->head_dim;
     const float norm_std = 0.1f / 1.7320508f; /* 1 +- 0.1 uniform, as pagoda-mkmodel */
     uint64_t sid = 0;
     int rc;
@@ -251,7 +265,8 @@ static int load_weights(struct cuda_backend *b, const struct model_weights *w, u
     for (int64_t i = 0; i < c->num_layers; i++) {
         const struct model_weights_layer *lw = rnd ? NULL : &w->layers[i];
         struct cuda_layer *l = &b->layers[i];
-        float s_in = 1.0f / sqrtf((float)H), s_o = 1.0f / sqrtf((float)qd);
+        float s_in = 1.0f / sqrtf((float)H);
+        float s_o = 1.0f / sqrtf((float)(c->num_heads * c->head_dim));
         struct weight_src in_norm = src_of(VIEW(lw->input_layernorm), H, norm_std, 1.0f, rnd);
         struct weight_src post = src_of(VIEW(lw->post_attention_layernorm), H, norm_std, 1, rnd);
         struct weight_src qkv[3] = {src_of(VIEW(lw->q_proj), qd * H, s_in, 0, rnd),
@@ -260,7 +275,8 @@ static int load_weights(struct cuda_backend *b, const struct model_weights *w, u
         struct weight_src o = src_of(VIEW(lw->o_proj), H * qd, s_o, 0, rnd);
         struct weight_src gu[2] = {src_of(VIEW(lw->gate_proj), I * H, s_in, 0, rnd),
                                    src_of(VIEW(lw->up_proj), I * H, s_in, 0, rnd)};
-        struct weight_src down = src_of(VIEW(lw->down_proj), H * I, 1.0f / sqrtf((float)I), 0, rnd);
+        struct weight_src down =
+            src_of(VIEW(lw->down_proj), H * I, 1.0f / sqrtf((float)c->intermediate_size), 0, rnd);
         if ((rc = load_stacked(b, &l->input_norm, &in_norm, 1, seed, &sid)) != 0 ||
             (rc = load_stacked(b, &l->post_norm, &post, 1, seed, &sid)) != 0 ||
             (rc = load_stacked(b, &l->w_qkv, qkv, 3, seed, &sid)) != 0 ||
@@ -290,9 +306,15 @@ static int alloc_activations(struct cuda_backend *b)
 {
     const struct model_config *c = &b->base.config;
     size_t T = (size_t)b->opt.limits.max_num_tokens, S = (size_t)b->opt.limits.max_num_seqs;
-    size_t H = (size_t)c->hidden_size, I = (size_t)c->intermediate_size;
-    size_t qd = (size_t)(c->num_heads * c->head_dim), kvd = (size_t)(c->num_kv_heads * c->head_dim);
+    const struct model_shard *sh = &b->shard;
+    size_t H = (size_t)c->hidden_size, I = (size_t)sh->intermediate_size;
+    size_t qd = (size_t)(sh->num_heads * c->head_dim),
+           kvd = (size_t)(sh->num_kv_heads * c->head_dim);
     int rc;
+    if (b->opt.comm != NULL &&
+        ((rc = dev_alloc(b, T * H * 4, (void **)&b->partial)) ||
+         (rc = dev_alloc(b, S * (size_t)sh->vocab_per_rank * 4, (void **)&b->local_logits))))
+        return rc;
     if ((rc = dev_alloc(b, T * H * 4, (void **)&b->residual)) ||
         (rc = dev_alloc(b, T * H * 2, (void **)&b->hidden)) ||
         (rc = dev_alloc(b, T * (qd + 2 * kvd) * 2, (void **)&b->qkv)) ||
@@ -346,11 +368,27 @@ int cuda_backend_open(const struct model_config *cfg, const struct model_weights
                       uint64_t random_seed, const struct kv_geometry *g, void *pool,
                       const struct cuda_backend_options *opt, struct backend **out)
 {
-    if (w != NULL && w->shard.size > 1)
-        return pagoda_error_set(PAGODA_EUNSUPPORTED,
-                                "the CUDA backend does not run a tensor-parallel shard yet "
-                                "(docs/tensor-parallel.md)");
-    int rc = backend_check_pool(cfg, g, DTYPE_BF16, "CUDA");
+    struct comm *comm = opt ? opt->comm : NULL;
+    int tp_rank = comm ? comm_rank(comm) : 0, tp_size = comm ? comm_size(comm) : 1;
+    struct model_shard shard;
+    int rc;
+    if (w != NULL) {
+        if (w->shard.rank != tp_rank || w->shard.size != tp_size)
+            return pagoda_error_set(PAGODA_EMISMATCH,
+                                    "the weights are the shard of rank %d of %d, the group's rank "
+                                    "is %d of %d",
+                                    w->shard.rank, w->shard.size, tp_rank, tp_size);
+        shard = w->shard;
+    } else if ((rc = model_shard_make(cfg, tp_rank, tp_size, &shard)) != 0) {
+        return rc;
+    }
+    /* A shard's pool holds its KV heads only, or the whole model's, of which the rank uses its
+     * own run (ranks sharing one device and one pool). */
+    struct model_config pool_view = *cfg;
+    int pool_whole = shard.size > 1 && g->num_kv_heads == cfg->num_kv_heads;
+    if (!pool_whole)
+        pool_view.num_kv_heads = shard.num_kv_heads;
+    rc = backend_check_pool(&pool_view, g, DTYPE_BF16, "CUDA");
     if (rc != 0)
         return rc;
     struct cuda_backend *b = calloc(1, sizeof(*b));
@@ -361,6 +399,9 @@ int cuda_backend_open(const struct model_config *cfg, const struct model_weights
     b->opt = opt ? *opt : cuda_backend_default_options();
     b->geometry = *g;
     b->pool = pool;
+    b->shard = shard;
+    b->pool_whole = pool_whole;
+    b->kv_head_offset = shard.rank * shard.num_kv_heads;
     if (b->opt.limits.max_blocks_per_seq > g->num_blocks - 1)
         b->opt.limits.max_blocks_per_seq = g->num_blocks - 1;
 
@@ -376,15 +417,17 @@ int cuda_backend_open(const struct model_config *cfg, const struct model_weights
     }
     const int64_t max_tokens = b->opt.limits.max_num_tokens;
     const int64_t max_seqs = b->opt.limits.max_num_seqs;
-    uint64_t need = model_budget_worker_bytes(cfg, max_tokens, max_seqs);
+    uint64_t need = model_budget_shard_worker_bytes(cfg, &shard, max_tokens, max_seqs);
     if (need > free_bytes) {
         rc = pagoda_error_set(
             PAGODA_EEXHAUSTED,
             "the model needs %llu MiB on the GPU (weights %llu, activations "
             "%llu, reserve %llu), %zu MiB are free: short by %llu MiB",
             (unsigned long long)(need >> 20),
-            (unsigned long long)(model_budget_weight_bytes(cfg) >> 20),
-            (unsigned long long)(model_budget_activation_bytes(cfg, max_tokens, max_seqs) >> 20),
+            (unsigned long long)(model_budget_shard_weight_bytes(cfg, &shard) >> 20),
+            (unsigned long long)(model_budget_shard_activation_bytes(cfg, &shard, max_tokens,
+                                                                     max_seqs) >>
+                                 20),
             (unsigned long long)(MODEL_BUDGET_RESERVE_BYTES >> 20), free_bytes >> 20,
             (unsigned long long)((need - free_bytes + (1 << 20) - 1) >> 20));
         goto fail;
@@ -399,8 +442,14 @@ int cuda_backend_open(const struct model_config *cfg, const struct model_weights
         rc = cublas_fail(st, "cublasCreate");
         goto fail;
     }
-    if ((rc = load_weights(b, w, random_seed)) != 0 || (rc = alloc_activations(b)) != 0 ||
-        (rc = alloc_steps(b)) != 0)
+    if (comm != NULL && (rc = cuda_tp_init(&b->tp, comm, &shard, cfg->vocab_size,
+                                           (size_t)max_tokens * (size_t)cfg->hidden_size,
+                                           (int32_t)max_seqs, b->stream)) != 0)
+        goto fail;
+    /* Random weights of a shard: each rank draws its own (a shard of some model, not the whole
+     * model's draw sliced). */
+    if ((rc = load_weights(b, w, random_seed + (uint64_t)shard.rank)) != 0 ||
+        (rc = alloc_activations(b)) != 0 || (rc = alloc_steps(b)) != 0)
         goto fail;
     size_t S = (size_t)b->opt.limits.max_num_seqs;
     b->row_params = malloc(S * sizeof(*b->row_params));
@@ -437,8 +486,8 @@ int cuda_backend_open(const struct model_config *cfg, const struct model_weights
         goto fail;
     }
     struct cuda_attention_config ac = {
-        .num_heads = (int32_t)cfg->num_heads,
-        .num_kv_heads = (int32_t)cfg->num_kv_heads,
+        .num_heads = (int32_t)shard.num_heads,
+        .num_kv_heads = (int32_t)shard.num_kv_heads,
         .head_dim = (int32_t)cfg->head_dim,
         .scale = (float)(1.0 / sqrt((double)cfg->head_dim)),
         .block_size = g->block_size,
@@ -482,14 +531,14 @@ static int gemm(struct cuda_backend *b, const uint16_t *x, const uint16_t *w, vo
  * two with opt.baseline_kernels. */
 static int rope_and_cache(struct cuda_backend *b, const struct kv_layer_view *kv, int32_t n)
 {
-    const struct model_config *c = &b->base.config;
-    const int64_t hd = c->head_dim, qd = c->num_heads * hd, kvd = c->num_kv_heads * hd;
-    const int64_t qkvd = qd + 2 * kvd;
+    const struct model_shard *sh = &b->shard;
+    const int64_t hd = b->base.config.head_dim, qd = sh->num_heads * hd;
+    const int64_t kvd = sh->num_kv_heads * hd, qkvd = qd + 2 * kvd;
     if (!b->opt.baseline_kernels)
-        return cuda_rope_cache(b->qkv, qkvd, b->d_positions, b->inv_freq, n, (int32_t)c->num_heads,
+        return cuda_rope_cache(b->qkv, qkvd, b->d_positions, b->inv_freq, n, (int32_t)sh->num_heads,
                                kv, b->d_slots, b->stream);
     int rc = cuda_rope(b->qkv, qkvd, b->d_positions, b->inv_freq, n,
-                       (int32_t)(c->num_heads + c->num_kv_heads), (int32_t)hd, b->stream);
+                       (int32_t)(sh->num_heads + sh->num_kv_heads), (int32_t)hd, b->stream);
     return rc ? rc
               : cuda_reshape_and_cache(kv, b->qkv + qd, b->qkv + qd + kvd, qkvd, b->d_slots, n,
                                        b->stream);
@@ -532,8 +581,50 @@ static int stage_step(struct cuda_backend *b, int k, const struct fwd_batch *bat
     return cuda_gather_tokens(b->d_token_ids, b->d_gathers, num_gathers, b->d_sampled, s);
 }
 
+/* The end of a row-parallel projection (O, down) whose f32 output is in b->partial: summed
+ * over the group, then rounded to bf16 into b->proj once, O's bias (whole on every rank)
+ * added before the rounding, after the sum. */
+static int tp_row_parallel_end(struct cuda_backend *b, const uint16_t *bias, int32_t n)
+{
+    const int32_t H = (int32_t)b->base.config.hidden_size;
+    int rc = cuda_tp_all_reduce(&b->tp, b->partial, (size_t)n * (size_t)H);
+    return rc ? rc : cuda_to_bf16_bias(b->partial, bias, b->proj, n, H, b->stream);
+}
+
+/* The LM head over the selected rows into b->logits [rows][vocab]. One rank computes the whole
+ * vocabulary; a tensor-parallel rank its vocabulary rows (the last rank's padding zeroed),
+ * then gathers every rank's. */
+static int lm_head(struct cuda_backend *b, int32_t rows)
+{
+    const struct model_config *c = &b->base.config;
+    if (rows == 0)
+        return 0;
+    if (b->opt.comm == NULL)
+        return gemm(b, b->selected, b->lm_head, b->logits, CUDA_R_32F, rows, c->hidden_size,
+                    c->vocab_size);
+    const struct model_shard *sh = &b->shard;
+    const int64_t per = sh->vocab_per_rank, mine = sh->vocab_end - sh->vocab_begin;
+    const int64_t H = c->hidden_size;
+    cudaError_t e;
+    if (mine < per &&
+        (e = cudaMemsetAsync(b->local_logits, 0, (size_t)rows * (size_t)per * sizeof(float),
+                             b->stream)) != cudaSuccess)
+        return cuda_fail(e, "cudaMemsetAsync (logits padding)");
+    const float one = 1.0f, zero = 0.0f;
+    cublasStatus_t st = cublasGemmEx(b->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)mine, (int)rows,
+                                     (int)H, &one, b->lm_head, CUDA_R_16BF, (int)H, b->selected,
+                                     CUDA_R_16BF, (int)H, &zero, b->local_logits, CUDA_R_32F,
+                                     (int)per, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    if (st != CUBLAS_STATUS_SUCCESS)
+        return cublas_fail(st, "cublasGemmEx (LM head)");
+    return cuda_tp_gather_logits(&b->tp, b->local_logits, rows, b->logits);
+}
+
 /* Runs the batch and leaves the logits rows in b->logits (device); k names the stage and the
- * events (a step slot, or STAGE_SYNC). */
+ * events (a step slot, or STAGE_SYNC). With tensor parallelism (Megatron, as the CPU backend):
+ * the embedding rows outside the rank's vocabulary are zeros and the lookups summed; Q, K, V and
+ * gate/up give the rank's heads and MLP columns; O and down give f32 partial sums, summed by one
+ * all-reduce each (tp_row_parallel_end); the logits are gathered (lm_head). */
 static int cuda_forward_device(struct cuda_backend *b, const struct fwd_batch *batch, int k,
                                const struct backend_gather *gathers, int32_t num_gathers)
 {
@@ -565,14 +656,28 @@ static int cuda_forward_device(struct cuda_backend *b, const struct fwd_batch *b
     if ((rc = stage_step(b, k, batch, gathers, num_gathers)) != 0)
         return rc;
 
-    const int64_t H = c->hidden_size, I = c->intermediate_size, hd = c->head_dim;
-    const int64_t qd = c->num_heads * hd, kvd = c->num_kv_heads * hd, qkvd = qd + 2 * kvd;
+    const struct model_shard *sh = &b->shard;
+    const int tp = b->opt.comm != NULL;
+    const int64_t H = c->hidden_size, I = sh->intermediate_size, hd = c->head_dim;
+    const int64_t qd = sh->num_heads * hd, kvd = sh->num_kv_heads * hd, qkvd = qd + 2 * kvd;
     const float eps = (float)c->rms_norm_eps;
-    if ((rc = cuda_embedding(b->embed, b->d_token_ids, n, (int32_t)H, b->residual, s)) != 0)
+    if (!tp)
+        rc = cuda_embedding(b->embed, b->d_token_ids, n, (int32_t)H, b->residual, s);
+    else if ((rc = cuda_embedding_rows(b->embed, b->d_token_ids, n, (int32_t)H,
+                                       (int32_t)sh->vocab_begin, (int32_t)sh->vocab_end,
+                                       b->residual, s)) == 0)
+        rc = cuda_tp_all_reduce(&b->tp, b->residual, (size_t)n * (size_t)H);
+    if (rc != 0)
         return rc;
     for (int64_t i = 0; i < c->num_layers; i++) {
         const struct cuda_layer *l = &b->layers[i];
         struct kv_layer_view kv = kv_layer_view_make(&b->geometry, b->pool, (int32_t)i);
+        if (b->pool_whole) {
+            size_t skip = (size_t)(b->kv_head_offset * kv.head_stride) * sizeof(uint16_t);
+            kv.k = (char *)kv.k + skip;
+            kv.v = (char *)kv.v + skip;
+            kv.num_kv_heads = (int32_t)sh->num_kv_heads;
+        }
         /* Attention block; the previous block's output (proj) joins the residual stream. */
         if ((rc = cuda_add_rmsnorm(b->residual, i ? b->proj : NULL, l->input_norm, b->hidden, n,
                                    (int32_t)H, eps, s)) ||
@@ -581,16 +686,27 @@ static int cuda_forward_device(struct cuda_backend *b, const struct fwd_batch *b
             /* Q and K heads sit side by side in a QKV row: one RoPE call rotates both, and
              * writes K and V into the pool in the same pass. */
             (rc = rope_and_cache(b, &kv, n)) ||
-            (rc = cuda_attention_run(b->plan, &kv, b->qkv, qkvd, b->attn, s)) ||
-            (rc = gemm(b, b->attn, l->w_o, b->proj, CUDA_R_16BF, n, qd, H)) ||
-            (l->b_o && (rc = cuda_add_bias(b->proj, H, l->b_o, n, (int32_t)H, s))))
+            (rc = cuda_attention_run(b->plan, &kv, b->qkv, qkvd, b->attn, s)))
+            return rc;
+        if (tp) {
+            if ((rc = gemm(b, b->attn, l->w_o, b->partial, CUDA_R_32F, n, qd, H)) == 0)
+                rc = tp_row_parallel_end(b, l->b_o, n);
+        } else if ((rc = gemm(b, b->attn, l->w_o, b->proj, CUDA_R_16BF, n, qd, H)) == 0 && l->b_o)
+            rc = cuda_add_bias(b->proj, H, l->b_o, n, (int32_t)H, s);
+        if (rc != 0)
             return rc;
         /* MLP block. */
         if ((rc = cuda_add_rmsnorm(b->residual, b->proj, l->post_norm, b->hidden, n, (int32_t)H,
                                    eps, s)) ||
             (rc = gemm(b, b->hidden, l->w_gate_up, b->gate_up, CUDA_R_16BF, n, H, 2 * I)) ||
-            (rc = cuda_silu_mul(b->gate_up, b->act, n, (int32_t)I, s)) ||
-            (rc = gemm(b, b->act, l->w_down, b->proj, CUDA_R_16BF, n, I, H)))
+            (rc = cuda_silu_mul(b->gate_up, b->act, n, (int32_t)I, s)))
+            return rc;
+        if (tp) {
+            if ((rc = gemm(b, b->act, l->w_down, b->partial, CUDA_R_32F, n, I, H)) == 0)
+                rc = tp_row_parallel_end(b, NULL, n);
+        } else
+            rc = gemm(b, b->act, l->w_down, b->proj, CUDA_R_16BF, n, I, H);
+        if (rc != 0)
             return rc;
     }
     if ((rc = cuda_add_rmsnorm(b->residual, c->num_layers ? b->proj : NULL, b->final_norm,
@@ -598,10 +714,7 @@ static int cuda_forward_device(struct cuda_backend *b, const struct fwd_batch *b
         (rc = cuda_gather_rows_bf16(b->hidden, H, b->d_logits_rows, batch->num_logits, (int32_t)H,
                                     b->selected, s)))
         return rc;
-    if (batch->num_logits > 0)
-        rc = gemm(b, b->selected, b->lm_head, b->logits, CUDA_R_32F, batch->num_logits, H,
-                  c->vocab_size);
-    return rc;
+    return lm_head(b, batch->num_logits);
 }
 
 static int cuda_forward(struct backend *base, const struct fwd_batch *batch, float *logits)

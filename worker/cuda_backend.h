@@ -6,6 +6,7 @@
 #ifndef PAGODA_WORKER_CUDA_BACKEND_H
 #define PAGODA_WORKER_CUDA_BACKEND_H
 
+#include "comm/comm.h"
 #include "kvpool/geometry.h"
 #include "model/model_weights.h"
 #include "worker/backend.h"
@@ -28,6 +29,16 @@ struct cuda_backend_options {
     /* Linears of at most this many rows (0 .. CUDA_GEMV_MAX_ROWS) go through cuda_gemv (0:
      * none), the others through cuBLAS. */
     int gemv_max_rows;
+    /* Tensor parallelism: NULL (the default) for one rank; else this rank's handle on the group
+     * (borrowed: it must outlive the backend), and the weights must be the matching shard
+     * (model_weights_open_shard with comm_rank, comm_size), or, with random weights, the shard
+     * of that rank is drawn (not a slice of the whole model's draw). An NCCL group
+     * (comm_nccl_open, on this device) is given device buffers; any other group (the cpu one)
+     * gets them through pinned host memory. Every rank is given the same steps in the same
+     * order and returns (and samples from) the same, gathered logits (docs/tensor-parallel.md).
+     * Each collective waits for the backend's stream: a tensor-parallel step runs one at a
+     * time on the host's side too. */
+    struct comm *comm;
 };
 
 /* Defaults: device 0, 2048 tokens and 256 sequences per step, 4096 blocks per sequence, the
@@ -38,10 +49,14 @@ struct cuda_backend_options cuda_backend_default_options(void);
  * checkpoint holds F16 or F32), or, when w is NULL, are drawn at random on the GPU from
  * random_seed with the scales of pagoda-mkmodel (--load-format random: any shape, no file), for
  * config cfg. pool is the device address of a BF16 pool of geometry g (the caller keeps it
- * alive). On success *out is released with backend_close. Errors: PAGODA_EMISMATCH (pool and
- * model disagree), PAGODA_ECUDA (no device, a failed CUDA or cuBLAS call, with a detail),
- * PAGODA_EEXHAUSTED (the weights and activations do not fit on the GPU, saying by how much),
- * PAGODA_ENOMEM. */
+ * alive): with opt->comm, a pool of the shard's KV heads, or of the whole model's of which
+ * the rank uses its own run (ranks sharing one device and one pool). On success *out is
+ * released with backend_close. Errors: PAGODA_EMISMATCH (pool and model disagree; weights that
+ * are not the shard of opt->comm's rank and size), PAGODA_EUNSUPPORTED (a group size the model
+ * cannot be split by, naming the field), PAGODA_ECUDA (no device, a failed CUDA or cuBLAS call,
+ * with a detail), PAGODA_EEXHAUSTED (the weights and activations do not fit on the GPU, saying by
+ * how much), PAGODA_ENOMEM. A forward pass of a tensor-parallel rank adds the errors of the
+ * collectives (PAGODA_ETIMEDOUT, PAGODA_ECLOSED, PAGODA_EPROTO). */
 int cuda_backend_open(const struct model_config *cfg, const struct model_weights *w,
                       uint64_t random_seed, const struct kv_geometry *g, void *pool,
                       const struct cuda_backend_options *opt, struct backend **out);

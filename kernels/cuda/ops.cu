@@ -40,11 +40,18 @@ int threads_for_row(int64_t n)
 template <bool VEC>
 __global__ void embedding_kernel(const uint16_t *__restrict__ table,
                                  const int32_t *__restrict__ ids, int32_t hidden,
+                                 int32_t vocab_begin, int32_t vocab_end,
                                  float *__restrict__ residual)
 {
     const int64_t t = blockIdx.x;
-    const uint16_t *src = table + (int64_t)ids[t] * hidden;
+    const int32_t id = ids[t];
     float *dst = residual + t * hidden;
+    if (id < vocab_begin || id >= vocab_end) { /* another rank's row: zeros */
+        for (int32_t c = threadIdx.x; c < hidden; c += blockDim.x)
+            dst[c] = 0.0f;
+        return;
+    }
+    const uint16_t *src = table + (int64_t)(id - vocab_begin) * hidden;
     if (VEC) {
         for (int32_t c = threadIdx.x * 8; c < hidden; c += blockDim.x * 8) {
             float f[8];
@@ -211,6 +218,20 @@ __global__ void add_bias_kernel(uint16_t *__restrict__ x, int64_t ld,
             uint16_t *p = x + r * ld + c;
             *p = float_to_bf16_bits(bf16_bits_to_float(*p) + bf16_bits_to_float(bias[c]));
         }
+    }
+}
+
+/* y = bf16(x + bias), element-wise over [rows][cols] (bias NULL: none). */
+__global__ void to_bf16_bias_kernel(const float *__restrict__ x, const uint16_t *__restrict__ bias,
+                                    uint16_t *__restrict__ y, int32_t rows, int32_t cols)
+{
+    const int64_t n = (int64_t)rows * cols;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        float v = x[i];
+        if (bias != NULL)
+            v += bf16_bits_to_float(bias[i % cols]);
+        y[i] = float_to_bf16_bits(v);
     }
 }
 
@@ -390,9 +411,17 @@ __global__ void rope_cache_kernel(uint16_t *__restrict__ qkv, int64_t row_stride
 int cuda_embedding(const uint16_t *table, const int32_t *ids, int32_t num_tokens, int32_t hidden,
                    float *residual, cudaStream_t s)
 {
-    if (num_tokens < 0 || hidden <= 0)
-        return pagoda_error_set(PAGODA_EINVAL, "cuda_embedding: num_tokens %d, hidden %d",
-                                (int)num_tokens, (int)hidden);
+    return cuda_embedding_rows(table, ids, num_tokens, hidden, 0, INT32_MAX, residual, s);
+}
+
+int cuda_embedding_rows(const uint16_t *table, const int32_t *ids, int32_t num_tokens,
+                        int32_t hidden, int32_t vocab_begin, int32_t vocab_end, float *residual,
+                        cudaStream_t s)
+{
+    if (num_tokens < 0 || hidden <= 0 || vocab_begin < 0 || vocab_end <= vocab_begin)
+        return pagoda_error_set(PAGODA_EINVAL,
+                                "cuda_embedding: num_tokens %d, hidden %d, rows %d .. %d",
+                                (int)num_tokens, (int)hidden, (int)vocab_begin, (int)vocab_end);
     if (num_tokens == 0)
         return 0;
     if (table == NULL || ids == NULL || residual == NULL)
@@ -400,9 +429,11 @@ int cuda_embedding(const uint16_t *table, const int32_t *ids, int32_t num_tokens
     const bool vec = hidden % 8 == 0 && cuda_aligned16(table) && cuda_aligned16(residual);
     const int threads = threads_for_row(vec ? hidden / 8 : hidden);
     if (vec)
-        embedding_kernel<true><<<num_tokens, threads, 0, s>>>(table, ids, hidden, residual);
+        embedding_kernel<true>
+            <<<num_tokens, threads, 0, s>>>(table, ids, hidden, vocab_begin, vocab_end, residual);
     else
-        embedding_kernel<false><<<num_tokens, threads, 0, s>>>(table, ids, hidden, residual);
+        embedding_kernel<false>
+            <<<num_tokens, threads, 0, s>>>(table, ids, hidden, vocab_begin, vocab_end, residual);
     return cuda_launch_result("cuda_embedding");
 }
 
@@ -450,6 +481,21 @@ int cuda_add_bias(uint16_t *x, int64_t ld, const uint16_t *bias, int32_t rows, i
         add_bias_kernel<false>
             <<<grid_for(work, kThreads), kThreads, 0, s>>>(x, ld, bias, rows, cols);
     return cuda_launch_result("cuda_add_bias");
+}
+
+int cuda_to_bf16_bias(const float *x, const uint16_t *bias, uint16_t *y, int32_t rows, int32_t cols,
+                      cudaStream_t s)
+{
+    if (rows < 0 || cols <= 0)
+        return pagoda_error_set(PAGODA_EINVAL, "cuda_to_bf16_bias: rows %d, cols %d", (int)rows,
+                                (int)cols);
+    if (rows == 0)
+        return 0;
+    if (x == NULL || y == NULL)
+        return pagoda_error_set(PAGODA_EINVAL, "cuda_to_bf16_bias: NULL buffer");
+    const int64_t work = (int64_t)rows * cols;
+    to_bf16_bias_kernel<<<grid_for(work, kThreads), kThreads, 0, s>>>(x, bias, y, rows, cols);
+    return cuda_launch_result("cuda_to_bf16_bias");
 }
 
 int cuda_rope(uint16_t *x, int64_t row_stride, const int32_t *positions, const float *inv_freq,

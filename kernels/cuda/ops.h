@@ -32,6 +32,19 @@ extern "C" {
 int cuda_embedding(const uint16_t *table, const int32_t *ids, int32_t num_tokens, int32_t hidden,
                    float *residual, cudaStream_t s);
 
+/* cuda_embedding for a tensor-parallel rank holding the rows [vocab_begin, vocab_end) of the
+ * table (table[0] is row vocab_begin): a token outside them gets a row of zeros (the ranks'
+ * rows are then summed by an all-reduce). 0 <= vocab_begin < vocab_end. */
+int cuda_embedding_rows(const uint16_t *table, const int32_t *ids, int32_t num_tokens,
+                        int32_t hidden, int32_t vocab_begin, int32_t vocab_end, float *residual,
+                        cudaStream_t s);
+
+/* y[r][c] = bf16(x[r][c] + bias[c]) (the sum in f32; bias may be NULL): a row-parallel
+ * projection's f32 output, summed over the ranks, rounded once as one rank's GEMM rounds it.
+ * x [rows][cols] f32, bias [cols] bf16, y [rows][cols] bf16. */
+int cuda_to_bf16_bias(const float *x, const uint16_t *bias, uint16_t *y, int32_t rows, int32_t cols,
+                      cudaStream_t s);
+
 /* The fused residual add and RMSNorm of a transformer block: when x is not NULL, residual += x
  * (x is bf16, the sum f32, written back to residual); then out = bf16(residual / sqrt(mean(
  * residual^2) + eps) * weight), the sum of squares in f32. residual is [rows][dim] f32, x and
