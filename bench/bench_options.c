@@ -31,7 +31,7 @@ void bench_usage(FILE *f)
         "         [--stats-interval-ms MS] [--json FILE] [--output-requests FILE]\n"
         "         [--dump-workload FILE] [--plot FILE.png] [--title TEXT] [--quiet]\n"
         "         [--bandwidth-gbs X [--weight-bytes B] [--weight-dtype-bytes N]\n"
-        "          [--kv-dtype-bytes N]] [--baseline-tps X]\n"
+        "          [--kv-dtype-bytes N] [--matrix-tflops T]] [--baseline-tps X]\n"
         "\n"
         "Workloads (defaults in brackets):\n"
         "  random         --num-prompts [1000] prompts of --input-len [512] tokens (a range\n"
@@ -74,7 +74,10 @@ void bench_usage(FILE *f)
         "and exits without sending anything (bench/hf_baseline.py reads it).\n"
         "Bandwidth floor (closed loop): --bandwidth-gbs X (GB/s) with weight bytes from the\n"
         "model's shape x --weight-dtype-bytes [2] (or --weight-bytes) and K/V bytes per token\n"
-        "x --kv-dtype-bytes [2]. --baseline-tps X: also report output tokens/s as a ratio of X.\n"
+        "x --kv-dtype-bytes [2]. With --matrix-tflops T (the measured matrix rate, TFLOP/s)\n"
+        "too, any run (closed loop or not) also reports its compute-and-bandwidth bound: the\n"
+        "prefill FLOPs at T plus the decode bytes at X. --baseline-tps X: also report output\n"
+        "tokens/s as a ratio of X.\n"
         "Exit status: 0 ran (failed requests are in the report), 1 could not run, 2 bad flags.\n",
         PAGODA_BENCH_DEFAULT_MODEL, BENCH_DEFAULT_MAX_CONCURRENCY,
         BENCH_DURATION_CLOSED_MIN_PROMPTS, BENCH_DURATION_CLOSED_PROMPTS);
@@ -118,6 +121,7 @@ static const struct option longopts[] = {
     {"title", required_argument, NULL, OPT_TITLE},
     {"quiet", no_argument, NULL, OPT_QUIET},
     {"bandwidth-gbs", required_argument, NULL, OPT_BANDWIDTH},
+    {"matrix-tflops", required_argument, NULL, OPT_MATRIX_TFLOPS},
     {"weight-bytes", required_argument, NULL, OPT_WEIGHT_BYTES},
     {"weight-dtype-bytes", required_argument, NULL, OPT_WEIGHT_DTYPE_BYTES},
     {"kv-dtype-bytes", required_argument, NULL, OPT_KV_DTYPE_BYTES},
@@ -301,6 +305,11 @@ static int parse_flag(struct options *o, int opt, const char *arg)
             rc = pagoda_error_set(PAGODA_ERANGE, "--bandwidth-gbs: %s must be above 0", arg);
         o->bandwidth_gbs = d;
         return rc;
+    case OPT_MATRIX_TFLOPS:
+        if ((rc = parse_f64("--matrix-tflops", arg, 0, 1e6, &d)) == 0 && d <= 0)
+            rc = pagoda_error_set(PAGODA_ERANGE, "--matrix-tflops: %s must be above 0", arg);
+        o->matrix_tflops = d;
+        return rc;
     case OPT_WEIGHT_BYTES:
         return parse_f64("--weight-bytes", arg, 0, 1e15, &o->weight_bytes);
     case OPT_WEIGHT_DTYPE_BYTES:
@@ -419,10 +428,14 @@ static int check_flags(struct options *o)
     if (o->kind == WORKLOAD_MULTI_TENANT && !o->tenants_file && !o->api_keys)
         return pagoda_error_set(PAGODA_EINVAL,
                                 "--workload multi-tenant needs --tenants FILE or --api-keys");
-    if (o->bandwidth_gbs > 0 && !GIVEN(o, OPT_CONCURRENCY))
+    if (o->matrix_tflops > 0 && !(o->bandwidth_gbs > 0))
+        return pagoda_error_set(PAGODA_EINVAL, "--matrix-tflops goes with --bandwidth-gbs (the "
+                                               "bound is prefill FLOPs plus decode bytes)");
+    if (o->bandwidth_gbs > 0 && !GIVEN(o, OPT_CONCURRENCY) && !(o->matrix_tflops > 0))
         return pagoda_error_set(PAGODA_EINVAL,
                                 "--bandwidth-gbs needs a closed loop "
-                                "(--concurrency C with every client decoding together)");
+                                "(--concurrency C with every client decoding together), "
+                                "or --matrix-tflops for the workload's bound");
     if (GIVEN(o, OPT_VOCAB) != GIVEN(o, OPT_MAX_CONTEXT))
         return pagoda_error_set(PAGODA_EINVAL, "--vocab and --max-context go together (the "
                                                "model's vocab_size and max_position_embeddings)");

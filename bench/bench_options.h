@@ -77,6 +77,7 @@ enum {
     OPT_WEIGHT_DTYPE_BYTES,
     OPT_KV_DTYPE_BYTES,
     OPT_BASELINE_TPS,
+    OPT_MATRIX_TFLOPS,
     OPT_API,
     OPT_MODEL_NAME,
     OPT_STATS_URL,
@@ -115,7 +116,7 @@ struct options {
     uint32_t input_min, input_max, output_min, output_max;
     uint32_t groups, prompts_per_group, system_len, question_len;
     uint32_t warmup, timeout_ms, stats_interval_ms;
-    double bandwidth_gbs, weight_bytes, baseline_tps;
+    double bandwidth_gbs, weight_bytes, baseline_tps, matrix_tflops;
     int weight_dtype_bytes, kv_dtype_bytes;
     double duration_s;          /* 0: send the whole workload */
     double timeline_interval_s; /* the timeline's window */

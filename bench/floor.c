@@ -17,6 +17,16 @@ double floor_weight_bytes(const struct model_config *cfg, int dtype_bytes)
     return params * dtype_bytes;
 }
 
+double floor_flops_per_token(const struct model_config *cfg)
+{
+    return 2.0 * floor_weight_bytes(cfg, 1);
+}
+
+double floor_attention_flops_per_key(const struct model_config *cfg)
+{
+    return 4.0 * (double)cfg->num_layers * (double)cfg->num_heads * (double)cfg->head_dim;
+}
+
 double floor_kv_bytes_per_token(const struct model_config *cfg, int dtype_bytes)
 {
     return (double)cfg->num_layers * 2.0 * (double)cfg->num_kv_heads * (double)cfg->head_dim *

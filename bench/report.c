@@ -219,6 +219,52 @@ static void bandwidth_floor(struct report *rep, const struct report_request *req
     rep->floor_reliable = !(rep->shared_fraction > REPORT_FLOOR_MAX_SHARED);
 }
 
+/* The workload's compute-and-bandwidth bound: what the run would take if its prefill ran at the
+ * measured matrix rate and its decode at the bandwidth, one after the other (the issue's
+ * definition: prefill FLOPs at the matrix rate plus decode bytes; a step that mixes the two
+ * could overlap them, so this is a roofline of the two phases, not a strict lower bound).
+ *   prefill: every completed request's computed prompt tokens (prompt less the router's
+ *     cached_tokens) through the projections (flops_per_token each) and their causal attention
+ *     (a token at position t attends to t + 1 keys: attention_flops_per_key each);
+ *   decode: the tokens after each request's first (which its prefill makes), each reading the
+ *     K/V of its context (prompt + the tokens before it), and the weights once per step, with
+ *     at least ceil(decode tokens / the concurrency cap) steps (all sequences in flight decode
+ *     together at best). */
+static void workload_bound(struct report *rep, const struct report_request *reqs, size_t n)
+{
+    const struct report_config *c = &rep->cfg;
+    if (!(c->matrix_tflops > 0) || !(c->bandwidth_gbs > 0) || rep->completed == 0 ||
+        !(rep->duration_s > 0))
+        return;
+    double flops = 0, kv_tokens = 0, decode_tokens = 0;
+    for (size_t i = 0; i < n; i++) {
+        const struct report_request *r = &reqs[i];
+        if (!report_request_completed(r))
+            continue;
+        const double len = r->prompt_len;
+        const double cached = r->cached_tokens < r->prompt_len ? r->cached_tokens : 0;
+        flops += c->flops_per_token * (len - cached) +
+                 c->attention_flops_per_key * (len * (len + 1) - cached * (cached + 1)) / 2;
+        if (r->num_tokens > 1) {
+            const double k = (double)r->num_tokens - 1; /* tokens j = 1 .. k read len + j keys */
+            decode_tokens += k;
+            kv_tokens += k * len + k * (k + 1) / 2;
+        }
+    }
+    double cap = c->concurrency > 0 && c->concurrency < rep->completed ? c->concurrency
+                                                                       : (double)rep->completed;
+    rep->have_bound = 1;
+    rep->bound_prefill_flops = flops;
+    rep->bound_decode_steps = ceil(decode_tokens / cap);
+    rep->bound_decode_bytes =
+        rep->bound_decode_steps * c->weight_bytes + kv_tokens * c->kv_bytes_per_token;
+    rep->bound_prefill_s = flops / (c->matrix_tflops * 1e12);
+    rep->bound_decode_s = rep->bound_decode_bytes / (c->bandwidth_gbs * 1e9);
+    rep->bound_s = rep->bound_prefill_s + rep->bound_decode_s;
+    rep->bound_output_tps = (double)rep->output_tokens / rep->bound_s;
+    rep->bound_fraction = rep->bound_s / rep->duration_s;
+}
+
 static int tenant_figures(struct report *rep, const struct report_request *reqs, size_t n)
 {
     uint32_t nt = rep->cfg.num_tenants;
@@ -336,6 +382,7 @@ int report_compute(const struct report_config *cfg, const struct report_request 
             out->input_tokens ? (double)out->cached_tokens / (double)out->input_tokens : NAN;
         engine_figures(out, engine);
         bandwidth_floor(out, reqs, n);
+        workload_bound(out, reqs, n);
         if (cfg->baseline_output_tps > 0)
             out->baseline_ratio = out->output_tps / cfg->baseline_output_tps;
         rc = tenant_figures(out, reqs, n);
@@ -512,6 +559,19 @@ void report_print(FILE *f, const struct report *r)
                     "not the decode step time (steps faster than the client's polls)\n",
                     100.0 * r->shared_fraction);
     }
+    if (r->have_bound) {
+        print_rule(f, " compute-and-bandwidth bound ");
+        print_num(f, "Prefill FLOPs (computed prompt tokens):", r->bound_prefill_flops / 1e12,
+                  "TFLOP");
+        print_num(f, "Matrix rate (measured):", c->matrix_tflops, "TFLOP/s");
+        print_num(f, "Decode steps (at least):", r->bound_decode_steps, "");
+        print_num(f, "Decode bytes (weights per step + K/V):", r->bound_decode_bytes / 1e9, "GB");
+        print_num(f, "Bandwidth:", c->bandwidth_gbs, "GB/s");
+        print_num(f, "Bound: prefill + decode:", r->bound_prefill_s + r->bound_decode_s, "s");
+        print_num(f, "  of which prefill:", r->bound_prefill_s, "s");
+        print_num(f, "Output tokens/s at the bound:", r->bound_output_tps, "tok/s");
+        print_num(f, "Fraction of the bound (bound / duration):", r->bound_fraction, "");
+    }
     if (c->num_tenants > 1 && r->tenants) {
         print_rule(f, " tenants ");
         fprintf(f, "%-16s %6s %6s %6s %9s %9s %10s %10s %10s\n", "tenant", "sent", "done", "failed",
@@ -604,6 +664,30 @@ static json_t *engine_json(const struct report *r, int *bad)
     return e;
 }
 
+static json_t *bound_json(const struct report *r, int *bad)
+{
+    if (!r->have_bound)
+        return json_null();
+    json_t *o = json_object();
+    put(o, "prefill_flops", jnum(r->bound_prefill_flops), bad);
+    put(o, "matrix_tflops", jnum(r->cfg.matrix_tflops), bad);
+    put(o, "decode_steps", jnum(r->bound_decode_steps), bad);
+    put(o, "decode_bytes", jnum(r->bound_decode_bytes), bad);
+    put(o, "bandwidth_gbs", jnum(r->cfg.bandwidth_gbs), bad);
+    put(o, "prefill_s", jnum(r->bound_prefill_s), bad);
+    put(o, "decode_s", jnum(r->bound_decode_s), bad);
+    put(o, "bound_s", jnum(r->bound_s), bad);
+    put(o, "output_tps", jnum(r->bound_output_tps), bad);
+    put(o, "fraction", jnum(r->bound_fraction), bad);
+    put(o, "method",
+        json_string("bound = prefill FLOPs (computed prompt tokens: projections and causal "
+                    "attention) / matrix rate + (decode steps x weight bytes + K/V bytes of every "
+                    "decoded token's context) / bandwidth; decode steps = ceil(decode tokens / "
+                    "concurrency cap); fraction = bound / measured duration"),
+        bad);
+    return o;
+}
+
 static json_t *floor_json(const struct report *r, int *bad)
 {
     if (!r->have_floor)
@@ -684,6 +768,7 @@ int report_to_json(const struct report *r, json_t **out)
     put(o, "cached_fraction", jnum(r->cached_fraction), &bad);
     put(o, "engine", engine_json(r, &bad), &bad);
     put(o, "bandwidth_floor", floor_json(r, &bad), &bad);
+    put(o, "bound", bound_json(r, &bad), &bad);
     json_t *base = isnan(r->baseline_ratio) ? json_null() : json_object();
     put(o, "baseline", base, &bad);
     if (!isnan(r->baseline_ratio)) {

@@ -108,9 +108,14 @@ struct report_config {
     const char *const *tenant_names;
     uint32_t num_tenants;
     /* The bandwidth floor, when bandwidth_gbs > 0 (closed loop only). */
-    double bandwidth_gbs;       /* GB/s (1e9 bytes) */
-    double weight_bytes;        /* read once per decode step */
-    double kv_bytes_per_token;  /* K and V of one token, all layers */
+    double bandwidth_gbs;      /* GB/s (1e9 bytes) */
+    double weight_bytes;       /* read once per decode step */
+    double kv_bytes_per_token; /* K and V of one token, all layers */
+    /* The workload's compute-and-bandwidth bound, when matrix_tflops > 0 and bandwidth_gbs > 0
+     * (any loop): see report.c. */
+    double matrix_tflops;   /* the measured matrix rate, 1e12 FLOP/s */
+    double flops_per_token; /* through the projections and the output layer */
+    double attention_flops_per_key;
     double baseline_output_tps; /* > 0: report output tokens/s as a ratio of it */
 };
 
@@ -174,6 +179,11 @@ struct report {
     int have_floor, floor_reliable;
     double batch, mean_context, decode_step_ms, decode_step_tpot_ms, step_wall_ms,
         kv_bytes_per_step, floor_step_ms, floor_fraction;
+    /* The workload bound (have_bound): prefill FLOPs at the matrix rate plus decode bytes at the
+     * bandwidth; bound_fraction is bound_s over the measured duration. */
+    int have_bound;
+    double bound_prefill_flops, bound_decode_bytes, bound_decode_steps, bound_prefill_s,
+        bound_decode_s, bound_s, bound_output_tps, bound_fraction;
     double baseline_ratio;         /* NAN without a baseline */
     struct report_tenant *tenants; /* cfg.num_tenants of them */
 };

@@ -17,6 +17,13 @@
 #   floor    pagoda, closed loops of batch 1, 16 and 64 (prompt 1024, 256 tokens each): the
 #            measured decode step against the bandwidth floor (weights + K/V bytes read per step
 #            over BANDWIDTH_GBS, the device-to-device copy figure of shared/GPU.md)
+#   throughput  issue 15's throughput figure: the matrix rate measured first (bench/matrix_rate.py:
+#            torch bf16 GEMMs, cuBLAS), then TP_NUM_PROMPTS (512) prompts of TP_INPUT_LEN (128) +
+#            TP_OUTPUT_LEN (1024) tokens, TP_CONCURRENCY (256) in flight, through transformers
+#            generate (static cache, compiled; HF_BATCH_SIZES) and through pagoda, then the 1024 +
+#            256 random workload through pagoda; each pagoda run with its compute-and-bandwidth
+#            bound (pagoda-bench --matrix-tflops; MATRIX_TFLOPS skips the measurement); then its
+#            table; not in the default parts
 #   long     an 8-minute run (LONG_DURATION, 480 s) of the realistic workload, LONG_CLIENTS (128)
 #            clients, with its timeline (long.json, long.png); not in the default parts
 #   engines  two engines sharing the GPU (pagoda-up --engines 2, ENGINES_KV_BYTES (20e9) of pool
@@ -220,6 +227,72 @@ for name in ("engines-1", "engines-2-cache-aware", "engines-2-round-robin"):
 EOF2
 }
 
+part_throughput() { # issue 15: 128 + 1024 at 256 in flight against transformers, with bounds
+    local n=${TP_NUM_PROMPTS:-512} il=${TP_INPUT_LEN:-128} ol=${TP_OUTPUT_LEN:-1024} tf
+    local c=${TP_CONCURRENCY:-256}
+    if [ -n "${MATRIX_TFLOPS:-}" ]; then # given (the CPU try of this script)
+        printf '{"tflops": %s, "method": "given (MATRIX_TFLOPS)"}\n' "$MATRIX_TFLOPS" \
+            >"$out/matrix-rate.json"
+    else
+        python3 "$root/bench/matrix_rate.py" --json "$out/matrix-rate.json"
+    fi
+    tf=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["tflops"])' \
+        "$out/matrix-rate.json")
+    local w=(--workload random --num-prompts "$n" --input-len "$il" --output-len "$ol"
+             --seed "$seed" --ignore-eos)
+    "$bin/pagoda-bench" --model "$model" "${w[@]}" --dump-workload "$out/tp-workload.json"
+    if [ -z "${TP_SKIP_HF:-}" ]; then
+        echo "== hf_baseline.py (${il} + ${ol}, batch sizes ${HF_BATCH_SIZES:-256})"
+        python3 "$root/bench/hf_baseline.py" --model "$model" --workload "$out/tp-workload.json" \
+            --batch-sizes "${HF_BATCH_SIZES:-256}" --compile "${HF_COMPILE:-auto}" \
+            --seed "$seed" --json "$out/tp-hf.json"
+    fi
+    local base=
+    [ -f "$out/tp-hf.json" ] && base=$(python3 -c 'import json,sys
+print(json.load(open(sys.argv[1]))["best"]["output_tps"])' "$out/tp-hf.json")
+    up "${modes[0]}"
+    bench tp-main "${w[@]}" --rate inf --max-concurrency "$c" --bandwidth-gbs "$bandwidth" \
+        --matrix-tflops "$tf" ${base:+--baseline-tps "$base"}
+    bench tp-1024 --workload random --num-prompts "$num_prompts" --input-len "$input_len" \
+        --output-len "$output_len" --seed "$seed" --ignore-eos --rate inf \
+        --max-concurrency "$max_conc" --bandwidth-gbs "$bandwidth" --matrix-tflops "$tf"
+    down
+    part_throughput_table
+}
+
+part_throughput_table() {
+    python3 - "$out" <<'EOF2'
+import json, os, sys
+out = sys.argv[1]
+def load(n):
+    p = os.path.join(out, n + ".json")
+    return json.load(open(p)) if os.path.exists(p) else None
+m, hf = load("matrix-rate"), load("tp-hf")
+if m:
+    print(f"matrix rate: {m['tflops']:.0f} TFLOP/s ({m['method']})")
+if hf:
+    b = hf["best"]
+    print(f"transformers generate (static cache, compile {b['compile']}): batch {b['batch_size']}, "
+          f"{b['output_tps']:.0f} output tok/s ({b['requests']} requests, {b['time_s']:.1f} s)")
+print("| run | done | failed | out tok/s | / transformers | TTFT p50 ms | TPOT p50 ms | ITL p50 ms "
+      "| bound s (prefill + decode) | tok/s at the bound | fraction of the bound |")
+print("|---|---|---|---|---|---|---|---|---|---|---|")
+for name in ("tp-main", "tp-1024"):
+    r = load(name)
+    if not r:
+        print(f"| {name} | missing | | | | | | | | | |")
+        continue
+    bd = r.get("bound") or {}
+    ratio = r["baseline"]["ratio"] if r.get("baseline") else None
+    print(f"| {r['workload_params'] or name} | {r['completed']} | {r['failed']} "
+          f"| {r['output_tps']:.0f} | {'n/a' if ratio is None else format(ratio, '.2f')} "
+          f"| {r['ttft_ms']['p50']:.0f} | {r['tpot_ms']['p50']:.2f} | {r['itl_ms']['p50']:.2f} "
+          f"| {bd.get('bound_s', float('nan')):.2f} ({bd.get('prefill_s', float('nan')):.2f} + "
+          f"{bd.get('decode_s', float('nan')):.2f}) | {bd.get('output_tps', float('nan')):.0f} "
+          f"| {bd.get('fraction', float('nan')):.3f} |")
+EOF2
+}
+
 part_pagesize() {
     local b dur=${PAGE_DURATION:-40}
     for b in ${PAGE_SIZES:-8 16 32 64}; do
@@ -349,8 +422,9 @@ EOF
 
 for p in "${parts[@]}"; do
     case $p in
-    hf | random | shared | floor | ttft | long | engines | pagesize | pagesize_table | table) "part_$p" ;;
-    *) echo "run_gpu.sh: unknown part $p (hf, random, shared, floor, ttft, long, engines, pagesize," \
-            "pagesize_table, table)"; exit 2 ;;
+    hf | random | shared | floor | ttft | long | engines | throughput | throughput_table | \
+        pagesize | pagesize_table | table) "part_$p" ;;
+    *) echo "run_gpu.sh: unknown part $p (hf, random, shared, floor, ttft, long, engines," \
+            "throughput, throughput_table, pagesize, pagesize_table, table)"; exit 2 ;;
     esac
 done

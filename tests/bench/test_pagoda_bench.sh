@@ -157,8 +157,12 @@ check "local: locality 1 on a fresh pool with one sequence (sampled while it ran
 
 # -- random, open loop (Poisson), EOS ignored: every request gets exactly max_tokens.
 bench rate --api-key k2 --workload random --num-prompts 8 --input-len 8:24 --output-len 4:10 \
-    --rate 40 --seed 1 --ignore-eos && rc=0 || rc=$?
+    --rate 40 --seed 1 --ignore-eos --bandwidth-gbs 1000 --matrix-tflops 100 && rc=0 || rc=$?
 check "random --rate runs (exit $rc)" [ "$rc" = 0 ]
+check "rate: the compute-and-bandwidth bound is reported (an open loop: no floor)" \
+    jq_true "$tmp/rate.json" '.bandwidth_floor == null and .bound.bound_s > 0 and
+        .bound.decode_steps >= 1 and .bound.prefill_flops > 0 and .bound.fraction > 0 and
+        .bound.bound_s == .bound.prefill_s + .bound.decode_s'
 check_report rate 8
 check "rate: all completed" jq_true "$tmp/rate.json" '.completed == 8 and .failed == 0'
 check "rate: with --ignore-eos each request got max_tokens" jqs_true "$tmp/rate.jsonl" \
@@ -317,6 +321,9 @@ check "the refusal names the positions and the flags" \
 "$bin_dir/pagoda-bench" --url "$url" --model "$tmp/model" --rate 1 --concurrency 2 \
     >/dev/null 2>&1 && rc=0 || rc=$?
 check "--rate with --concurrency is refused (exit $rc)" [ "$rc" = 2 ]
+"$bin_dir/pagoda-bench" --url "$url" --model "$tmp/model" --rate 1 --matrix-tflops 100 \
+    >/dev/null 2>&1 && rc=0 || rc=$?
+check "--matrix-tflops without --bandwidth-gbs is refused (exit $rc)" [ "$rc" = 2 ]
 
 if [ "$failed" != 0 ]; then
     for f in "$tmp"/*.err "$run"/*.log; do

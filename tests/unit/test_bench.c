@@ -284,6 +284,61 @@ static void test_bandwidth_floor(void **state)
     report_request_fini(&r[1]);
 }
 
+/* The compute-and-bandwidth bound, worked by hand: two requests of 100 prompt tokens and 11
+ * output tokens, the second with 40 prompt tokens cached. */
+static void test_workload_bound(void **state)
+{
+    (void)state;
+    struct report_request r[2];
+    double t[11];
+    size_t p[11];
+    for (int k = 0; k < 11; k++) {
+        t[k] = 0.05 + 0.002 * k;
+        p[k] = 1;
+    }
+    make_request(&r[0], 0, 100, 0, t, p, 11, t[10]);
+    make_request(&r[1], 1, 100, 0, t, p, 11, t[10]);
+    r[1].cached_tokens = 40;
+    struct report_config cfg = {.workload = "random",
+                                .open_loop = 1,
+                                .rate = INFINITY,
+                                .concurrency = 2,
+                                .bandwidth_gbs = 1000,
+                                .weight_bytes = 1e9,
+                                .kv_bytes_per_token = 1e6,
+                                .matrix_tflops = 1e-6, /* 1e6 FLOP/s */
+                                .flops_per_token = 10,
+                                .attention_flops_per_key = 1};
+    struct report rep;
+    assert_int_equal(report_compute(&cfg, r, 2, NULL, &rep), 0);
+    assert_false(rep.have_floor); /* open loop */
+    assert_true(rep.have_bound);
+    /* Prefill: 10 x 100 + (1 + ... + 100) = 6050; 10 x 60 + (41 + ... + 100) = 4830. */
+    assert_true(fabs(rep.bound_prefill_flops - 10880) < 1e-9);
+    assert_true(fabs(rep.bound_prefill_s - 0.01088) < 1e-12);
+    /* Decode: 10 tokens each after the first, reading 101 .. 110 keys (1055 each); 20 tokens, 2
+     * at a time: 10 steps of the weights. */
+    assert_true(rep.bound_decode_steps == 10);
+    assert_true(fabs(rep.bound_decode_bytes - (10 * 1e9 + 2110 * 1e6)) < 1e-3);
+    assert_true(fabs(rep.bound_decode_s - 0.01211) < 1e-12);
+    assert_true(fabs(rep.bound_s - 0.02299) < 1e-12);
+    assert_true(fabs(rep.bound_output_tps - 22 / 0.02299) < 1e-6);
+    assert_true(fabs(rep.bound_fraction - 0.02299 / rep.duration_s) < 1e-12);
+    json_t *j = NULL;
+    assert_int_equal(report_to_json(&rep, &j), 0);
+    assert_true(fabs(json_number_value(json_object_get(json_object_get(j, "bound"), "bound_s")) -
+                     0.02299) < 1e-12);
+    json_decref(j);
+    report_fini(&rep);
+    /* No matrix rate: no bound. */
+    cfg.matrix_tflops = 0;
+    assert_int_equal(report_compute(&cfg, r, 2, NULL, &rep), 0);
+    assert_false(rep.have_bound);
+    report_fini(&rep);
+    report_request_fini(&r[0]);
+    report_request_fini(&r[1]);
+}
+
 static void test_json_report_and_record(void **state)
 {
     struct report_request r;
@@ -666,6 +721,7 @@ int main(void)
         cmocka_unit_test(test_add_tokens_refuses_more_than_reserved),
         cmocka_unit_test(test_engine_deltas_and_hit_rate),
         cmocka_unit_test(test_bandwidth_floor),
+        cmocka_unit_test(test_workload_bound),
         cmocka_unit_test(test_json_report_and_record),
         cmocka_unit_test(test_random_workload),
         cmocka_unit_test(test_shared_prefix_workload),
