@@ -28,10 +28,19 @@ struct cuda_backend_options {
     /* Linears of at most this many rows (0 .. CUDA_GEMV_MAX_ROWS) go through cuda_gemv (0:
      * none), the others through cuBLAS. */
     int gemv_max_rows;
+    /* 1 (the default): decode steps (every sequence's query_len 1) of up to
+     * min(max_num_seqs, max_num_tokens, MODEL_BUDGET_GRAPH_BATCH_MAX) sequences replay a CUDA
+     * graph captured when the backend opens, one per batch size of model_budget_graph_batches
+     * (model/model_budget.h), the step padded to that size with rows that write no K/V and are
+     * not sampled; other steps run launch by launch. 0: every step launch by launch
+     * (pagoda-worker --cuda-graphs off). Greedy outputs are the same either way at a batch that
+     * is a graph's size (the same kernels and cuBLAS algorithms); a padded batch's GEMMs have
+     * more rows and may round differently. backend_graph_steps counts the replays. */
+    int cuda_graphs;
 };
 
 /* Defaults: device 0, 2048 tokens and 256 sequences per step, 4096 blocks per sequence, the
- * kernels of issue 15 with gemv_max_rows CUDA_BACKEND_GEMV_MAX_ROWS. */
+ * kernels of issue 15 with gemv_max_rows CUDA_BACKEND_GEMV_MAX_ROWS, CUDA graphs on. */
 struct cuda_backend_options cuda_backend_default_options(void);
 
 /* Opens a CUDA backend. Weights come from w (copied to the GPU, converted to BF16 when the
