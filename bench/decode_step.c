@@ -1,19 +1,23 @@
 /* decode_step: the CUDA backend's decode step on its own, timed on the GPU (issue 15).
  *
  *   decode_step MODEL_DIR [--batches 1,16,64] [--context N] [--reps N] [--profile]
- *               [--only baseline|cublas|gemv]
+ *               [--only baseline|cublas|gemv|graphs]
  *
  * MODEL_DIR holds a config.json (weights are drawn at random on the GPU, as --load-format
  * random). For each batch size B, B sequences of N tokens already in a pool of random K/V
  * (block size 16) decode one token each through backend_forward_sample (greedy), with the
  * kernel sequence before issue 15 (cuda_backend_options.baseline_kernels), the current one as it
  * ships (every linear through cuBLAS), and the current one with cuda_gemv for the linears of up to
- * CUDA_GEMV_MAX_ROWS rows (gemv_max_rows), on the same weights. Per batch and version: the median
+ * CUDA_GEMV_MAX_ROWS rows (gemv_max_rows), and the one that ships replaying the CUDA graph of
+ * each decode batch size (cuda_backend_options.cuda_graphs; the others run launch by launch), on
+ * the same weights. Per batch and version: the median
  * device time of a step (backend_device_time_us: CUDA events around the forward pass and the
  * sampler) and the median host time of the call, against the step's bandwidth floor (weights + K/V
  * read once at 4.3 TB/s, the device-to-device copy rate of GPU.md). Each version's logits of the
- * same step are compared with the baseline's (max |a - b| / max |a|) and their greedy tokens
- * counted equal.
+ * same step are compared with the baseline's (the graphs' with cublas's, the same kernels
+ * launched one by one: equal bit for bit at a batch that is a graph's size) (max |a - b| / max
+ * |a|) and their greedy tokens counted equal; "graph steps" counts the passes that replayed a
+ * graph.
  * --profile wraps one extra step per batch and version in cudaProfilerStart/Stop, for
  * `ncu --profile-from-start off` (bench/run_decode_profile.sh; bench/profile_decode.py reads the
  * CSV); --only runs one version (for a profile of it). Exit status 0, or 1 on a failed call (the
@@ -139,12 +143,15 @@ struct result {
     float *logits; /* [B][vocab], host */
     int32_t *tokens;
     float *logprobs;
+    unsigned long long graph_steps, steps; /* backend_graph_steps, backend_forward_count */
 };
 
 /* The versions compared: the kernels before issue 15; the current ones with every linear through
- * cuBLAS (the default); the current ones with cuda_gemv for up to CUDA_GEMV_MAX_ROWS rows. */
-#define kVersions 3
-static const char *const version_name[kVersions] = {"baseline", "cublas", "gemv"};
+ * cuBLAS; the current ones with cuda_gemv for up to CUDA_GEMV_MAX_ROWS rows; the default (cuBLAS)
+ * replaying CUDA graphs. Each is compared with version_ref's. */
+#define kVersions 4
+static const char *const version_name[kVersions] = {"baseline", "cublas", "gemv", "graphs"};
+static const int version_ref[kVersions] = {0, 0, 0, 1};
 
 static void run_version(const struct model_config *c, const struct kv_geometry *g, void *pool,
                         int version, const int32_t *batches, int nb, int32_t ctx, int reps,
@@ -156,6 +163,7 @@ static void run_version(const struct model_config *c, const struct kv_geometry *
     o.limits.max_blocks_per_seq = (ctx + kBlockSize - 1) / kBlockSize;
     o.baseline_kernels = version == 0;
     o.gemv_max_rows = version == 2 ? CUDA_GEMV_MAX_ROWS : 0;
+    o.cuda_graphs = version == 3;
     struct backend *be = NULL;
     PK(cuda_backend_open(c, NULL, kSeed, g, pool, &o, &be));
     const int32_t bps = o.limits.max_blocks_per_seq;
@@ -164,6 +172,7 @@ static void run_version(const struct model_config *c, const struct kv_geometry *
         struct step st;
         step_make(&st, B, ctx, bps, (int32_t)c->vocab_size);
         double dev[kMaxReps], host[kMaxReps];
+        const uint64_t graph0 = backend_graph_steps(be), steps0 = backend_forward_count(be);
         for (int r = 0; r < kWarmup + reps; r++) {
             double t0 = now_s();
             PK(backend_forward_sample(be, &st.batch, st.rows, res[i].tokens, res[i].logprobs));
@@ -175,6 +184,8 @@ static void run_version(const struct model_config *c, const struct kv_geometry *
                 host[r - kWarmup] = (t1 - t0) * 1e3;
             }
         }
+        res[i].graph_steps = (unsigned long long)(backend_graph_steps(be) - graph0);
+        res[i].steps = (unsigned long long)(backend_forward_count(be) - steps0);
         res[i].device_ms = median(dev, reps);
         res[i].host_ms = median(host, reps);
         PK(backend_forward(be, &st.batch, res[i].logits));
@@ -226,7 +237,7 @@ int main(int argc, char **argv)
     if (dir == NULL || nb < 1 || ctx < 2 || reps < 1 || reps > kMaxReps) {
         fprintf(stderr,
                 "usage: decode_step MODEL_DIR [--batches 1,16,64] [--context N] "
-                "[--reps 1..%d] [--profile] [--only baseline|cublas|gemv]\n",
+                "[--reps 1..%d] [--profile] [--only baseline|cublas|gemv|graphs]\n",
                 kMaxReps);
         return 2;
     }
@@ -266,8 +277,9 @@ int main(int argc, char **argv)
         run_version(&c, &g, pool, v, batches, nb, ctx, reps, profile, res[v]);
     if (first == last) {
         for (int i = 0; i < nb; i++)
-            printf("batch %d %s: device %.3f ms, host %.3f ms\n", (int)batches[i],
-                   version_name[first], res[first][i].device_ms, res[first][i].host_ms);
+            printf("batch %d %s: device %.3f ms, host %.3f ms, graph steps %llu/%llu\n",
+                   (int)batches[i], version_name[first], res[first][i].device_ms,
+                   res[first][i].host_ms, res[first][i].graph_steps, res[first][i].steps);
         cuda_pool_free(pool);
         return 0;
     }
@@ -279,8 +291,8 @@ int main(int argc, char **argv)
     const double layer_w = H * (qd + 2 * kvd) + qd * H + 2 * I * H + I * H + 2 * H;
     const double weights = 2.0 * ((double)c.num_layers * layer_w + (double)c.vocab_size * H);
     const double kv_per_token = 2.0 * 2.0 * kvd * (double)c.num_layers;
-    printf("\n%-6s %-9s %10s %10s %10s %8s %12s %10s\n", "batch", "version", "device ms", "host ms",
-           "floor ms", "floor/dev", "logits diff", "tokens eq");
+    printf("\n%-6s %-9s %10s %10s %10s %8s %12s %10s %12s\n", "batch", "version", "device ms",
+           "host ms", "floor ms", "floor/dev", "logits diff", "tokens eq", "graph steps");
     for (int i = 0; i < nb; i++) {
         const int32_t B = batches[i];
         const double bytes = weights + (double)B * ctx * kv_per_token;
@@ -288,17 +300,19 @@ int main(int argc, char **argv)
         for (int v = 0; v < kVersions; v++) {
             double amax = 0.0, dmax = 0.0;
             int same = 0;
+            const struct result *ref = &res[version_ref[v]][i];
             for (int64_t k = 0; k < (int64_t)B * c.vocab_size; k++) {
-                double a = fabs((double)res[0][i].logits[k]);
-                double d = fabs((double)res[0][i].logits[k] - (double)res[v][i].logits[k]);
+                double a = fabs((double)ref->logits[k]);
+                double d = fabs((double)ref->logits[k] - (double)res[v][i].logits[k]);
                 amax = a > amax ? a : amax;
                 dmax = d > dmax ? d : dmax;
             }
             for (int32_t s = 0; s < B; s++)
-                same += res[0][i].tokens[s] == res[v][i].tokens[s];
-            printf("%-6d %-9s %10.3f %10.3f %10.3f %8.3f %12.2e %7d/%d\n", (int)B, version_name[v],
-                   res[v][i].device_ms, res[v][i].host_ms, floor_ms, floor_ms / res[v][i].device_ms,
-                   dmax / (amax > 0 ? amax : 1), same, (int)B);
+                same += ref->tokens[s] == res[v][i].tokens[s];
+            printf("%-6d %-9s %10.3f %10.3f %10.3f %8.3f %12.2e %7d/%d %8llu/%llu\n", (int)B,
+                   version_name[v], res[v][i].device_ms, res[v][i].host_ms, floor_ms,
+                   floor_ms / res[v][i].device_ms, dmax / (amax > 0 ? amax : 1), same, (int)B,
+                   res[v][i].graph_steps, res[v][i].steps);
         }
     }
     cuda_pool_free(pool);

@@ -48,7 +48,8 @@
 # SP_SYSTEM_LEN (2048), SP_QUESTION_LEN (128), SP_OUTPUT_LEN (256), MAX_CONCURRENCY (256),
 # HF_BATCH_SIZES (64,256), HF_COMPILE (auto), BANDWIDTH_GBS (4300),
 # FLOOR_BATCHES (1 16 64), BACKEND (cuda; cpu with a small MODEL_DIR tries the script here),
-# LOAD_FORMAT (random; safetensors reads MODEL_DIR's weights).
+# LOAD_FORMAT (random; safetensors reads MODEL_DIR's weights), CUDA_GRAPHS (unset: the worker's
+# default, on; off runs every step launch by launch).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd -P)
 build=$(cd "${1:?usage: bench/run_gpu.sh BUILD_DIR [hf|random|shared|floor|table ...]}" && pwd -P)
@@ -110,6 +111,7 @@ up() { # up MODE [FLAG...]: a group serving the model, prefix cache MODE (on, of
     local args=(--run-dir "$run" --bin-dir "$bin" --model "$model" --listen "$url"
                 --backend "$backend" --timeout 600)
     [ "$backend" = cpu ] || args+=(--load-format "$load_format" --seed "$seed")
+    [ -z "${CUDA_GRAPHS:-}" ] || args+=(--cuda-graphs "$CUDA_GRAPHS")
     [ "$mode" = default ] || args+=(--prefix-cache "$mode")
     args+=("$@")
     echo "== pagoda-up ${args[*]}"

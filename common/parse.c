@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 int parse_i64(const char *flag, const char *text, int64_t min, int64_t max, int64_t *out)
 {
@@ -29,6 +30,14 @@ int parse_f64(const char *flag, const char *text, double min, double max, double
     if (v < min || v > max)
         return pagoda_error_set(PAGODA_ERANGE, "%s: %s is outside [%g, %g]", flag, text, min, max);
     *out = v;
+    return 0;
+}
+
+int parse_on_off(const char *flag, const char *text, int *out)
+{
+    if (strcmp(text, "on") != 0 && strcmp(text, "off") != 0)
+        return pagoda_error_set(PAGODA_EINVAL, "%s: '%s' is not on or off", flag, text);
+    *out = strcmp(text, "on") == 0;
     return 0;
 }
 

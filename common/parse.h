@@ -12,6 +12,9 @@ int parse_i64(const char *flag, const char *text, int64_t min, int64_t max, int6
 /* Parses a finite floating-point number in [min, max]. Same errors as parse_i64. */
 int parse_f64(const char *flag, const char *text, double min, double max, double *out);
 
+/* Parses "on" (1) or "off" (0) into *out. Errors: PAGODA_EINVAL (anything else). */
+int parse_on_off(const char *flag, const char *text, int *out);
+
 /* Parses a comma-separated list of integers in [min, max] ("1,2,3"), at most cap of them.
  * On success *out is a new array (the caller frees it) and *count its length (at least 1).
  * Errors: PAGODA_EINVAL, PAGODA_ERANGE (a value or the count), PAGODA_ENOMEM. */

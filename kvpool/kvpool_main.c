@@ -235,6 +235,7 @@ static int gpu_size(struct opts *o, const struct model_config *c, struct gpu_bud
     b->reserve_bytes = o->reserve_bytes != 0
                            ? o->reserve_bytes
                            : model_budget_activation_bytes(c, o->max_tokens, o->max_seqs) +
+                                 model_budget_graph_bytes(o->max_tokens, o->max_seqs) +
                                  MODEL_BUDGET_RESERVE_BYTES + MODEL_BUDGET_CONTEXT_BYTES;
     log_info("GPU %d: %.0f MiB free of %.0f MiB; the model's weights take %.0f MiB, the "
              "worker's reserve %.0f MiB",

@@ -34,12 +34,37 @@ uint64_t model_budget_shard_activation_bytes(const struct model_config *c,
            S * (uint64_t)c->vocab_size * 4 + local_logits + T * (4 + 4 + 8) + S * 4;
 }
 
+int32_t model_budget_graph_batches(int64_t max_tokens, int64_t max_seqs, int32_t *sizes)
+{
+    int64_t cap = max_tokens < max_seqs ? max_tokens : max_seqs;
+    if (cap > MODEL_BUDGET_GRAPH_BATCH_MAX)
+        cap = MODEL_BUDGET_GRAPH_BATCH_MAX;
+    int32_t n = 0;
+    for (int64_t b = 1; b <= cap; b = b < 8 ? 2 * b : b + 8) {
+        if (sizes != NULL)
+            sizes[n] = (int32_t)b;
+        n++;
+    }
+    if (cap >= 1 && (cap < 8 ? (cap & (cap - 1)) != 0 : cap % 8 != 0)) {
+        if (sizes != NULL)
+            sizes[n] = (int32_t)cap;
+        n++;
+    }
+    return n;
+}
+
+uint64_t model_budget_graph_bytes(int64_t max_tokens, int64_t max_seqs)
+{
+    int32_t n = model_budget_graph_batches(max_tokens, max_seqs, NULL);
+    return (uint64_t)n * MODEL_BUDGET_GRAPH_BYTES + MODEL_BUDGET_CUBLAS_WORKSPACE_BYTES;
+}
+
 uint64_t model_budget_shard_worker_bytes(const struct model_config *c, const struct model_shard *s,
                                          int64_t max_tokens, int64_t max_seqs)
 {
     return model_budget_shard_weight_bytes(c, s) +
            model_budget_shard_activation_bytes(c, s, max_tokens, max_seqs) +
-           MODEL_BUDGET_RESERVE_BYTES;
+           model_budget_graph_bytes(max_tokens, max_seqs) + MODEL_BUDGET_RESERVE_BYTES;
 }
 
 uint64_t model_budget_weight_bytes(const struct model_config *c)

@@ -23,6 +23,29 @@
 #define MODEL_BUDGET_DEFAULT_MAX_TOKENS 2048
 #define MODEL_BUDGET_DEFAULT_MAX_SEQS 256
 
+/* CUDA graphs of decode steps (worker/cuda_backend.h): one per batch size of
+ * model_budget_graph_batches, captured when the backend opens. Each is counted at
+ * MODEL_BUDGET_GRAPH_BYTES, twice the most one graph took on the H200 with the Llama-3-8B shape
+ * (cudaMemGetInfo before and after each capture, which the backend logs: 35 graphs took 42 MiB,
+ * the largest 4 MiB, counted in the 2 MiB pages of the allocator; bench/RESULTS.md, 2026-12-02,
+ * CUDA graphs), and the cuBLAS handle gets a workspace of its own of
+ * MODEL_BUDGET_CUBLAS_WORKSPACE_BYTES, so that a capture allocates nothing (eager steps use the
+ * same workspace, hence the same algorithms). */
+#define MODEL_BUDGET_GRAPH_BATCH_MAX 256
+#define MODEL_BUDGET_GRAPHS_MAX 40
+#define MODEL_BUDGET_GRAPH_BYTES (UINT64_C(8) << 20)
+#define MODEL_BUDGET_CUBLAS_WORKSPACE_BYTES (UINT64_C(32) << 20)
+
+/* The batch sizes a decode step's graph is captured for, as vLLM's capture sizes: 1, 2, 4, 8,
+ * then the multiples of 8, up to the largest decode step, min(max_tokens, max_seqs,
+ * MODEL_BUDGET_GRAPH_BATCH_MAX), which is itself the last size when it is no multiple of 8 (so
+ * that every decode step up to it has a graph). Writes them in ascending order to sizes (when not
+ * NULL; MODEL_BUDGET_GRAPHS_MAX entries) and returns their count (0 for a limit below 1). */
+int32_t model_budget_graph_batches(int64_t max_tokens, int64_t max_seqs, int32_t *sizes);
+
+/* The graphs' bytes: MODEL_BUDGET_GRAPH_BYTES per batch size, and the cuBLAS workspace. */
+uint64_t model_budget_graph_bytes(int64_t max_tokens, int64_t max_seqs);
+
 /* Bytes of the model's weights on the GPU (BF16, whatever the checkpoint's dtype). */
 uint64_t model_budget_weight_bytes(const struct model_config *c);
 
@@ -30,8 +53,10 @@ uint64_t model_budget_weight_bytes(const struct model_config *c);
 uint64_t model_budget_activation_bytes(const struct model_config *c, int64_t max_tokens,
                                        int64_t max_seqs);
 
-/* Weights, activations and MODEL_BUDGET_RESERVE_BYTES: what a worker needs free beside the
- * pool once its CUDA context exists. */
+/* Weights, activations, the decode graphs (model_budget_graph_bytes: counted whether or not
+ * the worker captures them, so that turning graphs on never needs a smaller pool) and
+ * MODEL_BUDGET_RESERVE_BYTES: what a worker needs free beside the pool once its CUDA context
+ * exists. */
 uint64_t model_budget_worker_bytes(const struct model_config *c, int64_t max_tokens,
                                    int64_t max_seqs);
 

@@ -131,6 +131,7 @@ int main(int argc, char **argv)
 #ifdef PAGODA_HAVE_CUDA
         struct cuda_backend_options co = cuda_backend_default_options();
         co.limits = limits;
+        co.cuda_graphs = 0; /* prefill chunks only: a decode graph would never be replayed */
         if ((rc = cuda_pool_alloc(&g, 0, &pool)) != 0 ||
             (rc = cuda_backend_open(c, w, (uint64_t)seed, &g, pool, &co, &be)) != 0)
             goto done;

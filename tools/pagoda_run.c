@@ -57,6 +57,7 @@ struct run_opts {
     int json;
     int ignore_eos;
     int stats;
+    int cuda_graphs; /* --cuda-graphs: 1 on (the default), 0 off */
     struct sampling_params sampling;
     const char **texts; /* [MAX_PROMPTS]: the text of a --prompt, NULL for --tokens */
 };
@@ -70,8 +71,10 @@ static void usage(FILE *f)
                "                  [--max-batched-tokens N] [--attention paged|gather]\n"
                "                  [--ignore-eos] [--stats] [--json] [--prompt TEXT ...]\n"
                "                  [--backend cpu|cuda] [--load-format safetensors|random]\n"
+               "                  [--cuda-graphs on|off]\n"
                "--load-format random (CUDA only) draws weights of the shape in DIR/config.json on\n"
-               "the GPU from --seed, so no weight file is needed.\n");
+               "the GPU from --seed, so no weight file is needed. --cuda-graphs off runs decode\n"
+               "steps launch by launch instead of replaying CUDA graphs (for comparison).\n");
 }
 
 static int fail(int rc)
@@ -301,6 +304,7 @@ enum {
     OPT_JSON,
     OPT_BACKEND,
     OPT_LOAD_FORMAT,
+    OPT_CUDA_GRAPHS,
 };
 
 static int parse_flag(int opt, const char *arg, struct run_opts *o, int32_t ***prompts,
@@ -393,6 +397,9 @@ static int parse_flag(int opt, const char *arg, struct run_opts *o, int32_t ***p
             return pagoda_error_set(PAGODA_EINVAL, "--backend: '%s' is not cpu or cuda", arg);
         o->backend = arg;
         break;
+    case OPT_CUDA_GRAPHS:
+        rc = parse_on_off("--cuda-graphs", arg, &o->cuda_graphs);
+        break;
     case OPT_LOAD_FORMAT:
         if (strcmp(arg, "safetensors") != 0 && strcmp(arg, "random") != 0)
             return pagoda_error_set(PAGODA_EINVAL,
@@ -428,6 +435,7 @@ int main(int argc, char **argv)
         {"json", no_argument, NULL, OPT_JSON},
         {"backend", required_argument, NULL, OPT_BACKEND},
         {"load-format", required_argument, NULL, OPT_LOAD_FORMAT},
+        {"cuda-graphs", required_argument, NULL, OPT_CUDA_GRAPHS},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -435,6 +443,7 @@ int main(int argc, char **argv)
         .attention = "paged",
         .backend = "cpu",
         .load_format = "safetensors",
+        .cuda_graphs = 1,
         .max_tokens = 16,
         .block_size = KV_BLOCK_SIZE_DEFAULT,
         .max_batched_tokens = 2048,
@@ -591,6 +600,7 @@ int main(int argc, char **argv)
 #ifdef PAGODA_HAVE_CUDA
         struct cuda_backend_options co = cuda_backend_default_options();
         co.limits = limits;
+        co.cuda_graphs = o.cuda_graphs;
         if ((rc = cuda_pool_alloc(&g, co.device, &gpu_pool)) != 0 ||
             (rc = cuda_backend_open(c, w, o.sampling.seed, &g, gpu_pool, &co, &be)) != 0)
             goto fail;
@@ -624,9 +634,10 @@ int main(int argc, char **argv)
             generated += seqs[p].num_tokens - seqs[p].num_prompt;
         double secs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
         fprintf(stderr,
-                "pagoda-run: %d prompts, %llu forward passes, %lld tokens generated in "
-                "%.3f s (%.1f tokens/s)\n",
-                num_prompts, (unsigned long long)backend_forward_count(be), generated, secs,
+                "pagoda-run: %d prompts, %llu forward passes (%llu replayed a CUDA graph), %lld "
+                "tokens generated in %.3f s (%.1f tokens/s)\n",
+                num_prompts, (unsigned long long)backend_forward_count(be),
+                (unsigned long long)backend_graph_steps(be), generated, secs,
                 secs > 0 ? (double)generated / secs : 0.0);
     }
     status = failed > 0;

@@ -190,6 +190,11 @@ uint64_t backend_forward_count(const struct backend *b)
     return b->forward_count;
 }
 
+uint64_t backend_graph_steps(const struct backend *b)
+{
+    return b->graph_steps;
+}
+
 void backend_close(struct backend *b)
 {
     if (b == NULL)

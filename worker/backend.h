@@ -154,6 +154,10 @@ int backend_device_time_us(struct backend *b, double *us);
 /* The number of forward passes run since the backend was opened. */
 uint64_t backend_forward_count(const struct backend *b);
 
+/* How many of those replayed a captured CUDA graph (worker/cuda_backend.h: decode steps); the
+ * others ran launch by launch. 0 for a backend without graphs. */
+uint64_t backend_graph_steps(const struct backend *b);
+
 /* Closes a backend; NULL is accepted. */
 void backend_close(struct backend *b);
 
@@ -179,6 +183,7 @@ struct backend {
     const struct backend_ops *ops;
     struct model_config config;
     uint64_t forward_count;
+    uint64_t graph_steps; /* counted by the backend (backend_graph_steps) */
     /* Host sampling (forward_sample == NULL): grown on first use, freed by backend_close. */
     float *host_logits;
     int32_t host_logits_rows;

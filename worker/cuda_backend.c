@@ -1,6 +1,7 @@
 /* The forward pass on one GPU, read top to bottom in cuda_forward_device. */
 #include "worker/cuda_backend.h"
 #include "common/error.h"
+#include "common/log.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/linear.h"
@@ -16,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 struct cuda_layer {
     uint16_t *input_norm, *post_norm;
@@ -82,12 +84,21 @@ struct cuda_backend {
     uint64_t *row_index;
     const int32_t **row_prompt, **row_output;
     size_t *row_n_prompt, *row_n_output;
+    /* CUDA graphs of decode steps (capture_graphs), by batch size, ascending; a decode step of
+     * n sequences replays the first of at least n, padded. */
+    int32_t num_graphs;
+    int32_t graph_batch[MODEL_BUDGET_GRAPHS_MAX];
+    cudaGraphExec_t graph[MODEL_BUDGET_GRAPHS_MAX];
+    void *cublas_workspace; /* MODEL_BUDGET_CUBLAS_WORKSPACE_BYTES, eager and captured GEMMs */
     /* Every device allocation, for cuda_close. */
     void **allocs;
     size_t num_allocs, cap_allocs;
 };
 
 static const struct backend_ops cuda_ops;
+static int capture_graphs(struct cuda_backend *b);
+static int forward_layers(struct cuda_backend *b, int32_t n, int32_t num_logits);
+static int32_t graph_of(const struct cuda_backend *b, const struct fwd_batch *batch);
 
 static int cuda_fail(cudaError_t e, const char *what)
 {
@@ -139,6 +150,8 @@ static void cuda_close(struct backend *base)
     }
     free(b->stage);
     cuda_tp_fini(&b->tp);
+    for (int32_t i = 0; i < b->num_graphs; i++)
+        cudaGraphExecDestroy(b->graph[i]);
     cuda_attention_plan_free(b->plan);
     cuda_sampler_free(b->sampler);
     for (size_t i = 0; i < b->num_allocs; i++)
@@ -164,6 +177,7 @@ struct cuda_backend_options cuda_backend_default_options(void)
         .device = 0,
         .limits = {.max_num_tokens = 2048, .max_num_seqs = 256, .max_blocks_per_seq = 4096},
         .gemv_max_rows = CUDA_BACKEND_GEMV_MAX_ROWS,
+        .cuda_graphs = 1,
     };
     return o;
 }
@@ -446,6 +460,15 @@ int cuda_backend_open(const struct model_config *cfg, const struct model_weights
                                            (size_t)max_tokens * (size_t)cfg->hidden_size,
                                            (int32_t)max_seqs, b->stream)) != 0)
         goto fail;
+    /* A workspace of the handle's own: a GEMM captured in a graph then allocates nothing, and
+     * eager GEMMs see the same workspace, so cuBLAS picks the same algorithms for both. */
+    if ((rc = dev_alloc(b, MODEL_BUDGET_CUBLAS_WORKSPACE_BYTES, &b->cublas_workspace)) != 0)
+        goto fail;
+    if ((st = cublasSetWorkspace(b->cublas, b->cublas_workspace,
+                                 MODEL_BUDGET_CUBLAS_WORKSPACE_BYTES)) != CUBLAS_STATUS_SUCCESS) {
+        rc = cublas_fail(st, "cublasSetWorkspace");
+        goto fail;
+    }
     /* Random weights of a shard: each rank draws its own (a shard of some model, not the whole
      * model's draw sliced). */
     if ((rc = load_weights(b, w, random_seed + (uint64_t)shard.rank)) != 0 ||
@@ -498,7 +521,8 @@ int cuda_backend_open(const struct model_config *cfg, const struct model_weights
     };
     if ((rc = cuda_attention_plan_new(&ac, &b->plan)) != 0 ||
         (rc = cuda_sampler_new((int32_t)cfg->vocab_size, b->opt.limits.max_num_seqs,
-                               (size_t)cfg->max_position_embeddings, &b->sampler)) != 0)
+                               (size_t)cfg->max_position_embeddings, &b->sampler)) != 0 ||
+        (rc = capture_graphs(b)) != 0)
         goto fail;
     *out = &b->base;
     return 0;
@@ -545,8 +569,11 @@ static int rope_and_cache(struct cuda_backend *b, const struct kv_layer_view *kv
 }
 
 /* Copies the step's metadata to the device through pinned stage k, then writes the gathered
- * input tokens (sampled by earlier steps, still on the device) over their placeholders. */
-static int stage_step(struct cuda_backend *b, int k, const struct fwd_batch *batch,
+ * input tokens (sampled by earlier steps, still on the device) over their placeholders. With pad
+ * above the batch's tokens (a graph's batch size), tokens num_tokens .. pad - 1 are padding:
+ * token 0 at position 0, slot -1 (their K/V is written nowhere), and logits rows num_logits ..
+ * pad - 1 name rows inside the step (computed, never sampled). */
+static int stage_step(struct cuda_backend *b, int k, const struct fwd_batch *batch, int32_t pad,
                       const struct backend_gather *gathers, int32_t num_gathers)
 {
     struct step_stage *st = &b->stage[k];
@@ -556,11 +583,24 @@ static int stage_step(struct cuda_backend *b, int k, const struct fwd_batch *bat
     cudaError_t e = cudaEventSynchronize(b->staged[k]);
     if (e != cudaSuccess)
         return cuda_fail(e, "cudaEventSynchronize (step stage)");
-    const size_t n = (size_t)batch->num_tokens, nl = (size_t)batch->num_logits;
-    memcpy(st->token_ids, batch->token_ids, n * 4);
-    memcpy(st->positions, batch->positions, n * 4);
-    memcpy(st->slots, batch->slot_mapping, n * 8);
-    memcpy(st->logits_rows, batch->logits_indices, nl * 4);
+    size_t n = (size_t)batch->num_tokens, nl = (size_t)batch->num_logits;
+    if (n > 0) {
+        memcpy(st->token_ids, batch->token_ids, n * 4);
+        memcpy(st->positions, batch->positions, n * 4);
+        memcpy(st->slots, batch->slot_mapping, n * 8);
+    }
+    if (nl > 0)
+        memcpy(st->logits_rows, batch->logits_indices, nl * 4);
+    if (pad > batch->num_tokens) {
+        for (size_t i = n; i < (size_t)pad; i++) {
+            st->token_ids[i] = 0;
+            st->positions[i] = 0;
+            st->slots[i] = -1;
+        }
+        for (size_t i = nl; i < (size_t)pad; i++)
+            st->logits_rows[i] = (int32_t)i;
+        n = nl = (size_t)pad;
+    }
     const int32_t seqs = b->opt.limits.max_num_seqs;
     for (int32_t i = 0; i < num_gathers; i++) {
         st->gathers[2 * i] = gathers[i].token;
@@ -649,13 +689,31 @@ static int cuda_forward_device(struct cuda_backend *b, const struct fwd_batch *b
         .block_tables = batch->block_tables,
         .max_blocks_per_seq = batch->max_blocks_per_seq,
     };
-    if ((rc = cuda_attention_plan(b->plan, &ab, b->stream)) != 0)
+    /* A decode step replays the graph of its batch size; should its graph plan fail, the step
+     * runs eagerly (the plan of the step alone reports what is wrong with it, if anything). */
+    int32_t g = graph_of(b, batch);
+    if (g >= 0 && cuda_attention_plan_graph(b->plan, &ab, b->graph_batch[g], b->stream) != 0)
+        g = -1;
+    if (g < 0 && (rc = cuda_attention_plan(b->plan, &ab, b->stream)) != 0)
         return rc;
-    const int32_t n = batch->num_tokens;
-    cudaStream_t s = b->stream;
-    if ((rc = stage_step(b, k, batch, gathers, num_gathers)) != 0)
+    if ((rc = stage_step(b, k, batch, g >= 0 ? b->graph_batch[g] : 0, gathers, num_gathers)) != 0)
         return rc;
+    if (g >= 0) {
+        if ((e = cudaGraphLaunch(b->graph[g], b->stream)) != cudaSuccess)
+            return cuda_fail(e, "cudaGraphLaunch");
+        b->base.graph_steps++;
+        return 0;
+    }
+    return forward_layers(b, batch->num_tokens, batch->num_logits);
+}
 
+/* The layers and the LM head over the n tokens staged on the device, into num_logits rows of
+ * b->logits: launches on the stream only (one rank), so that it can be captured in a graph. */
+static int forward_layers(struct cuda_backend *b, int32_t n, int32_t num_logits)
+{
+    const struct model_config *c = &b->base.config;
+    cudaStream_t s = b->stream;
+    int rc;
     const struct model_shard *sh = &b->shard;
     const int tp = b->opt.comm != NULL;
     const int64_t H = c->hidden_size, I = sh->intermediate_size, hd = c->head_dim;
@@ -711,10 +769,108 @@ static int cuda_forward_device(struct cuda_backend *b, const struct fwd_batch *b
     }
     if ((rc = cuda_add_rmsnorm(b->residual, c->num_layers ? b->proj : NULL, b->final_norm,
                                b->hidden, n, (int32_t)H, eps, s)) ||
-        (rc = cuda_gather_rows_bf16(b->hidden, H, b->d_logits_rows, batch->num_logits, (int32_t)H,
+        (rc = cuda_gather_rows_bf16(b->hidden, H, b->d_logits_rows, num_logits, (int32_t)H,
                                     b->selected, s)))
         return rc;
-    return lm_head(b, batch->num_logits);
+    return lm_head(b, num_logits);
+}
+
+/* The graph a step replays: the smallest batch size of at least its sequences when every
+ * sequence decodes one token (query_len 1) and graphs are on; else -1 (eager). */
+static int32_t graph_of(const struct cuda_backend *b, const struct fwd_batch *batch)
+{
+    const int32_t n = batch->num_seqs;
+    if (b->num_graphs == 0 || n < 1 || batch->num_tokens != n ||
+        n > b->graph_batch[b->num_graphs - 1])
+        return -1;
+    for (int32_t i = 0; i < n; i++)
+        if (batch->query_start[i + 1] - batch->query_start[i] != 1)
+            return -1;
+    int32_t g = 0;
+    while (b->graph_batch[g] < n)
+        g++;
+    return g;
+}
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
+/* Captures the graph of a decode step of each batch size of model_budget_graph_batches (when
+ * opt.cuda_graphs is on): the attention planned for that many padding sequences (the layout and
+ * grid every step of that size will have), the metadata staged, then forward_layers captured
+ * from the stream, instantiated and replayed once (padding only: it writes no K/V). Logs the
+ * time and the device memory the graphs took (cudaMemGetInfo before and after each); the memory
+ * budget counts MODEL_BUDGET_GRAPH_BYTES for each (model/model_budget.h). */
+static int capture_graphs(struct cuda_backend *b)
+{
+    /* A tensor-parallel step's collectives wait on the host (cuda_tp.h): not capturable. Such
+     * a backend runs every step launch by launch (the budget still counts the graphs: an
+     * over-estimate). */
+    if (!b->opt.cuda_graphs || b->opt.comm != NULL)
+        return 0;
+    int32_t sizes[MODEL_BUDGET_GRAPHS_MAX];
+    const int32_t count =
+        model_budget_graph_batches(b->opt.limits.max_num_tokens, b->opt.limits.max_num_seqs, sizes);
+    static const int32_t zero = 0;
+    const struct attention_batch none = {.query_start = &zero, .max_blocks_per_seq = 1};
+    const struct fwd_batch empty = {.query_start = &zero, .max_blocks_per_seq = 1};
+    const double t0 = now_ms();
+    size_t total = 0, largest = 0;
+    cudaError_t e;
+    for (int32_t i = 0; i < count; i++) {
+        const int32_t pad = sizes[i];
+        size_t free0 = 0, free1 = 0, unused = 0;
+        if ((e = cudaStreamSynchronize(b->stream)) != cudaSuccess ||
+            (e = cudaMemGetInfo(&free0, &unused)) != cudaSuccess)
+            return cuda_fail(e, "capturing decode graphs");
+        int rc = cuda_attention_plan_graph(b->plan, &none, pad, b->stream);
+        if (rc == 0)
+            rc = stage_step(b, STAGE_SYNC, &empty, pad, NULL, 0);
+        if (rc != 0)
+            return rc;
+        if ((e = cudaStreamBeginCapture(b->stream, cudaStreamCaptureModeThreadLocal)) !=
+            cudaSuccess)
+            return cuda_fail(e, "cudaStreamBeginCapture");
+        rc = forward_layers(b, pad, pad);
+        cudaGraph_t graph = NULL;
+        e = cudaStreamEndCapture(b->stream, &graph);
+        if (rc == 0 && e != cudaSuccess)
+            rc = cuda_fail(e, "cudaStreamEndCapture");
+        if (rc == 0 && (e = cudaGraphInstantiate(&b->graph[i], graph, 0)) != cudaSuccess)
+            rc = cuda_fail(e, "cudaGraphInstantiate");
+        if (graph != NULL)
+            cudaGraphDestroy(graph);
+        if (rc != 0) {
+            char detail[512];
+            snprintf(detail, sizeof(detail), "%s", pagoda_error_detail());
+            (void)cudaGetLastError();
+            return pagoda_error_set(rc, "capturing the decode graph of batch %d: %s", (int)pad,
+                                    detail);
+        }
+        b->graph_batch[i] = pad;
+        b->num_graphs = i + 1;
+        if ((e = cudaGraphLaunch(b->graph[i], b->stream)) != cudaSuccess ||
+            (e = cudaStreamSynchronize(b->stream)) != cudaSuccess ||
+            (e = cudaMemGetInfo(&free1, &unused)) != cudaSuccess)
+            return cuda_fail(e, "replaying a decode graph");
+        const size_t used = free0 > free1 ? free0 - free1 : 0;
+        total += used;
+        largest = used > largest ? used : largest;
+    }
+    const double mib = 1024.0 * 1024.0;
+    log_info("cuda: %d decode graphs (batch 1 .. %d) captured in %.0f ms, %.1f MiB of device "
+             "memory (%.1f MiB the largest; the budget counts %.0f MiB each)",
+             (int)count, count > 0 ? (int)sizes[count - 1] : 0, now_ms() - t0, (double)total / mib,
+             (double)largest / mib, (double)MODEL_BUDGET_GRAPH_BYTES / mib);
+    if (largest > MODEL_BUDGET_GRAPH_BYTES)
+        log_warn("cuda: a decode graph took %.1f MiB, above the %.0f MiB the memory budget "
+                 "counts (model/model_budget.h)",
+                 (double)largest / mib, (double)MODEL_BUDGET_GRAPH_BYTES / mib);
+    return 0;
 }
 
 static int cuda_forward(struct backend *base, const struct fwd_batch *batch, float *logits)

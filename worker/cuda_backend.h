@@ -2,7 +2,8 @@
  * BF16; the projections and the LM head are cuBLAS GEMMs (BF16 in, FP32 accumulate); the
  * residual stream is FP32; K/V are written into and read from a BF16 pool in device memory
  * through the same layout as the CPU pool; tokens are sampled on the GPU with the algorithm of
- * docs/sampling.md. Available only in builds with CUDA (PAGODA_HAVE_CUDA). */
+ * docs/sampling.md. Decode steps replay CUDA graphs captured at open (cuda_backend_options
+ * .cuda_graphs). Available only in builds with CUDA (PAGODA_HAVE_CUDA). */
 #ifndef PAGODA_WORKER_CUDA_BACKEND_H
 #define PAGODA_WORKER_CUDA_BACKEND_H
 
@@ -39,10 +40,20 @@ struct cuda_backend_options {
      * Each collective waits for the backend's stream: a tensor-parallel step runs one at a
      * time on the host's side too. */
     struct comm *comm;
+    /* 1 (the default): decode steps (every sequence's query_len 1) of up to
+     * min(max_num_seqs, max_num_tokens, MODEL_BUDGET_GRAPH_BATCH_MAX) sequences replay a CUDA
+     * graph captured when the backend opens, one per batch size of model_budget_graph_batches
+     * (model/model_budget.h), the step padded to that size with rows that write no K/V and are
+     * not sampled; other steps run launch by launch. 0: every step launch by launch
+     * (pagoda-worker --cuda-graphs off). Greedy outputs are the same either way at a batch that
+     * is a graph's size (the same kernels and cuBLAS algorithms); a padded batch's GEMMs have
+     * more rows and may round differently. backend_graph_steps counts the replays. A
+     * tensor-parallel rank (comm set) captures none: its collectives wait on the host. */
+    int cuda_graphs;
 };
 
 /* Defaults: device 0, 2048 tokens and 256 sequences per step, 4096 blocks per sequence, the
- * kernels of issue 15 with gemv_max_rows CUDA_BACKEND_GEMV_MAX_ROWS. */
+ * kernels of issue 15 with gemv_max_rows CUDA_BACKEND_GEMV_MAX_ROWS, CUDA graphs on. */
 struct cuda_backend_options cuda_backend_default_options(void);
 
 /* Opens a CUDA backend. Weights come from w (copied to the GPU, converted to BF16 when the

@@ -19,6 +19,7 @@ int worker_budget_check(const struct worker_budget_request *r)
     const int device = r->device;
     const uint64_t weights = model_budget_weight_bytes(c);
     const uint64_t acts = model_budget_activation_bytes(c, r->max_tokens, r->max_seqs);
+    const uint64_t graphs = model_budget_graph_bytes(r->max_tokens, r->max_seqs);
     const uint64_t need = model_budget_worker_bytes(c, r->max_tokens, r->max_seqs);
     const double mib = 1024.0 * 1024.0;
     const int poll_ms = r->poll_ms > 0 ? r->poll_ms : 1;
@@ -29,10 +30,10 @@ int worker_budget_check(const struct worker_budget_request *r)
             return rc;
         if (need <= free_bytes) {
             log_info("GPU %d: %.0f MiB free of %.0f MiB beside the KV pool; the worker needs %.0f "
-                     "MiB (weights %.0f, activations %.0f, reserve %.0f)",
+                     "MiB (weights %.0f, activations %.0f, decode graphs %.0f, reserve %.0f)",
                      device, (double)free_bytes / mib, (double)total_bytes / mib,
                      (double)need / mib, (double)weights / mib, (double)acts / mib,
-                     (double)MODEL_BUDGET_RESERVE_BYTES / mib);
+                     (double)graphs / mib, (double)MODEL_BUDGET_RESERVE_BYTES / mib);
             return 0;
         }
         if (waited >= r->wait_ms || (r->stop != NULL && *r->stop))
@@ -48,10 +49,12 @@ int worker_budget_check(const struct worker_budget_request *r)
         PAGODA_EEXHAUSTED,
         "refusing to start: beside the KV pool (%.0f MiB) the worker needs %.0f MiB on GPU %d "
         "(weights %.0f, activations %.0f for %" PRId64 " tokens and %" PRId64
-        " sequences a step, reserve %.0f) but %.0f MiB are free: short by %.0f MiB (%" PRIu64
+        " sequences a step, decode graphs %.0f, reserve %.0f) but %.0f MiB are free: short by "
+        "%.0f MiB (%" PRIu64
         " bytes); give kvpool a --kv-bytes smaller by at least that, or the worker a smaller "
         "--max-batched-tokens or --max-seqs",
         (double)r->pool_bytes / mib, (double)need / mib, device, (double)weights / mib,
-        (double)acts / mib, r->max_tokens, r->max_seqs, (double)MODEL_BUDGET_RESERVE_BYTES / mib,
-        (double)free_bytes / mib, (double)short_by / mib, short_by);
+        (double)acts / mib, r->max_tokens, r->max_seqs, (double)graphs / mib,
+        (double)MODEL_BUDGET_RESERVE_BYTES / mib, (double)free_bytes / mib, (double)short_by / mib,
+        short_by);
 }

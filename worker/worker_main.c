@@ -5,6 +5,7 @@
  *                 [--step-delay-ms X] [--fault drop-step=N|drop-result=N]
  *                 [--max-batched-tokens 2048] [--max-seqs 256] [--log-level info]
  *                 [--kvpool URL] [--scheduler URL] [--tensor-parallel N]
+ *                 [--cuda-graphs on|off]
  *
  * --kvpool (default ipc://DIR/kvpool.ipc) and --scheduler (default ipc://DIR/worker-I.ipc)
  * replace the two addresses below; either may be tcp:// (the pool itself is of this host).
@@ -58,6 +59,12 @@
  * --load-format random (CUDA backend) draws weights of the shape in MODEL_DIR/config.json on
  * the GPU from --seed instead of reading them (as pagoda-run --load-format random does, so the
  * two give the same weights for the same seed).
+ *
+ * --cuda-graphs on (the default; CUDA backend) captures a CUDA graph per decode batch size when
+ * the backend opens, before the worker reports ready, and replays it for each decode-only step
+ * (worker/cuda_backend.h); off runs every step launch by launch, for comparison. The log says
+ * how long the capture took and how much memory it used, and at exit how many steps replayed a
+ * graph. The memory budget counts the graphs either way.
  *
  * --backend null loads only config.json and answers every step at once with deterministic
  * tokens (worker/null_backend.h), still through the mirror: for benchmarks of the engine.
@@ -137,6 +144,7 @@ struct worker_opts {
     /* Ranks of the model (--tensor-parallel, CPU backend: threads of this worker over its one
      * pool, worker/tp_local.h); 1: no tensor parallelism. */
     int tensor_parallel;
+    int cuda_graphs; /* --cuda-graphs: 1 on (the default), 0 off */
 };
 
 struct worker {
@@ -193,6 +201,7 @@ static void usage(FILE *f)
                "                     [--max-batched-tokens 2048] [--max-seqs 256]\n"
                "                     [--log-level debug|info|warn|error]\n"
                "                     [--kvpool URL] [--scheduler URL] [--tensor-parallel N]\n"
+               "                     [--cuda-graphs on|off]\n"
                "Maps the kv pool that pagoda-kvpool serves in DIR (asked at --kvpool, default\n"
                "ipc://DIR/kvpool.ipc), loads the model and runs the steps the scheduler sends\n"
                "on --scheduler (default ipc://DIR/worker-I.ipc; tcp://HOST:PORT too).\n");
@@ -253,6 +262,7 @@ static int open_backend(struct worker *w, const struct backend_limits *bl)
         struct cuda_backend_options co = cuda_backend_default_options();
         co.device = kv_cuda_pool_device(w->pool.gpu);
         co.limits = *bl;
+        co.cuda_graphs = o->cuda_graphs;
         rc = cuda_backend_open(&w->config, mw, o->seed, pg, kv_cuda_pool_data(w->pool.gpu), &co,
                                &w->backend);
         if (rc == PAGODA_EEXHAUSTED)
@@ -593,6 +603,10 @@ static void worker_fini(struct worker *w)
         uv_run(&w->loop, UV_RUN_DEFAULT);
         uv_loop_close(&w->loop);
     }
+    if (w->backend != NULL) /* the executor's thread is joined: the counts are still */
+        log_info("%llu forward passes, %llu of them replayed a CUDA graph",
+                 (unsigned long long)backend_forward_count(w->backend),
+                 (unsigned long long)backend_graph_steps(w->backend));
     backend_close(w->backend);  /* first: it synchronizes its stream, then nothing uses the pool */
     worker_pool_fini(&w->pool); /* unmaps only: the pool is kvpool's */
 }
@@ -614,6 +628,7 @@ enum {
     OPT_KVPOOL,
     OPT_SCHEDULER,
     OPT_TENSOR_PARALLEL,
+    OPT_CUDA_GRAPHS,
 };
 
 static int parse_fault(const char *arg, struct worker_opts *o)
@@ -655,6 +670,7 @@ static int parse_args(int argc, char **argv, struct worker_opts *o)
         {"kvpool", required_argument, NULL, OPT_KVPOOL},
         {"scheduler", required_argument, NULL, OPT_SCHEDULER},
         {"tensor-parallel", required_argument, NULL, OPT_TENSOR_PARALLEL},
+        {"cuda-graphs", required_argument, NULL, OPT_CUDA_GRAPHS},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -708,6 +724,9 @@ static int parse_args(int argc, char **argv, struct worker_opts *o)
         case OPT_TENSOR_PARALLEL:
             if ((rc = parse_i64("--tensor-parallel", optarg, 1, COMM_MAX_RANKS, &v)) == 0)
                 o->tensor_parallel = (int)v;
+            break;
+        case OPT_CUDA_GRAPHS:
+            rc = parse_on_off("--cuda-graphs", optarg, &o->cuda_graphs);
             break;
         case OPT_STEP_DELAY:
             if ((rc = parse_i64("--step-delay-ms", optarg, 0, WORKER_MAX_DELAY_MS, &v)) == 0)
@@ -778,6 +797,7 @@ int main(int argc, char **argv)
         .max_batched_tokens = 2048,
         .max_seqs = 256,
         .tensor_parallel = 1,
+        .cuda_graphs = 1,
     };
     log_set_name("worker");
     int status = parse_args(argc, argv, &w.o);

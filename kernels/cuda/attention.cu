@@ -77,6 +77,9 @@ struct attn_args {
     float *part_out;       /* [partition][num_heads][head_dim], normalised */
     float *part_lse;       /* [partition][num_heads] */
     int32_t *merge_count;  /* [merge][decode chunk][KV head]: partitions done, 0 between runs */
+    /* A graph plan's (cuda_attention_plan_graph) device words: the decode CTAs that have work,
+     * then the table stride; NULL for a plan of the step alone (the grid is exact). */
+    const int32_t *graph_hdr;
 };
 
 /* The block of key pos and its slot in it: shifts when the block size is a power of two. */
@@ -348,6 +351,12 @@ template <int HD> __global__ void __launch_bounds__(kDecodeThreads) decode_kerne
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     /* One linear grid, the KV head fastest: the CTAs running together read every head's part
      * of the same pool blocks, spreading over the memory channels (in-order block tables). */
+    int32_t table_stride = a.table_stride;
+    if (a.graph_hdr != nullptr) { /* a grid fixed for a CUDA graph: CTAs past the step's end */
+        if (blockIdx.x >= (uint32_t)a.graph_hdr[0])
+            return;
+        table_stride = a.graph_hdr[1];
+    }
     const int32_t kh = (int32_t)(blockIdx.x % (uint32_t)a.num_kv_heads);
     const int32_t rest = (int32_t)(blockIdx.x / (uint32_t)a.num_kv_heads);
     const int32_t pidx = rest / a.decode_chunks;
@@ -359,7 +368,7 @@ template <int HD> __global__ void __launch_bounds__(kDecodeThreads) decode_kerne
         return;
     const int32_t seq = part.x, begin = part.y, end = part.z;
     const int32_t token = a.query_start[seq];
-    const int32_t *table = a.block_tables + (int64_t)seq * a.table_stride;
+    const int32_t *table = a.block_tables + (int64_t)seq * table_stride;
     const int32_t h0 = kh * a.group + g0;
     const int32_t ntiles = (end - begin + T - 1) / T;
     if (tid == 0) {
@@ -915,7 +924,8 @@ struct cuda_attention_plan {
     int32_t slots;         /* decode CTAs resident at once on the GPU */
     decode_fn decode;      /* decode_kernel for head_dim and the heads of one decode CTA */
     size_t decode_smem;
-    int32_t max_parts; /* decode partitions the scratch holds */
+    int32_t max_parts;   /* decode partitions the scratch holds */
+    int32_t split_extra; /* partitions a split adds to one per sequence, at most */
 
     /* Metadata: packed per step into pinned staging (two slots, each guarded by an event
      * recorded after its copy), then one copy into the device buffer. */
@@ -930,6 +940,7 @@ struct cuda_attention_plan {
 
     /* The planned step. */
     bool planned;
+    bool graph; /* planned by cuda_attention_plan_graph: grid and layout fixed by num_seqs */
     int32_t num_seqs, num_tokens, table_stride;
     int32_t num_parts, num_merges, num_items;
     size_t off_query_start, off_context_len, off_tables, off_merges, off_parts, off_items;
@@ -1059,8 +1070,8 @@ int cuda_attention_plan_new(const struct cuda_attention_config *c, struct cuda_a
     p->slots = (resident > 0 ? resident : 1) * (sms > 0 ? sms : 1);
     const int32_t ctas_per_part = c->num_kv_heads * p->decode_chunks;
     /* At most one partition per sequence, plus the extra ones a split adds (see plan). */
-    p->max_parts =
-        c->max_num_seqs + (kSplitWavesMax * p->slots + ctas_per_part - 1) / ctas_per_part + 1;
+    p->split_extra = (kSplitWavesMax * p->slots + ctas_per_part - 1) / ctas_per_part + 1;
+    p->max_parts = c->max_num_seqs + p->split_extra;
 
     /* Words of one step's metadata at its largest (int32 sizes: no overflow in uint64). */
     const uint64_t seqs = (uint64_t)c->max_num_seqs;
@@ -1153,12 +1164,15 @@ void cuda_attention_plan_free(struct cuda_attention_plan *p)
     free(p);
 }
 
-int cuda_attention_plan(struct cuda_attention_plan *p, const struct attention_batch *batch,
-                        cudaStream_t s)
+/* The plan of cuda_attention_plan, or with pad >= batch->num_seqs that of
+ * cuda_attention_plan_graph (pad sequences in all, the batch's and padding ones). */
+static int plan_impl(struct cuda_attention_plan *p, const struct attention_batch *batch,
+                     int32_t pad, cudaStream_t s)
 {
     if (p == NULL || batch == NULL)
         return pagoda_error_set(PAGODA_EINVAL, "attention_plan: NULL argument");
     p->planned = false;
+    p->graph = pad > 0;
     const struct cuda_attention_config *c = &p->config;
     struct attention_limits limits = {c->block_size, c->num_blocks, c->max_num_seqs,
                                       c->max_num_tokens, c->max_blocks_per_seq};
@@ -1168,10 +1182,26 @@ int cuda_attention_plan(struct cuda_attention_plan *p, const struct attention_ba
         return rc;
 
     const int32_t ns = batch->num_seqs;
-    p->num_seqs = ns;
-    p->num_tokens = batch->num_tokens;
+    if (p->graph) {
+        if (pad < ns || pad > c->max_num_seqs || pad > c->max_num_tokens)
+            return pagoda_error_set(
+                PAGODA_ERANGE,
+                "cuda_attention_plan_graph: %d sequences padded to %d (at "
+                "most %d)",
+                (int)ns, (int)pad,
+                (int)(c->max_num_seqs < c->max_num_tokens ? c->max_num_seqs : c->max_num_tokens));
+        for (int32_t q = 0; q < ns; q++)
+            if (batch->query_start[q + 1] - batch->query_start[q] != 1)
+                return pagoda_error_set(PAGODA_EUNSUPPORTED,
+                                        "cuda_attention_plan_graph: sequence %d of the step is "
+                                        "not a decode (%d tokens)",
+                                        (int)q,
+                                        (int)(batch->query_start[q + 1] - batch->query_start[q]));
+    }
+    p->num_seqs = p->graph ? pad : ns;
+    p->num_tokens = p->graph ? pad : batch->num_tokens;
     p->num_parts = p->num_merges = p->num_items = 0;
-    if (batch->num_tokens == 0) {
+    if (p->num_tokens == 0) {
         p->planned = true;
         return 0;
     }
@@ -1190,13 +1220,23 @@ int cuda_attention_plan(struct cuda_attention_plan *p, const struct attention_ba
     /* Layout of this step: tables are as wide as the longest context needs. */
     const int32_t table_stride = (max_context_len + c->block_size - 1) / c->block_size;
     p->table_stride = table_stride > 0 ? table_stride : 1;
-    p->off_query_start = 0;
-    p->off_context_len = align4(p->off_query_start + (size_t)ns + 1);
-    p->off_tables = align4(p->off_context_len + (size_t)ns);
-    p->off_merges = align4(p->off_tables + (size_t)ns * (size_t)p->table_stride);
+    /* A graph plan's layout depends on pad alone: the header, query starts and context lengths
+     * of pad sequences, merges, the most partitions pad sequences can have, then the tables. */
+    const size_t ps = (size_t)p->num_seqs, graph_parts = ps + (size_t)p->split_extra;
+    p->off_query_start = p->graph ? 4 : 0;
+    p->off_context_len = align4(p->off_query_start + ps + 1);
+    p->off_tables = p->graph ? align4(p->off_context_len + ps) + 4 * ps + 4 * graph_parts
+                             : align4(p->off_context_len + ps);
+    p->off_merges = p->graph ? align4(p->off_context_len + ps)
+                             : align4(p->off_tables + ps * (size_t)p->table_stride);
 
     memcpy(h + p->off_query_start, batch->query_start, ((size_t)ns + 1) * sizeof(int32_t));
     memcpy(h + p->off_context_len, batch->context_len, (size_t)ns * sizeof(int32_t));
+    for (int32_t q = ns; q < p->num_seqs; q++) { /* padding: one key, the reserved block's */
+        h[p->off_query_start + (size_t)q + 1] = q + 1;
+        h[p->off_context_len + (size_t)q] = 1;
+        h[p->off_tables + (size_t)q * (size_t)p->table_stride] = 0;
+    }
     int32_t num_decode = 0;
     int64_t decode_keys = 0;
     for (int32_t q = 0; q < ns; q++) {
@@ -1231,7 +1271,7 @@ int cuda_attention_plan(struct cuda_attention_plan *p, const struct attention_ba
         }
     }
     /* Merges (at most one per decode sequence) come first, then the partitions. */
-    p->off_parts = p->off_merges + 4 * (size_t)num_decode;
+    p->off_parts = p->off_merges + 4 * (p->graph ? ps : (size_t)num_decode);
     int4 *merges = reinterpret_cast<int4 *>(h + p->off_merges);
     int4 *parts = reinterpret_cast<int4 *>(h + p->off_parts);
     int32_t num_parts = 0, num_merges = 0;
@@ -1254,10 +1294,23 @@ int cuda_attention_plan(struct cuda_attention_plan *p, const struct attention_ba
             merges[num_merges++] = make_int4(q, num_parts, n, 0);
         num_parts += n;
     }
+    if (p->graph) {
+        if ((size_t)num_parts + ps - (size_t)ns > graph_parts)
+            return pagoda_error_set(PAGODA_EINTERNAL,
+                                    "cuda_attention_plan_graph: %d split-KV partitions exceed "
+                                    "%d",
+                                    (int)(num_parts + p->num_seqs - ns), (int)graph_parts);
+        for (int32_t q = ns; q < p->num_seqs; q++)
+            parts[num_parts++] = make_int4(q, 0, 1, -1);
+        h[0] = num_parts * c->num_kv_heads * p->decode_chunks; /* the decode kernel's header */
+        h[1] = p->table_stride;
+        h[2] = h[3] = 0;
+    }
     /* Prefill tiles, the most keys first (the CTAs start in grid order, the KV head fastest:
      * the longest go first and the short ones fill the last wave, as FlashAttention does for
      * causal prefill). */
-    p->off_items = p->off_parts + 4 * (size_t)num_parts;
+    p->off_items = p->graph ? p->off_tables + ps * (size_t)p->table_stride
+                            : p->off_parts + 4 * (size_t)num_parts;
     int4 *items = reinterpret_cast<int4 *>(h + p->off_items);
     int32_t num_items = 0;
     for (int32_t q = 0; q < ns; q++) {
@@ -1291,6 +1344,21 @@ int cuda_attention_plan(struct cuda_attention_plan *p, const struct attention_ba
     return 0;
 }
 
+int cuda_attention_plan(struct cuda_attention_plan *p, const struct attention_batch *batch,
+                        cudaStream_t s)
+{
+    return plan_impl(p, batch, 0, s);
+}
+
+int cuda_attention_plan_graph(struct cuda_attention_plan *p, const struct attention_batch *batch,
+                              int32_t num_seqs, cudaStream_t s)
+{
+    if (num_seqs < 1)
+        return pagoda_error_set(PAGODA_ERANGE, "cuda_attention_plan_graph: %d sequences",
+                                (int)num_seqs);
+    return plan_impl(p, batch, num_seqs, s);
+}
+
 static int view_check(const struct cuda_attention_config *c, const struct kv_layer_view *kv)
 {
     if (kv->dtype != DTYPE_BF16 || kv->block_size != c->block_size ||
@@ -1319,8 +1387,11 @@ template <int HD>
 static int launch(const struct cuda_attention_plan *p, const attn_args &a, cudaStream_t s)
 {
     const struct cuda_attention_config *c = &p->config;
-    if (p->num_parts > 0) {
-        const unsigned ctas = (unsigned)p->num_parts * c->num_kv_heads * p->decode_chunks;
+    /* A graph plan launches the most CTAs its sequences can need (the header says how many have
+     * work), so that the launch captured once fits every step of that size. */
+    const int32_t parts = p->graph ? p->num_seqs + p->split_extra : p->num_parts;
+    if (parts > 0) {
+        const unsigned ctas = (unsigned)parts * c->num_kv_heads * p->decode_chunks;
         p->decode<<<ctas, kDecodeThreads, p->decode_smem, s>>>(a);
         int rc = cuda_launch_result("cuda_attention_run: decode kernel");
         if (rc < 0)
@@ -1388,5 +1459,6 @@ int cuda_attention_run(struct cuda_attention_plan *p, const struct kv_layer_view
     a.part_out = p->part_out;
     a.part_lse = p->part_lse;
     a.merge_count = p->merge_count;
+    a.graph_hdr = p->graph ? p->meta : nullptr;
     return c->head_dim == 64 ? launch<64>(p, a, s) : launch<128>(p, a, s);
 }

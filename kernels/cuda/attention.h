@@ -83,6 +83,21 @@ void cuda_attention_plan_free(struct cuda_attention_plan *p);
 int cuda_attention_plan(struct cuda_attention_plan *p, const struct attention_batch *batch,
                         cudaStream_t s);
 
+/* cuda_attention_plan for a step that a CUDA graph replays: every sequence of batch is a decode
+ * (query_len 1), and the step is padded to num_seqs sequences (at least batch->num_seqs, at most
+ * the config's max_num_seqs and max_num_tokens): padding sequence q (batch->num_seqs <= q <
+ * num_seqs) is query token q and attends to one key, slot 0 of the reserved block 0, so it reads
+ * nothing out of bounds; its output is to be ignored. The real sequences are split exactly as
+ * cuda_attention_plan splits them (the same results, bit for bit). The metadata's layout and
+ * device addresses, and the grid cuda_attention_run launches afterwards (the most decode CTAs
+ * num_seqs sequences can need; those past the step's return at once, the count read from the
+ * metadata), depend on num_seqs alone, so that the launches of one run captured in a graph
+ * serve every later step planned with the same num_seqs. Returns 0, the errors of
+ * cuda_attention_plan, PAGODA_ERANGE (num_seqs out of range) or PAGODA_EUNSUPPORTED (a sequence
+ * that is not a decode); on an error the step can still be planned by cuda_attention_plan. */
+int cuda_attention_plan_graph(struct cuda_attention_plan *p, const struct attention_batch *batch,
+                              int32_t num_seqs, cudaStream_t s);
+
 /* Attention of one layer for the planned batch, enqueued on s. q holds num_heads * head_dim
  * bf16 per token at q + t * q_row_stride (q may live inside the fused QKV output); out is
  * [num_tokens][num_heads * head_dim] bf16, contiguous, and must not overlap q. kv is the

@@ -102,6 +102,10 @@ refused "an unknown scheme" "--worker-listen udp://127.0.0.1:1: expected ipc://P
     --worker-listen udp://127.0.0.1:1
 long=ipc:///tmp/$(printf 'x%.0s' $(seq 1 120)).ipc
 refused "a socket path too long" "a Unix socket path holds at most 107" --kvpool-listen "$long"
+refused "--cuda-graphs neither on nor off" "--cuda-graphs maybe: expected on or off" \
+    --cuda-graphs maybe
+refused "--cuda-graphs without the CUDA backend" "--cuda-graphs needs --backend cuda" \
+    --cuda-graphs off
 refused "an ipc:// scheduler address for 2 engines" "several engines need a tcp://HOST:PORT" \
     --role engine --engines 2 --scheduler-listen "ipc://$tmp/s.ipc"
 refused "--scheduler without --role router" "--scheduler is for --role router" \

@@ -90,5 +90,12 @@ refused "max-tokens 0" "--max-tokens" --model "$tmp/tiny" --tokens 1 --max-token
 refused "block size 7" "--block-size" --model "$tmp/tiny" --tokens 1 --block-size 7
 refused "missing model" "config.json" --model "$tmp/nothing" --tokens 1
 refused "no prompt" "usage" --model "$tmp/tiny"
+refused "--cuda-graphs neither on nor off" "--cuda-graphs: 'maybe' is not on or off" \
+    --model "$tmp/tiny" --tokens 1 --cuda-graphs maybe
+# The CPU backend has no graphs: the flag is accepted and changes nothing.
+"$run" --model "$tmp/tiny" --tokens $p1 --max-tokens 12 --ignore-eos --json --cuda-graphs off \
+    >"$tmp/graphs_off"
+check "--cuda-graphs off on the CPU backend gives the same tokens" cmp -s "$tmp/alone" \
+    "$tmp/graphs_off"
 
 check_summary

@@ -131,6 +131,14 @@ static void test_parse_values(void **state)
     assert_int_equal(parse_i32_list("--tokens", "1,2,", 0, 10, 8, &v, &n), PAGODA_EINVAL);
     assert_int_equal(parse_i32_list("--tokens", "1,11", 0, 10, 8, &v, &n), PAGODA_ERANGE);
     assert_int_equal(parse_i32_list("--tokens", "1,2,3", 0, 10, 2, &v, &n), PAGODA_ERANGE);
+    int on = -1;
+    assert_int_equal(parse_on_off("--cuda-graphs", "on", &on), 0);
+    assert_int_equal(on, 1);
+    assert_int_equal(parse_on_off("--cuda-graphs", "off", &on), 0);
+    assert_int_equal(on, 0);
+    assert_int_equal(parse_on_off("--cuda-graphs", "yes", &on), PAGODA_EINVAL);
+    assert_int_equal(parse_on_off("--cuda-graphs", "", &on), PAGODA_EINVAL);
+    assert_int_equal(on, 0);
 }
 
 static void test_bf16_round_trip_and_rounding(void **state)

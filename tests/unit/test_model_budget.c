@@ -53,9 +53,42 @@ static void test_worker_bytes_add_up(void **state)
     struct model_config c = llama3_8b();
     uint64_t acts = model_budget_activation_bytes(&c, 2048, 256);
     assert_int_equal(model_budget_worker_bytes(&c, 2048, 256),
-                     model_budget_weight_bytes(&c) + acts + MODEL_BUDGET_RESERVE_BYTES);
+                     model_budget_weight_bytes(&c) + acts + model_budget_graph_bytes(2048, 256) +
+                         MODEL_BUDGET_RESERVE_BYTES);
     assert_true(model_budget_activation_bytes(&c, 4096, 256) > acts);
     assert_true(model_budget_activation_bytes(&c, 2048, 512) > acts);
+}
+
+/* The decode graphs' batch sizes: vLLM's capture sizes up to the largest decode step. */
+static void test_graph_batches(void **state)
+{
+    (void)state;
+    int32_t sizes[MODEL_BUDGET_GRAPHS_MAX];
+    assert_int_equal(model_budget_graph_batches(2048, 256, sizes), 35);
+    assert_int_equal(sizes[0], 1);
+    assert_int_equal(sizes[1], 2);
+    assert_int_equal(sizes[2], 4);
+    assert_int_equal(sizes[3], 8);
+    assert_int_equal(sizes[4], 16);
+    assert_int_equal(sizes[34], 256);
+    /* Capped at MODEL_BUDGET_GRAPH_BATCH_MAX, and by the tokens of a step. */
+    assert_int_equal(model_budget_graph_batches(4096, 1024, sizes), 35);
+    assert_int_equal(sizes[34], MODEL_BUDGET_GRAPH_BATCH_MAX);
+    assert_int_equal(model_budget_graph_batches(16, 256, sizes), 5);
+    assert_int_equal(sizes[4], 16);
+    /* A limit that is no capture size is the last size. */
+    assert_int_equal(model_budget_graph_batches(2048, 20, sizes), 6);
+    assert_int_equal(sizes[4], 16);
+    assert_int_equal(sizes[5], 20);
+    assert_int_equal(model_budget_graph_batches(2048, 3, sizes), 3);
+    assert_int_equal(sizes[2], 3);
+    assert_int_equal(model_budget_graph_batches(2048, 1, sizes), 1);
+    assert_int_equal(model_budget_graph_batches(2048, 0, sizes), 0);
+    /* Every graph counted, and the cuBLAS workspace. */
+    assert_int_equal(model_budget_graph_bytes(2048, 256),
+                     35 * MODEL_BUDGET_GRAPH_BYTES + MODEL_BUDGET_CUBLAS_WORKSPACE_BYTES);
+    for (int64_t m = 1; m <= 1024; m++)
+        assert_true(model_budget_graph_batches(m, m, NULL) <= MODEL_BUDGET_GRAPHS_MAX);
 }
 
 int main(void)
@@ -64,6 +97,7 @@ int main(void)
         cmocka_unit_test(test_llama3_8b_weights),
         cmocka_unit_test(test_tied_embeddings_and_biases),
         cmocka_unit_test(test_worker_bytes_add_up),
+        cmocka_unit_test(test_graph_batches),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
