@@ -13,7 +13,8 @@
  *
  * Labelled by engine (issue 20): a router with several engines lists each one in its Stats, and
  * the page then has pagoda_engine_* series with labels engine and address (engine_series); the
- * unlabelled engine-wide series are their sums (docs/routing.md). */
+ * unlabelled engine-wide series are the router's merge of the engines (counts summed, ratios
+ * averaged: docs/routing.md). */
 #include "gateway/gateway_internal.h"
 
 #include "common/error.h"
