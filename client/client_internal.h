@@ -70,7 +70,8 @@ int client_result_from_update(const Pagoda__ClientResponse *resp,
  * admin call. *out is overwritten. Errors: PAGODA_ENOMEM. */
 int client_admin_list_from_proto(const Pagoda__AdminResponse *a, pagoda_admin_list *out);
 
-/* A Stats message as the API's figures. */
+/* A Stats message as the API's figures (*out overwritten): its engines in order, those past
+ * PAGODA_STATS_MAX_ENGINES counted in engines_dropped. */
 void client_stats_from_proto(const Pagoda__Stats *s, pagoda_engine_stats *out);
 
 #endif

@@ -726,6 +726,28 @@ void client_stats_from_proto(const Pagoda__Stats *s, pagoda_engine_stats *out)
     out->locality_run_length = s->locality_run_length;
     if (s->tenant != NULL)
         snprintf(out->tenant, sizeof(out->tenant), "%s", s->tenant);
+    if (s->routing != NULL)
+        snprintf(out->routing, sizeof(out->routing), "%s", s->routing);
+    for (size_t i = 0; i < s->n_engines; i++) {
+        const Pagoda__EngineStats *e = s->engines[i];
+        if (e == NULL)
+            continue;
+        if (out->num_engines == PAGODA_STATS_MAX_ENGINES) {
+            out->engines_dropped++;
+            continue;
+        }
+        pagoda_engine_info *d = &out->engines[out->num_engines++];
+        d->engine = e->engine;
+        if (e->address != NULL)
+            snprintf(d->address, sizeof(d->address), "%s", e->address);
+        d->connected = e->connected;
+        d->load = e->load;
+        d->running = e->running;
+        d->waiting = e->waiting;
+        d->prefix_query_tokens = e->prefix_query_tokens;
+        d->prefix_hit_tokens = e->prefix_hit_tokens;
+        d->routed = e->routed;
+    }
 }
 
 int pagoda_stats(pagoda_client *c, pagoda_engine_stats *out)

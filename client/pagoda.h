@@ -40,6 +40,14 @@
 #define PAGODA_MAX_API_KEY_BYTES 256u
 /* Room for a tenant's name in pagoda_engine_stats (names are at most 63 bytes). */
 #define PAGODA_STATS_TENANT_BYTES 64u
+/* Per-engine figures in pagoda_engine_stats: at most PAGODA_STATS_MAX_ENGINES engines (the
+ * router's own limit, ROUTE_MAX_ENGINES, is the same 64, so none is dropped today), addresses
+ * of at most PAGODA_STATS_ADDRESS_BYTES - 1 bytes (NNG's own NNG_MAXADDRLEN; a longer tcp://
+ * host name is cut) and a routing name of at most PAGODA_STATS_ROUTING_BYTES - 1. The struct is
+ * passed by value and sampled by pagoda-bench's timeline, so the room is kept small (~12 KiB). */
+#define PAGODA_STATS_MAX_ENGINES 64u
+#define PAGODA_STATS_ADDRESS_BYTES 128u
+#define PAGODA_STATS_ROUTING_BYTES 32u
 /* The most stop strings a request may have (the router's limit). */
 #define PAGODA_MAX_STOP_STRINGS 16u
 /* The largest reply the client accepts (NNG_OPT_RECVMAXSZ). */
@@ -131,6 +139,17 @@ typedef struct pagoda_result {
     int32_t stop_token_id;
 } pagoda_result;
 
+/* One engine's figures as its router sees them (pagoda.proto EngineStats, docs/routing.md). */
+typedef struct pagoda_engine_info {
+    uint32_t engine;                          /* its index: the order of the router's --scheduler */
+    char address[PAGODA_STATS_ADDRESS_BYTES]; /* its scheduler's address */
+    int connected;                            /* linked and answering */
+    uint64_t load;                            /* what routing sees (docs/routing.md, Load) */
+    uint32_t running, waiting;                /* from its latest stats; 0 when it sent none */
+    uint64_t prefix_query_tokens, prefix_hit_tokens;
+    uint64_t routed; /* requests the router sent it (moves included) */
+} pagoda_engine_info;
+
 /* The engine's figures (pagoda.proto Stats); a figure the scheduler did not report is 0. With a
  * tenants file, a tenant's key gets its own figures only (tenant is then its name): running,
  * waiting, the prefix_* figures, cached_blocks and evictions of its namespace, live_requests,
@@ -166,6 +185,13 @@ typedef struct pagoda_engine_stats {
      * consecutive in the pool (1 when none has two blocks) and their mean run length. */
     uint64_t prefill_tokens, decode_tokens;
     double locality, locality_run_length;
+    /* A router with several engines (its figures above are their sums, docs/routing.md): the
+     * routing in force ("cache-aware" or "round-robin") and each engine's figures, in engine
+     * order. A router with one engine sends neither: routing is "" and num_engines 0. The first
+     * PAGODA_STATS_MAX_ENGINES engines are kept; engines_dropped counts those left out. */
+    char routing[PAGODA_STATS_ROUTING_BYTES];
+    uint32_t num_engines, engines_dropped;
+    pagoda_engine_info engines[PAGODA_STATS_MAX_ENGINES];
 } pagoda_engine_stats;
 
 /* Temperature 1 with every filter and penalty off, no seed (the router draws one), max_tokens

@@ -500,6 +500,45 @@ out:
     return status;
 }
 
+/* The router's engines (several behind it: docs/routing.md), after the summed figures: a table,
+ * or "routing" and an "engines" array in JSON. A router with one engine lists none, and then
+ * neither is printed (not an array of one: the figures above are that engine's). */
+static void print_engines(const pagoda_engine_stats *s, int json)
+{
+    if (json) {
+        printf(", \"routing\": ");
+        print_json_string(s->routing);
+        printf(", \"engines_dropped\": %u, \"engines\": [", s->engines_dropped);
+    } else {
+        printf("\nrouting %s\n", s->routing);
+        printf("%-6s %-9s %8s %8s %8s %12s %12s %10s  %s", "engine", "connected", "load", "running",
+               "waiting", "prefix_query", "prefix_hit", "routed", "address");
+    }
+    for (uint32_t i = 0; i < s->num_engines; i++) {
+        const pagoda_engine_info *e = &s->engines[i];
+        if (json) {
+            printf("%s{\"engine\": %u, \"address\": ", i ? ", " : "", e->engine);
+            print_json_string(e->address);
+            printf(", \"connected\": %s, \"load\": %llu, \"running\": %u, \"waiting\": %u, "
+                   "\"prefix_query_tokens\": %llu, \"prefix_hit_tokens\": %llu, \"routed\": %llu}",
+                   e->connected ? "true" : "false", (unsigned long long)e->load, e->running,
+                   e->waiting, (unsigned long long)e->prefix_query_tokens,
+                   (unsigned long long)e->prefix_hit_tokens, (unsigned long long)e->routed);
+        } else {
+            printf("\n%-6u %-9s %8llu %8u %8u %12llu %12llu %10llu  %s", e->engine,
+                   e->connected ? "yes" : "no", (unsigned long long)e->load, e->running, e->waiting,
+                   (unsigned long long)e->prefix_query_tokens,
+                   (unsigned long long)e->prefix_hit_tokens, (unsigned long long)e->routed,
+                   e->address);
+        }
+    }
+    if (json)
+        putchar(']');
+    else if (s->engines_dropped > 0)
+        printf("\n(%u more engines not shown: the client keeps %u)", s->engines_dropped,
+               PAGODA_STATS_MAX_ENGINES);
+}
+
 static int cmd_stats(pagoda_client *c, const struct cli *o)
 {
     pagoda_engine_stats s;
@@ -564,6 +603,8 @@ static int cmd_stats(pagoda_client *c, const struct cli *o)
         FIELD("malformed_requests", "%llu", (unsigned long long)s.malformed_requests);
     FIELD("scheduler_connected", "%s", s.scheduler_connected ? "true" : "false");
 #undef FIELD
+    if (engine && s.num_engines > 0)
+        print_engines(&s, o->json);
     puts(o->json ? "}" : "");
     return 0;
 }

@@ -9,12 +9,18 @@
  * tenant). The engine-wide series stay unlabelled beside them, so that sums over tenants are
  * never double counted. With any other key (or a router without a tenants file) the router
  * refuses the call and the page goes without the tenant series. The gateway's own figures are
- * not split by tenant: it knows API keys, not tenants (the router maps one to the other). */
+ * not split by tenant: it knows API keys, not tenants (the router maps one to the other).
+ *
+ * Labelled by engine (issue 20): a router with several engines lists each one in its Stats, and
+ * the page then has pagoda_engine_* series with labels engine and address (engine_series); the
+ * unlabelled engine-wide series are the router's merge of the engines (counts summed, ratios
+ * averaged: docs/routing.md). */
 #include "gateway/gateway_internal.h"
 
 #include "common/error.h"
 #include "common/log.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -89,6 +95,9 @@ void gateway_metrics_disconnect(struct gateway *g, struct greq *q)
 static void render(struct greq *q, const pagoda_async_result *res,
                    const pagoda_admin_list *tenants);
 
+/* Room for an engine's index as a label value. */
+#define GATEWAY_ENGINE_LABEL_BYTES 12u
+
 static void counter(struct metrics_buf *b, const char *name, const char *help, double v)
 {
     metrics_family(b, name, METRICS_COUNTER, help);
@@ -148,6 +157,50 @@ static void tenant_series(struct metrics_buf *b, const pagoda_admin_list *l)
                                 (double)t->evictions};
             struct metrics_label label = {"tenant", t->name ? t->name : ""};
             metrics_sample(b, &label, 1, v[k]);
+        }
+    }
+}
+
+/* The per-engine series of a router with several engines (pagoda_engine_stats.engines), each
+ * sample labelled engine (its index) and address (its scheduler's; one per engine, so it adds no
+ * series, and it spares dashboards a join). pagoda_engine_up is one of them: with several
+ * engines it has one labelled sample per engine instead of the single unlabelled one (render). */
+static void engine_series(struct metrics_buf *b, const pagoda_engine_stats *s)
+{
+    static const struct {
+        const char *name, *help;
+        enum metrics_type type;
+    } fam[] = {
+        {"pagoda_engine_up", "1 when the router's link to the engine is up and it answers.",
+         METRICS_GAUGE},
+        {"pagoda_engine_load",
+         "The engine's load as routing sees it: the larger of its running plus waiting requests "
+         "and the router's unfinished requests on it.",
+         METRICS_GAUGE},
+        {"pagoda_engine_running", "Sequences the engine's scheduler runs now.", METRICS_GAUGE},
+        {"pagoda_engine_waiting", "Sequences waiting for the engine's scheduler.", METRICS_GAUGE},
+        {"pagoda_engine_prefix_query_tokens_total",
+         "Prompt tokens the engine looked up in its prefix cache.", METRICS_COUNTER},
+        {"pagoda_engine_prefix_hit_tokens_total",
+         "Prompt tokens the engine served from its prefix cache.", METRICS_COUNTER},
+        {"pagoda_engine_routed_total", "Requests the router sent the engine (moves included).",
+         METRICS_COUNTER},
+    };
+    for (size_t k = 0; k < sizeof(fam) / sizeof(fam[0]); k++) {
+        metrics_family(b, fam[k].name, fam[k].type, fam[k].help);
+        for (uint32_t i = 0; i < s->num_engines; i++) {
+            const pagoda_engine_info *e = &s->engines[i];
+            const double v[] = {e->connected ? 1.0 : 0.0,
+                                (double)e->load,
+                                e->running,
+                                e->waiting,
+                                (double)e->prefix_query_tokens,
+                                (double)e->prefix_hit_tokens,
+                                (double)e->routed};
+            char index[GATEWAY_ENGINE_LABEL_BYTES];
+            snprintf(index, sizeof(index), "%u", e->engine);
+            struct metrics_label labels[] = {{"engine", index}, {"address", e->address}};
+            metrics_sample(b, labels, 2, v[k]);
         }
     }
 }
@@ -213,8 +266,14 @@ static void render(struct greq *q, const pagoda_async_result *res, const pagoda_
           "Generation requests the gateway is serving now.", (double)g->num_generations);
     gauge(&b, "pagoda_http_connections", "HTTP connections open now.",
           g->http ? (double)http_server_connections(g->http) : 0.0);
+    /* One engine (its router lists none) or no answer: one unlabelled pagoda_engine_up, as
+     * always; several: one sample per engine (engine_series). */
     int up = res->rc == 0 && res->stats.scheduler_connected;
-    gauge(&b, "pagoda_engine_up", "1 when the router answered and its scheduler is connected.", up);
+    if (res->rc == 0 && res->stats.num_engines > 0)
+        engine_series(&b, &res->stats);
+    else
+        gauge(&b, "pagoda_engine_up", "1 when the router answered and its scheduler is connected.",
+              up);
     if (res->rc == 0) {
         const pagoda_engine_stats *s = &res->stats;
         gauge(&b, "pagoda_num_requests_running", "Sequences the scheduler runs now.", s->running);

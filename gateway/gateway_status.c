@@ -2,7 +2,9 @@
  * two seconds and shows the figures live: throughput (tokens per second over the last interval),
  * latency percentiles estimated from the histograms, KV usage, prefix hit rate, running and
  * waiting requests, and per tenant (when /metrics has the tenants' series) its running and
- * waiting requests and prefix hit rate. Everything it shows comes from /metrics, so the page and a
+ * waiting requests and prefix hit rate, and per engine (a router with several: the
+ * pagoda_engine_* series labelled engine) its state, load, requests and prefix hit rate.
+ * Everything it shows comes from /metrics, so the page and a
  * scraper agree. */
 #include "gateway/gateway_internal.h"
 
@@ -30,6 +32,9 @@ static const char page[] =
     "</table>\n"
     "<h2>tenants</h2><table id=\"tenants\"><tr><th>tenant</th><th>running</th><th>waiting</th>"
     "<th>prefix cache hit rate</th></tr></table>\n"
+    "<h2>engines</h2><table id=\"engines\"><tr><th>engine</th><th>address</th><th>up</th>"
+    "<th>load</th><th>running</th><th>waiting</th><th>prefix cache hit rate</th><th>routed</th>"
+    "</tr></table>\n"
     "<script>\n"
     "function parse(text){const m={};for(const line of text.split('\\n')){"
     "if(!line||line[0]==='#')continue;const i=line.lastIndexOf(' ');"
@@ -44,7 +49,8 @@ static const char page[] =
     "let last=null;\n"
     "async function tick(){try{const r=await fetch('/metrics');const m=parse(await r.text());"
     "const set=(id,v)=>document.getElementById(id).textContent=v;"
-    "set('state',m['pagoda_engine_up']===1?'up':'down');"
+    "set('state',Object.keys(m).some(k=>k.startsWith('pagoda_engine_up')&&m[k]===1)?'up':"
+    "'down');"
     "set('running',fmt(m['pagoda_num_requests_running'],0));"
     "set('waiting',fmt(m['pagoda_num_requests_waiting'],0));"
     "set('kv',fmt(100*m['pagoda_kv_cache_usage_perc'],1)+' %');"
@@ -65,6 +71,16 @@ static const char page[] =
     "const t=ts[name];for(const v of [name,fmt(t.num_requests_running,0),"
     "fmt(t.num_requests_waiting,0),fmt(100*t.prefix_cache_hit_rate,1)+' %'])"
     "r.insertCell().textContent=v;}"
+    "const es={};for(const k in m){const p=k.match(/^pagoda_engine_(up|load|running|waiting|"
+    "prefix_query_tokens_total|prefix_hit_tokens_total|routed_total)\\{engine=\"([0-9]+)\","
+    "address=\"((?:[^\"\\\\]|\\\\.)*)\"\\}$/);"
+    "if(p){(es[p[2]]=es[p[2]]||{address:p[3]})[p[1]]=m[k];}}"
+    "const eb=document.getElementById('engines');while(eb.rows.length>1)eb.deleteRow(1);"
+    "for(const i of Object.keys(es).sort((x,y)=>x-y)){const r=eb.insertRow();r.id='engine-'+i;"
+    "const e=es[i];for(const v of [i,e.address,e.up===1?'up':'down',fmt(e.load,0),"
+    "fmt(e.running,0),fmt(e.waiting,0),"
+    "fmt(100*e.prefix_hit_tokens_total/e.prefix_query_tokens_total,1)+' %',"
+    "fmt(e.routed_total,0)])r.insertCell().textContent=v;}"
     "set('updated',new Date().toLocaleTimeString());}catch(e){"
     "document.getElementById('state').textContent='unreachable';}}\n"
     "tick();setInterval(tick,2000);\n"

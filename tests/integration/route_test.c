@@ -5,13 +5,19 @@
  *   spread    a shared prefix goes to one engine (cache-aware routing), distinct prompts go to
  *             both; Stats sums the engines and lists each one; on the same shape of workload
  *             (three shared prefixes, requests one after the other) cache-aware routing gets
- *             more prefix-cache hits than round robin
+ *             more prefix-cache hits than round robin; `pagoda stats --json` lists the routing
+ *             and each engine (connected, its routed requests adding up to those sent), and
+ *             pagoda-gateway's /metrics has the per-engine series (promtool passes, the same
+ *             figures)
  *   failover  kill -9 of one engine's scheduler and worker amid 32 requests: all complete,
  *             greedy outputs equal pagoda-run's, the engine's requests moved to the other one,
  *             and once it is back it takes new work again */
 #include "common/error.h"
 #include "tests/integration/group.h"
 
+#include <arpa/inet.h>
+#include <jansson.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -19,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -39,7 +46,7 @@ struct job {
 
 static struct group engines[ENGINES];
 static struct group front; /* the test's router: url and tmp */
-static pid_t router_pid;
+static pid_t router_pid, gateway_pid;
 static atomic_int started_jobs;
 
 static void sleep_ms(long millis)
@@ -286,6 +293,211 @@ static uint64_t prefix_workload(uint32_t seed, int *ok)
     return hit_tokens() - before;
 }
 
+/* The scheduler address of engine i, as the test's router was given it. */
+static void engine_address(int i, char *out, size_t len)
+{
+    snprintf(out, len, "ipc://%s/scheduler.ipc", engines[i].run_dir);
+}
+
+/* `pagoda stats --json` and `pagoda stats` against the test's router, with `routed` requests
+ * sent since it started and `hit_tokens` the engines' summed prefix hits (pagoda_stats, no
+ * request in between): the routing and both engines are listed, each connected, with its
+ * address; their routed counts add up to the requests sent and their prefix hits to the sum. */
+static void check_cli_engines(uint64_t routed, uint64_t hit_tokens)
+{
+    char cmd[2400], path[700];
+    snprintf(path, sizeof(path), "%s/stats.json", front.tmp);
+    snprintf(cmd, sizeof(cmd), "'%s/pagoda' --url '%s' stats --json >'%s'", front.bin_dir,
+             front.url, path);
+    int rc = system(cmd);
+    json_error_t err;
+    json_t *doc = rc == 0 ? json_load_file(path, 0, &err) : NULL;
+    CHECK(doc != NULL, "pagoda stats --json prints JSON (exit %d)", rc);
+    const char *routing = json_string_value(json_object_get(doc, "routing"));
+    CHECK(routing != NULL && strcmp(routing, "cache-aware") == 0,
+          "pagoda stats --json names the routing (%s)", routing ? routing : "none");
+    json_t *list = json_object_get(doc, "engines");
+    CHECK(json_is_array(list) && json_array_size(list) == ENGINES,
+          "pagoda stats --json lists %d engines (%zu)", ENGINES, json_array_size(list));
+    uint64_t sum_routed = 0, sum_hits = 0;
+    int connected = 0, addressed = 0;
+    for (size_t i = 0; i < json_array_size(list); i++) {
+        json_t *e = json_array_get(list, i);
+        char want[700];
+        engine_address((int)i, want, sizeof(want));
+        const char *address = json_string_value(json_object_get(e, "address"));
+        addressed += json_integer_value(json_object_get(e, "engine")) == (json_int_t)i &&
+                     address != NULL && strcmp(address, want) == 0;
+        connected += json_is_true(json_object_get(e, "connected"));
+        sum_routed += (uint64_t)json_integer_value(json_object_get(e, "routed"));
+        sum_hits += (uint64_t)json_integer_value(json_object_get(e, "prefix_hit_tokens"));
+        CHECK(json_is_integer(json_object_get(e, "load")) &&
+                  json_is_integer(json_object_get(e, "running")) &&
+                  json_is_integer(json_object_get(e, "waiting")) &&
+                  json_is_integer(json_object_get(e, "prefix_query_tokens")),
+              "engine %zu has its load, running, waiting and prefix lookups", i);
+    }
+    CHECK(addressed == ENGINES && connected == ENGINES,
+          "each engine has its index and address (%d) and is connected (%d)", addressed, connected);
+    CHECK(sum_routed == routed, "the engines' routed counts add up to the %llu requests (%llu)",
+          (unsigned long long)routed, (unsigned long long)sum_routed);
+    CHECK(sum_hits == hit_tokens, "their prefix hits add up to Stats' (%llu of %llu)",
+          (unsigned long long)sum_hits, (unsigned long long)hit_tokens);
+    json_decref(doc);
+
+    /* The text form: the routing and a row per engine ending in its address. */
+    snprintf(path, sizeof(path), "%s/stats.txt", front.tmp);
+    snprintf(cmd, sizeof(cmd), "'%s/pagoda' --url '%s' stats >'%s'", front.bin_dir, front.url,
+             path);
+    rc = system(cmd);
+    FILE *f = rc == 0 ? fopen(path, "r") : NULL;
+    char line[1024];
+    int routing_line = 0, rows = 0;
+    while (f != NULL && fgets(line, sizeof(line), f) != NULL) {
+        routing_line += strcmp(line, "routing cache-aware\n") == 0;
+        for (int i = 0; i < ENGINES; i++) {
+            char want[700], head[16];
+            engine_address(i, want, sizeof(want));
+            snprintf(head, sizeof(head), "%d ", i);
+            size_t n = strlen(line), w = strlen(want);
+            rows += strncmp(line, head, strlen(head)) == 0 && n > w &&
+                    strncmp(line + n - w - 1, want, w) == 0;
+        }
+    }
+    if (f != NULL)
+        fclose(f);
+    CHECK(routing_line == 1 && rows == ENGINES,
+          "pagoda stats prints the routing and a row per engine (%d, %d rows)", routing_line, rows);
+}
+
+/* The body of GET path from 127.0.0.1:port (malloc'd, NUL-terminated), or NULL. Reads at most
+ * 1 MiB, for at most 5 s (scaled) without data. */
+static char *http_get(int port, const char *path)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0)
+        return NULL;
+    struct timeval tv = {5 * group_time_scale(), 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    char req[256];
+    int n = snprintf(req, sizeof(req),
+                     "GET %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n", path);
+    const size_t cap = 1u << 20;
+    char *buf = malloc(cap + 1);
+    size_t len = 0;
+    if (buf == NULL || connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0 ||
+        send(fd, req, (size_t)n, MSG_NOSIGNAL) != n) {
+        free(buf);
+        close(fd);
+        return NULL;
+    }
+    ssize_t got;
+    while (len < cap && (got = recv(fd, buf + len, cap - len, 0)) > 0)
+        len += (size_t)got;
+    close(fd);
+    buf[len] = '\0';
+    char *body = strstr(buf, "\r\n\r\n");
+    if (strncmp(buf, "HTTP/1.1 200", 12) != 0 || body == NULL) {
+        free(buf);
+        return NULL;
+    }
+    memmove(buf, body + 4, strlen(body + 4) + 1);
+    return buf;
+}
+
+/* The value of the sample of family name with engine i's labels in the page text, or -1. */
+static double engine_sample(const char *text, const char *name, int i)
+{
+    char address[700], head[1000];
+    engine_address(i, address, sizeof(address));
+    snprintf(head, sizeof(head), "\n%s{engine=\"%d\",address=\"%s\"} ", name, i, address);
+    const char *p = strstr(text, head);
+    return p ? strtod(p + strlen(head), NULL) : -1.0;
+}
+
+/* pagoda-gateway in front of the test's router: its /metrics passes promtool and has each
+ * engine's series, with the figures of `pagoda stats --json` (no request in between). */
+static void check_gateway_engines(void)
+{
+    int s = socket(AF_INET, SOCK_STREAM, 0), port = 0;
+    struct sockaddr_in a = {.sin_family = AF_INET};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t alen = sizeof(a);
+    if (s >= 0 && bind(s, (struct sockaddr *)&a, sizeof(a)) == 0 &&
+        getsockname(s, (struct sockaddr *)&a, &alen) == 0)
+        port = ntohs(a.sin_port);
+    if (s >= 0)
+        close(s);
+    char bin[1100], log[700], listen[64];
+    snprintf(bin, sizeof(bin), "%s/pagoda-gateway", front.bin_dir);
+    snprintf(log, sizeof(log), "%s/gateway.log", front.tmp);
+    snprintf(listen, sizeof(listen), "127.0.0.1:%d", port);
+    fflush(NULL);
+    gateway_pid = port > 0 ? fork() : -1;
+    if (gateway_pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (freopen(log, "w", stderr) == NULL || freopen(log, "a", stdout) == NULL)
+            _exit(127);
+        execl(bin, bin, "--router", front.url, "--listen", listen, (char *)NULL);
+        _exit(127);
+    }
+    char *page = NULL;
+    for (long t = 0; gateway_pid > 0 && page == NULL && t < 300 * group_time_scale(); t++) {
+        page = http_get(port, "/metrics");
+        if (page == NULL)
+            sleep_ms(100);
+    }
+    CHECK(page != NULL, "pagoda-gateway in front of the router serves /metrics");
+    char path[700], cmd[1600];
+    snprintf(path, sizeof(path), "%s/metrics.txt", front.tmp);
+    FILE *f = page ? fopen(path, "w") : NULL;
+    if (f != NULL) {
+        fputs(page, f);
+        fclose(f);
+    }
+    snprintf(cmd, sizeof(cmd), "promtool check metrics <'%s'", path);
+    CHECK(f != NULL && system(cmd) == 0, "promtool check metrics passes on it");
+    json_error_t err;
+    snprintf(path, sizeof(path), "%s/stats.json", front.tmp);
+    json_t *doc = json_load_file(path, 0, &err), *list = json_object_get(doc, "engines");
+    /* The last figures of `pagoda stats --json` (check_cli_engines) are still the engines'. */
+    static const struct {
+        const char *family, *field;
+    } same[] = {{"pagoda_engine_routed_total", "routed"},
+                {"pagoda_engine_prefix_query_tokens_total", "prefix_query_tokens"},
+                {"pagoda_engine_prefix_hit_tokens_total", "prefix_hit_tokens"},
+                {"pagoda_engine_running", "running"},
+                {"pagoda_engine_waiting", "waiting"},
+                {"pagoda_engine_load", "load"}};
+    for (int i = 0; i < ENGINES; i++) {
+        json_t *e = json_array_get(list, (size_t)i);
+        CHECK(page && engine_sample(page, "pagoda_engine_up", i) == 1.0,
+              "/metrics: pagoda_engine_up{engine=\"%d\",address=...} is 1", i);
+        for (size_t k = 0; k < sizeof(same) / sizeof(same[0]); k++) {
+            double got = page ? engine_sample(page, same[k].family, i) : -1.0;
+            json_int_t want = json_integer_value(json_object_get(e, same[k].field));
+            CHECK(e != NULL && got == (double)want, "/metrics: %s of engine %d is %lld (%g)",
+                  same[k].family, i, (long long)want, got);
+        }
+    }
+    CHECK(page && strstr(page, "\n# TYPE pagoda_engine_routed_total counter\n") &&
+              strstr(page, "\n# HELP pagoda_engine_load ") && !strstr(page, "\npagoda_engine_up "),
+          "/metrics: HELP and TYPE lines, and no unlabelled pagoda_engine_up beside the engines'");
+    json_decref(doc);
+    free(page);
+    /* SIGTERM: it exits 0 (a leak or an error in the sanitizer build makes it exit otherwise). */
+    int status = -1;
+    if (gateway_pid > 0) {
+        kill(gateway_pid, SIGTERM);
+        waitpid(gateway_pid, &status, 0);
+        gateway_pid = 0;
+    }
+    CHECK(status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0,
+          "pagoda-gateway stops cleanly (status %d)", status);
+}
+
 static void scenario_spread(void)
 {
     CHECK(start_engines() == 0, "two engine groups started");
@@ -345,6 +557,10 @@ static void scenario_spread(void)
     CHECK(rc == 0 && st.prefix_hit_tokens >= 7 * 80,
           "Stats sums the engines' prefix hits (%llu of %llu tokens)",
           (unsigned long long)st.prefix_hit_tokens, (unsigned long long)st.prefix_query_tokens);
+
+    /* The figures of both engines as the CLI and the gateway show them. */
+    check_cli_engines(24, st.prefix_hit_tokens);
+    check_gateway_engines();
 
     /* The same workload shape under both policies (fresh prefixes for each). */
     int ok_ca = 0, ok_rr = 0;
@@ -449,11 +665,16 @@ int main(int argc, char **argv)
         fprintf(stderr, "unknown scenario %s\n", argv[2]);
         group_failed++;
     }
+    if (gateway_pid > 0) {
+        kill(gateway_pid, SIGKILL);
+        waitpid(gateway_pid, NULL, 0);
+    }
     if (router_pid > 0)
         stop_router();
     if (group_failed > 0) {
-        char cmd[800];
-        snprintf(cmd, sizeof(cmd), "tail -n 40 '%s/router.log'", front.tmp);
+        char cmd[1200];
+        snprintf(cmd, sizeof(cmd), "tail -n 40 '%s/router.log' '%s/gateway.log'", front.tmp,
+                 front.tmp);
         if (system(cmd) != 0)
             printf("(no router log)\n");
     }

@@ -7,6 +7,7 @@
 #include <cmocka.h>
 
 #include "client/pagoda.h"
+#include "client/client_internal.h"
 #include "client/pagoda_async.h"
 #include "common/error.h"
 #include "tests/unit/router_fake_scheduler.h"
@@ -264,6 +265,9 @@ static void test_cli(void **state)
     assert_non_null(strstr(out, "\"kv_usage\": 0.25"));
     assert_non_null(strstr(out, "\"scheduler_connected\": true"));
     assert_int_equal(out[0], '{');
+    /* One engine: the router lists none, and the CLI prints no routing and no engines. */
+    assert_null(strstr(out, "\"engines\""));
+    assert_null(strstr(out, "\"routing\""));
 
     snprintf(cmd, sizeof(cmd), PAGODA_BIN_DIR "/pagoda --url %s health", e->url);
     assert_int_equal(run(cmd, out, sizeof(out)), 0);
@@ -437,10 +441,67 @@ static void test_async_call_to_nobody_times_out(void **state)
     pagoda_client_close(c);
 }
 
+/* A router's per-engine figures (Stats.engines) reach pagoda_engine_stats in order, with the
+ * routing; beyond PAGODA_STATS_MAX_ENGINES they are counted in engines_dropped, and an address
+ * longer than the room is cut, NUL-terminated. */
+static void test_stats_engines_are_bounded(void **state)
+{
+    (void)state;
+    enum { N = PAGODA_STATS_MAX_ENGINES + 3 };
+    static Pagoda__EngineStats es[N];
+    static Pagoda__EngineStats *ptrs[N];
+    static char long_address[PAGODA_STATS_ADDRESS_BYTES + 50];
+    memset(long_address, 'a', sizeof(long_address) - 1);
+    for (uint32_t i = 0; i < N; i++) {
+        pagoda__engine_stats__init(&es[i]);
+        es[i].engine = i;
+        es[i].address = i == 1 ? long_address : "tcp://10.0.0.2:7460";
+        es[i].connected = i != 2;
+        es[i].load = 10 + i;
+        es[i].running = 20 + i;
+        es[i].waiting = 30 + i;
+        es[i].prefix_query_tokens = 40 + i;
+        es[i].prefix_hit_tokens = 50 + i;
+        es[i].routed = 60 + i;
+        ptrs[i] = &es[i];
+    }
+    Pagoda__Stats s = PAGODA__STATS__INIT;
+    s.routing = "round-robin";
+    s.n_engines = N;
+    s.engines = ptrs;
+    pagoda_engine_stats *out = malloc(sizeof(*out));
+    assert_non_null(out);
+    client_stats_from_proto(&s, out);
+    assert_string_equal(out->routing, "round-robin");
+    assert_int_equal(out->num_engines, PAGODA_STATS_MAX_ENGINES);
+    assert_int_equal(out->engines_dropped, 3);
+    for (uint32_t i = 0; i < PAGODA_STATS_MAX_ENGINES; i++) {
+        const pagoda_engine_info *e = &out->engines[i];
+        assert_int_equal(e->engine, i);
+        assert_int_equal(e->connected, i != 2);
+        assert_int_equal(e->load, 10 + i);
+        assert_int_equal(e->running, 20 + i);
+        assert_int_equal(e->waiting, 30 + i);
+        assert_int_equal(e->prefix_query_tokens, 40 + i);
+        assert_int_equal(e->prefix_hit_tokens, 50 + i);
+        assert_int_equal(e->routed, 60 + i);
+    }
+    assert_string_equal(out->engines[0].address, "tcp://10.0.0.2:7460");
+    assert_int_equal(strlen(out->engines[1].address), PAGODA_STATS_ADDRESS_BYTES - 1);
+    /* One engine: nothing listed. */
+    Pagoda__Stats one = PAGODA__STATS__INIT;
+    client_stats_from_proto(&one, out);
+    assert_string_equal(out->routing, "");
+    assert_int_equal(out->num_engines, 0);
+    assert_int_equal(out->engines_dropped, 0);
+    free(out);
+}
+
 int main(void)
 {
     const struct CMUnitTest alone[] = {
         cmocka_unit_test(test_params_default_and_local_checks),
+        cmocka_unit_test(test_stats_engines_are_bounded),
         cmocka_unit_test(test_unreachable_router_times_out),
         cmocka_unit_test(test_async_call_to_nobody_times_out),
     };
