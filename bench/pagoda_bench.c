@@ -204,7 +204,7 @@ static void keep_sample(struct sampler *s, const pagoda_engine_stats *st)
         s->cap_samples = cap;
     }
     s->samples[s->num_samples].t_s = now_s() - s->t0;
-    s->samples[s->num_samples++].st = *st;
+    timeline_stats_of(st, &s->samples[s->num_samples++].st);
 }
 
 static void *sampler_thread(void *arg)

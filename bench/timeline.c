@@ -56,21 +56,21 @@ static void request_figures(struct timeline_window *w, size_t nw, double interva
 }
 
 static void sample_figures(struct timeline_window *w, size_t nw, const struct timeline_sample *s,
-                           size_t ns, const pagoda_engine_stats *base)
+                           size_t ns, const struct timeline_stats *base)
 {
     size_t i = 0;
     /* The last sample before the window (at first the stats read just before the run, t = 0),
      * and its time. */
-    const pagoda_engine_stats *before = base;
+    const struct timeline_stats *before = base;
     double before_t = 0;
     for (size_t k = 0; k < nw; k++) {
         struct timeline_window *x = &w[k];
         double frag = 0, loc = 0, run = 0;
         size_t nfrag = 0, nloc = 0;
-        const pagoda_engine_stats *first = NULL, *last = NULL;
+        const struct timeline_stats *first = NULL, *last = NULL;
         double first_t = 0, last_t = 0;
         for (; i < ns && (k == nw - 1 || s[i].t_s < x->t1_s); i++) {
-            const pagoda_engine_stats *st = &s[i].st;
+            const struct timeline_stats *st = &s[i].st;
             if (first == NULL) {
                 first = st;
                 first_t = s[i].t_s;
@@ -84,7 +84,7 @@ static void sample_figures(struct timeline_window *w, size_t nw, const struct ti
                 frag += st->fragmentation;
                 nfrag++;
             }
-            if (st->running > 0 && st->tenant[0] == '\0') { /* a tenant's stats have none */
+            if (st->running > 0 && !st->tenant_key) { /* a tenant's stats have none */
                 loc += st->locality;
                 run += st->locality_run_length;
                 nloc++;
@@ -98,7 +98,7 @@ static void sample_figures(struct timeline_window *w, size_t nw, const struct ti
         x->locality_mean = nloc ? loc / (double)nloc : NAN;
         x->run_length_mean = nloc ? run / (double)nloc : NAN;
         if (last != NULL) {
-            const pagoda_engine_stats *b = before ? before : first;
+            const struct timeline_stats *b = before ? before : first;
             double span = last_t - (before ? before_t : first_t); /* what the deltas cover */
             x->have_counters = 1;
 #define DELTA(f) (last->f >= b->f ? last->f - b->f : 0)
@@ -112,13 +112,34 @@ static void sample_figures(struct timeline_window *w, size_t nw, const struct ti
             x->hit_rate = x->prefix_query_tokens
                               ? (double)x->prefix_hit_tokens / (double)x->prefix_query_tokens
                               : NAN;
-            int engine_wide = last->tenant[0] == '\0';
+            int engine_wide = !last->tenant_key;
             x->prefill_tps = span > 0 && engine_wide ? (double)x->prefill_tokens / span : NAN;
             x->decode_tps = span > 0 && engine_wide ? (double)x->decode_tokens / span : NAN;
             before = last;
             before_t = last_t;
         }
     }
+}
+
+void timeline_stats_of(const pagoda_engine_stats *s, struct timeline_stats *out)
+{
+    *out = (struct timeline_stats){
+        .running = s->running,
+        .waiting = s->waiting,
+        .num_blocks = s->num_blocks,
+        .free_blocks = s->free_blocks,
+        .kv_usage = s->kv_usage,
+        .fragmentation = s->fragmentation,
+        .locality = s->locality,
+        .locality_run_length = s->locality_run_length,
+        .prefix_query_tokens = s->prefix_query_tokens,
+        .prefix_hit_tokens = s->prefix_hit_tokens,
+        .evictions = s->evictions,
+        .preemptions = s->preemptions,
+        .prefill_tokens = s->prefill_tokens,
+        .decode_tokens = s->decode_tokens,
+        .tenant_key = s->tenant[0] != '\0',
+    };
 }
 
 int timeline_compute(const struct timeline_sample *samples, size_t n_samples,
@@ -157,8 +178,11 @@ int timeline_compute(const struct timeline_sample *samples, size_t n_samples,
             report_summarize(ttft[k], nt[k], &w[k].ttft_ms);
             report_summarize(tpot[k], np[k], &w[k].tpot_ms);
         }
+        struct timeline_stats base_figures;
+        if (base != NULL)
+            timeline_stats_of(base, &base_figures);
         if (rc == 0)
-            sample_figures(w, nw, samples, n_samples, base);
+            sample_figures(w, nw, samples, n_samples, base ? &base_figures : NULL);
     }
     for (size_t k = 0; k < nw && ttft && tpot; k++) {
         free(ttft[k]);

@@ -24,10 +24,25 @@
 /* Windows one run has, at most (longer runs get longer windows: see timeline_compute). */
 #define TIMELINE_MAX_WINDOWS 4096u
 
+/* The figures of one pagoda_stats sample that the windows use: pagoda_engine_stats' scalars,
+ * not its per-engine array (about 12 KiB, which a sample every 200 ms would keep for the whole
+ * run). tenant_key: the figures were a tenant key's own (pagoda_engine_stats.tenant not ""). */
+struct timeline_stats {
+    uint32_t running, waiting;
+    int32_t num_blocks, free_blocks;
+    double kv_usage, fragmentation, locality, locality_run_length;
+    uint64_t prefix_query_tokens, prefix_hit_tokens, evictions, preemptions, prefill_tokens,
+        decode_tokens;
+    int tenant_key;
+};
+
+/* The timeline's figures of a stats reply. */
+void timeline_stats_of(const pagoda_engine_stats *s, struct timeline_stats *out);
+
 /* One pagoda_stats sample, t_s seconds after the run's start. */
 struct timeline_sample {
     double t_s;
-    pagoda_engine_stats st;
+    struct timeline_stats st;
 };
 
 struct timeline_window {
