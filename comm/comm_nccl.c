@@ -172,3 +172,19 @@ int comm_nccl_open(const uint8_t id[COMM_NCCL_ID_BYTES], int size, int rank, voi
     *out = &c->base;
     return 0;
 }
+
+int comm_nccl_device(const struct comm *base)
+{
+    if (base == NULL || base->ops != &nccl_ops) {
+        pagoda_error_set(PAGODA_EINVAL, "nccl: not an NCCL comm");
+        return -1;
+    }
+    const struct nccl_comm *c = (const struct nccl_comm *)base;
+    int device = -1;
+    ncclResult_t r = ncclCommCuDevice(c->nc, &device);
+    if (r != ncclSuccess) {
+        pagoda_error_set(PAGODA_EIO, "ncclCommCuDevice: %s", ncclGetErrorString(r));
+        return -1;
+    }
+    return device;
+}

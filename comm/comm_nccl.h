@@ -24,4 +24,8 @@ int comm_nccl_unique_id(uint8_t id[COMM_NCCL_ID_BYTES]);
 int comm_nccl_open(const uint8_t id[COMM_NCCL_ID_BYTES], int size, int rank, void *stream,
                    int timeout_ms, struct comm **out);
 
+/* The CUDA device c's communicator was made on (NCCL's own record), or -1 with the error set
+ * (PAGODA_EINVAL: c is not an NCCL comm, PAGODA_EIO). */
+int comm_nccl_device(const struct comm *c);
+
 #endif

@@ -19,19 +19,25 @@ uint64_t model_budget_shard_weight_bytes(const struct model_config *c, const str
     return total * 2;
 }
 
-/* Mirrors alloc_activations in worker/cuda_backend.c; a shard adds its own rows of logits
- * beside the gathered ones. */
+/* Mirrors alloc_activations in worker/cuda_backend.c (and the gathered logits of
+ * worker/cuda_tp.c, which the backend allocates for an NCCL group). */
 uint64_t model_budget_shard_activation_bytes(const struct model_config *c,
-                                             const struct model_shard *s, int64_t max_tokens,
+                                             const struct model_shard *s,
+                                             enum model_budget_comm comm, int64_t max_tokens,
                                              int64_t max_seqs)
 {
     uint64_t T = (uint64_t)max_tokens, S = (uint64_t)max_seqs;
     uint64_t H = (uint64_t)c->hidden_size, I = (uint64_t)s->intermediate_size;
     uint64_t qd = (uint64_t)(s->num_heads * c->head_dim);
     uint64_t kvd = (uint64_t)(s->num_kv_heads * c->head_dim);
-    uint64_t local_logits = s->size > 1 ? S * (uint64_t)s->vocab_per_rank * 4 : 0;
+    uint64_t per_rank = S * (uint64_t)s->vocab_per_rank * 4;
+    uint64_t tp = 0;
+    if (comm != MODEL_BUDGET_COMM_NONE)
+        tp = T * H * 4 + per_rank; /* partial, local_logits */
+    if (comm == MODEL_BUDGET_COMM_NCCL)
+        tp += per_rank * (uint64_t)s->size; /* the all-gather's receive buffer */
     return T * H * 4 + T * (H + qd + 2 * kvd + qd + H + 2 * I + I) * 2 + S * H * 2 +
-           S * (uint64_t)c->vocab_size * 4 + local_logits + T * (4 + 4 + 8) + S * 4;
+           S * (uint64_t)c->vocab_size * 4 + tp + T * (4 + 4 + 8) + S * 4;
 }
 
 int32_t model_budget_graph_batches(int64_t max_tokens, int64_t max_seqs, int32_t *sizes)
@@ -60,10 +66,11 @@ uint64_t model_budget_graph_bytes(int64_t max_tokens, int64_t max_seqs)
 }
 
 uint64_t model_budget_shard_worker_bytes(const struct model_config *c, const struct model_shard *s,
-                                         int64_t max_tokens, int64_t max_seqs)
+                                         enum model_budget_comm comm, int64_t max_tokens,
+                                         int64_t max_seqs)
 {
     return model_budget_shard_weight_bytes(c, s) +
-           model_budget_shard_activation_bytes(c, s, max_tokens, max_seqs) +
+           model_budget_shard_activation_bytes(c, s, comm, max_tokens, max_seqs) +
            model_budget_graph_bytes(max_tokens, max_seqs) + MODEL_BUDGET_RESERVE_BYTES;
 }
 
@@ -77,12 +84,12 @@ uint64_t model_budget_activation_bytes(const struct model_config *c, int64_t max
                                        int64_t max_seqs)
 {
     struct model_shard s = model_shard_whole(c);
-    return model_budget_shard_activation_bytes(c, &s, max_tokens, max_seqs);
+    return model_budget_shard_activation_bytes(c, &s, MODEL_BUDGET_COMM_NONE, max_tokens, max_seqs);
 }
 
 uint64_t model_budget_worker_bytes(const struct model_config *c, int64_t max_tokens,
                                    int64_t max_seqs)
 {
     struct model_shard s = model_shard_whole(c);
-    return model_budget_shard_worker_bytes(c, &s, max_tokens, max_seqs);
+    return model_budget_shard_worker_bytes(c, &s, MODEL_BUDGET_COMM_NONE, max_tokens, max_seqs);
 }

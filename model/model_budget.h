@@ -60,15 +60,29 @@ uint64_t model_budget_activation_bytes(const struct model_config *c, int64_t max
 uint64_t model_budget_worker_bytes(const struct model_config *c, int64_t max_tokens,
                                    int64_t max_seqs);
 
+/* How a backend does its collectives, which decides the device buffers they need beside the
+ * activations: none (no group), a group staged through host memory (the cpu comm: the staging
+ * is pinned host memory, not the GPU's), or NCCL (the gathered logits on the device). */
+enum model_budget_comm {
+    MODEL_BUDGET_COMM_NONE = 0,
+    MODEL_BUDGET_COMM_HOST,
+    MODEL_BUDGET_COMM_NCCL,
+};
+
 /* The same three for one rank of a tensor-parallel group (model_shard.h): the rank's slices of
  * the weights (whole norms and O bias, its vocabulary rows of the embedding and LM head), the
- * activations of its heads and MLP columns plus the gathered logits. The shard of
- * model_shard_whole gives exactly the functions above. */
+ * activations of its heads and MLP columns plus the gathered logits, and, with a group (comm not
+ * MODEL_BUDGET_COMM_NONE, whatever its size), the f32 output of a row-parallel projection
+ * ([max_tokens][hidden]) and the rank's own logits ([max_seqs][vocab_per_rank]), and with NCCL
+ * the all-gather's receive buffer ([size][max_seqs][vocab_per_rank] f32). The shard of
+ * model_shard_whole without a group gives exactly the functions above. */
 uint64_t model_budget_shard_weight_bytes(const struct model_config *c, const struct model_shard *s);
 uint64_t model_budget_shard_activation_bytes(const struct model_config *c,
-                                             const struct model_shard *s, int64_t max_tokens,
+                                             const struct model_shard *s,
+                                             enum model_budget_comm comm, int64_t max_tokens,
                                              int64_t max_seqs);
 uint64_t model_budget_shard_worker_bytes(const struct model_config *c, const struct model_shard *s,
-                                         int64_t max_tokens, int64_t max_seqs);
+                                         enum model_budget_comm comm, int64_t max_tokens,
+                                         int64_t max_seqs);
 
 #endif

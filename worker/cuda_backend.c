@@ -10,6 +10,9 @@
 #include "kernels/cuda/util.h"
 #include "model/model_budget.h"
 #include "worker/cuda_tp.h"
+#ifdef PAGODA_HAVE_NCCL
+#include "comm/comm_nccl.h"
+#endif
 
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
@@ -52,6 +55,8 @@ struct cuda_backend {
     int pool_whole;
     int64_t kv_head_offset;
     struct cuda_tp tp;   /* with opt.comm: the collectives */
+    int tp_broken;       /* with opt.comm: a pass failed on this rank, the group was aborted */
+    int batch_refused;   /* the last forward_pass failed refusing its batch, before any work */
     float *partial;      /* with opt.comm: [max_num_tokens][hidden], a row-parallel output */
     float *local_logits; /* with opt.comm: [max_num_seqs][vocab_per_rank] */
     cudaStream_t stream;
@@ -95,7 +100,7 @@ struct cuda_backend {
     size_t num_allocs, cap_allocs;
 };
 
-static const struct backend_ops cuda_ops;
+static const struct backend_ops cuda_ops, cuda_tp_ops;
 static int capture_graphs(struct cuda_backend *b);
 static int forward_layers(struct cuda_backend *b, int32_t n, int32_t num_logits);
 static int32_t graph_of(const struct cuda_backend *b, const struct fwd_batch *batch);
@@ -184,11 +189,15 @@ struct cuda_backend_options cuda_backend_default_options(void)
 
 /* ---- weights ---------------------------------------------------------------------------- */
 
-/* Where one weight comes from: a checkpoint view, or random numbers of a given scale. */
+/* Where one weight comes from: a checkpoint view, or random numbers of a given scale. A random
+ * shard's tensor is a slice of the whole model's draw: rows of cols values, rows ld apart in
+ * the whole tensor, starting at its element first (the whole tensor: first 0, cols = ld =
+ * elems), so that every rank draws the values TP 1 draws. */
 struct weight_src {
     const struct tensor_view *view; /* NULL: random */
     int64_t elems;
     float std, offset;
+    int64_t first, cols, ld;
 };
 
 /* Copies (or draws) src into device memory at dst, converting a checkpoint's F16/F32 to BF16.
@@ -196,9 +205,13 @@ struct weight_src {
 static int upload(struct cuda_backend *b, uint16_t *dst, const struct weight_src *src,
                   uint64_t seed, uint64_t stream_id)
 {
-    if (src->view == NULL)
+    if (src->view == NULL && src->first == 0 && src->cols == src->ld && src->cols == src->elems)
         return cuda_fill_random_bf16(dst, src->elems, seed, stream_id, src->std, src->offset,
                                      b->stream);
+    if (src->view == NULL)
+        return cuda_fill_random_bf16_slice(dst, src->elems / src->cols, src->cols, src->ld,
+                                           src->first, seed, stream_id, src->std, src->offset,
+                                           b->stream);
     const struct tensor_view *t = src->view;
     size_t n = (size_t)src->elems;
     cudaError_t e;
@@ -241,7 +254,24 @@ static int load_stacked(struct cuda_backend *b, uint16_t **out, const struct wei
 static struct weight_src src_of(const struct tensor_view *v, int64_t elems, float std, float offset,
                                 int random)
 {
-    struct weight_src s = {random ? NULL : v, elems, std, offset};
+    struct weight_src s = {random ? NULL : v, elems, std, offset, 0, elems, elems};
+    return s;
+}
+
+/* src_of for a random shard's slice: a run of elems values starting at element first of the
+ * whole tensor (row slices), or rows of cols values ld apart (column slices). */
+static struct weight_src src_run(const struct tensor_view *v, int64_t elems, int64_t first,
+                                 float std, float offset, int random)
+{
+    struct weight_src s = src_of(v, elems, std, offset, random);
+    s.first = first;
+    return s;
+}
+
+static struct weight_src src_cols(const struct tensor_view *v, int64_t rows, int64_t cols,
+                                  int64_t ld, int64_t first, float std, int random)
+{
+    struct weight_src s = {random ? NULL : v, rows * cols, std, 0.0f, first, cols, ld};
     return s;
 }
 
@@ -260,7 +290,9 @@ static int load_weights(struct cuda_backend *b, const struct model_weights *w, u
     int rc;
     static const struct tensor_view none = {0};
 #define VIEW(expr) (rnd ? &none : &(expr))
-    struct weight_src e = src_of(VIEW(w->embed_tokens), V * H, 1.0f, 0.0f, rnd);
+    /* Where the rank's slices start in the whole model's tensors (all 0 for one rank). */
+    const int64_t r = sh->rank, v0 = sh->vocab_begin * H;
+    struct weight_src e = src_run(VIEW(w->embed_tokens), V * H, v0, 1.0f, 0.0f, rnd);
     if ((rc = load_stacked(b, &b->embed, &e, 1, seed, &sid)) != 0)
         return rc;
     struct weight_src n = src_of(VIEW(w->norm), H, norm_std, 1.0f, rnd);
@@ -269,7 +301,7 @@ static int load_weights(struct cuda_backend *b, const struct model_weights *w, u
     if (c->tie_word_embeddings && (rnd || w->lm_head.data == w->embed_tokens.data)) {
         b->lm_head = b->embed;
     } else {
-        struct weight_src l = src_of(VIEW(w->lm_head), V * H, 1.0f / sqrtf((float)H), 0, rnd);
+        struct weight_src l = src_run(VIEW(w->lm_head), V * H, v0, 1.0f / sqrtf((float)H), 0, rnd);
         if ((rc = load_stacked(b, &b->lm_head, &l, 1, seed, &sid)) != 0)
             return rc;
     }
@@ -283,14 +315,15 @@ static int load_weights(struct cuda_backend *b, const struct model_weights *w, u
         float s_o = 1.0f / sqrtf((float)(c->num_heads * c->head_dim));
         struct weight_src in_norm = src_of(VIEW(lw->input_layernorm), H, norm_std, 1.0f, rnd);
         struct weight_src post = src_of(VIEW(lw->post_attention_layernorm), H, norm_std, 1, rnd);
-        struct weight_src qkv[3] = {src_of(VIEW(lw->q_proj), qd * H, s_in, 0, rnd),
-                                    src_of(VIEW(lw->k_proj), kvd * H, s_in, 0, rnd),
-                                    src_of(VIEW(lw->v_proj), kvd * H, s_in, 0, rnd)};
-        struct weight_src o = src_of(VIEW(lw->o_proj), H * qd, s_o, 0, rnd);
-        struct weight_src gu[2] = {src_of(VIEW(lw->gate_proj), I * H, s_in, 0, rnd),
-                                   src_of(VIEW(lw->up_proj), I * H, s_in, 0, rnd)};
-        struct weight_src down =
-            src_of(VIEW(lw->down_proj), H * I, 1.0f / sqrtf((float)c->intermediate_size), 0, rnd);
+        struct weight_src qkv[3] = {src_run(VIEW(lw->q_proj), qd * H, r * qd * H, s_in, 0, rnd),
+                                    src_run(VIEW(lw->k_proj), kvd * H, r * kvd * H, s_in, 0, rnd),
+                                    src_run(VIEW(lw->v_proj), kvd * H, r * kvd * H, s_in, 0, rnd)};
+        struct weight_src o =
+            src_cols(VIEW(lw->o_proj), H, qd, c->num_heads * c->head_dim, r * qd, s_o, rnd);
+        struct weight_src gu[2] = {src_run(VIEW(lw->gate_proj), I * H, r * I * H, s_in, 0, rnd),
+                                   src_run(VIEW(lw->up_proj), I * H, r * I * H, s_in, 0, rnd)};
+        struct weight_src down = src_cols(VIEW(lw->down_proj), H, I, c->intermediate_size, r * I,
+                                          1.0f / sqrtf((float)c->intermediate_size), rnd);
         if ((rc = load_stacked(b, &l->input_norm, &in_norm, 1, seed, &sid)) != 0 ||
             (rc = load_stacked(b, &l->post_norm, &post, 1, seed, &sid)) != 0 ||
             (rc = load_stacked(b, &l->w_qkv, qkv, 3, seed, &sid)) != 0 ||
@@ -299,9 +332,9 @@ static int load_weights(struct cuda_backend *b, const struct model_weights *w, u
             (rc = load_stacked(b, &l->w_down, &down, 1, seed, &sid)) != 0)
             return rc;
         if (c->qkv_bias) {
-            struct weight_src bias[3] = {src_of(VIEW(lw->q_bias), qd, 0.1f, 0, rnd),
-                                         src_of(VIEW(lw->k_bias), kvd, 0.1f, 0, rnd),
-                                         src_of(VIEW(lw->v_bias), kvd, 0.1f, 0, rnd)};
+            struct weight_src bias[3] = {src_run(VIEW(lw->q_bias), qd, r * qd, 0.1f, 0, rnd),
+                                         src_run(VIEW(lw->k_bias), kvd, r * kvd, 0.1f, 0, rnd),
+                                         src_run(VIEW(lw->v_bias), kvd, r * kvd, 0.1f, 0, rnd)};
             if ((rc = load_stacked(b, &l->b_qkv, bias, 3, seed, &sid)) != 0)
                 return rc;
         }
@@ -328,6 +361,16 @@ static int alloc_activations(struct cuda_backend *b)
     if (b->opt.comm != NULL &&
         ((rc = dev_alloc(b, T * H * 4, (void **)&b->partial)) ||
          (rc = dev_alloc(b, S * (size_t)sh->vocab_per_rank * 4, (void **)&b->local_logits))))
+        return rc;
+    /* The all-gather's receive buffer of an NCCL group (cuda_tp.h); the cpu group's staging is
+     * pinned host memory, made by cuda_tp_init. */
+    float *gathered = NULL;
+    if (cuda_tp_device_buffers(b->opt.comm) &&
+        (rc = dev_alloc(b, cuda_tp_gathered_floats(sh, (int32_t)S) * sizeof(float),
+                        (void **)&gathered)) != 0)
+        return rc;
+    if (b->opt.comm != NULL && (rc = cuda_tp_init(&b->tp, b->opt.comm, sh, c->vocab_size, T * H,
+                                                  (int32_t)S, gathered, b->stream)) != 0)
         return rc;
     if ((rc = dev_alloc(b, T * H * 4, (void **)&b->residual)) ||
         (rc = dev_alloc(b, T * H * 2, (void **)&b->hidden)) ||
@@ -378,9 +421,63 @@ static int alloc_steps(struct cuda_backend *b)
     return 0;
 }
 
-int cuda_backend_open(const struct model_config *cfg, const struct model_weights *w,
-                      uint64_t random_seed, const struct kv_geometry *g, void *pool,
-                      const struct cuda_backend_options *opt, struct backend **out)
+/* cuda_tp_agree with this rank's identity: the config's fields that change the math, the whole
+ * tensors every rank holds (the final norm and the first layer's input norm: two checkpoints of
+ * one shape differ there) or the random seed, the limits, the pool's blocks, the devices. */
+static int tp_agree(struct cuda_backend *b, const struct model_weights *w, uint64_t random_seed)
+{
+    const struct model_config *c = &b->base.config;
+    struct cuda_tp_identity id = {
+        .rank = b->shard.rank,
+        .size = b->shard.size,
+        .device = b->opt.device,
+        .comm_device = -1,
+        .max_num_tokens = b->opt.limits.max_num_tokens,
+        .max_num_seqs = b->opt.limits.max_num_seqs,
+        .max_blocks_per_seq = b->opt.limits.max_blocks_per_seq,
+        .num_blocks = b->geometry.num_blocks,
+        .block_size = b->geometry.block_size,
+    };
+    const int64_t ints[] = {c->arch,
+                            c->vocab_size,
+                            c->hidden_size,
+                            c->intermediate_size,
+                            c->num_layers,
+                            c->num_heads,
+                            c->num_kv_heads,
+                            c->head_dim,
+                            c->tie_word_embeddings,
+                            c->qkv_bias,
+                            c->o_bias,
+                            c->max_position_embeddings,
+                            c->rope.type,
+                            c->rope.original_max_position_embeddings};
+    const double reals[] = {c->rms_norm_eps, c->rope.theta, c->rope.factor, c->rope.low_freq_factor,
+                            c->rope.high_freq_factor};
+    uint64_t h = cuda_tp_hash(CUDA_TP_HASH_START, ints, sizeof(ints));
+    id.config_hash = cuda_tp_hash(h, reals, sizeof(reals));
+    h = CUDA_TP_HASH_START;
+    if (w == NULL) {
+        h = cuda_tp_hash(cuda_tp_hash(h, "random", 6), &random_seed, sizeof(random_seed));
+    } else {
+        h = cuda_tp_hash(h, w->norm.data, w->norm.nbytes);
+        if (c->num_layers > 0)
+            h = cuda_tp_hash(h, w->layers[0].input_layernorm.data,
+                             w->layers[0].input_layernorm.nbytes);
+    }
+    id.weights_hash = h;
+    if (cuda_tp_device_buffers(b->opt.comm)) {
+#ifdef PAGODA_HAVE_NCCL
+        if ((id.comm_device = comm_nccl_device(b->opt.comm)) < 0)
+            return PAGODA_EIO;
+#endif
+    }
+    return cuda_tp_agree(b->opt.comm, &id);
+}
+
+static int open_backend(const struct model_config *cfg, const struct model_weights *w,
+                        uint64_t random_seed, const struct kv_geometry *g, void *pool,
+                        const struct cuda_backend_options *opt, struct backend **out)
 {
     struct comm *comm = opt ? opt->comm : NULL;
     int tp_rank = comm ? comm_rank(comm) : 0, tp_size = comm ? comm_size(comm) : 1;
@@ -397,18 +494,24 @@ int cuda_backend_open(const struct model_config *cfg, const struct model_weights
         return rc;
     }
     /* A shard's pool holds its KV heads only, or the whole model's, of which the rank uses its
-     * own run (ranks sharing one device and one pool). */
+     * own run (ranks sharing one device and one pool): the pool is checked against the shard's
+     * heads, then (a shard of a group) against the whole model's, before anything of it is
+     * used. */
+    if (g == NULL)
+        return pagoda_error_set(PAGODA_EINVAL, "cuda: no pool geometry");
     struct model_config pool_view = *cfg;
-    int pool_whole = shard.size > 1 && g->num_kv_heads == cfg->num_kv_heads;
-    if (!pool_whole)
-        pool_view.num_kv_heads = shard.num_kv_heads;
+    pool_view.num_kv_heads = shard.num_kv_heads;
+    int pool_whole = 0;
     rc = backend_check_pool(&pool_view, g, DTYPE_BF16, "CUDA");
+    if (rc != 0 && shard.size > 1 && backend_check_pool(cfg, g, DTYPE_BF16, "CUDA") == 0)
+        rc = 0, pool_whole = 1;
     if (rc != 0)
-        return rc;
+        return backend_check_pool(&pool_view, g, DTYPE_BF16, "CUDA"); /* its message again */
     struct cuda_backend *b = calloc(1, sizeof(*b));
     if (b == NULL)
         return PAGODA_ENOMEM;
-    b->base.ops = &cuda_ops;
+    /* A rank of a group has no asynchronous steps (cuda_tp_ops). */
+    b->base.ops = comm != NULL ? &cuda_tp_ops : &cuda_ops;
     b->base.config = *cfg;
     b->opt = opt ? *opt : cuda_backend_default_options();
     b->geometry = *g;
@@ -424,6 +527,10 @@ int cuda_backend_open(const struct model_config *cfg, const struct model_weights
         rc = cuda_fail(e, "cudaSetDevice");
         goto fail;
     }
+    /* The ranks agree on everything that must be equal before anything is allocated (which
+     * also finds every peer alive). */
+    if (comm != NULL && (rc = tp_agree(b, w, random_seed)) != 0)
+        goto fail;
     size_t free_bytes = 0, total_bytes = 0;
     if ((e = cudaMemGetInfo(&free_bytes, &total_bytes)) != cudaSuccess) {
         rc = cuda_fail(e, "cudaMemGetInfo");
@@ -431,7 +538,10 @@ int cuda_backend_open(const struct model_config *cfg, const struct model_weights
     }
     const int64_t max_tokens = b->opt.limits.max_num_tokens;
     const int64_t max_seqs = b->opt.limits.max_num_seqs;
-    uint64_t need = model_budget_shard_worker_bytes(cfg, &shard, max_tokens, max_seqs);
+    const enum model_budget_comm bc = comm == NULL                   ? MODEL_BUDGET_COMM_NONE
+                                      : cuda_tp_device_buffers(comm) ? MODEL_BUDGET_COMM_NCCL
+                                                                     : MODEL_BUDGET_COMM_HOST;
+    uint64_t need = model_budget_shard_worker_bytes(cfg, &shard, bc, max_tokens, max_seqs);
     if (need > free_bytes) {
         rc = pagoda_error_set(
             PAGODA_EEXHAUSTED,
@@ -439,7 +549,7 @@ int cuda_backend_open(const struct model_config *cfg, const struct model_weights
             "%llu, reserve %llu), %zu MiB are free: short by %llu MiB",
             (unsigned long long)(need >> 20),
             (unsigned long long)(model_budget_shard_weight_bytes(cfg, &shard) >> 20),
-            (unsigned long long)(model_budget_shard_activation_bytes(cfg, &shard, max_tokens,
+            (unsigned long long)(model_budget_shard_activation_bytes(cfg, &shard, bc, max_tokens,
                                                                      max_seqs) >>
                                  20),
             (unsigned long long)(MODEL_BUDGET_RESERVE_BYTES >> 20), free_bytes >> 20,
@@ -456,10 +566,6 @@ int cuda_backend_open(const struct model_config *cfg, const struct model_weights
         rc = cublas_fail(st, "cublasCreate");
         goto fail;
     }
-    if (comm != NULL && (rc = cuda_tp_init(&b->tp, comm, &shard, cfg->vocab_size,
-                                           (size_t)max_tokens * (size_t)cfg->hidden_size,
-                                           (int32_t)max_seqs, b->stream)) != 0)
-        goto fail;
     /* A workspace of the handle's own: a GEMM captured in a graph then allocates nothing, and
      * eager GEMMs see the same workspace, so cuBLAS picks the same algorithms for both. */
     if ((rc = dev_alloc(b, MODEL_BUDGET_CUBLAS_WORKSPACE_BYTES, &b->cublas_workspace)) != 0)
@@ -469,10 +575,10 @@ int cuda_backend_open(const struct model_config *cfg, const struct model_weights
         rc = cublas_fail(st, "cublasSetWorkspace");
         goto fail;
     }
-    /* Random weights of a shard: each rank draws its own (a shard of some model, not the whole
-     * model's draw sliced). */
-    if ((rc = load_weights(b, w, random_seed + (uint64_t)shard.rank)) != 0 ||
-        (rc = alloc_activations(b)) != 0 || (rc = alloc_steps(b)) != 0)
+    /* Random weights of a shard: the rank's slices of the whole model's draw (one seed for
+     * every rank), so a random group computes what a random TP 1 computes. */
+    if ((rc = load_weights(b, w, random_seed)) != 0 || (rc = alloc_activations(b)) != 0 ||
+        (rc = alloc_steps(b)) != 0)
         goto fail;
     size_t S = (size_t)b->opt.limits.max_num_seqs;
     b->row_params = malloc(S * sizeof(*b->row_params));
@@ -531,24 +637,44 @@ fail:
     return rc;
 }
 
+/* A rank that cannot open aborts its group: the peers' open (cuda_tp_agree) or first step fails
+ * at once instead of waiting for the timeout. */
+int cuda_backend_open(const struct model_config *cfg, const struct model_weights *w,
+                      uint64_t random_seed, const struct kv_geometry *g, void *pool,
+                      const struct cuda_backend_options *opt, struct backend **out)
+{
+    int rc = open_backend(cfg, w, random_seed, g, pool, opt, out);
+    if (rc != 0 && opt != NULL && opt->comm != NULL)
+        comm_abort(opt->comm);
+    return rc;
+}
+
 /* ---- the forward pass ------------------------------------------------------------------- */
 
-/* y[rows][out] = x[rows][in] . w[out][in]^T, BF16 inputs, FP32 accumulation, output in ytype.
- * Up to opt.gemv_max_rows rows through cuda_gemv (off by default: cuBLAS was faster on the H200,
- * bench/RESULTS.md, issue 15), the rest through cublasGemmEx. */
-static int gemm(struct cuda_backend *b, const uint16_t *x, const uint16_t *w, void *y,
-                cudaDataType ytype, int64_t rows, int64_t in, int64_t out)
+/* y[rows][out] = x[rows][in] . w[out][in]^T, BF16 inputs, FP32 accumulation, output in ytype,
+ * y's rows ldy >= out elements apart. Up to opt.gemv_max_rows rows through cuda_gemv (off by
+ * default: cuBLAS was faster on the H200, bench/RESULTS.md, issue 15; contiguous outputs only),
+ * the rest through cublasGemmEx. */
+static int gemm_ld(struct cuda_backend *b, const uint16_t *x, const uint16_t *w, void *y,
+                   cudaDataType ytype, int64_t rows, int64_t in, int64_t out, int64_t ldy)
 {
-    if (!b->opt.baseline_kernels && rows <= b->opt.gemv_max_rows &&
+    if (!b->opt.baseline_kernels && ldy == out && rows <= b->opt.gemv_max_rows &&
         cuda_gemv_fits((int32_t)rows, (int32_t)in, (int32_t)out, x, w, y))
         return cuda_gemv(x, w, y, ytype == CUDA_R_32F, (int32_t)rows, (int32_t)in, (int32_t)out,
                          b->stream);
     const float one = 1.0f, zero = 0.0f;
     cublasStatus_t st =
         cublasGemmEx(b->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)out, (int)rows, (int)in, &one, w,
-                     CUDA_R_16BF, (int)in, x, CUDA_R_16BF, (int)in, &zero, y, ytype, (int)out,
+                     CUDA_R_16BF, (int)in, x, CUDA_R_16BF, (int)in, &zero, y, ytype, (int)ldy,
                      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     return st == CUBLAS_STATUS_SUCCESS ? 0 : cublas_fail(st, "cublasGemmEx");
+}
+
+/* gemm_ld with a contiguous output. */
+static int gemm(struct cuda_backend *b, const uint16_t *x, const uint16_t *w, void *y,
+                cudaDataType ytype, int64_t rows, int64_t in, int64_t out)
+{
+    return gemm_ld(b, x, w, y, ytype, rows, in, out, out);
 }
 
 /* RoPE on the Q and K heads of b->qkv, then K and V into layer kv of the pool: one launch, or
@@ -632,8 +758,8 @@ static int tp_row_parallel_end(struct cuda_backend *b, const uint16_t *bias, int
 }
 
 /* The LM head over the selected rows into b->logits [rows][vocab]. One rank computes the whole
- * vocabulary; a tensor-parallel rank its vocabulary rows (the last rank's padding zeroed),
- * then gathers every rank's. */
+ * vocabulary; a tensor-parallel rank its vocabulary rows (the last rank's padding is left as it
+ * is: the gather drops it), then gathers every rank's. */
 static int lm_head(struct cuda_backend *b, int32_t rows)
 {
     const struct model_config *c = &b->base.config;
@@ -644,34 +770,21 @@ static int lm_head(struct cuda_backend *b, int32_t rows)
                     c->vocab_size);
     const struct model_shard *sh = &b->shard;
     const int64_t per = sh->vocab_per_rank, mine = sh->vocab_end - sh->vocab_begin;
-    const int64_t H = c->hidden_size;
-    cudaError_t e;
-    if (mine < per &&
-        (e = cudaMemsetAsync(b->local_logits, 0, (size_t)rows * (size_t)per * sizeof(float),
-                             b->stream)) != cudaSuccess)
-        return cuda_fail(e, "cudaMemsetAsync (logits padding)");
-    const float one = 1.0f, zero = 0.0f;
-    cublasStatus_t st = cublasGemmEx(b->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)mine, (int)rows,
-                                     (int)H, &one, b->lm_head, CUDA_R_16BF, (int)H, b->selected,
-                                     CUDA_R_16BF, (int)H, &zero, b->local_logits, CUDA_R_32F,
-                                     (int)per, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-    if (st != CUBLAS_STATUS_SUCCESS)
-        return cublas_fail(st, "cublasGemmEx (LM head)");
-    return cuda_tp_gather_logits(&b->tp, b->local_logits, rows, b->logits);
+    /* Rows of per floats: the last rank's (mine < per) leave their padding unwritten. */
+    int rc = gemm_ld(b, b->selected, b->lm_head, b->local_logits, CUDA_R_32F, rows, c->hidden_size,
+                     mine, per);
+    return rc ? rc : cuda_tp_gather_logits(&b->tp, b->local_logits, rows, b->logits);
 }
 
-/* Runs the batch and leaves the logits rows in b->logits (device); k names the stage and the
- * events (a step slot, or STAGE_SYNC). With tensor parallelism (Megatron, as the CPU backend):
- * the embedding rows outside the rank's vocabulary are zeros and the lookups summed; Q, K, V and
- * gate/up give the rank's heads and MLP columns; O and down give f32 partial sums, summed by one
- * all-reduce each (tp_row_parallel_end); the logits are gathered (lm_head). */
-static int cuda_forward_device(struct cuda_backend *b, const struct fwd_batch *batch, int k,
-                               const struct backend_gather *gathers, int32_t num_gathers)
+/* Runs the (checked) batch and leaves the logits rows in b->logits (device); k names the stage
+ * and the events (a step slot, or STAGE_SYNC). With tensor parallelism (Megatron, as the CPU
+ * backend): the embedding rows outside the rank's vocabulary are zeros and the lookups summed; Q,
+ * K, V and gate/up give the rank's heads and MLP columns; O and down give f32 partial sums, summed
+ * by one all-reduce each (tp_row_parallel_end); the logits are gathered (lm_head). */
+static int forward_pass(struct cuda_backend *b, const struct fwd_batch *batch, int k,
+                        const struct backend_gather *gathers, int32_t num_gathers)
 {
-    const struct model_config *c = &b->base.config;
-    int rc = backend_check_batch(c, &b->opt.limits, batch);
-    if (rc != 0)
-        return rc;
+    int rc;
     /* The device is per thread and the worker's executor thread is not the one that opened the
      * backend (worker/executor.h): bind it on every pass (a cheap call once bound). */
     cudaError_t e = cudaSetDevice(b->opt.device);
@@ -694,8 +807,12 @@ static int cuda_forward_device(struct cuda_backend *b, const struct fwd_batch *b
     int32_t g = graph_of(b, batch);
     if (g >= 0 && cuda_attention_plan_graph(b->plan, &ab, b->graph_batch[g], b->stream) != 0)
         g = -1;
-    if (g < 0 && (rc = cuda_attention_plan(b->plan, &ab, b->stream)) != 0)
+    if (g < 0 && (rc = cuda_attention_plan(b->plan, &ab, b->stream)) != 0) {
+        /* A batch the plan refuses (a block or slot outside the pool) is refused alike by every
+         * rank, before any collective; a CUDA error is this rank's own. */
+        b->batch_refused = rc != PAGODA_ECUDA;
         return rc;
+    }
     if ((rc = stage_step(b, k, batch, g >= 0 ? b->graph_batch[g] : 0, gathers, num_gathers)) != 0)
         return rc;
     if (g >= 0) {
@@ -719,8 +836,11 @@ static int forward_layers(struct cuda_backend *b, int32_t n, int32_t num_logits)
     const int64_t H = c->hidden_size, I = sh->intermediate_size, hd = c->head_dim;
     const int64_t qd = sh->num_heads * hd, kvd = sh->num_kv_heads * hd, qkvd = qd + 2 * kvd;
     const float eps = (float)c->rms_norm_eps;
+    /* One rank holds every row: an id outside the vocabulary (a gathered token is checked by no
+     * one on the host) reads zeros, not past the table. */
     if (!tp)
-        rc = cuda_embedding(b->embed, b->d_token_ids, n, (int32_t)H, b->residual, s);
+        rc = cuda_embedding_rows(b->embed, b->d_token_ids, n, (int32_t)H, 0, (int32_t)c->vocab_size,
+                                 b->residual, s);
     else if ((rc = cuda_embedding_rows(b->embed, b->d_token_ids, n, (int32_t)H,
                                        (int32_t)sh->vocab_begin, (int32_t)sh->vocab_end,
                                        b->residual, s)) == 0)
@@ -873,6 +993,41 @@ static int capture_graphs(struct cuda_backend *b)
     return 0;
 }
 
+/* A rank of a group that fails on its own (a CUDA or cuBLAS error, a failed attention plan, a
+ * collective's error) aborts the group: the peers' pending collectives fail at once instead of
+ * waiting for the timeout, and no later collective of this rank can pair with a peer's
+ * collective of another point of the pass (every all-reduce of a step has the same op and
+ * count: a rank one collective behind would sum the wrong buffers, silently). The rank stays
+ * broken: every later pass fails with PAGODA_ECLOSED, as the comm would, until the group is
+ * made again. Returns rc. */
+static int tp_fail(struct cuda_backend *b, int rc)
+{
+    if (rc != 0 && b->opt.comm != NULL && !b->tp_broken) {
+        b->tp_broken = 1;
+        comm_abort(b->opt.comm);
+    }
+    return rc;
+}
+
+/* forward_pass after the checks. A batch the limits or the attention plan refuse fails alike on
+ * every rank before any collective (every rank checks the same batch against the same limits
+ * and pool size): the group goes on. Any other failure aborts the group (tp_fail). */
+static int cuda_forward_device(struct cuda_backend *b, const struct fwd_batch *batch, int k,
+                               const struct backend_gather *gathers, int32_t num_gathers)
+{
+    if (b->tp_broken)
+        return pagoda_error_set(PAGODA_ECLOSED,
+                                "tensor parallel: rank %d's group was aborted by an earlier "
+                                "failed step",
+                                b->shard.rank);
+    int rc = backend_check_batch(&b->base.config, &b->opt.limits, batch);
+    if (rc != 0)
+        return rc;
+    b->batch_refused = 0;
+    rc = forward_pass(b, batch, k, gathers, num_gathers);
+    return b->batch_refused ? rc : tp_fail(b, rc);
+}
+
 static int cuda_forward(struct backend *base, const struct fwd_batch *batch, float *logits)
 {
     struct cuda_backend *b = (struct cuda_backend *)base;
@@ -887,7 +1042,7 @@ static int cuda_forward(struct backend *base, const struct fwd_batch *batch, flo
         b->timed = 1;
     if (e == cudaSuccess)
         e = cudaStreamSynchronize(b->stream);
-    return e == cudaSuccess ? 0 : cuda_fail(e, "forward pass");
+    return e == cudaSuccess ? 0 : tp_fail(b, cuda_fail(e, "forward pass"));
 }
 
 /* The sampler's per-row arguments from rows. */
@@ -923,7 +1078,8 @@ static int cuda_forward_sample(struct backend *base, const struct fwd_batch *bat
     /* The sampler has waited for its stream: the end event marks the step's last work. */
     if (rc == 0 && cudaEventRecord(b->ev_end[STAGE_SYNC], b->stream) == cudaSuccess)
         b->timed = 1;
-    return rc;
+    /* A device error leaves this rank unable to go on; a refused argument does not. */
+    return rc == PAGODA_ECUDA ? tp_fail(b, rc) : rc;
 }
 
 /* backend_submit: the pass, then the sampler writing the slot's device tokens and, by an
@@ -1016,6 +1172,19 @@ static const struct backend_ops cuda_ops = {
     .device_time_us = cuda_device_time_us,
     .submit = cuda_submit,
     .complete = cuda_complete,
+};
+
+/* A rank of a tensor-parallel group: no submit/complete (backend_can_submit is false, the
+ * executor runs one step at a time). A submitted step would wait on the host at every
+ * collective (backend.h's submit returns without waiting), and backend.h's recovery of the
+ * steps in flight would run collectives on one rank only: asynchronous steps of a group are
+ * left for when they are designed (docs/tensor-parallel.md, "Left"). */
+static const struct backend_ops cuda_tp_ops = {
+    .name = "cuda",
+    .forward = cuda_forward,
+    .forward_sample = cuda_forward_sample,
+    .close = cuda_close,
+    .device_time_us = cuda_device_time_us,
 };
 
 int cuda_pool_alloc(const struct kv_geometry *g, int device, void **pool)

@@ -221,17 +221,21 @@ __global__ void add_bias_kernel(uint16_t *__restrict__ x, int64_t ld,
     }
 }
 
-/* y = bf16(x + bias), element-wise over [rows][cols] (bias NULL: none). */
+/* y = bf16(bf16(x) + bias) (bias NULL: bf16(x)) over [rows][cols]: a row (blockIdx.y stride)
+ * and its columns (blockIdx.x, threadIdx.x stride), so the bias is indexed by column. */
 __global__ void to_bf16_bias_kernel(const float *__restrict__ x, const uint16_t *__restrict__ bias,
                                     uint16_t *__restrict__ y, int32_t rows, int32_t cols)
 {
-    const int64_t n = (int64_t)rows * cols;
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
-         i += (int64_t)gridDim.x * blockDim.x) {
-        float v = x[i];
-        if (bias != NULL)
-            v += bf16_bits_to_float(bias[i % cols]);
-        y[i] = float_to_bf16_bits(v);
+    for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
+        const float *xr = x + r * cols;
+        uint16_t *yr = y + r * cols;
+        for (int32_t c = blockIdx.x * blockDim.x + threadIdx.x; c < cols;
+             c += gridDim.x * blockDim.x) {
+            const uint16_t v = float_to_bf16_bits(xr[c]);
+            yr[c] = bias == NULL
+                        ? v
+                        : float_to_bf16_bits(bf16_bits_to_float(v) + bf16_bits_to_float(bias[c]));
+        }
     }
 }
 
@@ -493,8 +497,11 @@ int cuda_to_bf16_bias(const float *x, const uint16_t *bias, uint16_t *y, int32_t
         return 0;
     if (x == NULL || y == NULL)
         return pagoda_error_set(PAGODA_EINVAL, "cuda_to_bf16_bias: NULL buffer");
-    const int64_t work = (int64_t)rows * cols;
-    to_bf16_bias_kernel<<<grid_for(work, kThreads), kThreads, 0, s>>>(x, bias, y, rows, cols);
+    /* Up to kMaxGrid CTAs in all: a row's columns, then as many rows as fit (grid-stride). */
+    const unsigned gx = grid_for(cols, kThreads);
+    int64_t gy = kMaxGrid / gx;
+    gy = gy < 1 ? 1 : (gy < rows ? gy : rows);
+    to_bf16_bias_kernel<<<dim3(gx, (unsigned)gy), kThreads, 0, s>>>(x, bias, y, rows, cols);
     return cuda_launch_result("cuda_to_bf16_bias");
 }
 

@@ -28,7 +28,9 @@ extern "C" {
 
 /* residual[t][i] = table[ids[t]][i] in f32: the token embedding. table is [vocab][hidden]
  * bf16, ids [num_tokens] int32 on the device, residual [num_tokens][hidden] f32. The ids are
- * not checked (they live on the device): each must be in 0 .. vocab - 1. */
+ * not checked (they live on the device): each must be in 0 .. vocab - 1. (The backend calls
+ * cuda_embedding_rows(..., 0, vocab, ...) instead, which reads zeros for an id outside the
+ * vocabulary rather than past the table.) */
 int cuda_embedding(const uint16_t *table, const int32_t *ids, int32_t num_tokens, int32_t hidden,
                    float *residual, cudaStream_t s);
 
@@ -39,9 +41,11 @@ int cuda_embedding_rows(const uint16_t *table, const int32_t *ids, int32_t num_t
                         int32_t hidden, int32_t vocab_begin, int32_t vocab_end, float *residual,
                         cudaStream_t s);
 
-/* y[r][c] = bf16(x[r][c] + bias[c]) (the sum in f32; bias may be NULL): a row-parallel
- * projection's f32 output, summed over the ranks, rounded once as one rank's GEMM rounds it.
- * x [rows][cols] f32, bias [cols] bf16, y [rows][cols] bf16. */
+/* y[r][c] = bf16(bf16(x[r][c]) + bias[c]) (the sum in f32), or bf16(x[r][c]) with bias NULL: a
+ * row-parallel projection's f32 output, summed over the ranks, rounded as one rank's GEMM
+ * rounds its bf16 output, then the bias added and rounded again as cuda_add_bias does, so that
+ * a group of one gives TP 1's values bit for bit. x [rows][cols] f32, bias [cols] bf16, y
+ * [rows][cols] bf16. */
 int cuda_to_bf16_bias(const float *x, const uint16_t *bias, uint16_t *y, int32_t rows, int32_t cols,
                       cudaStream_t s);
 

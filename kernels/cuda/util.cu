@@ -42,12 +42,45 @@ extern "C" int cuda_fill_random_bf16(uint16_t *dst, int64_t n, uint64_t seed, ui
         blocks = 65536;
     uint64_t key = seed * 0x2545f4914f6cdd1dull ^ (stream_id + 1) * 0x9e3779b97f4a7c15ull;
     fill_random_kernel<<<(unsigned)blocks, 256, 0, s>>>((__nv_bfloat16 *)dst, n, key,
-                                                         1.7320508f * std, offset);
+                                                        1.7320508f * std, offset);
     return launch_status("cuda_fill_random_bf16");
 }
 
-__global__ static void gather_rows_kernel(const uint16_t *src, int64_t ld_src,
-                                          const int32_t *rows, int32_t cols, uint16_t *dst)
+/* fill_random_kernel's values of the whole tensor at first + r * ld + c, into dst[r][c]. */
+__global__ static void fill_random_slice_kernel(__nv_bfloat16 *dst, int64_t rows, int64_t cols,
+                                                int64_t ld, int64_t first, uint64_t key, float a,
+                                                float offset)
+{
+    const int64_t n = rows * cols;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t r = i / cols, c = i - r * cols;
+        uint64_t h = splitmix64(key ^ splitmix64((uint64_t)(first + r * ld + c)));
+        float u = (float)(h >> 40) * (1.0f / 16777216.0f);
+        dst[i] = __float2bfloat16(offset + a * (2.0f * u - 1.0f));
+    }
+}
+
+extern "C" int cuda_fill_random_bf16_slice(uint16_t *dst, int64_t rows, int64_t cols, int64_t ld,
+                                           int64_t first, uint64_t seed, uint64_t stream_id,
+                                           float std, float offset, cudaStream_t s)
+{
+    if (rows < 0 || cols < 0 || first < 0 || (rows > 1 && ld < cols) ||
+        (rows * cols > 0 && dst == NULL))
+        return PAGODA_EINVAL;
+    if (rows * cols == 0)
+        return 0;
+    int64_t blocks = (rows * cols + 255) / 256;
+    if (blocks > 65536)
+        blocks = 65536;
+    uint64_t key = seed * 0x2545f4914f6cdd1dull ^ (stream_id + 1) * 0x9e3779b97f4a7c15ull;
+    fill_random_slice_kernel<<<(unsigned)blocks, 256, 0, s>>>((__nv_bfloat16 *)dst, rows, cols, ld,
+                                                              first, key, 1.7320508f * std, offset);
+    return launch_status("cuda_fill_random_bf16_slice");
+}
+
+__global__ static void gather_rows_kernel(const uint16_t *src, int64_t ld_src, const int32_t *rows,
+                                          int32_t cols, uint16_t *dst)
 {
     const uint16_t *from = src + (int64_t)rows[blockIdx.x] * ld_src;
     uint16_t *to = dst + (int64_t)blockIdx.x * cols;
@@ -56,8 +89,7 @@ __global__ static void gather_rows_kernel(const uint16_t *src, int64_t ld_src,
 }
 
 extern "C" int cuda_gather_rows_bf16(const uint16_t *src, int64_t ld_src, const int32_t *rows,
-                                     int32_t num_rows, int32_t cols, uint16_t *dst,
-                                     cudaStream_t s)
+                                     int32_t num_rows, int32_t cols, uint16_t *dst, cudaStream_t s)
 {
     if (num_rows < 0 || cols <= 0)
         return PAGODA_EINVAL;

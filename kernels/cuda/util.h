@@ -16,6 +16,14 @@ extern "C" {
 int cuda_fill_random_bf16(uint16_t *dst, int64_t n, uint64_t seed, uint64_t stream_id, float std,
                           float offset, cudaStream_t s);
 
+/* A slice of what cuda_fill_random_bf16 draws for a whole tensor (the same seed and stream_id):
+ * dst[r][c] (rows x cols, contiguous) gets the whole tensor's value at index first + r * ld +
+ * c. A tensor-parallel rank's rows (rows 1, cols its run, first its offset) or columns (ld the
+ * whole row) of the whole model's random weights. */
+int cuda_fill_random_bf16_slice(uint16_t *dst, int64_t rows, int64_t cols, int64_t ld,
+                                int64_t first, uint64_t seed, uint64_t stream_id, float std,
+                                float offset, cudaStream_t s);
+
 /* dst[i] = src[rows[i]] for num_rows rows of cols bf16 values (src row stride ld_src, dst
  * contiguous); rows is a device array. */
 int cuda_gather_rows_bf16(const uint16_t *src, int64_t ld_src, const int32_t *rows,

@@ -189,6 +189,67 @@ static void test_embedding(int32_t vocab, int32_t hidden, int32_t num_tokens)
     free(got);
 }
 
+/* cuda_embedding_rows for a rank holding rows [begin, end) of a vocab-row table (the last
+ * rank's run possibly shorter than the others'): its own ids read table[id - begin] (the offset
+ * indexing), every other id (another rank's rows, past the vocabulary, negative) reads zeros.
+ * The table uploaded is the rank's rows only, with a guard row of NaN on each side, so a read
+ * outside them shows. Compared exactly (a copy). */
+static void test_embedding_rows(int32_t vocab, int32_t hidden, int32_t begin, int32_t end)
+{
+    const int32_t num_tokens = 12, mine = end - begin;
+    size_t tn = (size_t)(mine + 2) * hidden, rn = (size_t)num_tokens * hidden;
+    uint16_t *table = xmalloc(tn * sizeof(uint16_t));
+    int32_t *ids = xmalloc((size_t)num_tokens * sizeof(int32_t));
+    float *ref = xmalloc(rn * sizeof(float)), *got = xmalloc(rn * sizeof(float));
+    fill_bf16(table, tn, -1.0f, 1.0f);
+    for (int32_t c = 0; c < hidden; c++) { /* the guard rows: NaN */
+        table[c] = 0x7fc0;
+        table[(size_t)(mine + 1) * hidden + c] = 0x7fc0;
+    }
+    const uint16_t *rows = table + hidden; /* row begin */
+    /* Own rows (the first, the last, one inside), the neighbours' rows on either side, the
+     * whole vocabulary's ends, ids past it and negative ones; the rest random in [-2, vocab + 2).
+     */
+    const int32_t fixed[] = {begin, end - 1, begin + mine / 2, begin - 1, end, 0, vocab - 1,
+                             vocab, -1,      INT32_MIN};
+    for (int32_t t = 0; t < num_tokens; t++)
+        ids[t] =
+            t < (int32_t)(sizeof(fixed) / sizeof(fixed[0])) ? fixed[t] : rand_int(vocab + 4) - 2;
+    for (int32_t t = 0; t < num_tokens; t++) {
+        float *dst = ref + (size_t)t * hidden;
+        if (ids[t] >= begin && ids[t] < end)
+            bf16_to_f32_n(rows + (size_t)(ids[t] - begin) * hidden, dst, (size_t)hidden);
+        else
+            memset(dst, 0, (size_t)hidden * sizeof(float));
+    }
+
+    uint16_t *d_table = dev_upload(table, tn * sizeof(uint16_t));
+    int32_t *d_ids = dev_upload(ids, (size_t)num_tokens * sizeof(int32_t));
+    float *d_res = dev_alloc(rn * sizeof(float));
+    poison(d_res, rn * sizeof(float));
+    int rc =
+        cuda_embedding_rows(d_table + hidden, d_ids, num_tokens, hidden, begin, end, d_res, stream);
+    GPU_CHECK(rc == 0, "cuda_embedding_rows: %d", rc);
+    download(got, d_res, rn * sizeof(float));
+    size_t differ = 0;
+    for (size_t i = 0; i < rn; i++)
+        differ += memcmp(&got[i], &ref[i], sizeof(float)) != 0;
+    char cfg[96];
+    snprintf(cfg, sizeof(cfg), "vocab %d hidden %d rows %d .. %d", (int)vocab, (int)hidden,
+             (int)begin, (int)end);
+    report("embedding_rows", cfg, rel_err(got, ref, rn), EXACT);
+    GPU_CHECK(differ == 0, "embedding_rows %s: %zu values differ from the copy or zeros", cfg,
+              differ);
+
+    CK(cudaFree(d_table));
+    CK(cudaFree(d_ids));
+    CK(cudaFree(d_res));
+    free(table);
+    free(ids);
+    free(ref);
+    free(got);
+}
+
 static void test_add_rmsnorm(int32_t rows, int32_t dim, bool with_x)
 {
     size_t n = (size_t)rows * dim;
@@ -279,6 +340,50 @@ static void test_add_bias(int32_t rows, int32_t cols, int64_t ld)
     free(b);
     free(ref);
     free(gotf);
+}
+
+/* cuda_to_bf16_bias: y = bf16(bf16(x) + bias), or bf16(x) without a bias, bit for bit against
+ * the CPU's bf16 rounding (as one rank's bf16 GEMM output then cuda_add_bias give). */
+static void test_to_bf16_bias(int32_t rows, int32_t cols, bool with_bias)
+{
+    size_t n = (size_t)rows * cols;
+    float *x = xmalloc(n * sizeof(float));
+    uint16_t *b = xmalloc((size_t)cols * sizeof(uint16_t));
+    uint16_t *ref = xmalloc(n * sizeof(uint16_t)), *got = xmalloc(n * sizeof(uint16_t));
+    for (size_t i = 0; i < n; i++)
+        x[i] = uniform(-4.0f, 4.0f);
+    fill_bf16(b, (size_t)cols, -1.0f, 1.0f);
+    for (int32_t r = 0; r < rows; r++)
+        for (int32_t c = 0; c < cols; c++) {
+            size_t i = (size_t)r * cols + c;
+            uint16_t v = f32_to_bf16(x[i]);
+            ref[i] = with_bias ? f32_to_bf16(bf16_to_f32(v) + bf16_to_f32(b[c])) : v;
+        }
+
+    float *d_x = dev_upload(x, n * sizeof(float));
+    uint16_t *d_b = dev_upload(b, (size_t)cols * sizeof(uint16_t));
+    uint16_t *d_y = dev_alloc(n * sizeof(uint16_t));
+    poison(d_y, n * sizeof(uint16_t));
+    int rc = cuda_to_bf16_bias(d_x, with_bias ? d_b : NULL, d_y, rows, cols, stream);
+    GPU_CHECK(rc == 0, "cuda_to_bf16_bias: %d", rc);
+    download(got, d_y, n * sizeof(uint16_t));
+    size_t differ = 0;
+    for (size_t i = 0; i < n; i++)
+        differ += got[i] != ref[i];
+    char cfg[96];
+    snprintf(cfg, sizeof(cfg), "rows %d cols %d %s", (int)rows, (int)cols,
+             with_bias ? "bias" : "no bias");
+    printf("%-20s %-58s %zu of %zu differ%s\n", "to_bf16_bias", cfg, differ, n,
+           differ ? "  FAIL" : "");
+    GPU_CHECK(differ == 0, "to_bf16_bias %s: %zu of %zu values differ", cfg, differ, n);
+
+    CK(cudaFree(d_x));
+    CK(cudaFree(d_b));
+    CK(cudaFree(d_y));
+    free(x);
+    free(b);
+    free(ref);
+    free(got);
 }
 
 static void test_rope(int32_t rows, int32_t num_heads, int32_t head_dim, int64_t row_stride,
@@ -1020,12 +1125,24 @@ int main(void)
 
     test_embedding(1000, 4096, 37);
     test_embedding(97, 100, 9);
+    /* Ranks of two of a 32001-row vocabulary (16001 rows each, the last 16000) and a rank of
+     * three of 97 rows (33 each, the last 31); hidden 100, not a multiple of 8: the
+     * scalar path. */
+    test_embedding_rows(32001, 1024, 0, 16001);
+    test_embedding_rows(32001, 1024, 16001, 32001);
+    test_embedding_rows(97, 100, 33, 66);
+    test_embedding_rows(97, 100, 66, 97);
+    test_embedding_rows(97, 4096, 0, 97); /* one rank: every row, ids outside read zeros */
     test_add_rmsnorm(7, 4096, true);
     test_add_rmsnorm(5, 1000, false);
     test_add_rmsnorm(3, 100, true);
     test_add_rmsnorm(3, 16384, true); /* past the register-resident kernel */
     test_add_bias(5, 4096, 4096 + 64);
     test_add_bias(3, 100, 130);
+    test_to_bf16_bias(7, 4096, true);
+    test_to_bf16_bias(7, 4096, false);
+    test_to_bf16_bias(3, 100, true);
+    test_to_bf16_bias(9000, 24, true); /* more rows than one grid's CTAs: the row stride */
     test_rope(9, 32 + 8, 128, (32 + 2 * 8) * 128, CPU_ROPE_LLAMA3, 500000.0);
     test_rope(6, 6, 64, 6 * 64 + 5, CPU_ROPE_DEFAULT, 10000.0);
     test_silu_mul(6, 1024);

@@ -91,6 +91,39 @@ static void test_graph_batches(void **state)
         assert_true(model_budget_graph_batches(m, m, NULL) <= MODEL_BUDGET_GRAPHS_MAX);
 }
 
+/* A rank of a group counts the buffers of its collectives beside the shard's activations (issue
+ * 21's review, item 1): the f32 row-parallel output and its own logits whenever a group is set,
+ * even a group of one, and the all-gather's receive buffer with NCCL. Llama-3-8B at TP 2, the
+ * worker's default limits: figures worked by hand. */
+static void test_shard_counts_the_group_buffers(void **state)
+{
+    (void)state;
+    struct model_config c = llama3_8b();
+    struct model_shard s0, whole = model_shard_whole(&c);
+    assert_int_equal(model_shard_make(&c, 0, 2, &s0), 0);
+    const uint64_t T = 2048, S = 256, H = 4096;
+    const uint64_t partial = T * H * 4;   /* 32 MiB */
+    const uint64_t local = S * 64128 * 4; /* ceil(128256 / 2) = 64128 rows of logits */
+    uint64_t none = model_budget_shard_activation_bytes(&c, &s0, MODEL_BUDGET_COMM_NONE, 2048, 256);
+    uint64_t host = model_budget_shard_activation_bytes(&c, &s0, MODEL_BUDGET_COMM_HOST, 2048, 256);
+    uint64_t nccl = model_budget_shard_activation_bytes(&c, &s0, MODEL_BUDGET_COMM_NCCL, 2048, 256);
+    assert_int_equal(host - none, partial + local);
+    assert_int_equal(nccl - host, 2 * local);
+    assert_int_equal(model_budget_shard_worker_bytes(&c, &s0, MODEL_BUDGET_COMM_NCCL, 2048, 256),
+                     model_budget_shard_weight_bytes(&c, &s0) + nccl +
+                         model_budget_graph_bytes(2048, 256) + MODEL_BUDGET_RESERVE_BYTES);
+    /* A group of one (the whole model through an NCCL communicator of one rank) still holds
+     * both buffers and a gathered copy of the whole vocabulary's logits. */
+    uint64_t one =
+        model_budget_shard_activation_bytes(&c, &whole, MODEL_BUDGET_COMM_NCCL, 2048, 256);
+    assert_int_equal(one - model_budget_activation_bytes(&c, 2048, 256),
+                     partial + 2 * S * 128256 * 4);
+    /* Without a group the shard functions are the whole model's. */
+    assert_int_equal(
+        model_budget_shard_activation_bytes(&c, &whole, MODEL_BUDGET_COMM_NONE, 2048, 256),
+        model_budget_activation_bytes(&c, 2048, 256));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -98,6 +131,7 @@ int main(void)
         cmocka_unit_test(test_tied_embeddings_and_biases),
         cmocka_unit_test(test_worker_bytes_add_up),
         cmocka_unit_test(test_graph_batches),
+        cmocka_unit_test(test_shard_counts_the_group_buffers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -148,7 +148,7 @@ static void test_budget_counts_the_shard(void **state)
     assert_int_equal(model_budget_shard_weight_bytes(&c, &s0) +
                          model_budget_shard_weight_bytes(&c, &s1) - norms,
                      model_budget_weight_bytes(&c));
-    assert_true(model_budget_shard_worker_bytes(&c, &s0, 2048, 256) <
+    assert_true(model_budget_shard_worker_bytes(&c, &s0, MODEL_BUDGET_COMM_NONE, 2048, 256) <
                 model_budget_worker_bytes(&c, 2048, 256));
 }
 
