@@ -75,9 +75,9 @@ void bench_usage(FILE *f)
         "Bandwidth floor (closed loop): --bandwidth-gbs X (GB/s) with weight bytes from the\n"
         "model's shape x --weight-dtype-bytes [2] (or --weight-bytes) and K/V bytes per token\n"
         "x --kv-dtype-bytes [2]. With --matrix-tflops T (the measured matrix rate, TFLOP/s)\n"
-        "too, any run (closed loop or not) also reports its compute-and-bandwidth bound: the\n"
-        "prefill FLOPs at T plus the decode bytes at X. --baseline-tps X: also report output\n"
-        "tokens/s as a ratio of X.\n"
+        "too, a closed loop or a --rate inf run also reports its compute-and-bandwidth bound:\n"
+        "the prefill FLOPs at T plus the decode bytes at X. --baseline-tps X: also report\n"
+        "output tokens/s as a ratio of X.\n"
         "Exit status: 0 ran (failed requests are in the report), 1 could not run, 2 bad flags.\n",
         PAGODA_BENCH_DEFAULT_MODEL, BENCH_DEFAULT_MAX_CONCURRENCY,
         BENCH_DURATION_CLOSED_MIN_PROMPTS, BENCH_DURATION_CLOSED_PROMPTS);
@@ -431,6 +431,11 @@ static int check_flags(struct options *o)
     if (o->matrix_tflops > 0 && !(o->bandwidth_gbs > 0))
         return pagoda_error_set(PAGODA_EINVAL, "--matrix-tflops goes with --bandwidth-gbs (the "
                                                "bound is prefill FLOPs plus decode bytes)");
+    if (o->matrix_tflops > 0 && GIVEN(o, OPT_RATE) && !isinf(o->rate))
+        return pagoda_error_set(PAGODA_EINVAL,
+                                "--matrix-tflops: the bound is for runs whose requests are all "
+                                "there from the start (--concurrency C, or --rate inf): at a "
+                                "finite rate the duration is the arrivals'");
     if (o->bandwidth_gbs > 0 && !GIVEN(o, OPT_CONCURRENCY) && !(o->matrix_tflops > 0))
         return pagoda_error_set(PAGODA_EINVAL,
                                 "--bandwidth-gbs needs a closed loop "

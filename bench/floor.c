@@ -19,7 +19,12 @@ double floor_weight_bytes(const struct model_config *cfg, int dtype_bytes)
 
 double floor_flops_per_token(const struct model_config *cfg)
 {
-    return 2.0 * floor_weight_bytes(cfg, 1);
+    return 2.0 * floor_weight_bytes(cfg, 1) - floor_lm_head_flops(cfg);
+}
+
+double floor_lm_head_flops(const struct model_config *cfg)
+{
+    return 2.0 * (double)cfg->vocab_size * (double)cfg->hidden_size;
 }
 
 double floor_attention_flops_per_key(const struct model_config *cfg)

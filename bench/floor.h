@@ -16,9 +16,13 @@ double floor_weight_bytes(const struct model_config *cfg, int dtype_bytes);
  * this for its sequence. */
 double floor_kv_bytes_per_token(const struct model_config *cfg, int dtype_bytes);
 
-/* Matrix FLOPs of one token through the projections and the output layer: 2 per parameter that
- * floor_weight_bytes counts (norms and biases included: a rounding error). */
+/* Matrix FLOPs of one prompt token through the layers: 2 per parameter that floor_weight_bytes
+ * counts, less the output layer (norms and biases included: a rounding error). The output layer
+ * runs for the tokens whose logits are needed only: floor_lm_head_flops each. */
 double floor_flops_per_token(const struct model_config *cfg);
+
+/* Matrix FLOPs of one token's logits: 2 x vocab x hidden. */
+double floor_lm_head_flops(const struct model_config *cfg);
 
 /* Attention FLOPs per (query token, key) pair: q.k and the weighted sum of v, 2 x head_dim
  * each, for every query head of every layer: 4 x layers x heads x head_dim. */

@@ -266,7 +266,8 @@ struct bench {
     const char **tenant_names;   /* copies, num_tenants of them */
     uint32_t num_tenants;
     FILE *requests_out;
-    double weight_bytes, kv_bytes_per_token, flops_per_token, attention_flops_per_key;
+    double weight_bytes, kv_bytes_per_token, flops_per_token, lm_head_flops,
+        attention_flops_per_key;
     char workload_params[256];
     /* The last single run's timeline (not for sweeps). */
     struct timeline_sample *samples;
@@ -407,6 +408,7 @@ static int bench_once(struct bench *b, int open_loop, double rate, int sweep, st
         .kv_bytes_per_token = b->kv_bytes_per_token,
         .matrix_tflops = o->matrix_tflops,
         .flops_per_token = b->flops_per_token,
+        .lm_head_flops = b->lm_head_flops,
         .attention_flops_per_key = b->attention_flops_per_key,
         .baseline_output_tps = o->baseline_tps,
     };
@@ -800,6 +802,7 @@ int main(int argc, char **argv)
                              : floor_weight_bytes(&cfg, o.weight_dtype_bytes);
         b.kv_bytes_per_token = floor_kv_bytes_per_token(&cfg, o.kv_dtype_bytes);
         b.flops_per_token = floor_flops_per_token(&cfg);
+        b.lm_head_flops = floor_lm_head_flops(&cfg);
         b.attention_flops_per_key = floor_attention_flops_per_key(&cfg);
     }
     if (o.dump_path) {

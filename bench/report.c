@@ -222,40 +222,47 @@ static void bandwidth_floor(struct report *rep, const struct report_request *req
 /* The workload's compute-and-bandwidth bound: what the run would take if its prefill ran at the
  * measured matrix rate and its decode at the bandwidth, one after the other (the issue's
  * definition: prefill FLOPs at the matrix rate plus decode bytes; a step that mixes the two
- * could overlap them, so this is a roofline of the two phases, not a strict lower bound).
- *   prefill: every completed request's computed prompt tokens (prompt less the router's
- *     cached_tokens) through the projections (flops_per_token each) and their causal attention
- *     (a token at position t attends to t + 1 keys: attention_flops_per_key each);
+ * could overlap them, so this is a roofline of the two phases, not a strict lower bound). Only
+ * for runs whose requests are all there from the start (a closed loop, or --rate inf): with
+ * arrivals spread over time the duration is the arrivals', not the engine's.
+ *   prefill: every completed request's computed prompt tokens (its prompt, the router's count
+ *     when it gave one, less the router's cached_tokens; the last prompt token is always
+ *     computed) through the layers (flops_per_token each) and their causal attention (a token at
+ *     position t attends to t + 1 keys: attention_flops_per_key each), and one token's logits
+ *     (lm_head_flops: the output layer runs for the last prompt token only);
  *   decode: the tokens after each request's first (which its prefill makes), each reading the
  *     K/V of its context (prompt + the tokens before it), and the weights once per step, with
- *     at least ceil(decode tokens / the concurrency cap) steps (all sequences in flight decode
- *     together at best). */
+ *     at least max(ceil(decode tokens / the concurrency cap), the longest request's decode
+ *     tokens) steps (all sequences in flight decode together at best). */
 static void workload_bound(struct report *rep, const struct report_request *reqs, size_t n)
 {
     const struct report_config *c = &rep->cfg;
     if (!(c->matrix_tflops > 0) || !(c->bandwidth_gbs > 0) || rep->completed == 0 ||
-        !(rep->duration_s > 0))
+        !(rep->duration_s > 0) || (c->open_loop && !isinf(c->rate)))
         return;
-    double flops = 0, kv_tokens = 0, decode_tokens = 0;
+    double flops = 0, kv_tokens = 0, decode_tokens = 0, longest = 0;
     for (size_t i = 0; i < n; i++) {
         const struct report_request *r = &reqs[i];
         if (!report_request_completed(r))
             continue;
-        const double len = r->prompt_len;
-        const double cached = r->cached_tokens < r->prompt_len ? r->cached_tokens : 0;
-        flops += c->flops_per_token * (len - cached) +
+        const double len = r->prompt_tokens > 0 ? r->prompt_tokens : r->prompt_len;
+        if (len < 1)
+            continue;
+        const double cached = r->cached_tokens < len ? r->cached_tokens : len - 1;
+        flops += c->flops_per_token * (len - cached) + c->lm_head_flops +
                  c->attention_flops_per_key * (len * (len + 1) - cached * (cached + 1)) / 2;
         if (r->num_tokens > 1) {
             const double k = (double)r->num_tokens - 1; /* tokens j = 1 .. k read len + j keys */
             decode_tokens += k;
             kv_tokens += k * len + k * (k + 1) / 2;
+            longest = k > longest ? k : longest;
         }
     }
     double cap = c->concurrency > 0 && c->concurrency < rep->completed ? c->concurrency
                                                                        : (double)rep->completed;
     rep->have_bound = 1;
     rep->bound_prefill_flops = flops;
-    rep->bound_decode_steps = ceil(decode_tokens / cap);
+    rep->bound_decode_steps = fmax(ceil(decode_tokens / cap), longest);
     rep->bound_decode_bytes =
         rep->bound_decode_steps * c->weight_bytes + kv_tokens * c->kv_bytes_per_token;
     rep->bound_prefill_s = flops / (c->matrix_tflops * 1e12);
@@ -680,10 +687,11 @@ static json_t *bound_json(const struct report *r, int *bad)
     put(o, "output_tps", jnum(r->bound_output_tps), bad);
     put(o, "fraction", jnum(r->bound_fraction), bad);
     put(o, "method",
-        json_string("bound = prefill FLOPs (computed prompt tokens: projections and causal "
-                    "attention) / matrix rate + (decode steps x weight bytes + K/V bytes of every "
-                    "decoded token's context) / bandwidth; decode steps = ceil(decode tokens / "
-                    "concurrency cap); fraction = bound / measured duration"),
+        json_string("bound = prefill FLOPs (computed prompt tokens through the layers and "
+                    "causal attention, one token's logits per request) / matrix rate + (decode "
+                    "steps x weight bytes + K/V bytes of every decoded token's context) / "
+                    "bandwidth; decode steps = max(ceil(decode tokens / concurrency cap), the "
+                    "longest request's decode tokens); fraction = bound / measured duration"),
         bad);
     return o;
 }

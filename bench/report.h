@@ -114,7 +114,8 @@ struct report_config {
     /* The workload's compute-and-bandwidth bound, when matrix_tflops > 0 and bandwidth_gbs > 0
      * (any loop): see report.c. */
     double matrix_tflops;   /* the measured matrix rate, 1e12 FLOP/s */
-    double flops_per_token; /* through the projections and the output layer */
+    double flops_per_token; /* through the layers (floor_flops_per_token) */
+    double lm_head_flops;   /* one token's logits (floor_lm_head_flops) */
     double attention_flops_per_key;
     double baseline_output_tps; /* > 0: report output tokens/s as a ratio of it */
 };

@@ -148,8 +148,14 @@ check_report() { # NAME SENT
 # -- page locality on the fresh pool (the first run): one sequence at a time, its blocks handed
 # out consecutively, so every sample with it running reads locality 1.
 bench local --api-key k1 --workload random --num-prompts 2 --input-len 100 --output-len 60 \
-    --concurrency 1 --ignore-eos --seed 9 && rc=0 || rc=$?
+    --concurrency 1 --ignore-eos --seed 9 --bandwidth-gbs 1000 --matrix-tflops 100 && rc=0 ||
+    rc=$?
 check "local: one sequence at a time runs (exit $rc)" [ "$rc" = 0 ]
+# 2 requests of 100 + 60 one at a time: 118 decode steps (59 each), the bound's parts add up.
+check "local: the floor and the compute-and-bandwidth bound are reported" \
+    jq_true "$tmp/local.json" '.bandwidth_floor.batch == 1 and .bound.decode_steps == 118 and
+        .bound.prefill_flops > 0 and .bound.fraction > 0 and
+        ((.bound.bound_s - .bound.prefill_s - .bound.decode_s) | fabs) < 1e-9'
 check_report local 2
 check "local: locality 1 on a fresh pool with one sequence (sampled while it ran)" \
     jq_true "$tmp/local.json" '.engine.locality_min == 1 and .engine.locality_mean == 1 and
@@ -157,12 +163,8 @@ check "local: locality 1 on a fresh pool with one sequence (sampled while it ran
 
 # -- random, open loop (Poisson), EOS ignored: every request gets exactly max_tokens.
 bench rate --api-key k2 --workload random --num-prompts 8 --input-len 8:24 --output-len 4:10 \
-    --rate 40 --seed 1 --ignore-eos --bandwidth-gbs 1000 --matrix-tflops 100 && rc=0 || rc=$?
+    --rate 40 --seed 1 --ignore-eos && rc=0 || rc=$?
 check "random --rate runs (exit $rc)" [ "$rc" = 0 ]
-check "rate: the compute-and-bandwidth bound is reported (an open loop: no floor)" \
-    jq_true "$tmp/rate.json" '.bandwidth_floor == null and .bound.bound_s > 0 and
-        .bound.decode_steps >= 1 and .bound.prefill_flops > 0 and .bound.fraction > 0 and
-        .bound.bound_s == .bound.prefill_s + .bound.decode_s'
 check_report rate 8
 check "rate: all completed" jq_true "$tmp/rate.json" '.completed == 8 and .failed == 0'
 check "rate: with --ignore-eos each request got max_tokens" jqs_true "$tmp/rate.jsonl" \
@@ -324,6 +326,9 @@ check "--rate with --concurrency is refused (exit $rc)" [ "$rc" = 2 ]
 "$bin_dir/pagoda-bench" --url "$url" --model "$tmp/model" --rate 1 --matrix-tflops 100 \
     >/dev/null 2>&1 && rc=0 || rc=$?
 check "--matrix-tflops without --bandwidth-gbs is refused (exit $rc)" [ "$rc" = 2 ]
+"$bin_dir/pagoda-bench" --url "$url" --model "$tmp/model" --rate 40 --bandwidth-gbs 1000 \
+    --matrix-tflops 100 >/dev/null 2>&1 && rc=0 || rc=$?
+check "--matrix-tflops at a finite --rate is refused (exit $rc)" [ "$rc" = 2 ]
 
 if [ "$failed" != 0 ]; then
     for f in "$tmp"/*.err "$run"/*.log; do

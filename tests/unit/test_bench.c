@@ -330,6 +330,34 @@ static void test_workload_bound(void **state)
                      0.02299) < 1e-12);
     json_decref(j);
     report_fini(&rep);
+    /* The output layer runs once per request (its last prompt token's logits). */
+    cfg.lm_head_flops = 100;
+    assert_int_equal(report_compute(&cfg, r, 2, NULL, &rep), 0);
+    assert_true(fabs(rep.bound_prefill_flops - 11080) < 1e-9);
+    report_fini(&rep);
+    /* A whole prompt reported cached: its last token is still computed (the router's
+     * prompt_tokens is the length when it gave one): 10 x 1 + 100 + (5050 - 4950). */
+    r[1].cached_tokens = 100;
+    assert_int_equal(report_compute(&cfg, r, 2, NULL, &rep), 0);
+    assert_true(fabs(rep.bound_prefill_flops - (6050 + 100 + 210)) < 1e-9);
+    report_fini(&rep);
+    r[1].cached_tokens = 40;
+    /* Unequal lengths: 10 and 2 decode tokens two at a time would be 6 steps, but the longest
+     * request alone needs 10. */
+    struct report_request shorter[2];
+    make_request(&shorter[0], 0, 100, 0, t, p, 11, t[10]);
+    make_request(&shorter[1], 1, 100, 0, t, p, 3, t[10]);
+    assert_int_equal(report_compute(&cfg, shorter, 2, NULL, &rep), 0);
+    assert_true(rep.bound_decode_steps == 10);
+    report_fini(&rep);
+    report_request_fini(&shorter[0]);
+    report_request_fini(&shorter[1]);
+    /* Arrivals at a finite rate: the duration is theirs, no bound. */
+    cfg.rate = 40;
+    assert_int_equal(report_compute(&cfg, r, 2, NULL, &rep), 0);
+    assert_false(rep.have_bound);
+    report_fini(&rep);
+    cfg.rate = INFINITY;
     /* No matrix rate: no bound. */
     cfg.matrix_tflops = 0;
     assert_int_equal(report_compute(&cfg, r, 2, NULL, &rep), 0);
