@@ -22,8 +22,8 @@ struct entry {
 
 struct engine_state {
     int up;
-    uint32_t stats_load; /* running + waiting from its stats */
-    uint32_t inflight;   /* the router's unfinished requests on it */
+    uint32_t foreign;  /* running + waiting from its stats, less the router's requests then */
+    uint32_t inflight; /* the router's unfinished requests on it */
     uint32_t head, tail, count, free_list;
 };
 
@@ -241,7 +241,7 @@ void route_set_up(struct route *rt, uint32_t e, int up)
     struct engine_state *s = &rt->engines[e];
     if (s->up && !up) {
         forget_engine(rt, e);
-        s->stats_load = 0;
+        s->foreign = 0;
     }
     s->up = up != 0;
 }
@@ -254,7 +254,8 @@ int route_is_up(const struct route *rt, uint32_t e)
 void route_set_engine_load(struct route *rt, uint32_t e, uint32_t load)
 {
     if (e < rt->num_engines)
-        rt->engines[e].stats_load = load;
+        rt->engines[e].foreign =
+            load > rt->engines[e].inflight ? load - rt->engines[e].inflight : 0;
 }
 
 void route_charge(struct route *rt, uint32_t e)
@@ -273,12 +274,11 @@ uint64_t route_load(const struct route *rt, uint32_t e)
 {
     if (e >= rt->num_engines)
         return 0;
-    /* The stats count the router's own requests too (those that had reached the engine when it
-     * answered): adding the two would count them twice and halve the busy margins. The larger
-     * of the two: the router's count during a burst between two stats answers, the stats' when
-     * requests the router did not send (another router's, adopted ones) make the engine busier. */
-    const uint64_t stats = rt->engines[e].stats_load, inflight = rt->engines[e].inflight;
-    return stats > inflight ? stats : inflight;
+    /* The router's own unfinished requests, which it knows now, plus what its stats showed
+     * beyond them (requests the router did not send: adopted after a restart until announced,
+     * another client's): not the sum of the stats and the router's count, which counts the
+     * router's requests twice and halves the busy margins. */
+    return (uint64_t)rt->engines[e].inflight + rt->engines[e].foreign;
 }
 
 uint32_t route_entries(const struct route *rt, uint32_t e)

@@ -14,10 +14,10 @@
  * unless that engine is much busier than the least loaded one:
  *     load(best) > load(least) + ROUTE_BUSY_ABS  and  load(best) > load(least) * ROUTE_BUSY_REL
  * in which case (or when no engine has any of the prefix) it goes to the least loaded up engine
- * (ties in turn). An engine's load is the larger of its running + waiting from its last stats
- * and the requests the router sent it that have not finished (the stats count those too: their
- * sum would count them twice). The chosen engine is then credited with the prompt's chunks (it
- * will cache them).
+ * (ties in turn). An engine's load is the requests the router sent it that have not finished
+ * plus what its last stats' running + waiting showed beyond those (the stats count the router's
+ * requests too: adding the two counted them twice). The chosen engine is then credited with the
+ * prompt's chunks (it will cache them).
  *
  * Round-robin mode (for comparison): the next up engine in turn, whatever the prompts.
  *
@@ -67,15 +67,16 @@ void route_set_block_tokens(struct route *rt, uint32_t tokens);
  * had cached as far as the map knows (a restarted scheduler starts empty). */
 void route_set_up(struct route *rt, uint32_t e, int up);
 int route_is_up(const struct route *rt, uint32_t e);
-/* Engine e's running + waiting from its latest stats. */
+/* Engine e's running + waiting from its latest stats (what exceeds the router's unfinished
+ * requests on it then is kept as load the router did not send). */
 void route_set_engine_load(struct route *rt, uint32_t e, uint32_t load);
 /* A request already on e is counted in its load (one the router did not pick: adopted from e's
  * announcement after a router restart). */
 void route_charge(struct route *rt, uint32_t e);
 /* A request the router sent to e finished or moved away (the router's own count). */
 void route_release(struct route *rt, uint32_t e);
-/* Engine e's load as routing sees it: the larger of its stats' and the router's unfinished
- * requests on it. */
+/* Engine e's load as routing sees it: the router's unfinished requests on it plus what its
+ * stats showed beyond them. */
 uint64_t route_load(const struct route *rt, uint32_t e);
 
 /* Picks the engine for a prompt of n tokens in namespace ns (a NUL-terminated name), other than

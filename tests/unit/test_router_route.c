@@ -158,10 +158,15 @@ static void test_load_not_counted_twice(void **state)
     route_set_engine_load(rt, other, 0);
     assert_int_equal(route_load(rt, a), 20);
     assert_int_equal(route_pick(rt, "t:a", p, 16, ROUTE_NONE, NULL), a);
-    /* The stats' figure when it is the larger (requests the router did not send). */
+    /* The stats' figure beyond the router's requests (requests the router did not send) stays,
+     * and the router's next requests add to it. */
     route_set_engine_load(rt, a, 500);
     assert_int_equal(route_load(rt, a), 500);
     assert_int_equal(route_pick(rt, "t:a", p, 16, ROUTE_NONE, NULL), other);
+    route_set_engine_load(rt, other, 50);
+    for (uint32_t i = 0; i < 20; i++)
+        route_pick(rt, "t:b", p, 3, a, NULL); /* short: no chunk, onto other */
+    assert_int_equal(route_load(rt, other), 70);
     route_free(rt);
 }
 
