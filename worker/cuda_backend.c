@@ -717,7 +717,10 @@ static int stage_step(struct cuda_backend *b, int k, const struct fwd_batch *bat
     }
     if (nl > 0)
         memcpy(st->logits_rows, batch->logits_indices, nl * 4);
-    if (pad > batch->num_tokens) {
+    /* A graph step (pad > 0): the graph's every row gets a token, a slot (-1: no K/V write) and
+     * a logits row, also when the step has as many tokens as the graph but fewer logits rows
+     * (graph_of keeps num_logits <= num_tokens <= pad). */
+    if (pad > 0) {
         for (size_t i = n; i < (size_t)pad; i++) {
             st->token_ids[i] = 0;
             st->positions[i] = 0;
@@ -900,7 +903,9 @@ static int forward_layers(struct cuda_backend *b, int32_t n, int32_t num_logits)
 static int32_t graph_of(const struct cuda_backend *b, const struct fwd_batch *batch)
 {
     const int32_t n = batch->num_seqs;
-    if (b->num_graphs == 0 || n < 1 || batch->num_tokens != n ||
+    /* More logits rows than sequences (backend.h allows repeats) would outnumber the graph's
+     * rows: such a step runs eagerly. */
+    if (b->num_graphs == 0 || n < 1 || batch->num_tokens != n || batch->num_logits > n ||
         n > b->graph_batch[b->num_graphs - 1])
         return -1;
     for (int32_t i = 0; i < n; i++)
