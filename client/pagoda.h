@@ -44,8 +44,8 @@
  * router's own limit, ROUTE_MAX_ENGINES, is the same 64, so none is dropped today), addresses
  * of at most PAGODA_STATS_ADDRESS_BYTES - 1 bytes (NNG's own NNG_MAXADDRLEN; a longer tcp://
  * host name is cut, on a UTF-8 character boundary) and a routing name of at most
- * PAGODA_STATS_ROUTING_BYTES - 1. The struct is passed by value (pagoda_stats), so the room is
- * kept small (~12 KiB). */
+ * PAGODA_STATS_ROUTING_BYTES - 1. pagoda_stats fills the caller's struct (pagoda_async.h's
+ * result holds one by pointer, for a stats call only), so the room is kept small (~12 KiB). */
 #define PAGODA_STATS_MAX_ENGINES 64u
 #define PAGODA_STATS_ADDRESS_BYTES 128u
 #define PAGODA_STATS_ROUTING_BYTES 32u
