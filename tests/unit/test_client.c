@@ -13,6 +13,7 @@
 #include "tests/unit/router_fake_scheduler.h"
 
 #include <nng/nng.h>
+#include <nng/protocol/reqrep0/rep.h>
 
 #include <pthread.h>
 #include <signal.h>
@@ -20,7 +21,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <math.h>
 #include <time.h>
+#include <unistd.h>
 
 #ifndef PAGODA_BIN_DIR
 #error "PAGODA_BIN_DIR must name the directory of the pagoda program"
@@ -217,6 +220,67 @@ static int run(const char *cmd, char *out, size_t len)
     out[n] = '\0';
     int status = pclose(f);
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+/* A router that answers one call with a crafted Stats (a tenant's figures), for the CLI. */
+struct one_reply_router {
+    nng_socket sock;
+    int served;
+};
+
+static void *one_reply_router_main(void *arg)
+{
+    struct one_reply_router *r = arg;
+    nng_msg *m = NULL;
+    if (nng_recvmsg(r->sock, &m, 0) != 0)
+        return NULL;
+    nng_msg_free(m);
+    Pagoda__Stats st = PAGODA__STATS__INIT;
+    st.tenant = "a\"b\\c";
+    st.has_prefix_hit_rate = 1;
+    st.prefix_hit_rate = NAN; /* 0/0: no prompt looked up yet */
+    st.has_running = 1;
+    st.running = 3;
+    Pagoda__ClientResponse resp = PAGODA__CLIENT_RESPONSE__INIT;
+    resp.has_protocol_version = 1;
+    resp.protocol_version = CLIENT_PROTOCOL_VERSION;
+    resp.result_case = PAGODA__CLIENT_RESPONSE__RESULT_STATS;
+    resp.stats = &st;
+    size_t len = protobuf_c_message_get_packed_size(&resp.base);
+    if (nng_msg_alloc(&m, len) != 0)
+        return NULL;
+    protobuf_c_message_pack(&resp.base, nng_msg_body(m));
+    if (nng_sendmsg(r->sock, m, 0) != 0)
+        nng_msg_free(m);
+    else
+        r->served = 1;
+    return NULL;
+}
+
+/* pagoda stats --json prints whatever the router's strings hold as valid JSON (the tenant
+ * escaped) and a figure that is not finite as null. */
+static void test_cli_stats_json_is_valid(void **state)
+{
+    (void)state;
+    char url[128], cmd[512], out[4096];
+    snprintf(url, sizeof(url), "ipc:///tmp/pagoda-test-cli-stats-%d.ipc", (int)getpid());
+    struct one_reply_router r = {.served = 0};
+    assert_int_equal(nng_rep0_open(&r.sock), 0);
+    assert_int_equal(nng_socket_set_ms(r.sock, NNG_OPT_RECVTIMEO, 10000), 0);
+    assert_int_equal(nng_socket_set_ms(r.sock, NNG_OPT_SENDTIMEO, 10000), 0);
+    assert_int_equal(nng_listen(r.sock, url, NULL, 0), 0);
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, one_reply_router_main, &r), 0);
+    snprintf(cmd, sizeof(cmd), PAGODA_BIN_DIR "/pagoda --url %s stats --json --timeout-ms 5000",
+             url);
+    int status = run(cmd, out, sizeof(out));
+    pthread_join(t, NULL);
+    nng_close(r.sock);
+    assert_int_equal(r.served, 1);
+    assert_int_equal(status, 0);
+    assert_non_null(strstr(out, "{\"tenant\": \"a\\\"b\\\\c\", \"running\": 3, "));
+    assert_non_null(strstr(out, "\"prefix_hit_rate\": null, "));
+    assert_null(strstr(out, ": nan"));
 }
 
 static void test_cli(void **state)
@@ -606,6 +670,7 @@ int main(void)
         cmocka_unit_test(test_stats_engines_are_bounded),
         cmocka_unit_test(test_stats_strings_are_printable),
         cmocka_unit_test(test_stats_malformed_engines_are_dropped),
+        cmocka_unit_test(test_cli_stats_json_is_valid),
         cmocka_unit_test(test_unreachable_router_times_out),
         cmocka_unit_test(test_async_call_to_nobody_times_out),
     };
