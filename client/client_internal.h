@@ -71,7 +71,9 @@ int client_result_from_update(const Pagoda__ClientResponse *resp,
 int client_admin_list_from_proto(const Pagoda__AdminResponse *a, pagoda_admin_list *out);
 
 /* A Stats message as the API's figures (*out overwritten): its engines in order, those past
- * PAGODA_STATS_MAX_ENGINES counted in engines_dropped. */
+ * PAGODA_STATS_MAX_ENGINES and malformed ones (no index, an index out of range or repeated)
+ * counted in engines_dropped; its strings with invalid UTF-8, C0 controls and DEL replaced with
+ * '?' and cut on a character boundary (pagoda_engine_stats). */
 void client_stats_from_proto(const Pagoda__Stats *s, pagoda_engine_stats *out);
 
 #endif

@@ -686,6 +686,79 @@ int pagoda_generate(pagoda_client *c, const pagoda_generate_params *params, cons
     return pagoda_generate_stream(c, params, prompt, n, NULL, NULL, result);
 }
 
+/* The length of the well-formed UTF-8 character at p (at most end - p bytes), or 0 when the
+ * bytes there are not one: a stray continuation byte, a truncated sequence, an overlong form, a
+ * surrogate or a code point past U+10FFFF. */
+static size_t utf8_char_len(const unsigned char *p, const unsigned char *end)
+{
+    size_t avail = (size_t)(end - p);
+    unsigned char b = p[0];
+    size_t len;
+    uint32_t cp;
+    if (b < 0x80)
+        return 1;
+    if (b >= 0xc2 && b <= 0xdf) {
+        len = 2;
+        cp = b & 0x1fu;
+    } else if (b >= 0xe0 && b <= 0xef) {
+        len = 3;
+        cp = b & 0x0fu;
+    } else if (b >= 0xf0 && b <= 0xf4) {
+        len = 4;
+        cp = b & 0x07u;
+    } else {
+        return 0;
+    }
+    if (avail < len)
+        return 0;
+    for (size_t i = 1; i < len; i++) {
+        if ((p[i] & 0xc0) != 0x80)
+            return 0;
+        cp = (cp << 6) | (p[i] & 0x3fu);
+    }
+    if ((len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000) || cp > 0x10ffff ||
+        (cp >= 0xd800 && cp <= 0xdfff))
+        return 0;
+    return len;
+}
+
+/* Copies a router's string into room bytes of dst, NUL-terminated, as text a user can print:
+ * protobuf's proto2 strings are not checked, so each byte of invalid UTF-8, each C0 control byte
+ * and DEL become '?' (the string is kept, not refused: the figures around it are still worth
+ * showing). A string longer than the room is cut before the first character that does not fit
+ * whole, never inside one. Reads at most room - 1 characters of src. */
+static void copy_router_text(char *dst, size_t room, const char *src)
+{
+    size_t used = 0;
+    if (src != NULL) {
+        const unsigned char *p = (const unsigned char *)src;
+        const unsigned char *end = p + strnlen(src, room * 4);
+        while (p < end) {
+            size_t len = utf8_char_len(p, end);
+            int replace = len == 0 || (len == 1 && (*p < 0x20 || *p == 0x7f));
+            size_t out_len = replace ? 1 : len;
+            if (used + out_len > room - 1)
+                break;
+            if (replace)
+                dst[used] = '?';
+            else
+                memcpy(dst + used, p, len);
+            used += out_len;
+            p += replace ? 1 : len;
+        }
+    }
+    dst[used] = '\0';
+}
+
+/* Whether index is already among the first n engines kept in out. */
+static int engine_kept(const pagoda_engine_stats *out, uint32_t index)
+{
+    for (uint32_t i = 0; i < out->num_engines; i++)
+        if (out->engines[i].engine == index)
+            return 1;
+    return 0;
+}
+
 void client_stats_from_proto(const Pagoda__Stats *s, pagoda_engine_stats *out)
 {
     memset(out, 0, sizeof(*out));
@@ -724,22 +797,21 @@ void client_stats_from_proto(const Pagoda__Stats *s, pagoda_engine_stats *out)
     out->decode_tokens = s->decode_tokens;
     out->locality = s->locality;
     out->locality_run_length = s->locality_run_length;
-    if (s->tenant != NULL)
-        snprintf(out->tenant, sizeof(out->tenant), "%s", s->tenant);
-    if (s->routing != NULL)
-        snprintf(out->routing, sizeof(out->routing), "%s", s->routing);
+    copy_router_text(out->tenant, sizeof(out->tenant), s->tenant);
+    copy_router_text(out->routing, sizeof(out->routing), s->routing);
+    /* An entry that cannot be told apart (no index, an index past the list, one seen already) is
+     * dropped and counted with those past the room: the router's other figures still stand. */
     for (size_t i = 0; i < s->n_engines; i++) {
         const Pagoda__EngineStats *e = s->engines[i];
-        if (e == NULL)
-            continue;
-        if (out->num_engines == PAGODA_STATS_MAX_ENGINES) {
-            out->engines_dropped++;
+        if (e == NULL || !e->has_engine || e->engine >= s->n_engines ||
+            out->num_engines == PAGODA_STATS_MAX_ENGINES || engine_kept(out, e->engine)) {
+            if (out->engines_dropped < UINT32_MAX)
+                out->engines_dropped++;
             continue;
         }
         pagoda_engine_info *d = &out->engines[out->num_engines++];
         d->engine = e->engine;
-        if (e->address != NULL)
-            snprintf(d->address, sizeof(d->address), "%s", e->address);
+        copy_router_text(d->address, sizeof(d->address), e->address);
         d->connected = e->connected;
         d->load = e->load;
         d->running = e->running;

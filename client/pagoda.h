@@ -43,8 +43,9 @@
 /* Per-engine figures in pagoda_engine_stats: at most PAGODA_STATS_MAX_ENGINES engines (the
  * router's own limit, ROUTE_MAX_ENGINES, is the same 64, so none is dropped today), addresses
  * of at most PAGODA_STATS_ADDRESS_BYTES - 1 bytes (NNG's own NNG_MAXADDRLEN; a longer tcp://
- * host name is cut) and a routing name of at most PAGODA_STATS_ROUTING_BYTES - 1. The struct is
- * passed by value and sampled by pagoda-bench's timeline, so the room is kept small (~12 KiB). */
+ * host name is cut, on a UTF-8 character boundary) and a routing name of at most
+ * PAGODA_STATS_ROUTING_BYTES - 1. pagoda_stats fills the caller's struct (pagoda_async.h's
+ * result holds one by pointer, for a stats call only), so the room is kept small (~12 KiB). */
 #define PAGODA_STATS_MAX_ENGINES 64u
 #define PAGODA_STATS_ADDRESS_BYTES 128u
 #define PAGODA_STATS_ROUTING_BYTES 32u
@@ -188,7 +189,11 @@ typedef struct pagoda_engine_stats {
     /* A router with several engines (its figures above are their sums, docs/routing.md): the
      * routing in force ("cache-aware" or "round-robin") and each engine's figures, in engine
      * order. A router with one engine sends neither: routing is "" and num_engines 0. The first
-     * PAGODA_STATS_MAX_ENGINES engines are kept; engines_dropped counts those left out. */
+     * PAGODA_STATS_MAX_ENGINES engines are kept; engines_dropped counts those left out, and
+     * entries that cannot be told apart (no index, an index not below the number of entries, an
+     * index seen already), which are dropped rather than failing the call. The router's strings
+     * (tenant, routing, address) are printable: each byte of invalid UTF-8, C0 control byte and
+     * DEL is replaced with '?'. */
     char routing[PAGODA_STATS_ROUTING_BYTES];
     uint32_t num_engines, engines_dropped;
     pagoda_engine_info engines[PAGODA_STATS_MAX_ENGINES];

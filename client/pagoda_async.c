@@ -34,6 +34,7 @@ void pagoda_async_result_free(pagoda_async_result *res)
         return;
     pagoda_result_free(&res->result);
     pagoda_admin_list_free(&res->tenants);
+    free(res->stats);
     free(res);
 }
 
@@ -75,7 +76,7 @@ static void read_reply(struct acall *a, nng_msg *m)
                  resp->error_message ? resp->error_message : pagoda_strerror(code));
     } else if (a->kind == CALL_STATS) {
         if (resp->result_case == PAGODA__CLIENT_RESPONSE__RESULT_STATS && resp->stats != NULL) {
-            client_stats_from_proto(resp->stats, &res->stats);
+            client_stats_from_proto(resp->stats, res->stats);
         } else {
             res->rc = PAGODA_EPROTO;
             snprintf(res->detail, sizeof(res->detail), "the router's reply carries no stats");
@@ -178,7 +179,7 @@ fail:
         nng_aio_free(a->aio);
     if (a->ctx_open)
         nng_ctx_close(a->ctx);
-    free(a->res);
+    pagoda_async_result_free(a->res);
     free(a);
     return rc;
 }
@@ -189,7 +190,9 @@ static struct acall *acall_new(enum call_kind kind, const uint8_t *id, pagoda_as
     struct acall *a = calloc(1, sizeof(*a));
     if (a == NULL)
         return NULL;
-    if ((a->res = calloc(1, sizeof(*a->res))) == NULL) {
+    if ((a->res = calloc(1, sizeof(*a->res))) == NULL ||
+        (kind == CALL_STATS && (a->res->stats = calloc(1, sizeof(*a->res->stats))) == NULL)) {
+        free(a->res);
         free(a);
         return NULL;
     }

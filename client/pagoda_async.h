@@ -14,15 +14,17 @@
 
 /* The outcome of one call: rc 0 and the call's result, or an error code with its detail (the
  * router's message for an error it reported). The callback owns it: release it with
- * pagoda_async_result_free (which frees result's arrays). */
+ * pagoda_async_result_free (which frees result's arrays and stats). stats is allocated for a
+ * stats call only (NULL for the others), so that the many submit, poll and cancel calls do not
+ * carry its ~12 KiB; after a stats call it is never NULL. */
 typedef struct pagoda_async_result {
     int rc;
     char detail[512];
     uint8_t request_id[PAGODA_REQUEST_ID_BYTES];
-    pagoda_result result;      /* submit (no tokens), poll, cancel */
-    pagoda_engine_stats stats; /* stats */
-    int healthy;               /* health */
-    pagoda_admin_list tenants; /* admin tenants */
+    pagoda_result result;       /* submit (no tokens), poll, cancel */
+    pagoda_engine_stats *stats; /* stats (zeroed until its reply is read) */
+    int healthy;                /* health */
+    pagoda_admin_list tenants;  /* admin tenants */
 } pagoda_async_result;
 
 typedef void (*pagoda_async_fn)(void *user, pagoda_async_result *res);

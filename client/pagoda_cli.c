@@ -553,22 +553,36 @@ static int cmd_stats(pagoda_client *c, const struct cli *o)
         printf(spec, value);                                                                       \
         sep0 = sep;                                                                                \
     } while (0)
+    /* A figure the router sent as NaN or an infinity (0/0 rates): JSON has neither, so null. */
+#define DFIELD(name, value)                                                                        \
+    do {                                                                                           \
+        printf(fmt, sep0, name);                                                                   \
+        if (o->json && !isfinite(value))                                                           \
+            fputs("null", stdout);                                                                 \
+        else                                                                                       \
+            printf("%.6g", value);                                                                 \
+        sep0 = sep;                                                                                \
+    } while (0)
     if (o->json)
         putchar('{');
     /* A tenant's key gets its own figures only (pagoda_engine_stats): print just those. */
     int engine = s.tenant[0] == '\0';
-    if (!engine)
-        printf(o->json ? "\"tenant\": \"%s\"" : "tenant %s", s.tenant); /* [A-Za-z0-9_.-] */
+    if (!engine && o->json) {
+        fputs("\"tenant\": ", stdout); /* the router's string: escaped, whatever it holds */
+        print_json_string(s.tenant);
+    } else if (!engine) {
+        printf("tenant %s", s.tenant);
+    }
     sep0 = engine ? "" : sep;
     FIELD("running", "%u", s.running);
     FIELD("waiting", "%u", s.waiting);
     if (engine) {
         FIELD("peak_running", "%u", s.peak_running);
-        FIELD("kv_usage", "%.6g", s.kv_usage);
+        DFIELD("kv_usage", s.kv_usage);
     }
-    FIELD("prefix_hit_rate", "%.6g", s.prefix_hit_rate);
+    DFIELD("prefix_hit_rate", s.prefix_hit_rate);
     if (engine) {
-        FIELD("fragmentation", "%.6g", s.fragmentation);
+        DFIELD("fragmentation", s.fragmentation);
         FIELD("preemptions", "%llu", (unsigned long long)s.preemptions);
         FIELD("steps", "%llu", (unsigned long long)s.steps);
         FIELD("resyncs", "%llu", (unsigned long long)s.resyncs);
@@ -577,21 +591,21 @@ static int cmd_stats(pagoda_client *c, const struct cli *o)
         FIELD("free_blocks", "%d", s.free_blocks);
         FIELD("computed_tokens", "%llu", (unsigned long long)s.computed_tokens);
         FIELD("malformed_messages", "%llu", (unsigned long long)s.malformed_messages);
-        FIELD("step_cpu_us", "%.6g", s.step_cpu_us);
+        DFIELD("step_cpu_us", s.step_cpu_us);
         FIELD("steps_in_flight", "%u", s.steps_in_flight);
         FIELD("peak_steps_in_flight", "%u", s.peak_steps_in_flight);
         FIELD("discarded_tokens", "%llu", (unsigned long long)s.discarded_tokens);
-        FIELD("worker_step_wall_us", "%.6g", s.worker_step_wall_us);
-        FIELD("worker_step_device_us", "%.6g", s.worker_step_device_us);
+        DFIELD("worker_step_wall_us", s.worker_step_wall_us);
+        DFIELD("worker_step_device_us", s.worker_step_device_us);
         FIELD("prefill_tokens", "%llu", (unsigned long long)s.prefill_tokens);
         FIELD("decode_tokens", "%llu", (unsigned long long)s.decode_tokens);
-        FIELD("locality", "%.6g", s.locality);
-        FIELD("locality_run_length", "%.6g", s.locality_run_length);
+        DFIELD("locality", s.locality);
+        DFIELD("locality_run_length", s.locality_run_length);
     }
     FIELD("cached_blocks", "%u", s.cached_blocks);
     if (engine) {
         FIELD("pinned_blocks", "%u", s.pinned_blocks);
-        FIELD("peak_kv_usage", "%.6g", s.peak_kv_usage);
+        DFIELD("peak_kv_usage", s.peak_kv_usage);
     }
     FIELD("prefix_query_tokens", "%llu", (unsigned long long)s.prefix_query_tokens);
     FIELD("prefix_hit_tokens", "%llu", (unsigned long long)s.prefix_hit_tokens);
@@ -603,6 +617,7 @@ static int cmd_stats(pagoda_client *c, const struct cli *o)
         FIELD("malformed_requests", "%llu", (unsigned long long)s.malformed_requests);
     FIELD("scheduler_connected", "%s", s.scheduler_connected ? "true" : "false");
 #undef FIELD
+#undef DFIELD
     if (engine && s.num_engines > 0)
         print_engines(&s, o->json);
     puts(o->json ? "}" : "");

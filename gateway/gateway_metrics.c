@@ -268,14 +268,14 @@ static void render(struct greq *q, const pagoda_async_result *res, const pagoda_
           g->http ? (double)http_server_connections(g->http) : 0.0);
     /* One engine (its router lists none) or no answer: one unlabelled pagoda_engine_up, as
      * always; several: one sample per engine (engine_series). */
-    int up = res->rc == 0 && res->stats.scheduler_connected;
-    if (res->rc == 0 && res->stats.num_engines > 0)
-        engine_series(&b, &res->stats);
+    int up = res->rc == 0 && res->stats->scheduler_connected;
+    if (res->rc == 0 && res->stats->num_engines > 0)
+        engine_series(&b, res->stats);
     else
         gauge(&b, "pagoda_engine_up", "1 when the router answered and its scheduler is connected.",
               up);
     if (res->rc == 0) {
-        const pagoda_engine_stats *s = &res->stats;
+        const pagoda_engine_stats *s = res->stats;
         gauge(&b, "pagoda_num_requests_running", "Sequences the scheduler runs now.", s->running);
         gauge(&b, "pagoda_num_requests_waiting", "Sequences waiting for the scheduler.",
               s->waiting);

@@ -4,8 +4,9 @@
  * waiting requests, and per tenant (when /metrics has the tenants' series) its running and
  * waiting requests and prefix hit rate, and per engine (a router with several: the
  * pagoda_engine_* series labelled engine) its state, load, requests and prefix hit rate.
- * Everything it shows comes from /metrics, so the page and a
- * scraper agree. */
+ * Everything it shows comes from /metrics, so the page and a scraper agree; label values are
+ * shown unescaped (an address as the router has it) and a rate with nothing behind it (0/0, or
+ * no figure) as "n/a". */
 #include "gateway/gateway_internal.h"
 
 #include <string.h>
@@ -45,6 +46,8 @@ static const char page[] =
     "b.sort((x,y)=>x[0]-y[0]);if(!b.length)return NaN;const n=b[b.length-1][1];"
     "if(!n)return NaN;for(const [le,c] of b)if(c>=q*n)return le;return Infinity;}\n"
     "function fmt(x,d){return isFinite(x)?x.toFixed(d):'-';}\n"
+    "function pct(x){return isFinite(x)?(100*x).toFixed(1)+' %':'n/a';}\n"
+    "function unesc(s){return s.replace(/\\\\(.)/g,(a,c)=>c==='n'?'\\n':c);}\n"
     "function q3(m,n){return [0.5,0.95,0.99].map(q=>fmt(quantile(m,n,q),3)).join(' / ');}\n"
     "let last=null;\n"
     "async function tick(){try{const r=await fetch('/metrics');const m=parse(await r.text());"
@@ -53,8 +56,8 @@ static const char page[] =
     "'down');"
     "set('running',fmt(m['pagoda_num_requests_running'],0));"
     "set('waiting',fmt(m['pagoda_num_requests_waiting'],0));"
-    "set('kv',fmt(100*m['pagoda_kv_cache_usage_perc'],1)+' %');"
-    "set('hit',fmt(100*m['pagoda_prefix_cache_hit_rate'],1)+' %');"
+    "set('kv',pct(m['pagoda_kv_cache_usage_perc']));"
+    "set('hit',pct(m['pagoda_prefix_cache_hit_rate']));"
     "const gen=m['pagoda_generation_tokens_total'];set('gen',fmt(gen,0));"
     "const now=Date.now();if(last){set('tps',fmt((gen-last.gen)/((now-last.t)/1000),1));}"
     "last={gen:gen,t:now};"
@@ -65,21 +68,21 @@ static const char page[] =
     "set('e2e',q3(m,'pagoda_e2e_request_latency_seconds'));"
     "const ts={};for(const k in m){const p=k.match(/^pagoda_tenant_(num_requests_running|"
     "num_requests_waiting|prefix_cache_hit_rate)\\{tenant=\"((?:[^\"\\\\]|\\\\.)*)\"\\}$/);"
-    "if(p){(ts[p[2]]=ts[p[2]]||{})[p[1]]=m[k];}}"
+    "if(p){const n=unesc(p[2]);(ts[n]=ts[n]||{})[p[1]]=m[k];}}"
     "const tb=document.getElementById('tenants');while(tb.rows.length>1)tb.deleteRow(1);"
     "for(const name of Object.keys(ts).sort()){const r=tb.insertRow();r.id='tenant-'+name;"
     "const t=ts[name];for(const v of [name,fmt(t.num_requests_running,0),"
-    "fmt(t.num_requests_waiting,0),fmt(100*t.prefix_cache_hit_rate,1)+' %'])"
+    "fmt(t.num_requests_waiting,0),pct(t.prefix_cache_hit_rate)])"
     "r.insertCell().textContent=v;}"
     "const es={};for(const k in m){const p=k.match(/^pagoda_engine_(up|load|running|waiting|"
     "prefix_query_tokens_total|prefix_hit_tokens_total|routed_total)\\{engine=\"([0-9]+)\","
     "address=\"((?:[^\"\\\\]|\\\\.)*)\"\\}$/);"
-    "if(p){(es[p[2]]=es[p[2]]||{address:p[3]})[p[1]]=m[k];}}"
+    "if(p){(es[p[2]]=es[p[2]]||{address:unesc(p[3])})[p[1]]=m[k];}}"
     "const eb=document.getElementById('engines');while(eb.rows.length>1)eb.deleteRow(1);"
     "for(const i of Object.keys(es).sort((x,y)=>x-y)){const r=eb.insertRow();r.id='engine-'+i;"
     "const e=es[i];for(const v of [i,e.address,e.up===1?'up':'down',fmt(e.load,0),"
     "fmt(e.running,0),fmt(e.waiting,0),"
-    "fmt(100*e.prefix_hit_tokens_total/e.prefix_query_tokens_total,1)+' %',"
+    "pct(e.prefix_hit_tokens_total/e.prefix_query_tokens_total),"
     "fmt(e.routed_total,0)])r.insertCell().textContent=v;}"
     "set('updated',new Date().toLocaleTimeString());}catch(e){"
     "document.getElementById('state').textContent='unreachable';}}\n"

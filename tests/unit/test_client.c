@@ -13,6 +13,7 @@
 #include "tests/unit/router_fake_scheduler.h"
 
 #include <nng/nng.h>
+#include <nng/protocol/reqrep0/rep.h>
 
 #include <pthread.h>
 #include <signal.h>
@@ -20,7 +21,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <math.h>
 #include <time.h>
+#include <unistd.h>
 
 #ifndef PAGODA_BIN_DIR
 #error "PAGODA_BIN_DIR must name the directory of the pagoda program"
@@ -219,6 +222,67 @@ static int run(const char *cmd, char *out, size_t len)
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
+/* A router that answers one call with a crafted Stats (a tenant's figures), for the CLI. */
+struct one_reply_router {
+    nng_socket sock;
+    int served;
+};
+
+static void *one_reply_router_main(void *arg)
+{
+    struct one_reply_router *r = arg;
+    nng_msg *m = NULL;
+    if (nng_recvmsg(r->sock, &m, 0) != 0)
+        return NULL;
+    nng_msg_free(m);
+    Pagoda__Stats st = PAGODA__STATS__INIT;
+    st.tenant = "a\"b\\c";
+    st.has_prefix_hit_rate = 1;
+    st.prefix_hit_rate = NAN; /* 0/0: no prompt looked up yet */
+    st.has_running = 1;
+    st.running = 3;
+    Pagoda__ClientResponse resp = PAGODA__CLIENT_RESPONSE__INIT;
+    resp.has_protocol_version = 1;
+    resp.protocol_version = CLIENT_PROTOCOL_VERSION;
+    resp.result_case = PAGODA__CLIENT_RESPONSE__RESULT_STATS;
+    resp.stats = &st;
+    size_t len = protobuf_c_message_get_packed_size(&resp.base);
+    if (nng_msg_alloc(&m, len) != 0)
+        return NULL;
+    protobuf_c_message_pack(&resp.base, nng_msg_body(m));
+    if (nng_sendmsg(r->sock, m, 0) != 0)
+        nng_msg_free(m);
+    else
+        r->served = 1;
+    return NULL;
+}
+
+/* pagoda stats --json prints whatever the router's strings hold as valid JSON (the tenant
+ * escaped) and a figure that is not finite as null. */
+static void test_cli_stats_json_is_valid(void **state)
+{
+    (void)state;
+    char url[128], cmd[512], out[4096];
+    snprintf(url, sizeof(url), "ipc:///tmp/pagoda-test-cli-stats-%d.ipc", (int)getpid());
+    struct one_reply_router r = {.served = 0};
+    assert_int_equal(nng_rep0_open(&r.sock), 0);
+    assert_int_equal(nng_socket_set_ms(r.sock, NNG_OPT_RECVTIMEO, 10000), 0);
+    assert_int_equal(nng_socket_set_ms(r.sock, NNG_OPT_SENDTIMEO, 10000), 0);
+    assert_int_equal(nng_listen(r.sock, url, NULL, 0), 0);
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, one_reply_router_main, &r), 0);
+    snprintf(cmd, sizeof(cmd), PAGODA_BIN_DIR "/pagoda --url %s stats --json --timeout-ms 5000",
+             url);
+    int status = run(cmd, out, sizeof(out));
+    pthread_join(t, NULL);
+    nng_close(r.sock);
+    assert_int_equal(r.served, 1);
+    assert_int_equal(status, 0);
+    assert_non_null(strstr(out, "{\"tenant\": \"a\\\"b\\\\c\", \"running\": 3, "));
+    assert_non_null(strstr(out, "\"prefix_hit_rate\": null, "));
+    assert_null(strstr(out, ": nan"));
+}
+
 static void test_cli(void **state)
 {
     struct rtr_env *e = *state;
@@ -375,6 +439,9 @@ static void test_async_calls_report_once_each(void **state)
     pagoda_async_result *res = waiter_take(&w);
     assert_int_equal(res->rc, 0);
     assert_memory_equal(res->request_id, id, sizeof(id));
+    /* Only a stats call carries the engine's figures: a submit's result has no room for them. */
+    assert_null(res->stats);
+    assert_true(sizeof(*res) < sizeof(pagoda_engine_stats));
     pagoda_async_result_free(res);
     /* Poll until the end: every token once, in order. */
     uint32_t have = 0;
@@ -401,7 +468,8 @@ static void test_async_calls_report_once_each(void **state)
     assert_int_equal(pagoda_stats_async(c, NULL, on_async, &w), 0);
     res = waiter_take(&w);
     assert_int_equal(res->rc, 0);
-    assert_true(res->stats.scheduler_connected);
+    assert_non_null(res->stats);
+    assert_true(res->stats->scheduler_connected);
     pagoda_async_result_free(res);
     assert_int_equal(pagoda_health_async(c, on_async, &w), 0);
     res = waiter_take(&w);
@@ -454,6 +522,7 @@ static void test_stats_engines_are_bounded(void **state)
     memset(long_address, 'a', sizeof(long_address) - 1);
     for (uint32_t i = 0; i < N; i++) {
         pagoda__engine_stats__init(&es[i]);
+        es[i].has_engine = 1;
         es[i].engine = i;
         es[i].address = i == 1 ? long_address : "tcp://10.0.0.2:7460";
         es[i].connected = i != 2;
@@ -497,11 +566,111 @@ static void test_stats_engines_are_bounded(void **state)
     free(out);
 }
 
+/* A router's strings reach the API printable: invalid UTF-8, C0 control bytes and DEL become
+ * '?', quotes and backslashes stay as they are (escaping is the printer's job), valid UTF-8 is
+ * kept, and a string cut to its room is cut before a character that would not fit whole. */
+static void test_stats_strings_are_printable(void **state)
+{
+    (void)state;
+    static const char *const addresses[][2] = {
+        {"\xff", "?"},
+        {"tcp://a\r\nb:1", "tcp://a??b:1"},
+        {"ipc:///tmp/\"x\\y", "ipc:///tmp/\"x\\y"},
+        {"tcp://h\xc3\xb6st:2", "tcp://h\xc3\xb6st:2"}, /* U+00F6, kept */
+        {"a\x7f\x1b[31mb", "a??[31mb"},
+        {"\xc0\xaf\xed\xa0\x80z", "?????z"}, /* an overlong '/', a surrogate */
+        {"\xe2\x82", "??"},                  /* a truncated 3-byte character */
+    };
+    enum { N = sizeof(addresses) / sizeof(addresses[0]) };
+    static Pagoda__EngineStats es[N];
+    static Pagoda__EngineStats *ptrs[N];
+    for (uint32_t i = 0; i < N; i++) {
+        pagoda__engine_stats__init(&es[i]);
+        es[i].has_engine = 1;
+        es[i].engine = i;
+        es[i].address = (char *)addresses[i][0];
+        ptrs[i] = &es[i];
+    }
+    /* A 2-byte character straddling the routing name's room: it is left out whole. */
+    char routing[PAGODA_STATS_ROUTING_BYTES + 8];
+    memset(routing, 'r', PAGODA_STATS_ROUTING_BYTES - 2);
+    strcpy(routing + PAGODA_STATS_ROUTING_BYTES - 2, "\xc3\xa9tail");
+    Pagoda__Stats s = PAGODA__STATS__INIT;
+    s.routing = routing;
+    s.tenant = "t\nx";
+    s.n_engines = N;
+    s.engines = ptrs;
+    pagoda_engine_stats *out = malloc(sizeof(*out));
+    assert_non_null(out);
+    client_stats_from_proto(&s, out);
+    assert_int_equal(out->num_engines, N);
+    assert_int_equal(out->engines_dropped, 0);
+    for (uint32_t i = 0; i < N; i++)
+        assert_string_equal(out->engines[i].address, addresses[i][1]);
+    assert_int_equal(strlen(out->routing), PAGODA_STATS_ROUTING_BYTES - 2);
+    assert_int_equal(strspn(out->routing, "r"), PAGODA_STATS_ROUTING_BYTES - 2);
+    assert_string_equal(out->tenant, "t?x");
+    /* The same at the address's room: one byte short of the character's second byte. */
+    static char address[PAGODA_STATS_ADDRESS_BYTES + 8];
+    memset(address, 'a', PAGODA_STATS_ADDRESS_BYTES - 2);
+    strcpy(address + PAGODA_STATS_ADDRESS_BYTES - 2, "\xc3\xa9");
+    es[0].address = address;
+    client_stats_from_proto(&s, out);
+    assert_int_equal(strlen(out->engines[0].address), PAGODA_STATS_ADDRESS_BYTES - 2);
+    /* One byte shorter, the character fits. */
+    strcpy(address + PAGODA_STATS_ADDRESS_BYTES - 3, "\xc3\xa9");
+    client_stats_from_proto(&s, out);
+    assert_int_equal(strlen(out->engines[0].address), PAGODA_STATS_ADDRESS_BYTES - 1);
+    assert_string_equal(out->engines[0].address + PAGODA_STATS_ADDRESS_BYTES - 3, "\xc3\xa9");
+    free(out);
+}
+
+/* Engine entries that cannot be told apart (no index, an index not below the number of
+ * entries, an index seen already) are dropped and counted in engines_dropped; the others are
+ * kept in order. */
+static void test_stats_malformed_engines_are_dropped(void **state)
+{
+    (void)state;
+    enum { N = 5 };
+    static Pagoda__EngineStats es[N];
+    static Pagoda__EngineStats *ptrs[N];
+    static const int has[N] = {1, 0, 1, 1, 1};
+    static const uint32_t index[N] = {0, 2, N, 0, 1};
+    for (uint32_t i = 0; i < N; i++) {
+        pagoda__engine_stats__init(&es[i]);
+        es[i].has_engine = has[i];
+        es[i].engine = index[i];
+        es[i].has_routed = 1;
+        es[i].routed = 100 + i;
+        ptrs[i] = &es[i];
+    }
+    Pagoda__Stats s = PAGODA__STATS__INIT;
+    s.routing = "cache-aware";
+    s.has_running = 1;
+    s.running = 7;
+    s.n_engines = N;
+    s.engines = ptrs;
+    pagoda_engine_stats *out = malloc(sizeof(*out));
+    assert_non_null(out);
+    client_stats_from_proto(&s, out);
+    assert_int_equal(out->running, 7);
+    assert_int_equal(out->num_engines, 2);
+    assert_int_equal(out->engines_dropped, 3);
+    assert_int_equal(out->engines[0].engine, 0);
+    assert_int_equal(out->engines[0].routed, 100);
+    assert_int_equal(out->engines[1].engine, 1);
+    assert_int_equal(out->engines[1].routed, 104);
+    free(out);
+}
+
 int main(void)
 {
     const struct CMUnitTest alone[] = {
         cmocka_unit_test(test_params_default_and_local_checks),
         cmocka_unit_test(test_stats_engines_are_bounded),
+        cmocka_unit_test(test_stats_strings_are_printable),
+        cmocka_unit_test(test_stats_malformed_engines_are_dropped),
+        cmocka_unit_test(test_cli_stats_json_is_valid),
         cmocka_unit_test(test_unreachable_router_times_out),
         cmocka_unit_test(test_async_call_to_nobody_times_out),
     };
