@@ -58,3 +58,19 @@ function(pagoda_add_program name)
   target_link_libraries(${name} PRIVATE ${P_LIBS})
   set_target_properties(${name} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/bin)
 endfunction()
+
+# pagoda_uninstrumented_kernels(target...): in the sanitizer build, links these programs with
+# kernels/cpu's hot loops (ops.c, attention.c) compiled without instrumentation (the object
+# library pagoda_kernels_cpu_fast). The objects come first on the link line, so the
+# instrumented copies in pagoda_kernels_cpu are never pulled in; the rest of each program stays
+# instrumented. Under ASan those loops run about 12 times slower and are nearly all of an
+# integration test's CPU time; the kernels' own tests (tests/unit/test_ops.c, test_attention.c)
+# and every other test executable keep the instrumented kernels. No-op in other builds.
+function(pagoda_uninstrumented_kernels)
+  if(NOT PAGODA_SANITIZE)
+    return()
+  endif()
+  foreach(t ${ARGN})
+    target_sources(${t} PRIVATE $<TARGET_OBJECTS:pagoda_kernels_cpu_fast>)
+  endforeach()
+endfunction()
