@@ -46,11 +46,6 @@ nothing_runs() { [ -z "$(any_pids)" ]; }
 lacks() { ! grep -qF -- "$1" "$2"; } # lacks TEXT FILE
 gone() { [ -z "$(tr -d '\0' 2>/dev/null <"/proc/$1/cmdline")" ]; } # gone PID (a zombie is gone)
 alive() { ! gone "$1"; }
-# The pid of the program (kvpool, worker, scheduler, router) whose --run-dir is DIR.
-pid_of() { # program dir
-    ps -u "$(id -u)" -o pid=,args= | awk -v p="pagoda-$1" -v d="$2" '
-        $2 ~ ("(^|/)" p "$") { for (i = 3; i < NF; i++) if ($i == "--run-dir" && $(i + 1) == d) print $1 }'
-}
 # retry TENTHS COMMAND...: COMMAND succeeds within TENTHS tenths of a second.
 retry() {
     local n=$1 i
@@ -61,13 +56,20 @@ retry() {
     done
     "$@"
 }
-# The pid of the program (kvpool, worker, scheduler, router) whose --run-dir is DIR.
+# The pid of the program (kvpool, worker, scheduler, router) with DIR as an argument (its
+# --run-dir). Reads /proc with bash builtins only: a fork per process made each call take
+# seconds on a busy machine, and the retries below call it hundreds of times.
 pid_of() { # program dir
-    local d
+    local d a args
     for d in /proc/[0-9]*; do
-        [ "$(basename -- "$(tr '\0' '\n' 2>/dev/null <"$d/cmdline" | head -n 1)")" = "pagoda-$1" ] ||
-            continue
-        tr '\0' '\n' 2>/dev/null <"$d/cmdline" | grep -qxF -- "$2" && echo "${d#/proc/}"
+        mapfile -d '' -t args 2>/dev/null <"$d/cmdline" || continue
+        [ "${#args[@]}" -gt 0 ] && [ "${args[0]##*/}" = "pagoda-$1" ] || continue
+        for a in "${args[@]}"; do
+            if [ "$a" = "$2" ]; then
+                echo "${d#/proc/}"
+                break
+            fi
+        done
     done
 }
 up() { # DIR ARGS...
