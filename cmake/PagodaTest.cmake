@@ -1,6 +1,8 @@
 # pagoda_add_test(NAME SOURCES src... [LIBS lib...] [TIMEOUT seconds] [LABELS label...])
 # Builds one CMocka test executable from tests/ and registers it in CTest with a timeout
-# (30 seconds unless given), so that a hung test fails instead of stalling CI.
+# (30 seconds unless given), so that a hung test fails instead of stalling CI. The timeout is
+# also the test's COST: without timings of an earlier run (a fresh clone, as in CI), ctest -jN
+# starts the tests given long limits first instead of leaving one of them alone at the end.
 function(pagoda_add_test name)
   cmake_parse_arguments(T "" "TIMEOUT" "SOURCES;LIBS;LABELS" ${ARGN})
   if(NOT T_TIMEOUT)
@@ -10,7 +12,7 @@ function(pagoda_add_test name)
   target_include_directories(${name} PRIVATE ${CMOCKA_INCLUDE_DIR} ${PROJECT_SOURCE_DIR})
   target_link_libraries(${name} PRIVATE ${T_LIBS} ${CMOCKA_LIBRARIES})
   add_test(NAME ${name} COMMAND ${name})
-  set_tests_properties(${name} PROPERTIES TIMEOUT ${T_TIMEOUT}
+  set_tests_properties(${name} PROPERTIES TIMEOUT ${T_TIMEOUT} COST ${T_TIMEOUT}
                        ENVIRONMENT "PAGODA_SOURCE_DIR=${PROJECT_SOURCE_DIR};PAGODA_BINARY_DIR=${PROJECT_BINARY_DIR}")
   if(T_LABELS)
     set_tests_properties(${name} PROPERTIES LABELS "${T_LABELS}")
@@ -18,14 +20,14 @@ function(pagoda_add_test name)
 endfunction()
 
 # pagoda_add_script_test(NAME COMMAND cmd... [TIMEOUT seconds]): a test that runs a command
-# (a shell script driving the built binaries), with the same environment and timeout rule.
+# (a shell script driving the built binaries), with the same environment, timeout and cost rule.
 function(pagoda_add_script_test name)
   cmake_parse_arguments(T "" "TIMEOUT" "COMMAND" ${ARGN})
   if(NOT T_TIMEOUT)
     set(T_TIMEOUT 60)
   endif()
   add_test(NAME ${name} COMMAND ${T_COMMAND})
-  set_tests_properties(${name} PROPERTIES TIMEOUT ${T_TIMEOUT}
+  set_tests_properties(${name} PROPERTIES TIMEOUT ${T_TIMEOUT} COST ${T_TIMEOUT}
                        ENVIRONMENT "PAGODA_SOURCE_DIR=${PROJECT_SOURCE_DIR};PAGODA_BINARY_DIR=${PROJECT_BINARY_DIR}")
 endfunction()
 
