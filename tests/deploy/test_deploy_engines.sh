@@ -256,10 +256,12 @@ mkdir -m 0700 "$own" "$own/engine-1" "$tmp/fake"
 cp "$(command -v bash)" "$tmp/fake/pagoda-supervisor"
 cp "$(command -v bash)" "$tmp/fake/pagoda-worker"
 # shellcheck disable=SC2016 # $0 and $1 are the stand-in's
+# Their output goes to /dev/null: a killed stand-in leaves its sleep running, and a sleep that
+# held the test's stdout kept ctest waiting for the end of the output for the whole minute.
 "$tmp/fake/pagoda-supervisor" -c '"$0" -c "sleep 60; :" --run-dir "$1" & wait' \
-    "$tmp/fake/pagoda-worker" "$own/engine-1" --run-dir "$own/engine-1" &
+    "$tmp/fake/pagoda-worker" "$own/engine-1" --run-dir "$own/engine-1" >/dev/null 2>&1 &
 fake_sup=$!
-"$tmp/fake/pagoda-worker" -c 'sleep 60; :' --run-dir "$own/engine-1" &
+"$tmp/fake/pagoda-worker" -c 'sleep 60; :' --run-dir "$own/engine-1" >/dev/null 2>&1 &
 orphan=$!
 fake_worker() { pgrep -P "$fake_sup" -x pagoda-worker; }
 check "the stand-in group runs" retry 50 fake_worker
