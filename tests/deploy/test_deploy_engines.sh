@@ -33,8 +33,13 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 143' TERM INT
 
-# Ports for this run: a block of 16 from the pid, away from the default 7450.
-port=$((20000 + ($$ * 16) % 20000))
+# Ports for this run: a block of 16 from the pid, away from the default 7450 and below the
+# kernel's ephemeral range (ip_local_port_range, 32768 by default): a port there can be any
+# outgoing connection's local port (another test's clients), and the group's listen then fails
+# with "Address in use".
+ephemeral=$(cut -f1 /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
+[ "$ephemeral" -ge 21024 ] 2>/dev/null || ephemeral=32768
+port=$((20000 + ($$ * 16) % ((ephemeral - 20000) / 16 * 16)))
 
 # The pids of pagoda-* processes with an argument under $tmp (one ps: the run dirs hold no
 # spaces, so its words are the arguments).
@@ -46,11 +51,6 @@ nothing_runs() { [ -z "$(any_pids)" ]; }
 lacks() { ! grep -qF -- "$1" "$2"; } # lacks TEXT FILE
 gone() { [ -z "$(tr -d '\0' 2>/dev/null <"/proc/$1/cmdline")" ]; } # gone PID (a zombie is gone)
 alive() { ! gone "$1"; }
-# The pid of the program (kvpool, worker, scheduler, router) whose --run-dir is DIR.
-pid_of() { # program dir
-    ps -u "$(id -u)" -o pid=,args= | awk -v p="pagoda-$1" -v d="$2" '
-        $2 ~ ("(^|/)" p "$") { for (i = 3; i < NF; i++) if ($i == "--run-dir" && $(i + 1) == d) print $1 }'
-}
 # retry TENTHS COMMAND...: COMMAND succeeds within TENTHS tenths of a second.
 retry() {
     local n=$1 i
@@ -61,13 +61,20 @@ retry() {
     done
     "$@"
 }
-# The pid of the program (kvpool, worker, scheduler, router) whose --run-dir is DIR.
+# The pid of the program (kvpool, worker, scheduler, router) with DIR as an argument (its
+# --run-dir). Reads /proc with bash builtins only: a fork per process made each call take
+# seconds on a busy machine, and the retries below call it hundreds of times.
 pid_of() { # program dir
-    local d
+    local d a args
     for d in /proc/[0-9]*; do
-        [ "$(basename -- "$(tr '\0' '\n' 2>/dev/null <"$d/cmdline" | head -n 1)")" = "pagoda-$1" ] ||
-            continue
-        tr '\0' '\n' 2>/dev/null <"$d/cmdline" | grep -qxF -- "$2" && echo "${d#/proc/}"
+        mapfile -d '' -t args 2>/dev/null <"$d/cmdline" || continue
+        [ "${#args[@]}" -gt 0 ] && [ "${args[0]##*/}" = "pagoda-$1" ] || continue
+        for a in "${args[@]}"; do
+            if [ "$a" = "$2" ]; then
+                echo "${d#/proc/}"
+                break
+            fi
+        done
     done
 }
 up() { # DIR ARGS...
@@ -253,10 +260,12 @@ mkdir -m 0700 "$own" "$own/engine-1" "$tmp/fake"
 cp "$(command -v bash)" "$tmp/fake/pagoda-supervisor"
 cp "$(command -v bash)" "$tmp/fake/pagoda-worker"
 # shellcheck disable=SC2016 # $0 and $1 are the stand-in's
+# Their output goes to /dev/null: a killed stand-in leaves its sleep running, and a sleep that
+# held the test's stdout kept ctest waiting for the end of the output for the whole minute.
 "$tmp/fake/pagoda-supervisor" -c '"$0" -c "sleep 60; :" --run-dir "$1" & wait' \
-    "$tmp/fake/pagoda-worker" "$own/engine-1" --run-dir "$own/engine-1" &
+    "$tmp/fake/pagoda-worker" "$own/engine-1" --run-dir "$own/engine-1" >/dev/null 2>&1 &
 fake_sup=$!
-"$tmp/fake/pagoda-worker" -c 'sleep 60; :' --run-dir "$own/engine-1" &
+"$tmp/fake/pagoda-worker" -c 'sleep 60; :' --run-dir "$own/engine-1" >/dev/null 2>&1 &
 orphan=$!
 fake_worker() { pgrep -P "$fake_sup" -x pagoda-worker; }
 check "the stand-in group runs" retry 50 fake_worker

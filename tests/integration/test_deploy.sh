@@ -34,14 +34,21 @@ trap 'exit 143' TERM INT # the cleanup runs on a timeout's SIGTERM too
 
 # The pids of pagoda-* processes with an argument equal to the run dir.
 group_pids() {
-    local d a
+    local d a args
     for d in /proc/[0-9]*; do
-        a=$(tr '\0' '\n' 2>/dev/null <"$d/cmdline") || continue
-        case $(basename -- "$(head -n 1 <<<"$a")" 2>/dev/null) in
+        # bash builtins only (no fork per process: the polls below call this often).
+        mapfile -d '' -t args 2>/dev/null <"$d/cmdline" || continue
+        a=${args[0]:-}
+        case ${a##*/} in
         pagoda-*) ;;
         *) continue ;;
         esac
-        if grep -qxF -- "$run" <<<"$a"; then echo "${d#/proc/}"; fi
+        for a in "${args[@]}"; do
+            if [ "$a" = "$run" ]; then
+                echo "${d#/proc/}"
+                break
+            fi
+        done
     done
 }
 no_group_process() { [ -z "$(group_pids)" ]; }
@@ -60,11 +67,20 @@ up_in() { # DIR ARGS...
 }
 # The pids of pagoda-* processes naming any dir under $tmp.
 any_pids() {
-    local d
+    local d a args
     for d in /proc/[0-9]*; do
-        case $(basename -- "$(tr '\0' '\n' 2>/dev/null <"$d/cmdline" | head -n 1)") in
-        pagoda-*) tr '\0' '\n' 2>/dev/null <"$d/cmdline" | grep -q "^$tmp/" && echo "${d#/proc/}" ;;
+        mapfile -d '' -t args 2>/dev/null <"$d/cmdline" || continue
+        a=${args[0]:-}
+        case ${a##*/} in
+        pagoda-*) ;;
+        *) continue ;;
         esac
+        for a in "${args[@]}"; do
+            if [[ $a == "$tmp/"* ]]; then
+                echo "${d#/proc/}"
+                break
+            fi
+        done
     done
 }
 nothing_runs() { [ -z "$(any_pids)" ]; }
