@@ -204,6 +204,28 @@ int32_t cache_match(struct scheduler *s, struct seq *q, int32_t *evictable_hits)
     return hits;
 }
 
+bool cache_computed_elsewhere(struct scheduler *s, struct seq *q, int32_t hits)
+{
+    if (!cache_on(s) || q->ns == NULL || hits < 0 || hits >= q->num_keys)
+        return false;
+    const struct pc_key key = q->keys[hits];
+    for (struct seq *p = s->running.head; p != NULL; p = p->next) {
+        /* p publishes block hits when it is computed (cache_publish) only if it has decided
+         * the blocks before it and published the one before it itself (a block after a private
+         * one stays private), and if the block is a full block of p's known tokens. */
+        if (p == q || p->ns == NULL || p->num_published != hits ||
+            (int64_t)(hits + 1) * s->block_size > p->num_tokens ||
+            (hits > 0 &&
+             (p->table.num_blocks < hits || p->cap_entries < hits || p->entries[hits - 1] == NULL)))
+            continue;
+        if (seq_keys(s, p, hits + 1) != 0)
+            continue;
+        if (p->keys[hits].lo == key.lo && p->keys[hits].hi == key.hi)
+            return true;
+    }
+    return false;
+}
+
 int cache_take_match(struct scheduler *s, struct seq *q, int32_t n)
 {
     if (reserve((void **)&q->entries, &q->cap_entries, n + 1, sizeof(*q->entries)) != 0)

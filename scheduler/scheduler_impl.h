@@ -281,6 +281,12 @@ struct sched_tenant *tenant_get(struct scheduler *s, const char *name);
  * in an LRU (taking them makes them unevictable). Sets q's namespaces and key switch. */
 int32_t cache_match(struct scheduler *s, struct seq *q, int32_t *evictable_hits);
 
+/* Whether another running sequence is computing block hits of q's prompt now and will publish
+ * it (the same key: the same namespace, the same tokens before it and in it): after a
+ * cache_match of q that returned hits. Then q is better admitted once that block is cached: it
+ * hits it instead of computing it beside (SGLang holds back such requests too). */
+bool cache_computed_elsewhere(struct scheduler *s, struct seq *q, int32_t hits);
+
 /* Takes the n entries of the last cache_match into q's empty table as computed tokens, and
  * counts the lookup (the first admission's) in q's tenant's figures and the stats. */
 int cache_take_match(struct scheduler *s, struct seq *q, int32_t n);

@@ -408,6 +408,50 @@ static void test_repeat_hits(void **state)
     harness_close(h);
 }
 
+/* Requests sharing a prefix nobody has cached yet, sent together: the first computes it, the
+ * others wait for its blocks to be cached and hit them (SCHEDULER_MAX_PREFIX_WAITS) instead of
+ * computing the same prefix beside it; their outputs are unchanged. */
+static void test_shared_prefix_computed_once(void **state)
+{
+    (void)state;
+    struct setup su = CACHE_SETUP;
+    su.max_batched_tokens = 128;
+    su.num_blocks = 1 + 512;
+    struct harness *h = harness_open(&su);
+    enum { N = 4, PREFIX = 64, LEN = PREFIX + 8, OTHER = 300 };
+    int32_t p[N][LEN];
+    struct req_rec *r[N];
+    /* Another tenant's long prompt first: its first two prefill chunks (128 tokens a step) fill
+     * the two steps in flight, so the N requests all wait for the next step, which admits the
+     * first of them and finds the others' prefix being computed by it. */
+    int32_t other[OTHER];
+    make_prompt(899, OTHER, other);
+    h->tenant = "bob";
+    struct req_rec *o = submit(h, next_idn++, other, OTHER, 2);
+    h->tenant = "alice";
+    for (int i = 0; i < N; i++) {
+        make_prompt(900, PREFIX, p[i]);
+        make_prompt(910 + i, LEN - PREFIX, p[i] + PREFIX);
+        r[i] = submit(h, next_idn++, p[i], LEN, 6);
+    }
+    pump(h);
+    expect_output(o, other, OTHER, 2, PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH);
+    int hits = 0;
+    for (int i = 0; i < N; i++) {
+        expect_output(r[i], p[i], LEN, 6, PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH);
+        hits += r[i]->cached_tokens == PREFIX;
+        assert_true(r[i]->cached_tokens == 0 || r[i]->cached_tokens == PREFIX);
+    }
+    assert_int_equal(hits, N - 1);
+    struct scheduler_stats st = stats(h);
+    assert_true(st.prefix_waits > 0);
+    assert_int_equal(st.prefix_hit_tokens, (uint64_t)(N - 1) * PREFIX);
+    const char *why = NULL;
+    if (scheduler_check_invariants(h->s, &why) != 0)
+        fail_msg("%s", why);
+    harness_close(h);
+}
+
 /* Isolation: B sends A's exact prompts and never hits; A's figures do not move. */
 static void test_isolation(void **state)
 {
@@ -985,6 +1029,7 @@ int main(void)
         cmocka_unit_test(test_flush_with_users),
         cmocka_unit_test(test_no_insert_under_flushed_parent),
         cmocka_unit_test(test_repeat_hits),
+        cmocka_unit_test(test_shared_prefix_computed_once),
         cmocka_unit_test(test_isolation),
         cmocka_unit_test(test_sharing_group),
         cmocka_unit_test(test_pinned_prefix),
