@@ -211,12 +211,13 @@ bool cache_computed_elsewhere(struct scheduler *s, struct seq *q, int32_t hits)
     const struct pc_key key = q->keys[hits];
     for (struct seq *p = s->running.head; p != NULL; p = p->next) {
         /* p publishes block hits when it is computed (cache_publish) only if it has decided
-         * the blocks before it and published the one before it itself (a block after a private
-         * one stays private), and if the block is a full block of p's known tokens. */
+         * the blocks before it and holds the entry of the one before it (a block after a
+         * private one stays private): the very entry q matched there, still in the cache (not
+         * flushed since), and if the block is a full block of p's known tokens. */
         if (p == q || p->ns == NULL || p->num_published != hits ||
             (int64_t)(hits + 1) * s->block_size > p->num_tokens ||
-            (hits > 0 &&
-             (p->table.num_blocks < hits || p->cap_entries < hits || p->entries[hits - 1] == NULL)))
+            (hits > 0 && (p->table.num_blocks < hits || p->cap_entries < hits ||
+                          p->entries[hits - 1] != s->match[hits - 1])))
             continue;
         if (seq_keys(s, p, hits + 1) != 0)
             continue;

@@ -282,8 +282,9 @@ struct sched_tenant *tenant_get(struct scheduler *s, const char *name);
 int32_t cache_match(struct scheduler *s, struct seq *q, int32_t *evictable_hits);
 
 /* Whether another running sequence is computing block hits of q's prompt now and will publish
- * it (the same key: the same namespace, the same tokens before it and in it): after a
- * cache_match of q that returned hits. Then q is better admitted once that block is cached: it
+ * it (the same key: the same namespace, the same tokens before it and in it), under the entry
+ * q matched for the block before: right after a cache_match of q that returned hits (it reads
+ * s->match). Then q is better admitted once that block is cached: it
  * hits it instead of computing it beside (SGLang holds back such requests too). */
 bool cache_computed_elsewhere(struct scheduler *s, struct seq *q, int32_t hits);
 
