@@ -758,7 +758,6 @@ static void form_plan(struct scheduler *s)
     /* Then admissions, unless this step had to preempt or runs a probe: FIFO, except that a
      * tenant at its cap on running sequences is passed over (its requests keep their places). */
     int64_t owed = blocks_owed(s);
-    uint32_t prefix_waits = 0;
     struct seq *next = s->worker.isolating ? NULL : s->waiting.head;
     while (next && !s->preempted_now && s->budget > 0 &&
            s->running.count < (uint32_t)s->cfg.max_seqs) {
@@ -770,12 +769,17 @@ static void form_plan(struct scheduler *s)
             continue;
         int32_t evictable_hits = 0;
         int32_t hits = cache_match(s, q, &evictable_hits);
-        /* The next block of its prefix is being computed by another sequence: it waits (in its
-         * place) for that block to be cached rather than computing it too. */
-        if (prefix_waits < SCHEDULER_MAX_PREFIX_WAITS && cache_computed_elsewhere(s, q, hits)) {
-            prefix_waits++;
-            s->stats.prefix_waits++;
-            continue;
+        /* The next block of its prefix is being computed by another sequence: it waits for
+         * that block to be cached rather than computing it too, and so do the requests behind
+         * it (FIFO: nobody takes its place, its tenant's slots or the blocks it needs). The
+         * wait is short: with budget left for admissions, every prefilling sequence has its
+         * whole prompt in this step or the one in flight (the chunks above). */
+        if (cache_computed_elsewhere(s, q, hits)) {
+            if (!q->prefix_waited) {
+                q->prefix_waited = true;
+                s->stats.prefix_waits++;
+            }
+            break;
         }
         int32_t need = block_count_for((int64_t)q->num_tokens + 1, s->block_size) - hits;
         int64_t available = (int64_t)block_manager_free_count(s->bm) +

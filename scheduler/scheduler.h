@@ -169,11 +169,6 @@
 #define SCHEDULER_DEFAULT_MAX_BATCHED_TOKENS 2048
 #define SCHEDULER_DEFAULT_MAX_SEQS 256
 #define SCHEDULER_DEFAULT_MAX_QUEUED 4096
-/* Waiting requests passed over in one step because another running sequence is computing the
- * next block of their prefix (scheduler_cache.c, cache_computed_elsewhere): they are admitted
- * once that block is cached, and hit it. Past this many in one step the others are admitted as
- * usual (the check costs a walk of the running sequences per request). */
-#define SCHEDULER_MAX_PREFIX_WAITS 64
 #define SCHEDULER_DEFAULT_RESULT_TIMEOUT_MS 2000
 #define SCHEDULER_DEFAULT_WATCHDOG_MS 10000
 /* Steps sent before the previous one's result arrives: 1 (lock-step) or 2 (the default: the
@@ -268,8 +263,8 @@ struct scheduler_stats {
     double locality, locality_run_length;
     uint32_t cached_blocks, pinned_blocks, evictable_blocks;
     uint64_t prefix_query_tokens, prefix_hit_tokens, evictions;
-    /* Admissions put off for a step because another sequence was computing the next block of
-     * their prefix (SCHEDULER_MAX_PREFIX_WAITS). */
+    /* Requests whose admission waited (once or more) for another sequence to compute the next
+     * block of their prefix (the requests behind them waited too: admissions stay FIFO). */
     uint64_t prefix_waits;
     uint64_t computed_tokens; /* the worker's counter from its latest StepResult */
     uint64_t malformed_messages;

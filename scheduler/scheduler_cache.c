@@ -212,10 +212,14 @@ bool cache_computed_elsewhere(struct scheduler *s, struct seq *q, int32_t hits)
     for (struct seq *p = s->running.head; p != NULL; p = p->next) {
         /* p publishes block hits when it is computed (cache_publish) only if it has decided
          * the blocks before it and holds the entry of the one before it (a block after a
-         * private one stays private): the very entry q matched there, still in the cache (not
-         * flushed since), and if the block is a full block of p's known tokens. */
+         * private one stays private): the very entry q matched there (a parent flushed since
+         * q's lookup would not be what q matched, and p's child of it stays private), and if
+         * the block is a full block of p's known tokens not computed yet. */
         if (p == q || p->ns == NULL || p->num_published != hits ||
             (int64_t)(hits + 1) * s->block_size > p->num_tokens ||
+            /* computed already (its publication failed for memory, or comes with the result
+             * being read): nothing to wait for */
+            p->num_computed >= (int64_t)(hits + 1) * s->block_size ||
             (hits > 0 && (p->table.num_blocks < hits || p->cap_entries < hits ||
                           p->entries[hits - 1] != s->match[hits - 1])))
             continue;

@@ -82,6 +82,7 @@ struct seq {
     int32_t num_keys, cap_keys;
     int32_t num_published; /* blocks whose publication was decided */
     bool looked_up;        /* the first admission's lookup was counted */
+    bool prefix_waited;    /* counted in stats.prefix_waits */
     uint32_t cached_tokens;
 };
 

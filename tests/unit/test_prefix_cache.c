@@ -409,8 +409,8 @@ static void test_repeat_hits(void **state)
 }
 
 /* Requests sharing a prefix nobody has cached yet, sent together: the first computes it, the
- * others wait for its blocks to be cached and hit them (SCHEDULER_MAX_PREFIX_WAITS) instead of
- * computing the same prefix beside it; their outputs are unchanged. */
+ * others wait for its blocks to be cached and hit them (stats.prefix_waits) instead of computing
+ * the same prefix beside it; their outputs are unchanged. */
 static void test_shared_prefix_computed_once(void **state)
 {
     (void)state;
@@ -446,6 +446,45 @@ static void test_shared_prefix_computed_once(void **state)
     struct scheduler_stats st = stats(h);
     assert_true(st.prefix_waits > 0);
     assert_int_equal(st.prefix_hit_tokens, (uint64_t)(N - 1) * PREFIX);
+    const char *why = NULL;
+    if (scheduler_check_invariants(h->s, &why) != 0)
+        fail_msg("%s", why);
+    harness_close(h);
+}
+
+/* The request computing a shared prefix is cancelled while the others wait for it: they are
+ * admitted all the same, and end with their outputs. */
+static void test_prefix_wait_survives_cancel(void **state)
+{
+    (void)state;
+    struct setup su = CACHE_SETUP;
+    su.max_batched_tokens = 128;
+    su.num_blocks = 1 + 512;
+    struct harness *h = harness_open(&su);
+    enum { N = 3, PREFIX = 64, LEN = PREFIX + 8, OTHER = 300 };
+    int32_t other[OTHER], p[N][LEN];
+    make_prompt(899, OTHER, other);
+    h->tenant = "bob";
+    struct req_rec *o = submit(h, next_idn++, other, OTHER, 2);
+    h->tenant = "alice";
+    struct req_rec *r[N];
+    for (int i = 0; i < N; i++) {
+        make_prompt(900, PREFIX, p[i]);
+        make_prompt(920 + i, LEN - PREFIX, p[i] + PREFIX);
+        r[i] = submit(h, next_idn++, p[i], LEN, 6);
+    }
+    /* One answer: the step that admits r[0] goes out, and the others wait for its prefix. */
+    while (worker_handle_one(h))
+        ;
+    deliver_answers(h);
+    struct scheduler_stats st = stats(h);
+    assert_true(st.prefix_waits > 0);
+    cancel(h, r[0]);
+    pump(h);
+    expect_output(o, other, OTHER, 2, PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH);
+    assert_int_equal(r[0]->finish, PAGODA__INTERNAL__FINISH_REASON__FINISH_CANCELLED);
+    for (int i = 1; i < N; i++)
+        expect_output(r[i], p[i], LEN, 6, PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH);
     const char *why = NULL;
     if (scheduler_check_invariants(h->s, &why) != 0)
         fail_msg("%s", why);
@@ -1030,6 +1069,7 @@ int main(void)
         cmocka_unit_test(test_no_insert_under_flushed_parent),
         cmocka_unit_test(test_repeat_hits),
         cmocka_unit_test(test_shared_prefix_computed_once),
+        cmocka_unit_test(test_prefix_wait_survives_cancel),
         cmocka_unit_test(test_isolation),
         cmocka_unit_test(test_sharing_group),
         cmocka_unit_test(test_pinned_prefix),
