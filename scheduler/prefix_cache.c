@@ -241,7 +241,7 @@ int prefix_cache_set_root(struct prefix_cache *pc, const void *fingerprint, size
         XXH3_128bits_update(&st, fingerprint, len);
     XXH3_128bits_update(&st, &dtype, sizeof(dtype));
     struct pc_key root = digest(&st);
-    if (pc->has_root && root.lo == pc->root.lo && root.hi == pc->root.hi)
+    if (pc->has_root && pc_key_equal(root, pc->root))
         return 0;
     bool had = pc->has_root;
     for (struct pc_namespace *ns = pc->namespaces; ns; ns = ns->next)
@@ -321,15 +321,10 @@ struct pc_key prefix_cache_key(const struct prefix_cache *pc, const struct pc_na
     return digest(&st);
 }
 
-static bool same_key(struct pc_key a, struct pc_key b)
-{
-    return a.lo == b.lo && a.hi == b.hi;
-}
-
 static struct pc_entry *find(const struct pc_namespace *ns, struct pc_key key)
 {
     for (struct pc_entry *e = ns->buckets[bucket_of(ns, key)]; e; e = e->hash_next)
-        if (same_key(e->key, key))
+        if (pc_key_equal(e->key, key))
             return e;
     return NULL;
 }
@@ -340,7 +335,7 @@ struct pc_entry *prefix_cache_lookup(const struct prefix_cache *pc, const struct
     if (!pc->has_root)
         return NULL;
     struct pc_entry *e = find(ns, key);
-    if (e == NULL || !same_key(e->parent, parent) ||
+    if (e == NULL || !pc_key_equal(e->parent, parent) ||
         memcmp(e->tokens, tokens, (size_t)pc->block_size * sizeof(int32_t)) != 0)
         return NULL;
     return e;

@@ -27,6 +27,7 @@
 
 #include "scheduler/block_manager.h"
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -36,6 +37,11 @@
 struct pc_key {
     uint64_t lo, hi;
 };
+
+static inline bool pc_key_equal(struct pc_key a, struct pc_key b)
+{
+    return a.lo == b.lo && a.hi == b.hi;
+}
 
 struct prefix_cache;
 struct pc_entry;

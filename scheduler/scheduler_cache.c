@@ -225,7 +225,7 @@ bool cache_computed_elsewhere(struct scheduler *s, struct seq *q, int32_t hits)
             continue;
         if (seq_keys(s, p, hits + 1) != 0)
             continue;
-        if (p->keys[hits].lo == key.lo && p->keys[hits].hi == key.hi)
+        if (pc_key_equal(p->keys[hits], key))
             return true;
     }
     return false;
