@@ -129,9 +129,10 @@ bench() { # bench NAME FLAGS...: pagoda-bench against the group, report in OUT/N
         | tee "$out/$name.txt"
 }
 
-baseline_tps() { # the best output tokens/s of hf.json, or nothing
-    [ -f "$out/hf.json" ] && python3 -c 'import json,sys
-print(json.load(open(sys.argv[1]))["best"]["output_tps"])' "$out/hf.json" || true
+baseline_tps() { # baseline_tps [FILE]: the best output tokens/s of FILE (hf.json), or nothing
+    local f=${1:-$out/hf.json}
+    [ -f "$f" ] && python3 -c 'import json,sys
+print(json.load(open(sys.argv[1]))["best"]["output_tps"])' "$f" || true
 }
 
 part_hf() {
@@ -249,15 +250,13 @@ part_throughput() { # issue 15: 128 + 1024 at 256 in flight against transformers
             --batch-sizes "${HF_BATCH_SIZES:-256}" --compile "${HF_COMPILE:-auto}" \
             --seed "$seed" --json "$out/tp-hf.json"
     fi
-    local base=
-    [ -f "$out/tp-hf.json" ] && base=$(python3 -c 'import json,sys
-print(json.load(open(sys.argv[1]))["best"]["output_tps"])' "$out/tp-hf.json")
+    local base
+    base=$(baseline_tps "$out/tp-hf.json")
     up "${modes[0]}"
     bench tp-main "${w[@]}" --rate inf --max-concurrency "$c" --bandwidth-gbs "$bandwidth" \
         --matrix-tflops "$tf" ${base:+--baseline-tps "$base"}
-    bench tp-1024 --workload random --num-prompts "$num_prompts" --input-len "$input_len" \
-        --output-len "$output_len" --seed "$seed" --ignore-eos --rate inf \
-        --max-concurrency "$max_conc" --bandwidth-gbs "$bandwidth" --matrix-tflops "$tf"
+    bench tp-1024 "${random_flags[@]}" --rate inf --max-concurrency "$max_conc" \
+        --bandwidth-gbs "$bandwidth" --matrix-tflops "$tf"
     down
     part_throughput_table
 }
