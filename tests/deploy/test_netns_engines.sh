@@ -46,8 +46,10 @@ mt_system=64                                      # their namespace's system pro
 mt_question=16                                    # their own question: one block
 mt_namespaces=4                                   # tenants-multi.json: research, carol, dave, erin
 fo_requests=64                                    # requests amid which an engine is killed
-fo_tokens=64                                      # their output tokens; a sanitizer build's
-[ "$scale" = 1 ] || fo_tokens=24                  # steps are ~25x slower: fewer suffice there
+fo_tokens=64                                      # their output tokens, in both builds: the
+                                                  # sanitizer build's model programs run their
+                                                  # kernels uninstrumented (scripts/run-tests), so
+                                                  # 24 there let the run end before the kill
 
 # Names: pgdn-PID-r (the router's namespace), pgdn-PID-eI (engine I's).
 prefix=pgdn
