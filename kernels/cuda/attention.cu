@@ -47,8 +47,8 @@ constexpr int kGroupMax = 64;
  * tile: partition record, block table, K/V), and for a split kSplitMergeKeys (partial results
  * out, the counter, the last CTA's reads) plus kSplitMergePartKeys per partition the widest
  * merge reads. The minimum is one decode tile: it was 256 until 2026-12-02, when one sequence
- * of 1100 keys ran 40 CTAs on 132 SMs (5 partitions of 8 KV heads) and 12.6 us a layer; with 64
- * it runs 144 CTAs (18 partitions) in 10.6 (bench/RESULTS.md, branch attn15). */
+ * of 1100 keys on the Llama-3-8B shape ran 40 CTAs on the H200's 132 SMs (5 partitions of 8 KV
+ * heads), 12.1 us a layer; with 64 it runs 144 CTAs (18 partitions), 10.0 (bench/RESULTS.md). */
 constexpr int kSplitWavesMax = 4;
 constexpr int kSplitStartupKeys = 128;
 constexpr int kSplitMinTokens = 64;
