@@ -9,9 +9,15 @@
  * (the layout is the same, but where it lands physically depends on what the process allocated
  * and freed before: bench/RESULTS.md measured both).
  * Cases: paged decode attention (batch x context, head dim 64 and 128, block sizes 8 to 64,
- * block tables in order and shuffled), paged causal prefill attention, the append case (a chunk
- * continuing a sequence already in the pool), each linear of the model through the worker's
- * cuBLAS call, RMSNorm with the residual add, RoPE + cache write, SiLU-mul and the sampler.
+ * block tables in order and shuffled), the decode step's attention (decode_step_*: the 32 layers
+ * of a step, each layer's K/V its own, as one captured CUDA graph of 32 launches, the time per
+ * layer reported: one layer's K/V at small batch would sit in the 60 MB L2, as it never does in
+ * a real step, and launches one by one would time the host; the _g cases plan the step as a
+ * decode graph of the worker does, cuda_attention_plan_graph padded to the graph's batch size,
+ * the graph captured on a plan of padding alone and replayed on the step's), paged causal
+ * prefill attention, the append case (a chunk continuing a sequence already in the pool), each
+ * linear of the model through the worker's cuBLAS call, RMSNorm with the residual add, RoPE +
+ * cache write, SiLU-mul and the sampler.
  *
  * Data: every input is drawn on the device by cuda_fill_random_bf16 (seed kBenchSeed, one
  * stream id per buffer, std 1, offset 0), and block tables follow a formula (in order, or an
@@ -179,6 +185,8 @@ struct attn_case {
     int32_t batch, context_len, query_len;
     int32_t num_heads, num_kv_heads, head_dim, block_size;
     bool shuffled;
+    int32_t layers;     /* 0: one layer, timed launch by launch; else that many, as one graph */
+    int32_t graph_seqs; /* 0: cuda_attention_plan; else cuda_attention_plan_graph, padded */
 };
 
 static int64_t gcd64(int64_t a, int64_t b)
@@ -210,21 +218,26 @@ struct attn_run {
     const uint16_t *q;
     int64_t q_stride;
     uint16_t *out;
+    cudaGraphExec_t graph; /* the layers' launches, or NULL */
 };
 
 static void attn_launch(void *ctx, int rep)
 {
     (void)rep;
     struct attn_run *r = ctx;
-    PK(cuda_attention_run(r->plan, &r->view, r->q, r->q_stride, r->out, stream));
+    if (r->graph != NULL)
+        CK(cudaGraphLaunch(r->graph, stream));
+    else
+        PK(cuda_attention_run(r->plan, &r->view, r->q, r->q_stride, r->out, stream));
 }
 
 static void bench_attention(const struct attn_case *c)
 {
     const int32_t bs = c->block_size, nb = (c->context_len + bs - 1) / bs;
     const int64_t total_blocks = (int64_t)c->batch * nb;
+    const int32_t layers = c->layers > 0 ? c->layers : 1;
     struct kv_geometry g = {
-        1, 1, (int32_t)(total_blocks + 1), bs, c->num_kv_heads, c->head_dim, DTYPE_BF16};
+        1, layers, (int32_t)(total_blocks + 1), bs, c->num_kv_heads, c->head_dim, DTYPE_BF16};
     const size_t pool_bytes = kv_pool_bytes(&g);
     struct kv_cuda_pool *vmm = NULL;
     uint16_t *pool;
@@ -238,11 +251,13 @@ static void bench_attention(const struct attn_case *c)
     }
     fill(pool, (int64_t)(pool_bytes / 2), STREAM_POOL);
     const int32_t num_tokens = c->batch * c->query_len;
+    /* A graph's padding rows (one token each) have q rows and outputs too. */
+    const int32_t rows = c->graph_seqs > num_tokens ? c->graph_seqs : num_tokens;
     const int64_t qw = (int64_t)c->num_heads * c->head_dim;
-    uint16_t *q = dev_alloc((size_t)num_tokens * qw * 2);
-    fill(q, num_tokens * qw, STREAM_Q);
-    uint16_t *out = dev_alloc((size_t)num_tokens * qw * 2);
-    CK(cudaMemsetAsync(out, 0xff, (size_t)num_tokens * qw * 2, stream));
+    uint16_t *q = dev_alloc((size_t)rows * qw * 2);
+    fill(q, rows * qw, STREAM_Q);
+    uint16_t *out = dev_alloc((size_t)rows * qw * 2);
+    CK(cudaMemsetAsync(out, 0xff, (size_t)rows * qw * 2, stream));
 
     int32_t *query_start = malloc(((size_t)c->batch + 1) * sizeof(int32_t));
     int32_t *context_len = malloc((size_t)c->batch * sizeof(int32_t));
@@ -265,14 +280,38 @@ static void bench_attention(const struct attn_case *c)
                                        1.0f / sqrtf((float)c->head_dim),
                                        bs,
                                        g.num_blocks,
-                                       c->batch,
-                                       num_tokens,
+                                       c->batch > c->graph_seqs ? c->batch : c->graph_seqs,
+                                       rows,
                                        nb};
-    struct attn_run r = {NULL, kv_layer_view_make(&g, pool, 0), q, qw, out};
+    struct attn_run r = {NULL, kv_layer_view_make(&g, pool, 0), q, qw, out, NULL};
     PK(cuda_attention_plan_new(&ac, &r.plan));
     struct attention_batch b = {c->batch, num_tokens, query_start, context_len, tables, nb};
-    PK(cuda_attention_plan(r.plan, &b, stream));
-    const double ms = time_median_ms(attn_launch, &r);
+    cudaGraph_t graph = NULL;
+    if (c->layers > 0) {
+        /* A decode graph of the worker is captured on a plan of padding alone (capture_graphs),
+         * then replayed on each step's plan. */
+        static const int32_t zero = 0;
+        const struct attention_batch none = {0, 0, &zero, NULL, NULL, 1};
+        if (c->graph_seqs > 0)
+            PK(cuda_attention_plan_graph(r.plan, &none, c->graph_seqs, stream));
+        else
+            PK(cuda_attention_plan(r.plan, &b, stream));
+        CK(cudaStreamSynchronize(stream)); /* the plan's copy is not part of the graph */
+        CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+        for (int32_t l = 0; l < layers; l++) {
+            struct kv_layer_view v = kv_layer_view_make(&g, pool, l);
+            PK(cuda_attention_run(r.plan, &v, q, qw, out, stream));
+        }
+        CK(cudaStreamEndCapture(stream, &graph));
+        CK(cudaGraphInstantiate(&r.graph, graph, 0));
+    }
+    if (c->graph_seqs > 0)
+        PK(cuda_attention_plan_graph(r.plan, &b, c->graph_seqs, stream));
+    else
+        PK(cuda_attention_plan(r.plan, &b, stream));
+    int32_t ctas = 0, parts = 0;
+    PK(cuda_attention_decode_shape(r.plan, &ctas, &parts));
+    const double ms = time_median_ms(attn_launch, &r) / layers;
     double sum_abs, sum_w;
     checksum(out, num_tokens * qw, &sum_abs, &sum_w);
 
@@ -285,8 +324,9 @@ static void bench_attention(const struct attn_case *c)
     const double kv_bytes =
         (double)c->batch * c->context_len * c->num_kv_heads * c->head_dim * 2.0 * 2.0;
     const double flops = 4.0 * pairs * c->num_heads * c->head_dim;
-    printf("%-28s %9.3f ms  %7.3f TB/s  %7.1f TFLOP/s\n", c->name, ms, kv_bytes / ms * 1e-9,
-           flops / ms * 1e-9);
+    printf("%-28s %9.4f ms  %7.3f TB/s  %7.1f TFLOP/s  decode grid %d, partitions %d, "
+           "checksum %.9e\n",
+           c->name, ms, kv_bytes / ms * 1e-9, flops / ms * 1e-9, (int)ctas, (int)parts, sum_w);
     fflush(stdout);
 
     /* The first four bf16 of the pool and of q: the script checks its generator on them. */
@@ -299,12 +339,17 @@ static void bench_attention(const struct attn_case *c)
             "\"num_kv_heads\": %d, \"head_dim\": %d, \"block_size\": %d, \"shuffled\": %s, "
             "\"shuffle_mult\": %lld, \"num_blocks\": %d, \"ms\": %.6f, \"bytes\": %.0f, "
             "\"flops\": %.0f, \"sum_abs\": %.9e, \"sum_w\": %.9e, "
-            "\"pool_head\": [%u, %u, %u, %u], \"q_head\": [%u, %u, %u, %u], \"pool\": \"%s\"}",
+            "\"pool_head\": [%u, %u, %u, %u], \"q_head\": [%u, %u, %u, %u], \"pool\": \"%s\", "
+            "\"layers\": %d, \"graph_seqs\": %d, \"decode_grid\": %d, \"decode_partitions\": %d}",
             c->batch, c->context_len, c->query_len, c->num_heads, c->num_kv_heads, c->head_dim, bs,
             c->shuffled ? "true" : "false", (long long)mult, g.num_blocks, ms, kv_bytes, flops,
             sum_abs, sum_w, ph[0], ph[1], ph[2], ph[3], qh[0], qh[1], qh[2], qh[3],
-            pool_vmm ? "vmm" : "malloc");
+            pool_vmm ? "vmm" : "malloc", (int)layers, (int)c->graph_seqs, (int)ctas, (int)parts);
 
+    if (r.graph != NULL) {
+        CK(cudaGraphExecDestroy(r.graph));
+        CK(cudaGraphDestroy(graph));
+    }
     cuda_attention_plan_free(r.plan);
     if (vmm != NULL) {
         CK(cudaStreamSynchronize(stream));
@@ -735,21 +780,33 @@ int main(int argc, char **argv)
     /* Decode, prefill and append: 32 query heads, 8 KV heads, head dim 128, block size 16
      * unless the name says otherwise. */
     const struct attn_case attn[] = {
-        {"decode_b64_c4096", "decode", 64, 4096, 1, 32, 8, 128, 16, false},
-        {"decode_b64_c4096_shuf", "decode", 64, 4096, 1, 32, 8, 128, 16, true},
-        {"decode_b32_c8192", "decode", 32, 8192, 1, 32, 8, 128, 16, false},
-        {"decode_b32_c8192_shuf", "decode", 32, 8192, 1, 32, 8, 128, 16, true},
-        {"decode_b1_c32768", "decode", 1, 32768, 1, 32, 8, 128, 16, false},
-        {"decode_b1_c32768_shuf", "decode", 1, 32768, 1, 32, 8, 128, 16, true},
-        {"decode_b256_c512", "decode", 256, 512, 1, 32, 8, 128, 16, true},
-        {"decode_b64_c4096_hd64", "decode", 64, 4096, 1, 32, 8, 64, 16, true},
-        {"decode_b64_c4096_bs8", "decode", 64, 4096, 1, 32, 8, 128, 8, true},
-        {"decode_b64_c4096_bs32", "decode", 64, 4096, 1, 32, 8, 128, 32, true},
-        {"decode_b64_c4096_bs64", "decode", 64, 4096, 1, 32, 8, 128, 64, true},
-        {"prefill_1k", "prefill", 1, 1024, 1024, 32, 8, 128, 16, true},
-        {"prefill_4k", "prefill", 1, 4096, 4096, 32, 8, 128, 16, true},
-        {"prefill_16k", "prefill", 1, 16384, 16384, 32, 8, 128, 16, true},
-        {"append_512_after_4096", "append", 1, 4608, 512, 32, 8, 128, 16, true},
+        {"decode_b64_c4096", "decode", 64, 4096, 1, 32, 8, 128, 16, false, 0, 0},
+        {"decode_b64_c4096_shuf", "decode", 64, 4096, 1, 32, 8, 128, 16, true, 0, 0},
+        {"decode_b32_c8192", "decode", 32, 8192, 1, 32, 8, 128, 16, false, 0, 0},
+        {"decode_b32_c8192_shuf", "decode", 32, 8192, 1, 32, 8, 128, 16, true, 0, 0},
+        {"decode_b1_c32768", "decode", 1, 32768, 1, 32, 8, 128, 16, false, 0, 0},
+        {"decode_b1_c32768_shuf", "decode", 1, 32768, 1, 32, 8, 128, 16, true, 0, 0},
+        {"decode_b256_c512", "decode", 256, 512, 1, 32, 8, 128, 16, true, 0, 0},
+        {"decode_b64_c4096_hd64", "decode", 64, 4096, 1, 32, 8, 64, 16, true, 0, 0},
+        {"decode_b64_c4096_bs8", "decode", 64, 4096, 1, 32, 8, 128, 8, true, 0, 0},
+        {"decode_b64_c4096_bs32", "decode", 64, 4096, 1, 32, 8, 128, 32, true, 0, 0},
+        {"decode_b64_c4096_bs64", "decode", 64, 4096, 1, 32, 8, 128, 64, true, 0, 0},
+        /* The decode step's attention (issue 15's profile): context 1100 (1024 + 256 tokens at
+         * their mean), 32 layers, planned for the step alone and as the worker's decode graph of
+         * the batch size (13 sequences replay the graph of 16); one sequence of 32768 keys. */
+        {"decode_step_b1_c1100", "decode_step", 1, 1100, 1, 32, 8, 128, 16, false, 32, 0},
+        {"decode_step_b1_c1100_g1", "decode_step", 1, 1100, 1, 32, 8, 128, 16, false, 32, 1},
+        {"decode_step_b13_c1100_g16", "decode_step", 13, 1100, 1, 32, 8, 128, 16, false, 32, 16},
+        {"decode_step_b16_c1100", "decode_step", 16, 1100, 1, 32, 8, 128, 16, false, 32, 0},
+        {"decode_step_b16_c1100_g16", "decode_step", 16, 1100, 1, 32, 8, 128, 16, false, 32, 16},
+        {"decode_step_b64_c1100", "decode_step", 64, 1100, 1, 32, 8, 128, 16, false, 32, 0},
+        {"decode_step_b64_c1100_g64", "decode_step", 64, 1100, 1, 32, 8, 128, 16, false, 32, 64},
+        {"decode_step_b1_c32768", "decode_step", 1, 32768, 1, 32, 8, 128, 16, false, 32, 0},
+        {"decode_step_b1_c32768_g1", "decode_step", 1, 32768, 1, 32, 8, 128, 16, false, 32, 1},
+        {"prefill_1k", "prefill", 1, 1024, 1024, 32, 8, 128, 16, true, 0, 0},
+        {"prefill_4k", "prefill", 1, 4096, 4096, 32, 8, 128, 16, true, 0, 0},
+        {"prefill_16k", "prefill", 1, 16384, 16384, 32, 8, 128, 16, true, 0, 0},
+        {"append_512_after_4096", "append", 1, 4608, 512, 32, 8, 128, 16, true, 0, 0},
     };
     for (size_t i = 0; i < sizeof(attn) / sizeof(attn[0]); i++) {
         if ((quick && strcmp(attn[i].name, "prefill_16k") == 0) || !wanted(attn[i].name))

@@ -42,11 +42,19 @@ constexpr int kGroupMax = 64;
 
 /* Split-KV: decode contexts are cut into partitions of at least kSplitMinTokens keys, multiples
  * of kSplitAlign (a multiple of every decode tile), sized for 1 .. kSplitWavesMax waves of the
- * resident decode CTAs, or not cut: whichever split_cost models fastest. */
+ * resident decode CTAs, or not cut: whichever split_cost models fastest. Its costs are in keys
+ * streamed by one CTA: kSplitStartupKeys for each wave (a CTA's dependent loads before its first
+ * tile: partition record, block table, K/V), and for a split kSplitMergeKeys (partial results
+ * out, the counter, the last CTA's reads) plus kSplitMergePartKeys per partition the widest
+ * merge reads. The minimum is one decode tile: it was 256 until 2026-12-02, when one sequence
+ * of 1100 keys on the Llama-3-8B shape ran 40 CTAs on the H200's 132 SMs (5 partitions of 8 KV
+ * heads), 12.1 us a layer; with 64 it runs 144 CTAs (18 partitions), 10.0 (bench/RESULTS.md). */
 constexpr int kSplitWavesMax = 4;
 constexpr int kSplitStartupKeys = 128;
-constexpr int kSplitMinTokens = 256;
+constexpr int kSplitMinTokens = 64;
 constexpr int kSplitAlign = 64;
+constexpr int kSplitMergeKeys = 64;
+constexpr int kSplitMergePartKeys = 2;
 /* Partitions whose partial results the merge loads at once: 32, so that the 32 partitions of
  * one 32k-token sequence at batch 1 come through L2 in one round trip (ncu on the H200: the
  * merge took ~3.4 of 42 us with 8 at a time, ~2.9 with 32; bench/RESULTS.md). The decode
@@ -972,26 +980,37 @@ static int32_t split_parts(int64_t context_len, int64_t split, int64_t *len)
     return (int32_t)n;
 }
 
+/* The partitions a split for `waves` waves of the resident decode CTAs aims at: the candidate
+ * split (plan) is ceil(decode keys / this), raised to kSplitMinTokens and kSplitAlign. */
+static int64_t split_want(int64_t waves, int64_t slots, int64_t ctas_per_part)
+{
+    return (waves * slots + ctas_per_part - 1) / ctas_per_part;
+}
+
 /* The modelled time of the decode CTAs for a split, in keys streamed by one CTA: rounds of
  * `slots` CTAs over the mean partition, or the longest partition when it is longer, plus a
- * startup of kSplitStartupKeys per round. */
+ * startup of kSplitStartupKeys per round, plus the merge when a context is split (the widest
+ * merge's, which the last CTA of that sequence does after its own partition). */
 static int64_t split_cost(const struct attention_batch *b, int64_t split, int64_t ctas_per_part,
                           int64_t slots)
 {
-    int64_t ctas = 0, keys = 0, longest = 0;
+    int64_t ctas = 0, keys = 0, longest = 0, widest = 1;
     for (int32_t q = 0; q < b->num_seqs; q++) {
         if (b->query_start[q + 1] - b->query_start[q] != 1)
             continue;
         int64_t len;
-        ctas += split_parts(b->context_len[q], split, &len) * ctas_per_part;
+        const int32_t n = split_parts(b->context_len[q], split, &len);
+        ctas += n * ctas_per_part;
         keys += b->context_len[q] * ctas_per_part;
         longest = len > longest ? len : longest;
+        widest = n > widest ? n : widest;
     }
     if (ctas == 0)
         return 0;
     const int64_t rounds = (ctas + slots - 1) / slots;
     const int64_t spread = rounds * ((keys + ctas - 1) / ctas);
-    return (spread > longest ? spread : longest) + rounds * kSplitStartupKeys;
+    const int64_t merge = widest > 1 ? kSplitMergeKeys + widest * kSplitMergePartKeys : 0;
+    return (spread > longest ? spread : longest) + rounds * kSplitStartupKeys + merge;
 }
 
 static int config_check(const struct cuda_attention_config *c)
@@ -1069,8 +1088,13 @@ int cuda_attention_plan_new(const struct cuda_attention_config *c, struct cuda_a
     }
     p->slots = (resident > 0 ? resident : 1) * (sms > 0 ? sms : 1);
     const int32_t ctas_per_part = c->num_kv_heads * p->decode_chunks;
-    /* At most one partition per sequence, plus the extra ones a split adds (see plan). */
-    p->split_extra = (kSplitWavesMax * p->slots + ctas_per_part - 1) / ctas_per_part + 1;
+    /* At most one partition per sequence, plus the extra ones a split adds, whatever the
+     * minimum partition: a split is at least D / want keys (D the decode keys of the step, want
+     * = split_want of its waves), so the sequences' ceil(context / split) partitions number
+     * fewer than D / split + sequences <= want + sequences. A graph plan launches the decode
+     * CTAs of that many partitions (launch), so that one captured launch serves every split a
+     * step of its size can get. */
+    p->split_extra = (int32_t)split_want(kSplitWavesMax, p->slots, ctas_per_part) + 1;
     p->max_parts = c->max_num_seqs + p->split_extra;
 
     /* Words of one step's metadata at its largest (int32 sizes: no overflow in uint64). */
@@ -1258,7 +1282,7 @@ static int plan_impl(struct cuda_attention_plan *p, const struct attention_batch
     if (num_decode > 0) {
         int64_t best = split_cost(batch, split, ctas_per_part, p->slots);
         for (int w = 1; w <= kSplitWavesMax; w++) {
-            const int64_t want = (w * (int64_t)p->slots + ctas_per_part - 1) / ctas_per_part;
+            const int64_t want = split_want(w, p->slots, ctas_per_part);
             int64_t cand = (decode_keys + want - 1) / want;
             if (cand < kSplitMinTokens)
                 cand = kSplitMinTokens;
@@ -1383,15 +1407,21 @@ static int view_check(const struct cuda_attention_config *c, const struct kv_lay
     return 0;
 }
 
+/* The decode kernel's grid for the planned step. */
+static unsigned decode_ctas(const struct cuda_attention_plan *p)
+{
+    const int32_t parts = p->graph ? p->num_seqs + p->split_extra : p->num_parts;
+    return (unsigned)parts * (unsigned)p->config.num_kv_heads * (unsigned)p->decode_chunks;
+}
+
 template <int HD>
 static int launch(const struct cuda_attention_plan *p, const attn_args &a, cudaStream_t s)
 {
     const struct cuda_attention_config *c = &p->config;
     /* A graph plan launches the most CTAs its sequences can need (the header says how many have
      * work), so that the launch captured once fits every step of that size. */
-    const int32_t parts = p->graph ? p->num_seqs + p->split_extra : p->num_parts;
-    if (parts > 0) {
-        const unsigned ctas = (unsigned)parts * c->num_kv_heads * p->decode_chunks;
+    const unsigned ctas = decode_ctas(p);
+    if (ctas > 0) {
         p->decode<<<ctas, kDecodeThreads, p->decode_smem, s>>>(a);
         int rc = cuda_launch_result("cuda_attention_run: decode kernel");
         if (rc < 0)
@@ -1461,4 +1491,16 @@ int cuda_attention_run(struct cuda_attention_plan *p, const struct kv_layer_view
     a.merge_count = p->merge_count;
     a.graph_hdr = p->graph ? p->meta : nullptr;
     return c->head_dim == 64 ? launch<64>(p, a, s) : launch<128>(p, a, s);
+}
+
+int cuda_attention_decode_shape(const struct cuda_attention_plan *p, int32_t *ctas,
+                                int32_t *partitions)
+{
+    if (p == NULL || ctas == NULL || partitions == NULL)
+        return pagoda_error_set(PAGODA_EINVAL, "cuda_attention_decode_shape: NULL argument");
+    if (!p->planned)
+        return pagoda_error_set(PAGODA_EINVAL, "cuda_attention_decode_shape: no batch planned");
+    *ctas = (int32_t)decode_ctas(p);
+    *partitions = p->num_parts;
+    return 0;
 }

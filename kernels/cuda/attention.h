@@ -17,12 +17,12 @@
  * handling up to 8 of that KV head's query heads so that each K/V byte is read once, K/V tiles
  * brought in by bulk copies through the block table, with a merge kernel when a context was
  * split across CTAs (split-KV: the plan picks no split or a split sized for 1 to 4 waves of the
- * resident CTAs, whichever a cost model of the batch finds fastest, so that batch 1 and batch
- * 256 both fill the GPU); the others (prefill chunks, a chunk continuing a sequence already in
- * the pool included) go to a causal prefill kernel, one CTA per (128 rows of (query token, query
- * head of the KV head), KV head), launched in descending order of the keys they need, K/V
- * tiles read in place through the block table into shared memory by a cp.async pipeline,
- * tiles past the diagonal never read.
+ * resident CTAs into partitions of 64 keys or more, whichever a cost model of the batch, the
+ * merge included, finds fastest, so that batch 1 and batch 256 both fill the GPU); the others
+ * (prefill chunks, a chunk continuing a sequence already in the pool included) go to a causal
+ * prefill kernel, one CTA per (128 rows of (query token, query head of the KV head), KV head),
+ * launched in descending order of the keys they need, K/V tiles read in place through the block
+ * table into shared memory by a cp.async pipeline, tiles past the diagonal never read.
  *
  * Streams: plan's copy and run's kernels are ordered by the stream. Run on the stream the step
  * was planned on (or order the streams with an event); the plan owns one set of device
@@ -97,6 +97,14 @@ int cuda_attention_plan(struct cuda_attention_plan *p, const struct attention_ba
  * that is not a decode); on an error the step can still be planned by cuda_attention_plan. */
 int cuda_attention_plan_graph(struct cuda_attention_plan *p, const struct attention_batch *batch,
                               int32_t num_seqs, cudaStream_t s);
+
+/* The planned step's decode work, for tests and benchmarks: *ctas is the grid the decode kernel
+ * gets (for a plan of cuda_attention_plan_graph, the fixed grid of its num_seqs; 0 when no
+ * decode kernel runs), *partitions the split-KV partitions planned (one per unsplit decode
+ * context, the padding sequences' included). Returns 0, or PAGODA_EINVAL (a NULL argument, no
+ * batch planned). */
+int cuda_attention_decode_shape(const struct cuda_attention_plan *p, int32_t *ctas,
+                                int32_t *partitions);
 
 /* Attention of one layer for the planned batch, enqueued on s. q holds num_heads * head_dim
  * bf16 per token at q + t * q_row_stride (q may live inside the fused QKV output); out is

@@ -927,8 +927,8 @@ static void test_attention_many_decodes(struct shape sh, int32_t n)
 }
 
 /* Decodes at the edge lengths of the pool and of the decode kernel's tiles (32 keys at head
- * dim 128, 64 at 64) and split-KV partitions (multiples of 64 keys, at least 256): in one batch
- * small enough that the long contexts are split and the short ones are not. */
+ * dim 128, 64 at 64) and split-KV partitions (multiples of 64 keys): in one batch small enough
+ * that the long contexts are split and the short ones are not. */
 static void test_attention_decode_edges(struct shape sh)
 {
     const int32_t bs = sh.block_size;
@@ -941,13 +941,270 @@ static void test_attention_decode_edges(struct shape sh)
     test_attention("decode edges", sh, n, query_len, context_len);
 }
 
-/* One long decode alone: split into many partitions. With one KV head, 10000 keys make 40
- * partitions of 256 on any GPU of 40 resident decode CTAs or more: more than the merge loads at
- * once (kMergeBatch, 32), so that its second batch runs. */
+/* One long decode alone: split into many partitions. With one KV head, 10000 keys make at
+ * least 40 partitions on any GPU of 40 resident decode CTAs or more (157 of 64 keys on the
+ * H200): more than the merge loads at once (kMergeBatch, 32), so that its later batches run. */
 static void test_attention_long_decode(struct shape sh, int32_t context)
 {
     const int32_t query_len[] = {1}, context_len[] = {context};
     test_attention("one decode", sh, 1, query_len, context_len);
+}
+
+/* ---- attention through captured decode graphs (issue 15) ---- */
+
+#define GRAPH_MAX_SEQS 16 /* the largest graph the test captures */
+
+/* One decode step of test_attention_graph: num_seqs sequences (contexts) replayed from the
+ * graph of pad; min_parts, when positive, the fewest split-KV partitions the step must get. */
+struct graph_step {
+    int32_t pad, num_seqs, min_parts;
+    int32_t context_len[GRAPH_MAX_SEQS];
+};
+
+/* Decode attention replayed from CUDA graphs as the worker's decode graphs run it
+ * (worker/cuda_backend.c, capture_graphs): one plan; for each batch size a graph captured on a
+ * plan of padding alone (cuda_attention_plan_graph of no sequence), then steps planned by
+ * cuda_attention_plan_graph and replayed, padded to the graph's size (3 sequences in the graph
+ * of 4, 13 and 2 in 16), at contexts whose splits differ from step to step and from the
+ * capture's: one sequence of 1100 keys cut into at least 16 partitions on the Llama-3-8B shape
+ * (64-key partitions: 18 on the H200, where 256-key ones made 5), one of 32768, short and long
+ * ones together. Each replay must write the step's outputs exactly as the same step planned by
+ * cuda_attention_plan and launched eagerly (bit for bit: attention.h), within TOLERANCE of the
+ * CPU reference, and keep the grid it was captured with. Block 0 of the pool, which the padding
+ * sequences read, is NaN: a padding row that leaked into a real one would show. */
+static void test_attention_graph(struct shape sh)
+{
+    const int32_t nh = sh.num_heads, nkv = sh.num_kv_heads, hd = sh.head_dim, bs = sh.block_size;
+    const int64_t qw = (int64_t)nh * hd;
+    const struct graph_step steps[] = {
+        {1, 1, 16, {1100}},
+        {1, 1, 2, {32768}},
+        {4, 3, 0, {1100, 17, 2900}},
+        {16, 13, 0, {1100, 1037, 1163, 1100, 1100, 1089, 1111, 1100, 1076, 1124, 1100, 1099, 1101}},
+        {1, 1, 0, {5}},
+        {16, 16, 0, {1, 64, 65, 127, 128, 129, 1100, 300, 2000, 15, 16, 17, 4000, 999, 3, 700}},
+        {4, 4, 0, {64, 65, 1, 4000}},
+        {16, 2, 2, {32768, 1100}},
+        {1, 1, 16, {1100}}, /* again, after other splits: the merge counters were reset */
+    };
+    enum { num_steps = sizeof(steps) / sizeof(steps[0]) };
+    const int32_t pads[] = {1, 4, 16};
+    enum { num_pads = sizeof(pads) / sizeof(pads[0]) };
+    int32_t max_context = 1, max_step_blocks = 0;
+    for (int i = 0; i < num_steps; i++) {
+        int32_t blocks = 0;
+        for (int32_t q = 0; q < steps[i].num_seqs; q++) {
+            blocks += (steps[i].context_len[q] + bs - 1) / bs;
+            if (steps[i].context_len[q] > max_context)
+                max_context = steps[i].context_len[q];
+        }
+        if (blocks > max_step_blocks)
+            max_step_blocks = blocks;
+    }
+    const int32_t bps = (max_context + bs - 1) / bs, num_blocks = max_step_blocks + 4;
+
+    /* The pool (one layer) random, block 0 NaN; the CPU's in f32 with the same values. */
+    struct kv_geometry gg = {1, 1, num_blocks, bs, nkv, hd, DTYPE_BF16};
+    struct kv_geometry cg = gg;
+    cg.dtype = DTYPE_F32;
+    const size_t elems = kv_pool_bytes(&gg) / sizeof(uint16_t);
+    uint16_t *pool = xmalloc(elems * sizeof(uint16_t));
+    fill_bf16(pool, elems, -1.0f, 1.0f);
+    const struct kv_layer_view hview = kv_layer_view_make(&gg, pool, 0);
+    for (int64_t i = 0; i < hview.block_stride; i++) /* block 0: K, then V, of every head */
+        pool[i] = 0xFFFF;
+    float *cpool = xmalloc(elems * sizeof(float));
+    bf16_to_f32_n(pool, cpool, elems);
+    struct kv_layer_view cview = kv_layer_view_make(&cg, cpool, 0);
+    void *d_pool = dev_upload(pool, elems * sizeof(uint16_t));
+    struct kv_layer_view gview = kv_layer_view_make(&gg, d_pool, 0);
+    uint16_t *q = xmalloc((size_t)GRAPH_MAX_SEQS * qw * sizeof(uint16_t));
+    fill_bf16(q, (size_t)GRAPH_MAX_SEQS * qw, -3.0f, 3.0f); /* sharper softmax */
+    float *fq = xmalloc((size_t)GRAPH_MAX_SEQS * qw * sizeof(float));
+    bf16_to_f32_n(q, fq, (size_t)GRAPH_MAX_SEQS * qw);
+    uint16_t *d_q = dev_upload(q, (size_t)GRAPH_MAX_SEQS * qw * sizeof(uint16_t));
+    uint16_t *d_out = dev_alloc((size_t)GRAPH_MAX_SEQS * qw * sizeof(uint16_t));
+
+    struct cuda_attention_config gcfg = {
+        nh, nkv, hd, 1.0f / sqrtf((float)hd), bs, num_blocks, GRAPH_MAX_SEQS, GRAPH_MAX_SEQS, bps};
+    struct cuda_attention_plan *p = NULL;
+    int rc = cuda_attention_plan_new(&gcfg, &p);
+    GPU_CHECK(rc == 0, "cuda_attention_plan_new: %d (%s)", rc, pagoda_error_detail());
+    cudaGraphExec_t graphs[num_pads] = {NULL};
+    int32_t grid[num_pads] = {0};
+    static const int32_t zero = 0;
+    const struct attention_batch none = {0, 0, &zero, NULL, NULL, 1};
+    for (int g = 0; g < num_pads && rc == 0; g++) {
+        int32_t parts = 0;
+        rc = cuda_attention_plan_graph(p, &none, pads[g], stream);
+        if (rc == 0)
+            rc = cuda_attention_decode_shape(p, &grid[g], &parts);
+        GPU_CHECK(rc == 0, "graph plan of %d padding sequences: %d (%s)", (int)pads[g], rc,
+                  pagoda_error_detail());
+        if (rc != 0)
+            break;
+        CK(cudaStreamSynchronize(stream));
+        CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+        rc = cuda_attention_run(p, &gview, d_q, qw, d_out, stream);
+        cudaGraph_t graph = NULL;
+        CK(cudaStreamEndCapture(stream, &graph));
+        GPU_CHECK(rc == 0, "cuda_attention_run (captured): %d (%s)", rc, pagoda_error_detail());
+        CK(cudaGraphInstantiate(&graphs[g], graph, 0));
+        CK(cudaGraphDestroy(graph));
+    }
+
+    int32_t qs[GRAPH_MAX_SEQS + 1];
+    int32_t *tables = xmalloc((size_t)GRAPH_MAX_SEQS * bps * sizeof(int32_t));
+    int32_t *perm = xmalloc((size_t)num_blocks * sizeof(int32_t));
+    uint16_t *gout = xmalloc((size_t)GRAPH_MAX_SEQS * qw * sizeof(uint16_t));
+    uint16_t *eout = xmalloc((size_t)GRAPH_MAX_SEQS * qw * sizeof(uint16_t));
+    float *ref = xmalloc((size_t)GRAPH_MAX_SEQS * qw * sizeof(float));
+    for (int i = 0; i < num_steps && rc == 0; i++) {
+        const struct graph_step *st = &steps[i];
+        const int32_t n = st->num_seqs;
+        int g = 0;
+        while (pads[g] != st->pad)
+            g++;
+        /* Block tables: a fresh random permutation of blocks 1 .. num_blocks - 1. */
+        for (int32_t b = 0; b < num_blocks - 1; b++)
+            perm[b] = b + 1;
+        for (int32_t b = num_blocks - 2; b > 0; b--) {
+            int32_t j = rand_int(b + 1), t = perm[b];
+            perm[b] = perm[j];
+            perm[j] = t;
+        }
+        for (int32_t s = 0, used = 0; s < n; s++) {
+            qs[s] = s;
+            for (int32_t b = 0; b < bps; b++)
+                tables[(size_t)s * bps + b] =
+                    b < (st->context_len[s] + bs - 1) / bs ? perm[used++] : 0;
+        }
+        qs[n] = n;
+        const struct attention_batch batch = {n, n, qs, st->context_len, tables, bps};
+
+        /* The graph's replay. */
+        int32_t ctas = 0, parts = 0;
+        poison(d_out, (size_t)GRAPH_MAX_SEQS * qw * sizeof(uint16_t));
+        rc = cuda_attention_plan_graph(p, &batch, st->pad, stream);
+        if (rc == 0)
+            rc = cuda_attention_decode_shape(p, &ctas, &parts);
+        GPU_CHECK(rc == 0, "step %d: cuda_attention_plan_graph: %d (%s)", i, rc,
+                  pagoda_error_detail());
+        if (rc != 0)
+            break;
+        CK(cudaGraphLaunch(graphs[g], stream));
+        download(gout, d_out, (size_t)n * qw * sizeof(uint16_t));
+        const int32_t real_parts = parts - (st->pad - n); /* one per padding sequence */
+
+        /* The same step, eagerly. */
+        poison(d_out, (size_t)GRAPH_MAX_SEQS * qw * sizeof(uint16_t));
+        rc = cuda_attention_plan(p, &batch, stream);
+        if (rc == 0)
+            rc = cuda_attention_run(p, &gview, d_q, qw, d_out, stream);
+        GPU_CHECK(rc == 0, "step %d: eager plan and run: %d (%s)", i, rc, pagoda_error_detail());
+        download(eout, d_out, (size_t)n * qw * sizeof(uint16_t));
+
+        /* The CPU reference. */
+        struct attention_config ccfg = {
+            ATTN_CPU_PAGED, nh, nkv, hd, 1.0f / sqrtf((float)hd), bs, num_blocks,
+            DTYPE_F32,      n,  n,   bps};
+        struct attention_plan *cplan = NULL;
+        int crc = attention_plan_new(&ccfg, &cplan);
+        if (crc == 0)
+            crc = attention_plan(cplan, &batch);
+        if (crc == 0)
+            crc = attention_run(cplan, &cview, fq, ref);
+        GPU_CHECK(crc == 0, "CPU attention: %d (%s)", crc, pagoda_error_detail());
+        attention_plan_free(cplan);
+
+        char cfg[160];
+        snprintf(cfg, sizeof(cfg), "graph of %d, %d seqs (first context %d): %d partitions",
+                 (int)st->pad, (int)n, (int)st->context_len[0], (int)real_parts);
+        report("attention graph", cfg, rel_err_bf16(gout, ref, (size_t)n * qw), TOLERANCE);
+        const bool same = memcmp(gout, eout, (size_t)n * qw * sizeof(uint16_t)) == 0;
+        printf("%-20s   %-56s %s\n", "attention graph", "replay against eager",
+               same ? "equal" : "DIFFERENT  FAIL");
+        GPU_CHECK(same, "%s: the replay's outputs differ from the eager step's", cfg);
+        GPU_CHECK(ctas == grid[g], "%s: grid %d, the graph was captured with %d", cfg, (int)ctas,
+                  (int)grid[g]);
+        GPU_CHECK(real_parts >= st->min_parts, "%s: fewer than %d", cfg, (int)st->min_parts);
+    }
+
+    for (int g = 0; g < num_pads; g++)
+        if (graphs[g] != NULL)
+            CK(cudaGraphExecDestroy(graphs[g]));
+    cuda_attention_plan_free(p);
+    CK(cudaFree(d_pool));
+    CK(cudaFree(d_q));
+    CK(cudaFree(d_out));
+    free(pool);
+    free(cpool);
+    free(q);
+    free(fq);
+    free(tables);
+    free(perm);
+    free(gout);
+    free(eout);
+    free(ref);
+}
+
+/* The bound a captured decode graph relies on: however a step of up to pad sequences is split,
+ * its partitions fit the grid captured for pad (the plan's split_extra; attention.cu says why
+ * the bound holds for any minimum partition). Random decode batches of the Llama-3-8B shape,
+ * padded to graph sizes 1 .. 64, with one long context among short ones now and then (the
+ * splits that add the most partitions), each planned by cuda_attention_plan_graph, which
+ * refuses a step whose partitions would not fit (PAGODA_EINTERNAL); nothing runs. */
+static void test_attention_graph_bound(void)
+{
+    enum { max_seqs = 64, bs = 16, rounds = 600 };
+    const int32_t max_context = 32768, bps = max_context / bs, pool_blocks = 4096;
+    struct cuda_attention_config c = {32,       8,        128, 0.0884f, bs, pool_blocks + 1,
+                                      max_seqs, max_seqs, bps};
+    struct cuda_attention_plan *p = NULL;
+    int rc = cuda_attention_plan_new(&c, &p);
+    GPU_CHECK(rc == 0, "cuda_attention_plan_new: %d (%s)", rc, pagoda_error_detail());
+    if (rc != 0)
+        return;
+    int32_t qs[max_seqs + 1], ctx[max_seqs];
+    int32_t *tables = xmalloc((size_t)max_seqs * bps * sizeof(int32_t));
+    for (int64_t i = 0; i < (int64_t)max_seqs * bps; i++)
+        tables[i] = 1 + (int32_t)(i % pool_blocks);
+    int32_t most = 0, most_pad = 0, most_seqs = 0, allowed = 0, failures = 0;
+    for (int r = 0; r < rounds; r++) {
+        const int32_t pad = 1 << rand_int(7), n = 1 + rand_int(pad);
+        const int32_t shape = rand_int(3); /* short contexts, one long among them, any */
+        for (int32_t s = 0; s <= n; s++)
+            qs[s] = s;
+        for (int32_t s = 0; s < n; s++)
+            ctx[s] = shape == 2 || (shape == 1 && s == 0) ? 1 + rand_int(max_context)
+                                                          : 1 + rand_int(1 + rand_int(2000));
+        const struct attention_batch b = {n, n, qs, ctx, tables, bps};
+        int32_t ctas = 0, parts = 0;
+        rc = cuda_attention_plan_graph(p, &b, pad, stream);
+        if (rc == 0)
+            rc = cuda_attention_decode_shape(p, &ctas, &parts);
+        if (rc != 0) {
+            if (failures++ == 0)
+                printf("%-20s graph of %d, %d seqs, first context %d: %d (%s)  FAIL\n",
+                       "attention graph", (int)pad, (int)n, (int)ctx[0], rc, pagoda_error_detail());
+            continue;
+        }
+        const int32_t extra = parts - pad; /* partitions beyond one per sequence */
+        if (extra > most) {
+            most = extra;
+            most_pad = pad;
+            most_seqs = n;
+            allowed = ctas / 8 - pad;
+        }
+    }
+    char line[160];
+    snprintf(line, sizeof(line),
+             "%d random steps: at most %d extra partitions (graph of %d, %d seqs; %d fit)",
+             (int)rounds, (int)most, (int)most_pad, (int)most_seqs, (int)allowed);
+    printf("%-20s %-58s %s\n", "attention graph", line, failures == 0 ? "ok" : "FAIL");
+    GPU_CHECK(failures == 0, "%d of %d graph plans refused", (int)failures, (int)rounds);
+    cuda_attention_plan_free(p);
+    free(tables);
 }
 
 /* ---- refusals ---- */
@@ -1116,12 +1373,16 @@ static void test_refusals(void)
     CK(cudaFree(d_out));
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
     gpu_test_require_device("test_cuda_kernels");
     CK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
+    /* "graph": the decode graph cases alone (to run them against another build's kernels). */
+    const bool graph_only = argc > 1 && strcmp(argv[1], "graph") == 0;
+    if (graph_only)
+        goto graphs;
 
     test_embedding(1000, 4096, 37);
     test_embedding(97, 100, 9);
@@ -1207,6 +1468,13 @@ int main(void)
     }
 
     test_refusals();
+
+graphs:
+    /* Decode attention replayed from captured graphs (issue 15): the Llama-3-8B shape, and
+     * 4 query heads per KV head at head dim 64 with a block size of 32. */
+    test_attention_graph((struct shape){32, 8, 128, 16});
+    test_attention_graph((struct shape){16, 4, 64, 32});
+    test_attention_graph_bound();
 
     clock_gettime(CLOCK_MONOTONIC, &t1);
     printf("worst relative error of the bf16 cases: %.2e; %.1f s\n", worst_err,
