@@ -1068,7 +1068,7 @@ static int capture_graphs(struct cuda_backend *b)
                                         (int)pad, detail, pagoda_error_detail());
             b->base.graph_capture_failures++;
             log_warn("cuda: capturing the decode graph of batch %d failed: %s; every step runs "
-                     "without CUDA graphs (the %d graphs captured before were freed)",
+                     "without CUDA graphs, launch by launch (%d graphs captured, freed)",
                      (int)pad, detail, (int)captured);
             return 0;
         }
