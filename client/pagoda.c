@@ -788,6 +788,7 @@ void client_stats_from_proto(const Pagoda__Stats *s, pagoda_engine_stats *out)
     out->prefix_query_tokens = s->prefix_query_tokens;
     out->prefix_hit_tokens = s->prefix_hit_tokens;
     out->evictions = s->evictions;
+    out->prefix_waits = s->prefix_waits;
     out->live_requests = s->live_requests;
     out->finished_requests = s->finished_requests;
     out->malformed_requests = s->malformed_requests;
@@ -819,6 +820,7 @@ void client_stats_from_proto(const Pagoda__Stats *s, pagoda_engine_stats *out)
         d->prefix_query_tokens = e->prefix_query_tokens;
         d->prefix_hit_tokens = e->prefix_hit_tokens;
         d->routed = e->routed;
+        d->prefix_waits = e->prefix_waits;
     }
 }
 

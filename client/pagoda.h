@@ -148,7 +148,8 @@ typedef struct pagoda_engine_info {
     uint64_t load;                            /* what routing sees (docs/routing.md, Load) */
     uint32_t running, waiting;                /* from its latest stats; 0 when it sent none */
     uint64_t prefix_query_tokens, prefix_hit_tokens;
-    uint64_t routed; /* requests the router sent it (moves included) */
+    uint64_t routed;       /* requests the router sent it (moves included) */
+    uint64_t prefix_waits; /* as pagoda_engine_stats.prefix_waits, this engine's */
 } pagoda_engine_info;
 
 /* The engine's figures (pagoda.proto Stats); a figure the scheduler did not report is 0. With a
@@ -175,6 +176,10 @@ typedef struct pagoda_engine_stats {
     uint32_t cached_blocks, pinned_blocks;
     double peak_kv_usage;
     uint64_t prefix_query_tokens, prefix_hit_tokens, evictions;
+    /* Requests whose admission waited (once or more) for another running sequence to compute
+     * the next block of their prefix, to hit it in the cache instead of computing it beside
+     * (the requests behind a waiting one wait too: admission stays in order). */
+    uint64_t prefix_waits;
     /* The router's own. */
     uint32_t live_requests, finished_requests;
     uint64_t malformed_requests;

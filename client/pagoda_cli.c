@@ -511,8 +511,9 @@ static void print_engines(const pagoda_engine_stats *s, int json)
         printf(", \"engines_dropped\": %u, \"engines\": [", s->engines_dropped);
     } else {
         printf("\nrouting %s\n", s->routing);
-        printf("%-6s %-9s %8s %8s %8s %12s %12s %10s  %s", "engine", "connected", "load", "running",
-               "waiting", "prefix_query", "prefix_hit", "routed", "address");
+        printf("%-6s %-9s %8s %8s %8s %12s %12s %12s %10s  %s", "engine", "connected", "load",
+               "running", "waiting", "prefix_query", "prefix_hit", "prefix_waits", "routed",
+               "address");
     }
     for (uint32_t i = 0; i < s->num_engines; i++) {
         const pagoda_engine_info *e = &s->engines[i];
@@ -520,16 +521,18 @@ static void print_engines(const pagoda_engine_stats *s, int json)
             printf("%s{\"engine\": %u, \"address\": ", i ? ", " : "", e->engine);
             print_json_string(e->address);
             printf(", \"connected\": %s, \"load\": %llu, \"running\": %u, \"waiting\": %u, "
-                   "\"prefix_query_tokens\": %llu, \"prefix_hit_tokens\": %llu, \"routed\": %llu}",
+                   "\"prefix_query_tokens\": %llu, \"prefix_hit_tokens\": %llu, "
+                   "\"prefix_waits\": %llu, \"routed\": %llu}",
                    e->connected ? "true" : "false", (unsigned long long)e->load, e->running,
                    e->waiting, (unsigned long long)e->prefix_query_tokens,
-                   (unsigned long long)e->prefix_hit_tokens, (unsigned long long)e->routed);
+                   (unsigned long long)e->prefix_hit_tokens, (unsigned long long)e->prefix_waits,
+                   (unsigned long long)e->routed);
         } else {
-            printf("\n%-6u %-9s %8llu %8u %8u %12llu %12llu %10llu  %s", e->engine,
+            printf("\n%-6u %-9s %8llu %8u %8u %12llu %12llu %12llu %10llu  %s", e->engine,
                    e->connected ? "yes" : "no", (unsigned long long)e->load, e->running, e->waiting,
                    (unsigned long long)e->prefix_query_tokens,
-                   (unsigned long long)e->prefix_hit_tokens, (unsigned long long)e->routed,
-                   e->address);
+                   (unsigned long long)e->prefix_hit_tokens, (unsigned long long)e->prefix_waits,
+                   (unsigned long long)e->routed, e->address);
         }
     }
     if (json)
@@ -610,6 +613,8 @@ static int cmd_stats(pagoda_client *c, const struct cli *o)
     FIELD("prefix_query_tokens", "%llu", (unsigned long long)s.prefix_query_tokens);
     FIELD("prefix_hit_tokens", "%llu", (unsigned long long)s.prefix_hit_tokens);
     FIELD("evictions", "%llu", (unsigned long long)s.evictions);
+    if (engine)
+        FIELD("prefix_waits", "%llu", (unsigned long long)s.prefix_waits);
     FIELD("duplicate_submits", "%llu", (unsigned long long)s.duplicate_submits);
     FIELD("live_requests", "%u", s.live_requests);
     FIELD("finished_requests", "%u", s.finished_requests);

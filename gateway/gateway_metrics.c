@@ -185,6 +185,10 @@ static void engine_series(struct metrics_buf *b, const pagoda_engine_stats *s)
          "Prompt tokens the engine served from its prefix cache.", METRICS_COUNTER},
         {"pagoda_engine_routed_total", "Requests the router sent the engine (moves included).",
          METRICS_COUNTER},
+        {"pagoda_engine_prefix_waits_total",
+         "Requests whose admission on the engine waited for another sequence to compute their "
+         "next prefix block.",
+         METRICS_COUNTER},
     };
     for (size_t k = 0; k < sizeof(fam) / sizeof(fam[0]); k++) {
         metrics_family(b, fam[k].name, fam[k].type, fam[k].help);
@@ -196,7 +200,8 @@ static void engine_series(struct metrics_buf *b, const pagoda_engine_stats *s)
                                 e->waiting,
                                 (double)e->prefix_query_tokens,
                                 (double)e->prefix_hit_tokens,
-                                (double)e->routed};
+                                (double)e->routed,
+                                (double)e->prefix_waits};
             char index[GATEWAY_ENGINE_LABEL_BYTES];
             snprintf(index, sizeof(index), "%u", e->engine);
             struct metrics_label labels[] = {{"engine", index}, {"address", e->address}};
@@ -290,6 +295,10 @@ static void render(struct greq *q, const pagoda_async_result *res, const pagoda_
         counter(&b, "pagoda_prefix_cache_evictions_total", "Cached KV blocks evicted.",
                 (double)s->evictions);
         counter(&b, "pagoda_engine_steps_total", "Engine steps.", (double)s->steps);
+        counter(&b, "pagoda_prefix_waits_total",
+                "Requests whose admission waited for another sequence to compute their next "
+                "prefix block (to hit it in the prefix cache instead of computing it beside).",
+                (double)s->prefix_waits);
     } else {
         log_debug("/metrics without the engine's figures: %s", res->detail);
     }

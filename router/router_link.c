@@ -669,6 +669,7 @@ static void fill_stats(struct router *r, const Pagoda__Internal__SchedulerStats 
     COPY(steps_in_flight);
     COPY(peak_steps_in_flight);
     COPY(discarded_tokens);
+    COPY(prefix_waits);
     COPY(worker_step_wall_us);
     COPY(worker_step_device_us);
     COPY(prefill_tokens);
@@ -743,6 +744,7 @@ static void merge_stats(struct router *r, uint64_t mask, Pagoda__Internal__Sched
         SUM(pinned_blocks);
         SUM(steps_in_flight);
         SUM(discarded_tokens);
+        SUM(prefix_waits);
         SUM(prefill_tokens);
         SUM(decode_tokens);
         MEAN(0, kv_usage);
@@ -800,6 +802,8 @@ static void reply_stats(struct router *r, struct rctx *c)
                 es[i].prefix_query_tokens = s->prefix_query_tokens;
                 es[i].has_prefix_hit_tokens = s->has_prefix_hit_tokens;
                 es[i].prefix_hit_tokens = s->prefix_hit_tokens;
+                es[i].has_prefix_waits = s->has_prefix_waits;
+                es[i].prefix_waits = s->prefix_waits;
             }
             es_ptrs[i] = &es[i];
         }

@@ -1564,6 +1564,8 @@ static void on_stats_request(struct scheduler *s, const Pagoda__Internal__StatsR
     ps.steps_in_flight = st.steps_in_flight;
     ps.peak_steps_in_flight = st.peak_steps_in_flight;
     ps.discarded_tokens = st.discarded_tokens;
+    ps.has_prefix_waits = 1;
+    ps.prefix_waits = st.prefix_waits;
     ps.has_worker_step_wall_us = ps.has_worker_step_device_us = 1;
     ps.worker_step_wall_us = st.worker_step_wall_us;
     ps.worker_step_device_us = st.worker_step_device_us;

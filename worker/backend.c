@@ -195,6 +195,11 @@ uint64_t backend_graph_steps(const struct backend *b)
     return b->graph_steps;
 }
 
+uint64_t backend_graph_capture_failures(const struct backend *b)
+{
+    return b->graph_capture_failures;
+}
+
 void backend_close(struct backend *b)
 {
     if (b == NULL)

@@ -158,6 +158,11 @@ uint64_t backend_forward_count(const struct backend *b);
  * others ran launch by launch. 0 for a backend without graphs. */
 uint64_t backend_graph_steps(const struct backend *b);
 
+/* How many captures of CUDA graphs failed when the backend opened (worker/cuda_backend.h: the
+ * backend then runs every step launch by launch, as with graphs off); 0 for a backend without
+ * graphs. */
+uint64_t backend_graph_capture_failures(const struct backend *b);
+
 /* Closes a backend; NULL is accepted. */
 void backend_close(struct backend *b);
 
@@ -183,7 +188,8 @@ struct backend {
     const struct backend_ops *ops;
     struct model_config config;
     uint64_t forward_count;
-    uint64_t graph_steps; /* counted by the backend (backend_graph_steps) */
+    uint64_t graph_steps;            /* counted by the backend (backend_graph_steps) */
+    uint64_t graph_capture_failures; /* counted by the backend (backend_graph_capture_failures) */
     /* Host sampling (forward_sample == NULL): grown on first use, freed by backend_close. */
     float *host_logits;
     int32_t host_logits_rows;

@@ -924,12 +924,123 @@ static double now_ms(void)
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
 }
 
+/* PAGODA_CUDA_GRAPH_FAIL_AT=<batch>, for tests only (tests/gpu/test_cuda_graph_fallback.c): the
+ * capture of the decode graph of that batch size fails as a real capture can fail, through an
+ * operation a capturing stream refuses (a synchronization, which invalidates the capture), so
+ * that the fallback to launch-by-launch steps is exercised on the device. Read once per open;
+ * 0 (unset, or not a batch size of 1 .. MODEL_BUDGET_GRAPH_BATCH_MAX, which is ignored with a
+ * warning): no fault. */
+#define CUDA_GRAPH_FAIL_AT_ENV "PAGODA_CUDA_GRAPH_FAIL_AT"
+
+static int32_t graph_fail_at(void)
+{
+    const char *v = getenv(CUDA_GRAPH_FAIL_AT_ENV);
+    if (v == NULL || *v == '\0')
+        return 0;
+    char *end = NULL;
+    long n = strtol(v, &end, 10);
+    if (*end != '\0' || n < 1 || n > MODEL_BUDGET_GRAPH_BATCH_MAX) {
+        log_warn("cuda: %s=%s ignored: a batch size of 1 .. %d is expected (a test's fault "
+                 "injection)",
+                 CUDA_GRAPH_FAIL_AT_ENV, v, MODEL_BUDGET_GRAPH_BATCH_MAX);
+        return 0;
+    }
+    log_warn("cuda: %s=%ld: the capture of the decode graph of batch %ld will fail (a test's "
+             "fault injection)",
+             CUDA_GRAPH_FAIL_AT_ENV, n, n);
+    return (int32_t)n;
+}
+
+/* Captures, instantiates and replays once the graph of a decode step of pad sequences into
+ * b->graph[i]: the attention planned for pad padding sequences (the layout and grid every step of
+ * that size will have), the metadata staged, then forward_layers captured from the stream, and
+ * one replay (padding only: it writes no K/V). fail: the fault of PAGODA_CUDA_GRAPH_FAIL_AT.
+ * Adds the device memory the graph took to *used (cudaMemGetInfo before and after). Returns 0
+ * or an error with a detail; on an error the capture may still be open on the stream, or have
+ * left the stream's last error set (graphs_abandon undoes both). */
+static int capture_one(struct cuda_backend *b, int32_t i, int32_t pad, int fail, size_t *used)
+{
+    static const int32_t zero = 0;
+    const struct attention_batch none = {.query_start = &zero, .max_blocks_per_seq = 1};
+    const struct fwd_batch empty = {.query_start = &zero, .max_blocks_per_seq = 1};
+    size_t free0 = 0, free1 = 0, unused = 0;
+    cudaError_t e;
+    if ((e = cudaStreamSynchronize(b->stream)) != cudaSuccess ||
+        (e = cudaMemGetInfo(&free0, &unused)) != cudaSuccess)
+        return cuda_fail(e, "before the capture");
+    int rc = cuda_attention_plan_graph(b->plan, &none, pad, b->stream);
+    if (rc == 0)
+        rc = stage_step(b, STAGE_SYNC, &empty, pad, NULL, 0);
+    if (rc != 0)
+        return rc;
+    if ((e = cudaStreamBeginCapture(b->stream, cudaStreamCaptureModeThreadLocal)) != cudaSuccess)
+        return cuda_fail(e, "cudaStreamBeginCapture");
+    rc = forward_layers(b, pad, pad);
+    if (rc == 0 && fail) {
+        /* Refused while the stream captures, and the capture is invalidated: cudaStreamEndCapture
+         * below fails as it would after a launch the capture cannot record. */
+        e = cudaStreamSynchronize(b->stream);
+        rc = cuda_fail(e != cudaSuccess ? e : cudaErrorStreamCaptureUnsupported,
+                       "a synchronization while capturing (" CUDA_GRAPH_FAIL_AT_ENV ")");
+    }
+    cudaGraph_t graph = NULL;
+    e = cudaStreamEndCapture(b->stream, &graph);
+    if (rc == 0 && e != cudaSuccess)
+        rc = cuda_fail(e, "cudaStreamEndCapture");
+    if (rc == 0 && (e = cudaGraphInstantiate(&b->graph[i], graph, 0)) != cudaSuccess)
+        rc = cuda_fail(e, "cudaGraphInstantiate");
+    if (graph != NULL)
+        cudaGraphDestroy(graph);
+    if (rc != 0)
+        return rc;
+    b->graph_batch[i] = pad;
+    b->num_graphs = i + 1;
+    if ((e = cudaGraphLaunch(b->graph[i], b->stream)) != cudaSuccess ||
+        (e = cudaStreamSynchronize(b->stream)) != cudaSuccess ||
+        (e = cudaMemGetInfo(&free1, &unused)) != cudaSuccess)
+        return cuda_fail(e, "replaying the graph");
+    *used = free0 > free1 ? free0 - free1 : 0;
+    return 0;
+}
+
+/* After a failed capture_one: ends a capture still open on the stream (its graph dropped),
+ * clears the last error the capture left (capture errors are not sticky: the context stays
+ * usable), destroys every graph captured so far, and checks that the stream still runs work.
+ * Returns 0 when steps can run launch by launch, or PAGODA_ECUDA when the device itself failed
+ * (a sticky error, which eager steps would meet too). */
+static int graphs_abandon(struct cuda_backend *b)
+{
+    enum cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(b->stream, &status) == cudaSuccess &&
+        status != cudaStreamCaptureStatusNone) {
+        cudaGraph_t graph = NULL;
+        (void)cudaStreamEndCapture(b->stream, &graph);
+        if (graph != NULL)
+            cudaGraphDestroy(graph);
+    }
+    (void)cudaGetLastError();
+    for (int32_t i = 0; i < b->num_graphs; i++)
+        cudaGraphExecDestroy(b->graph[i]);
+    b->num_graphs = 0;
+    cudaError_t e = cudaStreamIsCapturing(b->stream, &status);
+    if (e == cudaSuccess && status != cudaStreamCaptureStatusNone)
+        e = cudaErrorStreamCaptureUnmatched;
+    if (e == cudaSuccess)
+        e = cudaStreamSynchronize(b->stream);
+    if (e == cudaSuccess)
+        e = cudaGetLastError();
+    return e == cudaSuccess ? 0 : cuda_fail(e, "the stream after a failed graph capture");
+}
+
 /* Captures the graph of a decode step of each batch size of model_budget_graph_batches (when
- * opt.cuda_graphs is on): the attention planned for that many padding sequences (the layout and
- * grid every step of that size will have), the metadata staged, then forward_layers captured
- * from the stream, instantiated and replayed once (padding only: it writes no K/V). Logs the
- * time and the device memory the graphs took (cudaMemGetInfo before and after each); the memory
- * budget counts MODEL_BUDGET_GRAPH_BYTES for each (model/model_budget.h). */
+ * opt.cuda_graphs is on), through capture_one. Logs the time and the device memory the graphs
+ * took; the memory budget counts MODEL_BUDGET_GRAPH_BYTES for each (model/model_budget.h).
+ *
+ * A capture that fails does not fail the open (the supervisor would restart the worker into
+ * the same failure): the graphs are given up (graphs_abandon frees those captured before), a
+ * warning names the batch size and the error, base.graph_capture_failures counts it, and every
+ * step runs launch by launch, as with cuda_graphs off. Only a device that no longer runs work
+ * afterwards fails the open. */
 static int capture_graphs(struct cuda_backend *b)
 {
     /* A tensor-parallel step's collectives wait on the host (cuda_tp.h): not capturable. Such
@@ -937,52 +1048,30 @@ static int capture_graphs(struct cuda_backend *b)
      * over-estimate). */
     if (!b->opt.cuda_graphs || b->opt.comm != NULL)
         return 0;
+    const int32_t fail_at = graph_fail_at();
     int32_t sizes[MODEL_BUDGET_GRAPHS_MAX];
     const int32_t count =
         model_budget_graph_batches(b->opt.limits.max_num_tokens, b->opt.limits.max_num_seqs, sizes);
-    static const int32_t zero = 0;
-    const struct attention_batch none = {.query_start = &zero, .max_blocks_per_seq = 1};
-    const struct fwd_batch empty = {.query_start = &zero, .max_blocks_per_seq = 1};
     const double t0 = now_ms();
     size_t total = 0, largest = 0;
-    cudaError_t e;
     for (int32_t i = 0; i < count; i++) {
         const int32_t pad = sizes[i];
-        size_t free0 = 0, free1 = 0, unused = 0;
-        if ((e = cudaStreamSynchronize(b->stream)) != cudaSuccess ||
-            (e = cudaMemGetInfo(&free0, &unused)) != cudaSuccess)
-            return cuda_fail(e, "capturing decode graphs");
-        int rc = cuda_attention_plan_graph(b->plan, &none, pad, b->stream);
-        if (rc == 0)
-            rc = stage_step(b, STAGE_SYNC, &empty, pad, NULL, 0);
-        if (rc != 0)
-            return rc;
-        if ((e = cudaStreamBeginCapture(b->stream, cudaStreamCaptureModeThreadLocal)) !=
-            cudaSuccess)
-            return cuda_fail(e, "cudaStreamBeginCapture");
-        rc = forward_layers(b, pad, pad);
-        cudaGraph_t graph = NULL;
-        e = cudaStreamEndCapture(b->stream, &graph);
-        if (rc == 0 && e != cudaSuccess)
-            rc = cuda_fail(e, "cudaStreamEndCapture");
-        if (rc == 0 && (e = cudaGraphInstantiate(&b->graph[i], graph, 0)) != cudaSuccess)
-            rc = cuda_fail(e, "cudaGraphInstantiate");
-        if (graph != NULL)
-            cudaGraphDestroy(graph);
+        size_t used = 0;
+        int rc = capture_one(b, i, pad, pad == fail_at, &used);
         if (rc != 0) {
             char detail[512];
             snprintf(detail, sizeof(detail), "%s", pagoda_error_detail());
-            (void)cudaGetLastError();
-            return pagoda_error_set(rc, "capturing the decode graph of batch %d: %s", (int)pad,
-                                    detail);
+            const int32_t captured = b->num_graphs;
+            int arc = graphs_abandon(b);
+            if (arc != 0)
+                return pagoda_error_set(arc, "capturing the decode graph of batch %d (%s), then %s",
+                                        (int)pad, detail, pagoda_error_detail());
+            b->base.graph_capture_failures++;
+            log_warn("cuda: capturing the decode graph of batch %d failed: %s; every step runs "
+                     "without CUDA graphs, launch by launch (%d graphs captured, freed)",
+                     (int)pad, detail, (int)captured);
+            return 0;
         }
-        b->graph_batch[i] = pad;
-        b->num_graphs = i + 1;
-        if ((e = cudaGraphLaunch(b->graph[i], b->stream)) != cudaSuccess ||
-            (e = cudaStreamSynchronize(b->stream)) != cudaSuccess ||
-            (e = cudaMemGetInfo(&free1, &unused)) != cudaSuccess)
-            return cuda_fail(e, "replaying a decode graph");
-        const size_t used = free0 > free1 ? free0 - free1 : 0;
         total += used;
         largest = used > largest ? used : largest;
     }

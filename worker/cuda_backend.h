@@ -48,7 +48,11 @@ struct cuda_backend_options {
      * (pagoda-worker --cuda-graphs off). Greedy outputs are the same either way at a batch that
      * is a graph's size (the same kernels and cuBLAS algorithms); a padded batch's GEMMs have
      * more rows and may round differently. backend_graph_steps counts the replays. A
-     * tensor-parallel rank (comm set) captures none: its collectives wait on the host. */
+     * tensor-parallel rank (comm set) captures none: its collectives wait on the host. A capture
+     * that fails does not fail the open: the graphs captured are freed, a warning names the
+     * batch size and the CUDA error, backend_graph_capture_failures counts it, and every step
+     * runs launch by launch. For tests, PAGODA_CUDA_GRAPH_FAIL_AT=<batch> in the environment
+     * (read at open) makes the capture of that batch size fail. */
     int cuda_graphs;
 };
 

@@ -604,9 +604,12 @@ static void worker_fini(struct worker *w)
         uv_loop_close(&w->loop);
     }
     if (w->backend != NULL) /* the executor's thread is joined: the counts are still */
-        log_info("%llu forward passes, %llu of them replayed a CUDA graph",
+        log_info("%llu forward passes, %llu of them replayed a CUDA graph%s",
                  (unsigned long long)backend_forward_count(w->backend),
-                 (unsigned long long)backend_graph_steps(w->backend));
+                 (unsigned long long)backend_graph_steps(w->backend),
+                 backend_graph_capture_failures(w->backend) > 0
+                     ? " (graphs off: their capture failed at open)"
+                     : "");
     backend_close(w->backend);  /* first: it synchronizes its stream, then nothing uses the pool */
     worker_pool_fini(&w->pool); /* unmaps only: the pool is kvpool's */
 }

@@ -470,7 +470,8 @@ static void check_gateway_engines(void)
                 {"pagoda_engine_prefix_hit_tokens_total", "prefix_hit_tokens"},
                 {"pagoda_engine_running", "running"},
                 {"pagoda_engine_waiting", "waiting"},
-                {"pagoda_engine_load", "load"}};
+                {"pagoda_engine_load", "load"},
+                {"pagoda_engine_prefix_waits_total", "prefix_waits"}};
     for (int i = 0; i < ENGINES; i++) {
         json_t *e = json_array_get(list, (size_t)i);
         CHECK(page && engine_sample(page, "pagoda_engine_up", i) == 1.0,
@@ -482,6 +483,13 @@ static void check_gateway_engines(void)
                   same[k].family, i, (long long)want, got);
         }
     }
+    /* An engine-wide counter: the engines' sum, as `pagoda stats` shows it. */
+    const char *waits = page ? strstr(page, "\npagoda_prefix_waits_total ") : NULL;
+    json_int_t want_waits = json_integer_value(json_object_get(doc, "prefix_waits"));
+    CHECK(waits != NULL && json_object_get(doc, "prefix_waits") != NULL &&
+              strtod(waits + strlen("\npagoda_prefix_waits_total "), NULL) == (double)want_waits,
+          "/metrics: pagoda_prefix_waits_total is pagoda stats' prefix_waits (%lld)",
+          (long long)want_waits);
     CHECK(page && strstr(page, "\n# TYPE pagoda_engine_routed_total counter\n") &&
               strstr(page, "\n# HELP pagoda_engine_load ") && !strstr(page, "\npagoda_engine_up "),
           "/metrics: HELP and TYPE lines, and no unlabelled pagoda_engine_up beside the engines'");

@@ -182,6 +182,8 @@ static void on_stats(struct fake_sched *fs, const Pagoda__Internal__StatsRequest
     st.has_resyncs = st.has_preemptions = 1;
     st.resyncs = 3;
     st.preemptions = 2;
+    st.has_prefix_waits = 1;
+    st.prefix_waits = FAKE_SCHED_PREFIX_WAITS;
     pthread_mutex_unlock(&fs->lock);
     Pagoda__Internal__ToRouter env = PAGODA__INTERNAL__TO_ROUTER__INIT;
     env.msg_case = PAGODA__INTERNAL__TO_ROUTER__MSG_STATS;

@@ -26,6 +26,7 @@
 #define FAKE_SCHED_PIECE_TOKENS 3
 #define FAKE_SCHED_ERROR_TOKEN 999999
 #define FAKE_SCHED_PEAK_RUNNING_BASE 1000u /* peak_running reported is this + the real peak */
+#define FAKE_SCHED_PREFIX_WAITS 7          /* the prefix_waits it reports */
 #define FAKE_SCHED_BLOCK_SIZE 4
 #define FAKE_SCHED_TRACE_MAX 256
 

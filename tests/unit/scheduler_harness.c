@@ -578,6 +578,7 @@ void io_to_router(void *ctx, const Pagoda__Internal__ToRouter *msg)
         h->stats_cpu_us = m->stats->step_cpu_us;
         h->stats_peak_in_flight = m->stats->peak_steps_in_flight;
         h->stats_discarded = m->stats->discarded_tokens;
+        h->stats_prefix_waits = m->stats->has_prefix_waits ? m->stats->prefix_waits : UINT64_MAX;
     } else if (m->msg_case == PAGODA__INTERNAL__TO_ROUTER__MSG_POLICY_APPLIED) {
         h->applied_count++;
         if (h->applied)

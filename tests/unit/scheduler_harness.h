@@ -141,6 +141,7 @@ struct harness {
     double stats_cpu_us;
     uint32_t stats_peak_in_flight;
     uint64_t stats_discarded;
+    uint64_t stats_prefix_waits;
     int stats_replies;
     int32_t rec_index[REC_INDEX]; /* 1 + the index in reqs of an id, 0: empty */
     const char *tenant;           /* what submit_full stamps ("t" when NULL) */

@@ -408,6 +408,19 @@ static void test_repeat_hits(void **state)
     harness_close(h);
 }
 
+/* The prefix_waits of the SchedulerStats the scheduler sends the router (UINT64_MAX: absent). */
+static uint64_t router_stats_prefix_waits(struct harness *h)
+{
+    Pagoda__Internal__StatsRequest sr = PAGODA__INTERNAL__STATS_REQUEST__INIT;
+    Pagoda__Internal__ToScheduler m = PAGODA__INTERNAL__TO_SCHEDULER__INIT;
+    m.msg_case = PAGODA__INTERNAL__TO_SCHEDULER__MSG_STATS;
+    m.stats = &sr;
+    int before = h->stats_replies;
+    deliver_router(h, &m);
+    assert_int_equal(h->stats_replies, before + 1);
+    return h->stats_prefix_waits;
+}
+
 /* Requests sharing a prefix nobody has cached yet, sent together: the first computes it, the
  * others wait for its blocks to be cached and hit them (stats.prefix_waits) instead of computing
  * the same prefix beside it; their outputs are unchanged. */
@@ -446,6 +459,8 @@ static void test_shared_prefix_computed_once(void **state)
     struct scheduler_stats st = stats(h);
     assert_true(st.prefix_waits > 0);
     assert_int_equal(st.prefix_hit_tokens, (uint64_t)(N - 1) * PREFIX);
+    /* The router's stats carry the count. */
+    assert_int_equal(router_stats_prefix_waits(h), st.prefix_waits);
     const char *why = NULL;
     if (scheduler_check_invariants(h->s, &why) != 0)
         fail_msg("%s", why);
@@ -489,6 +504,128 @@ static void test_prefix_wait_survives_cancel(void **state)
     if (scheduler_check_invariants(h->s, &why) != 0)
         fail_msg("%s", why);
     harness_close(h);
+}
+
+/* The prefix wait after a pinned prefix (the key switch: the pin's blocks are looked up in its
+ * namespace, the blocks after it in the tenant's own). Alice's a0 computes the blocks after the
+ * pin; alice's a1, sent beside it with the same tokens there, waits for them and hits the pin and
+ * them. Carol reads the same pin and sends the same tokens, but a0 publishes its blocks in
+ * alice's namespace, which carol cannot read: carol does not wait (she is served in the step
+ * that admits a0) and hits the pin only. One step in flight, so that each exchange is one step. */
+static void test_prefix_wait_after_pin(void **state)
+{
+    (void)state;
+    struct setup su = CACHE_SETUP;
+    su.num_blocks = 1 + 256;
+    su.max_steps_in_flight = 1;
+    struct harness *h = harness_open(&su);
+    enum { PIN = 32, SHARED = 64, LEN = PIN + SHARED + 8, OTHER = 40 };
+    int32_t sys[PIN];
+    make_prompt(4343, PIN, sys);
+    const char *names[] = {"t:alice", "t:carol"};
+    const uint32_t quotas[] = {0, 0};
+    const struct tenant_spec ts[] = {{"alice", "t:alice", 0, "sys"},
+                                     {"carol", "t:carol", 0, "sys"}};
+    const struct pin_spec ps[] = {{"sys", sys, PIN}};
+    send_policy(h, 1, names, quotas, 2, ts, 2, ps, 1);
+    pump(h);
+    assert_true(h->applied_count == 1 && h->applied->pins[0]->ready);
+    int32_t a0p[LEN], a1p[LEN], c0p[LEN], other[OTHER];
+    for (int i = 0; i < 3; i++) {
+        int32_t *p = i == 0 ? a0p : i == 1 ? a1p : c0p;
+        memcpy(p, sys, sizeof(sys));
+        make_prompt(4400, SHARED, p + PIN);
+        make_prompt(4410 + i, LEN - PIN - SHARED, p + PIN + SHARED);
+    }
+    make_prompt(4499, OTHER, other);
+    /* bob's prompt holds the one step in flight: the others queue behind it, in this order. */
+    h->tenant = "bob";
+    struct req_rec *o = submit(h, next_idn++, other, OTHER, 2);
+    h->tenant = "alice";
+    struct req_rec *a0 = submit(h, next_idn++, a0p, LEN, 4);
+    h->tenant = "carol";
+    struct req_rec *c0 = submit(h, next_idn++, c0p, LEN, 4);
+    h->tenant = "alice";
+    struct req_rec *a1 = submit(h, next_idn++, a1p, LEN, 4);
+    exchange(h); /* bob's prompt; the next step admits a0 and c0, a1 waits */
+    assert_int_equal(stats(h).prefix_waits, 1);
+    exchange(h);                 /* a0's and c0's prompts */
+    assert_true(c0->n_out >= 1); /* carol was not held back */
+    assert_int_equal(a1->n_out, 0);
+    pump(h);
+    expect_output(o, other, OTHER, 2, PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH);
+    expect_output(a0, a0p, LEN, 4, PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH);
+    expect_output(c0, c0p, LEN, 4, PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH);
+    expect_output(a1, a1p, LEN, 4, PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH);
+    assert_int_equal(a0->cached_tokens, PIN);
+    assert_int_equal(c0->cached_tokens, PIN);
+    assert_int_equal(a1->cached_tokens, PIN + SHARED);
+    assert_int_equal(stats(h).prefix_waits, 1);
+    const char *why = NULL;
+    if (scheduler_check_invariants(h->s, &why) != 0)
+        fail_msg("%s", why);
+    harness_close(h);
+}
+
+/* One run of test_prefix_wait_not_on_flushed_parent's timeline; returns stats.prefix_waits. */
+static uint64_t flushed_parent_run(bool flush)
+{
+    enum { B = 8, HEAD = 12, OUT = 10, TAIL = 4 };
+    struct setup su = CACHE_SETUP;
+    su.max_steps_in_flight = 1;
+    struct harness *h = harness_open(&su);
+    h->tenant = "alice";
+    /* z caches block 0 (E0). */
+    int32_t head[HEAD], z[HEAD], c[HEAD];
+    make_prompt(4600, HEAD, head);
+    memcpy(z, head, B * sizeof(int32_t));
+    make_prompt(4601, HEAD - B, z + B);
+    ask(h, "alice", z, HEAD, 2);
+    /* a: block 0 from the cache (it holds E0), its block 1 half prompt, half its own output. */
+    struct req_rec *a = submit(h, next_idn++, head, HEAD, OUT);
+    if (flush)
+        admin_call(h, false, "t:alice"); /* E0 leaves the cache; a still holds it */
+    /* c computes block 0 again: E0' (with the flush; without it, c hits E0). */
+    memcpy(c, head, B * sizeof(int32_t));
+    make_prompt(4602, HEAD - B, c + B);
+    struct req_rec *cr = submit(h, next_idn++, c, HEAD, 2);
+    exchange(h); /* a's prompt; then a decodes, c's prompt */
+    exchange(h); /* c's block 0 is cached */
+    exchange(h); /* a has 15 tokens, c ends */
+    /* While a's step of its 16th token runs, d sends a's first 16 tokens and more: d matches
+     * block 0, and a is computing block 1 with the same tokens under the same key. */
+    int32_t d[2 * B + TAIL];
+    memcpy(d, head, HEAD * sizeof(int32_t));
+    ref_generate(head, HEAD, 2 * B - HEAD, d + HEAD);
+    make_prompt(4603, TAIL, d + 2 * B);
+    struct req_rec *dr = submit(h, next_idn++, d, 2 * B + TAIL, 2);
+    exchange(h); /* a's 16th token: its block 1 is full, not computed yet; d is looked at */
+    uint64_t waits = stats(h).prefix_waits;
+    pump(h);
+    expect_output(a, head, HEAD, OUT, PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH);
+    expect_output(cr, c, HEAD, 2, PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH);
+    expect_output(dr, d, 2 * B + TAIL, 2, PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH);
+    assert_int_equal(a->cached_tokens, B);
+    assert_int_equal(cr->cached_tokens, flush ? 0 : B);
+    const char *why = NULL;
+    if (scheduler_check_invariants(h->s, &why) != 0)
+        fail_msg("%s", why);
+    harness_close(h);
+    return waits;
+}
+
+/* A request waits for a block another sequence computes only if that sequence holds, for the
+ * block before, the very entry the request matched. Here a holds block 0's entry E0 and computes
+ * block 1; an admin flush takes E0 out of the cache (a keeps it), and c caches the same block 0
+ * again as E0'. d, with a's tokens, matches E0' and finds a computing block 1 under the same key;
+ * but a publishes nothing under a flushed parent (its block 1 stays private), so d must not wait
+ * for it: it is admitted at once and computes block 1 itself. Without the flush the same
+ * timeline makes d wait (a will publish under E0, which d matched). */
+static void test_prefix_wait_not_on_flushed_parent(void **state)
+{
+    (void)state;
+    assert_int_equal(flushed_parent_run(false), 1);
+    assert_int_equal(flushed_parent_run(true), 0);
 }
 
 /* Isolation: B sends A's exact prompts and never hits; A's figures do not move. */
@@ -1070,6 +1207,8 @@ int main(void)
         cmocka_unit_test(test_repeat_hits),
         cmocka_unit_test(test_shared_prefix_computed_once),
         cmocka_unit_test(test_prefix_wait_survives_cancel),
+        cmocka_unit_test(test_prefix_wait_after_pin),
+        cmocka_unit_test(test_prefix_wait_not_on_flushed_parent),
         cmocka_unit_test(test_isolation),
         cmocka_unit_test(test_sharing_group),
         cmocka_unit_test(test_pinned_prefix),

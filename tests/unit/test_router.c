@@ -575,6 +575,7 @@ static void test_stats_round_trip(void **state)
     assert_true(st.kv_usage == 0.25);
     assert_int_equal(st.resyncs, 3);
     assert_int_equal(st.preemptions, 2);
+    assert_int_equal(st.prefix_waits, FAKE_SCHED_PREFIX_WAITS);
     assert_true(st.steps > 0);
     assert_true(st.computed_tokens > 0);
     assert_true(st.scheduler_connected);

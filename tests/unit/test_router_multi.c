@@ -162,6 +162,11 @@ static void test_round_robin_and_stats(void **state)
     assert_true(st.peak_running >= FAKE_SCHED_PEAK_RUNNING_BASE + 1);
     assert_true(st.peak_running < 2 * FAKE_SCHED_PEAK_RUNNING_BASE);
     assert_true(st.scheduler_connected);
+    /* A counter is summed, and each engine's is listed. */
+    assert_int_equal(st.prefix_waits, 2 * FAKE_SCHED_PREFIX_WAITS);
+    assert_int_equal(st.num_engines, 2);
+    for (uint32_t i = 0; i < st.num_engines; i++)
+        assert_int_equal(st.engines[i].prefix_waits, FAKE_SCHED_PREFIX_WAITS);
     multi_stop(&m);
 }
 
