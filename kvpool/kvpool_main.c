@@ -261,8 +261,7 @@ static int gpu_size(struct opts *o, const struct model_config *c, struct gpu_bud
     if (o->tp_size > 1) {
         /* A rank's shard (NCCL's buffers counted; a rank captures no CUDA graphs). */
         struct model_shard shard;
-        int rc = model_shard_make(c, o->tp_rank, o->tp_size, &shard);
-        if (rc != 0)
+        if ((rc = model_shard_make(c, o->tp_rank, o->tp_size, &shard)) != 0)
             return rc;
         b->weight_bytes = model_budget_shard_weight_bytes(c, &shard);
         if (o->reserve_bytes == 0)
