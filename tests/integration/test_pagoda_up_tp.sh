@@ -60,5 +60,31 @@ if [ -n "${1:-}" ]; then
     "$sup" --check-args --run-dir "$tmp/run" --bin-dir "$tmp" --model "$tmp" --tensor-parallel 2 \
         >/dev/null 2>&1 || rc=$?
     check "pagoda-supervisor --tensor-parallel 2 (cpu) is accepted (exit $rc)" test "$rc" = 0
+
+    # A rank's own flags: pagoda-worker's go together; pagoda-kvpool refuses a size the model's
+    # heads cannot be split by (pagoda-brown: 4 heads, 2 KV heads), naming the field, creating
+    # nothing.
+    worker_refused() {
+        local needle=$1 rc=0
+        shift
+        "$1/pagoda-worker" --run-dir "$tmp" --model "$root/assets/pagoda-brown" --worker-id 0 \
+            "${@:2}" >"$tmp/out" 2>"$tmp/err" || rc=$?
+        check "pagoda-worker ${*:2} is refused (exit $rc)" test "$rc" = 2
+        check "  saying \"$needle\"" grep -qF -- "$needle" "$tmp/err"
+    }
+    worker_refused "--tp-rank, --tp-size and --tp-group go together" "$1" --tp-rank 1 --tp-size 2
+    worker_refused "the ranks of --tp-size 2 are 0 to 1" "$1" --tp-rank 2 --tp-size 2 \
+        --tp-group "$tmp/g"
+    worker_refused "exclude each other" "$1" --tp-rank 0 --tp-size 2 --tp-group "$tmp/g" \
+        --tensor-parallel 2
+    worker_refused "--tp-size needs --backend cpu or cuda" "$1" --tp-rank 0 --tp-size 2 \
+        --tp-group "$tmp/g" --backend null
+    mkdir -m 0700 "$tmp/kv"
+    rc=0
+    timeout 30 "$1/pagoda-kvpool" --run-dir "$tmp/kv" --model "$root/assets/pagoda-brown" \
+        --kv-blocks 16 --tp-rank 1 --tp-size 3 >"$tmp/out" 2>"$tmp/err" || rc=$?
+    check "pagoda-kvpool --tp-size 3 (4 heads) fails (exit $rc)" test "$rc" = 1
+    check "  naming the field" grep -q "does not divide the model.s num_attention_heads (4)" "$tmp/err"
+    check "  creating no socket" test -z "$(ls "$tmp/kv")"
 fi
 check_summary
