@@ -6,7 +6,8 @@
 # of rank 0's, while four requests run loses none of them: each completes with TP 1's tokens
 # (the supervisor restarts both ranks, the scheduler's resync replays). A worker given the
 # running group's file (stale: its place is claimed) or a file that is not a group file refuses
-# with a clear error; the group goes on serving.
+# with a clear error; the group goes on serving. pagoda-status names the ranks as the supervisor
+# does (worker-0-r1).
 set -euo pipefail
 # shellcheck source=tests/check.sh
 . "$(dirname "$0")/../check.sh"
@@ -125,6 +126,10 @@ down brown1
 up brown2 "$brown" --tensor-parallel 2
 start brown2 brown2 && finish
 check "pagoda-brown: TP 2 gives TP 1's tokens ($(head -c 60 "$tmp/brown2.1"))" same brown1 brown2
+"$deploy/pagoda-status" --run-dir "$tmp/runbrown2" >"$tmp/status" 2>&1 || true
+check "pagoda-status names every rank ($(tr -s ' \n' ' ' <"$tmp/status" | head -c 200))" \
+    grep -q "worker-0-r1 .*pid" "$tmp/status"
+check "  and still the scheduler" grep -q "scheduler .*pid" "$tmp/status"
 check "rank 1's kvpool holds half the KV heads" \
     grep -q "tensor-parallel rank 1 of 2: 1 of the model's 2 KV heads" "$tmp/runbrown2/kvpool-r1.log"
 
