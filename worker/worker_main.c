@@ -22,7 +22,7 @@
  * open no scheduler link: after Control{ready} they run the steps rank 0 sends until it says
  * stop (exit 0), rank 0's process or this one's parent is gone, or a signal (which aborts the
  * group, so that rank 0 fails at once instead of at the collectives' timeout; exit 0 on a signal,
- * 1 otherwise).
+ * 1 otherwise). --tp-size 1 is a plain worker (the file is not used).
  *
  * Start (docs/protocol.md): asks kvpool (REQ ipc://DIR/kvpool.ipc, for up to 30 s) for the
  * pool's geometry, maps the pool and checks that it fits the model, loads the model and opens
@@ -287,20 +287,20 @@ static int open_backend(struct worker *w, const struct backend_limits *bl)
         /* A rank's budget is its shard's: cuda_backend_open checks it (model_budget_shard_*). */
         if (w->tp == NULL && (rc = check_gpu_memory(w, bl)) != 0)
             return rc;
-        if (strcmp(o->load_format, "random") != 0 &&
-            (rc = w->tp != NULL ? model_weights_open_shard(o->model, o->tp_rank, o->tp_size, &mw)
-                                : model_weights_open(o->model, &mw)) != 0)
-            return rc;
         struct cuda_backend_options co = cuda_backend_default_options();
         co.device = kv_cuda_pool_device(w->pool.gpu);
         co.limits = *bl;
         co.cuda_graphs = o->cuda_graphs;
+        /* The ranks' communicator first, while they are in step (every rank just joined): its
+         * opening is collective and bounded by the group's timeout. */
         if (w->tp != NULL && (rc = tp_proc_device_comm(w->tp, co.device, &w->tp_device_comm,
-                                                       &w->tp_device_comm_owned)) != 0) {
-            model_weights_close(mw);
+                                                       &w->tp_device_comm_owned)) != 0)
             return rc;
-        }
         co.comm = w->tp_device_comm;
+        if (strcmp(o->load_format, "random") != 0 &&
+            (rc = w->tp != NULL ? model_weights_open_shard(o->model, o->tp_rank, o->tp_size, &mw)
+                                : model_weights_open(o->model, &mw)) != 0)
+            return rc;
         rc = cuda_backend_open(&w->config, mw, o->seed, pg, kv_cuda_pool_data(w->pool.gpu), &co,
                                &w->backend);
         if (rc == PAGODA_EEXHAUSTED)
