@@ -8,7 +8,7 @@
  *                     [--log-level info] [--ready-timeout-ms 60000] [--stop-timeout-ms 30000]
  *                     [--heartbeat-ms 1000] [--heartbeat-misses 15]
  *                     [--kvpool-arg A]... [--worker-arg A]... [--scheduler-arg A]...
- *                     [--router-arg A]...
+ *                     [--router-arg A]... [--tensor-parallel N [--devices D0,D1,...]]
  *
  * Everything happens on one libuv loop. The supervisor listens PULL on ipc://DIR/control.ipc,
  * where every program pushes Control messages (docs/protocol.md), and starts the programs of
@@ -52,6 +52,23 @@
  * each engine's pool (a GPU shared by N engines needs one of them: each kvpool would otherwise
  * take all the free memory). The start goes engine by engine, each program after the one
  * before it is ready; a program that exits is restarted alone, like any other.
+ *
+ * Tensor parallelism: --tensor-parallel N (1..SUP_MAX_TP; --backend cpu or cuda) gives every
+ * engine N ranks, each one kvpool and one worker process (docs/tensor-parallel.md): kvpool rank R
+ * gets --tp-rank R --tp-size N (a pool of the shard's KV heads; R > 0 under its own names,
+ * "kvpool-rR" and DIR/kvpool-rR.ipc), with --backend cuda on GPU --devices' R-th entry (--device
+ * D); worker rank R gets --tp-rank R --tp-size N --tp-group DIR/tp-group (rank 0 is "worker-0" and
+ * talks to the scheduler, R > 0 are "worker-0-rR" and follow rank 0's steps). The supervisor
+ * makes the group file DIR/tp-group fresh (comm_file_create: a new file through a rename) each
+ * time it starts the worker ranks, so a stale one (from a killed group or supervisor) is never
+ * joined; the file stays after the group stops and is replaced at the next start. The worker
+ * ranks are one unit: they start together (the start waits for rank 0, which is ready once every
+ * rank has loaded), and when any of them exits the others are killed (SIGKILL: a rank of a broken
+ * group holds nothing a clean exit would save, the KV is kvpool's) and, once all are gone, all
+ * are restarted with the unit's back-off (rank 0's restart policy); the scheduler's resync
+ * replays what the group lost. A kvpool rank restarts alone, like any kvpool. With --backend cuda
+ * every rank's pool must have the same block count, so --kv-blocks or --kv-bytes is required
+ * (each GPU's free memory would size its pool differently). --workers stays 1.
  *
  * Roles: --role engine starts only the engines (no router: a router on another host is
  * configured with their addresses, as SGLang's router takes its workers' URLs; DIR/ready then
@@ -107,6 +124,7 @@
 #include "common/exit_status.h"
 #include "common/log.h"
 #include "common/parse.h"
+#include "comm/comm_file.h"
 #include "deploy/control.h"
 #include "deploy/restart_policy.h"
 #include "wire/address.h"
@@ -145,6 +163,11 @@
 #define SUP_MAX_URL_BYTES 256  /* --listen */
 /* Engines of one supervisor (--engines); --role router takes at most this many --scheduler. */
 #define SUP_MAX_ENGINES 16
+/* Ranks of a tensor-parallel engine (--tensor-parallel), and the bytes of one --devices entry. */
+#define SUP_MAX_TP COMM_MAX_RANKS
+#define SUP_MAX_DEVICE_TEXT 8
+/* The group file of a tensor-parallel engine, in its run directory. */
+#define SUP_TP_GROUP_FILE "tp-group"
 /* Programs of one group: every engine's kvpool, workers and scheduler, the router, the
  * gateway. */
 #define SUP_MAX_CHILDREN (2 + SUP_MAX_WORKERS + 2 + 3 * SUP_MAX_ENGINES)
@@ -202,6 +225,9 @@ struct sup_opts {
     int heartbeat_misses;
     const char *extra[ROLE_COUNT][SUP_MAX_EXTRA_ARGS];
     int num_extra[ROLE_COUNT];
+    int tensor_parallel;                           /* ranks per engine; 1: none */
+    char devices[SUP_MAX_TP][SUP_MAX_DEVICE_TEXT]; /* --devices, one a rank */
+    int num_devices;
 };
 
 enum child_state {
@@ -218,9 +244,17 @@ struct child {
     enum role role;
     int worker_id; /* -1 for the other roles */
     int engine;    /* -1 for the router and the gateway */
-    char name[48]; /* "kvpool", "worker-3", "engine-1/scheduler", ... */
+    int tp_rank;   /* a kvpool's or worker's rank with --tensor-parallel above 1; else -1 */
+    char name[48]; /* "kvpool", "worker-3", "engine-1/scheduler", "worker-0-r1", ... */
     char *argv[SUP_MAX_ARGV];
     char worker_id_text[12];
+    char tp_rank_text[12];
+    char tp_group[PATH_MAX]; /* a worker rank's group file */
+    /* A worker unit's rank 0: the unit is down (a rank exited, the others are being stopped),
+     * since the exit of the first rank, after uptime_ms, described in how. */
+    int unit_down;
+    uint64_t unit_uptime_ms;
+    char unit_how[192];       /* name (48) and describe_exit's text (128) */
     uv_process_t proc;        /* initialized by each spawn, closed after each exit */
     uv_timer_t restart_timer; /* initialized once, closed at the end */
     enum child_state state;
@@ -256,6 +290,7 @@ struct supervisor {
     char program[ROLE_COUNT][PATH_MAX];
     char model_name[256]; /* the model folder's last component (the gateway's model id) */
     char workers_text[12];
+    char tp_size_text[12];
     /* Each engine's run directory (DIR itself with one engine) and its links' addresses: the
      * one its program listens on and the one its peers dial ("" for the ipc:// default). */
     char engine_dir[SUP_MAX_ENGINES][PATH_MAX];
@@ -331,10 +366,12 @@ static void usage(FILE *f)
         "--role engine starts the engines only (DIR/ready lists their --scheduler-listen);\n"
         "--role router starts the router (and gateway) only. The supervisor's control socket\n"
         "is always ipc://DIR/control.ipc (it credits messages by the sender's pid).\n"
+        "Tensor parallelism: [--tensor-parallel N (1..%d ranks per engine: a kvpool and a\n"
+        "   worker each, one unit)] [--devices D0,D1,... (--backend cuda: rank R's GPU)]\n"
         "--check-args checks the command line (addresses included) and exits: 0, or 2\n"
         "with the reason; nothing is created or started (deploy/pagoda-up uses it).\n",
         SUP_SUPPORTED_WORKERS, SUP_DEFAULT_HEARTBEAT_MS, SUP_DEFAULT_HEARTBEAT_MISSES,
-        SUP_MAX_EXTRA_ARGS, SUP_EXIT_BUSY, SUP_MAX_WORKERS, SUP_MAX_ENGINES);
+        SUP_MAX_EXTRA_ARGS, SUP_EXIT_BUSY, SUP_MAX_WORKERS, SUP_MAX_ENGINES, SUP_MAX_TP);
 }
 
 enum {
@@ -365,6 +402,8 @@ enum {
     OPT_WORKER_LISTEN,
     OPT_KVPOOL_LISTEN,
     OPT_SCHEDULER,
+    OPT_TENSOR_PARALLEL,
+    OPT_DEVICES,
     OPT_HELP,
     OPT_ALLOW_MULTI_WORKER, /* after OPT_HELP: takes no value */
     OPT_CHECK_ARGS,
@@ -432,12 +471,77 @@ static int check_port_overlap(const struct sup_opts *o)
     return 0;
 }
 
+/* --devices D0,D1,...: device numbers, each at most 4 digits, none twice. */
+static int parse_devices(const char *text, struct sup_opts *o)
+{
+    o->num_devices = 0;
+    const char *p = text;
+    for (;;) {
+        size_t n = strcspn(p, ",");
+        if (n == 0 || n > 4 || strspn(p, "0123456789") != n)
+            return pagoda_error_set(
+                PAGODA_EINVAL, "--devices %s: device numbers separated by commas (e.g. 0,1)", text);
+        if (o->num_devices == SUP_MAX_TP)
+            return pagoda_error_set(PAGODA_ERANGE, "--devices %s: more than %d devices", text,
+                                    SUP_MAX_TP);
+        snprintf(o->devices[o->num_devices], SUP_MAX_DEVICE_TEXT, "%.*s", (int)n, p);
+        for (int i = 0; i < o->num_devices; i++)
+            if (atoi(o->devices[i]) == atoi(o->devices[o->num_devices]))
+                return pagoda_error_set(PAGODA_EINVAL, "--devices %s names a device twice", text);
+        o->num_devices++;
+        if (p[n] == '\0')
+            return 0;
+        p += n + 1;
+    }
+}
+
+/* Checks what --tensor-parallel and --devices ask for with the backend and the pool's size. */
+static int check_tensor_parallel(const struct sup_opts *o)
+{
+    int cuda = strcmp(o->backend, "cuda") == 0;
+    if (o->num_devices > 0 && !cuda)
+        return pagoda_error_set(PAGODA_EINVAL, "--devices needs --backend cuda");
+    if (o->num_devices > 0 && o->num_devices != o->tensor_parallel)
+        return pagoda_error_set(PAGODA_EINVAL,
+                                "--devices names %d device(s), --tensor-parallel is %d",
+                                o->num_devices, o->tensor_parallel);
+    if (o->tensor_parallel == 1)
+        return 0;
+    if (strcmp(o->backend, "null") == 0)
+        return pagoda_error_set(PAGODA_EINVAL, "--tensor-parallel %d needs --backend cpu or cuda",
+                                o->tensor_parallel);
+    if (o->workers != 1)
+        return pagoda_error_set(PAGODA_EINVAL,
+                                "--tensor-parallel %d with --workers %d: a tensor-parallel engine "
+                                "runs one worker of N ranks",
+                                o->tensor_parallel, o->workers);
+    if (cuda && o->num_devices == 0)
+        return pagoda_error_set(PAGODA_EINVAL,
+                                "--tensor-parallel %d --backend cuda needs --devices (one GPU a "
+                                "rank)",
+                                o->tensor_parallel);
+    if (cuda && o->kv_blocks == NULL && o->kv_bytes == NULL)
+        return pagoda_error_set(PAGODA_EINVAL,
+                                "--tensor-parallel %d --backend cuda: give every rank's pool the "
+                                "same size with --kv-blocks N or --kv-bytes B (each GPU's free "
+                                "memory would size its pool differently, and the ranks share one "
+                                "block table)",
+                                o->tensor_parallel);
+    return 0;
+}
+
 /* Checks what the engine and role flags ask for together. */
 static int check_engines(const struct sup_opts *o)
 {
-    if (o->engines * (o->workers + 2) + 2 > SUP_MAX_CHILDREN)
-        return pagoda_error_set(PAGODA_ERANGE, "--engines %d x --workers %d: more than %d programs",
-                                o->engines, o->workers, SUP_MAX_CHILDREN);
+    int tp = o->tensor_parallel;
+    if (o->engines * (tp * (o->workers + 1) + 1) + 2 > SUP_MAX_CHILDREN)
+        return pagoda_error_set(PAGODA_ERANGE,
+                                "--engines %d x --workers %d x --tensor-parallel %d: more than %d "
+                                "programs",
+                                o->engines, o->workers, tp, SUP_MAX_CHILDREN);
+    int rc = check_tensor_parallel(o);
+    if (rc != 0)
+        return rc;
     if (o->role == SUP_ROLE_ROUTER) {
         if (o->num_schedulers == 0)
             return pagoda_error_set(PAGODA_EINVAL,
@@ -477,7 +581,7 @@ static int check_engines(const struct sup_opts *o)
                                     "%s %s with --engines %d: ports up to %d do not exist",
                                     link_flags[l], a, o->engines, port + o->engines - 1);
     }
-    int rc = check_port_overlap(o);
+    rc = check_port_overlap(o);
     if (rc != 0)
         return rc;
     if (o->role == SUP_ROLE_ENGINE && wire_address_port(o->link_listen[LINK_SCHEDULER]) < 0)
@@ -531,6 +635,8 @@ static int parse_opts(int argc, char **argv, struct sup_opts *o)
         {"worker-listen", required_argument, NULL, OPT_WORKER_LISTEN},
         {"kvpool-listen", required_argument, NULL, OPT_KVPOOL_LISTEN},
         {"scheduler", required_argument, NULL, OPT_SCHEDULER},
+        {"tensor-parallel", required_argument, NULL, OPT_TENSOR_PARALLEL},
+        {"devices", required_argument, NULL, OPT_DEVICES},
         {"help", no_argument, NULL, OPT_HELP},
         {NULL, 0, NULL, 0},
     };
@@ -540,6 +646,7 @@ static int parse_opts(int argc, char **argv, struct sup_opts *o)
     o->log_level = "info";
     o->workers = 1;
     o->engines = 1;
+    o->tensor_parallel = 1;
     o->role = SUP_ROLE_ALL;
     o->ready_timeout_ms = 60000;
     o->stop_timeout_ms = 30000;
@@ -673,6 +780,15 @@ static int parse_opts(int argc, char **argv, struct sup_opts *o)
                 0)
                 return rc;
             o->heartbeat_misses = (int)v;
+            break;
+        case OPT_TENSOR_PARALLEL:
+            if ((rc = parse_i64("--tensor-parallel", optarg, 1, SUP_MAX_TP, &v)) != 0)
+                return rc;
+            o->tensor_parallel = (int)v;
+            break;
+        case OPT_DEVICES:
+            if ((rc = parse_devices(optarg, o)) != 0)
+                return rc;
             break;
         case OPT_ALLOW_MULTI_WORKER:
             o->allow_multi_worker = 1;
@@ -974,7 +1090,19 @@ static void child_build_argv(struct supervisor *sup, struct child *c)
             c->argv[n++] = "--backend";
             c->argv[n++] = "cuda";
         }
-        n = add_link_flag(sup, c, n, LINK_KVPOOL, "--listen", 0);
+        if (c->tp_rank >= 0) {
+            c->argv[n++] = "--tp-rank";
+            c->argv[n++] = c->tp_rank_text;
+            c->argv[n++] = "--tp-size";
+            c->argv[n++] = sup->tp_size_text;
+            if (o->num_devices > 0) {
+                c->argv[n++] = "--device";
+                c->argv[n++] = (char *)o->devices[c->tp_rank];
+            }
+        }
+        /* Ranks above 0 serve their own pool on DIR/kvpool-rR.ipc (local to the ranks). */
+        if (c->tp_rank <= 0)
+            n = add_link_flag(sup, c, n, LINK_KVPOOL, "--listen", 0);
         break;
     case ROLE_WORKER:
         c->argv[n++] = "--model";
@@ -983,7 +1111,16 @@ static void child_build_argv(struct supervisor *sup, struct child *c)
         c->argv[n++] = c->worker_id_text;
         c->argv[n++] = "--backend";
         c->argv[n++] = (char *)o->backend;
-        n = add_link_flag(sup, c, n, LINK_KVPOOL, "--kvpool", 1);
+        if (c->tp_rank >= 0) {
+            c->argv[n++] = "--tp-rank";
+            c->argv[n++] = c->tp_rank_text;
+            c->argv[n++] = "--tp-size";
+            c->argv[n++] = sup->tp_size_text;
+            c->argv[n++] = "--tp-group";
+            c->argv[n++] = c->tp_group;
+        }
+        if (c->tp_rank <= 0) /* ranks above 0 find their kvpool at DIR/kvpool-rR.ipc */
+            n = add_link_flag(sup, c, n, LINK_KVPOOL, "--kvpool", 1);
         n = add_link_flag(sup, c, n, LINK_WORKER, "--scheduler", 1);
         break;
     case ROLE_SCHEDULER:
@@ -1127,6 +1264,100 @@ static void child_signal(struct child *c, int signum)
                  uv_strerror(rv));
 }
 
+/* ---- tensor-parallel worker units --------------------------------------------------------- */
+
+/* A worker rank of a tensor-parallel engine: its ranks are one unit. */
+static int is_unit_rank(const struct child *c)
+{
+    return c->role == ROLE_WORKER && c->tp_rank >= 0;
+}
+
+static int same_unit(const struct child *a, const struct child *b)
+{
+    return is_unit_rank(a) && is_unit_rank(b) && a->engine == b->engine &&
+           a->worker_id == b->worker_id;
+}
+
+/* The unit's rank 0 (the scheduler's worker; it holds the unit's restart state and timer). */
+static struct child *unit_leader(struct supervisor *sup, struct child *c)
+{
+    for (int i = 0; i < sup->num_children; i++) {
+        struct child *x = &sup->children[i];
+        if (same_unit(x, c) && x->tp_rank == 0)
+            return x;
+    }
+    return c;
+}
+
+/* Makes the unit's group file fresh (a stale one is never joined) and starts its ranks, rank 0
+ * last. A file that cannot be made is logged; the ranks then fail to join and exit, which the
+ * unit's restart (and its crash-loop limit) handles. */
+static void unit_spawn(struct supervisor *sup, struct child *leader)
+{
+    int rc = comm_file_create(leader->tp_group, sup->opts.tensor_parallel);
+    if (rc != 0) {
+        char msg[700];
+        log_error("%s", pagoda_error_message(rc, msg, sizeof(msg)));
+    }
+    for (int i = 0; i < sup->num_children; i++) {
+        struct child *x = &sup->children[i];
+        if (same_unit(x, leader) && x != leader && x->state == CHILD_IDLE)
+            child_spawn(x);
+    }
+    if (leader->state == CHILD_IDLE)
+        child_spawn(leader);
+}
+
+static void on_restart_timer(uv_timer_t *t);
+
+/* A rank of a unit is gone (on_child_closed, outside a stop): the others are killed, and once
+ * every rank is gone the unit restarts with rank 0's back-off. */
+static void unit_exited(struct supervisor *sup, struct child *c, uint64_t uptime_ms,
+                        const char *how)
+{
+    struct child *leader = unit_leader(sup, c);
+    if (!leader->unit_down) {
+        leader->unit_down = 1;
+        leader->unit_uptime_ms = uptime_ms;
+        snprintf(leader->unit_how, sizeof(leader->unit_how), "%s %s", c->name, how);
+        log_warn("%s (pid %d) exited after %llu ms%s: %s; its tensor-parallel group goes down "
+                 "with it",
+                 c->name, c->pid, (unsigned long long)uptime_ms,
+                 c->hung_killed ? " (killed as hung)" : "", how);
+        for (int i = 0; i < sup->num_children; i++) {
+            struct child *x = &sup->children[i];
+            if (same_unit(x, c) && x->state == CHILD_RUNNING) {
+                log_info("stopping %s (pid %d) with SIGKILL: its group lost a rank", x->name,
+                         x->pid);
+                child_signal(x, SIGKILL);
+            }
+        }
+    } else {
+        log_info("%s (pid %d) of the stopped group is gone: %s", c->name, c->pid, how);
+    }
+    for (int i = 0; i < sup->num_children; i++) {
+        const struct child *x = &sup->children[i];
+        if (same_unit(x, c) && (x->state == CHILD_RUNNING || x->state == CHILD_CLOSING))
+            return; /* the last one's close goes on */
+    }
+    leader->unit_down = 0;
+    uint64_t delay_ms = 0;
+    if (restart_policy_exit(&sup->policy, &leader->restart, leader->unit_uptime_ms, &delay_ms) !=
+        0) {
+        log_error("the tensor-parallel group of %s went down %d times in a row, each within %llu "
+                  "ms of its start; the last time: %s (see %s/%s*.log); stopping the group",
+                  leader->name, sup->policy.max_fast_exits,
+                  (unsigned long long)sup->policy.fast_exit_ms, leader->unit_how, sup->run_dir,
+                  leader->name);
+        begin_stop(sup, 1);
+        return;
+    }
+    log_warn("restarting the tensor-parallel group of %s (%d ranks, a fresh group file) in %llu ms",
+             leader->name, sup->opts.tensor_parallel, (unsigned long long)delay_ms);
+    leader->state = CHILD_BACKOFF;
+    uv_timer_start(&leader->restart_timer, on_restart_timer, delay_ms, 0);
+}
+
 static void on_restart_timer(uv_timer_t *t)
 {
     struct child *c = t->data;
@@ -1134,7 +1365,10 @@ static void on_restart_timer(uv_timer_t *t)
         return;
     c->state = CHILD_IDLE;
     log_info("restarting %s (start %d)", c->name, c->starts + 1);
-    child_spawn(c);
+    if (is_unit_rank(c))
+        unit_spawn(c->sup, c); /* c is the unit's rank 0 */
+    else
+        child_spawn(c);
 }
 
 /* ---- starting the group ------------------------------------------------------------------ */
@@ -1205,7 +1439,15 @@ static void start_next(struct supervisor *sup)
         return;
     }
     struct child *c = &sup->children[sup->awaiting];
-    child_spawn(c);
+    if (is_unit_rank(c)) {
+        /* A tensor-parallel worker: every rank at once (they wait for each other), then the
+         * start waits for rank 0, the unit's last child, ready once every rank has loaded. */
+        c = unit_leader(sup, c);
+        sup->awaiting = (int)(c - sup->children);
+        unit_spawn(sup, c);
+    } else {
+        child_spawn(c);
+    }
     if (c->state == CHILD_RUNNING)
         uv_timer_start(&sup->ready_timer, on_ready_timeout, sup->opts.ready_timeout_ms, 0);
 }
@@ -1408,7 +1650,10 @@ static void on_child_closed(uv_handle_t *h)
         }
         if (sup->phase == PHASE_RUNNING)
             break;
-        if (sup->awaiting < sup->num_children && c == &sup->children[sup->awaiting] && !c->ready) {
+        /* The awaited program, or a rank of the awaited tensor-parallel worker. */
+        struct child *awaited_as = is_unit_rank(c) ? unit_leader(sup, c) : c;
+        if (sup->awaiting < sup->num_children && awaited_as == &sup->children[sup->awaiting] &&
+            !c->ready) {
             if (c->spawn_error != 0)
                 log_error("%s (%s) %s; stopping the group", c->name, c->argv[0], how);
             else
@@ -1421,6 +1666,10 @@ static void on_child_closed(uv_handle_t *h)
         break;
     }
 
+    if (is_unit_rank(c)) {
+        unit_exited(sup, c, uptime_ms, how);
+        return;
+    }
     uint64_t delay_ms = 0;
     if (restart_policy_exit(&sup->policy, &c->restart, uptime_ms, &delay_ms) != 0) {
         log_error("%s exited %d times in a row, each within %llu ms of its start; the last "
@@ -1716,20 +1965,37 @@ static void on_control(void *ctx, nng_msg *m)
 /* ---- setting up -------------------------------------------------------------------------- */
 
 /* Appends a child of role to the start order: of engine (-1 for the router and the gateway),
- * worker_id (-1 unless a worker). parse_opts bounded their number by SUP_MAX_CHILDREN. */
-static void add_child(struct supervisor *sup, enum role role, int engine, int worker_id)
+ * worker_id (-1 unless a worker), tp_rank (-1 unless a rank of a tensor-parallel engine's
+ * kvpool or worker). parse_opts bounded their number by SUP_MAX_CHILDREN. */
+static void add_child(struct supervisor *sup, enum role role, int engine, int worker_id,
+                      int tp_rank)
 {
     struct child *c = &sup->children[sup->num_children++];
     c->sup = sup;
     c->role = role;
     c->engine = engine;
     c->worker_id = worker_id;
-    char base[24];
+    c->tp_rank = tp_rank;
+    char base[32];
     if (role == ROLE_WORKER) {
         snprintf(c->worker_id_text, sizeof(c->worker_id_text), "%d", worker_id);
         snprintf(base, sizeof(base), "worker-%d", worker_id);
     } else {
         snprintf(base, sizeof(base), "%s", role_names[role]);
+    }
+    if (tp_rank >= 0) {
+        snprintf(c->tp_rank_text, sizeof(c->tp_rank_text), "%d", tp_rank);
+        if (tp_rank > 0) {
+            size_t len = strlen(base);
+            snprintf(base + len, sizeof(base) - len, "-r%d", tp_rank);
+        }
+        /* DIR/tp-group: the engine's directory is bounded (SUP_MAX_RUN_DIR) well below this. */
+        size_t dl = strlen(sup->engine_dir[engine]);
+        if (role == ROLE_WORKER && dl + sizeof(SUP_TP_GROUP_FILE) + 1 < sizeof(c->tp_group)) {
+            memcpy(c->tp_group, sup->engine_dir[engine], dl);
+            c->tp_group[dl] = '/';
+            memcpy(c->tp_group + dl + 1, SUP_TP_GROUP_FILE, sizeof(SUP_TP_GROUP_FILE));
+        }
     }
     if (engine >= 0 && sup->opts.engines > 1)
         snprintf(c->name, sizeof(c->name), "engine-%d/%s", engine, base);
@@ -1842,18 +2108,26 @@ static int prepare(struct supervisor *sup)
             if ((rc = prepare_engine(sup, e)) != 0)
                 return rc;
     sup->num_children = 0;
+    snprintf(sup->tp_size_text, sizeof(sup->tp_size_text), "%d", o->tensor_parallel);
     if (o->role != SUP_ROLE_ROUTER) {
+        int tp = o->tensor_parallel;
         for (int e = 0; e < o->engines; e++) {
-            add_child(sup, ROLE_KVPOOL, e, -1);
-            for (int w = 0; w < o->workers; w++)
-                add_child(sup, ROLE_WORKER, e, w);
-            add_child(sup, ROLE_SCHEDULER, e, -1);
+            for (int r = 0; r < tp; r++)
+                add_child(sup, ROLE_KVPOOL, e, -1, tp > 1 ? r : -1);
+            /* A tensor-parallel worker's ranks are contiguous, rank 0 last: the start spawns
+             * them together and waits for rank 0 (start_next). */
+            for (int w = 0; w < o->workers; w++) {
+                for (int r = 1; r < tp; r++)
+                    add_child(sup, ROLE_WORKER, e, w, r);
+                add_child(sup, ROLE_WORKER, e, w, tp > 1 ? 0 : -1);
+            }
+            add_child(sup, ROLE_SCHEDULER, e, -1, -1);
         }
     }
     if (o->role != SUP_ROLE_ENGINE) {
-        add_child(sup, ROLE_ROUTER, -1, -1);
+        add_child(sup, ROLE_ROUTER, -1, -1, -1);
         if (o->http_listen != NULL)
-            add_child(sup, ROLE_GATEWAY, -1, -1);
+            add_child(sup, ROLE_GATEWAY, -1, -1, -1);
     }
     return check_run_files(sup);
 }

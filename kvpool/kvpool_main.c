@@ -3,7 +3,7 @@
  *   pagoda-kvpool --run-dir DIR --model MODEL_DIR [--block-size 16]
  *                 [--kv-blocks N | --kv-bytes B] [--backend cpu|cuda] [--device 0]
  *                 [--reserve-bytes B] [--max-batched-tokens N] [--max-seqs N]
- *                 [--log-level info] [--listen URL]
+ *                 [--log-level info] [--listen URL] [--tp-rank R --tp-size N]
  *
  * It reads MODEL_DIR/config.json for the pool's shape (layers, KV heads, head dim), creates the
  * pool, answers every KvpoolRequest on --listen (default ipc://DIR/kvpool.ipc; a tcp:// address
@@ -12,6 +12,15 @@
  * Control{ready, "kvpool"} to the supervisor. The pool outlives every worker that maps it: a
  * restarted worker finds the KV it left. On SIGTERM or SIGINT it stops serving, releases the
  * pool (the memory goes away with the last mapping) and exits 0.
+ *
+ * --tp-rank R --tp-size N: the pool of rank R of a tensor-parallel group of N worker processes
+ * (docs/tensor-parallel.md): num_kv_heads / N KV heads (a size the model cannot be split by is
+ * refused, naming the field), the block count of --kv-blocks as every rank's (so that one block
+ * table, the scheduler's, serves every rank's pool; --kv-bytes gives every rank the same count
+ * too), and for R > 0 names of its own beside rank 0's in DIR: the default --listen
+ * ipc://DIR/kvpool-rR.ipc, the shared memory name's suffix "-rR", the descriptor socket
+ * kvpool-fds-rR.ipc. Rank 0 keeps the usual names (the scheduler asks it for the geometry). A GPU
+ * pool sized by default counts the rank's shard of the weights and activations.
  *
  * --backend cpu (the default): f32, in POSIX shared memory (kvpool/shm_pool.h) under a name
  * derived from DIR (the geometry's shm_name), 256 MiB unless --kv-blocks or --kv-bytes say.
@@ -56,6 +65,7 @@
 #include "kvpool/shm_pool.h"
 #include "model/model_budget.h"
 #include "model/model_config.h"
+#include "model/model_shard.h"
 #include "wire/address.h"
 #include "wire/wire.h"
 #ifdef PAGODA_HAVE_CUDA
@@ -105,6 +115,7 @@ struct opts {
     int device;
     uint64_t reserve_bytes;       /* 0: computed (see the file comment) */
     int64_t max_tokens, max_seqs; /* the worker's step limits, for that reserve */
+    int tp_rank, tp_size;         /* the rank's pool of a tensor-parallel group; size 1: none */
 };
 
 struct server;
@@ -133,7 +144,7 @@ static void usage(FILE *f)
     fprintf(f, "usage: pagoda-kvpool --run-dir DIR --model MODEL_DIR [--block-size 16]\n"
                "                     [--kv-blocks N | --kv-bytes B] [--backend cpu|cuda]\n"
                "                     [--device 0] [--reserve-bytes B] [--max-batched-tokens N]\n"
-               "                     [--max-seqs N] [--listen URL]\n"
+               "                     [--max-seqs N] [--listen URL] [--tp-rank R --tp-size N]\n"
                "                     [--log-level debug|info|warn|error]\n"
                "Creates the KV pool for the model and serves its geometry on --listen\n"
                "(ipc://DIR/kvpool.ipc by default; tcp://HOST:PORT too, though the pool itself\n"
@@ -143,7 +154,9 @@ static void usage(FILE *f)
                "DIR/" KVPOOL_FDS_SOCKET "); by default the GPU's free memory minus the model's\n"
                "weights and a reserve for the worker (--reserve-bytes; default: activations at\n"
                "the worker's step limits, --max-batched-tokens (2048) and --max-seqs (256),\n"
-               "512 MiB of workspaces and 1 GiB for its context).\n");
+               "512 MiB of workspaces and 1 GiB for its context).\n"
+               "--tp-rank R --tp-size N: rank R's pool of a tensor-parallel group (the shard's\n"
+               "KV heads; for R > 0 its own names: DIR/kvpool-rR.ipc, ...).\n");
 }
 
 static int fail_msg(int rc)
@@ -193,6 +206,14 @@ static int pool_geometry(const struct opts *o, const struct model_config *c, enu
     };
     if (c->num_layers > INT32_MAX || c->num_kv_heads > INT32_MAX || c->head_dim > INT32_MAX)
         return pagoda_error_set(PAGODA_ERANGE, "the model is too large for a KV pool");
+    if (o->tp_size > 1) {
+        /* The shard's KV heads (model_shard_make refuses a size the model cannot be split by). */
+        struct model_shard shard;
+        int rc = model_shard_make(c, o->tp_rank, o->tp_size, &shard);
+        if (rc != 0)
+            return rc;
+        g->num_kv_heads = (int32_t)shard.num_kv_heads;
+    }
     int rc = kv_geometry_validate(g);
     if (rc != 0)
         return rc;
@@ -237,6 +258,17 @@ static int gpu_size(struct opts *o, const struct model_config *c, struct gpu_bud
                            : model_budget_activation_bytes(c, o->max_tokens, o->max_seqs) +
                                  model_budget_graph_bytes(o->max_tokens, o->max_seqs) +
                                  MODEL_BUDGET_RESERVE_BYTES + MODEL_BUDGET_CONTEXT_BYTES;
+    if (o->tp_size > 1) {
+        /* A rank's shard (NCCL's buffers counted; a rank captures no CUDA graphs). */
+        struct model_shard shard;
+        if ((rc = model_shard_make(c, o->tp_rank, o->tp_size, &shard)) != 0)
+            return rc;
+        b->weight_bytes = model_budget_shard_weight_bytes(c, &shard);
+        if (o->reserve_bytes == 0)
+            b->reserve_bytes = model_budget_shard_activation_bytes(
+                                   c, &shard, MODEL_BUDGET_COMM_NCCL, o->max_tokens, o->max_seqs) +
+                               MODEL_BUDGET_RESERVE_BYTES + MODEL_BUDGET_CONTEXT_BYTES;
+    }
     log_info("GPU %d: %.0f MiB free of %.0f MiB; the model's weights take %.0f MiB, the "
              "worker's reserve %.0f MiB",
              o->device, mib(b->free_bytes), mib(b->total_bytes), mib(b->weight_bytes),
@@ -432,6 +464,8 @@ enum {
     OPT_MAX_TOKENS,
     OPT_MAX_SEQS,
     OPT_LISTEN,
+    OPT_TP_RANK,
+    OPT_TP_SIZE,
 };
 
 /* Returns 0, 2 for a usage error (after printing it), or 3 for --help. */
@@ -450,6 +484,8 @@ static int parse_args(int argc, char **argv, struct opts *o)
         {"max-batched-tokens", required_argument, NULL, OPT_MAX_TOKENS},
         {"max-seqs", required_argument, NULL, OPT_MAX_SEQS},
         {"listen", required_argument, NULL, OPT_LISTEN},
+        {"tp-rank", required_argument, NULL, OPT_TP_RANK},
+        {"tp-size", required_argument, NULL, OPT_TP_SIZE},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -513,6 +549,14 @@ static int parse_args(int argc, char **argv, struct opts *o)
             if ((rc = wire_address_check("--listen", optarg, WIRE_ADDRESS_ANY)) == 0)
                 o->listen = optarg;
             break;
+        case OPT_TP_RANK:
+            if ((rc = parse_i64("--tp-rank", optarg, 0, MODEL_SHARD_MAX_SIZE - 1, &v)) == 0)
+                o->tp_rank = (int)v;
+            break;
+        case OPT_TP_SIZE:
+            if ((rc = parse_i64("--tp-size", optarg, 1, MODEL_SHARD_MAX_SIZE, &v)) == 0)
+                o->tp_size = (int)v;
+            break;
         case 'h':
             usage(stdout);
             return 3;
@@ -528,6 +572,13 @@ static int parse_args(int argc, char **argv, struct opts *o)
     }
     if (optind != argc || o->run_dir == NULL || o->model == NULL) {
         usage(stderr);
+        return 2;
+    }
+    if (o->tp_rank >= o->tp_size) {
+        fprintf(stderr,
+                "pagoda-kvpool: --tp-rank %d needs --tp-size above it (the ranks of a "
+                "group of N are 0 to N - 1)\n",
+                o->tp_rank);
         return 2;
     }
     if (o->kv_blocks != 0 && o->kv_bytes_set) {
@@ -553,6 +604,7 @@ int main(int argc, char **argv)
         .backend = "cpu",
         .max_tokens = MODEL_BUDGET_DEFAULT_MAX_TOKENS,
         .max_seqs = MODEL_BUDGET_DEFAULT_MAX_SEQS,
+        .tp_size = 1,
     };
     log_set_name("kvpool");
     int status = parse_args(argc, argv, &o);
@@ -599,7 +651,22 @@ int main(int argc, char **argv)
         goto fail;
     snprintf(shm_name, sizeof(shm_name), "/pagoda-%016" PRIx64, fnv1a64(run_dir));
     snprintf(fds_path, sizeof(fds_path), "%s/%s", run_dir, KVPOOL_FDS_SOCKET);
-    if ((rc = server_listen(&srv, run_dir, o.listen)) != 0)
+    char rank_listen[512]; /* as server.url */
+    const char *listen = o.listen;
+    if (o.tp_rank > 0) {
+        /* Rank R's names beside rank 0's (see the file comment). */
+        snprintf(shm_name, sizeof(shm_name), "/pagoda-%016" PRIx64 "-r%d", fnv1a64(run_dir),
+                 o.tp_rank);
+        snprintf(fds_path, sizeof(fds_path), "%s/kvpool-fds-r%d.ipc", run_dir, o.tp_rank);
+        char file[32];
+        snprintf(file, sizeof(file), "kvpool-r%d.ipc", o.tp_rank);
+        if (listen == NULL &&
+            (rc = wire_ipc_url(rank_listen, sizeof(rank_listen), run_dir, file)) != 0)
+            goto fail;
+        if (listen == NULL)
+            listen = rank_listen;
+    }
+    if ((rc = server_listen(&srv, run_dir, listen)) != 0)
         goto fail;
     listening = 1;
     if (!gpu) {
@@ -643,10 +710,14 @@ int main(int argc, char **argv)
         goto fail;
 
     log_info("kv pool %s: %d blocks of %d tokens (%d usable, %" PRId64 " tokens), %.1f MiB; "
-             "%d layers, %d KV heads, head dim %d, %s, pool id %016" PRIx64,
+             "%d layers, %d KV heads, head dim %d, %s, pool id %016" PRIx64 "%s",
              where, g.num_blocks, g.block_size, g.num_blocks - 1,
              (int64_t)(g.num_blocks - 1) * g.block_size, mib(kv_pool_bytes(&g)), g.num_layers,
-             g.num_kv_heads, g.head_dim, dtype_name(g.dtype), g.pool_id);
+             g.num_kv_heads, g.head_dim, dtype_name(g.dtype), g.pool_id,
+             o.tp_size > 1 ? " (a tensor-parallel rank's shard)" : "");
+    if (o.tp_size > 1)
+        log_info("tensor-parallel rank %d of %d: %d of the model's %" PRId64 " KV heads", o.tp_rank,
+                 o.tp_size, g.num_kv_heads, cfg.num_kv_heads);
     log_info("serving %s", srv.url);
     if ((rc = wire_control_ready(run_dir, "kvpool")) != 0) {
         char msg[700];

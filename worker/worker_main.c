@@ -5,13 +5,24 @@
  *                 [--step-delay-ms X] [--fault drop-step=N|drop-result=N]
  *                 [--max-batched-tokens 2048] [--max-seqs 256] [--log-level info]
  *                 [--kvpool URL] [--scheduler URL] [--tensor-parallel N]
- *                 [--cuda-graphs on|off]
+ *                 [--tp-rank R --tp-size N --tp-group PATH] [--cuda-graphs on|off]
  *
  * --kvpool (default ipc://DIR/kvpool.ipc) and --scheduler (default ipc://DIR/worker-I.ipc)
  * replace the two addresses below; either may be tcp:// (the pool itself is of this host).
  * --tensor-parallel N (CPU backend) splits the model over N ranks that are threads of this
  * worker, sharing its pool (worker/tp_local.h, docs/tensor-parallel.md); the scheduler still
  * sees one worker. A size the model's heads, KV heads or MLP cannot be divided by is refused.
+ * --tp-rank R --tp-size N --tp-group PATH (CPU or CUDA backend) makes this worker rank R of a
+ * group of N worker processes (worker/tp_proc.h, docs/tensor-parallel.md): it maps its own
+ * kvpool's pool of the shard's KV heads (default for R > 0: ipc://DIR/kvpool-rR.ipc), meets the
+ * other ranks in the group file PATH (made fresh by the supervisor for each start of the group;
+ * a stale or malformed one is refused, naming it), and loads only its shard. Rank 0 runs
+ * everything below with its backend wrapped by tp_leader_open (each step goes to the other ranks
+ * first) and announces tp_size 1 and the group's pool identity to the scheduler; ranks above 0
+ * open no scheduler link: after Control{ready} they run the steps rank 0 sends until it says
+ * stop (exit 0), rank 0's process or this one's parent is gone, or a signal (which aborts the
+ * group, so that rank 0 fails at once instead of at the collectives' timeout; exit 0 on a signal,
+ * 1 otherwise). --tp-size 1 is a plain worker (the file is not used).
  *
  * Start (docs/protocol.md): asks kvpool (REQ ipc://DIR/kvpool.ipc, for up to 30 s) for the
  * pool's geometry, maps the pool and checks that it fits the model, loads the model and opens
@@ -80,6 +91,7 @@
 #include "kvpool/shm_pool.h"
 #include "model/model_config.h"
 #include "model/model_fingerprint.h"
+#include "model/model_shard.h"
 #include "model/model_weights.h"
 #include "wire/address.h"
 #include "wire/wire.h"
@@ -88,7 +100,9 @@
 #include "worker/mirror.h"
 #include "worker/null_backend.h"
 #include "worker/step_loop.h"
+#include "worker/tp_group.h"
 #include "worker/tp_local.h"
+#include "worker/tp_proc.h"
 #include "worker/worker_pool.h"
 #ifdef PAGODA_HAVE_CUDA
 #include "kvpool/cuda_pool.h"
@@ -124,6 +138,8 @@
 #define WORKER_SEND_BUFFER 64
 /* Malformed messages are logged one by one up to this many, then every 1000th. */
 #define WORKER_MALFORMED_LOGGED 10
+/* The longest --tp-group path. */
+#define WORKER_MAX_PATH 1024
 
 struct worker_opts {
     const char *run_dir;
@@ -144,6 +160,10 @@ struct worker_opts {
     /* Ranks of the model (--tensor-parallel, CPU backend: threads of this worker over its one
      * pool, worker/tp_local.h); 1: no tensor parallelism. */
     int tensor_parallel;
+    /* A rank of a group of worker processes (--tp-rank/--tp-size/--tp-group, worker/tp_proc.h);
+     * tp_size 0: none. */
+    int tp_rank, tp_size, tp_rank_set;
+    const char *tp_group;
     int cuda_graphs; /* --cuda-graphs: 1 on (the default), 0 off */
 };
 
@@ -169,7 +189,15 @@ struct worker {
     struct worker_pool pool; /* kvpool's pool, as this worker maps it (worker_pool.h) */
     int cannot_run;          /* the start failed in a way a restart would repeat */
     struct backend *backend;
+    struct backend_limits limits;
     struct mirror_limits mirror_limits;
+    /* A rank of a group of processes: the group, the CUDA backend's collectives (NCCL's, owned,
+     * or the group's), the parent the rank watches, the pool identity announced. */
+    struct tp_proc *tp;
+    struct comm *tp_device_comm;
+    int tp_device_comm_owned;
+    pid_t parent;
+    uint64_t pool_id;
     struct step_loop *steps; /* the mirror and the executor (worker/step_loop.h) */
 
     uint64_t malformed;
@@ -201,6 +229,7 @@ static void usage(FILE *f)
                "                     [--max-batched-tokens 2048] [--max-seqs 256]\n"
                "                     [--log-level debug|info|warn|error]\n"
                "                     [--kvpool URL] [--scheduler URL] [--tensor-parallel N]\n"
+               "                     [--tp-rank R --tp-size N --tp-group PATH]\n"
                "                     [--cuda-graphs on|off]\n"
                "Maps the kv pool that pagoda-kvpool serves in DIR (asked at --kvpool, default\n"
                "ipc://DIR/kvpool.ipc), loads the model and runs the steps the scheduler sends\n"
@@ -255,19 +284,37 @@ static int open_backend(struct worker *w, const struct backend_limits *bl)
     int rc = 0;
     if (strcmp(o->backend, "cuda") == 0) {
 #ifdef PAGODA_HAVE_CUDA
-        if ((rc = check_gpu_memory(w, bl)) != 0)
-            return rc;
-        if (strcmp(o->load_format, "random") != 0 && (rc = model_weights_open(o->model, &mw)) != 0)
+        /* A rank's budget is its shard's: cuda_backend_open checks it (model_budget_shard_*). */
+        if (w->tp == NULL && (rc = check_gpu_memory(w, bl)) != 0)
             return rc;
         struct cuda_backend_options co = cuda_backend_default_options();
         co.device = kv_cuda_pool_device(w->pool.gpu);
         co.limits = *bl;
         co.cuda_graphs = o->cuda_graphs;
+        /* The ranks' communicator first, while they are in step (every rank just joined): its
+         * opening is collective and bounded by the group's timeout. */
+        if (w->tp != NULL && (rc = tp_proc_device_comm(w->tp, co.device, &w->tp_device_comm,
+                                                       &w->tp_device_comm_owned)) != 0)
+            return rc;
+        co.comm = w->tp_device_comm;
+        if (strcmp(o->load_format, "random") != 0 &&
+            (rc = w->tp != NULL ? model_weights_open_shard(o->model, o->tp_rank, o->tp_size, &mw)
+                                : model_weights_open(o->model, &mw)) != 0)
+            return rc;
         rc = cuda_backend_open(&w->config, mw, o->seed, pg, kv_cuda_pool_data(w->pool.gpu), &co,
                                &w->backend);
         if (rc == PAGODA_EEXHAUSTED)
             w->cannot_run = 1;
 #endif
+    } else if (w->tp != NULL) {
+        /* One rank of a group of processes: its shard, over its kvpool's pool of the shard's
+         * KV heads, collectives through the group. */
+        if ((rc = model_weights_open_shard(o->model, o->tp_rank, o->tp_size, &mw)) == 0) {
+            struct cpu_backend_options co = cpu_backend_default_options();
+            co.limits = *bl;
+            co.comm = tp_proc_comm(w->tp);
+            rc = cpu_backend_open(mw, pg, kv_shm_pool_data(w->pool.shm), &co, &w->backend);
+        }
     } else if (o->tensor_parallel > 1) {
         struct cpu_backend_options co = cpu_backend_default_options();
         co.limits = *bl;
@@ -284,23 +331,90 @@ static int open_backend(struct worker *w, const struct backend_limits *bl)
     return rc;
 }
 
+/* The start's waits for the other ranks go on until a signal. */
+static int start_keep_waiting(void *ctx)
+{
+    (void)ctx;
+    return !g_stop;
+}
+
+/* Joins the group of processes (worker/tp_proc.h): every rank agrees on the model, the pool's
+ * geometry and the step limits before anything heavy is loaded. */
+static int join_group(struct worker *w, const struct backend_limits *bl)
+{
+    const struct worker_opts *o = &w->o;
+    const struct kv_geometry *pg = &w->pool.info.geometry;
+    struct tp_proc_member me = {
+        .num_layers = pg->num_layers,
+        .num_blocks = pg->num_blocks,
+        .block_size = pg->block_size,
+        .num_kv_heads = pg->num_kv_heads,
+        .head_dim = pg->head_dim,
+        .dtype = (int32_t)pg->dtype,
+        .max_num_tokens = bl->max_num_tokens,
+        .max_num_seqs = bl->max_num_seqs,
+        .max_blocks_per_seq = bl->max_blocks_per_seq,
+        .pool_id = pg->pool_id,
+    };
+    memcpy(me.fingerprint, w->fingerprint, sizeof(me.fingerprint));
+    snprintf(me.backend, sizeof(me.backend), "%s", o->backend);
+    struct tp_proc_options to = {
+        .path = o->tp_group,
+        .rank = o->tp_rank,
+        .size = o->tp_size,
+        .timeout_ms = COMM_DEFAULT_TIMEOUT_MS,
+        .want_nccl = strcmp(o->backend, "cuda") == 0,
+        .keep_waiting = start_keep_waiting,
+        .ctx = w,
+    };
+    int rc = tp_proc_join(&to, &me, &w->tp);
+    if (rc == PAGODA_EMISMATCH || rc == PAGODA_EFORMAT)
+        w->cannot_run = 1; /* a restart would disagree, or find the same file, alike */
+    if (rc == 0)
+        w->pool_id = tp_proc_pool_id(w->tp);
+    return rc;
+}
+
 /* Maps the pool kvpool named, loads the model and opens the backend and the mirror. */
 static int worker_load(struct worker *w)
 {
     const struct worker_opts *o = &w->o;
     struct kvpool_info info;
-    int rc;
+    char kvpool_url[512];
+    const char *kvpool = o->kvpool;
+    int rc = 0;
+    if (kvpool == NULL && o->tp_size > 1 && o->tp_rank > 0) {
+        /* A rank above 0 has a kvpool of its own (pagoda-kvpool --tp-rank R's default). */
+        char file[32];
+        snprintf(file, sizeof(file), "kvpool-r%d.ipc", o->tp_rank);
+        if ((rc = wire_ipc_url(kvpool_url, sizeof(kvpool_url), o->run_dir, file)) != 0)
+            return rc;
+        kvpool = kvpool_url;
+    }
     if ((rc = model_config_load(o->model, &w->config)) != 0 ||
-        (rc = model_fingerprint(o->model, o->load_format, o->seed, w->fingerprint)) != 0 ||
-        (rc = o->kvpool != NULL ? kvpool_fetch_pool_at(o->kvpool, o->worker_id,
-                                                       WORKER_KVPOOL_WAIT_MS, &g_stop, &info)
-                                : kvpool_fetch_pool(o->run_dir, o->worker_id, WORKER_KVPOOL_WAIT_MS,
-                                                    &g_stop, &info)) != 0 ||
+        (rc = model_fingerprint(o->model, o->load_format, o->seed, w->fingerprint)) != 0)
+        return rc;
+    /* A rank's pool holds its shard's KV heads: a size the model cannot be split by stops here,
+     * naming the field. */
+    struct model_config pool_config = w->config;
+    if (o->tp_size > 1) {
+        struct model_shard shard;
+        if ((rc = model_shard_make(&w->config, o->tp_rank, o->tp_size, &shard)) != 0) {
+            w->cannot_run = 1;
+            return rc;
+        }
+        pool_config.num_kv_heads = shard.num_kv_heads;
+    }
+    if ((rc = kvpool != NULL ? kvpool_fetch_pool_at(kvpool, o->worker_id, WORKER_KVPOOL_WAIT_MS,
+                                                    &g_stop, &info)
+                             : kvpool_fetch_pool(o->run_dir, o->worker_id, WORKER_KVPOOL_WAIT_MS,
+                                                 &g_stop, &info)) != 0 ||
         (rc = worker_pool_init(&w->pool, &info, o->backend, o->worker_id, WORKER_KVPOOL_WAIT_MS,
                                &w->cannot_run)) != 0)
         return rc;
     const struct kv_geometry *pg = &w->pool.info.geometry;
-    if ((rc = worker_pool_check_model(&w->pool, &w->config, o->model, o->backend)) != 0) {
+    w->pool_id = pg->pool_id;
+    if ((rc = worker_pool_check_model(&w->pool, &pool_config, o->model, o->backend)) != 0) {
         w->cannot_run = 1;
         return rc;
     }
@@ -325,7 +439,10 @@ static int worker_load(struct worker *w)
         .max_blocks_per_seq = mirror_limits_max_blocks_per_seq(&ml),
     };
     w->mirror_limits = ml;
+    w->limits = bl;
 
+    if (o->tp_size > 1 && (rc = join_group(w, &bl)) != 0)
+        return rc;
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     if ((rc = open_backend(w, &bl)) != 0)
@@ -334,6 +451,21 @@ static int worker_load(struct worker *w)
     if (o->tensor_parallel > 1)
         log_info("worker %u: tensor parallel, %d ranks (threads) over one pool", o->worker_id,
                  o->tensor_parallel);
+    if (w->tp != NULL) {
+        /* Rank 0 serves once every rank has loaded; it hands each step to them first. */
+        if ((rc = tp_proc_loaded(w->tp, start_keep_waiting, w)) != 0)
+            return rc;
+        if (o->tp_rank == 0) {
+            rc = tp_leader_open(w->backend, tp_proc_comm(w->tp), &bl, &w->backend);
+            if (rc != 0) {
+                w->backend = NULL; /* closed by tp_leader_open */
+                return rc;
+            }
+        }
+        log_info("worker %u: tensor-parallel rank %d of %d (processes, group file %s); group pool "
+                 "id %016" PRIx64,
+                 o->worker_id, o->tp_rank, o->tp_size, o->tp_group, w->pool_id);
+    }
 
     log_info("worker %u: %s backend, model %s%s (%" PRId64 " layers, vocab %" PRId64
              ") loaded in %.2f s; kv pool %s: %d blocks of %d tokens (%" PRId64
@@ -369,6 +501,7 @@ static void send_hello(struct worker *w)
     Pagoda__Internal__PoolGeometry pg;
     kvpool_geometry_to_proto(&pi->geometry, gpu_pool ? NULL : pi->shm_name, pi->device,
                              gpu_pool ? pi->handle_socket : NULL, &pg);
+    pg.pool_id = w->pool_id; /* a group's: every rank's pool (worker/tp_proc.h) */
     Pagoda__Internal__Hello h = PAGODA__INTERNAL__HELLO__INIT;
     h.has_worker_id = h.has_pid = h.has_tp_rank = h.has_tp_size = 1;
     h.worker_id = w->o.worker_id;
@@ -553,7 +686,7 @@ static int worker_serve(struct worker *w)
 
     struct step_loop_options so = {
         .mirror = w->mirror_limits,
-        .pool_id = w->pool.info.geometry.pool_id,
+        .pool_id = w->pool_id,
         .step_delay_ms = w->o.step_delay_ms,
         .drop_step = w->o.drop_step,
         .drop_result = w->o.drop_result,
@@ -610,7 +743,12 @@ static void worker_fini(struct worker *w)
                  backend_graph_capture_failures(w->backend) > 0
                      ? " (graphs off: their capture failed at open)"
                      : "");
-    backend_close(w->backend);  /* first: it synchronizes its stream, then nothing uses the pool */
+    backend_close(w->backend); /* first: it synchronizes its stream, then nothing uses the pool */
+    w->backend = NULL;
+    if (w->tp_device_comm_owned)
+        comm_close(w->tp_device_comm);
+    tp_proc_close(w->tp); /* after the backend: rank 0's close told the other ranks to stop */
+    w->tp = NULL;
     worker_pool_fini(&w->pool); /* unmaps only: the pool is kvpool's */
 }
 
@@ -632,6 +770,9 @@ enum {
     OPT_SCHEDULER,
     OPT_TENSOR_PARALLEL,
     OPT_CUDA_GRAPHS,
+    OPT_TP_RANK,
+    OPT_TP_SIZE,
+    OPT_TP_GROUP,
 };
 
 static int parse_fault(const char *arg, struct worker_opts *o)
@@ -674,6 +815,9 @@ static int parse_args(int argc, char **argv, struct worker_opts *o)
         {"scheduler", required_argument, NULL, OPT_SCHEDULER},
         {"tensor-parallel", required_argument, NULL, OPT_TENSOR_PARALLEL},
         {"cuda-graphs", required_argument, NULL, OPT_CUDA_GRAPHS},
+        {"tp-rank", required_argument, NULL, OPT_TP_RANK},
+        {"tp-size", required_argument, NULL, OPT_TP_SIZE},
+        {"tp-group", required_argument, NULL, OPT_TP_GROUP},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -731,6 +875,21 @@ static int parse_args(int argc, char **argv, struct worker_opts *o)
         case OPT_CUDA_GRAPHS:
             rc = parse_on_off("--cuda-graphs", optarg, &o->cuda_graphs);
             break;
+        case OPT_TP_RANK:
+            if ((rc = parse_i64("--tp-rank", optarg, 0, COMM_MAX_RANKS - 1, &v)) == 0)
+                o->tp_rank = (int)v;
+            o->tp_rank_set = 1;
+            break;
+        case OPT_TP_SIZE:
+            if ((rc = parse_i64("--tp-size", optarg, 1, COMM_MAX_RANKS, &v)) == 0)
+                o->tp_size = (int)v;
+            break;
+        case OPT_TP_GROUP:
+            if (optarg[0] == '\0' || strlen(optarg) >= WORKER_MAX_PATH)
+                rc = pagoda_error_set(PAGODA_EINVAL, "--tp-group: a path of 1 to %d bytes",
+                                      WORKER_MAX_PATH - 1);
+            o->tp_group = optarg;
+            break;
         case OPT_STEP_DELAY:
             if ((rc = parse_i64("--step-delay-ms", optarg, 0, WORKER_MAX_DELAY_MS, &v)) == 0)
                 o->step_delay_ms = (uint32_t)v;
@@ -772,11 +931,32 @@ static int parse_args(int argc, char **argv, struct worker_opts *o)
                         "backend runs on checkpoints: make one with pagoda-mkmodel)\n");
         return 2;
     }
+    if ((o->tp_size != 0 || o->tp_group != NULL || o->tp_rank_set) &&
+        (o->tp_size == 0 || o->tp_group == NULL || !o->tp_rank_set)) {
+        fprintf(stderr, "pagoda-worker: --tp-rank, --tp-size and --tp-group go together (a rank "
+                        "of a group of worker processes)\n");
+        return 2;
+    }
+    if (o->tp_size != 0 && o->tp_rank >= o->tp_size) {
+        fprintf(stderr, "pagoda-worker: --tp-rank %d: the ranks of --tp-size %d are 0 to %d\n",
+                o->tp_rank, o->tp_size, o->tp_size - 1);
+        return 2;
+    }
+    if (o->tp_size != 0 && o->tensor_parallel > 1) {
+        fprintf(stderr, "pagoda-worker: --tensor-parallel (ranks that are threads of this "
+                        "worker) and --tp-size (ranks that are worker processes) exclude each "
+                        "other\n");
+        return 2;
+    }
+    if (o->tp_size != 0 && strcmp(o->backend, "null") == 0) {
+        fprintf(stderr, "pagoda-worker: --tp-size needs --backend cpu or cuda\n");
+        return 2;
+    }
     if (o->tensor_parallel > 1 && strcmp(o->backend, "cpu") != 0) {
         fprintf(stderr,
                 "pagoda-worker: --tensor-parallel %d needs --backend cpu: its ranks are "
-                "threads of this worker; GPU groups (one worker per GPU) are not wired "
-                "yet (docs/tensor-parallel.md)\n",
+                "threads of this worker; a GPU group is one worker per GPU (--tp-rank R "
+                "--tp-size N --tp-group PATH, docs/tensor-parallel.md)\n",
                 o->tensor_parallel);
         return 2;
     }
@@ -788,6 +968,40 @@ static int parse_args(int argc, char **argv, struct worker_opts *o)
     }
     log_set_level(level);
     return 0;
+}
+
+/* A rank above 0 waits for its next step as long as rank 0 and its own parent are there and no
+ * signal came. */
+static int follower_keep_waiting(void *ctx)
+{
+    struct worker *w = ctx;
+    return !g_stop && getppid() == w->parent && tp_proc_leader_alive(w->tp);
+}
+
+/* A rank above 0: runs rank 0's steps until it says stop (0) or this rank stops waiting. */
+static int follow(struct worker *w)
+{
+    uint64_t steps = 0;
+    log_info("worker %u: tensor-parallel rank %d of %d following rank 0's steps", w->o.worker_id,
+             w->o.tp_rank, w->o.tp_size);
+    int rc = tp_follower_run(w->backend, tp_proc_comm(w->tp), &w->limits, follower_keep_waiting, w,
+                             &steps);
+    if (rc == 0) {
+        log_info("rank 0 said stop after %" PRIu64 " steps", steps);
+        return 0;
+    }
+    /* Whatever ended the wait, rank 0 must not wait for this rank at its next collective. */
+    comm_abort(tp_proc_comm(w->tp));
+    if (g_stop) {
+        log_info("stopped by a signal after %" PRIu64 " steps", steps);
+        return 0;
+    }
+    if (rc == PAGODA_ECLOSED && !tp_proc_leader_alive(w->tp))
+        return pagoda_error_set(PAGODA_ECLOSED, "rank 0 exited (after %" PRIu64 " steps)", steps);
+    if (rc == PAGODA_ECLOSED && getppid() != w->parent)
+        return pagoda_error_set(PAGODA_ECLOSED, "the parent exited (after %" PRIu64 " steps)",
+                                steps);
+    return rc;
 }
 
 int main(int argc, char **argv)
@@ -816,11 +1030,12 @@ int main(int argc, char **argv)
     sigaction(SIGINT, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
 
+    w.parent = getppid();
     int rc = worker_load(&w);
     if (rc == 0) {
         if ((rc = wire_control_ready(w.o.run_dir, w.name)) != 0)
             log_rc(LOG_DEBUG, "no supervisor told of readiness", rc);
-        rc = worker_serve(&w);
+        rc = w.tp != NULL && w.o.tp_rank > 0 ? follow(&w) : worker_serve(&w);
     }
     if (rc != 0) {
         if (g_stop && rc == PAGODA_ECLOSED) {

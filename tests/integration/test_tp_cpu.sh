@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# test_tp_cpu.sh BINDIR: pagoda-up --tensor-parallel 2 on the CPU serves the bundled model
-# (pagoda-brown: 4 heads, 2 KV heads) with its two ranks as threads of the one worker, and its
+# test_tp_cpu.sh BINDIR: pagoda-up --tensor-parallel 2 --tp-mode thread on the CPU serves the
+# bundled model (pagoda-brown: 4 heads, 2 KV heads) with its two ranks as threads of the one
+# worker (ranks as processes, the default: test_tp_proc_group.sh), and its
 # answers are those of the same group at TP 1: greedy, and seeded sampling at temperature 0.8.
 # A size the model cannot be split by (3) stops the group at start, the worker saying why.
 set -euo pipefail
@@ -43,7 +44,7 @@ serve() {
 }
 
 serve tp1
-serve tp2 --tensor-parallel 2
+serve tp2 --tensor-parallel 2 --tp-mode thread
 check "TP 1 answered twice ($(tr '\n' ' ' <"$tmp/tp1.out"))" \
     test "$(grep -c '^[0-9]' "$tmp/tp1.out")" = 2
 check "TP 2 gives TP 1's tokens ($(tr '\n' ' ' <"$tmp/tp2.out"))" cmp -s "$tmp/tp1.out" "$tmp/tp2.out"
@@ -52,7 +53,8 @@ check "the worker ran two ranks" grep -q "tensor parallel, 2 ranks" "$tmp/runtp2
 mkdir -m 0700 "$tmp/run3"
 rc=0
 "$deploy/pagoda-up" --run-dir "$tmp/run3" --bin-dir "$bin_dir" --listen "ipc://$tmp/run3/c.ipc" \
-    --kv-blocks 128 --timeout 60 --tensor-parallel 3 >/dev/null 2>"$tmp/tp3.err" || rc=$?
+    --kv-blocks 128 --timeout 60 --tensor-parallel 3 --tp-mode thread >/dev/null \
+    2>"$tmp/tp3.err" || rc=$?
 check "--tensor-parallel 3 does not come up (exit $rc)" test "$rc" != 0
 check "the worker says why" grep -q "does not divide the model's num_attention_heads (4)" \
     "$tmp/run3"/worker-*.log

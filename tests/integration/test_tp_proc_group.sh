@@ -1,0 +1,163 @@
+#!/usr/bin/env bash
+# test_tp_proc_group.sh BINDIR: pagoda-up --tensor-parallel 2 on the CPU with its ranks as processes
+# (the default --tp-mode process: a kvpool and a worker per rank, one unit for the supervisor,
+# docs/tensor-parallel.md). The tiny model (pagoda-mkmodel) and the bundled pagoda-brown answer
+# four greedy requests of 96 tokens at TP 2 exactly as at TP 1. kill -9 of rank 1's worker, then
+# of rank 0's, while four requests run loses none of them: each completes with TP 1's tokens
+# (the supervisor restarts both ranks, the scheduler's resync replays). A worker given the
+# running group's file (stale: its place is claimed) or a file that is not a group file refuses
+# with a clear error; the group goes on serving. pagoda-status names the ranks as the supervisor
+# does (worker-0-r1).
+set -euo pipefail
+# shellcheck source=tests/check.sh
+. "$(dirname "$0")/../check.sh"
+
+bin_dir=$(cd "${1:?usage: test_tp_proc_group.sh BINDIR}" && pwd -P)
+src=${PAGODA_SOURCE_DIR:-$(cd "$(dirname "$0")/../.." && pwd -P)}
+deploy=$src/deploy
+cannot_run=$(sed -n 's/^#define PAGODA_EXIT_CANNOT_RUN \([0-9][0-9]*\)$/\1/p' \
+    "$src/common/exit_status.h")
+tmp=$(mktemp -d /tmp/pagoda-tpp-XXXXXX)
+cleanup() {
+    local d
+    for d in "$tmp"/run*; do
+        [ ! -d "$d" ] || "$deploy/pagoda-down" --run-dir "$d" --timeout 30 >/dev/null 2>&1 || true
+    done
+    rm -rf -- "$tmp"
+}
+trap cleanup EXIT
+trap 'exit 143' TERM INT
+
+tokens=96
+"$bin_dir/pagoda-mkmodel" --preset tiny --seed 3 --out "$tmp/tiny" >/dev/null
+
+# up NAME MODEL ARGS...: starts a group in $tmp/runNAME.
+up() {
+    local name=$1 model=$2 run=$tmp/run$1
+    shift 2
+    mkdir -m 0700 "$run"
+    if ! "$deploy/pagoda-up" --run-dir "$run" --bin-dir "$bin_dir" --model "$model" \
+        --listen "ipc://$run/c.ipc" --kv-blocks 128 --timeout 120 "$@" >/dev/null \
+        2>"$tmp/$name.err"; then
+        cat "$tmp/$name.err" >&2
+        return 1
+    fi
+}
+down() { "$deploy/pagoda-down" --run-dir "$tmp/run$1" --timeout 30 >/dev/null 2>&1 || true; }
+
+# start NAME OUT: four greedy requests to group NAME at once, streamed into $tmp/OUT.1..4.
+pids=()
+start() {
+    local i
+    pids=()
+    for i in 1 2 3 4; do
+        "$bin_dir/pagoda" --url "ipc://$tmp/run$1/c.ipc" generate \
+            --tokens "5,100,$((i * 37)),300,$((i * 11))" --max-tokens $tokens --ignore-eos \
+            --stream --timeout-ms 120000 >"$tmp/$2.$i" 2>&1 &
+        pids+=($!)
+    done
+}
+finish() {
+    local p
+    for p in "${pids[@]}"; do wait "$p" || true; done
+}
+# same REF OUT: the four answers of OUT are REF's, each complete.
+same() {
+    local i ok=1
+    for i in 1 2 3 4; do
+        [ "$(tr ',' '\n' <"$tmp/$2.$i" | grep -c '^[0-9]')" = $tokens ] || ok=0
+        cmp -s "$tmp/$1.$i" "$tmp/$2.$i" || ok=0
+    done
+    [ $ok = 1 ]
+}
+# pid_of NAME PROGRAM: the pid the supervisor last started PROGRAM (worker-0, worker-0-r1) with.
+pid_of() {
+    sed -n "s/.* started $2 (pid \([0-9]*\))\$/\1/p" "$tmp/run$1/supervisor.log" | tail -n 1
+}
+# ready_count NAME: how often worker-0 (rank 0, ready once every rank has loaded) was ready.
+ready_count() { grep -c "worker-0 (pid [0-9]*) is ready" "$tmp/run$1/supervisor.log" || true; }
+
+# kill_mid NAME PROGRAM OUT: starts four requests, kills PROGRAM with SIGKILL once each has a
+# token and before any has finished, waits for the requests and for the group to be ready again.
+kill_mid() {
+    local before n=0 running=1 p
+    before=$(ready_count "$1")
+    start "$1" "$3"
+    until [ -s "$tmp/$3.1" ] && [ -s "$tmp/$3.2" ] && [ -s "$tmp/$3.3" ] && [ -s "$tmp/$3.4" ]; do
+        n=$((n + 1))
+        [ $n -lt 3000 ] || break
+        sleep 0.02
+    done
+    for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null || running=0; done
+    check "$2: every request has a token and none has finished before the kill" test $running = 1
+    p=$(pid_of "$1" "$2")
+    check "$2 was started by the supervisor (pid ${p:-none})" test -n "$p"
+    if [ -z "$p" ]; then
+        finish
+        return 0
+    fi
+    kill -KILL "$p" || true
+    finish
+    n=0
+    until [ "$(ready_count "$1")" -gt "$before" ]; do
+        n=$((n + 1))
+        [ $n -lt 600 ] || break
+        sleep 0.1
+    done
+    check "$2: the group was restarted (rank 0 ready again)" test "$(ready_count "$1")" -gt "$before"
+}
+
+# The tiny model: TP 2 as processes answers as TP 1.
+up tiny1 "$tmp/tiny"
+start tiny1 tiny1 && finish
+down tiny1
+up tiny2 "$tmp/tiny" --tensor-parallel 2
+start tiny2 tiny2 && finish
+check "tiny: TP 2 (processes) gives TP 1's $tokens greedy tokens ($(head -c 60 "$tmp/tiny2.1"))" \
+    same tiny1 tiny2
+check "tiny: two worker processes ran" test -s "$tmp/runtiny2/worker-0-r1.log"
+down tiny2
+
+# pagoda-brown: the same, then kill -9 of each rank while requests run.
+brown=$src/assets/pagoda-brown
+up brown1 "$brown"
+start brown1 brown1 && finish
+down brown1
+up brown2 "$brown" --tensor-parallel 2
+start brown2 brown2 && finish
+check "pagoda-brown: TP 2 gives TP 1's tokens ($(head -c 60 "$tmp/brown2.1"))" same brown1 brown2
+"$deploy/pagoda-status" --run-dir "$tmp/runbrown2" >"$tmp/status" 2>&1 || true
+check "pagoda-status names every rank ($(tr -s ' \n' ' ' <"$tmp/status" | head -c 200))" \
+    grep -q "worker-0-r1 .*pid" "$tmp/status"
+check "  and still the scheduler" grep -q "scheduler .*pid" "$tmp/status"
+check "rank 1's kvpool holds half the KV heads" \
+    grep -q "tensor-parallel rank 1 of 2: 1 of the model's 2 KV heads" "$tmp/runbrown2/kvpool-r1.log"
+
+kill_mid brown2 worker-0-r1 kill1
+check "kill -9 of rank 1 mid-request: every request completes with TP 1's tokens" same brown1 kill1
+check "the supervisor stopped rank 0 with rank 1" \
+    grep -q "worker-0-r1 (pid [0-9]*) exited .*its tensor-parallel group goes down with it" \
+    "$tmp/runbrown2/supervisor.log"
+kill_mid brown2 worker-0 kill0
+check "kill -9 of rank 0 mid-request: every request completes with TP 1's tokens" same brown1 kill0
+
+# A worker given the running group's file: its place is claimed (a stale file for it).
+run=$tmp/runbrown2
+rc=0
+timeout 60 "$bin_dir/pagoda-worker" --run-dir "$run" --model "$brown" --worker-id 0 \
+    --tp-rank 1 --tp-size 2 --tp-group "$run/tp-group" >"$tmp/stale.log" 2>&1 || rc=$?
+check "a stale group file: the worker exits 1 (got $rc)" test "$rc" = 1
+check "  saying the file is stale" grep -q "group file $run/tp-group is stale: rank 1's place" \
+    "$tmp/stale.log"
+# A file that is not a group file.
+head -c 20000 /dev/urandom >"$tmp/junk"
+rc=0
+timeout 60 "$bin_dir/pagoda-worker" --run-dir "$run" --model "$brown" --worker-id 0 \
+    --tp-rank 1 --tp-size 2 --tp-group "$tmp/junk" >"$tmp/junk.log" 2>&1 || rc=$?
+check "a malformed group file: the worker cannot run (exit $cannot_run, got $rc)" \
+    test "$rc" = "$cannot_run"
+check "  saying it is no group file" grep -q "is not a tensor-parallel group file" "$tmp/junk.log"
+start brown2 after && finish
+check "the group still serves TP 1's tokens" same brown1 after
+down brown2
+check_summary
