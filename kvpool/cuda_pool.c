@@ -347,6 +347,11 @@ int kv_cuda_pool_device(const struct kv_cuda_pool *p)
     return p->device;
 }
 
+const uint8_t *kv_cuda_pool_uuid(const struct kv_cuda_pool *p)
+{
+    return p->uuid;
+}
+
 uint64_t kv_cuda_pool_mapped_bytes(const struct kv_cuda_pool *p)
 {
     return p->mapped_bytes;

@@ -101,6 +101,9 @@ void *kv_cuda_pool_data(const struct kv_cuda_pool *pool);
 /* The device the pool is on, in this process's numbering. */
 int kv_cuda_pool_device(const struct kv_cuda_pool *pool);
 
+/* The UUID of the device the pool is on (16 bytes, the same in every process). */
+const uint8_t *kv_cuda_pool_uuid(const struct kv_cuda_pool *pool);
+
 /* Bytes mapped (the KV data rounded up to whole granules; every chunk but the last has one
  * size, the last holds the rest), and the number of chunks. */
 uint64_t kv_cuda_pool_mapped_bytes(const struct kv_cuda_pool *pool);

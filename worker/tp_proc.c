@@ -136,9 +136,34 @@ struct comm *tp_proc_comm(struct tp_proc *t)
     return comm_file_comm(t->file);
 }
 
+/* The first rank after r on the GPU of rank r, or -1: NCCL refuses two ranks of one
+ * communicator on one device, which a trial of a group on a one-GPU machine has. */
+static int shares_device(const struct tp_proc *t, int r)
+{
+    if (!t->members[r].has_device)
+        return -1;
+    for (int s = r + 1; s < t->size; s++)
+        if (t->members[s].has_device && memcmp(t->members[s].device_uuid,
+                                                t->members[r].device_uuid,
+                                                sizeof(t->members[r].device_uuid)) == 0)
+            return s;
+    return -1;
+}
+
 int tp_proc_device_comm(struct tp_proc *t, int device, struct comm **out, int *owned)
 {
     *owned = 0;
+    /* Every rank sees the same members, so every rank decides alike. */
+    for (int r = 0; t->members[0].nccl && r < t->size; r++) {
+        const int s = shares_device(t, r);
+        if (s >= 0) {
+            log_warn("tensor-parallel rank %d: ranks %d and %d share a GPU, which NCCL refuses: "
+                     "the collectives go through the cpu group instead (for trials, not speed)",
+                     t->rank, r, s);
+            *out = tp_proc_comm(t);
+            return 0;
+        }
+    }
     if (!t->members[0].nccl) {
         *out = tp_proc_comm(t);
         log_info("tensor-parallel rank %d: collectives through the cpu group (staged through "

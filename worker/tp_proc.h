@@ -41,7 +41,8 @@ struct tp_proc_member {
     int32_t num_layers, num_blocks, block_size, num_kv_heads, head_dim, dtype;
     int32_t max_num_tokens, max_num_seqs, max_blocks_per_seq;
     int32_t nccl; /* rank 0: nccl_id holds an NCCL unique id (the collectives go through NCCL) */
-    int32_t reserved;
+    int32_t has_device; /* device_uuid names the rank's GPU */
+    uint8_t device_uuid[16];
     uint64_t pool_id;
     uint8_t fingerprint[MODEL_FINGERPRINT_BYTES];
     char backend[16];

@@ -358,6 +358,12 @@ static int join_group(struct worker *w, const struct backend_limits *bl)
     };
     memcpy(me.fingerprint, w->fingerprint, sizeof(me.fingerprint));
     snprintf(me.backend, sizeof(me.backend), "%s", o->backend);
+#ifdef PAGODA_HAVE_CUDA
+    if (w->pool.gpu != NULL) {
+        me.has_device = 1;
+        memcpy(me.device_uuid, kv_cuda_pool_uuid(w->pool.gpu), sizeof(me.device_uuid));
+    }
+#endif
     struct tp_proc_options to = {
         .path = o->tp_group,
         .rank = o->tp_rank,

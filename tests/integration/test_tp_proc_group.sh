@@ -8,6 +8,9 @@
 # running group's file (stale: its place is claimed) or a file that is not a group file refuses
 # with a clear error; the group goes on serving. pagoda-status names the ranks as the supervisor
 # does (worker-0-r1).
+# PAGODA_TP_TEST_BACKEND=cuda (tests/gpu/run): the same with the CUDA backend, both ranks on GPU 0
+# (--devices 0,0: NCCL refuses two ranks on one device, so the collectives go through the cpu
+# group, staged through pinned memory).
 set -euo pipefail
 # shellcheck source=tests/check.sh
 . "$(dirname "$0")/../check.sh"
@@ -29,6 +32,12 @@ trap cleanup EXIT
 trap 'exit 143' TERM INT
 
 tokens=96
+backend_args=()
+tp_args=()
+if [ "${PAGODA_TP_TEST_BACKEND:-cpu}" = cuda ]; then
+    backend_args=(--backend cuda)
+    tp_args=(--devices 0,0)
+fi
 "$bin_dir/pagoda-mkmodel" --preset tiny --seed 3 --out "$tmp/tiny" >/dev/null
 
 # up NAME MODEL ARGS...: starts a group in $tmp/runNAME.
@@ -37,8 +46,8 @@ up() {
     shift 2
     mkdir -m 0700 "$run"
     if ! "$deploy/pagoda-up" --run-dir "$run" --bin-dir "$bin_dir" --model "$model" \
-        --listen "ipc://$run/c.ipc" --kv-blocks 128 --timeout 120 "$@" >/dev/null \
-        2>"$tmp/$name.err"; then
+        --listen "ipc://$run/c.ipc" --kv-blocks 128 --timeout 120 "${backend_args[@]}" "$@" \
+        >/dev/null 2>"$tmp/$name.err"; then
         cat "$tmp/$name.err" >&2
         return 1
     fi
@@ -111,7 +120,7 @@ kill_mid() {
 up tiny1 "$tmp/tiny"
 start tiny1 tiny1 && finish
 down tiny1
-up tiny2 "$tmp/tiny" --tensor-parallel 2
+up tiny2 "$tmp/tiny" --tensor-parallel 2 "${tp_args[@]}"
 start tiny2 tiny2 && finish
 check "tiny: TP 2 (processes) gives TP 1's $tokens greedy tokens ($(head -c 60 "$tmp/tiny2.1"))" \
     same tiny1 tiny2
@@ -123,7 +132,7 @@ brown=$src/assets/pagoda-brown
 up brown1 "$brown"
 start brown1 brown1 && finish
 down brown1
-up brown2 "$brown" --tensor-parallel 2
+up brown2 "$brown" --tensor-parallel 2 "${tp_args[@]}"
 start brown2 brown2 && finish
 check "pagoda-brown: TP 2 gives TP 1's tokens ($(head -c 60 "$tmp/brown2.1"))" same brown1 brown2
 "$deploy/pagoda-status" --run-dir "$tmp/runbrown2" >"$tmp/status" 2>&1 || true
