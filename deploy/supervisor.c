@@ -471,9 +471,17 @@ static int check_port_overlap(const struct sup_opts *o)
     return 0;
 }
 
-/* --devices D0,D1,...: device numbers, each at most 4 digits, none twice. */
+/* PAGODA_TP_SHARED_DEVICES=1 (for tests on a one-GPU machine, tests/gpu/run): --devices may name
+ * a device twice; the ranks sharing it then do their collectives through the cpu group (NCCL
+ * refuses two ranks on one device). A trial of the plumbing, never a way to serve faster. */
+#define SUP_SHARED_DEVICES_ENV "PAGODA_TP_SHARED_DEVICES"
+
+/* --devices D0,D1,...: device numbers, each at most 4 digits, none twice (unless
+ * SUP_SHARED_DEVICES_ENV is 1). */
 static int parse_devices(const char *text, struct sup_opts *o)
 {
+    const char *shared = getenv(SUP_SHARED_DEVICES_ENV);
+    const int allow_twice = shared != NULL && strcmp(shared, "1") == 0;
     o->num_devices = 0;
     const char *p = text;
     for (;;) {
@@ -485,7 +493,7 @@ static int parse_devices(const char *text, struct sup_opts *o)
             return pagoda_error_set(PAGODA_ERANGE, "--devices %s: more than %d devices", text,
                                     SUP_MAX_TP);
         snprintf(o->devices[o->num_devices], SUP_MAX_DEVICE_TEXT, "%.*s", (int)n, p);
-        for (int i = 0; i < o->num_devices; i++)
+        for (int i = 0; i < o->num_devices && !allow_twice; i++)
             if (atoi(o->devices[i]) == atoi(o->devices[o->num_devices]))
                 return pagoda_error_set(PAGODA_EINVAL, "--devices %s names a device twice", text);
         o->num_devices++;

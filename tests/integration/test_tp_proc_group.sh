@@ -8,9 +8,9 @@
 # running group's file (stale: its place is claimed) or a file that is not a group file refuses
 # with a clear error; the group goes on serving. pagoda-status names the ranks as the supervisor
 # does (worker-0-r1).
-# PAGODA_TP_TEST_BACKEND=cuda (tests/gpu/run): the same with the CUDA backend, both ranks on GPU 0
-# (--devices 0,0: NCCL refuses two ranks on one device, so the collectives go through the cpu
-# group, staged through pinned memory).
+# PAGODA_TP_TEST_BACKEND=cuda (tests/gpu/run, with PAGODA_TP_SHARED_DEVICES=1): the same with the
+# CUDA backend, both ranks on GPU 0 (--devices 0,0: NCCL refuses two ranks on one device, so the
+# collectives go through the cpu group, staged through pinned memory).
 set -euo pipefail
 # shellcheck source=tests/check.sh
 . "$(dirname "$0")/../check.sh"
@@ -70,12 +70,33 @@ finish() {
     local p
     for p in "${pids[@]}"; do wait "$p" || true; done
 }
-# same REF OUT: the four answers of OUT are REF's, each complete.
+# prefix REF OUT I: how many leading tokens answer I of OUT shares with REF's.
+prefix() {
+    local n=0 a b
+    while IFS=' ' read -r a b; do
+        [ "$a" = "$b" ] || break
+        n=$((n + 1))
+    done < <(paste -d ' ' <(tr ',' '\n' <"$tmp/$1.$3" | grep '^[0-9]') \
+        <(tr ',' '\n' <"$tmp/$2.$3" | grep '^[0-9]'))
+    echo $n
+}
+# same REF OUT: the four answers of OUT are REF's, each complete. With the CUDA backend TP 2 is
+# TP 1 within bf16 rounding, not bit for bit (docs/tensor-parallel.md: a split sum can round the
+# other way and a greedy choice flip at a near tie): there the answers must be complete and
+# share at least $cuda_min_prefix leading tokens with REF's (each answer's shared length is
+# printed); tests/gpu/test_cuda_tp checks the logits themselves, teacher-forced.
+cuda_min_prefix=24
 same() {
-    local i ok=1
+    local i ok=1 p
     for i in 1 2 3 4; do
         [ "$(tr ',' '\n' <"$tmp/$2.$i" | grep -c '^[0-9]')" = $tokens ] || ok=0
-        cmp -s "$tmp/$1.$i" "$tmp/$2.$i" || ok=0
+        if [ ${#backend_args[@]} -eq 0 ]; then
+            cmp -s "$tmp/$1.$i" "$tmp/$2.$i" || ok=0
+        else
+            p=$(prefix "$1" "$2" "$i")
+            echo "  $2.$i: $p of $tokens tokens as $1's" >&2
+            [ "$p" -ge $cuda_min_prefix ] || ok=0
+        fi
     done
     [ $ok = 1 ]
 }
@@ -154,17 +175,21 @@ check "kill -9 of rank 0 mid-request: every request completes with TP 1's tokens
 run=$tmp/runbrown2
 rc=0
 timeout 60 "$bin_dir/pagoda-worker" --run-dir "$run" --model "$brown" --worker-id 0 \
-    --tp-rank 1 --tp-size 2 --tp-group "$run/tp-group" >"$tmp/stale.log" 2>&1 || rc=$?
+    "${backend_args[@]}" --tp-rank 1 --tp-size 2 --tp-group "$run/tp-group" >"$tmp/stale.log" \
+    2>&1 || rc=$?
 check "a stale group file: the worker exits 1 (got $rc)" test "$rc" = 1
+[ "$rc" = 1 ] || tail -3 "$tmp/stale.log" >&2
 check "  saying the file is stale" grep -q "group file $run/tp-group is stale: rank 1's place" \
     "$tmp/stale.log"
 # A file that is not a group file.
 head -c 20000 /dev/urandom >"$tmp/junk"
 rc=0
 timeout 60 "$bin_dir/pagoda-worker" --run-dir "$run" --model "$brown" --worker-id 0 \
-    --tp-rank 1 --tp-size 2 --tp-group "$tmp/junk" >"$tmp/junk.log" 2>&1 || rc=$?
+    "${backend_args[@]}" --tp-rank 1 --tp-size 2 --tp-group "$tmp/junk" >"$tmp/junk.log" \
+    2>&1 || rc=$?
 check "a malformed group file: the worker cannot run (exit $cannot_run, got $rc)" \
     test "$rc" = "$cannot_run"
+grep -q "is not a tensor-parallel group file" "$tmp/junk.log" || tail -3 "$tmp/junk.log" >&2
 check "  saying it is no group file" grep -q "is not a tensor-parallel group file" "$tmp/junk.log"
 start brown2 after && finish
 check "the group still serves TP 1's tokens" same brown1 after
