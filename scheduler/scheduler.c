@@ -1316,8 +1316,19 @@ static void on_hello(struct scheduler *s, const Pagoda__Internal__Hello *h, int6
     w->num_eos = (int32_t)h->n_eos_token_ids;
     if (h->n_eos_token_ids > 0)
         memcpy(w->eos_ids, h->eos_token_ids, h->n_eos_token_ids * sizeof(int32_t));
-    if (!same_pool)
+    if (!same_pool && !w->hello_ever && s->running.count == 0) {
+        /* The first Hello: no step has run, so the block table describes nothing yet. A
+         * tensor-parallel group names its ranks' pools together (worker/tp_proc.h), which
+         * is not the pool id kvpool's rank 0 gave the scheduler at start: taken as it is,
+         * not counted as a change of pool. */
+        log_info("worker 0 names pool %016llx at its first Hello (the table was opened with "
+                 "%016llx): taken",
+                 (unsigned long long)pool_id, (unsigned long long)s->cfg.geometry.pool_id);
+        cache_drop_all(s);
+        s->cfg.geometry.pool_id = pool_id;
+    } else if (!same_pool)
         adopt_pool(s, pool_id);
+    w->hello_ever = true;
     if (cache_on_hello(s, h) != 0) {
         /* Another model: what the running sequences hold in the pool is the old model's. */
         while (s->running.tail != NULL)

@@ -121,6 +121,7 @@ struct step_rec {
 struct worker_link {
     enum link_state state;
     bool hello_seen;
+    bool hello_ever; /* a Hello was accepted since the scheduler opened */
     int32_t pid;
     /* A Hello was refused (the worker on the link is not one the scheduler can use): nothing
      * goes to the link, not even announcements, until a Hello is accepted. */

@@ -928,6 +928,39 @@ static void expect_invariants(struct harness *h)
         fail_msg("invariants: %s", why);
 }
 
+/* A worker whose first Hello names another pool than the one the scheduler was opened with
+ * (a tensor-parallel group names its ranks' pools together): the pool is taken without
+ * counting a change of pool, and the group serves; a later change is counted as usual. */
+static void test_first_hello_other_pool(void **state)
+{
+    struct setup su = DEFAULT_SETUP;
+    su.cache = true;
+    su.no_start = true;
+    struct harness *h = harness_open(&su);
+    tick(h, 0);
+    fw_new_pool(&h->fw, 55);
+    fw_hello(&h->fw, &h->hello, &h->from_worker);
+    pump(h);
+    assert_int_equal(h->ready_reports, 1);
+    assert_int_equal(stats(h).pool_changes, 0);
+    assert_int_equal(stats(h).pool_id, 55);
+    int32_t p[20];
+    make_prompt(93, 20, p);
+    struct req_rec *a = submit(h, 1, p, 20, 3);
+    pump(h);
+    expect_output(a, p, 20, 3, PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH);
+    worker_handle_one(h);
+    queue_clear(&h->from_worker);
+    fw_restart(&h->fw, 101);
+    fw_new_pool(&h->fw, 56);
+    fw_hello(&h->fw, &h->hello, &h->from_worker);
+    deliver_answers(h);
+    assert_int_equal(stats(h).pool_changes, 1);
+    assert_int_equal(stats(h).pool_id, 56);
+    harness_close(h);
+    (void)state;
+}
+
 /* kvpool restarted with a new, empty pool and the worker restarted on it: the Hello names
  * another pool of the same geometry. The prefix cache is dropped (a later request of the same
  * prefix hits nothing), the running request is recomputed from its prompt and output so far
@@ -1167,6 +1200,7 @@ int main(void)
         cmocka_unit_test(test_stats_reply),
         cmocka_unit_test(test_router_hello_announces),
         cmocka_unit_test(test_pool_change_recomputes),
+        cmocka_unit_test(test_first_hello_other_pool),
         cmocka_unit_test(test_pool_change_drops_cache),
         cmocka_unit_test(test_refused_hello_gets_no_resync),
         cmocka_unit_test(test_resync_names_pool),
