@@ -331,11 +331,22 @@ static int open_backend(struct worker *w, const struct backend_limits *bl)
     return rc;
 }
 
-/* The start's waits for the other ranks go on until a signal. */
+/* The start's waits for the other ranks go on until a signal, or until the parent (the
+ * supervisor) is gone: a peer that never claims its place (its process never got that far) has
+ * no pid to watch, and without the supervisor, which would kill the group, nothing else would
+ * end the wait. */
 static int start_keep_waiting(void *ctx)
 {
-    (void)ctx;
-    return !g_stop;
+    const struct worker *w = ctx;
+    if (g_stop)
+        return 0;
+    if (getppid() != w->parent) {
+        log_error("the parent (pid %d) exited during the start: tensor-parallel rank %d stops "
+                  "waiting for its group",
+                  (int)w->parent, w->o.tp_rank);
+        return 0;
+    }
+    return 1;
 }
 
 /* Joins the group of processes (worker/tp_proc.h): every rank agrees on the model, the pool's
