@@ -6,10 +6,11 @@
 # of rank 0's, while four requests run loses none of them: each completes with TP 1's tokens
 # (the supervisor restarts both ranks, the scheduler's resync replays). A worker given the
 # running group's file (stale: its place is claimed) or a file that is not a group file refuses
-# with a clear error; the group goes on serving. kill -9 of rank 1's kvpool mid-request loses no
-# request either (it restarts alone, re-adopting its pool). A rank given a fresh file whose rank 0
-# never comes exits once its parent is gone. pagoda-status names the ranks as the supervisor
-# does (worker-0-r1).
+# with a clear error; the group goes on serving. A rank that hangs (SIGSTOP) mid-request, in a
+# group whose scheduler's watchdog outlasts the group's timeout, makes rank 0 exit once the
+# collective times out: the unit restarts and no request is lost. kill -9 of rank 1's kvpool mid-request loses no request either (it restarts alone, re-adopting its pool).
+# A rank given a fresh file whose rank 0 never comes exits once its parent is gone. pagoda-status
+# names the ranks as the supervisor does (worker-0-r1).
 # PAGODA_TP_TEST_BACKEND=cuda (tests/gpu/run, with PAGODA_TP_SHARED_DEVICES=1): the same with the
 # CUDA backend, both ranks on GPU 0 (--devices 0,0: NCCL refuses two ranks on one device, so the
 # collectives go through the cpu group, staged through pinned memory).
@@ -109,10 +110,11 @@ pid_of() {
 # ready_count NAME: how often worker-0 (rank 0, ready once every rank has loaded) was ready.
 ready_count() { grep -c "worker-0 (pid [0-9]*) is ready" "$tmp/run$1/supervisor.log" || true; }
 
-# kill_mid NAME PROGRAM OUT: starts four requests, kills PROGRAM with SIGKILL once each has a
-# token and before any has finished, waits for the requests and for the group to be ready again.
+# kill_mid NAME PROGRAM OUT [SIGNAL]: starts four requests, sends PROGRAM SIGNAL (KILL) once each
+# has a token and before any has finished, waits for the requests and for the group to be ready
+# again.
 kill_mid() {
-    local before n=0 running=1 p
+    local before n=0 running=1 p sig=${4:-KILL}
     before=$(ready_count "$1")
     start "$1" "$3"
     until [ -s "$tmp/$3.1" ] && [ -s "$tmp/$3.2" ] && [ -s "$tmp/$3.3" ] && [ -s "$tmp/$3.4" ]; do
@@ -128,7 +130,7 @@ kill_mid() {
         finish
         return 0
     fi
-    kill -KILL "$p" || true
+    kill -"$sig" "$p" || true
     finish
     n=0
     until [ "$(ready_count "$1")" -gt "$before" ]; do
@@ -248,4 +250,29 @@ check "  saying so" grep -q "the parent (pid [0-9]*) exited during the start" "$
 start brown2 after && finish
 check "the group still serves TP 1's tokens" same brown1 after
 down brown2
+
+# A rank that hangs (SIGSTOP: alive, never arriving) mid-request, in a group whose scheduler's
+# watchdog (which would report rank 0 hung, and have it killed) outlasts the group's timeout
+# (COMM_DEFAULT_TIMEOUT_MS, 30 s), as a deployment of long steps may set it: rank 0's collective
+# times out, and rank 0 exits, saying the group broke, instead of failing every later step at
+# once (the scheduler would fail request after request); the supervisor restarts the unit
+# (killing the stopped rank) and every request completes with TP 1's tokens.
+# (pagoda-up passes no --watchdog-ms: the supervisor is started as pagoda-up starts it.)
+run=$tmp/runhang
+mkdir -m 0700 "$run"
+setsid "$bin_dir/pagoda-supervisor" --run-dir "$run" --bin-dir "$bin_dir" --model "$brown" \
+    --listen "ipc://$run/c.ipc" --kv-blocks 128 "${backend_args[@]}" --tensor-parallel 2 \
+    "${tp_args[@]}" --scheduler-arg --watchdog-ms --scheduler-arg 600000 \
+    >>"$run/supervisor.log" 2>&1 </dev/null &
+n=0
+until [ -s "$run/ready" ] || [ $n -ge 1200 ]; do
+    n=$((n + 1))
+    sleep 0.1
+done
+check "a group with a 600 s watchdog is ready" test -s "$run/ready"
+kill_mid hang worker-0-r1 hang1 STOP
+check "a hung rank 1 mid-request: every request completes with TP 1's tokens" same brown1 hang1
+check "  rank 0 exited, saying the group broke" \
+    grep -q "the tensor-parallel group broke" "$run/worker-0.log"
+down hang
 check_summary
