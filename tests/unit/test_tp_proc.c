@@ -1,7 +1,7 @@
 /* Tests of comm/comm_file.c and worker/tp_proc.c: ranks that are processes meet in a group
- * file (the collectives work across them), a stale, malformed or mis-sized file is refused
- * with a clear error, a waiting rank sees its peer's death, the ranks agree or all refuse, and
- * the group's pool identity follows every rank's pool. */
+ * file (the collectives work across them), a stale, malformed or mis-sized file, or one another
+ * user may write, is refused with a clear error, a waiting rank sees its peer's death, the ranks
+ * agree or all refuse, and the group's pool identity follows every rank's pool. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
