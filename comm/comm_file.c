@@ -116,6 +116,17 @@ static int file_length(const char *path, int fd, size_t *out)
         return pagoda_error_set(pagoda_from_errno(errno), "%s: %s", path, strerror(errno));
     if (!S_ISREG(st.st_mode))
         return pagoda_error_set(PAGODA_EFORMAT, "group file %s is not a regular file", path);
+    /* The file carries the group's steps and collectives: another user who may write it could
+     * feed the ranks anything. */
+    if (st.st_uid != geteuid())
+        return pagoda_error_set(PAGODA_EPERM,
+                                "group file %s is owned by uid %u, not by this process's (%u)",
+                                path, (unsigned)st.st_uid, (unsigned)geteuid());
+    if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0)
+        return pagoda_error_set(PAGODA_EPERM,
+                                "group file %s is writable by other users (mode %04o; the "
+                                "supervisor makes it 0600)",
+                                path, (unsigned)(st.st_mode & 07777));
     *out = (size_t)st.st_size;
     return 0;
 }

@@ -41,8 +41,9 @@ int comm_file_create(const char *path, int size);
  * keep_waiting(ctx) (may be NULL) says go on and rank 0's process lives. *out is the caller's.
  * Errors, each naming the file: PAGODA_EFORMAT (not a group file: magic, version, length),
  * PAGODA_EMISMATCH (a file made for another size), PAGODA_EEXIST (this rank's place, or for rank 0
- * the region, was claimed by an earlier start: a stale file), PAGODA_ECLOSED (keep_waiting said
- * stop, rank 0 is gone), PAGODA_EINVAL, PAGODA_ENOMEM, the file system's. */
+ * the region, was claimed by an earlier start: a stale file), PAGODA_EPERM (a file owned by
+ * another user, or writable by group or others), PAGODA_ECLOSED (keep_waiting said stop, rank 0
+ * is gone), PAGODA_EINVAL, PAGODA_ENOMEM, the file system's. */
 int comm_file_open(const char *path, int rank, int size, int timeout_ms,
                    int (*keep_waiting)(void *ctx), void *ctx, struct comm_file **out);
 

@@ -513,6 +513,13 @@ static int check_tensor_parallel(const struct sup_opts *o)
         return pagoda_error_set(PAGODA_EINVAL,
                                 "--devices names %d device(s), --tensor-parallel is %d",
                                 o->num_devices, o->tensor_parallel);
+    /* Only ranks get a device from --devices: a lone kvpool would be started without it and
+     * take GPU 0, whatever --devices said (pagoda-up turns --devices D into --kvpool-arg). */
+    if (o->num_devices > 0 && o->tensor_parallel == 1)
+        return pagoda_error_set(PAGODA_EINVAL,
+                                "--devices %s with --tensor-parallel 1: give one GPU with "
+                                "--kvpool-arg --device --kvpool-arg %s",
+                                o->devices[0], o->devices[0]);
     if (o->tensor_parallel == 1)
         return 0;
     if (strcmp(o->backend, "null") == 0)

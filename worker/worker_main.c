@@ -22,7 +22,9 @@
  * open no scheduler link: after Control{ready} they run the steps rank 0 sends until it says
  * stop (exit 0), rank 0's process or this one's parent is gone, or a signal (which aborts the
  * group, so that rank 0 fails at once instead of at the collectives' timeout; exit 0 on a signal,
- * 1 otherwise). --tp-size 1 is a plain worker (the file is not used).
+ * 1 otherwise). Rank 0 exits 1 at once when a step's collective fails for the group itself (a
+ * rank did not arrive in time, or aborted): the supervisor then restarts every rank, a hung one
+ * too. --tp-size 1 is a plain worker (the file is not used).
  *
  * Start (docs/protocol.md): asks kvpool (REQ ipc://DIR/kvpool.ipc, for up to 30 s) for the
  * pool's geometry, maps the pool and checks that it fits the model, loads the model and opens
@@ -331,11 +333,22 @@ static int open_backend(struct worker *w, const struct backend_limits *bl)
     return rc;
 }
 
-/* The start's waits for the other ranks go on until a signal. */
+/* The start's waits for the other ranks go on until a signal, or until the parent (the
+ * supervisor) is gone: a peer that never claims its place (its process never got that far) has
+ * no pid to watch, and without the supervisor, which would kill the group, nothing else would
+ * end the wait. */
 static int start_keep_waiting(void *ctx)
 {
-    (void)ctx;
-    return !g_stop;
+    const struct worker *w = ctx;
+    if (g_stop)
+        return 0;
+    if (getppid() != w->parent) {
+        log_error("the parent (pid %d) exited during the start: tensor-parallel rank %d stops "
+                  "waiting for its group",
+                  (int)w->parent, w->o.tp_rank);
+        return 0;
+    }
+    return 1;
 }
 
 /* Joins the group of processes (worker/tp_proc.h): every rank agrees on the model, the pool's
@@ -379,6 +392,66 @@ static int join_group(struct worker *w, const struct backend_limits *bl)
     if (rc == 0)
         w->pool_id = tp_proc_pool_id(w->tp);
     return rc;
+}
+
+/* Rank 0's backend: the leader (tp_group.h), ending the process once the group itself broke. */
+struct rank0_backend {
+    struct backend base;
+    struct backend *leader;
+};
+
+/* A collective's own failure (a peer that did not arrive in time, aborted the group, or called
+ * another collective) leaves a group that can run no other step, and a step error would not get
+ * it restarted: a peer that hangs is still there, so the supervisor sees no exit, while the
+ * scheduler, retrying and isolating, would fail request after request. Rank 0 exits at once
+ * instead, as a killed rank does: the supervisor restarts the unit (killing the hung rank) and
+ * the scheduler's resync replays what the group lost. */
+static int rank0_forward(struct backend *base, const struct fwd_batch *batch, float *logits)
+{
+    struct rank0_backend *r = (struct rank0_backend *)base;
+    int rc = backend_forward(r->leader, batch, logits);
+    if (rc == PAGODA_ETIMEDOUT || rc == PAGODA_ECLOSED || rc == PAGODA_EPROTO) {
+        char msg[700];
+        log_error("the tensor-parallel group broke (%s): rank 0 exits so that the supervisor "
+                  "restarts the group",
+                  pagoda_error_message(rc, msg, sizeof(msg)));
+        _exit(1);
+    }
+    return rc;
+}
+
+static int rank0_device_time_us(struct backend *base, double *us)
+{
+    return backend_device_time_us(((struct rank0_backend *)base)->leader, us);
+}
+
+static void rank0_close(struct backend *base)
+{
+    struct rank0_backend *r = (struct rank0_backend *)base;
+    backend_close(r->leader);
+    free(r);
+}
+
+static const struct backend_ops rank0_ops = {
+    .name = "tp-rank0",
+    .forward = rank0_forward,
+    .close = rank0_close,
+    .device_time_us = rank0_device_time_us,
+};
+
+/* Wraps leader (closed here on failure) in *out. */
+static int rank0_open(struct backend *leader, struct backend **out)
+{
+    struct rank0_backend *r = calloc(1, sizeof(*r));
+    if (r == NULL) {
+        backend_close(leader);
+        return pagoda_error_set(PAGODA_ENOMEM, "out of memory");
+    }
+    r->base.ops = &rank0_ops;
+    r->base.config = *backend_config(leader);
+    r->leader = leader;
+    *out = &r->base;
+    return 0;
 }
 
 /* Maps the pool kvpool named, loads the model and opens the backend and the mirror. */
@@ -463,8 +536,10 @@ static int worker_load(struct worker *w)
             return rc;
         if (o->tp_rank == 0) {
             rc = tp_leader_open(w->backend, tp_proc_comm(w->tp), &bl, &w->backend);
+            if (rc == 0)
+                rc = rank0_open(w->backend, &w->backend);
             if (rc != 0) {
-                w->backend = NULL; /* closed by tp_leader_open */
+                w->backend = NULL; /* closed by tp_leader_open or rank0_open */
                 return rc;
             }
         }

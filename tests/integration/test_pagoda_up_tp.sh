@@ -56,6 +56,9 @@ if [ -n "${1:-}" ]; then
     sup_refused "--devices needs --backend cuda" --tensor-parallel 2 --devices 0,1
     sup_refused "needs --backend cpu or cuda" --backend null --tensor-parallel 2
     sup_refused "needs --devices" --backend cuda --tensor-parallel 2 --kv-blocks 64
+    # One rank: --devices would be dropped (only ranks get a device from it), leaving GPU 0.
+    sup_refused "--devices 3 with --tensor-parallel 1: give one GPU with --kvpool-arg --device" \
+        --backend cuda --devices 3 --kv-blocks 64
     rc=0
     "$sup" --check-args --run-dir "$tmp/run" --bin-dir "$tmp" --model "$tmp" --tensor-parallel 2 \
         >/dev/null 2>&1 || rc=$?

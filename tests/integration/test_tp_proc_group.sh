@@ -6,8 +6,11 @@
 # of rank 0's, while four requests run loses none of them: each completes with TP 1's tokens
 # (the supervisor restarts both ranks, the scheduler's resync replays). A worker given the
 # running group's file (stale: its place is claimed) or a file that is not a group file refuses
-# with a clear error; the group goes on serving. pagoda-status names the ranks as the supervisor
-# does (worker-0-r1).
+# with a clear error; the group goes on serving. A rank that hangs (SIGSTOP) mid-request, in a
+# group whose scheduler's watchdog outlasts the group's timeout, makes rank 0 exit once the
+# collective times out: the unit restarts and no request is lost. kill -9 of rank 1's kvpool mid-request loses no request either (it restarts alone, re-adopting its pool).
+# A rank given a fresh file whose rank 0 never comes exits once its parent is gone. pagoda-status
+# names the ranks as the supervisor does (worker-0-r1).
 # PAGODA_TP_TEST_BACKEND=cuda (tests/gpu/run, with PAGODA_TP_SHARED_DEVICES=1): the same with the
 # CUDA backend, both ranks on GPU 0 (--devices 0,0: NCCL refuses two ranks on one device, so the
 # collectives go through the cpu group, staged through pinned memory).
@@ -107,10 +110,11 @@ pid_of() {
 # ready_count NAME: how often worker-0 (rank 0, ready once every rank has loaded) was ready.
 ready_count() { grep -c "worker-0 (pid [0-9]*) is ready" "$tmp/run$1/supervisor.log" || true; }
 
-# kill_mid NAME PROGRAM OUT: starts four requests, kills PROGRAM with SIGKILL once each has a
-# token and before any has finished, waits for the requests and for the group to be ready again.
+# kill_mid NAME PROGRAM OUT [SIGNAL]: starts four requests, sends PROGRAM SIGNAL (KILL) once each
+# has a token and before any has finished, waits for the requests and for the group to be ready
+# again.
 kill_mid() {
-    local before n=0 running=1 p
+    local before n=0 running=1 p sig=${4:-KILL}
     before=$(ready_count "$1")
     start "$1" "$3"
     until [ -s "$tmp/$3.1" ] && [ -s "$tmp/$3.2" ] && [ -s "$tmp/$3.3" ] && [ -s "$tmp/$3.4" ]; do
@@ -126,7 +130,7 @@ kill_mid() {
         finish
         return 0
     fi
-    kill -KILL "$p" || true
+    kill -"$sig" "$p" || true
     finish
     n=0
     until [ "$(ready_count "$1")" -gt "$before" ]; do
@@ -171,6 +175,35 @@ check "the supervisor stopped rank 0 with rank 1" \
 kill_mid brown2 worker-0 kill0
 check "kill -9 of rank 0 mid-request: every request completes with TP 1's tokens" same brown1 kill0
 
+# kill -9 of rank 1's kvpool mid-request: it restarts alone and re-adopts its segment (a CPU
+# pool outlives its kvpool); the worker ranks, which map it, go on: every request completes with
+# TP 1's tokens, and the group answers again afterwards (below).
+# (CPU only: a GPU kvpool's restart makes a new pool, docs/tensor-parallel.md's limits.)
+if [ ${#backend_args[@]} -eq 0 ]; then
+    start brown2 killkv
+    n=0
+    until [ -s "$tmp/killkv.1" ] && [ -s "$tmp/killkv.2" ] && [ -s "$tmp/killkv.3" ] &&
+        [ -s "$tmp/killkv.4" ]; do
+        n=$((n + 1))
+        [ $n -lt 3000 ] || break
+        sleep 0.02
+    done
+    kvpid=$(pid_of brown2 kvpool-r1)
+    check "kvpool-r1 was started by the supervisor (pid ${kvpid:-none})" test -n "$kvpid"
+    [ -z "$kvpid" ] || kill -KILL "$kvpid" || true
+    finish
+    check "kill -9 of rank 1's kvpool mid-request: every request completes with TP 1's tokens" \
+        same brown1 killkv
+    n=0
+    until grep -q "kvpool-r1 (pid [0-9]*) is ready again" "$tmp/runbrown2/supervisor.log"; do
+        n=$((n + 1))
+        [ $n -lt 600 ] || break
+        sleep 0.1
+    done
+    check "  kvpool-r1 restarted, re-adopting its pool" \
+        grep -q "re-adopting it, with its identity and its KV" "$tmp/runbrown2/kvpool-r1.log"
+fi
+
 # A worker given the running group's file: its place is claimed (a stale file for it).
 run=$tmp/runbrown2
 rc=0
@@ -191,7 +224,55 @@ check "a malformed group file: the worker cannot run (exit $cannot_run, got $rc)
     test "$rc" = "$cannot_run"
 grep -q "is not a tensor-parallel group file" "$tmp/junk.log" || tail -3 "$tmp/junk.log" >&2
 check "  saying it is no group file" grep -q "is not a tensor-parallel group file" "$tmp/junk.log"
+# A rank whose peer never comes and whose parent (the supervisor) is gone: a fresh group file
+# (the header comm_file_create writes: magic "ptpgroup", version 1, size 2, zeros to 16 KiB) that
+# no rank 0 ever opens. Rank 1 waits for rank 0 only while its parent lives: once the shell that
+# started it exits, it exits too instead of waiting for ever.
+{
+    printf 'ptpgroup\001\000\000\000\002\000\000\000'
+    head -c $((16384 - 16)) /dev/zero
+} >"$tmp/fresh"
+chmod 0600 "$tmp/fresh" # as the supervisor makes it (a file others may write is refused)
+bash -c '"$@" >"$0" 2>&1 & echo $! >"$0.pid"; sleep 2' "$tmp/orphan.log" \
+    "$bin_dir/pagoda-worker" --run-dir "$run" --model "$brown" --worker-id 0 \
+    "${backend_args[@]}" --tp-rank 1 --tp-size 2 --tp-group "$tmp/fresh"
+orphan=$(cat "$tmp/orphan.log.pid")
+n=0
+while kill -0 "$orphan" 2>/dev/null && [ $n -lt 150 ]; do
+    n=$((n + 1))
+    sleep 0.1
+done
+gone=1
+kill -0 "$orphan" 2>/dev/null && gone=0
+check "a rank waiting for a peer that never came exits once its parent is gone" test $gone = 1
+[ $gone = 1 ] || { kill -KILL "$orphan" 2>/dev/null || true; tail -3 "$tmp/orphan.log" >&2; }
+check "  saying so" grep -q "the parent (pid [0-9]*) exited during the start" "$tmp/orphan.log"
 start brown2 after && finish
 check "the group still serves TP 1's tokens" same brown1 after
 down brown2
+
+# A rank that hangs (SIGSTOP: alive, never arriving) mid-request, in a group whose scheduler's
+# watchdog (which would report rank 0 hung, and have it killed) outlasts the group's timeout
+# (COMM_DEFAULT_TIMEOUT_MS, 30 s), as a deployment of long steps may set it: rank 0's collective
+# times out, and rank 0 exits, saying the group broke, instead of failing every later step at
+# once (the scheduler would fail request after request); the supervisor restarts the unit
+# (killing the stopped rank) and every request completes with TP 1's tokens.
+# (pagoda-up passes no --watchdog-ms: the supervisor is started as pagoda-up starts it.)
+run=$tmp/runhang
+mkdir -m 0700 "$run"
+setsid "$bin_dir/pagoda-supervisor" --run-dir "$run" --bin-dir "$bin_dir" --model "$brown" \
+    --listen "ipc://$run/c.ipc" --kv-blocks 128 "${backend_args[@]}" --tensor-parallel 2 \
+    "${tp_args[@]}" --scheduler-arg --watchdog-ms --scheduler-arg 600000 \
+    >>"$run/supervisor.log" 2>&1 </dev/null &
+n=0
+until [ -s "$run/ready" ] || [ $n -ge 1200 ]; do
+    n=$((n + 1))
+    sleep 0.1
+done
+check "a group with a 600 s watchdog is ready" test -s "$run/ready"
+kill_mid hang worker-0-r1 hang1 STOP
+check "a hung rank 1 mid-request: every request completes with TP 1's tokens" same brown1 hang1
+check "  rank 0 exited, saying the group broke" \
+    grep -q "the tensor-parallel group broke" "$run/worker-0.log"
+down hang
 check_summary

@@ -1,7 +1,7 @@
 /* Tests of comm/comm_file.c and worker/tp_proc.c: ranks that are processes meet in a group
- * file (the collectives work across them), a stale, malformed or mis-sized file is refused
- * with a clear error, a waiting rank sees its peer's death, the ranks agree or all refuse, and
- * the group's pool identity follows every rank's pool. */
+ * file (the collectives work across them), a stale, malformed or mis-sized file, or one another
+ * user may write, is refused with a clear error, a waiting rank sees its peer's death, the ranks
+ * agree or all refuse, and the group's pool identity follows every rank's pool. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -114,6 +115,29 @@ static void test_malformed_and_mismatched(void **state)
     assert_non_null(strstr(pagoda_error_detail(), "made for 4 ranks"));
     assert_int_equal(comm_file_open("/nonexistent/group", 0, 2, TIMEOUT_MS, NULL, NULL, &f),
                      PAGODA_ENOENT);
+}
+
+/* A group file another user may write (group or other write bits, another owner) is refused
+ * before anything in it is read or claimed. */
+static void test_foreign_file(void **state)
+{
+    (void)state;
+    struct comm_file *f = NULL;
+    assert_int_equal(comm_file_create(path, 2), 0);
+    assert_int_equal(chmod(path, 0622), 0);
+    assert_int_equal(comm_file_open(path, 0, 2, TIMEOUT_MS, NULL, NULL, &f), PAGODA_EPERM);
+    assert_non_null(strstr(pagoda_error_detail(), "writable by other users"));
+    assert_int_equal(chmod(path, 0600), 0);
+    /* Root can give the file away (the usual user cannot: the owner check is then moot, as
+     * such a file could not be made in the caller's directory by another user either). */
+    if (geteuid() == 0 && chown(path, 65534, 65534) == 0) {
+        assert_int_equal(comm_file_open(path, 0, 2, TIMEOUT_MS, NULL, NULL, &f), PAGODA_EPERM);
+        assert_non_null(strstr(pagoda_error_detail(), "is owned by uid 65534"));
+    }
+    /* Nothing was claimed: the file, made private again, is fresh. */
+    assert_int_equal(chown(path, geteuid(), getegid()), 0);
+    assert_int_equal(comm_file_open(path, 0, 2, TIMEOUT_MS, NULL, NULL, &f), 0);
+    comm_file_close(f);
 }
 
 /* A rank waiting for a peer's phase learns of its death (no deadline otherwise). */
@@ -248,6 +272,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_two_processes_and_stale),
         cmocka_unit_test(test_malformed_and_mismatched),
+        cmocka_unit_test(test_foreign_file),
         cmocka_unit_test(test_dead_peer_ends_wait),
         cmocka_unit_test(test_keep_waiting_ends_wait),
         cmocka_unit_test(test_compare),
