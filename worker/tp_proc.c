@@ -3,6 +3,7 @@
 #include "comm/comm_file.h"
 #include "common/error.h"
 #include "common/log.h"
+#include "worker/backend.h"
 #ifdef PAGODA_HAVE_NCCL
 #include "comm/comm_nccl.h"
 
@@ -143,9 +144,8 @@ static int shares_device(const struct tp_proc *t, int r)
     if (!t->members[r].has_device)
         return -1;
     for (int s = r + 1; s < t->size; s++)
-        if (t->members[s].has_device && memcmp(t->members[s].device_uuid,
-                                                t->members[r].device_uuid,
-                                                sizeof(t->members[r].device_uuid)) == 0)
+        if (t->members[s].has_device && memcmp(t->members[s].device_uuid, t->members[r].device_uuid,
+                                               sizeof(t->members[r].device_uuid)) == 0)
             return s;
     return -1;
 }
@@ -217,4 +217,64 @@ void tp_proc_close(struct tp_proc *t)
         return;
     comm_file_close(t->file);
     free(t);
+}
+
+/* ---- rank 0's backend: the leader, ending the process once the group itself broke ---- */
+
+struct rank0_backend {
+    struct backend base;
+    struct backend *leader;
+};
+
+/* A collective's own failure (a peer that did not arrive in time, aborted the group, or called
+ * another collective) leaves a group that can run no other step, and a step error would not get
+ * it restarted: a peer that hangs is still there, so the supervisor sees no exit, while the
+ * scheduler, retrying and isolating, would fail request after request. Rank 0 exits at once
+ * instead, as a killed rank does: the supervisor restarts the unit (killing the hung rank) and
+ * the scheduler's resync replays what the group lost. */
+static int rank0_forward(struct backend *base, const struct fwd_batch *batch, float *logits)
+{
+    struct rank0_backend *r = (struct rank0_backend *)base;
+    int rc = backend_forward(r->leader, batch, logits);
+    if (rc == PAGODA_ETIMEDOUT || rc == PAGODA_ECLOSED || rc == PAGODA_EPROTO) {
+        char msg[700];
+        log_error("the tensor-parallel group broke (%s): rank 0 exits so that the supervisor "
+                  "restarts the group",
+                  pagoda_error_message(rc, msg, sizeof(msg)));
+        _exit(1);
+    }
+    return rc;
+}
+
+static int rank0_device_time_us(struct backend *base, double *us)
+{
+    return backend_device_time_us(((struct rank0_backend *)base)->leader, us);
+}
+
+static void rank0_close(struct backend *base)
+{
+    struct rank0_backend *r = (struct rank0_backend *)base;
+    backend_close(r->leader);
+    free(r);
+}
+
+static const struct backend_ops rank0_ops = {
+    .name = "tp-rank0",
+    .forward = rank0_forward,
+    .close = rank0_close,
+    .device_time_us = rank0_device_time_us,
+};
+
+int tp_proc_rank0_open(struct backend *leader, struct backend **out)
+{
+    struct rank0_backend *r = calloc(1, sizeof(*r));
+    if (r == NULL) {
+        backend_close(leader);
+        return pagoda_error_set(PAGODA_ENOMEM, "out of memory");
+    }
+    r->base.ops = &rank0_ops;
+    r->base.config = *backend_config(leader);
+    r->leader = leader;
+    *out = &r->base;
+    return 0;
 }

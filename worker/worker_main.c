@@ -394,66 +394,6 @@ static int join_group(struct worker *w, const struct backend_limits *bl)
     return rc;
 }
 
-/* Rank 0's backend: the leader (tp_group.h), ending the process once the group itself broke. */
-struct rank0_backend {
-    struct backend base;
-    struct backend *leader;
-};
-
-/* A collective's own failure (a peer that did not arrive in time, aborted the group, or called
- * another collective) leaves a group that can run no other step, and a step error would not get
- * it restarted: a peer that hangs is still there, so the supervisor sees no exit, while the
- * scheduler, retrying and isolating, would fail request after request. Rank 0 exits at once
- * instead, as a killed rank does: the supervisor restarts the unit (killing the hung rank) and
- * the scheduler's resync replays what the group lost. */
-static int rank0_forward(struct backend *base, const struct fwd_batch *batch, float *logits)
-{
-    struct rank0_backend *r = (struct rank0_backend *)base;
-    int rc = backend_forward(r->leader, batch, logits);
-    if (rc == PAGODA_ETIMEDOUT || rc == PAGODA_ECLOSED || rc == PAGODA_EPROTO) {
-        char msg[700];
-        log_error("the tensor-parallel group broke (%s): rank 0 exits so that the supervisor "
-                  "restarts the group",
-                  pagoda_error_message(rc, msg, sizeof(msg)));
-        _exit(1);
-    }
-    return rc;
-}
-
-static int rank0_device_time_us(struct backend *base, double *us)
-{
-    return backend_device_time_us(((struct rank0_backend *)base)->leader, us);
-}
-
-static void rank0_close(struct backend *base)
-{
-    struct rank0_backend *r = (struct rank0_backend *)base;
-    backend_close(r->leader);
-    free(r);
-}
-
-static const struct backend_ops rank0_ops = {
-    .name = "tp-rank0",
-    .forward = rank0_forward,
-    .close = rank0_close,
-    .device_time_us = rank0_device_time_us,
-};
-
-/* Wraps leader (closed here on failure) in *out. */
-static int rank0_open(struct backend *leader, struct backend **out)
-{
-    struct rank0_backend *r = calloc(1, sizeof(*r));
-    if (r == NULL) {
-        backend_close(leader);
-        return pagoda_error_set(PAGODA_ENOMEM, "out of memory");
-    }
-    r->base.ops = &rank0_ops;
-    r->base.config = *backend_config(leader);
-    r->leader = leader;
-    *out = &r->base;
-    return 0;
-}
-
 /* Maps the pool kvpool named, loads the model and opens the backend and the mirror. */
 static int worker_load(struct worker *w)
 {
@@ -537,9 +477,9 @@ static int worker_load(struct worker *w)
         if (o->tp_rank == 0) {
             rc = tp_leader_open(w->backend, tp_proc_comm(w->tp), &bl, &w->backend);
             if (rc == 0)
-                rc = rank0_open(w->backend, &w->backend);
+                rc = tp_proc_rank0_open(w->backend, &w->backend);
             if (rc != 0) {
-                w->backend = NULL; /* closed by tp_leader_open or rank0_open */
+                w->backend = NULL; /* closed by tp_leader_open or tp_proc_rank0_open */
                 return rc;
             }
         }
