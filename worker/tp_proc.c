@@ -10,6 +10,7 @@
 #include <cuda_runtime_api.h>
 #endif
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -100,6 +101,7 @@ int tp_proc_join(const struct tp_proc_options *o, const struct tp_proc_member *m
     memset(me.nccl_id, 0, sizeof(me.nccl_id));
     int rc = 0;
 #ifdef PAGODA_HAVE_NCCL
+    me.nccl_capable = 1;
     if (o->rank == 0 && o->want_nccl) {
         if ((rc = comm_nccl_unique_id(me.nccl_id)) != 0)
             goto fail;
@@ -137,38 +139,45 @@ struct comm *tp_proc_comm(struct tp_proc *t)
     return comm_file_comm(t->file);
 }
 
-/* The first rank after r on the GPU of rank r, or -1: NCCL refuses two ranks of one
- * communicator on one device, which a trial of a group on a one-GPU machine has. */
-static int shares_device(const struct tp_proc *t, int r)
+int tp_proc_use_nccl(const struct tp_proc_member *members, int n, char *why, size_t why_len)
 {
-    if (!t->members[r].has_device)
-        return -1;
-    for (int s = r + 1; s < t->size; s++)
-        if (t->members[s].has_device && memcmp(t->members[s].device_uuid, t->members[r].device_uuid,
-                                               sizeof(t->members[r].device_uuid)) == 0)
-            return s;
-    return -1;
+    why[0] = '\0';
+    if (!members[0].nccl)
+        return 0;
+    for (int r = 0; r < n; r++)
+        if (!members[r].nccl_capable) {
+            snprintf(why, why_len,
+                     "rank %d's build has no NCCL (build every rank alike): the collectives go "
+                     "through the cpu group instead",
+                     r);
+            return 0;
+        }
+    for (int r = 0; r < n; r++)
+        for (int q = r + 1; q < n && members[r].has_device; q++)
+            if (members[q].has_device && memcmp(members[q].device_uuid, members[r].device_uuid,
+                                                sizeof(members[r].device_uuid)) == 0) {
+                snprintf(why, why_len,
+                         "ranks %d and %d share a GPU, which NCCL refuses: the collectives go "
+                         "through the cpu group instead (for trials, not speed)",
+                         r, q);
+                return 0;
+            }
+    return 1;
 }
 
 int tp_proc_device_comm(struct tp_proc *t, int device, struct comm **out, int *owned)
 {
     *owned = 0;
+    char why[160];
     /* Every rank sees the same members, so every rank decides alike. */
-    for (int r = 0; t->members[0].nccl && r < t->size; r++) {
-        const int s = shares_device(t, r);
-        if (s >= 0) {
-            log_warn("tensor-parallel rank %d: ranks %d and %d share a GPU, which NCCL refuses: "
-                     "the collectives go through the cpu group instead (for trials, not speed)",
-                     t->rank, r, s);
-            *out = tp_proc_comm(t);
-            return 0;
-        }
-    }
-    if (!t->members[0].nccl) {
+    if (!tp_proc_use_nccl(t->members, t->size, why, sizeof(why))) {
+        if (why[0] != '\0')
+            log_warn("tensor-parallel rank %d: %s", t->rank, why);
+        else
+            log_info("tensor-parallel rank %d: collectives through the cpu group (staged through "
+                     "pinned memory)",
+                     t->rank);
         *out = tp_proc_comm(t);
-        log_info("tensor-parallel rank %d: collectives through the cpu group (staged through "
-                 "pinned memory)",
-                 t->rank);
         return 0;
     }
 #ifdef PAGODA_HAVE_NCCL
@@ -183,10 +192,8 @@ int tp_proc_device_comm(struct tp_proc *t, int device, struct comm **out, int *o
     log_info("tensor-parallel rank %d: collectives through NCCL on device %d", t->rank, device);
     return 0;
 #else
-    (void)device;
-    return pagoda_error_set(PAGODA_EUNSUPPORTED,
-                            "rank 0 chose NCCL for the collectives; this rank's build has no "
-                            "NCCL (build every rank alike)");
+    (void)device; /* unreachable: this rank published nccl_capable 0 */
+    return pagoda_error_set(PAGODA_EUNSUPPORTED, "this rank's build has no NCCL");
 #endif
 }
 

@@ -30,6 +30,7 @@
 #include "comm/comm.h"
 #include "model/model_fingerprint.h"
 
+#include <stddef.h>
 #include <stdint.h>
 
 #define TP_PROC_NCCL_ID_BYTES 128
@@ -41,7 +42,8 @@ struct tp_proc_member {
     int32_t num_layers, num_blocks, block_size, num_kv_heads, head_dim, dtype;
     int32_t max_num_tokens, max_num_seqs, max_blocks_per_seq;
     int32_t nccl; /* rank 0: nccl_id holds an NCCL unique id (the collectives go through NCCL) */
-    int32_t has_device; /* device_uuid names the rank's GPU */
+    int32_t has_device;   /* device_uuid names the rank's GPU */
+    int32_t nccl_capable; /* this rank's build has NCCL */
     uint8_t device_uuid[16];
     uint64_t pool_id;
     uint8_t fingerprint[MODEL_FINGERPRINT_BYTES];
@@ -73,6 +75,12 @@ int tp_proc_join(const struct tp_proc_options *o, const struct tp_proc_member *m
 /* The cpu group: the step channel (tp_leader_open, tp_follower_run), and the CPU backend's
  * collectives. Borrowed. */
 struct comm *tp_proc_comm(struct tp_proc *t);
+
+/* Whether the group's collectives go through NCCL, as every rank decides it alike from the
+ * members (members[r] is rank r's): 1 when rank 0 made an NCCL unique id, every rank's build
+ * has NCCL and no two ranks share a GPU (NCCL refuses two ranks on one device); else 0, with
+ * why (a message for the log) filled when rank 0 asked for NCCL but the group cannot use it. */
+int tp_proc_use_nccl(const struct tp_proc_member *members, int n, char *why, size_t why_len);
 
 /* The collectives of a CUDA backend on device: an NCCL communicator when rank 0 made an NCCL id
  * (opened here on device, every rank at once, bounded by the timeout; *owned set: close it with

@@ -215,6 +215,36 @@ static void test_compare(void **state)
     assert_non_null(strstr(pagoda_error_detail(), "--max-seqs"));
 }
 
+/* NCCL only when rank 0 asked for it, every rank's build has it and no two ranks share a GPU;
+ * the refusals say why, and the cpu group of a group that never asked says nothing. */
+static void test_use_nccl(void **state)
+{
+    (void)state;
+    char why[160];
+    struct tp_proc_member m[3] = {member(0, 7), member(1, 9), member(2, 11)};
+    for (int r = 0; r < 3; r++) {
+        m[r].nccl_capable = 1;
+        m[r].has_device = 1;
+        memset(m[r].device_uuid, 0x10 + r, sizeof(m[r].device_uuid));
+    }
+    assert_int_equal(tp_proc_use_nccl(m, 3, why, sizeof(why)), 0); /* rank 0 did not ask */
+    assert_string_equal(why, "");
+    m[0].nccl = 1;
+    assert_int_equal(tp_proc_use_nccl(m, 3, why, sizeof(why)), 1);
+    assert_string_equal(why, "");
+    m[2].nccl_capable = 0;
+    assert_int_equal(tp_proc_use_nccl(m, 3, why, sizeof(why)), 0);
+    assert_non_null(strstr(why, "rank 2's build has no NCCL"));
+    m[2].nccl_capable = 1;
+    m[2].device_uuid[15] = 0x11; /* rank 2's UUID: 0x12.. with the last byte of rank 1's */
+    assert_int_equal(tp_proc_use_nccl(m, 3, why, sizeof(why)), 1);
+    memcpy(m[2].device_uuid, m[1].device_uuid, sizeof(m[1].device_uuid));
+    assert_int_equal(tp_proc_use_nccl(m, 3, why, sizeof(why)), 0);
+    assert_non_null(strstr(why, "ranks 1 and 2 share a GPU"));
+    m[1].has_device = 0; /* a rank without a GPU shares nothing */
+    assert_int_equal(tp_proc_use_nccl(m, 3, why, sizeof(why)), 1);
+}
+
 static void test_group_pool_id(void **state)
 {
     (void)state;
@@ -276,6 +306,7 @@ int main(void)
         cmocka_unit_test(test_dead_peer_ends_wait),
         cmocka_unit_test(test_keep_waiting_ends_wait),
         cmocka_unit_test(test_compare),
+        cmocka_unit_test(test_use_nccl),
         cmocka_unit_test(test_group_pool_id),
         cmocka_unit_test(test_join),
     };
