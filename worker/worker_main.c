@@ -105,6 +105,7 @@
 #include "worker/tp_group.h"
 #include "worker/tp_local.h"
 #include "worker/tp_proc.h"
+#include "worker/worker_args.h"
 #include "worker/worker_pool.h"
 #ifdef PAGODA_HAVE_CUDA
 #include "kvpool/cuda_pool.h"
@@ -116,7 +117,6 @@
 #include <nng/protocol/pair1/pair.h>
 #include <nng/protocol/reqrep0/req.h>
 
-#include <getopt.h>
 #include <inttypes.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -127,10 +127,6 @@
 #include <unistd.h>
 #include <uv.h>
 
-#define WORKER_MAX_ID 1023
-#define WORKER_MAX_SEQS 4096
-#define WORKER_MAX_BATCHED_TOKENS (1 << 16)
-#define WORKER_MAX_DELAY_MS STEP_LOOP_MAX_DELAY_MS
 /* How long the worker waits for kvpool's answer at start, and how often it asks. */
 #define WORKER_KVPOOL_WAIT_MS 30000
 #define WORKER_HELLO_MS 200
@@ -140,34 +136,6 @@
 #define WORKER_SEND_BUFFER 64
 /* Malformed messages are logged one by one up to this many, then every 1000th. */
 #define WORKER_MALFORMED_LOGGED 10
-/* The longest --tp-group path. */
-#define WORKER_MAX_PATH 1024
-
-struct worker_opts {
-    const char *run_dir;
-    const char *kvpool;    /* NULL: ipc://DIR/kvpool.ipc */
-    const char *scheduler; /* NULL: ipc://DIR/worker-I.ipc */
-    const char *model;
-    const char *backend;     /* "cpu", "cuda" or "null" */
-    const char *load_format; /* "safetensors" or "random" */
-    uint64_t seed;           /* the random weights' seed */
-    const char *log_level;
-    uint32_t worker_id;
-    int worker_id_set;
-    uint32_t step_delay_ms;
-    uint64_t drop_step;   /* 0: off */
-    uint64_t drop_result; /* 0: off */
-    int32_t max_batched_tokens;
-    int32_t max_seqs;
-    /* Ranks of the model (--tensor-parallel, CPU backend: threads of this worker over its one
-     * pool, worker/tp_local.h); 1: no tensor parallelism. */
-    int tensor_parallel;
-    /* A rank of a group of worker processes (--tp-rank/--tp-size/--tp-group, worker/tp_proc.h);
-     * tp_size 0: none. */
-    int tp_rank, tp_size, tp_rank_set;
-    const char *tp_group;
-    int cuda_graphs; /* --cuda-graphs: 1 on (the default), 0 off */
-};
 
 struct worker {
     struct worker_opts o;
@@ -206,13 +174,6 @@ struct worker {
     uint64_t send_failures;
 };
 
-/* The backends of this build, as --help names them (deploy/pagoda-up looks for "cpu|cuda"). */
-#ifdef PAGODA_HAVE_CUDA
-#define WORKER_BACKENDS "cpu|cuda|null"
-#else
-#define WORKER_BACKENDS "cpu|null"
-#endif
-
 /* Set by the signal handler while the loop does not run yet (start-up). */
 static volatile sig_atomic_t g_stop;
 
@@ -220,22 +181,6 @@ static void on_early_signal(int sig)
 {
     (void)sig;
     g_stop = 1;
-}
-
-static void usage(FILE *f)
-{
-    fprintf(f, "usage: pagoda-worker --run-dir DIR --model MODEL_DIR --worker-id I\n"
-               "                     [--backend " WORKER_BACKENDS "] [--step-delay-ms X]\n"
-               "                     [--load-format safetensors|random] [--seed N]\n"
-               "                     [--fault drop-step=N|drop-result=N]\n"
-               "                     [--max-batched-tokens 2048] [--max-seqs 256]\n"
-               "                     [--log-level debug|info|warn|error]\n"
-               "                     [--kvpool URL] [--scheduler URL] [--tensor-parallel N]\n"
-               "                     [--tp-rank R --tp-size N --tp-group PATH]\n"
-               "                     [--cuda-graphs on|off]\n"
-               "Maps the kv pool that pagoda-kvpool serves in DIR (asked at --kvpool, default\n"
-               "ipc://DIR/kvpool.ipc), loads the model and runs the steps the scheduler sends\n"
-               "on --scheduler (default ipc://DIR/worker-I.ipc; tcp://HOST:PORT too).\n");
 }
 
 static void log_rc(enum log_level level, const char *what, int rc)
@@ -775,222 +720,6 @@ static void worker_fini(struct worker *w)
 
 /* ---- main ------------------------------------------------------------------------------------ */
 
-enum {
-    OPT_RUN_DIR = 256,
-    OPT_MODEL,
-    OPT_WORKER_ID,
-    OPT_BACKEND,
-    OPT_STEP_DELAY,
-    OPT_FAULT,
-    OPT_MAX_BATCHED,
-    OPT_MAX_SEQS,
-    OPT_LOG_LEVEL,
-    OPT_LOAD_FORMAT,
-    OPT_SEED,
-    OPT_KVPOOL,
-    OPT_SCHEDULER,
-    OPT_TENSOR_PARALLEL,
-    OPT_CUDA_GRAPHS,
-    OPT_TP_RANK,
-    OPT_TP_SIZE,
-    OPT_TP_GROUP,
-};
-
-static int parse_fault(const char *arg, struct worker_opts *o)
-{
-    const char *eq = strchr(arg, '=');
-    int64_t n;
-    if (eq == NULL)
-        return pagoda_error_set(PAGODA_EINVAL, "--fault %s: expected drop-step=N or drop-result=N",
-                                arg);
-    int rc = parse_i64("--fault", eq + 1, 1, INT64_MAX, &n);
-    if (rc != 0)
-        return rc;
-    size_t klen = (size_t)(eq - arg);
-    if (klen == 9 && strncmp(arg, "drop-step", klen) == 0)
-        o->drop_step = (uint64_t)n;
-    else if (klen == 11 && strncmp(arg, "drop-result", klen) == 0)
-        o->drop_result = (uint64_t)n;
-    else
-        return pagoda_error_set(PAGODA_EINVAL, "--fault %s: expected drop-step=N or drop-result=N",
-                                arg);
-    return 0;
-}
-
-/* Returns 0, 2 for a usage error (after printing it), or 3 for --help. */
-static int parse_args(int argc, char **argv, struct worker_opts *o)
-{
-    static const struct option longopts[] = {
-        {"run-dir", required_argument, NULL, OPT_RUN_DIR},
-        {"model", required_argument, NULL, OPT_MODEL},
-        {"worker-id", required_argument, NULL, OPT_WORKER_ID},
-        {"backend", required_argument, NULL, OPT_BACKEND},
-        {"step-delay-ms", required_argument, NULL, OPT_STEP_DELAY},
-        {"fault", required_argument, NULL, OPT_FAULT},
-        {"max-batched-tokens", required_argument, NULL, OPT_MAX_BATCHED},
-        {"max-seqs", required_argument, NULL, OPT_MAX_SEQS},
-        {"log-level", required_argument, NULL, OPT_LOG_LEVEL},
-        {"load-format", required_argument, NULL, OPT_LOAD_FORMAT},
-        {"seed", required_argument, NULL, OPT_SEED},
-        {"kvpool", required_argument, NULL, OPT_KVPOOL},
-        {"scheduler", required_argument, NULL, OPT_SCHEDULER},
-        {"tensor-parallel", required_argument, NULL, OPT_TENSOR_PARALLEL},
-        {"cuda-graphs", required_argument, NULL, OPT_CUDA_GRAPHS},
-        {"tp-rank", required_argument, NULL, OPT_TP_RANK},
-        {"tp-size", required_argument, NULL, OPT_TP_SIZE},
-        {"tp-group", required_argument, NULL, OPT_TP_GROUP},
-        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
-    };
-    int opt, rc = 0;
-    int64_t v;
-    while ((opt = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
-        switch (opt) {
-        case OPT_RUN_DIR:
-            o->run_dir = optarg;
-            break;
-        case OPT_MODEL:
-            o->model = optarg;
-            break;
-        case OPT_WORKER_ID:
-            if ((rc = parse_i64("--worker-id", optarg, 0, WORKER_MAX_ID, &v)) == 0) {
-                o->worker_id = (uint32_t)v;
-                o->worker_id_set = 1;
-            }
-            break;
-        case OPT_BACKEND:
-            if (strcmp(optarg, "cpu") != 0 && strcmp(optarg, "cuda") != 0 &&
-                strcmp(optarg, "null") != 0)
-                rc = pagoda_error_set(PAGODA_EINVAL, "--backend %s: expected cpu, cuda or null",
-                                      optarg);
-#ifndef PAGODA_HAVE_CUDA
-            else if (strcmp(optarg, "cuda") == 0)
-                rc = pagoda_error_set(PAGODA_EUNSUPPORTED,
-                                      "--backend cuda: this build has no CUDA backend (configure "
-                                      "with -DPAGODA_CUDA=ON)");
-#endif
-            o->backend = optarg;
-            break;
-        case OPT_LOAD_FORMAT:
-            if (strcmp(optarg, "safetensors") != 0 && strcmp(optarg, "random") != 0)
-                rc = pagoda_error_set(PAGODA_EINVAL,
-                                      "--load-format %s: expected safetensors or random", optarg);
-            o->load_format = optarg;
-            break;
-        case OPT_SEED:
-            if ((rc = parse_i64("--seed", optarg, 0, INT64_MAX, &v)) == 0)
-                o->seed = (uint64_t)v;
-            break;
-        case OPT_KVPOOL:
-            if ((rc = wire_address_check("--kvpool", optarg, WIRE_ADDRESS_DIAL)) == 0)
-                o->kvpool = optarg;
-            break;
-        case OPT_SCHEDULER:
-            if ((rc = wire_address_check("--scheduler", optarg, WIRE_ADDRESS_DIAL)) == 0)
-                o->scheduler = optarg;
-            break;
-        case OPT_TENSOR_PARALLEL:
-            if ((rc = parse_i64("--tensor-parallel", optarg, 1, COMM_MAX_RANKS, &v)) == 0)
-                o->tensor_parallel = (int)v;
-            break;
-        case OPT_CUDA_GRAPHS:
-            rc = parse_on_off("--cuda-graphs", optarg, &o->cuda_graphs);
-            break;
-        case OPT_TP_RANK:
-            if ((rc = parse_i64("--tp-rank", optarg, 0, COMM_MAX_RANKS - 1, &v)) == 0)
-                o->tp_rank = (int)v;
-            o->tp_rank_set = 1;
-            break;
-        case OPT_TP_SIZE:
-            if ((rc = parse_i64("--tp-size", optarg, 1, COMM_MAX_RANKS, &v)) == 0)
-                o->tp_size = (int)v;
-            break;
-        case OPT_TP_GROUP:
-            if (optarg[0] == '\0' || strlen(optarg) >= WORKER_MAX_PATH)
-                rc = pagoda_error_set(PAGODA_EINVAL, "--tp-group: a path of 1 to %d bytes",
-                                      WORKER_MAX_PATH - 1);
-            o->tp_group = optarg;
-            break;
-        case OPT_STEP_DELAY:
-            if ((rc = parse_i64("--step-delay-ms", optarg, 0, WORKER_MAX_DELAY_MS, &v)) == 0)
-                o->step_delay_ms = (uint32_t)v;
-            break;
-        case OPT_FAULT:
-            rc = parse_fault(optarg, o);
-            break;
-        case OPT_MAX_BATCHED:
-            if ((rc = parse_i64("--max-batched-tokens", optarg, 1, WORKER_MAX_BATCHED_TOKENS,
-                                &v)) == 0)
-                o->max_batched_tokens = (int32_t)v;
-            break;
-        case OPT_MAX_SEQS:
-            if ((rc = parse_i64("--max-seqs", optarg, 1, WORKER_MAX_SEQS, &v)) == 0)
-                o->max_seqs = (int32_t)v;
-            break;
-        case OPT_LOG_LEVEL:
-            o->log_level = optarg;
-            break;
-        case 'h':
-            usage(stdout);
-            return 3;
-        default:
-            usage(stderr);
-            return 2;
-        }
-        if (rc != 0) {
-            char msg[700];
-            fprintf(stderr, "pagoda-worker: %s\n", pagoda_error_message(rc, msg, sizeof(msg)));
-            return 2;
-        }
-    }
-    if (optind != argc || o->run_dir == NULL || o->model == NULL || !o->worker_id_set) {
-        usage(stderr);
-        return 2;
-    }
-    if (strcmp(o->load_format, "random") == 0 && strcmp(o->backend, "cpu") == 0) {
-        fprintf(stderr, "pagoda-worker: --load-format random needs --backend cuda (the CPU "
-                        "backend runs on checkpoints: make one with pagoda-mkmodel)\n");
-        return 2;
-    }
-    if ((o->tp_size != 0 || o->tp_group != NULL || o->tp_rank_set) &&
-        (o->tp_size == 0 || o->tp_group == NULL || !o->tp_rank_set)) {
-        fprintf(stderr, "pagoda-worker: --tp-rank, --tp-size and --tp-group go together (a rank "
-                        "of a group of worker processes)\n");
-        return 2;
-    }
-    if (o->tp_size != 0 && o->tp_rank >= o->tp_size) {
-        fprintf(stderr, "pagoda-worker: --tp-rank %d: the ranks of --tp-size %d are 0 to %d\n",
-                o->tp_rank, o->tp_size, o->tp_size - 1);
-        return 2;
-    }
-    if (o->tp_size != 0 && o->tensor_parallel > 1) {
-        fprintf(stderr, "pagoda-worker: --tensor-parallel (ranks that are threads of this "
-                        "worker) and --tp-size (ranks that are worker processes) exclude each "
-                        "other\n");
-        return 2;
-    }
-    if (o->tp_size != 0 && strcmp(o->backend, "null") == 0) {
-        fprintf(stderr, "pagoda-worker: --tp-size needs --backend cpu or cuda\n");
-        return 2;
-    }
-    if (o->tensor_parallel > 1 && strcmp(o->backend, "cpu") != 0) {
-        fprintf(stderr,
-                "pagoda-worker: --tensor-parallel %d needs --backend cpu: its ranks are "
-                "threads of this worker; a GPU group is one worker per GPU (--tp-rank R "
-                "--tp-size N --tp-group PATH, docs/tensor-parallel.md)\n",
-                o->tensor_parallel);
-        return 2;
-    }
-    enum log_level level;
-    if (log_level_parse(o->log_level, &level) != 0) {
-        fprintf(stderr, "pagoda-worker: --log-level '%s' is not debug, info, warn or error\n",
-                o->log_level);
-        return 2;
-    }
-    log_set_level(level);
-    return 0;
-}
-
 /* A rank above 0 waits for its next step as long as rank 0 and its own parent are there and no
  * signal came. */
 static int follower_keep_waiting(void *ctx)
@@ -1028,19 +757,13 @@ static int follow(struct worker *w)
 int main(int argc, char **argv)
 {
     static struct worker w; /* large and process-wide; zeroed */
-    w.o = (struct worker_opts){
-        .backend = "cpu",
-        .load_format = "safetensors",
-        .log_level = "info",
-        .max_batched_tokens = 2048,
-        .max_seqs = 256,
-        .tensor_parallel = 1,
-        .cuda_graphs = 1,
-    };
     log_set_name("worker");
-    int status = parse_args(argc, argv, &w.o);
+    int status = worker_args_parse(argc, argv, &w.o);
     if (status != 0)
-        return status == 3 ? 0 : status;
+        return status == WORKER_ARGS_HELP ? 0 : status;
+    enum log_level level;
+    log_level_parse(w.o.log_level, &level); /* checked by worker_args_parse */
+    log_set_level(level);
     snprintf(w.name, sizeof(w.name), "worker-%u", w.o.worker_id);
 
     struct sigaction sa;
