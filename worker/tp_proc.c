@@ -58,6 +58,11 @@ int tp_proc_compare(const struct tp_proc_member *members, int n)
         if (m->rank != r)
             return pagoda_error_set(PAGODA_EMISMATCH,
                                     "tensor-parallel place %d holds rank %d's member", r, m->rank);
+        if (m->layout != m0->layout)
+            return pagoda_error_set(PAGODA_EMISMATCH,
+                                    "tensor-parallel ranks 0 and %d run different pagoda builds "
+                                    "(member layouts %#x and %#x): build every rank alike",
+                                    r, (unsigned)m0->layout, (unsigned)m->layout);
         SAME(size, "the group's size");
         if (memcmp(m->fingerprint, m0->fingerprint, sizeof(m->fingerprint)) != 0)
             return pagoda_error_set(PAGODA_EMISMATCH,
@@ -98,6 +103,8 @@ int tp_proc_join(const struct tp_proc_options *o, const struct tp_proc_member *m
     me.size = o->size;
     me.pid = (int32_t)getpid();
     me.nccl = 0;
+    me.nccl_capable = 0;
+    me.layout = TP_PROC_MEMBER_LAYOUT;
     memset(me.nccl_id, 0, sizeof(me.nccl_id));
     int rc = 0;
 #ifdef PAGODA_HAVE_NCCL
@@ -107,6 +114,10 @@ int tp_proc_join(const struct tp_proc_options *o, const struct tp_proc_member *m
             goto fail;
         me.nccl = 1;
     }
+#else
+    if (o->rank == 0 && o->want_nccl)
+        log_warn("tensor-parallel rank 0: this build has no NCCL: the group's collectives go "
+                 "through the cpu group (staged through pinned memory; for GPUs, slow)");
 #endif
     if ((rc = comm_file_open(o->path, o->rank, o->size, o->timeout_ms, o->keep_waiting, o->ctx,
                              &t->file)) != 0 ||

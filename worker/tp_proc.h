@@ -22,8 +22,9 @@
  * The group's pool identity (what rank 0 announces to the scheduler as its pool_id) combines
  * every rank's pool identity (tp_proc_group_pool_id): a rank whose kvpool made a new pool (its
  * KV lost) changes it, and the scheduler, seeing a new identity, recomputes what the pools held
- * (scheduler.h's adopt_pool). The scheduler first learns rank 0's own pool from kvpool, so a
- * group's first Hello is adopted as a new pool (nothing is cached yet: nothing is lost). */
+ * (scheduler.h's adopt_pool). The scheduler first learns rank 0's own pool from kvpool; the pool
+ * a worker names at its first accepted Hello, before any step ran, is taken without counting a
+ * change of pool. */
 #ifndef PAGODA_WORKER_TP_PROC_H
 #define PAGODA_WORKER_TP_PROC_H
 
@@ -34,6 +35,9 @@
 #include <stdint.h>
 
 #define TP_PROC_NCCL_ID_BYTES 128
+/* Set by tp_proc_join in every member; changed whenever struct tp_proc_member changes, so that
+ * a group of two pagoda builds is refused as such, not as a disagreement read at wrong offsets. */
+#define TP_PROC_MEMBER_LAYOUT 0x70610002
 
 /* What every rank publishes and the group agrees on. */
 struct tp_proc_member {
@@ -44,6 +48,7 @@ struct tp_proc_member {
     int32_t nccl; /* rank 0: nccl_id holds an NCCL unique id (the collectives go through NCCL) */
     int32_t has_device;   /* device_uuid names the rank's GPU */
     int32_t nccl_capable; /* this rank's build has NCCL */
+    int32_t layout;       /* TP_PROC_MEMBER_LAYOUT: ranks of other builds are told apart */
     uint8_t device_uuid[16];
     uint64_t pool_id;
     uint8_t fingerprint[MODEL_FINGERPRINT_BYTES];

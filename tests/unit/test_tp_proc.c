@@ -213,6 +213,11 @@ static void test_compare(void **state)
     m[1].max_num_seqs = 9;
     assert_int_equal(tp_proc_compare(m, 2), PAGODA_EMISMATCH);
     assert_non_null(strstr(pagoda_error_detail(), "--max-seqs"));
+    m[1] = member(1, 9);
+    m[1].layout = m[0].layout + 1; /* a rank of another build */
+    m[1].fingerprint[3] = 1;       /* which would read as another model */
+    assert_int_equal(tp_proc_compare(m, 2), PAGODA_EMISMATCH);
+    assert_non_null(strstr(pagoda_error_detail(), "different pagoda builds"));
 }
 
 /* NCCL only when rank 0 asked for it, every rank's build has it and no two ranks share a GPU;
