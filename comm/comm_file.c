@@ -150,6 +150,19 @@ static int check_header(const char *path, const struct header *h, int size)
     return 0;
 }
 
+/* Maps the whole file of total bytes in place of the header's mapping. */
+static int remap_whole(struct comm_file *f, int fd, size_t total)
+{
+    struct header *whole = NULL;
+    int rc = map_file(f->path, fd, total, &whole);
+    if (rc != 0)
+        return rc;
+    munmap(f->h, f->mapped);
+    f->h = whole;
+    f->mapped = total;
+    return 0;
+}
+
 /* Rank 0: claims and makes the region, remapping the whole file. */
 static int make_region(struct comm_file *f, int fd, int timeout_ms)
 {
@@ -165,16 +178,12 @@ static int make_region(struct comm_file *f, int fd, int timeout_ms)
     if (ftruncate(fd, (off_t)total) != 0)
         return pagoda_error_set(pagoda_from_errno(errno), "cannot extend group file %s: %s",
                                 f->path, strerror(errno));
-    struct header *whole = NULL;
-    int rc = map_file(f->path, fd, total, &whole);
+    int rc = remap_whole(f, fd, total);
     if (rc != 0)
         return rc;
-    munmap(f->h, f->mapped);
-    f->h = whole;
-    f->mapped = total;
-    if ((rc = comm_cpu_shared_init((char *)whole + HEADER_BYTES, f->size, timeout_ms)) != 0)
+    if ((rc = comm_cpu_shared_init((char *)f->h + HEADER_BYTES, f->size, timeout_ms)) != 0)
         return rc;
-    atomic_store(&whole->state, STATE_READY);
+    atomic_store(&f->h->state, STATE_READY);
     return 0;
 }
 
@@ -199,13 +208,7 @@ static int await_region(struct comm_file *f, int fd, int (*keep_waiting)(void *c
     if (have < total)
         return pagoda_error_set(PAGODA_EFORMAT, "group file %s holds %zu bytes, %zu expected",
                                 f->path, have, total);
-    struct header *whole = NULL;
-    if ((rc = map_file(f->path, fd, total, &whole)) != 0)
-        return rc;
-    munmap(f->h, f->mapped);
-    f->h = whole;
-    f->mapped = total;
-    return 0;
+    return remap_whole(f, fd, total);
 }
 
 int comm_file_open(const char *path, int rank, int size, int timeout_ms,

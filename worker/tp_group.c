@@ -87,6 +87,13 @@ static void unpack(const struct step_header *h, char *buf, struct fwd_batch *b)
     b->logits_indices = take(&buf, (size_t)h->num_logits * 4);
 }
 
+/* Errors of the group itself (a rank did not arrive in time, aborted, or called another
+ * collective), after which the group can run no other step. */
+static int is_group_error(int rc)
+{
+    return rc == PAGODA_ETIMEDOUT || rc == PAGODA_ECLOSED || rc == PAGODA_EPROTO;
+}
+
 /* ---- rank 0 ---------------------------------------------------------------------------- */
 
 struct leader {
@@ -94,12 +101,25 @@ struct leader {
     struct backend *inner;
     struct comm *steps;
     struct backend_limits limits;
-    char *payload; /* max_payload(limits) bytes */
+    char *payload;                        /* max_payload(limits) bytes */
+    void (*on_broken)(int rc, void *ctx); /* tp_leader_on_broken; may be NULL */
+    void *on_broken_ctx;
 };
+
+static int leader_step(struct leader *l, const struct fwd_batch *batch, float *logits);
 
 static int leader_forward(struct backend *base, const struct fwd_batch *batch, float *logits)
 {
     struct leader *l = (struct leader *)base;
+    int rc = leader_step(l, batch, logits);
+    if (l->on_broken != NULL && is_group_error(rc))
+        l->on_broken(rc, l->on_broken_ctx);
+    return rc;
+}
+
+/* The step to the other ranks, then rank 0's shard. */
+static int leader_step(struct leader *l, const struct fwd_batch *batch, float *logits)
+{
     /* Refused here, a bad step never reaches the other ranks. */
     int rc = backend_check_batch(&l->base.config, &l->limits, batch);
     if (rc != 0)
@@ -168,13 +188,14 @@ int tp_leader_open(struct backend *inner, struct comm *steps, const struct backe
     return 0;
 }
 
-/* ---- the other ranks ------------------------------------------------------------------- */
-
-/* Errors of the group itself, after which there is no step to wait for. */
-static int is_group_error(int rc)
+void tp_leader_on_broken(struct backend *leader, void (*fn)(int rc, void *ctx), void *ctx)
 {
-    return rc == PAGODA_ETIMEDOUT || rc == PAGODA_ECLOSED || rc == PAGODA_EPROTO;
+    struct leader *l = (struct leader *)leader;
+    l->on_broken = fn;
+    l->on_broken_ctx = ctx;
 }
+
+/* ---- the other ranks ------------------------------------------------------------------- */
 
 int tp_follower_run(struct backend *inner, struct comm *steps, const struct backend_limits *limits,
                     int (*keep_waiting)(void *ctx), void *ctx, uint64_t *steps_run)

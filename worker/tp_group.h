@@ -34,6 +34,13 @@
 int tp_leader_open(struct backend *inner, struct comm *steps, const struct backend_limits *limits,
                    struct backend **out);
 
+/* Has fn(rc, ctx) called when a forward pass of leader (a tp_leader_open wrapper) fails for the
+ * group itself (PAGODA_ETIMEDOUT, PAGODA_ECLOSED, PAGODA_EPROTO: a rank did not arrive in time,
+ * aborted, or called another collective), before the error is returned. Such a group can run no
+ * other step; a worker of process ranks exits there (worker_main.c), so that its supervisor
+ * restarts the group. fn NULL: none (the default). */
+void tp_leader_on_broken(struct backend *leader, void (*fn)(int rc, void *ctx), void *ctx);
+
 /* Runs the steps rank 0 sends over steps (this rank's handle) through inner (this rank's
  * backend, opened with limits) until rank 0 says stop: returns 0. Otherwise returns
  * PAGODA_ECLOSED when keep_waiting(ctx) said stop while idle or the group broke, the errors of

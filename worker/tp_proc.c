@@ -3,7 +3,6 @@
 #include "comm/comm_file.h"
 #include "common/error.h"
 #include "common/log.h"
-#include "worker/backend.h"
 #ifdef PAGODA_HAVE_NCCL
 #include "comm/comm_nccl.h"
 
@@ -12,6 +11,8 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#define XXH_INLINE_ALL
+#include <xxhash.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -31,13 +32,7 @@ uint64_t tp_proc_group_pool_id(const uint64_t *ids, int n)
 {
     if (n <= 1)
         return n == 1 ? ids[0] : 1;
-    uint64_t h = ids[0];
-    for (int r = 1; r < n; r++) {
-        h ^= ids[r] + UINT64_C(0x9e3779b97f4a7c15) * (uint64_t)r;
-        h = (h ^ (h >> 30)) * UINT64_C(0xbf58476d1ce4e5b9);
-        h = (h ^ (h >> 27)) * UINT64_C(0x94d049bb133111eb);
-        h ^= h >> 31;
-    }
+    uint64_t h = XXH3_64bits(ids, (size_t)n * sizeof(ids[0]));
     return h != 0 ? h : 1;
 }
 
@@ -235,64 +230,4 @@ void tp_proc_close(struct tp_proc *t)
         return;
     comm_file_close(t->file);
     free(t);
-}
-
-/* ---- rank 0's backend: the leader, ending the process once the group itself broke ---- */
-
-struct rank0_backend {
-    struct backend base;
-    struct backend *leader;
-};
-
-/* A collective's own failure (a peer that did not arrive in time, aborted the group, or called
- * another collective) leaves a group that can run no other step, and a step error would not get
- * it restarted: a peer that hangs is still there, so the supervisor sees no exit, while the
- * scheduler, retrying and isolating, would fail request after request. Rank 0 exits at once
- * instead, as a killed rank does: the supervisor restarts the unit (killing the hung rank) and
- * the scheduler's resync replays what the group lost. */
-static int rank0_forward(struct backend *base, const struct fwd_batch *batch, float *logits)
-{
-    struct rank0_backend *r = (struct rank0_backend *)base;
-    int rc = backend_forward(r->leader, batch, logits);
-    if (rc == PAGODA_ETIMEDOUT || rc == PAGODA_ECLOSED || rc == PAGODA_EPROTO) {
-        char msg[700];
-        log_error("the tensor-parallel group broke (%s): rank 0 exits so that the supervisor "
-                  "restarts the group",
-                  pagoda_error_message(rc, msg, sizeof(msg)));
-        _exit(1);
-    }
-    return rc;
-}
-
-static int rank0_device_time_us(struct backend *base, double *us)
-{
-    return backend_device_time_us(((struct rank0_backend *)base)->leader, us);
-}
-
-static void rank0_close(struct backend *base)
-{
-    struct rank0_backend *r = (struct rank0_backend *)base;
-    backend_close(r->leader);
-    free(r);
-}
-
-static const struct backend_ops rank0_ops = {
-    .name = "tp-rank0",
-    .forward = rank0_forward,
-    .close = rank0_close,
-    .device_time_us = rank0_device_time_us,
-};
-
-int tp_proc_rank0_open(struct backend *leader, struct backend **out)
-{
-    struct rank0_backend *r = calloc(1, sizeof(*r));
-    if (r == NULL) {
-        backend_close(leader);
-        return pagoda_error_set(PAGODA_ENOMEM, "out of memory");
-    }
-    r->base.ops = &rank0_ops;
-    r->base.config = *backend_config(leader);
-    r->leader = leader;
-    *out = &r->base;
-    return 0;
 }

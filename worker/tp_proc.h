@@ -106,17 +106,6 @@ int tp_proc_leader_alive(const struct tp_proc *t);
 /* Closes this rank's place (the file stays). Accepts NULL. */
 void tp_proc_close(struct tp_proc *t);
 
-/* Wraps rank 0's leader backend (tp_group.h) in *out (leader is closed here on failure): a
- * forward pass that fails for the group itself (PAGODA_ETIMEDOUT, PAGODA_ECLOSED, PAGODA_EPROTO:
- * a rank did not arrive in time, aborted, or called another collective) logs it and ends the
- * process with exit status 1, as a killed rank would. Such a group can run no other step, and
- * a step error would not get it restarted: a peer that hangs is still there, so the supervisor
- * sees no exit, while the scheduler, retrying and isolating, would fail request after request.
- * Exiting lets the supervisor restart the unit (killing the hung rank) and the scheduler's
- * resync replay what the group lost. Other errors are returned. Errors: PAGODA_ENOMEM. */
-struct backend;
-int tp_proc_rank0_open(struct backend *leader, struct backend **out);
-
 /* Combines the ranks' pool identities into the group's: ids[0] itself for one rank; never 0. */
 uint64_t tp_proc_group_pool_id(const uint64_t *ids, int n);
 

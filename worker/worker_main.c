@@ -339,6 +339,21 @@ static int join_group(struct worker *w, const struct backend_limits *bl)
     return rc;
 }
 
+/* Rank 0's group broke (tp_leader_on_broken): it can run no other step, and a step error would
+ * not get it restarted: a peer that hangs is still there, so the supervisor sees no exit, while
+ * the scheduler, retrying and isolating, would fail request after request. Rank 0 exits at once
+ * instead, as a killed rank does: the supervisor restarts the unit (killing the hung rank) and
+ * the scheduler's resync replays what the group lost. */
+static void group_broke(int rc, void *ctx)
+{
+    (void)ctx;
+    log_rc(LOG_ERROR,
+           "the tensor-parallel group broke: rank 0 exits so that the supervisor "
+           "restarts the group",
+           rc);
+    _exit(1);
+}
+
 /* Maps the pool kvpool named, loads the model and opens the backend and the mirror. */
 static int worker_load(struct worker *w)
 {
@@ -421,12 +436,11 @@ static int worker_load(struct worker *w)
             return rc;
         if (o->tp_rank == 0) {
             rc = tp_leader_open(w->backend, tp_proc_comm(w->tp), &bl, &w->backend);
-            if (rc == 0)
-                rc = tp_proc_rank0_open(w->backend, &w->backend);
             if (rc != 0) {
-                w->backend = NULL; /* closed by tp_leader_open or tp_proc_rank0_open */
+                w->backend = NULL; /* closed by tp_leader_open */
                 return rc;
             }
+            tp_leader_on_broken(w->backend, group_broke, NULL);
         }
         log_info("worker %u: tensor-parallel rank %d of %d (processes, group file %s); group pool "
                  "id %016" PRIx64,

@@ -221,6 +221,18 @@ static void test_leader_and_follower_sample_tp1s_tokens(void **state)
 }
 
 /* A step above the vocabulary is refused on rank 0 and never sent; the next one runs. */
+/* tp_leader_on_broken's callback: how often, with which code. */
+struct broken {
+    int calls, rc;
+};
+
+static void on_broken(int rc, void *ctx)
+{
+    struct broken *b = ctx;
+    b->calls++;
+    b->rc = rc;
+}
+
 static void test_bad_step_stays_on_rank0(void **state)
 {
     (void)state;
@@ -231,6 +243,8 @@ static void test_bad_step_stays_on_rank0(void **state)
     struct backend *leader;
     assert_int_equal(tp_leader_open(r0.be, g.c0, &limits, &leader), 0);
     r0.be = NULL;
+    struct broken broke = {0};
+    tp_leader_on_broken(leader, on_broken, &broke);
     int32_t tok = 1 << 20, pos = 0, qs[2] = {0, 1}, ctx = 1, table[1] = {1}, row = 0;
     int64_t slot = BLOCK_SIZE;
     struct fwd_batch b = {.num_tokens = 1,
@@ -248,6 +262,7 @@ static void test_bad_step_stays_on_rank0(void **state)
     assert_int_equal(backend_forward(leader, &b, logits), PAGODA_ERANGE);
     tok = 7;
     assert_int_equal(backend_forward(leader, &b, logits), 0);
+    assert_int_equal(broke.calls, 0); /* a refused step is no broken group */
     backend_close(leader);
     rank_close(&r0);
     group_end(&g);
@@ -276,10 +291,14 @@ static void test_gone_follower_fails_the_step(void **state)
     struct backend *leader;
     assert_int_equal(tp_leader_open(r0.be, g.c0, &limits, &leader), 0);
     r0.be = NULL;
+    struct broken broke = {0};
+    tp_leader_on_broken(leader, on_broken, &broke);
     int32_t out[SEQS][DECODE];
     double t0 = now_ms();
     assert_int_equal(generate(leader, out), PAGODA_ETIMEDOUT);
     double waited = now_ms() - t0;
+    assert_int_equal(broke.calls, 1);
+    assert_int_equal(broke.rc, PAGODA_ETIMEDOUT);
     assert_true(waited >= TIMEOUT_MS * 0.9 && waited < TIMEOUT_MS * 20);
     backend_close(leader); /* its stop fails at once: the group is broken */
     rank_close(&r0);
