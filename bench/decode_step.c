@@ -1,7 +1,7 @@
 /* decode_step: the CUDA backend's decode step on its own, timed on the GPU (issue 15).
  *
  *   decode_step MODEL_DIR [--batches 1,16,64] [--context N] [--reps N] [--profile]
- *               [--only baseline|cublas|gemv|graphs]
+ *               [--only VERSION | --versions V1,V2,...]
  *
  * MODEL_DIR holds a config.json (weights are drawn at random on the GPU, as --load-format
  * random). For each batch size B, B sequences of N tokens already in a pool of random K/V
@@ -20,7 +20,8 @@
  * graph.
  * --profile wraps one extra step per batch and version in cudaProfilerStart/Stop, for
  * `ncu --profile-from-start off` (bench/run_decode_profile.sh; bench/profile_decode.py reads the
- * CSV); --only runs one version (for a profile of it). Exit status 0, or 1 on a failed call (the
+ * CSV); --only runs one version (for a profile of it), --versions the ones named and those they
+ * are compared with (the versions: struct version below). Exit status 0, or 1 on a failed call (the
  * message names it). */
 #define _POSIX_C_SOURCE 200809L
 #include "common/error.h"
@@ -146,12 +147,25 @@ struct result {
     unsigned long long graph_steps, steps; /* backend_graph_steps, backend_forward_count */
 };
 
-/* The versions compared: the kernels before issue 15; the current ones with every linear through
- * cuBLAS; the current ones with cuda_gemv for up to CUDA_GEMV_MAX_ROWS rows; the default (cuBLAS)
- * replaying CUDA graphs. Each is compared with version_ref's. */
-#define kVersions 4
-static const char *const version_name[kVersions] = {"baseline", "cublas", "gemv", "graphs"};
-static const int version_ref[kVersions] = {0, 0, 0, 1};
+/* The versions compared, each against its ref's logits and tokens: the kernels before issue 15;
+ * the current ones with every linear through cuBLAS; the current ones with cuda_gemv for up to
+ * CUDA_GEMV_MAX_ROWS rows; the default (cuBLAS) replaying CUDA graphs; the graphs with
+ * programmatic dependent launch (cuda_backend_options.pdl), with cuBLAS and with cuda_gemv for
+ * up to 8 and up to 16 rows. */
+struct version {
+    const char *name;
+    int ref, baseline, gemv_max_rows, graphs, pdl;
+};
+#define kVersions 7
+static const struct version versions[kVersions] = {
+    {"baseline", 0, 1, 0, 0, 0},
+    {"cublas", 0, 0, 0, 0, 0},
+    {"gemv", 0, 0, CUDA_GEMV_MAX_ROWS, 0, 0},
+    {"graphs", 1, 0, 0, 1, 0},
+    {"pdl", 3, 0, 0, 1, 1},
+    {"pdl_gemv8", 3, 0, 8, 1, 1},
+    {"pdl_gemv16", 3, 0, CUDA_GEMV_MAX_ROWS, 1, 1},
+};
 
 static void run_version(const struct model_config *c, const struct kv_geometry *g, void *pool,
                         int version, const int32_t *batches, int nb, int32_t ctx, int reps,
@@ -161,9 +175,10 @@ static void run_version(const struct model_config *c, const struct kv_geometry *
     o.limits.max_num_tokens = 256;
     o.limits.max_num_seqs = batches[nb - 1] > 64 ? batches[nb - 1] : 64;
     o.limits.max_blocks_per_seq = (ctx + kBlockSize - 1) / kBlockSize;
-    o.baseline_kernels = version == 0;
-    o.gemv_max_rows = version == 2 ? CUDA_GEMV_MAX_ROWS : 0;
-    o.cuda_graphs = version == 3;
+    o.baseline_kernels = versions[version].baseline;
+    o.gemv_max_rows = versions[version].gemv_max_rows;
+    o.cuda_graphs = versions[version].graphs;
+    o.pdl = versions[version].pdl;
     struct backend *be = NULL;
     PK(cuda_backend_open(c, NULL, kSeed, g, pool, &o, &be));
     const int32_t bps = o.limits.max_blocks_per_seq;
@@ -206,7 +221,10 @@ int main(int argc, char **argv)
 {
     const char *dir = NULL;
     int32_t batches[kMaxBatches] = {1, 16, 64};
-    int nb = 3, reps = 30, profile = 0, first = 0, last = kVersions - 1;
+    int nb = 3, reps = 30, profile = 0, only = -1;
+    int run[kVersions];
+    for (int v = 0; v < kVersions; v++)
+        run[v] = 1;
     int32_t ctx = 1100;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--batches") == 0 && i + 1 < argc) {
@@ -220,11 +238,23 @@ int main(int argc, char **argv)
             ctx = (int32_t)atoi(argv[++i]);
         } else if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc) {
             reps = atoi(argv[++i]);
-        } else if (strcmp(argv[i], "--only") == 0 && i + 1 < argc) {
+        } else if ((strcmp(argv[i], "--only") == 0 || strcmp(argv[i], "--versions") == 0) &&
+                   i + 1 < argc) {
+            const int single = strcmp(argv[i], "--only") == 0;
             ++i;
-            for (int v = 0; v < kVersions; v++)
-                if (strcmp(argv[i], version_name[v]) == 0)
-                    first = last = v;
+            for (int v = 0; v < kVersions; v++) {
+                char pat[64];
+                snprintf(pat, sizeof pat, ",%s,", versions[v].name);
+                char list[512];
+                snprintf(list, sizeof list, ",%s,", argv[i]);
+                run[v] = strstr(list, pat) != NULL;
+                if (single && run[v])
+                    only = v;
+            }
+            /* a version's ref runs too: its logits are the comparison */
+            for (int v = kVersions - 1; v >= 0; v--)
+                if (run[v] && !single)
+                    run[versions[v].ref] = 1;
         } else if (strcmp(argv[i], "--profile") == 0) {
             profile = 1;
         } else if (dir == NULL && argv[i][0] != '-') {
@@ -237,7 +267,8 @@ int main(int argc, char **argv)
     if (dir == NULL || nb < 1 || ctx < 2 || reps < 1 || reps > kMaxReps) {
         fprintf(stderr,
                 "usage: decode_step MODEL_DIR [--batches 1,16,64] [--context N] "
-                "[--reps 1..%d] [--profile] [--only baseline|cublas|gemv|graphs]\n",
+                "[--reps 1..%d] [--profile] [--only VERSION | --versions V1,V2,...]\n"
+                "versions: baseline cublas gemv graphs pdl pdl_gemv8 pdl_gemv16\n",
                 kMaxReps);
         return 2;
     }
@@ -273,16 +304,18 @@ int main(int argc, char **argv)
             if (!res[v][i].logits || !res[v][i].tokens || !res[v][i].logprobs)
                 return 1;
         }
-    for (int v = first; v <= last; v++)
-        run_version(&c, &g, pool, v, batches, nb, ctx, reps, profile, res[v]);
-    if (first == last) {
+    if (only >= 0) {
+        run_version(&c, &g, pool, only, batches, nb, ctx, reps, profile, res[only]);
         for (int i = 0; i < nb; i++)
             printf("batch %d %s: device %.3f ms, host %.3f ms, graph steps %llu/%llu\n",
-                   (int)batches[i], version_name[first], res[first][i].device_ms,
-                   res[first][i].host_ms, res[first][i].graph_steps, res[first][i].steps);
+                   (int)batches[i], versions[only].name, res[only][i].device_ms,
+                   res[only][i].host_ms, res[only][i].graph_steps, res[only][i].steps);
         cuda_pool_free(pool);
         return 0;
     }
+    for (int v = 0; v < kVersions; v++)
+        if (run[v])
+            run_version(&c, &g, pool, v, batches, nb, ctx, reps, profile, res[v]);
 
     /* The floor: every weight read once, each sequence's K/V read once. */
     const double H = (double)c.hidden_size, I = (double)c.intermediate_size;
@@ -298,9 +331,11 @@ int main(int argc, char **argv)
         const double bytes = weights + (double)B * ctx * kv_per_token;
         const double floor_ms = bytes / kFloorBytesPerSecond * 1e3;
         for (int v = 0; v < kVersions; v++) {
+            if (!run[v])
+                continue;
             double amax = 0.0, dmax = 0.0;
             int same = 0;
-            const struct result *ref = &res[version_ref[v]][i];
+            const struct result *ref = &res[versions[v].ref][i];
             for (int64_t k = 0; k < (int64_t)B * c.vocab_size; k++) {
                 double a = fabs((double)ref->logits[k]);
                 double d = fabs((double)ref->logits[k] - (double)res[v][i].logits[k]);
@@ -310,7 +345,7 @@ int main(int argc, char **argv)
             for (int32_t s = 0; s < B; s++)
                 same += ref->tokens[s] == res[v][i].tokens[s];
             printf("%-6d %-9s %10.3f %10.3f %10.3f %8.3f %12.2e %7d/%d %8llu/%llu\n", (int)B,
-                   version_name[v], res[v][i].device_ms, res[v][i].host_ms, floor_ms,
+                   versions[v].name, res[v][i].device_ms, res[v][i].host_ms, floor_ms,
                    floor_ms / res[v][i].device_ms, dmax / (amax > 0 ? amax : 1), same, (int)B,
                    res[v][i].graph_steps, res[v][i].steps);
         }

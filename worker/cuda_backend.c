@@ -527,6 +527,8 @@ static int open_backend(const struct model_config *cfg, const struct model_weigh
         rc = cuda_fail(e, "cudaSetDevice");
         goto fail;
     }
+    /* The graphs captured below take this thread's setting (the forward pass sets it too). */
+    cuda_set_pdl(b->opt.pdl && !b->opt.baseline_kernels);
     /* The ranks agree on everything that must be equal before anything is allocated (which
      * also finds every peer alive). */
     if (comm != NULL && (rc = tp_agree(b, w, random_seed)) != 0)
@@ -793,6 +795,7 @@ static int forward_pass(struct cuda_backend *b, const struct fwd_batch *batch, i
     cudaError_t e = cudaSetDevice(b->opt.device);
     if (e != cudaSuccess)
         return cuda_fail(e, "cudaSetDevice");
+    cuda_set_pdl(b->opt.pdl && !b->opt.baseline_kernels);
     if (k == STAGE_SYNC)
         b->timed = 0;
     if ((e = cudaEventRecord(b->ev_start[k], b->stream)) != cudaSuccess)

@@ -30,6 +30,11 @@ struct cuda_backend_options {
     /* Linears of at most this many rows (0 .. CUDA_GEMV_MAX_ROWS) go through cuda_gemv (0:
      * none), the others through cuBLAS. */
     int gemv_max_rows;
+    /* 1: the kernels of kernels/cuda that support it are launched with programmatic dependent
+     * launch (kernels/cuda/util.h cuda_set_pdl): each may start while the kernel ahead ends and
+     * read its weights before waiting for it. 0: stream order only. Results are the same bits
+     * either way. */
+    int pdl;
     /* Tensor parallelism: NULL (the default) for one rank; else this rank's handle on the group
      * (borrowed: it must outlive the backend), and the weights must be the matching shard
      * (model_weights_open_shard with comm_rank, comm_size), or, with random weights, the shard

@@ -357,6 +357,9 @@ template <int HD> __global__ void __launch_bounds__(kDecodeThreads) decode_kerne
     uint64_t *full = reinterpret_cast<uint64_t *>(smem + D::bars);
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    /* Launched by launch_pdl: everything below reads the earlier kernels' outputs. */
+    pdl_wait();
+    pdl_launch_dependents();
     /* One linear grid, the KV head fastest: the CTAs running together read every head's part
      * of the same pool blocks, spreading over the memory channels (in-order block tables). */
     int32_t table_stride = a.table_stride;
@@ -1422,7 +1425,7 @@ static int launch(const struct cuda_attention_plan *p, const attn_args &a, cudaS
      * work), so that the launch captured once fits every step of that size. */
     const unsigned ctas = decode_ctas(p);
     if (ctas > 0) {
-        p->decode<<<ctas, kDecodeThreads, p->decode_smem, s>>>(a);
+        (void)launch_pdl(p->decode, ctas, kDecodeThreads, p->decode_smem, s, a);
         int rc = cuda_launch_result("cuda_attention_run: decode kernel");
         if (rc < 0)
             return rc;

@@ -11,6 +11,7 @@
 extern "C" {
 #include "common/error.h"
 }
+#include "kernels/cuda/util.h"
 
 /* Records the result of the launch just made (a bad configuration, too much shared memory)
  * as PAGODA_ECUDA with a detail naming the kernel. */
@@ -34,6 +35,54 @@ static inline int cuda_call_result(cudaError_t e, const char *call)
 static inline bool cuda_aligned16(const void *p)
 {
     return ((uintptr_t)p & 15u) == 0;
+}
+
+/* ---- programmatic dependent launch (PDL, sm_90) ----
+ * A kernel launched by launch_pdl while cuda_pdl_enabled() may be scheduled before the kernel
+ * ahead of it in the stream has finished: as soon as every CTA of that kernel has executed
+ * pdl_launch_dependents (or exited). Such a kernel must execute pdl_wait before it reads anything
+ * an earlier kernel of the stream writes and before it writes anything an earlier kernel reads;
+ * the wait returns when the kernel ahead has completed and its memory is visible, so the chain
+ * stays ordered transitively. What it may do before the wait is read what no kernel writes (the
+ * weights). Only kernels that wait may be launched by launch_pdl; every other launch keeps the
+ * stream's full order. Both instructions do nothing when the kernel was launched without the
+ * attribute. The kernels here trigger their dependents right after their own wait: a kernel
+ * then runs at most one kernel ahead of the one that works (triggered before the wait, kernel
+ * after kernel was scheduled ahead, each holding its SM resources while it waited: the step at
+ * batch 1 took 1.2 ms longer with cuda_gemv, bench/RESULTS.md). */
+__device__ __forceinline__ void pdl_wait()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void pdl_launch_dependents()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+/* Launches kernel<<<grid, block, smem, s>>>(args...), with programmatic stream serialization
+ * when cuda_pdl_enabled() (the calling thread's setting, cuda_set_pdl). The kernel must call
+ * pdl_wait as the comment above says. Returns the launch's error (also left for
+ * cudaGetLastError, so cuda_launch_result reads it). */
+template <typename... Params, typename... Args>
+static inline cudaError_t launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                                     cudaStream_t s, Args... args)
+{
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = s;
+    cfg.attrs = attr;
+    cfg.numAttrs = cuda_pdl_enabled() ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(args)...);
 }
 
 __device__ __forceinline__ float bf16_bits_to_float(uint16_t h)

@@ -43,6 +43,8 @@ __global__ void embedding_kernel(const uint16_t *__restrict__ table,
                                  int32_t vocab_begin, int32_t vocab_end,
                                  float *__restrict__ residual)
 {
+    pdl_wait();
+    pdl_launch_dependents();
     const int64_t t = blockIdx.x;
     const int32_t id = ids[t];
     float *dst = residual + t * hidden;
@@ -94,6 +96,8 @@ __global__ void add_rmsnorm_kernel(float *__restrict__ residual, const uint16_t 
                                    const uint16_t *__restrict__ weight, uint16_t *__restrict__ out,
                                    int32_t dim, float eps)
 {
+    pdl_wait();
+    pdl_launch_dependents();
     const int64_t row = blockIdx.x;
     float *r = residual + row * dim;
     const uint16_t *xr = x != nullptr ? x + row * dim : nullptr;
@@ -163,11 +167,15 @@ __global__ void add_rmsnorm_reg_kernel(float *__restrict__ residual, const uint1
     const bool mine = c < dim;
     float v[8] = {0, 0, 0, 0, 0, 0, 0, 0}, w[8];
     float ss = 0.0f;
+    /* The weight is no kernel's output: loaded before the wait for the kernel ahead. */
+    if (mine)
+        bf16x8_to_float(__ldg(reinterpret_cast<const uint4 *>(weight + c)), w);
+    pdl_wait();
+    pdl_launch_dependents();
     if (mine) {
         float *r = residual + row * dim + c;
         float4 a = reinterpret_cast<float4 *>(r)[0];
         float4 b = reinterpret_cast<float4 *>(r)[1];
-        bf16x8_to_float(__ldg(reinterpret_cast<const uint4 *>(weight + c)), w);
         v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z,
         v[7] = b.w;
         if (x != nullptr) {
@@ -282,6 +290,8 @@ template <bool VEC>
 __global__ void silu_mul_kernel(const uint16_t *__restrict__ gate_up, uint16_t *__restrict__ out,
                                 int32_t rows, int32_t inter)
 {
+    pdl_wait();
+    pdl_launch_dependents();
     const int32_t width = VEC ? inter / 8 : inter;
     const int64_t n = (int64_t)rows * width;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
@@ -369,6 +379,8 @@ __global__ void rope_cache_kernel(uint16_t *__restrict__ qkv, int64_t row_stride
                                   cache_dst dst, const int64_t *__restrict__ slot_mapping)
 {
     extern __shared__ float rope_cs[]; /* [half] cos, then [half] sin */
+    pdl_wait();
+    pdl_launch_dependents();
     const int32_t head_dim = dst.head_dim, half = head_dim / 2;
     const int64_t row = blockIdx.x;
     const float pos = (float)positions[row];
@@ -432,12 +444,8 @@ int cuda_embedding_rows(const uint16_t *table, const int32_t *ids, int32_t num_t
         return pagoda_error_set(PAGODA_EINVAL, "cuda_embedding: NULL buffer");
     const bool vec = hidden % 8 == 0 && cuda_aligned16(table) && cuda_aligned16(residual);
     const int threads = threads_for_row(vec ? hidden / 8 : hidden);
-    if (vec)
-        embedding_kernel<true>
-            <<<num_tokens, threads, 0, s>>>(table, ids, hidden, vocab_begin, vocab_end, residual);
-    else
-        embedding_kernel<false>
-            <<<num_tokens, threads, 0, s>>>(table, ids, hidden, vocab_begin, vocab_end, residual);
+    (void)launch_pdl(vec ? embedding_kernel<true> : embedding_kernel<false>, num_tokens, threads, 0,
+                     s, table, ids, hidden, vocab_begin, vocab_end, residual);
     return cuda_launch_result("cuda_embedding");
 }
 
@@ -455,14 +463,13 @@ int cuda_add_rmsnorm(float *residual, const uint16_t *x, const uint16_t *weight,
                      cuda_aligned16(out) && (x == NULL || cuda_aligned16(x));
     if (vec && dim / 8 <= kMaxThreads) {
         const int threads = (dim / 8 + 31) / 32 * 32;
-        add_rmsnorm_reg_kernel<<<rows, threads, 0, s>>>(residual, x, weight, out, dim, eps);
+        (void)launch_pdl(add_rmsnorm_reg_kernel, rows, threads, 0, s, residual, x, weight, out, dim,
+                         eps);
         return cuda_launch_result("cuda_add_rmsnorm");
     }
     const int threads = threads_for_row(vec ? dim / 8 : dim);
-    if (vec)
-        add_rmsnorm_kernel<true><<<rows, threads, 0, s>>>(residual, x, weight, out, dim, eps);
-    else
-        add_rmsnorm_kernel<false><<<rows, threads, 0, s>>>(residual, x, weight, out, dim, eps);
+    (void)launch_pdl(vec ? add_rmsnorm_kernel<true> : add_rmsnorm_kernel<false>, rows, threads, 0,
+                     s, residual, x, weight, out, dim, eps);
     return cuda_launch_result("cuda_add_rmsnorm");
 }
 
@@ -536,12 +543,8 @@ int cuda_silu_mul(const uint16_t *gate_up, uint16_t *out, int32_t rows, int32_t 
         return pagoda_error_set(PAGODA_EINVAL, "cuda_silu_mul: NULL buffer");
     const bool vec = inter % 8 == 0 && cuda_aligned16(gate_up) && cuda_aligned16(out);
     const int64_t work = (int64_t)rows * (vec ? inter / 8 : inter);
-    if (vec)
-        silu_mul_kernel<true>
-            <<<grid_for(work, kThreads), kThreads, 0, s>>>(gate_up, out, rows, inter);
-    else
-        silu_mul_kernel<false>
-            <<<grid_for(work, kThreads), kThreads, 0, s>>>(gate_up, out, rows, inter);
+    (void)launch_pdl(vec ? silu_mul_kernel<true> : silu_mul_kernel<false>, grid_for(work, kThreads),
+                     kThreads, 0, s, gate_up, out, rows, inter);
     return cuda_launch_result("cuda_silu_mul");
 }
 
@@ -614,7 +617,7 @@ int cuda_rope_cache(uint16_t *qkv, int64_t row_stride, const int32_t *positions,
     const int64_t pairs = (int64_t)(num_q_heads + kv->num_kv_heads) * (kv->head_dim / 2);
     const int threads = (int)(pairs >= kMaxThreads ? kMaxThreads : (pairs + 31) / 32 * 32);
     const size_t smem = (size_t)kv->head_dim * sizeof(float);
-    rope_cache_kernel<<<rows, threads, smem, s>>>(qkv, row_stride, positions, inv_freq, num_q_heads,
-                                                  dst, slot_mapping);
+    (void)launch_pdl(rope_cache_kernel, rows, threads, smem, s, qkv, row_stride, positions,
+                     inv_freq, num_q_heads, dst, slot_mapping);
     return cuda_launch_result("cuda_rope_cache");
 }

@@ -98,3 +98,16 @@ extern "C" int cuda_gather_rows_bf16(const uint16_t *src, int64_t ld_src, const 
     gather_rows_kernel<<<num_rows, 256, 0, s>>>(src, ld_src, rows, cols, dst);
     return launch_status("cuda_gather_rows_bf16");
 }
+
+/* cuda_set_pdl's setting: per thread, as the current device is. */
+static thread_local int pdl_on;
+
+extern "C" void cuda_set_pdl(int on)
+{
+    pdl_on = on != 0;
+}
+
+extern "C" int cuda_pdl_enabled(void)
+{
+    return pdl_on;
+}
