@@ -5,19 +5,17 @@
  *
  * MODEL_DIR holds a config.json (weights are drawn at random on the GPU, as --load-format
  * random). For each batch size B, B sequences of N tokens already in a pool of random K/V
- * (block size 16) decode one token each through backend_forward_sample (greedy), with the
- * kernel sequence before issue 15 (cuda_backend_options.baseline_kernels), the current one as it
- * ships (every linear through cuBLAS), and the current one with cuda_gemv for the linears of up to
- * CUDA_GEMV_MAX_ROWS rows (gemv_max_rows), and the one that ships replaying the CUDA graph of
- * each decode batch size (cuda_backend_options.cuda_graphs; the others run launch by launch), on
- * the same weights. Per batch and version: the median
- * device time of a step (backend_device_time_us: CUDA events around the forward pass and the
- * sampler) and the median host time of the call, against the step's bandwidth floor (weights + K/V
- * read once at 4.3 TB/s, the device-to-device copy rate of GPU.md). Each version's logits of the
- * same step are compared with the baseline's (the graphs' with cublas's, the same kernels
- * launched one by one: equal bit for bit at a batch that is a graph's size) (max |a - b| / max
- * |a|) and their greedy tokens counted equal; "graph steps" counts the passes that replayed a
- * graph.
+ * (block size 16) decode one token each through backend_forward_sample (greedy), in each version
+ * of the backend's options (struct version below: the kernel sequence before issue 15, every
+ * linear through cuBLAS launch by launch, cuda_gemv for the linears it takes, CUDA graphs,
+ * programmatic dependent launch, and "shipped": cuda_backend_default_options()), on the same
+ * weights. Per batch and version: the median device time of a step (backend_device_time_us: CUDA
+ * events around the forward pass and the sampler) and the median host time of the call, against
+ * the step's bandwidth floor (weights + K/V read once at 4.3 TB/s, the device-to-device copy rate
+ * of GPU.md). Each version's logits of the same step are compared with its reference version's
+ * (the graphs' with cublas's, the same kernels launched one by one: equal bit for bit at a batch
+ * that is a graph's size) (max |a - b| / max |a|) and their greedy tokens counted equal; "graph
+ * steps" counts the passes that replayed a graph.
  * --profile wraps one extra step per batch and version in cudaProfilerStart/Stop, for
  * `ncu --profile-from-start off` (bench/run_decode_profile.sh; bench/profile_decode.py reads the
  * CSV); --only runs one version (for a profile of it), --versions the ones named and those they
@@ -149,14 +147,15 @@ struct result {
 
 /* The versions compared, each against its ref's logits and tokens: the kernels before issue 15;
  * the current ones with every linear through cuBLAS; the current ones with cuda_gemv for up to
- * CUDA_GEMV_MAX_ROWS rows; the default (cuBLAS) replaying CUDA graphs; the graphs with
- * programmatic dependent launch (cuda_backend_options.pdl), with cuBLAS and with cuda_gemv for
- * up to 8 and up to 16 rows. */
+ * CUDA_GEMV_MAX_ROWS rows (the linears it takes: worker/cuda_backend.h); CUDA graphs with cuBLAS;
+ * the graphs with programmatic dependent launch (cuda_backend_options.pdl), with cuBLAS, and with
+ * cuda_gemv for up to 8 and 16 rows; the graphs with cuda_gemv for up to 8 rows without it; the
+ * defaults (graphs, pdl and CUDA_BACKEND_GEMV_MAX_ROWS). */
 struct version {
     const char *name;
     int ref, baseline, gemv_max_rows, graphs, pdl;
 };
-#define kVersions 7
+#define kVersions 9
 static const struct version versions[kVersions] = {
     {"baseline", 0, 1, 0, 0, 0},
     {"cublas", 0, 0, 0, 0, 0},
@@ -165,6 +164,8 @@ static const struct version versions[kVersions] = {
     {"pdl", 3, 0, 0, 1, 1},
     {"pdl_gemv8", 3, 0, 8, 1, 1},
     {"pdl_gemv16", 3, 0, CUDA_GEMV_MAX_ROWS, 1, 1},
+    {"graphs_gemv8", 3, 0, 8, 1, 0},
+    {"shipped", 3, 0, CUDA_BACKEND_GEMV_MAX_ROWS, 1, 1},
 };
 
 static void run_version(const struct model_config *c, const struct kv_geometry *g, void *pool,
@@ -268,7 +269,8 @@ int main(int argc, char **argv)
         fprintf(stderr,
                 "usage: decode_step MODEL_DIR [--batches 1,16,64] [--context N] "
                 "[--reps 1..%d] [--profile] [--only VERSION | --versions V1,V2,...]\n"
-                "versions: baseline cublas gemv graphs pdl pdl_gemv8 pdl_gemv16\n",
+                "versions: baseline cublas gemv graphs pdl pdl_gemv8 pdl_gemv16 graphs_gemv8 "
+                "shipped\n",
                 kMaxReps);
         return 2;
     }

@@ -14,10 +14,14 @@
 
 #include <stdint.h>
 
-/* The default gemv_max_rows: 0, every linear through cuBLAS. On the H200 (bench/RESULTS.md, issue
- * 15) cuda_gemv beat cuBLAS only on the O projection at one row (13.3 against 16.2 us) and lost
- * on the larger weights (gate/up at 16 rows: 94.7 against 58.6 us), so it is off until it wins. */
-#define CUDA_BACKEND_GEMV_MAX_ROWS 0
+/* The default gemv_max_rows: 1, and cuda_gemv takes only the linears whose weights have at most
+ * CUDA_BACKEND_GEMV_MAX_WEIGHT elements (the 8B shape's O projection, 4096 x 4096). On the H200
+ * (bench/RESULTS.md, issue 15, 2026-12-02 ninth session) cuda_gemv lost to cuBLAS on every larger
+ * weight at every row count; on O it wins in isolation up to 8 rows (one kernel where cuBLAS
+ * takes a split-K pass and its reduction), and in the decode step (with programmatic dependent
+ * launch) at batch 1 only: 52-107 us a step there, 42-72 us lost at batch 8. */
+#define CUDA_BACKEND_GEMV_MAX_ROWS 1
+#define CUDA_BACKEND_GEMV_MAX_WEIGHT ((int64_t)4096 * 4096)
 
 struct cuda_backend_options {
     int device;
@@ -27,13 +31,15 @@ struct cuda_backend_options {
      * fused with the cache write, and linears of up to gemv_max_rows rows through cuda_gemv.
      * (The RMSNorm kernel is the same in both: it changed underneath, cuda_add_rmsnorm.) */
     int baseline_kernels;
-    /* Linears of at most this many rows (0 .. CUDA_GEMV_MAX_ROWS) go through cuda_gemv (0:
-     * none), the others through cuBLAS. */
+    /* Linears of at most this many rows (0 .. CUDA_GEMV_MAX_ROWS) and weights of at most
+     * CUDA_BACKEND_GEMV_MAX_WEIGHT elements go through cuda_gemv (0: none), the others through
+     * cuBLAS. */
     int gemv_max_rows;
-    /* 1: the kernels of kernels/cuda that support it are launched with programmatic dependent
-     * launch (kernels/cuda/util.h cuda_set_pdl): each may start while the kernel ahead ends and
-     * read its weights before waiting for it. 0: stream order only. Results are the same bits
-     * either way. */
+    /* 1 (the default): the kernels of kernels/cuda that support it are launched with
+     * programmatic dependent launch (kernels/cuda/util.h cuda_set_pdl): each may start while the
+     * kernel ahead ends and read its weights before waiting for it (1-2% of a decode step below
+     * batch 64 on the H200, bench/RESULTS.md). 0: stream order only (pagoda-worker --cuda-pdl
+     * off). Results are the same bits either way. */
     int pdl;
     /* Tensor parallelism: NULL (the default) for one rank; else this rank's handle on the group
      * (borrowed: it must outlive the backend), and the weights must be the matching shard

@@ -6,6 +6,7 @@
  *                 [--max-batched-tokens 2048] [--max-seqs 256] [--log-level info]
  *                 [--kvpool URL] [--scheduler URL] [--tensor-parallel N]
  *                 [--tp-rank R --tp-size N --tp-group PATH] [--cuda-graphs on|off]
+ *                 [--cuda-pdl on|off]
  *
  * --kvpool (default ipc://DIR/kvpool.ipc) and --scheduler (default ipc://DIR/worker-I.ipc)
  * replace the two addresses below; either may be tcp:// (the pool itself is of this host).
@@ -78,6 +79,10 @@
  * (worker/cuda_backend.h); off runs every step launch by launch, for comparison. The log says
  * how long the capture took and how much memory it used, and at exit how many steps replayed a
  * graph. The memory budget counts the graphs either way.
+ *
+ * --cuda-pdl on (the default; CUDA backend) launches the kernels that support it with
+ * programmatic dependent launch (worker/cuda_backend.h .pdl); off keeps plain stream order, for
+ * comparison (the same bits either way).
  *
  * --backend null loads only config.json and answers every step at once with deterministic
  * tokens (worker/null_backend.h), still through the mirror: for benchmarks of the engine.
@@ -238,6 +243,7 @@ static int open_backend(struct worker *w, const struct backend_limits *bl)
         co.device = kv_cuda_pool_device(w->pool.gpu);
         co.limits = *bl;
         co.cuda_graphs = o->cuda_graphs;
+        co.pdl = o->cuda_pdl;
         /* The ranks' communicator first, while they are in step (every rank just joined): its
          * opening is collective and bounded by the group's timeout. */
         if (w->tp != NULL && (rc = tp_proc_device_comm(w->tp, co.device, &w->tp_device_comm,

@@ -14,8 +14,6 @@
 
 #include "kernels/cuda/common.cuh"
 
-#include <stdlib.h>
-
 namespace
 {
 
@@ -82,23 +80,10 @@ __device__ __forceinline__ void load_x(const uint16_t *const xr[TILES], const bo
         xv[t] = xok[t] ? __ldg(reinterpret_cast<const uint4 *>(xr[t] + k)) : make_uint4(0, 0, 0, 0);
 }
 
-/* The CTA's 16 weight rows asked of L2 by the bulk copy engine (one instruction a row), so that
- * the loads after the wait for the kernel ahead find them there. */
-__device__ __forceinline__ void prefetch_rows_l2(const uint16_t *w, int64_t n0, int32_t in,
-                                                 int32_t out)
-{
-    const int r = threadIdx.x;
-    if (r < kRowsPerCta && n0 + r < out) {
-        const uint16_t *row = w + (n0 + r) * (int64_t)in;
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(row), "r"((uint32_t)in * 2u)
-                     : "memory");
-    }
-}
-
 template <int TILES, bool F32>
 __global__ void __launch_bounds__(kThreads)
     gemv_kernel(const uint16_t *__restrict__ x, const uint16_t *__restrict__ w,
-                void *__restrict__ y, int32_t rows, int32_t in, int32_t out, int prefetch)
+                void *__restrict__ y, int32_t rows, int32_t in, int32_t out)
 {
     __shared__ float part[kWarps][TILES][4][32];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -120,8 +105,6 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int t = 0; t < TILES; t++)
         acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.0f;
-    if (prefetch)
-        prefetch_rows_l2(w, n0, in, out);
 
     /* Software pipeline: the weight loads of the next kUnroll chunks are issued before the
      * products of the current ones, so a warp always has a group of loads in flight to DRAM. */
@@ -190,25 +173,13 @@ __global__ void __launch_bounds__(kThreads)
     }
 }
 
-/* PAGODA_GEMV_PREFETCH=1 (an experiment of issue 15, read once): each CTA asks L2 for its
- * weight rows before waiting for the kernel ahead. */
-int gemv_prefetch()
-{
-    static int v = -1;
-    if (v < 0) {
-        const char *e = getenv("PAGODA_GEMV_PREFETCH");
-        v = e != nullptr && e[0] == '1';
-    }
-    return v;
-}
-
 template <int TILES>
 void launch(const uint16_t *x, const uint16_t *w, void *y, int y_f32, int32_t rows, int32_t in,
             int32_t out, cudaStream_t s)
 {
     const unsigned grid = (unsigned)((out + kRowsPerCta - 1) / kRowsPerCta);
     (void)launch_pdl(y_f32 ? gemv_kernel<TILES, true> : gemv_kernel<TILES, false>, grid, kThreads,
-                     0, s, x, w, y, rows, in, out, gemv_prefetch());
+                     0, s, x, w, y, rows, in, out);
 }
 
 } // namespace
