@@ -33,13 +33,11 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 143' TERM INT
 
-# Ports for this run: a block of 16 from the pid, away from the default 7450 and below the
-# kernel's ephemeral range (ip_local_port_range, 32768 by default): a port there can be any
-# outgoing connection's local port (another test's clients), and the group's listen then fails
-# with "Address in use".
-ephemeral=$(cut -f1 /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
-[ "$ephemeral" -ge 21024 ] 2>/dev/null || ephemeral=32768
-port=$((20000 + ($$ * 16) % ((ephemeral - 20000) / 16 * 16)))
+# Ports for this run: a block of 16 free ones below the kernel's ephemeral range (tests/ports.sh).
+# shellcheck source=tests/ports.sh
+. "$(dirname "$0")/../ports.sh"
+port=''
+take_port port 16
 
 # The pids of pagoda-* processes with an argument under $tmp (one ps: the run dirs hold no
 # spaces, so its words are the arguments).
