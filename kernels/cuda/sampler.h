@@ -3,8 +3,11 @@
  * sampler_sample() chooses for the same logits, parameters, history, seed and output index, in
  * any batch and at any position in it.
  *
- * One thread block per row. The penalties, the argmax, the weights, top-k, top-p, min-p and the
- * inverse-CDF scan run on the device; everything that decides the token is exact integer
+ * One thread block per row, except greedy rows without penalties, which need only the argmax
+ * and the log-probability's normaliser: those are split over several blocks (chunks of 4096
+ * tokens) so that one row fills the GPU and a batch reads its logits at memory bandwidth. The
+ * penalties, the argmax, the weights, top-k, top-p, min-p and the inverse-CDF scan run on the
+ * device; everything that decides the token is exact integer
  * arithmetic or single IEEE-754 operations (kernels/sampling_math.h, shared with the CPU), so
  * the result does not depend on how the work is split between threads. The log-probability is
  * the one value that may differ from the CPU's in the last bits.
@@ -34,10 +37,11 @@ struct cuda_sampler;
 /* Creates a sampler for vocabularies of exactly vocab tokens and batches of up to max_rows rows,
  * each with a history (prompt plus output tokens) of at most max_history tokens. Everything is
  * allocated here, on the current CUDA device, and never during sampling: 8 bytes per token per
- * row of device memory (penalised logits and history counts), about 64 + 4 * max_history bytes
- * per row of device memory and twice that of pinned host memory (two stages used in turn), and
- * 24 bytes per row and slot of pinned results. The sampler belongs to the caller until
- * cuda_sampler_free(), and serves one thread at a time.
+ * row of device memory (penalised logits and history counts), 24 bytes per row and 4096 tokens
+ * and 4 per row of device memory (the greedy path's partial results and counters), about 68 +
+ * 4 * max_history bytes per row of device memory and twice that of pinned host memory (two
+ * stages used in turn), and 24 bytes per row and slot of pinned results. The sampler belongs to the
+ * caller until cuda_sampler_free(), and serves one thread at a time.
  *
  * Returns 0, PAGODA_EINVAL for a NULL out, PAGODA_ERANGE when vocab is outside [1,
  * SAMPLER_VOCAB_MAX], max_rows outside [1, CUDA_SAMPLER_ROWS_MAX], max_history outside [0,
