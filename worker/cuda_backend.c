@@ -656,8 +656,8 @@ int cuda_backend_open(const struct model_config *cfg, const struct model_weights
 
 /* y[rows][out] = x[rows][in] . w[out][in]^T, BF16 inputs, FP32 accumulation, output in ytype,
  * y's rows ldy >= out elements apart. Up to opt.gemv_max_rows rows of a weight of at most
- * CUDA_BACKEND_GEMV_MAX_WEIGHT elements through cuda_gemv (where it beat cuBLAS on the H200:
- * cuda_backend.h; contiguous outputs only), the rest through cublasGemmEx. */
+ * CUDA_BACKEND_GEMV_MAX_WEIGHT elements through cuda_gemv (off by default: cuda_backend.h;
+ * contiguous outputs only), the rest through cublasGemmEx. */
 static int gemm_ld(struct cuda_backend *b, const uint16_t *x, const uint16_t *w, void *y,
                    cudaDataType ytype, int64_t rows, int64_t in, int64_t out, int64_t ldy)
 {

@@ -14,13 +14,14 @@
 
 #include <stdint.h>
 
-/* The default gemv_max_rows: 1, and cuda_gemv takes only the linears whose weights have at most
- * CUDA_BACKEND_GEMV_MAX_WEIGHT elements (the 8B shape's O projection, 4096 x 4096). On the H200
- * (bench/RESULTS.md, issue 15, 2026-12-02 ninth session) cuda_gemv lost to cuBLAS on every larger
- * weight at every row count; on O it wins in isolation up to 8 rows (one kernel where cuBLAS
- * takes a split-K pass and its reduction), and in the decode step (with programmatic dependent
- * launch) at batch 1 only: 52-107 us a step there, 42-72 us lost at batch 8. */
-#define CUDA_BACKEND_GEMV_MAX_ROWS 1
+/* The default gemv_max_rows: 0, every linear through cuBLAS. cuda_gemv takes at most the linears
+ * whose weights have at most CUDA_BACKEND_GEMV_MAX_WEIGHT elements (the 8B shape's O projection,
+ * 4096 x 4096): on the H200 (bench/RESULTS.md, issue 15, 2026-12-02 ninth session) it lost to
+ * cuBLAS on every larger weight at every row count; on O it wins in isolation up to 8 rows (one
+ * kernel where cuBLAS takes a split-K pass and its reduction), but in the decode step at batch 1
+ * it moved the step by -107, -52 and +51 us in three calls (the spread between runs of one
+ * call is about 50 us) and lost at batch 8: not on until it wins clearly. */
+#define CUDA_BACKEND_GEMV_MAX_ROWS 0
 #define CUDA_BACKEND_GEMV_MAX_WEIGHT ((int64_t)4096 * 4096)
 
 struct cuda_backend_options {
