@@ -154,18 +154,19 @@ struct result {
 struct version {
     const char *name;
     int ref, baseline, gemv_max_rows, graphs, pdl;
+    int defaults; /* 1: cuda_backend_default_options() as they are (the other fields unused) */
 };
 #define kVersions 9
 static const struct version versions[kVersions] = {
-    {"baseline", 0, 1, 0, 0, 0},
-    {"cublas", 0, 0, 0, 0, 0},
-    {"gemv", 0, 0, CUDA_GEMV_MAX_ROWS, 0, 0},
-    {"graphs", 1, 0, 0, 1, 0},
-    {"pdl", 3, 0, 0, 1, 1},
-    {"pdl_gemv8", 3, 0, 8, 1, 1},
-    {"pdl_gemv16", 3, 0, CUDA_GEMV_MAX_ROWS, 1, 1},
-    {"graphs_gemv8", 3, 0, 8, 1, 0},
-    {"shipped", 3, 0, CUDA_BACKEND_GEMV_MAX_ROWS, 1, 1},
+    {"baseline", 0, 1, 0, 0, 0, 0},
+    {"cublas", 0, 0, 0, 0, 0, 0},
+    {"gemv", 0, 0, CUDA_GEMV_MAX_ROWS, 0, 0, 0},
+    {"graphs", 1, 0, 0, 1, 0, 0},
+    {"pdl", 3, 0, 0, 1, 1, 0},
+    {"pdl_gemv8", 3, 0, 8, 1, 1, 0},
+    {"pdl_gemv16", 3, 0, CUDA_GEMV_MAX_ROWS, 1, 1, 0},
+    {"graphs_gemv8", 3, 0, 8, 1, 0, 0},
+    {"shipped", 3, 0, 0, 0, 0, 1},
 };
 
 static void run_version(const struct model_config *c, const struct kv_geometry *g, void *pool,
@@ -176,10 +177,12 @@ static void run_version(const struct model_config *c, const struct kv_geometry *
     o.limits.max_num_tokens = 256;
     o.limits.max_num_seqs = batches[nb - 1] > 64 ? batches[nb - 1] : 64;
     o.limits.max_blocks_per_seq = (ctx + kBlockSize - 1) / kBlockSize;
-    o.baseline_kernels = versions[version].baseline;
-    o.gemv_max_rows = versions[version].gemv_max_rows;
-    o.cuda_graphs = versions[version].graphs;
-    o.pdl = versions[version].pdl;
+    if (!versions[version].defaults) {
+        o.baseline_kernels = versions[version].baseline;
+        o.gemv_max_rows = versions[version].gemv_max_rows;
+        o.cuda_graphs = versions[version].graphs;
+        o.pdl = versions[version].pdl;
+    }
     struct backend *be = NULL;
     PK(cuda_backend_open(c, NULL, kSeed, g, pool, &o, &be));
     const int32_t bps = o.limits.max_blocks_per_seq;
@@ -243,14 +246,28 @@ int main(int argc, char **argv)
                    i + 1 < argc) {
             const int single = strcmp(argv[i], "--only") == 0;
             ++i;
+            char list[512];
+            if ((size_t)snprintf(list, sizeof list, ",%s,", argv[i]) >= sizeof list) {
+                fprintf(stderr, "decode_step: %s: too long a list\n", argv[i]);
+                return 2;
+            }
+            int named = 0;
             for (int v = 0; v < kVersions; v++) {
                 char pat[64];
                 snprintf(pat, sizeof pat, ",%s,", versions[v].name);
-                char list[512];
-                snprintf(list, sizeof list, ",%s,", argv[i]);
                 run[v] = strstr(list, pat) != NULL;
+                named += run[v];
                 if (single && run[v])
                     only = v;
+            }
+            /* every name a version's, each once (a list of n names has n - 1 inner commas) */
+            int commas = 0;
+            for (const char *p = argv[i]; *p != '\0'; p++)
+                commas += *p == ',';
+            if (named == 0 || named != commas + 1 || (single && named != 1)) {
+                fprintf(stderr, "decode_step: %s %s: unknown or repeated version names\n",
+                        argv[i - 1], argv[i]);
+                return 2;
             }
             /* a version's ref runs too: its logits are the comparison */
             for (int v = kVersions - 1; v >= 0; v--)
@@ -299,7 +316,7 @@ int main(int argc, char **argv)
 
     struct result res[kVersions][kMaxBatches];
     for (int v = 0; v < kVersions; v++)
-        for (int i = 0; i < nb; i++) {
+        for (int i = 0; i < nb && (run[v] || v == only); i++) {
             res[v][i].logits = malloc((size_t)batches[i] * (size_t)c.vocab_size * sizeof(float));
             res[v][i].tokens = malloc((size_t)batches[i] * sizeof(int32_t));
             res[v][i].logprobs = malloc((size_t)batches[i] * sizeof(float));
@@ -326,7 +343,7 @@ int main(int argc, char **argv)
     const double layer_w = H * (qd + 2 * kvd) + qd * H + 2 * I * H + I * H + 2 * H;
     const double weights = 2.0 * ((double)c.num_layers * layer_w + (double)c.vocab_size * H);
     const double kv_per_token = 2.0 * 2.0 * kvd * (double)c.num_layers;
-    printf("\n%-6s %-9s %10s %10s %10s %8s %12s %10s %12s\n", "batch", "version", "device ms",
+    printf("\n%-6s %-12s %10s %10s %10s %8s %12s %10s %12s\n", "batch", "version", "device ms",
            "host ms", "floor ms", "floor/dev", "logits diff", "tokens eq", "graph steps");
     for (int i = 0; i < nb; i++) {
         const int32_t B = batches[i];
@@ -346,7 +363,7 @@ int main(int argc, char **argv)
             }
             for (int32_t s = 0; s < B; s++)
                 same += ref->tokens[s] == res[v][i].tokens[s];
-            printf("%-6d %-9s %10.3f %10.3f %10.3f %8.3f %12.2e %7d/%d %8llu/%llu\n", (int)B,
+            printf("%-6d %-12s %10.3f %10.3f %10.3f %8.3f %12.2e %7d/%d %8llu/%llu\n", (int)B,
                    versions[v].name, res[v][i].device_ms, res[v][i].host_ms, floor_ms,
                    floor_ms / res[v][i].device_ms, dmax / (amax > 0 ? amax : 1), same, (int)B,
                    res[v][i].graph_steps, res[v][i].steps);

@@ -58,6 +58,7 @@ struct run_opts {
     int ignore_eos;
     int stats;
     int cuda_graphs; /* --cuda-graphs: 1 on (the default), 0 off */
+    int cuda_pdl;    /* --cuda-pdl: 1 on (the default), 0 off */
     struct sampling_params sampling;
     const char **texts; /* [MAX_PROMPTS]: the text of a --prompt, NULL for --tokens */
 };
@@ -71,10 +72,11 @@ static void usage(FILE *f)
                "                  [--max-batched-tokens N] [--attention paged|gather]\n"
                "                  [--ignore-eos] [--stats] [--json] [--prompt TEXT ...]\n"
                "                  [--backend cpu|cuda] [--load-format safetensors|random]\n"
-               "                  [--cuda-graphs on|off]\n"
+               "                  [--cuda-graphs on|off] [--cuda-pdl on|off]\n"
                "--load-format random (CUDA only) draws weights of the shape in DIR/config.json on\n"
                "the GPU from --seed, so no weight file is needed. --cuda-graphs off runs decode\n"
-               "steps launch by launch instead of replaying CUDA graphs (for comparison).\n");
+               "steps launch by launch instead of replaying CUDA graphs, --cuda-pdl off launches\n"
+               "every kernel in plain stream order (both for comparison: the same tokens).\n");
 }
 
 static int fail(int rc)
@@ -305,6 +307,7 @@ enum {
     OPT_BACKEND,
     OPT_LOAD_FORMAT,
     OPT_CUDA_GRAPHS,
+    OPT_CUDA_PDL,
 };
 
 static int parse_flag(int opt, const char *arg, struct run_opts *o, int32_t ***prompts,
@@ -400,6 +403,9 @@ static int parse_flag(int opt, const char *arg, struct run_opts *o, int32_t ***p
     case OPT_CUDA_GRAPHS:
         rc = parse_on_off("--cuda-graphs", arg, &o->cuda_graphs);
         break;
+    case OPT_CUDA_PDL:
+        rc = parse_on_off("--cuda-pdl", arg, &o->cuda_pdl);
+        break;
     case OPT_LOAD_FORMAT:
         if (strcmp(arg, "safetensors") != 0 && strcmp(arg, "random") != 0)
             return pagoda_error_set(PAGODA_EINVAL,
@@ -436,6 +442,7 @@ int main(int argc, char **argv)
         {"backend", required_argument, NULL, OPT_BACKEND},
         {"load-format", required_argument, NULL, OPT_LOAD_FORMAT},
         {"cuda-graphs", required_argument, NULL, OPT_CUDA_GRAPHS},
+        {"cuda-pdl", required_argument, NULL, OPT_CUDA_PDL},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -444,6 +451,7 @@ int main(int argc, char **argv)
         .backend = "cpu",
         .load_format = "safetensors",
         .cuda_graphs = 1,
+        .cuda_pdl = 1,
         .max_tokens = 16,
         .block_size = KV_BLOCK_SIZE_DEFAULT,
         .max_batched_tokens = 2048,
@@ -601,6 +609,7 @@ int main(int argc, char **argv)
         struct cuda_backend_options co = cuda_backend_default_options();
         co.limits = limits;
         co.cuda_graphs = o.cuda_graphs;
+        co.pdl = o.cuda_pdl;
         if ((rc = cuda_pool_alloc(&g, co.device, &gpu_pool)) != 0 ||
             (rc = cuda_backend_open(c, w, o.sampling.seed, &g, gpu_pool, &co, &be)) != 0)
             goto fail;

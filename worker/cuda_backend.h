@@ -16,7 +16,8 @@
 
 /* The default gemv_max_rows: 0, every linear through cuBLAS. cuda_gemv takes at most the linears
  * whose weights have at most CUDA_BACKEND_GEMV_MAX_WEIGHT elements (the 8B shape's O projection,
- * 4096 x 4096): on the H200 (bench/RESULTS.md, issue 15, 2026-12-02 ninth session) it lost to
+ * 4096 x 4096; a tensor-parallel rank compares its own slice, so at TP 4 the down projection's
+ * fits too): on the H200 (bench/RESULTS.md, issue 15, 2026-12-02 ninth session) it lost to
  * cuBLAS on every larger weight at every row count; on O it wins in isolation up to 8 rows (one
  * kernel where cuBLAS takes a split-K pass and its reduction), but in the decode step at batch 1
  * it moved the step by -107, -52 and +51 us in three calls (the spread between runs of one
@@ -37,10 +38,11 @@ struct cuda_backend_options {
      * cuBLAS. */
     int gemv_max_rows;
     /* 1 (the default): the kernels of kernels/cuda that support it are launched with
-     * programmatic dependent launch (kernels/cuda/util.h cuda_set_pdl): each may start while the
-     * kernel ahead ends and read its weights before waiting for it (1-2% of a decode step below
-     * batch 64 on the H200, bench/RESULTS.md). 0: stream order only (pagoda-worker --cuda-pdl
-     * off). Results are the same bits either way. */
+     * programmatic dependent launch (kernels/cuda/util.h cuda_set_pdl): each may be scheduled
+     * while the kernel ahead ends and read its weights before waiting for it. Most of a layer's
+     * kernels of ours follow a cuBLAS GEMM, which does not signal, so the overlap is small: 1-2%
+     * of a decode step below batch 64 on the H200 (bench/RESULTS.md). 0: stream order only
+     * (--cuda-pdl off). Results are the same bits either way. */
     int pdl;
     /* Tensor parallelism: NULL (the default) for one rank; else this rank's handle on the group
      * (borrowed: it must outlive the backend), and the weights must be the matching shard

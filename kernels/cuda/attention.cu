@@ -1425,8 +1425,8 @@ static int launch(const struct cuda_attention_plan *p, const attn_args &a, cudaS
      * work), so that the launch captured once fits every step of that size. */
     const unsigned ctas = decode_ctas(p);
     if (ctas > 0) {
-        (void)launch_pdl(p->decode, ctas, kDecodeThreads, p->decode_smem, s, a);
-        int rc = cuda_launch_result("cuda_attention_run: decode kernel");
+        int rc = launch_pdl("cuda_attention_run: decode kernel", p->decode, ctas, kDecodeThreads,
+                            p->decode_smem, s, a);
         if (rc < 0)
             return rc;
     }

@@ -54,6 +54,8 @@ __device__ __forceinline__ void pdl_wait()
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
+#elif defined(__CUDA_ARCH__)
+#error "kernels launched by launch_pdl need sm_90 or later (the project builds sm_90a)"
 #endif
 }
 
@@ -66,11 +68,11 @@ __device__ __forceinline__ void pdl_launch_dependents()
 
 /* Launches kernel<<<grid, block, smem, s>>>(args...), with programmatic stream serialization
  * when cuda_pdl_enabled() (the calling thread's setting, cuda_set_pdl). The kernel must call
- * pdl_wait as the comment above says. Returns the launch's error (also left for
- * cudaGetLastError, so cuda_launch_result reads it). */
+ * pdl_wait as the comment above says. Returns 0, or PAGODA_ECUDA naming what (the launch's own
+ * error, taken off cudaGetLastError so that it is not blamed on a later launch). */
 template <typename... Params, typename... Args>
-static inline cudaError_t launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
-                                     cudaStream_t s, Args... args)
+static inline int launch_pdl(const char *what, void (*kernel)(Params...), dim3 grid, dim3 block,
+                             size_t smem, cudaStream_t s, Args... args)
 {
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -82,7 +84,11 @@ static inline cudaError_t launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 
     cfg.stream = s;
     cfg.attrs = attr;
     cfg.numAttrs = cuda_pdl_enabled() ? 1 : 0;
-    return cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(args)...);
+    const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(args)...);
+    if (e == cudaSuccess)
+        return 0;
+    (void)cudaGetLastError();
+    return pagoda_error_set(PAGODA_ECUDA, "%s: launch failed: %s", what, cudaGetErrorString(e));
 }
 
 __device__ __forceinline__ float bf16_bits_to_float(uint16_t h)

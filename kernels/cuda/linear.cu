@@ -174,12 +174,12 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 template <int TILES>
-void launch(const uint16_t *x, const uint16_t *w, void *y, int y_f32, int32_t rows, int32_t in,
-            int32_t out, cudaStream_t s)
+int launch(const uint16_t *x, const uint16_t *w, void *y, int y_f32, int32_t rows, int32_t in,
+           int32_t out, cudaStream_t s)
 {
     const unsigned grid = (unsigned)((out + kRowsPerCta - 1) / kRowsPerCta);
-    (void)launch_pdl(y_f32 ? gemv_kernel<TILES, true> : gemv_kernel<TILES, false>, grid, kThreads,
-                     0, s, x, w, y, rows, in, out);
+    return launch_pdl("cuda_gemv", y_f32 ? gemv_kernel<TILES, true> : gemv_kernel<TILES, false>,
+                      grid, kThreads, 0, s, x, w, y, rows, in, out);
 }
 
 } // namespace
@@ -200,9 +200,6 @@ int cuda_gemv(const uint16_t *x, const uint16_t *w, void *y, int y_f32, int32_t 
                                 "cuda_gemv: rows %d (1 .. %d), in %d (a multiple of %d), out %d, "
                                 "buffers 16-byte aligned",
                                 (int)rows, CUDA_GEMV_MAX_ROWS, (int)in, kChunk, (int)out);
-    if (rows <= 8)
-        launch<1>(x, w, y, y_f32, rows, in, out, s);
-    else
-        launch<2>(x, w, y, y_f32, rows, in, out, s);
-    return cuda_launch_result("cuda_gemv");
+    return rows <= 8 ? launch<1>(x, w, y, y_f32, rows, in, out, s)
+                     : launch<2>(x, w, y, y_f32, rows, in, out, s);
 }

@@ -444,9 +444,9 @@ int cuda_embedding_rows(const uint16_t *table, const int32_t *ids, int32_t num_t
         return pagoda_error_set(PAGODA_EINVAL, "cuda_embedding: NULL buffer");
     const bool vec = hidden % 8 == 0 && cuda_aligned16(table) && cuda_aligned16(residual);
     const int threads = threads_for_row(vec ? hidden / 8 : hidden);
-    (void)launch_pdl(vec ? embedding_kernel<true> : embedding_kernel<false>, num_tokens, threads, 0,
-                     s, table, ids, hidden, vocab_begin, vocab_end, residual);
-    return cuda_launch_result("cuda_embedding");
+    return launch_pdl("cuda_embedding", vec ? embedding_kernel<true> : embedding_kernel<false>,
+                      num_tokens, threads, 0, s, table, ids, hidden, vocab_begin, vocab_end,
+                      residual);
 }
 
 int cuda_add_rmsnorm(float *residual, const uint16_t *x, const uint16_t *weight, uint16_t *out,
@@ -463,14 +463,13 @@ int cuda_add_rmsnorm(float *residual, const uint16_t *x, const uint16_t *weight,
                      cuda_aligned16(out) && (x == NULL || cuda_aligned16(x));
     if (vec && dim / 8 <= kMaxThreads) {
         const int threads = (dim / 8 + 31) / 32 * 32;
-        (void)launch_pdl(add_rmsnorm_reg_kernel, rows, threads, 0, s, residual, x, weight, out, dim,
-                         eps);
-        return cuda_launch_result("cuda_add_rmsnorm");
+        return launch_pdl("cuda_add_rmsnorm", add_rmsnorm_reg_kernel, rows, threads, 0, s, residual,
+                          x, weight, out, dim, eps);
     }
     const int threads = threads_for_row(vec ? dim / 8 : dim);
-    (void)launch_pdl(vec ? add_rmsnorm_kernel<true> : add_rmsnorm_kernel<false>, rows, threads, 0,
-                     s, residual, x, weight, out, dim, eps);
-    return cuda_launch_result("cuda_add_rmsnorm");
+    return launch_pdl("cuda_add_rmsnorm",
+                      vec ? add_rmsnorm_kernel<true> : add_rmsnorm_kernel<false>, rows, threads, 0,
+                      s, residual, x, weight, out, dim, eps);
 }
 
 int cuda_add_bias(uint16_t *x, int64_t ld, const uint16_t *bias, int32_t rows, int32_t cols,
@@ -543,9 +542,8 @@ int cuda_silu_mul(const uint16_t *gate_up, uint16_t *out, int32_t rows, int32_t 
         return pagoda_error_set(PAGODA_EINVAL, "cuda_silu_mul: NULL buffer");
     const bool vec = inter % 8 == 0 && cuda_aligned16(gate_up) && cuda_aligned16(out);
     const int64_t work = (int64_t)rows * (vec ? inter / 8 : inter);
-    (void)launch_pdl(vec ? silu_mul_kernel<true> : silu_mul_kernel<false>, grid_for(work, kThreads),
-                     kThreads, 0, s, gate_up, out, rows, inter);
-    return cuda_launch_result("cuda_silu_mul");
+    return launch_pdl("cuda_silu_mul", vec ? silu_mul_kernel<true> : silu_mul_kernel<false>,
+                      grid_for(work, kThreads), kThreads, 0, s, gate_up, out, rows, inter);
 }
 
 int cuda_reshape_and_cache(const struct kv_layer_view *kv, const uint16_t *k, const uint16_t *v,
@@ -617,7 +615,6 @@ int cuda_rope_cache(uint16_t *qkv, int64_t row_stride, const int32_t *positions,
     const int64_t pairs = (int64_t)(num_q_heads + kv->num_kv_heads) * (kv->head_dim / 2);
     const int threads = (int)(pairs >= kMaxThreads ? kMaxThreads : (pairs + 31) / 32 * 32);
     const size_t smem = (size_t)kv->head_dim * sizeof(float);
-    (void)launch_pdl(rope_cache_kernel, rows, threads, smem, s, qkv, row_stride, positions,
-                     inv_freq, num_q_heads, dst, slot_mapping);
-    return cuda_launch_result("cuda_rope_cache");
+    return launch_pdl("cuda_rope_cache", rope_cache_kernel, rows, threads, smem, s, qkv, row_stride,
+                      positions, inv_freq, num_q_heads, dst, slot_mapping);
 }

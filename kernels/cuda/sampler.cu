@@ -589,6 +589,7 @@ __global__ void __launch_bounds__(SAMPLER_THREADS)
 #define GREEDY_WARPS (GREEDY_THREADS / 32)
 #define GREEDY_PER_THREAD 16 /* four 16-byte loads in flight per thread */
 #define GREEDY_CHUNK (GREEDY_THREADS * GREEDY_PER_THREAD)
+static_assert(GREEDY_CHUNK == CUDA_SAMPLER_GREEDY_CHUNK, "sampler.h's chunk size");
 
 /* One chunk's summary, written by its block and read by the row's last block. */
 struct greedy_partial {
@@ -883,6 +884,13 @@ extern "C" int cuda_sampler_new(int32_t vocab, int32_t max_rows, size_t max_hist
     if ((err = cudaMallocHost((void **)&s->h_results, (CUDA_SAMPLER_SLOTS + 1) * result_bytes)) !=
         cudaSuccess) {
         rc = cuda_failed(err, "cudaMallocHost(results)");
+        goto fail;
+    }
+    /* The memsets above run on the legacy default stream, which the caller's stream need not
+     * wait for (a non-blocking stream: the CUDA backend's): the greedy path's counters must be
+     * zero before its first launch, whatever stream that is. */
+    if ((err = cudaDeviceSynchronize()) != cudaSuccess) {
+        rc = cuda_failed(err, "cudaDeviceSynchronize(zeroed counters)");
         goto fail;
     }
     *out = s;

@@ -31,6 +31,10 @@ extern "C" {
 /* Largest batch a sampler can be created for. */
 #define CUDA_SAMPLER_ROWS_MAX 65536
 
+/* The greedy fast path's logits per block (a row of vocab logits takes ceil(vocab / this)
+ * blocks): tests place ties and bad values on either side of its boundaries. */
+#define CUDA_SAMPLER_GREEDY_CHUNK 4096
+
 /* The device buffers and pinned staging memory of one sampler. Opaque. */
 struct cuda_sampler;
 

@@ -30,10 +30,11 @@ int cuda_gather_rows_bf16(const uint16_t *src, int64_t ld_src, const int32_t *ro
                           int32_t num_rows, int32_t cols, uint16_t *dst, cudaStream_t s);
 
 /* Programmatic dependent launch for the kernels of kernels/cuda that support it (common.cuh's
- * launch_pdl: the normalisations, RoPE and the cache write, SiLU-and-multiply, the decode
- * attention, cuda_gemv): a kernel may be scheduled while the one before it in the stream finishes
- * and read its weights before waiting for it. A setting of the calling thread (the thread that
- * launches, or captures a graph), off until set: 1 on, 0 off. */
+ * launch_pdl: the embedding, the normalisations, RoPE and the cache write, SiLU-and-multiply,
+ * the decode attention, cuda_gemv): such a kernel may be scheduled while the one before it in
+ * the stream finishes (as soon as that one signals, if it is one of these; as its blocks exit,
+ * if it is another, cuBLAS's say) and read its weights before waiting for it. A setting of the
+ * calling thread (the thread that launches, or captures a graph), off until set: 1 on, 0 off. */
 void cuda_set_pdl(int on);
 int cuda_pdl_enabled(void);
 

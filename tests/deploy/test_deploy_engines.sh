@@ -111,6 +111,8 @@ refused "--cuda-graphs neither on nor off" "--cuda-graphs maybe: expected on or 
     --cuda-graphs maybe
 refused "--cuda-graphs without the CUDA backend" "--cuda-graphs needs --backend cuda" \
     --cuda-graphs off
+refused "--cuda-pdl neither on nor off" "--cuda-pdl 1: expected on or off" --cuda-pdl 1
+refused "--cuda-pdl without the CUDA backend" "--cuda-pdl needs --backend cuda" --cuda-pdl off
 refused "an ipc:// scheduler address for 2 engines" "several engines need a tcp://HOST:PORT" \
     --role engine --engines 2 --scheduler-listen "ipc://$tmp/s.ipc"
 refused "--scheduler without --role router" "--scheduler is for --role router" \

@@ -46,10 +46,12 @@ mt_system=64                                      # their namespace's system pro
 mt_question=16                                    # their own question: one block
 mt_namespaces=4                                   # tenants-multi.json: research, carol, dave, erin
 fo_requests=64                                    # requests amid which an engine is killed
-fo_tokens=64                                      # their output tokens, in both builds: the
-                                                  # sanitizer build's model programs run their
-                                                  # kernels uninstrumented (scripts/run-tests), so
-                                                  # 24 there let the run end before the kill
+fo_tokens=256                                     # their output tokens, in both builds: the
+                                                  # run must outlast the kill. 24 let it end
+                                                  # first in the sanitizer build (its model
+                                                  # programs run their kernels uninstrumented,
+                                                  # scripts/run-tests), 64 once in the normal
+                                                  # build of a fresh-clone CI run
 
 # Names: pgdn-PID-r (the router's namespace), pgdn-PID-eI (engine I's).
 prefix=pgdn

@@ -711,9 +711,9 @@ static void test_errors(void)
 
 /* ---- the greedy fast path ---- */
 
-/* The fast path splits a row into chunks of this many tokens (kernels/cuda/sampler.cu's
- * GREEDY_CHUNK); the rows below put ties and bad values on either side of its boundaries. */
-#define CHUNK 4096
+/* The fast path splits a row into chunks of this many tokens; the rows below put ties and bad
+ * values on either side of its boundaries. */
+#define CHUNK CUDA_SAMPLER_GREEDY_CHUNK
 #define GREEDY_CASES 14
 
 /* A token id in chunk k's first or last few, or anywhere when the row has one chunk. */
