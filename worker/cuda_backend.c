@@ -476,6 +476,16 @@ static int tp_agree(struct cuda_backend *b, const struct model_weights *w, uint6
     return cuda_tp_agree(b->opt.comm, &id);
 }
 
+/* Makes the calling thread run b's work: its device, and its kernels' launch setting
+ * (cuda_set_pdl), both per thread. */
+static cudaError_t bind_thread(const struct cuda_backend *b)
+{
+    cudaError_t e = cudaSetDevice(b->opt.device);
+    if (e == cudaSuccess)
+        cuda_set_pdl(b->opt.pdl && !b->opt.baseline_kernels);
+    return e;
+}
+
 static int open_backend(const struct model_config *cfg, const struct model_weights *w,
                         uint64_t random_seed, const struct kv_geometry *g, void *pool,
                         const struct cuda_backend_options *opt, struct backend **out)
@@ -524,12 +534,11 @@ static int open_backend(const struct model_config *cfg, const struct model_weigh
         b->opt.limits.max_blocks_per_seq = g->num_blocks - 1;
 
     cudaError_t e;
-    if ((e = cudaSetDevice(b->opt.device)) != cudaSuccess) {
+    /* The graphs captured below take this thread's launch setting too. */
+    if ((e = bind_thread(b)) != cudaSuccess) {
         rc = cuda_fail(e, "cudaSetDevice");
         goto fail;
     }
-    /* The graphs captured below take this thread's setting (the forward pass sets it too). */
-    cuda_set_pdl(b->opt.pdl && !b->opt.baseline_kernels);
     /* The ranks agree on everything that must be equal before anything is allocated (which
      * also finds every peer alive). */
     if (comm != NULL && (rc = tp_agree(b, w, random_seed)) != 0)
@@ -792,12 +801,11 @@ static int forward_pass(struct cuda_backend *b, const struct fwd_batch *batch, i
                         const struct backend_gather *gathers, int32_t num_gathers)
 {
     int rc;
-    /* The device is per thread and the worker's executor thread is not the one that opened the
-     * backend (worker/executor.h): bind it on every pass (a cheap call once bound). */
-    cudaError_t e = cudaSetDevice(b->opt.device);
+    /* The worker's executor thread is not the one that opened the backend (worker/executor.h):
+     * bind it on every pass (cheap calls once bound). */
+    cudaError_t e = bind_thread(b);
     if (e != cudaSuccess)
         return cuda_fail(e, "cudaSetDevice");
-    cuda_set_pdl(b->opt.pdl && !b->opt.baseline_kernels);
     if (k == STAGE_SYNC)
         b->timed = 0;
     if ((e = cudaEventRecord(b->ev_start[k], b->stream)) != cudaSuccess)

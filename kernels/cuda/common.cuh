@@ -69,7 +69,8 @@ __device__ __forceinline__ void pdl_launch_dependents()
 /* Launches kernel<<<grid, block, smem, s>>>(args...), with programmatic stream serialization
  * when cuda_pdl_enabled() (the calling thread's setting, cuda_set_pdl). The kernel must call
  * pdl_wait as the comment above says. Returns 0, or PAGODA_ECUDA naming what (the launch's own
- * error, taken off cudaGetLastError so that it is not blamed on a later launch). */
+ * error, which cuda_launch_result takes off cudaGetLastError so that it is not blamed on a later
+ * launch; a launch that succeeds leaves cudaGetLastError alone). */
 template <typename... Params, typename... Args>
 static inline int launch_pdl(const char *what, void (*kernel)(Params...), dim3 grid, dim3 block,
                              size_t smem, cudaStream_t s, Args... args)
@@ -85,10 +86,7 @@ static inline int launch_pdl(const char *what, void (*kernel)(Params...), dim3 g
     cfg.attrs = attr;
     cfg.numAttrs = cuda_pdl_enabled() ? 1 : 0;
     const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(args)...);
-    if (e == cudaSuccess)
-        return 0;
-    (void)cudaGetLastError();
-    return pagoda_error_set(PAGODA_ECUDA, "%s: launch failed: %s", what, cudaGetErrorString(e));
+    return e == cudaSuccess ? 0 : cuda_launch_result(what);
 }
 
 __device__ __forceinline__ float bf16_bits_to_float(uint16_t h)

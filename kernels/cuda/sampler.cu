@@ -798,6 +798,13 @@ static size_t stage_desc_bytes(int32_t max_rows)
     return (size_t)max_rows * sizeof(struct row_desc);
 }
 
+/* Whether sample_greedy takes the row: greedy without penalties, the token the argmax of the
+ * logits as given. */
+static bool greedy_fast(const struct row_desc *d)
+{
+    return d->temperature == 0.0f && !d->penalties;
+}
+
 /* Where the row list ends and the history begins in a stage of rows rows. */
 static size_t stage_list_end(int32_t rows)
 {
@@ -1015,13 +1022,12 @@ static int enqueue(struct cuda_sampler *s, int slot, const float *logits, int32_
                            &history_used);
         if (rc < 0)
             return rc;
-        /* Greedy without penalties: the token is the argmax of the logits as given. */
-        if (descs[r].temperature == 0.0f && !descs[r].penalties)
+        if (greedy_fast(&descs[r]))
             row_list[n_greedy++] = r;
     }
     int32_t n_listed = n_greedy;
     for (int32_t r = 0; r < rows; r++)
-        if (descs[r].temperature != 0.0f || descs[r].penalties)
+        if (!greedy_fast(&descs[r]))
             row_list[n_listed++] = r;
 
     const size_t copy_bytes = stage_list_end(rows) + history_used * sizeof(int32_t);

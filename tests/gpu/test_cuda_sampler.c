@@ -820,6 +820,24 @@ static void read_slot(const struct cuda_sampler *s, int slot, int32_t rows,
     }
 }
 
+/* One call of rows rows from dev into slot 0 with device tokens: its results into out, the
+ * device tokens into dev_tokens. Returns 0, or the call's error (reported as a failed check). */
+static int sample_slot0(struct cuda_sampler *s, const float *dev, int32_t rows,
+                        const struct sampling_params *params, const uint64_t *oi, int32_t *d_tokens,
+                        int32_t *dev_tokens, struct slot_results *out)
+{
+    int rc = cuda_sampler_enqueue(s, 0, dev, rows, params, oi, NULL, NULL, NULL, NULL, d_tokens, 0);
+    if (rc != 0) {
+        GPU_CHECK(0, "cuda_sampler_enqueue: %d (%s)", rc, pagoda_error_detail());
+        return rc;
+    }
+    CUDA_OK(cudaStreamSynchronize(0));
+    read_slot(s, 0, rows, out);
+    CUDA_OK(
+        cudaMemcpy(dev_tokens, d_tokens, (size_t)rows * sizeof(int32_t), cudaMemcpyDeviceToHost));
+    return 0;
+}
+
 /* rows greedy rows (temperature 0, no penalties: the fast path) of make_greedy_row's kinds
  * against the CPU (code, token, logprob within 1e-4) and against the general path (the same
  * rows with a repetition penalty and no history, which leaves the logits as they are: the same
@@ -863,12 +881,8 @@ static void test_greedy_fast_path(int32_t vocab, int32_t rows)
         oi[r] = (uint64_t)r;
     }
     const cudaStream_t st = 0;
-    SAMPLE_OR_RETURN(
-        cuda_sampler_enqueue(s, 0, dev, rows, greedy, oi, NULL, NULL, NULL, NULL, d_tokens, st));
-    CUDA_OK(cudaStreamSynchronize(st));
-    read_slot(s, 0, rows, &fast);
-    CUDA_OK(
-        cudaMemcpy(dev_tokens, d_tokens, (size_t)rows * sizeof(int32_t), cudaMemcpyDeviceToHost));
+    if (sample_slot0(s, dev, rows, greedy, oi, d_tokens, dev_tokens, &fast) != 0)
+        return;
     SAMPLE_OR_RETURN(
         cuda_sampler_enqueue(s, 1, dev, rows, general, oi, NULL, NULL, NULL, NULL, NULL, st));
     SAMPLE_OR_RETURN(
@@ -954,12 +968,8 @@ static void test_greedy_fast_path(int32_t vocab, int32_t rows)
               (int)vocab, same_alone, alone);
 
     /* Mixed: fast-path rows, greedy rows with a penalty, sampled rows, in one call. */
-    SAMPLE_OR_RETURN(
-        cuda_sampler_enqueue(s, 0, dev, rows, mixed, oi, NULL, NULL, NULL, NULL, d_tokens, st));
-    CUDA_OK(cudaStreamSynchronize(st));
-    read_slot(s, 0, rows, &again);
-    CUDA_OK(
-        cudaMemcpy(dev_tokens, d_tokens, (size_t)rows * sizeof(int32_t), cudaMemcpyDeviceToHost));
+    if (sample_slot0(s, dev, rows, mixed, oi, d_tokens, dev_tokens, &again) != 0)
+        return;
     int same_mixed = 0;
     for (int32_t r = 0; r < rows; r++) {
         int32_t token = -1;
