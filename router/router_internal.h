@@ -184,6 +184,37 @@ struct pin_state {
     char *error_message;
 };
 
+/* The SchedulerStats fields that are counters: each only rises within one scheduler (one worker
+ * for computed_tokens). With several engines the merged figure of each is carried across an
+ * engine's restarts (router_link.c engine_count), so that the sum never falls. */
+#define ROUTER_COUNTERS(X)                                                                         \
+    X(steps)                                                                                       \
+    X(resyncs)                                                                                     \
+    X(worker_restarts)                                                                             \
+    X(computed_tokens)                                                                             \
+    X(malformed_messages)                                                                          \
+    X(preemptions)                                                                                 \
+    X(prefix_query_tokens)                                                                         \
+    X(prefix_hit_tokens)                                                                           \
+    X(evictions)                                                                                   \
+    X(discarded_tokens)                                                                            \
+    X(prefix_waits)                                                                                \
+    X(prefill_tokens)                                                                              \
+    X(decode_tokens)
+#define ROUTER_COUNTER_ENUM(f) ROUTER_COUNTER_##f,
+enum { ROUTER_COUNTERS(ROUTER_COUNTER_ENUM) ROUTER_NUM_COUNTERS };
+#undef ROUTER_COUNTER_ENUM
+
+/* An engine's counters as totals over its incarnations: last is what its latest SchedulerStats
+ * said, carry what earlier ones counted (a scheduler of another epoch, or a counter that fell:
+ * a restarted worker's computed_tokens). */
+struct engine_counters {
+    int seen;       /* a SchedulerStats has arrived */
+    uint64_t epoch; /* its scheduler's (ToRouter.epoch) */
+    uint32_t has;   /* bit k: counter k was reported */
+    uint64_t last[ROUTER_NUM_COUNTERS], carry[ROUTER_NUM_COUNTERS];
+};
+
 /* One engine link: the PAIR socket to one scheduler. Its pipe counters are written on NNG's
  * threads, everything else on the loop. */
 struct engine {
@@ -210,7 +241,8 @@ struct engine {
     uint32_t probes_unanswered; /* probes sent since then */
     int hung;
     Pagoda__Internal__ToRouter *stats; /* its latest SchedulerStats (owned), or NULL */
-    uint64_t routed;                   /* requests the router sent it (moves included) */
+    struct engine_counters counters;
+    uint64_t routed;        /* requests the router sent it (moves included) */
     uint64_t sends_refused; /* sends its link refused (full, or closed): they are tried again */
 };
 

@@ -697,10 +697,58 @@ static void fill_stats(struct router *r, const Pagoda__Internal__SchedulerStats 
     out->parked_refused = r->parked_refused;
 }
 
+/* Offsets of each counter's value and has_ flag in a SchedulerStats. */
+#define ROUTER_COUNTER_FIELD(f)                                                                    \
+    {offsetof(Pagoda__Internal__SchedulerStats, f),                                                \
+     offsetof(Pagoda__Internal__SchedulerStats, has_##f)},
+static const struct {
+    size_t value, has;
+} counter_fields[ROUTER_NUM_COUNTERS] = {ROUTER_COUNTERS(ROUTER_COUNTER_FIELD)};
+#undef ROUTER_COUNTER_FIELD
+#define ROUTER_COUNTER_IS_U64(f)                                                                   \
+    _Static_assert(sizeof(((Pagoda__Internal__SchedulerStats *)0)->f) == sizeof(uint64_t),         \
+                   #f " is a uint64");
+ROUTER_COUNTERS(ROUTER_COUNTER_IS_U64)
+#undef ROUTER_COUNTER_IS_U64
+
+static uint64_t *counter_at(Pagoda__Internal__SchedulerStats *s, int k)
+{
+    return (uint64_t *)((char *)s + counter_fields[k].value);
+}
+
+static protobuf_c_boolean *counter_has(Pagoda__Internal__SchedulerStats *s, int k)
+{
+    return (protobuf_c_boolean *)((char *)s + counter_fields[k].has);
+}
+
+/* Takes engine e's counters from its latest SchedulerStats (of msg's epoch): a counter that fell,
+ * or every counter when the scheduler's epoch changed (a restarted scheduler, whose counters may
+ * already have passed the old ones), carries what the last figure said. */
+static void engine_count(struct engine *e, Pagoda__Internal__ToRouter *msg)
+{
+    struct engine_counters *c = &e->counters;
+    const int new_epoch = c->seen && msg->has_epoch && msg->epoch != c->epoch;
+    for (int k = 0; k < ROUTER_NUM_COUNTERS; k++) {
+        if (!*counter_has(msg->stats, k))
+            continue;
+        const uint64_t v = *counter_at(msg->stats, k);
+        if (new_epoch || v < c->last[k])
+            c->carry[k] += c->last[k];
+        c->last[k] = v;
+        c->has |= 1u << k;
+    }
+    if (msg->has_epoch)
+        c->epoch = msg->epoch;
+    c->seen = 1;
+}
+
 /* The engines' SchedulerStats of mask as one: counters and sizes summed, ratios and means
- * averaged over the engines that have them, peaks the highest. With one engine: its own. */
+ * averaged over the engines that have them, peaks the highest. With one engine: its own. With
+ * several, each counter is the sum of every engine's totals (engine_count), those not asked
+ * (down now) included: a merged counter never falls while the router runs. */
 static void merge_stats(struct router *r, uint64_t mask, Pagoda__Internal__SchedulerStats *agg)
 {
+    const int several = r->num_engines > 1;
     uint32_t n_mean[16] = {0};
     for (uint32_t i = 0; i < r->num_engines; i++) {
         if (!(mask & (1ull << i)) || r->engines[i].stats == NULL ||
@@ -712,6 +760,11 @@ static void merge_stats(struct router *r, uint64_t mask, Pagoda__Internal__Sched
         agg->has_##f |= s->has_##f;                                                                \
         agg->f += s->f;                                                                            \
     } while (0)
+#define COUNT(f)                                                                                   \
+    do {                                                                                           \
+        if (!several)                                                                              \
+            SUM(f);                                                                                \
+    } while (0);
 #define MEAN(k, f)                                                                                 \
     do {                                                                                           \
         if (s->has_##f) {                                                                          \
@@ -729,24 +782,12 @@ static void merge_stats(struct router *r, uint64_t mask, Pagoda__Internal__Sched
     } while (0)
         SUM(running);
         SUM(waiting);
-        SUM(steps);
-        SUM(resyncs);
-        SUM(worker_restarts);
         SUM(num_blocks);
         SUM(free_blocks);
-        SUM(computed_tokens);
-        SUM(malformed_messages);
-        SUM(preemptions);
         SUM(cached_blocks);
-        SUM(prefix_query_tokens);
-        SUM(prefix_hit_tokens);
-        SUM(evictions);
         SUM(pinned_blocks);
         SUM(steps_in_flight);
-        SUM(discarded_tokens);
-        SUM(prefix_waits);
-        SUM(prefill_tokens);
-        SUM(decode_tokens);
+        ROUTER_COUNTERS(COUNT)
         MEAN(0, kv_usage);
         MEAN(1, step_cpu_us);
         MEAN(2, fragmentation);
@@ -758,8 +799,17 @@ static void merge_stats(struct router *r, uint64_t mask, Pagoda__Internal__Sched
         HIGHEST(peak_running);
         HIGHEST(peak_steps_in_flight);
 #undef SUM
+#undef COUNT
 #undef MEAN
 #undef HIGHEST
+    }
+    for (uint32_t i = 0; several && i < r->num_engines; i++) {
+        const struct engine_counters *c = &r->engines[i].counters;
+        for (int k = 0; k < ROUTER_NUM_COUNTERS; k++)
+            if (c->has & (1u << k)) {
+                *counter_has(agg, k) = 1;
+                *counter_at(agg, k) += c->carry[k] + c->last[k];
+            }
     }
     double *means[] = {&agg->kv_usage,
                        &agg->step_cpu_us,
@@ -831,6 +881,7 @@ static void on_stats(struct router *r, struct engine *e, Pagoda__Internal__ToRou
     if (e->stats != NULL)
         protobuf_c_message_free_unpacked(&e->stats->base, NULL);
     e->stats = msg;
+    engine_count(e, msg);
     route_set_engine_load(r->route, e->index, s->running + s->waiting);
     uint64_t bit = 1ull << e->index;
     struct rctx *c = r->stats_waiters;

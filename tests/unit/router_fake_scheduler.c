@@ -56,6 +56,7 @@ struct fake_sched {
     struct fake_sched_counts counts;
     uint32_t peak_running;
     uint64_t ticks, emitted_total;
+    uint64_t epoch; /* sent with every message, as a scheduler's: one per start */
     /* tick()'s message, built in place */
     Pagoda__Internal__TokenEvent events[256];
     Pagoda__Internal__TokenEvent *event_ptrs[256];
@@ -88,6 +89,8 @@ static void send_msg(struct fake_sched *fs, Pagoda__Internal__ToRouter *env)
 {
     env->has_protocol_version = 1;
     env->protocol_version = WIRE_PROTOCOL_VERSION;
+    env->has_epoch = 1;
+    env->epoch = fs->epoch;
     const ProtobufCMessage *msg = &env->base;
     size_t len = protobuf_c_message_get_packed_size(msg);
     nng_msg *m;
@@ -620,6 +623,9 @@ int fake_sched_start(const char *url, struct fake_sched **out)
         free(fs);
         return rc;
     }
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    fs->epoch = (uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec;
     nng_socket_set_int(fs->sock, NNG_OPT_SENDBUF, 1024);
     nng_socket_set_ms(fs->sock, NNG_OPT_RECVTIMEO, 1);
     nng_socket_set_ms(fs->sock, NNG_OPT_SENDTIMEO, 1000);

@@ -1,8 +1,9 @@
 /* Tests of the router with several engines (router_link.c, route.h): two stand-in schedulers
  * behind one pagoda-router with two --scheduler flags. Round robin spreads requests and Stats
- * sums the engines; a request whose engine's link dies, or whose engine stops answering (hung),
- * moves to the other engine with its output so far and completes with the same tokens; the hung
- * engine's late events are ignored and it is told to cancel. */
+ * sums the engines (its counters carried across an engine's restart); a request whose engine's link
+ * dies, or whose engine stops answering (hung), moves to the other engine with its output so far
+ * and completes with the same tokens; the hung engine's late events are ignored and it is told to
+ * cancel. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -167,6 +168,67 @@ static void test_round_robin_and_stats(void **state)
     assert_int_equal(st.num_engines, 2);
     for (uint32_t i = 0; i < st.num_engines; i++)
         assert_int_equal(st.engines[i].prefix_waits, FAKE_SCHED_PREFIX_WAITS);
+    multi_stop(&m);
+}
+
+/* Stats until engine i is listed as connected again, or fails. */
+static void stats_until_connected(struct multi *m, int i, pagoda_engine_stats *st)
+{
+    for (int t = 0; t < WAIT_MS / 20; t++) {
+        assert_int_equal(pagoda_stats(m->client, st), 0);
+        if (st->num_engines == 2 && st->engines[i].connected &&
+            st->engines[i].prefix_waits == FAKE_SCHED_PREFIX_WAITS)
+            return;
+        sleep_ms(20);
+    }
+    fail_msg("engine %d did not come back", i);
+}
+
+/* An engine restarts (a new scheduler: another epoch, its counters from nothing): the merged
+ * counters carry what it had counted, so they never fall, while its own row restarts with it;
+ * while it is down they keep its last figures. */
+static void test_counters_survive_engine_restart(void **state)
+{
+    (void)state;
+    struct multi m;
+    multi_start(&m, "round-robin");
+    pagoda_generate_params p = pagoda_generate_params_default();
+    p.max_tokens = 30;
+    for (int k = 0; k < 4; k++) {
+        int32_t prompt[5] = {20 + k, 11, 12, 13, 14};
+        pagoda_result r = {0};
+        assert_int_equal(pagoda_generate(m.client, &p, prompt, 5, &r), 0);
+        pagoda_result_free(&r);
+    }
+    pagoda_engine_stats before;
+    assert_int_equal(pagoda_stats(m.client, &before), 0);
+    assert_int_equal(before.prefix_waits, 2 * FAKE_SCHED_PREFIX_WAITS);
+    assert_int_equal(before.resyncs, 2 * 3);
+    assert_true(before.computed_tokens >= 4 * 30);
+
+    fake_sched_stop(m.fs[0]);
+    m.fs[0] = NULL;
+    pagoda_engine_stats down;
+    for (int t = 0; t < WAIT_MS / 20; t++) {
+        assert_int_equal(pagoda_stats(m.client, &down), 0);
+        if (down.num_engines == 2 && !down.engines[0].connected)
+            break;
+        sleep_ms(20);
+    }
+    assert_false(down.engines[0].connected);
+    assert_int_equal(down.prefix_waits, before.prefix_waits);
+    assert_true(down.computed_tokens >= before.computed_tokens);
+    assert_true(down.steps >= before.steps);
+
+    assert_int_equal(fake_sched_start(m.sched_url[0], &m.fs[0]), 0);
+    pagoda_engine_stats after;
+    stats_until_connected(&m, 0, &after);
+    /* The restarted engine's own figures start again; the merged ones add them to the old. */
+    assert_int_equal(after.engines[0].prefix_waits, FAKE_SCHED_PREFIX_WAITS);
+    assert_int_equal(after.prefix_waits, 3 * FAKE_SCHED_PREFIX_WAITS);
+    assert_int_equal(after.resyncs, 3 * 3);
+    assert_true(after.computed_tokens >= before.computed_tokens);
+    assert_true(after.steps >= before.steps);
     multi_stop(&m);
 }
 
@@ -437,6 +499,7 @@ int main(void)
     signal(SIGPIPE, SIG_IGN);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_round_robin_and_stats),
+        cmocka_unit_test(test_counters_survive_engine_restart),
         cmocka_unit_test(test_failover_on_link_death),
         cmocka_unit_test(test_failover_on_hang),
         cmocka_unit_test(test_admin_over_engines),
