@@ -150,23 +150,28 @@ struct result {
  * CUDA_GEMV_MAX_ROWS rows (the linears it takes: worker/cuda_backend.h); CUDA graphs with cuBLAS;
  * the graphs with programmatic dependent launch (cuda_backend_options.pdl), with cuBLAS, and with
  * cuda_gemv for up to 8 and 16 rows; the graphs with cuda_gemv for up to 8 rows without it; the
- * defaults (graphs, pdl and CUDA_BACKEND_GEMV_MAX_ROWS). */
+ * streaming form (cuda_gemv_stream) on every linear of up to 16 and 8 rows, with pdl, and of up
+ * to 16 without; the defaults (graphs, pdl and CUDA_BACKEND_GEMV_MAX_ROWS). */
 struct version {
     const char *name;
     int ref, baseline, gemv_max_rows, graphs, pdl;
-    int defaults; /* 1: cuda_backend_default_options() as they are (the other fields unused) */
+    int gemv_stream; /* 1: cuda_gemv_stream, on every weight (cuda_backend_options.gemv_stream) */
+    int defaults;    /* 1: cuda_backend_default_options() as they are (the other fields unused) */
 };
-#define kVersions 9
+#define kVersions 12
 static const struct version versions[kVersions] = {
-    {"baseline", 0, 1, 0, 0, 0, 0},
-    {"cublas", 0, 0, 0, 0, 0, 0},
-    {"gemv", 0, 0, CUDA_GEMV_MAX_ROWS, 0, 0, 0},
-    {"graphs", 1, 0, 0, 1, 0, 0},
-    {"pdl", 3, 0, 0, 1, 1, 0},
-    {"pdl_gemv8", 3, 0, 8, 1, 1, 0},
-    {"pdl_gemv16", 3, 0, CUDA_GEMV_MAX_ROWS, 1, 1, 0},
-    {"graphs_gemv8", 3, 0, 8, 1, 0, 0},
-    {"shipped", 3, 0, 0, 0, 0, 1},
+    {"baseline", 0, 1, 0, 0, 0, 0, 0},
+    {"cublas", 0, 0, 0, 0, 0, 0, 0},
+    {"gemv", 0, 0, CUDA_GEMV_MAX_ROWS, 0, 0, 0, 0},
+    {"graphs", 1, 0, 0, 1, 0, 0, 0},
+    {"pdl", 3, 0, 0, 1, 1, 0, 0},
+    {"pdl_gemv8", 3, 0, 8, 1, 1, 0, 0},
+    {"pdl_gemv16", 3, 0, CUDA_GEMV_MAX_ROWS, 1, 1, 0, 0},
+    {"graphs_gemv8", 3, 0, 8, 1, 0, 0, 0},
+    {"pdl_gemvs", 3, 0, CUDA_GEMV_MAX_ROWS, 1, 1, 1, 0},
+    {"pdl_gemvs8", 3, 0, 8, 1, 1, 1, 0},
+    {"graphs_gemvs", 3, 0, CUDA_GEMV_MAX_ROWS, 1, 0, 1, 0},
+    {"shipped", 3, 0, 0, 0, 0, 0, 1},
 };
 
 static void run_version(const struct model_config *c, const struct kv_geometry *g, void *pool,
@@ -182,6 +187,10 @@ static void run_version(const struct model_config *c, const struct kv_geometry *
         o.gemv_max_rows = versions[version].gemv_max_rows;
         o.cuda_graphs = versions[version].graphs;
         o.pdl = versions[version].pdl;
+        if (versions[version].gemv_stream) {
+            o.gemv_stream = 1;
+            o.gemv_max_weight = INT64_MAX;
+        }
     }
     struct backend *be = NULL;
     PK(cuda_backend_open(c, NULL, kSeed, g, pool, &o, &be));
@@ -286,9 +295,11 @@ int main(int argc, char **argv)
         fprintf(stderr,
                 "usage: decode_step MODEL_DIR [--batches 1,16,64] [--context N] "
                 "[--reps 1..%d] [--profile] [--only VERSION | --versions V1,V2,...]\n"
-                "versions: baseline cublas gemv graphs pdl pdl_gemv8 pdl_gemv16 graphs_gemv8 "
-                "shipped\n",
+                "versions:",
                 kMaxReps);
+        for (int v = 0; v < kVersions; v++)
+            fprintf(stderr, " %s", versions[v].name);
+        fprintf(stderr, "\n");
         return 2;
     }
     for (int i = 0; i < nb; i++)

@@ -366,9 +366,10 @@ static void bench_attention(const struct attn_case *c)
 
 /* ---- linears: y[rows][out] = x[rows][in] . w[out][in]^T, the worker's cublasGemmEx ---- */
 
-/* How a linear case runs: the worker's cublasGemmEx, cuda_gemv (kernels/cuda/linear.h), or
- * cublasLtMatmul with one algorithm of the heuristic's list (a 32 MiB workspace). */
-enum gemm_mode { GEMM_CUBLAS, GEMM_GEMV, GEMM_LT };
+/* How a linear case runs: the worker's cublasGemmEx, cuda_gemv (kernels/cuda/linear.h), its
+ * streaming form cuda_gemv_stream (with the ring of `stages`, 0: the default), or cublasLtMatmul
+ * with one algorithm of the heuristic's list (a 32 MiB workspace). */
+enum gemm_mode { GEMM_CUBLAS, GEMM_GEMV, GEMM_GEMV_STREAM, GEMM_LT };
 #define kLtWorkspace (32u << 20)
 #define kLtAlgos 8
 
@@ -379,6 +380,7 @@ struct gemm_run {
     uint16_t *y;
     int32_t rows, in, out;
     enum gemm_mode mode;
+    int stages;
     cublasLtHandle_t lt;
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t lw, lx, ly;
@@ -403,6 +405,10 @@ static void gemm_launch(void *ctx, int rep)
     const uint16_t *w = r->w + (size_t)(rep % r->copies) * r->out * r->in;
     if (r->mode == GEMM_GEMV) {
         PK(cuda_gemv(r->x, w, r->y, 0, r->rows, r->in, r->out, stream));
+        return;
+    }
+    if (r->mode == GEMM_GEMV_STREAM) {
+        PK(cuda_gemv_stream(r->x, w, r->y, 0, r->rows, r->in, r->out, r->stages, stream));
         return;
     }
     if (r->mode == GEMM_LT) {
@@ -494,8 +500,8 @@ static void bench_linear_lt(const char *name, struct gemm_run *r, size_t wbytes)
     CK(cudaFree(r->workspace));
 }
 
-/* The worker's cublasGemmEx, then (when the sizes allow) cuda_gemv and cuBLASLt's algorithms,
- * on the same data. */
+/* The worker's cublasGemmEx, then (when the sizes allow) cuda_gemv, cuda_gemv_stream with the
+ * default and the largest ring, and cuBLASLt's algorithms, on the same data. */
 static void bench_linear(const char *name, int32_t rows, int32_t in, int32_t out, bool variants)
 {
     const size_t wbytes = (size_t)out * in * 2;
@@ -522,6 +528,13 @@ static void bench_linear(const char *name, int32_t rows, int32_t in, int32_t out
         snprintf(n, sizeof(n), "%s_gemv", name);
         r.mode = GEMM_GEMV;
         linear_report(n, &r, time_median_ms(gemm_launch, &r), wbytes);
+        snprintf(n, sizeof(n), "%s_gemvs", name);
+        r.mode = GEMM_GEMV_STREAM;
+        linear_report(n, &r, time_median_ms(gemm_launch, &r), wbytes);
+        snprintf(n, sizeof(n), "%s_gemvs_ring8", name); /* the largest ring (6 above 8 rows) */
+        r.stages = 8;
+        linear_report(n, &r, time_median_ms(gemm_launch, &r), wbytes);
+        r.stages = 0;
     }
     if (variants)
         bench_linear_lt(name, &r, wbytes);

@@ -182,6 +182,7 @@ struct cuda_backend_options cuda_backend_default_options(void)
         .device = 0,
         .limits = {.max_num_tokens = 2048, .max_num_seqs = 256, .max_blocks_per_seq = 4096},
         .gemv_max_rows = CUDA_BACKEND_GEMV_MAX_ROWS,
+        .gemv_max_weight = CUDA_BACKEND_GEMV_MAX_WEIGHT,
         .pdl = 1,
         .cuda_graphs = 1,
     };
@@ -665,16 +666,18 @@ int cuda_backend_open(const struct model_config *cfg, const struct model_weights
 
 /* y[rows][out] = x[rows][in] . w[out][in]^T, BF16 inputs, FP32 accumulation, output in ytype,
  * y's rows ldy >= out elements apart. Up to opt.gemv_max_rows rows of a weight of at most
- * CUDA_BACKEND_GEMV_MAX_WEIGHT elements through cuda_gemv (off by default: cuda_backend.h;
+ * opt.gemv_max_weight elements through cuda_gemv (off by default: cuda_backend.h;
  * contiguous outputs only), the rest through cublasGemmEx. */
 static int gemm_ld(struct cuda_backend *b, const uint16_t *x, const uint16_t *w, void *y,
                    cudaDataType ytype, int64_t rows, int64_t in, int64_t out, int64_t ldy)
 {
     if (!b->opt.baseline_kernels && ldy == out && rows <= b->opt.gemv_max_rows &&
-        in * out <= CUDA_BACKEND_GEMV_MAX_WEIGHT &&
+        in * out <= b->opt.gemv_max_weight &&
         cuda_gemv_fits((int32_t)rows, (int32_t)in, (int32_t)out, x, w, y))
-        return cuda_gemv(x, w, y, ytype == CUDA_R_32F, (int32_t)rows, (int32_t)in, (int32_t)out,
-                         b->stream);
+        return b->opt.gemv_stream ? cuda_gemv_stream(x, w, y, ytype == CUDA_R_32F, (int32_t)rows,
+                                                     (int32_t)in, (int32_t)out, 0, b->stream)
+                                  : cuda_gemv(x, w, y, ytype == CUDA_R_32F, (int32_t)rows,
+                                              (int32_t)in, (int32_t)out, b->stream);
     const float one = 1.0f, zero = 0.0f;
     cublasStatus_t st =
         cublasGemmEx(b->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)out, (int)rows, (int)in, &one, w,

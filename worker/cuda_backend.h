@@ -34,9 +34,13 @@ struct cuda_backend_options {
      * (The RMSNorm kernel is the same in both: it changed underneath, cuda_add_rmsnorm.) */
     int baseline_kernels;
     /* Linears of at most this many rows (0 .. CUDA_GEMV_MAX_ROWS) and weights of at most
-     * CUDA_BACKEND_GEMV_MAX_WEIGHT elements go through cuda_gemv (0: none), the others through
-     * cuBLAS. */
+     * gemv_max_weight elements go through cuda_gemv (0: none), the others through cuBLAS. */
     int gemv_max_rows;
+    int64_t gemv_max_weight; /* default CUDA_BACKEND_GEMV_MAX_WEIGHT */
+    /* 1: the linears cuda_gemv would take go through its streaming form, cuda_gemv_stream (a
+     * candidate not yet measured: bench/decode_step's pdl_gemvs versions); 0 (the default):
+     * cuda_gemv. */
+    int gemv_stream;
     /* 1 (the default): the kernels of kernels/cuda that support it are launched with
      * programmatic dependent launch (kernels/cuda/util.h cuda_set_pdl): each may be scheduled
      * while the kernel ahead ends and read its weights before waiting for it. Most of a layer's

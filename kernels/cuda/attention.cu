@@ -13,6 +13,7 @@
 #include "kernels/cuda/attention.h"
 
 #include "kernels/attention_batch.h"
+#include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/common.cuh"
 
 #include <math.h>
@@ -203,47 +204,6 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi)
 template <int HD> __device__ __forceinline__ int swz(int r, int c)
 {
     return r * HD + ((c ^ (r & 7)) << 3);
-}
-
-/* mbarrier and bulk-copy helpers (sm_90): a bulk copy moves a contiguous run of bytes from global
- * to shared memory on the copy engine and signals its bytes to an mbarrier, whose phase
- * completes when its one arrival (with the expected byte count) and all those bytes are in. */
-__device__ __forceinline__ uint32_t smem_addr(const void *p)
-{
-    return (uint32_t)__cvta_generic_to_shared(p);
-}
-
-__device__ __forceinline__ void mbar_init(uint64_t *bar, uint32_t count)
-{
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count)
-                 : "memory");
-}
-
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t *bar, uint32_t bytes)
-{
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)),
-                 "r"(bytes)
-                 : "memory");
-}
-
-__device__ __forceinline__ void mbar_wait(uint64_t *bar, uint32_t parity)
-{
-    const uint32_t a = smem_addr(bar);
-    uint32_t done = 0;
-    while (!done)
-        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-                     "selp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(done)
-                     : "r"(a), "r"(parity)
-                     : "memory");
-}
-
-__device__ __forceinline__ void bulk_copy(void *dst, const void *src, uint32_t bytes, uint64_t *bar)
-{
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], "
-                 "%2, [%3];\n" ::"r"(smem_addr(dst)),
-                 "l"(src), "r"(bytes), "r"(smem_addr(bar))
-                 : "memory");
 }
 
 /* The decode kernel's geometry for head dimension HD: tiles of 64 keys. In shared memory the K

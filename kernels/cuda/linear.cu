@@ -13,6 +13,7 @@
 #include "kernels/cuda/linear.h"
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/gemv_mma.cuh"
 
 namespace
 {
@@ -31,29 +32,6 @@ __device__ __forceinline__ uint4 load_once(const uint16_t *p)
         : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
         : "l"(p));
     return v;
-}
-
-__device__ __forceinline__ void mma_bf16(float d[4], uint32_t a0, uint32_t a1, uint32_t a2,
-                                         uint32_t a3, uint32_t b0, uint32_t b1)
-{
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
-        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-/* One chunk: weights wa (row g) and wb (row g + 8), inputs xv[t] (row 8t + g). Columns 8c,
- * 8c + 1 | 8c + 2, 8c + 3 go to the first product's k = 2c, 2c + 1 | 2c + 8, 2c + 9, columns
- * 8c + 4 .. 8c + 7 to the second's likewise. */
-template <int TILES>
-__device__ __forceinline__ void chunk_mma(float acc[TILES][4], uint4 wa, uint4 wb,
-                                          const uint4 xv[TILES])
-{
-#pragma unroll
-    for (int t = 0; t < TILES; t++) {
-        mma_bf16(acc[t], wa.x, wb.x, wa.y, wb.y, xv[t].x, xv[t].y);
-        mma_bf16(acc[t], wa.z, wb.z, wa.w, wb.w, xv[t].z, xv[t].w);
-    }
 }
 
 /* The weight loads of kUnroll chunks starting at chunk ch (then ch + kWarps, ...): rows g and

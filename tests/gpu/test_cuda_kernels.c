@@ -16,6 +16,7 @@
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/linear.h"
 #include "kernels/cuda/ops.h"
+#include "kernels/cuda/util.h"
 #include "kvpool/geometry.h"
 
 #include <math.h>
@@ -556,16 +557,44 @@ static void test_rope_cache(int32_t block_size, int32_t num_q_heads, int32_t num
     free(inv_freq);
 }
 
-/* cuda_gemv against a float64 product of the same bf16 inputs; y has one row more than rows,
- * poisoned, which must stay poison; a second run gives the same bits (fixed summation order). */
+/* y = x . w^T on the device: cuda_gemv (ring -1) or cuda_gemv_stream with that ring (0: its
+ * default), twice; y has one row more than rows, poisoned, which must stay poison, and the two
+ * runs give the same bits (a fixed order of the sums). The result (rows * out elements of esz
+ * bytes) is in got. */
+static void gemv_run(const uint16_t *d_x, const uint16_t *d_w, int32_t rows, int32_t in,
+                     int32_t out, int y_f32, int ring, const char *cfg, uint8_t *got)
+{
+    const size_t esz = y_f32 ? 4 : 2, yn = (size_t)(rows + 1) * out;
+    uint8_t *first = xmalloc(yn * esz), *again = xmalloc(yn * esz);
+    void *d_y = dev_alloc(yn * esz);
+    for (int run = 0; run < 2; run++) {
+        poison(d_y, yn * esz);
+        int rc = ring < 0 ? cuda_gemv(d_x, d_w, d_y, y_f32, rows, in, out, stream)
+                          : cuda_gemv_stream(d_x, d_w, d_y, y_f32, rows, in, out, ring, stream);
+        GPU_CHECK(rc == 0, "cuda_gemv%s %s: %d", ring < 0 ? "" : "_stream", cfg, rc);
+        download(run ? again : first, d_y, yn * esz);
+    }
+    size_t extra = 0;
+    for (size_t i = (size_t)rows * out * esz; i < yn * esz; i++)
+        extra += first[i] != 0xFF;
+    GPU_CHECK(extra == 0, "gemv %s ring %d: %zu bytes written past the rows", cfg, ring, extra);
+    GPU_CHECK(memcmp(first, again, yn * esz) == 0, "gemv %s ring %d: two runs differ", cfg, ring);
+    memcpy(got, first, (size_t)rows * out * esz);
+    CK(cudaFree(d_y));
+    free(first);
+    free(again);
+}
+
+/* cuda_gemv against a float64 product of the same bf16 inputs; cuda_gemv_stream, with its
+ * default ring, the smallest (one stage: every stage waits for the one before to be given back)
+ * and the largest, equal to cuda_gemv bit for bit (the same sums in the same order). */
 static void test_gemv(int32_t rows, int32_t in, int32_t out, int y_f32)
 {
-    const size_t xn = (size_t)rows * in, wn = (size_t)out * in, yn = (size_t)(rows + 1) * out;
+    const size_t xn = (size_t)rows * in, wn = (size_t)out * in, yn = (size_t)rows * out;
     const size_t esz = y_f32 ? 4 : 2;
     uint16_t *x = xmalloc(xn * 2), *w = xmalloc(wn * 2);
-    float *ref = xmalloc((size_t)rows * out * sizeof(float));
-    float *gotf = xmalloc((size_t)rows * out * sizeof(float));
-    uint8_t *got = xmalloc(yn * esz), *again = xmalloc(yn * esz);
+    float *ref = xmalloc(yn * sizeof(float)), *gotf = xmalloc(yn * sizeof(float));
+    uint8_t *want = xmalloc(yn * esz), *got = xmalloc(yn * esz);
     fill_bf16(x, xn, -1.0f, 1.0f);
     fill_bf16(w, wn, -1.0f, 1.0f);
     for (int32_t r = 0; r < rows; r++)
@@ -577,36 +606,80 @@ static void test_gemv(int32_t rows, int32_t in, int32_t out, int y_f32)
             ref[(size_t)r * out + o] = (float)acc;
         }
     uint16_t *d_x = dev_upload(x, xn * 2), *d_w = dev_upload(w, wn * 2);
-    void *d_y = dev_alloc(yn * esz);
-    GPU_CHECK(cuda_gemv_fits(rows, in, out, d_x, d_w, d_y) == 1, "cuda_gemv_fits refused");
-    for (int run = 0; run < 2; run++) {
-        poison(d_y, yn * esz);
-        int rc = cuda_gemv(d_x, d_w, d_y, y_f32, rows, in, out, stream);
-        GPU_CHECK(rc == 0, "cuda_gemv: %d", rc);
-        download(run ? again : got, d_y, yn * esz);
-    }
-    if (y_f32)
-        memcpy(gotf, got, (size_t)rows * out * 4);
-    else
-        bf16_to_f32_n((const uint16_t *)got, gotf, (size_t)rows * out);
-    size_t extra = 0;
-    for (size_t i = (size_t)rows * out * esz; i < yn * esz; i++)
-        extra += got[i] != 0xFF;
+    GPU_CHECK(cuda_gemv_fits(rows, in, out, d_x, d_w, d_x) == 1, "cuda_gemv_fits refused");
     char cfg[96];
     snprintf(cfg, sizeof(cfg), "rows %d in %d out %d %s", (int)rows, (int)in, (int)out,
              y_f32 ? "f32" : "bf16");
-    report("gemv", cfg, rel_err(gotf, ref, (size_t)rows * out), y_f32 ? 1e-5 : TOLERANCE);
-    GPU_CHECK(extra == 0, "gemv %s: %zu bytes written past the rows", cfg, extra);
-    GPU_CHECK(memcmp(got, again, yn * esz) == 0, "gemv %s: two runs differ", cfg);
+    gemv_run(d_x, d_w, rows, in, out, y_f32, -1, cfg, want);
+    if (y_f32)
+        memcpy(gotf, want, yn * 4);
+    else
+        bf16_to_f32_n((const uint16_t *)want, gotf, yn);
+    report("gemv", cfg, rel_err(gotf, ref, yn), y_f32 ? 1e-5 : TOLERANCE);
+    const int rings[] = {0, 1, 8};
+    for (size_t k = 0; k < sizeof(rings) / sizeof(rings[0]); k++) {
+        gemv_run(d_x, d_w, rows, in, out, y_f32, rings[k], cfg, got);
+        GPU_CHECK(memcmp(got, want, yn * esz) == 0,
+                  "gemv_stream %s ring %d: not cuda_gemv's result bit for bit", cfg, rings[k]);
+    }
     CK(cudaFree(d_x));
     CK(cudaFree(d_w));
-    CK(cudaFree(d_y));
     free(x);
     free(w);
     free(ref);
     free(gotf);
+    free(want);
     free(got);
-    free(again);
+}
+
+/* Two linears in a row, the second reading the first's output, launched with programmatic
+ * dependent launch (cuda_set_pdl): the second may start, and request its weights, while the
+ * first runs, and must read its input only once the first has written it. The chain with
+ * cuda_gemv_stream equals the same chain with cuda_gemv launched without it, bit for bit. */
+static void test_gemv_stream_chain(int32_t rows, int32_t in, int32_t mid, int32_t out)
+{
+    uint16_t *x = xmalloc((size_t)rows * in * 2), *w1 = xmalloc((size_t)mid * in * 2);
+    uint16_t *w2 = xmalloc((size_t)out * mid * 2);
+    uint16_t *want = xmalloc((size_t)rows * out * 2), *got = xmalloc((size_t)rows * out * 2);
+    fill_bf16(x, (size_t)rows * in, -1.0f, 1.0f);
+    fill_bf16(w1, (size_t)mid * in, -0.1f, 0.1f);
+    fill_bf16(w2, (size_t)out * mid, -0.1f, 0.1f);
+    uint16_t *d_x = dev_upload(x, (size_t)rows * in * 2);
+    uint16_t *d_w1 = dev_upload(w1, (size_t)mid * in * 2);
+    uint16_t *d_w2 = dev_upload(w2, (size_t)out * mid * 2);
+    uint16_t *d_h = dev_alloc((size_t)rows * mid * 2), *d_y = dev_alloc((size_t)rows * out * 2);
+    /* Pass 0: cuda_gemv without the attribute, the reference; then five chains with it, each
+     * after poisoning the intermediate (NaN: a read before the first kernel wrote it shows). */
+    int differ = 0;
+    for (int pass = 0; pass < 6; pass++) {
+        cuda_set_pdl(pass > 0);
+        poison(d_h, (size_t)rows * mid * 2);
+        poison(d_y, (size_t)rows * out * 2);
+        CK(cudaStreamSynchronize(stream));
+        int rc = pass ? cuda_gemv_stream(d_x, d_w1, d_h, 0, rows, in, mid, 0, stream)
+                      : cuda_gemv(d_x, d_w1, d_h, 0, rows, in, mid, stream);
+        if (rc == 0)
+            rc = pass ? cuda_gemv_stream(d_h, d_w2, d_y, 0, rows, mid, out, 0, stream)
+                      : cuda_gemv(d_h, d_w2, d_y, 0, rows, mid, out, stream);
+        GPU_CHECK(rc == 0, "gemv chain (pass %d): %d", pass, rc);
+        download(pass ? got : want, d_y, (size_t)rows * out * 2);
+        differ += pass > 0 && memcmp(got, want, (size_t)rows * out * 2) != 0;
+    }
+    cuda_set_pdl(0);
+    GPU_CHECK(differ == 0,
+              "gemv_stream chain rows %d %d -> %d -> %d with pdl: %d of 5 differ from the chain "
+              "without it",
+              rows, in, mid, out, differ);
+    CK(cudaFree(d_x));
+    CK(cudaFree(d_w1));
+    CK(cudaFree(d_w2));
+    CK(cudaFree(d_h));
+    CK(cudaFree(d_y));
+    free(x);
+    free(w1);
+    free(w2);
+    free(want);
+    free(got);
 }
 
 static void test_gemv_refusals(void)
@@ -619,6 +692,13 @@ static void test_gemv_refusals(void)
     expect_rc("gemv in % 32", cuda_gemv(p, p, p, 0, 1, 40, 8, stream), PAGODA_EINVAL);
     expect_rc("gemv misaligned x", cuda_gemv(p + 1, p, p, 0, 1, 64, 8, stream), PAGODA_EINVAL);
     expect_rc("gemv NULL w", cuda_gemv(p, NULL, p, 0, 1, 64, 8, stream), PAGODA_EINVAL);
+    expect_rc("gemv_stream rows > max",
+              cuda_gemv_stream(p, p, p, 0, CUDA_GEMV_MAX_ROWS + 1, 64, 8, 0, stream),
+              PAGODA_EINVAL);
+    expect_rc("gemv_stream misaligned w", cuda_gemv_stream(p, p + 1, p, 0, 1, 64, 8, 0, stream),
+              PAGODA_EINVAL);
+    expect_rc("gemv_stream ring -1", cuda_gemv_stream(p, p, p, 0, 1, 64, 8, -1, stream),
+              PAGODA_EINVAL);
     CK(cudaFree(d));
 }
 
@@ -1418,6 +1498,12 @@ int main(int argc, char **argv)
     test_gemv(9, 4096, 256, 0);
     test_gemv(16, 14336, 160, 0);
     test_gemv(16, 4096, 1003, 1);
+    /* More tiles than SMs (a CTA takes several, its ring running across them), the last stage
+     * of each tile partial. */
+    test_gemv(3, 1056, 16 * 300 + 5, 0);
+    test_gemv(12, 1056, 16 * 300 + 5, 1);
+    test_gemv_stream_chain(1, 4096, 4096, 4096);
+    test_gemv_stream_chain(16, 4096, 14336, 4096);
     test_gemv_refusals();
 
     /* GPU_TEST_QUICK (for compute-sanitizer runs) keeps one case of each kernel path. */
