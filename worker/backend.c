@@ -178,6 +178,11 @@ int backend_complete(struct backend *b, int slot, int wait, int32_t *tokens, flo
     return b->ops->complete(b, slot, wait, tokens, logprobs, row_errors, device_us);
 }
 
+int backend_health(struct backend *b)
+{
+    return b->ops->health == NULL ? 0 : b->ops->health(b);
+}
+
 int backend_device_time_us(struct backend *b, double *us)
 {
     if (b->ops->device_time_us == NULL)

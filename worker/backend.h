@@ -151,6 +151,15 @@ int backend_check_batch(const struct model_config *c, const struct backend_limit
  * computes on the host (its caller measures the thread's CPU time instead). */
 int backend_device_time_us(struct backend *b, double *us);
 
+/* Whether the backend can still run passes after one failed as a whole: 0, or the error that
+ * says why it cannot (its message set). The CUDA backend's device context is lost after a fault
+ * (an illegal address, a launch failure, an uncorrectable ECC error: such errors are sticky, and
+ * every later call of the process fails with them), which only a new process mends: the worker
+ * exits so that the supervisor starts a new one (docs/protocol.md, "What a worker answers"). Called
+ * on the thread that runs the passes, after a failed one; it may wait for the backend's stream.
+ * Backends that compute on the host: always 0. */
+int backend_health(struct backend *b);
+
 /* The number of forward passes run since the backend was opened. */
 uint64_t backend_forward_count(const struct backend *b);
 
@@ -182,6 +191,8 @@ struct backend_ops {
                   int32_t num_gathers);
     int (*complete)(struct backend *b, int slot, int wait, int32_t *tokens, float *logprobs,
                     struct backend_row_error *row_errors, double *device_us);
+    /* NULL: always healthy (backend_health). */
+    int (*health)(struct backend *b);
 };
 
 struct backend {

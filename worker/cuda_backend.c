@@ -1274,6 +1274,22 @@ static int cuda_device_time_us(struct backend *base, double *us)
     return 0;
 }
 
+/* backend_health: after a fault the device context is lost, and every call of the process fails
+ * with the fault's (sticky) error, the stream's synchronisation among them; errors that are not
+ * sticky (a refused launch, a cuBLAS status) leave it working. Waits for the steps on the stream
+ * (it writes nothing). */
+static int cuda_health(struct backend *base)
+{
+    struct cuda_backend *b = (struct cuda_backend *)base;
+    cudaError_t e = bind_thread(b);
+    if (e == cudaSuccess)
+        e = cudaStreamSynchronize(b->stream);
+    if (e == cudaSuccess)
+        return 0;
+    return pagoda_error_set(PAGODA_ECUDA, "the device context of GPU %d is lost: %s (%s)",
+                            b->opt.device, cudaGetErrorString(e), cudaGetErrorName(e));
+}
+
 static const struct backend_ops cuda_ops = {
     .name = "cuda",
     .forward = cuda_forward,
@@ -1282,6 +1298,7 @@ static const struct backend_ops cuda_ops = {
     .device_time_us = cuda_device_time_us,
     .submit = cuda_submit,
     .complete = cuda_complete,
+    .health = cuda_health,
 };
 
 /* A rank of a tensor-parallel group: no submit/complete (backend_can_submit is false, the
@@ -1295,6 +1312,7 @@ static const struct backend_ops cuda_tp_ops = {
     .forward_sample = cuda_forward_sample,
     .close = cuda_close,
     .device_time_us = cuda_device_time_us,
+    .health = cuda_health,
 };
 
 int cuda_pool_alloc(const struct kv_geometry *g, int device, void **pool)

@@ -1,5 +1,6 @@
 #include "worker/executor.h"
 #include "common/error.h"
+#include "common/log.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -8,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 enum slot_state { SLOT_FREE, SLOT_QUEUED, SLOT_RUNNING, SLOT_DONE };
 
@@ -50,6 +52,7 @@ struct slot {
     uint64_t *seq_fail_step;              /* [max_num_seqs]: the step of that input */
     int rc;
     int after_failure; /* rc says it was not run: an earlier step failed as a whole */
+    int lost;          /* the backend cannot run passes any more (check_backend) */
     char error[EXECUTOR_ERROR_MAX];
     double wall_us, device_us;
 
@@ -94,6 +97,8 @@ struct executor {
     struct sampled sampled[MIRROR_MAX_STEPS_IN_FLIGHT];
     int submits;                /* backend_can_submit */
     struct timespec last_ended; /* when the last step ended on the executor's thread */
+    const char *lose_device;    /* executor_fault_lose_device's file, or NULL */
+    int lost;                   /* the thread's: a step found the backend lost */
 };
 
 /* ---- memory -------------------------------------------------------------------------------- */
@@ -337,6 +342,7 @@ static void fail_rows_of_failed_inputs(struct slot *s)
 static void reset_result(struct slot *s)
 {
     s->rc = 0;
+    s->lost = 0;
     s->error[0] = '\0';
     s->device_us = -1.0;
     for (int32_t r = 0; r < s->batch.num_logits; r++) {
@@ -368,6 +374,47 @@ static void record_sampled(struct executor *e, const struct slot *s)
     }
 }
 
+/* executor_fault_lose_device: whether its file exists (it is removed: the fault fires once). */
+static int lose_device_fires(struct executor *e)
+{
+    if (e->lose_device == NULL || access(e->lose_device, F_OK) != 0)
+        return 0;
+    if (unlink(e->lose_device) != 0)
+        log_warn("--fault lose-device: removing %s: %s", e->lose_device, strerror(errno));
+    return 1;
+}
+
+/* A step that failed as a whole (and was run): can the backend still run passes
+ * (backend_health)? When it cannot, the step says so, and so does every later one (the worker
+ * exits on the first: executor_result.lost). Called without mu, on the thread. */
+static void check_backend(struct executor *e, struct slot *s)
+{
+    if (!e->lost && s->rc != 0 && !s->after_failure) {
+        int rc = backend_health(e->backend);
+        if (rc != 0) {
+            char why[EXECUTOR_ERROR_MAX];
+            pagoda_error_message(rc, why, sizeof(why));
+            const size_t used = strnlen(s->error, sizeof(s->error) - 1);
+            if (snprintf(s->error + used, sizeof(s->error) - used, "; %s", why) < 0)
+                s->error[used] = '\0';
+            e->lost = 1;
+        }
+    }
+    s->lost = e->lost;
+}
+
+/* The fault that stands for a lost device: the step fails as the device's loss would fail it. */
+static int lose_device(struct executor *e, struct slot *s)
+{
+    if (!lose_device_fires(e))
+        return 0;
+    s->rc = pagoda_error_set(PAGODA_ECUDA, "--fault lose-device (%s): the device is lost",
+                             e->lose_device);
+    pagoda_error_message(s->rc, s->error, sizeof(s->error));
+    e->lost = s->lost = 1;
+    return 1;
+}
+
 static void run_step(struct executor *e, struct slot *s, int after_failure, uint64_t failed_step)
 {
     struct timespec w0, w1, c0, c1;
@@ -376,7 +423,7 @@ static void run_step(struct executor *e, struct slot *s, int after_failure, uint
     reset_result(s);
     if (after_failure) {
         s->rc = not_run(s, failed_step);
-    } else if (s->batch.num_tokens > 0) {
+    } else if (!lose_device(e, s) && s->batch.num_tokens > 0) {
         resolve_pending(e, s);
         s->rc = backend_forward_sample_rows(e->backend, &s->batch, s->rows, s->tokens, s->logprobs,
                                             s->row_errors);
@@ -387,8 +434,9 @@ static void run_step(struct executor *e, struct slot *s, int after_failure, uint
                 s->device_us = us;
         }
     }
-    if (s->rc != 0)
+    if (s->rc != 0 && !s->lost)
         pagoda_error_message(s->rc, s->error, sizeof(s->error));
+    check_backend(e, s);
     record_sampled(e, s);
     clock_gettime(CLOCK_MONOTONIC, &w1);
     clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c1);
@@ -437,12 +485,13 @@ static int complete_step(struct executor *e, struct slot *s, int wait)
         s->after_failure = 1;
         reset_result(s);
         s->rc = not_run(s, failed_step);
-    } else if (rc == 0) {
+    } else if (!lose_device(e, s) && rc == 0) {
         check_gathers(e, s);
         fail_rows_of_failed_inputs(s);
     }
-    if (s->rc != 0)
+    if (s->rc != 0 && !s->lost)
         pagoda_error_message(s->rc, s->error, sizeof(s->error));
+    check_backend(e, s);
     record_sampled(e, s);
     const struct timespec *from = &s->submitted;
     if (ns_between(from, &e->last_ended) > 0)
@@ -616,6 +665,7 @@ static void on_async(uv_async_t *a)
                 .epoch = s->epoch,
                 .step_id = s->step_id,
                 .rc = s->rc,
+                .lost = s->lost,
                 .num_tokens = s->rc == 0 ? s->batch.num_tokens : 0,
                 .num_rows = s->batch.num_logits,
                 .seq_ids = s->seq_ids,
@@ -694,6 +744,11 @@ int executor_open(uv_loop_t *loop, struct backend *b, const struct executor_limi
     e->thread_started = 1;
     *out = e;
     return 0;
+}
+
+void executor_fault_lose_device(struct executor *e, const char *path)
+{
+    e->lose_device = path;
 }
 
 static int grow(void **p, size_t *cap, size_t need, size_t elem)

@@ -56,7 +56,10 @@ struct executor_limits {
 /* One step's result, valid during the done callback only. */
 struct executor_result {
     uint64_t epoch, step_id;
-    int rc;                                     /* 0, or the error that failed the whole step */
+    int rc; /* 0, or the error that failed the whole step */
+    /* 1: after this step's failure the backend cannot run passes any more (backend_health: a
+     * lost device context); every later result says so too. Only a new process mends it. */
+    int lost;
     char error[EXECUTOR_ERROR_MAX];             /* rc's message */
     int32_t num_tokens;                         /* tokens computed (0 when rc != 0) */
     int32_t num_rows;                           /* logits rows, one per sampling sequence */
@@ -103,6 +106,12 @@ int executor_idle(const struct executor *e);
 
 /* Steps held (queued, running, or not yet delivered). */
 int executor_held(const struct executor *e);
+
+/* Fault injection (pagoda-worker --fault lose-device=PATH): the first step that runs (or, submitted
+ * asynchronously, completes) once the file path exists fails as a lost device fails it, with
+ * executor_result.lost set; the file is removed, so the fault fires once. path must outlive e.
+ * Call before the first executor_submit. */
+void executor_fault_lose_device(struct executor *e, const char *path);
 
 /* Discards what is queued, waits for the running step, stops the thread and closes the handle;
  * the memory is freed by the handle's close callback, so the caller runs the loop afterwards.

@@ -21,6 +21,7 @@ struct step_loop {
     int held_head, num_held;
     int waiting; /* held[held_head] is a Resync waiting for the executor to be idle */
 
+    int lost_told;             /* options.lost was called */
     uint64_t drop_result_step; /* the step id whose result fault drop-result withholds, or 0 */
     uint64_t drop_result_epoch;
     struct step_loop_stats st;
@@ -66,6 +67,14 @@ static void refuse_step(struct step_loop *sl, const Pagoda__Internal__Step *s, i
 /* A result the executor posted: resolve the mirror, answer the scheduler. */
 static void deliver(struct step_loop *sl, const struct executor_result *x)
 {
+    if (x->lost) {
+        /* Answered by nobody: an error result would start the scheduler's search for a culprit
+         * among the step's sequences, which are not at fault. */
+        if (!sl->lost_told && sl->o.lost != NULL)
+            sl->o.lost(sl->o.ctx, x->rc, x->error);
+        sl->lost_told = 1;
+        return;
+    }
     if (x->rc != 0) {
         mirror_step_break(sl->mirror, x->step_id);
         sl->st.steps_refused++;
@@ -329,6 +338,8 @@ int step_loop_open(uv_loop_t *loop, struct backend *b, const struct step_loop_op
         rc = PAGODA_ENOMEM;
     else
         rc = executor_open(loop, b, &el, on_done, sl, &sl->executor);
+    if (rc == 0 && o->lose_device != NULL)
+        executor_fault_lose_device(sl->executor, o->lose_device);
     if (rc != 0) {
         mirror_free(sl->mirror);
         free(sl->results);

@@ -11,8 +11,9 @@
  *
  * A step whose forward pass fails as a whole is answered with its error, and so is every later
  * step until the next Resync (the mirror holds what it did not write: mirror_step_break); the
- * scheduler resyncs after any error result. Everything runs on the loop's thread but the forward
- * passes. */
+ * scheduler resyncs after any error result. A failure after which the backend cannot run passes
+ * at all (a lost device) is not answered: options.lost is told instead, and the worker exits.
+ * Everything runs on the loop's thread but the forward passes. */
 #ifndef PAGODA_WORKER_STEP_LOOP_H
 #define PAGODA_WORKER_STEP_LOOP_H
 
@@ -42,6 +43,12 @@ struct step_loop_options {
     void (*send)(void *ctx, Pagoda__Internal__ToScheduler *msg, const char *what);
     /* Sends a Hello (a resync from a scheduler that may not know this worker). */
     void (*send_hello)(void *ctx);
+    /* The backend cannot run passes any more (executor_result.lost: a lost device context), told
+     * with the failed step's error instead of its result: nothing more is answered, and the
+     * caller ends the process so that a new one starts (the scheduler sees the worker go, as
+     * after a kill -9, and resyncs its successor: no request is lost). Called once. */
+    void (*lost)(void *ctx, int rc, const char *why);
+    const char *lose_device; /* executor_fault_lose_device's file, or NULL */
     void *ctx;
 };
 

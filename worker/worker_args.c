@@ -26,7 +26,7 @@ static void usage(FILE *f)
     fprintf(f, "usage: pagoda-worker --run-dir DIR --model MODEL_DIR --worker-id I\n"
                "                     [--backend " WORKER_BACKENDS "] [--step-delay-ms X]\n"
                "                     [--load-format safetensors|random] [--seed N]\n"
-               "                     [--fault drop-step=N|drop-result=N]\n"
+               "                     [--fault drop-step=N|drop-result=N|lose-device=PATH]\n"
                "                     [--max-batched-tokens 2048] [--max-seqs 256]\n"
                "                     [--log-level debug|info|warn|error]\n"
                "                     [--kvpool URL] [--scheduler URL] [--tensor-parallel N]\n"
@@ -59,13 +59,22 @@ enum {
     OPT_TP_GROUP,
 };
 
+#define FAULTS "drop-step=N, drop-result=N or lose-device=PATH"
+
 static int parse_fault(const char *arg, struct worker_opts *o)
 {
     const char *eq = strchr(arg, '=');
     int64_t n;
     if (eq == NULL)
-        return pagoda_error_set(PAGODA_EINVAL, "--fault %s: expected drop-step=N or drop-result=N",
-                                arg);
+        return pagoda_error_set(PAGODA_EINVAL, "--fault %s: expected " FAULTS, arg);
+    if ((size_t)(eq - arg) == 11 && strncmp(arg, "lose-device", 11) == 0) {
+        if (eq[1] == '\0' || strlen(eq + 1) >= WORKER_MAX_PATH)
+            return pagoda_error_set(PAGODA_EINVAL,
+                                    "--fault lose-device: a path of 1 .. %d bytes expected",
+                                    WORKER_MAX_PATH - 1);
+        o->lose_device = eq + 1;
+        return 0;
+    }
     int rc = parse_i64("--fault", eq + 1, 1, INT64_MAX, &n);
     if (rc != 0)
         return rc;
@@ -75,8 +84,7 @@ static int parse_fault(const char *arg, struct worker_opts *o)
     else if (klen == 11 && strncmp(arg, "drop-result", klen) == 0)
         o->drop_result = (uint64_t)n;
     else
-        return pagoda_error_set(PAGODA_EINVAL, "--fault %s: expected drop-step=N or drop-result=N",
-                                arg);
+        return pagoda_error_set(PAGODA_EINVAL, "--fault %s: expected " FAULTS, arg);
     return 0;
 }
 

@@ -27,6 +27,9 @@ struct worker_opts {
     uint32_t step_delay_ms;
     uint64_t drop_step;   /* 0: off */
     uint64_t drop_result; /* 0: off */
+    /* --fault lose-device=PATH: the first step that runs once PATH exists fails as if the device
+     * were lost (PATH is removed); NULL: off. */
+    const char *lose_device;
     int32_t max_batched_tokens;
     int32_t max_seqs;
     /* Ranks of the model (--tensor-parallel, CPU backend: threads of this worker over its one

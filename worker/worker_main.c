@@ -2,7 +2,7 @@
  *
  *   pagoda-worker --run-dir DIR --model MODEL_DIR --worker-id I [--backend cpu|cuda|null]
  *                 [--load-format safetensors|random] [--seed N]
- *                 [--step-delay-ms X] [--fault drop-step=N|drop-result=N]
+ *                 [--step-delay-ms X] [--fault drop-step=N|drop-result=N|lose-device=PATH]
  *                 [--max-batched-tokens 2048] [--max-seqs 256] [--log-level info]
  *                 [--kvpool URL] [--scheduler URL] [--tensor-parallel N]
  *                 [--tp-rank R --tp-size N --tp-group PATH] [--cuda-graphs on|off]
@@ -88,7 +88,10 @@
  * tokens (worker/null_backend.h), still through the mirror: for benchmarks of the engine.
  * --fault drop-step=N ignores the N-th Step received (no answer, mirror unchanged);
  * --fault drop-result=N runs the N-th Step (the mirror advances) but does not send its result.
- * Both count every Step message received, of any epoch, from 1. */
+ * Both count every Step message received, of any epoch, from 1. --fault lose-device=PATH makes
+ * the first step that runs once PATH exists fail as a lost device does (PATH is removed first):
+ * the worker exits, as it does when backend_health says its device context is lost, so that the
+ * supervisor starts a new one. */
 #include "common/error.h"
 #include "common/exit_status.h"
 #include "common/log.h"
@@ -163,6 +166,8 @@ struct worker {
     uint8_t fingerprint[MODEL_FINGERPRINT_BYTES]; /* model_fingerprint.h: in every Hello */
     struct worker_pool pool; /* kvpool's pool, as this worker maps it (worker_pool.h) */
     int cannot_run;          /* the start failed in a way a restart would repeat */
+    int lost_rc;             /* the backend cannot run any more (backend_lost_cb), or 0 */
+    char lost_why[700];
     struct backend *backend;
     struct backend_limits limits;
     struct mirror_limits mirror_limits;
@@ -547,6 +552,19 @@ static void worker_stop(struct worker *w, const char *why)
     uv_stop(&w->loop);
 }
 
+/* step_loop_options.lost: the worker stops without answering and exits with an error, so that
+ * the supervisor starts a new one on a new device context. */
+static void backend_lost_cb(void *ctx, int rc, const char *why)
+{
+    struct worker *w = ctx;
+    w->lost_rc = rc != 0 ? rc : PAGODA_ECUDA;
+    snprintf(w->lost_why, sizeof(w->lost_why), "%s", why);
+    log_error("worker %u: the backend cannot run any more (%s): exiting, so that the supervisor "
+              "starts a new worker (the scheduler resyncs it; no request is lost)",
+              w->o.worker_id, why);
+    worker_stop(w, "the backend cannot run any more");
+}
+
 static void count_malformed(struct worker *w, const char *what)
 {
     w->malformed++;
@@ -678,6 +696,8 @@ static int worker_serve(struct worker *w)
         .drop_result = w->o.drop_result,
         .send = send_to_scheduler_cb,
         .send_hello = send_hello_cb,
+        .lost = backend_lost_cb,
+        .lose_device = w->o.lose_device,
         .ctx = w,
     };
     if ((rc = step_loop_open(&w->loop, w->backend, &so, &w->steps)) != 0)
@@ -695,6 +715,8 @@ static int worker_serve(struct worker *w)
     if (g_stop)
         worker_stop(w, "signal during start");
     uv_run(&w->loop, UV_RUN_DEFAULT);
+    if (w->lost_rc != 0)
+        return pagoda_error_set(w->lost_rc, "the backend cannot run any more: %s", w->lost_why);
     return 0;
 }
 

@@ -8,11 +8,18 @@
  * size (the graphs of the smaller sizes captured, then freed). Then, in the same process, the
  * backend with graphs and no fault replays a graph at every decode step with the same tokens
  * (the knob, not something else, turned the graphs off; the device is fine after the fallback).
+ * Last (it ruins the process's device context): a lost device. The backend is healthy
+ * (backend_health) after its steps; a kernel that reads an address nothing maps faults the
+ * context, after which a step fails and backend_health says the device context is lost (the
+ * worker then exits so that a new process starts: engine_test's lose-device scenario).
  *
  *   test_cuda_graph_fallback [MODEL_DIR]   (default: $PAGODA_SOURCE_DIR/assets/pagoda-brown) */
 #include "common/error.h"
+#include "kernels/cuda/linear.h"
 #include "tests/gpu/gpu_test.h"
 #include "worker/cuda_backend.h"
+
+#include <cuda_runtime_api.h>
 
 #include <string.h>
 
@@ -29,6 +36,10 @@ struct result {
     char detail[256];
     uint64_t graph_steps, capture_failures;
     int32_t tokens[SEQS][DECODE]; /* the greedy token after the prompt and each decode step */
+    /* With lose: backend_health after the steps, the fault's synchronisation, a step after the
+     * fault, and backend_health then (its message in lost_detail). */
+    int health_before, fault_sync, step_after, health_after;
+    char lost_detail[256];
 };
 
 static int32_t argmax(const float *x, int64_t n)
@@ -105,9 +116,21 @@ static int decode(struct backend *be, int64_t vocab, float *logits, struct resul
     return rc;
 }
 
+/* A kernel that reads and writes where nothing is mapped: the context faults (an illegal address,
+ * a sticky error). Returns the synchronisation's error. */
+static cudaError_t fault_context(void)
+{
+    uint16_t *nowhere = (uint16_t *)(uintptr_t)0x100000; /* 16-byte aligned, unmapped */
+    int rc = cuda_gemv(nowhere, nowhere, nowhere, 0, 1, 32, 16, 0);
+    if (rc != 0)
+        return cudaErrorLaunchFailure;
+    return cudaDeviceSynchronize();
+}
+
 /* Opens the backend over a fresh pool with graphs on or off and, when fail_at > 0, the fault
- * at that batch size (the environment is read at open), then decodes. */
-static void run(const char *model, int graphs, int fail_at, struct result *r)
+ * at that batch size (the environment is read at open), then decodes; with lose, then faults the
+ * device context and runs a step and backend_health again. */
+static void run(const char *model, int graphs, int fail_at, int lose, struct result *r)
 {
     memset(r, 0, sizeof(*r));
     struct model_weights *w = NULL;
@@ -148,6 +171,14 @@ static void run(const char *model, int graphs, int fail_at, struct result *r)
     r->rc = decode(be, w->config.vocab_size, logits, r);
     r->graph_steps = backend_graph_steps(be);
     r->capture_failures = backend_graph_capture_failures(be);
+    if (lose && r->rc == 0) {
+        static struct result again;
+        r->health_before = backend_health(be);
+        r->fault_sync = (int)fault_context();
+        r->step_after = decode(be, w->config.vocab_size, logits, &again);
+        r->health_after = backend_health(be);
+        snprintf(r->lost_detail, sizeof(r->lost_detail), "%s", pagoda_error_detail());
+    }
 done:
     if (r->rc != 0)
         snprintf(r->detail, sizeof(r->detail), "%s", pagoda_error_detail());
@@ -172,7 +203,7 @@ int main(int argc, char **argv)
     printf("== %s\n", model);
 
     static struct result off, fail, on;
-    run(model, 0, 0, &off);
+    run(model, 0, 0, 0, &off);
     GPU_CHECK(off.rc == 0, "graphs off: %s (%s)", pagoda_strerror(off.rc), off.detail);
     if (off.rc != 0)
         return gpu_test_finish();
@@ -182,7 +213,7 @@ int main(int argc, char **argv)
 
     static const int fail_at[] = {1, SEQS};
     for (size_t k = 0; k < sizeof(fail_at) / sizeof(fail_at[0]); k++) {
-        run(model, 1, fail_at[k], &fail);
+        run(model, 1, fail_at[k], 0, &fail);
         GPU_CHECK(fail.rc == 0, "%s=%d: the backend opens all the same: %s (%s)", FAIL_AT_ENV,
                   fail_at[k], pagoda_strerror(fail.rc), fail.detail);
         if (fail.rc != 0)
@@ -196,7 +227,7 @@ int main(int argc, char **argv)
                   FAIL_AT_ENV, fail_at[k], SEQS, DECODE);
     }
 
-    run(model, 1, 0, &on);
+    run(model, 1, 0, 0, &on);
     GPU_CHECK(on.rc == 0, "graphs on, no fault: %s (%s)", pagoda_strerror(on.rc), on.detail);
     if (on.rc == 0) {
         GPU_CHECK(on.capture_failures == 0 && on.graph_steps == DECODE - 1,
@@ -205,6 +236,21 @@ int main(int argc, char **argv)
                   (unsigned long long)on.graph_steps, DECODE - 1,
                   (unsigned long long)on.capture_failures);
         GPU_CHECK(same_tokens(&on, &off), "graphs on: the greedy tokens equal graphs off's");
+    }
+
+    static struct result lost;
+    run(model, 1, 0, 1, &lost);
+    GPU_CHECK(lost.rc == 0, "before the fault: %s (%s)", pagoda_strerror(lost.rc), lost.detail);
+    if (lost.rc == 0) {
+        GPU_CHECK(lost.health_before == 0, "backend_health after the steps: %s",
+                  pagoda_strerror(lost.health_before));
+        GPU_CHECK(lost.fault_sync != 0, "the faulting kernel faulted (%s)",
+                  cudaGetErrorName((cudaError_t)lost.fault_sync));
+        GPU_CHECK(lost.step_after == PAGODA_ECUDA, "a step after the fault fails: %s",
+                  pagoda_strerror(lost.step_after));
+        GPU_CHECK(lost.health_after == PAGODA_ECUDA && strstr(lost.lost_detail, "lost") != NULL,
+                  "backend_health then says the device context is lost: %s (%s)",
+                  pagoda_strerror(lost.health_after), lost.lost_detail);
     }
     return gpu_test_finish();
 }

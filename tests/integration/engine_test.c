@@ -13,6 +13,8 @@
  *   streaming    with a step delay, the first token arrives before the request finishes
  *   kill-worker  kill -9 of the worker amid 32 running requests: all complete unchanged, and
  *                the new worker computed no sequence's prompt again
+ *   lose-device  the same with the worker's device lost (--fault lose-device: its step fails as
+ *                a lost CUDA context fails it): the worker exits by itself, nothing is lost
  *   cancel       cancel ends a running request and its blocks return to the pool
  *   kill-scheduler  kill -9 of the scheduler amid 32 requests (greedy and seeded sampling):
  *                all complete, outputs equal a run without the kill
@@ -289,19 +291,50 @@ static void kill_worker(struct group *g)
         kill(pid, SIGKILL);
 }
 
-static void scenario_kill_worker(struct group *g)
+/* The worker's --fault lose-device file (lose_device). */
+static char lose_device_path[400];
+
+/* Makes the worker's next step fail as a lost device does (--fault lose-device): the worker
+ * exits by itself, and the supervisor starts a new one. */
+static void lose_device(struct group *g)
 {
+    (void)g;
+    tokens_received_at_kill = 0;
+    for (int i = 0; i < 32; i++)
+        tokens_received_at_kill += atomic_load(&kill_jobs[i].received);
+    CHECK(atomic_load(&started_jobs) == 32,
+          "every request has its first token (all prefilled); the worker's device is lost");
+    FILE *f = fopen(lose_device_path, "w");
+    CHECK(f != NULL && fclose(f) == 0, "%s written", lose_device_path);
+}
+
+/* kill -9 of the worker amid 32 requests (lost 0), or the loss of its device (lost 1: its backend
+ * says it cannot run any more, and it exits). */
+static void scenario_kill_worker(struct group *g, int lost)
+{
+    snprintf(lose_device_path, sizeof(lose_device_path), "lose-device=%s/lose-device", g->tmp);
     /* clang-format off */
-    const char *extra[] = {
+    const char *extra[24] = {
         "--worker-arg", "--step-delay-ms", "--worker-arg", "30",
         "--scheduler-arg", "--result-timeout-ms", "--scheduler-arg", ms(2000),
         "--scheduler-arg", "--watchdog-ms", "--scheduler-arg", ms(10000),
         "--scheduler-arg", "--max-batched-tokens", "--scheduler-arg", "512",
         NULL};
     /* clang-format on */
+    if (lost) {
+        size_t n = 16;
+        extra[n++] = "--worker-arg";
+        extra[n++] = "--fault";
+        extra[n++] = "--worker-arg";
+        extra[n++] = lose_device_path;
+        extra[n] = NULL;
+    }
     CHECK(group_start(g, extra) == 0, "group started");
+    /* The file's path, without the flag's "lose-device=". */
+    memmove(lose_device_path, lose_device_path + strlen("lose-device="),
+            strlen(lose_device_path) - strlen("lose-device=") + 1);
     make_jobs(kill_jobs, 32, 100, 100, 30, 11);
-    run_jobs(g, kill_jobs, 32, kill_worker);
+    run_jobs(g, kill_jobs, 32, lost ? lose_device : kill_worker);
     int ok = 0;
     size_t prompt_total = 0, output_total = 0;
     for (int i = 0; i < 32; i++) {
@@ -324,6 +357,15 @@ static void scenario_kill_worker(struct group *g)
           "the new worker computed %llu tokens; %zu output tokens were missing at the kill "
           "(prompts hold %zu tokens, none computed again)",
           (unsigned long long)st.computed_tokens, remaining, prompt_total);
+    if (lost) {
+        char cmd[1200];
+        snprintf(cmd, sizeof(cmd),
+                 "grep -q 'the backend cannot run any more' '%s/worker-0.log' && grep -q "
+                 "'worker-0 (pid [0-9]*) exited' '%s/supervisor.log'",
+                 g->run_dir, g->tmp);
+        CHECK(system(cmd) == 0, "the worker said its backend was lost and exited");
+        CHECK(access(lose_device_path, F_OK) != 0, "the fault fired once (its file is gone)");
+    }
     free_jobs(kill_jobs, 32);
     CHECK(group_stop(g) == 0, "the group stops");
 }
@@ -971,7 +1013,9 @@ int main(int argc, char **argv)
     else if (strcmp(s, "streaming") == 0)
         scenario_streaming(&g);
     else if (strcmp(s, "kill-worker") == 0)
-        scenario_kill_worker(&g);
+        scenario_kill_worker(&g, 0);
+    else if (strcmp(s, "lose-device") == 0)
+        scenario_kill_worker(&g, 1);
     else if (strcmp(s, "cancel") == 0)
         scenario_cancel(&g);
     else if (strcmp(s, "kill-scheduler") == 0)

@@ -111,6 +111,7 @@ static int g_res_broken[BACKEND_STEP_SLOTS]; /* the pass failed on the device */
 static int g_submits, g_completes;           /* calls that succeeded */
 static int g_submits_behind;                 /* submits while another step was held */
 static int g_refuse_pos = -1;                /* submit refuses a step sampling here */
+static int g_lost;                           /* health says the device context is lost */
 static int g_history_pending_seen;           /* a pending token in a history at submit */
 static int32_t g_last_history[16];           /* the last penalised row's output history */
 static size_t g_last_history_n;
@@ -198,6 +199,12 @@ static int fake_complete(struct backend *b, int slot, int wait, int32_t *tokens,
     return 0;
 }
 
+static int fake_health(struct backend *b)
+{
+    (void)b;
+    return g_lost ? pagoda_error_set(PAGODA_ECUDA, "fake: the device context is lost") : 0;
+}
+
 static const struct backend_ops fake_async_ops = {
     .name = "fake-async",
     .forward = fake_forward,
@@ -205,6 +212,7 @@ static const struct backend_ops fake_async_ops = {
     .close = fake_close,
     .submit = fake_submit,
     .complete = fake_complete,
+    .health = fake_health,
 };
 
 static void gate(int open)
@@ -221,7 +229,8 @@ static void gate(int open)
 
 struct got {
     uint64_t step_id;
-    int rc;
+    int rc, lost;
+    char error[EXECUTOR_ERROR_MAX];
     int32_t num_rows;
     uint64_t seq_ids[8];
     int32_t tokens[8];
@@ -250,6 +259,8 @@ static void on_done(void *ctx, const struct executor_result *x)
     struct got *g = &h->got[h->n_got++];
     g->step_id = x->step_id;
     g->rc = x->rc;
+    g->lost = x->lost;
+    snprintf(g->error, sizeof(g->error), "%s", x->error);
     g->num_rows = x->num_rows;
     for (int32_t r = 0; r < x->num_rows; r++) {
         g->seq_ids[r] = x->seq_ids[r];
@@ -280,6 +291,7 @@ static int setup_with(void **state, const struct backend_ops *ops)
     memset(g_dev_tokens, 0, sizeof(g_dev_tokens));
     g_submits = g_completes = g_submits_behind = 0;
     g_refuse_pos = -1;
+    g_lost = 0;
     g_history_pending_seen = 0;
     g_last_history_n = 0;
     g_penalised = 0;
@@ -728,13 +740,38 @@ static void test_async_device_failure_fails_next(void **state)
     gate(1);
     wait_results(h, 2);
     assert_int_equal(h->got[0].rc, PAGODA_ECUDA);
+    assert_int_equal(h->got[0].lost, 0);
     assert_int_equal(h->got[1].rc, PAGODA_EPROTO);
+    assert_int_equal(h->got[1].lost, 0);
     assert_int_equal(step(h, 3, ONE, 1, 4, 1, 0), PAGODA_EPROTO);
     g_break_pos = -1;
     resync(h, 5);
     assert_int_equal(step(h, 5, ONE, 1, 0, 3, 0), 0);
     wait_results(h, 3);
     assert_int_equal(h->got[2].rc, 0);
+}
+
+/* The same failure after which the backend's health says its device is lost: the step says so
+ * (lost, and why, after the pass's own error), and so does the step behind it, which was not run;
+ * a failure the backend survives (the test above, health fine) is not lost. */
+static void test_async_device_lost(void **state)
+{
+    struct h *h = *state;
+    resync(h, 1);
+    gate(0);
+    g_break_pos = 2;
+    g_lost = 1;
+    assert_int_equal(step(h, 1, ONE, 1, 0, 3, 0), 0);
+    assert_int_equal(step(h, 2, ONE, 1, 3, 1, 0), 0);
+    wait_entered(2);
+    gate(1);
+    wait_results(h, 2);
+    assert_int_equal(h->got[0].rc, PAGODA_ECUDA);
+    assert_int_equal(h->got[0].lost, 1);
+    assert_non_null(strstr(h->got[0].error, "the pass failed on the device"));
+    assert_non_null(strstr(h->got[0].error, "the device context is lost"));
+    assert_int_equal(h->got[1].lost, 1);
+    g_break_pos = -1;
 }
 
 /* A penalised row whose history holds the token of the step still on the device: that step is
@@ -836,6 +873,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_async_row_error_fails_next, setup_async, teardown),
         cmocka_unit_test_setup_teardown(test_async_device_failure_fails_next, setup_async,
                                         teardown),
+        cmocka_unit_test_setup_teardown(test_async_device_lost, setup_async, teardown),
         cmocka_unit_test_setup_teardown(test_async_penalised_history_waits, setup_async, teardown),
         cmocka_unit_test_setup_teardown(test_async_refused_runs_sync, setup_async, teardown),
     };

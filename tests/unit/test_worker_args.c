@@ -56,6 +56,7 @@ static void test_defaults_and_values(void **state)
     assert_int_equal(o.max_batched_tokens, 512);
     assert_int_equal(o.drop_result, 7);
     assert_int_equal(o.drop_step, 0);
+    assert_null(o.lose_device);
     assert_int_equal(o.step_delay_ms, 5);
     assert_int_equal(o.seed, 9);
     assert_string_equal(o.kvpool, "tcp://127.0.0.1:7000");
@@ -87,6 +88,9 @@ static void test_refusals(void **state)
     assert_int_equal(parse(&o, BASE, "--max-batched-tokens", "70000", NULL), U);
     assert_int_equal(parse(&o, BASE, "--fault", "drop-steps=1", NULL), U);
     assert_int_equal(parse(&o, BASE, "--fault", "drop-step=0", NULL), U);
+    assert_int_equal(parse(&o, BASE, "--fault", "lose-device=", NULL), U);
+    assert_int_equal(parse(&o, BASE, "--fault", "lose-device=/tmp/x", NULL), 0);
+    assert_string_equal(o.lose_device, "/tmp/x");
     assert_int_equal(parse(&o, BASE, "--kvpool", "http://x", NULL), U);
     assert_int_equal(parse(&o, BASE, "--cuda-graphs", "maybe", NULL), U);
     assert_int_equal(parse(&o, BASE, "--cuda-pdl", "1", NULL), U);
