@@ -126,6 +126,19 @@ __device__ __forceinline__ uint4 float_to_bf16x8(const float f[8])
                       float2_to_bf16x2(f[4], f[5]), float2_to_bf16x2(f[6], f[7]));
 }
 
+/* c += a . b on the tensor cores: m16n8k16, bf16 inputs, f32 accumulators. Fragments (lane
+ * t, g = t / 4, c = 2 * (t % 4)): a0 = A[g][c, c+1], a1 = A[g+8][c, c+1], a2 = A[g][c+8, c+9],
+ * a3 = A[g+8][c+8, c+9]; b0 = B[c, c+1][g], b1 = B[c+8, c+9][g]; c0, c1 = C[g][c, c+1], c2, c3 =
+ * C[g+8][c, c+1]. */
+__device__ __forceinline__ void mma_bf16(float d[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                         uint32_t a3, uint32_t b0, uint32_t b1)
+{
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, "
+        "%7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
 __device__ __forceinline__ float warp_sum(float v)
 {
 #pragma unroll

@@ -132,23 +132,7 @@ __global__ void __launch_bounds__(kThreads)
         for (int j = 0; j < 4; j++)
             part[warp][t][j][lane] = acc[t][j];
     __syncthreads();
-    /* Accumulator j of lane (g, c) in tile t: feature g (+8 for j >= 2), input row 8t + 2c
-     * (+1 for odd j). */
-    for (int i = threadIdx.x; i < TILES * 4 * 32; i += kThreads) {
-        const int t = i >> 7, j = (i >> 5) & 3, l = i & 31;
-        float sum = 0.0f;
-#pragma unroll
-        for (int v = 0; v < kWarps; v++)
-            sum += part[v][t][j][l];
-        const int64_t feature = n0 + (l >> 2) + (j >= 2 ? 8 : 0);
-        const int tok = t * 8 + 2 * (l & 3) + (j & 1);
-        if (feature < out && tok < rows) {
-            if (F32)
-                static_cast<float *>(y)[(int64_t)tok * out + feature] = sum;
-            else
-                static_cast<uint16_t *>(y)[(int64_t)tok * out + feature] = float_to_bf16_bits(sum);
-        }
-    }
+    gemv_tile_store<TILES, kWarps, F32>(&part[0][0][0][0], threadIdx.x, kThreads, n0, rows, out, y);
 }
 
 template <int TILES>

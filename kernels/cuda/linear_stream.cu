@@ -195,23 +195,8 @@ __global__ void __launch_bounds__(kThreads, 1)
                 part[((warp * TILES + t) * 4 + j) * 32 + lane] = acc[t][j];
         /* The consumers alone (the producer runs ahead): named barrier 1. */
         asm volatile("bar.sync 1, %0;" ::"n"(kConsumerWarps * 32) : "memory");
-        const int64_t n0 = tile * kRowsPerTile;
-        for (int idx = threadIdx.x; idx < TILES * 4 * 32; idx += kConsumerWarps * 32) {
-            const int t = idx >> 7, j = (idx >> 5) & 3, l = idx & 31;
-            float sum = 0.0f;
-#pragma unroll
-            for (int v = 0; v < kConsumerWarps; v++)
-                sum += part[((v * TILES + t) * 4 + j) * 32 + l];
-            const int64_t feature = n0 + (l >> 2) + (j >= 2 ? 8 : 0);
-            const int tok = t * 8 + 2 * (l & 3) + (j & 1);
-            if (feature < out && tok < rows) {
-                if (F32)
-                    static_cast<float *>(y)[(int64_t)tok * out + feature] = sum;
-                else
-                    static_cast<uint16_t *>(y)[(int64_t)tok * out + feature] =
-                        float_to_bf16_bits(sum);
-            }
-        }
+        gemv_tile_store<TILES, kConsumerWarps, F32>(part, threadIdx.x, kConsumerWarps * 32,
+                                                    tile * kRowsPerTile, rows, out, y);
         asm volatile("bar.sync 1, %0;" ::"n"(kConsumerWarps * 32) : "memory");
     }
 }

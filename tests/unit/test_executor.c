@@ -726,11 +726,10 @@ static void test_async_row_error_fails_next(void **state)
     assert_int_equal(mirror_find(h->m, 1, &v), PAGODA_ENOENT);
 }
 
-/* The pass of step 1 fails on the device, found on completion: step 2, already submitted behind
- * it, is reported not run; the mirror refuses steps until a resync. */
-static void test_async_device_failure_fails_next(void **state)
+/* Step 1, whose pass fails on the device (found on completion), and step 2 submitted behind it;
+ * both results in. */
+static void break_on_device(struct h *h)
 {
-    struct h *h = *state;
     resync(h, 1);
     gate(0);
     g_break_pos = 2;
@@ -739,6 +738,14 @@ static void test_async_device_failure_fails_next(void **state)
     wait_entered(2);
     gate(1);
     wait_results(h, 2);
+}
+
+/* The pass of step 1 fails on the device, found on completion: step 2, already submitted behind
+ * it, is reported not run; the mirror refuses steps until a resync. */
+static void test_async_device_failure_fails_next(void **state)
+{
+    struct h *h = *state;
+    break_on_device(h);
     assert_int_equal(h->got[0].rc, PAGODA_ECUDA);
     assert_int_equal(h->got[0].lost, 0);
     assert_int_equal(h->got[1].rc, PAGODA_EPROTO);
@@ -757,15 +764,8 @@ static void test_async_device_failure_fails_next(void **state)
 static void test_async_device_lost(void **state)
 {
     struct h *h = *state;
-    resync(h, 1);
-    gate(0);
-    g_break_pos = 2;
     g_lost = 1;
-    assert_int_equal(step(h, 1, ONE, 1, 0, 3, 0), 0);
-    assert_int_equal(step(h, 2, ONE, 1, 3, 1, 0), 0);
-    wait_entered(2);
-    gate(1);
-    wait_results(h, 2);
+    break_on_device(h);
     assert_int_equal(h->got[0].rc, PAGODA_ECUDA);
     assert_int_equal(h->got[0].lost, 1);
     assert_non_null(strstr(h->got[0].error, "the pass failed on the device"));
