@@ -142,16 +142,18 @@ int backend_can_submit(const struct backend *b)
 
 int backend_submit(struct backend *b, int slot, const struct fwd_batch *batch,
                    const struct sample_row *rows, const struct backend_gather *gathers,
-                   int32_t num_gathers)
+                   int32_t num_gathers, const struct backend_history_gather *hgathers,
+                   int32_t num_hgathers)
 {
     if (!backend_can_submit(b))
         return pagoda_error_set(PAGODA_EUNSUPPORTED, "the %s backend has no asynchronous steps",
                                 b->ops->name);
     if (batch == NULL || (rows == NULL && batch->num_logits > 0) ||
-        (gathers == NULL && num_gathers > 0) || num_gathers < 0 || slot < 0 ||
+        (gathers == NULL && num_gathers > 0) || num_gathers < 0 ||
+        (hgathers == NULL && num_hgathers > 0) || num_hgathers < 0 || slot < 0 ||
         slot >= BACKEND_STEP_SLOTS)
-        return pagoda_error_set(PAGODA_EINVAL, "backend_submit: slot %d, %d gathers", slot,
-                                num_gathers);
+        return pagoda_error_set(PAGODA_EINVAL, "backend_submit: slot %d, %d + %d gathers", slot,
+                                num_gathers, num_hgathers);
     for (int32_t i = 0; i < num_gathers; i++) {
         const struct backend_gather *g = &gathers[i];
         if (g->token < 0 || g->token >= batch->num_tokens || g->slot < 0 ||
@@ -161,7 +163,17 @@ int backend_submit(struct backend *b, int slot, const struct fwd_batch *batch,
                                     "outside the step or the slots",
                                     i, g->token, g->slot, g->row);
     }
-    int rc = b->ops->submit(b, slot, batch, rows, gathers, num_gathers);
+    for (int32_t i = 0; i < num_hgathers; i++) {
+        const struct backend_history_gather *g = &hgathers[i];
+        if (g->row < 0 || g->row >= batch->num_logits || g->index < 0 ||
+            (size_t)g->index >= rows[g->row].n_output || g->slot < 0 ||
+            g->slot >= BACKEND_STEP_SLOTS || g->src_row < 0)
+            return pagoda_error_set(PAGODA_EINVAL,
+                                    "backend_submit: history gather %d (row %d's output token %d "
+                                    "from slot %d row %d) is outside the step or the slots",
+                                    i, g->row, g->index, g->slot, g->src_row);
+    }
+    int rc = b->ops->submit(b, slot, batch, rows, gathers, num_gathers, hgathers, num_hgathers);
     if (rc == 0)
         b->forward_count++;
     return rc;

@@ -109,21 +109,37 @@ struct backend_gather {
     int32_t row;
 };
 
+/* Output token `index` of logits row `row`'s history (a penalised row's: struct sample_row's
+ * output_tokens, where the caller puts 0 in its place) is the token sampled into logits row
+ * `src_row` of the step in slot `slot`: the sampler reads it on the device, so a step whose
+ * penalised rows' histories end with the token of the step still running need not wait for it.
+ * A source row that could not be sampled leaves token 0 there (its sequence fails with it, as
+ * its input does). */
+struct backend_history_gather {
+    int32_t row;
+    int32_t index;
+    int32_t slot;
+    int32_t src_row;
+};
+
 /* Whether b has asynchronous steps (else backend_forward_sample_rows is the way). */
 int backend_can_submit(const struct backend *b);
 
 /* Queues one forward pass over batch and one token per logits row into slot (rows as for
  * backend_forward_sample), gathers[num_gathers] first replacing input tokens by tokens sampled in
- * earlier slots. The histories of rows are read before this returns (they must hold no pending
- * token). Returns 0, or with nothing queued in the slot: PAGODA_EINVAL (a NULL argument, a slot
- * outside [0, BACKEND_STEP_SLOTS) or holding a step, a gather outside the batch or the slots),
+ * earlier slots, and hgathers[num_hgathers] replacing tokens of the rows' histories likewise. The
+ * histories of rows are read before this returns (they hold no pending token: 0 where a history
+ * gather writes). Returns 0, or with nothing queued in the slot: PAGODA_EINVAL (a NULL argument,
+ * a slot outside [0, BACKEND_STEP_SLOTS) or holding a step, a gather outside the batch, its
+ * histories or the slots),
  * the errors of backend_check_batch and the attention plan, the sampler's host checks
  * (parameters, history) or PAGODA_ECUDA. After an error the caller can run the step through
  * backend_forward_sample_rows to learn which row failed (work already queued on the device by
  * the refused call writes the same K/V at the same slots: harmless). */
 int backend_submit(struct backend *b, int slot, const struct fwd_batch *batch,
                    const struct sample_row *rows, const struct backend_gather *gathers,
-                   int32_t num_gathers);
+                   int32_t num_gathers, const struct backend_history_gather *hgathers,
+                   int32_t num_hgathers);
 
 /* Completes the step in slot: when it has ended (wait != 0 waits for it), writes its num_logits
  * tokens, logprobs and row_errors (as backend_forward_sample_rows: a row whose logits are NaN or
@@ -188,7 +204,8 @@ struct backend_ops {
     /* Both NULL: no asynchronous steps (backend_can_submit). */
     int (*submit)(struct backend *b, int slot, const struct fwd_batch *batch,
                   const struct sample_row *rows, const struct backend_gather *gathers,
-                  int32_t num_gathers);
+                  int32_t num_gathers, const struct backend_history_gather *hgathers,
+                  int32_t num_hgathers);
     int (*complete)(struct backend *b, int slot, int wait, int32_t *tokens, float *logprobs,
                     struct backend_row_error *row_errors, double *device_us);
     /* NULL: always healthy (backend_health). */

@@ -89,6 +89,7 @@ struct cuda_backend {
     uint64_t *row_index;
     const int32_t **row_prompt, **row_output;
     size_t *row_n_prompt, *row_n_output;
+    struct cuda_history_gather *row_gathers; /* a step's history gathers, at most one a row */
     /* CUDA graphs of decode steps (capture_graphs), by batch size, ascending; a decode step of
      * n sequences replays the first of at least n, padded. */
     int32_t num_graphs;
@@ -169,6 +170,7 @@ static void cuda_close(struct backend *base)
     free(b->row_output);
     free(b->row_n_prompt);
     free(b->row_n_output);
+    free(b->row_gathers);
     if (b->cublas != NULL)
         cublasDestroy(b->cublas);
     if (b->stream != NULL)
@@ -600,8 +602,9 @@ static int open_backend(const struct model_config *cfg, const struct model_weigh
     b->row_output = malloc(S * sizeof(*b->row_output));
     b->row_n_prompt = malloc(S * sizeof(*b->row_n_prompt));
     b->row_n_output = malloc(S * sizeof(*b->row_n_output));
+    b->row_gathers = malloc(S * sizeof(*b->row_gathers));
     if (!b->row_params || !b->row_index || !b->row_prompt || !b->row_output || !b->row_n_prompt ||
-        !b->row_n_output) {
+        !b->row_n_output || !b->row_gathers) {
         rc = PAGODA_ENOMEM;
         goto fail;
     }
@@ -1196,26 +1199,43 @@ static int cuda_forward_sample(struct backend *base, const struct fwd_batch *bat
  * asynchronous copy, its pinned results; the slot's end event marks both. */
 static int cuda_submit(struct backend *base, int slot, const struct fwd_batch *batch,
                        const struct sample_row *rows, const struct backend_gather *gathers,
-                       int32_t num_gathers)
+                       int32_t num_gathers, const struct backend_history_gather *hgathers,
+                       int32_t num_hgathers)
 {
     struct cuda_backend *b = (struct cuda_backend *)base;
+    const int32_t seqs = b->opt.limits.max_num_seqs;
     if (b->held[slot] >= 0)
         return pagoda_error_set(PAGODA_EINVAL, "cuda: step slot %d holds a step not completed",
                                 slot);
     for (int32_t i = 0; i < num_gathers; i++)
-        if (gathers[i].row >= b->opt.limits.max_num_seqs)
+        if (gathers[i].row >= seqs)
             return pagoda_error_set(PAGODA_EINVAL, "cuda: gather from row %d (the limit is %d)",
-                                    gathers[i].row, b->opt.limits.max_num_seqs);
+                                    gathers[i].row, seqs);
+    /* The sampler reads a history gather from d_sampled, [slot][max_num_seqs]. */
+    if (num_hgathers > batch->num_logits)
+        return pagoda_error_set(PAGODA_EINVAL, "cuda: %d history gathers for %d rows", num_hgathers,
+                                batch->num_logits);
+    for (int32_t i = 0; i < num_hgathers; i++) {
+        if (hgathers[i].src_row >= seqs)
+            return pagoda_error_set(PAGODA_EINVAL,
+                                    "cuda: history gather from row %d (the limit is %d)",
+                                    hgathers[i].src_row, seqs);
+        b->row_gathers[i] = (struct cuda_history_gather){
+            .row = hgathers[i].row,
+            .index = hgathers[i].index,
+            .src = hgathers[i].slot * seqs + hgathers[i].src_row,
+        };
+    }
     int rc = cuda_forward_device(b, batch, slot, gathers, num_gathers);
     if (rc != 0)
         return rc;
     int32_t n = batch->num_logits;
     if (n > 0) {
         fill_rows(b, rows, n);
-        rc = cuda_sampler_enqueue(b->sampler, slot, b->logits, n, b->row_params, b->row_index,
-                                  b->row_prompt, b->row_n_prompt, b->row_output, b->row_n_output,
-                                  b->d_sampled + (size_t)slot * (size_t)b->opt.limits.max_num_seqs,
-                                  b->stream);
+        rc = cuda_sampler_enqueue_gathered(
+            b->sampler, slot, b->logits, n, b->row_params, b->row_index, b->row_prompt,
+            b->row_n_prompt, b->row_output, b->row_n_output, b->row_gathers, num_hgathers,
+            b->d_sampled, b->d_sampled + (size_t)slot * (size_t)seqs, b->stream);
         if (rc != 0)
             return rc;
     }

@@ -62,6 +62,11 @@ struct slot {
     int32_t num_gathers;
     int32_t *undo; /* [max_num_tokens][2]: (token row, pending token) of each pending input */
     int32_t num_undo;
+    /* The pending tokens of penalised rows' histories read on the device, and the pending token
+     * each replaced (the history holds 0 there until ungather). */
+    struct backend_history_gather *hgathers; /* [max_num_seqs] */
+    int32_t *hpending;                       /* [max_num_seqs] */
+    int32_t num_hgathers;
     struct timespec submitted; /* when backend_submit was called */
 };
 
@@ -124,6 +129,8 @@ static void slot_free(struct slot *s)
     free(s->gathers);
     free(s->gather_seq);
     free(s->undo);
+    free(s->hgathers);
+    free(s->hpending);
 }
 
 static int slot_alloc(struct slot *s, const struct executor_limits *l)
@@ -146,7 +153,9 @@ static int slot_alloc(struct slot *s, const struct executor_limits *l)
     s->gathers = malloc(nt * sizeof(*s->gathers));
     s->gather_seq = malloc(nt * sizeof(int32_t));
     s->undo = malloc(2 * nt * sizeof(int32_t));
-    if (!s->gathers || !s->gather_seq || !s->undo)
+    s->hgathers = malloc(ns * sizeof(*s->hgathers));
+    s->hpending = malloc(ns * sizeof(int32_t));
+    if (!s->gathers || !s->gather_seq || !s->undo || !s->hgathers || !s->hpending)
         return PAGODA_ENOMEM;
     if (!s->token_ids || !s->positions || !s->slot_mapping || !s->query_start || !s->context_lens ||
         !s->logits_indices || !s->rows || !s->seq_ids || !s->failed || !s->tokens || !s->logprobs ||
@@ -220,15 +229,54 @@ static void resolve_histories(struct executor *e, struct slot *s)
     }
 }
 
-/* Whether a penalised row's history holds a pending token (asynchronous backends read the
- * histories on submit: the steps those tokens name must have ended first). */
-static int histories_pending(const struct slot *s)
+/* Whether pending token tok names a row of the step still on the device (out), where a gather
+ * can read it. */
+static int on_device(const struct executor *e, const struct slot *s, const struct slot *out,
+                     int32_t tok)
 {
-    for (int32_t r = 0; r < s->batch.num_logits; r++)
-        for (size_t k = 0; k < s->rows[r].n_output; k++)
-            if (mirror_token_pending(s->rows[r].output_tokens[k]))
-                return 1;
-    return 0;
+    return out != NULL && out->gen == s->gen &&
+           mirror_pending_slot(tok) == (int32_t)(out->step_id % MIRROR_MAX_STEPS_IN_FLIGHT) &&
+           mirror_pending_row(tok) < e->lim.max_num_seqs;
+}
+
+/* The pending tokens of the rows' histories (only penalised rows carry one) on the asynchronous
+ * path: those of the step still on the device (out) become history gathers, which the sampler
+ * reads there (0 stands in the history meanwhile); the others name steps that have ended and
+ * are resolved on the host. A step samples one token a row, so each row has at most one. */
+static void gather_histories(struct executor *e, struct slot *s, const struct slot *out)
+{
+    s->num_hgathers = 0;
+    for (int32_t r = 0; r < s->batch.num_logits; r++) {
+        int32_t *hist = (int32_t *)s->rows[r].output_tokens; /* the slot's own history copy */
+        for (size_t k = 0; k < s->rows[r].n_output; k++) {
+            const int32_t tok = hist[k];
+            if (!mirror_token_pending(tok))
+                continue;
+            if (on_device(e, s, out, tok) && s->num_hgathers < e->lim.max_num_seqs) {
+                struct backend_history_gather *g = &s->hgathers[s->num_hgathers];
+                g->row = r;
+                g->index = (int32_t)k;
+                g->slot = mirror_pending_slot(tok);
+                g->src_row = mirror_pending_row(tok);
+                s->hpending[s->num_hgathers++] = tok;
+                hist[k] = 0;
+                continue;
+            }
+            int32_t code = 0;
+            uint64_t from = 0;
+            hist[k] = resolve_token(e, s, tok, &code, &from);
+        }
+    }
+}
+
+/* The sequence whose logits row is r (each sampling sequence's last token is its row). */
+static int32_t seq_of_row(const struct slot *s, int32_t r)
+{
+    const struct fwd_batch *b = &s->batch;
+    for (int32_t i = 0; i < b->num_seqs; i++)
+        if (b->query_start[i + 1] - 1 == b->logits_indices[r])
+            return i;
+    return -1;
 }
 
 /* Replaces the pending tokens of the step's inputs and histories; a sequence whose input cannot
@@ -254,7 +302,7 @@ static void resolve_pending(struct executor *e, struct slot *s)
  * submitted and not completed) becomes a gather, read on the device from that step's slot;
  * whether its row was sampled is known when this step is completed (check_gathers). Pending
  * tokens of steps that have ended are resolved here, on the host (such a step may have run
- * synchronously, leaving nothing on the device), as are the histories. */
+ * synchronously, leaving nothing on the device). The histories likewise (gather_histories). */
 static void gather_pending(struct executor *e, struct slot *s, const struct slot *out)
 {
     const struct fwd_batch *b = &s->batch;
@@ -276,7 +324,7 @@ static void gather_pending(struct executor *e, struct slot *s, const struct slot
                 continue;
             }
             s->token_ids[t] = 0; /* the gather writes the token over it on the device */
-            if (mirror_pending_row(tok) >= e->lim.max_num_seqs) {
+            if (!on_device(e, s, out, tok)) { /* a row beyond the limits */
                 fail_input(s, i, PAGODA_EINTERNAL, 0);
                 continue;
             }
@@ -287,7 +335,7 @@ static void gather_pending(struct executor *e, struct slot *s, const struct slot
             s->gather_seq[s->num_gathers++] = i;
         }
     }
-    resolve_histories(e, s);
+    gather_histories(e, s, out);
 }
 
 /* Undoes gather_pending's inputs: the step runs synchronously after all, and resolve_pending
@@ -296,7 +344,11 @@ static void ungather(struct slot *s)
 {
     for (int32_t k = 0; k < s->num_undo; k++)
         s->token_ids[s->undo[2 * k]] = s->undo[2 * k + 1];
-    s->num_gathers = s->num_undo = 0;
+    for (int32_t k = 0; k < s->num_hgathers; k++) {
+        const struct backend_history_gather *g = &s->hgathers[k];
+        ((int32_t *)s->rows[g->row].output_tokens)[g->index] = s->hpending[k];
+    }
+    s->num_gathers = s->num_undo = s->num_hgathers = 0;
 }
 
 /* Once the steps a step's gathers read have ended: a gathered input whose row could not be
@@ -309,6 +361,16 @@ static void check_gathers(struct executor *e, struct slot *s)
         uint64_t from = 0;
         resolve_token(e, s, MIRROR_PENDING_TOKEN(g->slot, g->row), &code, &from);
         fail_input(s, s->gather_seq[k], code, from);
+    }
+    /* A history's token comes from the row its sequence's input comes from, which fails above;
+     * the check holds without that. */
+    for (int32_t k = 0; k < s->num_hgathers; k++) {
+        const struct backend_history_gather *g = &s->hgathers[k];
+        int32_t code = 0, i = seq_of_row(s, g->row);
+        uint64_t from = 0;
+        resolve_token(e, s, MIRROR_PENDING_TOKEN(g->slot, g->src_row), &code, &from);
+        if (i >= 0)
+            fail_input(s, i, code, from);
     }
 }
 
@@ -454,7 +516,7 @@ static int submit_step(struct executor *e, struct slot *s, const struct slot *ou
     reset_result(s);
     gather_pending(e, s, out);
     int rc = backend_submit(e->backend, (int)(s->step_id % MIRROR_MAX_STEPS_IN_FLIGHT), &s->batch,
-                            s->rows, s->gathers, s->num_gathers);
+                            s->rows, s->gathers, s->num_gathers, s->hgathers, s->num_hgathers);
     if (rc != 0)
         ungather(s);
     return rc;
@@ -582,9 +644,9 @@ static void run_sync(struct executor *e, struct slot *s, struct slot **out)
 /* The thread. With a backend that computes synchronously, each step runs and ends in turn. With
  * an asynchronous one (backend_submit), step n + 1 is submitted while step n may still run on the
  * device, then step n is completed and delivered: the device runs the steps back to back and
- * the results still come in order. A step runs synchronously instead (after the one before it
- * has ended) when it was prepared from a failed step, has no tokens, has a penalised row whose
- * history holds a token still being sampled (the sampler reads histories from the host), or was
+ * the results still come in order (a penalised row's history that ends with the token of the
+ * step still running reads it on the device too). A step runs synchronously instead (after the
+ * one before it has ended) when it was prepared from a failed step, has no tokens, or was
  * refused by backend_submit (the synchronous path then tells which row failed, or the step's
  * error). */
 static void *executor_thread(void *arg)
@@ -624,8 +686,6 @@ static void *executor_thread(void *arg)
             uv_async_send(&e->async);
             continue;
         }
-        if (e->submits && out != NULL && histories_pending(s))
-            drain(e, &out);
         if (!e->submits || s->batch.num_tokens == 0 || (e->failed && e->failed_gen == s->gen)) {
             run_sync(e, s, &out);
             continue;

@@ -19,7 +19,9 @@
  * With a backend that has asynchronous steps (backend_submit: the CUDA backend), the thread
  * submits step n + 1 before it completes step n, so the device runs them back to back: step
  * n + 1's pending input tokens are read on the device from the slot where step n samples them
- * (struct backend_gather), and whether their rows were sampled is known once step n has ended,
+ * (struct backend_gather), as are the tokens of step n that end penalised rows' histories
+ * (struct backend_history_gather: the sampler reads them there, so penalties do not make the
+ * steps wait for each other), and whether their rows were sampled is known once step n has ended,
  * when step n + 1 is completed; a sequence whose pending input failed then fails its row as above
  * (its K/V at its own slots was computed from token 0: the scheduler frees them with it). A step
  * whose forward pass fails as a whole on the device (found on completion) fails the step

@@ -94,7 +94,8 @@ struct cuda_sampler {
     struct greedy_partial *d_partials; /* [max_rows][greedy_chunks] */
     uint32_t *d_arrivals;              /* [max_rows], zero between calls */
     /* A call's row_desc[rows], its row list (int32[rows]: the greedy fast path's rows, then the
-     * others, each in order), then its packed int32 history. */
+     * others, each in order), its history gathers (int32[2 * rows]: packed history index, source
+     * index), then its packed int32 history. */
     unsigned char *d_stage;
     /* Pinned, the same layout, two in turn: a call fills one while the copy of the call before
      * may still wait on the stream; stage_copied[i] marks the end of the last copy from i. */
@@ -805,10 +806,16 @@ static bool greedy_fast(const struct row_desc *d)
     return d->temperature == 0.0f && !d->penalties;
 }
 
-/* Where the row list ends and the history begins in a stage of rows rows. */
+/* Where the row list ends and the history gathers begin in a stage of rows rows. */
 static size_t stage_list_end(int32_t rows)
 {
     return stage_desc_bytes(rows) + (size_t)rows * sizeof(int32_t);
+}
+
+/* Where the history gathers end and the history begins. */
+static size_t stage_history_at(int32_t rows)
+{
+    return stage_list_end(rows) + 2 * (size_t)rows * sizeof(int32_t);
 }
 
 extern "C" int cuda_sampler_new(int32_t vocab, int32_t max_rows, size_t max_history,
@@ -837,7 +844,7 @@ extern "C" int cuda_sampler_new(int32_t vocab, int32_t max_rows, size_t max_hist
     s->max_history = max_history;
     const size_t per_row = (size_t)max_rows * (size_t)vocab;
     const size_t stage_bytes =
-        stage_list_end(max_rows) + max_history * (size_t)max_rows * sizeof(int32_t);
+        stage_history_at(max_rows) + max_history * (size_t)max_rows * sizeof(int32_t);
     s->greedy_chunks = (vocab + GREEDY_CHUNK - 1) / GREEDY_CHUNK;
     const size_t result_bytes = (size_t)max_rows * sizeof(struct row_result);
     int rc;
@@ -998,11 +1005,13 @@ static int stage_row(struct cuda_sampler *s, int32_t r, const struct sampling_pa
 static int enqueue(struct cuda_sampler *s, int slot, const float *logits, int32_t rows,
                    const struct sampling_params *params, const uint64_t *output_index,
                    const int32_t *const *prompt_tokens, const size_t *n_prompt,
-                   const int32_t *const *output_tokens, const size_t *n_output, int32_t *d_tokens,
-                   cudaStream_t stream)
+                   const int32_t *const *output_tokens, const size_t *n_output,
+                   const struct cuda_history_gather *gathers, int32_t num_gathers,
+                   const int32_t *d_src, int32_t *d_tokens, cudaStream_t stream)
 {
-    /* The stage holds this call's descriptors, its row list, then the histories of its rows
-     * with penalties, so that one copy of exactly the bytes used moves all three. The copy from
+    /* The stage holds this call's descriptors, its row list, its history gathers, then the
+     * histories of its rows with penalties, so that one copy of exactly the bytes used moves
+     * them all. The copy from
      * this stage two calls ago has long ended when the caller completes each call before the
      * next but one. */
     const int k = s->next_stage;
@@ -1011,7 +1020,8 @@ static int enqueue(struct cuda_sampler *s, int slot, const float *logits, int32_
         return cuda_failed(err, "cudaEventSynchronize(stage)");
     struct row_desc *descs = (struct row_desc *)s->h_stage[k];
     int32_t *row_list = (int32_t *)(s->h_stage[k] + stage_desc_bytes(rows));
-    int32_t *history = (int32_t *)(s->h_stage[k] + stage_list_end(rows));
+    int32_t *pairs = (int32_t *)(s->h_stage[k] + stage_list_end(rows));
+    int32_t *history = (int32_t *)(s->h_stage[k] + stage_history_at(rows));
     size_t history_used = 0;
     int32_t n_greedy = 0;
     for (int32_t r = 0; r < rows; r++) {
@@ -1029,8 +1039,26 @@ static int enqueue(struct cuda_sampler *s, int slot, const float *logits, int32_
     for (int32_t r = 0; r < rows; r++)
         if (!greedy_fast(&descs[r]))
             row_list[n_listed++] = r;
+    /* A history gather names its token in the packed history; a row without penalties has no
+     * history there. */
+    int32_t n_pairs = 0;
+    for (int32_t i = 0; i < num_gathers; i++) {
+        const struct cuda_history_gather *g = &gathers[i];
+        if (g->row < 0 || g->row >= rows || g->index < 0 || !n_output ||
+            (size_t)g->index >= n_output[g->row])
+            return pagoda_error_set(PAGODA_EINVAL,
+                                    "cuda sampler: history gather %d (row %d, output token %d) "
+                                    "outside the rows' output",
+                                    (int)i, (int)g->row, (int)g->index);
+        const struct row_desc *d = &descs[g->row];
+        if (!d->penalties)
+            continue;
+        pairs[2 * n_pairs] = (int32_t)(d->hist_offset + d->n_prompt + (uint32_t)g->index);
+        pairs[2 * n_pairs + 1] = g->src;
+        n_pairs++;
+    }
 
-    const size_t copy_bytes = stage_list_end(rows) + history_used * sizeof(int32_t);
+    const size_t copy_bytes = stage_history_at(rows) + history_used * sizeof(int32_t);
     const size_t result_bytes = (size_t)rows * sizeof(struct row_result);
     err = cudaMemcpyAsync(s->d_stage, s->h_stage[k], copy_bytes, cudaMemcpyHostToDevice, stream);
     if (err != cudaSuccess)
@@ -1039,6 +1067,13 @@ static int enqueue(struct cuda_sampler *s, int slot, const float *logits, int32_
         return cuda_failed(err, "cudaEventRecord(stage)");
     s->next_stage = 1 - k;
     const int32_t *d_list = (const int32_t *)(s->d_stage + stage_desc_bytes(rows));
+    int32_t *d_history = (int32_t *)(s->d_stage + stage_history_at(rows));
+    if (n_pairs > 0) {
+        int rc = cuda_gather_tokens(d_history, (const int32_t *)(s->d_stage + stage_list_end(rows)),
+                                    n_pairs, d_src, stream);
+        if (rc != 0)
+            return rc;
+    }
     if (n_greedy > 0) {
         /* At most 2^16 rows of 2^10 chunks: the grid stays far below its 2^31 - 1 blocks. */
         const unsigned blocks = (unsigned)n_greedy * (unsigned)s->greedy_chunks;
@@ -1055,9 +1090,8 @@ static int enqueue(struct cuda_sampler *s, int slot, const float *logits, int32_
     }
     if (rows > n_greedy) {
         sample_rows<<<rows - n_greedy, SAMPLER_THREADS, 0, stream>>>(
-            logits, s->vocab, (const struct row_desc *)s->d_stage, d_list + n_greedy,
-            (const int32_t *)(s->d_stage + stage_list_end(rows)), s->d_logits, s->d_marks,
-            s->d_results, d_tokens);
+            logits, s->vocab, (const struct row_desc *)s->d_stage, d_list + n_greedy, d_history,
+            s->d_logits, s->d_marks, s->d_results, d_tokens);
         if ((err = cudaGetLastError()) != cudaSuccess)
             return cuda_failed(err, "sample_rows<<<>>>");
     }
@@ -1103,7 +1137,32 @@ extern "C" int cuda_sampler_enqueue(struct cuda_sampler *s, int slot, const floa
         return pagoda_error_set(PAGODA_EINVAL, "cuda sampler: slot %d outside [0, %d)", slot,
                                 CUDA_SAMPLER_SLOTS);
     return enqueue(s, slot, logits, rows, params, output_index, prompt_tokens, n_prompt,
-                   output_tokens, n_output, d_tokens, stream);
+                   output_tokens, n_output, NULL, 0, NULL, d_tokens, stream);
+}
+
+extern "C" int
+cuda_sampler_enqueue_gathered(struct cuda_sampler *s, int slot, const float *logits, int32_t rows,
+                              const struct sampling_params *params, const uint64_t *output_index,
+                              const int32_t *const *prompt_tokens, const size_t *n_prompt,
+                              const int32_t *const *output_tokens, const size_t *n_output,
+                              const struct cuda_history_gather *gathers, int32_t num_gathers,
+                              const int32_t *d_src, int32_t *d_tokens, cudaStream_t stream)
+{
+    int done;
+    int rc = check_call(s, logits, rows, params, output_index, logits, &done);
+    if (rc != 0 || done)
+        return rc;
+    if (slot < 0 || slot >= CUDA_SAMPLER_SLOTS)
+        return pagoda_error_set(PAGODA_EINVAL, "cuda sampler: slot %d outside [0, %d)", slot,
+                                CUDA_SAMPLER_SLOTS);
+    if (num_gathers < 0 || num_gathers > rows || (num_gathers > 0 && (!gathers || !d_src)))
+        return pagoda_error_set(PAGODA_EINVAL,
+                                "cuda sampler: %d history gathers for %d rows (gathers %s, "
+                                "source %s)",
+                                (int)num_gathers, (int)rows, gathers ? "given" : "NULL",
+                                d_src ? "given" : "NULL");
+    return enqueue(s, slot, logits, rows, params, output_index, prompt_tokens, n_prompt,
+                   output_tokens, n_output, gathers, num_gathers, d_src, d_tokens, stream);
 }
 
 extern "C" int cuda_sampler_result(const struct cuda_sampler *s, int slot, int32_t r,
@@ -1146,7 +1205,7 @@ extern "C" int cuda_sampler_sample(struct cuda_sampler *s, const float *logits, 
     if (rc != 0 || done)
         return rc;
     rc = enqueue(s, CUDA_SAMPLER_SLOTS, logits, rows, params, output_index, prompt_tokens, n_prompt,
-                 output_tokens, n_output, NULL, stream);
+                 output_tokens, n_output, NULL, 0, NULL, NULL, stream);
     if (rc != 0)
         return rc;
     cudaError_t err = cudaStreamSynchronize(stream);

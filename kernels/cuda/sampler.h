@@ -104,6 +104,29 @@ int cuda_sampler_enqueue(struct cuda_sampler *s, int slot, const float *logits, 
                          const int32_t *const *output_tokens, const size_t *n_output,
                          int32_t *d_tokens, cudaStream_t stream);
 
+/* A token of a row's output history that is on the device when the call is queued: output token
+ * `index` of row `row` is d_src[src] (cuda_sampler_enqueue_gathered; the host history holds any
+ * valid token there, e.g. 0). */
+struct cuda_history_gather {
+    int32_t row;
+    int32_t index;
+    int32_t src;
+};
+
+/* cuda_sampler_enqueue, with gathers[num_gathers] (at most rows of them) read from the device
+ * array d_src on stream after the histories are copied and before the rows are sampled: a
+ * penalised row's history may end with the token of a step still on the device. A gather of a
+ * row without penalties is ignored (its history is not read). PAGODA_EINVAL for a NULL gathers
+ * or d_src with gathers, or a gather outside the rows or its row's output; src is the caller's
+ * to keep in range. The other arguments and errors are cuda_sampler_enqueue's. */
+int cuda_sampler_enqueue_gathered(struct cuda_sampler *s, int slot, const float *logits,
+                                  int32_t rows, const struct sampling_params *params,
+                                  const uint64_t *output_index, const int32_t *const *prompt_tokens,
+                                  const size_t *n_prompt, const int32_t *const *output_tokens,
+                                  const size_t *n_output, const struct cuda_history_gather *gathers,
+                                  int32_t num_gathers, const int32_t *d_src, int32_t *d_tokens,
+                                  cudaStream_t stream);
+
 /* Row r of the call enqueued in slot, once it has completed: 0 with *token and (logprob not
  * NULL) *logprob, or that row's error as cuda_sampler_sample reports it (the detail names the
  * row): PAGODA_EINVAL for a NaN or +inf logit or every logit -inf, PAGODA_ERANGE when a penalty

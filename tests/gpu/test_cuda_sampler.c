@@ -476,6 +476,88 @@ static void test_enqueue_slots(int32_t vocab, int32_t rows)
     bank_fini(&b);
 }
 
+/* cuda_sampler_enqueue_gathered: penalised rows whose histories' last output token is read on
+ * the device (0 on the host in its place, the token in a device array, as the CUDA backend's
+ * steps in flight leave it) give the tokens and logprobs of the same call with the token in the
+ * history, bit for bit; a gather of a row without penalties is ignored; the refusals. */
+static void test_enqueue_history_gathers(int32_t vocab, int32_t rows)
+{
+    struct bank b;
+    bank_init(&b, vocab, rows, 1);
+    struct cuda_sampler *s;
+    MUST(cuda_sampler_new(vocab, MAX_ROWS, MAX_HISTORY, &s) == 0);
+    static struct batch a, g;
+    a.rows = rows;
+    for (int32_t r = 0; r < rows; r++) {
+        /* Odd rows penalised (combos 144 .. 575 carry penalties), sampled or greedy. */
+        a.params[r] = combo_params((r % 2 ? 144 : 0) + (r * 7) % 144, 3000u + (uint64_t)r);
+        a.output_index[r] = 5u * (uint64_t)r;
+        make_history(&a, r, &b, r);
+        if (a.n_output[r] == 0) { /* a last output token to gather */
+            a.output[r][0] = b.top[r * TOP_IDS];
+            a.n_output[r] = 1;
+        }
+    }
+    g = a;
+    struct cuda_history_gather gathers[MAX_ROWS];
+    int32_t src[MAX_ROWS];
+    for (int32_t r = 0; r < rows; r++) {
+        g.prompt_ptr[r] = g.prompt[r];
+        g.output_ptr[r] = g.output[r];
+        const int32_t last = (int32_t)g.n_output[r] - 1;
+        src[r] = g.output[r][last];
+        g.output[r][last] = 0;
+        gathers[r] = (struct cuda_history_gather){.row = r, .index = last, .src = rows - 1 - r};
+    }
+    int32_t *d_src;
+    CUDA_OK(cudaMalloc((void **)&d_src, MAX_ROWS * sizeof(int32_t)));
+    int32_t reversed[MAX_ROWS];
+    for (int32_t r = 0; r < rows; r++)
+        reversed[rows - 1 - r] = src[r];
+    CUDA_OK(cudaMemcpy(d_src, reversed, (size_t)rows * sizeof(int32_t), cudaMemcpyHostToDevice));
+    cudaStream_t st;
+    CUDA_OK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    SAMPLE_OR_RETURN(cuda_sampler_enqueue(s, 0, b.dev, rows, a.params, a.output_index, a.prompt_ptr,
+                                          a.n_prompt, a.output_ptr, a.n_output, NULL, st));
+    SAMPLE_OR_RETURN(cuda_sampler_enqueue_gathered(s, 1, b.dev, rows, g.params, g.output_index,
+                                                   g.prompt_ptr, g.n_prompt, g.output_ptr,
+                                                   g.n_output, gathers, rows, d_src, NULL, st));
+    CUDA_OK(cudaStreamSynchronize(st));
+    int same = 0, penalised = 0;
+    for (int32_t r = 0; r < rows; r++) {
+        int32_t t0 = -1, t1 = -2;
+        float l0 = 0.0f, l1 = 1.0f;
+        int rc0 = cuda_sampler_result(s, 0, r, &t0, &l0);
+        int rc1 = cuda_sampler_result(s, 1, r, &t1, &l1);
+        same += rc0 == rc1 && (rc0 != 0 || (t0 == t1 && memcmp(&l0, &l1, sizeof(l0)) == 0));
+        penalised += a.params[r].repetition_penalty != 1.0f ||
+                     a.params[r].presence_penalty != 0.0f || a.params[r].frequency_penalty != 0.0f;
+    }
+    GPU_CHECK(same == rows && penalised >= rows / 2 - 1,
+              "vocab %d: histories' last tokens read on the device give the same tokens and "
+              "logprobs (%d of %d rows, %d penalised)",
+              (int)vocab, same, (int)rows, penalised);
+    /* The refusals: more gathers than rows, a NULL source, a gather past its row's output. */
+    struct cuda_history_gather past = {.row = 0, .index = (int32_t)g.n_output[0], .src = 0};
+    int rc_many = cuda_sampler_enqueue_gathered(s, 1, b.dev, 1, g.params, g.output_index,
+                                                g.prompt_ptr, g.n_prompt, g.output_ptr, g.n_output,
+                                                gathers, 2, d_src, NULL, st);
+    int rc_null = cuda_sampler_enqueue_gathered(s, 1, b.dev, rows, g.params, g.output_index,
+                                                g.prompt_ptr, g.n_prompt, g.output_ptr, g.n_output,
+                                                gathers, 1, NULL, NULL, st);
+    int rc_past = cuda_sampler_enqueue_gathered(s, 1, b.dev, rows, g.params, g.output_index,
+                                                g.prompt_ptr, g.n_prompt, g.output_ptr, g.n_output,
+                                                &past, 1, d_src, NULL, st);
+    GPU_CHECK(rc_many == PAGODA_EINVAL && rc_null == PAGODA_EINVAL && rc_past == PAGODA_EINVAL,
+              "history gathers refused: more than the rows %d, a NULL source %d, past the output "
+              "%d (PAGODA_EINVAL %d)",
+              rc_many, rc_null, rc_past, PAGODA_EINVAL);
+    CUDA_OK(cudaStreamDestroy(st));
+    CUDA_OK(cudaFree(d_src));
+    cuda_sampler_free(s);
+    bank_fini(&b);
+}
+
 /* docs/sampling.md's worked example and tests/unit/test_sampler.c's golden values. */
 static void test_golden(void)
 {
@@ -1139,6 +1221,7 @@ int main(void)
     test_batch_position(32000, 40);
     test_batch_position(151936, 20);
     test_enqueue_slots(32000, 40);
+    test_enqueue_history_gathers(32000, 40);
     printf("max |logprob difference| over all draws: %.3g\n", max_logprob_diff);
     if (!getenv("SAMPLER_TEST_QUICK")) {
         timings();

@@ -36,11 +36,13 @@
 
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t g_cv = PTHREAD_COND_INITIALIZER;
-static int g_gate_open = 1;  /* forward_sample waits while 0 */
-static int g_entered;        /* forward passes started */
-static int g_fail_pos = -1;  /* a row sampled at this position fails (NaN logits) */
-static int g_break_pos = -1; /* a step sampling at this position fails as a whole */
-static int g_pending_seen;   /* pending tokens that reached a forward pass */
+static int g_gate_open = 1;        /* forward_sample waits while 0 */
+static int g_entered;              /* forward passes started */
+static int g_fail_pos = -1;        /* a row sampled at this position fails (NaN logits) */
+static int g_break_pos = -1;       /* a step sampling at this position fails as a whole */
+static int g_pending_seen;         /* pending tokens that reached a forward pass */
+static int32_t g_sync_history[16]; /* the last penalised row's output history, synchronous path */
+static size_t g_sync_history_n;
 
 static int32_t next_token(int32_t token, int32_t pos)
 {
@@ -68,7 +70,11 @@ static int fake_forward_sample(struct backend *b, const struct fwd_batch *batch,
                                const struct sample_row *rows, int32_t *tokens, float *logprobs)
 {
     (void)b;
-    (void)rows;
+    for (int32_t r = 0; r < batch->num_logits; r++)
+        if (rows[r].n_output > 0 && rows[r].n_output <= 16) {
+            memcpy(g_sync_history, rows[r].output_tokens, rows[r].n_output * sizeof(int32_t));
+            g_sync_history_n = rows[r].n_output;
+        }
     pthread_mutex_lock(&g_mu);
     g_entered++;
     pthread_cond_broadcast(&g_cv);
@@ -113,12 +119,14 @@ static int g_submits_behind;                 /* submits while another step was h
 static int g_refuse_pos = -1;                /* submit refuses a step sampling here */
 static int g_lost;                           /* health says the device context is lost */
 static int g_history_pending_seen;           /* a pending token in a history at submit */
+static int g_history_gathers;                /* history tokens read on the "device" */
 static int32_t g_last_history[16];           /* the last penalised row's output history */
 static size_t g_last_history_n;
 
 static int fake_submit(struct backend *b, int slot, const struct fwd_batch *batch,
                        const struct sample_row *rows, const struct backend_gather *gathers,
-                       int32_t num_gathers)
+                       int32_t num_gathers, const struct backend_history_gather *hgathers,
+                       int32_t num_hgathers)
 {
     (void)b;
     if (g_held[slot] >= 0)
@@ -143,6 +151,14 @@ static int fake_submit(struct backend *b, int slot, const struct fwd_batch *batc
         if (rows[r].n_output > 0 && rows[r].n_output <= 16) {
             memcpy(g_last_history, rows[r].output_tokens, rows[r].n_output * sizeof(int32_t));
             g_last_history_n = rows[r].n_output;
+            /* The "device" reads the history's gathered tokens where the step before sampled. */
+            for (int32_t i = 0; i < num_hgathers; i++)
+                if (hgathers[i].row == r) {
+                    assert_int_equal(g_last_history[hgathers[i].index], 0); /* the placeholder */
+                    g_last_history[hgathers[i].index] =
+                        g_dev_tokens[hgathers[i].slot][hgathers[i].src_row];
+                    g_history_gathers++;
+                }
         }
     }
     pthread_mutex_lock(&g_mu);
@@ -292,7 +308,8 @@ static int setup_with(void **state, const struct backend_ops *ops)
     g_submits = g_completes = g_submits_behind = 0;
     g_refuse_pos = -1;
     g_lost = 0;
-    g_history_pending_seen = 0;
+    g_history_pending_seen = g_history_gathers = 0;
+    g_sync_history_n = 0;
     g_last_history_n = 0;
     g_penalised = 0;
     h->b->config.vocab_size = VOCAB;
@@ -774,9 +791,10 @@ static void test_async_device_lost(void **state)
     g_break_pos = -1;
 }
 
-/* A penalised row whose history holds the token of the step still on the device: that step is
- * completed first, and the history reaches the backend resolved. */
-static void test_async_penalised_history_waits(void **state)
+/* A penalised row whose history holds the token of the step still on the device: the step is
+ * submitted behind it all the same, its history's token read on the device (a history gather,
+ * 0 in its place on the host), and the sampler sees step 1's token there. */
+static void test_async_penalised_history_gathered(void **state)
 {
     struct h *h = *state;
     g_penalised = 1;
@@ -784,17 +802,35 @@ static void test_async_penalised_history_waits(void **state)
     gate(0);
     assert_int_equal(step(h, 1, ONE, 1, 0, 3, 0), 0);
     assert_int_equal(step(h, 2, ONE, 1, 3, 1, 0), 0); /* its history holds step 1's token */
-    wait_entered(1);
-    for (int i = 0; i < 20; i++)
-        usleep(1000);
-    assert_int_equal(g_entered, 1); /* step 2 waits for step 1's end */
+    wait_entered(2);                                  /* submitted while step 1 is held */
     gate(1);
     wait_results(h, 2);
     assert_int_equal(h->got[1].rc, 0);
-    assert_int_equal(g_submits_behind, 0);
+    assert_int_equal(g_submits_behind, 1);
+    assert_int_equal(g_history_pending_seen, 0);
+    assert_int_equal(g_history_gathers, 1);
     assert_int_equal(g_last_history_n, 1);
     assert_int_equal(g_last_history[0], h->got[0].tokens[0]);
     assert_int_equal(h->got[1].tokens[0], next_token(h->got[0].tokens[0], 3));
+}
+
+/* The same history when the step behind is refused and runs synchronously: the history's
+ * pending token is resolved on the host after all (the placeholder the gather left is undone). */
+static void test_async_penalised_history_refused(void **state)
+{
+    struct h *h = *state;
+    g_penalised = 1;
+    resync(h, 1);
+    g_refuse_pos = 3;
+    gate(0);
+    assert_int_equal(step(h, 1, ONE, 1, 0, 3, 0), 0);
+    assert_int_equal(step(h, 2, ONE, 1, 3, 1, 0), 0); /* refused: runs after step 1 */
+    gate(1);
+    wait_results(h, 2);
+    assert_int_equal(h->got[1].rc, 0);
+    assert_int_equal(h->got[1].tokens[0], next_token(h->got[0].tokens[0], 3));
+    assert_int_equal(g_sync_history_n, 1);
+    assert_int_equal(g_sync_history[0], h->got[0].tokens[0]);
 }
 
 /* A submission the backend refuses (as the sampler's host checks do) runs the step the
@@ -874,7 +910,10 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_async_device_failure_fails_next, setup_async,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_async_device_lost, setup_async, teardown),
-        cmocka_unit_test_setup_teardown(test_async_penalised_history_waits, setup_async, teardown),
+        cmocka_unit_test_setup_teardown(test_async_penalised_history_gathered, setup_async,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_async_penalised_history_refused, setup_async,
+                                        teardown),
         cmocka_unit_test_setup_teardown(test_async_refused_runs_sync, setup_async, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
