@@ -1211,15 +1211,17 @@ static int cuda_submit(struct backend *base, int slot, const struct fwd_batch *b
         if (gathers[i].row >= seqs)
             return pagoda_error_set(PAGODA_EINVAL, "cuda: gather from row %d (the limit is %d)",
                                     gathers[i].row, seqs);
-    /* The sampler reads a history gather from d_sampled, [slot][max_num_seqs]. */
-    if (num_hgathers > batch->num_logits)
+    /* The sampler reads a history gather from d_sampled, [slot][max_num_seqs]: a row that the
+     * step of another slot, not completed yet, samples. */
+    if (num_hgathers > batch->num_logits || num_hgathers > seqs)
         return pagoda_error_set(PAGODA_EINVAL, "cuda: %d history gathers for %d rows", num_hgathers,
                                 batch->num_logits);
     for (int32_t i = 0; i < num_hgathers; i++) {
-        if (hgathers[i].src_row >= seqs)
+        const struct backend_history_gather *g = &hgathers[i];
+        if (g->slot == slot || g->src_row >= seqs || b->held[g->slot] <= g->src_row)
             return pagoda_error_set(PAGODA_EINVAL,
-                                    "cuda: history gather from row %d (the limit is %d)",
-                                    hgathers[i].src_row, seqs);
+                                    "cuda: history gather from slot %d row %d (it holds %d rows)",
+                                    g->slot, g->src_row, b->held[g->slot]);
         b->row_gathers[i] = (struct cuda_history_gather){
             .row = hgathers[i].row,
             .index = hgathers[i].index,

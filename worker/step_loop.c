@@ -67,10 +67,11 @@ static void refuse_step(struct step_loop *sl, const Pagoda__Internal__Step *s, i
 /* A result the executor posted: resolve the mirror, answer the scheduler. */
 static void deliver(struct step_loop *sl, const struct executor_result *x)
 {
-    if (x->lost) {
+    if (x->lost && sl->o.lost != NULL) {
         /* Answered by nobody: an error result would start the scheduler's search for a culprit
-         * among the step's sequences, which are not at fault. */
-        if (!sl->lost_told && sl->o.lost != NULL)
+         * among the step's sequences, which are not at fault. From now on nothing is handled
+         * (lost_told): the process is ending. */
+        if (!sl->lost_told)
             sl->o.lost(sl->o.ctx, x->rc, x->error);
         sl->lost_told = 1;
         return;
@@ -263,6 +264,8 @@ static int handle_now(struct step_loop *sl, Pagoda__Internal__ToWorker *msg)
 /* Handles the held messages in order until one must wait again. */
 static void run_held(struct step_loop *sl)
 {
+    if (sl->lost_told) /* the backend is lost: a held Resync is not applied nor answered */
+        return;
     while (sl->num_held > 0) {
         Pagoda__Internal__ToWorker *msg = sl->held[sl->held_head];
         if (handle_now(sl, msg)) {
@@ -287,6 +290,10 @@ static void on_done(void *ctx, const struct executor_result *x)
 
 void step_loop_handle(struct step_loop *sl, Pagoda__Internal__ToWorker *msg)
 {
+    if (sl->lost_told) {
+        protobuf_c_message_free_unpacked(&msg->base, NULL);
+        return;
+    }
     if (sl->num_held > 0) {
         if (sl->num_held == STEP_LOOP_MAX_HELD) {
             sl->st.held_dropped++;

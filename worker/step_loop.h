@@ -44,9 +44,11 @@ struct step_loop_options {
     /* Sends a Hello (a resync from a scheduler that may not know this worker). */
     void (*send_hello)(void *ctx);
     /* The backend cannot run passes any more (executor_result.lost: a lost device context), told
-     * with the failed step's error instead of its result: nothing more is answered, and the
-     * caller ends the process so that a new one starts (the scheduler sees the worker go, as
-     * after a kill -9, and resyncs its successor: no request is lost). Called once. */
+     * with the failed step's error instead of its result: nothing more is handled or answered
+     * (held messages, a held Resync among them, stay unapplied), and the caller ends the process
+     * so that a new one starts (the scheduler sees the worker go, as after a kill -9, and
+     * resyncs its successor: no request is lost). Called once. NULL: a lost step is answered
+     * with its error as any failed step. */
     void (*lost)(void *ctx, int rc, const char *why);
     const char *lose_device; /* executor_fault_lose_device's file, or NULL */
     void *ctx;

@@ -155,11 +155,18 @@ static void leader_close(struct backend *base)
     free(l);
 }
 
+/* Rank 0's own device: a follower's loss breaks the group instead (group_broke). */
+static int leader_health(struct backend *base)
+{
+    return backend_health(((struct leader *)base)->inner);
+}
+
 static const struct backend_ops leader_ops = {
     .name = "tp-leader",
     .forward = leader_forward,
     .close = leader_close,
     .device_time_us = leader_device_time_us,
+    .health = leader_health,
 };
 
 int tp_leader_open(struct backend *inner, struct comm *steps, const struct backend_limits *limits,

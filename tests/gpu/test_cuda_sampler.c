@@ -476,10 +476,12 @@ static void test_enqueue_slots(int32_t vocab, int32_t rows)
     bank_fini(&b);
 }
 
-/* cuda_sampler_enqueue_gathered: penalised rows whose histories' last output token is read on
- * the device (0 on the host in its place, the token in a device array, as the CUDA backend's
- * steps in flight leave it) give the tokens and logprobs of the same call with the token in the
- * history, bit for bit; a gather of a row without penalties is ignored; the refusals. */
+/* cuda_sampler_enqueue_gathered: penalised rows whose histories' last output token (each row's
+ * likeliest token, so that its penalty matters) is read on the device (0 on the host in its
+ * place, the token in a device array, as the CUDA backend's steps in flight leave it) give the
+ * tokens and logprobs of the same call with the token in the history, bit for bit, where the
+ * call with 0 left in place differs (the comparison can fail); a gather of a row without
+ * penalties is ignored; the refusals, after which the sampler still gives the same results. */
 static void test_enqueue_history_gathers(int32_t vocab, int32_t rows)
 {
     struct bank b;
@@ -489,14 +491,15 @@ static void test_enqueue_history_gathers(int32_t vocab, int32_t rows)
     static struct batch a, g;
     a.rows = rows;
     for (int32_t r = 0; r < rows; r++) {
-        /* Odd rows penalised (combos 144 .. 575 carry penalties), sampled or greedy. */
-        a.params[r] = combo_params((r % 2 ? 144 : 0) + (r * 7) % 144, 3000u + (uint64_t)r);
+        /* Odd rows penalised (combos 144 .. 575 carry the three sets of penalties), sampled or
+         * greedy. */
+        a.params[r] =
+            combo_params(r % 2 ? 144 + (r * 37) % 432 : (r * 7) % 144, 3000u + (uint64_t)r);
         a.output_index[r] = 5u * (uint64_t)r;
         make_history(&a, r, &b, r);
-        if (a.n_output[r] == 0) { /* a last output token to gather */
-            a.output[r][0] = b.top[r * TOP_IDS];
+        if (a.n_output[r] == 0)
             a.n_output[r] = 1;
-        }
+        a.output[r][a.n_output[r] - 1] = b.top[r * TOP_IDS]; /* the token gathered */
     }
     g = a;
     struct cuda_history_gather gathers[MAX_ROWS];
@@ -522,21 +525,26 @@ static void test_enqueue_history_gathers(int32_t vocab, int32_t rows)
     SAMPLE_OR_RETURN(cuda_sampler_enqueue_gathered(s, 1, b.dev, rows, g.params, g.output_index,
                                                    g.prompt_ptr, g.n_prompt, g.output_ptr,
                                                    g.n_output, gathers, rows, d_src, NULL, st));
+    /* The control: 0 left in place, no gathers. */
+    SAMPLE_OR_RETURN(cuda_sampler_enqueue(s, 2, b.dev, rows, g.params, g.output_index, g.prompt_ptr,
+                                          g.n_prompt, g.output_ptr, g.n_output, NULL, st));
     CUDA_OK(cudaStreamSynchronize(st));
-    int same = 0, penalised = 0;
+    int same = 0, penalised = 0, control_differs = 0;
     for (int32_t r = 0; r < rows; r++) {
-        int32_t t0 = -1, t1 = -2;
-        float l0 = 0.0f, l1 = 1.0f;
+        int32_t t0 = -1, t1 = -2, t2 = -3;
+        float l0 = 0.0f, l1 = 1.0f, l2 = 2.0f;
         int rc0 = cuda_sampler_result(s, 0, r, &t0, &l0);
         int rc1 = cuda_sampler_result(s, 1, r, &t1, &l1);
+        int rc2 = cuda_sampler_result(s, 2, r, &t2, &l2);
         same += rc0 == rc1 && (rc0 != 0 || (t0 == t1 && memcmp(&l0, &l1, sizeof(l0)) == 0));
+        control_differs += rc0 != rc2 || t0 != t2 || memcmp(&l0, &l2, sizeof(l0)) != 0;
         penalised += a.params[r].repetition_penalty != 1.0f ||
                      a.params[r].presence_penalty != 0.0f || a.params[r].frequency_penalty != 0.0f;
     }
-    GPU_CHECK(same == rows && penalised >= rows / 2 - 1,
+    GPU_CHECK(same == rows && penalised >= rows / 2 - 1 && control_differs >= penalised / 2,
               "vocab %d: histories' last tokens read on the device give the same tokens and "
-              "logprobs (%d of %d rows, %d penalised)",
-              (int)vocab, same, (int)rows, penalised);
+              "logprobs (%d of %d rows, %d penalised; with 0 left there %d rows differ)",
+              (int)vocab, same, (int)rows, penalised, control_differs);
     /* The refusals: more gathers than rows, a NULL source, a gather past its row's output. */
     struct cuda_history_gather past = {.row = 0, .index = (int32_t)g.n_output[0], .src = 0};
     int rc_many = cuda_sampler_enqueue_gathered(s, 1, b.dev, 1, g.params, g.output_index,
@@ -552,6 +560,20 @@ static void test_enqueue_history_gathers(int32_t vocab, int32_t rows)
               "history gathers refused: more than the rows %d, a NULL source %d, past the output "
               "%d (PAGODA_EINVAL %d)",
               rc_many, rc_null, rc_past, PAGODA_EINVAL);
+    SAMPLE_OR_RETURN(cuda_sampler_enqueue_gathered(s, 3, b.dev, rows, g.params, g.output_index,
+                                                   g.prompt_ptr, g.n_prompt, g.output_ptr,
+                                                   g.n_output, gathers, rows, d_src, NULL, st));
+    CUDA_OK(cudaStreamSynchronize(st));
+    int again = 0;
+    for (int32_t r = 0; r < rows; r++) {
+        int32_t t0 = -1, t3 = -4;
+        float l0 = 0.0f, l3 = 3.0f;
+        int rc0 = cuda_sampler_result(s, 0, r, &t0, &l0);
+        int rc3 = cuda_sampler_result(s, 3, r, &t3, &l3);
+        again += rc0 == rc3 && (rc0 != 0 || (t0 == t3 && memcmp(&l0, &l3, sizeof(l0)) == 0));
+    }
+    GPU_CHECK(again == rows, "vocab %d: after the refusals, the same results again (%d of %d)",
+              (int)vocab, again, (int)rows);
     CUDA_OK(cudaStreamDestroy(st));
     CUDA_OK(cudaFree(d_src));
     cuda_sampler_free(s);

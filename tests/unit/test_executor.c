@@ -120,7 +120,10 @@ static int g_refuse_pos = -1;                /* submit refuses a step sampling h
 static int g_lost;                           /* health says the device context is lost */
 static int g_history_pending_seen;           /* a pending token in a history at submit */
 static int g_history_gathers;                /* history tokens read on the "device" */
-static int32_t g_last_history[16];           /* the last penalised row's output history */
+static int32_t g_row_history[ASYNC_ROWS]
+                            [16]; /* each row's output history as the "device" read it */
+static size_t g_row_history_n[ASYNC_ROWS];
+static int32_t g_last_history[16]; /* the last penalised row's output history */
 static size_t g_last_history_n;
 
 static int fake_submit(struct backend *b, int slot, const struct fwd_batch *batch,
@@ -159,6 +162,10 @@ static int fake_submit(struct backend *b, int slot, const struct fwd_batch *batc
                         g_dev_tokens[hgathers[i].slot][hgathers[i].src_row];
                     g_history_gathers++;
                 }
+            if (r < ASYNC_ROWS) {
+                memcpy(g_row_history[r], g_last_history, rows[r].n_output * sizeof(int32_t));
+                g_row_history_n[r] = rows[r].n_output;
+            }
         }
     }
     pthread_mutex_lock(&g_mu);
@@ -310,6 +317,7 @@ static int setup_with(void **state, const struct backend_ops *ops)
     g_lost = 0;
     g_history_pending_seen = g_history_gathers = 0;
     g_sync_history_n = 0;
+    memset(g_row_history_n, 0, sizeof(g_row_history_n));
     g_last_history_n = 0;
     g_penalised = 0;
     h->b->config.vocab_size = VOCAB;
@@ -814,6 +822,35 @@ static void test_async_penalised_history_gathered(void **state)
     assert_int_equal(h->got[1].tokens[0], next_token(h->got[0].tokens[0], 3));
 }
 
+/* Two penalised sequences whose rows swap between the steps: each row's history reads the token
+ * its own sequence sampled in the step still on the device (row 0 of step 2 is row 1 of step
+ * 1), not the token of the row with its number. */
+static void test_async_penalised_histories_follow_rows(void **state)
+{
+    static const uint64_t swapped[2] = {2, 1};
+    struct h *h = *state;
+    g_penalised = 1;
+    resync(h, 1);
+    gate(0);
+    assert_int_equal(step(h, 1, BOTH, 2, 0, 3, 0), 0);
+    assert_int_equal(step(h, 2, swapped, 2, 3, 1, 0), 0);
+    wait_entered(2);
+    gate(1);
+    wait_results(h, 2);
+    assert_int_equal(h->got[1].rc, 0);
+    assert_int_equal(g_submits_behind, 1);
+    assert_int_equal(g_history_gathers, 2);
+    assert_int_equal(h->got[0].seq_ids[0], 1);
+    assert_int_equal(h->got[1].seq_ids[0], 2);
+    assert_true(h->got[0].tokens[0] != h->got[0].tokens[1]); /* the test tells them apart */
+    assert_int_equal(g_row_history_n[0], 1);
+    assert_int_equal(g_row_history[0][0], h->got[0].tokens[1]); /* sequence 2's */
+    assert_int_equal(g_row_history_n[1], 1);
+    assert_int_equal(g_row_history[1][0], h->got[0].tokens[0]); /* sequence 1's */
+    assert_int_equal(h->got[1].tokens[0], next_token(h->got[0].tokens[1], 3));
+    assert_int_equal(h->got[1].tokens[1], next_token(h->got[0].tokens[0], 3));
+}
+
 /* The same history when the step behind is refused and runs synchronously: the history's
  * pending token is resolved on the host after all (the placeholder the gather left is undone). */
 static void test_async_penalised_history_refused(void **state)
@@ -913,6 +950,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_async_penalised_history_gathered, setup_async,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_async_penalised_history_refused, setup_async,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_async_penalised_histories_follow_rows, setup_async,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_async_refused_runs_sync, setup_async, teardown),
     };

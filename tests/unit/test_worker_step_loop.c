@@ -26,6 +26,9 @@
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t g_cv = PTHREAD_COND_INITIALIZER;
 static int g_gate_open = 1, g_entered;
+static int g_lose;                  /* fake_forward_sample fails, and lost_health says so */
+static int g_lost_calls, g_lost_rc; /* step_loop_options.lost */
+static char g_lost_why[256];
 
 static int fake_forward(struct backend *b, const struct fwd_batch *batch, float *logits)
 {
@@ -46,11 +49,20 @@ static int fake_forward_sample(struct backend *b, const struct fwd_batch *batch,
     while (!g_gate_open)
         pthread_cond_wait(&g_cv, &g_mu);
     pthread_mutex_unlock(&g_mu);
+    if (g_lose)
+        return pagoda_error_set(PAGODA_ECUDA, "fake: an illegal address");
     for (int32_t r = 0; r < batch->num_logits; r++) {
         tokens[r] = 7;
         logprobs[r] = 0.0f;
     }
     return 0;
+}
+
+/* lost_ops: after a failed pass, health says the device context is lost while g_lose is set. */
+static int lost_health(struct backend *b)
+{
+    (void)b;
+    return g_lose ? pagoda_error_set(PAGODA_ECUDA, "fake: the device context is lost") : 0;
 }
 
 static void fake_close(struct backend *b)
@@ -87,6 +99,14 @@ static int nan_forward(struct backend *b, const struct fwd_batch *batch, float *
     }
     return 0;
 }
+
+static const struct backend_ops lost_ops = {
+    .name = "fake-lost",
+    .forward = fake_forward,
+    .forward_sample = fake_forward_sample,
+    .close = fake_close,
+    .health = lost_health,
+};
 
 static const struct backend_ops nan_ops = {
     .name = "fake-nan",
@@ -180,6 +200,14 @@ static void on_hello(void *ctx)
     h->sent[h->n_sent++].kind = 'H';
 }
 
+static void on_lost(void *ctx, int rc, const char *why)
+{
+    (void)ctx;
+    g_lost_calls++;
+    g_lost_rc = rc;
+    snprintf(g_lost_why, sizeof(g_lost_why), "%s", why);
+}
+
 static int setup_with(void **state, const struct backend_ops *ops)
 {
     struct h *h = calloc(1, sizeof(*h));
@@ -197,11 +225,13 @@ static int setup_with(void **state, const struct backend_ops *ops)
         .pool_id = 77,
         .send = on_send,
         .send_hello = on_hello,
+        .lost = ops == &lost_ops ? on_lost : NULL,
         .ctx = h,
     };
     assert_int_equal(step_loop_open(&h->loop, h->b, &o, &h->sl), 0);
     g_gate_open = 1;
     g_entered = 0;
+    g_lose = g_lost_calls = g_lost_rc = 0;
     *state = h;
     return 0;
 }
@@ -214,6 +244,11 @@ static int setup(void **state)
 static int setup_nan(void **state)
 {
     return setup_with(state, &nan_ops);
+}
+
+static int setup_lost(void **state)
+{
+    return setup_with(state, &lost_ops);
 }
 
 static int teardown(void **state)
@@ -493,12 +528,45 @@ static void test_close_with_work_in_flight(void **state)
     step_loop_handle(h->sl, step_msg(9, 0, 3));
 }
 
+/* Step 5 fails and the backend says its device is lost while step 6 waits behind it and a
+ * Resync and step 9 are held: options.lost is told once, with both errors, and nothing more is
+ * answered: no StepResult (an error result would send the scheduler looking for a culprit), no
+ * ResyncDone, nothing for a message that comes later. */
+static void test_lost_device_answers_nothing(void **state)
+{
+    struct h *h = *state;
+    step_loop_handle(h->sl, resync_msg(1, 5));
+    gate(0);
+    step_loop_handle(h->sl, step_msg(5, 0, 3));
+    wait_entered(1);
+    step_loop_handle(h->sl, step_msg(6, 3, 1));
+    step_loop_handle(h->sl, resync_msg(2, 9));
+    step_loop_handle(h->sl, step_msg(9, 0, 3));
+    g_lose = 1;
+    gate(1);
+    for (int i = 0; i < WAIT_ITERATIONS && g_lost_calls == 0; i++) {
+        uv_run(&h->loop, UV_RUN_NOWAIT);
+        usleep(1000);
+    }
+    step_loop_handle(h->sl, resync_msg(3, 11));
+    for (int i = 0; i < 50; i++) {
+        uv_run(&h->loop, UV_RUN_NOWAIT);
+        usleep(1000);
+    }
+    assert_int_equal(g_lost_calls, 1);
+    assert_true(g_lost_rc != 0);
+    assert_non_null(strstr(g_lost_why, "the device context is lost"));
+    assert_int_equal(h->n_sent, 2); /* the first Hello and ResyncDone only */
+    assert_int_equal(g_entered, 1); /* step 6 did not run; the held Resync was not applied */
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_two_steps_in_flight, setup, teardown),
         cmocka_unit_test_setup_teardown(test_resync_waits_for_the_running_step, setup, teardown),
         cmocka_unit_test_setup_teardown(test_close_with_work_in_flight, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_lost_device_answers_nothing, setup_lost, teardown),
         cmocka_unit_test_setup_teardown(test_failed_sequence_fails_alone_behind_its_step, setup_nan,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_failed_sequence_fails_alone_after_its_result,
