@@ -1122,24 +1122,6 @@ static int check_call(const struct cuda_sampler *s, const float *logits, int32_t
     return 0;
 }
 
-extern "C" int cuda_sampler_enqueue(struct cuda_sampler *s, int slot, const float *logits,
-                                    int32_t rows, const struct sampling_params *params,
-                                    const uint64_t *output_index,
-                                    const int32_t *const *prompt_tokens, const size_t *n_prompt,
-                                    const int32_t *const *output_tokens, const size_t *n_output,
-                                    int32_t *d_tokens, cudaStream_t stream)
-{
-    int done;
-    int rc = check_call(s, logits, rows, params, output_index, logits, &done);
-    if (rc != 0 || done)
-        return rc;
-    if (slot < 0 || slot >= CUDA_SAMPLER_SLOTS)
-        return pagoda_error_set(PAGODA_EINVAL, "cuda sampler: slot %d outside [0, %d)", slot,
-                                CUDA_SAMPLER_SLOTS);
-    return enqueue(s, slot, logits, rows, params, output_index, prompt_tokens, n_prompt,
-                   output_tokens, n_output, NULL, 0, NULL, d_tokens, stream);
-}
-
 extern "C" int
 cuda_sampler_enqueue_gathered(struct cuda_sampler *s, int slot, const float *logits, int32_t rows,
                               const struct sampling_params *params, const uint64_t *output_index,
@@ -1163,6 +1145,18 @@ cuda_sampler_enqueue_gathered(struct cuda_sampler *s, int slot, const float *log
                                 d_src ? "given" : "NULL");
     return enqueue(s, slot, logits, rows, params, output_index, prompt_tokens, n_prompt,
                    output_tokens, n_output, gathers, num_gathers, d_src, d_tokens, stream);
+}
+
+extern "C" int cuda_sampler_enqueue(struct cuda_sampler *s, int slot, const float *logits,
+                                    int32_t rows, const struct sampling_params *params,
+                                    const uint64_t *output_index,
+                                    const int32_t *const *prompt_tokens, const size_t *n_prompt,
+                                    const int32_t *const *output_tokens, const size_t *n_output,
+                                    int32_t *d_tokens, cudaStream_t stream)
+{
+    return cuda_sampler_enqueue_gathered(s, slot, logits, rows, params, output_index, prompt_tokens,
+                                         n_prompt, output_tokens, n_output, NULL, 0, NULL, d_tokens,
+                                         stream);
 }
 
 extern "C" int cuda_sampler_result(const struct cuda_sampler *s, int slot, int32_t r,

@@ -412,18 +412,25 @@ static void test_two_steps_in_flight(void **state)
     assert_int_equal(st.computed_tokens, 4);
 }
 
-/* A Resync while step 5 runs and step 6 waits: step 5 is answered, step 6 never, then the
- * ResyncDone; a Step behind the Resync is handled after it, from the new snapshot. */
-static void test_resync_waits_for_the_running_step(void **state)
+/* Step 5 running (held on the gate), step 6 waiting behind it, then a Resync (held: step 5
+ * runs) and step 9 held behind it. */
+static void resync_behind_two_steps(struct h *h)
 {
-    struct h *h = *state;
     step_loop_handle(h->sl, resync_msg(1, 5));
     gate(0);
     step_loop_handle(h->sl, step_msg(5, 0, 3));
     wait_entered(1);
     step_loop_handle(h->sl, step_msg(6, 3, 1));
-    step_loop_handle(h->sl, resync_msg(2, 9));  /* held: step 5 runs */
-    step_loop_handle(h->sl, step_msg(9, 0, 3)); /* held behind it */
+    step_loop_handle(h->sl, resync_msg(2, 9));
+    step_loop_handle(h->sl, step_msg(9, 0, 3));
+}
+
+/* A Resync while step 5 runs and step 6 waits: step 5 is answered, step 6 never, then the
+ * ResyncDone; a Step behind the Resync is handled after it, from the new snapshot. */
+static void test_resync_waits_for_the_running_step(void **state)
+{
+    struct h *h = *state;
+    resync_behind_two_steps(h);
     assert_int_equal(h->n_sent, 2);
     gate(1);
     run_until_sent(h, 5);
@@ -535,13 +542,7 @@ static void test_close_with_work_in_flight(void **state)
 static void test_lost_device_answers_nothing(void **state)
 {
     struct h *h = *state;
-    step_loop_handle(h->sl, resync_msg(1, 5));
-    gate(0);
-    step_loop_handle(h->sl, step_msg(5, 0, 3));
-    wait_entered(1);
-    step_loop_handle(h->sl, step_msg(6, 3, 1));
-    step_loop_handle(h->sl, resync_msg(2, 9));
-    step_loop_handle(h->sl, step_msg(9, 0, 3));
+    resync_behind_two_steps(h);
     g_lose = 1;
     gate(1);
     for (int i = 0; i < WAIT_ITERATIONS && g_lost_calls == 0; i++) {
