@@ -1,6 +1,5 @@
 #include "worker/executor.h"
 #include "common/error.h"
-#include "common/log.h"
 
 #include <errno.h>
 #include <inttypes.h>
