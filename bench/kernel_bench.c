@@ -367,7 +367,7 @@ static void bench_attention(const struct attn_case *c)
 /* ---- linears: y[rows][out] = x[rows][in] . w[out][in]^T, the worker's cublasGemmEx ---- */
 
 /* How a linear case runs: the worker's cublasGemmEx, cuda_gemv (kernels/cuda/linear.h), its
- * streaming form cuda_gemv_stream (with the ring of `stages`, 0: the default), or cublasLtMatmul
+ * streaming form cuda_gemv_stream (with `ring`), or cublasLtMatmul
  * with one algorithm of the heuristic's list (a 32 MiB workspace). */
 enum gemm_mode { GEMM_CUBLAS, GEMM_GEMV, GEMM_GEMV_STREAM, GEMM_LT };
 #define kLtWorkspace (32u << 20)
@@ -380,7 +380,7 @@ struct gemm_run {
     uint16_t *y;
     int32_t rows, in, out;
     enum gemm_mode mode;
-    int stages;
+    struct cuda_gemv_ring ring; /* GEMM_GEMV_STREAM's */
     cublasLtHandle_t lt;
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t lw, lx, ly;
@@ -408,7 +408,7 @@ static void gemm_launch(void *ctx, int rep)
         return;
     }
     if (r->mode == GEMM_GEMV_STREAM) {
-        PK(cuda_gemv_stream(r->x, w, r->y, 0, r->rows, r->in, r->out, r->stages, stream));
+        PK(cuda_gemv_stream(r->x, w, r->y, 0, r->rows, r->in, r->out, &r->ring, stream));
         return;
     }
     if (r->mode == GEMM_LT) {
@@ -500,8 +500,8 @@ static void bench_linear_lt(const char *name, struct gemm_run *r, size_t wbytes)
     CK(cudaFree(r->workspace));
 }
 
-/* The worker's cublasGemmEx, then (when the sizes allow) cuda_gemv, cuda_gemv_stream with the
- * default and the largest ring, and cuBLASLt's algorithms, on the same data. */
+/* The worker's cublasGemmEx, then (when the sizes allow) cuda_gemv, cuda_gemv_stream with four
+ * rings, and cuBLASLt's algorithms, on the same data. */
 static void bench_linear(const char *name, int32_t rows, int32_t in, int32_t out, bool variants)
 {
     const size_t wbytes = (size_t)out * in * 2;
@@ -528,13 +528,28 @@ static void bench_linear(const char *name, int32_t rows, int32_t in, int32_t out
         snprintf(n, sizeof(n), "%s_gemv", name);
         r.mode = GEMM_GEMV;
         linear_report(n, &r, time_median_ms(gemm_launch, &r), wbytes);
-        snprintf(n, sizeof(n), "%s_gemvs", name);
+        /* The streaming form: its default ring, then rings of more stages and wider copies (the
+         * eighth session's one-tile bulk GEMV did better with 4 KiB copies than with 1 KiB). */
+        static const struct {
+            const char *suffix;
+            struct cuda_gemv_ring ring;
+        } rings[] = {{"gemvs", {0, 0}},           {"gemvs_8x512", {8, 512}},
+                     {"gemvs_6x512", {6, 512}},   {"gemvs_4x1024", {4, 1024}},
+                     {"gemvs_3x1024", {3, 1024}}, {"gemvs_2x2048", {2, 2048}},
+                     {"gemvs_1x2048", {1, 2048}}};
         r.mode = GEMM_GEMV_STREAM;
-        linear_report(n, &r, time_median_ms(gemm_launch, &r), wbytes);
-        snprintf(n, sizeof(n), "%s_gemvs_ring8", name); /* the largest ring (6 above 8 rows) */
-        r.stages = 8;
-        linear_report(n, &r, time_median_ms(gemm_launch, &r), wbytes);
-        r.stages = 0;
+        for (size_t k = 0; k < sizeof(rings) / sizeof(rings[0]); k++) {
+            r.ring = rings[k].ring;
+            /* Rings that fit (linear_stream.cu's layout: 16 weight rows and 8 or 16 input rows a
+             * stage, each 64 bytes longer than its data; then the partial sums and barriers). */
+            const long stage_rows = 16 + (rows > 8 ? 16 : 8);
+            const long need = (long)r.ring.stages * stage_rows * (r.ring.cols * 2 + 64) +
+                              (rows > 8 ? 8192 : 4096) + 16L * r.ring.stages;
+            if (need > 227L * 1024)
+                continue;
+            snprintf(n, sizeof(n), "%s_%s", name, rings[k].suffix);
+            linear_report(n, &r, time_median_ms(gemm_launch, &r), wbytes);
+        }
     }
     if (variants)
         bench_linear_lt(name, &r, wbytes);

@@ -678,7 +678,7 @@ static int gemm_ld(struct cuda_backend *b, const uint16_t *x, const uint16_t *w,
         in * out <= b->opt.gemv_max_weight &&
         cuda_gemv_fits((int32_t)rows, (int32_t)in, (int32_t)out, x, w, y))
         return b->opt.gemv_stream ? cuda_gemv_stream(x, w, y, ytype == CUDA_R_32F, (int32_t)rows,
-                                                     (int32_t)in, (int32_t)out, 0, b->stream)
+                                                     (int32_t)in, (int32_t)out, NULL, b->stream)
                                   : cuda_gemv(x, w, y, ytype == CUDA_R_32F, (int32_t)rows,
                                               (int32_t)in, (int32_t)out, b->stream);
     const float one = 1.0f, zero = 0.0f;

@@ -3,15 +3,16 @@
  *
  * A tile is 16 output features (16 rows of w) for every input row. The grid is one CTA an SM
  * (at most the tile count); CTA b takes tiles b, b + grid, ..., and its tiles' columns go
- * through a ring of shared-memory stages of 512 columns: a stage holds the 16 weight rows and
+ * through a ring of shared-memory stages (512 columns each by default, struct cuda_gemv_ring):
+ * a stage holds the 16 weight rows and
  * the x rows of those columns, each row one bulk copy completing on the stage's mbarrier. One
  * producer thread issues the copies as stages free up, running ahead across tile boundaries, so
  * an SM keeps its ring of weights in flight without a gap between tiles; eight consumer warps
- * multiply (kernels/cuda/gemv_mma.cuh): in a stage of 16 chunks of 32 columns warp v takes
- * chunks v and v + 8, and gives the stage back with one arrival on its `empty` barrier. Rows in
- * shared memory are 64 bytes longer than their 1 KiB of data, so that the 8 lanes of a
- * quarter-warp read 8 distinct 16-byte bank groups. At a tile's end the warps' partial sums meet
- * in shared memory and are added in warp order (a fixed order: deterministic results).
+ * multiply (kernels/cuda/gemv_mma.cuh): in a stage's chunks of 32 columns warp v takes chunks
+ * v, v + 8, ..., and gives the stage back with one arrival on its `empty` barrier. Rows in
+ * shared memory are 64 bytes longer than their data (a multiple of 1 KiB), so that the 8 lanes
+ * of a quarter-warp read 8 distinct 16-byte bank groups. At a tile's end the warps' partial sums
+ * meet in shared memory and are added in warp order (a fixed order: deterministic results).
  *
  * Launched by launch_pdl, the producer fills the whole ring with weights before it waits for the
  * kernel ahead (whose output is x): at a decode step's kernel boundaries the next linear's
@@ -39,25 +40,35 @@ constexpr int kConsumerWarps = 8;
 constexpr int kThreads = (kConsumerWarps + 1) * 32; /* + the producer warp */
 constexpr int kRowsPerTile = 16;                    /* output features a tile */
 constexpr int kChunk = 32;                          /* reduction columns a warp step */
-constexpr int kStageCols = 512;
-constexpr int kChunksPerStage = kStageCols / kChunk;
-constexpr int kRowBytes = kStageCols * 2 + 64; /* a row's data and the pad against conflicts */
-static_assert(kChunksPerStage % kConsumerWarps == 0, "chunks split evenly over the warps");
+constexpr int kColsUnit = 512;                      /* a ring's stage width is a multiple of this */
+constexpr int kMaxCols = 4096;                      /* and at most this */
+constexpr int kRowPad = 64; /* bytes after a row's data, against bank conflicts */
+constexpr int kMaxSmem = 227 * 1024;
 
-/* A stage: 16 weight rows, then x rows 0 .. 8 * TILES - 1 (those past rows are never copied and
- * their products never stored); then the warps' partial sums and the barriers. */
+/* A ring: stages of cols columns; a stage holds 16 weight rows, then x rows 0 .. 8 * TILES - 1
+ * (those past rows are never copied and their products never stored), each row_bytes apart;
+ * after the ring, the warps' partial sums and the barriers. */
+struct ring {
+    int32_t stages, cols, row_bytes, stage_bytes;
+};
+
 template <int TILES> struct geom {
-    static constexpr int stage_bytes = (kRowsPerTile + 8 * TILES) * kRowBytes;
-    static constexpr int default_stages = TILES == 1 ? 4 : 3;
-    static constexpr int max_stages = TILES == 1 ? 8 : 6;
     static constexpr int part_floats = kConsumerWarps * TILES * 4 * 32;
-    static constexpr int smem(int stages)
+    static constexpr int default_stages = TILES == 1 ? 4 : 3;
+    static ring make(int stages, int cols)
     {
-        return stages * stage_bytes + part_floats * 4 + 2 * stages * 8;
+        ring r;
+        r.stages = stages;
+        r.cols = cols;
+        r.row_bytes = cols * 2 + kRowPad;
+        r.stage_bytes = (kRowsPerTile + 8 * TILES) * r.row_bytes;
+        return r;
+    }
+    static int64_t smem(const ring &r)
+    {
+        return (int64_t)r.stages * r.stage_bytes + part_floats * 4 + 2 * r.stages * 8;
     }
 };
-static_assert(geom<1>::smem(geom<1>::max_stages) <= 227 * 1024, "the ring fits");
-static_assert(geom<2>::smem(geom<2>::max_stages) <= 227 * 1024, "the ring fits");
 
 /* Where the i-th stage of this CTA's sequence reads: its tile's first feature, first column and
  * column count. */
@@ -66,33 +77,33 @@ struct stage_at {
     int32_t k0, cols;
 };
 
-__device__ __forceinline__ stage_at stage_of(int32_t i, int32_t per_tile, int32_t in)
+__device__ __forceinline__ stage_at stage_of(int32_t i, int32_t per_tile, int32_t in, int32_t cols)
 {
     stage_at s;
     s.n0 = ((int64_t)blockIdx.x + (int64_t)(i / per_tile) * gridDim.x) * kRowsPerTile;
-    s.k0 = (i % per_tile) * kStageCols;
-    s.cols = min(kStageCols, in - s.k0);
+    s.k0 = (i % per_tile) * cols;
+    s.cols = min(cols, in - s.k0);
     return s;
 }
 
 /* The 16 weight rows of stage s into ring stage st (rows past out repeat the last row: in
  * bounds, never stored). */
-__device__ __forceinline__ void copy_weights(unsigned char *st, const uint16_t *w, stage_at s,
-                                             int32_t in, int32_t out, uint64_t *bar,
-                                             uint64_t policy)
+__device__ __forceinline__ void copy_weights(unsigned char *st, int32_t row_bytes,
+                                             const uint16_t *w, stage_at s, int32_t in, int32_t out,
+                                             uint64_t *bar, uint64_t policy)
 {
     for (int r = 0; r < kRowsPerTile; r++) {
         const int64_t row = min(s.n0 + r, (int64_t)out - 1);
-        bulk_copy_hint(st + r * kRowBytes, w + row * in + s.k0, (uint32_t)s.cols * 2, bar, policy);
+        bulk_copy_hint(st + r * row_bytes, w + row * in + s.k0, (uint32_t)s.cols * 2, bar, policy);
     }
 }
 
-__device__ __forceinline__ void copy_inputs(unsigned char *st, const uint16_t *x, stage_at s,
-                                            int32_t rows, int32_t in, uint64_t *bar,
+__device__ __forceinline__ void copy_inputs(unsigned char *st, int32_t row_bytes, const uint16_t *x,
+                                            stage_at s, int32_t rows, int32_t in, uint64_t *bar,
                                             uint64_t policy)
 {
     for (int t = 0; t < rows; t++)
-        bulk_copy_hint(st + (kRowsPerTile + t) * kRowBytes, x + (int64_t)t * in + s.k0,
+        bulk_copy_hint(st + (kRowsPerTile + t) * row_bytes, x + (int64_t)t * in + s.k0,
                        (uint32_t)s.cols * 2, bar, policy);
 }
 
@@ -104,23 +115,23 @@ __device__ __forceinline__ uint4 lds128(const unsigned char *p)
 template <int TILES, bool F32>
 __global__ void __launch_bounds__(kThreads, 1)
     gemv_stream_kernel(const uint16_t *__restrict__ x, const uint16_t *__restrict__ w,
-                       void *__restrict__ y, int32_t rows, int32_t in, int32_t out, int32_t stages)
+                       void *__restrict__ y, int32_t rows, int32_t in, int32_t out, ring rg)
 {
     using G = geom<TILES>;
     extern __shared__ __align__(128) unsigned char smem[];
-    float *part = reinterpret_cast<float *>(smem + stages * G::stage_bytes);
+    float *part = reinterpret_cast<float *>(smem + (size_t)rg.stages * rg.stage_bytes);
     uint64_t *full = reinterpret_cast<uint64_t *>(part + G::part_floats);
-    uint64_t *empty = full + stages;
+    uint64_t *empty = full + rg.stages;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int32_t tiles = (out + kRowsPerTile - 1) / kRowsPerTile;
-    const int32_t per_tile = (in + kStageCols - 1) / kStageCols;
+    const int32_t per_tile = (in + rg.cols - 1) / rg.cols;
     const int32_t mine = (int32_t)blockIdx.x < tiles
                              ? (tiles - 1 - (int32_t)blockIdx.x) / (int32_t)gridDim.x + 1
                              : 0;
     const int32_t total = mine * per_tile; /* this CTA's stages */
 
     if (threadIdx.x == 0) {
-        for (int s = 0; s < stages; s++) {
+        for (int s = 0; s < rg.stages; s++) {
             mbar_init(&full[s], 1);
             mbar_init(&empty[s], kConsumerWarps);
         }
@@ -133,25 +144,26 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (lane != 0)
             return;
         const uint64_t once = l2_policy_evict_first(), normal = l2_policy_evict_normal();
-        const int32_t pre = total < stages ? total : stages;
+        const int32_t pre = total < rg.stages ? total : rg.stages;
         for (int32_t i = 0; i < pre; i++) {
-            const stage_at s = stage_of(i, per_tile, in);
+            const stage_at s = stage_of(i, per_tile, in, rg.cols);
             mbar_arrive_expect_tx(&full[i], (uint32_t)s.cols * 2 * (kRowsPerTile + rows));
-            copy_weights(smem + i * G::stage_bytes, w, s, in, out, &full[i], once);
+            copy_weights(smem + (size_t)i * rg.stage_bytes, rg.row_bytes, w, s, in, out, &full[i],
+                         once);
         }
         /* x is the kernel ahead's output; the ring's first weights are on their way. */
         pdl_wait();
         pdl_launch_dependents();
         for (int32_t i = 0; i < total; i++) {
-            const int slot = i % stages;
-            const stage_at s = stage_of(i, per_tile, in);
-            unsigned char *st = smem + slot * G::stage_bytes;
+            const int slot = i % rg.stages;
+            const stage_at s = stage_of(i, per_tile, in, rg.cols);
+            unsigned char *st = smem + (size_t)slot * rg.stage_bytes;
             if (i >= pre) {
-                mbar_wait(&empty[slot], (uint32_t)((i / stages - 1) & 1));
+                mbar_wait(&empty[slot], (uint32_t)((i / rg.stages - 1) & 1));
                 mbar_arrive_expect_tx(&full[slot], (uint32_t)s.cols * 2 * (kRowsPerTile + rows));
-                copy_weights(st, w, s, in, out, &full[slot], once);
+                copy_weights(st, rg.row_bytes, w, s, in, out, &full[slot], once);
             }
-            copy_inputs(st, x, s, rows, in, &full[slot], normal);
+            copy_inputs(st, rg.row_bytes, x, s, rows, in, &full[slot], normal);
         }
         return;
     }
@@ -166,23 +178,21 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int t = 0; t < TILES; t++)
             acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.0f;
         for (int32_t k = 0; k < per_tile; k++, i++) {
-            const int slot = i % stages;
-            mbar_wait(&full[slot], (uint32_t)((i / stages) & 1));
-            const int32_t chunks = min(kStageCols, in - k * kStageCols) / kChunk;
-            const unsigned char *st = smem + slot * G::stage_bytes + c * 16;
+            const int slot = i % rg.stages;
+            mbar_wait(&full[slot], (uint32_t)((i / rg.stages) & 1));
+            const int32_t chunks = min(rg.cols, in - k * rg.cols) / kChunk;
+            const unsigned char *st = smem + (size_t)slot * rg.stage_bytes + c * 16;
+            /* Warp v's chunks v, v + 8, ...: over the stages, every 8th chunk of the row in
+             * order, as cuda_gemv sums them. */
+            for (int j = warp; j < chunks; j += kConsumerWarps) {
+                const unsigned char *at = st + j * (kChunk * 2);
+                const uint4 wa = lds128(at + g * rg.row_bytes);
+                const uint4 wb = lds128(at + (g + 8) * rg.row_bytes);
+                uint4 xv[TILES];
 #pragma unroll
-            for (int u = 0; u < kChunksPerStage / kConsumerWarps; u++) {
-                const int j = warp + u * kConsumerWarps;
-                if (j < chunks) {
-                    const unsigned char *at = st + j * (kChunk * 2);
-                    const uint4 wa = lds128(at + g * kRowBytes);
-                    const uint4 wb = lds128(at + (g + 8) * kRowBytes);
-                    uint4 xv[TILES];
-#pragma unroll
-                    for (int t = 0; t < TILES; t++)
-                        xv[t] = lds128(at + (kRowsPerTile + 8 * t + g) * kRowBytes);
-                    chunk_mma<TILES>(acc, wa, wb, xv);
-                }
+                for (int t = 0; t < TILES; t++)
+                    xv[t] = lds128(at + (kRowsPerTile + 8 * t + g) * rg.row_bytes);
+                chunk_mma<TILES>(acc, wa, wb, xv);
             }
             __syncwarp();
             if (lane == 0)
@@ -215,7 +225,7 @@ static int call_failed(cudaError_t e, const char *what)
 
 template <int TILES, bool F32>
 int launch(const uint16_t *x, const uint16_t *w, void *y, int32_t rows, int32_t in, int32_t out,
-           int stages, cudaStream_t s)
+           const struct cuda_gemv_ring *want, cudaStream_t s)
 {
     static std::atomic<int> opted_in[kMaxDevices];
     int dev = 0, sms = 0;
@@ -224,44 +234,50 @@ int launch(const uint16_t *x, const uint16_t *w, void *y, int32_t rows, int32_t 
         e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
     if (e != cudaSuccess)
         return call_failed(e, "cuda_gemv_stream: the device's SM count");
+    const int32_t tiles = (out + kRowsPerTile - 1) / kRowsPerTile;
+    const unsigned grid = (unsigned)(tiles < sms ? tiles : sms);
+    const int cols = want != NULL && want->cols > 0 ? want->cols : kColsUnit;
+    int stages = want != NULL && want->stages > 0 ? want->stages : geom<TILES>::default_stages;
+    /* No larger a ring than a CTA's stages: the rest would only keep other kernels off the SM. */
+    const int64_t most = (int64_t)((tiles + grid - 1) / grid) * ((in + cols - 1) / cols);
+    if (stages > most)
+        stages = (int)most;
+    const ring rg = geom<TILES>::make(stages, cols);
+    if (geom<TILES>::smem(rg) > kMaxSmem)
+        return pagoda_error_set(PAGODA_EINVAL,
+                                "cuda_gemv_stream: a ring of %d stages of %d columns needs %lld "
+                                "bytes of shared memory (at most %d)",
+                                stages, cols, (long long)geom<TILES>::smem(rg), kMaxSmem);
     if (dev < 0 || dev >= kMaxDevices || !opted_in[dev].load(std::memory_order_relaxed)) {
         e = cudaFuncSetAttribute(gemv_stream_kernel<TILES, F32>,
-                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 geom<TILES>::smem(geom<TILES>::max_stages));
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxSmem);
         if (e != cudaSuccess)
             return call_failed(e, "cuda_gemv_stream: cudaFuncSetAttribute");
         if (dev >= 0 && dev < kMaxDevices)
             opted_in[dev].store(1, std::memory_order_relaxed);
     }
-    if (stages <= 0)
-        stages = geom<TILES>::default_stages;
-    if (stages > geom<TILES>::max_stages)
-        stages = geom<TILES>::max_stages;
-    const int32_t tiles = (out + kRowsPerTile - 1) / kRowsPerTile;
-    const unsigned grid = (unsigned)(tiles < sms ? tiles : sms);
-    /* No larger a ring than a CTA's stages: the rest would only keep other kernels off the SM. */
-    const int64_t most =
-        (int64_t)((tiles + grid - 1) / grid) * ((in + kStageCols - 1) / kStageCols);
-    if (stages > most)
-        stages = (int)most;
     return launch_pdl("cuda_gemv_stream", gemv_stream_kernel<TILES, F32>, grid, kThreads,
-                      (size_t)geom<TILES>::smem(stages), s, x, w, y, rows, in, out,
-                      (int32_t)stages);
+                      (size_t)geom<TILES>::smem(rg), s, x, w, y, rows, in, out, rg);
 }
 
 } // namespace
 
 int cuda_gemv_stream(const uint16_t *x, const uint16_t *w, void *y, int y_f32, int32_t rows,
-                     int32_t in, int32_t out, int stages, cudaStream_t s)
+                     int32_t in, int32_t out, const struct cuda_gemv_ring *ring, cudaStream_t s)
 {
-    if (!cuda_gemv_fits(rows, in, out, x, w, y) || stages < 0)
+    if (!cuda_gemv_fits(rows, in, out, x, w, y) ||
+        (ring != NULL && (ring->stages < 0 || ring->cols < 0 || ring->cols % kColsUnit != 0 ||
+                          ring->cols > kMaxCols)))
         return pagoda_error_set(PAGODA_EINVAL,
                                 "cuda_gemv_stream: rows %d (1 .. %d), in %d (a multiple of %d), "
-                                "out %d, buffers 16-byte aligned, stages %d (>= 0)",
-                                (int)rows, CUDA_GEMV_MAX_ROWS, (int)in, kChunk, (int)out, stages);
+                                "out %d, buffers 16-byte aligned, a ring of %d stages (>= 0) of "
+                                "%d columns (0, or a multiple of %d up to %d)",
+                                (int)rows, CUDA_GEMV_MAX_ROWS, (int)in, kChunk, (int)out,
+                                ring ? ring->stages : 0, ring ? ring->cols : 0, kColsUnit,
+                                kMaxCols);
     if (rows <= 8)
-        return y_f32 ? launch<1, true>(x, w, y, rows, in, out, stages, s)
-                     : launch<1, false>(x, w, y, rows, in, out, stages, s);
-    return y_f32 ? launch<2, true>(x, w, y, rows, in, out, stages, s)
-                 : launch<2, false>(x, w, y, rows, in, out, stages, s);
+        return y_f32 ? launch<1, true>(x, w, y, rows, in, out, ring, s)
+                     : launch<1, false>(x, w, y, rows, in, out, ring, s);
+    return y_f32 ? launch<2, true>(x, w, y, rows, in, out, ring, s)
+                 : launch<2, false>(x, w, y, rows, in, out, ring, s);
 }

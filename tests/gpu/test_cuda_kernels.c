@@ -557,37 +557,42 @@ static void test_rope_cache(int32_t block_size, int32_t num_q_heads, int32_t num
     free(inv_freq);
 }
 
-/* y = x . w^T on the device: cuda_gemv (ring -1) or cuda_gemv_stream with that ring (0: its
- * default), twice; y has one row more than rows, poisoned, which must stay poison, and the two
- * runs give the same bits (a fixed order of the sums). The result (rows * out elements of esz
- * bytes) is in got. */
+/* y = x . w^T on the device: cuda_gemv (ring NULL) or cuda_gemv_stream with that ring (fields 0:
+ * its default), twice; y has one row more than rows, poisoned, which must stay poison, and the
+ * two runs give the same bits (a fixed order of the sums). The result (rows * out elements of
+ * esz bytes) is in got. */
 static void gemv_run(const uint16_t *d_x, const uint16_t *d_w, int32_t rows, int32_t in,
-                     int32_t out, int y_f32, int ring, const char *cfg, uint8_t *got)
+                     int32_t out, int y_f32, const struct cuda_gemv_ring *ring, const char *cfg,
+                     uint8_t *got)
 {
     const size_t esz = y_f32 ? 4 : 2, yn = (size_t)(rows + 1) * out;
     uint8_t *first = xmalloc(yn * esz), *again = xmalloc(yn * esz);
     void *d_y = dev_alloc(yn * esz);
+    char form[64] = "cuda_gemv";
+    if (ring != NULL)
+        snprintf(form, sizeof(form), "cuda_gemv_stream ring %d x %d", ring->stages, ring->cols);
     for (int run = 0; run < 2; run++) {
         poison(d_y, yn * esz);
-        int rc = ring < 0 ? cuda_gemv(d_x, d_w, d_y, y_f32, rows, in, out, stream)
-                          : cuda_gemv_stream(d_x, d_w, d_y, y_f32, rows, in, out, ring, stream);
-        GPU_CHECK(rc == 0, "cuda_gemv%s %s: %d", ring < 0 ? "" : "_stream", cfg, rc);
+        int rc = ring == NULL ? cuda_gemv(d_x, d_w, d_y, y_f32, rows, in, out, stream)
+                              : cuda_gemv_stream(d_x, d_w, d_y, y_f32, rows, in, out, ring, stream);
+        GPU_CHECK(rc == 0, "%s %s: %d (%s)", form, cfg, rc, pagoda_error_detail());
         download(run ? again : first, d_y, yn * esz);
     }
     size_t extra = 0;
     for (size_t i = (size_t)rows * out * esz; i < yn * esz; i++)
         extra += first[i] != 0xFF;
-    GPU_CHECK(extra == 0, "gemv %s ring %d: %zu bytes written past the rows", cfg, ring, extra);
-    GPU_CHECK(memcmp(first, again, yn * esz) == 0, "gemv %s ring %d: two runs differ", cfg, ring);
+    GPU_CHECK(extra == 0, "%s %s: %zu bytes written past the rows", form, cfg, extra);
+    GPU_CHECK(memcmp(first, again, yn * esz) == 0, "%s %s: two runs differ", form, cfg);
     memcpy(got, first, (size_t)rows * out * esz);
     CK(cudaFree(d_y));
     free(first);
     free(again);
 }
 
-/* cuda_gemv against a float64 product of the same bf16 inputs; cuda_gemv_stream, with its
- * default ring, the smallest (one stage: every stage waits for the one before to be given back)
- * and the largest, equal to cuda_gemv bit for bit (the same sums in the same order). */
+/* cuda_gemv against a float64 product of the same bf16 inputs; cuda_gemv_stream equal to it bit
+ * for bit (the same sums in the same order) with its default ring, the smallest (one stage:
+ * every stage waits for the one before to be given back), more stages, and wider ones (2 KiB
+ * and 4 KiB rows, some partial at the end of a row). */
 static void test_gemv(int32_t rows, int32_t in, int32_t out, int y_f32)
 {
     const size_t xn = (size_t)rows * in, wn = (size_t)out * in, yn = (size_t)rows * out;
@@ -610,17 +615,18 @@ static void test_gemv(int32_t rows, int32_t in, int32_t out, int y_f32)
     char cfg[96];
     snprintf(cfg, sizeof(cfg), "rows %d in %d out %d %s", (int)rows, (int)in, (int)out,
              y_f32 ? "f32" : "bf16");
-    gemv_run(d_x, d_w, rows, in, out, y_f32, -1, cfg, want);
+    gemv_run(d_x, d_w, rows, in, out, y_f32, NULL, cfg, want);
     if (y_f32)
         memcpy(gotf, want, yn * 4);
     else
         bf16_to_f32_n((const uint16_t *)want, gotf, yn);
     report("gemv", cfg, rel_err(gotf, ref, yn), y_f32 ? 1e-5 : TOLERANCE);
-    const int rings[] = {0, 1, 8};
+    static const struct cuda_gemv_ring rings[] = {{0, 0}, {1, 512}, {6, 512}, {3, 1024}, {1, 2048}};
     for (size_t k = 0; k < sizeof(rings) / sizeof(rings[0]); k++) {
-        gemv_run(d_x, d_w, rows, in, out, y_f32, rings[k], cfg, got);
+        gemv_run(d_x, d_w, rows, in, out, y_f32, &rings[k], cfg, got);
         GPU_CHECK(memcmp(got, want, yn * esz) == 0,
-                  "gemv_stream %s ring %d: not cuda_gemv's result bit for bit", cfg, rings[k]);
+                  "cuda_gemv_stream %s ring %d x %d: not cuda_gemv's result bit for bit", cfg,
+                  rings[k].stages, rings[k].cols);
     }
     CK(cudaFree(d_x));
     CK(cudaFree(d_w));
@@ -656,10 +662,10 @@ static void test_gemv_stream_chain(int32_t rows, int32_t in, int32_t mid, int32_
         poison(d_h, (size_t)rows * mid * 2);
         poison(d_y, (size_t)rows * out * 2);
         CK(cudaStreamSynchronize(stream));
-        int rc = pass ? cuda_gemv_stream(d_x, d_w1, d_h, 0, rows, in, mid, 0, stream)
+        int rc = pass ? cuda_gemv_stream(d_x, d_w1, d_h, 0, rows, in, mid, NULL, stream)
                       : cuda_gemv(d_x, d_w1, d_h, 0, rows, in, mid, stream);
         if (rc == 0)
-            rc = pass ? cuda_gemv_stream(d_h, d_w2, d_y, 0, rows, mid, out, 0, stream)
+            rc = pass ? cuda_gemv_stream(d_h, d_w2, d_y, 0, rows, mid, out, NULL, stream)
                       : cuda_gemv(d_h, d_w2, d_y, 0, rows, mid, out, stream);
         GPU_CHECK(rc == 0, "gemv chain (pass %d): %d", pass, rc);
         download(pass ? got : want, d_y, (size_t)rows * out * 2);
@@ -693,12 +699,18 @@ static void test_gemv_refusals(void)
     expect_rc("gemv misaligned x", cuda_gemv(p + 1, p, p, 0, 1, 64, 8, stream), PAGODA_EINVAL);
     expect_rc("gemv NULL w", cuda_gemv(p, NULL, p, 0, 1, 64, 8, stream), PAGODA_EINVAL);
     expect_rc("gemv_stream rows > max",
-              cuda_gemv_stream(p, p, p, 0, CUDA_GEMV_MAX_ROWS + 1, 64, 8, 0, stream),
+              cuda_gemv_stream(p, p, p, 0, CUDA_GEMV_MAX_ROWS + 1, 64, 8, NULL, stream),
               PAGODA_EINVAL);
-    expect_rc("gemv_stream misaligned w", cuda_gemv_stream(p, p + 1, p, 0, 1, 64, 8, 0, stream),
+    expect_rc("gemv_stream misaligned w", cuda_gemv_stream(p, p + 1, p, 0, 1, 64, 8, NULL, stream),
               PAGODA_EINVAL);
-    expect_rc("gemv_stream ring -1", cuda_gemv_stream(p, p, p, 0, 1, 64, 8, -1, stream),
-              PAGODA_EINVAL);
+    static const struct cuda_gemv_ring bad[] = {{-1, 0}, {0, -512}, {0, 700}, {0, 8192}};
+    for (size_t k = 0; k < sizeof(bad) / sizeof(bad[0]); k++)
+        expect_rc("gemv_stream bad ring", cuda_gemv_stream(p, p, p, 0, 1, 64, 8, &bad[k], stream),
+                  PAGODA_EINVAL);
+    /* 8 stages of 4096 columns do not fit in shared memory (one stage would: in is 8192). */
+    const struct cuda_gemv_ring big = {8, 4096};
+    expect_rc("gemv_stream ring too large",
+              cuda_gemv_stream(p, p, p, 0, 1, 8 * 4096, 8, &big, stream), PAGODA_EINVAL);
     CK(cudaFree(d));
 }
 
