@@ -500,7 +500,7 @@ static void bench_linear_lt(const char *name, struct gemm_run *r, size_t wbytes)
     CK(cudaFree(r->workspace));
 }
 
-/* The worker's cublasGemmEx, then (when the sizes allow) cuda_gemv, cuda_gemv_stream with four
+/* The worker's cublasGemmEx, then (when the sizes allow) cuda_gemv, cuda_gemv_stream with seven
  * rings, and cuBLASLt's algorithms, on the same data. */
 static void bench_linear(const char *name, int32_t rows, int32_t in, int32_t out, bool variants)
 {

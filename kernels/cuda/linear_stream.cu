@@ -237,7 +237,8 @@ int launch(const uint16_t *x, const uint16_t *w, void *y, int32_t rows, int32_t 
     const int32_t tiles = (out + kRowsPerTile - 1) / kRowsPerTile;
     const unsigned grid = (unsigned)(tiles < sms ? tiles : sms);
     const int cols = want != NULL && want->cols > 0 ? want->cols : kColsUnit;
-    int stages = want != NULL && want->stages > 0 ? want->stages : geom<TILES>::default_stages;
+    const int asked = want != NULL && want->stages > 0 ? want->stages : geom<TILES>::default_stages;
+    int stages = asked;
     /* No larger a ring than a CTA's stages: the rest would only keep other kernels off the SM. */
     const int64_t most = (int64_t)((tiles + grid - 1) / grid) * ((in + cols - 1) / cols);
     if (stages > most)
@@ -245,9 +246,9 @@ int launch(const uint16_t *x, const uint16_t *w, void *y, int32_t rows, int32_t 
     const ring rg = geom<TILES>::make(stages, cols);
     if (geom<TILES>::smem(rg) > kMaxSmem)
         return pagoda_error_set(PAGODA_EINVAL,
-                                "cuda_gemv_stream: a ring of %d stages of %d columns needs %lld "
-                                "bytes of shared memory (at most %d)",
-                                stages, cols, (long long)geom<TILES>::smem(rg), kMaxSmem);
+                                "cuda_gemv_stream: a ring of %d stages (%d asked) of %d columns "
+                                "needs %lld bytes of shared memory (at most %d)",
+                                stages, asked, cols, (long long)geom<TILES>::smem(rg), kMaxSmem);
     if (dev < 0 || dev >= kMaxDevices || !opted_in[dev].load(std::memory_order_relaxed)) {
         e = cudaFuncSetAttribute(gemv_stream_kernel<TILES, F32>,
                                  cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxSmem);

@@ -6,9 +6,11 @@
  * submitted before step n is completed, as the worker's executor does: its input tokens are
  * gathered on the device from step n's slot (struct backend_gather) and so are its rows' last
  * history tokens (struct backend_history_gather: 0 on the host in their place). The same batches
- * through the same kernels: the tokens must be equal at every step. A history gather that read
- * nothing would change them: the synchronous run with 0 in place of each history's last token
- * must differ (the comparison can fail).
+ * through the same kernels: the tokens must be equal at every step. The sequences change rows
+ * from step to step (a gather must name its own sequence's row of the step before), and the
+ * backend's row limit is not its slot count. A history gather that read nothing would change the
+ * tokens: the synchronous run with 0 in place of each history's last token (from the second
+ * decode step on, where gathers begin) must differ, so the comparison can fail.
  *
  *   test_cuda_steps [MODEL_DIR]   (default: $PAGODA_SOURCE_DIR/assets/pagoda-brown) */
 #include "common/error.h"
@@ -18,6 +20,7 @@
 #include <string.h>
 
 #define SEQS 4
+#define MAX_SEQS 6 /* the backend's limit: d_sampled's stride differs from the slot count */
 #define PROMPT 12
 #define DECODE 24
 #define BLOCK_SIZE 16
@@ -37,28 +40,47 @@ static int64_t slot_of(const int32_t *table, int32_t pos)
 }
 
 struct seqs {
-    int32_t tables[SEQS][BLOCKS_PER_SEQ];
-    struct sample_row rows[SEQS];
+    int32_t tables[SEQS][BLOCKS_PER_SEQ]; /* by sequence */
+    struct sampling_params params[SEQS];  /* by sequence */
+    int32_t btab[SEQS][BLOCKS_PER_SEQ];   /* the step's block tables, by batch row */
+    struct sample_row rows[SEQS];         /* by batch row */
     int32_t tok[SEQS], pos[SEQS], qs[SEQS + 1], ctx[SEQS], logit_rows[SEQS];
     int64_t slot[SEQS];
     struct fwd_batch batch;
 };
 
+/* Decode step k's batch row r holds sequence (r + k) % SEQS: the rows move from step to step,
+ * so that a gather must name the source step's row of its own sequence. */
+static int seq_at(int k, int row)
+{
+    return (row + k) % SEQS;
+}
+
+static int row_of(int k, int seq)
+{
+    return ((seq - k) % SEQS + SEQS) % SEQS;
+}
+
 /* The decode batch of step k (its tokens are at position PROMPT + k; k = 0 is the first decode
- * step, whose inputs are the prefill's tokens): inputs from out[s][k], histories the prompt and
- * out[s][0 .. k] (n_output k + 1). */
+ * step, whose inputs are the prefill's tokens): inputs from out[seq][k], histories the prompt and
+ * out[seq][0 .. k] (n_output k + 1). */
 static void decode_batch(struct seqs *q, struct run *r, int k)
 {
-    for (int s = 0; s < SEQS; s++) {
-        q->tok[s] = r->out[s][k];
-        q->pos[s] = PROMPT + k;
-        q->slot[s] = slot_of(q->tables[s], q->pos[s]);
-        q->qs[s] = s;
-        q->ctx[s] = q->pos[s] + 1;
-        q->logit_rows[s] = s;
-        q->rows[s].output_tokens = r->out[s];
-        q->rows[s].n_output = (size_t)k + 1;
-        q->rows[s].output_index = (uint64_t)k + 1;
+    for (int row = 0; row < SEQS; row++) {
+        const int s = seq_at(k, row);
+        q->tok[row] = r->out[s][k];
+        q->pos[row] = PROMPT + k;
+        q->slot[row] = slot_of(q->tables[s], q->pos[row]);
+        memcpy(q->btab[row], q->tables[s], sizeof(q->btab[row]));
+        q->qs[row] = row;
+        q->ctx[row] = q->pos[row] + 1;
+        q->logit_rows[row] = row;
+        q->rows[row] = (struct sample_row){.params = q->params[s],
+                                           .output_index = (uint64_t)k + 1,
+                                           .prompt_tokens = r->prompt[s],
+                                           .n_prompt = PROMPT,
+                                           .output_tokens = r->out[s],
+                                           .n_output = (size_t)k + 1};
     }
     q->qs[SEQS] = SEQS;
     q->batch = (struct fwd_batch){.num_tokens = SEQS,
@@ -68,7 +90,7 @@ static void decode_batch(struct seqs *q, struct run *r, int k)
                                   .num_seqs = SEQS,
                                   .query_start = q->qs,
                                   .context_lens = q->ctx,
-                                  .block_tables = &q->tables[0][0],
+                                  .block_tables = &q->btab[0][0],
                                   .max_blocks_per_seq = BLOCKS_PER_SEQ,
                                   .num_logits = SEQS,
                                   .logits_indices = q->logit_rows};
@@ -83,9 +105,16 @@ static int check_rows(const struct backend_row_error *re)
 }
 
 /* How the decode steps run: synchronously, synchronously with 0 in place of each history's last
- * token (what a history gather that read nothing would leave), or step k + 1 submitted before
- * step k is completed. */
+ * token from the second step on (what a history gather that read nothing would leave), or step
+ * k + 1 submitted before step k is completed. */
 enum mode { SYNC, SYNC_NO_LAST, ASYNC };
+
+/* Step k's tokens (got, by batch row) into out[seq][k + 1]. */
+static void take(struct run *r, int k, const int32_t *got)
+{
+    for (int row = 0; row < SEQS; row++)
+        r->out[seq_at(k, row)][k + 1] = got[row];
+}
 
 /* Prefills the prompts (synchronously), then decodes DECODE penalised steps as mode says. */
 static int decode(struct backend *be, enum mode mode, struct run *r)
@@ -106,9 +135,10 @@ static int decode(struct backend *be, enum mode mode, struct run *r)
             p.top_k = 20;
             p.seed = 77u + (uint64_t)s;
         }
-        q.rows[s].params = p;
-        q.rows[s].prompt_tokens = r->prompt[s];
-        q.rows[s].n_prompt = PROMPT;
+        q.params[s] = p;
+        q.rows[s] =
+            (struct sample_row){.params = p, .prompt_tokens = r->prompt[s], .n_prompt = PROMPT};
+        memcpy(q.btab[s], q.tables[s], sizeof(q.btab[s]));
         for (int i = 0; i < PROMPT; i++) {
             tokens[s * PROMPT + i] = r->prompt[s][i];
             positions[s * PROMPT + i] = i;
@@ -126,7 +156,7 @@ static int decode(struct backend *be, enum mode mode, struct run *r)
                                 .num_seqs = SEQS,
                                 .query_start = q.qs,
                                 .context_lens = q.ctx,
-                                .block_tables = &q.tables[0][0],
+                                .block_tables = &q.btab[0][0],
                                 .max_blocks_per_seq = BLOCKS_PER_SEQ,
                                 .num_logits = SEQS,
                                 .logits_indices = q.logit_rows};
@@ -136,45 +166,46 @@ static int decode(struct backend *be, enum mode mode, struct run *r)
     int rc = backend_forward_sample_rows(be, &prefill, q.rows, got, lp, re);
     if (rc == 0)
         rc = check_rows(re);
-    for (int s = 0; s < SEQS; s++) {
-        r->out[s][0] = got[s];
-        q.rows[s].n_output = 0;
-    }
+    for (int s = 0; s < SEQS; s++)
+        r->out[s][0] = got[s]; /* the prefill's row s is sequence s */
     static int32_t hist[SEQS][DECODE + 1];
     if (rc != 0 || mode != ASYNC) {
         for (int k = 0; rc == 0 && k < DECODE; k++) {
             decode_batch(&q, r, k);
-            if (mode == SYNC_NO_LAST)
-                for (int s = 0; s < SEQS; s++) {
+            if (mode == SYNC_NO_LAST && k > 0)
+                for (int row = 0; row < SEQS; row++) {
+                    const int s = seq_at(k, row);
                     memcpy(hist[s], r->out[s], (size_t)k * sizeof(int32_t));
                     hist[s][k] = 0;
-                    q.rows[s].output_tokens = hist[s];
+                    q.rows[row].output_tokens = hist[s];
                 }
             rc = backend_forward_sample_rows(be, &q.batch, q.rows, got, lp, re);
             if (rc == 0)
                 rc = check_rows(re);
-            for (int s = 0; s < SEQS && rc == 0; s++)
-                r->out[s][k + 1] = got[s];
+            if (rc == 0)
+                take(r, k, got);
         }
         return rc;
     }
     /* Asynchronous: step k in slot k % BACKEND_STEP_SLOTS; step k + 1 reads step k's tokens on
-     * the device. The host's copy of a history holds 0 where step k's token is still to come. */
+     * the device, each from the row its sequence had there. The host's copy of a history holds
+     * 0 where step k's token is still to come. */
     struct backend_gather g[SEQS];
     struct backend_history_gather hg[SEQS];
     for (int k = 0; rc == 0 && k < DECODE; k++) {
         decode_batch(&q, r, k);
         int n_g = 0;
         if (k > 0) {
-            for (int s = 0; s < SEQS; s++) {
+            const int from = (k - 1) % BACKEND_STEP_SLOTS;
+            for (int row = 0; row < SEQS; row++) {
+                const int s = seq_at(k, row), src = row_of(k - 1, s);
                 memcpy(hist[s], r->out[s], (size_t)k * sizeof(int32_t));
                 hist[s][k] = 0;
-                q.rows[s].output_tokens = hist[s];
-                q.tok[s] = 0;
-                g[s] = (struct backend_gather){
-                    .token = s, .slot = (k - 1) % BACKEND_STEP_SLOTS, .row = s};
-                hg[s] = (struct backend_history_gather){
-                    .row = s, .index = k, .slot = (k - 1) % BACKEND_STEP_SLOTS, .src_row = s};
+                q.rows[row].output_tokens = hist[s];
+                q.tok[row] = 0;
+                g[row] = (struct backend_gather){.token = row, .slot = from, .row = src};
+                hg[row] = (struct backend_history_gather){
+                    .row = row, .index = k, .slot = from, .src_row = src};
             }
             n_g = SEQS;
         }
@@ -184,8 +215,8 @@ static int decode(struct backend *be, enum mode mode, struct run *r)
             rc = backend_complete(be, (k - 1) % BACKEND_STEP_SLOTS, 1, got, lp, re, &us);
             if (rc == 0)
                 rc = check_rows(re);
-            for (int s = 0; s < SEQS && rc == 0; s++)
-                r->out[s][k] = got[s];
+            if (rc == 0)
+                take(r, k - 1, got);
         }
     }
     if (rc == 0) {
@@ -193,8 +224,8 @@ static int decode(struct backend *be, enum mode mode, struct run *r)
         rc = backend_complete(be, (DECODE - 1) % BACKEND_STEP_SLOTS, 1, got, lp, re, &us);
         if (rc == 0)
             rc = check_rows(re);
-        for (int s = 0; s < SEQS && rc == 0; s++)
-            r->out[s][DECODE] = got[s];
+        if (rc == 0)
+            take(r, DECODE - 1, got);
     }
     return rc;
 }
@@ -227,7 +258,7 @@ static void run(const char *model, enum mode mode, struct run *r)
         goto done;
     struct cuda_backend_options o = cuda_backend_default_options();
     o.limits = (struct backend_limits){.max_num_tokens = SEQS * PROMPT,
-                                       .max_num_seqs = SEQS,
+                                       .max_num_seqs = MAX_SEQS,
                                        .max_blocks_per_seq = BLOCKS_PER_SEQ};
     if ((r->rc = cuda_backend_open(&w->config, w, 0, &g, pool, &o, &be)) != 0)
         goto done;
