@@ -63,6 +63,7 @@ static cublasHandle_t cublas;
 static FILE *json;
 static int json_cases;
 static size_t l2_bytes;
+static int sm_count;         /* the device's SMs (cuda_gemv_stream's grid) */
 static const char *filter;   /* comma-separated substrings, or NULL for every case */
 static bool pool_vmm = true; /* --pool: the attention pools by kv_cuda_pool_create */
 
@@ -540,12 +541,7 @@ static void bench_linear(const char *name, int32_t rows, int32_t in, int32_t out
         r.mode = GEMM_GEMV_STREAM;
         for (size_t k = 0; k < sizeof(rings) / sizeof(rings[0]); k++) {
             r.ring = rings[k].ring;
-            /* Rings that fit (linear_stream.cu's layout: 16 weight rows and 8 or 16 input rows a
-             * stage, each 64 bytes longer than its data; then the partial sums and barriers). */
-            const long stage_rows = 16 + (rows > 8 ? 16 : 8);
-            const long need = (long)r.ring.stages * stage_rows * (r.ring.cols * 2 + 64) +
-                              (rows > 8 ? 8192 : 4096) + 16L * r.ring.stages;
-            if (need > 227L * 1024)
+            if (!cuda_gemv_stream_ring_fits(rows, in, out, &r.ring, sm_count))
                 continue;
             snprintf(n, sizeof(n), "%s_%s", name, rings[k].suffix);
             linear_report(n, &r, time_median_ms(gemm_launch, &r), wbytes);
@@ -787,6 +783,7 @@ int main(int argc, char **argv)
     struct cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
     l2_bytes = (size_t)prop.l2CacheSize;
+    sm_count = prop.multiProcessorCount;
     CK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     if (cublasLtCreate(&lt_handle) != CUBLAS_STATUS_SUCCESS ||
         cublasCreate(&cublas) != CUBLAS_STATUS_SUCCESS ||

@@ -54,6 +54,11 @@ struct cuda_gemv_ring {
 int cuda_gemv_stream(const uint16_t *x, const uint16_t *w, void *y, int y_f32, int32_t rows,
                      int32_t in, int32_t out, const struct cuda_gemv_ring *ring, cudaStream_t s);
 
+/* 1 when cuda_gemv_stream takes this ring for these sizes on a device of `sms` SMs (the fields
+ * valid, and the ring, cut to what one CTA streams, fits in shared memory), else 0. */
+int cuda_gemv_stream_ring_fits(int32_t rows, int32_t in, int32_t out,
+                               const struct cuda_gemv_ring *ring, int sms);
+
 #ifdef __cplusplus
 }
 #endif

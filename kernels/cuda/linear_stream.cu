@@ -223,6 +223,34 @@ static int call_failed(cudaError_t e, const char *what)
     return cuda_call_result(e, what);
 }
 
+/* One CTA an SM, at most one a tile. */
+static unsigned grid_of(int32_t out, int sms)
+{
+    const int32_t tiles = (out + kRowsPerTile - 1) / kRowsPerTile;
+    return (unsigned)(tiles < sms ? tiles : sms);
+}
+
+/* The ring a launch uses: want's fields or the defaults, its stages cut to what one CTA streams
+ * (the rest would only keep other kernels off the SM). */
+template <int TILES>
+static ring ring_of(int32_t in, int32_t out, const struct cuda_gemv_ring *want, int sms)
+{
+    const int32_t tiles = (out + kRowsPerTile - 1) / kRowsPerTile;
+    const unsigned grid = grid_of(out, sms);
+    const int cols = want != NULL && want->cols > 0 ? want->cols : kColsUnit;
+    int stages = want != NULL && want->stages > 0 ? want->stages : geom<TILES>::default_stages;
+    const int64_t most = (int64_t)((tiles + grid - 1) / grid) * ((in + cols - 1) / cols);
+    if (stages > most)
+        stages = (int)most;
+    return geom<TILES>::make(stages, cols);
+}
+
+static bool ring_valid(const struct cuda_gemv_ring *ring)
+{
+    return ring == NULL || (ring->stages >= 0 && ring->cols >= 0 && ring->cols % kColsUnit == 0 &&
+                            ring->cols <= kMaxCols);
+}
+
 template <int TILES, bool F32>
 int launch(const uint16_t *x, const uint16_t *w, void *y, int32_t rows, int32_t in, int32_t out,
            const struct cuda_gemv_ring *want, cudaStream_t s)
@@ -234,16 +262,10 @@ int launch(const uint16_t *x, const uint16_t *w, void *y, int32_t rows, int32_t 
         e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
     if (e != cudaSuccess)
         return call_failed(e, "cuda_gemv_stream: the device's SM count");
-    const int32_t tiles = (out + kRowsPerTile - 1) / kRowsPerTile;
-    const unsigned grid = (unsigned)(tiles < sms ? tiles : sms);
-    const int cols = want != NULL && want->cols > 0 ? want->cols : kColsUnit;
+    const unsigned grid = grid_of(out, sms);
     const int asked = want != NULL && want->stages > 0 ? want->stages : geom<TILES>::default_stages;
-    int stages = asked;
-    /* No larger a ring than a CTA's stages: the rest would only keep other kernels off the SM. */
-    const int64_t most = (int64_t)((tiles + grid - 1) / grid) * ((in + cols - 1) / cols);
-    if (stages > most)
-        stages = (int)most;
-    const ring rg = geom<TILES>::make(stages, cols);
+    const ring rg = ring_of<TILES>(in, out, want, sms);
+    const int stages = rg.stages, cols = rg.cols;
     if (geom<TILES>::smem(rg) > kMaxSmem)
         return pagoda_error_set(PAGODA_EINVAL,
                                 "cuda_gemv_stream: a ring of %d stages (%d asked) of %d columns "
@@ -266,9 +288,7 @@ int launch(const uint16_t *x, const uint16_t *w, void *y, int32_t rows, int32_t 
 int cuda_gemv_stream(const uint16_t *x, const uint16_t *w, void *y, int y_f32, int32_t rows,
                      int32_t in, int32_t out, const struct cuda_gemv_ring *ring, cudaStream_t s)
 {
-    if (!cuda_gemv_fits(rows, in, out, x, w, y) ||
-        (ring != NULL && (ring->stages < 0 || ring->cols < 0 || ring->cols % kColsUnit != 0 ||
-                          ring->cols > kMaxCols)))
+    if (!cuda_gemv_fits(rows, in, out, x, w, y) || !ring_valid(ring))
         return pagoda_error_set(PAGODA_EINVAL,
                                 "cuda_gemv_stream: rows %d (1 .. %d), in %d (a multiple of %d), "
                                 "out %d, buffers 16-byte aligned, a ring of %d stages (>= 0) of "
@@ -281,4 +301,14 @@ int cuda_gemv_stream(const uint16_t *x, const uint16_t *w, void *y, int y_f32, i
                      : launch<1, false>(x, w, y, rows, in, out, ring, s);
     return y_f32 ? launch<2, true>(x, w, y, rows, in, out, ring, s)
                  : launch<2, false>(x, w, y, rows, in, out, ring, s);
+}
+
+int cuda_gemv_stream_ring_fits(int32_t rows, int32_t in, int32_t out,
+                               const struct cuda_gemv_ring *ring, int sms)
+{
+    if (rows < 1 || rows > CUDA_GEMV_MAX_ROWS || in < 1 || out < 1 || sms < 1 || !ring_valid(ring))
+        return 0;
+    if (rows <= 8)
+        return geom<1>::smem(ring_of<1>(in, out, ring, sms)) <= kMaxSmem;
+    return geom<2>::smem(ring_of<2>(in, out, ring, sms)) <= kMaxSmem;
 }
