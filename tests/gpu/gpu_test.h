@@ -39,6 +39,15 @@ static inline void gpu_test_require_device(const char *name)
     }
 }
 
+/* The model a test runs: its first argument, else the bundled pagoda-brown
+ * ($PAGODA_SOURCE_DIR/assets/pagoda-brown, or ./assets/pagoda-brown), written into buf. */
+static inline const char *gpu_test_model(int argc, char **argv, char *buf, size_t size)
+{
+    const char *src = getenv("PAGODA_SOURCE_DIR");
+    snprintf(buf, size, "%s/assets/pagoda-brown", src ? src : ".");
+    return argc > 1 ? argv[1] : buf;
+}
+
 /* Prints "N passed, M failed" and returns the exit status. */
 static inline int gpu_test_finish(void)
 {

@@ -197,9 +197,7 @@ int main(int argc, char **argv)
 {
     gpu_test_require_device("test_cuda_graph_fallback");
     char path[4096];
-    const char *src = getenv("PAGODA_SOURCE_DIR");
-    snprintf(path, sizeof(path), "%s/assets/pagoda-brown", src ? src : ".");
-    const char *model = argc > 1 ? argv[1] : path;
+    const char *model = gpu_test_model(argc, argv, path, sizeof(path));
     printf("== %s\n", model);
 
     static struct result off, fail, on;
