@@ -213,21 +213,6 @@ static void fail_input(struct slot *s, int32_t i, int32_t code, uint64_t from)
     }
 }
 
-/* Replaces the pending tokens of the rows' histories (only penalised rows carry one) with the
- * tokens sampled by then. */
-static void resolve_histories(struct executor *e, struct slot *s)
-{
-    for (int32_t r = 0; r < s->batch.num_logits; r++) {
-        int32_t *out = (int32_t *)s->rows[r].output_tokens; /* the slot's own history copy */
-        for (size_t k = 0; k < s->rows[r].n_output; k++)
-            if (mirror_token_pending(out[k])) {
-                int32_t code = 0;
-                uint64_t from = 0;
-                out[k] = resolve_token(e, s, out[k], &code, &from);
-            }
-    }
-}
-
 /* Whether pending token tok names a row of the step still on the device (out), where a gather
  * can read it. */
 static int on_device(const struct executor *e, const struct slot *s, const struct slot *out,
@@ -238,10 +223,11 @@ static int on_device(const struct executor *e, const struct slot *s, const struc
            mirror_pending_row(tok) < e->lim.max_num_seqs;
 }
 
-/* The pending tokens of the rows' histories (only penalised rows carry one) on the asynchronous
- * path: those of the step still on the device (out) become history gathers, which the sampler
+/* The pending tokens of the rows' histories (only penalised rows carry one): those of the step
+ * still on the device (out, on the asynchronous path) become history gathers, which the sampler
  * reads there (0 stands in the history meanwhile); the others name steps that have ended and
- * are resolved on the host. A step samples one token a row, so each row has at most one. */
+ * are resolved on the host (all of them with out NULL: the synchronous path). A step samples one
+ * token a row, so each row has at most one of out's. */
 static void gather_histories(struct executor *e, struct slot *s, const struct slot *out)
 {
     s->num_hgathers = 0;
@@ -299,7 +285,7 @@ static void resolve_pending(struct executor *e, struct slot *s)
             fail_input(s, i, code, from);
         }
     }
-    resolve_histories(e, s);
+    gather_histories(e, s, NULL);
 }
 
 /* The asynchronous path: each pending input token sampled by the step still on the device (out,

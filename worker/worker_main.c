@@ -552,16 +552,13 @@ static void worker_stop(struct worker *w, const char *why)
     uv_stop(&w->loop);
 }
 
-/* step_loop_options.lost: the worker stops without answering and exits with an error, so that
- * the supervisor starts a new one on a new device context. */
+/* step_loop_options.lost: the worker stops without answering and exits with an error (main
+ * logs it, worker_serve's), so that the supervisor starts a new one on a new device context. */
 static void backend_lost_cb(void *ctx, int rc, const char *why)
 {
     struct worker *w = ctx;
     w->lost_rc = rc != 0 ? rc : PAGODA_ECUDA;
     snprintf(w->lost_why, sizeof(w->lost_why), "%s", why);
-    log_error("worker %u: the backend cannot run any more (%s): exiting, so that the supervisor "
-              "starts a new worker (the scheduler resyncs it; no request is lost)",
-              w->o.worker_id, why);
     worker_stop(w, "the backend cannot run any more");
 }
 
@@ -716,7 +713,11 @@ static int worker_serve(struct worker *w)
         worker_stop(w, "signal during start");
     uv_run(&w->loop, UV_RUN_DEFAULT);
     if (w->lost_rc != 0)
-        return pagoda_error_set(w->lost_rc, "the backend cannot run any more: %s", w->lost_why);
+        return pagoda_error_set(w->lost_rc,
+                                "the backend cannot run any more: exiting, so that the supervisor "
+                                "starts a new worker (the scheduler resyncs it; no request is "
+                                "lost): %s",
+                                w->lost_why);
     return 0;
 }
 

@@ -116,6 +116,21 @@ static void take(struct run *r, int k, const int32_t *got)
         r->out[seq_at(k, row)][k + 1] = got[row];
 }
 
+/* Completes step k (submitted into slot k % BACKEND_STEP_SLOTS) and takes its tokens. */
+static int complete(struct backend *be, struct run *r, int k)
+{
+    int32_t got[SEQS];
+    float lp[SEQS];
+    struct backend_row_error re[SEQS];
+    double us;
+    int rc = backend_complete(be, k % BACKEND_STEP_SLOTS, 1, got, lp, re, &us);
+    if (rc == 0)
+        rc = check_rows(re);
+    if (rc == 0)
+        take(r, k, got);
+    return rc;
+}
+
 /* Prefills the prompts (synchronously), then decodes DECODE penalised steps as mode says. */
 static int decode(struct backend *be, enum mode mode, struct run *r)
 {
@@ -210,24 +225,10 @@ static int decode(struct backend *be, enum mode mode, struct run *r)
             n_g = SEQS;
         }
         rc = backend_submit(be, k % BACKEND_STEP_SLOTS, &q.batch, q.rows, g, n_g, hg, n_g);
-        if (rc == 0 && k > 0) {
-            double us;
-            rc = backend_complete(be, (k - 1) % BACKEND_STEP_SLOTS, 1, got, lp, re, &us);
-            if (rc == 0)
-                rc = check_rows(re);
-            if (rc == 0)
-                take(r, k - 1, got);
-        }
+        if (rc == 0 && k > 0)
+            rc = complete(be, r, k - 1);
     }
-    if (rc == 0) {
-        double us;
-        rc = backend_complete(be, (DECODE - 1) % BACKEND_STEP_SLOTS, 1, got, lp, re, &us);
-        if (rc == 0)
-            rc = check_rows(re);
-        if (rc == 0)
-            take(r, DECODE - 1, got);
-    }
-    return rc;
+    return rc == 0 ? complete(be, r, DECODE - 1) : rc;
 }
 
 /* Opens the backend over a fresh pool and decodes. */
