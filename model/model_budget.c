@@ -19,8 +19,21 @@ uint64_t model_budget_shard_weight_bytes(const struct model_config *c, const str
     return total * 2;
 }
 
+/* Mirrors cuda_sampler_new in kernels/cuda/sampler.cu: penalised logits and marks (4 bytes
+ * each per token and row), the greedy path's partials (24 bytes per chunk of 4096 tokens and
+ * row) and counters (4 per row), the stage (a 80-byte descriptor, 12 bytes of lists and
+ * max_history tokens per row), the results (24 per row) and the history slots (max_history
+ * tokens per row). */
+uint64_t model_budget_sampler_bytes(int64_t vocab, int64_t max_seqs, int64_t max_history)
+{
+    uint64_t V = (uint64_t)vocab, S = (uint64_t)max_seqs, Hs = (uint64_t)max_history;
+    return S * (V * 8 + (V + 4095) / 4096 * 24 + 4 + 80 + 12 + Hs * 4 + 24 + Hs * 4);
+}
+
 /* Mirrors alloc_activations in worker/cuda_backend.c (and the gathered logits of
- * worker/cuda_tp.c, which the backend allocates for an NCCL group). */
+ * worker/cuda_tp.c, which the backend allocates for an NCCL group), and the sampler the
+ * backend opens (model_budget_sampler_bytes: its rows max_seqs, its history the model's
+ * positions). */
 uint64_t model_budget_shard_activation_bytes(const struct model_config *c,
                                              const struct model_shard *s,
                                              enum model_budget_comm comm, int64_t max_tokens,
@@ -37,7 +50,8 @@ uint64_t model_budget_shard_activation_bytes(const struct model_config *c,
     if (comm == MODEL_BUDGET_COMM_NCCL)
         tp += per_rank * (uint64_t)s->size; /* the all-gather's receive buffer */
     return T * H * 4 + T * (H + qd + 2 * kvd + qd + H + 2 * I + I) * 2 + S * H * 2 +
-           S * (uint64_t)c->vocab_size * 4 + tp + T * (4 + 4 + 8) + S * 4;
+           S * (uint64_t)c->vocab_size * 4 + tp + T * (4 + 4 + 8) + S * 4 +
+           model_budget_sampler_bytes(c->vocab_size, max_seqs, c->max_position_embeddings);
 }
 
 int32_t model_budget_graph_batches(int64_t max_tokens, int64_t max_seqs, int32_t *sizes)

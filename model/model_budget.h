@@ -10,8 +10,8 @@
 
 #include <stdint.h>
 
-/* Kept free beside the weights and activations for cuBLAS workspaces, the attention plan, the
- * sampler and the CUDA context's own needs. */
+/* Kept free beside the weights and activations (the sampler's among them) for cuBLAS
+ * workspaces, the attention plan and the CUDA context's own needs. */
 #define MODEL_BUDGET_RESERVE_BYTES (UINT64_C(512) << 20)
 
 /* A worker's CUDA context, created after kvpool measured the free memory: pagoda-kvpool leaves
@@ -49,7 +49,13 @@ uint64_t model_budget_graph_bytes(int64_t max_tokens, int64_t max_seqs);
 /* Bytes of the model's weights on the GPU (BF16, whatever the checkpoint's dtype). */
 uint64_t model_budget_weight_bytes(const struct model_config *c);
 
-/* Bytes of the activations of a step of up to max_tokens tokens and max_seqs sequences. */
+/* Device bytes of a CUDA sampler (kernels/cuda/sampler.h) for max_seqs rows of vocab tokens
+ * and histories of up to max_history tokens: with 128256 tokens, 256 rows and 8192 positions,
+ * about 279 MB, more than half of MODEL_BUDGET_RESERVE_BYTES, so it is counted. */
+uint64_t model_budget_sampler_bytes(int64_t vocab, int64_t max_seqs, int64_t max_history);
+
+/* Bytes of the activations of a step of up to max_tokens tokens and max_seqs sequences, the
+ * sampler's among them. */
 uint64_t model_budget_activation_bytes(const struct model_config *c, int64_t max_tokens,
                                        int64_t max_seqs);
 

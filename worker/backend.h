@@ -49,7 +49,10 @@ int backend_forward(struct backend *b, const struct fwd_batch *batch, float *log
 
 /* What the sampler needs for one logits row: the parameters, the number of tokens the sequence
  * generated before (which, with the seed, selects the Philox draw), and its history for the
- * penalties (either pointer may be NULL when its count is 0). */
+ * penalties (either pointer may be NULL when its count is 0). history_key (0: none) names the
+ * sequence's history for as long as the backend is open: one prompt, outputs only appended,
+ * never reused for another sequence. A backend may keep a keyed history where it samples (the
+ * CUDA backend: on the device, kernels/cuda/sampler.h) and then copies only what it lacks. */
 struct sample_row {
     struct sampling_params params;
     uint64_t output_index;
@@ -57,6 +60,7 @@ struct sample_row {
     size_t n_prompt;
     const int32_t *output_tokens;
     size_t n_output;
+    uint64_t history_key;
 };
 
 /* One forward pass, then one token per logits row (rows[i] describes logits row i), sampled

@@ -89,6 +89,7 @@ struct cuda_backend {
     uint64_t *row_index;
     const int32_t **row_prompt, **row_output;
     size_t *row_n_prompt, *row_n_output;
+    uint64_t *row_keys; /* the rows' history keys (struct sample_row history_key) */
     struct cuda_history_gather *row_gathers; /* a step's history gathers, at most one a row */
     /* CUDA graphs of decode steps (capture_graphs), by batch size, ascending; a decode step of
      * n sequences replays the first of at least n, padded. */
@@ -170,6 +171,7 @@ static void cuda_close(struct backend *base)
     free(b->row_output);
     free(b->row_n_prompt);
     free(b->row_n_output);
+    free(b->row_keys);
     free(b->row_gathers);
     if (b->cublas != NULL)
         cublasDestroy(b->cublas);
@@ -602,9 +604,10 @@ static int open_backend(const struct model_config *cfg, const struct model_weigh
     b->row_output = malloc(S * sizeof(*b->row_output));
     b->row_n_prompt = malloc(S * sizeof(*b->row_n_prompt));
     b->row_n_output = malloc(S * sizeof(*b->row_n_output));
+    b->row_keys = malloc(S * sizeof(*b->row_keys));
     b->row_gathers = malloc(S * sizeof(*b->row_gathers));
     if (!b->row_params || !b->row_index || !b->row_prompt || !b->row_output || !b->row_n_prompt ||
-        !b->row_n_output || !b->row_gathers) {
+        !b->row_n_output || !b->row_keys || !b->row_gathers) {
         rc = PAGODA_ENOMEM;
         goto fail;
     }
@@ -1168,6 +1171,7 @@ static void fill_rows(struct cuda_backend *b, const struct sample_row *rows, int
         b->row_n_prompt[r] = rows[r].n_prompt;
         b->row_output[r] = rows[r].output_tokens;
         b->row_n_output[r] = rows[r].n_output;
+        b->row_keys[r] = rows[r].history_key;
     }
 }
 
@@ -1185,9 +1189,9 @@ static int cuda_forward_sample(struct backend *base, const struct fwd_batch *bat
         return 0;
     }
     fill_rows(b, rows, n);
-    rc = cuda_sampler_sample(b->sampler, b->logits, n, b->row_params, b->row_index, b->row_prompt,
-                             b->row_n_prompt, b->row_output, b->row_n_output, tokens, logprobs,
-                             b->stream);
+    rc = cuda_sampler_sample_keyed(b->sampler, b->logits, n, b->row_params, b->row_index,
+                                   b->row_prompt, b->row_n_prompt, b->row_output, b->row_n_output,
+                                   b->row_keys, tokens, logprobs, b->stream);
     /* The sampler has waited for its stream: the end event marks the step's last work. */
     if (rc == 0 && cudaEventRecord(b->ev_end[STAGE_SYNC], b->stream) == cudaSuccess)
         b->timed = 1;
@@ -1207,10 +1211,14 @@ static int cuda_submit(struct backend *base, int slot, const struct fwd_batch *b
     if (b->held[slot] >= 0)
         return pagoda_error_set(PAGODA_EINVAL, "cuda: step slot %d holds a step not completed",
                                 slot);
+    /* A gather reads d_sampled, [slot][max_num_seqs]: a row that the step of another slot, not
+     * completed yet, samples (a completed slot's tokens are the host's to send). */
     for (int32_t i = 0; i < num_gathers; i++)
-        if (gathers[i].row >= seqs)
-            return pagoda_error_set(PAGODA_EINVAL, "cuda: gather from row %d (the limit is %d)",
-                                    gathers[i].row, seqs);
+        if (gathers[i].slot == slot || gathers[i].row >= seqs ||
+            b->held[gathers[i].slot] <= gathers[i].row)
+            return pagoda_error_set(PAGODA_EINVAL,
+                                    "cuda: gather from slot %d row %d (it holds %d rows)",
+                                    gathers[i].slot, gathers[i].row, b->held[gathers[i].slot]);
     /* The sampler reads a history gather from d_sampled, [slot][max_num_seqs]: a row that the
      * step of another slot, not completed yet, samples. */
     if (num_hgathers > batch->num_logits || num_hgathers > seqs)
@@ -1237,7 +1245,7 @@ static int cuda_submit(struct backend *base, int slot, const struct fwd_batch *b
         rc = cuda_sampler_enqueue_gathered(
             b->sampler, slot, b->logits, n, b->row_params, b->row_index, b->row_prompt,
             b->row_n_prompt, b->row_output, b->row_n_output, b->row_gathers, num_hgathers,
-            b->d_sampled, b->d_sampled + (size_t)slot * (size_t)seqs, b->stream);
+            b->d_sampled, b->row_keys, b->d_sampled + (size_t)slot * (size_t)seqs, b->stream);
         if (rc != 0)
             return rc;
     }

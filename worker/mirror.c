@@ -3,6 +3,7 @@
 #include "wire/sampling_wire.h"
 
 #include <inttypes.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -14,6 +15,10 @@
  * block ids there without changing the sequence. */
 struct mseq {
     uint64_t seq_id;
+    /* Names this copy's history for the backend (struct sample_row history_key): a new one for
+     * each mseq made, never reused in the process, so that a sequence rebuilt by a resync, or a
+     * seq_id of another epoch, never matches a history kept for an older one. */
+    uint64_t history_key;
     int32_t *tokens;
     int32_t num_tokens, tokens_cap;
     int32_t num_prompt, num_computed;
@@ -196,7 +201,11 @@ static int check_seq_fields(const struct mirror *m, const struct seq_fields *f,
     return 0;
 }
 
-/* A new mseq holding a copy of f, with room for extra more tokens. */
+/* The last history key given: process-wide, so that no two mirrors over one backend share one. */
+static _Atomic uint64_t history_keys;
+
+/* A new mseq holding a copy of f, with room for extra more tokens, and a history key of its
+ * own. */
 static int mseq_from_fields(const struct mirror *m, const struct seq_fields *f,
                             const struct sampling_params *sp, int32_t extra, struct mseq **out)
 {
@@ -204,6 +213,7 @@ static int mseq_from_fields(const struct mirror *m, const struct seq_fields *f,
     if (s == NULL)
         return PAGODA_ENOMEM;
     s->seq_id = f->seq_id;
+    s->history_key = atomic_fetch_add(&history_keys, 1) + 1;
     s->num_tokens = (int32_t)f->n_tokens;
     s->num_prompt = f->num_prompt;
     s->num_computed = f->num_computed;
@@ -710,6 +720,7 @@ static void add_chunk(struct mirror *m, struct mseq *q, int32_t chunk, int32_t n
             .n_prompt = (size_t)q->num_prompt,
             .output_tokens = out_len > 0 ? q->tokens + q->num_prompt : NULL,
             .n_output = (size_t)out_len,
+            .history_key = q->history_key,
         };
         m->logits_indices[*nl] = *n - 1;
         m->row_seq_ids[*nl] = q->seq_id;

@@ -57,7 +57,9 @@ enum row_status {
 };
 
 /* One row's parameters as the kernel reads them. hist_offset, n_prompt and n_output index the
- * call's packed history; they are 0 when the row's penalties are off. */
+ * call's packed history; they are 0 when the row's penalties are off. A row whose history is kept
+ * on the device (hslot >= 0, struct cuda_sampler's history slots) reads it from its slot: the
+ * packed history holds only the slot's missing tokens, up_count of them from index up_from on. */
 struct row_desc {
     uint64_t seed;
     uint64_t output_index;
@@ -72,8 +74,12 @@ struct row_desc {
     uint32_t hist_offset;
     uint32_t n_prompt;
     uint32_t n_output;
-    uint32_t pad;
+    int32_t hslot; /* the row's history slot, or -1: the history is the packed one */
+    uint32_t up_from;
+    uint32_t up_count;
+    uint64_t pad;
 };
+static_assert(sizeof(struct row_desc) % 16 == 0, "descriptors stay 16-byte aligned");
 
 struct row_result {
     int32_t token;
@@ -82,6 +88,16 @@ struct row_result {
     int32_t detail;
     float value;
     int32_t pad;
+};
+
+/* A history slot (host bookkeeping; the tokens are in d_hist): key 0 is a free slot. */
+struct hist_slot {
+    uint64_t key;
+    uint64_t used;     /* the call that last read it (struct cuda_sampler's calls) */
+    uint64_t staged;   /* the call whose row took it (a second row with its key does not) */
+    uint64_t twice;    /* a call that had its key in two rows: its appended token is not kept */
+    uint32_t have;     /* its first `have` tokens are the key's history */
+    uint32_t n_prompt; /* the key's prompt length, a check that the key still means the same */
 };
 
 struct cuda_sampler {
@@ -103,6 +119,16 @@ struct cuda_sampler {
     cudaEvent_t stage_copied[2];
     int next_stage;
     struct row_result *d_results; /* [max_rows] */
+    /* The histories kept on the device (cuda_sampler_enqueue_keyed): max_rows slots of
+     * max_history tokens, each holding the first `have` tokens of one key's history, its
+     * sampled tokens appended by the kernels themselves; slots are found by key through an
+     * open-addressing index (linear probing, index_cap a power of two >= 2 * max_rows). */
+    int32_t *d_hist;
+    struct hist_slot *slots;
+    int32_t *index; /* [index_cap]: a slot, or -1 */
+    uint32_t index_cap;
+    uint64_t calls; /* enqueue calls so far: a slot's `used` is the last call that read it */
+    int32_t hand;   /* where the search for a slot to take over starts */
     /* [CUDA_SAMPLER_SLOTS + 1][max_rows], pinned: one per slot of cuda_sampler_enqueue, then
      * cuda_sampler_sample's. */
     struct row_result *h_results;
@@ -472,8 +498,8 @@ __device__ static int32_t penalise_row(float *work, int32_t *marks, const int32_
 __global__ void __launch_bounds__(SAMPLER_THREADS)
     sample_rows(const float *__restrict__ logits, int32_t vocab,
                 const struct row_desc *__restrict__ descs, const int32_t *__restrict__ row_list,
-                const int32_t *__restrict__ history, float *work_logits, int32_t *marks,
-                struct row_result *results, int32_t *out_tokens)
+                const int32_t *__restrict__ history, int32_t *hist_slots, uint32_t max_history,
+                float *work_logits, int32_t *marks, struct row_result *results, int32_t *out_tokens)
 {
     __shared__ struct block_shared sh;
     const int32_t row = row_list[blockIdx.x];
@@ -481,6 +507,19 @@ __global__ void __launch_bounds__(SAMPLER_THREADS)
     if (out_tokens && threadIdx.x == 0)
         out_tokens[row] = 0;
     const struct row_desc d = descs[row];
+    /* A history slot: its missing tokens come from the packed history; the token sampled here
+     * is appended after the history (0 until then, as out_tokens). */
+    const uint32_t n_history = d.n_prompt + d.n_output;
+    int32_t *slot_hist = d.hslot >= 0 ? hist_slots + (size_t)d.hslot * max_history : nullptr;
+    const int32_t *row_history = history + d.hist_offset;
+    if (slot_hist) {
+        for (uint32_t j = threadIdx.x; j < d.up_count; j += SAMPLER_THREADS)
+            slot_hist[d.up_from + j] = history[d.hist_offset + j];
+        if (threadIdx.x == 0 && n_history < max_history)
+            slot_hist[n_history] = 0;
+        __syncthreads();
+        row_history = slot_hist;
+    }
     const float *in = logits + (size_t)row * vocab;
     float *work = work_logits + (size_t)row * vocab;
     struct row_result *res = &results[row];
@@ -512,8 +551,7 @@ __global__ void __launch_bounds__(SAMPLER_THREADS)
     /* Step 1. */
     const float *l = in;
     if (d.penalties) {
-        int32_t overflowed =
-            penalise_row(work, marks + (size_t)row * vocab, history + d.hist_offset, d, sh);
+        int32_t overflowed = penalise_row(work, marks + (size_t)row * vocab, row_history, d, sh);
         if (overflowed >= 0) {
             if (threadIdx.x == 0) {
                 res->status = ROW_OVERFLOW;
@@ -570,6 +608,8 @@ __global__ void __launch_bounds__(SAMPLER_THREADS)
         res->token = token;
         if (out_tokens)
             out_tokens[row] = token;
+        if (slot_hist && n_history < max_history)
+            slot_hist[n_history] = token;
         res->logprob = (float)(((double)l[token] - (double)m) - log(exp_sum));
     }
 }
@@ -895,6 +935,25 @@ extern "C" int cuda_sampler_new(int32_t vocab, int32_t max_rows, size_t max_hist
         rc = cuda_failed(err, "cudaMalloc(results)");
         goto fail;
     }
+    if (max_history > 0) {
+        if ((err = cudaMalloc((void **)&s->d_hist,
+                              max_history * (size_t)max_rows * sizeof(int32_t))) != cudaSuccess) {
+            rc = cuda_failed(err, "cudaMalloc(history slots)");
+            goto fail;
+        }
+        s->index_cap = 1;
+        while (s->index_cap < 2 * (uint32_t)max_rows)
+            s->index_cap *= 2;
+        s->slots = (struct hist_slot *)calloc((size_t)max_rows, sizeof(*s->slots));
+        s->index = (int32_t *)malloc(s->index_cap * sizeof(*s->index));
+        if (!s->slots || !s->index) {
+            rc = pagoda_error_set(PAGODA_ENOMEM, "cuda sampler: history slots of %d rows",
+                                  (int)max_rows);
+            goto fail;
+        }
+        for (uint32_t i = 0; i < s->index_cap; i++)
+            s->index[i] = -1;
+    }
     if ((err = cudaMallocHost((void **)&s->h_results, (CUDA_SAMPLER_SLOTS + 1) * result_bytes)) !=
         cudaSuccess) {
         rc = cuda_failed(err, "cudaMallocHost(results)");
@@ -934,6 +993,9 @@ extern "C" void cuda_sampler_free(struct cuda_sampler *s)
     }
     cudaFree(s->d_results);
     cudaFreeHost(s->h_results);
+    cudaFree(s->d_hist);
+    free(s->slots);
+    free(s->index);
     free(s);
 }
 
@@ -945,11 +1007,134 @@ static int row_error(int rc, int32_t row)
     return pagoda_error_set(rc, "cuda sampler: row %d: %s", (int)row, detail);
 }
 
+/* ---- history slots ---- */
+
+static uint32_t key_home(const struct cuda_sampler *s, uint64_t key)
+{
+    return (uint32_t)((key * UINT64_C(0x9E3779B97F4A7C15)) >> 32) & (s->index_cap - 1);
+}
+
+/* The slot of key, or -1. */
+static int32_t slot_find(const struct cuda_sampler *s, uint64_t key)
+{
+    for (uint32_t i = key_home(s, key);; i = (i + 1) & (s->index_cap - 1)) {
+        const int32_t k = s->index[i];
+        if (k < 0)
+            return -1;
+        if (s->slots[k].key == key)
+            return k;
+    }
+}
+
+/* Removes key from the index (linear probing's backward shift: the entries after it that would
+ * no longer be found move up). */
+static void index_remove(struct cuda_sampler *s, uint64_t key)
+{
+    const uint32_t mask = s->index_cap - 1;
+    uint32_t i = key_home(s, key);
+    while (s->index[i] >= 0 && s->slots[s->index[i]].key != key)
+        i = (i + 1) & mask;
+    if (s->index[i] < 0)
+        return;
+    for (uint32_t j = (i + 1) & mask; s->index[j] >= 0; j = (j + 1) & mask) {
+        const uint32_t home = key_home(s, s->slots[s->index[j]].key);
+        /* the entry at j may fill the hole at i when its home is not in (i, j] cyclically */
+        if (((j - home) & mask) >= ((j - i) & mask)) {
+            s->index[i] = s->index[j];
+            i = j;
+        }
+    }
+    s->index[i] = -1;
+}
+
+/* A slot for key, which has none: a free one, else one that no call read in the last two (most
+ * likely done with), else any whose key this call does not have (slots_mark has marked those it
+ * has: a call has at most max_rows keys, so one is left). Its tokens are none yet. Taking over
+ * the slot of a call still on the device is safe: calls run in order on one stream, so this
+ * call's copy into the slot comes after that call's reads and its append. */
+static int32_t slot_take(struct cuda_sampler *s, uint64_t key)
+{
+    int32_t pick = -1;
+    for (int32_t n = 0; n < s->max_rows && pick < 0; n++) {
+        const int32_t k = (s->hand + n) % s->max_rows;
+        if (s->slots[k].key == 0 || s->slots[k].used + 2 < s->calls)
+            pick = k;
+    }
+    for (int32_t n = 0; n < s->max_rows && pick < 0; n++) {
+        const int32_t k = (s->hand + n) % s->max_rows;
+        if (s->slots[k].used != s->calls)
+            pick = k;
+    }
+    s->hand = (pick + 1) % s->max_rows;
+    if (s->slots[pick].key != 0)
+        index_remove(s, s->slots[pick].key);
+    s->slots[pick] = (struct hist_slot){.key = key};
+    uint32_t i = key_home(s, key);
+    while (s->index[i] >= 0)
+        i = (i + 1) & (s->index_cap - 1);
+    s->index[i] = pick;
+    return pick;
+}
+
+/* Whether step 1 reads the history: with every penalty off it is the identity. */
+static bool penalised(const struct sampling_params *p)
+{
+    return p->repetition_penalty != 1.0f || p->presence_penalty != 0.0f ||
+           p->frequency_penalty != 0.0f;
+}
+
+/* Marks the slots of the call's keys (those of penalised rows) as read by it before any row
+ * takes a slot, so that none of them is taken over for another key of the call. */
+static void slots_mark(struct cuda_sampler *s, int32_t rows, const struct sampling_params *params,
+                       const uint64_t *keys)
+{
+    if (!keys || !s->d_hist)
+        return;
+    for (int32_t r = 0; r < rows; r++) {
+        if (keys[r] == 0 || !penalised(&params[r]))
+            continue;
+        const int32_t k = slot_find(s, keys[r]);
+        if (k < 0)
+            continue;
+        s->slots[k].used = s->calls;
+    }
+}
+
+/* The history slot of a penalised row with key (not 0) and its tokens of the device's that
+ * stand (*have), or -1 when the row's history is packed whole: no key, no slots, or a key that
+ * an earlier row of this call has taken. */
+static int32_t row_slot(struct cuda_sampler *s, uint64_t key, size_t n_prompt, size_t n_history,
+                        size_t *have)
+{
+    *have = 0;
+    if (key == 0 || !s->d_hist)
+        return -1;
+    int32_t k = slot_find(s, key);
+    if (k >= 0 && s->slots[k].staged == s->calls) {
+        s->slots[k].twice = s->calls;
+        return -1;
+    }
+    if (k < 0)
+        k = slot_take(s, key);
+    struct hist_slot *h = &s->slots[k];
+    h->used = h->staged = s->calls;
+    if (h->n_prompt != (uint32_t)n_prompt) { /* a key that means another history now */
+        h->n_prompt = (uint32_t)n_prompt;
+        h->have = 0;
+    }
+    if (h->have > n_history) /* tokens past the history (a wasted one's) do not stand */
+        h->have = (uint32_t)n_history;
+    *have = h->have;
+    return k;
+}
+
 /* The host's share of sampler_sample()'s checks for row r, in the same order (parameters,
- * NULLs, history length, token ids), and the row's packing into the stage. */
+ * NULLs, history length, token ids: of the tokens packed, the others are on the device), and
+ * the row's packing into the stage: its whole history, or with a key (not 0) the tokens its
+ * history slot lacks. */
 static int stage_row(struct cuda_sampler *s, int32_t r, const struct sampling_params *p,
                      uint64_t output_index, const int32_t *prompt, size_t n_prompt,
-                     const int32_t *output, size_t n_output, struct row_desc *desc,
+                     const int32_t *output, size_t n_output, uint64_t key, struct row_desc *desc,
                      int32_t *history, size_t *history_used)
 {
     int rc = sampling_params_validate(p);
@@ -962,10 +1147,13 @@ static int stage_row(struct cuda_sampler *s, int32_t r, const struct sampling_pa
                                 "cuda sampler: row %d: history of %zu prompt + %zu output "
                                 "tokens exceeds %zu",
                                 (int)r, n_prompt, n_output, s->max_history);
+    size_t from = 0;
+    const int32_t hslot =
+        penalised(p) ? row_slot(s, key, n_prompt, n_prompt + n_output, &from) : -1;
     for (int pass = 0; pass < 2; pass++) {
         const int32_t *t = pass == 0 ? prompt : output;
-        size_t n = pass == 0 ? n_prompt : n_output;
-        for (size_t i = 0; i < n; i++)
+        size_t n = pass == 0 ? n_prompt : n_output, base = pass == 0 ? 0 : n_prompt;
+        for (size_t i = from > base ? from - base : 0; i < n; i++)
             if (t[i] < 0 || t[i] >= s->vocab)
                 return pagoda_error_set(PAGODA_EINVAL,
                                         "cuda sampler: row %d: %s token %zu is %d, outside "
@@ -984,18 +1172,23 @@ static int stage_row(struct cuda_sampler *s, int32_t r, const struct sampling_pa
     desc->presence_penalty = p->presence_penalty;
     desc->frequency_penalty = p->frequency_penalty;
     desc->top_k = p->top_k;
-    /* With every penalty off step 1 is the identity: the history stays on the host. */
-    desc->penalties = p->repetition_penalty != 1.0f || p->presence_penalty != 0.0f ||
-                      p->frequency_penalty != 0.0f;
+    /* With every penalty off the history stays on the host. */
+    desc->penalties = penalised(p);
+    desc->hslot = hslot;
     if (desc->penalties) {
         desc->hist_offset = (uint32_t)*history_used;
         desc->n_prompt = (uint32_t)n_prompt;
         desc->n_output = (uint32_t)n_output;
-        if (n_prompt > 0)
-            memcpy(history + *history_used, prompt, n_prompt * sizeof(int32_t));
-        if (n_output > 0)
-            memcpy(history + *history_used + n_prompt, output, n_output * sizeof(int32_t));
-        *history_used += n_prompt + n_output;
+        desc->up_from = (uint32_t)from;
+        desc->up_count = (uint32_t)(n_prompt + n_output - from);
+        int32_t *dst = history + *history_used;
+        if (from < n_prompt)
+            memcpy(dst, prompt + from, (n_prompt - from) * sizeof(int32_t));
+        const size_t out_from = from > n_prompt ? from - n_prompt : 0;
+        if (n_output > out_from)
+            memcpy(dst + (n_prompt > from ? n_prompt - from : 0), output + out_from,
+                   (n_output - out_from) * sizeof(int32_t));
+        *history_used += desc->up_count;
     }
     return 0;
 }
@@ -1007,7 +1200,8 @@ static int enqueue(struct cuda_sampler *s, int slot, const float *logits, int32_
                    const int32_t *const *prompt_tokens, const size_t *n_prompt,
                    const int32_t *const *output_tokens, const size_t *n_output,
                    const struct cuda_history_gather *gathers, int32_t num_gathers,
-                   const int32_t *d_src, int32_t *d_tokens, cudaStream_t stream)
+                   const int32_t *d_src, const uint64_t *keys, int32_t *d_tokens,
+                   cudaStream_t stream)
 {
     /* The stage holds this call's descriptors, its row list, its history gathers, then the
      * histories of its rows with penalties, so that one copy of exactly the bytes used moves
@@ -1024,12 +1218,14 @@ static int enqueue(struct cuda_sampler *s, int slot, const float *logits, int32_
     int32_t *history = (int32_t *)(s->h_stage[k] + stage_history_at(rows));
     size_t history_used = 0;
     int32_t n_greedy = 0;
+    s->calls++;
+    slots_mark(s, rows, params, keys);
     for (int32_t r = 0; r < rows; r++) {
         size_t np = n_prompt ? n_prompt[r] : 0, no = n_output ? n_output[r] : 0;
         const int32_t *pt = np > 0 && prompt_tokens ? prompt_tokens[r] : NULL;
         const int32_t *ot = no > 0 && output_tokens ? output_tokens[r] : NULL;
-        int rc = stage_row(s, r, &params[r], output_index[r], pt, np, ot, no, &descs[r], history,
-                           &history_used);
+        int rc = stage_row(s, r, &params[r], output_index[r], pt, np, ot, no, keys ? keys[r] : 0,
+                           &descs[r], history, &history_used);
         if (rc < 0)
             return rc;
         if (greedy_fast(&descs[r]))
@@ -1040,7 +1236,8 @@ static int enqueue(struct cuda_sampler *s, int slot, const float *logits, int32_
         if (!greedy_fast(&descs[r]))
             row_list[n_listed++] = r;
     /* A history gather names its token in the packed history; a row without penalties has no
-     * history there. */
+     * history there, and a history slot that has the token (appended on the device by the call
+     * that sampled it) needs none. */
     int32_t n_pairs = 0;
     for (int32_t i = 0; i < num_gathers; i++) {
         const struct cuda_history_gather *g = &gathers[i];
@@ -1051,9 +1248,10 @@ static int enqueue(struct cuda_sampler *s, int slot, const float *logits, int32_
                                     "outside the rows' output",
                                     (int)i, (int)g->row, (int)g->index);
         const struct row_desc *d = &descs[g->row];
-        if (!d->penalties)
+        const uint32_t at = d->n_prompt + (uint32_t)g->index;
+        if (!d->penalties || at < d->up_from)
             continue;
-        pairs[2 * n_pairs] = (int32_t)(d->hist_offset + d->n_prompt + (uint32_t)g->index);
+        pairs[2 * n_pairs] = (int32_t)(d->hist_offset + at - d->up_from);
         pairs[2 * n_pairs + 1] = g->src;
         n_pairs++;
     }
@@ -1091,10 +1289,19 @@ static int enqueue(struct cuda_sampler *s, int slot, const float *logits, int32_
     if (rows > n_greedy) {
         sample_rows<<<rows - n_greedy, SAMPLER_THREADS, 0, stream>>>(
             logits, s->vocab, (const struct row_desc *)s->d_stage, d_list + n_greedy, d_history,
-            s->d_logits, s->d_marks, s->d_results, d_tokens);
+            s->d_hist, (uint32_t)s->max_history, s->d_logits, s->d_marks, s->d_results, d_tokens);
         if ((err = cudaGetLastError()) != cudaSuccess)
             return cuda_failed(err, "sample_rows<<<>>>");
     }
+    /* Queued: each history slot read now holds its whole history and, once the call has run,
+     * the token sampled after it (0 for a row that could not be sampled), unless its key was in
+     * two rows. */
+    for (int32_t r = 0; r < rows; r++)
+        if (descs[r].penalties && descs[r].hslot >= 0) {
+            struct hist_slot *h = &s->slots[descs[r].hslot];
+            const uint32_t n = descs[r].n_prompt + descs[r].n_output;
+            h->have = n < s->max_history && h->twice != s->calls ? n + 1 : n;
+        }
     err = cudaMemcpyAsync(s->h_results + (size_t)slot * (size_t)s->max_rows, s->d_results,
                           result_bytes, cudaMemcpyDeviceToHost, stream);
     if (err != cudaSuccess)
@@ -1128,7 +1335,8 @@ cuda_sampler_enqueue_gathered(struct cuda_sampler *s, int slot, const float *log
                               const int32_t *const *prompt_tokens, const size_t *n_prompt,
                               const int32_t *const *output_tokens, const size_t *n_output,
                               const struct cuda_history_gather *gathers, int32_t num_gathers,
-                              const int32_t *d_src, int32_t *d_tokens, cudaStream_t stream)
+                              const int32_t *d_src, const uint64_t *history_keys, int32_t *d_tokens,
+                              cudaStream_t stream)
 {
     int done;
     int rc = check_call(s, logits, rows, params, output_index, logits, &done);
@@ -1144,7 +1352,8 @@ cuda_sampler_enqueue_gathered(struct cuda_sampler *s, int slot, const float *log
                                 (int)num_gathers, (int)rows, gathers ? "given" : "NULL",
                                 d_src ? "given" : "NULL");
     return enqueue(s, slot, logits, rows, params, output_index, prompt_tokens, n_prompt,
-                   output_tokens, n_output, gathers, num_gathers, d_src, d_tokens, stream);
+                   output_tokens, n_output, gathers, num_gathers, d_src, history_keys, d_tokens,
+                   stream);
 }
 
 extern "C" int cuda_sampler_enqueue(struct cuda_sampler *s, int slot, const float *logits,
@@ -1155,8 +1364,8 @@ extern "C" int cuda_sampler_enqueue(struct cuda_sampler *s, int slot, const floa
                                     int32_t *d_tokens, cudaStream_t stream)
 {
     return cuda_sampler_enqueue_gathered(s, slot, logits, rows, params, output_index, prompt_tokens,
-                                         n_prompt, output_tokens, n_output, NULL, 0, NULL, d_tokens,
-                                         stream);
+                                         n_prompt, output_tokens, n_output, NULL, 0, NULL, NULL,
+                                         d_tokens, stream);
 }
 
 extern "C" int cuda_sampler_result(const struct cuda_sampler *s, int slot, int32_t r,
@@ -1187,6 +1396,52 @@ extern "C" int cuda_sampler_result(const struct cuda_sampler *s, int slot, int32
     }
 }
 
+/* The call in stage k (rows rows) did not give its results (a row failed, so the call failed):
+ * its slots' appended tokens are not the caller's, who samples again (the worker: on the host)
+ * and may keep other tokens. They no longer stand. */
+static void slots_unappend(struct cuda_sampler *s, int k, int32_t rows)
+{
+    const struct row_desc *descs = (const struct row_desc *)s->h_stage[k];
+    for (int32_t r = 0; r < rows; r++)
+        if (descs[r].penalties && descs[r].hslot >= 0) {
+            struct hist_slot *h = &s->slots[descs[r].hslot];
+            const uint32_t n = descs[r].n_prompt + descs[r].n_output;
+            if (h->have > n)
+                h->have = n;
+        }
+}
+
+extern "C" int cuda_sampler_sample_keyed(
+    struct cuda_sampler *s, const float *logits, int32_t rows, const struct sampling_params *params,
+    const uint64_t *output_index, const int32_t *const *prompt_tokens, const size_t *n_prompt,
+    const int32_t *const *output_tokens, const size_t *n_output, const uint64_t *history_keys,
+    int32_t *tokens, float *logprobs, cudaStream_t stream)
+{
+    int done;
+    int rc = check_call(s, logits, rows, params, output_index, tokens, &done);
+    if (rc != 0 || done)
+        return rc;
+    rc = enqueue(s, CUDA_SAMPLER_SLOTS, logits, rows, params, output_index, prompt_tokens, n_prompt,
+                 output_tokens, n_output, NULL, 0, NULL, history_keys, NULL, stream);
+    if (rc != 0)
+        return rc;
+    const int k = 1 - s->next_stage; /* the stage this call used */
+    cudaError_t err = cudaStreamSynchronize(stream);
+    if (err != cudaSuccess)
+        return cuda_failed(err, "cudaStreamSynchronize");
+    /* The first failing row fails the call, before anything is written. */
+    int32_t token;
+    for (int32_t r = 0; r < rows; r++)
+        if ((rc = cuda_sampler_result(s, CUDA_SAMPLER_SLOTS, r, &token, NULL)) != 0) {
+            if (history_keys)
+                slots_unappend(s, k, rows);
+            return rc;
+        }
+    for (int32_t r = 0; r < rows; r++)
+        cuda_sampler_result(s, CUDA_SAMPLER_SLOTS, r, &tokens[r], logprobs ? &logprobs[r] : NULL);
+    return 0;
+}
+
 extern "C" int cuda_sampler_sample(struct cuda_sampler *s, const float *logits, int32_t rows,
                                    const struct sampling_params *params,
                                    const uint64_t *output_index,
@@ -1194,25 +1449,8 @@ extern "C" int cuda_sampler_sample(struct cuda_sampler *s, const float *logits, 
                                    const int32_t *const *output_tokens, const size_t *n_output,
                                    int32_t *tokens, float *logprobs, cudaStream_t stream)
 {
-    int done;
-    int rc = check_call(s, logits, rows, params, output_index, tokens, &done);
-    if (rc != 0 || done)
-        return rc;
-    rc = enqueue(s, CUDA_SAMPLER_SLOTS, logits, rows, params, output_index, prompt_tokens, n_prompt,
-                 output_tokens, n_output, NULL, 0, NULL, NULL, stream);
-    if (rc != 0)
-        return rc;
-    cudaError_t err = cudaStreamSynchronize(stream);
-    if (err != cudaSuccess)
-        return cuda_failed(err, "cudaStreamSynchronize");
-    /* The first failing row fails the call, before anything is written. */
-    int32_t token;
-    for (int32_t r = 0; r < rows; r++)
-        if ((rc = cuda_sampler_result(s, CUDA_SAMPLER_SLOTS, r, &token, NULL)) != 0)
-            return rc;
-    for (int32_t r = 0; r < rows; r++)
-        cuda_sampler_result(s, CUDA_SAMPLER_SLOTS, r, &tokens[r], logprobs ? &logprobs[r] : NULL);
-    return 0;
+    return cuda_sampler_sample_keyed(s, logits, rows, params, output_index, prompt_tokens, n_prompt,
+                                     output_tokens, n_output, NULL, tokens, logprobs, stream);
 }
 
 /* dst[pairs[2i]] = src[pairs[2i + 1]]. */

@@ -42,10 +42,12 @@ struct cuda_sampler;
  * each with a history (prompt plus output tokens) of at most max_history tokens. Everything is
  * allocated here, on the current CUDA device, and never during sampling: 8 bytes per token per
  * row of device memory (penalised logits and history counts), 24 bytes per row and 4096 tokens
- * and 4 per row of device memory (the greedy path's partial results and counters), about 68 +
+ * and 4 per row of device memory (the greedy path's partial results and counters), about 92 +
  * 4 * max_history bytes per row of device memory and twice that of pinned host memory (two
- * stages used in turn), and 24 bytes per row and slot of pinned results. The sampler belongs to the
- * caller until cuda_sampler_free(), and serves one thread at a time.
+ * stages used in turn), 4 * max_history bytes per row of device memory for the histories kept on
+ * the device (history keys, below), and 24 bytes per row and slot of pinned results
+ * (model/model_budget.c model_budget_sampler_bytes counts the device memory). The sampler belongs
+ * to the caller until cuda_sampler_free(), and serves one thread at a time.
  *
  * Returns 0, PAGODA_EINVAL for a NULL out, PAGODA_ERANGE when vocab is outside [1,
  * SAMPLER_VOCAB_MAX], max_rows outside [1, CUDA_SAMPLER_ROWS_MAX], max_history outside [0,
@@ -116,16 +118,36 @@ struct cuda_history_gather {
 /* cuda_sampler_enqueue, with gathers[num_gathers] (at most rows of them) read from the device
  * array d_src on stream after the histories are copied and before the rows are sampled: a
  * penalised row's history may end with the token of a step still on the device. A gather of a
- * row without penalties is ignored (its history is not read). PAGODA_EINVAL for a NULL gathers
- * or d_src with gathers, or a gather outside the rows or its row's output; src is the caller's
- * to keep in range. The other arguments and errors are cuda_sampler_enqueue's. */
+ * row without penalties is ignored (its history is not read), as is one whose token the row's
+ * history slot holds. PAGODA_EINVAL for a NULL gathers or d_src with gathers, or a gather
+ * outside the rows or its row's output; src is the caller's to keep in range.
+ *
+ * History keys (history_keys[r], NULL for none, 0 for a row without): a penalised row with a
+ * key keeps its history on the device, in a slot of the sampler's (max_rows of them), so that
+ * only what the slot lacks is copied: the whole history the first time, nothing after when each
+ * call's row has the history of the call before plus the token that call sampled for it (the
+ * kernel appends that token to the slot). A key names one sequence's history while the caller
+ * uses it: the same prompt, outputs only appended (a shorter history is read as the slot's
+ * first tokens; another prompt length drops the slot). Slots not read for two calls are taken
+ * over first, then any the call does not use; a key seen twice in one call has its history
+ * copied the second time. Calls with keys must be queued on one stream, in order. The other
+ * arguments and errors are cuda_sampler_enqueue's; the host checks only the tokens it copies. */
 int cuda_sampler_enqueue_gathered(struct cuda_sampler *s, int slot, const float *logits,
                                   int32_t rows, const struct sampling_params *params,
                                   const uint64_t *output_index, const int32_t *const *prompt_tokens,
                                   const size_t *n_prompt, const int32_t *const *output_tokens,
                                   const size_t *n_output, const struct cuda_history_gather *gathers,
-                                  int32_t num_gathers, const int32_t *d_src, int32_t *d_tokens,
+                                  int32_t num_gathers, const int32_t *d_src,
+                                  const uint64_t *history_keys, int32_t *d_tokens,
                                   cudaStream_t stream);
+
+/* cuda_sampler_sample with history keys (cuda_sampler_enqueue_gathered's). */
+int cuda_sampler_sample_keyed(struct cuda_sampler *s, const float *logits, int32_t rows,
+                              const struct sampling_params *params, const uint64_t *output_index,
+                              const int32_t *const *prompt_tokens, const size_t *n_prompt,
+                              const int32_t *const *output_tokens, const size_t *n_output,
+                              const uint64_t *history_keys, int32_t *tokens, float *logprobs,
+                              cudaStream_t stream);
 
 /* Row r of the call enqueued in slot, once it has completed: 0 with *token and (logprob not
  * NULL) *logprob, or that row's error as cuda_sampler_sample reports it (the detail names the

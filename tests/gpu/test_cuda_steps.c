@@ -10,7 +10,10 @@
  * from step to step (a gather must name its own sequence's row of the step before), and the
  * backend's row limit is not its slot count. A history gather that read nothing would change the
  * tokens: the synchronous run with 0 in place of each history's last token (from the second
- * decode step on, where gathers begin) must differ, so the comparison can fail.
+ * decode step on, where gathers begin) must differ, so the comparison can fail. Then the
+ * asynchronous run again with history keys (struct sample_row history_key, from the prefill on),
+ * every token of the host's histories wrong (3) from the first decode step on: the sampler's
+ * history slots hold the true ones, so the tokens must still be the synchronous run's.
  *
  *   test_cuda_steps [MODEL_DIR]   (default: $PAGODA_SOURCE_DIR/assets/pagoda-brown) */
 #include "common/error.h"
@@ -32,6 +35,7 @@ struct run {
     char detail[256];
     int32_t prompt[SEQS][PROMPT];
     int32_t out[SEQS][DECODE + 1]; /* the prefill's token, then each decode step's */
+    int refused; /* ASYNC: backend_submit's code for a gather from a completed step's slot */
 };
 
 static int64_t slot_of(const int32_t *table, int32_t pos)
@@ -107,7 +111,7 @@ static int check_rows(const struct backend_row_error *re)
 /* How the decode steps run: synchronously, synchronously with 0 in place of each history's last
  * token from the second step on (what a history gather that read nothing would leave), or step
  * k + 1 submitted before step k is completed. */
-enum mode { SYNC, SYNC_NO_LAST, ASYNC };
+enum mode { SYNC, SYNC_NO_LAST, ASYNC, ASYNC_KEYED };
 
 /* Step k's tokens (got, by batch row) into out[seq][k + 1]. */
 static void take(struct run *r, int k, const int32_t *got)
@@ -152,7 +156,10 @@ static int decode(struct backend *be, enum mode mode, struct run *r)
         }
         q.params[s] = p;
         q.rows[s] =
-            (struct sample_row){.params = p, .prompt_tokens = r->prompt[s], .n_prompt = PROMPT};
+            (struct sample_row){.params = p,
+                                .prompt_tokens = r->prompt[s],
+                                .n_prompt = PROMPT,
+                                .history_key = mode == ASYNC_KEYED ? 100u + (uint64_t)s : 0};
         memcpy(q.btab[s], q.tables[s], sizeof(q.btab[s]));
         for (int i = 0; i < PROMPT; i++) {
             tokens[s * PROMPT + i] = r->prompt[s][i];
@@ -183,8 +190,10 @@ static int decode(struct backend *be, enum mode mode, struct run *r)
         rc = check_rows(re);
     for (int s = 0; s < SEQS; s++)
         r->out[s][0] = got[s]; /* the prefill's row s is sequence s */
-    static int32_t hist[SEQS][DECODE + 1];
-    if (rc != 0 || mode != ASYNC) {
+    static int32_t hist[SEQS][DECODE + 1], wrong[PROMPT + DECODE + 1];
+    for (int i = 0; i < PROMPT + DECODE + 1; i++)
+        wrong[i] = 3;
+    if (rc != 0 || (mode != ASYNC && mode != ASYNC_KEYED)) {
         for (int k = 0; rc == 0 && k < DECODE; k++) {
             decode_batch(&q, r, k);
             if (mode == SYNC_NO_LAST && k > 0)
@@ -224,11 +233,23 @@ static int decode(struct backend *be, enum mode mode, struct run *r)
             }
             n_g = SEQS;
         }
+        if (mode == ASYNC_KEYED)
+            for (int row = 0; row < SEQS; row++) {
+                q.rows[row].history_key = 100u + (uint64_t)seq_at(k, row);
+                q.rows[row].prompt_tokens = wrong;
+                q.rows[row].output_tokens = wrong;
+            }
         rc = backend_submit(be, k % BACKEND_STEP_SLOTS, &q.batch, q.rows, g, n_g, hg, n_g);
         if (rc == 0 && k > 0)
             rc = complete(be, r, k - 1);
     }
-    return rc == 0 ? complete(be, r, DECODE - 1) : rc;
+    if (rc == 0)
+        rc = complete(be, r, DECODE - 1);
+    if (rc == 0 && mode == ASYNC) { /* the last step's slot, completed: nothing to gather there */
+        g[0] = (struct backend_gather){.token = 0, .slot = (DECODE - 1) % BACKEND_STEP_SLOTS};
+        r->refused = backend_submit(be, DECODE % BACKEND_STEP_SLOTS, &q.batch, q.rows, g, 1, hg, 0);
+    }
+    return rc;
 }
 
 /* Opens the backend over a fresh pool and decodes. */
@@ -279,10 +300,11 @@ int main(int argc, char **argv)
     const char *model = gpu_test_model(argc, argv, path, sizeof(path));
     printf("== %s\n", model);
 
-    static struct run sync_pen, no_last, async_pen;
+    static struct run sync_pen, no_last, async_pen, keyed;
     run(model, SYNC, &sync_pen);
     run(model, SYNC_NO_LAST, &no_last);
     run(model, ASYNC, &async_pen);
+    run(model, ASYNC_KEYED, &keyed);
     GPU_CHECK(sync_pen.rc == 0 && no_last.rc == 0 && async_pen.rc == 0,
               "the runs: %s (%s), %s (%s), %s (%s)", pagoda_strerror(sync_pen.rc), sync_pen.detail,
               pagoda_strerror(no_last.rc), no_last.detail, pagoda_strerror(async_pen.rc),
@@ -299,6 +321,20 @@ int main(int argc, char **argv)
                   "flight, inputs and last history tokens read on the device, give the "
                   "synchronous steps' tokens (%d of %d sequences)",
                   SEQS, DECODE, same, SEQS);
+    }
+    GPU_CHECK(async_pen.refused == PAGODA_EINVAL,
+              "a gather from a completed step's slot is refused (%d, PAGODA_EINVAL %d)",
+              async_pen.refused, PAGODA_EINVAL);
+    GPU_CHECK(keyed.rc == 0, "the run with history keys: %s (%s)", pagoda_strerror(keyed.rc),
+              keyed.detail);
+    if (sync_pen.rc == 0 && keyed.rc == 0) {
+        int same = 0;
+        for (int s = 0; s < SEQS; s++)
+            same += memcmp(sync_pen.out[s], keyed.out[s], sizeof(sync_pen.out[s])) == 0;
+        GPU_CHECK(same == SEQS,
+                  "with history keys and every host history token wrong (3), the histories "
+                  "kept on the device give the synchronous steps' tokens (%d of %d sequences)",
+                  same, SEQS);
     }
     return gpu_test_finish();
 }

@@ -198,6 +198,8 @@ static void test_resync_then_steps_build_the_batch(void **state)
     assert_int_equal(ms.rows[0].n_prompt, 16);
     assert_int_equal(ms.rows[0].n_output, 0);
     assert_int_equal(ms.rows[0].prompt_tokens[15], 25);
+    const uint64_t key_a = ms.rows[0].history_key;
+    assert_true(key_a != 0);
     /* No sampling message: the one default (wire/sampling_wire.h), temperature 1 as the router's
      * and the scheduler's. */
     assert_true(ms.rows[0].params.temperature == 1.0f);
@@ -239,6 +241,9 @@ static void test_resync_then_steps_build_the_batch(void **state)
     assert_int_equal(ms.rows[0].output_tokens[0], 42);
     assert_int_equal(ms.rows[1].output_index, 0);
     assert_int_equal(ms.rows[1].n_prompt, 9);
+    /* Each sequence's history keeps its key from step to step; the keys differ. */
+    assert_true(ms.rows[0].history_key == key_a);
+    assert_true(ms.rows[1].history_key != 0 && ms.rows[1].history_key != key_a);
     int32_t t2[] = {43, 44};
     mirror_step_commit(m, t2);
     va = view(m, 1);
@@ -514,6 +519,8 @@ static void test_sample_rows_carry_histories_after_a_resync(void **state)
     assert_true(r->params.top_p == 1.0f);
     assert_true(r->params.repetition_penalty == 1.0f);
     assert_int_equal(r->params.seed, 1234);
+    const uint64_t key = r->history_key;
+    assert_true(key != 0);
     mirror_step_commit(m, (int32_t[]){93});
     s = step_msg(1, 1);
     s.n_cont_seqs = 1;
@@ -523,6 +530,18 @@ static void test_sample_rows_carry_histories_after_a_resync(void **state)
     assert_int_equal(ms.batch.token_ids[0], 93);
     assert_int_equal(ms.rows[0].output_index, 4);
     assert_int_equal(ms.rows[0].output_tokens[3], 93);
+    assert_true(ms.rows[0].history_key == key); /* the same sequence, the same key */
+
+    /* Rebuilt by a resync, the same sequence's history gets a new key: what a backend keeps
+     * under the old one may be ahead of the snapshot. */
+    resync(m, 2, 0, snaps, 1);
+    s = step_msg(2, 0);
+    s.n_cont_seqs = 1;
+    s.cont_seqs = conts;
+    c = cont_seq(4, 6, 1, NULL, 0);
+    assert_int_equal(mirror_step_prepare(m, &s, &ms), 0);
+    assert_int_equal(ms.rows[0].output_index, 3);
+    assert_true(ms.rows[0].history_key != 0 && ms.rows[0].history_key != key);
 
     /* A sequence with invalid sampling parameters is left out, named with its reason. */
     Pagoda__Internal__SamplingParams bad = PAGODA__INTERNAL__SAMPLING_PARAMS__INIT;
@@ -531,7 +550,7 @@ static void test_sample_rows_carry_histories_after_a_resync(void **state)
     sn.sampling = &bad;
     Pagoda__Internal__Resync r2 = PAGODA__INTERNAL__RESYNC__INIT;
     r2.has_epoch = r2.has_next_step_id = 1;
-    r2.epoch = 2;
+    r2.epoch = 3;
     r2.n_seqs = 1;
     r2.seqs = snaps;
     assert_int_equal(mirror_resync(m, &r2), 0);
@@ -541,7 +560,7 @@ static void test_sample_rows_carry_histories_after_a_resync(void **state)
     assert_int_equal(left_out[0].code, PAGODA_ERANGE);
     assert_non_null(strstr(left_out[0].message, "sequence 4"));
     assert_non_null(strstr(left_out[0].message, "top_p"));
-    assert_int_equal(mirror_epoch(m), 2);
+    assert_int_equal(mirror_epoch(m), 3);
     assert_int_equal(mirror_num_seqs(m), 0);
     mirror_free(m);
 }
