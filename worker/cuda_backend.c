@@ -187,6 +187,7 @@ struct cuda_backend_options cuda_backend_default_options(void)
         .limits = {.max_num_tokens = 2048, .max_num_seqs = 256, .max_blocks_per_seq = 4096},
         .gemv_max_rows = CUDA_BACKEND_GEMV_MAX_ROWS,
         .gemv_max_weight = CUDA_BACKEND_GEMV_MAX_WEIGHT,
+        .gemv_stream = 1,
         .pdl = 1,
         .cuda_graphs = 1,
     };
@@ -672,7 +673,7 @@ int cuda_backend_open(const struct model_config *cfg, const struct model_weights
 
 /* y[rows][out] = x[rows][in] . w[out][in]^T, BF16 inputs, FP32 accumulation, output in ytype,
  * y's rows ldy >= out elements apart. Up to opt.gemv_max_rows rows of a weight of at most
- * opt.gemv_max_weight elements through cuda_gemv (off by default: cuda_backend.h;
+ * opt.gemv_max_weight elements through cuda_gemv_stream or cuda_gemv (cuda_backend.h;
  * contiguous outputs only), the rest through cublasGemmEx. */
 static int gemm_ld(struct cuda_backend *b, const uint16_t *x, const uint16_t *w, void *y,
                    cudaDataType ytype, int64_t rows, int64_t in, int64_t out, int64_t ldy)

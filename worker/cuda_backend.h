@@ -14,32 +14,32 @@
 
 #include <stdint.h>
 
-/* The default gemv_max_rows: 0, every linear through cuBLAS. cuda_gemv takes at most the linears
- * whose weights have at most CUDA_BACKEND_GEMV_MAX_WEIGHT elements (the 8B shape's O projection,
- * 4096 x 4096; a tensor-parallel rank compares its own slice, so at TP 4 the down projection's
- * fits too): on the H200 (bench/RESULTS.md, issue 15, 2026-12-02 ninth session) it lost to
- * cuBLAS on every larger weight at every row count; on O it wins in isolation up to 8 rows (one
- * kernel where cuBLAS takes a split-K pass and its reduction), but in the decode step at batch 1
- * it moved the step by -107, -52 and +51 us in three calls (the spread between runs of one
- * call is about 50 us) and lost at batch 8: not on until it wins clearly. */
-#define CUDA_BACKEND_GEMV_MAX_ROWS 0
-#define CUDA_BACKEND_GEMV_MAX_WEIGHT ((int64_t)4096 * 4096)
+/* The defaults: linears of up to 8 rows whose weights have at most
+ * CUDA_BACKEND_GEMV_MAX_WEIGHT elements (the 8B shape's QKV, 6144 x 4096, and O; a
+ * tensor-parallel rank compares its own slice) go through cuda_gemv_stream, the others through
+ * cuBLAS. On the H200 (bench/RESULTS.md, issue 15, 2026-12-02 eleventh session) the streaming
+ * form, whose weights are on their way before the kernel ahead ends (programmatic dependent
+ * launch on both sides: the RMSNorm before QKV and the attention before O are ours), took the
+ * decode step at batch 1 from 4.85 to 4.63 ms and at 4 from 4.99 to 4.86 (two runs, the same
+ * figures), even at 8; alone it hardly beats cuBLAS on these weights, and it loses on the large
+ * ones (gate/up and down) in isolation and in the step. */
+#define CUDA_BACKEND_GEMV_MAX_ROWS 8
+#define CUDA_BACKEND_GEMV_MAX_WEIGHT ((int64_t)6144 * 4096)
 
 struct cuda_backend_options {
     int device;
     struct backend_limits limits;
     /* 1: the kernel sequence before issue 15, for comparison (bench/decode_step): every linear
      * through cublasGemmEx, RoPE and the K/V cache write as two launches. 0 (the default): RoPE
-     * fused with the cache write, and linears of up to gemv_max_rows rows through cuda_gemv.
+     * fused with the cache write, and linears of up to gemv_max_rows rows through our GEMVs.
      * (The RMSNorm kernel is the same in both: it changed underneath, cuda_add_rmsnorm.) */
     int baseline_kernels;
     /* Linears of at most this many rows (0 .. CUDA_GEMV_MAX_ROWS) and weights of at most
-     * gemv_max_weight elements go through cuda_gemv (0: none), the others through cuBLAS. */
+     * gemv_max_weight elements go through a GEMV of ours (0: none), the others through cuBLAS. */
     int gemv_max_rows;
     int64_t gemv_max_weight; /* default CUDA_BACKEND_GEMV_MAX_WEIGHT */
-    /* 1: the linears cuda_gemv would take go through its streaming form, cuda_gemv_stream (a
-     * candidate not yet measured: bench/decode_step's pdl_gemvs versions); 0 (the default):
-     * cuda_gemv. */
+    /* 1 (the default): the linears gemv_max_rows and gemv_max_weight take go through the
+     * streaming form, cuda_gemv_stream; 0: through cuda_gemv. */
     int gemv_stream;
     /* 1 (the default): the kernels of kernels/cuda that support it are launched with
      * programmatic dependent launch (kernels/cuda/util.h cuda_set_pdl): each may be scheduled
@@ -75,7 +75,9 @@ struct cuda_backend_options {
 };
 
 /* Defaults: device 0, 2048 tokens and 256 sequences per step, 4096 blocks per sequence, the
- * kernels of issue 15 with gemv_max_rows CUDA_BACKEND_GEMV_MAX_ROWS, CUDA graphs on. */
+ * kernels of issue 15 with the streaming GEMV up to CUDA_BACKEND_GEMV_MAX_ROWS rows of weights
+ * of up to CUDA_BACKEND_GEMV_MAX_WEIGHT elements, programmatic dependent launch and CUDA graphs
+ * on. */
 struct cuda_backend_options cuda_backend_default_options(void);
 
 /* Opens a CUDA backend. Weights come from w (copied to the GPU, converted to BF16 when the

@@ -35,22 +35,22 @@ int cuda_gemv(const uint16_t *x, const uint16_t *w, void *y, int y_f32, int32_t 
               int32_t out, cudaStream_t s);
 
 /* The shape of cuda_gemv_stream's ring, a knob for benchmarks: stages of cols columns each (a
- * multiple of 512 up to 4096); a field of 0 takes the default (512 columns; 4 stages up to 8
- * rows, 3 above: 106 and 110 KiB of shared memory, room beside one CTA of the decode attention). */
+ * multiple of 512 up to 4096); a field of 0 takes the default (2 stages of 2048 columns up to 8
+ * rows, 3 of 1024 above: the fastest rings measured on the H200). */
 struct cuda_gemv_ring {
     int stages;
     int cols;
 };
 
-/* cuda_gemv's streaming form (kernels/cuda/linear_stream.cu), the candidate of issue 15 that
- * has not run on a GPU yet: the weights pass through a ring of shared-memory stages filled by
- * bulk copies (one CTA an SM), and the ring's first stages are requested before the kernel
- * waits for the kernel ahead (launch_pdl), so that at a decode step's kernel boundaries the
- * next linear's weights are already on their way. The same sizes and buffers as cuda_gemv
- * (cuda_gemv_fits) and the same results, bit for bit (the same sums in the same order). ring:
- * NULL for the default; PAGODA_EINVAL for negative fields, columns that are not a multiple of
- * 512 or above 4096, or a ring that does not fit in 227 KiB of shared memory (stages beyond what
- * a CTA streams are dropped first). */
+/* cuda_gemv's streaming form (kernels/cuda/linear_stream.cu), which the CUDA backend uses for the
+ * small weights of decode steps (worker/cuda_backend.h; it loses to cuBLAS on the large ones,
+ * bench/RESULTS.md): the weights pass through a ring of shared-memory stages filled by bulk copies
+ * (one CTA an SM), and the ring's first stages are requested before the kernel waits for the kernel
+ * ahead (launch_pdl), so that at a decode step's kernel boundaries the next linear's weights are
+ * already on their way. The same sizes and buffers as cuda_gemv (cuda_gemv_fits) and the same
+ * results, bit for bit (the same sums in the same order). ring: NULL for the default; PAGODA_EINVAL
+ * for negative fields, columns that are not a multiple of 512 or above 4096, or a ring that does
+ * not fit in 227 KiB of shared memory (stages beyond what a CTA streams are dropped first). */
 int cuda_gemv_stream(const uint16_t *x, const uint16_t *w, void *y, int y_f32, int32_t rows,
                      int32_t in, int32_t out, const struct cuda_gemv_ring *ring, cudaStream_t s);
 

@@ -3,10 +3,9 @@
  *
  * A tile is 16 output features (16 rows of w) for every input row. The grid is one CTA an SM
  * (at most the tile count); CTA b takes tiles b, b + grid, ..., and its tiles' columns go
- * through a ring of shared-memory stages (512 columns each by default, struct cuda_gemv_ring):
- * a stage holds the 16 weight rows and
- * the x rows of those columns, each row one bulk copy completing on the stage's mbarrier. One
- * producer thread issues the copies as stages free up, running ahead across tile boundaries, so
+ * through a ring of shared-memory stages (struct cuda_gemv_ring): a stage holds the 16 weight
+ * rows and the x rows of those columns, each row one bulk copy completing on the stage's mbarrier.
+ * One producer thread issues the copies as stages free up, running ahead across tile boundaries, so
  * an SM keeps its ring of weights in flight without a gap between tiles; eight consumer warps
  * multiply (kernels/cuda/gemv_mma.cuh): in a stage's chunks of 32 columns warp v takes chunks
  * v, v + 8, ..., and gives the stage back with one arrival on its `empty` barrier. Rows in
@@ -16,9 +15,11 @@
  *
  * Launched by launch_pdl, the producer fills the whole ring with weights before it waits for the
  * kernel ahead (whose output is x): at a decode step's kernel boundaries the next linear's
- * weights are already on their way. The default ring (4 stages at up to 8 rows, 3 above: 106 and
- * 110 KiB) leaves room on an SM for one CTA of the decode attention (102 KiB), so that the
- * linear after it can be resident, and loading, while it ends.
+ * weights are already on their way. The default ring is the fastest of the H200's first run
+ * (2 stages of 2048 columns up to 8 rows, 3 of 1024 above: 199 and 211 KiB). Rings of 512-column
+ * stages (4 stages: 106 KiB, room beside one CTA of the decode attention) ran at 1.0-1.6 TB/s:
+ * the copies are too small. On the large weights no ring reaches cuBLAS (gate/up at one row 3.5
+ * against 4.0 TB/s; bench/RESULTS.md, 2026-12-02, eleventh session).
  *
  * The sums are cuda_gemv's, in the same order (a warp's chunks v, v + 8, v + 16, ... through
  * the same products, then the warps in order): the results are equal bit for bit. The eighth
@@ -54,7 +55,10 @@ struct ring {
 
 template <int TILES> struct geom {
     static constexpr int part_floats = kConsumerWarps * TILES * 4 * 32;
-    static constexpr int default_stages = TILES == 1 ? 4 : 3;
+    /* The defaults, the fastest rings of the H200's first run (bench/RESULTS.md, 2026-12-02,
+     * eleventh session): 2 stages of 2048 columns up to 8 rows, 3 of 1024 above. */
+    static constexpr int default_stages = TILES == 1 ? 2 : 3;
+    static constexpr int default_cols = TILES == 1 ? 2048 : 1024;
     static ring make(int stages, int cols)
     {
         ring r;
@@ -237,7 +241,7 @@ static ring ring_of(int32_t in, int32_t out, const struct cuda_gemv_ring *want, 
 {
     const int32_t tiles = (out + kRowsPerTile - 1) / kRowsPerTile;
     const unsigned grid = grid_of(out, sms);
-    const int cols = want != NULL && want->cols > 0 ? want->cols : kColsUnit;
+    const int cols = want != NULL && want->cols > 0 ? want->cols : geom<TILES>::default_cols;
     int stages = want != NULL && want->stages > 0 ? want->stages : geom<TILES>::default_stages;
     const int64_t most = (int64_t)((tiles + grid - 1) / grid) * ((in + cols - 1) / cols);
     if (stages > most)
