@@ -815,12 +815,6 @@ static int grow(void **p, size_t *cap, size_t need, size_t elem)
     return 0;
 }
 
-static int penalised(const struct sampling_params *p)
-{
-    return p->repetition_penalty != 1.0f || p->presence_penalty != 0.0f ||
-           p->frequency_penalty != 0.0f;
-}
-
 /* Copies the prepared step into s. */
 static int copy_step(struct slot *s, const struct mirror_step *ms)
 {
@@ -829,7 +823,7 @@ static int copy_step(struct slot *s, const struct mirror_step *ms)
     size_t bt = ns * (size_t)(b->max_blocks_per_seq > 0 ? b->max_blocks_per_seq : 1);
     size_t hist = 0;
     for (size_t r = 0; r < nl; r++)
-        if (penalised(&ms->rows[r].params))
+        if (sampling_params_penalised(&ms->rows[r].params))
             hist += ms->rows[r].n_prompt + ms->rows[r].n_output;
     int rc;
     if ((rc = grow((void **)&s->block_tables, &s->block_tables_cap, bt, sizeof(int32_t))) != 0 ||
@@ -854,7 +848,7 @@ static int copy_step(struct slot *s, const struct mirror_step *ms)
         const struct sample_row *src = &ms->rows[r];
         struct sample_row *dst = &s->rows[r];
         *dst = *src;
-        if (!penalised(&src->params)) {
+        if (!sampling_params_penalised(&src->params)) {
             /* No penalty reads the history: none travels (the Philox draw needs only the index). */
             dst->prompt_tokens = dst->output_tokens = NULL;
             dst->n_prompt = dst->n_output = 0;

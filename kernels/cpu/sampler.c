@@ -32,6 +32,12 @@ struct sampling_params sampling_params_default(void)
     return p;
 }
 
+int sampling_params_penalised(const struct sampling_params *p)
+{
+    return p->repetition_penalty != 1.0f || p->presence_penalty != 0.0f ||
+           p->frequency_penalty != 0.0f;
+}
+
 int sampling_params_validate(const struct sampling_params *p)
 {
     if (!p)
@@ -359,8 +365,7 @@ int sampler_sample(const struct sampling_params *p, const float *logits, int32_t
     }
 
     /* Step 1. With every penalty off the step is the identity, so it is skipped. */
-    if (p->repetition_penalty != 1.0f || p->presence_penalty != 0.0f ||
-        p->frequency_penalty != 0.0f) {
+    if (sampling_params_penalised(p)) {
         rc = apply_penalties(p, prompt_tokens, n_prompt, output_tokens, n_output, ws);
         if (rc < 0)
             return rc;

@@ -61,6 +61,11 @@ struct sampling_params sampling_params_default(void);
  * names the field, its value and its range. */
 int sampling_params_validate(const struct sampling_params *p);
 
+/* 1 when step 1 (the penalties) reads the history: a repetition penalty other than 1 or a
+ * presence or frequency penalty other than 0; with every penalty off the step is the identity,
+ * and no sampler needs the history. */
+int sampling_params_penalised(const struct sampling_params *p);
+
 /* Scratch memory for sampler_sample(), sized once for a vocabulary so that sampling does not
  * allocate. One workspace serves one thread; rows of a batch may share it one after the other.
  * After a successful sampler_sample() a caller may read, for the row just sampled: logits (the

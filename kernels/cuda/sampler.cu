@@ -1076,13 +1076,6 @@ static int32_t slot_take(struct cuda_sampler *s, uint64_t key)
     return pick;
 }
 
-/* Whether step 1 reads the history: with every penalty off it is the identity. */
-static bool penalised(const struct sampling_params *p)
-{
-    return p->repetition_penalty != 1.0f || p->presence_penalty != 0.0f ||
-           p->frequency_penalty != 0.0f;
-}
-
 /* Marks the slots of the call's keys (those of penalised rows) as read by it before any row
  * takes a slot, so that none of them is taken over for another key of the call. */
 static void slots_mark(struct cuda_sampler *s, int32_t rows, const struct sampling_params *params,
@@ -1091,7 +1084,7 @@ static void slots_mark(struct cuda_sampler *s, int32_t rows, const struct sampli
     if (!keys || !s->d_hist)
         return;
     for (int32_t r = 0; r < rows; r++) {
-        if (keys[r] == 0 || !penalised(&params[r]))
+        if (keys[r] == 0 || !sampling_params_penalised(&params[r]))
             continue;
         const int32_t k = slot_find(s, keys[r]);
         if (k < 0)
@@ -1149,7 +1142,7 @@ static int stage_row(struct cuda_sampler *s, int32_t r, const struct sampling_pa
                                 (int)r, n_prompt, n_output, s->max_history);
     size_t from = 0;
     const int32_t hslot =
-        penalised(p) ? row_slot(s, key, n_prompt, n_prompt + n_output, &from) : -1;
+        sampling_params_penalised(p) ? row_slot(s, key, n_prompt, n_prompt + n_output, &from) : -1;
     for (int pass = 0; pass < 2; pass++) {
         const int32_t *t = pass == 0 ? prompt : output;
         size_t n = pass == 0 ? n_prompt : n_output, base = pass == 0 ? 0 : n_prompt;
@@ -1173,7 +1166,7 @@ static int stage_row(struct cuda_sampler *s, int32_t r, const struct sampling_pa
     desc->frequency_penalty = p->frequency_penalty;
     desc->top_k = p->top_k;
     /* With every penalty off the history stays on the host. */
-    desc->penalties = penalised(p);
+    desc->penalties = sampling_params_penalised(p);
     desc->hslot = hslot;
     if (desc->penalties) {
         desc->hist_offset = (uint32_t)*history_used;
