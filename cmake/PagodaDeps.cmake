@@ -21,12 +21,13 @@ pagoda_find_lib(PAGODA_PROTOBUF_C_LIB protobuf-c)
 pagoda_find_lib(PAGODA_PCRE2_LIB pcre2-8)
 pagoda_find_lib(PAGODA_UTF8PROC_LIB utf8proc)
 # NNG: always the static libnng.a that scripts/install-deps builds from Debian's source package
-# with scripts/nng-1518.patch (Debian's 1.5.2 has nanomsg/nng#1518: a peer that drops during the
-# handshake stops a listener for good), never Debian's own. Its headers come from the same
+# with scripts/nng.patch (Debian's 1.5.2 has nanomsg/nng#1518: a peer that drops during the
+# handshake stops a listener for good; and #1713: a message sent on a closing pipe leaks), never
+# Debian's own. Its headers come from the same
 # prefix and are searched before /usr/include. The stamp the install writes holds the patch's
 # SHA-256; without it, or with another patch's, the build stops here.
 set(PAGODA_NNG_PREFIX "/opt/pagoda/nng" CACHE PATH "Where scripts/install-deps installs NNG")
-set(_pagoda_nng_patch "${PROJECT_SOURCE_DIR}/scripts/nng-1518.patch")
+set(_pagoda_nng_patch "${PROJECT_SOURCE_DIR}/scripts/nng.patch")
 file(SHA256 "${_pagoda_nng_patch}" _pagoda_nng_want)
 set(_pagoda_nng_have "")
 if(EXISTS "${PAGODA_NNG_PREFIX}/pagoda-nng.stamp")
@@ -35,7 +36,7 @@ if(EXISTS "${PAGODA_NNG_PREFIX}/pagoda-nng.stamp")
 endif()
 if(NOT _pagoda_nng_have STREQUAL _pagoda_nng_want)
   message(FATAL_ERROR "NNG in ${PAGODA_NNG_PREFIX} is missing or not built with "
-          "scripts/nng-1518.patch (no stamp with its SHA-256 ${_pagoda_nng_want}). Debian's NNG "
+          "scripts/nng.patch (no stamp with its SHA-256 ${_pagoda_nng_want}). Debian's NNG "
           "1.5.2 has nanomsg/nng#1518 (a peer that drops during the handshake stops a listener "
           "for good), so pagoda does not build with it: run scripts/install-deps as root.")
 endif()

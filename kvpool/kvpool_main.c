@@ -55,7 +55,7 @@
  * contexts copy one of them into the reply, which never blocks. The main thread waits for
  * signals and logs the counters the callbacks keep. A peer that drops during NNG's handshake
  * leaves the listener serving (nanomsg/nng#1518 is patched in the NNG pagoda links: see
- * scripts/nng-1518.patch), and another kvpool serving DIR makes nng_listen fail with
+ * scripts/nng.patch), and another kvpool serving DIR makes nng_listen fail with
  * NNG_EADDRINUSE. */
 #include "common/error.h"
 #include "common/log.h"

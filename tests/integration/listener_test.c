@@ -2,7 +2,7 @@
  * connect and go away during NNG's SP handshake, and still accepts a real peer afterwards.
  *
  * NNG 1.5.2 (Debian 12's) stops an ipc:// listener for good after one such peer
- * (nanomsg/nng#1518; pagoda links NNG built with scripts/nng-1518.patch). Each scenario sends
+ * (nanomsg/nng#1518; pagoda links NNG built with scripts/nng.patch). Each scenario sends
  * LISTENER_POKES raw connections to one listener (a plain connect, 1 to 6 random bytes of the
  * 8-byte SP header, close) while the process that owns it is stopped for a moment (see poke),
  * then shows that the listener takes a new peer:
