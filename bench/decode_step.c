@@ -154,37 +154,40 @@ struct result {
  * to 16 without; cuda_gemv and its streaming form on QKV and O only (the small weights, where
  * they beat cuBLAS alone), up to 8 rows, with pdl; the streaming form on QKV, O and down up to 8
  * rows, and on QKV and O up to 16; the defaults (graphs, pdl, the streaming form on QKV and O up
- * to CUDA_BACKEND_GEMV_MAX_ROWS rows: worker/cuda_backend.h). */
+ * to CUDA_BACKEND_GEMV_MAX_ROWS rows: worker/cuda_backend.h); the defaults with the decode
+ * attention waiting before it requests any K/V (cuda_backend_options.decode_early_kv 0). */
 struct version {
     const char *name;
     int ref, baseline, gemv_max_rows, graphs, pdl;
     int gemv_stream; /* 1: cuda_gemv_stream, on every weight (cuda_backend_options.gemv_stream) */
     int defaults;    /* 1: cuda_backend_default_options() as they are (the other fields unused) */
     int64_t max_weight; /* the gemv on weights of up to this many elements */
+    int no_early_kv;    /* 1: cuda_backend_options.decode_early_kv 0 (the defaults otherwise) */
 };
 /* The Llama-3-8B shape's O, QKV and down elements (gate/up's are more), and every weight. */
 #define kO ((int64_t)4096 * 4096)
 #define kQKV ((int64_t)6144 * 4096)
 #define kEvery INT64_MAX
 #define kDown ((int64_t)14336 * 4096)
-#define kVersions 16
+#define kVersions 17
 static const struct version versions[kVersions] = {
-    {"baseline", 0, 1, 0, 0, 0, 0, 0, 0},
-    {"cublas", 0, 0, 0, 0, 0, 0, 0, 0},
-    {"gemv", 0, 0, CUDA_GEMV_MAX_ROWS, 0, 0, 0, 0, kO},
-    {"graphs", 1, 0, 0, 1, 0, 0, 0, 0},
-    {"pdl", 3, 0, 0, 1, 1, 0, 0, 0},
-    {"pdl_gemv8", 3, 0, 8, 1, 1, 0, 0, kO},
-    {"pdl_gemv16", 3, 0, CUDA_GEMV_MAX_ROWS, 1, 1, 0, 0, kO},
-    {"graphs_gemv8", 3, 0, 8, 1, 0, 0, 0, kO},
-    {"pdl_gemvs", 3, 0, CUDA_GEMV_MAX_ROWS, 1, 1, 1, 0, kEvery},
-    {"pdl_gemvs8", 3, 0, 8, 1, 1, 1, 0, kEvery},
-    {"graphs_gemvs", 3, 0, CUDA_GEMV_MAX_ROWS, 1, 0, 1, 0, kEvery},
-    {"pdl_qo_gemv8", 3, 0, 8, 1, 1, 0, 0, kQKV},
-    {"pdl_qo_gemvs8", 3, 0, 8, 1, 1, 1, 0, kQKV},
-    {"pdl_qod_gemvs8", 3, 0, 8, 1, 1, 1, 0, kDown},
-    {"pdl_qo_gemvs16", 3, 0, CUDA_GEMV_MAX_ROWS, 1, 1, 1, 0, kQKV},
-    {"shipped", 3, 0, 0, 0, 0, 0, 1, 0},
+    {"baseline", 0, 1, 0, 0, 0, 0, 0, 0, 0},
+    {"cublas", 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"gemv", 0, 0, CUDA_GEMV_MAX_ROWS, 0, 0, 0, 0, kO, 0},
+    {"graphs", 1, 0, 0, 1, 0, 0, 0, 0, 0},
+    {"pdl", 3, 0, 0, 1, 1, 0, 0, 0, 0},
+    {"pdl_gemv8", 3, 0, 8, 1, 1, 0, 0, kO, 0},
+    {"pdl_gemv16", 3, 0, CUDA_GEMV_MAX_ROWS, 1, 1, 0, 0, kO, 0},
+    {"graphs_gemv8", 3, 0, 8, 1, 0, 0, 0, kO, 0},
+    {"pdl_gemvs", 3, 0, CUDA_GEMV_MAX_ROWS, 1, 1, 1, 0, kEvery, 0},
+    {"pdl_gemvs8", 3, 0, 8, 1, 1, 1, 0, kEvery, 0},
+    {"graphs_gemvs", 3, 0, CUDA_GEMV_MAX_ROWS, 1, 0, 1, 0, kEvery, 0},
+    {"pdl_qo_gemv8", 3, 0, 8, 1, 1, 0, 0, kQKV, 0},
+    {"pdl_qo_gemvs8", 3, 0, 8, 1, 1, 1, 0, kQKV, 0},
+    {"pdl_qod_gemvs8", 3, 0, 8, 1, 1, 1, 0, kDown, 0},
+    {"pdl_qo_gemvs16", 3, 0, CUDA_GEMV_MAX_ROWS, 1, 1, 1, 0, kQKV, 0},
+    {"shipped", 3, 0, 0, 0, 0, 0, 1, 0, 0},
+    {"noearly", 3, 0, 0, 0, 0, 0, 1, 0, 1},
 };
 
 static void run_version(const struct model_config *c, const struct kv_geometry *g, void *pool,
@@ -203,6 +206,8 @@ static void run_version(const struct model_config *c, const struct kv_geometry *
         o.gemv_stream = versions[version].gemv_stream;
         o.gemv_max_weight = versions[version].max_weight;
     }
+    if (versions[version].no_early_kv)
+        o.decode_early_kv = 0;
     struct backend *be = NULL;
     PK(cuda_backend_open(c, NULL, kSeed, g, pool, &o, &be));
     const int32_t bps = o.limits.max_blocks_per_seq;

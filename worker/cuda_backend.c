@@ -189,6 +189,7 @@ struct cuda_backend_options cuda_backend_default_options(void)
         .gemv_max_weight = CUDA_BACKEND_GEMV_MAX_WEIGHT,
         .gemv_stream = 1,
         .pdl = 1,
+        .decode_early_kv = 1,
         .cuda_graphs = 1,
     };
     return o;
@@ -645,7 +646,9 @@ static int open_backend(const struct model_config *cfg, const struct model_weigh
         .max_num_tokens = b->opt.limits.max_num_tokens,
         .max_blocks_per_seq = b->opt.limits.max_blocks_per_seq,
     };
-    if ((rc = cuda_attention_plan_new(&ac, &b->plan)) != 0 ||
+    if ((rc = cuda_attention_plan_new(&ac, &b->plan)) == 0)
+        cuda_attention_set_early_kv(b->plan, b->opt.decode_early_kv);
+    if (rc != 0 ||
         (rc = cuda_sampler_new((int32_t)cfg->vocab_size, b->opt.limits.max_num_seqs,
                                (size_t)cfg->max_position_embeddings, &b->sampler)) != 0 ||
         (rc = capture_graphs(b)) != 0)

@@ -48,6 +48,10 @@ struct cuda_backend_options {
      * of a decode step below batch 64 on the H200 (bench/RESULTS.md). 0: stream order only
      * (--cuda-pdl off). Results are the same bits either way. */
     int pdl;
+    /* 1 (the default): with pdl, the decode attention requests its sequences' earlier K/V before
+     * it waits for RoPE with the cache write (cuda_attention_set_early_kv), which writes only
+     * the step's own keys; 0: it waits first. Results are the same bits either way. */
+    int decode_early_kv;
     /* Tensor parallelism: NULL (the default) for one rank; else this rank's handle on the group
      * (borrowed: it must outlive the backend), and the weights must be the matching shard
      * (model_weights_open_shard with comm_rank, comm_size), or, with random weights, the shard

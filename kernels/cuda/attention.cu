@@ -89,6 +89,9 @@ struct attn_args {
     /* A graph plan's (cuda_attention_plan_graph) device words: the decode CTAs that have work,
      * then the table stride; NULL for a plan of the step alone (the grid is exact). */
     const int32_t *graph_hdr;
+    /* 1: the decode kernel requests the tiles of keys before each sequence's newest before it
+     * waits for the kernel ahead (cuda_attention_set_early_kv). */
+    int32_t early_kv;
 };
 
 /* The block of key pos and its slot in it: shifts when the block size is a power of two. */
@@ -304,9 +307,18 @@ template <int HD> __global__ void __launch_bounds__(kDecodeThreads) decode_kerne
     uint64_t *full = reinterpret_cast<uint64_t *>(smem + D::bars);
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    /* Launched by launch_pdl: everything below reads the earlier kernels' outputs. */
-    pdl_wait();
-    pdl_launch_dependents();
+    /* Launched by launch_pdl. Without early_kv everything below waits for the kernels ahead.
+     * With it, the metadata (copied before the step's first kernel) and the K/V of keys before
+     * each sequence's newest (written by earlier steps: the kernel ahead, RoPE with the cache
+     * write, writes only the step's own keys) are read first: the tiles of the first stages
+     * that hold no newest key are requested, then the kernel waits. While this kernel is not
+     * past its wait only the kernel just ahead of it can still run (every kernel ahead waits
+     * for its own before it lets the next start), so that is the contract
+     * cuda_attention_set_early_kv states. */
+    if (!a.early_kv) {
+        pdl_wait();
+        pdl_launch_dependents();
+    }
     /* One linear grid, the KV head fastest: the CTAs running together read every head's part
      * of the same pool blocks, spreading over the memory channels (in-order block tables). */
     int32_t table_stride = a.table_stride;
@@ -373,8 +385,17 @@ template <int HD> __global__ void __launch_bounds__(kDecodeThreads) decode_kerne
     };
 
     fetch_table(0);
-#pragma unroll
-    for (int t = 0; t < S - 1; t++) {
+    int32_t early = 0; /* tiles requested before the wait: none holds the newest key */
+    if (a.early_kv) {
+        const int32_t newest = __ldg(a.context_len + seq) - 1;
+        while (early < S - 1 && early < ntiles && min(begin + (early + 1) * T, end) <= newest) {
+            copy_tile(early);
+            fetch_table(++early);
+        }
+        pdl_wait();
+        pdl_launch_dependents();
+    }
+    for (int t = early; t < S - 1; t++) {
         if (t < ntiles)
             copy_tile(t);
         fetch_table(t + 1);
@@ -902,6 +923,8 @@ struct cuda_attention_plan {
     int32_t num_seqs, num_tokens, table_stride;
     int32_t num_parts, num_merges, num_items;
     size_t off_query_start, off_context_len, off_tables, off_merges, off_parts, off_items;
+
+    int early_kv; /* cuda_attention_set_early_kv */
 };
 
 /* Prefill tiles (sequence, first token, keys needed, 0) in descending order of keys needed;
@@ -1440,7 +1463,14 @@ int cuda_attention_run(struct cuda_attention_plan *p, const struct kv_layer_view
     a.part_lse = p->part_lse;
     a.merge_count = p->merge_count;
     a.graph_hdr = p->graph ? p->meta : nullptr;
+    a.early_kv = p->early_kv;
     return c->head_dim == 64 ? launch<64>(p, a, s) : launch<128>(p, a, s);
+}
+
+void cuda_attention_set_early_kv(struct cuda_attention_plan *p, int on)
+{
+    if (p != NULL)
+        p->early_kv = on != 0;
 }
 
 int cuda_attention_decode_shape(const struct cuda_attention_plan *p, int32_t *ctas,

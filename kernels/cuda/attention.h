@@ -118,6 +118,18 @@ int cuda_attention_decode_shape(const struct cuda_attention_plan *p, int32_t *ct
 int cuda_attention_run(struct cuda_attention_plan *p, const struct kv_layer_view *kv,
                        const uint16_t *q, int64_t q_row_stride, uint16_t *out, cudaStream_t s);
 
+/* Whether the decode kernel, launched with programmatic dependent launch (cuda_set_pdl), may
+ * request the K/V of each sequence's keys before its newest (position context_len - 2 and
+ * below) before it waits for the kernel ahead in the stream: 0 (a new plan's setting) or 1. It
+ * loads while the kernel ahead ends (bench/RESULTS.md: 1-2% of a decode step at small batches).
+ * With 1 the caller guarantees that the kernel launched just before each cuda_attention_run on
+ * its stream writes no key that a decode sequence reads other than its newest (RoPE with the
+ * cache write of the step's own tokens: cuda_rope_cache, cuda_reshape_and_cache); every kernel
+ * before that one has completed by then when it waits for its own before it lets the next
+ * start, as the kernels of kernels/cuda do, or is not launched with the attribute. NULL is
+ * accepted. */
+void cuda_attention_set_early_kv(struct cuda_attention_plan *p, int on);
+
 #ifdef __cplusplus
 }
 #endif

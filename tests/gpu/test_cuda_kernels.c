@@ -1048,6 +1048,145 @@ static void test_attention_long_decode(struct shape sh, int32_t context)
     test_attention("one decode", sh, 1, query_len, context_len);
 }
 
+/* The decode attention requesting earlier K/V before its PDL wait (cuda_attention_set_early_kv)
+ * right behind RoPE with the cache write, as a layer of the decode step runs them: n decodes,
+ * every earlier key already in the pool, each newest slot set to NaN first, then cuda_rope_cache
+ * (launched with programmatic dependent launch) rotates the step's rows and writes their K/V,
+ * and the attention (early K/V on, launched with it) reads them. Ten passes must equal, bit for
+ * bit and without a NaN, the same chain launched without the attribute and with early K/V off:
+ * a tile requested before the wait that held a newest key would read the NaN (or a half-written
+ * row). Contexts: n random ones of 1 .. max_ctx (with few sequences, the long ones are split
+ * into partitions, whose first ones hold no newest key). */
+static void test_attention_early_kv(struct shape sh, int32_t n, int32_t max_ctx)
+{
+    const int32_t nh = sh.num_heads, nkv = sh.num_kv_heads, hd = sh.head_dim, bs = sh.block_size;
+    const int64_t qkv_w = (int64_t)(nh + 2 * nkv) * hd, kvw = (int64_t)nkv * hd;
+    const int64_t qw = (int64_t)nh * hd;
+    int32_t *qs = xmalloc(((size_t)n + 1) * sizeof(int32_t));
+    int32_t *ctx = xmalloc((size_t)n * sizeof(int32_t)),
+            *pos = xmalloc((size_t)n * sizeof(int32_t));
+    int32_t max_blocks = 1, num_prefix = 0;
+    for (int32_t s = 0; s < n; s++) {
+        qs[s] = s;
+        ctx[s] = s == 0 ? 1 : 1 + rand_int(max_ctx);
+        pos[s] = ctx[s] - 1;
+        num_prefix += ctx[s] - 1;
+        if ((ctx[s] + bs - 1) / bs > max_blocks)
+            max_blocks = (ctx[s] + bs - 1) / bs;
+    }
+    qs[n] = n;
+    /* Blocks in sequence order from block 1, tables padded with zeros. */
+    int32_t *tables = calloc((size_t)n * max_blocks, sizeof(int32_t));
+    int32_t num_blocks = 1;
+    for (int32_t s = 0; s < n; s++)
+        for (int32_t b = 0; b < (ctx[s] + bs - 1) / bs; b++)
+            tables[(size_t)s * max_blocks + b] = num_blocks++;
+    int64_t *step_slots = xmalloc((size_t)n * sizeof(int64_t));
+    int64_t *prefix_slots = xmalloc(((size_t)num_prefix + 1) * sizeof(int64_t));
+    for (int32_t s = 0, p = 0; s < n; s++)
+        for (int32_t i = 0; i < ctx[s]; i++) {
+            const int64_t slot = (int64_t)tables[(size_t)s * max_blocks + i / bs] * bs + i % bs;
+            if (i < ctx[s] - 1)
+                prefix_slots[p++] = slot;
+            else
+                step_slots[s] = slot;
+        }
+    uint16_t *qkv = xmalloc((size_t)n * qkv_w * 2),
+             *pk = xmalloc(((size_t)num_prefix + 1) * kvw * 2);
+    uint16_t *pv = xmalloc(((size_t)num_prefix + 1) * kvw * 2);
+    fill_bf16(qkv, (size_t)n * qkv_w, -2.0f, 2.0f);
+    fill_bf16(pk, ((size_t)num_prefix + 1) * kvw, -1.0f, 1.0f);
+    fill_bf16(pv, ((size_t)num_prefix + 1) * kvw, -1.0f, 1.0f);
+    float *inv_freq = xmalloc((size_t)hd / 2 * sizeof(float));
+    struct cpu_rope_params params = {CPU_ROPE_LLAMA3, 500000.0, 8.0, 1.0, 4.0, 8192.0};
+    cpu_rope_inv_freq(&params, hd, inv_freq);
+
+    struct kv_geometry g = {1, 2, num_blocks, bs, nkv, hd, DTYPE_BF16};
+    const size_t pool_bytes = kv_pool_bytes(&g);
+    void *d_pool = dev_alloc(pool_bytes);
+    poison(d_pool, pool_bytes);
+    struct kv_layer_view view = kv_layer_view_make(&g, d_pool, 1);
+    uint16_t *d_pk = dev_upload(pk, ((size_t)num_prefix + 1) * kvw * 2);
+    uint16_t *d_pv = dev_upload(pv, ((size_t)num_prefix + 1) * kvw * 2);
+    int64_t *d_ps = dev_upload(prefix_slots, ((size_t)num_prefix + 1) * sizeof(int64_t));
+    int64_t *d_ss = dev_upload(step_slots, (size_t)n * sizeof(int64_t));
+    int32_t *d_pos = dev_upload(pos, (size_t)n * sizeof(int32_t));
+    float *d_inv = dev_upload(inv_freq, (size_t)hd / 2 * sizeof(float));
+    uint16_t *d_nan = dev_alloc((size_t)n * kvw * 2), *d_qkv = dev_alloc((size_t)n * qkv_w * 2);
+    poison(d_nan, (size_t)n * kvw * 2);
+    uint16_t *d_out = dev_alloc((size_t)n * qw * 2);
+    int rc = cuda_reshape_and_cache(&view, d_pk, d_pv, kvw, d_ps, num_prefix, stream);
+    GPU_CHECK(rc == 0, "early kv: the earlier keys: %d", rc);
+
+    struct cuda_attention_config cfg = {nh, nkv, hd,        1.0f / sqrtf((float)hd), bs, num_blocks,
+                                        n,  n,   max_blocks};
+    struct cuda_attention_plan *plan = NULL;
+    rc = cuda_attention_plan_new(&cfg, &plan);
+    struct attention_batch batch = {n, n, qs, ctx, tables, max_blocks};
+    if (rc == 0)
+        rc = cuda_attention_plan(plan, &batch, stream);
+    GPU_CHECK(rc == 0, "early kv: plan: %d (%s)", rc, pagoda_error_detail());
+    int32_t ctas = 0, parts = 0;
+    if (rc == 0)
+        rc = cuda_attention_decode_shape(plan, &ctas, &parts);
+    uint16_t *want = xmalloc((size_t)n * qw * 2), *got = xmalloc((size_t)n * qw * 2);
+    int differ = 0, nans = 0;
+    /* Pass 0: neither the attribute nor early K/V, the reference; then ten with both. */
+    for (int pass = 0; pass < 11 && rc == 0; pass++) {
+        cuda_set_pdl(pass > 0);
+        cuda_attention_set_early_kv(plan, pass > 0);
+        CK(cudaMemcpyAsync(d_qkv, qkv, (size_t)n * qkv_w * 2, cudaMemcpyHostToDevice, stream));
+        poison(d_out, (size_t)n * qw * 2);
+        rc = cuda_reshape_and_cache(&view, d_nan, d_nan, kvw, d_ss, n, stream);
+        if (rc == 0)
+            rc = cuda_rope_cache(d_qkv, qkv_w, d_pos, d_inv, n, nh, &view, d_ss, stream);
+        if (rc == 0)
+            rc = cuda_attention_run(plan, &view, d_qkv, qkv_w, d_out, stream);
+        GPU_CHECK(rc == 0, "early kv: pass %d: %d (%s)", pass, rc, pagoda_error_detail());
+        download(pass ? got : want, d_out, (size_t)n * qw * 2);
+        if (pass == 0)
+            continue;
+        differ += memcmp(got, want, (size_t)n * qw * 2) != 0;
+        for (size_t i = 0; i < (size_t)n * qw; i++)
+            nans += (got[i] & 0x7F80) == 0x7F80 && (got[i] & 0x7F) != 0;
+    }
+    for (size_t i = 0; i < (size_t)n * qw; i++)
+        nans += (want[i] & 0x7F80) == 0x7F80 && (want[i] & 0x7F) != 0;
+    cuda_set_pdl(0);
+    char label[160];
+    snprintf(label, sizeof(label), "hd %d bs %d %d/%d heads, %d decodes, %d partitions", (int)hd,
+             (int)bs, (int)nh, (int)nkv, (int)n, (int)parts);
+    printf("%-20s %-58s %d of 10 differ, %d NaN%s\n", "attention early kv", label, differ, nans,
+           differ == 0 && nans == 0 ? "" : "  FAIL");
+    GPU_CHECK(differ == 0 && nans == 0,
+              "early kv: %d of 10 chains with it differ from the chain without, %d NaN", differ,
+              nans);
+
+    cuda_attention_plan_free(plan);
+    CK(cudaFree(d_pool));
+    CK(cudaFree(d_pk));
+    CK(cudaFree(d_pv));
+    CK(cudaFree(d_ps));
+    CK(cudaFree(d_ss));
+    CK(cudaFree(d_pos));
+    CK(cudaFree(d_inv));
+    CK(cudaFree(d_nan));
+    CK(cudaFree(d_qkv));
+    CK(cudaFree(d_out));
+    free(qs);
+    free(ctx);
+    free(pos);
+    free(tables);
+    free(step_slots);
+    free(prefix_slots);
+    free(qkv);
+    free(pk);
+    free(pv);
+    free(inv_freq);
+    free(want);
+    free(got);
+}
+
 /* ---- attention through captured decode graphs (issue 15) ---- */
 
 #define GRAPH_MAX_SEQS 16 /* the largest graph the test captures */
@@ -1570,6 +1709,11 @@ int main(int argc, char **argv)
         test_attention_many_decodes((struct shape){32, 8, 128, 16}, 300); /* no split */
         test_attention_many_decodes((struct shape){32, 8, 64, 8}, 300);
     }
+
+    /* Early K/V behind RoPE with the cache write: many unsplit decodes, then a few split ones. */
+    test_attention_early_kv((struct shape){32, 8, 128, 16}, 256, 1200);
+    test_attention_early_kv((struct shape){32, 8, 128, 16}, 4, 3000);
+    test_attention_early_kv((struct shape){16, 4, 64, 32}, 64, 700);
 
     test_refusals();
 
