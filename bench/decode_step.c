@@ -1,7 +1,8 @@
 /* decode_step: the CUDA backend's decode step on its own, timed on the GPU (issue 15).
  *
  *   decode_step MODEL_DIR [--batches 1,16,64] [--context N] [--reps N] [--profile]
- *               [--only VERSION | --versions V1,V2,...]
+ *               [--only VERSION | --versions V1,V2,...] [--layout contiguous|interleaved]
+ *               [--pool-blocks N]
  *
  * MODEL_DIR holds a config.json (weights are drawn at random on the GPU, as --load-format
  * random). For each batch size B, B sequences of N tokens already in a pool of random K/V
@@ -19,8 +20,13 @@
  * --profile wraps one extra step per batch and version in cudaProfilerStart/Stop, for
  * `ncu --profile-from-start off` (bench/run_decode_profile.sh; bench/profile_decode.py reads the
  * CSV); --only runs one version (for a profile of it), --versions the ones named and those they
- * are compared with (the versions: struct version below). Exit status 0, or 1 on a failed call (the
- * message names it). */
+ * are compared with (the versions: struct version below). --layout says how the sequences' blocks
+ * lie in the pool: contiguous (the default: sequence s owns blocks 1 + s * bps ...) or
+ * interleaved (block b of sequence s is 1 + b * B + s, as blocks come when every sequence of a
+ * batch grows by one block in turn, as in a serving run); --pool-blocks makes the pool that many
+ * blocks (at least what the batches need; the worker's pool on the H200 is ~50,000), the
+ * sequences' blocks spread over it at a stride of pool / needed. Exit status 0, or 1 on a failed
+ * call (the message names it). */
 #define _POSIX_C_SOURCE 200809L
 #include "common/error.h"
 #include "kernels/cuda/linear.h"
@@ -32,6 +38,7 @@
 #include <cuda_profiler_api.h>
 #include <cuda_runtime_api.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -91,6 +98,16 @@ struct step {
     struct fwd_batch batch;
 };
 
+/* --layout and --pool-blocks: the physical block of logical block b of sequence s. */
+static int layout_interleaved;
+static int64_t block_stride = 1; /* pool blocks between two used ones */
+
+static int32_t block_at(int32_t s, int32_t b, int32_t B, int32_t bps)
+{
+    const int64_t i = layout_interleaved ? (int64_t)b * B + s : (int64_t)s * bps + b;
+    return (int32_t)(1 + i * block_stride);
+}
+
 static void step_make(struct step *st, int32_t B, int32_t ctx, int32_t bps, int32_t vocab)
 {
     st->tokens = calloc((size_t)B, 4);
@@ -112,7 +129,7 @@ static void step_make(struct step *st, int32_t B, int32_t ctx, int32_t bps, int3
         st->qs[s + 1] = s + 1;
         st->ctx[s] = ctx;
         for (int32_t b = 0; b < bps; b++)
-            st->tables[(int64_t)s * bps + b] = 1 + s * bps + b;
+            st->tables[(int64_t)s * bps + b] = block_at(s, b, B, bps);
         st->slots[s] = (int64_t)st->tables[(int64_t)s * bps + (ctx - 1) / kBlockSize] * kBlockSize +
                        (ctx - 1) % kBlockSize;
         st->logits_idx[s] = s;
@@ -155,7 +172,9 @@ struct result {
  * they beat cuBLAS alone), up to 8 rows, with pdl; the streaming form on QKV, O and down up to 8
  * rows, and on QKV and O up to 16; the defaults (graphs, pdl, the streaming form on QKV and O up
  * to CUDA_BACKEND_GEMV_MAX_ROWS rows: worker/cuda_backend.h); the defaults with the decode
- * attention waiting before it requests any K/V (cuda_backend_options.decode_early_kv 0). */
+ * attention waiting before it requests any K/V (cuda_backend_options.decode_early_kv 0); the
+ * defaults with the decode attention's copies of 4 and of 16 rows at every batch size
+ * (cuda_backend_options.decode_copy_rows). */
 struct version {
     const char *name;
     int ref, baseline, gemv_max_rows, graphs, pdl;
@@ -163,31 +182,34 @@ struct version {
     int defaults;    /* 1: cuda_backend_default_options() as they are (the other fields unused) */
     int64_t max_weight; /* the gemv on weights of up to this many elements */
     int no_early_kv;    /* 1: cuda_backend_options.decode_early_kv 0 (the defaults otherwise) */
+    int copy_rows;      /* cuda_backend_options.decode_copy_rows (the defaults otherwise) */
 };
 /* The Llama-3-8B shape's O, QKV and down elements (gate/up's are more), and every weight. */
 #define kO ((int64_t)4096 * 4096)
 #define kQKV ((int64_t)6144 * 4096)
 #define kEvery INT64_MAX
 #define kDown ((int64_t)14336 * 4096)
-#define kVersions 17
+#define kVersions 19
 static const struct version versions[kVersions] = {
-    {"baseline", 0, 1, 0, 0, 0, 0, 0, 0, 0},
-    {"cublas", 0, 0, 0, 0, 0, 0, 0, 0, 0},
-    {"gemv", 0, 0, CUDA_GEMV_MAX_ROWS, 0, 0, 0, 0, kO, 0},
-    {"graphs", 1, 0, 0, 1, 0, 0, 0, 0, 0},
-    {"pdl", 3, 0, 0, 1, 1, 0, 0, 0, 0},
-    {"pdl_gemv8", 3, 0, 8, 1, 1, 0, 0, kO, 0},
-    {"pdl_gemv16", 3, 0, CUDA_GEMV_MAX_ROWS, 1, 1, 0, 0, kO, 0},
-    {"graphs_gemv8", 3, 0, 8, 1, 0, 0, 0, kO, 0},
-    {"pdl_gemvs", 3, 0, CUDA_GEMV_MAX_ROWS, 1, 1, 1, 0, kEvery, 0},
-    {"pdl_gemvs8", 3, 0, 8, 1, 1, 1, 0, kEvery, 0},
-    {"graphs_gemvs", 3, 0, CUDA_GEMV_MAX_ROWS, 1, 0, 1, 0, kEvery, 0},
-    {"pdl_qo_gemv8", 3, 0, 8, 1, 1, 0, 0, kQKV, 0},
-    {"pdl_qo_gemvs8", 3, 0, 8, 1, 1, 1, 0, kQKV, 0},
-    {"pdl_qod_gemvs8", 3, 0, 8, 1, 1, 1, 0, kDown, 0},
-    {"pdl_qo_gemvs16", 3, 0, CUDA_GEMV_MAX_ROWS, 1, 1, 1, 0, kQKV, 0},
-    {"shipped", 3, 0, 0, 0, 0, 0, 1, 0, 0},
-    {"noearly", 3, 0, 0, 0, 0, 0, 1, 0, 1},
+    {"baseline", 0, 1, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"cublas", 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"gemv", 0, 0, CUDA_GEMV_MAX_ROWS, 0, 0, 0, 0, kO, 0, 0},
+    {"graphs", 1, 0, 0, 1, 0, 0, 0, 0, 0, 0},
+    {"pdl", 3, 0, 0, 1, 1, 0, 0, 0, 0, 0},
+    {"pdl_gemv8", 3, 0, 8, 1, 1, 0, 0, kO, 0, 0},
+    {"pdl_gemv16", 3, 0, CUDA_GEMV_MAX_ROWS, 1, 1, 0, 0, kO, 0, 0},
+    {"graphs_gemv8", 3, 0, 8, 1, 0, 0, 0, kO, 0, 0},
+    {"pdl_gemvs", 3, 0, CUDA_GEMV_MAX_ROWS, 1, 1, 1, 0, kEvery, 0, 0},
+    {"pdl_gemvs8", 3, 0, 8, 1, 1, 1, 0, kEvery, 0, 0},
+    {"graphs_gemvs", 3, 0, CUDA_GEMV_MAX_ROWS, 1, 0, 1, 0, kEvery, 0, 0},
+    {"pdl_qo_gemv8", 3, 0, 8, 1, 1, 0, 0, kQKV, 0, 0},
+    {"pdl_qo_gemvs8", 3, 0, 8, 1, 1, 1, 0, kQKV, 0, 0},
+    {"pdl_qod_gemvs8", 3, 0, 8, 1, 1, 1, 0, kDown, 0, 0},
+    {"pdl_qo_gemvs16", 3, 0, CUDA_GEMV_MAX_ROWS, 1, 1, 1, 0, kQKV, 0, 0},
+    {"shipped", 3, 0, 0, 0, 0, 0, 1, 0, 0, 0},
+    {"noearly", 3, 0, 0, 0, 0, 0, 1, 0, 1, 0},
+    {"copy4", 3, 0, 0, 0, 0, 0, 1, 0, 0, 4},
+    {"copy16", 3, 0, 0, 0, 0, 0, 1, 0, 0, 16},
 };
 
 static void run_version(const struct model_config *c, const struct kv_geometry *g, void *pool,
@@ -208,6 +230,8 @@ static void run_version(const struct model_config *c, const struct kv_geometry *
     }
     if (versions[version].no_early_kv)
         o.decode_early_kv = 0;
+    if (versions[version].copy_rows != 0)
+        o.decode_copy_rows = versions[version].copy_rows;
     struct backend *be = NULL;
     PK(cuda_backend_open(c, NULL, kSeed, g, pool, &o, &be));
     const int32_t bps = o.limits.max_blocks_per_seq;
@@ -255,6 +279,7 @@ int main(int argc, char **argv)
     for (int v = 0; v < kVersions; v++)
         run[v] = 1;
     int32_t ctx = 1100;
+    long long pool_blocks = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--batches") == 0 && i + 1 < argc) {
             nb = 0;
@@ -298,6 +323,12 @@ int main(int argc, char **argv)
             for (int v = kVersions - 1; v >= 0; v--)
                 if (run[v] && !single)
                     run[versions[v].ref] = 1;
+        } else if (strcmp(argv[i], "--layout") == 0 && i + 1 < argc &&
+                   (strcmp(argv[i + 1], "contiguous") == 0 ||
+                    strcmp(argv[i + 1], "interleaved") == 0)) {
+            layout_interleaved = strcmp(argv[++i], "interleaved") == 0;
+        } else if (strcmp(argv[i], "--pool-blocks") == 0 && i + 1 < argc) {
+            pool_blocks = atoll(argv[++i]);
         } else if (strcmp(argv[i], "--profile") == 0) {
             profile = 1;
         } else if (dir == NULL && argv[i][0] != '-') {
@@ -310,7 +341,8 @@ int main(int argc, char **argv)
     if (dir == NULL || nb < 1 || ctx < 2 || reps < 1 || reps > kMaxReps) {
         fprintf(stderr,
                 "usage: decode_step MODEL_DIR [--batches 1,16,64] [--context N] "
-                "[--reps 1..%d] [--profile] [--only VERSION | --versions V1,V2,...]\n"
+                "[--reps 1..%d] [--profile] [--only VERSION | --versions V1,V2,...] "
+                "[--layout contiguous|interleaved] [--pool-blocks N]\n"
                 "versions:",
                 kMaxReps);
         for (int v = 0; v < kVersions; v++)
@@ -326,10 +358,17 @@ int main(int argc, char **argv)
     struct model_config c;
     PK(model_config_load(dir, &c));
     const int32_t bps = (ctx + kBlockSize - 1) / kBlockSize;
+    const int64_t needed = (int64_t)batches[nb - 1] * bps;
+    if (pool_blocks < 0 || pool_blocks > INT32_MAX - 1) {
+        fprintf(stderr, "decode_step: --pool-blocks %lld out of range\n", pool_blocks);
+        return 2;
+    }
+    if (pool_blocks > needed)
+        block_stride = pool_blocks / needed;
     struct kv_geometry g = {
         .pool_id = 1,
         .num_layers = (int32_t)c.num_layers,
-        .num_blocks = 1 + batches[nb - 1] * bps,
+        .num_blocks = (int32_t)(1 + needed * block_stride),
         .block_size = kBlockSize,
         .num_kv_heads = (int32_t)c.num_kv_heads,
         .head_dim = (int32_t)c.head_dim,
@@ -363,6 +402,9 @@ int main(int argc, char **argv)
         if (run[v])
             run_version(&c, &g, pool, v, batches, nb, ctx, reps, profile, res[v]);
 
+    printf("layout %s, %d pool blocks (used every %lld)\n",
+           layout_interleaved ? "interleaved" : "contiguous", (int)g.num_blocks,
+           (long long)block_stride);
     /* The floor: every weight read once, each sequence's K/V read once. */
     const double H = (double)c.hidden_size, I = (double)c.intermediate_size;
     const double qd = (double)(c.num_heads * c.head_dim),

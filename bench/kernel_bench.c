@@ -1,13 +1,15 @@
 /* kernel_bench: times pagoda's CUDA kernels on device buffers, on the Llama-3-8B shape.
  *
  *   kernel_bench [--json FILE] [--quick] [--filter SUB[,SUB...]] [--pool vmm|malloc]
+ *                [--copy-rows 0|4|8|16]
  *
  * --filter runs only the cases whose name contains one of the substrings. --pool says where the
  * attention cases' KV pool comes from: vmm (the default) allocates it as pagoda-kvpool does, by
  * kv_cuda_pool_create (CUDA VMM: cuMemCreate chunks of the recommended granularity mapped at one
  * address), since that is the memory the worker's kernels read; malloc takes it from cudaMalloc
  * (the layout is the same, but where it lands physically depends on what the process allocated
- * and freed before: bench/RESULTS.md measured both).
+ * and freed before: bench/RESULTS.md measured both). --copy-rows sets the rows of the decode
+ * kernel's copies (cuda_attention_set_decode_copy_rows; 0, the default, lets the plan choose).
  * Cases: paged decode attention (batch x context, head dim 64 and 128, block sizes 8 to 64,
  * block tables in order and shuffled), the decode step's attention (decode_step_*: the 32 layers
  * of a step, each layer's K/V its own, as one captured CUDA graph of 32 launches, the time per
@@ -66,6 +68,7 @@ static size_t l2_bytes;
 static int sm_count;         /* the device's SMs (cuda_gemv_stream's grid) */
 static const char *filter;   /* comma-separated substrings, or NULL for every case */
 static bool pool_vmm = true; /* --pool: the attention pools by kv_cuda_pool_create */
+static int copy_rows;        /* --copy-rows: cuda_attention_set_decode_copy_rows */
 
 /* True when the case name passes --filter. */
 static bool wanted(const char *name)
@@ -286,6 +289,7 @@ static void bench_attention(const struct attn_case *c)
                                        nb};
     struct attn_run r = {NULL, kv_layer_view_make(&g, pool, 0), q, qw, out, NULL};
     PK(cuda_attention_plan_new(&ac, &r.plan));
+    cuda_attention_set_decode_copy_rows(r.plan, copy_rows);
     struct attention_batch b = {c->batch, num_tokens, query_start, context_len, tables, nb};
     cudaGraph_t graph = NULL;
     if (c->layers > 0) {
@@ -769,9 +773,13 @@ int main(int argc, char **argv)
         else if (strcmp(argv[i], "--pool") == 0 && i + 1 < argc &&
                  (strcmp(argv[i + 1], "vmm") == 0 || strcmp(argv[i + 1], "malloc") == 0))
             pool_vmm = strcmp(argv[++i], "vmm") == 0;
-        else {
+        else if (strcmp(argv[i], "--copy-rows") == 0 && i + 1 < argc &&
+                 (strcmp(argv[i + 1], "0") == 0 || strcmp(argv[i + 1], "4") == 0 ||
+                  strcmp(argv[i + 1], "8") == 0 || strcmp(argv[i + 1], "16") == 0)) {
+            copy_rows = atoi(argv[++i]);
+        } else {
             fprintf(stderr, "usage: kernel_bench [--json FILE] [--quick] [--filter SUB[,SUB]] "
-                            "[--pool vmm|malloc]\n");
+                            "[--pool vmm|malloc] [--copy-rows 0|4|8|16]\n");
             return 2;
         }
     }
@@ -822,8 +830,11 @@ int main(int argc, char **argv)
         {"decode_step_b1_c1100", "decode_step", 1, 1100, 1, 32, 8, 128, 16, false, 32, 0},
         {"decode_step_b1_c1100_g1", "decode_step", 1, 1100, 1, 32, 8, 128, 16, false, 32, 1},
         {"decode_step_b13_c1100_g16", "decode_step", 13, 1100, 1, 32, 8, 128, 16, false, 32, 16},
+        {"decode_step_b8_c1100", "decode_step", 8, 1100, 1, 32, 8, 128, 16, false, 32, 0},
+        {"decode_step_b12_c1100", "decode_step", 12, 1100, 1, 32, 8, 128, 16, false, 32, 0},
         {"decode_step_b16_c1100", "decode_step", 16, 1100, 1, 32, 8, 128, 16, false, 32, 0},
         {"decode_step_b16_c1100_g16", "decode_step", 16, 1100, 1, 32, 8, 128, 16, false, 32, 16},
+        {"decode_step_b32_c1100", "decode_step", 32, 1100, 1, 32, 8, 128, 16, false, 32, 0},
         {"decode_step_b64_c1100", "decode_step", 64, 1100, 1, 32, 8, 128, 16, false, 32, 0},
         {"decode_step_b64_c1100_g64", "decode_step", 64, 1100, 1, 32, 8, 128, 16, false, 32, 64},
         {"decode_step_b1_c32768", "decode_step", 1, 32768, 1, 32, 8, 128, 16, false, 32, 0},
@@ -856,7 +867,7 @@ int main(int argc, char **argv)
             char name[64];
             snprintf(name, sizeof(name), "linear_%s_%d", lin[i].name, (int)rows[r]);
             if (wanted(name))
-                bench_linear(name, rows[r], lin[i].in, lin[i].out, rows[r] <= 64);
+                bench_linear(name, rows[r], lin[i].in, lin[i].out, rows[r] <= 256);
         }
 
     if (wanted("add_rmsnorm")) {

@@ -646,8 +646,10 @@ static int open_backend(const struct model_config *cfg, const struct model_weigh
         .max_num_tokens = b->opt.limits.max_num_tokens,
         .max_blocks_per_seq = b->opt.limits.max_blocks_per_seq,
     };
-    if ((rc = cuda_attention_plan_new(&ac, &b->plan)) == 0)
+    if ((rc = cuda_attention_plan_new(&ac, &b->plan)) == 0) {
         cuda_attention_set_early_kv(b->plan, b->opt.decode_early_kv);
+        cuda_attention_set_decode_copy_rows(b->plan, b->opt.decode_copy_rows);
+    }
     if (rc != 0 ||
         (rc = cuda_sampler_new((int32_t)cfg->vocab_size, b->opt.limits.max_num_seqs,
                                (size_t)cfg->max_position_embeddings, &b->sampler)) != 0 ||

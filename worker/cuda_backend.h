@@ -52,6 +52,10 @@ struct cuda_backend_options {
      * it waits for RoPE with the cache write (cuda_attention_set_early_kv), which writes only
      * the step's own keys; 0: it waits first. Results are the same bits either way. */
     int decode_early_kv;
+    /* 0 (the default): the decode attention's plan chooses how many keys one bulk copy moves
+     * per step; 4, 8 or 16 force it (kernels/cuda/attention.h
+     * cuda_attention_set_decode_copy_rows), for benchmarks. */
+    int decode_copy_rows;
     /* Tensor parallelism: NULL (the default) for one rank; else this rank's handle on the group
      * (borrowed: it must outlive the backend), and the weights must be the matching shard
      * (model_weights_open_shard with comm_rank, comm_size), or, with random weights, the shard

@@ -196,17 +196,31 @@ template <int HD> __device__ __forceinline__ int swz(int r, int c)
     return r * HD + ((c ^ (r & 7)) << 3);
 }
 
-/* The decode kernel's geometry for head dimension HD: tiles of 64 keys. In shared memory the K
- * (and V) rows of a tile are 16 quads of 4 consecutive keys, each quad followed by 16 bytes of
- * padding, so that one bulk copy moves a quad (4 consecutive slots of a block are contiguous in
- * the pool) and the 8 rows an ldmatrix reads, one from each of 8 quads, fall in 8 different bank
- * groups. Warp w owns the keys w, w + 4, ..., w + 60 of every tile. The pipeline is 3 stages deep
- * at head dim 128 (102 KiB) and 4 at 64 (72 KiB). */
-template <int HD> struct decode_geom {
+/* Rows (consecutive keys of one block) one bulk copy of the decode kernel moves: 4 (1 KiB at head
+ * dim 128) for a step of fewer than kDecodeWideCopySeqs decode sequences, else 16 (4 KiB; 8 when
+ * the block size is not a multiple of 16). On the H200 (bench/RESULTS.md, 2026-12-03) copies of
+ * 16 rows made the attention of 256 sequences at 512 keys 8% faster (3.62 -> 3.92 TB/s) and the
+ * decode step of 256 at context 640 4% faster (96: 0.8%, 128: 1.5%), but one sequence of 1100
+ * keys 9% slower (each of its CTAs streams one tile, which more, smaller copies bring in sooner)
+ * and 32 sequences' step 1.2% slower; at 64 they tie. */
+constexpr int32_t kDecodeWideCopySeqs = 64;
+
+/* The decode kernel's geometry for head dimension HD and copies of G rows: tiles of 64 keys. In
+ * shared memory the K (and V) rows of a tile are groups of G consecutive keys, each group followed
+ * by 16 bytes of padding, so that one bulk copy moves a group (G consecutive slots of a block
+ * are contiguous in the pool) and the 8 rows an ldmatrix reads, one from each of 8 groups (two
+ * from each of 4 for G = 16), fall in 8 different bank groups. Warp w's n-tile nt (8 keys)
+ * holds, in column j, key key(j, w, nt) of the tile. The pipeline is 3 stages deep at head dim
+ * 128 (102 KiB) and 4 at 64 (72 KiB). With G = 16 the 8 rows an ldmatrix reads lie two in each
+ * of 4 groups: two-way bank conflicts, which the larger copies more than pay for where they are
+ * used. */
+template <int HD, int G_> struct decode_geom {
     static constexpr int T = 64;
+    static constexpr int G = G_;
+    static_assert(G == 4 || G == 8 || G == 16, "decode copy rows");
     static constexpr int STAGES = HD == 128 ? 3 : 4;
-    static constexpr int QUAD = 4 * HD + 8; /* elements per quad of rows, padding included */
-    static constexpr int STAGE_ELEMS = 2 * (T / 4) * QUAD;
+    static constexpr int GROUP = G * HD + 8; /* elements per group of rows, padding included */
+    static constexpr int STAGE_ELEMS = 2 * (T / G) * GROUP;
     static constexpr size_t bars = (size_t)STAGES * STAGE_ELEMS * sizeof(uint16_t);
     static constexpr size_t smem = bars + STAGES * sizeof(uint64_t);
     static_assert(kSplitAlign % T == 0 && T == 16 * kDecodeWarps, "tile shape");
@@ -214,7 +228,12 @@ template <int HD> struct decode_geom {
     /* The element offset of key row r (0 .. T - 1) in a K or V tile. */
     static __device__ __forceinline__ int row(int r)
     {
-        return (r >> 2) * QUAD + (r & 3) * HD;
+        return (r / G) * GROUP + (r % G) * HD;
+    }
+    /* The key of column j (0 .. 7) of warp w's n-tile nt (0, 1): 8 columns in 8 groups. */
+    static __device__ __forceinline__ int key(int j, int w, int nt)
+    {
+        return G == 4 ? 4 * (nt * 8 + j) + w : 8 * j + 2 * w + nt;
     }
 };
 
@@ -298,12 +317,13 @@ __device__ __forceinline__ void merge_if_last(const attn_args &a, int32_t merge,
  * softmax per head in f32, then O += P V with P (bf16) as the next A operand. The warps merge
  * through shared memory at the end. A partition that is the whole context writes bf16 out,
  * otherwise the normalised f32 output and its log-sum-exp for the merge kernel. */
-template <int HD> __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(attn_args a)
+template <int HD, int G_>
+__global__ void __launch_bounds__(kDecodeThreads) decode_kernel(attn_args a)
 {
-    using D = decode_geom<HD>;
+    using D = decode_geom<HD, G_>;
     constexpr int T = D::T, S = D::STAGES;
     extern __shared__ __align__(16) unsigned char smem[];
-    uint16_t *tiles = reinterpret_cast<uint16_t *>(smem); /* [stage][K, V][T / 4][QUAD] */
+    uint16_t *tiles = reinterpret_cast<uint16_t *>(smem); /* [stage][K, V][T / G][GROUP] */
     uint64_t *full = reinterpret_cast<uint64_t *>(smem + D::bars);
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -348,13 +368,14 @@ template <int HD> __global__ void __launch_bounds__(kDecodeThreads) decode_kerne
     }
     __syncthreads();
 
-    /* Copies: with quads (the block size a multiple of 4 and rows contiguous), thread t < 32
-     * copies quad t % 16 of K (t < 16) or V, row by row where the quad runs past the partition;
-     * otherwise thread t copies the K (t < 64) or V row of key t % 64. Keys past the partition
-     * repeat its last key, which the mask then drops. */
-    const bool quads = a.block_size % 4 == 0 && a.slot_stride == HD;
-    const int ckey = quads ? 4 * (tid % 16) : tid % T, cv = quads ? (tid / 16) & 1 : tid / T;
-    const bool copier = !quads || tid < 32;
+    /* Copies: with groups (the block size a multiple of G and rows contiguous), thread
+     * t < 2 * T / G copies group t % (T / G) of K (t < T / G) or V, row by row where the group
+     * runs past the partition; otherwise thread t copies the K (t < 64) or V row of key t % 64.
+     * Keys past the partition repeat its last key, which the mask then drops. */
+    constexpr int G = D::G, NG = T / G;
+    const bool groups = a.block_size % G == 0 && a.slot_stride == HD;
+    const int ckey = groups ? G * (tid % NG) : tid % T, cv = groups ? (tid / NG) & 1 : tid / T;
+    const bool copier = !groups || tid < 2 * NG;
     const uint16_t *cbase = (cv ? a.v : a.k) + (int64_t)kh * a.head_stride;
     int32_t blk = 0; /* block-table entry of this thread's first key in the next tile to copy */
     auto fetch_table = [&](int32_t t) {
@@ -368,16 +389,16 @@ template <int HD> __global__ void __launch_bounds__(kDecodeThreads) decode_kerne
             mbar_arrive_expect_tx(&full[st], 2 * T * HD * sizeof(uint16_t));
         if (!copier)
             return;
-        uint16_t *dst = tiles + (size_t)st * D::STAGE_ELEMS + cv * (T / 4) * D::QUAD + D::row(ckey);
+        uint16_t *dst = tiles + (size_t)st * D::STAGE_ELEMS + cv * NG * D::GROUP + D::row(ckey);
         const int32_t pos = begin + t * T + ckey;
         const uint16_t *blk_base = cbase + (int64_t)blk * a.block_stride;
-        if (quads && pos + 3 < end) {
-            bulk_copy(dst, blk_base + (int64_t)slot_of(a, pos) * HD, 4 * HD * sizeof(uint16_t),
+        if (groups && pos + G - 1 < end) {
+            bulk_copy(dst, blk_base + (int64_t)slot_of(a, pos) * HD, G * HD * sizeof(uint16_t),
                       &full[st]);
         } else {
-            const int rows = quads ? 4 : 1;
+            const int rows = groups ? G : 1;
             for (int r = 0; r < rows; r++) {
-                const int32_t p = min(pos + r, end - 1); /* in pos's block (quads) */
+                const int32_t p = min(pos + r, end - 1); /* in pos's block (groups) */
                 bulk_copy(dst + r * HD, blk_base + (int64_t)slot_of(a, p) * a.slot_stride,
                           HD * sizeof(uint16_t), &full[st]);
             }
@@ -419,7 +440,7 @@ template <int HD> __global__ void __launch_bounds__(kDecodeThreads) decode_kerne
     for (int n = 0; n < HD / 8; n++)
         o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
     float m = -INFINITY, l = 0.0f; /* of row qr, l over this lane's keys only */
-    /* The warp's keys: n-tile nt, column j is key 4 * (8 * nt + j) + warp of the tile. */
+    /* The warp's keys: n-tile nt, column j is key D::key(j, warp, nt) of the tile. */
 
     for (int32_t i = 0; i < ntiles; i++) {
         __syncthreads(); /* every warp is done with tile i - 1's stage: refill it */
@@ -429,7 +450,7 @@ template <int HD> __global__ void __launch_bounds__(kDecodeThreads) decode_kerne
         mbar_wait(&full[i % S], (uint32_t)(i / S) & 1u);
 
         const uint16_t *ks = tiles + (size_t)(i % S) * D::STAGE_ELEMS;
-        const uint16_t *vs = ks + (T / 4) * D::QUAD;
+        const uint16_t *vs = ks + NG * D::GROUP;
         /* S = Q K^T for the warp's 16 keys: two n-tiles of 8 keys. */
         /* Four independent accumulator chains (n-tile x even/odd k-step), summed after. */
         float s[2][4], s2[2][4];
@@ -443,8 +464,8 @@ template <int HD> __global__ void __launch_bounds__(kDecodeThreads) decode_kerne
 #pragma unroll
             for (int nt = 0; nt < 2; nt++) {
                 uint32_t b[4];
-                ldmatrix_x4(b, ks + D::row(4 * (nt * 8 + (lane & 7)) + warp) +
-                                   (kk * 4 + (lane >> 3)) * 8);
+                ldmatrix_x4(b,
+                            ks + D::row(D::key(lane & 7, warp, nt)) + (kk * 4 + (lane >> 3)) * 8);
                 mma_bf16(s[nt], qa[2 * kk][0], 0u, qa[2 * kk][1], 0u, b[0], b[1]);
                 mma_bf16(s2[nt], qa[2 * kk + 1][0], 0u, qa[2 * kk + 1][1], 0u, b[2], b[3]);
             }
@@ -453,13 +474,13 @@ template <int HD> __global__ void __launch_bounds__(kDecodeThreads) decode_kerne
 #pragma unroll
             for (int j = 0; j < 4; j++)
                 s[nt][j] += s2[nt][j];
-        const int32_t key0 = begin + i * T + warp;
+        const int32_t key0 = begin + i * T;
         float mx = -INFINITY;
 #pragma unroll
         for (int nt = 0; nt < 2; nt++)
 #pragma unroll
             for (int j = 0; j < 2; j++) {
-                s[nt][j] = key0 + 4 * (nt * 8 + qc + j) < end ? s[nt][j] * qscale : -INFINITY;
+                s[nt][j] = key0 + D::key(qc + j, warp, nt) < end ? s[nt][j] * qscale : -INFINITY;
                 mx = fmaxf(mx, s[nt][j]);
             }
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
@@ -489,7 +510,7 @@ template <int HD> __global__ void __launch_bounds__(kDecodeThreads) decode_kerne
             o[2 * dp + 1][0] *= alpha;
             o[2 * dp + 1][1] *= alpha;
             uint32_t b[4];
-            ldmatrix_x4_trans(b, vs + D::row(4 * ((lane & 7) + ((lane >> 3) & 1) * 8) + warp) +
+            ldmatrix_x4_trans(b, vs + D::row(D::key(lane & 7, warp, (lane >> 3) & 1)) +
                                      (2 * dp + (lane >> 4)) * 8);
             mma_bf16(o[2 * dp], p0, 0u, p1, 0u, b[0], b[1]);
             mma_bf16(o[2 * dp + 1], p0, 0u, p1, 0u, b[2], b[3]);
@@ -887,6 +908,30 @@ __global__ void __launch_bounds__(kPrefillThreads, prefill_geom<HD>::CTAS_PER_SM
 
 using decode_fn = void (*)(attn_args);
 
+/* The decode kernels of head dimension HD for copies of 4, 8 and 16 rows, and their shared
+ * memory. */
+template <int HD> static void decode_variants(decode_fn *fn, size_t *smem)
+{
+    fn[0] = decode_kernel<HD, 4>;
+    fn[1] = decode_kernel<HD, 8>;
+    fn[2] = decode_kernel<HD, 16>;
+    smem[0] = decode_geom<HD, 4>::smem;
+    smem[1] = decode_geom<HD, 8>::smem;
+    smem[2] = decode_geom<HD, 16>::smem;
+}
+
+/* The copy rows of a step with n decode sequences (a graph plan's n: its padded size, so that
+ * capture and replay agree): kDecodeWideCopySeqs above, or what
+ * cuda_attention_set_decode_copy_rows set. */
+static int32_t decode_copy_rows(int32_t set, int32_t n, int32_t block_size)
+{
+    if (set != 0)
+        return set;
+    if (n < kDecodeWideCopySeqs)
+        return 4;
+    return block_size % 16 == 0 ? 16 : block_size % 8 == 0 ? 8 : 4;
+}
+
 /* Rounds a word count up to a multiple of 4, so that int4 arrays stay 16-byte aligned. */
 size_t align4(size_t words)
 {
@@ -901,8 +946,8 @@ struct cuda_attention_plan {
     int32_t decode_chunks; /* decode CTAs per KV head: ceil(group / kDecodeHeadsMax) */
     int32_t tile_tokens;   /* query tokens per prefill tile */
     int32_t slots;         /* decode CTAs resident at once on the GPU */
-    decode_fn decode;      /* decode_kernel for head_dim and the heads of one decode CTA */
-    size_t decode_smem;
+    decode_fn decode[3];   /* decode_kernel for head_dim, copies of 4, 8 and 16 rows */
+    size_t decode_smem[3];
     int32_t max_parts;   /* decode partitions the scratch holds */
     int32_t split_extra; /* partitions a split adds to one per sequence, at most */
 
@@ -924,7 +969,9 @@ struct cuda_attention_plan {
     int32_t num_parts, num_merges, num_items;
     size_t off_query_start, off_context_len, off_tables, off_merges, off_parts, off_items;
 
-    int early_kv; /* cuda_attention_set_early_kv */
+    int early_kv;          /* cuda_attention_set_early_kv */
+    int32_t copy_rows_set; /* cuda_attention_set_decode_copy_rows: 0, 4, 8 or 16 */
+    int32_t copy_rows;     /* the planned step's: 4, 8 or 16 */
 };
 
 /* Prefill tiles (sequence, first token, keys needed, 0) in descending order of keys needed;
@@ -963,7 +1010,10 @@ static int64_t split_want(int64_t waves, int64_t slots, int64_t ctas_per_part)
 /* The modelled time of the decode CTAs for a split, in keys streamed by one CTA: rounds of
  * `slots` CTAs over the mean partition, or the longest partition when it is longer, plus a
  * startup of kSplitStartupKeys per round, plus the merge when a context is split (the widest
- * merge's, which the last CTA of that sequence does after its own partition). */
+ * merge's, which the last CTA of that sequence does after its own partition). (A model where
+ * the CTAs resident on an SM share its bandwidth, so that one CTA an SM would stream as fast as
+ * two, splits less from about 9 to 16 sequences: measured on the H200, 16 sequences of 1100 keys
+ * took 36.9 us a layer unsplit against 28.5 split in two; bench/RESULTS.md, 2026-12-03.) */
 static int64_t split_cost(const struct attention_batch *b, int64_t split, int64_t ctas_per_part,
                           int64_t slots)
 {
@@ -1043,18 +1093,26 @@ int cuda_attention_plan_new(const struct cuda_attention_config *c, struct cuda_a
     p->group = c->num_heads / c->num_kv_heads;
     p->decode_chunks = (p->group + kDecodeHeadsMax - 1) / kDecodeHeadsMax;
     p->tile_tokens = kPrefillRows / p->group;
-    p->decode = c->head_dim == 64 ? decode_kernel<64> : decode_kernel<128>;
-    p->decode_smem = c->head_dim == 64 ? decode_geom<64>::smem : decode_geom<128>::smem;
-    int resident = 0;
-    rc = cuda_call_result(cudaFuncSetAttribute(p->decode,
-                                               cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               (int)p->decode_smem),
-                          "cuda_attention_plan_new: cudaFuncSetAttribute (decode)");
-    if (rc == 0)
-        rc = cuda_call_result(
-            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, p->decode, kDecodeThreads,
-                                                          p->decode_smem),
-            "cuda_attention_plan_new: cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+    if (c->head_dim == 64)
+        decode_variants<64>(p->decode, p->decode_smem);
+    else
+        decode_variants<128>(p->decode, p->decode_smem);
+    p->copy_rows = 4;
+    /* The slots: the fewest CTAs an SM holds of the three variants (the same today). */
+    int resident = INT32_MAX;
+    for (int v = 0; v < 3 && rc == 0; v++) {
+        int r = 0;
+        rc = cuda_call_result(cudaFuncSetAttribute(p->decode[v],
+                                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                   (int)p->decode_smem[v]),
+                              "cuda_attention_plan_new: cudaFuncSetAttribute (decode)");
+        if (rc == 0)
+            rc = cuda_call_result(
+                cudaOccupancyMaxActiveBlocksPerMultiprocessor(&r, p->decode[v], kDecodeThreads,
+                                                              p->decode_smem[v]),
+                "cuda_attention_plan_new: cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+        resident = r < resident ? r : resident;
+    }
     if (rc < 0) {
         free(p);
         return rc;
@@ -1247,6 +1305,8 @@ static int plan_impl(struct cuda_attention_plan *p, const struct attention_batch
             decode_keys += context_len;
         }
     }
+    p->copy_rows =
+        decode_copy_rows(p->copy_rows_set, p->graph ? p->num_seqs : num_decode, c->block_size);
 
     /* Split-KV: the cheapest of no split and splits sized for 1 .. kSplitWavesMax waves of the
      * resident decode CTAs (split_cost); see the loop below for how a context is cut. */
@@ -1395,8 +1455,9 @@ static int launch(const struct cuda_attention_plan *p, const attn_args &a, cudaS
      * work), so that the launch captured once fits every step of that size. */
     const unsigned ctas = decode_ctas(p);
     if (ctas > 0) {
-        int rc = launch_pdl("cuda_attention_run: decode kernel", p->decode, ctas, kDecodeThreads,
-                            p->decode_smem, s, a);
+        const int v = p->copy_rows == 4 ? 0 : p->copy_rows == 8 ? 1 : 2;
+        int rc = launch_pdl("cuda_attention_run: decode kernel", p->decode[v], ctas, kDecodeThreads,
+                            p->decode_smem[v], s, a);
         if (rc < 0)
             return rc;
     }
@@ -1471,6 +1532,12 @@ void cuda_attention_set_early_kv(struct cuda_attention_plan *p, int on)
 {
     if (p != NULL)
         p->early_kv = on != 0;
+}
+
+void cuda_attention_set_decode_copy_rows(struct cuda_attention_plan *p, int rows)
+{
+    if (p != NULL && (rows == 0 || rows == 4 || rows == 8 || rows == 16))
+        p->copy_rows_set = rows;
 }
 
 int cuda_attention_decode_shape(const struct cuda_attention_plan *p, int32_t *ctas,

@@ -15,7 +15,8 @@
  * Two kernels behind run, both on the tensor cores (mma.sync bf16, f32 accumulation): sequences
  * with query_len 1 (decode) go to a paged decode kernel, one CTA per (KV partition, KV head)
  * handling up to 8 of that KV head's query heads so that each K/V byte is read once, K/V tiles
- * brought in by bulk copies through the block table, with a merge kernel when a context was
+ * brought in by bulk copies through the block table (4 keys a copy below 64 decode sequences, 16
+ * from 64 up: cuda_attention_set_decode_copy_rows), with a merge kernel when a context was
  * split across CTAs (split-KV: the plan picks no split or a split sized for 1 to 4 waves of the
  * resident CTAs into partitions of 64 keys or more, whichever a cost model of the batch, the
  * merge included, finds fastest, so that batch 1 and batch 256 both fill the GPU); the others
@@ -26,8 +27,8 @@
  *
  * Streams: plan's copy and run's kernels are ordered by the stream. Run on the stream the step
  * was planned on (or order the streams with an event); the plan owns one set of device
- * metadata and split-KV scratch, so one run at a time per plan. Split-KV results depend (in
- * the last bits) on the batch a decode sequence is planned in. */
+ * metadata and split-KV scratch, so one run at a time per plan. Decode results depend (in the
+ * last bits) on the batch a decode sequence is planned in (its split, its copy rows). */
 #ifndef PAGODA_KERNELS_CUDA_ATTENTION_H
 #define PAGODA_KERNELS_CUDA_ATTENTION_H
 
@@ -130,6 +131,14 @@ int cuda_attention_run(struct cuda_attention_plan *p, const struct kv_layer_view
  * start, as the kernels of kernels/cuda do, or is not launched with the attribute. NULL is
  * accepted. */
 void cuda_attention_set_early_kv(struct cuda_attention_plan *p, int on);
+
+/* How many consecutive keys of a block one bulk copy of the decode kernel moves: 0 (a new plan's
+ * setting) lets each step choose, 4 rows below 64 decode sequences (a graph plan: its padded
+ * size) and 16 (8 when the block size is not a multiple of 16) from 64 up, the faster on the
+ * H200 (bench/RESULTS.md, 2026-12-03); 4, 8 or 16 force it, for benchmarks and tests (rows that
+ * do not divide the block size are copied one by one). Results differ in the last bits between
+ * settings (the warps sum their keys in another order). Other values and NULL are ignored. */
+void cuda_attention_set_decode_copy_rows(struct cuda_attention_plan *p, int rows);
 
 #ifdef __cplusplus
 }
