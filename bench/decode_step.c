@@ -328,7 +328,12 @@ int main(int argc, char **argv)
                     strcmp(argv[i + 1], "interleaved") == 0)) {
             layout_interleaved = strcmp(argv[++i], "interleaved") == 0;
         } else if (strcmp(argv[i], "--pool-blocks") == 0 && i + 1 < argc) {
-            pool_blocks = atoll(argv[++i]);
+            char *e = NULL;
+            pool_blocks = strtoll(argv[++i], &e, 10);
+            if (e == argv[i] || *e != '\0' || pool_blocks < 1) {
+                fprintf(stderr, "decode_step: --pool-blocks %s: not a positive number\n", argv[i]);
+                return 2;
+            }
         } else if (strcmp(argv[i], "--profile") == 0) {
             profile = 1;
         } else if (dir == NULL && argv[i][0] != '-') {
@@ -363,12 +368,12 @@ int main(int argc, char **argv)
         fprintf(stderr, "decode_step: --pool-blocks %lld out of range\n", pool_blocks);
         return 2;
     }
-    if (pool_blocks > needed)
-        block_stride = pool_blocks / needed;
+    if (pool_blocks > needed + 1)
+        block_stride = (pool_blocks - 1) / needed;
     struct kv_geometry g = {
         .pool_id = 1,
         .num_layers = (int32_t)c.num_layers,
-        .num_blocks = (int32_t)(1 + needed * block_stride),
+        .num_blocks = (int32_t)(pool_blocks > needed + 1 ? pool_blocks : needed + 1),
         .block_size = kBlockSize,
         .num_kv_heads = (int32_t)c.num_kv_heads,
         .head_dim = (int32_t)c.head_dim,
@@ -379,6 +384,9 @@ int main(int argc, char **argv)
     /* Random K/V everywhere (never zeros: see .library METHOD.md). */
     PK(cuda_fill_random_bf16(pool, (int64_t)(kv_pool_bytes(&g) / 2), kSeed, 99, 1.0f, 0.0f, 0));
     CK(cudaDeviceSynchronize());
+    printf("layout %s, %d pool blocks (used every %lld)\n",
+           layout_interleaved ? "interleaved" : "contiguous", (int)g.num_blocks,
+           (long long)block_stride);
 
     struct result res[kVersions][kMaxBatches];
     for (int v = 0; v < kVersions; v++)
@@ -402,9 +410,6 @@ int main(int argc, char **argv)
         if (run[v])
             run_version(&c, &g, pool, v, batches, nb, ctx, reps, profile, res[v]);
 
-    printf("layout %s, %d pool blocks (used every %lld)\n",
-           layout_interleaved ? "interleaved" : "contiguous", (int)g.num_blocks,
-           (long long)block_stride);
     /* The floor: every weight read once, each sequence's K/V read once. */
     const double H = (double)c.hidden_size, I = (double)c.intermediate_size;
     const double qd = (double)(c.num_heads * c.head_dim),

@@ -5,10 +5,10 @@
  * Both kernels run on the tensor cores (mma.sync m16n8k16, bf16 operands, f32 accumulators) and
  * keep, per query row, a running max m, a running sum l of exp(score - m) and an f32
  * accumulator of the exp-weighted V (online softmax, as the CPU's paged version does). K/V tiles
- * of 64 keys come from the pool through the block table into XOR-swizzled shared memory by a
- * cp.async pipeline (16-byte copies; the block-table entries a copy needs are already at hand:
- * in registers for decode, copied into shared memory a tile ahead for prefill) and reach the
- * tensor cores by ldmatrix; keys beyond a row's causal limit (or beyond the
+ * of 64 keys come from the pool through the block table into shared memory (prefill: XOR-swizzled,
+ * by a cp.async pipeline of 16-byte copies, the block-table entries copied into shared memory a
+ * tile ahead; decode: padded groups of rows, by bulk copies that a producer warp issues) and
+ * reach the tensor cores by ldmatrix; keys beyond a row's causal limit (or beyond the
  * context) get probability 0, and tiles past the last one a CTA needs are never read. */
 #include "kernels/cuda/attention.h"
 
@@ -23,9 +23,9 @@
 namespace
 {
 
-/* Decode: one CTA of 128 threads (4 warps) per (decode partition, KV head, chunk of at most
- * kDecodeHeadsMax query heads of that KV head), so that each K/V byte is read once for all the
- * query heads that use it. */
+/* Decode: one CTA of 160 threads (4 consumer warps and a producer warp) per (decode partition,
+ * KV head, chunk of at most kDecodeHeadsMax query heads of that KV head), so that each K/V byte
+ * is read once for all the query heads that use it. */
 constexpr int kDecodeThreads = 128; /* the consumer warps' */
 constexpr int kDecodeWarps = kDecodeThreads / 32;
 /* Plus one producer warp that issues the K/V copies (decode_kernel). */
@@ -61,8 +61,11 @@ constexpr int kSplitMergePartKeys = 2;
 /* Partitions whose partial results the merge loads at once: 32, so that the 32 partitions of
  * one 32k-token sequence at batch 1 come through L2 in one round trip (ncu on the H200: the
  * merge took ~3.4 of 42 us with 8 at a time, ~2.9 with 32; bench/RESULTS.md). The decode
- * kernel's registers rise (142 -> 208 at head dim 128, 86 -> 138 at 64) without costing
- * occupancy, which shared memory limits to 2 and 3 CTAs per SM. */
+ * kernel's registers are capped at 168 by its launch bounds (160 threads, 2 CTAs an SM), so at
+ * head dim 64, where shared memory would allow 3 CTAs an SM (66 KiB each), registers allow 2
+ * (before the producer warp: 3, at 138 registers; the producer-warp kernel measured faster at
+ * head dim 64 all the same, bench/RESULTS.md 2026-12-03; bounds of 3 at head dim 64, 128
+ * registers, are not measured). */
 constexpr int kMergeBatch = 32;
 
 /* Everything a kernel needs, passed by value. Metadata pointers point into the plan's device
@@ -210,12 +213,11 @@ constexpr int32_t kDecodeWideCopySeqs = 64;
 /* The decode kernel's geometry for head dimension HD and copies of G rows: tiles of 64 keys. In
  * shared memory the K (and V) rows of a tile are groups of G consecutive keys, each group followed
  * by 16 bytes of padding, so that one bulk copy moves a group (G consecutive slots of a block
- * are contiguous in the pool) and the 8 rows an ldmatrix reads, one from each of 8 groups (two
- * from each of 4 for G = 16), fall in 8 different bank groups. Warp w's n-tile nt (8 keys)
- * holds, in column j, key key(j, w, nt) of the tile. The pipeline is 3 stages deep at head dim
- * 128 (102 KiB) and 4 at 64 (72 KiB). With G = 16 the 8 rows an ldmatrix reads lie two in each
- * of 4 groups: two-way bank conflicts, which the larger copies more than pay for where they are
- * used. */
+ * are contiguous in the pool) and, for G = 4 and 8, the 8 rows an ldmatrix reads, one from each
+ * of 8 groups, fall in 8 different bank groups. Warp w's n-tile nt (8 keys) holds, in column j,
+ * key key(j, w, nt) of the tile. The pipeline is 3 stages deep at head dim 128 (97.5 KiB) and 4
+ * at 64 (66 KiB). With G = 16 the 8 rows an ldmatrix reads lie two in each of 4 groups: two-way
+ * bank conflicts, which the larger copies more than pay for where they are used. */
 template <int HD, int G_> struct decode_geom {
     static constexpr int T = 64;
     static constexpr int G = G_;

@@ -16,7 +16,8 @@
  * with query_len 1 (decode) go to a paged decode kernel, one CTA per (KV partition, KV head)
  * handling up to 8 of that KV head's query heads so that each K/V byte is read once, K/V tiles
  * brought in by bulk copies through the block table (4 keys a copy below 64 decode sequences, 16
- * from 64 up: cuda_attention_set_decode_copy_rows), with a merge kernel when a context was
+ * from 64 up, 8 where the block size is not a multiple of 16:
+ * cuda_attention_set_decode_copy_rows), with a merge kernel when a context was
  * split across CTAs (split-KV: the plan picks no split or a split sized for 1 to 4 waves of the
  * resident CTAs into partitions of 64 keys or more, whichever a cost model of the batch, the
  * merge included, finds fastest, so that batch 1 and batch 256 both fill the GPU); the others

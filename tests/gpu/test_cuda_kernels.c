@@ -806,6 +806,10 @@ struct shape {
  * being this step's. K/V of the earlier tokens is written by one reshape-and-cache call (a
  * prefix already in the pool), this step's from the fused QKV rows by another, as the worker
  * does; the CPU pool gets the same values in f32. */
+/* The decode kernel's copy rows the attention cases force (cuda_attention_set_decode_copy_rows):
+ * 0 lets each plan choose (4 rows below 64 decode sequences, 16 or 8 from 64 up). */
+static int attn_copy_rows;
+
 static void test_attention(const char *label, struct shape sh, int32_t num_seqs,
                            const int32_t *query_len, const int32_t *context_len)
 {
@@ -934,6 +938,7 @@ static void test_attention(const char *label, struct shape sh, int32_t num_seqs,
     struct cuda_attention_plan *gplan = NULL;
     rc = cuda_attention_plan_new(&gcfg, &gplan);
     GPU_CHECK(rc == 0, "cuda_attention_plan_new: %d (%s)", rc, pagoda_error_detail());
+    cuda_attention_set_decode_copy_rows(gplan, attn_copy_rows);
     /* Three plans in a row: the staging slots are reused once. */
     for (int i = 0; i < 3 && rc == 0; i++)
         rc = cuda_attention_plan(gplan, &batch, stream);
@@ -963,8 +968,12 @@ static void test_attention(const char *label, struct shape sh, int32_t num_seqs,
     for (int32_t s = 0; s < num_seqs; s++)
         num_decode += query_len[s] == 1;
     char cfg[160];
-    snprintf(cfg, sizeof(cfg), "%s hd %d bs %d %d/%d heads, %d seqs (%d decode), %d tok", label,
-             (int)hd, (int)bs, (int)nh, (int)nkv, (int)num_seqs, (int)num_decode, (int)num_tokens);
+    snprintf(cfg, sizeof(cfg), "%s hd %d bs %d %d/%d heads, %d seqs (%d decode), %d tok%s", label,
+             (int)hd, (int)bs, (int)nh, (int)nkv, (int)num_seqs, (int)num_decode, (int)num_tokens,
+             attn_copy_rows == 4    ? ", rows 4"
+             : attn_copy_rows == 8  ? ", rows 8"
+             : attn_copy_rows == 16 ? ", rows 16"
+                                    : "");
     report("attention", cfg, all, TOLERANCE);
     char wcfg[200];
     snprintf(wcfg, sizeof(wcfg), "  worst seq %d (query %d, context %d)", (int)worst_seq,
@@ -1122,6 +1131,7 @@ static void test_attention_early_kv(struct shape sh, int32_t n, int32_t max_ctx)
                                         n,  n,   max_blocks};
     struct cuda_attention_plan *plan = NULL;
     rc = cuda_attention_plan_new(&cfg, &plan);
+    cuda_attention_set_decode_copy_rows(plan, attn_copy_rows);
     struct attention_batch batch = {n, n, qs, ctx, tables, max_blocks};
     if (rc == 0)
         rc = cuda_attention_plan(plan, &batch, stream);
@@ -1154,8 +1164,8 @@ static void test_attention_early_kv(struct shape sh, int32_t n, int32_t max_ctx)
         nans += (want[i] & 0x7F80) == 0x7F80 && (want[i] & 0x7F) != 0;
     cuda_set_pdl(0);
     char label[160];
-    snprintf(label, sizeof(label), "hd %d bs %d %d/%d heads, %d decodes, %d partitions", (int)hd,
-             (int)bs, (int)nh, (int)nkv, (int)n, (int)parts);
+    snprintf(label, sizeof(label), "hd %d bs %d %d/%d heads, %d decodes, %d partitions, rows %d",
+             (int)hd, (int)bs, (int)nh, (int)nkv, (int)n, (int)parts, attn_copy_rows);
     printf("%-20s %-58s %d of 10 differ, %d NaN%s\n", "attention early kv", label, differ, nans,
            differ == 0 && nans == 0 ? "" : "  FAIL");
     GPU_CHECK(differ == 0 && nans == 0,
@@ -1714,6 +1724,21 @@ int main(int argc, char **argv)
     test_attention_early_kv((struct shape){32, 8, 128, 16}, 256, 1200);
     test_attention_early_kv((struct shape){32, 8, 128, 16}, 4, 3000);
     test_attention_early_kv((struct shape){16, 4, 64, 32}, 64, 700);
+
+    /* The decode kernel's copies of 4, 8 and 16 rows forced at any batch (the plans choose 4
+     * below 64 decode sequences): edge lengths, block sizes that 8 or 16 do not divide (copied
+     * row by row), split and unsplit contexts, early K/V. */
+    for (int r = 0; r < 3; r++) {
+        attn_copy_rows = r == 0 ? 4 : r == 1 ? 8 : 16;
+        test_attention_decode_edges((struct shape){32, 8, 128, 16});
+        test_attention_decode_edges((struct shape){32, 8, 64, 8});
+        test_attention_decode_edges((struct shape){32, 8, 128, 24});
+        test_attention_decode_edges((struct shape){32, 8, 128, 10});
+        test_attention_mixed((struct shape){16, 4, 64, 64});
+        test_attention_early_kv((struct shape){32, 8, 128, 16}, 4, 3000);
+        test_attention_early_kv((struct shape){16, 4, 64, 32}, 16, 700);
+    }
+    attn_copy_rows = 0;
 
     test_refusals();
 
