@@ -802,14 +802,14 @@ struct shape {
     int32_t num_heads, num_kv_heads, head_dim, block_size;
 };
 
-/* One step: sequences with (query_len, context_len), the last query_len tokens of each context
- * being this step's. K/V of the earlier tokens is written by one reshape-and-cache call (a
- * prefix already in the pool), this step's from the fused QKV rows by another, as the worker
- * does; the CPU pool gets the same values in f32. */
 /* The decode kernel's copy rows the attention cases force (cuda_attention_set_decode_copy_rows):
  * 0 lets each plan choose (4 rows below 64 decode sequences, 16 or 8 from 64 up). */
 static int attn_copy_rows;
 
+/* One step: sequences with (query_len, context_len), the last query_len tokens of each context
+ * being this step's. K/V of the earlier tokens is written by one reshape-and-cache call (a
+ * prefix already in the pool), this step's from the fused QKV rows by another, as the worker
+ * does; the CPU pool gets the same values in f32. */
 static void test_attention(const char *label, struct shape sh, int32_t num_seqs,
                            const int32_t *query_len, const int32_t *context_len)
 {
