@@ -174,7 +174,10 @@ struct result {
  * to CUDA_BACKEND_GEMV_MAX_ROWS rows: worker/cuda_backend.h); the defaults with the decode
  * attention waiting before it requests any K/V (cuda_backend_options.decode_early_kv 0); the
  * defaults with the decode attention's copies of 4 and of 16 rows at every batch size
- * (cuda_backend_options.decode_copy_rows). */
+ * (cuda_backend_options.decode_copy_rows); the defaults with cuBLASLt on the linears no GEMV
+ * takes up to 256 rows (cuda_backend_options.lt_max_rows); the defaults
+ * with the streaming GEMV on QKV and O up to CUDA_GEMV_MAX_ROWS rows; the defaults without
+ * cuda_gemv_row on the linears of one row (cuda_backend_options.gemv_row 0). */
 struct version {
     const char *name;
     int ref, baseline, gemv_max_rows, graphs, pdl;
@@ -183,33 +186,37 @@ struct version {
     int64_t max_weight; /* the gemv on weights of up to this many elements */
     int no_early_kv;    /* 1: cuda_backend_options.decode_early_kv 0 (the defaults otherwise) */
     int copy_rows;      /* cuda_backend_options.decode_copy_rows (the defaults otherwise) */
+    int lt_rows;        /* cuda_backend_options.lt_max_rows: 0 the default's */
 };
 /* The Llama-3-8B shape's O, QKV and down elements (gate/up's are more), and every weight. */
 #define kO ((int64_t)4096 * 4096)
 #define kQKV ((int64_t)6144 * 4096)
 #define kEvery INT64_MAX
 #define kDown ((int64_t)14336 * 4096)
-#define kVersions 19
+#define kVersions 22
 static const struct version versions[kVersions] = {
-    {"baseline", 0, 1, 0, 0, 0, 0, 0, 0, 0, 0},
-    {"cublas", 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
-    {"gemv", 0, 0, CUDA_GEMV_MAX_ROWS, 0, 0, 0, 0, kO, 0, 0},
-    {"graphs", 1, 0, 0, 1, 0, 0, 0, 0, 0, 0},
-    {"pdl", 3, 0, 0, 1, 1, 0, 0, 0, 0, 0},
-    {"pdl_gemv8", 3, 0, 8, 1, 1, 0, 0, kO, 0, 0},
-    {"pdl_gemv16", 3, 0, CUDA_GEMV_MAX_ROWS, 1, 1, 0, 0, kO, 0, 0},
-    {"graphs_gemv8", 3, 0, 8, 1, 0, 0, 0, kO, 0, 0},
-    {"pdl_gemvs", 3, 0, CUDA_GEMV_MAX_ROWS, 1, 1, 1, 0, kEvery, 0, 0},
-    {"pdl_gemvs8", 3, 0, 8, 1, 1, 1, 0, kEvery, 0, 0},
-    {"graphs_gemvs", 3, 0, CUDA_GEMV_MAX_ROWS, 1, 0, 1, 0, kEvery, 0, 0},
-    {"pdl_qo_gemv8", 3, 0, 8, 1, 1, 0, 0, kQKV, 0, 0},
-    {"pdl_qo_gemvs8", 3, 0, 8, 1, 1, 1, 0, kQKV, 0, 0},
-    {"pdl_qod_gemvs8", 3, 0, 8, 1, 1, 1, 0, kDown, 0, 0},
-    {"pdl_qo_gemvs16", 3, 0, CUDA_GEMV_MAX_ROWS, 1, 1, 1, 0, kQKV, 0, 0},
-    {"shipped", 3, 0, 0, 0, 0, 0, 1, 0, 0, 0},
-    {"noearly", 3, 0, 0, 0, 0, 0, 1, 0, 1, 0},
-    {"copy4", 3, 0, 0, 0, 0, 0, 1, 0, 0, 4},
-    {"copy16", 3, 0, 0, 0, 0, 0, 1, 0, 0, 16},
+    {"baseline", 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"cublas", 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"gemv", 0, 0, CUDA_GEMV_MAX_ROWS, 0, 0, 0, 0, kO, 0, 0, 0},
+    {"graphs", 1, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0},
+    {"pdl", 3, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0},
+    {"pdl_gemv8", 3, 0, 8, 1, 1, 0, 0, kO, 0, 0, 0},
+    {"pdl_gemv16", 3, 0, CUDA_GEMV_MAX_ROWS, 1, 1, 0, 0, kO, 0, 0, 0},
+    {"graphs_gemv8", 3, 0, 8, 1, 0, 0, 0, kO, 0, 0, 0},
+    {"pdl_gemvs", 3, 0, CUDA_GEMV_MAX_ROWS, 1, 1, 1, 0, kEvery, 0, 0, 0},
+    {"pdl_gemvs8", 3, 0, 8, 1, 1, 1, 0, kEvery, 0, 0, 0},
+    {"graphs_gemvs", 3, 0, CUDA_GEMV_MAX_ROWS, 1, 0, 1, 0, kEvery, 0, 0, 0},
+    {"pdl_qo_gemv8", 3, 0, 8, 1, 1, 0, 0, kQKV, 0, 0, 0},
+    {"pdl_qo_gemvs8", 3, 0, 8, 1, 1, 1, 0, kQKV, 0, 0, 0},
+    {"pdl_qod_gemvs8", 3, 0, 8, 1, 1, 1, 0, kDown, 0, 0, 0},
+    {"pdl_qo_gemvs16", 3, 0, CUDA_GEMV_MAX_ROWS, 1, 1, 1, 0, kQKV, 0, 0, 0},
+    {"shipped", 3, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0},
+    {"noearly", 3, 0, 0, 0, 0, 0, 1, 0, 1, 0, 0},
+    {"copy4", 3, 0, 0, 0, 0, 0, 1, 0, 0, 4, 0},
+    {"copy16", 3, 0, 0, 0, 0, 0, 1, 0, 0, 16, 0},
+    {"lt", 3, 0, 0, 0, 0, 0, 1, 0, 0, 0, 256},
+    {"qo16", 3, 0, CUDA_GEMV_MAX_ROWS, 0, 0, 0, 1, 0, 0, 0, 0},
+    {"norow", 3, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0},
 };
 
 static void run_version(const struct model_config *c, const struct kv_geometry *g, void *pool,
@@ -227,11 +234,19 @@ static void run_version(const struct model_config *c, const struct kv_geometry *
         o.pdl = versions[version].pdl;
         o.gemv_stream = versions[version].gemv_stream;
         o.gemv_max_weight = versions[version].max_weight;
+        o.lt_max_rows = 0; /* every version before cuBLASLt and cuda_gemv_row */
+        o.gemv_row = 0;
+    } else if (versions[version].gemv_max_rows != 0) {
+        o.gemv_max_rows = versions[version].gemv_max_rows;
     }
+    if (strcmp(versions[version].name, "norow") == 0)
+        o.gemv_row = 0;
     if (versions[version].no_early_kv)
         o.decode_early_kv = 0;
     if (versions[version].copy_rows != 0)
         o.decode_copy_rows = versions[version].copy_rows;
+    if (versions[version].lt_rows != 0)
+        o.lt_max_rows = versions[version].lt_rows;
     struct backend *be = NULL;
     PK(cuda_backend_open(c, NULL, kSeed, g, pool, &o, &be));
     const int32_t bps = o.limits.max_blocks_per_seq;

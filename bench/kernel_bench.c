@@ -372,9 +372,9 @@ static void bench_attention(const struct attn_case *c)
 /* ---- linears: y[rows][out] = x[rows][in] . w[out][in]^T, the worker's cublasGemmEx ---- */
 
 /* How a linear case runs: the worker's cublasGemmEx, cuda_gemv (kernels/cuda/linear.h), its
- * streaming form cuda_gemv_stream (with `ring`), or cublasLtMatmul
+ * streaming form cuda_gemv_stream (with `ring`), cuda_gemv_row (one row), or cublasLtMatmul
  * with one algorithm of the heuristic's list (a 32 MiB workspace). */
-enum gemm_mode { GEMM_CUBLAS, GEMM_GEMV, GEMM_GEMV_STREAM, GEMM_LT };
+enum gemm_mode { GEMM_CUBLAS, GEMM_GEMV, GEMM_GEMV_STREAM, GEMM_LT, GEMM_ROW };
 #define kLtWorkspace (32u << 20)
 #define kLtAlgos 8
 
@@ -410,6 +410,10 @@ static void gemm_launch(void *ctx, int rep)
     const uint16_t *w = r->w + (size_t)(rep % r->copies) * r->out * r->in;
     if (r->mode == GEMM_GEMV) {
         PK(cuda_gemv(r->x, w, r->y, 0, r->rows, r->in, r->out, stream));
+        return;
+    }
+    if (r->mode == GEMM_ROW) {
+        PK(cuda_gemv_row(r->x, w, r->y, 0, r->in, r->out, stream));
         return;
     }
     if (r->mode == GEMM_GEMV_STREAM) {
@@ -505,8 +509,8 @@ static void bench_linear_lt(const char *name, struct gemm_run *r, size_t wbytes)
     CK(cudaFree(r->workspace));
 }
 
-/* The worker's cublasGemmEx, then (when the sizes allow) cuda_gemv, cuda_gemv_stream with seven
- * rings, and cuBLASLt's algorithms, on the same data. */
+/* The worker's cublasGemmEx, then (when the sizes allow) cuda_gemv_row, cuda_gemv,
+ * cuda_gemv_stream with its rings, and cuBLASLt's algorithms, on the same data. */
 static void bench_linear(const char *name, int32_t rows, int32_t in, int32_t out, bool variants)
 {
     const size_t wbytes = (size_t)out * in * 2;
@@ -528,20 +532,28 @@ static void bench_linear(const char *name, int32_t rows, int32_t in, int32_t out
         fill(r.w + (size_t)i * out * in, (int64_t)out * in, STREAM_W + 16 * (uint64_t)i);
     r.mode = GEMM_CUBLAS;
     linear_report(name, &r, time_median_ms(gemm_launch, &r), wbytes);
+    if (variants && cuda_gemv_row_fits(rows, in, out, r.x, r.w, r.y)) {
+        char n[80];
+        snprintf(n, sizeof(n), "%s_row", name);
+        r.mode = GEMM_ROW;
+        linear_report(n, &r, time_median_ms(gemm_launch, &r), wbytes);
+    }
     if (variants && cuda_gemv_fits(rows, in, out, r.x, r.w, r.y)) {
         char n[80];
         snprintf(n, sizeof(n), "%s_gemv", name);
         r.mode = GEMM_GEMV;
         linear_report(n, &r, time_median_ms(gemm_launch, &r), wbytes);
-        /* The streaming form: its default ring, then rings of more stages and wider copies (the
-         * eighth session's one-tile bulk GEMV did better with 4 KiB copies than with 1 KiB). */
+        /* The streaming form: its default ring, the default with x through the stages (not
+         * resident), then rings of more stages and wider copies (the eighth session's one-tile
+         * bulk GEMV did better with 4 KiB copies than with 1 KiB); x resident where it fits. */
         static const struct {
             const char *suffix;
             struct cuda_gemv_ring ring;
-        } rings[] = {{"gemvs", {0, 0}},           {"gemvs_8x512", {8, 512}},
-                     {"gemvs_6x512", {6, 512}},   {"gemvs_4x1024", {4, 1024}},
-                     {"gemvs_3x1024", {3, 1024}}, {"gemvs_2x2048", {2, 2048}},
-                     {"gemvs_1x2048", {1, 2048}}};
+        } rings[] = {{"gemvs", {0, 0, 0}},           {"gemvs_xstages", {0, 0, -1}},
+                     {"gemvs_8x512", {8, 512, 0}},   {"gemvs_6x512", {6, 512, 0}},
+                     {"gemvs_4x1024", {4, 1024, 0}}, {"gemvs_3x1024", {3, 1024, 0}},
+                     {"gemvs_2x2048", {2, 2048, 0}}, {"gemvs_1x2048", {1, 2048, 0}},
+                     {"gemvs_3x512", {3, 512, 0}},   {"gemvs_4x512", {4, 512, 0}}};
         r.mode = GEMM_GEMV_STREAM;
         for (size_t k = 0; k < sizeof(rings) / sizeof(rings[0]); k++) {
             r.ring = rings[k].ring;

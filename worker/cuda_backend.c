@@ -5,6 +5,7 @@
 #include "kernels/cpu/ops.h"
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/linear.h"
+#include "kernels/cuda/linear_lt.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/sampler.h"
 #include "kernels/cuda/util.h"
@@ -97,6 +98,7 @@ struct cuda_backend {
     int32_t graph_batch[MODEL_BUDGET_GRAPHS_MAX];
     cudaGraphExec_t graph[MODEL_BUDGET_GRAPHS_MAX];
     void *cublas_workspace; /* MODEL_BUDGET_CUBLAS_WORKSPACE_BYTES, eager and captured GEMMs */
+    struct cuda_lt *lt;     /* opt.lt_max_rows: cuBLASLt plans, on cublas_workspace */
     /* Every device allocation, for cuda_close. */
     void **allocs;
     size_t num_allocs, cap_allocs;
@@ -173,6 +175,7 @@ static void cuda_close(struct backend *base)
     free(b->row_n_output);
     free(b->row_keys);
     free(b->row_gathers);
+    cuda_lt_free(b->lt);
     if (b->cublas != NULL)
         cublasDestroy(b->cublas);
     if (b->stream != NULL)
@@ -188,6 +191,7 @@ struct cuda_backend_options cuda_backend_default_options(void)
         .gemv_max_rows = CUDA_BACKEND_GEMV_MAX_ROWS,
         .gemv_max_weight = CUDA_BACKEND_GEMV_MAX_WEIGHT,
         .gemv_stream = 1,
+        .gemv_row = 1,
         .pdl = 1,
         .decode_early_kv = 1,
         .cuda_graphs = 1,
@@ -594,6 +598,10 @@ static int open_backend(const struct model_config *cfg, const struct model_weigh
         rc = cublas_fail(st, "cublasSetWorkspace");
         goto fail;
     }
+    /* cuBLASLt shares the workspace: its GEMMs and cuBLAS's run in one stream's order. */
+    if (b->opt.lt_max_rows > 0 &&
+        (rc = cuda_lt_new(b->cublas_workspace, MODEL_BUDGET_CUBLAS_WORKSPACE_BYTES, &b->lt)) != 0)
+        goto fail;
     /* Random weights of a shard: the rank's slices of the whole model's draw (one seed for
      * every rank), so a random group computes what a random TP 1 computes. */
     if ((rc = load_weights(b, w, random_seed)) != 0 || (rc = alloc_activations(b)) != 0 ||
@@ -677,12 +685,17 @@ int cuda_backend_open(const struct model_config *cfg, const struct model_weights
 /* ---- the forward pass ------------------------------------------------------------------- */
 
 /* y[rows][out] = x[rows][in] . w[out][in]^T, BF16 inputs, FP32 accumulation, output in ytype,
- * y's rows ldy >= out elements apart. Up to opt.gemv_max_rows rows of a weight of at most
+ * y's rows ldy >= out elements apart. One row through cuda_gemv_row with opt.gemv_row; up to
+ * opt.gemv_max_rows rows of a weight of at most
  * opt.gemv_max_weight elements through cuda_gemv_stream or cuda_gemv (cuda_backend.h;
- * contiguous outputs only), the rest through cublasGemmEx. */
+ * contiguous outputs only), up to opt.lt_max_rows rows through cuBLASLt (a shape it has no
+ * algorithm for falls back), the rest through cublasGemmEx. */
 static int gemm_ld(struct cuda_backend *b, const uint16_t *x, const uint16_t *w, void *y,
                    cudaDataType ytype, int64_t rows, int64_t in, int64_t out, int64_t ldy)
 {
+    if (!b->opt.baseline_kernels && b->opt.gemv_row &&
+        cuda_gemv_row_fits((int32_t)rows, (int32_t)in, (int32_t)out, x, w, y))
+        return cuda_gemv_row(x, w, y, ytype == CUDA_R_32F, (int32_t)in, (int32_t)out, b->stream);
     if (!b->opt.baseline_kernels && ldy == out && rows <= b->opt.gemv_max_rows &&
         in * out <= b->opt.gemv_max_weight &&
         cuda_gemv_fits((int32_t)rows, (int32_t)in, (int32_t)out, x, w, y))
@@ -690,6 +703,11 @@ static int gemm_ld(struct cuda_backend *b, const uint16_t *x, const uint16_t *w,
                                                      (int32_t)in, (int32_t)out, NULL, b->stream)
                                   : cuda_gemv(x, w, y, ytype == CUDA_R_32F, (int32_t)rows,
                                               (int32_t)in, (int32_t)out, b->stream);
+    if (b->lt != NULL && rows <= b->opt.lt_max_rows) {
+        int rc = cuda_lt_linear(b->lt, x, w, y, ytype == CUDA_R_32F, rows, in, out, ldy, b->stream);
+        if (rc != PAGODA_EUNSUPPORTED)
+            return rc;
+    }
     const float one = 1.0f, zero = 0.0f;
     cublasStatus_t st =
         cublasGemmEx(b->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)out, (int)rows, (int)in, &one, w,

@@ -35,11 +35,16 @@ int cuda_gemv(const uint16_t *x, const uint16_t *w, void *y, int y_f32, int32_t 
               int32_t out, cudaStream_t s);
 
 /* The shape of cuda_gemv_stream's ring, a knob for benchmarks: stages of cols columns each (a
- * multiple of 512 up to 4096); a field of 0 takes the default (2 stages of 2048 columns up to 8
- * rows, 3 of 1024 above: the fastest rings measured on the H200). */
+ * multiple of 512 up to 4096); a field of 0 takes the default. x_resident: 1, x is copied into
+ * shared memory once (with the CTA's first tile) and the stages hold weights only; -1, every
+ * stage brings its columns of x beside the weights (the first form: at 16 rows half a stage's
+ * bytes are x); 0 (the default), resident when the default resident ring fits beside it (16
+ * rows of up to 4096 columns, 8 of up to 8192). Default rings: x resident, 2 stages of 2048
+ * columns up to 8 rows, 2 of 1024 above; else 2 of 2048 and 3 of 1024 (the H200's fastest). */
 struct cuda_gemv_ring {
     int stages;
     int cols;
+    int x_resident;
 };
 
 /* cuda_gemv's streaming form (kernels/cuda/linear_stream.cu), which the CUDA backend uses for the
@@ -49,8 +54,9 @@ struct cuda_gemv_ring {
  * ahead (launch_pdl), so that at a decode step's kernel boundaries the next linear's weights are
  * already on their way. The same sizes and buffers as cuda_gemv (cuda_gemv_fits) and the same
  * results, bit for bit (the same sums in the same order). ring: NULL for the default; PAGODA_EINVAL
- * for negative fields, columns that are not a multiple of 512 or above 4096, or a ring that does
- * not fit in 227 KiB of shared memory (stages beyond what a CTA streams are dropped first). */
+ * for negative fields, columns that are not a multiple of 512 or above 4096, x_resident outside
+ * -1 .. 1, or a ring that does not fit in 227 KiB of shared memory (stages beyond what a CTA
+ * streams are dropped first). */
 int cuda_gemv_stream(const uint16_t *x, const uint16_t *w, void *y, int y_f32, int32_t rows,
                      int32_t in, int32_t out, const struct cuda_gemv_ring *ring, cudaStream_t s);
 
@@ -58,6 +64,19 @@ int cuda_gemv_stream(const uint16_t *x, const uint16_t *w, void *y, int y_f32, i
  * valid, and the ring, cut to what one CTA streams, fits in shared memory), else 0. */
 int cuda_gemv_stream_ring_fits(int32_t rows, int32_t in, int32_t out,
                                const struct cuda_gemv_ring *ring, int sms);
+
+/* One input row (kernels/cuda/linear_row.cu): each warp reads whole weight rows, 512
+ * contiguous bytes a load, for a decode step of one sequence. 1 when cuda_gemv_row takes these
+ * sizes and buffers: rows 1, in a multiple of 2048 up to 24576 (x fits in 48 KiB of shared
+ * memory), out >= 1, x, w and y 16-byte aligned; else 0. */
+int cuda_gemv_row_fits(int32_t rows, int32_t in, int32_t out, const void *x, const void *w,
+                       const void *y);
+
+/* y[o] = sum_i x[i] * w[o][i] for o < out (one row: x [in], y [out]), f32 products summed in a
+ * fixed order (deterministic; not cuda_gemv's order, so not its bits). PAGODA_EINVAL for sizes
+ * cuda_gemv_row_fits refuses. */
+int cuda_gemv_row(const uint16_t *x, const uint16_t *w, void *y, int y_f32, int32_t in, int32_t out,
+                  cudaStream_t s);
 
 #ifdef __cplusplus
 }

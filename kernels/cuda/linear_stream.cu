@@ -4,7 +4,11 @@
  * A tile is 16 output features (16 rows of w) for every input row. The grid is one CTA an SM
  * (at most the tile count); CTA b takes tiles b, b + grid, ..., and its tiles' columns go
  * through a ring of shared-memory stages (struct cuda_gemv_ring): a stage holds the 16 weight
- * rows and the x rows of those columns, each row one bulk copy completing on the stage's mbarrier.
+ * rows and the x rows of those columns, each row one bulk copy completing on the stage's mbarrier;
+ * or, x resident (the default where it fits: 16 rows of 4096 columns beside a ring of 2 x 1024),
+ * the stages hold weights only and x's columns are copied once, with the stages of the CTA's
+ * first tile, into a region of their own (at 16 rows half of every stage was x: kernel_bench on
+ * the H200, QKV at 16 rows 2.07 against 1.85 TB/s, at 8 rows 2.62 against 2.37).
  * One producer thread issues the copies as stages free up, running ahead across tile boundaries, so
  * an SM keeps its ring of weights in flight without a gap between tiles; eight consumer warps
  * multiply (kernels/cuda/gemv_mma.cuh): in a stage's chunks of 32 columns warp v takes chunks
@@ -51,26 +55,39 @@ constexpr int kMaxSmem = 227 * 1024;
  * after the ring, the warps' partial sums and the barriers. */
 struct ring {
     int32_t stages, cols, row_bytes, stage_bytes;
+    /* 0, or x resident (the x-resident form): x rows x_row_bytes apart after the stages, copied
+     * once, with the stages of the CTA's first tile; the stages hold weights only. */
+    int32_t x_row_bytes;
 };
 
 template <int TILES> struct geom {
     static constexpr int part_floats = kConsumerWarps * TILES * 4 * 32;
     /* The defaults, the fastest rings of the H200's first run (bench/RESULTS.md, 2026-12-02,
-     * eleventh session): 2 stages of 2048 columns up to 8 rows, 3 of 1024 above. */
+     * eleventh session): 2 stages of 2048 columns up to 8 rows, 3 of 1024 above. x resident:
+     * 2 stages of 2048 columns up to 8 rows, 2 of 1024 above (what fits beside 16 rows of 4096). */
     static constexpr int default_stages = TILES == 1 ? 2 : 3;
     static constexpr int default_cols = TILES == 1 ? 2048 : 1024;
-    static ring make(int stages, int cols)
+    static constexpr int default_stages_x = 2;
+    static constexpr int default_cols_x = TILES == 1 ? 2048 : 1024;
+    /* A ring of stages of cols columns; x_in > 0: x resident, rows of x_in columns. */
+    static ring make(int stages, int cols, int32_t x_in)
     {
         ring r;
         r.stages = stages;
         r.cols = cols;
         r.row_bytes = cols * 2 + kRowPad;
-        r.stage_bytes = (kRowsPerTile + 8 * TILES) * r.row_bytes;
+        /* x rows padded as the stages' rows: a multiple of 128 bytes, plus kRowPad. */
+        r.x_row_bytes = x_in > 0 ? (x_in * 2 + 127) / 128 * 128 + kRowPad : 0;
+        r.stage_bytes = (kRowsPerTile + (x_in > 0 ? 0 : 8 * TILES)) * r.row_bytes;
         return r;
+    }
+    __host__ __device__ static int64_t x_bytes(const ring &r)
+    {
+        return (int64_t)8 * TILES * r.x_row_bytes;
     }
     static int64_t smem(const ring &r)
     {
-        return (int64_t)r.stages * r.stage_bytes + part_floats * 4 + 2 * r.stages * 8;
+        return (int64_t)r.stages * r.stage_bytes + x_bytes(r) + part_floats * 4 + 2 * r.stages * 8;
     }
 };
 
@@ -111,6 +128,16 @@ __device__ __forceinline__ void copy_inputs(unsigned char *st, int32_t row_bytes
                        (uint32_t)s.cols * 2, bar, policy);
 }
 
+/* x resident: the columns of stage s of every row into the x region. */
+__device__ __forceinline__ void copy_inputs_x(unsigned char *xr, int32_t x_row_bytes,
+                                              const uint16_t *x, stage_at s, int32_t rows,
+                                              int32_t in, uint64_t *bar, uint64_t policy)
+{
+    for (int t = 0; t < rows; t++)
+        bulk_copy_hint(xr + (int64_t)t * x_row_bytes + (int64_t)s.k0 * 2,
+                       x + (int64_t)t * in + s.k0, (uint32_t)s.cols * 2, bar, policy);
+}
+
 __device__ __forceinline__ uint4 lds128(const unsigned char *p)
 {
     return *reinterpret_cast<const uint4 *>(p);
@@ -123,7 +150,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 {
     using G = geom<TILES>;
     extern __shared__ __align__(128) unsigned char smem[];
-    float *part = reinterpret_cast<float *>(smem + (size_t)rg.stages * rg.stage_bytes);
+    unsigned char *xres = smem + (size_t)rg.stages * rg.stage_bytes; /* with rg.x_row_bytes */
+    float *part = reinterpret_cast<float *>(xres + G::x_bytes(rg));
     uint64_t *full = reinterpret_cast<uint64_t *>(part + G::part_floats);
     uint64_t *empty = full + rg.stages;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -149,9 +177,12 @@ __global__ void __launch_bounds__(kThreads, 1)
             return;
         const uint64_t once = l2_policy_evict_first(), normal = l2_policy_evict_normal();
         const int32_t pre = total < rg.stages ? total : rg.stages;
+        /* x's bytes come with every stage, or (x resident) with the first tile's only. */
+        const bool xr = rg.x_row_bytes > 0;
         for (int32_t i = 0; i < pre; i++) {
             const stage_at s = stage_of(i, per_tile, in, rg.cols);
-            mbar_arrive_expect_tx(&full[i], (uint32_t)s.cols * 2 * (kRowsPerTile + rows));
+            const int32_t xrows = !xr || i < per_tile ? rows : 0;
+            mbar_arrive_expect_tx(&full[i], (uint32_t)s.cols * 2 * (kRowsPerTile + xrows));
             copy_weights(smem + (size_t)i * rg.stage_bytes, rg.row_bytes, w, s, in, out, &full[i],
                          once);
         }
@@ -162,12 +193,16 @@ __global__ void __launch_bounds__(kThreads, 1)
             const int slot = i % rg.stages;
             const stage_at s = stage_of(i, per_tile, in, rg.cols);
             unsigned char *st = smem + (size_t)slot * rg.stage_bytes;
+            const int32_t xrows = !xr || i < per_tile ? rows : 0;
             if (i >= pre) {
                 mbar_wait(&empty[slot], (uint32_t)((i / rg.stages - 1) & 1));
-                mbar_arrive_expect_tx(&full[slot], (uint32_t)s.cols * 2 * (kRowsPerTile + rows));
+                mbar_arrive_expect_tx(&full[slot], (uint32_t)s.cols * 2 * (kRowsPerTile + xrows));
                 copy_weights(st, rg.row_bytes, w, s, in, out, &full[slot], once);
             }
-            copy_inputs(st, rg.row_bytes, x, s, rows, in, &full[slot], normal);
+            if (!xr)
+                copy_inputs(st, rg.row_bytes, x, s, rows, in, &full[slot], normal);
+            else if (xrows > 0)
+                copy_inputs_x(xres, rg.x_row_bytes, x, s, rows, in, &full[slot], normal);
         }
         return;
     }
@@ -186,6 +221,11 @@ __global__ void __launch_bounds__(kThreads, 1)
             mbar_wait(&full[slot], (uint32_t)((i / rg.stages) & 1));
             const int32_t chunks = min(rg.cols, in - k * rg.cols) / kChunk;
             const unsigned char *st = smem + (size_t)slot * rg.stage_bytes + c * 16;
+            /* x's rows: in the stage after the weights, or in the x region at the stage's
+             * columns. */
+            const unsigned char *xs = rg.x_row_bytes > 0 ? xres + (size_t)k * rg.cols * 2 + c * 16
+                                                         : st + (size_t)kRowsPerTile * rg.row_bytes;
+            const int32_t xstride = rg.x_row_bytes > 0 ? rg.x_row_bytes : rg.row_bytes;
             /* Warp v's chunks v, v + 8, ...: over the stages, every 8th chunk of the row in
              * order, as cuda_gemv sums them. */
             for (int j = warp; j < chunks; j += kConsumerWarps) {
@@ -195,7 +235,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                 uint4 xv[TILES];
 #pragma unroll
                 for (int t = 0; t < TILES; t++)
-                    xv[t] = lds128(at + (kRowsPerTile + 8 * t + g) * rg.row_bytes);
+                    xv[t] = lds128(xs + j * (kChunk * 2) + (8 * t + g) * xstride);
                 chunk_mma<TILES>(acc, wa, wb, xv);
             }
             __syncwarp();
@@ -241,18 +281,31 @@ static ring ring_of(int32_t in, int32_t out, const struct cuda_gemv_ring *want, 
 {
     const int32_t tiles = (out + kRowsPerTile - 1) / kRowsPerTile;
     const unsigned grid = grid_of(out, sms);
-    const int cols = want != NULL && want->cols > 0 ? want->cols : geom<TILES>::default_cols;
-    int stages = want != NULL && want->stages > 0 ? want->stages : geom<TILES>::default_stages;
+    /* x resident when asked (want->x_resident 1), or by default (0) when the default x-resident
+     * ring fits with it; -1: x through the stages. */
+    const int xmode = want != NULL ? want->x_resident : 0;
+    bool xres = xmode > 0;
+    if (xmode == 0) {
+        using G = geom<TILES>;
+        xres = G::smem(G::make(G::default_stages_x, G::default_cols_x, in)) <= kMaxSmem;
+    }
+    const int cols = want != NULL && want->cols > 0 ? want->cols
+                     : xres                         ? geom<TILES>::default_cols_x
+                                                    : geom<TILES>::default_cols;
+    int stages = want != NULL && want->stages > 0 ? want->stages
+                 : xres                           ? geom<TILES>::default_stages_x
+                                                  : geom<TILES>::default_stages;
     const int64_t most = (int64_t)((tiles + grid - 1) / grid) * ((in + cols - 1) / cols);
     if (stages > most)
         stages = (int)most;
-    return geom<TILES>::make(stages, cols);
+    return geom<TILES>::make(stages, cols, xres ? in : 0);
 }
 
 static bool ring_valid(const struct cuda_gemv_ring *ring)
 {
-    return ring == NULL || (ring->stages >= 0 && ring->cols >= 0 && ring->cols % kColsUnit == 0 &&
-                            ring->cols <= kMaxCols);
+    return ring == NULL ||
+           (ring->stages >= 0 && ring->cols >= 0 && ring->cols % kColsUnit == 0 &&
+            ring->cols <= kMaxCols && ring->x_resident >= -1 && ring->x_resident <= 1);
 }
 
 template <int TILES, bool F32>

@@ -15,6 +15,7 @@
 #include "kernels/cpu/ops.h"
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/linear.h"
+#include "kernels/cuda/linear_lt.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/util.h"
 #include "kvpool/geometry.h"
@@ -589,6 +590,41 @@ static void gemv_run(const uint16_t *d_x, const uint16_t *d_w, int32_t rows, int
     free(again);
 }
 
+/* Random inputs of a linear (x [rows][in], w [out][in], bf16 in [-1, 1]) and their product in
+ * float64, rounded to f32 (ref [rows][out]); the caller frees the three. */
+static void linear_inputs(int32_t rows, int32_t in, int32_t out, uint16_t **x, uint16_t **w,
+                          float **ref)
+{
+    *x = xmalloc((size_t)rows * in * 2);
+    *w = xmalloc((size_t)out * in * 2);
+    *ref = xmalloc((size_t)rows * out * sizeof(float));
+    fill_bf16(*x, (size_t)rows * in, -1.0f, 1.0f);
+    fill_bf16(*w, (size_t)out * in, -1.0f, 1.0f);
+    for (int32_t r = 0; r < rows; r++)
+        for (int32_t o = 0; o < out; o++) {
+            double acc = 0.0;
+            for (int32_t i = 0; i < in; i++)
+                acc += (double)bf16_to_f32((*x)[(size_t)r * in + i]) *
+                       (double)bf16_to_f32((*w)[(size_t)o * in + i]);
+            (*ref)[(size_t)r * out + o] = (float)acc;
+        }
+}
+
+/* Frees what linear_inputs allocated and the device copies (d_y may be NULL). */
+static void linear_free(uint16_t *x, uint16_t *w, float *ref, void *d_x, void *d_w, void *d_y)
+{
+    CK(cudaFree(d_x));
+    CK(cudaFree(d_w));
+    if (d_y != NULL)
+        CK(cudaFree(d_y));
+    free(x);
+    free(w);
+    free(ref);
+}
+
+/* The streaming rings test_gemv ran, by x_resident + 1. */
+static int gemv_forms_run[3];
+
 /* cuda_gemv against a float64 product of the same bf16 inputs; cuda_gemv_stream equal to it bit
  * for bit (the same sums in the same order) with its default ring, the smallest (one stage:
  * every stage waits for the one before to be given back), more stages, and wider ones (2 KiB
@@ -597,19 +633,10 @@ static void test_gemv(int32_t rows, int32_t in, int32_t out, int y_f32)
 {
     const size_t xn = (size_t)rows * in, wn = (size_t)out * in, yn = (size_t)rows * out;
     const size_t esz = y_f32 ? 4 : 2;
-    uint16_t *x = xmalloc(xn * 2), *w = xmalloc(wn * 2);
-    float *ref = xmalloc(yn * sizeof(float)), *gotf = xmalloc(yn * sizeof(float));
+    uint16_t *x, *w;
+    float *ref, *gotf = xmalloc(yn * sizeof(float));
+    linear_inputs(rows, in, out, &x, &w, &ref);
     uint8_t *want = xmalloc(yn * esz), *got = xmalloc(yn * esz);
-    fill_bf16(x, xn, -1.0f, 1.0f);
-    fill_bf16(w, wn, -1.0f, 1.0f);
-    for (int32_t r = 0; r < rows; r++)
-        for (int32_t o = 0; o < out; o++) {
-            double acc = 0.0;
-            for (int32_t i = 0; i < in; i++)
-                acc += (double)bf16_to_f32(x[(size_t)r * in + i]) *
-                       (double)bf16_to_f32(w[(size_t)o * in + i]);
-            ref[(size_t)r * out + o] = (float)acc;
-        }
     uint16_t *d_x = dev_upload(x, xn * 2), *d_w = dev_upload(w, wn * 2);
     GPU_CHECK(cuda_gemv_fits(rows, in, out, d_x, d_w, d_x) == 1, "cuda_gemv_fits refused");
     char cfg[96];
@@ -621,21 +648,28 @@ static void test_gemv(int32_t rows, int32_t in, int32_t out, int y_f32)
     else
         bf16_to_f32_n((const uint16_t *)want, gotf, yn);
     report("gemv", cfg, rel_err(gotf, ref, yn), y_f32 ? 1e-5 : TOLERANCE);
-    /* 1 x 4096 fits only up to 8 rows (8 input rows a stage). */
-    static const struct cuda_gemv_ring rings[] = {{0, 0},    {1, 512},  {6, 512},
-                                                  {3, 1024}, {1, 2048}, {1, 4096}};
-    const size_t n_rings = sizeof(rings) / sizeof(rings[0]) - (rows > 8 ? 1 : 0);
-    for (size_t k = 0; k < n_rings; k++) {
+    /* Rings with x through the stages (-1), resident (1) and by default (0); those that do not
+     * fit are skipped (1 x 4096 with x in the stages fits only up to 8 rows, x resident only
+     * where 8 or 16 rows of x fit), but the default ring and both forms always run somewhere. */
+    static const struct cuda_gemv_ring rings[] = {
+        {0, 0, 0},    {1, 512, 0},  {6, 512, 0},  {3, 1024, 0},  {1, 2048, 0},
+        {1, 4096, 0}, {0, 0, -1},   {1, 512, -1}, {3, 1024, -1}, {0, 0, 1},
+        {1, 512, 1},  {2, 1024, 1}, {1, 4096, 1}};
+    int sms = 0;
+    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    for (size_t k = 0; k < sizeof(rings) / sizeof(rings[0]); k++) {
+        if (!cuda_gemv_stream_ring_fits(rows, in, out, &rings[k], sms)) {
+            GPU_CHECK(k != 0, "cuda_gemv_stream %s: the default ring does not fit", cfg);
+            continue;
+        }
         gemv_run(d_x, d_w, rows, in, out, y_f32, &rings[k], cfg, got);
         GPU_CHECK(memcmp(got, want, yn * esz) == 0,
-                  "cuda_gemv_stream %s ring %d x %d: not cuda_gemv's result bit for bit", cfg,
-                  rings[k].stages, rings[k].cols);
+                  "cuda_gemv_stream %s ring %d x %d x resident %d: not cuda_gemv's result bit "
+                  "for bit",
+                  cfg, rings[k].stages, rings[k].cols, rings[k].x_resident);
+        gemv_forms_run[rings[k].x_resident + 1]++;
     }
-    CK(cudaFree(d_x));
-    CK(cudaFree(d_w));
-    free(x);
-    free(w);
-    free(ref);
+    linear_free(x, w, ref, d_x, d_w, NULL);
     free(gotf);
     free(want);
     free(got);
@@ -644,8 +678,9 @@ static void test_gemv(int32_t rows, int32_t in, int32_t out, int y_f32)
 /* Two linears in a row, the second reading the first's output, launched with programmatic
  * dependent launch (cuda_set_pdl): the second may start, and request its weights, while the
  * first runs, and must read its input only once the first has written it. The chain with
- * cuda_gemv_stream equals the same chain with cuda_gemv launched without it, bit for bit. */
-static void test_gemv_stream_chain(int32_t rows, int32_t in, int32_t mid, int32_t out)
+ * cuda_gemv_stream equals the same chain with cuda_gemv launched without it, bit for bit; with
+ * row, a chain of cuda_gemv_row (one row) equals itself launched without it. */
+static void test_gemv_chain(int32_t rows, int32_t in, int32_t mid, int32_t out, bool row)
 {
     uint16_t *x = xmalloc((size_t)rows * in * 2), *w1 = xmalloc((size_t)mid * in * 2);
     uint16_t *w2 = xmalloc((size_t)out * mid * 2);
@@ -657,28 +692,35 @@ static void test_gemv_stream_chain(int32_t rows, int32_t in, int32_t mid, int32_
     uint16_t *d_w1 = dev_upload(w1, (size_t)mid * in * 2);
     uint16_t *d_w2 = dev_upload(w2, (size_t)out * mid * 2);
     uint16_t *d_h = dev_alloc((size_t)rows * mid * 2), *d_y = dev_alloc((size_t)rows * out * 2);
-    /* Pass 0: cuda_gemv without the attribute, the reference; then five chains with it, each
-     * after poisoning the intermediate (NaN: a read before the first kernel wrote it shows). */
-    int differ = 0;
+    /* Pass 0: cuda_gemv (or cuda_gemv_row) without the attribute, the reference; then five
+     * chains with it, each after poisoning the intermediate (NaN: a read before the first kernel
+     * wrote it shows). */
+    int differ = 0, nan = 0;
     for (int pass = 0; pass < 6; pass++) {
         cuda_set_pdl(pass > 0);
         poison(d_h, (size_t)rows * mid * 2);
         poison(d_y, (size_t)rows * out * 2);
         CK(cudaStreamSynchronize(stream));
-        int rc = pass ? cuda_gemv_stream(d_x, d_w1, d_h, 0, rows, in, mid, NULL, stream)
-                      : cuda_gemv(d_x, d_w1, d_h, 0, rows, in, mid, stream);
-        if (rc == 0)
-            rc = pass ? cuda_gemv_stream(d_h, d_w2, d_y, 0, rows, mid, out, NULL, stream)
-                      : cuda_gemv(d_h, d_w2, d_y, 0, rows, mid, out, stream);
+        const uint16_t *xs[2] = {d_x, d_h}, *ws[2] = {d_w1, d_w2};
+        uint16_t *ys[2] = {d_h, d_y};
+        const int32_t ins[2] = {in, mid}, outs[2] = {mid, out};
+        int rc = 0;
+        for (int k = 0; k < 2 && rc == 0; k++)
+            rc = row ? cuda_gemv_row(xs[k], ws[k], ys[k], 0, ins[k], outs[k], stream)
+                 : pass
+                     ? cuda_gemv_stream(xs[k], ws[k], ys[k], 0, rows, ins[k], outs[k], NULL, stream)
+                     : cuda_gemv(xs[k], ws[k], ys[k], 0, rows, ins[k], outs[k], stream);
         GPU_CHECK(rc == 0, "gemv chain (pass %d): %d", pass, rc);
         download(pass ? got : want, d_y, (size_t)rows * out * 2);
         differ += pass > 0 && memcmp(got, want, (size_t)rows * out * 2) != 0;
+        for (size_t o = 0; o < (size_t)rows * out; o++)
+            nan += !isfinite(bf16_to_f32((pass ? got : want)[o]));
     }
     cuda_set_pdl(0);
-    GPU_CHECK(differ == 0,
-              "gemv_stream chain rows %d %d -> %d -> %d with pdl: %d of 5 differ from the chain "
-              "without it",
-              rows, in, mid, out, differ);
+    GPU_CHECK(differ == 0 && nan == 0,
+              "%s chain rows %d %d -> %d -> %d with pdl: %d of 5 differ from the chain without it, "
+              "%d NaN",
+              row ? "gemv_row" : "gemv_stream", rows, in, mid, out, differ, nan);
     CK(cudaFree(d_x));
     CK(cudaFree(d_w1));
     CK(cudaFree(d_w2));
@@ -689,6 +731,113 @@ static void test_gemv_stream_chain(int32_t rows, int32_t in, int32_t mid, int32_
     free(w2);
     free(want);
     free(got);
+}
+
+/* cuda_gemv_row against a float64 product of the same bf16 inputs, twice (equal bits), y with
+ * one element more than out, poisoned, which must stay poison. */
+static void test_gemv_row(int32_t in, int32_t out, int y_f32)
+{
+    const size_t esz = y_f32 ? 4 : 2;
+    uint16_t *x, *w;
+    float *ref, *gotf = xmalloc((size_t)out * sizeof(float));
+    linear_inputs(1, in, out, &x, &w, &ref);
+    uint8_t *first = xmalloc((size_t)(out + 1) * esz), *again = xmalloc((size_t)(out + 1) * esz);
+    uint16_t *d_x = dev_upload(x, (size_t)in * 2), *d_w = dev_upload(w, (size_t)out * in * 2);
+    void *d_y = dev_alloc((size_t)(out + 1) * esz);
+    char cfg[96];
+    snprintf(cfg, sizeof(cfg), "in %d out %d %s", (int)in, (int)out, y_f32 ? "f32" : "bf16");
+    GPU_CHECK(cuda_gemv_row_fits(1, in, out, d_x, d_w, d_y) == 1, "cuda_gemv_row_fits %s", cfg);
+    for (int run = 0; run < 2; run++) {
+        poison(d_y, (size_t)(out + 1) * esz);
+        int rc = cuda_gemv_row(d_x, d_w, d_y, y_f32, in, out, stream);
+        GPU_CHECK(rc == 0, "cuda_gemv_row %s: %d (%s)", cfg, rc, pagoda_error_detail());
+        download(run ? again : first, d_y, (size_t)(out + 1) * esz);
+    }
+    GPU_CHECK(memcmp(first, again, (size_t)(out + 1) * esz) == 0,
+              "cuda_gemv_row %s: two runs "
+              "differ",
+              cfg);
+    size_t extra = 0;
+    for (size_t k = 0; k < esz; k++)
+        extra += first[(size_t)out * esz + k] != 0xFF;
+    GPU_CHECK(extra == 0, "cuda_gemv_row %s: wrote past out", cfg);
+    for (int32_t o = 0; o < out; o++)
+        gotf[o] = y_f32 ? ((const float *)first)[o] : bf16_to_f32(((const uint16_t *)first)[o]);
+    report("gemv_row", cfg, rel_err(gotf, ref, (size_t)out), y_f32 ? 1e-5 : TOLERANCE);
+    linear_free(x, w, ref, d_x, d_w, d_y);
+    free(gotf);
+    free(first);
+    free(again);
+}
+
+/* cuda_lt_linear against a float64 product of the same bf16 inputs, into rows ldy >= out apart
+ * (the columns between out and ldy, and a row past the last, must stay poison), twice (equal
+ * bits: one plan, made on first use, then found); then sizes it refuses. */
+static void test_lt_linear(struct cuda_lt *lt, int32_t rows, int32_t in, int32_t out, int32_t ldy,
+                           int y_f32)
+{
+    const size_t xn = (size_t)rows * in, wn = (size_t)out * in, yn = (size_t)(rows + 1) * ldy;
+    const size_t esz = y_f32 ? 4 : 2;
+    uint16_t *x, *w;
+    float *ref, *gotf = xmalloc((size_t)rows * out * sizeof(float));
+    linear_inputs(rows, in, out, &x, &w, &ref);
+    uint8_t *first = xmalloc(yn * esz), *again = xmalloc(yn * esz);
+    uint16_t *d_x = dev_upload(x, xn * 2), *d_w = dev_upload(w, wn * 2);
+    void *d_y = dev_alloc(yn * esz);
+    char cfg[96];
+    snprintf(cfg, sizeof(cfg), "rows %d in %d out %d ldy %d %s", (int)rows, (int)in, (int)out,
+             (int)ldy, y_f32 ? "f32" : "bf16");
+    const size_t plans = cuda_lt_plans(lt);
+    for (int run = 0; run < 2; run++) {
+        poison(d_y, yn * esz);
+        int rc = cuda_lt_linear(lt, d_x, d_w, d_y, y_f32, rows, in, out, ldy, stream);
+        GPU_CHECK(rc == 0, "cuda_lt_linear %s: %d (%s)", cfg, rc, pagoda_error_detail());
+        download(run ? again : first, d_y, yn * esz);
+    }
+    GPU_CHECK(cuda_lt_plans(lt) == plans + 1, "cuda_lt_linear %s: %zu plans made, expected 1", cfg,
+              cuda_lt_plans(lt) - plans);
+    GPU_CHECK(memcmp(first, again, yn * esz) == 0, "cuda_lt_linear %s: two runs differ", cfg);
+    size_t stray = 0;
+    for (int32_t r = 0; r <= rows; r++)
+        for (int32_t c = r < rows ? out : 0; c < ldy; c++)
+            for (size_t k = 0; k < esz; k++)
+                stray += first[((size_t)r * ldy + c) * esz + k] != 0xFF;
+    GPU_CHECK(stray == 0, "cuda_lt_linear %s: %zu bytes written outside the rows", cfg, stray);
+    for (int32_t r = 0; r < rows; r++)
+        for (int32_t o = 0; o < out; o++) {
+            const size_t at = (size_t)r * ldy + o;
+            gotf[(size_t)r * out + o] =
+                y_f32 ? ((const float *)first)[at] : bf16_to_f32(((const uint16_t *)first)[at]);
+        }
+    report("lt_linear", cfg, rel_err(gotf, ref, (size_t)rows * out), y_f32 ? 1e-5 : TOLERANCE);
+    linear_free(x, w, ref, d_x, d_w, d_y);
+    free(gotf);
+    free(first);
+    free(again);
+}
+
+static void test_lt_cases(void)
+{
+    void *ws = dev_alloc(32u << 20);
+    struct cuda_lt *lt = NULL;
+    int rc = cuda_lt_new(ws, 32u << 20, &lt);
+    GPU_CHECK(rc == 0, "cuda_lt_new: %d (%s)", rc, pagoda_error_detail());
+    if (rc != 0) {
+        CK(cudaFree(ws));
+        return;
+    }
+    test_lt_linear(lt, 1, 4096, 1000, 1000, 0);
+    test_lt_linear(lt, 16, 4096, 4096, 4096, 0);
+    test_lt_linear(lt, 16, 14336, 256, 256, 1);
+    test_lt_linear(lt, 64, 1024, 6144, 6144, 0);
+    test_lt_linear(lt, 7, 4096, 1003, 1010, 1); /* the LM head into a wider row */
+    test_lt_linear(lt, 300, 512, 768, 768, 0);
+    void *p = ws;
+    expect_rc("lt rows 0", cuda_lt_linear(lt, p, p, p, 0, 0, 64, 8, 8, stream), PAGODA_EINVAL);
+    expect_rc("lt ldy < out", cuda_lt_linear(lt, p, p, p, 0, 1, 64, 8, 7, stream), PAGODA_EINVAL);
+    expect_rc("lt NULL w", cuda_lt_linear(lt, p, NULL, p, 0, 1, 64, 8, 8, stream), PAGODA_EINVAL);
+    cuda_lt_free(lt);
+    CK(cudaFree(ws));
 }
 
 static void test_gemv_refusals(void)
@@ -706,13 +855,14 @@ static void test_gemv_refusals(void)
               PAGODA_EINVAL);
     expect_rc("gemv_stream misaligned w", cuda_gemv_stream(p, p + 1, p, 0, 1, 64, 8, NULL, stream),
               PAGODA_EINVAL);
-    static const struct cuda_gemv_ring bad[] = {{-1, 0}, {0, -512}, {0, 700}, {0, 8192}};
+    static const struct cuda_gemv_ring bad[] = {{-1, 0, 0},   {0, -512, 0}, {0, 700, 0},
+                                                {0, 8192, 0}, {0, 0, 2},    {0, 0, -2}};
     for (size_t k = 0; k < sizeof(bad) / sizeof(bad[0]); k++)
         expect_rc("gemv_stream bad ring", cuda_gemv_stream(p, p, p, 0, 1, 64, 8, &bad[k], stream),
                   PAGODA_EINVAL);
     /* 8 stages of 4096 columns (in is 8 x 4096: a CTA streams 8) do not fit in shared memory; the
      * same ring over a row of 4096 columns is one stage, which fits. */
-    const struct cuda_gemv_ring big = {8, 4096};
+    const struct cuda_gemv_ring big = {8, 4096, 0};
     expect_rc("gemv_stream ring too large",
               cuda_gemv_stream(p, p, p, 0, 1, 8 * 4096, 8, &big, stream), PAGODA_EINVAL);
     expect_rc("gemv_stream ring cut to what a CTA streams",
@@ -1665,13 +1815,36 @@ int main(int argc, char **argv)
     test_gemv(9, 4096, 256, 0);
     test_gemv(16, 14336, 160, 0);
     test_gemv(16, 4096, 1003, 1);
+    test_gemv(16, 4096, 16 * 140 + 3, 0); /* x resident: CTAs of two tiles */
     /* More tiles than SMs (a CTA takes several, its ring running across them), the last stage
      * of each tile partial. */
     test_gemv(3, 1056, 16 * 300 + 5, 0);
     test_gemv(12, 1056, 16 * 300 + 5, 1);
-    test_gemv_stream_chain(1, 4096, 4096, 4096);
-    test_gemv_stream_chain(16, 4096, 14336, 4096);
+    test_gemv_chain(1, 4096, 4096, 4096, false);
+    test_gemv_chain(16, 4096, 14336, 4096, false);
+    GPU_CHECK(gemv_forms_run[0] > 0 && gemv_forms_run[1] > 0 && gemv_forms_run[2] > 0,
+              "cuda_gemv_stream rings run: x in the stages %d, default %d, resident %d",
+              gemv_forms_run[0], gemv_forms_run[1], gemv_forms_run[2]);
     test_gemv_refusals();
+    test_gemv_row(4096, 1000, 0);
+    test_gemv_row(2048, 17, 1);
+    test_gemv_row(14336, 4096 + 5, 0);
+    test_gemv_row(24576, 300, 1);
+    test_gemv_row(4096, 28672, 0); /* more features than warps: several a warp */
+    test_gemv_chain(1, 4096, 14336, 4096, true);
+    {
+        void *p = NULL;
+        CK(cudaMalloc(&p, 1 << 20));
+        uint16_t *q = p;
+        expect_rc("gemv_row in % 2048", cuda_gemv_row(q, q, q, 0, 3072, 8, stream), PAGODA_EINVAL);
+        expect_rc("gemv_row in > 24576", cuda_gemv_row(q, q, q, 0, 26624, 8, stream),
+                  PAGODA_EINVAL);
+        expect_rc("gemv_row misaligned y", cuda_gemv_row(q, q, q + 1, 0, 2048, 8, stream),
+                  PAGODA_EINVAL);
+        GPU_CHECK(cuda_gemv_row_fits(2, 2048, 8, q, q, q) == 0, "cuda_gemv_row_fits took 2 rows");
+        CK(cudaFree(p));
+    }
+    test_lt_cases();
 
     /* GPU_TEST_QUICK (for compute-sanitizer runs) keeps one case of each kernel path. */
     const bool quick = getenv("GPU_TEST_QUICK") != NULL;
