@@ -5,10 +5,10 @@
  * Both kernels run on the tensor cores (mma.sync m16n8k16, bf16 operands, f32 accumulators) and
  * keep, per query row, a running max m, a running sum l of exp(score - m) and an f32
  * accumulator of the exp-weighted V (online softmax, as the CPU's paged version does). K/V tiles
- * of 64 keys come from the pool through the block table into shared memory (prefill: XOR-swizzled,
- * by a cp.async pipeline of 16-byte copies, the block-table entries copied into shared memory a
- * tile ahead; decode: padded groups of rows, by bulk copies that a producer warp issues) and
- * reach the tensor cores by ldmatrix; keys beyond a row's causal limit (or beyond the
+ * of 64 keys come from the pool through the block table into XOR-swizzled shared memory by a
+ * cp.async pipeline (16-byte copies; the block-table entries a copy needs are already at hand:
+ * in registers for decode, copied into shared memory a tile ahead for prefill) and reach the
+ * tensor cores by ldmatrix; keys beyond a row's causal limit (or beyond the
  * context) get probability 0, and tiles past the last one a CTA needs are never read. */
 #include "kernels/cuda/attention.h"
 
@@ -23,13 +23,11 @@
 namespace
 {
 
-/* Decode: one CTA of 160 threads (4 consumer warps and a producer warp) per (decode partition,
- * KV head, chunk of at most kDecodeHeadsMax query heads of that KV head), so that each K/V byte
- * is read once for all the query heads that use it. */
-constexpr int kDecodeThreads = 128; /* the consumer warps' */
+/* Decode: one CTA of 128 threads (4 warps) per (decode partition, KV head, chunk of at most
+ * kDecodeHeadsMax query heads of that KV head), so that each K/V byte is read once for all the
+ * query heads that use it. */
+constexpr int kDecodeThreads = 128;
 constexpr int kDecodeWarps = kDecodeThreads / 32;
-/* Plus one producer warp that issues the K/V copies (decode_kernel). */
-constexpr int kDecodeCtaThreads = kDecodeThreads + 32;
 constexpr int kDecodeHeadsMax = 8;
 
 /* Prefill: one CTA of 128 threads (4 warps of 32 rows) per (tile of query rows, KV head); a row
@@ -61,11 +59,8 @@ constexpr int kSplitMergePartKeys = 2;
 /* Partitions whose partial results the merge loads at once: 32, so that the 32 partitions of
  * one 32k-token sequence at batch 1 come through L2 in one round trip (ncu on the H200: the
  * merge took ~3.4 of 42 us with 8 at a time, ~2.9 with 32; bench/RESULTS.md). The decode
- * kernel's registers are capped at 168 by its launch bounds (160 threads, 2 CTAs an SM), so at
- * head dim 64, where shared memory would allow 3 CTAs an SM (66 KiB each), registers allow 2
- * (before the producer warp: 3, at 138 registers; the producer-warp kernel measured faster at
- * head dim 64 all the same, bench/RESULTS.md 2026-12-03; bounds of 3 at head dim 64, 128
- * registers, are not measured). */
+ * kernel's registers rise (142 -> 208 at head dim 128, 86 -> 138 at 64) without costing
+ * occupancy, which shared memory limits to 2 and 3 CTAs per SM. */
 constexpr int kMergeBatch = 32;
 
 /* Everything a kernel needs, passed by value. Metadata pointers point into the plan's device
@@ -217,7 +212,13 @@ constexpr int32_t kDecodeWideCopySeqs = 64;
  * of 8 groups, fall in 8 different bank groups. Warp w's n-tile nt (8 keys) holds, in column j,
  * key key(j, w, nt) of the tile. The pipeline is 3 stages deep at head dim 128 (97.5 KiB) and 4
  * at 64 (66 KiB). With G = 16 the 8 rows an ldmatrix reads lie two in each of 4 groups: two-way
- * bank conflicts, which the larger copies more than pay for where they are used. */
+ * bank conflicts, which the larger copies more than pay for where they are used.
+ *
+ * (A producer warp issuing the copies, consumers giving stages back on `empty` mbarriers, was
+ * main from 7c8d6a5 to the fifteenth session: 3% faster at 8 to 64 sequences, but a model's
+ * greedy outputs then differed between runs of one seed (tests/gpu/run's random_load, 0 of 3
+ * reruns equal; test_cuda_steps 2 failures) where this kernel repeats itself: it was taken
+ * out, the race not found. bench/RESULTS.md, 2026-12-03, fifteenth session.) */
 template <int HD, int G_> struct decode_geom {
     static constexpr int T = 64;
     static constexpr int G = G_;
@@ -226,9 +227,9 @@ template <int HD, int G_> struct decode_geom {
     static constexpr int GROUP = G * HD + 8; /* elements per group of rows, padding included */
     static constexpr int STAGE_ELEMS = 2 * (T / G) * GROUP;
     static constexpr size_t bars = (size_t)STAGES * STAGE_ELEMS * sizeof(uint16_t);
-    static constexpr size_t smem = bars + 2 * STAGES * sizeof(uint64_t); /* full, empty */
+    static constexpr size_t smem = bars + STAGES * sizeof(uint64_t);
     static_assert(kSplitAlign % T == 0 && T == 16 * kDecodeWarps, "tile shape");
-    static_assert(2 * T % 32 == 0 && 2 * T / G <= 32, "the producer warp's copies");
+    static_assert(2 * T == kDecodeThreads, "one row copy per thread and tile");
     /* The element offset of key row r (0 .. T - 1) in a K or V tile. */
     static __device__ __forceinline__ int row(int r)
     {
@@ -240,12 +241,6 @@ template <int HD, int G_> struct decode_geom {
         return G == 4 ? 4 * (nt * 8 + j) + w : 8 * j + 2 * w + nt;
     }
 };
-
-/* A barrier of the decode kernel's consumer warps alone (its producer warp may have left). */
-__device__ __forceinline__ void consumers_sync()
-{
-    asm volatile("bar.sync 1, %0;" ::"n"(kDecodeThreads) : "memory");
-}
 
 /* The merge of a split decode sequence, done by the last of its partitions' CTAs to finish
  * (per KV head and chunk of query heads): a counter per (merge, chunk, KV head) counts the CTAs
@@ -261,7 +256,7 @@ __device__ __forceinline__ void merge_if_last(const attn_args &a, int32_t merge,
     const int tid = threadIdx.x;
     const int4 m = a.merges[merge];
     __threadfence();
-    consumers_sync();
+    __syncthreads();
     if (tid == 0) {
         int32_t *count =
             a.merge_count + ((int64_t)merge * a.decode_chunks + chunk) * a.num_kv_heads + kh;
@@ -269,7 +264,7 @@ __device__ __forceinline__ void merge_if_last(const attn_args &a, int32_t merge,
         if (last)
             *count = 0;
     }
-    consumers_sync();
+    __syncthreads();
     if (!last)
         return;
     __threadfence();
@@ -320,35 +315,31 @@ __device__ __forceinline__ void merge_if_last(const attn_args &a, int32_t merge,
 }
 
 /* Split-KV decode (flash decoding) on the tensor cores: the CTA walks its partition's keys
- * [part.y, part.z) tile by tile through a pipeline of bulk copies, which a producer warp issues
- * (block-table entries fetched one tile ahead; keys past the partition repeat its last key, which
- * the mask then drops) as the four consumer warps give stages back (an `empty` mbarrier per
- * stage: no barrier of the whole CTA per tile, which ncu found the consumers waiting at for 46%
- * of their cycles when they issued the copies themselves; bench/RESULTS.md, 2026-12-03). Each
- * consumer warp takes 16 keys of every tile: S = Q K^T with the
+ * [part.y, part.z) tile by tile through a pipeline of bulk copies (thread t copies the K or V row
+ * of key t % 64, its block-table entry fetched one tile ahead; keys past the partition repeat its
+ * last key, which the mask then drops). Each warp takes 16 keys of every tile: S = Q K^T with the
  * CTA's query heads as the rows of one m16n8k16 A operand (rows gc .. 15 zero), an online
  * softmax per head in f32, then O += P V with P (bf16) as the next A operand. The warps merge
  * through shared memory at the end. A partition that is the whole context writes bf16 out,
  * otherwise the normalised f32 output and its log-sum-exp for the merge kernel. */
 template <int HD, int G_>
-__global__ void __launch_bounds__(kDecodeCtaThreads, 2) decode_kernel(attn_args a)
+__global__ void __launch_bounds__(kDecodeThreads) decode_kernel(attn_args a)
 {
     using D = decode_geom<HD, G_>;
     constexpr int T = D::T, S = D::STAGES;
     extern __shared__ __align__(16) unsigned char smem[];
     uint16_t *tiles = reinterpret_cast<uint16_t *>(smem); /* [stage][K, V][T / G][GROUP] */
     uint64_t *full = reinterpret_cast<uint64_t *>(smem + D::bars);
-    uint64_t *empty = full + S;
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     /* Launched by launch_pdl. Without early_kv everything below waits for the kernels ahead.
      * With it, the metadata (copied before the step's first kernel) and the K/V of keys before
      * each sequence's newest (written by earlier steps: the kernel ahead, RoPE with the cache
-     * write, writes only the step's own keys) are read first: the producer requests the tiles
-     * of the first stages that hold no newest key, then waits. While this kernel is not past
-     * its wait only the kernel just ahead of it can still run (every kernel ahead waits for its
-     * own before it lets the next start), so that is the contract cuda_attention_set_early_kv
-     * states. */
+     * write, writes only the step's own keys) are read first: the tiles of the first stages
+     * that hold no newest key are requested, then the kernel waits. While this kernel is not
+     * past its wait only the kernel just ahead of it can still run (every kernel ahead waits
+     * for its own before it lets the next start), so that is the contract
+     * cuda_attention_set_early_kv states. */
     if (!a.early_kv) {
         pdl_wait();
         pdl_launch_dependents();
@@ -372,90 +363,68 @@ __global__ void __launch_bounds__(kDecodeCtaThreads, 2) decode_kernel(attn_args 
         return;
     const int32_t seq = part.x, begin = part.y, end = part.z;
     const int32_t token = a.query_start[seq];
+    const int32_t *table = a.block_tables + (int64_t)seq * table_stride;
     const int32_t h0 = kh * a.group + g0;
     const int32_t ntiles = (end - begin + T - 1) / T;
     if (tid == 0) {
-        for (int st = 0; st < S; st++) {
+        for (int st = 0; st < S; st++)
             mbar_init(&full[st], 1);
-            mbar_init(&empty[st], kDecodeWarps);
-        }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
 
-    if (warp == kDecodeWarps) {
-        /* The producer warp. Copies: with groups (the block size a multiple of G and rows
-         * contiguous), lane l < 2 * T / G copies group l % (T / G) of K (l < T / G) or V, row
-         * by row where the group runs past the partition; otherwise lane l copies the K or V
-         * rows of units l, l + 32, l + 64, l + 96 (unit u: key u % 64, V when u >= 64). Keys
-         * past the partition repeat its last key, which the mask then drops. Stage t % S is
-         * refilled once the consumer warps have given it back (empty). */
-        constexpr int G = D::G, NG = T / G, PER = 2 * T / 32;
-        const bool groups = a.block_size % G == 0 && a.slot_stride == HD;
-        const int per = groups ? 1 : PER, units = groups ? 2 * NG : 2 * T;
-        const int32_t *table = a.block_tables + (int64_t)seq * table_stride;
-        int32_t blk[PER]; /* block-table entries of the units' first keys in the next tile */
-        auto ukey = [&](int k) {
-            return groups ? G * ((lane + 32 * k) % NG) : (lane + 32 * k) % T;
-        };
-        auto uv = [&](int k) { return groups ? (lane + 32 * k) / NG : (lane + 32 * k) / T; };
-        auto fetch_table = [&](int32_t t) {
-            if (t >= ntiles)
-                return;
-#pragma unroll
-            for (int k = 0; k < PER; k++)
-                if (k < per && lane + 32 * k < units)
-                    blk[k] = __ldg(table + block_of(a, min(begin + t * T + ukey(k), end - 1)));
-        };
-        auto copy_tile = [&](int32_t t) {
-            const int st = t % S;
-            if (lane == 0)
-                mbar_arrive_expect_tx(&full[st], 2 * T * HD * sizeof(uint16_t));
-#pragma unroll
-            for (int k = 0; k < PER; k++) {
-                if (k >= per || lane + 32 * k >= units)
-                    continue;
-                const int key = ukey(k), cv = uv(k);
-                uint16_t *dst =
-                    tiles + (size_t)st * D::STAGE_ELEMS + cv * NG * D::GROUP + D::row(key);
-                const int32_t pos = begin + t * T + key;
-                const uint16_t *blk_base = (cv ? a.v : a.k) + (int64_t)kh * a.head_stride +
-                                           (int64_t)blk[k] * a.block_stride;
-                if (groups && pos + G - 1 < end) {
-                    bulk_copy(dst, blk_base + (int64_t)slot_of(a, pos) * HD,
-                              G * HD * sizeof(uint16_t), &full[st]);
-                } else {
-                    const int rows = groups ? G : 1;
-                    for (int r = 0; r < rows; r++) {
-                        const int32_t p = min(pos + r, end - 1); /* in pos's block (groups) */
-                        bulk_copy(dst + r * HD, blk_base + (int64_t)slot_of(a, p) * a.slot_stride,
-                                  HD * sizeof(uint16_t), &full[st]);
-                    }
-                }
+    /* Copies: with groups (the block size a multiple of G and rows contiguous), thread
+     * t < 2 * T / G copies group t % (T / G) of K (t < T / G) or V, row by row where the group
+     * runs past the partition; otherwise thread t copies the K (t < 64) or V row of key t % 64.
+     * Keys past the partition repeat its last key, which the mask then drops. */
+    constexpr int G = D::G, NG = T / G;
+    const bool groups = a.block_size % G == 0 && a.slot_stride == HD;
+    const int ckey = groups ? G * (tid % NG) : tid % T, cv = groups ? (tid / NG) & 1 : tid / T;
+    const bool copier = !groups || tid < 2 * NG;
+    const uint16_t *cbase = (cv ? a.v : a.k) + (int64_t)kh * a.head_stride;
+    int32_t blk = 0; /* block-table entry of this thread's first key in the next tile to copy */
+    auto fetch_table = [&](int32_t t) {
+        const int32_t pos = min(begin + t * T + ckey, end - 1);
+        if (t < ntiles && copier)
+            blk = __ldg(table + block_of(a, pos));
+    };
+    auto copy_tile = [&](int32_t t) {
+        const int st = t % S;
+        if (tid == 0)
+            mbar_arrive_expect_tx(&full[st], 2 * T * HD * sizeof(uint16_t));
+        if (!copier)
+            return;
+        uint16_t *dst = tiles + (size_t)st * D::STAGE_ELEMS + cv * NG * D::GROUP + D::row(ckey);
+        const int32_t pos = begin + t * T + ckey;
+        const uint16_t *blk_base = cbase + (int64_t)blk * a.block_stride;
+        if (groups && pos + G - 1 < end) {
+            bulk_copy(dst, blk_base + (int64_t)slot_of(a, pos) * HD, G * HD * sizeof(uint16_t),
+                      &full[st]);
+        } else {
+            const int rows = groups ? G : 1;
+            for (int r = 0; r < rows; r++) {
+                const int32_t p = min(pos + r, end - 1); /* in pos's block (groups) */
+                bulk_copy(dst + r * HD, blk_base + (int64_t)slot_of(a, p) * a.slot_stride,
+                          HD * sizeof(uint16_t), &full[st]);
             }
-        };
-        fetch_table(0);
-        int32_t t = 0;
-        if (a.early_kv) { /* the first stages' tiles that hold no newest key, then the wait */
-            const int32_t newest = __ldg(a.context_len + seq) - 1;
-            while (t < S && t < ntiles && min(begin + (t + 1) * T, end) <= newest) {
-                copy_tile(t);
-                fetch_table(++t);
-            }
-            pdl_wait();
         }
-        for (; t < ntiles; t++) {
-            if (t >= S)
-                mbar_wait(&empty[t % S], (uint32_t)(t / S - 1) & 1u);
-            copy_tile(t);
-            fetch_table(t + 1);
-        }
-        return;
-    }
-    /* The consumer warps: they read q, which the kernel ahead wrote. */
+    };
+
+    fetch_table(0);
+    int32_t early = 0; /* tiles requested before the wait: none holds the newest key */
     if (a.early_kv) {
+        const int32_t newest = __ldg(a.context_len + seq) - 1;
+        while (early < S - 1 && early < ntiles && min(begin + (early + 1) * T, end) <= newest) {
+            copy_tile(early);
+            fetch_table(++early);
+        }
         pdl_wait();
         pdl_launch_dependents();
+    }
+    for (int t = early; t < S - 1; t++) {
+        if (t < ntiles)
+            copy_tile(t);
+        fetch_table(t + 1);
     }
 
     /* Q as A fragments: row lane / 4 is query head g0 + lane / 4 (zero beyond gc). */
@@ -479,10 +448,14 @@ __global__ void __launch_bounds__(kDecodeCtaThreads, 2) decode_kernel(attn_args 
     /* The warp's keys: n-tile nt, column j is key D::key(j, warp, nt) of the tile. */
 
     for (int32_t i = 0; i < ntiles; i++) {
+        __syncthreads(); /* every warp is done with tile i - 1's stage: refill it */
+        if (i + S - 1 < ntiles)
+            copy_tile(i + S - 1);
+        fetch_table(i + S);
         mbar_wait(&full[i % S], (uint32_t)(i / S) & 1u);
 
         const uint16_t *ks = tiles + (size_t)(i % S) * D::STAGE_ELEMS;
-        const uint16_t *vs = ks + (T / D::G) * D::GROUP;
+        const uint16_t *vs = ks + NG * D::GROUP;
         /* S = Q K^T for the warp's 16 keys: two n-tiles of 8 keys. */
         /* Four independent accumulator chains (n-tile x even/odd k-step), summed after. */
         float s[2][4], s2[2][4];
@@ -547,16 +520,13 @@ __global__ void __launch_bounds__(kDecodeCtaThreads, 2) decode_kernel(attn_args 
             mma_bf16(o[2 * dp], p0, 0u, p1, 0u, b[0], b[1]);
             mma_bf16(o[2 * dp + 1], p0, 0u, p1, 0u, b[2], b[3]);
         }
-        __syncwarp(); /* the warp's reads of the stage are done: give it back */
-        if (lane == 0)
-            mbar_arrive(&empty[i % S]);
     }
 
     /* l over the row's four lanes; then the warps merge through shared memory (the pipeline's,
      * now idle). */
     l += __shfl_xor_sync(0xffffffffu, l, 1);
     l += __shfl_xor_sync(0xffffffffu, l, 2);
-    consumers_sync(); /* every copy was waited for: the tiles are free */
+    __syncthreads(); /* every copy was waited for: the tiles are free */
     float *red_o = reinterpret_cast<float *>(smem); /* [warp][8][HD] */
     float *red_ml = red_o + kDecodeWarps * 8 * HD;  /* [warp][8][2] */
     static_assert(sizeof(float) * kDecodeWarps * 8 * (HD + 2) <= D::smem, "merge fits");
@@ -568,7 +538,7 @@ __global__ void __launch_bounds__(kDecodeCtaThreads, 2) decode_kernel(attn_args 
         red_ml[(warp * 8 + qr) * 2] = m;
         red_ml[(warp * 8 + qr) * 2 + 1] = l;
     }
-    consumers_sync();
+    __syncthreads();
     for (int idx = tid; idx < gc * (HD / 2); idx += kDecodeThreads) {
         const int g = idx / (HD / 2), w = idx % (HD / 2);
         float mx = -INFINITY;
@@ -1143,7 +1113,7 @@ int cuda_attention_plan_new(const struct cuda_attention_config *c, struct cuda_a
                               "cuda_attention_plan_new: cudaFuncSetAttribute (decode)");
         if (rc == 0)
             rc = cuda_call_result(
-                cudaOccupancyMaxActiveBlocksPerMultiprocessor(&r, p->decode[v], kDecodeCtaThreads,
+                cudaOccupancyMaxActiveBlocksPerMultiprocessor(&r, p->decode[v], kDecodeThreads,
                                                               p->decode_smem[v]),
                 "cuda_attention_plan_new: cudaOccupancyMaxActiveBlocksPerMultiprocessor");
         resident = r < resident ? r : resident;
@@ -1491,8 +1461,8 @@ static int launch(const struct cuda_attention_plan *p, const attn_args &a, cudaS
     const unsigned ctas = decode_ctas(p);
     if (ctas > 0) {
         const int v = p->copy_rows == 4 ? 0 : p->copy_rows == 8 ? 1 : 2;
-        int rc = launch_pdl("cuda_attention_run: decode kernel", p->decode[v], ctas,
-                            kDecodeCtaThreads, p->decode_smem[v], s, a);
+        int rc = launch_pdl("cuda_attention_run: decode kernel", p->decode[v], ctas, kDecodeThreads,
+                            p->decode_smem[v], s, a);
         if (rc < 0)
             return rc;
     }
