@@ -176,8 +176,9 @@ struct result {
  * defaults with the decode attention's copies of 4 and of 16 rows at every batch size
  * (cuda_backend_options.decode_copy_rows); the defaults with cuBLASLt on the linears no GEMV
  * takes up to 256 rows (cuda_backend_options.lt_max_rows); the defaults
- * with the streaming GEMV on QKV and O up to CUDA_GEMV_MAX_ROWS rows; the defaults without
- * cuda_gemv_row on the linears of one row (cuda_backend_options.gemv_row 0). */
+ * with the streaming GEMV on QKV and O up to CUDA_GEMV_MAX_ROWS rows; the defaults with
+ * cuda_gemv_row on the linears of one row (cuda_backend_options.gemv_row 1), and with the
+ * RMSNorms inside it too (gemv_row_norm 1). */
 struct version {
     const char *name;
     int ref, baseline, gemv_max_rows, graphs, pdl;
@@ -193,7 +194,7 @@ struct version {
 #define kQKV ((int64_t)6144 * 4096)
 #define kEvery INT64_MAX
 #define kDown ((int64_t)14336 * 4096)
-#define kVersions 22
+#define kVersions 23
 static const struct version versions[kVersions] = {
     {"baseline", 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0},
     {"cublas", 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
@@ -216,7 +217,8 @@ static const struct version versions[kVersions] = {
     {"copy16", 3, 0, 0, 0, 0, 0, 1, 0, 0, 16, 0},
     {"lt", 3, 0, 0, 0, 0, 0, 1, 0, 0, 0, 256},
     {"qo16", 3, 0, CUDA_GEMV_MAX_ROWS, 0, 0, 0, 1, 0, 0, 0, 0},
-    {"norow", 3, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0},
+    {"row", 3, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0},
+    {"rowfuse", 3, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0},
 };
 
 static void run_version(const struct model_config *c, const struct kv_geometry *g, void *pool,
@@ -239,8 +241,10 @@ static void run_version(const struct model_config *c, const struct kv_geometry *
     } else if (versions[version].gemv_max_rows != 0) {
         o.gemv_max_rows = versions[version].gemv_max_rows;
     }
-    if (strcmp(versions[version].name, "norow") == 0)
-        o.gemv_row = 0;
+    if (strncmp(versions[version].name, "row", 3) == 0)
+        o.gemv_row = 1;
+    if (strcmp(versions[version].name, "rowfuse") == 0)
+        o.gemv_row_norm = 1;
     if (versions[version].no_early_kv)
         o.decode_early_kv = 0;
     if (versions[version].copy_rows != 0)

@@ -49,7 +49,8 @@ uint64_t model_budget_shard_activation_bytes(const struct model_config *c,
         tp = T * H * 4 + per_rank; /* partial, local_logits */
     if (comm == MODEL_BUDGET_COMM_NCCL)
         tp += per_rank * (uint64_t)s->size; /* the all-gather's receive buffer */
-    return T * H * 4 + T * (H + qd + 2 * kvd + qd + H + 2 * I + I) * 2 + S * H * 2 +
+    /* residual [T][H] f32 and residual_alt [H] f32, then the bf16 activations */
+    return T * H * 4 + H * 4 + T * (H + qd + 2 * kvd + qd + H + 2 * I + I) * 2 + S * H * 2 +
            S * (uint64_t)c->vocab_size * 4 + tp + T * (4 + 4 + 8) + S * 4 +
            model_budget_sampler_bytes(c->vocab_size, max_seqs, c->max_position_embeddings);
 }

@@ -80,6 +80,7 @@ struct cuda_backend {
     struct cuda_sampler *sampler;
     /* Activations, sized for opt.limits. */
     float *residual;
+    float *residual_alt; /* [hidden]: the residual of one row, for cuda_gemv_row_norm */
     uint16_t *hidden, *qkv, *attn, *proj, *gate_up, *act, *selected;
     float *logits; /* [max_num_seqs][vocab] */
     /* The step's token metadata on the device. */
@@ -191,7 +192,8 @@ struct cuda_backend_options cuda_backend_default_options(void)
         .gemv_max_rows = CUDA_BACKEND_GEMV_MAX_ROWS,
         .gemv_max_weight = CUDA_BACKEND_GEMV_MAX_WEIGHT,
         .gemv_stream = 1,
-        .gemv_row = 1,
+        .gemv_row = 0,
+        .gemv_row_norm = 0,
         .pdl = 1,
         .decode_early_kv = 1,
         .cuda_graphs = 1,
@@ -385,6 +387,7 @@ static int alloc_activations(struct cuda_backend *b)
                                                   (int32_t)S, gathered, b->stream)) != 0)
         return rc;
     if ((rc = dev_alloc(b, T * H * 4, (void **)&b->residual)) ||
+        (rc = dev_alloc(b, H * 4, (void **)&b->residual_alt)) ||
         (rc = dev_alloc(b, T * H * 2, (void **)&b->hidden)) ||
         (rc = dev_alloc(b, T * (qd + 2 * kvd) * 2, (void **)&b->qkv)) ||
         (rc = dev_alloc(b, T * qd * 2, (void **)&b->attn)) ||
@@ -873,6 +876,32 @@ static int forward_pass(struct cuda_backend *b, const struct fwd_batch *batch, i
     return forward_layers(b, batch->num_tokens, batch->num_logits);
 }
 
+/* The residual stream's RMSNorm (after adding `add`, NULL for nothing) and the linear behind it,
+ * y = norm . w^T. A step of one row with opt.gemv_row and opt.gemv_row_norm (and no tensor
+ * parallelism): one kernel, cuda_gemv_row_norm, which writes the residual to the other buffer
+ * (*res and *alt swap); otherwise cuda_add_rmsnorm into b->hidden (the residual in place), then
+ * gemm. The same bits either way. */
+static int norm_linear(struct cuda_backend *b, float **res, float **alt, const uint16_t *add,
+                       const uint16_t *norm, const uint16_t *w, uint16_t *y, int32_t n, int64_t in,
+                       int64_t out)
+{
+    const float eps = (float)b->base.config.rms_norm_eps;
+    if (n == 1 && b->opt.gemv_row && b->opt.gemv_row_norm && !b->opt.baseline_kernels &&
+        b->opt.comm == NULL &&
+        cuda_gemv_row_norm_fits((int32_t)in, (int32_t)out, *res, add, norm, *alt, w, y)) {
+        int rc = cuda_gemv_row_norm(*res, add, norm, eps, *alt, w, y, 0, (int32_t)in, (int32_t)out,
+                                    b->stream);
+        if (rc == 0 && add != NULL) {
+            float *t = *res;
+            *res = *alt;
+            *alt = t;
+        }
+        return rc;
+    }
+    int rc = cuda_add_rmsnorm(*res, add, norm, b->hidden, n, (int32_t)in, eps, b->stream);
+    return rc ? rc : gemm(b, b->hidden, w, y, CUDA_R_16BF, n, in, out);
+}
+
 /* The layers and the LM head over the n tokens staged on the device, into num_logits rows of
  * b->logits: launches on the stream only (one rank), so that it can be captured in a graph. */
 static int forward_layers(struct cuda_backend *b, int32_t n, int32_t num_logits)
@@ -896,6 +925,8 @@ static int forward_layers(struct cuda_backend *b, int32_t n, int32_t num_logits)
         rc = cuda_tp_all_reduce(&b->tp, b->residual, (size_t)n * (size_t)H);
     if (rc != 0)
         return rc;
+    /* The residual stream: b->residual, or after a fused normalisation the other buffer. */
+    float *res = b->residual, *alt = b->residual_alt;
     for (int64_t i = 0; i < c->num_layers; i++) {
         const struct cuda_layer *l = &b->layers[i];
         struct kv_layer_view kv = kv_layer_view_make(&b->geometry, b->pool, (int32_t)i);
@@ -906,9 +937,8 @@ static int forward_layers(struct cuda_backend *b, int32_t n, int32_t num_logits)
             kv.num_kv_heads = (int32_t)sh->num_kv_heads;
         }
         /* Attention block; the previous block's output (proj) joins the residual stream. */
-        if ((rc = cuda_add_rmsnorm(b->residual, i ? b->proj : NULL, l->input_norm, b->hidden, n,
-                                   (int32_t)H, eps, s)) ||
-            (rc = gemm(b, b->hidden, l->w_qkv, b->qkv, CUDA_R_16BF, n, H, qkvd)) ||
+        if ((rc = norm_linear(b, &res, &alt, i ? b->proj : NULL, l->input_norm, l->w_qkv, b->qkv, n,
+                              H, qkvd)) ||
             (l->b_qkv && (rc = cuda_add_bias(b->qkv, qkvd, l->b_qkv, n, (int32_t)qkvd, s))) ||
             /* Q and K heads sit side by side in a QKV row: one RoPE call rotates both, and
              * writes K and V into the pool in the same pass. */
@@ -923,9 +953,8 @@ static int forward_layers(struct cuda_backend *b, int32_t n, int32_t num_logits)
         if (rc != 0)
             return rc;
         /* MLP block. */
-        if ((rc = cuda_add_rmsnorm(b->residual, b->proj, l->post_norm, b->hidden, n, (int32_t)H,
-                                   eps, s)) ||
-            (rc = gemm(b, b->hidden, l->w_gate_up, b->gate_up, CUDA_R_16BF, n, H, 2 * I)) ||
+        if ((rc = norm_linear(b, &res, &alt, b->proj, l->post_norm, l->w_gate_up, b->gate_up, n, H,
+                              2 * I)) ||
             (rc = cuda_silu_mul(b->gate_up, b->act, n, (int32_t)I, s)))
             return rc;
         if (tp) {
@@ -936,8 +965,8 @@ static int forward_layers(struct cuda_backend *b, int32_t n, int32_t num_logits)
         if (rc != 0)
             return rc;
     }
-    if ((rc = cuda_add_rmsnorm(b->residual, c->num_layers ? b->proj : NULL, b->final_norm,
-                               b->hidden, n, (int32_t)H, eps, s)) ||
+    if ((rc = cuda_add_rmsnorm(res, c->num_layers ? b->proj : NULL, b->final_norm, b->hidden, n,
+                               (int32_t)H, eps, s)) ||
         (rc = cuda_gather_rows_bf16(b->hidden, H, b->d_logits_rows, num_logits, (int32_t)H,
                                     b->selected, s)))
         return rc;

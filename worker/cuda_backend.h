@@ -14,8 +14,7 @@
 
 #include <stdint.h>
 
-/* The defaults: linears of one row through cuda_gemv_row (gemv_row below); linears of 2 to 8
- * rows whose weights have at most
+/* The defaults: linears of up to 8 rows whose weights have at most
  * CUDA_BACKEND_GEMV_MAX_WEIGHT elements (the 8B shape's QKV, 6144 x 4096, and O; a
  * tensor-parallel rank compares its own slice) go through cuda_gemv_stream, the others through
  * cuBLAS. On the H200 (bench/RESULTS.md, issue 15, 2026-12-02 eleventh session) the streaming
@@ -42,13 +41,22 @@ struct cuda_backend_options {
     /* 1 (the default): the linears gemv_max_rows and gemv_max_weight take go through the
      * streaming form, cuda_gemv_stream; 0: through cuda_gemv. */
     int gemv_stream;
-    /* 1 (the default): linears of one row that cuda_gemv_row takes (kernels/cuda/linear.h: each
-     * warp reads whole weight rows) go through it, before any other path; 0: they take the paths
-     * below. On the H200 (bench/RESULTS.md, issue 15, fifteenth session) it reads QKV at 3.1
-     * TB/s, O at 2.7, gate/up at 4.1, down at 3.7 and the LM head at 4.4 where cuBLAS and the
-     * streaming GEMV reach 2.7-2.8, 1.9-2.4, 4.0, 3.5 and 4.2: the decode step of one sequence
-     * 2.3% shorter, its closed loop at 0.80 of the floor instead of 0.78. */
+    /* 1: linears of one row that cuda_gemv_row takes (kernels/cuda/linear.h: each warp reads
+     * whole weight rows) go through it, before any other path; 0 (the default): they take the
+     * paths below. On the H200 (bench/RESULTS.md, issue 15, fifteenth session) it reads QKV at
+     * 3.1 TB/s, O at 2.7, gate/up at 4.1, down at 3.7 and the LM head at 4.4 where cuBLAS and
+     * the streaming GEMV reach 2.7-2.8, 1.9-2.4, 4.0, 3.5 and 4.2: the decode step of one
+     * sequence 2.3% shorter, its closed loop at 0.80 of the floor instead of 0.78. Off until the
+     * GPU suite has run with it: the session's suite run was on a main whose decode kernel had a
+     * race (the producer warp, since taken out), so its failures do not tell. */
     int gemv_row;
+    /* 1: with gemv_row, a step of one row (and no tensor parallelism) runs each RMSNorm that
+     * feeds a linear inside that linear's kernel (cuda_gemv_row_norm: QKV and gate/up), 64
+     * kernels fewer a step of the 8B shape; the same bits (test_cuda_kernels). 0 (the default):
+     * separate kernels, which measured faster (every CTA normalising the whole row costs more
+     * than the kernel it saves: decode_step at one sequence 4.46 against 4.38 ms,
+     * bench/RESULTS.md, fifteenth session). */
+    int gemv_row_norm;
     /* Linears of at most this many rows that no GEMV of ours takes go through cuBLASLt with its
      * heuristic's first algorithm (kernels/cuda/linear_lt.h), the others through cublasGemmEx;
      * 0 (the default): none. On the H200 (bench/RESULTS.md, issue 15, fifteenth session)
@@ -98,9 +106,9 @@ struct cuda_backend_options {
 };
 
 /* Defaults: device 0, 2048 tokens and 256 sequences per step, 4096 blocks per sequence, the
- * kernels of issue 15 with cuda_gemv_row on one row and the streaming GEMV up to
- * CUDA_BACKEND_GEMV_MAX_ROWS rows of weights of up to CUDA_BACKEND_GEMV_MAX_WEIGHT elements,
- * programmatic dependent launch and CUDA graphs on. */
+ * kernels of issue 15 with the streaming GEMV up to CUDA_BACKEND_GEMV_MAX_ROWS rows of weights
+ * of up to CUDA_BACKEND_GEMV_MAX_WEIGHT elements, programmatic dependent launch and CUDA graphs
+ * on (cuda_gemv_row and cuBLASLt off). */
 struct cuda_backend_options cuda_backend_default_options(void);
 
 /* Opens a CUDA backend. Weights come from w (copied to the GPU, converted to BF16 when the

@@ -36,11 +36,11 @@ int cuda_gemv(const uint16_t *x, const uint16_t *w, void *y, int y_f32, int32_t 
 
 /* The shape of cuda_gemv_stream's ring, a knob for benchmarks: stages of cols columns each (a
  * multiple of 512 up to 4096); a field of 0 takes the default. x_resident: 1, x is copied into
- * shared memory once (with the CTA's first tile) and the stages hold weights only; -1, every
- * stage brings its columns of x beside the weights (the first form: at 16 rows half a stage's
- * bytes are x); 0 (the default), resident when the default resident ring fits beside it (16
- * rows of up to 4096 columns, 8 of up to 8192). Default rings: x resident, 2 stages of 2048
- * columns up to 8 rows, 2 of 1024 above; else 2 of 2048 and 3 of 1024 (the H200's fastest). */
+ * shared memory once (with the CTA's first tile) and the stages hold weights only (x of 16
+ * rows up to 4096 columns fits beside the default resident ring); 0 (the default) or -1, every
+ * stage brings its columns of x beside the weights (at 16 rows half a stage's bytes are x).
+ * Default rings: x in the stages, 2 stages of 2048 columns up to 8 rows, 3 of 1024 above (the
+ * H200's fastest); x resident, 2 of 2048 up to 8 rows, 2 of 1024 above. */
 struct cuda_gemv_ring {
     int stages;
     int cols;
@@ -66,9 +66,10 @@ int cuda_gemv_stream_ring_fits(int32_t rows, int32_t in, int32_t out,
                                const struct cuda_gemv_ring *ring, int sms);
 
 /* One input row (kernels/cuda/linear_row.cu): each warp reads whole weight rows, 512
- * contiguous bytes a load, for a decode step of one sequence. 1 when cuda_gemv_row takes these
- * sizes and buffers: rows 1, in a multiple of 2048 up to 24576 (x fits in 48 KiB of shared
- * memory), out >= 1, x, w and y 16-byte aligned; else 0. */
+ * contiguous bytes a load, for a decode step of one sequence (the CUDA backend's option
+ * gemv_row, off by default until a GPU suite has run with it on a race-free main). 1 when
+ * cuda_gemv_row takes these sizes and buffers: rows 1, in a multiple of 2048 up to 24576 (x fits in
+ * 48 KiB of shared memory), out >= 1, x, w and y 16-byte aligned; else 0. */
 int cuda_gemv_row_fits(int32_t rows, int32_t in, int32_t out, const void *x, const void *w,
                        const void *y);
 
@@ -77,6 +78,22 @@ int cuda_gemv_row_fits(int32_t rows, int32_t in, int32_t out, const void *x, con
  * cuda_gemv_row_fits refuses. */
 int cuda_gemv_row(const uint16_t *x, const uint16_t *w, void *y, int y_f32, int32_t in, int32_t out,
                   cudaStream_t s);
+
+/* cuda_gemv_row with the transformer block's normalisation ahead of it in the same kernel: the
+ * input row is x = cuda_add_rmsnorm's output for residual (f32 [in]) plus add (bf16 [in], or
+ * NULL for none) with the norm weight and eps, bit for bit; residual + add goes to residual_out
+ * (which must not overlap residual: the kernel's CTAs all read residual; unused when add is
+ * NULL); y must overlap none of the inputs.
+ * One kernel where cuda_add_rmsnorm and cuda_gemv_row were two. cuda_gemv_row_norm_fits: 1 when
+ * it takes these sizes and buffers (cuda_gemv_row_fits' and in up to 8192, residual, add,
+ * weight and residual_out 16-byte aligned), else 0; the call returns PAGODA_EINVAL for those it
+ * refuses and for an eps that is negative or not finite. */
+int cuda_gemv_row_norm_fits(int32_t in, int32_t out, const float *residual, const uint16_t *add,
+                            const uint16_t *weight, const float *residual_out, const void *w,
+                            const void *y);
+int cuda_gemv_row_norm(const float *residual, const uint16_t *add, const uint16_t *weight,
+                       float eps, float *residual_out, const uint16_t *w, void *y, int y_f32,
+                       int32_t in, int32_t out, cudaStream_t s);
 
 #ifdef __cplusplus
 }

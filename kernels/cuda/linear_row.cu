@@ -11,7 +11,14 @@
  * products in f32 in a fixed order and the warp adds its lanes with a butterfly (deterministic).
  *
  * Launched by launch_pdl: the first step's weights are requested before the kernel waits for
- * the one ahead (whose output is x). */
+ * the one ahead (whose output is x).
+ *
+ * cuda_gemv_row_norm computes x itself, the transformer block's RMSNorm of the residual stream
+ * (plus the last block's output), as cuda_add_rmsnorm does, bit for bit: every CTA normalises
+ * the whole row (16 KiB of f32 read from L2), CTA 0 writes the new residual to a second buffer.
+ * One kernel, and one wait on the kernel ahead, fewer for each linear behind a norm, but slower
+ * in a decode step of the 8B shape (bench/RESULTS.md, fifteenth session): the CUDA backend
+ * leaves it off by default (cuda_backend_options.gemv_row_norm). */
 #include "kernels/cuda/linear.h"
 
 #include "kernels/cuda/common.cuh"
@@ -25,6 +32,9 @@ constexpr int kUnroll = 8;                  /* 16-byte loads a lane a step */
 constexpr int kStepCols = 32 * 8 * kUnroll; /* 2048 columns a warp step */
 constexpr int kCtasPerSm = 2;               /* 16 warps an SM: registers allow no more */
 constexpr int kMaxIn = 48 * 1024 / 2;       /* x in the default 48 KiB of shared memory */
+/* cuda_gemv_row_norm: rows of up to 4 x 2048 (cuda_add_rmsnorm's one-pass kernel: up to 1024
+ * threads of 8 elements). */
+constexpr int kMaxNormGroups = 4;
 
 __device__ __forceinline__ uint4 load_once(const uint16_t *p)
 {
@@ -58,12 +68,89 @@ __device__ __forceinline__ float dot8(uint4 w, uint4 x, float acc)
     return dot2(w.w, x.w, acc);
 }
 
-template <bool F32>
+/* The normalisation ahead of the linear (cuda_gemv_row_norm): x = RMSNorm(residual + add).
+ * Every CTA computes it for the whole row; CTA 0 writes residual + add to residual_out. */
+struct row_norm {
+    const float *residual;
+    const uint16_t *add;    /* NULL: nothing added, residual_out unused */
+    const uint16_t *weight; /* the norm's weight */
+    float *residual_out;
+    float eps;
+};
+
+/* x into shared memory as cuda_add_rmsnorm (kernels/cuda/ops.cu) computes it for a row of `in`
+ * elements, bit for bit: its kernel gives a thread 8 elements (in / 8 threads, kMaxNormGroups x
+ * 256 at most) and adds each thread's 8 squares in order, each warp's threads with a butterfly,
+ * then the warps' sums with a butterfly in warp 0. Here thread t holds that kernel's threads
+ * t + 256 k (group k), so warp w of group k is its warp 8k + w: the same sums in the same order. */
+__device__ __forceinline__ void norm_into(uint4 *xs, const row_norm &nrm, int32_t in)
+{
+    __shared__ float part[32];
+    __shared__ float total;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int groups = in / kStepCols;
+    float v[kMaxNormGroups][8];
+#pragma unroll
+    for (int k = 0; k < kMaxNormGroups; k++) {
+        if (k >= groups)
+            break;
+        const int32_t c = (k * kThreads + threadIdx.x) * 8;
+        const float4 a = reinterpret_cast<const float4 *>(nrm.residual + c)[0];
+        const float4 b = reinterpret_cast<const float4 *>(nrm.residual + c)[1];
+        v[k][0] = a.x, v[k][1] = a.y, v[k][2] = a.z, v[k][3] = a.w;
+        v[k][4] = b.x, v[k][5] = b.y, v[k][6] = b.z, v[k][7] = b.w;
+        if (nrm.add != nullptr) {
+            float xf[8];
+            bf16x8_to_float(*reinterpret_cast<const uint4 *>(nrm.add + c), xf);
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+                v[k][i] += xf[i];
+            if (blockIdx.x == 0) {
+                reinterpret_cast<float4 *>(nrm.residual_out + c)[0] =
+                    make_float4(v[k][0], v[k][1], v[k][2], v[k][3]);
+                reinterpret_cast<float4 *>(nrm.residual_out + c)[1] =
+                    make_float4(v[k][4], v[k][5], v[k][6], v[k][7]);
+            }
+        }
+        float ss = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            ss += v[k][i] * v[k][i];
+        ss = warp_sum(ss);
+        if (lane == 0)
+            part[k * kWarps + warp] = ss;
+    }
+    __syncthreads();
+    if (warp == 0) {
+        float t = lane < groups * kWarps ? part[lane] : 0.0f;
+        t = warp_sum(t);
+        if (lane == 0)
+            total = t;
+    }
+    __syncthreads();
+    const float inv = 1.0f / sqrtf(total / (float)in + nrm.eps);
+#pragma unroll
+    for (int k = 0; k < kMaxNormGroups; k++) {
+        if (k >= groups)
+            break;
+        const int32_t c = (k * kThreads + threadIdx.x) * 8;
+        float wf[8];
+        bf16x8_to_float(__ldg(reinterpret_cast<const uint4 *>(nrm.weight + c)), wf);
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            v[k][i] = __fmul_rn(__fmul_rn(v[k][i], inv), wf[i]);
+        xs[c / 8] = float_to_bf16x8(v[k]);
+    }
+}
+
+template <bool F32, bool NORM>
 __global__ void __launch_bounds__(kThreads, kCtasPerSm)
     gemv_row_kernel(const uint16_t *__restrict__ x, const uint16_t *__restrict__ w,
-                    void *__restrict__ y, int32_t in, int32_t out)
+                    void *__restrict__ y, int32_t in, int32_t out, row_norm nrm)
 {
-    __shared__ uint4 xs[kMaxIn / 8];
+    /* x: 48 KiB for any row; 16 KiB with the norm (its rows are at most 8192), beside the
+     * norm's own few bytes, within the 48 KiB of static shared memory on every architecture. */
+    __shared__ uint4 xs[NORM ? kMaxNormGroups * kStepCols / 8 : kMaxIn / 8];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int64_t stride = (int64_t)gridDim.x * kWarps;
     const int32_t steps = in / kStepCols;
@@ -75,8 +162,14 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
         load_step(w + r * in, lane, cur);
     /* x is the kernel ahead's output; this warp's first weights are on their way. */
     pdl_wait();
-    for (int i = threadIdx.x; i < in / 8; i += kThreads)
-        xs[i] = __ldg(reinterpret_cast<const uint4 *>(x) + i);
+    if (NORM) {
+        norm_into(xs, nrm, in);
+    } else {
+        /* Coherent loads: x is the kernel ahead's output (not read-only data for the
+         * non-coherent path). */
+        for (int i = threadIdx.x; i < in / 8; i += kThreads)
+            xs[i] = reinterpret_cast<const uint4 *>(x)[i];
+    }
     __syncthreads();
     pdl_launch_dependents();
     float acc = 0.0f;
@@ -126,14 +219,12 @@ int cuda_gemv_row_fits(int32_t rows, int32_t in, int32_t out, const void *x, con
            cuda_aligned16(y);
 }
 
-int cuda_gemv_row(const uint16_t *x, const uint16_t *w, void *y, int y_f32, int32_t in, int32_t out,
-                  cudaStream_t s)
+namespace
 {
-    if (!cuda_gemv_row_fits(1, in, out, x, w, y))
-        return pagoda_error_set(PAGODA_EINVAL,
-                                "cuda_gemv_row: in %d (a multiple of %d up to %d), out %d, "
-                                "buffers 16-byte aligned",
-                                (int)in, kStepCols, kMaxIn, (int)out);
+
+int launch_row(const uint16_t *x, const uint16_t *w, void *y, int y_f32, int32_t in, int32_t out,
+               const row_norm *nrm, cudaStream_t s)
+{
     int dev = 0, sms = 0;
     cudaError_t e = cudaGetDevice(&dev);
     if (e == cudaSuccess)
@@ -145,6 +236,54 @@ int cuda_gemv_row(const uint16_t *x, const uint16_t *w, void *y, int y_f32, int3
     const int64_t groups = ((int64_t)out + kWarps - 1) / kWarps;
     const int64_t most = (int64_t)sms * kCtasPerSm;
     const unsigned grid = (unsigned)(groups < most ? groups : most);
-    return launch_pdl("cuda_gemv_row", y_f32 ? gemv_row_kernel<true> : gemv_row_kernel<false>, grid,
-                      kThreads, 0, s, x, w, y, in, out);
+    const row_norm none = {};
+    if (nrm != NULL)
+        return launch_pdl("cuda_gemv_row_norm",
+                          y_f32 ? gemv_row_kernel<true, true> : gemv_row_kernel<false, true>, grid,
+                          kThreads, 0, s, x, w, y, in, out, *nrm);
+    return launch_pdl("cuda_gemv_row",
+                      y_f32 ? gemv_row_kernel<true, false> : gemv_row_kernel<false, false>, grid,
+                      kThreads, 0, s, x, w, y, in, out, none);
+}
+
+} // namespace
+
+int cuda_gemv_row(const uint16_t *x, const uint16_t *w, void *y, int y_f32, int32_t in, int32_t out,
+                  cudaStream_t s)
+{
+    if (!cuda_gemv_row_fits(1, in, out, x, w, y))
+        return pagoda_error_set(PAGODA_EINVAL,
+                                "cuda_gemv_row: in %d (a multiple of %d up to %d), out %d, "
+                                "buffers 16-byte aligned",
+                                (int)in, kStepCols, kMaxIn, (int)out);
+    return launch_row(x, w, y, y_f32, in, out, NULL, s);
+}
+
+int cuda_gemv_row_norm_fits(int32_t in, int32_t out, const float *residual, const uint16_t *add,
+                            const uint16_t *weight, const float *residual_out, const void *w,
+                            const void *y)
+{
+    /* residual_out must not overlap residual: every CTA reads residual while CTA 0 writes. */
+    const bool apart =
+        residual_out != NULL && (residual_out + in <= residual || residual + in <= residual_out);
+    return in <= kMaxNormGroups * kStepCols && residual != NULL && weight != NULL &&
+           cuda_aligned16(residual) && cuda_aligned16(weight) &&
+           (add == NULL || (apart && cuda_aligned16(add) && cuda_aligned16(residual_out))) &&
+           cuda_gemv_row_fits(1, in, out, weight, w, y);
+}
+
+int cuda_gemv_row_norm(const float *residual, const uint16_t *add, const uint16_t *weight,
+                       float eps, float *residual_out, const uint16_t *w, void *y, int y_f32,
+                       int32_t in, int32_t out, cudaStream_t s)
+{
+    if (!cuda_gemv_row_norm_fits(in, out, residual, add, weight, residual_out, w, y) ||
+        !(eps >= 0.0f) || !isfinite(eps))
+        return pagoda_error_set(PAGODA_EINVAL,
+                                "cuda_gemv_row_norm: in %d (a multiple of %d up to %d), out %d, "
+                                "eps %g, buffers 16-byte aligned, residual_out apart from "
+                                "residual when add is set",
+                                (int)in, kStepCols, kMaxNormGroups * kStepCols, (int)out,
+                                (double)eps);
+    const row_norm nrm = {residual, add, weight, residual_out, eps};
+    return launch_row(NULL, w, y, y_f32, in, out, &nrm, s);
 }

@@ -5,10 +5,12 @@
  * (at most the tile count); CTA b takes tiles b, b + grid, ..., and its tiles' columns go
  * through a ring of shared-memory stages (struct cuda_gemv_ring): a stage holds the 16 weight
  * rows and the x rows of those columns, each row one bulk copy completing on the stage's mbarrier;
- * or, x resident (the default where it fits: 16 rows of 4096 columns beside a ring of 2 x 1024),
- * the stages hold weights only and x's columns are copied once, with the stages of the CTA's
- * first tile, into a region of their own (at 16 rows half of every stage was x: kernel_bench on
- * the H200, QKV at 16 rows 2.07 against 1.85 TB/s, at 8 rows 2.62 against 2.37).
+ * or, x resident (struct cuda_gemv_ring x_resident 1; 16 rows of 4096 columns fit beside a ring
+ * of 2 x 1024), the stages hold weights only and x's columns are copied once, with the stages of
+ * the CTA's first tile, into a region of their own (at 16 rows half of every stage is x:
+ * kernel_bench on the H200, QKV at 16 rows 2.07 against 1.85 TB/s, at 8 rows 2.62 against 2.37).
+ * Not the default: the fifteenth session's GPU suite ran with it on a main whose decode kernel
+ * had a race (bench/RESULTS.md), so it is not yet proven in a model's run.
  * One producer thread issues the copies as stages free up, running ahead across tile boundaries, so
  * an SM keeps its ring of weights in flight without a gap between tiles; eight consumer warps
  * multiply (kernels/cuda/gemv_mma.cuh): in a stage's chunks of 32 columns warp v takes chunks
@@ -281,14 +283,9 @@ static ring ring_of(int32_t in, int32_t out, const struct cuda_gemv_ring *want, 
 {
     const int32_t tiles = (out + kRowsPerTile - 1) / kRowsPerTile;
     const unsigned grid = grid_of(out, sms);
-    /* x resident when asked (want->x_resident 1), or by default (0) when the default x-resident
-     * ring fits with it; -1: x through the stages. */
-    const int xmode = want != NULL ? want->x_resident : 0;
-    bool xres = xmode > 0;
-    if (xmode == 0) {
-        using G = geom<TILES>;
-        xres = G::smem(G::make(G::default_stages_x, G::default_cols_x, in)) <= kMaxSmem;
-    }
+    /* x resident when asked (want->x_resident 1); else (0, the default, and -1) through the
+     * stages. */
+    const bool xres = want != NULL && want->x_resident > 0;
     const int cols = want != NULL && want->cols > 0 ? want->cols
                      : xres                         ? geom<TILES>::default_cols_x
                                                     : geom<TILES>::default_cols;

@@ -770,6 +770,81 @@ static void test_gemv_row(int32_t in, int32_t out, int y_f32)
     free(again);
 }
 
+/* cuda_gemv_row_norm against cuda_add_rmsnorm then cuda_gemv_row on the same inputs: the same
+ * output and the same new residual, bit for bit, five times. `add` is the output of a kernel
+ * just ahead in the stream (a cuda_gemv_row), poisoned before it runs and launched with it
+ * under programmatic dependent launch, so that a read of add before the wait shows (NaN or
+ * another value); the input residual stays untouched; with add NULL, residual_out stays poison. */
+static void test_gemv_row_norm(int32_t in, int32_t out, bool with_add, int y_f32)
+{
+    const float eps = 1e-5f;
+    const int32_t in2 = 2048; /* the writer's input */
+    const size_t esz = y_f32 ? 4 : 2;
+    float *res = xmalloc((size_t)in * 4), *res_want = xmalloc((size_t)in * 4);
+    float *res_got = xmalloc((size_t)in * 4), *res_after = xmalloc((size_t)in * 4);
+    uint16_t *xa = xmalloc((size_t)in2 * 2), *wa = xmalloc((size_t)in * in2 * 2);
+    uint16_t *norm = xmalloc((size_t)in * 2), *w = xmalloc((size_t)out * in * 2);
+    uint8_t *want = xmalloc((size_t)out * esz), *got = xmalloc((size_t)out * esz);
+    for (int32_t i = 0; i < in; i++)
+        res[i] = uniform(-4.0f, 4.0f);
+    fill_bf16(xa, (size_t)in2, -1.0f, 1.0f);
+    fill_bf16(wa, (size_t)in * in2, -0.05f, 0.05f);
+    fill_bf16(norm, (size_t)in, 0.5f, 1.5f);
+    fill_bf16(w, (size_t)out * in, -0.1f, 0.1f);
+    float *d_res = dev_upload(res, (size_t)in * 4), *d_ref_res = dev_upload(res, (size_t)in * 4);
+    float *d_out_res = dev_alloc((size_t)in * 4);
+    uint16_t *d_xa = dev_upload(xa, (size_t)in2 * 2), *d_wa = dev_upload(wa, (size_t)in * in2 * 2);
+    uint16_t *d_add = dev_alloc((size_t)in * 2), *d_norm = dev_upload(norm, (size_t)in * 2);
+    uint16_t *d_w = dev_upload(w, (size_t)out * in * 2), *d_x = dev_alloc((size_t)in * 2);
+    void *d_y = dev_alloc((size_t)out * esz);
+    const uint16_t *a = with_add ? d_add : NULL;
+    char cfg[96];
+    snprintf(cfg, sizeof(cfg), "in %d out %d%s %s", (int)in, (int)out, with_add ? " add" : "",
+             y_f32 ? "f32" : "bf16");
+    /* The reference: the writer, then the two kernels, the residual updated in place. */
+    int rc = cuda_gemv_row(d_xa, d_wa, d_add, 0, in2, in, stream);
+    if (rc == 0)
+        rc = cuda_add_rmsnorm(d_ref_res, a, d_norm, d_x, 1, in, eps, stream);
+    if (rc == 0)
+        rc = cuda_gemv_row(d_x, d_w, d_y, y_f32, in, out, stream);
+    GPU_CHECK(rc == 0, "gemv_row_norm reference %s: %d", cfg, rc);
+    download(want, d_y, (size_t)out * esz);
+    download(res_want, d_ref_res, (size_t)in * 4);
+    int differ = 0;
+    for (int pass = 0; pass < 5; pass++) {
+        poison(d_y, (size_t)out * esz);
+        poison(d_out_res, (size_t)in * 4);
+        poison(d_add, (size_t)in * 2);
+        cuda_set_pdl(1);
+        rc = cuda_gemv_row(d_xa, d_wa, d_add, 0, in2, in, stream);
+        if (rc == 0)
+            rc = cuda_gemv_row_norm(d_res, a, d_norm, eps, d_out_res, d_w, d_y, y_f32, in, out,
+                                    stream);
+        cuda_set_pdl(0);
+        GPU_CHECK(rc == 0, "cuda_gemv_row_norm %s: %d (%s)", cfg, rc, pagoda_error_detail());
+        download(got, d_y, (size_t)out * esz);
+        download(res_got, d_out_res, (size_t)in * 4);
+        download(res_after, d_res, (size_t)in * 4);
+        differ += memcmp(got, want, (size_t)out * esz) != 0;
+        if (with_add)
+            differ += memcmp(res_got, res_want, (size_t)in * 4) != 0;
+        else
+            for (int32_t i = 0; i < in; i++)
+                differ += !isnan(res_got[i]); /* poison: left alone */
+        differ += memcmp(res_after, res, (size_t)in * 4) != 0;
+    }
+    printf("%-20s %-58s %s\n", "gemv_row_norm", cfg, differ ? "FAIL" : "equal");
+    GPU_CHECK(differ == 0,
+              "cuda_gemv_row_norm %s: %d differences from cuda_add_rmsnorm + cuda_gemv_row", cfg,
+              differ);
+    void *dev[] = {d_res, d_ref_res, d_out_res, d_xa, d_wa, d_add, d_norm, d_w, d_x, d_y};
+    for (size_t k = 0; k < sizeof(dev) / sizeof(dev[0]); k++)
+        CK(cudaFree(dev[k]));
+    void *host[] = {res, res_want, res_got, res_after, xa, wa, norm, w, want, got};
+    for (size_t k = 0; k < sizeof(host) / sizeof(host[0]); k++)
+        free(host[k]);
+}
+
 /* cuda_lt_linear against a float64 product of the same bf16 inputs, into rows ldy >= out apart
  * (the columns between out and ldy, and a row past the last, must stay poison), twice (equal
  * bits: one plan, made on first use, then found); then sizes it refuses. */
@@ -1832,6 +1907,12 @@ int main(int argc, char **argv)
     test_gemv_row(24576, 300, 1);
     test_gemv_row(4096, 28672, 0); /* more features than warps: several a warp */
     test_gemv_chain(1, 4096, 14336, 4096, true);
+    test_gemv_row_norm(4096, 6144, true, 0);
+    test_gemv_row_norm(4096, 28672, true, 0);
+    test_gemv_row_norm(4096, 1000, false, 1);
+    test_gemv_row_norm(2048, 300, true, 1);
+    test_gemv_row_norm(6144, 700, true, 1);
+    test_gemv_row_norm(8192, 512, true, 1);
     {
         void *p = NULL;
         CK(cudaMalloc(&p, 1 << 20));
@@ -1842,6 +1923,18 @@ int main(int argc, char **argv)
         expect_rc("gemv_row misaligned y", cuda_gemv_row(q, q, q + 1, 0, 2048, 8, stream),
                   PAGODA_EINVAL);
         GPU_CHECK(cuda_gemv_row_fits(2, 2048, 8, q, q, q) == 0, "cuda_gemv_row_fits took 2 rows");
+        float *f = p;
+        expect_rc("gemv_row_norm residual_out = residual",
+                  cuda_gemv_row_norm(f, q, q, 1e-5f, f, q, q, 0, 2048, 8, stream), PAGODA_EINVAL);
+        expect_rc("gemv_row_norm in > 8192",
+                  cuda_gemv_row_norm(f, q, q, 1e-5f, f + 16384, q, q, 0, 10240, 8, stream),
+                  PAGODA_EINVAL);
+        expect_rc("gemv_row_norm residual_out overlapping residual",
+                  cuda_gemv_row_norm(f, q, q, 1e-5f, f + 8, q, q, 0, 2048, 8, stream),
+                  PAGODA_EINVAL);
+        expect_rc("gemv_row_norm eps < 0",
+                  cuda_gemv_row_norm(f, q, q, -1.0f, f + 16384, q, q, 0, 2048, 8, stream),
+                  PAGODA_EINVAL);
         CK(cudaFree(p));
     }
     test_lt_cases();
