@@ -427,16 +427,20 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(attn_args a)
         fetch_table(t + 1);
     }
 
-    /* Q as A fragments: row lane / 4 is query head g0 + lane / 4 (zero beyond gc). */
+    /* Q as A fragments: row lane / 4 is query head g0 + lane / 4 (zero beyond gc). q is the
+     * kernel ahead's output: coherent loads (__ldcg), never the non-coherent __ldg, which
+     * promises data read-only for the kernel's lifetime and which the compiler may therefore
+     * hoist above griddepcontrol.wait (it did in 7c8d6a5's kernel: q read while RoPE rotated
+     * it; the fifteenth session's review, bench/RESULTS.md). */
     const int qr = lane >> 2, qc = 2 * (lane & 3);
     uint32_t qa[HD / 16][2];
     {
         const uint16_t *qrow = a.q + (int64_t)token * a.q_row_stride + (int64_t)(h0 + qr) * HD;
 #pragma unroll
         for (int k = 0; k < HD / 16; k++) {
-            qa[k][0] = qr < gc ? __ldg(reinterpret_cast<const uint32_t *>(qrow + k * 16 + qc)) : 0;
+            qa[k][0] = qr < gc ? __ldcg(reinterpret_cast<const uint32_t *>(qrow + k * 16 + qc)) : 0;
             qa[k][1] =
-                qr < gc ? __ldg(reinterpret_cast<const uint32_t *>(qrow + k * 16 + 8 + qc)) : 0;
+                qr < gc ? __ldcg(reinterpret_cast<const uint32_t *>(qrow + k * 16 + 8 + qc)) : 0;
         }
     }
     const float qscale = a.scale * 1.4426950408889634f; /* scores in log2 units */

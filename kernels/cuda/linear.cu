@@ -47,7 +47,8 @@ __device__ __forceinline__ void load_group(const uint16_t *wa, const uint16_t *w
     }
 }
 
-/* The inputs of chunk ch: rows 8t + g, zeros past the last row (they are small and stay in L2). */
+/* The inputs of chunk ch: rows 8t + g, zeros past the last row (they are small and stay in L2).
+ * x is the kernel ahead's output: coherent loads, never __ldg (see attention.cu's q). */
 template <int TILES>
 __device__ __forceinline__ void load_x(const uint16_t *const xr[TILES], const bool xok[TILES],
                                        int32_t ch, uint4 xv[TILES])
@@ -55,7 +56,8 @@ __device__ __forceinline__ void load_x(const uint16_t *const xr[TILES], const bo
     const int64_t k = (int64_t)ch * kChunk;
 #pragma unroll
     for (int t = 0; t < TILES; t++)
-        xv[t] = xok[t] ? __ldg(reinterpret_cast<const uint4 *>(xr[t] + k)) : make_uint4(0, 0, 0, 0);
+        xv[t] =
+            xok[t] ? __ldcg(reinterpret_cast<const uint4 *>(xr[t] + k)) : make_uint4(0, 0, 0, 0);
 }
 
 template <int TILES, bool F32>

@@ -301,8 +301,10 @@ __global__ void silu_mul_kernel(const uint16_t *__restrict__ gate_up, uint16_t *
         const uint16_t *g = gate_up + r * 2 * inter;
         if (VEC) {
             float gf[8], uf[8];
-            bf16x8_to_float(__ldg(reinterpret_cast<const uint4 *>(g + (int64_t)c * 8)), gf);
-            bf16x8_to_float(__ldg(reinterpret_cast<const uint4 *>(g + inter + (int64_t)c * 8)), uf);
+            /* g is the kernel ahead's output: coherent loads (see attention.cu's q). */
+            bf16x8_to_float(__ldcg(reinterpret_cast<const uint4 *>(g + (int64_t)c * 8)), gf);
+            bf16x8_to_float(__ldcg(reinterpret_cast<const uint4 *>(g + inter + (int64_t)c * 8)),
+                            uf);
 #pragma unroll
             for (int k = 0; k < 8; k++)
                 gf[k] = silu_mul1(gf[k], uf[k]);
