@@ -218,7 +218,8 @@ constexpr int32_t kDecodeWideCopySeqs = 64;
  * main from 7c8d6a5 to the fifteenth session: 3% faster at 8 to 64 sequences, but a model's
  * greedy outputs then differed between runs of one seed (tests/gpu/run's random_load, 0 of 3
  * reruns equal; test_cuda_steps 2 failures) where this kernel repeats itself: it was taken
- * out, the race not found. bench/RESULTS.md, 2026-12-03, fifteenth session.) */
+ * out. The race, found later in its compiled code: its q loads (__ldg) ran ahead of the PDL
+ * wait; q is now read with __ldcg below. tests/gpu/RESULTS.md, fifteenth session.) */
 template <int HD, int G_> struct decode_geom {
     static constexpr int T = 64;
     static constexpr int G = G_;
