@@ -1,24 +1,43 @@
 /* comm.h's cpu implementation: ranks of one host meeting in a shared region.
  *
- * The region holds a process-shared, robust mutex and condition variable (a barrier with a
- * generation count), the group's state, and one staging slot per rank. A collective moves its
+ * The region holds one 32-bit barrier word (the ranks arrived, a generation count, a broken
+ * flag), the group's broken state, and one staging slot per rank. A collective moves its
  * buffer through the slots a chunk at a time: each rank writes its chunk and the call's
  * signature (op, count, root) into its slot, all meet at the barrier, each reads what it needs
  * (the sum over slots in rank order, or every slot), and all meet again before the slots are
  * written anew. Every barrier wait has a deadline: a peer that does not come within the
- * group's timeout breaks the group (PAGODA_ETIMEDOUT) and wakes everyone. A process that dies
- * holding the mutex is seen through the robust mutex (EOWNERDEAD) and breaks the group too. */
+ * group's timeout breaks the group (PAGODA_ETIMEDOUT) and wakes everyone.
+ *
+ * No lock: a rank arrives with one compare-and-swap on the word and waits on it with a futex
+ * whose deadline is absolute, so nothing a peer does or fails to do (dies, stops with SIGSTOP,
+ * is descheduled at any instruction) can hold another rank past its deadline. Until
+ * 2026-12-03 the barrier was a process-shared robust mutex and condition variable: a rank
+ * stopped while it held the mutex (test_tp_proc_group's SIGSTOP, on a loaded machine) held
+ * every peer for ever, because pthread_cond_timedwait's deadline does not cover taking the
+ * mutex back (rank 0 was found in __pthread_mutex_cond_lock_full, minutes past its deadline). */
 #include "comm/comm.h"
 #include "common/error.h"
 
 #include <errno.h>
-#include <pthread.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <time.h>
+#include <unistd.h>
 
-#define SHARED_MAGIC 0x70676d63u /* "pgmc" */
+#define SHARED_MAGIC 0x32676d63u /* "cmg2": the lock-free barrier's region */
+
+/* The barrier word: bits 0-7 the ranks arrived at the current barrier (COMM_MAX_RANKS < 256),
+ * bits 8-30 its generation (a waiter compares for equality: it cannot wrap while one waits),
+ * bit 31 the group broken. */
+#define WORD_ARRIVED 0xffu
+#define WORD_GEN_ONE 0x100u
+#define WORD_GEN 0x7fffff00u
+#define WORD_BROKEN 0x80000000u
 
 enum op { OP_ALL_REDUCE = 1, OP_ALL_GATHER = 2, OP_BROADCAST = 3 };
 
@@ -40,13 +59,10 @@ struct shared {
     uint32_t magic;
     int size;
     int timeout_ms;
-    pthread_mutex_t mutex;
-    pthread_cond_t cond;
-    int arrived;
-    uint64_t generation;
-    int broken;    /* 0, or the error every later call returns */
-    int broken_by; /* the rank that broke it (-1: a dead process) */
-    int aborted;   /* broken by comm_abort */
+    _Atomic uint32_t word; /* the barrier word (above); the futex every wait sleeps on */
+    /* 0, or how the group broke, set once (the first rank to break it wins): the error's code
+     * in bits 0-31, the rank that broke it in 32-47, 1 in bit 48 when comm_abort did */
+    _Atomic uint64_t broken;
     char pad[64];
     /* size slots follow, each sizeof(struct slot) + COMM_CPU_SLOT_BYTES, 64-byte aligned */
 };
@@ -90,26 +106,11 @@ int comm_cpu_shared_init(void *mem, int size, int timeout_ms)
                                 timeout_ms);
     struct shared *sh = mem;
     memset(sh, 0, header_bytes());
-    pthread_mutexattr_t ma;
-    pthread_condattr_t ca;
-    int ok = pthread_mutexattr_init(&ma) == 0;
-    ok = ok && pthread_mutexattr_setpshared(&ma, PTHREAD_PROCESS_SHARED) == 0 &&
-         pthread_mutexattr_setrobust(&ma, PTHREAD_MUTEX_ROBUST) == 0 &&
-         pthread_mutex_init(&sh->mutex, &ma) == 0;
-    pthread_mutexattr_destroy(&ma);
-    if (!ok)
-        return pagoda_error_set(PAGODA_EIO, "comm: process-shared robust mutex refused");
-    ok = pthread_condattr_init(&ca) == 0;
-    ok = ok && pthread_condattr_setpshared(&ca, PTHREAD_PROCESS_SHARED) == 0 &&
-         pthread_condattr_setclock(&ca, CLOCK_MONOTONIC) == 0 &&
-         pthread_cond_init(&sh->cond, &ca) == 0;
-    pthread_condattr_destroy(&ca);
-    if (!ok) {
-        pthread_mutex_destroy(&sh->mutex);
-        return pagoda_error_set(PAGODA_EIO, "comm: process-shared condition variable refused");
-    }
     sh->size = size;
     sh->timeout_ms = timeout_ms;
+    atomic_init(&sh->word, 0);
+    atomic_init(&sh->broken, 0);
+    atomic_thread_fence(memory_order_release);
     sh->magic = SHARED_MAGIC;
     return 0;
 }
@@ -117,15 +118,8 @@ int comm_cpu_shared_init(void *mem, int size, int timeout_ms)
 void comm_cpu_shared_fini(void *mem)
 {
     struct shared *sh = mem;
-    if (sh == NULL || sh->magic != SHARED_MAGIC)
-        return;
-    /* A broken group may have lost a process inside pthread_cond_timedwait: glibc's
-     * pthread_cond_destroy waits for every waiter to leave, which that one never does. The
-     * region is about to be unmapped or freed anyway. */
-    if (!sh->broken)
-        pthread_cond_destroy(&sh->cond);
-    pthread_mutex_destroy(&sh->mutex);
-    sh->magic = 0;
+    if (sh != NULL && sh->magic == SHARED_MAGIC)
+        sh->magic = 0;
 }
 
 static struct timespec deadline_after(int ms)
@@ -141,34 +135,46 @@ static struct timespec deadline_after(int ms)
     return ts;
 }
 
+/* Sleeps while the word is seen, until woken or the (absolute, CLOCK_MONOTONIC) deadline.
+ * Returns 0, or ETIMEDOUT once the deadline has passed (EAGAIN and EINTR are a wake-up: the
+ * caller looks at the word again). Not FUTEX_PRIVATE: the word may be shared by processes. */
+static int futex_wait_until(_Atomic uint32_t *word, uint32_t seen, const struct timespec *deadline)
+{
+    long r = syscall(SYS_futex, (uint32_t *)word, FUTEX_WAIT_BITSET, seen, deadline, NULL,
+                     FUTEX_BITSET_MATCH_ANY);
+    return r == 0 || errno != ETIMEDOUT ? 0 : ETIMEDOUT;
+}
+
+static void futex_wake_all(_Atomic uint32_t *word)
+{
+    syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
+
+/* Breaks the group with err (unless it is broken already: the first break is the one every
+ * rank reports) and wakes every waiter. */
+static void mark_broken(struct shared *sh, int err, int rank, int aborted)
+{
+    uint64_t want = (uint64_t)(uint32_t)err | (uint64_t)(uint16_t)rank << 32 |
+                    (uint64_t)(aborted != 0) << 48,
+             none = 0;
+    atomic_compare_exchange_strong_explicit(&sh->broken, &none, want, memory_order_acq_rel,
+                                            memory_order_acquire);
+    atomic_fetch_or_explicit(&sh->word, WORD_BROKEN, memory_order_acq_rel);
+    futex_wake_all(&sh->word);
+}
+
 /* The error of a broken group, with a detail. */
 static int broken_error(const struct shared *sh, int rank)
 {
-    if (sh->aborted)
+    uint64_t b = atomic_load_explicit(&sh->broken, memory_order_acquire);
+    int err = (int)(uint32_t)b, by = (int)(uint16_t)(b >> 32);
+    if (err == 0) /* unreachable: the flag is set after the state */
+        err = PAGODA_ECLOSED;
+    if (b >> 48 & 1)
         return pagoda_error_set(PAGODA_ECLOSED, "comm rank %d: rank %d aborted the group", rank,
-                                sh->broken_by);
-    if (sh->broken_by < 0)
-        return pagoda_error_set(PAGODA_ECLOSED, "comm rank %d: a peer process died", rank);
-    return pagoda_error_set(sh->broken, "comm rank %d: the group broke (%s, seen by rank %d)", rank,
-                            pagoda_strerror(sh->broken), sh->broken_by);
-}
-
-/* Locks the mutex by the deadline. A peer process that died holding it breaks the group. */
-static int lock(struct shared *sh, const struct timespec *deadline)
-{
-    int e = pthread_mutex_clocklock(&sh->mutex, CLOCK_MONOTONIC, deadline);
-    if (e == EOWNERDEAD) {
-        pthread_mutex_consistent(&sh->mutex);
-        if (!sh->broken) {
-            sh->broken = PAGODA_ECLOSED;
-            sh->broken_by = -1;
-        }
-        pthread_cond_broadcast(&sh->cond);
-        return 0;
-    }
-    if (e == ETIMEDOUT)
-        return PAGODA_ETIMEDOUT;
-    return e == 0 ? 0 : PAGODA_EIO;
+                                by);
+    return pagoda_error_set(err, "comm rank %d: the group broke (%s, seen by rank %d)", rank,
+                            pagoda_strerror(err), by);
 }
 
 /* How an idle rank waits at a barrier: no deadline while keep_waiting says so. */
@@ -184,58 +190,55 @@ static int barrier_idle(struct cpu_comm *c, const struct timespec *deadline_in,
                         const struct idle *idle)
 {
     struct shared *sh = c->sh;
-    /* An idle wait's deadline paces keep_waiting; its locks wait as long as any call's. */
+    int rank = c->base.rank;
     struct timespec d = idle ? deadline_after(COMM_IDLE_POLL_MS) : *deadline_in;
-    struct timespec lock_deadline = idle ? deadline_after(sh->timeout_ms) : *deadline_in;
-    const struct timespec *deadline = &d;
-    int rc = lock(sh, &lock_deadline);
-    if (rc != 0)
-        return pagoda_error_set(rc, "comm rank %d: the group's lock was not free in time",
-                                c->base.rank);
-    if (sh->broken) {
-        rc = broken_error(sh, c->base.rank);
-        pthread_mutex_unlock(&sh->mutex);
-        return rc;
-    }
-    uint64_t gen = sh->generation;
-    if (++sh->arrived == sh->size) {
-        sh->arrived = 0;
-        sh->generation++;
-        pthread_cond_broadcast(&sh->cond);
-    }
-    while (sh->generation == gen && !sh->broken) {
-        int e = pthread_cond_timedwait(&sh->cond, &sh->mutex, deadline);
-        if (e == EOWNERDEAD) {
-            pthread_mutex_consistent(&sh->mutex);
-            sh->broken = PAGODA_ECLOSED;
-            sh->broken_by = -1;
-        } else if (e == ETIMEDOUT && sh->generation == gen && !sh->broken && idle) {
-            pthread_mutex_unlock(&sh->mutex);
-            int go_on = idle->keep_waiting(idle->ctx);
-            lock_deadline = deadline_after(sh->timeout_ms);
-            if ((rc = lock(sh, &lock_deadline)) != 0)
-                return pagoda_error_set(rc, "comm rank %d: the group's lock was not free in time",
-                                        c->base.rank);
-            if (!go_on && sh->generation == gen && !sh->broken) {
-                sh->arrived--;
-                pthread_mutex_unlock(&sh->mutex);
-                return pagoda_error_set(PAGODA_ECLOSED, "comm rank %d: stopped waiting",
-                                        c->base.rank);
+    uint32_t s = atomic_load_explicit(&sh->word, memory_order_acquire), gen;
+    /* Arrive: the last rank to come starts the next generation with none arrived. */
+    for (;;) {
+        if (s & WORD_BROKEN)
+            return broken_error(sh, rank);
+        gen = s & WORD_GEN;
+        uint32_t next =
+            (int)(s & WORD_ARRIVED) + 1 == sh->size ? (gen + WORD_GEN_ONE) & WORD_GEN : s + 1;
+        if (atomic_compare_exchange_weak_explicit(&sh->word, &s, next, memory_order_acq_rel,
+                                                  memory_order_acquire)) {
+            if ((next & WORD_GEN) != gen) {
+                futex_wake_all(&sh->word);
+                return 0;
             }
-            d = deadline_after(COMM_IDLE_POLL_MS);
-        } else if (e == ETIMEDOUT && sh->generation == gen && !sh->broken) {
-            sh->broken = PAGODA_ETIMEDOUT;
-            sh->broken_by = c->base.rank;
-            pthread_cond_broadcast(&sh->cond);
-            pthread_mutex_unlock(&sh->mutex);
-            return pagoda_error_set(PAGODA_ETIMEDOUT,
-                                    "comm rank %d: a peer did not arrive within %d ms",
-                                    c->base.rank, sh->timeout_ms);
+            s = next;
+            break;
         }
     }
-    rc = sh->generation == gen ? broken_error(sh, c->base.rank) : 0;
-    pthread_mutex_unlock(&sh->mutex);
-    return rc;
+    /* Wait for the generation to change. A generation that moved on is a barrier passed, even
+     * if the group broke afterwards (the next call sees that). */
+    for (;;) {
+        if ((s & WORD_GEN) != gen)
+            return 0;
+        if (s & WORD_BROKEN)
+            return broken_error(sh, rank);
+        int e = futex_wait_until(&sh->word, s, &d);
+        s = atomic_load_explicit(&sh->word, memory_order_acquire);
+        if (e != ETIMEDOUT || (s & WORD_GEN) != gen || (s & WORD_BROKEN))
+            continue;
+        if (idle == NULL) {
+            mark_broken(sh, PAGODA_ETIMEDOUT, rank, 0);
+            return pagoda_error_set(PAGODA_ETIMEDOUT,
+                                    "comm rank %d: a peer did not arrive within %d ms", rank,
+                                    sh->timeout_ms);
+        }
+        if (!idle->keep_waiting(idle->ctx)) {
+            /* Leave, unless the barrier passed (or the group broke) meanwhile. */
+            s = atomic_load_explicit(&sh->word, memory_order_acquire);
+            while ((s & WORD_GEN) == gen && !(s & WORD_BROKEN))
+                if (atomic_compare_exchange_weak_explicit(
+                        &sh->word, &s, s - 1, memory_order_acq_rel, memory_order_acquire))
+                    return pagoda_error_set(PAGODA_ECLOSED, "comm rank %d: stopped waiting", rank);
+            continue;
+        }
+        d = deadline_after(COMM_IDLE_POLL_MS);
+        s = atomic_load_explicit(&sh->word, memory_order_acquire);
+    }
 }
 
 static int barrier(struct cpu_comm *c, const struct timespec *deadline)
@@ -246,16 +249,7 @@ static int barrier(struct cpu_comm *c, const struct timespec *deadline)
 /* Marks the group broken with err (a rank found the peers disagree). */
 static int break_group(struct cpu_comm *c, int err)
 {
-    struct shared *sh = c->sh;
-    struct timespec d = deadline_after(sh->timeout_ms);
-    if (lock(sh, &d) == 0) {
-        if (!sh->broken) {
-            sh->broken = err;
-            sh->broken_by = c->base.rank;
-        }
-        pthread_cond_broadcast(&sh->cond);
-        pthread_mutex_unlock(&sh->mutex);
-    }
+    mark_broken(c->sh, err, c->base.rank, 0);
     return err;
 }
 
@@ -392,16 +386,7 @@ static int cpu_wait_broadcast(struct comm *base, void *buf, size_t bytes, int ro
 static void cpu_abort(struct comm *base)
 {
     struct cpu_comm *c = (struct cpu_comm *)base;
-    struct timespec d = deadline_after(c->sh->timeout_ms);
-    if (lock(c->sh, &d) != 0)
-        return;
-    if (!c->sh->broken) {
-        c->sh->broken = PAGODA_ECLOSED;
-        c->sh->broken_by = base->rank;
-        c->sh->aborted = 1;
-    }
-    pthread_cond_broadcast(&c->sh->cond);
-    pthread_mutex_unlock(&c->sh->mutex);
+    mark_broken(c->sh, PAGODA_ECLOSED, base->rank, 1);
 }
 
 static void cpu_close(struct comm *base)

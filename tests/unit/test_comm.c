@@ -1,6 +1,7 @@
 /* Tests of comm/comm_cpu.c: the collectives give every rank the same, right answer (buffers
  * larger than a staging slot included), and a peer that is gone (a thread that stops calling, a
- * process killed) or that aborts makes the others fail within the timeout, never hang. */
+ * process killed or stopped) or that aborts makes the others fail within the timeout, never
+ * hang. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -241,6 +242,76 @@ static void test_killed_process_peer(void **state)
     munmap(mem, bytes);
 }
 
+/* Ranks that are processes: the peer is stopped (SIGSTOP: alive, holding whatever it held) at a
+ * random point of a stream of all-reduces, trial after trial: the survivor's call fails with
+ * PAGODA_ETIMEDOUT within the timeout, wherever the peer stopped. (The mutex and condition
+ * variable this barrier was until 2026-12-03 held the survivor for ever when the peer stopped
+ * inside the critical section: pthread_cond_timedwait's deadline does not cover taking the
+ * mutex back: test_tp_proc_group hung so on a loaded CI machine. That code failed this test in
+ * each of four runs: a stop lands in the critical section in a few trials of a hundred.) */
+#define STOP_TIMEOUT_MS 100
+
+struct survivor {
+    struct comm *c;
+    int rc;
+    long calls;
+};
+
+static void *survivor_main(void *arg)
+{
+    struct survivor *s = arg;
+    float x = 1;
+    while ((s->rc = comm_all_reduce_sum(s->c, &x, 1, DTYPE_F32)) == 0)
+        s->calls++;
+    return NULL;
+}
+
+static void test_stopped_process_peer(void **state)
+{
+    (void)state;
+    size_t bytes = comm_cpu_shared_bytes(2);
+    unsigned seed = (unsigned)getpid();
+    for (int trial = 0; trial < 30; trial++) {
+        void *mem = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+        assert_true(mem != MAP_FAILED);
+        assert_int_equal(comm_cpu_shared_init(mem, 2, STOP_TIMEOUT_MS), 0);
+        pid_t pid = fork();
+        assert_true(pid >= 0);
+        if (pid == 0) {
+            struct comm *c;
+            float x = 2;
+            if (comm_cpu_open(mem, 1, &c) != 0)
+                _exit(1);
+            while (comm_all_reduce_sum(c, &x, 1, DTYPE_F32) == 0)
+                x = 2;
+            _exit(0);
+        }
+        struct survivor s = {0};
+        assert_int_equal(comm_cpu_open(mem, 0, &s.c), 0);
+        pthread_t th;
+        assert_int_equal(pthread_create(&th, NULL, survivor_main, &s), 0);
+        usleep(2000 + (useconds_t)(rand_r(&seed) % 20000));
+        kill(pid, SIGSTOP);
+        double t0 = now_ms();
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_sec += 5; /* 50 timeouts: a hang, not a slow machine */
+        int joined = pthread_timedjoin_np(th, NULL, &until);
+        kill(pid, SIGKILL);
+        int status;
+        waitpid(pid, &status, 0);
+        if (joined != 0)
+            fail_msg("trial %d: the survivor still waits %.0f ms after its peer stopped (%ld "
+                     "calls before)",
+                     trial, now_ms() - t0, s.calls);
+        assert_int_equal(s.rc, PAGODA_ETIMEDOUT);
+        assert_true(s.calls > 0);
+        comm_close(s.c);
+        comm_cpu_shared_fini(mem);
+        munmap(mem, bytes);
+    }
+}
+
 /* An idle follower: waits for rank 0's broadcast past the group's timeout without breaking the
  * group, and leaves the wait (PAGODA_ECLOSED, the group intact) when told to stop. */
 struct idle_job {
@@ -331,6 +402,7 @@ int main(void)
         cmocka_unit_test(test_abort_wakes_peers),
         cmocka_unit_test(test_disagreeing_calls_fail),
         cmocka_unit_test(test_killed_process_peer),
+        cmocka_unit_test(test_stopped_process_peer),
         cmocka_unit_test(test_idle_wait_outlasts_the_timeout),
         cmocka_unit_test(test_bad_arguments),
     };
