@@ -1088,11 +1088,7 @@ int cuda_attention_plan_new(const struct cuda_attention_config *c, struct cuda_a
         return rc;
 
     int dev = 0, sms = 0;
-    rc = cuda_call_result(cudaGetDevice(&dev), "cuda_attention_plan_new: cudaGetDevice");
-    if (rc == 0)
-        rc = cuda_call_result(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev),
-                              "cuda_attention_plan_new: cudaDeviceGetAttribute");
-    if (rc < 0)
+    if ((rc = cuda_device_sms(&dev, &sms, "cuda_attention_plan_new")) < 0)
         return rc;
 
     struct cuda_attention_plan *p =

@@ -32,6 +32,21 @@ static inline int cuda_call_result(cudaError_t e, const char *call)
     return 0;
 }
 
+/* The current device and its SM count (what a persistent kernel's grid is sized by). On a
+ * failure the error is also taken off cudaGetLastError, so that a later launch is not blamed
+ * for it; what names the caller in the detail. */
+static inline int cuda_device_sms(int *dev, int *sms, const char *what)
+{
+    cudaError_t e = cudaGetDevice(dev);
+    if (e == cudaSuccess)
+        e = cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, *dev);
+    if (e == cudaSuccess)
+        return 0;
+    (void)cudaGetLastError();
+    return pagoda_error_set(PAGODA_ECUDA, "%s: the device's SM count: %s", what,
+                            cudaGetErrorString(e));
+}
+
 static inline bool cuda_aligned16(const void *p)
 {
     return ((uintptr_t)p & 15u) == 0;

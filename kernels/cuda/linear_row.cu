@@ -226,13 +226,9 @@ int launch_row(const uint16_t *x, const uint16_t *w, void *y, int y_f32, int32_t
                const row_norm *nrm, cudaStream_t s)
 {
     int dev = 0, sms = 0;
-    cudaError_t e = cudaGetDevice(&dev);
-    if (e == cudaSuccess)
-        e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    if (e != cudaSuccess) {
-        (void)cudaGetLastError();
-        return cuda_call_result(e, "cuda_gemv_row: the device's SM count");
-    }
+    int rc = cuda_device_sms(&dev, &sms, "cuda_gemv_row");
+    if (rc < 0)
+        return rc;
     const int64_t groups = ((int64_t)out + kWarps - 1) / kWarps;
     const int64_t most = (int64_t)sms * kCtasPerSm;
     const unsigned grid = (unsigned)(groups < most ? groups : most);

@@ -311,11 +311,9 @@ int launch(const uint16_t *x, const uint16_t *w, void *y, int32_t rows, int32_t 
 {
     static std::atomic<int> opted_in[kMaxDevices];
     int dev = 0, sms = 0;
-    cudaError_t e = cudaGetDevice(&dev);
-    if (e == cudaSuccess)
-        e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    if (e != cudaSuccess)
-        return call_failed(e, "cuda_gemv_stream: the device's SM count");
+    int rc = cuda_device_sms(&dev, &sms, "cuda_gemv_stream");
+    if (rc < 0)
+        return rc;
     const unsigned grid = grid_of(out, sms);
     const int asked = want != NULL && want->stages > 0 ? want->stages : geom<TILES>::default_stages;
     const ring rg = ring_of<TILES>(in, out, want, sms);
@@ -326,8 +324,8 @@ int launch(const uint16_t *x, const uint16_t *w, void *y, int32_t rows, int32_t 
                                 "needs %lld bytes of shared memory (at most %d)",
                                 stages, asked, cols, (long long)geom<TILES>::smem(rg), kMaxSmem);
     if (dev < 0 || dev >= kMaxDevices || !opted_in[dev].load(std::memory_order_relaxed)) {
-        e = cudaFuncSetAttribute(gemv_stream_kernel<TILES, F32>,
-                                 cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxSmem);
+        cudaError_t e = cudaFuncSetAttribute(gemv_stream_kernel<TILES, F32>,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxSmem);
         if (e != cudaSuccess)
             return call_failed(e, "cuda_gemv_stream: cudaFuncSetAttribute");
         if (dev >= 0 && dev < kMaxDevices)
