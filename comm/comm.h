@@ -84,10 +84,11 @@ size_t comm_cpu_shared_bytes(int size);
 /* Initialises the shared region at mem (comm_cpu_shared_bytes(size) bytes, 64-byte aligned):
  * memory of the process for ranks that are threads, a MAP_SHARED mapping made before fork (or a
  * shared memory file) for ranks that are processes. Every collective waits at most timeout_ms
- * (> 0) for the peers. Returns 0 or PAGODA_EINVAL / PAGODA_EIO (a pthread attribute refused). */
+ * (> 0) for the peers. Returns 0 or PAGODA_EINVAL. */
 int comm_cpu_shared_init(void *mem, int size, int timeout_ms);
 
-/* Destroys what comm_cpu_shared_init made, once no rank uses the region. Accepts NULL. */
+/* Marks the region no longer initialised, once no rank uses it (nothing in it needs destroying:
+ * the barrier is two atomic words). Accepts NULL. */
 void comm_cpu_shared_fini(void *mem);
 
 /* Opens rank's handle on an initialised shared region (which must outlive it). *out is the

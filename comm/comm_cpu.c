@@ -31,6 +31,10 @@
 
 #define SHARED_MAGIC 0x32676d63u /* "cmg2": the lock-free barrier's region */
 
+/* The words are shared by processes: their atomics must not be emulated with a lock. */
+_Static_assert(ATOMIC_INT_LOCK_FREE == 2 && ATOMIC_LLONG_LOCK_FREE == 2,
+               "comm: 32- and 64-bit atomics must be lock-free");
+
 /* The barrier word: bits 0-7 the ranks arrived at the current barrier (COMM_MAX_RANKS < 256),
  * bits 8-30 its generation (a waiter compares for equality: it cannot wrap while one waits),
  * bit 31 the group broken. */
@@ -135,14 +139,38 @@ static struct timespec deadline_after(int ms)
     return ts;
 }
 
-/* Sleeps while the word is seen, until woken or the (absolute, CLOCK_MONOTONIC) deadline.
- * Returns 0, or ETIMEDOUT once the deadline has passed (EAGAIN and EINTR are a wake-up: the
- * caller looks at the word again). Not FUTEX_PRIVATE: the word may be shared by processes. */
+/* How long one futex sleep lasts at most: a waiter looks at the word again this often even when
+ * no wake-up comes (a rank stopped between its barrier's last arrival and its wake call must
+ * not keep the others asleep to their deadline, with the barrier passed). */
+#define WAIT_SLICE_MS 20
+
+static int passed(const struct timespec *deadline)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return now.tv_sec > deadline->tv_sec ||
+           (now.tv_sec == deadline->tv_sec && now.tv_nsec >= deadline->tv_nsec);
+}
+
+/* Sleeps while the word is seen, until woken, for at most WAIT_SLICE_MS, and not past the
+ * (absolute, CLOCK_MONOTONIC) deadline. Returns ETIMEDOUT once the deadline has passed, else 0
+ * (the caller looks at the word again). Not FUTEX_PRIVATE: the word may be shared by processes.
+ * A futex call that fails for another reason than a wake-up (EAGAIN, EINTR) or its time
+ * (ENOSYS under a seccomp filter, say) sleeps a millisecond instead: the deadline still holds and
+ * the wait does not spin. */
 static int futex_wait_until(_Atomic uint32_t *word, uint32_t seen, const struct timespec *deadline)
 {
-    long r = syscall(SYS_futex, (uint32_t *)word, FUTEX_WAIT_BITSET, seen, deadline, NULL,
+    struct timespec slice = deadline_after(WAIT_SLICE_MS);
+    if (slice.tv_sec > deadline->tv_sec ||
+        (slice.tv_sec == deadline->tv_sec && slice.tv_nsec > deadline->tv_nsec))
+        slice = *deadline;
+    long r = syscall(SYS_futex, (uint32_t *)word, FUTEX_WAIT_BITSET, seen, &slice, NULL,
                      FUTEX_BITSET_MATCH_ANY);
-    return r == 0 || errno != ETIMEDOUT ? 0 : ETIMEDOUT;
+    if (r != 0 && errno != ETIMEDOUT && errno != EAGAIN && errno != EINTR) {
+        struct timespec ms = {0, 1000000L};
+        nanosleep(&ms, NULL);
+    }
+    return passed(deadline) ? ETIMEDOUT : 0;
 }
 
 static void futex_wake_all(_Atomic uint32_t *word)
@@ -150,15 +178,19 @@ static void futex_wake_all(_Atomic uint32_t *word)
     syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
 }
 
+static uint64_t broken_word(int err, int rank, int aborted)
+{
+    return (uint64_t)(uint32_t)err | (uint64_t)(uint16_t)rank << 32 |
+           (uint64_t)(aborted != 0) << 48;
+}
+
 /* Breaks the group with err (unless it is broken already: the first break is the one every
  * rank reports) and wakes every waiter. */
 static void mark_broken(struct shared *sh, int err, int rank, int aborted)
 {
-    uint64_t want = (uint64_t)(uint32_t)err | (uint64_t)(uint16_t)rank << 32 |
-                    (uint64_t)(aborted != 0) << 48,
-             none = 0;
-    atomic_compare_exchange_strong_explicit(&sh->broken, &none, want, memory_order_acq_rel,
-                                            memory_order_acquire);
+    uint64_t none = 0;
+    atomic_compare_exchange_strong_explicit(&sh->broken, &none, broken_word(err, rank, aborted),
+                                            memory_order_acq_rel, memory_order_acquire);
     atomic_fetch_or_explicit(&sh->word, WORD_BROKEN, memory_order_acq_rel);
     futex_wake_all(&sh->word);
 }
@@ -168,8 +200,10 @@ static int broken_error(const struct shared *sh, int rank)
 {
     uint64_t b = atomic_load_explicit(&sh->broken, memory_order_acquire);
     int err = (int)(uint32_t)b, by = (int)(uint16_t)(b >> 32);
-    if (err == 0) /* unreachable: the flag is set after the state */
-        err = PAGODA_ECLOSED;
+    if (err == 0) /* a timeout's break, between its flag and its detail (barrier_idle) */
+        return pagoda_error_set(PAGODA_ETIMEDOUT,
+                                "comm rank %d: the group broke (a peer did not arrive in time)",
+                                rank);
     if (b >> 48 & 1)
         return pagoda_error_set(PAGODA_ECLOSED, "comm rank %d: rank %d aborted the group", rank,
                                 by);
@@ -203,7 +237,8 @@ static int barrier_idle(struct cpu_comm *c, const struct timespec *deadline_in,
         if (atomic_compare_exchange_weak_explicit(&sh->word, &s, next, memory_order_acq_rel,
                                                   memory_order_acquire)) {
             if ((next & WORD_GEN) != gen) {
-                futex_wake_all(&sh->word);
+                if (sh->size > 1)
+                    futex_wake_all(&sh->word);
                 return 0;
             }
             s = next;
@@ -222,10 +257,22 @@ static int barrier_idle(struct cpu_comm *c, const struct timespec *deadline_in,
         if (e != ETIMEDOUT || (s & WORD_GEN) != gen || (s & WORD_BROKEN))
             continue;
         if (idle == NULL) {
-            mark_broken(sh, PAGODA_ETIMEDOUT, rank, 0);
-            return pagoda_error_set(PAGODA_ETIMEDOUT,
-                                    "comm rank %d: a peer did not arrive within %d ms", rank,
-                                    sh->timeout_ms);
+            /* Break the group only from this very generation, not yet passed: the barrier
+             * passes for every rank or for none (a last arrival just now wins). */
+            while ((s & WORD_GEN) == gen && !(s & WORD_BROKEN))
+                if (atomic_compare_exchange_weak_explicit(&sh->word, &s, s | WORD_BROKEN,
+                                                          memory_order_acq_rel,
+                                                          memory_order_acquire)) {
+                    uint64_t none = 0;
+                    atomic_compare_exchange_strong_explicit(
+                        &sh->broken, &none, broken_word(PAGODA_ETIMEDOUT, rank, 0),
+                        memory_order_acq_rel, memory_order_acquire);
+                    futex_wake_all(&sh->word);
+                    return pagoda_error_set(PAGODA_ETIMEDOUT,
+                                            "comm rank %d: a peer did not arrive within %d ms",
+                                            rank, sh->timeout_ms);
+                }
+            continue;
         }
         if (!idle->keep_waiting(idle->ctx)) {
             /* Leave, unless the barrier passed (or the group broke) meanwhile. */

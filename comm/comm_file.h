@@ -6,7 +6,7 @@
  * the group (the supervisor) creates a fresh file for every start of the group with
  * comm_file_create; rank 0 extends it and initialises the region, the other ranks wait for
  * that. Each rank claims its place once: a file whose place is already claimed belongs to an
- * earlier start of the group (its region may be broken, its lock held by a dead process) and is
+ * earlier start of the group (its region may be broken, a dead process counted as arrived) and is
  * refused (PAGODA_EEXIST, naming the file and the pid that claimed it). Nothing in the file is
  * ever reset: a group is started anew with a new file.
  *
@@ -25,8 +25,9 @@
 #define COMM_FILE_PAYLOAD_BYTES 512
 /* How often a wait looks at the file, its peers and keep_waiting, in milliseconds. */
 #define COMM_FILE_POLL_MS 5
-/* The format's version, in the header: a file of another version is refused. */
-#define COMM_FILE_VERSION 1
+/* The format's version, in the header: a file of another version is refused. 2 since 2026-12-03
+ * (the comm region's barrier became a lock-free word: comm/comm_cpu.c). */
+#define COMM_FILE_VERSION 2
 
 struct comm_file;
 
@@ -69,8 +70,7 @@ int comm_file_wait(struct comm_file *f, int rank, int phase, void *out, size_t l
                    int (*keep_waiting)(void *ctx), void *ctx);
 
 /* Closes this rank's comm handle and unmaps the file (the file stays: its creator removes or
- * replaces it). The region is not destroyed (see comm_cpu_shared_fini on a broken group).
- * Accepts NULL. */
+ * replaces it). Accepts NULL. */
 void comm_file_close(struct comm_file *f);
 
 #endif

@@ -250,11 +250,11 @@ check "a malformed group file: the worker cannot run (exit $cannot_run, got $rc)
 grep -q "is not a tensor-parallel group file" "$tmp/junk.log" || tail -3 "$tmp/junk.log" >&2
 check "  saying it is no group file" grep -q "is not a tensor-parallel group file" "$tmp/junk.log"
 # A rank whose peer never comes and whose parent (the supervisor) is gone: a fresh group file
-# (the header comm_file_create writes: magic "ptpgroup", version 1, size 2, zeros to 16 KiB) that
+# (the header comm_file_create writes: magic "ptpgroup", version 2, size 2, zeros to 16 KiB) that
 # no rank 0 ever opens. Rank 1 waits for rank 0 only while its parent lives: once the shell that
 # started it exits, it exits too instead of waiting for ever.
 {
-    printf 'ptpgroup\001\000\000\000\002\000\000\000'
+    printf 'ptpgroup\002\000\000\000\002\000\000\000'
     head -c $((16384 - 16)) /dev/zero
 } >"$tmp/fresh"
 chmod 0600 "$tmp/fresh" # as the supervisor makes it (a file others may write is refused)

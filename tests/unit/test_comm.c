@@ -12,6 +12,7 @@
 #include "common/error.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -254,7 +255,7 @@ static void test_killed_process_peer(void **state)
 struct survivor {
     struct comm *c;
     int rc;
-    long calls;
+    atomic_long calls;
 };
 
 static void *survivor_main(void *arg)
@@ -262,7 +263,7 @@ static void *survivor_main(void *arg)
     struct survivor *s = arg;
     float x = 1;
     while ((s->rc = comm_all_reduce_sum(s->c, &x, 1, DTYPE_F32)) == 0)
-        s->calls++;
+        atomic_fetch_add(&s->calls, 1);
     return NULL;
 }
 
@@ -287,9 +288,14 @@ static void test_stopped_process_peer(void **state)
             _exit(0);
         }
         struct survivor s = {0};
+        atomic_init(&s.calls, 0);
         assert_int_equal(comm_cpu_open(mem, 0, &s.c), 0);
         pthread_t th;
         assert_int_equal(pthread_create(&th, NULL, survivor_main, &s), 0);
+        /* Both ranks running (a loaded machine may take a while to start the child), then a
+         * stop at a random point. */
+        for (int i = 0; i < 5000 && atomic_load(&s.calls) == 0; i++)
+            usleep(1000);
         usleep(2000 + (useconds_t)(rand_r(&seed) % 20000));
         kill(pid, SIGSTOP);
         double t0 = now_ms();
@@ -303,9 +309,9 @@ static void test_stopped_process_peer(void **state)
         if (joined != 0)
             fail_msg("trial %d: the survivor still waits %.0f ms after its peer stopped (%ld "
                      "calls before)",
-                     trial, now_ms() - t0, s.calls);
+                     trial, now_ms() - t0, atomic_load(&s.calls));
         assert_int_equal(s.rc, PAGODA_ETIMEDOUT);
-        assert_true(s.calls > 0);
+        assert_true(atomic_load(&s.calls) > 0);
         comm_close(s.c);
         comm_cpu_shared_fini(mem);
         munmap(mem, bytes);
