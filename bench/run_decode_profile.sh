@@ -2,7 +2,7 @@
 # bench/run_decode_profile.sh BUILD_DIR: where the decode step's GPU time goes (issue 15), on the
 # GPU machine, in one run: the kernels' tests, the step timed, the linears against cuBLAS and
 # cuBLASLt, then a per-kernel profile of one step per batch and version.
-#   1. kernels/test_cuda_kernels (SKIP_TESTS=1 skips it)
+#   1. kernels/test_cuda_kernels and test_cuda_attention (SKIP_TESTS=1 skips them)
 #   2. decode_step: the Llama-3-8B shape (random weights), batches 1, 16 and 64 at context 1100,
 #      the kernels before issue 15, the shipped ones and the ones with cuda_gemv; device time
 #      per step against the bandwidth floor, logits and tokens against the baseline's
@@ -25,10 +25,12 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,power.draw -
 # Meta-Llama-3-8B's shape (bench/models/llama3-8b.json, as bench/run_gpu.sh uses it).
 cp "$root/bench/models/llama3-8b.json" "$out/model/config.json"
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
-    echo "=== correctness: test_cuda_kernels"
-    "$build/kernels/test_cuda_kernels" >"$out/test_cuda_kernels.log" 2>&1 ||
-        { grep FAIL "$out/test_cuda_kernels.log"; echo "the kernel suite failed: no timings"; exit 1; }
-    tail -1 "$out/test_cuda_kernels.log"
+    for t in test_cuda_kernels test_cuda_attention; do
+        echo "=== correctness: $t"
+        "$build/kernels/$t" >"$out/$t.log" 2>&1 ||
+            { grep FAIL "$out/$t.log"; echo "$t failed: no timings"; exit 1; }
+        tail -1 "$out/$t.log"
+    done
 fi
 echo "=== decode_step"
 "$build/bin/decode_step" "$out/model" --reps 30 | tee "$out/decode_step.log" ||

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # bench/run_kernels.sh BUILD_DIR: pagoda's CUDA kernels against PyTorch on the GPU machine, in
 # one run: correctness first, then timings, then one table.
-#   1. tests/gpu's kernel suite (test_cuda_kernels: every kernel against the CPU implementation)
+#   1. tests/gpu's kernel suites (test_cuda_kernels, test_cuda_attention: every kernel against
+#      the CPU implementation)
 #   2. kernel_bench: pagoda's kernels timed on device buffers (the attention pools allocated as
 #      pagoda-kvpool does, by CUDA VMM; KERNEL_BENCH_ARGS="--pool malloc" for cudaMalloc), JSON
 #      in OUT_DIR/kernel_bench.json
@@ -22,9 +23,11 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,power.draw -
     2>/dev/null || true
 
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
-    echo "=== correctness: test_cuda_kernels"
-    "$build/kernels/test_cuda_kernels" 2>&1 | tee "$out/test_cuda_kernels.log" | grep -v '^ok'
-    [ "${PIPESTATUS[0]}" = 0 ] || { echo "run_kernels.sh: the kernel suite failed: no timings"; exit 1; }
+    for t in test_cuda_kernels test_cuda_attention; do
+        echo "=== correctness: $t"
+        "$build/kernels/$t" 2>&1 | tee "$out/$t.log" | grep -v '^ok'
+        [ "${PIPESTATUS[0]}" = 0 ] || { echo "run_kernels.sh: $t failed: no timings"; exit 1; }
+    done
 fi
 echo "=== kernel_bench"
 # shellcheck disable=SC2086
