@@ -249,14 +249,20 @@ static void test_killed_process_peer(void **state)
  * variable this barrier was until 2026-12-03 held the survivor for ever when the peer stopped
  * inside the critical section: pthread_cond_timedwait's deadline does not cover taking the
  * mutex back: test_tp_proc_group hung so on a loaded CI machine. That code failed this test in
- * each of four runs: a stop lands in the critical section in a few trials of a hundred.) */
+ * 6 of 7 runs: a stop lands in the critical section in a few trials of a hundred.) */
 #define STOP_TIMEOUT_MS 100
+#define STOP_TRIALS 30
 
 struct survivor {
     struct comm *c;
     int rc;
     atomic_long calls;
+    atomic_int done;
 };
+
+/* Static: a survivor thread that hangs (the failure this test looks for) must not outlive the
+ * stack frame it points into. */
+static struct survivor surv;
 
 static void *survivor_main(void *arg)
 {
@@ -264,6 +270,7 @@ static void *survivor_main(void *arg)
     float x = 1;
     while ((s->rc = comm_all_reduce_sum(s->c, &x, 1, DTYPE_F32)) == 0)
         atomic_fetch_add(&s->calls, 1);
+    atomic_store(&s->done, 1);
     return NULL;
 }
 
@@ -272,7 +279,11 @@ static void test_stopped_process_peer(void **state)
     (void)state;
     size_t bytes = comm_cpu_shared_bytes(2);
     unsigned seed = (unsigned)getpid();
-    for (int trial = 0; trial < 30; trial++) {
+    /* A trial counts when both ranks were still all-reducing as the stop came: on a loaded
+     * machine a rank may be kept off the CPU past the 100 ms timeout first, which ends the
+     * stream before any stop (the survivor's error is then PAGODA_ETIMEDOUT too). */
+    int counted = 0, attempts = 0;
+    for (; counted < STOP_TRIALS && attempts < 3 * STOP_TRIALS; attempts++) {
         void *mem = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
         assert_true(mem != MAP_FAILED);
         assert_int_equal(comm_cpu_shared_init(mem, 2, STOP_TIMEOUT_MS), 0);
@@ -287,16 +298,17 @@ static void test_stopped_process_peer(void **state)
                 x = 2;
             _exit(0);
         }
-        struct survivor s = {0};
-        atomic_init(&s.calls, 0);
-        assert_int_equal(comm_cpu_open(mem, 0, &s.c), 0);
+        surv.rc = 0;
+        atomic_store(&surv.calls, 0);
+        atomic_store(&surv.done, 0);
+        assert_int_equal(comm_cpu_open(mem, 0, &surv.c), 0);
         pthread_t th;
-        assert_int_equal(pthread_create(&th, NULL, survivor_main, &s), 0);
-        /* Both ranks running (a loaded machine may take a while to start the child), then a
-         * stop at a random point. */
-        for (int i = 0; i < 5000 && atomic_load(&s.calls) == 0; i++)
+        assert_int_equal(pthread_create(&th, NULL, survivor_main, &surv), 0);
+        /* Both ranks running, then a stop at a random point. */
+        for (int i = 0; i < 5000 && atomic_load(&surv.calls) == 0 && !atomic_load(&surv.done); i++)
             usleep(1000);
         usleep(2000 + (useconds_t)(rand_r(&seed) % 20000));
+        const int streaming = !atomic_load(&surv.done);
         kill(pid, SIGSTOP);
         double t0 = now_ms();
         struct timespec until;
@@ -307,15 +319,18 @@ static void test_stopped_process_peer(void **state)
         int status;
         waitpid(pid, &status, 0);
         if (joined != 0)
-            fail_msg("trial %d: the survivor still waits %.0f ms after its peer stopped (%ld "
+            fail_msg("attempt %d: the survivor still waits %.0f ms after its peer stopped (%ld "
                      "calls before)",
-                     trial, now_ms() - t0, atomic_load(&s.calls));
-        assert_int_equal(s.rc, PAGODA_ETIMEDOUT);
-        assert_true(atomic_load(&s.calls) > 0);
-        comm_close(s.c);
+                     attempts, now_ms() - t0, atomic_load(&surv.calls));
+        int rc = surv.rc;
+        comm_close(surv.c);
         comm_cpu_shared_fini(mem);
         munmap(mem, bytes);
+        assert_int_equal(rc, PAGODA_ETIMEDOUT);
+        counted += streaming && atomic_load(&surv.calls) > 0;
     }
+    print_message("%d stops amid the stream in %d attempts\n", counted, attempts);
+    assert_true(counted >= STOP_TRIALS / 3);
 }
 
 /* An idle follower: waits for rank 0's broadcast past the group's timeout without breaking the
