@@ -1,9 +1,10 @@
 /* A kernel for test_cuda_attention's "slow q" cases (tests/gpu/hide_q.h): it stands between the
  * kernel that writes the attention's q (RoPE with the cache write) and the attention, hides q
  * (NaN) while the attention, launched with programmatic dependent launch, may already run its
- * part before griddepcontrol.wait, and puts q back only after a pause. An attention that reads
- * q before its wait (a load the compiler hoisted above it: an ld.global.nc, __ldg, may be, as in
- * the fifteenth session's producer-warp kernel) reads NaN; one that waits reads q. */
+ * part before griddepcontrol.wait, and puts q back only after a pause. test_pdl_probe, launched
+ * between the two, reads q before its own wait to show that the launches overlapped. An attention
+ * that reads q before its wait (a load the compiler hoisted above it: an ld.global.nc, __ldg, may
+ * be, as in the fifteenth session's producer-warp kernel) reads NaN; one that waits reads q. */
 #include "kernels/cuda/common.cuh"
 #include "tests/gpu/hide_q.h"
 
@@ -41,7 +42,26 @@ __global__ void hide_q_kernel(uint16_t *qkv, int64_t stride, int32_t rows, int32
         qkv[(i / cols) * stride + i % cols] = scratch[i];
 }
 
+/* One warp: lets its dependents start, reads q[0] before its own wait (on purpose: whether it
+ * sees hide_q's NaN says whether this launch overlapped hide_q's pause) and writes what it saw,
+ * then waits. The read is volatile and its result stored before the wait, so that neither the
+ * compiler nor ptxas can move it past the wait (where it would always see q restored). */
+__global__ void pdl_probe_kernel(const uint16_t *q, int32_t *seen)
+{
+    pdl_launch_dependents();
+    if (threadIdx.x == 0) {
+        const uint16_t v = *(const volatile uint16_t *)q;
+        *(volatile int32_t *)seen = v == 0xFFFF;
+    }
+    pdl_wait();
+}
+
 } // namespace
+
+extern "C" int test_pdl_probe(const uint16_t *q, int32_t *seen, cudaStream_t s)
+{
+    return launch_pdl("test_pdl_probe", pdl_probe_kernel, 1, 32, 0, s, q, seen);
+}
 
 extern "C" int test_hide_q(uint16_t *qkv, int64_t stride, int32_t rows, int32_t cols,
                            uint16_t *scratch, int32_t pause_us, cudaStream_t s)
