@@ -144,12 +144,9 @@ static struct timespec deadline_after(int ms)
  * not keep the others asleep to their deadline, with the barrier passed). */
 #define WAIT_SLICE_MS 20
 
-static int passed(const struct timespec *deadline)
+static int ts_before(const struct timespec *a, const struct timespec *b)
 {
-    struct timespec now;
-    clock_gettime(CLOCK_MONOTONIC, &now);
-    return now.tv_sec > deadline->tv_sec ||
-           (now.tv_sec == deadline->tv_sec && now.tv_nsec >= deadline->tv_nsec);
+    return a->tv_sec < b->tv_sec || (a->tv_sec == b->tv_sec && a->tv_nsec < b->tv_nsec);
 }
 
 /* Sleeps while the word is seen, until woken, for at most WAIT_SLICE_MS, and not past the
@@ -160,9 +157,8 @@ static int passed(const struct timespec *deadline)
  * the wait does not spin. */
 static int futex_wait_until(_Atomic uint32_t *word, uint32_t seen, const struct timespec *deadline)
 {
-    struct timespec slice = deadline_after(WAIT_SLICE_MS);
-    if (slice.tv_sec > deadline->tv_sec ||
-        (slice.tv_sec == deadline->tv_sec && slice.tv_nsec > deadline->tv_nsec))
+    struct timespec slice = deadline_after(WAIT_SLICE_MS), now;
+    if (ts_before(deadline, &slice))
         slice = *deadline;
     long r = syscall(SYS_futex, (uint32_t *)word, FUTEX_WAIT_BITSET, seen, &slice, NULL,
                      FUTEX_BITSET_MATCH_ANY);
@@ -170,7 +166,8 @@ static int futex_wait_until(_Atomic uint32_t *word, uint32_t seen, const struct 
         struct timespec ms = {0, 1000000L};
         nanosleep(&ms, NULL);
     }
-    return passed(deadline) ? ETIMEDOUT : 0;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return ts_before(&now, deadline) ? 0 : ETIMEDOUT;
 }
 
 static void futex_wake_all(_Atomic uint32_t *word)
@@ -184,15 +181,44 @@ static uint64_t broken_word(int err, int rank, int aborted)
            (uint64_t)(aborted != 0) << 48;
 }
 
-/* Breaks the group with err (unless it is broken already: the first break is the one every
- * rank reports) and wakes every waiter. */
-static void mark_broken(struct shared *sh, int err, int rank, int aborted)
+/* Records how the group broke, unless a break is recorded already: the first is the one every
+ * rank reports. */
+static void set_broken(struct shared *sh, int err, int rank, int aborted)
 {
     uint64_t none = 0;
     atomic_compare_exchange_strong_explicit(&sh->broken, &none, broken_word(err, rank, aborted),
                                             memory_order_acq_rel, memory_order_acquire);
+}
+
+/* Breaks the group with err (set_broken) and wakes every waiter. */
+static void mark_broken(struct shared *sh, int err, int rank, int aborted)
+{
+    set_broken(sh, err, rank, aborted);
     atomic_fetch_or_explicit(&sh->word, WORD_BROKEN, memory_order_acq_rel);
     futex_wake_all(&sh->word);
+}
+
+/* Changes the word (*s, its value last seen, refreshed on every try) to what change makes of it,
+ * but only while the barrier of generation gen is still pending: not passed, group not broken.
+ * Returns 1 when the change was made, 0 when the barrier passed or the group broke first. */
+static int change_if_pending(struct shared *sh, uint32_t gen, uint32_t *s,
+                             uint32_t (*change)(uint32_t))
+{
+    while ((*s & WORD_GEN) == gen && !(*s & WORD_BROKEN))
+        if (atomic_compare_exchange_weak_explicit(&sh->word, s, change(*s), memory_order_acq_rel,
+                                                  memory_order_acquire))
+            return 1;
+    return 0;
+}
+
+static uint32_t with_broken(uint32_t w)
+{
+    return w | WORD_BROKEN;
+}
+
+static uint32_t one_left(uint32_t w)
+{
+    return w - 1;
 }
 
 /* The error of a broken group, with a detail. */
@@ -258,33 +284,23 @@ static int barrier_idle(struct cpu_comm *c, const struct timespec *deadline_in,
             continue;
         if (idle == NULL) {
             /* Break the group only from this very generation, not yet passed: the barrier
-             * passes for every rank or for none (a last arrival just now wins). */
-            while ((s & WORD_GEN) == gen && !(s & WORD_BROKEN))
-                if (atomic_compare_exchange_weak_explicit(&sh->word, &s, s | WORD_BROKEN,
-                                                          memory_order_acq_rel,
-                                                          memory_order_acquire)) {
-                    uint64_t none = 0;
-                    atomic_compare_exchange_strong_explicit(
-                        &sh->broken, &none, broken_word(PAGODA_ETIMEDOUT, rank, 0),
-                        memory_order_acq_rel, memory_order_acquire);
-                    futex_wake_all(&sh->word);
-                    return pagoda_error_set(PAGODA_ETIMEDOUT,
-                                            "comm rank %d: a peer did not arrive within %d ms",
-                                            rank, sh->timeout_ms);
-                }
-            continue;
+             * passes for every rank or for none (a last arrival just now wins). The detail
+             * follows the flag (broken_error covers the gap). */
+            if (!change_if_pending(sh, gen, &s, with_broken))
+                continue;
+            set_broken(sh, PAGODA_ETIMEDOUT, rank, 0);
+            futex_wake_all(&sh->word);
+            return pagoda_error_set(PAGODA_ETIMEDOUT,
+                                    "comm rank %d: a peer did not arrive within %d ms", rank,
+                                    sh->timeout_ms);
         }
         if (!idle->keep_waiting(idle->ctx)) {
             /* Leave, unless the barrier passed (or the group broke) meanwhile. */
-            s = atomic_load_explicit(&sh->word, memory_order_acquire);
-            while ((s & WORD_GEN) == gen && !(s & WORD_BROKEN))
-                if (atomic_compare_exchange_weak_explicit(
-                        &sh->word, &s, s - 1, memory_order_acq_rel, memory_order_acquire))
-                    return pagoda_error_set(PAGODA_ECLOSED, "comm rank %d: stopped waiting", rank);
+            if (change_if_pending(sh, gen, &s, one_left))
+                return pagoda_error_set(PAGODA_ECLOSED, "comm rank %d: stopped waiting", rank);
             continue;
         }
         d = deadline_after(COMM_IDLE_POLL_MS);
-        s = atomic_load_explicit(&sh->word, memory_order_acquire);
     }
 }
 
