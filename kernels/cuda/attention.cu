@@ -1088,7 +1088,7 @@ int cuda_attention_plan_new(const struct cuda_attention_config *c, struct cuda_a
         return rc;
 
     int dev = 0, sms = 0;
-    if ((rc = cuda_device_sms(&dev, &sms, "cuda_attention_plan_new")) < 0)
+    if ((rc = cuda_device_sms(&dev, &sms, "cuda_attention_plan_new: the device's SM count")) < 0)
         return rc;
 
     struct cuda_attention_plan *p =

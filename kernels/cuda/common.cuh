@@ -32,19 +32,22 @@ static inline int cuda_call_result(cudaError_t e, const char *call)
     return 0;
 }
 
-/* The current device and its SM count (what a persistent kernel's grid is sized by). On a
- * failure the error is also taken off cudaGetLastError, so that a later launch is not blamed
- * for it; what names the caller in the detail. */
+/* A runtime call's failure as cuda_call_result, its error also taken off cudaGetLastError (so
+ * that a later launch is not blamed for it). */
+static inline int cuda_call_failed(cudaError_t e, const char *what)
+{
+    (void)cudaGetLastError();
+    return cuda_call_result(e, what);
+}
+
+/* The current device and its SM count (what a persistent kernel's grid is sized by); what
+ * names the query in a failure's detail (cuda_call_failed). */
 static inline int cuda_device_sms(int *dev, int *sms, const char *what)
 {
     cudaError_t e = cudaGetDevice(dev);
     if (e == cudaSuccess)
         e = cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, *dev);
-    if (e == cudaSuccess)
-        return 0;
-    (void)cudaGetLastError();
-    return pagoda_error_set(PAGODA_ECUDA, "%s: the device's SM count: %s", what,
-                            cudaGetErrorString(e));
+    return e == cudaSuccess ? 0 : cuda_call_failed(e, what);
 }
 
 static inline bool cuda_aligned16(const void *p)

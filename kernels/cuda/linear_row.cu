@@ -226,7 +226,7 @@ int launch_row(const uint16_t *x, const uint16_t *w, void *y, int y_f32, int32_t
                const row_norm *nrm, cudaStream_t s)
 {
     int dev = 0, sms = 0;
-    int rc = cuda_device_sms(&dev, &sms, "cuda_gemv_row");
+    int rc = cuda_device_sms(&dev, &sms, "cuda_gemv_row: the device's SM count");
     if (rc < 0)
         return rc;
     const int64_t groups = ((int64_t)out + kWarps - 1) / kWarps;

@@ -261,14 +261,6 @@ __global__ void __launch_bounds__(kThreads, 1)
  * may launch at once: the flag is atomic, the opt-in itself idempotent). */
 constexpr int kMaxDevices = 64;
 
-/* A runtime call's failure as PAGODA_ECUDA, its error taken off cudaGetLastError (so that a
- * later launch is not blamed for it). */
-static int call_failed(cudaError_t e, const char *what)
-{
-    (void)cudaGetLastError();
-    return cuda_call_result(e, what);
-}
-
 /* One CTA an SM, at most one a tile. */
 static unsigned grid_of(int32_t out, int sms)
 {
@@ -311,7 +303,7 @@ int launch(const uint16_t *x, const uint16_t *w, void *y, int32_t rows, int32_t 
 {
     static std::atomic<int> opted_in[kMaxDevices];
     int dev = 0, sms = 0;
-    int rc = cuda_device_sms(&dev, &sms, "cuda_gemv_stream");
+    int rc = cuda_device_sms(&dev, &sms, "cuda_gemv_stream: the device's SM count");
     if (rc < 0)
         return rc;
     const unsigned grid = grid_of(out, sms);
@@ -327,7 +319,7 @@ int launch(const uint16_t *x, const uint16_t *w, void *y, int32_t rows, int32_t 
         cudaError_t e = cudaFuncSetAttribute(gemv_stream_kernel<TILES, F32>,
                                              cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxSmem);
         if (e != cudaSuccess)
-            return call_failed(e, "cuda_gemv_stream: cudaFuncSetAttribute");
+            return cuda_call_failed(e, "cuda_gemv_stream: cudaFuncSetAttribute");
         if (dev >= 0 && dev < kMaxDevices)
             opted_in[dev].store(1, std::memory_order_relaxed);
     }
