@@ -178,7 +178,7 @@ struct result {
  * takes up to 256 rows (cuda_backend_options.lt_max_rows); the defaults
  * with the streaming GEMV on QKV and O up to CUDA_GEMV_MAX_ROWS rows; the defaults with
  * cuda_gemv_row on the linears of one row (cuda_backend_options.gemv_row 1), and with the
- * RMSNorms inside it too (gemv_row_norm 1). */
+ * RMSNorms inside it too (gemv_row_norm 1); the defaults without cuda_gemv_row (norow). */
 struct version {
     const char *name;
     int ref, baseline, gemv_max_rows, graphs, pdl;
@@ -194,7 +194,7 @@ struct version {
 #define kQKV ((int64_t)6144 * 4096)
 #define kEvery INT64_MAX
 #define kDown ((int64_t)14336 * 4096)
-#define kVersions 23
+#define kVersions 24
 static const struct version versions[kVersions] = {
     {"baseline", 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0},
     {"cublas", 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
@@ -219,6 +219,7 @@ static const struct version versions[kVersions] = {
     {"qo16", 3, 0, CUDA_GEMV_MAX_ROWS, 0, 0, 0, 1, 0, 0, 0, 0},
     {"row", 3, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0},
     {"rowfuse", 3, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0},
+    {"norow", 3, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0},
 };
 
 static void run_version(const struct model_config *c, const struct kv_geometry *g, void *pool,
@@ -245,6 +246,8 @@ static void run_version(const struct model_config *c, const struct kv_geometry *
         o.gemv_row = 1;
     if (strcmp(versions[version].name, "rowfuse") == 0)
         o.gemv_row_norm = 1;
+    if (strcmp(versions[version].name, "norow") == 0)
+        o.gemv_row = 0;
     if (versions[version].no_early_kv)
         o.decode_early_kv = 0;
     if (versions[version].copy_rows != 0)

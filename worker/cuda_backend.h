@@ -41,21 +41,19 @@ struct cuda_backend_options {
     /* 1 (the default): the linears gemv_max_rows and gemv_max_weight take go through the
      * streaming form, cuda_gemv_stream; 0: through cuda_gemv. */
     int gemv_stream;
-    /* 1: linears of one row that cuda_gemv_row takes (kernels/cuda/linear.h: each warp reads
-     * whole weight rows) go through it, before any other path; 0 (the default): they take the
+    /* 1 (the default): linears of one row that cuda_gemv_row takes (kernels/cuda/linear.h: each
+     * warp reads whole weight rows) go through it, before any other path; 0: they take the
      * paths below. On the H200 (bench/RESULTS.md, issue 15, fifteenth session) it reads QKV at
      * 3.1 TB/s, O at 2.7, gate/up at 4.1, down at 3.7 and the LM head at 4.4 where cuBLAS and
-     * the streaming GEMV reach 2.7-2.8, 1.9-2.4, 4.0, 3.5 and 4.2: the decode step of one
-     * sequence 2.3% shorter, its closed loop at 0.80 of the floor instead of 0.78. Off until the
-     * GPU suite has run with it: the session's suite run was on a main whose decode kernel had a
-     * race (the producer warp, since taken out), so its failures do not tell. */
+     * the streaming GEMV reach 2.7-2.8, 1.9-2.4, 4.0, 3.5 and 4.2. On since the seventeenth
+     * session, when the GPU suite passed with it (and with gemv_row_norm) on a race-free main. */
     int gemv_row;
-    /* 1: with gemv_row, a step of one row (and no tensor parallelism) runs each RMSNorm that
-     * feeds a linear inside that linear's kernel (cuda_gemv_row_norm: QKV and gate/up), 64
-     * kernels fewer a step of the 8B shape; the same bits (test_cuda_kernels). 0 (the default):
-     * separate kernels, which measured faster (every CTA normalising the whole row costs more
-     * than the kernel it saves: decode_step at one sequence 4.46 against 4.38 ms,
-     * bench/RESULTS.md, fifteenth session). */
+    /* 1 (the default): with gemv_row, a step of one row (and no tensor parallelism) runs each
+     * RMSNorm that feeds a linear inside that linear's kernel (cuda_gemv_row_norm: QKV and
+     * gate/up), 64 kernels fewer a step of the 8B shape; the same bits (test_cuda_kernels). 0:
+     * separate kernels. The seventeenth session measured, in one call, the closed loop of one
+     * client at 0.821-0.822 of the floor with both on against 0.788 with both off (the
+     * fifteenth had found the fused form slower on another machine; bench/RESULTS.md). */
     int gemv_row_norm;
     /* Linears of at most this many rows that no GEMV of ours takes go through cuBLASLt with its
      * heuristic's first algorithm (kernels/cuda/linear_lt.h), the others through cublasGemmEx;

@@ -67,7 +67,7 @@ int cuda_gemv_stream_ring_fits(int32_t rows, int32_t in, int32_t out,
 
 /* One input row (kernels/cuda/linear_row.cu): each warp reads whole weight rows, 512
  * contiguous bytes a load, for a decode step of one sequence (the CUDA backend's option
- * gemv_row, off by default until a GPU suite has run with it on a race-free main). 1 when
+ * gemv_row, on by default). 1 when
  * cuda_gemv_row takes these sizes and buffers: rows 1, in a multiple of 2048 up to 24576 (x fits in
  * 48 KiB of shared memory), out >= 1, x, w and y 16-byte aligned; else 0. */
 int cuda_gemv_row_fits(int32_t rows, int32_t in, int32_t out, const void *x, const void *w,

@@ -16,9 +16,10 @@
  * cuda_gemv_row_norm computes x itself, the transformer block's RMSNorm of the residual stream
  * (plus the last block's output), as cuda_add_rmsnorm does, bit for bit: every CTA normalises
  * the whole row (16 KiB of f32 read from L2), CTA 0 writes the new residual to a second buffer.
- * One kernel, and one wait on the kernel ahead, fewer for each linear behind a norm, but slower
- * in a decode step of the 8B shape (bench/RESULTS.md, fifteenth session): the CUDA backend
- * leaves it off by default (cuda_backend_options.gemv_row_norm). */
+ * One kernel, and one wait on the kernel ahead, fewer for each linear behind a norm; on by
+ * default in the CUDA backend (cuda_backend_options.gemv_row_norm). Measured slower than
+ * cuda_gemv_row alone on one machine (fifteenth session), as fast or faster on others
+ * (seventeenth; bench/RESULTS.md). */
 #include "kernels/cuda/linear.h"
 
 #include "kernels/cuda/common.cuh"
