@@ -562,10 +562,15 @@ static void apply_event(struct router *r, struct engine *e, const Pagoda__Intern
         return;
     uint32_t offset = ev->has_offset ? ev->offset : 0;
     if (offset > q->num_tokens) {
+        /* An event before it was lost; the scheduler sends what it holds again
+         * (docs/protocol.md, "Lost events"). Logged at the 1st, 2nd, 4th, ... gap. */
         r->event_gaps++;
-        router_id_hex(q->id, hex);
-        log_warn("request %s: an event from output offset %u, but %u tokens are held: ignored", hex,
-                 offset, q->num_tokens);
+        if ((r->event_gaps & (r->event_gaps - 1)) == 0) {
+            router_id_hex(q->id, hex);
+            log_warn("request %s: an event from output offset %u, but %u tokens are held: "
+                     "ignored (%llu such events so far)",
+                     hex, offset, q->num_tokens, (unsigned long long)r->event_gaps);
+        }
         return;
     }
     for (size_t i = q->num_tokens - offset; i < ev->n_token_ids; i++) {

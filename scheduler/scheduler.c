@@ -103,6 +103,7 @@ static void seq_free(struct seq *q)
         return;
     block_table_fini(&q->table);
     free(q->tokens);
+    free(q->logprobs);
     free(q->tenant);
     free(q->entries);
     free(q->keys);
@@ -116,7 +117,10 @@ struct seq *seq_new(const int32_t *tokens, int32_t n)
     int32_t cap = 16;
     while (cap < n + 1)
         cap *= 2;
-    if (q == NULL || (q->tokens = malloc((size_t)cap * sizeof(int32_t))) == NULL) {
+    if (q == NULL || (q->tokens = malloc((size_t)cap * sizeof(int32_t))) == NULL ||
+        (q->logprobs = calloc((size_t)cap, sizeof(float))) == NULL) {
+        if (q != NULL)
+            free(q->tokens);
         free(q);
         return NULL;
     }
@@ -252,7 +256,10 @@ void send_router(struct scheduler *s, Pagoda__Internal__ToRouter *m)
     m->protocol_version = WIRE_PROTOCOL_VERSION;
     m->has_epoch = 1;
     m->epoch = s->cfg.epoch;
-    s->io.to_router(s->io.ctx, m);
+    if (s->io.to_router(s->io.ctx, m) != 0) {
+        s->stats.router_drops++;
+        s->router_behind = true;
+    }
 }
 
 /* Sends n events in one message; announce_done marks the last message of an announcement. */
@@ -970,7 +977,7 @@ static Pagoda__Internal__FinishReason stop_reason(const struct scheduler *s, con
     return PAGODA__INTERNAL__FINISH_REASON__FINISH_NONE;
 }
 
-static int append_token(struct seq *q, int32_t token)
+static int append_token(struct seq *q, int32_t token, float logprob)
 {
     if (q->num_tokens == q->cap_tokens) {
         int32_t cap = q->cap_tokens * 2;
@@ -978,8 +985,13 @@ static int append_token(struct seq *q, int32_t token)
         if (t == NULL)
             return PAGODA_ENOMEM;
         q->tokens = t;
+        float *l = realloc(q->logprobs, (size_t)cap * sizeof(*l));
+        if (l == NULL)
+            return PAGODA_ENOMEM; /* tokens grew: harmless, cap_tokens stays */
+        q->logprobs = l;
         q->cap_tokens = cap;
     }
+    q->logprobs[q->num_tokens] = logprob;
     q->tokens[q->num_tokens++] = token;
     return 0;
 }
@@ -1125,7 +1137,7 @@ static void apply_result(struct scheduler *s, const Pagoda__Internal__StepResult
         if (q->pin == NULL) /* a pin's own sequence tells nobody */
             s->ev_ptrs[n_ev++] = ev;
         Pagoda__Internal__FinishReason reason;
-        if (append_token(q, q->result_token) != 0) {
+        if (append_token(q, q->result_token, q->result_logprob) != 0) {
             ev->has_error_code = 1;
             ev->error_code = PAGODA_ENOMEM;
             ev->error_message = "out of memory for the sequence's tokens";
@@ -1480,7 +1492,10 @@ static void on_submit(struct scheduler *s, const Pagoda__Internal__SubmitSeq *m)
     int32_t cap = 16;
     while ((size_t)cap < n_prompt + n_out + 1)
         cap *= 2;
-    if (q == NULL || (q->tokens = malloc((size_t)cap * sizeof(int32_t))) == NULL) {
+    if (q == NULL || (q->tokens = malloc((size_t)cap * sizeof(int32_t))) == NULL ||
+        (q->logprobs = calloc((size_t)cap, sizeof(float))) == NULL) {
+        if (q != NULL)
+            free(q->tokens);
         free(q);
         send_error(s, id, id_len, PAGODA_ENOMEM, "out of memory for the request");
         return;
@@ -1602,8 +1617,11 @@ static void announce_fill(Pagoda__Internal__TokenEvent *ev, struct seq *q)
     ev->offset = 0;
     ev->n_token_ids = (size_t)(q->num_tokens - q->num_prompt_tokens);
     ev->token_ids = q->tokens + q->num_prompt_tokens;
-    ev->has_prompt_tokens = 1;
+    ev->n_logprobs = ev->n_token_ids;
+    ev->logprobs = q->logprobs + q->num_prompt_tokens;
+    ev->has_prompt_tokens = ev->has_cached_tokens = 1;
     ev->prompt_tokens = (uint32_t)q->num_prompt_tokens;
+    ev->cached_tokens = q->cached_tokens;
     ev->has_announce = 1;
     ev->announce = 1;
     ev->tenant = q->tenant;
@@ -1627,17 +1645,13 @@ static void announce_fill(Pagoda__Internal__TokenEvent *ev, struct seq *q)
     }
 }
 
-/* Sends an announcement message: events, and announce_done on the last one. */
-static void announce_send(struct scheduler *s, size_t n, bool done)
+/* Sends every request held (waiting, running, and the recently ended) from output offset 0, in
+ * messages of at most max_seqs events and about SCHEDULER_ANNOUNCE_TOKENS tokens: as an
+ * announcement (announce set, announce_done on the last message), or as a resend after a lost
+ * message (neither: a router takes the tokens it lacks and adopts no request). Returns how many
+ * requests were sent. */
+static size_t send_held(struct scheduler *s, bool announce)
 {
-    send_events_msg(s, s->ev_ptrs, n, done);
-}
-
-/* RouterHello: announces every request held (waiting, running, and the recently ended), in
- * messages of at most max_seqs events and about SCHEDULER_ANNOUNCE_TOKENS tokens. */
-static void on_router_hello(struct scheduler *s)
-{
-    send_model_info(s);
     struct seq_list *lists[3] = {&s->running, &s->waiting, &s->recent};
     size_t n = 0, tokens = 0, total = 0;
     for (int l = 0; l < 3; l++) {
@@ -1645,20 +1659,55 @@ static void on_router_hello(struct scheduler *s)
             if (q->pin != NULL || (l == 2 && find_request(s, q->request_id) != NULL))
                 continue; /* a pin's own, or ended then submitted again: the live one speaks */
             size_t out = (size_t)(q->num_tokens - q->num_prompt_tokens);
+            if (!announce && out == 0 &&
+                q->finish_reason == PAGODA__INTERNAL__FINISH_REASON__FINISH_NONE)
+                continue; /* no event of it can have been lost */
             if (n > 0 &&
                 (n == (size_t)s->cfg.max_seqs || tokens + out > SCHEDULER_ANNOUNCE_TOKENS)) {
-                announce_send(s, n, false);
+                send_events_msg(s, s->ev_ptrs, n, false);
                 n = tokens = 0;
             }
-            announce_fill(&s->ev_msgs[n], q);
-            s->ev_ptrs[n] = &s->ev_msgs[n];
+            Pagoda__Internal__TokenEvent *ev = &s->ev_msgs[n];
+            announce_fill(ev, q);
+            if (!announce) {
+                ev->has_announce = ev->announce = 0;
+                ev->tenant = NULL;
+                ev->has_max_tokens = ev->has_ignore_eos = ev->has_client_request_id = 0;
+            }
+            s->ev_ptrs[n] = ev;
             n++;
             tokens += out;
             total++;
         }
     }
-    announce_send(s, n, true);
+    if (announce || n > 0)
+        send_events_msg(s, s->ev_ptrs, n, announce);
+    return total;
+}
+
+/* RouterHello: announces every request held. */
+static void on_router_hello(struct scheduler *s)
+{
+    send_model_info(s);
+    size_t total = send_held(s, true);
     log_info("router hello: announced %zu requests", total);
+}
+
+/* After a message to the router was lost: everything held again (and the model's context, in
+ * case that was the message), at most every SCHEDULER_ROUTER_RESEND_MS, until a resend goes
+ * through without a loss. */
+static void resend_to_router(struct scheduler *s, int64_t now_ms)
+{
+    if (!s->router_behind || now_ms - s->router_resend_ms < SCHEDULER_ROUTER_RESEND_MS)
+        return;
+    s->router_behind = false;
+    s->router_resend_ms = now_ms;
+    s->stats.router_resends++;
+    uint64_t drops = s->stats.router_drops;
+    send_model_info(s);
+    size_t total = send_held(s, false);
+    log_warn("messages to the router were lost: %zu requests sent again from offset 0%s", total,
+             s->stats.router_drops != drops ? " (this resend lost some too: again later)" : "");
 }
 
 void scheduler_on_router(struct scheduler *s, const Pagoda__Internal__ToScheduler *msg,
@@ -1700,6 +1749,7 @@ void scheduler_on_router(struct scheduler *s, const Pagoda__Internal__ToSchedule
 
 void scheduler_tick(struct scheduler *s, int64_t now_ms)
 {
+    resend_to_router(s, now_ms);
     struct worker_link *w = &s->worker;
     switch (w->state) {
     case LINK_NEED_HELLO:

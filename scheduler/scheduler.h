@@ -120,9 +120,20 @@
  *
  * Announcement: a RouterHello (sent by a router whenever its link comes up) is answered with
  * one TokenEvent{announce} per request held, running, waiting or among the last
- * SCHEDULER_MAX_RECENT_ENDED that ended: offset 0, every output token (no logprobs: they are
- * not kept), prompt_tokens, tenant, max_tokens, ignore_eos, the SubmitSeq's client_request_id,
+ * SCHEDULER_MAX_RECENT_ENDED that ended: offset 0, every output token with its logprob (0 for
+ * the output a request was resubmitted with: the router that resubmitted it holds those),
+ * prompt_tokens, cached_tokens, tenant, max_tokens, ignore_eos, the SubmitSeq's client_request_id,
  * and the finish reason of one that ended; the last message carries TokenEvents.announce_done.
+ *
+ * Lost messages to the router: the router takes an event's tokens only in order (an event from
+ * beyond the output it holds is ignored), so one lost event would leave its request without an
+ * end for ever. When io.to_router reports a message it could not deliver (a router too far
+ * behind, or none), stats.router_drops counts it and scheduler_tick, at most every
+ * SCHEDULER_ROUTER_RESEND_MS, sends the same events as an announcement's but without announce
+ * (a router adopts no request from them) and without announce_done, until one such resend goes
+ * through without a loss (stats.router_resends counts them). The router appends what it lacks
+ * and ignores the rest. Only what the scheduler still holds is resent: a request refused at
+ * submission (an error event, no sequence) is not.
  *
  * Watchdog: a worker that owes an answer (a step or a resync is outstanding) and has sent no
  * message at all for watchdog_ms is reported once per incident with Control{hung_worker_id,
@@ -198,6 +209,10 @@
  * with RouterHello, and the most output tokens one announcement message carries. */
 #define SCHEDULER_MAX_RECENT_ENDED 1024
 #define SCHEDULER_ANNOUNCE_TOKENS (1 << 20)
+/* After a message to the router could not be delivered, the scheduler sends every request it
+ * holds (and the recently ended) again from output offset 0, at most this often, until a
+ * resend goes through whole (see "Lost messages to the router" above). */
+#define SCHEDULER_ROUTER_RESEND_MS 1000
 /* The longest worker's error message kept for a request that failed (longer ones are cut). */
 #define SCHEDULER_ERROR_MESSAGE_MAX 256
 /* Request ids are 128-bit. */
@@ -233,11 +248,13 @@ void scheduler_config_default(struct scheduler_config *cfg);
 /* Where the scheduler's messages go. Each callback receives a message built in the
  * scheduler's memory, valid only during the call (pack it, do not keep it), with
  * protocol_version set. Callbacks must not call into the scheduler. A message the callback
- * cannot deliver may be dropped: the protocol recovers (a lost step or resync times out). */
+ * cannot deliver may be dropped: the protocol recovers (a lost step or resync times out; a
+ * message to the router that to_router reports lost, nonzero, is made good by a resend). */
 struct scheduler_io {
     void *ctx;
     void (*to_worker)(void *ctx, uint32_t worker_id, const Pagoda__Internal__ToWorker *msg);
-    void (*to_router)(void *ctx, const Pagoda__Internal__ToRouter *msg);
+    /* 0: delivered (queued to the router); nonzero: dropped. */
+    int (*to_router)(void *ctx, const Pagoda__Internal__ToRouter *msg);
     void (*to_supervisor)(void *ctx, const Pagoda__Internal__Control *msg);
 };
 
@@ -289,6 +306,8 @@ struct scheduler_stats {
     uint32_t peak_steps_in_flight;
     uint64_t discarded_tokens; /* sampled tokens dropped: their sequence ended or was preempted
                                   while the step ran (a stop found one step late, a cancel) */
+    uint64_t router_drops;     /* messages to the router that io.to_router could not deliver */
+    uint64_t router_resends;   /* resends of the requests held after such a loss */
     /* The current worker's mean wall and device time per step (its StepResult totals over its
      * steps run), microseconds; 0 until it reports them. */
     double worker_step_wall_us, worker_step_device_us;

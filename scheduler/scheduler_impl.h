@@ -36,6 +36,7 @@ struct seq {
     uint64_t seq_id; /* this admission's id (the worker's key); 0 while waiting */
     enum seq_state state;
     int32_t *tokens;
+    float *logprobs; /* beside tokens (cap_tokens): each sampled token's; 0 for the others */
     int32_t num_tokens, cap_tokens;
     int32_t num_prompt_tokens;
     int32_t num_computed;
@@ -191,6 +192,9 @@ struct scheduler {
     struct id_list pending_finished, pending_preempted;
     bool need_resync;
     bool ready_sent;
+    /* A message to the router was lost since the last resend that went through whole. */
+    bool router_behind;
+    int64_t router_resend_ms; /* when the last resend was sent */
     /* Forming a step. */
     struct plan_entry *plan;
     uint32_t plan_len;

@@ -91,12 +91,13 @@ static void send_to_worker(void *ctx, uint32_t worker_id, const Pagoda__Internal
         log_debug("to worker %u: dropped (%s)", (unsigned)worker_id, pagoda_strerror(rc));
 }
 
-static void send_to_router(void *ctx, const Pagoda__Internal__ToRouter *m)
+static int send_to_router(void *ctx, const Pagoda__Internal__ToRouter *m)
 {
     struct app *app = ctx;
     int rc = wire_send(app->router_sock, &m->base);
     if (rc != 0)
-        log_warn("to router: message dropped (%s)", pagoda_strerror(rc));
+        log_warn("to router: message dropped (%s); resent later", pagoda_strerror(rc));
+    return rc;
 }
 
 /* Blocks the loop for up to ~1 s when the supervisor is slow; happens once at readiness and

@@ -103,6 +103,7 @@ struct fuzz {
     size_t head, count;
     uint64_t policy_version, cookie;
     uint64_t computed_tokens;
+    bool router_down; /* io_to_router reports every message lost (the resend path runs) */
 };
 
 static void die(const char *what, const char *why)
@@ -149,9 +150,11 @@ static void io_to_worker(void *ctx, uint32_t worker_id, const Pagoda__Internal__
     f->count++;
 }
 
-static void io_to_router(void *ctx, const Pagoda__Internal__ToRouter *msg)
+static int io_to_router(void *ctx, const Pagoda__Internal__ToRouter *msg)
 {
+    const struct fuzz *f = ctx;
     pack_check(&msg->base, NULL, false);
+    return f->router_down ? -1 : 0;
 }
 
 static void io_to_supervisor(void *ctx, const Pagoda__Internal__Control *msg)
@@ -632,6 +635,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             deliver_raw(f, true, &in);
             break;
         case 2:
+            if (op & 128) /* the router's link starts or stops losing messages */
+                f->router_down = !f->router_down;
             f->now += (int64_t)u8(&in) * 8;
             scheduler_tick(f->s, f->now);
             break;

@@ -22,6 +22,9 @@
  *                scheduler announces them to the new router, all complete unchanged
  *   stop-worker  SIGSTOP of the worker: the watchdog reports it, the supervisor replaces it,
  *                all requests complete unchanged
+ *   stop-router  SIGSTOP of the router amid 8 long requests until the scheduler's messages to
+ *                it are lost (its log says so): the scheduler sends what it holds again, and
+ *                every request completes unchanged
  *   faults       a dropped step, a dropped result and a duplicated step: resyncs, unchanged
  *                outputs
  *   resend       a client with a 2 ms REQ resend time submits 32 requests while the router is
@@ -423,6 +426,83 @@ static void scenario_kill_program(struct group *g, const char *program)
     snprintf(cmd, sizeof(cmd), "grep -q '%s.*exited' '%s'", program, log);
     CHECK(system(cmd) == 0, "the supervisor restarted the %s", program);
     free_jobs(kill_jobs, 32);
+    CHECK(group_stop(g) == 0, "the group stops");
+}
+
+/* The stop-router scenario's requests, and the scheduler's lost messages it waits for. */
+#define STOP_JOBS 8
+#define STOP_DROPS 20
+
+/* How many times text occurs in file (0 when it cannot be read). */
+static int count_in_file(const char *file, const char *text)
+{
+    FILE *f = fopen(file, "r");
+    if (f == NULL)
+        return 0;
+    int n = 0;
+    char line[4096];
+    while (fgets(line, sizeof(line), f) != NULL)
+        n += strstr(line, text) != NULL;
+    fclose(f);
+    return n;
+}
+
+static int stop_drops;
+
+/* Holds the router stopped while the steps go on, until the scheduler's log shows STOP_DROPS
+ * messages to it lost (the link's buffers full: NNG's 256 messages and the socket's), or 60 s. */
+static void stop_router_until_drops(struct group *g)
+{
+    char log[700];
+    snprintf(log, sizeof(log), "%s/scheduler.log", g->run_dir);
+    const int before = count_in_file(log, "to router: message dropped");
+    pid_t pid = group_program_pid(g, "pagoda-router");
+    CHECK(pid > 0 && atomic_load(&started_jobs) == STOP_JOBS && kill(pid, SIGSTOP) == 0,
+          "every request has its first token; router %d stopped", (int)pid);
+    int drops = 0;
+    for (long t = 0; t < 60000 * group_time_scale() / 50 && drops < STOP_DROPS; t++) {
+        sleep_ms(50);
+        drops = count_in_file(log, "to router: message dropped") - before;
+    }
+    stop_drops = drops;
+    if (pid > 0)
+        kill(pid, SIGCONT);
+}
+
+/* SIGSTOP of the router amid 8 requests of 1500-1799 tokens, steps back to back, until the
+ * scheduler's token events (ends among them, perhaps) are lost: the router ignores the events
+ * that follow a loss, and the scheduler sends everything it holds again once a second until a
+ * resend goes through (docs/protocol.md, "Lost events"). Every request completes, each output
+ * equal to pagoda-run's. */
+static void scenario_stop_router(struct group *g)
+{
+    /* clang-format off */
+    const char *extra[] = {
+        "--worker-arg", "--step-delay-ms", "--worker-arg", "0",
+        "--scheduler-arg", "--result-timeout-ms", "--scheduler-arg", ms(2000),
+        "--scheduler-arg", "--watchdog-ms", "--scheduler-arg", ms(10000),
+        NULL};
+    /* clang-format on */
+    CHECK(group_start(g, extra) == 0, "group started");
+    enum { N = STOP_JOBS };
+    static struct job jobs[N];
+    make_jobs(jobs, N, 20, 40, 1500, 300);
+    run_jobs(g, jobs, N, stop_router_until_drops);
+    CHECK(stop_drops >= STOP_DROPS, "the scheduler lost %d messages to the stopped router",
+          stop_drops);
+    int ok = 0;
+    for (int i = 0; i < N; i++) {
+        ok += jobs[i].rc == 0 && jobs[i].result.finish_reason == PAGODA_FINISH_LENGTH;
+        if (jobs[i].rc != 0)
+            printf("job %d: %s\n", i, pagoda_strerror(jobs[i].rc));
+    }
+    CHECK(ok == N, "all %d requests completed (%d)", N, ok);
+    CHECK(compare_with_pagoda_run(g, jobs, N, 1800) == 0, "every output equals pagoda-run");
+    char log[700];
+    snprintf(log, sizeof(log), "%s/scheduler.log", g->run_dir);
+    int resends = count_in_file(log, "messages to the router were lost");
+    CHECK(resends >= 1, "the scheduler sent what it held again (%d times)", resends);
+    free_jobs(jobs, N);
     CHECK(group_stop(g) == 0, "the group stops");
 }
 
@@ -1026,6 +1106,8 @@ int main(int argc, char **argv)
         scenario_stop_worker(&g);
     else if (strcmp(s, "faults") == 0)
         scenario_faults(&g);
+    else if (strcmp(s, "stop-router") == 0)
+        scenario_stop_router(&g);
     else if (strcmp(s, "resend") == 0)
         scenario_resend(&g);
     else if (strcmp(s, "stream-cli") == 0)

@@ -99,6 +99,7 @@ struct hello_opts {
 struct req_rec {
     uint8_t id[SCHEDULER_REQUEST_ID_BYTES];
     int32_t out[MAX_OUT];
+    float lp[MAX_OUT]; /* out's logprobs */
     int n_out;
     int finish; /* -1 while running */
     int error_code;
@@ -112,6 +113,7 @@ struct ann_rec {
     uint8_t client_id[SCHEDULER_REQUEST_ID_BYTES];
     bool has_client_id;
     int32_t out[MAX_OUT];
+    float lp[MAX_OUT];
     int n_out;
     int finish;
     int32_t max_tokens;
@@ -152,6 +154,13 @@ struct harness {
     /* ModelInfo messages received and the last one's context. */
     int model_infos;
     int64_t model_positions;
+    /* Messages to the router: while drop_router, each is lost (io_to_router says so) and
+     * counted in router_dropped. router_lenient: events are taken as the router takes them
+     * (tokens beyond those held appended, the ones held checked equal, an event from beyond
+     * them counted in router_gaps and ignored, a repeated end checked equal); otherwise every
+     * event must continue exactly where the request's output is, and nothing follows an end. */
+    bool drop_router, router_lenient;
+    int router_dropped, router_gaps;
 };
 
 struct setup {
@@ -237,7 +246,7 @@ void rec_index_add(struct harness *h, int n);
 
 void io_to_worker(void *ctx, uint32_t worker_id, const Pagoda__Internal__ToWorker *m);
 
-void io_to_router(void *ctx, const Pagoda__Internal__ToRouter *msg);
+int io_to_router(void *ctx, const Pagoda__Internal__ToRouter *msg);
 
 void io_to_supervisor(void *ctx, const Pagoda__Internal__Control *m);
 

@@ -902,6 +902,7 @@ static void test_router_hello_announces(void **state)
     assert_memory_equal(ab->id, b->id, SCHEDULER_REQUEST_ID_BYTES);
     assert_int_equal(ab->n_out, b->n_out);
     assert_memory_equal(ab->out, b->out, (size_t)b->n_out * sizeof(int32_t));
+    assert_memory_equal(ab->lp, b->lp, (size_t)b->n_out * sizeof(float)); /* as first sent */
     assert_int_equal(ab->finish, 0);
     assert_int_equal(ab->max_tokens, 30);
     assert_true(ab->ignore_eos && ab->tenant_ok && ab->has_client_id);
@@ -910,11 +911,76 @@ static void test_router_hello_announces(void **state)
     assert_memory_equal(aa->id, a->id, SCHEDULER_REQUEST_ID_BYTES);
     assert_int_equal(aa->n_out, 2);
     assert_memory_equal(aa->out, a->out, 2 * sizeof(int32_t));
+    assert_memory_equal(aa->lp, a->lp, 2 * sizeof(float));
     assert_int_equal(aa->finish, PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH);
     assert_false(aa->ignore_eos);
     pump(h);
     assert_int_equal(b->ends, 1);
     assert_int_equal(b->n_out, 30);
+    expect_idle_pool(h);
+    harness_close(h);
+}
+
+/* Each token's logprob is the fake worker's for it (scheduler_harness.c): -0.5 - 0.125 (t & 7). */
+static void expect_logprobs(const struct req_rec *r)
+{
+    for (int i = 0; i < r->n_out; i++)
+        assert_true(r->lp[i] == -0.5f - 0.125f * (float)(r->out[i] & 7));
+}
+
+/* Messages to the router that io.to_router reports lost: the events of a request that ends
+ * meanwhile (its end among them) and of one that goes on. Its next events come from beyond
+ * what the router holds (ignored, as the router does); a tick at least
+ * SCHEDULER_ROUTER_RESEND_MS after the last resend sends everything held again from offset 0,
+ * with the logprobs first sent, and a resend that is itself lost is sent again a period later. */
+static void test_lost_router_messages_are_resent(void **state)
+{
+    struct harness *h = harness_open(&DEFAULT_SETUP);
+    h->router_lenient = true;
+    int32_t pa[6], pb[6];
+    make_prompt(50, 6, pa);
+    make_prompt(51, 6, pb);
+    struct req_rec *a = submit(h, 1, pa, 6, 8);
+    struct req_rec *b = submit(h, 2, pb, 6, 40);
+    exchange(h);
+    exchange(h);
+    const int a_before = a->n_out, b_before = b->n_out;
+    assert_true(a_before >= 1 && a_before < 8 && b_before >= 1);
+    h->drop_router = true;
+    for (int i = 0; i < 10; i++)
+        exchange(h);
+    assert_true(h->router_dropped >= 8);
+    assert_int_equal(a->n_out, a_before); /* nothing arrived, the end neither */
+    assert_int_equal(a->ends, 0);
+    assert_int_equal(stats(h).router_drops, (uint64_t)h->router_dropped);
+    assert_int_equal(stats(h).running, 1); /* a ended in the scheduler */
+    h->drop_router = false;
+    exchange(h); /* b's next event: from beyond what is held, ignored */
+    assert_true(h->router_gaps >= 1);
+    assert_int_equal(b->n_out, b_before);
+
+    /* The first resend is lost too; a tick before the period is up sends nothing. */
+    const int64_t t0 = h->now + SCHEDULER_ROUTER_RESEND_MS;
+    h->drop_router = true;
+    int dropped = h->router_dropped;
+    tick(h, t0);
+    assert_true(h->router_dropped > dropped);
+    assert_int_equal(stats(h).router_resends, 1);
+    h->drop_router = false;
+    tick(h, t0 + SCHEDULER_ROUTER_RESEND_MS - 1);
+    assert_int_equal(stats(h).router_resends, 1);
+    assert_int_equal(a->ends, 0);
+    tick(h, t0 + SCHEDULER_ROUTER_RESEND_MS);
+    assert_int_equal(stats(h).router_resends, 2);
+    expect_output(a, pa, 6, 8, PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH);
+    expect_logprobs(a);
+    assert_true(b->n_out > b_before + 8);
+    pump(h);
+    expect_output(b, pb, 6, 40, PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH);
+    expect_logprobs(b);
+    /* Delivered whole: no more resends. */
+    tick(h, t0 + 4 * SCHEDULER_ROUTER_RESEND_MS);
+    assert_int_equal(stats(h).router_resends, 2);
     expect_idle_pool(h);
     harness_close(h);
 }
@@ -1199,6 +1265,7 @@ int main(void)
         cmocka_unit_test(test_sequence_left_out_of_a_resync_fails),
         cmocka_unit_test(test_stats_reply),
         cmocka_unit_test(test_router_hello_announces),
+        cmocka_unit_test(test_lost_router_messages_are_resent),
         cmocka_unit_test(test_pool_change_recomputes),
         cmocka_unit_test(test_first_hello_other_pool),
         cmocka_unit_test(test_pool_change_drops_cache),
