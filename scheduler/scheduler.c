@@ -372,7 +372,10 @@ static void seq_retire(struct scheduler *s, struct seq *q)
     seq_detach(s, q);
     q->state = SEQ_WAITING;
     list_push_back(&s->recent, q);
-    while (s->recent.count > SCHEDULER_MAX_RECENT_ENDED) {
+    /* While a message to the router is lost and not yet made good, the ends it may have held
+     * stay (up to SCHEDULER_MAX_RECENT_BEHIND). */
+    uint32_t keep = s->router_behind ? SCHEDULER_MAX_RECENT_BEHIND : SCHEDULER_MAX_RECENT_ENDED;
+    while (s->recent.count > keep) {
         struct seq *old = s->recent.head;
         list_remove(&s->recent, old);
         seq_free(old);
@@ -405,7 +408,14 @@ static void seq_refuse(struct scheduler *s, struct seq *q, int error, const char
         return;
     }
     send_error(s, q->request_id, SCHEDULER_REQUEST_ID_BYTES, error, message);
-    seq_remove(s, q);
+    /* Kept with its error like any ended request, so that an announcement or a resend after a
+     * lost message tells a router. */
+    q->finish_reason = PAGODA__INTERNAL__FINISH_REASON__FINISH_ERROR;
+    q->error_code = error;
+    free(q->error_text);
+    q->error_text = strndup(message, SCHEDULER_ERROR_MESSAGE_MAX - 1);
+    q->error_message = q->error_text != NULL ? q->error_text : "refused at admission";
+    seq_retire(s, q);
 }
 
 /* Ends q with FINISH_ERROR because of an error of its own that a worker reported (code, message,
@@ -1645,15 +1655,25 @@ static void announce_fill(Pagoda__Internal__TokenEvent *ev, struct seq *q)
     }
 }
 
+/* Sends n events in one message; false when the message was lost (io.to_router said so). */
+static bool send_events_delivered(struct scheduler *s, size_t n, bool announce_done)
+{
+    uint64_t drops = s->stats.router_drops;
+    send_events_msg(s, s->ev_ptrs, n, announce_done);
+    return s->stats.router_drops == drops;
+}
+
 /* Sends every request held (waiting, running, and the recently ended) from output offset 0, in
  * messages of at most max_seqs events and about SCHEDULER_ANNOUNCE_TOKENS tokens: as an
  * announcement (announce set, announce_done on the last message), or as a resend after a lost
- * message (neither: a router takes the tokens it lacks and adopts no request). Returns how many
- * requests were sent. */
-static size_t send_held(struct scheduler *s, bool announce)
+ * message (neither: a router takes the tokens it lacks and adopts no request; requests with no
+ * output and no end are left out). Stops at the first message lost and returns false; true when
+ * every message went. *total: the requests sent. */
+static bool send_held(struct scheduler *s, bool announce, size_t *total)
 {
     struct seq_list *lists[3] = {&s->running, &s->waiting, &s->recent};
-    size_t n = 0, tokens = 0, total = 0;
+    size_t n = 0, tokens = 0;
+    *total = 0;
     for (int l = 0; l < 3; l++) {
         for (struct seq *q = lists[l]->head; q != NULL; q = q->next) {
             if (q->pin != NULL || (l == 2 && find_request(s, q->request_id) != NULL))
@@ -1664,7 +1684,8 @@ static size_t send_held(struct scheduler *s, bool announce)
                 continue; /* no event of it can have been lost */
             if (n > 0 &&
                 (n == (size_t)s->cfg.max_seqs || tokens + out > SCHEDULER_ANNOUNCE_TOKENS)) {
-                send_events_msg(s, s->ev_ptrs, n, false);
+                if (!send_events_delivered(s, n, false))
+                    return false;
                 n = tokens = 0;
             }
             Pagoda__Internal__TokenEvent *ev = &s->ev_msgs[n];
@@ -1677,37 +1698,49 @@ static size_t send_held(struct scheduler *s, bool announce)
             s->ev_ptrs[n] = ev;
             n++;
             tokens += out;
-            total++;
+            (*total)++;
         }
     }
-    if (announce || n > 0)
-        send_events_msg(s, s->ev_ptrs, n, announce);
-    return total;
+    return (!announce && n == 0) || send_events_delivered(s, n, announce);
 }
 
-/* RouterHello: announces every request held. */
+/* RouterHello: announces every request held; an announcement not delivered whole is sent
+ * again as one (resend_to_router). */
 static void on_router_hello(struct scheduler *s)
 {
     send_model_info(s);
-    size_t total = send_held(s, true);
+    size_t total = 0;
+    if (!send_held(s, true, &total))
+        s->resend_announce = true;
     log_info("router hello: announced %zu requests", total);
 }
 
-/* After a message to the router was lost: everything held again (and the model's context, in
- * case that was the message), at most every SCHEDULER_ROUTER_RESEND_MS, until a resend goes
- * through without a loss. */
+/* After a message to the router was lost: the model's context (in case that was the message)
+ * and everything held again, as an announcement when one was lost, until a resend goes through
+ * whole. The first SCHEDULER_ROUTER_RESEND_MS after the last resend, then twice as long after
+ * each resend that was lost too, up to SCHEDULER_ROUTER_RESEND_MAX_MS. */
 static void resend_to_router(struct scheduler *s, int64_t now_ms)
 {
-    if (!s->router_behind || now_ms - s->router_resend_ms < SCHEDULER_ROUTER_RESEND_MS)
+    if (!s->router_behind || now_ms - s->router_resend_ms < s->router_resend_wait_ms)
         return;
     s->router_behind = false;
     s->router_resend_ms = now_ms;
     s->stats.router_resends++;
+    size_t total = 0;
     uint64_t drops = s->stats.router_drops;
     send_model_info(s);
-    size_t total = send_held(s, false);
-    log_warn("messages to the router were lost: %zu requests sent again from offset 0%s", total,
-             s->stats.router_drops != drops ? " (this resend lost some too: again later)" : "");
+    bool whole = s->stats.router_drops == drops && send_held(s, s->resend_announce, &total);
+    if (whole) {
+        s->resend_announce = false;
+        s->router_resend_wait_ms = SCHEDULER_ROUTER_RESEND_MS;
+        log_warn("messages to the router were lost: %zu requests sent again from offset 0", total);
+        return;
+    }
+    s->router_behind = true;
+    if (s->router_resend_wait_ms < SCHEDULER_ROUTER_RESEND_MAX_MS)
+        s->router_resend_wait_ms *= 2;
+    log_warn("messages to the router were lost, and so was their resend: again in %lld ms",
+             (long long)s->router_resend_wait_ms);
 }
 
 void scheduler_on_router(struct scheduler *s, const Pagoda__Internal__ToScheduler *msg,
@@ -1869,6 +1902,7 @@ int scheduler_open(const struct scheduler_config *cfg, const struct scheduler_io
     s->cfg = *cfg;
     s->io = *io;
     s->block_size = cfg->geometry.block_size;
+    s->router_resend_wait_ms = SCHEDULER_ROUTER_RESEND_MS;
     if (getrandom(&s->hash_seed, sizeof(s->hash_seed), 0) != (ssize_t)sizeof(s->hash_seed))
         s->hash_seed = cfg->epoch; /* only before the entropy pool is ready: still a key */
     if ((rc = block_manager_open(cfg->geometry.num_blocks, &s->bm)) != 0)

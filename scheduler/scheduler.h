@@ -120,20 +120,25 @@
  *
  * Announcement: a RouterHello (sent by a router whenever its link comes up) is answered with
  * one TokenEvent{announce} per request held, running, waiting or among the last
- * SCHEDULER_MAX_RECENT_ENDED that ended: offset 0, every output token with its logprob (0 for
- * the output a request was resubmitted with: the router that resubmitted it holds those),
- * prompt_tokens, cached_tokens, tenant, max_tokens, ignore_eos, the SubmitSeq's client_request_id,
- * and the finish reason of one that ended; the last message carries TokenEvents.announce_done.
+ * SCHEDULER_MAX_RECENT_ENDED that ended (a refusal at admission among them): offset 0, every
+ * output token with its logprob (0 for the output a request was resubmitted with, whose
+ * logprobs the scheduler never had), prompt_tokens, cached_tokens, tenant, max_tokens,
+ * ignore_eos, the SubmitSeq's client_request_id, and the finish reason (with the error) of one
+ * that ended; the last message carries TokenEvents.announce_done.
  *
  * Lost messages to the router: the router takes an event's tokens only in order (an event from
  * beyond the output it holds is ignored), so one lost event would leave its request without an
- * end for ever. When io.to_router reports a message it could not deliver (a router too far
- * behind, or none), stats.router_drops counts it and scheduler_tick, at most every
- * SCHEDULER_ROUTER_RESEND_MS, sends the same events as an announcement's but without announce
- * (a router adopts no request from them) and without announce_done, until one such resend goes
- * through without a loss (stats.router_resends counts them). The router appends what it lacks
- * and ignores the rest. Only what the scheduler still holds is resent: a request refused at
- * submission (an error event, no sequence) is not.
+ * end for ever. When io.to_router reports a message it could not deliver (the link's buffers
+ * full: a router stopped, starved or behind a slow link; or none connected), stats.router_drops
+ * counts it and scheduler_tick sends the ModelInfo and the same events as an announcement's
+ * (requests with no output and no end left out), without announce (a router adopts no request
+ * from them) and without announce_done, or as an announcement when the lost message was one.
+ * The first resend comes SCHEDULER_ROUTER_RESEND_MS after the last; each stops at its first lost
+ * message and doubles the wait, up to SCHEDULER_ROUTER_RESEND_MAX_MS, until one goes through
+ * whole (stats.router_resends counts them). Meanwhile up to SCHEDULER_MAX_RECENT_BEHIND ended
+ * requests are kept. The router appends what it lacks and ignores the rest. Not covered: a
+ * request refused at submission (no sequence), more ends than that bound during one loss, and
+ * the replies (Stats, PolicyApplied, AdminResult), which are not resent.
  *
  * Watchdog: a worker that owes an answer (a step or a resync is outstanding) and has sent no
  * message at all for watchdog_ms is reported once per incident with Control{hung_worker_id,
@@ -210,9 +215,13 @@
 #define SCHEDULER_MAX_RECENT_ENDED 1024
 #define SCHEDULER_ANNOUNCE_TOKENS (1 << 20)
 /* After a message to the router could not be delivered, the scheduler sends every request it
- * holds (and the recently ended) again from output offset 0, at most this often, until a
- * resend goes through whole (see "Lost messages to the router" above). */
+ * holds (and the recently ended) again from output offset 0 this long after the last resend,
+ * twice as long after each resend lost too, up to the maximum (see "Lost messages to the
+ * router" above); while one is pending, up to SCHEDULER_MAX_RECENT_BEHIND ended requests are
+ * kept. */
 #define SCHEDULER_ROUTER_RESEND_MS 1000
+#define SCHEDULER_ROUTER_RESEND_MAX_MS 8000
+#define SCHEDULER_MAX_RECENT_BEHIND (8 * SCHEDULER_MAX_RECENT_ENDED)
 /* The longest worker's error message kept for a request that failed (longer ones are cut). */
 #define SCHEDULER_ERROR_MESSAGE_MAX 256
 /* Request ids are 128-bit. */
@@ -248,8 +257,8 @@ void scheduler_config_default(struct scheduler_config *cfg);
 /* Where the scheduler's messages go. Each callback receives a message built in the
  * scheduler's memory, valid only during the call (pack it, do not keep it), with
  * protocol_version set. Callbacks must not call into the scheduler. A message the callback
- * cannot deliver may be dropped: the protocol recovers (a lost step or resync times out; a
- * message to the router that to_router reports lost, nonzero, is made good by a resend). */
+ * cannot deliver may be dropped: a lost step or resync times out; a token event that to_router
+ * reports lost (nonzero) is made good by a resend ("Lost messages to the router" above). */
 struct scheduler_io {
     void *ctx;
     void (*to_worker)(void *ctx, uint32_t worker_id, const Pagoda__Internal__ToWorker *msg);

@@ -194,7 +194,9 @@ struct scheduler {
     bool ready_sent;
     /* A message to the router was lost since the last resend that went through whole. */
     bool router_behind;
-    int64_t router_resend_ms; /* when the last resend was sent */
+    bool resend_announce;          /* and one of them was an announcement's */
+    int64_t router_resend_ms;      /* when the last resend was sent */
+    int64_t router_resend_wait_ms; /* before the next */
     /* Forming a step. */
     struct plan_entry *plan;
     uint32_t plan_len;

@@ -431,9 +431,9 @@ static void scenario_kill_program(struct group *g, const char *program)
 
 /* The stop-router scenario's requests, and the scheduler's lost messages it waits for. */
 #define STOP_JOBS 8
-#define STOP_DROPS 20
 
-/* How many times text occurs in file (0 when it cannot be read). */
+/* How many times text occurs in file, a line "... [repeated N times]" (the log's own folding
+ * of repeats) counting N (0 when it cannot be read). */
 static int count_in_file(const char *file, const char *text)
 {
     FILE *f = fopen(file, "r");
@@ -441,32 +441,40 @@ static int count_in_file(const char *file, const char *text)
         return 0;
     int n = 0;
     char line[4096];
-    while (fgets(line, sizeof(line), f) != NULL)
-        n += strstr(line, text) != NULL;
+    while (fgets(line, sizeof(line), f) != NULL) {
+        if (strstr(line, text) == NULL)
+            continue;
+        const char *r = strstr(line, "[repeated ");
+        n += r != NULL ? atoi(r + strlen("[repeated ")) : 1;
+    }
     fclose(f);
     return n;
 }
 
+/* The scheduler's lost messages seen while the router was stopped. */
 static int stop_drops;
 
-/* Holds the router stopped while the steps go on, until the scheduler's log shows STOP_DROPS
- * messages to it lost (the link's buffers full: NNG's 256 messages and the socket's), or 60 s. */
+/* Holds the router stopped while the steps go on, until the scheduler's log shows a message to
+ * it lost (the link's buffers full: NNG's 256 messages and the socket's), then half a second
+ * more; at most 120 s (not scaled: the steps' kernels are not instrumented in the sanitizer
+ * build, and the wait stays below the test's limit; the supervisor kills a router silent for
+ * 15 s, which the scenario checks did not happen). */
 static void stop_router_until_drops(struct group *g)
 {
     char log[700];
     snprintf(log, sizeof(log), "%s/scheduler.log", g->run_dir);
     const int before = count_in_file(log, "to router: message dropped");
     pid_t pid = group_program_pid(g, "pagoda-router");
-    CHECK(pid > 0 && atomic_load(&started_jobs) == STOP_JOBS && kill(pid, SIGSTOP) == 0,
-          "every request has its first token; router %d stopped", (int)pid);
-    int drops = 0;
-    for (long t = 0; t < 60000 * group_time_scale() / 50 && drops < STOP_DROPS; t++) {
-        sleep_ms(50);
-        drops = count_in_file(log, "to router: message dropped") - before;
-    }
-    stop_drops = drops;
-    if (pid > 0)
-        kill(pid, SIGCONT);
+    int stopped = pid > 0 && atomic_load(&started_jobs) == STOP_JOBS && kill(pid, SIGSTOP) == 0;
+    CHECK(stopped, "every request has its first token; router %d stopped", (int)pid);
+    if (!stopped)
+        return;
+    for (long t = 0; t < 120000 / 20 && count_in_file(log, "to router: message dropped") == before;
+         t++)
+        sleep_ms(20);
+    sleep_ms(500);
+    kill(pid, SIGCONT);
+    stop_drops = count_in_file(log, "to router: message dropped") - before;
 }
 
 /* SIGSTOP of the router amid 8 requests of 1500-1799 tokens, steps back to back, until the
@@ -488,8 +496,7 @@ static void scenario_stop_router(struct group *g)
     static struct job jobs[N];
     make_jobs(jobs, N, 20, 40, 1500, 300);
     run_jobs(g, jobs, N, stop_router_until_drops);
-    CHECK(stop_drops >= STOP_DROPS, "the scheduler lost %d messages to the stopped router",
-          stop_drops);
+    CHECK(stop_drops >= 1, "the scheduler lost %d messages to the stopped router", stop_drops);
     int ok = 0;
     for (int i = 0; i < N; i++) {
         ok += jobs[i].rc == 0 && jobs[i].result.finish_reason == PAGODA_FINISH_LENGTH;
@@ -500,8 +507,13 @@ static void scenario_stop_router(struct group *g)
     CHECK(compare_with_pagoda_run(g, jobs, N, 1800) == 0, "every output equals pagoda-run");
     char log[700];
     snprintf(log, sizeof(log), "%s/scheduler.log", g->run_dir);
-    int resends = count_in_file(log, "messages to the router were lost");
-    CHECK(resends >= 1, "the scheduler sent what it held again (%d times)", resends);
+    int resends = count_in_file(log, "requests sent again from offset 0");
+    CHECK(resends >= 1, "the scheduler sent what it held again, whole (%d times)", resends);
+    /* Not by a new router's announcement: the supervisor did not restart the stopped one (its
+     * heartbeat limit is 15 s). */
+    char cmd[800];
+    snprintf(cmd, sizeof(cmd), "grep -q 'router (pid [0-9]*) exited' '%s/supervisor.log'", g->tmp);
+    CHECK(system(cmd) != 0, "the router was not restarted");
     free_jobs(jobs, N);
     CHECK(group_stop(g) == 0, "the group stops");
 }

@@ -932,7 +932,8 @@ static void expect_logprobs(const struct req_rec *r)
  * meanwhile (its end among them) and of one that goes on. Its next events come from beyond
  * what the router holds (ignored, as the router does); a tick at least
  * SCHEDULER_ROUTER_RESEND_MS after the last resend sends everything held again from offset 0,
- * with the logprobs first sent, and a resend that is itself lost is sent again a period later. */
+ * with the logprobs first sent, and a resend that is itself lost is sent again after twice the
+ * wait. A lost announcement is sent again as one. */
 static void test_lost_router_messages_are_resent(void **state)
 {
     struct harness *h = harness_open(&DEFAULT_SETUP);
@@ -959,7 +960,8 @@ static void test_lost_router_messages_are_resent(void **state)
     assert_true(h->router_gaps >= 1);
     assert_int_equal(b->n_out, b_before);
 
-    /* The first resend is lost too; a tick before the period is up sends nothing. */
+    /* The first resend is lost too, which doubles the wait; a tick before it is up sends
+     * nothing. */
     const int64_t t0 = h->now + SCHEDULER_ROUTER_RESEND_MS;
     h->drop_router = true;
     int dropped = h->router_dropped;
@@ -967,10 +969,10 @@ static void test_lost_router_messages_are_resent(void **state)
     assert_true(h->router_dropped > dropped);
     assert_int_equal(stats(h).router_resends, 1);
     h->drop_router = false;
-    tick(h, t0 + SCHEDULER_ROUTER_RESEND_MS - 1);
+    tick(h, t0 + 2 * SCHEDULER_ROUTER_RESEND_MS - 1);
     assert_int_equal(stats(h).router_resends, 1);
     assert_int_equal(a->ends, 0);
-    tick(h, t0 + SCHEDULER_ROUTER_RESEND_MS);
+    tick(h, t0 + 2 * SCHEDULER_ROUTER_RESEND_MS);
     assert_int_equal(stats(h).router_resends, 2);
     expect_output(a, pa, 6, 8, PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH);
     expect_logprobs(a);
@@ -981,6 +983,29 @@ static void test_lost_router_messages_are_resent(void **state)
     /* Delivered whole: no more resends. */
     tick(h, t0 + 4 * SCHEDULER_ROUTER_RESEND_MS);
     assert_int_equal(stats(h).router_resends, 2);
+    expect_idle_pool(h);
+
+    /* A lost announcement is sent again as an announcement, a period later. */
+    int32_t pc[6];
+    make_prompt(52, 6, pc);
+    struct req_rec *c = submit(h, 3, pc, 6, 40);
+    exchange(h);
+    exchange(h);
+    h->drop_router = true;
+    router_hello(h);
+    h->drop_router = false;
+    const int done = h->ann_done, announced = h->n_ann;
+    const int64_t t1 = t0 + 5 * SCHEDULER_ROUTER_RESEND_MS;
+    tick(h, t1);
+    assert_int_equal(stats(h).router_resends, 3);
+    assert_int_equal(h->ann_done, done + 1);
+    bool found = false;
+    for (int i = announced; i < h->n_ann; i++)
+        found |= memcmp(h->ann[i].id, c->id, SCHEDULER_REQUEST_ID_BYTES) == 0 &&
+                 h->ann[i].n_out == c->n_out && h->ann[i].finish == 0;
+    assert_true(found);
+    pump(h);
+    expect_output(c, pc, 6, 40, PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH);
     expect_idle_pool(h);
     harness_close(h);
 }
