@@ -111,11 +111,11 @@ static void seq_free(struct seq *q)
     free(q);
 }
 
-struct seq *seq_new(const int32_t *tokens, int32_t n)
+struct seq *seq_new(const int32_t *tokens, int32_t n, int32_t more)
 {
     struct seq *q = calloc(1, sizeof(*q));
     int32_t cap = 16;
-    while (cap < n + 1)
+    while (cap < n + more + 1)
         cap *= 2;
     if (q == NULL || (q->tokens = malloc((size_t)cap * sizeof(int32_t))) == NULL ||
         (q->logprobs = calloc((size_t)cap, sizeof(float))) == NULL) {
@@ -250,7 +250,7 @@ static void send_supervisor(struct scheduler *s, Pagoda__Internal__Control *ctl)
     s->io.to_supervisor(s->io.ctx, ctl);
 }
 
-void send_router(struct scheduler *s, Pagoda__Internal__ToRouter *m)
+bool send_router(struct scheduler *s, Pagoda__Internal__ToRouter *m)
 {
     m->has_protocol_version = 1;
     m->protocol_version = WIRE_PROTOCOL_VERSION;
@@ -259,11 +259,14 @@ void send_router(struct scheduler *s, Pagoda__Internal__ToRouter *m)
     if (s->io.to_router(s->io.ctx, m) != 0) {
         s->stats.router_drops++;
         s->router_behind = true;
+        return false;
     }
+    return true;
 }
 
-/* Sends n events in one message; announce_done marks the last message of an announcement. */
-static void send_events_msg(struct scheduler *s, Pagoda__Internal__TokenEvent **events, size_t n,
+/* Sends n events in one message; announce_done marks the last message of an announcement.
+ * Returns false when the message was lost. */
+static bool send_events_msg(struct scheduler *s, Pagoda__Internal__TokenEvent **events, size_t n,
                             bool announce_done)
 {
     Pagoda__Internal__TokenEvents evs = PAGODA__INTERNAL__TOKEN_EVENTS__INIT;
@@ -274,15 +277,15 @@ static void send_events_msg(struct scheduler *s, Pagoda__Internal__TokenEvent **
     Pagoda__Internal__ToRouter m = PAGODA__INTERNAL__TO_ROUTER__INIT;
     m.msg_case = PAGODA__INTERNAL__TO_ROUTER__MSG_EVENTS;
     m.events = &evs;
-    send_router(s, &m);
+    return send_router(s, &m);
 }
 
 /* Tells the router the model's context (it sizes its prompt and message limits from it), once a
- * worker has said it. */
-static void send_model_info(struct scheduler *s)
+ * worker has said it. Returns false when the message was lost. */
+static bool send_model_info(struct scheduler *s)
 {
     if (s->worker.max_positions <= 0)
-        return;
+        return true;
     Pagoda__Internal__ModelInfo info = PAGODA__INTERNAL__MODEL_INFO__INIT;
     info.has_max_position_embeddings = 1;
     info.max_position_embeddings = s->worker.max_positions;
@@ -291,7 +294,7 @@ static void send_model_info(struct scheduler *s)
     Pagoda__Internal__ToRouter m = PAGODA__INTERNAL__TO_ROUTER__INIT;
     m.msg_case = PAGODA__INTERNAL__TO_ROUTER__MSG_MODEL;
     m.model = &info;
-    send_router(s, &m);
+    return send_router(s, &m);
 }
 
 static void send_events(struct scheduler *s, Pagoda__Internal__TokenEvent **events, size_t n)
@@ -1498,25 +1501,15 @@ static void on_submit(struct scheduler *s, const Pagoda__Internal__SubmitSeq *m)
         send_error(s, id, id_len, err, msg);
         return;
     }
-    struct seq *q = calloc(1, sizeof(*q));
-    int32_t cap = 16;
-    while ((size_t)cap < n_prompt + n_out + 1)
-        cap *= 2;
-    if (q == NULL || (q->tokens = malloc((size_t)cap * sizeof(int32_t))) == NULL ||
-        (q->logprobs = calloc((size_t)cap, sizeof(float))) == NULL) {
-        if (q != NULL)
-            free(q->tokens);
-        free(q);
+    struct seq *q = seq_new(m->prompt_token_ids, (int32_t)n_prompt, (int32_t)n_out);
+    if (q == NULL) {
         send_error(s, id, id_len, PAGODA_ENOMEM, "out of memory for the request");
         return;
     }
     memcpy(q->request_id, id, SCHEDULER_REQUEST_ID_BYTES);
-    q->cap_tokens = cap;
-    memcpy(q->tokens, m->prompt_token_ids, n_prompt * sizeof(int32_t));
     if (n_out > 0)
         memcpy(q->tokens + n_prompt, m->output_token_ids, n_out * sizeof(int32_t));
     q->num_tokens = (int32_t)(n_prompt + n_out);
-    q->num_prompt_tokens = (int32_t)n_prompt;
     q->sampling = sp;
     q->max_tokens = m->has_max_tokens ? m->max_tokens : 0;
     q->ignore_eos = m->has_ignore_eos && m->ignore_eos;
@@ -1533,9 +1526,6 @@ static void on_submit(struct scheduler *s, const Pagoda__Internal__SubmitSeq *m)
         q->has_client_id = true;
         memcpy(q->client_id, m->client_request_id.data, SCHEDULER_REQUEST_ID_BYTES);
     }
-    q->state = SEQ_WAITING;
-    q->plan_index = -1;
-    block_table_init(&q->table);
     hash_request(s, q);
     list_push_back(&s->waiting, q);
     if (q->max_tokens > 0 && (int64_t)n_out >= q->max_tokens) {
@@ -1655,14 +1645,6 @@ static void announce_fill(Pagoda__Internal__TokenEvent *ev, struct seq *q)
     }
 }
 
-/* Sends n events in one message; false when the message was lost (io.to_router said so). */
-static bool send_events_delivered(struct scheduler *s, size_t n, bool announce_done)
-{
-    uint64_t drops = s->stats.router_drops;
-    send_events_msg(s, s->ev_ptrs, n, announce_done);
-    return s->stats.router_drops == drops;
-}
-
 /* Sends every request held (waiting, running, and the recently ended) from output offset 0, in
  * messages of at most max_seqs events and about SCHEDULER_ANNOUNCE_TOKENS tokens: as an
  * announcement (announce set, announce_done on the last message), or as a resend after a lost
@@ -1684,7 +1666,7 @@ static bool send_held(struct scheduler *s, bool announce, size_t *total)
                 continue; /* no event of it can have been lost */
             if (n > 0 &&
                 (n == (size_t)s->cfg.max_seqs || tokens + out > SCHEDULER_ANNOUNCE_TOKENS)) {
-                if (!send_events_delivered(s, n, false))
+                if (!send_events_msg(s, s->ev_ptrs, n, false))
                     return false;
                 n = tokens = 0;
             }
@@ -1701,7 +1683,7 @@ static bool send_held(struct scheduler *s, bool announce, size_t *total)
             (*total)++;
         }
     }
-    return (!announce && n == 0) || send_events_delivered(s, n, announce);
+    return (!announce && n == 0) || send_events_msg(s, s->ev_ptrs, n, announce);
 }
 
 /* RouterHello: announces every request held; an announcement not delivered whole is sent
@@ -1727,9 +1709,7 @@ static void resend_to_router(struct scheduler *s, int64_t now_ms)
     s->router_resend_ms = now_ms;
     s->stats.router_resends++;
     size_t total = 0;
-    uint64_t drops = s->stats.router_drops;
-    send_model_info(s);
-    bool whole = s->stats.router_drops == drops && send_held(s, s->resend_announce, &total);
+    bool whole = send_model_info(s) && send_held(s, s->resend_announce, &total);
     if (whole) {
         s->resend_announce = false;
         s->router_resend_wait_ms = SCHEDULER_ROUTER_RESEND_MS;

@@ -391,7 +391,7 @@ static void pin_start(struct scheduler *s, struct sched_pin *p)
             return;
         }
     }
-    struct seq *q = seq_new(p->tokens, p->num_tokens);
+    struct seq *q = seq_new(p->tokens, p->num_tokens, 0);
     if (q == NULL) {
         pin_fail(p, PAGODA_ENOMEM, "out of memory");
         return;

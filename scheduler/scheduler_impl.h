@@ -265,7 +265,7 @@ void seq_remove(struct scheduler *s, struct seq *q);
 
 /* A waiting sequence for tokens (n of them, all prompt), not yet listed anywhere; NULL when out
  * of memory. */
-struct seq *seq_new(const int32_t *tokens, int32_t n);
+struct seq *seq_new(const int32_t *tokens, int32_t n, int32_t more);
 
 /* Tests: each running sequence's parts in flight against the steps in flight (in order, one per
  * step at most, adding up to num_scheduled and pending_samples, with the table covering them).
@@ -273,7 +273,7 @@ struct seq *seq_new(const int32_t *tokens, int32_t n);
 int check_inflight(const struct scheduler *s, const char **why);
 
 /* Sends m to the router with protocol version and epoch set. */
-void send_router(struct scheduler *s, Pagoda__Internal__ToRouter *m);
+bool send_router(struct scheduler *s, Pagoda__Internal__ToRouter *m);
 
 /* ---- scheduler_cache.c ---- */
 
