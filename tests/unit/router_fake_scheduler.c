@@ -41,6 +41,7 @@ struct fseq {
     int has_client_id;
     uint32_t emitted;
     int done;
+    int finish; /* the end sent (Pagoda__Internal__FinishReason), for a resend; 0 while running */
     struct fseq *next;
 };
 
@@ -48,7 +49,9 @@ struct fake_sched {
     nng_socket sock;
     pthread_t thread;
     atomic_int stop, hold, dups, hold_policy, hold_admin, hold_stats, pause;
-    uint8_t *policy; /* the last Policy, packed; guarded by lock */
+    atomic_int lose;   /* event messages still to lose on purpose (fake_sched_lose_events) */
+    atomic_int behind; /* a message to the router was lost: resend every request (tick) */
+    uint8_t *policy;   /* the last Policy, packed; guarded by lock */
     size_t policy_len;
     int policy_pending; /* it is still to be answered (held); guarded by lock */
     pthread_mutex_t lock;
@@ -84,8 +87,8 @@ float fake_sched_logprob(uint32_t i)
     return -0.125f * (float)(i % 16 + 1);
 }
 
-/* Sends env to the router, stamped with the protocol version. */
-static void send_msg(struct fake_sched *fs, Pagoda__Internal__ToRouter *env)
+/* Sends env to the router, stamped with the protocol version; 1 when it went. */
+static int send_msg(struct fake_sched *fs, Pagoda__Internal__ToRouter *env)
 {
     env->has_protocol_version = 1;
     env->protocol_version = WIRE_PROTOCOL_VERSION;
@@ -95,10 +98,27 @@ static void send_msg(struct fake_sched *fs, Pagoda__Internal__ToRouter *env)
     size_t len = protobuf_c_message_get_packed_size(msg);
     nng_msg *m;
     if (nng_msg_alloc(&m, len) != 0)
-        return;
+        return 0;
     protobuf_c_message_pack(msg, nng_msg_body(m));
-    if (nng_sendmsg(fs->sock, m, 0) != 0)
-        nng_msg_free(m);
+    int rv = NNG_ETIMEDOUT;
+    int lose =
+        env->msg_case == PAGODA__INTERNAL__TO_ROUTER__MSG_EVENTS ? atomic_load(&fs->lose) : 0;
+    while (lose > 0 && !atomic_compare_exchange_weak(&fs->lose, &lose, lose - 1))
+        ;
+    if (lose <= 0)
+        rv = nng_sendmsg(fs->sock, m, 0);
+    if (rv == 0)
+        return 1;
+    nng_msg_free(m);
+    /* As the real scheduler: a lost message is made good by sending every request again. */
+    if (env->msg_case == PAGODA__INTERNAL__TO_ROUTER__MSG_EVENTS) {
+        fprintf(stderr,
+                "fake scheduler: an event message to the router was lost (%s); "
+                "every request is sent again\n",
+                nng_strerror(rv));
+        atomic_store(&fs->behind, 1);
+    }
+    return 0;
 }
 
 static struct fseq *find(struct fake_sched *fs, const uint8_t *id)
@@ -474,8 +494,10 @@ static void on_message(struct fake_sched *fs, nng_msg *m)
                 env.events = &te;
                 send_msg(fs, &env);
             }
-            if (q != NULL)
+            if (q != NULL && !q->done) {
                 q->done = 1;
+                q->finish = PAGODA__INTERNAL__FINISH_REASON__FINISH_CANCELLED;
+            }
         }
         pthread_mutex_unlock(&fs->lock);
     } else if (msg->msg_case == PAGODA__INTERNAL__TO_SCHEDULER__MSG_STATS) {
@@ -489,6 +511,20 @@ static void on_message(struct fake_sched *fs, nng_msg *m)
         on_admin(fs, msg->admin);
     }
     protobuf_c_message_free_unpacked(&msg->base, NULL);
+}
+
+/* Sends n events in one TokenEvents message, times times. */
+static void send_events(struct fake_sched *fs, Pagoda__Internal__TokenEvent **ptrs, size_t n,
+                        int times)
+{
+    Pagoda__Internal__TokenEvents te = PAGODA__INTERNAL__TOKEN_EVENTS__INIT;
+    te.n_events = n;
+    te.events = ptrs;
+    Pagoda__Internal__ToRouter env = PAGODA__INTERNAL__TO_ROUTER__INIT;
+    env.msg_case = PAGODA__INTERNAL__TO_ROUTER__MSG_EVENTS;
+    env.events = &te;
+    for (int i = 0; i < times; i++)
+        send_msg(fs, &env);
 }
 
 /* One step: a piece of every running request, in one TokenEvents message. */
@@ -516,6 +552,7 @@ static void tick(struct fake_sched *fs)
             ev->error_code = PAGODA_ERANGE;
             ev->error_message = (char *)"token 999999 is outside the vocabulary";
             q->done = 1;
+            q->finish = PAGODA__INTERNAL__FINISH_REASON__FINISH_ERROR;
             ptrs[n] = ev;
             n++;
             continue;
@@ -562,6 +599,7 @@ static void tick(struct fake_sched *fs)
             ev->prompt_tokens = (uint32_t)q->num_prompt;
             ev->cached_tokens = (uint32_t)q->num_prompt / 2;
             q->done = 1;
+            q->finish = finish;
         }
         ptrs[n] = ev;
         n++;
@@ -569,15 +607,59 @@ static void tick(struct fake_sched *fs)
     pthread_mutex_unlock(&fs->lock);
     if (n == 0)
         return;
-    Pagoda__Internal__TokenEvents te = PAGODA__INTERNAL__TOKEN_EVENTS__INIT;
-    te.n_events = n;
-    te.events = ptrs;
-    Pagoda__Internal__ToRouter env = PAGODA__INTERNAL__TO_ROUTER__INIT;
-    env.msg_case = PAGODA__INTERNAL__TO_ROUTER__MSG_EVENTS;
-    env.events = &te;
-    send_msg(fs, &env);
-    if (dups)
-        send_msg(fs, &env);
+    send_events(fs, ptrs, n, dups ? 2 : 1);
+}
+
+/* After a lost message, as the real scheduler's resend: the newest requests, ended ones too, each
+ * from offset 0 with its end, in one message. The router takes what it lacks and ignores the rest.
+ */
+static void resend(struct fake_sched *fs)
+{
+    enum { MAX_RESEND = 64 };
+    Pagoda__Internal__TokenEvent events[MAX_RESEND], *ptrs[MAX_RESEND];
+    int32_t *tokens[MAX_RESEND] = {0};
+    float *logprobs[MAX_RESEND] = {0};
+    size_t n = 0;
+    pthread_mutex_lock(&fs->lock);
+    atomic_store(&fs->behind, 0);
+    fs->counts.resends++;
+    for (struct fseq *q = fs->seqs; q != NULL && n < MAX_RESEND; q = q->next) {
+        Pagoda__Internal__TokenEvent *ev = &events[n];
+        pagoda__internal__token_event__init(ev);
+        ev->has_request_id = ev->has_offset = 1;
+        ev->request_id.data = q->id;
+        ev->request_id.len = 16;
+        ev->offset = 0;
+        tokens[n] = malloc((q->emitted + 1) * sizeof(int32_t));
+        logprobs[n] = malloc((q->emitted + 1) * sizeof(float));
+        for (uint32_t i = 0; i < q->emitted; i++) {
+            tokens[n][i] = fake_sched_token(q->prompt, q->num_prompt, i);
+            logprobs[n][i] = fake_sched_logprob(i);
+        }
+        ev->n_token_ids = ev->n_logprobs = q->emitted;
+        ev->token_ids = tokens[n];
+        ev->logprobs = logprobs[n];
+        if (q->finish != 0) {
+            ev->has_finish_reason = ev->has_prompt_tokens = ev->has_cached_tokens = 1;
+            ev->finish_reason = (Pagoda__Internal__FinishReason)q->finish;
+            ev->prompt_tokens = (uint32_t)q->num_prompt;
+            ev->cached_tokens = (uint32_t)q->num_prompt / 2;
+            if (q->finish == PAGODA__INTERNAL__FINISH_REASON__FINISH_ERROR) {
+                ev->has_error_code = 1;
+                ev->error_code = PAGODA_ERANGE;
+                ev->error_message = (char *)"token 999999 is outside the vocabulary";
+            }
+        }
+        ptrs[n] = ev;
+        n++;
+    }
+    if (n > 0)
+        send_events(fs, ptrs, n, 1);
+    pthread_mutex_unlock(&fs->lock);
+    for (size_t i = 0; i < n; i++) {
+        free(tokens[i]);
+        free(logprobs[i]);
+    }
 }
 
 static void *run(void *arg)
@@ -606,6 +688,8 @@ static void *run(void *arg)
         uint64_t now = rtr_now_ms();
         if (now - last_tick >= TICK_MS) {
             last_tick = now;
+            if (atomic_load(&fs->behind))
+                resend(fs);
             if (!atomic_load(&fs->hold))
                 tick(fs);
         }
@@ -657,6 +741,11 @@ void fake_sched_stop(struct fake_sched *fs)
 void fake_sched_hold(struct fake_sched *fs, int hold)
 {
     atomic_store(&fs->hold, hold);
+}
+
+void fake_sched_lose_events(struct fake_sched *fs, int n)
+{
+    atomic_store(&fs->lose, n);
 }
 
 void fake_sched_set_duplicates(struct fake_sched *fs, int on)

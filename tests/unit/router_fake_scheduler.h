@@ -40,6 +40,7 @@ struct fake_sched_counts {
     uint32_t cancels;
     uint32_t stats_requests;
     uint32_t router_hellos;
+    uint32_t resends; /* every request sent again after a lost event message */
     uint32_t running;
     int last_has_seed;
     uint64_t last_seed;
@@ -76,6 +77,9 @@ void fake_sched_stop(struct fake_sched *fs);
 void fake_sched_hold(struct fake_sched *fs, int hold);
 /* Sends every event twice, each overlapping the previous one by a token. */
 void fake_sched_set_duplicates(struct fake_sched *fs, int on);
+/* The next n event messages are lost, as on a full link; each loss is made good as the real
+ * scheduler's are, by sending every request again from offset 0 (counts.resends). */
+void fake_sched_lose_events(struct fake_sched *fs, int n);
 void fake_sched_get_counts(struct fake_sched *fs, struct fake_sched_counts *out);
 /* While held, Policies are kept but not answered; when released, the last one is. */
 void fake_sched_hold_policy(struct fake_sched *fs, int hold);

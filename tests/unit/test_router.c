@@ -606,6 +606,47 @@ static void test_resent_events_do_not_duplicate_tokens(void **state)
     pagoda_client_close(c);
 }
 
+/* Event messages lost on the link, the end among them, are made good by the scheduler's resend
+ * from offset 0: the client gets every token once and its end (a lost end used to leave the
+ * client polling for ever). */
+static void test_lost_events_are_made_good(void **state)
+{
+    struct rtr_env *e = *state;
+    pagoda_client *c = open_client(e);
+    struct fake_sched_counts before, after;
+    fake_sched_get_counts(e->fs, &before);
+    fake_sched_lose_events(e->fs, 4);
+    const int32_t prompt[] = {57, 58};
+    pagoda_generate_params p = greedy(7);
+    uint8_t id[16];
+    assert_int_equal(pagoda_submit(c, &p, prompt, 2, id), 0);
+    /* Polls with a deadline, so that a lost end fails the test instead of hanging it. */
+    int32_t tokens[7];
+    uint32_t count = 0;
+    pagoda_finish_reason f = PAGODA_FINISH_NONE;
+    for (uint64_t t0 = rtr_now_ms(); f == PAGODA_FINISH_NONE && rtr_now_ms() - t0 < 10000;) {
+        pagoda_result r;
+        assert_int_equal(pagoda_poll(c, id, count, 500, &r), 0);
+        assert_true(count + r.num_tokens <= 7);
+        for (size_t i = 0; i < r.num_tokens; i++) {
+            tokens[count + i] = r.token_ids[i];
+            assert_true(r.logprobs[i] == fake_sched_logprob(count + (uint32_t)i));
+        }
+        count += (uint32_t)r.num_tokens;
+        f = r.finish_reason;
+        if (f != PAGODA_FINISH_NONE)
+            assert_int_equal(r.completion_tokens, 7);
+        pagoda_result_free(&r);
+    }
+    fake_sched_lose_events(e->fs, 0);
+    assert_int_equal(f, PAGODA_FINISH_LENGTH);
+    assert_int_equal(count, 7);
+    assert_tokens(prompt, 2, tokens, 7, 0);
+    fake_sched_get_counts(e->fs, &after);
+    assert_true(after.resends > before.resends);
+    pagoda_client_close(c);
+}
+
 static void test_stop_token_and_engine_error(void **state)
 {
     struct rtr_env *e = *state;
@@ -1399,6 +1440,7 @@ int main(void)
         cmocka_unit_test(test_cancel_wakes_a_parked_poll),
         cmocka_unit_test(test_stats_round_trip),
         cmocka_unit_test(test_resent_events_do_not_duplicate_tokens),
+        cmocka_unit_test(test_lost_events_are_made_good),
         cmocka_unit_test(test_stop_token_and_engine_error),
     };
     const struct CMUnitTest tenants[] = {
