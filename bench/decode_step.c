@@ -2,7 +2,7 @@
  *
  *   decode_step MODEL_DIR [--batches 1,16,64] [--context N] [--reps N] [--profile]
  *               [--only VERSION | --versions V1,V2,...] [--layout contiguous|interleaved]
- *               [--pool-blocks N]
+ *               [--pool-blocks N] [--split KEYS]
  *
  * MODEL_DIR holds a config.json (weights are drawn at random on the GPU, as --load-format
  * random). For each batch size B, B sequences of N tokens already in a pool of random K/V
@@ -25,7 +25,9 @@
  * interleaved (block b of sequence s is 1 + b * B + s, as blocks come when every sequence of a
  * batch grows by one block in turn, as in a serving run); --pool-blocks makes the pool that many
  * blocks (at least what the batches need; the worker's pool on the H200 is ~50,000), the
- * sequences' blocks spread over it at a stride of pool / needed. Exit status 0, or 1 on a failed
+ * sequences' blocks spread over it at a stride of pool / needed; --split forces the decode
+ * attention's split-KV partition in every version (cuda_backend_options.decode_split; 0, the
+ * default, leaves it to the plan's cost model). Exit status 0, or 1 on a failed
  * call (the message names it). */
 #define _POSIX_C_SOURCE 200809L
 #include "common/error.h"
@@ -178,7 +180,8 @@ struct result {
  * takes up to 256 rows (cuda_backend_options.lt_max_rows); the defaults
  * with the streaming GEMV on QKV and O up to CUDA_GEMV_MAX_ROWS rows; the defaults with
  * cuda_gemv_row on the linears of one row (cuda_backend_options.gemv_row 1), and with the
- * RMSNorms inside it too (gemv_row_norm 1); the defaults without cuda_gemv_row (norow). */
+ * RMSNorms inside it too (gemv_row_norm 1); the defaults without cuda_gemv_row (norow); the
+ * defaults with cuBLASLt on QKV and O only (lt_qo) and on O only (lt_o), up to 256 rows. */
 struct version {
     const char *name;
     int ref, baseline, gemv_max_rows, graphs, pdl;
@@ -188,39 +191,44 @@ struct version {
     int no_early_kv;    /* 1: cuda_backend_options.decode_early_kv 0 (the defaults otherwise) */
     int copy_rows;      /* cuda_backend_options.decode_copy_rows (the defaults otherwise) */
     int lt_rows;        /* cuda_backend_options.lt_max_rows: 0 the default's */
+    int64_t lt_weight;  /* cuda_backend_options.lt_max_weight: 0 the default's */
 };
 /* The Llama-3-8B shape's O, QKV and down elements (gate/up's are more), and every weight. */
 #define kO ((int64_t)4096 * 4096)
 #define kQKV ((int64_t)6144 * 4096)
 #define kEvery INT64_MAX
 #define kDown ((int64_t)14336 * 4096)
-#define kVersions 24
+#define kVersions 26
 static const struct version versions[kVersions] = {
-    {"baseline", 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0},
-    {"cublas", 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
-    {"gemv", 0, 0, CUDA_GEMV_MAX_ROWS, 0, 0, 0, 0, kO, 0, 0, 0},
-    {"graphs", 1, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0},
-    {"pdl", 3, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0},
-    {"pdl_gemv8", 3, 0, 8, 1, 1, 0, 0, kO, 0, 0, 0},
-    {"pdl_gemv16", 3, 0, CUDA_GEMV_MAX_ROWS, 1, 1, 0, 0, kO, 0, 0, 0},
-    {"graphs_gemv8", 3, 0, 8, 1, 0, 0, 0, kO, 0, 0, 0},
-    {"pdl_gemvs", 3, 0, CUDA_GEMV_MAX_ROWS, 1, 1, 1, 0, kEvery, 0, 0, 0},
-    {"pdl_gemvs8", 3, 0, 8, 1, 1, 1, 0, kEvery, 0, 0, 0},
-    {"graphs_gemvs", 3, 0, CUDA_GEMV_MAX_ROWS, 1, 0, 1, 0, kEvery, 0, 0, 0},
-    {"pdl_qo_gemv8", 3, 0, 8, 1, 1, 0, 0, kQKV, 0, 0, 0},
-    {"pdl_qo_gemvs8", 3, 0, 8, 1, 1, 1, 0, kQKV, 0, 0, 0},
-    {"pdl_qod_gemvs8", 3, 0, 8, 1, 1, 1, 0, kDown, 0, 0, 0},
-    {"pdl_qo_gemvs16", 3, 0, CUDA_GEMV_MAX_ROWS, 1, 1, 1, 0, kQKV, 0, 0, 0},
-    {"shipped", 3, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0},
-    {"noearly", 3, 0, 0, 0, 0, 0, 1, 0, 1, 0, 0},
-    {"copy4", 3, 0, 0, 0, 0, 0, 1, 0, 0, 4, 0},
-    {"copy16", 3, 0, 0, 0, 0, 0, 1, 0, 0, 16, 0},
-    {"lt", 3, 0, 0, 0, 0, 0, 1, 0, 0, 0, 256},
-    {"qo16", 3, 0, CUDA_GEMV_MAX_ROWS, 0, 0, 0, 1, 0, 0, 0, 0},
-    {"row", 3, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0},
-    {"rowfuse", 3, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0},
-    {"norow", 3, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0},
+    {"baseline", 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"cublas", 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"gemv", 0, 0, CUDA_GEMV_MAX_ROWS, 0, 0, 0, 0, kO, 0, 0, 0, 0},
+    {"graphs", 1, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"pdl", 3, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0},
+    {"pdl_gemv8", 3, 0, 8, 1, 1, 0, 0, kO, 0, 0, 0, 0},
+    {"pdl_gemv16", 3, 0, CUDA_GEMV_MAX_ROWS, 1, 1, 0, 0, kO, 0, 0, 0, 0},
+    {"graphs_gemv8", 3, 0, 8, 1, 0, 0, 0, kO, 0, 0, 0, 0},
+    {"pdl_gemvs", 3, 0, CUDA_GEMV_MAX_ROWS, 1, 1, 1, 0, kEvery, 0, 0, 0, 0},
+    {"pdl_gemvs8", 3, 0, 8, 1, 1, 1, 0, kEvery, 0, 0, 0, 0},
+    {"graphs_gemvs", 3, 0, CUDA_GEMV_MAX_ROWS, 1, 0, 1, 0, kEvery, 0, 0, 0, 0},
+    {"pdl_qo_gemv8", 3, 0, 8, 1, 1, 0, 0, kQKV, 0, 0, 0, 0},
+    {"pdl_qo_gemvs8", 3, 0, 8, 1, 1, 1, 0, kQKV, 0, 0, 0, 0},
+    {"pdl_qod_gemvs8", 3, 0, 8, 1, 1, 1, 0, kDown, 0, 0, 0, 0},
+    {"pdl_qo_gemvs16", 3, 0, CUDA_GEMV_MAX_ROWS, 1, 1, 1, 0, kQKV, 0, 0, 0, 0},
+    {"shipped", 3, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0},
+    {"noearly", 3, 0, 0, 0, 0, 0, 1, 0, 1, 0, 0, 0},
+    {"copy4", 3, 0, 0, 0, 0, 0, 1, 0, 0, 4, 0, 0},
+    {"copy16", 3, 0, 0, 0, 0, 0, 1, 0, 0, 16, 0, 0},
+    {"lt", 3, 0, 0, 0, 0, 0, 1, 0, 0, 0, 256, 0},
+    {"qo16", 3, 0, CUDA_GEMV_MAX_ROWS, 0, 0, 0, 1, 0, 0, 0, 0, 0},
+    {"row", 3, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0},
+    {"rowfuse", 3, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0},
+    {"norow", 3, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0},
+    {"lt_qo", 3, 0, 0, 0, 0, 0, 1, 0, 0, 0, 256, kQKV},
+    {"lt_o", 3, 0, 0, 0, 0, 0, 1, 0, 0, 0, 256, kO},
 };
+
+static int decode_split; /* --split */
 
 static void run_version(const struct model_config *c, const struct kv_geometry *g, void *pool,
                         int version, const int32_t *batches, int nb, int32_t ctx, int reps,
@@ -254,6 +262,8 @@ static void run_version(const struct model_config *c, const struct kv_geometry *
         o.decode_copy_rows = versions[version].copy_rows;
     if (versions[version].lt_rows != 0)
         o.lt_max_rows = versions[version].lt_rows;
+    o.lt_max_weight = versions[version].lt_weight;
+    o.decode_split = decode_split;
     struct backend *be = NULL;
     PK(cuda_backend_open(c, NULL, kSeed, g, pool, &o, &be));
     const int32_t bps = o.limits.max_blocks_per_seq;
@@ -358,6 +368,9 @@ int main(int argc, char **argv)
             }
         } else if (strcmp(argv[i], "--profile") == 0) {
             profile = 1;
+        } else if (strcmp(argv[i], "--split") == 0 && i + 1 < argc && atoi(argv[i + 1]) >= 0 &&
+                   atoi(argv[i + 1]) % 64 == 0) {
+            decode_split = atoi(argv[++i]);
         } else if (dir == NULL && argv[i][0] != '-') {
             dir = argv[i];
         } else {
@@ -369,7 +382,7 @@ int main(int argc, char **argv)
         fprintf(stderr,
                 "usage: decode_step MODEL_DIR [--batches 1,16,64] [--context N] "
                 "[--reps 1..%d] [--profile] [--only VERSION | --versions V1,V2,...] "
-                "[--layout contiguous|interleaved] [--pool-blocks N]\n"
+                "[--layout contiguous|interleaved] [--pool-blocks N] [--split KEYS]\n"
                 "versions:",
                 kMaxReps);
         for (int v = 0; v < kVersions; v++)

@@ -1,7 +1,7 @@
 /* kernel_bench: times pagoda's CUDA kernels on device buffers, on the Llama-3-8B shape.
  *
  *   kernel_bench [--json FILE] [--quick] [--filter SUB[,SUB...]] [--pool vmm|malloc]
- *                [--copy-rows 0|4|8|16]
+ *                [--copy-rows 0|4|8|16] [--split KEYS] [--early-kv]
  *
  * --filter runs only the cases whose name contains one of the substrings. --pool says where the
  * attention cases' KV pool comes from: vmm (the default) allocates it as pagoda-kvpool does, by
@@ -9,7 +9,10 @@
  * address), since that is the memory the worker's kernels read; malloc takes it from cudaMalloc
  * (the layout is the same, but where it lands physically depends on what the process allocated
  * and freed before: bench/RESULTS.md measured both). --copy-rows sets the rows of the decode
- * kernel's copies (cuda_attention_set_decode_copy_rows; 0, the default, lets the plan choose).
+ * kernel's copies (cuda_attention_set_decode_copy_rows; 0, the default, lets the plan choose),
+ * --split the decode split-KV partition in keys (cuda_attention_set_decode_split; 0, the default,
+ * lets the plan's cost model choose), --early-kv the decode kernel's K/V requested before its PDL
+ * wait, as the worker runs it (cuda_attention_set_early_kv; off by default).
  * Cases: paged decode attention (batch x context, head dim 64 and 128, block sizes 8 to 64,
  * block tables in order and shuffled), the decode step's attention (decode_step_*: the 32 layers
  * of a step, each layer's K/V its own, as one captured CUDA graph of 32 launches, the time per
@@ -69,6 +72,8 @@ static int sm_count;         /* the device's SMs (cuda_gemv_stream's grid) */
 static const char *filter;   /* comma-separated substrings, or NULL for every case */
 static bool pool_vmm = true; /* --pool: the attention pools by kv_cuda_pool_create */
 static int copy_rows;        /* --copy-rows: cuda_attention_set_decode_copy_rows */
+static int decode_split;     /* --split: cuda_attention_set_decode_split */
+static int early_kv;         /* --early-kv: cuda_attention_set_early_kv, as the worker */
 
 /* True when the case name passes --filter. */
 static bool wanted(const char *name)
@@ -290,6 +295,8 @@ static void bench_attention(const struct attn_case *c)
     struct attn_run r = {NULL, kv_layer_view_make(&g, pool, 0), q, qw, out, NULL};
     PK(cuda_attention_plan_new(&ac, &r.plan));
     cuda_attention_set_decode_copy_rows(r.plan, copy_rows);
+    cuda_attention_set_decode_split(r.plan, decode_split);
+    cuda_attention_set_early_kv(r.plan, early_kv);
     struct attention_batch b = {c->batch, num_tokens, query_start, context_len, tables, nb};
     cudaGraph_t graph = NULL;
     if (c->layers > 0) {
@@ -789,9 +796,15 @@ int main(int argc, char **argv)
                  (strcmp(argv[i + 1], "0") == 0 || strcmp(argv[i + 1], "4") == 0 ||
                   strcmp(argv[i + 1], "8") == 0 || strcmp(argv[i + 1], "16") == 0)) {
             copy_rows = atoi(argv[++i]);
+        } else if (strcmp(argv[i], "--split") == 0 && i + 1 < argc && atoi(argv[i + 1]) >= 0 &&
+                   atoi(argv[i + 1]) % 64 == 0) {
+            decode_split = atoi(argv[++i]);
+        } else if (strcmp(argv[i], "--early-kv") == 0) {
+            early_kv = 1;
         } else {
             fprintf(stderr, "usage: kernel_bench [--json FILE] [--quick] [--filter SUB[,SUB]] "
-                            "[--pool vmm|malloc] [--copy-rows 0|4|8|16]\n");
+                            "[--pool vmm|malloc] [--copy-rows 0|4|8|16] [--split KEYS] "
+                            "[--early-kv]\n");
             return 2;
         }
     }

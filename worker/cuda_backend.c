@@ -660,6 +660,7 @@ static int open_backend(const struct model_config *cfg, const struct model_weigh
     if ((rc = cuda_attention_plan_new(&ac, &b->plan)) == 0) {
         cuda_attention_set_early_kv(b->plan, b->opt.decode_early_kv);
         cuda_attention_set_decode_copy_rows(b->plan, b->opt.decode_copy_rows);
+        cuda_attention_set_decode_split(b->plan, b->opt.decode_split);
     }
     if (rc != 0 ||
         (rc = cuda_sampler_new((int32_t)cfg->vocab_size, b->opt.limits.max_num_seqs,
@@ -691,7 +692,8 @@ int cuda_backend_open(const struct model_config *cfg, const struct model_weights
  * y's rows ldy >= out elements apart. One row through cuda_gemv_row with opt.gemv_row; up to
  * opt.gemv_max_rows rows of a weight of at most
  * opt.gemv_max_weight elements through cuda_gemv_stream or cuda_gemv (cuda_backend.h;
- * contiguous outputs only), up to opt.lt_max_rows rows through cuBLASLt (a shape it has no
+ * contiguous outputs only), up to opt.lt_max_rows rows (of a weight of at most opt.lt_max_weight
+ * elements, where that is not 0) through cuBLASLt (a shape it has no
  * algorithm for falls back), the rest through cublasGemmEx. */
 static int gemm_ld(struct cuda_backend *b, const uint16_t *x, const uint16_t *w, void *y,
                    cudaDataType ytype, int64_t rows, int64_t in, int64_t out, int64_t ldy)
@@ -706,7 +708,8 @@ static int gemm_ld(struct cuda_backend *b, const uint16_t *x, const uint16_t *w,
                                                      (int32_t)in, (int32_t)out, NULL, b->stream)
                                   : cuda_gemv(x, w, y, ytype == CUDA_R_32F, (int32_t)rows,
                                               (int32_t)in, (int32_t)out, b->stream);
-    if (b->lt != NULL && rows <= b->opt.lt_max_rows) {
+    if (b->lt != NULL && rows <= b->opt.lt_max_rows &&
+        (b->opt.lt_max_weight == 0 || in * out <= b->opt.lt_max_weight)) {
         int rc = cuda_lt_linear(b->lt, x, w, y, ytype == CUDA_R_32F, rows, in, out, ldy, b->stream);
         if (rc != PAGODA_EUNSUPPORTED)
             return rc;

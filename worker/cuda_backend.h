@@ -62,6 +62,9 @@ struct cuda_backend_options {
      * (64.1 against 60.5), and the decode step moved within its spread at 1 to 256 sequences
      * (decode_step --versions nolt,lt), so cublasGemmEx stays. */
     int lt_max_rows;
+    /* With lt_max_rows: only weights of at most this many elements go through cuBLASLt; 0 (the
+     * default): every weight. For benchmarks (decode_step's lt_qo and lt_o versions). */
+    int64_t lt_max_weight;
     /* 1 (the default): the kernels of kernels/cuda that support it are launched with
      * programmatic dependent launch (kernels/cuda/util.h cuda_set_pdl): each may be scheduled
      * while the kernel ahead ends and read its weights before waiting for it. Most of a layer's
@@ -77,6 +80,10 @@ struct cuda_backend_options {
      * per step; 4, 8 or 16 force it (kernels/cuda/attention.h
      * cuda_attention_set_decode_copy_rows), for benchmarks. */
     int decode_copy_rows;
+    /* 0 (the default): the decode attention's plan cuts contexts into split-KV partitions as its
+     * cost model finds fastest; a multiple of 64 keys forces that partition (kernels/cuda/
+     * attention.h cuda_attention_set_decode_split), for benchmarks. */
+    int decode_split;
     /* Tensor parallelism: NULL (the default) for one rank; else this rank's handle on the group
      * (borrowed: it must outlive the backend), and the weights must be the matching shard
      * (model_weights_open_shard with comm_rank, comm_size), or, with random weights, the shard

@@ -49,7 +49,10 @@ constexpr int kGroupMax = 64;
  * out, the counter, the last CTA's reads) plus kSplitMergePartKeys per partition the widest
  * merge reads. The minimum is one decode tile: it was 256 until 2026-12-02, when one sequence
  * of 1100 keys on the Llama-3-8B shape ran 40 CTAs on the H200's 132 SMs (5 partitions of 8 KV
- * heads), 12.1 us a layer; with 64 it runs 144 CTAs (18 partitions), 10.0 (bench/RESULTS.md). */
+ * heads), 12.1 us a layer; with 64 it runs 144 CTAs (18 partitions), 10.0 (bench/RESULTS.md).
+ * Splits forced finer than the model's (cuda_attention_set_decode_split) were slower at 8, 16 and
+ * 32 sequences of 1100 keys: 16 took 28.6 us a layer split in two (the model's), 33.8-44.8 in
+ * 3 to 9 (bench/RESULTS.md, eighteenth session). */
 constexpr int kSplitWavesMax = 4;
 constexpr int kSplitStartupKeys = 128;
 constexpr int kSplitMinTokens = 64;
@@ -219,7 +222,9 @@ constexpr int32_t kDecodeWideCopySeqs = 64;
  * greedy outputs then differed between runs of one seed (tests/gpu/run's random_load, 0 of 3
  * reruns equal; test_cuda_steps 2 failures) where this kernel repeats itself: it was taken
  * out. The race, found later in its compiled code: its q loads (__ldg) ran ahead of the PDL
- * wait; q is now read with __ldcg below. tests/gpu/RESULTS.md, fifteenth session.) */
+ * wait; q is now read with __ldcg below. tests/gpu/RESULTS.md, fifteenth session.)
+ * (3 CTAs an SM, __launch_bounds__(128, 3) with 2 stages at head dim 128, was measured in the
+ * eighteenth session: slower from 8 sequences up, 21% at 32; bench/RESULTS.md.) */
 template <int HD, int G_> struct decode_geom {
     static constexpr int T = 64;
     static constexpr int G = G_;
@@ -981,6 +986,7 @@ struct cuda_attention_plan {
 
     int early_kv;          /* cuda_attention_set_early_kv */
     int32_t copy_rows_set; /* cuda_attention_set_decode_copy_rows: 0, 4, 8 or 16 */
+    int32_t split_set;     /* cuda_attention_set_decode_split: 0 or the partition's keys */
     int32_t copy_rows;     /* the planned step's: 4, 8 or 16 */
 };
 
@@ -1318,7 +1324,9 @@ static int plan_impl(struct cuda_attention_plan *p, const struct attention_batch
      * resident decode CTAs (split_cost); see the loop below for how a context is cut. */
     const int64_t ctas_per_part = (int64_t)c->num_kv_heads * p->decode_chunks;
     int64_t split = INT64_MAX;
-    if (num_decode > 0) {
+    if (num_decode > 0 && p->split_set > 0) {
+        split = p->split_set;
+    } else if (num_decode > 0) {
         int64_t best = split_cost(batch, split, ctas_per_part, p->slots);
         for (int w = 1; w <= kSplitWavesMax; w++) {
             const int64_t want = split_want(w, p->slots, ctas_per_part);
@@ -1544,6 +1552,13 @@ void cuda_attention_set_decode_copy_rows(struct cuda_attention_plan *p, int rows
 {
     if (p != NULL && (rows == 0 || rows == 4 || rows == 8 || rows == 16))
         p->copy_rows_set = rows;
+}
+
+void cuda_attention_set_decode_split(struct cuda_attention_plan *p, int32_t keys)
+{
+    if (p != NULL && keys >= 0 &&
+        (keys == 0 || (keys >= kSplitMinTokens && keys % kSplitAlign == 0)))
+        p->split_set = keys;
 }
 
 int cuda_attention_decode_shape(const struct cuda_attention_plan *p, int32_t *ctas,

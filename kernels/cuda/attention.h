@@ -141,6 +141,13 @@ void cuda_attention_set_early_kv(struct cuda_attention_plan *p, int on);
  * settings (the warps sum their keys in another order). Other values and NULL are ignored. */
 void cuda_attention_set_decode_copy_rows(struct cuda_attention_plan *p, int rows);
 
+/* The split-KV partition of decode contexts, for benchmarks and tests: 0 (a new plan's setting)
+ * lets each step's cost model choose; a multiple of 64 keys cuts every decode context longer
+ * than it into partitions of that many keys (the last shorter). A step whose partitions then
+ * exceed the plan's capacity (a graph plan's grid: cuda_attention_plan_graph) fails to plan with
+ * PAGODA_EINTERNAL. Other values and NULL are ignored. */
+void cuda_attention_set_decode_split(struct cuda_attention_plan *p, int32_t keys);
+
 #ifdef __cplusplus
 }
 #endif
