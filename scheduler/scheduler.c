@@ -125,7 +125,8 @@ struct seq *seq_new(const int32_t *tokens, int32_t n, int32_t more)
         return NULL;
     }
     q->cap_tokens = cap;
-    memcpy(q->tokens, tokens, (size_t)n * sizeof(int32_t));
+    if (n > 0)
+        memcpy(q->tokens, tokens, (size_t)n * sizeof(int32_t));
     q->num_tokens = q->num_prompt_tokens = n;
     q->sampling = sampling_params_default();
     q->state = SEQ_WAITING;
@@ -368,11 +369,11 @@ void seq_remove(struct scheduler *s, struct seq *q)
     seq_free(q);
 }
 
-/* Like seq_remove, but keeps the removed sequence (its tokens, not its blocks) in the recent
- * list: a router that restarts before it heard the end learns it from the announcement. */
-static void seq_retire(struct scheduler *s, struct seq *q)
+/* Keeps q, which ended and is in no list, in the recent list (its tokens, not its blocks): a
+ * router that restarts before it heard the end learns it from the announcement, one whose
+ * event was lost from the resend. */
+static void recent_push(struct scheduler *s, struct seq *q)
 {
-    seq_detach(s, q);
     q->state = SEQ_WAITING;
     list_push_back(&s->recent, q);
     /* While a message to the router is lost and not yet made good, the ends it may have held
@@ -383,6 +384,23 @@ static void seq_retire(struct scheduler *s, struct seq *q)
         list_remove(&s->recent, old);
         seq_free(old);
     }
+}
+
+/* Like seq_remove, but keeps the removed sequence in the recent list (recent_push). */
+static void seq_retire(struct scheduler *s, struct seq *q)
+{
+    seq_detach(s, q);
+    recent_push(s, q);
+}
+
+/* Sets q's end to FINISH_ERROR with error and (a copy of) message, for the recent list. */
+static void seq_set_error(struct seq *q, int error, const char *message)
+{
+    q->finish_reason = PAGODA__INTERNAL__FINISH_REASON__FINISH_ERROR;
+    q->error_code = error;
+    free(q->error_text);
+    q->error_text = strndup(message, SCHEDULER_ERROR_MESSAGE_MAX - 1);
+    q->error_message = q->error_text != NULL ? q->error_text : "refused";
 }
 
 /* A request that ended (finished, cancelled, or out of memory) with reason. */
@@ -413,11 +431,7 @@ static void seq_refuse(struct scheduler *s, struct seq *q, int error, const char
     send_error(s, q->request_id, SCHEDULER_REQUEST_ID_BYTES, error, message);
     /* Kept with its error like any ended request, so that an announcement or a resend after a
      * lost message tells a router. */
-    q->finish_reason = PAGODA__INTERNAL__FINISH_REASON__FINISH_ERROR;
-    q->error_code = error;
-    free(q->error_text);
-    q->error_text = strndup(message, SCHEDULER_ERROR_MESSAGE_MAX - 1);
-    q->error_message = q->error_text != NULL ? q->error_text : "refused at admission";
+    seq_set_error(q, error, message);
     seq_retire(s, q);
 }
 
@@ -1445,6 +1459,30 @@ void scheduler_on_worker(struct scheduler *s, uint32_t worker_id,
 
 /* ---- router messages ------------------------------------------------------------------------ */
 
+/* A submission (of a 16-byte request id) refused before it became a sequence: its error end,
+ * and an empty sequence with that end in the recent list, so that a resend after a lost message
+ * or an announcement tells the router (under load, when the queue is full, is when the link to
+ * the router is most likely to drop a message). */
+static void refuse_submit(struct scheduler *s, const Pagoda__Internal__SubmitSeq *m, int err,
+                          const char *msg)
+{
+    send_error(s, m->request_id.data, SCHEDULER_REQUEST_ID_BYTES, err, msg);
+    struct seq *q = seq_new(NULL, 0, 0);
+    if (q == NULL)
+        return; /* the end went out once; without memory it cannot be kept */
+    memcpy(q->request_id, m->request_id.data, SCHEDULER_REQUEST_ID_BYTES);
+    q->max_tokens = m->has_max_tokens && m->max_tokens > 0 ? m->max_tokens : 0;
+    q->ignore_eos = m->has_ignore_eos && m->ignore_eos;
+    if (m->tenant != NULL)
+        q->tenant = strdup(m->tenant); /* NULL without memory: announced as the default's */
+    if (m->has_client_request_id && m->client_request_id.len == SCHEDULER_REQUEST_ID_BYTES) {
+        q->has_client_id = true;
+        memcpy(q->client_id, m->client_request_id.data, SCHEDULER_REQUEST_ID_BYTES);
+    }
+    seq_set_error(q, err, msg);
+    recent_push(s, q);
+}
+
 static void on_submit(struct scheduler *s, const Pagoda__Internal__SubmitSeq *m)
 {
     const uint8_t *id = m->has_request_id ? m->request_id.data : NULL;
@@ -1498,7 +1536,7 @@ static void on_submit(struct scheduler *s, const Pagoda__Internal__SubmitSeq *m)
     if (err == 0 && (err = sampling_from_internal(m->sampling, &sp)) != 0)
         snprintf(msg, sizeof(msg), "%s", pagoda_error_detail());
     if (err != 0) {
-        send_error(s, id, id_len, err, msg);
+        refuse_submit(s, m, err, msg);
         return;
     }
     struct seq *q = seq_new(m->prompt_token_ids, (int32_t)n_prompt, (int32_t)n_out);
@@ -1607,6 +1645,41 @@ static void on_stats_request(struct scheduler *s, const Pagoda__Internal__StatsR
     send_router(s, &r);
 }
 
+/* A set of request ids for one pass over the recent list: open addressing over a keyed hash
+ * (ids may be a client's own choice), at most half full. */
+struct id_set {
+    const uint8_t **slots;
+    uint32_t mask;
+    uint64_t seed;
+};
+
+static bool id_set_init(struct id_set *set, uint32_t count, uint64_t seed)
+{
+    uint32_t size = 16;
+    while (size < 2 * count)
+        size *= 2;
+    set->slots = calloc(size, sizeof(*set->slots));
+    set->mask = size - 1;
+    set->seed = seed;
+    return set->slots != NULL;
+}
+
+/* Adds id (which must outlive the set); false when it was there. */
+static bool id_set_add(struct id_set *set, const uint8_t *id)
+{
+    uint32_t i = (uint32_t)XXH3_64bits_withSeed(id, SCHEDULER_REQUEST_ID_BYTES, set->seed);
+    for (i &= set->mask; set->slots[i] != NULL; i = (i + 1) & set->mask)
+        if (memcmp(set->slots[i], id, SCHEDULER_REQUEST_ID_BYTES) == 0)
+            return false;
+    set->slots[i] = id;
+    return true;
+}
+
+static void id_set_free(struct id_set *set)
+{
+    free(set->slots);
+}
+
 static void announce_fill(Pagoda__Internal__TokenEvent *ev, struct seq *q)
 {
     pagoda__internal__token_event__init(ev);
@@ -1656,18 +1729,27 @@ static bool send_held(struct scheduler *s, bool announce, size_t *total)
     struct seq_list *lists[3] = {&s->running, &s->waiting, &s->recent};
     size_t n = 0, tokens = 0;
     *total = 0;
+    /* The recent list newest first, so that of the ends of one id (a request id submitted again
+     * after it ended) only the newest is told: the router holds at most one request of an id. */
+    struct id_set seen;
+    if (!id_set_init(&seen, s->recent.count, s->hash_seed))
+        return false; /* without memory: as if lost, tried again later */
     for (int l = 0; l < 3; l++) {
-        for (struct seq *q = lists[l]->head; q != NULL; q = q->next) {
-            if (q->pin != NULL || (l == 2 && find_request(s, q->request_id) != NULL))
-                continue; /* a pin's own, or ended then submitted again: the live one speaks */
+        for (struct seq *q = l == 2 ? lists[l]->tail : lists[l]->head; q != NULL;
+             q = l == 2 ? q->prev : q->next) {
+            if (q->pin != NULL || (l == 2 && (find_request(s, q->request_id) != NULL ||
+                                              !id_set_add(&seen, q->request_id))))
+                continue; /* a pin's own, or ended then submitted again: the newest speaks */
             size_t out = (size_t)(q->num_tokens - q->num_prompt_tokens);
             if (!announce && out == 0 &&
                 q->finish_reason == PAGODA__INTERNAL__FINISH_REASON__FINISH_NONE)
                 continue; /* no event of it can have been lost */
             if (n > 0 &&
                 (n == (size_t)s->cfg.max_seqs || tokens + out > SCHEDULER_ANNOUNCE_TOKENS)) {
-                if (!send_events_msg(s, s->ev_ptrs, n, false))
+                if (!send_events_msg(s, s->ev_ptrs, n, false)) {
+                    id_set_free(&seen);
                     return false;
+                }
                 n = tokens = 0;
             }
             Pagoda__Internal__TokenEvent *ev = &s->ev_msgs[n];
@@ -1683,6 +1765,7 @@ static bool send_held(struct scheduler *s, bool announce, size_t *total)
             (*total)++;
         }
     }
+    id_set_free(&seen);
     return (!announce && n == 0) || send_events_msg(s, s->ev_ptrs, n, announce);
 }
 

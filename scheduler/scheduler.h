@@ -120,7 +120,8 @@
  *
  * Announcement: a RouterHello (sent by a router whenever its link comes up) is answered with
  * one TokenEvent{announce} per request held, running, waiting or among the last
- * SCHEDULER_MAX_RECENT_ENDED that ended (a refusal at admission among them): offset 0, every
+ * SCHEDULER_MAX_RECENT_ENDED that ended (refusals at submission and at admission among them;
+ * of an id submitted again after it ended, only the newest): offset 0, every
  * output token with its logprob (0 for the output a request was resubmitted with, whose
  * logprobs the scheduler never had), prompt_tokens, cached_tokens, tenant, max_tokens,
  * ignore_eos, the SubmitSeq's client_request_id, and the finish reason (with the error) of one
@@ -136,9 +137,9 @@
  * The first resend comes SCHEDULER_ROUTER_RESEND_MS after the last; each stops at its first lost
  * message and doubles the wait, up to SCHEDULER_ROUTER_RESEND_MAX_MS, until one goes through
  * whole (stats.router_resends counts them). Meanwhile up to SCHEDULER_MAX_RECENT_BEHIND ended
- * requests are kept. The router appends what it lacks and ignores the rest. Not covered: a
- * request refused at submission (no sequence), more ends than that bound during one loss, and
- * the replies (Stats, PolicyApplied, AdminResult), which are not resent.
+ * requests are kept. The router appends what it lacks and ignores the rest. Not covered: more
+ * ends than that bound during one loss, a refusal of a request id that is not 16 bytes, and the
+ * replies (Stats, PolicyApplied, AdminResult), which are not resent.
  *
  * Watchdog: a worker that owes an answer (a step or a resync is outstanding) and has sent no
  * message at all for watchdog_ms is reported once per incident with Control{hung_worker_id,

@@ -1010,6 +1010,65 @@ static void test_lost_router_messages_are_resent(void **state)
     harness_close(h);
 }
 
+/* Two losses the resend must make good without telling a lie: a submission refused while the
+ * link drops (no sequence was made of it; its error end is kept), and a request id the router
+ * submits again after the first request of that id ended (both ends are in the recent list;
+ * only the newest request's output and end may be sent, or the router, holding the new one,
+ * would take the old one's tokens). */
+static void test_lost_refusals_and_reused_ids_are_resent(void **state)
+{
+    struct harness *h = harness_open(&DEFAULT_SETUP);
+    h->router_lenient = true;
+    int32_t pa[6], pb[6], bad[3] = {5, -1, 7};
+    make_prompt(60, 6, pa);
+    make_prompt(61, 6, pb);
+    struct req_rec *a = submit(h, 1, pa, 6, 4);
+    pump(h);
+    expect_output(a, pa, 6, 4, PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH);
+    /* The router forgot a (its client took the result) and takes id 1 again for a new prompt:
+     * the record stands for the router's new request of that id. */
+    memset(a->out, 0, sizeof(a->out));
+    a->n_out = a->ends = 0;
+    a->finish = -1;
+
+    h->drop_router = true;
+    struct req_rec *r = submit(h, 2, bad, 3, 4); /* refused: token -1 */
+    (void)submit(h, 1, pb, 6, 5);                /* events go to a's record, the first of id 1 */
+    for (int i = 0; i < 12; i++)
+        exchange(h);
+    assert_true(h->router_dropped >= 3);
+    assert_int_equal(r->ends, 0);
+    assert_int_equal(a->ends, 0);
+    assert_int_equal(stats(h).running, 0);
+    h->drop_router = false;
+    tick(h, h->now + SCHEDULER_ROUTER_RESEND_MS);
+    assert_int_equal(stats(h).router_resends, 1);
+    assert_int_equal(r->ends, 1);
+    assert_int_equal(r->finish, PAGODA__INTERNAL__FINISH_REASON__FINISH_ERROR);
+    assert_int_equal(r->error_code, PAGODA_EINVAL);
+    assert_int_equal(r->n_out, 0);
+    expect_output(a, pb, 6, 5, PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH);
+
+    /* A restarted router learns both from the announcement, the refusal with its error. */
+    const int announced = h->n_ann;
+    router_hello(h);
+    int refusals = 0, ones = 0;
+    for (int i = announced; i < h->n_ann; i++) {
+        if (memcmp(h->ann[i].id, r->id, SCHEDULER_REQUEST_ID_BYTES) == 0)
+            refusals += h->ann[i].finish == PAGODA__INTERNAL__FINISH_REASON__FINISH_ERROR &&
+                        h->ann[i].n_out == 0 && h->ann[i].tenant_ok;
+        if (memcmp(h->ann[i].id, a->id, SCHEDULER_REQUEST_ID_BYTES) == 0) {
+            ones++;
+            assert_int_equal(h->ann[i].n_out, 5);
+        }
+    }
+    assert_int_equal(refusals, 1);
+    assert_int_equal(ones, 1);
+    expect_idle_pool(h);
+    harness_close(h);
+    (void)state;
+}
+
 /* ---- the pool's identity -------------------------------------------------------------------- */
 
 static void expect_invariants(struct harness *h)
@@ -1291,6 +1350,7 @@ int main(void)
         cmocka_unit_test(test_stats_reply),
         cmocka_unit_test(test_router_hello_announces),
         cmocka_unit_test(test_lost_router_messages_are_resent),
+        cmocka_unit_test(test_lost_refusals_and_reused_ids_are_resent),
         cmocka_unit_test(test_pool_change_recomputes),
         cmocka_unit_test(test_first_hello_other_pool),
         cmocka_unit_test(test_pool_change_drops_cache),
