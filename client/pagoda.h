@@ -191,6 +191,10 @@ typedef struct pagoda_engine_stats {
      * consecutive in the pool (1 when none has two blocks) and their mean run length. */
     uint64_t prefill_tokens, decode_tokens;
     double locality, locality_run_length;
+    /* Lost events (docs/protocol.md): the scheduler's messages to the router that the link
+     * refused and the resends of every request held that made them good; the events the router
+     * ignored for coming from beyond the output it held. */
+    uint64_t router_drops, router_resends, event_gaps;
     /* A router with several engines (its figures above are their sums, docs/routing.md): the
      * routing in force ("cache-aware" or "round-robin") and each engine's figures, in engine
      * order. A router with one engine sends neither: routing is "" and num_engines 0. The first

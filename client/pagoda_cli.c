@@ -604,6 +604,9 @@ static int cmd_stats(pagoda_client *c, const struct cli *o)
         FIELD("decode_tokens", "%llu", (unsigned long long)s.decode_tokens);
         DFIELD("locality", s.locality);
         DFIELD("locality_run_length", s.locality_run_length);
+        FIELD("router_drops", "%llu", (unsigned long long)s.router_drops);
+        FIELD("router_resends", "%llu", (unsigned long long)s.router_resends);
+        FIELD("event_gaps", "%llu", (unsigned long long)s.event_gaps);
     }
     FIELD("cached_blocks", "%u", s.cached_blocks);
     if (engine) {

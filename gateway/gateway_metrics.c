@@ -299,6 +299,15 @@ static void render(struct greq *q, const pagoda_async_result *res, const pagoda_
                 "Requests whose admission waited for another sequence to compute their next "
                 "prefix block (to hit it in the prefix cache instead of computing it beside).",
                 (double)s->prefix_waits);
+        counter(&b, "pagoda_router_messages_lost_total",
+                "Scheduler messages to the router that the link refused (made good by a resend).",
+                (double)s->router_drops);
+        counter(&b, "pagoda_router_resends_total",
+                "Resends of every request the scheduler holds, after lost messages.",
+                (double)s->router_resends);
+        counter(&b, "pagoda_router_event_gaps_total",
+                "Token events the router ignored for coming from beyond the output it held.",
+                (double)s->event_gaps);
     } else {
         log_debug("/metrics without the engine's figures: %s", res->detail);
     }

@@ -200,7 +200,9 @@ struct pin_state {
     X(discarded_tokens)                                                                            \
     X(prefix_waits)                                                                                \
     X(prefill_tokens)                                                                              \
-    X(decode_tokens)
+    X(decode_tokens)                                                                               \
+    X(router_drops)                                                                                \
+    X(router_resends)
 #define ROUTER_COUNTER_ENUM(f) ROUTER_COUNTER_##f,
 enum { ROUTER_COUNTERS(ROUTER_COUNTER_ENUM) ROUTER_NUM_COUNTERS };
 #undef ROUTER_COUNTER_ENUM

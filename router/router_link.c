@@ -681,7 +681,11 @@ static void fill_stats(struct router *r, const Pagoda__Internal__SchedulerStats 
     COPY(decode_tokens);
     COPY(locality);
     COPY(locality_run_length);
+    COPY(router_drops);
+    COPY(router_resends);
 #undef COPY
+    out->has_event_gaps = 1;
+    out->event_gaps = r->event_gaps;
     out->has_prefix_hit_rate = s->has_prefix_query_tokens;
     out->prefix_hit_rate = s->prefix_query_tokens == 0
                                ? 0.0

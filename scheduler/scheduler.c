@@ -369,21 +369,28 @@ void seq_remove(struct scheduler *s, struct seq *q)
     seq_free(q);
 }
 
-/* Keeps q, which ended and is in no list, in the recent list (its tokens, not its blocks): a
- * router that restarts before it heard the end learns it from the announcement, one whose
- * event was lost from the resend. */
-static void recent_push(struct scheduler *s, struct seq *q)
+/* Keeps q, which ended and is in no list, at the end of list l (the recent list, or the refused
+ * list for a refusal at submission), dropping l's oldest beyond keep, or beyond keep_behind while
+ * a message to the router is lost and not yet made good (their ends may be among what it held).
+ * Its tokens, not its blocks: a router that restarts before it heard the end learns it from the
+ * announcement, one whose event was lost from the resend. */
+static void ended_push(struct scheduler *s, struct seq_list *l, struct seq *q, uint32_t keep,
+                       uint32_t keep_behind)
 {
     q->state = SEQ_WAITING;
-    list_push_back(&s->recent, q);
-    /* While a message to the router is lost and not yet made good, the ends it may have held
-     * stay (up to SCHEDULER_MAX_RECENT_BEHIND). */
-    uint32_t keep = s->router_behind ? SCHEDULER_MAX_RECENT_BEHIND : SCHEDULER_MAX_RECENT_ENDED;
-    while (s->recent.count > keep) {
-        struct seq *old = s->recent.head;
-        list_remove(&s->recent, old);
+    q->end_order = ++s->end_count;
+    list_push_back(l, q);
+    const uint32_t limit = s->router_behind ? keep_behind : keep;
+    while (l->count > limit) {
+        struct seq *old = l->head;
+        list_remove(l, old);
         seq_free(old);
     }
+}
+
+static void recent_push(struct scheduler *s, struct seq *q)
+{
+    ended_push(s, &s->recent, q, SCHEDULER_MAX_RECENT_ENDED, SCHEDULER_MAX_RECENT_BEHIND);
 }
 
 /* Like seq_remove, but keeps the removed sequence in the recent list (recent_push). */
@@ -1460,7 +1467,7 @@ void scheduler_on_worker(struct scheduler *s, uint32_t worker_id,
 /* ---- router messages ------------------------------------------------------------------------ */
 
 /* A submission (of a 16-byte request id) refused before it became a sequence: its error end,
- * and an empty sequence with that end in the recent list, so that a resend after a lost message
+ * and an empty sequence with that end in the refused list, so that a resend after a lost message
  * or an announcement tells the router (under load, when the queue is full, is when the link to
  * the router is most likely to drop a message). */
 static void refuse_submit(struct scheduler *s, const Pagoda__Internal__SubmitSeq *m, int err,
@@ -1473,14 +1480,16 @@ static void refuse_submit(struct scheduler *s, const Pagoda__Internal__SubmitSeq
     memcpy(q->request_id, m->request_id.data, SCHEDULER_REQUEST_ID_BYTES);
     q->max_tokens = m->has_max_tokens && m->max_tokens > 0 ? m->max_tokens : 0;
     q->ignore_eos = m->has_ignore_eos && m->ignore_eos;
-    if (m->tenant != NULL)
-        q->tenant = strdup(m->tenant); /* NULL without memory: announced as the default's */
+    if (m->tenant != NULL && (q->tenant = strdup(m->tenant)) == NULL) {
+        seq_free(q); /* announced without its tenant it would be another tenant's */
+        return;
+    }
     if (m->has_client_request_id && m->client_request_id.len == SCHEDULER_REQUEST_ID_BYTES) {
         q->has_client_id = true;
         memcpy(q->client_id, m->client_request_id.data, SCHEDULER_REQUEST_ID_BYTES);
     }
     seq_set_error(q, err, msg);
-    recent_push(s, q);
+    ended_push(s, &s->refused, q, SCHEDULER_MAX_RECENT_REFUSED, 8 * SCHEDULER_MAX_RECENT_REFUSED);
 }
 
 static void on_submit(struct scheduler *s, const Pagoda__Internal__SubmitSeq *m)
@@ -1630,6 +1639,9 @@ static void on_stats_request(struct scheduler *s, const Pagoda__Internal__StatsR
     ps.discarded_tokens = st.discarded_tokens;
     ps.has_prefix_waits = 1;
     ps.prefix_waits = st.prefix_waits;
+    ps.has_router_drops = ps.has_router_resends = 1;
+    ps.router_drops = st.router_drops;
+    ps.router_resends = st.router_resends;
     ps.has_worker_step_wall_us = ps.has_worker_step_device_us = 1;
     ps.worker_step_wall_us = st.worker_step_wall_us;
     ps.worker_step_device_us = st.worker_step_device_us;
@@ -1645,39 +1657,58 @@ static void on_stats_request(struct scheduler *s, const Pagoda__Internal__StatsR
     send_router(s, &r);
 }
 
-/* A set of request ids for one pass over the recent list: open addressing over a keyed hash
- * (ids may be a client's own choice), at most half full. */
-struct id_set {
-    const uint8_t **slots;
+/* The newest ended sequence of each request id among the recent and refused lists, for one pass
+ * over them: open addressing over a keyed hash (ids may be a client's own choice), at most half
+ * full. */
+struct newest_map {
+    const struct seq **slots;
     uint32_t mask;
     uint64_t seed;
 };
 
-static bool id_set_init(struct id_set *set, uint32_t count, uint64_t seed)
+static bool newest_map_init(struct newest_map *m, uint32_t count, uint64_t seed)
 {
     uint32_t size = 16;
     while (size < 2 * count)
         size *= 2;
-    set->slots = calloc(size, sizeof(*set->slots));
-    set->mask = size - 1;
-    set->seed = seed;
-    return set->slots != NULL;
+    m->slots = calloc(size, sizeof(*m->slots));
+    m->mask = size - 1;
+    m->seed = seed;
+    return m->slots != NULL;
 }
 
-/* Adds id (which must outlive the set); false when it was there. */
-static bool id_set_add(struct id_set *set, const uint8_t *id)
+/* The slot of q's id: the one holding that id, or the empty one where it goes. */
+static uint32_t newest_map_slot(const struct newest_map *m, const struct seq *q)
 {
-    uint32_t i = (uint32_t)XXH3_64bits_withSeed(id, SCHEDULER_REQUEST_ID_BYTES, set->seed);
-    for (i &= set->mask; set->slots[i] != NULL; i = (i + 1) & set->mask)
-        if (memcmp(set->slots[i], id, SCHEDULER_REQUEST_ID_BYTES) == 0)
-            return false;
-    set->slots[i] = id;
-    return true;
+    uint32_t i =
+        (uint32_t)XXH3_64bits_withSeed(q->request_id, SCHEDULER_REQUEST_ID_BYTES, m->seed) &
+        m->mask;
+    while (m->slots[i] != NULL &&
+           memcmp(m->slots[i]->request_id, q->request_id, SCHEDULER_REQUEST_ID_BYTES) != 0)
+        i = (i + 1) & m->mask;
+    return i;
 }
 
-static void id_set_free(struct id_set *set)
+static void newest_map_add(struct newest_map *m, const struct seq *q)
 {
-    free(set->slots);
+    const uint32_t i = newest_map_slot(m, q);
+    if (m->slots[i] == NULL || m->slots[i]->end_order < q->end_order)
+        m->slots[i] = q;
+}
+
+static bool newest_map_is_newest(const struct newest_map *m, const struct seq *q)
+{
+    return m->slots[newest_map_slot(m, q)] == q;
+}
+
+/* The older of the two lists' next ended sequences (their cursors *a and *b), advanced past. */
+static struct seq *next_ended(struct seq **a, struct seq **b)
+{
+    struct seq **p = *a == NULL ? b : *b == NULL ? a : (*a)->end_order < (*b)->end_order ? a : b;
+    struct seq *q = *p;
+    if (q != NULL)
+        *p = q->next;
+    return q;
 }
 
 static void announce_fill(Pagoda__Internal__TokenEvent *ev, struct seq *q)
@@ -1718,7 +1749,8 @@ static void announce_fill(Pagoda__Internal__TokenEvent *ev, struct seq *q)
     }
 }
 
-/* Sends every request held (waiting, running, and the recently ended) from output offset 0, in
+/* Sends every request held (running, waiting, and the recently ended and refused, of an id the
+ * newest only) from output offset 0, in
  * messages of at most max_seqs events and about SCHEDULER_ANNOUNCE_TOKENS tokens: as an
  * announcement (announce set, announce_done on the last message), or as a resend after a lost
  * message (neither: a router takes the tokens it lacks and adopts no request; requests with no
@@ -1726,47 +1758,64 @@ static void announce_fill(Pagoda__Internal__TokenEvent *ev, struct seq *q)
  * every message went. *total: the requests sent. */
 static bool send_held(struct scheduler *s, bool announce, size_t *total)
 {
-    struct seq_list *lists[3] = {&s->running, &s->waiting, &s->recent};
     size_t n = 0, tokens = 0;
     *total = 0;
-    /* The recent list newest first, so that of the ends of one id (a request id submitted again
-     * after it ended) only the newest is told: the router holds at most one request of an id. */
-    struct id_set seen;
-    if (!id_set_init(&seen, s->recent.count, s->hash_seed))
-        return false; /* without memory: as if lost, tried again later */
-    for (int l = 0; l < 3; l++) {
-        for (struct seq *q = l == 2 ? lists[l]->tail : lists[l]->head; q != NULL;
-             q = l == 2 ? q->prev : q->next) {
-            if (q->pin != NULL || (l == 2 && (find_request(s, q->request_id) != NULL ||
-                                              !id_set_add(&seen, q->request_id))))
-                continue; /* a pin's own, or ended then submitted again: the newest speaks */
-            size_t out = (size_t)(q->num_tokens - q->num_prompt_tokens);
-            if (!announce && out == 0 &&
-                q->finish_reason == PAGODA__INTERNAL__FINISH_REASON__FINISH_NONE)
-                continue; /* no event of it can have been lost */
-            if (n > 0 &&
-                (n == (size_t)s->cfg.max_seqs || tokens + out > SCHEDULER_ANNOUNCE_TOKENS)) {
-                if (!send_events_msg(s, s->ev_ptrs, n, false)) {
-                    id_set_free(&seen);
-                    return false;
-                }
-                n = tokens = 0;
-            }
-            Pagoda__Internal__TokenEvent *ev = &s->ev_msgs[n];
-            announce_fill(ev, q);
-            if (!announce) {
-                ev->has_announce = ev->announce = 0;
-                ev->tenant = NULL;
-                ev->has_max_tokens = ev->has_ignore_eos = ev->has_client_request_id = 0;
-            }
-            s->ev_ptrs[n] = ev;
-            n++;
-            tokens += out;
-            (*total)++;
-        }
+    /* Of the ends of one request id (submitted again after it ended) only the newest is told:
+     * the router holds at most one request of an id. */
+    struct newest_map newest;
+    if (!newest_map_init(&newest, s->recent.count + s->refused.count, s->hash_seed)) {
+        s->router_behind = true; /* without memory: as if lost, tried again (resend_to_router) */
+        return false;
     }
-    id_set_free(&seen);
-    return (!announce && n == 0) || send_events_msg(s, s->ev_ptrs, n, announce);
+    for (struct seq *q = s->recent.head; q != NULL; q = q->next)
+        newest_map_add(&newest, q);
+    for (struct seq *q = s->refused.head; q != NULL; q = q->next)
+        newest_map_add(&newest, q);
+    /* Running, waiting, then the ended oldest first (a router over its cap of finished requests
+     * drops its oldest). */
+    struct seq *run = s->running.head, *wait = s->waiting.head;
+    struct seq *rec = s->recent.head, *ref = s->refused.head;
+    bool whole = true;
+    for (;;) {
+        struct seq *q;
+        bool ended = false;
+        if (run != NULL) {
+            q = run;
+            run = run->next;
+        } else if (wait != NULL) {
+            q = wait;
+            wait = wait->next;
+        } else if ((q = next_ended(&rec, &ref)) != NULL) {
+            ended = true;
+        } else {
+            break;
+        }
+        if (q->pin != NULL || (ended && (find_request(s, q->request_id) != NULL ||
+                                         !newest_map_is_newest(&newest, q))))
+            continue; /* a pin's own, or ended then submitted again: the newest speaks */
+        size_t out = (size_t)(q->num_tokens - q->num_prompt_tokens);
+        if (!announce && out == 0 &&
+            q->finish_reason == PAGODA__INTERNAL__FINISH_REASON__FINISH_NONE)
+            continue; /* no event of it can have been lost */
+        if (n > 0 && (n == (size_t)s->cfg.max_seqs || tokens + out > SCHEDULER_ANNOUNCE_TOKENS)) {
+            if (!(whole = send_events_msg(s, s->ev_ptrs, n, false)))
+                break;
+            n = tokens = 0;
+        }
+        Pagoda__Internal__TokenEvent *ev = &s->ev_msgs[n];
+        announce_fill(ev, q);
+        if (!announce) {
+            ev->has_announce = ev->announce = 0;
+            ev->tenant = NULL;
+            ev->has_max_tokens = ev->has_ignore_eos = ev->has_client_request_id = 0;
+        }
+        s->ev_ptrs[n] = ev;
+        n++;
+        tokens += out;
+        (*total)++;
+    }
+    free(newest.slots);
+    return whole && ((!announce && n == 0) || send_events_msg(s, s->ev_ptrs, n, announce));
 }
 
 /* RouterHello: announces every request held; an announcement not delivered whole is sent
@@ -2032,6 +2081,7 @@ void scheduler_close(struct scheduler *s)
     free_list(&s->waiting);
     free_list(&s->running);
     free_list(&s->recent);
+    free_list(&s->refused);
     cache_close(s);
     block_manager_close(s->bm);
     free(s->req_buckets);

@@ -137,9 +137,11 @@
  * The first resend comes SCHEDULER_ROUTER_RESEND_MS after the last; each stops at its first lost
  * message and doubles the wait, up to SCHEDULER_ROUTER_RESEND_MAX_MS, until one goes through
  * whole (stats.router_resends counts them). Meanwhile up to SCHEDULER_MAX_RECENT_BEHIND ended
- * requests are kept. The router appends what it lacks and ignores the rest. Not covered: more
- * ends than that bound during one loss, a refusal of a request id that is not 16 bytes, and the
- * replies (Stats, PolicyApplied, AdminResult), which are not resent.
+ * requests are kept (refusals at submission apart: up to 8 * SCHEDULER_MAX_RECENT_REFUSED). The
+ * router appends what it lacks and ignores the rest. stats.router_drops and router_resends go to
+ * the router in SchedulerStats. Not covered: more ends than those bounds during one loss, a
+ * refusal of a request id that is not 16 bytes or for want of memory, and the replies (Stats,
+ * PolicyApplied, AdminResult), which are not resent.
  *
  * Watchdog: a worker that owes an answer (a step or a resync is outstanding) and has sent no
  * message at all for watchdog_ms is reported once per incident with Control{hung_worker_id,
@@ -223,6 +225,10 @@
 #define SCHEDULER_ROUTER_RESEND_MS 1000
 #define SCHEDULER_ROUTER_RESEND_MAX_MS 8000
 #define SCHEDULER_MAX_RECENT_BEHIND (8 * SCHEDULER_MAX_RECENT_ENDED)
+/* Refusals at submission are kept the same way in a list of their own, so that a client whose
+ * submissions are refused as fast as it sends them cannot push out other clients' ends: this
+ * many, or 8 times as many while a resend is pending. */
+#define SCHEDULER_MAX_RECENT_REFUSED 256
 /* The longest worker's error message kept for a request that failed (longer ones are cut). */
 #define SCHEDULER_ERROR_MESSAGE_MAX 256
 /* Request ids are 128-bit. */

@@ -834,6 +834,36 @@ void cache_stats(const struct scheduler *s, struct scheduler_stats *out)
     out->locality_run_length = runs ? (double)blocks / (double)runs : 0.0;
 }
 
+/* The recent or refused list l: ended sequences holding no block and no sequence id, in the
+ * order they ended, linked both ways, at most cap; refused ones empty and failed. */
+static int check_ended(const struct seq_list *l, uint32_t cap, bool refused, const char **why)
+{
+    uint32_t count = 0;
+    const struct seq *prev = NULL;
+    for (const struct seq *q = l->head; q != NULL; prev = q, q = q->next) {
+        count++;
+        if (q->prev != prev || (prev != NULL && prev->end_order >= q->end_order)) {
+            *why = "an ended list is out of order or badly linked";
+            return -1;
+        }
+        if (q->table.num_blocks != 0 || q->seq_id != 0 || q->num_tokens < q->num_prompt_tokens ||
+            q->finish_reason == PAGODA__INTERNAL__FINISH_REASON__FINISH_NONE) {
+            *why = "an ended sequence holds blocks or a sequence id, or has no end";
+            return -1;
+        }
+        if (refused && (q->num_tokens != 0 ||
+                        q->finish_reason != PAGODA__INTERNAL__FINISH_REASON__FINISH_ERROR)) {
+            *why = "a refusal has tokens or is not an error";
+            return -1;
+        }
+    }
+    if (l->tail != prev || count != l->count || count > cap) {
+        *why = "an ended list's count or tail is wrong, or it holds more than its cap";
+        return -1;
+    }
+    return 0;
+}
+
 int scheduler_check_invariants(const struct scheduler *s, const char **why)
 {
     int32_t n = s->cfg.geometry.num_blocks;
@@ -875,6 +905,9 @@ int scheduler_check_invariants(const struct scheduler *s, const char **why)
             goto out;
         }
     }
+    if (check_ended(&s->recent, SCHEDULER_MAX_RECENT_BEHIND, false, why) != 0 ||
+        check_ended(&s->refused, 8 * SCHEDULER_MAX_RECENT_REFUSED, true, why) != 0)
+        goto out;
     if (prefix_cache_check(s->pc, refs, n, why) != 0 || block_manager_check(s->bm, why) != 0)
         goto out;
     block_manager_add_deferred(s->bm, refs);

@@ -66,7 +66,8 @@ struct seq {
     char *tenant;
     bool has_client_id;
     uint8_t client_id[SCHEDULER_REQUEST_ID_BYTES];
-    /* Once it has ended and is kept in the recent list. */
+    /* Once it has ended and is kept in the recent or refused list. */
+    uint64_t end_order; /* when it was kept there (scheduler.end_count): newer is larger */
     Pagoda__Internal__FinishReason finish_reason;
     int32_t error_code;
     const char *error_message; /* a static string, error_text, or NULL */
@@ -182,7 +183,9 @@ struct scheduler {
     struct block_manager *bm;
     int32_t block_size;
     struct seq_list waiting, running;
-    struct seq_list recent; /* ended requests kept for announcements, oldest first */
+    struct seq_list recent;  /* ended requests kept for announcements, oldest first */
+    struct seq_list refused; /* the same for refusals at submission (empty sequences) */
+    uint64_t end_count;      /* the last end_order given */
     struct seq **req_buckets, **id_buckets;
     uint32_t bucket_mask;
     uint64_t hash_seed; /* keys the request and sequence id buckets */

@@ -49,9 +49,11 @@ struct fake_sched {
     nng_socket sock;
     pthread_t thread;
     atomic_int stop, hold, dups, hold_policy, hold_admin, hold_stats, pause;
-    atomic_int lose;   /* event messages still to lose on purpose (fake_sched_lose_events) */
-    atomic_int behind; /* a message to the router was lost: resend every request (tick) */
-    uint8_t *policy;   /* the last Policy, packed; guarded by lock */
+    atomic_uint drops;  /* event messages lost (counts.drops) */
+    atomic_int lose;    /* event messages still to lose on purpose (fake_sched_lose_events) */
+    atomic_int rehello; /* an announcement was lost: announce again (tick) */
+    atomic_int behind;  /* a message to the router was lost: resend every request (tick) */
+    uint8_t *policy;    /* the last Policy, packed; guarded by lock */
     size_t policy_len;
     int policy_pending; /* it is still to be answered (held); guarded by lock */
     pthread_mutex_t lock;
@@ -112,11 +114,14 @@ static int send_msg(struct fake_sched *fs, Pagoda__Internal__ToRouter *env)
     nng_msg_free(m);
     /* As the real scheduler: a lost message is made good by sending every request again. */
     if (env->msg_case == PAGODA__INTERNAL__TO_ROUTER__MSG_EVENTS) {
+        atomic_fetch_add(&fs->drops, 1);
         fprintf(stderr,
                 "fake scheduler: an event message to the router was lost (%s); "
                 "every request is sent again\n",
                 nng_strerror(rv));
         atomic_store(&fs->behind, 1);
+        if (env->events != NULL && env->events->announce_done)
+            atomic_store(&fs->rehello, 1); /* a lost announcement is sent again as one */
     }
     return 0;
 }
@@ -207,6 +212,9 @@ static void on_stats(struct fake_sched *fs, const Pagoda__Internal__StatsRequest
     st.preemptions = 2;
     st.has_prefix_waits = 1;
     st.prefix_waits = FAKE_SCHED_PREFIX_WAITS;
+    st.has_router_drops = st.has_router_resends = 1;
+    st.router_drops = atomic_load(&fs->drops);
+    st.router_resends = fs->counts.resends;
     pthread_mutex_unlock(&fs->lock);
     Pagoda__Internal__ToRouter env = PAGODA__INTERNAL__TO_ROUTER__INIT;
     env.msg_case = PAGODA__INTERNAL__TO_ROUTER__MSG_STATS;
@@ -624,6 +632,8 @@ static void resend(struct fake_sched *fs)
     atomic_store(&fs->behind, 0);
     fs->counts.resends++;
     for (struct fseq *q = fs->seqs; q != NULL && n < MAX_RESEND; q = q->next) {
+        if (find(fs, q->id) != q)
+            continue; /* an id submitted again after it ended: only the newest is told */
         Pagoda__Internal__TokenEvent *ev = &events[n];
         pagoda__internal__token_event__init(ev);
         ev->has_request_id = ev->has_offset = 1;
@@ -688,6 +698,8 @@ static void *run(void *arg)
         uint64_t now = rtr_now_ms();
         if (now - last_tick >= TICK_MS) {
             last_tick = now;
+            if (atomic_exchange(&fs->rehello, 0))
+                on_router_hello(fs);
             if (atomic_load(&fs->behind))
                 resend(fs);
             if (!atomic_load(&fs->hold))
@@ -786,6 +798,7 @@ void fake_sched_get_counts(struct fake_sched *fs, struct fake_sched_counts *out)
     pthread_mutex_lock(&fs->lock);
     *out = fs->counts;
     out->running = count_running(fs);
+    out->drops = atomic_load(&fs->drops);
     pthread_mutex_unlock(&fs->lock);
 }
 

@@ -41,6 +41,7 @@ struct fake_sched_counts {
     uint32_t stats_requests;
     uint32_t router_hellos;
     uint32_t resends; /* every request sent again after a lost event message */
+    uint32_t drops;   /* event messages lost (reported as SchedulerStats.router_drops) */
     uint32_t running;
     int last_has_seed;
     uint64_t last_seed;

@@ -616,6 +616,9 @@ int io_to_router(void *ctx, const Pagoda__Internal__ToRouter *msg)
         h->stats_peak_in_flight = m->stats->peak_steps_in_flight;
         h->stats_discarded = m->stats->discarded_tokens;
         h->stats_prefix_waits = m->stats->has_prefix_waits ? m->stats->prefix_waits : UINT64_MAX;
+        h->stats_router_drops = m->stats->has_router_drops ? m->stats->router_drops : UINT64_MAX;
+        h->stats_router_resends =
+            m->stats->has_router_resends ? m->stats->router_resends : UINT64_MAX;
     } else if (m->msg_case == PAGODA__INTERNAL__TO_ROUTER__MSG_POLICY_APPLIED) {
         h->applied_count++;
         if (h->applied)

@@ -144,6 +144,7 @@ struct harness {
     uint32_t stats_peak_in_flight;
     uint64_t stats_discarded;
     uint64_t stats_prefix_waits;
+    uint64_t stats_router_drops, stats_router_resends; /* UINT64_MAX: absent */
     int stats_replies;
     int32_t rec_index[REC_INDEX]; /* 1 + the index in reqs of an id, 0: empty */
     const char *tenant;           /* what submit_full stamps ("t" when NULL) */

@@ -642,8 +642,15 @@ static void test_lost_events_are_made_good(void **state)
     assert_int_equal(f, PAGODA_FINISH_LENGTH);
     assert_int_equal(count, 7);
     assert_tokens(prompt, 2, tokens, 7, 0);
+    /* The losses and resends reach pagoda stats (the fake reports its own counts). */
+    pagoda_engine_stats st;
+    assert_int_equal(pagoda_stats(c, &st), 0);
     fake_sched_get_counts(e->fs, &after);
     assert_true(after.resends > before.resends);
+    assert_true(after.drops >= before.drops + 4);
+    assert_int_equal(st.router_drops, after.drops);
+    /* A last resend may come after the end was delivered, between the two calls. */
+    assert_true(st.router_resends >= 1 && st.router_resends <= after.resends);
     pagoda_client_close(c);
 }
 

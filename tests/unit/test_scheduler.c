@@ -983,6 +983,16 @@ static void test_lost_router_messages_are_resent(void **state)
     /* Delivered whole: no more resends. */
     tick(h, t0 + 4 * SCHEDULER_ROUTER_RESEND_MS);
     assert_int_equal(stats(h).router_resends, 2);
+    /* The router is told both counts. */
+    Pagoda__Internal__StatsRequest sr = PAGODA__INTERNAL__STATS_REQUEST__INIT;
+    Pagoda__Internal__ToScheduler sm = PAGODA__INTERNAL__TO_SCHEDULER__INIT;
+    sm.msg_case = PAGODA__INTERNAL__TO_SCHEDULER__MSG_STATS;
+    sm.stats = &sr;
+    const int replies = h->stats_replies;
+    deliver_router(h, &sm);
+    assert_int_equal(h->stats_replies, replies + 1);
+    assert_int_equal(h->stats_router_drops, (uint64_t)h->router_dropped);
+    assert_int_equal(h->stats_router_resends, 2);
     expect_idle_pool(h);
 
     /* A lost announcement is sent again as an announcement, a period later. */
