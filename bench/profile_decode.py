@@ -8,7 +8,9 @@ dram__bytes_write.sum` over `decode_step --profile --only VERSION --batches BATC
 per batch, in order, each starting at its embedding kernel. Kernels are classed by name, and the
 linears (cuBLAS's kernels or cuda_gemv's) by where they sit in the layer: after the first
 RMSNorm of a layer the QKV projection, after attention the O projection, after the second
-RMSNorm gate/up, after SiLU-mul the down projection, after the final gather the LM head.
+RMSNorm gate/up, after SiLU-mul the down projection, after the final gather the LM head; where
+the RMSNorm is inside the linear (cuda_gemv_row_norm, one row), gate/up is the linear after O
+and QKV the one after down (or after the embedding).
 Prints per batch and class: launches, summed kernel time, DRAM bytes and bandwidth, and the
 class's share of the step's summed kernel time. Kernel times are measured one kernel at a time
 (ncu serialises), so their sum leaves out launch gaps: decode_step's event time minus this sum
@@ -79,17 +81,23 @@ def main():
         print(f"{label}: {len(steps)} steps in the profile, {len(batches)} batches expected")
     for B, step in zip(batches, steps):
         acc = OrderedDict()
-        last, norms = None, 0
+        last, norms, since = None, 0, 0
         for k in step:
             c = classify(k["name"])
             if c is None:
-                role = {"rmsnorm": "qkv" if norms % 2 == 1 else "gate_up", "attention": "o",
-                        "silu_mul": "down", "gather": "lm_head"}.get(last, "linear?")
-                c = "linear " + role
+                # A linear whose RMSNorm is inside it (cuda_gemv_row_norm at one row) follows
+                # another linear: gate/up after O, the next layer's QKV after down.
+                role = {"rmsnorm": ["qkv" if norms % 2 == 1 else "gate_up"],
+                        "attention": ["o", "gate_up"], "silu_mul": ["down", "qkv"],
+                        "embedding": ["qkv"], "gather": ["lm_head"]}.get(last, [])
+                if "splitKreduce" in base_name(k["name"]) and since > 0:
+                    since -= 1  # cuBLAS's split-K reduction: the same linear's second kernel
+                c = "linear " + (role[since] if since < len(role) else "linear?")
+                since += 1
             else:
                 if c == "rmsnorm":
                     norms += 1
-                last = c
+                last, since = c, 0
             a = acc.setdefault(c, [0, 0.0, 0.0, set()])
             a[0] += 1
             a[1] += k["t"]
