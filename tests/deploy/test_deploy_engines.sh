@@ -204,9 +204,19 @@ for e in 0 1; do
     check "engine $e has its own logs" [ -s "$eng/engine-$e/worker-0.log" ]
 done
 check "--role engine starts no router" [ -z "$(pid_of router "$eng")" ]
-check "pagoda-status lists engine 1's worker" \
-    grep -q "engine-1/worker-0 .*pid $(pid_of worker "$eng/engine-1")" \
-    <("$deploy/pagoda-status" --run-dir "$eng" 2>&1)
+# pagoda-status and pid_of each read /proc at their own moment: asked again while they disagree
+# (a fresh-clone CI run under ASan saw them differ once, 2026-12-03).
+status_lists_worker() {
+    local pid
+    pid=$(pid_of worker "$eng/engine-1")
+    [ -n "$pid" ] && grep -q "engine-1/worker-0 .*pid $pid\$" \
+        <("$deploy/pagoda-status" --run-dir "$eng" 2>&1)
+}
+if ! retry 50 status_lists_worker; then
+    echo "pid_of: $(pid_of worker "$eng/engine-1" | tr '\n' ' ')" >&2
+    "$deploy/pagoda-status" --run-dir "$eng" >&2 || true
+fi
+check "pagoda-status lists engine 1's worker" status_lists_worker
 answers() { # a request through the router started before its engines is answered
     local out
     out=$(timeout 10 "$bin_dir/pagoda" --url "$url" generate --tokens 1,2,3 --max-tokens 4 2>&1) &&
