@@ -33,10 +33,14 @@ static void charge_cpu(struct scheduler *s, uint64_t start_ns)
 
 /* Request ids may be a client's own (one default tenant), so buckets come from a keyed hash:
  * nobody can choose ids that pile into one bucket. */
+static uint64_t request_hash(const struct scheduler *s, const uint8_t *id)
+{
+    return XXH3_64bits_withSeed(id, SCHEDULER_REQUEST_ID_BYTES, s->hash_seed);
+}
+
 static uint32_t req_bucket(const struct scheduler *s, const uint8_t *id)
 {
-    return (uint32_t)(XXH3_64bits_withSeed(id, SCHEDULER_REQUEST_ID_BYTES, s->hash_seed) &
-                      s->bucket_mask);
+    return (uint32_t)(request_hash(s, id) & s->bucket_mask);
 }
 
 static uint32_t id_bucket(const struct scheduler *s, uint64_t seq_id)
@@ -1466,6 +1470,19 @@ void scheduler_on_worker(struct scheduler *s, uint32_t worker_id,
 
 /* ---- router messages ------------------------------------------------------------------------ */
 
+/* What a submission says of who it is, for q: its request id, tenant (a copy: false without
+ * memory) and client_request_id, and ignore_eos, as an announcement tells them. */
+static bool seq_take_submit_ids(struct seq *q, const Pagoda__Internal__SubmitSeq *m)
+{
+    memcpy(q->request_id, m->request_id.data, SCHEDULER_REQUEST_ID_BYTES);
+    q->ignore_eos = m->has_ignore_eos && m->ignore_eos;
+    if (m->has_client_request_id && m->client_request_id.len == SCHEDULER_REQUEST_ID_BYTES) {
+        q->has_client_id = true;
+        memcpy(q->client_id, m->client_request_id.data, SCHEDULER_REQUEST_ID_BYTES);
+    }
+    return m->tenant == NULL || (q->tenant = strdup(m->tenant)) != NULL;
+}
+
 /* A submission (of a 16-byte request id) refused before it became a sequence: its error end,
  * and an empty sequence with that end in the refused list, so that a resend after a lost message
  * or an announcement tells the router (under load, when the queue is full, is when the link to
@@ -1477,16 +1494,10 @@ static void refuse_submit(struct scheduler *s, const Pagoda__Internal__SubmitSeq
     struct seq *q = seq_new(NULL, 0, 0);
     if (q == NULL)
         return; /* the end went out once; without memory it cannot be kept */
-    memcpy(q->request_id, m->request_id.data, SCHEDULER_REQUEST_ID_BYTES);
     q->max_tokens = m->has_max_tokens && m->max_tokens > 0 ? m->max_tokens : 0;
-    q->ignore_eos = m->has_ignore_eos && m->ignore_eos;
-    if (m->tenant != NULL && (q->tenant = strdup(m->tenant)) == NULL) {
+    if (!seq_take_submit_ids(q, m)) {
         seq_free(q); /* announced without its tenant it would be another tenant's */
         return;
-    }
-    if (m->has_client_request_id && m->client_request_id.len == SCHEDULER_REQUEST_ID_BYTES) {
-        q->has_client_id = true;
-        memcpy(q->client_id, m->client_request_id.data, SCHEDULER_REQUEST_ID_BYTES);
     }
     seq_set_error(q, err, msg);
     ended_push(s, &s->refused, q, SCHEDULER_MAX_RECENT_REFUSED, 8 * SCHEDULER_MAX_RECENT_REFUSED);
@@ -1553,25 +1564,19 @@ static void on_submit(struct scheduler *s, const Pagoda__Internal__SubmitSeq *m)
         send_error(s, id, id_len, PAGODA_ENOMEM, "out of memory for the request");
         return;
     }
-    memcpy(q->request_id, id, SCHEDULER_REQUEST_ID_BYTES);
     if (n_out > 0)
         memcpy(q->tokens + n_prompt, m->output_token_ids, n_out * sizeof(int32_t));
     q->num_tokens = (int32_t)(n_prompt + n_out);
     q->sampling = sp;
     q->max_tokens = m->has_max_tokens ? m->max_tokens : 0;
-    q->ignore_eos = m->has_ignore_eos && m->ignore_eos;
     q->num_stop_ids = (int32_t)m->n_stop_token_ids;
     if (m->n_stop_token_ids > 0)
         memcpy(q->stop_ids, m->stop_token_ids, m->n_stop_token_ids * sizeof(int32_t));
     q->owner = tenant_get(s, m->tenant != NULL ? m->tenant : "default");
-    if ((m->tenant != NULL && (q->tenant = strdup(m->tenant)) == NULL) || q->owner == NULL) {
+    if (!seq_take_submit_ids(q, m) || q->owner == NULL) {
         seq_free(q);
         send_error(s, id, id_len, PAGODA_ENOMEM, "out of memory for the request");
         return;
-    }
-    if (m->has_client_request_id && m->client_request_id.len == SCHEDULER_REQUEST_ID_BYTES) {
-        q->has_client_id = true;
-        memcpy(q->client_id, m->client_request_id.data, SCHEDULER_REQUEST_ID_BYTES);
     }
     hash_request(s, q);
     list_push_back(&s->waiting, q);
@@ -1658,31 +1663,29 @@ static void on_stats_request(struct scheduler *s, const Pagoda__Internal__StatsR
 }
 
 /* The newest ended sequence of each request id among the recent and refused lists, for one pass
- * over them: open addressing over a keyed hash (ids may be a client's own choice), at most half
- * full. */
+ * over them: open addressing over the request buckets' keyed hash (ids may be a client's own
+ * choice), at most half full. */
 struct newest_map {
+    const struct scheduler *s;
     const struct seq **slots;
     uint32_t mask;
-    uint64_t seed;
 };
 
-static bool newest_map_init(struct newest_map *m, uint32_t count, uint64_t seed)
+static bool newest_map_init(struct newest_map *m, const struct scheduler *s, uint32_t count)
 {
     uint32_t size = 16;
     while (size < 2 * count)
         size *= 2;
+    m->s = s;
     m->slots = calloc(size, sizeof(*m->slots));
     m->mask = size - 1;
-    m->seed = seed;
     return m->slots != NULL;
 }
 
 /* The slot of q's id: the one holding that id, or the empty one where it goes. */
 static uint32_t newest_map_slot(const struct newest_map *m, const struct seq *q)
 {
-    uint32_t i =
-        (uint32_t)XXH3_64bits_withSeed(q->request_id, SCHEDULER_REQUEST_ID_BYTES, m->seed) &
-        m->mask;
+    uint32_t i = (uint32_t)request_hash(m->s, q->request_id) & m->mask;
     while (m->slots[i] != NULL &&
            memcmp(m->slots[i]->request_id, q->request_id, SCHEDULER_REQUEST_ID_BYTES) != 0)
         i = (i + 1) & m->mask;
@@ -1763,7 +1766,7 @@ static bool send_held(struct scheduler *s, bool announce, size_t *total)
     /* Of the ends of one request id (submitted again after it ended) only the newest is told:
      * the router holds at most one request of an id. */
     struct newest_map newest;
-    if (!newest_map_init(&newest, s->recent.count + s->refused.count, s->hash_seed)) {
+    if (!newest_map_init(&newest, s, s->recent.count + s->refused.count)) {
         s->router_behind = true; /* without memory: as if lost, tried again (resend_to_router) */
         return false;
     }
