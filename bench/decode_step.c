@@ -181,51 +181,103 @@ struct result {
  * with the streaming GEMV on QKV and O up to CUDA_GEMV_MAX_ROWS rows; the defaults with
  * cuda_gemv_row on the linears of one row (cuda_backend_options.gemv_row 1), and with the
  * RMSNorms inside it too (gemv_row_norm 1); the defaults without cuda_gemv_row (norow); the
- * defaults with cuBLASLt on QKV and O only (lt_qo) and on O only (lt_o), up to 256 rows. */
+ * defaults with cuBLASLt on QKV and O only (lt_qo) and on O only (lt_o), up to 256 rows; the
+ * defaults without O and down adding into the residual inside their GEMMs
+ * (cuda_backend_options.residual_gemm_max_rows 0: noracc) and without programmatic dependent
+ * launch (nopdl). */
 struct version {
     const char *name;
     int ref, baseline, gemv_max_rows, graphs, pdl;
     int gemv_stream; /* 1: cuda_gemv_stream, on every weight (cuda_backend_options.gemv_stream) */
     int defaults;    /* 1: cuda_backend_default_options() as they are (the other fields unused) */
-    int64_t max_weight; /* the gemv on weights of up to this many elements */
-    int no_early_kv;    /* 1: cuda_backend_options.decode_early_kv 0 (the defaults otherwise) */
-    int copy_rows;      /* cuda_backend_options.decode_copy_rows (the defaults otherwise) */
-    int lt_rows;        /* cuda_backend_options.lt_max_rows: 0 the default's */
-    int64_t lt_weight;  /* cuda_backend_options.lt_max_weight: 0 the default's */
+    int64_t max_weight;   /* the gemv on weights of up to this many elements */
+    int no_early_kv;      /* 1: cuda_backend_options.decode_early_kv 0 (the defaults otherwise) */
+    int copy_rows;        /* cuda_backend_options.decode_copy_rows (the defaults otherwise) */
+    int lt_rows;          /* cuda_backend_options.lt_max_rows: 0 the default's */
+    int64_t lt_weight;    /* cuda_backend_options.lt_max_weight: 0 the default's */
+    int no_residual_gemm; /* 1: cuda_backend_options.residual_gemm_max_rows 0 */
+    int no_pdl;           /* 1: cuda_backend_options.pdl 0 (the defaults otherwise) */
 };
 /* The Llama-3-8B shape's O, QKV and down elements (gate/up's are more), and every weight. */
 #define kO ((int64_t)4096 * 4096)
 #define kQKV ((int64_t)6144 * 4096)
 #define kEvery INT64_MAX
 #define kDown ((int64_t)14336 * 4096)
-#define kVersions 26
+#define kVersions 28
 static const struct version versions[kVersions] = {
-    {"baseline", 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
-    {"cublas", 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
-    {"gemv", 0, 0, CUDA_GEMV_MAX_ROWS, 0, 0, 0, 0, kO, 0, 0, 0, 0},
-    {"graphs", 1, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0},
-    {"pdl", 3, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0},
-    {"pdl_gemv8", 3, 0, 8, 1, 1, 0, 0, kO, 0, 0, 0, 0},
-    {"pdl_gemv16", 3, 0, CUDA_GEMV_MAX_ROWS, 1, 1, 0, 0, kO, 0, 0, 0, 0},
-    {"graphs_gemv8", 3, 0, 8, 1, 0, 0, 0, kO, 0, 0, 0, 0},
-    {"pdl_gemvs", 3, 0, CUDA_GEMV_MAX_ROWS, 1, 1, 1, 0, kEvery, 0, 0, 0, 0},
-    {"pdl_gemvs8", 3, 0, 8, 1, 1, 1, 0, kEvery, 0, 0, 0, 0},
-    {"graphs_gemvs", 3, 0, CUDA_GEMV_MAX_ROWS, 1, 0, 1, 0, kEvery, 0, 0, 0, 0},
-    {"pdl_qo_gemv8", 3, 0, 8, 1, 1, 0, 0, kQKV, 0, 0, 0, 0},
-    {"pdl_qo_gemvs8", 3, 0, 8, 1, 1, 1, 0, kQKV, 0, 0, 0, 0},
-    {"pdl_qod_gemvs8", 3, 0, 8, 1, 1, 1, 0, kDown, 0, 0, 0, 0},
-    {"pdl_qo_gemvs16", 3, 0, CUDA_GEMV_MAX_ROWS, 1, 1, 1, 0, kQKV, 0, 0, 0, 0},
-    {"shipped", 3, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0},
-    {"noearly", 3, 0, 0, 0, 0, 0, 1, 0, 1, 0, 0, 0},
-    {"copy4", 3, 0, 0, 0, 0, 0, 1, 0, 0, 4, 0, 0},
-    {"copy16", 3, 0, 0, 0, 0, 0, 1, 0, 0, 16, 0, 0},
-    {"lt", 3, 0, 0, 0, 0, 0, 1, 0, 0, 0, 256, 0},
-    {"qo16", 3, 0, CUDA_GEMV_MAX_ROWS, 0, 0, 0, 1, 0, 0, 0, 0, 0},
-    {"row", 3, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0},
-    {"rowfuse", 3, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0},
-    {"norow", 3, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0},
-    {"lt_qo", 3, 0, 0, 0, 0, 0, 1, 0, 0, 0, 256, kQKV},
-    {"lt_o", 3, 0, 0, 0, 0, 0, 1, 0, 0, 0, 256, kO},
+    {.name = "baseline", .baseline = 1},
+    {.name = "cublas"},
+    {.name = "gemv", .gemv_max_rows = CUDA_GEMV_MAX_ROWS, .max_weight = kO},
+    {.name = "graphs", .ref = 1, .graphs = 1},
+    {.name = "pdl", .ref = 3, .graphs = 1, .pdl = 1},
+    {.name = "pdl_gemv8", .ref = 3, .gemv_max_rows = 8, .graphs = 1, .pdl = 1, .max_weight = kO},
+    {.name = "pdl_gemv16",
+     .ref = 3,
+     .gemv_max_rows = CUDA_GEMV_MAX_ROWS,
+     .graphs = 1,
+     .pdl = 1,
+     .max_weight = kO},
+    {.name = "graphs_gemv8", .ref = 3, .gemv_max_rows = 8, .graphs = 1, .max_weight = kO},
+    {.name = "pdl_gemvs",
+     .ref = 3,
+     .gemv_max_rows = CUDA_GEMV_MAX_ROWS,
+     .graphs = 1,
+     .pdl = 1,
+     .gemv_stream = 1,
+     .max_weight = kEvery},
+    {.name = "pdl_gemvs8",
+     .ref = 3,
+     .gemv_max_rows = 8,
+     .graphs = 1,
+     .pdl = 1,
+     .gemv_stream = 1,
+     .max_weight = kEvery},
+    {.name = "graphs_gemvs",
+     .ref = 3,
+     .gemv_max_rows = CUDA_GEMV_MAX_ROWS,
+     .graphs = 1,
+     .gemv_stream = 1,
+     .max_weight = kEvery},
+    {.name = "pdl_qo_gemv8",
+     .ref = 3,
+     .gemv_max_rows = 8,
+     .graphs = 1,
+     .pdl = 1,
+     .max_weight = kQKV},
+    {.name = "pdl_qo_gemvs8",
+     .ref = 3,
+     .gemv_max_rows = 8,
+     .graphs = 1,
+     .pdl = 1,
+     .gemv_stream = 1,
+     .max_weight = kQKV},
+    {.name = "pdl_qod_gemvs8",
+     .ref = 3,
+     .gemv_max_rows = 8,
+     .graphs = 1,
+     .pdl = 1,
+     .gemv_stream = 1,
+     .max_weight = kDown},
+    {.name = "pdl_qo_gemvs16",
+     .ref = 3,
+     .gemv_max_rows = CUDA_GEMV_MAX_ROWS,
+     .graphs = 1,
+     .pdl = 1,
+     .gemv_stream = 1,
+     .max_weight = kQKV},
+    {.name = "shipped", .ref = 3, .defaults = 1},
+    {.name = "noearly", .ref = 3, .defaults = 1, .no_early_kv = 1},
+    {.name = "copy4", .ref = 3, .defaults = 1, .copy_rows = 4},
+    {.name = "copy16", .ref = 3, .defaults = 1, .copy_rows = 16},
+    {.name = "lt", .ref = 3, .defaults = 1, .lt_rows = 256},
+    {.name = "qo16", .ref = 3, .gemv_max_rows = CUDA_GEMV_MAX_ROWS, .defaults = 1},
+    {.name = "row", .ref = 3, .defaults = 1},
+    {.name = "rowfuse", .ref = 3, .defaults = 1},
+    {.name = "norow", .ref = 3, .defaults = 1},
+    {.name = "lt_qo", .ref = 3, .defaults = 1, .lt_rows = 256, .lt_weight = kQKV},
+    {.name = "lt_o", .ref = 3, .defaults = 1, .lt_rows = 256, .lt_weight = kO},
+    {.name = "noracc", .ref = 3, .defaults = 1, .no_residual_gemm = 1},
+    {.name = "nopdl", .ref = 3, .defaults = 1, .no_pdl = 1},
 };
 
 static int decode_split; /* --split */
@@ -245,8 +297,9 @@ static void run_version(const struct model_config *c, const struct kv_geometry *
         o.pdl = versions[version].pdl;
         o.gemv_stream = versions[version].gemv_stream;
         o.gemv_max_weight = versions[version].max_weight;
-        o.lt_max_rows = 0; /* every version before cuBLASLt and cuda_gemv_row */
+        o.lt_max_rows = 0; /* every version before cuBLASLt, cuda_gemv_row and residual_gemm */
         o.gemv_row = 0;
+        o.residual_gemm_max_rows = 0;
     } else if (versions[version].gemv_max_rows != 0) {
         o.gemv_max_rows = versions[version].gemv_max_rows;
     }
@@ -263,6 +316,10 @@ static void run_version(const struct model_config *c, const struct kv_geometry *
     if (versions[version].lt_rows != 0)
         o.lt_max_rows = versions[version].lt_rows;
     o.lt_max_weight = versions[version].lt_weight;
+    if (versions[version].no_pdl)
+        o.pdl = 0;
+    if (versions[version].no_residual_gemm)
+        o.residual_gemm_max_rows = 0;
     o.decode_split = decode_split;
     struct backend *be = NULL;
     PK(cuda_backend_open(c, NULL, kSeed, g, pool, &o, &be));

@@ -197,6 +197,7 @@ struct cuda_backend_options cuda_backend_default_options(void)
         .pdl = 1,
         .decode_early_kv = 1,
         .cuda_graphs = 1,
+        .residual_gemm_max_rows = CUDA_BACKEND_RESIDUAL_GEMM_MAX_ROWS,
     };
     return o;
 }
@@ -695,15 +696,23 @@ int cuda_backend_open(const struct model_config *cfg, const struct model_weights
  * contiguous outputs only), up to opt.lt_max_rows rows (of a weight of at most opt.lt_max_weight
  * elements, where that is not 0) through cuBLASLt (a shape it has no
  * algorithm for falls back), the rest through cublasGemmEx. */
+/* Whether gemm_ld takes a linear of these sizes (and dense output) through cuda_gemv or
+ * cuda_gemv_stream (opt.gemv_max_rows, opt.gemv_max_weight). */
+static int takes_gemv(const struct cuda_backend *b, const uint16_t *x, const uint16_t *w,
+                      const void *y, int64_t rows, int64_t in, int64_t out)
+{
+    return !b->opt.baseline_kernels && rows <= b->opt.gemv_max_rows &&
+           in * out <= b->opt.gemv_max_weight &&
+           cuda_gemv_fits((int32_t)rows, (int32_t)in, (int32_t)out, x, w, y);
+}
+
 static int gemm_ld(struct cuda_backend *b, const uint16_t *x, const uint16_t *w, void *y,
                    cudaDataType ytype, int64_t rows, int64_t in, int64_t out, int64_t ldy)
 {
     if (!b->opt.baseline_kernels && b->opt.gemv_row &&
         cuda_gemv_row_fits((int32_t)rows, (int32_t)in, (int32_t)out, x, w, y))
         return cuda_gemv_row(x, w, y, ytype == CUDA_R_32F, (int32_t)in, (int32_t)out, b->stream);
-    if (!b->opt.baseline_kernels && ldy == out && rows <= b->opt.gemv_max_rows &&
-        in * out <= b->opt.gemv_max_weight &&
-        cuda_gemv_fits((int32_t)rows, (int32_t)in, (int32_t)out, x, w, y))
+    if (ldy == out && takes_gemv(b, x, w, y, rows, in, out))
         return b->opt.gemv_stream ? cuda_gemv_stream(x, w, y, ytype == CUDA_R_32F, (int32_t)rows,
                                                      (int32_t)in, (int32_t)out, NULL, b->stream)
                                   : cuda_gemv(x, w, y, ytype == CUDA_R_32F, (int32_t)rows,
@@ -720,6 +729,18 @@ static int gemm_ld(struct cuda_backend *b, const uint16_t *x, const uint16_t *w,
                      CUDA_R_16BF, (int)in, x, CUDA_R_16BF, (int)in, &zero, y, ytype, (int)ldy,
                      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     return st == CUBLAS_STATUS_SUCCESS ? 0 : cublas_fail(st, "cublasGemmEx");
+}
+
+/* res [rows][out] f32 += x . w^T (opt.residual_gemm_max_rows): cuBLAS with beta 1. */
+static int gemm_add(struct cuda_backend *b, const uint16_t *x, const uint16_t *w, float *res,
+                    int64_t rows, int64_t in, int64_t out)
+{
+    const float one = 1.0f;
+    cublasStatus_t st =
+        cublasGemmEx(b->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)out, (int)rows, (int)in, &one, w,
+                     CUDA_R_16BF, (int)in, x, CUDA_R_16BF, (int)in, &one, res, CUDA_R_32F, (int)out,
+                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    return st == CUBLAS_STATUS_SUCCESS ? 0 : cublas_fail(st, "cublasGemmEx (beta 1)");
 }
 
 /* gemm_ld with a contiguous output. */
@@ -930,6 +951,15 @@ static int forward_layers(struct cuda_backend *b, int32_t n, int32_t num_logits)
         return rc;
     /* The residual stream: b->residual, or after a fused normalisation the other buffer. */
     float *res = b->residual, *alt = b->residual_alt;
+    /* O and down add into the residual themselves (opt.residual_gemm_max_rows), unless a GEMV
+     * of ours takes them (a few rows: their output is BF16 proj, as before); the RMSNorm behind
+     * each adds proj only where its linear did not add. All layers alike: the weights of a
+     * kind share their shape. */
+    const int into_res = !tp && c->num_layers > 0 && n >= 2 && n <= b->opt.residual_gemm_max_rows;
+    const int o_into =
+        into_res && !c->o_bias && !takes_gemv(b, b->attn, b->layers[0].w_o, b->proj, n, qd, H);
+    const int down_into = into_res && !takes_gemv(b, b->act, b->layers[0].w_down, b->proj, n, I, H);
+    const uint16_t *after_o = o_into ? NULL : b->proj, *after_down = down_into ? NULL : b->proj;
     for (int64_t i = 0; i < c->num_layers; i++) {
         const struct cuda_layer *l = &b->layers[i];
         struct kv_layer_view kv = kv_layer_view_make(&b->geometry, b->pool, (int32_t)i);
@@ -940,8 +970,8 @@ static int forward_layers(struct cuda_backend *b, int32_t n, int32_t num_logits)
             kv.num_kv_heads = (int32_t)sh->num_kv_heads;
         }
         /* Attention block; the previous block's output (proj) joins the residual stream. */
-        if ((rc = norm_linear(b, &res, &alt, i ? b->proj : NULL, l->input_norm, l->w_qkv, b->qkv, n,
-                              H, qkvd)) ||
+        if ((rc = norm_linear(b, &res, &alt, i ? after_down : NULL, l->input_norm, l->w_qkv, b->qkv,
+                              n, H, qkvd)) ||
             (l->b_qkv && (rc = cuda_add_bias(b->qkv, qkvd, l->b_qkv, n, (int32_t)qkvd, s))) ||
             /* Q and K heads sit side by side in a QKV row: one RoPE call rotates both, and
              * writes K and V into the pool in the same pass. */
@@ -951,24 +981,28 @@ static int forward_layers(struct cuda_backend *b, int32_t n, int32_t num_logits)
         if (tp) {
             if ((rc = gemm(b, b->attn, l->w_o, b->partial, CUDA_R_32F, n, qd, H)) == 0)
                 rc = tp_row_parallel_end(b, l->b_o, n);
-        } else if ((rc = gemm(b, b->attn, l->w_o, b->proj, CUDA_R_16BF, n, qd, H)) == 0 && l->b_o)
+        } else if (o_into)
+            rc = gemm_add(b, b->attn, l->w_o, res, n, qd, H);
+        else if ((rc = gemm(b, b->attn, l->w_o, b->proj, CUDA_R_16BF, n, qd, H)) == 0 && l->b_o)
             rc = cuda_add_bias(b->proj, H, l->b_o, n, (int32_t)H, s);
         if (rc != 0)
             return rc;
         /* MLP block. */
-        if ((rc = norm_linear(b, &res, &alt, b->proj, l->post_norm, l->w_gate_up, b->gate_up, n, H,
+        if ((rc = norm_linear(b, &res, &alt, after_o, l->post_norm, l->w_gate_up, b->gate_up, n, H,
                               2 * I)) ||
             (rc = cuda_silu_mul(b->gate_up, b->act, n, (int32_t)I, s)))
             return rc;
         if (tp) {
             if ((rc = gemm(b, b->act, l->w_down, b->partial, CUDA_R_32F, n, I, H)) == 0)
                 rc = tp_row_parallel_end(b, NULL, n);
-        } else
+        } else if (down_into)
+            rc = gemm_add(b, b->act, l->w_down, res, n, I, H);
+        else
             rc = gemm(b, b->act, l->w_down, b->proj, CUDA_R_16BF, n, I, H);
         if (rc != 0)
             return rc;
     }
-    if ((rc = cuda_add_rmsnorm(res, c->num_layers ? b->proj : NULL, b->final_norm, b->hidden, n,
+    if ((rc = cuda_add_rmsnorm(res, c->num_layers ? after_down : NULL, b->final_norm, b->hidden, n,
                                (int32_t)H, eps, s)) ||
         (rc = cuda_gather_rows_bf16(b->hidden, H, b->d_logits_rows, num_logits, (int32_t)H,
                                     b->selected, s)))

@@ -26,6 +26,13 @@
 #define CUDA_BACKEND_GEMV_MAX_ROWS 8
 #define CUDA_BACKEND_GEMV_MAX_WEIGHT ((int64_t)6144 * 4096)
 
+/* The default of cuda_backend_options.residual_gemm_max_rows: the decode steps' sizes (the
+ * largest graph's batch). On the H200 (bench/RESULTS.md, issue 15, nineteenth session) the
+ * decode step of the 8B shape took 20-40 us less at 16 and 64 sequences and about 0.1 ms less at
+ * 256 with the projections added inside their GEMMs. Prefill steps of more rows keep the BF16
+ * products (not measured). */
+#define CUDA_BACKEND_RESIDUAL_GEMM_MAX_ROWS 256
+
 struct cuda_backend_options {
     int device;
     struct backend_limits limits;
@@ -65,6 +72,14 @@ struct cuda_backend_options {
     /* With lt_max_rows: only weights of at most this many elements go through cuBLASLt; 0 (the
      * default): every weight. For benchmarks (decode_step's lt_qo and lt_o versions). */
     int64_t lt_max_weight;
+    /* Steps of 2 .. residual_gemm_max_rows rows (one rank, no bias on O) add the O and down
+     * projections into the FP32 residual stream inside their GEMMs (cublasGemmEx with beta 1 and
+     * an FP32 output), and the RMSNorm behind each only normalises: the products are not rounded
+     * to BF16 on their way and no kernel reads them back. Default
+     * CUDA_BACKEND_RESIDUAL_GEMM_MAX_ROWS; 0: the products in BF16, added by the RMSNorm (as
+     * before the nineteenth session, and always for one row, whose GEMVs add nothing: there
+     * cuda_gemv_row_norm does the addition). */
+    int residual_gemm_max_rows;
     /* 1 (the default): the kernels of kernels/cuda that support it are launched with
      * programmatic dependent launch (kernels/cuda/util.h cuda_set_pdl): each may be scheduled
      * while the kernel ahead ends and read its weights before waiting for it. Most of a layer's

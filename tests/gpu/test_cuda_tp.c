@@ -168,6 +168,10 @@ static void *run_main(void *arg)
                                        .max_num_seqs = r->max_seqs ? r->max_seqs : 64,
                                        .max_blocks_per_seq = NUM_BLOCKS - 1};
     o.comm = r->comm;
+    /* A tensor-parallel rank's row-parallel sums join the residual stream as BF16 values, the
+     * form TP 1 takes without residual_gemm (which adds O's and down's f32 products inside the
+     * GEMM): TP 1 runs in that form, so that what is compared is the split and nothing else. */
+    o.residual_gemm_max_rows = 0;
     if ((r->rc = cuda_backend_open(&w->config, r->random ? NULL : w, r->random ? RANDOM_SEED : 0,
                                    &g, r->shared_pool ? r->shared_pool : pool, &o, &be)) != 0)
         goto done;
