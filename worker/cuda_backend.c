@@ -689,13 +689,6 @@ int cuda_backend_open(const struct model_config *cfg, const struct model_weights
 
 /* ---- the forward pass ------------------------------------------------------------------- */
 
-/* y[rows][out] = x[rows][in] . w[out][in]^T, BF16 inputs, FP32 accumulation, output in ytype,
- * y's rows ldy >= out elements apart. One row through cuda_gemv_row with opt.gemv_row; up to
- * opt.gemv_max_rows rows of a weight of at most
- * opt.gemv_max_weight elements through cuda_gemv_stream or cuda_gemv (cuda_backend.h;
- * contiguous outputs only), up to opt.lt_max_rows rows (of a weight of at most opt.lt_max_weight
- * elements, where that is not 0) through cuBLASLt (a shape it has no
- * algorithm for falls back), the rest through cublasGemmEx. */
 /* Whether gemm_ld takes a linear of these sizes (and dense output) through cuda_gemv or
  * cuda_gemv_stream (opt.gemv_max_rows, opt.gemv_max_weight). */
 static int takes_gemv(const struct cuda_backend *b, const uint16_t *x, const uint16_t *w,
@@ -706,6 +699,28 @@ static int takes_gemv(const struct cuda_backend *b, const uint16_t *x, const uin
            cuda_gemv_fits((int32_t)rows, (int32_t)in, (int32_t)out, x, w, y);
 }
 
+/* y [rows][ldy] = x . w^T + beta * y through cublasGemmEx (BF16 inputs, FP32 accumulation, y in
+ * ytype): gemm_ld's last resort with beta 0, and gemm_add's addition into the residual with beta
+ * 1. */
+static int cublas_linear(struct cuda_backend *b, const uint16_t *x, const uint16_t *w, void *y,
+                         cudaDataType ytype, int64_t rows, int64_t in, int64_t out, int64_t ldy,
+                         float beta)
+{
+    const float one = 1.0f;
+    cublasStatus_t st =
+        cublasGemmEx(b->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)out, (int)rows, (int)in, &one, w,
+                     CUDA_R_16BF, (int)in, x, CUDA_R_16BF, (int)in, &beta, y, ytype, (int)ldy,
+                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    return st == CUBLAS_STATUS_SUCCESS ? 0 : cublas_fail(st, "cublasGemmEx");
+}
+
+/* y[rows][out] = x[rows][in] . w[out][in]^T, BF16 inputs, FP32 accumulation, output in ytype,
+ * y's rows ldy >= out elements apart. One row through cuda_gemv_row with opt.gemv_row; up to
+ * opt.gemv_max_rows rows of a weight of at most
+ * opt.gemv_max_weight elements through cuda_gemv_stream or cuda_gemv (cuda_backend.h;
+ * contiguous outputs only), up to opt.lt_max_rows rows (of a weight of at most opt.lt_max_weight
+ * elements, where that is not 0) through cuBLASLt (a shape it has no
+ * algorithm for falls back), the rest through cublasGemmEx. */
 static int gemm_ld(struct cuda_backend *b, const uint16_t *x, const uint16_t *w, void *y,
                    cudaDataType ytype, int64_t rows, int64_t in, int64_t out, int64_t ldy)
 {
@@ -723,24 +738,14 @@ static int gemm_ld(struct cuda_backend *b, const uint16_t *x, const uint16_t *w,
         if (rc != PAGODA_EUNSUPPORTED)
             return rc;
     }
-    const float one = 1.0f, zero = 0.0f;
-    cublasStatus_t st =
-        cublasGemmEx(b->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)out, (int)rows, (int)in, &one, w,
-                     CUDA_R_16BF, (int)in, x, CUDA_R_16BF, (int)in, &zero, y, ytype, (int)ldy,
-                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-    return st == CUBLAS_STATUS_SUCCESS ? 0 : cublas_fail(st, "cublasGemmEx");
+    return cublas_linear(b, x, w, y, ytype, rows, in, out, ldy, 0.0f);
 }
 
 /* res [rows][out] f32 += x . w^T (opt.residual_gemm_max_rows): cuBLAS with beta 1. */
 static int gemm_add(struct cuda_backend *b, const uint16_t *x, const uint16_t *w, float *res,
                     int64_t rows, int64_t in, int64_t out)
 {
-    const float one = 1.0f;
-    cublasStatus_t st =
-        cublasGemmEx(b->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)out, (int)rows, (int)in, &one, w,
-                     CUDA_R_16BF, (int)in, x, CUDA_R_16BF, (int)in, &one, res, CUDA_R_32F, (int)out,
-                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-    return st == CUBLAS_STATUS_SUCCESS ? 0 : cublas_fail(st, "cublasGemmEx (beta 1)");
+    return cublas_linear(b, x, w, res, CUDA_R_32F, rows, in, out, out, 1.0f);
 }
 
 /* gemm_ld with a contiguous output. */

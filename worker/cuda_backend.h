@@ -28,8 +28,8 @@
 
 /* The default of cuda_backend_options.residual_gemm_max_rows: the decode steps' sizes (the
  * largest graph's batch). On the H200 (bench/RESULTS.md, issue 15, nineteenth session) the
- * decode step of the 8B shape took 20-40 us less at 16 and 64 sequences and about 0.1 ms less at
- * 256 with the projections added inside their GEMMs. Prefill steps of more rows keep the BF16
+ * decode step of the 8B shape took 20-50 us less at 16 to 128 sequences with the projections
+ * added inside their GEMMs (at 256 within the spread). Prefill steps of more rows keep the BF16
  * products (not measured). */
 #define CUDA_BACKEND_RESIDUAL_GEMM_MAX_ROWS 256
 
@@ -72,9 +72,10 @@ struct cuda_backend_options {
     /* With lt_max_rows: only weights of at most this many elements go through cuBLASLt; 0 (the
      * default): every weight. For benchmarks (decode_step's lt_qo and lt_o versions). */
     int64_t lt_max_weight;
-    /* Steps of 2 .. residual_gemm_max_rows rows (one rank, no bias on O) add the O and down
-     * projections into the FP32 residual stream inside their GEMMs (cublasGemmEx with beta 1 and
-     * an FP32 output), and the RMSNorm behind each only normalises: the products are not rounded
+    /* Steps of 2 .. residual_gemm_max_rows rows (one rank) add the O and down projections into
+     * the FP32 residual stream inside their GEMMs (cublasGemmEx with beta 1 and an FP32 output;
+     * O only without a bias, and neither where a GEMV of ours takes it, which keeps its BF16
+     * output), and the RMSNorm behind each only normalises: the products are not rounded
      * to BF16 on their way and no kernel reads them back. Default
      * CUDA_BACKEND_RESIDUAL_GEMM_MAX_ROWS; 0: the products in BF16, added by the RMSNorm (as
      * before the nineteenth session, and always for one row, whose GEMVs add nothing: there
