@@ -184,7 +184,8 @@ struct result {
  * defaults with cuBLASLt on QKV and O only (lt_qo) and on O only (lt_o), up to 256 rows; the
  * defaults without O and down adding into the residual inside their GEMMs
  * (cuda_backend_options.residual_gemm_max_rows 0: noracc) and without programmatic dependent
- * launch (nopdl). */
+ * launch (nopdl); the defaults with the streaming GEMV on O alone up to CUDA_GEMV_MAX_ROWS rows
+ * (o_gemvs16: behind the decode attention, whose tail it overlaps). */
 struct version {
     const char *name;
     int ref, baseline, gemv_max_rows, graphs, pdl;
@@ -203,7 +204,7 @@ struct version {
 #define kQKV ((int64_t)6144 * 4096)
 #define kEvery INT64_MAX
 #define kDown ((int64_t)14336 * 4096)
-#define kVersions 28
+#define kVersions 29
 static const struct version versions[kVersions] = {
     {.name = "baseline", .baseline = 1},
     {.name = "cublas"},
@@ -278,6 +279,11 @@ static const struct version versions[kVersions] = {
     {.name = "lt_o", .ref = 3, .defaults = 1, .lt_rows = 256, .lt_weight = kO},
     {.name = "noracc", .ref = 3, .defaults = 1, .no_residual_gemm = 1},
     {.name = "nopdl", .ref = 3, .defaults = 1, .no_pdl = 1},
+    {.name = "o_gemvs16",
+     .ref = 3,
+     .gemv_max_rows = CUDA_GEMV_MAX_ROWS,
+     .defaults = 1,
+     .max_weight = kO},
 };
 
 static int decode_split; /* --split */
@@ -300,8 +306,11 @@ static void run_version(const struct model_config *c, const struct kv_geometry *
         o.lt_max_rows = 0; /* every version before cuBLASLt, cuda_gemv_row and residual_gemm */
         o.gemv_row = 0;
         o.residual_gemm_max_rows = 0;
-    } else if (versions[version].gemv_max_rows != 0) {
-        o.gemv_max_rows = versions[version].gemv_max_rows;
+    } else {
+        if (versions[version].gemv_max_rows != 0)
+            o.gemv_max_rows = versions[version].gemv_max_rows;
+        if (versions[version].max_weight != 0)
+            o.gemv_max_weight = versions[version].max_weight;
     }
     if (strncmp(versions[version].name, "row", 3) == 0)
         o.gemv_row = 1;

@@ -80,7 +80,8 @@ struct attn_args {
     uint16_t *out;
     const int32_t *query_start, *context_len, *block_tables;
     int32_t table_stride;
-    const int4 *dparts;    /* decode partitions: sequence, first key, end key, merge index or -1 */
+    const int4 *dparts;    /* decode partitions: sequence, first key (complemented in the one
+                              that holds the newest key), end key, merge index or -1 */
     const int4 *merges;    /* split sequences: sequence, first partition, partitions, unused */
     const int4 *pitems;    /* prefill tiles: sequence, first query token (within the sequence),
                               keys needed, unused; the most keys first */
@@ -352,22 +353,31 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(attn_args a)
     }
     /* One linear grid, the KV head fastest: the CTAs running together read every head's part
      * of the same pool blocks, spreading over the memory channels (in-order block tables). */
+    const int32_t kh = (int32_t)(blockIdx.x % (uint32_t)a.num_kv_heads);
+    const int32_t rest = (int32_t)(blockIdx.x / (uint32_t)a.num_kv_heads);
+    const int32_t pidx = rest / a.decode_chunks;
+    /* The partition record is requested with the graph header, not after it: a CTA's chain of
+     * dependent loads before its first copy is the header and record, then the block table (at
+     * 256 sequences a CTA entering mid-kernel took 5.6 us to its first copy with the chain of
+     * record, context length and three table entries one after another; bench/RESULTS.md,
+     * twentieth session). A graph grid's CTA past the step's end reads a record inside the
+     * plan's buffer and uses none of it. */
+    const int4 part = __ldg(a.dparts + pidx);
     int32_t table_stride = a.table_stride;
     if (a.graph_hdr != nullptr) { /* a grid fixed for a CUDA graph: CTAs past the step's end */
         if (blockIdx.x >= (uint32_t)a.graph_hdr[0])
             return;
         table_stride = a.graph_hdr[1];
     }
-    const int32_t kh = (int32_t)(blockIdx.x % (uint32_t)a.num_kv_heads);
-    const int32_t rest = (int32_t)(blockIdx.x / (uint32_t)a.num_kv_heads);
-    const int32_t pidx = rest / a.decode_chunks;
-    const int4 part = a.dparts[pidx];
     const int32_t heads = (a.group + a.decode_chunks - 1) / a.decode_chunks;
     const int32_t g0 = (rest % a.decode_chunks) * heads;
     const int32_t gc = min(heads, a.group - g0); /* query heads of this CTA, at most 8 */
     if (gc <= 0)
         return;
-    const int32_t seq = part.x, begin = part.y, end = part.z;
+    /* The record's begin is stored complemented (negative) in the partition that holds the
+     * sequence's newest key, the one that ends at its context length. */
+    const bool holds_newest = part.y < 0;
+    const int32_t seq = part.x, begin = holds_newest ? ~part.y : part.y, end = part.z;
     const int32_t token = a.query_start[seq];
     const int32_t *table = a.block_tables + (int64_t)seq * table_stride;
     const int32_t h0 = kh * a.group + g0;
@@ -388,13 +398,18 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(attn_args a)
     const int ckey = groups ? G * (tid % NG) : tid % T, cv = groups ? (tid / NG) & 1 : tid / T;
     const bool copier = !groups || tid < 2 * NG;
     const uint16_t *cbase = (cv ? a.v : a.k) + (int64_t)kh * a.head_stride;
-    int32_t blk = 0; /* block-table entry of this thread's first key in the next tile to copy */
-    auto fetch_table = [&](int32_t t) {
+    /* The block-table entry of this thread's first key in tile t (0 past the last tile). */
+    auto table_entry = [&](int32_t t) -> int32_t {
         const int32_t pos = min(begin + t * T + ckey, end - 1);
-        if (t < ntiles && copier)
-            blk = __ldg(table + block_of(a, pos));
+        return t < ntiles && copier ? __ldg(table + block_of(a, pos)) : 0;
     };
-    auto copy_tile = [&](int32_t t) {
+    /* The entries of the first S tiles, requested together. */
+    int32_t first_blk[S];
+#pragma unroll
+    for (int t = 0; t < S; t++)
+        first_blk[t] = table_entry(t);
+    int32_t blk = first_blk[S - 1]; /* the entry for the next tile the loop copies */
+    auto copy_tile = [&](int32_t t, int32_t blk) {
         const int st = t % S;
         if (tid == 0)
             mbar_arrive_expect_tx(&full[st], 2 * T * HD * sizeof(uint16_t));
@@ -416,22 +431,22 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(attn_args a)
         }
     };
 
-    fetch_table(0);
     int32_t early = 0; /* tiles requested before the wait: none holds the newest key */
     if (a.early_kv) {
-        const int32_t newest = __ldg(a.context_len + seq) - 1;
-        while (early < S - 1 && early < ntiles && min(begin + (early + 1) * T, end) <= newest) {
-            copy_tile(early);
-            fetch_table(++early);
-        }
+        const int32_t newest = holds_newest ? end - 1 : INT32_MAX;
+#pragma unroll
+        for (int t = 0; t < S - 1; t++)
+            if (early == t && t < ntiles && min(begin + (t + 1) * T, end) <= newest) {
+                copy_tile(t, first_blk[t]);
+                early = t + 1;
+            }
         pdl_wait();
         pdl_launch_dependents();
     }
-    for (int t = early; t < S - 1; t++) {
-        if (t < ntiles)
-            copy_tile(t);
-        fetch_table(t + 1);
-    }
+#pragma unroll
+    for (int t = 0; t < S - 1; t++)
+        if (t >= early && t < ntiles)
+            copy_tile(t, first_blk[t]);
 
     /* Q as A fragments: row lane / 4 is query head g0 + lane / 4 (zero beyond gc). q is the
      * kernel ahead's output: coherent loads (__ldcg), never the non-coherent __ldg, which
@@ -460,8 +475,8 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(attn_args a)
     for (int32_t i = 0; i < ntiles; i++) {
         __syncthreads(); /* every warp is done with tile i - 1's stage: refill it */
         if (i + S - 1 < ntiles)
-            copy_tile(i + S - 1);
-        fetch_table(i + S);
+            copy_tile(i + S - 1, blk);
+        blk = table_entry(i + S);
         mbar_wait(&full[i % S], (uint32_t)(i / S) & 1u);
 
         const uint16_t *ks = tiles + (size_t)(i % S) * D::STAGE_ELEMS;
@@ -1359,7 +1374,10 @@ static int plan_impl(struct cuda_attention_plan *p, const struct attention_batch
         for (int32_t i = 0; i < n; i++) {
             const int64_t begin = i * len;
             const int64_t end = begin + len < context_len ? begin + len : context_len;
-            parts[num_parts + i] = make_int4(q, (int)begin, (int)end, n > 1 ? num_merges : -1);
+            /* begin complemented where the partition holds the newest key (the kernel's
+             * early K/V) */
+            parts[num_parts + i] = make_int4(q, i == n - 1 ? ~(int)begin : (int)begin, (int)end,
+                                             n > 1 ? num_merges : -1);
         }
         if (n > 1)
             merges[num_merges++] = make_int4(q, num_parts, n, 0);
@@ -1372,7 +1390,7 @@ static int plan_impl(struct cuda_attention_plan *p, const struct attention_batch
                                     "%d",
                                     (int)(num_parts + p->num_seqs - ns), (int)graph_parts);
         for (int32_t q = ns; q < p->num_seqs; q++)
-            parts[num_parts++] = make_int4(q, 0, 1, -1);
+            parts[num_parts++] = make_int4(q, ~0, 1, -1);
         h[0] = num_parts * c->num_kv_heads * p->decode_chunks; /* the decode kernel's header */
         h[1] = p->table_stride;
         h[2] = h[3] = 0;
