@@ -57,8 +57,9 @@ struct run_opts {
     int json;
     int ignore_eos;
     int stats;
-    int cuda_graphs; /* --cuda-graphs: 1 on (the default), 0 off */
-    int cuda_pdl;    /* --cuda-pdl: 1 on (the default), 0 off */
+    int cuda_graphs;        /* --cuda-graphs: 1 on (the default), 0 off */
+    int cuda_pdl;           /* --cuda-pdl: 1 on (the default), 0 off */
+    int cuda_residual_gemm; /* --cuda-residual-gemm: 1 on (the default), 0 off */
     struct sampling_params sampling;
     const char **texts; /* [MAX_PROMPTS]: the text of a --prompt, NULL for --tokens */
 };
@@ -73,10 +74,14 @@ static void usage(FILE *f)
                "                  [--ignore-eos] [--stats] [--json] [--prompt TEXT ...]\n"
                "                  [--backend cpu|cuda] [--load-format safetensors|random]\n"
                "                  [--cuda-graphs on|off] [--cuda-pdl on|off]\n"
+               "                  [--cuda-residual-gemm on|off]\n"
                "--load-format random (CUDA only) draws weights of the shape in DIR/config.json on\n"
                "the GPU from --seed, so no weight file is needed. --cuda-graphs off runs decode\n"
                "steps launch by launch instead of replaying CUDA graphs, --cuda-pdl off launches\n"
-               "every kernel in plain stream order (both for comparison: the same tokens).\n");
+               "every kernel in plain stream order (both for comparison: the same tokens).\n"
+               "--cuda-residual-gemm off rounds the O and down projections of decode steps to\n"
+               "BF16 before the residual add instead of adding them in FP32 inside their GEMMs\n"
+               "(other bits, for comparison).\n");
 }
 
 static int fail(int rc)
@@ -308,6 +313,7 @@ enum {
     OPT_LOAD_FORMAT,
     OPT_CUDA_GRAPHS,
     OPT_CUDA_PDL,
+    OPT_CUDA_RESIDUAL_GEMM,
 };
 
 static int parse_flag(int opt, const char *arg, struct run_opts *o, int32_t ***prompts,
@@ -406,6 +412,9 @@ static int parse_flag(int opt, const char *arg, struct run_opts *o, int32_t ***p
     case OPT_CUDA_PDL:
         rc = parse_on_off("--cuda-pdl", arg, &o->cuda_pdl);
         break;
+    case OPT_CUDA_RESIDUAL_GEMM:
+        rc = parse_on_off("--cuda-residual-gemm", arg, &o->cuda_residual_gemm);
+        break;
     case OPT_LOAD_FORMAT:
         if (strcmp(arg, "safetensors") != 0 && strcmp(arg, "random") != 0)
             return pagoda_error_set(PAGODA_EINVAL,
@@ -443,6 +452,7 @@ int main(int argc, char **argv)
         {"load-format", required_argument, NULL, OPT_LOAD_FORMAT},
         {"cuda-graphs", required_argument, NULL, OPT_CUDA_GRAPHS},
         {"cuda-pdl", required_argument, NULL, OPT_CUDA_PDL},
+        {"cuda-residual-gemm", required_argument, NULL, OPT_CUDA_RESIDUAL_GEMM},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -452,6 +462,7 @@ int main(int argc, char **argv)
         .load_format = "safetensors",
         .cuda_graphs = 1,
         .cuda_pdl = 1,
+        .cuda_residual_gemm = 1,
         .max_tokens = 16,
         .block_size = KV_BLOCK_SIZE_DEFAULT,
         .max_batched_tokens = 2048,
@@ -610,6 +621,8 @@ int main(int argc, char **argv)
         co.limits = limits;
         co.cuda_graphs = o.cuda_graphs;
         co.pdl = o.cuda_pdl;
+        if (!o.cuda_residual_gemm)
+            co.residual_gemm_max_rows = 0;
         if ((rc = cuda_pool_alloc(&g, co.device, &gpu_pool)) != 0 ||
             (rc = cuda_backend_open(c, w, o.sampling.seed, &g, gpu_pool, &co, &be)) != 0)
             goto fail;

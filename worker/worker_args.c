@@ -32,6 +32,7 @@ static void usage(FILE *f)
                "                     [--kvpool URL] [--scheduler URL] [--tensor-parallel N]\n"
                "                     [--tp-rank R --tp-size N --tp-group PATH]\n"
                "                     [--cuda-graphs on|off] [--cuda-pdl on|off]\n"
+               "                     [--cuda-residual-gemm on|off]\n"
                "Maps the kv pool that pagoda-kvpool serves in DIR (asked at --kvpool, default\n"
                "ipc://DIR/kvpool.ipc), loads the model and runs the steps the scheduler sends\n"
                "on --scheduler (default ipc://DIR/worker-I.ipc; tcp://HOST:PORT too).\n");
@@ -54,6 +55,7 @@ enum {
     OPT_TENSOR_PARALLEL,
     OPT_CUDA_GRAPHS,
     OPT_CUDA_PDL,
+    OPT_CUDA_RESIDUAL_GEMM,
     OPT_TP_RANK,
     OPT_TP_SIZE,
     OPT_TP_GROUP,
@@ -99,6 +101,7 @@ int worker_args_parse(int argc, char **argv, struct worker_opts *o)
         .tensor_parallel = 1,
         .cuda_graphs = 1,
         .cuda_pdl = 1,
+        .cuda_residual_gemm = 1,
     };
     optind = 0; /* glibc: a full re-initialisation, so that a second parse starts afresh */
     static const struct option longopts[] = {
@@ -118,6 +121,7 @@ int worker_args_parse(int argc, char **argv, struct worker_opts *o)
         {"tensor-parallel", required_argument, NULL, OPT_TENSOR_PARALLEL},
         {"cuda-graphs", required_argument, NULL, OPT_CUDA_GRAPHS},
         {"cuda-pdl", required_argument, NULL, OPT_CUDA_PDL},
+        {"cuda-residual-gemm", required_argument, NULL, OPT_CUDA_RESIDUAL_GEMM},
         {"tp-rank", required_argument, NULL, OPT_TP_RANK},
         {"tp-size", required_argument, NULL, OPT_TP_SIZE},
         {"tp-group", required_argument, NULL, OPT_TP_GROUP},
@@ -180,6 +184,9 @@ int worker_args_parse(int argc, char **argv, struct worker_opts *o)
             break;
         case OPT_CUDA_PDL:
             rc = parse_on_off("--cuda-pdl", optarg, &o->cuda_pdl);
+            break;
+        case OPT_CUDA_RESIDUAL_GEMM:
+            rc = parse_on_off("--cuda-residual-gemm", optarg, &o->cuda_residual_gemm);
             break;
         case OPT_TP_RANK:
             if ((rc = parse_i64("--tp-rank", optarg, 0, COMM_MAX_RANKS - 1, &v)) == 0)

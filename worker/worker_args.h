@@ -39,8 +39,9 @@ struct worker_opts {
      * tp_size 0: none. */
     int tp_rank, tp_size, tp_rank_set;
     const char *tp_group;
-    int cuda_graphs; /* --cuda-graphs: 1 on (the default), 0 off */
-    int cuda_pdl;    /* --cuda-pdl: 1 on (the default), 0 off */
+    int cuda_graphs;        /* --cuda-graphs: 1 on (the default), 0 off */
+    int cuda_pdl;           /* --cuda-pdl: 1 on (the default), 0 off */
+    int cuda_residual_gemm; /* --cuda-residual-gemm: 1 on (the default), 0 off */
 };
 
 /* worker_args_parse's results besides 0: a usage error (printed on stderr) and --help (the

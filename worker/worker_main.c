@@ -6,7 +6,7 @@
  *                 [--max-batched-tokens 2048] [--max-seqs 256] [--log-level info]
  *                 [--kvpool URL] [--scheduler URL] [--tensor-parallel N]
  *                 [--tp-rank R --tp-size N --tp-group PATH] [--cuda-graphs on|off]
- *                 [--cuda-pdl on|off]
+ *                 [--cuda-pdl on|off] [--cuda-residual-gemm on|off]
  *
  * --kvpool (default ipc://DIR/kvpool.ipc) and --scheduler (default ipc://DIR/worker-I.ipc)
  * replace the two addresses below; either may be tcp:// (the pool itself is of this host).
@@ -83,6 +83,11 @@
  * --cuda-pdl on (the default; CUDA backend) launches the kernels that support it with
  * programmatic dependent launch (worker/cuda_backend.h .pdl); off keeps plain stream order, for
  * comparison (the same bits either way).
+ *
+ * --cuda-residual-gemm on (the default; CUDA backend) adds the O and down projections of decode
+ * steps into the FP32 residual stream inside their GEMMs (worker/cuda_backend.h
+ * .residual_gemm_max_rows); off rounds the products to BF16 and adds them in the RMSNorm, as
+ * before: other bits, for comparison.
  *
  * --backend null loads only config.json and answers every step at once with deterministic
  * tokens (worker/null_backend.h), still through the mirror: for benchmarks of the engine.
@@ -249,6 +254,8 @@ static int open_backend(struct worker *w, const struct backend_limits *bl)
         co.limits = *bl;
         co.cuda_graphs = o->cuda_graphs;
         co.pdl = o->cuda_pdl;
+        if (!o->cuda_residual_gemm)
+            co.residual_gemm_max_rows = 0;
         /* The ranks' communicator first, while they are in step (every rank just joined): its
          * opening is collective and bounded by the group's timeout. */
         if (w->tp != NULL && (rc = tp_proc_device_comm(w->tp, co.device, &w->tp_device_comm,

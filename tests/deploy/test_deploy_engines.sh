@@ -113,6 +113,10 @@ refused "--cuda-graphs without the CUDA backend" "--cuda-graphs needs --backend 
     --cuda-graphs off
 refused "--cuda-pdl neither on nor off" "--cuda-pdl 1: expected on or off" --cuda-pdl 1
 refused "--cuda-pdl without the CUDA backend" "--cuda-pdl needs --backend cuda" --cuda-pdl off
+refused "--cuda-residual-gemm neither on nor off" "--cuda-residual-gemm no: expected on or off" \
+    --cuda-residual-gemm no
+refused "--cuda-residual-gemm without the CUDA backend" \
+    "--cuda-residual-gemm needs --backend cuda" --cuda-residual-gemm off
 refused "an ipc:// scheduler address for 2 engines" "several engines need a tcp://HOST:PORT" \
     --role engine --engines 2 --scheduler-listen "ipc://$tmp/s.ipc"
 refused "--scheduler without --role router" "--scheduler is for --role router" \

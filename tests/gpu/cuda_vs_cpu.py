@@ -15,6 +15,8 @@ tests/data/pagoda-brown-golden.json): the file's ten text prompts and six longer
 prompt and the first 32 tokens of its reference continuation), 64 tokens each; a trained
 model's logits are sharp, so the prompts must be compared over MIN_MEAN_COMPARED tokens or more
 on average.
+CUDA_RUN_ARGS (environment): more arguments for the CUDA pagoda-run, e.g. "--cuda-residual-gemm
+off".
 """
 import json
 import os
@@ -63,8 +65,9 @@ def main():
     common = ["--model", model, "--max-tokens", str(new_tokens), "--ignore-eos", "--json"]
     cpu = [json.loads(l)["token_ids"] for l in run(bin_dir, ["pagoda-run", "--backend", "cpu"]
                                                    + common + args).splitlines()]
+    extra = os.environ.get("CUDA_RUN_ARGS", "").split()
     gpu = [json.loads(l)["token_ids"] for l in run(bin_dir, ["pagoda-run", "--backend", "cuda"]
-                                                   + common + args).splitlines()]
+                                                   + extra + common + args).splitlines()]
     passed = failed = compared = 0
     for i, (p, want, got) in enumerate(zip(prompts, cpu, gpu)):
         seq = p + want[:-1]
