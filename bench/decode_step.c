@@ -198,6 +198,7 @@ struct version {
     int64_t lt_weight;    /* cuda_backend_options.lt_max_weight: 0 the default's */
     int no_residual_gemm; /* 1: cuda_backend_options.residual_gemm_max_rows 0 */
     int no_pdl;           /* 1: cuda_backend_options.pdl 0 (the defaults otherwise) */
+    int gemv_row; /* 1: cuda_backend_options.gemv_row 1; 2: gemv_row_norm 1 too; -1: gemv_row 0 */
 };
 /* The Llama-3-8B shape's O, QKV and down elements (gate/up's are more), and every weight. */
 #define kO ((int64_t)4096 * 4096)
@@ -272,9 +273,9 @@ static const struct version versions[kVersions] = {
     {.name = "copy16", .ref = 3, .defaults = 1, .copy_rows = 16},
     {.name = "lt", .ref = 3, .defaults = 1, .lt_rows = 256},
     {.name = "qo16", .ref = 3, .gemv_max_rows = CUDA_GEMV_MAX_ROWS, .defaults = 1},
-    {.name = "row", .ref = 3, .defaults = 1},
-    {.name = "rowfuse", .ref = 3, .defaults = 1},
-    {.name = "norow", .ref = 3, .defaults = 1},
+    {.name = "row", .ref = 3, .defaults = 1, .gemv_row = 1},
+    {.name = "rowfuse", .ref = 3, .defaults = 1, .gemv_row = 2},
+    {.name = "norow", .ref = 3, .defaults = 1, .gemv_row = -1},
     {.name = "lt_qo", .ref = 3, .defaults = 1, .lt_rows = 256, .lt_weight = kQKV},
     {.name = "lt_o", .ref = 3, .defaults = 1, .lt_rows = 256, .lt_weight = kO},
     {.name = "noracc", .ref = 3, .defaults = 1, .no_residual_gemm = 1},
@@ -312,12 +313,10 @@ static void run_version(const struct model_config *c, const struct kv_geometry *
         if (versions[version].max_weight != 0)
             o.gemv_max_weight = versions[version].max_weight;
     }
-    if (strncmp(versions[version].name, "row", 3) == 0)
-        o.gemv_row = 1;
-    if (strcmp(versions[version].name, "rowfuse") == 0)
+    if (versions[version].gemv_row != 0)
+        o.gemv_row = versions[version].gemv_row > 0;
+    if (versions[version].gemv_row == 2)
         o.gemv_row_norm = 1;
-    if (strcmp(versions[version].name, "norow") == 0)
-        o.gemv_row = 0;
     if (versions[version].no_early_kv)
         o.decode_early_kv = 0;
     if (versions[version].copy_rows != 0)

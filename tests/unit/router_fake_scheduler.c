@@ -27,6 +27,8 @@
 #endif
 
 #define TICK_MS 2
+/* What a request or pin whose first token is FAKE_SCHED_ERROR_TOKEN fails with. */
+static const char kErrorMessage[] = "token 999999 is outside the vocabulary";
 
 struct fseq {
     uint8_t id[16];
@@ -307,7 +309,7 @@ static Pagoda__Internal__PinStatus *pin_statuses(const Pagoda__Internal__Policy 
         if (p->n_token_ids > 0 && p->token_ids[0] == FAKE_SCHED_ERROR_TOKEN) {
             st[i].has_error_code = 1;
             st[i].error_code = PAGODA_ERANGE;
-            st[i].error_message = (char *)"token 999999 is outside the vocabulary";
+            st[i].error_message = (char *)kErrorMessage;
         } else {
             st[i].ready = 1;
             st[i].blocks = (uint32_t)(p->n_token_ids / FAKE_SCHED_BLOCK_SIZE);
@@ -558,7 +560,7 @@ static void tick(struct fake_sched *fs)
             ev->has_finish_reason = ev->has_error_code = 1;
             ev->finish_reason = PAGODA__INTERNAL__FINISH_REASON__FINISH_ERROR;
             ev->error_code = PAGODA_ERANGE;
-            ev->error_message = (char *)"token 999999 is outside the vocabulary";
+            ev->error_message = (char *)kErrorMessage;
             q->done = 1;
             q->finish = PAGODA__INTERNAL__FINISH_REASON__FINISH_ERROR;
             ptrs[n] = ev;
@@ -657,7 +659,7 @@ static void resend(struct fake_sched *fs)
             if (q->finish == PAGODA__INTERNAL__FINISH_REASON__FINISH_ERROR) {
                 ev->has_error_code = 1;
                 ev->error_code = PAGODA_ERANGE;
-                ev->error_message = (char *)"token 999999 is outside the vocabulary";
+                ev->error_message = (char *)kErrorMessage;
             }
         }
         ptrs[n] = ev;
