@@ -12,7 +12,10 @@
  * kernel's copies (cuda_attention_set_decode_copy_rows; 0, the default, lets the plan choose),
  * --split the decode split-KV partition in keys (cuda_attention_set_decode_split; 0, the default,
  * lets the plan's cost model choose), --early-kv the decode kernel's K/V requested before its PDL
- * wait, as the worker runs it (cuda_attention_set_early_kv; off by default).
+ * wait, as the worker runs it (cuda_attention_set_early_kv; off by default), --lt-algos N how
+ * many of cuBLASLt's heuristic algorithms the linears time (default 8, at most 64) and
+ * --lt-sm-target N the SM count the heuristic is asked to plan for
+ * (CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET; unset by default).
  * Cases: paged decode attention (batch x context, head dim 64 and 128, block sizes 8 to 64,
  * block tables in order and shuffled), the decode step's attention (decode_step_*: the 32 layers
  * of a step, each layer's K/V its own, as one captured CUDA graph of 32 launches, the time per
@@ -383,7 +386,9 @@ static void bench_attention(const struct attn_case *c)
  * with one algorithm of the heuristic's list (a 32 MiB workspace). */
 enum gemm_mode { GEMM_CUBLAS, GEMM_GEMV, GEMM_GEMV_STREAM, GEMM_LT, GEMM_ROW };
 #define kLtWorkspace (32u << 20)
-#define kLtAlgos 8
+#define kLtAlgosMax 64
+static int lt_algos = 8;     /* --lt-algos: the heuristic's first N algorithms are timed */
+static int lt_sm_target = 0; /* --lt-sm-target: CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, 0 unset */
 
 struct gemm_run {
     const uint16_t *x;
@@ -459,8 +464,9 @@ static void linear_report(const char *name, struct gemm_run *r, double ms, size_
             r->rows, r->in, r->out, r->copies, ms, bytes, flops, sum_abs, sum_w);
 }
 
-/* Times the linear's cuBLASLt algorithms (the heuristic's first kLtAlgos for these sizes): prints
- * the heuristic's first choice and the fastest. */
+/* Times the linear's cuBLASLt algorithms (the heuristic's first lt_algos for these sizes, asked
+ * for lt_sm_target SMs when set): prints the heuristic's first choice and the fastest, with the
+ * fastest's configuration (algorithm id, tile, stages, split-K, cluster shape). */
 static void bench_linear_lt(const char *name, struct gemm_run *r, size_t wbytes)
 {
     r->mode = GEMM_LT;
@@ -472,6 +478,10 @@ static void bench_linear_lt(const char *name, struct gemm_run *r, size_t wbytes)
              "TRANSA");
     lt_check(cublasLtMatmulDescSetAttribute(r->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)),
              "TRANSB");
+    if (lt_sm_target > 0)
+        lt_check(cublasLtMatmulDescSetAttribute(r->op, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET,
+                                                &lt_sm_target, sizeof(lt_sm_target)),
+                 "SM_COUNT_TARGET");
     lt_check(cublasLtMatrixLayoutCreate(&r->lw, CUDA_R_16BF, r->in, r->out, r->in), "layout w");
     lt_check(cublasLtMatrixLayoutCreate(&r->lx, CUDA_R_16BF, r->in, r->rows, r->in), "layout x");
     lt_check(cublasLtMatrixLayoutCreate(&r->ly, CUDA_R_16BF, r->out, r->rows, r->out), "layout y");
@@ -481,10 +491,10 @@ static void bench_linear_lt(const char *name, struct gemm_run *r, size_t wbytes)
     lt_check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                   &ws, sizeof(ws)),
              "workspace");
-    cublasLtMatmulHeuristicResult_t h[kLtAlgos];
+    cublasLtMatmulHeuristicResult_t h[kLtAlgosMax];
     int found = 0;
     lt_check(cublasLtMatmulAlgoGetHeuristic(r->lt, r->op, r->lw, r->lx, r->ly, r->ly, pref,
-                                            kLtAlgos, h, &found),
+                                            lt_algos, h, &found),
              "AlgoGetHeuristic");
     double best = 1e30;
     int best_i = -1;
@@ -506,7 +516,18 @@ static void bench_linear_lt(const char *name, struct gemm_run *r, size_t wbytes)
         snprintf(nb, sizeof(nb), "%s_ltbest", name);
         r->algo = h[best_i].algo;
         linear_report(nb, r, best, wbytes);
-        printf("  (%d algorithms, the fastest is #%d)\n", found, best_i + 1);
+        int cfg[5] = {-1, -1, -1, -1, -1};
+        const cublasLtMatmulAlgoConfigAttributes_t attr[5] = {
+            CUBLASLT_ALGO_CONFIG_ID, CUBLASLT_ALGO_CONFIG_TILE_ID, CUBLASLT_ALGO_CONFIG_STAGES_ID,
+            CUBLASLT_ALGO_CONFIG_SPLITK_NUM, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID};
+        for (int k = 0; k < 5; k++) {
+            size_t got = 0;
+            (void)cublasLtMatmulAlgoConfigGetAttribute(&r->algo, attr[k], &cfg[k], sizeof(cfg[k]),
+                                                       &got);
+        }
+        printf("  (%d algorithms, the fastest is #%d: id %d, tile %d, stages %d, split-K %d, "
+               "cluster %d)\n",
+               found, best_i + 1, cfg[0], cfg[1], cfg[2], cfg[3], cfg[4]);
     }
     cublasLtMatmulPreferenceDestroy(pref);
     cublasLtMatrixLayoutDestroy(r->lw);
@@ -801,10 +822,16 @@ int main(int argc, char **argv)
             decode_split = atoi(argv[++i]);
         } else if (strcmp(argv[i], "--early-kv") == 0) {
             early_kv = 1;
+        } else if (strcmp(argv[i], "--lt-algos") == 0 && i + 1 < argc && atoi(argv[i + 1]) >= 1 &&
+                   atoi(argv[i + 1]) <= kLtAlgosMax) {
+            lt_algos = atoi(argv[++i]);
+        } else if (strcmp(argv[i], "--lt-sm-target") == 0 && i + 1 < argc &&
+                   atoi(argv[i + 1]) >= 1 && atoi(argv[i + 1]) <= 1024) {
+            lt_sm_target = atoi(argv[++i]);
         } else {
             fprintf(stderr, "usage: kernel_bench [--json FILE] [--quick] [--filter SUB[,SUB]] "
                             "[--pool vmm|malloc] [--copy-rows 0|4|8|16] [--split KEYS] "
-                            "[--early-kv]\n");
+                            "[--early-kv] [--lt-algos N] [--lt-sm-target N]\n");
             return 2;
         }
     }
