@@ -184,7 +184,8 @@ struct result {
  * defaults with cuBLASLt on QKV and O only (lt_qo) and on O only (lt_o), up to 256 rows; the
  * defaults without O and down adding into the residual inside their GEMMs
  * (cuda_backend_options.residual_gemm_max_rows 0: noracc) and without programmatic dependent
- * launch (nopdl); the defaults with the streaming GEMV on O alone up to CUDA_GEMV_MAX_ROWS rows
+ * launch (nopdl); the defaults with the streaming GEMV on O alone (QKV through cuBLAS at every
+ * size, so that at 1 to 8 rows QKV differs from the defaults too) up to CUDA_GEMV_MAX_ROWS rows
  * (o_gemvs16: behind the decode attention, whose tail it overlaps). */
 struct version {
     const char *name;

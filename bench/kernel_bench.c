@@ -516,18 +516,22 @@ static void bench_linear_lt(const char *name, struct gemm_run *r, size_t wbytes)
         snprintf(nb, sizeof(nb), "%s_ltbest", name);
         r->algo = h[best_i].algo;
         linear_report(nb, r, best, wbytes);
-        int cfg[5] = {-1, -1, -1, -1, -1};
-        const cublasLtMatmulAlgoConfigAttributes_t attr[5] = {
+        /* 32-bit attributes (cublasLt.h), then the cluster shape's 16 bits; -1: not reported */
+        int32_t cfg[4] = {-1, -1, -1, -1};
+        uint16_t cluster = 0xFFFF;
+        const cublasLtMatmulAlgoConfigAttributes_t attr[4] = {
             CUBLASLT_ALGO_CONFIG_ID, CUBLASLT_ALGO_CONFIG_TILE_ID, CUBLASLT_ALGO_CONFIG_STAGES_ID,
-            CUBLASLT_ALGO_CONFIG_SPLITK_NUM, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID};
-        for (int k = 0; k < 5; k++) {
-            size_t got = 0;
+            CUBLASLT_ALGO_CONFIG_SPLITK_NUM};
+        size_t got = 0;
+        for (int k = 0; k < 4; k++)
             (void)cublasLtMatmulAlgoConfigGetAttribute(&r->algo, attr[k], &cfg[k], sizeof(cfg[k]),
                                                        &got);
-        }
+        (void)cublasLtMatmulAlgoConfigGetAttribute(&r->algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID,
+                                                   &cluster, sizeof(cluster), &got);
         printf("  (%d algorithms, the fastest is #%d: id %d, tile %d, stages %d, split-K %d, "
                "cluster %d)\n",
-               found, best_i + 1, cfg[0], cfg[1], cfg[2], cfg[3], cfg[4]);
+               found, best_i + 1, (int)cfg[0], (int)cfg[1], (int)cfg[2], (int)cfg[3],
+               cluster == 0xFFFF ? -1 : (int)cluster);
     }
     cublasLtMatmulPreferenceDestroy(pref);
     cublasLtMatrixLayoutDestroy(r->lw);

@@ -79,9 +79,9 @@ static void usage(FILE *f)
                "the GPU from --seed, so no weight file is needed. --cuda-graphs off runs decode\n"
                "steps launch by launch instead of replaying CUDA graphs, --cuda-pdl off launches\n"
                "every kernel in plain stream order (both for comparison: the same tokens).\n"
-               "--cuda-residual-gemm off rounds the O and down projections of decode steps to\n"
-               "BF16 before the residual add instead of adding them in FP32 inside their GEMMs\n"
-               "(other bits, for comparison).\n");
+               "--cuda-residual-gemm off rounds the O and down projections of steps of 2 to 256\n"
+               "tokens to BF16 before the residual add instead of adding them in FP32 inside\n"
+               "their GEMMs (other bits, for comparison).\n");
 }
 
 static int fail(int rc)

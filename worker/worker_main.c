@@ -84,10 +84,10 @@
  * programmatic dependent launch (worker/cuda_backend.h .pdl); off keeps plain stream order, for
  * comparison (the same bits either way).
  *
- * --cuda-residual-gemm on (the default; CUDA backend) adds the O and down projections of decode
- * steps into the FP32 residual stream inside their GEMMs (worker/cuda_backend.h
- * .residual_gemm_max_rows); off rounds the products to BF16 and adds them in the RMSNorm, as
- * before: other bits, for comparison.
+ * --cuda-residual-gemm on (the default; CUDA backend) adds the O and down projections of steps of
+ * 2 to 256 tokens into the FP32 residual stream inside their GEMMs (worker/cuda_backend.h
+ * .residual_gemm_max_rows: one rank, and not where a GEMV of ours takes them); off rounds the
+ * products to BF16 and adds them in the RMSNorm, as before: other bits, for comparison.
  *
  * --backend null loads only config.json and answers every step at once with deterministic
  * tokens (worker/null_backend.h), still through the mirror: for benchmarks of the engine.

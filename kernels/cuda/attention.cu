@@ -322,13 +322,14 @@ __device__ __forceinline__ void merge_if_last(const attn_args &a, int32_t merge,
 }
 
 /* Split-KV decode (flash decoding) on the tensor cores: the CTA walks its partition's keys
- * [part.y, part.z) tile by tile through a pipeline of bulk copies (thread t copies the K or V row
- * of key t % 64, its block-table entry fetched one tile ahead; keys past the partition repeat its
- * last key, which the mask then drops). Each warp takes 16 keys of every tile: S = Q K^T with the
- * CTA's query heads as the rows of one m16n8k16 A operand (rows gc .. 15 zero), an online
- * softmax per head in f32, then O += P V with P (bf16) as the next A operand. The warps merge
- * through shared memory at the end. A partition that is the whole context writes bf16 out,
- * otherwise the normalised f32 output and its log-sum-exp for the merge kernel. */
+ * [begin, end) (part.y, or ~part.y where negative; part.z) tile by tile through a pipeline of bulk
+ * copies (thread t copies the K or V row of key t % 64, its block-table entry fetched one tile
+ * ahead; keys past the partition repeat its last key, which the mask then drops). Each warp takes
+ * 16 keys of every tile: S = Q K^T with the CTA's query heads as the rows of one m16n8k16 A operand
+ * (rows gc .. 15 zero), an online softmax per head in f32, then O += P V with P (bf16) as the next
+ * A operand. The warps merge through shared memory at the end. A partition that is the whole
+ * context writes bf16 out, otherwise the normalised f32 output and its log-sum-exp for the merge
+ * kernel. */
 template <int HD, int G_>
 __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(attn_args a)
 {

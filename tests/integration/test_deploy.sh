@@ -162,6 +162,10 @@ fi
 # hand) runs beside the group: the listing passes over it.
 (exec -a pagoda-worker sleep 60) &
 stray=$!
+for _ in $(seq 1 50); do # until the subshell has become the stray
+    [ "$(tr '\0' '\n' <"/proc/$stray/cmdline" 2>/dev/null | head -n 1)" = pagoda-worker ] && break
+    sleep 0.1
+done
 "$deploy/pagoda-status" --run-dir "$run" >"$tmp/status.out" 2>&1 && rc=0 || rc=$?
 kill "$stray" 2>/dev/null || true
 wait "$stray" 2>/dev/null || true
