@@ -186,7 +186,8 @@ struct result {
  * (cuda_backend_options.residual_gemm_max_rows 0: noracc) and without programmatic dependent
  * launch (nopdl); the defaults with the streaming GEMV on O alone (QKV through cuBLAS at every
  * size, so that at 1 to 8 rows QKV differs from the defaults too) up to CUDA_GEMV_MAX_ROWS rows
- * (o_gemvs16: behind the decode attention, whose tail it overlaps). */
+ * (o_gemvs16: behind the decode attention, whose tail it overlaps); the defaults with O and
+ * down adding into the residual whole, not cut into split_parts slices (nosplit). */
 struct version {
     const char *name;
     int ref, baseline, gemv_max_rows, graphs, pdl;
@@ -200,13 +201,14 @@ struct version {
     int no_residual_gemm; /* 1: cuda_backend_options.residual_gemm_max_rows 0 */
     int no_pdl;           /* 1: cuda_backend_options.pdl 0 (the defaults otherwise) */
     int gemv_row; /* 1: cuda_backend_options.gemv_row 1; 2: gemv_row_norm 1 too; -1: gemv_row 0 */
+    int split_parts; /* cuda_backend_options.split_parts; 0 the default's, -1 for 0 (none) */
 };
 /* The Llama-3-8B shape's O, QKV and down elements (gate/up's are more), and every weight. */
 #define kO ((int64_t)4096 * 4096)
 #define kQKV ((int64_t)6144 * 4096)
 #define kEvery INT64_MAX
 #define kDown ((int64_t)14336 * 4096)
-#define kVersions 29
+#define kVersions 30
 static const struct version versions[kVersions] = {
     {.name = "baseline", .baseline = 1},
     {.name = "cublas"},
@@ -286,6 +288,7 @@ static const struct version versions[kVersions] = {
      .gemv_max_rows = CUDA_GEMV_MAX_ROWS,
      .defaults = 1,
      .max_weight = kO},
+    {.name = "nosplit", .ref = 3, .defaults = 1, .split_parts = -1},
 };
 
 static int decode_split; /* --split */
@@ -329,6 +332,8 @@ static void run_version(const struct model_config *c, const struct kv_geometry *
         o.pdl = 0;
     if (versions[version].no_residual_gemm)
         o.residual_gemm_max_rows = 0;
+    if (versions[version].split_parts != 0)
+        o.split_parts = versions[version].split_parts < 0 ? 0 : versions[version].split_parts;
     o.decode_split = decode_split;
     struct backend *be = NULL;
     PK(cuda_backend_open(c, NULL, kSeed, g, pool, &o, &be));

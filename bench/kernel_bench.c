@@ -384,7 +384,18 @@ static void bench_attention(const struct attn_case *c)
 /* How a linear case runs: the worker's cublasGemmEx, cuda_gemv (kernels/cuda/linear.h), its
  * streaming form cuda_gemv_stream (with `ring`), cuda_gemv_row (one row), or cublasLtMatmul
  * with one algorithm of the heuristic's list (a 32 MiB workspace). */
-enum gemm_mode { GEMM_CUBLAS, GEMM_GEMV, GEMM_GEMV_STREAM, GEMM_LT, GEMM_ROW };
+/* GEMM_RES: cublasGemmEx into an f32 y with beta 1 (the worker's gemm_add, the residual stream);
+ * GEMM_SPLIT: cublasGemmStridedBatchedEx over `splits` slices of the reduction dimension, each
+ * slice's f32 partial product in a y of its own (beta 0), for a kernel behind to add. */
+enum gemm_mode {
+    GEMM_CUBLAS,
+    GEMM_GEMV,
+    GEMM_GEMV_STREAM,
+    GEMM_LT,
+    GEMM_ROW,
+    GEMM_RES,
+    GEMM_SPLIT
+};
 #define kLtWorkspace (32u << 20)
 #define kLtAlgosMax 64
 static int lt_algos = 8;     /* --lt-algos: the heuristic's first N algorithms are timed */
@@ -395,7 +406,8 @@ struct gemm_run {
     uint16_t *w; /* copies of the weight, each out * in */
     int copies;
     uint16_t *y;
-    int32_t rows, in, out;
+    float *yf; /* GEMM_RES's and GEMM_SPLIT's f32 outputs: splits x rows x out */
+    int32_t rows, in, out, splits;
     enum gemm_mode mode;
     struct cuda_gemv_ring ring; /* GEMM_GEMV_STREAM's */
     cublasLtHandle_t lt;
@@ -432,6 +444,23 @@ static void gemm_launch(void *ctx, int rep)
         PK(cuda_gemv_stream(r->x, w, r->y, 0, r->rows, r->in, r->out, &r->ring, stream));
         return;
     }
+    if (r->mode == GEMM_RES) {
+        cublasStatus_t st =
+            cublasGemmEx(cublas, CUBLAS_OP_T, CUBLAS_OP_N, r->out, r->rows, r->in, &one, w,
+                         CUDA_R_16BF, r->in, r->x, CUDA_R_16BF, r->in, &one, r->yf, CUDA_R_32F,
+                         r->out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        lt_check(st, "cublasGemmEx (f32, beta 1)");
+        return;
+    }
+    if (r->mode == GEMM_SPLIT) {
+        const int32_t k = r->in / r->splits;
+        cublasStatus_t st = cublasGemmStridedBatchedEx(
+            cublas, CUBLAS_OP_T, CUBLAS_OP_N, r->out, r->rows, k, &one, w, CUDA_R_16BF, r->in, k,
+            r->x, CUDA_R_16BF, r->in, k, &zero, r->yf, CUDA_R_32F, r->out,
+            (long long)r->rows * r->out, r->splits, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        lt_check(st, "cublasGemmStridedBatchedEx");
+        return;
+    }
     if (r->mode == GEMM_LT) {
         lt_check(cublasLtMatmul(r->lt, r->op, &one, w, r->lw, r->x, r->lx, &zero, r->y, r->ly, r->y,
                                 r->ly, &r->algo, r->workspace, kLtWorkspace, stream),
@@ -449,9 +478,11 @@ static void gemm_launch(void *ctx, int rep)
 
 static void linear_report(const char *name, struct gemm_run *r, double ms, size_t wbytes)
 {
-    gemm_launch(r, 0); /* the first copy's product, for the checksum */
-    double sum_abs, sum_w;
-    checksum(r->y, (int64_t)r->rows * r->out, &sum_abs, &sum_w);
+    double sum_abs = 0, sum_w = 0; /* f32 outputs (GEMM_RES, GEMM_SPLIT): not summed */
+    if (r->mode != GEMM_RES && r->mode != GEMM_SPLIT) {
+        gemm_launch(r, 0); /* the first copy's product, for the checksum */
+        checksum(r->y, (int64_t)r->rows * r->out, &sum_abs, &sum_w);
+    }
     const double bytes = (double)wbytes + (double)r->rows * (r->in + r->out) * 2.0;
     const double flops = 2.0 * r->rows * (double)r->in * r->out;
     printf("%-28s %9.4f ms  %7.3f TB/s  %7.1f TFLOP/s\n", name, ms, bytes / ms * 1e-9,
@@ -595,8 +626,27 @@ static void bench_linear(const char *name, int32_t rows, int32_t in, int32_t out
             linear_report(n, &r, time_median_ms(gemm_launch, &r), wbytes);
         }
     }
-    if (variants)
+    if (variants) {
+        /* Into the f32 residual (beta 1), then split into f32 partials (beta 0). */
+        static const int32_t splits[] = {2, 3, 4, 6, 7, 8, 14};
+        r.yf = dev_alloc((size_t)rows * out * 4 * 14);
+        CK(cudaMemset(r.yf, 0, (size_t)rows * out * 4 * 14));
+        char n[80];
+        snprintf(n, sizeof(n), "%s_res", name);
+        r.mode = GEMM_RES;
+        linear_report(n, &r, time_median_ms(gemm_launch, &r), wbytes);
+        for (size_t k = 0; k < sizeof(splits) / sizeof(splits[0]); k++) {
+            if (in % (splits[k] * 64) != 0)
+                continue;
+            r.splits = splits[k];
+            r.mode = GEMM_SPLIT;
+            snprintf(n, sizeof(n), "%s_split%d", name, (int)splits[k]);
+            linear_report(n, &r, time_median_ms(gemm_launch, &r), wbytes);
+        }
+        CK(cudaFree(r.yf));
+        r.yf = NULL;
         bench_linear_lt(name, &r, wbytes);
+    }
     CK(cudaFree((void *)r.x));
     CK(cudaFree(r.w));
     CK(cudaFree(r.y));
@@ -907,7 +957,7 @@ int main(int argc, char **argv)
     }
 
     /* The linears of the Llama-3-8B shape at decode batches and one prefill chunk. */
-    const int32_t rows[] = {1, 8, 16, 64, 256, 8000};
+    const int32_t rows[] = {1, 8, 16, 32, 64, 256, 8000};
     const struct {
         const char *name;
         int32_t in, out;

@@ -198,6 +198,7 @@ struct cuda_backend_options cuda_backend_default_options(void)
         .decode_early_kv = 1,
         .cuda_graphs = 1,
         .residual_gemm_max_rows = CUDA_BACKEND_RESIDUAL_GEMM_MAX_ROWS,
+        .split_parts = CUDA_BACKEND_SPLIT_PARTS,
     };
     return o;
 }
@@ -748,6 +749,32 @@ static int gemm_add(struct cuda_backend *b, const uint16_t *x, const uint16_t *w
     return cublas_linear(b, x, w, res, CUDA_R_32F, rows, in, out, out, 1.0f);
 }
 
+/* The slices gemm_parts cuts a linear of reduction `in` into (opt.split_parts), or 0 where it
+ * is not cut: slices of a multiple of 8 columns (16-byte aligned), out f32 per row and slice
+ * within the gate/up buffer's 2 x intermediate bf16 a row. */
+static int32_t split_of(const struct cuda_backend *b, int64_t in, int64_t out)
+{
+    const int64_t S = b->opt.split_parts;
+    if (S < 2 || in % (S * 8) != 0 || S * out * 4 > 4 * b->shard.intermediate_size)
+        return 0;
+    return (int32_t)S;
+}
+
+/* parts[s][rows][out] f32 = x[:, s * in / S ..] . w[:, s * in / S ..]^T for s < S: the slices of
+ * the reduction, each its own product (beta 0), in one cublasGemmStridedBatchedEx; the RMSNorm
+ * behind adds them (cuda_add_parts_rmsnorm). */
+static int gemm_parts(struct cuda_backend *b, const uint16_t *x, const uint16_t *w, float *parts,
+                      int32_t S, int64_t rows, int64_t in, int64_t out)
+{
+    const float one = 1.0f, zero = 0.0f;
+    const int64_t k = in / S;
+    cublasStatus_t st = cublasGemmStridedBatchedEx(
+        b->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)out, (int)rows, (int)k, &one, w, CUDA_R_16BF,
+        (int)in, k, x, CUDA_R_16BF, (int)in, k, &zero, parts, CUDA_R_32F, (int)out, rows * out, S,
+        CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    return st == CUBLAS_STATUS_SUCCESS ? 0 : cublas_fail(st, "cublasGemmStridedBatchedEx");
+}
+
 /* gemm_ld with a contiguous output. */
 static int gemm(struct cuda_backend *b, const uint16_t *x, const uint16_t *w, void *y,
                 cudaDataType ytype, int64_t rows, int64_t in, int64_t out)
@@ -911,12 +938,12 @@ static int forward_pass(struct cuda_backend *b, const struct fwd_batch *batch, i
  * (*res and *alt swap); otherwise cuda_add_rmsnorm into b->hidden (the residual in place), then
  * gemm. The same bits either way. */
 static int norm_linear(struct cuda_backend *b, float **res, float **alt, const uint16_t *add,
-                       const uint16_t *norm, const uint16_t *w, uint16_t *y, int32_t n, int64_t in,
-                       int64_t out)
+                       int32_t nparts, const uint16_t *norm, const uint16_t *w, uint16_t *y,
+                       int32_t n, int64_t in, int64_t out)
 {
     const float eps = (float)b->base.config.rms_norm_eps;
-    if (n == 1 && b->opt.gemv_row && b->opt.gemv_row_norm && !b->opt.baseline_kernels &&
-        b->opt.comm == NULL &&
+    if (n == 1 && nparts == 0 && b->opt.gemv_row && b->opt.gemv_row_norm &&
+        !b->opt.baseline_kernels && b->opt.comm == NULL &&
         cuda_gemv_row_norm_fits((int32_t)in, (int32_t)out, *res, add, norm, *alt, w, y)) {
         int rc = cuda_gemv_row_norm(*res, add, norm, eps, *alt, w, y, 0, (int32_t)in, (int32_t)out,
                                     b->stream);
@@ -927,7 +954,8 @@ static int norm_linear(struct cuda_backend *b, float **res, float **alt, const u
         }
         return rc;
     }
-    int rc = cuda_add_rmsnorm(*res, add, norm, b->hidden, n, (int32_t)in, eps, b->stream);
+    int rc = cuda_add_parts_rmsnorm(*res, add, (const float *)b->gate_up, nparts, (int64_t)n * in,
+                                    norm, b->hidden, n, (int32_t)in, eps, b->stream);
     return rc ? rc : gemm(b, b->hidden, w, y, CUDA_R_16BF, n, in, out);
 }
 
@@ -965,6 +993,12 @@ static int forward_layers(struct cuda_backend *b, int32_t n, int32_t num_logits)
         into_res && !c->o_bias && !takes_gemv(b, b->attn, b->layers[0].w_o, b->proj, n, qd, H);
     const int down_into = into_res && !takes_gemv(b, b->act, b->layers[0].w_down, b->proj, n, I, H);
     const uint16_t *after_o = o_into ? NULL : b->proj, *after_down = down_into ? NULL : b->proj;
+    /* ... cut into slices whose sum the RMSNorm behind forms (opt.split_parts), in the gate/up
+     * buffer: no kernel uses it between O and the RMSNorm after it, or between down and the
+     * next layer's first RMSNorm (or the final one). */
+    const int32_t o_parts = o_into ? split_of(b, qd, H) : 0;
+    const int32_t down_parts = down_into ? split_of(b, I, H) : 0;
+    float *parts = (float *)b->gate_up;
     for (int64_t i = 0; i < c->num_layers; i++) {
         const struct cuda_layer *l = &b->layers[i];
         struct kv_layer_view kv = kv_layer_view_make(&b->geometry, b->pool, (int32_t)i);
@@ -975,8 +1009,8 @@ static int forward_layers(struct cuda_backend *b, int32_t n, int32_t num_logits)
             kv.num_kv_heads = (int32_t)sh->num_kv_heads;
         }
         /* Attention block; the previous block's output (proj) joins the residual stream. */
-        if ((rc = norm_linear(b, &res, &alt, i ? after_down : NULL, l->input_norm, l->w_qkv, b->qkv,
-                              n, H, qkvd)) ||
+        if ((rc = norm_linear(b, &res, &alt, i ? after_down : NULL, i ? down_parts : 0,
+                              l->input_norm, l->w_qkv, b->qkv, n, H, qkvd)) ||
             (l->b_qkv && (rc = cuda_add_bias(b->qkv, qkvd, l->b_qkv, n, (int32_t)qkvd, s))) ||
             /* Q and K heads sit side by side in a QKV row: one RoPE call rotates both, and
              * writes K and V into the pool in the same pass. */
@@ -986,29 +1020,34 @@ static int forward_layers(struct cuda_backend *b, int32_t n, int32_t num_logits)
         if (tp) {
             if ((rc = gemm(b, b->attn, l->w_o, b->partial, CUDA_R_32F, n, qd, H)) == 0)
                 rc = tp_row_parallel_end(b, l->b_o, n);
-        } else if (o_into)
+        } else if (o_parts)
+            rc = gemm_parts(b, b->attn, l->w_o, parts, o_parts, n, qd, H);
+        else if (o_into)
             rc = gemm_add(b, b->attn, l->w_o, res, n, qd, H);
         else if ((rc = gemm(b, b->attn, l->w_o, b->proj, CUDA_R_16BF, n, qd, H)) == 0 && l->b_o)
             rc = cuda_add_bias(b->proj, H, l->b_o, n, (int32_t)H, s);
         if (rc != 0)
             return rc;
         /* MLP block. */
-        if ((rc = norm_linear(b, &res, &alt, after_o, l->post_norm, l->w_gate_up, b->gate_up, n, H,
-                              2 * I)) ||
+        if ((rc = norm_linear(b, &res, &alt, after_o, o_parts, l->post_norm, l->w_gate_up,
+                              b->gate_up, n, H, 2 * I)) ||
             (rc = cuda_silu_mul(b->gate_up, b->act, n, (int32_t)I, s)))
             return rc;
         if (tp) {
             if ((rc = gemm(b, b->act, l->w_down, b->partial, CUDA_R_32F, n, I, H)) == 0)
                 rc = tp_row_parallel_end(b, NULL, n);
-        } else if (down_into)
+        } else if (down_parts)
+            rc = gemm_parts(b, b->act, l->w_down, parts, down_parts, n, I, H);
+        else if (down_into)
             rc = gemm_add(b, b->act, l->w_down, res, n, I, H);
         else
             rc = gemm(b, b->act, l->w_down, b->proj, CUDA_R_16BF, n, I, H);
         if (rc != 0)
             return rc;
     }
-    if ((rc = cuda_add_rmsnorm(res, c->num_layers ? after_down : NULL, b->final_norm, b->hidden, n,
-                               (int32_t)H, eps, s)) ||
+    if ((rc = cuda_add_parts_rmsnorm(res, c->num_layers ? after_down : NULL, parts,
+                                     c->num_layers ? down_parts : 0, (int64_t)n * H, b->final_norm,
+                                     b->hidden, n, (int32_t)H, eps, s)) ||
         (rc = cuda_gather_rows_bf16(b->hidden, H, b->d_logits_rows, num_logits, (int32_t)H,
                                     b->selected, s)))
         return rc;

@@ -33,6 +33,13 @@
  * products (not measured). */
 #define CUDA_BACKEND_RESIDUAL_GEMM_MAX_ROWS 256
 
+/* cuda_backend_options.split_parts' default. On the H200 (bench/RESULTS.md, issue 15, twenty-
+ * second session, kernel_bench's linear_*_split2 against linear_*_res) the 8B shape's O took
+ * 13.5 us cut in two against 16.4 at 16 rows and 17.9 against 20.8 at 256, down 32.7 against
+ * 34.8 at 16 and 44.8 against 51.0 at 256: cuBLAS's own choice for the whole reduction at these
+ * few rows fills the SMs worse. */
+#define CUDA_BACKEND_SPLIT_PARTS 2
+
 struct cuda_backend_options {
     int device;
     struct backend_limits limits;
@@ -81,6 +88,14 @@ struct cuda_backend_options {
      * before the nineteenth session, and always for one row, whose GEMVs add nothing: there
      * cuda_gemv_row_norm does the addition). */
     int residual_gemm_max_rows;
+    /* With residual_gemm_max_rows: the O and down projections that add into the residual are cut
+     * into this many slices of their reduction dimension (cublasGemmStridedBatchedEx, each slice's
+     * f32 product beside the others in the gate/up buffer, free at both points), and the RMSNorm
+     * behind each adds the slices into the residual (cuda_add_parts_rmsnorm); a linear whose
+     * reduction does not divide into slices of multiples of 8, or whose slices would not fit
+     * (parts x hidden x 4 bytes a row over the gate/up buffer's 4 x intermediate), adds with
+     * beta 1 as before. 0 or 1: never cut. Default CUDA_BACKEND_SPLIT_PARTS. */
+    int split_parts;
     /* 1 (the default): the kernels of kernels/cuda that support it are launched with
      * programmatic dependent launch (kernels/cuda/util.h cuda_set_pdl): each may be scheduled
      * while the kernel ahead ends and read its weights before waiting for it. Most of a layer's

@@ -89,18 +89,32 @@ __device__ float block_sum(float v)
     return total;
 }
 
-/* One CTA per row. The first pass adds x into the residual and sums squares; the second reads
- * back the residual values this same thread wrote, normalises and applies the weight. */
+/* v[0 .. 7] += the 8 f32 at p (16-byte aligned): a partial product of the kernel ahead, read
+ * through L2 (coherent loads: never __ldg on another kernel's output). */
+__device__ __forceinline__ void add_parts8(float v[8], const float *p)
+{
+    const float4 a = __ldcg(reinterpret_cast<const float4 *>(p));
+    const float4 b = __ldcg(reinterpret_cast<const float4 *>(p) + 1);
+    v[0] += a.x, v[1] += a.y, v[2] += a.z, v[3] += a.w;
+    v[4] += b.x, v[5] += b.y, v[6] += b.z, v[7] += b.w;
+}
+
+/* One CTA per row. The first pass adds x and then the parts into the residual and sums squares; the
+ * second reads back the residual values this same thread wrote, normalises and applies the weight.
+ */
 template <bool VEC>
 __global__ void add_rmsnorm_kernel(float *__restrict__ residual, const uint16_t *__restrict__ x,
-                                   const uint16_t *__restrict__ weight, uint16_t *__restrict__ out,
-                                   int32_t dim, float eps)
+                                   const float *__restrict__ parts, int32_t nparts,
+                                   int64_t part_stride, const uint16_t *__restrict__ weight,
+                                   uint16_t *__restrict__ out, int32_t dim, float eps)
 {
     pdl_wait();
     pdl_launch_dependents();
     const int64_t row = blockIdx.x;
     float *r = residual + row * dim;
     const uint16_t *xr = x != nullptr ? x + row * dim : nullptr;
+    const float *pr = parts + row * dim; /* used only when nparts > 0 */
+    const bool adds = xr != nullptr || nparts > 0;
     uint16_t *o = out + row * dim;
 
     float ss = 0.0f;
@@ -115,6 +129,10 @@ __global__ void add_rmsnorm_kernel(float *__restrict__ residual, const uint16_t 
 #pragma unroll
                 for (int i = 0; i < 8; i++)
                     v[i] += xf[i];
+            }
+            for (int32_t p = 0; p < nparts; p++)
+                add_parts8(v, pr + p * part_stride + c);
+            if (adds) {
                 reinterpret_cast<float4 *>(r + c)[0] = make_float4(v[0], v[1], v[2], v[3]);
                 reinterpret_cast<float4 *>(r + c)[1] = make_float4(v[4], v[5], v[6], v[7]);
             }
@@ -125,10 +143,12 @@ __global__ void add_rmsnorm_kernel(float *__restrict__ residual, const uint16_t 
     } else {
         for (int32_t c = threadIdx.x; c < dim; c += blockDim.x) {
             float v = r[c];
-            if (xr != nullptr) {
+            if (xr != nullptr)
                 v += bf16_bits_to_float(xr[c]);
+            for (int32_t p = 0; p < nparts; p++)
+                v += __ldcg(pr + p * part_stride + c);
+            if (adds)
                 r[c] = v;
-            }
             ss += v * v;
         }
     }
@@ -159,7 +179,8 @@ __global__ void add_rmsnorm_kernel(float *__restrict__ residual, const uint16_t 
  * loaded before the reduction (one round trip to memory instead of three; issue 15 measured the
  * two-pass kernel at 4.1 us a row-set in a decode step). */
 __global__ void add_rmsnorm_reg_kernel(float *__restrict__ residual, const uint16_t *__restrict__ x,
-                                       const uint16_t *__restrict__ weight,
+                                       const float *__restrict__ parts, int32_t nparts,
+                                       int64_t part_stride, const uint16_t *__restrict__ weight,
                                        uint16_t *__restrict__ out, int32_t dim, float eps)
 {
     const int64_t row = blockIdx.x;
@@ -184,6 +205,10 @@ __global__ void add_rmsnorm_reg_kernel(float *__restrict__ residual, const uint1
 #pragma unroll
             for (int i = 0; i < 8; i++)
                 v[i] += xf[i];
+        }
+        for (int32_t p = 0; p < nparts; p++)
+            add_parts8(v, parts + p * part_stride + row * dim + c);
+        if (x != nullptr || nparts > 0) {
             reinterpret_cast<float4 *>(r)[0] = make_float4(v[0], v[1], v[2], v[3]);
             reinterpret_cast<float4 *>(r)[1] = make_float4(v[4], v[5], v[6], v[7]);
         }
@@ -454,24 +479,34 @@ int cuda_embedding_rows(const uint16_t *table, const int32_t *ids, int32_t num_t
 int cuda_add_rmsnorm(float *residual, const uint16_t *x, const uint16_t *weight, uint16_t *out,
                      int32_t rows, int32_t dim, float eps, cudaStream_t s)
 {
-    if (rows < 0 || dim <= 0 || !(eps >= 0.0f) || !isfinite(eps))
-        return pagoda_error_set(PAGODA_EINVAL, "cuda_add_rmsnorm: rows %d, dim %d, eps %g",
-                                (int)rows, (int)dim, (double)eps);
+    return cuda_add_parts_rmsnorm(residual, x, NULL, 0, 0, weight, out, rows, dim, eps, s);
+}
+
+int cuda_add_parts_rmsnorm(float *residual, const uint16_t *x, const float *parts, int32_t nparts,
+                           int64_t part_stride, const uint16_t *weight, uint16_t *out, int32_t rows,
+                           int32_t dim, float eps, cudaStream_t s)
+{
+    if (rows < 0 || dim <= 0 || !(eps >= 0.0f) || !isfinite(eps) || nparts < 0 ||
+        (nparts > 0 && part_stride < (int64_t)rows * dim))
+        return pagoda_error_set(
+            PAGODA_EINVAL, "cuda_add_rmsnorm: rows %d, dim %d, eps %g, %d parts %lld apart",
+            (int)rows, (int)dim, (double)eps, (int)nparts, (long long)part_stride);
     if (rows == 0)
         return 0;
-    if (residual == NULL || weight == NULL || out == NULL)
+    if (residual == NULL || weight == NULL || out == NULL || (nparts > 0 && parts == NULL))
         return pagoda_error_set(PAGODA_EINVAL, "cuda_add_rmsnorm: NULL buffer");
     const bool vec = dim % 8 == 0 && cuda_aligned16(residual) && cuda_aligned16(weight) &&
-                     cuda_aligned16(out) && (x == NULL || cuda_aligned16(x));
+                     cuda_aligned16(out) && (x == NULL || cuda_aligned16(x)) &&
+                     (nparts == 0 || (cuda_aligned16(parts) && part_stride % 4 == 0));
     if (vec && dim / 8 <= kMaxThreads) {
         const int threads = (dim / 8 + 31) / 32 * 32;
         return launch_pdl("cuda_add_rmsnorm", add_rmsnorm_reg_kernel, rows, threads, 0, s, residual,
-                          x, weight, out, dim, eps);
+                          x, parts, nparts, part_stride, weight, out, dim, eps);
     }
     const int threads = threads_for_row(vec ? dim / 8 : dim);
     return launch_pdl("cuda_add_rmsnorm",
                       vec ? add_rmsnorm_kernel<true> : add_rmsnorm_kernel<false>, rows, threads, 0,
-                      s, residual, x, weight, out, dim, eps);
+                      s, residual, x, parts, nparts, part_stride, weight, out, dim, eps);
 }
 
 int cuda_add_bias(uint16_t *x, int64_t ld, const uint16_t *bias, int32_t rows, int32_t cols,

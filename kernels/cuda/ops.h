@@ -57,6 +57,14 @@ int cuda_to_bf16_bias(const float *x, const uint16_t *bias, uint16_t *y, int32_t
 int cuda_add_rmsnorm(float *residual, const uint16_t *x, const uint16_t *weight, uint16_t *out,
                      int32_t rows, int32_t dim, float eps, cudaStream_t s);
 
+/* cuda_add_rmsnorm that also adds nparts f32 partial sums into the residual (after x, in order:
+ * residual = ((residual + x) + parts[0]) + parts[1] + ...), part p of row r at parts + p *
+ * part_stride + r * dim (part_stride >= rows * dim): the slices of a split-K product whose sum
+ * no kernel formed (worker/cuda_backend.c, opt.split_parts). nparts 0: cuda_add_rmsnorm. */
+int cuda_add_parts_rmsnorm(float *residual, const uint16_t *x, const float *parts, int32_t nparts,
+                           int64_t part_stride, const uint16_t *weight, uint16_t *out, int32_t rows,
+                           int32_t dim, float eps, cudaStream_t s);
+
 /* x[r * ld + c] = bf16(x[r * ld + c] + bias[c]) for r < rows, c < cols (the sum in f32): the
  * bias of a linear layer whose output has leading dimension ld >= cols (elements). */
 int cuda_add_bias(uint16_t *x, int64_t ld, const uint16_t *bias, int32_t rows, int32_t cols,

@@ -852,6 +852,14 @@ static void test_refusals(void)
     expect_rc("add_rmsnorm eps NaN",
               cuda_add_rmsnorm((float *)d_pool, NULL, d_q, d_out, 1, 8, NAN, stream),
               PAGODA_EINVAL);
+    expect_rc("add_parts_rmsnorm parts overlapping",
+              cuda_add_parts_rmsnorm((float *)d_pool, NULL, (const float *)d_pool, 2, 7, d_q, d_out,
+                                     1, 8, 1e-6f, stream),
+              PAGODA_EINVAL);
+    expect_rc(
+        "add_parts_rmsnorm parts NULL",
+        cuda_add_parts_rmsnorm((float *)d_pool, NULL, NULL, 1, 8, d_q, d_out, 1, 8, 1e-6f, stream),
+        PAGODA_EINVAL);
     expect_rc("silu_mul rows -1", cuda_silu_mul(d_q, d_out, -1, 8, stream), PAGODA_EINVAL);
     expect_rc("embedding hidden 0",
               cuda_embedding(d_q, (const int32_t *)d_pool, 1, 0, (float *)d_out, stream),

@@ -114,9 +114,16 @@ static void test_embedding_rows(int32_t vocab, int32_t hidden, int32_t begin, in
     free(got);
 }
 
-static void test_add_rmsnorm(int32_t rows, int32_t dim, bool with_x)
+/* cuda_add_parts_rmsnorm (cuda_add_rmsnorm with nparts 0): the residual plus x (with_x) plus
+ * nparts f32 slices (rows x dim each, 8 floats of slack between them) against the same sums on
+ * the host, then cpu_rmsnorm. */
+static void test_add_rmsnorm(int32_t rows, int32_t dim, bool with_x, int32_t nparts)
 {
     size_t n = (size_t)rows * dim;
+    const int64_t stride = (int64_t)n + 8;
+    float *parts = xmalloc(((size_t)stride * (size_t)(nparts > 0 ? nparts : 1)) * sizeof(float));
+    for (size_t i = 0; i < (size_t)stride * (size_t)nparts; i++)
+        parts[i] = uniform(-1.0f, 1.0f);
     const float eps = 1e-6f;
     float *res = xmalloc(n * sizeof(float)), *res_ref = xmalloc(n * sizeof(float));
     float *res_got = xmalloc(n * sizeof(float));
@@ -133,21 +140,29 @@ static void test_add_rmsnorm(int32_t rows, int32_t dim, bool with_x)
     memcpy(res_ref, res, n * sizeof(float));
     if (with_x)
         cpu_add_rmsnorm(res_ref, xf, wf, ref, rows, dim, eps);
-    else
+    if (nparts > 0 || !with_x) {
+        for (int32_t p = 0; p < nparts; p++)
+            for (size_t i = 0; i < n; i++)
+                res_ref[i] += parts[(size_t)p * (size_t)stride + i];
         cpu_rmsnorm(res_ref, wf, ref, rows, dim, eps);
+    }
 
     float *d_res = dev_upload(res, n * sizeof(float));
     uint16_t *d_x = dev_upload(x, n * sizeof(uint16_t));
     uint16_t *d_w = dev_upload(w, (size_t)dim * sizeof(uint16_t));
     uint16_t *d_out = dev_alloc(n * sizeof(uint16_t));
+    float *d_parts = dev_upload(parts, (size_t)stride * (size_t)(nparts > 0 ? nparts : 1) * 4);
     poison(d_out, n * sizeof(uint16_t));
-    int rc = cuda_add_rmsnorm(d_res, with_x ? d_x : NULL, d_w, d_out, rows, dim, eps, stream);
+    int rc = nparts == 0
+                 ? cuda_add_rmsnorm(d_res, with_x ? d_x : NULL, d_w, d_out, rows, dim, eps, stream)
+                 : cuda_add_parts_rmsnorm(d_res, with_x ? d_x : NULL, d_parts, nparts, stride, d_w,
+                                          d_out, rows, dim, eps, stream);
     GPU_CHECK(rc == 0, "cuda_add_rmsnorm: %d", rc);
     download(out, d_out, n * sizeof(uint16_t));
     download(res_got, d_res, n * sizeof(float));
     char cfg[96];
-    snprintf(cfg, sizeof(cfg), "rows %d dim %d%s (%s)", (int)rows, (int)dim,
-             with_x ? " + residual add" : "", dim % 8 == 0 ? "16-byte" : "scalar");
+    snprintf(cfg, sizeof(cfg), "rows %d dim %d%s + %d parts (%s)", (int)rows, (int)dim,
+             with_x ? " + residual add" : "", (int)nparts, dim % 8 == 0 ? "16-byte" : "scalar");
     report("add_rmsnorm out", cfg, rel_err_bf16(out, ref, n), TOLERANCE);
     report("add_rmsnorm residual", cfg, rel_err(res_got, res_ref, n), EXACT);
 
@@ -155,6 +170,8 @@ static void test_add_rmsnorm(int32_t rows, int32_t dim, bool with_x)
     CK(cudaFree(d_x));
     CK(cudaFree(d_w));
     CK(cudaFree(d_out));
+    CK(cudaFree(d_parts));
+    free(parts);
     free(res);
     free(res_ref);
     free(res_got);
@@ -900,10 +917,15 @@ int main(void)
     test_embedding_rows(97, 100, 33, 66);
     test_embedding_rows(97, 100, 66, 97);
     test_embedding_rows(97, 4096, 0, 97); /* one rank: every row, ids outside read zeros */
-    test_add_rmsnorm(7, 4096, true);
-    test_add_rmsnorm(5, 1000, false);
-    test_add_rmsnorm(3, 100, true);
-    test_add_rmsnorm(3, 16384, true); /* past the register-resident kernel */
+    test_add_rmsnorm(7, 4096, true, 0);
+    test_add_rmsnorm(5, 1000, false, 0);
+    test_add_rmsnorm(3, 100, true, 0);
+    test_add_rmsnorm(3, 16384, true, 0); /* past the register-resident kernel */
+    /* the slices of a split-K product (worker/cuda_backend.c split_parts) */
+    test_add_rmsnorm(16, 4096, false, 2);
+    test_add_rmsnorm(5, 4096, true, 3);
+    test_add_rmsnorm(3, 16384, false, 2);
+    test_add_rmsnorm(3, 100, false, 4);
     test_add_bias(5, 4096, 4096 + 64);
     test_add_bias(3, 100, 130);
     test_to_bf16_bias(7, 4096, true);
