@@ -187,7 +187,9 @@ struct result {
  * launch (nopdl); the defaults with the streaming GEMV on O alone (QKV through cuBLAS at every
  * size, so that at 1 to 8 rows QKV differs from the defaults too) up to CUDA_GEMV_MAX_ROWS rows
  * (o_gemvs16: behind the decode attention, whose tail it overlaps); the defaults with O and
- * down adding into the residual whole, not cut into split_parts slices (nosplit). */
+ * down adding into the residual whole, not cut into split_parts slices (nosplit); the defaults
+ * with RoPE and the cache write as a kernel of their own, not inside the decode attention
+ * (rope_apart), and with them inside it at every size (rope_in). */
 struct version {
     const char *name;
     int ref, baseline, gemv_max_rows, graphs, pdl;
@@ -202,13 +204,15 @@ struct version {
     int no_pdl;           /* 1: cuda_backend_options.pdl 0 (the defaults otherwise) */
     int gemv_row; /* 1: cuda_backend_options.gemv_row 1; 2: gemv_row_norm 1 too; -1: gemv_row 0 */
     int split_parts; /* cuda_backend_options.split_parts; 0 the default's, -1 for 0 (none) */
+    int rope;        /* cuda_backend_options.fused_rope_max_seqs: 0 the default's, -1 for 0
+                        (RoPE as a kernel of its own), 1 for INT32_MAX (inside every decode step) */
 };
 /* The Llama-3-8B shape's O, QKV and down elements (gate/up's are more), and every weight. */
 #define kO ((int64_t)4096 * 4096)
 #define kQKV ((int64_t)6144 * 4096)
 #define kEvery INT64_MAX
 #define kDown ((int64_t)14336 * 4096)
-#define kVersions 30
+#define kVersions 32
 static const struct version versions[kVersions] = {
     {.name = "baseline", .baseline = 1},
     {.name = "cublas"},
@@ -289,6 +293,8 @@ static const struct version versions[kVersions] = {
      .defaults = 1,
      .max_weight = kO},
     {.name = "nosplit", .ref = 3, .defaults = 1, .split_parts = -1},
+    {.name = "rope_apart", .ref = 3, .defaults = 1, .rope = -1},
+    {.name = "rope_in", .ref = 3, .defaults = 1, .rope = 1},
 };
 
 static int decode_split; /* --split */
@@ -332,6 +338,8 @@ static void run_version(const struct model_config *c, const struct kv_geometry *
         o.pdl = 0;
     if (versions[version].no_residual_gemm)
         o.residual_gemm_max_rows = 0;
+    if (versions[version].rope != 0)
+        o.fused_rope_max_seqs = versions[version].rope < 0 ? 0 : INT32_MAX;
     if (versions[version].split_parts != 0)
         o.split_parts = versions[version].split_parts < 0 ? 0 : versions[version].split_parts;
     o.decode_split = decode_split;

@@ -199,6 +199,7 @@ struct cuda_backend_options cuda_backend_default_options(void)
         .cuda_graphs = 1,
         .residual_gemm_max_rows = CUDA_BACKEND_RESIDUAL_GEMM_MAX_ROWS,
         .split_parts = CUDA_BACKEND_SPLIT_PARTS,
+        .fused_rope_max_seqs = CUDA_BACKEND_FUSED_ROPE_MAX_SEQS,
     };
     return o;
 }
@@ -799,6 +800,23 @@ static int rope_and_cache(struct cuda_backend *b, const struct kv_layer_view *kv
                                        b->stream);
 }
 
+/* RoPE, the K/V cache write and the attention of one layer: in the decode attention's kernel
+ * when the planned step is 2 to opt.fused_rope_max_seqs decode sequences only (n tokens, a
+ * graph's padded size when captured), else rope_and_cache then cuda_attention_run. */
+static int rope_attention(struct cuda_backend *b, const struct kv_layer_view *kv, int32_t n)
+{
+    const struct model_shard *sh = &b->shard;
+    const int64_t hd = b->base.config.head_dim;
+    const int64_t qkvd = (sh->num_heads + 2 * sh->num_kv_heads) * hd;
+    if (n >= 2 && n <= b->opt.fused_rope_max_seqs && !b->opt.baseline_kernels &&
+        cuda_attention_planned_decode_only(b->plan)) {
+        const struct cuda_attention_rope rope = {b->d_positions, b->inv_freq, b->d_slots};
+        return cuda_attention_run_rope(b->plan, kv, b->qkv, qkvd, &rope, b->attn, b->stream);
+    }
+    int rc = rope_and_cache(b, kv, n);
+    return rc ? rc : cuda_attention_run(b->plan, kv, b->qkv, qkvd, b->attn, b->stream);
+}
+
 /* Copies the step's metadata to the device through pinned stage k, then writes the gathered
  * input tokens (sampled by earlier steps, still on the device) over their placeholders. With pad
  * above the batch's tokens (a graph's batch size), tokens num_tokens .. pad - 1 are padding:
@@ -1013,9 +1031,8 @@ static int forward_layers(struct cuda_backend *b, int32_t n, int32_t num_logits)
                               l->input_norm, l->w_qkv, b->qkv, n, H, qkvd)) ||
             (l->b_qkv && (rc = cuda_add_bias(b->qkv, qkvd, l->b_qkv, n, (int32_t)qkvd, s))) ||
             /* Q and K heads sit side by side in a QKV row: one RoPE call rotates both, and
-             * writes K and V into the pool in the same pass. */
-            (rc = rope_and_cache(b, &kv, n)) ||
-            (rc = cuda_attention_run(b->plan, &kv, b->qkv, qkvd, b->attn, s)))
+             * writes K and V into the pool in the same pass (or the attention does both). */
+            (rc = rope_attention(b, &kv, n)))
             return rc;
         if (tp) {
             if ((rc = gemm(b, b->attn, l->w_o, b->partial, CUDA_R_32F, n, qd, H)) == 0)

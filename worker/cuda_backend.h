@@ -33,6 +33,15 @@
  * products (not measured). */
 #define CUDA_BACKEND_RESIDUAL_GEMM_MAX_ROWS 256
 
+/* cuda_backend_options.fused_rope_max_seqs' default. On the H200 (bench/RESULTS.md, issue 15,
+ * twenty-second session) RoPE inside the decode attention made the 8B shape's decode step
+ * 0.16 ms faster at 8 sequences, 0.03-0.07 at 16, 0.055 at 32, and nothing at 64 and 128, but
+ * 0.07-0.09 ms slower at 96 (context 640) and 0.015-0.035 slower at one sequence: without the
+ * RoPE kernel, which lets the attention's CTAs in early, the attention starts only when the
+ * QKV GEMM (cuBLAS, which never signals its dependents) has ended, and its requests of earlier
+ * K/V no longer overlap anything. */
+#define CUDA_BACKEND_FUSED_ROPE_MAX_SEQS 32
+
 /* cuda_backend_options.split_parts' default. On the H200 (bench/RESULTS.md, issue 15, twenty-
  * second session, kernel_bench's linear_*_split2 against linear_*_res) the 8B shape's O took
  * 13.5 us cut in two against 16.4 at 16 rows and 17.9 against 20.8 at 256, down 32.7 against
@@ -96,6 +105,11 @@ struct cuda_backend_options {
      * (parts x hidden x 4 bytes a row over the gate/up buffer's 4 x intermediate), adds with
      * beta 1 as before. 0 or 1: never cut. Default CUDA_BACKEND_SPLIT_PARTS. */
     int split_parts;
+    /* A step of 2 to this many decode sequences only (and not baseline_kernels) applies RoPE
+     * and writes the step's K and V inside the decode attention (cuda_attention_run_rope), one
+     * kernel fewer a layer, the same bits; other steps run cuda_rope_cache, then the attention.
+     * Default CUDA_BACKEND_FUSED_ROPE_MAX_SEQS; 0 or 1: never. */
+    int fused_rope_max_seqs;
     /* 1 (the default): the kernels of kernels/cuda that support it are launched with
      * programmatic dependent launch (kernels/cuda/util.h cuda_set_pdl): each may be scheduled
      * while the kernel ahead ends and read its weights before waiting for it. Most of a layer's

@@ -96,6 +96,15 @@ struct attn_args {
     /* 1: the decode kernel requests the tiles of keys before each sequence's newest before it
      * waits for the kernel ahead (cuda_attention_set_early_kv). */
     int32_t early_kv;
+    /* cuda_attention_run_rope: q (and the step's K and V after it in each row) as the QKV
+     * linear left them, RoPE applied here (rope 1) at rope_pos[token] with rope_inv_freq; the
+     * CTAs that hold a sequence's newest key write its K (rotated) and V to slot
+     * rope_slots[token] of the pool first (none where the slot is not a valid one: padding). */
+    int32_t rope;
+    int32_t num_blocks;
+    const int32_t *rope_pos;
+    const float *rope_inv_freq;
+    const int64_t *rope_slots;
 };
 
 /* The block of key pos and its slot in it: shifts when the block size is a power of two. */
@@ -321,6 +330,79 @@ __device__ __forceinline__ void merge_if_last(const attn_args &a, int32_t merge,
     }
 }
 
+/* RoPE's rotation of the pair (x, y) = (element i, element i + head_dim / 2) of a head with
+ * cos cs and sin sn of its angle: cuda_rope_cache's arithmetic, so the same bits. */
+__device__ __forceinline__ void rope_pair(float x, float y, float cs, float sn, uint16_t &rx,
+                                          uint16_t &ry)
+{
+    rx = float_to_bf16_bits(__fsub_rn(__fmul_rn(x, cs), __fmul_rn(y, sn)));
+    ry = float_to_bf16_bits(__fadd_rn(__fmul_rn(y, cs), __fmul_rn(x, sn)));
+}
+
+/* cuda_attention_run_rope: the step's K and V of KV head kh for one token, which the CTAs holding
+ * a sequence's newest key write into its slot of the pool (cuda_rope_cache's writes for that
+ * head, the same bits). Loaded into registers right after the wait (thread t: K elements t and
+ * t + HD / 2 when t < HD / 2, V element t), stored (K rotated with rope_cs: [HD / 2] cos, then
+ * sin) only before the copy of the newest key's tile is issued, behind a proxy fence and a
+ * barrier of the CTA, so that the loads' latency stays off the CTA's path to its first tiles.
+ * Several CTAs (the decode chunks of one KV head) may write the same values. */
+struct newest_kv {
+    int64_t base; /* the slot's element offset in the pool, kh's head included; -1: none */
+    uint16_t k0, k1, v;
+};
+
+template <int HD>
+__device__ __forceinline__ newest_kv newest_kv_at(const attn_args &a, int32_t token, int32_t kh)
+{
+    newest_kv n = {-1, 0, 0, 0};
+    const int64_t slot = a.rope_slots[token]; /* metadata: readable before the wait */
+    if (slot < a.block_size || slot >= (int64_t)a.num_blocks * a.block_size)
+        return n;
+    const int64_t block = slot / a.block_size;
+    n.base = block * a.block_stride + (slot - block * a.block_size) * a.slot_stride +
+             (int64_t)kh * a.head_stride;
+    return n;
+}
+
+template <int HD>
+__device__ __forceinline__ void newest_kv_load(const attn_args &a, int32_t token, int32_t kh,
+                                               newest_kv &n)
+{
+    static_assert(kDecodeThreads >= HD, "a V element a thread");
+    if (n.base < 0)
+        return;
+    const uint16_t *row = a.q + (int64_t)token * a.q_row_stride;
+    const uint16_t *ks = row + (int64_t)(a.num_heads + kh) * HD;
+    const uint16_t *vs = row + (int64_t)(a.num_heads + a.num_kv_heads + kh) * HD;
+    const int t = threadIdx.x;
+    if (t < HD / 2) {
+        n.k0 = __ldcg(ks + t);
+        n.k1 = __ldcg(ks + t + HD / 2);
+    }
+    if (t < HD)
+        n.v = __ldcg(vs + t);
+}
+
+template <int HD>
+__device__ __forceinline__ void newest_kv_store(const attn_args &a, const newest_kv &n,
+                                                const float *rope_cs)
+{
+    if (n.base < 0)
+        return;
+    const int t = threadIdx.x;
+    uint16_t *kd = const_cast<uint16_t *>(a.k) + n.base, *vd = const_cast<uint16_t *>(a.v) + n.base;
+    if (t < HD / 2) {
+        uint16_t rx, ry;
+        rope_pair(bf16_bits_to_float(n.k0), bf16_bits_to_float(n.k1), rope_cs[t],
+                  rope_cs[HD / 2 + t], rx, ry);
+        kd[t] = rx;
+        kd[t + HD / 2] = ry;
+    }
+    if (t < HD)
+        vd[t] = n.v;
+    asm volatile("fence.proxy.async.global;\n" ::: "memory");
+}
+
 /* Split-KV decode (flash decoding) on the tensor cores: the CTA walks its partition's keys
  * [begin, end) (part.y, or ~part.y where negative; part.z) tile by tile through a pipeline of bulk
  * copies (thread t copies the K or V row of key t % 64, its block-table entry fetched one tile
@@ -383,6 +465,18 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(attn_args a)
     const int32_t *table = a.block_tables + (int64_t)seq * table_stride;
     const int32_t h0 = kh * a.group + g0;
     const int32_t ntiles = (end - begin + T - 1) / T;
+    /* a.rope: the cos, then the sin, of the token's angles (its position is metadata, copied
+     * before the step's first kernel: read before the wait). */
+    __shared__ float rope_cs[HD];
+    if (a.rope) {
+        const float pos = (float)__ldg(a.rope_pos + token);
+        for (int i = tid; i < HD / 2; i += kDecodeThreads) {
+            float sn, cs;
+            sincosf(__fmul_rn(pos, __ldg(a.rope_inv_freq + i)), &sn, &cs);
+            rope_cs[i] = cs;
+            rope_cs[HD / 2 + i] = sn;
+        }
+    }
     if (tid == 0) {
         for (int st = 0; st < S; st++)
             mbar_init(&full[st], 1);
@@ -444,9 +538,18 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(attn_args a)
         pdl_wait();
         pdl_launch_dependents();
     }
+    /* a.rope: the newest key's K and V are this kernel's to write before the copy of the last
+     * tile reads them (tiles requested early hold none of them): loaded now, stored before
+     * that copy is issued (newest_kv). */
+    const bool write_newest = a.rope && holds_newest;
+    newest_kv nkv = {-1, 0, 0, 0};
+    if (write_newest) {
+        nkv = newest_kv_at<HD>(a, token, kh);
+        newest_kv_load<HD>(a, token, kh, nkv);
+    }
 #pragma unroll
     for (int t = 0; t < S - 1; t++)
-        if (t >= early && t < ntiles)
+        if (t >= early && t < ntiles && !(write_newest && t == ntiles - 1))
             copy_tile(t, first_blk[t]);
 
     /* Q as A fragments: row lane / 4 is query head g0 + lane / 4 (zero beyond gc). q is the
@@ -465,6 +568,33 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(attn_args a)
                 qr < gc ? __ldcg(reinterpret_cast<const uint32_t *>(qrow + k * 16 + 8 + qc)) : 0;
         }
     }
+    /* a.rope: element i's partner i + HD / 2 sits in the same lane, in qa[k + HD / 32]. */
+    if (a.rope) {
+#pragma unroll
+        for (int k = 0; k < HD / 32; k++)
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                const int i = k * 16 + j * 8 + qc;
+                const float2 x = bf16x2_to_float2(qa[k][j]),
+                             y = bf16x2_to_float2(qa[k + HD / 32][j]);
+                uint16_t x0, y0, x1, y1;
+                rope_pair(x.x, y.x, rope_cs[i], rope_cs[HD / 2 + i], x0, y0);
+                rope_pair(x.y, y.y, rope_cs[i + 1], rope_cs[HD / 2 + i + 1], x1, y1);
+                qa[k][j] = (uint32_t)x0 | ((uint32_t)x1 << 16);
+                qa[k + HD / 32][j] = (uint32_t)y0 | ((uint32_t)y1 << 16);
+            }
+    }
+    /* The newest key's tile among the first S - 1: its K/V stored, then its copy. */
+    if (write_newest && ntiles - 1 < S - 1) {
+        newest_kv_store<HD>(a, nkv, rope_cs);
+        __syncthreads();
+        int32_t nb = first_blk[0];
+#pragma unroll
+        for (int t = 1; t < S - 1; t++)
+            if (t == ntiles - 1)
+                nb = first_blk[t];
+        copy_tile(ntiles - 1, nb);
+    }
     const float qscale = a.scale * 1.4426950408889634f; /* scores in log2 units */
     float o[HD / 8][4];
 #pragma unroll
@@ -474,6 +604,8 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(attn_args a)
     /* The warp's keys: n-tile nt, column j is key D::key(j, warp, nt) of the tile. */
 
     for (int32_t i = 0; i < ntiles; i++) {
+        if (write_newest && i + S - 1 == ntiles - 1) /* the barrier below orders it */
+            newest_kv_store<HD>(a, nkv, rope_cs);
         __syncthreads(); /* every warp is done with tile i - 1's stage: refill it */
         if (i + S - 1 < ntiles)
             copy_tile(i + S - 1, blk);
@@ -1504,8 +1636,9 @@ static int launch(const struct cuda_attention_plan *p, const attn_args &a, cudaS
     return 0;
 }
 
-int cuda_attention_run(struct cuda_attention_plan *p, const struct kv_layer_view *kv,
-                       const uint16_t *q, int64_t q_row_stride, uint16_t *out, cudaStream_t s)
+static int run_impl(struct cuda_attention_plan *p, const struct kv_layer_view *kv,
+                    const uint16_t *q, int64_t q_row_stride, uint16_t *out,
+                    const struct cuda_attention_rope *rope, cudaStream_t s)
 {
     if (p == NULL || kv == NULL)
         return pagoda_error_set(PAGODA_EINVAL, "cuda_attention_run: NULL plan or view");
@@ -1558,7 +1691,44 @@ int cuda_attention_run(struct cuda_attention_plan *p, const struct kv_layer_view
     a.merge_count = p->merge_count;
     a.graph_hdr = p->graph ? p->meta : nullptr;
     a.early_kv = p->early_kv;
+    a.rope = rope != NULL;
+    a.num_blocks = c->num_blocks;
+    a.rope_pos = rope != NULL ? rope->positions : nullptr;
+    a.rope_inv_freq = rope != NULL ? rope->inv_freq : nullptr;
+    a.rope_slots = rope != NULL ? rope->slot_mapping : nullptr;
+    if (rope != NULL) {
+        if (p->num_items > 0)
+            return pagoda_error_set(PAGODA_EUNSUPPORTED,
+                                    "cuda_attention_run_rope: the step has prefill tokens");
+        if (rope->positions == NULL || rope->inv_freq == NULL || rope->slot_mapping == NULL)
+            return pagoda_error_set(PAGODA_EINVAL, "cuda_attention_run_rope: NULL rope buffer");
+        if (q_row_stride < (int64_t)(c->num_heads + 2 * c->num_kv_heads) * c->head_dim)
+            return pagoda_error_set(PAGODA_EINVAL,
+                                    "cuda_attention_run_rope: q_row_stride %lld holds no K and V "
+                                    "after the %d query heads",
+                                    (long long)q_row_stride, (int)c->num_heads);
+    }
     return c->head_dim == 64 ? launch<64>(p, a, s) : launch<128>(p, a, s);
+}
+
+int cuda_attention_run(struct cuda_attention_plan *p, const struct kv_layer_view *kv,
+                       const uint16_t *q, int64_t q_row_stride, uint16_t *out, cudaStream_t s)
+{
+    return run_impl(p, kv, q, q_row_stride, out, NULL, s);
+}
+
+int cuda_attention_run_rope(struct cuda_attention_plan *p, const struct kv_layer_view *kv,
+                            const uint16_t *qkv, int64_t row_stride,
+                            const struct cuda_attention_rope *rope, uint16_t *out, cudaStream_t s)
+{
+    if (rope == NULL)
+        return pagoda_error_set(PAGODA_EINVAL, "cuda_attention_run_rope: NULL rope");
+    return run_impl(p, kv, qkv, row_stride, out, rope, s);
+}
+
+int cuda_attention_planned_decode_only(const struct cuda_attention_plan *p)
+{
+    return p != NULL && p->planned && p->num_items == 0;
 }
 
 void cuda_attention_set_early_kv(struct cuda_attention_plan *p, int on)

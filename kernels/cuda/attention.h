@@ -120,6 +120,33 @@ int cuda_attention_decode_shape(const struct cuda_attention_plan *p, int32_t *ct
 int cuda_attention_run(struct cuda_attention_plan *p, const struct kv_layer_view *kv,
                        const uint16_t *q, int64_t q_row_stride, uint16_t *out, cudaStream_t s);
 
+/* RoPE for cuda_attention_run_rope, device arrays: positions [num_tokens] (the step's, as
+ * cuda_rope_cache takes them), inv_freq [head_dim / 2] f32, slot_mapping [num_tokens] (a slot
+ * outside 1 .. num_blocks * block_size - 1 of the pool: no write, as cuda_rope_cache). */
+struct cuda_attention_rope {
+    const int32_t *positions;
+    const float *inv_freq;
+    const int64_t *slot_mapping;
+};
+
+/* cuda_rope_cache and cuda_attention_run in one kernel, for a step of decode sequences only:
+ * qkv's rows (row_stride elements apart, at least (num_heads + 2 * num_kv_heads) * head_dim)
+ * hold each token's Q heads, then its K heads, then its V heads, as the fused QKV linear wrote
+ * them (RoPE not applied). The decode kernel rotates Q in registers, and each CTA that holds a
+ * sequence's newest key first writes that token's K (rotated) and V into its slot of the pool;
+ * qkv is not modified. The outputs, and the pool's contents after, are those of cuda_rope_cache
+ * then cuda_attention_run, bit for bit. With early_kv the kernel just ahead may be the QKV
+ * linear itself (it writes no key). Errors: cuda_attention_run's, PAGODA_EINVAL (NULL rope or
+ * rope arrays, a row stride without room for K and V) and PAGODA_EUNSUPPORTED (the planned step
+ * has prefill tokens: use cuda_rope_cache and cuda_attention_run). */
+int cuda_attention_run_rope(struct cuda_attention_plan *p, const struct kv_layer_view *kv,
+                            const uint16_t *qkv, int64_t row_stride,
+                            const struct cuda_attention_rope *rope, uint16_t *out, cudaStream_t s);
+
+/* 1 when the planned step has decode sequences only (cuda_attention_run_rope takes it), else 0
+ * (also for NULL or no batch planned). */
+int cuda_attention_planned_decode_only(const struct cuda_attention_plan *p);
+
 /* Whether the decode kernel, launched with programmatic dependent launch (cuda_set_pdl), may
  * request the K/V of each sequence's keys before its newest (position context_len - 2 and
  * below) before it waits for the kernel ahead in the stream: 0 (a new plan's setting) or 1. It

@@ -300,7 +300,27 @@ static void test_attention_long_decode(struct shape sh, int32_t context)
  * see: RoPE is over too soon) reads NaN. A probe launched between them (test_pdl_probe) reads
  * q before its own wait: that it saw q hidden in at least one pass shows that the launches did
  * overlap, that is that the case tested something. */
-static void test_attention_early_kv(struct shape sh, int32_t n, int32_t max_ctx, bool slow_q)
+/* The step's K and V of every sequence (each KV head's newest slot) from the pool, into
+ * kv[n][2][nkv][hd]. */
+static void download_newest(const struct kv_layer_view *view, const int64_t *step_slots, int32_t n,
+                            int32_t bs, int32_t nkv, int32_t hd, uint16_t *kv)
+{
+    for (int32_t s = 0; s < n; s++)
+        for (int c = 0; c < 2; c++)
+            for (int32_t h = 0; h < nkv; h++) {
+                const int64_t blk = step_slots[s] / bs, in = step_slots[s] % bs;
+                const uint16_t *src = (const uint16_t *)(c ? view->v : view->k) +
+                                      blk * view->block_stride + in * view->slot_stride +
+                                      (int64_t)h * view->head_stride;
+                download(kv + (((size_t)s * 2 + c) * nkv + h) * hd, src, (size_t)hd * 2);
+            }
+}
+
+/* With fused: passes 1 .. 10 run cuda_attention_run_rope on the unrotated rows instead of
+ * cuda_rope_cache then cuda_attention_run, and the step's K and V it leaves in the pool must
+ * also equal the reference chain's, bit for bit. */
+static void test_attention_early_kv(struct shape sh, int32_t n, int32_t max_ctx, bool slow_q,
+                                    bool fused)
 {
     const int32_t nh = sh.num_heads, nkv = sh.num_kv_heads, hd = sh.head_dim, bs = sh.block_size;
     const int64_t qkv_w = (int64_t)(nh + 2 * nkv) * hd, kvw = (int64_t)nkv * hd;
@@ -377,7 +397,10 @@ static void test_attention_early_kv(struct shape sh, int32_t n, int32_t max_ctx,
     if (rc == 0)
         rc = cuda_attention_decode_shape(plan, &ctas, &parts);
     uint16_t *want = xmalloc((size_t)n * qw * 2), *got = xmalloc((size_t)n * qw * 2);
-    int differ = 0, nans = 0;
+    uint16_t *kv_want = xmalloc((size_t)n * 2 * kvw * 2),
+             *kv_got = xmalloc((size_t)n * 2 * kvw * 2);
+    const struct cuda_attention_rope rope = {d_pos, d_inv, d_ss};
+    int differ = 0, nans = 0, kv_differ = 0;
     /* Pass 0: neither the attribute nor early K/V, the reference; then ten with both. */
     for (int pass = 0; pass < 11 && rc == 0; pass++) {
         cuda_set_pdl(pass > 0);
@@ -385,14 +408,22 @@ static void test_attention_early_kv(struct shape sh, int32_t n, int32_t max_ctx,
         CK(cudaMemcpyAsync(d_qkv, qkv, (size_t)n * qkv_w * 2, cudaMemcpyHostToDevice, stream));
         poison(d_out, (size_t)n * qw * 2);
         rc = cuda_reshape_and_cache(&view, d_nan, d_nan, kvw, d_ss, n, stream);
-        if (rc == 0)
+        if (rc == 0 && !(fused && pass > 0))
             rc = cuda_rope_cache(d_qkv, qkv_w, d_pos, d_inv, n, nh, &view, d_ss, stream);
         if (rc == 0 && slow_q)
             rc = test_hide_q(d_qkv, qkv_w, n, (int32_t)qw, d_scratch, 500, stream);
         if (rc == 0 && slow_q)
             rc = test_pdl_probe(d_qkv, d_seen, stream);
-        if (rc == 0)
+        if (rc == 0 && fused && pass > 0)
+            rc = cuda_attention_run_rope(plan, &view, d_qkv, qkv_w, &rope, d_out, stream);
+        else if (rc == 0)
             rc = cuda_attention_run(plan, &view, d_qkv, qkv_w, d_out, stream);
+        if (rc == 0 && fused && (pass == 0 || pass == 10)) {
+            CK(cudaStreamSynchronize(stream));
+            download_newest(&view, step_slots, n, bs, nkv, hd, pass ? kv_got : kv_want);
+            if (pass)
+                kv_differ = memcmp(kv_got, kv_want, (size_t)n * 2 * kvw * 2) != 0;
+        }
         if (rc == 0 && slow_q && pass > 0) {
             int32_t seen = 0;
             download(&seen, d_seen, sizeof(seen));
@@ -412,12 +443,17 @@ static void test_attention_early_kv(struct shape sh, int32_t n, int32_t max_ctx,
     char label[160];
     snprintf(label, sizeof(label), "hd %d bs %d %d/%d heads, %d decodes, %d partitions, rows %d%s",
              (int)hd, (int)bs, (int)nh, (int)nkv, (int)n, (int)parts, attn_copy_rows,
-             slow_q ? ", slow q" : "");
-    printf("%-20s %-58s %d of 10 differ, %d NaN%s\n", "attention early kv", label, differ, nans,
-           differ == 0 && nans == 0 ? "" : "  FAIL");
+             slow_q  ? ", slow q"
+             : fused ? ", RoPE inside"
+                     : "");
+    printf("%-20s %-58s %d of 10 differ, %d NaN%s%s\n", "attention early kv", label, differ, nans,
+           fused ? (kv_differ ? ", the step's K/V differ" : ", the step's K/V equal") : "",
+           differ == 0 && nans == 0 && kv_differ == 0 ? "" : "  FAIL");
     GPU_CHECK(differ == 0 && nans == 0,
               "early kv: %d of 10 chains with it differ from the chain without, %d NaN", differ,
               nans);
+    GPU_CHECK(kv_differ == 0,
+              "early kv, RoPE inside: the step's K/V in the pool differ from cuda_rope_cache's");
     if (slow_q)
         GPU_CHECK(overlapped > 0,
                   "early kv, slow q: the probe behind test_hide_q never saw q hidden (0 of 10 "
@@ -448,6 +484,8 @@ static void test_attention_early_kv(struct shape sh, int32_t n, int32_t max_ctx,
     free(inv_freq);
     free(want);
     free(got);
+    free(kv_want);
+    free(kv_got);
 }
 
 /* ---- attention through captured decode graphs (issue 15) ---- */
@@ -940,16 +978,24 @@ int main(int argc, char **argv)
     }
 
     /* Early K/V behind RoPE with the cache write: many unsplit decodes, then a few split ones. */
-    test_attention_early_kv((struct shape){32, 8, 128, 16}, 256, 1200, false);
-    test_attention_early_kv((struct shape){32, 8, 128, 16}, 4, 3000, false);
-    test_attention_early_kv((struct shape){16, 4, 64, 32}, 64, 700, false);
+    test_attention_early_kv((struct shape){32, 8, 128, 16}, 256, 1200, false, false);
+    test_attention_early_kv((struct shape){32, 8, 128, 16}, 4, 3000, false, false);
+    test_attention_early_kv((struct shape){16, 4, 64, 32}, 64, 700, false, false);
+    /* RoPE and the cache write inside the decode attention (cuda_attention_run_rope): the same
+     * chains, unsplit and split, head dims 128 and 64, the step's K/V compared too. */
+    test_attention_early_kv((struct shape){32, 8, 128, 16}, 256, 1200, false, true);
+    test_attention_early_kv((struct shape){32, 8, 128, 16}, 4, 3000, false, true);
+    test_attention_early_kv((struct shape){16, 4, 64, 32}, 64, 700, false, true);
+    test_attention_early_kv((struct shape){32, 8, 128, 16}, 1, 1100, false, true);
+    /* 12 query heads a KV head: two decode chunks' CTAs write the same newest K/V */
+    test_attention_early_kv((struct shape){24, 2, 128, 16}, 8, 900, false, true);
     /* The same with q hidden until 500 us after the attention may start: unsplit and split
      * (not under GPU_TEST_QUICK: compute-sanitizer serialises the launches, so the probe would
      * find no overlap). */
     if (!quick) {
-        test_attention_early_kv((struct shape){32, 8, 128, 16}, 256, 1200, true);
-        test_attention_early_kv((struct shape){32, 8, 128, 16}, 4, 3000, true);
-        test_attention_early_kv((struct shape){16, 4, 64, 32}, 64, 700, true);
+        test_attention_early_kv((struct shape){32, 8, 128, 16}, 256, 1200, true, false);
+        test_attention_early_kv((struct shape){32, 8, 128, 16}, 4, 3000, true, false);
+        test_attention_early_kv((struct shape){16, 4, 64, 32}, 64, 700, true, false);
     }
 
     /* The decode kernel's copies of 4, 8 and 16 rows forced at any batch (the plans choose 4
@@ -962,10 +1008,11 @@ int main(int argc, char **argv)
         test_attention_decode_edges((struct shape){32, 8, 128, 24});
         test_attention_decode_edges((struct shape){32, 8, 128, 10});
         test_attention_mixed((struct shape){16, 4, 64, 64});
-        test_attention_early_kv((struct shape){32, 8, 128, 16}, 4, 3000, false);
-        test_attention_early_kv((struct shape){16, 4, 64, 32}, 16, 700, false);
+        test_attention_early_kv((struct shape){32, 8, 128, 16}, 4, 3000, false, false);
+        test_attention_early_kv((struct shape){16, 4, 64, 32}, 16, 700, false, false);
+        test_attention_early_kv((struct shape){32, 8, 128, 10}, 16, 700, false, true);
         if (!quick)
-            test_attention_early_kv((struct shape){32, 8, 128, 16}, 64, 1200, true);
+            test_attention_early_kv((struct shape){32, 8, 128, 16}, 64, 1200, true, false);
     }
     attn_copy_rows = 0;
 
