@@ -1,5 +1,6 @@
 #include "worker/executor.h"
 #include "common/error.h"
+#include "worker/history_cache.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -39,8 +40,7 @@ struct slot {
     size_t block_tables_cap;                /* entries */
     struct sample_row *rows;                /* [max_num_seqs] */
     uint64_t *seq_ids;                      /* [max_num_seqs] */
-    int32_t *history;                       /* penalised rows' prompt + output, grown */
-    size_t history_cap;                     /* entries */
+    struct history_cache histories;         /* penalised rows' prompt + output */
     struct mirror_seq_error *failed;        /* [2 * max_num_seqs] */
     int32_t num_failed;
 
@@ -118,7 +118,7 @@ static void slot_free(struct slot *s)
     free(s->block_tables);
     free(s->rows);
     free(s->seq_ids);
-    free(s->history);
+    history_cache_free(&s->histories);
     free(s->failed);
     free(s->tokens);
     free(s->logprobs);
@@ -223,6 +223,12 @@ static int on_device(const struct executor *e, const struct slot *s, const struc
            mirror_pending_row(tok) < e->lim.max_num_seqs;
 }
 
+/* The outputs at the end of a history that can hold pending tokens (one a step in flight), and
+ * that the slot's copy of a history may have had replaced (gathers, host resolves): what
+ * history_cache_place copies again however much of the history the slot holds already. Twice
+ * the steps in flight, for margin. */
+#define HISTORY_TAIL (2 * MIRROR_MAX_STEPS_IN_FLIGHT)
+
 /* The pending tokens of the rows' histories (only penalised rows carry one): those of the step
  * still on the device (out, on the asynchronous path) become history gathers, which the sampler
  * reads there (0 stands in the history meanwhile); the others name steps that have ended and
@@ -233,7 +239,8 @@ static void gather_histories(struct executor *e, struct slot *s, const struct sl
     s->num_hgathers = 0;
     for (int32_t r = 0; r < s->batch.num_logits; r++) {
         int32_t *hist = (int32_t *)s->rows[r].output_tokens; /* the slot's own history copy */
-        for (size_t k = 0; k < s->rows[r].n_output; k++) {
+        const size_t n = s->rows[r].n_output;
+        for (size_t k = n > HISTORY_TAIL ? n - HISTORY_TAIL : 0; k < n; k++) {
             const int32_t tok = hist[k];
             if (!mirror_token_pending(tok))
                 continue;
@@ -821,13 +828,9 @@ static int copy_step(struct slot *s, const struct mirror_step *ms)
     const struct fwd_batch *b = &ms->batch;
     size_t nt = (size_t)b->num_tokens, ns = (size_t)b->num_seqs, nl = (size_t)b->num_logits;
     size_t bt = ns * (size_t)(b->max_blocks_per_seq > 0 ? b->max_blocks_per_seq : 1);
-    size_t hist = 0;
-    for (size_t r = 0; r < nl; r++)
-        if (sampling_params_penalised(&ms->rows[r].params))
-            hist += ms->rows[r].n_prompt + ms->rows[r].n_output;
     int rc;
     if ((rc = grow((void **)&s->block_tables, &s->block_tables_cap, bt, sizeof(int32_t))) != 0 ||
-        (rc = grow((void **)&s->history, &s->history_cap, hist, sizeof(int32_t))) != 0)
+        (rc = history_cache_place(&s->histories, ms->rows, s->rows, nl, HISTORY_TAIL)) != 0)
         return rc;
     if (nt > 0) {
         memcpy(s->token_ids, b->token_ids, nt * sizeof(int32_t));
@@ -842,26 +845,6 @@ static int copy_step(struct slot *s, const struct mirror_step *ms)
     if (nl > 0) {
         memcpy(s->logits_indices, b->logits_indices, nl * sizeof(int32_t));
         memcpy(s->seq_ids, ms->seq_ids, nl * sizeof(uint64_t));
-    }
-    size_t h = 0;
-    for (size_t r = 0; r < nl; r++) {
-        const struct sample_row *src = &ms->rows[r];
-        struct sample_row *dst = &s->rows[r];
-        *dst = *src;
-        if (!sampling_params_penalised(&src->params)) {
-            /* No penalty reads the history: none travels (the Philox draw needs only the index). */
-            dst->prompt_tokens = dst->output_tokens = NULL;
-            dst->n_prompt = dst->n_output = 0;
-            continue;
-        }
-        int32_t *p = s->history + h;
-        if (src->n_prompt > 0)
-            memcpy(p, src->prompt_tokens, src->n_prompt * sizeof(int32_t));
-        if (src->n_output > 0)
-            memcpy(p + src->n_prompt, src->output_tokens, src->n_output * sizeof(int32_t));
-        dst->prompt_tokens = p;
-        dst->output_tokens = p + src->n_prompt;
-        h += src->n_prompt + src->n_output;
     }
     memcpy(s->failed, ms->failed, (size_t)ms->num_failed * sizeof(*ms->failed));
     s->num_failed = ms->num_failed;
