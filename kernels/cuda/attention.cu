@@ -588,12 +588,9 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(attn_args a)
     if (write_newest && ntiles - 1 < S - 1) {
         newest_kv_store<HD>(a, nkv, rope_cs);
         __syncthreads();
-        int32_t nb = first_blk[0];
-#pragma unroll
-        for (int t = 1; t < S - 1; t++)
-            if (t == ntiles - 1)
-                nb = first_blk[t];
-        copy_tile(ntiles - 1, nb);
+        /* its table entry loaded again: first_blk indexed at run time would go to local memory
+         * in every CTA of every decode kernel */
+        copy_tile(ntiles - 1, table_entry(ntiles - 1));
     }
     const float qscale = a.scale * 1.4426950408889634f; /* scores in log2 units */
     float o[HD / 8][4];

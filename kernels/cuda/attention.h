@@ -122,7 +122,8 @@ int cuda_attention_run(struct cuda_attention_plan *p, const struct kv_layer_view
 
 /* RoPE for cuda_attention_run_rope, device arrays: positions [num_tokens] (the step's, as
  * cuda_rope_cache takes them), inv_freq [head_dim / 2] f32, slot_mapping [num_tokens] (a slot
- * outside 1 .. num_blocks * block_size - 1 of the pool: no write, as cuda_rope_cache). */
+ * outside block_size .. num_blocks * block_size - 1, that is in the reserved block 0 or past the
+ * pool: no write, as cuda_rope_cache). */
 struct cuda_attention_rope {
     const int32_t *positions;
     const float *inv_freq;

@@ -32,6 +32,8 @@ struct shape {
 /* The decode kernel's copy rows the attention cases force (cuda_attention_set_decode_copy_rows):
  * 0 lets each plan choose (4 rows below 64 decode sequences, 16 or 8 from 64 up). */
 static int attn_copy_rows;
+/* 1: test_attention_early_kv's passes keep early K/V off (they still launch with the attribute) */
+static int attn_early_off;
 
 /* One step: sequences with (query_len, context_len), the last query_len tokens of each context
  * being this step's. K/V of the earlier tokens is written by one reshape-and-cache call (a
@@ -404,7 +406,7 @@ static void test_attention_early_kv(struct shape sh, int32_t n, int32_t max_ctx,
     /* Pass 0: neither the attribute nor early K/V, the reference; then ten with both. */
     for (int pass = 0; pass < 11 && rc == 0; pass++) {
         cuda_set_pdl(pass > 0);
-        cuda_attention_set_early_kv(plan, pass > 0);
+        cuda_attention_set_early_kv(plan, pass > 0 && !attn_early_off);
         CK(cudaMemcpyAsync(d_qkv, qkv, (size_t)n * qkv_w * 2, cudaMemcpyHostToDevice, stream));
         poison(d_out, (size_t)n * qw * 2);
         rc = cuda_reshape_and_cache(&view, d_nan, d_nan, kvw, d_ss, n, stream);
@@ -441,11 +443,10 @@ static void test_attention_early_kv(struct shape sh, int32_t n, int32_t max_ctx,
         nans += (want[i] & 0x7F80) == 0x7F80 && (want[i] & 0x7F) != 0;
     cuda_set_pdl(0);
     char label[160];
-    snprintf(label, sizeof(label), "hd %d bs %d %d/%d heads, %d decodes, %d partitions, rows %d%s",
-             (int)hd, (int)bs, (int)nh, (int)nkv, (int)n, (int)parts, attn_copy_rows,
-             slow_q  ? ", slow q"
-             : fused ? ", RoPE inside"
-                     : "");
+    snprintf(label, sizeof(label),
+             "hd %d bs %d %d/%d heads, %d decodes, %d partitions, rows %d%s%s%s", (int)hd, (int)bs,
+             (int)nh, (int)nkv, (int)n, (int)parts, attn_copy_rows, slow_q ? ", slow q" : "",
+             fused ? ", RoPE" : "", attn_early_off ? ", no early" : "");
     printf("%-20s %-58s %d of 10 differ, %d NaN%s%s\n", "attention early kv", label, differ, nans,
            fused ? (kv_differ ? ", the step's K/V differ" : ", the step's K/V equal") : "",
            differ == 0 && nans == 0 && kv_differ == 0 ? "" : "  FAIL");
@@ -890,7 +891,7 @@ static void test_refusals(void)
     expect_rc("add_rmsnorm eps NaN",
               cuda_add_rmsnorm((float *)d_pool, NULL, d_q, d_out, 1, 8, NAN, stream),
               PAGODA_EINVAL);
-    expect_rc("add_parts_rmsnorm parts overlapping",
+    expect_rc("add_parts_rmsnorm part_stride < rows * dim",
               cuda_add_parts_rmsnorm((float *)d_pool, NULL, (const float *)d_pool, 2, 7, d_q, d_out,
                                      1, 8, 1e-6f, stream),
               PAGODA_EINVAL);
@@ -989,6 +990,11 @@ int main(int argc, char **argv)
     test_attention_early_kv((struct shape){32, 8, 128, 16}, 1, 1100, false, true);
     /* 12 query heads a KV head: two decode chunks' CTAs write the same newest K/V */
     test_attention_early_kv((struct shape){24, 2, 128, 16}, 8, 900, false, true);
+    /* early K/V off: the newest K/V written after a wait at the kernel's top */
+    attn_early_off = 1;
+    test_attention_early_kv((struct shape){32, 8, 128, 16}, 16, 1200, false, true);
+    test_attention_early_kv((struct shape){16, 4, 64, 32}, 3, 700, false, true);
+    attn_early_off = 0;
     /* The same with q hidden until 500 us after the attention may start: unsplit and split
      * (not under GPU_TEST_QUICK: compute-sanitizer serialises the launches, so the probe would
      * find no overlap). */
@@ -996,6 +1002,10 @@ int main(int argc, char **argv)
         test_attention_early_kv((struct shape){32, 8, 128, 16}, 256, 1200, true, false);
         test_attention_early_kv((struct shape){32, 8, 128, 16}, 4, 3000, true, false);
         test_attention_early_kv((struct shape){16, 4, 64, 32}, 64, 700, true, false);
+        /* RoPE inside: Q (unrotated) hidden while the attention may run its part before the
+         * wait, which reads no Q, K or V */
+        test_attention_early_kv((struct shape){32, 8, 128, 16}, 64, 1200, true, true);
+        test_attention_early_kv((struct shape){24, 2, 128, 16}, 8, 900, true, true);
     }
 
     /* The decode kernel's copies of 4, 8 and 16 rows forced at any batch (the plans choose 4
