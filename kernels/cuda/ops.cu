@@ -495,6 +495,18 @@ int cuda_add_parts_rmsnorm(float *residual, const uint16_t *x, const float *part
         return 0;
     if (residual == NULL || weight == NULL || out == NULL || (nparts > 0 && parts == NULL))
         return pagoda_error_set(PAGODA_EINVAL, "cuda_add_rmsnorm: NULL buffer");
+    if (nparts > 0) { /* the kernels take the slices as overlapping nothing they write */
+        const uintptr_t p0 = (uintptr_t)parts,
+                        p1 = p0 + ((size_t)(nparts - 1) * (size_t)part_stride +
+                                   (size_t)rows * (size_t)dim) *
+                                      sizeof(float);
+        const uintptr_t r0 = (uintptr_t)residual, r1 = r0 + (size_t)rows * dim * sizeof(float);
+        const uintptr_t o0 = (uintptr_t)out, o1 = o0 + (size_t)rows * dim * sizeof(uint16_t);
+        if ((p0 < r1 && r0 < p1) || (p0 < o1 && o0 < p1))
+            return pagoda_error_set(PAGODA_EINVAL,
+                                    "cuda_add_rmsnorm: the slices overlap the residual or the "
+                                    "output");
+    }
     const bool vec = dim % 8 == 0 && cuda_aligned16(residual) && cuda_aligned16(weight) &&
                      cuda_aligned16(out) && (x == NULL || cuda_aligned16(x)) &&
                      (nparts == 0 || (cuda_aligned16(parts) && part_stride % 4 == 0));

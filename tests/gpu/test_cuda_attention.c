@@ -895,6 +895,10 @@ static void test_refusals(void)
               cuda_add_parts_rmsnorm((float *)d_pool, NULL, (const float *)d_pool, 2, 7, d_q, d_out,
                                      1, 8, 1e-6f, stream),
               PAGODA_EINVAL);
+    expect_rc("add_parts_rmsnorm parts over the residual",
+              cuda_add_parts_rmsnorm((float *)d_pool, NULL, (const float *)d_pool + 4, 1, 8, d_q,
+                                     d_out, 1, 8, 1e-6f, stream),
+              PAGODA_EINVAL);
     expect_rc(
         "add_parts_rmsnorm parts NULL",
         cuda_add_parts_rmsnorm((float *)d_pool, NULL, NULL, 1, 8, d_q, d_out, 1, 8, 1e-6f, stream),
