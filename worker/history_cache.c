@@ -164,6 +164,17 @@ static void measure(struct history_cache *h, const struct sample_row *src, size_
 int history_cache_place(struct history_cache *h, const struct sample_row *src,
                         struct sample_row *dst, size_t n, size_t tail)
 {
+    size_t penalised = 0;
+    for (size_t i = 0; i < n; i++)
+        penalised += sampling_params_penalised(&src[i].params) != 0;
+    if (penalised == 0) { /* nothing travels, nothing is forgotten (a step that drops only) */
+        for (size_t i = 0; i < n; i++) {
+            dst[i] = src[i];
+            dst[i].prompt_tokens = dst[i].output_tokens = NULL;
+            dst[i].n_prompt = dst[i].n_output = 0;
+        }
+        return 0;
+    }
     int rc = reserve_tables(h, n);
     if (rc != 0) {
         reset(h);

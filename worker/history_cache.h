@@ -7,13 +7,16 @@
  * a step on the event loop. But a history key (struct sample_row history_key) names one
  * sequence's history for as long as the backend is open: one prompt, outputs only appended;
  * only its last few outputs change in place (the pending tokens of steps in flight, replaced
- * when they resolve or dropped when their step fails; the executor's own copy also has them
- * replaced by gathers). So a slot keeps each history it copied in a region of its buffer (with
+ * when they resolve; a failed row drops its sequence and a failed step leads to a resync, which
+ * gives every sequence a new key; the executor's own copy also has them replaced by gathers).
+ * So a slot keeps each history it copied in a region of its buffer (with
  * room to grow), and the next use of the slot that brings the same key, prompt length and an
  * output count no more than `tail` below the one copied copies only the outputs from `tail`
  * before the shorter of the two counts onward: O(new tokens + tail) a row, not O(history).
- * Regions of keys not seen in a use are dropped; when the buffer holds more than twice what the
- * live regions need (plus a constant), the use copies everything anew, packed.
+ * Regions of keys not seen in a use are dropped (a use without penalised rows changes nothing);
+ * when the buffer holds more than twice what the live regions need (plus a constant), the use
+ * copies everything anew, packed. Host memory: up to about 3x the live histories a slot
+ * (regions a quarter larger than their histories, the garbage allowed, the buffer's doubling).
  *
  * A pure library (no threads, no I/O): one cache per slot, used by one thread at a time. */
 #ifndef PAGODA_WORKER_HISTORY_CACHE_H

@@ -46,7 +46,11 @@
  * ignores (no answer) and counts. No other function returns it. */
 #define MIRROR_EOTHER_EPOCH PAGODA_ECLOSED
 
-/* Steps committed and not yet resolved, at most (mirror_step_commit_pending). */
+/* Steps committed and not yet resolved, at most (mirror_step_commit_pending). A step appends
+ * at most one token to a sequence and steps resolve in order, so a sequence's pending tokens are
+ * among its last MIRROR_MAX_STEPS_IN_FLIGHT: the executor copies and scans only a history's last
+ * 2 x MIRROR_MAX_STEPS_IN_FLIGHT outputs again from step to step (worker/executor.c
+ * HISTORY_TAIL, worker/history_cache.h). A step that appended more would break that. */
 #define MIRROR_MAX_STEPS_IN_FLIGHT 4
 
 /* A pending token: logits row `row` of the step in flight in slot `slot` (its step_id modulo

@@ -41,8 +41,12 @@ static int g_entered;              /* forward passes started */
 static int g_fail_pos = -1;        /* a row sampled at this position fails (NaN logits) */
 static int g_break_pos = -1;       /* a step sampling at this position fails as a whole */
 static int g_pending_seen;         /* pending tokens that reached a forward pass */
-static int32_t g_sync_history[16]; /* the last penalised row's output history, synchronous path */
+static int32_t g_sync_history[64]; /* the last penalised row's output history, synchronous path */
 static size_t g_sync_history_n;
+/* Row 0's output history as each pass read it (the "device"'s, gathers applied), in order. */
+static int32_t g_step_hist[128][64];
+static size_t g_step_hist_n[128];
+static int g_nsub;
 
 static int32_t next_token(int32_t token, int32_t pos)
 {
@@ -71,9 +75,14 @@ static int fake_forward_sample(struct backend *b, const struct fwd_batch *batch,
 {
     (void)b;
     for (int32_t r = 0; r < batch->num_logits; r++)
-        if (rows[r].n_output > 0 && rows[r].n_output <= 16) {
+        if (rows[r].n_output > 0 && rows[r].n_output <= 64) {
             memcpy(g_sync_history, rows[r].output_tokens, rows[r].n_output * sizeof(int32_t));
             g_sync_history_n = rows[r].n_output;
+            if (r == 0 && g_nsub < 128) {
+                memcpy(g_step_hist[g_nsub], rows[r].output_tokens,
+                       rows[r].n_output * sizeof(int32_t));
+                g_step_hist_n[g_nsub++] = rows[r].n_output;
+            }
         }
     pthread_mutex_lock(&g_mu);
     g_entered++;
@@ -121,9 +130,9 @@ static int g_lost;                           /* health says the device context i
 static int g_history_pending_seen;           /* a pending token in a history at submit */
 static int g_history_gathers;                /* history tokens read on the "device" */
 static int32_t g_row_history[ASYNC_ROWS]
-                            [16]; /* each row's output history as the "device" read it */
+                            [64]; /* each row's output history as the "device" read it */
 static size_t g_row_history_n[ASYNC_ROWS];
-static int32_t g_last_history[16]; /* the last penalised row's output history */
+static int32_t g_last_history[64]; /* the last penalised row's output history */
 static size_t g_last_history_n;
 
 static int fake_submit(struct backend *b, int slot, const struct fwd_batch *batch,
@@ -151,7 +160,7 @@ static int fake_submit(struct backend *b, int slot, const struct fwd_batch *batc
         for (size_t k = 0; k < rows[r].n_output; k++)
             if (mirror_token_pending(rows[r].output_tokens[k]))
                 g_history_pending_seen++;
-        if (rows[r].n_output > 0 && rows[r].n_output <= 16) {
+        if (rows[r].n_output > 0 && rows[r].n_output <= 64) {
             memcpy(g_last_history, rows[r].output_tokens, rows[r].n_output * sizeof(int32_t));
             g_last_history_n = rows[r].n_output;
             /* The "device" reads the history's gathered tokens where the step before sampled. */
@@ -162,6 +171,10 @@ static int fake_submit(struct backend *b, int slot, const struct fwd_batch *batc
                         g_dev_tokens[hgathers[i].slot][hgathers[i].src_row];
                     g_history_gathers++;
                 }
+            if (r == 0 && g_nsub < 128) {
+                memcpy(g_step_hist[g_nsub], g_last_history, rows[r].n_output * sizeof(int32_t));
+                g_step_hist_n[g_nsub++] = rows[r].n_output;
+            }
             if (r < ASYNC_ROWS) {
                 memcpy(g_row_history[r], g_last_history, rows[r].n_output * sizeof(int32_t));
                 g_row_history_n[r] = rows[r].n_output;
@@ -248,7 +261,7 @@ static void gate(int open)
 
 /* ---- the harness: a loop, a mirror, an executor ------------------------------------------- */
 
-#define MAX_RESULTS 16
+#define MAX_RESULTS 128
 
 struct got {
     uint64_t step_id;
@@ -300,7 +313,8 @@ static void on_done(void *ctx, const struct executor_result *x)
         mirror_step_resolve(h->m, x->step_id, x->tokens, x->row_errors);
 }
 
-static int g_penalised; /* resync's sequences carry a repetition penalty */
+static int g_many_blocks; /* resync gives sequence 0 eight blocks (room for 60 steps) */
+static int g_penalised;   /* resync's sequences carry a repetition penalty */
 
 static int setup_with(void **state, const struct backend_ops *ops)
 {
@@ -409,6 +423,11 @@ static void resync(struct h *h, uint64_t next_step)
         sn[i].num_prompt_tokens = 3;
         sn[i].block_ids = blocks[i];
         sn[i].n_block_ids = 1;
+        static int32_t many[8] = {1, 3, 4, 5, 6, 7, 8, 9};
+        if (g_many_blocks && i == 0) {
+            sn[i].block_ids = many;
+            sn[i].n_block_ids = 8;
+        }
         ptrs[i] = &sn[i];
     }
     Pagoda__Internal__Resync r = PAGODA__INTERNAL__RESYNC__INIT;
@@ -926,6 +945,45 @@ static void test_async_gathers_two_rows(void **state)
     assert_true(g_submits_behind >= 1);
 }
 
+/* Sixty decode steps of a penalised sequence, 4 in flight, each step slot used 15 times (the
+ * executor's history cache, worker/history_cache.h, copies only a history's tail after the
+ * first): each history a pass reads equals the tokens sampled before it. A cache that did not
+ * copy the tail again would leave the 0 of an earlier device gather in place. (By a review of
+ * the twenty-second session.) */
+static void test_long_penalised(void **state)
+{
+    struct h *h = *state;
+    g_penalised = 1;
+    g_many_blocks = 1;
+    resync(h, 1);
+    g_many_blocks = 0;
+    g_nsub = 0;
+    int32_t computed = 0;
+    uint64_t id = 1;
+    for (int batch = 0; batch < 15; batch++) {
+        for (int k = 0; k < 4; k++) {
+            int32_t chunk = computed == 0 ? 3 : 1;
+            assert_int_equal(step(h, id++, ONE, 1, computed, chunk, 0), 0);
+            computed += chunk;
+        }
+        wait_results(h, (int)id - 1);
+    }
+    int checked = 0;
+    for (int i = 0; i < h->n_got; i++) {
+        assert_int_equal(h->got[i].rc, 0);
+        assert_int_equal(h->got[i].codes[0], 0);
+    }
+    for (int i = 0; i < g_nsub; i++) {
+        size_t n = g_step_hist_n[i];
+        for (size_t k = 0; k < n; k++)
+            assert_int_equal(g_step_hist[i][k], h->got[k].tokens[0]);
+        checked++;
+    }
+    print_message("checked %d histories, submits %d, gathers %d\n", checked, g_submits,
+                  g_history_gathers);
+    assert_true(checked > 30);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -954,6 +1012,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_async_penalised_histories_follow_rows, setup_async,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_async_refused_runs_sync, setup_async, teardown),
+        cmocka_unit_test_setup_teardown(test_long_penalised, setup_async, teardown),
+        cmocka_unit_test_setup_teardown(test_long_penalised, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

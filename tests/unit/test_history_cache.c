@@ -2,9 +2,10 @@
  * growing and leaving, every placed history equals its source exactly, although the caller
  * scribbles over the last `tail` outputs of its copies between uses (as the executor's gathers
  * do) and the sources change their last outputs in place (pending tokens resolved) or drop them
- * (a failed step); rows without a penalty get no history; key 0 and a key twice in one use are
- * copied whole; and in a steady state a use copies about the new tokens and the tails, not the
- * histories. */
+ * (which the mirror does not do today, but the cache allows within the tail); rows without a
+ * penalty get no history; key 0 and a key twice in one use are copied whole; a use without
+ * penalised rows forgets nothing; in a steady state a use copies about the new tokens and the
+ * tails, not the histories; and the buffer stays within a few times the live histories. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -139,6 +140,10 @@ static void test_many_uses(void **state)
         }
         struct history_cache *h = &hc[use % 4];
         assert_int_equal(history_cache_place(h, src, dst, n, TAIL), 0);
+        size_t held = 0; /* the histories placed: the buffer stays within a few times them */
+        for (size_t i = 0; i < n; i++)
+            held += dst[i].n_prompt + dst[i].n_output + 256;
+        assert_true(h->used <= 4 * held + 65536);
         for (size_t i = 0; i < n; i++) {
             check_row(&src[i], &dst[i]);
             const size_t back = 1 + next_rand() % 2; /* the caller scribbles over its tail */
@@ -210,6 +215,15 @@ static void test_reuse_rules(void **state)
     assert_int_equal(history_cache_place(&h, &r, &d, 1, TAIL), 0);
     check_row(&r, &d);
     assert_int_equal(h.copied - before, 15101);
+    /* a use without penalised rows forgets nothing */
+    struct sample_row plain = r, dplain;
+    plain.params = sampling_params_default();
+    assert_int_equal(history_cache_place(&h, &plain, &dplain, 1, TAIL), 0);
+    check_row(&plain, &dplain);
+    const uint64_t kept = h.copied;
+    assert_int_equal(history_cache_place(&h, &r, &d, 1, TAIL), 0);
+    check_row(&r, &d);
+    assert_int_equal(h.copied - kept, TAIL);
     /* not seen in a use: forgotten */
     struct sample_row other = r;
     other.history_key = 8;
