@@ -330,15 +330,6 @@ __device__ __forceinline__ void merge_if_last(const attn_args &a, int32_t merge,
     }
 }
 
-/* RoPE's rotation of the pair (x, y) = (element i, element i + head_dim / 2) of a head with
- * cos cs and sin sn of its angle: cuda_rope_cache's arithmetic, so the same bits. */
-__device__ __forceinline__ void rope_pair(float x, float y, float cs, float sn, uint16_t &rx,
-                                          uint16_t &ry)
-{
-    rx = float_to_bf16_bits(__fsub_rn(__fmul_rn(x, cs), __fmul_rn(y, sn)));
-    ry = float_to_bf16_bits(__fadd_rn(__fmul_rn(y, cs), __fmul_rn(x, sn)));
-}
-
 /* cuda_attention_run_rope: the step's K and V of KV head kh for one token, which the CTAs holding
  * a sequence's newest key write into its slot of the pool (cuda_rope_cache's writes for that
  * head, the same bits). Loaded into registers right after the wait (thread t: K elements t and
@@ -355,12 +346,11 @@ template <int HD>
 __device__ __forceinline__ newest_kv newest_kv_at(const attn_args &a, int32_t token, int32_t kh)
 {
     newest_kv n = {-1, 0, 0, 0};
-    const int64_t slot = a.rope_slots[token]; /* metadata: readable before the wait */
-    if (slot < a.block_size || slot >= (int64_t)a.num_blocks * a.block_size)
-        return n;
-    const int64_t block = slot / a.block_size;
-    n.base = block * a.block_stride + (slot - block * a.block_size) * a.slot_stride +
-             (int64_t)kh * a.head_stride;
+    /* the slot is metadata: readable before the wait */
+    n.base = kv_slot_base(a.rope_slots[token], a.block_size, a.num_blocks, a.block_stride,
+                          a.slot_stride);
+    if (n.base >= 0)
+        n.base += (int64_t)kh * a.head_stride;
     return n;
 }
 
@@ -471,10 +461,7 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(attn_args a)
     if (a.rope) {
         const float pos = (float)__ldg(a.rope_pos + token);
         for (int i = tid; i < HD / 2; i += kDecodeThreads) {
-            float sn, cs;
-            sincosf(__fmul_rn(pos, __ldg(a.rope_inv_freq + i)), &sn, &cs);
-            rope_cs[i] = cs;
-            rope_cs[HD / 2 + i] = sn;
+            rope_cos_sin(pos, __ldg(a.rope_inv_freq + i), rope_cs[i], rope_cs[HD / 2 + i]);
         }
     }
     if (tid == 0) {

@@ -157,6 +157,40 @@ __device__ __forceinline__ void mma_bf16(float d[4], uint32_t a0, uint32_t a1, u
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+/* ---- shared by the kernels that write the step's K/V (kernels/cuda/ops.cu) and the decode
+ * attention that writes it itself (attention.cu, cuda_attention_run_rope): one definition, so
+ * that they agree bit for bit ---- */
+
+/* The element offset of slot `slot` in a pool layer (its block times block_stride, plus its
+ * place in the block times slot_stride), or -1 for a slot written nowhere: padding (negative),
+ * the reserved block 0, or past the pool's num_blocks. */
+__device__ __forceinline__ int64_t kv_slot_base(int64_t slot, int32_t block_size,
+                                                int32_t num_blocks, int64_t block_stride,
+                                                int64_t slot_stride)
+{
+    if (slot < block_size || slot >= (int64_t)num_blocks * block_size)
+        return -1;
+    const int64_t block = slot / block_size;
+    return block * block_stride + (slot - block * block_size) * slot_stride;
+}
+
+/* RoPE: the cos and sin of a token's angle pos * inv_freq (the product rounded to f32, then the
+ * precise sincosf). */
+__device__ __forceinline__ void rope_cos_sin(float pos, float inv_freq, float &cs, float &sn)
+{
+    sincosf(__fmul_rn(pos, inv_freq), &sn, &cs);
+}
+
+/* RoPE's rotation of the pair (x, y) = (element i, element i + head_dim / 2) of a head with the
+ * cos cs and sin sn of its angle, rounded to bf16: rounded products, no fused multiply-add (the
+ * CPU reference's order). */
+__device__ __forceinline__ void rope_pair(float x, float y, float cs, float sn, uint16_t &rx,
+                                          uint16_t &ry)
+{
+    rx = float_to_bf16_bits(__fsub_rn(__fmul_rn(x, cs), __fmul_rn(y, sn)));
+    ry = float_to_bf16_bits(__fadd_rn(__fmul_rn(y, cs), __fmul_rn(x, sn)));
+}
+
 __device__ __forceinline__ float warp_sum(float v)
 {
 #pragma unroll

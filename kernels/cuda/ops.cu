@@ -284,12 +284,8 @@ __global__ void rope_kernel(uint16_t *__restrict__ x, int64_t row_stride,
     const int32_t half = head_dim / 2;
     const int64_t row = blockIdx.x;
     const float pos = (float)positions[row];
-    for (int32_t i = threadIdx.x; i < half; i += blockDim.x) {
-        float sn, cs;
-        sincosf(__fmul_rn(pos, inv_freq[i]), &sn, &cs);
-        rope_cs[i] = cs;
-        rope_cs[half + i] = sn;
-    }
+    for (int32_t i = threadIdx.x; i < half; i += blockDim.x)
+        rope_cos_sin(pos, inv_freq[i], rope_cs[i], rope_cs[half + i]);
     __syncthreads();
     uint16_t *base = x + row * row_stride;
     const int32_t n = num_heads * half;
@@ -297,10 +293,7 @@ __global__ void rope_kernel(uint16_t *__restrict__ x, int64_t row_stride,
         const int32_t h = idx / half, i = idx - h * half;
         uint16_t *v = base + (int64_t)h * head_dim;
         const float a = bf16_bits_to_float(v[i]), b = bf16_bits_to_float(v[i + half]);
-        const float cs = rope_cs[i], sn = rope_cs[half + i];
-        /* Rounded products, no fused multiply-add: the CPU reference's order. */
-        v[i] = float_to_bf16_bits(__fsub_rn(__fmul_rn(a, cs), __fmul_rn(b, sn)));
-        v[i + half] = float_to_bf16_bits(__fadd_rn(__fmul_rn(b, cs), __fmul_rn(a, sn)));
+        rope_pair(a, b, rope_cs[i], rope_cs[half + i], v[i], v[i + half]);
     }
 }
 
@@ -373,12 +366,10 @@ __global__ void reshape_and_cache_kernel(cache_dst dst, const uint16_t *__restri
                                          const int64_t *__restrict__ slot_mapping)
 {
     const int64_t t = blockIdx.x;
-    const int64_t slot = slot_mapping[t];
-    if (slot < dst.block_size || slot >= (int64_t)dst.num_blocks * dst.block_size)
+    const int64_t base = kv_slot_base(slot_mapping[t], dst.block_size, dst.num_blocks,
+                                      dst.block_stride, dst.slot_stride);
+    if (base < 0)
         return;
-    const int64_t block = slot / dst.block_size;
-    const int64_t offset = slot - block * dst.block_size;
-    const int64_t base = block * dst.block_stride + offset * dst.slot_stride;
     const uint16_t *ks = k + t * row_stride;
     const uint16_t *vs = v + t * row_stride;
     const int32_t step = VEC ? 8 : 1;
@@ -411,27 +402,20 @@ __global__ void rope_cache_kernel(uint16_t *__restrict__ qkv, int64_t row_stride
     const int32_t head_dim = dst.head_dim, half = head_dim / 2;
     const int64_t row = blockIdx.x;
     const float pos = (float)positions[row];
-    for (int32_t i = threadIdx.x; i < half; i += blockDim.x) {
-        float sn, cs;
-        sincosf(__fmul_rn(pos, inv_freq[i]), &sn, &cs);
-        rope_cs[i] = cs;
-        rope_cs[half + i] = sn;
-    }
+    for (int32_t i = threadIdx.x; i < half; i += blockDim.x)
+        rope_cos_sin(pos, inv_freq[i], rope_cs[i], rope_cs[half + i]);
     __syncthreads();
-    const int64_t slot = slot_mapping[row];
-    const bool store = slot >= dst.block_size && slot < (int64_t)dst.num_blocks * dst.block_size;
-    const int64_t block = slot / dst.block_size;
-    const int64_t base =
-        block * dst.block_stride + (slot - block * dst.block_size) * dst.slot_stride;
+    const int64_t base = kv_slot_base(slot_mapping[row], dst.block_size, dst.num_blocks,
+                                      dst.block_stride, dst.slot_stride);
+    const bool store = base >= 0;
     uint16_t *x = qkv + row * row_stride;
     const int32_t n = (num_q_heads + dst.num_kv_heads) * half;
     for (int32_t idx = threadIdx.x; idx < n; idx += blockDim.x) {
         const int32_t h = idx / half, i = idx - h * half;
         uint16_t *v = x + (int64_t)h * head_dim;
         const float a = bf16_bits_to_float(v[i]), b = bf16_bits_to_float(v[i + half]);
-        const float cs = rope_cs[i], sn = rope_cs[half + i];
-        const uint16_t ra = float_to_bf16_bits(__fsub_rn(__fmul_rn(a, cs), __fmul_rn(b, sn)));
-        const uint16_t rb = float_to_bf16_bits(__fadd_rn(__fmul_rn(b, cs), __fmul_rn(a, sn)));
+        uint16_t ra, rb;
+        rope_pair(a, b, rope_cs[i], rope_cs[half + i], ra, rb);
         v[i] = ra;
         v[i + half] = rb;
         if (h >= num_q_heads && store) {
