@@ -143,6 +143,14 @@ static int keep_row(struct history_cache *h, const struct sample_row *r, size_t 
     return 1;
 }
 
+/* dst = r with no history: its parameters read none (the Philox draw needs only the index). */
+static void place_plain(struct sample_row *dst, const struct sample_row *r)
+{
+    *dst = *r;
+    dst->prompt_tokens = dst->output_tokens = NULL;
+    dst->n_prompt = dst->n_output = 0;
+}
+
 /* The room the live regions of this use take (*live) and what its new regions add (*fresh). */
 static void measure(struct history_cache *h, const struct sample_row *src, size_t n, size_t tail,
                     size_t *live, size_t *fresh)
@@ -168,11 +176,8 @@ int history_cache_place(struct history_cache *h, const struct sample_row *src,
     for (size_t i = 0; i < n; i++)
         penalised += sampling_params_penalised(&src[i].params) != 0;
     if (penalised == 0) { /* nothing travels, nothing is forgotten (a step that drops only) */
-        for (size_t i = 0; i < n; i++) {
-            dst[i] = src[i];
-            dst[i].prompt_tokens = dst[i].output_tokens = NULL;
-            dst[i].n_prompt = dst[i].n_output = 0;
-        }
+        for (size_t i = 0; i < n; i++)
+            place_plain(&dst[i], &src[i]);
         return 0;
     }
     int rc = reserve_tables(h, n);
@@ -204,12 +209,11 @@ int history_cache_place(struct history_cache *h, const struct sample_row *src,
     for (size_t i = 0; i < n; i++) {
         const struct sample_row *r = &src[i];
         struct sample_row *d = &dst[i];
-        *d = *r;
         if (!sampling_params_penalised(&r->params)) {
-            d->prompt_tokens = d->output_tokens = NULL;
-            d->n_prompt = d->n_output = 0;
+            place_plain(d, r);
             continue;
         }
+        *d = *r;
         const struct history_entry *e;
         const int kept = keep_row(h, r, tail, &e);
         struct history_entry region;
