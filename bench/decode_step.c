@@ -189,7 +189,8 @@ struct result {
  * (o_gemvs16: behind the decode attention, whose tail it overlaps); the defaults with O and
  * down adding into the residual whole, not cut into split_parts slices (nosplit); the defaults
  * with RoPE and the cache write as a kernel of their own, not inside the decode attention
- * (rope_apart), and with them inside it at every size (rope_in). */
+ * (rope_apart), and with them inside it at every size (rope_in); the defaults without the late
+ * trigger into cuBLAS (cuda_backend_options.pdl_late_max_rows 0: nolate). */
 struct version {
     const char *name;
     int ref, baseline, gemv_max_rows, graphs, pdl;
@@ -206,13 +207,14 @@ struct version {
     int split_parts; /* cuda_backend_options.split_parts; 0 the default's, -1 for 0 (none) */
     int rope;        /* cuda_backend_options.fused_rope_max_seqs: 0 the default's, -1 for 0
                         (RoPE as a kernel of its own), 1 for INT32_MAX (inside every decode step) */
+    int no_late;     /* 1: cuda_backend_options.pdl_late_max_rows 0 */
 };
 /* The Llama-3-8B shape's O, QKV and down elements (gate/up's are more), and every weight. */
 #define kO ((int64_t)4096 * 4096)
 #define kQKV ((int64_t)6144 * 4096)
 #define kEvery INT64_MAX
 #define kDown ((int64_t)14336 * 4096)
-#define kVersions 32
+#define kVersions 34
 static const struct version versions[kVersions] = {
     {.name = "baseline", .baseline = 1},
     {.name = "cublas"},
@@ -295,6 +297,10 @@ static const struct version versions[kVersions] = {
     {.name = "nosplit", .ref = 3, .defaults = 1, .split_parts = -1},
     {.name = "rope_apart", .ref = 3, .defaults = 1, .rope = -1},
     {.name = "rope_in", .ref = 3, .defaults = 1, .rope = 1},
+    {.name = "nolate", .ref = 3, .defaults = 1, .no_late = 1},
+    /* the defaults again, run after nolate: versions run in this table's order, and the order
+     * itself moved a step by up to 0.04 ms (bench/RESULTS.md, twenty-third session) */
+    {.name = "shipped_again", .ref = 3, .defaults = 1},
 };
 
 static int decode_split; /* --split */
@@ -340,6 +346,8 @@ static void run_version(const struct model_config *c, const struct kv_geometry *
         o.residual_gemm_max_rows = 0;
     if (versions[version].rope != 0)
         o.fused_rope_max_seqs = versions[version].rope < 0 ? 0 : INT32_MAX;
+    if (versions[version].no_late)
+        o.pdl_late_max_rows = 0;
     if (versions[version].split_parts != 0)
         o.split_parts = versions[version].split_parts < 0 ? 0 : versions[version].split_parts;
     o.decode_split = decode_split;

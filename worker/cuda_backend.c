@@ -100,6 +100,11 @@ struct cuda_backend {
     cudaGraphExec_t graph[MODEL_BUDGET_GRAPHS_MAX];
     void *cublas_workspace; /* MODEL_BUDGET_CUBLAS_WORKSPACE_BYTES, eager and captured GEMMs */
     struct cuda_lt *lt;     /* opt.lt_max_rows: cuBLASLt plans, on cublas_workspace */
+    /* While capturing a graph (capture_one): the node of the kernel just launched with the
+     * late trigger (opt.pdl_late_max_rows), whose edge into the cuBLAS GEMM behind may be
+     * programmatic; NULL when there is none. */
+    int capturing;
+    cudaGraphNode_t late_node;
     /* Every device allocation, for cuda_close. */
     void **allocs;
     size_t num_allocs, cap_allocs;
@@ -199,6 +204,7 @@ struct cuda_backend_options cuda_backend_default_options(void)
         .cuda_graphs = 1,
         .residual_gemm_max_rows = CUDA_BACKEND_RESIDUAL_GEMM_MAX_ROWS,
         .split_parts = CUDA_BACKEND_SPLIT_PARTS,
+        .pdl_late_max_rows = CUDA_BACKEND_PDL_LATE_MAX_ROWS,
         .fused_rope_max_seqs = CUDA_BACKEND_FUSED_ROPE_MAX_SEQS,
     };
     return o;
@@ -701,6 +707,36 @@ static int takes_gemv(const struct cuda_backend *b, const uint16_t *x, const uin
            cuda_gemv_fits((int32_t)rows, (int32_t)in, (int32_t)out, x, w, y);
 }
 
+/* ---- the late trigger into cuBLAS (kernels/cuda/util.h, opt.pdl_late_max_rows) ----
+ * Around the launch of a kernel of ours whose successor is a cuBLAS GEMM (next_cublas), while
+ * a graph is captured: late_begin asks for the late trigger, late_end records the node the
+ * kernel became if it was launched so, and cublas_after_late, called before each cuBLAS call,
+ * makes the edge from that node programmatic when it is still the capture's only dependency
+ * (any launch between them, or a kernel that did not trigger late, leaves full stream order). */
+static void late_begin(struct cuda_backend *b, int32_t rows, int next_cublas)
+{
+    cuda_pdl_note_late(0);
+    cuda_set_pdl_late(b->capturing && rows <= b->opt.pdl_late_max_rows && next_cublas);
+}
+
+static void late_end(struct cuda_backend *b)
+{
+    cudaGraphNode_t node;
+    b->late_node = cuda_pdl_late_launched() && cuda_capture_tip(b->stream, &node) ? node : NULL;
+    cuda_set_pdl_late(0);
+    cuda_pdl_note_late(0);
+}
+
+static int cublas_after_late(struct cuda_backend *b)
+{
+    cudaGraphNode_t node;
+    if (b->late_node == NULL)
+        return 0;
+    const int tip = cuda_capture_tip(b->stream, &node) && node == b->late_node;
+    b->late_node = NULL;
+    return tip ? cuda_capture_make_programmatic(b->stream, node) : 0;
+}
+
 /* y [rows][ldy] = x . w^T + beta * y through cublasGemmEx (BF16 inputs, FP32 accumulation, y in
  * ytype): gemm_ld's last resort with beta 0, and gemm_add's addition into the residual with beta
  * 1. */
@@ -709,11 +745,30 @@ static int cublas_linear(struct cuda_backend *b, const uint16_t *x, const uint16
                          float beta)
 {
     const float one = 1.0f;
+    int rc = cublas_after_late(b);
+    if (rc != 0)
+        return rc;
     cublasStatus_t st =
         cublasGemmEx(b->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)out, (int)rows, (int)in, &one, w,
                      CUDA_R_16BF, (int)in, x, CUDA_R_16BF, (int)in, &beta, y, ytype, (int)ldy,
                      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     return st == CUBLAS_STATUS_SUCCESS ? 0 : cublas_fail(st, "cublasGemmEx");
+}
+
+/* Whether cuda_gemv_row takes this linear (gemm_ld's first path). */
+static int row_takes(const struct cuda_backend *b, const uint16_t *x, const uint16_t *w,
+                     const void *y, int64_t rows, int64_t in, int64_t out)
+{
+    return !b->opt.baseline_kernels && b->opt.gemv_row &&
+           cuda_gemv_row_fits((int32_t)rows, (int32_t)in, (int32_t)out, x, w, y);
+}
+
+/* Whether gemm_ld runs this linear through cuBLAS or cuBLASLt (not a kernel of ours). */
+static int gemm_cublas(const struct cuda_backend *b, const uint16_t *x, const uint16_t *w,
+                       const void *y, int64_t rows, int64_t in, int64_t out, int64_t ldy)
+{
+    return !row_takes(b, x, w, y, rows, in, out) &&
+           !(ldy == out && takes_gemv(b, x, w, y, rows, in, out));
 }
 
 /* y[rows][out] = x[rows][in] . w[out][in]^T, BF16 inputs, FP32 accumulation, output in ytype,
@@ -726,8 +781,7 @@ static int cublas_linear(struct cuda_backend *b, const uint16_t *x, const uint16
 static int gemm_ld(struct cuda_backend *b, const uint16_t *x, const uint16_t *w, void *y,
                    cudaDataType ytype, int64_t rows, int64_t in, int64_t out, int64_t ldy)
 {
-    if (!b->opt.baseline_kernels && b->opt.gemv_row &&
-        cuda_gemv_row_fits((int32_t)rows, (int32_t)in, (int32_t)out, x, w, y))
+    if (row_takes(b, x, w, y, rows, in, out))
         return cuda_gemv_row(x, w, y, ytype == CUDA_R_32F, (int32_t)in, (int32_t)out, b->stream);
     if (ldy == out && takes_gemv(b, x, w, y, rows, in, out))
         return b->opt.gemv_stream ? cuda_gemv_stream(x, w, y, ytype == CUDA_R_32F, (int32_t)rows,
@@ -736,7 +790,10 @@ static int gemm_ld(struct cuda_backend *b, const uint16_t *x, const uint16_t *w,
                                               (int32_t)in, (int32_t)out, b->stream);
     if (b->lt != NULL && rows <= b->opt.lt_max_rows &&
         (b->opt.lt_max_weight == 0 || in * out <= b->opt.lt_max_weight)) {
-        int rc = cuda_lt_linear(b->lt, x, w, y, ytype == CUDA_R_32F, rows, in, out, ldy, b->stream);
+        int rc = cublas_after_late(b);
+        if (rc != 0)
+            return rc;
+        rc = cuda_lt_linear(b->lt, x, w, y, ytype == CUDA_R_32F, rows, in, out, ldy, b->stream);
         if (rc != PAGODA_EUNSUPPORTED)
             return rc;
     }
@@ -769,6 +826,9 @@ static int gemm_parts(struct cuda_backend *b, const uint16_t *x, const uint16_t 
 {
     const float one = 1.0f, zero = 0.0f;
     const int64_t k = in / S;
+    int rc = cublas_after_late(b);
+    if (rc != 0)
+        return rc;
     cublasStatus_t st = cublasGemmStridedBatchedEx(
         b->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)out, (int)rows, (int)k, &one, w, CUDA_R_16BF,
         (int)in, k, x, CUDA_R_16BF, (int)in, k, &zero, parts, CUDA_R_32F, (int)out, rows * out, S,
@@ -972,8 +1032,10 @@ static int norm_linear(struct cuda_backend *b, float **res, float **alt, const u
         }
         return rc;
     }
+    late_begin(b, n, gemm_cublas(b, b->hidden, w, y, n, in, out, out));
     int rc = cuda_add_parts_rmsnorm(*res, add, (const float *)b->gate_up, nparts, (int64_t)n * in,
                                     norm, b->hidden, n, (int32_t)in, eps, b->stream);
+    late_end(b);
     return rc ? rc : gemm(b, b->hidden, w, y, CUDA_R_16BF, n, in, out);
 }
 
@@ -1029,10 +1091,16 @@ static int forward_layers(struct cuda_backend *b, int32_t n, int32_t num_logits)
         /* Attention block; the previous block's output (proj) joins the residual stream. */
         if ((rc = norm_linear(b, &res, &alt, i ? after_down : NULL, i ? down_parts : 0,
                               l->input_norm, l->w_qkv, b->qkv, n, H, qkvd)) ||
-            (l->b_qkv && (rc = cuda_add_bias(b->qkv, qkvd, l->b_qkv, n, (int32_t)qkvd, s))) ||
-            /* Q and K heads sit side by side in a QKV row: one RoPE call rotates both, and
-             * writes K and V into the pool in the same pass (or the attention does both). */
-            (rc = rope_attention(b, &kv, n)))
+            (l->b_qkv && (rc = cuda_add_bias(b->qkv, qkvd, l->b_qkv, n, (int32_t)qkvd, s))))
+            return rc;
+        /* Q and K heads sit side by side in a QKV row: one RoPE call rotates both, and writes K
+         * and V into the pool in the same pass (or the attention does both). */
+        late_begin(
+            b, n,
+            !tp && (o_parts || o_into || gemm_cublas(b, b->attn, l->w_o, b->proj, n, qd, H, H)));
+        rc = rope_attention(b, &kv, n);
+        late_end(b);
+        if (rc != 0)
             return rc;
         if (tp) {
             if ((rc = gemm(b, b->attn, l->w_o, b->partial, CUDA_R_32F, n, qd, H)) == 0)
@@ -1047,8 +1115,14 @@ static int forward_layers(struct cuda_backend *b, int32_t n, int32_t num_logits)
             return rc;
         /* MLP block. */
         if ((rc = norm_linear(b, &res, &alt, after_o, o_parts, l->post_norm, l->w_gate_up,
-                              b->gate_up, n, H, 2 * I)) ||
-            (rc = cuda_silu_mul(b->gate_up, b->act, n, (int32_t)I, s)))
+                              b->gate_up, n, H, 2 * I)) != 0)
+            return rc;
+        late_begin(b, n,
+                   !tp && (down_parts || down_into ||
+                           gemm_cublas(b, b->act, l->w_down, b->proj, n, I, H, H)));
+        rc = cuda_silu_mul(b->gate_up, b->act, n, (int32_t)I, s);
+        late_end(b);
+        if (rc != 0)
             return rc;
         if (tp) {
             if ((rc = gemm(b, b->act, l->w_down, b->partial, CUDA_R_32F, n, I, H)) == 0)
@@ -1148,7 +1222,10 @@ static int capture_one(struct cuda_backend *b, int32_t i, int32_t pad, int fail,
         return rc;
     if ((e = cudaStreamBeginCapture(b->stream, cudaStreamCaptureModeThreadLocal)) != cudaSuccess)
         return cuda_fail(e, "cudaStreamBeginCapture");
+    b->capturing = 1;
     rc = forward_layers(b, pad, pad);
+    b->capturing = 0;
+    b->late_node = NULL;
     if (rc == 0 && fail) {
         /* Refused while the stream captures, and the capture is invalidated: cudaStreamEndCapture
          * below fails as it would after a launch the capture cannot record. */

@@ -49,6 +49,13 @@
  * few rows fills the SMs worse. */
 #define CUDA_BACKEND_SPLIT_PARTS 2
 
+/* cuda_backend_options.pdl_late_max_rows' default. On the H200 (bench/RESULTS.md, issue 15,
+ * twenty-third session) the late trigger made the 8B shape's decode step 0.04-0.06 ms faster at
+ * 16 sequences and 0.03-0.07 at 32, nothing at 64, but 0.05-0.07 ms slower at 128 and 0.09-0.14
+ * at 256 (context 640): there the decode attention runs its CTAs in several rounds and each
+ * CTA's closing fence lengthens every round. */
+#define CUDA_BACKEND_PDL_LATE_MAX_ROWS 64
+
 struct cuda_backend_options {
     int device;
     struct backend_limits limits;
@@ -117,6 +124,15 @@ struct cuda_backend_options {
      * of a decode step below batch 64 on the H200 (bench/RESULTS.md). 0: stream order only
      * (--cuda-pdl off). Results are the same bits either way. */
     int pdl;
+    /* With pdl, in the decode graphs of up to this many sequences, each kernel of ours followed
+     * by a cuBLAS GEMM (the RMSNorms before QKV and gate/up, the attention before O,
+     * SiLU-and-multiply before down) signals its dependents only at its end, after a fence of
+     * its stores (kernels/cuda/util.h's late trigger), and the graph's edge into the GEMM is
+     * programmatic: the GEMM's CTAs are scheduled as the last CTAs ahead end, not after that
+     * grid has completed (cuBLAS's kernels never wait, so such an edge is safe only behind the
+     * late trigger; bench/pdl_cublas.cu). 0: those edges keep full stream order. The same bits
+     * either way. Default CUDA_BACKEND_PDL_LATE_MAX_ROWS. */
+    int pdl_late_max_rows;
     /* 1 (the default): with pdl, the decode attention requests its sequences' earlier K/V before
      * it waits for RoPE with the cache write (cuda_attention_set_early_kv), which writes only
      * the step's own keys; 0: it waits first. Results are the same bits either way. */

@@ -96,6 +96,9 @@ struct attn_args {
     /* 1: the decode kernel requests the tiles of keys before each sequence's newest before it
      * waits for the kernel ahead (cuda_attention_set_early_kv). */
     int32_t early_kv;
+    /* 1: the decode kernel signals its dependents only at its end (kernels/cuda/util.h's late
+     * trigger, cuda_set_pdl_late); 0: right after its wait. */
+    int32_t late;
     /* cuda_attention_run_rope: q (and the step's K and V after it in each row) as the QKV
      * linear left them, RoPE applied here (rope 1) at rope_pos[token] with rope_inv_freq; the
      * CTAs that hold a sequence's newest key write its K (rotated) and V to slot
@@ -422,7 +425,7 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(attn_args a)
      * cuda_attention_set_early_kv states. */
     if (!a.early_kv) {
         pdl_wait();
-        pdl_launch_dependents();
+        pdl_trigger_early(a.late);
     }
     /* One linear grid, the KV head fastest: the CTAs running together read every head's part
      * of the same pool blocks, spreading over the memory channels (in-order block tables). */
@@ -523,7 +526,7 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(attn_args a)
                 early = t + 1;
             }
         pdl_wait();
-        pdl_launch_dependents();
+        pdl_trigger_early(a.late);
     }
     /* a.rope: the newest key's K and V are this kernel's to write before the copy of the last
      * tile reads them (tiles requested early hold none of them): loaded now, stored before
@@ -712,6 +715,8 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(attn_args a)
     }
     if (part.w >= 0)
         merge_if_last<HD>(a, part.w, rest % a.decode_chunks, kh, h0, gc, token);
+    /* Every thread of a CTA that got this far (the CTAs that returned above stored nothing). */
+    pdl_trigger_late(a.late);
 }
 
 /* ---- prefill ---- */
@@ -1609,10 +1614,12 @@ static int launch(const struct cuda_attention_plan *p, const attn_args &a, cudaS
                             p->decode_smem[v], s, a);
         if (rc < 0)
             return rc;
+        cuda_pdl_note_late(a.late);
     }
     if (p->num_items > 0) {
         const unsigned ctas = (unsigned)p->num_items * c->num_kv_heads;
         prefill_kernel<HD><<<ctas, kPrefillThreads, prefill_geom<HD>::smem, s>>>(a);
+        cuda_pdl_note_late(0); /* the last kernel launched never signals */
         int rc = cuda_launch_result("cuda_attention_run: prefill kernel");
         if (rc < 0)
             return rc;
@@ -1675,6 +1682,7 @@ static int run_impl(struct cuda_attention_plan *p, const struct kv_layer_view *k
     a.merge_count = p->merge_count;
     a.graph_hdr = p->graph ? p->meta : nullptr;
     a.early_kv = p->early_kv;
+    a.late = cuda_pdl_late_wanted();
     a.rope = rope != NULL;
     a.num_blocks = c->num_blocks;
     a.rope_pos = rope != NULL ? rope->positions : nullptr;

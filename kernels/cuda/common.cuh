@@ -84,6 +84,26 @@ __device__ __forceinline__ void pdl_launch_dependents()
 #endif
 }
 
+/* The two halves of kernels/cuda/util.h's late trigger, for kernels that support it (`late`
+ * from cuda_pdl_late_wanted() at launch): pdl_trigger_early right after pdl_wait signals as
+ * above unless late; pdl_trigger_late, reached by every thread of every CTA that stored
+ * anything (a CTA may exit earlier only if it stored nothing), fences this thread's stores at
+ * gpu scope, waits for the CTA's threads, then signals. */
+__device__ __forceinline__ void pdl_trigger_early(bool late)
+{
+    if (!late)
+        pdl_launch_dependents();
+}
+
+__device__ __forceinline__ void pdl_trigger_late(bool late)
+{
+    if (late) {
+        __threadfence();
+        __syncthreads();
+        pdl_launch_dependents();
+    }
+}
+
 /* Launches kernel<<<grid, block, smem, s>>>(args...), with programmatic stream serialization
  * when cuda_pdl_enabled() (the calling thread's setting, cuda_set_pdl). The kernel must call
  * pdl_wait as the comment above says. Returns 0, or PAGODA_ECUDA naming what (the launch's own
@@ -103,6 +123,7 @@ static inline int launch_pdl(const char *what, void (*kernel)(Params...), dim3 g
     cfg.stream = s;
     cfg.attrs = attr;
     cfg.numAttrs = cuda_pdl_enabled() ? 1 : 0;
+    cuda_pdl_note_late(0); /* a kernel launched late says so after this (util.h) */
     const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(args)...);
     return e == cudaSuccess ? 0 : cuda_launch_result(what);
 }

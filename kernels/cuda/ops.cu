@@ -106,10 +106,10 @@ template <bool VEC>
 __global__ void add_rmsnorm_kernel(float *__restrict__ residual, const uint16_t *__restrict__ x,
                                    const float *__restrict__ parts, int32_t nparts,
                                    int64_t part_stride, const uint16_t *__restrict__ weight,
-                                   uint16_t *__restrict__ out, int32_t dim, float eps)
+                                   uint16_t *__restrict__ out, int32_t dim, float eps, int late)
 {
     pdl_wait();
-    pdl_launch_dependents();
+    pdl_trigger_early(late);
     const int64_t row = blockIdx.x;
     float *r = residual + row * dim;
     const uint16_t *xr = x != nullptr ? x + row * dim : nullptr;
@@ -172,6 +172,7 @@ __global__ void add_rmsnorm_kernel(float *__restrict__ residual, const uint16_t 
             o[c] =
                 float_to_bf16_bits(__fmul_rn(__fmul_rn(r[c], inv), bf16_bits_to_float(weight[c])));
     }
+    pdl_trigger_late(late);
 }
 
 /* The same function for rows of at most kMaxThreads * 8 elements in 16-byte vectors: one
@@ -181,7 +182,7 @@ __global__ void add_rmsnorm_kernel(float *__restrict__ residual, const uint16_t 
 __global__ void add_rmsnorm_reg_kernel(float *__restrict__ residual, const uint16_t *__restrict__ x,
                                        const float *__restrict__ parts, int32_t nparts,
                                        int64_t part_stride, const uint16_t *__restrict__ weight,
-                                       uint16_t *__restrict__ out, int32_t dim, float eps)
+                                       uint16_t *__restrict__ out, int32_t dim, float eps, int late)
 {
     const int64_t row = blockIdx.x;
     const int32_t c = threadIdx.x * 8;
@@ -192,7 +193,7 @@ __global__ void add_rmsnorm_reg_kernel(float *__restrict__ residual, const uint1
     if (mine)
         bf16x8_to_float(__ldg(reinterpret_cast<const uint4 *>(weight + c)), w);
     pdl_wait();
-    pdl_launch_dependents();
+    pdl_trigger_early(late);
     if (mine) {
         float *r = residual + row * dim + c;
         float4 a = reinterpret_cast<float4 *>(r)[0];
@@ -224,6 +225,7 @@ __global__ void add_rmsnorm_reg_kernel(float *__restrict__ residual, const uint1
             v[i] = __fmul_rn(__fmul_rn(v[i], inv), w[i]);
         *reinterpret_cast<uint4 *>(out + row * dim + c) = float_to_bf16x8(v);
     }
+    pdl_trigger_late(late);
 }
 
 /* ---- bias ---- */
@@ -306,10 +308,10 @@ __device__ __forceinline__ float silu_mul1(float g, float u)
 
 template <bool VEC>
 __global__ void silu_mul_kernel(const uint16_t *__restrict__ gate_up, uint16_t *__restrict__ out,
-                                int32_t rows, int32_t inter)
+                                int32_t rows, int32_t inter, int late)
 {
     pdl_wait();
-    pdl_launch_dependents();
+    pdl_trigger_early(late);
     const int32_t width = VEC ? inter / 8 : inter;
     const int64_t n = (int64_t)rows * width;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
@@ -332,6 +334,7 @@ __global__ void silu_mul_kernel(const uint16_t *__restrict__ gate_up, uint16_t *
                 silu_mul1(bf16_bits_to_float(g[c]), bf16_bits_to_float(g[inter + c])));
         }
     }
+    pdl_trigger_late(late);
 }
 
 /* ---- reshape and cache (and RoPE fused with it) ---- */
@@ -494,15 +497,21 @@ int cuda_add_parts_rmsnorm(float *residual, const uint16_t *x, const float *part
     const bool vec = dim % 8 == 0 && cuda_aligned16(residual) && cuda_aligned16(weight) &&
                      cuda_aligned16(out) && (x == NULL || cuda_aligned16(x)) &&
                      (nparts == 0 || (cuda_aligned16(parts) && part_stride % 4 == 0));
+    const int late = cuda_pdl_late_wanted();
+    int rc;
     if (vec && dim / 8 <= kMaxThreads) {
         const int threads = (dim / 8 + 31) / 32 * 32;
-        return launch_pdl("cuda_add_rmsnorm", add_rmsnorm_reg_kernel, rows, threads, 0, s, residual,
-                          x, parts, nparts, part_stride, weight, out, dim, eps);
+        rc = launch_pdl("cuda_add_rmsnorm", add_rmsnorm_reg_kernel, rows, threads, 0, s, residual,
+                        x, parts, nparts, part_stride, weight, out, dim, eps, late);
+    } else {
+        const int threads = threads_for_row(vec ? dim / 8 : dim);
+        rc = launch_pdl("cuda_add_rmsnorm",
+                        vec ? add_rmsnorm_kernel<true> : add_rmsnorm_kernel<false>, rows, threads,
+                        0, s, residual, x, parts, nparts, part_stride, weight, out, dim, eps, late);
     }
-    const int threads = threads_for_row(vec ? dim / 8 : dim);
-    return launch_pdl("cuda_add_rmsnorm",
-                      vec ? add_rmsnorm_kernel<true> : add_rmsnorm_kernel<false>, rows, threads, 0,
-                      s, residual, x, parts, nparts, part_stride, weight, out, dim, eps);
+    if (rc == 0)
+        cuda_pdl_note_late(late);
+    return rc;
 }
 
 int cuda_add_bias(uint16_t *x, int64_t ld, const uint16_t *bias, int32_t rows, int32_t cols,
@@ -575,8 +584,13 @@ int cuda_silu_mul(const uint16_t *gate_up, uint16_t *out, int32_t rows, int32_t 
         return pagoda_error_set(PAGODA_EINVAL, "cuda_silu_mul: NULL buffer");
     const bool vec = inter % 8 == 0 && cuda_aligned16(gate_up) && cuda_aligned16(out);
     const int64_t work = (int64_t)rows * (vec ? inter / 8 : inter);
-    return launch_pdl("cuda_silu_mul", vec ? silu_mul_kernel<true> : silu_mul_kernel<false>,
-                      grid_for(work, kThreads), kThreads, 0, s, gate_up, out, rows, inter);
+    const int late = cuda_pdl_late_wanted();
+    const int rc =
+        launch_pdl("cuda_silu_mul", vec ? silu_mul_kernel<true> : silu_mul_kernel<false>,
+                   grid_for(work, kThreads), kThreads, 0, s, gate_up, out, rows, inter, late);
+    if (rc == 0)
+        cuda_pdl_note_late(late);
+    return rc;
 }
 
 int cuda_reshape_and_cache(const struct kv_layer_view *kv, const uint16_t *k, const uint16_t *v,

@@ -2,6 +2,7 @@
 #include "common/error.h"
 
 #include <cuda_bf16.h>
+#include <string.h>
 
 static int launch_status(const char *what)
 {
@@ -110,4 +111,53 @@ extern "C" void cuda_set_pdl(int on)
 extern "C" int cuda_pdl_enabled(void)
 {
     return pdl_on;
+}
+
+/* cuda_set_pdl_late's setting, and whether the last launch_pdl launch triggered late. */
+static thread_local int pdl_late, pdl_late_last;
+
+extern "C" void cuda_set_pdl_late(int on)
+{
+    pdl_late = on != 0;
+}
+
+extern "C" int cuda_pdl_late_wanted(void)
+{
+    return pdl_late && pdl_on;
+}
+
+extern "C" int cuda_pdl_late_launched(void)
+{
+    return pdl_late_last;
+}
+
+extern "C" void cuda_pdl_note_late(int late)
+{
+    pdl_late_last = late != 0;
+}
+
+extern "C" int cuda_capture_tip(cudaStream_t s, cudaGraphNode_t *node)
+{
+    enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+    const cudaGraphNode_t *deps = NULL;
+    size_t n = 0;
+    if (cudaStreamGetCaptureInfo(s, &st, NULL, NULL, &deps, NULL, &n) != cudaSuccess ||
+        st != cudaStreamCaptureStatusActive || n != 1)
+        return 0;
+    *node = deps[0];
+    return 1;
+}
+
+extern "C" int cuda_capture_make_programmatic(cudaStream_t s, cudaGraphNode_t node)
+{
+    cudaGraphEdgeData e;
+    memset(&e, 0, sizeof e);
+    e.from_port = cudaGraphKernelNodePortProgrammatic;
+    e.type = cudaGraphDependencyTypeProgrammatic;
+    const cudaError_t err =
+        cudaStreamUpdateCaptureDependencies(s, &node, &e, 1, cudaStreamSetCaptureDependencies);
+    if (err != cudaSuccess)
+        return pagoda_error_set(PAGODA_ECUDA, "cudaStreamUpdateCaptureDependencies: %s",
+                                cudaGetErrorString(err));
+    return 0;
 }

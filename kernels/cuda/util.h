@@ -38,6 +38,34 @@ int cuda_gather_rows_bf16(const uint16_t *src, int64_t ld_src, const int32_t *ro
 void cuda_set_pdl(int on);
 int cuda_pdl_enabled(void);
 
+/* The late trigger, for a kernel of ours followed by one that never waits (cuBLAS's GEMMs do
+ * not execute griddepcontrol.wait: bench/pdl_cublas.cu). With cuda_set_pdl_late(1) (a setting
+ * of the calling thread, off until set) and PDL on, the next launch of a kernel that supports it
+ * (cuda_add_rmsnorm and cuda_add_parts_rmsnorm, cuda_silu_mul, the decode attention) signals
+ * its dependents only at its end, each CTA after a gpu-scope fence of its threads' stores and
+ * a barrier, instead of right after its wait: once every CTA has signalled, all of the kernel's
+ * writes are visible and none of its reads is pending, so a dependent that does not wait may
+ * start. A CUDA graph edge from such a kernel into a cuBLAS kernel may then be programmatic
+ * (cudaStreamUpdateCaptureDependencies while capturing): cuBLAS's CTAs are scheduled as the
+ * last CTAs signal, not after the grid has completed and been flushed (0.4-0.5 us an edge on
+ * the H200, bench/RESULTS.md). cuda_pdl_late_launched() is 1 when the calling thread's last
+ * launch_pdl launch was such a kernel launched with the late trigger, else 0: only then may
+ * the edge after it be made programmatic. */
+void cuda_set_pdl_late(int on);
+int cuda_pdl_late_wanted(void);
+int cuda_pdl_late_launched(void);
+void cuda_pdl_note_late(int late);
+
+/* While s captures a graph: 1 and its only dependency (the node last captured) in *node when
+ * the capture has exactly one, else 0. */
+int cuda_capture_tip(cudaStream_t s, cudaGraphNode_t *node);
+
+/* While s captures: the capture's dependency on node, its only one, made programmatic (the
+ * next kernel captured may be scheduled as node's CTAs signal, cudaGraphKernelNodePort-
+ * Programmatic): safe only where node was launched with the late trigger and
+ * cuda_pdl_late_launched() said so. 0, or PAGODA_ECUDA. */
+int cuda_capture_make_programmatic(cudaStream_t s, cudaGraphNode_t node);
+
 #ifdef __cplusplus
 }
 #endif

@@ -770,6 +770,116 @@ static void test_lt_linear(struct cuda_lt *lt, int32_t rows, int32_t in, int32_t
     free(again);
 }
 
+/* kernels/cuda/util.h's late trigger: a graph of [cuda_add_parts_rmsnorm (kind 0) or
+ * cuda_silu_mul (kind 1), launched with the late trigger] -> cuBLASLt's GEMM on its output, the
+ * edge between them programmatic (as worker/cuda_backend.c makes it; cuBLAS's kernels never
+ * wait, bench/pdl_cublas.cu), replayed on fresh inputs each time: every product equals, bit for
+ * bit, the same two calls in plain stream order without PDL. An early trigger there lets the GEMM
+ * read the input before it is written (the probe: 20 of 20 replays differ). */
+static void test_late_into_cublas(struct cuda_lt *lt, int kind)
+{
+    const int32_t rows = 16, dim = 4096, nparts = 2, reps = 40;
+    const size_t xn = (size_t)rows * dim, in_n = kind ? 2 * xn : xn * (1 + nparts);
+    float *in_f = xmalloc(in_n * sizeof(float));
+    uint16_t *in_h = xmalloc(in_n * sizeof(uint16_t)), *wn = xmalloc(dim * sizeof(uint16_t));
+    uint16_t *w = xmalloc((size_t)dim * dim * sizeof(uint16_t));
+    uint16_t *got = xmalloc(xn * sizeof(uint16_t)), *want = xmalloc(xn * sizeof(uint16_t));
+    fill_bf16(wn, (size_t)dim, 0.5f, 1.5f);
+    fill_bf16(w, (size_t)dim * dim, -0.05f, 0.05f);
+    /* kind 0: the residual then the parts (f32); kind 1: gate/up rows (bf16) */
+    void *d_in = dev_alloc(in_n * sizeof(float));
+    uint16_t *d_wn = dev_upload(wn, dim * sizeof(uint16_t));
+    uint16_t *d_w = dev_upload(w, (size_t)dim * dim * sizeof(uint16_t));
+    uint16_t *d_x = dev_alloc(xn * sizeof(uint16_t)), *d_y = dev_alloc(xn * sizeof(uint16_t));
+    float *d_res = d_in, *d_parts = (float *)d_in + xn;
+    uint16_t *d_gu = d_in;
+    const char *name = kind ? "silu_mul" : "add_parts_rmsnorm";
+    /* the two calls; late asks for the late trigger and a programmatic edge into the GEMM */
+    int programmatic = 0;
+    int rc = 0;
+    for (int capture = 0; capture < 2 && rc == 0; capture++) {
+        /* capture 0: a warm-up in stream order (cuBLASLt makes its plan outside the capture) */
+        cudaGraph_t g = NULL;
+        if (capture) {
+            CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+            cuda_set_pdl(1);
+            cuda_set_pdl_late(1);
+        }
+        rc = kind ? cuda_silu_mul(d_gu, d_x, rows, dim, stream)
+                  : cuda_add_parts_rmsnorm(d_res, NULL, d_parts, nparts, (int64_t)xn, d_wn, d_x,
+                                           rows, dim, 1e-5f, stream);
+        const int late = cuda_pdl_late_launched();
+        cuda_set_pdl_late(0);
+        cuda_set_pdl(0);
+        if (capture && rc == 0) {
+            cudaGraphNode_t node;
+            const int tip = cuda_capture_tip(stream, &node);
+            GPU_CHECK(late == 1 && tip, "late %s: launched late %d, one capture dependency %d",
+                      name, late, tip);
+            if (late == 1 && tip)
+                rc = cuda_capture_make_programmatic(stream, node);
+        }
+        if (rc == 0)
+            rc = cuda_lt_linear(lt, d_x, d_w, d_y, 0, rows, dim, dim, dim, stream);
+        if (!capture)
+            continue;
+        CK(cudaStreamEndCapture(stream, &g));
+        size_t ne = 0;
+        CK(cudaGraphGetEdges(g, NULL, NULL, NULL, &ne));
+        cudaGraphNode_t from[8], to[8];
+        cudaGraphEdgeData ed[8];
+        if (ne <= 8) {
+            CK(cudaGraphGetEdges(g, from, to, ed, &ne));
+            for (size_t i = 0; i < ne; i++)
+                programmatic += ed[i].type == cudaGraphDependencyTypeProgrammatic;
+        }
+        GPU_CHECK(programmatic >= 1, "late %s: %zu edges, none programmatic", name, ne);
+        cudaGraphExec_t ge;
+        CK(cudaGraphInstantiate(&ge, g, 0));
+        CK(cudaGraphDestroy(g));
+        int differ = 0;
+        for (int r = 0; r < reps && rc == 0; r++) {
+            if (kind) {
+                fill_bf16(in_h, 2 * xn, -6.0f, 6.0f);
+            } else {
+                for (size_t i = 0; i < in_n; i++)
+                    in_f[i] = uniform(-2.0f, 2.0f);
+            }
+            const void *src = kind ? (const void *)in_h : (const void *)in_f;
+            const size_t bytes = kind ? 2 * xn * sizeof(uint16_t) : in_n * sizeof(float);
+            CK(cudaMemcpyAsync(d_in, src, bytes, cudaMemcpyHostToDevice, stream));
+            CK(cudaMemsetAsync(d_x, 0, xn * sizeof(uint16_t), stream));
+            CK(cudaGraphLaunch(ge, stream));
+            download(got, d_y, xn * sizeof(uint16_t));
+            /* the same, in stream order */
+            CK(cudaMemcpyAsync(d_in, src, bytes, cudaMemcpyHostToDevice, stream));
+            CK(cudaMemsetAsync(d_x, 0, xn * sizeof(uint16_t), stream));
+            rc = kind ? cuda_silu_mul(d_gu, d_x, rows, dim, stream)
+                      : cuda_add_parts_rmsnorm(d_res, NULL, d_parts, nparts, (int64_t)xn, d_wn, d_x,
+                                               rows, dim, 1e-5f, stream);
+            if (rc == 0)
+                rc = cuda_lt_linear(lt, d_x, d_w, d_y, 0, rows, dim, dim, dim, stream);
+            download(want, d_y, xn * sizeof(uint16_t));
+            differ += memcmp(got, want, xn * sizeof(uint16_t)) != 0;
+        }
+        CK(cudaGraphExecDestroy(ge));
+        GPU_CHECK(rc == 0, "late %s: %d (%s)", name, rc, pagoda_error_detail());
+        GPU_CHECK(differ == 0, "late %s: %d of %d replays differ from stream order", name, differ,
+                  reps);
+    }
+    CK(cudaFree(d_in));
+    CK(cudaFree(d_wn));
+    CK(cudaFree(d_w));
+    CK(cudaFree(d_x));
+    CK(cudaFree(d_y));
+    free(in_f);
+    free(in_h);
+    free(wn);
+    free(w);
+    free(got);
+    free(want);
+}
+
 static void test_lt_cases(void)
 {
     void *ws = dev_alloc(32u << 20);
@@ -786,6 +896,8 @@ static void test_lt_cases(void)
     test_lt_linear(lt, 64, 1024, 6144, 6144, 0);
     test_lt_linear(lt, 7, 4096, 1003, 1010, 1); /* the LM head into a wider row */
     test_lt_linear(lt, 300, 512, 768, 768, 0);
+    test_late_into_cublas(lt, 0);
+    test_late_into_cublas(lt, 1);
     void *p = ws;
     expect_rc("lt rows 0", cuda_lt_linear(lt, p, p, p, 0, 0, 64, 8, 8, stream), PAGODA_EINVAL);
     expect_rc("lt ldy < out", cuda_lt_linear(lt, p, p, p, 0, 1, 64, 8, 7, stream), PAGODA_EINVAL);

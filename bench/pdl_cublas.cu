@@ -1,0 +1,307 @@
+/* Does cuBLAS's GEMM kernel wait for the kernel ahead of it (griddepcontrol.wait) when a CUDA
+ * graph's edge into it is programmatic, and what does such an edge save?
+ *
+ * For each linear of the decode step at R rows (the worker's calls: cublasGemmEx, or
+ * cublasGemmStridedBatchedEx over two slices of the reduction), a graph is captured of a small
+ * kernel of ours that writes the GEMM's input x (launched with programmatic stream
+ * serialization, it triggers its dependents at once and writes x only after a pause), followed
+ * by the GEMM, with the edge between them turned programmatic during the capture
+ * (cudaStreamUpdateCaptureDependencies). x is zeroed before each replay. A GEMM that does not
+ * wait reads zeros or a mix, and its output differs from the same GEMM run in plain stream order;
+ * one that waits gives equal outputs, bit for bit (cuBLAS is deterministic for one shape).
+ * Then a graph of LAYERS pairs [small kernel -> GEMM] with plain edges against the same with
+ * programmatic ones: replays timed with CUDA events, alternated.
+ *
+ *   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -o pdl_cublas bench/pdl_cublas.cu \
+ *        -lcublas -lcuda
+ *   ./pdl_cublas [rows]
+ */
+#include <cublas_v2.h>
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <vector>
+
+#define CK(x)                                                                                      \
+    do {                                                                                           \
+        cudaError_t e_ = (x);                                                                      \
+        if (e_ != cudaSuccess) {                                                                   \
+            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));     \
+            exit(1);                                                                               \
+        }                                                                                          \
+    } while (0)
+#define CB(x)                                                                                      \
+    do {                                                                                           \
+        cublasStatus_t s_ = (x);                                                                   \
+        if (s_ != CUBLAS_STATUS_SUCCESS) {                                                         \
+            fprintf(stderr, "%s:%d %s: cublas %d\n", __FILE__, __LINE__, #x, (int)s_);             \
+            exit(1);                                                                               \
+        }                                                                                          \
+    } while (0)
+
+__device__ __forceinline__ uint64_t gtimer()
+{
+    uint64_t t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+/* x[i] = a value of i and seed, after pause_ns. late 0: triggers its dependents before the
+ * pause; 1: only at its end, after a gpu-scope fence of each thread's stores and a barrier. */
+__global__ void writer(__nv_bfloat16 *x, int64_t n, uint32_t seed, uint64_t pause_ns, int late)
+{
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    if (!late)
+        asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    if (pause_ns) {
+        const uint64_t t0 = gtimer();
+        while (gtimer() - t0 < pause_ns) {
+        }
+    }
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        uint32_t h = (uint32_t)i * 2654435761u ^ seed;
+        h ^= h >> 15;
+        h *= 2246822519u;
+        h ^= h >> 13;
+        x[i] = __float2bfloat16(((float)(h & 1023) - 511.5f) / 512.0f);
+    }
+    if (late) {
+        __threadfence();
+        __syncthreads();
+        asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    }
+}
+
+__global__ void fill(__nv_bfloat16 *w, int64_t n, uint32_t seed)
+{
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        uint32_t h = (uint32_t)(i * 40503u) ^ seed;
+        h ^= h >> 16;
+        h *= 73244475u;
+        h ^= h >> 16;
+        w[i] = __float2bfloat16(((float)(h & 4095) - 2047.5f) / (2048.0f * 64.0f));
+    }
+}
+
+struct shape {
+    const char *name;
+    int64_t in, out;
+    int parts; /* 0: cublasGemmEx, bf16 out; S: S slices, f32 out */
+};
+
+static int g_late; /* writer's `late` */
+
+static void launch_writer(cudaStream_t s, __nv_bfloat16 *x, int64_t n, uint32_t seed,
+                          uint64_t pause_ns)
+{
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(16);
+    cfg.blockDim = dim3(256);
+    cfg.stream = s;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    CK(cudaLaunchKernelEx(&cfg, writer, x, n, seed, pause_ns, g_late));
+}
+
+static void gemm(cublasHandle_t h, const shape &sh, int rows, const __nv_bfloat16 *x,
+                 const __nv_bfloat16 *w, void *y)
+{
+    const float one = 1.0f, zero = 0.0f;
+    if (sh.parts == 0) {
+        CB(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)sh.out, rows, (int)sh.in, &one, w,
+                        CUDA_R_16BF, (int)sh.in, x, CUDA_R_16BF, (int)sh.in, &zero, y, CUDA_R_16BF,
+                        (int)sh.out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    } else {
+        const int64_t k = sh.in / sh.parts;
+        CB(cublasGemmStridedBatchedEx(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)sh.out, rows, (int)k, &one,
+                                      w, CUDA_R_16BF, (int)sh.in, k, x, CUDA_R_16BF, (int)sh.in, k,
+                                      &zero, y, CUDA_R_32F, (int)sh.out, (int64_t)rows * sh.out,
+                                      sh.parts, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    }
+}
+
+/* Makes the stream's capture dependencies (the last kernel node) programmatic. */
+static void make_programmatic(cudaStream_t s)
+{
+    cudaStreamCaptureStatus st;
+    const cudaGraphNode_t *deps = NULL;
+    const cudaGraphEdgeData *ed = NULL;
+    size_t n = 0;
+    CK(cudaStreamGetCaptureInfo(s, &st, NULL, NULL, &deps, &ed, &n));
+    if (st != cudaStreamCaptureStatusActive || n != 1) {
+        fprintf(stderr, "capture: status %d, %zu dependencies\n", (int)st, n);
+        exit(1);
+    }
+    cudaGraphNode_t node = deps[0];
+    cudaGraphEdgeData e;
+    memset(&e, 0, sizeof e);
+    e.from_port = cudaGraphKernelNodePortProgrammatic;
+    e.type = cudaGraphDependencyTypeProgrammatic;
+    CK(cudaStreamUpdateCaptureDependencies(s, &node, &e, 1, cudaStreamSetCaptureDependencies));
+}
+
+static void describe(cudaGraph_t g)
+{
+    size_t n = 0;
+    CK(cudaGraphGetNodes(g, NULL, &n));
+    std::vector<cudaGraphNode_t> nodes(n);
+    CK(cudaGraphGetNodes(g, nodes.data(), &n));
+    for (size_t i = 0; i < n; i++) {
+        cudaGraphNodeType t;
+        CK(cudaGraphNodeGetType(nodes[i], &t));
+        if (t != cudaGraphNodeTypeKernel) {
+            printf("    node %zu: type %d\n", i, (int)t);
+            continue;
+        }
+        CUDA_KERNEL_NODE_PARAMS p;
+        memset(&p, 0, sizeof p);
+        const char *name = "?";
+        if (cuGraphKernelNodeGetParams((CUgraphNode)nodes[i], &p) == CUDA_SUCCESS && p.func)
+            cuFuncGetName(&name, p.func);
+        printf("    node %zu: kernel grid %ux%ux%u block %u smem %u: %s\n", i, p.gridDimX,
+               p.gridDimY, p.gridDimZ, p.blockDimX, p.sharedMemBytes, name);
+    }
+    size_t ne = 0;
+    CK(cudaGraphGetEdges(g, NULL, NULL, NULL, &ne));
+    std::vector<cudaGraphNode_t> from(ne), to(ne);
+    std::vector<cudaGraphEdgeData> ed(ne);
+    CK(cudaGraphGetEdges(g, from.data(), to.data(), ed.data(), &ne));
+    int prog = 0;
+    for (size_t i = 0; i < ne; i++)
+        prog += ed[i].type == cudaGraphDependencyTypeProgrammatic;
+    printf("    %zu edges, %d programmatic\n", ne, prog);
+}
+
+int main(int argc, char **argv)
+{
+    const int rows = argc > 1 ? atoi(argv[1]) : 16;
+    g_late = argc > 2 ? atoi(argv[2]) : 0;
+    const int checks = argc > 3 ? atoi(argv[3]) : 20;
+    const int LAYERS = 32, REPS = 30;
+    const shape shapes[] = {
+        {"qkv", 4096, 6144, 0},          {"o_split2", 4096, 4096, 2}, {"gate_up", 4096, 28672, 0},
+        {"down_split2", 14336, 4096, 2}, {"o", 4096, 4096, 0},        {"down", 14336, 4096, 0},
+    };
+    cudaStream_t s;
+    CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    cublasHandle_t h;
+    CB(cublasCreate(&h));
+    CB(cublasSetStream(h, s));
+    void *ws;
+    const size_t ws_bytes = 32u << 20;
+    CK(cudaMalloc(&ws, ws_bytes));
+    CB(cublasSetWorkspace(h, ws, ws_bytes));
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+
+    printf("rows %d, writer triggers %s\n", rows, g_late ? "at its end" : "at its start");
+    for (const shape &sh : shapes) {
+        const int64_t nx = (int64_t)rows * sh.in, nw = sh.in * sh.out;
+        const int64_t ny_bytes = (int64_t)rows * sh.out * (sh.parts ? 4 * sh.parts : 2);
+        __nv_bfloat16 *x, *w;
+        char *y, *yref;
+        CK(cudaMalloc(&x, nx * 2));
+        /* a weight per layer: LAYERS copies would be 7.5 GB for gate/up; 4 rotate (each larger
+         * than L2 with the others) */
+        const int NW = 4;
+        CK(cudaMalloc(&w, nw * 2 * NW));
+        CK(cudaMalloc(&y, ny_bytes));
+        CK(cudaMalloc(&yref, ny_bytes));
+        fill<<<1024, 256, 0, s>>>(w, nw * NW, 7);
+        CK(cudaGetLastError());
+
+        /* reference, plain stream order */
+        launch_writer(s, x, nx, 11, 0);
+        CK(cudaStreamSynchronize(s));
+        gemm(h, sh, rows, x, w, yref);
+        CK(cudaStreamSynchronize(s));
+        std::vector<char> href(ny_bytes), hy(ny_bytes);
+        CK(cudaMemcpy(href.data(), yref, ny_bytes, cudaMemcpyDeviceToHost));
+
+        /* the check graph: writer (pause 30 us) -> programmatic -> GEMM */
+        cudaGraph_t g;
+        cudaGraphExec_t ge;
+        CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+        launch_writer(s, x, nx, 11, 30000);
+        make_programmatic(s);
+        gemm(h, sh, rows, x, w, y);
+        CK(cudaStreamEndCapture(s, &g));
+        printf("%s (%lld x %lld, parts %d): check graph\n", sh.name, (long long)sh.out,
+               (long long)sh.in, sh.parts);
+        describe(g);
+        CK(cudaGraphInstantiate(&ge, g, 0));
+        int bad = 0;
+        for (int r = 0; r < checks; r++) {
+            CK(cudaMemsetAsync(x, 0, nx * 2, s));
+            CK(cudaMemsetAsync(y, 0xff, ny_bytes, s));
+            CK(cudaGraphLaunch(ge, s));
+            CK(cudaStreamSynchronize(s));
+            CK(cudaMemcpy(hy.data(), y, ny_bytes, cudaMemcpyDeviceToHost));
+            bad += memcmp(hy.data(), href.data(), ny_bytes) != 0;
+        }
+        printf("  programmatic edge into cuBLAS, writer triggering %s: %d of %d replays differ "
+               "from stream order\n",
+               g_late ? "at its end (fence, barrier)" : "at its start", bad, checks);
+        CK(cudaGraphExecDestroy(ge));
+        CK(cudaGraphDestroy(g));
+
+        /* timing graphs: LAYERS x [writer (no pause) -> GEMM], plain and programmatic */
+        cudaGraphExec_t tg[2];
+        for (int p = 0; p < 2; p++) {
+            CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+            for (int l = 0; l < LAYERS; l++) {
+                launch_writer(s, x, nx, 11 + l, 0);
+                if (p)
+                    make_programmatic(s);
+                gemm(h, sh, rows, x, w + (l % NW) * nw, y);
+            }
+            CK(cudaStreamEndCapture(s, &g));
+            CK(cudaGraphInstantiate(&tg[p], g, 0));
+            CK(cudaGraphDestroy(g));
+        }
+        double sum[2] = {0, 0};
+        float best[2] = {1e9f, 1e9f};
+        for (int r = 0; r < REPS + 3; r++) {
+            for (int p = 0; p < 2; p++) {
+                CK(cudaEventRecord(e0, s));
+                CK(cudaGraphLaunch(tg[p], s));
+                CK(cudaEventRecord(e1, s));
+                CK(cudaEventSynchronize(e1));
+                float ms;
+                CK(cudaEventElapsedTime(&ms, e0, e1));
+                if (r >= 3) {
+                    sum[p] += ms;
+                    best[p] = ms < best[p] ? ms : best[p];
+                }
+            }
+        }
+        const double us_plain = sum[0] / REPS * 1000 / LAYERS,
+                     us_prog = sum[1] / REPS * 1000 / LAYERS;
+        printf("  us a [writer -> GEMM] pair: plain %.2f (best %.2f), programmatic %.2f (best "
+               "%.2f), saved %.2f\n",
+               us_plain, best[0] * 1000 / LAYERS, us_prog, best[1] * 1000 / LAYERS,
+               us_plain - us_prog);
+        /* the timing graph's last output against stream order, as a second check */
+        CK(cudaGraphLaunch(tg[1], s));
+        CK(cudaStreamSynchronize(s));
+        for (int p = 0; p < 2; p++)
+            CK(cudaGraphExecDestroy(tg[p]));
+        CK(cudaFree(x));
+        CK(cudaFree(w));
+        CK(cudaFree(y));
+        CK(cudaFree(yref));
+    }
+    printf("done\n");
+    return 0;
+}
