@@ -100,9 +100,9 @@ struct cuda_backend {
     cudaGraphExec_t graph[MODEL_BUDGET_GRAPHS_MAX];
     void *cublas_workspace; /* MODEL_BUDGET_CUBLAS_WORKSPACE_BYTES, eager and captured GEMMs */
     struct cuda_lt *lt;     /* opt.lt_max_rows: cuBLASLt plans, on cublas_workspace */
-    /* While capturing a graph (capture_one): the node of the kernel just launched with the
-     * late trigger (opt.pdl_late_max_rows), whose edge into the cuBLAS GEMM behind may be
-     * programmatic; NULL when there is none. */
+    /* 1 while capture_one captures a decode graph (the late trigger is asked for then only),
+     * and the node of the kernel just launched with the late trigger (opt.pdl_late_max_rows),
+     * whose edge into the cuBLAS GEMM behind may be made programmatic; NULL when there is none. */
     int capturing;
     cudaGraphNode_t late_node;
     /* Every device allocation, for cuda_close. */
@@ -1032,7 +1032,7 @@ static int norm_linear(struct cuda_backend *b, float **res, float **alt, const u
         }
         return rc;
     }
-    late_begin(b, n, gemm_cublas(b, b->hidden, w, y, n, in, out, out));
+    late_begin(b, n, b->opt.comm == NULL && gemm_cublas(b, b->hidden, w, y, n, in, out, out));
     int rc = cuda_add_parts_rmsnorm(*res, add, (const float *)b->gate_up, nparts, (int64_t)n * in,
                                     norm, b->hidden, n, (int32_t)in, eps, b->stream);
     late_end(b);
@@ -1316,6 +1316,17 @@ static int capture_graphs(struct cuda_backend *b)
             if (arc != 0)
                 return pagoda_error_set(arc, "capturing the decode graph of batch %d (%s), then %s",
                                         (int)pad, detail, pagoda_error_detail());
+            /* A programmatic edge may join only kernels: should cuBLAS put another node first
+             * for some shape, the graphs are captured again without the late trigger. */
+            if (b->opt.pdl_late_max_rows > 0 && pad != fail_at) {
+                log_warn("cuda: capturing the decode graph of batch %d failed: %s; capturing "
+                         "every graph again without the late trigger into cuBLAS",
+                         (int)pad, detail);
+                b->opt.pdl_late_max_rows = 0;
+                total = largest = 0;
+                i = -1;
+                continue;
+            }
             b->base.graph_capture_failures++;
             log_warn("cuda: capturing the decode graph of batch %d failed: %s; every step runs "
                      "without CUDA graphs, launch by launch (%d graphs captured, freed)",

@@ -50,10 +50,11 @@
 #define CUDA_BACKEND_SPLIT_PARTS 2
 
 /* cuda_backend_options.pdl_late_max_rows' default. On the H200 (bench/RESULTS.md, issue 15,
- * twenty-third session) the late trigger made the 8B shape's decode step 0.04-0.06 ms faster at
- * 16 sequences and 0.03-0.07 at 32, nothing at 64, but 0.05-0.07 ms slower at 128 and 0.09-0.14
- * at 256 (context 640): there the decode attention runs its CTAs in several rounds and each
- * CTA's closing fence lengthens every round. */
+ * twenty-third session) the late trigger made the 8B shape's decode step 0.05-0.07 ms faster at
+ * 16 sequences and 0.03-0.08 at 32, nothing measurable at 64, but 0.05-0.07 ms slower at 128
+ * and 0.09-0.14 at 256 (context 640): there the decode attention runs its CTAs in several
+ * rounds and each CTA's closing fence lengthens every round (without the attention, the
+ * RMSNorms and SiLU-mul alone gained nothing there either). */
 #define CUDA_BACKEND_PDL_LATE_MAX_ROWS 64
 
 struct cuda_backend_options {
@@ -131,7 +132,8 @@ struct cuda_backend_options {
      * programmatic: the GEMM's CTAs are scheduled as the last CTAs ahead end, not after that
      * grid has completed (cuBLAS's kernels never wait, so such an edge is safe only behind the
      * late trigger; bench/pdl_cublas.cu). 0: those edges keep full stream order. The same bits
-     * either way. Default CUDA_BACKEND_PDL_LATE_MAX_ROWS. */
+     * either way. Default CUDA_BACKEND_PDL_LATE_MAX_ROWS. Should a capture fail with it, the
+     * graphs are captured again with 0. */
     int pdl_late_max_rows;
     /* 1 (the default): with pdl, the decode attention requests its sequences' earlier K/V before
      * it waits for RoPE with the cache write (cuda_attention_set_early_kv), which writes only

@@ -1619,7 +1619,6 @@ static int launch(const struct cuda_attention_plan *p, const attn_args &a, cudaS
     if (p->num_items > 0) {
         const unsigned ctas = (unsigned)p->num_items * c->num_kv_heads;
         prefill_kernel<HD><<<ctas, kPrefillThreads, prefill_geom<HD>::smem, s>>>(a);
-        cuda_pdl_note_late(0); /* the last kernel launched never signals */
         int rc = cuda_launch_result("cuda_attention_run: prefill kernel");
         if (rc < 0)
             return rc;

@@ -157,8 +157,9 @@ int cuda_attention_planned_decode_only(const struct cuda_attention_plan *p);
  * its stream writes no key that a decode sequence reads other than its newest (RoPE with the
  * cache write of the step's own tokens: cuda_rope_cache, cuda_reshape_and_cache); every kernel
  * before that one has completed by then when it waits for its own before it lets the next
- * start, as the kernels of kernels/cuda do, or is not launched with the attribute. NULL is
- * accepted. */
+ * start, as the kernels of kernels/cuda do, or is not launched with the attribute (a cuBLAS
+ * GEMM that a programmatic edge let in early never waits, but only follows a kernel that
+ * signalled late, once its writes were visible: kernels/cuda/util.h). NULL is accepted. */
 void cuda_attention_set_early_kv(struct cuda_attention_plan *p, int on);
 
 /* How many consecutive keys of a block one bulk copy of the decode kernel moves: 0 (a new plan's

@@ -17,6 +17,7 @@ extern "C" {
  * as PAGODA_ECUDA with a detail naming the kernel. */
 static inline int cuda_launch_result(const char *kernel)
 {
+    cuda_pdl_note_late(0); /* a plain launch never triggers late (util.h) */
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess)
         return pagoda_error_set(PAGODA_ECUDA, "%s: launch failed: %s", kernel,
@@ -88,7 +89,8 @@ __device__ __forceinline__ void pdl_launch_dependents()
  * from cuda_pdl_late_wanted() at launch): pdl_trigger_early right after pdl_wait signals as
  * above unless late; pdl_trigger_late, reached by every thread of every CTA that stored
  * anything (a CTA may exit earlier only if it stored nothing), fences this thread's stores at
- * gpu scope, waits for the CTA's threads, then signals. */
+ * gpu scope, and for the async proxy too (the GEMM behind reads them by TMA), waits for the
+ * CTA's threads, then signals. */
 __device__ __forceinline__ void pdl_trigger_early(bool late)
 {
     if (!late)
@@ -99,6 +101,7 @@ __device__ __forceinline__ void pdl_trigger_late(bool late)
 {
     if (late) {
         __threadfence();
+        asm volatile("fence.proxy.async.global;" ::: "memory");
         __syncthreads();
         pdl_launch_dependents();
     }

@@ -6,6 +6,7 @@
 
 static int launch_status(const char *what)
 {
+    cuda_pdl_note_late(0); /* a plain launch never triggers late */
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess)
         return pagoda_error_set(PAGODA_ECUDA, "%s: %s", what, cudaGetErrorString(e));
@@ -141,8 +142,11 @@ extern "C" int cuda_capture_tip(cudaStream_t s, cudaGraphNode_t *node)
     enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
     const cudaGraphNode_t *deps = NULL;
     size_t n = 0;
-    if (cudaStreamGetCaptureInfo(s, &st, NULL, NULL, &deps, NULL, &n) != cudaSuccess ||
-        st != cudaStreamCaptureStatusActive || n != 1)
+    if (cudaStreamGetCaptureInfo(s, &st, NULL, NULL, &deps, NULL, &n) != cudaSuccess) {
+        (void)cudaGetLastError(); /* not left for the next launch to report as its own */
+        return 0;
+    }
+    if (st != cudaStreamCaptureStatusActive || n != 1)
         return 0;
     *node = deps[0];
     return 1;

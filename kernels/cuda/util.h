@@ -40,17 +40,24 @@ int cuda_pdl_enabled(void);
 
 /* The late trigger, for a kernel of ours followed by one that never waits (cuBLAS's GEMMs do
  * not execute griddepcontrol.wait: bench/pdl_cublas.cu). With cuda_set_pdl_late(1) (a setting
- * of the calling thread, off until set) and PDL on, the next launch of a kernel that supports it
- * (cuda_add_rmsnorm and cuda_add_parts_rmsnorm, cuda_silu_mul, the decode attention) signals
- * its dependents only at its end, each CTA after a gpu-scope fence of its threads' stores and
- * a barrier, instead of right after its wait: once every CTA has signalled, all of the kernel's
- * writes are visible and none of its reads is pending, so a dependent that does not wait may
- * start. A CUDA graph edge from such a kernel into a cuBLAS kernel may then be programmatic
- * (cudaStreamUpdateCaptureDependencies while capturing): cuBLAS's CTAs are scheduled as the
- * last CTAs signal, not after the grid has completed and been flushed (0.4-0.5 us an edge on
- * the H200, bench/RESULTS.md). cuda_pdl_late_launched() is 1 when the calling thread's last
- * launch_pdl launch was such a kernel launched with the late trigger, else 0: only then may
- * the edge after it be made programmatic. */
+ * of the calling thread, off until set) and PDL on, each launch of a kernel that supports it
+ * (cuda_add_rmsnorm and cuda_add_parts_rmsnorm, cuda_silu_mul, the decode attention of
+ * cuda_attention_run and cuda_attention_run_rope) signals its dependents only at its end, each
+ * CTA after a gpu-scope fence of its threads' stores (generic and async proxy) and a barrier,
+ * instead of right after its wait: once every CTA has signalled, all of the kernel's writes
+ * have been made visible and none of its reads is pending, so a dependent that does not wait
+ * may start. A CUDA graph edge from such a kernel into a cuBLAS kernel may then be made
+ * programmatic (cuda_capture_make_programmatic): cuBLAS's CTAs are scheduled as the last CTAs
+ * signal, not after the grid has completed and been flushed (0.4-0.5 us an edge on the H200,
+ * bench/RESULTS.md, twenty-third session). That such a fence makes the writes visible to a
+ * grid that never waits is what the H200 showed (bench/pdl_cublas.cu: 0 of 400 replays wrong,
+ * where an early trigger gave 20 of 20), not a documented guarantee of CUDA's; the worker's
+ * pdl_late_max_rows 0 turns every such edge off.
+ * cuda_pdl_late_wanted: 1 when the calling thread asks for the late trigger and PDL is on (what
+ * a supporting kernel's launcher passes its kernel). cuda_pdl_note_late: what the calling
+ * thread's last launch was (1: a supporting kernel, launched with the late trigger; launch_pdl,
+ * cuda_launch_result and plain launches note 0). cuda_pdl_late_launched: that note: only when
+ * it is 1 may the edge after the kernel just launched be made programmatic. */
 void cuda_set_pdl_late(int on);
 int cuda_pdl_late_wanted(void);
 int cuda_pdl_late_launched(void);

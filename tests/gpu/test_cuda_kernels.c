@@ -15,6 +15,7 @@
 #include "kernels/cuda/util.h"
 #include "kvpool/geometry.h"
 
+#include <cublas_v2.h>
 #include <string.h>
 #include <time.h>
 
@@ -770,64 +771,97 @@ static void test_lt_linear(struct cuda_lt *lt, int32_t rows, int32_t in, int32_t
     free(again);
 }
 
+/* The GEMM behind test_late_into_cublas's kernel, as the worker calls it: 0 cuBLASLt
+ * (cuda_lt_linear, bf16 out), 1 cublasGemmEx (bf16 out: QKV, gate/up), 2
+ * cublasGemmStridedBatchedEx over two slices of the reduction (f32 out: O and down). The bytes
+ * of its output. */
+static size_t late_gemm(int gemm, struct cuda_lt *lt, cublasHandle_t h, const uint16_t *x,
+                        const uint16_t *w, void *y, int32_t rows, int32_t dim, int *rc)
+{
+    const float one = 1.0f, zero = 0.0f;
+    cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
+    if (gemm == 0)
+        *rc = cuda_lt_linear(lt, x, w, y, 0, rows, dim, dim, dim, stream);
+    else if (gemm == 1)
+        st = cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, dim, rows, dim, &one, w, CUDA_R_16BF, dim, x,
+                          CUDA_R_16BF, dim, &zero, y, CUDA_R_16BF, dim, CUBLAS_COMPUTE_32F,
+                          CUBLAS_GEMM_DEFAULT);
+    else
+        st = cublasGemmStridedBatchedEx(h, CUBLAS_OP_T, CUBLAS_OP_N, dim, rows, dim / 2, &one, w,
+                                        CUDA_R_16BF, dim, dim / 2, x, CUDA_R_16BF, dim, dim / 2,
+                                        &zero, y, CUDA_R_32F, dim, (long long)rows * dim, 2,
+                                        CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    if (st != CUBLAS_STATUS_SUCCESS)
+        *rc = PAGODA_ECUDA;
+    return (size_t)rows * dim * (gemm == 2 ? 2 * sizeof(float) : sizeof(uint16_t));
+}
+
 /* kernels/cuda/util.h's late trigger: a graph of [cuda_add_parts_rmsnorm (kind 0) or
- * cuda_silu_mul (kind 1), launched with the late trigger] -> cuBLASLt's GEMM on its output, the
- * edge between them programmatic (as worker/cuda_backend.c makes it; cuBLAS's kernels never
- * wait, bench/pdl_cublas.cu), replayed on fresh inputs each time: every product equals, bit for
- * bit, the same two calls in plain stream order without PDL. An early trigger there lets the GEMM
- * read the input before it is written (the probe: 20 of 20 replays differ). */
-static void test_late_into_cublas(struct cuda_lt *lt, int kind)
+ * cuda_silu_mul (kind 1), launched with the late trigger] -> a cuBLAS GEMM on its output
+ * (late_gemm's three forms), the edge between them made programmatic as worker/cuda_backend.c
+ * makes it (cuBLAS's kernels never wait, bench/pdl_cublas.cu), replayed on fresh inputs each
+ * time, the kernel's output zeroed before: every product equals, bit for bit, the same two
+ * calls in plain stream order without PDL. A control (printed, not counted: whether a race
+ * shows is timing) makes the same edge behind the usual early trigger. */
+static void test_late_into_cublas(struct cuda_lt *lt, cublasHandle_t h, int kind, int gemm)
 {
     const int32_t rows = 16, dim = 4096, nparts = 2, reps = 40;
     const size_t xn = (size_t)rows * dim, in_n = kind ? 2 * xn : xn * (1 + nparts);
+    const size_t ymax = 2 * xn * sizeof(float);
     float *in_f = xmalloc(in_n * sizeof(float));
     uint16_t *in_h = xmalloc(in_n * sizeof(uint16_t)), *wn = xmalloc(dim * sizeof(uint16_t));
     uint16_t *w = xmalloc((size_t)dim * dim * sizeof(uint16_t));
-    uint16_t *got = xmalloc(xn * sizeof(uint16_t)), *want = xmalloc(xn * sizeof(uint16_t));
+    uint8_t *got = xmalloc(ymax), *want = xmalloc(ymax);
     fill_bf16(wn, (size_t)dim, 0.5f, 1.5f);
     fill_bf16(w, (size_t)dim * dim, -0.05f, 0.05f);
     /* kind 0: the residual then the parts (f32); kind 1: gate/up rows (bf16) */
     void *d_in = dev_alloc(in_n * sizeof(float));
     uint16_t *d_wn = dev_upload(wn, dim * sizeof(uint16_t));
     uint16_t *d_w = dev_upload(w, (size_t)dim * dim * sizeof(uint16_t));
-    uint16_t *d_x = dev_alloc(xn * sizeof(uint16_t)), *d_y = dev_alloc(xn * sizeof(uint16_t));
+    uint16_t *d_x = dev_alloc(xn * sizeof(uint16_t));
+    void *d_y = dev_alloc(ymax);
     float *d_res = d_in, *d_parts = (float *)d_in + xn;
     uint16_t *d_gu = d_in;
-    const char *name = kind ? "silu_mul" : "add_parts_rmsnorm";
-    /* the two calls; late asks for the late trigger and a programmatic edge into the GEMM */
-    int programmatic = 0;
+    char name[64];
+    snprintf(name, sizeof name, "%s -> %s", kind ? "silu_mul" : "add_parts_rmsnorm",
+             gemm == 0   ? "cuBLASLt"
+             : gemm == 1 ? "cublasGemmEx"
+                         : "cublasGemmStridedBatchedEx");
     int rc = 0;
-    for (int capture = 0; capture < 2 && rc == 0; capture++) {
-        /* capture 0: a warm-up in stream order (cuBLASLt makes its plan outside the capture) */
+    size_t ybytes = 0;
+    /* run 0: a warm-up in stream order (plans made outside the capture); 1: the late trigger;
+     * 2: the control, triggering early */
+    for (int run = 0; run < 3 && rc == 0; run++) {
+        const int late = run == 1;
         cudaGraph_t g = NULL;
-        if (capture) {
+        if (run) {
             CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
             cuda_set_pdl(1);
-            cuda_set_pdl_late(1);
+            cuda_set_pdl_late(late);
         }
         rc = kind ? cuda_silu_mul(d_gu, d_x, rows, dim, stream)
                   : cuda_add_parts_rmsnorm(d_res, NULL, d_parts, nparts, (int64_t)xn, d_wn, d_x,
                                            rows, dim, 1e-5f, stream);
-        const int late = cuda_pdl_late_launched();
+        const int launched_late = cuda_pdl_late_launched();
         cuda_set_pdl_late(0);
         cuda_set_pdl(0);
-        if (capture && rc == 0) {
+        if (run && rc == 0) {
             cudaGraphNode_t node;
             const int tip = cuda_capture_tip(stream, &node);
-            GPU_CHECK(late == 1 && tip, "late %s: launched late %d, one capture dependency %d",
-                      name, late, tip);
-            if (late == 1 && tip)
+            GPU_CHECK(launched_late == late && tip, "late %s: launched late %d, one dependency %d",
+                      name, launched_late, tip);
+            if (tip)
                 rc = cuda_capture_make_programmatic(stream, node);
         }
         if (rc == 0)
-            rc = cuda_lt_linear(lt, d_x, d_w, d_y, 0, rows, dim, dim, dim, stream);
-        if (!capture)
+            ybytes = late_gemm(gemm, lt, h, d_x, d_w, d_y, rows, dim, &rc);
+        if (!run)
             continue;
         CK(cudaStreamEndCapture(stream, &g));
-        size_t ne = 0;
-        CK(cudaGraphGetEdges(g, NULL, NULL, NULL, &ne));
         cudaGraphNode_t from[8], to[8];
         cudaGraphEdgeData ed[8];
+        size_t ne = 0, programmatic = 0;
+        CK(cudaGraphGetEdges(g, NULL, NULL, NULL, &ne));
         if (ne <= 8) {
             CK(cudaGraphGetEdges(g, from, to, ed, &ne));
             for (size_t i = 0; i < ne; i++)
@@ -850,7 +884,7 @@ static void test_late_into_cublas(struct cuda_lt *lt, int kind)
             CK(cudaMemcpyAsync(d_in, src, bytes, cudaMemcpyHostToDevice, stream));
             CK(cudaMemsetAsync(d_x, 0, xn * sizeof(uint16_t), stream));
             CK(cudaGraphLaunch(ge, stream));
-            download(got, d_y, xn * sizeof(uint16_t));
+            download(got, d_y, ybytes);
             /* the same, in stream order */
             CK(cudaMemcpyAsync(d_in, src, bytes, cudaMemcpyHostToDevice, stream));
             CK(cudaMemsetAsync(d_x, 0, xn * sizeof(uint16_t), stream));
@@ -858,14 +892,18 @@ static void test_late_into_cublas(struct cuda_lt *lt, int kind)
                       : cuda_add_parts_rmsnorm(d_res, NULL, d_parts, nparts, (int64_t)xn, d_wn, d_x,
                                                rows, dim, 1e-5f, stream);
             if (rc == 0)
-                rc = cuda_lt_linear(lt, d_x, d_w, d_y, 0, rows, dim, dim, dim, stream);
-            download(want, d_y, xn * sizeof(uint16_t));
-            differ += memcmp(got, want, xn * sizeof(uint16_t)) != 0;
+                late_gemm(gemm, lt, h, d_x, d_w, d_y, rows, dim, &rc);
+            download(want, d_y, ybytes);
+            differ += memcmp(got, want, ybytes) != 0;
         }
         CK(cudaGraphExecDestroy(ge));
         GPU_CHECK(rc == 0, "late %s: %d (%s)", name, rc, pagoda_error_detail());
-        GPU_CHECK(differ == 0, "late %s: %d of %d replays differ from stream order", name, differ,
-                  reps);
+        if (late)
+            GPU_CHECK(differ == 0, "late %s: %d of %d replays differ from stream order", name,
+                      differ, reps);
+        else
+            printf("control: %s behind the early trigger: %d of %d replays differ\n", name, differ,
+                   reps);
     }
     CK(cudaFree(d_in));
     CK(cudaFree(d_wn));
@@ -896,8 +934,17 @@ static void test_lt_cases(void)
     test_lt_linear(lt, 64, 1024, 6144, 6144, 0);
     test_lt_linear(lt, 7, 4096, 1003, 1010, 1); /* the LM head into a wider row */
     test_lt_linear(lt, 300, 512, 768, 768, 0);
-    test_late_into_cublas(lt, 0);
-    test_late_into_cublas(lt, 1);
+    cublasHandle_t h;
+    GPU_CHECK(cublasCreate(&h) == CUBLAS_STATUS_SUCCESS, "cublasCreate");
+    CK(cudaStreamSynchronize(stream));
+    if (cublasSetStream(h, stream) == CUBLAS_STATUS_SUCCESS &&
+        cublasSetWorkspace(h, ws, 32u << 20) == CUBLAS_STATUS_SUCCESS) {
+        for (int gemm = 0; gemm < 3; gemm++) {
+            test_late_into_cublas(lt, h, 0, gemm);
+            test_late_into_cublas(lt, h, 1, gemm);
+        }
+    }
+    cublasDestroy(h);
     void *p = ws;
     expect_rc("lt rows 0", cuda_lt_linear(lt, p, p, p, 0, 0, 64, 8, 8, stream), PAGODA_EINVAL);
     expect_rc("lt ldy < out", cuda_lt_linear(lt, p, p, p, 0, 1, 64, 8, 7, stream), PAGODA_EINVAL);
