@@ -10,7 +10,7 @@
  *
  *   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -I. -o gemm16 bench/gemm16.cu \
  *        -lcublas -lcuda
- *   ./gemm16 [rows (16)] [stages (12)]
+ *   ./gemm16 [rows (16)] [stages (12)]     (also rows 1 and 5: x's box then runs past x)
  *
  * The kernel: y[m][n] = sum_k x[m][k] w[n][k] (bf16 in, f32 accumulation) for m < rows <= 16.
  * A unit of work is a tile of BN = 128 weight rows (features) over one of S slices of the
@@ -24,8 +24,9 @@
  * The weights of the first stages are requested before griddepcontrol.wait (they are no
  * kernel's output), x after it.
  *
- * What it prints: per linear, the largest difference from cublasGemmEx's f32 product over the
- * largest magnitude; then microseconds alone (median of 50, weight copies rotated past L2)
+ * What it prints: per linear, the largest difference from cuBLAS's f32 product (the whole, or
+ * its slices by cublasGemmStridedBatchedEx) over the largest magnitude; then microseconds alone
+ * (the median of 30 samples of 20 launches back to back, weight copies rotated past L2)
  * against cuBLAS; then a graph of 32 [small writer kernel -> GEMM] pairs, ours launched with
  * PDL behind a writer that signals right after its wait, against cuBLAS behind the same writer
  * (a plain edge): microseconds a pair. */
@@ -177,6 +178,8 @@ __global__ void __launch_bounds__(kThreads, 1)
                 tma_2d(st + kWBytes, &xmap, kc, 0, &full[s]);
             }
         }
+        /* (only a CTA's first launch_dependents counts: with lanes 1-31 here, every CTA
+         * signals at its start; the kernels behind it wait for the whole grid anyway) */
         asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
         return;
     }
@@ -273,6 +276,11 @@ struct plan {
 plan make_plan(const __nv_bfloat16 *x, const __nv_bfloat16 *w, void *y, int rows, int k, int n,
                int splits, int stages, int sms)
 {
+    if (n % BN != 0 || splits < 1 || k % (splits * BK) != 0) {
+        fprintf(stderr, "gemm16: n %d (a multiple of %d), k %d in %d slices of multiples of %d\n",
+                n, BN, k, splits, BK);
+        exit(2);
+    }
     plan p;
     p.wmap = make_map(w, k, n, BN);
     p.xmap = make_map(x, k, rows, MR);
@@ -371,7 +379,9 @@ float bf16_host(__nv_bfloat16 v)
     return f;
 }
 
-template <typename F> double median_us(cudaStream_t s, int reps, F &&f)
+/* The median over reps samples of the time of `per` calls of f back to back, over per: the
+ * calls are enqueued ahead of the device, so that the host's launch cost is not timed. */
+template <typename F> double median_us(cudaStream_t s, int reps, int per, F &&f)
 {
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
@@ -379,7 +389,8 @@ template <typename F> double median_us(cudaStream_t s, int reps, F &&f)
     std::vector<float> t;
     for (int r = 0; r < reps + 5; r++) {
         CK(cudaEventRecord(e0, s));
-        f(r);
+        for (int i = 0; i < per; i++)
+            f(r * per + i);
         CK(cudaEventRecord(e1, s));
         CK(cudaEventSynchronize(e1));
         float ms;
@@ -390,7 +401,7 @@ template <typename F> double median_us(cudaStream_t s, int reps, F &&f)
     std::sort(t.begin(), t.end());
     CK(cudaEventDestroy(e0));
     CK(cudaEventDestroy(e1));
-    return t[t.size() / 2] * 1000.0;
+    return t[t.size() / 2] * 1000.0 / per;
 }
 
 } // namespace
@@ -440,7 +451,7 @@ int main(int argc, char **argv)
         CK(cudaMalloc(&x, (size_t)rows * sh.k * 2));
         CK(cudaMalloc(&w, (size_t)nw * 2 * copies));
         CK(cudaMalloc(&y, ybytes));
-        CK(cudaMalloc(&yref, (size_t)rows * sh.n * 4));
+        CK(cudaMalloc(&yref, (size_t)rows * sh.n * 4 * sh.splits));
         fill<<<1024, 256, 0, s>>>(w, nw * copies, 7);
         launch_writer(s, x, (int64_t)rows * sh.k, 11);
         CK(cudaStreamSynchronize(s));
@@ -450,22 +461,20 @@ int main(int argc, char **argv)
                 make_plan(x, w + (size_t)c * nw, y, rows, sh.k, sh.n, sh.splits, stages, sms));
 
         /* check: ours (slices summed) against cublasGemmEx's f32 product */
-        CK(cudaMemset(y, 0xff, ybytes));
+        CK(cudaMemsetAsync(y, 0xff, ybytes, s));
         launch(plans[0], s, false);
-        cublas_gemm(h, x, w, yref, rows, sh.k, sh.n, 1, true);
+        /* the reference in f32: the whole product (one slice), or cuBLAS's own slices */
+        cublas_gemm(h, x, w, yref, rows, sh.k, sh.n, sh.splits, true);
         CK(cudaStreamSynchronize(s));
-        std::vector<float> ref((size_t)rows * sh.n);
+        const size_t nref = (size_t)rows * sh.n * sh.splits;
+        std::vector<float> ref(nref);
         std::vector<uint8_t> got(ybytes);
-        CK(cudaMemcpy(ref.data(), yref, ref.size() * 4, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(ref.data(), yref, nref * 4, cudaMemcpyDeviceToHost));
         CK(cudaMemcpy(got.data(), y, ybytes, cudaMemcpyDeviceToHost));
         double maxd = 0, maxv = 0;
-        for (size_t i = 0; i < ref.size(); i++) {
-            double v = 0;
-            if (sh.splits == 1)
-                v = bf16_host(((const __nv_bfloat16 *)got.data())[i]);
-            else
-                for (int p = 0; p < sh.splits; p++)
-                    v += ((const float *)got.data())[(size_t)p * ref.size() + i];
+        for (size_t i = 0; i < nref; i++) {
+            const double v = sh.splits == 1 ? bf16_host(((const __nv_bfloat16 *)got.data())[i])
+                                            : ((const float *)got.data())[i];
             maxd = std::max(maxd, fabs(v - ref[i]));
             maxv = std::max(maxv, (double)fabs(ref[i]));
             if (std::isnan(v))
@@ -475,8 +484,9 @@ int main(int argc, char **argv)
         const bool ok = err < (sh.splits == 1 ? 1e-2 : 1e-4);
 
         /* alone, weight copies rotated */
-        const double t_ours = median_us(s, 50, [&](int r) { launch(plans[r % copies], s, false); });
-        const double t_cub = median_us(s, 50, [&](int r) {
+        const double t_ours =
+            median_us(s, 30, 20, [&](int r) { launch(plans[r % copies], s, false); });
+        const double t_cub = median_us(s, 30, 20, [&](int r) {
             cublas_gemm(h, x, w + (size_t)(r % copies) * nw, y, rows, sh.k, sh.n, sh.splits, false);
         });
 
@@ -496,7 +506,7 @@ int main(int argc, char **argv)
             }
             CK(cudaStreamEndCapture(s, &g));
             CK(cudaGraphInstantiate(&ge, g, 0));
-            chain[which] = median_us(s, 20, [&](int) { CK(cudaGraphLaunch(ge, s)); }) / 32;
+            chain[which] = median_us(s, 20, 1, [&](int) { CK(cudaGraphLaunch(ge, s)); }) / 32;
             CK(cudaGraphExecDestroy(ge));
             CK(cudaGraphDestroy(g));
         }
