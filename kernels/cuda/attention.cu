@@ -152,43 +152,6 @@ template <int N> __device__ __forceinline__ void cp_async_wait()
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
-/* Four 8 x 8 bf16 matrices from shared memory (lane i gives the address of row i % 8 of
- * matrix i / 8); trans gives each thread a column pair instead of a row pair. */
-__device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const void *p)
-{
-    const uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(a)
-                 : "memory");
-}
-
-/* The same with a shared-memory address (the prefill kernel computes its addresses itself). */
-__device__ __forceinline__ void ldsm_x4(uint32_t r[4], uint32_t a)
-{
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(a)
-                 : "memory");
-}
-
-__device__ __forceinline__ void ldsm_x4_trans(uint32_t r[4], uint32_t a)
-{
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(a)
-                 : "memory");
-}
-
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const void *p)
-{
-    const uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(a)
-                 : "memory");
-}
-
 /* 2^x by the MUFU unit (ex2.approx, subnormal results flushed to zero: they are far below what
  * a bf16 output or an f32 sum of at least one 1 can hold); 2^-inf = 0. */
 __device__ __forceinline__ float fast_exp2(float x)

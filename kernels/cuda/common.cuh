@@ -181,6 +181,36 @@ __device__ __forceinline__ void mma_bf16(float d[4], uint32_t a0, uint32_t a1, u
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+/* Four 8 x 8 bf16 matrices from shared memory at shared-memory address a (lane i gives the
+ * address of row i % 8 of matrix i / 8); trans gives each thread a column pair instead of a row
+ * pair. */
+__device__ __forceinline__ void ldsm_x4(uint32_t r[4], uint32_t a)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a)
+                 : "memory");
+}
+
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t r[4], uint32_t a)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a)
+                 : "memory");
+}
+
+/* The same from a generic pointer into shared memory. */
+__device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const void *p)
+{
+    ldsm_x4(r, (uint32_t)__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const void *p)
+{
+    ldsm_x4_trans(r, (uint32_t)__cvta_generic_to_shared(p));
+}
+
 /* ---- shared by the kernels that write the step's K/V (kernels/cuda/ops.cu) and the decode
  * attention that writes it itself (attention.cu, cuda_attention_run_rope): one definition, so
  * that they agree bit for bit ---- */

@@ -1,17 +1,9 @@
 #include "kernels/cuda/util.h"
 #include "common/error.h"
+#include "kernels/cuda/common.cuh"
 
 #include <cuda_bf16.h>
 #include <string.h>
-
-static int launch_status(const char *what)
-{
-    cuda_pdl_note_late(0); /* a plain launch never triggers late */
-    cudaError_t e = cudaGetLastError();
-    if (e != cudaSuccess)
-        return pagoda_error_set(PAGODA_ECUDA, "%s: %s", what, cudaGetErrorString(e));
-    return 0;
-}
 
 __device__ static inline uint64_t splitmix64(uint64_t x)
 {
@@ -45,7 +37,7 @@ extern "C" int cuda_fill_random_bf16(uint16_t *dst, int64_t n, uint64_t seed, ui
     uint64_t key = seed * 0x2545f4914f6cdd1dull ^ (stream_id + 1) * 0x9e3779b97f4a7c15ull;
     fill_random_kernel<<<(unsigned)blocks, 256, 0, s>>>((__nv_bfloat16 *)dst, n, key,
                                                         1.7320508f * std, offset);
-    return launch_status("cuda_fill_random_bf16");
+    return cuda_launch_result("cuda_fill_random_bf16");
 }
 
 /* fill_random_kernel's values of the whole tensor at first + r * ld + c, into dst[r][c]. */
@@ -78,7 +70,7 @@ extern "C" int cuda_fill_random_bf16_slice(uint16_t *dst, int64_t rows, int64_t 
     uint64_t key = seed * 0x2545f4914f6cdd1dull ^ (stream_id + 1) * 0x9e3779b97f4a7c15ull;
     fill_random_slice_kernel<<<(unsigned)blocks, 256, 0, s>>>((__nv_bfloat16 *)dst, rows, cols, ld,
                                                               first, key, 1.7320508f * std, offset);
-    return launch_status("cuda_fill_random_bf16_slice");
+    return cuda_launch_result("cuda_fill_random_bf16_slice");
 }
 
 __global__ static void gather_rows_kernel(const uint16_t *src, int64_t ld_src, const int32_t *rows,
@@ -98,7 +90,7 @@ extern "C" int cuda_gather_rows_bf16(const uint16_t *src, int64_t ld_src, const 
     if (num_rows == 0)
         return 0;
     gather_rows_kernel<<<num_rows, 256, 0, s>>>(src, ld_src, rows, cols, dst);
-    return launch_status("cuda_gather_rows_bf16");
+    return cuda_launch_result("cuda_gather_rows_bf16");
 }
 
 /* cuda_set_pdl's setting: per thread, as the current device is. */
