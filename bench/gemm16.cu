@@ -43,24 +43,8 @@
 #include <string.h>
 #include <vector>
 
+#include "bench/cuda_probe.cuh"
 #include "kernels/cuda/async_copy.cuh"
-
-#define CK(x)                                                                                      \
-    do {                                                                                           \
-        cudaError_t e_ = (x);                                                                      \
-        if (e_ != cudaSuccess) {                                                                   \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));     \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
-#define CB(x)                                                                                      \
-    do {                                                                                           \
-        cublasStatus_t s_ = (x);                                                                   \
-        if (s_ != CUBLAS_STATUS_SUCCESS) {                                                         \
-            fprintf(stderr, "%s:%d %s: cublas %d\n", __FILE__, __LINE__, #x, (int)s_);             \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
 
 namespace
 {
@@ -81,22 +65,6 @@ __device__ __forceinline__ void tma_2d(void *dst, const CUtensorMap *map, int32_
                  "[%0], [%1, {%2, %3}], [%4];\n" ::"r"(smem_addr(dst)),
                  "l"(map), "r"(c0), "r"(c1), "r"(smem_addr(bar))
                  : "memory");
-}
-
-__device__ __forceinline__ void ldsm_x4(uint32_t r[4], uint32_t a)
-{
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(a)
-                 : "memory");
-}
-
-__device__ __forceinline__ void mma16816(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
-{
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, "
-        "%7}, {%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 /* The byte offset of 16-byte chunk `chunk` of row `row` in a 128-byte-swizzled tile of
@@ -213,8 +181,8 @@ __global__ void __launch_bounds__(kThreads, 1)
                 }
 #pragma unroll
                 for (int mt = 0; mt < 2; mt++) {
-                    mma16816(acc[mt][0], af[mt], bf[0], bf[1]);
-                    mma16816(acc[mt][1], af[mt], bf[2], bf[3]);
+                    mma_bf16(acc[mt][0], af[mt][0], af[mt][1], af[mt][2], af[mt][3], bf[0], bf[1]);
+                    mma_bf16(acc[mt][1], af[mt][0], af[mt][1], af[mt][2], af[mt][3], bf[2], bf[3]);
                 }
             }
             __syncwarp();
@@ -311,47 +279,6 @@ void launch(const plan &p, cudaStream_t s, bool pdl)
     cfg.attrs = attr;
     cfg.numAttrs = pdl ? 1 : 0;
     CK(cudaLaunchKernelEx(&cfg, gemm16_kernel, p.wmap, p.xmap, p.a));
-}
-
-/* x[i] from i and seed; signals its dependents right after its wait (as our kernels do). */
-__global__ void writer(__nv_bfloat16 *x, int64_t n, uint32_t seed)
-{
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
-         i += (int64_t)gridDim.x * blockDim.x) {
-        uint32_t h = (uint32_t)i * 2654435761u ^ seed;
-        h ^= h >> 15;
-        h *= 2246822519u;
-        h ^= h >> 13;
-        x[i] = __float2bfloat16(((float)(h & 1023) - 511.5f) / 512.0f);
-    }
-}
-
-__global__ void fill(__nv_bfloat16 *w, int64_t n, uint32_t seed)
-{
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
-         i += (int64_t)gridDim.x * blockDim.x) {
-        uint32_t h = (uint32_t)(i * 40503u) ^ seed;
-        h ^= h >> 16;
-        h *= 73244475u;
-        h ^= h >> 16;
-        w[i] = __float2bfloat16(((float)(h & 4095) - 2047.5f) / (2048.0f * 64.0f));
-    }
-}
-
-void launch_writer(cudaStream_t s, __nv_bfloat16 *x, int64_t n, uint32_t seed)
-{
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(16);
-    cfg.blockDim = dim3(256);
-    cfg.stream = s;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    CK(cudaLaunchKernelEx(&cfg, writer, x, n, seed));
 }
 
 void cublas_gemm(cublasHandle_t h, const __nv_bfloat16 *x, const __nv_bfloat16 *w, void *y,
@@ -452,8 +379,8 @@ int main(int argc, char **argv)
         CK(cudaMalloc(&w, (size_t)nw * 2 * copies));
         CK(cudaMalloc(&y, ybytes));
         CK(cudaMalloc(&yref, (size_t)rows * sh.n * 4 * sh.splits));
-        fill<<<1024, 256, 0, s>>>(w, nw * copies, 7);
-        launch_writer(s, x, (int64_t)rows * sh.k, 11);
+        probe_fill<<<1024, 256, 0, s>>>(w, nw * copies, 7);
+        probe_launch_writer(s, x, (int64_t)rows * sh.k, 11, 0, 0);
         CK(cudaStreamSynchronize(s));
         std::vector<plan> plans;
         for (int c = 0; c < copies; c++)
@@ -497,7 +424,7 @@ int main(int argc, char **argv)
             cudaGraphExec_t ge;
             CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
             for (int l = 0; l < 32; l++) {
-                launch_writer(s, x, (int64_t)rows * sh.k, 11 + l);
+                probe_launch_writer(s, x, (int64_t)rows * sh.k, 11 + l, 0, 0);
                 if (which == 0)
                     launch(plans[l % copies], s, true);
                 else

@@ -12,14 +12,13 @@
  * Then a graph of LAYERS pairs [small kernel -> GEMM] with plain edges against the same with
  * programmatic ones: replays timed with CUDA events, alternated.
  *
- *   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -o pdl_cublas bench/pdl_cublas.cu \
- *        -lcublas -lcuda
- *   ./pdl_cublas [rows]
- */
-#include <cublas_v2.h>
+ *   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -I. -o pdl_cublas bench/pdl_cublas.cu
+ * \ -lcublas -lcuda
+ *   ./pdl_cublas [rows (16)] [late (0)] [replays checked (20)]
+ *
+ * late 1: the writer signals only at its end, by common.cuh's pdl_trigger_late, as the worker's
+ * kernels do before a cuBLAS GEMM (kernels/cuda/util.h's late trigger). */
 #include <cuda.h>
-#include <cuda_bf16.h>
-#include <cuda_runtime.h>
 
 #include <stdint.h>
 #include <stdio.h>
@@ -27,68 +26,7 @@
 #include <string.h>
 #include <vector>
 
-#define CK(x)                                                                                      \
-    do {                                                                                           \
-        cudaError_t e_ = (x);                                                                      \
-        if (e_ != cudaSuccess) {                                                                   \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));     \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
-#define CB(x)                                                                                      \
-    do {                                                                                           \
-        cublasStatus_t s_ = (x);                                                                   \
-        if (s_ != CUBLAS_STATUS_SUCCESS) {                                                         \
-            fprintf(stderr, "%s:%d %s: cublas %d\n", __FILE__, __LINE__, #x, (int)s_);             \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
-
-__device__ __forceinline__ uint64_t gtimer()
-{
-    uint64_t t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
-
-/* x[i] = a value of i and seed, after pause_ns. late 0: triggers its dependents before the
- * pause; 1: only at its end, after a gpu-scope fence of each thread's stores and a barrier. */
-__global__ void writer(__nv_bfloat16 *x, int64_t n, uint32_t seed, uint64_t pause_ns, int late)
-{
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-    if (!late)
-        asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-    if (pause_ns) {
-        const uint64_t t0 = gtimer();
-        while (gtimer() - t0 < pause_ns) {
-        }
-    }
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
-         i += (int64_t)gridDim.x * blockDim.x) {
-        uint32_t h = (uint32_t)i * 2654435761u ^ seed;
-        h ^= h >> 15;
-        h *= 2246822519u;
-        h ^= h >> 13;
-        x[i] = __float2bfloat16(((float)(h & 1023) - 511.5f) / 512.0f);
-    }
-    if (late) {
-        __threadfence();
-        __syncthreads();
-        asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-    }
-}
-
-__global__ void fill(__nv_bfloat16 *w, int64_t n, uint32_t seed)
-{
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
-         i += (int64_t)gridDim.x * blockDim.x) {
-        uint32_t h = (uint32_t)(i * 40503u) ^ seed;
-        h ^= h >> 16;
-        h *= 73244475u;
-        h ^= h >> 16;
-        w[i] = __float2bfloat16(((float)(h & 4095) - 2047.5f) / (2048.0f * 64.0f));
-    }
-}
+#include "bench/cuda_probe.cuh"
 
 struct shape {
     const char *name;
@@ -96,21 +34,12 @@ struct shape {
     int parts; /* 0: cublasGemmEx, bf16 out; S: S slices, f32 out */
 };
 
-static int g_late; /* writer's `late` */
+static int g_late; /* the writer's `late` */
 
 static void launch_writer(cudaStream_t s, __nv_bfloat16 *x, int64_t n, uint32_t seed,
                           uint64_t pause_ns)
 {
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(16);
-    cfg.blockDim = dim3(256);
-    cfg.stream = s;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    CK(cudaLaunchKernelEx(&cfg, writer, x, n, seed, pause_ns, g_late));
+    probe_launch_writer(s, x, n, seed, pause_ns, g_late);
 }
 
 static void gemm(cublasHandle_t h, const shape &sh, int rows, const __nv_bfloat16 *x,
@@ -218,7 +147,7 @@ int main(int argc, char **argv)
         CK(cudaMalloc(&w, nw * 2 * NW));
         CK(cudaMalloc(&y, ny_bytes));
         CK(cudaMalloc(&yref, ny_bytes));
-        fill<<<1024, 256, 0, s>>>(w, nw * NW, 7);
+        probe_fill<<<1024, 256, 0, s>>>(w, nw * NW, 7);
         CK(cudaGetLastError());
 
         /* reference, plain stream order */
