@@ -131,6 +131,19 @@ static inline int launch_pdl(const char *what, void (*kernel)(Params...), dim3 g
     return e == cudaSuccess ? 0 : cuda_launch_result(what);
 }
 
+/* launch_pdl for a kernel whose last parameter is `late` (util.h's late trigger): passes it
+ * cuda_pdl_late_wanted() and, once launched, notes what it passed (cuda_pdl_note_late). */
+template <typename... Params, typename... Args>
+static inline int launch_pdl_late(const char *what, void (*kernel)(Params...), dim3 grid,
+                                  dim3 block, size_t smem, cudaStream_t s, Args... args)
+{
+    const int late = cuda_pdl_late_wanted();
+    const int rc = launch_pdl(what, kernel, grid, block, smem, s, args..., late);
+    if (rc == 0)
+        cuda_pdl_note_late(late);
+    return rc;
+}
+
 __device__ __forceinline__ float bf16_bits_to_float(uint16_t h)
 {
     return __uint_as_float((uint32_t)h << 16);

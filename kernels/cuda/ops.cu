@@ -497,21 +497,15 @@ int cuda_add_parts_rmsnorm(float *residual, const uint16_t *x, const float *part
     const bool vec = dim % 8 == 0 && cuda_aligned16(residual) && cuda_aligned16(weight) &&
                      cuda_aligned16(out) && (x == NULL || cuda_aligned16(x)) &&
                      (nparts == 0 || (cuda_aligned16(parts) && part_stride % 4 == 0));
-    const int late = cuda_pdl_late_wanted();
-    int rc;
     if (vec && dim / 8 <= kMaxThreads) {
         const int threads = (dim / 8 + 31) / 32 * 32;
-        rc = launch_pdl("cuda_add_rmsnorm", add_rmsnorm_reg_kernel, rows, threads, 0, s, residual,
-                        x, parts, nparts, part_stride, weight, out, dim, eps, late);
-    } else {
-        const int threads = threads_for_row(vec ? dim / 8 : dim);
-        rc = launch_pdl("cuda_add_rmsnorm",
-                        vec ? add_rmsnorm_kernel<true> : add_rmsnorm_kernel<false>, rows, threads,
-                        0, s, residual, x, parts, nparts, part_stride, weight, out, dim, eps, late);
+        return launch_pdl_late("cuda_add_rmsnorm", add_rmsnorm_reg_kernel, rows, threads, 0, s,
+                               residual, x, parts, nparts, part_stride, weight, out, dim, eps);
     }
-    if (rc == 0)
-        cuda_pdl_note_late(late);
-    return rc;
+    const int threads = threads_for_row(vec ? dim / 8 : dim);
+    return launch_pdl_late(
+        "cuda_add_rmsnorm", vec ? add_rmsnorm_kernel<true> : add_rmsnorm_kernel<false>, rows,
+        threads, 0, s, residual, x, parts, nparts, part_stride, weight, out, dim, eps);
 }
 
 int cuda_add_bias(uint16_t *x, int64_t ld, const uint16_t *bias, int32_t rows, int32_t cols,
@@ -584,13 +578,8 @@ int cuda_silu_mul(const uint16_t *gate_up, uint16_t *out, int32_t rows, int32_t 
         return pagoda_error_set(PAGODA_EINVAL, "cuda_silu_mul: NULL buffer");
     const bool vec = inter % 8 == 0 && cuda_aligned16(gate_up) && cuda_aligned16(out);
     const int64_t work = (int64_t)rows * (vec ? inter / 8 : inter);
-    const int late = cuda_pdl_late_wanted();
-    const int rc =
-        launch_pdl("cuda_silu_mul", vec ? silu_mul_kernel<true> : silu_mul_kernel<false>,
-                   grid_for(work, kThreads), kThreads, 0, s, gate_up, out, rows, inter, late);
-    if (rc == 0)
-        cuda_pdl_note_late(late);
-    return rc;
+    return launch_pdl_late("cuda_silu_mul", vec ? silu_mul_kernel<true> : silu_mul_kernel<false>,
+                           grid_for(work, kThreads), kThreads, 0, s, gate_up, out, rows, inter);
 }
 
 int cuda_reshape_and_cache(const struct kv_layer_view *kv, const uint16_t *k, const uint16_t *v,
