@@ -22,8 +22,9 @@ pagoda_find_lib(PAGODA_PCRE2_LIB pcre2-8)
 pagoda_find_lib(PAGODA_UTF8PROC_LIB utf8proc)
 # NNG: always the static libnng.a that scripts/install-deps builds from Debian's source package
 # with scripts/nng.patch (Debian's 1.5.2 has nanomsg/nng#1518: a peer that drops during the
-# handshake stops a listener for good; and #1713: a message sent on a closing pipe leaks), never
-# Debian's own. Its headers come from the same
+# handshake stops a listener for good; #1713: a message sent on a closing pipe leaks; and a close
+# that loses a large transfer's completion hangs nng_close: the patch's header), never Debian's
+# own. Its headers come from the same
 # prefix and are searched before /usr/include. The stamp the install writes holds the patch's
 # SHA-256; without it, or with another patch's, the build stops here.
 set(PAGODA_NNG_PREFIX "/opt/pagoda/nng" CACHE PATH "Where scripts/install-deps installs NNG")
