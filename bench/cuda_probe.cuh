@@ -1,7 +1,8 @@
 /* Shared by the standalone CUDA probes of bench/ (pdl_cublas.cu, gemm16.cu; each built by hand
  * with nvcc from the project root, -I.): exit-on-error checks for CUDA and cuBLAS calls, weights
  * and inputs drawn by a hash, and the small kernel that writes a GEMM's input ahead of it in a
- * chain, with either of the kernels/cuda triggers (common.cuh). */
+ * chain, with either of the kernels/cuda triggers (common.cuh), and the stream and cuBLAS handle
+ * they time on. */
 #ifndef PAGODA_BENCH_CUDA_PROBE_CUH
 #define PAGODA_BENCH_CUDA_PROBE_CUH
 
@@ -73,6 +74,19 @@ __global__ void probe_fill(__nv_bfloat16 *w, int64_t n, uint32_t seed)
         h ^= h >> 16;
         w[i] = __float2bfloat16(((float)(h & 4095) - 2047.5f) / (2048.0f * 64.0f));
     }
+}
+
+/* A non-blocking stream, and a cuBLAS handle on it with a 32 MiB workspace of its own (so that
+ * its GEMMs allocate nothing inside a graph's capture). */
+static inline void probe_cublas_open(cudaStream_t *s, cublasHandle_t *h)
+{
+    CK(cudaStreamCreateWithFlags(s, cudaStreamNonBlocking));
+    CB(cublasCreate(h));
+    CB(cublasSetStream(*h, *s));
+    const size_t ws_bytes = 32u << 20;
+    void *ws;
+    CK(cudaMalloc(&ws, ws_bytes));
+    CB(cublasSetWorkspace(*h, ws, ws_bytes));
 }
 
 /* probe_writer on 16 CTAs of 256 threads, launched with programmatic stream serialization. */

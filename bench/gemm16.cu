@@ -348,13 +348,8 @@ int main(int argc, char **argv)
     CK(cudaFuncSetAttribute(gemm16_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                             227 * 1024));
     cudaStream_t s;
-    CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     cublasHandle_t h;
-    CB(cublasCreate(&h));
-    CB(cublasSetStream(h, s));
-    void *ws;
-    CK(cudaMalloc(&ws, 32u << 20));
-    CB(cublasSetWorkspace(h, ws, 32u << 20));
+    probe_cublas_open(&s, &h);
 
     struct shape {
         const char *name;

@@ -122,14 +122,8 @@ int main(int argc, char **argv)
         {"down_split2", 14336, 4096, 2}, {"o", 4096, 4096, 0},        {"down", 14336, 4096, 0},
     };
     cudaStream_t s;
-    CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     cublasHandle_t h;
-    CB(cublasCreate(&h));
-    CB(cublasSetStream(h, s));
-    void *ws;
-    const size_t ws_bytes = 32u << 20;
-    CK(cudaMalloc(&ws, ws_bytes));
-    CB(cublasSetWorkspace(h, ws, ws_bytes));
+    probe_cublas_open(&s, &h);
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
