@@ -2,7 +2,8 @@
  *
  *   decode_step MODEL_DIR [--batches 1,16,64] [--context N] [--reps N] [--profile]
  *               [--only VERSION | --versions V1,V2,...] [--layout contiguous|interleaved]
- *               [--pool-blocks N] [--split KEYS]
+ *               [--pool-blocks N] [--split KEYS] [--pipelined] [--max-tokens N]
+ *               [--max-seqs N]
  *
  * MODEL_DIR holds a config.json (weights are drawn at random on the GPU, as --load-format
  * random). For each batch size B, B sequences of N tokens already in a pool of random K/V
@@ -27,11 +28,17 @@
  * blocks (at least what the batches need; the worker's pool on the H200 is ~50,000), the
  * sequences' blocks spread over it at a stride of pool / needed; --split forces the decode
  * attention's split-KV partition in every version (cuda_backend_options.decode_split; 0, the
- * default, leaves it to the plan's cost model). Exit status 0, or 1 on a failed
- * call (the message names it). */
+ * default, leaves it to the plan's cost model). --pipelined times the steps as the worker's
+ * executor runs them, two in flight (backend_submit into two slots in turn, backend_complete of
+ * the one before: each step's device time then starts as the step ahead ends, not from an idle
+ * device), and the host time is the wall time between two completions. Exit status 0, or 1 on a
+ * failed call (the message names it). --max-tokens and --max-seqs set the backend's limits
+ * (default 256 tokens a step, and 64 sequences or the largest batch; the worker's are 2048 and
+ * 256). */
 #define _POSIX_C_SOURCE 200809L
 #include "common/error.h"
 #include "kernels/cuda/linear.h"
+#include "kernels/cuda/linear_tma.h"
 #include "kernels/cuda/util.h"
 #include "model/model_config.h"
 #include "worker/backend.h"
@@ -190,7 +197,10 @@ struct result {
  * down adding into the residual whole, not cut into split_parts slices (nosplit); the defaults
  * with RoPE and the cache write as a kernel of their own, not inside the decode attention
  * (rope_apart), and with them inside it at every size (rope_in); the defaults without the late
- * trigger into cuBLAS (cuda_backend_options.pdl_late_max_rows 0: nolate). */
+ * trigger into cuBLAS (cuda_backend_options.pdl_late_max_rows 0: nolate); the defaults
+ * without kernels/cuda/linear_tma's GEMM on the layers' linears at 2 to 16 rows
+ * (notma), with its tiles forced (tma64, tma128), with gate/up and SiLU-mul as two kernels
+ * (tma_unfused). */
 struct version {
     const char *name;
     int ref, baseline, gemv_max_rows, graphs, pdl;
@@ -208,13 +218,16 @@ struct version {
     int rope;        /* cuda_backend_options.fused_rope_max_seqs: 0 the default's, -1 for 0
                         (RoPE as a kernel of its own), 1 for INT32_MAX (inside every decode step) */
     int no_late;     /* 1: cuda_backend_options.pdl_late_max_rows 0 */
+    int tma_rows;    /* cuda_backend_options.tma_max_rows, -1: 0 (the defaults otherwise) */
+    int tma_tile;    /* cuda_backend_options.tma_tile */
+    int tma_silu;    /* cuda_backend_options.tma_silu 1, -1: 0 (the defaults otherwise) */
 };
 /* The Llama-3-8B shape's O, QKV and down elements (gate/up's are more), and every weight. */
 #define kO ((int64_t)4096 * 4096)
 #define kQKV ((int64_t)6144 * 4096)
 #define kEvery INT64_MAX
 #define kDown ((int64_t)14336 * 4096)
-#define kVersions 34
+#define kVersions 38
 static const struct version versions[kVersions] = {
     {.name = "baseline", .baseline = 1},
     {.name = "cublas"},
@@ -301,17 +314,30 @@ static const struct version versions[kVersions] = {
     /* the defaults again, run after nolate: versions run in this table's order, and the order
      * itself moved a step by up to 0.04 ms (bench/RESULTS.md, twenty-third session) */
     {.name = "shipped_again", .ref = 3, .defaults = 1},
+    /* the defaults without kernels/cuda/linear_tma's GEMM (on by default since the twenty-fifth
+     * session): a layer's linears at 2 to 16 rows through the GEMVs and cuBLAS, as shipped before
+     */
+    {.name = "notma", .ref = 3, .defaults = 1, .tma_rows = -1},
+    /* the defaults with linear_tma's tile forced to 64 or 128 weight rows */
+    {.name = "tma64", .ref = 3, .defaults = 1, .tma_tile = 64},
+    {.name = "tma128", .ref = 3, .defaults = 1, .tma_tile = 128},
+    /* the defaults with gate/up and SiLU-and-multiply as two kernels (against shipped, index 15:
+     * the same bits, so its max difference reads 0) */
+    {.name = "tma_unfused", .ref = 15, .defaults = 1, .tma_silu = -1},
 };
 
 static int decode_split; /* --split */
+static int pipelined;    /* --pipelined */
+/* --max-tokens, --max-seqs: the backend's limits (the worker's defaults are 2048 and 256) */
+static int32_t max_tokens = 256, max_seqs;
 
 static void run_version(const struct model_config *c, const struct kv_geometry *g, void *pool,
                         int version, const int32_t *batches, int nb, int32_t ctx, int reps,
                         int profile, struct result *res)
 {
     struct cuda_backend_options o = cuda_backend_default_options();
-    o.limits.max_num_tokens = 256;
-    o.limits.max_num_seqs = batches[nb - 1] > 64 ? batches[nb - 1] : 64;
+    o.limits.max_num_tokens = max_tokens;
+    o.limits.max_num_seqs = max_seqs > 0 ? max_seqs : batches[nb - 1] > 64 ? batches[nb - 1] : 64;
     o.limits.max_blocks_per_seq = (ctx + kBlockSize - 1) / kBlockSize;
     if (!versions[version].defaults) {
         o.baseline_kernels = versions[version].baseline;
@@ -323,6 +349,7 @@ static void run_version(const struct model_config *c, const struct kv_geometry *
         o.lt_max_rows = 0; /* every version before cuBLASLt, cuda_gemv_row and residual_gemm */
         o.gemv_row = 0;
         o.residual_gemm_max_rows = 0;
+        o.tma_max_rows = 0; /* and before linear_tma */
     } else {
         if (versions[version].gemv_max_rows != 0)
             o.gemv_max_rows = versions[version].gemv_max_rows;
@@ -350,6 +377,11 @@ static void run_version(const struct model_config *c, const struct kv_geometry *
         o.pdl_late_max_rows = 0;
     if (versions[version].split_parts != 0)
         o.split_parts = versions[version].split_parts < 0 ? 0 : versions[version].split_parts;
+    if (versions[version].tma_rows != 0)
+        o.tma_max_rows = versions[version].tma_rows < 0 ? 0 : versions[version].tma_rows;
+    o.tma_tile = versions[version].tma_tile;
+    if (versions[version].tma_silu != 0)
+        o.tma_silu = versions[version].tma_silu > 0;
     o.decode_split = decode_split;
     struct backend *be = NULL;
     PK(cuda_backend_open(c, NULL, kSeed, g, pool, &o, &be));
@@ -360,16 +392,41 @@ static void run_version(const struct model_config *c, const struct kv_geometry *
         step_make(&st, B, ctx, bps, (int32_t)c->vocab_size);
         double dev[kMaxReps], host[kMaxReps];
         const uint64_t graph0 = backend_graph_steps(be), steps0 = backend_forward_count(be);
-        for (int r = 0; r < kWarmup + reps; r++) {
-            double t0 = now_s();
-            PK(backend_forward_sample(be, &st.batch, st.rows, res[i].tokens, res[i].logprobs));
-            double t1 = now_s();
-            double us = 0.0;
-            PK(backend_device_time_us(be, &us));
-            if (r >= kWarmup) {
-                dev[r - kWarmup] = us * 1e-3;
-                host[r - kWarmup] = (t1 - t0) * 1e3;
+        if (!pipelined)
+            for (int r = 0; r < kWarmup + reps; r++) {
+                double t0 = now_s();
+                PK(backend_forward_sample(be, &st.batch, st.rows, res[i].tokens, res[i].logprobs));
+                double t1 = now_s();
+                double us = 0.0;
+                PK(backend_device_time_us(be, &us));
+                if (r >= kWarmup) {
+                    dev[r - kWarmup] = us * 1e-3;
+                    host[r - kWarmup] = (t1 - t0) * 1e3;
+                }
             }
+        else {
+            /* two steps in flight: step r is submitted before step r - 1 is completed */
+            struct backend_row_error *errs = calloc((size_t)B, sizeof(*errs));
+            if (errs == NULL) {
+                fprintf(stderr, "decode_step: out of host memory\n");
+                exit(1);
+            }
+            double t_prev = now_s();
+            for (int r = 0; r <= kWarmup + reps; r++) {
+                if (r < kWarmup + reps)
+                    PK(backend_submit(be, r % 2, &st.batch, st.rows, NULL, 0, NULL, 0));
+                if (r == 0)
+                    continue;
+                double us = 0.0;
+                PK(backend_complete(be, (r - 1) % 2, 1, res[i].tokens, res[i].logprobs, errs, &us));
+                const double t = now_s();
+                if (r - 1 >= kWarmup) {
+                    dev[r - 1 - kWarmup] = us * 1e-3;
+                    host[r - 1 - kWarmup] = (t - t_prev) * 1e3;
+                }
+                t_prev = t;
+            }
+            free(errs);
         }
         res[i].graph_steps = (unsigned long long)(backend_graph_steps(be) - graph0);
         res[i].steps = (unsigned long long)(backend_forward_count(be) - steps0);
@@ -455,6 +512,12 @@ int main(int argc, char **argv)
             }
         } else if (strcmp(argv[i], "--profile") == 0) {
             profile = 1;
+        } else if (strcmp(argv[i], "--pipelined") == 0) {
+            pipelined = 1;
+        } else if (strcmp(argv[i], "--max-tokens") == 0 && i + 1 < argc && atoi(argv[i + 1]) > 0) {
+            max_tokens = atoi(argv[++i]);
+        } else if (strcmp(argv[i], "--max-seqs") == 0 && i + 1 < argc && atoi(argv[i + 1]) > 0) {
+            max_seqs = atoi(argv[++i]);
         } else if (strcmp(argv[i], "--split") == 0 && i + 1 < argc && atoi(argv[i + 1]) >= 0 &&
                    atoi(argv[i + 1]) % 64 == 0) {
             decode_split = atoi(argv[++i]);
@@ -469,7 +532,8 @@ int main(int argc, char **argv)
         fprintf(stderr,
                 "usage: decode_step MODEL_DIR [--batches 1,16,64] [--context N] "
                 "[--reps 1..%d] [--profile] [--only VERSION | --versions V1,V2,...] "
-                "[--layout contiguous|interleaved] [--pool-blocks N] [--split KEYS]\n"
+                "[--layout contiguous|interleaved] [--pool-blocks N] [--split KEYS] [--pipelined]\n"
+                "[--max-tokens N] [--max-seqs N]\n"
                 "versions:",
                 kMaxReps);
         for (int v = 0; v < kVersions; v++)

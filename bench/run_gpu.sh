@@ -49,7 +49,8 @@
 # HF_BATCH_SIZES (64,256), HF_COMPILE (auto), BANDWIDTH_GBS (4300),
 # FLOOR_BATCHES (1 16 64), BACKEND (cuda; cpu with a small MODEL_DIR tries the script here),
 # LOAD_FORMAT (random; safetensors reads MODEL_DIR's weights), CUDA_GRAPHS (unset: the worker's
-# default, on; off runs every step launch by launch).
+# default, on; off runs every step launch by launch), CUDA_TMA (unset: the worker's default, on;
+# off runs a layer's linears of 2 to 16 rows through the GEMVs and cuBLAS, not linear_tma).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd -P)
 build=$(cd "${1:?usage: bench/run_gpu.sh BUILD_DIR [hf|random|shared|floor|table ...]}" && pwd -P)
@@ -112,6 +113,7 @@ up() { # up MODE [FLAG...]: a group serving the model, prefix cache MODE (on, of
                 --backend "$backend" --timeout 600)
     [ "$backend" = cpu ] || args+=(--load-format "$load_format" --seed "$seed")
     [ -z "${CUDA_GRAPHS:-}" ] || args+=(--cuda-graphs "$CUDA_GRAPHS")
+    [ -z "${CUDA_TMA:-}" ] || args+=(--cuda-tma "$CUDA_TMA")
     [ "$mode" = default ] || args+=(--prefix-cache "$mode")
     args+=("$@")
     echo "== pagoda-up ${args[*]}"

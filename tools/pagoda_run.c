@@ -60,6 +60,7 @@ struct run_opts {
     int cuda_graphs;        /* --cuda-graphs: 1 on (the default), 0 off */
     int cuda_pdl;           /* --cuda-pdl: 1 on (the default), 0 off */
     int cuda_residual_gemm; /* --cuda-residual-gemm: 1 on (the default), 0 off */
+    int cuda_tma;           /* --cuda-tma: 1 on (the default), 0 off */
     struct sampling_params sampling;
     const char **texts; /* [MAX_PROMPTS]: the text of a --prompt, NULL for --tokens */
 };
@@ -74,14 +75,16 @@ static void usage(FILE *f)
                "                  [--ignore-eos] [--stats] [--json] [--prompt TEXT ...]\n"
                "                  [--backend cpu|cuda] [--load-format safetensors|random]\n"
                "                  [--cuda-graphs on|off] [--cuda-pdl on|off]\n"
-               "                  [--cuda-residual-gemm on|off]\n"
+               "                  [--cuda-residual-gemm on|off] [--cuda-tma on|off]\n"
                "--load-format random (CUDA only) draws weights of the shape in DIR/config.json on\n"
                "the GPU from --seed, so no weight file is needed. --cuda-graphs off runs decode\n"
                "steps launch by launch instead of replaying CUDA graphs, --cuda-pdl off launches\n"
                "every kernel in plain stream order (both for comparison: the same tokens).\n"
                "--cuda-residual-gemm off rounds the O and down projections of steps of 2 to 256\n"
                "tokens to BF16 before the residual add instead of adding them in FP32 inside\n"
-               "their GEMMs (other bits, for comparison).\n");
+               "their GEMMs (other bits, for comparison). --cuda-tma off runs a layer's linears\n"
+               "of steps of 2 to 16 tokens through the GEMVs and cuBLAS instead of\n"
+               "kernels/cuda/linear_tma's GEMM (other bits, for comparison).\n");
 }
 
 static int fail(int rc)
@@ -314,6 +317,7 @@ enum {
     OPT_CUDA_GRAPHS,
     OPT_CUDA_PDL,
     OPT_CUDA_RESIDUAL_GEMM,
+    OPT_CUDA_TMA,
 };
 
 static int parse_flag(int opt, const char *arg, struct run_opts *o, int32_t ***prompts,
@@ -415,6 +419,9 @@ static int parse_flag(int opt, const char *arg, struct run_opts *o, int32_t ***p
     case OPT_CUDA_RESIDUAL_GEMM:
         rc = parse_on_off("--cuda-residual-gemm", arg, &o->cuda_residual_gemm);
         break;
+    case OPT_CUDA_TMA:
+        rc = parse_on_off("--cuda-tma", arg, &o->cuda_tma);
+        break;
     case OPT_LOAD_FORMAT:
         if (strcmp(arg, "safetensors") != 0 && strcmp(arg, "random") != 0)
             return pagoda_error_set(PAGODA_EINVAL,
@@ -453,6 +460,7 @@ int main(int argc, char **argv)
         {"cuda-graphs", required_argument, NULL, OPT_CUDA_GRAPHS},
         {"cuda-pdl", required_argument, NULL, OPT_CUDA_PDL},
         {"cuda-residual-gemm", required_argument, NULL, OPT_CUDA_RESIDUAL_GEMM},
+        {"cuda-tma", required_argument, NULL, OPT_CUDA_TMA},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -463,6 +471,7 @@ int main(int argc, char **argv)
         .cuda_graphs = 1,
         .cuda_pdl = 1,
         .cuda_residual_gemm = 1,
+        .cuda_tma = 1,
         .max_tokens = 16,
         .block_size = KV_BLOCK_SIZE_DEFAULT,
         .max_batched_tokens = 2048,
@@ -623,6 +632,8 @@ int main(int argc, char **argv)
         co.pdl = o.cuda_pdl;
         if (!o.cuda_residual_gemm)
             co.residual_gemm_max_rows = 0;
+        if (!o.cuda_tma)
+            co.tma_max_rows = 0;
         if ((rc = cuda_pool_alloc(&g, co.device, &gpu_pool)) != 0 ||
             (rc = cuda_backend_open(c, w, o.sampling.seed, &g, gpu_pool, &co, &be)) != 0)
             goto fail;

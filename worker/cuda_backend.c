@@ -6,6 +6,7 @@
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/linear.h"
 #include "kernels/cuda/linear_lt.h"
+#include "kernels/cuda/linear_tma.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/sampler.h"
 #include "kernels/cuda/util.h"
@@ -100,6 +101,7 @@ struct cuda_backend {
     cudaGraphExec_t graph[MODEL_BUDGET_GRAPHS_MAX];
     void *cublas_workspace; /* MODEL_BUDGET_CUBLAS_WORKSPACE_BYTES, eager and captured GEMMs */
     struct cuda_lt *lt;     /* opt.lt_max_rows: cuBLASLt plans, on cublas_workspace */
+    struct cuda_tma *tma;   /* opt.tma_max_rows: linear_tma's plans */
     /* 1 while capture_one captures a decode graph (the late trigger is asked for then only),
      * and the node of the kernel just launched with the late trigger (opt.pdl_late_max_rows),
      * whose edge into the cuBLAS GEMM behind may be made programmatic; NULL when there is none. */
@@ -182,6 +184,7 @@ static void cuda_close(struct backend *base)
     free(b->row_keys);
     free(b->row_gathers);
     cuda_lt_free(b->lt);
+    cuda_tma_free(b->tma);
     if (b->cublas != NULL)
         cublasDestroy(b->cublas);
     if (b->stream != NULL)
@@ -206,6 +209,8 @@ struct cuda_backend_options cuda_backend_default_options(void)
         .split_parts = CUDA_BACKEND_SPLIT_PARTS,
         .pdl_late_max_rows = CUDA_BACKEND_PDL_LATE_MAX_ROWS,
         .fused_rope_max_seqs = CUDA_BACKEND_FUSED_ROPE_MAX_SEQS,
+        .tma_max_rows = CUDA_BACKEND_TMA_MAX_ROWS,
+        .tma_silu = 1,
     };
     return o;
 }
@@ -614,6 +619,9 @@ static int open_backend(const struct model_config *cfg, const struct model_weigh
     if (b->opt.lt_max_rows > 0 &&
         (rc = cuda_lt_new(b->cublas_workspace, MODEL_BUDGET_CUBLAS_WORKSPACE_BYTES, &b->lt)) != 0)
         goto fail;
+    if (b->opt.tma_max_rows > 0 && ((rc = cuda_tma_new(&b->tma)) != 0 ||
+                                    (rc = cuda_tma_set_tile(b->tma, b->opt.tma_tile)) != 0))
+        goto fail;
     /* Random weights of a shard: the rank's slices of the whole model's draw (one seed for
      * every rank), so a random group computes what a random TP 1 computes. */
     if ((rc = load_weights(b, w, random_seed)) != 0 || (rc = alloc_activations(b)) != 0 ||
@@ -763,12 +771,33 @@ static int row_takes(const struct cuda_backend *b, const uint16_t *x, const uint
            cuda_gemv_row_fits((int32_t)rows, (int32_t)in, (int32_t)out, x, w, y);
 }
 
-/* Whether gemm_ld runs this linear through cuBLAS or cuBLASLt (not a kernel of ours). */
+/* Whether a layer's linear (one rank) goes through cuda_tma_linear: 2 to opt.tma_max_rows rows,
+ * in S slices of its reduction (1: whole, bf16 out). Only the linears of a layer: each is
+ * followed by a kernel of ours that waits for it (RoPE or the attention, an RMSNorm, SiLU-mul),
+ * or, after gate/up with SiLU-mul inside (opt.tma_silu), by down, which may be cuBLAS's: no edge
+ * out of the TMA GEMM is ever made programmatic (it signals the kernel behind before it ends,
+ * which a cuBLAS GEMM would not wait for), so that edge keeps full stream order, and down there
+ * loses the late trigger's overlap the SiLU-mul kernel gave it. */
+static int tma_rows(const struct cuda_backend *b, int64_t rows)
+{
+    return b->tma != NULL && b->opt.comm == NULL && !b->opt.baseline_kernels && rows >= 2 &&
+           rows <= b->opt.tma_max_rows;
+}
+
+static int tma_takes(const struct cuda_backend *b, const uint16_t *x, const uint16_t *w,
+                     const void *y, int64_t rows, int64_t in, int64_t out, int32_t S)
+{
+    return tma_rows(b, rows) && cuda_tma_fits(rows, in, out, S, x, w, y);
+}
+
+/* Whether a layer's linear of a bf16 output (gemm_layer) runs through cuBLAS or cuBLASLt (not
+ * a kernel of ours). */
 static int gemm_cublas(const struct cuda_backend *b, const uint16_t *x, const uint16_t *w,
                        const void *y, int64_t rows, int64_t in, int64_t out, int64_t ldy)
 {
     return !row_takes(b, x, w, y, rows, in, out) &&
-           !(ldy == out && takes_gemv(b, x, w, y, rows, in, out));
+           !(ldy == out && takes_gemv(b, x, w, y, rows, in, out)) &&
+           !(ldy == out && tma_takes(b, x, w, y, rows, in, out, 1));
 }
 
 /* y[rows][out] = x[rows][in] . w[out][in]^T, BF16 inputs, FP32 accumulation, output in ytype,
@@ -824,6 +853,8 @@ static int32_t split_of(const struct cuda_backend *b, int64_t in, int64_t out)
 static int gemm_parts(struct cuda_backend *b, const uint16_t *x, const uint16_t *w, float *parts,
                       int32_t S, int64_t rows, int64_t in, int64_t out)
 {
+    if (tma_takes(b, x, w, parts, rows, in, out, S))
+        return cuda_tma_linear(b->tma, x, w, parts, rows, in, out, S, b->stream);
     const float one = 1.0f, zero = 0.0f;
     const int64_t k = in / S;
     int rc = cublas_after_late(b);
@@ -841,6 +872,17 @@ static int gemm(struct cuda_backend *b, const uint16_t *x, const uint16_t *w, vo
                 cudaDataType ytype, int64_t rows, int64_t in, int64_t out)
 {
     return gemm_ld(b, x, w, y, ytype, rows, in, out, out);
+}
+
+/* A layer's linear into bf16 y (QKV, gate/up; O and down where they neither add into the
+ * residual nor are cut): one row by cuda_gemv_row first, then cuda_tma_linear where it takes
+ * the call (tma_takes), else gemm. */
+static int gemm_layer(struct cuda_backend *b, const uint16_t *x, const uint16_t *w, uint16_t *y,
+                      int64_t rows, int64_t in, int64_t out)
+{
+    if (!row_takes(b, x, w, y, rows, in, out) && tma_takes(b, x, w, y, rows, in, out, 1))
+        return cuda_tma_linear(b->tma, x, w, y, rows, in, out, 1, b->stream);
+    return gemm(b, x, w, y, CUDA_R_16BF, rows, in, out);
 }
 
 /* RoPE on the Q and K heads of b->qkv, then K and V into layer kv of the pool: one launch, or
@@ -1036,7 +1078,7 @@ static int norm_linear(struct cuda_backend *b, float **res, float **alt, const u
     int rc = cuda_add_parts_rmsnorm(*res, add, (const float *)b->gate_up, nparts, (int64_t)n * in,
                                     norm, b->hidden, n, (int32_t)in, eps, b->stream);
     late_end(b);
-    return rc ? rc : gemm(b, b->hidden, w, y, CUDA_R_16BF, n, in, out);
+    return rc ? rc : gemm_layer(b, b->hidden, w, y, n, in, out);
 }
 
 /* The layers and the LM head over the n tokens staged on the device, into num_logits rows of
@@ -1069,16 +1111,26 @@ static int forward_layers(struct cuda_backend *b, int32_t n, int32_t num_logits)
      * each adds proj only where its linear did not add. All layers alike: the weights of a
      * kind share their shape. */
     const int into_res = !tp && c->num_layers > 0 && n >= 2 && n <= b->opt.residual_gemm_max_rows;
-    const int o_into =
-        into_res && !c->o_bias && !takes_gemv(b, b->attn, b->layers[0].w_o, b->proj, n, qd, H);
-    const int down_into = into_res && !takes_gemv(b, b->act, b->layers[0].w_down, b->proj, n, I, H);
+    /* (where cuda_tma_linear takes O or down in their slices, it goes before the GEMVs) */
+    float *parts = (float *)b->gate_up;
+    const int32_t o_split = split_of(b, qd, H), down_split = split_of(b, I, H);
+    const int o_tma = into_res && !c->o_bias && o_split &&
+                      tma_takes(b, b->attn, b->layers[0].w_o, parts, n, qd, H, o_split);
+    const int down_tma = into_res && down_split &&
+                         tma_takes(b, b->act, b->layers[0].w_down, parts, n, I, H, down_split);
+    const int gemv_o = !o_tma && takes_gemv(b, b->attn, b->layers[0].w_o, b->proj, n, qd, H);
+    const int gemv_down = !down_tma && takes_gemv(b, b->act, b->layers[0].w_down, b->proj, n, I, H);
+    const int o_into = into_res && !c->o_bias && !gemv_o;
+    const int down_into = into_res && !gemv_down;
     const uint16_t *after_o = o_into ? NULL : b->proj, *after_down = down_into ? NULL : b->proj;
     /* ... cut into slices whose sum the RMSNorm behind forms (opt.split_parts), in the gate/up
      * buffer: no kernel uses it between O and the RMSNorm after it, or between down and the
      * next layer's first RMSNorm (or the final one). */
-    const int32_t o_parts = o_into ? split_of(b, qd, H) : 0;
-    const int32_t down_parts = down_into ? split_of(b, I, H) : 0;
-    float *parts = (float *)b->gate_up;
+    const int32_t o_parts = o_into ? o_split : 0;
+    const int32_t down_parts = down_into ? down_split : 0;
+    /* gate/up with SiLU-and-multiply in one kernel of linear_tma (opt.tma_silu) */
+    const int silu_tma = b->opt.tma_silu && tma_rows(b, n) &&
+                         cuda_tma_silu_fits(n, H, I, b->hidden, b->layers[0].w_gate_up, b->act);
     for (int64_t i = 0; i < c->num_layers; i++) {
         const struct cuda_layer *l = &b->layers[i];
         struct kv_layer_view kv = kv_layer_view_make(&b->geometry, b->pool, (int32_t)i);
@@ -1095,9 +1147,10 @@ static int forward_layers(struct cuda_backend *b, int32_t n, int32_t num_logits)
             return rc;
         /* Q and K heads sit side by side in a QKV row: one RoPE call rotates both, and writes K
          * and V into the pool in the same pass (or the attention does both). */
-        late_begin(
-            b, n,
-            !tp && (o_parts || o_into || gemm_cublas(b, b->attn, l->w_o, b->proj, n, qd, H, H)));
+        late_begin(b, n,
+                   !tp &&
+                       (o_parts ? !tma_takes(b, b->attn, l->w_o, parts, n, qd, H, o_parts)
+                                : o_into || gemm_cublas(b, b->attn, l->w_o, b->proj, n, qd, H, H)));
         rc = rope_attention(b, &kv, n);
         late_end(b);
         if (rc != 0)
@@ -1109,21 +1162,30 @@ static int forward_layers(struct cuda_backend *b, int32_t n, int32_t num_logits)
             rc = gemm_parts(b, b->attn, l->w_o, parts, o_parts, n, qd, H);
         else if (o_into)
             rc = gemm_add(b, b->attn, l->w_o, res, n, qd, H);
-        else if ((rc = gemm(b, b->attn, l->w_o, b->proj, CUDA_R_16BF, n, qd, H)) == 0 && l->b_o)
+        else if ((rc = gemm_layer(b, b->attn, l->w_o, b->proj, n, qd, H)) == 0 && l->b_o)
             rc = cuda_add_bias(b->proj, H, l->b_o, n, (int32_t)H, s);
         if (rc != 0)
             return rc;
-        /* MLP block. */
-        if ((rc = norm_linear(b, &res, &alt, after_o, o_parts, l->post_norm, l->w_gate_up,
-                              b->gate_up, n, H, 2 * I)) != 0)
-            return rc;
-        late_begin(b, n,
-                   !tp && (down_parts || down_into ||
-                           gemm_cublas(b, b->act, l->w_down, b->proj, n, I, H, H)));
-        rc = cuda_silu_mul(b->gate_up, b->act, n, (int32_t)I, s);
-        late_end(b);
-        if (rc != 0)
-            return rc;
+        /* MLP block: SiLU-and-multiply in gate/up's epilogue (opt.tma_silu), or a kernel. */
+        if (silu_tma) {
+            if ((rc = cuda_add_parts_rmsnorm(res, after_o, parts, o_parts, (int64_t)n * H,
+                                             l->post_norm, b->hidden, n, (int32_t)H, eps, s)) ||
+                (rc = cuda_tma_linear_silu(b->tma, b->hidden, l->w_gate_up, b->act, n, H, I, s)))
+                return rc;
+        } else {
+            if ((rc = norm_linear(b, &res, &alt, after_o, o_parts, l->post_norm, l->w_gate_up,
+                                  b->gate_up, n, H, 2 * I)) != 0)
+                return rc;
+            late_begin(
+                b, n,
+                !tp && (down_parts
+                            ? !tma_takes(b, b->act, l->w_down, parts, n, I, H, down_parts)
+                            : down_into || gemm_cublas(b, b->act, l->w_down, b->proj, n, I, H, H)));
+            rc = cuda_silu_mul(b->gate_up, b->act, n, (int32_t)I, s);
+            late_end(b);
+            if (rc != 0)
+                return rc;
+        }
         if (tp) {
             if ((rc = gemm(b, b->act, l->w_down, b->partial, CUDA_R_32F, n, I, H)) == 0)
                 rc = tp_row_parallel_end(b, NULL, n);
@@ -1132,7 +1194,7 @@ static int forward_layers(struct cuda_backend *b, int32_t n, int32_t num_logits)
         else if (down_into)
             rc = gemm_add(b, b->act, l->w_down, res, n, I, H);
         else
-            rc = gemm(b, b->act, l->w_down, b->proj, CUDA_R_16BF, n, I, H);
+            rc = gemm_layer(b, b->act, l->w_down, b->proj, n, I, H);
         if (rc != 0)
             return rc;
     }

@@ -57,6 +57,10 @@
  * RMSNorms and SiLU-mul alone gained nothing there either). */
 #define CUDA_BACKEND_PDL_LATE_MAX_ROWS 64
 
+/* The rows kernels/cuda/linear_tma.h takes at most (CUDA_TMA_MAX_ROWS): the default of
+ * cuda_backend_options.tma_max_rows (pagoda-run --cuda-tma off sets 0). */
+#define CUDA_BACKEND_TMA_MAX_ROWS 16
+
 struct cuda_backend_options {
     int device;
     struct backend_limits limits;
@@ -96,6 +100,22 @@ struct cuda_backend_options {
     /* With lt_max_rows: only weights of at most this many elements go through cuBLASLt; 0 (the
      * default): every weight. For benchmarks (decode_step's lt_qo and lt_o versions). */
     int64_t lt_max_weight;
+    /* Linears of a layer (QKV, O, gate/up, down; one rank) of 2 to this many rows (at most
+     * CUDA_TMA_MAX_ROWS) that kernels/cuda/linear_tma.h takes go through that GEMM of ours
+     * (weights streamed by TMA, launched with programmatic dependent launch), before the GEMVs
+     * and cuBLAS; O and down in their split_parts slices. Default CUDA_BACKEND_TMA_MAX_ROWS; 0:
+     * none. Alone each linear is 0.85-0.99 of cuBLAS's speed (bench/gemm16), but in the step,
+     * where it overlaps the kernel ahead, the decode step of the 8B shape at 1152 positions
+     * took 5.19 ms at 16 sequences against 5.40 without (bench/RESULTS.md, issue 15,
+     * twenty-fifth session). */
+    int tma_max_rows;
+    /* With tma_max_rows: 0 (the default) lets each call's plan pick its tile; 64 or 128 force
+     * it (cuda_tma_set_tile), for benchmarks. */
+    int tma_tile;
+    /* With tma_max_rows: 1 (the default) runs gate/up and SiLU-and-multiply as one kernel
+     * (cuda_tma_linear_silu: the same bits, one kernel and the gate/up round trip fewer a
+     * layer) where it takes the step; 0: two. */
+    int tma_silu;
     /* Steps of 2 .. residual_gemm_max_rows rows (one rank) add the O and down projections into
      * the FP32 residual stream inside their GEMMs (cublasGemmEx with beta 1 and an FP32 output;
      * O only without a bias, and neither where a GEMV of ours takes it, which keeps its BF16

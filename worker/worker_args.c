@@ -32,7 +32,7 @@ static void usage(FILE *f)
                "                     [--kvpool URL] [--scheduler URL] [--tensor-parallel N]\n"
                "                     [--tp-rank R --tp-size N --tp-group PATH]\n"
                "                     [--cuda-graphs on|off] [--cuda-pdl on|off]\n"
-               "                     [--cuda-residual-gemm on|off]\n"
+               "                     [--cuda-residual-gemm on|off] [--cuda-tma on|off]\n"
                "Maps the kv pool that pagoda-kvpool serves in DIR (asked at --kvpool, default\n"
                "ipc://DIR/kvpool.ipc), loads the model and runs the steps the scheduler sends\n"
                "on --scheduler (default ipc://DIR/worker-I.ipc; tcp://HOST:PORT too).\n");
@@ -56,6 +56,7 @@ enum {
     OPT_CUDA_GRAPHS,
     OPT_CUDA_PDL,
     OPT_CUDA_RESIDUAL_GEMM,
+    OPT_CUDA_TMA,
     OPT_TP_RANK,
     OPT_TP_SIZE,
     OPT_TP_GROUP,
@@ -102,6 +103,7 @@ int worker_args_parse(int argc, char **argv, struct worker_opts *o)
         .cuda_graphs = 1,
         .cuda_pdl = 1,
         .cuda_residual_gemm = 1,
+        .cuda_tma = 1,
     };
     optind = 0; /* glibc: a full re-initialisation, so that a second parse starts afresh */
     static const struct option longopts[] = {
@@ -122,6 +124,7 @@ int worker_args_parse(int argc, char **argv, struct worker_opts *o)
         {"cuda-graphs", required_argument, NULL, OPT_CUDA_GRAPHS},
         {"cuda-pdl", required_argument, NULL, OPT_CUDA_PDL},
         {"cuda-residual-gemm", required_argument, NULL, OPT_CUDA_RESIDUAL_GEMM},
+        {"cuda-tma", required_argument, NULL, OPT_CUDA_TMA},
         {"tp-rank", required_argument, NULL, OPT_TP_RANK},
         {"tp-size", required_argument, NULL, OPT_TP_SIZE},
         {"tp-group", required_argument, NULL, OPT_TP_GROUP},
@@ -187,6 +190,9 @@ int worker_args_parse(int argc, char **argv, struct worker_opts *o)
             break;
         case OPT_CUDA_RESIDUAL_GEMM:
             rc = parse_on_off("--cuda-residual-gemm", optarg, &o->cuda_residual_gemm);
+            break;
+        case OPT_CUDA_TMA:
+            rc = parse_on_off("--cuda-tma", optarg, &o->cuda_tma);
             break;
         case OPT_TP_RANK:
             if ((rc = parse_i64("--tp-rank", optarg, 0, COMM_MAX_RANKS - 1, &v)) == 0)

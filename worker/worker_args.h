@@ -42,6 +42,7 @@ struct worker_opts {
     int cuda_graphs;        /* --cuda-graphs: 1 on (the default), 0 off */
     int cuda_pdl;           /* --cuda-pdl: 1 on (the default), 0 off */
     int cuda_residual_gemm; /* --cuda-residual-gemm: 1 on (the default), 0 off */
+    int cuda_tma;           /* --cuda-tma: 1 on (the default), 0 off */
 };
 
 /* worker_args_parse's results besides 0: a usage error (printed on stderr) and --help (the

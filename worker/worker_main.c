@@ -89,6 +89,10 @@
  * .residual_gemm_max_rows: one rank, and not where a GEMV of ours takes them); off rounds the
  * products to BF16 and adds them in the RMSNorm, as before: other bits, for comparison.
  *
+ * --cuda-tma on (the default; CUDA backend) runs a layer's linears of steps of 2 to 16 tokens
+ * through kernels/cuda/linear_tma's GEMM (worker/cuda_backend.h .tma_max_rows); off through the
+ * GEMVs and cuBLAS, as before: other bits, for comparison.
+ *
  * --backend null loads only config.json and answers every step at once with deterministic
  * tokens (worker/null_backend.h), still through the mirror: for benchmarks of the engine.
  * --fault drop-step=N ignores the N-th Step received (no answer, mirror unchanged);
@@ -256,6 +260,8 @@ static int open_backend(struct worker *w, const struct backend_limits *bl)
         co.pdl = o->cuda_pdl;
         if (!o->cuda_residual_gemm)
             co.residual_gemm_max_rows = 0;
+        if (!o->cuda_tma)
+            co.tma_max_rows = 0;
         /* The ranks' communicator first, while they are in step (every rank just joined): its
          * opening is collective and bounded by the group's timeout. */
         if (w->tp != NULL && (rc = tp_proc_device_comm(w->tp, co.device, &w->tp_device_comm,

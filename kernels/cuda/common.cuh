@@ -149,6 +149,13 @@ __device__ __forceinline__ float bf16_bits_to_float(uint16_t h)
     return __uint_as_float((uint32_t)h << 16);
 }
 
+/* silu(g) * u = g / (1 + exp(-g)) * u, each step rounded as written (f32): SiLU-and-multiply's
+ * one definition (cuda_silu_mul, and linear_tma's gate/up epilogue, which must give its bits). */
+__device__ __forceinline__ float silu_mul1(float g, float u)
+{
+    return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
+}
+
 /* Round to nearest even, NaN kept (cuda_bf16's conversion, as PyTorch and common/dtype.h). */
 __device__ __forceinline__ uint16_t float_to_bf16_bits(float f)
 {

@@ -301,11 +301,6 @@ __global__ void rope_kernel(uint16_t *__restrict__ x, int64_t row_stride,
 
 /* ---- SiLU and multiply ---- */
 
-__device__ __forceinline__ float silu_mul1(float g, float u)
-{
-    return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
-}
-
 template <bool VEC>
 __global__ void silu_mul_kernel(const uint16_t *__restrict__ gate_up, uint16_t *__restrict__ out,
                                 int32_t rows, int32_t inter, int late)

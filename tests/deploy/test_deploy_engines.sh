@@ -117,6 +117,8 @@ refused "--cuda-residual-gemm neither on nor off" "--cuda-residual-gemm no: expe
     --cuda-residual-gemm no
 refused "--cuda-residual-gemm without the CUDA backend" \
     "--cuda-residual-gemm needs --backend cuda" --cuda-residual-gemm off
+refused "--cuda-tma neither on nor off" "--cuda-tma yes: expected on or off" --cuda-tma yes
+refused "--cuda-tma without the CUDA backend" "--cuda-tma needs --backend cuda" --cuda-tma off
 refused "an ipc:// scheduler address for 2 engines" "several engines need a tcp://HOST:PORT" \
     --role engine --engines 2 --scheduler-listen "ipc://$tmp/s.ipc"
 refused "--scheduler without --role router" "--scheduler is for --role router" \

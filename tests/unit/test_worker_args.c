@@ -46,13 +46,14 @@ static void test_defaults_and_values(void **state)
     assert_int_equal(o.cuda_graphs, 1);
     assert_int_equal(o.cuda_pdl, 1);
     assert_int_equal(o.cuda_residual_gemm, 1);
+    assert_int_equal(o.cuda_tma, 1);
     assert_int_equal(o.tp_size, 0);
     assert_null(o.kvpool);
     assert_int_equal(parse(&o, BASE, "--max-seqs", "64", "--max-batched-tokens", "512", "--fault",
                            "drop-result=7", "--step-delay-ms", "5", "--seed", "9", "--kvpool",
                            "tcp://127.0.0.1:7000", "--cuda-graphs", "off", "--cuda-pdl", "off",
-                           "--cuda-residual-gemm", "off", "--tp-rank", "1", "--tp-size", "2",
-                           "--tp-group", "/tmp/g", NULL),
+                           "--cuda-residual-gemm", "off", "--cuda-tma", "off", "--tp-rank", "1",
+                           "--tp-size", "2", "--tp-group", "/tmp/g", NULL),
                      0);
     assert_int_equal(o.max_seqs, 64);
     assert_int_equal(o.max_batched_tokens, 512);
@@ -65,6 +66,7 @@ static void test_defaults_and_values(void **state)
     assert_int_equal(o.cuda_graphs, 0);
     assert_int_equal(o.cuda_pdl, 0);
     assert_int_equal(o.cuda_residual_gemm, 0);
+    assert_int_equal(o.cuda_tma, 0);
     assert_int_equal(o.tp_rank, 1);
     assert_int_equal(o.tp_size, 2);
     assert_string_equal(o.tp_group, "/tmp/g");
@@ -73,6 +75,7 @@ static void test_defaults_and_values(void **state)
     assert_int_equal(o.max_seqs, 256);
     assert_int_equal(o.tp_size, 0);
     assert_int_equal(o.cuda_residual_gemm, 1);
+    assert_int_equal(o.cuda_tma, 1);
     assert_int_equal(parse(&o, "--help", NULL), WORKER_ARGS_HELP);
 }
 
@@ -99,6 +102,7 @@ static void test_refusals(void **state)
     assert_int_equal(parse(&o, BASE, "--cuda-graphs", "maybe", NULL), U);
     assert_int_equal(parse(&o, BASE, "--cuda-pdl", "1", NULL), U);
     assert_int_equal(parse(&o, BASE, "--cuda-residual-gemm", "yes", NULL), U);
+    assert_int_equal(parse(&o, BASE, "--cuda-tma", "1", NULL), U);
     assert_int_equal(parse(&o, BASE, "--log-level", "loud", NULL), U);
     assert_int_equal(parse(&o, BASE, "--tp-rank", "0", "--tp-size", "2", NULL), U); /* no file */
     assert_int_equal(parse(&o, BASE, "--tp-rank", "2", "--tp-size", "2", "--tp-group", "/g", NULL),
