@@ -3,7 +3,7 @@
  *   decode_step MODEL_DIR [--batches 1,16,64] [--context N] [--reps N] [--profile]
  *               [--only VERSION | --versions V1,V2,...] [--layout contiguous|interleaved]
  *               [--pool-blocks N] [--split KEYS] [--pipelined] [--max-tokens N]
- *               [--max-seqs N]
+ *               [--max-seqs N] [--debug]
  *
  * MODEL_DIR holds a config.json (weights are drawn at random on the GPU, as --load-format
  * random). For each batch size B, B sequences of N tokens already in a pool of random K/V
@@ -34,9 +34,12 @@
  * device), and the host time is the wall time between two completions. Exit status 0, or 1 on a
  * failed call (the message names it). --max-tokens and --max-seqs set the backend's limits
  * (default 256 tokens a step, and 64 sequences or the largest batch; the worker's are 2048 and
- * 256). */
+ * 256). --debug logs at debug level: with --pipelined, the backend's line per step that splits
+ * its device time into staging, the layers and the LM head, and sampling (as the worker's debug
+ * log does). */
 #define _POSIX_C_SOURCE 200809L
 #include "common/error.h"
+#include "common/log.h"
 #include "kernels/cuda/linear.h"
 #include "kernels/cuda/linear_tma.h"
 #include "kernels/cuda/util.h"
@@ -293,20 +296,25 @@ static const struct version versions[kVersions] = {
     {.name = "noearly", .ref = 3, .defaults = 1, .no_early_kv = 1},
     {.name = "copy4", .ref = 3, .defaults = 1, .copy_rows = 4},
     {.name = "copy16", .ref = 3, .defaults = 1, .copy_rows = 16},
-    {.name = "lt", .ref = 3, .defaults = 1, .lt_rows = 256},
-    {.name = "qo16", .ref = 3, .gemv_max_rows = CUDA_GEMV_MAX_ROWS, .defaults = 1},
+    /* (lt, qo16, lt_qo, lt_o and o_gemvs16 measure cuBLASLt and the GEMVs at 2 to 16 rows too,
+     * which linear_tma takes by default since the twenty-fifth session: they run without it, to
+     * be read against notma) */
+    {.name = "lt", .ref = 3, .defaults = 1, .lt_rows = 256, .tma_rows = -1},
+    {.name = "qo16", .ref = 3, .gemv_max_rows = CUDA_GEMV_MAX_ROWS, .defaults = 1, .tma_rows = -1},
     {.name = "row", .ref = 3, .defaults = 1, .gemv_row = 1},
     {.name = "rowfuse", .ref = 3, .defaults = 1, .gemv_row = 2},
     {.name = "norow", .ref = 3, .defaults = 1, .gemv_row = -1},
-    {.name = "lt_qo", .ref = 3, .defaults = 1, .lt_rows = 256, .lt_weight = kQKV},
-    {.name = "lt_o", .ref = 3, .defaults = 1, .lt_rows = 256, .lt_weight = kO},
+    {.name = "lt_qo", .ref = 3, .defaults = 1, .lt_rows = 256, .lt_weight = kQKV, .tma_rows = -1},
+    {.name = "lt_o", .ref = 3, .defaults = 1, .lt_rows = 256, .lt_weight = kO, .tma_rows = -1},
     {.name = "noracc", .ref = 3, .defaults = 1, .no_residual_gemm = 1},
     {.name = "nopdl", .ref = 3, .defaults = 1, .no_pdl = 1},
     {.name = "o_gemvs16",
      .ref = 3,
      .gemv_max_rows = CUDA_GEMV_MAX_ROWS,
      .defaults = 1,
-     .max_weight = kO},
+     .max_weight = kO,
+     .tma_rows = -1},
+    /* (without slices linear_tma does not take O and down: cuBLAS adds them whole) */
     {.name = "nosplit", .ref = 3, .defaults = 1, .split_parts = -1},
     {.name = "rope_apart", .ref = 3, .defaults = 1, .rope = -1},
     {.name = "rope_in", .ref = 3, .defaults = 1, .rope = 1},
@@ -405,7 +413,8 @@ static void run_version(const struct model_config *c, const struct kv_geometry *
                 }
             }
         else {
-            /* two steps in flight: step r is submitted before step r - 1 is completed */
+            /* two steps in flight: step r is submitted before step r - 1 is completed (the slots
+             * in turn, as the executor's step ids take them) */
             struct backend_row_error *errs = calloc((size_t)B, sizeof(*errs));
             if (errs == NULL) {
                 fprintf(stderr, "decode_step: out of host memory\n");
@@ -414,11 +423,19 @@ static void run_version(const struct model_config *c, const struct kv_geometry *
             double t_prev = now_s();
             for (int r = 0; r <= kWarmup + reps; r++) {
                 if (r < kWarmup + reps)
-                    PK(backend_submit(be, r % 2, &st.batch, st.rows, NULL, 0, NULL, 0));
+                    PK(backend_submit(be, r % BACKEND_STEP_SLOTS, &st.batch, st.rows, NULL, 0, NULL,
+                                      0));
                 if (r == 0)
                     continue;
                 double us = 0.0;
-                PK(backend_complete(be, (r - 1) % 2, 1, res[i].tokens, res[i].logprobs, errs, &us));
+                PK(backend_complete(be, (r - 1) % BACKEND_STEP_SLOTS, 1, res[i].tokens,
+                                    res[i].logprobs, errs, &us));
+                for (int32_t row = 0; row < B; row++)
+                    if (errs[row].code != 0) {
+                        fprintf(stderr, "decode_step: row %d of a step: %s\n", (int)row,
+                                errs[row].message);
+                        exit(1);
+                    }
                 const double t = now_s();
                 if (r - 1 >= kWarmup) {
                     dev[r - 1 - kWarmup] = us * 1e-3;
@@ -514,6 +531,8 @@ int main(int argc, char **argv)
             profile = 1;
         } else if (strcmp(argv[i], "--pipelined") == 0) {
             pipelined = 1;
+        } else if (strcmp(argv[i], "--debug") == 0) {
+            log_set_level(LOG_DEBUG);
         } else if (strcmp(argv[i], "--max-tokens") == 0 && i + 1 < argc && atoi(argv[i + 1]) > 0) {
             max_tokens = atoi(argv[++i]);
         } else if (strcmp(argv[i], "--max-seqs") == 0 && i + 1 < argc && atoi(argv[i + 1]) > 0) {
@@ -533,7 +552,7 @@ int main(int argc, char **argv)
                 "usage: decode_step MODEL_DIR [--batches 1,16,64] [--context N] "
                 "[--reps 1..%d] [--profile] [--only VERSION | --versions V1,V2,...] "
                 "[--layout contiguous|interleaved] [--pool-blocks N] [--split KEYS] [--pipelined]\n"
-                "[--max-tokens N] [--max-seqs N]\n"
+                "[--max-tokens N] [--max-seqs N] [--debug]\n"
                 "versions:",
                 kMaxReps);
         for (int v = 0; v < kVersions; v++)

@@ -65,6 +65,13 @@ struct cuda_backend {
     /* Around each forward pass on the stream, one pair per step slot (backend_submit) and one for
      * the synchronous calls (STAGE_SYNC): its device time. */
     cudaEvent_t ev_start[STAGES], ev_end[STAGES];
+    /* Inside that pair, for the worker's debug log (cuda_complete): after the step's metadata
+     * is staged (the layers begin), and after the LM head (the sampler begins). */
+    cudaEvent_t ev_layers[STAGES], ev_sample[STAGES];
+    int slot_graph[STAGES]; /* whether the step in a slot replayed a graph */
+    /* The slot submitted just before the step in each slot (-1: a synchronous call came between,
+     * or none), and the last slot submitted: the device's idle time between two steps. */
+    int slot_prev[BACKEND_STEP_SLOTS], last_slot;
     int timed; /* the synchronous pair recorded since the last synchronous pass began */
     /* The step's metadata in pinned memory, one stage per step slot and one for the
      * synchronous calls; staged[i] marks the end of the last copy from stage i. */
@@ -162,6 +169,10 @@ static void cuda_close(struct backend *base)
             cudaEventDestroy(b->ev_start[i]);
         if (b->ev_end[i] != NULL)
             cudaEventDestroy(b->ev_end[i]);
+        if (b->ev_layers[i] != NULL)
+            cudaEventDestroy(b->ev_layers[i]);
+        if (b->ev_sample[i] != NULL)
+            cudaEventDestroy(b->ev_sample[i]);
         if (b->staged[i] != NULL)
             cudaEventDestroy(b->staged[i]);
     }
@@ -430,7 +441,8 @@ static int alloc_steps(struct cuda_backend *b)
     if ((e = cudaMemset(b->d_sampled, 0, BACKEND_STEP_SLOTS * S * 4)) != cudaSuccess)
         return cuda_fail(e, "cudaMemset (sampled tokens)");
     for (int i = 0; i < BACKEND_STEP_SLOTS; i++)
-        b->held[i] = -1;
+        b->held[i] = b->slot_prev[i] = -1;
+    b->last_slot = -1;
     b->stage = calloc(STAGES, sizeof(*b->stage));
     if (b->stage == NULL)
         return PAGODA_ENOMEM;
@@ -444,6 +456,8 @@ static int alloc_steps(struct cuda_backend *b)
             return cuda_fail(e, "cudaMallocHost (step stage)");
         if ((e = cudaEventCreate(&b->ev_start[i])) != cudaSuccess ||
             (e = cudaEventCreate(&b->ev_end[i])) != cudaSuccess ||
+            (e = cudaEventCreate(&b->ev_layers[i])) != cudaSuccess ||
+            (e = cudaEventCreate(&b->ev_sample[i])) != cudaSuccess ||
             (e = cudaEventCreateWithFlags(&b->staged[i], cudaEventDisableTiming)) != cudaSuccess)
             return cuda_fail(e, "cudaEventCreate");
     }
@@ -619,9 +633,23 @@ static int open_backend(const struct model_config *cfg, const struct model_weigh
     if (b->opt.lt_max_rows > 0 &&
         (rc = cuda_lt_new(b->cublas_workspace, MODEL_BUDGET_CUBLAS_WORKSPACE_BYTES, &b->lt)) != 0)
         goto fail;
-    if (b->opt.tma_max_rows > 0 && ((rc = cuda_tma_new(&b->tma)) != 0 ||
-                                    (rc = cuda_tma_set_tile(b->tma, b->opt.tma_tile)) != 0))
-        goto fail;
+    /* linear_tma, for one rank outside the baseline kernels: where the device or driver cannot
+     * run it (PAGODA_ECUDA), a warning, and the linears go to the GEMVs and cuBLAS (as
+     * --cuda-tma off). */
+    if (b->opt.tma_max_rows > 0 && b->opt.comm == NULL && !b->opt.baseline_kernels) {
+        if ((rc = cuda_tma_new(&b->tma)) != 0 && rc != PAGODA_ECUDA)
+            goto fail;
+        if (rc != 0) {
+            log_warn("cuda: linear_tma is not available (%s): a layer's linears of 2 to %d rows "
+                     "go through the GEMVs and cuBLAS, as with --cuda-tma off",
+                     pagoda_error_detail(), b->opt.tma_max_rows);
+            b->tma = NULL;
+            rc = 0;
+            (void)cudaGetLastError();
+        } else if ((rc = cuda_tma_set_tile(b->tma, b->opt.tma_tile)) != 0) {
+            goto fail;
+        }
+    }
     /* Random weights of a shard: the rank's slices of the whole model's draw (one seed for
      * every rank), so a random group computes what a random TP 1 computes. */
     if ((rc = load_weights(b, w, random_seed)) != 0 || (rc = alloc_activations(b)) != 0 ||
@@ -1018,8 +1046,10 @@ static int forward_pass(struct cuda_backend *b, const struct fwd_batch *batch, i
     cudaError_t e = bind_thread(b);
     if (e != cudaSuccess)
         return cuda_fail(e, "cudaSetDevice");
-    if (k == STAGE_SYNC)
+    if (k == STAGE_SYNC) {
         b->timed = 0;
+        b->last_slot = -1;
+    }
     if ((e = cudaEventRecord(b->ev_start[k], b->stream)) != cudaSuccess)
         return cuda_fail(e, "cudaEventRecord");
     struct attention_batch ab = {
@@ -1043,6 +1073,9 @@ static int forward_pass(struct cuda_backend *b, const struct fwd_batch *batch, i
     }
     if ((rc = stage_step(b, k, batch, g >= 0 ? b->graph_batch[g] : 0, gathers, num_gathers)) != 0)
         return rc;
+    if ((e = cudaEventRecord(b->ev_layers[k], b->stream)) != cudaSuccess)
+        return cuda_fail(e, "cudaEventRecord");
+    b->slot_graph[k] = g >= 0;
     if (g >= 0) {
         if ((e = cudaGraphLaunch(b->graph[g], b->stream)) != cudaSuccess)
             return cuda_fail(e, "cudaGraphLaunch");
@@ -1129,7 +1162,7 @@ static int forward_layers(struct cuda_backend *b, int32_t n, int32_t num_logits)
     const int32_t o_parts = o_into ? o_split : 0;
     const int32_t down_parts = down_into ? down_split : 0;
     /* gate/up with SiLU-and-multiply in one kernel of linear_tma (opt.tma_silu) */
-    const int silu_tma = b->opt.tma_silu && tma_rows(b, n) &&
+    const int silu_tma = b->opt.tma_silu && c->num_layers > 0 && tma_rows(b, n) &&
                          cuda_tma_silu_fits(n, H, I, b->hidden, b->layers[0].w_gate_up, b->act);
     for (int64_t i = 0; i < c->num_layers; i++) {
         const struct cuda_layer *l = &b->layers[i];
@@ -1540,6 +1573,9 @@ static int cuda_submit(struct backend *base, int slot, const struct fwd_batch *b
     int rc = cuda_forward_device(b, batch, slot, gathers, num_gathers);
     if (rc != 0)
         return rc;
+    cudaError_t e = cudaEventRecord(b->ev_sample[slot], b->stream);
+    if (e != cudaSuccess)
+        return cuda_fail(e, "cudaEventRecord");
     int32_t n = batch->num_logits;
     if (n > 0) {
         fill_rows(b, rows, n);
@@ -1550,10 +1586,11 @@ static int cuda_submit(struct backend *base, int slot, const struct fwd_batch *b
         if (rc != 0)
             return rc;
     }
-    cudaError_t e = cudaEventRecord(b->ev_end[slot], b->stream);
-    if (e != cudaSuccess)
+    if ((e = cudaEventRecord(b->ev_end[slot], b->stream)) != cudaSuccess)
         return cuda_fail(e, "cudaEventRecord");
     b->held[slot] = n;
+    b->slot_prev[slot] = b->last_slot;
+    b->last_slot = slot;
     return 0;
 }
 
@@ -1576,6 +1613,24 @@ static int cuda_complete(struct backend *base, int slot, int wait, int32_t *toke
     if ((e = cudaEventElapsedTime(&ms, b->ev_start[slot], b->ev_end[slot])) != cudaSuccess)
         return cuda_fail(e, "cudaEventElapsedTime");
     *device_us = (double)ms * 1e3;
+    /* The debug log's split of the device time, and the device's idle time before the step (from
+     * the end of the step submitted before it, whose slot is not reused before this one is
+     * completed): idle time, or staging longer than its copies take, says the step came late. */
+    if (log_get_level() <= LOG_DEBUG) {
+        float staged = 0.0f, layers = 0.0f, idle = -1.0f;
+        const int prev = b->slot_prev[slot];
+        if (cudaEventElapsedTime(&staged, b->ev_start[slot], b->ev_layers[slot]) == cudaSuccess &&
+            cudaEventElapsedTime(&layers, b->ev_layers[slot], b->ev_sample[slot]) == cudaSuccess) {
+            if (prev >= 0 &&
+                cudaEventElapsedTime(&idle, b->ev_end[prev], b->ev_start[slot]) != cudaSuccess)
+                idle = -1.0f;
+            log_debug("cuda: step slot %d: %.0f us staging, %.0f us the layers and LM head (%s), "
+                      "%.0f us sampling; the device idle %.0f us before it (-1: not known)",
+                      slot, staged * 1e3, layers * 1e3, b->slot_graph[slot] ? "graph" : "eager",
+                      (ms - staged - layers) * 1e3, idle < 0 ? -1.0 : idle * 1e3);
+        }
+        (void)cudaGetLastError(); /* an elapsed time not available: no error for the next call */
+    }
     for (int32_t r = 0; r < n; r++) {
         struct backend_row_error *re = &row_errors[r];
         re->code = cuda_sampler_result(b->sampler, slot, r, &tokens[r], &logprobs[r]);

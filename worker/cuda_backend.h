@@ -106,8 +106,10 @@ struct cuda_backend_options {
      * and cuBLAS; O and down in their split_parts slices. Default CUDA_BACKEND_TMA_MAX_ROWS; 0:
      * none. Alone each linear is 0.85-0.99 of cuBLAS's speed (bench/gemm16), but in the step,
      * where it overlaps the kernel ahead, the decode step of the 8B shape at 1152 positions
-     * took 5.19 ms at 16 sequences against 5.40 without (bench/RESULTS.md, issue 15,
-     * twenty-fifth session). */
+     * took 5.16-5.21 ms at 16 sequences against 5.35-5.38 without, and the closed loop's
+     * 0.05-0.10 ms less on three machines of four (bench/RESULTS.md, issue 15, twenty-fifth
+     * session). Where cuda_tma_new fails with a CUDA error (a device or driver without it), the
+     * backend warns and goes on without it. */
     int tma_max_rows;
     /* With tma_max_rows: 0 (the default) lets each call's plan pick its tile; 64 or 128 force
      * it (cuda_tma_set_tile), for benchmarks. */

@@ -334,12 +334,12 @@ int cuda_tma_new(struct cuda_tma **out)
         return cuda_call_failed(e, "cuda_tma_new: cudaFuncSetAttribute");
     cuda_tma *t = static_cast<cuda_tma *>(calloc(1, sizeof(*t)));
     if (t == NULL)
-        return PAGODA_ENOMEM;
+        return pagoda_error_set(PAGODA_ENOMEM, "cuda_tma_new: out of host memory");
     t->cap = 64;
     t->slots = alloc_slots(t->cap);
     if (t->slots == NULL) {
         free(t);
-        return PAGODA_ENOMEM;
+        return pagoda_error_set(PAGODA_ENOMEM, "cuda_tma_new: out of host memory");
     }
     t->encode = reinterpret_cast<encode_tiled_fn>(fn);
     t->sms = sms;
