@@ -3,7 +3,7 @@
  *   decode_step MODEL_DIR [--batches 1,16,64] [--context N] [--reps N] [--profile]
  *               [--only VERSION | --versions V1,V2,...] [--layout contiguous|interleaved]
  *               [--pool-blocks N] [--split KEYS] [--pipelined] [--max-tokens N]
- *               [--max-seqs N] [--debug]
+ *               [--max-seqs N] [--debug] [--context-spread S]
  *
  * MODEL_DIR holds a config.json (weights are drawn at random on the GPU, as --load-format
  * random). For each batch size B, B sequences of N tokens already in a pool of random K/V
@@ -36,7 +36,8 @@
  * (default 256 tokens a step, and 64 sequences or the largest batch; the worker's are 2048 and
  * 256). --debug logs at debug level: with --pipelined, the backend's line per step that splits
  * its device time into staging, the layers and the LM head, and sampling (as the worker's debug
- * log does). */
+ * log does). --context-spread S gives the sequences contexts from N down to N - S, evenly (the
+ * floor counts each at its own). */
 #define _POSIX_C_SOURCE 200809L
 #include "common/error.h"
 #include "common/log.h"
@@ -120,6 +121,15 @@ static int32_t block_at(int32_t s, int32_t b, int32_t B, int32_t bps)
     return (int32_t)(1 + i * block_stride);
 }
 
+/* --context-spread: the sequences' contexts run evenly from N down to N - spread (as in a
+ * serving run, where sequences that joined a few steps apart decode side by side). */
+static int32_t context_spread;
+
+static int32_t context_of(int32_t s, int32_t B, int32_t ctx)
+{
+    return B > 1 ? ctx - (int32_t)((int64_t)context_spread * s / (B - 1)) : ctx;
+}
+
 static void step_make(struct step *st, int32_t B, int32_t ctx, int32_t bps, int32_t vocab)
 {
     st->tokens = calloc((size_t)B, 4);
@@ -136,14 +146,15 @@ static void step_make(struct step *st, int32_t B, int32_t ctx, int32_t bps, int3
         exit(1);
     }
     for (int32_t s = 0; s < B; s++) {
+        const int32_t n = context_of(s, B, ctx);
         st->tokens[s] = (int32_t)((s * 7919 + 13) % vocab);
-        st->positions[s] = ctx - 1;
+        st->positions[s] = n - 1;
         st->qs[s + 1] = s + 1;
-        st->ctx[s] = ctx;
+        st->ctx[s] = n;
         for (int32_t b = 0; b < bps; b++)
             st->tables[(int64_t)s * bps + b] = block_at(s, b, B, bps);
-        st->slots[s] = (int64_t)st->tables[(int64_t)s * bps + (ctx - 1) / kBlockSize] * kBlockSize +
-                       (ctx - 1) % kBlockSize;
+        st->slots[s] = (int64_t)st->tables[(int64_t)s * bps + (n - 1) / kBlockSize] * kBlockSize +
+                       (n - 1) % kBlockSize;
         st->logits_idx[s] = s;
         st->rows[s].params = sampling_params_default();
         st->rows[s].params.temperature = 0.0f;
@@ -533,6 +544,9 @@ int main(int argc, char **argv)
             pipelined = 1;
         } else if (strcmp(argv[i], "--debug") == 0) {
             log_set_level(LOG_DEBUG);
+        } else if (strcmp(argv[i], "--context-spread") == 0 && i + 1 < argc &&
+                   atoi(argv[i + 1]) >= 0) {
+            context_spread = atoi(argv[++i]);
         } else if (strcmp(argv[i], "--max-tokens") == 0 && i + 1 < argc && atoi(argv[i + 1]) > 0) {
             max_tokens = atoi(argv[++i]);
         } else if (strcmp(argv[i], "--max-seqs") == 0 && i + 1 < argc && atoi(argv[i + 1]) > 0) {
@@ -547,12 +561,13 @@ int main(int argc, char **argv)
             break;
         }
     }
-    if (dir == NULL || nb < 1 || ctx < 2 || reps < 1 || reps > kMaxReps) {
+    if (dir == NULL || nb < 1 || ctx < 2 || context_spread > ctx - 1 || reps < 1 ||
+        reps > kMaxReps) {
         fprintf(stderr,
                 "usage: decode_step MODEL_DIR [--batches 1,16,64] [--context N] "
                 "[--reps 1..%d] [--profile] [--only VERSION | --versions V1,V2,...] "
                 "[--layout contiguous|interleaved] [--pool-blocks N] [--split KEYS] [--pipelined]\n"
-                "[--max-tokens N] [--max-seqs N] [--debug]\n"
+                "[--max-tokens N] [--max-seqs N] [--debug] [--context-spread S]\n"
                 "versions:",
                 kMaxReps);
         for (int v = 0; v < kVersions; v++)
@@ -626,7 +641,10 @@ int main(int argc, char **argv)
            "host ms", "floor ms", "floor/dev", "logits diff", "tokens eq", "graph steps");
     for (int i = 0; i < nb; i++) {
         const int32_t B = batches[i];
-        const double bytes = weights + (double)B * ctx * kv_per_token;
+        double positions = 0;
+        for (int32_t s = 0; s < B; s++)
+            positions += context_of(s, B, ctx);
+        const double bytes = weights + positions * kv_per_token;
         const double floor_ms = bytes / kFloorBytesPerSecond * 1e3;
         for (int v = 0; v < kVersions; v++) {
             if (!run[v])
