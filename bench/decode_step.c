@@ -29,7 +29,7 @@
  * sequences' blocks spread over it at a stride of pool / needed; --split forces the decode
  * attention's split-KV partition in every version (cuda_backend_options.decode_split; 0, the
  * default, leaves it to the plan's cost model). --pipelined times the steps as the worker's
- * executor runs them, two in flight (backend_submit into two slots in turn, backend_complete of
+ * executor runs them, two in flight (backend_submit into the slots in turn, backend_complete of
  * the one before: each step's device time then starts as the step ahead ends, not from an idle
  * device), and the host time is the wall time between two completions. Exit status 0, or 1 on a
  * failed call (the message names it). --max-tokens and --max-seqs set the backend's limits
@@ -42,7 +42,6 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "kernels/cuda/linear.h"
-#include "kernels/cuda/linear_tma.h"
 #include "kernels/cuda/util.h"
 #include "model/model_config.h"
 #include "worker/backend.h"

@@ -808,8 +808,8 @@ static int row_takes(const struct cuda_backend *b, const uint16_t *x, const uint
  * loses the late trigger's overlap the SiLU-mul kernel gave it. */
 static int tma_rows(const struct cuda_backend *b, int64_t rows)
 {
-    return b->tma != NULL && b->opt.comm == NULL && !b->opt.baseline_kernels && rows >= 2 &&
-           rows <= b->opt.tma_max_rows;
+    /* (b->tma exists for one rank outside the baseline kernels only: open_backend) */
+    return b->tma != NULL && rows >= 2 && rows <= b->opt.tma_max_rows;
 }
 
 static int tma_takes(const struct cuda_backend *b, const uint16_t *x, const uint16_t *w,
@@ -1089,13 +1089,15 @@ static int forward_pass(struct cuda_backend *b, const struct fwd_batch *batch, i
  * y = norm . w^T. A step of one row with opt.gemv_row and opt.gemv_row_norm (and no tensor
  * parallelism): one kernel, cuda_gemv_row_norm, which writes the residual to the other buffer
  * (*res and *alt swap); otherwise cuda_add_rmsnorm into b->hidden (the residual in place), then
- * gemm. The same bits either way. */
+ * gemm_layer. The same bits either way. With silu (gate/up where opt.tma_silu takes the step:
+ * 2 rows or more, cuda_tma_silu_fits), w is the gate/up weight of out = 2 x inter rows and y
+ * the activations [n][inter]: cuda_tma_linear_silu, SiLU-and-multiply in its epilogue. */
 static int norm_linear(struct cuda_backend *b, float **res, float **alt, const uint16_t *add,
                        int32_t nparts, const uint16_t *norm, const uint16_t *w, uint16_t *y,
-                       int32_t n, int64_t in, int64_t out)
+                       int32_t n, int64_t in, int64_t out, int silu)
 {
     const float eps = (float)b->base.config.rms_norm_eps;
-    if (n == 1 && nparts == 0 && b->opt.gemv_row && b->opt.gemv_row_norm &&
+    if (!silu && n == 1 && nparts == 0 && b->opt.gemv_row && b->opt.gemv_row_norm &&
         !b->opt.baseline_kernels && b->opt.comm == NULL &&
         cuda_gemv_row_norm_fits((int32_t)in, (int32_t)out, *res, add, norm, *alt, w, y)) {
         int rc = cuda_gemv_row_norm(*res, add, norm, eps, *alt, w, y, 0, (int32_t)in, (int32_t)out,
@@ -1107,11 +1109,15 @@ static int norm_linear(struct cuda_backend *b, float **res, float **alt, const u
         }
         return rc;
     }
-    late_begin(b, n, b->opt.comm == NULL && gemm_cublas(b, b->hidden, w, y, n, in, out, out));
+    late_begin(b, n,
+               b->opt.comm == NULL && !silu && gemm_cublas(b, b->hidden, w, y, n, in, out, out));
     int rc = cuda_add_parts_rmsnorm(*res, add, (const float *)b->gate_up, nparts, (int64_t)n * in,
                                     norm, b->hidden, n, (int32_t)in, eps, b->stream);
     late_end(b);
-    return rc ? rc : gemm_layer(b, b->hidden, w, y, n, in, out);
+    if (rc != 0)
+        return rc;
+    return silu ? cuda_tma_linear_silu(b->tma, b->hidden, w, y, n, in, out / 2, b->stream)
+                : gemm_layer(b, b->hidden, w, y, n, in, out);
 }
 
 /* The layers and the LM head over the n tokens staged on the device, into num_logits rows of
@@ -1175,7 +1181,7 @@ static int forward_layers(struct cuda_backend *b, int32_t n, int32_t num_logits)
         }
         /* Attention block; the previous block's output (proj) joins the residual stream. */
         if ((rc = norm_linear(b, &res, &alt, i ? after_down : NULL, i ? down_parts : 0,
-                              l->input_norm, l->w_qkv, b->qkv, n, H, qkvd)) ||
+                              l->input_norm, l->w_qkv, b->qkv, n, H, qkvd, 0)) ||
             (l->b_qkv && (rc = cuda_add_bias(b->qkv, qkvd, l->b_qkv, n, (int32_t)qkvd, s))))
             return rc;
         /* Q and K heads sit side by side in a QKV row: one RoPE call rotates both, and writes K
@@ -1200,15 +1206,10 @@ static int forward_layers(struct cuda_backend *b, int32_t n, int32_t num_logits)
         if (rc != 0)
             return rc;
         /* MLP block: SiLU-and-multiply in gate/up's epilogue (opt.tma_silu), or a kernel. */
-        if (silu_tma) {
-            if ((rc = cuda_add_parts_rmsnorm(res, after_o, parts, o_parts, (int64_t)n * H,
-                                             l->post_norm, b->hidden, n, (int32_t)H, eps, s)) ||
-                (rc = cuda_tma_linear_silu(b->tma, b->hidden, l->w_gate_up, b->act, n, H, I, s)))
-                return rc;
-        } else {
-            if ((rc = norm_linear(b, &res, &alt, after_o, o_parts, l->post_norm, l->w_gate_up,
-                                  b->gate_up, n, H, 2 * I)) != 0)
-                return rc;
+        if ((rc = norm_linear(b, &res, &alt, after_o, o_parts, l->post_norm, l->w_gate_up,
+                              silu_tma ? b->act : b->gate_up, n, H, 2 * I, silu_tma)) != 0)
+            return rc;
+        if (!silu_tma) {
             late_begin(
                 b, n,
                 !tp && (down_parts
