@@ -31,6 +31,7 @@ static void usage(FILE *f)
                "                     [--log-level debug|info|warn|error]\n"
                "                     [--kvpool URL] [--scheduler URL] [--tensor-parallel N]\n"
                "                     [--tp-rank R --tp-size N --tp-group PATH]\n"
+               "                     [--tp-timeout-ms 30000]\n"
                "                     [--cuda-graphs on|off] [--cuda-pdl on|off]\n"
                "                     [--cuda-residual-gemm on|off] [--cuda-tma on|off]\n"
                "Maps the kv pool that pagoda-kvpool serves in DIR (asked at --kvpool, default\n"
@@ -60,6 +61,7 @@ enum {
     OPT_TP_RANK,
     OPT_TP_SIZE,
     OPT_TP_GROUP,
+    OPT_TP_TIMEOUT,
 };
 
 #define FAULTS "drop-step=N, drop-result=N or lose-device=PATH"
@@ -104,6 +106,7 @@ int worker_args_parse(int argc, char **argv, struct worker_opts *o)
         .cuda_pdl = 1,
         .cuda_residual_gemm = 1,
         .cuda_tma = 1,
+        .tp_timeout_ms = COMM_DEFAULT_TIMEOUT_MS,
     };
     optind = 0; /* glibc: a full re-initialisation, so that a second parse starts afresh */
     static const struct option longopts[] = {
@@ -128,6 +131,7 @@ int worker_args_parse(int argc, char **argv, struct worker_opts *o)
         {"tp-rank", required_argument, NULL, OPT_TP_RANK},
         {"tp-size", required_argument, NULL, OPT_TP_SIZE},
         {"tp-group", required_argument, NULL, OPT_TP_GROUP},
+        {"tp-timeout-ms", required_argument, NULL, OPT_TP_TIMEOUT},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -209,6 +213,12 @@ int worker_args_parse(int argc, char **argv, struct worker_opts *o)
                                       WORKER_MAX_PATH - 1);
             o->tp_group = optarg;
             break;
+        case OPT_TP_TIMEOUT:
+            if ((rc = parse_i64("--tp-timeout-ms", optarg, WORKER_MIN_TP_TIMEOUT_MS,
+                                WORKER_MAX_TP_TIMEOUT_MS, &v)) == 0)
+                o->tp_timeout_ms = (int)v;
+            o->tp_timeout_set = 1;
+            break;
         case OPT_STEP_DELAY:
             if ((rc = parse_i64("--step-delay-ms", optarg, 0, WORKER_MAX_DELAY_MS, &v)) == 0)
                 o->step_delay_ms = (uint32_t)v;
@@ -265,6 +275,11 @@ int worker_args_parse(int argc, char **argv, struct worker_opts *o)
         fprintf(stderr, "pagoda-worker: --tensor-parallel (ranks that are threads of this "
                         "worker) and --tp-size (ranks that are worker processes) exclude each "
                         "other\n");
+        return WORKER_ARGS_USAGE;
+    }
+    if (o->tp_timeout_set && o->tp_size == 0 && o->tensor_parallel == 1) {
+        fprintf(stderr, "pagoda-worker: --tp-timeout-ms bounds a tensor-parallel group's "
+                        "collectives: it needs --tp-size or --tensor-parallel\n");
         return WORKER_ARGS_USAGE;
     }
     if (o->tp_size != 0 && strcmp(o->backend, "null") == 0) {

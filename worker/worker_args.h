@@ -12,6 +12,9 @@
 #define WORKER_MAX_DELAY_MS 600000
 /* The longest --tp-group path. */
 #define WORKER_MAX_PATH 1024
+/* --tp-timeout-ms' bounds: a collective waits at least a second, at most an hour. */
+#define WORKER_MIN_TP_TIMEOUT_MS 1000
+#define WORKER_MAX_TP_TIMEOUT_MS 3600000
 
 struct worker_opts {
     const char *run_dir;
@@ -39,6 +42,10 @@ struct worker_opts {
      * tp_size 0: none. */
     int tp_rank, tp_size, tp_rank_set;
     const char *tp_group;
+    /* --tp-timeout-ms: how long a rank waits for its peers in a collective before the group is
+     * broken (every rank of a group is given the same); COMM_DEFAULT_TIMEOUT_MS unless
+     * given. */
+    int tp_timeout_ms, tp_timeout_set;
     int cuda_graphs;        /* --cuda-graphs: 1 on (the default), 0 off */
     int cuda_pdl;           /* --cuda-pdl: 1 on (the default), 0 off */
     int cuda_residual_gemm; /* --cuda-residual-gemm: 1 on (the default), 0 off */

@@ -6,7 +6,8 @@
  *                 [--max-batched-tokens 2048] [--max-seqs 256] [--log-level info]
  *                 [--kvpool URL] [--scheduler URL] [--tensor-parallel N]
  *                 [--tp-rank R --tp-size N --tp-group PATH] [--cuda-graphs on|off]
- *                 [--cuda-pdl on|off] [--cuda-residual-gemm on|off]
+ *                 [--cuda-pdl on|off] [--cuda-residual-gemm on|off] [--cuda-tma on|off]
+ *                 [--tp-timeout-ms 30000]
  *
  * --kvpool (default ipc://DIR/kvpool.ipc) and --scheduler (default ipc://DIR/worker-I.ipc)
  * replace the two addresses below; either may be tcp:// (the pool itself is of this host).
@@ -25,7 +26,10 @@
  * group, so that rank 0 fails at once instead of at the collectives' timeout; exit 0 on a signal,
  * 1 otherwise). Rank 0 exits 1 at once when a step's collective fails for the group itself (a
  * rank did not arrive in time, or aborted): the supervisor then restarts every rank, a hung one
- * too. --tp-size 1 is a plain worker (the file is not used).
+ * too. --tp-size 1 is a plain worker (the file is not used). --tp-timeout-ms MS (default
+ * COMM_DEFAULT_TIMEOUT_MS, 30 s; 1 s to 1 h) is "in time": how long a collective (those
+ * that open the backend too) waits for a rank (the supervisor gives every rank the same); a longer
+ * step than that on one rank breaks the group, a shorter value finds a hung rank sooner.
  *
  * Start (docs/protocol.md): asks kvpool (REQ ipc://DIR/kvpool.ipc, for up to 30 s) for the
  * pool's geometry, maps the pool and checks that it fits the model, loads the model and opens
@@ -290,7 +294,7 @@ static int open_backend(struct worker *w, const struct backend_limits *bl)
         struct cpu_backend_options co = cpu_backend_default_options();
         co.limits = *bl;
         rc = tp_local_open(o->model, o->tensor_parallel, pg, kv_shm_pool_data(w->pool.shm), &co,
-                           COMM_DEFAULT_TIMEOUT_MS, &w->backend);
+                           o->tp_timeout_ms, &w->backend);
         if (rc == PAGODA_EUNSUPPORTED)
             w->cannot_run = 1; /* a size the model cannot be split by: restarting will not help */
     } else if ((rc = model_weights_open(o->model, &mw)) == 0) {
@@ -350,7 +354,7 @@ static int join_group(struct worker *w, const struct backend_limits *bl)
         .path = o->tp_group,
         .rank = o->tp_rank,
         .size = o->tp_size,
-        .timeout_ms = COMM_DEFAULT_TIMEOUT_MS,
+        .timeout_ms = o->tp_timeout_ms,
         .want_nccl = strcmp(o->backend, "cuda") == 0,
         .keep_waiting = start_keep_waiting,
         .ctx = w,

@@ -119,6 +119,10 @@ refused "--cuda-residual-gemm without the CUDA backend" \
     "--cuda-residual-gemm needs --backend cuda" --cuda-residual-gemm off
 refused "--cuda-tma neither on nor off" "--cuda-tma yes: expected on or off" --cuda-tma yes
 refused "--cuda-tma without the CUDA backend" "--cuda-tma needs --backend cuda" --cuda-tma off
+refused "--tp-timeout-ms below a second" "--tp-timeout-ms: a whole number of milliseconds" \
+    --tensor-parallel 2 --tp-timeout-ms 999
+refused "--tp-timeout-ms without tensor parallelism" \
+    "--tp-timeout-ms needs --tensor-parallel 2 or more" --tp-timeout-ms 5000
 refused "an ipc:// scheduler address for 2 engines" "several engines need a tcp://HOST:PORT" \
     --role engine --engines 2 --scheduler-listen "ipc://$tmp/s.ipc"
 refused "--scheduler without --role router" "--scheduler is for --role router" \

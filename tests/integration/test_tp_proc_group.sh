@@ -166,11 +166,15 @@ kill_mid() {
 up tiny1 "$tmp/tiny"
 start tiny1 tiny1 && finish
 down tiny1
-up tiny2 "$tmp/tiny" --tensor-parallel 2 "${tp_args[@]}"
+up tiny2 "$tmp/tiny" --tensor-parallel 2 "${tp_args[@]}" --tp-timeout-ms 20000
 start tiny2 tiny2 && finish
 check "tiny: TP 2 (processes) gives TP 1's $tokens greedy tokens ($(head -c 60 "$tmp/tiny2.1"))" \
     same tiny1 tiny2
 check "tiny: two worker processes ran" test -s "$tmp/runtiny2/worker-0-r1.log"
+p=$(pid_of tiny2 worker-0-r1)
+tr '\0' ' ' <"/proc/${p:-0}/cmdline" >"$tmp/r1.cmdline" 2>/dev/null || true
+check "pagoda-up --tp-timeout-ms reaches every rank" \
+    grep -qF -- "--tp-timeout-ms 20000 " "$tmp/r1.cmdline"
 down tiny2
 
 # pagoda-brown: the same, then kill -9 of each rank while requests run.
@@ -278,16 +282,18 @@ down brown2
 
 # A rank that hangs (SIGSTOP: alive, never arriving) mid-request, in a group whose scheduler's
 # watchdog (which would report rank 0 hung, and have it killed) outlasts the group's timeout
-# (COMM_DEFAULT_TIMEOUT_MS, 30 s), as a deployment of long steps may set it: rank 0's collective
-# times out, and rank 0 exits, saying the group broke, instead of failing every later step at
-# once (the scheduler would fail request after request); the supervisor restarts the unit
-# (killing the stopped rank) and every request completes with TP 1's tokens.
+# (--tp-timeout-ms 8000 here, as pagoda-up --tp-timeout-ms passes it; 30 s by default), as a
+# deployment of long steps may set it: rank 0's collective times out, and rank 0 exits, saying
+# the group broke, instead of failing every later step at once (the scheduler would fail request
+# after request); the supervisor restarts the unit (killing the stopped rank) and every request
+# completes with TP 1's tokens.
 # (pagoda-up passes no --watchdog-ms: the supervisor is started as pagoda-up starts it.)
 run=$tmp/runhang
 mkdir -m 0700 "$run"
 setsid "$bin_dir/pagoda-supervisor" --run-dir "$run" --bin-dir "$bin_dir" --model "$brown" \
     --listen "ipc://$run/c.ipc" --kv-blocks 128 "${backend_args[@]}" --tensor-parallel 2 \
     "${tp_args[@]}" --scheduler-arg --watchdog-ms --scheduler-arg 600000 \
+    --worker-arg --tp-timeout-ms --worker-arg 8000 \
     >>"$run/supervisor.log" 2>&1 </dev/null &
 n=0
 until [ -s "$run/ready" ] || [ $n -ge 1200 ]; do
@@ -299,5 +305,7 @@ kill_mid hang worker-0-r1 hang1 STOP
 check "a hung rank 1 mid-request: every request completes with TP 1's tokens" same brown1 hang1
 check "  rank 0 exited, saying the group broke" \
     grep -q "the tensor-parallel group broke" "$run/worker-0.log"
+check "  after the --tp-timeout-ms it was given" \
+    grep -q "did not arrive within 8000 ms" "$run/worker-0.log"
 down hang
 check_summary

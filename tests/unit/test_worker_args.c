@@ -11,7 +11,7 @@
 
 #include <string.h>
 
-#define ARGS_MAX 32
+#define ARGS_MAX 48
 
 /* Parses the NULL-terminated flags after "pagoda-worker" into *o. */
 static int parse(struct worker_opts *o, const char *first, ...)
@@ -21,9 +21,11 @@ static int parse(struct worker_opts *o, const char *first, ...)
     argv[argc++] = (char *)"pagoda-worker";
     va_list ap;
     va_start(ap, first);
-    for (const char *a = first; a != NULL && argc <= ARGS_MAX; a = va_arg(ap, const char *))
+    const char *a = first;
+    for (; a != NULL && argc <= ARGS_MAX; a = va_arg(ap, const char *))
         argv[argc++] = (char *)a;
     va_end(ap);
+    assert_null(a); /* more flags than ARGS_MAX: raise it (none may be dropped) */
     argv[argc] = NULL;
     return worker_args_parse(argc, argv, o);
 }
@@ -48,12 +50,14 @@ static void test_defaults_and_values(void **state)
     assert_int_equal(o.cuda_residual_gemm, 1);
     assert_int_equal(o.cuda_tma, 1);
     assert_int_equal(o.tp_size, 0);
+    assert_int_equal(o.tp_timeout_ms, 30000);
     assert_null(o.kvpool);
     assert_int_equal(parse(&o, BASE, "--max-seqs", "64", "--max-batched-tokens", "512", "--fault",
                            "drop-result=7", "--step-delay-ms", "5", "--seed", "9", "--kvpool",
                            "tcp://127.0.0.1:7000", "--cuda-graphs", "off", "--cuda-pdl", "off",
                            "--cuda-residual-gemm", "off", "--cuda-tma", "off", "--tp-rank", "1",
-                           "--tp-size", "2", "--tp-group", "/tmp/g", NULL),
+                           "--tp-size", "2", "--tp-group", "/tmp/g", "--tp-timeout-ms", "5000",
+                           NULL),
                      0);
     assert_int_equal(o.max_seqs, 64);
     assert_int_equal(o.max_batched_tokens, 512);
@@ -70,12 +74,17 @@ static void test_defaults_and_values(void **state)
     assert_int_equal(o.tp_rank, 1);
     assert_int_equal(o.tp_size, 2);
     assert_string_equal(o.tp_group, "/tmp/g");
+    assert_int_equal(o.tp_timeout_ms, 5000);
+    assert_int_equal(parse(&o, BASE, "--tensor-parallel", "2", "--tp-timeout-ms", "3600000", NULL),
+                     0);
+    assert_int_equal(o.tp_timeout_ms, 3600000);
     /* A second parse starts from the defaults again. */
     assert_int_equal(parse(&o, BASE, NULL), 0);
     assert_int_equal(o.max_seqs, 256);
     assert_int_equal(o.tp_size, 0);
     assert_int_equal(o.cuda_residual_gemm, 1);
     assert_int_equal(o.cuda_tma, 1);
+    assert_int_equal(o.tp_timeout_ms, 30000);
     assert_int_equal(parse(&o, "--help", NULL), WORKER_ARGS_HELP);
 }
 
@@ -115,6 +124,10 @@ static void test_refusals(void **state)
                            "--tp-group", "/g", NULL),
                      U);
     assert_int_equal(parse(&o, BASE, "--backend", "null", "--tensor-parallel", "2", NULL), U);
+    assert_int_equal(parse(&o, BASE, "--tensor-parallel", "2", "--tp-timeout-ms", "999", NULL), U);
+    assert_int_equal(parse(&o, BASE, "--tensor-parallel", "2", "--tp-timeout-ms", "3600001", NULL),
+                     U);
+    assert_int_equal(parse(&o, BASE, "--tp-timeout-ms", "5000", NULL), U); /* no group */
     assert_int_equal(parse(&o, BASE, "--no-such-flag", NULL), U);
 }
 
