@@ -5,11 +5,13 @@
  *
  * usage: pagoda-logits --model DIR --tokens 1,2,3 --out FILE [--backend cpu|cuda]
  *                      [--chunk N] [--block-size B] [--load-format safetensors|random]
- *                      [--seed N]
+ *                      [--seed N] [--cuda-tma on|off]
  *
  * --load-format random (CUDA only) draws the weights of DIR/config.json's shape on the GPU from
  * --seed, as pagoda-run and pagoda-worker do with the same flags: the same seed, the same
- * weights. */
+ * weights. --cuda-tma off (CUDA) runs a chunk's linears of 2 to 16 rows through the GEMVs and
+ * cuBLAS instead of kernels/cuda/linear_tma's GEMM, as pagoda-run's and pagoda-worker's flag does.
+ * --backend is cpu or cuda (anything else is refused). */
 #include "common/error.h"
 #include "common/parse.h"
 #include "worker/cpu_backend.h"
@@ -42,13 +44,14 @@ int main(int argc, char **argv)
         {"block-size", required_argument, NULL, 's'},
         {"load-format", required_argument, NULL, 'l'},
         {"seed", required_argument, NULL, 'S'},
+        {"cuda-tma", required_argument, NULL, 'T'}, /* CUDA only */
         {NULL, 0, NULL, 0},
     };
     const char *model = NULL, *out_path = NULL, *backend_name = "cpu";
     int32_t *tokens = NULL;
     size_t n = 0;
     int64_t chunk = 512, block_size = 16, seed = 0;
-    int random_weights = 0;
+    int random_weights = 0, cuda_tma = 1, cuda_tma_set = 0;
     int opt, rc = 0;
     while ((opt = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
         switch (opt) {
@@ -81,10 +84,15 @@ int main(int argc, char **argv)
         case 'S':
             rc = parse_i64("--seed", optarg, 0, INT64_MAX, &seed);
             break;
+        case 'T':
+            rc = parse_on_off("--cuda-tma", optarg, &cuda_tma);
+            cuda_tma_set = 1;
+            break;
         default:
             fprintf(stderr, "usage: pagoda-logits --model DIR --tokens 1,2,3 --out FILE "
                             "[--backend cpu|cuda] [--chunk N] [--block-size B] "
-                            "[--load-format safetensors|random] [--seed N]\n");
+                            "[--load-format safetensors|random] [--seed N] "
+                            "[--cuda-tma on|off]\n");
             return 2;
         }
         if (rc != 0)
@@ -94,9 +102,17 @@ int main(int argc, char **argv)
         fprintf(stderr, "pagoda-logits: --model, --tokens and --out are required\n");
         return 2;
     }
+    if (strcmp(backend_name, "cpu") != 0 && strcmp(backend_name, "cuda") != 0) {
+        fprintf(stderr, "pagoda-logits: --backend %s: expected cpu or cuda\n", backend_name);
+        return 2;
+    }
     int use_cuda = strcmp(backend_name, "cuda") == 0;
     if (random_weights && !use_cuda) {
         fprintf(stderr, "pagoda-logits: --load-format random needs --backend cuda\n");
+        return 2;
+    }
+    if (cuda_tma_set && !use_cuda) {
+        fprintf(stderr, "pagoda-logits: --cuda-tma needs --backend cuda\n");
         return 2;
     }
     struct model_weights *w = NULL;
@@ -132,6 +148,8 @@ int main(int argc, char **argv)
         struct cuda_backend_options co = cuda_backend_default_options();
         co.limits = limits;
         co.cuda_graphs = 0; /* prefill chunks only: a decode graph would never be replayed */
+        if (!cuda_tma)
+            co.tma_max_rows = 0;
         if ((rc = cuda_pool_alloc(&g, 0, &pool)) != 0 ||
             (rc = cuda_backend_open(c, w, (uint64_t)seed, &g, pool, &co, &be)) != 0)
             goto done;

@@ -4,7 +4,8 @@
 Runs on the GPU machine. For each model directory given: teacher-forced logits of prompts of
 1, 100 and 1000 tokens through `pagoda-logits --backend cuda` compared per position with
 transformers' (||logits - ref|| / ||ref|| < 2e-2; the prompt of 100 also in chunks of 16 and of
-7 tokens, steps whose layer linears kernels/cuda/linear_tma takes), and 64 greedy tokens through
+7 tokens, steps whose layer linears kernels/cuda/linear_tma takes, and in chunks of 16 with
+`--cuda-tma off`, the GEMVs' and cuBLAS's way), and 64 greedy tokens through
 `pagoda-run --backend cuda` compared with transformers' greedy continuation up to the first
 position where the reference's top two logits are within 0.05 (bf16 results depend slightly on
 batch composition; a near tie may flip), and from there on teacher-forced: pagoda's logits
@@ -42,11 +43,11 @@ GREEDY_TOKENS = 64
 MIN_MEAN_COMPARED = 32
 
 
-def pagoda_logits(bin_dir, model_dir, tokens, vocab, chunk=512):
+def pagoda_logits(bin_dir, model_dir, tokens, vocab, chunk=512, tma="on"):
     with tempfile.NamedTemporaryFile(suffix=".f32") as f:
         subprocess.run([os.path.join(bin_dir, "pagoda-logits"), "--model", model_dir,
                         "--backend", "cuda", "--chunk", str(chunk), "--out", f.name,
-                        "--tokens", ",".join(map(str, tokens))], check=True)
+                        "--cuda-tma", tma, "--tokens", ",".join(map(str, tokens))], check=True)
         return np.fromfile(f.name, dtype="<f4").reshape(len(tokens), vocab)
 
 
@@ -119,13 +120,18 @@ def main():
             ref = model(input_ids=torch.tensor([prompt], device="cuda")).logits[0]
             ref = ref.double().cpu().numpy()
             # len 100 also in chunks of 16 and 7 tokens: steps of 2 to 16 rows, whose layer
-            # linears go through kernels/cuda/linear_tma where their shapes fit it
-            for chunk in (512, 16, 7) if length == 100 else (512,):
-                got = pagoda_logits(bin_dir, model_dir, prompt, vocab, chunk).astype(np.float64)
+            # linears go through kernels/cuda/linear_tma where their shapes fit it; and in
+            # chunks of 16 without it (--cuda-tma off)
+            ways = [(512, "on"), (16, "on"), (7, "on"), (16, "off")] if length == 100 else \
+                [(512, "on")]
+            for chunk, tma in ways:
+                got = pagoda_logits(bin_dir, model_dir, prompt, vocab, chunk,
+                                    tma).astype(np.float64)
                 rel = np.linalg.norm(got - ref, axis=1) / np.linalg.norm(ref, axis=1)
                 ok = bool(rel.max() < REL_TOL)
                 failed += not ok
-                how = "" if chunk == 512 else f" in chunks of {chunk}"
+                how = ("" if chunk == 512 else f" in chunks of {chunk}") + \
+                    ("" if tma == "on" else ", --cuda-tma off")
                 rows.append((name, f"teacher-forced len {length}{how}",
                              f"max rel err {rel.max():.2e} (mean {rel.mean():.2e})", ok))
         text = golden is not None and os.path.exists(os.path.join(model_dir, "tokenizer.json"))

@@ -2,7 +2,8 @@
 # Tests of pagoda-run on the tiny preset: batching (one forward pass per step for the whole
 # batch; a prompt's tokens are the same alone and among 8 others), seeded sampling (repeats
 # exactly, top-k 1 equals greedy, independent of the position in the batch), and bad input
-# (each refused with a message naming it and a non-zero exit, never a crash).
+# (each refused with a message naming it and a non-zero exit, never a crash); pagoda-logits'
+# flags too.
 # Usage: tests/tools/test_pagoda_run.sh BINDIR
 set -euo pipefail
 # shellcheck source=tests/check.sh
@@ -59,11 +60,11 @@ check "a sequence draws the same tokens whatever its position in the batch" \
 check "top-k 1 equals greedy" test "$(cat "$tmp/k1")" = "$(cat "$tmp/alone")"
 
 # --- bad input: a clear message naming the problem, a non-zero exit, no crash
-refused() { # refused NAME PATTERN ARGS...
+refused() { # refused NAME PATTERN ARGS... (of pagoda-run, or of $prog when set)
     local name=$1 pattern=$2
     shift 2
     local rc=0
-    "$run" "$@" >"$tmp/out" 2>"$tmp/err" || rc=$?
+    "${prog:-$run}" "$@" >"$tmp/out" 2>"$tmp/err" || rc=$?
     if [[ $rc -ne 0 && $rc -lt 128 ]] && grep -q -- "$pattern" "$tmp/err"; then
         passed=$((passed + 1))
         echo "ok   refused: $name"
@@ -97,5 +98,17 @@ refused "--cuda-graphs neither on nor off" "--cuda-graphs: 'maybe' is not on or 
     >"$tmp/graphs_off"
 check "--cuda-graphs off on the CPU backend gives the same tokens" cmp -s "$tmp/alone" \
     "$tmp/graphs_off"
+
+prog=$bin/pagoda-logits
+refused "pagoda-logits --backend tpu" "--backend tpu: expected cpu or cuda" \
+    --model "$tmp/tiny" --tokens 1,2 --out "$tmp/l" --backend tpu
+refused "pagoda-logits --cuda-tma on the CPU" "--cuda-tma needs --backend cuda" \
+    --model "$tmp/tiny" --tokens 1,2 --out "$tmp/l" --cuda-tma off
+refused "pagoda-logits --cuda-tma neither on nor off" "--cuda-tma: 'yes' is not on or off" \
+    --model "$tmp/tiny" --tokens 1,2 --out "$tmp/l" --backend cuda --cuda-tma yes
+unset prog
+"$bin/pagoda-logits" --model "$tmp/tiny" --tokens 1,2,3 --out "$tmp/l" --backend cpu
+check "pagoda-logits --backend cpu writes 3 positions of the vocabulary's float32 logits" \
+    test "$(stat -c %s "$tmp/l")" = $((3 * 512 * 4))
 
 check_summary
