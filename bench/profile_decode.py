@@ -30,6 +30,7 @@ OURS = {
     "prefill_kernel": "attention",
     "silu_mul_kernel": "silu_mul",
     "gather_rows_kernel": "gather",
+    "gather_tokens": "token_gather",  # the step's tokens from the device (closed loops)
     "sample_rows": "sampler",
     "add_bias_kernel": "bias",
     "fill_random_kernel": "fill",
