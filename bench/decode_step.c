@@ -42,6 +42,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "kernels/cuda/linear.h"
+#include "kernels/cuda/linear_tma.h"
 #include "kernels/cuda/util.h"
 #include "model/model_config.h"
 #include "worker/backend.h"
@@ -234,13 +235,14 @@ struct version {
     int tma_rows;    /* cuda_backend_options.tma_max_rows, -1: 0 (the defaults otherwise) */
     int tma_tile;    /* cuda_backend_options.tma_tile */
     int tma_silu;    /* cuda_backend_options.tma_silu 1, -1: 0 (the defaults otherwise) */
+    int tma_sk;      /* cuda_backend_options.tma_stream_k (the defaults otherwise) */
 };
 /* The Llama-3-8B shape's O, QKV and down elements (gate/up's are more), and every weight. */
 #define kO ((int64_t)4096 * 4096)
 #define kQKV ((int64_t)6144 * 4096)
 #define kEvery INT64_MAX
 #define kDown ((int64_t)14336 * 4096)
-#define kVersions 38
+#define kVersions 40
 static const struct version versions[kVersions] = {
     {.name = "baseline", .baseline = 1},
     {.name = "cublas"},
@@ -342,6 +344,10 @@ static const struct version versions[kVersions] = {
     /* the defaults with gate/up and SiLU-and-multiply as two kernels (against shipped, index 15:
      * the same bits, so its max difference reads 0) */
     {.name = "tma_unfused", .ref = 15, .defaults = 1, .tma_silu = -1},
+    /* the defaults with linear_tma's stream-K where it balances (QKV and gate/up of the 8B
+     * shape), and always (O and down too) */
+    {.name = "tma_sk", .ref = 15, .defaults = 1, .tma_sk = CUDA_TMA_SK_BALANCE},
+    {.name = "tma_sk_always", .ref = 15, .defaults = 1, .tma_sk = CUDA_TMA_SK_ALWAYS},
 };
 
 static int decode_split; /* --split */
@@ -400,6 +406,7 @@ static void run_version(const struct model_config *c, const struct kv_geometry *
     o.tma_tile = versions[version].tma_tile;
     if (versions[version].tma_silu != 0)
         o.tma_silu = versions[version].tma_silu > 0;
+    o.tma_stream_k = versions[version].tma_sk;
     o.decode_split = decode_split;
     struct backend *be = NULL;
     PK(cuda_backend_open(c, NULL, kSeed, g, pool, &o, &be));

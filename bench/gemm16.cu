@@ -9,7 +9,8 @@
  * x's box then runs past x)
  *
  * What it prints, per linear of the 8B shape in the forms the worker would call (QKV and gate/up
- * whole in bf16, O and down in two f32 slices, the LM head) and per tile (64, 128 weight rows):
+ * whole in bf16, O and down in two f32 slices, the LM head), per tile (64, 128 weight rows) and
+ * without and with stream-K (cuda_tma_set_stream_k always; sk 1):
  * the largest difference from cuBLAS's f32 product (the whole, or its slices by
  * cublasGemmStridedBatchedEx) over the largest magnitude; microseconds alone (the median of 30
  * samples of 20 launches back to back, weight copies rotated past L2) against cuBLAS; then a
@@ -117,8 +118,8 @@ int main(int argc, char **argv)
                             {"down_s2", 14336, 4096, 2},
                             {"lm_head", 4096, 128256, 1}};
     printf("gemm16: %d rows, %d SMs\n", rows, sms);
-    printf("%-8s %4s %8s %10s %10s %8s %12s %12s %8s\n", "linear", "tile", "max_err", "ours_us",
-           "cublas_us", "ratio", "chain_ours", "chain_cublas", "ratio");
+    printf("%-8s %4s %2s %8s %10s %10s %8s %12s %12s %8s\n", "linear", "tile", "sk", "max_err",
+           "ours_us", "cublas_us", "ratio", "chain_ours", "chain_cublas", "ratio");
     int wrong = 0;
     for (const shape &sh : shapes) {
         const int64_t nw = (int64_t)sh.k * sh.n;
@@ -173,39 +174,44 @@ int main(int argc, char **argv)
             return us;
         };
         const double chain_cub = chain_us(false);
-        for (int tile : {64, 128}) {
-            if (sh.n % tile != 0)
-                continue;
-            if (cuda_tma_set_tile(tma, tile) != 0)
-                return 1;
-            /* check: ours against cuBLAS's f32 product, on the x it was taken from (the chains
-             * write x over) */
-            probe_launch_writer(s, x, (int64_t)rows * sh.k, 11, 0, 0);
-            CK(cudaMemsetAsync(y, 0xff, ybytes, s));
-            ours(0);
-            std::vector<uint8_t> got(ybytes);
-            CK(cudaMemcpyAsync(got.data(), y, ybytes, cudaMemcpyDeviceToHost, s));
-            CK(cudaStreamSynchronize(s));
-            double maxd = 0, maxv = 0;
-            for (size_t i = 0; i < nref; i++) {
-                const double v = sh.splits == 1 ? bf16_host(((const __nv_bfloat16 *)got.data())[i])
-                                                : ((const float *)got.data())[i];
-                maxd = std::max(maxd, fabs(v - ref[i]));
-                maxv = std::max(maxv, (double)fabs(ref[i]));
-                if (std::isnan(v))
-                    maxd = INFINITY;
+        for (int sk : {CUDA_TMA_SK_OFF, CUDA_TMA_SK_ALWAYS})
+            for (int tile : {64, 128}) {
+                if (sh.n % tile != 0)
+                    continue;
+                if (cuda_tma_set_tile(tma, tile) != 0 || cuda_tma_set_stream_k(tma, sk) != 0) {
+                    fprintf(stderr, "gemm16: %s\n", pagoda_error_detail());
+                    return 1;
+                }
+                /* check: ours against cuBLAS's f32 product, on the x it was taken from (the chains
+                 * write x over) */
+                probe_launch_writer(s, x, (int64_t)rows * sh.k, 11, 0, 0);
+                CK(cudaMemsetAsync(y, 0xff, ybytes, s));
+                ours(0);
+                std::vector<uint8_t> got(ybytes);
+                CK(cudaMemcpyAsync(got.data(), y, ybytes, cudaMemcpyDeviceToHost, s));
+                CK(cudaStreamSynchronize(s));
+                double maxd = 0, maxv = 0;
+                for (size_t i = 0; i < nref; i++) {
+                    const double v = sh.splits == 1
+                                         ? bf16_host(((const __nv_bfloat16 *)got.data())[i])
+                                         : ((const float *)got.data())[i];
+                    maxd = std::max(maxd, fabs(v - ref[i]));
+                    maxv = std::max(maxv, (double)fabs(ref[i]));
+                    if (std::isnan(v))
+                        maxd = INFINITY;
+                }
+                const double err = maxd / (maxv > 0 ? maxv : 1);
+                const bool ok = err < (sh.splits == 1 ? 1e-2 : 1e-4);
+                wrong += !ok;
+                const int got_tile = cuda_tma_last_tile(tma);
+                /* alone, weight copies rotated (without PDL) */
+                const double t_ours = median_us(s, 30, 20, [&](int r) { ours(r % copies); });
+                const double chain_ours = ok ? chain_us(true) : 0;
+                printf("%-8s %4d %2d %8.1e %10.2f %10.2f %8.3f %12.2f %12.2f %8.3f%s\n", sh.name,
+                       got_tile, cuda_tma_last_stream_k(tma), err, t_ours, t_cub, t_cub / t_ours,
+                       chain_ours, chain_cub, ok ? chain_cub / chain_ours : 0.0,
+                       ok ? "" : "  WRONG (not timed in a chain)");
             }
-            const double err = maxd / (maxv > 0 ? maxv : 1);
-            const bool ok = err < (sh.splits == 1 ? 1e-2 : 1e-4);
-            wrong += !ok;
-            const int got_tile = cuda_tma_last_tile(tma);
-            /* alone, weight copies rotated (without PDL) */
-            const double t_ours = median_us(s, 30, 20, [&](int r) { ours(r % copies); });
-            const double chain_ours = ok ? chain_us(true) : 0;
-            printf("%-8s %4d %8.1e %10.2f %10.2f %8.3f %12.2f %12.2f %8.3f%s\n", sh.name, got_tile,
-                   err, t_ours, t_cub, t_cub / t_ours, chain_ours, chain_cub,
-                   ok ? chain_cub / chain_ours : 0.0, ok ? "" : "  WRONG (not timed in a chain)");
-        }
         CK(cudaFree(x));
         CK(cudaFree(w));
         CK(cudaFree(y));

@@ -50,7 +50,8 @@
 # FLOOR_BATCHES (1 16 64), BACKEND (cuda; cpu with a small MODEL_DIR tries the script here),
 # LOAD_FORMAT (random; safetensors reads MODEL_DIR's weights), CUDA_GRAPHS (unset: the worker's
 # default, on; off runs every step launch by launch), CUDA_TMA (unset: the worker's default, on;
-# off runs a layer's linears of 2 to 16 rows through the GEMVs and cuBLAS, not linear_tma).
+# off runs a layer's linears of 2 to 16 rows through the GEMVs and cuBLAS, not linear_tma;
+# stream-k runs linear_tma with stream-K where it balances).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd -P)
 build=$(cd "${1:?usage: bench/run_gpu.sh BUILD_DIR [hf|random|shared|floor|table ...]}" && pwd -P)

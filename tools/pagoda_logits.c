@@ -5,16 +5,18 @@
  *
  * usage: pagoda-logits --model DIR --tokens 1,2,3 --out FILE [--backend cpu|cuda]
  *                      [--chunk N] [--block-size B] [--load-format safetensors|random]
- *                      [--seed N] [--cuda-tma on|off]
+ *                      [--seed N] [--cuda-tma on|off|stream-k]
  *
  * --load-format random (CUDA only) draws the weights of DIR/config.json's shape on the GPU from
  * --seed, as pagoda-run and pagoda-worker do with the same flags: the same seed, the same
  * weights. --cuda-tma off (CUDA) runs a chunk's linears of 2 to 16 rows through the GEMVs and
- * cuBLAS instead of kernels/cuda/linear_tma's GEMM, as pagoda-run's and pagoda-worker's flag does.
+ * cuBLAS instead of kernels/cuda/linear_tma's GEMM, --cuda-tma stream-k runs that GEMM with
+ * stream-K where it balances, as pagoda-run's and pagoda-worker's flag does.
  * --backend is cpu or cuda (anything else is refused). */
 #include "common/error.h"
 #include "common/parse.h"
 #include "worker/cpu_backend.h"
+#include "worker/worker_args.h"
 #ifdef PAGODA_HAVE_CUDA
 #include "worker/cuda_backend.h"
 #endif
@@ -85,14 +87,14 @@ int main(int argc, char **argv)
             rc = parse_i64("--seed", optarg, 0, INT64_MAX, &seed);
             break;
         case 'T':
-            rc = parse_on_off("--cuda-tma", optarg, &cuda_tma);
+            rc = worker_parse_cuda_tma("--cuda-tma", optarg, &cuda_tma);
             cuda_tma_set = 1;
             break;
         default:
             fprintf(stderr, "usage: pagoda-logits --model DIR --tokens 1,2,3 --out FILE "
                             "[--backend cpu|cuda] [--chunk N] [--block-size B] "
                             "[--load-format safetensors|random] [--seed N] "
-                            "[--cuda-tma on|off]\n");
+                            "[--cuda-tma on|off|stream-k]\n");
             return 2;
         }
         if (rc != 0)
@@ -148,8 +150,7 @@ int main(int argc, char **argv)
         struct cuda_backend_options co = cuda_backend_default_options();
         co.limits = limits;
         co.cuda_graphs = 0; /* prefill chunks only: a decode graph would never be replayed */
-        if (!cuda_tma)
-            co.tma_max_rows = 0;
+        cuda_backend_set_tma(&co, cuda_tma);
         if ((rc = cuda_pool_alloc(&g, 0, &pool)) != 0 ||
             (rc = cuda_backend_open(c, w, (uint64_t)seed, &g, pool, &co, &be)) != 0)
             goto done;

@@ -19,6 +19,7 @@
 #include "model/model_weights.h"
 #include "text/text_model.h"
 #include "worker/cpu_backend.h"
+#include "worker/worker_args.h"
 #ifdef PAGODA_HAVE_CUDA
 #include "worker/cuda_backend.h"
 #endif
@@ -60,7 +61,7 @@ struct run_opts {
     int cuda_graphs;        /* --cuda-graphs: 1 on (the default), 0 off */
     int cuda_pdl;           /* --cuda-pdl: 1 on (the default), 0 off */
     int cuda_residual_gemm; /* --cuda-residual-gemm: 1 on (the default), 0 off */
-    int cuda_tma;           /* --cuda-tma: 1 on (the default), 0 off */
+    int cuda_tma;           /* --cuda-tma: worker/backend.h BACKEND_CUDA_TMA_* (default on) */
     struct sampling_params sampling;
     const char **texts; /* [MAX_PROMPTS]: the text of a --prompt, NULL for --tokens */
 };
@@ -75,7 +76,7 @@ static void usage(FILE *f)
                "                  [--ignore-eos] [--stats] [--json] [--prompt TEXT ...]\n"
                "                  [--backend cpu|cuda] [--load-format safetensors|random]\n"
                "                  [--cuda-graphs on|off] [--cuda-pdl on|off]\n"
-               "                  [--cuda-residual-gemm on|off] [--cuda-tma on|off]\n"
+               "                  [--cuda-residual-gemm on|off] [--cuda-tma on|off|stream-k]\n"
                "--load-format random (CUDA only) draws weights of the shape in DIR/config.json on\n"
                "the GPU from --seed, so no weight file is needed. --cuda-graphs off runs decode\n"
                "steps launch by launch instead of replaying CUDA graphs, --cuda-pdl off launches\n"
@@ -84,7 +85,9 @@ static void usage(FILE *f)
                "tokens to BF16 before the residual add instead of adding them in FP32 inside\n"
                "their GEMMs (other bits, for comparison). --cuda-tma off runs a layer's linears\n"
                "of steps of 2 to 16 tokens through the GEMVs and cuBLAS instead of\n"
-               "kernels/cuda/linear_tma's GEMM (other bits, for comparison).\n");
+               "kernels/cuda/linear_tma's GEMM (other bits, for comparison); --cuda-tma\n"
+               "stream-k runs that GEMM with stream-K where it balances (its QKV and gate/up\n"
+               "spread over every SM; other bits; off by default until measured).\n");
 }
 
 static int fail(int rc)
@@ -420,7 +423,7 @@ static int parse_flag(int opt, const char *arg, struct run_opts *o, int32_t ***p
         rc = parse_on_off("--cuda-residual-gemm", arg, &o->cuda_residual_gemm);
         break;
     case OPT_CUDA_TMA:
-        rc = parse_on_off("--cuda-tma", arg, &o->cuda_tma);
+        rc = worker_parse_cuda_tma("--cuda-tma", arg, &o->cuda_tma);
         break;
     case OPT_LOAD_FORMAT:
         if (strcmp(arg, "safetensors") != 0 && strcmp(arg, "random") != 0)
@@ -632,8 +635,7 @@ int main(int argc, char **argv)
         co.pdl = o.cuda_pdl;
         if (!o.cuda_residual_gemm)
             co.residual_gemm_max_rows = 0;
-        if (!o.cuda_tma)
-            co.tma_max_rows = 0;
+        cuda_backend_set_tma(&co, o.cuda_tma);
         if ((rc = cuda_pool_alloc(&g, co.device, &gpu_pool)) != 0 ||
             (rc = cuda_backend_open(c, w, o.sampling.seed, &g, gpu_pool, &co, &be)) != 0)
             goto fail;

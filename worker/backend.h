@@ -228,4 +228,13 @@ struct backend {
     struct sampler_workspace workspace;
 };
 
+/* The values of the --cuda-tma flag of pagoda-worker, pagoda-run and pagoda-logits (CUDA
+ * backend; worker/worker_args.h worker_parse_cuda_tma reads it): "off" (a layer's linears of 2
+ * to 16 rows through the GEMVs and cuBLAS), "on" (the default: through kernels/cuda/linear_tma)
+ * or "stream-k" (on, with linear_tma's stream-K where it balances: worker/cuda_backend.h
+ * cuda_backend_set_tma). */
+#define BACKEND_CUDA_TMA_OFF 0
+#define BACKEND_CUDA_TMA_ON 1
+#define BACKEND_CUDA_TMA_STREAM_K 2
+
 #endif

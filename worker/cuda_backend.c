@@ -226,6 +226,14 @@ struct cuda_backend_options cuda_backend_default_options(void)
     return o;
 }
 
+void cuda_backend_set_tma(struct cuda_backend_options *o, int flag)
+{
+    if (flag == BACKEND_CUDA_TMA_OFF)
+        o->tma_max_rows = 0;
+    else if (flag == BACKEND_CUDA_TMA_STREAM_K)
+        o->tma_stream_k = CUDA_TMA_SK_BALANCE;
+}
+
 /* ---- weights ---------------------------------------------------------------------------- */
 
 /* Where one weight comes from: a checkpoint view, or random numbers of a given scale. A random
@@ -648,6 +656,15 @@ static int open_backend(const struct model_config *cfg, const struct model_weigh
             (void)cudaGetLastError();
         } else if ((rc = cuda_tma_set_tile(b->tma, b->opt.tma_tile)) != 0) {
             goto fail;
+        } else if (b->opt.tma_stream_k != CUDA_TMA_SK_OFF &&
+                   (rc = cuda_tma_set_stream_k(b->tma, b->opt.tma_stream_k)) != 0) {
+            if (rc != PAGODA_ECUDA)
+                goto fail;
+            log_warn("cuda: linear_tma's stream-K is not available (%s): its plans take whole "
+                     "units",
+                     pagoda_error_detail());
+            rc = 0;
+            (void)cudaGetLastError();
         }
     }
     /* Random weights of a shard: the rank's slices of the whole model's draw (one seed for

@@ -118,6 +118,13 @@ struct cuda_backend_options {
      * (cuda_tma_linear_silu: the same bits, one kernel and the gate/up round trip fewer a
      * layer) where it takes the step; 0: two. */
     int tma_silu;
+    /* With tma_max_rows: linear_tma's stream-K mode (cuda_tma_set_stream_k: CUDA_TMA_SK_OFF,
+     * the default, _BALANCE or _ALWAYS). Balanced, the 8B shape's QKV and gate/up at 2 to 16
+     * rows spread their stages over every SM instead of whole units over some (O and down,
+     * which fill the SMs, stay as they are); other bits. Not yet measured on a GPU (issue 15,
+     * twenty-sixth session): decode_step's tma_sk version. Its workspace (about 2 MiB) comes
+     * out of MODEL_BUDGET_RESERVE_BYTES; where it cannot be allocated, a warning and none. */
+    int tma_stream_k;
     /* Steps of 2 .. residual_gemm_max_rows rows (one rank) add the O and down projections into
      * the FP32 residual stream inside their GEMMs (cublasGemmEx with beta 1 and an FP32 output;
      * O only without a bias, and neither where a GEMV of ours takes it, which keeps its BF16
@@ -200,6 +207,10 @@ struct cuda_backend_options {
  * of up to CUDA_BACKEND_GEMV_MAX_WEIGHT elements, programmatic dependent launch and CUDA graphs
  * on (cuda_gemv_row and cuBLASLt off). */
 struct cuda_backend_options cuda_backend_default_options(void);
+
+/* Applies a --cuda-tma value (worker/backend.h BACKEND_CUDA_TMA_*): off sets tma_max_rows 0,
+ * on leaves the defaults, stream-k sets tma_stream_k CUDA_TMA_SK_BALANCE. */
+void cuda_backend_set_tma(struct cuda_backend_options *o, int flag);
 
 /* Opens a CUDA backend. Weights come from w (copied to the GPU, converted to BF16 when the
  * checkpoint holds F16 or F32), or, when w is NULL, are drawn at random on the GPU from

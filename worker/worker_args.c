@@ -5,6 +5,7 @@
 #include "common/log.h"
 #include "common/parse.h"
 #include "wire/address.h"
+#include "worker/backend.h"
 #include "worker/step_loop.h"
 
 #include <getopt.h>
@@ -33,7 +34,7 @@ static void usage(FILE *f)
                "                     [--tp-rank R --tp-size N --tp-group PATH]\n"
                "                     [--tp-timeout-ms 30000]\n"
                "                     [--cuda-graphs on|off] [--cuda-pdl on|off]\n"
-               "                     [--cuda-residual-gemm on|off] [--cuda-tma on|off]\n"
+               "                     [--cuda-residual-gemm on|off] [--cuda-tma on|off|stream-k]\n"
                "Maps the kv pool that pagoda-kvpool serves in DIR (asked at --kvpool, default\n"
                "ipc://DIR/kvpool.ipc), loads the model and runs the steps the scheduler sends\n"
                "on --scheduler (default ipc://DIR/worker-I.ipc; tcp://HOST:PORT too).\n");
@@ -91,6 +92,20 @@ static int parse_fault(const char *arg, struct worker_opts *o)
     else
         return pagoda_error_set(PAGODA_EINVAL, "--fault %s: expected " FAULTS, arg);
     return 0;
+}
+
+int worker_parse_cuda_tma(const char *flag, const char *text, int *out)
+{
+    static const char *const names[] = {"off", "on", "stream-k"};
+    _Static_assert(BACKEND_CUDA_TMA_OFF == 0 && BACKEND_CUDA_TMA_ON == 1 &&
+                       BACKEND_CUDA_TMA_STREAM_K == 2,
+                   "names[] in the order of the values");
+    for (int i = 0; i < 3; i++)
+        if (strcmp(text, names[i]) == 0) {
+            *out = i;
+            return 0;
+        }
+    return pagoda_error_set(PAGODA_EINVAL, "%s: '%s' is not on, off or stream-k", flag, text);
 }
 
 int worker_args_parse(int argc, char **argv, struct worker_opts *o)
@@ -196,7 +211,7 @@ int worker_args_parse(int argc, char **argv, struct worker_opts *o)
             rc = parse_on_off("--cuda-residual-gemm", optarg, &o->cuda_residual_gemm);
             break;
         case OPT_CUDA_TMA:
-            rc = parse_on_off("--cuda-tma", optarg, &o->cuda_tma);
+            rc = worker_parse_cuda_tma("--cuda-tma", optarg, &o->cuda_tma);
             break;
         case OPT_TP_RANK:
             if ((rc = parse_i64("--tp-rank", optarg, 0, COMM_MAX_RANKS - 1, &v)) == 0)

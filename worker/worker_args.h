@@ -49,7 +49,7 @@ struct worker_opts {
     int cuda_graphs;        /* --cuda-graphs: 1 on (the default), 0 off */
     int cuda_pdl;           /* --cuda-pdl: 1 on (the default), 0 off */
     int cuda_residual_gemm; /* --cuda-residual-gemm: 1 on (the default), 0 off */
-    int cuda_tma;           /* --cuda-tma: 1 on (the default), 0 off */
+    int cuda_tma;           /* --cuda-tma: worker/backend.h BACKEND_CUDA_TMA_* (default on) */
 };
 
 /* worker_args_parse's results besides 0: a usage error (printed on stderr) and --help (the
@@ -62,5 +62,10 @@ struct worker_opts {
  * WORKER_ARGS_HELP after printing the usage. Sets nothing outside *o (the log level is checked,
  * not set). */
 int worker_args_parse(int argc, char **argv, struct worker_opts *o);
+
+/* Parses a --cuda-tma value ("off", "on" or "stream-k") into *out (worker/backend.h
+ * BACKEND_CUDA_TMA_*), for pagoda-worker, pagoda-run and pagoda-logits alike. Errors:
+ * PAGODA_EINVAL naming the flag. */
+int worker_parse_cuda_tma(const char *flag, const char *text, int *out);
 
 #endif

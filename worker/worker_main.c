@@ -6,7 +6,8 @@
  *                 [--max-batched-tokens 2048] [--max-seqs 256] [--log-level info]
  *                 [--kvpool URL] [--scheduler URL] [--tensor-parallel N]
  *                 [--tp-rank R --tp-size N --tp-group PATH] [--cuda-graphs on|off]
- *                 [--cuda-pdl on|off] [--cuda-residual-gemm on|off] [--cuda-tma on|off]
+ *                 [--cuda-pdl on|off] [--cuda-residual-gemm on|off]
+ *                 [--cuda-tma on|off|stream-k]
  *                 [--tp-timeout-ms 30000]
  *
  * --kvpool (default ipc://DIR/kvpool.ipc) and --scheduler (default ipc://DIR/worker-I.ipc)
@@ -264,8 +265,7 @@ static int open_backend(struct worker *w, const struct backend_limits *bl)
         co.pdl = o->cuda_pdl;
         if (!o->cuda_residual_gemm)
             co.residual_gemm_max_rows = 0;
-        if (!o->cuda_tma)
-            co.tma_max_rows = 0;
+        cuda_backend_set_tma(&co, o->cuda_tma);
         /* The ranks' communicator first, while they are in step (every rank just joined): its
          * opening is collective and bounded by the group's timeout. */
         if (w->tp != NULL && (rc = tp_proc_device_comm(w->tp, co.device, &w->tp_device_comm,

@@ -21,6 +21,10 @@ constexpr uint32_t kXBytes = MR * BK * 2; /* 2 KiB a stage */
 constexpr int kMaxStages = 16;
 /* The dynamic shared memory a CTA may have on sm_90 (227 KiB). */
 constexpr size_t kSmemMax = 227 * 1024;
+/* Stream-K: the units whose pieces a plan may count (kConsumers counters each), and the floats
+ * a consumer lane keeps of a unit (MT x 2 x 4 at tile 128). */
+constexpr int kSkMaxUnits = 4096;
+constexpr int kSkLaneFloats = 16;
 
 __host__ __device__ constexpr uint32_t stage_bytes(int tile)
 {
@@ -48,7 +52,94 @@ struct tma_args {
     int32_t units;    /* n / tile * splits */
     __nv_bfloat16 *y; /* splits == 1 */
     float *parts;     /* splits > 1 */
+    /* 1: stream-K. The grid's G CTAs share the W = units x kstages stages of work evenly, CTA c
+     * taking stages [c W / G, (c + 1) W / G) in unit order; a unit cut between CTAs is summed,
+     * its pieces in the order of k, by the piece's warp that arrives last (sk_fixup). */
+    int32_t sk;
+    float *ws;        /* [grid][2][kConsumers][32][kSkLaneFloats]: the pieces' partial sums */
+    uint32_t *counts; /* [units][kConsumers]: pieces arrived; zero between launches */
 };
+
+/* Stream-K: the first stage of CTA c, and the CTA that stage g falls to. */
+__device__ __forceinline__ int64_t sk_begin(int64_t c, int64_t W, int64_t G)
+{
+    return c * W / G;
+}
+
+__device__ __forceinline__ int32_t sk_cta_of(int64_t g, int64_t W, int64_t G)
+{
+    return (int32_t)(((g + 1) * G - 1) / W);
+}
+
+/* Stream-K: warp `warp` of this CTA holds in acc its piece of unit u (stages k0 <= k < k1 of
+ * the unit's, not all of them). It stores the piece in its workspace slot (0 for a piece that
+ * starts this CTA's share, 1 for one that ends it), then counts itself in. The warp that comes
+ * last sums every piece in the order of k (the first piece as it is, then each next added), so
+ * the bits do not depend on who came last, resets the count for the next launch (which waits
+ * for this grid to end before it touches the counts), and returns true with the sum in acc;
+ * the others return false. The stores are fenced before the count and the loads after it (the
+ * threadFenceReduction pattern), and read through L2. */
+template <int MT>
+__device__ bool sk_fixup(const tma_args &a, float (&acc)[MT][2][4], int32_t u, int warp, int lane)
+{
+    static_assert(MT * 8 <= kSkLaneFloats, "a lane's piece fits its workspace");
+    const int64_t W = (int64_t)a.units * a.kstages, G = gridDim.x;
+    const int64_t t0 = (int64_t)u * a.kstages;
+    const int32_t c0 = sk_cta_of(t0, W, G), c1 = sk_cta_of(t0 + a.kstages - 1, W, G);
+    const int32_t me = (int32_t)blockIdx.x;
+    auto piece = [&](int32_t c) {
+        const int slot = sk_begin(c, W, G) >= t0 ? 0 : 1;
+        return reinterpret_cast<float4 *>(
+            a.ws + ((((size_t)c * 2 + slot) * kConsumers + warp) * 32 + lane) * kSkLaneFloats);
+    };
+    float4 *mine = piece(me);
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++)
+            __stcg(mine + mt * 2 + nt,
+                   make_float4(acc[mt][nt][0], acc[mt][nt][1], acc[mt][nt][2], acc[mt][nt][3]));
+    __threadfence();
+    __syncwarp();
+    uint32_t *count = a.counts + (size_t)u * kConsumers + warp;
+    uint32_t before = 0;
+    if (lane == 0)
+        before = atomicAdd(count, 1u);
+    before = __shfl_sync(0xffffffffu, before, 0);
+    if (before != (uint32_t)(c1 - c0))
+        return false;
+    __threadfence();
+    float sum[MT][2][4];
+    for (int32_t c = c0; c <= c1; c++) {
+        const float4 *p = piece(c);
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int nt = 0; nt < 2; nt++) {
+                float v[4] = {acc[mt][nt][0], acc[mt][nt][1], acc[mt][nt][2], acc[mt][nt][3]};
+                if (c != me) {
+                    const float4 q = __ldcg(p + mt * 2 + nt);
+                    v[0] = q.x;
+                    v[1] = q.y;
+                    v[2] = q.z;
+                    v[3] = q.w;
+                }
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    sum[mt][nt][e] = c == c0 ? v[e] : sum[mt][nt][e] + v[e];
+            }
+    }
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                acc[mt][nt][e] = sum[mt][nt][e];
+    if (lane == 0)
+        atomicExch(count, 0u);
+    return true;
+}
 
 __device__ __forceinline__ void tma_load_2d(void *dst, const CUtensorMap *map, int32_t c0,
                                             int32_t c1, uint64_t *bar)
@@ -75,7 +166,10 @@ __device__ __forceinline__ uint32_t swz(int row, int chunk)
  * (its rows 0-7, by ldmatrix's lanes 0-7 and 16-23) and their 8 up rows (rows 8-15, lanes 8-15
  * and 24-31), so a thread holds a feature's gate (elements 0, 1) and up (2, 3) for the same
  * input rows and writes silu(bf16(gate)) * bf16(up) in bf16, cuda_silu_mul's bits on the
- * unfused output. */
+ * unfused output.
+ * The work: without stream-K (a.sk 0) CTA c takes units c, c + G, ... whole; with it, stages
+ * [c W / G, (c + 1) W / G) of the units' stages in order, whole units and pieces alike (the
+ * producer and the consumers walk the same sequence, so the ring's stages pair up as before). */
 template <int TILE, bool SILU>
 __global__ void __launch_bounds__(kThreads, 1)
     tma_linear_kernel(const __grid_constant__ CUtensorMap wmap,
@@ -90,9 +184,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     uint64_t *full = reinterpret_cast<uint64_t *>(smem + (size_t)S * kStage);
     uint64_t *empty = full + S;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    /* this CTA's units: blockIdx.x, blockIdx.x + gridDim.x, ... (the grid is at most units) */
+    /* without stream-K this CTA's units: blockIdx.x, blockIdx.x + gridDim.x, ... (the grid is
+     * at most units); with it, the stages first .. last - 1 (the grid is at most W) */
     const int32_t my_units = (a.units - 1 - (int32_t)blockIdx.x) / (int32_t)gridDim.x + 1;
-    const int32_t iters = my_units * a.kstages;
+    const int64_t W = (int64_t)a.units * a.kstages;
+    const int64_t first = a.sk ? sk_begin(blockIdx.x, W, gridDim.x) : 0;
+    const int64_t last = a.sk ? sk_begin((int64_t)blockIdx.x + 1, W, gridDim.x) : 0;
+    const int32_t iters = a.sk ? (int32_t)(last - first) : my_units * a.kstages;
 
     if (tid == 0) {
         for (int s = 0; s < S; s++) {
@@ -108,9 +206,16 @@ __global__ void __launch_bounds__(kThreads, 1)
             asm volatile("prefetch.tensormap [%0];\n" ::"l"(&wmap) : "memory");
             asm volatile("prefetch.tensormap [%0];\n" ::"l"(&xmap) : "memory");
             auto coords = [&](int32_t it, int32_t &kc, int32_t &nc) {
-                const int32_t u = (int32_t)blockIdx.x + (it / a.kstages) * (int32_t)gridDim.x;
+                int32_t u, ks;
+                if (a.sk) {
+                    u = (int32_t)((first + it) / a.kstages);
+                    ks = (int32_t)((first + it) % a.kstages);
+                } else {
+                    u = (int32_t)blockIdx.x + (it / a.kstages) * (int32_t)gridDim.x;
+                    ks = it % a.kstages;
+                }
                 const int32_t tile = u / a.splits, split = u % a.splits;
-                kc = (split * a.kstages + it % a.kstages) * BK;
+                kc = (split * a.kstages + ks) * BK;
                 nc = tile * (SILU ? TILE / 2 : TILE);
             };
             /* a stage's weights: one box of TILE rows, or SILU's gate and up boxes */
@@ -155,11 +260,25 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int m = lane >> 3, r8 = lane & 7;
     const int g = lane >> 2, c2 = 2 * (lane & 3);
     int32_t it = 0;
-    for (int32_t j = 0; j < my_units; j++) {
-        const int32_t u = (int32_t)blockIdx.x + j * (int32_t)gridDim.x;
+    int64_t next = first; /* stream-K: the next stage of this CTA's share */
+    for (int32_t j = 0;; j++) {
+        int32_t u, k0 = 0, k1 = a.kstages; /* this piece: stages k0 .. k1 - 1 of unit u */
+        if (a.sk) {
+            if (next >= last)
+                break;
+            u = (int32_t)(next / a.kstages);
+            k0 = (int32_t)(next - (int64_t)u * a.kstages);
+            const int64_t end = (int64_t)u * a.kstages + a.kstages;
+            k1 = (int32_t)((end < last ? end : last) - (int64_t)u * a.kstages);
+            next = (int64_t)u * a.kstages + k1;
+        } else {
+            if (j >= my_units)
+                break;
+            u = (int32_t)blockIdx.x + j * (int32_t)gridDim.x;
+        }
         const int32_t tile = u / a.splits, split = u % a.splits;
         float acc[MT][2][4] = {};
-        for (int32_t ks = 0; ks < a.kstages; ks++, it++) {
+        for (int32_t ks = k0; ks < k1; ks++, it++) {
             const int s = it % S;
             mbar_wait(&full[s], (uint32_t)(it / S) & 1u);
             const uint32_t wbase = smem_addr(smem + (size_t)s * kStage);
@@ -185,6 +304,9 @@ __global__ void __launch_bounds__(kThreads, 1)
             if (lane == 0)
                 mbar_arrive(&empty[s]);
         }
+        /* a piece of a unit: the last of its pieces to arrive writes the unit */
+        if ((k0 != 0 || k1 != a.kstages) && !sk_fixup<MT>(a, acc, u, warp, lane))
+            continue;
         /* acc[mt][nt]: C[weight row][input row], weight rows mt * 16 + g (+8 for elements 2
          * and 3), input rows nt * 8 + c2 (+1 for the odd elements). */
         if constexpr (SILU) {
@@ -232,7 +354,7 @@ typedef CUresult (*encode_tiled_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32
 struct key {
     const void *x, *w, *y;
     int64_t rows, in, out; /* silu: out is inter (the weight has 2 x inter rows) */
-    int32_t splits, tile_wanted, silu;
+    int32_t splits, tile_wanted, silu, stream_k;
 };
 
 struct plan {
@@ -248,17 +370,18 @@ bool key_eq(const key &a, const key &b)
 {
     return a.x == b.x && a.w == b.w && a.y == b.y && a.rows == b.rows && a.in == b.in &&
            a.out == b.out && a.splits == b.splits && a.tile_wanted == b.tile_wanted &&
-           a.silu == b.silu;
+           a.silu == b.silu && a.stream_k == b.stream_k;
 }
 
 uint64_t key_hash(const key &k)
 {
     uint64_t h = 1469598103934665603ull;
-    const uint64_t f[9] = {
-        (uint64_t)(uintptr_t)k.x, (uint64_t)(uintptr_t)k.w, (uint64_t)(uintptr_t)k.y,
-        (uint64_t)k.rows,         (uint64_t)k.in,           (uint64_t)k.out,
-        (uint64_t)k.splits,       (uint64_t)k.tile_wanted,  (uint64_t)k.silu};
-    for (int i = 0; i < 9; i++) {
+    const uint64_t f[10] = {(uint64_t)(uintptr_t)k.x, (uint64_t)(uintptr_t)k.w,
+                            (uint64_t)(uintptr_t)k.y, (uint64_t)k.rows,
+                            (uint64_t)k.in,           (uint64_t)k.out,
+                            (uint64_t)k.splits,       (uint64_t)k.tile_wanted,
+                            (uint64_t)k.silu,         (uint64_t)k.stream_k};
+    for (int i = 0; i < 10; i++) {
         h ^= f[i];
         h *= 1099511628211ull;
         h ^= h >> 29;
@@ -299,7 +422,10 @@ struct cuda_tma {
     encode_tiled_fn encode;
     int sms;
     int tile_wanted;
-    int last_tile;
+    int last_tile, last_sk;
+    int stream_k;     /* cuda_tma_set_stream_k's mode */
+    float *ws;        /* stream-K's workspace and counts (tma_args), made by the first */
+    uint32_t *counts; /* cuda_tma_set_stream_k that turns it on */
     plan *slots;
     size_t cap, count; /* cap a power of two */
 };
@@ -351,6 +477,8 @@ void cuda_tma_free(struct cuda_tma *t)
 {
     if (t == NULL)
         return;
+    cudaFree(t->ws);
+    cudaFree(t->counts);
     free(t->slots);
     free(t);
 }
@@ -363,9 +491,41 @@ int cuda_tma_set_tile(struct cuda_tma *t, int tile)
     return 0;
 }
 
+int cuda_tma_set_stream_k(struct cuda_tma *t, int mode)
+{
+    if (mode < CUDA_TMA_SK_OFF || mode > CUDA_TMA_SK_ALWAYS)
+        return pagoda_error_set(PAGODA_EINVAL, "cuda_tma_set_stream_k: mode %d (0, 1 or 2)", mode);
+    if (mode != CUDA_TMA_SK_OFF && t->ws == NULL) {
+        const size_t ws = (size_t)t->sms * 2 * kConsumers * 32 * kSkLaneFloats * sizeof(float);
+        const size_t counts = (size_t)kSkMaxUnits * kConsumers * sizeof(uint32_t);
+        cudaError_t e = cudaMalloc((void **)&t->ws, ws);
+        if (e == cudaSuccess)
+            e = cudaMalloc((void **)&t->counts, counts);
+        /* zero before any launch, whatever stream it is on */
+        if (e == cudaSuccess)
+            e = cudaMemset(t->counts, 0, counts);
+        if (e == cudaSuccess)
+            e = cudaDeviceSynchronize();
+        if (e != cudaSuccess) {
+            cudaFree(t->ws);
+            cudaFree(t->counts);
+            t->ws = NULL;
+            t->counts = NULL;
+            return cuda_call_failed(e, "cuda_tma_set_stream_k");
+        }
+    }
+    t->stream_k = mode;
+    return 0;
+}
+
 size_t cuda_tma_plans(const struct cuda_tma *t)
 {
     return t->count;
+}
+
+int cuda_tma_last_stream_k(const struct cuda_tma *t)
+{
+    return t->last_sk;
 }
 
 int cuda_tma_last_tile(const struct cuda_tma *t)
@@ -424,6 +584,19 @@ static int find_plan(cuda_tma *t, const key &k, plan **out)
         p.tile = 64;
     else
         p.tile = units128 >= t->sms ? 128 : 64;
+    /* Stream-K where whole units would leave more than a tenth of the SMs' rounds idle (or
+     * always, CUDA_TMA_SK_ALWAYS), at tile 128 where the plan picks: its share of the stages
+     * is the same whatever the units, and 128 rows a stage bring in x half as often. */
+    {
+        const int64_t units = k.out / (k.silu ? p.tile / 2 : p.tile) * k.splits;
+        const int64_t rounds = (units + t->sms - 1) / t->sms;
+        const int idle = units * 10 < rounds * t->sms * 9;
+        p.a.sk = k.stream_k == CUDA_TMA_SK_ALWAYS || (k.stream_k == CUDA_TMA_SK_BALANCE && idle);
+        if (p.a.sk && k.tile_wanted == 0 && k.out % f128 == 0)
+            p.tile = 128;
+        if (p.a.sk && k.out / (k.silu ? p.tile / 2 : p.tile) * k.splits > kSkMaxUnits)
+            p.a.sk = 0;
+    }
     const int features = k.silu ? p.tile / 2 : p.tile; /* a unit's output columns */
     int rc = encode_map(t->encode, &p.wmap, k.w, k.in, k.silu ? 2 * k.out : k.out,
                         k.silu ? p.tile / 2 : p.tile);
@@ -439,6 +612,12 @@ static int find_plan(cuda_tma *t, const key &k, plan **out)
     p.a.y = k.splits == 1 ? (__nv_bfloat16 *)k.y : nullptr;
     p.a.parts = k.splits > 1 ? (float *)k.y : nullptr;
     p.grid = p.a.units < t->sms ? p.a.units : t->sms;
+    if (p.a.sk) {
+        const int64_t W = (int64_t)p.a.units * p.a.kstages;
+        p.grid = W < t->sms ? (int)W : t->sms;
+        p.a.ws = t->ws;
+        p.a.counts = t->counts;
+    }
     if ((t->count + 1) * 2 > t->cap) {
         if ((rc = grow(t)) != 0)
             return rc;
@@ -460,6 +639,7 @@ static int run(cuda_tma *t, const key &k, cudaStream_t s)
     if (rc != 0)
         return rc;
     t->last_tile = p->tile;
+    t->last_sk = p->a.sk;
     const dim3 grid(p->grid), block(kThreads);
     if (k.silu)
         return p->tile == 128
@@ -482,7 +662,7 @@ int cuda_tma_linear(struct cuda_tma *t, const uint16_t *x, const uint16_t *w, vo
                                 "(rows 1..%d, out a multiple of 64, in of 64 x splits, 16-byte "
                                 "aligned pointers)",
                                 (long long)rows, (long long)in, (long long)out, (int)splits, MR);
-    return run(t, key{x, w, y, rows, in, out, splits, t->tile_wanted, 0}, s);
+    return run(t, key{x, w, y, rows, in, out, splits, t->tile_wanted, 0, t->stream_k}, s);
 }
 
 int cuda_tma_silu_fits(int64_t rows, int64_t in, int64_t inter, const void *x, const void *w,
@@ -500,5 +680,5 @@ int cuda_tma_linear_silu(struct cuda_tma *t, const uint16_t *x, const uint16_t *
                                 "1..%d, inter a multiple of 64, in of 64, 16-byte aligned "
                                 "pointers)",
                                 (long long)rows, (long long)in, (long long)inter, MR);
-    return run(t, key{x, w, act, rows, in, inter, 1, t->tile_wanted, 1}, s);
+    return run(t, key{x, w, act, rows, in, inter, 1, t->tile_wanted, 1, t->stream_k}, s);
 }

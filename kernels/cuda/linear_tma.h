@@ -15,7 +15,19 @@
  * consumer warps multiply (ldmatrix, mma.sync m16n8k16) and give the stages back. splits == 1
  * writes y in bf16 [rows][out]; splits > 1 writes each slice's f32 product, parts[s][rows][out]
  * (the worker's split_parts layout, which its RMSNorm behind adds up: worker/cuda_backend.h).
- * Equal calls give equal bits (no atomics, a fixed order of the reduction).
+ * Equal calls give equal bits (a fixed order of the reduction).
+ *
+ * Stream-K (cuda_tma_set_stream_k, off by default): the grid's CTAs share the units' stages
+ * evenly instead of taking whole units, so that no SM idles through a last round that the
+ * units do not fill (the 8B shape's QKV at 16 rows: 96 units of 64 rows on 132 SMs; gate/up:
+ * 224 units of 128 rows, a second round 70% full). A unit cut between CTAs is written by the
+ * last of its pieces to arrive (an atomic count a unit and consumer warp), which adds the
+ * pieces in the order of k: the bits depend on the plan (its grid, so the SM count, and tile),
+ * not on timing, but differ from those without it (and the fused gate/up's from the unfused
+ * pair's, whose units are cut elsewhere). No CTA waits for another, so a grid that is not
+ * resident at once (another kernel, another process under MPS) cannot deadlock. It takes
+ * device memory the first time it is turned on: 16 KiB an SM and 64 KiB (a workspace of the
+ * cut units' partial sums and their counts), which launches only read and reset.
  *
  * A struct cuda_tma keeps one plan (the two tensor maps, the launch's figures) per call shape
  * and pointers, made on first use (host work only, so a first use may happen during a graph's
@@ -72,9 +84,22 @@ int cuda_tma_silu_fits(int64_t rows, int64_t in, int64_t inter, const void *x, c
 int cuda_tma_linear_silu(struct cuda_tma *t, const uint16_t *x, const uint16_t *w, uint16_t *act,
                          int64_t rows, int64_t in, int64_t inter, cudaStream_t s);
 
-/* Plans made so far, and the tile of the last call's plan (for tests and benchmarks). */
+/* Stream-K's modes: off (the default: CTAs take whole units), where whole units would leave
+ * more than a tenth of the SMs' time idle (then at tile 128 unless cuda_tma_set_tile forces
+ * one), or always (for tests). The first mode other than off allocates the workspace on the
+ * current device (synchronising it): PAGODA_ECUDA when that fails (the mode is unchanged),
+ * PAGODA_EINVAL for another mode. A plan is made for the mode of its first call (the mode is
+ * part of its key). */
+#define CUDA_TMA_SK_OFF 0
+#define CUDA_TMA_SK_BALANCE 1
+#define CUDA_TMA_SK_ALWAYS 2
+int cuda_tma_set_stream_k(struct cuda_tma *t, int mode);
+
+/* Plans made so far, and the tile of the last call's plan and whether it ran stream-K (for
+ * tests and benchmarks). */
 size_t cuda_tma_plans(const struct cuda_tma *t);
 int cuda_tma_last_tile(const struct cuda_tma *t);
+int cuda_tma_last_stream_k(const struct cuda_tma *t);
 
 #ifdef __cplusplus
 }

@@ -117,7 +117,8 @@ refused "--cuda-residual-gemm neither on nor off" "--cuda-residual-gemm no: expe
     --cuda-residual-gemm no
 refused "--cuda-residual-gemm without the CUDA backend" \
     "--cuda-residual-gemm needs --backend cuda" --cuda-residual-gemm off
-refused "--cuda-tma neither on nor off" "--cuda-tma yes: expected on or off" --cuda-tma yes
+refused "--cuda-tma neither on, off nor stream-k" "--cuda-tma yes: expected on, off or stream-k" \
+    --cuda-tma yes
 refused "--cuda-tma without the CUDA backend" "--cuda-tma needs --backend cuda" --cuda-tma off
 refused "--tp-timeout-ms below a second" "--tp-timeout-ms: a whole number of milliseconds" \
     --tensor-parallel 2 --tp-timeout-ms 999

@@ -5,7 +5,7 @@ Runs on the GPU machine. For each model directory given: teacher-forced logits o
 1, 100 and 1000 tokens through `pagoda-logits --backend cuda` compared per position with
 transformers' (||logits - ref|| / ||ref|| < 2e-2; the prompt of 100 also in chunks of 16 and of
 7 tokens, steps whose layer linears kernels/cuda/linear_tma takes, and in chunks of 16 with
-`--cuda-tma off`, the GEMVs' and cuBLAS's way), and 64 greedy tokens through
+`--cuda-tma off`, the GEMVs' and cuBLAS's way, and `--cuda-tma stream-k`), and 64 greedy tokens through
 `pagoda-run --backend cuda` compared with transformers' greedy continuation up to the first
 position where the reference's top two logits are within 0.05 (bf16 results depend slightly on
 batch composition; a near tie may flip), and from there on teacher-forced: pagoda's logits
@@ -122,8 +122,8 @@ def main():
             # len 100 also in chunks of 16 and 7 tokens: steps of 2 to 16 rows, whose layer
             # linears go through kernels/cuda/linear_tma where their shapes fit it; and in
             # chunks of 16 without it (--cuda-tma off)
-            ways = [(512, "on"), (16, "on"), (7, "on"), (16, "off")] if length == 100 else \
-                [(512, "on")]
+            ways = [(512, "on"), (16, "on"), (7, "on"), (16, "off"), (16, "stream-k")] \
+                if length == 100 else [(512, "on")]
             for chunk, tma in ways:
                 got = pagoda_logits(bin_dir, model_dir, prompt, vocab, chunk,
                                     tma).astype(np.float64)
@@ -131,7 +131,7 @@ def main():
                 ok = bool(rel.max() < REL_TOL)
                 failed += not ok
                 how = ("" if chunk == 512 else f" in chunks of {chunk}") + \
-                    ("" if tma == "on" else ", --cuda-tma off")
+                    ("" if tma == "on" else f", --cuda-tma {tma}")
                 rows.append((name, f"teacher-forced len {length}{how}",
                              f"max rel err {rel.max():.2e} (mean {rel.mean():.2e})", ok))
         text = golden is not None and os.path.exists(os.path.join(model_dir, "tokenizer.json"))

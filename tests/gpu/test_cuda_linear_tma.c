@@ -5,7 +5,11 @@
  * replaces; and chains of MLP blocks captured in a CUDA graph with programmatic dependent
  * launch (RMSNorm -> gate/up -> SiLU-mul (or both in one) -> down in slices -> RMSNorm ...,
  * each reading what the one ahead wrote) replay to the bits of the same chain run launch by
- * launch without PDL. Refusals: shapes it does not take. */
+ * launch without PDL. Then again with stream-K (cuda_tma_set_stream_k): always, where a unit is
+ * cut into pieces on up to every CTA (one unit of 128 stages on 128 CTAs), and where the plan
+ * balances (the 8B shape's QKV and gate/up take it, O and down do not); the same checks, but
+ * the fused gate/up is compared with the CPU only (its units are cut elsewhere than the
+ * unfused pair's). Refusals: shapes it does not take. */
 #include "tests/gpu/kernel_check.h"
 
 #include "kernels/cpu/ops.h"
@@ -17,6 +21,15 @@
 #include <time.h>
 
 static struct cuda_tma *tma;
+static int sk_mode; /* cuda_tma_set_stream_k's mode of the checks */
+
+/* Sets the stream-K mode for the checks that follow. */
+static void set_sk(int mode)
+{
+    int rc = cuda_tma_set_stream_k(tma, mode);
+    GPU_CHECK(rc == 0, "cuda_tma_set_stream_k(%d): %s", mode, pagoda_error_detail());
+    sk_mode = mode;
+}
 
 /* y = x . w^T through cuda_tma_linear (rows x in times out x in, S slices) against cpu_linear
  * on the bf16 values in f32: bf16 y to TOLERANCE, or each f32 slice to 1e-5 (f32 sums in
@@ -35,9 +48,12 @@ static void check_linear(int64_t rows, int64_t in, int64_t out, int32_t S, int t
     CK(cuda_tma_set_tile(tma, tile) == 0 ? cudaSuccess : cudaErrorInvalidValue);
     int rc = cuda_tma_linear(tma, dx, dw, dy, rows, in, out, S, stream);
     char cfg[96];
-    snprintf(cfg, sizeof(cfg), "rows %lld in %lld out %lld S %d tile %d", (long long)rows,
-             (long long)in, (long long)out, S, cuda_tma_last_tile(tma));
+    snprintf(cfg, sizeof(cfg), "rows %lld in %lld out %lld S %d tile %d%s", (long long)rows,
+             (long long)in, (long long)out, S, cuda_tma_last_tile(tma),
+             cuda_tma_last_stream_k(tma) ? " sk" : "");
     GPU_CHECK(rc == 0, "cuda_tma_linear %s: %s", cfg, pagoda_error_detail());
+    GPU_CHECK(sk_mode != CUDA_TMA_SK_ALWAYS || cuda_tma_last_stream_k(tma),
+              "tma_linear %s: stream-K asked always, not taken", cfg);
     GPU_CHECK(tile == 0 || cuda_tma_last_tile(tma) == tile, "tma_linear %s: tile %d asked", cfg,
               tile);
     void *got = xmalloc(ybytes);
@@ -57,13 +73,15 @@ static void check_linear(int64_t rows, int64_t in, int64_t out, int32_t S, int t
     const double err = S > 1 ? rel_err(got, ref, ny) : rel_err_bf16(got, ref, ny);
     report("tma_linear", cfg, err, S > 1 ? 1e-5 : TOLERANCE);
 
-    /* the same call again: the same bits */
-    poison(dy, ybytes);
-    rc = cuda_tma_linear(tma, dx, dw, dy, rows, in, out, S, stream);
+    /* the same call again, twice (stream-K: its counts were left at zero): the same bits */
     void *again = xmalloc(ybytes);
-    download(again, dy, ybytes);
-    GPU_CHECK(rc == 0 && memcmp(got, again, ybytes) == 0, "tma_linear %s: a second call differs",
-              cfg);
+    for (int i = 0; i < 2; i++) {
+        poison(dy, ybytes);
+        rc = cuda_tma_linear(tma, dx, dw, dy, rows, in, out, S, stream);
+        download(again, dy, ybytes);
+        GPU_CHECK(rc == 0 && memcmp(got, again, ybytes) == 0,
+                  "tma_linear %s: call %d again differs", cfg, i + 1);
+    }
     free(again);
     free(xs);
     free(ws);
@@ -99,9 +117,12 @@ static void check_silu(int64_t rows, int64_t in, int64_t inter, int tile)
     GPU_CHECK(rc == 0, "tma_silu: the unfused pair: %s", pagoda_error_detail());
     rc = cuda_tma_linear_silu(tma, dx, dw, dact, rows, in, inter, stream);
     char cfg[96];
-    snprintf(cfg, sizeof(cfg), "rows %lld in %lld inter %lld tile %d", (long long)rows,
-             (long long)in, (long long)inter, cuda_tma_last_tile(tma));
+    const int sk = cuda_tma_last_stream_k(tma);
+    snprintf(cfg, sizeof(cfg), "rows %lld in %lld inter %lld tile %d%s", (long long)rows,
+             (long long)in, (long long)inter, cuda_tma_last_tile(tma), sk ? " sk" : "");
     GPU_CHECK(rc == 0, "cuda_tma_linear_silu %s: %s", cfg, pagoda_error_detail());
+    GPU_CHECK(sk_mode != CUDA_TMA_SK_ALWAYS || sk, "tma_silu %s: stream-K asked always, not taken",
+              cfg);
     GPU_CHECK(tile == 0 || cuda_tma_last_tile(tma) == tile, "tma_silu %s: tile %d asked", cfg,
               tile);
     uint16_t *got = xmalloc(nact * 2), *want = xmalloc(nact * 2);
@@ -110,12 +131,21 @@ static void check_silu(int64_t rows, int64_t in, int64_t inter, int tile)
     size_t differ = 0;
     for (size_t i = 0; i < nact; i++)
         differ += got[i] != want[i];
+    /* stream-K cuts the fused kernel's units (a gate and an up half) elsewhere than the
+     * unfused GEMM's: other sums, other bits */
+    const int bits = sk_mode == CUDA_TMA_SK_OFF;
     printf("%-20s %-58s %zu of %zu differ from the two kernels%s\n", "tma_silu", cfg, differ, nact,
-           differ ? "  FAIL" : "");
-    GPU_CHECK(differ == 0,
+           differ && bits ? "  FAIL" : (bits ? "" : " (stream-K: not compared)"));
+    GPU_CHECK(differ == 0 || !bits,
               "tma_silu %s: %zu of %zu values differ from cuda_tma_linear + "
               "cuda_silu_mul",
               cfg, differ, nact);
+    /* the fused call again: the same bits */
+    poison(dact, nact * 2);
+    rc = cuda_tma_linear_silu(tma, dx, dw, dact, rows, in, inter, stream);
+    download(want, dact, nact * 2);
+    GPU_CHECK(rc == 0 && memcmp(got, want, nact * 2) == 0, "tma_silu %s: a second call differs",
+              cfg);
 
     float *xf = xmalloc(nx * 4), *wf = xmalloc(nw * 4), *gu = xmalloc(ngu * 4);
     float *ref = xmalloc(nact * 4);
@@ -225,8 +255,8 @@ static void check_chain(int32_t rows, int32_t hidden, int32_t inter, int32_t S, 
     RUN_CHAIN();
     download(want, buf, all);
     char cfg[96];
-    snprintf(cfg, sizeof(cfg), "rows %d hidden %d inter %d S %d links %d tile %d%s", rows, hidden,
-             inter, S, links, cuda_tma_last_tile(tma), silu ? " silu" : "");
+    snprintf(cfg, sizeof(cfg), "rows %d hidden %d inter %d S %d links %d tile %d%s%s", rows, hidden,
+             inter, S, links, cuda_tma_last_tile(tma), silu ? " silu" : "", sk_mode ? " sk" : "");
     GPU_CHECK(rc == 0, "chain %s (eager): %s", cfg, pagoda_error_detail());
     /* the last RMSNorm's output: finite and of the norm's scale (no block lost its values) */
     uint16_t *last = (uint16_t *)(want + (size_t)links * block_bytes);
@@ -236,7 +266,7 @@ static void check_chain(int32_t rows, int32_t hidden, int32_t inter, int32_t S, 
         good += isfinite(v) && v > 1e-3f && v < 100.0f;
     }
     GPU_CHECK(good > nx / 2, "chain %s: %zu of %zu outputs of a sane size", cfg, good, nx);
-    if (silu && chain_unfused != NULL) {
+    if (silu && chain_unfused != NULL && sk_mode == CUDA_TMA_SK_OFF) {
         /* x and act of every block, the last x, the slices at gate/up's start, the residual */
         const size_t head = (size_t)links * block_bytes + nx * 2;
         const size_t slices = (size_t)S * nx * 4, res_at = head + ngu * 2;
@@ -342,6 +372,50 @@ int main(void)
     check_silu(5, 4096, 14336, 64);
     check_silu(9, 4096, 14336, 128);
 
+    /* stream-K always: every row count on a small shape whole and in slices, both tiles; one
+     * unit of 128 stages cut on 128 CTAs (a piece of one stage each), one of a stage on one CTA,
+     * 16 slices' worth of pieces; the 8B shape's linears; chains (PDL replays against eager
+     * runs: the counts left at zero launch after launch); gate/up with SiLU-mul */
+    set_sk(CUDA_TMA_SK_ALWAYS);
+    for (int64_t rows = 1; rows <= CUDA_TMA_MAX_ROWS; rows++) {
+        check_linear(rows, 2048, 384, 1, 64);
+        check_linear(rows, 2048, 512, 4, 128);
+        check_silu(rows, 1024, 512, 0);
+    }
+    check_linear(16, 64 * 128, 128, 1, 128);
+    check_linear(3, 64, 64, 1, 0);
+    check_linear(16, 128 * 8, 128, 8, 64);
+    for (int i = 0; i < 4; i++) {
+        check_linear(16, shapes[i][0], shapes[i][1], (int32_t)shapes[i][2], 0);
+        check_linear(5, shapes[i][0], shapes[i][1], (int32_t)shapes[i][2], 64);
+    }
+    for (int silu = 0; silu <= 1; silu++)
+        check_chain(16, 1024, 2048, 2, 8, 40, 0, silu);
+    for (int silu = 0; silu <= 1; silu++)
+        check_chain(16, 4096, 14336, 2, 4, 20, 0, silu);
+    check_silu(16, 4096, 14336, 0);
+    check_silu(7, 4096, 14336, 64);
+
+    /* stream-K where it balances: the 8B shape's QKV and gate/up at 16 rows take it, O and
+     * down (128 units of 64 on the H200's 132 SMs) do not */
+    set_sk(CUDA_TMA_SK_BALANCE);
+    for (int i = 0; i < 4; i++) {
+        check_linear(16, shapes[i][0], shapes[i][1], (int32_t)shapes[i][2], 0);
+        printf("%-20s 8B shape linear %d at 16 rows: %s\n", "tma_sk_balance", i,
+               cuda_tma_last_stream_k(tma) ? "stream-K" : "whole units");
+    }
+    check_silu(16, 4096, 14336, 0);
+    /* 224 units of 128 rows (64 features' gate and up): stream-K where they leave a tenth of
+     * the rounds idle (on 132 SMs a second round 70% full) */
+    int sms = 0;
+    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    const int rounds = (224 + sms - 1) / sms, idle = 2240 < rounds * sms * 9;
+    GPU_CHECK(cuda_tma_last_stream_k(tma) == idle,
+              "the 8B shape's gate/up at 16 rows on %d SMs: stream-K %d, expected %d", sms,
+              cuda_tma_last_stream_k(tma), idle);
+    check_chain(16, 4096, 14336, 2, 4, 20, 0, 1);
+    set_sk(CUDA_TMA_SK_OFF);
+
     /* refusals: rows 0 and 17, out not a multiple of 64, in not of 64 x splits, 9 slices,
      * a misaligned pointer */
     uint16_t *d = dev_alloc(1 << 20);
@@ -354,6 +428,7 @@ int main(void)
     expect_rc("x misaligned", cuda_tma_linear(tma, d + 1, d, d, 4, 64, 64, 1, stream),
               PAGODA_EINVAL);
     expect_rc("tile 32", cuda_tma_set_tile(tma, 32), PAGODA_EINVAL);
+    expect_rc("stream-K mode 3", cuda_tma_set_stream_k(tma, 3), PAGODA_EINVAL);
     expect_rc("silu inter 96", cuda_tma_linear_silu(tma, d, d, d, 4, 64, 96, stream),
               PAGODA_EINVAL);
     CK(cudaFree(d));

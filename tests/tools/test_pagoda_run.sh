@@ -104,7 +104,8 @@ refused "pagoda-logits --backend tpu" "--backend tpu: expected cpu or cuda" \
     --model "$tmp/tiny" --tokens 1,2 --out "$tmp/l" --backend tpu
 refused "pagoda-logits --cuda-tma on the CPU" "--cuda-tma needs --backend cuda" \
     --model "$tmp/tiny" --tokens 1,2 --out "$tmp/l" --cuda-tma off
-refused "pagoda-logits --cuda-tma neither on nor off" "--cuda-tma: 'yes' is not on or off" \
+refused "pagoda-logits --cuda-tma neither on, off nor stream-k" \
+    "--cuda-tma: 'yes' is not on, off or stream-k" \
     --model "$tmp/tiny" --tokens 1,2 --out "$tmp/l" --backend cuda --cuda-tma yes
 unset prog
 "$bin/pagoda-logits" --model "$tmp/tiny" --tokens 1,2,3 --out "$tmp/l" --backend cpu

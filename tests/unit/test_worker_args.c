@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "worker/backend.h"
 #include "worker/worker_args.h"
 
 #include <string.h>
@@ -78,6 +79,8 @@ static void test_defaults_and_values(void **state)
     assert_int_equal(parse(&o, BASE, "--tensor-parallel", "2", "--tp-timeout-ms", "3600000", NULL),
                      0);
     assert_int_equal(o.tp_timeout_ms, 3600000);
+    assert_int_equal(parse(&o, BASE, "--cuda-tma", "stream-k", NULL), 0);
+    assert_int_equal(o.cuda_tma, BACKEND_CUDA_TMA_STREAM_K);
     /* A second parse starts from the defaults again. */
     assert_int_equal(parse(&o, BASE, NULL), 0);
     assert_int_equal(o.max_seqs, 256);
@@ -112,6 +115,7 @@ static void test_refusals(void **state)
     assert_int_equal(parse(&o, BASE, "--cuda-pdl", "1", NULL), U);
     assert_int_equal(parse(&o, BASE, "--cuda-residual-gemm", "yes", NULL), U);
     assert_int_equal(parse(&o, BASE, "--cuda-tma", "1", NULL), U);
+    assert_int_equal(parse(&o, BASE, "--cuda-tma", "streamk", NULL), U);
     assert_int_equal(parse(&o, BASE, "--log-level", "loud", NULL), U);
     assert_int_equal(parse(&o, BASE, "--tp-rank", "0", "--tp-size", "2", NULL), U); /* no file */
     assert_int_equal(parse(&o, BASE, "--tp-rank", "2", "--tp-size", "2", "--tp-group", "/g", NULL),
