@@ -195,6 +195,9 @@ static void cuda_close(struct backend *base)
     free(b->row_keys);
     free(b->row_gathers);
     cuda_lt_free(b->lt);
+    if (b->tma != NULL && b->opt.tma_stream_k != CUDA_TMA_SK_OFF)
+        log_info("cuda: linear_tma made %zu plans, %zu of them with stream-K",
+                 cuda_tma_plans(b->tma), cuda_tma_plans_stream_k(b->tma));
     cuda_tma_free(b->tma);
     if (b->cublas != NULL)
         cublasDestroy(b->cublas);

@@ -25,6 +25,9 @@ constexpr size_t kSmemMax = 227 * 1024;
  * a consumer lane keeps of a unit (MT x 2 x 4 at tile 128). */
 constexpr int kSkMaxUnits = 4096;
 constexpr int kSkLaneFloats = 16;
+/* Stream-K where it balances: a CTA takes at least this many stages (one stage a CTA would make
+ * a small linear's every unit a sum of one-stage pieces). */
+constexpr int kSkMinStages = 2;
 
 __host__ __device__ constexpr uint32_t stage_bytes(int tile)
 {
@@ -56,7 +59,7 @@ struct tma_args {
      * taking stages [c W / G, (c + 1) W / G) in unit order; a unit cut between CTAs is summed,
      * its pieces in the order of k, by the piece's warp that arrives last (sk_fixup). */
     int32_t sk;
-    float *ws;        /* [grid][2][kConsumers][32][kSkLaneFloats]: the pieces' partial sums */
+    float *ws; /* [grid][2][kConsumers][kSkLaneFloats / 4][32] float4: the pieces' partial sums */
     uint32_t *counts; /* [units][kConsumers]: pieces arrived; zero between launches */
 };
 
@@ -73,14 +76,18 @@ __device__ __forceinline__ int32_t sk_cta_of(int64_t g, int64_t W, int64_t G)
 
 /* Stream-K: warp `warp` of this CTA holds in acc its piece of unit u (stages k0 <= k < k1 of
  * the unit's, not all of them). It stores the piece in its workspace slot (0 for a piece that
- * starts this CTA's share, 1 for one that ends it), then counts itself in. The warp that comes
- * last sums every piece in the order of k (the first piece as it is, then each next added), so
- * the bits do not depend on who came last, resets the count for the next launch (which waits
- * for this grid to end before it touches the counts), and returns true with the sum in acc;
- * the others return false. The stores are fenced before the count and the loads after it (the
- * threadFenceReduction pattern), and read through L2. */
+ * starts this CTA's share, 1 for one that ends it: a cut piece does one or the other, and a
+ * CTA has at most one of each), then counts itself in. The warp that comes last sums every
+ * piece in the order of k (the first piece as it is, then each next added), so the bits do not
+ * depend on who came last, resets the count for the next launch (which waits for this grid to
+ * end before it touches the counts), and returns true with the sum in acc; the others return
+ * false. Every lane fences its stores before the count; the last warp's lanes fence after it
+ * and meet (__syncwarp) before they read, through L2 (the threadFenceReduction pattern). A
+ * lane's float4 j of a piece sits at [j][lane], so that a warp's store of one is 512
+ * contiguous bytes. */
 template <int MT>
-__device__ bool sk_fixup(const tma_args &a, float (&acc)[MT][2][4], int32_t u, int warp, int lane)
+__device__ __forceinline__ bool sk_fixup(const tma_args &a, float (&acc)[MT][2][4], int32_t u,
+                                         int warp, int lane)
 {
     static_assert(MT * 8 <= kSkLaneFloats, "a lane's piece fits its workspace");
     const int64_t W = (int64_t)a.units * a.kstages, G = gridDim.x;
@@ -89,15 +96,15 @@ __device__ bool sk_fixup(const tma_args &a, float (&acc)[MT][2][4], int32_t u, i
     const int32_t me = (int32_t)blockIdx.x;
     auto piece = [&](int32_t c) {
         const int slot = sk_begin(c, W, G) >= t0 ? 0 : 1;
-        return reinterpret_cast<float4 *>(
-            a.ws + ((((size_t)c * 2 + slot) * kConsumers + warp) * 32 + lane) * kSkLaneFloats);
+        return reinterpret_cast<float4 *>(a.ws) +
+               (((size_t)c * 2 + slot) * kConsumers + warp) * (kSkLaneFloats / 4) * 32 + lane;
     };
     float4 *mine = piece(me);
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
         for (int nt = 0; nt < 2; nt++)
-            __stcg(mine + mt * 2 + nt,
+            __stcg(mine + (mt * 2 + nt) * 32,
                    make_float4(acc[mt][nt][0], acc[mt][nt][1], acc[mt][nt][2], acc[mt][nt][3]));
     __threadfence();
     __syncwarp();
@@ -109,6 +116,7 @@ __device__ bool sk_fixup(const tma_args &a, float (&acc)[MT][2][4], int32_t u, i
     if (before != (uint32_t)(c1 - c0))
         return false;
     __threadfence();
+    __syncwarp();
     float sum[MT][2][4];
     for (int32_t c = c0; c <= c1; c++) {
         const float4 *p = piece(c);
@@ -118,7 +126,7 @@ __device__ bool sk_fixup(const tma_args &a, float (&acc)[MT][2][4], int32_t u, i
             for (int nt = 0; nt < 2; nt++) {
                 float v[4] = {acc[mt][nt][0], acc[mt][nt][1], acc[mt][nt][2], acc[mt][nt][3]};
                 if (c != me) {
-                    const float4 q = __ldcg(p + mt * 2 + nt);
+                    const float4 q = __ldcg(p + (mt * 2 + nt) * 32);
                     v[0] = q.x;
                     v[1] = q.y;
                     v[2] = q.z;
@@ -186,7 +194,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     /* without stream-K this CTA's units: blockIdx.x, blockIdx.x + gridDim.x, ... (the grid is
      * at most units); with it, the stages first .. last - 1 (the grid is at most W) */
-    const int32_t my_units = (a.units - 1 - (int32_t)blockIdx.x) / (int32_t)gridDim.x + 1;
+    const int32_t my_units =
+        a.sk ? 0 : (a.units - 1 - (int32_t)blockIdx.x) / (int32_t)gridDim.x + 1;
     const int64_t W = (int64_t)a.units * a.kstages;
     const int64_t first = a.sk ? sk_begin(blockIdx.x, W, gridDim.x) : 0;
     const int64_t last = a.sk ? sk_begin((int64_t)blockIdx.x + 1, W, gridDim.x) : 0;
@@ -420,7 +429,7 @@ plan *alloc_slots(size_t cap)
 
 struct cuda_tma {
     encode_tiled_fn encode;
-    int sms;
+    int device, sms;
     int tile_wanted;
     int last_tile, last_sk;
     int stream_k;     /* cuda_tma_set_stream_k's mode */
@@ -428,6 +437,7 @@ struct cuda_tma {
     uint32_t *counts; /* cuda_tma_set_stream_k that turns it on */
     plan *slots;
     size_t cap, count; /* cap a power of two */
+    size_t count_sk;   /* plans with stream-K */
 };
 
 int cuda_tma_new(struct cuda_tma **out)
@@ -468,6 +478,7 @@ int cuda_tma_new(struct cuda_tma **out)
         return pagoda_error_set(PAGODA_ENOMEM, "cuda_tma_new: out of host memory");
     }
     t->encode = reinterpret_cast<encode_tiled_fn>(fn);
+    t->device = dev;
     t->sms = sms;
     *out = t;
     return 0;
@@ -496,16 +507,25 @@ int cuda_tma_set_stream_k(struct cuda_tma *t, int mode)
     if (mode < CUDA_TMA_SK_OFF || mode > CUDA_TMA_SK_ALWAYS)
         return pagoda_error_set(PAGODA_EINVAL, "cuda_tma_set_stream_k: mode %d (0, 1 or 2)", mode);
     if (mode != CUDA_TMA_SK_OFF && t->ws == NULL) {
+        int dev = -1;
+        cudaError_t e = cudaGetDevice(&dev);
+        if (e != cudaSuccess)
+            return cuda_call_failed(e, "cuda_tma_set_stream_k: cudaGetDevice");
+        if (dev != t->device)
+            return pagoda_error_set(PAGODA_EINVAL,
+                                    "cuda_tma_set_stream_k: device %d is current, the plans' "
+                                    "is %d",
+                                    dev, t->device);
         const size_t ws = (size_t)t->sms * 2 * kConsumers * 32 * kSkLaneFloats * sizeof(float);
         const size_t counts = (size_t)kSkMaxUnits * kConsumers * sizeof(uint32_t);
-        cudaError_t e = cudaMalloc((void **)&t->ws, ws);
+        e = cudaMalloc((void **)&t->ws, ws);
         if (e == cudaSuccess)
             e = cudaMalloc((void **)&t->counts, counts);
-        /* zero before any launch, whatever stream it is on */
+        /* zero before any launch, whatever stream it is on: the default stream, waited for */
         if (e == cudaSuccess)
-            e = cudaMemset(t->counts, 0, counts);
+            e = cudaMemsetAsync(t->counts, 0, counts, 0);
         if (e == cudaSuccess)
-            e = cudaDeviceSynchronize();
+            e = cudaStreamSynchronize(0);
         if (e != cudaSuccess) {
             cudaFree(t->ws);
             cudaFree(t->counts);
@@ -521,6 +541,11 @@ int cuda_tma_set_stream_k(struct cuda_tma *t, int mode)
 size_t cuda_tma_plans(const struct cuda_tma *t)
 {
     return t->count;
+}
+
+size_t cuda_tma_plans_stream_k(const struct cuda_tma *t)
+{
+    return t->count_sk;
 }
 
 int cuda_tma_last_stream_k(const struct cuda_tma *t)
@@ -613,7 +638,10 @@ static int find_plan(cuda_tma *t, const key &k, plan **out)
     p.a.parts = k.splits > 1 ? (float *)k.y : nullptr;
     p.grid = p.a.units < t->sms ? p.a.units : t->sms;
     if (p.a.sk) {
-        const int64_t W = (int64_t)p.a.units * p.a.kstages;
+        /* every CTA a share (the grid at most W); where it balances, shares of kSkMinStages */
+        int64_t W = (int64_t)p.a.units * p.a.kstages;
+        if (k.stream_k == CUDA_TMA_SK_BALANCE)
+            W = W / kSkMinStages > 0 ? W / kSkMinStages : 1;
         p.grid = W < t->sms ? (int)W : t->sms;
         p.a.ws = t->ws;
         p.a.counts = t->counts;
@@ -627,6 +655,7 @@ static int find_plan(cuda_tma *t, const key &k, plan **out)
     }
     t->slots[i] = p;
     t->count++;
+    t->count_sk += p.a.sk != 0;
     *out = &t->slots[i];
     return 0;
 }

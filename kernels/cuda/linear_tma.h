@@ -27,7 +27,9 @@
  * pair's, whose units are cut elsewhere). No CTA waits for another, so a grid that is not
  * resident at once (another kernel, another process under MPS) cannot deadlock. It takes
  * device memory the first time it is turned on: 16 KiB an SM and 64 KiB (a workspace of the
- * cut units' partial sums and their counts), which launches only read and reset.
+ * cut units' partial sums and their counts), which every stream-K launch of the cuda_tma
+ * uses: its launches must be ordered (one stream, or streams joined by events), since two at
+ * once would mix their partial sums and could leave a count behind, spoiling later ones.
  *
  * A struct cuda_tma keeps one plan (the two tensor maps, the launch's figures) per call shape
  * and pointers, made on first use (host work only, so a first use may happen during a graph's
@@ -86,10 +88,11 @@ int cuda_tma_linear_silu(struct cuda_tma *t, const uint16_t *x, const uint16_t *
 
 /* Stream-K's modes: off (the default: CTAs take whole units), where whole units would leave
  * more than a tenth of the SMs' time idle (then at tile 128 unless cuda_tma_set_tile forces
- * one), or always (for tests). The first mode other than off allocates the workspace on the
- * current device (synchronising it): PAGODA_ECUDA when that fails (the mode is unchanged),
- * PAGODA_EINVAL for another mode. A plan is made for the mode of its first call (the mode is
- * part of its key). */
+ * one, and at least two stages a CTA), or always (for tests: as many CTAs as SMs or stages,
+ * down to one stage each). The first mode other than off allocates the workspace (and waits
+ * for the default stream to zero it); the device of cuda_tma_new must be current (else
+ * PAGODA_EINVAL). PAGODA_ECUDA when that fails (the mode is unchanged), PAGODA_EINVAL for
+ * another mode. A plan is made for the mode of its first call (the mode is part of its key). */
 #define CUDA_TMA_SK_OFF 0
 #define CUDA_TMA_SK_BALANCE 1
 #define CUDA_TMA_SK_ALWAYS 2
@@ -98,6 +101,7 @@ int cuda_tma_set_stream_k(struct cuda_tma *t, int mode);
 /* Plans made so far, and the tile of the last call's plan and whether it ran stream-K (for
  * tests and benchmarks). */
 size_t cuda_tma_plans(const struct cuda_tma *t);
+size_t cuda_tma_plans_stream_k(const struct cuda_tma *t); /* of those, with stream-K */
 int cuda_tma_last_tile(const struct cuda_tma *t);
 int cuda_tma_last_stream_k(const struct cuda_tma *t);
 
