@@ -95,26 +95,33 @@ int main(int argc, char **argv)
                             "[--backend cpu|cuda] [--chunk N] [--block-size B] "
                             "[--load-format safetensors|random] [--seed N] "
                             "[--cuda-tma on|off|stream-k]\n");
+            free(tokens);
             return 2;
         }
-        if (rc != 0)
+        if (rc != 0) {
+            free(tokens);
             return fail(rc) + 1;
+        }
     }
     if (model == NULL || tokens == NULL || out_path == NULL) {
         fprintf(stderr, "pagoda-logits: --model, --tokens and --out are required\n");
+        free(tokens);
         return 2;
     }
     if (strcmp(backend_name, "cpu") != 0 && strcmp(backend_name, "cuda") != 0) {
         fprintf(stderr, "pagoda-logits: --backend %s: expected cpu or cuda\n", backend_name);
+        free(tokens);
         return 2;
     }
     int use_cuda = strcmp(backend_name, "cuda") == 0;
     if (random_weights && !use_cuda) {
         fprintf(stderr, "pagoda-logits: --load-format random needs --backend cuda\n");
+        free(tokens);
         return 2;
     }
     if (cuda_tma_set && !use_cuda) {
         fprintf(stderr, "pagoda-logits: --cuda-tma needs --backend cuda\n");
+        free(tokens);
         return 2;
     }
     struct model_weights *w = NULL;
