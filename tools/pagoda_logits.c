@@ -103,24 +103,19 @@ int main(int argc, char **argv)
             return fail(rc) + 1;
         }
     }
-    if (model == NULL || tokens == NULL || out_path == NULL) {
-        fprintf(stderr, "pagoda-logits: --model, --tokens and --out are required\n");
-        free(tokens);
-        return 2;
-    }
-    if (strcmp(backend_name, "cpu") != 0 && strcmp(backend_name, "cuda") != 0) {
-        fprintf(stderr, "pagoda-logits: --backend %s: expected cpu or cuda\n", backend_name);
-        free(tokens);
-        return 2;
-    }
-    int use_cuda = strcmp(backend_name, "cuda") == 0;
-    if (random_weights && !use_cuda) {
-        fprintf(stderr, "pagoda-logits: --load-format random needs --backend cuda\n");
-        free(tokens);
-        return 2;
-    }
-    if (cuda_tma_set && !use_cuda) {
-        fprintf(stderr, "pagoda-logits: --cuda-tma needs --backend cuda\n");
+    /* the flags that do not go together, each refused (exit 2) with its reason */
+    const int use_cuda = strcmp(backend_name, "cuda") == 0;
+    char refused[160] = "";
+    if (model == NULL || tokens == NULL || out_path == NULL)
+        snprintf(refused, sizeof(refused), "--model, --tokens and --out are required");
+    else if (!use_cuda && strcmp(backend_name, "cpu") != 0)
+        snprintf(refused, sizeof(refused), "--backend %.64s: expected cpu or cuda", backend_name);
+    else if (random_weights && !use_cuda)
+        snprintf(refused, sizeof(refused), "--load-format random needs --backend cuda");
+    else if (cuda_tma_set && !use_cuda)
+        snprintf(refused, sizeof(refused), "--cuda-tma needs --backend cuda");
+    if (refused[0] != '\0') {
+        fprintf(stderr, "pagoda-logits: %s\n", refused);
         free(tokens);
         return 2;
     }

@@ -1208,7 +1208,7 @@ static int forward_layers(struct cuda_backend *b, int32_t n, int32_t num_logits)
          * and V into the pool in the same pass (or the attention does both). */
         late_begin(b, n,
                    !tp &&
-                       (o_parts ? !tma_takes(b, b->attn, l->w_o, parts, n, qd, H, o_parts)
+                       (o_parts ? !o_tma
                                 : o_into || gemm_cublas(b, b->attn, l->w_o, b->proj, n, qd, H, H)));
         rc = rope_attention(b, &kv, n);
         late_end(b);
@@ -1230,11 +1230,10 @@ static int forward_layers(struct cuda_backend *b, int32_t n, int32_t num_logits)
                               silu_tma ? b->act : b->gate_up, n, H, 2 * I, silu_tma)) != 0)
             return rc;
         if (!silu_tma) {
-            late_begin(
-                b, n,
-                !tp && (down_parts
-                            ? !tma_takes(b, b->act, l->w_down, parts, n, I, H, down_parts)
-                            : down_into || gemm_cublas(b, b->act, l->w_down, b->proj, n, I, H, H)));
+            late_begin(b, n,
+                       !tp && (down_parts ? !down_tma
+                                          : down_into || gemm_cublas(b, b->act, l->w_down, b->proj,
+                                                                     n, I, H, H)));
             rc = cuda_silu_mul(b->gate_up, b->act, n, (int32_t)I, s);
             late_end(b);
             if (rc != 0)

@@ -602,29 +602,28 @@ static int find_plan(cuda_tma *t, const key &k, plan **out)
     p.used = 1;
     /* features a unit of 128 weight rows covers: 128, or with silu 64 gate and their 64 up */
     const int64_t f128 = k.silu ? 64 : 128;
-    const int64_t units128 = k.out % f128 == 0 ? k.out / f128 * k.splits : 0;
-    if (k.tile_wanted == 128 && k.out % f128 == 0)
+    const int fits128 = k.out % f128 == 0;
+    /* a unit's output columns at a tile, and the units (tiles times slices) */
+    auto features_at = [&](int tile) { return k.silu ? tile / 2 : tile; };
+    auto units_at = [&](int tile) { return k.out / features_at(tile) * k.splits; };
+    if (k.tile_wanted == 128 && fits128)
         p.tile = 128;
     else if (k.tile_wanted == 64)
         p.tile = 64;
     else
-        p.tile = units128 >= t->sms ? 128 : 64;
+        p.tile = fits128 && units_at(128) >= t->sms ? 128 : 64;
     /* Stream-K where whole units would leave more than a tenth of the SMs' rounds idle (or
      * always, CUDA_TMA_SK_ALWAYS), at tile 128 where the plan picks: its share of the stages
      * is the same whatever the units, and 128 rows a stage bring in x half as often. */
-    {
-        const int64_t units = k.out / (k.silu ? p.tile / 2 : p.tile) * k.splits;
-        const int64_t rounds = (units + t->sms - 1) / t->sms;
-        const int idle = units * 10 < rounds * t->sms * 9;
-        p.a.sk = k.stream_k == CUDA_TMA_SK_ALWAYS || (k.stream_k == CUDA_TMA_SK_BALANCE && idle);
-        if (p.a.sk && k.tile_wanted == 0 && k.out % f128 == 0)
-            p.tile = 128;
-        if (p.a.sk && k.out / (k.silu ? p.tile / 2 : p.tile) * k.splits > kSkMaxUnits)
-            p.a.sk = 0;
-    }
-    const int features = k.silu ? p.tile / 2 : p.tile; /* a unit's output columns */
-    int rc = encode_map(t->encode, &p.wmap, k.w, k.in, k.silu ? 2 * k.out : k.out,
-                        k.silu ? p.tile / 2 : p.tile);
+    const int64_t rounds = (units_at(p.tile) + t->sms - 1) / t->sms;
+    const int idle = units_at(p.tile) * 10 < rounds * t->sms * 9;
+    p.a.sk = k.stream_k == CUDA_TMA_SK_ALWAYS || (k.stream_k == CUDA_TMA_SK_BALANCE && idle);
+    if (p.a.sk && k.tile_wanted == 0 && fits128)
+        p.tile = 128;
+    if (p.a.sk && units_at(p.tile) > kSkMaxUnits)
+        p.a.sk = 0;
+    int rc =
+        encode_map(t->encode, &p.wmap, k.w, k.in, k.silu ? 2 * k.out : k.out, features_at(p.tile));
     if (rc == 0)
         rc = encode_map(t->encode, &p.xmap, k.x, k.in, k.rows, MR);
     if (rc != 0)
@@ -633,16 +632,18 @@ static int find_plan(cuda_tma *t, const key &k, plan **out)
     p.a.n = (int32_t)k.out;
     p.a.splits = k.splits;
     p.a.kstages = (int32_t)(k.in / k.splits / BK);
-    p.a.units = (int32_t)(k.out / features * k.splits);
+    p.a.units = (int32_t)units_at(p.tile);
     p.a.y = k.splits == 1 ? (__nv_bfloat16 *)k.y : nullptr;
     p.a.parts = k.splits > 1 ? (float *)k.y : nullptr;
     p.grid = p.a.units < t->sms ? p.a.units : t->sms;
     if (p.a.sk) {
-        /* every CTA a share (the grid at most W); where it balances, shares of kSkMinStages */
-        int64_t W = (int64_t)p.a.units * p.a.kstages;
-        if (k.stream_k == CUDA_TMA_SK_BALANCE)
-            W = W / kSkMinStages > 0 ? W / kSkMinStages : 1;
-        p.grid = W < t->sms ? (int)W : t->sms;
+        /* every CTA a share (at most one CTA a stage); where it balances, shares of at least
+         * kSkMinStages */
+        const int64_t stages = (int64_t)p.a.units * p.a.kstages;
+        const int64_t most = k.stream_k == CUDA_TMA_SK_BALANCE
+                                 ? (stages / kSkMinStages > 0 ? stages / kSkMinStages : 1)
+                                 : stages;
+        p.grid = most < t->sms ? (int)most : t->sms;
         p.a.ws = t->ws;
         p.a.counts = t->counts;
     }
