@@ -14,21 +14,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "bench/cuda_check.h"
 #include "kernels/cuda/common.cuh"
 
-#define CK(x)                                                                                      \
+#define CB(call)                                                                                   \
     do {                                                                                           \
-        cudaError_t e_ = (x);                                                                      \
-        if (e_ != cudaSuccess) {                                                                   \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));     \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
-#define CB(x)                                                                                      \
-    do {                                                                                           \
-        cublasStatus_t s_ = (x);                                                                   \
+        cublasStatus_t s_ = (call);                                                                \
         if (s_ != CUBLAS_STATUS_SUCCESS) {                                                         \
-            fprintf(stderr, "%s:%d %s: cublas %d\n", __FILE__, __LINE__, #x, (int)s_);             \
+            fprintf(stderr, "%s:%d %s: cublas %d\n", __FILE__, __LINE__, #call, (int)s_);          \
             exit(1);                                                                               \
         }                                                                                          \
     } while (0)

@@ -39,6 +39,7 @@
  * log does). --context-spread S gives the sequences contexts from N down to N - S, evenly (the
  * floor counts each at its own). */
 #define _POSIX_C_SOURCE 200809L
+#include "bench/cuda_check.h"
 #include "common/error.h"
 #include "common/log.h"
 #include "kernels/cuda/linear.h"
@@ -63,26 +64,6 @@
 #define kWarmup 3
 #define kFloorBytesPerSecond 4.3e12
 #define kSeed 20261202ull
-
-#define PK(call)                                                                                   \
-    do {                                                                                           \
-        int rc_ = (call);                                                                          \
-        if (rc_ != 0) {                                                                            \
-            fprintf(stderr, "decode_step: %s:%d: %s: %s (%s)\n", __FILE__, __LINE__, #call,        \
-                    pagoda_strerror(rc_), pagoda_error_detail());                                  \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
-
-#define CK(call)                                                                                   \
-    do {                                                                                           \
-        cudaError_t e_ = (call);                                                                   \
-        if (e_ != cudaSuccess) {                                                                   \
-            fprintf(stderr, "decode_step: %s:%d: %s: %s\n", __FILE__, __LINE__, #call,             \
-                    cudaGetErrorString(e_));                                                       \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
 
 static double now_s(void)
 {

@@ -41,6 +41,7 @@
  * Prints one line per case and writes the JSON the script reads. Exit status 0, or 1 on a
  * failed CUDA or pagoda call (the message names it). */
 #define _POSIX_C_SOURCE 200809L
+#include "bench/cuda_check.h"
 #include "common/error.h"
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/linear.h"
@@ -98,26 +99,6 @@ static bool wanted(const char *name)
     }
     return false;
 }
-
-#define CK(call)                                                                                   \
-    do {                                                                                           \
-        cudaError_t e_ = (call);                                                                   \
-        if (e_ != cudaSuccess) {                                                                   \
-            fprintf(stderr, "kernel_bench: %s:%d: %s: %s\n", __FILE__, __LINE__, #call,            \
-                    cudaGetErrorString(e_));                                                       \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
-
-#define PK(call)                                                                                   \
-    do {                                                                                           \
-        int rc_ = (call);                                                                          \
-        if (rc_ != 0) {                                                                            \
-            fprintf(stderr, "kernel_bench: %s:%d: %s: %s (%s)\n", __FILE__, __LINE__, #call,       \
-                    pagoda_strerror(rc_), pagoda_error_detail());                                  \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
 
 static void *dev_alloc(size_t bytes)
 {

@@ -45,7 +45,7 @@ function(pagoda_add_gpu_test name)
   endif()
   # Plain C test programs (no CMocka), so that the binary runs on the GPU machine, where only
   # the CUDA toolkit is installed.
-  add_executable(${name} ${T_SOURCES})
+  add_executable(${name} ${T_SOURCES} ${PROJECT_SOURCE_DIR}/tests/gpu/gpu_test.c)
   target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR})
   target_link_libraries(${name} PRIVATE ${T_LIBS})
   add_test(NAME ${name} COMMAND ${name})

@@ -1,6 +1,8 @@
 /* A minimal harness for GPU tests: plain C (they run on the GPU machine, where CMocka is not
- * installed), a check macro that counts, and the CTest skip convention (exit 77 with a line
- * saying why) when there is no CUDA device, as on CI. */
+ * installed), a check macro that counts, a CUDA call that must succeed, and the CTest skip
+ * convention (exit 77 with a line saying why) when there is no CUDA device, as on CI. The counts
+ * are one pair per test program, in tests/gpu/gpu_test.c (pagoda_add_gpu_test links it into
+ * every GPU test), whatever the number of its source files. */
 #ifndef PAGODA_TESTS_GPU_TEST_H
 #define PAGODA_TESTS_GPU_TEST_H
 
@@ -8,7 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-static int gpu_test_passed, gpu_test_failed;
+extern int gpu_test_passed, gpu_test_failed;
 
 /* Counts one check; prints the failures (and, with GPU_TEST_VERBOSE set, the passes). */
 #define GPU_CHECK(cond, ...)                                                                       \
@@ -25,6 +27,20 @@ static int gpu_test_passed, gpu_test_failed;
             printf("FAIL %s:%d: ", __FILE__, __LINE__);                                            \
             printf(__VA_ARGS__);                                                                   \
             printf("\n");                                                                          \
+        }                                                                                          \
+    } while (0)
+
+static inline int gpu_test_finish(void);
+
+/* A CUDA runtime call that must succeed: a failure is counted and stops the test, printing the
+ * summary first (a device fault poisons the context for every later case). */
+#define GPU_CK(call)                                                                               \
+    do {                                                                                           \
+        cudaError_t e_ = (call);                                                                   \
+        if (e_ != cudaSuccess) {                                                                   \
+            printf("FATAL %s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_));    \
+            gpu_test_failed++;                                                                     \
+            exit(gpu_test_finish());                                                               \
         }                                                                                          \
     } while (0)
 

@@ -22,18 +22,6 @@
 
 static cudaStream_t stream;
 
-/* Stops the test on a failing CUDA call (a device fault poisons the context for every later
- * case), printing the summary first. */
-#define CK(call)                                                                                   \
-    do {                                                                                           \
-        cudaError_t e_ = (call);                                                                   \
-        if (e_ != cudaSuccess) {                                                                   \
-            printf("FATAL %s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_));    \
-            gpu_test_failed++;                                                                     \
-            exit(gpu_test_finish());                                                               \
-        }                                                                                          \
-    } while (0)
-
 static uint64_t rng = 0x2545f4914f6cdd1dull;
 
 static inline uint64_t rng_next(void)
@@ -79,28 +67,28 @@ static inline void *xmalloc(size_t bytes)
 static inline void *dev_alloc(size_t bytes)
 {
     void *p = NULL;
-    CK(cudaMalloc(&p, bytes > 0 ? bytes : 1));
+    GPU_CK(cudaMalloc(&p, bytes > 0 ? bytes : 1));
     return p;
 }
 
 static inline void *dev_upload(const void *h, size_t bytes)
 {
     void *d = dev_alloc(bytes);
-    CK(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice));
-    CK(cudaDeviceSynchronize()); /* a pageable copy may still be in flight */
+    GPU_CK(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice));
+    GPU_CK(cudaDeviceSynchronize()); /* a pageable copy may still be in flight */
     return d;
 }
 
 static inline void download(void *h, const void *d, size_t bytes)
 {
-    CK(cudaStreamSynchronize(stream));
-    CK(cudaMemcpy(h, d, bytes, cudaMemcpyDeviceToHost));
+    GPU_CK(cudaStreamSynchronize(stream));
+    GPU_CK(cudaMemcpy(h, d, bytes, cudaMemcpyDeviceToHost));
 }
 
 static inline void poison(void *d, size_t bytes)
 {
-    CK(cudaMemset(d, 0xFF, bytes));
-    CK(cudaDeviceSynchronize()); /* cudaMemset is asynchronous, on the legacy stream */
+    GPU_CK(cudaMemset(d, 0xFF, bytes));
+    GPU_CK(cudaDeviceSynchronize()); /* cudaMemset is asynchronous, on the legacy stream */
 }
 
 /* ||out - ref|| / ||ref|| in double; infinite when out holds a NaN or an infinity. */

@@ -24,15 +24,6 @@
 #define TOP_IDS 64
 #define MISMATCHES_SHOWN 20
 
-#define CUDA_OK(call)                                                                              \
-    do {                                                                                           \
-        cudaError_t err_ = (call);                                                                 \
-        if (err_ != cudaSuccess) {                                                                 \
-            printf("FATAL %s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(err_));  \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
-
 #define MUST(cond)                                                                                 \
     do {                                                                                           \
         if (!(cond)) {                                                                             \
@@ -101,14 +92,10 @@ static inline int cmp_double(const void *a, const void *b)
  * timings. */
 void test_greedy_fast_path(int32_t vocab, int32_t rows);
 void greedy_timings(void);
-/* The checks counted in test_cuda_sampler_greedy.c (gpu_test.h's counters are per file): main
- * adds them to its own before it prints the total. */
-void greedy_check_counts(int *passed, int *failed);
 
-/* test_cuda_sampler_history.c: history gathers and keys, and its checks' counts. */
+/* test_cuda_sampler_history.c: history gathers and keys. */
 void test_enqueue_history_gathers(int32_t vocab, int32_t rows);
 void test_history_keys(int32_t vocab, int32_t rows, int32_t slots);
 void test_history_key_edges(void);
-void history_check_counts(int *passed, int *failed);
 
 #endif

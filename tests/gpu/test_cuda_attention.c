@@ -210,13 +210,13 @@ static void test_attention(const char *label, struct shape sh, int32_t num_seqs,
     report("attention", wcfg, worst, TOLERANCE);
 
     cuda_attention_plan_free(gplan);
-    CK(cudaFree(d_pool));
-    CK(cudaFree(d_qkv));
-    CK(cudaFree(d_pk));
-    CK(cudaFree(d_pv));
-    CK(cudaFree(d_ps));
-    CK(cudaFree(d_ss));
-    CK(cudaFree(d_out));
+    GPU_CK(cudaFree(d_pool));
+    GPU_CK(cudaFree(d_qkv));
+    GPU_CK(cudaFree(d_pk));
+    GPU_CK(cudaFree(d_pv));
+    GPU_CK(cudaFree(d_ps));
+    GPU_CK(cudaFree(d_ss));
+    GPU_CK(cudaFree(d_out));
     free(query_start);
     free(perm);
     free(tables);
@@ -407,7 +407,7 @@ static void test_attention_early_kv(struct shape sh, int32_t n, int32_t max_ctx,
     for (int pass = 0; pass < 11 && rc == 0; pass++) {
         cuda_set_pdl(pass > 0);
         cuda_attention_set_early_kv(plan, pass > 0 && !attn_early_off);
-        CK(cudaMemcpyAsync(d_qkv, qkv, (size_t)n * qkv_w * 2, cudaMemcpyHostToDevice, stream));
+        GPU_CK(cudaMemcpyAsync(d_qkv, qkv, (size_t)n * qkv_w * 2, cudaMemcpyHostToDevice, stream));
         poison(d_out, (size_t)n * qw * 2);
         rc = cuda_reshape_and_cache(&view, d_nan, d_nan, kvw, d_ss, n, stream);
         if (rc == 0 && !(fused && pass > 0))
@@ -421,7 +421,7 @@ static void test_attention_early_kv(struct shape sh, int32_t n, int32_t max_ctx,
         else if (rc == 0)
             rc = cuda_attention_run(plan, &view, d_qkv, qkv_w, d_out, stream);
         if (rc == 0 && fused && (pass == 0 || pass == 10)) {
-            CK(cudaStreamSynchronize(stream));
+            GPU_CK(cudaStreamSynchronize(stream));
             download_newest(&view, step_slots, n, bs, nkv, hd, pass ? kv_got : kv_want);
             if (pass)
                 kv_differ = memcmp(kv_got, kv_want, (size_t)n * 2 * kvw * 2) != 0;
@@ -461,18 +461,18 @@ static void test_attention_early_kv(struct shape sh, int32_t n, int32_t max_ctx,
                   "passes): the launches did not overlap, so this case tested nothing");
 
     cuda_attention_plan_free(plan);
-    CK(cudaFree(d_pool));
-    CK(cudaFree(d_pk));
-    CK(cudaFree(d_pv));
-    CK(cudaFree(d_ps));
-    CK(cudaFree(d_ss));
-    CK(cudaFree(d_pos));
-    CK(cudaFree(d_inv));
-    CK(cudaFree(d_nan));
-    CK(cudaFree(d_qkv));
-    CK(cudaFree(d_out));
-    CK(cudaFree(d_scratch));
-    CK(cudaFree(d_seen));
+    GPU_CK(cudaFree(d_pool));
+    GPU_CK(cudaFree(d_pk));
+    GPU_CK(cudaFree(d_pv));
+    GPU_CK(cudaFree(d_ps));
+    GPU_CK(cudaFree(d_ss));
+    GPU_CK(cudaFree(d_pos));
+    GPU_CK(cudaFree(d_inv));
+    GPU_CK(cudaFree(d_nan));
+    GPU_CK(cudaFree(d_qkv));
+    GPU_CK(cudaFree(d_out));
+    GPU_CK(cudaFree(d_scratch));
+    GPU_CK(cudaFree(d_seen));
     free(qs);
     free(ctx);
     free(pos);
@@ -582,14 +582,14 @@ static void test_attention_graph(struct shape sh)
                   pagoda_error_detail());
         if (rc != 0)
             break;
-        CK(cudaStreamSynchronize(stream));
-        CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+        GPU_CK(cudaStreamSynchronize(stream));
+        GPU_CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
         rc = cuda_attention_run(p, &gview, d_q, qw, d_out, stream);
         cudaGraph_t graph = NULL;
-        CK(cudaStreamEndCapture(stream, &graph));
+        GPU_CK(cudaStreamEndCapture(stream, &graph));
         GPU_CHECK(rc == 0, "cuda_attention_run (captured): %d (%s)", rc, pagoda_error_detail());
-        CK(cudaGraphInstantiate(&graphs[g], graph, 0));
-        CK(cudaGraphDestroy(graph));
+        GPU_CK(cudaGraphInstantiate(&graphs[g], graph, 0));
+        GPU_CK(cudaGraphDestroy(graph));
     }
 
     int32_t qs[GRAPH_MAX_SEQS + 1];
@@ -631,7 +631,7 @@ static void test_attention_graph(struct shape sh)
                   pagoda_error_detail());
         if (rc != 0)
             break;
-        CK(cudaGraphLaunch(graphs[g], stream));
+        GPU_CK(cudaGraphLaunch(graphs[g], stream));
         download(gout, d_out, (size_t)n * qw * sizeof(uint16_t));
         const int32_t real_parts = parts - (st->pad - n); /* one per padding sequence */
 
@@ -671,11 +671,11 @@ static void test_attention_graph(struct shape sh)
 
     for (int g = 0; g < num_pads; g++)
         if (graphs[g] != NULL)
-            CK(cudaGraphExecDestroy(graphs[g]));
+            GPU_CK(cudaGraphExecDestroy(graphs[g]));
     cuda_attention_plan_free(p);
-    CK(cudaFree(d_pool));
-    CK(cudaFree(d_q));
-    CK(cudaFree(d_out));
+    GPU_CK(cudaFree(d_pool));
+    GPU_CK(cudaFree(d_q));
+    GPU_CK(cudaFree(d_out));
     free(pool);
     free(cpool);
     free(q);
@@ -915,19 +915,19 @@ static void test_refusals(void)
     expect_rc("reshape_and_cache row_stride < kv",
               cuda_reshape_and_cache(&view, d_q, d_q, 64, (const int64_t *)d_pool, 1, stream),
               PAGODA_EINVAL);
-    CK(cudaStreamSynchronize(stream));
+    GPU_CK(cudaStreamSynchronize(stream));
 
     cuda_attention_plan_free(p);
     attention_plan_free(cp);
-    CK(cudaFree(d_pool));
-    CK(cudaFree(d_q));
-    CK(cudaFree(d_out));
+    GPU_CK(cudaFree(d_pool));
+    GPU_CK(cudaFree(d_q));
+    GPU_CK(cudaFree(d_out));
 }
 
 int main(int argc, char **argv)
 {
     gpu_test_require_device("test_cuda_attention");
-    CK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    GPU_CK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     /* "graph": the decode graph cases alone (to run them against another build's kernels). */
@@ -1042,6 +1042,6 @@ graphs:
     clock_gettime(CLOCK_MONOTONIC, &t1);
     printf("worst relative error of the bf16 cases: %.2e; %.1f s\n", worst_err,
            (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec));
-    CK(cudaStreamDestroy(stream));
+    GPU_CK(cudaStreamDestroy(stream));
     return gpu_test_finish();
 }

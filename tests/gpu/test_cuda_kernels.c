@@ -45,9 +45,9 @@ static void test_embedding(int32_t vocab, int32_t hidden, int32_t num_tokens)
              (int)num_tokens);
     report("embedding", cfg, rel_err(got, ref, rn), EXACT);
 
-    CK(cudaFree(d_table));
-    CK(cudaFree(d_ids));
-    CK(cudaFree(d_res));
+    GPU_CK(cudaFree(d_table));
+    GPU_CK(cudaFree(d_ids));
+    GPU_CK(cudaFree(d_res));
     free(table);
     free(ids);
     free(ref);
@@ -106,9 +106,9 @@ static void test_embedding_rows(int32_t vocab, int32_t hidden, int32_t begin, in
     GPU_CHECK(differ == 0, "embedding_rows %s: %zu values differ from the copy or zeros", cfg,
               differ);
 
-    CK(cudaFree(d_table));
-    CK(cudaFree(d_ids));
-    CK(cudaFree(d_res));
+    GPU_CK(cudaFree(d_table));
+    GPU_CK(cudaFree(d_ids));
+    GPU_CK(cudaFree(d_res));
     free(table);
     free(ids);
     free(ref);
@@ -167,11 +167,11 @@ static void test_add_rmsnorm(int32_t rows, int32_t dim, bool with_x, int32_t npa
     report("add_rmsnorm out", cfg, rel_err_bf16(out, ref, n), TOLERANCE);
     report("add_rmsnorm residual", cfg, rel_err(res_got, res_ref, n), EXACT);
 
-    CK(cudaFree(d_res));
-    CK(cudaFree(d_x));
-    CK(cudaFree(d_w));
-    CK(cudaFree(d_out));
-    CK(cudaFree(d_parts));
+    GPU_CK(cudaFree(d_res));
+    GPU_CK(cudaFree(d_x));
+    GPU_CK(cudaFree(d_w));
+    GPU_CK(cudaFree(d_out));
+    GPU_CK(cudaFree(d_parts));
     free(parts);
     free(res);
     free(res_ref);
@@ -215,8 +215,8 @@ static void test_add_bias(int32_t rows, int32_t cols, int64_t ld)
     report("add_bias", cfg, rel_err(gotf, ref, (size_t)rows * cols), EXACT);
     GPU_CHECK(untouched_changed == 0, "add_bias wrote %zu elements beyond cols", untouched_changed);
 
-    CK(cudaFree(d_x));
-    CK(cudaFree(d_b));
+    GPU_CK(cudaFree(d_x));
+    GPU_CK(cudaFree(d_b));
     free(x);
     free(got);
     free(b);
@@ -259,9 +259,9 @@ static void test_to_bf16_bias(int32_t rows, int32_t cols, bool with_bias)
            differ ? "  FAIL" : "");
     GPU_CHECK(differ == 0, "to_bf16_bias %s: %zu of %zu values differ", cfg, differ, n);
 
-    CK(cudaFree(d_x));
-    CK(cudaFree(d_b));
-    CK(cudaFree(d_y));
+    GPU_CK(cudaFree(d_x));
+    GPU_CK(cudaFree(d_b));
+    GPU_CK(cudaFree(d_y));
     free(x);
     free(b);
     free(ref);
@@ -307,9 +307,9 @@ static void test_rope(int32_t rows, int32_t num_heads, int32_t head_dim, int64_t
     GPU_CHECK(untouched_changed == 0, "rope wrote %zu elements beyond its heads",
               untouched_changed);
 
-    CK(cudaFree(d_x));
-    CK(cudaFree(d_pos));
-    CK(cudaFree(d_inv));
+    GPU_CK(cudaFree(d_x));
+    GPU_CK(cudaFree(d_pos));
+    GPU_CK(cudaFree(d_inv));
     free(x);
     free(got);
     free(ref);
@@ -338,8 +338,8 @@ static void test_silu_mul(int32_t rows, int32_t inter)
              inter % 8 == 0 ? "16-byte" : "scalar");
     report("silu_mul", cfg, rel_err_bf16(out, ref, on), TOLERANCE);
 
-    CK(cudaFree(d_gu));
-    CK(cudaFree(d_out));
+    GPU_CK(cudaFree(d_gu));
+    GPU_CK(cudaFree(d_out));
     free(gu);
     free(out);
     free(guf);
@@ -395,7 +395,7 @@ static void test_rope_cache(int32_t block_size, int32_t num_q_heads, int32_t num
     GPU_CHECK(rc == 0, "cuda_rope + cuda_reshape_and_cache: %d", rc);
     download(want_qkv, d_qkv, qn * 2);
     download(want_pool, d_pool, pool_bytes);
-    CK(cudaFree(d_qkv));
+    GPU_CK(cudaFree(d_qkv));
 
     /* the fused call */
     d_qkv = dev_upload(qkv, qn * 2);
@@ -425,11 +425,11 @@ static void test_rope_cache(int32_t block_size, int32_t num_q_heads, int32_t num
               pool_diff);
     GPU_CHECK(pool_written > 0, "rope_cache: nothing written to the pool");
 
-    CK(cudaFree(d_qkv));
-    CK(cudaFree(d_pool));
-    CK(cudaFree(d_pos));
-    CK(cudaFree(d_slots));
-    CK(cudaFree(d_inv));
+    GPU_CK(cudaFree(d_qkv));
+    GPU_CK(cudaFree(d_pool));
+    GPU_CK(cudaFree(d_pos));
+    GPU_CK(cudaFree(d_slots));
+    GPU_CK(cudaFree(d_inv));
     free(qkv);
     free(got_qkv);
     free(want_qkv);
@@ -465,7 +465,7 @@ static void gemv_run(const uint16_t *d_x, const uint16_t *d_w, int32_t rows, int
     GPU_CHECK(extra == 0, "%s %s: %zu bytes written past the rows", form, cfg, extra);
     GPU_CHECK(memcmp(first, again, yn * esz) == 0, "%s %s: two runs differ", form, cfg);
     memcpy(got, first, (size_t)rows * out * esz);
-    CK(cudaFree(d_y));
+    GPU_CK(cudaFree(d_y));
     free(first);
     free(again);
 }
@@ -493,10 +493,10 @@ static void linear_inputs(int32_t rows, int32_t in, int32_t out, uint16_t **x, u
 /* Frees what linear_inputs allocated and the device copies (d_y may be NULL). */
 static void linear_free(uint16_t *x, uint16_t *w, float *ref, void *d_x, void *d_w, void *d_y)
 {
-    CK(cudaFree(d_x));
-    CK(cudaFree(d_w));
+    GPU_CK(cudaFree(d_x));
+    GPU_CK(cudaFree(d_w));
     if (d_y != NULL)
-        CK(cudaFree(d_y));
+        GPU_CK(cudaFree(d_y));
     free(x);
     free(w);
     free(ref);
@@ -536,7 +536,7 @@ static void test_gemv(int32_t rows, int32_t in, int32_t out, int y_f32)
         {1, 4096, 0}, {0, 0, -1},   {1, 512, -1}, {3, 1024, -1}, {0, 0, 1},
         {1, 512, 1},  {2, 1024, 1}, {1, 4096, 1}};
     int sms = 0;
-    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    GPU_CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
     for (size_t k = 0; k < sizeof(rings) / sizeof(rings[0]); k++) {
         if (!cuda_gemv_stream_ring_fits(rows, in, out, &rings[k], sms)) {
             GPU_CHECK(k != 0, "cuda_gemv_stream %s: the default ring does not fit", cfg);
@@ -580,7 +580,7 @@ static void test_gemv_chain(int32_t rows, int32_t in, int32_t mid, int32_t out, 
         cuda_set_pdl(pass > 0);
         poison(d_h, (size_t)rows * mid * 2);
         poison(d_y, (size_t)rows * out * 2);
-        CK(cudaStreamSynchronize(stream));
+        GPU_CK(cudaStreamSynchronize(stream));
         const uint16_t *xs[2] = {d_x, d_h}, *ws[2] = {d_w1, d_w2};
         uint16_t *ys[2] = {d_h, d_y};
         const int32_t ins[2] = {in, mid}, outs[2] = {mid, out};
@@ -601,11 +601,11 @@ static void test_gemv_chain(int32_t rows, int32_t in, int32_t mid, int32_t out, 
               "%s chain rows %d %d -> %d -> %d with pdl: %d of 5 differ from the chain without it, "
               "%d NaN",
               row ? "gemv_row" : "gemv_stream", rows, in, mid, out, differ, nan);
-    CK(cudaFree(d_x));
-    CK(cudaFree(d_w1));
-    CK(cudaFree(d_w2));
-    CK(cudaFree(d_h));
-    CK(cudaFree(d_y));
+    GPU_CK(cudaFree(d_x));
+    GPU_CK(cudaFree(d_w1));
+    GPU_CK(cudaFree(d_w2));
+    GPU_CK(cudaFree(d_h));
+    GPU_CK(cudaFree(d_y));
     free(x);
     free(w1);
     free(w2);
@@ -719,7 +719,7 @@ static void test_gemv_row_norm(int32_t in, int32_t out, bool with_add, int y_f32
               differ);
     void *dev[] = {d_res, d_ref_res, d_out_res, d_xa, d_wa, d_add, d_norm, d_w, d_x, d_y};
     for (size_t k = 0; k < sizeof(dev) / sizeof(dev[0]); k++)
-        CK(cudaFree(dev[k]));
+        GPU_CK(cudaFree(dev[k]));
     void *host[] = {res, res_want, res_got, res_after, xa, wa, norm, w, want, got};
     for (size_t k = 0; k < sizeof(host) / sizeof(host[0]); k++)
         free(host[k]);
@@ -835,7 +835,7 @@ static void test_late_into_cublas(struct cuda_lt *lt, cublasHandle_t h, int kind
         const int late = run == 1;
         cudaGraph_t g = NULL;
         if (run) {
-            CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+            GPU_CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
             cuda_set_pdl(1);
             cuda_set_pdl_late(late);
         }
@@ -857,20 +857,20 @@ static void test_late_into_cublas(struct cuda_lt *lt, cublasHandle_t h, int kind
             ybytes = late_gemm(gemm, lt, h, d_x, d_w, d_y, rows, dim, &rc);
         if (!run)
             continue;
-        CK(cudaStreamEndCapture(stream, &g));
+        GPU_CK(cudaStreamEndCapture(stream, &g));
         cudaGraphNode_t from[8], to[8];
         cudaGraphEdgeData ed[8];
         size_t ne = 0, programmatic = 0;
-        CK(cudaGraphGetEdges(g, NULL, NULL, NULL, &ne));
+        GPU_CK(cudaGraphGetEdges(g, NULL, NULL, NULL, &ne));
         if (ne <= 8) {
-            CK(cudaGraphGetEdges(g, from, to, ed, &ne));
+            GPU_CK(cudaGraphGetEdges(g, from, to, ed, &ne));
             for (size_t i = 0; i < ne; i++)
                 programmatic += ed[i].type == cudaGraphDependencyTypeProgrammatic;
         }
         GPU_CHECK(programmatic >= 1, "late %s: %zu edges, none programmatic", name, ne);
         cudaGraphExec_t ge;
-        CK(cudaGraphInstantiate(&ge, g, 0));
-        CK(cudaGraphDestroy(g));
+        GPU_CK(cudaGraphInstantiate(&ge, g, 0));
+        GPU_CK(cudaGraphDestroy(g));
         int differ = 0;
         for (int r = 0; r < reps && rc == 0; r++) {
             if (kind) {
@@ -881,13 +881,13 @@ static void test_late_into_cublas(struct cuda_lt *lt, cublasHandle_t h, int kind
             }
             const void *src = kind ? (const void *)in_h : (const void *)in_f;
             const size_t bytes = kind ? 2 * xn * sizeof(uint16_t) : in_n * sizeof(float);
-            CK(cudaMemcpyAsync(d_in, src, bytes, cudaMemcpyHostToDevice, stream));
-            CK(cudaMemsetAsync(d_x, 0, xn * sizeof(uint16_t), stream));
-            CK(cudaGraphLaunch(ge, stream));
+            GPU_CK(cudaMemcpyAsync(d_in, src, bytes, cudaMemcpyHostToDevice, stream));
+            GPU_CK(cudaMemsetAsync(d_x, 0, xn * sizeof(uint16_t), stream));
+            GPU_CK(cudaGraphLaunch(ge, stream));
             download(got, d_y, ybytes);
             /* the same, in stream order */
-            CK(cudaMemcpyAsync(d_in, src, bytes, cudaMemcpyHostToDevice, stream));
-            CK(cudaMemsetAsync(d_x, 0, xn * sizeof(uint16_t), stream));
+            GPU_CK(cudaMemcpyAsync(d_in, src, bytes, cudaMemcpyHostToDevice, stream));
+            GPU_CK(cudaMemsetAsync(d_x, 0, xn * sizeof(uint16_t), stream));
             rc = kind ? cuda_silu_mul(d_gu, d_x, rows, dim, stream)
                       : cuda_add_parts_rmsnorm(d_res, NULL, d_parts, nparts, (int64_t)xn, d_wn, d_x,
                                                rows, dim, 1e-5f, stream);
@@ -896,7 +896,7 @@ static void test_late_into_cublas(struct cuda_lt *lt, cublasHandle_t h, int kind
             download(want, d_y, ybytes);
             differ += memcmp(got, want, ybytes) != 0;
         }
-        CK(cudaGraphExecDestroy(ge));
+        GPU_CK(cudaGraphExecDestroy(ge));
         GPU_CHECK(rc == 0, "late %s: %d (%s)", name, rc, pagoda_error_detail());
         if (late)
             GPU_CHECK(differ == 0, "late %s: %d of %d replays differ from stream order", name,
@@ -905,11 +905,11 @@ static void test_late_into_cublas(struct cuda_lt *lt, cublasHandle_t h, int kind
             printf("control: %s behind the early trigger: %d of %d replays differ\n", name, differ,
                    reps);
     }
-    CK(cudaFree(d_in));
-    CK(cudaFree(d_wn));
-    CK(cudaFree(d_w));
-    CK(cudaFree(d_x));
-    CK(cudaFree(d_y));
+    GPU_CK(cudaFree(d_in));
+    GPU_CK(cudaFree(d_wn));
+    GPU_CK(cudaFree(d_w));
+    GPU_CK(cudaFree(d_x));
+    GPU_CK(cudaFree(d_y));
     free(in_f);
     free(in_h);
     free(wn);
@@ -925,7 +925,7 @@ static void test_lt_cases(void)
     int rc = cuda_lt_new(ws, 32u << 20, &lt);
     GPU_CHECK(rc == 0, "cuda_lt_new: %d (%s)", rc, pagoda_error_detail());
     if (rc != 0) {
-        CK(cudaFree(ws));
+        GPU_CK(cudaFree(ws));
         return;
     }
     test_lt_linear(lt, 1, 4096, 1000, 1000, 0);
@@ -936,7 +936,7 @@ static void test_lt_cases(void)
     test_lt_linear(lt, 300, 512, 768, 768, 0);
     cublasHandle_t h;
     GPU_CHECK(cublasCreate(&h) == CUBLAS_STATUS_SUCCESS, "cublasCreate");
-    CK(cudaStreamSynchronize(stream));
+    GPU_CK(cudaStreamSynchronize(stream));
     if (cublasSetStream(h, stream) == CUBLAS_STATUS_SUCCESS &&
         cublasSetWorkspace(h, ws, 32u << 20) == CUBLAS_STATUS_SUCCESS) {
         for (int gemm = 0; gemm < 3; gemm++) {
@@ -950,7 +950,7 @@ static void test_lt_cases(void)
     expect_rc("lt ldy < out", cuda_lt_linear(lt, p, p, p, 0, 1, 64, 8, 7, stream), PAGODA_EINVAL);
     expect_rc("lt NULL w", cuda_lt_linear(lt, p, NULL, p, 0, 1, 64, 8, 8, stream), PAGODA_EINVAL);
     cuda_lt_free(lt);
-    CK(cudaFree(ws));
+    GPU_CK(cudaFree(ws));
 }
 
 static void test_gemv_refusals(void)
@@ -980,7 +980,7 @@ static void test_gemv_refusals(void)
               cuda_gemv_stream(p, p, p, 0, 1, 8 * 4096, 8, &big, stream), PAGODA_EINVAL);
     expect_rc("gemv_stream ring cut to what a CTA streams",
               cuda_gemv_stream(p, p, p, 0, 1, 4096, 8, &big, stream), 0);
-    CK(cudaFree(d));
+    GPU_CK(cudaFree(d));
 }
 
 /* A token's K and V come from a fused QKV row (row_stride wide), one token is padding (slot
@@ -1052,9 +1052,9 @@ static void test_reshape_and_cache(int32_t block_size, int32_t num_kv_heads, int
               "reshape_and_cache: %zu pool elements written, %zu expected (padding skipped)",
               not_poison, written);
 
-    CK(cudaFree(d_pool));
-    CK(cudaFree(d_qkv));
-    CK(cudaFree(d_slots));
+    GPU_CK(cudaFree(d_pool));
+    GPU_CK(cudaFree(d_qkv));
+    GPU_CK(cudaFree(d_slots));
     free(qkv);
     free(pool);
 }
@@ -1062,7 +1062,7 @@ static void test_reshape_and_cache(int32_t block_size, int32_t num_kv_heads, int
 int main(void)
 {
     gpu_test_require_device("test_cuda_kernels");
-    CK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    GPU_CK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
 
@@ -1130,7 +1130,7 @@ int main(void)
     test_gemv_row_norm(8192, 512, true, 1);
     {
         void *p = NULL;
-        CK(cudaMalloc(&p, 1 << 20));
+        GPU_CK(cudaMalloc(&p, 1 << 20));
         uint16_t *q = p;
         expect_rc("gemv_row in % 2048", cuda_gemv_row(q, q, q, 0, 3072, 8, stream), PAGODA_EINVAL);
         expect_rc("gemv_row in > 24576", cuda_gemv_row(q, q, q, 0, 26624, 8, stream),
@@ -1150,13 +1150,13 @@ int main(void)
         expect_rc("gemv_row_norm eps < 0",
                   cuda_gemv_row_norm(f, q, q, -1.0f, f + 16384, q, q, 0, 2048, 8, stream),
                   PAGODA_EINVAL);
-        CK(cudaFree(p));
+        GPU_CK(cudaFree(p));
     }
     test_lt_cases();
 
     clock_gettime(CLOCK_MONOTONIC, &t1);
     printf("worst relative error of the bf16 cases: %.2e; %.1f s\n", worst_err,
            (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec));
-    CK(cudaStreamDestroy(stream));
+    GPU_CK(cudaStreamDestroy(stream));
     return gpu_test_finish();
 }

@@ -45,7 +45,7 @@ static void check_linear(int64_t rows, int64_t in, int64_t out, int32_t S, int t
     const size_t ybytes = ny * (S > 1 ? 4 : 2);
     void *dy = dev_alloc(ybytes);
     poison(dy, ybytes);
-    CK(cuda_tma_set_tile(tma, tile) == 0 ? cudaSuccess : cudaErrorInvalidValue);
+    GPU_CK(cuda_tma_set_tile(tma, tile) == 0 ? cudaSuccess : cudaErrorInvalidValue);
     int rc = cuda_tma_linear(tma, dx, dw, dy, rows, in, out, S, stream);
     char cfg[96];
     snprintf(cfg, sizeof(cfg), "rows %lld in %lld out %lld S %d tile %d%s", (long long)rows,
@@ -89,9 +89,9 @@ static void check_linear(int64_t rows, int64_t in, int64_t out, int32_t S, int t
     free(got);
     free(x);
     free(w);
-    CK(cudaFree(dx));
-    CK(cudaFree(dw));
-    CK(cudaFree(dy));
+    GPU_CK(cudaFree(dx));
+    GPU_CK(cudaFree(dw));
+    GPU_CK(cudaFree(dy));
 }
 
 /* cuda_tma_linear_silu (gate/up with SiLU-and-multiply in its epilogue) on rows x in times a
@@ -109,7 +109,7 @@ static void check_silu(int64_t rows, int64_t in, int64_t inter, int tile)
     uint16_t *dact = dev_alloc(nact * 2), *dgu = dev_alloc(ngu * 2), *dref = dev_alloc(nact * 2);
     poison(dact, nact * 2);
     poison(dref, nact * 2);
-    CK(cuda_tma_set_tile(tma, tile) == 0 ? cudaSuccess : cudaErrorInvalidValue);
+    GPU_CK(cuda_tma_set_tile(tma, tile) == 0 ? cudaSuccess : cudaErrorInvalidValue);
     /* the unfused pair first: a stray write of the fused kernel into dref would show */
     int rc = cuda_tma_linear(tma, dx, dw, dgu, rows, in, 2 * inter, 1, stream);
     const int unfused_sk = cuda_tma_last_stream_k(tma);
@@ -168,11 +168,11 @@ static void check_silu(int64_t rows, int64_t in, int64_t inter, int tile)
     free(want);
     free(x);
     free(w);
-    CK(cudaFree(dx));
-    CK(cudaFree(dw));
-    CK(cudaFree(dact));
-    CK(cudaFree(dgu));
-    CK(cudaFree(dref));
+    GPU_CK(cudaFree(dx));
+    GPU_CK(cudaFree(dw));
+    GPU_CK(cudaFree(dact));
+    GPU_CK(cudaFree(dgu));
+    GPU_CK(cudaFree(dref));
 }
 
 /* A chain of `links` MLP blocks as the worker runs them: RMSNorm (residual += the slices of the
@@ -228,11 +228,11 @@ static void check_chain(int32_t rows, int32_t hidden, int32_t inter, int32_t S, 
 #define GU(l) (X(links) + nx)
 #define PARTS(l) ((float *)GU(l))
     float *res = (float *)(GU(0) + ngu);
-    CK(cuda_tma_set_tile(tma, tile) == 0 ? cudaSuccess : cudaErrorInvalidValue);
+    GPU_CK(cuda_tma_set_tile(tma, tile) == 0 ? cudaSuccess : cudaErrorInvalidValue);
     int rc = 0;
 #define RUN_CHAIN()                                                                                \
     do {                                                                                           \
-        CK(cudaMemcpyAsync(res, res0, nx * 4, cudaMemcpyDeviceToDevice, stream));                  \
+        GPU_CK(cudaMemcpyAsync(res, res0, nx * 4, cudaMemcpyDeviceToDevice, stream));              \
         for (int l = 0; l <= links && rc == 0; l++) {                                              \
             rc = cuda_add_parts_rmsnorm(res, NULL, l ? PARTS(l - 1) : NULL, l ? S : 0,             \
                                         (int64_t)nx, norm, X(l), rows, hidden, 1e-5f, stream);     \
@@ -282,9 +282,9 @@ static void check_chain(int32_t rows, int32_t hidden, int32_t inter, int32_t S, 
     cudaGraph_t g;
     cudaGraphExec_t ge;
     cuda_set_pdl(1);
-    CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    GPU_CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
     RUN_CHAIN();
-    CK(cudaStreamEndCapture(stream, &g));
+    GPU_CK(cudaStreamEndCapture(stream, &g));
     cuda_set_pdl(0);
 #undef RUN_CHAIN
 #undef X
@@ -292,11 +292,11 @@ static void check_chain(int32_t rows, int32_t hidden, int32_t inter, int32_t S, 
 #undef ACT
 #undef PARTS
     GPU_CHECK(rc == 0, "chain %s (capture): %s", cfg, pagoda_error_detail());
-    CK(cudaGraphInstantiate(&ge, g, 0));
+    GPU_CK(cudaGraphInstantiate(&ge, g, 0));
     int differ = 0;
     for (int r = 0; r < replays; r++) {
         poison(buf, all);
-        CK(cudaGraphLaunch(ge, stream));
+        GPU_CK(cudaGraphLaunch(ge, stream));
         download(got, buf, all);
         differ += memcmp(got, want, all) != 0;
     }
@@ -304,17 +304,17 @@ static void check_chain(int32_t rows, int32_t hidden, int32_t inter, int32_t S, 
            differ ? "  FAIL" : "");
     GPU_CHECK(differ == 0, "chain %s: %d of %d PDL replays differ from the eager chain", cfg,
               differ, replays);
-    CK(cudaGraphExecDestroy(ge));
-    CK(cudaGraphDestroy(g));
+    GPU_CK(cudaGraphExecDestroy(ge));
+    GPU_CK(cudaGraphDestroy(g));
     for (int l = 0; l < links; l++) {
-        CK(cudaFree(wgu[l]));
-        CK(cudaFree(wdown[l]));
+        GPU_CK(cudaFree(wgu[l]));
+        GPU_CK(cudaFree(wdown[l]));
     }
     free(wgu);
     free(wdown);
-    CK(cudaFree(buf));
-    CK(cudaFree(res0));
-    CK(cudaFree(norm));
+    GPU_CK(cudaFree(buf));
+    GPU_CK(cudaFree(res0));
+    GPU_CK(cudaFree(norm));
     free(chain_unfused);
     chain_unfused = silu ? NULL : want;
     if (silu)
@@ -325,7 +325,7 @@ static void check_chain(int32_t rows, int32_t hidden, int32_t inter, int32_t S, 
 int main(void)
 {
     gpu_test_require_device("test_cuda_linear_tma");
-    CK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    GPU_CK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     int rc = cuda_tma_new(&tma);
@@ -411,7 +411,7 @@ int main(void)
     /* 224 units of 128 rows (64 features' gate and up): stream-K where they leave a tenth of
      * the rounds idle (on 132 SMs a second round 70% full) */
     int sms = 0;
-    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    GPU_CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
     const int rounds = (224 + sms - 1) / sms, idle = 2240 < rounds * sms * 9;
     GPU_CHECK(cuda_tma_last_stream_k(tma) == idle,
               "the 8B shape's gate/up at 16 rows on %d SMs: stream-K %d, expected %d", sms,
@@ -434,7 +434,7 @@ int main(void)
     expect_rc("stream-K mode 3", cuda_tma_set_stream_k(tma, 3), PAGODA_EINVAL);
     expect_rc("silu inter 96", cuda_tma_linear_silu(tma, d, d, d, 4, 64, 96, stream),
               PAGODA_EINVAL);
-    CK(cudaFree(d));
+    GPU_CK(cudaFree(d));
     printf("plans made: %zu (%zu with stream-K)\n", cuda_tma_plans(tma),
            cuda_tma_plans_stream_k(tma));
     cuda_tma_free(tma);

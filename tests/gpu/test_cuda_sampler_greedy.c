@@ -131,9 +131,9 @@ static int sample_slot0(struct cuda_sampler *s, const float *dev, int32_t rows,
         GPU_CHECK(0, "cuda_sampler_enqueue: %d (%s)", rc, pagoda_error_detail());
         return rc;
     }
-    CUDA_OK(cudaStreamSynchronize(0));
+    GPU_CK(cudaStreamSynchronize(0));
     read_slot(s, 0, rows, out);
-    CUDA_OK(
+    GPU_CK(
         cudaMemcpy(dev_tokens, d_tokens, (size_t)rows * sizeof(int32_t), cudaMemcpyDeviceToHost));
     return 0;
 }
@@ -153,13 +153,13 @@ void test_greedy_fast_path(int32_t vocab, int32_t rows)
     MUST(host);
     for (int32_t r = 0; r < rows; r++)
         make_greedy_row(host + (size_t)r * (size_t)vocab, vocab, r % GREEDY_CASES);
-    CUDA_OK(cudaMalloc((void **)&dev, n * sizeof(float)));
-    CUDA_OK(cudaMalloc((void **)&dev_shifted, (n + 1) * sizeof(float)));
-    CUDA_OK(cudaMemcpy(dev, host, n * sizeof(float), cudaMemcpyHostToDevice));
-    CUDA_OK(cudaMemcpy(dev_shifted + 1, host, n * sizeof(float), cudaMemcpyHostToDevice));
+    GPU_CK(cudaMalloc((void **)&dev, n * sizeof(float)));
+    GPU_CK(cudaMalloc((void **)&dev_shifted, (n + 1) * sizeof(float)));
+    GPU_CK(cudaMemcpy(dev, host, n * sizeof(float), cudaMemcpyHostToDevice));
+    GPU_CK(cudaMemcpy(dev_shifted + 1, host, n * sizeof(float), cudaMemcpyHostToDevice));
     int32_t *d_tokens, dev_tokens[512];
-    CUDA_OK(cudaMalloc((void **)&d_tokens, (size_t)rows * sizeof(int32_t)));
-    CUDA_OK(cudaMemset(d_tokens, 0x7f, (size_t)rows * sizeof(int32_t)));
+    GPU_CK(cudaMalloc((void **)&d_tokens, (size_t)rows * sizeof(int32_t)));
+    GPU_CK(cudaMemset(d_tokens, 0x7f, (size_t)rows * sizeof(int32_t)));
     struct cuda_sampler *s;
     MUST(cuda_sampler_new(vocab, rows, 0, &s) == 0);
     struct sampler_workspace ws;
@@ -187,10 +187,10 @@ void test_greedy_fast_path(int32_t vocab, int32_t rows)
         cuda_sampler_enqueue(s, 1, dev, rows, general, oi, NULL, NULL, NULL, NULL, NULL, st));
     SAMPLE_OR_RETURN(
         cuda_sampler_enqueue(s, 2, dev, rows, greedy, oi, NULL, NULL, NULL, NULL, NULL, st));
-    CUDA_OK(cudaStreamSynchronize(st));
+    GPU_CK(cudaStreamSynchronize(st));
     SAMPLE_OR_RETURN(cuda_sampler_enqueue(s, 3, dev_shifted + 1, rows, greedy, oi, NULL, NULL, NULL,
                                           NULL, NULL, st));
-    CUDA_OK(cudaStreamSynchronize(st));
+    GPU_CK(cudaStreamSynchronize(st));
     read_slot(s, 1, rows, &gen);
     read_slot(s, 2, rows, &again);
     read_slot(s, 3, rows, &shifted);
@@ -259,7 +259,7 @@ void test_greedy_fast_path(int32_t vocab, int32_t rows)
         float lp = NAN;
         SAMPLE_OR_RETURN(cuda_sampler_enqueue(s, 0, dev + (size_t)r * (size_t)vocab, 1, &greedy[r],
                                               &oi[r], NULL, NULL, NULL, NULL, NULL, st));
-        CUDA_OK(cudaStreamSynchronize(st));
+        GPU_CK(cudaStreamSynchronize(st));
         int rc = cuda_sampler_result(s, 0, 0, &t, &lp);
         same_alone += rc == fast.rc[r] &&
                       (rc != 0 || (t == fast.token[r] && memcmp(&lp, &fast.logprob[r], 4) == 0));
@@ -285,9 +285,9 @@ void test_greedy_fast_path(int32_t vocab, int32_t rows)
 
     sampler_workspace_fini(&ws);
     cuda_sampler_free(s);
-    CUDA_OK(cudaFree(d_tokens));
-    CUDA_OK(cudaFree(dev_shifted));
-    CUDA_OK(cudaFree(dev));
+    GPU_CK(cudaFree(d_tokens));
+    GPU_CK(cudaFree(dev_shifted));
+    GPU_CK(cudaFree(dev));
     free(host);
 }
 
@@ -304,8 +304,8 @@ void greedy_timings(void)
     MUST(host);
     for (size_t i = 0; i < n; i++)
         host[i] = 20.0f * rng_unit() - 10.0f;
-    CUDA_OK(cudaMalloc((void **)&dev, n * sizeof(float)));
-    CUDA_OK(cudaMemcpy(dev, host, n * sizeof(float), cudaMemcpyHostToDevice));
+    GPU_CK(cudaMalloc((void **)&dev, n * sizeof(float)));
+    GPU_CK(cudaMemcpy(dev, host, n * sizeof(float), cudaMemcpyHostToDevice));
     free(host);
     struct cuda_sampler *s;
     MUST(cuda_sampler_new(V, ROWS, 0, &s) == 0);
@@ -318,8 +318,8 @@ void greedy_timings(void)
         params[1][r].repetition_penalty = 1.5f;
     }
     cudaEvent_t a, b;
-    CUDA_OK(cudaEventCreate(&a));
-    CUDA_OK(cudaEventCreate(&b));
+    GPU_CK(cudaEventCreate(&a));
+    GPU_CK(cudaEventCreate(&b));
     static const int32_t row_counts[] = {1, 16, 64, 256};
     printf("greedy rows, vocab %d: device time of cuda_sampler_enqueue, median of %d (us)\n", V,
            REPS);
@@ -329,13 +329,13 @@ void greedy_timings(void)
         for (int k = 0; k < 4; k++) {
             double t[REPS];
             for (int i = 0; i < REPS + 3; i++) {
-                CUDA_OK(cudaEventRecord(a, 0));
+                GPU_CK(cudaEventRecord(a, 0));
                 SAMPLE_OR_RETURN(cuda_sampler_enqueue(s, 0, dev, row_counts[k], params[path], oi,
                                                       NULL, NULL, NULL, NULL, NULL, 0));
-                CUDA_OK(cudaEventRecord(b, 0));
-                CUDA_OK(cudaEventSynchronize(b));
+                GPU_CK(cudaEventRecord(b, 0));
+                GPU_CK(cudaEventSynchronize(b));
                 float ms;
-                CUDA_OK(cudaEventElapsedTime(&ms, a, b));
+                GPU_CK(cudaEventElapsedTime(&ms, a, b));
                 if (i >= 3)
                     t[i - 3] = ms * 1e3;
             }
@@ -345,14 +345,8 @@ void greedy_timings(void)
         printf("\n");
     }
     printf("\n");
-    CUDA_OK(cudaEventDestroy(a));
-    CUDA_OK(cudaEventDestroy(b));
+    GPU_CK(cudaEventDestroy(a));
+    GPU_CK(cudaEventDestroy(b));
     cuda_sampler_free(s);
-    CUDA_OK(cudaFree(dev));
-}
-
-void greedy_check_counts(int *passed, int *failed)
-{
-    *passed = gpu_test_passed;
-    *failed = gpu_test_failed;
+    GPU_CK(cudaFree(dev));
 }

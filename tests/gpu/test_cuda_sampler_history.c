@@ -47,13 +47,13 @@ void test_enqueue_history_gathers(int32_t vocab, int32_t rows)
         gathers[r] = (struct cuda_history_gather){.row = r, .index = last, .src = rows - 1 - r};
     }
     int32_t *d_src;
-    CUDA_OK(cudaMalloc((void **)&d_src, MAX_ROWS * sizeof(int32_t)));
+    GPU_CK(cudaMalloc((void **)&d_src, MAX_ROWS * sizeof(int32_t)));
     int32_t reversed[MAX_ROWS];
     for (int32_t r = 0; r < rows; r++)
         reversed[rows - 1 - r] = src[r];
-    CUDA_OK(cudaMemcpy(d_src, reversed, (size_t)rows * sizeof(int32_t), cudaMemcpyHostToDevice));
+    GPU_CK(cudaMemcpy(d_src, reversed, (size_t)rows * sizeof(int32_t), cudaMemcpyHostToDevice));
     cudaStream_t st;
-    CUDA_OK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    GPU_CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     SAMPLE_OR_RETURN(cuda_sampler_enqueue(s, 0, b.dev, rows, a.params, a.output_index, a.prompt_ptr,
                                           a.n_prompt, a.output_ptr, a.n_output, NULL, st));
     SAMPLE_OR_RETURN(cuda_sampler_enqueue_gathered(
@@ -62,7 +62,7 @@ void test_enqueue_history_gathers(int32_t vocab, int32_t rows)
     /* The control: 0 left in place, no gathers. */
     SAMPLE_OR_RETURN(cuda_sampler_enqueue(s, 2, b.dev, rows, g.params, g.output_index, g.prompt_ptr,
                                           g.n_prompt, g.output_ptr, g.n_output, NULL, st));
-    CUDA_OK(cudaStreamSynchronize(st));
+    GPU_CK(cudaStreamSynchronize(st));
     int same = 0, penalised = 0, control_differs = 0;
     for (int32_t r = 0; r < rows; r++) {
         int32_t t0 = -1, t1 = -2, t2 = -3;
@@ -97,7 +97,7 @@ void test_enqueue_history_gathers(int32_t vocab, int32_t rows)
     SAMPLE_OR_RETURN(cuda_sampler_enqueue_gathered(
         s, 3, b.dev, rows, g.params, g.output_index, g.prompt_ptr, g.n_prompt, g.output_ptr,
         g.n_output, gathers, rows, d_src, NULL, NULL, st));
-    CUDA_OK(cudaStreamSynchronize(st));
+    GPU_CK(cudaStreamSynchronize(st));
     int again = 0;
     for (int32_t r = 0; r < rows; r++) {
         int32_t t0 = -1, t3 = -4;
@@ -108,8 +108,8 @@ void test_enqueue_history_gathers(int32_t vocab, int32_t rows)
     }
     GPU_CHECK(again == rows, "vocab %d: after the refusals, the same results again (%d of %d)",
               (int)vocab, again, (int)rows);
-    CUDA_OK(cudaStreamDestroy(st));
-    CUDA_OK(cudaFree(d_src));
+    GPU_CK(cudaStreamDestroy(st));
+    GPU_CK(cudaFree(d_src));
     cuda_sampler_free(s);
     bank_fini(&b);
 }
@@ -185,11 +185,11 @@ void test_history_keys(int32_t vocab, int32_t rows, int32_t slots)
     }
     float *dl[KEY_STEPS];
     for (int t = 0; t < KEY_STEPS; t++) {
-        CUDA_OK(cudaMalloc((void **)&dl[t], (size_t)rows * (size_t)vocab * sizeof(float)));
+        GPU_CK(cudaMalloc((void **)&dl[t], (size_t)rows * (size_t)vocab * sizeof(float)));
         for (int32_t r = 0; r < rows; r++)
-            CUDA_OK(cudaMemcpy(dl[t] + (size_t)r * (size_t)vocab,
-                               b.dev + (size_t)((sel[t][r] + t) % rows) * (size_t)vocab,
-                               (size_t)vocab * sizeof(float), cudaMemcpyDeviceToDevice));
+            GPU_CK(cudaMemcpy(dl[t] + (size_t)r * (size_t)vocab,
+                              b.dev + (size_t)((sel[t][r] + t) % rows) * (size_t)vocab,
+                              (size_t)vocab * sizeof(float), cudaMemcpyDeviceToDevice));
     }
     static struct batch a;
     a.rows = rows;
@@ -209,12 +209,12 @@ void test_history_keys(int32_t vocab, int32_t rows, int32_t slots)
     }
     /* The keyed run, two calls in flight. */
     int32_t *d_out;
-    CUDA_OK(cudaMalloc((void **)&d_out, 2 * (size_t)rows * sizeof(int32_t)));
+    GPU_CK(cudaMalloc((void **)&d_out, 2 * (size_t)rows * sizeof(int32_t)));
     cudaStream_t st;
-    CUDA_OK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    GPU_CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     cudaEvent_t ev[2];
-    CUDA_OK(cudaEventCreateWithFlags(&ev[0], cudaEventDisableTiming));
-    CUDA_OK(cudaEventCreateWithFlags(&ev[1], cudaEventDisableTiming));
+    GPU_CK(cudaEventCreateWithFlags(&ev[0], cudaEventDisableTiming));
+    GPU_CK(cudaEventCreateWithFlags(&ev[1], cudaEventDisableTiming));
     static int32_t wrong[MAX_ROWS][MAX_HISTORY];
     static size_t pos[KEY_STEPS][MAX_ROWS]; /* where call t's token of row r goes */
     int32_t pend_row[KEY_SEQS];
@@ -248,7 +248,7 @@ void test_history_keys(int32_t vocab, int32_t rows, int32_t slots)
             SAMPLE_OR_RETURN(cuda_sampler_enqueue_gathered(
                 s, t % 2, dl[t], rows, a.params, a.output_index, pp, a.n_prompt, op, a.n_output, g,
                 ng, d_out, keys, d_out + (size_t)(t % 2) * (size_t)rows, st));
-            CUDA_OK(cudaEventRecord(ev[t % 2], st));
+            GPU_CK(cudaEventRecord(ev[t % 2], st));
             if (t == KEY_STEPS - 1) { /* the control: the wrong histories copied (no keys) */
                 SAMPLE_OR_RETURN(cuda_sampler_sample(ref, dl[t], rows, a.params, a.output_index, pp,
                                                      a.n_prompt, op, a.n_output, a.tokens,
@@ -260,7 +260,7 @@ void test_history_keys(int32_t vocab, int32_t rows, int32_t slots)
             }
         }
         if (t >= 1) { /* call t - 1's results, while call t may still run */
-            CUDA_OK(cudaEventSynchronize(ev[(t - 1) % 2]));
+            GPU_CK(cudaEventSynchronize(ev[(t - 1) % 2]));
             for (int32_t r = 0; r < rows; r++) {
                 const int32_t q = sel[t - 1][r];
                 int32_t tok = -1;
@@ -289,7 +289,7 @@ void test_history_keys(int32_t vocab, int32_t rows, int32_t slots)
               "history wrong; with that history copied %d rows of the last call differ)",
               (int)vocab, KEY_STEPS, (int)rows, (int)slots, same, total, from_slot,
               control_differs);
-    CUDA_OK(cudaStreamSynchronize(st));
+    GPU_CK(cudaStreamSynchronize(st));
 
     /* A key in two rows of one call, then the second row's token next. */
     const int32_t q = sel[KEY_STEPS - 1][0];
@@ -327,11 +327,11 @@ void test_history_keys(int32_t vocab, int32_t rows, int32_t slots)
               "next call, with the second row's token, too (%d)",
               (int)vocab, two, next);
     for (int t = 0; t < KEY_STEPS; t++)
-        CUDA_OK(cudaFree(dl[t]));
-    CUDA_OK(cudaFree(d_out));
-    CUDA_OK(cudaEventDestroy(ev[0]));
-    CUDA_OK(cudaEventDestroy(ev[1]));
-    CUDA_OK(cudaStreamDestroy(st));
+        GPU_CK(cudaFree(dl[t]));
+    GPU_CK(cudaFree(d_out));
+    GPU_CK(cudaEventDestroy(ev[0]));
+    GPU_CK(cudaEventDestroy(ev[1]));
+    GPU_CK(cudaStreamDestroy(st));
     cuda_sampler_free(ref);
     cuda_sampler_free(s);
     bank_fini(&b);
@@ -382,10 +382,10 @@ void test_history_key_edges(void)
      * appended on the device, then the call failed. The next call continues row 0 with a token
      * other than the one the device sampled. */
     float *nan_dev;
-    CUDA_OK(cudaMalloc((void **)&nan_dev, 2 * (size_t)V * sizeof(float)));
-    CUDA_OK(cudaMemcpy(nan_dev, b.dev, 2 * (size_t)V * sizeof(float), cudaMemcpyDeviceToDevice));
+    GPU_CK(cudaMalloc((void **)&nan_dev, 2 * (size_t)V * sizeof(float)));
+    GPU_CK(cudaMemcpy(nan_dev, b.dev, 2 * (size_t)V * sizeof(float), cudaMemcpyDeviceToDevice));
     const float nan = NAN;
-    CUDA_OK(cudaMemcpy(nan_dev + V + 5, &nan, sizeof(nan), cudaMemcpyHostToDevice));
+    GPU_CK(cudaMemcpy(nan_dev + V + 5, &nan, sizeof(nan), cudaMemcpyHostToDevice));
     uint64_t k2[2] = {8, 9};
     size_t np2[2] = {4, 4}, no2[2] = {5, 5};
     const int32_t *op2[2] = {hist + 4, hist + 4};
@@ -404,14 +404,8 @@ void test_history_key_edges(void)
               "history keys at the edges: a full history read from its slot %d, another prompt "
               "length %d, a failed call (%d) whose appended token does not stand %d",
               full, prompt_len, failed, after_fail);
-    CUDA_OK(cudaFree(nan_dev));
+    GPU_CK(cudaFree(nan_dev));
     cuda_sampler_free(s);
     cuda_sampler_free(ref);
     bank_fini(&b);
-}
-
-void history_check_counts(int *passed, int *failed)
-{
-    *passed = gpu_test_passed;
-    *failed = gpu_test_failed;
 }
