@@ -75,17 +75,34 @@ static void http_done(struct greq *q)
     greq_unref(q);
 }
 
+/* After a call that ends the response (http_respond, http_stream_end) or a write on the way to it,
+ * rc its result: the HTTP side is done when the response ended. When the call failed the request
+ * is still the HTTP layer's, and its close callback (on_http_close) is still to come and drops
+ * the HTTP side's reference then: dropping it here would free q before the callback reads it (a
+ * client that closes its connection as its answer goes out). A failure other than a closed
+ * connection (out of memory, say: the request cannot be answered) closes the connection, so that
+ * the callback comes now rather than when the client gives up. q may be freed after this. */
+static void http_end(struct greq *q, int rc)
+{
+    if (q->http == NULL)
+        return;
+    if (rc == 0)
+        http_done(q);
+    else if (rc != PAGODA_ECLOSED)
+        http_request_abort(q->http);
+}
+
 /* ---- answering ----------------------------------------------------------------------------- */
 
 static void respond_json(struct greq *q, int status, char *json);
+static int stream_write_json(struct greq *q, char *json);
 
 void gateway_respond_text(struct greq *q, int status, const char *content_type, const char *body,
                           size_t len)
 {
     if (q->http == NULL)
         return;
-    http_respond(q->http, status, content_type, body, len, NULL, 0);
-    http_done(q);
+    http_end(q, http_respond(q->http, status, content_type, body, len, NULL, 0));
 }
 
 void gateway_respond_json(struct greq *q, int status, char *json)
@@ -99,15 +116,16 @@ static void respond_json(struct greq *q, int status, char *json)
         free(json);
         return;
     }
+    int rc;
     if (json == NULL) {
         static const char oom[] = "{\"error\":{\"message\":\"out of memory\",\"type\":"
                                   "\"internal_server_error\",\"param\":null,\"code\":null}}";
-        http_respond(q->http, 500, "application/json", oom, sizeof(oom) - 1, NULL, 0);
+        rc = http_respond(q->http, 500, "application/json", oom, sizeof(oom) - 1, NULL, 0);
     } else {
-        http_respond(q->http, status, "application/json", json, strlen(json), NULL, 0);
+        rc = http_respond(q->http, status, "application/json", json, strlen(json), NULL, 0);
         free(json);
     }
-    http_done(q);
+    http_end(q, rc);
 }
 
 static void respond_error(struct greq *q, const struct openai_error *err)
@@ -115,15 +133,12 @@ static void respond_error(struct greq *q, const struct openai_error *err)
     gateway_metrics_error(q->g, err->status);
     if (q->streaming) {
         /* The status line is gone: the error is the stream's last event. */
-        char *json = openai_error_json(err);
-        if (q->http != NULL && json != NULL) {
-            http_stream_write(q->http, "data: ", 6);
-            http_stream_write(q->http, json, strlen(json));
-            http_stream_write(q->http, "\n\ndata: [DONE]\n\n", 16);
-            http_stream_end(q->http);
-        }
-        free(json);
-        http_done(q);
+        if (q->http == NULL)
+            return;
+        int rc = stream_write_json(q, openai_error_json(err));
+        if (rc == 0 && (rc = http_stream_write(q->http, "data: [DONE]\n\n", 14)) == 0)
+            rc = http_stream_end(q->http);
+        http_end(q, rc);
         return;
     }
     respond_json(q, err->status, openai_error_json(err));
@@ -266,17 +281,21 @@ static void stream_piece(struct greq *q, const pagoda_result *r)
      * unless the client asked for the tokens' log-probabilities. */
     if (r->text_len > 0 || (r->num_tokens > 0 && o.logprobs != NULL) || first ||
         r->finish_reason != PAGODA_FINISH_NONE) {
-        if (stream_write_json(q, openai_chunk_json(&o, first, false)) != 0)
-            return; /* the client is gone: its close callback cancels */
+        int rc = stream_write_json(q, openai_chunk_json(&o, first, false));
+        if (rc != 0) {
+            http_end(q, rc); /* its close callback cancels */
+            return;
+        }
         q->first_chunk_sent = 1;
     }
     if (r->finish_reason == PAGODA_FINISH_NONE)
         return;
-    if (q->req.include_usage && stream_write_json(q, openai_chunk_json(&o, false, true)) != 0)
-        return;
-    if (http_stream_write(q->http, "data: [DONE]\n\n", 14) == 0)
-        http_stream_end(q->http);
-    http_done(q);
+    int rc = 0;
+    if (q->req.include_usage)
+        rc = stream_write_json(q, openai_chunk_json(&o, false, true));
+    if (rc == 0 && (rc = http_stream_write(q->http, "data: [DONE]\n\n", 14)) == 0)
+        rc = http_stream_end(q->http);
+    http_end(q, rc);
 }
 
 /* Gathers a piece for a whole answer. */
@@ -363,6 +382,19 @@ static void on_poll(struct greq *q, pagoda_async_result *res)
         q->finished = 1;
         gateway_metrics_finish(q->g, q, r, t);
     }
+    if (q->req.stream && !q->streaming) {
+        /* A stream's status line waits for the first poll's answer, so that a prompt the router
+         * refuses (too long, a token outside the vocabulary, a chat its template rejects) gets
+         * its 4xx as a whole answer above, as vLLM checks a prompt before it opens the stream. */
+        static const char *const headers[] = {"Cache-Control: no-cache"};
+        int rc = http_stream_start(q->http, 200, "text/event-stream", headers, 1);
+        if (rc != 0) {
+            send_cancel(q);
+            http_end(q, rc);
+            return;
+        }
+        q->streaming = 1;
+    }
     if (q->streaming) {
         stream_piece(q, r);
     } else {
@@ -390,14 +422,6 @@ static void on_submitted(struct greq *q, pagoda_async_result *res)
     if (q->http == NULL) {
         send_cancel(q); /* the client left while it was submitted */
         return;
-    }
-    if (q->req.stream) {
-        static const char *const headers[] = {"Cache-Control: no-cache"};
-        if (http_stream_start(q->http, 200, "text/event-stream", headers, 1) != 0) {
-            send_cancel(q);
-            return;
-        }
-        q->streaming = 1;
     }
     poll_next(q);
 }

@@ -65,14 +65,25 @@ void openai_error_from_code(int code, const char *detail, struct openai_error *e
              detail && detail[0] ? detail : pagoda_strerror(code));
 }
 
+/* An error's message as a JSON string. A message cut to fit err->message (snprintf) may end in
+ * part of a character: that tail (1 to 3 bytes) is left out. A message still not UTF-8 is said to
+ * be so, and the error keeps its type and code. */
+static json_t *message_json(const char *m)
+{
+    size_t n = strlen(m);
+    for (size_t cut = 0; cut <= 3 && cut <= n; cut++) {
+        json_t *j = json_stringn(m, n - cut);
+        if (j != NULL)
+            return j;
+    }
+    return json_string("(unprintable error)");
+}
+
 char *openai_error_json(const struct openai_error *err)
 {
     json_t *e =
-        json_pack("{s:{s:s,s:s,s:n,s:o}}", "error", "message", err->message, "type", err->type,
-                  "param", "code", err->code ? json_string(err->code) : json_null());
-    if (e == NULL) /* a message that is not UTF-8: say so without it */
-        e = json_pack("{s:{s:s,s:s,s:n,s:n}}", "error", "message", "(unprintable error)", "type",
-                      err->type, "param", "code");
+        json_pack("{s:{s:o,s:s,s:n,s:o}}", "error", "message", message_json(err->message), "type",
+                  err->type, "param", "code", err->code ? json_string(err->code) : json_null());
     char *s = e ? json_dumps(e, JSON_COMPACT) : NULL;
     json_decref(e);
     return s;

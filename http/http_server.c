@@ -424,3 +424,8 @@ void http_request_on_close(struct http_request *req, void (*fn)(void *arg), void
     req->on_close = fn;
     req->on_close_arg = arg;
 }
+
+void http_request_abort(struct http_request *req)
+{
+    http_conn_close(req->conn);
+}

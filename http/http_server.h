@@ -83,6 +83,12 @@ const char *http_request_body(const struct http_request *req, size_t *len);
  * must not be made on it. */
 void http_request_on_close(struct http_request *req, void (*fn)(void *arg), void *arg);
 
+/* Gives up a request that cannot be answered (a respond call below failed for want of memory,
+ * say): closes its connection, the client seeing it close without an answer. The close callback
+ * follows, from the loop, never inside this call. For a request not ended, also one whose
+ * connection is closing already. */
+void http_request_abort(struct http_request *req);
+
 /* A whole response: status (200..999), Content-Type (may be NULL), body (copied; not sent to a
  * HEAD request), and extra header lines ("Name: value" without line breaks, num_headers of them;
  * may be NULL). Ends the request. Errors: PAGODA_EINVAL (already answered, a bad status or

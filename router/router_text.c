@@ -193,7 +193,9 @@ static json_t *message_json(const Pagoda__ChatMessage *m, char *why, size_t why_
         snprintf(why, why_len, "message %zu has no role", i);
         return NULL;
     }
-    if (m->has_content && memchr(m->content.data, 0, m->content.len) != NULL) {
+    /* An empty content arrives with no bytes at all (data NULL): the text "". */
+    const char *text = m->content.len > 0 ? (const char *)m->content.data : "";
+    if (m->has_content && memchr(text, 0, m->content.len) != NULL) {
         snprintf(why, why_len, "message %zu: its content holds a NUL character", i);
         return NULL;
     }
@@ -202,8 +204,7 @@ static json_t *message_json(const Pagoda__ChatMessage *m, char *why, size_t why_
         snprintf(why, why_len, "out of memory");
         return NULL;
     }
-    json_t *content =
-        m->has_content ? json_stringn((const char *)m->content.data, m->content.len) : json_null();
+    json_t *content = m->has_content ? json_stringn(text, m->content.len) : json_null();
     if (content == NULL || json_object_set_new(o, "content", content) != 0) {
         snprintf(why, why_len, "message %zu: its content is not valid UTF-8", i);
         json_decref(o);

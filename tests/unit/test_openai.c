@@ -209,6 +209,38 @@ static void test_responses_and_chunks_are_openai_json(void **state)
                         "draining");
     json_decref(j);
     free(s);
+    /* A message cut to fit in the middle of a character (a model name of 600 "é"s, snprintf'd):
+     * the cut character is left out; the message and the code stay. */
+    struct openai_error nf = {.status = 404, .type = "not_found_error", .code = "model_not_found"};
+    char name[1201];
+    for (int i = 0; i < 600; i++)
+        memcpy(name + 2 * i, "\xc3\xa9", 2);
+    name[1200] = '\0';
+    /* as snprintf cuts it (the gateway's call, which the compiler would warn about here) */
+    const char head[] = "the model 'a";
+    memcpy(nf.message, head, sizeof(head) - 1);
+    memcpy(nf.message + sizeof(head) - 1, name, sizeof(nf.message) - sizeof(head));
+    nf.message[sizeof(nf.message) - 1] = '\0';
+    s = openai_error_json(&nf);
+    j = json_loads(s, JSON_ALLOW_NUL, NULL);
+    const char *m = json_string_value(json_object_get(json_object_get(j, "error"), "message"));
+    assert_non_null(m);
+    assert_int_equal(strncmp(m, "the model 'a\xc3\xa9", 14), 0);
+    assert_int_equal(strlen(m), sizeof(nf.message) - 2); /* the half character left out */
+    assert_string_equal(json_string_value(json_object_get(json_object_get(j, "error"), "code")),
+                        "model_not_found");
+    json_decref(j);
+    free(s);
+    /* Invalid UTF-8 inside: said so, the code kept. */
+    snprintf(nf.message, sizeof(nf.message), "bad \xff byte");
+    s = openai_error_json(&nf);
+    j = json_loads(s, JSON_ALLOW_NUL, NULL);
+    assert_string_equal(json_string_value(json_object_get(json_object_get(j, "error"), "message")),
+                        "(unprintable error)");
+    assert_string_equal(json_string_value(json_object_get(json_object_get(j, "error"), "code")),
+                        "model_not_found");
+    json_decref(j);
+    free(s);
 }
 
 int main(void)
