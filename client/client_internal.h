@@ -21,6 +21,16 @@ uint32_t client_timeout_ms(const pagoda_client *c);
 uint32_t client_resend_ms(const pagoda_client *c);
 const char *client_api_key(const pagoda_client *c);
 
+/* The largest request the router accepts, as its last reply said (ClientResponse
+ * max_request_bytes), else CLIENT_MAX_REQUEST_BYTES. A bigger request makes NNG drop the
+ * connection, every call on it resent, until the call times out: it is refused before it is sent
+ * (client_check_size). */
+uint32_t client_request_limit(const pagoda_client *c);
+/* Remembers what a reply says of the limit (any thread). */
+void client_note_reply(pagoda_client *c, const Pagoda__ClientResponse *resp);
+/* 0, or PAGODA_ERANGE with a detail when a request of len bytes is over the limit. */
+int client_check_size(const pagoda_client *c, size_t len);
+
 /* One call to the router (pagoda.c): packs req (setting its protocol version and the client's
  * API key), sends it on a context of its own and waits up to wait_ms plus the client's timeout
  * for the reply; NNG's REQ resends it after wait_ms plus the resend time. On success *out is the

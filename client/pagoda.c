@@ -14,10 +14,10 @@
 #include <string.h>
 #include <sys/random.h>
 
-/* CLIENT_MAX_REQUEST_BYTES (client_internal.h): a bigger request would only make NNG drop the
- * connection, so it is refused here with a clear error. The limit in force is usually lower
- * (sized from the model's context, router.h): a request between the two goes unanswered and the
- * call times out. */
+/* The smallest limit a router may set on a request (router.h: 16 KiB beside the prompt, 4 bytes
+ * a prompt token): a larger request, before any reply has said the router's limit, asks it first
+ * (a health call), so that one over it is refused here, not sent (client_check_size). */
+#define CLIENT_SMALLEST_ROUTER_LIMIT (16u << 10)
 /* pagoda_generate's wait per poll. */
 #define GENERATE_POLL_WAIT_MS 10000u
 /* A poll answered with nothing new long before its wait ran out means the router holds as many
@@ -29,8 +29,9 @@
 struct pagoda_client {
     nng_socket sock;
     atomic_uint timeout_ms;
-    atomic_uint resend_ms; /* beyond a call's poll wait; see pagoda_client_set_resend_ms */
-    char *api_key;         /* sent with every call; NULL: none */
+    atomic_uint resend_ms;         /* beyond a call's poll wait; see pagoda_client_set_resend_ms */
+    char *api_key;                 /* sent with every call; NULL: none */
+    atomic_uint max_request_bytes; /* as the router's last reply said; 0: no reply yet */
 };
 
 nng_socket client_socket(const pagoda_client *c)
@@ -51,6 +52,29 @@ uint32_t client_resend_ms(const pagoda_client *c)
 const char *client_api_key(const pagoda_client *c)
 {
     return c->api_key;
+}
+
+uint32_t client_request_limit(const pagoda_client *c)
+{
+    uint32_t n = atomic_load(&c->max_request_bytes);
+    return n > 0 && n < CLIENT_MAX_REQUEST_BYTES ? n : CLIENT_MAX_REQUEST_BYTES;
+}
+
+void client_note_reply(pagoda_client *c, const Pagoda__ClientResponse *resp)
+{
+    if (resp->has_max_request_bytes && resp->max_request_bytes > 0)
+        atomic_store(&c->max_request_bytes, resp->max_request_bytes);
+}
+
+int client_check_size(const pagoda_client *c, size_t len)
+{
+    uint32_t limit = client_request_limit(c);
+    if (len <= limit)
+        return 0;
+    return pagoda_error_set(PAGODA_ERANGE,
+                            "a %zu-byte request exceeds the router's limit of %u bytes (a prompt "
+                            "too long for the model: the router's --max-prompt-tokens)",
+                            len, limit);
 }
 
 pagoda_generate_params pagoda_generate_params_default(void)
@@ -166,18 +190,20 @@ static int call(pagoda_client *c, Pagoda__ClientRequest *req, uint32_t wait_ms,
     req->protocol_version = CLIENT_PROTOCOL_VERSION;
     req->api_key = c->api_key;
     size_t len = protobuf_c_message_get_packed_size(&req->base);
-    if (len > CLIENT_MAX_REQUEST_BYTES)
-        return pagoda_error_set(PAGODA_ERANGE,
-                                "a %zu-byte request exceeds the router's limit of "
-                                "%u bytes",
-                                len, CLIENT_MAX_REQUEST_BYTES);
+    if (len > CLIENT_SMALLEST_ROUTER_LIMIT && atomic_load(&c->max_request_bytes) == 0) {
+        int healthy; /* its answer does not matter here: the reply carries the limit */
+        (void)pagoda_health(c, &healthy);
+        pagoda_error_clear();
+    }
+    int rc = client_check_size(c, len);
+    if (rc != 0)
+        return rc;
     uint32_t timeout_ms = atomic_load(&c->timeout_ms);
     /* wait_ms <= PAGODA_POLL_WAIT_MS_MAX, so the sum fits NNG's int32 milliseconds. */
     uint32_t resend_ms = wait_ms + atomic_load(&c->resend_ms);
     nng_ctx ctx;
     nng_aio *aio = NULL;
     nng_msg *m = NULL;
-    int rc = 0;
     int rv = nng_ctx_open(&ctx, c->sock);
     if (rv != 0)
         return wire_error(rv, "nng_ctx_open");
@@ -218,6 +244,7 @@ static int call(pagoda_client *c, Pagoda__ClientRequest *req, uint32_t wait_ms,
                               nng_msg_len(m));
         goto out;
     }
+    client_note_reply(c, resp);
     if (resp->has_error_code && resp->error_code != 0) {
         int code = resp->error_code;
         if (code < PAGODA_EINTERNAL || code > 0)

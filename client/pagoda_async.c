@@ -16,6 +16,7 @@
 enum call_kind { CALL_SUBMIT, CALL_POLL, CALL_CANCEL, CALL_STATS, CALL_HEALTH, CALL_TENANTS };
 
 struct acall {
+    pagoda_client *client;
     enum call_kind kind;
     nng_ctx ctx;
     nng_aio *aio;
@@ -69,6 +70,7 @@ static void read_reply(struct acall *a, nng_msg *m)
                  nng_msg_len(m));
         return;
     }
+    client_note_reply(a->client, resp);
     if (resp->has_error_code && resp->error_code != 0) {
         int code = resp->error_code;
         res->rc = code < PAGODA_EINTERNAL || code > 0 ? PAGODA_EPROTO : code;
@@ -146,14 +148,11 @@ static int start(pagoda_client *c, const char *api_key, Pagoda__ClientRequest *r
     req->protocol_version = CLIENT_PROTOCOL_VERSION;
     req->api_key = (char *)api_key;
     size_t len = protobuf_c_message_get_packed_size(&req->base);
-    int rc = 0;
     nng_msg *m = NULL;
-    if (len > CLIENT_MAX_REQUEST_BYTES) {
-        rc = pagoda_error_set(PAGODA_ERANGE,
-                              "a %zu-byte request exceeds the router's limit of %u bytes", len,
-                              CLIENT_MAX_REQUEST_BYTES);
+    a->client = c;
+    int rc = client_check_size(c, len);
+    if (rc != 0)
         goto fail;
-    }
     uint32_t timeout_ms = client_timeout_ms(c);
     int rv = nng_ctx_open(&a->ctx, client_socket(c));
     if (rv != 0) {

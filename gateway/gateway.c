@@ -465,6 +465,8 @@ static void parse_work(uv_work_t *w)
 
 static void on_health(struct greq *q, pagoda_async_result *res)
 {
+    if (q->http == NULL)
+        return; /* the client went away, or the gateway's own call (learn_router_limit) */
     if (res->rc == 0 && res->healthy) {
         respond_json(q, 200, strdup("{\"status\":\"ok\"}"));
         return;
@@ -540,8 +542,24 @@ static struct greq *greq_new(struct gateway *g, struct http_request *http, enum 
     if (g->live)
         g->live->prev = q;
     g->live = q;
-    http_request_on_close(http, on_http_close, q);
+    if (http != NULL)
+        http_request_on_close(http, on_http_close, q);
     return q;
+}
+
+/* A health call of the gateway's own as it opens: the router's reply says how large a request
+ * it accepts (ClientResponse max_request_bytes), and libpagoda refuses a bigger one at once
+ * (PAGODA_ERANGE: 400) instead of sending it. Sent, a bigger one makes NNG drop the gateway's one
+ * connection to the router, which every client's call shares, again at every resend until the
+ * call times out. Every reply keeps the limit current. */
+static void learn_router_limit(struct gateway *g)
+{
+    struct greq *q = greq_new(g, NULL, ROUTE_HEALTH);
+    if (q == NULL)
+        return;
+    if (gateway_call_started(q, pagoda_health_async(g->client, on_health_call, q)) != 0)
+        log_warn("could not ask the router its request limit: %s", pagoda_error_detail());
+    greq_unref(q);
 }
 
 /* The key of "Authorization: Bearer KEY", copied; *bad when the header is there but unusable. */
@@ -756,6 +774,7 @@ int gateway_open(uv_loop_t *loop, const struct gateway_config *cfg, struct gatew
         gateway_maybe_free(g);
         return rc;
     }
+    learn_router_limit(g);
     *out = g;
     return 0;
 }

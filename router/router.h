@@ -76,7 +76,8 @@
  *    the model's context less one token once the scheduler reports it, ModelInfo) times
  *    ROUTER_BYTES_PER_PROMPT_TOKEN plus ROUTER_MESSAGE_OVERHEAD_BYTES, at most
  *    ROUTER_MAX_CLIENT_MESSAGE_BYTES. A bigger message is refused by NNG itself (it drops the
- *    connection, the client's REQ resends and eventually times out); every smaller one is
+ *    connection, the client's REQ resends and eventually times out), so every reply carries
+ *    the limit (max_request_bytes) and libpagoda refuses a bigger request; every smaller one is
  *    unpacked with checks and a malformed one is answered with PAGODA_EFORMAT. A prompt over the
  *    limit that still fits the message is answered with PAGODA_ERANGE.
  *  - The front holds nothing for a client beyond what bounds allow (the worst case is in the

@@ -201,6 +201,8 @@ void router_reply(struct rctx *c, Pagoda__ClientResponse *resp)
 {
     resp->has_protocol_version = 1;
     resp->protocol_version = ROUTER_CLIENT_PROTOCOL_VERSION;
+    resp->has_max_request_bytes = 1;
+    resp->max_request_bytes = (uint32_t)c->r->recv_max_bytes;
     size_t len = protobuf_c_message_get_packed_size(&resp->base);
     nng_msg *m;
     if (nng_msg_alloc(&m, len) != 0) {
