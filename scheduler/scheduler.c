@@ -361,7 +361,7 @@ static void seq_detach(struct scheduler *s, struct seq *q)
         seq_release_blocks(s, q);
         unhash_seq_id(s, q);
     } else {
-        list_remove(&s->waiting, q);
+        waiting_remove(s, q);
     }
     unhash_request(s, q);
 }
@@ -490,7 +490,7 @@ static void preempt(struct scheduler *s, struct seq *v)
     v->blocks_sent = 0;
     list_remove(&s->running, v);
     v->state = SEQ_WAITING;
-    list_push_front(&s->waiting, v);
+    waiting_push(s, v, true);
     s->stats.preemptions++;
     s->preempted_now = true;
 }
@@ -769,6 +769,41 @@ static int64_t blocks_owed(const struct scheduler *s)
     return owed;
 }
 
+/* Whether q's tenant runs as many sequences as it may. */
+static bool owner_at_cap(const struct seq *q)
+{
+    return q->owner && q->owner->max_running > 0 && q->owner->running >= q->owner->max_running;
+}
+
+/* The waiting sequence to admit next. The queue is FIFO (preempted sequences at its front), but
+ * between tenants admissions are fair: the candidates are each tenant's first waiting sequence,
+ * and the one taken is that of the tenant running the fewest sequences (the earliest of those
+ * that tie; sequences of no tenant, a pin's computation, before any). Otherwise one tenant's
+ * queue, however long, would hold every other tenant's requests behind it whenever memory is the
+ * limit (its head not fitting stops admissions: form_plan). A tenant at its cap on running
+ * sequences is passed over. NULL when none may be admitted. The pass over the queue stops as
+ * soon as it has met every group waiting: with one tenant, at its first sequence. */
+static struct seq *next_admission(struct scheduler *s)
+{
+    uint32_t groups = s->tenants_waiting + (s->ownerless_waiting > 0), met = 0;
+    uint64_t pass = ++s->admission_pass;
+    struct seq *best = NULL;
+    for (struct seq *q = s->waiting.head; q && met < groups; q = q->next) {
+        if (q->owner == NULL) {
+            return q; /* before any tenant's, in queue order */
+        }
+        if (q->owner->seen == pass)
+            continue; /* not its tenant's first */
+        q->owner->seen = pass;
+        met++;
+        if (owner_at_cap(q))
+            continue;
+        if (best == NULL || q->owner->running < best->owner->running)
+            best = q;
+    }
+    return best;
+}
+
 static void form_plan(struct scheduler *s)
 {
     s->plan_len = 0;
@@ -800,16 +835,16 @@ static void form_plan(struct scheduler *s)
         if (ensure_blocks(s, q, (int64_t)q->num_scheduled + chunk))
             plan_add(s, q, chunk);
     }
-    /* Then admissions, unless this step had to preempt or runs a probe: FIFO, except that a
-     * tenant at its cap on running sequences is passed over (its requests keep their places). */
+    /* Then admissions, unless this step had to preempt or runs a probe, in next_admission's
+     * order: FIFO within a tenant, fair between tenants, a tenant at its cap passed over (its
+     * requests keep their places). The first that cannot start now (its prefix being computed,
+     * too few free blocks) stops them: nobody takes its place. */
     int64_t owed = blocks_owed(s);
-    struct seq *next = s->worker.isolating ? NULL : s->waiting.head;
-    while (next && !s->preempted_now && s->budget > 0 &&
+    while (!s->worker.isolating && !s->preempted_now && s->budget > 0 &&
            s->running.count < (uint32_t)s->cfg.max_seqs) {
-        struct seq *q = next;
-        next = q->next;
-        if (q->owner && q->owner->max_running > 0 && q->owner->running >= q->owner->max_running)
-            continue;
+        struct seq *q = next_admission(s);
+        if (q == NULL)
+            break;
         if (admission_check(s, q) != 0)
             continue;
         int32_t evictable_hits = 0;
@@ -831,7 +866,7 @@ static void form_plan(struct scheduler *s)
                             prefix_cache_evictable_blocks(s->pc) - evictable_hits - owed;
         if (available < need)
             break;
-        list_remove(&s->waiting, q);
+        waiting_remove(s, q);
         q->state = SEQ_RUNNING;
         q->seq_id = ++s->next_seq_id;
         hash_seq_id(s, q);
@@ -1579,7 +1614,7 @@ static void on_submit(struct scheduler *s, const Pagoda__Internal__SubmitSeq *m)
         return;
     }
     hash_request(s, q);
-    list_push_back(&s->waiting, q);
+    waiting_push(s, q, false);
     if (q->max_tokens > 0 && (int64_t)n_out >= q->max_tokens) {
         /* A resubmission whose output is already complete. */
         send_end(s, q->request_id, SCHEDULER_REQUEST_ID_BYTES, (uint32_t)n_out, (uint32_t)n_prompt,

@@ -11,7 +11,9 @@
  * Policy (continuous batching with chunked prefill). Requests join at step boundaries. Each
  * step takes, in admission order, one decode token for every running sequence whose known
  * tokens are all computed but the last, then prefill chunks of running sequences still
- * prefilling, then admits waiting sequences (FIFO, preempted ones at the front) while
+ * prefilling, then admits waiting sequences (FIFO, preempted ones at the front; between tenants,
+ * the first waiting sequence of the tenant running the fewest comes first, so that one tenant's
+ * long queue cannot hold the others' requests behind it) while
  *   - the step has token budget left (max_batched_tokens counts decode and prefill tokens),
  *   - fewer than max_seqs sequences are running, and
  *   - the free blocks, less those still owed to admitted sequences that are prefilling, cover
@@ -297,7 +299,8 @@ struct scheduler_stats {
     uint32_t cached_blocks, pinned_blocks, evictable_blocks;
     uint64_t prefix_query_tokens, prefix_hit_tokens, evictions;
     /* Requests whose admission waited (once or more) for another sequence to compute the next
-     * block of their prefix (the requests behind them waited too: admissions stay FIFO). */
+     * block of their prefix (the requests behind them waited too: the first request that cannot
+     * start stops admissions). */
     uint64_t prefix_waits;
     uint64_t computed_tokens; /* the worker's counter from its latest StepResult */
     uint64_t malformed_messages;

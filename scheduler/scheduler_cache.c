@@ -401,7 +401,7 @@ static void pin_start(struct scheduler *s, struct sched_pin *p)
     q->ignore_eos = true;
     q->sampling.temperature = 0.0f;
     p->computing = q;
-    list_push_front(&s->waiting, q);
+    waiting_push(s, q, true);
 }
 
 static void policy_maybe_reply(struct scheduler *s);

@@ -183,6 +183,10 @@ struct scheduler {
     struct block_manager *bm;
     int32_t block_size;
     struct seq_list waiting, running;
+    /* The waiting queue's tenants (those with a sequence waiting) and its sequences of no tenant
+     * (pins' computations): the groups next_admission chooses among. */
+    uint32_t tenants_waiting, ownerless_waiting;
+    uint64_t admission_pass; /* next_admission's passes, the tenants' seen marks */
     struct seq_list recent;  /* ended requests kept for announcements, oldest first */
     struct seq_list refused; /* the same for refusals at submission (empty sequences) */
     uint64_t end_count;      /* the last end_order given */
@@ -236,6 +240,8 @@ struct sched_tenant {
     struct pc_namespace *ns;
     uint32_t max_running; /* 0: none */
     uint32_t running;
+    uint32_t waiting; /* its sequences in the waiting queue (waiting_push, waiting_remove) */
+    uint64_t seen;    /* next_admission's mark: the pass that met this tenant's first */
     struct sched_pin **pins;
     uint32_t num_pins;
     uint64_t lookups, hits, query_tokens, hit_tokens;
@@ -286,6 +292,37 @@ void cache_close(struct scheduler *s);
 /* The tenant called name (created with the defaults when new); NULL when out of memory or the
  * name is too long. */
 struct sched_tenant *tenant_get(struct scheduler *s, const char *name);
+
+/* The waiting queue, with its count of tenants waiting (admissions are fair between them:
+ * scheduler.c next_admission). Every change of s->waiting goes through these. */
+static inline void waiting_count(struct scheduler *s, const struct seq *q, int delta)
+{
+    if (q->owner == NULL) {
+        s->ownerless_waiting += (uint32_t)delta;
+        return;
+    }
+    uint32_t before = q->owner->waiting;
+    q->owner->waiting += (uint32_t)delta;
+    if (before == 0)
+        s->tenants_waiting++;
+    else if (q->owner->waiting == 0)
+        s->tenants_waiting--;
+}
+
+static inline void waiting_push(struct scheduler *s, struct seq *q, bool front)
+{
+    if (front)
+        list_push_front(&s->waiting, q);
+    else
+        list_push_back(&s->waiting, q);
+    waiting_count(s, q, 1);
+}
+
+static inline void waiting_remove(struct scheduler *s, struct seq *q)
+{
+    list_remove(&s->waiting, q);
+    waiting_count(s, q, -1);
+}
 
 /* Looks q up (at admission): fills s->match with the entries its known tokens hit, never the
  * block holding its last token, and returns how many; *evictable_hits counts those now waiting

@@ -822,6 +822,43 @@ static void test_quota_flood(void **state)
     harness_close(h);
 }
 
+/* Admissions are fair between tenants when memory is the limit: a tenant with a long queue of
+ * large requests does not hold another tenant's small request behind all of them (a hostile
+ * probe's flood of 300 requests held one of another tenant's for 8 minutes). 30 blocks of 8
+ * tokens, three of flood's 79-token prompts fill them: small's 3-token request, submitted after
+ * flood's six, is admitted as soon as a block is free, and ends before any of flood's (FIFO let
+ * flood's requests take every block as they freed, small waiting behind the last of them). */
+static void test_admissions_fair_between_tenants(void **state)
+{
+    (void)state;
+    struct setup su = CACHE_SETUP;
+    su.num_blocks = 1 + 30;
+    struct harness *h = harness_open(&su);
+    int32_t prompts[6][79], tiny[3];
+    struct req_rec *flood[6];
+    h->tenant = "flood";
+    for (int i = 0; i < 6; i++) {
+        make_prompt(900 + i, 79, prompts[i]);
+        flood[i] = submit(h, next_idn++, prompts[i], 79, 40);
+    }
+    h->tenant = "small";
+    make_prompt(990, 3, tiny);
+    struct req_rec *small = submit(h, next_idn++, tiny, 3, 2);
+    int flood_done = 0;
+    for (int i = 0; i < 10000 && small->finish < 0; i++)
+        exchange(h);
+    for (int i = 0; i < 6; i++)
+        flood_done += flood[i]->finish >= 0;
+    assert_true(small->finish >= 0);
+    assert_int_equal(flood_done, 0);
+    pump(h);
+    expect_output(small, tiny, 3, 2, PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH);
+    for (int i = 0; i < 6; i++)
+        expect_output(flood[i], prompts[i], 79, 40, PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH);
+    assert_int_equal(stats(h).running + stats(h).waiting, 0);
+    harness_close(h);
+}
+
 /* Flushing a tenant's namespace: the next request misses; pinned namespaces refuse a flush. */
 static void test_flush(void **state)
 {
@@ -1215,6 +1252,7 @@ int main(void)
         cmocka_unit_test(test_pin_refused),
         cmocka_unit_test(test_empty_pin_named_twice),
         cmocka_unit_test(test_quota_flood),
+        cmocka_unit_test(test_admissions_fair_between_tenants),
         cmocka_unit_test(test_flush),
         cmocka_unit_test(test_chunked_prefill_beside_decodes),
         cmocka_unit_test(test_preemption_with_cache),
