@@ -8,6 +8,7 @@
 #include <nng/protocol/reqrep0/req.h>
 #include <nng/supplemental/util/platform.h>
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,6 +33,15 @@ struct pagoda_client {
     atomic_uint resend_ms;         /* beyond a call's poll wait; see pagoda_client_set_resend_ms */
     char *api_key;                 /* sent with every call; NULL: none */
     atomic_uint max_request_bytes; /* as the router's last reply said; 0: no reply yet */
+    /* The requests of the generate calls running now (pagoda_client_cancel_generations). */
+    pthread_mutex_t live_lock;
+    struct live_generation *live;
+};
+
+/* A generate call's request, on its stack while it polls. */
+struct live_generation {
+    uint8_t id[PAGODA_REQUEST_ID_BYTES];
+    struct live_generation *prev, *next;
 };
 
 nng_socket client_socket(const pagoda_client *c)
@@ -117,8 +127,10 @@ int pagoda_client_open(const char *url, pagoda_client **out)
         return PAGODA_ENOMEM;
     atomic_init(&c->timeout_ms, PAGODA_DEFAULT_TIMEOUT_MS);
     atomic_init(&c->resend_ms, PAGODA_DEFAULT_RESEND_MS);
+    pthread_mutex_init(&c->live_lock, NULL);
     int rv = nng_req0_open(&c->sock);
     if (rv != 0) {
+        pthread_mutex_destroy(&c->live_lock);
         free(c);
         return wire_error(rv, "nng_req0_open");
     }
@@ -126,12 +138,14 @@ int pagoda_client_open(const char *url, pagoda_client **out)
         (rv = nng_socket_set_ms(c->sock, NNG_OPT_RECONNMINT, 20)) != 0 ||
         (rv = nng_socket_set_ms(c->sock, NNG_OPT_RECONNMAXT, 500)) != 0) {
         nng_close(c->sock);
+        pthread_mutex_destroy(&c->live_lock);
         free(c);
         return wire_error(rv, "client socket options");
     }
     /* Non-blocking: the dial goes on in the background until the router is there. */
     if ((rv = nng_dial(c->sock, url, NULL, NNG_FLAG_NONBLOCK)) != 0) {
         nng_close(c->sock);
+        pthread_mutex_destroy(&c->live_lock);
         free(c);
         return wire_error(rv, url);
     }
@@ -144,6 +158,7 @@ void pagoda_client_close(pagoda_client *c)
     if (c == NULL)
         return;
     nng_close(c->sock);
+    pthread_mutex_destroy(&c->live_lock);
     free(c->api_key);
     free(c);
 }
@@ -624,6 +639,74 @@ static int result_append_text(pagoda_result *all, const pagoda_result *piece)
     return 0;
 }
 
+static void live_add(pagoda_client *c, struct live_generation *g)
+{
+    pthread_mutex_lock(&c->live_lock);
+    g->prev = NULL;
+    g->next = c->live;
+    if (c->live != NULL)
+        c->live->prev = g;
+    c->live = g;
+    pthread_mutex_unlock(&c->live_lock);
+}
+
+static void live_remove(pagoda_client *c, struct live_generation *g)
+{
+    pthread_mutex_lock(&c->live_lock);
+    if (g->prev != NULL)
+        g->prev->next = g->next;
+    else
+        c->live = g->next;
+    if (g->next != NULL)
+        g->next->prev = g->prev;
+    pthread_mutex_unlock(&c->live_lock);
+}
+
+int pagoda_client_cancel_generations(pagoda_client *c)
+{
+    if (c == NULL)
+        return pagoda_error_set(PAGODA_EINVAL, "pagoda_client_cancel_generations: NULL client");
+    pthread_mutex_lock(&c->live_lock);
+    size_t n = 0;
+    for (struct live_generation *g = c->live; g != NULL; g = g->next)
+        n++;
+    uint8_t(*ids)[PAGODA_REQUEST_ID_BYTES] = n > 0 ? malloc(n * sizeof(*ids)) : NULL;
+    if (n > 0 && ids == NULL) {
+        pthread_mutex_unlock(&c->live_lock);
+        return PAGODA_ENOMEM;
+    }
+    size_t i = 0;
+    for (struct live_generation *g = c->live; g != NULL; g = g->next)
+        memcpy(ids[i++], g->id, PAGODA_REQUEST_ID_BYTES);
+    pthread_mutex_unlock(&c->live_lock);
+    /* Outside the lock: a cancel waits for the router. A request that ended meanwhile answers
+     * with its end (or is gone): nothing to report. */
+    int rc = 0;
+    for (i = 0; i < n; i++) {
+        int r = pagoda_cancel(c, ids[i], NULL);
+        if (r != 0 && r != PAGODA_ENOENT && rc == 0)
+            rc = r;
+    }
+    free(ids);
+    return rc != 0 ? rc : (int)n;
+}
+
+/* A generate call that gives up on its request (a poll failed or timed out, an answer it cannot
+ * take) cancels it, as a client that goes away does with vLLM's server: else it would run on to
+ * its max_tokens, holding its tenant's slots. rc and its detail are kept; the cancel is
+ * best-effort (it fails as the poll did when the router is unreachable). */
+static int give_up(pagoda_client *c, const uint8_t id[PAGODA_REQUEST_ID_BYTES], int rc)
+{
+    char detail[256];
+    snprintf(detail, sizeof(detail), "%s", pagoda_error_detail());
+    (void)pagoda_cancel(c, id, NULL);
+    return pagoda_error_set(rc, "%s", detail);
+}
+
+static int generate_polls(pagoda_client *c, const pagoda_generate_params *params,
+                          pagoda_stream_fn on_tokens, pagoda_piece_fn on_piece, void *user,
+                          pagoda_result *result);
+
 /* Submits and polls until the request ends, handing each piece to on_tokens or on_piece. */
 static int generate(pagoda_client *c, const pagoda_generate_params *params,
                     const pagoda_prompt *prompt, pagoda_stream_fn on_tokens,
@@ -635,6 +718,20 @@ static int generate(pagoda_client *c, const pagoda_generate_params *params,
     int rc = pagoda_submit_prompt(c, params, prompt, result->request_id);
     if (rc != 0)
         return rc;
+    struct live_generation g;
+    memcpy(g.id, result->request_id, PAGODA_REQUEST_ID_BYTES);
+    live_add(c, &g);
+    rc = generate_polls(c, params, on_tokens, on_piece, user, result);
+    live_remove(c, &g);
+    return rc != 0 ? give_up(c, result->request_id, rc) : 0;
+}
+
+/* generate's polls of the submitted request result->request_id, until it ends. */
+static int generate_polls(pagoda_client *c, const pagoda_generate_params *params,
+                          pagoda_stream_fn on_tokens, pagoda_piece_fn on_piece, void *user,
+                          pagoda_result *result)
+{
+    int rc;
     uint32_t backoff_ms = 0;
     for (;;) {
         pagoda_result piece;

@@ -20,9 +20,13 @@
 
 #include <getopt.h>
 #include <math.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define MAX_PROMPT_TOKENS (1 << 20)
 #define MAX_STOP_TOKEN_IDS 64
@@ -52,7 +56,8 @@ static void usage(FILE *f)
         "line per piece, then the summary line). --prompt sends text (the model needs a\n"
         "tokenizer.json) and prints the text of the output; --stop ends the output before a\n"
         "stop string (repeatable); with --json the text, \"stop_string\" and \"stop_token_id\"\n"
-        "are in the line too.\n"
+        "are in the line too. Interrupted (SIGINT, SIGTERM, SIGHUP) it cancels its request,\n"
+        "prints what it has (finish_reason \"cancelled\") and exits 128 + the signal.\n"
         "chat: one user turn per line of stdin, the model's chat template, the answer streamed\n"
         "as text; the conversation is kept until end of input. 256 tokens unless told.\n"
         "Exit status: 0 done, 1 the router or the request failed, 2 bad flags.\n",
@@ -432,6 +437,40 @@ static char *read_line(void)
     return buf;
 }
 
+/* SIGINT, SIGTERM and SIGHUP while generating or chatting. They are blocked in every thread
+ * (NNG's among them) from before the client opens, and a thread of their own waits for them: the
+ * first cancels the request being generated (pagoda_client_cancel_generations), whose call then
+ * returns with the output so far, and the program exits 128 + the signal; with no request running
+ * (chat waiting for a line), or at a second signal, it exits at once. Without this the request
+ * ran on to its max_tokens after the CLI had gone, holding its tenant's slots. The client is
+ * main's until it has been handed back (c NULL, under the lock), so that no cancel is running
+ * when main closes it. */
+static struct {
+    pthread_mutex_t lock;
+    pagoda_client *c;
+    sigset_t set;
+    atomic_int sig;
+} interrupt = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static void *interrupt_watch(void *arg)
+{
+    (void)arg;
+    int sig;
+    if (sigwait(&interrupt.set, &sig) != 0)
+        return NULL;
+    atomic_store(&interrupt.sig, sig);
+    pthread_mutex_lock(&interrupt.lock);
+    int n = interrupt.c != NULL ? pagoda_client_cancel_generations(interrupt.c) : -1;
+    pthread_mutex_unlock(&interrupt.lock);
+    if (n == 0)
+        _exit(128 + sig); /* nothing to cancel, nothing to print */
+    /* Cancelled (main's call returns and main exits), failed (the router unreachable: main's call
+     * fails in its time) or main done: a second signal still ends it at once. */
+    if (sigwait(&interrupt.set, &sig) == 0)
+        _exit(128 + sig);
+    return NULL;
+}
+
 /* pagoda chat: each line of stdin is a user turn; the answer streams to stdout and joins the
  * conversation, which is sent whole each turn (the prefix cache makes that cheap). */
 static int cmd_chat(pagoda_client *c, struct cli *o)
@@ -470,6 +509,10 @@ static int cmd_chat(pagoda_client *c, struct cli *o)
         int rc = pagoda_generate_prompt(c, &o->params, &prompt, on_piece, &st, &res);
         putchar('\n');
         fflush(stdout);
+        if (atomic_load(&interrupt.sig) != 0) {
+            pagoda_result_free(&res);
+            break;
+        }
         if (rc != 0) {
             pagoda_result_free(&res);
             status = server_error(rc);
@@ -718,6 +761,13 @@ int main(int argc, char **argv)
         fprintf(stderr, "pagoda: %s takes only --url, --api-key and --json\n", cmd);
         goto out;
     }
+    if (is_generate) {
+        sigemptyset(&interrupt.set);
+        sigaddset(&interrupt.set, SIGINT);
+        sigaddset(&interrupt.set, SIGTERM);
+        sigaddset(&interrupt.set, SIGHUP);
+        pthread_sigmask(SIG_BLOCK, &interrupt.set, NULL);
+    }
     if ((rc = pagoda_client_open(o.url, &c)) != 0) {
         status = bad_flags(rc); /* a malformed address */
         goto out;
@@ -730,6 +780,14 @@ int main(int argc, char **argv)
         pagoda_client_set_timeout_ms(c, o.timeout_ms);
     else if (!is_generate)
         pagoda_client_set_timeout_ms(c, 5000); /* a quick answer or none */
+    if (is_generate) {
+        pthread_t watcher;
+        interrupt.c = c;
+        if (pthread_create(&watcher, NULL, interrupt_watch, NULL) == 0)
+            pthread_detach(watcher);
+        else
+            pthread_sigmask(SIG_UNBLOCK, &interrupt.set, NULL); /* plain signals, then */
+    }
     if (is_chat)
         status = cmd_chat(c, &o);
     else if (is_generate)
@@ -738,6 +796,11 @@ int main(int argc, char **argv)
         status = cmd_stats(c, &o);
     else
         status = cmd_health(c);
+    pthread_mutex_lock(&interrupt.lock);
+    interrupt.c = NULL; /* back to main, no cancel running */
+    pthread_mutex_unlock(&interrupt.lock);
+    if (atomic_load(&interrupt.sig) != 0)
+        status = 128 + atomic_load(&interrupt.sig);
 out:
     pagoda_client_close(c);
     free(o.prompt);
