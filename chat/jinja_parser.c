@@ -177,7 +177,7 @@ static int parse_tuple(struct parser *p, bool explicit_parens, bool condexpr, st
             break;
         if (t->args.n > 0 && !comma)
             break;
-        struct jnode *e;
+        struct jnode *e = NULL; /* gcc 12 at -O3 cannot see parse_expr set it */
         int rc = parse_expr(p, condexpr, &e);
         if (rc != 0)
             return rc;
