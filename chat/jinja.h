@@ -37,10 +37,11 @@
  * raise_exception(msg) gives PAGODA_EINVAL with the detail "line N: raise_exception: msg".
  *
  * Rendering is bounded: at most JINJA_MAX_OUTPUT_BYTES of output, JINJA_MAX_STEPS evaluation
- * steps (each statement, expression and loop iteration, and work proportional to the data a
- * filter walks) and JINJA_MAX_DEPTH of nesting (macros, expressions), and a memory bound of its
- * own for intermediate values, each PAGODA_ERANGE when exceeded, so that no template or input can
- * hang or exhaust the process. */
+ * steps (each statement, expression and loop iteration, and work proportional to the data an
+ * operation walks: bytes copied, compared or scanned, elements visited, in comparisons and ==
+ * as in filters and methods) and JINJA_MAX_DEPTH of nesting (macros, expressions), and a memory
+ * bound of its own for intermediate values, each PAGODA_ERANGE when exceeded, so that no template
+ * or input can hang or exhaust the process. */
 #ifndef PAGODA_CHAT_JINJA_H
 #define PAGODA_CHAT_JINJA_H
 

@@ -368,9 +368,8 @@ int jinja_call_func(struct jrender *r, int line, const struct jfunc *fn, const s
     case JF_STR_RSTRIP:
         if (x != NULL && x->kind != JV_NONE && x->kind != JV_STRING)
             return jinja_type_error(r, line, "strip arg must be None or str", x);
-        *out = jinja_str_strip(self, x && x->kind == JV_STRING ? x : NULL, fn->id != JF_STR_RSTRIP,
-                               fn->id != JF_STR_LSTRIP);
-        return 0;
+        return jinja_str_strip(r, line, self, x && x->kind == JV_STRING ? x : NULL,
+                               fn->id != JF_STR_RSTRIP, fn->id != JF_STR_LSTRIP, out);
     case JF_STR_SPLIT: {
         const jv *ms = jinja_arg(a, 1, "maxsplit");
         if (ms != NULL &&
@@ -404,6 +403,10 @@ int jinja_call_func(struct jrender *r, int line, const struct jfunc *fn, const s
         if ((rc = jinja_need_str(r, line, x, "find()/count() take a str")) != 0)
             return rc;
         const char *hit = jinja_str_find(self->u.s.p, self->u.s.len, x->u.s.p, x->u.s.len);
+        /* memmem reads the needle and the haystack up to the hit; the offset in code points
+         * reads the string up to it again */
+        if ((rc = jinja_work(r, self->u.s.len + x->u.s.len)) != 0)
+            return rc;
         if (fn->id == JF_STR_FIND) {
             if (hit == NULL) {
                 *out = jv_int(-1);
@@ -413,7 +416,7 @@ int jinja_call_func(struct jrender *r, int line, const struct jfunc *fn, const s
             for (const char *q = self->u.s.p; q < hit; q++)
                 cps += ((unsigned char)*q & 0xC0) != 0x80;
             *out = jv_int(cps);
-            return 0;
+            return jinja_work(r, (uint64_t)(hit - self->u.s.p));
         }
         int64_t n = 0;
         if (x->u.s.len == 0) {
@@ -428,7 +431,8 @@ int jinja_call_func(struct jrender *r, int line, const struct jfunc *fn, const s
             }
         }
         *out = jv_int(n);
-        return jinja_step(r, self->u.s.len / 64);
+        /* the string once more, and the needle read again by each memmem after a hit */
+        return jinja_work(r, self->u.s.len + x->u.s.len * (uint64_t)n);
     }
     case JF_STR_JOIN:
         if (x == NULL)
@@ -530,7 +534,7 @@ int jinja_test(struct jrender *r, int line, const char *name, size_t len, const 
         }
         if ((rc = jinja_str_case(r, line, v, IS("lower") ? JCASE_LOWER : JCASE_UPPER, &conv)) != 0)
             return rc;
-        *out = jv_equal(&conv, v);
+        return jv_equal(r, &conv, v, out);
     } else if (IS("odd") || IS("even") || IS("divisibleby")) {
         int64_t i, d = IS("divisibleby") ? 0 : 2;
         if ((rc = jinja_need_int(r, line, v, "odd/even/divisibleby test an integer", &i)) != 0)
@@ -549,7 +553,10 @@ int jinja_test(struct jrender *r, int line, const char *name, size_t len, const 
         if (x == NULL)
             return jinja_fail(r, line, PAGODA_EFORMAT, "the test '%.*s' needs a value", (int)len,
                               name);
-        *out = (IS("ne") || IS("!=")) ? !jv_equal(v, x) : jv_equal(v, x);
+        if ((rc = jv_equal(r, v, x, out)) != 0)
+            return rc;
+        if (IS("ne") || IS("!="))
+            *out = !*out;
     } else if (IS("lt") || IS("<") || IS("le") || IS("<=") || IS("gt") || IS(">") || IS("ge") ||
                IS(">=")) {
         if (x == NULL)
@@ -568,7 +575,7 @@ int jinja_test(struct jrender *r, int line, const char *name, size_t len, const 
         size_t n;
         if (x->kind == JV_STRING && v->kind == JV_STRING) {
             *out = jinja_str_find(x->u.s.p, x->u.s.len, v->u.s.p, v->u.s.len) != NULL;
-            return 0;
+            return jinja_work(r, x->u.s.len + v->u.s.len);
         }
         if (x->kind == JV_DICT) {
             *out = v->kind == JV_STRING && jv_dict_get(r, x, v->u.s.p, v->u.s.len) != NULL;
@@ -578,7 +585,8 @@ int jinja_test(struct jrender *r, int line, const char *name, size_t len, const 
             return rc;
         *out = false;
         for (size_t i = 0; i < n && !*out; i++)
-            *out = jv_equal(v, &items[i]);
+            if ((rc = jv_equal(r, v, &items[i], out)) != 0)
+                return rc;
     } else {
         return jinja_fail(r, line, PAGODA_EINVAL, "unknown test '%.*s'", (int)len, name);
     }

@@ -330,17 +330,18 @@ static int contains(struct jrender *r, int line, const jv *needle, const jv *hay
             *out = true;
             return 0;
         }
-        /* glibc's memmem is linear (two-way), whatever the needle */
+        /* glibc's memmem is linear (two-way) in both, whatever the needle */
         *out = memmem(hay->u.s.p, hay->u.s.len, needle->u.s.p, needle->u.s.len) != NULL;
-        return jinja_step(r, hay->u.s.len / 64);
+        return jinja_work(r, hay->u.s.len + needle->u.s.len);
     case JV_LIST:
+        /* each item compared is charged by jv_equal */
         *out = false;
-        for (size_t i = 0; i < hay->u.list->n; i++)
-            if (jv_equal(needle, &hay->u.list->v[i])) {
-                *out = true;
-                break;
-            }
-        return jinja_step(r, hay->u.list->n / 16);
+        for (size_t i = 0; i < hay->u.list->n && !*out; i++) {
+            int rc = jv_equal(r, needle, &hay->u.list->v[i], out);
+            if (rc != 0)
+                return rc;
+        }
+        return 0;
     case JV_DICT:
     case JV_NAMESPACE:
         *out = needle->kind == JV_STRING &&
@@ -372,11 +373,13 @@ static int binary(struct jrender *r, struct jframe *f, const struct jnode *n, jv
     bool in = false;
     switch (n->op) {
     case JOP_EQ:
-        *out = jv_bool(jv_equal(&a, &b));
+    case JOP_NE: {
+        bool eq;
+        if ((rc = jv_equal(r, &a, &b, &eq)) != 0)
+            return rc;
+        *out = jv_bool(n->op == JOP_EQ ? eq : !eq);
         return 0;
-    case JOP_NE:
-        *out = jv_bool(!jv_equal(&a, &b));
-        return 0;
+    }
     case JOP_LT:
     case JOP_LE:
     case JOP_GT:

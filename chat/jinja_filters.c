@@ -103,6 +103,12 @@ static int attr_path(struct jrender *r, int line, const jv *v, const jv *attr, j
 {
     if (attr->kind == JV_INT)
         return jinja_getitem(r, line, v, attr, out);
+    if (attr->kind != JV_STRING) /* read below as a string: a list's pointer is no length */
+        return jinja_type_error(r, line, "an attribute must be a string or an integer", attr);
+    /* the path is read whole for every item (a long one a template built, on a long list) */
+    int rc = jinja_work(r, attr->u.s.len);
+    if (rc != 0)
+        return rc;
     const char *p = attr->u.s.p, *end = p + attr->u.s.len;
     *out = *v;
     while (p <= end) {
@@ -116,7 +122,7 @@ static int attr_path(struct jrender *r, int line, const jv *v, const jv *attr, j
             idx = digits && idx < INT64_MAX / 10 ? idx * 10 + (p[i] - '0') : idx;
         }
         jv ik = jv_int(idx);
-        int rc = jinja_getitem(r, line, out, digits && out->kind == JV_LIST ? &ik : &key, &next);
+        rc = jinja_getitem(r, line, out, digits && out->kind == JV_LIST ? &ik : &key, &next);
         if (rc != 0)
             return rc;
         *out = next;
@@ -278,11 +284,12 @@ static int length_of(struct jrender *r, int line, const jv *v, int64_t *n)
 {
     switch (v->kind) {
     case JV_STRING: {
+        /* code points: every byte is read */
         int64_t c = 0;
         for (size_t i = 0; i < v->u.s.len; i++)
             c += ((unsigned char)v->u.s.p[i] & 0xC0) != 0x80;
         *n = c;
-        return 0;
+        return jinja_work(r, v->u.s.len);
     }
     case JV_LIST:
         *n = (int64_t)v->u.list->n;
@@ -557,11 +564,17 @@ int jinja_filter(struct jrender *r, struct jframe *f, int line, const char *name
         for (size_t i = 0; i < cnt; i++) {
             size_t j;
             for (j = 0; j < k; j++) {
+                /* each comparison is charged by jv_compare / jv_equal */
                 const jv *u = &out->u.list->v[j], *v = &items[i];
                 int cmp = -1;
-                if (u->kind == JV_STRING && v->kind == JV_STRING)
-                    (void)jv_compare(r, line, u, v, false, &cmp);
-                if (cmp == 0 || jv_equal(u, v))
+                bool eq = false;
+                if (u->kind == JV_STRING && v->kind == JV_STRING) {
+                    if ((rc = jv_compare(r, line, u, v, false, &cmp)) != 0)
+                        return rc;
+                } else if ((rc = jv_equal(r, u, v, &eq)) != 0) {
+                    return rc;
+                }
+                if (cmp == 0 || eq)
                     break;
             }
             if (j == k)
@@ -588,11 +601,15 @@ int jinja_filter(struct jrender *r, struct jframe *f, int line, const char *name
         const jv *items;
         size_t cnt;
         const jv *attr = jinja_arg(a, IS("sum") ? 0 : 1, "attribute");
+        if (attr != NULL && attr->kind == JV_NONE) /* jinja2's default: no attribute */
+            attr = NULL;
         if ((rc = jinja_iterate(r, line, in, &items, &cnt)) != 0)
             return rc;
         if (IS("sum")) {
             const jv *start = jinja_arg(a, 1, "start");
             jv acc = start ? *start : jv_int(0);
+            if ((rc = jinja_work(r, (uint64_t)cnt * JINJA_WORK_ELEMENT)) != 0)
+                return rc;
             for (size_t i = 0; i < cnt; i++) {
                 jv v = items[i];
                 if (attr != NULL && (rc = attr_path(r, line, &items[i], attr, &v)) != 0)
@@ -643,8 +660,8 @@ int jinja_filter(struct jrender *r, struct jframe *f, int line, const char *name
         const jv *chars = jinja_arg(a, 0, "chars");
         if (chars != NULL && chars->kind != JV_STRING && chars->kind != JV_NONE)
             return jinja_type_error(r, line, "trim chars must be a string", chars);
-        *out = jinja_str_strip(&s, chars && chars->kind == JV_STRING ? chars : NULL, true, true);
-        return 0;
+        return jinja_str_strip(r, line, &s, chars && chars->kind == JV_STRING ? chars : NULL, true,
+                               true, out);
     }
     if (IS("upper"))
         return jinja_str_case(r, line, &s, JCASE_UPPER, out);

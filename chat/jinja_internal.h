@@ -274,6 +274,7 @@ struct jrender {
     struct jinja_arena arena;
     struct jbuf *out;       /* where text goes now (the output, or a capture) */
     uint64_t steps;         /* evaluation steps so far, bounded by JINJA_MAX_STEPS */
+    uint64_t work;          /* units of work not yet charged as a step (jinja_work) */
     unsigned depth;         /* nesting of evaluation now, bounded by JINJA_MAX_DEPTH */
     struct jframe *globals; /* the template's top-level scope */
     int line;               /* the line being evaluated, for errors raised deep inside */
@@ -284,6 +285,15 @@ int jinja_fail(const struct jrender *r, int line, int err, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 /* Charges n steps; PAGODA_ERANGE past JINJA_MAX_STEPS. */
 int jinja_step(struct jrender *r, uint64_t n);
+/* Work a step is made of: an operation whose cost depends on its data (bytes compared or
+ * scanned, elements visited) charges it in units as it goes, so that small operations add up
+ * exactly and a large one stops at the limit before it has done more than that. A byte
+ * memcmp/memchr/memmem reads is a unit, a code point decoded (and case-folded) or a container
+ * element visited is JINJA_WORK_ELEMENT. */
+#define JINJA_WORK_PER_STEP 64u
+#define JINJA_WORK_ELEMENT 4u
+/* Charges n units; PAGODA_ERANGE past JINJA_MAX_STEPS. */
+int jinja_work(struct jrender *r, uint64_t n);
 
 static inline jv jv_undefined(const char *name, size_t len)
 {
@@ -327,8 +337,8 @@ static inline jv jv_str(const char *p, size_t len)
 const char *jv_type_name(const jv *v);
 /* Python's truth value. */
 bool jv_truthy(const jv *v);
-/* Python's ==. */
-bool jv_equal(const jv *a, const jv *b);
+/* Python's ==, in *eq; PAGODA_ERANGE past the step limit (its work is charged). */
+int jv_equal(struct jrender *r, const jv *a, const jv *b, bool *eq);
 /* Python's ordering of two numbers, two strings or two lists: *cmp < 0, 0, > 0; PAGODA_EFORMAT
  * (detail set) when the two cannot be ordered. */
 int jv_compare(struct jrender *r, int line, const jv *a, const jv *b, bool case_sensitive,
@@ -420,7 +430,8 @@ int jinja_need_int(struct jrender *r, int line, const jv *v, const char *what, i
 enum jcase { JCASE_UPPER, JCASE_LOWER, JCASE_TITLE, JCASE_CAPITALIZE };
 
 /* str.strip/lstrip/rstrip(chars): chars NULL strips str.isspace() characters. No copy. */
-jv jinja_str_strip(const jv *s, const jv *chars, bool left, bool right);
+int jinja_str_strip(struct jrender *r, int line, const jv *s, const jv *chars, bool left,
+                    bool right, jv *out);
 /* str.upper/lower/title/capitalize, code point by code point. */
 int jinja_str_case(struct jrender *r, int line, const jv *s, enum jcase how, jv *out);
 /* The first occurrence of n in h, or NULL (linear: glibc's memmem). */

@@ -16,28 +16,86 @@ static int nomem(struct jrender *r, int line)
                       (unsigned)JINJA_MAX_RENDER_MEMORY);
 }
 
-static bool in_chars(uint32_t cp, const jv *chars)
+/* The characters strip takes away: whitespace (chars NULL), or the code points of chars, looked
+ * up in a table (ASCII) or by binary search (the others, sorted), so that stripping is linear in
+ * the string and in chars, never their product. */
+struct strip_set {
+    const jv *chars;
+    bool ascii[128];
+    uint32_t *other; /* sorted */
+    size_t nother;
+};
+
+static int cmp_cp(const void *x, const void *y)
 {
+    uint32_t a = *(const uint32_t *)x, b = *(const uint32_t *)y;
+    return (a > b) - (a < b);
+}
+
+static int strip_set_init(struct jrender *r, int line, const jv *chars, struct strip_set *set)
+{
+    memset(set, 0, sizeof(*set));
+    set->chars = chars;
     if (chars == NULL)
-        return jinja_is_space(cp);
+        return 0;
+    size_t cps = 0;
     for (size_t i = 0; i < chars->u.s.len;) {
         uint32_t c;
         i += jinja_u8_next(chars->u.s.p + i, chars->u.s.len - i, &c);
-        if (c == cp)
-            return true;
+        cps++;
+        if (c < 128)
+            set->ascii[c] = true;
+        else
+            set->nother++;
     }
-    return false;
+    int rc = jinja_work(r, (uint64_t)cps * JINJA_WORK_ELEMENT);
+    if (rc != 0 || set->nother == 0)
+        return rc;
+    set->other = jinja_arena_alloc(&r->arena, set->nother * sizeof(uint32_t));
+    if (set->other == NULL)
+        return nomem(r, line);
+    size_t n = 0;
+    for (size_t i = 0; i < chars->u.s.len;) {
+        uint32_t c;
+        i += jinja_u8_next(chars->u.s.p + i, chars->u.s.len - i, &c);
+        if (c >= 128)
+            set->other[n++] = c;
+    }
+    uint64_t log2n = 1;
+    for (size_t m = n; m > 1; m >>= 1)
+        log2n++;
+    if ((rc = jinja_work(r, (uint64_t)n * log2n * JINJA_WORK_ELEMENT)) != 0)
+        return rc;
+    qsort(set->other, n, sizeof(uint32_t), cmp_cp);
+    return 0;
 }
 
-/* str.strip / lstrip / rstrip(chars): chars NULL strips whitespace. */
-jv jinja_str_strip(const jv *s, const jv *chars, bool left, bool right)
+static bool in_set(const struct strip_set *set, uint32_t cp)
 {
+    if (set->chars == NULL)
+        return jinja_is_space(cp);
+    if (cp < 128)
+        return set->ascii[cp];
+    return set->nother && bsearch(&cp, set->other, set->nother, sizeof(uint32_t), cmp_cp);
+}
+
+/* str.strip / lstrip / rstrip(chars): chars NULL strips whitespace. Charged per code point
+ * looked at (a string of 16 MB of spaces is 16 M of them). */
+int jinja_str_strip(struct jrender *r, int line, const jv *s, const jv *chars, bool left,
+                    bool right, jv *out)
+{
+    struct strip_set set;
+    int rc = strip_set_init(r, line, chars, &set);
+    if (rc != 0)
+        return rc;
     size_t b = 0, e = s->u.s.len;
+    uint64_t looked = 0;
     if (left)
         while (b < e) {
             uint32_t cp;
             size_t k = jinja_u8_next(s->u.s.p + b, e - b, &cp);
-            if (!in_chars(cp, chars))
+            looked++;
+            if (!in_set(&set, cp))
                 break;
             b += k;
         }
@@ -48,11 +106,13 @@ jv jinja_str_strip(const jv *s, const jv *chars, bool left, bool right)
                 start--;
             uint32_t cp;
             jinja_u8_next(s->u.s.p + start, e - start, &cp);
-            if (!in_chars(cp, chars))
+            looked++;
+            if (!in_set(&set, cp))
                 break;
             e = start;
         }
-    return jv_str(s->u.s.p + b, e - b);
+    *out = jv_str(s->u.s.p + b, e - b);
+    return jinja_work(r, looked * JINJA_WORK_ELEMENT);
 }
 
 /* Python maps a few characters to several (SpecialCasing.txt), where utf8proc maps one to one:
@@ -184,7 +244,11 @@ int jinja_str_replace(struct jrender *r, int line, const jv *s, const jv *old, c
         return jinja_fail(r, line, PAGODA_ERANGE, "the output would exceed %u bytes",
                           (unsigned)JINJA_MAX_OUTPUT_BYTES);
     }
-    if ((rc = jinja_step(r, s->u.s.len / 64)) != 0) {
+    /* the string read (code point by code point when old is empty), and old read again by each
+     * memmem after a hit; what is written is charged as the result is stored */
+    uint64_t work = old->u.s.len == 0 ? s->u.s.len * JINJA_WORK_ELEMENT
+                                      : s->u.s.len + old->u.s.len * (uint64_t)(done + 1);
+    if ((rc = jinja_work(r, work)) != 0) {
         free(b.p);
         return rc;
     }
@@ -225,8 +289,12 @@ int jinja_str_split(struct jrender *r, int line, const jv *s, const jv *sep, int
             if (p == end)
                 break;
             if (maxsplit >= 0 && (int64_t)n >= maxsplit) {
-                jv rest = jinja_str_strip(&(jv){.kind = JV_STRING, .u.s = {p, (size_t)(end - p)}},
-                                          NULL, false, true);
+                jv rest;
+                int rc = jinja_str_strip(r, line,
+                                         &(jv){.kind = JV_STRING, .u.s = {p, (size_t)(end - p)}},
+                                         NULL, false, true, &rest);
+                if (rc != 0)
+                    return rc;
                 PUSH(rest.u.s.p, rest.u.s.len);
                 break;
             }
@@ -266,7 +334,11 @@ int jinja_str_split(struct jrender *r, int line, const jv *s, const jv *sep, int
     l->tuple = false;
     out->kind = JV_LIST;
     out->u.list = l;
-    return jinja_step(r, s->u.s.len / 64 + n / 16);
+    /* whitespace is found code point by code point, a separator by memmem */
+    bool by_space = sep == NULL || sep->kind == JV_NONE;
+    return jinja_work(
+        r, (by_space ? s->u.s.len * JINJA_WORK_ELEMENT : s->u.s.len + sep->u.s.len * (n + 1)) +
+               n * JINJA_WORK_ELEMENT);
 }
 
 int jinja_str_affix(struct jrender *r, int line, const jv *s, const jv *arg, bool start, jv *out)
@@ -280,19 +352,25 @@ int jinja_str_affix(struct jrender *r, int line, const jv *s, const jv *arg, boo
         cands = arg->u.list->v;
         nc = arg->u.list->n;
     }
+    /* a list as well as a tuple, as @huggingface/jinja takes (Python takes only a tuple) */
+    *out = jv_bool(false);
     for (size_t i = 0; i < nc; i++) {
         const jv *c = &cands[i];
         if (c->kind != JV_STRING)
             return jinja_type_error(r, line, "startswith/endswith take a str or a tuple of str", c);
+        int rc = jinja_work(r, JINJA_WORK_ELEMENT);
+        if (rc != 0)
+            return rc;
         if (c->u.s.len > s->u.s.len)
             continue;
         const char *at = start ? s->u.s.p : s->u.s.p + s->u.s.len - c->u.s.len;
+        if ((rc = jinja_work(r, c->u.s.len)) != 0)
+            return rc;
         if (memcmp(at, c->u.s.p, c->u.s.len) == 0) {
             *out = jv_bool(true);
             return 0;
         }
     }
-    *out = jv_bool(false);
     return 0;
 }
 

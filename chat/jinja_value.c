@@ -132,6 +132,16 @@ int jinja_step(struct jrender *r, uint64_t n)
     return 0;
 }
 
+int jinja_work(struct jrender *r, uint64_t n)
+{
+    r->work += n;
+    if (r->work < JINJA_WORK_PER_STEP)
+        return 0;
+    uint64_t steps = r->work / JINJA_WORK_PER_STEP;
+    r->work %= JINJA_WORK_PER_STEP;
+    return jinja_step(r, steps);
+}
+
 /* ---- construction ---- */
 
 static int nomem(struct jrender *r)
@@ -190,10 +200,15 @@ int jv_new_dict(struct jrender *r, size_t cap, enum jv_kind kind, jv *out)
 const jv *jv_dict_get(struct jrender *r, const jv *dict, const char *key, size_t klen)
 {
     const struct jdict *d = dict->u.dict;
-    (void)jinja_step(r, d->n / 16); /* a step overrun is seen at the next statement */
+    /* a step overrun is seen at the next statement; one lookup's work is bounded by the
+     * memory the dict's keys take */
+    (void)jinja_step(r, d->n / 16);
     for (size_t i = 0; i < d->n; i++)
-        if (d->e[i].klen == klen && memcmp(d->e[i].key, key, klen) == 0)
-            return &d->e[i].v;
+        if (d->e[i].klen == klen) {
+            (void)jinja_work(r, klen); /* keys may be long strings a template built */
+            if (memcmp(d->e[i].key, key, klen) == 0)
+                return &d->e[i].v;
+        }
     return NULL;
 }
 
@@ -353,62 +368,95 @@ static int64_t inum(const jv *v)
 }
 
 /* Nested containers compare to JINJA_MAX_DEPTH levels (values a template builds can nest
- * deeper than the C stack should recurse): below that, they are taken as unequal. */
-static bool equal_at(const jv *a, const jv *b, unsigned depth)
+ * deeper than the C stack should recurse): below that, they are taken as unequal. Each value
+ * visited and each byte compared is charged (jinja_work): lists that share their items nest
+ * exponentially many elements in little memory ([a]*100 five levels deep is 10^10). A value is
+ * equal to itself without a look inside, as Python's PyObject_RichCompareBool has it (for
+ * a NaN too) and as @huggingface/jinja compares lists and objects (by reference). */
+static int equal_at(struct jrender *r, const jv *a, const jv *b, unsigned depth, bool *eq)
 {
+    int rc;
+    *eq = false;
     if (depth > JINJA_MAX_DEPTH)
-        return false;
+        return 0;
+    if ((rc = jinja_work(r, JINJA_WORK_ELEMENT)) != 0)
+        return rc;
     if (is_number(a) && is_number(b)) {
         if (a->kind != JV_FLOAT && b->kind != JV_FLOAT)
-            return inum(a) == inum(b);
-        return num(a) == num(b);
+            *eq = inum(a) == inum(b);
+        else
+            *eq = num(a) == num(b);
+        return 0;
     }
     if (a->kind != b->kind)
-        return false;
+        return 0;
     switch (a->kind) {
     case JV_UNDEFINED:
     case JV_NONE:
-        return true;
+        *eq = true;
+        return 0;
     case JV_STRING:
-        return a->u.s.len == b->u.s.len && memcmp(a->u.s.p, b->u.s.p, a->u.s.len) == 0;
+        if (a->u.s.len != b->u.s.len)
+            return 0;
+        if (a->u.s.p == b->u.s.p) {
+            *eq = true;
+            return 0;
+        }
+        if ((rc = jinja_work(r, a->u.s.len)) != 0)
+            return rc;
+        *eq = memcmp(a->u.s.p, b->u.s.p, a->u.s.len) == 0;
+        return 0;
     case JV_LIST:
+        if (a->u.list == b->u.list) {
+            *eq = true;
+            return 0;
+        }
         if (a->u.list->n != b->u.list->n)
-            return false;
-        for (size_t i = 0; i < a->u.list->n; i++)
-            if (!equal_at(&a->u.list->v[i], &b->u.list->v[i], depth + 1))
-                return false;
-        return true;
+            return 0;
+        for (size_t i = 0; i < a->u.list->n; i++) {
+            if ((rc = equal_at(r, &a->u.list->v[i], &b->u.list->v[i], depth + 1, eq)) != 0 || !*eq)
+                return rc;
+        }
+        *eq = true;
+        return 0;
     case JV_DICT: {
         const struct jdict *x = a->u.dict, *y = b->u.dict;
-        if (x->n != y->n)
-            return false;
-        for (size_t i = 0; i < x->n; i++) {
-            size_t k;
-            for (k = 0; k < y->n; k++)
-                if (y->e[k].klen == x->e[i].klen &&
-                    memcmp(y->e[k].key, x->e[i].key, x->e[i].klen) == 0)
-                    break;
-            if (k == y->n || !equal_at(&x->e[i].v, &y->e[k].v, depth + 1))
-                return false;
+        if (x == y) {
+            *eq = true;
+            return 0;
         }
-        return true;
+        if (x->n != y->n)
+            return 0;
+        for (size_t i = 0; i < x->n; i++) {
+            const jv *v = jv_dict_get(r, b, x->e[i].key, x->e[i].klen);
+            if (v == NULL)
+                return 0;
+            if ((rc = equal_at(r, &x->e[i].v, v, depth + 1, eq)) != 0 || !*eq)
+                return rc;
+        }
+        *eq = true;
+        return 0;
     }
     case JV_NAMESPACE:
-        return a->u.dict == b->u.dict;
+        *eq = a->u.dict == b->u.dict;
+        return 0;
     case JV_MACRO:
-        return a->u.macro == b->u.macro;
+        *eq = a->u.macro == b->u.macro;
+        return 0;
     case JV_FUNC:
-        return a->u.fn == b->u.fn;
+        *eq = a->u.fn == b->u.fn;
+        return 0;
     case JV_LOOP:
-        return a->u.loop == b->u.loop;
+        *eq = a->u.loop == b->u.loop;
+        return 0;
     default:
-        return false;
+        return 0;
     }
 }
 
-bool jv_equal(const jv *a, const jv *b)
+int jv_equal(struct jrender *r, const jv *a, const jv *b, bool *eq)
 {
-    return equal_at(a, b, 0);
+    return equal_at(r, a, b, 0, eq);
 }
 
 static uint32_t fold(uint32_t cp, bool case_sensitive)
@@ -430,27 +478,50 @@ static int compare_at(struct jrender *r, int line, const jv *a, const jv *b, boo
         return 0;
     }
     if (a->kind == JV_STRING && b->kind == JV_STRING) {
-        /* code point order, which is UTF-8 byte order */
-        size_t i = 0, k = 0;
+        /* code point order, which is UTF-8 byte order. Charged as it goes, a block of code
+         * points at a time, so that a long common prefix stops at the step limit (sort and max
+         * compare the same long strings over and over). */
+        size_t i = 0, k = 0, cps = 0;
+        int rc;
+        *cmp = 0;
+        if (a->u.s.p == b->u.s.p && a->u.s.len == b->u.s.len) /* the same string: [s] * n */
+            return jinja_work(r, JINJA_WORK_ELEMENT);
         while (i < a->u.s.len && k < b->u.s.len) {
             uint32_t x, y;
-            i += jinja_u8_next(a->u.s.p + i, a->u.s.len - i, &x);
-            k += jinja_u8_next(b->u.s.p + k, b->u.s.len - k, &y);
-            x = fold(x, case_sensitive);
-            y = fold(y, case_sensitive);
+            if (++cps % 4096 == 0 && (rc = jinja_work(r, 4096 * JINJA_WORK_ELEMENT)) != 0)
+                return rc;
+            x = (unsigned char)a->u.s.p[i];
+            y = (unsigned char)b->u.s.p[k];
+            if ((x | y) < 0x80) { /* ASCII, most text: no decoding, no table */
+                i++, k++;
+                if (!case_sensitive) {
+                    x = x >= 'A' && x <= 'Z' ? x + 32 : x;
+                    y = y >= 'A' && y <= 'Z' ? y + 32 : y;
+                }
+            } else {
+                i += jinja_u8_next(a->u.s.p + i, a->u.s.len - i, &x);
+                k += jinja_u8_next(b->u.s.p + k, b->u.s.len - k, &y);
+                x = fold(x, case_sensitive);
+                y = fold(y, case_sensitive);
+            }
             if (x != y) {
                 *cmp = x < y ? -1 : 1;
-                return 0;
+                break;
             }
         }
-        *cmp = i < a->u.s.len ? 1 : k < b->u.s.len ? -1 : 0;
-        return 0;
+        if (*cmp == 0)
+            *cmp = i < a->u.s.len ? 1 : k < b->u.s.len ? -1 : 0;
+        return jinja_work(r, (cps % 4096 + 1) * JINJA_WORK_ELEMENT);
     }
     if (a->kind == JV_LIST && b->kind == JV_LIST) {
         size_t n = a->u.list->n < b->u.list->n ? a->u.list->n : b->u.list->n;
         for (size_t i = 0; i < n; i++) {
             const jv *x = &a->u.list->v[i], *y = &b->u.list->v[i];
-            if (jv_equal(x, y))
+            bool eq;
+            int rc = jv_equal(r, x, y, &eq);
+            if (rc != 0)
+                return rc;
+            if (eq)
                 continue;
             return compare_at(r, line, x, y, case_sensitive, cmp, depth + 1);
         }
@@ -584,8 +655,12 @@ static bool printable(uint32_t cp)
 
 static int repr_string(struct jrender *r, struct jbuf *b, const char *p, size_t len)
 {
+    /* code point by code point, each looked up in utf8proc's tables */
+    int rc = jinja_work(r, (uint64_t)len * JINJA_WORK_ELEMENT);
+    if (rc != 0)
+        return rc;
     char quote = memchr(p, '\'', len) && !memchr(p, '"', len) ? '"' : '\'';
-    int rc = put(r, b, &quote, 1);
+    rc = put(r, b, &quote, 1);
     for (size_t i = 0; i < len && rc == 0;) {
         uint32_t cp;
         size_t k = jinja_u8_next(p + i, len - i, &cp);
@@ -715,7 +790,11 @@ int jv_to_str(struct jrender *r, const jv *v, jv *out)
 static int json_quote(struct jrender *r, struct jbuf *b, const char *p, size_t len,
                       bool ensure_ascii)
 {
-    int rc = puts_(r, b, "\"");
+    /* code point by code point */
+    int rc = jinja_work(r, (uint64_t)len * JINJA_WORK_ELEMENT);
+    if (rc != 0)
+        return rc;
+    rc = puts_(r, b, "\"");
     size_t run = 0; /* bytes copied as they are, pending */
     for (size_t i = 0; i < len && rc == 0;) {
         uint32_t cp;
@@ -867,7 +946,13 @@ int jv_append_json(struct jrender *r, int line, struct jbuf *b, const jv *v, boo
         for (size_t i = 0; i < d->n; i++)
             order[i].e = &d->e[i];
         if (sort_keys) {
-            if ((rc = jinja_step(r, d->n)) != 0)
+            /* the comparisons qsort makes, each reading up to a key's length */
+            uint64_t log2n = 1, bytes = 0;
+            for (size_t m = d->n; m > 1; m >>= 1)
+                log2n++;
+            for (size_t i = 0; i < d->n; i++)
+                bytes += d->e[i].klen;
+            if ((rc = jinja_step(r, d->n)) != 0 || (rc = jinja_work(r, bytes * log2n)) != 0)
                 return rc;
             qsort(order, d->n, sizeof(*order), cmp_keys);
         }

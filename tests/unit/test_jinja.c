@@ -311,20 +311,107 @@ static void test_limits(void **state)
     free(big);
     check_error("{{ range(1000000)|length }}", NULL, PAGODA_ERANGE, "range too big");
     /* values a template nests deeper than the C stack should follow */
-    check_error(
-        "{% set ns = namespace(l=[]) %}{% for i in range(10000) %}{% set ns.l = [ns.l, 1] %}"
-        "{% endfor %}{{ [ns.l] < [ns.l + [2]] }}",
-        NULL, PAGODA_ERANGE, "nested deeper than 256 compared");
+    check_error("{% set ns = namespace(l=[], m=[]) %}{% for i in range(10000) %}"
+                "{% set ns.l = [ns.l, 1] %}{% set ns.m = [ns.m, 1] %}"
+                "{% endfor %}{{ [ns.l] < [ns.m + [2]] }}",
+                NULL, PAGODA_ERANGE, "nested deeper than 256 compared");
     check_error("{% set ns = namespace(l=[]) %}{% for i in range(10000) %}{% set ns.l = [ns.l] %}"
                 "{% endfor %}{{ ns.l }}",
                 NULL, PAGODA_ERANGE, "nested deeper than 256");
+    /* a value is equal to itself without a look inside, however deep (Python's identity
+     * shortcut: True there too) */
     check("{% set ns = namespace(l=[]) %}{% for i in range(10000) %}{% set ns.l = [ns.l] %}"
           "{% endfor %}{{ ns.l == ns.l }}",
-          NULL, "False");
+          NULL, "True");
     /* intermediate values past the render's memory bound */
     check_error("{% set s = 'x' * 1000000 %}{% for i in range(200) %}{% set t = s ~ i %}"
                 "{% endfor %}",
                 NULL, PAGODA_ERANGE, "bytes of memory");
+}
+
+/* Work that depends on the data, not on the template's size, is charged to the step budget in
+ * proportion, so that each of these (found by a hostile probe; minutes to hours each before)
+ * ends at once with the step limit's error. None depends on timing. */
+static void test_work_is_charged(void **state)
+{
+    (void)state;
+    const char *steps = "evaluation steps";
+    /* string comparisons: sort, max/min, unique, <, dictsort; distinct strings (the same one
+     * compares at once: see below) with a long common prefix */
+    check_error("{% set s = 'x' * 1000000 %}{% set a = s ~ 'a' %}{% set b = s ~ 'b' %}"
+                "{% for i in range(100000) %}{% if a < b %}{% endif %}{% endfor %}",
+                NULL, PAGODA_ERANGE, steps);
+    check_error("{% set s = 'x' * 1000000 %}{% set ns = namespace(l=[]) %}"
+                "{% for i in range(50) %}{% set ns.l = ns.l + [s ~ i] %}{% endfor %}"
+                "{% for i in range(100) %}{% set m = ns.l|max %}{% endfor %}",
+                NULL, PAGODA_ERANGE, steps);
+    check_error("{% set s = 'x' * 1000000 %}{% set ns = namespace(l=[]) %}"
+                "{% for i in range(50) %}{% set ns.l = ns.l + [s ~ i] %}{% endfor %}"
+                "{% for i in range(100) %}{% set m = ns.l|unique|list %}{% endfor %}",
+                NULL, PAGODA_ERANGE, steps);
+    check_error("{% set s = 'x' * 1000000 %}{% set d = {'a': s ~ 'a', 'b': s ~ 'b'} %}"
+                "{% for i in range(100000) %}{% set m = d|dictsort(by='value') %}{% endfor %}",
+                NULL, PAGODA_ERANGE, steps);
+    /* the probe's own: one string, repeated; now fast (equal by identity), and right */
+    check("{% set s = 'x' * 8000000 %}{% set l = [s] * 1000 %}{{ l|max|length }}", NULL, "8000000");
+    check("{% set s = 'x' * 1000000 %}{{ ([s] * 1000)|sort|length }}", NULL, "1000");
+    /* equality of nested lists that share their items: 10^10 elements in little memory */
+    const char *nest = "{% set a1 = [1] * 100 %}{% set a2 = [1] * 100 %}"
+                       "{% set b1 = [a1] * 100 %}{% set b2 = [a2] * 100 %}"
+                       "{% set c1 = [b1] * 100 %}{% set c2 = [b2] * 100 %}"
+                       "{% set d1 = [c1] * 100 %}{% set d2 = [c2] * 100 %}"
+                       "{% set e1 = [d1] * 100 %}{% set e2 = [d2] * 100 %}";
+    char src[1024];
+    const char *uses[] = {"{{ e1 == e2 }}", "{{ e1 in [e2] }}", "{{ [e1, e2]|unique }}",
+                          "{{ [e1] < [e2] }}"};
+    for (size_t i = 0; i < sizeof(uses) / sizeof(uses[0]); i++) {
+        snprintf(src, sizeof(src), "%s%s", nest, uses[i]);
+        check_error(src, NULL, PAGODA_ERANGE, steps);
+    }
+    /* the same object: equal at once, as in Python and @huggingface/jinja */
+    check("{% set a=[1]*100 %}{% set b=[a]*100 %}{% set c=[b]*100 %}{% set d=[c]*100 %}"
+          "{% set e=[d]*100 %}{{ e == e }}|{{ e != e }}|{{ e in [e] }}",
+          NULL, "True|False|True");
+    check("{{ [1, [2, 'x']] == [1, [2, 'x']] }}|{{ {'a': [1]} == {'a': [1]} }}|"
+          "{{ {'a': 1, 'b': 2} == {'b': 2, 'a': 1} }}|{{ [1, 2] == [1, 3] }}",
+          NULL, "True|True|True|False");
+    /* strip(chars): a table, linear in both; charged per code point looked at */
+    check("{% set s = 'a' * 200000 %}{% set c = 'b' * 200000 ~ 'a' %}{{ s.strip(c)|length }}", NULL,
+          "0");
+    check("{% set c = 'é' * 100000 ~ 'x' %}{{ ('éxyxé').strip(c) }}|{{ 'xxaxx'.lstrip('x') }}|"
+          "{{ 'xxaxx'.rstrip('x') }}|{{ 'ééaé'.strip('é') }}|{{ '  a  '.strip() }}|"
+          "{{ 'abc'.strip('') }}",
+          NULL, "y|axx|xxa|a|a|abc");
+    check_error("{% set s = 'a' * 1000000 %}{% for i in range(100000) %}"
+                "{% set t = s.strip('a') %}{% endfor %}",
+                NULL, PAGODA_ERANGE, steps);
+    /* linear scans that allocate nothing: trim, strip(), length, startswith/endswith (a list
+     * of candidates too, as @huggingface/jinja takes), find, count, in, is in, dict keys */
+    const char *scans[] = {
+        "{% set t = s|trim %}",        "{% set t = s.strip() %}",
+        "{% set t = s.rstrip() %}",    "{% set t = s|length %}",
+        "{% set t = s|count %}",       "{% set t = s.startswith([s, s]) %}",
+        "{% set t = s.endswith(s) %}", "{% set t = s.find('y') %}",
+        "{% set t = s.count('y') %}",  "{% set t = 'y' in s %}",
+        "{% set t = 'y' is in s %}",   "{% set t = s.split() %}",
+        "{% set t = s in d %}",        "{% set t = [1]|map(attribute=s)|list %}",
+    };
+    for (size_t i = 0; i < sizeof(scans) / sizeof(scans[0]); i++) {
+        snprintf(src, sizeof(src),
+                 "{%% set s = ' ' * 16000000 %%}{%% set d = {s: 1} %%}"
+                 "{%% for i in range(100000) %%}%s{%% endfor %%}",
+                 scans[i]);
+        check_error(src, NULL, PAGODA_ERANGE, steps);
+    }
+    check_error("{% set l = [1] * 1000000 %}{% for i in range(100000) %}{% set t = l|sum %}"
+                "{% endfor %}",
+                NULL, PAGODA_ERANGE, steps);
+    /* an attribute path is read as a string: anything else is refused, not read as one */
+    check_error("{{ [1, 2]|sort(attribute=[1]) }}", NULL, PAGODA_EFORMAT,
+                "an attribute must be a string or an integer, not list");
+    check("{{ 'abc'.startswith(['x', 'a']) }}|{{ 'abc'.endswith(('x', 'c')) }}|"
+          "{{ 'abc'.startswith('abcd') }}",
+          NULL, "True|True|False");
 }
 
 int main(void)
@@ -338,6 +425,7 @@ int main(void)
         cmocka_unit_test(test_limits),
         cmocka_unit_test(test_more_tests_and_filters),
         cmocka_unit_test(test_threads),
+        cmocka_unit_test(test_work_is_charged),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
