@@ -170,6 +170,9 @@
  * get a namespace of their own, no cap and no pins. A new pin is computed by a sequence of its
  * own (queued first, greedy, one sampled token discarded, no events) whose full blocks are then
  * pinned; a pin that leaves the policy is unpinned (its blocks become ordinary cached blocks).
+ * The pins together hold at most half the pool's usable blocks: a pin past that fails
+ * (PAGODA_EEXHAUSTED), so that pins never shrink the context of every sequence to nothing; a
+ * failed pin named again by the next policy is tried again.
  * PolicyApplied{version, pins} answers once no pin is being computed. AdminCall answers
  * AdminResult: per-tenant figures (lookups, hits, query and hit tokens, running, waiting),
  * per-namespace figures (cached blocks, quota, evictions, inserted), pins; or flushes a

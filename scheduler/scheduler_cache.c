@@ -371,6 +371,30 @@ static void pin_fail(struct sched_pin *p, int error, const char *message)
     log_warn("pin %s failed: %s", p->name, p->error);
 }
 
+/* Pinned blocks are out of every sequence's reach (context_limit): the pins together hold at
+ * most half the pool, so that pins cannot shrink every tenant's context to nothing (a hostile
+ * probe's pins held 1,018 of 1,023 blocks, and requests of tenants that could read none of them
+ * ended at 80 tokens). A pin counts the full blocks it holds or will hold (pins that share a
+ * prefix share blocks: an overcount, on the safe side). */
+static int64_t pins_cap(const struct scheduler *s)
+{
+    return block_manager_usable(s->bm) / 2;
+}
+
+static int64_t pin_blocks(const struct scheduler *s, const struct sched_pin *p)
+{
+    return p->num_tokens / s->block_size;
+}
+
+static void pin_fail_cap(struct scheduler *s, struct sched_pin *p, int64_t pinned)
+{
+    char msg[160];
+    snprintf(msg, sizeof(msg),
+             "the pins would hold %lld blocks, more than half the pool's %d: unpin others first",
+             (long long)pinned, (int)block_manager_usable(s->bm));
+    pin_fail(p, PAGODA_EEXHAUSTED, msg);
+}
+
 /* Queues p's sequence at the front (or fails p at once when it cannot be computed). */
 static void pin_start(struct scheduler *s, struct sched_pin *p)
 {
@@ -390,6 +414,16 @@ static void pin_start(struct scheduler *s, struct sched_pin *p)
             pin_fail(p, PAGODA_EINVAL, "a negative token id");
             return;
         }
+    }
+    /* The others of the policy in force (on_policy checks again once the pins it drops are
+     * gone: pins_within_cap). */
+    int64_t pinned = pin_blocks(s, p);
+    for (const struct sched_pin *o = s->pins; o; o = o->next)
+        if (o != p && o->in_policy && o->state != PIN_FAILED)
+            pinned += pin_blocks(s, o);
+    if (pinned > pins_cap(s)) {
+        pin_fail_cap(s, p, pinned);
+        return;
     }
     struct seq *q = seq_new(p->tokens, p->num_tokens, 0);
     if (q == NULL) {
@@ -450,6 +484,27 @@ static void pin_drop(struct scheduler *s, struct sched_pin *p)
         q->pin = NULL;
         p->computing = NULL;
         seq_remove(s, q);
+    }
+}
+
+/* After a policy: the pins held (ready) count first, then those being computed, in order; one
+ * that takes the pins past pins_cap fails (pin_start counted the policy's pins as far as it had
+ * applied them, and the pins it drops). */
+static void pins_within_cap(struct scheduler *s)
+{
+    int64_t pinned = 0;
+    for (const struct sched_pin *p = s->pins; p; p = p->next)
+        if (p->state == PIN_READY)
+            pinned += pin_blocks(s, p);
+    for (struct sched_pin *p = s->pins; p; p = p->next) {
+        if (p->state != PIN_COMPUTING)
+            continue;
+        if (pinned + pin_blocks(s, p) > pins_cap(s)) {
+            pin_drop(s, p);
+            pin_fail_cap(s, p, pinned + pin_blocks(s, p));
+            continue;
+        }
+        pinned += pin_blocks(s, p);
     }
 }
 
@@ -538,7 +593,7 @@ static void apply_pin(struct scheduler *s, const Pagoda__Internal__PinPolicy *pp
         log_warn("policy: pin %s named twice: the first one holds", pp->name);
         return;
     }
-    if (p != NULL && same_tokens(p, pp)) {
+    if (p != NULL && same_tokens(p, pp) && p->state != PIN_FAILED) {
         p->in_policy = true;
         return;
     }
@@ -553,7 +608,9 @@ static void apply_pin(struct scheduler *s, const Pagoda__Internal__PinPolicy *pp
         p->next = s->pins;
         s->pins = p;
     } else {
-        pin_drop(s, p); /* new tokens: its old blocks become ordinary cached blocks */
+        /* new tokens: its old blocks become ordinary cached blocks; or a pin that failed, named
+         * again, is tried again (one over the cap fits once others are unpinned) */
+        pin_drop(s, p);
     }
     p->in_policy = true;
     free(p->tokens);
@@ -621,6 +678,7 @@ void on_policy(struct scheduler *s, const Pagoda__Internal__Policy *m)
         *pp = p->next;
         pin_free(p);
     }
+    pins_within_cap(s);
     for (struct sched_tenant *t = s->tenants; t; t = t->next)
         t->in_policy = false;
     for (size_t i = 0; i < m->n_tenants; i++)

@@ -1021,23 +1021,64 @@ static void test_pins_shrink_the_context(void **state)
     struct setup su = CACHE_SETUP;
     su.num_blocks = 1 + 40;
     struct harness *h = harness_open(&su);
-    int32_t sys[240];
-    make_prompt(31, 240, sys); /* 30 blocks of 8 */
-    const struct pin_spec ps[] = {{"big", sys, 240}};
+    int32_t sys[160];
+    make_prompt(31, 160, sys); /* 20 blocks of 8: half the pool, as much as pins may hold */
+    const struct pin_spec ps[] = {{"big", sys, 160}};
     send_policy(h, 1, NULL, NULL, 0, NULL, 0, ps, 1);
     pump(h);
     assert_true(h->applied->pins[0]->ready);
-    assert_int_equal(stats(h).pinned_blocks, 30);
-    int32_t big[100], small[5];
-    make_prompt(32, 100, big);
+    assert_int_equal(stats(h).pinned_blocks, 20);
+    int32_t big[170], small[5];
+    make_prompt(32, 170, big);
     make_prompt(33, 5, small);
     h->tenant = "bob";
-    struct req_rec *b = submit(h, next_idn++, big, 100, 4);
+    struct req_rec *b = submit(h, next_idn++, big, 170, 4);
     struct req_rec *s2 = submit(h, next_idn++, small, 5, 4);
     pump(h);
     assert_int_equal(b->finish, PAGODA__INTERNAL__FINISH_REASON__FINISH_ERROR);
     assert_int_equal(b->error_code, PAGODA_ERANGE);
     expect_output(s2, small, 5, 4, PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH);
+    harness_close(h);
+}
+
+/* Pins together hold at most half the pool: a pin past that fails (PAGODA_EEXHAUSTED, said in
+ * PolicyApplied), the others stay, and a later policy without the first lets a new one in. */
+static void test_pins_capped_at_half_the_pool(void **state)
+{
+    (void)state;
+    struct setup su = CACHE_SETUP;
+    su.num_blocks = 1 + 40;
+    struct harness *h = harness_open(&su);
+    int32_t a[120], b[120], c[40];
+    make_prompt(41, 120, a); /* 15 blocks of 8 */
+    make_prompt(42, 120, b); /* 15 more: 30 > 20 */
+    make_prompt(43, 40, c);  /* 5 */
+    const struct pin_spec two[] = {{"a", a, 120}, {"b", b, 120}, {"c", c, 40}};
+    send_policy(h, 1, NULL, NULL, 0, NULL, 0, two, 3);
+    pump(h);
+    int ready = 0, capped = 0;
+    for (size_t i = 0; i < h->applied->n_pins; i++) {
+        const Pagoda__Internal__PinStatus *st = h->applied->pins[i];
+        ready += st->ready;
+        if (!st->ready) {
+            assert_int_equal(st->error_code, PAGODA_EEXHAUSTED);
+            assert_non_null(strstr(st->error_message, "more than half the pool"));
+            capped++;
+        }
+    }
+    assert_int_equal(ready, 2); /* a or b, and c */
+    assert_int_equal(capped, 1);
+    assert_true(stats(h).pinned_blocks <= 20);
+    /* without a, b fits */
+    const struct pin_spec one[] = {{"b", b, 120}, {"c", c, 40}};
+    send_policy(h, 2, NULL, NULL, 0, NULL, 0, one, 2);
+    pump(h);
+    for (size_t i = 0; i < h->applied->n_pins; i++)
+        assert_true(h->applied->pins[i]->ready);
+    assert_int_equal(stats(h).pinned_blocks, 20);
+    int32_t p[12];
+    make_prompt(44, 12, p);
+    ask(h, "alice", p, 12, 3); /* still serving */
     harness_close(h);
 }
 
@@ -1258,6 +1299,7 @@ int main(void)
         cmocka_unit_test(test_preemption_with_cache),
         cmocka_unit_test(test_model_change_recomputes),
         cmocka_unit_test(test_pins_shrink_the_context),
+        cmocka_unit_test(test_pins_capped_at_half_the_pool),
         cmocka_unit_test(test_moved_tenant_stops_publishing),
         cmocka_unit_test(test_randomized_invariants),
     };
