@@ -633,9 +633,11 @@ static void test_split_behaviors(void **state)
     }
 }
 
-/* HF's regexes see Unicode 16.0 (Oniguruma), PCRE2 here Unicode 14.0: a letter or digit added
- * since (CJK extension H U+31350, Kaktovik numeral U+1D2C0) is one to the pattern, and U+180E is
- * not whitespace. */
+/* HF's regexes see Unicode 16.0 (Oniguruma), PCRE2 here Unicode 14.0: a character added since
+ * is in its class to the pattern (CJK extension H U+31350 a letter, Kaktovik numeral U+1D2C0 a
+ * digit, U+1FA75 a symbol, Kawi's U+11F00 a mark, Balinese U+1B7F punctuation, U+1C89 an
+ * uppercase letter), U+1171E is Mc and no longer Mn, U+3001 is not Han, and U+180E is not
+ * whitespace. */
 static void test_regex_classes_follow_hf_unicode(void **state)
 {
     struct {
@@ -662,6 +664,45 @@ static void test_regex_classes_follow_hf_unicode(void **state)
          5},
         {"[\\s]", "a\xE1\xA0\x8E", {260, 3 + 0xE1, 3 + 0xA0, 3 + 0x8E}, 4},
         {"\\S+", "a\xE1\xA0\x8E", {0}, 0},
+        {"\\p{S}",
+         "a\xF0\x9F\xA9\xB5"
+         "b",
+         {260, 261},
+         2},
+        {"\\P{S}+",
+         "a\xF0\x9F\xA9\xB5"
+         "b",
+         {3 + 0xF0, 3 + 0x9F, 3 + 0xA9, 3 + 0xB5},
+         4},
+        /* the probe's: DeepSeek-V3's pattern has [^\r\n\p{L}\p{P}\p{S}] and [\p{L}\p{M}] */
+        {"[^\\p{M}\\p{S}]+", "a\xF0\x9F\xA9\xB5", {3 + 0xF0, 3 + 0x9F, 3 + 0xA9, 3 + 0xB5}, 4},
+        {"\\p{M}",
+         "a\xF0\x91\xBC\x80"
+         "b",
+         {260, 261},
+         2},
+        {"[\\p{P}]",
+         "a\xE1\xAD\xBF"
+         "b",
+         {260, 261},
+         2},
+        {"\\p{Lu}",
+         "a\xE1\xB2\x89"
+         "b",
+         {260, 261},
+         2},
+        {"\\p{Mn}", "a\xCC\x81\xF0\x91\x9C\x9E", {260, 3 + 0xF0, 3 + 0x91, 3 + 0x9C, 3 + 0x9E}, 5},
+        /* 、 is in Han's Script_Extensions (PCRE2's \p{Han}), not in its Script (HF's) */
+        {"\\p{Han}",
+         "a\xE3\x80\x81\xE4\xB8\x80"
+         "b",
+         {260, 3 + 0xE3, 3 + 0x80, 3 + 0x81, 261},
+         5},
+        {"[\\p{Mc}]",
+         "a\xF0\x91\x9C\x9E"
+         "b",
+         {260, 261},
+         2},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         json_t *root = sentencepiece_fixture();
