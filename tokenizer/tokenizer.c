@@ -275,9 +275,13 @@ static int split_added(const Tokenizer *t, const TokAddedSet *set, const char *t
         if (start_offset < start && tokpieces_push(out, text + start_offset, start - start_offset,
                                                    -1, at_start && start_offset == 0))
             return PAGODA_ENOMEM;
-        if (tokpieces_push(out, "", 0, a->id, false))
+        /* A token inside the whitespace an earlier one's rstrip took ("\n" lstrip rstrip in
+         * "a\n\nb") has an empty span, which HF drops with every empty split. (With lstrip
+         * and no rstrip its span runs backwards and HF panics; it is dropped here too.) */
+        if (stop > start && tokpieces_push(out, "", 0, a->id, false))
             return PAGODA_ENOMEM;
-        start_offset = stop;
+        if (stop > start_offset)
+            start_offset = stop;
     }
     if (start_offset < len && tokpieces_push(out, text + start_offset, len - start_offset, -1,
                                              at_start && start_offset == 0))

@@ -501,6 +501,19 @@ static void test_added_tokens_and_their_flags(void **state)
     t = load(with_added(bytelevel_fixture(true), 265, "<m>", "rstrip", false, false));
     EXPECT(t, "a<m> \n b", false, 97, 265, 98);
     tokenizer_free(t);
+    /* Whitespace tokens with lstrip and rstrip: the "\n" inside the first one's rstrip is
+     * matched again with an empty span, which HF drops (as it drops every empty split) */
+    json_t *ws = with_added(bytelevel_fixture(true), 265, "\n", "lstrip", false, false);
+    with_added(ws, 266, " ", "lstrip", false, false);
+    json_t *list = json_object_get(ws, "added_tokens");
+    for (size_t i = 2; i < 4; i++)
+        json_object_set_new(json_array_get(list, i), "rstrip", json_true());
+    t = load(ws);
+    EXPECT(t, "a\n\nb", false, 97, 265, 98);
+    EXPECT(t, "a\n\n\n\nb", false, 97, 265, 98);
+    EXPECT(t, "a   b", false, 97, 266, 98);
+    EXPECT(t, "a \n b", false, 97, 266, 98);
+    tokenizer_free(t);
 
     /* single_word: only where no letter or digit touches it */
     t = load(with_added(bytelevel_fixture(true), 265, "ab", "single_word", false, false));
