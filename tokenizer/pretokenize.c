@@ -379,7 +379,7 @@ static int regex_matches(const TokPreTokenizer *p, const char *text, size_t len,
     s->nmatches = 0;
     if (!s->md && !(s->md = pcre2_match_data_create(1, NULL)))
         return PAGODA_ENOMEM;
-    size_t prev = 0, at = 0;
+    size_t prev = 0, at = 0, last_end = SIZE_MAX;
     while (at <= len) {
         int rc;
         if (p->jit)
@@ -394,6 +394,17 @@ static int regex_matches(const TokPreTokenizer *p, const char *text, size_t len,
             return pagoda_error_set(PAGODA_EINVAL, "pre-tokenizer regex: PCRE2 error %d", rc);
         PCRE2_SIZE *ov = pcre2_get_ovector_pointer(s->md);
         size_t ms = ov[0], me = ov[1];
+        /* Oniguruma's find_iter skips an empty match right after a match ("a*" on "aab":
+         * "aa", then not "" before the b) */
+        if (ms == me && me == last_end) {
+            if (me >= len)
+                break;
+            size_t adv;
+            tok_utf8_decode(text + me, len - me, &adv);
+            at = me + adv;
+            continue;
+        }
+        last_end = me;
         if (prev != ms && match_push(s, (uint32_t)prev, (uint32_t)ms, false))
             return PAGODA_ENOMEM;
         if (match_push(s, (uint32_t)ms, (uint32_t)me, true))
