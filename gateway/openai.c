@@ -434,6 +434,55 @@ static int read_messages(struct openai_request *req, struct openai_error *err)
     return 0;
 }
 
+/* Parameters that change the output, which this server does not do, with a value that asks for
+ * them: refused (400) rather than ignored, as 'n' and 'echo' are, so that a client never takes an
+ * answer made without them for one made with them. Their neutral values pass (an empty
+ * logit_bias, response_format text, tool_choice auto or none). */
+static int refuse_unsupported(struct openai_request *req, struct openai_error *err)
+{
+    const json_t *root = req->root, *v;
+    if ((v = json_object_get(root, "logit_bias")) != NULL && !json_is_null(v)) {
+        if (!json_is_object(v))
+            return bad(err, "invalid_type", "'logit_bias' must be an object");
+        if (json_object_size(v) > 0)
+            return bad(err, "unsupported", "'logit_bias' is not supported");
+    }
+    if ((v = json_object_get(root, "response_format")) != NULL && !json_is_null(v)) {
+        const char *type = json_string_value(json_object_get(v, "type"));
+        if (!json_is_object(v) || type == NULL)
+            return bad(err, "invalid_type", "'response_format' must be an object with a 'type'");
+        if (strcmp(type, "text") != 0)
+            return bad(err, "unsupported",
+                       "'response_format' of type '%.64s' is not supported (no structured "
+                       "output): only 'text'",
+                       type);
+    }
+    if ((v = json_object_get(root, "tool_choice")) != NULL && !json_is_null(v)) {
+        const char *c = json_string_value(v);
+        if (c == NULL || (strcmp(c, "auto") != 0 && strcmp(c, "none") != 0))
+            return bad(err, "unsupported",
+                       "'tool_choice' other than 'auto' or 'none' is not supported (a tool call "
+                       "cannot be forced)");
+    }
+    if (req->kind == OPENAI_COMPLETION && (v = json_object_get(root, "suffix")) != NULL &&
+        !json_is_null(v)) {
+        if (!json_is_string(v))
+            return bad(err, "invalid_type", "'suffix' must be a string");
+        if (json_string_length(v) > 0)
+            return bad(err, "unsupported", "'suffix' is not supported");
+    }
+    /* vLLM's structured output */
+    static const char *const guided[] = {"guided_json", "guided_regex", "guided_choice",
+                                         "guided_grammar", "structured_outputs"};
+    for (size_t i = 0; i < sizeof(guided) / sizeof(guided[0]); i++)
+        if ((v = json_object_get(root, guided[i])) != NULL && !json_is_null(v))
+            return bad(err, "unsupported", "'%s' is not supported (no structured output)",
+                       guided[i]);
+    if ((v = json_object_get(root, "stream_options")) != NULL && !json_is_null(v) && !req->stream)
+        return bad(err, "invalid_request", "'stream_options' is only allowed with 'stream': true");
+    return 0;
+}
+
 static int read_logprobs(struct openai_request *req, struct openai_error *err)
 {
     const json_t *lp = json_object_get(req->root, "logprobs");
@@ -442,7 +491,8 @@ static int read_logprobs(struct openai_request *req, struct openai_error *err)
     if (req->kind == OPENAI_COMPLETION) {
         if (!json_is_integer(lp) || json_integer_value(lp) < 0 || json_integer_value(lp) > 1)
             return bad(err, "unsupported", "'logprobs' must be 0 or 1 (the sampled token's only)");
-        req->params.logprobs = json_integer_value(lp) == 1;
+        /* the number of alternatives beside the sampled token's: 0 still asks for its own */
+        req->params.logprobs = 1;
         return 0;
     }
     if (!json_is_boolean(lp))
@@ -469,7 +519,7 @@ int openai_parse(enum openai_kind kind, const char *body, size_t len, int32_t de
         return bad(err, "invalid_json", "the body is not JSON: line %d: %s", jerr.line, jerr.text);
     if (!json_is_object(req->root))
         return bad(err, "invalid_json", "the body must be a JSON object");
-    if (read_common(req, err) || read_logprobs(req, err))
+    if (read_common(req, err) || read_logprobs(req, err) || refuse_unsupported(req, err))
         return -1;
     return kind == OPENAI_COMPLETION ? read_prompt(req, err) : read_messages(req, err);
 }

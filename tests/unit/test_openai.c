@@ -117,6 +117,20 @@ static void test_bad_requests_are_400_with_a_reason(void **state)
          "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
          "\"logprobs\": true, \"top_logprobs\": 3}",
          "'top_logprobs'"},
+        /* what changes the output and is not done here: refused, not ignored */
+        {OPENAI_COMPLETION, "{\"prompt\": \"x\", \"logit_bias\": {\"100\": 100}}", "'logit_bias'"},
+        {OPENAI_COMPLETION, "{\"prompt\": \"x\", \"logit_bias\": \"x\"}", "must be an object"},
+        {OPENAI_COMPLETION, "{\"prompt\": \"x\", \"suffix\": \"end\"}", "'suffix'"},
+        {OPENAI_COMPLETION, "{\"prompt\": \"x\", \"guided_json\": {}}", "'guided_json'"},
+        {OPENAI_COMPLETION, "{\"prompt\": \"x\", \"stream_options\": {}}", "'stream': true"},
+        {OPENAI_CHAT,
+         "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
+         "\"response_format\": {\"type\": \"json_object\"}}",
+         "'json_object' is not supported"},
+        {OPENAI_CHAT,
+         "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
+         "\"tool_choice\": \"required\"}",
+         "'tool_choice'"},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         struct openai_request req;
@@ -128,6 +142,22 @@ static void test_bad_requests_are_400_with_a_reason(void **state)
             fail_msg("case %zu: '%s' does not say '%s'", i, err.message, cases[i].want);
         openai_request_fini(&req);
     }
+    /* their neutral values pass; logprobs 0 asks for the sampled token's (no alternatives) */
+    struct openai_request req;
+    struct openai_error err;
+    assert_int_equal(parse(OPENAI_COMPLETION,
+                           "{\"prompt\": \"x\", \"logit_bias\": {}, \"suffix\": \"\", "
+                           "\"response_format\": {\"type\": \"text\"}, \"logprobs\": 0}",
+                           &req, &err),
+                     0);
+    assert_true(req.params.logprobs);
+    openai_request_fini(&req);
+    assert_int_equal(parse(OPENAI_CHAT,
+                           "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
+                           "\"tool_choice\": \"auto\"}",
+                           &req, &err),
+                     0);
+    openai_request_fini(&req);
 }
 
 static void test_responses_and_chunks_are_openai_json(void **state)
@@ -137,7 +167,8 @@ static void test_responses_and_chunks_are_openai_json(void **state)
     struct openai_error err;
     assert_int_equal(parse(OPENAI_CHAT,
                            "{\"messages\": [{\"role\": \"user\", \"content\": "
-                           "\"x\"}], \"stream_options\": {\"include_usage\": true}}",
+                           "\"x\"}], \"stream\": true, \"stream_options\": "
+                           "{\"include_usage\": true}}",
                            &req, &err),
                      0);
     int32_t ids[2] = {5, 9};
