@@ -641,37 +641,47 @@ static void start_generation(struct gateway *g, struct http_request *http, enum 
     }
 }
 
-static void not_found(struct http_request *http, int status, const char *message)
+/* 404, or 405 with the methods the route takes (RFC 9110 wants them in Allow), counted in
+ * pagoda_http_errors_total. */
+static void not_found(struct gateway *g, struct http_request *http, const char *allow)
 {
+    int status = allow != NULL ? 405 : 404;
     struct openai_error err = {.status = status,
                                .type = status == 405 ? "invalid_request_error" : "not_found_error"};
-    snprintf(err.message, sizeof(err.message), "%s", message);
+    if (allow != NULL)
+        snprintf(err.message, sizeof(err.message), "this route takes %s", allow);
+    else
+        snprintf(err.message, sizeof(err.message), "no such route");
     char *json = openai_error_json(&err);
+    char header[64];
+    const char *headers[] = {header};
+    snprintf(header, sizeof(header), "Allow: %s", allow != NULL ? allow : "");
     http_respond(http, status, "application/json", json ? json : "{}", json ? strlen(json) : 2,
-                 NULL, 0);
+                 allow != NULL ? headers : NULL, allow != NULL ? 1 : 0);
     free(json);
+    gateway_metrics_error(g, status);
 }
 
 static void on_http(void *user, struct http_request *http)
 {
     struct gateway *g = user;
     const char *method = http_request_method(http), *path = http_request_path(http);
-    int post = strcmp(method, "POST") == 0, get = strcmp(method, "GET") == 0;
+    /* HEAD is GET without the body (the HTTP server leaves it out). */
+    int post = strcmp(method, "POST") == 0,
+        get = strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0;
     if (strcmp(path, "/v1/completions") == 0 || strcmp(path, "/v1/chat/completions") == 0) {
         if (!post) {
-            not_found(http, 405, "use POST");
+            not_found(g, http, "POST");
             return;
         }
         start_generation(g, http, path[4] == 'c' && path[5] == 'h' ? ROUTE_CHAT : ROUTE_COMPLETION);
         return;
     }
     if (!get) {
-        not_found(http,
-                  strcmp(path, "/v1/models") == 0 || strcmp(path, "/health") == 0 ||
-                          strcmp(path, "/metrics") == 0
-                      ? 405
-                      : 404,
-                  "no such route");
+        int known = strcmp(path, "/v1/models") == 0 || strcmp(path, "/health") == 0 ||
+                    strcmp(path, "/metrics") == 0 || strcmp(path, "/") == 0 ||
+                    strcmp(path, "/status") == 0;
+        not_found(g, http, known ? "GET, HEAD" : NULL);
         return;
     }
     if (strcmp(path, "/v1/models") == 0) {
@@ -700,7 +710,7 @@ static void on_http(void *user, struct http_request *http)
         gateway_status_page(http);
         return;
     }
-    not_found(http, 404, "no such route");
+    not_found(g, http, NULL);
 }
 
 /* ---- open and close ----------------------------------------------------------------------- */

@@ -11,8 +11,8 @@
  * the bytes a response may have queued unsent (a client that stops reading is disconnected). None
  * of them stops the server serving others. Malformed requests get 400. These answers of the
  * server's own carry a JSON body in OpenAI's error shape ({"error": {"message", "type",
- * "code"}}) and close the connection (after a short linger, so that a client still sending
- * reads them).
+ * "param", "code"}}, the last two null, as the gateway's own) and close the connection (after a
+ * short linger, so that a client still sending reads them).
  *
  * One request per connection at a time: while a response is in progress the connection parses
  * no further request. It keeps reading, so that a client that goes away is noticed (EOF counts as

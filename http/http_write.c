@@ -172,9 +172,10 @@ static const char *error_message(int status)
 size_t http_error_response(char *buf, size_t cap, int status)
 {
     char body[192];
-    int blen = snprintf(
-        body, sizeof(body), "{\"error\":{\"message\":\"%s\",\"type\":\"%s\",\"code\":%d}}\n",
-        error_message(status), status >= 500 ? "server_error" : "invalid_request_error", status);
+    int blen =
+        snprintf(body, sizeof(body),
+                 "{\"error\":{\"message\":\"%s\",\"type\":\"%s\",\"param\":null,\"code\":null}}\n",
+                 error_message(status), status >= 500 ? "server_error" : "invalid_request_error");
     int n = snprintf(buf, cap,
                      "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
                      "Connection: close\r\n\r\n%s",
