@@ -20,6 +20,8 @@
 
 /* The housekeeping tick: resends what the link refused, expires results, checks a drain. */
 #define HOUSEKEEPING_MS 100
+/* How often the live requests are looked over for abandoned ones (registry_cancel_abandoned). */
+#define ABANDON_CHECK_MS 1000
 
 /* A drain waits this long for a client to fetch a result that finished during the drain. */
 #define DRAIN_LINGER_MS 2000
@@ -42,6 +44,7 @@ void router_config_default(struct router_config *cfg)
     cfg->stats_timeout_ms = ROUTER_DEFAULT_STATS_TIMEOUT_MS;
     cfg->admin_timeout_ms = ROUTER_DEFAULT_ADMIN_TIMEOUT_MS;
     cfg->drain_timeout_ms = ROUTER_DEFAULT_DRAIN_TIMEOUT_MS;
+    cfg->abandon_ms = ROUTER_DEFAULT_ABANDON_MS;
 }
 
 size_t router_max_message_bytes(uint32_t max_prompt_tokens)
@@ -116,6 +119,10 @@ static void on_housekeeping(uv_timer_t *t)
     while (r->finished.head != NULL &&
            now - r->finished.head->finished_at_ms >= r->cfg.finished_ttl_ms)
         registry_drop(r, r->finished.head);
+    if (r->cfg.abandon_ms > 0 && now - r->abandon_checked_ms >= ABANDON_CHECK_MS) {
+        r->abandon_checked_ms = now;
+        registry_cancel_abandoned(r, now);
+    }
     drain_check(r);
 }
 

@@ -138,6 +138,14 @@
  * outcome (ENOENT, 0 blocks) for a first that succeeded. */
 #define ROUTER_MAX_ADMIN_TIMEOUT_MS 15000u
 #define ROUTER_DEFAULT_DRAIN_TIMEOUT_MS 60000u
+/* A live request that no call has named for this long (its Submit, a Poll, a Poll waiting) is
+ * cancelled as its client's Cancel would: the client is gone (killed, a CLI interrupted, a
+ * gateway lost) and nothing would end it short of its max_tokens, its tenant's slots and its KV
+ * held meanwhile. NNG's REQ/REP has no connection per request to see a client leave by, so the
+ * router goes by its calls: pagoda_generate and the gateway poll without pause (a poll waits up
+ * to max_wait_ms, 30 s, and counts while it waits). A client that submits now and polls later
+ * than this must raise it (--abandon-ms, 0: never). */
+#define ROUTER_DEFAULT_ABANDON_MS 60000u
 /* The longest --stats-timeout-ms: a parked Stats call holds its context this long at most. */
 #define ROUTER_MAX_STATS_TIMEOUT_MS 60000u
 
@@ -182,6 +190,7 @@ struct router_config {
     uint32_t stats_timeout_ms;
     uint32_t admin_timeout_ms; /* an admin call's wait for the scheduler (pins are computed) */
     uint32_t drain_timeout_ms;
+    uint32_t abandon_ms; /* a live request no call names for this long is cancelled; 0: never */
 };
 
 struct router;

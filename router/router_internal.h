@@ -122,6 +122,7 @@ struct request {
     int32_t error_code;
     char *error_message;
     uint64_t finished_at_ms;
+    uint64_t seen_ms;        /* the last call that named it (Submit, Poll), for abandon_ms */
     uint64_t prompt_hash[2]; /* keyed hash of prompt and stop ids (kept after they are freed) */
     size_t bytes;            /* what it holds, as counted in router.registry_bytes */
     int delivered;           /* a reply with the finish reason went out */
@@ -310,7 +311,9 @@ struct router {
     uint64_t admin_cookie;
 
     uint64_t started_ms;
-    int announced; /* every engine's announcement has arrived */
+    uint64_t abandon_checked_ms; /* the last look for abandoned requests */
+    uint64_t abandoned;          /* requests cancelled for that (registry_cancel_abandoned) */
+    int announced;               /* every engine's announcement has arrived */
     struct rctx *unknown_waiters;
     uint32_t num_unknown_parked;
 
@@ -399,6 +402,9 @@ void registry_finish(struct router *r, struct request *q, Pagoda__FinishReason r
                      int32_t error_code, const char *error_message);
 /* Forgets a finished request: its id becomes unknown (PAGODA_ENOENT). */
 void registry_drop(struct router *r, struct request *q);
+/* Cancels, as its client's Cancel would, every live request that no call has named for
+ * cfg.abandon_ms and no poll waits on (router.h ROUTER_DEFAULT_ABANDON_MS). */
+void registry_cancel_abandoned(struct router *r, uint64_t now_ms);
 /* A result of tenant slot finished: drops the oldest results while the tenant holds more than its
  * max_finished, then while the router holds more than max_finished_requests. */
 void registry_trim(struct router *r, uint32_t slot);

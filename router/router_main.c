@@ -39,6 +39,7 @@ static void usage(FILE *f)
             "                     [--routing cache-aware|round-robin] [--stats-timeout-ms MS]\n"
             "                     [--log-level debug|info|warn|error] [--contexts N]\n"
             "                     [--max-requests N] [--max-finished N] [--finished-ttl-ms MS]\n"
+            "                     [--abandon-ms MS]\n"
             "                     [--max-prompt-tokens N] [--max-new-tokens N]\n"
             "                     [--drain-timeout-ms MS] [--tenants FILE]\n"
             "                     [--admin-timeout-ms MS] [--max-connections N]\n"
@@ -66,12 +67,15 @@ static void usage(FILE *f)
             "           arrive; kept %u below the descriptor limit (%u).\n"
             "--idle-timeout-ms: a connection with no call in progress and no complete\n"
             "           message for this long is closed (%u).\n"
+            "--abandon-ms: a live request that no call (its Submit, a Poll) has named for\n"
+            "           this long is cancelled, its client taken for gone; 0: never (%u).\n"
             "--max-prompt-tokens: lowered to the model's context - 1 once the scheduler\n"
             "           reports it; the largest client message is %u bytes per token + %u.\n",
             ROUTE_MAX_ENGINES, ROUTER_DEFAULT_ADMIN_TIMEOUT_MS, ROUTER_DEFAULT_STATS_TIMEOUT_MS,
             ROUTER_DEFAULT_CONTEXTS, ROUTER_DEFAULT_MAX_PARKED_CALLS, ROUTER_RESERVED_FDS,
             ROUTER_DEFAULT_MAX_CONNECTIONS, ROUTER_DEFAULT_IDLE_TIMEOUT_MS,
-            ROUTER_BYTES_PER_PROMPT_TOKEN, ROUTER_MESSAGE_OVERHEAD_BYTES);
+            ROUTER_DEFAULT_ABANDON_MS, ROUTER_BYTES_PER_PROMPT_TOKEN,
+            ROUTER_MESSAGE_OVERHEAD_BYTES);
 }
 
 static int fail(int rc)
@@ -139,6 +143,7 @@ enum {
     OPT_MAX_REQUESTS,
     OPT_MAX_FINISHED,
     OPT_FINISHED_TTL,
+    OPT_ABANDON,
     OPT_MAX_PROMPT,
     OPT_MAX_NEW,
     OPT_DRAIN_TIMEOUT,
@@ -195,6 +200,8 @@ static int parse_flag(int opt, const char *arg, struct router_config *cfg)
         return parse_u32("--max-finished", arg, 1, 1 << 24, &cfg->max_finished_requests);
     case OPT_FINISHED_TTL:
         return parse_u32("--finished-ttl-ms", arg, 0, UINT32_MAX, &cfg->finished_ttl_ms);
+    case OPT_ABANDON:
+        return parse_u32("--abandon-ms", arg, 0, UINT32_MAX, &cfg->abandon_ms);
     case OPT_MAX_PROMPT:
         return parse_u32("--max-prompt-tokens", arg, 1, 1 << 24, &cfg->max_prompt_tokens);
     case OPT_MAX_NEW:
@@ -232,6 +239,7 @@ int main(int argc, char **argv)
         {"max-requests", required_argument, NULL, OPT_MAX_REQUESTS},
         {"max-finished", required_argument, NULL, OPT_MAX_FINISHED},
         {"finished-ttl-ms", required_argument, NULL, OPT_FINISHED_TTL},
+        {"abandon-ms", required_argument, NULL, OPT_ABANDON},
         {"max-prompt-tokens", required_argument, NULL, OPT_MAX_PROMPT},
         {"max-new-tokens", required_argument, NULL, OPT_MAX_NEW},
         {"drain-timeout-ms", required_argument, NULL, OPT_DRAIN_TIMEOUT},

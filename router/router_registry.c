@@ -300,6 +300,7 @@ struct request *registry_adopt(struct router *r, const Pagoda__Internal__TokenEv
     memcpy(q->id, id, ID_BYTES);
     memcpy(q->sched_id, ev->request_id.data, ID_BYTES);
     q->tenant = tenant;
+    q->seen_ms = uv_now(r->loop); /* its client's polls come back to a restarted router */
     q->adopted = 1;
     q->engine = engine;
     q->p.max_tokens =
@@ -408,6 +409,7 @@ static struct request *request_new(struct router *r, uint32_t tenant, const uint
         return NULL;
     memcpy(q->id, id, ID_BYTES);
     q->tenant = tenant;
+    q->seen_ms = uv_now(r->loop);
     q->engine = ROUTE_NONE;
     sched_id_of(r, tenant, id, q->sched_id);
     q->p = *p;
@@ -471,6 +473,7 @@ void registry_handle_submit(struct router *r, struct rctx *c, uint32_t tenant,
         }
         r->duplicate_submits++;
         r->slots[tenant].duplicate_submits++;
+        q->seen_ms = uv_now(r->loop);
         router_reply_submitted(c, q);
         return;
     }
@@ -579,6 +582,7 @@ static void poll_answer(struct router *r, struct rctx *c, uint32_t tenant, const
             "poll: no request with this id (never submitted, or its result expired)");
         return;
     }
+    q->seen_ms = uv_now(r->loop);
     if (!has_offset)
         offset = 0;
     if (wait_ms > r->cfg.max_wait_ms)
@@ -628,6 +632,27 @@ void registry_handle_poll(struct router *r, struct rctx *c, uint32_t tenant,
     }
     poll_answer(r, c, tenant, poll->request_id.data, poll->has_offset, poll->offset,
                 poll->has_wait_ms ? poll->wait_ms : 0);
+}
+
+void registry_cancel_abandoned(struct router *r, uint64_t now_ms)
+{
+    int any = 0;
+    for (struct request *q = r->live.head, *next; q != NULL; q = next) {
+        next = q->next;
+        if (q->waiters != NULL || now_ms - q->seen_ms < r->cfg.abandon_ms)
+            continue;
+        char hex[2 * ID_BYTES + 1];
+        router_id_hex(q->id, hex);
+        log_info("request %s of tenant %s: no call for %u ms, its client gone: cancelled", hex,
+                 r->slots[q->tenant].name, r->cfg.abandon_ms);
+        registry_finish(r, q, PAGODA__FINISH_REASON__FINISH_CANCELLED, 0, NULL);
+        registry_set_pending(r, q, &q->need_cancel, 1);
+        registry_trim(r, q->tenant);
+        r->abandoned++;
+        any = 1;
+    }
+    if (any)
+        router_flush_pending(r);
 }
 
 void registry_handle_cancel(struct router *r, struct rctx *c, uint32_t tenant,

@@ -540,6 +540,13 @@ static void *poll_thread(void *arg)
     return NULL;
 }
 
+static void *poll_thread_3s(void *arg)
+{
+    struct parked_poll *pp = arg;
+    pp->rc = pagoda_poll(pp->c, pp->id, 0, 3000, &pp->r);
+    return NULL;
+}
+
 static void test_cancel_wakes_a_parked_poll(void **state)
 {
     struct rtr_env *e = *state;
@@ -762,6 +769,51 @@ static void test_sigterm_drains(void **state)
     assert_int_equal(wait_finished(c, id, &count), PAGODA_FINISH_LENGTH);
     assert_int_equal(count, 10);
     assert_int_equal(rtr_env_wait(e, 5000), 0);
+    pagoda_client_close(c);
+    rtr_env_stop(e);
+}
+
+/* A live request that no call names for --abandon-ms is cancelled, its client taken for gone
+ * (its scheduler told, as a Cancel would); one polled meanwhile, or with a poll waiting on it,
+ * is not. */
+static void test_abandoned_request_is_cancelled(void **state)
+{
+    (void)state;
+    static const char *const args[] = {"--abandon-ms", "1500", NULL};
+    struct rtr_env env, *e = &env;
+    assert_int_equal(rtr_env_start(e, args), 0);
+    pagoda_client *c = open_client(e);
+    struct fake_sched_counts before, after;
+    fake_sched_get_counts(e->fs, &before);
+    const int32_t prompt[] = {61, 62, 63};
+    pagoda_generate_params p = greedy(50);
+    uint8_t gone[16], kept[16], waited[16];
+    fake_sched_hold(e->fs, 1);
+    assert_int_equal(pagoda_submit(c, &p, prompt, 3, gone), 0);
+    assert_int_equal(pagoda_submit(c, &p, prompt, 2, kept), 0);
+    assert_int_equal(pagoda_submit(c, &p, prompt, 1, waited), 0);
+    pagoda_result r;
+    /* kept is polled every 500 ms; waited has a poll waiting on it for 3 s */
+    struct parked_poll pp = {.c = c};
+    memcpy(pp.id, waited, 16);
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, poll_thread_3s, &pp), 0);
+    for (int i = 0; i < 6; i++) {
+        usleep(500000);
+        assert_int_equal(pagoda_poll(c, kept, 0, 0, &r), 0);
+        assert_int_equal(r.finish_reason, PAGODA_FINISH_NONE);
+        pagoda_result_free(&r);
+    }
+    assert_int_equal(pthread_join(t, NULL), 0);
+    assert_int_equal(pp.rc, 0);
+    assert_int_equal(pp.r.finish_reason, PAGODA_FINISH_NONE);
+    pagoda_result_free(&pp.r);
+    assert_int_equal(pagoda_poll(c, gone, 0, 0, &r), 0);
+    assert_int_equal(r.finish_reason, PAGODA_FINISH_CANCELLED);
+    pagoda_result_free(&r);
+    fake_sched_get_counts(e->fs, &after);
+    assert_int_equal(after.cancels, before.cancels + 1);
+    fake_sched_hold(e->fs, 0);
     pagoda_client_close(c);
     rtr_env_stop(e);
 }
@@ -1466,6 +1518,7 @@ int main(void)
         cmocka_unit_test(test_sigterm_drains),
         cmocka_unit_test(test_drain_timeout_exits_nonzero),
         cmocka_unit_test(test_parked_calls_are_bounded),
+        cmocka_unit_test(test_abandoned_request_is_cancelled),
     };
     signal(SIGPIPE, SIG_IGN);
     int failed = cmocka_run_group_tests_name("router", shared, group_setup, group_teardown);
