@@ -23,8 +23,11 @@
  *
  * Namespaces: a tenant writes to and looks up in "t:NAME", or "g:GROUP" when it names a group
  * (tenants of one group share their cached prefixes). cache_quota_blocks (0: none, at most
- * ROUTER_QUOTA_MAX) is the quota of that namespace: the tenant's own, or the group's. A tenant in
- * a group may not set one (the group's quota is the group's). A pin is a public prefix
+ * ROUTER_QUOTA_MAX) is the quota of that namespace: the tenant's own, or the group's. It is a
+ * priority, not a cap: when the pool runs out, the unused cached blocks of namespaces over their
+ * quota are evicted before anyone else's (scheduler/prefix_cache.h), while free memory may still
+ * cache past it (an idle cached block costs nothing and is the first to go). A tenant in a group
+ * may not set one (the group's quota is the group's). A pin is a public prefix
  * (token_ids: 1 to ROUTER_PIN_MAX_TOKENS ids >= 0; the vocabulary is the scheduler's to check)
  * computed once and readable by the tenants it names (1 to ROUTER_MAX_TENANTS of them, each
  * once). At most ROUTER_MAX_PINS pins with ROUTER_MAX_PINNED_TOKENS tokens in all, so that the
