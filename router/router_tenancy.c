@@ -288,7 +288,8 @@ int tenancy_remove_pin(struct router *r, const char *name)
 }
 
 /* A deep copy of a runtime pin for a new configuration t: the tenants t no longer has are left
- * out (the pin stays, readable by the others, or by none until it is pinned again). */
+ * out (the pin stays, readable by the others; one left with no reader is dropped by the
+ * caller). */
 static int copy_runtime_pin(const struct pin_state *from, const struct router_tenants *t,
                             struct pin_state *to)
 {
@@ -422,6 +423,13 @@ int tenancy_apply(struct router *r, struct router_tenants *t)
         }
         if ((rc = copy_runtime_pin(old, t, &pins[n])) != 0)
             goto fail;
+        if (pins[n].pin.num_tenants == 0) {
+            /* nobody may read it: it would only hold its blocks (out of every sequence's
+             * reach) until unpinned */
+            log_warn("reload: pin \"%s\" has no reader left: unpinned", old->pin.name);
+            pin_state_fini(&pins[n]);
+            continue;
+        }
         total += old->pin.num_tokens;
         n++;
     }

@@ -719,6 +719,16 @@ static void test_reload_failure_keeps_old_config(void **state)
     assert_int_equal(r.finish_reason, PAGODA_FINISH_LENGTH);
     assert_int_equal(r.num_tokens, 5);
     pagoda_result_free(&r);
+
+    /* A runtime pin whose last reader goes is unpinned (it would hold its blocks for nobody). */
+    write_file(a.path, "{\"admin_keys\": [\"adm-key\"],"
+                       " \"tenants\": [{\"name\": \"alice\", \"api_keys\": [\"alice-key\"]}]}");
+    assert_int_equal(pagoda_admin_reload(adm, &l), 0);
+    assert_int_equal(l.num_pins, 0);
+    pagoda_admin_list_free(&l);
+    p = fake_sched_last_policy(a.e.fs);
+    assert_int_equal(p->n_pins, 0);
+    pagoda__internal__policy__free_unpacked(p, NULL);
     pagoda_client_close(dave);
     pagoda_client_close(bob);
     pagoda_client_close(adm);
