@@ -527,7 +527,8 @@ int tenancy_remove_pin(struct router *r, const char *name);
  * threadpool refused the work). */
 int tenancy_reload_start(struct router *r);
 /* Replaces tenants, groups and file pins with t's (taking t in every case); runtime pins stay, less
- * the tenants that are gone, unless t has one of the same name. Errors: PAGODA_ERANGE (too many
+ * the tenants that are gone (one left with no reader goes), unless t has one of the same name.
+ * Errors: PAGODA_ERANGE (too many
  * pins with the runtime ones), PAGODA_ENOMEM: nothing changed. */
 int tenancy_apply(struct router *r, struct router_tenants *t);
 /* The pins each tenant of the file may read: names[offsets[i] .. offsets[i + 1]) for
