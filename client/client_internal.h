@@ -12,6 +12,8 @@
 
 /* The largest request any router accepts (router.h ROUTER_MAX_CLIENT_MESSAGE_BYTES). */
 #define CLIENT_MAX_REQUEST_BYTES (4u << 20)
+/* What NNG's REQ puts before each request (its id), which the router's limit counts too. */
+#define CLIENT_REQ_HEADER_BYTES 4u
 /* The protocol version of proto/pagoda.proto this client speaks. */
 #define CLIENT_PROTOCOL_VERSION 1u
 

@@ -38,9 +38,10 @@ struct pagoda_client {
     struct live_generation *live;
 };
 
-/* A generate call's request, on its stack while it polls. */
+/* A generate call's request, on its stack from before its Submit until it returns. */
 struct live_generation {
     uint8_t id[PAGODA_REQUEST_ID_BYTES];
+    atomic_int cancelled; /* by pagoda_client_cancel_generations, maybe before the Submit */
     struct live_generation *prev, *next;
 };
 
@@ -74,13 +75,17 @@ void client_note_reply(pagoda_client *c, const Pagoda__ClientResponse *resp)
 {
     if (resp->has_max_request_bytes && resp->max_request_bytes > 0)
         atomic_store(&c->max_request_bytes, resp->max_request_bytes);
+    else /* a router that does not say (older): not asked again, the largest limit holds */
+        atomic_store(&c->max_request_bytes, CLIENT_MAX_REQUEST_BYTES);
 }
 
 int client_check_size(const pagoda_client *c, size_t len)
 {
     uint32_t limit = client_request_limit(c);
-    if (len <= limit)
+    /* the limit is on what the transport carries: REQ's header beside the message */
+    if (len + CLIENT_REQ_HEADER_BYTES <= limit)
         return 0;
+    len += CLIENT_REQ_HEADER_BYTES;
     return pagoda_error_set(PAGODA_ERANGE,
                             "a %zu-byte request exceeds the router's limit of %u bytes (a prompt "
                             "too long for the model: the router's --max-prompt-tokens)",
@@ -530,15 +535,17 @@ void client_submit_fini(struct client_submit *cs)
     cs->messages = NULL;
 }
 
-int pagoda_submit_prompt(pagoda_client *c, const pagoda_generate_params *params,
-                         const pagoda_prompt *prompt,
-                         uint8_t request_id_out[PAGODA_REQUEST_ID_BYTES])
+static int new_request_id(uint8_t id[PAGODA_REQUEST_ID_BYTES])
 {
-    if (c == NULL || request_id_out == NULL)
-        return pagoda_error_set(PAGODA_EINVAL, "pagoda_submit: NULL argument");
-    uint8_t id[PAGODA_REQUEST_ID_BYTES];
-    if (getrandom(id, sizeof(id), 0) != (ssize_t)sizeof(id))
+    if (getrandom(id, PAGODA_REQUEST_ID_BYTES, 0) != (ssize_t)PAGODA_REQUEST_ID_BYTES)
         return pagoda_error_set(PAGODA_EIO, "getrandom failed: no request id");
+    return 0;
+}
+
+/* Submits the request of id (drawn by the caller). */
+static int submit_id(pagoda_client *c, const pagoda_generate_params *params,
+                     const pagoda_prompt *prompt, const uint8_t id[PAGODA_REQUEST_ID_BYTES])
+{
     struct client_submit cs;
     int rc = client_submit_build(&cs, params, prompt, id);
     if (rc != 0)
@@ -551,7 +558,18 @@ int pagoda_submit_prompt(pagoda_client *c, const pagoda_generate_params *params,
         pagoda_result_free(&ack);
     }
     client_submit_fini(&cs);
-    if (rc == 0)
+    return rc;
+}
+
+int pagoda_submit_prompt(pagoda_client *c, const pagoda_generate_params *params,
+                         const pagoda_prompt *prompt,
+                         uint8_t request_id_out[PAGODA_REQUEST_ID_BYTES])
+{
+    if (c == NULL || request_id_out == NULL)
+        return pagoda_error_set(PAGODA_EINVAL, "pagoda_submit: NULL argument");
+    uint8_t id[PAGODA_REQUEST_ID_BYTES];
+    int rc = new_request_id(id);
+    if (rc == 0 && (rc = submit_id(c, params, prompt, id)) == 0)
         memcpy(request_id_out, id, sizeof(id));
     return rc;
 }
@@ -676,8 +694,10 @@ int pagoda_client_cancel_generations(pagoda_client *c)
         return PAGODA_ENOMEM;
     }
     size_t i = 0;
-    for (struct live_generation *g = c->live; g != NULL; g = g->next)
+    for (struct live_generation *g = c->live; g != NULL; g = g->next) {
+        atomic_store(&g->cancelled, 1); /* a Submit still on its way cancels after it */
         memcpy(ids[i++], g->id, PAGODA_REQUEST_ID_BYTES);
+    }
     pthread_mutex_unlock(&c->live_lock);
     /* Outside the lock: a cancel waits for the router. A request that ended meanwhile answers
      * with its end (or is gone): nothing to report. */
@@ -691,12 +711,15 @@ int pagoda_client_cancel_generations(pagoda_client *c)
     return rc != 0 ? rc : (int)n;
 }
 
-/* A generate call that gives up on its request (a poll failed or timed out, an answer it cannot
- * take) cancels it, as a client that goes away does with vLLM's server: else it would run on to
- * its max_tokens, holding its tenant's slots. rc and its detail are kept; the cancel is
- * best-effort (it fails as the poll did when the router is unreachable). */
+/* A generate call that gives up on its request (a poll failed, an answer it cannot take)
+ * cancels it, as a client that goes away does with vLLM's server: else it would run on, holding
+ * its tenant's slots. Not after a timeout: the router is unreachable or too slow to answer, the
+ * cancel would only wait as long again, and the router cancels a request nobody polls anyway
+ * (router.h ROUTER_DEFAULT_ABANDON_MS). rc and its detail are kept. */
 static int give_up(pagoda_client *c, const uint8_t id[PAGODA_REQUEST_ID_BYTES], int rc)
 {
+    if (rc == PAGODA_ETIMEDOUT)
+        return rc;
     char detail[256];
     snprintf(detail, sizeof(detail), "%s", pagoda_error_detail());
     (void)pagoda_cancel(c, id, NULL);
@@ -712,18 +735,27 @@ static int generate(pagoda_client *c, const pagoda_generate_params *params,
                     const pagoda_prompt *prompt, pagoda_stream_fn on_tokens,
                     pagoda_piece_fn on_piece, void *user, pagoda_result *result)
 {
-    if (result == NULL)
-        return pagoda_error_set(PAGODA_EINVAL, "pagoda_generate: NULL result");
+    if (c == NULL || result == NULL)
+        return pagoda_error_set(PAGODA_EINVAL, "pagoda_generate: NULL argument");
     memset(result, 0, sizeof(*result));
-    int rc = pagoda_submit_prompt(c, params, prompt, result->request_id);
+    /* Registered before its Submit, so that pagoda_client_cancel_generations finds it however
+     * early it comes (a Ctrl-C while the Submit is on its way). */
+    struct live_generation g = {.cancelled = 0};
+    int rc = new_request_id(g.id);
     if (rc != 0)
         return rc;
-    struct live_generation g;
-    memcpy(g.id, result->request_id, PAGODA_REQUEST_ID_BYTES);
+    memcpy(result->request_id, g.id, PAGODA_REQUEST_ID_BYTES);
     live_add(c, &g);
-    rc = generate_polls(c, params, on_tokens, on_piece, user, result);
+    rc = submit_id(c, params, prompt, g.id);
+    const int submitted = rc == 0;
+    if (submitted && atomic_load(&g.cancelled))
+        (void)pagoda_cancel(c, g.id, NULL); /* cancelled before the router knew it */
+    if (submitted)
+        rc = generate_polls(c, params, on_tokens, on_piece, user, result);
+    else
+        memset(result->request_id, 0, PAGODA_REQUEST_ID_BYTES);
     live_remove(c, &g);
-    return rc != 0 ? give_up(c, result->request_id, rc) : 0;
+    return rc != 0 && submitted ? give_up(c, result->request_id, rc) : rc;
 }
 
 /* generate's polls of the submitted request result->request_id, until it ends. */

@@ -339,6 +339,54 @@ static void print_json_stop(const pagoda_result *res)
         printf(", \"stop_token_id\": %d", res->stop_token_id);
 }
 
+/* SIGINT, SIGTERM and SIGHUP while generating or chatting. They are blocked in every thread
+ * (NNG's among them) from before the client opens, and a thread of their own waits for them: the
+ * first cancels the request being generated (pagoda_client_cancel_generations, on a thread of
+ * its own, since it waits for the router), whose call then returns with the output so far, and
+ * the program exits 128 + the signal; before a request, or with chat waiting for a line, it
+ * exits at once, and so it does at a second signal, whatever the cancel is doing. Without this
+ * the request ran on to its max_tokens after the CLI had gone, holding its tenant's slots. The
+ * client is main's until it has been handed back (c NULL, under the lock), so that no cancel is
+ * running when main closes it. */
+enum phase { PHASE_START, PHASE_INPUT, PHASE_RUN, PHASE_DONE };
+
+static struct {
+    pthread_mutex_t lock;
+    pagoda_client *c;
+    sigset_t set;
+    atomic_int sig;
+    atomic_int phase; /* enum phase: what main is doing */
+} interrupt = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static void *interrupt_cancel(void *arg)
+{
+    (void)arg;
+    pthread_mutex_lock(&interrupt.lock);
+    int n = interrupt.c != NULL ? pagoda_client_cancel_generations(interrupt.c) : -1;
+    pthread_mutex_unlock(&interrupt.lock);
+    int phase = atomic_load(&interrupt.phase);
+    if (n == 0 && (phase == PHASE_START || phase == PHASE_INPUT))
+        _exit(128 + atomic_load(&interrupt.sig)); /* nothing to cancel, nothing to print */
+    return NULL;
+}
+
+static void *interrupt_watch(void *arg)
+{
+    (void)arg;
+    int sig;
+    if (sigwait(&interrupt.set, &sig) != 0)
+        return NULL;
+    atomic_store(&interrupt.sig, sig);
+    pthread_t t;
+    if (pthread_create(&t, NULL, interrupt_cancel, NULL) == 0)
+        pthread_detach(t);
+    else
+        _exit(128 + sig);
+    if (sigwait(&interrupt.set, &sig) == 0)
+        _exit(128 + sig);
+    return NULL;
+}
+
 static int cmd_generate(pagoda_client *c, struct cli *o)
 {
     if ((o->num_prompt == 0) == (o->text == NULL)) {
@@ -353,6 +401,7 @@ static int cmd_generate(pagoda_client *c, struct cli *o)
     prompt.text = o->text;
     pagoda_result res;
     int rc;
+    atomic_store(&interrupt.phase, PHASE_RUN);
     if (st.text)
         rc = pagoda_generate_prompt(c, &o->params, &prompt, o->stream ? on_piece : NULL, &st, &res);
     else if (o->num_stops > 0)
@@ -360,6 +409,7 @@ static int cmd_generate(pagoda_client *c, struct cli *o)
     else
         rc = pagoda_generate_stream(c, &o->params, o->prompt, o->num_prompt,
                                     o->stream ? on_tokens : NULL, &st, &res);
+    atomic_store(&interrupt.phase, PHASE_DONE);
     if (rc != 0) {
         if (o->stream && !o->json && st.printed)
             putchar('\n');
@@ -437,40 +487,6 @@ static char *read_line(void)
     return buf;
 }
 
-/* SIGINT, SIGTERM and SIGHUP while generating or chatting. They are blocked in every thread
- * (NNG's among them) from before the client opens, and a thread of their own waits for them: the
- * first cancels the request being generated (pagoda_client_cancel_generations), whose call then
- * returns with the output so far, and the program exits 128 + the signal; with no request running
- * (chat waiting for a line), or at a second signal, it exits at once. Without this the request
- * ran on to its max_tokens after the CLI had gone, holding its tenant's slots. The client is
- * main's until it has been handed back (c NULL, under the lock), so that no cancel is running
- * when main closes it. */
-static struct {
-    pthread_mutex_t lock;
-    pagoda_client *c;
-    sigset_t set;
-    atomic_int sig;
-} interrupt = {.lock = PTHREAD_MUTEX_INITIALIZER};
-
-static void *interrupt_watch(void *arg)
-{
-    (void)arg;
-    int sig;
-    if (sigwait(&interrupt.set, &sig) != 0)
-        return NULL;
-    atomic_store(&interrupt.sig, sig);
-    pthread_mutex_lock(&interrupt.lock);
-    int n = interrupt.c != NULL ? pagoda_client_cancel_generations(interrupt.c) : -1;
-    pthread_mutex_unlock(&interrupt.lock);
-    if (n == 0)
-        _exit(128 + sig); /* nothing to cancel, nothing to print */
-    /* Cancelled (main's call returns and main exits), failed (the router unreachable: main's call
-     * fails in its time) or main done: a second signal still ends it at once. */
-    if (sigwait(&interrupt.set, &sig) == 0)
-        _exit(128 + sig);
-    return NULL;
-}
-
 /* pagoda chat: each line of stdin is a user turn; the answer streams to stdout and joins the
  * conversation, which is sent whole each turn (the prefix cache makes that cheap). */
 static int cmd_chat(pagoda_client *c, struct cli *o)
@@ -492,7 +508,7 @@ static int cmd_chat(pagoda_client *c, struct cli *o)
     if (o->system != NULL)
         msgs[n++] = (pagoda_chat_message){.role = "system", .content = o->system};
     char *line;
-    while ((line = read_line()) != NULL) {
+    while (atomic_store(&interrupt.phase, PHASE_INPUT), (line = read_line()) != NULL) {
         if (n + 2 > CHAT_MAX_MESSAGES) {
             free(line);
             fprintf(stderr, "pagoda: the conversation reached %d messages\n", CHAT_MAX_MESSAGES);
@@ -506,7 +522,9 @@ static int cmd_chat(pagoda_client *c, struct cli *o)
         prompt.num_messages = n;
         struct stream_state st = {.json = 0, .text = 1};
         pagoda_result res;
+        atomic_store(&interrupt.phase, PHASE_RUN);
         int rc = pagoda_generate_prompt(c, &o->params, &prompt, on_piece, &st, &res);
+        atomic_store(&interrupt.phase, PHASE_DONE);
         putchar('\n');
         fflush(stdout);
         if (atomic_load(&interrupt.sig) != 0) {

@@ -92,6 +92,18 @@ static void http_end(struct greq *q, int rc)
         http_request_abort(q->http);
 }
 
+/* An answer of no request of ours (a route answered at once, or refused before a request was
+ * made): one that cannot be made for want of memory closes the connection, which would wait
+ * unanswered otherwise (a closed one is gone already). */
+void gateway_respond_plain(struct http_request *http, int status, const char *content_type,
+                           const void *body, size_t len, const char *const *headers,
+                           size_t num_headers)
+{
+    int rc = http_respond(http, status, content_type, body, len, headers, num_headers);
+    if (rc != 0 && rc != PAGODA_ECLOSED)
+        http_request_abort(http);
+}
+
 /* ---- answering ----------------------------------------------------------------------------- */
 
 static void respond_json(struct greq *q, int status, char *json);
@@ -594,15 +606,15 @@ static void start_generation(struct gateway *g, struct http_request *http, enum 
                  "%u requests are in progress, the gateway's limit: retry later",
                  g->cfg.max_requests);
         char *json = openai_error_json(&err);
-        http_respond(http, 429, "application/json", json ? json : "{}", json ? strlen(json) : 2,
-                     NULL, 0);
+        gateway_respond_plain(http, 429, "application/json", json ? json : "{}",
+                              json ? strlen(json) : 2, NULL, 0);
         free(json);
         gateway_metrics_error(g, 429);
         return;
     }
     struct greq *q = greq_new(g, http, route);
     if (q == NULL) {
-        http_respond(http, 500, "text/plain", "out of memory\n", 14, NULL, 0);
+        gateway_respond_plain(http, 500, "text/plain", "out of memory\n", 14, NULL, 0);
         return;
     }
     q->generation = 1;
@@ -656,8 +668,9 @@ static void not_found(struct gateway *g, struct http_request *http, const char *
     char header[64];
     const char *headers[] = {header};
     snprintf(header, sizeof(header), "Allow: %s", allow != NULL ? allow : "");
-    http_respond(http, status, "application/json", json ? json : "{}", json ? strlen(json) : 2,
-                 allow != NULL ? headers : NULL, allow != NULL ? 1 : 0);
+    gateway_respond_plain(http, status, "application/json", json ? json : "{}",
+                          json ? strlen(json) : 2, allow != NULL ? headers : NULL,
+                          allow != NULL ? 1 : 0);
     free(json);
     gateway_metrics_error(g, status);
 }
@@ -686,8 +699,8 @@ static void on_http(void *user, struct http_request *http)
     }
     if (strcmp(path, "/v1/models") == 0) {
         char *json = openai_models_json(g->cfg.model_name, g->started);
-        http_respond(http, json ? 200 : 500, "application/json", json ? json : "{}",
-                     json ? strlen(json) : 2, NULL, 0);
+        gateway_respond_plain(http, json ? 200 : 500, "application/json", json ? json : "{}",
+                              json ? strlen(json) : 2, NULL, 0);
         free(json);
         return;
     }
@@ -695,7 +708,7 @@ static void on_http(void *user, struct http_request *http)
         int metrics = path[1] == 'm';
         struct greq *q = greq_new(g, http, metrics ? ROUTE_METRICS : ROUTE_HEALTH);
         if (q == NULL) {
-            http_respond(http, 500, "text/plain", "out of memory\n", 14, NULL, 0);
+            gateway_respond_plain(http, 500, "text/plain", "out of memory\n", 14, NULL, 0);
             return;
         }
         int rc = metrics

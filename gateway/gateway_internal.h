@@ -129,6 +129,12 @@ void gateway_respond_json(struct greq *q, int status, char *json);
 void gateway_respond_text(struct greq *q, int status, const char *content_type, const char *body,
                           size_t len);
 
+/* An answer of no request of ours (gateway.c): on a failure other than a closed connection, the
+ * connection is closed (it would wait unanswered). */
+void gateway_respond_plain(struct http_request *http, int status, const char *content_type,
+                           const void *body, size_t len, const char *const *headers,
+                           size_t num_headers);
+
 /* ---- gateway_status.c -------------------------------------------------------------------- */
 
 /* Serves the status page: one HTML page whose script polls /metrics. */

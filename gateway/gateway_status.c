@@ -91,5 +91,5 @@ static const char page[] =
 
 void gateway_status_page(struct http_request *http)
 {
-    http_respond(http, 200, "text/html; charset=utf-8", page, sizeof(page) - 1, NULL, 0);
+    gateway_respond_plain(http, 200, "text/html; charset=utf-8", page, sizeof(page) - 1, NULL, 0);
 }

@@ -773,6 +773,48 @@ static void test_sigterm_drains(void **state)
     rtr_env_stop(e);
 }
 
+/* Requests about the size of the router's message limit (--max-prompt-tokens 1000: 20,384
+ * bytes, REQ's 4-byte header counted) are answered at once, refused by the router (its prompt
+ * limit) or by libpagoda (its message limit, learnt from a reply), never left to time out: sent
+ * over the limit, a request makes NNG drop the connection at every resend. Sizes byte by byte
+ * across the limit (the last token's varint takes 1 to 4 bytes). */
+static void test_requests_at_the_message_limit_are_answered(void **state)
+{
+    (void)state;
+    static const char *const args[] = {"--max-prompt-tokens", "1000", NULL};
+    struct rtr_env env, *e = &env;
+    assert_int_equal(rtr_env_start(e, args), 0);
+    pagoda_client *c = open_client(e);
+    pagoda_client_set_timeout_ms(c, 3000);
+    int healthy;
+    assert_int_equal(pagoda_health(c, &healthy), 0); /* a reply: the limit is known */
+    static int32_t prompt[5200];
+    for (int i = 0; i < 5200; i++)
+        prompt[i] = 3000000; /* 4 bytes each, packed */
+    const int32_t last[] = {1, 200, 20000, 3000000};
+    pagoda_generate_params p = greedy(1);
+    int refused_by_client = 0, refused_by_router = 0;
+    for (int n = 5075; n <= 5100; n++) {
+        for (int k = 0; k < 4; k++) {
+            prompt[n - 1] = last[k];
+            uint8_t id[16];
+            int rc = pagoda_submit(c, &p, prompt, (size_t)n, id);
+            if (rc == PAGODA_ETIMEDOUT)
+                fail_msg("a prompt of %d tokens (last %d) timed out: %s", n, last[k],
+                         pagoda_error_detail());
+            assert_int_equal(rc, PAGODA_ERANGE);
+            if (strstr(pagoda_error_detail(), "router's limit") != NULL)
+                refused_by_client++;
+            else
+                refused_by_router++;
+        }
+        prompt[n - 1] = 3000000;
+    }
+    assert_true(refused_by_client > 0 && refused_by_router > 0);
+    pagoda_client_close(c);
+    rtr_env_stop(e);
+}
+
 /* A live request that no call names for --abandon-ms is cancelled, its client taken for gone
  * (its scheduler told, as a Cancel would); one polled meanwhile, or with a poll waiting on it,
  * is not. */
@@ -1519,6 +1561,7 @@ int main(void)
         cmocka_unit_test(test_drain_timeout_exits_nonzero),
         cmocka_unit_test(test_parked_calls_are_bounded),
         cmocka_unit_test(test_abandoned_request_is_cancelled),
+        cmocka_unit_test(test_requests_at_the_message_limit_are_answered),
     };
     signal(SIGPIPE, SIG_IGN);
     int failed = cmocka_run_group_tests_name("router", shared, group_setup, group_teardown);
