@@ -775,33 +775,64 @@ static bool owner_at_cap(const struct seq *q)
     return q->owner && q->owner->max_running > 0 && q->owner->running >= q->owner->max_running;
 }
 
-/* The waiting sequence to admit next. The queue is FIFO (preempted sequences at its front), but
- * between tenants admissions are fair: the candidates are each tenant's first waiting sequence,
- * and the one taken is that of the tenant running the fewest sequences (the earliest of those
- * that tie; sequences of no tenant, a pin's computation, before any). Otherwise one tenant's
- * queue, however long, would hold every other tenant's requests behind it whenever memory is the
- * limit (its head not fitting stops admissions: form_plan). A tenant at its cap on running
- * sequences is passed over. NULL when none may be admitted. The pass over the queue stops as
- * soon as it has met every group waiting: with one tenant, at its first sequence. */
+/* Admissions (form_plan). The queue is FIFO (preempted sequences at its front), but between
+ * tenants admissions are fair: the candidates are each tenant's first waiting sequence, and the
+ * one taken is that of the tenant running the fewest sequences (the earliest of those that tie;
+ * sequences of no tenant, a pin's computation, before any). Otherwise one tenant's queue,
+ * however long, would hold every other tenant's requests behind it whenever memory is the limit
+ * (its head not fitting stops admissions). A tenant at its cap on running sequences is passed
+ * over. The candidates are found by one pass over the queue per step (admissions_begin, which
+ * stops once it has met every tenant that may be admitted: with one tenant, at its first
+ * sequence), and a tenant's next by going on from the one it had admitted
+ * (admissions_advance), so that a step's admissions cost about one pass over the queue. */
+static void admissions_begin(struct scheduler *s)
+{
+    uint32_t eligible = 0, met = 0;
+    for (const struct sched_tenant *t = s->tenants; t; t = t->next)
+        eligible += t->waiting > 0 && !(t->max_running > 0 && t->running >= t->max_running);
+    uint64_t pass = ++s->admission_pass, at = 0;
+    for (struct seq *q = s->waiting.head; q && met < eligible; q = q->next, at++) {
+        if (q->owner == NULL || q->owner->seen == pass)
+            continue;
+        q->owner->seen = pass;
+        q->owner->head = q;
+        q->owner->head_at = at;
+        met += !owner_at_cap(q);
+    }
+}
+
+/* The next waiting sequence to admit, or NULL. */
 static struct seq *next_admission(struct scheduler *s)
 {
-    uint32_t groups = s->tenants_waiting + (s->ownerless_waiting > 0), met = 0;
-    uint64_t pass = ++s->admission_pass;
-    struct seq *best = NULL;
-    for (struct seq *q = s->waiting.head; q && met < groups; q = q->next) {
-        if (q->owner == NULL) {
-            return q; /* before any tenant's, in queue order */
-        }
-        if (q->owner->seen == pass)
-            continue; /* not its tenant's first */
-        q->owner->seen = pass;
-        met++;
-        if (owner_at_cap(q))
+    if (s->ownerless_waiting > 0)
+        for (struct seq *q = s->waiting.head; q; q = q->next)
+            if (q->owner == NULL)
+                return q; /* before any tenant's, in queue order (pins start at its front) */
+    struct sched_tenant *best = NULL;
+    for (struct sched_tenant *t = s->tenants; t; t = t->next) {
+        if (t->seen != s->admission_pass || t->head == NULL ||
+            (t->max_running > 0 && t->running >= t->max_running))
             continue;
-        if (best == NULL || q->owner->running < best->owner->running)
-            best = q;
+        if (best == NULL || t->running < best->running ||
+            (t->running == best->running && t->head_at < best->head_at))
+            best = t;
     }
-    return best;
+    return best != NULL ? best->head : NULL;
+}
+
+/* q, its tenant's head, leaves the queue (admitted, refused or ended): the tenant's next waiting
+ * sequence from `after` (q's successor, read before q left) on becomes its head. */
+static void admissions_advance(struct scheduler *s, struct sched_tenant *t, struct seq *after)
+{
+    if (t == NULL || t->seen != s->admission_pass)
+        return;
+    uint64_t at = t->head_at + 1;
+    while (after != NULL && after->owner != t) {
+        after = after->next;
+        at++;
+    }
+    t->head = after;
+    t->head_at = at;
 }
 
 static void form_plan(struct scheduler *s)
@@ -840,13 +871,19 @@ static void form_plan(struct scheduler *s)
      * requests keep their places). The first that cannot start now (its prefix being computed,
      * too few free blocks) stops them: nobody takes its place. */
     int64_t owed = blocks_owed(s);
+    if (!s->worker.isolating && !s->preempted_now)
+        admissions_begin(s);
     while (!s->worker.isolating && !s->preempted_now && s->budget > 0 &&
            s->running.count < (uint32_t)s->cfg.max_seqs) {
         struct seq *q = next_admission(s);
         if (q == NULL)
             break;
-        if (admission_check(s, q) != 0)
+        struct sched_tenant *owner = q->owner;
+        struct seq *after = q->next;
+        if (admission_check(s, q) != 0) {
+            admissions_advance(s, owner, after); /* refused or ended, gone */
             continue;
+        }
         int32_t evictable_hits = 0;
         int32_t hits = cache_match(s, q, &evictable_hits);
         /* The next block of its prefix is being computed by another sequence: it waits for
@@ -867,6 +904,7 @@ static void form_plan(struct scheduler *s)
         if (available < need)
             break;
         waiting_remove(s, q);
+        admissions_advance(s, owner, after);
         q->state = SEQ_RUNNING;
         q->seq_id = ++s->next_seq_id;
         hash_seq_id(s, q);

@@ -241,7 +241,11 @@ struct sched_tenant {
     uint32_t max_running; /* 0: none */
     uint32_t running;
     uint32_t waiting; /* its sequences in the waiting queue (waiting_push, waiting_remove) */
-    uint64_t seen;    /* next_admission's mark: the pass that met this tenant's first */
+    /* form_plan's admissions (scheduler.c): in pass `seen`, head is its first waiting sequence
+     * (NULL: none left) at place `head_at` of the queue as it was at the pass's start. */
+    uint64_t seen;
+    struct seq *head;
+    uint64_t head_at;
     struct sched_pin **pins;
     uint32_t num_pins;
     uint64_t lookups, hits, query_tokens, hit_tokens;
