@@ -33,9 +33,11 @@ struct pagoda_client {
     atomic_uint resend_ms;         /* beyond a call's poll wait; see pagoda_client_set_resend_ms */
     char *api_key;                 /* sent with every call; NULL: none */
     atomic_uint max_request_bytes; /* as the router's last reply said; 0: no reply yet */
-    /* The requests of the generate calls running now (pagoda_client_cancel_generations). */
+    /* The requests of the generate calls running now (pagoda_client_cancel_generations), and
+     * whether that was called (no generate call starts after it). */
     pthread_mutex_t live_lock;
     struct live_generation *live;
+    int generations_cancelled;
 };
 
 /* A generate call's request, on its stack from before its Submit until it returns. */
@@ -199,6 +201,9 @@ void pagoda_client_set_resend_ms(pagoda_client *c, uint32_t resend_ms)
     atomic_store(&c->resend_ms, resend_ms ? resend_ms : 1);
 }
 
+static int call_sized(pagoda_client *c, Pagoda__ClientRequest *req, size_t len, uint32_t wait_ms,
+                      Pagoda__ClientResponse **out);
+
 /* One call: packs req, sends it on a context of its own and waits for the reply. On success
  * *out is the unpacked reply (free with pagoda__client_response__free_unpacked) and has no
  * error; an error the router reported is returned as its code, with its message as the
@@ -218,6 +223,19 @@ static int call(pagoda_client *c, Pagoda__ClientRequest *req, uint32_t wait_ms,
     int rc = client_check_size(c, len);
     if (rc != 0)
         return rc;
+    rc = call_sized(c, req, len, wait_ms, out);
+    /* A large request unanswered: the router may have lowered its limit since it said it (it
+     * does once the model's context is known), NNG dropping the request: the next asks again. */
+    if (rc == PAGODA_ETIMEDOUT && len > CLIENT_SMALLEST_ROUTER_LIMIT)
+        atomic_store(&c->max_request_bytes, 0);
+    return rc;
+}
+
+/* call's sending and receiving of req, packed in len bytes. */
+static int call_sized(pagoda_client *c, Pagoda__ClientRequest *req, size_t len, uint32_t wait_ms,
+                      Pagoda__ClientResponse **out)
+{
+    int rc = 0;
     uint32_t timeout_ms = atomic_load(&c->timeout_ms);
     /* wait_ms <= PAGODA_POLL_WAIT_MS_MAX, so the sum fits NNG's int32 milliseconds. */
     uint32_t resend_ms = wait_ms + atomic_load(&c->resend_ms);
@@ -657,15 +675,21 @@ static int result_append_text(pagoda_result *all, const pagoda_result *piece)
     return 0;
 }
 
-static void live_add(pagoda_client *c, struct live_generation *g)
+/* Returns PAGODA_ECLOSED, adding nothing, once the client's generations were cancelled. */
+static int live_add(pagoda_client *c, struct live_generation *g)
 {
     pthread_mutex_lock(&c->live_lock);
+    if (c->generations_cancelled) {
+        pthread_mutex_unlock(&c->live_lock);
+        return pagoda_error_set(PAGODA_ECLOSED, "the client's generations were cancelled");
+    }
     g->prev = NULL;
     g->next = c->live;
     if (c->live != NULL)
         c->live->prev = g;
     c->live = g;
     pthread_mutex_unlock(&c->live_lock);
+    return 0;
 }
 
 static void live_remove(pagoda_client *c, struct live_generation *g)
@@ -685,6 +709,7 @@ int pagoda_client_cancel_generations(pagoda_client *c)
     if (c == NULL)
         return pagoda_error_set(PAGODA_EINVAL, "pagoda_client_cancel_generations: NULL client");
     pthread_mutex_lock(&c->live_lock);
+    c->generations_cancelled = 1;
     size_t n = 0;
     for (struct live_generation *g = c->live; g != NULL; g = g->next)
         n++;
@@ -745,7 +770,10 @@ static int generate(pagoda_client *c, const pagoda_generate_params *params,
     if (rc != 0)
         return rc;
     memcpy(result->request_id, g.id, PAGODA_REQUEST_ID_BYTES);
-    live_add(c, &g);
+    if ((rc = live_add(c, &g)) != 0) {
+        memset(result->request_id, 0, PAGODA_REQUEST_ID_BYTES);
+        return rc;
+    }
     rc = submit_id(c, params, prompt, g.id);
     const int submitted = rc == 0;
     if (submitted && atomic_load(&g.cancelled))

@@ -225,12 +225,14 @@ int pagoda_client_open(const char *url, pagoda_client **out);
 void pagoda_client_close(pagoda_client *c);
 
 /* Cancels the request of every pagoda_generate* call running on c now, from another thread (a
- * thread that waits for SIGINT, say, as the pagoda CLI does): each of those calls returns when
- * its request has ended, with PAGODA_FINISH_CANCELLED unless it ended first. (A generate call
- * that gives up on its request itself, a poll failing or timing out, cancels it too.) Returns
- * how many requests it cancelled (0: no generate call was running), or an error: the first
- * cancel's that failed for another reason than the request being gone (PAGODA_ETIMEDOUT when the
- * router cannot be reached, ...), PAGODA_EINVAL, PAGODA_ENOMEM. */
+ * thread that waits for SIGINT, say, as the pagoda CLI does), as the client shuts down: each of
+ * those calls returns when its request has ended, with PAGODA_FINISH_CANCELLED unless it ended
+ * first (one whose Submit is on its way cancels once it is answered), and a generate call started
+ * afterwards returns PAGODA_ECLOSED without submitting. (A generate call that gives up on its
+ * request itself, a poll failing, cancels it too.) Returns how many requests it cancelled (0: no
+ * generate call was running), or an error: the first cancel's that failed for another reason
+ * than the request being gone (PAGODA_ETIMEDOUT when the router cannot be reached, ...),
+ * PAGODA_EINVAL, PAGODA_ENOMEM. */
 int pagoda_client_cancel_generations(pagoda_client *c);
 
 /* Sets how long a call may take beyond its poll wait (default PAGODA_DEFAULT_TIMEOUT_MS, at

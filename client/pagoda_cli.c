@@ -23,6 +23,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -361,13 +362,26 @@ static struct {
 static void *interrupt_cancel(void *arg)
 {
     (void)arg;
+    /* Under the lock, so that main, which changes its phase under it and then looks at sig,
+     * either sees the signal or is seen in its new phase. A generate call that starts after the
+     * cancel returns at once (the client's generations are cancelled for good). */
     pthread_mutex_lock(&interrupt.lock);
     int n = interrupt.c != NULL ? pagoda_client_cancel_generations(interrupt.c) : -1;
-    pthread_mutex_unlock(&interrupt.lock);
     int phase = atomic_load(&interrupt.phase);
+    pthread_mutex_unlock(&interrupt.lock);
     if (n == 0 && (phase == PHASE_START || phase == PHASE_INPUT))
         _exit(128 + atomic_load(&interrupt.sig)); /* nothing to cancel, nothing to print */
     return NULL;
+}
+
+/* Main enters a phase; false when a signal came already (then it stops). */
+static bool enter_phase(enum phase p)
+{
+    pthread_mutex_lock(&interrupt.lock);
+    atomic_store(&interrupt.phase, p);
+    bool go = atomic_load(&interrupt.sig) == 0;
+    pthread_mutex_unlock(&interrupt.lock);
+    return go;
 }
 
 static void *interrupt_watch(void *arg)
@@ -401,7 +415,8 @@ static int cmd_generate(pagoda_client *c, struct cli *o)
     prompt.text = o->text;
     pagoda_result res;
     int rc;
-    atomic_store(&interrupt.phase, PHASE_RUN);
+    if (!enter_phase(PHASE_RUN))
+        return 128 + atomic_load(&interrupt.sig);
     if (st.text)
         rc = pagoda_generate_prompt(c, &o->params, &prompt, o->stream ? on_piece : NULL, &st, &res);
     else if (o->num_stops > 0)
@@ -409,7 +424,7 @@ static int cmd_generate(pagoda_client *c, struct cli *o)
     else
         rc = pagoda_generate_stream(c, &o->params, o->prompt, o->num_prompt,
                                     o->stream ? on_tokens : NULL, &st, &res);
-    atomic_store(&interrupt.phase, PHASE_DONE);
+    enter_phase(PHASE_DONE);
     if (rc != 0) {
         if (o->stream && !o->json && st.printed)
             putchar('\n');
@@ -508,7 +523,7 @@ static int cmd_chat(pagoda_client *c, struct cli *o)
     if (o->system != NULL)
         msgs[n++] = (pagoda_chat_message){.role = "system", .content = o->system};
     char *line;
-    while (atomic_store(&interrupt.phase, PHASE_INPUT), (line = read_line()) != NULL) {
+    while (enter_phase(PHASE_INPUT) && (line = read_line()) != NULL) {
         if (n + 2 > CHAT_MAX_MESSAGES) {
             free(line);
             fprintf(stderr, "pagoda: the conversation reached %d messages\n", CHAT_MAX_MESSAGES);
@@ -522,9 +537,10 @@ static int cmd_chat(pagoda_client *c, struct cli *o)
         prompt.num_messages = n;
         struct stream_state st = {.json = 0, .text = 1};
         pagoda_result res;
-        atomic_store(&interrupt.phase, PHASE_RUN);
+        if (!enter_phase(PHASE_RUN))
+            break;
         int rc = pagoda_generate_prompt(c, &o->params, &prompt, on_piece, &st, &res);
-        atomic_store(&interrupt.phase, PHASE_DONE);
+        enter_phase(PHASE_DONE);
         putchar('\n');
         fflush(stdout);
         if (atomic_load(&interrupt.sig) != 0) {

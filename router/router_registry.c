@@ -636,7 +636,6 @@ void registry_handle_poll(struct router *r, struct rctx *c, uint32_t tenant,
 
 void registry_cancel_abandoned(struct router *r, uint64_t now_ms)
 {
-    int any = 0;
     for (struct request *q = r->live.head, *next; q != NULL; q = next) {
         next = q->next;
         if (q->waiters != NULL || now_ms - q->seen_ms < r->cfg.abandon_ms)
@@ -647,12 +646,11 @@ void registry_cancel_abandoned(struct router *r, uint64_t now_ms)
                  r->slots[q->tenant].name, r->cfg.abandon_ms);
         registry_finish(r, q, PAGODA__FINISH_REASON__FINISH_CANCELLED, 0, NULL);
         registry_set_pending(r, q, &q->need_cancel, 1);
+        /* sent before the trim, which may drop this result with its pending cancel */
+        router_flush_pending(r);
         registry_trim(r, q->tenant);
         r->abandoned++;
-        any = 1;
     }
-    if (any)
-        router_flush_pending(r);
 }
 
 void registry_handle_cancel(struct router *r, struct rctx *c, uint32_t tenant,

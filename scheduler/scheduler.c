@@ -790,13 +790,12 @@ static void admissions_begin(struct scheduler *s)
     uint32_t eligible = 0, met = 0;
     for (const struct sched_tenant *t = s->tenants; t; t = t->next)
         eligible += t->waiting > 0 && !(t->max_running > 0 && t->running >= t->max_running);
-    uint64_t pass = ++s->admission_pass, at = 0;
-    for (struct seq *q = s->waiting.head; q && met < eligible; q = q->next, at++) {
+    uint64_t pass = ++s->admission_pass;
+    for (struct seq *q = s->waiting.head; q && met < eligible; q = q->next) {
         if (q->owner == NULL || q->owner->seen == pass)
             continue;
         q->owner->seen = pass;
         q->owner->head = q;
-        q->owner->head_at = at;
         met += !owner_at_cap(q);
     }
 }
@@ -814,7 +813,7 @@ static struct seq *next_admission(struct scheduler *s)
             (t->max_running > 0 && t->running >= t->max_running))
             continue;
         if (best == NULL || t->running < best->running ||
-            (t->running == best->running && t->head_at < best->head_at))
+            (t->running == best->running && t->head->queue_key < best->head->queue_key))
             best = t;
     }
     return best != NULL ? best->head : NULL;
@@ -826,13 +825,9 @@ static void admissions_advance(struct scheduler *s, struct sched_tenant *t, stru
 {
     if (t == NULL || t->seen != s->admission_pass)
         return;
-    uint64_t at = t->head_at + 1;
-    while (after != NULL && after->owner != t) {
+    while (after != NULL && after->owner != t)
         after = after->next;
-        at++;
-    }
     t->head = after;
-    t->head_at = at;
 }
 
 static void form_plan(struct scheduler *s)

@@ -85,6 +85,7 @@ struct seq {
     int32_t num_published; /* blocks whose publication was decided */
     bool looked_up;        /* the first admission's lookup was counted */
     bool prefix_waited;    /* counted in stats.prefix_waits */
+    int64_t queue_key;     /* its place in the waiting queue: keys grow from front to back */
     uint32_t cached_tokens;
 };
 
@@ -186,6 +187,8 @@ struct scheduler {
     /* The waiting queue's tenants (those with a sequence waiting) and its sequences of no tenant
      * (pins' computations): the groups next_admission chooses among. */
     uint32_t tenants_waiting, ownerless_waiting;
+    /* Queue keys (struct seq queue_key): the last given at the front, and at the back. */
+    int64_t queue_front_key, queue_back_key;
     uint64_t admission_pass; /* next_admission's passes, the tenants' seen marks */
     struct seq_list recent;  /* ended requests kept for announcements, oldest first */
     struct seq_list refused; /* the same for refusals at submission (empty sequences) */
@@ -242,10 +245,9 @@ struct sched_tenant {
     uint32_t running;
     uint32_t waiting; /* its sequences in the waiting queue (waiting_push, waiting_remove) */
     /* form_plan's admissions (scheduler.c): in pass `seen`, head is its first waiting sequence
-     * (NULL: none left) at place `head_at` of the queue as it was at the pass's start. */
+     * (NULL: none left). */
     uint64_t seen;
     struct seq *head;
-    uint64_t head_at;
     struct sched_pin **pins;
     uint32_t num_pins;
     uint64_t lookups, hits, query_tokens, hit_tokens;
@@ -315,10 +317,13 @@ static inline void waiting_count(struct scheduler *s, const struct seq *q, int d
 
 static inline void waiting_push(struct scheduler *s, struct seq *q, bool front)
 {
-    if (front)
+    if (front) {
         list_push_front(&s->waiting, q);
-    else
+        q->queue_key = --s->queue_front_key;
+    } else {
         list_push_back(&s->waiting, q);
+        q->queue_key = ++s->queue_back_key;
+    }
     waiting_count(s, q, 1);
 }
 
