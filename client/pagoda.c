@@ -37,13 +37,12 @@ struct pagoda_client {
      * whether that was called (no generate call starts after it). */
     pthread_mutex_t live_lock;
     struct live_generation *live;
-    int generations_cancelled;
+    atomic_int generations_cancelled;
 };
 
 /* A generate call's request, on its stack from before its Submit until it returns. */
 struct live_generation {
     uint8_t id[PAGODA_REQUEST_ID_BYTES];
-    atomic_int cancelled; /* by pagoda_client_cancel_generations, maybe before the Submit */
     struct live_generation *prev, *next;
 };
 
@@ -679,7 +678,7 @@ static int result_append_text(pagoda_result *all, const pagoda_result *piece)
 static int live_add(pagoda_client *c, struct live_generation *g)
 {
     pthread_mutex_lock(&c->live_lock);
-    if (c->generations_cancelled) {
+    if (atomic_load(&c->generations_cancelled)) {
         pthread_mutex_unlock(&c->live_lock);
         return pagoda_error_set(PAGODA_ECLOSED, "the client's generations were cancelled");
     }
@@ -709,7 +708,7 @@ int pagoda_client_cancel_generations(pagoda_client *c)
     if (c == NULL)
         return pagoda_error_set(PAGODA_EINVAL, "pagoda_client_cancel_generations: NULL client");
     pthread_mutex_lock(&c->live_lock);
-    c->generations_cancelled = 1;
+    atomic_store(&c->generations_cancelled, 1);
     size_t n = 0;
     for (struct live_generation *g = c->live; g != NULL; g = g->next)
         n++;
@@ -719,10 +718,8 @@ int pagoda_client_cancel_generations(pagoda_client *c)
         return PAGODA_ENOMEM;
     }
     size_t i = 0;
-    for (struct live_generation *g = c->live; g != NULL; g = g->next) {
-        atomic_store(&g->cancelled, 1); /* a Submit still on its way cancels after it */
+    for (struct live_generation *g = c->live; g != NULL; g = g->next)
         memcpy(ids[i++], g->id, PAGODA_REQUEST_ID_BYTES);
-    }
     pthread_mutex_unlock(&c->live_lock);
     /* Outside the lock: a cancel waits for the router. A request that ended meanwhile answers
      * with its end (or is gone): nothing to report. */
@@ -765,25 +762,21 @@ static int generate(pagoda_client *c, const pagoda_generate_params *params,
     memset(result, 0, sizeof(*result));
     /* Registered before its Submit, so that pagoda_client_cancel_generations finds it however
      * early it comes (a Ctrl-C while the Submit is on its way). */
-    struct live_generation g = {.cancelled = 0};
+    struct live_generation g;
     int rc = new_request_id(g.id);
-    if (rc != 0)
+    if (rc != 0 || (rc = live_add(c, &g)) != 0)
         return rc;
-    memcpy(result->request_id, g.id, PAGODA_REQUEST_ID_BYTES);
-    if ((rc = live_add(c, &g)) != 0) {
-        memset(result->request_id, 0, PAGODA_REQUEST_ID_BYTES);
-        return rc;
+    if ((rc = submit_id(c, params, prompt, g.id)) == 0) {
+        memcpy(result->request_id, g.id, PAGODA_REQUEST_ID_BYTES);
+        /* A cancel of the client's generations while the Submit was on its way found no request
+         * at the router yet: this one is cancelled now (live_add refuses the calls after it). */
+        if (atomic_load(&c->generations_cancelled))
+            (void)pagoda_cancel(c, g.id, NULL);
+        if ((rc = generate_polls(c, params, on_tokens, on_piece, user, result)) != 0)
+            rc = give_up(c, g.id, rc);
     }
-    rc = submit_id(c, params, prompt, g.id);
-    const int submitted = rc == 0;
-    if (submitted && atomic_load(&g.cancelled))
-        (void)pagoda_cancel(c, g.id, NULL); /* cancelled before the router knew it */
-    if (submitted)
-        rc = generate_polls(c, params, on_tokens, on_piece, user, result);
-    else
-        memset(result->request_id, 0, PAGODA_REQUEST_ID_BYTES);
     live_remove(c, &g);
-    return rc != 0 && submitted ? give_up(c, result->request_id, rc) : rc;
+    return rc;
 }
 
 /* generate's polls of the submitted request result->request_id, until it ends. */
