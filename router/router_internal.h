@@ -312,7 +312,6 @@ struct router {
 
     uint64_t started_ms;
     uint64_t abandon_checked_ms; /* the last look for abandoned requests */
-    uint64_t abandoned;          /* requests cancelled for that (registry_cancel_abandoned) */
     int announced;               /* every engine's announcement has arrived */
     struct rctx *unknown_waiters;
     uint32_t num_unknown_parked;

@@ -634,6 +634,15 @@ void registry_handle_poll(struct router *r, struct rctx *c, uint32_t tenant,
                 poll->has_wait_ms ? poll->wait_ms : 0);
 }
 
+/* Ends live q as cancelled and tells its scheduler, before the caller trims the tenant's
+ * finished results (a trim may drop q, and a pending cancel with it). */
+static void cancel_live(struct router *r, struct request *q)
+{
+    registry_finish(r, q, PAGODA__FINISH_REASON__FINISH_CANCELLED, 0, NULL);
+    registry_set_pending(r, q, &q->need_cancel, 1);
+    router_flush_pending(r);
+}
+
 void registry_cancel_abandoned(struct router *r, uint64_t now_ms)
 {
     for (struct request *q = r->live.head, *next; q != NULL; q = next) {
@@ -644,12 +653,8 @@ void registry_cancel_abandoned(struct router *r, uint64_t now_ms)
         router_id_hex(q->id, hex);
         log_info("request %s of tenant %s: no call for %u ms, its client gone: cancelled", hex,
                  r->slots[q->tenant].name, r->cfg.abandon_ms);
-        registry_finish(r, q, PAGODA__FINISH_REASON__FINISH_CANCELLED, 0, NULL);
-        registry_set_pending(r, q, &q->need_cancel, 1);
-        /* sent before the trim, which may drop this result with its pending cancel */
-        router_flush_pending(r);
+        cancel_live(r, q);
         registry_trim(r, q->tenant);
-        r->abandoned++;
     }
 }
 
@@ -667,11 +672,8 @@ void registry_handle_cancel(struct router *r, struct rctx *c, uint32_t tenant,
             "cancel: no request with this id (never submitted, or its result expired)");
         return;
     }
-    if (q->finish == PAGODA__FINISH_REASON__FINISH_NONE) {
-        registry_finish(r, q, PAGODA__FINISH_REASON__FINISH_CANCELLED, 0, NULL);
-        registry_set_pending(r, q, &q->need_cancel, 1);
-        router_flush_pending(r);
-    }
+    if (q->finish == PAGODA__FINISH_REASON__FINISH_NONE)
+        cancel_live(r, q);
     router_reply_update(c, q, q->num_tokens);
     registry_trim(r, tenant);
 }

@@ -770,9 +770,14 @@ static int64_t blocks_owed(const struct scheduler *s)
 }
 
 /* Whether q's tenant runs as many sequences as it may. */
+static bool tenant_at_cap(const struct sched_tenant *t)
+{
+    return t->max_running > 0 && t->running >= t->max_running;
+}
+
 static bool owner_at_cap(const struct seq *q)
 {
-    return q->owner && q->owner->max_running > 0 && q->owner->running >= q->owner->max_running;
+    return q->owner && tenant_at_cap(q->owner);
 }
 
 /* Admissions (form_plan). The queue is FIFO (preempted sequences at its front), but between
@@ -789,7 +794,7 @@ static void admissions_begin(struct scheduler *s)
 {
     uint32_t eligible = 0, met = 0;
     for (const struct sched_tenant *t = s->tenants; t; t = t->next)
-        eligible += t->waiting > 0 && !(t->max_running > 0 && t->running >= t->max_running);
+        eligible += t->waiting > 0 && !tenant_at_cap(t);
     uint64_t pass = ++s->admission_pass;
     for (struct seq *q = s->waiting.head; q && met < eligible; q = q->next) {
         if (q->owner == NULL || q->owner->seen == pass)
@@ -809,8 +814,7 @@ static struct seq *next_admission(struct scheduler *s)
                 return q; /* before any tenant's, in queue order (pins start at its front) */
     struct sched_tenant *best = NULL;
     for (struct sched_tenant *t = s->tenants; t; t = t->next) {
-        if (t->seen != s->admission_pass || t->head == NULL ||
-            (t->max_running > 0 && t->running >= t->max_running))
+        if (t->seen != s->admission_pass || t->head == NULL || tenant_at_cap(t))
             continue;
         if (best == NULL || t->running < best->running ||
             (t->running == best->running && t->head->queue_key < best->head->queue_key))
