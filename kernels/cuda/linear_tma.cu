@@ -175,10 +175,10 @@ __device__ __forceinline__ uint32_t swz(int row, int chunk)
  * and 24-31), so a thread holds a feature's gate (elements 0, 1) and up (2, 3) for the same
  * input rows and writes silu(bf16(gate)) * bf16(up) in bf16, cuda_silu_mul's bits on the
  * unfused output.
- * The work: without stream-K (a.sk 0) CTA c takes units c, c + G, ... whole; with it, stages
- * [c W / G, (c + 1) W / G) of the units' stages in order, whole units and pieces alike (the
+ * The work: without stream-K (SK false, a.sk 0) CTA c takes units c, c + G, ... whole; with it,
+ * stages [c W / G, (c + 1) W / G) of the units' stages in order, whole units and pieces alike (the
  * producer and the consumers walk the same sequence, so the ring's stages pair up as before). */
-template <int TILE, bool SILU>
+template <int TILE, bool SILU, bool SK>
 __global__ void __launch_bounds__(kThreads, 1)
     tma_linear_kernel(const __grid_constant__ CUtensorMap wmap,
                       const __grid_constant__ CUtensorMap xmap, tma_args a)
@@ -194,12 +194,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     /* without stream-K this CTA's units: blockIdx.x, blockIdx.x + gridDim.x, ... (the grid is
      * at most units); with it, the stages first .. last - 1 (the grid is at most W) */
-    const int32_t my_units =
-        a.sk ? 0 : (a.units - 1 - (int32_t)blockIdx.x) / (int32_t)gridDim.x + 1;
+    const int32_t my_units = SK ? 0 : (a.units - 1 - (int32_t)blockIdx.x) / (int32_t)gridDim.x + 1;
     const int64_t W = (int64_t)a.units * a.kstages;
-    const int64_t first = a.sk ? sk_begin(blockIdx.x, W, gridDim.x) : 0;
-    const int64_t last = a.sk ? sk_begin((int64_t)blockIdx.x + 1, W, gridDim.x) : 0;
-    const int32_t iters = a.sk ? (int32_t)(last - first) : my_units * a.kstages;
+    const int64_t first = SK ? sk_begin(blockIdx.x, W, gridDim.x) : 0;
+    const int64_t last = SK ? sk_begin((int64_t)blockIdx.x + 1, W, gridDim.x) : 0;
+    const int32_t iters = SK ? (int32_t)(last - first) : my_units * a.kstages;
 
     if (tid == 0) {
         for (int s = 0; s < S; s++) {
@@ -216,7 +215,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             asm volatile("prefetch.tensormap [%0];\n" ::"l"(&xmap) : "memory");
             auto coords = [&](int32_t it, int32_t &kc, int32_t &nc) {
                 int32_t u, ks;
-                if (a.sk) {
+                if constexpr (SK) {
                     u = (int32_t)((first + it) / a.kstages);
                     ks = (int32_t)((first + it) % a.kstages);
                 } else {
@@ -272,7 +271,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     int64_t next = first; /* stream-K: the next stage of this CTA's share */
     for (int32_t j = 0;; j++) {
         int32_t u, k0 = 0, k1 = a.kstages; /* this piece: stages k0 .. k1 - 1 of unit u */
-        if (a.sk) {
+        if constexpr (SK) {
             if (next >= last)
                 break;
             u = (int32_t)(next / a.kstages);
@@ -314,8 +313,9 @@ __global__ void __launch_bounds__(kThreads, 1)
                 mbar_arrive(&empty[s]);
         }
         /* a piece of a unit: the last of its pieces to arrive writes the unit */
-        if ((k0 != 0 || k1 != a.kstages) && !sk_fixup<MT>(a, acc, u, warp, lane))
-            continue;
+        if constexpr (SK)
+            if ((k0 != 0 || k1 != a.kstages) && !sk_fixup<MT>(a, acc, u, warp, lane))
+                continue;
         /* acc[mt][nt]: C[weight row][input row], weight rows mt * 16 + g (+8 for elements 2
          * and 3), input rows nt * 8 + c2 (+1 for the odd elements). */
         if constexpr (SILU) {
@@ -440,6 +440,18 @@ struct cuda_tma {
     size_t count_sk;   /* plans with stream-K */
 };
 
+/* Lets both of a tile's kernels (with and without stream-K) take their ring. */
+template <int TILE, bool SILU> static cudaError_t allow_ring_smem()
+{
+    cudaError_t e =
+        cudaFuncSetAttribute(tma_linear_kernel<TILE, SILU, false>,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ring_smem(TILE));
+    if (e == cudaSuccess)
+        e = cudaFuncSetAttribute(tma_linear_kernel<TILE, SILU, true>,
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ring_smem(TILE));
+    return e;
+}
+
 int cuda_tma_new(struct cuda_tma **out)
 {
     *out = NULL;
@@ -455,18 +467,10 @@ int cuda_tma_new(struct cuda_tma **out)
         return e != cudaSuccess ? cuda_call_failed(e, "cudaGetDriverEntryPointByVersion")
                                 : pagoda_error_set(PAGODA_ECUDA, "cuda_tma_new: the driver has no "
                                                                  "cuTensorMapEncodeTiled");
-    if ((e = cudaFuncSetAttribute(tma_linear_kernel<64, false>,
-                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  (int)ring_smem(64))) != cudaSuccess ||
-        (e = cudaFuncSetAttribute(tma_linear_kernel<128, false>,
-                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  (int)ring_smem(128))) != cudaSuccess ||
-        (e = cudaFuncSetAttribute(tma_linear_kernel<64, true>,
-                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  (int)ring_smem(64))) != cudaSuccess ||
-        (e = cudaFuncSetAttribute(tma_linear_kernel<128, true>,
-                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  (int)ring_smem(128))) != cudaSuccess)
+    if ((e = allow_ring_smem<64, false>()) != cudaSuccess ||
+        (e = allow_ring_smem<128, false>()) != cudaSuccess ||
+        (e = allow_ring_smem<64, true>()) != cudaSuccess ||
+        (e = allow_ring_smem<128, true>()) != cudaSuccess)
         return cuda_call_failed(e, "cuda_tma_new: cudaFuncSetAttribute");
     cuda_tma *t = static_cast<cuda_tma *>(calloc(1, sizeof(*t)));
     if (t == NULL)
@@ -661,6 +665,21 @@ static int find_plan(cuda_tma *t, const key &k, plan **out)
     return 0;
 }
 
+/* Launches the plan's kernel: its tile, SILU and stream-K are template parameters, so that a
+ * plan without stream-K runs a kernel with none of its code. aaed19e's runtime flag cost the
+ * whole-unit kernel 0-40% at 16 rows on the H200 (gemm16, tile 64: QKV 20.1 -> 28.5 us, O 12.6 ->
+ * 17.2, down 33.0 -> 45.7; ptxas: 51-73 registers became 72-116). */
+template <int TILE, bool SILU>
+static int launch_plan(const plan *p, const char *name, const char *name_sk, cudaStream_t s)
+{
+    const dim3 grid(p->grid), block(kThreads);
+    if (p->a.sk)
+        return launch_pdl(name_sk, tma_linear_kernel<TILE, SILU, true>, grid, block,
+                          ring_smem(TILE), s, p->wmap, p->xmap, p->a);
+    return launch_pdl(name, tma_linear_kernel<TILE, SILU, false>, grid, block, ring_smem(TILE), s,
+                      p->wmap, p->xmap, p->a);
+}
+
 /* Finds or makes the plan of k and launches its kernel. */
 static int run(cuda_tma *t, const key &k, cudaStream_t s)
 {
@@ -670,17 +689,15 @@ static int run(cuda_tma *t, const key &k, cudaStream_t s)
         return rc;
     t->last_tile = p->tile;
     t->last_sk = p->a.sk;
-    const dim3 grid(p->grid), block(kThreads);
     if (k.silu)
-        return p->tile == 128
-                   ? launch_pdl("tma_linear_kernel<128, silu>", tma_linear_kernel<128, true>, grid,
-                                block, ring_smem(128), s, p->wmap, p->xmap, p->a)
-                   : launch_pdl("tma_linear_kernel<64, silu>", tma_linear_kernel<64, true>, grid,
-                                block, ring_smem(64), s, p->wmap, p->xmap, p->a);
-    return p->tile == 128 ? launch_pdl("tma_linear_kernel<128>", tma_linear_kernel<128, false>,
-                                       grid, block, ring_smem(128), s, p->wmap, p->xmap, p->a)
-                          : launch_pdl("tma_linear_kernel<64>", tma_linear_kernel<64, false>, grid,
-                                       block, ring_smem(64), s, p->wmap, p->xmap, p->a);
+        return p->tile == 128 ? launch_plan<128, true>(p, "tma_linear_kernel<128, silu>",
+                                                       "tma_linear_kernel<128, silu, sk>", s)
+                              : launch_plan<64, true>(p, "tma_linear_kernel<64, silu>",
+                                                      "tma_linear_kernel<64, silu, sk>", s);
+    return p->tile == 128
+               ? launch_plan<128, false>(p, "tma_linear_kernel<128>", "tma_linear_kernel<128, sk>",
+                                         s)
+               : launch_plan<64, false>(p, "tma_linear_kernel<64>", "tma_linear_kernel<64, sk>", s);
 }
 
 int cuda_tma_linear(struct cuda_tma *t, const uint16_t *x, const uint16_t *w, void *y, int64_t rows,
