@@ -217,13 +217,14 @@ struct version {
     int tma_tile;    /* cuda_backend_options.tma_tile */
     int tma_silu;    /* cuda_backend_options.tma_silu 1, -1: 0 (the defaults otherwise) */
     int tma_sk;      /* cuda_backend_options.tma_stream_k (the defaults otherwise) */
+    int tma_skip;    /* linears taken out of cuda_backend_options.tma_linears */
 };
 /* The Llama-3-8B shape's O, QKV and down elements (gate/up's are more), and every weight. */
 #define kO ((int64_t)4096 * 4096)
 #define kQKV ((int64_t)6144 * 4096)
 #define kEvery INT64_MAX
 #define kDown ((int64_t)14336 * 4096)
-#define kVersions 40
+#define kVersions 45
 static const struct version versions[kVersions] = {
     {.name = "baseline", .baseline = 1},
     {.name = "cublas"},
@@ -289,6 +290,7 @@ static const struct version versions[kVersions] = {
     {.name = "noearly", .ref = 3, .defaults = 1, .no_early_kv = 1},
     {.name = "copy4", .ref = 3, .defaults = 1, .copy_rows = 4},
     {.name = "copy16", .ref = 3, .defaults = 1, .copy_rows = 16},
+    {.name = "copy8", .ref = 3, .defaults = 1, .copy_rows = 8},
     /* (lt, qo16, lt_qo, lt_o and o_gemvs16 measure cuBLASLt and the GEMVs at 2 to 16 rows too,
      * which linear_tma takes by default since the twenty-fifth session: they run without it, to
      * be read against notma) */
@@ -329,6 +331,12 @@ static const struct version versions[kVersions] = {
      * shape), and always (O and down too) */
     {.name = "tma_sk", .ref = 15, .defaults = 1, .tma_sk = CUDA_TMA_SK_BALANCE},
     {.name = "tma_sk_always", .ref = 15, .defaults = 1, .tma_sk = CUDA_TMA_SK_ALWAYS},
+    /* the defaults with some of a layer's linears back on the GEMVs and cuBLAS (gemm16: ours
+     * slower alone than cuBLAS on QKV and, behind a kernel, on down) */
+    {.name = "tma_noqkv", .ref = 3, .defaults = 1, .tma_skip = CUDA_TMA_QKV},
+    {.name = "tma_nodown", .ref = 3, .defaults = 1, .tma_skip = CUDA_TMA_DOWN},
+    {.name = "tma_noqkv_nodown", .ref = 3, .defaults = 1, .tma_skip = CUDA_TMA_QKV | CUDA_TMA_DOWN},
+    {.name = "tma_noo", .ref = 3, .defaults = 1, .tma_skip = CUDA_TMA_O},
 };
 
 static int decode_split; /* --split */
@@ -388,6 +396,7 @@ static void run_version(const struct model_config *c, const struct kv_geometry *
     if (versions[version].tma_silu != 0)
         o.tma_silu = versions[version].tma_silu > 0;
     o.tma_stream_k = versions[version].tma_sk;
+    o.tma_linears &= ~versions[version].tma_skip;
     o.decode_split = decode_split;
     struct backend *be = NULL;
     PK(cuda_backend_open(c, NULL, kSeed, g, pool, &o, &be));

@@ -225,6 +225,7 @@ struct cuda_backend_options cuda_backend_default_options(void)
         .fused_rope_max_seqs = CUDA_BACKEND_FUSED_ROPE_MAX_SEQS,
         .tma_max_rows = CUDA_BACKEND_TMA_MAX_ROWS,
         .tma_silu = 1,
+        .tma_linears = CUDA_TMA_LINEARS,
     };
     return o;
 }
@@ -832,20 +833,22 @@ static int tma_rows(const struct cuda_backend *b, int64_t rows)
     return b->tma != NULL && rows >= 2 && rows <= b->opt.tma_max_rows;
 }
 
-static int tma_takes(const struct cuda_backend *b, const uint16_t *x, const uint16_t *w,
+/* (kind: which linear, CUDA_TMA_QKV .. CUDA_TMA_DOWN, against opt.tma_linears) */
+static int tma_takes(const struct cuda_backend *b, int kind, const uint16_t *x, const uint16_t *w,
                      const void *y, int64_t rows, int64_t in, int64_t out, int32_t S)
 {
-    return tma_rows(b, rows) && cuda_tma_fits(rows, in, out, S, x, w, y);
+    return (b->opt.tma_linears & kind) && tma_rows(b, rows) &&
+           cuda_tma_fits(rows, in, out, S, x, w, y);
 }
 
 /* Whether a layer's linear of a bf16 output (gemm_layer) runs through cuBLAS or cuBLASLt (not
  * a kernel of ours). */
-static int gemm_cublas(const struct cuda_backend *b, const uint16_t *x, const uint16_t *w,
+static int gemm_cublas(const struct cuda_backend *b, int kind, const uint16_t *x, const uint16_t *w,
                        const void *y, int64_t rows, int64_t in, int64_t out, int64_t ldy)
 {
     return !row_takes(b, x, w, y, rows, in, out) &&
            !(ldy == out && takes_gemv(b, x, w, y, rows, in, out)) &&
-           !(ldy == out && tma_takes(b, x, w, y, rows, in, out, 1));
+           !(ldy == out && tma_takes(b, kind, x, w, y, rows, in, out, 1));
 }
 
 /* y[rows][out] = x[rows][in] . w[out][in]^T, BF16 inputs, FP32 accumulation, output in ytype,
@@ -898,10 +901,10 @@ static int32_t split_of(const struct cuda_backend *b, int64_t in, int64_t out)
 /* parts[s][rows][out] f32 = x[:, s * in / S ..] . w[:, s * in / S ..]^T for s < S: the slices of
  * the reduction, each its own product (beta 0), in one cublasGemmStridedBatchedEx; the RMSNorm
  * behind adds them (cuda_add_parts_rmsnorm). */
-static int gemm_parts(struct cuda_backend *b, const uint16_t *x, const uint16_t *w, float *parts,
-                      int32_t S, int64_t rows, int64_t in, int64_t out)
+static int gemm_parts(struct cuda_backend *b, int kind, const uint16_t *x, const uint16_t *w,
+                      float *parts, int32_t S, int64_t rows, int64_t in, int64_t out)
 {
-    if (tma_takes(b, x, w, parts, rows, in, out, S))
+    if (tma_takes(b, kind, x, w, parts, rows, in, out, S))
         return cuda_tma_linear(b->tma, x, w, parts, rows, in, out, S, b->stream);
     const float one = 1.0f, zero = 0.0f;
     const int64_t k = in / S;
@@ -925,10 +928,10 @@ static int gemm(struct cuda_backend *b, const uint16_t *x, const uint16_t *w, vo
 /* A layer's linear into bf16 y (QKV, gate/up; O and down where they neither add into the
  * residual nor are cut): one row by cuda_gemv_row first, then cuda_tma_linear where it takes
  * the call (tma_takes), else gemm. */
-static int gemm_layer(struct cuda_backend *b, const uint16_t *x, const uint16_t *w, uint16_t *y,
-                      int64_t rows, int64_t in, int64_t out)
+static int gemm_layer(struct cuda_backend *b, int kind, const uint16_t *x, const uint16_t *w,
+                      uint16_t *y, int64_t rows, int64_t in, int64_t out)
 {
-    if (!row_takes(b, x, w, y, rows, in, out) && tma_takes(b, x, w, y, rows, in, out, 1))
+    if (!row_takes(b, x, w, y, rows, in, out) && tma_takes(b, kind, x, w, y, rows, in, out, 1))
         return cuda_tma_linear(b->tma, x, w, y, rows, in, out, 1, b->stream);
     return gemm(b, x, w, y, CUDA_R_16BF, rows, in, out);
 }
@@ -1113,8 +1116,8 @@ static int forward_pass(struct cuda_backend *b, const struct fwd_batch *batch, i
  * 2 rows or more, cuda_tma_silu_fits), w is the gate/up weight of out = 2 x inter rows and y
  * the activations [n][inter]: cuda_tma_linear_silu, SiLU-and-multiply in its epilogue. */
 static int norm_linear(struct cuda_backend *b, float **res, float **alt, const uint16_t *add,
-                       int32_t nparts, const uint16_t *norm, const uint16_t *w, uint16_t *y,
-                       int32_t n, int64_t in, int64_t out, int silu)
+                       int32_t nparts, const uint16_t *norm, int kind, const uint16_t *w,
+                       uint16_t *y, int32_t n, int64_t in, int64_t out, int silu)
 {
     const float eps = (float)b->base.config.rms_norm_eps;
     if (!silu && n == 1 && nparts == 0 && b->opt.gemv_row && b->opt.gemv_row_norm &&
@@ -1130,14 +1133,15 @@ static int norm_linear(struct cuda_backend *b, float **res, float **alt, const u
         return rc;
     }
     late_begin(b, n,
-               b->opt.comm == NULL && !silu && gemm_cublas(b, b->hidden, w, y, n, in, out, out));
+               b->opt.comm == NULL && !silu &&
+                   gemm_cublas(b, kind, b->hidden, w, y, n, in, out, out));
     int rc = cuda_add_parts_rmsnorm(*res, add, (const float *)b->gate_up, nparts, (int64_t)n * in,
                                     norm, b->hidden, n, (int32_t)in, eps, b->stream);
     late_end(b);
     if (rc != 0)
         return rc;
     return silu ? cuda_tma_linear_silu(b->tma, b->hidden, w, y, n, in, out / 2, b->stream)
-                : gemm_layer(b, b->hidden, w, y, n, in, out);
+                : gemm_layer(b, kind, b->hidden, w, y, n, in, out);
 }
 
 /* The layers and the LM head over the n tokens staged on the device, into num_logits rows of
@@ -1174,9 +1178,10 @@ static int forward_layers(struct cuda_backend *b, int32_t n, int32_t num_logits)
     float *parts = (float *)b->gate_up;
     const int32_t o_split = split_of(b, qd, H), down_split = split_of(b, I, H);
     const int o_tma = into_res && !c->o_bias && o_split &&
-                      tma_takes(b, b->attn, b->layers[0].w_o, parts, n, qd, H, o_split);
-    const int down_tma = into_res && down_split &&
-                         tma_takes(b, b->act, b->layers[0].w_down, parts, n, I, H, down_split);
+                      tma_takes(b, CUDA_TMA_O, b->attn, b->layers[0].w_o, parts, n, qd, H, o_split);
+    const int down_tma =
+        into_res && down_split &&
+        tma_takes(b, CUDA_TMA_DOWN, b->act, b->layers[0].w_down, parts, n, I, H, down_split);
     const int gemv_o = !o_tma && takes_gemv(b, b->attn, b->layers[0].w_o, b->proj, n, qd, H);
     const int gemv_down = !down_tma && takes_gemv(b, b->act, b->layers[0].w_down, b->proj, n, I, H);
     const int o_into = into_res && !c->o_bias && !gemv_o;
@@ -1188,7 +1193,8 @@ static int forward_layers(struct cuda_backend *b, int32_t n, int32_t num_logits)
     const int32_t o_parts = o_into ? o_split : 0;
     const int32_t down_parts = down_into ? down_split : 0;
     /* gate/up with SiLU-and-multiply in one kernel of linear_tma (opt.tma_silu) */
-    const int silu_tma = b->opt.tma_silu && c->num_layers > 0 && tma_rows(b, n) &&
+    const int silu_tma = b->opt.tma_silu && (b->opt.tma_linears & CUDA_TMA_GATE_UP) &&
+                         c->num_layers > 0 && tma_rows(b, n) &&
                          cuda_tma_silu_fits(n, H, I, b->hidden, b->layers[0].w_gate_up, b->act);
     for (int64_t i = 0; i < c->num_layers; i++) {
         const struct cuda_layer *l = &b->layers[i];
@@ -1201,15 +1207,15 @@ static int forward_layers(struct cuda_backend *b, int32_t n, int32_t num_logits)
         }
         /* Attention block; the previous block's output (proj) joins the residual stream. */
         if ((rc = norm_linear(b, &res, &alt, i ? after_down : NULL, i ? down_parts : 0,
-                              l->input_norm, l->w_qkv, b->qkv, n, H, qkvd, 0)) ||
+                              l->input_norm, CUDA_TMA_QKV, l->w_qkv, b->qkv, n, H, qkvd, 0)) ||
             (l->b_qkv && (rc = cuda_add_bias(b->qkv, qkvd, l->b_qkv, n, (int32_t)qkvd, s))))
             return rc;
         /* Q and K heads sit side by side in a QKV row: one RoPE call rotates both, and writes K
          * and V into the pool in the same pass (or the attention does both). */
         late_begin(b, n,
-                   !tp &&
-                       (o_parts ? !o_tma
-                                : o_into || gemm_cublas(b, b->attn, l->w_o, b->proj, n, qd, H, H)));
+                   !tp && (o_parts ? !o_tma
+                                   : o_into || gemm_cublas(b, CUDA_TMA_O, b->attn, l->w_o, b->proj,
+                                                           n, qd, H, H)));
         rc = rope_attention(b, &kv, n);
         late_end(b);
         if (rc != 0)
@@ -1218,22 +1224,25 @@ static int forward_layers(struct cuda_backend *b, int32_t n, int32_t num_logits)
             if ((rc = gemm(b, b->attn, l->w_o, b->partial, CUDA_R_32F, n, qd, H)) == 0)
                 rc = tp_row_parallel_end(b, l->b_o, n);
         } else if (o_parts)
-            rc = gemm_parts(b, b->attn, l->w_o, parts, o_parts, n, qd, H);
+            rc = gemm_parts(b, CUDA_TMA_O, b->attn, l->w_o, parts, o_parts, n, qd, H);
         else if (o_into)
             rc = gemm_add(b, b->attn, l->w_o, res, n, qd, H);
-        else if ((rc = gemm_layer(b, b->attn, l->w_o, b->proj, n, qd, H)) == 0 && l->b_o)
+        else if ((rc = gemm_layer(b, CUDA_TMA_O, b->attn, l->w_o, b->proj, n, qd, H)) == 0 &&
+                 l->b_o)
             rc = cuda_add_bias(b->proj, H, l->b_o, n, (int32_t)H, s);
         if (rc != 0)
             return rc;
         /* MLP block: SiLU-and-multiply in gate/up's epilogue (opt.tma_silu), or a kernel. */
-        if ((rc = norm_linear(b, &res, &alt, after_o, o_parts, l->post_norm, l->w_gate_up,
-                              silu_tma ? b->act : b->gate_up, n, H, 2 * I, silu_tma)) != 0)
+        if ((rc = norm_linear(b, &res, &alt, after_o, o_parts, l->post_norm, CUDA_TMA_GATE_UP,
+                              l->w_gate_up, silu_tma ? b->act : b->gate_up, n, H, 2 * I,
+                              silu_tma)) != 0)
             return rc;
         if (!silu_tma) {
             late_begin(b, n,
-                       !tp && (down_parts ? !down_tma
-                                          : down_into || gemm_cublas(b, b->act, l->w_down, b->proj,
-                                                                     n, I, H, H)));
+                       !tp &&
+                           (down_parts ? !down_tma
+                                       : down_into || gemm_cublas(b, CUDA_TMA_DOWN, b->act,
+                                                                  l->w_down, b->proj, n, I, H, H)));
             rc = cuda_silu_mul(b->gate_up, b->act, n, (int32_t)I, s);
             late_end(b);
             if (rc != 0)
@@ -1243,11 +1252,11 @@ static int forward_layers(struct cuda_backend *b, int32_t n, int32_t num_logits)
             if ((rc = gemm(b, b->act, l->w_down, b->partial, CUDA_R_32F, n, I, H)) == 0)
                 rc = tp_row_parallel_end(b, NULL, n);
         } else if (down_parts)
-            rc = gemm_parts(b, b->act, l->w_down, parts, down_parts, n, I, H);
+            rc = gemm_parts(b, CUDA_TMA_DOWN, b->act, l->w_down, parts, down_parts, n, I, H);
         else if (down_into)
             rc = gemm_add(b, b->act, l->w_down, res, n, I, H);
         else
-            rc = gemm_layer(b, b->act, l->w_down, b->proj, n, I, H);
+            rc = gemm_layer(b, CUDA_TMA_DOWN, b->act, l->w_down, b->proj, n, I, H);
         if (rc != 0)
             return rc;
     }

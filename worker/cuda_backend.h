@@ -121,10 +121,17 @@ struct cuda_backend_options {
     /* With tma_max_rows: linear_tma's stream-K mode (cuda_tma_set_stream_k: CUDA_TMA_SK_OFF,
      * the default, _BALANCE or _ALWAYS). Balanced, the 8B shape's QKV and gate/up at 2 to 16
      * rows spread their stages over every SM instead of whole units over some (O and down,
-     * which fill the SMs, stay as they are); other bits. Not yet measured on a GPU (issue 15,
-     * twenty-sixth session): decode_step's tma_sk version. Its workspace (about 2 MiB) comes
-     * out of MODEL_BUDGET_RESERVE_BYTES; where it cannot be allocated, a warning and none. */
+     * which fill the SMs, stay as they are); other bits. On the H200 it loses (twenty-eighth
+     * session, bench/RESULTS.md: every linear alone, and the closed loop of 16, 5.374 ms a step
+     * against 5.322-5.353), hence off. Its workspace (about 2 MiB) comes out of
+     * MODEL_BUDGET_RESERVE_BYTES; where it cannot be allocated, a warning and none. */
     int tma_stream_k;
+    /* With tma_max_rows: which of a layer's linears it takes (CUDA_TMA_QKV | CUDA_TMA_O |
+     * CUDA_TMA_GATE_UP | CUDA_TMA_DOWN, the default CUDA_TMA_LINEARS); the others keep the
+     * GEMVs and cuBLAS. For benchmarks (decode_step's tma_no* versions: on the H200 at 8 and
+     * 16 sequences each linear taken out was slower or within 0.03 ms of all four, though QKV
+     * and down alone are slower than cuBLAS's; twenty-eighth session). */
+    int tma_linears;
     /* Steps of 2 .. residual_gemm_max_rows rows (one rank) add the O and down projections into
      * the FP32 residual stream inside their GEMMs (cublasGemmEx with beta 1 and an FP32 output;
      * O only without a bias, and neither where a GEMV of ours takes it, which keeps its BF16
@@ -207,6 +214,10 @@ struct cuda_backend_options {
  * of up to CUDA_BACKEND_GEMV_MAX_WEIGHT elements, programmatic dependent launch and CUDA graphs
  * on (cuda_gemv_row and cuBLASLt off). */
 struct cuda_backend_options cuda_backend_default_options(void);
+
+/* cuda_backend_options.tma_linears: a layer's linears. */
+enum { CUDA_TMA_QKV = 1, CUDA_TMA_O = 2, CUDA_TMA_GATE_UP = 4, CUDA_TMA_DOWN = 8 };
+#define CUDA_TMA_LINEARS (CUDA_TMA_QKV | CUDA_TMA_O | CUDA_TMA_GATE_UP | CUDA_TMA_DOWN)
 
 /* Applies a --cuda-tma value (worker/backend.h BACKEND_CUDA_TMA_*): off sets tma_max_rows 0,
  * on leaves the defaults, stream-k sets tma_stream_k CUDA_TMA_SK_BALANCE. */
