@@ -443,6 +443,10 @@ static void after_parse(uv_work_t *w, int status)
 {
     struct greq *q = w->data;
     struct gateway *g = q->g;
+    /* the body is parsed: nothing reads it again */
+    free(q->body);
+    q->body = NULL;
+    q->body_len = 0;
     if (q->http == NULL || status != 0 || g->closing) {
         greq_unref(q); /* the job's reference */
         return;
@@ -460,6 +464,8 @@ static void after_parse(uv_work_t *w, int status)
         int rc =
             gateway_call_started(q, pagoda_submit_async(g->client, q->api_key, &q->req.params,
                                                         &q->req.prompt, q->id, on_submit_call, q));
+        /* the call has serialised the prompt: a long generation keeps none of it */
+        openai_request_release_prompt(&q->req);
         if (rc != 0)
             respond_code(q, rc, pagoda_error_detail());
     }
@@ -630,15 +636,13 @@ static void start_generation(struct gateway *g, struct http_request *http, enum 
         respond_error(q, &err);
         return;
     }
+    /* The body moves to the request (no copy; the HTTP request keeps none for the response). */
     size_t len;
-    const char *body = http_request_body(http, &len);
-    q->body = malloc(len + 1);
+    q->body = http_request_take_body(http, &len);
     if (q->body == NULL) {
         respond_code(q, PAGODA_ENOMEM, "out of memory");
         return;
     }
-    memcpy(q->body, body, len);
-    q->body[len] = '\0';
     q->body_len = len;
     q->created = (long long)time(NULL);
     uint64_t r = now_ns() ^ ((uint64_t)(uintptr_t)q << 16);

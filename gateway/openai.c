@@ -524,11 +524,16 @@ int openai_parse(enum openai_kind kind, const char *body, size_t len, int32_t de
     return kind == OPENAI_COMPLETION ? read_prompt(req, err) : read_messages(req, err);
 }
 
-void openai_request_fini(struct openai_request *req)
+void openai_request_release_prompt(struct openai_request *req)
 {
-    free(req->model);
-    for (size_t i = 0; i < OPENAI_MAX_STOPS; i++)
+    for (size_t i = 0; i < OPENAI_MAX_STOPS; i++) {
         free(req->stops[i]);
+        req->stops[i] = NULL;
+    }
+    req->params.stop = NULL;
+    req->params.num_stop = 0;
+    req->params.stop_token_ids = NULL;
+    req->params.num_stop_token_ids = 0;
     free(req->prompt_ids);
     free(req->messages);
     for (size_t i = 0; i < req->num_owned; i++)
@@ -537,6 +542,19 @@ void openai_request_fini(struct openai_request *req)
     free(req->tools_json);
     free(req->kwargs_json);
     json_decref(req->root);
+    req->prompt_ids = NULL;
+    req->messages = NULL;
+    req->owned = NULL;
+    req->num_owned = 0;
+    req->tools_json = req->kwargs_json = NULL;
+    req->root = NULL;
+    req->prompt = pagoda_prompt_default();
+}
+
+void openai_request_fini(struct openai_request *req)
+{
+    openai_request_release_prompt(req);
+    free(req->model);
     memset(req, 0, sizeof(*req));
 }
 

@@ -61,6 +61,12 @@ int openai_parse(enum openai_kind kind, const char *body, size_t len, int32_t de
 
 void openai_request_fini(struct openai_request *req);
 
+/* Frees what the params and prompt borrow (the JSON tree, the token ids, the messages, the
+ * strings made here) once the request has been sent: a long generation keeps only the few fields
+ * its answers read (kind, model, stream, include_usage, params.logprobs). The params' and
+ * prompt's pointers are cleared. */
+void openai_request_release_prompt(struct openai_request *req);
+
 /* The error for a libpagoda failure code and its detail. */
 void openai_error_from_code(int code, const char *detail, struct openai_error *err);
 

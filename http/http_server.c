@@ -419,6 +419,18 @@ const char *http_request_body(const struct http_request *req, size_t *len)
     return req->body ? req->body : "";
 }
 
+char *http_request_take_body(struct http_request *req, size_t *len)
+{
+    char *body = req->body != NULL ? req->body : strdup("");
+    if (body == NULL)
+        return NULL;
+    if (len)
+        *len = req->body_len;
+    req->body = NULL;
+    req->body_len = req->body_cap = 0;
+    return body;
+}
+
 void http_request_on_close(struct http_request *req, void (*fn)(void *arg), void *arg)
 {
     req->on_close = fn;

@@ -75,6 +75,10 @@ const char *http_request_query(const struct http_request *req);  /* after '?', o
 const char *http_request_header(const struct http_request *req, const char *name);
 /* The body ("" when none), NUL-terminated after its len bytes. */
 const char *http_request_body(const struct http_request *req, size_t *len);
+/* The body handed over: the caller owns it (free), NUL-terminated after its len bytes, and the
+ * request holds none from then on (http_request_body gives ""), so that a long response does not
+ * keep it. NULL when out of memory (a request without a body gives a new ""). */
+char *http_request_take_body(struct http_request *req, size_t *len);
 
 /* Called once if the connection goes away (the client closed it, a limit cut it, the server
  * closes) before the response ended: the handler's chance to cancel what it started. It runs
