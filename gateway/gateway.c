@@ -444,6 +444,7 @@ static void after_parse(uv_work_t *w, int status)
     struct greq *q = w->data;
     struct gateway *g = q->g;
     /* the body is parsed: nothing reads it again */
+    g->parse_bytes -= q->body_len;
     free(q->body);
     q->body = NULL;
     q->body_len = 0;
@@ -643,6 +644,18 @@ static void start_generation(struct gateway *g, struct http_request *http, enum 
         respond_code(q, PAGODA_ENOMEM, "out of memory");
         return;
     }
+    /* Bodies waiting for the threadpool count against the same budget as those arriving. */
+    if (g->parse_bytes + len > g->cfg.http.max_body_memory) {
+        free(q->body);
+        q->body = NULL;
+        struct openai_error err = {.status = 503, .type = "server_error", .code = "overloaded"};
+        snprintf(err.message, sizeof(err.message),
+                 "request bodies waiting to be parsed pass the gateway's %zu bytes: try again",
+                 g->cfg.http.max_body_memory);
+        respond_error(q, &err);
+        return;
+    }
+    g->parse_bytes += len;
     q->body_len = len;
     q->created = (long long)time(NULL);
     uint64_t r = now_ns() ^ ((uint64_t)(uintptr_t)q << 16);
@@ -653,6 +666,7 @@ static void start_generation(struct gateway *g, struct http_request *http, enum 
     int uv = uv_queue_work(g->loop, &q->work, parse_work, after_parse);
     if (uv != 0) {
         q->refs--;
+        g->parse_bytes -= q->body_len;
         respond_code(q, PAGODA_EIO, uv_strerror(uv));
     }
 }

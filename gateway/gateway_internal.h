@@ -92,6 +92,7 @@ struct gateway {
     uint64_t calls_outstanding;
     struct greq *live;
     uint32_t num_generations;
+    size_t parse_bytes; /* bodies taken and not yet parsed (cfg.http.max_body_memory) */
     uint32_t serial;
     long long started;
     int closing, freeing;

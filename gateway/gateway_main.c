@@ -2,7 +2,8 @@
  *
  *   pagoda-gateway --run-dir DIR --router URL --listen HOST:PORT [--model-name NAME]
  *                  [--stats-key KEY] [--max-connections N] [--max-requests N]
- *                  [--max-body-bytes N] [--request-timeout-ms MS] [--idle-timeout-ms MS]
+ *                  [--max-body-bytes N] [--max-body-memory N] [--request-timeout-ms MS]
+ *                  [--idle-timeout-ms MS]
  *                  [--default-max-tokens N] [--log-level L]
  *
  * SIGTERM or SIGINT stops it: the listener closes and every request in progress is cancelled in
@@ -34,7 +35,8 @@ static void usage(FILE *f)
             "usage: pagoda-gateway --router URL --listen HOST:PORT [--run-dir DIR]\n"
             "                      [--model-name NAME] [--stats-key KEY]\n"
             "                      [--max-connections N] [--max-requests N] [--max-body-bytes N]\n"
-            "                      [--request-timeout-ms MS] [--idle-timeout-ms MS]\n"
+            "                      [--max-body-memory N] [--request-timeout-ms MS]\n"
+            "                      [--idle-timeout-ms MS]\n"
             "                      [--default-max-tokens N] [--log-level debug|info|warn|error]\n"
             "Serves OpenAI's API (POST /v1/completions, /v1/chat/completions; GET /v1/models,\n"
             "/health, /metrics, and a status page at /) for the router at URL.\n"
@@ -43,6 +45,9 @@ static void usage(FILE *f)
             "           the router has a tenants file; an admin key also gives the per-tenant\n"
             "           series pagoda_tenant_*{tenant=...}).\n"
             "--max-requests: generations in progress at once; more get 429 (%u).\n"
+            "--max-body-memory: bytes of request bodies held at once while they arrive,\n"
+            "           and again while they wait to be parsed; a body that would pass it gets\n"
+            "           503 (256 MiB, and at least --max-body-bytes + 1).\n"
             "--default-max-tokens: a chat completion without max_tokens (%d).\n",
             GATEWAY_DEFAULT_MAX_REQUESTS, GATEWAY_DEFAULT_MAX_TOKENS);
 }
@@ -100,6 +105,7 @@ enum {
     OPT_MAX_CONNECTIONS,
     OPT_MAX_REQUESTS,
     OPT_MAX_BODY,
+    OPT_MAX_BODY_MEMORY,
     OPT_REQUEST_TIMEOUT,
     OPT_IDLE_TIMEOUT,
     OPT_DEFAULT_MAX_TOKENS,
@@ -117,6 +123,7 @@ int main(int argc, char **argv)
         {"max-connections", required_argument, NULL, OPT_MAX_CONNECTIONS},
         {"max-requests", required_argument, NULL, OPT_MAX_REQUESTS},
         {"max-body-bytes", required_argument, NULL, OPT_MAX_BODY},
+        {"max-body-memory", required_argument, NULL, OPT_MAX_BODY_MEMORY},
         {"request-timeout-ms", required_argument, NULL, OPT_REQUEST_TIMEOUT},
         {"idle-timeout-ms", required_argument, NULL, OPT_IDLE_TIMEOUT},
         {"default-max-tokens", required_argument, NULL, OPT_DEFAULT_MAX_TOKENS},
@@ -129,7 +136,7 @@ int main(int argc, char **argv)
     log_set_name("pagoda-gateway");
     const char *run_dir = NULL, *listen = NULL;
     char host[256];
-    int opt, rc = 0;
+    int opt, rc = 0, body_memory_given = 0;
     int64_t v;
     while ((opt = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
         switch (opt) {
@@ -164,6 +171,12 @@ int main(int argc, char **argv)
             if ((rc = parse_i64("--max-body-bytes", optarg, 1, 1 << 30, &v)) == 0)
                 cfg.http.max_body_bytes = (size_t)v;
             break;
+        case OPT_MAX_BODY_MEMORY:
+            if ((rc = parse_i64("--max-body-memory", optarg, 2, INT64_MAX / 4, &v)) == 0) {
+                cfg.http.max_body_memory = (size_t)v;
+                body_memory_given = 1;
+            }
+            break;
         case OPT_REQUEST_TIMEOUT:
             if ((rc = parse_i64("--request-timeout-ms", optarg, 1, UINT32_MAX, &v)) == 0)
                 cfg.http.request_timeout_ms = (uint32_t)v;
@@ -193,6 +206,8 @@ int main(int argc, char **argv)
         usage(stderr);
         return 2;
     }
+    if (!body_memory_given && cfg.http.max_body_memory <= cfg.http.max_body_bytes)
+        cfg.http.max_body_memory = cfg.http.max_body_bytes + 1;
     signal(SIGPIPE, SIG_IGN);
     struct rlimit rl;
     if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {

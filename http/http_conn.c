@@ -20,6 +20,8 @@ void http_request_free(struct http_request *req)
 {
     if (!req)
         return;
+    if (req->conn != NULL)
+        req->conn->server->body_bytes -= req->body_cap;
     free(req->head);
     free(req->headers);
     free(req->body);
@@ -193,11 +195,18 @@ static int on_body(llhttp_t *p, const char *at, size_t n)
             cap *= 2;
         if (cap > max + 1)
             cap = max + 1;
+        /* every connection's bodies together: past the budget, this one is refused */
+        struct http_server *s = c->server;
+        if (s->body_bytes - req->body_cap + cap > s->cfg.max_body_memory) {
+            c->error_status = 503;
+            return -1;
+        }
         char *body = realloc(req->body, cap);
         if (!body) {
             c->error_status = 503;
             return -1;
         }
+        s->body_bytes += cap - req->body_cap;
         req->body = body;
         req->body_cap = cap;
     }

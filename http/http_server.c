@@ -23,6 +23,7 @@ void http_config_default(struct http_config *cfg)
     cfg->max_connections = 4096;
     cfg->max_header_bytes = 64 * 1024;
     cfg->max_body_bytes = 8 * 1024 * 1024;
+    cfg->max_body_memory = 256 * 1024 * 1024;
     cfg->request_timeout_ms = 30000;
     cfg->idle_timeout_ms = 60000;
     cfg->max_queued_write_bytes = 8 * 1024 * 1024;
@@ -33,9 +34,10 @@ static int config_check(const struct http_config *cfg)
     if (!cfg->host || strlen(cfg->host) >= sizeof(((struct http_server *)0)->host))
         return pagoda_error_set(PAGODA_EINVAL, "http: host missing or too long");
     if (cfg->max_connections == 0 || cfg->max_header_bytes < 64 || cfg->max_body_bytes == 0 ||
-        cfg->request_timeout_ms == 0 || cfg->idle_timeout_ms == 0 ||
-        cfg->max_queued_write_bytes == 0)
-        return pagoda_error_set(PAGODA_EINVAL, "http: every limit must be set (headers >= 64)");
+        cfg->max_body_memory < cfg->max_body_bytes + 1 || cfg->request_timeout_ms == 0 ||
+        cfg->idle_timeout_ms == 0 || cfg->max_queued_write_bytes == 0)
+        return pagoda_error_set(PAGODA_EINVAL, "http: every limit must be set (headers >= 64, "
+                                               "body memory above the body limit)");
     /* Header offsets are 32 bits. */
     if (cfg->max_header_bytes > UINT32_MAX / 2 || cfg->max_body_bytes > SIZE_MAX / 2)
         return pagoda_error_set(PAGODA_EINVAL, "http: limits too large");
@@ -426,6 +428,8 @@ char *http_request_take_body(struct http_request *req, size_t *len)
         return NULL;
     if (len)
         *len = req->body_len;
+    if (req->conn != NULL)
+        req->conn->server->body_bytes -= req->body_cap;
     req->body = NULL;
     req->body_len = req->body_cap = 0;
     return body;

@@ -26,18 +26,20 @@
 #include <uv.h>
 
 struct http_config {
-    const char *host;              /* address to listen on, e.g. "127.0.0.1" or "0.0.0.0" */
-    uint16_t port;                 /* 0: any free port (http_server_port tells which) */
-    uint32_t max_connections;      /* open at once */
-    size_t max_header_bytes;       /* request line and headers */
-    size_t max_body_bytes;         /* a body over it: 413 and the connection closes */
+    const char *host;         /* address to listen on, e.g. "127.0.0.1" or "0.0.0.0" */
+    uint16_t port;            /* 0: any free port (http_server_port tells which) */
+    uint32_t max_connections; /* open at once */
+    size_t max_header_bytes;  /* request line and headers */
+    size_t max_body_bytes;    /* a body over it: 413 and the connection closes */
+    size_t max_body_memory;   /* bodies held by every request together (until a handler takes one:
+                                 http_request_take_body); one that would pass it: 503 and close */
     uint32_t request_timeout_ms;   /* first byte to complete body, else 408 and close */
     uint32_t idle_timeout_ms;      /* a keep-alive connection with no request in progress */
     size_t max_queued_write_bytes; /* a response's unsent bytes beyond this: the client is cut */
 };
 
-/* Defaults: 127.0.0.1:8000, 4096 connections, 64 KiB of headers, 8 MiB bodies, 30 s per request,
- * 60 s idle, 8 MiB queued. */
+/* Defaults: 127.0.0.1:8000, 4096 connections, 64 KiB of headers, 8 MiB bodies, 256 MiB of bodies
+ * held at once, 30 s per request, 60 s idle, 8 MiB queued. */
 void http_config_default(struct http_config *cfg);
 
 struct http_server;

@@ -1,9 +1,10 @@
-/* Tests of http/'s limits and endings: header and body sizes (431, 413), slow clients (408)
- * while others are served, idle connections closed, the connection cap (503), a client that
- * stops reading cut, a client gone mid-stream (the close callback once), and http_server_close
- * with connections open. The harness is test_http_server_harness.h. */
+/* Tests of http/'s limits and endings: header and body sizes (431, 413), the bodies held at
+ * once (503), slow clients (408) while others are served, idle connections closed, the connection
+ * cap (503), a client that stops reading cut, a client gone mid-stream (the close callback once),
+ * and http_server_close with connections open. The harness is test_http_server_harness.h. */
 #include "tests/unit/test_http_server_harness.h"
 
+#include <poll.h>
 #include <signal.h>
 
 /* ---- limits ---- */
@@ -53,6 +54,51 @@ static void test_size_limits(void **state)
     f.cfg.max_header_bytes = 1024;
     f.cfg.max_body_bytes = 1000;
     fx_run(&f, client_size_limits);
+}
+
+/* Two bodies of 1000 bytes under a budget of 1500 for every connection's bodies, both begun:
+ * whichever the server reads second is refused at once (503, closed) while the other waits for
+ * the rest of its body and is then served; then the budget is free again. */
+static void client_body_memory(struct fx *f)
+{
+    struct cl c[2];
+    struct resp r;
+    char body[1000];
+    memset(body, 'b', sizeof(body));
+    for (int i = 0; i < 2; i++) {
+        CHECK(f, cl_connect(&c[i], f->port) == 0);
+        CHECK(f, cl_sends(&c[i], "POST /echo HTTP/1.1\r\nContent-Length: 1000\r\n\r\n") == 0);
+        CHECK(f, cl_send(&c[i], body, 10) == 0);
+    }
+    /* Only the refused one has anything to read. */
+    struct pollfd pf[2] = {{.fd = c[0].fd, .events = POLLIN}, {.fd = c[1].fd, .events = POLLIN}};
+    CHECK(f, poll(pf, 2, 5000) == 1);
+    const int refused = (pf[0].revents & POLLIN) ? 0 : 1, served = 1 - refused;
+    CHECK(f, cl_response(&c[refused], &r, false) == 0 && r.status == 503);
+    resp_free(&r);
+    CHECK(f, cl_closed(&c[refused]));
+    CHECK(f, cl_send(&c[served], body + 10, sizeof(body) - 10) == 0);
+    CHECK(f,
+          cl_response(&c[served], &r, false) == 0 && r.status == 200 && strstr(r.body, "len=1000"));
+    resp_free(&r);
+    for (int i = 0; i < 2; i++)
+        cl_close(&c[i]);
+    /* The served body's memory is back: a third is served. */
+    CHECK(f, cl_connect(&c[0], f->port) == 0);
+    CHECK(f, cl_sends(&c[0], "POST /echo HTTP/1.1\r\nContent-Length: 1000\r\n\r\n") == 0);
+    CHECK(f, cl_send(&c[0], body, sizeof(body)) == 0);
+    CHECK(f, cl_response(&c[0], &r, false) == 0 && r.status == 200 && strstr(r.body, "len=1000"));
+    resp_free(&r);
+    cl_close(&c[0]);
+}
+
+static void test_body_memory(void **state)
+{
+    struct fx f;
+    fx_config(&f);
+    f.cfg.max_body_bytes = 1000;
+    f.cfg.max_body_memory = 1500;
+    fx_run(&f, client_body_memory);
 }
 
 static void client_slow_and_idle(struct fx *f)
@@ -232,6 +278,7 @@ int main(void)
     signal(SIGPIPE, SIG_IGN);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_size_limits),
+        cmocka_unit_test(test_body_memory),
         cmocka_unit_test(test_slow_and_idle_clients),
         cmocka_unit_test(test_connection_cap),
         cmocka_unit_test(test_client_not_reading_is_cut),
