@@ -47,7 +47,8 @@ static void usage(FILE *f)
             "--max-requests: generations in progress at once; more get 429 (%u).\n"
             "--max-body-memory: bytes of request bodies held at once while they arrive,\n"
             "           and again while they wait to be parsed; a body that would pass it gets\n"
-            "           503 (256 MiB, and at least --max-body-bytes + 1).\n"
+            "           503 (256 MiB, or 4 x --max-body-bytes if that is more; above\n"
+            "           --max-body-bytes if given).\n"
             "--default-max-tokens: a chat completion without max_tokens (%d).\n",
             GATEWAY_DEFAULT_MAX_REQUESTS, GATEWAY_DEFAULT_MAX_TOKENS);
 }
@@ -206,8 +207,9 @@ int main(int argc, char **argv)
         usage(stderr);
         return 2;
     }
-    if (!body_memory_given && cfg.http.max_body_memory <= cfg.http.max_body_bytes)
-        cfg.http.max_body_memory = cfg.http.max_body_bytes + 1;
+    /* (a larger --max-body-bytes alone keeps room for four such bodies at once) */
+    if (!body_memory_given && cfg.http.max_body_memory < 4 * cfg.http.max_body_bytes)
+        cfg.http.max_body_memory = 4 * cfg.http.max_body_bytes;
     signal(SIGPIPE, SIG_IGN);
     struct rlimit rl;
     if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {

@@ -21,7 +21,7 @@ void http_request_free(struct http_request *req)
     if (!req)
         return;
     if (req->conn != NULL)
-        req->conn->server->body_bytes -= req->body_cap;
+        req->conn->server->body_bytes -= req->body_len;
     free(req->head);
     free(req->headers);
     free(req->body);
@@ -162,6 +162,13 @@ static int on_headers_complete(llhttp_t *p)
         c->error_status = 413;
         return -1;
     }
+    /* A declared body the bodies held now leave no room for: refused before it is sent (and
+     * before a 100 Continue invites it). */
+    const struct http_server *s = c->server;
+    if (!(p->flags & F_CHUNKED) && s->body_bytes + p->content_length > s->cfg.max_body_memory) {
+        c->error_status = 503;
+        return -1;
+    }
     /* No protocol switches: an Upgrade request is answered as plain HTTP (llhttp reads the flag
      * after this callback), and the connection goes on. */
     p->upgrade = 0;
@@ -186,30 +193,32 @@ static int on_body(llhttp_t *p, const char *at, size_t n)
         c->error_status = 413;
         return -1;
     }
+    /* Every connection's bodies together, in bytes received (a declared length reserves none of
+     * it: its allocation is touched only as bytes arrive): past the budget, this one is refused. */
+    struct http_server *s = c->server;
+    if (s->body_bytes + n > s->cfg.max_body_memory) {
+        c->error_status = 503;
+        return -1;
+    }
     if (req->body_len + n + 1 > req->body_cap) {
         size_t cap = req->body_cap ? req->body_cap : 1024;
-        /* A Content-Length body is read into one allocation of its size. */
-        if (!(p->flags & F_CHUNKED) && p->content_length + req->body_len + 1 > cap)
-            cap = (size_t)p->content_length + req->body_len + 1;
+        /* A Content-Length body is read into one allocation of its size (llhttp's content_length
+         * is what is left after these n bytes). */
+        if (!(p->flags & F_CHUNKED) && req->body_len + n + p->content_length + 1 > cap)
+            cap = req->body_len + n + (size_t)p->content_length + 1;
         while (cap < req->body_len + n + 1)
             cap *= 2;
         if (cap > max + 1)
             cap = max + 1;
-        /* every connection's bodies together: past the budget, this one is refused */
-        struct http_server *s = c->server;
-        if (s->body_bytes - req->body_cap + cap > s->cfg.max_body_memory) {
-            c->error_status = 503;
-            return -1;
-        }
         char *body = realloc(req->body, cap);
         if (!body) {
             c->error_status = 503;
             return -1;
         }
-        s->body_bytes += cap - req->body_cap;
         req->body = body;
         req->body_cap = cap;
     }
+    s->body_bytes += n;
     memcpy(req->body + req->body_len, at, n);
     req->body_len += n;
     req->body[req->body_len] = '\0';

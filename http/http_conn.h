@@ -108,7 +108,7 @@ struct http_server {
     bool listener_open;
     bool closing;
     struct http_conn_list conns;
-    size_t body_bytes; /* the capacity of every request's body buffer (cfg.max_body_memory) */
+    size_t body_bytes; /* body bytes every request holds (cfg.max_body_memory) */
     /* Detached: where responses go. */
     void (*sink)(void *arg, const char *data, size_t len);
     void *sink_arg;

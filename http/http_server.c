@@ -429,7 +429,7 @@ char *http_request_take_body(struct http_request *req, size_t *len)
     if (len)
         *len = req->body_len;
     if (req->conn != NULL)
-        req->conn->server->body_bytes -= req->body_cap;
+        req->conn->server->body_bytes -= req->body_len;
     req->body = NULL;
     req->body_len = req->body_cap = 0;
     return body;

@@ -31,8 +31,10 @@ struct http_config {
     uint32_t max_connections; /* open at once */
     size_t max_header_bytes;  /* request line and headers */
     size_t max_body_bytes;    /* a body over it: 413 and the connection closes */
-    size_t max_body_memory;   /* bodies held by every request together (until a handler takes one:
-                                 http_request_take_body); one that would pass it: 503 and close */
+    /* Body bytes held by every request together, until a handler takes one
+     * (http_request_take_body): a declared length, or bytes, that would pass it get 503 and the
+     * connection closes. */
+    size_t max_body_memory;
     uint32_t request_timeout_ms;   /* first byte to complete body, else 408 and close */
     uint32_t idle_timeout_ms;      /* a keep-alive connection with no request in progress */
     size_t max_queued_write_bytes; /* a response's unsent bytes beyond this: the client is cut */

@@ -56,19 +56,22 @@ static void test_size_limits(void **state)
     fx_run(&f, client_size_limits);
 }
 
-/* Two bodies of 1000 bytes under a budget of 1500 for every connection's bodies, both begun:
- * whichever the server reads second is refused at once (503, closed) while the other waits for
- * the rest of its body and is then served; then the budget is free again. */
+/* Two bodies of 1000 bytes under a budget of 1500 body bytes for every connection, 900 bytes of
+ * each sent: whichever the server reads second is refused at once (503, closed; at its headers,
+ * or at the byte that passes the budget) while the other waits for the rest of its body. A third
+ * declaring 1000 bytes with Expect: 100-continue meanwhile gets its 503 before any 100 Continue,
+ * and a chunked body its 503 at the chunk that passes the budget.
+ * Once the second is served the budget is free again. */
 static void client_body_memory(struct fx *f)
 {
-    struct cl c[2];
+    struct cl c[3];
     struct resp r;
     char body[1000];
     memset(body, 'b', sizeof(body));
     for (int i = 0; i < 2; i++) {
         CHECK(f, cl_connect(&c[i], f->port) == 0);
         CHECK(f, cl_sends(&c[i], "POST /echo HTTP/1.1\r\nContent-Length: 1000\r\n\r\n") == 0);
-        CHECK(f, cl_send(&c[i], body, 10) == 0);
+        (void)cl_send(&c[i], body, 900); /* the refused one may be closed already */
     }
     /* Only the refused one has anything to read. */
     struct pollfd pf[2] = {{.fd = c[0].fd, .events = POLLIN}, {.fd = c[1].fd, .events = POLLIN}};
@@ -77,13 +80,31 @@ static void client_body_memory(struct fx *f)
     CHECK(f, cl_response(&c[refused], &r, false) == 0 && r.status == 503);
     resp_free(&r);
     CHECK(f, cl_closed(&c[refused]));
-    CHECK(f, cl_send(&c[served], body + 10, sizeof(body) - 10) == 0);
+    /* The served one holds 600 bytes or more (the refusal needed 1500 in all): no room for 1000. */
+    CHECK(f, cl_connect(&c[2], f->port) == 0);
+    CHECK(f, cl_sends(&c[2], "POST /echo HTTP/1.1\r\nContent-Length: 1000\r\n"
+                             "Expect: 100-continue\r\n\r\n") == 0);
+    CHECK(f, cl_response(&c[2], &r, false) == 0 && r.status == 503);
+    resp_free(&r);
+    CHECK(f, cl_closed(&c[2]));
+    cl_close(&c[2]);
+    /* A chunked body declares nothing: its chunk of 950 bytes is refused as it arrives. */
+    CHECK(f, cl_connect(&c[2], f->port) == 0);
+    CHECK(f,
+          cl_sends(&c[2], "POST /echo HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n3b6\r\n") == 0);
+    (void)cl_send(&c[2], body, 950);
+    (void)cl_sends(&c[2], "\r\n0\r\n\r\n");
+    CHECK(f, cl_response(&c[2], &r, false) == 0 && r.status == 503);
+    resp_free(&r);
+    CHECK(f, cl_closed(&c[2]));
+    cl_close(&c[2]);
+    CHECK(f, cl_send(&c[served], body + 900, sizeof(body) - 900) == 0);
     CHECK(f,
           cl_response(&c[served], &r, false) == 0 && r.status == 200 && strstr(r.body, "len=1000"));
     resp_free(&r);
     for (int i = 0; i < 2; i++)
         cl_close(&c[i]);
-    /* The served body's memory is back: a third is served. */
+    /* The served body's bytes are back: a third is served. */
     CHECK(f, cl_connect(&c[0], f->port) == 0);
     CHECK(f, cl_sends(&c[0], "POST /echo HTTP/1.1\r\nContent-Length: 1000\r\n\r\n") == 0);
     CHECK(f, cl_send(&c[0], body, sizeof(body)) == 0);
