@@ -9,6 +9,10 @@
 #include <string.h>
 #include <strings.h>
 
+/* The message of a body refused for the bodies held at once (http_config.max_body_memory). */
+static const char kBodyBudget[] = "the request bodies the server holds at once leave no room for "
+                                  "this one: try again";
+
 static struct http_conn *conn_of(llhttp_t *p)
 {
     return (struct http_conn *)p->data;
@@ -167,6 +171,7 @@ static int on_headers_complete(llhttp_t *p)
     const struct http_server *s = c->server;
     if (!(p->flags & F_CHUNKED) && s->body_bytes + p->content_length > s->cfg.max_body_memory) {
         c->error_status = 503;
+        c->error_detail = kBodyBudget;
         return -1;
     }
     /* No protocol switches: an Upgrade request is answered as plain HTTP (llhttp reads the flag
@@ -198,6 +203,7 @@ static int on_body(llhttp_t *p, const char *at, size_t n)
     struct http_server *s = c->server;
     if (s->body_bytes + n > s->cfg.max_body_memory) {
         c->error_status = 503;
+        c->error_detail = kBodyBudget;
         return -1;
     }
     if (req->body_len + n + 1 > req->body_cap) {

@@ -80,10 +80,11 @@ struct http_conn {
     struct http_request *req; /* being read or handled; NULL in IDLE */
     size_t header_bytes;      /* of the request being read, until its headers are complete */
     bool headers_done;
-    int error_status; /* set by a parser callback that refuses: 413, 431 */
-    bool keep_alive;  /* after the response in progress */
-    bool http10;      /* the request in progress is HTTP/1.0 */
-    char *pending;    /* bytes read while handling, parsed once the response ends */
+    int error_status;         /* set by a parser callback that refuses: 413, 431 */
+    const char *error_detail; /* with it, the message (static), or NULL for the status's */
+    bool keep_alive;          /* after the response in progress */
+    bool http10;              /* the request in progress is HTTP/1.0 */
+    char *pending;            /* bytes read while handling, parsed once the response ends */
     size_t pending_len;
     unsigned writes_in_flight;
     bool reading; /* uv_read_start in effect */
@@ -136,9 +137,9 @@ int http_conn_send(struct http_conn *c, const char *data, size_t len);
 void http_conn_fail(struct http_conn *c, int status);
 /* The reason phrase of a status ("Not Found"); "Unknown" when it has none here. */
 const char *http_status_reason(int status);
-/* The whole error response (JSON body, Connection: close) into buf; its length, or 0 when it
- * does not fit. */
-size_t http_error_response(char *buf, size_t cap, int status);
+/* The whole error response (JSON body, Connection: close; a 503 says Retry-After: 1) into buf;
+ * its length, or 0 when it does not fit. detail: the message, or NULL for the status's. */
+size_t http_error_response(char *buf, size_t cap, int status, const char *detail);
 
 /* ---- http_server.c: the socket's side ---- */
 

@@ -232,7 +232,7 @@ static void refuse(uv_stream_t *listener)
     }
     if (uv_accept(listener, (uv_stream_t *)t) == 0) {
         char buf[512];
-        size_t n = http_error_response(buf, sizeof(buf), 503);
+        size_t n = http_error_response(buf, sizeof(buf), 503, "too many connections");
         uv_buf_t b = uv_buf_init(buf, (unsigned)n);
         (void)uv_try_write((uv_stream_t *)t, &b, 1);
     }

@@ -169,17 +169,19 @@ static const char *error_message(int status)
     }
 }
 
-size_t http_error_response(char *buf, size_t cap, int status)
+size_t http_error_response(char *buf, size_t cap, int status, const char *detail)
 {
     char body[192];
     int blen =
         snprintf(body, sizeof(body),
                  "{\"error\":{\"message\":\"%s\",\"type\":\"%s\",\"param\":null,\"code\":null}}\n",
-                 error_message(status), status >= 500 ? "server_error" : "invalid_request_error");
+                 detail ? detail : error_message(status),
+                 status >= 500 ? "server_error" : "invalid_request_error");
     int n = snprintf(buf, cap,
                      "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
-                     "Connection: close\r\n\r\n%s",
-                     status, http_status_reason(status), blen, body);
+                     "%sConnection: close\r\n\r\n%s",
+                     status, http_status_reason(status), blen,
+                     status == 503 ? "Retry-After: 1\r\n" : "", body);
     return n > 0 && (size_t)n < cap ? (size_t)n : 0;
 }
 
@@ -192,7 +194,7 @@ void http_conn_fail(struct http_conn *c, int status)
         return;
     }
     char buf[512];
-    size_t n = http_error_response(buf, sizeof(buf), status);
+    size_t n = http_error_response(buf, sizeof(buf), status, c->error_detail);
     c->keep_alive = false;
     if (http_conn_send(c, buf, n) < 0) {
         http_conn_close(c);
