@@ -769,12 +769,13 @@ static int64_t blocks_owed(const struct scheduler *s)
     return owed;
 }
 
-/* Whether q's tenant runs as many sequences as it may. */
+/* Whether tenant t runs as many sequences as it may. */
 static bool tenant_at_cap(const struct sched_tenant *t)
 {
     return t->max_running > 0 && t->running >= t->max_running;
 }
 
+/* Whether q's tenant (if it has one) does. */
 static bool owner_at_cap(const struct seq *q)
 {
     return q->owner && tenant_at_cap(q->owner);

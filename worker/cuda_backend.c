@@ -833,12 +833,16 @@ static int tma_rows(const struct cuda_backend *b, int64_t rows)
     return b->tma != NULL && rows >= 2 && rows <= b->opt.tma_max_rows;
 }
 
-/* (kind: which linear, CUDA_TMA_QKV .. CUDA_TMA_DOWN, against opt.tma_linears) */
+/* tma_rows for linear `kind` (CUDA_TMA_QKV .. CUDA_TMA_DOWN), which opt.tma_linears names. */
+static int tma_kind_rows(const struct cuda_backend *b, int kind, int64_t rows)
+{
+    return (b->opt.tma_linears & kind) && tma_rows(b, rows);
+}
+
 static int tma_takes(const struct cuda_backend *b, int kind, const uint16_t *x, const uint16_t *w,
                      const void *y, int64_t rows, int64_t in, int64_t out, int32_t S)
 {
-    return (b->opt.tma_linears & kind) && tma_rows(b, rows) &&
-           cuda_tma_fits(rows, in, out, S, x, w, y);
+    return tma_kind_rows(b, kind, rows) && cuda_tma_fits(rows, in, out, S, x, w, y);
 }
 
 /* Whether a layer's linear of a bf16 output (gemm_layer) runs through cuBLAS or cuBLASLt (not
@@ -1193,8 +1197,8 @@ static int forward_layers(struct cuda_backend *b, int32_t n, int32_t num_logits)
     const int32_t o_parts = o_into ? o_split : 0;
     const int32_t down_parts = down_into ? down_split : 0;
     /* gate/up with SiLU-and-multiply in one kernel of linear_tma (opt.tma_silu) */
-    const int silu_tma = b->opt.tma_silu && (b->opt.tma_linears & CUDA_TMA_GATE_UP) &&
-                         c->num_layers > 0 && tma_rows(b, n) &&
+    const int silu_tma = b->opt.tma_silu && c->num_layers > 0 &&
+                         tma_kind_rows(b, CUDA_TMA_GATE_UP, n) &&
                          cuda_tma_silu_fits(n, H, I, b->hidden, b->layers[0].w_gate_up, b->act);
     for (int64_t i = 0; i < c->num_layers; i++) {
         const struct cuda_layer *l = &b->layers[i];
