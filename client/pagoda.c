@@ -445,6 +445,8 @@ int client_submit_build(struct client_submit *cs, const pagoda_generate_params *
     }
     sub.has_max_tokens = 1;
     sub.max_tokens = params->max_tokens;
+    sub.has_strict_max_tokens = params->strict_max_tokens != 0;
+    sub.strict_max_tokens = params->strict_max_tokens != 0;
     sub.n_stop_token_ids = params->num_stop_token_ids;
     sub.stop_token_ids = (int32_t *)params->stop_token_ids;
     sub.has_ignore_eos = 1;

@@ -76,7 +76,11 @@ typedef struct pagoda_generate_params {
     float frequency_penalty;  /* in [-2, 2]; 0: off */
     int has_seed;             /* 0: the router draws a seed */
     uint64_t seed;
-    int32_t max_tokens;            /* at least 1 */
+    int32_t max_tokens; /* at least 1 */
+    /* 1: a prompt plus max_tokens past the model's context is refused (PAGODA_ERANGE), as
+     * OpenAI's API refuses an explicit max_tokens; 0 (the default): the request ends by length
+     * (PAGODA_FINISH_LENGTH) when the context is full. */
+    int strict_max_tokens;
     const int32_t *stop_token_ids; /* borrowed for the call; NULL when num_stop_token_ids is 0 */
     size_t num_stop_token_ids;
     int ignore_eos;

@@ -202,8 +202,10 @@ static int read_common(struct openai_request *req, struct openai_error *err)
     if (integer(root, "max_completion_tokens", 1, INT32_MAX, &n, err) ||
         (n < 0 && integer(root, "max_tokens", 1, INT32_MAX, &n, err)))
         return -1;
-    if (n > 0)
+    if (n > 0) {
         p->max_tokens = (int32_t)n;
+        p->strict_max_tokens = 1; /* given: refused past the context (the default fits) */
+    }
     const char *one[] = {"n", "best_of"};
     for (size_t k = 0; k < 2; k++) {
         const json_t *v = json_object_get(root, one[k]);

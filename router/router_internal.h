@@ -99,6 +99,7 @@ struct submit_params {
     struct sampling_params sampling; /* the seed is the router's draw unless has_seed */
     int has_seed;                    /* the client chose the seed */
     int32_t max_tokens;
+    int strict_max_tokens; /* prompt + max_tokens past the context is refused */
     int ignore_eos;
     int logprobs;
     int has_text;          /* the prompt is text or a chat, tokenized later (router_text.c) */

@@ -331,6 +331,22 @@ struct request *registry_adopt(struct router *r, const Pagoda__Internal__TokenEv
 
 /* ---- client calls ---------------------------------------------------------------------------- */
 
+/* With strict_max_tokens, a prompt of n tokens and max_tokens must fit the model's context (once
+ * known), as OpenAI's API and vLLM's refuse an explicit max_tokens; otherwise the request ends by
+ * length when the context is full. Returns 0, or PAGODA_ERANGE with its reason in why. */
+static int fits_context(const struct router *r, const struct submit_params *p, uint32_t n,
+                        char *why, size_t why_len)
+{
+    uint64_t want = (uint64_t)n + (uint64_t)p->max_tokens;
+    if (!p->strict_max_tokens || r->model_positions == 0 || want <= r->model_positions)
+        return 0;
+    snprintf(why, why_len,
+             "the model's context is %u tokens, and this request asks for %llu (%u of prompt, "
+             "%d of max_tokens): shorten the prompt or lower max_tokens",
+             r->model_positions, (unsigned long long)want, n, (int)p->max_tokens);
+    return PAGODA_ERANGE;
+}
+
 /* Applies defaults to a Submit and checks every value; on success *p points into s. */
 static int submit_params_read(const struct router *r, const Pagoda__SubmitRequest *s,
                               struct submit_params *p)
@@ -365,6 +381,10 @@ static int submit_params_read(const struct router *r, const Pagoda__SubmitReques
     if (p->max_tokens < 1 || (uint32_t)p->max_tokens > cfg->max_new_tokens)
         return pagoda_error_set(PAGODA_ERANGE, "max_tokens %d is outside [1, %u]",
                                 (int)p->max_tokens, cfg->max_new_tokens);
+    p->strict_max_tokens = s->has_strict_max_tokens && s->strict_max_tokens;
+    char fit[256];
+    if (!p->has_text && fits_context(r, p, p->num_prompt, fit, sizeof(fit)) != 0)
+        return pagoda_error_set(PAGODA_ERANGE, "%s", fit); /* a text prompt: once tokenized */
     p->ignore_eos = s->has_ignore_eos && s->ignore_eos;
 
     /* Sampling: the one definition of defaults and ranges (wire/sampling_wire.h). */
@@ -397,8 +417,8 @@ static int submit_params_equal(const struct submit_params *a, const uint64_t a_h
            a->sampling.presence_penalty == b->sampling.presence_penalty &&
            a->sampling.frequency_penalty == b->sampling.frequency_penalty &&
            a->has_seed == b->has_seed && (!a->has_seed || a->sampling.seed == b->sampling.seed) &&
-           a->max_tokens == b->max_tokens && a->ignore_eos == b->ignore_eos &&
-           a->logprobs == b->logprobs;
+           a->max_tokens == b->max_tokens && a->strict_max_tokens == b->strict_max_tokens &&
+           a->ignore_eos == b->ignore_eos && a->logprobs == b->logprobs;
 }
 
 static struct request *request_new(struct router *r, uint32_t tenant, const uint8_t *id,
@@ -532,6 +552,9 @@ void router_prompt_ready(struct router *r, struct request *q, int rc, const char
         free(ids); /* cancelled while it was tokenized */
         return;
     }
+    char why[256];
+    if (rc == 0 && (rc = fits_context(r, &q->p, (uint32_t)n, why, sizeof(why))) != 0)
+        detail = why;
     if (rc != 0) {
         free(ids);
         char hex[2 * ID_BYTES + 1];

@@ -128,6 +128,16 @@ check(await status(bad.completions.create({ model, prompt: 'x', max_tokens: 2 })
 const long = 'word '.repeat(3000);
 check(await status(client.completions.create({ model, prompt: long, max_tokens: 2 })) === 400,
       'an over-long prompt: 400');
+// An explicit max_tokens that the prompt plus it pass the context is refused, as OpenAI and vLLM
+// refuse it (the tiny model's context is 2048 tokens); a defaulted one ends by length instead
+// (tests/integration/front_test.c checks both sides on token ids).
+try {
+  await client.completions.create({ model, prompt, max_tokens: 2040 });
+  check(false, 'max_tokens past the context: answered');
+} catch (e) {
+  check(e.status === 400 && /context is 2048 tokens/.test(e.message),
+        `max_tokens past the context: ${e.status} ${e.message}`);
+}
 check(await status(client.completions.create({ model: 'nope', prompt: 'x' })) === 404,
       'an unknown model: 404');
 check(await status(client.completions.create({ model, prompt: 'x', n: 2 })) === 400,

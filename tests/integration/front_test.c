@@ -425,6 +425,31 @@ static void scenario_refused(struct group *g)
           "%d prompts of the model's context (%d tokens) refused at once with PAGODA_ERANGE "
           "(%d otherwise answered)",
           refused, MODEL_POSITIONS, other);
+    /* strict_max_tokens: a prompt plus max_tokens one past the context is refused at once with
+     * the figures; one that fits is served to its max_tokens, and without the flag the one past
+     * ends by length at the context. */
+    int32_t near = MODEL_POSITIONS - 6;
+    pagoda_generate_params ps = group_greedy(7);
+    ps.strict_max_tokens = 1;
+    uint8_t sid[PAGODA_REQUEST_ID_BYTES];
+    int rc = pagoda_submit(a, &ps, prompt, (size_t)near, sid);
+    CHECK(rc == PAGODA_ERANGE && strstr(pagoda_error_detail(), "asks for 2049") != NULL,
+          "strict max_tokens one past the context refused: %d '%s'", rc, pagoda_error_detail());
+    pagoda_result res;
+    ps.max_tokens = 6;
+    rc = pagoda_generate(a, &ps, prompt, (size_t)near, &res);
+    CHECK(rc == 0 && res.finish_reason == PAGODA_FINISH_LENGTH && res.num_tokens == 6,
+          "strict max_tokens that fits: %zu tokens (rc %d)", rc == 0 ? res.num_tokens : 0, rc);
+    if (rc == 0)
+        pagoda_result_free(&res);
+    ps.strict_max_tokens = 0;
+    ps.max_tokens = 7;
+    rc = pagoda_generate(a, &ps, prompt, (size_t)near, &res);
+    CHECK(rc == 0 && res.finish_reason == PAGODA_FINISH_LENGTH && res.num_tokens == 6,
+          "max_tokens past the context without strict: ends by length at %zu tokens (rc %d)",
+          rc == 0 ? res.num_tokens : 0, rc);
+    if (rc == 0)
+        pagoda_result_free(&res);
     long rss1 = rss_kib(router);
     long kept_kib = (long)REFUSED_PROMPTS * MODEL_POSITIONS * 4 / 1024;
     CHECK(rss0 > 0 && rss1 > 0 && rss1 - rss0 < kept_kib / 2,
@@ -488,7 +513,7 @@ static void scenario_refused(struct group *g)
         pagoda__client_response__free_unpacked(resp, NULL);
     size_t n = 256; /* one prefill step on a loaded CPU stays within the step timeout */
     pagoda_result r = {0};
-    int rc = pagoda_generate(a, &p, prompt, n, &r);
+    rc = pagoda_generate(a, &p, prompt, n, &r);
     CHECK(rc == 0 && r.finish_reason == PAGODA_FINISH_LENGTH,
           "a %zu-token prompt generates "
           "(rc %d)",

@@ -319,6 +319,19 @@ static void scenario_text(struct group *g, const Tokenizer *tok, const ChatTempl
               strstr(bad.error_message, "chat_template_kwargs") != NULL,
           "bad template variables: '%s'", bad.error_message ? bad.error_message : "");
     pagoda_result_free(&bad);
+    /* strict_max_tokens: a text prompt whose tokens plus max_tokens pass the context (the tiny
+     * model's 2048) ends with the reason once tokenized; without it, it would run to the context.
+     */
+    pagoda_generate_params pf = group_greedy((int32_t)(2049 - ids.len));
+    pf.strict_max_tokens = 1;
+    pr = pagoda_prompt_default();
+    pr.text = PROSE;
+    rc = pagoda_generate_prompt(c, &pf, &pr, NULL, NULL, &bad);
+    CHECK(rc == 0 && bad.finish_reason == PAGODA_FINISH_ERROR && bad.error_message != NULL &&
+              strstr(bad.error_message, "context is 2048 tokens") != NULL &&
+              strstr(bad.error_message, "2049") != NULL && bad.num_tokens == 0,
+          "strict max_tokens past the context: '%s'", bad.error_message ? bad.error_message : "");
+    pagoda_result_free(&bad);
     const char *bad_stop[] = {"ok", "\xff"};
     pagoda_generate_params pb = p4;
     pb.stop = bad_stop;

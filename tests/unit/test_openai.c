@@ -34,6 +34,7 @@ static void test_a_completion_is_read(void **state)
     assert_string_equal(req.model, "m");
     assert_string_equal(req.prompt.text, "Hello");
     assert_int_equal(req.params.max_tokens, 7);
+    assert_int_equal(req.params.strict_max_tokens, 1); /* given: refused past the context */
     assert_true(req.params.temperature == 0.0f);
     assert_true(req.params.top_p == 0.5f);
     assert_int_equal(req.params.top_k, 0);
@@ -48,6 +49,7 @@ static void test_a_completion_is_read(void **state)
     assert_int_equal(parse(OPENAI_COMPLETION, "{\"prompt\": [[1, 2, 3]]}", &req, &err), 0);
     assert_int_equal(req.prompt.num_token_ids, 3);
     assert_int_equal(req.prompt.token_ids[2], 3);
+    assert_int_equal(req.params.strict_max_tokens, 0); /* defaulted: ends at the context */
     assert_int_equal(req.params.max_tokens, 16);
     assert_true(req.params.temperature == 1.0f);
     assert_null(req.model);
