@@ -106,6 +106,16 @@ void gateway_respond_plain(struct http_request *http, int status, const char *co
 
 /* ---- answering ----------------------------------------------------------------------------- */
 
+/* The extra header of a status a client should retry after (429: a limit is full; 503: the router
+ * or the gateway cannot take it now): Retry-After: 1, which OpenAI's clients wait for before their
+ * retry, as the HTTP server's own 503s carry. *n: 1 with it, 0 without. */
+static const char *const *retry_headers(int status, size_t *n)
+{
+    static const char *const retry[] = {"Retry-After: 1"};
+    *n = status == 429 || status == 503;
+    return *n ? retry : NULL;
+}
+
 static void respond_json(struct greq *q, int status, char *json);
 static int stream_write_json(struct greq *q, char *json);
 
@@ -134,7 +144,9 @@ static void respond_json(struct greq *q, int status, char *json)
                                   "\"internal_server_error\",\"param\":null,\"code\":null}}";
         rc = http_respond(q->http, 500, "application/json", oom, sizeof(oom) - 1, NULL, 0);
     } else {
-        rc = http_respond(q->http, status, "application/json", json, strlen(json), NULL, 0);
+        size_t n;
+        const char *const *headers = retry_headers(status, &n);
+        rc = http_respond(q->http, status, "application/json", json, strlen(json), headers, n);
         free(json);
     }
     http_end(q, rc);
@@ -613,8 +625,10 @@ static void start_generation(struct gateway *g, struct http_request *http, enum 
                  "%u requests are in progress, the gateway's limit: retry later",
                  g->cfg.max_requests);
         char *json = openai_error_json(&err);
+        size_t n;
+        const char *const *headers = retry_headers(429, &n);
         gateway_respond_plain(http, 429, "application/json", json ? json : "{}",
-                              json ? strlen(json) : 2, NULL, 0);
+                              json ? strlen(json) : 2, headers, n);
         free(json);
         gateway_metrics_error(g, 429);
         return;

@@ -2,8 +2,8 @@
  *
  *   pagoda-gateway --run-dir DIR --router URL --listen HOST:PORT [--model-name NAME]
  *                  [--stats-key KEY] [--max-connections N] [--max-requests N]
- *                  [--max-body-bytes N] [--max-body-memory N] [--request-timeout-ms MS]
- *                  [--idle-timeout-ms MS]
+ *                  [--max-body-bytes N] [--max-body-memory N] [--max-write-memory N]
+ *                  [--request-timeout-ms MS] [--idle-timeout-ms MS]
  *                  [--default-max-tokens N] [--log-level L]
  *
  * SIGTERM or SIGINT stops it: the listener closes and every request in progress is cancelled in
@@ -35,8 +35,8 @@ static void usage(FILE *f)
             "usage: pagoda-gateway --router URL --listen HOST:PORT [--run-dir DIR]\n"
             "                      [--model-name NAME] [--stats-key KEY]\n"
             "                      [--max-connections N] [--max-requests N] [--max-body-bytes N]\n"
-            "                      [--max-body-memory N] [--request-timeout-ms MS]\n"
-            "                      [--idle-timeout-ms MS]\n"
+            "                      [--max-body-memory N] [--max-write-memory N]\n"
+            "                      [--request-timeout-ms MS] [--idle-timeout-ms MS]\n"
             "                      [--default-max-tokens N] [--log-level debug|info|warn|error]\n"
             "Serves OpenAI's API (POST /v1/completions, /v1/chat/completions; GET /v1/models,\n"
             "/health, /metrics, and a status page at /) for the router at URL.\n"
@@ -49,6 +49,9 @@ static void usage(FILE *f)
             "           and again while they wait to be parsed; a body that would pass it gets\n"
             "           503 (256 MiB, or 4 x --max-body-bytes if that is more; above\n"
             "           --max-body-bytes if given).\n"
+            "--max-write-memory: bytes of responses held for clients that have not read them\n"
+            "           yet, every connection together; past it the slowest readers are\n"
+            "           disconnected (256 MiB).\n"
             "--default-max-tokens: a chat completion without max_tokens (%d).\n",
             GATEWAY_DEFAULT_MAX_REQUESTS, GATEWAY_DEFAULT_MAX_TOKENS);
 }
@@ -107,6 +110,7 @@ enum {
     OPT_MAX_REQUESTS,
     OPT_MAX_BODY,
     OPT_MAX_BODY_MEMORY,
+    OPT_MAX_WRITE_MEMORY,
     OPT_REQUEST_TIMEOUT,
     OPT_IDLE_TIMEOUT,
     OPT_DEFAULT_MAX_TOKENS,
@@ -125,6 +129,7 @@ int main(int argc, char **argv)
         {"max-requests", required_argument, NULL, OPT_MAX_REQUESTS},
         {"max-body-bytes", required_argument, NULL, OPT_MAX_BODY},
         {"max-body-memory", required_argument, NULL, OPT_MAX_BODY_MEMORY},
+        {"max-write-memory", required_argument, NULL, OPT_MAX_WRITE_MEMORY},
         {"request-timeout-ms", required_argument, NULL, OPT_REQUEST_TIMEOUT},
         {"idle-timeout-ms", required_argument, NULL, OPT_IDLE_TIMEOUT},
         {"default-max-tokens", required_argument, NULL, OPT_DEFAULT_MAX_TOKENS},
@@ -177,6 +182,10 @@ int main(int argc, char **argv)
                 cfg.http.max_body_memory = (size_t)v;
                 body_memory_given = 1;
             }
+            break;
+        case OPT_MAX_WRITE_MEMORY:
+            if ((rc = parse_i64("--max-write-memory", optarg, 1, INT64_MAX / 4, &v)) == 0)
+                cfg.http.max_write_memory = (size_t)v;
             break;
         case OPT_REQUEST_TIMEOUT:
             if ((rc = parse_i64("--request-timeout-ms", optarg, 1, UINT32_MAX, &v)) == 0)

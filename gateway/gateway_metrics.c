@@ -271,6 +271,13 @@ static void render(struct greq *q, const pagoda_async_result *res, const pagoda_
           "Generation requests the gateway is serving now.", (double)g->num_generations);
     gauge(&b, "pagoda_http_connections", "HTTP connections open now.",
           g->http ? (double)http_server_connections(g->http) : 0.0);
+    gauge(&b, "pagoda_http_write_bytes",
+          "Bytes of responses held until their clients read them (--max-write-memory).",
+          g->http ? (double)http_server_write_bytes(g->http) : 0.0);
+    counter(&b, "pagoda_http_write_cuts_total",
+            "Connections cut because the responses held for slow readers reached "
+            "--max-write-memory.",
+            g->http ? (double)http_server_write_cuts(g->http) : 0.0);
     /* One engine (its router lists none) or no answer: one unlabelled pagoda_engine_up, as
      * always; several: one sample per engine (engine_series). */
     int up = res->rc == 0 && res->stats->scheduler_connected;

@@ -87,9 +87,10 @@ struct http_conn {
     char *pending;            /* bytes read while handling, parsed once the response ends */
     size_t pending_len;
     unsigned writes_in_flight;
-    bool reading; /* uv_read_start in effect */
-    bool parsing; /* inside conn_parse: a response ending now is picked up by its loop */
-    bool closing; /* closed or being closed: nothing more is read or written */
+    size_t write_bytes; /* of the writes in flight (counted in server.write_bytes until closing) */
+    bool reading;       /* uv_read_start in effect */
+    bool parsing;       /* inside conn_parse: a response ending now is picked up by its loop */
+    bool closing;       /* closed or being closed: nothing more is read or written */
     int handles_open;
 };
 
@@ -109,7 +110,9 @@ struct http_server {
     bool listener_open;
     bool closing;
     struct http_conn_list conns;
-    size_t body_bytes; /* body bytes every request holds (cfg.max_body_memory) */
+    size_t body_bytes;   /* body bytes every request holds (cfg.max_body_memory) */
+    size_t write_bytes;  /* bytes of writes in flight, connections not closing (max_write_memory) */
+    uint64_t write_cuts; /* connections cut for max_write_memory */
     /* Detached: where responses go. */
     void (*sink)(void *arg, const char *data, size_t len);
     void *sink_arg;

@@ -27,6 +27,7 @@ void http_config_default(struct http_config *cfg)
     cfg->request_timeout_ms = 30000;
     cfg->idle_timeout_ms = 60000;
     cfg->max_queued_write_bytes = 8 * 1024 * 1024;
+    cfg->max_write_memory = 256 * 1024 * 1024;
 }
 
 static int config_check(const struct http_config *cfg)
@@ -35,7 +36,7 @@ static int config_check(const struct http_config *cfg)
         return pagoda_error_set(PAGODA_EINVAL, "http: host missing or too long");
     if (cfg->max_connections == 0 || cfg->max_header_bytes < 64 || cfg->max_body_bytes == 0 ||
         cfg->max_body_memory < cfg->max_body_bytes + 1 || cfg->request_timeout_ms == 0 ||
-        cfg->idle_timeout_ms == 0 || cfg->max_queued_write_bytes == 0)
+        cfg->idle_timeout_ms == 0 || cfg->max_queued_write_bytes == 0 || cfg->max_write_memory == 0)
         return pagoda_error_set(PAGODA_EINVAL, "http: every limit must be set (headers >= 64, "
                                                "body memory above the body limit)");
     /* Header offsets are 32 bits. */
@@ -109,6 +110,8 @@ void http_conn_close(struct http_conn *c)
     if (c->closing)
         return;
     c->closing = true;
+    /* Its writes in flight are cancelled by the close: no longer the server's to count. */
+    c->server->write_bytes -= c->write_bytes;
     if (!c->server->loop)
         return; /* detached: http_server_reap frees it */
     uv_close((uv_handle_t *)&c->tcp, on_conn_handle_closed);
@@ -320,6 +323,16 @@ uint16_t http_server_port(const struct http_server *s)
 uint32_t http_server_connections(const struct http_server *s)
 {
     return s->conns.count;
+}
+
+size_t http_server_write_bytes(const struct http_server *s)
+{
+    return s->write_bytes;
+}
+
+uint64_t http_server_write_cuts(const struct http_server *s)
+{
+    return s->write_cuts;
 }
 
 static void on_listener_closed(uv_handle_t *h)

@@ -8,7 +8,8 @@
  * Bounded: connections at once (more are closed as they arrive, after a 503 when the write can be
  * made without waiting), header bytes (431), body bytes (413), the time from a request's first
  * byte to its complete body (408: slow clients), the idle time of a keep-alive connection, and
- * the bytes a response may have queued unsent (a client that stops reading is disconnected). None
+ * the bytes a response may have queued unsent (a client that stops reading is disconnected), and
+ * the bytes of responses held for every client together (the slowest readers are cut). None
  * of them stops the server serving others. Malformed requests get 400. These answers of the
  * server's own carry a JSON body in OpenAI's error shape ({"error": {"message", "type",
  * "param", "code"}}, the last two null, as the gateway's own) and close the connection (after a
@@ -38,10 +39,15 @@ struct http_config {
     uint32_t request_timeout_ms;   /* first byte to complete body, else 408 and close */
     uint32_t idle_timeout_ms;      /* a keep-alive connection with no request in progress */
     size_t max_queued_write_bytes; /* a response's unsent bytes beyond this: the client is cut */
+    /* Bytes of responses every connection together holds until the client has taken them: a
+     * write that would pass it first cuts the connections with the most unsent bytes (the
+     * slowest readers), largest first, until it fits or no connection has unsent bytes. */
+    size_t max_write_memory;
 };
 
 /* Defaults: 127.0.0.1:8000, 4096 connections, 64 KiB of headers, 8 MiB bodies, 256 MiB of bodies
- * held at once, 30 s per request, 60 s idle, 8 MiB queued. */
+ * held at once, 30 s per request, 60 s idle, 8 MiB queued a connection, 256 MiB of responses held
+ * at once. */
 void http_config_default(struct http_config *cfg);
 
 struct http_server;
@@ -65,6 +71,11 @@ uint16_t http_server_port(const struct http_server *s);
 
 /* Connections open now. */
 uint32_t http_server_connections(const struct http_server *s);
+
+/* Bytes of responses held until their clients take them (http_config.max_write_memory), and the
+ * connections cut so far to keep within it. */
+size_t http_server_write_bytes(const struct http_server *s);
+uint64_t http_server_write_cuts(const struct http_server *s);
 
 /* Stops listening, closes every connection (requests in progress get their close callbacks) and
  * frees the server once libuv has closed its handles (the loop must run). Accepts NULL. */

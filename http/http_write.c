@@ -50,12 +50,34 @@ static void on_write(uv_write_t *uv, int status)
 {
     struct http_write *w = (struct http_write *)uv;
     struct http_conn *c = w->conn;
+    c->write_bytes -= w->len;
+    if (!c->closing)
+        c->server->write_bytes -= w->len; /* a closing one's were taken off at its close */
     free(w);
     c->writes_in_flight--;
     if (status < 0)
         http_conn_close(c); /* the client is gone (or the close cancelled the write) */
     else if (c->writes_in_flight == 0)
         http_conn_writes_done(c);
+}
+
+/* Makes room for len more bytes of responses under max_write_memory: cuts the connections with
+ * the most bytes unsent (the clients reading slowest), largest first, while the total would pass
+ * it and some connection has bytes unsent. Those whose writes have all reached the kernel hold
+ * theirs until their callbacks (the next loop turn) only, and are left alone. */
+static void make_room(struct http_server *s, size_t len)
+{
+    while (s->write_bytes + len > s->cfg.max_write_memory) {
+        struct http_conn *slowest = NULL;
+        for (struct http_conn *k = s->conns.head; k; k = k->next)
+            if (!k->closing && k->tcp.write_queue_size > 0 &&
+                (!slowest || k->tcp.write_queue_size > slowest->tcp.write_queue_size))
+                slowest = k;
+        if (!slowest)
+            return;
+        s->write_cuts++;
+        http_conn_close(slowest);
+    }
 }
 
 /* Sends w and takes it, whatever happens. */
@@ -71,6 +93,11 @@ static int wbuf_send(struct http_conn *c, struct http_write *w)
         free(w);
         return 0;
     }
+    make_room(s, w->len);
+    if (c->closing) { /* it was the slowest */
+        free(w);
+        return PAGODA_ECLOSED;
+    }
     w->conn = c;
     uv_buf_t buf = uv_buf_init(w->data, (unsigned)w->len);
     if (uv_write(&w->uv, (uv_stream_t *)&c->tcp, &buf, 1, on_write) < 0) {
@@ -79,6 +106,8 @@ static int wbuf_send(struct http_conn *c, struct http_write *w)
         return PAGODA_ECLOSED;
     }
     c->writes_in_flight++;
+    c->write_bytes += w->len;
+    s->write_bytes += w->len;
     return 0;
 }
 

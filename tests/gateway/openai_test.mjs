@@ -151,6 +151,19 @@ const many = await Promise.all([0, 1, 2, 3].map(() => status(small.completions.c
   { model, prompt, max_tokens: 64, ignore_eos: true }))));
 finished += many.filter((s) => s === 200).length;
 check(many.includes(429) && many.includes(200), `an overfull tenant: ${many.join(', ')}`);
+// Its 429s say when to retry (Retry-After: 1, as the gateway's and the HTTP server's 503s do).
+const raw = await Promise.all([0, 1, 2, 3].map(async () => {
+  const r = await fetch(`${baseURL}/completions`, {
+    method: 'POST',
+    headers: { 'Content-Type': 'application/json', Authorization: `Bearer ${smallKey}` },
+    body: JSON.stringify({ model, prompt, max_tokens: 64, ignore_eos: true }),
+  });
+  await r.text();
+  return [r.status, r.headers.get('retry-after')];
+}));
+finished += raw.filter(([s]) => s === 200).length;
+check(raw.some(([s]) => s === 429) && raw.every(([s, h]) => s !== 429 || h === '1'),
+      `an overfull tenant's 429s carry Retry-After: 1: ${JSON.stringify(raw)}`);
 
 console.log(`finished ${finished}`);
 console.log(`${passed} passed, ${failed} failed`);

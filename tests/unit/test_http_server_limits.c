@@ -1,6 +1,7 @@
 /* Tests of http/'s limits and endings: header and body sizes (431, 413), the bodies held at
  * once (503), slow clients (408) while others are served, idle connections closed, the connection
- * cap (503), a client that stops reading cut, a client gone mid-stream (the close callback once),
+ * cap (503), a client that stops reading cut, the slowest reader cut for the responses held at
+ * once, a client gone mid-stream (the close callback once),
  * and http_server_close with connections open. The harness is test_http_server_harness.h. */
 #include "tests/unit/test_http_server_harness.h"
 
@@ -288,6 +289,48 @@ static void client_leaves_everything_open(struct fx *f)
     /* Returning closes the server with all four open. */
 }
 
+/* The responses held for every client together (max_write_memory, 4 MiB here): a client that
+ * reads nothing of a 16 MiB answer holds most of it in the server; a second client's answer would
+ * pass the budget, so the first, the slowest reader, is cut, and the second is served whole. With
+ * the budget off the first would read all of its answer. */
+#define WM_SLOW_BYTES (16 << 20)
+#define WM_FAST_BYTES (1 << 20)
+
+static void client_write_memory(struct fx *f)
+{
+    struct cl slow, fast;
+    char line[128];
+    CHECK(f, cl_connect_buf(&slow, f->port, 4096) == 0);
+    snprintf(line, sizeof(line), "GET /big?n=%d HTTP/1.1\r\nHost: t\r\n\r\n", WM_SLOW_BYTES);
+    CHECK(f, cl_sends(&slow, line) == 0);
+    CHECK(f, cl_line(&slow, line, sizeof(line)) == 0 && strcmp(line, "HTTP/1.1 200 OK") == 0);
+    /* ... and reads no more for now. */
+    struct resp r;
+    CHECK(f, cl_connect(&fast, f->port) == 0);
+    snprintf(line, sizeof(line), "GET /big?n=%d HTTP/1.1\r\nHost: t\r\n\r\n", WM_FAST_BYTES);
+    CHECK(f, cl_sends(&fast, line) == 0);
+    CHECK(f, cl_response(&fast, &r, false) == 0 && r.status == 200 && r.body_len == WM_FAST_BYTES);
+    resp_free(&r);
+    cl_close(&fast);
+    /* The slow client now reads what reached its socket before the cut, then the end. */
+    size_t got = slow.end - slow.start;
+    char buf[65536];
+    ssize_t n;
+    while ((n = recv(slow.fd, buf, sizeof(buf), 0)) > 0)
+        got += (size_t)n;
+    CHECK(f, n == 0 || (n < 0 && errno == ECONNRESET));
+    CHECK(f, got < WM_SLOW_BYTES);
+    cl_close(&slow);
+}
+
+static void test_write_memory(void **state)
+{
+    struct fx f;
+    fx_config(&f);
+    f.cfg.max_write_memory = 4 << 20;
+    fx_run(&f, client_write_memory);
+}
+
 static void test_close_with_connections_open(void **state)
 {
     struct fx f;
@@ -307,6 +350,7 @@ int main(void)
         cmocka_unit_test(test_connection_cap),
         cmocka_unit_test(test_client_not_reading_is_cut),
         cmocka_unit_test(test_disconnect_mid_stream_closes_once),
+        cmocka_unit_test(test_write_memory),
         cmocka_unit_test(test_close_with_connections_open),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
