@@ -222,12 +222,15 @@ const char *chat_template_eos_token(const ChatTemplate *ct)
     return json_string_value(json_object_get(ct->tokens, "eos_token"));
 }
 
-/* The bytes of the strings in j (bounded walk: stops counting past the limit). */
-static size_t string_bytes(const json_t *j, unsigned depth)
+/* The bytes of the strings in j (bounded walk: stops counting past the limit, and past
+ * CHAT_TEMPLATE_MAX_NESTING levels, where it sets *too_deep). */
+static size_t string_bytes(const json_t *j, unsigned depth, bool *too_deep)
 {
     size_t n = 0;
-    if (depth > 64)
+    if (depth > CHAT_TEMPLATE_MAX_NESTING) {
+        *too_deep = true;
         return CHAT_TEMPLATE_MAX_INPUT_BYTES + 1;
+    }
     if (json_is_string(j))
         return json_string_length(j);
     if (json_is_array(j)) {
@@ -235,7 +238,7 @@ static size_t string_bytes(const json_t *j, unsigned depth)
         const json_t *v;
         json_array_foreach(j, i, v)
         {
-            n += string_bytes(v, depth + 1);
+            n += string_bytes(v, depth + 1, too_deep);
             if (n > CHAT_TEMPLATE_MAX_INPUT_BYTES)
                 break;
         }
@@ -244,7 +247,7 @@ static size_t string_bytes(const json_t *j, unsigned depth)
         const json_t *v;
         json_object_foreach((json_t *)j, k, v)
         {
-            n += strlen(k) + string_bytes(v, depth + 1);
+            n += strlen(k) + string_bytes(v, depth + 1, too_deep);
             if (n > CHAT_TEMPLATE_MAX_INPUT_BYTES)
                 break;
         }
@@ -298,11 +301,17 @@ int chat_template_apply_named(const ChatTemplate *ct, const char *name, const js
                           json_object_get(extra, "add_generation_prompt")))
         return pagoda_error_set(PAGODA_EINVAL, "the extra template variables may not set "
                                                "messages, tools or add_generation_prompt");
-    size_t bytes = string_bytes(messages, 0);
+    bool too_deep = false;
+    size_t bytes = string_bytes(messages, 0, &too_deep);
     if (bytes <= CHAT_TEMPLATE_MAX_INPUT_BYTES && tools != NULL)
-        bytes += string_bytes(tools, 0);
+        bytes += string_bytes(tools, 0, &too_deep);
     if (bytes <= CHAT_TEMPLATE_MAX_INPUT_BYTES && extra != NULL)
-        bytes += string_bytes(extra, 0);
+        bytes += string_bytes(extra, 0, &too_deep);
+    if (too_deep)
+        return pagoda_error_set(PAGODA_ERANGE,
+                                "the chat's messages, tools or template variables nest deeper "
+                                "than %u levels",
+                                CHAT_TEMPLATE_MAX_NESTING);
     if (bytes > CHAT_TEMPLATE_MAX_INPUT_BYTES)
         return pagoda_error_set(PAGODA_ERANGE, "the chat holds more than %u bytes of text",
                                 CHAT_TEMPLATE_MAX_INPUT_BYTES);

@@ -28,6 +28,8 @@ extern "C" {
 #define CHAT_TEMPLATE_MAX_TOOLS 4096u
 /* The bytes of all strings of messages, tools and extra variables together. */
 #define CHAT_TEMPLATE_MAX_INPUT_BYTES (16u << 20)
+/* The deepest arrays and objects nest in messages, tools and extra variables. */
+#define CHAT_TEMPLATE_MAX_NESTING 64u
 
 typedef struct ChatTemplate ChatTemplate;
 

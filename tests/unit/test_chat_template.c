@@ -58,6 +58,26 @@ static void test_string_template_and_tokens(void **state)
     apply(ct, "[{\"role\": \"assistant\", \"content\": null}]", NULL, false, NULL, 0,
           "<s>[assistant:None]</s>");
     apply(ct, "{}", NULL, false, NULL, PAGODA_EINVAL, "messages must be an array");
+    /* Variables nested 65 levels deep (64 are accepted): refused for their depth, not their
+     * size. */
+    char deep[512], ok[512];
+    size_t n = 0, k = 0;
+    n += (size_t)snprintf(deep + n, sizeof(deep) - n, "{\"y\": ");
+    k += (size_t)snprintf(ok + k, sizeof(ok) - k, "{\"y\": ");
+    for (int i = 0; i < 64; i++)
+        n += (size_t)snprintf(deep + n, sizeof(deep) - n, "[");
+    for (int i = 0; i < 63; i++)
+        k += (size_t)snprintf(ok + k, sizeof(ok) - k, "[");
+    n += (size_t)snprintf(deep + n, sizeof(deep) - n, "\"s\"");
+    k += (size_t)snprintf(ok + k, sizeof(ok) - k, "\"s\"");
+    for (int i = 0; i < 64; i++)
+        n += (size_t)snprintf(deep + n, sizeof(deep) - n, "]");
+    for (int i = 0; i < 63; i++)
+        k += (size_t)snprintf(ok + k, sizeof(ok) - k, "]");
+    snprintf(deep + n, sizeof(deep) - n, "}");
+    snprintf(ok + k, sizeof(ok) - k, "}");
+    apply(ct, "[]", NULL, false, ok, 0, "<s></s>");
+    apply(ct, "[]", NULL, false, deep, PAGODA_ERANGE, "nest deeper than 64 levels");
     apply(ct, "[{\"content\": \"x\"}]", NULL, false, NULL, PAGODA_EINVAL,
           "messages[0].role must be a string");
     apply(ct, "[{\"role\": \"user\", \"content\": 3}]", NULL, false, NULL, PAGODA_EINVAL,
