@@ -252,10 +252,12 @@ static int split_added(const Tokenizer *t, const TokAddedSet *set, const char *t
                                (stop < len && starts_with_word(text + stop, len - stop))))
             continue;
         if (a->lstrip) {
+            /* Back over whitespace, no further than the previous cut (start never goes below
+             * it), so that runs of a whitespace token with lstrip stay linear. */
             size_t ns = start;
-            while (ns > 0) {
+            while (ns > start_offset) {
                 size_t b = ns - 1;
-                while (b > 0 && ((unsigned char)text[b] & 0xC0) == 0x80)
+                while (b > start_offset && ((unsigned char)text[b] & 0xC0) == 0x80)
                     b--;
                 size_t adv;
                 if (!tok_is_whitespace(tok_utf8_decode(text + b, ns - b, &adv)))
