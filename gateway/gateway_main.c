@@ -47,7 +47,7 @@ static void usage(FILE *f)
             "--max-requests: generations in progress at once; more get 429 (%u).\n"
             "--max-body-memory: bytes of request bodies held at once while they arrive,\n"
             "           and again while they wait to be parsed; a body that would pass it gets\n"
-            "           503 (256 MiB, or 4 x --max-body-bytes if that is more; above\n"
+            "           503 (256 MiB, or 4 x --max-body-bytes if that is more; at least\n"
             "           --max-body-bytes if given).\n"
             "--max-write-memory: bytes of responses held for clients that have not read them\n"
             "           yet, every connection together; past it the slowest readers are\n"
@@ -178,7 +178,7 @@ int main(int argc, char **argv)
                 cfg.http.max_body_bytes = (size_t)v;
             break;
         case OPT_MAX_BODY_MEMORY:
-            if ((rc = parse_i64("--max-body-memory", optarg, 2, INT64_MAX / 4, &v)) == 0) {
+            if ((rc = parse_i64("--max-body-memory", optarg, 1, INT64_MAX / 4, &v)) == 0) {
                 cfg.http.max_body_memory = (size_t)v;
                 body_memory_given = 1;
             }

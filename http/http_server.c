@@ -35,10 +35,10 @@ static int config_check(const struct http_config *cfg)
     if (!cfg->host || strlen(cfg->host) >= sizeof(((struct http_server *)0)->host))
         return pagoda_error_set(PAGODA_EINVAL, "http: host missing or too long");
     if (cfg->max_connections == 0 || cfg->max_header_bytes < 64 || cfg->max_body_bytes == 0 ||
-        cfg->max_body_memory < cfg->max_body_bytes + 1 || cfg->request_timeout_ms == 0 ||
+        cfg->max_body_memory < cfg->max_body_bytes || cfg->request_timeout_ms == 0 ||
         cfg->idle_timeout_ms == 0 || cfg->max_queued_write_bytes == 0 || cfg->max_write_memory == 0)
         return pagoda_error_set(PAGODA_EINVAL, "http: every limit must be set (headers >= 64, "
-                                               "body memory above the body limit)");
+                                               "body memory at least the body limit)");
     /* Header offsets are 32 bits. */
     if (cfg->max_header_bytes > UINT32_MAX / 2 || cfg->max_body_bytes > SIZE_MAX / 2)
         return pagoda_error_set(PAGODA_EINVAL, "http: limits too large");

@@ -227,6 +227,16 @@ static void test_bad_config_and_busy_port(void **state)
     cfg.port = 0;
     cfg.max_body_bytes = 0;
     assert_int_equal(http_server_open(&loop, &cfg, noop_handler, NULL, &s), PAGODA_EINVAL);
+    /* Room for one body of the largest size is enough; less is not, nor no room for responses. */
+    http_config_default(&cfg);
+    cfg.port = 0;
+    cfg.max_body_memory = cfg.max_body_bytes - 1;
+    assert_int_equal(http_server_open(&loop, &cfg, noop_handler, NULL, &s), PAGODA_EINVAL);
+    cfg.max_body_memory = cfg.max_body_bytes;
+    assert_int_equal(http_server_open(&loop, &cfg, noop_handler, NULL, &s), 0);
+    http_server_close(s);
+    cfg.max_write_memory = 0;
+    assert_int_equal(http_server_open(&loop, &cfg, noop_handler, NULL, &s), PAGODA_EINVAL);
     http_config_default(&cfg);
     cfg.port = 0;
     cfg.host = "not an address";
