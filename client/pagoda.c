@@ -307,6 +307,7 @@ void pagoda_result_free(pagoda_result *r)
     free(r->logprobs);
     free(r->error_message);
     free(r->text);
+    free(r->token_text_ends);
     free(r->stop_string);
     memset(r, 0, sizeof(*r));
 }
@@ -329,6 +330,19 @@ int client_result_from_update(const Pagoda__ClientResponse *resp,
     if (up->n_logprobs != 0 && up->n_logprobs != up->n_token_ids)
         return pagoda_error_set(PAGODA_EPROTO, "%zu logprobs for %zu tokens", up->n_logprobs,
                                 up->n_token_ids);
+    if (up->n_token_text_ends != 0) {
+        if (up->n_token_text_ends != up->n_token_ids || !up->has_text)
+            return pagoda_error_set(PAGODA_EPROTO, "%zu token text ends for %zu tokens%s",
+                                    up->n_token_text_ends, up->n_token_ids,
+                                    up->has_text ? "" : " and no text");
+        for (size_t i = 0; i < up->n_token_text_ends; i++)
+            if (up->token_text_ends[i] > up->text.len ||
+                (i > 0 && up->token_text_ends[i] < up->token_text_ends[i - 1]))
+                return pagoda_error_set(PAGODA_EPROTO,
+                                        "token text end %zu (%u) is out of order or past the "
+                                        "text's %zu bytes",
+                                        i, up->token_text_ends[i], up->text.len);
+    }
     result->offset = up->has_offset ? up->offset : 0;
     result->finish_reason =
         up->has_finish_reason ? (pagoda_finish_reason)up->finish_reason : PAGODA_FINISH_NONE;
@@ -345,6 +359,15 @@ int client_result_from_update(const Pagoda__ClientResponse *resp,
                 return PAGODA_ENOMEM;
             }
             memcpy(result->logprobs, up->logprobs, up->n_logprobs * sizeof(float));
+        }
+        if (up->n_token_text_ends > 0) {
+            result->token_text_ends = malloc(up->n_token_text_ends * sizeof(uint32_t));
+            if (result->token_text_ends == NULL) {
+                pagoda_result_free(result);
+                return PAGODA_ENOMEM;
+            }
+            memcpy(result->token_text_ends, up->token_text_ends,
+                   up->n_token_text_ends * sizeof(uint32_t));
         }
     }
     if (up->usage != NULL) {
@@ -638,12 +661,26 @@ int pagoda_cancel(pagoda_client *c, const uint8_t request_id[PAGODA_REQUEST_ID_B
     return rc;
 }
 
-/* Appends a polled piece to the whole result. */
+/* Appends a polled piece to the whole result (before its text: the piece's token text ends move
+ * by the text the whole has so far). A piece without them, after ones with, leaves the whole
+ * without. */
 static int result_append(pagoda_result *all, const pagoda_result *piece, int want_logprobs)
 {
     if (piece->num_tokens == 0)
         return 0;
     size_t n = all->num_tokens + piece->num_tokens;
+    if (piece->token_text_ends != NULL && (all->num_tokens == 0 || all->token_text_ends != NULL) &&
+        all->text_len + piece->text_len <= UINT32_MAX) {
+        uint32_t *e = realloc(all->token_text_ends, n * sizeof(*e));
+        if (e == NULL)
+            return PAGODA_ENOMEM;
+        all->token_text_ends = e;
+        for (size_t i = 0; i < piece->num_tokens; i++)
+            e[all->num_tokens + i] = (uint32_t)all->text_len + piece->token_text_ends[i];
+    } else {
+        free(all->token_text_ends);
+        all->token_text_ends = NULL;
+    }
     int32_t *t = realloc(all->token_ids, n * sizeof(*t));
     if (t == NULL)
         return PAGODA_ENOMEM;

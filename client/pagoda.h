@@ -137,6 +137,12 @@ typedef struct pagoda_result {
      * or with pagoda_generate_prompt the whole output. */
     char *text;
     size_t text_len;
+    /* With logprobs and text: where each token's piece of text ends (bytes from text's start;
+     * num_tokens of them, never decreasing, the last at text_len), token i's piece being
+     * text[token_text_ends[i-1], token_text_ends[i]) (from 0 for the first); empty for a token
+     * that completes no character or whose text is held back for a stop string
+     * (pagoda.proto TokenUpdate.token_text_ends). NULL otherwise. */
+    uint32_t *token_text_ends;
     /* With PAGODA_FINISH_STOP: the stop string that ended it (else NULL), or the stop token id
      * (has_stop_token_id); neither for the model's end-of-sequence token. */
     char *stop_string;

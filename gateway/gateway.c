@@ -62,6 +62,7 @@ static void greq_unref(struct greq *q)
     free(q->text);
     free(q->ids);
     free(q->lps);
+    free(q->ends);
     free(q);
     gateway_maybe_free(g);
 }
@@ -299,6 +300,8 @@ static void stream_piece(struct greq *q, const pagoda_result *r)
     o.text_len = r->text_len;
     o.token_ids = r->token_ids;
     o.logprobs = q->req.params.logprobs ? r->logprobs : NULL;
+    o.token_text_ends = r->token_text_ends;
+    o.text_offset = q->chars_sent;
     o.n = r->num_tokens;
     int first = !q->first_chunk_sent;
     /* A piece whose tokens completed no text yet (a character split over tokens) sends nothing,
@@ -311,6 +314,7 @@ static void stream_piece(struct greq *q, const pagoda_result *r)
             return;
         }
         q->first_chunk_sent = 1;
+        q->chars_sent += openai_utf8_chars(r->text, r->text_len);
     }
     if (r->finish_reason == PAGODA_FINISH_NONE)
         return;
@@ -326,7 +330,7 @@ static void stream_piece(struct greq *q, const pagoda_result *r)
 static int gather(struct greq *q, const pagoda_result *r)
 {
     size_t text = q->text_len + r->text_len, n = q->n + r->num_tokens;
-    if (text + n * 8 > GATEWAY_MAX_ANSWER_BYTES)
+    if (text + n * 12 > GATEWAY_MAX_ANSWER_BYTES)
         return pagoda_error_set(PAGODA_ERANGE, "the answer is larger than %u bytes",
                                 GATEWAY_MAX_ANSWER_BYTES);
     if (r->text_len > 0) {
@@ -357,7 +361,22 @@ static int gather(struct greq *q, const pagoda_result *r)
             if (lps == NULL)
                 return PAGODA_ENOMEM;
             q->lps = lps;
+            if (q->n == 0 || q->ends != NULL) {
+                uint32_t *ends = realloc(q->ends, cap * sizeof(*ends));
+                if (ends == NULL)
+                    return PAGODA_ENOMEM;
+                q->ends = ends;
+            }
             q->cap = cap;
+        }
+        /* Each token's text end, moved by the text gathered before this piece's; a piece without
+         * them leaves the answer without (its tokens are named by id). */
+        if (q->ends != NULL && r->token_text_ends != NULL && text <= UINT32_MAX) {
+            for (size_t i = 0; i < r->num_tokens; i++)
+                q->ends[q->n + i] = (uint32_t)(text - r->text_len) + r->token_text_ends[i];
+        } else {
+            free(q->ends);
+            q->ends = NULL;
         }
         memcpy(q->ids + q->n, r->token_ids, r->num_tokens * sizeof(int32_t));
         for (size_t i = 0; i < r->num_tokens; i++)
@@ -375,6 +394,7 @@ static void answer_whole(struct greq *q, const pagoda_result *r)
     o.text_len = q->text_len;
     o.token_ids = q->ids;
     o.logprobs = q->req.params.logprobs ? q->lps : NULL;
+    o.token_text_ends = q->ends;
     o.n = q->n;
     o.with_usage = true;
     respond_json(q, 200, openai_response_json(&o));

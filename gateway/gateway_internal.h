@@ -54,7 +54,10 @@ struct greq {
     size_t text_len, text_cap;
     int32_t *ids;
     float *lps;
+    uint32_t *ends; /* each token's text end (pagoda_result.token_text_ends); NULL: none */
     size_t n, cap;
+    /* A stream: the characters (code points) of text sent so far, for completions' text_offset. */
+    uint64_t chars_sent;
     /* Times for the latency figures (CLOCK_MONOTONIC, ns). */
     uint64_t t_start_ns, t_submit_ns, t_first_ns, t_last_ns;
     /* /metrics: the router's Stats, kept while its tenants are asked for. */

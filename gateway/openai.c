@@ -225,7 +225,8 @@ static int read_common(struct openai_request *req, struct openai_error *err)
     if (boolean(root, "skip_special_tokens", &skip, err))
         return -1;
     p->skip_special_tokens = skip;
-    if (boolean(root, "stream", &req->stream, err))
+    if (boolean(root, "stream", &req->stream, err) ||
+        boolean(root, "return_tokens_as_token_ids", &req->tokens_as_ids, err))
         return -1;
     const json_t *so = json_object_get(root, "stream_options");
     if (so != NULL && !json_is_null(so)) {
@@ -593,31 +594,68 @@ static json_t *text_json(const char *text, size_t len)
     return t ? t : json_string("\xef\xbf\xbd"); /* never expected: the router sends UTF-8 */
 }
 
+uint64_t openai_utf8_chars(const char *s, size_t len)
+{
+    uint64_t n = 0;
+    for (size_t i = 0; i < len; i++)
+        n += ((unsigned char)s[i] & 0xC0) != 0x80;
+    return n;
+}
+
 /* The sampled tokens' log-probabilities: completions' {tokens, token_logprobs, top_logprobs,
- * text_offset} or chats' {content: [{token, logprob, bytes, top_logprobs}]}. Tokens are named
- * "token_id:N" (vLLM's return_tokens_as_token_ids): the gateway holds no tokenizer. */
+ * text_offset} or chats' {content: [{token, logprob, bytes, top_logprobs}]}. A token is named by
+ * its piece of the text (o->token_text_ends: what became visible when it arrived, so an empty
+ * piece for a token that completes no character), with its UTF-8 bytes and its offset in
+ * characters; by "token_id:N" when the client asked (vLLM's return_tokens_as_token_ids) or there
+ * are no pieces (a model without a tokenizer, or detokenize off: bytes null, text_offset empty). */
 static json_t *logprobs_json(const struct openai_out *o)
 {
     if (o->logprobs == NULL)
         return json_null();
+    const bool pieces = o->token_text_ends != NULL && o->text != NULL;
     json_t *tokens = json_array(), *lps = json_array(), *content = json_array();
+    json_t *offsets = pieces ? json_array() : json_null();
+    uint64_t chars = o->text_offset;
+    size_t start = 0;
     for (size_t i = 0; i < o->n; i++) {
-        char name[32];
-        snprintf(name, sizeof(name), "token_id:%d", o->token_ids[i]);
         double lp = isfinite(o->logprobs[i]) ? o->logprobs[i] : -9999.0;
-        json_array_append_new(tokens, json_string(name));
+        json_t *name = NULL, *bytes = NULL;
+        if (pieces) {
+            size_t end = o->token_text_ends[i];
+            if (end > o->text_len)
+                end = o->text_len;
+            if (end < start)
+                end = start;
+            name = json_stringn(o->text + start, end - start);
+            bytes = json_array();
+            for (size_t k = start; k < end; k++)
+                json_array_append_new(bytes, json_integer((unsigned char)o->text[k]));
+            json_array_append_new(offsets, json_integer((json_int_t)chars));
+            chars += openai_utf8_chars(o->text + start, end - start);
+            start = end;
+        }
+        if (name == NULL || o->req->tokens_as_ids) {
+            char id[32];
+            snprintf(id, sizeof(id), "token_id:%d", o->token_ids[i]);
+            json_decref(name);
+            name = json_string(id);
+        }
+        if (bytes == NULL)
+            bytes = json_null();
+        json_array_append(tokens, name);
         json_array_append_new(lps, json_real(lp));
-        json_array_append_new(content, json_pack("{s:s,s:f,s:n,s:[]}", "token", name, "logprob", lp,
-                                                 "bytes", "top_logprobs"));
+        json_array_append_new(content, json_pack("{s:o,s:f,s:o,s:[]}", "token", name, "logprob", lp,
+                                                 "bytes", bytes, "top_logprobs"));
     }
     if (o->req->kind == OPENAI_CHAT) {
         json_decref(tokens);
         json_decref(lps);
+        json_decref(offsets);
         return json_pack("{s:o}", "content", content);
     }
     json_decref(content);
-    return json_pack("{s:o,s:o,s:n,s:[]}", "tokens", tokens, "token_logprobs", lps, "top_logprobs",
-                     "text_offset");
+    return json_pack("{s:o,s:o,s:n,s:o}", "tokens", tokens, "token_logprobs", lps, "top_logprobs",
+                     "text_offset", pieces ? offsets : json_array());
 }
 
 static json_t *stop_reason_json(const struct openai_out *o)

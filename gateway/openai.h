@@ -33,6 +33,7 @@ struct openai_request {
     enum openai_kind kind;
     char *model;
     bool stream, include_usage;
+    bool tokens_as_ids; /* vLLM's return_tokens_as_token_ids: logprobs name tokens token_id:N */
     pagoda_generate_params params;
     pagoda_prompt prompt;
     /* Storage the params and prompt borrow. */
@@ -90,6 +91,10 @@ struct openai_out {
     size_t text_len;
     const int32_t *token_ids;
     const float *logprobs;
+    /* With logprobs: where each token's piece of text ends (pagoda_result.token_text_ends), which
+     * names the tokens by their text; NULL names them token_id:N. */
+    const uint32_t *token_text_ends;
+    uint64_t text_offset; /* characters of the output before text (a stream's earlier chunks) */
     size_t n;
     pagoda_finish_reason finish;
     const char *stop_string; /* vLLM's stop_reason */
@@ -99,6 +104,8 @@ struct openai_out {
     uint32_t prompt_tokens, completion_tokens, cached_tokens;
 };
 char *openai_response_json(const struct openai_out *o);
+/* The characters (code points) of len bytes of UTF-8. */
+uint64_t openai_utf8_chars(const char *s, size_t len);
 char *openai_chunk_json(const struct openai_out *o, bool first_chunk, bool usage_only);
 
 /* GET /v1/models. */

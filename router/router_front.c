@@ -254,10 +254,18 @@ static void reply_update_ex(struct rctx *c, struct request *q, uint32_t offset, 
     }
     up.has_finish_reason = 1;
     up.finish_reason = q->finish;
+    uint32_t *ends = NULL;
     if (with_tokens && q->text != NULL) {
         router_text_fill(q, offset, &up.text, &up.stop_string);
         up.has_text = 1;
         up.has_stop_string = q->stop_index > 0;
+        /* Each token's piece of the text, for the log-probabilities' token strings (without
+         * memory for them the client names tokens by id). */
+        if (q->p.logprobs && up.n_token_ids > 0 &&
+            (ends = router_text_token_ends(q, offset)) != NULL) {
+            up.n_token_text_ends = up.n_token_ids;
+            up.token_text_ends = ends;
+        }
     }
     up.has_stop_token_id = q->has_stop_token_id;
     up.stop_token_id = q->stop_token_id;
@@ -275,6 +283,7 @@ static void reply_update_ex(struct rctx *c, struct request *q, uint32_t offset, 
     resp.result_case = PAGODA__CLIENT_RESPONSE__RESULT_UPDATE;
     resp.update = &up;
     router_reply(c, &resp);
+    free(ends);
 }
 
 void router_reply_update(struct rctx *c, struct request *q, uint32_t offset)

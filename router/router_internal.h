@@ -491,6 +491,10 @@ int router_text_on_finish(struct router *r, struct request *q);
  * (valid until q changes; empty when q has no text). */
 int router_text_fill(const struct request *q, uint32_t offset, ProtobufCBinaryData *text,
                      ProtobufCBinaryData *stop_string);
+/* Where the text of each of q's tokens from offset on ends in the text router_text_fill gives
+ * from offset (pagoda.proto TokenUpdate.token_text_ends): q->num_tokens - offset of them, the
+ * caller's to free; NULL when q has no text, no token from offset, or no memory. */
+uint32_t *router_text_token_ends(const struct request *q, uint32_t offset);
 /* The bytes q's text side holds. */
 size_t router_text_bytes(const struct request *q);
 

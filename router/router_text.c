@@ -533,6 +533,29 @@ int router_text_fill(const struct request *q, uint32_t offset, ProtobufCBinaryDa
     return 0;
 }
 
+uint32_t *router_text_token_ends(const struct request *q, uint32_t offset)
+{
+    if (q->text == NULL || offset >= q->num_tokens)
+        return NULL;
+    uint32_t n = q->num_tokens - offset;
+    uint32_t *ends = malloc((size_t)n * sizeof(*ends));
+    if (ends == NULL)
+        return NULL;
+    size_t len, base = output_text_start(q->text, offset);
+    output_text_visible(q->text, &len);
+    if (base > len)
+        base = len;
+    for (uint32_t i = 0; i < n; i++) {
+        size_t end = i + 1 < n ? output_text_start(q->text, offset + i + 1) : len;
+        if (end > len)
+            end = len;
+        if (end < base)
+            end = base;
+        ends[i] = (uint32_t)(end - base);
+    }
+    return ends;
+}
+
 size_t router_text_bytes(const struct request *q)
 {
     return (q->text ? output_text_bytes(q->text) : 0) + (q->job ? q->job->packed_len : 0);

@@ -27,13 +27,18 @@ async function completionStream(params) {
   const s = await client.completions.create({ model, ...params, stream: true,
                                                stream_options: { include_usage: true } });
   let text = '', finish = null, usage = null, chunks = 0;
+  const tokens = [], offsets = [];
   for await (const c of s) {
     chunks++;
     if (c.usage) usage = c.usage;
-    for (const ch of c.choices) { text += ch.text; if (ch.finish_reason) finish = ch.finish_reason; }
+    for (const ch of c.choices) {
+      text += ch.text;
+      if (ch.finish_reason) finish = ch.finish_reason;
+      if (ch.logprobs) { tokens.push(...ch.logprobs.tokens); offsets.push(...ch.logprobs.text_offset); }
+    }
   }
   finished++;
-  return { text, finish, usage, chunks };
+  return { text, finish, usage, chunks, tokens, offsets };
 }
 async function chat(params) {
   const r = await client.chat.completions.create({ model, ...params });
@@ -108,6 +113,19 @@ const l = lp.choices[0].logprobs;
 check(l && l.token_logprobs.length === 24 && l.tokens.length === 24 &&
       l.token_logprobs.every((x) => typeof x === 'number' && x <= 0),
       'completion logprobs: one per token, each <= 0');
+// Each token named by its piece of the text (the pieces join to it), text_offset in characters.
+const offsetsOf = (toks) => toks.map((_, i) => [...toks.slice(0, i).join('')].length);
+check(l.tokens.join('') === lp.choices[0].text && l.tokens.some((t) => t.length > 0) &&
+      JSON.stringify(l.text_offset) === JSON.stringify(offsetsOf(l.tokens)),
+      `completion logprobs: tokens are the text's pieces ${JSON.stringify(l.tokens.slice(0, 4))}, ` +
+      `text_offset ${JSON.stringify(l.text_offset.slice(0, 4))}`);
+// Streamed with a stop string (text held back, then cut): the pieces still join to the text and
+// the offsets run on across chunks.
+const lps = await completionStream({ ...base, logprobs: 1, stop: [stop] });
+check(lps.finish === 'stop' && lps.text === want && lps.tokens.join('') === want &&
+      JSON.stringify(lps.offsets) === JSON.stringify(offsetsOf(lps.tokens)),
+      `completion logprobs streamed with a stop string: ${lps.tokens.length} pieces join to ` +
+      `the text, offsets across ${lps.chunks} chunks`);
 
 // Chat completions, whole and streamed.
 const messages = [{ role: 'system', content: 'You are terse.' },
@@ -117,6 +135,10 @@ check(cw.object === 'chat.completion' && cw.choices[0].message.role === 'assista
       typeof cw.choices[0].message.content === 'string', 'chat: an assistant message');
 check(cw.choices[0].logprobs && cw.choices[0].logprobs.content.length ===
       cw.usage.completion_tokens, 'chat logprobs: one per token');
+const cl = cw.choices[0].logprobs.content;
+check(cl.map((c) => c.token).join('') === cw.choices[0].message.content &&
+      cl.every((c) => Buffer.from(c.bytes).toString('utf8') === c.token),
+      'chat logprobs: tokens are the message\'s pieces, bytes their UTF-8');
 const cs = await chatStream({ messages, max_tokens: 16, temperature: 0.7, seed: 99 });
 check(cs.role === 'assistant' && cs.text === cw.choices[0].message.content &&
       cs.finish === cw.choices[0].finish_reason, 'chat streamed: the same text as whole');

@@ -229,6 +229,36 @@ static void scenario_text(struct group *g, const Tokenizer *tok, const ChatTempl
             same_ids(stopped.token_ids, stopped.num_tokens, by_text.token_ids, stopped.num_tokens),
         "stop string: %zu tokens, up to the one that completed it", stopped.num_tokens);
     pagoda_result_free(&stopped);
+    /* With logprobs: where each token's piece of the text ends, never decreasing, the last at
+     * the text's end, and a token's piece ending where its text was visible (the decode of the
+     * tokens up to it, less a character still incomplete, for there is no stop string). */
+    pagoda_generate_params pl = p;
+    pl.logprobs = 1;
+    rc = pagoda_generate_prompt(c, &pl, &pr, NULL, NULL, &stopped);
+    int ends_ok = rc == 0 && stopped.token_text_ends != NULL &&
+                  stopped.num_tokens == by_text.num_tokens &&
+                  stopped.token_text_ends[stopped.num_tokens - 1] == stopped.text_len &&
+                  stopped.text_len == decoded_len;
+    for (size_t i = 0; ends_ok && i + 1 < stopped.num_tokens; i++) {
+        char *prefix = NULL;
+        size_t prefix_len = 0;
+        tokenizer_decode(tok, stopped.token_ids, i + 1, true, &prefix, &prefix_len);
+        /* less a trailing U+FFFD of an incomplete character */
+        while (prefix_len >= 3 && memcmp(prefix + prefix_len - 3, "\xef\xbf\xbd", 3) == 0 &&
+               prefix_len > stopped.token_text_ends[i])
+            prefix_len -= 3;
+        ends_ok = prefix != NULL && stopped.token_text_ends[i] == prefix_len &&
+                  (i == 0 || stopped.token_text_ends[i] >= stopped.token_text_ends[i - 1]);
+        if (!ends_ok)
+            printf("# token %zu: end %u, the decode of the tokens up to it %zu bytes\n", i,
+                   stopped.token_text_ends[i], prefix_len);
+        free(prefix);
+    }
+    CHECK(ends_ok,
+          "logprobs: %zu token text ends, each at its prefix's decode, the last at the "
+          "text's %zu bytes",
+          stopped.num_tokens, stopped.text_len);
+    pagoda_result_free(&stopped);
 
     /* A stop token id: it is named. */
     /* The first token from the fourth on that has not appeared before it (else the fourth). */

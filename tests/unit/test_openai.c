@@ -203,6 +203,7 @@ static void test_responses_and_chunks_are_openai_json(void **state)
     assert_int_equal(json_array_size(content), 2);
     assert_string_equal(json_string_value(json_object_get(json_array_get(content, 1), "token")),
                         "token_id:9");
+    assert_true(json_is_null(json_object_get(json_array_get(content, 1), "bytes")));
     json_t *usage = json_object_get(j, "usage");
     assert_int_equal(json_integer_value(json_object_get(usage, "total_tokens")), 6);
     assert_int_equal(json_integer_value(json_object_get(
@@ -210,6 +211,21 @@ static void test_responses_and_chunks_are_openai_json(void **state)
                      3);
     json_decref(j);
     free(s);
+    /* With each token's piece of the text: named by it, with its bytes. */
+    uint32_t ends[2] = {1, 3};
+    o.token_text_ends = ends;
+    s = openai_response_json(&o);
+    j = json_loads(s, JSON_ALLOW_NUL, NULL);
+    content = json_object_get(
+        json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs"), "content");
+    json_t *t1 = json_array_get(content, 1);
+    assert_int_equal(json_string_length(json_object_get(t1, "token")), 2);
+    assert_memory_equal(json_string_value(json_object_get(t1, "token")), "\0b", 2);
+    assert_int_equal(json_array_size(json_object_get(t1, "bytes")), 2);
+    assert_int_equal(json_integer_value(json_array_get(json_object_get(t1, "bytes"), 1)), 'b');
+    json_decref(j);
+    free(s);
+    o.token_text_ends = NULL;
     /* The first chunk carries the role; a usage chunk has no choices. */
     o.finish = PAGODA_FINISH_NONE;
     s = openai_chunk_json(&o, true, false);
@@ -276,6 +292,67 @@ static void test_responses_and_chunks_are_openai_json(void **state)
     free(s);
 }
 
+/* Completions' logprobs: tokens named by their pieces of the text (an empty one for a token that
+ * completes no character), text_offset in characters from the output's start (a stream's chunk
+ * starts at the characters sent before it); without pieces, ids and an empty text_offset. */
+static void test_completion_logprobs_name_pieces(void **state)
+{
+    (void)state;
+    struct openai_request req;
+    struct openai_error err;
+    assert_int_equal(parse(OPENAI_COMPLETION, "{\"prompt\": \"x\", \"logprobs\": 1}", &req, &err),
+                     0);
+    int32_t ids[3] = {1, 2, 3};
+    float lps[3] = {-1.0f, -2.0f, -3.0f};
+    uint32_t ends[3] = {0, 3, 6}; /* "" (half a character), "h\xc3\xa9", "llo" */
+    struct openai_out o = {.req = &req,
+                           .id = "cmpl-1",
+                           .model = "m",
+                           .text = "h\xc3\xa9llo",
+                           .text_len = 6,
+                           .token_ids = ids,
+                           .logprobs = lps,
+                           .token_text_ends = ends,
+                           .text_offset = 5,
+                           .n = 3};
+    char *s = openai_chunk_json(&o, false, false);
+    json_t *j = json_loads(s, 0, NULL);
+    json_t *l = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs");
+    json_t *tokens = json_object_get(l, "tokens"), *off = json_object_get(l, "text_offset");
+    assert_string_equal(json_string_value(json_array_get(tokens, 0)), "");
+    assert_string_equal(json_string_value(json_array_get(tokens, 1)), "h\xc3\xa9");
+    assert_string_equal(json_string_value(json_array_get(tokens, 2)), "llo");
+    assert_int_equal(json_array_size(off), 3);
+    assert_false(req.tokens_as_ids);
+    assert_int_equal(json_integer_value(json_array_get(off, 0)), 5);
+    assert_int_equal(json_integer_value(json_array_get(off, 1)), 5);
+    assert_int_equal(json_integer_value(json_array_get(off, 2)), 7); /* "h\xc3\xa9": 2 chars */
+    json_decref(j);
+    free(s);
+    /* vLLM's return_tokens_as_token_ids: named by id, the offsets kept. */
+    req.tokens_as_ids = true;
+    s = openai_chunk_json(&o, false, false);
+    j = json_loads(s, 0, NULL);
+    l = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs");
+    assert_string_equal(json_string_value(json_array_get(json_object_get(l, "tokens"), 1)),
+                        "token_id:2");
+    assert_int_equal(json_integer_value(json_array_get(json_object_get(l, "text_offset"), 2)), 7);
+    json_decref(j);
+    free(s);
+    req.tokens_as_ids = false;
+    o.token_text_ends = NULL;
+    s = openai_chunk_json(&o, false, false);
+    j = json_loads(s, 0, NULL);
+    l = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs");
+    assert_string_equal(json_string_value(json_array_get(json_object_get(l, "tokens"), 2)),
+                        "token_id:3");
+    assert_int_equal(json_array_size(json_object_get(l, "text_offset")), 0);
+    json_decref(j);
+    free(s);
+    assert_int_equal(openai_utf8_chars("h\xc3\xa9\xe4\xb8\xad", 6), 3);
+    openai_request_fini(&req);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -283,6 +360,7 @@ int main(void)
         cmocka_unit_test(test_a_chat_is_read),
         cmocka_unit_test(test_bad_requests_are_400_with_a_reason),
         cmocka_unit_test(test_responses_and_chunks_are_openai_json),
+        cmocka_unit_test(test_completion_logprobs_name_pieces),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
