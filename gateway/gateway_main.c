@@ -50,8 +50,8 @@ static void usage(FILE *f)
             "           503 (256 MiB, or 4 x --max-body-bytes if that is more; at least\n"
             "           --max-body-bytes if given).\n"
             "--max-write-memory: bytes of responses held for clients that have not read them\n"
-            "           yet, every connection together; past it the slowest readers are\n"
-            "           disconnected (256 MiB).\n"
+            "           yet, every connection together; past it the clients stalled longest\n"
+            "           are disconnected (256 MiB).\n"
             "--default-max-tokens: a chat completion without max_tokens (%d).\n",
             GATEWAY_DEFAULT_MAX_REQUESTS, GATEWAY_DEFAULT_MAX_TOKENS);
 }

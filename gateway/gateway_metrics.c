@@ -272,7 +272,7 @@ static void render(struct greq *q, const pagoda_async_result *res, const pagoda_
     gauge(&b, "pagoda_http_connections", "HTTP connections open now.",
           g->http ? (double)http_server_connections(g->http) : 0.0);
     gauge(&b, "pagoda_http_write_bytes",
-          "Bytes of responses held until their clients read them (--max-write-memory).",
+          "Bytes of responses held until the kernel takes them (--max-write-memory).",
           g->http ? (double)http_server_write_bytes(g->http) : 0.0);
     counter(&b, "pagoda_http_write_cuts_total",
             "Connections cut because the responses held for slow readers reached "

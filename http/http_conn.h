@@ -88,9 +88,12 @@ struct http_conn {
     size_t pending_len;
     unsigned writes_in_flight;
     size_t write_bytes; /* of the writes in flight (counted in server.write_bytes until closing) */
-    bool reading;       /* uv_read_start in effect */
-    bool parsing;       /* inside conn_parse: a response ending now is picked up by its loop */
-    bool closing;       /* closed or being closed: nothing more is read or written */
+    /* When the client last took a whole write (its callback) or a backlog began: under
+     * max_write_memory the connection stalled longest is cut first. */
+    uint64_t progress_ms;
+    bool reading; /* uv_read_start in effect */
+    bool parsing; /* inside conn_parse: a response ending now is picked up by its loop */
+    bool closing; /* closed or being closed: nothing more is read or written */
     int handles_open;
 };
 

@@ -9,7 +9,8 @@
  * made without waiting), header bytes (431), body bytes (413), the time from a request's first
  * byte to its complete body (408: slow clients), the idle time of a keep-alive connection, and
  * the bytes a response may have queued unsent (a client that stops reading is disconnected), and
- * the bytes of responses held for every client together (the slowest readers are cut). None
+ * the bytes of responses held for every client together (the clients stalled longest are cut).
+ * None
  * of them stops the server serving others. Malformed requests get 400. These answers of the
  * server's own carry a JSON body in OpenAI's error shape ({"error": {"message", "type",
  * "param", "code"}}, the last two null, as the gateway's own) and close the connection (after a
@@ -39,9 +40,11 @@ struct http_config {
     uint32_t request_timeout_ms;   /* first byte to complete body, else 408 and close */
     uint32_t idle_timeout_ms;      /* a keep-alive connection with no request in progress */
     size_t max_queued_write_bytes; /* a response's unsent bytes beyond this: the client is cut */
-    /* Bytes of responses every connection together holds until the client has taken them: a
-     * write that would pass it first cuts the connections with the most unsent bytes (the
-     * slowest readers), largest first, until it fits or no connection has unsent bytes. */
+    /* Bytes of responses every connection together holds, each write from its queueing until
+     * the kernel has taken all of it (what the kernel's socket buffers hold is not counted): a
+     * write that would pass it first cuts connections with bytes unsent, the one whose client
+     * has taken no whole write for longest first, until it fits; none when even cutting all of
+     * them would not make it fit (the write then goes out). */
     size_t max_write_memory;
 };
 

@@ -51,8 +51,10 @@ static void on_write(uv_write_t *uv, int status)
     struct http_write *w = (struct http_write *)uv;
     struct http_conn *c = w->conn;
     c->write_bytes -= w->len;
-    if (!c->closing)
+    if (!c->closing) {
         c->server->write_bytes -= w->len; /* a closing one's were taken off at its close */
+        c->progress_ms = uv_now(c->server->loop);
+    }
     free(w);
     c->writes_in_flight--;
     if (status < 0)
@@ -61,23 +63,48 @@ static void on_write(uv_write_t *uv, int status)
         http_conn_writes_done(c);
 }
 
-/* Makes room for len more bytes of responses under max_write_memory: cuts the connections with
- * the most bytes unsent (the clients reading slowest), largest first, while the total would pass
- * it and some connection has bytes unsent. Those whose writes have all reached the kernel hold
- * theirs until their callbacks (the next loop turn) only, and are left alone. */
+/* Stalled longest first; of two stalled as long, the one holding more. */
+static int cmp_stalled(const void *a, const void *b)
+{
+    const struct http_conn *x = *(struct http_conn *const *)a, *y = *(struct http_conn *const *)b;
+    if (x->progress_ms != y->progress_ms)
+        return x->progress_ms < y->progress_ms ? -1 : 1;
+    return x->write_bytes > y->write_bytes ? -1 : x->write_bytes < y->write_bytes;
+}
+
+/* Makes room for len more bytes of responses under max_write_memory, when cutting can: the
+ * connections with bytes unsent are cut, the one whose client has taken no whole write for
+ * longest first (a fresh large answer is not cut for older stalled ones), until the total fits.
+ * Connections whose writes have all reached the kernel hold theirs until their callbacks (the next
+ * loop turn) only, and are left alone; when even cutting every other one would not make room (the
+ * write itself is larger than the budget, say), none is cut and the write goes out. One pass over
+ * the connections and a sort, however many are cut. */
 static void make_room(struct http_server *s, size_t len)
 {
-    while (s->write_bytes + len > s->cfg.max_write_memory) {
-        struct http_conn *slowest = NULL;
-        for (struct http_conn *k = s->conns.head; k; k = k->next)
-            if (!k->closing && k->tcp.write_queue_size > 0 &&
-                (!slowest || k->tcp.write_queue_size > slowest->tcp.write_queue_size))
-                slowest = k;
-        if (!slowest)
-            return;
-        s->write_cuts++;
-        http_conn_close(slowest);
+    if (s->write_bytes + len <= s->cfg.max_write_memory)
+        return;
+    size_t cuttable = 0, n = 0;
+    for (struct http_conn *k = s->conns.head; k; k = k->next) {
+        if (k->closing || k->tcp.write_queue_size == 0)
+            continue;
+        cuttable += k->write_bytes;
+        n++;
     }
+    if (n == 0 || s->write_bytes - cuttable + len > s->cfg.max_write_memory)
+        return;
+    struct http_conn **cand = malloc(n * sizeof(*cand));
+    if (cand == NULL)
+        return; /* no memory to choose with: the write goes out */
+    size_t i = 0;
+    for (struct http_conn *k = s->conns.head; k && i < n; k = k->next)
+        if (!k->closing && k->tcp.write_queue_size > 0)
+            cand[i++] = k;
+    qsort(cand, i, sizeof(*cand), cmp_stalled);
+    for (size_t j = 0; j < i && s->write_bytes + len > s->cfg.max_write_memory; j++) {
+        s->write_cuts++;
+        http_conn_close(cand[j]); /* takes its bytes off s->write_bytes */
+    }
+    free(cand);
 }
 
 /* Sends w and takes it, whatever happens. */
@@ -94,7 +121,7 @@ static int wbuf_send(struct http_conn *c, struct http_write *w)
         return 0;
     }
     make_room(s, w->len);
-    if (c->closing) { /* it was the slowest */
+    if (c->closing) { /* it was cut */
         free(w);
         return PAGODA_ECLOSED;
     }
@@ -105,6 +132,8 @@ static int wbuf_send(struct http_conn *c, struct http_write *w)
         http_conn_close(c);
         return PAGODA_ECLOSED;
     }
+    if (c->writes_in_flight == 0)
+        c->progress_ms = uv_now(s->loop); /* a backlog begins (if the kernel leaves one) */
     c->writes_in_flight++;
     c->write_bytes += w->len;
     s->write_bytes += w->len;

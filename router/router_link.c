@@ -76,6 +76,8 @@ static int send_submit(struct engine *e, struct request *q)
     sub.sampling = &sp;
     sub.has_max_tokens = 1;
     sub.max_tokens = q->p.max_tokens;
+    sub.has_strict_max_tokens = q->p.strict_max_tokens != 0;
+    sub.strict_max_tokens = q->p.strict_max_tokens != 0;
     sub.n_stop_token_ids = q->p.num_stop;
     sub.stop_token_ids = q->stop_ids;
     sub.has_ignore_eos = 1;

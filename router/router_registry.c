@@ -333,7 +333,9 @@ struct request *registry_adopt(struct router *r, const Pagoda__Internal__TokenEv
 
 /* With strict_max_tokens, a prompt of n tokens and max_tokens must fit the model's context (once
  * known), as OpenAI's API and vLLM's refuse an explicit max_tokens; otherwise the request ends by
- * length when the context is full. Returns 0, or PAGODA_ERANGE with its reason in why. */
+ * length when the context is full. The scheduler checks again against the context it serves,
+ * which its KV pool may make smaller (SubmitSeq.strict_max_tokens). Returns 0, or PAGODA_ERANGE
+ * with its reason in why. */
 static int fits_context(const struct router *r, const struct submit_params *p, uint32_t n,
                         char *why, size_t why_len)
 {
@@ -382,9 +384,6 @@ static int submit_params_read(const struct router *r, const Pagoda__SubmitReques
         return pagoda_error_set(PAGODA_ERANGE, "max_tokens %d is outside [1, %u]",
                                 (int)p->max_tokens, cfg->max_new_tokens);
     p->strict_max_tokens = s->has_strict_max_tokens && s->strict_max_tokens;
-    char fit[256];
-    if (!p->has_text && fits_context(r, p, p->num_prompt, fit, sizeof(fit)) != 0)
-        return pagoda_error_set(PAGODA_ERANGE, "%s", fit); /* a text prompt: once tokenized */
     p->ignore_eos = s->has_ignore_eos && s->ignore_eos;
 
     /* Sampling: the one definition of defaults and ranges (wire/sampling_wire.h). */
@@ -495,6 +494,13 @@ void registry_handle_submit(struct router *r, struct rctx *c, uint32_t tenant,
         r->slots[tenant].duplicate_submits++;
         q->seen_ms = uv_now(r->loop);
         router_reply_submitted(c, q);
+        return;
+    }
+    /* (after the duplicate's lookup: a resend of a request admitted before the model's context
+     * was known is the same request, not a new one to check) */
+    char fit[256];
+    if (!p.has_text && fits_context(r, &p, p.num_prompt, fit, sizeof(fit)) != 0) {
+        router_reply_error(c, PAGODA_ERANGE, "submit: %s", fit); /* text: once tokenized */
         return;
     }
     if (r->draining) {

@@ -726,7 +726,7 @@ static bool ensure_blocks(struct scheduler *s, struct seq *q, int64_t upto)
  * (error event) or ends it (its resubmitted output already fills the context) and returns -1. */
 static int admission_check(struct scheduler *s, struct seq *q)
 {
-    char msg[160];
+    char msg[256];
     int64_t limit = context_limit(s);
     if ((int64_t)q->num_prompt_tokens + 1 > limit) {
         snprintf(msg, sizeof(msg), "prompt of %d tokens + 1 exceeds the context of %lld tokens",
@@ -734,6 +734,18 @@ static int admission_check(struct scheduler *s, struct seq *q)
         seq_refuse(s, q, PAGODA_ERANGE, msg);
         return -1;
     }
+    if (q->strict_max_tokens && q->max_tokens > 0 &&
+        (int64_t)q->num_prompt_tokens + q->max_tokens > limit) {
+        snprintf(msg, sizeof(msg),
+                 "the context is %lld tokens (the model's positions, or the KV pool less its "
+                 "pinned blocks), and this request asks for %lld (%d of prompt, %d of "
+                 "max_tokens): shorten the prompt or lower max_tokens",
+                 (long long)limit, (long long)q->num_prompt_tokens + q->max_tokens,
+                 (int)q->num_prompt_tokens, (int)q->max_tokens);
+        seq_refuse(s, q, PAGODA_ERANGE, msg);
+        return -1;
+    }
+    q->strict_max_tokens = false; /* checked once, before its first token */
     if (q->vocab_checked != s->worker.vocab_size) {
         for (int32_t i = 0; i < q->num_tokens; i++) {
             if (q->tokens[i] >= s->worker.vocab_size) {
@@ -1642,6 +1654,7 @@ static void on_submit(struct scheduler *s, const Pagoda__Internal__SubmitSeq *m)
     q->num_tokens = (int32_t)(n_prompt + n_out);
     q->sampling = sp;
     q->max_tokens = m->has_max_tokens ? m->max_tokens : 0;
+    q->strict_max_tokens = m->has_strict_max_tokens && m->strict_max_tokens && n_out == 0;
     q->num_stop_ids = (int32_t)m->n_stop_token_ids;
     if (m->n_stop_token_ids > 0)
         memcpy(q->stop_ids, m->stop_token_ids, m->n_stop_token_ids * sizeof(int32_t));

@@ -55,7 +55,8 @@ struct seq {
     int32_t result_error;             /* while a result is checked: the worker failed it (code) */
     const char *result_error_message; /* the result's, valid while it is handled */
     struct sampling_params sampling;
-    int32_t max_tokens; /* 0: up to the context */
+    int32_t max_tokens;     /* 0: up to the context */
+    bool strict_max_tokens; /* until its first admission check: prompt + max_tokens must fit */
     bool ignore_eos;
     int32_t num_stop_ids;
     int32_t stop_ids[SCHEDULER_MAX_STOP_IDS];

@@ -930,6 +930,8 @@ struct req_rec *submit_full(struct harness *h, int idn, const int32_t *prompt, i
     sub.stop_token_ids = (int32_t *)stop;
     sub.has_ignore_eos = 1;
     sub.ignore_eos = ignore_eos;
+    sub.has_strict_max_tokens = h->strict_max_tokens;
+    sub.strict_max_tokens = h->strict_max_tokens;
     uint8_t client_id[SCHEDULER_REQUEST_ID_BYTES];
     for (int i = 0; i < SCHEDULER_REQUEST_ID_BYTES; i++)
         client_id[i] = (uint8_t)(r->id[i] ^ 0xa5);

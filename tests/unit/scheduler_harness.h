@@ -148,6 +148,7 @@ struct harness {
     int stats_replies;
     int32_t rec_index[REC_INDEX]; /* 1 + the index in reqs of an id, 0: empty */
     const char *tenant;           /* what submit_full stamps ("t" when NULL) */
+    bool strict_max_tokens;       /* what submit_full stamps (SubmitSeq.strict_max_tokens) */
     /* The latest PolicyApplied and AdminResult received (unpacked copies), and counts. */
     Pagoda__Internal__PolicyApplied *applied;
     Pagoda__Internal__AdminResult *admin;

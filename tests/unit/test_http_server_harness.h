@@ -73,6 +73,7 @@ struct fx {
     bool flood_timer_open;
     int flood_writes;
     int flood_last_rc;
+    uint64_t write_cuts; /* http_server_write_cuts when the client was done */
     /* Client sockets left open for the server's close; closed after the loop ends. */
     int leftover[8];
     int num_leftover;

@@ -289,46 +289,100 @@ static void client_leaves_everything_open(struct fx *f)
     /* Returning closes the server with all four open. */
 }
 
-/* The responses held for every client together (max_write_memory, 4 MiB here): a client that
- * reads nothing of a 16 MiB answer holds most of it in the server; a second client's answer would
- * pass the budget, so the first, the slowest reader, is cut, and the second is served whole. With
- * the budget off the first would read all of its answer. */
-#define WM_SLOW_BYTES (16 << 20)
-#define WM_FAST_BYTES (1 << 20)
+/* The responses held for every client together (max_write_memory, 48 MiB here), counted from
+ * each write to its completion: a client that reads nothing of a 16 MiB answer (stalled), then
+ * one that has not read its 24 MiB answer yet either (fresh, and larger); a third client's 16 MiB
+ * would pass the budget, so the stalled one is cut (the larger fresh one is not), the third is
+ * served whole, and so is the second once it reads. With the budget off the first would read all
+ * of its answer; cutting the largest first would have cut the second. */
+#define WM_STALLED_BYTES (16 << 20)
+#define WM_FRESH_BYTES (24 << 20)
+#define WM_THIRD_BYTES (16 << 20)
+
+/* Reads the rest of c's answer to its end (EOF or a reset); the bytes read, buffered ones too. */
+static size_t read_to_end(struct cl *c, bool *ended)
+{
+    size_t got = c->end - c->start;
+    char buf[65536];
+    ssize_t n;
+    while ((n = recv(c->fd, buf, sizeof(buf), 0)) > 0)
+        got += (size_t)n;
+    *ended = n == 0 || (n < 0 && errno == ECONNRESET);
+    return got;
+}
 
 static void client_write_memory(struct fx *f)
 {
-    struct cl slow, fast;
+    struct cl stalled, fresh, third;
     char line[128];
-    CHECK(f, cl_connect_buf(&slow, f->port, 4096) == 0);
-    snprintf(line, sizeof(line), "GET /big?n=%d HTTP/1.1\r\nHost: t\r\n\r\n", WM_SLOW_BYTES);
-    CHECK(f, cl_sends(&slow, line) == 0);
-    CHECK(f, cl_line(&slow, line, sizeof(line)) == 0 && strcmp(line, "HTTP/1.1 200 OK") == 0);
-    /* ... and reads no more for now. */
+    CHECK(f, cl_connect_buf(&stalled, f->port, 4096) == 0);
+    snprintf(line, sizeof(line), "GET /big?n=%d HTTP/1.1\r\nHost: t\r\n\r\n", WM_STALLED_BYTES);
+    CHECK(f, cl_sends(&stalled, line) == 0);
+    CHECK(f, cl_line(&stalled, line, sizeof(line)) == 0 && strcmp(line, "HTTP/1.1 200 OK") == 0);
+    sleep_ms(300); /* ... and reads no more */
+    CHECK(f, cl_connect_buf(&fresh, f->port, 4096) == 0);
+    snprintf(line, sizeof(line), "GET /big?n=%d HTTP/1.1\r\nConnection: close\r\n\r\n",
+             WM_FRESH_BYTES);
+    CHECK(f, cl_sends(&fresh, line) == 0);
+    CHECK(f, cl_line(&fresh, line, sizeof(line)) == 0 && strcmp(line, "HTTP/1.1 200 OK") == 0);
     struct resp r;
-    CHECK(f, cl_connect(&fast, f->port) == 0);
-    snprintf(line, sizeof(line), "GET /big?n=%d HTTP/1.1\r\nHost: t\r\n\r\n", WM_FAST_BYTES);
-    CHECK(f, cl_sends(&fast, line) == 0);
-    CHECK(f, cl_response(&fast, &r, false) == 0 && r.status == 200 && r.body_len == WM_FAST_BYTES);
+    CHECK(f, cl_connect(&third, f->port) == 0);
+    snprintf(line, sizeof(line), "GET /big?n=%d HTTP/1.1\r\nHost: t\r\n\r\n", WM_THIRD_BYTES);
+    CHECK(f, cl_sends(&third, line) == 0);
+    CHECK(f,
+          cl_response(&third, &r, false) == 0 && r.status == 200 && r.body_len == WM_THIRD_BYTES);
     resp_free(&r);
-    cl_close(&fast);
-    /* The slow client now reads what reached its socket before the cut, then the end. */
-    size_t got = slow.end - slow.start;
-    char buf[65536];
-    ssize_t n;
-    while ((n = recv(slow.fd, buf, sizeof(buf), 0)) > 0)
-        got += (size_t)n;
-    CHECK(f, n == 0 || (n < 0 && errno == ECONNRESET));
-    CHECK(f, got < WM_SLOW_BYTES);
-    cl_close(&slow);
+    cl_close(&third);
+    /* The fresh one reads all of its answer (head and body, to the close it asked for). */
+    bool ended;
+    size_t got = read_to_end(&fresh, &ended);
+    CHECK(f, ended && got > WM_FRESH_BYTES);
+    cl_close(&fresh);
+    /* The stalled one reads what reached its socket before the cut, then the end. */
+    got = read_to_end(&stalled, &ended);
+    CHECK(f, ended && got < WM_STALLED_BYTES);
+    cl_close(&stalled);
 }
 
 static void test_write_memory(void **state)
 {
     struct fx f;
     fx_config(&f);
-    f.cfg.max_write_memory = 4 << 20;
+    f.cfg.max_write_memory = 48 << 20;
     fx_run(&f, client_write_memory);
+    assert_int_equal(f.write_cuts, 1);
+}
+
+/* An answer larger than the whole budget (16 MiB against 8) cannot be made room for: nobody is
+ * cut for it (cutting the stalled client would not make it fit), and both are served. */
+static void client_write_memory_no_useless_cut(struct fx *f)
+{
+    struct cl stalled, big;
+    char line[128];
+    CHECK(f, cl_connect_buf(&stalled, f->port, 4096) == 0);
+    snprintf(line, sizeof(line), "GET /big?n=%d HTTP/1.1\r\nConnection: close\r\n\r\n", 4 << 20);
+    CHECK(f, cl_sends(&stalled, line) == 0);
+    CHECK(f, cl_line(&stalled, line, sizeof(line)) == 0 && strcmp(line, "HTTP/1.1 200 OK") == 0);
+    struct resp r;
+    CHECK(f, cl_connect(&big, f->port) == 0);
+    snprintf(line, sizeof(line), "GET /big?n=%d HTTP/1.1\r\nHost: t\r\n\r\n", 16 << 20);
+    CHECK(f, cl_sends(&big, line) == 0);
+    CHECK(f, cl_response(&big, &r, false) == 0 && r.status == 200 && r.body_len == 16 << 20);
+    resp_free(&r);
+    cl_close(&big);
+    bool ended;
+    size_t got = read_to_end(&stalled, &ended);
+    CHECK(f, ended && got > (4 << 20));
+    cl_close(&stalled);
+}
+
+static void test_write_memory_no_useless_cut(void **state)
+{
+    struct fx f;
+    fx_config(&f);
+    f.cfg.max_write_memory = 8 << 20;
+    fx_run(&f, client_write_memory_no_useless_cut);
+    assert_int_equal(f.write_cuts, 0);
 }
 
 static void test_close_with_connections_open(void **state)
@@ -351,6 +405,7 @@ int main(void)
         cmocka_unit_test(test_client_not_reading_is_cut),
         cmocka_unit_test(test_disconnect_mid_stream_closes_once),
         cmocka_unit_test(test_write_memory),
+        cmocka_unit_test(test_write_memory_no_useless_cut),
         cmocka_unit_test(test_close_with_connections_open),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

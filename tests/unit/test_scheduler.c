@@ -588,6 +588,35 @@ static void test_dup_step_fault(void **state)
     harness_close(h);
 }
 
+/* strict_max_tokens against the context the scheduler serves: with a pool of 32 tokens under a
+ * model of 64 positions, a prompt of 10 with max_tokens 23 (33) is refused with the figures at its
+ * admission; with 22 (32) it is served all 22; without the flag, 23 ends by length at the
+ * context (22 tokens). */
+static void test_strict_max_tokens_against_the_pool(void **state)
+{
+    struct setup su = DEFAULT_SETUP;
+    su.num_blocks = 1 + 4; /* 32 tokens */
+    su.max_positions = 64;
+    struct harness *h = harness_open(&su);
+    int32_t p[10];
+    make_prompt(81, 10, p);
+    h->strict_max_tokens = true;
+    struct req_rec *over = submit(h, 1, p, 10, 23);
+    pump(h);
+    assert_int_equal(over->finish, PAGODA__INTERNAL__FINISH_REASON__FINISH_ERROR);
+    assert_int_equal(over->error_code, PAGODA_ERANGE);
+    assert_int_equal(over->n_out, 0);
+    struct req_rec *fits = submit(h, 2, p, 10, 22);
+    pump(h);
+    expect_output(fits, p, 10, 22, PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH);
+    h->strict_max_tokens = false;
+    struct req_rec *loose = submit(h, 3, p, 10, 23);
+    pump(h);
+    expect_output(loose, p, 10, 22, PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH);
+    expect_idle_pool(h);
+    harness_close(h);
+}
+
 /* Requests that cannot be served are refused with an error event: a prompt + 1 above the
  * context (or the pool, before any Hello), a bad request id, a token outside the vocabulary,
  * bad sampling parameters, a full queue. */
@@ -1354,6 +1383,7 @@ int main(void)
         cmocka_unit_test(test_resync_done_releases_fenced_blocks),
         cmocka_unit_test(test_dup_step_fault),
         cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_strict_max_tokens_against_the_pool),
         cmocka_unit_test(test_one_sequence_error_ends_it_alone),
         cmocka_unit_test(test_refused_step_isolates_the_culprit),
         cmocka_unit_test(test_sequence_left_out_of_a_resync_fails),
