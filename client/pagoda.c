@@ -335,13 +335,17 @@ int client_result_from_update(const Pagoda__ClientResponse *resp,
             return pagoda_error_set(PAGODA_EPROTO, "%zu token text ends for %zu tokens%s",
                                     up->n_token_text_ends, up->n_token_ids,
                                     up->has_text ? "" : " and no text");
-        for (size_t i = 0; i < up->n_token_text_ends; i++)
-            if (up->token_text_ends[i] > up->text.len ||
-                (i > 0 && up->token_text_ends[i] < up->token_text_ends[i - 1]))
+        size_t n = up->n_token_text_ends;
+        for (size_t i = 0; i < n; i++) {
+            uint32_t e = up->token_text_ends[i];
+            if (e > up->text.len || (i > 0 && e < up->token_text_ends[i - 1]) ||
+                (i == n - 1 && e != up->text.len) ||
+                (e < up->text.len && (up->text.data[e] & 0xC0) == 0x80))
                 return pagoda_error_set(PAGODA_EPROTO,
-                                        "token text end %zu (%u) is out of order or past the "
-                                        "text's %zu bytes",
-                                        i, up->token_text_ends[i], up->text.len);
+                                        "token text end %zu (%u) is out of order, inside a "
+                                        "character or not at the text's end (%zu bytes)",
+                                        i, e, up->text.len);
+        }
     }
     result->offset = up->has_offset ? up->offset : 0;
     result->finish_reason =
@@ -698,11 +702,15 @@ static int result_append(pagoda_result *all, const pagoda_result *piece, int wan
     return 0;
 }
 
-/* Appends a piece's text to the whole result's. */
+/* Appends a piece's text to the whole result's. Text that comes without a token (released by a
+ * finish of its own: a cancel, an error) joins the last token's piece. */
 static int result_append_text(pagoda_result *all, const pagoda_result *piece)
 {
     if (piece->text == NULL)
         return 0;
+    if (piece->num_tokens == 0 && all->token_text_ends != NULL && all->num_tokens > 0 &&
+        all->text_len + piece->text_len <= UINT32_MAX)
+        all->token_text_ends[all->num_tokens - 1] = (uint32_t)(all->text_len + piece->text_len);
     char *t = realloc(all->text, all->text_len + piece->text_len + 1);
     if (t == NULL)
         return PAGODA_ENOMEM;

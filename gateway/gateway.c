@@ -333,6 +333,10 @@ static int gather(struct greq *q, const pagoda_result *r)
     if (text + n * 12 > GATEWAY_MAX_ANSWER_BYTES)
         return pagoda_error_set(PAGODA_ERANGE, "the answer is larger than %u bytes",
                                 GATEWAY_MAX_ANSWER_BYTES);
+    /* Text without a token (released by a finish of its own: a cancel, an error) joins the last
+     * token's piece. */
+    if (r->num_tokens == 0 && r->text_len > 0 && q->ends != NULL && q->n > 0 && text <= UINT32_MAX)
+        q->ends[q->n - 1] = (uint32_t)text;
     if (r->text_len > 0) {
         if (text + 1 > q->text_cap) {
             size_t cap = q->text_cap ? q->text_cap : 256;

@@ -606,15 +606,18 @@ uint64_t openai_utf8_chars(const char *s, size_t len)
  * text_offset} or chats' {content: [{token, logprob, bytes, top_logprobs}]}. A token is named by
  * its piece of the text (o->token_text_ends: what became visible when it arrived, so an empty
  * piece for a token that completes no character), with its UTF-8 bytes and its offset in
- * characters; by "token_id:N" when the client asked (vLLM's return_tokens_as_token_ids) or there
- * are no pieces (a model without a tokenizer, or detokenize off: bytes null, text_offset empty). */
+ * characters; by "token_id:N" (its bytes those of the name, as vLLM's) when the client asked
+ * (vLLM's return_tokens_as_token_ids) or there are no pieces (a model without a tokenizer, or
+ * detokenize off: every text_offset then the output's start, for there is no text). */
 static json_t *logprobs_json(const struct openai_out *o)
 {
     if (o->logprobs == NULL)
         return json_null();
-    const bool pieces = o->token_text_ends != NULL && o->text != NULL;
+    const bool pieces = o->token_text_ends != NULL;
+    const char *text = o->text ? o->text : ""; /* a whole answer without text has none */
+    const size_t text_len = o->text ? o->text_len : 0;
     json_t *tokens = json_array(), *lps = json_array(), *content = json_array();
-    json_t *offsets = pieces ? json_array() : json_null();
+    json_t *offsets = json_array();
     uint64_t chars = o->text_offset;
     size_t start = 0;
     for (size_t i = 0; i < o->n; i++) {
@@ -622,26 +625,31 @@ static json_t *logprobs_json(const struct openai_out *o)
         json_t *name = NULL, *bytes = NULL;
         if (pieces) {
             size_t end = o->token_text_ends[i];
-            if (end > o->text_len)
-                end = o->text_len;
+            if (end > text_len)
+                end = text_len;
             if (end < start)
                 end = start;
-            name = json_stringn(o->text + start, end - start);
+            name = json_stringn(text + start, end - start);
             bytes = json_array();
             for (size_t k = start; k < end; k++)
-                json_array_append_new(bytes, json_integer((unsigned char)o->text[k]));
+                json_array_append_new(bytes, json_integer((unsigned char)text[k]));
             json_array_append_new(offsets, json_integer((json_int_t)chars));
-            chars += openai_utf8_chars(o->text + start, end - start);
+            chars += openai_utf8_chars(text + start, end - start);
             start = end;
+        } else {
+            json_array_append_new(offsets, json_integer((json_int_t)chars)); /* no text: all at 0 */
         }
         if (name == NULL || o->req->tokens_as_ids) {
+            /* by id, its bytes those of the name (as vLLM's) */
             char id[32];
-            snprintf(id, sizeof(id), "token_id:%d", o->token_ids[i]);
+            int len = snprintf(id, sizeof(id), "token_id:%d", o->token_ids[i]);
             json_decref(name);
             name = json_string(id);
+            json_decref(bytes);
+            bytes = json_array();
+            for (int k = 0; k < len; k++)
+                json_array_append_new(bytes, json_integer((unsigned char)id[k]));
         }
-        if (bytes == NULL)
-            bytes = json_null();
         json_array_append(tokens, name);
         json_array_append_new(lps, json_real(lp));
         json_array_append_new(content, json_pack("{s:o,s:f,s:o,s:[]}", "token", name, "logprob", lp,
@@ -655,7 +663,7 @@ static json_t *logprobs_json(const struct openai_out *o)
     }
     json_decref(content);
     return json_pack("{s:o,s:o,s:n,s:o}", "tokens", tokens, "token_logprobs", lps, "top_logprobs",
-                     "text_offset", pieces ? offsets : json_array());
+                     "text_offset", offsets);
 }
 
 static json_t *stop_reason_json(const struct openai_out *o)

@@ -229,35 +229,54 @@ static void scenario_text(struct group *g, const Tokenizer *tok, const ChatTempl
             same_ids(stopped.token_ids, stopped.num_tokens, by_text.token_ids, stopped.num_tokens),
         "stop string: %zu tokens, up to the one that completed it", stopped.num_tokens);
     pagoda_result_free(&stopped);
-    /* With logprobs: where each token's piece of the text ends, never decreasing, the last at
-     * the text's end, and a token's piece ending where its text was visible (the decode of the
-     * tokens up to it, less a character still incomplete, for there is no stop string). */
+    /* With logprobs: where each token's piece of the text ends. Without stop strings a token's
+     * end is the text visible when it arrived, which is the incremental detokenizer's output up to
+     * it (tokenizer_stream, exactly the full decode in the end); the whole result's ends, and
+     * those of polls from offset 0 and from the middle (relative to the text each returns), must
+     * be those. */
     pagoda_generate_params pl = p;
     pl.logprobs = 1;
     rc = pagoda_generate_prompt(c, &pl, &pr, NULL, NULL, &stopped);
-    int ends_ok = rc == 0 && stopped.token_text_ends != NULL &&
-                  stopped.num_tokens == by_text.num_tokens &&
-                  stopped.token_text_ends[stopped.num_tokens - 1] == stopped.text_len &&
-                  stopped.text_len == decoded_len;
-    for (size_t i = 0; ends_ok && i + 1 < stopped.num_tokens; i++) {
-        char *prefix = NULL;
-        size_t prefix_len = 0;
-        tokenizer_decode(tok, stopped.token_ids, i + 1, true, &prefix, &prefix_len);
-        /* less a trailing U+FFFD of an incomplete character */
-        while (prefix_len >= 3 && memcmp(prefix + prefix_len - 3, "\xef\xbf\xbd", 3) == 0 &&
-               prefix_len > stopped.token_text_ends[i])
-            prefix_len -= 3;
-        ends_ok = prefix != NULL && stopped.token_text_ends[i] == prefix_len &&
-                  (i == 0 || stopped.token_text_ends[i] >= stopped.token_text_ends[i - 1]);
-        if (!ends_ok)
-            printf("# token %zu: end %u, the decode of the tokens up to it %zu bytes\n", i,
-                   stopped.token_text_ends[i], prefix_len);
-        free(prefix);
+    size_t want_end[MAX_TOKENS];
+    TokenizerStream *ts = NULL;
+    char *sbuf = NULL;
+    size_t slen = 0, scap = 0;
+    CHECK(rc == 0 && stopped.num_tokens == MAX_TOKENS && stopped.token_text_ends != NULL &&
+              tokenizer_stream_new(tok, true, &ts) == 0,
+          "logprobs: %zu tokens with their text ends", stopped.num_tokens);
+    for (size_t i = 0; ts != NULL && i < stopped.num_tokens; i++) {
+        tokenizer_stream_step(ts, stopped.token_ids[i], &sbuf, &slen, &scap);
+        want_end[i] = slen;
     }
-    CHECK(ends_ok,
-          "logprobs: %zu token text ends, each at its prefix's decode, the last at the "
-          "text's %zu bytes",
-          stopped.num_tokens, stopped.text_len);
+    if (ts != NULL)
+        tokenizer_stream_finish(ts, &sbuf, &slen, &scap);
+    tokenizer_stream_free(ts);
+    if (stopped.num_tokens == MAX_TOKENS)
+        want_end[MAX_TOKENS - 1] = slen; /* the finish releases the rest with the last token */
+    int ends_ok = rc == 0 && stopped.token_text_ends != NULL && slen == stopped.text_len;
+    for (size_t i = 0; ends_ok && i < stopped.num_tokens; i++)
+        if (stopped.token_text_ends[i] != want_end[i]) {
+            printf("# token %zu: end %u, the detokenizer's %zu\n", i, stopped.token_text_ends[i],
+                   want_end[i]);
+            ends_ok = 0;
+        }
+    CHECK(ends_ok, "logprobs: each of %zu token ends is the text visible when it arrived",
+          stopped.num_tokens);
+    uint32_t from[2] = {0, MAX_TOKENS / 2};
+    for (int k = 0; k < 2 && ends_ok; k++) {
+        pagoda_result piece;
+        rc = pagoda_poll(c, stopped.request_id, from[k], 0, &piece);
+        size_t base = from[k] ? want_end[from[k] - 1] : 0;
+        int same = rc == 0 && piece.num_tokens == MAX_TOKENS - from[k] &&
+                   piece.token_text_ends != NULL && piece.text_len == slen - base;
+        for (size_t i = 0; same && i < piece.num_tokens; i++)
+            same = base + piece.token_text_ends[i] == want_end[from[k] + i];
+        CHECK(same, "logprobs: a poll from offset %u gets the same ends, from its text's start",
+              from[k]);
+        if (rc == 0)
+            pagoda_result_free(&piece);
+    }
+    free(sbuf);
     pagoda_result_free(&stopped);
 
     /* A stop token id: it is named. */

@@ -203,7 +203,8 @@ static void test_responses_and_chunks_are_openai_json(void **state)
     assert_int_equal(json_array_size(content), 2);
     assert_string_equal(json_string_value(json_object_get(json_array_get(content, 1), "token")),
                         "token_id:9");
-    assert_true(json_is_null(json_object_get(json_array_get(content, 1), "bytes")));
+    /* named by id: its bytes are the name's (vLLM's) */
+    assert_int_equal(json_array_size(json_object_get(json_array_get(content, 1), "bytes")), 10);
     json_t *usage = json_object_get(j, "usage");
     assert_int_equal(json_integer_value(json_object_get(usage, "total_tokens")), 6);
     assert_int_equal(json_integer_value(json_object_get(
@@ -346,7 +347,22 @@ static void test_completion_logprobs_name_pieces(void **state)
     l = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs");
     assert_string_equal(json_string_value(json_array_get(json_object_get(l, "tokens"), 2)),
                         "token_id:3");
-    assert_int_equal(json_array_size(json_object_get(l, "text_offset")), 0);
+    /* no text: every token at the output's start */
+    assert_int_equal(json_array_size(json_object_get(l, "text_offset")), 3);
+    assert_int_equal(json_integer_value(json_array_get(json_object_get(l, "text_offset"), 2)), 5);
+    json_decref(j);
+    free(s);
+    /* A whole answer whose text is empty: pieces still, all empty. */
+    uint32_t none[3] = {0, 0, 0};
+    o.token_text_ends = none;
+    o.text = NULL;
+    o.text_len = 0;
+    o.text_offset = 0;
+    s = openai_response_json(&o);
+    j = json_loads(s, 0, NULL);
+    l = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs");
+    assert_string_equal(json_string_value(json_array_get(json_object_get(l, "tokens"), 1)), "");
+    assert_int_equal(json_integer_value(json_array_get(json_object_get(l, "text_offset"), 2)), 0);
     json_decref(j);
     free(s);
     assert_int_equal(openai_utf8_chars("h\xc3\xa9\xe4\xb8\xad", 6), 3);
