@@ -326,6 +326,7 @@ struct router {
     char text_error[512];
     uint32_t text_jobs; /* prompts being tokenized, cancelled ones included */
     struct text_job *text_pending_head, *text_pending_tail; /* waiting for their turn */
+    struct text_job *text_queued; /* on libuv's threadpool, detached ones too (router closing) */
 
     int draining;
     uint64_t drain_deadline_ms;

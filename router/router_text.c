@@ -42,7 +42,8 @@ static void holder_unref(struct text_holder *h)
  * memcpy speed); the thread unpacks them, renders the chat and encodes. */
 struct text_job {
     uv_work_t work;
-    struct text_job *prev, *next; /* router.text_pending while it waits its turn */
+    struct text_job *prev, *next; /* router.text_pending while it waits its turn, then
+                                     router.text_queued while on the threadpool */
     int queued;                   /* on libuv's threadpool (counted in text_jobs) */
     struct router *r;             /* NULL once the router is gone */
     struct request *q;            /* NULL once the request is gone or has ended */
@@ -371,6 +372,12 @@ static void dispatch(struct router *r)
                 return;
             }
             pending_remove(r, job);
+            /* Listed while queued, so that a router closing first reaches every job, those
+             * whose request has gone too (router_text_router_closing). */
+            job->next = r->text_queued;
+            if (r->text_queued)
+                r->text_queued->prev = job;
+            r->text_queued = job;
             job->queued = 1;
             r->text_jobs++;
             r->slots[job->tenant].text_jobs++;
@@ -386,6 +393,13 @@ static void job_done(uv_work_t *w, int status)
     struct router *r = job->r;
     struct request *q = job->q;
     if (r != NULL) {
+        if (job->prev)
+            job->prev->next = job->next;
+        else
+            r->text_queued = job->next;
+        if (job->next)
+            job->next->prev = job->prev;
+        job->prev = job->next = NULL;
         r->text_jobs--;
         r->slots[job->tenant].text_jobs--;
         tenancy_unref(r, job->tenant); /* the slot is the job's until now */
@@ -478,6 +492,10 @@ void router_text_request_free(struct router *r, struct request *q)
 
 void router_text_router_closing(struct router *r)
 {
+    /* Every job on the threadpool, its request gone or not, only frees itself when it ends. */
+    for (struct text_job *job = r->text_queued; job != NULL; job = job->next)
+        job->r = NULL;
+    r->text_queued = NULL;
     struct req_list *lists[2] = {&r->live, &r->finished};
     for (int l = 0; l < 2; l++)
         for (struct request *q = lists[l]->head; q != NULL; q = q->next)
