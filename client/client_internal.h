@@ -60,6 +60,21 @@ int client_submit_build(struct client_submit *cs, const pagoda_generate_params *
                         const pagoda_prompt *prompt, const uint8_t id[PAGODA_REQUEST_ID_BYTES]);
 void client_submit_fini(struct client_submit *cs);
 
+/* A Tokenize call (pagoda_tokenize.c): of prompt's text or chat (its Submit's fields, built by
+ * client_submit_build), or, with prompt NULL, of n ids to detokenize (borrowed). req points into
+ * the struct. Errors: PAGODA_EINVAL (a prompt of token ids, or none), PAGODA_ENOMEM. */
+struct client_tokenize {
+    struct client_submit cs;
+    int has_cs;
+    Pagoda__TokenizeRequest tok;
+    Pagoda__ClientRequest req;
+};
+int client_tokenize_build(struct client_tokenize *t, const pagoda_prompt *prompt,
+                          const int32_t *ids, size_t n, int skip_special_tokens);
+void client_tokenize_fini(struct client_tokenize *t);
+/* The reply's TokenizeResponse copied into *out. Errors: PAGODA_EPROTO, PAGODA_ENOMEM. */
+int client_tokenized_from_reply(const Pagoda__ClientResponse *resp, pagoda_tokenized *out);
+
 /* A Poll or a Cancel for request id, as the blocking and the asynchronous calls send it: req
  * points into the struct (keep it in place while req is used; the id is borrowed). */
 struct client_id_call {

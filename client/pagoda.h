@@ -286,6 +286,30 @@ int pagoda_submit_prompt(pagoda_client *c, const pagoda_generate_params *params,
 int pagoda_poll(pagoda_client *c, const uint8_t request_id[PAGODA_REQUEST_ID_BYTES],
                 uint32_t offset, uint32_t wait_ms, pagoda_result *result);
 
+/* A text or a chat tokenized, or token ids detokenized, by the router (the model's tokenizer
+ * and chat template): release with pagoda_tokenized_free. */
+typedef struct pagoda_tokenized {
+    int32_t *token_ids; /* pagoda_tokenize: num_token_ids of them */
+    size_t num_token_ids;
+    char *text; /* pagoda_detokenize: text_len bytes of UTF-8 and a NUL after them */
+    size_t text_len;
+    uint32_t max_model_len; /* the model's context; 0 while the router does not know it */
+} pagoda_tokenized;
+
+/* The token ids a Submit of prompt (its text or its chat, with the same defaults) would have as
+ * its prompt, with no limit on their number (OpenAI-compatible servers' /tokenize). Errors:
+ * PAGODA_EINVAL (token ids or no prompt given, text that is not UTF-8, a template error: the
+ * detail says), PAGODA_EUNSUPPORTED (a model without a tokenizer, or chat template), PAGODA_EBUSY,
+ * PAGODA_ETIMEDOUT and the errors of every call. */
+int pagoda_tokenize(pagoda_client *c, const pagoda_prompt *prompt, pagoda_tokenized *out);
+
+/* The text of n token ids (skip_special_tokens as in pagoda_generate_params). PAGODA_EINVAL for
+ * an id outside the tokenizer's vocabulary. */
+int pagoda_detokenize(pagoda_client *c, const int32_t *ids, size_t n, int skip_special_tokens,
+                      pagoda_tokenized *out);
+
+void pagoda_tokenized_free(pagoda_tokenized *t);
+
 /* Cancels the request: it ends with PAGODA_FINISH_CANCELLED unless it had already finished.
  * When result is not NULL it receives the request's state (no tokens). Errors as pagoda_poll. */
 int pagoda_cancel(pagoda_client *c, const uint8_t request_id[PAGODA_REQUEST_ID_BYTES],

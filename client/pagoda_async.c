@@ -13,7 +13,15 @@
 #include <string.h>
 #include <sys/random.h>
 
-enum call_kind { CALL_SUBMIT, CALL_POLL, CALL_CANCEL, CALL_STATS, CALL_HEALTH, CALL_TENANTS };
+enum call_kind {
+    CALL_SUBMIT,
+    CALL_POLL,
+    CALL_CANCEL,
+    CALL_STATS,
+    CALL_HEALTH,
+    CALL_TENANTS,
+    CALL_TOKENIZE
+};
 
 struct acall {
     pagoda_client *client;
@@ -35,6 +43,7 @@ void pagoda_async_result_free(pagoda_async_result *res)
         return;
     pagoda_result_free(&res->result);
     pagoda_admin_list_free(&res->tenants);
+    pagoda_tokenized_free(&res->tokenized);
     free(res->stats);
     free(res);
 }
@@ -92,6 +101,11 @@ static void read_reply(struct acall *a, nng_msg *m)
             res->rc = PAGODA_EPROTO;
             snprintf(res->detail, sizeof(res->detail), "the router's reply carries no tenants");
         }
+    } else if (a->kind == CALL_TOKENIZE) {
+        pagoda_error_clear();
+        res->rc = client_tokenized_from_reply(resp, &res->tokenized);
+        if (res->rc != 0)
+            snprintf(res->detail, sizeof(res->detail), "%s", pagoda_error_detail());
     } else if (a->kind == CALL_HEALTH) {
         if (resp->result_case == PAGODA__CLIENT_RESPONSE__RESULT_HEALTHY) {
             res->healthy = resp->healthy != 0;
@@ -291,4 +305,33 @@ int pagoda_admin_tenants_async(pagoda_client *c, const char *api_key, pagoda_asy
     req.admin = &admin;
     struct acall *a = acall_new(CALL_TENANTS, NULL, done, user);
     return a == NULL ? PAGODA_ENOMEM : start(c, api_key, &req, PAGODA_ADMIN_WAIT_MS, a);
+}
+
+static int tokenize_start(pagoda_client *c, const char *api_key, struct client_tokenize *t,
+                          pagoda_async_fn done, void *user)
+{
+    struct acall *a = acall_new(CALL_TOKENIZE, NULL, done, user);
+    int rc = a == NULL ? PAGODA_ENOMEM : start(c, api_key, &t->req, 0, a);
+    client_tokenize_fini(t);
+    return rc;
+}
+
+int pagoda_tokenize_async(pagoda_client *c, const char *api_key, const pagoda_prompt *prompt,
+                          pagoda_async_fn done, void *user)
+{
+    if (c == NULL || prompt == NULL || done == NULL)
+        return pagoda_error_set(PAGODA_EINVAL, "pagoda_tokenize_async: NULL argument");
+    struct client_tokenize t;
+    int rc = client_tokenize_build(&t, prompt, NULL, 0, 1);
+    return rc != 0 ? rc : tokenize_start(c, api_key, &t, done, user);
+}
+
+int pagoda_detokenize_async(pagoda_client *c, const char *api_key, const int32_t *ids, size_t n,
+                            int skip_special_tokens, pagoda_async_fn done, void *user)
+{
+    if (c == NULL || done == NULL)
+        return pagoda_error_set(PAGODA_EINVAL, "pagoda_detokenize_async: NULL argument");
+    struct client_tokenize t;
+    int rc = client_tokenize_build(&t, NULL, ids, n, skip_special_tokens);
+    return rc != 0 ? rc : tokenize_start(c, api_key, &t, done, user);
 }

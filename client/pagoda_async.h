@@ -25,6 +25,7 @@ typedef struct pagoda_async_result {
     pagoda_engine_stats *stats; /* stats (zeroed until its reply is read) */
     int healthy;                /* health */
     pagoda_admin_list tenants;  /* admin tenants */
+    pagoda_tokenized tokenized; /* tokenize, detokenize */
 } pagoda_async_result;
 
 typedef void (*pagoda_async_fn)(void *user, pagoda_async_result *res);
@@ -53,6 +54,13 @@ int pagoda_cancel_async(pagoda_client *c, const char *api_key,
 /* pagoda_stats and pagoda_health without waiting. */
 int pagoda_stats_async(pagoda_client *c, const char *api_key, pagoda_async_fn done, void *user);
 int pagoda_health_async(pagoda_client *c, pagoda_async_fn done, void *user);
+
+/* pagoda_tokenize and pagoda_detokenize without waiting, with api_key (a tenant's): the result's
+ * tokenized. */
+int pagoda_tokenize_async(pagoda_client *c, const char *api_key, const pagoda_prompt *prompt,
+                          pagoda_async_fn done, void *user);
+int pagoda_detokenize_async(pagoda_client *c, const char *api_key, const int32_t *ids, size_t n,
+                            int skip_special_tokens, pagoda_async_fn done, void *user);
 
 /* pagoda_admin_tenants without waiting, with api_key (an admin key of the router): the result's
  * tenants (and pins) list. Waits up to PAGODA_ADMIN_WAIT_MS plus the client's timeout, as the

@@ -219,6 +219,11 @@ static void on_cancel_call(void *user, pagoda_async_result *res)
     mail(user, res, CALL_KIND_CANCEL);
 }
 
+static void on_tokenize_call(void *user, pagoda_async_result *res)
+{
+    mail(user, res, CALL_KIND_TOKENIZE);
+}
+
 static void on_health_call(void *user, pagoda_async_result *res)
 {
     mail(user, res, CALL_KIND_HEALTH);
@@ -497,6 +502,17 @@ static void after_parse(uv_work_t *w, int status)
                  "the model '%s' does not exist: this server serves '%s'", q->req.model,
                  g->cfg.model_name);
         respond_error(q, &err);
+    } else if (q->route == ROUTE_TOKENIZE || q->route == ROUTE_DETOKENIZE) {
+        const pagoda_prompt *p = &q->req.prompt;
+        int rc = gateway_call_started(
+            q,
+            q->route == ROUTE_TOKENIZE
+                ? pagoda_tokenize_async(g->client, q->api_key, p, on_tokenize_call, q)
+                : pagoda_detokenize_async(g->client, q->api_key, p->token_ids, p->num_token_ids,
+                                          q->req.params.skip_special_tokens, on_tokenize_call, q));
+        openai_request_release_prompt(&q->req); /* serialised by the call */
+        if (rc != 0)
+            respond_code(q, rc, pagoda_error_detail());
     } else {
         int rc =
             gateway_call_started(q, pagoda_submit_async(g->client, q->api_key, &q->req.params,
@@ -512,8 +528,29 @@ static void after_parse(uv_work_t *w, int status)
 static void parse_work(uv_work_t *w)
 {
     struct greq *q = w->data;
-    q->parse_rc = openai_parse(q->route == ROUTE_CHAT ? OPENAI_CHAT : OPENAI_COMPLETION, q->body,
-                               q->body_len, q->g->cfg.default_max_tokens, &q->req, &q->err);
+    enum openai_kind kind = q->route == ROUTE_CHAT         ? OPENAI_CHAT
+                            : q->route == ROUTE_TOKENIZE   ? OPENAI_TOKENIZE
+                            : q->route == ROUTE_DETOKENIZE ? OPENAI_DETOKENIZE
+                                                           : OPENAI_COMPLETION;
+    q->parse_rc =
+        openai_parse(kind, q->body, q->body_len, q->g->cfg.default_max_tokens, &q->req, &q->err);
+}
+
+/* /tokenize's or /detokenize's answer from the router. */
+static void on_tokenized(struct greq *q, pagoda_async_result *res)
+{
+    if (q->http == NULL)
+        return;
+    if (res->rc != 0) {
+        respond_code(q, res->rc, res->detail);
+        return;
+    }
+    const pagoda_tokenized *t = &res->tokenized;
+    q->finished = 1; /* answered: not a disconnect if the client goes now */
+    respond_json(q, 200,
+                 q->route == ROUTE_TOKENIZE
+                     ? openai_tokenize_json(t->token_ids, t->num_token_ids, t->max_model_len)
+                     : openai_detokenize_json(t->text, t->text_len));
 }
 
 /* ---- the other routes ----------------------------------------------------------------------- */
@@ -561,6 +598,9 @@ static void on_async(uv_async_t *h)
             break;
         case CALL_KIND_TENANTS:
             gateway_metrics_tenants(q, m->res);
+            break;
+        case CALL_KIND_TOKENIZE:
+            on_tokenized(q, m->res);
             break;
         }
         pagoda_async_result_free(m->res);
@@ -744,6 +784,14 @@ static void on_http(void *user, struct http_request *http)
             return;
         }
         start_generation(g, http, path[4] == 'c' && path[5] == 'h' ? ROUTE_CHAT : ROUTE_COMPLETION);
+        return;
+    }
+    if (strcmp(path, "/tokenize") == 0 || strcmp(path, "/detokenize") == 0) {
+        if (!post) {
+            not_found(g, http, "POST");
+            return;
+        }
+        start_generation(g, http, path[1] == 't' ? ROUTE_TOKENIZE : ROUTE_DETOKENIZE);
         return;
     }
     if (!get) {

@@ -18,7 +18,14 @@
 #include <stdint.h>
 #include <uv.h>
 
-enum route { ROUTE_COMPLETION, ROUTE_CHAT, ROUTE_HEALTH, ROUTE_METRICS };
+enum route {
+    ROUTE_COMPLETION,
+    ROUTE_CHAT,
+    ROUTE_TOKENIZE,
+    ROUTE_DETOKENIZE,
+    ROUTE_HEALTH,
+    ROUTE_METRICS
+};
 
 enum call_kind {
     CALL_KIND_SUBMIT,
@@ -26,7 +33,8 @@ enum call_kind {
     CALL_KIND_CANCEL,
     CALL_KIND_HEALTH,
     CALL_KIND_STATS,
-    CALL_KIND_TENANTS
+    CALL_KIND_TENANTS,
+    CALL_KIND_TOKENIZE
 };
 
 /* One HTTP request in progress. Alive while refs > 0: the HTTP side (until answered or the

@@ -507,6 +507,28 @@ static int read_logprobs(struct openai_request *req, struct openai_error *err)
     return 0;
 }
 
+/* /detokenize's "tokens": token ids (none is an empty text), into prompt.token_ids. */
+static int read_tokens(struct openai_request *req, struct openai_error *err)
+{
+    const json_t *t = json_object_get(req->root, "tokens");
+    if (!json_is_array(t))
+        return bad(err, "invalid_type", "'tokens' must be a list of token ids");
+    size_t n = json_array_size(t);
+    if ((req->prompt_ids = malloc((n ? n : 1) * sizeof(int32_t))) == NULL)
+        return bad(err, NULL, "out of memory");
+    size_t i;
+    const json_t *v;
+    json_array_foreach(t, i, v)
+    {
+        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > INT32_MAX)
+            return bad(err, "invalid_type", "'tokens' item %zu is not a token id", i);
+        req->prompt_ids[i] = (int32_t)json_integer_value(v);
+    }
+    req->prompt.token_ids = req->prompt_ids;
+    req->prompt.num_token_ids = n;
+    return 0;
+}
+
 int openai_parse(enum openai_kind kind, const char *body, size_t len, int32_t default_max_tokens,
                  struct openai_request *req, struct openai_error *err)
 {
@@ -524,6 +546,11 @@ int openai_parse(enum openai_kind kind, const char *body, size_t len, int32_t de
         return bad(err, "invalid_json", "the body must be a JSON object");
     if (read_common(req, err) || read_logprobs(req, err) || refuse_unsupported(req, err))
         return -1;
+    if (kind == OPENAI_DETOKENIZE)
+        return read_tokens(req, err);
+    if (kind == OPENAI_TOKENIZE) /* a chat's messages, or a text prompt */
+        return json_object_get(req->root, "messages") != NULL ? read_messages(req, err)
+                                                              : read_prompt(req, err);
     return kind == OPENAI_COMPLETION ? read_prompt(req, err) : read_messages(req, err);
 }
 
@@ -733,6 +760,23 @@ char *openai_chunk_json(const struct openai_out *o, bool first_chunk, bool usage
     if (chunk != NULL && o->req->include_usage)
         json_object_set_new(chunk, "usage", usage_only ? usage_json(o) : json_null());
     return dump(chunk);
+}
+
+char *openai_tokenize_json(const int32_t *ids, size_t n, uint32_t max_model_len)
+{
+    json_t *tokens = json_array();
+    for (size_t i = 0; tokens != NULL && i < n; i++)
+        if (json_array_append_new(tokens, json_integer(ids[i])) != 0) {
+            json_decref(tokens);
+            tokens = NULL;
+        }
+    return dump(json_pack("{s:I,s:I,s:o,s:n}", "count", (json_int_t)n, "max_model_len",
+                          (json_int_t)max_model_len, "tokens", tokens, "token_strs"));
+}
+
+char *openai_detokenize_json(const char *text, size_t len)
+{
+    return dump(json_pack("{s:o}", "prompt", text_json(text, len)));
 }
 
 char *openai_models_json(const char *model, long long created)

@@ -7,8 +7,9 @@
  * and to the gateway's default (--default-max-tokens) for chats; max_completion_tokens is read as
  * max_tokens; n, best_of and echo other than 1/1/false are refused; logprobs (completions: an
  * integer, chats: true) return the sampled token's log-probability only, so top_logprobs above 0
- * and completion logprobs above 1 are refused, and tokens are named "token_id:N" (vLLM's
- * return_tokens_as_token_ids: the gateway holds no tokenizer); a prompt that is a list of strings
+ * and completion logprobs above 1 are refused, and tokens are named by their pieces of the text
+ * (the router's TokenUpdate.token_text_ends), or "token_id:N" (vLLM's return_tokens_as_token_ids,
+ * or no text); a prompt that is a list of strings
  * is refused (batching is the client's); chat content may be a string or a list of {"type": "text"}
  * parts (joined), other parts are refused. vLLM's extensions top_k, min_p, repetition_penalty,
  * ignore_eos, stop_token_ids, skip_special_tokens, add_special_tokens, chat_template_kwargs and
@@ -26,7 +27,10 @@
 #define OPENAI_MAX_STOP_TOKEN_IDS 64u
 #define OPENAI_MAX_MESSAGES 4096u
 
-enum openai_kind { OPENAI_COMPLETION, OPENAI_CHAT };
+/* The bodies read: completions, chats, and vLLM's /tokenize (a "prompt" string, or "messages"
+ * as a chat's, with add_special_tokens, add_generation_prompt, chat_template_kwargs and tools)
+ * and /detokenize ("tokens": the ids). */
+enum openai_kind { OPENAI_COMPLETION, OPENAI_CHAT, OPENAI_TOKENIZE, OPENAI_DETOKENIZE };
 
 /* A parsed request. Owns everything the params and prompt point to. */
 struct openai_request {
@@ -107,6 +111,11 @@ char *openai_response_json(const struct openai_out *o);
 /* The characters (code points) of len bytes of UTF-8. */
 uint64_t openai_utf8_chars(const char *s, size_t len);
 char *openai_chunk_json(const struct openai_out *o, bool first_chunk, bool usage_only);
+
+/* /tokenize's answer ({"count", "max_model_len", "tokens", "token_strs": null}, vLLM's) and
+ * /detokenize's ({"prompt": text}). */
+char *openai_tokenize_json(const int32_t *ids, size_t n, uint32_t max_model_len);
+char *openai_detokenize_json(const char *text, size_t len);
 
 /* GET /v1/models. */
 char *openai_models_json(const char *model, long long created);

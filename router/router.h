@@ -161,6 +161,8 @@
 #define ROUTER_MAX_TENANT_TEXT_JOBS 8u
 /* The most messages in a chat. */
 #define ROUTER_MAX_CHAT_MESSAGES 4096u
+/* The longest a Tokenize call waits for its job (queued behind others, then run). */
+#define ROUTER_TEXT_CALL_TIMEOUT_MS 60000u
 /* Unpacking one client message may make at most this many allocations (one per string or
  * sub-message): a 4 MiB message of two million empty strings is refused as malformed instead of
  * costing the loop two million mallocs. */

@@ -336,6 +336,10 @@ void router_unpark(struct rctx *c)
         router_park_remove(&c->r->admin_waiters, c);
     else if (c->park == PARK_POLICY)
         router_park_remove(&c->r->policy_waiters, c);
+    else if (c->park == PARK_TEXT) {
+        router_park_remove(&c->r->text_waiters, c);
+        router_text_call_detach(c);
+    }
     c->park = PARK_NONE;
     c->req = NULL;
     uv_timer_stop(&c->timer);
@@ -359,6 +363,10 @@ static void on_park_timeout(uv_timer_t *t)
     } else if (c->park == PARK_ADMIN || c->park == PARK_POLICY) {
         router_unpark(c);
         admin_on_timeout(c);
+    } else if (c->park == PARK_TEXT) {
+        router_unpark(c);
+        router_reply_error(c, PAGODA_ETIMEDOUT, "tokenize: not done within %u ms",
+                           ROUTER_TEXT_CALL_TIMEOUT_MS);
     }
 }
 
@@ -505,11 +513,14 @@ static void handle_call(struct router *r, struct rctx *c)
     case PAGODA__CLIENT_REQUEST__CALL_ADMIN:
         admin_handle(r, c, req->admin);
         break;
+    case PAGODA__CLIENT_REQUEST__CALL_TOKENIZE:
+        router_text_handle_tokenize(r, c, tenant, req->tokenize);
+        break;
     default:
         r->malformed_requests++;
         router_reply_error(c, PAGODA_EFORMAT,
                            "malformed request: it names no call (submit, poll, "
-                           "cancel, health, stats or admin)");
+                           "cancel, health, stats, admin or tokenize)");
     }
     protobuf_c_message_free_unpacked(&req->base, &alloc);
 }

@@ -41,6 +41,7 @@ enum park {
     PARK_UNKNOWN, /* the scheduler's announcement (a poll for an unknown id after a restart) */
     PARK_ADMIN,   /* AdminResult with its cookie (router_admin.c) */
     PARK_POLICY,  /* PolicyApplied of its version or a later one (router_admin.c) */
+    PARK_TEXT,    /* a Tokenize call's job on the threadpool (router_text.c) */
 };
 
 /* The admin call a PARK_ADMIN or PARK_POLICY context answers. */
@@ -86,6 +87,7 @@ struct rctx {
     uint32_t wait_ms;
     enum admin_op admin_op;                      /* PARK_ADMIN, PARK_POLICY */
     char admin_name[ROUTER_TENANT_NAME_MAX + 1]; /* ADMIN_OP_PIN: the pin */
+    struct text_job *job;                        /* PARK_TEXT: the job it waits for */
     struct rctx *prev, *next;                    /* the waiter list it is parked on */
 };
 
@@ -309,6 +311,7 @@ struct router {
     /* The admin API (router_admin.c). */
     struct rctx *admin_waiters;  /* PARK_ADMIN */
     struct rctx *policy_waiters; /* PARK_POLICY */
+    struct rctx *text_waiters;   /* PARK_TEXT */
     uint64_t admin_cookie;
 
     uint64_t started_ms;
@@ -498,6 +501,13 @@ int router_text_fill(const struct request *q, uint32_t offset, ProtobufCBinaryDa
 uint32_t *router_text_token_ends(const struct request *q, uint32_t offset);
 /* The bytes q's text side holds. */
 size_t router_text_bytes(const struct request *q);
+/* A Tokenize call (text or a chat into ids, or ids into text): checked, then parked until its
+ * job on the threadpool answers it (or ROUTER_TEXT_CALL_TIMEOUT_MS pass). */
+void router_text_handle_tokenize(struct router *r, struct rctx *c, uint32_t tenant,
+                                 const Pagoda__TokenizeRequest *t);
+/* c, parked on a Tokenize job, no longer waits for it (router_unpark): the job is dropped or,
+ * on the threadpool, left to end alone. */
+void router_text_call_detach(struct rctx *c);
 
 /* ---- router_tenancy.c ---------------------------------------------------------------------- */
 

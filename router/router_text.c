@@ -38,9 +38,20 @@ static void holder_unref(struct text_holder *h)
     }
 }
 
+/* What a job does: a request's prompt, or a Tokenize call's text or chat (both rendered and
+ * encoded from packed Submit fields), or a Tokenize call's ids decoded. */
+enum job_kind { JOB_PROMPT, JOB_TOKENIZE, JOB_DETOKENIZE };
+
 /* One prompt to tokenize. The Submit's text fields travel packed (a copy made on the loop at
  * memcpy speed); the thread unpacks them, renders the chat and encodes. */
 struct text_job {
+    enum job_kind kind;
+    struct rctx *c;     /* a Tokenize call waiting for it (parked), or NULL */
+    int32_t *detok_ids; /* JOB_DETOKENIZE: the ids (owned), their text after */
+    size_t detok_n;
+    bool skip_special;
+    char *text;
+    size_t text_len;
     uv_work_t work;
     struct text_job *prev, *next; /* router.text_pending while it waits its turn, then
                                      router.text_queued while on the threadpool */
@@ -295,6 +306,13 @@ static void job_work(uv_work_t *w)
     struct text_job *job = w->data;
     const struct text_model *m = job->holder->model;
     pagoda_error_clear();
+    if (job->kind == JOB_DETOKENIZE) {
+        job->rc = tokenizer_decode(text_model_tokenizer(m), job->detok_ids, job->detok_n,
+                                   job->skip_special, &job->text, &job->text_len);
+        if (job->rc != 0)
+            pagoda_error_message(job->rc, job->detail, sizeof(job->detail));
+        return;
+    }
     Pagoda__SubmitRequest *s = pagoda__submit_request__unpack(NULL, job->packed_len, job->packed);
     if (s == NULL) {
         job->rc = PAGODA_ENOMEM;
@@ -318,7 +336,7 @@ static void job_work(uv_work_t *w)
     }
     if (rc == 0)
         rc = tokenizer_encode(text_model_tokenizer(m), text ? text : "", len, special, &job->ids);
-    if (rc == 0 && job->ids.len == 0) {
+    if (rc == 0 && job->ids.len == 0 && job->kind == JOB_PROMPT) {
         rc = PAGODA_EINVAL;
         snprintf(job->detail, sizeof(job->detail), "the prompt is empty once tokenized");
     }
@@ -340,8 +358,12 @@ static void job_free(struct text_job *job)
     holder_unref(job->holder);
     tokenizer_ids_fini(&job->ids);
     free(job->packed);
+    free(job->detok_ids);
+    free(job->text);
     free(job);
 }
+
+static void call_done(struct router *r, struct text_job *job, int status);
 
 static void pending_remove(struct router *r, struct text_job *job)
 {
@@ -405,6 +427,10 @@ static void job_done(uv_work_t *w, int status)
         tenancy_unref(r, job->tenant); /* the slot is the job's until now */
         dispatch(r);
     }
+    if (r != NULL && job->kind != JOB_PROMPT) {
+        call_done(r, job, status);
+        return;
+    }
     if (r == NULL || q == NULL) {
         job_free(job);
         return;
@@ -418,6 +444,19 @@ static void job_done(uv_work_t *w, int status)
     job->ids.ids = NULL; /* taken by router_prompt_ready */
     job->ids.len = job->ids.cap = 0;
     job_free(job);
+}
+
+/* Puts job at the end of the waiting list and starts what may start. */
+static void job_enqueue(struct router *r, struct text_job *job)
+{
+    job->work.data = job;
+    job->prev = r->text_pending_tail;
+    if (r->text_pending_tail)
+        r->text_pending_tail->next = job;
+    else
+        r->text_pending_head = job;
+    r->text_pending_tail = job;
+    dispatch(r);
 }
 
 int router_text_attach(struct router *r, struct request *q, const Pagoda__SubmitRequest *s)
@@ -453,15 +492,8 @@ int router_text_attach(struct router *r, struct request *q, const Pagoda__Submit
     job->holder = r->text;
     atomic_fetch_add(&r->text->refs, 1);
     job->max_prompt_tokens = r->cfg.max_prompt_tokens;
-    job->work.data = job;
-    job->prev = r->text_pending_tail;
-    if (r->text_pending_tail)
-        r->text_pending_tail->next = job;
-    else
-        r->text_pending_head = job;
-    r->text_pending_tail = job;
     q->job = job;
-    dispatch(r);
+    job_enqueue(r, job);
     return 0;
 }
 
@@ -577,4 +609,140 @@ uint32_t *router_text_token_ends(const struct request *q, uint32_t offset)
 size_t router_text_bytes(const struct request *q)
 {
     return (q->text ? output_text_bytes(q->text) : 0) + (q->job ? q->job->packed_len : 0);
+}
+
+/* ---- Tokenize calls ---------------------------------------------------------------------- */
+
+void router_text_handle_tokenize(struct router *r, struct rctx *c, uint32_t tenant,
+                                 const Pagoda__TokenizeRequest *t)
+{
+    int text = t->has_prompt_text, chat = t->n_messages > 0;
+    if (r->text == NULL) {
+        router_reply_error(c, PAGODA_EUNSUPPORTED, "tokenize: %s", r->text_error);
+        return;
+    }
+    if (text + chat + (t->n_token_ids > 0) > 1) {
+        router_reply_error(c, PAGODA_EINVAL,
+                           "tokenize: give one of prompt_text, messages and token_ids");
+        return;
+    }
+    if (!chat && (t->chat_template_kwargs != NULL || t->tools_json != NULL ||
+                  t->has_add_generation_prompt)) {
+        router_reply_error(c, PAGODA_EINVAL,
+                           "tokenize: chat_template_kwargs, tools_json and "
+                           "add_generation_prompt go with messages");
+        return;
+    }
+    if (chat && text_model_chat_error(r->text->model)[0] != '\0') {
+        router_reply_error(c, PAGODA_EUNSUPPORTED, "tokenize: chat: %s",
+                           text_model_chat_error(r->text->model));
+        return;
+    }
+    if (t->n_messages > ROUTER_MAX_CHAT_MESSAGES) {
+        router_reply_error(c, PAGODA_ERANGE, "tokenize: %zu messages, more than the limit of %u",
+                           t->n_messages, ROUTER_MAX_CHAT_MESSAGES);
+        return;
+    }
+    /* Parked until its job answers: bounded as every parked call is. */
+    if (r->num_parked >= r->cfg.max_parked_calls) {
+        router_reply_error(c, PAGODA_EBUSY, "tokenize: %u calls wait already: retry later",
+                           r->num_parked);
+        return;
+    }
+    struct text_job *job = calloc(1, sizeof(*job));
+    if (job == NULL) {
+        router_reply_error(c, PAGODA_ENOMEM, "tokenize: out of memory");
+        return;
+    }
+    if (text || chat) {
+        Pagoda__SubmitRequest s = PAGODA__SUBMIT_REQUEST__INIT;
+        s.has_prompt_text = t->has_prompt_text;
+        s.prompt_text = t->prompt_text;
+        s.n_messages = t->n_messages;
+        s.messages = t->messages;
+        s.has_add_generation_prompt = t->has_add_generation_prompt;
+        s.add_generation_prompt = t->add_generation_prompt;
+        s.chat_template_kwargs = t->chat_template_kwargs;
+        s.tools_json = t->tools_json;
+        s.has_add_special_tokens = t->has_add_special_tokens;
+        s.add_special_tokens = t->add_special_tokens;
+        job->kind = JOB_TOKENIZE;
+        job->packed = pack_text_fields(&s, 0, &job->packed_len);
+        job->max_prompt_tokens = UINT32_MAX; /* as vLLM's /tokenize: no limit but the text's */
+    } else {
+        job->kind = JOB_DETOKENIZE;
+        job->skip_special = !t->has_skip_special_tokens || t->skip_special_tokens;
+        job->detok_n = t->n_token_ids;
+        job->detok_ids = malloc((t->n_token_ids ? t->n_token_ids : 1) * sizeof(int32_t));
+        if (job->detok_ids != NULL && t->n_token_ids > 0)
+            memcpy(job->detok_ids, t->token_ids, t->n_token_ids * sizeof(int32_t));
+    }
+    if ((job->kind == JOB_TOKENIZE && job->packed == NULL) ||
+        (job->kind == JOB_DETOKENIZE && job->detok_ids == NULL)) {
+        job_free(job);
+        router_reply_error(c, PAGODA_ENOMEM, "tokenize: out of memory");
+        return;
+    }
+    job->r = r;
+    job->c = c;
+    job->tenant = tenant;
+    job->holder = r->text;
+    atomic_fetch_add(&r->text->refs, 1);
+    tenancy_ref(r, tenant); /* the job's, until it ends or is dropped */
+    c->job = job;
+    c->park = PARK_TEXT;
+    router_park(&r->text_waiters, c, ROUTER_TEXT_CALL_TIMEOUT_MS);
+    job_enqueue(r, job);
+}
+
+/* Loop thread: a Tokenize call's job ended (r is alive). Answers its call if it still waits. */
+static void call_done(struct router *r, struct text_job *job, int status)
+{
+    struct rctx *c = job->c;
+    tenancy_unref(r, job->tenant);
+    if (c != NULL) {
+        job->c = NULL;
+        c->job = NULL;
+        router_unpark(c);
+        if (status != 0 && job->rc == 0) {
+            job->rc = PAGODA_EINTERNAL;
+            snprintf(job->detail, sizeof(job->detail), "the tokenization job was cancelled");
+        }
+        if (job->rc != 0) {
+            router_reply_error(c, job->rc, "tokenize: %s", job->detail);
+        } else {
+            Pagoda__ClientResponse resp = PAGODA__CLIENT_RESPONSE__INIT;
+            Pagoda__TokenizeResponse tr = PAGODA__TOKENIZE_RESPONSE__INIT;
+            if (job->kind == JOB_TOKENIZE) {
+                tr.n_token_ids = job->ids.len;
+                tr.token_ids = job->ids.ids;
+            } else {
+                tr.has_text = 1;
+                tr.text.data = (uint8_t *)job->text;
+                tr.text.len = job->text_len;
+            }
+            tr.has_max_model_len = 1;
+            tr.max_model_len = r->model_positions;
+            resp.result_case = PAGODA__CLIENT_RESPONSE__RESULT_TOKENIZE;
+            resp.tokenize = &tr;
+            router_reply(c, &resp);
+        }
+    }
+    job_free(job);
+}
+
+void router_text_call_detach(struct rctx *c)
+{
+    struct text_job *job = c->job;
+    if (job == NULL)
+        return;
+    c->job = NULL;
+    job->c = NULL;
+    if (!job->queued) {
+        pending_remove(c->r, job);
+        tenancy_unref(c->r, job->tenant);
+        job_free(job);
+        return;
+    }
+    uv_cancel((uv_req_t *)&job->work); /* call_done drops its result */
 }

@@ -143,6 +143,29 @@ const cs = await chatStream({ messages, max_tokens: 16, temperature: 0.7, seed: 
 check(cs.role === 'assistant' && cs.text === cw.choices[0].message.content &&
       cs.finish === cw.choices[0].finish_reason, 'chat streamed: the same text as whole');
 
+// vLLM's /tokenize and /detokenize (at the server's root): a prompt's ids are as many as its
+// completion's prompt_tokens and give its text back; a chat's as many as its chat's.
+const root = baseURL.replace(/\/v1\/?$/, '');
+async function post(path, body) {
+  const r = await fetch(`${root}${path}`, {
+    method: 'POST', body: JSON.stringify(body),
+    headers: { 'Content-Type': 'application/json', Authorization: `Bearer ${key}` },
+  });
+  return [r.status, await r.json()];
+}
+const [ts, tj] = await post('/tokenize', { model, prompt });
+check(ts === 200 && tj.count === tj.tokens.length && tj.count === whole.usage.prompt_tokens &&
+      tj.max_model_len === 2048 && tj.token_strs === null,
+      `/tokenize: ${tj.count} ids, the completion's ${whole.usage.prompt_tokens} prompt tokens`);
+const [ds, dj] = await post('/detokenize', { model, tokens: tj.tokens });
+check(ds === 200 && dj.prompt === prompt, `/detokenize gives the prompt back: ${JSON.stringify(dj)}`);
+const [cs2, cj] = await post('/tokenize', { model, messages });
+check(cs2 === 200 && cj.count === cw.usage.prompt_tokens,
+      `/tokenize of a chat: ${cj.count} ids, the chat's ${cw.usage.prompt_tokens} prompt tokens`);
+const [bs] = await post('/detokenize', { model, tokens: ['x'] });
+const getTok = await fetch(`${root}/tokenize`);
+check(bs === 400 && getTok.status === 405, `/detokenize of a non-id: ${bs}; GET /tokenize: ${getTok.status}`);
+
 // Errors in OpenAI's shape with their statuses.
 const bad = new OpenAI({ apiKey: badKey, baseURL, maxRetries: 0 });
 check(await status(bad.completions.create({ model, prompt: 'x', max_tokens: 2 })) === 401,

@@ -120,6 +120,12 @@ static void scenario_refused(struct group *g, const char *what, const char *want
         rc = pagoda_submit_prompt(c, &p, &pr, id);
         CHECK(rc == PAGODA_EUNSUPPORTED, "%s: a chat is refused: '%s'", what,
               pagoda_error_detail());
+        pagoda_tokenized tk;
+        pr = pagoda_prompt_default();
+        pr.text = "hello";
+        rc = pagoda_tokenize(c, &pr, &tk);
+        CHECK(rc == PAGODA_EUNSUPPORTED && strstr(pagoda_error_detail(), want) != NULL,
+              "%s: tokenize is refused: %d '%s'", what, rc, pagoda_error_detail());
         CHECK(ids_served(c), "%s: token ids are served", what);
         pagoda_client_close(c);
     }
@@ -339,6 +345,41 @@ static void scenario_text(struct group *g, const Tokenizer *tok, const ChatTempl
               same_ids(by_chat.token_ids, by_chat.num_tokens, by_chat_ids.token_ids,
                        by_chat_ids.num_tokens),
           "chat: the same tokens as its rendering's ids");
+
+    /* Tokenize calls: a text and a chat give the ids their Submits had, with the model's
+     * context; the output's ids give its text back; token-id prompts and ids outside the
+     * vocabulary are refused with why. */
+    pagoda_tokenized tk;
+    pr = pagoda_prompt_default();
+    pr.text = PROSE;
+    rc = pagoda_tokenize(c, &pr, &tk);
+    CHECK(rc == 0 && same_ids(tk.token_ids, tk.num_token_ids, ids.ids, ids.len) &&
+              tk.max_model_len == 2048,
+          "tokenize: the text's %zu ids (rc %d), context %u", tk.num_token_ids, rc,
+          tk.max_model_len);
+    pagoda_tokenized_free(&tk);
+    pr.text = NULL;
+    pr.messages = msgs;
+    pr.num_messages = 2;
+    rc = pagoda_tokenize(c, &pr, &tk);
+    CHECK(rc == 0 && same_ids(tk.token_ids, tk.num_token_ids, chat_ids.ids, chat_ids.len),
+          "tokenize: the chat's %zu ids (rc %d)", tk.num_token_ids, rc);
+    pagoda_tokenized_free(&tk);
+    rc = pagoda_detokenize(c, by_ids.token_ids, by_ids.num_tokens, 1, &tk);
+    CHECK(rc == 0 && tk.text != NULL && tk.text_len == by_ids.text_len &&
+              memcmp(tk.text, by_ids.text, tk.text_len) == 0,
+          "detokenize: the output's %zu ids give its %zu bytes of text (rc %d)", by_ids.num_tokens,
+          by_ids.text_len, rc);
+    pagoda_tokenized_free(&tk);
+    int32_t outside = 1 << 20;
+    rc = pagoda_detokenize(c, &outside, 1, 1, &tk);
+    CHECK(rc == PAGODA_EINVAL, "detokenize: an id outside the vocabulary: %d '%s'", rc,
+          pagoda_error_detail());
+    pr = pagoda_prompt_default();
+    pr.token_ids = ids.ids;
+    pr.num_token_ids = ids.len;
+    rc = pagoda_tokenize(c, &pr, &tk);
+    CHECK(rc == PAGODA_EINVAL, "tokenize: token ids are refused: %d", rc);
 
     /* Bad input ends its request with the reason; the group goes on. */
     pagoda_generate_params p4 = group_greedy(4);
