@@ -26,6 +26,10 @@
 #define PAGODA_DEFAULT_URL "tcp://127.0.0.1:7450"
 /* The router clamps a poll's wait to this. */
 #define PAGODA_POLL_WAIT_MS_MAX 30000u
+/* The longest the router lets a Tokenize call wait for its job (ROUTER_TEXT_CALL_TIMEOUT_MS):
+ * the client waits that long plus its timeout before a resend or giving up, so that a slow
+ * tokenization is not sent twice. */
+#define PAGODA_TOKENIZE_WAIT_MS 30000u
 /* The default time a call may take beyond its poll wait (connecting included). */
 #define PAGODA_DEFAULT_TIMEOUT_MS 30000u
 /* The longest timeout a client takes (a day): with the waits added it still fits NNG's signed

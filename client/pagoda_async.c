@@ -311,7 +311,7 @@ static int tokenize_start(pagoda_client *c, const char *api_key, struct client_t
                           pagoda_async_fn done, void *user)
 {
     struct acall *a = acall_new(CALL_TOKENIZE, NULL, done, user);
-    int rc = a == NULL ? PAGODA_ENOMEM : start(c, api_key, &t->req, 0, a);
+    int rc = a == NULL ? PAGODA_ENOMEM : start(c, api_key, &t->req, PAGODA_TOKENIZE_WAIT_MS, a);
     client_tokenize_fini(t);
     return rc;
 }

@@ -97,7 +97,7 @@ void pagoda_tokenized_free(pagoda_tokenized *t)
 static int tokenize_call(pagoda_client *c, struct client_tokenize *t, pagoda_tokenized *out)
 {
     Pagoda__ClientResponse *resp = NULL;
-    int rc = client_call(c, &t->req, 0, &resp);
+    int rc = client_call(c, &t->req, PAGODA_TOKENIZE_WAIT_MS, &resp);
     client_tokenize_fini(t);
     if (rc != 0)
         return rc;

@@ -683,7 +683,9 @@ static char *bearer_key(struct http_request *http, int *bad)
 
 static void start_generation(struct gateway *g, struct http_request *http, enum route route)
 {
-    if (g->num_generations >= g->cfg.max_requests) {
+    /* Tokenize calls do not count as generations (the router bounds them per tenant). */
+    int generation = route == ROUTE_COMPLETION || route == ROUTE_CHAT;
+    if (generation && g->num_generations >= g->cfg.max_requests) {
         struct openai_error err = {.status = 429, .type = "rate_limit_error"};
         snprintf(err.message, sizeof(err.message),
                  "%u requests are in progress, the gateway's limit: retry later",
@@ -702,8 +704,8 @@ static void start_generation(struct gateway *g, struct http_request *http, enum 
         gateway_respond_plain(http, 500, "text/plain", "out of memory\n", 14, NULL, 0);
         return;
     }
-    q->generation = 1;
-    g->num_generations++;
+    q->generation = generation;
+    g->num_generations += generation;
     int bad = 0;
     q->api_key = bearer_key(http, &bad);
     if (bad) {

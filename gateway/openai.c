@@ -295,7 +295,7 @@ static int read_prompt(struct openai_request *req, struct openai_error *err)
         (json_is_string(json_array_get(pr, 0)) || json_is_array(json_array_get(pr, 0))))
         pr = json_array_get(pr, 0);
     if (json_is_string(pr)) {
-        if (json_string_length(pr) == 0)
+        if (json_string_length(pr) == 0 && req->kind != OPENAI_TOKENIZE) /* tokenized: [BOS] */
             return bad(err, "invalid_value", "'prompt' is empty");
         req->prompt.text = json_string_value(pr);
         return 0;
@@ -526,6 +526,11 @@ static int read_tokens(struct openai_request *req, struct openai_error *err)
     }
     req->prompt.token_ids = req->prompt_ids;
     req->prompt.num_token_ids = n;
+    /* vLLM's /detokenize keeps special tokens (tokenizer.decode); skip_special_tokens asks */
+    bool skip = false;
+    if (boolean(req->root, "skip_special_tokens", &skip, err))
+        return -1;
+    req->params.skip_special_tokens = skip;
     return 0;
 }
 
@@ -548,9 +553,15 @@ int openai_parse(enum openai_kind kind, const char *body, size_t len, int32_t de
         return -1;
     if (kind == OPENAI_DETOKENIZE)
         return read_tokens(req, err);
-    if (kind == OPENAI_TOKENIZE) /* a chat's messages, or a text prompt */
+    if (kind == OPENAI_TOKENIZE) { /* a chat's messages, or a text prompt */
+        bool strs = false;
+        if (boolean(req->root, "return_token_strs", &strs, err))
+            return -1;
+        if (strs)
+            return bad(err, "unsupported", "'return_token_strs' is not supported");
         return json_object_get(req->root, "messages") != NULL ? read_messages(req, err)
                                                               : read_prompt(req, err);
+    }
     return kind == OPENAI_COMPLETION ? read_prompt(req, err) : read_messages(req, err);
 }
 

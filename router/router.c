@@ -92,7 +92,7 @@ static void drain_check(struct router *r)
     if (!r->draining || r->drained_fn == NULL)
         return;
     uint64_t now = uv_now(r->loop);
-    int done = r->live.count == 0;
+    int done = r->live.count == 0 && r->text_waiters == NULL; /* Tokenize calls answered too */
     for (struct request *q = r->finished.tail; done && q != NULL; q = q->prev) {
         if (now - q->finished_at_ms >= DRAIN_LINGER_MS)
             break; /* the list is in finishing order: all older ones had their time */

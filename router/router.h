@@ -161,8 +161,13 @@
 #define ROUTER_MAX_TENANT_TEXT_JOBS 8u
 /* The most messages in a chat. */
 #define ROUTER_MAX_CHAT_MESSAGES 4096u
-/* The longest a Tokenize call waits for its job (queued behind others, then run). */
-#define ROUTER_TEXT_CALL_TIMEOUT_MS 60000u
+/* The longest a Tokenize call waits for its job (queued behind others, then run): libpagoda's
+ * PAGODA_TOKENIZE_WAIT_MS, so that its client neither resends nor gives up before. */
+#define ROUTER_TEXT_CALL_TIMEOUT_MS 30000u
+/* Tokenize calls waiting at once, a tenant's and every tenant's together, and the bytes of text
+ * and ids they hold together: past either, a call gets PAGODA_EBUSY. */
+#define ROUTER_MAX_TENANT_TEXT_CALLS 32u
+#define ROUTER_MAX_TEXT_CALL_BYTES (64u << 20)
 /* Unpacking one client message may make at most this many allocations (one per string or
  * sub-message): a 4 MiB message of two million empty strings is refused as malformed instead of
  * costing the loop two million mallocs. */

@@ -439,7 +439,8 @@ static int check_caller(struct router *r, struct rctx *c, const Pagoda__ClientRe
     if (admin && req->call_case != PAGODA__CLIENT_REQUEST__CALL_STATS) {
         r->refused_keys++;
         router_reply_error(c, PAGODA_EPERM,
-                           "an admin key may not submit, poll or cancel: use a tenant's key");
+                           "an admin key may not submit, poll, cancel or tokenize: use a "
+                           "tenant's key");
         return -1;
     }
     return 0;

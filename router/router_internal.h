@@ -172,7 +172,8 @@ struct tenant_slot {
     struct request *fin_head, *fin_tail;
     uint32_t num_finished, max_finished;
     uint64_t duplicate_submits;
-    uint32_t text_jobs; /* its prompts being tokenized (router_text.c) */
+    uint32_t text_jobs;  /* its prompts being tokenized (router_text.c) */
+    uint32_t text_calls; /* its Tokenize calls waiting (router_text.c) */
 };
 
 /* A configured pin (from the tenants file or the admin API) and what the scheduler last said of
@@ -330,6 +331,7 @@ struct router {
     uint32_t text_jobs; /* prompts being tokenized, cancelled ones included */
     struct text_job *text_pending_head, *text_pending_tail; /* waiting for their turn */
     struct text_job *text_queued; /* on libuv's threadpool, detached ones too (router closing) */
+    size_t text_call_bytes;       /* what Tokenize calls' jobs hold (ROUTER_MAX_TEXT_CALL_BYTES) */
 
     int draining;
     uint64_t drain_deadline_ms;

@@ -47,6 +47,7 @@ enum job_kind { JOB_PROMPT, JOB_TOKENIZE, JOB_DETOKENIZE };
 struct text_job {
     enum job_kind kind;
     struct rctx *c;     /* a Tokenize call waiting for it (parked), or NULL */
+    size_t call_bytes;  /* a Tokenize call's: what it counts in router.text_call_bytes */
     int32_t *detok_ids; /* JOB_DETOKENIZE: the ids (owned), their text after */
     size_t detok_n;
     bool skip_special;
@@ -621,6 +622,10 @@ void router_text_handle_tokenize(struct router *r, struct rctx *c, uint32_t tena
         router_reply_error(c, PAGODA_EUNSUPPORTED, "tokenize: %s", r->text_error);
         return;
     }
+    if (r->draining) {
+        router_reply_error(c, PAGODA_ECLOSED, "tokenize: the router is draining (shutting down)");
+        return;
+    }
     if (text + chat + (t->n_token_ids > 0) > 1) {
         router_reply_error(c, PAGODA_EINVAL,
                            "tokenize: give one of prompt_text, messages and token_ids");
@@ -643,10 +648,21 @@ void router_text_handle_tokenize(struct router *r, struct rctx *c, uint32_t tena
                            t->n_messages, ROUTER_MAX_CHAT_MESSAGES);
         return;
     }
-    /* Parked until its job answers: bounded as every parked call is. */
-    if (r->num_parked >= r->cfg.max_parked_calls) {
-        router_reply_error(c, PAGODA_EBUSY, "tokenize: %u calls wait already: retry later",
-                           r->num_parked);
+    /* Parked until its job answers: bounded as every parked call is, by tenant (so that one
+     * tenant's flood neither fills the parked calls nor queues far ahead of the others' prompts),
+     * and in the bytes their text and ids hold. */
+    size_t bytes = t->prompt_text.len + t->n_token_ids * sizeof(int32_t) + 1024 * t->n_messages;
+    for (size_t i = 0; i < t->n_messages; i++)
+        bytes += t->messages[i]->content.len;
+    if (r->num_parked >= r->cfg.max_parked_calls ||
+        r->slots[tenant].text_calls >= ROUTER_MAX_TENANT_TEXT_CALLS ||
+        r->text_call_bytes + bytes > ROUTER_MAX_TEXT_CALL_BYTES) {
+        r->parked_refused++;
+        router_reply_error(c, PAGODA_EBUSY,
+                           "tokenize: too many calls wait (this tenant's: %u of %u; bytes held: "
+                           "%zu of %u): retry later",
+                           r->slots[tenant].text_calls, ROUTER_MAX_TENANT_TEXT_CALLS,
+                           r->text_call_bytes, ROUTER_MAX_TEXT_CALL_BYTES);
         return;
     }
     struct text_job *job = calloc(1, sizeof(*job));
@@ -671,7 +687,8 @@ void router_text_handle_tokenize(struct router *r, struct rctx *c, uint32_t tena
         job->max_prompt_tokens = UINT32_MAX; /* as vLLM's /tokenize: no limit but the text's */
     } else {
         job->kind = JOB_DETOKENIZE;
-        job->skip_special = !t->has_skip_special_tokens || t->skip_special_tokens;
+        /* as vLLM's /detokenize (tokenizer.decode): special tokens kept unless asked */
+        job->skip_special = t->has_skip_special_tokens && t->skip_special_tokens;
         job->detok_n = t->n_token_ids;
         job->detok_ids = malloc((t->n_token_ids ? t->n_token_ids : 1) * sizeof(int32_t));
         if (job->detok_ids != NULL && t->n_token_ids > 0)
@@ -689,17 +706,28 @@ void router_text_handle_tokenize(struct router *r, struct rctx *c, uint32_t tena
     job->holder = r->text;
     atomic_fetch_add(&r->text->refs, 1);
     tenancy_ref(r, tenant); /* the job's, until it ends or is dropped */
+    r->slots[tenant].text_calls++;
+    job->call_bytes = bytes;
+    r->text_call_bytes += bytes;
     c->job = job;
     c->park = PARK_TEXT;
     router_park(&r->text_waiters, c, ROUTER_TEXT_CALL_TIMEOUT_MS);
     job_enqueue(r, job);
 }
 
+/* A Tokenize call's job no longer counts (r is alive). */
+static void call_release(struct router *r, struct text_job *job)
+{
+    r->slots[job->tenant].text_calls--;
+    r->text_call_bytes -= job->call_bytes;
+    tenancy_unref(r, job->tenant);
+}
+
 /* Loop thread: a Tokenize call's job ended (r is alive). Answers its call if it still waits. */
 static void call_done(struct router *r, struct text_job *job, int status)
 {
     struct rctx *c = job->c;
-    tenancy_unref(r, job->tenant);
+    call_release(r, job);
     if (c != NULL) {
         job->c = NULL;
         c->job = NULL;
@@ -740,7 +768,7 @@ void router_text_call_detach(struct rctx *c)
     job->c = NULL;
     if (!job->queued) {
         pending_remove(c->r, job);
-        tenancy_unref(c->r, job->tenant);
+        call_release(c->r, job);
         job_free(job);
         return;
     }
