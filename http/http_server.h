@@ -75,7 +75,7 @@ uint16_t http_server_port(const struct http_server *s);
 /* Connections open now. */
 uint32_t http_server_connections(const struct http_server *s);
 
-/* Bytes of responses held until their clients take them (http_config.max_write_memory), and the
+/* Bytes of responses held until the kernel takes them (http_config.max_write_memory), and the
  * connections cut so far to keep within it. */
 size_t http_server_write_bytes(const struct http_server *s);
 uint64_t http_server_write_cuts(const struct http_server *s);

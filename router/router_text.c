@@ -144,19 +144,44 @@ static uint8_t *pack_text_fields(const Pagoda__SubmitRequest *s, int with_stops,
     return buf;
 }
 
+/* The text fields' own checks, for a Submit and a Tokenize call alike (s holds the fields; n_ids
+ * token ids came beside them, in the field forms names first): one form of prompt, and the chat's
+ * fields only with a chat. */
+static int text_forms_check(const Pagoda__SubmitRequest *s, size_t n_ids, const char *forms)
+{
+    int text = s->has_prompt_text, chat = s->n_messages > 0;
+    if (text + chat + (n_ids > 0) > 1)
+        return pagoda_error_set(PAGODA_EINVAL, "give one of %s", forms);
+    if (!chat &&
+        (s->chat_template_kwargs != NULL || s->tools_json != NULL || s->has_add_generation_prompt))
+        return pagoda_error_set(PAGODA_EINVAL, "chat_template_kwargs, tools_json and "
+                                               "add_generation_prompt go with messages");
+    return 0;
+}
+
+/* A chat's checks once the model has a tokenizer (r->text): a chat template, and the number of
+ * messages. */
+static int text_chat_check(const struct router *r, const Pagoda__SubmitRequest *s)
+{
+    if (s->n_messages > 0 && text_model_chat_error(r->text->model)[0] != '\0')
+        return pagoda_error_set(PAGODA_EUNSUPPORTED, "chat: %s",
+                                text_model_chat_error(r->text->model));
+    if (s->n_messages > ROUTER_MAX_CHAT_MESSAGES)
+        return pagoda_error_set(PAGODA_ERANGE, "%zu messages, more than the limit of %u",
+                                s->n_messages, ROUTER_MAX_CHAT_MESSAGES);
+    return 0;
+}
+
 int router_text_read(const struct router *r, const Pagoda__SubmitRequest *s, int *has_text,
                      uint64_t hash[2])
 {
     int text = s->has_prompt_text, chat = s->n_messages > 0;
     *has_text = text || chat;
     hash[0] = hash[1] = 0;
-    if (text + chat + (s->n_prompt_token_ids > 0) > 1)
-        return pagoda_error_set(PAGODA_EINVAL, "give one of prompt_token_ids, prompt_text and "
-                                               "messages");
-    if (!chat &&
-        (s->chat_template_kwargs != NULL || s->tools_json != NULL || s->has_add_generation_prompt))
-        return pagoda_error_set(PAGODA_EINVAL, "chat_template_kwargs, tools_json and "
-                                               "add_generation_prompt go with messages");
+    int rc =
+        text_forms_check(s, s->n_prompt_token_ids, "prompt_token_ids, prompt_text and messages");
+    if (rc != 0)
+        return rc;
     if (r->text == NULL) {
         if (*has_text)
             return pagoda_error_set(PAGODA_EUNSUPPORTED, "%s: send prompt_token_ids",
@@ -165,14 +190,10 @@ int router_text_read(const struct router *r, const Pagoda__SubmitRequest *s, int
             return pagoda_error_set(PAGODA_EUNSUPPORTED, "stop strings and text output: %s",
                                     r->text_error);
     }
-    if (chat && text_model_chat_error(r->text->model)[0] != '\0')
-        return pagoda_error_set(PAGODA_EUNSUPPORTED, "chat: %s",
-                                text_model_chat_error(r->text->model));
     if (text && s->prompt_text.len == 0)
         return pagoda_error_set(PAGODA_EINVAL, "the prompt is empty");
-    if (s->n_messages > ROUTER_MAX_CHAT_MESSAGES)
-        return pagoda_error_set(PAGODA_ERANGE, "%zu messages, more than the limit of %u",
-                                s->n_messages, ROUTER_MAX_CHAT_MESSAGES);
+    if (r->text != NULL && (rc = text_chat_check(r, s)) != 0)
+        return rc;
     if (s->n_stop > OUTPUT_TEXT_MAX_STOPS)
         return pagoda_error_set(PAGODA_ERANGE, "%zu stop strings, more than the limit of %u",
                                 s->n_stop, OUTPUT_TEXT_MAX_STOPS);
@@ -366,17 +387,23 @@ static void job_free(struct text_job *job)
 
 static void call_done(struct router *r, struct text_job *job, int status);
 
-static void pending_remove(struct router *r, struct text_job *job)
+/* Takes job off the list at *head (and *tail, for a list that keeps one). */
+static void job_unlink(struct text_job **head, struct text_job **tail, struct text_job *job)
 {
     if (job->prev)
         job->prev->next = job->next;
     else
-        r->text_pending_head = job->next;
+        *head = job->next;
     if (job->next)
         job->next->prev = job->prev;
-    else
-        r->text_pending_tail = job->prev;
+    else if (tail != NULL)
+        *tail = job->prev;
     job->prev = job->next = NULL;
+}
+
+static void pending_remove(struct router *r, struct text_job *job)
+{
+    job_unlink(&r->text_pending_head, &r->text_pending_tail, job);
 }
 
 static void job_done(uv_work_t *w, int status);
@@ -416,13 +443,7 @@ static void job_done(uv_work_t *w, int status)
     struct router *r = job->r;
     struct request *q = job->q;
     if (r != NULL) {
-        if (job->prev)
-            job->prev->next = job->next;
-        else
-            r->text_queued = job->next;
-        if (job->next)
-            job->next->prev = job->prev;
-        job->prev = job->next = NULL;
+        job_unlink(&r->text_queued, NULL, job);
         r->text_jobs--;
         r->slots[job->tenant].text_jobs--;
         tenancy_unref(r, job->tenant); /* the slot is the job's until now */
@@ -532,11 +553,8 @@ void router_text_router_closing(struct router *r)
     struct req_list *lists[2] = {&r->live, &r->finished};
     for (int l = 0; l < 2; l++)
         for (struct request *q = lists[l]->head; q != NULL; q = q->next)
-            if (q->job != NULL) {
-                if (q->job->queued)
-                    q->job->r = NULL; /* the router goes first: the job only frees itself */
-                detach_job(r, q);
-            }
+            if (q->job != NULL)
+                detach_job(r, q); /* a queued one's r is cleared above */
 }
 
 int router_text_on_token(struct request *q, int32_t token, int *stop)
@@ -626,26 +644,24 @@ void router_text_handle_tokenize(struct router *r, struct rctx *c, uint32_t tena
         router_reply_error(c, PAGODA_ECLOSED, "tokenize: the router is draining (shutting down)");
         return;
     }
-    if (text + chat + (t->n_token_ids > 0) > 1) {
-        router_reply_error(c, PAGODA_EINVAL,
-                           "tokenize: give one of prompt_text, messages and token_ids");
-        return;
-    }
-    if (!chat && (t->chat_template_kwargs != NULL || t->tools_json != NULL ||
-                  t->has_add_generation_prompt)) {
-        router_reply_error(c, PAGODA_EINVAL,
-                           "tokenize: chat_template_kwargs, tools_json and "
-                           "add_generation_prompt go with messages");
-        return;
-    }
-    if (chat && text_model_chat_error(r->text->model)[0] != '\0') {
-        router_reply_error(c, PAGODA_EUNSUPPORTED, "tokenize: chat: %s",
-                           text_model_chat_error(r->text->model));
-        return;
-    }
-    if (t->n_messages > ROUTER_MAX_CHAT_MESSAGES) {
-        router_reply_error(c, PAGODA_ERANGE, "tokenize: %zu messages, more than the limit of %u",
-                           t->n_messages, ROUTER_MAX_CHAT_MESSAGES);
+    /* The text fields as a Submit holds them: checked as a Submit's are, packed for the job. */
+    Pagoda__SubmitRequest s = PAGODA__SUBMIT_REQUEST__INIT;
+    s.has_prompt_text = t->has_prompt_text;
+    s.prompt_text = t->prompt_text;
+    s.n_messages = t->n_messages;
+    s.messages = t->messages;
+    s.has_add_generation_prompt = t->has_add_generation_prompt;
+    s.add_generation_prompt = t->add_generation_prompt;
+    s.chat_template_kwargs = t->chat_template_kwargs;
+    s.tools_json = t->tools_json;
+    s.has_add_special_tokens = t->has_add_special_tokens;
+    s.add_special_tokens = t->add_special_tokens;
+    pagoda_error_clear();
+    int rc = text_forms_check(&s, t->n_token_ids, "prompt_text, messages and token_ids");
+    if (rc == 0)
+        rc = text_chat_check(r, &s);
+    if (rc != 0) {
+        router_reply_error(c, rc, "tokenize: %s", pagoda_error_detail());
         return;
     }
     /* Parked until its job answers: bounded as every parked call is, by tenant (so that one
@@ -671,17 +687,6 @@ void router_text_handle_tokenize(struct router *r, struct rctx *c, uint32_t tena
         return;
     }
     if (text || chat) {
-        Pagoda__SubmitRequest s = PAGODA__SUBMIT_REQUEST__INIT;
-        s.has_prompt_text = t->has_prompt_text;
-        s.prompt_text = t->prompt_text;
-        s.n_messages = t->n_messages;
-        s.messages = t->messages;
-        s.has_add_generation_prompt = t->has_add_generation_prompt;
-        s.add_generation_prompt = t->add_generation_prompt;
-        s.chat_template_kwargs = t->chat_template_kwargs;
-        s.tools_json = t->tools_json;
-        s.has_add_special_tokens = t->has_add_special_tokens;
-        s.add_special_tokens = t->add_special_tokens;
         job->kind = JOB_TOKENIZE;
         job->packed = pack_text_fields(&s, 0, &job->packed_len);
         job->max_prompt_tokens = UINT32_MAX; /* as vLLM's /tokenize: no limit but the text's */
