@@ -665,55 +665,51 @@ int pagoda_cancel(pagoda_client *c, const uint8_t request_id[PAGODA_REQUEST_ID_B
     return rc;
 }
 
-/* Appends a polled piece to the whole result (before its text: the piece's token text ends move
- * by the text the whole has so far). A piece without them, after ones with, leaves the whole
- * without. */
-static int result_append(pagoda_result *all, const pagoda_result *piece, int want_logprobs)
+int pagoda_result_append(pagoda_result *all, const pagoda_result *piece, int with_logprobs)
 {
-    if (piece->num_tokens == 0)
-        return 0;
-    size_t n = all->num_tokens + piece->num_tokens;
-    if (piece->token_text_ends != NULL && (all->num_tokens == 0 || all->token_text_ends != NULL) &&
-        all->text_len + piece->text_len <= UINT32_MAX) {
-        uint32_t *e = realloc(all->token_text_ends, n * sizeof(*e));
-        if (e == NULL)
-            return PAGODA_ENOMEM;
-        all->token_text_ends = e;
-        for (size_t i = 0; i < piece->num_tokens; i++)
-            e[all->num_tokens + i] = (uint32_t)all->text_len + piece->token_text_ends[i];
-    } else {
-        free(all->token_text_ends);
-        all->token_text_ends = NULL;
+    if (all == NULL || piece == NULL)
+        return pagoda_error_set(PAGODA_EINVAL, "pagoda_result_append: NULL argument");
+    /* The tokens first: their text ends move by the text the whole has before this piece's. */
+    if (piece->num_tokens > 0) {
+        size_t n = all->num_tokens + piece->num_tokens;
+        if (piece->token_text_ends != NULL &&
+            (all->num_tokens == 0 || all->token_text_ends != NULL) &&
+            all->text_len + piece->text_len <= UINT32_MAX) {
+            uint32_t *e = realloc(all->token_text_ends, n * sizeof(*e));
+            if (e == NULL)
+                return pagoda_error_set(PAGODA_ENOMEM, "pagoda_result_append: text ends");
+            all->token_text_ends = e;
+            for (size_t i = 0; i < piece->num_tokens; i++)
+                e[all->num_tokens + i] = (uint32_t)all->text_len + piece->token_text_ends[i];
+        } else {
+            free(all->token_text_ends);
+            all->token_text_ends = NULL;
+        }
+        int32_t *t = realloc(all->token_ids, n * sizeof(*t));
+        if (t == NULL)
+            return pagoda_error_set(PAGODA_ENOMEM, "pagoda_result_append: token ids");
+        all->token_ids = t;
+        memcpy(t + all->num_tokens, piece->token_ids, piece->num_tokens * sizeof(*t));
+        if (with_logprobs) {
+            float *l = realloc(all->logprobs, n * sizeof(*l));
+            if (l == NULL)
+                return pagoda_error_set(PAGODA_ENOMEM, "pagoda_result_append: logprobs");
+            all->logprobs = l;
+            for (size_t i = 0; i < piece->num_tokens; i++)
+                l[all->num_tokens + i] = piece->logprobs ? piece->logprobs[i] : 0.0f;
+        }
+        all->num_tokens = n;
     }
-    int32_t *t = realloc(all->token_ids, n * sizeof(*t));
-    if (t == NULL)
-        return PAGODA_ENOMEM;
-    all->token_ids = t;
-    memcpy(t + all->num_tokens, piece->token_ids, piece->num_tokens * sizeof(*t));
-    if (want_logprobs) {
-        float *l = realloc(all->logprobs, n * sizeof(*l));
-        if (l == NULL)
-            return PAGODA_ENOMEM;
-        all->logprobs = l;
-        for (size_t i = 0; i < piece->num_tokens; i++)
-            l[all->num_tokens + i] = piece->logprobs ? piece->logprobs[i] : 0.0f;
-    }
-    all->num_tokens = n;
-    return 0;
-}
-
-/* Appends a piece's text to the whole result's. Text that comes without a token (released by a
- * finish of its own: a cancel, an error) joins the last token's piece. */
-static int result_append_text(pagoda_result *all, const pagoda_result *piece)
-{
     if (piece->text == NULL)
         return 0;
+    /* Text that comes without a token (released by a finish of its own: a cancel, an error)
+     * joins the last token's piece. */
     if (piece->num_tokens == 0 && all->token_text_ends != NULL && all->num_tokens > 0 &&
         all->text_len + piece->text_len <= UINT32_MAX)
         all->token_text_ends[all->num_tokens - 1] = (uint32_t)(all->text_len + piece->text_len);
     char *t = realloc(all->text, all->text_len + piece->text_len + 1);
     if (t == NULL)
-        return PAGODA_ENOMEM;
+        return pagoda_error_set(PAGODA_ENOMEM, "pagoda_result_append: text");
     memcpy(t + all->text_len, piece->text, piece->text_len);
     all->text = t;
     all->text_len += piece->text_len;
@@ -853,8 +849,7 @@ static int generate_polls(pagoda_client *c, const pagoda_generate_params *params
             return pagoda_error_set(PAGODA_EPROTO, "the router sent more than max_tokens (%d)",
                                     (int)params->max_tokens);
         }
-        if ((rc = result_append(result, &piece, params->logprobs)) != 0 ||
-            (rc = result_append_text(result, &piece)) != 0) {
+        if ((rc = pagoda_result_append(result, &piece, params->logprobs)) != 0) {
             pagoda_result_free(&piece);
             return rc;
         }

@@ -358,6 +358,16 @@ int pagoda_stats(pagoda_client *c, pagoda_engine_stats *out);
  * error as pagoda_stats. */
 int pagoda_health(pagoda_client *c, int *healthy);
 
+/* Appends a polled piece (pagoda_poll) to a whole result, as pagoda_generate gathers its pieces:
+ * the piece's tokens, their log-probabilities when with_logprobs (0 for a piece that has none),
+ * and its text; each token's text end moves by the text gathered before the piece (a piece
+ * without ends, after ones with, leaves the whole without); text that comes without a token (a
+ * finish of its own, as a cancel's) joins the last token's piece. Only these arrays and their
+ * counts change: the caller sets the other fields. Start from a zeroed result and free it with
+ * pagoda_result_free. Returns 0, PAGODA_EINVAL (NULL) or PAGODA_ENOMEM, after which the whole
+ * is only fit to be freed. */
+int pagoda_result_append(pagoda_result *all, const pagoda_result *piece, int with_logprobs);
+
 /* Frees a result's arrays and zeroes it. Accepts NULL and a zeroed result. */
 void pagoda_result_free(pagoda_result *r);
 

@@ -59,10 +59,7 @@ static void greq_unref(struct greq *q)
     pagoda_async_result_free(q->stats_res);
     free(q->body);
     free(q->api_key);
-    free(q->text);
-    free(q->ids);
-    free(q->lps);
-    free(q->ends);
+    pagoda_result_free(&q->whole);
     free(q);
     gateway_maybe_free(g);
 }
@@ -331,80 +328,27 @@ static void stream_piece(struct greq *q, const pagoda_result *r)
     http_end(q, rc);
 }
 
-/* Gathers a piece for a whole answer. */
+/* Gathers a piece for a whole answer, at most GATEWAY_MAX_ANSWER_BYTES of text and 12 bytes a
+ * token. */
 static int gather(struct greq *q, const pagoda_result *r)
 {
-    size_t text = q->text_len + r->text_len, n = q->n + r->num_tokens;
+    size_t text = q->whole.text_len + r->text_len, n = q->whole.num_tokens + r->num_tokens;
     if (text + n * 12 > GATEWAY_MAX_ANSWER_BYTES)
         return pagoda_error_set(PAGODA_ERANGE, "the answer is larger than %u bytes",
                                 GATEWAY_MAX_ANSWER_BYTES);
-    /* Text without a token (released by a finish of its own: a cancel, an error) joins the last
-     * token's piece. */
-    if (r->num_tokens == 0 && r->text_len > 0 && q->ends != NULL && q->n > 0 && text <= UINT32_MAX)
-        q->ends[q->n - 1] = (uint32_t)text;
-    if (r->text_len > 0) {
-        if (text + 1 > q->text_cap) {
-            size_t cap = q->text_cap ? q->text_cap : 256;
-            while (cap < text + 1)
-                cap *= 2;
-            char *t = realloc(q->text, cap);
-            if (t == NULL)
-                return PAGODA_ENOMEM;
-            q->text = t;
-            q->text_cap = cap;
-        }
-        memcpy(q->text + q->text_len, r->text, r->text_len);
-        q->text_len = text;
-        q->text[text] = '\0';
-    }
-    if (r->num_tokens > 0) {
-        if (n > q->cap) {
-            size_t cap = q->cap ? q->cap : 64;
-            while (cap < n)
-                cap *= 2;
-            int32_t *ids = realloc(q->ids, cap * sizeof(*ids));
-            if (ids == NULL)
-                return PAGODA_ENOMEM;
-            q->ids = ids;
-            float *lps = realloc(q->lps, cap * sizeof(*lps));
-            if (lps == NULL)
-                return PAGODA_ENOMEM;
-            q->lps = lps;
-            if (q->n == 0 || q->ends != NULL) {
-                uint32_t *ends = realloc(q->ends, cap * sizeof(*ends));
-                if (ends == NULL)
-                    return PAGODA_ENOMEM;
-                q->ends = ends;
-            }
-            q->cap = cap;
-        }
-        /* Each token's text end, moved by the text gathered before this piece's; a piece without
-         * them leaves the answer without (its tokens are named by id). */
-        if (q->ends != NULL && r->token_text_ends != NULL && text <= UINT32_MAX) {
-            for (size_t i = 0; i < r->num_tokens; i++)
-                q->ends[q->n + i] = (uint32_t)(text - r->text_len) + r->token_text_ends[i];
-        } else {
-            free(q->ends);
-            q->ends = NULL;
-        }
-        memcpy(q->ids + q->n, r->token_ids, r->num_tokens * sizeof(int32_t));
-        for (size_t i = 0; i < r->num_tokens; i++)
-            q->lps[q->n + i] = r->logprobs ? r->logprobs[i] : 0.0f;
-        q->n = n;
-    }
-    return 0;
+    return pagoda_result_append(&q->whole, r, q->req.params.logprobs);
 }
 
 static void answer_whole(struct greq *q, const pagoda_result *r)
 {
     struct openai_out o;
     fill_out(q, r, &o);
-    o.text = q->text;
-    o.text_len = q->text_len;
-    o.token_ids = q->ids;
-    o.logprobs = q->req.params.logprobs ? q->lps : NULL;
-    o.token_text_ends = q->ends;
-    o.n = q->n;
+    o.text = q->whole.text;
+    o.text_len = q->whole.text_len;
+    o.token_ids = q->whole.token_ids;
+    o.logprobs = q->req.params.logprobs ? q->whole.logprobs : NULL;
+    o.token_text_ends = q->whole.token_text_ends;
+    o.n = q->whole.num_tokens;
     o.with_usage = true;
     respond_json(q, 200, openai_response_json(&o));
 }

@@ -57,13 +57,9 @@ struct greq {
     long long created;
     int submitted, finished, cancel_sent, streaming, first_chunk_sent;
     uint32_t offset; /* output tokens received */
-    /* A whole answer being gathered. */
-    char *text;
-    size_t text_len, text_cap;
-    int32_t *ids;
-    float *lps;
-    uint32_t *ends; /* each token's text end (pagoda_result.token_text_ends); NULL: none */
-    size_t n, cap;
+    /* A whole answer being gathered (pagoda_result_append): its tokens, log-probabilities,
+     * text and the tokens' text ends. */
+    pagoda_result whole;
     /* A stream: the characters (code points) of text sent so far, for completions' text_offset. */
     uint64_t chars_sent;
     /* Times for the latency figures (CLOCK_MONOTONIC, ns). */

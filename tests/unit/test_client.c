@@ -663,10 +663,63 @@ static void test_stats_malformed_engines_are_dropped(void **state)
     free(out);
 }
 
+/* pagoda_result_append, which pagoda_generate and the gateway's whole answers gather with: the
+ * tokens' text ends move by the text before their piece, a tokenless piece's text joins the last
+ * token's piece, a piece without ends after ones with leaves the whole without, log-probabilities
+ * only when asked (0 for a piece without). */
+static void test_result_append(void **state)
+{
+    (void)state;
+    int32_t ids1[] = {5, 6}, ids2[] = {7}, ids3[] = {8};
+    float lps1[] = {-0.5f, -1.5f};
+    uint32_t ends1[] = {2, 5}, ends2[] = {0};
+    pagoda_result p1 = {.token_ids = ids1,
+                        .logprobs = lps1,
+                        .num_tokens = 2,
+                        .text = "ab\xc3\xa9"
+                                "d",
+                        .text_len = 5,
+                        .token_text_ends = ends1};
+    /* a token that completes no character: an empty piece */
+    pagoda_result p2 = {
+        .token_ids = ids2, .num_tokens = 1, .text = "", .text_len = 0, .token_text_ends = ends2};
+    pagoda_result tail = {.text = "xyz", .text_len = 3}; /* a cancel's released text */
+    pagoda_result all = {0};
+    assert_int_equal(pagoda_result_append(&all, &p1, 1), 0);
+    assert_int_equal(pagoda_result_append(&all, &p2, 1), 0);
+    assert_int_equal(pagoda_result_append(&all, &tail, 1), 0);
+    assert_int_equal(all.num_tokens, 3);
+    assert_int_equal(all.token_ids[0], 5);
+    assert_int_equal(all.token_ids[2], 7);
+    assert_true(all.logprobs[1] == -1.5f && all.logprobs[2] == 0.0f);
+    assert_int_equal(all.text_len, 8);
+    assert_memory_equal(all.text,
+                        "ab\xc3\xa9"
+                        "dxyz",
+                        9); /* NUL-terminated */
+    assert_non_null(all.token_text_ends);
+    assert_int_equal(all.token_text_ends[0], 2);
+    assert_int_equal(all.token_text_ends[1], 5);
+    assert_int_equal(all.token_text_ends[2], 8); /* 5, then the tokenless text joined it */
+    /* a piece without ends: the whole has none from then on */
+    pagoda_result p3 = {.token_ids = ids3, .num_tokens = 1, .text = "q", .text_len = 1};
+    assert_int_equal(pagoda_result_append(&all, &p3, 1), 0);
+    assert_null(all.token_text_ends);
+    assert_int_equal(all.num_tokens, 4);
+    assert_int_equal(all.text_len, 9);
+    pagoda_result_free(&all);
+    /* without log-probabilities asked: none kept */
+    assert_int_equal(pagoda_result_append(&all, &p1, 0), 0);
+    assert_null(all.logprobs);
+    assert_int_equal(pagoda_result_append(NULL, &p1, 0), PAGODA_EINVAL);
+    pagoda_result_free(&all);
+}
+
 int main(void)
 {
     const struct CMUnitTest alone[] = {
         cmocka_unit_test(test_params_default_and_local_checks),
+        cmocka_unit_test(test_result_append),
         cmocka_unit_test(test_stats_engines_are_bounded),
         cmocka_unit_test(test_stats_strings_are_printable),
         cmocka_unit_test(test_stats_malformed_engines_are_dropped),
