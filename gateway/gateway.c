@@ -53,13 +53,14 @@ static void greq_unref(struct greq *q)
         g->live = q->next;
     if (q->next)
         q->next->prev = q->prev;
-    if (q->generation)
-        g->num_generations--;
+    g->num_generations -= q->generation;
     openai_request_fini(&q->req);
     pagoda_async_result_free(q->stats_res);
     free(q->body);
     free(q->api_key);
-    pagoda_result_free(&q->whole);
+    for (uint32_t i = 0; i < q->num_choices; i++)
+        pagoda_result_free(&q->choices[i].whole);
+    free(q->choices);
     free(q);
     gateway_maybe_free(g);
 }
@@ -175,14 +176,16 @@ static void respond_code(struct greq *q, int code, const char *detail)
 
 /* ---- calls to the router ------------------------------------------------------------------ */
 
-/* NNG thread: a call reported. Hands it to the loop with what it was. */
-static void mail(struct greq *q, pagoda_async_result *res, enum call_kind kind)
+/* NNG thread: a call reported. Hands it to the loop with what it was (c: a generation's call,
+ * its choice). */
+static void mail(struct greq *q, struct gchoice *c, pagoda_async_result *res, enum call_kind kind)
 {
     struct gateway *g = q->g;
     struct gmail *m = calloc(1, sizeof(*m));
     pthread_mutex_lock(&g->lock);
     if (m != NULL && res != NULL) {
         m->q = q;
+        m->c = c;
         m->res = res;
         m->kind = kind;
         if (g->mail_tail)
@@ -203,37 +206,40 @@ static void mail(struct greq *q, pagoda_async_result *res, enum call_kind kind)
 
 static void on_submit_call(void *user, pagoda_async_result *res)
 {
-    mail(user, res, CALL_KIND_SUBMIT);
+    struct gchoice *c = user;
+    mail(c->q, c, res, CALL_KIND_SUBMIT);
 }
 
 static void on_poll_call(void *user, pagoda_async_result *res)
 {
-    mail(user, res, CALL_KIND_POLL);
+    struct gchoice *c = user;
+    mail(c->q, c, res, CALL_KIND_POLL);
 }
 
 static void on_cancel_call(void *user, pagoda_async_result *res)
 {
-    mail(user, res, CALL_KIND_CANCEL);
+    struct gchoice *c = user;
+    mail(c->q, c, res, CALL_KIND_CANCEL);
 }
 
 static void on_tokenize_call(void *user, pagoda_async_result *res)
 {
-    mail(user, res, CALL_KIND_TOKENIZE);
+    mail(user, NULL, res, CALL_KIND_TOKENIZE);
 }
 
 static void on_health_call(void *user, pagoda_async_result *res)
 {
-    mail(user, res, CALL_KIND_HEALTH);
+    mail(user, NULL, res, CALL_KIND_HEALTH);
 }
 
 void gateway_on_stats_call(void *user, pagoda_async_result *res)
 {
-    mail(user, res, CALL_KIND_STATS);
+    mail(user, NULL, res, CALL_KIND_STATS);
 }
 
 void gateway_on_tenants_call(void *user, pagoda_async_result *res)
 {
-    mail(user, res, CALL_KIND_TENANTS);
+    mail(user, NULL, res, CALL_KIND_TENANTS);
 }
 
 int gateway_call_started(struct greq *q, int rc)
@@ -245,35 +251,54 @@ int gateway_call_started(struct greq *q, int rc)
     return rc;
 }
 
-static void send_cancel(struct greq *q)
+static void send_cancel(struct gchoice *c)
 {
-    if (!q->submitted || q->finished || q->cancel_sent)
+    if (!c->submitted || c->finished || c->cancel_sent)
         return;
-    q->cancel_sent = 1;
+    c->cancel_sent = 1;
+    struct greq *q = c->q;
     if (gateway_call_started(
-            q, pagoda_cancel_async(q->g->client, q->api_key, q->id, on_cancel_call, q)) != 0)
+            q, pagoda_cancel_async(q->g->client, q->api_key, c->id, on_cancel_call, c)) != 0)
         log_warn("could not cancel a request whose client went away: %s", pagoda_error_detail());
 }
 
-static void poll_next(struct greq *q)
+/* The client went away, or its answer ended early (an error): every choice still running is
+ * cancelled (those not yet submitted, once they are: on_submitted). */
+static void cancel_all(struct greq *q)
 {
-    int rc = gateway_call_started(q, pagoda_poll_async(q->g->client, q->api_key, q->id, q->offset,
-                                                       q->g->cfg.poll_wait_ms, on_poll_call, q));
+    for (uint32_t i = 0; i < q->num_choices; i++)
+        send_cancel(&q->choices[i]);
+}
+
+/* Answers q with the error of a libpagoda code, ending the choices still running. */
+static void fail(struct greq *q, int code, const char *detail)
+{
+    respond_code(q, code, detail);
+    cancel_all(q);
+}
+
+static void poll_next(struct gchoice *c)
+{
+    struct greq *q = c->q;
+    int rc = gateway_call_started(q, pagoda_poll_async(q->g->client, q->api_key, c->id, c->offset,
+                                                       q->g->cfg.poll_wait_ms, on_poll_call, c));
     if (rc != 0)
-        respond_code(q, rc, pagoda_error_detail());
+        fail(q, rc, pagoda_error_detail());
 }
 
 /* ---- a generation ------------------------------------------------------------------------ */
 
-/* The fields of an answer or chunk that come from the request and from the poll's result r
+/* The fields of an answer or chunk of choice c that come from the request and from a result r
  * (its finish, stop and usage); the caller adds the text and tokens. */
-static void fill_out(const struct greq *q, const pagoda_result *r, struct openai_out *o)
+static void fill_out(const struct gchoice *c, const pagoda_result *r, struct openai_out *o)
 {
+    const struct greq *q = c->q;
     memset(o, 0, sizeof(*o));
     o->req = &q->req;
     o->id = q->id_str;
     o->created = q->created;
     o->model = q->g->cfg.model_name;
+    o->index = c->index;
     o->finish = r->finish_reason;
     o->stop_string = r->stop_string;
     o->has_stop_token_id = r->has_stop_token_id;
@@ -293,19 +318,37 @@ static int stream_write_json(struct greq *q, char *json)
     return rc;
 }
 
-/* A piece of output for a streaming client: one chunk with its text (and the finish). */
-static void stream_piece(struct greq *q, const pagoda_result *r)
+/* Keeps what a choice's finish says (its reason, stop and usage) for the answer's end: the
+ * stream's usage chunk, a whole answer's choice. */
+static int keep_finish(struct gchoice *c, const pagoda_result *r)
 {
+    pagoda_result *w = &c->whole;
+    w->finish_reason = r->finish_reason;
+    w->prompt_tokens = r->prompt_tokens;
+    w->completion_tokens = r->completion_tokens;
+    w->cached_tokens = r->cached_tokens;
+    w->has_stop_token_id = r->has_stop_token_id;
+    w->stop_token_id = r->stop_token_id;
+    if (r->stop_string != NULL && (w->stop_string = strdup(r->stop_string)) == NULL)
+        return PAGODA_ENOMEM;
+    return 0;
+}
+
+/* A piece of choice c's output for a streaming client: one chunk with its text (and its finish);
+ * after the last choice's finish, the usage (when asked for) and the end. */
+static void stream_piece(struct gchoice *c, const pagoda_result *r)
+{
+    struct greq *q = c->q;
     struct openai_out o;
-    fill_out(q, r, &o);
+    fill_out(c, r, &o);
     o.text = r->text;
     o.text_len = r->text_len;
     o.token_ids = r->token_ids;
     o.logprobs = q->req.params.logprobs ? r->logprobs : NULL;
     o.token_text_ends = r->token_text_ends;
-    o.text_offset = q->chars_sent;
+    o.text_offset = c->chars_sent;
     o.n = r->num_tokens;
-    int first = !q->first_chunk_sent;
+    int first = !c->first_chunk_sent;
     /* A piece whose tokens completed no text yet (a character split over tokens) sends nothing,
      * unless the client asked for the tokens' log-probabilities. */
     if (r->text_len > 0 || (r->num_tokens > 0 && o.logprobs != NULL) || first ||
@@ -315,69 +358,93 @@ static void stream_piece(struct greq *q, const pagoda_result *r)
             http_end(q, rc); /* its close callback cancels */
             return;
         }
-        q->first_chunk_sent = 1;
-        q->chars_sent += openai_utf8_chars(r->text, r->text_len);
+        c->first_chunk_sent = 1;
+        c->chars_sent += openai_utf8_chars(r->text, r->text_len);
     }
-    if (r->finish_reason == PAGODA_FINISH_NONE)
+    if (!q->finished)
         return;
     int rc = 0;
-    if (q->req.include_usage)
+    if (q->req.include_usage) {
+        struct openai_out outs[OPENAI_MAX_CHOICES];
+        for (uint32_t i = 0; i < q->num_choices; i++)
+            fill_out(&q->choices[i], &q->choices[i].whole, &outs[i]);
+        openai_usage_sum(&o, outs, q->num_choices);
         rc = stream_write_json(q, openai_chunk_json(&o, false, true));
+    }
     if (rc == 0 && (rc = http_stream_write(q->http, "data: [DONE]\n\n", 14)) == 0)
         rc = http_stream_end(q->http);
     http_end(q, rc);
 }
 
-/* Gathers a piece for a whole answer, at most GATEWAY_MAX_ANSWER_BYTES of text and 12 bytes a
- * token. */
-static int gather(struct greq *q, const pagoda_result *r)
+/* Gathers a piece of choice c for a whole answer, at most GATEWAY_MAX_ANSWER_BYTES of text and
+ * 12 bytes a token over all the choices. */
+static int gather(struct gchoice *c, const pagoda_result *r)
 {
-    size_t text = q->whole.text_len + r->text_len, n = q->whole.num_tokens + r->num_tokens;
+    struct greq *q = c->q;
+    size_t text = r->text_len, n = r->num_tokens;
+    for (uint32_t i = 0; i < q->num_choices; i++) {
+        text += q->choices[i].whole.text_len;
+        n += q->choices[i].whole.num_tokens;
+    }
     if (text + n * 12 > GATEWAY_MAX_ANSWER_BYTES)
         return pagoda_error_set(PAGODA_ERANGE, "the answer is larger than %u bytes",
                                 GATEWAY_MAX_ANSWER_BYTES);
-    return pagoda_result_append(&q->whole, r, q->req.params.logprobs);
+    return pagoda_result_append(&c->whole, r, q->req.params.logprobs);
 }
 
-static void answer_whole(struct greq *q, const pagoda_result *r)
+/* Every choice has finished: the whole answer. */
+static void answer_whole(struct greq *q)
 {
-    struct openai_out o;
-    fill_out(q, r, &o);
-    o.text = q->whole.text;
-    o.text_len = q->whole.text_len;
-    o.token_ids = q->whole.token_ids;
-    o.logprobs = q->req.params.logprobs ? q->whole.logprobs : NULL;
-    o.token_text_ends = q->whole.token_text_ends;
-    o.n = q->whole.num_tokens;
-    o.with_usage = true;
-    respond_json(q, 200, openai_response_json(&o));
+    struct openai_out outs[OPENAI_MAX_CHOICES];
+    for (uint32_t i = 0; i < q->num_choices; i++) {
+        const struct gchoice *c = &q->choices[i];
+        struct openai_out *o = &outs[i];
+        fill_out(c, &c->whole, o);
+        o->text = c->whole.text;
+        o->text_len = c->whole.text_len;
+        o->token_ids = c->whole.token_ids;
+        o->logprobs = q->req.params.logprobs ? c->whole.logprobs : NULL;
+        o->token_text_ends = c->whole.token_text_ends;
+        o->n = c->whole.num_tokens;
+        o->with_usage = true;
+    }
+    respond_json(q, 200, openai_response_json(outs, q->num_choices));
 }
 
-static void on_poll(struct greq *q, pagoda_async_result *res)
+static void on_poll(struct gchoice *c, pagoda_async_result *res)
 {
+    struct greq *q = c->q;
     if (q->http == NULL)
-        return; /* the client went away: the cancel is out */
+        return; /* the client went away, or the answer ended: the cancels are out */
     if (res->rc != 0) {
-        respond_code(q, res->rc, res->detail);
+        fail(q, res->rc, res->detail);
         return;
     }
     pagoda_result *r = &res->result;
     uint64_t t = now_ns();
     if (r->num_tokens > 0) {
-        gateway_metrics_tokens(q->g, q, r->num_tokens, t);
-        q->offset += (uint32_t)r->num_tokens;
+        gateway_metrics_tokens(q->g, c, r->num_tokens, t);
+        c->offset += (uint32_t)r->num_tokens;
     }
-    if (r->finish_reason == PAGODA_FINISH_ERROR && q->offset == 0) {
+    if (r->finish_reason == PAGODA_FINISH_ERROR && c->offset == 0) {
         /* Refused before any output (a template error, bad text): the client's request. */
         struct openai_error err;
         openai_error_from_code(PAGODA_EINVAL, r->error_message, &err);
+        c->finished = 1;
         q->finished = 1; /* counted as a 4xx, not as a finished request */
         respond_error(q, &err);
+        cancel_all(q);
         return;
     }
     if (r->finish_reason != PAGODA_FINISH_NONE) {
-        q->finished = 1;
-        gateway_metrics_finish(q->g, q, r, t);
+        c->finished = 1;
+        gateway_metrics_finish(q->g, c, r, t);
+        int rc = keep_finish(c, r);
+        if (rc != 0) {
+            fail(q, rc, "out of memory");
+            return;
+        }
+        q->finished = ++q->num_finished == q->num_choices;
     }
     if (q->req.stream && !q->streaming) {
         /* A stream's status line waits for the first poll's answer, so that a prompt the router
@@ -386,41 +453,68 @@ static void on_poll(struct greq *q, pagoda_async_result *res)
         static const char *const headers[] = {"Cache-Control: no-cache"};
         int rc = http_stream_start(q->http, 200, "text/event-stream", headers, 1);
         if (rc != 0) {
-            send_cancel(q);
+            cancel_all(q);
             http_end(q, rc);
             return;
         }
         q->streaming = 1;
     }
     if (q->streaming) {
-        stream_piece(q, r);
+        stream_piece(c, r);
     } else {
-        int rc = gather(q, r);
+        int rc = gather(c, r);
         if (rc != 0) {
-            respond_code(q, rc, pagoda_error_detail());
-            send_cancel(q);
+            fail(q, rc, pagoda_error_detail());
             return;
         }
-        if (r->finish_reason != PAGODA_FINISH_NONE)
-            answer_whole(q, r);
+        if (q->finished)
+            answer_whole(q);
     }
     if (r->finish_reason == PAGODA_FINISH_NONE && q->http != NULL)
-        poll_next(q);
+        poll_next(c);
 }
 
-static void on_submitted(struct greq *q, pagoda_async_result *res)
+static void on_submitted(struct gchoice *c, pagoda_async_result *res)
 {
+    struct greq *q = c->q;
     if (res->rc != 0) {
-        respond_code(q, res->rc, res->detail);
+        fail(q, res->rc, res->detail); /* the first refusal answers; the others find it gone */
         return;
     }
-    q->submitted = 1;
-    q->t_submit_ns = now_ns();
+    c->submitted = 1;
     if (q->http == NULL) {
-        send_cancel(q); /* the client left while it was submitted */
+        send_cancel(c); /* the client left, or the answer ended, while it was submitted */
         return;
     }
-    poll_next(q);
+    poll_next(c);
+}
+
+/* Submits each of q's choices (choice i with seed + i when the request gives a seed). */
+static void submit_choices(struct greq *q)
+{
+    struct gateway *g = q->g;
+    q->choices = calloc(q->req.n, sizeof(*q->choices));
+    if (q->choices == NULL) {
+        respond_code(q, PAGODA_ENOMEM, "out of memory");
+        return;
+    }
+    q->num_choices = q->req.n;
+    for (uint32_t i = 0; i < q->num_choices; i++) {
+        struct gchoice *c = &q->choices[i];
+        c->q = q;
+        c->index = i;
+    }
+    for (uint32_t i = 0; i < q->num_choices && q->http != NULL; i++) {
+        struct gchoice *c = &q->choices[i];
+        pagoda_generate_params params = q->req.params;
+        if (params.has_seed)
+            params.seed += i;
+        int rc =
+            gateway_call_started(q, pagoda_submit_async(g->client, q->api_key, &params,
+                                                        &q->req.prompt, c->id, on_submit_call, c));
+        if (rc != 0)
+            fail(q, rc, pagoda_error_detail());
+    }
 }
 
 /* The loop: the parse job ended. */
@@ -457,14 +551,20 @@ static void after_parse(uv_work_t *w, int status)
         openai_request_release_prompt(&q->req); /* serialised by the call */
         if (rc != 0)
             respond_code(q, rc, pagoda_error_detail());
+    } else if (q->req.n > 1 && g->num_generations + (q->req.n - 1) > g->cfg.max_requests) {
+        /* n choices count as n requests: the one counted on arrival, and the others now */
+        struct openai_error err = {.status = 429, .type = "rate_limit_error"};
+        snprintf(err.message, sizeof(err.message),
+                 "%u choices with the %u requests in progress pass the gateway's limit of %u: "
+                 "retry later",
+                 (unsigned)q->req.n, (unsigned)(g->num_generations - 1), g->cfg.max_requests);
+        respond_error(q, &err);
     } else {
-        int rc =
-            gateway_call_started(q, pagoda_submit_async(g->client, q->api_key, &q->req.params,
-                                                        &q->req.prompt, q->id, on_submit_call, q));
-        /* the call has serialised the prompt: a long generation keeps none of it */
+        g->num_generations += q->req.n - 1;
+        q->generation = q->req.n;
+        submit_choices(q);
+        /* the calls have serialised the prompt: a long generation keeps none of it */
         openai_request_release_prompt(&q->req);
-        if (rc != 0)
-            respond_code(q, rc, pagoda_error_detail());
     }
     greq_unref(q);
 }
@@ -527,10 +627,10 @@ static void on_async(uv_async_t *h)
         g->calls_outstanding--;
         switch (m->kind) {
         case CALL_KIND_SUBMIT:
-            on_submitted(q, m->res);
+            on_submitted(m->c, m->res);
             break;
         case CALL_KIND_POLL:
-            on_poll(q, m->res);
+            on_poll(m->c, m->res);
             break;
         case CALL_KIND_CANCEL:
             break;
@@ -563,7 +663,7 @@ static void on_http_close(void *arg)
     struct greq *q = arg;
     q->http = NULL; /* gone: no respond call may follow */
     gateway_metrics_disconnect(q->g, q);
-    send_cancel(q);
+    cancel_all(q);
     greq_unref(q); /* the HTTP side's reference */
 }
 
@@ -628,7 +728,7 @@ static char *bearer_key(struct http_request *http, int *bad)
 static void start_generation(struct gateway *g, struct http_request *http, enum route route)
 {
     /* Tokenize calls do not count as generations (the router bounds them per tenant). */
-    int generation = route == ROUTE_COMPLETION || route == ROUTE_CHAT;
+    uint32_t generation = route == ROUTE_COMPLETION || route == ROUTE_CHAT;
     if (generation && g->num_generations >= g->cfg.max_requests) {
         struct openai_error err = {.status = 429, .type = "rate_limit_error"};
         snprintf(err.message, sizeof(err.message),

@@ -37,6 +37,23 @@ enum call_kind {
     CALL_KIND_TOKENIZE
 };
 
+/* One choice of a generation (OpenAI's n): a request of its own to the router. Its calls hold
+ * references on the HTTP request it belongs to (greq). */
+struct gchoice {
+    struct greq *q;
+    uint32_t index;
+    uint8_t id[PAGODA_REQUEST_ID_BYTES];
+    int submitted, finished, cancel_sent, first_chunk_sent;
+    uint32_t offset; /* output tokens received */
+    /* A whole answer being gathered (pagoda_result_append): its tokens, log-probabilities,
+     * text and the tokens' text ends; at its finish, the finish, stop and usage fields too. */
+    pagoda_result whole;
+    /* A stream: the characters (code points) of text sent so far, for completions' text_offset. */
+    uint64_t chars_sent;
+    /* Times for the latency figures (CLOCK_MONOTONIC, ns). */
+    uint64_t t_first_ns, t_last_ns;
+};
+
 /* One HTTP request in progress. Alive while refs > 0: the HTTP side (until answered or the
  * client went away), the parse job, and each call to the router outstanding. */
 struct greq {
@@ -44,7 +61,7 @@ struct greq {
     struct http_request *http; /* NULL once answered or gone */
     enum route route;
     int refs;
-    int generation; /* counted in gateway.num_generations */
+    uint32_t generation; /* its count in gateway.num_generations: 0, or its choices */
     char *api_key;
     char *body;
     size_t body_len;
@@ -55,15 +72,13 @@ struct greq {
     uint8_t id[PAGODA_REQUEST_ID_BYTES];
     char id_str[64];
     long long created;
-    int submitted, finished, cancel_sent, streaming, first_chunk_sent;
-    uint32_t offset; /* output tokens received */
-    /* A whole answer being gathered (pagoda_result_append): its tokens, log-probabilities,
-     * text and the tokens' text ends. */
-    pagoda_result whole;
-    /* A stream: the characters (code points) of text sent so far, for completions' text_offset. */
-    uint64_t chars_sent;
+    /* finished: every choice has (or the request was answered: a refusal, /tokenize) */
+    int finished, streaming;
+    /* A generation's choices (openai_request.n of them) and how many have finished. */
+    struct gchoice *choices;
+    uint32_t num_choices, num_finished;
     /* Times for the latency figures (CLOCK_MONOTONIC, ns). */
-    uint64_t t_start_ns, t_submit_ns, t_first_ns, t_last_ns;
+    uint64_t t_start_ns;
     /* /metrics: the router's Stats, kept while its tenants are asked for. */
     pagoda_async_result *stats_res;
     struct greq *prev, *next; /* gateway.live */
@@ -72,6 +87,7 @@ struct greq {
 /* A call's result on its way from NNG's thread to the loop. */
 struct gmail {
     struct greq *q;
+    struct gchoice *c; /* a generation's call (submit, poll, cancel): its choice; else NULL */
     pagoda_async_result *res;
     enum call_kind kind;
     struct gmail *next;
@@ -120,10 +136,10 @@ void gateway_maybe_free(struct gateway *g);
 
 int gateway_metrics_init(struct gateway *g);
 void gateway_metrics_fini(struct gateway *g);
-/* n tokens of q arrived at t_ns. */
-void gateway_metrics_tokens(struct gateway *g, struct greq *q, size_t n, uint64_t t_ns);
-/* q's request ended with r (its finish and usage) at t_ns. */
-void gateway_metrics_finish(struct gateway *g, struct greq *q, const pagoda_result *r,
+/* n tokens of choice c arrived at t_ns. */
+void gateway_metrics_tokens(struct gateway *g, struct gchoice *c, size_t n, uint64_t t_ns);
+/* Choice c's request ended with r (its finish and usage) at t_ns. */
+void gateway_metrics_finish(struct gateway *g, struct gchoice *c, const pagoda_result *r,
                             uint64_t t_ns);
 void gateway_metrics_error(struct gateway *g, int status);
 void gateway_metrics_disconnect(struct gateway *g, struct greq *q);

@@ -47,23 +47,23 @@ void gateway_metrics_fini(struct gateway *g)
 /* Inter-token latency as the client sees it: the tokens of one piece arrive together, so the
  * first of a piece waited the whole gap since the last piece and the others none; spread evenly
  * (gap / n each) so that the mean is the mean time per token between pieces. */
-void gateway_metrics_tokens(struct gateway *g, struct greq *q, size_t n, uint64_t t_ns)
+void gateway_metrics_tokens(struct gateway *g, struct gchoice *c, size_t n, uint64_t t_ns)
 {
     struct gateway_figures *f = &g->fig;
-    if (q->t_first_ns == 0) {
-        q->t_first_ns = t_ns;
-        metrics_hist_observe(&f->ttft, (double)(t_ns - q->t_start_ns) * 1e-9);
+    if (c->t_first_ns == 0) {
+        c->t_first_ns = t_ns;
+        metrics_hist_observe(&f->ttft, (double)(t_ns - c->q->t_start_ns) * 1e-9);
         for (size_t i = 1; i < n; i++)
             metrics_hist_observe(&f->itl, 0.0);
     } else {
-        double each = (double)(t_ns - q->t_last_ns) * 1e-9 / (double)n;
+        double each = (double)(t_ns - c->t_last_ns) * 1e-9 / (double)n;
         for (size_t i = 0; i < n; i++)
             metrics_hist_observe(&f->itl, each);
     }
-    q->t_last_ns = t_ns;
+    c->t_last_ns = t_ns;
 }
 
-void gateway_metrics_finish(struct gateway *g, struct greq *q, const pagoda_result *r,
+void gateway_metrics_finish(struct gateway *g, struct gchoice *c, const pagoda_result *r,
                             uint64_t t_ns)
 {
     struct gateway_figures *f = &g->fig;
@@ -72,10 +72,10 @@ void gateway_metrics_finish(struct gateway *g, struct greq *q, const pagoda_resu
     f->prompt_tokens += r->prompt_tokens;
     f->generation_tokens += r->completion_tokens;
     f->cached_tokens += r->cached_tokens;
-    metrics_hist_observe(&f->e2e, (double)(t_ns - q->t_start_ns) * 1e-9);
-    if (q->offset > 1 && q->t_first_ns != 0)
+    metrics_hist_observe(&f->e2e, (double)(t_ns - c->q->t_start_ns) * 1e-9);
+    if (c->offset > 1 && c->t_first_ns != 0)
         metrics_hist_observe(&f->tpot,
-                             (double)(q->t_last_ns - q->t_first_ns) * 1e-9 / (q->offset - 1));
+                             (double)(c->t_last_ns - c->t_first_ns) * 1e-9 / (c->offset - 1));
 }
 
 void gateway_metrics_error(struct gateway *g, int status)

@@ -206,12 +206,17 @@ static int read_common(struct openai_request *req, struct openai_error *err)
         p->max_tokens = (int32_t)n;
         p->strict_max_tokens = 1; /* given: refused past the context (the default fits) */
     }
-    const char *one[] = {"n", "best_of"};
-    for (size_t k = 0; k < 2; k++) {
-        const json_t *v = json_object_get(root, one[k]);
-        if (v != NULL && !json_is_null(v) && !(json_is_integer(v) && json_integer_value(v) == 1))
-            return bad(err, "unsupported", "'%s' must be 1: one choice per request", one[k]);
-    }
+    /* n choices, each a request of its own to the router (the prompt's cache shared); best_of,
+     * which vLLM no longer takes, only where it asks for no more than n. */
+    n = 1;
+    if (integer(root, "n", 1, OPENAI_MAX_CHOICES, &n, err))
+        return -1;
+    req->n = (uint32_t)n;
+    const json_t *best = json_object_get(root, "best_of");
+    if (best != NULL && !json_is_null(best) &&
+        !(json_is_integer(best) && json_integer_value(best) == (json_int_t)req->n))
+        return bad(err, "unsupported", "'best_of' must equal n (%u): it is not supported",
+                   (unsigned)req->n);
     bool b = false;
     if (boolean(root, "echo", &b, err))
         return -1;
@@ -540,6 +545,7 @@ int openai_parse(enum openai_kind kind, const char *body, size_t len, int32_t de
     memset(req, 0, sizeof(*req));
     memset(err, 0, sizeof(*err));
     req->kind = kind;
+    req->n = 1;
     req->params = pagoda_generate_params_default();
     req->params.max_tokens = kind == OPENAI_CHAT ? default_max_tokens : 16;
     req->prompt = pagoda_prompt_default();
@@ -720,24 +726,44 @@ static char *dump(json_t *j)
     return s;
 }
 
-char *openai_response_json(const struct openai_out *o)
+static json_t *response_choice(const struct openai_out *o)
 {
     const char *finish = openai_finish_reason(o->finish);
-    json_t *choice;
     if (o->req->kind == OPENAI_CHAT)
-        choice = json_pack(
-            "{s:i,s:{s:s,s:o},s:o,s:o,s:o}", "index", 0, "message", "role", "assistant", "content",
-            text_json(o->text, o->text_len), "logprobs", logprobs_json(o), "finish_reason",
-            finish ? json_string(finish) : json_null(), "stop_reason", stop_reason_json(o));
-    else
-        choice = json_pack("{s:i,s:o,s:o,s:o,s:o}", "index", 0, "text",
-                           text_json(o->text, o->text_len), "logprobs", logprobs_json(o),
-                           "finish_reason", finish ? json_string(finish) : json_null(),
-                           "stop_reason", stop_reason_json(o));
-    return dump(json_pack("{s:s,s:s,s:I,s:s,s:[o],s:o}", "id", o->id, "object",
+        return json_pack("{s:I,s:{s:s,s:o},s:o,s:o,s:o}", "index", (json_int_t)o->index, "message",
+                         "role", "assistant", "content", text_json(o->text, o->text_len),
+                         "logprobs", logprobs_json(o), "finish_reason",
+                         finish ? json_string(finish) : json_null(), "stop_reason",
+                         stop_reason_json(o));
+    return json_pack("{s:I,s:o,s:o,s:o,s:o}", "index", (json_int_t)o->index, "text",
+                     text_json(o->text, o->text_len), "logprobs", logprobs_json(o), "finish_reason",
+                     finish ? json_string(finish) : json_null(), "stop_reason",
+                     stop_reason_json(o));
+}
+
+void openai_usage_sum(struct openai_out *sum, const struct openai_out *o, size_t n)
+{
+    sum->prompt_tokens = n > 0 ? o[0].prompt_tokens : 0;
+    sum->cached_tokens = n > 0 ? o[0].cached_tokens : 0;
+    sum->completion_tokens = 0;
+    for (size_t i = 0; i < n; i++)
+        sum->completion_tokens += o[i].completion_tokens;
+}
+
+char *openai_response_json(const struct openai_out *o, size_t n)
+{
+    json_t *choices = json_array();
+    for (size_t i = 0; choices != NULL && i < n; i++)
+        if (json_array_append_new(choices, response_choice(&o[i])) != 0) {
+            json_decref(choices);
+            choices = NULL;
+        }
+    struct openai_out usage = o[0];
+    openai_usage_sum(&usage, o, n);
+    return dump(json_pack("{s:s,s:s,s:I,s:s,s:o,s:o}", "id", o->id, "object",
                           o->req->kind == OPENAI_CHAT ? "chat.completion" : "text_completion",
-                          "created", (json_int_t)o->created, "model", o->model, "choices", choice,
-                          "usage", usage_json(o)));
+                          "created", (json_int_t)o->created, "model", o->model, "choices", choices,
+                          "usage", usage_json(&usage)));
 }
 
 char *openai_chunk_json(const struct openai_out *o, bool first_chunk, bool usage_only)
@@ -753,11 +779,11 @@ char *openai_chunk_json(const struct openai_out *o, bool first_chunk, bool usage
                 json_object_set_new(delta, "role", json_string("assistant"));
             if (o->text_len > 0 || first_chunk)
                 json_object_set_new(delta, "content", text_json(o->text, o->text_len));
-            choice = json_pack("{s:i,s:o,s:o,s:o}", "index", 0, "delta", delta, "logprobs",
-                               logprobs_json(o), "finish_reason",
+            choice = json_pack("{s:I,s:o,s:o,s:o}", "index", (json_int_t)o->index, "delta", delta,
+                               "logprobs", logprobs_json(o), "finish_reason",
                                finish ? json_string(finish) : json_null());
         } else {
-            choice = json_pack("{s:i,s:o,s:o,s:o}", "index", 0, "text",
+            choice = json_pack("{s:I,s:o,s:o,s:o}", "index", (json_int_t)o->index, "text",
                                text_json(o->text, o->text_len), "logprobs", logprobs_json(o),
                                "finish_reason", finish ? json_string(finish) : json_null());
         }

@@ -5,14 +5,15 @@
  *
  * Decisions (vLLM's where OpenAI is silent): max_tokens defaults to 16 for completions (OpenAI's)
  * and to the gateway's default (--default-max-tokens) for chats; max_completion_tokens is read as
- * max_tokens; n, best_of and echo other than 1/1/false are refused; logprobs (completions: an
- * integer, chats: true) return the sampled token's log-probability only, so top_logprobs above 0
- * and completion logprobs above 1 are refused, and tokens are named by their pieces of the text
- * (the router's TokenUpdate.token_text_ends), or "token_id:N" (vLLM's return_tokens_as_token_ids,
- * or no text); a prompt that is a list of strings
- * is refused (batching is the client's); chat content may be a string or a list of {"type": "text"}
- * parts (joined), other parts are refused. vLLM's extensions top_k, min_p, repetition_penalty,
- * ignore_eos, stop_token_ids, skip_special_tokens, add_special_tokens, chat_template_kwargs and
+ * max_tokens; n (1 to OPENAI_MAX_CHOICES) choices are n requests to the router, choice i with
+ * seed + i when a seed is given (vLLM's); best_of other than n and echo are refused; logprobs
+ * (completions: an integer, chats: true) return the sampled token's log-probability only, so
+ * top_logprobs above 0 and completion logprobs above 1 are refused, and tokens are named by their
+ * pieces of the text (the router's TokenUpdate.token_text_ends), or "token_id:N" (vLLM's
+ * return_tokens_as_token_ids, or no text); a prompt that is a list of strings is refused (batching
+ * is the client's); chat content may be a string or a list of {"type": "text"} parts (joined),
+ * other parts are refused. vLLM's extensions top_k, min_p, repetition_penalty, ignore_eos,
+ * stop_token_ids, skip_special_tokens, add_special_tokens, chat_template_kwargs and
  * add_generation_prompt are read. */
 #ifndef PAGODA_GATEWAY_OPENAI_H
 #define PAGODA_GATEWAY_OPENAI_H
@@ -26,6 +27,8 @@
 #define OPENAI_MAX_STOPS 16u
 #define OPENAI_MAX_STOP_TOKEN_IDS 64u
 #define OPENAI_MAX_MESSAGES 4096u
+/* The most choices (n) a request may ask for: OpenAI's own limit. */
+#define OPENAI_MAX_CHOICES 128
 
 /* The bodies read: completions, chats, and vLLM's /tokenize (a "prompt" string, or "messages"
  * as a chat's, with add_special_tokens, add_generation_prompt, chat_template_kwargs and tools)
@@ -38,6 +41,7 @@ struct openai_request {
     char *model;
     bool stream, include_usage;
     bool tokens_as_ids; /* vLLM's return_tokens_as_token_ids: logprobs name tokens token_id:N */
+    uint32_t n;         /* choices: 1 .. OPENAI_MAX_CHOICES */
     pagoda_generate_params params;
     pagoda_prompt prompt;
     /* Storage the params and prompt borrow. */
@@ -83,9 +87,9 @@ char *openai_error_json(const struct openai_error *err);
 const char *openai_finish_reason(pagoda_finish_reason reason);
 
 /* One response, or one stream chunk, as a malloc'd JSON string. id is "cmpl-..." or
- * "chatcmpl-..."; text the text (whole or the delta); logprobs the sampled tokens' (n of them,
- * NULL for none); usage is included when with_usage. A chat's first chunk carries the role
- * (first_chunk). */
+ * "chatcmpl-..."; index the choice's; text the text (whole or the delta); logprobs the sampled
+ * tokens' (n of them, NULL for none); usage is included when with_usage. A chat's first chunk of
+ * a choice carries the role (first_chunk). */
 struct openai_out {
     const struct openai_request *req;
     const char *id;
@@ -99,6 +103,7 @@ struct openai_out {
      * names the tokens by their text; NULL names them token_id:N. */
     const uint32_t *token_text_ends;
     uint64_t text_offset; /* characters of the output before text (a stream's earlier chunks) */
+    uint32_t index;       /* the choice's */
     size_t n;
     pagoda_finish_reason finish;
     const char *stop_string; /* vLLM's stop_reason */
@@ -107,7 +112,12 @@ struct openai_out {
     bool with_usage;
     uint32_t prompt_tokens, completion_tokens, cached_tokens;
 };
-char *openai_response_json(const struct openai_out *o);
+/* A whole response of n choices, o[i] the choice of index o[i].index; the response's fields
+ * from o[0], its usage openai_usage_sum's. */
+char *openai_response_json(const struct openai_out *o, size_t n);
+/* The usage of n choices into sum: the prompt's tokens (and cached ones) once, the completions'
+ * tokens summed (vLLM's). */
+void openai_usage_sum(struct openai_out *sum, const struct openai_out *o, size_t n);
 /* The characters (code points) of len bytes of UTF-8. */
 uint64_t openai_utf8_chars(const char *s, size_t len);
 char *openai_chunk_json(const struct openai_out *o, bool first_chunk, bool usage_only);

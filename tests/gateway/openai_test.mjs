@@ -95,6 +95,57 @@ check(streamed.usage && streamed.usage.completion_tokens === 24,
 const again = await completion(base);
 check(again.choices[0].text === whole.choices[0].text, 'the same seed gives the same text');
 
+// n choices: choice i is the request with seed + i (vLLM's), streamed as whole; the prompt's
+// tokens counted once, the completions' summed.
+const three = await completion({ ...base, n: 3 });
+finished += 2; // each choice is a request of the router's: /metrics counts three
+const plus1 = await completion({ ...base, seed: base.seed + 1 });
+const plus2 = await completion({ ...base, seed: base.seed + 2 });
+check(three.choices.length === 3 && three.choices.every((c, i) => c.index === i) &&
+      three.choices[0].text === whole.choices[0].text &&
+      three.choices[1].text === plus1.choices[0].text &&
+      three.choices[2].text === plus2.choices[0].text && plus1.choices[0].text !== whole.choices[0].text,
+      'n 3: choice i is seed + i\'s text');
+check(three.usage.prompt_tokens === whole.usage.prompt_tokens &&
+      three.usage.completion_tokens === 72, `n 3: usage ${JSON.stringify(three.usage)}`);
+{
+  const s = await client.completions.create({ model, ...base, n: 3, stream: true,
+                                              stream_options: { include_usage: true } });
+  const texts = ['', '', ''], finishes = [null, null, null];
+  let usage = null, bad = 0;
+  for await (const c of s) {
+    if (c.usage) usage = c.usage;
+    for (const ch of c.choices) {
+      if (!(ch.index >= 0 && ch.index < 3)) { bad++; continue; }
+      texts[ch.index] += ch.text;
+      if (ch.finish_reason) finishes[ch.index] = ch.finish_reason;
+    }
+  }
+  finished += 3;
+  check(bad === 0 && texts.every((t, i) => t === three.choices[i].text) &&
+        finishes.every((f) => f === 'length') && usage && usage.completion_tokens === 72,
+        'n 3 streamed: each index\'s text as whole, one usage chunk of all three');
+}
+{
+  const s = await client.chat.completions.create({
+    model, messages: [{ role: 'user', content: 'Say something.' }], max_tokens: 8, n: 2,
+    temperature: 0.9, seed: 5, stream: true });
+  const roles = [null, null], texts = ['', ''];
+  for await (const c of s)
+    for (const ch of c.choices) {
+      if (ch.delta.role) roles[ch.index] = ch.delta.role;
+      texts[ch.index] += ch.delta.content ?? '';
+    }
+  finished += 2;
+  const w = await chat({ messages: [{ role: 'user', content: 'Say something.' }], max_tokens: 8,
+                         n: 2, temperature: 0.9, seed: 5 });
+  finished++; // chat() counts one of its two
+  check(roles.every((r) => r === 'assistant') && w.choices.length === 2 &&
+        texts.every((t, i) => t === w.choices[i].message.content),
+        'chat n 2 streamed: a role for each index, the texts of the whole answer');
+}
+check(await status(completion({ ...base, n: 129 })) === 400, 'n 129: 400');
+
 // A stop string: the text ends before it.
 const full = whole.choices[0].text;
 const cp = [...full];
@@ -191,8 +242,8 @@ try {
 }
 check(await status(client.completions.create({ model: 'nope', prompt: 'x' })) === 404,
       'an unknown model: 404');
-check(await status(client.completions.create({ model, prompt: 'x', n: 2 })) === 400,
-      'n = 2: 400');
+check(await status(client.completions.create({ model, prompt: 'x', n: 2, best_of: 3 })) === 400,
+      'best_of 3 with n 2: 400');
 check(await status(client.chat.completions.create({ model, messages: [{ role: 'tool',
       content: 'x' }] })) === 400, 'a template error (raise_exception): 400');
 

@@ -101,7 +101,12 @@ static void test_bad_requests_are_400_with_a_reason(void **state)
         {OPENAI_COMPLETION, "{\"prompt\": \"\"}", "empty"},
         {OPENAI_COMPLETION, "{\"prompt\": [\"a\", \"b\"]}", "one per request"},
         {OPENAI_COMPLETION, "{\"prompt\": [1, -2]}", "token 1"},
-        {OPENAI_COMPLETION, "{\"prompt\": \"x\", \"n\": 2}", "'n' must be 1"},
+        {OPENAI_COMPLETION, "{\"prompt\": \"x\", \"n\": 0}", "'n' is 0"},
+        {OPENAI_COMPLETION, "{\"prompt\": \"x\", \"n\": 129}", "[1, 128]"},
+        {OPENAI_COMPLETION, "{\"prompt\": \"x\", \"n\": 2, \"best_of\": 3}",
+         "'best_of' must equal n"},
+        {OPENAI_COMPLETION, "{\"prompt\": \"x\", \"n\": 2, \"best_of\": 1}",
+         "'best_of' must equal n"},
         {OPENAI_COMPLETION, "{\"prompt\": \"x\", \"echo\": true}", "'echo'"},
         {OPENAI_COMPLETION, "{\"prompt\": \"x\", \"temperature\": -1}", "'temperature'"},
         {OPENAI_COMPLETION, "{\"prompt\": \"x\", \"top_p\": 0}", "'top_p'"},
@@ -153,6 +158,12 @@ static void test_bad_requests_are_400_with_a_reason(void **state)
                            &req, &err),
                      0);
     assert_true(req.params.logprobs);
+    assert_int_equal(req.n, 1);
+    openai_request_fini(&req);
+    /* n choices, best_of equal to it */
+    assert_int_equal(
+        parse(OPENAI_COMPLETION, "{\"prompt\": \"x\", \"n\": 3, \"best_of\": 3}", &req, &err), 0);
+    assert_int_equal(req.n, 3);
     openai_request_fini(&req);
     assert_int_equal(parse(OPENAI_CHAT,
                            "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
@@ -190,7 +201,7 @@ static void test_responses_and_chunks_are_openai_json(void **state)
                            .prompt_tokens = 4,
                            .completion_tokens = 2,
                            .cached_tokens = 3};
-    char *s = openai_response_json(&o);
+    char *s = openai_response_json(&o, 1);
     json_t *j = json_loads(s, JSON_ALLOW_NUL, NULL); /* the text holds U+0000 */
     assert_non_null(j);
     assert_string_equal(json_string_value(json_object_get(j, "object")), "chat.completion");
@@ -215,7 +226,7 @@ static void test_responses_and_chunks_are_openai_json(void **state)
     /* With each token's piece of the text: named by it, with its bytes. */
     uint32_t ends[2] = {1, 3};
     o.token_text_ends = ends;
-    s = openai_response_json(&o);
+    s = openai_response_json(&o, 1);
     j = json_loads(s, JSON_ALLOW_NUL, NULL);
     content = json_object_get(
         json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs"), "content");
@@ -242,6 +253,36 @@ static void test_responses_and_chunks_are_openai_json(void **state)
     assert_int_equal(json_array_size(json_object_get(j, "choices")), 0);
     assert_int_equal(
         json_integer_value(json_object_get(json_object_get(j, "usage"), "completion_tokens")), 2);
+    json_decref(j);
+    free(s);
+    /* A chunk names its choice; a response of two choices lists both in order, with the prompt's
+     * tokens once and the completions' summed. */
+    o.index = 1;
+    s = openai_chunk_json(&o, false, false);
+    j = json_loads(s, JSON_ALLOW_NUL, NULL);
+    assert_int_equal(json_integer_value(json_object_get(
+                         json_array_get(json_object_get(j, "choices"), 0), "index")),
+                     1);
+    json_decref(j);
+    free(s);
+    struct openai_out two[2] = {o, o};
+    two[0].index = 0;
+    two[0].finish = PAGODA_FINISH_LENGTH;
+    two[1].completion_tokens = 5;
+    two[1].finish = PAGODA_FINISH_STOP;
+    s = openai_response_json(two, 2);
+    j = json_loads(s, JSON_ALLOW_NUL, NULL);
+    json_t *choices = json_object_get(j, "choices");
+    assert_int_equal(json_array_size(choices), 2);
+    for (size_t i = 0; i < 2; i++)
+        assert_int_equal(json_integer_value(json_object_get(json_array_get(choices, i), "index")),
+                         (json_int_t)i);
+    assert_string_equal(
+        json_string_value(json_object_get(json_array_get(choices, 1), "finish_reason")), "stop");
+    usage = json_object_get(j, "usage");
+    assert_int_equal(json_integer_value(json_object_get(usage, "prompt_tokens")), 4);
+    assert_int_equal(json_integer_value(json_object_get(usage, "completion_tokens")), 7);
+    assert_int_equal(json_integer_value(json_object_get(usage, "total_tokens")), 11);
     json_decref(j);
     free(s);
     openai_request_fini(&req);
@@ -358,7 +399,7 @@ static void test_completion_logprobs_name_pieces(void **state)
     o.text = NULL;
     o.text_len = 0;
     o.text_offset = 0;
-    s = openai_response_json(&o);
+    s = openai_response_json(&o, 1);
     j = json_loads(s, 0, NULL);
     l = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs");
     assert_string_equal(json_string_value(json_array_get(json_object_get(l, "tokens"), 1)), "");
