@@ -392,8 +392,65 @@ static int gather(struct gchoice *c, const pagoda_result *r)
     return pagoda_result_append(&c->whole, r, q->req.params.logprobs);
 }
 
-/* Every choice has finished: the whole answer. */
-static void answer_whole(struct greq *q)
+/* An answer's JSON built on the threadpool, where it is large: a whole answer (res NULL: its
+ * choices, which no call changes once all have finished, and q's reference keeps) or a tokenize
+ * call's (res, its result, owned). */
+struct json_job {
+    uv_work_t work;
+    struct greq *q;
+    pagoda_async_result *res;
+    char *json;
+};
+
+static char *whole_json(const struct greq *q);
+static char *tokenized_json(const struct greq *q, const pagoda_async_result *res);
+
+static void json_work(uv_work_t *w)
+{
+    struct json_job *j = w->data;
+    j->json = j->res != NULL ? tokenized_json(j->q, j->res) : whole_json(j->q);
+}
+
+static void after_json(uv_work_t *w, int status)
+{
+    struct json_job *j = w->data;
+    struct greq *q = j->q;
+    if (status == 0 && !q->g->closing) /* else cancelled, or the gateway is closing */
+        respond_json(q, 200, j->json); /* NULL: out of memory, a 500 */
+    else
+        free(j->json);
+    pagoda_async_result_free(j->res);
+    free(j);
+    greq_unref(q); /* the job's reference */
+}
+
+/* Answers q with 200 and the JSON of its whole answer (res NULL) or of its tokenize call's
+ * result res (taken: *res set to NULL): built here when it is small, of bytes bytes (text, and
+ * GATEWAY_JSON_TOKEN_BYTES a token), else on the threadpool, so that one client's large answer
+ * (a 64 MiB one with log-probabilities, n choices of long outputs, a long text's ids) does not
+ * stall the loop and every other client with it. */
+static void answer_json(struct greq *q, pagoda_async_result **res, size_t bytes)
+{
+    struct json_job *j = NULL;
+    if (bytes > GATEWAY_JSON_INLINE_BYTES && !q->g->closing &&
+        (j = calloc(1, sizeof(*j))) != NULL) {
+        j->q = q;
+        j->work.data = j;
+        j->res = res != NULL ? *res : NULL;
+        q->refs++; /* the job's */
+        if (uv_queue_work(q->g->loop, &j->work, json_work, after_json) == 0) {
+            if (res != NULL)
+                *res = NULL;
+            return;
+        }
+        q->refs--;
+        free(j);
+    }
+    respond_json(q, 200, res != NULL ? tokenized_json(q, *res) : whole_json(q));
+}
+
+/* The JSON of q's whole answer, every choice finished (any thread). */
+static char *whole_json(const struct greq *q)
 {
     struct openai_out outs[OPENAI_MAX_CHOICES];
     for (uint32_t i = 0; i < q->num_choices; i++) {
@@ -408,7 +465,17 @@ static void answer_whole(struct greq *q)
         o->n = c->whole.num_tokens;
         o->with_usage = true;
     }
-    respond_json(q, 200, openai_response_json(outs, q->num_choices));
+    return openai_response_json(outs, q->num_choices);
+}
+
+/* Every choice has finished: the whole answer. */
+static void answer_whole(struct greq *q)
+{
+    size_t bytes = 0;
+    for (uint32_t i = 0; i < q->num_choices; i++)
+        bytes += q->choices[i].whole.text_len +
+                 q->choices[i].whole.num_tokens * GATEWAY_JSON_TOKEN_BYTES;
+    answer_json(q, NULL, bytes);
 }
 
 static void on_poll(struct gchoice *c, pagoda_async_result *res)
@@ -580,21 +647,28 @@ static void parse_work(uv_work_t *w)
         openai_parse(kind, q->body, q->body_len, q->g->cfg.default_max_tokens, &q->req, &q->err);
 }
 
-/* /tokenize's or /detokenize's answer from the router. */
-static void on_tokenized(struct greq *q, pagoda_async_result *res)
+/* The JSON of a /tokenize or /detokenize call's result (any thread). */
+static char *tokenized_json(const struct greq *q, const pagoda_async_result *res)
+{
+    const pagoda_tokenized *t = &res->tokenized;
+    return q->route == ROUTE_TOKENIZE
+               ? openai_tokenize_json(t->token_ids, t->num_token_ids, t->max_model_len)
+               : openai_detokenize_json(t->text, t->text_len);
+}
+
+/* /tokenize's or /detokenize's answer from the router (*res taken when its JSON is built on the
+ * threadpool). */
+static void on_tokenized(struct greq *q, pagoda_async_result **res)
 {
     if (q->http == NULL)
         return;
-    if (res->rc != 0) {
-        respond_code(q, res->rc, res->detail);
+    if ((*res)->rc != 0) {
+        respond_code(q, (*res)->rc, (*res)->detail);
         return;
     }
-    const pagoda_tokenized *t = &res->tokenized;
+    const pagoda_tokenized *t = &(*res)->tokenized;
     q->finished = 1; /* answered: not a disconnect if the client goes now */
-    respond_json(q, 200,
-                 q->route == ROUTE_TOKENIZE
-                     ? openai_tokenize_json(t->token_ids, t->num_token_ids, t->max_model_len)
-                     : openai_detokenize_json(t->text, t->text_len));
+    answer_json(q, res, t->text_len + t->num_token_ids * GATEWAY_JSON_TOKEN_BYTES);
 }
 
 /* ---- the other routes ----------------------------------------------------------------------- */
@@ -644,7 +718,7 @@ static void on_async(uv_async_t *h)
             gateway_metrics_tenants(q, m->res);
             break;
         case CALL_KIND_TOKENIZE:
-            on_tokenized(q, m->res);
+            on_tokenized(q, &m->res);
             break;
         }
         pagoda_async_result_free(m->res);

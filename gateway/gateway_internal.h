@@ -37,6 +37,12 @@ enum call_kind {
     CALL_KIND_TOKENIZE
 };
 
+/* Answers (whole ones, /tokenize's) whose text and tokens, at GATEWAY_JSON_TOKEN_BYTES a token,
+ * pass GATEWAY_JSON_INLINE_BYTES have their JSON built on the threadpool (gateway.c answer_json),
+ * smaller ones on the loop: the loop never spends long on one client. */
+#define GATEWAY_JSON_INLINE_BYTES (64u << 10)
+#define GATEWAY_JSON_TOKEN_BYTES 12u
+
 /* One choice of a generation (OpenAI's n): a request of its own to the router. Its calls hold
  * references on the HTTP request it belongs to (greq). */
 struct gchoice {

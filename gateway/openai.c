@@ -657,55 +657,60 @@ static json_t *logprobs_json(const struct openai_out *o)
 {
     if (o->logprobs == NULL)
         return json_null();
-    const bool pieces = o->token_text_ends != NULL;
+    const bool pieces = o->token_text_ends != NULL, chat = o->req->kind == OPENAI_CHAT;
     const char *text = o->text ? o->text : ""; /* a whole answer without text has none */
     const size_t text_len = o->text ? o->text_len : 0;
-    json_t *tokens = json_array(), *lps = json_array(), *content = json_array();
-    json_t *offsets = json_array();
+    /* a chat's content, or a completion's four arrays: only what the answer has is built */
+    json_t *content = NULL, *tokens = NULL, *lps = NULL, *offsets = NULL;
+    if (chat) {
+        content = json_array();
+    } else {
+        tokens = json_array();
+        lps = json_array();
+        offsets = json_array();
+    }
     uint64_t chars = o->text_offset;
     size_t start = 0;
     for (size_t i = 0; i < o->n; i++) {
         double lp = isfinite(o->logprobs[i]) ? o->logprobs[i] : -9999.0;
-        json_t *name = NULL, *bytes = NULL;
+        json_t *name = NULL;
+        size_t end = start;
         if (pieces) {
-            size_t end = o->token_text_ends[i];
+            end = o->token_text_ends[i];
             if (end > text_len)
                 end = text_len;
             if (end < start)
                 end = start;
-            name = json_stringn(text + start, end - start);
-            bytes = json_array();
-            for (size_t k = start; k < end; k++)
-                json_array_append_new(bytes, json_integer((unsigned char)text[k]));
-            json_array_append_new(offsets, json_integer((json_int_t)chars));
-            chars += openai_utf8_chars(text + start, end - start);
-            start = end;
-        } else {
-            json_array_append_new(offsets, json_integer((json_int_t)chars)); /* no text: all at 0 */
+            if (!o->req->tokens_as_ids)
+                name = json_stringn(text + start, end - start);
         }
-        if (name == NULL || o->req->tokens_as_ids) {
-            /* by id, its bytes those of the name (as vLLM's) */
-            char id[32];
+        const char *bytes_of = text + start; /* the name's bytes, for a chat */
+        size_t num_bytes = end - start;
+        char id[32];
+        if (name == NULL) { /* by id, its bytes those of the name (as vLLM's) */
             int len = snprintf(id, sizeof(id), "token_id:%d", o->token_ids[i]);
-            json_decref(name);
             name = json_string(id);
-            json_decref(bytes);
-            bytes = json_array();
-            for (int k = 0; k < len; k++)
-                json_array_append_new(bytes, json_integer((unsigned char)id[k]));
+            bytes_of = id;
+            num_bytes = (size_t)len;
         }
-        json_array_append(tokens, name);
-        json_array_append_new(lps, json_real(lp));
-        json_array_append_new(content, json_pack("{s:o,s:f,s:o,s:[]}", "token", name, "logprob", lp,
-                                                 "bytes", bytes, "top_logprobs"));
+        if (chat) {
+            json_t *bytes = json_array();
+            for (size_t k = 0; k < num_bytes; k++)
+                json_array_append_new(bytes, json_integer((unsigned char)bytes_of[k]));
+            json_array_append_new(content, json_pack("{s:o,s:f,s:o,s:[]}", "token", name, "logprob",
+                                                     lp, "bytes", bytes, "top_logprobs"));
+        } else {
+            json_array_append_new(tokens, name);
+            json_array_append_new(lps, json_real(lp));
+            /* without text, every offset is the output's start */
+            json_array_append_new(offsets, json_integer((json_int_t)chars));
+        }
+        if (pieces)
+            chars += openai_utf8_chars(text + start, end - start);
+        start = end;
     }
-    if (o->req->kind == OPENAI_CHAT) {
-        json_decref(tokens);
-        json_decref(lps);
-        json_decref(offsets);
+    if (chat)
         return json_pack("{s:o}", "content", content);
-    }
-    json_decref(content);
     return json_pack("{s:o,s:o,s:n,s:o}", "tokens", tokens, "token_logprobs", lps, "top_logprobs",
                      "text_offset", offsets);
 }

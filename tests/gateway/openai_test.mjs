@@ -145,6 +145,14 @@ check(three.usage.prompt_tokens === whole.usage.prompt_tokens &&
         'chat n 2 streamed: a role for each index, the texts of the whole answer');
 }
 check(await status(completion({ ...base, n: 129 })) === 400, 'n 129: 400');
+// A whole answer past 64 KiB of text and tokens (its JSON built off the gateway's loop): the same
+// as one built on it.
+const big = await completion({ ...base, n: 3, max_tokens: 2000 });
+finished += 2;
+const big0 = await completion({ ...base, max_tokens: 2000 });
+check(big.usage.completion_tokens === 6000 && big.choices[0].text === big0.choices[0].text &&
+      big.choices[0].text.length > 2000, `n 3 of 2000 tokens: ${big.choices.map((c) =>
+        c.text.length).join(', ')} characters, choice 0 as alone`);
 
 // A stop string: the text ends before it.
 const full = whole.choices[0].text;
@@ -219,6 +227,13 @@ check(es === 200 && ej.count === 1, `/tokenize of an empty prompt: its BOS (${JS
 const [cs2, cj] = await post('/tokenize', { model, messages });
 check(cs2 === 200 && cj.count === cw.usage.prompt_tokens,
       `/tokenize of a chat: ${cj.count} ids, the chat's ${cw.usage.prompt_tokens} prompt tokens`);
+// A long text (its ids' JSON past 64 KiB, built off the gateway's loop) and back.
+const longText = Array.from({ length: 2500 }, (_, i) => `w${i % 97}`).join(' ');
+const [ls, lj] = await post('/tokenize', { model, prompt: longText });
+const [lds, ldj] = ls === 200 ? await post('/detokenize', { model, tokens: lj.tokens.slice(1) })
+  : [0, {}];
+check(ls === 200 && lj.count === lj.tokens.length && lj.count > 5000 && lds === 200 &&
+      ldj.prompt === longText, `/tokenize of ${longText.length} bytes: ${lj.count} ids, and back`);
 const [bs] = await post('/detokenize', { model, tokens: ['x'] });
 const getTok = await fetch(`${root}/tokenize`);
 check(bs === 400 && getTok.status === 405, `/detokenize of a non-id: ${bs}; GET /tokenize: ${getTok.status}`);
