@@ -19,8 +19,14 @@
 #include <time.h>
 
 /* The most bytes of text and tokens a non-streamed answer gathers (a larger one ends with an
- * error): max_tokens bounds it first in practice. */
+ * error): max_tokens bounds it first in practice. A request of several choices (n) is refused
+ * at once where n x max_tokens tokens, at GATEWAY_JSON_TOKEN_BYTES each (GATEWAY_LOGPROB_BYTES
+ * with log-probabilities, what their JSON costs to build), would pass it: it would end with this
+ * error after its work. */
 #define GATEWAY_MAX_ANSWER_BYTES (64u << 20)
+#define GATEWAY_LOGPROB_BYTES 256u
+/* The most bytes of Submits one request's choices send together: n copies of its prompt. */
+#define GATEWAY_MAX_CHOICES_BYTES (64u << 20)
 
 void gateway_config_default(struct gateway_config *cfg)
 {
@@ -153,11 +159,11 @@ static void respond_json(struct greq *q, int status, char *json)
 
 static void respond_error(struct greq *q, const struct openai_error *err)
 {
+    if (q->http == NULL)
+        return; /* answered already (another choice's error), or the client is gone */
     gateway_metrics_error(q->g, err->status);
     if (q->streaming) {
         /* The status line is gone: the error is the stream's last event. */
-        if (q->http == NULL)
-            return;
         int rc = stream_write_json(q, openai_error_json(err));
         if (rc == 0 && (rc = http_stream_write(q->http, "data: [DONE]\n\n", 14)) == 0)
             rc = http_stream_end(q->http);
@@ -545,6 +551,10 @@ static void on_submitted(struct gchoice *c, pagoda_async_result *res)
 {
     struct greq *q = c->q;
     if (res->rc != 0) {
+        /* Without an answer the router may have taken it: cancelled with the others, by its id
+         * (a cancel of an id the router does not have changes nothing). */
+        if (res->rc == PAGODA_ETIMEDOUT || res->rc == PAGODA_EIO || res->rc == PAGODA_ECLOSED)
+            c->submitted = 1;
         fail(q, res->rc, res->detail); /* the first refusal answers; the others find it gone */
         return;
     }
@@ -584,6 +594,39 @@ static void submit_choices(struct greq *q)
     }
 }
 
+/* Whether a request of several choices is refused before it is sent (answered here): more
+ * choices than --max-requests (400: it could never run), a whole answer that n x max_tokens
+ * would take past GATEWAY_MAX_ANSWER_BYTES, or n copies of its body past
+ * GATEWAY_MAX_CHOICES_BYTES. */
+static int choices_refused(struct greq *q)
+{
+    const struct gateway *g = q->g;
+    const uint64_t n = q->req.n;
+    struct openai_error err = {.status = 400, .type = "invalid_request_error"};
+    const uint64_t per_token =
+        q->req.params.logprobs ? GATEWAY_LOGPROB_BYTES : GATEWAY_JSON_TOKEN_BYTES;
+    if (n > g->cfg.max_requests)
+        snprintf(err.message, sizeof(err.message),
+                 "%u choices pass the gateway's limit of %u requests in progress", (unsigned)n,
+                 g->cfg.max_requests);
+    else if (!q->req.stream &&
+             n * (uint64_t)q->req.params.max_tokens * per_token > GATEWAY_MAX_ANSWER_BYTES)
+        snprintf(err.message, sizeof(err.message),
+                 "%u choices of up to %d tokens%s pass what a whole answer holds (%u MiB at %u "
+                 "bytes a token): ask for fewer, or stream them",
+                 (unsigned)n, (int)q->req.params.max_tokens,
+                 q->req.params.logprobs ? " with log-probabilities" : "",
+                 GATEWAY_MAX_ANSWER_BYTES >> 20, (unsigned)per_token);
+    else if (n * q->body_bytes > GATEWAY_MAX_CHOICES_BYTES)
+        snprintf(err.message, sizeof(err.message),
+                 "%u choices send %u copies of a %zu-byte request, past the gateway's %u MiB",
+                 (unsigned)n, (unsigned)n, (size_t)q->body_bytes, GATEWAY_MAX_CHOICES_BYTES >> 20);
+    else
+        return 0;
+    respond_error(q, &err);
+    return 1;
+}
+
 /* The loop: the parse job ended. */
 static void after_parse(uv_work_t *w, int status)
 {
@@ -593,6 +636,7 @@ static void after_parse(uv_work_t *w, int status)
     g->parse_bytes -= q->body_len;
     free(q->body);
     q->body = NULL;
+    q->body_bytes = q->body_len;
     q->body_len = 0;
     if (q->http == NULL || status != 0 || g->closing) {
         greq_unref(q); /* the job's reference */
@@ -618,6 +662,8 @@ static void after_parse(uv_work_t *w, int status)
         openai_request_release_prompt(&q->req); /* serialised by the call */
         if (rc != 0)
             respond_code(q, rc, pagoda_error_detail());
+    } else if (q->req.n > 1 && choices_refused(q)) {
+        /* refused */
     } else if (q->req.n > 1 && g->num_generations + (q->req.n - 1) > g->cfg.max_requests) {
         /* n choices count as n requests: the one counted on arrival, and the others now */
         struct openai_error err = {.status = 429, .type = "rate_limit_error"};

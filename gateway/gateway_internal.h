@@ -71,6 +71,7 @@ struct greq {
     char *api_key;
     char *body;
     size_t body_len;
+    size_t body_bytes; /* body_len, kept once the body is parsed and freed */
     uv_work_t work;
     int parse_rc;
     struct openai_request req;

@@ -268,7 +268,8 @@ static void render(struct greq *q, const pagoda_async_result *res, const pagoda_
     metrics_sample(&b, &l4, 1, (double)f->errors_4xx);
     metrics_sample(&b, &l5, 1, (double)f->errors_5xx);
     gauge(&b, "pagoda_gateway_requests_in_progress",
-          "Generation requests the gateway is serving now.", (double)g->num_generations);
+          "Generation requests the gateway is serving now (a request of n choices counts n).",
+          (double)g->num_generations);
     gauge(&b, "pagoda_http_connections", "HTTP connections open now.",
           g->http ? (double)http_server_connections(g->http) : 0.0);
     gauge(&b, "pagoda_http_write_bytes",

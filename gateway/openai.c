@@ -207,7 +207,7 @@ static int read_common(struct openai_request *req, struct openai_error *err)
         p->strict_max_tokens = 1; /* given: refused past the context (the default fits) */
     }
     /* n choices, each a request of its own to the router (the prompt's cache shared); best_of,
-     * which vLLM no longer takes, only where it asks for no more than n. */
+     * which vLLM no longer takes, only equal to n. */
     n = 1;
     if (integer(root, "n", 1, OPENAI_MAX_CHOICES, &n, err))
         return -1;
@@ -749,10 +749,13 @@ static json_t *response_choice(const struct openai_out *o)
 void openai_usage_sum(struct openai_out *sum, const struct openai_out *o, size_t n)
 {
     sum->prompt_tokens = n > 0 ? o[0].prompt_tokens : 0;
-    sum->cached_tokens = n > 0 ? o[0].cached_tokens : 0;
+    sum->cached_tokens = 0;
     sum->completion_tokens = 0;
-    for (size_t i = 0; i < n; i++)
+    for (size_t i = 0; i < n; i++) {
         sum->completion_tokens += o[i].completion_tokens;
+        if (o[i].cached_tokens > sum->cached_tokens)
+            sum->cached_tokens = o[i].cached_tokens;
+    }
 }
 
 char *openai_response_json(const struct openai_out *o, size_t n)

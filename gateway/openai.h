@@ -115,8 +115,9 @@ struct openai_out {
 /* A whole response of n choices, o[i] the choice of index o[i].index; the response's fields
  * from o[0], its usage openai_usage_sum's. */
 char *openai_response_json(const struct openai_out *o, size_t n);
-/* The usage of n choices into sum: the prompt's tokens (and cached ones) once, the completions'
- * tokens summed (vLLM's). */
+/* The usage of n choices into sum: the prompt's tokens once, the completions' tokens summed
+ * (vLLM's), the cached tokens the most any choice had (which choice computed the prompt and
+ * which found it cached is the scheduler's order). */
 void openai_usage_sum(struct openai_out *sum, const struct openai_out *o, size_t n);
 /* The characters (code points) of len bytes of UTF-8. */
 uint64_t openai_utf8_chars(const char *s, size_t len);

@@ -145,6 +145,16 @@ check(three.usage.prompt_tokens === whole.usage.prompt_tokens &&
         'chat n 2 streamed: a role for each index, the texts of the whole answer');
 }
 check(await status(completion({ ...base, n: 129 })) === 400, 'n 129: 400');
+// Choices whose whole answer could not hold n x max_tokens tokens (256 bytes a token with
+// log-probabilities: 64 MiB) are refused before any work; streamed, they are not.
+{
+  let st = 0, msg = '';
+  try { await completion({ ...base, n: 128, max_tokens: 3000, logprobs: 1 }); } catch (e) {
+    st = e.status; msg = e.message;
+  }
+  check(st === 400 && /whole answer holds/.test(msg),
+        `n 128 of 3000 tokens with logprobs, whole: ${st} (${msg})`);
+}
 // A whole answer past 64 KiB of text and tokens (its JSON built off the gateway's loop): the same
 // as one built on it.
 const big = await completion({ ...base, n: 3, max_tokens: 2000 });

@@ -269,6 +269,7 @@ static void test_responses_and_chunks_are_openai_json(void **state)
     two[0].index = 0;
     two[0].finish = PAGODA_FINISH_LENGTH;
     two[1].completion_tokens = 5;
+    two[1].cached_tokens = 4; /* the most any choice found cached */
     two[1].finish = PAGODA_FINISH_STOP;
     s = openai_response_json(two, 2);
     j = json_loads(s, JSON_ALLOW_NUL, NULL);
@@ -283,6 +284,9 @@ static void test_responses_and_chunks_are_openai_json(void **state)
     assert_int_equal(json_integer_value(json_object_get(usage, "prompt_tokens")), 4);
     assert_int_equal(json_integer_value(json_object_get(usage, "completion_tokens")), 7);
     assert_int_equal(json_integer_value(json_object_get(usage, "total_tokens")), 11);
+    assert_int_equal(json_integer_value(json_object_get(
+                         json_object_get(usage, "prompt_tokens_details"), "cached_tokens")),
+                     4);
     json_decref(j);
     free(s);
     openai_request_fini(&req);
