@@ -178,24 +178,24 @@ struct result {
  * to CUDA_BACKEND_GEMV_MAX_ROWS rows: worker/cuda_backend.h); the defaults with the decode
  * attention waiting before it requests any K/V (cuda_backend_options.decode_early_kv 0); the
  * defaults with the decode attention's copies of 4 and of 16 rows at every batch size
- * (cuda_backend_options.decode_copy_rows); the defaults with cuBLASLt on the linears no GEMV
- * takes up to 256 rows (cuda_backend_options.lt_max_rows); the defaults
- * with the streaming GEMV on QKV and O up to CUDA_GEMV_MAX_ROWS rows; the defaults with
- * cuda_gemv_row on the linears of one row (cuda_backend_options.gemv_row 1), and with the
- * RMSNorms inside it too (gemv_row_norm 1); the defaults without cuda_gemv_row (norow); the
- * defaults with cuBLASLt on QKV and O only (lt_qo) and on O only (lt_o), up to 256 rows; the
- * defaults without O and down adding into the residual inside their GEMMs
- * (cuda_backend_options.residual_gemm_max_rows 0: noracc) and without programmatic dependent
- * launch (nopdl); the defaults with the streaming GEMV on O alone (QKV through cuBLAS at every
- * size, so that at 1 to 8 rows QKV differs from the defaults too) up to CUDA_GEMV_MAX_ROWS rows
- * (o_gemvs16: behind the decode attention, whose tail it overlaps); the defaults with O and
- * down adding into the residual whole, not cut into split_parts slices (nosplit); the defaults
- * with RoPE and the cache write as a kernel of their own, not inside the decode attention
- * (rope_apart), and with them inside it at every size (rope_in); the defaults without the late
- * trigger into cuBLAS (cuda_backend_options.pdl_late_max_rows 0: nolate); the defaults
- * without kernels/cuda/linear_tma's GEMM on the layers' linears at 2 to 16 rows
- * (notma), with its tiles forced (tma64, tma128), with gate/up and SiLU-mul as two kernels
- * (tma_unfused). */
+ * (cuda_backend_options.decode_copy_rows); the defaults with the decode attention's CTAs of 8
+ * and of 4 warps at every batch size (warps8, warps4: cuda_backend_options.decode_warps); the
+ * defaults with cuBLASLt on the linears no GEMV takes up to 256 rows
+ * (cuda_backend_options.lt_max_rows); the defaults with the streaming GEMV on QKV and O up to
+ * CUDA_GEMV_MAX_ROWS rows; the defaults with cuda_gemv_row on the linears of one row
+ * (cuda_backend_options.gemv_row 1), and with the RMSNorms inside it too (gemv_row_norm 1); the
+ * defaults without cuda_gemv_row (norow); the defaults with cuBLASLt on QKV and O only (lt_qo) and
+ * on O only (lt_o), up to 256 rows; the defaults without O and down adding into the residual inside
+ * their GEMMs (cuda_backend_options.residual_gemm_max_rows 0: noracc) and without programmatic
+ * dependent launch (nopdl); the defaults with the streaming GEMV on O alone (QKV through cuBLAS at
+ * every size, so that at 1 to 8 rows QKV differs from the defaults too) up to CUDA_GEMV_MAX_ROWS
+ * rows (o_gemvs16: behind the decode attention, whose tail it overlaps); the defaults with O and
+ * down adding into the residual whole, not cut into split_parts slices (nosplit); the defaults with
+ * RoPE and the cache write as a kernel of their own, not inside the decode attention (rope_apart),
+ * and with them inside it at every size (rope_in); the defaults without the late trigger into
+ * cuBLAS (cuda_backend_options.pdl_late_max_rows 0: nolate); the defaults without
+ * kernels/cuda/linear_tma's GEMM on the layers' linears at 2 to 16 rows (notma), with its tiles
+ * forced (tma64, tma128), with gate/up and SiLU-mul as two kernels (tma_unfused). */
 struct version {
     const char *name;
     int ref, baseline, gemv_max_rows, graphs, pdl;
@@ -204,6 +204,7 @@ struct version {
     int64_t max_weight;   /* the gemv on weights of up to this many elements */
     int no_early_kv;      /* 1: cuda_backend_options.decode_early_kv 0 (the defaults otherwise) */
     int copy_rows;        /* cuda_backend_options.decode_copy_rows (the defaults otherwise) */
+    int warps;            /* cuda_backend_options.decode_warps (the defaults otherwise) */
     int lt_rows;          /* cuda_backend_options.lt_max_rows: 0 the default's */
     int64_t lt_weight;    /* cuda_backend_options.lt_max_weight: 0 the default's */
     int no_residual_gemm; /* 1: cuda_backend_options.residual_gemm_max_rows 0 */
@@ -224,7 +225,7 @@ struct version {
 #define kQKV ((int64_t)6144 * 4096)
 #define kEvery INT64_MAX
 #define kDown ((int64_t)14336 * 4096)
-#define kVersions 45
+#define kVersions 47
 static const struct version versions[kVersions] = {
     {.name = "baseline", .baseline = 1},
     {.name = "cublas"},
@@ -291,6 +292,8 @@ static const struct version versions[kVersions] = {
     {.name = "copy4", .ref = 3, .defaults = 1, .copy_rows = 4},
     {.name = "copy16", .ref = 3, .defaults = 1, .copy_rows = 16},
     {.name = "copy8", .ref = 3, .defaults = 1, .copy_rows = 8},
+    {.name = "warps8", .ref = 3, .defaults = 1, .warps = 8},
+    {.name = "warps4", .ref = 3, .defaults = 1, .warps = 4},
     /* (lt, qo16, lt_qo, lt_o and o_gemvs16 measure cuBLASLt and the GEMVs at 2 to 16 rows too,
      * which linear_tma takes by default since the twenty-fifth session: they run without it, to
      * be read against notma) */
@@ -377,6 +380,8 @@ static void run_version(const struct model_config *c, const struct kv_geometry *
         o.decode_early_kv = 0;
     if (versions[version].copy_rows != 0)
         o.decode_copy_rows = versions[version].copy_rows;
+    if (versions[version].warps != 0)
+        o.decode_warps = versions[version].warps;
     if (versions[version].lt_rows != 0)
         o.lt_max_rows = versions[version].lt_rows;
     o.lt_max_weight = versions[version].lt_weight;

@@ -10,10 +10,12 @@
  * (the layout is the same, but where it lands physically depends on what the process allocated
  * and freed before: bench/RESULTS.md measured both). --copy-rows sets the rows of the decode
  * kernel's copies (cuda_attention_set_decode_copy_rows; 0, the default, lets the plan choose),
- * --split the decode split-KV partition in keys (cuda_attention_set_decode_split; 0, the default,
- * lets the plan's cost model choose), --early-kv the decode kernel's K/V requested before its PDL
- * wait, as the worker runs it (cuda_attention_set_early_kv; off by default), --lt-algos N how
- * many of cuBLASLt's heuristic algorithms the linears time (default 8, at most 64) and
+ * --decode-warps 4|8 the decode kernel's warps a CTA (cuda_attention_set_decode_warps; by
+ * default the plan chooses), --split the decode split-KV partition in keys
+ * (cuda_attention_set_decode_split; 0, the default, lets the plan's cost model choose), --early-kv
+ * the decode kernel's K/V requested before its PDL wait, as the worker runs it
+ * (cuda_attention_set_early_kv; off by default), --lt-algos N how many of cuBLASLt's heuristic
+ * algorithms the linears time (default 8, at most 64) and
  * --lt-sm-target N the SM count the heuristic is asked to plan for
  * (CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET; unset by default).
  * Cases: paged decode attention (batch x context, head dim 64 and 128, block sizes 8 to 64,
@@ -77,6 +79,7 @@ static const char *filter;   /* comma-separated substrings, or NULL for every ca
 static bool pool_vmm = true; /* --pool: the attention pools by kv_cuda_pool_create */
 static int copy_rows;        /* --copy-rows: cuda_attention_set_decode_copy_rows */
 static int decode_split;     /* --split: cuda_attention_set_decode_split */
+static int decode_warps;     /* --decode-warps: cuda_attention_set_decode_warps */
 static int early_kv;         /* --early-kv: cuda_attention_set_early_kv, as the worker */
 
 /* True when the case name passes --filter. */
@@ -280,6 +283,7 @@ static void bench_attention(const struct attn_case *c)
     PK(cuda_attention_plan_new(&ac, &r.plan));
     cuda_attention_set_decode_copy_rows(r.plan, copy_rows);
     cuda_attention_set_decode_split(r.plan, decode_split);
+    cuda_attention_set_decode_warps(r.plan, decode_warps);
     cuda_attention_set_early_kv(r.plan, early_kv);
     struct attention_batch b = {c->batch, num_tokens, query_start, context_len, tables, nb};
     cudaGraph_t graph = NULL;
@@ -855,6 +859,9 @@ int main(int argc, char **argv)
         } else if (strcmp(argv[i], "--split") == 0 && i + 1 < argc && atoi(argv[i + 1]) >= 0 &&
                    atoi(argv[i + 1]) % 64 == 0) {
             decode_split = atoi(argv[++i]);
+        } else if (strcmp(argv[i], "--decode-warps") == 0 && i + 1 < argc &&
+                   (strcmp(argv[i + 1], "4") == 0 || strcmp(argv[i + 1], "8") == 0)) {
+            decode_warps = atoi(argv[++i]);
         } else if (strcmp(argv[i], "--early-kv") == 0) {
             early_kv = 1;
         } else if (strcmp(argv[i], "--lt-algos") == 0 && i + 1 < argc && atoi(argv[i + 1]) >= 1 &&
@@ -864,9 +871,10 @@ int main(int argc, char **argv)
                    atoi(argv[i + 1]) >= 1 && atoi(argv[i + 1]) <= 1024) {
             lt_sm_target = atoi(argv[++i]);
         } else {
-            fprintf(stderr, "usage: kernel_bench [--json FILE] [--quick] [--filter SUB[,SUB]] "
-                            "[--pool vmm|malloc] [--copy-rows 0|4|8|16] [--split KEYS] "
-                            "[--early-kv] [--lt-algos N] [--lt-sm-target N]\n");
+            fprintf(stderr,
+                    "usage: kernel_bench [--json FILE] [--quick] [--filter SUB[,SUB]] "
+                    "[--pool vmm|malloc] [--copy-rows 0|4|8|16] [--split KEYS] "
+                    "[--decode-warps 4|8] [--early-kv] [--lt-algos N] [--lt-sm-target N]\n");
             return 2;
         }
     }

@@ -179,6 +179,10 @@ struct cuda_backend_options {
      * per step; 4, 8 or 16 force it (kernels/cuda/attention.h
      * cuda_attention_set_decode_copy_rows), for benchmarks. */
     int decode_copy_rows;
+    /* 0 (the default): the decode attention's plan chooses its CTAs' warps per step (8 from 2 to
+     * 16 sequences, else 4); 4 or 8 force them (kernels/cuda/attention.h
+     * cuda_attention_set_decode_warps), for benchmarks. */
+    int decode_warps;
     /* 0 (the default): the decode attention's plan cuts contexts into split-KV partitions as its
      * cost model finds fastest; a multiple of 64 keys forces that partition (kernels/cuda/
      * attention.h cuda_attention_set_decode_split), for benchmarks. */

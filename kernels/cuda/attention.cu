@@ -23,11 +23,12 @@
 namespace
 {
 
-/* Decode: one CTA of 128 threads (4 warps) per (decode partition, KV head, chunk of at most
+/* Decode: one CTA of kDecodeWarps (4) warps, or of kDecodeWideWarps (8; tiles of twice the
+ * keys, cuda_attention_set_decode_warps), per (decode partition, KV head, chunk of at most
  * kDecodeHeadsMax query heads of that KV head), so that each K/V byte is read once for all the
  * query heads that use it. */
-constexpr int kDecodeThreads = 128;
-constexpr int kDecodeWarps = kDecodeThreads / 32;
+constexpr int kDecodeWarps = 4;
+constexpr int kDecodeWideWarps = 8;
 constexpr int kDecodeHeadsMax = 8;
 
 /* Prefill: one CTA of 128 threads (4 warps of 32 rows) per (tile of query rows, KV head); a row
@@ -184,14 +185,16 @@ template <int HD> __device__ __forceinline__ int swz(int r, int c)
  * and 32 sequences' step 1.2% slower; at 64 they tie. */
 constexpr int32_t kDecodeWideCopySeqs = 64;
 
-/* The decode kernel's geometry for head dimension HD and copies of G rows: tiles of 64 keys. In
+/* The decode kernel's geometry for head dimension HD, copies of G rows and W warps: tiles of
+ * 16 W keys (64, or 128 with 8 warps: warps 4 .. 7 lay out the second 64 as 0 .. 3 the first). In
  * shared memory the K (and V) rows of a tile are groups of G consecutive keys, each group followed
  * by 16 bytes of padding, so that one bulk copy moves a group (G consecutive slots of a block
  * are contiguous in the pool) and, for G = 4 and 8, the 8 rows an ldmatrix reads, one from each
  * of 8 groups, fall in 8 different bank groups. Warp w's n-tile nt (8 keys) holds, in column j,
- * key key(j, w, nt) of the tile. The pipeline is 3 stages deep at head dim 128 (97.5 KiB) and 4
- * at 64 (66 KiB). With G = 16 the 8 rows an ldmatrix reads lie two in each of 4 groups: two-way
- * bank conflicts, which the larger copies more than pay for where they are used.
+ * key key(j, w, nt) of the tile. The pipeline is 3 stages deep at head dim 128 (97.5 KiB; 195
+ * with 8 warps) and 4 at 64 (66 KiB; 130). With G = 16 the 8 rows an ldmatrix reads lie two in each
+ * of 4 groups: two-way bank conflicts, which the larger copies more than pay for where they are
+ * used.
  *
  * (A producer warp issuing the copies, consumers giving stages back on `empty` mbarriers, was
  * main from 7c8d6a5 to the fifteenth session: 3% faster at 8 to 64 sequences, but a model's
@@ -201,26 +204,32 @@ constexpr int32_t kDecodeWideCopySeqs = 64;
  * wait; q is now read with __ldcg below. tests/gpu/RESULTS.md, fifteenth session.)
  * (3 CTAs an SM, __launch_bounds__(128, 3) with 2 stages at head dim 128, was measured in the
  * eighteenth session: slower from 8 sequences up, 21% at 32; bench/RESULTS.md.) */
-template <int HD, int G_> struct decode_geom {
-    static constexpr int T = 64;
+template <int HD, int G_, int W_> struct decode_geom {
+    static constexpr int W = W_; /* warps */
+    static constexpr int THREADS = 32 * W;
+    static constexpr int T = 16 * W;
     static constexpr int G = G_;
+    static_assert(W == kDecodeWarps || W == kDecodeWideWarps, "decode warps");
     static_assert(G == 4 || G == 8 || G == 16, "decode copy rows");
     static constexpr int STAGES = HD == 128 ? 3 : 4;
     static constexpr int GROUP = G * HD + 8; /* elements per group of rows, padding included */
     static constexpr int STAGE_ELEMS = 2 * (T / G) * GROUP;
     static constexpr size_t bars = (size_t)STAGES * STAGE_ELEMS * sizeof(uint16_t);
     static constexpr size_t smem = bars + STAGES * sizeof(uint64_t);
-    static_assert(kSplitAlign % T == 0 && T == 16 * kDecodeWarps, "tile shape");
-    static_assert(2 * T == kDecodeThreads, "one row copy per thread and tile");
+    static_assert(T == 16 * W && kSplitAlign == 16 * kDecodeWarps,
+                  "tile shape: partitions of whole tiles");
+    static_assert(2 * T == THREADS, "one row copy per thread and tile");
     /* The element offset of key row r (0 .. T - 1) in a K or V tile. */
     static __device__ __forceinline__ int row(int r)
     {
         return (r / G) * GROUP + (r % G) * HD;
     }
-    /* The key of column j (0 .. 7) of warp w's n-tile nt (0, 1): 8 columns in 8 groups. */
+    /* The key of column j (0 .. 7) of warp w's n-tile nt (0, 1): 8 columns in 8 groups; warps
+     * 4 .. 7 of a wide CTA take the second 64 keys of its tile as warps 0 .. 3 take the first. */
     static __device__ __forceinline__ int key(int j, int w, int nt)
     {
-        return G == 4 ? 4 * (nt * 8 + j) + w : 8 * j + 2 * w + nt;
+        const int u = W > 4 ? w & 3 : w, half = W > 4 ? 64 * (w >> 2) : 0;
+        return (G == 4 ? 4 * (nt * 8 + j) + u : 8 * j + 2 * u + nt) + half;
     }
 };
 
@@ -230,7 +239,7 @@ template <int HD, int G_> struct decode_geom {
  * L2) and writes out each head's output, every partition's normalised output weighted by its
  * share of the exp mass, exp(lse_p - max lse). It also sets the counter back to 0 for the next
  * run. */
-template <int HD>
+template <int HD, int THREADS>
 __device__ __forceinline__ void merge_if_last(const attn_args &a, int32_t merge, int32_t chunk,
                                               int32_t kh, int32_t h0, int32_t gc, int32_t token)
 {
@@ -254,7 +263,7 @@ __device__ __forceinline__ void merge_if_last(const attn_args &a, int32_t merge,
      * are in flight together: an online merge of the partitions' exp masses. */
     constexpr int Q = HD / 4; /* float4 columns of a head */
     constexpr int B = kMergeBatch;
-    for (int idx = tid; idx < gc * Q; idx += kDecodeThreads) {
+    for (int idx = tid; idx < gc * Q; idx += THREADS) {
         const int g = idx / Q, col = idx % Q;
         const int32_t h = h0 + g;
         float mx = -INFINITY, total = 0.0f;
@@ -324,7 +333,7 @@ template <int HD>
 __device__ __forceinline__ void newest_kv_load(const attn_args &a, int32_t token, int32_t kh,
                                                newest_kv &n)
 {
-    static_assert(kDecodeThreads >= HD, "a V element a thread");
+    static_assert(kDecodeWarps * 32 >= HD, "a V element a thread");
     if (n.base < 0)
         return;
     const uint16_t *row = a.q + (int64_t)token * a.q_row_stride;
@@ -368,11 +377,11 @@ __device__ __forceinline__ void newest_kv_store(const attn_args &a, const newest
  * A operand. The warps merge through shared memory at the end. A partition that is the whole
  * context writes bf16 out, otherwise the normalised f32 output and its log-sum-exp for the merge
  * kernel. */
-template <int HD, int G_>
-__global__ void __launch_bounds__(kDecodeThreads) decode_kernel(attn_args a)
+template <int HD, int G_, int W_>
+__global__ void __launch_bounds__(32 * W_) decode_kernel(attn_args a)
 {
-    using D = decode_geom<HD, G_>;
-    constexpr int T = D::T, S = D::STAGES;
+    using D = decode_geom<HD, G_, W_>;
+    constexpr int T = D::T, S = D::STAGES, W = D::W, THREADS = D::THREADS;
     extern __shared__ __align__(16) unsigned char smem[];
     uint16_t *tiles = reinterpret_cast<uint16_t *>(smem); /* [stage][K, V][T / G][GROUP] */
     uint64_t *full = reinterpret_cast<uint64_t *>(smem + D::bars);
@@ -426,7 +435,7 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(attn_args a)
     __shared__ float rope_cs[HD];
     if (a.rope) {
         const float pos = (float)__ldg(a.rope_pos + token);
-        for (int i = tid; i < HD / 2; i += kDecodeThreads) {
+        for (int i = tid; i < HD / 2; i += THREADS) {
             rope_cos_sin(pos, __ldg(a.rope_inv_freq + i), rope_cs[i], rope_cs[HD / 2 + i]);
         }
     }
@@ -636,8 +645,8 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(attn_args a)
     l += __shfl_xor_sync(0xffffffffu, l, 2);
     __syncthreads(); /* every copy was waited for: the tiles are free */
     float *red_o = reinterpret_cast<float *>(smem); /* [warp][8][HD] */
-    float *red_ml = red_o + kDecodeWarps * 8 * HD;  /* [warp][8][2] */
-    static_assert(sizeof(float) * kDecodeWarps * 8 * (HD + 2) <= D::smem, "merge fits");
+    float *red_ml = red_o + W * 8 * HD;             /* [warp][8][2] */
+    static_assert(sizeof(float) * W * 8 * (HD + 2) <= D::smem, "merge fits");
 #pragma unroll
     for (int n = 0; n < HD / 8; n++)
         *reinterpret_cast<float2 *>(red_o + (warp * 8 + qr) * HD + n * 8 + qc) =
@@ -647,15 +656,15 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(attn_args a)
         red_ml[(warp * 8 + qr) * 2 + 1] = l;
     }
     __syncthreads();
-    for (int idx = tid; idx < gc * (HD / 2); idx += kDecodeThreads) {
+    for (int idx = tid; idx < gc * (HD / 2); idx += THREADS) {
         const int g = idx / (HD / 2), w = idx % (HD / 2);
         float mx = -INFINITY;
 #pragma unroll
-        for (int k = 0; k < kDecodeWarps; k++)
+        for (int k = 0; k < W; k++)
             mx = fmaxf(mx, red_ml[(k * 8 + g) * 2]);
         float total = 0.0f, ox = 0.0f, oy = 0.0f;
 #pragma unroll
-        for (int k = 0; k < kDecodeWarps; k++) {
+        for (int k = 0; k < W; k++) {
             const float mk = red_ml[(k * 8 + g) * 2];
             const float wt = mk == -INFINITY ? 0.0f : exp2f(mk - mx);
             const float2 ov = *reinterpret_cast<const float2 *>(red_o + (k * 8 + g) * HD + 2 * w);
@@ -677,7 +686,7 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(attn_args a)
         }
     }
     if (part.w >= 0)
-        merge_if_last<HD>(a, part.w, rest % a.decode_chunks, kh, h0, gc, token);
+        merge_if_last<HD, THREADS>(a, part.w, rest % a.decode_chunks, kh, h0, gc, token);
     /* Every thread of a CTA that got this far (the CTAs that returned above stored nothing). */
     pdl_trigger_late(a.late);
 }
@@ -1023,16 +1032,16 @@ __global__ void __launch_bounds__(kPrefillThreads, prefill_geom<HD>::CTAS_PER_SM
 
 using decode_fn = void (*)(attn_args);
 
-/* The decode kernels of head dimension HD for copies of 4, 8 and 16 rows, and their shared
- * memory. */
-template <int HD> static void decode_variants(decode_fn *fn, size_t *smem)
+/* The decode kernels of head dimension HD and W warps for copies of 4, 8 and 16 rows, and their
+ * shared memory. */
+template <int HD, int W> static void decode_variants(decode_fn *fn, size_t *smem)
 {
-    fn[0] = decode_kernel<HD, 4>;
-    fn[1] = decode_kernel<HD, 8>;
-    fn[2] = decode_kernel<HD, 16>;
-    smem[0] = decode_geom<HD, 4>::smem;
-    smem[1] = decode_geom<HD, 8>::smem;
-    smem[2] = decode_geom<HD, 16>::smem;
+    fn[0] = decode_kernel<HD, 4, W>;
+    fn[1] = decode_kernel<HD, 8, W>;
+    fn[2] = decode_kernel<HD, 16, W>;
+    smem[0] = decode_geom<HD, 4, W>::smem;
+    smem[1] = decode_geom<HD, 8, W>::smem;
+    smem[2] = decode_geom<HD, 16, W>::smem;
 }
 
 /* The copy rows of a step with n decode sequences (a graph plan's n: its padded size, so that
@@ -1047,6 +1056,22 @@ static int32_t decode_copy_rows(int32_t set, int32_t n, int32_t block_size)
     return block_size % 16 == 0 ? 16 : block_size % 8 == 0 ? 8 : 4;
 }
 
+/* Whether a step with n decode sequences (a graph plan's n: its padded size, so that capture and
+ * replay agree) runs the decode kernel's CTAs of kDecodeWideWarps: from kDecodeWideMinSeqs to
+ * kDecodeWideMaxSeqs sequences, or as cuda_attention_set_decode_warps set. Measured on an H100
+ * (bench/RESULTS.md, thirtieth session; decode_step at 1152 keys, device ms, 4 warps -> 8): 1
+ * sequence 5.64-5.80 -> 5.89 (its 9 partitions of 128 keys stream from 72 SMs, 18 of 64 from
+ * 144 CTAs), 2 5.91 -> 5.86, 4 5.97 -> 5.95, 8 6.24 -> 6.25, 12 6.58 -> 6.35, 16 6.73 -> 6.56
+ * (CTAs of 4 warps split each context in two and merge; one of 8 takes it whole), 24 7.54 ->
+ * 8.01, 32 8.06 -> 8.16 (two rounds of 132 CTAs where 4 warps ran one of 256). */
+constexpr int32_t kDecodeWideMinSeqs = 2, kDecodeWideMaxSeqs = 16;
+static bool decode_wide(int32_t set, int32_t n)
+{
+    if (set != 0)
+        return set == kDecodeWideWarps;
+    return n >= kDecodeWideMinSeqs && n <= kDecodeWideMaxSeqs;
+}
+
 /* Rounds a word count up to a multiple of 4, so that int4 arrays stay 16-byte aligned. */
 size_t align4(size_t words)
 {
@@ -1057,12 +1082,12 @@ size_t align4(size_t words)
 
 struct cuda_attention_plan {
     struct cuda_attention_config config;
-    int32_t group;         /* query heads per KV head */
-    int32_t decode_chunks; /* decode CTAs per KV head: ceil(group / kDecodeHeadsMax) */
-    int32_t tile_tokens;   /* query tokens per prefill tile */
-    int32_t slots;         /* decode CTAs resident at once on the GPU */
-    decode_fn decode[3];   /* decode_kernel for head_dim, copies of 4, 8 and 16 rows */
-    size_t decode_smem[3];
+    int32_t group;          /* query heads per KV head */
+    int32_t decode_chunks;  /* decode CTAs per KV head: ceil(group / kDecodeHeadsMax) */
+    int32_t tile_tokens;    /* query tokens per prefill tile */
+    int32_t slots[2];       /* decode CTAs resident at once on the GPU: 4 warps, 8 warps */
+    decode_fn decode[2][3]; /* decode_kernel for head_dim, 4 and 8 warps, copies of 4, 8, 16 rows */
+    size_t decode_smem[2][3];
     int32_t max_parts;   /* decode partitions the scratch holds */
     int32_t split_extra; /* partitions a split adds to one per sequence, at most */
 
@@ -1088,6 +1113,8 @@ struct cuda_attention_plan {
     int32_t copy_rows_set; /* cuda_attention_set_decode_copy_rows: 0, 4, 8 or 16 */
     int32_t split_set;     /* cuda_attention_set_decode_split: 0 or the partition's keys */
     int32_t copy_rows;     /* the planned step's: 4, 8 or 16 */
+    int32_t warps_set;     /* cuda_attention_set_decode_warps: 0, 4 or 8 */
+    int32_t wide;          /* the planned step's: 0 (4 warps) or 1 (8) */
 };
 
 /* Prefill tiles (sequence, first token, keys needed, 0) in descending order of keys needed;
@@ -1103,14 +1130,14 @@ static int item_cmp(const void *x, const void *y)
 }
 
 /* How a context of context_len keys is cut for a split of split keys: into n nearly equal,
- * tile-aligned partitions of *len keys (the last one shorter), n = ceil(context_len / split)
- * at most. Returns n. */
-static int32_t split_parts(int64_t context_len, int64_t split, int64_t *len)
+ * tile-aligned partitions of *len keys (a multiple of align, the decode tile; the last one
+ * shorter), n = ceil(context_len / split) at most. Returns n. */
+static int32_t split_parts(int64_t context_len, int64_t split, int64_t align, int64_t *len)
 {
     int64_t n = context_len <= split ? 1 : (context_len + split - 1) / split;
     *len = context_len;
     if (n > 1) {
-        *len = ((context_len + n - 1) / n + kSplitAlign - 1) / kSplitAlign * kSplitAlign;
+        *len = ((context_len + n - 1) / n + align - 1) / align * align;
         n = (context_len + *len - 1) / *len;
     }
     return (int32_t)n;
@@ -1130,15 +1157,15 @@ static int64_t split_want(int64_t waves, int64_t slots, int64_t ctas_per_part)
  * the CTAs resident on an SM share its bandwidth, so that one CTA an SM would stream as fast as
  * two, splits less from about 9 to 16 sequences: measured on the H200, 16 sequences of 1100 keys
  * took 36.9 us a layer unsplit against 28.5 split in two; bench/RESULTS.md, 2026-12-03.) */
-static int64_t split_cost(const struct attention_batch *b, int64_t split, int64_t ctas_per_part,
-                          int64_t slots)
+static int64_t split_cost(const struct attention_batch *b, int64_t split, int64_t align,
+                          int64_t ctas_per_part, int64_t slots)
 {
     int64_t ctas = 0, keys = 0, longest = 0, widest = 1;
     for (int32_t q = 0; q < b->num_seqs; q++) {
         if (b->query_start[q + 1] - b->query_start[q] != 1)
             continue;
         int64_t len;
-        const int32_t n = split_parts(b->context_len[q], split, &len);
+        const int32_t n = split_parts(b->context_len[q], split, align, &len);
         ctas += n * ctas_per_part;
         keys += b->context_len[q] * ctas_per_part;
         longest = len > longest ? len : longest;
@@ -1205,31 +1232,38 @@ int cuda_attention_plan_new(const struct cuda_attention_config *c, struct cuda_a
     p->group = c->num_heads / c->num_kv_heads;
     p->decode_chunks = (p->group + kDecodeHeadsMax - 1) / kDecodeHeadsMax;
     p->tile_tokens = kPrefillRows / p->group;
-    if (c->head_dim == 64)
-        decode_variants<64>(p->decode, p->decode_smem);
-    else
-        decode_variants<128>(p->decode, p->decode_smem);
+    if (c->head_dim == 64) {
+        decode_variants<64, kDecodeWarps>(p->decode[0], p->decode_smem[0]);
+        decode_variants<64, kDecodeWideWarps>(p->decode[1], p->decode_smem[1]);
+    } else {
+        decode_variants<128, kDecodeWarps>(p->decode[0], p->decode_smem[0]);
+        decode_variants<128, kDecodeWideWarps>(p->decode[1], p->decode_smem[1]);
+    }
     p->copy_rows = 4;
-    /* The slots: the fewest CTAs an SM holds of the three variants (the same today). */
-    int resident = INT32_MAX;
-    for (int v = 0; v < 3 && rc == 0; v++) {
-        int r = 0;
-        rc = cuda_call_result(cudaFuncSetAttribute(p->decode[v],
-                                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                   (int)p->decode_smem[v]),
-                              "cuda_attention_plan_new: cudaFuncSetAttribute (decode)");
-        if (rc == 0)
-            rc = cuda_call_result(
-                cudaOccupancyMaxActiveBlocksPerMultiprocessor(&r, p->decode[v], kDecodeThreads,
-                                                              p->decode_smem[v]),
-                "cuda_attention_plan_new: cudaOccupancyMaxActiveBlocksPerMultiprocessor");
-        resident = r < resident ? r : resident;
+    /* The slots of each width: the fewest CTAs an SM holds of its three variants (the same
+     * today). */
+    for (int w = 0; w < 2 && rc == 0; w++) {
+        int resident = INT32_MAX;
+        const int threads = 32 * (w == 0 ? kDecodeWarps : kDecodeWideWarps);
+        for (int v = 0; v < 3 && rc == 0; v++) {
+            int r = 0;
+            rc = cuda_call_result(cudaFuncSetAttribute(p->decode[w][v],
+                                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                       (int)p->decode_smem[w][v]),
+                                  "cuda_attention_plan_new: cudaFuncSetAttribute (decode)");
+            if (rc == 0)
+                rc = cuda_call_result(
+                    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&r, p->decode[w][v], threads,
+                                                                  p->decode_smem[w][v]),
+                    "cuda_attention_plan_new: cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+            resident = r < resident ? r : resident;
+        }
+        p->slots[w] = (resident > 0 ? resident : 1) * (sms > 0 ? sms : 1);
     }
     if (rc < 0) {
         free(p);
         return rc;
     }
-    p->slots = (resident > 0 ? resident : 1) * (sms > 0 ? sms : 1);
     const int32_t ctas_per_part = c->num_kv_heads * p->decode_chunks;
     /* At most one partition per sequence, plus the extra ones a split adds, whatever the
      * minimum partition: a split is at least D / want keys (D the decode keys of the step, want
@@ -1237,7 +1271,8 @@ int cuda_attention_plan_new(const struct cuda_attention_config *c, struct cuda_a
      * fewer than D / split + sequences <= want + sequences. A graph plan launches the decode
      * CTAs of that many partitions (launch), so that one captured launch serves every split a
      * step of its size can get. */
-    p->split_extra = (int32_t)split_want(kSplitWavesMax, p->slots, ctas_per_part) + 1;
+    const int32_t most_slots = p->slots[0] > p->slots[1] ? p->slots[0] : p->slots[1];
+    p->split_extra = (int32_t)split_want(kSplitWavesMax, most_slots, ctas_per_part) + 1;
     p->max_parts = c->max_num_seqs + p->split_extra;
 
     /* Words of one step's metadata at its largest (int32 sizes: no overflow in uint64). */
@@ -1419,22 +1454,26 @@ static int plan_impl(struct cuda_attention_plan *p, const struct attention_batch
     }
     p->copy_rows =
         decode_copy_rows(p->copy_rows_set, p->graph ? p->num_seqs : num_decode, c->block_size);
+    p->wide = decode_wide(p->warps_set, p->graph ? p->num_seqs : num_decode);
+    /* Partitions are whole tiles of the kernel's width. */
+    const int64_t align = p->wide ? 16 * kDecodeWideWarps : kSplitAlign;
+    const int64_t slots = p->slots[p->wide];
 
     /* Split-KV: the cheapest of no split and splits sized for 1 .. kSplitWavesMax waves of the
      * resident decode CTAs (split_cost); see the loop below for how a context is cut. */
     const int64_t ctas_per_part = (int64_t)c->num_kv_heads * p->decode_chunks;
     int64_t split = INT64_MAX;
     if (num_decode > 0 && p->split_set > 0) {
-        split = p->split_set;
+        split = (p->split_set + align - 1) / align * align;
     } else if (num_decode > 0) {
-        int64_t best = split_cost(batch, split, ctas_per_part, p->slots);
+        int64_t best = split_cost(batch, split, align, ctas_per_part, slots);
         for (int w = 1; w <= kSplitWavesMax; w++) {
-            const int64_t want = split_want(w, p->slots, ctas_per_part);
+            const int64_t want = split_want(w, slots, ctas_per_part);
             int64_t cand = (decode_keys + want - 1) / want;
             if (cand < kSplitMinTokens)
                 cand = kSplitMinTokens;
-            cand = (cand + kSplitAlign - 1) / kSplitAlign * kSplitAlign;
-            const int64_t cost = split_cost(batch, cand, ctas_per_part, p->slots);
+            cand = (cand + align - 1) / align * align;
+            const int64_t cost = split_cost(batch, cand, align, ctas_per_part, slots);
             if (cost < best) {
                 best = cost;
                 split = cand;
@@ -1451,7 +1490,7 @@ static int plan_impl(struct cuda_attention_plan *p, const struct attention_batch
             continue;
         const int64_t context_len = batch->context_len[q];
         int64_t len;
-        const int32_t n = split_parts(context_len, split, &len);
+        const int32_t n = split_parts(context_len, split, align, &len);
         if (num_parts + n > p->max_parts)
             return pagoda_error_set(PAGODA_EINTERNAL,
                                     "cuda_attention_plan: %d split-KV partitions exceed %d",
@@ -1573,8 +1612,9 @@ static int launch(const struct cuda_attention_plan *p, const attn_args &a, cudaS
     const unsigned ctas = decode_ctas(p);
     if (ctas > 0) {
         const int v = p->copy_rows == 4 ? 0 : p->copy_rows == 8 ? 1 : 2;
-        int rc = launch_pdl("cuda_attention_run: decode kernel", p->decode[v], ctas, kDecodeThreads,
-                            p->decode_smem[v], s, a);
+        const int threads = 32 * (p->wide ? kDecodeWideWarps : kDecodeWarps);
+        int rc = launch_pdl("cuda_attention_run: decode kernel", p->decode[p->wide][v], ctas,
+                            threads, p->decode_smem[p->wide][v], s, a);
         if (rc < 0)
             return rc;
         cuda_pdl_note_late(a.late);
@@ -1695,6 +1735,12 @@ void cuda_attention_set_decode_copy_rows(struct cuda_attention_plan *p, int rows
 {
     if (p != NULL && (rows == 0 || rows == 4 || rows == 8 || rows == 16))
         p->copy_rows_set = rows;
+}
+
+void cuda_attention_set_decode_warps(struct cuda_attention_plan *p, int warps)
+{
+    if (p != NULL && (warps == 0 || warps == kDecodeWarps || warps == kDecodeWideWarps))
+        p->warps_set = warps;
 }
 
 void cuda_attention_set_decode_split(struct cuda_attention_plan *p, int32_t keys)

@@ -14,7 +14,8 @@
  *
  * Two kernels behind run, both on the tensor cores (mma.sync bf16, f32 accumulation): sequences
  * with query_len 1 (decode) go to a paged decode kernel, one CTA per (KV partition, KV head)
- * handling up to 8 of that KV head's query heads so that each K/V byte is read once, K/V tiles
+ * handling up to 8 of that KV head's query heads so that each K/V byte is read once (CTAs of 8
+ * warps from 2 to 16 decode sequences, else of 4: cuda_attention_set_decode_warps), K/V tiles
  * brought in by bulk copies through the block table (4 keys a copy below 64 decode sequences, 16
  * from 64 up, 8 where the block size is not a multiple of 16:
  * cuda_attention_set_decode_copy_rows), with a merge kernel when a context was
@@ -170,11 +171,21 @@ void cuda_attention_set_early_kv(struct cuda_attention_plan *p, int on);
  * settings (the warps sum their keys in another order). Other values and NULL are ignored. */
 void cuda_attention_set_decode_copy_rows(struct cuda_attention_plan *p, int rows);
 
+/* How many warps a CTA of the decode kernel has: 0 (a new plan's setting) lets each step
+ * choose, 8 for 2 to 16 decode sequences (a graph plan: its padded size), else 4, the faster on
+ * the H100 (bench/RESULTS.md, thirtieth session); 4 or 8 force it. With 4, tiles of 64 keys and
+ * two CTAs an SM at head dim 128; with 8, tiles of 128 keys, one CTA an SM, split-KV partitions
+ * of multiples of 128 keys (a context that CTAs of 4 warps split in two and merge, one CTA of 8
+ * takes whole). Set it before a graph plan's first plan. Results differ in the last bits between
+ * settings. Other values and NULL are ignored. */
+void cuda_attention_set_decode_warps(struct cuda_attention_plan *p, int warps);
+
 /* The split-KV partition of decode contexts, for benchmarks and tests: 0 (a new plan's setting)
  * lets each step's cost model choose; a multiple of 64 keys cuts every decode context longer
- * than it into partitions of that many keys (the last shorter). A step whose partitions then
- * exceed the plan's capacity (a graph plan's grid: cuda_attention_plan_graph) fails to plan with
- * PAGODA_EINTERNAL. Other values and NULL are ignored. */
+ * than it into partitions of that many keys (the last shorter; rounded up to a multiple of 128
+ * where the step's CTAs have 8 warps: cuda_attention_set_decode_warps). A step whose partitions
+ * then exceed the plan's capacity (a graph plan's grid: cuda_attention_plan_graph) fails to plan
+ * with PAGODA_EINTERNAL. Other values and NULL are ignored. */
 void cuda_attention_set_decode_split(struct cuda_attention_plan *p, int32_t keys);
 
 #ifdef __cplusplus

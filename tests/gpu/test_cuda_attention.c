@@ -32,6 +32,9 @@ struct shape {
 /* The decode kernel's copy rows the attention cases force (cuda_attention_set_decode_copy_rows):
  * 0 lets each plan choose (4 rows below 64 decode sequences, 16 or 8 from 64 up). */
 static int attn_copy_rows;
+/* The decode kernel's warps a CTA the cases force (cuda_attention_set_decode_warps): 0 lets
+ * each plan choose (8 from 2 to 16 decode sequences, else 4), 4 or 8. */
+static int attn_warps;
 /* 1: test_attention_early_kv's passes keep early K/V off (they still launch with the attribute) */
 static int attn_early_off;
 
@@ -168,6 +171,7 @@ static void test_attention(const char *label, struct shape sh, int32_t num_seqs,
     rc = cuda_attention_plan_new(&gcfg, &gplan);
     GPU_CHECK(rc == 0, "cuda_attention_plan_new: %d (%s)", rc, pagoda_error_detail());
     cuda_attention_set_decode_copy_rows(gplan, attn_copy_rows);
+    cuda_attention_set_decode_warps(gplan, attn_warps);
     /* Three plans in a row: the staging slots are reused once. */
     for (int i = 0; i < 3 && rc == 0; i++)
         rc = cuda_attention_plan(gplan, &batch, stream);
@@ -202,6 +206,8 @@ static void test_attention(const char *label, struct shape sh, int32_t num_seqs,
              attn_copy_rows == 4    ? ", rows 4"
              : attn_copy_rows == 8  ? ", rows 8"
              : attn_copy_rows == 16 ? ", rows 16"
+             : attn_warps == 8      ? ", 8 warps"
+             : attn_warps == 4      ? ", 4 warps"
                                     : "");
     report("attention", cfg, all, TOLERANCE);
     char wcfg[200];
@@ -391,6 +397,7 @@ static void test_attention_early_kv(struct shape sh, int32_t n, int32_t max_ctx,
     struct cuda_attention_plan *plan = NULL;
     rc = cuda_attention_plan_new(&cfg, &plan);
     cuda_attention_set_decode_copy_rows(plan, attn_copy_rows);
+    cuda_attention_set_decode_warps(plan, attn_warps);
     struct attention_batch batch = {n, n, qs, ctx, tables, max_blocks};
     if (rc == 0)
         rc = cuda_attention_plan(plan, &batch, stream);
@@ -505,8 +512,8 @@ struct graph_step {
  * plan of padding alone (cuda_attention_plan_graph of no sequence), then steps planned by
  * cuda_attention_plan_graph and replayed, padded to the graph's size (3 sequences in the graph
  * of 4, 13 and 2 in 16), at contexts whose splits differ from step to step and from the
- * capture's: one sequence of 1100 keys cut into at least 16 partitions on the Llama-3-8B shape
- * (64-key partitions: 18 on the H200, where 256-key ones made 5), one of 32768, short and long
+ * capture's: one sequence of 1100 keys cut into at least 8 partitions on the Llama-3-8B shape
+ * (18 of 64 keys on the H200 with CTAs of 4 warps, 9 of 128 with 8), one of 32768, short and long
  * ones together. Each replay must write the step's outputs exactly as the same step planned by
  * cuda_attention_plan and launched eagerly (bit for bit: attention.h), within TOLERANCE of the
  * CPU reference, and keep the grid it was captured with. Block 0 of the pool, which the padding
@@ -516,7 +523,7 @@ static void test_attention_graph(struct shape sh)
     const int32_t nh = sh.num_heads, nkv = sh.num_kv_heads, hd = sh.head_dim, bs = sh.block_size;
     const int64_t qw = (int64_t)nh * hd;
     const struct graph_step steps[] = {
-        {1, 1, 16, {1100}},
+        {1, 1, 8, {1100}},
         {1, 1, 2, {32768}},
         {4, 3, 0, {1100, 17, 2900}},
         {16, 13, 0, {1100, 1037, 1163, 1100, 1100, 1089, 1111, 1100, 1076, 1124, 1100, 1099, 1101}},
@@ -524,7 +531,7 @@ static void test_attention_graph(struct shape sh)
         {16, 16, 0, {1, 64, 65, 127, 128, 129, 1100, 300, 2000, 15, 16, 17, 4000, 999, 3, 700}},
         {4, 4, 0, {64, 65, 1, 4000}},
         {16, 2, 2, {32768, 1100}},
-        {1, 1, 16, {1100}}, /* again, after other splits: the merge counters were reset */
+        {1, 1, 8, {1100}}, /* again, after other splits: the merge counters were reset */
     };
     enum { num_steps = sizeof(steps) / sizeof(steps[0]) };
     const int32_t pads[] = {1, 4, 16};
@@ -569,6 +576,7 @@ static void test_attention_graph(struct shape sh)
     struct cuda_attention_plan *p = NULL;
     int rc = cuda_attention_plan_new(&gcfg, &p);
     GPU_CHECK(rc == 0, "cuda_attention_plan_new: %d (%s)", rc, pagoda_error_detail());
+    cuda_attention_set_decode_warps(p, attn_warps);
     cudaGraphExec_t graphs[num_pads] = {NULL};
     int32_t grid[num_pads] = {0};
     static const int32_t zero = 0;
@@ -657,8 +665,11 @@ static void test_attention_graph(struct shape sh)
         attention_plan_free(cplan);
 
         char cfg[160];
-        snprintf(cfg, sizeof(cfg), "graph of %d, %d seqs (first context %d): %d partitions",
-                 (int)st->pad, (int)n, (int)st->context_len[0], (int)real_parts);
+        snprintf(cfg, sizeof(cfg), "graph of %d, %d seqs (first context %d): %d partitions%s",
+                 (int)st->pad, (int)n, (int)st->context_len[0], (int)real_parts,
+                 attn_warps == 4   ? ", 4 warps"
+                 : attn_warps == 8 ? ", 8 warps"
+                                   : "");
         report("attention graph", cfg, rel_err_bf16(gout, ref, (size_t)n * qw), TOLERANCE);
         const bool same = memcmp(gout, eout, (size_t)n * qw * sizeof(uint16_t)) == 0;
         printf("%-20s   %-56s %s\n", "attention graph", "replay against eager",
@@ -1029,6 +1040,26 @@ int main(int argc, char **argv)
             test_attention_early_kv((struct shape){32, 8, 128, 16}, 64, 1200, true, false);
     }
     attn_copy_rows = 0;
+
+    /* The decode kernel's CTAs of 8 warps (tiles of 128 keys) forced: edge lengths at both head
+     * dims and an odd block size, split and unsplit contexts, a long context split many ways,
+     * mixed steps, early K/V with RoPE inside, a graph. */
+    attn_warps = 8;
+    test_attention_decode_edges((struct shape){32, 8, 128, 16});
+    test_attention_decode_edges((struct shape){32, 8, 64, 8});
+    test_attention_decode_edges((struct shape){32, 8, 128, 10});
+    test_attention_decode_edges((struct shape){24, 2, 128, 16});
+    test_attention_long_decode((struct shape){32, 1, 128, 16}, 10000);
+    test_attention_mixed((struct shape){16, 4, 64, 64});
+    test_attention_early_kv((struct shape){32, 8, 128, 16}, 4, 3000, false, false);
+    test_attention_early_kv((struct shape){32, 8, 128, 16}, 16, 1200, false, true);
+    test_attention_early_kv((struct shape){16, 4, 64, 32}, 64, 700, false, true);
+    if (!quick)
+        test_attention_early_kv((struct shape){32, 8, 128, 16}, 16, 1200, true, true);
+    test_attention_graph((struct shape){32, 8, 128, 16});
+    attn_warps = 4; /* what the plans choose for 1 and from 17 sequences, in graphs of 1 to 16 */
+    test_attention_graph((struct shape){32, 8, 128, 16});
+    attn_warps = 0;
 
     test_refusals();
 
