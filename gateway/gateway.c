@@ -233,6 +233,11 @@ static void on_tokenize_call(void *user, pagoda_async_result *res)
     mail(user, NULL, res, CALL_KIND_TOKENIZE);
 }
 
+static void on_prompt_ids_call(void *user, pagoda_async_result *res)
+{
+    mail(user, NULL, res, CALL_KIND_PROMPT_IDS);
+}
+
 static void on_health_call(void *user, pagoda_async_result *res)
 {
     mail(user, NULL, res, CALL_KIND_HEALTH);
@@ -567,7 +572,7 @@ static void on_submitted(struct gchoice *c, pagoda_async_result *res)
 }
 
 /* Submits each of q's choices (choice i with seed + i when the request gives a seed). */
-static void submit_choices(struct greq *q)
+static void submit_choices(struct greq *q, const pagoda_prompt *prompt)
 {
     struct gateway *g = q->g;
     q->choices = calloc(q->req.n, sizeof(*q->choices));
@@ -586,12 +591,46 @@ static void submit_choices(struct greq *q)
         pagoda_generate_params params = q->req.params;
         if (params.has_seed)
             params.seed += i;
-        int rc =
-            gateway_call_started(q, pagoda_submit_async(g->client, q->api_key, &params,
-                                                        &q->req.prompt, c->id, on_submit_call, c));
+        int rc = gateway_call_started(q, pagoda_submit_async(g->client, q->api_key, &params, prompt,
+                                                             c->id, on_submit_call, c));
         if (rc != 0)
             fail(q, rc, pagoda_error_detail());
     }
+    /* the calls have serialised the prompt: a long generation keeps none of it */
+    openai_request_release_prompt(&q->req);
+}
+
+/* A text or chat prompt of several choices is tokenized once (the router's Tokenize call: the
+ * ids its Submit would have, with the same defaults), then each choice submits the ids: the
+ * router renders and tokenizes it once, not once a choice (n of one tenant's text jobs). */
+static void start_choices(struct greq *q)
+{
+    const pagoda_prompt *p = &q->req.prompt;
+    if (q->req.n == 1 || p->num_token_ids > 0) {
+        submit_choices(q, p);
+        return;
+    }
+    int rc = gateway_call_started(
+        q, pagoda_tokenize_async(q->g->client, q->api_key, p, on_prompt_ids_call, q));
+    if (rc != 0) {
+        openai_request_release_prompt(&q->req);
+        respond_code(q, rc, pagoda_error_detail());
+    }
+}
+
+/* The ids of a prompt of several choices (start_choices) arrived, or its tokenization failed. */
+static void on_prompt_ids(struct greq *q, pagoda_async_result *res)
+{
+    if (q->http == NULL || res->rc != 0) {
+        openai_request_release_prompt(&q->req);
+        if (q->http != NULL) /* refused as its Submit would be (the same checks) */
+            respond_code(q, res->rc, res->detail);
+        return;
+    }
+    pagoda_prompt ids = pagoda_prompt_default();
+    ids.token_ids = res->tokenized.token_ids;
+    ids.num_token_ids = res->tokenized.num_token_ids;
+    submit_choices(q, &ids);
 }
 
 /* Whether a request of several choices is refused before it is sent (answered here): more
@@ -675,9 +714,7 @@ static void after_parse(uv_work_t *w, int status)
     } else {
         g->num_generations += q->req.n - 1;
         q->generation = q->req.n;
-        submit_choices(q);
-        /* the calls have serialised the prompt: a long generation keeps none of it */
-        openai_request_release_prompt(&q->req);
+        start_choices(q);
     }
     greq_unref(q);
 }
@@ -765,6 +802,9 @@ static void on_async(uv_async_t *h)
             break;
         case CALL_KIND_TOKENIZE:
             on_tokenized(q, &m->res);
+            break;
+        case CALL_KIND_PROMPT_IDS:
+            on_prompt_ids(q, m->res);
             break;
         }
         pagoda_async_result_free(m->res);

@@ -34,7 +34,8 @@ enum call_kind {
     CALL_KIND_HEALTH,
     CALL_KIND_STATS,
     CALL_KIND_TENANTS,
-    CALL_KIND_TOKENIZE
+    CALL_KIND_TOKENIZE,
+    CALL_KIND_PROMPT_IDS /* the ids of a prompt of several choices, tokenized once */
 };
 
 /* Answers (whole ones, /tokenize's) whose text and tokens, at GATEWAY_JSON_TOKEN_BYTES a token,

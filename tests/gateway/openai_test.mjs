@@ -140,9 +140,15 @@ check(three.usage.prompt_tokens === whole.usage.prompt_tokens &&
   const w = await chat({ messages: [{ role: 'user', content: 'Say something.' }], max_tokens: 8,
                          n: 2, temperature: 0.9, seed: 5 });
   finished++; // chat() counts one of its two
+  // (several choices submit the ids of a chat tokenized once: the same as the chat alone)
+  const alone = await chat({ messages: [{ role: 'user', content: 'Say something.' }],
+                             max_tokens: 8, temperature: 0.9, seed: 6 });
   check(roles.every((r) => r === 'assistant') && w.choices.length === 2 &&
-        texts.every((t, i) => t === w.choices[i].message.content),
-        'chat n 2 streamed: a role for each index, the texts of the whole answer');
+        texts.every((t, i) => t === w.choices[i].message.content) &&
+        w.choices[1].message.content === alone.choices[0].message.content &&
+        w.usage.prompt_tokens === alone.usage.prompt_tokens,
+        'chat n 2 streamed: a role for each index, the texts of the whole answer, choice 1 ' +
+        'the chat alone with seed + 1');
 }
 check(await status(completion({ ...base, n: 129 })) === 400, 'n 129: 400');
 // Choices whose whole answer could not hold n x max_tokens tokens (256 bytes a token with
