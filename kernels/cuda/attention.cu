@@ -5,10 +5,10 @@
  * Both kernels run on the tensor cores (mma.sync m16n8k16, bf16 operands, f32 accumulators) and
  * keep, per query row, a running max m, a running sum l of exp(score - m) and an f32
  * accumulator of the exp-weighted V (online softmax, as the CPU's paged version does). K/V tiles
- * of 64 keys come from the pool through the block table into XOR-swizzled shared memory by a
- * cp.async pipeline (16-byte copies; the block-table entries a copy needs are already at hand:
- * in registers for decode, copied into shared memory a tile ahead for prefill) and reach the
- * tensor cores by ldmatrix; keys beyond a row's causal limit (or beyond the
+ * of 64 keys (128 for decode CTAs of 8 warps) come from the pool through the block table into
+ * XOR-swizzled shared memory by a cp.async pipeline (16-byte copies; the block-table entries a copy
+ * needs are already at hand: in registers for decode, copied into shared memory a tile ahead for
+ * prefill) and reach the tensor cores by ldmatrix; keys beyond a row's causal limit (or beyond the
  * context) get probability 0, and tiles past the last one a CTA needs are never read. */
 #include "kernels/cuda/attention.h"
 
@@ -43,17 +43,17 @@ constexpr int kPrefillKeys = 64; /* keys per shared-memory tile */
 constexpr int kGroupMax = 64;
 
 /* Split-KV: decode contexts are cut into partitions of at least kSplitMinTokens keys, multiples
- * of kSplitAlign (a multiple of every decode tile), sized for 1 .. kSplitWavesMax waves of the
- * resident decode CTAs, or not cut: whichever split_cost models fastest. Its costs are in keys
- * streamed by one CTA: kSplitStartupKeys for each wave (a CTA's dependent loads before its first
- * tile: partition record, block table, K/V), and for a split kSplitMergeKeys (partial results
- * out, the counter, the last CTA's reads) plus kSplitMergePartKeys per partition the widest
- * merge reads. The minimum is one decode tile: it was 256 until 2026-12-02, when one sequence
- * of 1100 keys on the Llama-3-8B shape ran 40 CTAs on the H200's 132 SMs (5 partitions of 8 KV
- * heads), 12.1 us a layer; with 64 it runs 144 CTAs (18 partitions), 10.0 (bench/RESULTS.md).
- * Splits forced finer than the model's (cuda_attention_set_decode_split) were slower at 8, 16 and
- * 32 sequences of 1100 keys: 16 took 28.6 us a layer split in two (the model's), 33.8-44.8 in
- * 3 to 9 (bench/RESULTS.md, eighteenth session). */
+ * of kSplitAlign (the tile of CTAs of 4 warps; of 128 keys, their tile, for CTAs of 8), sized for 1
+ * .. kSplitWavesMax waves of the resident decode CTAs, or not cut: whichever split_cost models
+ * fastest. Its costs are in keys streamed by one CTA: kSplitStartupKeys for each wave (a CTA's
+ * dependent loads before its first tile: partition record, block table, K/V), and for a split
+ * kSplitMergeKeys (partial results out, the counter, the last CTA's reads) plus kSplitMergePartKeys
+ * per partition the widest merge reads. The minimum is one decode tile: it was 256 until
+ * 2026-12-02, when one sequence of 1100 keys on the Llama-3-8B shape ran 40 CTAs on the H200's 132
+ * SMs (5 partitions of 8 KV heads), 12.1 us a layer; with 64 it runs 144 CTAs (18 partitions), 10.0
+ * (bench/RESULTS.md). Splits forced finer than the model's (cuda_attention_set_decode_split) were
+ * slower at 8, 16 and 32 sequences of 1100 keys: 16 took 28.6 us a layer split in two (the
+ * model's), 33.8-44.8 in 3 to 9 (bench/RESULTS.md, eighteenth session). */
 constexpr int kSplitWavesMax = 4;
 constexpr int kSplitStartupKeys = 128;
 constexpr int kSplitMinTokens = 64;
@@ -370,7 +370,7 @@ __device__ __forceinline__ void newest_kv_store(const attn_args &a, const newest
 
 /* Split-KV decode (flash decoding) on the tensor cores: the CTA walks its partition's keys
  * [begin, end) (part.y, or ~part.y where negative; part.z) tile by tile through a pipeline of bulk
- * copies (thread t copies the K or V row of key t % 64, its block-table entry fetched one tile
+ * copies (thread t copies the K or V row of key t % T, its block-table entry fetched one tile
  * ahead; keys past the partition repeat its last key, which the mask then drops). Each warp takes
  * 16 keys of every tile: S = Q K^T with the CTA's query heads as the rows of one m16n8k16 A operand
  * (rows gc .. 15 zero), an online softmax per head in f32, then O += P V with P (bf16) as the next
@@ -448,7 +448,7 @@ __global__ void __launch_bounds__(32 * W_) decode_kernel(attn_args a)
 
     /* Copies: with groups (the block size a multiple of G and rows contiguous), thread
      * t < 2 * T / G copies group t % (T / G) of K (t < T / G) or V, row by row where the group
-     * runs past the partition; otherwise thread t copies the K (t < 64) or V row of key t % 64.
+     * runs past the partition; otherwise thread t copies the K (t < T) or V row of key t % T.
      * Keys past the partition repeat its last key, which the mask then drops. */
     constexpr int G = D::G, NG = T / G;
     const bool groups = a.block_size % G == 0 && a.slot_stride == HD;
@@ -1064,12 +1064,14 @@ static int32_t decode_copy_rows(int32_t set, int32_t n, int32_t block_size)
  * 144 CTAs), 2 5.91 -> 5.86, 4 5.97 -> 5.95, 8 6.24 -> 6.25, 12 6.58 -> 6.35, 16 6.73 -> 6.56
  * (CTAs of 4 warps split each context in two and merge; one of 8 takes it whole), 24 7.54 ->
  * 8.01, 32 8.06 -> 8.16 (two rounds of 132 CTAs where 4 warps ran one of 256). */
+/* Only at head dim 128, the one measured: at 64 a CTA of 4 warps takes 66 KiB, three an SM (12
+ * warps), where one of 8 takes 130 KiB, one an SM. */
 constexpr int32_t kDecodeWideMinSeqs = 2, kDecodeWideMaxSeqs = 16;
-static bool decode_wide(int32_t set, int32_t n)
+static bool decode_wide(int32_t set, int32_t n, int32_t head_dim)
 {
     if (set != 0)
         return set == kDecodeWideWarps;
-    return n >= kDecodeWideMinSeqs && n <= kDecodeWideMaxSeqs;
+    return head_dim == 128 && n >= kDecodeWideMinSeqs && n <= kDecodeWideMaxSeqs;
 }
 
 /* Rounds a word count up to a multiple of 4, so that int4 arrays stay 16-byte aligned. */
@@ -1090,6 +1092,9 @@ struct cuda_attention_plan {
     size_t decode_smem[2][3];
     int32_t max_parts;   /* decode partitions the scratch holds */
     int32_t split_extra; /* partitions a split adds to one per sequence, at most */
+    /* The same for the CTAs of 4 and of 8 warps alone (their own slots): a graph plan's grid
+     * holds pad + graph_extra[wide] partitions' CTAs, split_extra for the larger. */
+    int32_t graph_extra[2];
 
     /* Metadata: packed per step into pinned staging (two slots, each guarded by an event
      * recorded after its copy), then one copy into the device buffer. */
@@ -1271,8 +1276,9 @@ int cuda_attention_plan_new(const struct cuda_attention_config *c, struct cuda_a
      * fewer than D / split + sequences <= want + sequences. A graph plan launches the decode
      * CTAs of that many partitions (launch), so that one captured launch serves every split a
      * step of its size can get. */
-    const int32_t most_slots = p->slots[0] > p->slots[1] ? p->slots[0] : p->slots[1];
-    p->split_extra = (int32_t)split_want(kSplitWavesMax, most_slots, ctas_per_part) + 1;
+    for (int w = 0; w < 2; w++)
+        p->graph_extra[w] = (int32_t)split_want(kSplitWavesMax, p->slots[w], ctas_per_part) + 1;
+    p->split_extra = p->graph_extra[0] > p->graph_extra[1] ? p->graph_extra[0] : p->graph_extra[1];
     p->max_parts = c->max_num_seqs + p->split_extra;
 
     /* Words of one step's metadata at its largest (int32 sizes: no overflow in uint64). */
@@ -1454,7 +1460,7 @@ static int plan_impl(struct cuda_attention_plan *p, const struct attention_batch
     }
     p->copy_rows =
         decode_copy_rows(p->copy_rows_set, p->graph ? p->num_seqs : num_decode, c->block_size);
-    p->wide = decode_wide(p->warps_set, p->graph ? p->num_seqs : num_decode);
+    p->wide = decode_wide(p->warps_set, p->graph ? p->num_seqs : num_decode, c->head_dim);
     /* Partitions are whole tiles of the kernel's width. */
     const int64_t align = p->wide ? 16 * kDecodeWideWarps : kSplitAlign;
     const int64_t slots = p->slots[p->wide];
@@ -1508,11 +1514,14 @@ static int plan_impl(struct cuda_attention_plan *p, const struct attention_batch
         num_parts += n;
     }
     if (p->graph) {
-        if ((size_t)num_parts + ps - (size_t)ns > graph_parts)
+        /* the grid's partitions: as many as the layout holds, or fewer for the CTAs of 8 warps
+         * (decode_ctas), whose splits aim at their own, fewer slots */
+        const size_t grid_parts = ps + (size_t)p->graph_extra[p->wide];
+        if ((size_t)num_parts + ps - (size_t)ns > grid_parts)
             return pagoda_error_set(PAGODA_EINTERNAL,
                                     "cuda_attention_plan_graph: %d split-KV partitions exceed "
                                     "%d",
-                                    (int)(num_parts + p->num_seqs - ns), (int)graph_parts);
+                                    (int)(num_parts + p->num_seqs - ns), (int)grid_parts);
         for (int32_t q = ns; q < p->num_seqs; q++)
             parts[num_parts++] = make_int4(q, ~0, 1, -1);
         h[0] = num_parts * c->num_kv_heads * p->decode_chunks; /* the decode kernel's header */
@@ -1599,7 +1608,7 @@ static int view_check(const struct cuda_attention_config *c, const struct kv_lay
 /* The decode kernel's grid for the planned step. */
 static unsigned decode_ctas(const struct cuda_attention_plan *p)
 {
-    const int32_t parts = p->graph ? p->num_seqs + p->split_extra : p->num_parts;
+    const int32_t parts = p->graph ? p->num_seqs + p->graph_extra[p->wide] : p->num_parts;
     return (unsigned)parts * (unsigned)p->config.num_kv_heads * (unsigned)p->decode_chunks;
 }
 

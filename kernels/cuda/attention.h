@@ -15,7 +15,8 @@
  * Two kernels behind run, both on the tensor cores (mma.sync bf16, f32 accumulation): sequences
  * with query_len 1 (decode) go to a paged decode kernel, one CTA per (KV partition, KV head)
  * handling up to 8 of that KV head's query heads so that each K/V byte is read once (CTAs of 8
- * warps from 2 to 16 decode sequences, else of 4: cuda_attention_set_decode_warps), K/V tiles
+ * warps from 2 to 16 decode sequences at head dim 128, else of 4:
+ * cuda_attention_set_decode_warps), K/V tiles
  * brought in by bulk copies through the block table (4 keys a copy below 64 decode sequences, 16
  * from 64 up, 8 where the block size is not a multiple of 16:
  * cuda_attention_set_decode_copy_rows), with a merge kernel when a context was
@@ -30,7 +31,8 @@
  * Streams: plan's copy and run's kernels are ordered by the stream. Run on the stream the step
  * was planned on (or order the streams with an event); the plan owns one set of device
  * metadata and split-KV scratch, so one run at a time per plan. Decode results depend (in the
- * last bits) on the batch a decode sequence is planned in (its split, its copy rows). */
+ * last bits) on the batch a decode sequence is planned in (its split, its copy rows, its CTAs'
+ * warps). */
 #ifndef PAGODA_KERNELS_CUDA_ATTENTION_H
 #define PAGODA_KERNELS_CUDA_ATTENTION_H
 
@@ -91,9 +93,11 @@ int cuda_attention_plan(struct cuda_attention_plan *p, const struct attention_ba
  * the config's max_num_seqs and max_num_tokens): padding sequence q (batch->num_seqs <= q <
  * num_seqs) is query token q and attends to one key, slot 0 of the reserved block 0, so it reads
  * nothing out of bounds; its output is to be ignored. The real sequences are split exactly as
- * cuda_attention_plan splits them (the same results, bit for bit). The metadata's layout and
- * device addresses, and the grid cuda_attention_run launches afterwards (the most decode CTAs
- * num_seqs sequences can need; those past the step's return at once, the count read from the
+ * cuda_attention_plan splits them (the same results, bit for bit) where the copy rows and the
+ * CTAs' warps chosen by num_seqs are those chosen by the batch's decode count: the same side of
+ * their thresholds (2 and 16 sequences for the warps, 64 for the rows), or set. The metadata's
+ * layout and device addresses, and the grid cuda_attention_run launches afterwards (the most decode
+ * CTAs num_seqs sequences can need; those past the step's return at once, the count read from the
  * metadata), depend on num_seqs alone, so that the launches of one run captured in a graph
  * serve every later step planned with the same num_seqs. Returns 0, the errors of
  * cuda_attention_plan, PAGODA_ERANGE (num_seqs out of range) or PAGODA_EUNSUPPORTED (a sequence
@@ -172,8 +176,9 @@ void cuda_attention_set_early_kv(struct cuda_attention_plan *p, int on);
 void cuda_attention_set_decode_copy_rows(struct cuda_attention_plan *p, int rows);
 
 /* How many warps a CTA of the decode kernel has: 0 (a new plan's setting) lets each step
- * choose, 8 for 2 to 16 decode sequences (a graph plan: its padded size), else 4, the faster on
- * the H100 (bench/RESULTS.md, thirtieth session); 4 or 8 force it. With 4, tiles of 64 keys and
+ * choose, 8 for 2 to 16 decode sequences at head dim 128 (a graph plan: its padded size), else 4,
+ * the faster on the H100 (bench/RESULTS.md, thirtieth session; head dim 64 not measured); 4 or 8
+ * force it. With 4, tiles of 64 keys and
  * two CTAs an SM at head dim 128; with 8, tiles of 128 keys, one CTA an SM, split-KV partitions
  * of multiples of 128 keys (a context that CTAs of 4 warps split in two and merge, one CTA of 8
  * takes whole). Set it before a graph plan's first plan. Results differ in the last bits between
