@@ -24,7 +24,6 @@
  * with log-probabilities, what their JSON costs to build), would pass it: it would end with this
  * error after its work. */
 #define GATEWAY_MAX_ANSWER_BYTES (64u << 20)
-#define GATEWAY_LOGPROB_BYTES 256u
 /* The most bytes of Submits one request's choices send together: n copies of its prompt. */
 #define GATEWAY_MAX_CHOICES_BYTES (64u << 20)
 
@@ -411,6 +410,7 @@ struct json_job {
     struct greq *q;
     pagoda_async_result *res;
     char *json;
+    struct json_job *next; /* gateway.json_waiting */
 };
 
 static char *whole_json(const struct greq *q);
@@ -422,40 +422,72 @@ static void json_work(uv_work_t *w)
     j->json = j->res != NULL ? tokenized_json(j->q, j->res) : whole_json(j->q);
 }
 
+static void after_json(uv_work_t *w, int status);
+
+/* Starts the waiting JSON jobs while fewer than GATEWAY_JSON_JOBS run: the threadpool's other
+ * threads stay free for the bodies' parsing, and at most that many large answers are held twice
+ * (gathered and as JSON) at once. A job that cannot be queued builds on the loop. */
+static void json_start(struct gateway *g)
+{
+    while (g->json_running < GATEWAY_JSON_JOBS && g->json_waiting != NULL) {
+        struct json_job *j = g->json_waiting;
+        g->json_waiting = j->next;
+        if (g->json_waiting == NULL)
+            g->json_waiting_tail = NULL;
+        g->json_running++;
+        if (g->closing) { /* nobody to answer: dropped unbuilt */
+            after_json(&j->work, UV_ECANCELED);
+            continue;
+        }
+        if (uv_queue_work(g->loop, &j->work, json_work, after_json) != 0) {
+            json_work(&j->work);
+            after_json(&j->work, 0);
+        }
+    }
+}
+
 static void after_json(uv_work_t *w, int status)
 {
     struct json_job *j = w->data;
     struct greq *q = j->q;
-    if (status == 0 && !q->g->closing) /* else cancelled, or the gateway is closing */
+    struct gateway *g = q->g;
+    g->json_running--;
+    if (status == 0 && !g->closing)    /* else cancelled, or the gateway is closing */
         respond_json(q, 200, j->json); /* NULL: out of memory, a 500 */
     else
         free(j->json);
     pagoda_async_result_free(j->res);
     free(j);
+    json_start(g); /* before the reference goes: q keeps the gateway */
     greq_unref(q); /* the job's reference */
 }
 
 /* Answers q with 200 and the JSON of its whole answer (res NULL) or of its tokenize call's
- * result res (taken: *res set to NULL): built here when it is small, of bytes bytes (text, and
- * GATEWAY_JSON_TOKEN_BYTES a token), else on the threadpool, so that one client's large answer
- * (a 64 MiB one with log-probabilities, n choices of long outputs, a long text's ids) does not
- * stall the loop and every other client with it. */
+ * result res (taken: *res set to NULL): built here when it is small, of bytes bytes (its text,
+ * and GATEWAY_JSON_TOKEN_BYTES or GATEWAY_LOGPROB_BYTES a token), else on the threadpool, at
+ * most GATEWAY_JSON_JOBS at once (json_start), so that one client's large answer (a 64 MiB one
+ * with log-probabilities, n choices of long outputs, a long text's ids) does not stall the loop
+ * and every other client with it. Nothing while the gateway closes. */
 static void answer_json(struct greq *q, pagoda_async_result **res, size_t bytes)
 {
+    struct gateway *g = q->g;
+    if (g->closing)
+        return; /* every connection is being closed: nobody to answer */
     struct json_job *j = NULL;
-    if (bytes > GATEWAY_JSON_INLINE_BYTES && !q->g->closing &&
-        (j = calloc(1, sizeof(*j))) != NULL) {
+    if (bytes > GATEWAY_JSON_INLINE_BYTES && (j = calloc(1, sizeof(*j))) != NULL) {
         j->q = q;
         j->work.data = j;
         j->res = res != NULL ? *res : NULL;
+        if (res != NULL)
+            *res = NULL;
         q->refs++; /* the job's */
-        if (uv_queue_work(q->g->loop, &j->work, json_work, after_json) == 0) {
-            if (res != NULL)
-                *res = NULL;
-            return;
-        }
-        q->refs--;
-        free(j);
+        if (g->json_waiting_tail != NULL)
+            g->json_waiting_tail->next = j;
+        else
+            g->json_waiting = j;
+        g->json_waiting_tail = j;
+        json_start(g);
+        return;
     }
     respond_json(q, 200, res != NULL ? tokenized_json(q, *res) : whole_json(q));
 }
@@ -482,10 +514,11 @@ static char *whole_json(const struct greq *q)
 /* Every choice has finished: the whole answer. */
 static void answer_whole(struct greq *q)
 {
+    const size_t per_token =
+        q->req.params.logprobs ? GATEWAY_LOGPROB_BYTES : GATEWAY_JSON_TOKEN_BYTES;
     size_t bytes = 0;
     for (uint32_t i = 0; i < q->num_choices; i++)
-        bytes += q->choices[i].whole.text_len +
-                 q->choices[i].whole.num_tokens * GATEWAY_JSON_TOKEN_BYTES;
+        bytes += q->choices[i].whole.text_len + q->choices[i].whole.num_tokens * per_token;
     answer_json(q, NULL, bytes);
 }
 
@@ -602,7 +635,11 @@ static void submit_choices(struct greq *q, const pagoda_prompt *prompt)
 
 /* A text or chat prompt of several choices is tokenized once (the router's Tokenize call: the
  * ids its Submit would have, with the same defaults), then each choice submits the ids: the
- * router renders and tokenizes it once, not once a choice (n of one tenant's text jobs). */
+ * router renders and tokenizes it once, not once a choice (n of one tenant's text jobs). Where
+ * the Tokenize call fails, each choice submits the prompt as it came, so that the request meets
+ * exactly the refusals and waits a Submit of its text would (a Tokenize call is refused where
+ * too many of the tenant's wait, PAGODA_EBUSY, where a text Submit waits its turn; its errors
+ * carry other codes than a Submit's refusal of the same prompt). */
 static void start_choices(struct greq *q)
 {
     const pagoda_prompt *p = &q->req.prompt;
@@ -621,10 +658,12 @@ static void start_choices(struct greq *q)
 /* The ids of a prompt of several choices (start_choices) arrived, or its tokenization failed. */
 static void on_prompt_ids(struct greq *q, pagoda_async_result *res)
 {
-    if (q->http == NULL || res->rc != 0) {
+    if (q->http == NULL || q->g->closing) {
         openai_request_release_prompt(&q->req);
-        if (q->http != NULL) /* refused as its Submit would be (the same checks) */
-            respond_code(q, res->rc, res->detail);
+        return;
+    }
+    if (res->rc != 0) {
+        submit_choices(q, &q->req.prompt);
         return;
     }
     pagoda_prompt ids = pagoda_prompt_default();

@@ -43,6 +43,11 @@ enum call_kind {
  * smaller ones on the loop: the loop never spends long on one client. */
 #define GATEWAY_JSON_INLINE_BYTES (64u << 10)
 #define GATEWAY_JSON_TOKEN_BYTES 12u
+/* With log-probabilities: about what a token's JSON costs to build (a chat's, in jansson's
+ * objects), for the same threshold and for the answer's cap (gateway.c). */
+#define GATEWAY_LOGPROB_BYTES 256u
+/* JSON jobs on the threadpool at once (more wait their turn). */
+#define GATEWAY_JSON_JOBS 2u
 
 /* One choice of a generation (OpenAI's n): a request of its own to the router. Its calls hold
  * references on the HTTP request it belongs to (greq). */
@@ -123,6 +128,9 @@ struct gateway {
     uint64_t calls_outstanding;
     struct greq *live;
     uint32_t num_generations;
+    /* Large answers' JSON jobs (gateway.c answer_json): running, and waiting their turn. */
+    uint32_t json_running;
+    struct json_job *json_waiting, *json_waiting_tail;
     size_t parse_bytes; /* bodies taken and not yet parsed (cfg.http.max_body_memory) */
     uint32_t serial;
     long long started;
