@@ -386,8 +386,15 @@ static void stream_piece(struct gchoice *c, const pagoda_result *r)
     http_end(q, rc);
 }
 
+/* What a token of q's answer counts in its JSON's size: GATEWAY_JSON_TOKEN_BYTES, or
+ * GATEWAY_LOGPROB_BYTES with log-probabilities. */
+static size_t token_json_bytes(const struct greq *q)
+{
+    return q->req.params.logprobs ? GATEWAY_LOGPROB_BYTES : GATEWAY_JSON_TOKEN_BYTES;
+}
+
 /* Gathers a piece of choice c for a whole answer, at most GATEWAY_MAX_ANSWER_BYTES of text and
- * 12 bytes a token over all the choices. */
+ * GATEWAY_JSON_TOKEN_BYTES a token over all the choices. */
 static int gather(struct gchoice *c, const pagoda_result *r)
 {
     struct greq *q = c->q;
@@ -396,7 +403,7 @@ static int gather(struct gchoice *c, const pagoda_result *r)
         text += q->choices[i].whole.text_len;
         n += q->choices[i].whole.num_tokens;
     }
-    if (text + n * 12 > GATEWAY_MAX_ANSWER_BYTES)
+    if (text + n * GATEWAY_JSON_TOKEN_BYTES > GATEWAY_MAX_ANSWER_BYTES)
         return pagoda_error_set(PAGODA_ERANGE, "the answer is larger than %u bytes",
                                 GATEWAY_MAX_ANSWER_BYTES);
     return pagoda_result_append(&c->whole, r, q->req.params.logprobs);
@@ -514,8 +521,7 @@ static char *whole_json(const struct greq *q)
 /* Every choice has finished: the whole answer. */
 static void answer_whole(struct greq *q)
 {
-    const size_t per_token =
-        q->req.params.logprobs ? GATEWAY_LOGPROB_BYTES : GATEWAY_JSON_TOKEN_BYTES;
+    const size_t per_token = token_json_bytes(q);
     size_t bytes = 0;
     for (uint32_t i = 0; i < q->num_choices; i++)
         bytes += q->choices[i].whole.text_len + q->choices[i].whole.num_tokens * per_token;
@@ -681,8 +687,7 @@ static int choices_refused(struct greq *q)
     const struct gateway *g = q->g;
     const uint64_t n = q->req.n;
     struct openai_error err = {.status = 400, .type = "invalid_request_error"};
-    const uint64_t per_token =
-        q->req.params.logprobs ? GATEWAY_LOGPROB_BYTES : GATEWAY_JSON_TOKEN_BYTES;
+    const uint64_t per_token = token_json_bytes(q);
     if (n > g->cfg.max_requests)
         snprintf(err.message, sizeof(err.message),
                  "%u choices pass the gateway's limit of %u requests in progress", (unsigned)n,

@@ -82,7 +82,6 @@ struct greq {
     int parse_rc;
     struct openai_request req;
     struct openai_error err;
-    uint8_t id[PAGODA_REQUEST_ID_BYTES];
     char id_str[64];
     long long created;
     /* finished: every choice has (or the request was answered: a refusal, /tokenize) */
