@@ -277,6 +277,19 @@ check(await status(client.completions.create({ model, prompt: 'x', n: 2, best_of
       'best_of 3 with n 2: 400');
 check(await status(client.chat.completions.create({ model, messages: [{ role: 'tool',
       content: 'x' }] })) === 400, 'a template error (raise_exception): 400');
+// A chat of two choices is tokenized once (the router's Tokenize call); where that call fails
+// each choice submits the chat as it came, so that the answer is the one choice's refusal.
+const refusal = async (n) => {
+  try {
+    await client.chat.completions.create({ model, messages: [{ role: 'tool', content: 'x' }], n });
+    return 'answered';
+  } catch (e) {
+    return `${e.status} ${e.message}`;
+  }
+};
+const [ref1, ref2] = [await refusal(1), await refusal(2)];
+check(ref1.startsWith('400 ') && ref2 === ref1,
+      `a template error with n 2: the refusal of n 1 (${ref2} | ${ref1})`);
 
 // An overfull tenant (max_running 1, max_waiting 0): the extra requests get 429.
 const small = new OpenAI({ apiKey: smallKey, baseURL, maxRetries: 0, timeout: 120000 });
