@@ -4,6 +4,7 @@
 #include "client/client_internal.h"
 
 #include "common/error.h"
+#include "proto/text_fields.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -24,17 +25,7 @@ int client_tokenize_build(struct client_tokenize *t, const pagoda_prompt *prompt
         if (rc != 0)
             return rc;
         t->has_cs = 1;
-        const Pagoda__SubmitRequest *s = &t->cs.sub;
-        tok.has_prompt_text = s->has_prompt_text;
-        tok.prompt_text = s->prompt_text;
-        tok.n_messages = s->n_messages;
-        tok.messages = s->messages;
-        tok.has_add_generation_prompt = s->has_add_generation_prompt;
-        tok.add_generation_prompt = s->add_generation_prompt;
-        tok.chat_template_kwargs = s->chat_template_kwargs;
-        tok.tools_json = s->tools_json;
-        tok.has_add_special_tokens = s->has_add_special_tokens;
-        tok.add_special_tokens = s->add_special_tokens;
+        text_fields_to_tokenize(&tok, &t->cs.sub);
     } else {
         if (n > 0 && ids == NULL)
             return pagoda_error_set(PAGODA_EINVAL, "pagoda_detokenize: NULL argument");

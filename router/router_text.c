@@ -14,6 +14,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "proto/text_fields.h"
 #include "text/output_text.h"
 #include "text/text_model.h"
 
@@ -646,16 +647,7 @@ void router_text_handle_tokenize(struct router *r, struct rctx *c, uint32_t tena
     }
     /* The text fields as a Submit holds them: checked as a Submit's are, packed for the job. */
     Pagoda__SubmitRequest s = PAGODA__SUBMIT_REQUEST__INIT;
-    s.has_prompt_text = t->has_prompt_text;
-    s.prompt_text = t->prompt_text;
-    s.n_messages = t->n_messages;
-    s.messages = t->messages;
-    s.has_add_generation_prompt = t->has_add_generation_prompt;
-    s.add_generation_prompt = t->add_generation_prompt;
-    s.chat_template_kwargs = t->chat_template_kwargs;
-    s.tools_json = t->tools_json;
-    s.has_add_special_tokens = t->has_add_special_tokens;
-    s.add_special_tokens = t->add_special_tokens;
+    text_fields_to_submit(&s, t);
     pagoda_error_clear();
     int rc = text_forms_check(&s, t->n_token_ids, "prompt_text, messages and token_ids");
     if (rc == 0)
