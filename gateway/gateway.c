@@ -375,11 +375,16 @@ static void stream_piece(struct gchoice *c, const pagoda_result *r)
         return;
     int rc = 0;
     if (q->req.include_usage) {
-        struct openai_out outs[OPENAI_MAX_CHOICES];
-        for (uint32_t i = 0; i < q->num_choices; i++)
-            fill_out(&q->choices[i], &q->choices[i].whole, &outs[i]);
-        openai_usage_sum(&o, outs, q->num_choices);
-        rc = stream_write_json(q, openai_chunk_json(&o, false, true));
+        struct openai_out *outs = malloc(q->num_choices * sizeof(*outs));
+        char *json = NULL;
+        if (outs != NULL) {
+            for (uint32_t i = 0; i < q->num_choices; i++)
+                fill_out(&q->choices[i], &q->choices[i].whole, &outs[i]);
+            openai_usage_sum(&o, outs, q->num_choices);
+            free(outs);
+            json = openai_chunk_json(&o, false, true);
+        }
+        rc = stream_write_json(q, json);
     }
     if (rc == 0 && (rc = http_stream_write(q->http, "data: [DONE]\n\n", 14)) == 0)
         rc = http_stream_end(q->http);
@@ -398,15 +403,16 @@ static size_t token_json_bytes(const struct greq *q)
 static int gather(struct gchoice *c, const pagoda_result *r)
 {
     struct greq *q = c->q;
-    size_t text = r->text_len, n = r->num_tokens;
-    for (uint32_t i = 0; i < q->num_choices; i++) {
-        text += q->choices[i].whole.text_len;
-        n += q->choices[i].whole.num_tokens;
-    }
+    size_t text = q->gathered_text + r->text_len, n = q->gathered_tokens + r->num_tokens;
     if (text + n * GATEWAY_JSON_TOKEN_BYTES > GATEWAY_MAX_ANSWER_BYTES)
         return pagoda_error_set(PAGODA_ERANGE, "the answer is larger than %u bytes",
                                 GATEWAY_MAX_ANSWER_BYTES);
-    return pagoda_result_append(&c->whole, r, q->req.params.logprobs);
+    int rc = pagoda_result_append(&c->whole, r, q->req.params.logprobs);
+    if (rc == 0) {
+        q->gathered_text = text;
+        q->gathered_tokens = n;
+    }
+    return rc;
 }
 
 /* An answer's JSON built on the threadpool, where it is large: a whole answer (res NULL: its
@@ -502,7 +508,9 @@ static void answer_json(struct greq *q, pagoda_async_result **res, size_t bytes)
 /* The JSON of q's whole answer, every choice finished (any thread). */
 static char *whole_json(const struct greq *q)
 {
-    struct openai_out outs[OPENAI_MAX_CHOICES];
+    struct openai_out *outs = malloc(q->num_choices * sizeof(*outs));
+    if (outs == NULL)
+        return NULL;
     for (uint32_t i = 0; i < q->num_choices; i++) {
         const struct gchoice *c = &q->choices[i];
         struct openai_out *o = &outs[i];
@@ -515,7 +523,9 @@ static char *whole_json(const struct greq *q)
         o->n = c->whole.num_tokens;
         o->with_usage = true;
     }
-    return openai_response_json(outs, q->num_choices);
+    char *json = openai_response_json(outs, q->num_choices);
+    free(outs);
+    return json;
 }
 
 /* Every choice has finished: the whole answer. */
@@ -610,32 +620,44 @@ static void on_submitted(struct gchoice *c, pagoda_async_result *res)
     poll_next(c);
 }
 
-/* Submits each of q's choices (choice i with seed + i when the request gives a seed). */
-static void submit_choices(struct greq *q, const pagoda_prompt *prompt)
+/* The choices q asks for: n of each prompt. */
+static uint32_t choices_asked(const struct greq *q)
+{
+    return q->req.n * q->req.num_prompts;
+}
+
+/* Submits each of q's choices, prompt p's choice j (index p * n + j) with seed + j when the
+ * request gives a seed: with ids where given (q's one prompt, tokenized once), else with the
+ * choice's own prompt. */
+static void submit_choices(struct greq *q, const pagoda_prompt *ids)
 {
     struct gateway *g = q->g;
-    q->choices = calloc(q->req.n, sizeof(*q->choices));
+    const uint32_t total = choices_asked(q);
+    q->choices = calloc(total, sizeof(*q->choices));
     if (q->choices == NULL) {
         respond_code(q, PAGODA_ENOMEM, "out of memory");
         return;
     }
-    q->num_choices = q->req.n;
+    q->num_choices = total;
     for (uint32_t i = 0; i < q->num_choices; i++) {
         struct gchoice *c = &q->choices[i];
         c->q = q;
         c->index = i;
+        c->prompt = i / q->req.n;
+        c->draw = i % q->req.n;
     }
     for (uint32_t i = 0; i < q->num_choices && q->http != NULL; i++) {
         struct gchoice *c = &q->choices[i];
         pagoda_generate_params params = q->req.params;
         if (params.has_seed)
-            params.seed += i;
-        int rc = gateway_call_started(q, pagoda_submit_async(g->client, q->api_key, &params, prompt,
-                                                             c->id, on_submit_call, c));
+            params.seed += c->draw;
+        const pagoda_prompt *p = ids != NULL ? ids : openai_prompt(&q->req, c->prompt);
+        int rc = gateway_call_started(
+            q, pagoda_submit_async(g->client, q->api_key, &params, p, c->id, on_submit_call, c));
         if (rc != 0)
             fail(q, rc, pagoda_error_detail());
     }
-    /* the calls have serialised the prompt: a long generation keeps none of it */
+    /* the calls have serialised the prompts: a long generation keeps none of them */
     openai_request_release_prompt(&q->req);
 }
 
@@ -649,8 +671,8 @@ static void submit_choices(struct greq *q, const pagoda_prompt *prompt)
 static void start_choices(struct greq *q)
 {
     const pagoda_prompt *p = &q->req.prompt;
-    if (q->req.n == 1 || p->num_token_ids > 0) {
-        submit_choices(q, p);
+    if (q->req.n == 1 || q->req.num_prompts > 1 || p->num_token_ids > 0) {
+        submit_choices(q, NULL);
         return;
     }
     int rc = gateway_call_started(
@@ -669,7 +691,7 @@ static void on_prompt_ids(struct greq *q, pagoda_async_result *res)
         return;
     }
     if (res->rc != 0) {
-        submit_choices(q, &q->req.prompt);
+        submit_choices(q, NULL);
         return;
     }
     pagoda_prompt ids = pagoda_prompt_default();
@@ -678,32 +700,34 @@ static void on_prompt_ids(struct greq *q, pagoda_async_result *res)
     submit_choices(q, &ids);
 }
 
-/* Whether a request of several choices is refused before it is sent (answered here): more
- * choices than --max-requests (400: it could never run), a whole answer that n x max_tokens
- * would take past GATEWAY_MAX_ANSWER_BYTES, or n copies of its body past
- * GATEWAY_MAX_CHOICES_BYTES. */
+/* Whether a request of several choices (n of each prompt) is refused before it is sent
+ * (answered here): more choices than --max-requests (400: it could never run), a whole answer
+ * that its choices x max_tokens would take past GATEWAY_MAX_ANSWER_BYTES, or n copies of its
+ * body (each prompt is sent n times) past GATEWAY_MAX_CHOICES_BYTES. */
 static int choices_refused(struct greq *q)
 {
     const struct gateway *g = q->g;
-    const uint64_t n = q->req.n;
+    const uint64_t total = choices_asked(q), n = q->req.n;
     struct openai_error err = {.status = 400, .type = "invalid_request_error"};
     const uint64_t per_token = token_json_bytes(q);
-    if (n > g->cfg.max_requests)
+    if (total > g->cfg.max_requests)
         snprintf(err.message, sizeof(err.message),
-                 "%u choices pass the gateway's limit of %u requests in progress", (unsigned)n,
-                 g->cfg.max_requests);
+                 "%u choices (%u prompts x n %u) pass the gateway's limit of %u requests in "
+                 "progress",
+                 (unsigned)total, (unsigned)q->req.num_prompts, (unsigned)n, g->cfg.max_requests);
     else if (!q->req.stream &&
-             n * (uint64_t)q->req.params.max_tokens * per_token > GATEWAY_MAX_ANSWER_BYTES)
+             total * (uint64_t)q->req.params.max_tokens * per_token > GATEWAY_MAX_ANSWER_BYTES)
         snprintf(err.message, sizeof(err.message),
                  "%u choices of up to %d tokens%s pass what a whole answer holds (%u MiB at %u "
                  "bytes a token): ask for fewer, or stream them",
-                 (unsigned)n, (int)q->req.params.max_tokens,
+                 (unsigned)total, (int)q->req.params.max_tokens,
                  q->req.params.logprobs ? " with log-probabilities" : "",
                  GATEWAY_MAX_ANSWER_BYTES >> 20, (unsigned)per_token);
     else if (n * q->body_bytes > GATEWAY_MAX_CHOICES_BYTES)
         snprintf(err.message, sizeof(err.message),
                  "%u choices send %u copies of a %zu-byte request, past the gateway's %u MiB",
-                 (unsigned)n, (unsigned)n, (size_t)q->body_bytes, GATEWAY_MAX_CHOICES_BYTES >> 20);
+                 (unsigned)total, (unsigned)n, (size_t)q->body_bytes,
+                 GATEWAY_MAX_CHOICES_BYTES >> 20);
     else
         return 0;
     respond_error(q, &err);
@@ -745,19 +769,21 @@ static void after_parse(uv_work_t *w, int status)
         openai_request_release_prompt(&q->req); /* serialised by the call */
         if (rc != 0)
             respond_code(q, rc, pagoda_error_detail());
-    } else if (q->req.n > 1 && choices_refused(q)) {
+    } else if (choices_asked(q) > 1 && choices_refused(q)) {
         /* refused */
-    } else if (q->req.n > 1 && g->num_generations + (q->req.n - 1) > g->cfg.max_requests) {
-        /* n choices count as n requests: the one counted on arrival, and the others now */
+    } else if (choices_asked(q) > 1 &&
+               g->num_generations + (choices_asked(q) - 1) > g->cfg.max_requests) {
+        /* the choices count as requests: the one counted on arrival, and the others now */
         struct openai_error err = {.status = 429, .type = "rate_limit_error"};
         snprintf(err.message, sizeof(err.message),
                  "%u choices with the %u requests in progress pass the gateway's limit of %u: "
                  "retry later",
-                 (unsigned)q->req.n, (unsigned)(g->num_generations - 1), g->cfg.max_requests);
+                 (unsigned)choices_asked(q), (unsigned)(g->num_generations - 1),
+                 g->cfg.max_requests);
         respond_error(q, &err);
     } else {
-        g->num_generations += q->req.n - 1;
-        q->generation = q->req.n;
+        g->num_generations += choices_asked(q) - 1;
+        q->generation = choices_asked(q);
         start_choices(q);
     }
     greq_unref(q);

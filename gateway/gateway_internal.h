@@ -49,11 +49,13 @@ enum call_kind {
 /* JSON jobs on the threadpool at once (more wait their turn). */
 #define GATEWAY_JSON_JOBS 2u
 
-/* One choice of a generation (OpenAI's n): a request of its own to the router. Its calls hold
+/* One choice of a generation (OpenAI's n, for each of a completion's prompts): a request of its
+ * own to the router. Its calls hold
  * references on the HTTP request it belongs to (greq). */
 struct gchoice {
     struct greq *q;
-    uint32_t index;
+    uint32_t index;        /* OpenAI's: prompt * n + draw */
+    uint32_t prompt, draw; /* its prompt (openai_prompt), and which of that prompt's n it is */
     uint8_t id[PAGODA_REQUEST_ID_BYTES];
     int submitted, finished, cancel_sent, first_chunk_sent;
     uint32_t offset; /* output tokens received */
@@ -86,9 +88,11 @@ struct greq {
     long long created;
     /* finished: every choice has (or the request was answered: a refusal, /tokenize) */
     int finished, streaming;
-    /* A generation's choices (openai_request.n of them) and how many have finished. */
+    /* A generation's choices (openai_request.n of each prompt) and how many have finished. */
     struct gchoice *choices;
     uint32_t num_choices, num_finished;
+    /* A whole answer: the text bytes and tokens its choices have gathered. */
+    size_t gathered_text, gathered_tokens;
     /* Times for the latency figures (CLOCK_MONOTONIC, ns). */
     uint64_t t_start_ns;
     /* /metrics: the router's Stats, kept while its tenants are asked for. */

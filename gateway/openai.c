@@ -292,42 +292,87 @@ static int read_common(struct openai_request *req, struct openai_error *err)
     return 0;
 }
 
-/* The prompt of /v1/completions: a string, a list of token ids, or a list of one of either. */
+/* One prompt: a string (empty only for /tokenize, whose ids are then the BOS) or a non-empty list
+ * of token ids, into *out; the ids are written at ids (json_array_size(pr) of them). which names
+ * it in errors ("'prompt'" or "'prompt' 3"). */
+static int read_one_prompt(const struct openai_request *req, const json_t *pr, int32_t *ids,
+                           pagoda_prompt *out, const char *which, struct openai_error *err)
+{
+    if (json_is_string(pr)) {
+        if (json_string_length(pr) == 0 && req->kind != OPENAI_TOKENIZE) /* tokenized: [BOS] */
+            return bad(err, "invalid_value", "%s is empty", which);
+        out->text = json_string_value(pr);
+        return 0;
+    }
+    if (!json_is_array(pr) || json_array_size(pr) == 0)
+        return bad(err, "invalid_value", "%s must be a non-empty string or list of token ids",
+                   which);
+    size_t i;
+    const json_t *v;
+    json_array_foreach(pr, i, v)
+    {
+        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > INT32_MAX)
+            return bad(err, "invalid_type", "%s token %zu is not a token id", which, i);
+        ids[i] = (int32_t)json_integer_value(v);
+    }
+    out->token_ids = ids;
+    out->num_token_ids = json_array_size(pr);
+    return 0;
+}
+
+/* The prompt of /v1/completions (and /tokenize's text): a string, a list of token ids, or (a
+ * completion's) a list of up to OPENAI_MAX_PROMPTS of either, all strings or all id lists; the
+ * ids of every prompt in one array (prompt_ids). */
 static int read_prompt(struct openai_request *req, struct openai_error *err)
 {
     const json_t *pr = json_object_get(req->root, "prompt");
-    if (json_is_array(pr) && json_array_size(pr) == 1 &&
-        (json_is_string(json_array_get(pr, 0)) || json_is_array(json_array_get(pr, 0))))
-        pr = json_array_get(pr, 0);
-    if (json_is_string(pr)) {
-        if (json_string_length(pr) == 0 && req->kind != OPENAI_TOKENIZE) /* tokenized: [BOS] */
-            return bad(err, "invalid_value", "'prompt' is empty");
-        req->prompt.text = json_string_value(pr);
-        return 0;
-    }
-    if (json_is_array(pr) && json_array_size(pr) > 0) {
-        size_t n = json_array_size(pr);
-        if (json_is_string(json_array_get(pr, 0)))
-            return bad(err, "unsupported",
-                       "'prompt' as a list of %zu strings: send one per "
-                       "request",
-                       n);
-        if ((req->prompt_ids = malloc(n * sizeof(int32_t))) == NULL)
+    req->num_prompts = 1;
+    const json_t *first = json_array_get(pr, 0);
+    if (!json_is_array(pr) || !(json_is_string(first) || json_is_array(first))) {
+        size_t n = json_is_array(pr) ? json_array_size(pr) : 0;
+        if ((req->prompt_ids = malloc((n ? n : 1) * sizeof(int32_t))) == NULL)
             return bad(err, NULL, "out of memory");
-        size_t i;
-        const json_t *v;
-        json_array_foreach(pr, i, v)
-        {
-            if (!json_is_integer(v) || json_integer_value(v) < 0 ||
-                json_integer_value(v) > INT32_MAX)
-                return bad(err, "invalid_type", "'prompt' token %zu is not a token id", i);
-            req->prompt_ids[i] = (int32_t)json_integer_value(v);
-        }
-        req->prompt.token_ids = req->prompt_ids;
-        req->prompt.num_token_ids = n;
-        return 0;
+        return read_one_prompt(req, pr, req->prompt_ids, &req->prompt, "'prompt'", err);
     }
-    return bad(err, "invalid_value", "'prompt' must be a non-empty string or list of token ids");
+    /* a list of prompts */
+    const size_t n = json_array_size(pr);
+    if (n > 1 && req->kind != OPENAI_COMPLETION)
+        return bad(err, "unsupported", "'prompt' as a list of %zu prompts: send one", n);
+    if (n > OPENAI_MAX_PROMPTS)
+        return bad(err, "invalid_value", "'prompt' is a list of %zu prompts, more than %u", n,
+                   OPENAI_MAX_PROMPTS);
+    size_t total = 0, i;
+    const json_t *v;
+    json_array_foreach(pr, i, v)
+    {
+        if (json_is_string(v) != json_is_string(first) || json_is_array(v) != json_is_array(first))
+            return bad(err, "invalid_type",
+                       "'prompt' %zu: a list of prompts holds strings or lists of token ids, "
+                       "not both",
+                       i);
+        total += json_is_array(v) ? json_array_size(v) : 0;
+    }
+    if ((req->prompt_ids = malloc((total ? total : 1) * sizeof(int32_t))) == NULL ||
+        (n > 1 && (req->more_prompts = malloc((n - 1) * sizeof(pagoda_prompt))) == NULL))
+        return bad(err, NULL, "out of memory");
+    size_t at = 0;
+    json_array_foreach(pr, i, v)
+    {
+        pagoda_prompt *out = i == 0 ? &req->prompt : &req->more_prompts[i - 1];
+        if (i > 0)
+            *out = req->prompt; /* its fields (add_special_tokens) as the first's */
+        out->text = NULL;
+        out->token_ids = NULL;
+        out->num_token_ids = 0;
+        char which[48] = "'prompt'";
+        if (n > 1)
+            snprintf(which, sizeof(which), "'prompt' %zu", i);
+        if (read_one_prompt(req, v, req->prompt_ids + at, out, which, err) != 0)
+            return -1;
+        at += out->num_token_ids;
+    }
+    req->num_prompts = (uint32_t)n;
+    return 0;
 }
 
 /* A chat message's content: a string, null, or a list of text parts (joined). */
@@ -546,6 +591,7 @@ int openai_parse(enum openai_kind kind, const char *body, size_t len, int32_t de
     memset(err, 0, sizeof(*err));
     req->kind = kind;
     req->n = 1;
+    req->num_prompts = 1;
     req->params = pagoda_generate_params_default();
     req->params.max_tokens = kind == OPENAI_CHAT ? default_max_tokens : 16;
     req->prompt = pagoda_prompt_default();
@@ -582,6 +628,7 @@ void openai_request_release_prompt(struct openai_request *req)
     req->params.stop_token_ids = NULL;
     req->params.num_stop_token_ids = 0;
     free(req->prompt_ids);
+    free(req->more_prompts);
     free(req->messages);
     for (size_t i = 0; i < req->num_owned; i++)
         free(req->owned[i]);
@@ -590,6 +637,7 @@ void openai_request_release_prompt(struct openai_request *req)
     free(req->kwargs_json);
     json_decref(req->root);
     req->prompt_ids = NULL;
+    req->more_prompts = NULL;
     req->messages = NULL;
     req->owned = NULL;
     req->num_owned = 0;
@@ -748,14 +796,23 @@ static json_t *response_choice(const struct openai_out *o)
 
 void openai_usage_sum(struct openai_out *sum, const struct openai_out *o, size_t n)
 {
-    sum->prompt_tokens = n > 0 ? o[0].prompt_tokens : 0;
+    sum->prompt_tokens = 0;
     sum->cached_tokens = 0;
     sum->completion_tokens = 0;
+    /* o in index order: prompt p's choices are indices p * per .. p * per + per - 1 */
+    const uint32_t per = n > 0 && o[0].req != NULL && o[0].req->n > 0 ? o[0].req->n : 1;
+    uint32_t cached = 0;
     for (size_t i = 0; i < n; i++) {
+        if (i == 0 || o[i].index / per != o[i - 1].index / per) { /* a prompt's first choice */
+            sum->prompt_tokens += o[i].prompt_tokens;
+            sum->cached_tokens += cached;
+            cached = 0;
+        }
         sum->completion_tokens += o[i].completion_tokens;
-        if (o[i].cached_tokens > sum->cached_tokens)
-            sum->cached_tokens = o[i].cached_tokens;
+        if (o[i].cached_tokens > cached)
+            cached = o[i].cached_tokens;
     }
+    sum->cached_tokens += cached;
 }
 
 char *openai_response_json(const struct openai_out *o, size_t n)

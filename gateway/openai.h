@@ -10,11 +10,12 @@
  * (completions: an integer, chats: true) return the sampled token's log-probability only, so
  * top_logprobs above 0 and completion logprobs above 1 are refused, and tokens are named by their
  * pieces of the text (the router's TokenUpdate.token_text_ends), or "token_id:N" (vLLM's
- * return_tokens_as_token_ids, or no text); a prompt that is a list of strings is refused (batching
- * is the client's); chat content may be a string or a list of {"type": "text"} parts (joined),
- * other parts are refused. vLLM's extensions top_k, min_p, repetition_penalty, ignore_eos,
- * stop_token_ids, skip_special_tokens, add_special_tokens, chat_template_kwargs and
- * add_generation_prompt are read. */
+ * return_tokens_as_token_ids, or no text); a completion's prompt may be a list of strings or of
+ * token-id lists (up to OPENAI_MAX_PROMPTS): each prompt has its n choices, prompt p's choice j
+ * at index p * n + j (vLLM's order), with seed + j; chat content may be a string or a list of
+ * {"type": "text"} parts (joined), other parts are refused. vLLM's extensions top_k, min_p,
+ * repetition_penalty, ignore_eos, stop_token_ids, skip_special_tokens, add_special_tokens,
+ * chat_template_kwargs and add_generation_prompt are read. */
 #ifndef PAGODA_GATEWAY_OPENAI_H
 #define PAGODA_GATEWAY_OPENAI_H
 
@@ -29,6 +30,9 @@
 #define OPENAI_MAX_MESSAGES 4096u
 /* The most choices (n) a request may ask for: OpenAI's own limit. */
 #define OPENAI_MAX_CHOICES 128
+/* The most prompts in a completion's list (OpenAI's documented limit of an embedding's list,
+ * taken for completions, where it gives none). */
+#define OPENAI_MAX_PROMPTS 2048
 
 /* The bodies read: completions, chats, and vLLM's /tokenize (a "prompt" string, or "messages"
  * as a chat's, with add_special_tokens, add_generation_prompt, chat_template_kwargs and tools)
@@ -41,9 +45,13 @@ struct openai_request {
     char *model;
     bool stream, include_usage;
     bool tokens_as_ids; /* vLLM's return_tokens_as_token_ids: logprobs name tokens token_id:N */
-    uint32_t n;         /* choices: 1 .. OPENAI_MAX_CHOICES */
+    uint32_t n;         /* choices of each prompt: 1 .. OPENAI_MAX_CHOICES */
     pagoda_generate_params params;
+    /* The prompt; a completion's list of several is prompt and then more_prompts
+     * (openai_prompt()). */
     pagoda_prompt prompt;
+    pagoda_prompt *more_prompts;
+    uint32_t num_prompts; /* 1 .. OPENAI_MAX_PROMPTS */
     /* Storage the params and prompt borrow. */
     json_t *root;
     char *stops[OPENAI_MAX_STOPS];
@@ -69,6 +77,12 @@ int openai_parse(enum openai_kind kind, const char *body, size_t len, int32_t de
                  struct openai_request *req, struct openai_error *err);
 
 void openai_request_fini(struct openai_request *req);
+
+/* Prompt i (0 .. num_prompts - 1) of a parsed request. */
+static inline const pagoda_prompt *openai_prompt(const struct openai_request *req, uint32_t i)
+{
+    return i == 0 ? &req->prompt : &req->more_prompts[i - 1];
+}
 
 /* Frees what the params and prompt borrow (the JSON tree, the token ids, the messages, the
  * strings made here) once the request has been sent: a long generation keeps only the few fields
@@ -115,9 +129,10 @@ struct openai_out {
 /* A whole response of n choices, o[i] the choice of index o[i].index; the response's fields
  * from o[0], its usage openai_usage_sum's. */
 char *openai_response_json(const struct openai_out *o, size_t n);
-/* The usage of n choices into sum: the prompt's tokens once, the completions' tokens summed
- * (vLLM's), the cached tokens the most any choice had (which choice computed the prompt and
- * which found it cached is the scheduler's order). */
+/* The usage of n choices (o in index order, o[0].req's n choices a prompt) into sum: each
+ * prompt's tokens once, the completions' tokens summed (vLLM's), and for each prompt the cached
+ * tokens the most of its choices had (which choice computed the prompt and which found it
+ * cached is the scheduler's order), summed over the prompts. */
 void openai_usage_sum(struct openai_out *sum, const struct openai_out *o, size_t n);
 /* The characters (code points) of len bytes of UTF-8. */
 uint64_t openai_utf8_chars(const char *s, size_t len);

@@ -126,6 +126,42 @@ check(three.usage.prompt_tokens === whole.usage.prompt_tokens &&
         finishes.every((f) => f === 'length') && usage && usage.completion_tokens === 72,
         'n 3 streamed: each index\'s text as whole, one usage chunk of all three');
 }
+// A list of prompts (vLLM's batch): prompt p's choice j at index p * n + j, as the prompt alone
+// with seed + j; each prompt's tokens counted once; streamed, each index's text as whole.
+{
+  const other = 'Hello there, how are';
+  const listed = await completion({ ...base, prompt: [prompt, other], n: 2 });
+  finished += 3;
+  const other0 = await completion({ ...base, prompt: other });
+  const other1 = await completion({ ...base, prompt: other, seed: base.seed + 1 });
+  const want = [whole, plus1, other0, other1].map((r) => r.choices[0].text);
+  check(listed.choices.length === 4 && listed.choices.every((c, i) => c.index === i &&
+        c.text === want[i]) && want[2] !== want[0] && want[3] !== want[2],
+        'two prompts, n 2: index p * 2 + j is prompt p alone with seed + j');
+  check(listed.usage.prompt_tokens === whole.usage.prompt_tokens + other0.usage.prompt_tokens &&
+        listed.usage.completion_tokens === 96, `two prompts, n 2: usage ${JSON.stringify(listed.usage)}`);
+  const s = await client.completions.create({ model, ...base, prompt: [prompt, other], n: 2,
+                                              stream: true, stream_options: { include_usage: true } });
+  const texts = ['', '', '', ''];
+  let usage = null;
+  for await (const c of s) {
+    if (c.usage) usage = c.usage;
+    for (const ch of c.choices) texts[ch.index] += ch.text;
+  }
+  finished += 4;
+  check(texts.every((t, i) => t === want[i]) && usage &&
+        usage.prompt_tokens === listed.usage.prompt_tokens && usage.completion_tokens === 96,
+        'two prompts, n 2, streamed: each index\'s text as whole, the same usage');
+  const ids = await completion({ ...base, prompt: [[11, 12, 13], [14, 15]] });
+  finished++;
+  const ids0 = await completion({ ...base, prompt: [11, 12, 13] });
+  const ids1 = await completion({ ...base, prompt: [14, 15] });
+  check(ids.choices.length === 2 && ids.choices[0].text === ids0.choices[0].text &&
+        ids.choices[1].text === ids1.choices[0].text && ids.usage.prompt_tokens === 5,
+        'two prompts of token ids: each as alone');
+  check(await status(completion({ ...base, prompt: [prompt, [1, 2]] })) === 400,
+        'a list of a string and token ids: 400');
+}
 {
   const s = await client.chat.completions.create({
     model, messages: [{ role: 'user', content: 'Say something.' }], max_tokens: 8, n: 2,

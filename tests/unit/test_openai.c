@@ -56,6 +56,65 @@ static void test_a_completion_is_read(void **state)
     openai_request_fini(&req);
 }
 
+/* A completion's list of prompts: strings or token-id lists, each with the request's fields; its
+ * usage counts each prompt once and sums the prompts' cached tokens (the most of each prompt's
+ * choices). */
+static void test_a_list_of_prompts_is_read(void **state)
+{
+    (void)state;
+    struct openai_request req;
+    struct openai_error err;
+    assert_int_equal(parse(OPENAI_COMPLETION,
+                           "{\"prompt\": [\"one\", \"two\", \"three\"], \"n\": 2, "
+                           "\"add_special_tokens\": false}",
+                           &req, &err),
+                     0);
+    assert_int_equal(req.num_prompts, 3);
+    assert_int_equal(req.n, 2);
+    assert_string_equal(openai_prompt(&req, 0)->text, "one");
+    assert_string_equal(openai_prompt(&req, 2)->text, "three");
+    for (uint32_t i = 0; i < 3; i++)
+        assert_int_equal(openai_prompt(&req, i)->add_special_tokens, 0);
+    /* usage: prompt p's choices are indices 2p and 2p + 1 */
+    struct openai_out o[6];
+    memset(o, 0, sizeof(o));
+    const uint32_t prompt_tokens[3] = {3, 5, 7}, cached[6] = {0, 3, 0, 0, 4, 2};
+    for (uint32_t i = 0; i < 6; i++) {
+        o[i].req = &req;
+        o[i].index = i;
+        o[i].prompt_tokens = prompt_tokens[i / 2];
+        o[i].completion_tokens = 10 + i;
+        o[i].cached_tokens = cached[i];
+    }
+    struct openai_out sum = o[0];
+    openai_usage_sum(&sum, o, 6);
+    assert_int_equal(sum.prompt_tokens, 15);
+    assert_int_equal(sum.completion_tokens, 75);
+    assert_int_equal(sum.cached_tokens, 7);
+    openai_request_fini(&req);
+    assert_int_equal(parse(OPENAI_COMPLETION, "{\"prompt\": [[1, 2], [3], [4, 5, 6]]}", &req, &err),
+                     0);
+    assert_int_equal(req.num_prompts, 3);
+    assert_int_equal(req.prompt.num_token_ids, 2);
+    assert_int_equal(openai_prompt(&req, 1)->num_token_ids, 1);
+    assert_int_equal(openai_prompt(&req, 1)->token_ids[0], 3);
+    assert_int_equal(openai_prompt(&req, 2)->num_token_ids, 3);
+    assert_int_equal(openai_prompt(&req, 2)->token_ids[2], 6);
+    assert_null(openai_prompt(&req, 2)->text);
+    openai_request_fini(&req);
+    /* More than OPENAI_MAX_PROMPTS. */
+    size_t cap = 64 + 4 * (OPENAI_MAX_PROMPTS + 1);
+    char *body = malloc(cap), *at = body;
+    at += sprintf(at, "{\"prompt\": [");
+    for (int i = 0; i <= OPENAI_MAX_PROMPTS; i++)
+        at += sprintf(at, "%s\"a\"", i ? "," : "");
+    sprintf(at, "]}");
+    assert_int_equal(parse(OPENAI_COMPLETION, body, &req, &err), -1);
+    assert_non_null(strstr(err.message, "more than 2048"));
+    openai_request_fini(&req);
+    free(body);
+}
+
 static void test_a_chat_is_read(void **state)
 {
     (void)state;
@@ -99,7 +158,11 @@ static void test_bad_requests_are_400_with_a_reason(void **state)
         {OPENAI_COMPLETION, "[1]", "JSON object"},
         {OPENAI_COMPLETION, "{}", "'prompt'"},
         {OPENAI_COMPLETION, "{\"prompt\": \"\"}", "empty"},
-        {OPENAI_COMPLETION, "{\"prompt\": [\"a\", \"b\"]}", "one per request"},
+        {OPENAI_COMPLETION, "{\"prompt\": [\"a\", [1]]}", "not both"},
+        {OPENAI_COMPLETION, "{\"prompt\": [[1], [2, -1]]}", "'prompt' 1 token 1"},
+        {OPENAI_COMPLETION, "{\"prompt\": [\"a\", \"\"]}", "'prompt' 1 is empty"},
+        {OPENAI_COMPLETION, "{\"prompt\": [[1], []]}", "'prompt' 1 must be"},
+        {OPENAI_TOKENIZE, "{\"prompt\": [\"a\", \"b\"]}", "send one"},
         {OPENAI_COMPLETION, "{\"prompt\": [1, -2]}", "token 1"},
         {OPENAI_COMPLETION, "{\"prompt\": \"x\", \"n\": 0}", "'n' is 0"},
         {OPENAI_COMPLETION, "{\"prompt\": \"x\", \"n\": 129}", "[1, 128]"},
@@ -180,7 +243,7 @@ static void test_responses_and_chunks_are_openai_json(void **state)
     struct openai_error err;
     assert_int_equal(parse(OPENAI_CHAT,
                            "{\"messages\": [{\"role\": \"user\", \"content\": "
-                           "\"x\"}], \"stream\": true, \"stream_options\": "
+                           "\"x\"}], \"stream\": true, \"n\": 2, \"stream_options\": "
                            "{\"include_usage\": true}}",
                            &req, &err),
                      0);
@@ -418,6 +481,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_a_completion_is_read),
+        cmocka_unit_test(test_a_list_of_prompts_is_read),
         cmocka_unit_test(test_a_chat_is_read),
         cmocka_unit_test(test_bad_requests_are_400_with_a_reason),
         cmocka_unit_test(test_responses_and_chunks_are_openai_json),
