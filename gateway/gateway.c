@@ -60,6 +60,7 @@ static void greq_unref(struct greq *q)
         q->next->prev = q->prev;
     g->num_generations -= q->generation;
     openai_request_fini(&q->req);
+    free(q->ids_owned);
     pagoda_async_result_free(q->stats_res);
     free(q->body);
     free(q->api_key);
@@ -121,6 +122,7 @@ static const char *const *retry_headers(int status, size_t *n)
 }
 
 static void respond_json(struct greq *q, int status, char *json);
+static void submit_deferred(struct greq *q);
 static int stream_write_json(struct greq *q, char *json);
 
 void gateway_respond_text(struct greq *q, int status, const char *content_type, const char *body,
@@ -565,6 +567,8 @@ static void on_poll(struct gchoice *c, pagoda_async_result *res)
     }
     if (r->finish_reason != PAGODA_FINISH_NONE) {
         c->finished = 1;
+        q->num_running--;
+        submit_deferred(q);
         gateway_metrics_finish(q->g, c, r, t);
         int rc = keep_finish(c, r);
         if (rc != 0) {
@@ -601,10 +605,30 @@ static void on_poll(struct gchoice *c, pagoda_async_result *res)
         poll_next(c);
 }
 
+/* Every choice of q is admitted: the prompts are serialised in its calls, and a long generation
+ * keeps none of them. */
+static void release_prompts(struct greq *q)
+{
+    openai_request_release_prompt(&q->req);
+    free(q->ids_owned);
+    q->ids_owned = NULL;
+    q->ids = pagoda_prompt_default();
+}
+
 static void on_submitted(struct gchoice *c, pagoda_async_result *res)
 {
     struct greq *q = c->q;
+    q->submits_pending--;
     if (res->rc != 0) {
+        /* Refused for a full tenant or router while other choices of q run or are being sent:
+         * submitted again when one of them finishes (a request of more choices than the tenant
+         * holds at once runs them a few at a time, where it would be refused at every retry). */
+        if (res->rc == PAGODA_EEXHAUSTED && q->http != NULL && !q->g->closing &&
+            q->num_running + q->submits_pending > 0) {
+            c->deferred = 1;
+            q->num_deferred++;
+            return;
+        }
         /* Without an answer the router may have taken it: cancelled with the others, by its id
          * (a cancel of an id the router does not have changes nothing). */
         if (res->rc == PAGODA_ETIMEDOUT || res->rc == PAGODA_EIO || res->rc == PAGODA_ECLOSED)
@@ -613,6 +637,9 @@ static void on_submitted(struct gchoice *c, pagoda_async_result *res)
         return;
     }
     c->submitted = 1;
+    q->num_running++;
+    if (++q->num_admitted == q->num_choices)
+        release_prompts(q);
     if (q->http == NULL) {
         send_cancel(c); /* the client left, or the answer ended, while it was submitted */
         return;
@@ -626,15 +653,44 @@ static uint32_t choices_asked(const struct greq *q)
     return q->req.n * q->req.num_prompts;
 }
 
-/* Submits each of q's choices, prompt p's choice j (index p * n + j) with seed + j when the
- * request gives a seed: with ids where given (q's one prompt, tokenized once), else with the
- * choice's own prompt. */
-static void submit_choices(struct greq *q, const pagoda_prompt *ids)
+/* Submits choice c of q: prompt p's choice j (index p * n + j) with seed + j when the request
+ * gives a seed, with q's ids where its one prompt was tokenized once, else its own prompt. */
+static void submit_one(struct greq *q, struct gchoice *c)
 {
-    struct gateway *g = q->g;
+    pagoda_generate_params params = q->req.params;
+    if (params.has_seed)
+        params.seed += c->draw;
+    const pagoda_prompt *p = q->ids.num_token_ids > 0 ? &q->ids : openai_prompt(&q->req, c->prompt);
+    int rc = gateway_call_started(
+        q, pagoda_submit_async(q->g->client, q->api_key, &params, p, c->id, on_submit_call, c));
+    if (rc != 0) {
+        fail(q, rc, pagoda_error_detail());
+        return;
+    }
+    q->submits_pending++;
+}
+
+/* One of q's choices finished: the first deferred one (on_submitted) is submitted again. */
+static void submit_deferred(struct greq *q)
+{
+    for (uint32_t i = 0; i < q->num_choices && q->num_deferred > 0 && q->http != NULL; i++) {
+        struct gchoice *c = &q->choices[i];
+        if (c->deferred) {
+            c->deferred = 0;
+            q->num_deferred--;
+            submit_one(q, c);
+            return;
+        }
+    }
+}
+
+/* Submits each of q's choices. */
+static void submit_choices(struct greq *q)
+{
     const uint32_t total = choices_asked(q);
     q->choices = calloc(total, sizeof(*q->choices));
     if (q->choices == NULL) {
+        release_prompts(q);
         respond_code(q, PAGODA_ENOMEM, "out of memory");
         return;
     }
@@ -646,19 +702,8 @@ static void submit_choices(struct greq *q, const pagoda_prompt *ids)
         c->prompt = i / q->req.n;
         c->draw = i % q->req.n;
     }
-    for (uint32_t i = 0; i < q->num_choices && q->http != NULL; i++) {
-        struct gchoice *c = &q->choices[i];
-        pagoda_generate_params params = q->req.params;
-        if (params.has_seed)
-            params.seed += c->draw;
-        const pagoda_prompt *p = ids != NULL ? ids : openai_prompt(&q->req, c->prompt);
-        int rc = gateway_call_started(
-            q, pagoda_submit_async(g->client, q->api_key, &params, p, c->id, on_submit_call, c));
-        if (rc != 0)
-            fail(q, rc, pagoda_error_detail());
-    }
-    /* the calls have serialised the prompts: a long generation keeps none of them */
-    openai_request_release_prompt(&q->req);
+    for (uint32_t i = 0; i < q->num_choices && q->http != NULL; i++)
+        submit_one(q, &q->choices[i]);
 }
 
 /* A text or chat prompt of several choices is tokenized once (the router's Tokenize call: the
@@ -672,7 +717,7 @@ static void start_choices(struct greq *q)
 {
     const pagoda_prompt *p = &q->req.prompt;
     if (q->req.n == 1 || q->req.num_prompts > 1 || p->num_token_ids > 0) {
-        submit_choices(q, NULL);
+        submit_choices(q);
         return;
     }
     int rc = gateway_call_started(
@@ -687,17 +732,17 @@ static void start_choices(struct greq *q)
 static void on_prompt_ids(struct greq *q, pagoda_async_result *res)
 {
     if (q->http == NULL || q->g->closing) {
-        openai_request_release_prompt(&q->req);
+        release_prompts(q);
         return;
     }
-    if (res->rc != 0) {
-        submit_choices(q, NULL);
-        return;
+    if (res->rc == 0 && res->tokenized.num_token_ids > 0) { /* q's now, with its prompts */
+        q->ids = pagoda_prompt_default();
+        q->ids.token_ids = q->ids_owned = res->tokenized.token_ids;
+        q->ids.num_token_ids = res->tokenized.num_token_ids;
+        res->tokenized.token_ids = NULL;
+        res->tokenized.num_token_ids = 0;
     }
-    pagoda_prompt ids = pagoda_prompt_default();
-    ids.token_ids = res->tokenized.token_ids;
-    ids.num_token_ids = res->tokenized.num_token_ids;
-    submit_choices(q, &ids);
+    submit_choices(q);
 }
 
 /* Whether a request of several choices (n of each prompt) is refused before it is sent

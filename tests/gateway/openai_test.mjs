@@ -329,6 +329,20 @@ check(ref1.startsWith('400 ') && ref2 === ref1,
 
 // An overfull tenant (max_running 1, max_waiting 0): the extra requests get 429.
 const small = new OpenAI({ apiKey: smallKey, baseURL, maxRetries: 0, timeout: 120000 });
+// But one request of more choices than the tenant holds at once runs them one after another
+// (each refused choice is submitted again as one of the request's finishes), with the texts a
+// tenant without the limit gets.
+{
+  const params = { model, ...base, prompt: [prompt, 'Hello there, how are'], n: 2, max_tokens: 8 };
+  let got = null, err = '';
+  try { got = await small.completions.create(params); } catch (e) { err = `${e.status} ${e.message}`; }
+  const want = await client.completions.create(params);
+  finished += 8;
+  check(got !== null && got.choices.length === 4 &&
+        got.choices.every((c, i) => c.index === i && c.text === want.choices[i].text) &&
+        got.usage.completion_tokens === 32,
+        `two prompts x n 2 for a tenant of one request at a time: all four, as unlimited ${err}`);
+}
 const many = await Promise.all([0, 1, 2, 3].map(() => status(small.completions.create(
   { model, prompt, max_tokens: 64, ignore_eos: true }))));
 finished += many.filter((s) => s === 200).length;
