@@ -24,8 +24,12 @@
  * with log-probabilities, what their JSON costs to build), would pass it: it would end with this
  * error after its work. */
 #define GATEWAY_MAX_ANSWER_BYTES (64u << 20)
-/* The most bytes of Submits one request's choices send together: n copies of its prompt. */
+/* The most bytes of Submits one request's choices send together: n copies of its prompts, and
+ * each choice's parameters (choices_refused). */
 #define GATEWAY_MAX_CHOICES_BYTES (64u << 20)
+/* What a choice adds to a whole answer's JSON besides its text and tokens (index, finish, ...),
+ * for the size that decides where it is built. */
+#define GATEWAY_JSON_CHOICE_BYTES 128u
 
 void gateway_config_default(struct gateway_config *cfg)
 {
@@ -536,7 +540,8 @@ static void answer_whole(struct greq *q)
     const size_t per_token = token_json_bytes(q);
     size_t bytes = 0;
     for (uint32_t i = 0; i < q->num_choices; i++)
-        bytes += q->choices[i].whole.text_len + q->choices[i].whole.num_tokens * per_token;
+        bytes += q->choices[i].whole.text_len + q->choices[i].whole.num_tokens * per_token +
+                 GATEWAY_JSON_CHOICE_BYTES;
     answer_json(q, NULL, bytes);
 }
 
@@ -745,10 +750,21 @@ static void on_prompt_ids(struct greq *q, pagoda_async_result *res)
     submit_choices(q);
 }
 
+/* About the bytes of a Submit's parameters: its stop strings and stop token ids, and the rest. */
+static size_t params_bytes(const struct greq *q)
+{
+    const pagoda_generate_params *p = &q->req.params;
+    size_t bytes = 128 + 5 * p->num_stop_token_ids;
+    for (size_t i = 0; i < p->num_stop; i++)
+        bytes += strlen(p->stop[i]) + 2;
+    return bytes;
+}
+
 /* Whether a request of several choices (n of each prompt) is refused before it is sent
  * (answered here): more choices than --max-requests (400: it could never run), a whole answer
  * that its choices x max_tokens would take past GATEWAY_MAX_ANSWER_BYTES, or n copies of its
- * body (each prompt is sent n times) past GATEWAY_MAX_CHOICES_BYTES. */
+ * body (each prompt is sent n times) and each choice's parameters past
+ * GATEWAY_MAX_CHOICES_BYTES. */
 static int choices_refused(struct greq *q)
 {
     const struct gateway *g = q->g;
@@ -768,11 +784,12 @@ static int choices_refused(struct greq *q)
                  (unsigned)total, (int)q->req.params.max_tokens,
                  q->req.params.logprobs ? " with log-probabilities" : "",
                  GATEWAY_MAX_ANSWER_BYTES >> 20, (unsigned)per_token);
-    else if (n * q->body_bytes > GATEWAY_MAX_CHOICES_BYTES)
+    else if (n * q->body_bytes + total * params_bytes(q) > GATEWAY_MAX_CHOICES_BYTES)
         snprintf(err.message, sizeof(err.message),
-                 "%u choices send %u copies of a %zu-byte request, past the gateway's %u MiB",
-                 (unsigned)total, (unsigned)n, (size_t)q->body_bytes,
-                 GATEWAY_MAX_CHOICES_BYTES >> 20);
+                 "%u choices send %u copies of a %zu-byte request (and %u of its %zu bytes of "
+                 "parameters), past the gateway's %u MiB",
+                 (unsigned)total, (unsigned)n, (size_t)q->body_bytes, (unsigned)total,
+                 params_bytes(q), GATEWAY_MAX_CHOICES_BYTES >> 20);
     else
         return 0;
     respond_error(q, &err);

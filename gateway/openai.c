@@ -1,6 +1,7 @@
 #include "gateway/openai.h"
 
 #include "common/error.h"
+#include "text/output_text.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -240,9 +241,13 @@ static int read_common(struct openai_request *req, struct openai_error *err)
         if (boolean(so, "include_usage", &req->include_usage, err))
             return -1;
     }
-    /* stop: a string or a list of strings. */
+    /* stop: a string or a list of strings, each at most OUTPUT_TEXT_MAX_STOP_BYTES (the router's
+     * limit, checked here too: each choice of a list of prompts carries every stop string). */
     const json_t *stop = json_object_get(root, "stop");
     if (json_is_string(stop)) {
+        if (json_string_length(stop) > OUTPUT_TEXT_MAX_STOP_BYTES)
+            return bad(err, "invalid_value", "'stop' is longer than %u bytes",
+                       OUTPUT_TEXT_MAX_STOP_BYTES);
         if ((req->stops[0] = strdup(json_string_value(stop))) == NULL)
             return bad(err, NULL, "out of memory");
         p->num_stop = 1;
@@ -256,6 +261,9 @@ static int read_common(struct openai_request *req, struct openai_error *err)
         {
             if (!json_is_string(s))
                 return bad(err, "invalid_type", "'stop' must hold strings");
+            if (json_string_length(s) > OUTPUT_TEXT_MAX_STOP_BYTES)
+                return bad(err, "invalid_value", "'stop' %zu is longer than %u bytes", i,
+                           OUTPUT_TEXT_MAX_STOP_BYTES);
             if ((req->stops[i] = strdup(json_string_value(s))) == NULL)
                 return bad(err, NULL, "out of memory");
             p->num_stop = i + 1;

@@ -112,6 +112,22 @@ static void test_a_list_of_prompts_is_read(void **state)
     assert_int_equal(parse(OPENAI_COMPLETION, body, &req, &err), -1);
     assert_non_null(strstr(err.message, "more than 2048"));
     openai_request_fini(&req);
+    /* A stop string past the router's 256 bytes is refused here (each choice of a list would
+     * carry it); 256 bytes are taken. */
+    char stop[257];
+    memset(stop, 'z', 256);
+    stop[256] = 0;
+    sprintf(body, "{\"prompt\": \"x\", \"stop\": [\"a\", \"%s\"]}", stop);
+    assert_int_equal(parse(OPENAI_COMPLETION, body, &req, &err), 0);
+    openai_request_fini(&req);
+    sprintf(body, "{\"prompt\": \"x\", \"stop\": [\"a\", \"%sz\"]}", stop);
+    assert_int_equal(parse(OPENAI_COMPLETION, body, &req, &err), -1);
+    assert_non_null(strstr(err.message, "'stop' 1 is longer than 256 bytes"));
+    openai_request_fini(&req);
+    sprintf(body, "{\"prompt\": \"x\", \"stop\": \"%sz\"}", stop);
+    assert_int_equal(parse(OPENAI_COMPLETION, body, &req, &err), -1);
+    assert_non_null(strstr(err.message, "'stop' is longer than 256 bytes"));
+    openai_request_fini(&req);
     free(body);
 }
 
