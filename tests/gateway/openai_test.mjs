@@ -342,6 +342,20 @@ const small = new OpenAI({ apiKey: smallKey, baseURL, maxRetries: 0, timeout: 12
         got.choices.every((c, i) => c.index === i && c.text === want.choices[i].text) &&
         got.usage.completion_tokens === 32,
         `two prompts x n 2 for a tenant of one request at a time: all four, as unlimited ${err}`);
+  // While another request holds the tenant's one place, none of the choices can start: 429 at
+  // once (no choice waits for a place that none of its request's will free).
+  const a = await small.completions.create({ model, prompt, max_tokens: 300, ignore_eos: true,
+                                             stream: true });
+  const it = a[Symbol.asyncIterator]();
+  await it.next(); // the first chunk: the tenant's place is taken
+  const t0 = Date.now();
+  const st = await status(small.completions.create({ ...params, n: 2 }));
+  const waited = Date.now() - t0;
+  let rest = 0;
+  while (!(await it.next()).done) rest++;
+  finished++;
+  check(st === 429 && rest > 0, `n 2 while the tenant's place is taken: ${st} after ${waited} ms, ` +
+        `the running request went on (${rest} more chunks)`);
 }
 const many = await Promise.all([0, 1, 2, 3].map(() => status(small.completions.create(
   { model, prompt, max_tokens: 64, ignore_eos: true }))));
