@@ -126,7 +126,6 @@ static const char *const *retry_headers(int status, size_t *n)
 }
 
 static void respond_json(struct greq *q, int status, char *json);
-static void submit_deferred(struct greq *q);
 static int stream_write_json(struct greq *q, char *json);
 
 void gateway_respond_text(struct greq *q, int status, const char *content_type, const char *body,
@@ -572,8 +571,6 @@ static void on_poll(struct gchoice *c, pagoda_async_result *res)
     }
     if (r->finish_reason != PAGODA_FINISH_NONE) {
         c->finished = 1;
-        q->num_running--;
-        submit_deferred(q);
         gateway_metrics_finish(q->g, c, r, t);
         int rc = keep_finish(c, r);
         if (rc != 0) {
@@ -610,7 +607,7 @@ static void on_poll(struct gchoice *c, pagoda_async_result *res)
         poll_next(c);
 }
 
-/* Every choice of q is admitted: the prompts are serialised in its calls, and a long generation
+/* q's choices are submitted: the prompts are serialised in their calls, and a long generation
  * keeps none of them. */
 static void release_prompts(struct greq *q)
 {
@@ -623,28 +620,28 @@ static void release_prompts(struct greq *q)
 static void on_submitted(struct gchoice *c, pagoda_async_result *res)
 {
     struct greq *q = c->q;
-    q->submits_pending--;
     if (res->rc != 0) {
-        /* Refused for a full tenant or router while other choices of q run or are being sent:
-         * submitted again when one of them finishes (a request of more choices than the tenant
-         * holds at once runs them a few at a time, where it would be refused at every retry). */
-        if (res->rc == PAGODA_EEXHAUSTED && q->http != NULL && !q->g->closing &&
-            q->num_running + q->submits_pending > 0) {
-            c->deferred = 1;
-            q->num_deferred++;
-            return;
-        }
         /* Without an answer the router may have taken it: cancelled with the others, by its id
          * (a cancel of an id the router does not have changes nothing). */
         if (res->rc == PAGODA_ETIMEDOUT || res->rc == PAGODA_EIO || res->rc == PAGODA_ECLOSED)
             c->submitted = 1;
+        if (res->rc == PAGODA_EEXHAUSTED && q->num_admitted > 0) {
+            /* the request's own choices may be what fills its tenant: say so */
+            char detail[sizeof(res->detail) + 256];
+            snprintf(detail, sizeof(detail),
+                     "%s (choice %u of %u was refused with %u of them admitted: a request's own "
+                     "choices count against its tenant's limits, and one of more choices than "
+                     "they hold at once is refused every time)",
+                     res->detail, (unsigned)c->index, (unsigned)q->num_choices,
+                     (unsigned)q->num_admitted);
+            fail(q, res->rc, detail);
+            return;
+        }
         fail(q, res->rc, res->detail); /* the first refusal answers; the others find it gone */
         return;
     }
     c->submitted = 1;
-    q->num_running++;
-    if (++q->num_admitted == q->num_choices)
-        release_prompts(q);
+    q->num_admitted++;
     if (q->http == NULL) {
         send_cancel(c); /* the client left, or the answer ended, while it was submitted */
         return;
@@ -668,25 +665,8 @@ static void submit_one(struct greq *q, struct gchoice *c)
     const pagoda_prompt *p = q->ids.num_token_ids > 0 ? &q->ids : openai_prompt(&q->req, c->prompt);
     int rc = gateway_call_started(
         q, pagoda_submit_async(q->g->client, q->api_key, &params, p, c->id, on_submit_call, c));
-    if (rc != 0) {
+    if (rc != 0)
         fail(q, rc, pagoda_error_detail());
-        return;
-    }
-    q->submits_pending++;
-}
-
-/* One of q's choices finished: the first deferred one (on_submitted) is submitted again. */
-static void submit_deferred(struct greq *q)
-{
-    for (uint32_t i = 0; i < q->num_choices && q->num_deferred > 0 && q->http != NULL; i++) {
-        struct gchoice *c = &q->choices[i];
-        if (c->deferred) {
-            c->deferred = 0;
-            q->num_deferred--;
-            submit_one(q, c);
-            return;
-        }
-    }
 }
 
 /* Submits each of q's choices. */
@@ -709,6 +689,7 @@ static void submit_choices(struct greq *q)
     }
     for (uint32_t i = 0; i < q->num_choices && q->http != NULL; i++)
         submit_one(q, &q->choices[i]);
+    release_prompts(q); /* serialised by the calls: a long generation keeps none of them */
 }
 
 /* A text or chat prompt of several choices is tokenized once (the router's Tokenize call: the

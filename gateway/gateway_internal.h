@@ -58,7 +58,6 @@ struct gchoice {
     uint32_t prompt, draw; /* its prompt (openai_prompt), and which of that prompt's n it is */
     uint8_t id[PAGODA_REQUEST_ID_BYTES];
     int submitted, finished, cancel_sent, first_chunk_sent;
-    int deferred; /* refused for a full tenant or router while others of q run: submitted later */
     uint32_t offset; /* output tokens received */
     /* A whole answer being gathered (pagoda_result_append): its tokens, log-probabilities,
      * text and the tokens' text ends; at its finish, the finish, stop and usage fields too. */
@@ -94,10 +93,9 @@ struct greq {
     uint32_t num_choices, num_finished;
     /* A whole answer: the text bytes and tokens its choices have gathered. */
     size_t gathered_text, gathered_tokens;
-    /* Admission (gateway.c submit_one): Submit calls in flight, choices admitted (ever, and
-     * unfinished), choices waiting for one of q's to finish; the prompt's ids where it was
-     * tokenized once (owned), kept with the prompts until every choice is admitted. */
-    uint32_t submits_pending, num_admitted, num_running, num_deferred;
+    /* Choices the router admitted; the prompt's ids where it was tokenized once (owned, until
+     * the choices are submitted). */
+    uint32_t num_admitted;
     pagoda_prompt ids;
     int32_t *ids_owned;
     /* Times for the latency figures (CLOCK_MONOTONIC, ns). */
