@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Writes fuzz_http's seed corpus (tests/fuzz/corpus/http/): scripts of a handler mode byte and
 commands (a length byte 1..0xF0 and that many request bytes; 0xF1 the timer; 0xF2 answer the
-held request; 0xF3 stream on it; 0xF4 end the stream), as tests/fuzz/fuzz_http.c reads them."""
+held request; 0xF3 stream on it; 0xF4 end the stream), as tests/fuzz/fuzz_http.c reads them; and
+fuzz_openai's (tests/fuzz/corpus/openai/): a kind byte (0 completion, 1 chat, 2 /tokenize,
+3 /detokenize) and a request body, as tests/fuzz/fuzz_openai.c reads them."""
 import os
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -52,3 +54,35 @@ for name, data in SEEDS.items():
     with open(os.path.join(OUT, name), "wb") as f:
         f.write(data)
 print(f"{len(SEEDS)} seeds in {OUT}")
+
+COMPLETION, CHAT, TOKENIZE, DETOKENIZE = 0, 1, 2, 3
+OPENAI = {
+    "completion.bin": (COMPLETION, b'{"model": "m", "prompt": "Hello", "max_tokens": 7, '
+                       b'"temperature": 0.5, "top_p": 0.9, "seed": 3, "stop": ["a", "bc"], '
+                       b'"stream": true, "stream_options": {"include_usage": true}, '
+                       b'"logprobs": 1, "n": 2}'),
+    "completion_ids.bin": (COMPLETION, b'{"prompt": [1, 2, 3], "stop_token_ids": [4], '
+                           b'"return_tokens_as_token_ids": true, "logprobs": 0}'),
+    "prompt_list.bin": (COMPLETION, b'{"prompt": ["one", "two", "three"], "n": 3, "seed": 9}'),
+    "prompt_id_lists.bin": (COMPLETION, b'{"prompt": [[1, 2], [3], [4, 5, 6]], '
+                            b'"add_special_tokens": false}'),
+    "mixed_list.bin": (COMPLETION, b'{"prompt": ["a", [1]]}'),
+    "chat.bin": (CHAT, b'{"messages": [{"role": "system", "content": "s"}, {"role": "user", '
+                 b'"content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}, '
+                 b'{"role": "assistant", "content": null, "tool_calls": [{"id": "c", "type": '
+                 b'"function", "function": {"name": "f", "arguments": "{\\"x\\": 1}"}}]}], '
+                 b'"tools": [{"type": "function", "function": {"name": "f"}}], '
+                 b'"chat_template_kwargs": {"enable_thinking": false}, "logprobs": true, '
+                 b'"max_completion_tokens": 5, "top_k": 3, "min_p": 0.1}'),
+    "tokenize.bin": (TOKENIZE, b'{"prompt": "", "add_special_tokens": true}'),
+    "tokenize_chat.bin": (TOKENIZE, b'{"messages": [{"role": "user", "content": "x"}], '
+                          b'"add_generation_prompt": false}'),
+    "detokenize.bin": (DETOKENIZE, b'{"tokens": [1, 2, 3], "skip_special_tokens": true}'),
+    "unsupported.bin": (COMPLETION, b'{"prompt": "x", "logit_bias": {"1": 2}, "echo": true}'),
+}
+OUT_OPENAI = os.path.join(HERE, "corpus", "openai")
+os.makedirs(OUT_OPENAI, exist_ok=True)
+for name, (kind, body) in OPENAI.items():
+    with open(os.path.join(OUT_OPENAI, name), "wb") as f:
+        f.write(bytes([kind]) + body)
+print(f"{len(OPENAI)} seeds in {OUT_OPENAI}")
