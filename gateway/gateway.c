@@ -68,8 +68,10 @@ static void greq_unref(struct greq *q)
     pagoda_async_result_free(q->stats_res);
     free(q->body);
     free(q->api_key);
-    for (uint32_t i = 0; i < q->num_choices; i++)
+    for (uint32_t i = 0; i < q->num_choices; i++) {
         pagoda_result_free(&q->choices[i].whole);
+        pagoda_async_result_free(q->choices[i].held);
+    }
     free(q->choices);
     free(q);
     gateway_maybe_free(g);
@@ -126,6 +128,7 @@ static const char *const *retry_headers(int status, size_t *n)
 }
 
 static void respond_json(struct greq *q, int status, char *json);
+static void on_poll_result(struct gchoice *c, pagoda_async_result *res);
 static int stream_write_json(struct greq *q, char *json);
 
 void gateway_respond_text(struct greq *q, int status, const char *content_type, const char *body,
@@ -544,15 +547,56 @@ static void answer_whole(struct greq *q)
     answer_json(q, NULL, bytes);
 }
 
-static void on_poll(struct gchoice *c, pagoda_async_result *res)
+/* A stream of several prompts opens once every choice has had its first answer, the earlier ones
+ * held (taken from *res) until then: a prompt the router refuses only once it has tokenized it
+ * (too long) then still gets its 4xx as a whole answer, as vLLM checks every prompt before it
+ * opens a stream. Returns whether *res was held. */
+static int stream_hold(struct gchoice *c, pagoda_async_result **res)
+{
+    struct greq *q = c->q;
+    if (!q->req.stream || q->streaming || q->req.num_prompts < 2)
+        return 0;
+    const pagoda_result *r = &(*res)->result;
+    if (r->finish_reason == PAGODA_FINISH_ERROR && c->offset == 0 && r->num_tokens == 0)
+        return 0; /* a refusal answers at once */
+    if (!c->answered) {
+        c->answered = 1;
+        q->num_answered++;
+    }
+    if (q->num_answered == q->num_choices)
+        return 0;
+    c->held = *res;
+    *res = NULL;
+    return 1;
+}
+
+static void on_poll(struct gchoice *c, pagoda_async_result **resp)
 {
     struct greq *q = c->q;
     if (q->http == NULL)
         return; /* the client went away, or the answer ended: the cancels are out */
-    if (res->rc != 0) {
-        fail(q, res->rc, res->detail);
+    if ((*resp)->rc != 0) {
+        fail(q, (*resp)->rc, (*resp)->detail);
         return;
     }
+    if (stream_hold(c, resp))
+        return;
+    const int release = q->req.stream && !q->streaming && q->req.num_prompts > 1;
+    on_poll_result(c, *resp);
+    /* the last first answer opened the stream: the held ones follow */
+    for (uint32_t i = 0; release && i < q->num_choices && q->http != NULL; i++) {
+        pagoda_async_result *h = q->choices[i].held;
+        if (h != NULL) {
+            q->choices[i].held = NULL;
+            on_poll(&q->choices[i], &h);
+            pagoda_async_result_free(h);
+        }
+    }
+}
+
+static void on_poll_result(struct gchoice *c, pagoda_async_result *res)
+{
+    struct greq *q = c->q;
     pagoda_result *r = &res->result;
     uint64_t t = now_ns();
     if (r->num_tokens > 0) {
@@ -900,7 +944,7 @@ static void on_async(uv_async_t *h)
             on_submitted(m->c, m->res);
             break;
         case CALL_KIND_POLL:
-            on_poll(m->c, m->res);
+            on_poll(m->c, &m->res); /* may take it (stream_hold) */
             break;
         case CALL_KIND_CANCEL:
             break;

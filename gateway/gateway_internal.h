@@ -58,6 +58,10 @@ struct gchoice {
     uint32_t prompt, draw; /* its prompt (openai_prompt), and which of that prompt's n it is */
     uint8_t id[PAGODA_REQUEST_ID_BYTES];
     int submitted, finished, cancel_sent, first_chunk_sent;
+    /* A stream of several prompts: the choice's first answer came (answered), and is held until
+     * every choice's has (gateway.c stream_hold). */
+    int answered;
+    pagoda_async_result *held;
     uint32_t offset; /* output tokens received */
     /* A whole answer being gathered (pagoda_result_append): its tokens, log-probabilities,
      * text and the tokens' text ends; at its finish, the finish, stop and usage fields too. */
@@ -96,6 +100,7 @@ struct greq {
     /* Choices the router admitted; the prompt's ids where it was tokenized once (owned, until
      * the choices are submitted). */
     uint32_t num_admitted;
+    uint32_t num_answered; /* choices whose first answer came (stream_hold) */
     pagoda_prompt ids;
     int32_t *ids_owned;
     /* Times for the latency figures (CLOCK_MONOTONIC, ns). */

@@ -161,6 +161,20 @@ check(three.usage.prompt_tokens === whole.usage.prompt_tokens &&
         'two prompts of token ids: each as alone');
   check(await status(completion({ ...base, prompt: [prompt, [1, 2]] })) === 400,
         'a list of a string and token ids: 400');
+  // A stream of several prompts whose last is too long once tokenized (after the others' first
+  // tokens): a 400 as a whole answer, not a stream that opens and then ends with an error (the
+  // stream opens once every choice has had its first answer).
+  const many = Array.from({ length: 120 }, (_, i) =>
+    Array.from({ length: 250 }, (_, k) => `w${(i * 7 + k) % 89}`).join(' '));
+  const r = await fetch(`${baseURL}/completions`, {
+    method: 'POST',
+    headers: { 'Content-Type': 'application/json', Authorization: `Bearer ${key}` },
+    body: JSON.stringify({ model, prompt: ['Hi', ...many, 'word '.repeat(3000)], max_tokens: 2,
+                           stream: true }),
+  });
+  const body = await r.text();
+  check(r.status === 400 && /limit/.test(body),
+        `a stream of 122 prompts, the last too long: ${r.status} ${body.slice(0, 160)}`);
 }
 {
   const s = await client.chat.completions.create({
