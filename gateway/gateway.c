@@ -669,15 +669,15 @@ static void on_submitted(struct gchoice *c, pagoda_async_result *res)
          * (a cancel of an id the router does not have changes nothing). */
         if (res->rc == PAGODA_ETIMEDOUT || res->rc == PAGODA_EIO || res->rc == PAGODA_ECLOSED)
             c->submitted = 1;
-        if (res->rc == PAGODA_EEXHAUSTED && q->num_admitted > 0) {
-            /* the request's own choices may be what fills its tenant: say so */
+        if (res->rc == PAGODA_EEXHAUSTED && q->num_choices > 1) {
+            /* the request's own choices may be what fills its tenant: say so (whether another
+             * of them is admitted yet is the replies' order, not known here) */
             char detail[sizeof(res->detail) + 256];
             snprintf(detail, sizeof(detail),
-                     "%s (choice %u of %u was refused with %u of them admitted: a request's own "
-                     "choices count against its tenant's limits, and one of more choices than "
-                     "they hold at once is refused every time)",
-                     res->detail, (unsigned)c->index, (unsigned)q->num_choices,
-                     (unsigned)q->num_admitted);
+                     "%s (choice %u of %u: a request's own choices count against its tenant's "
+                     "limits, and one of more choices than they hold at once is refused every "
+                     "time)",
+                     res->detail, (unsigned)c->index, (unsigned)q->num_choices);
             fail(q, res->rc, detail);
             return;
         }
@@ -685,7 +685,6 @@ static void on_submitted(struct gchoice *c, pagoda_async_result *res)
         return;
     }
     c->submitted = 1;
-    q->num_admitted++;
     if (q->http == NULL) {
         send_cancel(c); /* the client left, or the answer ended, while it was submitted */
         return;
