@@ -64,7 +64,6 @@ static void greq_unref(struct greq *q)
         q->next->prev = q->prev;
     g->num_generations -= q->generation;
     openai_request_fini(&q->req);
-    free(q->ids_owned);
     pagoda_async_result_free(q->stats_res);
     free(q->body);
     free(q->api_key);
@@ -651,16 +650,6 @@ static void on_poll_result(struct gchoice *c, pagoda_async_result *res)
         poll_next(c);
 }
 
-/* q's choices are submitted: the prompts are serialised in their calls, and a long generation
- * keeps none of them. */
-static void release_prompts(struct greq *q)
-{
-    openai_request_release_prompt(&q->req);
-    free(q->ids_owned);
-    q->ids_owned = NULL;
-    q->ids = pagoda_prompt_default();
-}
-
 static void on_submitted(struct gchoice *c, pagoda_async_result *res)
 {
     struct greq *q = c->q;
@@ -699,13 +688,13 @@ static uint32_t choices_asked(const struct greq *q)
 }
 
 /* Submits choice c of q: prompt p's choice j (index p * n + j) with seed + j when the request
- * gives a seed, with q's ids where its one prompt was tokenized once, else its own prompt. */
-static void submit_one(struct greq *q, struct gchoice *c)
+ * gives a seed, with ids where given (q's one prompt, tokenized once), else its own prompt. */
+static void submit_one(struct greq *q, struct gchoice *c, const pagoda_prompt *ids)
 {
     pagoda_generate_params params = q->req.params;
     if (params.has_seed)
         params.seed += c->draw;
-    const pagoda_prompt *p = q->ids.num_token_ids > 0 ? &q->ids : openai_prompt(&q->req, c->prompt);
+    const pagoda_prompt *p = ids != NULL ? ids : openai_prompt(&q->req, c->prompt);
     int rc = gateway_call_started(
         q, pagoda_submit_async(q->g->client, q->api_key, &params, p, c->id, on_submit_call, c));
     if (rc != 0)
@@ -713,12 +702,12 @@ static void submit_one(struct greq *q, struct gchoice *c)
 }
 
 /* Submits each of q's choices. */
-static void submit_choices(struct greq *q)
+static void submit_choices(struct greq *q, const pagoda_prompt *ids)
 {
     const uint32_t total = choices_asked(q);
     q->choices = calloc(total, sizeof(*q->choices));
     if (q->choices == NULL) {
-        release_prompts(q);
+        openai_request_release_prompt(&q->req);
         respond_code(q, PAGODA_ENOMEM, "out of memory");
         return;
     }
@@ -731,8 +720,9 @@ static void submit_choices(struct greq *q)
         c->draw = i % q->req.n;
     }
     for (uint32_t i = 0; i < q->num_choices && q->http != NULL; i++)
-        submit_one(q, &q->choices[i]);
-    release_prompts(q); /* serialised by the calls: a long generation keeps none of them */
+        submit_one(q, &q->choices[i], ids);
+    openai_request_release_prompt(
+        &q->req); /* serialised by the calls: a long generation keeps none of them */
 }
 
 /* A text or chat prompt of several choices is tokenized once (the router's Tokenize call: the
@@ -746,7 +736,7 @@ static void start_choices(struct greq *q)
 {
     const pagoda_prompt *p = &q->req.prompt;
     if (q->req.n == 1 || q->req.num_prompts > 1 || p->num_token_ids > 0) {
-        submit_choices(q);
+        submit_choices(q, NULL);
         return;
     }
     int rc = gateway_call_started(
@@ -761,17 +751,17 @@ static void start_choices(struct greq *q)
 static void on_prompt_ids(struct greq *q, pagoda_async_result *res)
 {
     if (q->http == NULL || q->g->closing) {
-        release_prompts(q);
+        openai_request_release_prompt(&q->req);
         return;
     }
-    if (res->rc == 0 && res->tokenized.num_token_ids > 0) { /* q's now, with its prompts */
-        q->ids = pagoda_prompt_default();
-        q->ids.token_ids = q->ids_owned = res->tokenized.token_ids;
-        q->ids.num_token_ids = res->tokenized.num_token_ids;
-        res->tokenized.token_ids = NULL;
-        res->tokenized.num_token_ids = 0;
+    if (res->rc != 0 || res->tokenized.num_token_ids == 0) {
+        submit_choices(q, NULL);
+        return;
     }
-    submit_choices(q);
+    pagoda_prompt ids = pagoda_prompt_default();
+    ids.token_ids = res->tokenized.token_ids;
+    ids.num_token_ids = res->tokenized.num_token_ids;
+    submit_choices(q, &ids); /* serialised by the calls: res may go */
 }
 
 /* About the bytes of a Submit's parameters: its stop strings and stop token ids, and the rest. */

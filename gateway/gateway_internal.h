@@ -97,10 +97,7 @@ struct greq {
     uint32_t num_choices, num_finished;
     /* A whole answer: the text bytes and tokens its choices have gathered. */
     size_t gathered_text, gathered_tokens;
-    /* The prompt's ids where it was tokenized once (owned, until the choices are submitted). */
     uint32_t num_answered; /* choices whose first answer came (stream_hold) */
-    pagoda_prompt ids;
-    int32_t *ids_owned;
     /* Times for the latency figures (CLOCK_MONOTONIC, ns). */
     uint64_t t_start_ns;
     /* /metrics: the router's Stats, kept while its tenants are asked for. */
