@@ -1020,6 +1020,7 @@ void client_stats_from_proto(const Pagoda__Stats *s, pagoda_engine_stats *out)
     out->router_drops = s->router_drops;
     out->router_resends = s->router_resends;
     out->event_gaps = s->event_gaps;
+    out->text_jobs = s->text_jobs;
     copy_router_text(out->tenant, sizeof(out->tenant), s->tenant);
     copy_router_text(out->routing, sizeof(out->routing), s->routing);
     /* An entry that cannot be told apart (no index, an index past the list, one seen already) is

@@ -209,6 +209,9 @@ typedef struct pagoda_engine_stats {
      * refused and the resends of every request held that made them good; the events the router
      * ignored for coming from beyond the output it held. */
     uint64_t router_drops, router_resends, event_gaps;
+    /* Text jobs the router's threads have run (prompts rendered and tokenized: text Submits and
+     * Tokenize calls). */
+    uint64_t text_jobs;
     /* A router with several engines (its figures above are their sums, docs/routing.md): the
      * routing in force ("cache-aware" or "round-robin") and each engine's figures, in engine
      * order. A router with one engine sends neither: routing is "" and num_engines 0. The first

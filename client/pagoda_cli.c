@@ -684,6 +684,7 @@ static int cmd_stats(pagoda_client *c, const struct cli *o)
         FIELD("router_drops", "%llu", (unsigned long long)s.router_drops);
         FIELD("router_resends", "%llu", (unsigned long long)s.router_resends);
         FIELD("event_gaps", "%llu", (unsigned long long)s.event_gaps);
+        FIELD("text_jobs", "%llu", (unsigned long long)s.text_jobs);
     }
     FIELD("cached_blocks", "%u", s.cached_blocks);
     if (engine) {

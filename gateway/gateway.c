@@ -241,7 +241,8 @@ static void on_tokenize_call(void *user, pagoda_async_result *res)
 
 static void on_prompt_ids_call(void *user, pagoda_async_result *res)
 {
-    mail(user, NULL, res, CALL_KIND_PROMPT_IDS);
+    struct gchoice *c = user;
+    mail(c->q, c, res, CALL_KIND_PROMPT_IDS);
 }
 
 static void on_health_call(void *user, pagoda_async_result *res)
@@ -688,7 +689,7 @@ static uint32_t choices_asked(const struct greq *q)
 }
 
 /* Submits choice c of q: prompt p's choice j (index p * n + j) with seed + j when the request
- * gives a seed, with ids where given (q's one prompt, tokenized once), else its own prompt. */
+ * gives a seed, with ids where given (its prompt tokenized once), else its own prompt. */
 static void submit_one(struct greq *q, struct gchoice *c, const pagoda_prompt *ids)
 {
     pagoda_generate_params params = q->req.params;
@@ -701,15 +702,16 @@ static void submit_one(struct greq *q, struct gchoice *c, const pagoda_prompt *i
         fail(q, rc, pagoda_error_detail());
 }
 
-/* Submits each of q's choices. */
-static void submit_choices(struct greq *q, const pagoda_prompt *ids)
+/* Makes q's choices (n of each prompt, none submitted yet). Returns 0, or answers q (out of
+ * memory) and returns -1. */
+static int make_choices(struct greq *q)
 {
     const uint32_t total = choices_asked(q);
     q->choices = calloc(total, sizeof(*q->choices));
     if (q->choices == NULL) {
         openai_request_release_prompt(&q->req);
         respond_code(q, PAGODA_ENOMEM, "out of memory");
-        return;
+        return -1;
     }
     q->num_choices = total;
     for (uint32_t i = 0; i < q->num_choices; i++) {
@@ -719,49 +721,78 @@ static void submit_choices(struct greq *q, const pagoda_prompt *ids)
         c->prompt = i / q->req.n;
         c->draw = i % q->req.n;
     }
-    for (uint32_t i = 0; i < q->num_choices && q->http != NULL; i++)
-        submit_one(q, &q->choices[i], ids);
-    openai_request_release_prompt(
-        &q->req); /* serialised by the calls: a long generation keeps none of them */
+    return 0;
 }
 
-/* A text or chat prompt of several choices is tokenized once (the router's Tokenize call: the
- * ids its Submit would have, with the same defaults), then each choice submits the ids: the
- * router renders and tokenizes it once, not once a choice (n of one tenant's text jobs). Where
- * the Tokenize call fails, each choice submits the prompt as it came, so that the request meets
+/* Submits prompt p's n choices, with ids where given (p tokenized once), else the prompt. Once
+ * every prompt's are, the prompts are released (serialised by the calls: a long generation keeps
+ * none of them). */
+static void submit_prompt(struct greq *q, uint32_t p, const pagoda_prompt *ids)
+{
+    for (uint32_t j = 0; j < q->req.n && q->http != NULL; j++)
+        submit_one(q, &q->choices[p * q->req.n + j], ids);
+    if (++q->prompts_submitted == q->req.num_prompts)
+        openai_request_release_prompt(&q->req);
+}
+
+/* Starts the Tokenize calls of q's text prompts, at most GATEWAY_PROMPT_IDS_CALLS at once, in
+ * prompt order; each call's user is its prompt's first choice. */
+static void tokenize_prompts(struct greq *q)
+{
+    while (q->ids_in_flight < GATEWAY_PROMPT_IDS_CALLS && q->prompts_asked < q->req.num_prompts &&
+           q->http != NULL) {
+        struct gchoice *c = &q->choices[q->prompts_asked * q->req.n];
+        int rc = gateway_call_started(q, pagoda_tokenize_async(q->g->client, q->api_key,
+                                                               openai_prompt(&q->req, c->prompt),
+                                                               on_prompt_ids_call, c));
+        if (rc != 0) {
+            fail(q, rc, pagoda_error_detail());
+            return;
+        }
+        q->prompts_asked++;
+        q->ids_in_flight++;
+    }
+}
+
+/* The text or chat prompts of a request of several choices each are tokenized once a prompt (the
+ * router's Tokenize call: the ids its Submit would have, with the same defaults), then each of
+ * the prompt's choices submits the ids as they arrive: the router renders and tokenizes each
+ * prompt once, not once a choice (n of one tenant's text jobs), and a list of prompts keeps at
+ * most GATEWAY_PROMPT_IDS_CALLS of its calls waiting (the router's per-tenant bound is 32). Where
+ * a prompt's Tokenize call fails, its choices submit the prompt as it came, so that they meet
  * exactly the refusals and waits a Submit of its text would (a Tokenize call is refused where
  * too many of the tenant's wait, PAGODA_EBUSY, where a text Submit waits its turn; its errors
- * carry other codes than a Submit's refusal of the same prompt). */
+ * carry other codes than a Submit's refusal of the same prompt). One choice of each prompt, or
+ * prompts given as ids, submit at once. */
 static void start_choices(struct greq *q)
 {
-    const pagoda_prompt *p = &q->req.prompt;
-    if (q->req.n == 1 || q->req.num_prompts > 1 || p->num_token_ids > 0) {
-        submit_choices(q, NULL);
+    if (make_choices(q) != 0)
+        return;
+    if (q->req.n == 1 || q->req.prompt.num_token_ids > 0) {
+        for (uint32_t p = 0; p < q->req.num_prompts; p++)
+            submit_prompt(q, p, NULL);
         return;
     }
-    int rc = gateway_call_started(
-        q, pagoda_tokenize_async(q->g->client, q->api_key, p, on_prompt_ids_call, q));
-    if (rc != 0) {
-        openai_request_release_prompt(&q->req);
-        respond_code(q, rc, pagoda_error_detail());
-    }
+    tokenize_prompts(q);
 }
 
-/* The ids of a prompt of several choices (start_choices) arrived, or its tokenization failed. */
-static void on_prompt_ids(struct greq *q, pagoda_async_result *res)
+/* The ids of prompt c->prompt (its first choice c: start_choices) arrived, or its tokenization
+ * failed. */
+static void on_prompt_ids(struct gchoice *c, pagoda_async_result *res)
 {
-    if (q->http == NULL || q->g->closing) {
-        openai_request_release_prompt(&q->req);
-        return;
-    }
+    struct greq *q = c->q;
+    q->ids_in_flight--;
+    if (q->http == NULL || q->g->closing)
+        return; /* the prompts go with the request (openai_request_fini) */
     if (res->rc != 0 || res->tokenized.num_token_ids == 0) {
-        submit_choices(q, NULL);
-        return;
+        submit_prompt(q, c->prompt, NULL);
+    } else {
+        pagoda_prompt ids = pagoda_prompt_default();
+        ids.token_ids = res->tokenized.token_ids;
+        ids.num_token_ids = res->tokenized.num_token_ids;
+        submit_prompt(q, c->prompt, &ids); /* serialised by the calls: res may go */
     }
-    pagoda_prompt ids = pagoda_prompt_default();
-    ids.token_ids = res->tokenized.token_ids;
-    ids.num_token_ids = res->tokenized.num_token_ids;
-    submit_choices(q, &ids); /* serialised by the calls: res may go */
+    tokenize_prompts(q);
 }
 
 /* About the bytes of a Submit's parameters: its stop strings and stop token ids, and the rest. */
@@ -950,7 +981,7 @@ static void on_async(uv_async_t *h)
             on_tokenized(q, &m->res);
             break;
         case CALL_KIND_PROMPT_IDS:
-            on_prompt_ids(q, m->res);
+            on_prompt_ids(m->c, m->res);
             break;
         }
         pagoda_async_result_free(m->res);

@@ -35,7 +35,7 @@ enum call_kind {
     CALL_KIND_STATS,
     CALL_KIND_TENANTS,
     CALL_KIND_TOKENIZE,
-    CALL_KIND_PROMPT_IDS /* the ids of a prompt of several choices, tokenized once */
+    CALL_KIND_PROMPT_IDS /* the ids of a text prompt of several choices, tokenized once */
 };
 
 /* Answers (whole ones, /tokenize's) whose text and tokens, at GATEWAY_JSON_TOKEN_BYTES a token,
@@ -46,6 +46,9 @@ enum call_kind {
 /* With log-probabilities: about what a token's JSON costs to build (a chat's, in jansson's
  * objects), for the same threshold and for the answer's cap (gateway.c). */
 #define GATEWAY_LOGPROB_BYTES 256u
+/* A request's Tokenize calls in flight at once for its text prompts of several choices each
+ * (gateway.c start_choices); the router lets 32 of a tenant's wait. */
+#define GATEWAY_PROMPT_IDS_CALLS 8u
 /* JSON jobs on the threadpool at once (more wait their turn). */
 #define GATEWAY_JSON_JOBS 2u
 
@@ -98,6 +101,9 @@ struct greq {
     /* A whole answer: the text bytes and tokens its choices have gathered. */
     size_t gathered_text, gathered_tokens;
     uint32_t num_answered; /* choices whose first answer came (stream_hold) */
+    /* Text prompts of several choices each, tokenized once (gateway.c start_choices): prompts
+     * whose Tokenize call started, those calls in flight, and prompts whose choices were sent. */
+    uint32_t prompts_asked, ids_in_flight, prompts_submitted;
     /* Times for the latency figures (CLOCK_MONOTONIC, ns). */
     uint64_t t_start_ns;
     /* /metrics: the router's Stats, kept while its tenants are asked for. */

@@ -706,6 +706,8 @@ static void fill_stats(struct router *r, const Pagoda__Internal__SchedulerStats 
     out->has_parked_calls = out->has_parked_refused = 1;
     out->parked_calls = r->num_parked;
     out->parked_refused = r->parked_refused;
+    out->has_text_jobs = 1;
+    out->text_jobs = r->text_jobs_run;
 }
 
 /* Offsets of each counter's value and has_ flag in a SchedulerStats. */

@@ -431,6 +431,7 @@ static void dispatch(struct router *r)
             r->text_queued = job;
             job->queued = 1;
             r->text_jobs++;
+            r->text_jobs_run++;
             r->slots[job->tenant].text_jobs++;
             tenancy_ref(r, job->tenant);
         }

@@ -61,6 +61,13 @@ async function chatStream(params) {
 async function status(promise) {
   try { await promise; return 200; } catch (e) { return e.status ?? String(e); }
 }
+// The router's text jobs so far (/metrics, the gateway's --stats-key being an admin key): the
+// prompts it rendered and tokenized.
+async function textJobs() {
+  const m = await (await fetch(baseURL.replace(/\/v1$/, '') + '/metrics')).text();
+  const line = m.split('\n').find((l) => l.startsWith('pagoda_router_text_jobs_total '));
+  return line ? Number(line.split(' ')[1]) : NaN;
+}
 
 const prompt = 'The router accepts client requests and the scheduler forms batches.';
 
@@ -97,8 +104,11 @@ check(again.choices[0].text === whole.choices[0].text, 'the same seed gives the 
 
 // n choices: choice i is the request with seed + i (vLLM's), streamed as whole; the prompt's
 // tokens counted once, the completions' summed.
+const jobs0 = await textJobs();
 const three = await completion({ ...base, n: 3 });
 finished += 2; // each choice is a request of the router's: /metrics counts three
+const jobs1 = await textJobs();
+check(jobs1 - jobs0 === 1, `n 3: the prompt tokenized once (${jobs1 - jobs0} text jobs)`);
 const plus1 = await completion({ ...base, seed: base.seed + 1 });
 const plus2 = await completion({ ...base, seed: base.seed + 2 });
 check(three.choices.length === 3 && three.choices.every((c, i) => c.index === i) &&
@@ -130,8 +140,11 @@ check(three.usage.prompt_tokens === whole.usage.prompt_tokens &&
 // with seed + j; each prompt's tokens counted once; streamed, each index's text as whole.
 {
   const other = 'Hello there, how are';
+  const jobs2 = await textJobs();
   const listed = await completion({ ...base, prompt: [prompt, other], n: 2 });
   finished += 3;
+  const jobs3 = await textJobs();
+  check(jobs3 - jobs2 === 2, `two prompts, n 2: each tokenized once (${jobs3 - jobs2} text jobs)`);
   const other0 = await completion({ ...base, prompt: other });
   const other1 = await completion({ ...base, prompt: other, seed: base.seed + 1 });
   const want = [whole, plus1, other0, other1].map((r) => r.choices[0].text);
@@ -152,6 +165,20 @@ check(three.usage.prompt_tokens === whole.usage.prompt_tokens &&
   check(texts.every((t, i) => t === want[i]) && usage &&
         usage.prompt_tokens === listed.usage.prompt_tokens && usage.completion_tokens === 96,
         'two prompts, n 2, streamed: each index\'s text as whole, the same usage');
+  // Ten prompts of three choices: ten Tokenize calls, at most 8 at once, each prompt's choices
+  // sent as its ids come; the first and the last as each alone.
+  const ten = Array.from({ length: 10 }, (_, i) => `${other} ${i} of ten`);
+  const short = { ...base, max_tokens: 6 };
+  const jobs4 = await textJobs();
+  const tens = await completion({ ...short, prompt: ten, n: 3 });
+  finished += 29;
+  const jobs5 = await textJobs();
+  const first = await completion({ ...short, prompt: ten[0] });
+  const last = await completion({ ...short, prompt: ten[9], seed: short.seed + 2 });
+  check(jobs5 - jobs4 === 10 && tens.choices.length === 30 &&
+        tens.choices.every((c, i) => c.index === i) && tens.choices[0].text === first.choices[0].text &&
+        tens.choices[29].text === last.choices[0].text && tens.usage.completion_tokens === 180,
+        `ten prompts, n 3: ${jobs5 - jobs4} text jobs, 30 choices, the first and last as alone`);
   const ids = await completion({ ...base, prompt: [[11, 12, 13], [14, 15]] });
   finished++;
   const ids0 = await completion({ ...base, prompt: [11, 12, 13] });
