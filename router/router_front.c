@@ -322,12 +322,15 @@ static void park_push(struct rctx **list, struct rctx *c)
     *list = c;
 }
 
-/* Takes c off whatever it waits on and stops its timer; the call is the loop's to answer. */
+/* Takes c off whatever it waits on and stops its timer; the call is the loop's to answer. A poll
+ * names its request until it leaves (abandon_ms counts from then, not from its arrival: a wait
+ * longer than abandon_ms would otherwise leave its request abandoned as it is answered). */
 void router_unpark(struct rctx *c)
 {
-    if (c->park == PARK_POLL)
+    if (c->park == PARK_POLL) {
         router_park_remove(&c->req->waiters, c);
-    else if (c->park == PARK_STATS)
+        c->req->seen_ms = uv_now(c->r->loop);
+    } else if (c->park == PARK_STATS)
         router_park_remove(&c->r->stats_waiters, c);
     else if (c->park == PARK_UNKNOWN) {
         router_park_remove(&c->r->unknown_waiters, c);
