@@ -209,8 +209,8 @@ typedef struct pagoda_engine_stats {
      * refused and the resends of every request held that made them good; the events the router
      * ignored for coming from beyond the output it held. */
     uint64_t router_drops, router_resends, event_gaps;
-    /* Text jobs the router's threads have run (prompts rendered and tokenized: text Submits and
-     * Tokenize calls). */
+    /* Text jobs the router's threads have run: text Submits' and Tokenize calls' prompts
+     * rendered and tokenized, Detokenize calls' ids decoded. */
     uint64_t text_jobs;
     /* A router with several engines (its figures above are their sums, docs/routing.md): the
      * routing in force ("cache-aware" or "round-robin") and each engine's figures, in engine

@@ -665,8 +665,8 @@ static void on_submitted(struct gchoice *c, pagoda_async_result *res)
             char detail[sizeof(res->detail) + 256];
             snprintf(detail, sizeof(detail),
                      "%s (choice %u of %u: a request's own choices count against its tenant's "
-                     "limits, and one of more choices than they hold at once is refused every "
-                     "time)",
+                     "limits, and one of more choices than they hold at once is refused unless "
+                     "its first choices end before its last are sent)",
                      res->detail, (unsigned)c->index, (unsigned)q->num_choices);
             fail(q, res->rc, detail);
             return;
@@ -735,15 +735,26 @@ static void submit_prompt(struct greq *q, uint32_t p, const pagoda_prompt *ids)
         openai_request_release_prompt(&q->req);
 }
 
-/* Starts the Tokenize calls of q's text prompts, at most GATEWAY_PROMPT_IDS_CALLS at once, in
- * prompt order; each call's user is its prompt's first choice. */
+/* Takes q's text prompts in turn: each gets a Tokenize call while the gateway has fewer than
+ * GATEWAY_PROMPT_IDS_CALLS in flight (the call's user is the prompt's first choice); when it has
+ * that many, q waits for its own calls to come back, or, with none in flight, sends the prompt's
+ * choices with its text, as they were sent before the gateway tokenized prompts once (no wait
+ * for other requests' calls). */
 static void tokenize_prompts(struct greq *q)
 {
-    while (q->ids_in_flight < GATEWAY_PROMPT_IDS_CALLS && q->prompts_asked < q->req.num_prompts &&
-           q->http != NULL) {
-        struct gchoice *c = &q->choices[q->prompts_asked * q->req.n];
-        int rc = gateway_call_started(q, pagoda_tokenize_async(q->g->client, q->api_key,
-                                                               openai_prompt(&q->req, c->prompt),
+    struct gateway *g = q->g;
+    while (q->prompts_asked < q->req.num_prompts && q->http != NULL) {
+        const uint32_t p = q->prompts_asked;
+        if (g->prompt_ids_calls >= GATEWAY_PROMPT_IDS_CALLS) {
+            if (q->ids_in_flight > 0)
+                return; /* on_prompt_ids goes on */
+            q->prompts_asked++;
+            submit_prompt(q, p, NULL);
+            continue;
+        }
+        struct gchoice *c = &q->choices[p * q->req.n];
+        int rc = gateway_call_started(q, pagoda_tokenize_async(g->client, q->api_key,
+                                                               openai_prompt(&q->req, p),
                                                                on_prompt_ids_call, c));
         if (rc != 0) {
             fail(q, rc, pagoda_error_detail());
@@ -751,19 +762,20 @@ static void tokenize_prompts(struct greq *q)
         }
         q->prompts_asked++;
         q->ids_in_flight++;
+        g->prompt_ids_calls++;
     }
 }
 
 /* The text or chat prompts of a request of several choices each are tokenized once a prompt (the
  * router's Tokenize call: the ids its Submit would have, with the same defaults), then each of
  * the prompt's choices submits the ids as they arrive: the router renders and tokenizes each
- * prompt once, not once a choice (n of one tenant's text jobs), and a list of prompts keeps at
- * most GATEWAY_PROMPT_IDS_CALLS of its calls waiting (the router's per-tenant bound is 32). Where
- * a prompt's Tokenize call fails, its choices submit the prompt as it came, so that they meet
- * exactly the refusals and waits a Submit of its text would (a Tokenize call is refused where
- * too many of the tenant's wait, PAGODA_EBUSY, where a text Submit waits its turn; its errors
- * carry other codes than a Submit's refusal of the same prompt). One choice of each prompt, or
- * prompts given as ids, submit at once. */
+ * prompt once, not once a choice (n of one tenant's text jobs). The gateway keeps at most
+ * GATEWAY_PROMPT_IDS_CALLS such calls in flight (tokenize_prompts). Where a prompt's Tokenize
+ * call fails, its choices submit the prompt as it came, so that they meet exactly the refusals
+ * and waits a Submit of its text would (a Tokenize call is refused where too many of the
+ * tenant's wait, PAGODA_EBUSY, where a text Submit waits its turn; its errors carry other codes
+ * than a Submit's refusal of the same prompt). One choice of each prompt, or prompts given as
+ * ids, submit at once. */
 static void start_choices(struct greq *q)
 {
     if (make_choices(q) != 0)
@@ -782,6 +794,7 @@ static void on_prompt_ids(struct gchoice *c, pagoda_async_result *res)
 {
     struct greq *q = c->q;
     q->ids_in_flight--;
+    q->g->prompt_ids_calls--;
     if (q->http == NULL || q->g->closing)
         return; /* the prompts go with the request (openai_request_fini) */
     if (res->rc != 0 || res->tokenized.num_token_ids == 0) {

@@ -46,8 +46,9 @@ enum call_kind {
 /* With log-probabilities: about what a token's JSON costs to build (a chat's, in jansson's
  * objects), for the same threshold and for the answer's cap (gateway.c). */
 #define GATEWAY_LOGPROB_BYTES 256u
-/* A request's Tokenize calls in flight at once for its text prompts of several choices each
- * (gateway.c start_choices); the router lets 32 of a tenant's wait. */
+/* The gateway's Tokenize calls in flight at once for text prompts of several choices each, all
+ * requests together (gateway.c start_choices): a quarter of the 32 the router lets one tenant
+ * have waiting, so that clients' own /tokenize calls keep the rest. */
 #define GATEWAY_PROMPT_IDS_CALLS 8u
 /* JSON jobs on the threadpool at once (more wait their turn). */
 #define GATEWAY_JSON_JOBS 2u
@@ -102,7 +103,8 @@ struct greq {
     size_t gathered_text, gathered_tokens;
     uint32_t num_answered; /* choices whose first answer came (stream_hold) */
     /* Text prompts of several choices each, tokenized once (gateway.c start_choices): prompts
-     * whose Tokenize call started, those calls in flight, and prompts whose choices were sent. */
+     * taken in turn (a Tokenize call started, or its choices sent with its text), the calls in
+     * flight, and prompts whose choices were sent. */
     uint32_t prompts_asked, ids_in_flight, prompts_submitted;
     /* Times for the latency figures (CLOCK_MONOTONIC, ns). */
     uint64_t t_start_ns;
@@ -140,6 +142,8 @@ struct gateway {
     struct gmail *mail_head, *mail_tail; /* guarded by lock */
     uint64_t calls_lost;                 /* guarded by lock: results lost for want of memory */
     uint64_t calls_outstanding;
+    uint32_t prompt_ids_calls; /* Tokenize calls for prompts of several choices (at most
+                                * GATEWAY_PROMPT_IDS_CALLS) */
     struct greq *live;
     uint32_t num_generations;
     /* Large answers' JSON jobs (gateway.c answer_json): running, and waiting their turn. */

@@ -317,7 +317,8 @@ static void render(struct greq *q, const pagoda_async_result *res, const pagoda_
                 "Token events the router ignored for coming from beyond the output it held.",
                 (double)s->event_gaps);
         counter(&b, "pagoda_router_text_jobs_total",
-                "Prompts the router rendered and tokenized (text Submits and Tokenize calls).",
+                "Text jobs the router ran: prompts rendered and tokenized (text Submits, "
+                "Tokenize calls), ids decoded (Detokenize calls).",
                 (double)s->text_jobs);
     } else {
         log_debug("/metrics without the engine's figures: %s", res->detail);

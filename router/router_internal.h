@@ -269,7 +269,7 @@ struct router {
     uint32_t num_parked;       /* parked calls (every kind) */
     uint32_t max_ctxs;         /* num_contexts + max_parked_calls + num_contexts */
     uint64_t parked_refused;   /* polls and stats answered at once because max_parked_calls were */
-    uint64_t text_jobs_run;    /* text jobs queued on the threadpool (router_text.c dispatch) */
+    uint64_t text_jobs_run;    /* text jobs that ran on the threadpool (router_text.c job_done) */
     uint32_t model_positions;  /* the model's context from ModelInfo; 0 until it arrives */
     uint32_t prompt_limit_cfg; /* cfg.max_prompt_tokens as configured (cfg's may be lowered) */
     size_t recv_max_bytes;     /* NNG_OPT_RECVMAXSZ in force */

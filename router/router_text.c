@@ -431,7 +431,6 @@ static void dispatch(struct router *r)
             r->text_queued = job;
             job->queued = 1;
             r->text_jobs++;
-            r->text_jobs_run++;
             r->slots[job->tenant].text_jobs++;
             tenancy_ref(r, job->tenant);
         }
@@ -448,6 +447,8 @@ static void job_done(uv_work_t *w, int status)
         job_unlink(&r->text_queued, NULL, job);
         r->text_jobs--;
         r->slots[job->tenant].text_jobs--;
+        if (status == 0)
+            r->text_jobs_run++;
         tenancy_unref(r, job->tenant); /* the slot is the job's until now */
         dispatch(r);
     }

@@ -179,6 +179,19 @@ check(three.usage.prompt_tokens === whole.usage.prompt_tokens &&
         tens.choices.every((c, i) => c.index === i) && tens.choices[0].text === first.choices[0].text &&
         tens.choices[29].text === last.choices[0].text && tens.usage.completion_tokens === 180,
         `ten prompts, n 3: ${jobs5 - jobs4} text jobs, 30 choices, the first and last as alone`);
+  // Three such requests at once (n 2): the gateway's 8 Tokenize calls shared (a request finding
+  // them taken by another sends its prompts' text), every choice as the ten x 3's of its prompt
+  // and draw.
+  const jobs6 = await textJobs();
+  const together = await Promise.all([0, 1, 2].map(() => completion({ ...short, prompt: ten,
+                                                                       n: 2 })));
+  finished += 3 * 19;
+  const jobs7 = await textJobs();
+  const same = (r) => r.choices.length === 20 && r.choices.every((c, i) =>
+    c.index === i && c.text === tens.choices[Math.floor(i / 2) * 3 + (i % 2)].text);
+  check(together.every(same) && jobs7 - jobs6 >= 30 && jobs7 - jobs6 <= 60,
+        `three lists of ten x n 2 at once: every choice as its prompt's (${jobs7 - jobs6} text ` +
+        'jobs, 30 to 60)');
   const ids = await completion({ ...base, prompt: [[11, 12, 13], [14, 15]] });
   finished++;
   const ids0 = await completion({ ...base, prompt: [11, 12, 13] });
