@@ -722,11 +722,26 @@ static bool ensure_blocks(struct scheduler *s, struct seq *q, int64_t upto)
     return true;
 }
 
+/* A strict_max_tokens request's check: PAGODA_ERANGE with why in msg when its prompt and
+ * max_tokens (> 0) pass limit, else 0. */
+static int strict_check(int64_t limit, int32_t prompt, int32_t max_tokens,
+                        char msg[SCHEDULER_ERROR_MESSAGE_MAX])
+{
+    if (max_tokens <= 0 || (int64_t)prompt + max_tokens <= limit)
+        return 0;
+    snprintf(msg, SCHEDULER_ERROR_MESSAGE_MAX,
+             "the context is %lld tokens (the model's positions, or the KV pool less its pinned "
+             "blocks), and this request asks for %lld (%d of prompt, %d of max_tokens): shorten "
+             "the prompt or lower max_tokens",
+             (long long)limit, (long long)prompt + max_tokens, (int)prompt, (int)max_tokens);
+    return PAGODA_ERANGE;
+}
+
 /* Checks a sequence against the worker's model before it is admitted. Returns 0, or refuses it
  * (error event) or ends it (its resubmitted output already fills the context) and returns -1. */
 static int admission_check(struct scheduler *s, struct seq *q)
 {
-    char msg[256];
+    char msg[SCHEDULER_ERROR_MESSAGE_MAX];
     int64_t limit = context_limit(s);
     if ((int64_t)q->num_prompt_tokens + 1 > limit) {
         snprintf(msg, sizeof(msg), "prompt of %d tokens + 1 exceeds the context of %lld tokens",
@@ -734,14 +749,9 @@ static int admission_check(struct scheduler *s, struct seq *q)
         seq_refuse(s, q, PAGODA_ERANGE, msg);
         return -1;
     }
-    if (q->strict_max_tokens && q->max_tokens > 0 &&
-        (int64_t)q->num_prompt_tokens + q->max_tokens > limit) {
-        snprintf(msg, sizeof(msg),
-                 "the context is %lld tokens (the model's positions, or the KV pool less its "
-                 "pinned blocks), and this request asks for %lld (%d of prompt, %d of "
-                 "max_tokens): shorten the prompt or lower max_tokens",
-                 (long long)limit, (long long)q->num_prompt_tokens + q->max_tokens,
-                 (int)q->num_prompt_tokens, (int)q->max_tokens);
+    /* Checked at its Submit too; the context may have shrunk since (a new worker's pool, pins). */
+    if (q->strict_max_tokens &&
+        strict_check(limit, q->num_prompt_tokens, q->max_tokens, msg) != 0) {
         seq_refuse(s, q, PAGODA_ERANGE, msg);
         return -1;
     }
@@ -1592,7 +1602,7 @@ static void on_submit(struct scheduler *s, const Pagoda__Internal__SubmitSeq *m)
 {
     const uint8_t *id = m->has_request_id ? m->request_id.data : NULL;
     size_t id_len = m->has_request_id ? m->request_id.len : 0;
-    char msg[160];
+    char msg[SCHEDULER_ERROR_MESSAGE_MAX];
     if (id_len != SCHEDULER_REQUEST_ID_BYTES) {
         snprintf(msg, sizeof(msg), "request_id must be %d bytes, not %zu",
                  SCHEDULER_REQUEST_ID_BYTES, id_len);
@@ -1624,6 +1634,10 @@ static void on_submit(struct scheduler *s, const Pagoda__Internal__SubmitSeq *m)
     } else if (m->has_max_tokens && m->max_tokens < 0) {
         err = PAGODA_ERANGE;
         snprintf(msg, sizeof(msg), "max_tokens %d is negative", (int)m->max_tokens);
+    } else if (m->has_strict_max_tokens && m->strict_max_tokens && n_out == 0 &&
+               m->has_max_tokens &&
+               (err = strict_check(limit, (int32_t)n_prompt, m->max_tokens, msg)) != 0) {
+        /* refused now, not after its wait in the queue: what passes the context today */
     } else if (s->waiting.count + s->running.count >= (uint32_t)s->cfg.max_queued) {
         err = PAGODA_EEXHAUSTED;
         snprintf(msg, sizeof(msg), "the scheduler's queue is full (%d requests)",

@@ -590,25 +590,28 @@ static void test_dup_step_fault(void **state)
 
 /* strict_max_tokens against the context the scheduler serves: with a pool of 32 tokens under a
  * model of 64 positions, a prompt of 10 with max_tokens 23 (33) is refused with the figures at its
- * admission; with 22 (32) it is served all 22; without the flag, 23 ends by length at the
- * context (22 tokens). */
+ * Submit, while another request holds the one running place (the admission checks again); with 22
+ * (32) it is served all 22; without the flag, 23 ends by length at the context (22 tokens). */
 static void test_strict_max_tokens_against_the_pool(void **state)
 {
     struct setup su = DEFAULT_SETUP;
     su.num_blocks = 1 + 4; /* 32 tokens */
     su.max_positions = 64;
+    su.max_seqs = 1;
     struct harness *h = harness_open(&su);
     int32_t p[10];
     make_prompt(81, 10, p);
     h->strict_max_tokens = true;
+    struct req_rec *fits = submit(h, 2, p, 10, 22); /* takes the one running place */
     struct req_rec *over = submit(h, 1, p, 10, 23);
-    pump(h);
+    /* refused at its Submit, not after its wait for the running place */
     assert_int_equal(over->finish, PAGODA__INTERNAL__FINISH_REASON__FINISH_ERROR);
     assert_int_equal(over->error_code, PAGODA_ERANGE);
     assert_int_equal(over->n_out, 0);
-    struct req_rec *fits = submit(h, 2, p, 10, 22);
+    assert_int_equal(fits->ends, 0);
     pump(h);
     expect_output(fits, p, 10, 22, PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH);
+    assert_int_equal(over->n_out, 0);
     h->strict_max_tokens = false;
     struct req_rec *loose = submit(h, 3, p, 10, 23);
     pump(h);
