@@ -150,15 +150,20 @@ static void id_list_push(struct scheduler *s, struct id_list *l, uint64_t id)
     l->ids[l->count++] = id;
 }
 
-/* The most tokens a sequence may hold: the model's positions and the pool less its pinned
+/* The most tokens a sequence may hold with pinned blocks pinned: the model's positions and the
+ * pool less those blocks. */
+static int64_t context_with_pins(const struct scheduler *s, int32_t pinned)
+{
+    int64_t pool = (int64_t)(block_manager_usable(s->bm) - pinned) * s->block_size;
+    int64_t limit = s->worker.max_positions > 0 ? s->worker.max_positions : pool;
+    return limit < pool ? limit : pool;
+}
+
+/* The most tokens a sequence may hold now: the model's positions and the pool less its pinned
  * blocks (which no sequence can take). */
 static int64_t context_limit(const struct scheduler *s)
 {
-    int64_t pool =
-        (int64_t)(block_manager_usable(s->bm) - (int32_t)prefix_cache_pinned_blocks(s->pc)) *
-        s->block_size;
-    int64_t limit = s->worker.max_positions > 0 ? s->worker.max_positions : pool;
-    return limit < pool ? limit : pool;
+    return context_with_pins(s, (int32_t)prefix_cache_pinned_blocks(s->pc));
 }
 
 /* The step in flight i places after the oldest (i < num_steps). */
@@ -1636,8 +1641,10 @@ static void on_submit(struct scheduler *s, const Pagoda__Internal__SubmitSeq *m)
         snprintf(msg, sizeof(msg), "max_tokens %d is negative", (int)m->max_tokens);
     } else if (m->has_strict_max_tokens && m->strict_max_tokens && n_out == 0 &&
                m->has_max_tokens &&
-               (err = strict_check(limit, (int32_t)n_prompt, m->max_tokens, msg)) != 0) {
-        /* refused now, not after its wait in the queue: what passes the context today */
+               (err = strict_check(context_with_pins(s, 0), (int32_t)n_prompt, m->max_tokens,
+                                   msg)) != 0) {
+        /* refused now, not after its wait in the queue: what no context without pins would
+         * hold (pins may go while it waits; the admission checks what is left then) */
     } else if (s->waiting.count + s->running.count >= (uint32_t)s->cfg.max_queued) {
         err = PAGODA_EEXHAUSTED;
         snprintf(msg, sizeof(msg), "the scheduler's queue is full (%d requests)",

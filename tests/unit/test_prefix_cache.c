@@ -1041,6 +1041,38 @@ static void test_pins_shrink_the_context(void **state)
     harness_close(h);
 }
 
+/* A strict_max_tokens request that fits the context when it is submitted, and not once a pin
+ * taken while it waits for the running place is ready, is refused at its admission; one that
+ * fits beside the pin is served. */
+static void test_strict_checked_again_at_admission(void **state)
+{
+    (void)state;
+    struct setup su = CACHE_SETUP;
+    su.num_blocks = 1 + 40; /* 320 tokens of 8-token blocks */
+    su.max_seqs = 1;
+    struct harness *h = harness_open(&su);
+    int32_t run[6], sys[160], p[10];
+    make_prompt(41, 6, run);
+    make_prompt(42, 160, sys); /* a pin of 20 blocks: 160 tokens left */
+    make_prompt(43, 10, p);
+    h->tenant = "bob";
+    struct req_rec *a = submit(h, next_idn++, run, 6, 40); /* takes the one running place */
+    h->strict_max_tokens = true;
+    struct req_rec *over = submit(h, next_idn++, p, 10, 200); /* 210: fits 320, not 160 */
+    struct req_rec *fits = submit(h, next_idn++, p, 10, 100);
+    assert_int_equal(over->ends, 0);
+    const struct pin_spec ps[] = {{"sys", sys, 160}};
+    send_policy(h, 1, NULL, NULL, 0, NULL, 0, ps, 1);
+    pump(h);
+    assert_true(h->applied->pins[0]->ready);
+    expect_output(a, run, 6, 40, PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH);
+    assert_int_equal(over->finish, PAGODA__INTERNAL__FINISH_REASON__FINISH_ERROR);
+    assert_int_equal(over->error_code, PAGODA_ERANGE);
+    assert_int_equal(over->n_out, 0);
+    expect_output(fits, p, 10, 100, PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH);
+    harness_close(h);
+}
+
 /* Pins together hold at most half the pool: a pin past that fails (PAGODA_EEXHAUSTED, said in
  * PolicyApplied), the others stay, and a later policy without the first lets a new one in. */
 static void test_pins_capped_at_half_the_pool(void **state)
@@ -1299,6 +1331,7 @@ int main(void)
         cmocka_unit_test(test_preemption_with_cache),
         cmocka_unit_test(test_model_change_recomputes),
         cmocka_unit_test(test_pins_shrink_the_context),
+        cmocka_unit_test(test_strict_checked_again_at_admission),
         cmocka_unit_test(test_pins_capped_at_half_the_pool),
         cmocka_unit_test(test_moved_tenant_stops_publishing),
         cmocka_unit_test(test_randomized_invariants),
