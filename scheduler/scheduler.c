@@ -150,8 +150,8 @@ static void id_list_push(struct scheduler *s, struct id_list *l, uint64_t id)
     l->ids[l->count++] = id;
 }
 
-/* The most tokens a sequence may hold with pinned blocks pinned: the model's positions and the
- * pool less those blocks. */
+/* The most tokens a sequence may hold while `pinned` blocks are pinned: the model's positions
+ * and the pool less those blocks. */
 static int64_t context_with_pins(const struct scheduler *s, int32_t pinned)
 {
     int64_t pool = (int64_t)(block_manager_usable(s->bm) - pinned) * s->block_size;
@@ -754,7 +754,7 @@ static int admission_check(struct scheduler *s, struct seq *q)
         seq_refuse(s, q, PAGODA_ERANGE, msg);
         return -1;
     }
-    /* Checked at its Submit too; the context may have shrunk since (a new worker's pool, pins). */
+    /* Checked at its Submit against the context without pins; pins may have been taken since. */
     if (q->strict_max_tokens &&
         strict_check(limit, q->num_prompt_tokens, q->max_tokens, msg) != 0) {
         seq_refuse(s, q, PAGODA_ERANGE, msg);
