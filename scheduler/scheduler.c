@@ -1640,11 +1640,10 @@ static void on_submit(struct scheduler *s, const Pagoda__Internal__SubmitSeq *m)
         err = PAGODA_ERANGE;
         snprintf(msg, sizeof(msg), "max_tokens %d is negative", (int)m->max_tokens);
     } else if (m->has_strict_max_tokens && m->strict_max_tokens && n_out == 0 &&
-               m->has_max_tokens &&
-               (err = strict_check(context_with_pins(s, 0), (int32_t)n_prompt, m->max_tokens,
-                                   msg)) != 0) {
+               strict_check(context_with_pins(s, 0), (int32_t)n_prompt, m->max_tokens, msg) != 0) {
         /* refused now, not after its wait in the queue: what no context without pins would
          * hold (pins may go while it waits; the admission checks what is left then) */
+        err = PAGODA_ERANGE;
     } else if (s->waiting.count + s->running.count >= (uint32_t)s->cfg.max_queued) {
         err = PAGODA_EEXHAUSTED;
         snprintf(msg, sizeof(msg), "the scheduler's queue is full (%d requests)",
