@@ -72,16 +72,6 @@ struct job {
 
 static atomic_int started_jobs; /* jobs that received their first token */
 
-/* A millisecond figure scaled, as a string that lives for the test. */
-static const char *ms(long value)
-{
-    static char bufs[16][24];
-    static int next;
-    char *b = bufs[next++ % 16];
-    snprintf(b, sizeof(bufs[0]), "%ld", value * group_time_scale());
-    return b;
-}
-
 static void on_tokens(void *user, uint32_t offset, const int32_t *ids, const float *lp, size_t n)
 {
     struct job *j = user;
@@ -220,8 +210,8 @@ static void scenario_concurrent(struct group *g, const char *step_delay_ms)
     /* clang-format off */
     const char *extra[] = {
         "--worker-arg", "--step-delay-ms", "--worker-arg", step_delay_ms,
-        "--scheduler-arg", "--result-timeout-ms", "--scheduler-arg", ms(2000),
-        "--scheduler-arg", "--watchdog-ms", "--scheduler-arg", ms(10000),
+        "--scheduler-arg", "--result-timeout-ms", "--scheduler-arg", group_ms(2000),
+        "--scheduler-arg", "--watchdog-ms", "--scheduler-arg", group_ms(10000),
         "--scheduler-arg", "--max-batched-tokens", "--scheduler-arg", "512",
         NULL};
     /* clang-format on */
@@ -319,8 +309,8 @@ static void scenario_kill_worker(struct group *g, int lost)
     /* clang-format off */
     const char *extra[24] = {
         "--worker-arg", "--step-delay-ms", "--worker-arg", "30",
-        "--scheduler-arg", "--result-timeout-ms", "--scheduler-arg", ms(2000),
-        "--scheduler-arg", "--watchdog-ms", "--scheduler-arg", ms(10000),
+        "--scheduler-arg", "--result-timeout-ms", "--scheduler-arg", group_ms(2000),
+        "--scheduler-arg", "--watchdog-ms", "--scheduler-arg", group_ms(10000),
         "--scheduler-arg", "--max-batched-tokens", "--scheduler-arg", "512",
         NULL};
     /* clang-format on */
@@ -397,8 +387,8 @@ static void scenario_kill_program(struct group *g, const char *program)
     /* clang-format off */
     const char *extra[] = {
         "--worker-arg", "--step-delay-ms", "--worker-arg", "30",
-        "--scheduler-arg", "--result-timeout-ms", "--scheduler-arg", ms(2000),
-        "--scheduler-arg", "--watchdog-ms", "--scheduler-arg", ms(10000),
+        "--scheduler-arg", "--result-timeout-ms", "--scheduler-arg", group_ms(2000),
+        "--scheduler-arg", "--watchdog-ms", "--scheduler-arg", group_ms(10000),
         "--scheduler-arg", "--max-batched-tokens", "--scheduler-arg", "512",
         NULL};
     /* clang-format on */
@@ -487,8 +477,8 @@ static void scenario_stop_router(struct group *g)
     /* clang-format off */
     const char *extra[] = {
         "--worker-arg", "--step-delay-ms", "--worker-arg", "0",
-        "--scheduler-arg", "--result-timeout-ms", "--scheduler-arg", ms(2000),
-        "--scheduler-arg", "--watchdog-ms", "--scheduler-arg", ms(10000),
+        "--scheduler-arg", "--result-timeout-ms", "--scheduler-arg", group_ms(2000),
+        "--scheduler-arg", "--watchdog-ms", "--scheduler-arg", group_ms(10000),
         NULL};
     /* clang-format on */
     CHECK(group_start(g, extra) == 0, "group started");
@@ -524,8 +514,8 @@ static void scenario_cancel(struct group *g)
     /* clang-format off */
     const char *extra[] = {
         "--worker-arg", "--step-delay-ms", "--worker-arg", "20",
-        "--scheduler-arg", "--result-timeout-ms", "--scheduler-arg", ms(2000),
-        "--scheduler-arg", "--watchdog-ms", "--scheduler-arg", ms(10000),
+        "--scheduler-arg", "--result-timeout-ms", "--scheduler-arg", group_ms(2000),
+        "--scheduler-arg", "--watchdog-ms", "--scheduler-arg", group_ms(10000),
         NULL};
     /* clang-format on */
     CHECK(group_start(g, extra) == 0, "group started");
@@ -590,8 +580,8 @@ static void scenario_stop_worker(struct group *g)
     /* clang-format off */
     const char *extra[] = {
         "--worker-arg", "--step-delay-ms", "--worker-arg", "20",
-        "--scheduler-arg", "--watchdog-ms", "--scheduler-arg", ms(1500),
-        "--scheduler-arg", "--result-timeout-ms", "--scheduler-arg", ms(500),
+        "--scheduler-arg", "--watchdog-ms", "--scheduler-arg", group_detect_ms(1500),
+        "--scheduler-arg", "--result-timeout-ms", "--scheduler-arg", group_detect_ms(500),
         "--scheduler-arg", "--max-batched-tokens", "--scheduler-arg", "512",
         NULL};
     /* clang-format on */
@@ -622,7 +612,7 @@ static void scenario_faults(struct group *g)
         "--worker-arg", "--fault", "--worker-arg", "drop-step=5",
         "--worker-arg", "--fault", "--worker-arg", "drop-result=9",
         "--scheduler-arg", "--fault", "--scheduler-arg", "dup-step=13",
-        "--scheduler-arg", "--result-timeout-ms", "--scheduler-arg", ms(400),
+        "--scheduler-arg", "--result-timeout-ms", "--scheduler-arg", group_ms(400),
         "--scheduler-arg", "--max-batched-tokens", "--scheduler-arg", "512",
         "--worker-arg", "--step-delay-ms", "--worker-arg", "5",
         NULL};
@@ -733,8 +723,8 @@ static void scenario_resend(struct group *g)
     /* clang-format off */
     const char *extra[] = {
         "--worker-arg", "--step-delay-ms", "--worker-arg", "5",
-        "--scheduler-arg", "--result-timeout-ms", "--scheduler-arg", ms(2000),
-        "--scheduler-arg", "--watchdog-ms", "--scheduler-arg", ms(10000),
+        "--scheduler-arg", "--result-timeout-ms", "--scheduler-arg", group_ms(2000),
+        "--scheduler-arg", "--watchdog-ms", "--scheduler-arg", group_ms(10000),
         NULL};
     /* clang-format on */
     CHECK(group_start(g, extra) == 0, "group started");

@@ -437,9 +437,38 @@ int group_finish(struct group *g)
     return group_failed == 0 && group_passed > 0 ? 0 : 1;
 }
 
-long group_time_scale(void)
+static long scale_from_env(const char *name)
 {
-    const char *s = getenv("PAGODA_TEST_TIME_SCALE");
+    const char *s = getenv(name);
     long v = s ? atol(s) : 1;
     return v >= 1 ? v : 1;
+}
+
+long group_time_scale(void)
+{
+    return scale_from_env("PAGODA_TEST_TIME_SCALE");
+}
+
+long group_detect_scale(void)
+{
+    return scale_from_env("PAGODA_TEST_DETECT_SCALE");
+}
+
+static const char *scaled_ms(long value)
+{
+    static char bufs[16][24];
+    static int next;
+    char *b = bufs[next++ % 16];
+    snprintf(b, sizeof(bufs[0]), "%ld", value);
+    return b;
+}
+
+const char *group_ms(long value)
+{
+    return scaled_ms(value * group_time_scale());
+}
+
+const char *group_detect_ms(long value)
+{
+    return scaled_ms(value * group_detect_scale());
 }

@@ -113,4 +113,15 @@ pagoda_generate_params group_greedy(int32_t max_tokens);
  * least 1; CTest sets it higher for the sanitizer build, which runs several times slower). */
 long group_time_scale(void);
 
+/* The factor of the detection times a scenario provokes on purpose and waits out whole (a
+ * watchdog, a result timeout, a listener's settle): PAGODA_TEST_DETECT_SCALE (at least 1; CTest
+ * sets it for the sanitizer build, smaller than the time scale: a limit only bounds a wait, these
+ * are the wait). */
+long group_detect_scale(void);
+
+/* A millisecond figure times the time scale (group_ms) or the detection scale
+ * (group_detect_ms), as a string for a program's argument; the last 16 stay valid. */
+const char *group_ms(long value);
+const char *group_detect_ms(long value);
+
 #endif

@@ -42,7 +42,8 @@
 #define LISTENER_POKES 6
 /* Bytes a poke writes at most (the SP header is 8: these never complete it). */
 #define POKE_MAX_BYTES 7
-/* How long the listener is given to see the pokes fail before a real peer comes. */
+/* How long the listener is given to see the pokes fail before a real peer comes (times the
+ * detection scale). */
 #define POKE_SETTLE_MS 300
 /* A real peer's call, or a request's whole run, may take this long (times the time scale)
  * before the test gives up. */
@@ -52,16 +53,6 @@
 /* Tries of a call answered "the scheduler link is down" while a restarted router links. */
 #define LINK_TRIES 100
 #define LINK_RETRY_MS 300
-
-/* A millisecond figure scaled, as a string that lives for the test. */
-static const char *ms(long value)
-{
-    static char bufs[8][24];
-    static int next;
-    char *b = bufs[next++ % 8];
-    snprintf(b, sizeof(bufs[0]), "%ld", value * group_time_scale());
-    return b;
-}
 
 static void sleep_ms(long millis)
 {
@@ -117,7 +108,7 @@ static int poke(const char *url, pid_t owner)
     for (int i = 0; i < LISTENER_POKES; i++)
         connected += poke_once(addr, len, i + 1);
     kill(owner, SIGCONT);
-    sleep_ms(POKE_SETTLE_MS * group_time_scale());
+    sleep_ms(POKE_SETTLE_MS * group_detect_scale());
     return connected;
 }
 
@@ -306,15 +297,15 @@ static void second_instance(const struct group *g, const char *const *argv)
     CHECK(done && WIFEXITED(status) && WEXITSTATUS(status) != 0 && WEXITSTATUS(status) != 127 &&
               system(cmd) == 0,
           "a second %s on the live run dir refuses to start (status %d)", argv[0], status);
-    sleep_ms(POKE_SETTLE_MS * group_time_scale());
+    sleep_ms(POKE_SETTLE_MS * group_detect_scale());
 }
 
 static void scenario_control(struct group *g)
 {
     /* clang-format off */
     const char *extra[] = {
-        "--scheduler-arg", "--watchdog-ms", "--scheduler-arg", ms(1500),
-        "--scheduler-arg", "--result-timeout-ms", "--scheduler-arg", ms(500),
+        "--scheduler-arg", "--watchdog-ms", "--scheduler-arg", group_detect_ms(1500),
+        "--scheduler-arg", "--result-timeout-ms", "--scheduler-arg", group_detect_ms(500),
         NULL};
     /* clang-format on */
     CHECK(group_start(g, extra) == 0, "group started");

@@ -55,15 +55,6 @@ static void sleep_ms(long millis)
     nanosleep(&ts, NULL);
 }
 
-static const char *ms(long value)
-{
-    static char bufs[8][24];
-    static int next;
-    char *b = bufs[next++ % 8];
-    snprintf(b, sizeof(bufs[0]), "%ld", value * group_time_scale());
-    return b;
-}
-
 /* Starts the engine groups, each with its own router pointed at an address nobody listens on
  * (the test's router holds the schedulers' links). */
 static int start_engines(void)
@@ -74,8 +65,8 @@ static int start_engines(void)
         /* clang-format off */
         const char *extra[] = {
             "--worker-arg", "--step-delay-ms", "--worker-arg", "30",
-            "--scheduler-arg", "--result-timeout-ms", "--scheduler-arg", ms(2000),
-            "--scheduler-arg", "--watchdog-ms", "--scheduler-arg", ms(10000),
+            "--scheduler-arg", "--result-timeout-ms", "--scheduler-arg", group_ms(2000),
+            "--scheduler-arg", "--watchdog-ms", "--scheduler-arg", group_ms(10000),
             "--router-arg", "--scheduler", "--router-arg", nowhere,
             NULL};
         /* clang-format on */
@@ -137,7 +128,7 @@ static int start_router(const char *routing)
         if (freopen(log, "w", stderr) == NULL || freopen(log, "a", stdout) == NULL)
             _exit(127);
         execl(bin, bin, "--run-dir", run, "--listen", front.url, "--scheduler", s0, "--scheduler",
-              s1, "--routing", routing, "--stats-timeout-ms", ms(2000), "--log-level", "info",
+              s1, "--routing", routing, "--stats-timeout-ms", group_ms(2000), "--log-level", "info",
               (char *)NULL);
         _exit(127);
     }
