@@ -164,10 +164,13 @@
 /* The longest a Tokenize call waits for its job (queued behind others, then run): libpagoda's
  * PAGODA_TOKENIZE_WAIT_MS, so that its client neither resends nor gives up before. */
 #define ROUTER_TEXT_CALL_TIMEOUT_MS 30000u
-/* Tokenize calls waiting at once, a tenant's and every tenant's together, and the bytes of text
- * and ids they hold together: past either, a call gets PAGODA_EBUSY. */
+/* Tokenize calls waiting at once, a tenant's, and the bytes of text and ids they hold, a
+ * tenant's and every tenant's together: past any, a call gets PAGODA_EBUSY. A tenant holds at
+ * most a quarter of the bytes (four calls of ROUTER_MAX_CLIENT_MESSAGE_BYTES), so that one
+ * tenant's calls never refuse another's. */
 #define ROUTER_MAX_TENANT_TEXT_CALLS 32u
 #define ROUTER_MAX_TEXT_CALL_BYTES (64u << 20)
+#define ROUTER_MAX_TENANT_TEXT_CALL_BYTES (ROUTER_MAX_TEXT_CALL_BYTES / 4)
 /* Unpacking one client message may make at most this many allocations (one per string or
  * sub-message): a 4 MiB message of two million empty strings is refused as malformed instead of
  * costing the loop two million mallocs. */

@@ -664,15 +664,19 @@ void router_text_handle_tokenize(struct router *r, struct rctx *c, uint32_t tena
     size_t bytes = t->prompt_text.len + t->n_token_ids * sizeof(int32_t) + 1024 * t->n_messages;
     for (size_t i = 0; i < t->n_messages; i++)
         bytes += t->messages[i]->content.len;
+    struct tenant_slot *slot = &r->slots[tenant];
     if (r->num_parked >= r->cfg.max_parked_calls ||
-        r->slots[tenant].text_calls >= ROUTER_MAX_TENANT_TEXT_CALLS ||
+        slot->text_calls >= ROUTER_MAX_TENANT_TEXT_CALLS ||
+        slot->text_call_bytes + bytes > ROUTER_MAX_TENANT_TEXT_CALL_BYTES ||
         r->text_call_bytes + bytes > ROUTER_MAX_TEXT_CALL_BYTES) {
         r->parked_refused++;
         router_reply_error(c, PAGODA_EBUSY,
-                           "tokenize: too many calls wait (this tenant's: %u of %u; bytes held: "
-                           "%zu of %u): retry later",
-                           r->slots[tenant].text_calls, ROUTER_MAX_TENANT_TEXT_CALLS,
-                           r->text_call_bytes, ROUTER_MAX_TEXT_CALL_BYTES);
+                           "tokenize: too many calls wait (this tenant's: %u of %u, holding %zu "
+                           "of %u bytes; all tenants' bytes: %zu of %u; this call's: %zu): retry "
+                           "later",
+                           slot->text_calls, ROUTER_MAX_TENANT_TEXT_CALLS, slot->text_call_bytes,
+                           ROUTER_MAX_TENANT_TEXT_CALL_BYTES, r->text_call_bytes,
+                           ROUTER_MAX_TEXT_CALL_BYTES, bytes);
         return;
     }
     struct text_job *job = calloc(1, sizeof(*job));
@@ -705,7 +709,8 @@ void router_text_handle_tokenize(struct router *r, struct rctx *c, uint32_t tena
     job->holder = r->text;
     atomic_fetch_add(&r->text->refs, 1);
     tenancy_ref(r, tenant); /* the job's, until it ends or is dropped */
-    r->slots[tenant].text_calls++;
+    slot->text_calls++;
+    slot->text_call_bytes += bytes;
     job->call_bytes = bytes;
     r->text_call_bytes += bytes;
     c->job = job;
@@ -718,6 +723,7 @@ void router_text_handle_tokenize(struct router *r, struct rctx *c, uint32_t tena
 static void call_release(struct router *r, struct text_job *job)
 {
     r->slots[job->tenant].text_calls--;
+    r->slots[job->tenant].text_call_bytes -= job->call_bytes;
     r->text_call_bytes -= job->call_bytes;
     tenancy_unref(r, job->tenant);
 }

@@ -7,6 +7,7 @@
 #include <cmocka.h>
 
 #include "client/pagoda.h"
+#include "client/pagoda_async.h"
 #include "common/error.h"
 #include "proto/pagoda.pb-c.h"
 #include "router/router.h"
@@ -15,6 +16,7 @@
 
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/req.h>
+#include <nng/supplemental/util/platform.h>
 
 #include <fcntl.h>
 #include <math.h>
@@ -1529,6 +1531,119 @@ static void test_tenants_router_restart_keeps_requests(void **state)
     pagoda_client_close(bob);
 }
 
+/* Tokenize calls' bytes are bounded by tenant: one tenant holds at most
+ * ROUTER_MAX_TENANT_TEXT_CALL_BYTES (a quarter of ROUTER_MAX_TEXT_CALL_BYTES, all tenants'), so
+ * that its burst of big calls is refused (PAGODA_EBUSY) where it would have taken every tenant's
+ * bytes and refused another tenant's call. Prompts of up to a million tokens make 4 MB calls
+ * possible; twenty of alice's are sent at once (each tokenized for tens of milliseconds), then,
+ * once one of them has been refused, one of bob's, which is answered. Each refusal of alice's
+ * says she held her share while all tenants' bytes had room. Without the tenant's bound alice's
+ * calls are refused only when all 64 MB are held, and bob's call too if none ended meanwhile. */
+struct tok_call {
+    atomic_int done;
+    int rc;
+    size_t ids;
+    char detail[512];
+};
+
+static void on_tok_call(void *user, pagoda_async_result *res)
+{
+    struct tok_call *t = user;
+    t->rc = res->rc;
+    t->ids = res->tokenized.num_token_ids;
+    snprintf(t->detail, sizeof(t->detail), "%s", res->detail);
+    pagoda_async_result_free(res);
+    atomic_store(&t->done, 1);
+}
+
+static void test_tokenize_bytes_are_bounded_by_tenant(void **state)
+{
+    (void)state;
+    static const char tenants[] =
+        "{\"tenants\": [{\"name\": \"alice\", \"api_keys\": [\"alice-key\"]},"
+        " {\"name\": \"bob\", \"api_keys\": [\"bob-key\"]}]}";
+    char path[64];
+    snprintf(path, sizeof(path), "/tmp/pagoda-tenants-XXXXXX");
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, tenants, sizeof(tenants) - 1), (ssize_t)sizeof(tenants) - 1);
+    close(fd);
+    const char *const args[] = {
+        "--tenants",           path,      "--model", PAGODA_SOURCE_DIR "/tests/data/tiny-text",
+        "--max-prompt-tokens", "1000000", NULL};
+    struct rtr_env env, *e = &env;
+    assert_int_equal(rtr_env_start(e, args), 0);
+    enum { CALLS = 20, TEXT_BYTES = 4000000 };
+    char *text = malloc(TEXT_BYTES + 1);
+    assert_non_null(text);
+    static const char words[] = "the router tokenizes this text ";
+    for (size_t i = 0; i < TEXT_BYTES; i++)
+        text[i] = words[i % (sizeof(words) - 1)];
+    text[TEXT_BYTES] = '\0';
+    pagoda_client *a = open_tenant_client(e, "alice-key"), *b = open_tenant_client(e, "bob-key");
+    pagoda_client_set_timeout_ms(a, 120000);
+    pagoda_client_set_timeout_ms(b, 120000);
+    int healthy;
+    assert_int_equal(pagoda_health(a, &healthy), 0); /* a reply: the message limit is known */
+    assert_int_equal(pagoda_health(b, &healthy), 0);
+    pagoda_prompt pr = pagoda_prompt_default();
+    pr.text = text;
+    static struct tok_call calls[CALLS];
+    for (int i = 0; i < CALLS; i++) {
+        atomic_store(&calls[i].done, 0);
+        assert_int_equal(pagoda_tokenize_async(a, "alice-key", &pr, on_tok_call, &calls[i]), 0);
+    }
+    /* Bob's call once one of alice's has been refused (or all of hers have ended). */
+    for (int waited = 0;; waited++) {
+        int ended = 0, refused = 0;
+        for (int i = 0; i < CALLS; i++)
+            if (atomic_load(&calls[i].done)) {
+                ended++;
+                refused += calls[i].rc == PAGODA_EBUSY;
+            }
+        if (refused > 0 || ended == CALLS)
+            break;
+        assert_true(waited < 120000);
+        nng_msleep(1);
+    }
+    pagoda_tokenized tk;
+    int rc = pagoda_tokenize(b, &pr, &tk);
+    if (rc != 0)
+        fail_msg("bob's call beside alice's burst: %d %s", rc, pagoda_error_detail());
+    assert_true(tk.num_token_ids > TEXT_BYTES / 8);
+    size_t bob_ids = tk.num_token_ids;
+    pagoda_tokenized_free(&tk);
+    int accepted = 0, refused = 0;
+    for (int i = 0; i < CALLS; i++) {
+        for (int waited = 0; !atomic_load(&calls[i].done); waited++) {
+            assert_true(waited < 120000);
+            nng_msleep(1);
+        }
+        if (calls[i].rc == 0) {
+            assert_int_equal(calls[i].ids, bob_ids);
+            accepted++;
+            continue;
+        }
+        /* Refused by the tenant's bound, with room left in all tenants' bytes. */
+        size_t held = 0, tenant_max = 0, all = 0, all_max = 0, call = 0;
+        const char *d = strstr(calls[i].detail, "holding ");
+        if (calls[i].rc != PAGODA_EBUSY || d == NULL ||
+            sscanf(d, "holding %zu of %zu bytes; all tenants' bytes: %zu of %zu; this call's: %zu",
+                   &held, &tenant_max, &all, &all_max, &call) != 5 ||
+            held + call <= tenant_max || all + call > all_max)
+            fail_msg("alice's call %d: %d %s", i, calls[i].rc, calls[i].detail);
+        refused++;
+    }
+    print_message("alice's burst of %d: %d accepted, %d refused; bob's call answered\n", CALLS,
+                  accepted, refused);
+    assert_true(accepted >= 4 && refused >= 1);
+    free(text);
+    pagoda_client_close(a);
+    pagoda_client_close(b);
+    unlink(path);
+    assert_int_equal(rtr_env_stop(e), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest shared[] = {
@@ -1564,6 +1679,7 @@ int main(void)
         cmocka_unit_test(test_parked_calls_are_bounded),
         cmocka_unit_test(test_abandoned_request_is_cancelled),
         cmocka_unit_test(test_requests_at_the_message_limit_are_answered),
+        cmocka_unit_test(test_tokenize_bytes_are_bounded_by_tenant),
     };
     signal(SIGPIPE, SIG_IGN);
     int failed = cmocka_run_group_tests_name("router", shared, group_setup, group_teardown);
