@@ -164,10 +164,11 @@
 /* The longest a Tokenize call waits for its job (queued behind others, then run): libpagoda's
  * PAGODA_TOKENIZE_WAIT_MS, so that its client neither resends nor gives up before. */
 #define ROUTER_TEXT_CALL_TIMEOUT_MS 30000u
-/* Tokenize calls waiting at once, a tenant's, and the bytes of text and ids they hold, a
- * tenant's and every tenant's together: past any, a call gets PAGODA_EBUSY. A tenant holds at
- * most a quarter of the bytes (four calls of ROUTER_MAX_CLIENT_MESSAGE_BYTES), so that one
- * tenant's calls never refuse another's. */
+/* Tokenize calls waiting at once, a tenant's, and the bytes their jobs hold (the packed text
+ * fields, or the ids), a tenant's and every tenant's together: past any, a call gets
+ * PAGODA_EBUSY. Where a tenants file names several tenants, one holds at most a quarter of the
+ * bytes (four calls of ROUTER_MAX_CLIENT_MESSAGE_BYTES), so that one tenant's burst never takes
+ * them all (four tenants' can). */
 #define ROUTER_MAX_TENANT_TEXT_CALLS 32u
 #define ROUTER_MAX_TEXT_CALL_BYTES (64u << 20)
 #define ROUTER_MAX_TENANT_TEXT_CALL_BYTES (ROUTER_MAX_TEXT_CALL_BYTES / 4)

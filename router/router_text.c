@@ -635,6 +635,14 @@ size_t router_text_bytes(const struct request *q)
 
 /* ---- Tokenize calls ---------------------------------------------------------------------- */
 
+/* The bytes one tenant's Tokenize calls may hold: a quarter of all tenants' where a tenants file
+ * names several (one tenant's burst never takes them all), all of them otherwise. */
+static size_t tenant_call_bytes_max(const struct router *r)
+{
+    return r->tenants != NULL && r->tenants->count > 1 ? ROUTER_MAX_TENANT_TEXT_CALL_BYTES
+                                                       : ROUTER_MAX_TEXT_CALL_BYTES;
+}
+
 void router_text_handle_tokenize(struct router *r, struct rctx *c, uint32_t tenant,
                                  const Pagoda__TokenizeRequest *t)
 {
@@ -658,25 +666,19 @@ void router_text_handle_tokenize(struct router *r, struct rctx *c, uint32_t tena
         router_reply_error(c, rc, "tokenize: %s", pagoda_error_detail());
         return;
     }
-    /* Parked until its job answers: bounded as every parked call is, by tenant (so that one
-     * tenant's flood neither fills the parked calls nor queues far ahead of the others' prompts),
-     * and in the bytes their text and ids hold. */
-    size_t bytes = t->prompt_text.len + t->n_token_ids * sizeof(int32_t) + 1024 * t->n_messages;
-    for (size_t i = 0; i < t->n_messages; i++)
-        bytes += t->messages[i]->content.len;
+    /* Parked until its job answers: bounded as every parked call is, by tenant in calls (so that
+     * one tenant's flood neither fills the parked calls nor queues far ahead of the others'
+     * prompts), and in the bytes the jobs hold (their packed text fields, or ids), a tenant's and
+     * all tenants'. */
     struct tenant_slot *slot = &r->slots[tenant];
     if (r->num_parked >= r->cfg.max_parked_calls ||
-        slot->text_calls >= ROUTER_MAX_TENANT_TEXT_CALLS ||
-        slot->text_call_bytes + bytes > ROUTER_MAX_TENANT_TEXT_CALL_BYTES ||
-        r->text_call_bytes + bytes > ROUTER_MAX_TEXT_CALL_BYTES) {
+        slot->text_calls >= ROUTER_MAX_TENANT_TEXT_CALLS) {
         r->parked_refused++;
         router_reply_error(c, PAGODA_EBUSY,
-                           "tokenize: too many calls wait (this tenant's: %u of %u, holding %zu "
-                           "of %u bytes; all tenants' bytes: %zu of %u; this call's: %zu): retry "
-                           "later",
-                           slot->text_calls, ROUTER_MAX_TENANT_TEXT_CALLS, slot->text_call_bytes,
-                           ROUTER_MAX_TENANT_TEXT_CALL_BYTES, r->text_call_bytes,
-                           ROUTER_MAX_TEXT_CALL_BYTES, bytes);
+                           "tokenize: too many calls wait (this tenant's Tokenize calls: %u of %u; "
+                           "parked calls: %u of %u): retry later",
+                           slot->text_calls, ROUTER_MAX_TENANT_TEXT_CALLS, r->num_parked,
+                           r->cfg.max_parked_calls);
         return;
     }
     struct text_job *job = calloc(1, sizeof(*job));
@@ -701,6 +703,20 @@ void router_text_handle_tokenize(struct router *r, struct rctx *c, uint32_t tena
         (job->kind == JOB_DETOKENIZE && job->detok_ids == NULL)) {
         job_free(job);
         router_reply_error(c, PAGODA_ENOMEM, "tokenize: out of memory");
+        return;
+    }
+    const size_t bytes =
+        job->kind == JOB_TOKENIZE ? job->packed_len : job->detok_n * sizeof(int32_t);
+    const size_t tenant_max = tenant_call_bytes_max(r);
+    if (slot->text_call_bytes + bytes > tenant_max ||
+        r->text_call_bytes + bytes > ROUTER_MAX_TEXT_CALL_BYTES) {
+        job_free(job);
+        r->parked_refused++;
+        router_reply_error(c, PAGODA_EBUSY,
+                           "tokenize: too many bytes wait (this tenant's calls hold %zu of %zu; "
+                           "all tenants' %zu of %u; this call's: %zu): retry later",
+                           slot->text_call_bytes, tenant_max, r->text_call_bytes,
+                           ROUTER_MAX_TEXT_CALL_BYTES, bytes);
         return;
     }
     job->r = r;
