@@ -735,7 +735,7 @@ static int strict_check(int64_t limit, int32_t prompt, int32_t max_tokens,
     if (max_tokens <= 0 || (int64_t)prompt + max_tokens <= limit)
         return 0;
     snprintf(msg, SCHEDULER_ERROR_MESSAGE_MAX,
-             "the context is %lld tokens (the model's positions, or the KV pool less its pinned "
+             "the context is %lld tokens (the model's positions, or the KV pool less its pins' "
              "blocks), and this request asks for %lld (%d of prompt, %d of max_tokens): shorten "
              "the prompt or lower max_tokens",
              (long long)limit, (long long)prompt + max_tokens, (int)prompt, (int)max_tokens);
@@ -754,9 +754,13 @@ static int admission_check(struct scheduler *s, struct seq *q)
         seq_refuse(s, q, PAGODA_ERANGE, msg);
         return -1;
     }
-    /* Checked at its Submit against the context without pins; pins may have been taken since. */
+    /* Checked at its Submit against the context without pins; pins may have been taken since,
+     * and those being computed will take their blocks before it ends (it must not end by the
+     * context below its max_tokens). */
     if (q->strict_max_tokens &&
-        strict_check(limit, q->num_prompt_tokens, q->max_tokens, msg) != 0) {
+        strict_check(context_with_pins(s, (int32_t)prefix_cache_pinned_blocks(s->pc) +
+                                              pins_computing_blocks(s)),
+                     q->num_prompt_tokens, q->max_tokens, msg) != 0) {
         seq_refuse(s, q, PAGODA_ERANGE, msg);
         return -1;
     }

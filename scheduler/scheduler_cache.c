@@ -386,6 +386,15 @@ static int64_t pin_blocks(const struct scheduler *s, const struct sched_pin *p)
     return p->num_tokens / s->block_size;
 }
 
+int32_t pins_computing_blocks(const struct scheduler *s)
+{
+    int64_t n = 0;
+    for (const struct sched_pin *p = s->pins; p; p = p->next)
+        if (p->state == PIN_COMPUTING)
+            n += pin_blocks(s, p);
+    return (int32_t)n; /* at most pins_cap */
+}
+
 static void pin_fail_cap(struct scheduler *s, struct sched_pin *p, int64_t pinned)
 {
     char msg[160];

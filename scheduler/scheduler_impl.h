@@ -374,6 +374,10 @@ int cache_on_hello(struct scheduler *s, const Pagoda__Internal__Hello *h);
  * running sequence. Returns the number of cached blocks dropped. */
 uint32_t cache_drop_all(struct scheduler *s);
 
+/* The blocks the pins being computed will hold once ready (not yet in the cache's pinned
+ * count). */
+int32_t pins_computing_blocks(const struct scheduler *s);
+
 /* A pin's sequence ended: ok (its blocks are computed: hold them), or failed with error. */
 void pin_seq_ended(struct scheduler *s, struct seq *q, bool ok, int error, const char *message);
 

@@ -1073,6 +1073,34 @@ static void test_strict_checked_again_at_admission(void **state)
     harness_close(h);
 }
 
+/* A strict request admitted beside a pin being computed (its last chunk and the request's prompt
+ * in one step) is checked against the context the pin leaves once ready: without that it was
+ * admitted, then ended by the context at 150 of its 200 tokens when the pin took its blocks. */
+static void test_strict_checked_against_pins_being_computed(void **state)
+{
+    (void)state;
+    struct setup su = CACHE_SETUP;
+    su.num_blocks = 1 + 40;     /* 320 tokens of 8-token blocks */
+    su.max_batched_tokens = 64; /* the pin in three steps, the last with room for the request */
+    struct harness *h = harness_open(&su);
+    int32_t sys[160], p[10];
+    make_prompt(42, 160, sys); /* a pin of 20 blocks: 160 tokens left */
+    make_prompt(43, 10, p);
+    const struct pin_spec ps[] = {{"sys", sys, 160}};
+    send_policy(h, 1, NULL, NULL, 0, NULL, 0, ps, 1); /* its sequence queued first */
+    h->tenant = "bob";
+    h->strict_max_tokens = true;
+    struct req_rec *over = submit(h, next_idn++, p, 10, 200); /* 210: fits 320, not 160 */
+    struct req_rec *fits = submit(h, next_idn++, p, 10, 100);
+    pump(h);
+    assert_true(h->applied->pins[0]->ready);
+    assert_int_equal(over->finish, PAGODA__INTERNAL__FINISH_REASON__FINISH_ERROR);
+    assert_int_equal(over->error_code, PAGODA_ERANGE);
+    assert_int_equal(over->n_out, 0);
+    expect_output(fits, p, 10, 100, PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH);
+    harness_close(h);
+}
+
 /* Pins together hold at most half the pool: a pin past that fails (PAGODA_EEXHAUSTED, said in
  * PolicyApplied), the others stay, and a later policy without the first lets a new one in. */
 static void test_pins_capped_at_half_the_pool(void **state)
@@ -1332,6 +1360,7 @@ int main(void)
         cmocka_unit_test(test_model_change_recomputes),
         cmocka_unit_test(test_pins_shrink_the_context),
         cmocka_unit_test(test_strict_checked_again_at_admission),
+        cmocka_unit_test(test_strict_checked_against_pins_being_computed),
         cmocka_unit_test(test_pins_capped_at_half_the_pool),
         cmocka_unit_test(test_moved_tenant_stops_publishing),
         cmocka_unit_test(test_randomized_invariants),
