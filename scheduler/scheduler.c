@@ -764,7 +764,6 @@ static int admission_check(struct scheduler *s, struct seq *q)
         seq_refuse(s, q, PAGODA_ERANGE, msg);
         return -1;
     }
-    q->strict_max_tokens = false; /* checked once, before its first token */
     if (q->vocab_checked != s->worker.vocab_size) {
         for (int32_t i = 0; i < q->num_tokens; i++) {
             if (q->tokens[i] >= s->worker.vocab_size) {
@@ -936,6 +935,9 @@ static void form_plan(struct scheduler *s)
             break;
         waiting_remove(s, q);
         admissions_advance(s, owner, after);
+        /* admission_check holds it to its max_tokens up to its first admission, not after: a
+         * preempted sequence resumes whatever the pins took meanwhile */
+        q->strict_max_tokens = false;
         q->state = SEQ_RUNNING;
         q->seq_id = ++s->next_seq_id;
         hash_seq_id(s, q);

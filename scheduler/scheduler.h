@@ -115,8 +115,9 @@
  * SCHEDULER_REQUEST_ID_BYTES long, an empty or over-long prompt (prompt + 1 above the pool,
  * checked at submission, or above the model's context, checked at submission once a worker has
  * said Hello and again at admission), with strict_max_tokens a first submission whose prompt +
- * max_tokens pass the context (checked at submission against the context without pins, and at
- * its first admission against the context then, less the blocks of pins being computed), a
+ * max_tokens pass the context (checked at submission against the context without pins, and
+ * when it is first admitted against the context then, less the blocks of pins being computed;
+ * pins taken once it runs, by a later policy, can still end it by the context), a
  * token id outside the vocabulary, invalid sampling parameters, too many stop ids, negative
  * max_tokens, or a full queue (running + waiting = max_queued: PAGODA_EEXHAUSTED). A submit of
  * a request id already queued or running is ignored (the router deduplicates; a repeat is a

@@ -1101,6 +1101,36 @@ static void test_strict_checked_against_pins_being_computed(void **state)
     harness_close(h);
 }
 
+/* A strict request checked but left waiting (too few free blocks) is checked again when it is
+ * admitted: a pin taken while it waited would otherwise end it by the context below its
+ * max_tokens (the check had been marked done at its first look). */
+static void test_strict_checked_when_admitted(void **state)
+{
+    (void)state;
+    struct setup su = CACHE_SETUP;
+    su.num_blocks = 1 + 40; /* 320 tokens of 8-token blocks */
+    struct harness *h = harness_open(&su);
+    int32_t big[310], sys[160], p[10];
+    make_prompt(41, 310, big); /* 39 blocks: nothing left for another */
+    make_prompt(42, 160, sys); /* a pin of 20 blocks: 160 tokens left */
+    make_prompt(43, 10, p);
+    h->tenant = "bob";
+    struct req_rec *a = submit(h, next_idn++, big, 310, 10);
+    h->strict_max_tokens = true;
+    struct req_rec *over = submit(h, next_idn++, p, 10, 200); /* 210: fits 320, not 160 */
+    exchange(h); /* a step: over is checked against 320 and waits for blocks */
+    assert_int_equal(over->ends, 0);
+    const struct pin_spec ps[] = {{"sys", sys, 160}};
+    send_policy(h, 1, NULL, NULL, 0, NULL, 0, ps, 1);
+    pump(h);
+    assert_true(h->applied->pins[0]->ready);
+    assert_int_equal(a->finish, PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH);
+    assert_int_equal(over->finish, PAGODA__INTERNAL__FINISH_REASON__FINISH_ERROR);
+    assert_int_equal(over->error_code, PAGODA_ERANGE);
+    assert_int_equal(over->n_out, 0);
+    harness_close(h);
+}
+
 /* Pins together hold at most half the pool: a pin past that fails (PAGODA_EEXHAUSTED, said in
  * PolicyApplied), the others stay, and a later policy without the first lets a new one in. */
 static void test_pins_capped_at_half_the_pool(void **state)
@@ -1361,6 +1391,7 @@ int main(void)
         cmocka_unit_test(test_pins_shrink_the_context),
         cmocka_unit_test(test_strict_checked_again_at_admission),
         cmocka_unit_test(test_strict_checked_against_pins_being_computed),
+        cmocka_unit_test(test_strict_checked_when_admitted),
         cmocka_unit_test(test_pins_capped_at_half_the_pool),
         cmocka_unit_test(test_moved_tenant_stops_publishing),
         cmocka_unit_test(test_randomized_invariants),
