@@ -40,6 +40,9 @@
 #   pagesize_table  the page size table (also reads kernels.json of bench/run_kernels.sh in
 #            OUT_DIR for decode attention TB/s per block size, when there)
 #   table    the results as markdown tables
+# Where nvidia-smi is found, each pagoda-bench run also samples the GPUs' SM clock and power every
+# 250 ms (OUT_DIR/NAME.smi.csv, summarized in NAME.clocks.json over the samples above 40% of the
+# power limit), and the floor and throughput tables show them.
 # Prefix cache on/off needs deploy/pagoda-up --prefix-cache; without it each run is done once
 # with the engine's default and the table says "default".
 #
@@ -125,11 +128,49 @@ up() { # up MODE [FLAG...]: a group serving the model, prefix cache MODE (on, of
 }
 
 bench() { # bench NAME FLAGS...: pagoda-bench against the group, report in OUT/NAME.json
-    local name=$1
+    local name=$1 smi='' rc=0
     shift
     echo "== pagoda-bench $name: $*"
+    # The GPUs' SM clock and power through the run (OUT/NAME.clocks.json): at 256 sequences the
+    # H200 holds its 700 W limit at 1,500-1,700 MHz, and the clock differs between machines by
+    # more than most changes gain (bench/RESULTS.md, thirty-third session).
+    if command -v nvidia-smi >/dev/null 2>&1; then
+        nvidia-smi --query-gpu=clocks.sm,power.draw,power.limit,clocks_throttle_reasons.active \
+            --format=csv,noheader,nounits -lms 250 >"$out/$name.smi.csv" 2>/dev/null &
+        smi=$!
+    fi
     "$bin/pagoda-bench" --url "$url" --model "$model" --json "$out/$name.json" "$@" \
-        | tee "$out/$name.txt"
+        | tee "$out/$name.txt" || rc=$?
+    if [ -n "$smi" ]; then
+        kill "$smi" 2>/dev/null || true
+        wait "$smi" 2>/dev/null || true
+        clocks_summary "$out/$name.smi.csv" >"$out/$name.clocks.json" || true
+        cat "$out/$name.clocks.json"
+    fi
+    return "$rc"
+}
+
+clocks_summary() { # clocks_summary CSV: JSON of the samples drawing over 40% of the power limit
+    python3 - "$1" <<'EOF2'
+import json, sys
+busy, n = [], 0
+for line in open(sys.argv[1]):
+    p = [x.strip() for x in line.split(",")]
+    try:
+        sm, w, limit, why = float(p[0]), float(p[1]), float(p[2]), int(p[3], 16)
+    except (ValueError, IndexError):
+        continue
+    n += 1
+    if w > 0.4 * limit:
+        busy.append((sm, w, limit, why))
+r = {"samples": n, "busy_samples": len(busy)}
+if busy:
+    r.update(sm_mhz_mean=sum(b[0] for b in busy) / len(busy), sm_mhz_min=min(b[0] for b in busy),
+             sm_mhz_max=max(b[0] for b in busy), power_w_mean=sum(b[1] for b in busy) / len(busy),
+             power_limit_w=busy[0][2],
+             power_capped_fraction=sum(1 for b in busy if b[3] & 0x4) / len(busy))
+print(json.dumps(r))
+EOF2
 }
 
 baseline_tps() { # baseline_tps [FILE]: the best output tokens/s of FILE (hf.json), or nothing
@@ -278,13 +319,20 @@ if hf:
     b = hf["best"]
     print(f"transformers generate (static cache, compile {b['compile']}): batch {b['batch_size']}, "
           f"{b['output_tps']:.0f} output tok/s ({b['requests']} requests, {b['time_s']:.1f} s)")
+def clocks(name):
+    c = load(name + ".clocks")
+    if not c or not c.get("busy_samples"):
+        return "n/a"
+    return (f"{c['sm_mhz_mean']:.0f} MHz, {c['power_w_mean']:.0f} W"
+            f"{', capped' if c['power_capped_fraction'] > 0.5 else ''}")
 print("| run | done | failed | out tok/s | / transformers | TTFT p50 ms | TPOT p50 ms | ITL p50 ms "
-      "| bound s (prefill + decode) | tok/s at the bound | fraction of the bound |")
-print("|---|---|---|---|---|---|---|---|---|---|---|")
+      "| bound s (prefill + decode) | tok/s at the bound | fraction of the bound "
+      "| SM clock, power (busy) |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|")
 for name in ("tp-main", "tp-1024"):
     r = load(name)
     if not r:
-        print(f"| {name} | missing | | | | | | | | | |")
+        print(f"| {name} | missing | | | | | | | | | | |")
         continue
     bd = r.get("bound") or {}
     ratio = r["baseline"]["ratio"] if r.get("baseline") else None
@@ -293,7 +341,7 @@ for name in ("tp-main", "tp-1024"):
           f"| {r['ttft_ms']['p50']:.0f} | {r['tpot_ms']['p50']:.2f} | {r['itl_ms']['p50']:.2f} "
           f"| {bd.get('bound_s', float('nan')):.2f} ({bd.get('prefill_s', float('nan')):.2f} + "
           f"{bd.get('decode_s', float('nan')):.2f}) | {bd.get('output_tps', float('nan')):.0f} "
-          f"| {bd.get('fraction', float('nan')):.3f} |")
+          f"| {bd.get('fraction', float('nan')):.3f} | {clocks(name)} |")
 EOF2
 }
 
@@ -337,7 +385,7 @@ print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 for p in sorted(glob.glob(os.path.join(out, "page-*-*.json")),
                 key=lambda p: (int(os.path.basename(p).split("-")[1]), p)):
     base = os.path.basename(p)[:-5]
-    if base.endswith("-workload"):
+    if base.endswith("-workload") or base.endswith(".clocks"):
         continue
     bs, wl = int(base.split("-")[1]), base.split("-", 2)[2]
     r = load(p)
@@ -384,7 +432,7 @@ print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 for p in sorted(glob.glob(os.path.join(out, "random-*.json")) +
                 glob.glob(os.path.join(out, "shared-*.json"))):
     name = os.path.basename(p)[:-5]
-    if name == "random-workload":
+    if name == "random-workload" or name.endswith(".clocks"):
         continue
     r = json.load(open(p))
     e = r["engine"]
@@ -405,21 +453,28 @@ if ttft:
           f"pagoda p50 {f(p)} ms (of {ttft['completed']}), transformers + SDPA (cuDNN) median "
           f"{f(hf_ms)} ms, ratio {f(p / hf_ms if hf_ms else None, '.2f')}")
 print()
+def clocks(name):
+    c = load(name + ".clocks")
+    if not c or not c.get("busy_samples"):
+        return "n/a"
+    return (f"{c['sm_mhz_mean']:.0f} MHz, {c['power_w_mean']:.0f} W"
+            f"{', capped' if c['power_capped_fraction'] > 0.5 else ''}")
 print("| batch | decode step (median ITL) ms | median TPOT ms | wall per engine step ms "
-      "| weights GB | K/V GB per step | floor ms | fraction of the floor |")
-print("|---|---|---|---|---|---|---|---|")
-for p in sorted(glob.glob(os.path.join(out, "floor-*.json")),
+      "| weights GB | K/V GB per step | floor ms | fraction of the floor | SM clock, power (busy) |")
+print("|---|---|---|---|---|---|---|---|---|")
+for p in sorted(glob.glob(os.path.join(out, "floor-*[0-9].json")),
                 key=lambda p: int(p.rsplit("-", 1)[1][:-5])):
     r = json.load(open(p))
     fl = r["bandwidth_floor"]
     if not fl:
-        print(f"| {os.path.basename(p)} | no floor (failed: {r['failed']}) | | | | | | |")
+        print(f"| {os.path.basename(p)} | no floor (failed: {r['failed']}) | | | | | | | |")
         continue
     print(f"| {fl['batch']:.0f} | {fl['decode_step_ms']:.3f} | {f(fl.get('tpot_p50_ms'), '.3f')} "
           f"| {f(fl['step_wall_ms'], '.3f')} "
           f"| {fl['weight_bytes'] / 1e9:.2f} | {fl['kv_bytes_per_step'] / 1e9:.3f} "
           f"| {fl['floor_step_ms']:.3f} | {fl['fraction']:.3f}"
-          f"{'' if fl.get('reliable', True) else ' (unreliable: tokens bunched in polls)'} |")
+          f"{'' if fl.get('reliable', True) else ' (unreliable: tokens bunched in polls)'} "
+          f"| {clocks(os.path.basename(p)[:-5])} |")
 print(f"\n(bandwidth {os.environ.get('BANDWIDTH_GBS', '4300')} GB/s; ms; results in {out})")
 EOF
 }
