@@ -39,6 +39,9 @@
 #            PAGE_DURATION (40 s); then pagesize_table; not in the default parts
 #   pagesize_table  the page size table (also reads kernels.json of bench/run_kernels.sh in
 #            OUT_DIR for decode attention TB/s per block size, when there)
+#   step     decode_step's step of STEP_BATCH (256) sequences at STEP_CONTEXT (640) keys, six runs
+#            of 200 steps back to back (about 15 s at the power limit), with the clock sampled: to
+#            set beside the throughput run's ITL on the same machine; not in the default parts
 #   table    the results as markdown tables
 # Where nvidia-smi is found, each pagoda-bench run also samples the GPUs' SM clock and power every
 # 250 ms (OUT_DIR/NAME.smi.csv, summarized in NAME.clocks.json over the samples above 40% of the
@@ -305,6 +308,24 @@ part_throughput() { # issue 15: 128 + 1024 at 256 in flight against transformers
     part_throughput_table
 }
 
+part_step() { # decode_step's step of 256 at the run's mean context, sustained, clock sampled
+    local b=${STEP_BATCH:-256} c=${STEP_CONTEXT:-640} smi=''
+    echo "== decode_step: $b sequences at context $c, six runs of 200 steps"
+    if command -v nvidia-smi >/dev/null 2>&1; then
+        nvidia-smi --query-gpu=clocks.sm,power.draw,power.limit,clocks_throttle_reasons.active \
+            --format=csv,noheader,nounits -lms 250 >"$out/step.smi.csv" 2>/dev/null &
+        smi=$!
+    fi
+    "$bin/decode_step" "$model" --batches "$b,$b,$b,$b,$b,$b" --context "$c" --only shipped \
+        --reps 200 --pipelined 2>&1 | grep '^batch' | tee "$out/step.txt" || true
+    if [ -n "$smi" ]; then
+        kill "$smi" 2>/dev/null || true
+        wait "$smi" 2>/dev/null || true
+        clocks_summary "$out/step.smi.csv" >"$out/step.clocks.json" || true
+        cat "$out/step.clocks.json"
+    fi
+}
+
 part_throughput_table() {
     python3 - "$out" <<'EOF2'
 import json, os, sys
@@ -482,8 +503,8 @@ EOF
 for p in "${parts[@]}"; do
     case $p in
     hf | random | shared | floor | ttft | long | engines | throughput | throughput_table | \
-        pagesize | pagesize_table | table) "part_$p" ;;
+        step | pagesize | pagesize_table | table) "part_$p" ;;
     *) echo "run_gpu.sh: unknown part $p (hf, random, shared, floor, ttft, long, engines," \
-            "throughput, throughput_table, pagesize, pagesize_table, table)"; exit 2 ;;
+            "throughput, throughput_table, step, pagesize, pagesize_table, table)"; exit 2 ;;
     esac
 done
