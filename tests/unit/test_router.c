@@ -1531,7 +1531,7 @@ static void test_tenants_router_restart_keeps_requests(void **state)
     pagoda_client_close(bob);
 }
 
-/* Tokenize calls' bytes are bounded by tenant: one tenant holds at most
+/* Tokenize calls are bounded by tenant, in bytes and in calls: one tenant holds at most
  * ROUTER_MAX_TENANT_TEXT_CALL_BYTES (a quarter of ROUTER_MAX_TEXT_CALL_BYTES, all tenants'), so
  * that its burst of big calls is refused (PAGODA_EBUSY) where it would have taken every tenant's
  * bytes and refused another tenant's call. Prompts of up to a million tokens make 4 MB calls
@@ -1539,7 +1539,8 @@ static void test_tenants_router_restart_keeps_requests(void **state)
  * one at a time), then, once one of them has been refused, one of bob's, which is answered. Each
  * refusal of alice's says she held her share while all tenants' bytes had room. Without the
  * tenant's bound alice's calls are refused only when all 64 MB are held, and bob's call too if none
- * ended meanwhile. */
+ * ended meanwhile. Then bob's burst of 64 small calls meets the count of calls a tenant may
+ * have waiting (ROUTER_MAX_TENANT_TEXT_CALLS). */
 struct tok_call {
     atomic_int done;
     int rc;
@@ -1557,7 +1558,7 @@ static void on_tok_call(void *user, pagoda_async_result *res)
     atomic_store(&t->done, 1);
 }
 
-static void test_tokenize_bytes_are_bounded_by_tenant(void **state)
+static void test_tokenize_calls_are_bounded_by_tenant(void **state)
 {
     (void)state;
     static const char tenants[] =
@@ -1643,6 +1644,37 @@ static void test_tokenize_bytes_are_bounded_by_tenant(void **state)
     print_message("alice's burst of %d: %d accepted, %d refused; bob's call answered\n", CALLS,
                   accepted, refused);
     assert_true(accepted >= 4 && refused >= 1);
+    /* The tenant's count of calls waiting binds before its bytes: 64 calls of 200 kB of bob's at
+     * once (12.8 MB, under his 16 MiB), one tokenized at a time (a call takes about ten times as
+     * long to tokenize as to arrive): past ROUTER_MAX_TENANT_TEXT_CALLS waiting, a call is
+     * refused, saying so. */
+    enum { SMALL_CALLS = 64, SMALL_BYTES = 200000 };
+    static struct tok_call small[SMALL_CALLS];
+    text[SMALL_BYTES] = '\0';
+    for (int i = 0; i < SMALL_CALLS; i++) {
+        atomic_store(&small[i].done, 0);
+        assert_int_equal(pagoda_tokenize_async(b, "bob-key", &pr, on_tok_call, &small[i]), 0);
+    }
+    int small_ok = 0, small_refused = 0;
+    char want[96];
+    snprintf(want, sizeof(want), "this tenant's Tokenize calls: %u of %u",
+             ROUTER_MAX_TENANT_TEXT_CALLS, ROUTER_MAX_TENANT_TEXT_CALLS);
+    for (int i = 0; i < SMALL_CALLS; i++) {
+        for (int waited = 0; !atomic_load(&small[i].done); waited++) {
+            assert_true(waited < 60000);
+            nng_msleep(1);
+        }
+        if (small[i].rc == 0) {
+            small_ok++;
+        } else {
+            if (small[i].rc != PAGODA_EBUSY || strstr(small[i].detail, want) == NULL)
+                fail_msg("bob's call %d: %d %s", i, small[i].rc, small[i].detail);
+            small_refused++;
+        }
+    }
+    print_message("bob's burst of %d: %d accepted, %d refused\n", SMALL_CALLS, small_ok,
+                  small_refused);
+    assert_true(small_ok >= (int)ROUTER_MAX_TENANT_TEXT_CALLS && small_refused >= 1);
     free(text);
     pagoda_client_close(a);
     pagoda_client_close(b);
@@ -1685,7 +1717,7 @@ int main(void)
         cmocka_unit_test(test_parked_calls_are_bounded),
         cmocka_unit_test(test_abandoned_request_is_cancelled),
         cmocka_unit_test(test_requests_at_the_message_limit_are_answered),
-        cmocka_unit_test(test_tokenize_bytes_are_bounded_by_tenant),
+        cmocka_unit_test(test_tokenize_calls_are_bounded_by_tenant),
     };
     signal(SIGPIPE, SIG_IGN);
     int failed = cmocka_run_group_tests_name("router", shared, group_setup, group_teardown);
