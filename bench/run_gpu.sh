@@ -43,9 +43,9 @@
 #            of 200 steps back to back (about 15 s at the power limit), with the clock sampled: to
 #            set beside the throughput run's ITL on the same machine; not in the default parts
 #   table    the results as markdown tables
-# Where nvidia-smi is found, each pagoda-bench run also samples the GPUs' SM clock and power every
-# 250 ms (OUT_DIR/NAME.smi.csv, summarized in NAME.clocks.json over the samples above 40% of the
-# power limit), and the floor and throughput tables show them.
+# Where nvidia-smi is found, each pagoda-bench run (and the step part) also samples the GPUs' SM
+# clock and power every 250 ms (OUT_DIR/clocks/NAME.csv, summarized in clocks/NAME.json over the
+# samples above 40% of the power limit), and the floor and throughput tables show them.
 # Prefix cache on/off needs deploy/pagoda-up --prefix-cache; without it each run is done once
 # with the engine's default and the table says "default".
 #
@@ -131,29 +131,39 @@ up() { # up MODE [FLAG...]: a group serving the model, prefix cache MODE (on, of
 }
 
 bench() { # bench NAME FLAGS...: pagoda-bench against the group, report in OUT/NAME.json
-    local name=$1 smi='' rc=0
+    local name=$1 rc=0
     shift
     echo "== pagoda-bench $name: $*"
-    # The GPUs' SM clock and power through the run (OUT/NAME.clocks.json): at 256 sequences the
-    # H200 holds its 700 W limit at 1,500-1,700 MHz, and the clock differs between machines by
-    # more than most changes gain (bench/RESULTS.md, thirty-third session).
-    if command -v nvidia-smi >/dev/null 2>&1; then
-        nvidia-smi --query-gpu=clocks.sm,power.draw,power.limit,clocks_throttle_reasons.active \
-            --format=csv,noheader,nounits -lms 250 >"$out/$name.smi.csv" 2>/dev/null &
-        smi=$!
-    fi
+    clocks_start "$name"
     "$bin/pagoda-bench" --url "$url" --model "$model" --json "$out/$name.json" "$@" \
         | tee "$out/$name.txt" || rc=$?
-    if [ -n "$smi" ]; then
-        kill "$smi" 2>/dev/null || true
-        wait "$smi" 2>/dev/null || true
-        clocks_summary "$out/$name.smi.csv" >"$out/$name.clocks.json" || true
-        cat "$out/$name.clocks.json"
-    fi
+    clocks_stop
     return "$rc"
 }
 
-clocks_summary() { # clocks_summary CSV: JSON of the samples drawing over 40% of the power limit
+# The GPUs' SM clock and power through a run (OUT/clocks/NAME.json): at 256 sequences the H200
+# holds its 700 W limit at 1,500-1,700 MHz, and the clock differs between machines by more than
+# most changes gain (bench/RESULTS.md, thirty-third session). Nothing without nvidia-smi.
+clocks_name='' clocks_pid=''
+clocks_start() { # clocks_start NAME: samples every 250 ms into OUT/clocks/NAME.csv
+    command -v nvidia-smi >/dev/null 2>&1 || return 0
+    mkdir -p "$out/clocks"
+    clocks_name=$1
+    nvidia-smi --query-gpu=clocks.sm,power.draw,power.limit,clocks_throttle_reasons.active \
+        --format=csv,noheader,nounits -lms 250 >"$out/clocks/$1.csv" 2>/dev/null &
+    clocks_pid=$!
+}
+clocks_stop() { # the sampling of clocks_start ends; its summary into OUT/clocks/NAME.json
+    [ -n "$clocks_pid" ] || return 0
+    kill "$clocks_pid" 2>/dev/null || true
+    wait "$clocks_pid" 2>/dev/null || true
+    clocks_pid=''
+    clocks_summary "$out/clocks/$clocks_name.csv" >"$out/clocks/$clocks_name.json" || true
+    cat "$out/clocks/$clocks_name.json"
+}
+
+clocks_summary() { # clocks_summary CSV: JSON of the samples drawing over 40% of the power limit,
+    # with "summary", the tables' cell ("n/a" without such samples)
     python3 - "$1" <<'EOF2'
 import json, sys
 busy, n = [], 0
@@ -172,6 +182,9 @@ if busy:
              sm_mhz_max=max(b[0] for b in busy), power_w_mean=sum(b[1] for b in busy) / len(busy),
              power_limit_w=busy[0][2],
              power_capped_fraction=sum(1 for b in busy if b[3] & 0x4) / len(busy))
+r["summary"] = "n/a" if not busy else (
+    f"{r['sm_mhz_mean']:.0f} MHz, {r['power_w_mean']:.0f} W"
+    f"{', capped' if r['power_capped_fraction'] > 0.5 else ''}")
 print(json.dumps(r))
 EOF2
 }
@@ -309,21 +322,12 @@ part_throughput() { # issue 15: 128 + 1024 at 256 in flight against transformers
 }
 
 part_step() { # decode_step's step of 256 at the run's mean context, sustained, clock sampled
-    local b=${STEP_BATCH:-256} c=${STEP_CONTEXT:-640} smi=''
+    local b=${STEP_BATCH:-256} c=${STEP_CONTEXT:-640}
     echo "== decode_step: $b sequences at context $c, six runs of 200 steps"
-    if command -v nvidia-smi >/dev/null 2>&1; then
-        nvidia-smi --query-gpu=clocks.sm,power.draw,power.limit,clocks_throttle_reasons.active \
-            --format=csv,noheader,nounits -lms 250 >"$out/step.smi.csv" 2>/dev/null &
-        smi=$!
-    fi
+    clocks_start step
     "$bin/decode_step" "$model" --batches "$b,$b,$b,$b,$b,$b" --context "$c" --only shipped \
         --reps 200 --pipelined 2>&1 | grep '^batch' | tee "$out/step.txt" || true
-    if [ -n "$smi" ]; then
-        kill "$smi" 2>/dev/null || true
-        wait "$smi" 2>/dev/null || true
-        clocks_summary "$out/step.smi.csv" >"$out/step.clocks.json" || true
-        cat "$out/step.clocks.json"
-    fi
+    clocks_stop
 }
 
 part_throughput_table() {
@@ -341,11 +345,7 @@ if hf:
     print(f"transformers generate (static cache, compile {b['compile']}): batch {b['batch_size']}, "
           f"{b['output_tps']:.0f} output tok/s ({b['requests']} requests, {b['time_s']:.1f} s)")
 def clocks(name):
-    c = load(name + ".clocks")
-    if not c or not c.get("busy_samples"):
-        return "n/a"
-    return (f"{c['sm_mhz_mean']:.0f} MHz, {c['power_w_mean']:.0f} W"
-            f"{', capped' if c['power_capped_fraction'] > 0.5 else ''}")
+    return (load(os.path.join("clocks", name)) or {}).get("summary", "n/a")
 print("| run | done | failed | out tok/s | / transformers | TTFT p50 ms | TPOT p50 ms | ITL p50 ms "
       "| bound s (prefill + decode) | tok/s at the bound | fraction of the bound "
       "| SM clock, power (busy) |")
@@ -406,7 +406,7 @@ print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 for p in sorted(glob.glob(os.path.join(out, "page-*-*.json")),
                 key=lambda p: (int(os.path.basename(p).split("-")[1]), p)):
     base = os.path.basename(p)[:-5]
-    if base.endswith("-workload") or base.endswith(".clocks"):
+    if base.endswith("-workload"):
         continue
     bs, wl = int(base.split("-")[1]), base.split("-", 2)[2]
     r = load(p)
@@ -453,7 +453,7 @@ print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 for p in sorted(glob.glob(os.path.join(out, "random-*.json")) +
                 glob.glob(os.path.join(out, "shared-*.json"))):
     name = os.path.basename(p)[:-5]
-    if name == "random-workload" or name.endswith(".clocks"):
+    if name == "random-workload":
         continue
     r = json.load(open(p))
     e = r["engine"]
@@ -475,15 +475,11 @@ if ttft:
           f"{f(hf_ms)} ms, ratio {f(p / hf_ms if hf_ms else None, '.2f')}")
 print()
 def clocks(name):
-    c = load(name + ".clocks")
-    if not c or not c.get("busy_samples"):
-        return "n/a"
-    return (f"{c['sm_mhz_mean']:.0f} MHz, {c['power_w_mean']:.0f} W"
-            f"{', capped' if c['power_capped_fraction'] > 0.5 else ''}")
+    return (load(os.path.join("clocks", name)) or {}).get("summary", "n/a")
 print("| batch | decode step (median ITL) ms | median TPOT ms | wall per engine step ms "
       "| weights GB | K/V GB per step | floor ms | fraction of the floor | SM clock, power (busy) |")
 print("|---|---|---|---|---|---|---|---|---|")
-for p in sorted(glob.glob(os.path.join(out, "floor-*[0-9].json")),
+for p in sorted(glob.glob(os.path.join(out, "floor-*.json")),
                 key=lambda p: int(p.rsplit("-", 1)[1][:-5])):
     r = json.load(open(p))
     fl = r["bandwidth_floor"]
