@@ -747,7 +747,8 @@ static int strict_check(int64_t limit, int32_t prompt, int32_t max_tokens,
 static int admission_check(struct scheduler *s, struct seq *q)
 {
     char msg[SCHEDULER_ERROR_MESSAGE_MAX];
-    int64_t limit = context_limit(s);
+    const int32_t pinned = (int32_t)prefix_cache_pinned_blocks(s->pc);
+    int64_t limit = context_with_pins(s, pinned);
     if ((int64_t)q->num_prompt_tokens + 1 > limit) {
         snprintf(msg, sizeof(msg), "prompt of %d tokens + 1 exceeds the context of %lld tokens",
                  (int)q->num_prompt_tokens, (long long)limit);
@@ -758,9 +759,8 @@ static int admission_check(struct scheduler *s, struct seq *q)
      * and those being computed will take their blocks before it ends (it must not end by the
      * context below its max_tokens). */
     if (q->strict_max_tokens &&
-        strict_check(context_with_pins(s, (int32_t)prefix_cache_pinned_blocks(s->pc) +
-                                              pins_computing_blocks(s)),
-                     q->num_prompt_tokens, q->max_tokens, msg) != 0) {
+        strict_check(context_with_pins(s, pinned + pins_computing_blocks(s)), q->num_prompt_tokens,
+                     q->max_tokens, msg) != 0) {
         seq_refuse(s, q, PAGODA_ERANGE, msg);
         return -1;
     }
