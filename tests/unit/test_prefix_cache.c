@@ -1041,6 +1041,16 @@ static void test_pins_shrink_the_context(void **state)
     harness_close(h);
 }
 
+/* q, a strict_max_tokens request of 10 + 200 tokens, was refused (ERANGE, no output) by the
+ * context the policy's pin of 20 blocks leaves, that pin now ready. */
+static void expect_strict_refused(const struct harness *h, const struct req_rec *q)
+{
+    assert_true(h->applied->pins[0]->ready);
+    assert_int_equal(q->finish, PAGODA__INTERNAL__FINISH_REASON__FINISH_ERROR);
+    assert_int_equal(q->error_code, PAGODA_ERANGE);
+    assert_int_equal(q->n_out, 0);
+}
+
 /* A strict_max_tokens request that fits the context when it is submitted, and not once a pin
  * taken while it waits for the running place is ready, is refused at its admission; one that
  * fits beside the pin is served. */
@@ -1064,11 +1074,8 @@ static void test_strict_checked_again_at_admission(void **state)
     const struct pin_spec ps[] = {{"sys", sys, 160}};
     send_policy(h, 1, NULL, NULL, 0, NULL, 0, ps, 1);
     pump(h);
-    assert_true(h->applied->pins[0]->ready);
     expect_output(a, run, 6, 40, PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH);
-    assert_int_equal(over->finish, PAGODA__INTERNAL__FINISH_REASON__FINISH_ERROR);
-    assert_int_equal(over->error_code, PAGODA_ERANGE);
-    assert_int_equal(over->n_out, 0);
+    expect_strict_refused(h, over);
     expect_output(fits, p, 10, 100, PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH);
     harness_close(h);
 }
@@ -1093,10 +1100,7 @@ static void test_strict_checked_against_pins_being_computed(void **state)
     struct req_rec *over = submit(h, next_idn++, p, 10, 200); /* 210: fits 320, not 160 */
     struct req_rec *fits = submit(h, next_idn++, p, 10, 100);
     pump(h);
-    assert_true(h->applied->pins[0]->ready);
-    assert_int_equal(over->finish, PAGODA__INTERNAL__FINISH_REASON__FINISH_ERROR);
-    assert_int_equal(over->error_code, PAGODA_ERANGE);
-    assert_int_equal(over->n_out, 0);
+    expect_strict_refused(h, over);
     expect_output(fits, p, 10, 100, PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH);
     harness_close(h);
 }
@@ -1123,11 +1127,8 @@ static void test_strict_checked_when_admitted(void **state)
     const struct pin_spec ps[] = {{"sys", sys, 160}};
     send_policy(h, 1, NULL, NULL, 0, NULL, 0, ps, 1);
     pump(h);
-    assert_true(h->applied->pins[0]->ready);
     assert_int_equal(a->finish, PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH);
-    assert_int_equal(over->finish, PAGODA__INTERNAL__FINISH_REASON__FINISH_ERROR);
-    assert_int_equal(over->error_code, PAGODA_ERANGE);
-    assert_int_equal(over->n_out, 0);
+    expect_strict_refused(h, over);
     harness_close(h);
 }
 

@@ -983,16 +983,23 @@ static pagoda_client *open_tenant_client(const struct rtr_env *e, const char *ke
     return c;
 }
 
+/* Writes json into a new file /tmp/pagoda-tenants-XXXXXX, its name into path. Returns 0 or -1. */
+static int write_tenants_file(char path[64], const char *json)
+{
+    snprintf(path, 64, "/tmp/pagoda-tenants-XXXXXX");
+    int fd = mkstemp(path);
+    if (fd < 0)
+        return -1;
+    size_t len = strlen(json);
+    ssize_t n = write(fd, json, len);
+    close(fd);
+    return n == (ssize_t)len ? 0 : -1;
+}
+
 static int tenants_setup(void **state)
 {
     static struct rtr_env env;
-    snprintf(tenants_path, sizeof(tenants_path), "/tmp/pagoda-tenants-XXXXXX");
-    int fd = mkstemp(tenants_path);
-    if (fd < 0)
-        return -1;
-    ssize_t n = write(fd, tenants_json, sizeof(tenants_json) - 1);
-    close(fd);
-    if (n != (ssize_t)sizeof(tenants_json) - 1)
+    if (write_tenants_file(tenants_path, tenants_json) != 0)
         return -1;
     /* A global bound of 9: alice (8) and carol (3) together can reach it. */
     const char *const args[] = {"--tenants", tenants_path, "--max-requests", "9", NULL};
@@ -1531,16 +1538,7 @@ static void test_tenants_router_restart_keeps_requests(void **state)
     pagoda_client_close(bob);
 }
 
-/* Tokenize calls are bounded by tenant, in bytes and in calls: one tenant holds at most
- * ROUTER_MAX_TENANT_TEXT_CALL_BYTES (a quarter of ROUTER_MAX_TEXT_CALL_BYTES, all tenants'), so
- * that its burst of big calls is refused (PAGODA_EBUSY) where it would have taken every tenant's
- * bytes and refused another tenant's call. Prompts of up to a million tokens make 4 MB calls
- * possible; twenty of alice's are sent at once (each tokenized for hundreds of milliseconds,
- * one at a time), then, once one of them has been refused, one of bob's, which is answered. Each
- * refusal of alice's says she held her share while all tenants' bytes had room. Without the
- * tenant's bound alice's calls are refused only when all 64 MB are held, and bob's call too if none
- * ended meanwhile. Then bob's burst of 64 small calls meets the count of calls a tenant may
- * have waiting (ROUTER_MAX_TENANT_TEXT_CALLS). */
+/* A Tokenize call's answer, filled on NNG's thread. */
 struct tok_call {
     atomic_int done;
     int rc;
@@ -1558,6 +1556,35 @@ static void on_tok_call(void *user, pagoda_async_result *res)
     atomic_store(&t->done, 1);
 }
 
+/* n Tokenize calls of prompt with key's tenant at once, each answering into calls[i]. */
+static void send_tok_calls(pagoda_client *c, const char *key, const pagoda_prompt *prompt,
+                           struct tok_call *calls, int n)
+{
+    for (int i = 0; i < n; i++) {
+        atomic_store(&calls[i].done, 0);
+        assert_int_equal(pagoda_tokenize_async(c, key, prompt, on_tok_call, &calls[i]), 0);
+    }
+}
+
+/* Waits (at most a minute) for t's answer. */
+static void wait_tok_call(const struct tok_call *t)
+{
+    for (int waited = 0; !atomic_load(&t->done); waited++) {
+        assert_true(waited < 60000);
+        nng_msleep(1);
+    }
+}
+
+/* Tokenize calls are bounded by tenant, in bytes and in calls: one tenant holds at most
+ * ROUTER_MAX_TENANT_TEXT_CALL_BYTES (a quarter of ROUTER_MAX_TEXT_CALL_BYTES, all tenants'), so
+ * that its burst of big calls is refused (PAGODA_EBUSY) where it would have taken every tenant's
+ * bytes and refused another tenant's call. Prompts of up to a million tokens make 4 MB calls
+ * possible; twenty of alice's are sent at once (each tokenized for hundreds of milliseconds,
+ * one at a time), then, once one of them has been refused, one of bob's, which is answered. Each
+ * refusal of alice's says she held her share while all tenants' bytes had room. Without the
+ * tenant's bound alice's calls are refused only when all 64 MB are held, and bob's call too if none
+ * ended meanwhile. Then bob's burst of 64 small calls meets the count of calls a tenant may
+ * have waiting (ROUTER_MAX_TENANT_TEXT_CALLS). */
 static void test_tokenize_calls_are_bounded_by_tenant(void **state)
 {
     (void)state;
@@ -1565,11 +1592,7 @@ static void test_tokenize_calls_are_bounded_by_tenant(void **state)
         "{\"tenants\": [{\"name\": \"alice\", \"api_keys\": [\"alice-key\"]},"
         " {\"name\": \"bob\", \"api_keys\": [\"bob-key\"]}]}";
     char path[64];
-    snprintf(path, sizeof(path), "/tmp/pagoda-tenants-XXXXXX");
-    int fd = mkstemp(path);
-    assert_true(fd >= 0);
-    assert_int_equal(write(fd, tenants, sizeof(tenants) - 1), (ssize_t)sizeof(tenants) - 1);
-    close(fd);
+    assert_int_equal(write_tenants_file(path, tenants), 0);
     const char *const args[] = {
         "--tenants",           path,      "--model", PAGODA_SOURCE_DIR "/tests/data/tiny-text",
         "--max-prompt-tokens", "1000000", NULL};
@@ -1595,10 +1618,7 @@ static void test_tokenize_calls_are_bounded_by_tenant(void **state)
     pagoda_prompt pr = pagoda_prompt_default();
     pr.text = text;
     static struct tok_call calls[CALLS];
-    for (int i = 0; i < CALLS; i++) {
-        atomic_store(&calls[i].done, 0);
-        assert_int_equal(pagoda_tokenize_async(a, "alice-key", &pr, on_tok_call, &calls[i]), 0);
-    }
+    send_tok_calls(a, "alice-key", &pr, calls, CALLS);
     /* Bob's call once one of alice's has been refused (or all of hers have ended). */
     for (int waited = 0;; waited++) {
         int ended = 0, refused = 0;
@@ -1621,10 +1641,7 @@ static void test_tokenize_calls_are_bounded_by_tenant(void **state)
     pagoda_tokenized_free(&tk);
     int accepted = 0, refused = 0;
     for (int i = 0; i < CALLS; i++) {
-        for (int waited = 0; !atomic_load(&calls[i].done); waited++) {
-            assert_true(waited < 60000);
-            nng_msleep(1);
-        }
+        wait_tok_call(&calls[i]);
         if (calls[i].rc == 0) {
             assert_int_equal(calls[i].ids, bob_ids);
             accepted++;
@@ -1651,19 +1668,13 @@ static void test_tokenize_calls_are_bounded_by_tenant(void **state)
     enum { SMALL_CALLS = 64, SMALL_BYTES = 200000 };
     static struct tok_call small[SMALL_CALLS];
     text[SMALL_BYTES] = '\0';
-    for (int i = 0; i < SMALL_CALLS; i++) {
-        atomic_store(&small[i].done, 0);
-        assert_int_equal(pagoda_tokenize_async(b, "bob-key", &pr, on_tok_call, &small[i]), 0);
-    }
+    send_tok_calls(b, "bob-key", &pr, small, SMALL_CALLS);
     int small_ok = 0, small_refused = 0;
     char want[96];
     snprintf(want, sizeof(want), "this tenant's Tokenize calls: %u of %u",
              ROUTER_MAX_TENANT_TEXT_CALLS, ROUTER_MAX_TENANT_TEXT_CALLS);
     for (int i = 0; i < SMALL_CALLS; i++) {
-        for (int waited = 0; !atomic_load(&small[i].done); waited++) {
-            assert_true(waited < 60000);
-            nng_msleep(1);
-        }
+        wait_tok_call(&small[i]);
         if (small[i].rc == 0) {
             small_ok++;
         } else {
