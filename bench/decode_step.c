@@ -3,7 +3,7 @@
  *   decode_step MODEL_DIR [--batches 1,16,64] [--context N] [--reps N] [--profile]
  *               [--only VERSION | --versions V1,V2,...] [--layout contiguous|interleaved]
  *               [--pool-blocks N] [--split KEYS] [--pipelined] [--max-tokens N]
- *               [--max-seqs N] [--debug] [--context-spread S]
+ *               [--max-seqs N] [--debug] [--context-spread S] [--kv-dtype bf16|fp8]
  *
  * MODEL_DIR holds a config.json (weights are drawn at random on the GPU, as --load-format
  * random). For each batch size B, B sequences of N tokens already in a pool of random K/V
@@ -37,7 +37,9 @@
  * 256). --debug logs at debug level: with --pipelined, the backend's line per step that splits
  * its device time into staging, the layers and the LM head, and sampling (as the worker's debug
  * log does). --context-spread S gives the sequences contexts from N down to N - S, evenly (the
- * floor counts each at its own). */
+ * floor counts each at its own). --kv-dtype fp8 makes the pool F8E4M3 (the worker's
+ * --kv-cache-dtype fp8; random K/V are cuda_fill_random_e4m3's), whose floor counts one byte a
+ * K/V element. */
 #define _POSIX_C_SOURCE 200809L
 #include "bench/cuda_check.h"
 #include "common/error.h"
@@ -342,8 +344,9 @@ static const struct version versions[kVersions] = {
     {.name = "tma_noo", .ref = 3, .defaults = 1, .tma_skip = CUDA_TMA_O},
 };
 
-static int decode_split; /* --split */
-static int pipelined;    /* --pipelined */
+static int decode_split;                 /* --split */
+static int pipelined;                    /* --pipelined */
+static enum dtype kv_dtype = DTYPE_BF16; /* --kv-dtype */
 /* --max-tokens, --max-seqs: the backend's limits (the worker's defaults are 2048 and 256) */
 static int32_t max_tokens = 256, max_seqs;
 
@@ -543,6 +546,9 @@ int main(int argc, char **argv)
             profile = 1;
         } else if (strcmp(argv[i], "--pipelined") == 0) {
             pipelined = 1;
+        } else if (strcmp(argv[i], "--kv-dtype") == 0 && i + 1 < argc &&
+                   (strcmp(argv[i + 1], "bf16") == 0 || strcmp(argv[i + 1], "fp8") == 0)) {
+            kv_dtype = strcmp(argv[++i], "fp8") == 0 ? DTYPE_F8E4M3 : DTYPE_BF16;
         } else if (strcmp(argv[i], "--debug") == 0) {
             log_set_level(LOG_DEBUG);
         } else if (strcmp(argv[i], "--context-spread") == 0 && i + 1 < argc &&
@@ -568,7 +574,8 @@ int main(int argc, char **argv)
                 "usage: decode_step MODEL_DIR [--batches 1,16,64] [--context N] "
                 "[--reps 1..%d] [--profile] [--only VERSION | --versions V1,V2,...] "
                 "[--layout contiguous|interleaved] [--pool-blocks N] [--split KEYS] [--pipelined]\n"
-                "[--max-tokens N] [--max-seqs N] [--debug] [--context-spread S]\n"
+                "[--max-tokens N] [--max-seqs N] [--debug] [--context-spread S] "
+                "[--kv-dtype bf16|fp8]\n"
                 "versions:",
                 kMaxReps);
         for (int v = 0; v < kVersions; v++)
@@ -598,12 +605,15 @@ int main(int argc, char **argv)
         .block_size = kBlockSize,
         .num_kv_heads = (int32_t)c.num_kv_heads,
         .head_dim = (int32_t)c.head_dim,
-        .dtype = DTYPE_BF16,
+        .dtype = kv_dtype,
     };
     void *pool = NULL;
     PK(cuda_pool_alloc(&g, 0, &pool));
     /* Random K/V everywhere (never zeros: see .library METHOD.md). */
-    PK(cuda_fill_random_bf16(pool, (int64_t)(kv_pool_bytes(&g) / 2), kSeed, 99, 1.0f, 0.0f, 0));
+    if (kv_dtype == DTYPE_F8E4M3)
+        PK(cuda_fill_random_e4m3(pool, (int64_t)kv_pool_bytes(&g), kSeed, 99, 1.0f, 0.0f, 0));
+    else
+        PK(cuda_fill_random_bf16(pool, (int64_t)(kv_pool_bytes(&g) / 2), kSeed, 99, 1.0f, 0.0f, 0));
     CK(cudaDeviceSynchronize());
     printf("layout %s, %d pool blocks (used every %lld)\n",
            layout_interleaved ? "interleaved" : "contiguous", (int)g.num_blocks,
@@ -637,7 +647,7 @@ int main(int argc, char **argv)
                  kvd = (double)(c.num_kv_heads * c.head_dim);
     const double layer_w = H * (qd + 2 * kvd) + qd * H + 2 * I * H + I * H + 2 * H;
     const double weights = 2.0 * ((double)c.num_layers * layer_w + (double)c.vocab_size * H);
-    const double kv_per_token = 2.0 * 2.0 * kvd * (double)c.num_layers;
+    const double kv_per_token = 2.0 * (double)dtype_size(kv_dtype) * kvd * (double)c.num_layers;
     printf("\n%-6s %-12s %10s %10s %10s %8s %12s %10s %12s\n", "batch", "version", "device ms",
            "host ms", "floor ms", "floor/dev", "logits diff", "tokens eq", "graph steps");
     for (int i = 0; i < nb; i++) {

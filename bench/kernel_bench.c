@@ -14,8 +14,10 @@
  * default the plan chooses), --split the decode split-KV partition in keys
  * (cuda_attention_set_decode_split; 0, the default, lets the plan's cost model choose), --early-kv
  * the decode kernel's K/V requested before its PDL wait, as the worker runs it
- * (cuda_attention_set_early_kv; off by default), --lt-algos N how many of cuBLASLt's heuristic
- * algorithms the linears time (default 8, at most 64) and
+ * (cuda_attention_set_early_kv; off by default), --kv-dtype fp8 the attention cases over an
+ * F8E4M3 pool (worker --kv-cache-dtype fp8; every code 0x2c, 0.375: the kernels' time does not
+ * depend on the values, and bench/kernel_competitor.py has no such case), --lt-algos N how many of
+ * cuBLASLt's heuristic algorithms the linears time (default 8, at most 64) and
  * --lt-sm-target N the SM count the heuristic is asked to plan for
  * (CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET; unset by default).
  * Cases: paged decode attention (batch x context, head dim 64 and 128, block sizes 8 to 64,
@@ -81,6 +83,7 @@ static int copy_rows;        /* --copy-rows: cuda_attention_set_decode_copy_rows
 static int decode_split;     /* --split: cuda_attention_set_decode_split */
 static int decode_warps;     /* --decode-warps: cuda_attention_set_decode_warps */
 static int early_kv;         /* --early-kv: cuda_attention_set_early_kv, as the worker */
+static enum dtype kv_dtype = DTYPE_BF16; /* --kv-dtype: the attention cases' pool */
 
 /* True when the case name passes --filter. */
 static bool wanted(const char *name)
@@ -232,8 +235,8 @@ static void bench_attention(const struct attn_case *c)
     const int32_t bs = c->block_size, nb = (c->context_len + bs - 1) / bs;
     const int64_t total_blocks = (int64_t)c->batch * nb;
     const int32_t layers = c->layers > 0 ? c->layers : 1;
-    struct kv_geometry g = {
-        1, layers, (int32_t)(total_blocks + 1), bs, c->num_kv_heads, c->head_dim, DTYPE_BF16};
+    struct kv_geometry g = {1,           layers,  (int32_t)(total_blocks + 1), bs, c->num_kv_heads,
+                            c->head_dim, kv_dtype};
     const size_t pool_bytes = kv_pool_bytes(&g);
     struct kv_cuda_pool *vmm = NULL;
     uint16_t *pool;
@@ -245,7 +248,10 @@ static void bench_attention(const struct attn_case *c)
     } else {
         pool = dev_alloc(pool_bytes);
     }
-    fill(pool, (int64_t)(pool_bytes / 2), STREAM_POOL);
+    if (kv_dtype == DTYPE_F8E4M3)
+        CK(cudaMemsetAsync(pool, 0x2c, pool_bytes, stream));
+    else
+        fill(pool, (int64_t)(pool_bytes / 2), STREAM_POOL);
     const int32_t num_tokens = c->batch * c->query_len;
     /* A graph's padding rows (one token each) have q rows and outputs too. */
     const int32_t rows = c->graph_seqs > num_tokens ? c->graph_seqs : num_tokens;
@@ -278,7 +284,8 @@ static void bench_attention(const struct attn_case *c)
                                        g.num_blocks,
                                        c->batch > c->graph_seqs ? c->batch : c->graph_seqs,
                                        rows,
-                                       nb};
+                                       nb,
+                                       kv_dtype};
     struct attn_run r = {NULL, kv_layer_view_make(&g, pool, 0), q, qw, out, NULL};
     PK(cuda_attention_plan_new(&ac, &r.plan));
     cuda_attention_set_decode_copy_rows(r.plan, copy_rows);
@@ -321,8 +328,8 @@ static void bench_attention(const struct attn_case *c)
     for (int32_t j = 0; j < c->query_len; j++)
         pairs += (double)(c->context_len - c->query_len + j + 1);
     pairs *= c->batch;
-    const double kv_bytes =
-        (double)c->batch * c->context_len * c->num_kv_heads * c->head_dim * 2.0 * 2.0;
+    const double kv_bytes = (double)c->batch * c->context_len * c->num_kv_heads * c->head_dim *
+                            2.0 * (double)dtype_size(kv_dtype);
     const double flops = 4.0 * pairs * c->num_heads * c->head_dim;
     printf("%-28s %9.4f ms  %7.3f TB/s  %7.1f TFLOP/s  decode grid %d, partitions %d, "
            "checksum %.9e\n",
@@ -864,6 +871,9 @@ int main(int argc, char **argv)
             decode_warps = atoi(argv[++i]);
         } else if (strcmp(argv[i], "--early-kv") == 0) {
             early_kv = 1;
+        } else if (strcmp(argv[i], "--kv-dtype") == 0 && i + 1 < argc &&
+                   (strcmp(argv[i + 1], "bf16") == 0 || strcmp(argv[i + 1], "fp8") == 0)) {
+            kv_dtype = strcmp(argv[++i], "fp8") == 0 ? DTYPE_F8E4M3 : DTYPE_BF16;
         } else if (strcmp(argv[i], "--lt-algos") == 0 && i + 1 < argc && atoi(argv[i + 1]) >= 1 &&
                    atoi(argv[i + 1]) <= kLtAlgosMax) {
             lt_algos = atoi(argv[++i]);
@@ -874,7 +884,8 @@ int main(int argc, char **argv)
             fprintf(stderr,
                     "usage: kernel_bench [--json FILE] [--quick] [--filter SUB[,SUB]] "
                     "[--pool vmm|malloc] [--copy-rows 0|4|8|16] [--split KEYS] "
-                    "[--decode-warps 4|8] [--early-kv] [--lt-algos N] [--lt-sm-target N]\n");
+                    "[--decode-warps 4|8] [--early-kv] [--kv-dtype bf16|fp8] [--lt-algos N] "
+                    "[--lt-sm-target N]\n");
             return 2;
         }
     }
@@ -931,6 +942,8 @@ int main(int argc, char **argv)
         {"decode_step_b16_c1100_g16", "decode_step", 16, 1100, 1, 32, 8, 128, 16, false, 32, 16},
         {"decode_step_b32_c1100", "decode_step", 32, 1100, 1, 32, 8, 128, 16, false, 32, 0},
         {"decode_step_b64_c1100", "decode_step", 64, 1100, 1, 32, 8, 128, 16, false, 32, 0},
+        /* the step of 256 at the throughput workload's mean context (issue 15) */
+        {"decode_step_b256_c640", "decode_step", 256, 640, 1, 32, 8, 128, 16, false, 32, 0},
         {"decode_step_b64_c1100_g64", "decode_step", 64, 1100, 1, 32, 8, 128, 16, false, 32, 64},
         {"decode_step_b1_c32768", "decode_step", 1, 32768, 1, 32, 8, 128, 16, false, 32, 0},
         {"decode_step_b1_c32768_g1", "decode_step", 1, 32768, 1, 32, 8, 128, 16, false, 32, 1},

@@ -12,6 +12,8 @@ const char *dtype_name(enum dtype t)
         return "F16";
     case DTYPE_F32:
         return "F32";
+    case DTYPE_F8E4M3:
+        return "F8_E4M3";
     }
     return "?";
 }
@@ -25,6 +27,8 @@ const char *dtype_torch_name(enum dtype t)
         return "float16";
     case DTYPE_F32:
         return "float32";
+    case DTYPE_F8E4M3:
+        return "float8_e4m3fn";
     }
     return "?";
 }
@@ -68,6 +72,44 @@ float f16_to_f32(uint16_t h)
     return sign ? -v : v;
 }
 
+float e4m3_to_f32(uint8_t c)
+{
+    const int exp = (c >> 3) & 0xf, mant = c & 7;
+    float v;
+    if ((c & 0x7f) == 0x7f)
+        v = NAN;
+    else if (exp == 0)
+        v = ldexpf((float)mant, -9);
+    else
+        v = ldexpf((float)(mant | 8), exp - 10);
+    return c & 0x80 ? -v : v;
+}
+
+uint8_t f32_to_e4m3(float f)
+{
+    const uint8_t sign = signbit(f) ? 0x80 : 0;
+    const float a = fabsf(f);
+    if (isnan(a))
+        return 0x7f;
+    if (a >= 448.0f)
+        return sign | 0x7e;
+    if (a == 0.0f)
+        return sign;
+    int e;
+    frexpf(a, &e); /* a = m * 2^e, 0.5 <= m < 1: the leading bit is 2^(e - 1) */
+    /* Steps of 2^(e - 4) among normals (3 mantissa bits), of 2^-9 among subnormals (below
+     * 2^-6); nearbyintf rounds ties to even in the default rounding mode. A step count that
+     * reaches the next power of two carries into the exponent, as the code's bits do. */
+    const int step = e - 1 >= -6 ? e - 4 : -9;
+    const int n = (int)nearbyintf(ldexpf(a, -step)); /* 0 .. 16 */
+    int code;
+    if (step == -9)
+        code = n; /* subnormal codes 0 .. 7; 8 is 2^-6, the first normal */
+    else
+        code = ((e - 1 + 7) << 3) + (n - 8); /* n in 8 .. 16 */
+    return (uint8_t)(sign | (code > 0x7e ? 0x7e : code));
+}
+
 void dtype_to_f32(enum dtype t, const void *src, float *dst, size_t n)
 {
     const uint16_t *h = src;
@@ -82,6 +124,10 @@ void dtype_to_f32(enum dtype t, const void *src, float *dst, size_t n)
         break;
     case DTYPE_F32:
         memcpy(dst, src, n * sizeof(float));
+        break;
+    case DTYPE_F8E4M3:
+        for (size_t i = 0; i < n; i++)
+            dst[i] = e4m3_to_f32(((const uint8_t *)src)[i]);
         break;
     }
 }

@@ -7,7 +7,7 @@
 
 static int dtype_known(enum dtype t)
 {
-    return t == DTYPE_BF16 || t == DTYPE_F16 || t == DTYPE_F32;
+    return t == DTYPE_BF16 || t == DTYPE_F16 || t == DTYPE_F32 || t == DTYPE_F8E4M3;
 }
 
 /* Multiplies *acc by factor (both positive) and reports whether the product stays below

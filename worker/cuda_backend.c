@@ -567,11 +567,13 @@ static int open_backend(const struct model_config *cfg, const struct model_weigh
     struct model_config pool_view = *cfg;
     pool_view.num_kv_heads = shard.num_kv_heads;
     int pool_whole = 0;
-    rc = backend_check_pool(&pool_view, g, DTYPE_BF16, "CUDA");
-    if (rc != 0 && shard.size > 1 && backend_check_pool(cfg, g, DTYPE_BF16, "CUDA") == 0)
+    /* bf16, or F8E4M3 (--kv-cache-dtype fp8): the kernels read either (cuda_attention_config) */
+    const enum dtype kv_dtype = g->dtype == DTYPE_F8E4M3 ? DTYPE_F8E4M3 : DTYPE_BF16;
+    rc = backend_check_pool(&pool_view, g, kv_dtype, "CUDA");
+    if (rc != 0 && shard.size > 1 && backend_check_pool(cfg, g, kv_dtype, "CUDA") == 0)
         rc = 0, pool_whole = 1;
     if (rc != 0)
-        return backend_check_pool(&pool_view, g, DTYPE_BF16, "CUDA"); /* its message again */
+        return backend_check_pool(&pool_view, g, kv_dtype, "CUDA"); /* its message again */
     struct cuda_backend *b = calloc(1, sizeof(*b));
     if (b == NULL)
         return PAGODA_ENOMEM;
@@ -722,6 +724,7 @@ static int open_backend(const struct model_config *cfg, const struct model_weigh
         .max_num_seqs = b->opt.limits.max_num_seqs,
         .max_num_tokens = b->opt.limits.max_num_tokens,
         .max_blocks_per_seq = b->opt.limits.max_blocks_per_seq,
+        .kv_dtype = g->dtype,
     };
     if ((rc = cuda_attention_plan_new(&ac, &b->plan)) == 0) {
         cuda_attention_set_early_kv(b->plan, b->opt.decode_early_kv);
@@ -1205,7 +1208,7 @@ static int forward_layers(struct cuda_backend *b, int32_t n, int32_t num_logits)
         const struct cuda_layer *l = &b->layers[i];
         struct kv_layer_view kv = kv_layer_view_make(&b->geometry, b->pool, (int32_t)i);
         if (b->pool_whole) {
-            size_t skip = (size_t)(b->kv_head_offset * kv.head_stride) * sizeof(uint16_t);
+            size_t skip = (size_t)(b->kv_head_offset * kv.head_stride) * dtype_size(kv.dtype);
             kv.k = (char *)kv.k + skip;
             kv.v = (char *)kv.v + skip;
             kv.num_kv_heads = (int32_t)sh->num_kv_heads;

@@ -20,6 +20,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <type_traits>
+
 namespace
 {
 
@@ -70,7 +72,7 @@ constexpr int kMergeBatch = 32;
 /* Everything a kernel needs, passed by value. Metadata pointers point into the plan's device
  * buffer. */
 struct attn_args {
-    const uint16_t *k, *v; /* the pool's layer */
+    const void *k, *v; /* the pool's layer: bf16, or F8E4M3 for the kernels' F8 variants */
     int64_t block_stride, head_stride, slot_stride;
     int32_t block_size;
     int32_t block_shift; /* log2(block_size) when it is a power of two, else -1 */
@@ -168,6 +170,31 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi)
     return float2_to_bf16x2(lo, hi);
 }
 
+/* Two f32 in [0, 1] (probabilities) to an f16 pair (lo at the lower address). */
+__device__ __forceinline__ uint32_t pack_f16(float lo, float hi)
+{
+    const __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t *>(&h);
+}
+
+/* The tensor-core product of the kernels' K/V element type: bf16 for a bf16 pool; f16 for an
+ * F8E4M3 one, whose codes convert to f16 exactly (and Q, clamped to f16's range, and P with
+ * them). */
+template <bool F8>
+__device__ __forceinline__ void mma_kv(float d[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                       uint32_t a3, uint32_t b0, uint32_t b1)
+{
+    if (F8)
+        mma_f16(d, a0, a1, a2, a3, b0, b1);
+    else
+        mma_bf16(d, a0, a1, a2, a3, b0, b1);
+}
+
+template <bool F8> __device__ __forceinline__ uint32_t pack_p(float lo, float hi)
+{
+    return F8 ? pack_f16(lo, hi) : pack_bf16(lo, hi);
+}
+
 /* The element offset of 16-byte chunk c of row r in a shared-memory tile of rows of HD bf16:
  * chunks are XOR-swizzled by r % 8, so that the 8 rows an ldmatrix reads at one logical column
  * fall in 8 different bank groups. */
@@ -204,17 +231,26 @@ constexpr int32_t kDecodeWideCopySeqs = 64;
  * wait; q is now read with __ldcg below. tests/gpu/RESULTS.md, fifteenth session.)
  * (3 CTAs an SM, __launch_bounds__(128, 3) with 2 stages at head dim 128, was measured in the
  * eighteenth session: slower from 8 sequences up, 21% at 32; bench/RESULTS.md.) */
-template <int HD, int G_, int W_> struct decode_geom {
-    static constexpr int W = W_; /* warps */
+/* F8 (an F8E4M3 pool): elements of one byte, so a stage holds half the bytes and the pipeline is
+ * one stage deeper (4 at head dim 128, 6 at 64); each warp converts the 16 keys of the tile it
+ * reads to f16, K and V, into its own XOR-swizzled tile of 16 rows (conv_bytes), and reads its
+ * fragments there (96.5 KiB a CTA of 4 warps at head dim 128, two an SM, as for bf16). */
+template <int HD, int G_, int W_, bool F8_ = false> struct decode_geom {
+    static constexpr bool F8 = F8_;
+    static constexpr int EB = F8 ? 1 : 2; /* bytes per pool element */
+    static constexpr int W = W_;          /* warps */
     static constexpr int THREADS = 32 * W;
     static constexpr int T = 16 * W;
     static constexpr int G = G_;
     static_assert(W == kDecodeWarps || W == kDecodeWideWarps, "decode warps");
     static_assert(G == 4 || G == 8 || G == 16, "decode copy rows");
-    static constexpr int STAGES = HD == 128 ? 3 : 4;
-    static constexpr int GROUP = G * HD + 8; /* elements per group of rows, padding included */
+    static constexpr int STAGES = F8 ? (HD == 128 ? 4 : 6) : (HD == 128 ? 3 : 4);
+    static constexpr int GROUP = G * HD + 16 / EB; /* elements per group of rows, 16 bytes of
+                                                      padding included */
     static constexpr int STAGE_ELEMS = 2 * (T / G) * GROUP;
-    static constexpr size_t bars = (size_t)STAGES * STAGE_ELEMS * sizeof(uint16_t);
+    static constexpr size_t stage_bytes = (size_t)STAGES * STAGE_ELEMS * EB;
+    static constexpr size_t conv_bytes = F8 ? (size_t)W * 2 * 16 * HD * sizeof(uint16_t) : 0;
+    static constexpr size_t bars = stage_bytes + conv_bytes;
     static constexpr size_t smem = bars + STAGES * sizeof(uint64_t);
     static_assert(T == 16 * W && kSplitAlign == 16 * kDecodeWarps,
                   "tile shape: partitions of whole tiles");
@@ -348,23 +384,32 @@ __device__ __forceinline__ void newest_kv_load(const attn_args &a, int32_t token
         n.v = __ldcg(vs + t);
 }
 
-template <int HD>
+/* A bf16 value as the pool stores it: itself, or its nearest F8E4M3 code (as cuda_rope_cache). */
+template <bool F8> __device__ __forceinline__ void pool_store(void *base, int64_t at, uint16_t h)
+{
+    if (F8)
+        static_cast<uint8_t *>(base)[at] = float_to_e4m3(bf16_bits_to_float(h));
+    else
+        static_cast<uint16_t *>(base)[at] = h;
+}
+
+template <int HD, bool F8>
 __device__ __forceinline__ void newest_kv_store(const attn_args &a, const newest_kv &n,
                                                 const float *rope_cs)
 {
     if (n.base < 0)
         return;
     const int t = threadIdx.x;
-    uint16_t *kd = const_cast<uint16_t *>(a.k) + n.base, *vd = const_cast<uint16_t *>(a.v) + n.base;
+    void *kd = const_cast<void *>(a.k), *vd = const_cast<void *>(a.v);
     if (t < HD / 2) {
         uint16_t rx, ry;
         rope_pair(bf16_bits_to_float(n.k0), bf16_bits_to_float(n.k1), rope_cs[t],
                   rope_cs[HD / 2 + t], rx, ry);
-        kd[t] = rx;
-        kd[t + HD / 2] = ry;
+        pool_store<F8>(kd, n.base + t, rx);
+        pool_store<F8>(kd, n.base + t + HD / 2, ry);
     }
     if (t < HD)
-        vd[t] = n.v;
+        pool_store<F8>(vd, n.base + t, n.v);
     asm volatile("fence.proxy.async.global;\n" ::: "memory");
 }
 
@@ -377,14 +422,19 @@ __device__ __forceinline__ void newest_kv_store(const attn_args &a, const newest
  * A operand. The warps merge through shared memory at the end. A partition that is the whole
  * context writes bf16 out, otherwise the normalised f32 output and its log-sum-exp for the merge
  * kernel. */
-template <int HD, int G_, int W_>
+template <int HD, int G_, int W_, bool F8>
 __global__ void __launch_bounds__(32 * W_) decode_kernel(attn_args a)
 {
-    using D = decode_geom<HD, G_, W_>;
-    constexpr int T = D::T, S = D::STAGES, W = D::W, THREADS = D::THREADS;
+    using D = decode_geom<HD, G_, W_, F8>;
+    using E = typename std::conditional<F8, uint8_t, uint16_t>::type; /* a pool element */
+    constexpr int T = D::T, S = D::STAGES, W = D::W, THREADS = D::THREADS, EB = D::EB;
     extern __shared__ __align__(16) unsigned char smem[];
-    uint16_t *tiles = reinterpret_cast<uint16_t *>(smem); /* [stage][K, V][T / G][GROUP] */
+    E *tiles = reinterpret_cast<E *>(smem); /* [stage][K, V][T / G][GROUP] */
     uint64_t *full = reinterpret_cast<uint64_t *>(smem + D::bars);
+    /* F8: this warp's 16 keys of the current tile in f16, K then V, [16][HD] swizzled (swz) */
+    uint16_t *kc = reinterpret_cast<uint16_t *>(smem + D::stage_bytes) +
+                   (size_t)(threadIdx.x >> 5) * 2 * 16 * HD;
+    uint16_t *vc = kc + 16 * HD;
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     /* Launched by launch_pdl. Without early_kv everything below waits for the kernels ahead.
@@ -454,7 +504,7 @@ __global__ void __launch_bounds__(32 * W_) decode_kernel(attn_args a)
     const bool groups = a.block_size % G == 0 && a.slot_stride == HD;
     const int ckey = groups ? G * (tid % NG) : tid % T, cv = groups ? (tid / NG) & 1 : tid / T;
     const bool copier = !groups || tid < 2 * NG;
-    const uint16_t *cbase = (cv ? a.v : a.k) + (int64_t)kh * a.head_stride;
+    const E *cbase = static_cast<const E *>(cv ? a.v : a.k) + (int64_t)kh * a.head_stride;
     /* The block-table entry of this thread's first key in tile t (0 past the last tile). */
     auto table_entry = [&](int32_t t) -> int32_t {
         const int32_t pos = min(begin + t * T + ckey, end - 1);
@@ -469,21 +519,20 @@ __global__ void __launch_bounds__(32 * W_) decode_kernel(attn_args a)
     auto copy_tile = [&](int32_t t, int32_t blk) {
         const int st = t % S;
         if (tid == 0)
-            mbar_arrive_expect_tx(&full[st], 2 * T * HD * sizeof(uint16_t));
+            mbar_arrive_expect_tx(&full[st], 2 * T * HD * EB);
         if (!copier)
             return;
-        uint16_t *dst = tiles + (size_t)st * D::STAGE_ELEMS + cv * NG * D::GROUP + D::row(ckey);
+        E *dst = tiles + (size_t)st * D::STAGE_ELEMS + cv * NG * D::GROUP + D::row(ckey);
         const int32_t pos = begin + t * T + ckey;
-        const uint16_t *blk_base = cbase + (int64_t)blk * a.block_stride;
+        const E *blk_base = cbase + (int64_t)blk * a.block_stride;
         if (groups && pos + G - 1 < end) {
-            bulk_copy(dst, blk_base + (int64_t)slot_of(a, pos) * HD, G * HD * sizeof(uint16_t),
-                      &full[st]);
+            bulk_copy(dst, blk_base + (int64_t)slot_of(a, pos) * HD, G * HD * EB, &full[st]);
         } else {
             const int rows = groups ? G : 1;
             for (int r = 0; r < rows; r++) {
                 const int32_t p = min(pos + r, end - 1); /* in pos's block (groups) */
-                bulk_copy(dst + r * HD, blk_base + (int64_t)slot_of(a, p) * a.slot_stride,
-                          HD * sizeof(uint16_t), &full[st]);
+                bulk_copy(dst + r * HD, blk_base + (int64_t)slot_of(a, p) * a.slot_stride, HD * EB,
+                          &full[st]);
             }
         }
     };
@@ -546,9 +595,17 @@ __global__ void __launch_bounds__(32 * W_) decode_kernel(attn_args a)
                 qa[k + HD / 32][j] = (uint32_t)y0 | ((uint32_t)y1 << 16);
             }
     }
+    if (F8) /* the A fragments in f16, for the f16 products (mma_kv) */
+#pragma unroll
+        for (int k = 0; k < HD / 16; k++)
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                const float2 x = bf16x2_to_float2(qa[k][j]);
+                qa[k][j] = float2_to_f16x2_sat(x.x, x.y);
+            }
     /* The newest key's tile among the first S - 1: its K/V stored, then its copy. */
     if (write_newest && ntiles - 1 < S - 1) {
-        newest_kv_store<HD>(a, nkv, rope_cs);
+        newest_kv_store<HD, F8>(a, nkv, rope_cs);
         __syncthreads();
         /* its table entry loaded again: first_blk indexed at run time would go to local memory
          * in every CTA of every decode kernel */
@@ -564,15 +621,34 @@ __global__ void __launch_bounds__(32 * W_) decode_kernel(attn_args a)
 
     for (int32_t i = 0; i < ntiles; i++) {
         if (write_newest && i + S - 1 == ntiles - 1) /* the barrier below orders it */
-            newest_kv_store<HD>(a, nkv, rope_cs);
+            newest_kv_store<HD, F8>(a, nkv, rope_cs);
         __syncthreads(); /* every warp is done with tile i - 1's stage: refill it */
         if (i + S - 1 < ntiles)
             copy_tile(i + S - 1, blk);
         blk = table_entry(i + S);
         mbar_wait(&full[i % S], (uint32_t)(i / S) & 1u);
 
-        const uint16_t *ks = tiles + (size_t)(i % S) * D::STAGE_ELEMS;
-        const uint16_t *vs = ks + NG * D::GROUP;
+        const E *ks = tiles + (size_t)(i % S) * D::STAGE_ELEMS;
+        const E *vs = ks + NG * D::GROUP;
+        if (F8) {
+            /* The warp's 16 keys to f16: lane l converts half l / 16 of the K and V rows of its
+             * key l % 16 (row r of kc, vc: n-tile r / 8, column r % 8), 16 codes at a time.
+             * The barrier at the loop's top ordered the last tile's reads of kc and vc. */
+            const int r = lane & 15;
+            const int row = D::row(D::key(r & 7, warp, r >> 3));
+#pragma unroll
+            for (int c = 0; c < HD / 32; c++) {
+                const int ch = (lane >> 4) * (HD / 32) + c; /* 16-byte chunk of the code row */
+                uint4 lo, hi;
+                e4m3x16_to_f16x16(*reinterpret_cast<const uint4 *>(ks + row + 16 * ch), lo, hi);
+                *reinterpret_cast<uint4 *>(kc + swz<HD>(r, 2 * ch)) = lo;
+                *reinterpret_cast<uint4 *>(kc + swz<HD>(r, 2 * ch + 1)) = hi;
+                e4m3x16_to_f16x16(*reinterpret_cast<const uint4 *>(vs + row + 16 * ch), lo, hi);
+                *reinterpret_cast<uint4 *>(vc + swz<HD>(r, 2 * ch)) = lo;
+                *reinterpret_cast<uint4 *>(vc + swz<HD>(r, 2 * ch + 1)) = hi;
+            }
+            __syncwarp();
+        }
         /* S = Q K^T for the warp's 16 keys: two n-tiles of 8 keys. */
         /* Four independent accumulator chains (n-tile x even/odd k-step), summed after. */
         float s[2][4], s2[2][4];
@@ -586,10 +662,13 @@ __global__ void __launch_bounds__(32 * W_) decode_kernel(attn_args a)
 #pragma unroll
             for (int nt = 0; nt < 2; nt++) {
                 uint32_t b[4];
-                ldmatrix_x4(b,
-                            ks + D::row(D::key(lane & 7, warp, nt)) + (kk * 4 + (lane >> 3)) * 8);
-                mma_bf16(s[nt], qa[2 * kk][0], 0u, qa[2 * kk][1], 0u, b[0], b[1]);
-                mma_bf16(s2[nt], qa[2 * kk + 1][0], 0u, qa[2 * kk + 1][1], 0u, b[2], b[3]);
+                if (F8)
+                    ldmatrix_x4(b, kc + swz<HD>(nt * 8 + (lane & 7), kk * 4 + (lane >> 3)));
+                else
+                    ldmatrix_x4(b, ks + D::row(D::key(lane & 7, warp, nt)) +
+                                       (kk * 4 + (lane >> 3)) * 8);
+                mma_kv<F8>(s[nt], qa[2 * kk][0], 0u, qa[2 * kk][1], 0u, b[0], b[1]);
+                mma_kv<F8>(s2[nt], qa[2 * kk + 1][0], 0u, qa[2 * kk + 1][1], 0u, b[2], b[3]);
             }
 #pragma unroll
         for (int nt = 0; nt < 2; nt++)
@@ -623,7 +702,7 @@ __global__ void __launch_bounds__(32 * W_) decode_kernel(attn_args a)
         }
         m = m_new;
         l = l * alpha + (s[0][0] + s[0][1] + s[1][0] + s[1][1]);
-        const uint32_t p0 = pack_bf16(s[0][0], s[0][1]), p1 = pack_bf16(s[1][0], s[1][1]);
+        const uint32_t p0 = pack_p<F8>(s[0][0], s[0][1]), p1 = pack_p<F8>(s[1][0], s[1][1]);
         /* O += P V: V^T fragments by ldmatrix.trans, two n-tiles of 8 dims per load. */
 #pragma unroll
         for (int dp = 0; dp < HD / 16; dp++) {
@@ -632,10 +711,14 @@ __global__ void __launch_bounds__(32 * W_) decode_kernel(attn_args a)
             o[2 * dp + 1][0] *= alpha;
             o[2 * dp + 1][1] *= alpha;
             uint32_t b[4];
-            ldmatrix_x4_trans(b, vs + D::row(D::key(lane & 7, warp, (lane >> 3) & 1)) +
-                                     (2 * dp + (lane >> 4)) * 8);
-            mma_bf16(o[2 * dp], p0, 0u, p1, 0u, b[0], b[1]);
-            mma_bf16(o[2 * dp + 1], p0, 0u, p1, 0u, b[2], b[3]);
+            if (F8)
+                ldmatrix_x4_trans(
+                    b, vc + swz<HD>(((lane >> 3) & 1) * 8 + (lane & 7), 2 * dp + (lane >> 4)));
+            else
+                ldmatrix_x4_trans(b, vs + D::row(D::key(lane & 7, warp, (lane >> 3) & 1)) +
+                                         (2 * dp + (lane >> 4)) * 8);
+            mma_kv<F8>(o[2 * dp], p0, 0u, p1, 0u, b[0], b[1]);
+            mma_kv<F8>(o[2 * dp + 1], p0, 0u, p1, 0u, b[2], b[3]);
         }
     }
 
@@ -707,21 +790,30 @@ struct unmasked_t {
  * K/V tiles of 64 keys, the pipeline 2 stages deep, Q in shared memory beside them (96 KiB at
  * head dim 128) and re-read by ldmatrix each tile: Q in registers as well as 32 rows of O and S
  * would not fit in 255 registers. Two CTAs fit on an SM at head dim 128, three at 64. */
-template <int HD> struct prefill_geom {
+/* F8 (an F8E4M3 pool): the stages hold the codes (half the bytes), unswizzled; at each tile the
+ * CTA converts its stage to f16 into one swizzled tile (conv), which the products read, with Q
+ * converted to f16 once (the same 96 KiB at head dim 128). */
+template <int HD, bool F8_ = false> struct prefill_geom {
+    static constexpr bool F8 = F8_;
+    static constexpr int EB = F8 ? 1 : 2; /* bytes per pool element */
     static constexpr int T = kPrefillKeys;
     static constexpr int STAGES = 2;
     static constexpr int CTAS_PER_SM = 2;
-    static constexpr int C8 = HD / 8;
+    static constexpr int C8 = HD / 8; /* 16-byte chunks of a bf16 (Q) row */
     static constexpr int ROW_STEP = kPrefillThreads / C8;
-    static constexpr int LOADS = T / ROW_STEP;
     static constexpr int QLOADS = kPrefillRows / ROW_STEP;
+    static constexpr int KC = HD * EB / 16; /* 16-byte chunks of a K or V row in the pool */
+    static constexpr int KROW_STEP = kPrefillThreads / KC;
+    static constexpr int LOADS = T / KROW_STEP;      /* rows a thread copies per tile */
     static constexpr int MT = kPrefillWarpRows / 16; /* m16 tiles per warp */
     static constexpr size_t q_elems = (size_t)kPrefillRows * HD;
     /* Block-table entries one tile can span (a tile of T keys over blocks of at least
      * KV_BLOCK_SIZE_MIN), two tiles' worth in shared memory. */
     static constexpr int TAB = T / KV_BLOCK_SIZE_MIN + 1;
+    static constexpr size_t stage_bytes = (size_t)2 * T * HD * EB; /* K and V of one tile */
+    static constexpr size_t conv_bytes = F8 ? (size_t)2 * T * HD * sizeof(uint16_t) : 0;
     static constexpr size_t tiles_bytes =
-        (q_elems + (size_t)STAGES * 2 * T * HD) * sizeof(uint16_t);
+        q_elems * sizeof(uint16_t) + STAGES * stage_bytes + conv_bytes;
     static constexpr size_t smem = tiles_bytes + 2 * TAB * sizeof(int32_t);
     static_assert(TAB <= kPrefillThreads, "one thread per table entry");
     static_assert(kPrefillRows == kPrefillWarpRows * (kPrefillThreads / 32), "rows per warp");
@@ -738,15 +830,20 @@ template <int HD> struct prefill_geom {
  * ldmatrix.trans. A warp masks only the tiles that reach past its first row's position and
  * skips the tiles that lie wholly past its last row's. A chunk continuing a sequence already in
  * the pool is the same computation with context_len > query_len. */
-template <int HD>
-__global__ void __launch_bounds__(kPrefillThreads, prefill_geom<HD>::CTAS_PER_SM)
+template <int HD, bool F8>
+__global__ void __launch_bounds__(kPrefillThreads, prefill_geom<HD, F8>::CTAS_PER_SM)
     prefill_kernel(attn_args a)
 {
-    using P = prefill_geom<HD>;
+    using P = prefill_geom<HD, F8>;
+    using E = typename std::conditional<F8, uint8_t, uint16_t>::type; /* a pool element */
     constexpr int T = P::T, S = P::STAGES, MT = P::MT;
     extern __shared__ __align__(16) unsigned char smem[];
     uint16_t *qs = reinterpret_cast<uint16_t *>(smem); /* [kPrefillRows][HD], swizzled */
-    uint16_t *tiles = qs + P::q_elems;                 /* [stage][K, V][T][HD], swizzled */
+    /* [stage][K, V][T][HD]: bf16 swizzled, or F8 codes row after row */
+    E *tiles = reinterpret_cast<E *>(qs + P::q_elems);
+    /* F8: the current tile's K, V in f16, [K, V][T][HD] swizzled */
+    uint16_t *conv =
+        reinterpret_cast<uint16_t *>(smem + P::q_elems * sizeof(uint16_t) + S * P::stage_bytes);
     int32_t *tab = reinterpret_cast<int32_t *>(smem + P::tiles_bytes); /* [2][TAB] */
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -777,8 +874,10 @@ __global__ void __launch_bounds__(kPrefillThreads, prefill_geom<HD>::CTAS_PER_SM
         cp_async16(qs + swz<HD>(r, lcol), src, live);
     }
 
-    const uint16_t *kcol = a.k + (int64_t)kh * a.head_stride + lcol * 8;
-    const uint16_t *vcol = a.v + (int64_t)kh * a.head_stride + lcol * 8;
+    /* K/V copies: thread tid copies 16-byte chunk kcl of rows krw * P::LOADS on. */
+    const int kcl = tid % P::KC, krw = tid / P::KC;
+    const E *kcol = static_cast<const E *>(a.k) + (int64_t)kh * a.head_stride + kcl * (16 / P::EB);
+    const E *vcol = static_cast<const E *>(a.v) + (int64_t)kh * a.head_stride + kcl * (16 / P::EB);
     /* Tile t's block-table entries, from the block of its first key on, go to tab[t % 2] by
      * 4-byte cp.async a tile ahead of its K/V copy, so that no copy waits for a global load of
      * the table (nor holds the entries in registers, all taken by O and S). */
@@ -798,14 +897,18 @@ __global__ void __launch_bounds__(kPrefillThreads, prefill_geom<HD>::CTAS_PER_SM
      * multiples of T): one table entry and one offset per tile, and with rows of the pool
      * contiguous (slot_stride HD, as kv_layer_view_make lays them) constant offsets after it;
      * otherwise each row looks up its own block. */
-    const int crow = lrow * P::LOADS;
+    const int crow = krw * P::LOADS;
     const bool grouped = a.block_size % P::LOADS == 0 && a.slot_stride == HD;
+    /* The byte offset of row r's chunk c in a stage's K tile: swizzled (bf16), or plain (F8). */
+    auto stage_off = [&](int r, int c) -> uint32_t {
+        return F8 ? (uint32_t)(r * HD + c * 16) : 2 * swz<HD>(r, c);
+    };
     auto copy_tile = [&](int32_t t, bool direct) {
         const uint32_t kdst = smem_addr(tiles + (size_t)(t % S) * 2 * T * HD);
-        /* lcol made opaque here, so that the compiler recomputes the rows' swizzled addresses
+        /* kcl made opaque here, so that the compiler recomputes the rows' swizzled addresses
          * each tile (an XOR and an add each) rather than keeping them in registers across the
          * loop, where they would spill (measured: 1-2% at 16k tokens). */
-        int lc = lcol;
+        int lc = kcl;
         asm volatile("" : "+r"(lc));
         const int32_t b0 = block_of(a, t * T);
         const int32_t *tt = tab + (t & 1) * P::TAB;
@@ -816,22 +919,22 @@ __global__ void __launch_bounds__(kPrefillThreads, prefill_geom<HD>::CTAS_PER_SM
         };
         if (grouped) {
             const int64_t off = pos < key_end ? offset(pos) : 0;
-            const uint16_t *ksrc = kcol + off, *vsrc = vcol + off;
+            const E *ksrc = kcol + off, *vsrc = vcol + off;
 #pragma unroll
             for (int j = 0; j < P::LOADS; j++) {
-                const uint32_t d = kdst + 2 * swz<HD>(crow + j, lc);
+                const uint32_t d = kdst + stage_off(crow + j, lc);
                 const bool valid = pos + j < key_end;
                 cp_async16_s(d, ksrc + j * HD, valid);
-                cp_async16_s(d + 2 * T * HD, vsrc + j * HD, valid);
+                cp_async16_s(d + T * HD * P::EB, vsrc + j * HD, valid);
             }
         } else {
 #pragma unroll
             for (int j = 0; j < P::LOADS; j++) {
-                const uint32_t d = kdst + 2 * swz<HD>(crow + j, lc);
+                const uint32_t d = kdst + stage_off(crow + j, lc);
                 const bool valid = pos + j < key_end;
                 const int64_t off = valid ? offset(pos + j) : 0;
                 cp_async16_s(d, kcol + off, valid);
-                cp_async16_s(d + 2 * T * HD, vcol + off, valid);
+                cp_async16_s(d + T * HD * P::EB, vcol + off, valid);
             }
         }
     };
@@ -875,9 +978,11 @@ __global__ void __launch_bounds__(kPrefillThreads, prefill_geom<HD>::CTAS_PER_SM
     /* One K/V tile: S = Q K^T, online softmax, O += P V. */
     auto tile = [&](int32_t k0, int stage, auto mask_tag) {
         constexpr bool MASK = decltype(mask_tag)::value;
-        const uint32_t k_addr = smem_addr(tiles + (size_t)stage * 2 * T * HD) + krow * (2 * HD);
-        const uint32_t v_addr =
-            smem_addr(tiles + (size_t)stage * 2 * T * HD + T * HD) + arow * (2 * HD);
+        /* the tile's K then V, [T][HD] each, swizzled: the stage's, or the f16 conversion */
+        const uint16_t *kv =
+            F8 ? conv : reinterpret_cast<const uint16_t *>(tiles) + (size_t)stage * 2 * T * HD;
+        const uint32_t k_addr = smem_addr(kv) + krow * (2 * HD);
+        const uint32_t v_addr = smem_addr(kv + T * HD) + arow * (2 * HD);
         /* S = Q K^T, 16 dims per step: the step's Q fragments of both m16 tiles, then each
          * K fragment (16 keys) into four mma. */
         float s[MT][T / 8][4];
@@ -900,9 +1005,10 @@ __global__ void __launch_bounds__(kPrefillThreads, prefill_geom<HD>::CTAS_PER_SM
                 ldsm_x4(b, kb_addr + np * 16 * (2 * HD));
 #pragma unroll
                 for (int mi = 0; mi < MT; mi++) {
-                    mma_bf16(s[mi][2 * np], qa[mi][0], qa[mi][1], qa[mi][2], qa[mi][3], b[0], b[1]);
-                    mma_bf16(s[mi][2 * np + 1], qa[mi][0], qa[mi][1], qa[mi][2], qa[mi][3], b[2],
-                             b[3]);
+                    mma_kv<F8>(s[mi][2 * np], qa[mi][0], qa[mi][1], qa[mi][2], qa[mi][3], b[0],
+                               b[1]);
+                    mma_kv<F8>(s[mi][2 * np + 1], qa[mi][0], qa[mi][1], qa[mi][2], qa[mi][3], b[2],
+                               b[3]);
                 }
             }
         }
@@ -966,10 +1072,10 @@ __global__ void __launch_bounds__(kPrefillThreads, prefill_geom<HD>::CTAS_PER_SM
                 }
 #pragma unroll
             for (int kk = 0; kk < T / 16; kk++) {
-                pa[mi][kk][0] = pack_bf16(s[mi][2 * kk][0], s[mi][2 * kk][1]);
-                pa[mi][kk][1] = pack_bf16(s[mi][2 * kk][2], s[mi][2 * kk][3]);
-                pa[mi][kk][2] = pack_bf16(s[mi][2 * kk + 1][0], s[mi][2 * kk + 1][1]);
-                pa[mi][kk][3] = pack_bf16(s[mi][2 * kk + 1][2], s[mi][2 * kk + 1][3]);
+                pa[mi][kk][0] = pack_p<F8>(s[mi][2 * kk][0], s[mi][2 * kk][1]);
+                pa[mi][kk][1] = pack_p<F8>(s[mi][2 * kk][2], s[mi][2 * kk][3]);
+                pa[mi][kk][2] = pack_p<F8>(s[mi][2 * kk + 1][0], s[mi][2 * kk + 1][1]);
+                pa[mi][kk][3] = pack_p<F8>(s[mi][2 * kk + 1][2], s[mi][2 * kk + 1][3]);
             }
         }
         /* O += P V, 16 keys per k-step: each V^T fragment into four mma. */
@@ -981,17 +1087,43 @@ __global__ void __launch_bounds__(kPrefillThreads, prefill_geom<HD>::CTAS_PER_SM
                 ldsm_x4_trans(b, v_addr + (aoff ^ (dp << 5)) + kk * 16 * (2 * HD));
 #pragma unroll
                 for (int mi = 0; mi < MT; mi++) {
-                    mma_bf16(o[mi][2 * dp], pa[mi][kk][0], pa[mi][kk][1], pa[mi][kk][2],
-                             pa[mi][kk][3], b[0], b[1]);
-                    mma_bf16(o[mi][2 * dp + 1], pa[mi][kk][0], pa[mi][kk][1], pa[mi][kk][2],
-                             pa[mi][kk][3], b[2], b[3]);
+                    mma_kv<F8>(o[mi][2 * dp], pa[mi][kk][0], pa[mi][kk][1], pa[mi][kk][2],
+                               pa[mi][kk][3], b[0], b[1]);
+                    mma_kv<F8>(o[mi][2 * dp + 1], pa[mi][kk][0], pa[mi][kk][1], pa[mi][kk][2],
+                               pa[mi][kk][3], b[2], b[3]);
                 }
             }
     };
 
     for (int32_t i = 0; i < ntiles; i++) {
         cp_async_wait<0>();
+        if (F8 && i == 0) /* this thread's Q chunks, now in, to f16 in place */
+#pragma unroll
+            for (int j = 0; j < P::QLOADS; j++) {
+                uint4 *q = reinterpret_cast<uint4 *>(qs + swz<HD>(lrow + j * P::ROW_STEP, lcol));
+                const uint4 w = *q;
+                const float2 x0 = bf16x2_to_float2(w.x), x1 = bf16x2_to_float2(w.y),
+                             x2 = bf16x2_to_float2(w.z), x3 = bf16x2_to_float2(w.w);
+                *q = make_uint4(float2_to_f16x2_sat(x0.x, x0.y), float2_to_f16x2_sat(x1.x, x1.y),
+                                float2_to_f16x2_sat(x2.x, x2.y), float2_to_f16x2_sat(x3.x, x3.y));
+            }
         __syncthreads();
+        if (F8) {
+            /* Stage i % S to f16 in conv (every warp is done with the last tile's), then
+             * the stage may be refilled. */
+            const uint8_t *st = reinterpret_cast<const uint8_t *>(tiles) + (i % S) * P::stage_bytes;
+            constexpr int CH = 2 * T * HD / 16; /* 16-byte code chunks of K and V */
+#pragma unroll
+            for (int c = tid; c < CH; c += kPrefillThreads) {
+                const int r = c / (HD / 16), ch = c % (HD / 16); /* row of K then V, chunk */
+                uint4 lo, hi;
+                e4m3x16_to_f16x16(*reinterpret_cast<const uint4 *>(st + 16 * c), lo, hi);
+                uint16_t *d = conv + (r / T) * T * HD;
+                *reinterpret_cast<uint4 *>(d + swz<HD>(r % T, 2 * ch)) = lo;
+                *reinterpret_cast<uint4 *>(d + swz<HD>(r % T, 2 * ch + 1)) = hi;
+            }
+            __syncthreads();
+        }
         if (i + 1 < ntiles)
             copy_tile(i + 1, false);
         if (i + 2 < ntiles)
@@ -1034,14 +1166,14 @@ using decode_fn = void (*)(attn_args);
 
 /* The decode kernels of head dimension HD and W warps for copies of 4, 8 and 16 rows, and their
  * shared memory. */
-template <int HD, int W> static void decode_variants(decode_fn *fn, size_t *smem)
+template <int HD, int W, bool F8> static void decode_variants(decode_fn *fn, size_t *smem)
 {
-    fn[0] = decode_kernel<HD, 4, W>;
-    fn[1] = decode_kernel<HD, 8, W>;
-    fn[2] = decode_kernel<HD, 16, W>;
-    smem[0] = decode_geom<HD, 4, W>::smem;
-    smem[1] = decode_geom<HD, 8, W>::smem;
-    smem[2] = decode_geom<HD, 16, W>::smem;
+    fn[0] = decode_kernel<HD, 4, W, F8>;
+    fn[1] = decode_kernel<HD, 8, W, F8>;
+    fn[2] = decode_kernel<HD, 16, W, F8>;
+    smem[0] = decode_geom<HD, 4, W, F8>::smem;
+    smem[1] = decode_geom<HD, 8, W, F8>::smem;
+    smem[2] = decode_geom<HD, 16, W, F8>::smem;
 }
 
 /* The copy rows of a step with n decode sequences (a graph plan's n: its padded size, so that
@@ -1209,6 +1341,10 @@ static int config_check(const struct cuda_attention_config *c)
         return pagoda_error_set(PAGODA_EUNSUPPORTED,
                                 "cuda attention: head_dim %d (the kernels take 64 or 128)",
                                 (int)c->head_dim);
+    if (c->kv_dtype != DTYPE_BF16 && c->kv_dtype != DTYPE_F8E4M3)
+        return pagoda_error_set(PAGODA_EUNSUPPORTED,
+                                "cuda attention: a %s pool (the kernels read BF16 or F8_E4M3)",
+                                dtype_name(c->kv_dtype));
     if (c->num_heads / c->num_kv_heads > kGroupMax)
         return pagoda_error_set(PAGODA_EUNSUPPORTED,
                                 "cuda attention: %d query heads per KV head (at most %d)",
@@ -1237,12 +1373,18 @@ int cuda_attention_plan_new(const struct cuda_attention_config *c, struct cuda_a
     p->group = c->num_heads / c->num_kv_heads;
     p->decode_chunks = (p->group + kDecodeHeadsMax - 1) / kDecodeHeadsMax;
     p->tile_tokens = kPrefillRows / p->group;
-    if (c->head_dim == 64) {
-        decode_variants<64, kDecodeWarps>(p->decode[0], p->decode_smem[0]);
-        decode_variants<64, kDecodeWideWarps>(p->decode[1], p->decode_smem[1]);
+    if (c->kv_dtype == DTYPE_F8E4M3 && c->head_dim == 64) {
+        decode_variants<64, kDecodeWarps, true>(p->decode[0], p->decode_smem[0]);
+        decode_variants<64, kDecodeWideWarps, true>(p->decode[1], p->decode_smem[1]);
+    } else if (c->kv_dtype == DTYPE_F8E4M3) {
+        decode_variants<128, kDecodeWarps, true>(p->decode[0], p->decode_smem[0]);
+        decode_variants<128, kDecodeWideWarps, true>(p->decode[1], p->decode_smem[1]);
+    } else if (c->head_dim == 64) {
+        decode_variants<64, kDecodeWarps, false>(p->decode[0], p->decode_smem[0]);
+        decode_variants<64, kDecodeWideWarps, false>(p->decode[1], p->decode_smem[1]);
     } else {
-        decode_variants<128, kDecodeWarps>(p->decode[0], p->decode_smem[0]);
-        decode_variants<128, kDecodeWideWarps>(p->decode[1], p->decode_smem[1]);
+        decode_variants<128, kDecodeWarps, false>(p->decode[0], p->decode_smem[0]);
+        decode_variants<128, kDecodeWideWarps, false>(p->decode[1], p->decode_smem[1]);
     }
     p->copy_rows = 4;
     /* The slots of each width: the fewest CTAs an SM holds of its three variants (the same
@@ -1332,16 +1474,20 @@ int cuda_attention_plan_new(const struct cuda_attention_config *c, struct cuda_a
         if (rc < 0)
             goto fail;
     }
-    if (c->head_dim == 64)
-        rc = cuda_call_result(cudaFuncSetAttribute(prefill_kernel<64>,
+    {
+        const bool f8 = c->kv_dtype == DTYPE_F8E4M3;
+        void (*prefill)(attn_args) =
+            c->head_dim == 64 ? (f8 ? prefill_kernel<64, true> : prefill_kernel<64, false>)
+                              : (f8 ? prefill_kernel<128, true> : prefill_kernel<128, false>);
+        const size_t prefill_smem =
+            c->head_dim == 64
+                ? (f8 ? prefill_geom<64, true>::smem : prefill_geom<64, false>::smem)
+                : (f8 ? prefill_geom<128, true>::smem : prefill_geom<128, false>::smem);
+        rc = cuda_call_result(cudaFuncSetAttribute(prefill,
                                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                   (int)prefill_geom<64>::smem),
+                                                   (int)prefill_smem),
                               "cuda_attention_plan_new: cudaFuncSetAttribute");
-    else
-        rc = cuda_call_result(cudaFuncSetAttribute(prefill_kernel<128>,
-                                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                   (int)prefill_geom<128>::smem),
-                              "cuda_attention_plan_new: cudaFuncSetAttribute");
+    }
     if (rc < 0)
         goto fail;
     *out = p;
@@ -1583,16 +1729,17 @@ int cuda_attention_plan_graph(struct cuda_attention_plan *p, const struct attent
 
 static int view_check(const struct cuda_attention_config *c, const struct kv_layer_view *kv)
 {
-    if (kv->dtype != DTYPE_BF16 || kv->block_size != c->block_size ||
+    if (kv->dtype != c->kv_dtype || kv->block_size != c->block_size ||
         kv->num_kv_heads != c->num_kv_heads || kv->head_dim != c->head_dim ||
         kv->num_blocks != c->num_blocks)
         return pagoda_error_set(PAGODA_EMISMATCH,
                                 "cuda_attention_run: the layer view (%s, block_size %d, %d KV "
-                                "heads, head_dim %d, %d blocks) differs from the plan (BF16, %d, "
+                                "heads, head_dim %d, %d blocks) differs from the plan (%s, %d, "
                                 "%d, %d, %d)",
                                 dtype_name(kv->dtype), (int)kv->block_size, (int)kv->num_kv_heads,
-                                (int)kv->head_dim, (int)kv->num_blocks, (int)c->block_size,
-                                (int)c->num_kv_heads, (int)c->head_dim, (int)c->num_blocks);
+                                (int)kv->head_dim, (int)kv->num_blocks, dtype_name(c->kv_dtype),
+                                (int)c->block_size, (int)c->num_kv_heads, (int)c->head_dim,
+                                (int)c->num_blocks);
     if (kv->k == NULL || kv->v == NULL)
         return pagoda_error_set(PAGODA_EINVAL, "cuda_attention_run: the layer view has no K/V");
     if (!cuda_aligned16(kv->k) || !cuda_aligned16(kv->v) || kv->block_stride % 8 != 0 ||
@@ -1630,7 +1777,11 @@ static int launch(const struct cuda_attention_plan *p, const attn_args &a, cudaS
     }
     if (p->num_items > 0) {
         const unsigned ctas = (unsigned)p->num_items * c->num_kv_heads;
-        prefill_kernel<HD><<<ctas, kPrefillThreads, prefill_geom<HD>::smem, s>>>(a);
+        if (c->kv_dtype == DTYPE_F8E4M3)
+            prefill_kernel<HD, true><<<ctas, kPrefillThreads, prefill_geom<HD, true>::smem, s>>>(a);
+        else
+            prefill_kernel<HD, false>
+                <<<ctas, kPrefillThreads, prefill_geom<HD, false>::smem, s>>>(a);
         int rc = cuda_launch_result("cuda_attention_run: prefill kernel");
         if (rc < 0)
             return rc;

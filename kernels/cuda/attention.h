@@ -1,4 +1,5 @@
-/* Paged attention on the GPU: the plan/run split of kernels/cpu/attention.h, over a bf16 pool.
+/* Paged attention on the GPU: the plan/run split of kernels/cpu/attention.h, over a bf16 pool
+ * or an F8E4M3 one (cuda_attention_config's kv_dtype).
  *
  * The batch is described exactly as on the CPU (struct attention_batch: query_start,
  * context_len, block tables; host arrays), with the same semantics: query token j of a
@@ -58,6 +59,11 @@ struct cuda_attention_config {
     int32_t max_num_seqs; /* limits on one step's batch */
     int32_t max_num_tokens;
     int32_t max_blocks_per_seq; /* bounds the context: max_blocks_per_seq * block_size tokens */
+    /* The pool's element: DTYPE_BF16 (0, so a config that leaves it out reads bf16) or
+     * DTYPE_F8E4M3 (the worker's --kv-cache-dtype fp8). With F8E4M3 the kernels convert the codes
+     * to f16 (exact) in shared memory and multiply in f16 (Q clamped to f16's range, P rounded to
+     * f16), accumulating in f32 as for bf16. */
+    enum dtype kv_dtype;
 };
 
 struct cuda_attention_plan;
@@ -70,7 +76,8 @@ struct cuda_attention_plan;
  * not a multiple of num_kv_heads, a scale that is not finite or not positive: the prefill
  * kernel takes row maxima of unscaled scores), PAGODA_ERANGE (block_size, num_blocks, head_dim
  * or a limit out of range: the CPU plan's checks), PAGODA_EUNSUPPORTED (head_dim other than 64
- * or 128, more than 64 query heads per KV head), PAGODA_ENOMEM or PAGODA_ECUDA. */
+ * or 128, more than 64 query heads per KV head, a kv_dtype other than BF16 and F8E4M3),
+ * PAGODA_ENOMEM or PAGODA_ECUDA. */
 int cuda_attention_plan_new(const struct cuda_attention_config *c,
                             struct cuda_attention_plan **out);
 
@@ -116,11 +123,11 @@ int cuda_attention_decode_shape(const struct cuda_attention_plan *p, int32_t *ct
 /* Attention of one layer for the planned batch, enqueued on s. q holds num_heads * head_dim
  * bf16 per token at q + t * q_row_stride (q may live inside the fused QKV output); out is
  * [num_tokens][num_heads * head_dim] bf16, contiguous, and must not overlap q. kv is the
- * layer's bf16 view of the pool (device pointers), whose K/V for every context token must
- * already be written (cuda_reshape_and_cache earlier on the stream). q and out must be 16-byte
- * aligned and q_row_stride a multiple of 8 elements, at least num_heads * head_dim; the view's
- * pointers 16-byte aligned and its strides multiples of 8. Returns 0, PAGODA_EINVAL (no batch
- * planned, NULL buffers, a stride or alignment as above), PAGODA_EMISMATCH (the view's dtype,
+ * layer's view of the pool (device pointers; bf16 or F8E4M3, the config's), whose K/V for every
+ * context token must already be written (cuda_reshape_and_cache earlier on the stream). q and out
+ * must be 16-byte aligned and q_row_stride a multiple of 8 elements, at least num_heads * head_dim;
+ * the view's pointers 16-byte aligned and its strides multiples of 8. Returns 0, PAGODA_EINVAL (no
+ * batch planned, NULL buffers, a stride or alignment as above), PAGODA_EMISMATCH (the view's dtype,
  * block_size, num_kv_heads, head_dim or num_blocks differ from the config) or PAGODA_ECUDA. */
 int cuda_attention_run(struct cuda_attention_plan *p, const struct kv_layer_view *kv,
                        const uint16_t *q, int64_t q_row_stride, uint16_t *out, cudaStream_t s);

@@ -5,6 +5,8 @@
 #define PAGODA_KERNELS_CUDA_COMMON_CUH
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 
@@ -199,6 +201,50 @@ __device__ __forceinline__ void mma_bf16(float d[4], uint32_t a0, uint32_t a1, u
         "%7}, {%8, %9}, {%0, %1, %2, %3};\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+/* The same with f16 inputs (the attention over an F8E4M3 pool: its keys and values convert to
+ * f16 exactly). */
+__device__ __forceinline__ void mma_f16(float d[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                        uint32_t a3, uint32_t b0, uint32_t b1)
+{
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, "
+        "%7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+/* ---- F8E4M3 (common/dtype.h): the K/V pool's 8-bit element ---- */
+
+/* Two f32 to an f16 pair (lo at the lower address), clamped to f16's finite range first (a
+ * bf16 query beyond 65504 would otherwise become infinite). */
+__device__ __forceinline__ uint32_t float2_to_f16x2_sat(float lo, float hi)
+{
+    const __half2 h = __floats2half2_rn(fminf(fmaxf(lo, -65504.0f), 65504.0f),
+                                        fminf(fmaxf(hi, -65504.0f), 65504.0f));
+    return *reinterpret_cast<const uint32_t *>(&h);
+}
+
+/* Two F8E4M3 codes (the lower byte first) to an f16 pair: exact. */
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint16_t w)
+{
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)w, __NV_E4M3);
+    return (uint32_t)h.x | ((uint32_t)h.y << 16);
+}
+
+/* Sixteen codes (a 16-byte chunk) to sixteen f16 (two 16-byte chunks). */
+__device__ __forceinline__ void e4m3x16_to_f16x16(uint4 in, uint4 &lo, uint4 &hi)
+{
+    lo.x = e4m3x2_to_f16x2((uint16_t)in.x), lo.y = e4m3x2_to_f16x2((uint16_t)(in.x >> 16));
+    lo.z = e4m3x2_to_f16x2((uint16_t)in.y), lo.w = e4m3x2_to_f16x2((uint16_t)(in.y >> 16));
+    hi.x = e4m3x2_to_f16x2((uint16_t)in.z), hi.y = e4m3x2_to_f16x2((uint16_t)(in.z >> 16));
+    hi.z = e4m3x2_to_f16x2((uint16_t)in.w), hi.w = e4m3x2_to_f16x2((uint16_t)(in.w >> 16));
+}
+
+/* f32 to the nearest F8E4M3 code, saturating (f32_to_e4m3 of common/dtype.h, bit for bit). */
+__device__ __forceinline__ uint8_t float_to_e4m3(float f)
+{
+    return (uint8_t)__nv_cvt_float_to_fp8(f, __NV_SATFINITE, __NV_E4M3);
 }
 
 /* Four 8 x 8 bf16 matrices from shared memory at shared-memory address a (lane i gives the

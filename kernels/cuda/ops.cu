@@ -335,17 +335,45 @@ __global__ void silu_mul_kernel(const uint16_t *__restrict__ gate_up, uint16_t *
 /* ---- reshape and cache (and RoPE fused with it) ---- */
 
 struct cache_dst {
-    uint16_t *k, *v;
+    void *k, *v;
     int64_t block_stride, head_stride, slot_stride;
     int32_t block_size, num_kv_heads, head_dim, num_blocks;
+    int32_t f8; /* 1: an F8E4M3 pool (each bf16 value stored as its nearest code), 0: bf16 */
 };
 
-/* A bf16 layer view as the cache-writing kernels take it. */
+/* Stores the bf16 value h at element at of an F8E4M3 (f8) or bf16 pool layer's K or V. */
+__device__ __forceinline__ void cache_store(void *base, int64_t at, uint16_t h, bool f8)
+{
+    if (f8)
+        static_cast<uint8_t *>(base)[at] = float_to_e4m3(bf16_bits_to_float(h));
+    else
+        static_cast<uint16_t *>(base)[at] = h;
+}
+
+/* Eight bf16 values (16 bytes) at element at (a multiple of 8) of a pool layer's K or V. */
+__device__ __forceinline__ void cache_store8(void *base, int64_t at, uint4 h, bool f8)
+{
+    if (f8) {
+        const uint32_t w[4] = {h.x, h.y, h.z, h.w};
+        uint32_t b[2] = {0, 0};
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            b[i / 4] |=
+                (uint32_t)float_to_e4m3(bf16_bits_to_float((uint16_t)(w[i / 2] >> (16 * (i & 1)))))
+                << (8 * (i & 3));
+        *reinterpret_cast<uint2 *>(static_cast<uint8_t *>(base) + at) = make_uint2(b[0], b[1]);
+    } else {
+        *reinterpret_cast<uint4 *>(static_cast<uint16_t *>(base) + at) = h;
+    }
+}
+
+/* A bf16 or F8E4M3 layer view as the cache-writing kernels take it. */
 static cache_dst cache_dst_of(const struct kv_layer_view *kv)
 {
     cache_dst dst;
-    dst.k = static_cast<uint16_t *>(kv->k);
-    dst.v = static_cast<uint16_t *>(kv->v);
+    dst.k = kv->k;
+    dst.v = kv->v;
+    dst.f8 = kv->dtype == DTYPE_F8E4M3;
     dst.block_stride = kv->block_stride;
     dst.head_stride = kv->head_stride;
     dst.slot_stride = kv->slot_stride;
@@ -376,11 +404,11 @@ __global__ void reshape_and_cache_kernel(cache_dst dst, const uint16_t *__restri
         const int32_t h = c / dst.head_dim, d = c - h * dst.head_dim;
         const int64_t at = base + h * dst.head_stride + d;
         if (VEC) {
-            *reinterpret_cast<uint4 *>(dst.k + at) = *reinterpret_cast<const uint4 *>(ks + c);
-            *reinterpret_cast<uint4 *>(dst.v + at) = *reinterpret_cast<const uint4 *>(vs + c);
+            cache_store8(dst.k, at, *reinterpret_cast<const uint4 *>(ks + c), dst.f8);
+            cache_store8(dst.v, at, *reinterpret_cast<const uint4 *>(vs + c), dst.f8);
         } else {
-            dst.k[at] = ks[c];
-            dst.v[at] = vs[c];
+            cache_store(dst.k, at, ks[c], dst.f8);
+            cache_store(dst.v, at, vs[c], dst.f8);
         }
     }
 }
@@ -417,9 +445,9 @@ __global__ void rope_cache_kernel(uint16_t *__restrict__ qkv, int64_t row_stride
         v[i] = ra;
         v[i + half] = rb;
         if (h >= num_q_heads && store) {
-            uint16_t *k = dst.k + base + (int64_t)(h - num_q_heads) * dst.head_stride;
-            k[i] = ra;
-            k[i + half] = rb;
+            const int64_t k = base + (int64_t)(h - num_q_heads) * dst.head_stride;
+            cache_store(dst.k, k + i, ra, dst.f8);
+            cache_store(dst.k, k + i + half, rb, dst.f8);
         }
     }
     if (!store)
@@ -427,7 +455,7 @@ __global__ void rope_cache_kernel(uint16_t *__restrict__ qkv, int64_t row_stride
     const uint16_t *vs = x + (int64_t)(num_q_heads + dst.num_kv_heads) * head_dim;
     for (int32_t c = threadIdx.x; c < dst.num_kv_heads * head_dim; c += blockDim.x) {
         const int32_t h = c / head_dim, d = c - h * head_dim;
-        dst.v[base + h * dst.head_stride + d] = vs[c];
+        cache_store(dst.v, base + h * dst.head_stride + d, vs[c], dst.f8);
     }
 }
 
@@ -584,9 +612,9 @@ int cuda_reshape_and_cache(const struct kv_layer_view *kv, const uint16_t *k, co
     if (kv == NULL || num_tokens < 0)
         return pagoda_error_set(PAGODA_EINVAL, "cuda_reshape_and_cache: NULL view or num_tokens %d",
                                 (int)num_tokens);
-    if (kv->dtype != DTYPE_BF16)
+    if (kv->dtype != DTYPE_BF16 && kv->dtype != DTYPE_F8E4M3)
         return pagoda_error_set(PAGODA_EUNSUPPORTED,
-                                "cuda_reshape_and_cache: the GPU pool is bf16, not %s",
+                                "cuda_reshape_and_cache: the GPU pool is BF16 or F8_E4M3, not %s",
                                 dtype_name(kv->dtype));
     if (kv->block_size <= 0 || kv->num_blocks <= 0 || kv->num_kv_heads <= 0 || kv->head_dim <= 0 ||
         kv->k == NULL || kv->v == NULL)
@@ -624,9 +652,9 @@ int cuda_rope_cache(uint16_t *qkv, int64_t row_stride, const int32_t *positions,
     if (kv == NULL || rows < 0 || num_q_heads <= 0)
         return pagoda_error_set(PAGODA_EINVAL, "cuda_rope_cache: NULL view, rows %d, %d Q heads",
                                 (int)rows, (int)num_q_heads);
-    if (kv->dtype != DTYPE_BF16)
+    if (kv->dtype != DTYPE_BF16 && kv->dtype != DTYPE_F8E4M3)
         return pagoda_error_set(PAGODA_EUNSUPPORTED,
-                                "cuda_rope_cache: the GPU pool is bf16, not %s",
+                                "cuda_rope_cache: the GPU pool is BF16 or F8_E4M3, not %s",
                                 dtype_name(kv->dtype));
     if (kv->block_size <= 0 || kv->num_blocks <= 0 || kv->num_kv_heads <= 0 || kv->head_dim <= 0 ||
         kv->head_dim % 2 != 0 || kv->head_dim > KV_HEAD_DIM_MAX || kv->k == NULL || kv->v == NULL)

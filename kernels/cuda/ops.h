@@ -90,11 +90,12 @@ int cuda_silu_mul(const uint16_t *gate_up, uint16_t *out, int32_t rows, int32_t 
 
 /* Reshape-and-cache: copies token t's K and V (num_kv_heads * head_dim bf16 each, at
  * k + t * row_stride and v + t * row_stride) into the pool at slot slot_mapping[t] = block *
- * block_size + offset, through kv (a bf16 view with device pointers). slot_mapping
+ * block_size + offset, through kv (a bf16 view with device pointers, or an F8E4M3 one: each
+ * bf16 value stored as its nearest code, saturating, as f32_to_e4m3 rounds). slot_mapping
  * [num_tokens] int64 lives on the device. A negative slot is padding and is skipped; so is a
  * slot the device finds in the reserved block 0 or beyond the pool (the caller, who builds the
  * slots on the host, must not produce one: the GPU cannot report it). row_stride >=
- * num_kv_heads * head_dim. Returns PAGODA_EUNSUPPORTED for a view that is not bf16. */
+ * num_kv_heads * head_dim. Returns PAGODA_EUNSUPPORTED for a view that is neither. */
 int cuda_reshape_and_cache(const struct kv_layer_view *kv, const uint16_t *k, const uint16_t *v,
                            int64_t row_stride, const int64_t *slot_mapping, int32_t num_tokens,
                            cudaStream_t s);
@@ -106,7 +107,8 @@ int cuda_reshape_and_cache(const struct kv_layer_view *kv, const uint16_t *k, co
  * slot_mapping[r] as cuda_reshape_and_cache writes them (the same slot rules: negative, block 0
  * or beyond the pool write nothing there). The results equal the two calls', bit for bit.
  * row_stride >= (num_q_heads + 2 * num_kv_heads) * head_dim; head_dim even and at most
- * KV_HEAD_DIM_MAX. Returns PAGODA_EUNSUPPORTED for a view that is not bf16. */
+ * KV_HEAD_DIM_MAX. Returns PAGODA_EUNSUPPORTED for a view that is neither bf16 nor F8E4M3
+ * (the rotated K and the V stored as cuda_reshape_and_cache stores them). */
 int cuda_rope_cache(uint16_t *qkv, int64_t row_stride, const int32_t *positions,
                     const float *inv_freq, int32_t rows, int32_t num_q_heads,
                     const struct kv_layer_view *kv, const int64_t *slot_mapping, cudaStream_t s);

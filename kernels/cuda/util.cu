@@ -13,31 +13,58 @@ __device__ static inline uint64_t splitmix64(uint64_t x)
     return x ^ (x >> 31);
 }
 
-__global__ static void fill_random_kernel(__nv_bfloat16 *dst, int64_t n, uint64_t key, float a,
-                                          float offset)
+/* offset + uniform(-a, a) from a counter-based hash of (key, i) into dst[i]: bf16, or (F8) the
+ * bf16 value's nearest F8E4M3 code. */
+template <bool F8>
+__global__ static void fill_random_kernel(void *dst, int64_t n, uint64_t key, float a, float offset)
 {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
         uint64_t r = splitmix64(key ^ splitmix64((uint64_t)i));
         float u = (float)(r >> 40) * (1.0f / 16777216.0f); /* [0, 1) from 24 bits */
-        dst[i] = __float2bfloat16(offset + a * (2.0f * u - 1.0f));
+        const __nv_bfloat16 x = __float2bfloat16(offset + a * (2.0f * u - 1.0f));
+        if (F8)
+            static_cast<uint8_t *>(dst)[i] = float_to_e4m3(__bfloat162float(x));
+        else
+            static_cast<__nv_bfloat16 *>(dst)[i] = x;
     }
 }
 
-extern "C" int cuda_fill_random_bf16(uint16_t *dst, int64_t n, uint64_t seed, uint64_t stream_id,
-                                     float std, float offset, cudaStream_t s)
+/* The key of (seed, stream_id) and the grid of n elements, shared by the fills. */
+static uint64_t fill_key(uint64_t seed, uint64_t stream_id)
+{
+    return seed * 0x2545f4914f6cdd1dull ^ (stream_id + 1) * 0x9e3779b97f4a7c15ull;
+}
+
+static unsigned fill_blocks(int64_t n)
+{
+    const int64_t blocks = (n + 255) / 256;
+    return (unsigned)(blocks > 65536 ? 65536 : blocks);
+}
+
+template <bool F8>
+static int fill_random(void *dst, int64_t n, uint64_t seed, uint64_t stream_id, float std,
+                       float offset, cudaStream_t s, const char *name)
 {
     if (n < 0 || (n > 0 && dst == NULL))
         return PAGODA_EINVAL;
     if (n == 0)
         return 0;
-    int64_t blocks = (n + 255) / 256;
-    if (blocks > 65536)
-        blocks = 65536;
-    uint64_t key = seed * 0x2545f4914f6cdd1dull ^ (stream_id + 1) * 0x9e3779b97f4a7c15ull;
-    fill_random_kernel<<<(unsigned)blocks, 256, 0, s>>>((__nv_bfloat16 *)dst, n, key,
-                                                        1.7320508f * std, offset);
-    return cuda_launch_result("cuda_fill_random_bf16");
+    fill_random_kernel<F8><<<fill_blocks(n), 256, 0, s>>>(dst, n, fill_key(seed, stream_id),
+                                                          1.7320508f * std, offset);
+    return cuda_launch_result(name);
+}
+
+extern "C" int cuda_fill_random_bf16(uint16_t *dst, int64_t n, uint64_t seed, uint64_t stream_id,
+                                     float std, float offset, cudaStream_t s)
+{
+    return fill_random<false>(dst, n, seed, stream_id, std, offset, s, "cuda_fill_random_bf16");
+}
+
+extern "C" int cuda_fill_random_e4m3(uint8_t *dst, int64_t n, uint64_t seed, uint64_t stream_id,
+                                     float std, float offset, cudaStream_t s)
+{
+    return fill_random<true>(dst, n, seed, stream_id, std, offset, s, "cuda_fill_random_e4m3");
 }
 
 /* fill_random_kernel's values of the whole tensor at first + r * ld + c, into dst[r][c]. */
@@ -64,12 +91,9 @@ extern "C" int cuda_fill_random_bf16_slice(uint16_t *dst, int64_t rows, int64_t 
         return PAGODA_EINVAL;
     if (rows * cols == 0)
         return 0;
-    int64_t blocks = (rows * cols + 255) / 256;
-    if (blocks > 65536)
-        blocks = 65536;
-    uint64_t key = seed * 0x2545f4914f6cdd1dull ^ (stream_id + 1) * 0x9e3779b97f4a7c15ull;
-    fill_random_slice_kernel<<<(unsigned)blocks, 256, 0, s>>>((__nv_bfloat16 *)dst, rows, cols, ld,
-                                                              first, key, 1.7320508f * std, offset);
+    fill_random_slice_kernel<<<fill_blocks(rows * cols), 256, 0, s>>>(
+        (__nv_bfloat16 *)dst, rows, cols, ld, first, fill_key(seed, stream_id), 1.7320508f * std,
+        offset);
     return cuda_launch_result("cuda_fill_random_bf16_slice");
 }
 

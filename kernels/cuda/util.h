@@ -16,6 +16,11 @@ extern "C" {
 int cuda_fill_random_bf16(uint16_t *dst, int64_t n, uint64_t seed, uint64_t stream_id, float std,
                           float offset, cudaStream_t s);
 
+/* cuda_fill_random_bf16's values (the same seed, stream_id, std and offset), each then stored as
+ * its nearest F8E4M3 code (common/dtype.h): an 8-bit K/V pool's random contents. */
+int cuda_fill_random_e4m3(uint8_t *dst, int64_t n, uint64_t seed, uint64_t stream_id, float std,
+                          float offset, cudaStream_t s);
+
 /* A slice of what cuda_fill_random_bf16 draws for a whole tensor (the same seed and stream_id):
  * dst[r][c] (rows x cols, contiguous) gets the whole tensor's value at index first + r * ld +
  * c. A tensor-parallel rank's rows (rows 1, cols its run, first its offset) or columns (ld the

@@ -37,6 +37,52 @@ static int attn_copy_rows;
 static int attn_warps;
 /* 1: test_attention_early_kv's passes keep early K/V off (they still launch with the attribute) */
 static int attn_early_off;
+/* 1: the cases' GPU pools are F8E4M3 (--kv-cache-dtype fp8): the CPU reference's K/V are then
+ * each bf16 value rounded to its nearest code by common/dtype.h's f32_to_e4m3, and the codes
+ * the GPU's cache writes store must be those, bit for bit. */
+static int attn_f8;
+
+static enum dtype attn_pool_dtype(void)
+{
+    return attn_f8 ? DTYPE_F8E4M3 : DTYPE_BF16;
+}
+
+/* x[i] = the value of its nearest F8E4M3 code, under attn_f8. */
+static void pool_round(float *x, size_t n)
+{
+    for (size_t i = 0; attn_f8 && i < n; i++)
+        x[i] = e4m3_to_f32(f32_to_e4m3(x[i]));
+}
+
+/* Under attn_f8: every code cuda_reshape_and_cache wrote for the n tokens at slots (K/V rows of
+ * kvw bf16 at k + t * stride, v + t * stride) equals f32_to_e4m3 of the bf16 value. */
+static void check_pool_codes(const struct kv_geometry *g, const void *d_pool, int32_t layer,
+                             int32_t n, const int64_t *slots, const uint16_t *k, const uint16_t *v,
+                             int64_t stride)
+{
+    if (!attn_f8 || n == 0)
+        return;
+    uint8_t *pool = xmalloc(kv_pool_bytes(g));
+    download(pool, d_pool, kv_pool_bytes(g));
+    struct kv_layer_view view = kv_layer_view_make(g, pool, layer);
+    const int32_t nkv = g->num_kv_heads, hd = g->head_dim, bs = g->block_size;
+    int64_t bad = 0, first = -1;
+    for (int32_t t = 0; t < n; t++)
+        for (int c = 0; c < 2; c++)
+            for (int32_t i = 0; i < nkv * hd; i++) {
+                const int32_t h = i / hd, d = i % hd;
+                const uint8_t *at = (const uint8_t *)(c ? view.v : view.k) +
+                                    slots[t] / bs * view.block_stride +
+                                    slots[t] % bs * view.slot_stride + h * view.head_stride + d;
+                const uint16_t x = (c ? v : k)[t * stride + i];
+                if (*at != f32_to_e4m3(bf16_to_f32(x)) && bad++ == 0)
+                    first = (int64_t)t * nkv * hd + i;
+            }
+    GPU_CHECK(bad == 0,
+              "F8E4M3 cache write: %lld of %lld codes differ from f32_to_e4m3 (first at %lld)",
+              (long long)bad, (long long)n * 2 * nkv * hd, (long long)first);
+    free(pool);
+}
 
 /* One step: sequences with (query_len, context_len), the last query_len tokens of each context
  * being this step's. K/V of the earlier tokens is written by one reshape-and-cache call (a
@@ -120,6 +166,10 @@ static void test_attention(const char *label, struct shape sh, int32_t num_seqs,
     }
     bf16_to_f32_n(pk, fk, (size_t)num_prefix * kvw);
     bf16_to_f32_n(pv, fv, (size_t)num_prefix * kvw);
+    pool_round(sk, (size_t)num_tokens * kvw);
+    pool_round(sv, (size_t)num_tokens * kvw);
+    pool_round(fk, (size_t)num_prefix * kvw);
+    pool_round(fv, (size_t)num_prefix * kvw);
     int rc = attention_write_kv(&cview, num_prefix, prefix_slots, fk, fv);
     rc |= attention_write_kv(&cview, num_tokens, step_slots, sk, sv);
     GPU_CHECK(rc == 0, "attention_write_kv: %d", rc);
@@ -138,10 +188,10 @@ static void test_attention(const char *label, struct shape sh, int32_t num_seqs,
     GPU_CHECK(rc == 0, "CPU attention: %d (%s)", rc, pagoda_error_detail());
     attention_plan_free(cplan);
 
-    /* GPU: bf16 pool (two layers, all poison), reshape-and-cache, plan, run. The plan's limits
-     * are larger than the batch, so its tables are repacked. */
+    /* GPU: bf16 (or F8E4M3) pool (two layers, all poison), reshape-and-cache, plan, run. The
+     * plan's limits are larger than the batch, so its tables are repacked. */
     struct kv_geometry gg = cg;
-    gg.dtype = DTYPE_BF16;
+    gg.dtype = attn_pool_dtype();
     size_t gbytes = kv_pool_bytes(&gg);
     void *d_pool = dev_alloc(gbytes);
     poison(d_pool, gbytes);
@@ -157,6 +207,8 @@ static void test_attention(const char *label, struct shape sh, int32_t num_seqs,
     rc |= cuda_reshape_and_cache(&gview, d_qkv + qw, d_qkv + qw + kvw, qkv_w, d_ss, num_tokens,
                                  stream);
     GPU_CHECK(rc == 0, "cuda_reshape_and_cache: %d", rc);
+    check_pool_codes(&gg, d_pool, 1, num_prefix, prefix_slots, pk, pv, kvw);
+    check_pool_codes(&gg, d_pool, 1, num_tokens, step_slots, qkv + qw, qkv + qw + kvw, qkv_w);
 
     struct cuda_attention_config gcfg = {nh,
                                          nkv,
@@ -166,7 +218,8 @@ static void test_attention(const char *label, struct shape sh, int32_t num_seqs,
                                          num_blocks,
                                          num_seqs + 3,
                                          num_tokens + 5,
-                                         max_blocks + 7};
+                                         max_blocks + 7,
+                                         attn_pool_dtype()};
     struct cuda_attention_plan *gplan = NULL;
     rc = cuda_attention_plan_new(&gcfg, &gplan);
     GPU_CHECK(rc == 0, "cuda_attention_plan_new: %d (%s)", rc, pagoda_error_detail());
@@ -201,8 +254,9 @@ static void test_attention(const char *label, struct shape sh, int32_t num_seqs,
     for (int32_t s = 0; s < num_seqs; s++)
         num_decode += query_len[s] == 1;
     char cfg[160];
-    snprintf(cfg, sizeof(cfg), "%s hd %d bs %d %d/%d heads, %d seqs (%d decode), %d tok%s%s", label,
-             (int)hd, (int)bs, (int)nh, (int)nkv, (int)num_seqs, (int)num_decode, (int)num_tokens,
+    snprintf(cfg, sizeof(cfg), "%s hd %d bs %d %d/%d heads, %d seqs (%d decode), %d tok%s%s%s",
+             label, (int)hd, (int)bs, (int)nh, (int)nkv, (int)num_seqs, (int)num_decode,
+             (int)num_tokens, attn_f8 ? ", fp8" : "",
              attn_copy_rows == 4    ? ", rows 4"
              : attn_copy_rows == 8  ? ", rows 8"
              : attn_copy_rows == 16 ? ", rows 16"
@@ -312,16 +366,18 @@ static void test_attention_long_decode(struct shape sh, int32_t context)
 /* The step's K and V of every sequence (each KV head's newest slot) from the pool, into
  * kv[n][2][nkv][hd]. */
 static void download_newest(const struct kv_layer_view *view, const int64_t *step_slots, int32_t n,
-                            int32_t bs, int32_t nkv, int32_t hd, uint16_t *kv)
+                            int32_t bs, int32_t nkv, int32_t hd, uint8_t *kv)
 {
+    const size_t es = dtype_size(view->dtype);
     for (int32_t s = 0; s < n; s++)
         for (int c = 0; c < 2; c++)
             for (int32_t h = 0; h < nkv; h++) {
                 const int64_t blk = step_slots[s] / bs, in = step_slots[s] % bs;
-                const uint16_t *src = (const uint16_t *)(c ? view->v : view->k) +
-                                      blk * view->block_stride + in * view->slot_stride +
-                                      (int64_t)h * view->head_stride;
-                download(kv + (((size_t)s * 2 + c) * nkv + h) * hd, src, (size_t)hd * 2);
+                const uint8_t *src = (const uint8_t *)(c ? view->v : view->k) +
+                                     (blk * view->block_stride + in * view->slot_stride +
+                                      (int64_t)h * view->head_stride) *
+                                         (int64_t)es;
+                download(kv + (((size_t)s * 2 + c) * nkv + h) * hd * es, src, (size_t)hd * es);
             }
 }
 
@@ -373,7 +429,7 @@ static void test_attention_early_kv(struct shape sh, int32_t n, int32_t max_ctx,
     struct cpu_rope_params params = {CPU_ROPE_LLAMA3, 500000.0, 8.0, 1.0, 4.0, 8192.0};
     cpu_rope_inv_freq(&params, hd, inv_freq);
 
-    struct kv_geometry g = {1, 2, num_blocks, bs, nkv, hd, DTYPE_BF16};
+    struct kv_geometry g = {1, 2, num_blocks, bs, nkv, hd, attn_pool_dtype()};
     const size_t pool_bytes = kv_pool_bytes(&g);
     void *d_pool = dev_alloc(pool_bytes);
     poison(d_pool, pool_bytes);
@@ -393,8 +449,8 @@ static void test_attention_early_kv(struct shape sh, int32_t n, int32_t max_ctx,
     int rc = cuda_reshape_and_cache(&view, d_pk, d_pv, kvw, d_ps, num_prefix, stream);
     GPU_CHECK(rc == 0, "early kv: the earlier keys: %d", rc);
 
-    struct cuda_attention_config cfg = {nh, nkv, hd,        1.0f / sqrtf((float)hd), bs, num_blocks,
-                                        n,  n,   max_blocks};
+    struct cuda_attention_config cfg = {
+        nh, nkv, hd, 1.0f / sqrtf((float)hd), bs, num_blocks, n, n, max_blocks, attn_pool_dtype()};
     struct cuda_attention_plan *plan = NULL;
     rc = cuda_attention_plan_new(&cfg, &plan);
     cuda_attention_set_decode_copy_rows(plan, attn_copy_rows);
@@ -407,8 +463,7 @@ static void test_attention_early_kv(struct shape sh, int32_t n, int32_t max_ctx,
     if (rc == 0)
         rc = cuda_attention_decode_shape(plan, &ctas, &parts);
     uint16_t *want = xmalloc((size_t)n * qw * 2), *got = xmalloc((size_t)n * qw * 2);
-    uint16_t *kv_want = xmalloc((size_t)n * 2 * kvw * 2),
-             *kv_got = xmalloc((size_t)n * 2 * kvw * 2);
+    uint8_t *kv_want = xmalloc((size_t)n * 2 * kvw * 2), *kv_got = xmalloc((size_t)n * 2 * kvw * 2);
     const struct cuda_attention_rope rope = {d_pos, d_inv, d_ss};
     int differ = 0, nans = 0, kv_differ = 0;
     /* Pass 0: neither the attribute nor early K/V, the reference; then ten with both. */
@@ -432,7 +487,7 @@ static void test_attention_early_kv(struct shape sh, int32_t n, int32_t max_ctx,
             GPU_CK(cudaStreamSynchronize(stream));
             download_newest(&view, step_slots, n, bs, nkv, hd, pass ? kv_got : kv_want);
             if (pass)
-                kv_differ = memcmp(kv_got, kv_want, (size_t)n * 2 * kvw * 2) != 0;
+                kv_differ = memcmp(kv_got, kv_want, (size_t)n * 2 * kvw * dtype_size(g.dtype)) != 0;
         }
         if (rc == 0 && slow_q && pass > 0) {
             int32_t seen = 0;
@@ -452,9 +507,10 @@ static void test_attention_early_kv(struct shape sh, int32_t n, int32_t max_ctx,
     cuda_set_pdl(0);
     char label[160];
     snprintf(label, sizeof(label),
-             "hd %d bs %d %d/%d heads, %d decodes, %d partitions, rows %d%s%s%s", (int)hd, (int)bs,
-             (int)nh, (int)nkv, (int)n, (int)parts, attn_copy_rows, slow_q ? ", slow q" : "",
-             fused ? ", RoPE" : "", attn_early_off ? ", no early" : "");
+             "hd %d bs %d %d/%d heads, %d decodes, %d partitions, rows %d%s%s%s%s", (int)hd,
+             (int)bs, (int)nh, (int)nkv, (int)n, (int)parts, attn_copy_rows,
+             slow_q ? ", slow q" : "", fused ? ", RoPE" : "", attn_early_off ? ", no early" : "",
+             attn_f8 ? ", fp8" : "");
     printf("%-20s %-58s %d of 10 differ, %d NaN%s%s\n", "attention early kv", label, differ, nans,
            fused ? (kv_differ ? ", the step's K/V differ" : ", the step's K/V equal") : "",
            differ == 0 && nans == 0 && kv_differ == 0 ? "" : "  FAIL");
@@ -574,7 +630,8 @@ static void test_attention_graph(struct shape sh)
     uint16_t *d_out = dev_alloc((size_t)GRAPH_MAX_SEQS * qw * sizeof(uint16_t));
 
     struct cuda_attention_config gcfg = {
-        nh, nkv, hd, 1.0f / sqrtf((float)hd), bs, num_blocks, GRAPH_MAX_SEQS, GRAPH_MAX_SEQS, bps};
+        nh,  nkv,       hd, 1.0f / sqrtf((float)hd), bs, num_blocks, GRAPH_MAX_SEQS, GRAPH_MAX_SEQS,
+        bps, DTYPE_BF16};
     struct cuda_attention_plan *p = NULL;
     int rc = cuda_attention_plan_new(&gcfg, &p);
     GPU_CHECK(rc == 0, "cuda_attention_plan_new: %d (%s)", rc, pagoda_error_detail());
@@ -712,8 +769,8 @@ static void test_attention_graph_bound(void)
 {
     enum { max_seqs = 64, bs = 16, rounds = 600 };
     const int32_t max_context = 32768, bps = max_context / bs, pool_blocks = 4096;
-    struct cuda_attention_config c = {32,       8,        128, 0.0884f, bs, pool_blocks + 1,
-                                      max_seqs, max_seqs, bps};
+    struct cuda_attention_config c = {32,       8,        128, 0.0884f,   bs, pool_blocks + 1,
+                                      max_seqs, max_seqs, bps, DTYPE_BF16};
     struct cuda_attention_plan *p = NULL;
     int rc = cuda_attention_plan_new(&c, &p);
     GPU_CHECK(rc == 0, "cuda_attention_plan_new: %d (%s)", rc, pagoda_error_detail());
@@ -778,7 +835,7 @@ static void refuse_batch(struct cuda_attention_plan *p, struct attention_plan *c
 static void test_refusals(void)
 {
     /* Configurations. */
-    struct cuda_attention_config good = {8, 2, 64, 0.125f, 16, 20, 4, 64, 8};
+    struct cuda_attention_config good = {8, 2, 64, 0.125f, 16, 20, 4, 64, 8, DTYPE_BF16};
     struct cuda_attention_plan *p = NULL;
     struct cuda_attention_config c = good;
     c.head_dim = 96;
@@ -806,6 +863,9 @@ static void test_refusals(void)
     c.num_kv_heads = 1;
     expect_rc("plan_new 128 heads per kv head", cuda_attention_plan_new(&c, &p),
               PAGODA_EUNSUPPORTED);
+    c = good;
+    c.kv_dtype = DTYPE_F32;
+    expect_rc("plan_new an F32 pool", cuda_attention_plan_new(&c, &p), PAGODA_EUNSUPPORTED);
     GPU_CHECK(p == NULL, "a refused plan_new left a plan");
 
     /* Batches: the GPU plan must refuse what the CPU plan refuses, with the same code. */
@@ -879,6 +939,9 @@ static void test_refusals(void)
     bad.dtype = DTYPE_F32;
     expect_rc("run on an f32 view", cuda_attention_run(p, &bad, d_q, 512, d_out, stream),
               PAGODA_EMISMATCH);
+    bad.dtype = DTYPE_F8E4M3; /* the plan's pool is bf16 */
+    expect_rc("run on an fp8 view", cuda_attention_run(p, &bad, d_q, 512, d_out, stream),
+              PAGODA_EMISMATCH);
     bad = view;
     bad.block_size = 32;
     expect_rc("run on another block_size", cuda_attention_run(p, &bad, d_q, 512, d_out, stream),
@@ -937,6 +1000,22 @@ static void test_refusals(void)
     GPU_CK(cudaFree(d_pool));
     GPU_CK(cudaFree(d_q));
     GPU_CK(cudaFree(d_out));
+}
+
+/* Setting r (0 .. 5) of the decode kernel's copy rows (4, 8, 16) and warps (4 for r < 3, else 8)
+ * the forced cases run with. */
+static void copy_rows_and_warps(int r)
+{
+    attn_copy_rows = r % 3 == 0 ? 4 : r % 3 == 1 ? 8 : 16;
+    attn_warps = r < 3 ? 4 : 8;
+}
+
+/* The decode edges under a forced setting: block sizes 16, 8 and 24 (16 does not divide it). */
+static void decode_edges_forced(void)
+{
+    test_attention_decode_edges((struct shape){32, 8, 128, 16});
+    test_attention_decode_edges((struct shape){32, 8, 64, 8});
+    test_attention_decode_edges((struct shape){32, 8, 128, 24});
 }
 
 int main(int argc, char **argv)
@@ -1032,11 +1111,8 @@ int main(int argc, char **argv)
      * to 16 sequences at head dim 128): edge lengths, block sizes that 8 or 16 do not divide
      * (copied row by row), split and unsplit contexts, early K/V. */
     for (int r = 0; r < 6; r++) {
-        attn_copy_rows = r % 3 == 0 ? 4 : r % 3 == 1 ? 8 : 16;
-        attn_warps = r < 3 ? 4 : 8;
-        test_attention_decode_edges((struct shape){32, 8, 128, 16});
-        test_attention_decode_edges((struct shape){32, 8, 64, 8});
-        test_attention_decode_edges((struct shape){32, 8, 128, 24});
+        copy_rows_and_warps(r);
+        decode_edges_forced();
         test_attention_decode_edges((struct shape){32, 8, 128, 10});
         test_attention_mixed((struct shape){16, 4, 64, 64});
         test_attention_early_kv((struct shape){32, 8, 128, 16}, 4, 3000, false, false);
@@ -1071,6 +1147,34 @@ int main(int argc, char **argv)
     attn_warps = 0;
 
     test_refusals();
+
+    /* An F8E4M3 pool (--kv-cache-dtype fp8): the cache writes' codes against f32_to_e4m3, the
+     * attention against the CPU's over the codes' values; mixed steps at both head dims and odd
+     * block sizes, decodes short and long (split), many decodes, CTAs of 4 and 8 warps with
+     * copies of 4, 8 and 16 rows, early K/V and RoPE inside the decode attention (whose K/V
+     * writes must equal cuda_rope_cache's codes). */
+    attn_f8 = 1;
+    test_attention_mixed((struct shape){32, 8, 128, 16});
+    test_attention_mixed((struct shape){16, 4, 64, 32});
+    test_attention_mixed((struct shape){32, 8, 128, 10});
+    test_attention_mixed((struct shape){16, 4, 64, 12});
+    test_attention_mixed((struct shape){24, 2, 64, 16});
+    test_attention_long_decode((struct shape){8, 1, 128, 16}, 10000);
+    test_attention_long_decode((struct shape){8, 1, 64, 16}, 10000);
+    test_attention_many_decodes((struct shape){32, 8, 128, 16}, 300);
+    for (int r = 0; r < 6; r++) {
+        copy_rows_and_warps(r);
+        decode_edges_forced();
+        test_attention_decode_edges((struct shape){24, 2, 128, 16});
+    }
+    attn_copy_rows = 0;
+    attn_warps = 0;
+    test_attention_early_kv((struct shape){32, 8, 128, 16}, 256, 1200, false, false);
+    test_attention_early_kv((struct shape){32, 8, 128, 16}, 256, 1200, false, true);
+    test_attention_early_kv((struct shape){32, 8, 128, 16}, 4, 3000, false, true);
+    test_attention_early_kv((struct shape){16, 4, 64, 32}, 64, 700, false, true);
+    test_attention_early_kv((struct shape){24, 2, 128, 16}, 8, 900, false, true);
+    attn_f8 = 0;
 
 graphs:
     /* Decode attention replayed from captured graphs (issue 15): the Llama-3-8B shape, and

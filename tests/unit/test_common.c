@@ -157,6 +157,56 @@ static void test_bf16_round_trip_and_rounding(void **state)
     assert_true(isinf(f16_to_f32(0x7c00)));
 }
 
+/* The F8E4M3 codes' values from their fields, and f32_to_e4m3 against a search of all 254
+ * finite codes for the nearest (ties to the even code, magnitudes past 448 saturating). */
+static void test_e4m3_codes_and_rounding(void **state)
+{
+    (void)state;
+    assert_true(e4m3_to_f32(0x00) == 0.0f && signbit(e4m3_to_f32(0x80)));
+    assert_true(e4m3_to_f32(0x38) == 1.0f);                   /* exponent 7 = bias */
+    assert_true(e4m3_to_f32(0x7e) == 448.0f);                 /* the largest */
+    assert_true(e4m3_to_f32(0x01) == ldexpf(1.0f, -9));       /* the smallest subnormal */
+    assert_true(e4m3_to_f32(0x08) == ldexpf(1.0f, -6));       /* the smallest normal */
+    assert_true(e4m3_to_f32(0xb5) == -(1.0f + 5.0f / 8) / 2); /* -1.625 * 2^-1 */
+    assert_true(isnan(e4m3_to_f32(0x7f)) && isnan(e4m3_to_f32(0xff)));
+    assert_int_equal(dtype_size(DTYPE_F8E4M3), 1);
+    for (int c = 0; c < 256; c++)
+        if ((c & 0x7f) != 0x7f)
+            assert_int_equal(f32_to_e4m3(e4m3_to_f32((uint8_t)c)), c);
+    assert_int_equal(f32_to_e4m3(NAN), 0x7f);
+    assert_int_equal(f32_to_e4m3(INFINITY), 0x7e);
+    assert_int_equal(f32_to_e4m3(-INFINITY), 0xfe);
+    assert_int_equal(f32_to_e4m3(1e6f), 0x7e);
+    uint64_t x = 0x9e3779b97f4a7c15ull;
+    for (int i = 0; i < 200000; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        /* magnitudes 2^-12 .. 2^10, and every 8th exactly between two codes */
+        float f = ldexpf((float)(x >> 40) / (float)(1 << 24) + 0.5f, (int)(x % 23) - 11);
+        if (x % 2)
+            f = -f;
+        if (i % 8 == 0) {
+            const uint8_t lo = f32_to_e4m3(f) & 0x7f;
+            if (lo < 0x7e)
+                f = copysignf((e4m3_to_f32(lo) + e4m3_to_f32((uint8_t)(lo + 1))) / 2, f);
+        }
+        int best = -1;
+        double best_d = INFINITY;
+        for (int c = 0; c < 256; c++) {
+            if ((c & 0x7f) == 0x7f || (c & 0x80) != (signbit(f) ? 0x80 : 0))
+                continue;
+            const double d = fabs((double)e4m3_to_f32((uint8_t)c) - (double)f);
+            if (d < best_d || (d == best_d && (c & 1) == 0)) {
+                best_d = d;
+                best = c;
+            }
+        }
+        if (fabsf(f) > 448.0f)
+            best = (signbit(f) ? 0x80 : 0) | 0x7e;
+        if (f32_to_e4m3(f) != best)
+            fail_msg("f32_to_e4m3(%a) = 0x%02x, nearest 0x%02x", (double)f, f32_to_e4m3(f), best);
+    }
+}
+
 static void test_log_level_parse(void **state)
 {
     enum log_level l;
@@ -270,6 +320,7 @@ int main(void)
         cmocka_unit_test(test_json_load_file_errors),
         cmocka_unit_test(test_parse_values),
         cmocka_unit_test(test_bf16_round_trip_and_rounding),
+        cmocka_unit_test(test_e4m3_codes_and_rounding),
         cmocka_unit_test(test_log_level_parse),
         cmocka_unit_test(test_log_repeats_are_counted),
         cmocka_unit_test(test_log_call_site_burst_is_limited),
