@@ -57,7 +57,9 @@
 # LOAD_FORMAT (random; safetensors reads MODEL_DIR's weights), CUDA_GRAPHS (unset: the worker's
 # default, on; off runs every step launch by launch), CUDA_TMA (unset: the worker's default, on;
 # off runs a layer's linears of 2 to 16 rows through the GEMVs and cuBLAS, not linear_tma;
-# stream-k runs linear_tma with stream-K where it balances).
+# stream-k runs linear_tma with stream-K where it balances), KV_CACHE_DTYPE (unset: bf16; fp8 serves
+# with an 8-bit K/V pool, pagoda-up --kv-cache-dtype fp8, and counts one byte a K/V element in the
+# floors and bounds).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd -P)
 build=$(cd "${1:?usage: bench/run_gpu.sh BUILD_DIR [hf|random|shared|floor|table ...]}" && pwd -P)
@@ -121,6 +123,7 @@ up() { # up MODE [FLAG...]: a group serving the model, prefix cache MODE (on, of
     [ "$backend" = cpu ] || args+=(--load-format "$load_format" --seed "$seed")
     [ -z "${CUDA_GRAPHS:-}" ] || args+=(--cuda-graphs "$CUDA_GRAPHS")
     [ -z "${CUDA_TMA:-}" ] || args+=(--cuda-tma "$CUDA_TMA")
+    [ -z "${KV_CACHE_DTYPE:-}" ] || args+=(--kv-cache-dtype "$KV_CACHE_DTYPE")
     [ "$mode" = default ] || args+=(--prefix-cache "$mode")
     args+=("$@")
     echo "== pagoda-up ${args[*]}"
@@ -133,6 +136,10 @@ up() { # up MODE [FLAG...]: a group serving the model, prefix cache MODE (on, of
 bench() { # bench NAME FLAGS...: pagoda-bench against the group, report in OUT/NAME.json
     local name=$1 rc=0
     shift
+    # an 8-bit pool's K/V bytes in the floors and bounds
+    case " $* " in
+    *" --bandwidth-gbs "*) [[ ${KV_CACHE_DTYPE:-auto} != fp8* ]] || set -- "$@" --kv-dtype-bytes 1 ;;
+    esac
     echo "== pagoda-bench $name: $*"
     clocks_start "$name"
     "$bin/pagoda-bench" --url "$url" --model "$model" --json "$out/$name.json" "$@" \
@@ -325,8 +332,10 @@ part_step() { # decode_step's step of 256 at the run's mean context, sustained, 
     local b=${STEP_BATCH:-256} c=${STEP_CONTEXT:-640}
     echo "== decode_step: $b sequences at context $c, six runs of 200 steps"
     clocks_start step
+    local kv=bf16
+    [[ ${KV_CACHE_DTYPE:-auto} != fp8* ]] || kv=fp8
     "$bin/decode_step" "$model" --batches "$b,$b,$b,$b,$b,$b" --context "$c" --only shipped \
-        --reps 200 --pipelined 2>&1 | grep '^batch' | tee "$out/step.txt" || true
+        --reps 200 --pipelined --kv-dtype "$kv" 2>&1 | grep '^batch' | tee "$out/step.txt" || true
     clocks_stop
 }
 

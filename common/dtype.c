@@ -72,6 +72,17 @@ float f16_to_f32(uint16_t h)
     return sign ? -v : v;
 }
 
+int dtype_from_kv_cache_name(const char *flag, const char *name, enum dtype native, enum dtype *out)
+{
+    if (strcmp(name, "auto") == 0)
+        *out = native;
+    else if (strcmp(name, "fp8") == 0 || strcmp(name, "fp8_e4m3") == 0)
+        *out = DTYPE_F8E4M3;
+    else
+        return pagoda_error_set(PAGODA_EINVAL, "%s %s: expected auto, fp8 or fp8_e4m3", flag, name);
+    return 0;
+}
+
 float e4m3_to_f32(uint8_t c)
 {
     const int exp = (c >> 3) & 0xf, mant = c & 7;

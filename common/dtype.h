@@ -56,6 +56,12 @@ static inline uint16_t f32_to_bf16(float f)
 /* IEEE half to f32 (exact, including subnormals, infinities and NaN). */
 float f16_to_f32(uint16_t h);
 
+/* The K/V pool element a --kv-cache-dtype value names (vLLM's spellings): "auto" the backend's own
+ * (native), "fp8" or "fp8_e4m3" F8E4M3. Returns 0, or PAGODA_EINVAL with a detail naming flag
+ * and the values it takes. */
+int dtype_from_kv_cache_name(const char *flag, const char *name, enum dtype native,
+                             enum dtype *out);
+
 /* An F8E4M3 code to f32 (exact; NaN for 0x7f and 0xff). */
 float e4m3_to_f32(uint8_t c);
 

@@ -4,6 +4,7 @@
  *                 [--kv-blocks N | --kv-bytes B] [--backend cpu|cuda] [--device 0]
  *                 [--reserve-bytes B] [--max-batched-tokens N] [--max-seqs N]
  *                 [--log-level info] [--listen URL] [--tp-rank R --tp-size N]
+ *                 [--kv-cache-dtype auto|fp8]
  *
  * It reads MODEL_DIR/config.json for the pool's shape (layers, KV heads, head dim), creates the
  * pool, answers every KvpoolRequest on --listen (default ipc://DIR/kvpool.ipc; a tcp:// address
@@ -25,10 +26,15 @@
  * --backend cpu (the default): f32, in POSIX shared memory (kvpool/shm_pool.h) under a name
  * derived from DIR (the geometry's shm_name), 256 MiB unless --kv-blocks or --kv-bytes say.
  *
- * --backend cuda: bf16, on GPU --device, allocated with the CUDA VMM API and handed to workers
- * as file descriptors on the Unix socket DIR/kvpool-fds.ipc (kvpool/cuda_pool.h; the geometry
- * carries device and handle_socket, no shm_name). The pool is sized here, because this process
- * sees the GPU's free memory just before it allocates: without --kv-blocks or --kv-bytes it
+ * --kv-cache-dtype fp8 (or fp8_e4m3; --backend cuda only): the pool's elements are F8E4M3 codes,
+ * one byte each (common/dtype.h; each bf16 K or V value stored as its nearest code, scale 1, as
+ * vLLM's --kv-cache-dtype fp8 without scales): twice the tokens in the same bytes, and half the
+ * K/V bytes a decode step reads. auto (the default) keeps the backend's own element.
+ *
+ * --backend cuda: bf16 (or fp8), on GPU --device, allocated with the CUDA VMM API and handed to
+ * workers as file descriptors on the Unix socket DIR/kvpool-fds.ipc (kvpool/cuda_pool.h; the
+ * geometry carries device and handle_socket, no shm_name). The pool is sized here, because this
+ * process sees the GPU's free memory just before it allocates: without --kv-blocks or --kv-bytes it
  * takes what the GPU has free (measured once this process's CUDA context exists) minus the
  * model's weights as the CUDA backend stores them (bf16, model/model_budget.h) minus a reserve
  * for the worker: its activations at its step limits (--max-batched-tokens, --max-seqs: give the
@@ -116,6 +122,7 @@ struct opts {
     uint64_t reserve_bytes;       /* 0: computed (see the file comment) */
     int64_t max_tokens, max_seqs; /* the worker's step limits, for that reserve */
     int tp_rank, tp_size;         /* the rank's pool of a tensor-parallel group; size 1: none */
+    int kv_fp8;                   /* --kv-cache-dtype fp8: an F8E4M3 pool */
 };
 
 struct server;
@@ -141,22 +148,25 @@ struct server {
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: pagoda-kvpool --run-dir DIR --model MODEL_DIR [--block-size 16]\n"
-               "                     [--kv-blocks N | --kv-bytes B] [--backend cpu|cuda]\n"
-               "                     [--device 0] [--reserve-bytes B] [--max-batched-tokens N]\n"
-               "                     [--max-seqs N] [--listen URL] [--tp-rank R --tp-size N]\n"
-               "                     [--log-level debug|info|warn|error]\n"
-               "Creates the KV pool for the model and serves its geometry on --listen\n"
-               "(ipc://DIR/kvpool.ipc by default; tcp://HOST:PORT too, though the pool itself\n"
-               "is shared on this host only) until SIGTERM, which removes the pool.\n"
-               "--backend cpu: f32 in shared memory, 256 MiB unless --kv-blocks/--kv-bytes.\n"
-               "--backend cuda: bf16 on GPU --device (CUDA VMM, descriptors on\n"
-               "DIR/" KVPOOL_FDS_SOCKET "); by default the GPU's free memory minus the model's\n"
-               "weights and a reserve for the worker (--reserve-bytes; default: activations at\n"
-               "the worker's step limits, --max-batched-tokens (2048) and --max-seqs (256),\n"
-               "512 MiB of workspaces and 1 GiB for its context).\n"
-               "--tp-rank R --tp-size N: rank R's pool of a tensor-parallel group (the shard's\n"
-               "KV heads; for R > 0 its own names: DIR/kvpool-rR.ipc, ...).\n");
+    fprintf(f,
+            "usage: pagoda-kvpool --run-dir DIR --model MODEL_DIR [--block-size 16]\n"
+            "                     [--kv-blocks N | --kv-bytes B] [--backend cpu|cuda]\n"
+            "                     [--device 0] [--reserve-bytes B] [--max-batched-tokens N]\n"
+            "                     [--max-seqs N] [--listen URL] [--tp-rank R --tp-size N]\n"
+            "                     [--kv-cache-dtype auto|fp8] [--log-level debug|info|warn|error]\n"
+            "Creates the KV pool for the model and serves its geometry on --listen\n"
+            "(ipc://DIR/kvpool.ipc by default; tcp://HOST:PORT too, though the pool itself\n"
+            "is shared on this host only) until SIGTERM, which removes the pool.\n"
+            "--backend cpu: f32 in shared memory, 256 MiB unless --kv-blocks/--kv-bytes.\n"
+            "--backend cuda: bf16 on GPU --device (CUDA VMM, descriptors on\n"
+            "DIR/" KVPOOL_FDS_SOCKET "); by default the GPU's free memory minus the model's\n"
+            "weights and a reserve for the worker (--reserve-bytes; default: activations at\n"
+            "the worker's step limits, --max-batched-tokens (2048) and --max-seqs (256),\n"
+            "512 MiB of workspaces and 1 GiB for its context).\n"
+            "--kv-cache-dtype fp8 (--backend cuda): F8E4M3 elements, one byte (twice the\n"
+            "tokens); auto (the default): the backend's own, f32 or bf16.\n"
+            "--tp-rank R --tp-size N: rank R's pool of a tensor-parallel group (the shard's\n"
+            "KV heads; for R > 0 its own names: DIR/kvpool-rR.ipc, ...).\n");
 }
 
 static int fail_msg(int rc)
@@ -466,6 +476,7 @@ enum {
     OPT_LISTEN,
     OPT_TP_RANK,
     OPT_TP_SIZE,
+    OPT_KV_CACHE_DTYPE,
 };
 
 /* Returns 0, 2 for a usage error (after printing it), or 3 for --help. */
@@ -486,6 +497,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
         {"listen", required_argument, NULL, OPT_LISTEN},
         {"tp-rank", required_argument, NULL, OPT_TP_RANK},
         {"tp-size", required_argument, NULL, OPT_TP_SIZE},
+        {"kv-cache-dtype", required_argument, NULL, OPT_KV_CACHE_DTYPE},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -557,6 +569,12 @@ static int parse_args(int argc, char **argv, struct opts *o)
             if ((rc = parse_i64("--tp-size", optarg, 1, MODEL_SHARD_MAX_SIZE, &v)) == 0)
                 o->tp_size = (int)v;
             break;
+        case OPT_KV_CACHE_DTYPE: {
+            enum dtype t;
+            if ((rc = dtype_from_kv_cache_name("--kv-cache-dtype", optarg, DTYPE_BF16, &t)) == 0)
+                o->kv_fp8 = t == DTYPE_F8E4M3;
+            break;
+        }
         case 'h':
             usage(stdout);
             return 3;
@@ -579,6 +597,11 @@ static int parse_args(int argc, char **argv, struct opts *o)
                 "pagoda-kvpool: --tp-rank %d needs --tp-size above it (the ranks of a "
                 "group of N are 0 to N - 1)\n",
                 o->tp_rank);
+        return 2;
+    }
+    if (o->kv_fp8 && strcmp(o->backend, "cuda") != 0) {
+        fprintf(stderr, "pagoda-kvpool: --kv-cache-dtype fp8 needs --backend cuda (the CPU "
+                        "backend's kernels read f32)\n");
         return 2;
     }
     if (o->kv_blocks != 0 && o->kv_bytes_set) {
@@ -647,7 +670,11 @@ int main(int argc, char **argv)
     if (gpu && (rc = gpu_size(&o, &cfg, &budget)) != 0)
         goto fail;
 #endif
-    if ((rc = pool_geometry(&o, &cfg, gpu ? DTYPE_BF16 : DTYPE_F32, &g)) != 0)
+    if ((rc = pool_geometry(&o, &cfg,
+                            !gpu       ? DTYPE_F32
+                            : o.kv_fp8 ? DTYPE_F8E4M3
+                                       : DTYPE_BF16,
+                            &g)) != 0)
         goto fail;
     snprintf(shm_name, sizeof(shm_name), "/pagoda-%016" PRIx64, fnv1a64(run_dir));
     snprintf(fds_path, sizeof(fds_path), "%s/%s", run_dir, KVPOOL_FDS_SOCKET);

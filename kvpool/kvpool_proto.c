@@ -58,7 +58,7 @@ static int geometry_from_proto(const Pagoda__Internal__PoolGeometry *p, struct k
     if (p == NULL || !p->has_pool_id || !p->has_num_layers || !p->has_num_blocks ||
         !p->has_block_size || !p->has_num_kv_heads || !p->has_head_dim || !p->has_dtype)
         return pagoda_error_set(PAGODA_EPROTO, "kvpool's answer lacks part of the geometry");
-    if ((int)p->dtype < DTYPE_BF16 || (int)p->dtype > DTYPE_F32)
+    if ((int)p->dtype < DTYPE_BF16 || (int)p->dtype > DTYPE_F8E4M3)
         return pagoda_error_set(PAGODA_EPROTO, "kvpool's answer has dtype %d", (int)p->dtype);
     *g = (struct kv_geometry){
         .pool_id = p->pool_id,

@@ -5,13 +5,15 @@
  *
  * usage: pagoda-logits --model DIR --tokens 1,2,3 --out FILE [--backend cpu|cuda]
  *                      [--chunk N] [--block-size B] [--load-format safetensors|random]
- *                      [--seed N] [--cuda-tma on|off|stream-k]
+ *                      [--seed N] [--cuda-tma on|off|stream-k] [--kv-cache-dtype auto|fp8]
  *
  * --load-format random (CUDA only) draws the weights of DIR/config.json's shape on the GPU from
  * --seed, as pagoda-run and pagoda-worker do with the same flags: the same seed, the same
  * weights. --cuda-tma off (CUDA) runs a chunk's linears of 2 to 16 rows through the GEMVs and
  * cuBLAS instead of kernels/cuda/linear_tma's GEMM, --cuda-tma stream-k runs that GEMM with
- * stream-K where it balances, as pagoda-run's and pagoda-worker's flag does.
+ * stream-K where it balances, as pagoda-run's and pagoda-worker's flag does. --kv-cache-dtype fp8
+ * (CUDA) keeps K and V in an F8E4M3 pool, as kvpool's flag (tests/gpu/hf_compare.py measures
+ * its distance to transformers).
  * --backend is cpu or cuda (anything else is refused). */
 #include "common/error.h"
 #include "common/parse.h"
@@ -46,7 +48,8 @@ int main(int argc, char **argv)
         {"block-size", required_argument, NULL, 's'},
         {"load-format", required_argument, NULL, 'l'},
         {"seed", required_argument, NULL, 'S'},
-        {"cuda-tma", required_argument, NULL, 'T'}, /* CUDA only */
+        {"cuda-tma", required_argument, NULL, 'T'},       /* CUDA only */
+        {"kv-cache-dtype", required_argument, NULL, 'K'}, /* CUDA only */
         {NULL, 0, NULL, 0},
     };
     const char *model = NULL, *out_path = NULL, *backend_name = "cpu";
@@ -54,6 +57,7 @@ int main(int argc, char **argv)
     size_t n = 0;
     int64_t chunk = 512, block_size = 16, seed = 0;
     int random_weights = 0, cuda_tma = 1, cuda_tma_set = 0;
+    enum dtype kv_dtype = DTYPE_BF16; /* --kv-cache-dtype; auto: the backend's own */
     int opt, rc = 0;
     while ((opt = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
         switch (opt) {
@@ -90,11 +94,14 @@ int main(int argc, char **argv)
             rc = worker_parse_cuda_tma("--cuda-tma", optarg, &cuda_tma);
             cuda_tma_set = 1;
             break;
+        case 'K':
+            rc = dtype_from_kv_cache_name("--kv-cache-dtype", optarg, DTYPE_BF16, &kv_dtype);
+            break;
         default:
             fprintf(stderr, "usage: pagoda-logits --model DIR --tokens 1,2,3 --out FILE "
                             "[--backend cpu|cuda] [--chunk N] [--block-size B] "
                             "[--load-format safetensors|random] [--seed N] "
-                            "[--cuda-tma on|off|stream-k]\n");
+                            "[--cuda-tma on|off|stream-k] [--kv-cache-dtype auto|fp8]\n");
             free(tokens);
             return 2;
         }
@@ -114,6 +121,8 @@ int main(int argc, char **argv)
         snprintf(refused, sizeof(refused), "--load-format random needs --backend cuda");
     else if (cuda_tma_set && !use_cuda)
         snprintf(refused, sizeof(refused), "--cuda-tma needs --backend cuda");
+    else if (kv_dtype != DTYPE_BF16 && !use_cuda)
+        snprintf(refused, sizeof(refused), "--kv-cache-dtype fp8 needs --backend cuda");
     if (refused[0] != '\0') {
         fprintf(stderr, "pagoda-logits: %s\n", refused);
         free(tokens);
@@ -142,7 +151,7 @@ int main(int argc, char **argv)
         .block_size = (int32_t)block_size,
         .num_kv_heads = (int32_t)c->num_kv_heads,
         .head_dim = (int32_t)c->head_dim,
-        .dtype = use_cuda ? DTYPE_BF16 : DTYPE_F32,
+        .dtype = use_cuda ? kv_dtype : DTYPE_F32,
     };
     struct backend_limits limits = {.max_num_tokens = (int32_t)chunk,
                                     .max_num_seqs = (int32_t)chunk, /* every row's logits */

@@ -62,6 +62,7 @@ struct run_opts {
     int cuda_pdl;           /* --cuda-pdl: 1 on (the default), 0 off */
     int cuda_residual_gemm; /* --cuda-residual-gemm: 1 on (the default), 0 off */
     int cuda_tma;           /* --cuda-tma: worker/backend.h BACKEND_CUDA_TMA_* (default on) */
+    enum dtype kv_dtype;    /* --kv-cache-dtype (CUDA): BF16 (auto) or F8E4M3 */
     struct sampling_params sampling;
     const char **texts; /* [MAX_PROMPTS]: the text of a --prompt, NULL for --tokens */
 };
@@ -77,6 +78,7 @@ static void usage(FILE *f)
                "                  [--backend cpu|cuda] [--load-format safetensors|random]\n"
                "                  [--cuda-graphs on|off] [--cuda-pdl on|off]\n"
                "                  [--cuda-residual-gemm on|off] [--cuda-tma on|off|stream-k]\n"
+               "                  [--kv-cache-dtype auto|fp8]\n"
                "--load-format random (CUDA only) draws weights of the shape in DIR/config.json on\n"
                "the GPU from --seed, so no weight file is needed. --cuda-graphs off runs decode\n"
                "steps launch by launch instead of replaying CUDA graphs, --cuda-pdl off launches\n"
@@ -87,7 +89,9 @@ static void usage(FILE *f)
                "of steps of 2 to 16 tokens through the GEMVs and cuBLAS instead of\n"
                "kernels/cuda/linear_tma's GEMM (other bits, for comparison); --cuda-tma\n"
                "stream-k runs that GEMM with stream-K where it balances (its QKV and gate/up\n"
-               "spread over every SM; other bits; off by default until measured).\n");
+               "spread over every SM; other bits; off by default until measured).\n"
+               "--kv-cache-dtype fp8 (CUDA only) keeps K and V as 8-bit floats (E4M3), as\n"
+               "pagoda-kvpool's flag.\n");
 }
 
 static int fail(int rc)
@@ -321,6 +325,7 @@ enum {
     OPT_CUDA_PDL,
     OPT_CUDA_RESIDUAL_GEMM,
     OPT_CUDA_TMA,
+    OPT_KV_CACHE_DTYPE,
 };
 
 static int parse_flag(int opt, const char *arg, struct run_opts *o, int32_t ***prompts,
@@ -425,6 +430,9 @@ static int parse_flag(int opt, const char *arg, struct run_opts *o, int32_t ***p
     case OPT_CUDA_TMA:
         rc = worker_parse_cuda_tma("--cuda-tma", arg, &o->cuda_tma);
         break;
+    case OPT_KV_CACHE_DTYPE:
+        rc = dtype_from_kv_cache_name("--kv-cache-dtype", arg, DTYPE_BF16, &o->kv_dtype);
+        break;
     case OPT_LOAD_FORMAT:
         if (strcmp(arg, "safetensors") != 0 && strcmp(arg, "random") != 0)
             return pagoda_error_set(PAGODA_EINVAL,
@@ -464,6 +472,7 @@ int main(int argc, char **argv)
         {"cuda-pdl", required_argument, NULL, OPT_CUDA_PDL},
         {"cuda-residual-gemm", required_argument, NULL, OPT_CUDA_RESIDUAL_GEMM},
         {"cuda-tma", required_argument, NULL, OPT_CUDA_TMA},
+        {"kv-cache-dtype", required_argument, NULL, OPT_KV_CACHE_DTYPE},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -533,6 +542,11 @@ int main(int argc, char **argv)
         rc = pagoda_error_set(PAGODA_EUNSUPPORTED,
                               "--load-format random needs --backend cuda (the CPU backend "
                               "runs on checkpoints: make one with pagoda-mkmodel)");
+        goto fail;
+    }
+    if (o.kv_dtype != DTYPE_BF16 && !use_cuda) {
+        rc = pagoda_error_set(PAGODA_EUNSUPPORTED, "--kv-cache-dtype fp8 needs --backend cuda (the "
+                                                   "CPU backend's pool is f32)");
         goto fail;
     }
     struct model_config cfg;
@@ -618,7 +632,7 @@ int main(int argc, char **argv)
         .block_size = o.block_size,
         .num_kv_heads = (int32_t)c->num_kv_heads,
         .head_dim = (int32_t)c->head_dim,
-        .dtype = use_cuda ? DTYPE_BF16 : DTYPE_F32,
+        .dtype = use_cuda ? o.kv_dtype : DTYPE_F32,
     };
     if ((rc = kv_geometry_validate(&g)) != 0)
         goto fail;

@@ -70,18 +70,19 @@ void worker_pool_fini(struct worker_pool *p)
     p->gpu = NULL;
 }
 
-int worker_pool_backend_dtype(const char *backend)
+int worker_pool_backend_takes(const char *backend, enum dtype t)
 {
-    return strcmp(backend, "cuda") == 0  ? (int)DTYPE_BF16
-           : strcmp(backend, "cpu") == 0 ? (int)DTYPE_F32
-                                         : -1;
+    if (strcmp(backend, "cuda") == 0)
+        return t == DTYPE_BF16 || t == DTYPE_F8E4M3;
+    if (strcmp(backend, "cpu") == 0)
+        return t == DTYPE_F32;
+    return 1;
 }
 
 int worker_pool_check_model(const struct worker_pool *p, const struct model_config *c,
                             const char *model_dir, const char *backend)
 {
     const struct kv_geometry *g = &p->info.geometry;
-    const int want_dtype = worker_pool_backend_dtype(backend);
     const char *field = NULL;
     long long have = 0, want = 0;
     if (g->num_layers != c->num_layers)
@@ -95,9 +96,9 @@ int worker_pool_check_model(const struct worker_pool *p, const struct model_conf
                                 "kv pool %s does not fit the model %s: %s %lld in the pool, %lld "
                                 "in the model (was kvpool started with another --model?)",
                                 p->where, model_dir, field, have, want);
-    if (want_dtype >= 0 && g->dtype != (enum dtype)want_dtype)
+    if (!worker_pool_backend_takes(backend, g->dtype))
         return pagoda_error_set(PAGODA_EMISMATCH, "kv pool %s holds %s; the %s backend needs %s",
                                 p->where, dtype_name(g->dtype), backend,
-                                dtype_name((enum dtype)want_dtype));
+                                strcmp(backend, "cuda") == 0 ? "BF16 or F8_E4M3" : "F32");
     return 0;
 }

@@ -42,12 +42,12 @@ int worker_pool_init(struct worker_pool *p, const struct kvpool_info *info, cons
  * handles. Accepts NULL and a zeroed or half-initialized p. */
 void worker_pool_fini(struct worker_pool *p);
 
-/* The dtype backend computes its KV in: DTYPE_BF16 for "cuda", DTYPE_F32 for "cpu", -1 for
- * "null" (and anything else), which never touches KV memory. */
-int worker_pool_backend_dtype(const char *backend);
+/* Whether backend reads a pool of dtype t: "cuda" BF16 or F8E4M3 (kvpool --kv-cache-dtype
+ * fp8), "cpu" F32; "null" (and anything else) any, as it never touches KV memory. */
+int worker_pool_backend_takes(const char *backend, enum dtype t);
 
 /* Whether the pool p describes fits model c (read from model_dir, named in the message): the
- * same layers, KV heads and head dim, and the dtype that backend computes in. Returns 0 or
+ * same layers, KV heads and head dim, and a dtype that backend reads. Returns 0 or
  * PAGODA_EMISMATCH with a detail naming the first field that differs (a kvpool started for
  * another model) or the two dtypes. */
 int worker_pool_check_model(const struct worker_pool *p, const struct model_config *c,

@@ -120,6 +120,21 @@ refused "--cuda-residual-gemm without the CUDA backend" \
 refused "--cuda-tma neither on, off nor stream-k" "--cuda-tma yes: expected on, off or stream-k" \
     --cuda-tma yes
 refused "--cuda-tma without the CUDA backend" "--cuda-tma needs --backend cuda" --cuda-tma off
+refused "--kv-cache-dtype neither auto nor fp8" \
+    "--kv-cache-dtype fp16: expected auto, fp8 or fp8_e4m3" --kv-cache-dtype fp16
+refused "--kv-cache-dtype fp8 without the CUDA backend" \
+    "--kv-cache-dtype fp8 needs --backend cuda" --kv-cache-dtype fp8
+# pagoda-kvpool itself (the supervisor passes the flag on): the same refusals, exit 2.
+for a in "fp8 --backend cpu:--kv-cache-dtype fp8 needs --backend cuda" \
+    "fp16:--kv-cache-dtype fp16: expected auto, fp8 or fp8_e4m3"; do
+    rc=0
+    # shellcheck disable=SC2086 # the flags' words
+    "$bin_dir/pagoda-kvpool" --run-dir "$tmp" --model "$tmp/model" --kv-cache-dtype ${a%%:*} \
+        >/dev/null 2>"$tmp/kvpool.err" || rc=$?
+    check "pagoda-kvpool --kv-cache-dtype ${a%%:*} is refused (exit $rc)" [ "$rc" = 2 ]
+    check "pagoda-kvpool --kv-cache-dtype ${a%%:*}: the refusal says '${a#*:}'" \
+        grep -qF -- "${a#*:}" "$tmp/kvpool.err"
+done
 refused "--tp-timeout-ms below a second" "--tp-timeout-ms: a whole number of milliseconds" \
     --tensor-parallel 2 --tp-timeout-ms 999
 refused "--tp-timeout-ms without tensor parallelism" \

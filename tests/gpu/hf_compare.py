@@ -13,6 +13,15 @@ batch composition; a near tie may flip), and from there on teacher-forced: pagod
 as their argmax at every position where the reference has no near tie; the tokens compared
 are those positions. Prints a line per check and returns non-zero when one fails.
 
+The 8-bit K/V cache (--kv-cache-dtype fp8, each K and V value its nearest E4M3 code): the
+prompts of 100 and 1000 tokens teacher-forced through `pagoda-logits --kv-cache-dtype fp8` (the
+100 also in chunks of 16, prefill over cached 8-bit blocks) against the same float32 reference,
+within REL_TOL_FP8, with the reference's argmax at FP8_ARGMAX of the positions where the
+reference has no near tie (FP8_MARGIN); on a trained model's text prompts, the 64 greedy tokens
+through `pagoda-run --kv-cache-dtype fp8` (decode steps reading the 8-bit pool) teacher-forced
+against the reference as above, at most FP8_WRONG of them not the reference's argmax beyond a
+near tie. These bound the cache's error; bf16's own rows beside them show what 8 bits add.
+
 With --golden FILE (the reference file of a trained model, tests/data/pagoda-brown-golden.json),
 the prompts of that file (text, encoded) replace the random ones in the greedy checks of the
 models that have a tokenizer.json, and two more checks run on them: the ten prompts' 64 greedy
@@ -41,13 +50,21 @@ GREEDY_TOKENS = 64
 # (issue 17). pagoda-brown: 24.1 before the first near tie alone (2026-12-01; random-weight
 # models: 2 to 6).
 MIN_MEAN_COMPARED = 32
+# The 8-bit K/V cache's bounds (see the docstring). Measured on an H100 (tests/gpu/RESULTS.md,
+# thirty-fourth session): max rel err 3.4e-2 to 6.2e-2 (bf16's 5e-3 to 1.2e-2), the reference's
+# argmax at every position without a near tie, 7 of pagoda-brown's 640 greedy tokens wrong.
+REL_TOL_FP8 = 1e-1
+FP8_MARGIN = 0.5
+FP8_ARGMAX = 0.98
+FP8_WRONG = 0.03
 
 
-def pagoda_logits(bin_dir, model_dir, tokens, vocab, chunk=512, tma="on"):
+def pagoda_logits(bin_dir, model_dir, tokens, vocab, chunk=512, tma="on", kv="auto"):
     with tempfile.NamedTemporaryFile(suffix=".f32") as f:
         subprocess.run([os.path.join(bin_dir, "pagoda-logits"), "--model", model_dir,
                         "--backend", "cuda", "--chunk", str(chunk), "--out", f.name,
-                        "--cuda-tma", tma, "--tokens", ",".join(map(str, tokens))], check=True)
+                        "--cuda-tma", tma, "--kv-cache-dtype", kv,
+                        "--tokens", ",".join(map(str, tokens))], check=True)
         return np.fromfile(f.name, dtype="<f4").reshape(len(tokens), vocab)
 
 
@@ -76,9 +93,11 @@ def compare_tokens(got, want, margins):
     return True, min(first_tie + 1, len(want)), first_tie
 
 
-def pagoda_greedy(bin_dir, model_dir, backend, prompts):
+def pagoda_greedy(bin_dir, model_dir, backend, prompts, kv="auto"):
     args = [os.path.join(bin_dir, "pagoda-run"), "--backend", backend, "--model", model_dir,
             "--max-tokens", str(GREEDY_TOKENS), "--ignore-eos", "--json"]
+    if kv != "auto":
+        args += ["--kv-cache-dtype", kv]
     for p in prompts:
         args += ["--tokens", ",".join(map(str, p))]
     res = subprocess.run(args, check=True, capture_output=True, text=True)
@@ -134,6 +153,22 @@ def main():
                     ("" if tma == "on" else f", --cuda-tma {tma}")
                 rows.append((name, f"teacher-forced len {length}{how}",
                              f"max rel err {rel.max():.2e} (mean {rel.mean():.2e})", ok))
+            if length == 1:
+                continue
+            # The 8-bit K/V cache against the same reference.
+            top2 = np.sort(ref, axis=1)[:, -2:]
+            sure = top2[:, 1] - top2[:, 0] >= FP8_MARGIN
+            for chunk in ((512, 16) if length == 100 else (512,)):
+                got = pagoda_logits(bin_dir, model_dir, prompt, vocab, chunk,
+                                    kv="fp8").astype(np.float64)
+                rel = np.linalg.norm(got - ref, axis=1) / np.linalg.norm(ref, axis=1)
+                same = int((np.argmax(got, axis=1) == np.argmax(ref, axis=1))[sure].sum())
+                ok = bool(rel.max() < REL_TOL_FP8) and same >= FP8_ARGMAX * int(sure.sum())
+                failed += not ok
+                how = "" if chunk == 512 else f" in chunks of {chunk}"
+                rows.append((name, f"fp8 K/V teacher-forced len {length}{how}",
+                             f"max rel err {rel.max():.2e} (mean {rel.mean():.2e}); "
+                             f"argmax {same}/{int(sure.sum())}", ok))
         text = golden is not None and os.path.exists(os.path.join(model_dir, "tokenizer.json"))
         if text:
             greedy = [(f"greedy 64 after text {i}", p["prompt_ids"])
@@ -184,6 +219,17 @@ def main():
                 rows.append((name, f"10 texts x 64, {backend} vs forced",
                              f"{exact} argmax, {ties} near ties, {bad} wrong of "
                              f"{len(prompts) * GREEDY_TOKENS}", ok))
+            outs = pagoda_greedy(bin_dir, model_dir, "cuda", prompts, kv="fp8")
+            exact = ties = bad = 0
+            for prompt, got in zip(prompts, outs):
+                e, t, b = forced_check(model, prompt, got)
+                exact, ties, bad = exact + e, ties + t, bad + b
+            ok = bad <= FP8_WRONG * len(prompts) * GREEDY_TOKENS and \
+                all(len(o) == GREEDY_TOKENS for o in outs)
+            failed += not ok
+            rows.append((name, "10 texts x 64, cuda fp8 K/V vs forced",
+                         f"{exact} argmax, {ties} near ties, {bad} wrong of "
+                         f"{len(prompts) * GREEDY_TOKENS}", ok))
         del model
         torch.cuda.empty_cache()
     for name, check, figure, ok in rows:

@@ -72,9 +72,13 @@ int group_start(struct group *g, const char *const *extra)
     char seed[24];
     if (g->cuda) {
         snprintf(seed, sizeof(seed), "%llu", (unsigned long long)g->weight_seed);
-        const char *gpu[] = {"--backend",    "cuda",   "--worker-arg", "--load-format",
-                             "--worker-arg", "random", "--worker-arg", "--seed",
-                             "--worker-arg", seed};
+        const char *gpu[] = {"--backend",    "cuda",
+                             "--worker-arg", "--load-format",
+                             "--worker-arg", "random",
+                             "--worker-arg", "--seed",
+                             "--worker-arg", seed,
+                             "--kvpool-arg", "--kv-cache-dtype",
+                             "--kvpool-arg", g->kv_cache_dtype};
         for (size_t i = 0; i < sizeof(gpu) / sizeof(gpu[0]); i++)
             argv[n++] = gpu[i];
     }
@@ -212,7 +216,7 @@ int group_expected_sampled(const struct group *g, int32_t *const *prompts, const
     snprintf(json_path, sizeof(json_path), "%s/expected.json", g->tmp);
     if (g->cuda && temperature > 0)
         return -1; /* pagoda-run's --seed is the weight seed there */
-    char **argv = calloc((size_t)(2 * num_prompts + 18), sizeof(char *));
+    char **argv = calloc((size_t)(2 * num_prompts + 20), sizeof(char *));
     char **lists = calloc((size_t)num_prompts, sizeof(char *));
     int n = 0, rc = -1;
     argv[n++] = prog;
@@ -230,6 +234,8 @@ int group_expected_sampled(const struct group *g, int32_t *const *prompts, const
         argv[n++] = "cuda";
         argv[n++] = "--load-format";
         argv[n++] = "random";
+        argv[n++] = "--kv-cache-dtype";
+        argv[n++] = (char *)g->kv_cache_dtype;
     }
     argv[n++] = "--temperature";
     argv[n++] = temp;
@@ -342,6 +348,10 @@ int group_use_cuda(struct group *g)
         return -1;
     g->cuda = 1;
     g->weight_seed = 7;
+    const char *kv = getenv("PAGODA_TEST_KV_CACHE_DTYPE");
+    g->kv_cache_dtype = kv != NULL && strcmp(kv, "fp8") == 0 ? "fp8" : "auto";
+    if (strcmp(g->kv_cache_dtype, "auto") != 0)
+        printf("     the K/V in 8-bit pools (PAGODA_TEST_KV_CACHE_DTYPE=fp8)\n");
     return 0;
 }
 
@@ -363,8 +373,22 @@ long group_first_near_tie(const struct group *g, const int32_t *prompt, size_t n
     snprintf(prog, sizeof(prog), "%s/pagoda-logits", g->bin_dir);
     snprintf(out, sizeof(out), "%s/logits.f32", g->tmp);
     snprintf(seed, sizeof(seed), "%llu", (unsigned long long)g->weight_seed);
-    char *argv[] = {prog,    "--model", (char *)g->model, "--backend", "cuda",   "--tokens", list,
-                    "--out", out,       "--load-format",  "random",    "--seed", seed,       NULL};
+    char *argv[] = {prog,
+                    "--model",
+                    (char *)g->model,
+                    "--backend",
+                    "cuda",
+                    "--tokens",
+                    list,
+                    "--out",
+                    out,
+                    "--load-format",
+                    "random",
+                    "--seed",
+                    seed,
+                    "--kv-cache-dtype",
+                    (char *)g->kv_cache_dtype,
+                    NULL};
     int rc = run_cmd(argv, "/dev/null");
     free(list);
     if (rc != 0)

@@ -39,6 +39,9 @@ struct group {
      * weights of the model's shape drawn on the GPU from weight_seed. */
     int cuda;
     uint64_t weight_seed;
+    /* With cuda: PAGODA_TEST_KV_CACHE_DTYPE=fp8 in the environment keeps the group's K/V and
+     * pagoda-run's and pagoda-logits' in 8-bit pools (--kv-cache-dtype fp8); "auto" else. */
+    const char *kv_cache_dtype;
 };
 
 /* Makes a temporary folder and the tiny model in it. Returns 0 or -1. */

@@ -213,7 +213,8 @@ static void test_pool_of_another_model_is_refused(void **state)
     assert_detail_has(rc, "head dim 128 in the pool, 64 in the model");
 }
 
-/* The CPU backend computes in F32 and the CUDA backend in BF16; the null backend takes any. */
+/* The CPU backend reads F32 pools, the CUDA backend BF16 and F8E4M3 ones (--kv-cache-dtype fp8);
+ * the null backend takes any. */
 static void test_pool_of_another_dtype_is_refused(void **state)
 {
     struct fixture *f = *state;
@@ -221,7 +222,11 @@ static void test_pool_of_another_dtype_is_refused(void **state)
     f->pool.info = f->info;
     int rc = worker_pool_check_model(&f->pool, &f->config, "m", "cuda");
     assert_int_equal(rc, PAGODA_EMISMATCH);
-    assert_detail_has(rc, "kv pool /pool holds F32; the cuda backend needs BF16");
+    assert_detail_has(rc, "kv pool /pool holds F32; the cuda backend needs BF16 or F8_E4M3");
+    f->pool.info.geometry.dtype = DTYPE_F8E4M3;
+    assert_int_equal(worker_pool_check_model(&f->pool, &f->config, "m", "cuda"), 0);
+    rc = worker_pool_check_model(&f->pool, &f->config, "m", "cpu");
+    assert_detail_has(rc, "holds F8_E4M3; the cpu backend needs F32");
     f->pool.info.geometry.dtype = DTYPE_BF16;
     assert_int_equal(worker_pool_check_model(&f->pool, &f->config, "m", "cuda"), 0);
     assert_int_equal(worker_pool_check_model(&f->pool, &f->config, "m", "null"), 0);
