@@ -232,9 +232,9 @@ constexpr int32_t kDecodeWideCopySeqs = 64;
  * (3 CTAs an SM, __launch_bounds__(128, 3) with 2 stages at head dim 128, was measured in the
  * eighteenth session: slower from 8 sequences up, 21% at 32; bench/RESULTS.md.) */
 /* F8 (an F8E4M3 pool): elements of one byte, so a stage holds half the bytes and the pipeline is
- * one stage deeper (4 at head dim 128, 6 at 64); each warp converts the 16 keys of the tile it
- * reads to f16, K and V, into its own XOR-swizzled tile of 16 rows (conv_bytes), and reads its
- * fragments there (96.5 KiB a CTA of 4 warps at head dim 128, two an SM, as for bf16). */
+ * twice as deep (6 stages at head dim 128: 99 KiB a CTA of 4 warps, two an SM as for bf16; 8 at
+ * 64). The warps read the codes from the stage by ldmatrix as b16 pairs and convert them in
+ * registers (decode_kernel), with no copy of the tile in f16. */
 template <int HD, int G_, int W_, bool F8_ = false> struct decode_geom {
     static constexpr bool F8 = F8_;
     static constexpr int EB = F8 ? 1 : 2; /* bytes per pool element */
@@ -244,13 +244,11 @@ template <int HD, int G_, int W_, bool F8_ = false> struct decode_geom {
     static constexpr int G = G_;
     static_assert(W == kDecodeWarps || W == kDecodeWideWarps, "decode warps");
     static_assert(G == 4 || G == 8 || G == 16, "decode copy rows");
-    static constexpr int STAGES = F8 ? (HD == 128 ? 4 : 6) : (HD == 128 ? 3 : 4);
+    static constexpr int STAGES = F8 ? (HD == 128 ? 6 : 8) : (HD == 128 ? 3 : 4);
     static constexpr int GROUP = G * HD + 16 / EB; /* elements per group of rows, 16 bytes of
                                                       padding included */
     static constexpr int STAGE_ELEMS = 2 * (T / G) * GROUP;
-    static constexpr size_t stage_bytes = (size_t)STAGES * STAGE_ELEMS * EB;
-    static constexpr size_t conv_bytes = F8 ? (size_t)W * 2 * 16 * HD * sizeof(uint16_t) : 0;
-    static constexpr size_t bars = stage_bytes + conv_bytes;
+    static constexpr size_t bars = (size_t)STAGES * STAGE_ELEMS * EB;
     static constexpr size_t smem = bars + STAGES * sizeof(uint64_t);
     static_assert(T == 16 * W && kSplitAlign == 16 * kDecodeWarps,
                   "tile shape: partitions of whole tiles");
@@ -431,10 +429,6 @@ __global__ void __launch_bounds__(32 * W_) decode_kernel(attn_args a)
     extern __shared__ __align__(16) unsigned char smem[];
     E *tiles = reinterpret_cast<E *>(smem); /* [stage][K, V][T / G][GROUP] */
     uint64_t *full = reinterpret_cast<uint64_t *>(smem + D::bars);
-    /* F8: this warp's 16 keys of the current tile in f16, K then V, [16][HD] swizzled (swz) */
-    uint16_t *kc = reinterpret_cast<uint16_t *>(smem + D::stage_bytes) +
-                   (size_t)(threadIdx.x >> 5) * 2 * 16 * HD;
-    uint16_t *vc = kc + 16 * HD;
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     /* Launched by launch_pdl. Without early_kv everything below waits for the kernels ahead.
@@ -569,15 +563,19 @@ __global__ void __launch_bounds__(32 * W_) decode_kernel(attn_args a)
      * hoist above griddepcontrol.wait (it did in 7c8d6a5's kernel: q read while RoPE rotated
      * it; the fifteenth session's review, bench/RESULTS.md). */
     const int qr = lane >> 2, qc = 2 * (lane & 3);
+    /* The dims of qa[k][j]'s pair: k * 16 + j * 8 + qc, the A fragment's own; for F8, k * 16 +
+     * 2 * qc + 2 * j, the order in which the K codes reach each lane (the k index of the product
+     * permuted within each 16 dims, alike in Q and K: the same sum). */
+    auto qdim = [&](int k, int j) { return k * 16 + (F8 ? 2 * qc + 2 * j : j * 8 + qc); };
     uint32_t qa[HD / 16][2];
     {
         const uint16_t *qrow = a.q + (int64_t)token * a.q_row_stride + (int64_t)(h0 + qr) * HD;
 #pragma unroll
-        for (int k = 0; k < HD / 16; k++) {
-            qa[k][0] = qr < gc ? __ldcg(reinterpret_cast<const uint32_t *>(qrow + k * 16 + qc)) : 0;
-            qa[k][1] =
-                qr < gc ? __ldcg(reinterpret_cast<const uint32_t *>(qrow + k * 16 + 8 + qc)) : 0;
-        }
+        for (int k = 0; k < HD / 16; k++)
+#pragma unroll
+            for (int j = 0; j < 2; j++)
+                qa[k][j] =
+                    qr < gc ? __ldcg(reinterpret_cast<const uint32_t *>(qrow + qdim(k, j))) : 0;
     }
     /* a.rope: element i's partner i + HD / 2 sits in the same lane, in qa[k + HD / 32]. */
     if (a.rope) {
@@ -585,7 +583,7 @@ __global__ void __launch_bounds__(32 * W_) decode_kernel(attn_args a)
         for (int k = 0; k < HD / 32; k++)
 #pragma unroll
             for (int j = 0; j < 2; j++) {
-                const int i = k * 16 + j * 8 + qc;
+                const int i = qdim(k, j);
                 const float2 x = bf16x2_to_float2(qa[k][j]),
                              y = bf16x2_to_float2(qa[k + HD / 32][j]);
                 uint16_t x0, y0, x1, y1;
@@ -630,25 +628,6 @@ __global__ void __launch_bounds__(32 * W_) decode_kernel(attn_args a)
 
         const E *ks = tiles + (size_t)(i % S) * D::STAGE_ELEMS;
         const E *vs = ks + NG * D::GROUP;
-        if (F8) {
-            /* The warp's 16 keys to f16: lane l converts half l / 16 of the K and V rows of its
-             * key l % 16 (row r of kc, vc: n-tile r / 8, column r % 8), 16 codes at a time.
-             * The barrier at the loop's top ordered the last tile's reads of kc and vc. */
-            const int r = lane & 15;
-            const int row = D::row(D::key(r & 7, warp, r >> 3));
-#pragma unroll
-            for (int c = 0; c < HD / 32; c++) {
-                const int ch = (lane >> 4) * (HD / 32) + c; /* 16-byte chunk of the code row */
-                uint4 lo, hi;
-                e4m3x16_to_f16x16(*reinterpret_cast<const uint4 *>(ks + row + 16 * ch), lo, hi);
-                *reinterpret_cast<uint4 *>(kc + swz<HD>(r, 2 * ch)) = lo;
-                *reinterpret_cast<uint4 *>(kc + swz<HD>(r, 2 * ch + 1)) = hi;
-                e4m3x16_to_f16x16(*reinterpret_cast<const uint4 *>(vs + row + 16 * ch), lo, hi);
-                *reinterpret_cast<uint4 *>(vc + swz<HD>(r, 2 * ch)) = lo;
-                *reinterpret_cast<uint4 *>(vc + swz<HD>(r, 2 * ch + 1)) = hi;
-            }
-            __syncwarp();
-        }
         /* S = Q K^T for the warp's 16 keys: two n-tiles of 8 keys. */
         /* Four independent accumulator chains (n-tile x even/odd k-step), summed after. */
         float s[2][4], s2[2][4];
@@ -657,19 +636,36 @@ __global__ void __launch_bounds__(32 * W_) decode_kernel(attn_args a)
 #pragma unroll
             for (int j = 0; j < 4; j++)
                 s[nt][j] = s2[nt][j] = 0.0f;
+        if (F8) {
+            /* Each 8 x 8 b16 matrix is 8 keys' codes of 16 dims: lane l gets codes 4 (l % 4) ..
+             * + 3 of key l / 4, converted to the B fragments of one k-step (qdim's order). */
 #pragma unroll
-        for (int kk = 0; kk < HD / 32; kk++)
+            for (int kh = 0; kh < HD / 64; kh++)
 #pragma unroll
-            for (int nt = 0; nt < 2; nt++) {
-                uint32_t b[4];
-                if (F8)
-                    ldmatrix_x4(b, kc + swz<HD>(nt * 8 + (lane & 7), kk * 4 + (lane >> 3)));
-                else
+                for (int nt = 0; nt < 2; nt++) {
+                    uint32_t b[4];
+                    ldmatrix_x4(b, ks + D::row(D::key(lane & 7, warp, nt)) +
+                                       (kh * 4 + (lane >> 3)) * 16);
+#pragma unroll
+                    for (int m = 0; m < 4; m++) {
+                        const int k = kh * 4 + m;
+                        mma_f16(m & 1 ? s2[nt] : s[nt], qa[k][0], 0u, qa[k][1], 0u,
+                                e4m3x2_to_f16x2((uint16_t)b[m]),
+                                e4m3x2_to_f16x2((uint16_t)(b[m] >> 16)));
+                    }
+                }
+        } else {
+#pragma unroll
+            for (int kk = 0; kk < HD / 32; kk++)
+#pragma unroll
+                for (int nt = 0; nt < 2; nt++) {
+                    uint32_t b[4];
                     ldmatrix_x4(b, ks + D::row(D::key(lane & 7, warp, nt)) +
                                        (kk * 4 + (lane >> 3)) * 8);
-                mma_kv<F8>(s[nt], qa[2 * kk][0], 0u, qa[2 * kk][1], 0u, b[0], b[1]);
-                mma_kv<F8>(s2[nt], qa[2 * kk + 1][0], 0u, qa[2 * kk + 1][1], 0u, b[2], b[3]);
-            }
+                    mma_bf16(s[nt], qa[2 * kk][0], 0u, qa[2 * kk][1], 0u, b[0], b[1]);
+                    mma_bf16(s2[nt], qa[2 * kk + 1][0], 0u, qa[2 * kk + 1][1], 0u, b[2], b[3]);
+                }
+        }
 #pragma unroll
         for (int nt = 0; nt < 2; nt++)
 #pragma unroll
@@ -703,22 +699,45 @@ __global__ void __launch_bounds__(32 * W_) decode_kernel(attn_args a)
         m = m_new;
         l = l * alpha + (s[0][0] + s[0][1] + s[1][0] + s[1][1]);
         const uint32_t p0 = pack_p<F8>(s[0][0], s[0][1]), p1 = pack_p<F8>(s[1][0], s[1][1]);
-        /* O += P V: V^T fragments by ldmatrix.trans, two n-tiles of 8 dims per load. */
+        /* O += P V: V^T fragments by ldmatrix.trans, two n-tiles of 8 dims per load. F8: a
+         * transposed b16 matrix gives lane l the codes of dims 2 (l / 4) and 2 (l / 4) + 1 of
+         * keys 2 (l % 4) and 2 (l % 4) + 1; a byte permute pairs them by dim, so each matrix feeds
+         * two n-tiles, the even dims of 16 (o[2 q]) and the odd ones (o[2 q + 1]): output column
+         * c of n-tile 2 q + e is dim 16 q + 2 c + e (undone below). */
 #pragma unroll
         for (int dp = 0; dp < HD / 16; dp++) {
             o[2 * dp][0] *= alpha;
             o[2 * dp][1] *= alpha;
             o[2 * dp + 1][0] *= alpha;
             o[2 * dp + 1][1] *= alpha;
-            uint32_t b[4];
-            if (F8)
-                ldmatrix_x4_trans(
-                    b, vc + swz<HD>(((lane >> 3) & 1) * 8 + (lane & 7), 2 * dp + (lane >> 4)));
-            else
+        }
+        if (F8) {
+#pragma unroll
+            for (int dp = 0; dp < HD / 32; dp++) {
+                uint32_t b[4];
+                ldmatrix_x4_trans(b, vs + D::row(D::key(lane & 7, warp, (lane >> 3) & 1)) +
+                                         (2 * dp + (lane >> 4)) * 16);
+#pragma unroll
+                for (int hq = 0; hq < 2; hq++) {
+                    const int q = 2 * dp + hq;
+                    /* keys 0 .. 7 of the k-step (n-tile 0's), then 8 .. 15: by dim, even | odd */
+                    const uint32_t lo = __byte_perm(b[2 * hq], 0, 0x3120),
+                                   hi = __byte_perm(b[2 * hq + 1], 0, 0x3120);
+                    mma_f16(o[2 * q], p0, 0u, p1, 0u, e4m3x2_to_f16x2((uint16_t)lo),
+                            e4m3x2_to_f16x2((uint16_t)hi));
+                    mma_f16(o[2 * q + 1], p0, 0u, p1, 0u, e4m3x2_to_f16x2((uint16_t)(lo >> 16)),
+                            e4m3x2_to_f16x2((uint16_t)(hi >> 16)));
+                }
+            }
+        } else {
+#pragma unroll
+            for (int dp = 0; dp < HD / 16; dp++) {
+                uint32_t b[4];
                 ldmatrix_x4_trans(b, vs + D::row(D::key(lane & 7, warp, (lane >> 3) & 1)) +
                                          (2 * dp + (lane >> 4)) * 8);
-            mma_kv<F8>(o[2 * dp], p0, 0u, p1, 0u, b[0], b[1]);
-            mma_kv<F8>(o[2 * dp + 1], p0, 0u, p1, 0u, b[2], b[3]);
+                mma_bf16(o[2 * dp], p0, 0u, p1, 0u, b[0], b[1]);
+                mma_bf16(o[2 * dp + 1], p0, 0u, p1, 0u, b[2], b[3]);
+            }
         }
     }
 
@@ -730,10 +749,16 @@ __global__ void __launch_bounds__(32 * W_) decode_kernel(attn_args a)
     float *red_o = reinterpret_cast<float *>(smem); /* [warp][8][HD] */
     float *red_ml = red_o + W * 8 * HD;             /* [warp][8][2] */
     static_assert(sizeof(float) * W * 8 * (HD + 2) <= D::smem, "merge fits");
+    if (F8) /* n-tiles 2 q and 2 q + 1 hold dims 16 q + 2 c (+ 1) in their column c */
 #pragma unroll
-    for (int n = 0; n < HD / 8; n++)
-        *reinterpret_cast<float2 *>(red_o + (warp * 8 + qr) * HD + n * 8 + qc) =
-            make_float2(o[n][0], o[n][1]);
+        for (int q = 0; q < HD / 16; q++)
+            *reinterpret_cast<float4 *>(red_o + (warp * 8 + qr) * HD + q * 16 + 2 * qc) =
+                make_float4(o[2 * q][0], o[2 * q + 1][0], o[2 * q][1], o[2 * q + 1][1]);
+    else
+#pragma unroll
+        for (int n = 0; n < HD / 8; n++)
+            *reinterpret_cast<float2 *>(red_o + (warp * 8 + qr) * HD + n * 8 + qc) =
+                make_float2(o[n][0], o[n][1]);
     if ((lane & 3) == 0) {
         red_ml[(warp * 8 + qr) * 2] = m;
         red_ml[(warp * 8 + qr) * 2 + 1] = l;

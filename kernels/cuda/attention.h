@@ -61,8 +61,9 @@ struct cuda_attention_config {
     int32_t max_blocks_per_seq; /* bounds the context: max_blocks_per_seq * block_size tokens */
     /* The pool's element: DTYPE_BF16 (0, so a config that leaves it out reads bf16) or
      * DTYPE_F8E4M3 (the worker's --kv-cache-dtype fp8). With F8E4M3 the kernels convert the codes
-     * to f16 (exact) in shared memory and multiply in f16 (Q clamped to f16's range, P rounded to
-     * f16), accumulating in f32 as for bf16. */
+     * to f16 (exact: the decode kernel in registers, the prefill kernel through shared memory) and
+     * multiply in f16 (Q clamped to f16's range, P rounded to f16), accumulating in f32 as for
+     * bf16. */
     enum dtype kv_dtype;
 };
 
