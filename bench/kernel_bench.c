@@ -15,9 +15,9 @@
  * (cuda_attention_set_decode_split; 0, the default, lets the plan's cost model choose), --early-kv
  * the decode kernel's K/V requested before its PDL wait, as the worker runs it
  * (cuda_attention_set_early_kv; off by default), --kv-dtype fp8 the attention cases over an
- * F8E4M3 pool (worker --kv-cache-dtype fp8; every code 0x2c, 0.375: the kernels' time does not
- * depend on the values, and bench/kernel_competitor.py has no such case), --lt-algos N how many of
- * cuBLASLt's heuristic algorithms the linears time (default 8, at most 64) and
+ * F8E4M3 pool (pagoda-kvpool --kv-cache-dtype fp8; every code 0x2c, 0.375: the kernels' time does
+ * not depend on the values, and bench/kernel_competitor.py has no such case), --lt-algos N how many
+ * of cuBLASLt's heuristic algorithms the linears time (default 8, at most 64) and
  * --lt-sm-target N the SM count the heuristic is asked to plan for
  * (CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET; unset by default).
  * Cases: paged decode attention (batch x context, head dim 64 and 128, block sizes 8 to 64,

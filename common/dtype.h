@@ -3,7 +3,7 @@
  * BF16 and F16 values are stored as raw uint16_t bit patterns. Conversion to f32 is exact;
  * conversion from f32 rounds to nearest even (NaN stays NaN), as PyTorch does.
  *
- * F8E4M3 is the KV pool's 8-bit element (an option: worker --kv-cache-dtype fp8), torch's
+ * F8E4M3 is the KV pool's 8-bit element (an option: pagoda-kvpool --kv-cache-dtype fp8), torch's
  * float8_e4m3fn: 1 sign, 4 exponent (bias 7), 3 mantissa bits, subnormals, no infinities, the
  * codes 0x7f and 0xff NaN, the largest finite value 448. Weights are never F8E4M3 (the
  * safetensors and config parsers accept BF16, F16 and F32 only). */

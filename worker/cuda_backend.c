@@ -574,6 +574,10 @@ static int open_backend(const struct model_config *cfg, const struct model_weigh
         rc = 0, pool_whole = 1;
     if (rc != 0)
         return backend_check_pool(&pool_view, g, kv_dtype, "CUDA"); /* its message again */
+    if (kv_dtype == DTYPE_F8E4M3 && (comm == NULL || tp_rank == 0))
+        log_warn("cuda: K and V are stored as 8-bit floats (E4M3, scale 1: magnitudes above 448 "
+                 "are clipped to 448, below 2^-10 lost); outputs are near bf16's, not equal "
+                 "(--kv-cache-dtype fp8; tests/gpu/hf_compare.py bounds the distance)");
     struct cuda_backend *b = calloc(1, sizeof(*b));
     if (b == NULL)
         return PAGODA_ENOMEM;

@@ -640,15 +640,15 @@ __global__ void __launch_bounds__(32 * W_) decode_kernel(attn_args a)
             /* Each 8 x 8 b16 matrix is 8 keys' codes of 16 dims: lane l gets codes 4 (l % 4) ..
              * + 3 of key l / 4, converted to the B fragments of one k-step (qdim's order). */
 #pragma unroll
-            for (int kh = 0; kh < HD / 64; kh++)
+            for (int kq = 0; kq < HD / 64; kq++)
 #pragma unroll
                 for (int nt = 0; nt < 2; nt++) {
                     uint32_t b[4];
                     ldmatrix_x4(b, ks + D::row(D::key(lane & 7, warp, nt)) +
-                                       (kh * 4 + (lane >> 3)) * 16);
+                                       (kq * 4 + (lane >> 3)) * 16);
 #pragma unroll
                     for (int m = 0; m < 4; m++) {
-                        const int k = kh * 4 + m;
+                        const int k = kq * 4 + m;
                         mma_f16(m & 1 ? s2[nt] : s[nt], qa[k][0], 0u, qa[k][1], 0u,
                                 e4m3x2_to_f16x2((uint16_t)b[m]),
                                 e4m3x2_to_f16x2((uint16_t)(b[m] >> 16)));
@@ -1767,8 +1767,10 @@ static int view_check(const struct cuda_attention_config *c, const struct kv_lay
                                 (int)c->num_blocks);
     if (kv->k == NULL || kv->v == NULL)
         return pagoda_error_set(PAGODA_EINVAL, "cuda_attention_run: the layer view has no K/V");
-    if (!cuda_aligned16(kv->k) || !cuda_aligned16(kv->v) || kv->block_stride % 8 != 0 ||
-        kv->head_stride % 8 != 0 || kv->slot_stride % 8 != 0)
+    /* strides of whole 16-byte chunks: 8 bf16 elements, 16 F8E4M3 ones */
+    const int64_t chunk = 16 / (int64_t)dtype_size(kv->dtype);
+    if (!cuda_aligned16(kv->k) || !cuda_aligned16(kv->v) || kv->block_stride % chunk != 0 ||
+        kv->head_stride % chunk != 0 || kv->slot_stride % chunk != 0)
         return pagoda_error_set(PAGODA_EINVAL,
                                 "cuda_attention_run: the layer view is not 16-byte aligned "
                                 "(strides %lld, %lld, %lld)",

@@ -60,7 +60,7 @@ struct cuda_attention_config {
     int32_t max_num_tokens;
     int32_t max_blocks_per_seq; /* bounds the context: max_blocks_per_seq * block_size tokens */
     /* The pool's element: DTYPE_BF16 (0, so a config that leaves it out reads bf16) or
-     * DTYPE_F8E4M3 (the worker's --kv-cache-dtype fp8). With F8E4M3 the kernels convert the codes
+     * DTYPE_F8E4M3 (pagoda-kvpool --kv-cache-dtype fp8). With F8E4M3 the kernels convert the codes
      * to f16 (exact: the decode kernel in registers, the prefill kernel through shared memory) and
      * multiply in f16 (Q clamped to f16's range, P rounded to f16), accumulating in f32 as for
      * bf16. */
@@ -127,7 +127,8 @@ int cuda_attention_decode_shape(const struct cuda_attention_plan *p, int32_t *ct
  * layer's view of the pool (device pointers; bf16 or F8E4M3, the config's), whose K/V for every
  * context token must already be written (cuda_reshape_and_cache earlier on the stream). q and out
  * must be 16-byte aligned and q_row_stride a multiple of 8 elements, at least num_heads * head_dim;
- * the view's pointers 16-byte aligned and its strides multiples of 8. Returns 0, PAGODA_EINVAL (no
+ * the view's pointers 16-byte aligned and its strides whole 16-byte chunks (multiples of 8 bf16
+ * elements, of 16 F8E4M3 ones). Returns 0, PAGODA_EINVAL (no
  * batch planned, NULL buffers, a stride or alignment as above), PAGODA_EMISMATCH (the view's dtype,
  * block_size, num_kv_heads, head_dim or num_blocks differ from the config) or PAGODA_ECUDA. */
 int cuda_attention_run(struct cuda_attention_plan *p, const struct kv_layer_view *kv,

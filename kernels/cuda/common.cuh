@@ -216,12 +216,17 @@ __device__ __forceinline__ void mma_f16(float d[4], uint32_t a0, uint32_t a1, ui
 
 /* ---- F8E4M3 (common/dtype.h): the K/V pool's 8-bit element ---- */
 
-/* Two f32 to an f16 pair (lo at the lower address), clamped to f16's finite range first (a
- * bf16 query beyond 65504 would otherwise become infinite). */
+/* x clamped to f16's finite range (a bf16 query beyond 65504 would otherwise become infinite);
+ * NaN stays NaN. */
+__device__ __forceinline__ float f16_range(float x)
+{
+    return isnan(x) ? x : fminf(fmaxf(x, -65504.0f), 65504.0f);
+}
+
+/* Two f32 to an f16 pair (lo at the lower address), each clamped by f16_range first. */
 __device__ __forceinline__ uint32_t float2_to_f16x2_sat(float lo, float hi)
 {
-    const __half2 h = __floats2half2_rn(fminf(fmaxf(lo, -65504.0f), 65504.0f),
-                                        fminf(fmaxf(hi, -65504.0f), 65504.0f));
+    const __half2 h = __floats2half2_rn(f16_range(lo), f16_range(hi));
     return *reinterpret_cast<const uint32_t *>(&h);
 }
 

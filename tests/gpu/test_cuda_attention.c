@@ -954,6 +954,21 @@ static void test_refusals(void)
               PAGODA_EINVAL);
     expect_rc("run with NULL out", cuda_attention_run(p, &view, d_q, 512, NULL, stream),
               PAGODA_EINVAL);
+    /* An F8E4M3 plan: its view's strides must be whole 16-byte chunks, 16 codes (8 bf16). */
+    {
+        struct cuda_attention_config f8c = good;
+        f8c.kv_dtype = DTYPE_F8E4M3;
+        struct cuda_attention_plan *p8 = NULL;
+        expect_rc("plan_new an F8E4M3 pool", cuda_attention_plan_new(&f8c, &p8), 0);
+        expect_rc("plan on it", cuda_attention_plan(p8, &ok, stream), 0);
+        struct kv_geometry g8 = g;
+        g8.dtype = DTYPE_F8E4M3;
+        struct kv_layer_view v8 = kv_layer_view_make(&g8, d_pool, 0);
+        v8.slot_stride = 72;
+        expect_rc("run on an fp8 view of 72-code slots",
+                  cuda_attention_run(p8, &v8, d_q, 512, d_out, stream), PAGODA_EINVAL);
+        cuda_attention_plan_free(p8);
+    }
 
     /* Ops. */
     expect_rc("rope odd head_dim",
