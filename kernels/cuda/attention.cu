@@ -382,15 +382,6 @@ __device__ __forceinline__ void newest_kv_load(const attn_args &a, int32_t token
         n.v = __ldcg(vs + t);
 }
 
-/* A bf16 value as the pool stores it: itself, or its nearest F8E4M3 code (as cuda_rope_cache). */
-template <bool F8> __device__ __forceinline__ void pool_store(void *base, int64_t at, uint16_t h)
-{
-    if (F8)
-        static_cast<uint8_t *>(base)[at] = float_to_e4m3(bf16_bits_to_float(h));
-    else
-        static_cast<uint16_t *>(base)[at] = h;
-}
-
 template <int HD, bool F8>
 __device__ __forceinline__ void newest_kv_store(const attn_args &a, const newest_kv &n,
                                                 const float *rope_cs)
@@ -403,11 +394,11 @@ __device__ __forceinline__ void newest_kv_store(const attn_args &a, const newest
         uint16_t rx, ry;
         rope_pair(bf16_bits_to_float(n.k0), bf16_bits_to_float(n.k1), rope_cs[t],
                   rope_cs[HD / 2 + t], rx, ry);
-        pool_store<F8>(kd, n.base + t, rx);
-        pool_store<F8>(kd, n.base + t + HD / 2, ry);
+        kv_cache_store(kd, n.base + t, rx, F8);
+        kv_cache_store(kd, n.base + t + HD / 2, ry, F8);
     }
     if (t < HD)
-        pool_store<F8>(vd, n.base + t, n.v);
+        kv_cache_store(vd, n.base + t, n.v, F8);
     asm volatile("fence.proxy.async.global;\n" ::: "memory");
 }
 
@@ -1187,11 +1178,11 @@ __global__ void __launch_bounds__(kPrefillThreads, prefill_geom<HD, F8>::CTAS_PE
         }
 }
 
-using decode_fn = void (*)(attn_args);
+using kernel_fn = void (*)(attn_args);
 
 /* The decode kernels of head dimension HD and W warps for copies of 4, 8 and 16 rows, and their
  * shared memory. */
-template <int HD, int W, bool F8> static void decode_variants(decode_fn *fn, size_t *smem)
+template <int HD, int W, bool F8> static void decode_variants(kernel_fn *fn, size_t *smem)
 {
     fn[0] = decode_kernel<HD, 4, W, F8>;
     fn[1] = decode_kernel<HD, 8, W, F8>;
@@ -1241,12 +1232,16 @@ size_t align4(size_t words)
 
 struct cuda_attention_plan {
     struct cuda_attention_config config;
-    int32_t group;          /* query heads per KV head */
-    int32_t decode_chunks;  /* decode CTAs per KV head: ceil(group / kDecodeHeadsMax) */
-    int32_t tile_tokens;    /* query tokens per prefill tile */
-    int32_t slots[2];       /* decode CTAs resident at once on the GPU: 4 warps, 8 warps */
-    decode_fn decode[2][3]; /* decode_kernel for head_dim, 4 and 8 warps, copies of 4, 8, 16 rows */
+    int32_t group;         /* query heads per KV head */
+    int32_t decode_chunks; /* decode CTAs per KV head: ceil(group / kDecodeHeadsMax) */
+    int32_t tile_tokens;   /* query tokens per prefill tile */
+    int32_t slots[2];      /* decode CTAs resident at once on the GPU: 4 warps, 8 warps */
+    /* The kernels for head_dim and the pool's dtype (kernel_set): decode_kernel of 4 and 8 warps,
+     * copies of 4, 8, 16 rows; prefill_kernel; and their shared memory. */
+    kernel_fn decode[2][3];
     size_t decode_smem[2][3];
+    kernel_fn prefill;
+    size_t prefill_smem;
     int32_t max_parts;   /* decode partitions the scratch holds */
     int32_t split_extra; /* partitions a split adds to one per sequence, at most */
     /* The same for the CTAs of 4 and of 8 warps alone (their own slots): a graph plan's grid
@@ -1278,6 +1273,15 @@ struct cuda_attention_plan {
     int32_t warps_set;     /* cuda_attention_set_decode_warps: 0, 4 or 8 */
     int32_t wide;          /* the planned step's: 0 (4 warps) or 1 (8) */
 };
+
+/* The plan's kernels for head dimension HD and a bf16 (F8 false) or F8E4M3 pool. */
+template <int HD, bool F8> static void kernel_set(struct cuda_attention_plan *p)
+{
+    decode_variants<HD, kDecodeWarps, F8>(p->decode[0], p->decode_smem[0]);
+    decode_variants<HD, kDecodeWideWarps, F8>(p->decode[1], p->decode_smem[1]);
+    p->prefill = prefill_kernel<HD, F8>;
+    p->prefill_smem = prefill_geom<HD, F8>::smem;
+}
 
 /* Prefill tiles (sequence, first token, keys needed, 0) in descending order of keys needed;
  * ties in the order of the batch. */
@@ -1398,19 +1402,11 @@ int cuda_attention_plan_new(const struct cuda_attention_config *c, struct cuda_a
     p->group = c->num_heads / c->num_kv_heads;
     p->decode_chunks = (p->group + kDecodeHeadsMax - 1) / kDecodeHeadsMax;
     p->tile_tokens = kPrefillRows / p->group;
-    if (c->kv_dtype == DTYPE_F8E4M3 && c->head_dim == 64) {
-        decode_variants<64, kDecodeWarps, true>(p->decode[0], p->decode_smem[0]);
-        decode_variants<64, kDecodeWideWarps, true>(p->decode[1], p->decode_smem[1]);
-    } else if (c->kv_dtype == DTYPE_F8E4M3) {
-        decode_variants<128, kDecodeWarps, true>(p->decode[0], p->decode_smem[0]);
-        decode_variants<128, kDecodeWideWarps, true>(p->decode[1], p->decode_smem[1]);
-    } else if (c->head_dim == 64) {
-        decode_variants<64, kDecodeWarps, false>(p->decode[0], p->decode_smem[0]);
-        decode_variants<64, kDecodeWideWarps, false>(p->decode[1], p->decode_smem[1]);
-    } else {
-        decode_variants<128, kDecodeWarps, false>(p->decode[0], p->decode_smem[0]);
-        decode_variants<128, kDecodeWideWarps, false>(p->decode[1], p->decode_smem[1]);
-    }
+    const bool f8 = c->kv_dtype == DTYPE_F8E4M3;
+    if (c->head_dim == 64)
+        f8 ? kernel_set<64, true>(p) : kernel_set<64, false>(p);
+    else
+        f8 ? kernel_set<128, true>(p) : kernel_set<128, false>(p);
     p->copy_rows = 4;
     /* The slots of each width: the fewest CTAs an SM holds of its three variants (the same
      * today). */
@@ -1499,20 +1495,10 @@ int cuda_attention_plan_new(const struct cuda_attention_config *c, struct cuda_a
         if (rc < 0)
             goto fail;
     }
-    {
-        const bool f8 = c->kv_dtype == DTYPE_F8E4M3;
-        void (*prefill)(attn_args) =
-            c->head_dim == 64 ? (f8 ? prefill_kernel<64, true> : prefill_kernel<64, false>)
-                              : (f8 ? prefill_kernel<128, true> : prefill_kernel<128, false>);
-        const size_t prefill_smem =
-            c->head_dim == 64
-                ? (f8 ? prefill_geom<64, true>::smem : prefill_geom<64, false>::smem)
-                : (f8 ? prefill_geom<128, true>::smem : prefill_geom<128, false>::smem);
-        rc = cuda_call_result(cudaFuncSetAttribute(prefill,
-                                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                   (int)prefill_smem),
-                              "cuda_attention_plan_new: cudaFuncSetAttribute");
-    }
+    rc = cuda_call_result(cudaFuncSetAttribute(p->prefill,
+                                               cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               (int)p->prefill_smem),
+                          "cuda_attention_plan_new: cudaFuncSetAttribute");
     if (rc < 0)
         goto fail;
     *out = p;
@@ -1786,7 +1772,6 @@ static unsigned decode_ctas(const struct cuda_attention_plan *p)
     return (unsigned)parts * (unsigned)p->config.num_kv_heads * (unsigned)p->decode_chunks;
 }
 
-template <int HD>
 static int launch(const struct cuda_attention_plan *p, const attn_args &a, cudaStream_t s)
 {
     const struct cuda_attention_config *c = &p->config;
@@ -1804,11 +1789,8 @@ static int launch(const struct cuda_attention_plan *p, const attn_args &a, cudaS
     }
     if (p->num_items > 0) {
         const unsigned ctas = (unsigned)p->num_items * c->num_kv_heads;
-        if (c->kv_dtype == DTYPE_F8E4M3)
-            prefill_kernel<HD, true><<<ctas, kPrefillThreads, prefill_geom<HD, true>::smem, s>>>(a);
-        else
-            prefill_kernel<HD, false>
-                <<<ctas, kPrefillThreads, prefill_geom<HD, false>::smem, s>>>(a);
+        const kernel_fn prefill = p->prefill;
+        prefill<<<ctas, kPrefillThreads, p->prefill_smem, s>>>(a);
         int rc = cuda_launch_result("cuda_attention_run: prefill kernel");
         if (rc < 0)
             return rc;
@@ -1889,7 +1871,7 @@ static int run_impl(struct cuda_attention_plan *p, const struct kv_layer_view *k
                                     "after the %d query heads",
                                     (long long)q_row_stride, (int)c->num_heads);
     }
-    return c->head_dim == 64 ? launch<64>(p, a, s) : launch<128>(p, a, s);
+    return launch(p, a, s);
 }
 
 int cuda_attention_run(struct cuda_attention_plan *p, const struct kv_layer_view *kv,

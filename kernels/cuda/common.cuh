@@ -299,6 +299,16 @@ __device__ __forceinline__ int64_t kv_slot_base(int64_t slot, int32_t block_size
     return block * block_stride + (slot - block * block_size) * slot_stride;
 }
 
+/* Stores the bf16 value h at element at of a pool layer's K or V: itself (bf16), or its nearest
+ * F8E4M3 code (f8). */
+__device__ __forceinline__ void kv_cache_store(void *base, int64_t at, uint16_t h, bool f8)
+{
+    if (f8)
+        static_cast<uint8_t *>(base)[at] = float_to_e4m3(bf16_bits_to_float(h));
+    else
+        static_cast<uint16_t *>(base)[at] = h;
+}
+
 /* RoPE: the cos and sin of a token's angle pos * inv_freq (the product rounded to f32, then the
  * precise sincosf). */
 __device__ __forceinline__ void rope_cos_sin(float pos, float inv_freq, float &cs, float &sn)

@@ -341,15 +341,6 @@ struct cache_dst {
     int32_t f8; /* 1: an F8E4M3 pool (each bf16 value stored as its nearest code), 0: bf16 */
 };
 
-/* Stores the bf16 value h at element at of an F8E4M3 (f8) or bf16 pool layer's K or V. */
-__device__ __forceinline__ void cache_store(void *base, int64_t at, uint16_t h, bool f8)
-{
-    if (f8)
-        static_cast<uint8_t *>(base)[at] = float_to_e4m3(bf16_bits_to_float(h));
-    else
-        static_cast<uint16_t *>(base)[at] = h;
-}
-
 /* Eight bf16 values (16 bytes) at element at (a multiple of 8) of a pool layer's K or V. */
 __device__ __forceinline__ void cache_store8(void *base, int64_t at, uint4 h, bool f8)
 {
@@ -407,8 +398,8 @@ __global__ void reshape_and_cache_kernel(cache_dst dst, const uint16_t *__restri
             cache_store8(dst.k, at, *reinterpret_cast<const uint4 *>(ks + c), dst.f8);
             cache_store8(dst.v, at, *reinterpret_cast<const uint4 *>(vs + c), dst.f8);
         } else {
-            cache_store(dst.k, at, ks[c], dst.f8);
-            cache_store(dst.v, at, vs[c], dst.f8);
+            kv_cache_store(dst.k, at, ks[c], dst.f8);
+            kv_cache_store(dst.v, at, vs[c], dst.f8);
         }
     }
 }
@@ -446,8 +437,8 @@ __global__ void rope_cache_kernel(uint16_t *__restrict__ qkv, int64_t row_stride
         v[i + half] = rb;
         if (h >= num_q_heads && store) {
             const int64_t k = base + (int64_t)(h - num_q_heads) * dst.head_stride;
-            cache_store(dst.k, k + i, ra, dst.f8);
-            cache_store(dst.k, k + i + half, rb, dst.f8);
+            kv_cache_store(dst.k, k + i, ra, dst.f8);
+            kv_cache_store(dst.k, k + i + half, rb, dst.f8);
         }
     }
     if (!store)
@@ -455,7 +446,7 @@ __global__ void rope_cache_kernel(uint16_t *__restrict__ qkv, int64_t row_stride
     const uint16_t *vs = x + (int64_t)(num_q_heads + dst.num_kv_heads) * head_dim;
     for (int32_t c = threadIdx.x; c < dst.num_kv_heads * head_dim; c += blockDim.x) {
         const int32_t h = c / head_dim, d = c - h * head_dim;
-        cache_store(dst.v, base + h * dst.head_stride + d, vs[c], dst.f8);
+        kv_cache_store(dst.v, base + h * dst.head_stride + d, vs[c], dst.f8);
     }
 }
 
