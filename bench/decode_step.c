@@ -3,7 +3,7 @@
  *   decode_step MODEL_DIR [--batches 1,16,64] [--context N] [--reps N] [--profile]
  *               [--only VERSION | --versions V1,V2,...] [--layout contiguous|interleaved]
  *               [--pool-blocks N] [--split KEYS] [--pipelined] [--max-tokens N]
- *               [--max-seqs N] [--debug] [--context-spread S] [--kv-dtype bf16|fp8]
+ *               [--max-seqs N] [--debug] [--context-spread S] [--kv-cache-dtype auto|fp8]
  *
  * MODEL_DIR holds a config.json (weights are drawn at random on the GPU, as --load-format
  * random). For each batch size B, B sequences of N tokens already in a pool of random K/V
@@ -37,11 +37,12 @@
  * 256). --debug logs at debug level: with --pipelined, the backend's line per step that splits
  * its device time into staging, the layers and the LM head, and sampling (as the worker's debug
  * log does). --context-spread S gives the sequences contexts from N down to N - S, evenly (the
- * floor counts each at its own). --kv-dtype fp8 makes the pool F8E4M3 (the worker's
+ * floor counts each at its own). --kv-cache-dtype fp8 makes the pool F8E4M3 (the worker's
  * --kv-cache-dtype fp8; random K/V are cuda_fill_random_e4m3's), whose floor counts one byte a
  * K/V element. */
 #define _POSIX_C_SOURCE 200809L
 #include "bench/cuda_check.h"
+#include "common/dtype.h"
 #include "common/error.h"
 #include "common/log.h"
 #include "kernels/cuda/linear.h"
@@ -346,7 +347,7 @@ static const struct version versions[kVersions] = {
 
 static int decode_split;                 /* --split */
 static int pipelined;                    /* --pipelined */
-static enum dtype kv_dtype = DTYPE_BF16; /* --kv-dtype */
+static enum dtype kv_dtype = DTYPE_BF16; /* --kv-cache-dtype */
 /* --max-tokens, --max-seqs: the backend's limits (the worker's defaults are 2048 and 256) */
 static int32_t max_tokens = 256, max_seqs;
 
@@ -546,9 +547,12 @@ int main(int argc, char **argv)
             profile = 1;
         } else if (strcmp(argv[i], "--pipelined") == 0) {
             pipelined = 1;
-        } else if (strcmp(argv[i], "--kv-dtype") == 0 && i + 1 < argc &&
-                   (strcmp(argv[i + 1], "bf16") == 0 || strcmp(argv[i + 1], "fp8") == 0)) {
-            kv_dtype = strcmp(argv[++i], "fp8") == 0 ? DTYPE_F8E4M3 : DTYPE_BF16;
+        } else if (strcmp(argv[i], "--kv-cache-dtype") == 0 && i + 1 < argc) {
+            if (dtype_from_kv_cache_name("--kv-cache-dtype", argv[++i], DTYPE_BF16, &kv_dtype) <
+                0) {
+                fprintf(stderr, "%s: %s\n", argv[0], pagoda_error_detail());
+                return 2;
+            }
         } else if (strcmp(argv[i], "--debug") == 0) {
             log_set_level(LOG_DEBUG);
         } else if (strcmp(argv[i], "--context-spread") == 0 && i + 1 < argc &&
@@ -575,7 +579,7 @@ int main(int argc, char **argv)
                 "[--reps 1..%d] [--profile] [--only VERSION | --versions V1,V2,...] "
                 "[--layout contiguous|interleaved] [--pool-blocks N] [--split KEYS] [--pipelined]\n"
                 "[--max-tokens N] [--max-seqs N] [--debug] [--context-spread S] "
-                "[--kv-dtype bf16|fp8]\n"
+                "[--kv-cache-dtype auto|fp8]\n"
                 "versions:",
                 kMaxReps);
         for (int v = 0; v < kVersions; v++)

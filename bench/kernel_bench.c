@@ -14,7 +14,7 @@
  * default the plan chooses), --split the decode split-KV partition in keys
  * (cuda_attention_set_decode_split; 0, the default, lets the plan's cost model choose), --early-kv
  * the decode kernel's K/V requested before its PDL wait, as the worker runs it
- * (cuda_attention_set_early_kv; off by default), --kv-dtype fp8 the attention cases over an
+ * (cuda_attention_set_early_kv; off by default), --kv-cache-dtype fp8 the attention cases over an
  * F8E4M3 pool (pagoda-kvpool --kv-cache-dtype fp8; every code 0x2c, 0.375: the kernels' time does
  * not depend on the values, and bench/kernel_competitor.py has no such case), --lt-algos N how many
  * of cuBLASLt's heuristic algorithms the linears time (default 8, at most 64) and
@@ -46,6 +46,7 @@
  * failed CUDA or pagoda call (the message names it). */
 #define _POSIX_C_SOURCE 200809L
 #include "bench/cuda_check.h"
+#include "common/dtype.h"
 #include "common/error.h"
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/linear.h"
@@ -83,7 +84,7 @@ static int copy_rows;        /* --copy-rows: cuda_attention_set_decode_copy_rows
 static int decode_split;     /* --split: cuda_attention_set_decode_split */
 static int decode_warps;     /* --decode-warps: cuda_attention_set_decode_warps */
 static int early_kv;         /* --early-kv: cuda_attention_set_early_kv, as the worker */
-static enum dtype kv_dtype = DTYPE_BF16; /* --kv-dtype: the attention cases' pool */
+static enum dtype kv_dtype = DTYPE_BF16; /* --kv-cache-dtype: the attention cases' pool */
 
 /* True when the case name passes --filter. */
 static bool wanted(const char *name)
@@ -871,9 +872,12 @@ int main(int argc, char **argv)
             decode_warps = atoi(argv[++i]);
         } else if (strcmp(argv[i], "--early-kv") == 0) {
             early_kv = 1;
-        } else if (strcmp(argv[i], "--kv-dtype") == 0 && i + 1 < argc &&
-                   (strcmp(argv[i + 1], "bf16") == 0 || strcmp(argv[i + 1], "fp8") == 0)) {
-            kv_dtype = strcmp(argv[++i], "fp8") == 0 ? DTYPE_F8E4M3 : DTYPE_BF16;
+        } else if (strcmp(argv[i], "--kv-cache-dtype") == 0 && i + 1 < argc) {
+            if (dtype_from_kv_cache_name("--kv-cache-dtype", argv[++i], DTYPE_BF16, &kv_dtype) <
+                0) {
+                fprintf(stderr, "%s: %s\n", argv[0], pagoda_error_detail());
+                return 2;
+            }
         } else if (strcmp(argv[i], "--lt-algos") == 0 && i + 1 < argc && atoi(argv[i + 1]) >= 1 &&
                    atoi(argv[i + 1]) <= kLtAlgosMax) {
             lt_algos = atoi(argv[++i]);
@@ -884,7 +888,7 @@ int main(int argc, char **argv)
             fprintf(stderr,
                     "usage: kernel_bench [--json FILE] [--quick] [--filter SUB[,SUB]] "
                     "[--pool vmm|malloc] [--copy-rows 0|4|8|16] [--split KEYS] "
-                    "[--decode-warps 4|8] [--early-kv] [--kv-dtype bf16|fp8] [--lt-algos N] "
+                    "[--decode-warps 4|8] [--early-kv] [--kv-cache-dtype auto|fp8] [--lt-algos N] "
                     "[--lt-sm-target N]\n");
             return 2;
         }

@@ -332,10 +332,10 @@ part_step() { # decode_step's step of 256 at the run's mean context, sustained, 
     local b=${STEP_BATCH:-256} c=${STEP_CONTEXT:-640}
     echo "== decode_step: $b sequences at context $c, six runs of 200 steps"
     clocks_start step
-    local kv=bf16
+    local kv=auto
     [[ ${KV_CACHE_DTYPE:-auto} != fp8* ]] || kv=fp8
     "$bin/decode_step" "$model" --batches "$b,$b,$b,$b,$b,$b" --context "$c" --only shipped \
-        --reps 200 --pipelined --kv-dtype "$kv" 2>&1 | grep '^batch' | tee "$out/step.txt" || true
+        --reps 200 --pipelined --kv-cache-dtype "$kv" 2>&1 | grep '^batch' | tee "$out/step.txt" || true
     clocks_stop
 }
 
