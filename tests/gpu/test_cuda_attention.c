@@ -607,20 +607,25 @@ static void test_attention_graph(struct shape sh)
     }
     const int32_t bps = (max_context + bs - 1) / bs, num_blocks = max_step_blocks + 4;
 
-    /* The pool (one layer) random, block 0 NaN; the CPU's in f32 with the same values. */
-    struct kv_geometry gg = {1, 1, num_blocks, bs, nkv, hd, DTYPE_BF16};
+    /* The pool (one layer) random, block 0 NaN; the CPU's in f32 with the same values. Under
+     * attn_f8 the GPU's holds each bf16 value's nearest F8E4M3 code (NaN 0x7f in block 0). */
+    struct kv_geometry gg = {1, 1, num_blocks, bs, nkv, hd, attn_pool_dtype()};
     struct kv_geometry cg = gg;
     cg.dtype = DTYPE_F32;
-    const size_t elems = kv_pool_bytes(&gg) / sizeof(uint16_t);
+    const size_t elems = kv_pool_bytes(&gg) / dtype_size(gg.dtype);
     uint16_t *pool = xmalloc(elems * sizeof(uint16_t));
     fill_bf16(pool, elems, -1.0f, 1.0f);
-    const struct kv_layer_view hview = kv_layer_view_make(&gg, pool, 0);
-    for (int64_t i = 0; i < hview.block_stride; i++) /* block 0: K, then V, of every head */
+    const int64_t block0 = (int64_t)2 * nkv * bs * hd; /* block 0: K, then V, of every head */
+    for (int64_t i = 0; i < block0; i++)
         pool[i] = 0xFFFF;
     float *cpool = xmalloc(elems * sizeof(float));
     bf16_to_f32_n(pool, cpool, elems);
+    pool_round(cpool, elems);
+    uint8_t *codes = xmalloc(elems);
+    for (size_t i = 0; attn_f8 && i < elems; i++)
+        codes[i] = f32_to_e4m3(cpool[i]);
     struct kv_layer_view cview = kv_layer_view_make(&cg, cpool, 0);
-    void *d_pool = dev_upload(pool, elems * sizeof(uint16_t));
+    void *d_pool = attn_f8 ? dev_upload(codes, elems) : dev_upload(pool, elems * sizeof(uint16_t));
     struct kv_layer_view gview = kv_layer_view_make(&gg, d_pool, 0);
     uint16_t *q = xmalloc((size_t)GRAPH_MAX_SEQS * qw * sizeof(uint16_t));
     fill_bf16(q, (size_t)GRAPH_MAX_SEQS * qw, -3.0f, 3.0f); /* sharper softmax */
@@ -629,9 +634,16 @@ static void test_attention_graph(struct shape sh)
     uint16_t *d_q = dev_upload(q, (size_t)GRAPH_MAX_SEQS * qw * sizeof(uint16_t));
     uint16_t *d_out = dev_alloc((size_t)GRAPH_MAX_SEQS * qw * sizeof(uint16_t));
 
-    struct cuda_attention_config gcfg = {
-        nh,  nkv,       hd, 1.0f / sqrtf((float)hd), bs, num_blocks, GRAPH_MAX_SEQS, GRAPH_MAX_SEQS,
-        bps, DTYPE_BF16};
+    struct cuda_attention_config gcfg = {nh,
+                                         nkv,
+                                         hd,
+                                         1.0f / sqrtf((float)hd),
+                                         bs,
+                                         num_blocks,
+                                         GRAPH_MAX_SEQS,
+                                         GRAPH_MAX_SEQS,
+                                         bps,
+                                         attn_pool_dtype()};
     struct cuda_attention_plan *p = NULL;
     int rc = cuda_attention_plan_new(&gcfg, &p);
     GPU_CHECK(rc == 0, "cuda_attention_plan_new: %d (%s)", rc, pagoda_error_detail());
@@ -724,11 +736,12 @@ static void test_attention_graph(struct shape sh)
         attention_plan_free(cplan);
 
         char cfg[160];
-        snprintf(cfg, sizeof(cfg), "graph of %d, %d seqs (first context %d): %d partitions%s",
+        snprintf(cfg, sizeof(cfg), "graph of %d, %d seqs (first context %d): %d partitions%s%s",
                  (int)st->pad, (int)n, (int)st->context_len[0], (int)real_parts,
                  attn_warps == 4   ? ", 4 warps"
                  : attn_warps == 8 ? ", 8 warps"
-                                   : "");
+                                   : "",
+                 attn_f8 ? ", fp8" : "");
         report("attention graph", cfg, rel_err_bf16(gout, ref, (size_t)n * qw), TOLERANCE);
         const bool same = memcmp(gout, eout, (size_t)n * qw * sizeof(uint16_t)) == 0;
         printf("%-20s   %-56s %s\n", "attention graph", "replay against eager",
@@ -750,6 +763,7 @@ static void test_attention_graph(struct shape sh)
     GPU_CK(cudaFree(d_out));
     free(pool);
     free(cpool);
+    free(codes);
     free(q);
     free(fq);
     free(tables);
@@ -1167,7 +1181,7 @@ int main(int argc, char **argv)
      * attention against the CPU's over the codes' values; mixed steps at both head dims and odd
      * block sizes, decodes short and long (split), many decodes, CTAs of 4 and 8 warps with
      * copies of 4, 8 and 16 rows, early K/V and RoPE inside the decode attention (whose K/V
-     * writes must equal cuda_rope_cache's codes). */
+     * writes must equal cuda_rope_cache's codes); their decode graphs below. */
     attn_f8 = 1;
     test_attention_mixed((struct shape){32, 8, 128, 16});
     test_attention_mixed((struct shape){16, 4, 64, 32});
@@ -1196,6 +1210,10 @@ graphs:
      * 4 query heads per KV head at head dim 64 with a block size of 32. */
     test_attention_graph((struct shape){32, 8, 128, 16});
     test_attention_graph((struct shape){16, 4, 64, 32});
+    attn_f8 = 1; /* the same over an F8E4M3 pool */
+    test_attention_graph((struct shape){32, 8, 128, 16});
+    test_attention_graph((struct shape){16, 4, 64, 32});
+    attn_f8 = 0;
     test_attention_graph_bound();
 
     clock_gettime(CLOCK_MONOTONIC, &t1);
