@@ -147,6 +147,7 @@ static void engine_figures(struct report *rep, const struct report_engine *e)
     rep->prefix_hit_rate = NAN;
     rep->engine_prefill_tps = rep->engine_decode_tps = NAN;
     rep->locality_mean = rep->locality_min = rep->run_length_mean = NAN;
+    rep->worker_step_device_ms = rep->worker_step_wall_ms = NAN;
     rep->samples = e ? e->samples : 0;
     if (e == NULL || !e->have_before || !e->have_after)
         return;
@@ -167,6 +168,14 @@ static void engine_figures(struct report *rep, const struct report_engine *e)
     double d = rep->duration_s > 0 && rep->engine_wide ? rep->duration_s : NAN;
     rep->engine_prefill_tps = (double)rep->prefill_tokens / d;
     rep->engine_decode_tps = (double)rep->decode_tokens / d;
+    rep->worker_step_device_ms = rep->worker_step_wall_ms = NAN;
+    if (rep->engine_wide && rep->steps > 0 && a->worker_restarts == b->worker_restarts) {
+        const double sb = (double)b->steps, sa = (double)a->steps, n = (double)rep->steps;
+        rep->worker_step_device_ms =
+            (a->worker_step_device_us * sa - b->worker_step_device_us * sb) / n / 1e3;
+        rep->worker_step_wall_ms =
+            (a->worker_step_wall_us * sa - b->worker_step_wall_us * sb) / n / 1e3;
+    }
     if (e->locality_samples) {
         rep->locality_mean = e->locality_sum / (double)e->locality_samples;
         rep->locality_min = e->locality_min;
@@ -531,6 +540,10 @@ void report_print(FILE *f, const struct report *r)
         print_count(f, "Preemptions (delta):", r->preemptions);
         print_count(f, "Evictions (delta):", r->evictions);
         print_count(f, "Steps (delta):", r->steps);
+        if (r->engine_wide) {
+            print_num(f, "Worker GPU time per step (delta):", r->worker_step_device_ms, "ms");
+            print_num(f, "Worker wall time per step (delta):", r->worker_step_wall_ms, "ms");
+        }
         print_count(f, "Computed tokens (delta):", r->computed_tokens);
         if (r->engine_wide) {
             print_count(f, "Prefill tokens computed (engine, delta):", r->prefill_tokens);
@@ -654,6 +667,8 @@ static json_t *engine_json(const struct report *r, int *bad)
     put(e, "preemptions", json_integer((json_int_t)r->preemptions), bad);
     put(e, "evictions", json_integer((json_int_t)r->evictions), bad);
     put(e, "steps", json_integer((json_int_t)r->steps), bad);
+    put(e, "worker_step_device_ms", jnum(r->worker_step_device_ms), bad);
+    put(e, "worker_step_wall_ms", jnum(r->worker_step_wall_ms), bad);
     put(e, "computed_tokens", json_integer((json_int_t)r->computed_tokens), bad);
     put(e, "prefill_tokens", json_integer((json_int_t)r->prefill_tokens), bad);
     put(e, "decode_tokens", json_integer((json_int_t)r->decode_tokens), bad);

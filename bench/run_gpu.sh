@@ -356,19 +356,25 @@ if hf:
 def clocks(name):
     return (load(os.path.join("clocks", name)) or {}).get("summary", "n/a")
 print("| run | done | failed | out tok/s | / transformers | TTFT p50 ms | TPOT p50 ms | ITL p50 ms "
+      "| steps | worker GPU ms a step (wall) "
       "| bound s (prefill + decode) | tok/s at the bound | fraction of the bound "
       "| SM clock, power (busy) |")
-print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+def num(x, fmt):
+    return "n/a" if x is None else format(x, fmt)
 for name in ("tp-main", "tp-1024"):
     r = load(name)
     if not r:
-        print(f"| {name} | missing | | | | | | | | | | |")
+        print(f"| {name} | missing | | | | | | | | | | | | |")
         continue
+    e = r.get("engine") or {}
     bd = r.get("bound") or {}
     ratio = r["baseline"]["ratio"] if r.get("baseline") else None
     print(f"| {r['workload_params'] or name} | {r['completed']} | {r['failed']} "
           f"| {r['output_tps']:.0f} | {'n/a' if ratio is None else format(ratio, '.2f')} "
           f"| {r['ttft_ms']['p50']:.0f} | {r['tpot_ms']['p50']:.2f} | {r['itl_ms']['p50']:.2f} "
+          f"| {e.get('steps', 'n/a')} | {num(e.get('worker_step_device_ms'), '.3f')} "
+          f"({num(e.get('worker_step_wall_ms'), '.3f')}) "
           f"| {bd.get('bound_s', float('nan')):.2f} ({bd.get('prefill_s', float('nan')):.2f} + "
           f"{bd.get('decode_s', float('nan')):.2f}) | {bd.get('output_tps', float('nan')):.0f} "
           f"| {bd.get('fraction', float('nan')):.3f} | {clocks(name)} |")

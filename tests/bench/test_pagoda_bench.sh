@@ -160,6 +160,11 @@ check_report local 2
 check "local: locality 1 on a fresh pool with one sequence (sampled while it ran)" \
     jq_true "$tmp/local.json" '.engine.locality_min == 1 and .engine.locality_mean == 1 and
                                .engine.run_length_mean >= 3'
+check "local: the worker's time a step over the run (its means before and after, by steps)" \
+    jq_true "$tmp/local.json" '.engine.steps > 0 and .engine.worker_step_device_ms > 0 and
+                               .engine.worker_step_wall_ms > 0'
+check "local: the text report has the worker's GPU time a step" \
+    grep -q "^Worker GPU time per step (delta): *[0-9.]* ms\$" "$tmp/local.out"
 
 # -- random, open loop (Poisson), EOS ignored: every request gets exactly max_tokens.
 bench rate --api-key k2 --workload random --num-prompts 8 --input-len 8:24 --output-len 4:10 \
