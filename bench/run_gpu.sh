@@ -42,6 +42,11 @@
 #   step     decode_step's step of STEP_BATCH (256) sequences at STEP_CONTEXT (640) keys, six runs
 #            of 200 steps back to back (about 15 s at the power limit), with the clock sampled: to
 #            set beside the throughput run's ITL on the same machine; not in the default parts
+#   split    the throughput run (TP_* as above) with the worker at debug level, its steps' device
+#            time split into staging, layers and LM head, sampling and the idle time before each
+#            (bench/step_split.py over its log, graph replays and eager steps apart), then
+#            decode_step's step of STEP_BATCH at STEP_CONTEXT split the same way (split.txt): where
+#            a run's step is longer than decode_step's, which part is; not in the default parts
 #   table    the results as markdown tables
 # Where nvidia-smi is found, each pagoda-bench run (and the step part) also samples the GPUs' SM
 # clock and power every 250 ms (OUT_DIR/clocks/NAME.csv, summarized in clocks/NAME.json over the
@@ -339,6 +344,24 @@ part_step() { # decode_step's step of 256 at the run's mean context, sustained, 
     clocks_stop
 }
 
+part_split() { # the throughput run's steps split (worker debug log) beside decode_step's
+    local n=${TP_NUM_PROMPTS:-512} il=${TP_INPUT_LEN:-128} ol=${TP_OUTPUT_LEN:-1024}
+    local c=${TP_CONCURRENCY:-256} b=${STEP_BATCH:-256} ctx=${STEP_CONTEXT:-640} lines kv=auto
+    [[ ${KV_CACHE_DTYPE:-auto} != fp8* ]] || kv=fp8
+    up "${modes[0]}" --log-level debug
+    lines=$(wc -l <"$run/worker-0.log")
+    bench tp-split --workload random --num-prompts "$n" --input-len "$il" --output-len "$ol" \
+        --seed "$seed" --ignore-eos --rate inf --max-concurrency "$c" >/dev/null
+    grep -E "Output token throughput|^Worker" "$out/tp-split.txt" | tee "$out/split.txt"
+    grep -E "decode graph" "$run/worker-0.log" | cut -c1-240 | tee -a "$out/split.txt" || true
+    tail -n +"$((lines + 1))" "$run/worker-0.log" | python3 "$root/bench/step_split.py" run |
+        tee -a "$out/split.txt" || true
+    down
+    "$bin/decode_step" "$model" --batches "$b" --context "$ctx" --only shipped --reps 100 \
+        --pipelined --max-tokens 2048 --kv-cache-dtype "$kv" --debug 2>&1 |
+        python3 "$root/bench/step_split.py" "decode_step_${b}_at_$ctx" | tee -a "$out/split.txt" || true
+}
+
 part_throughput_table() {
     python3 - "$out" <<'EOF2'
 import json, os, sys
@@ -513,9 +536,9 @@ EOF
 
 for p in "${parts[@]}"; do
     case $p in
-    hf | random | shared | floor | ttft | long | engines | throughput | throughput_table | \
+    hf | random | shared | floor | ttft | long | engines | throughput | throughput_table | split | \
         step | pagesize | pagesize_table | table) "part_$p" ;;
     *) echo "run_gpu.sh: unknown part $p (hf, random, shared, floor, ttft, long, engines," \
-            "throughput, throughput_table, step, pagesize, pagesize_table, table)"; exit 2 ;;
+            "throughput, throughput_table, split, step, pagesize, pagesize_table, table)"; exit 2 ;;
     esac
 done
