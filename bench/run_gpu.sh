@@ -41,7 +41,9 @@
 #            OUT_DIR for decode attention TB/s per block size, when there)
 #   step     decode_step's step of STEP_BATCH (256) sequences at STEP_CONTEXT (640) keys, six runs
 #            of 200 steps back to back (about 15 s at the power limit), with the clock sampled: to
-#            set beside the throughput run's ITL on the same machine; not in the default parts
+#            set beside the throughput run's ITL on the same machine; STEP_CONTEXT may list several
+#            contexts ("128 384 640 896 1152": the run's mean step is their mean only if the step
+#            is linear in its context), each in turn; not in the default parts
 #   split    the throughput run (TP_* as above) with the worker at debug level, its steps' device
 #            time split into staging, layers and LM head, sampling and the idle time before each
 #            (bench/step_split.py over its log, graph replays and eager steps apart), then
@@ -334,13 +336,16 @@ part_throughput() { # issue 15: 128 + 1024 at 256 in flight against transformers
 }
 
 part_step() { # decode_step's step of 256 at the run's mean context, sustained, clock sampled
-    local b=${STEP_BATCH:-256} c=${STEP_CONTEXT:-640}
-    echo "== decode_step: $b sequences at context $c, six runs of 200 steps"
-    clocks_start step
-    local kv=auto
+    local b=${STEP_BATCH:-256} c kv=auto
     [[ ${KV_CACHE_DTYPE:-auto} != fp8* ]] || kv=fp8
-    "$bin/decode_step" "$model" --batches "$b,$b,$b,$b,$b,$b" --context "$c" --only shipped \
-        --reps 200 --pipelined --kv-cache-dtype "$kv" 2>&1 | grep '^batch' | tee "$out/step.txt" || true
+    : >"$out/step.txt"
+    clocks_start step
+    for c in ${STEP_CONTEXT:-640}; do
+        echo "== decode_step: $b sequences at context $c, six runs of 200 steps"
+        "$bin/decode_step" "$model" --batches "$b,$b,$b,$b,$b,$b" --context "$c" --only shipped \
+            --reps 200 --pipelined --kv-cache-dtype "$kv" 2>&1 | grep '^batch' |
+            sed "s/^/context $c: /" | tee -a "$out/step.txt" || true
+    done
     clocks_stop
 }
 
