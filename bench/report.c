@@ -162,19 +162,23 @@ static void engine_figures(struct report *rep, const struct report_engine *e)
     rep->evictions = DELTA(evictions);
     rep->prefill_tokens = DELTA(prefill_tokens);
     rep->decode_tokens = DELTA(decode_tokens);
+    rep->worker_steps_timed = DELTA(worker_steps_timed);
 #undef DELTA
     /* A tenant's key reads its own figures only: no engine-wide work or locality. */
     rep->engine_wide = a->tenant[0] == '\0';
     double d = rep->duration_s > 0 && rep->engine_wide ? rep->duration_s : NAN;
     rep->engine_prefill_tps = (double)rep->prefill_tokens / d;
     rep->engine_decode_tps = (double)rep->decode_tokens / d;
-    rep->worker_step_device_ms = rep->worker_step_wall_ms = NAN;
-    if (rep->engine_wide && rep->steps > 0 && a->worker_restarts == b->worker_restarts) {
-        const double sb = (double)b->steps, sa = (double)a->steps, n = (double)rep->steps;
+    /* The worker's step times from counters that never fall while the router runs (one that
+     * fell, a router restarted between the readings, gives no figure rather than a wrong one). */
+    if (rep->engine_wide && rep->worker_steps_timed > 0 &&
+        a->worker_step_device_us_total >= b->worker_step_device_us_total &&
+        a->worker_step_wall_us_total >= b->worker_step_wall_us_total) {
+        const double n = (double)rep->worker_steps_timed;
         rep->worker_step_device_ms =
-            (a->worker_step_device_us * sa - b->worker_step_device_us * sb) / n / 1e3;
+            (double)(a->worker_step_device_us_total - b->worker_step_device_us_total) / n / 1e3;
         rep->worker_step_wall_ms =
-            (a->worker_step_wall_us * sa - b->worker_step_wall_us * sb) / n / 1e3;
+            (double)(a->worker_step_wall_us_total - b->worker_step_wall_us_total) / n / 1e3;
     }
     if (e->locality_samples) {
         rep->locality_mean = e->locality_sum / (double)e->locality_samples;
@@ -667,6 +671,7 @@ static json_t *engine_json(const struct report *r, int *bad)
     put(e, "preemptions", json_integer((json_int_t)r->preemptions), bad);
     put(e, "evictions", json_integer((json_int_t)r->evictions), bad);
     put(e, "steps", json_integer((json_int_t)r->steps), bad);
+    put(e, "worker_steps_timed", json_integer((json_int_t)r->worker_steps_timed), bad);
     put(e, "worker_step_device_ms", jnum(r->worker_step_device_ms), bad);
     put(e, "worker_step_wall_ms", jnum(r->worker_step_wall_ms), bad);
     put(e, "computed_tokens", json_integer((json_int_t)r->computed_tokens), bad);

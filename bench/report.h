@@ -174,10 +174,12 @@ struct report {
     int32_t num_blocks;
     uint32_t cached_blocks_end, running_max, waiting_max;
     size_t samples;
-    /* The worker's GPU time (CUDA events) and wall time per step over the run (NAN when not
-     * known: not engine-wide, no step, a worker restarted): its means since start before and
-     * after, weighted by the scheduler's step counts (which lead the worker's by the steps in
-     * flight, at most 2, when read). */
+    /* The worker's GPU time (CUDA events; the CPU backend's executor CPU time) and wall time
+     * per step over the run: the differences of the engine's counters (pagoda.h's
+     * worker_step_*_us_total over worker_steps_timed: every worker's and every engine's step
+     * results, so a restart in between changes nothing); NAN when not engine-wide or no step
+     * result came. */
+    uint64_t worker_steps_timed;
     double worker_step_device_ms, worker_step_wall_ms;
     /* The bandwidth floor (have_floor): decode_step_ms is the median ITL, decode_step_tpot_ms
      * the median TPOT beside it; see report.c. floor_reliable is 0 when too many tokens arrived

@@ -1001,6 +1001,9 @@ void client_stats_from_proto(const Pagoda__Stats *s, pagoda_engine_stats *out)
     out->discarded_tokens = s->discarded_tokens;
     out->worker_step_wall_us = s->worker_step_wall_us;
     out->worker_step_device_us = s->worker_step_device_us;
+    out->worker_steps_timed = s->worker_steps_timed;
+    out->worker_step_wall_us_total = s->worker_step_wall_us_total;
+    out->worker_step_device_us_total = s->worker_step_device_us_total;
     out->cached_blocks = s->cached_blocks;
     out->pinned_blocks = s->pinned_blocks;
     out->peak_kv_usage = s->peak_kv_usage;

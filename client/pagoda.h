@@ -185,6 +185,10 @@ typedef struct pagoda_engine_stats {
     /* The current worker's mean wall and device time per step (CUDA events; on the CPU its
      * executor thread's CPU time), microseconds. */
     double worker_step_wall_us, worker_step_device_us;
+    /* Counters (every worker's, every engine's): step results that carried those times and the
+     * sums of their wall and device times, microseconds; differences of two readings give the
+     * interval's mean time per step. */
+    uint64_t worker_steps_timed, worker_step_wall_us_total, worker_step_device_us_total;
     /* The prefix cache (prefix_hit_rate = prefix_hit_tokens / prefix_query_tokens) and the
      * pool (fragmentation: allocated slots holding no token over allocated slots). */
     uint32_t cached_blocks, pinned_blocks;

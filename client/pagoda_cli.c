@@ -677,6 +677,10 @@ static int cmd_stats(pagoda_client *c, const struct cli *o)
         FIELD("discarded_tokens", "%llu", (unsigned long long)s.discarded_tokens);
         DFIELD("worker_step_wall_us", s.worker_step_wall_us);
         DFIELD("worker_step_device_us", s.worker_step_device_us);
+        FIELD("worker_steps_timed", "%llu", (unsigned long long)s.worker_steps_timed);
+        FIELD("worker_step_wall_us_total", "%llu", (unsigned long long)s.worker_step_wall_us_total);
+        FIELD("worker_step_device_us_total", "%llu",
+              (unsigned long long)s.worker_step_device_us_total);
         FIELD("prefill_tokens", "%llu", (unsigned long long)s.prefill_tokens);
         FIELD("decode_tokens", "%llu", (unsigned long long)s.decode_tokens);
         DFIELD("locality", s.locality);

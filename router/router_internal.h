@@ -208,7 +208,10 @@ struct pin_state {
     X(prefill_tokens)                                                                              \
     X(decode_tokens)                                                                               \
     X(router_drops)                                                                                \
-    X(router_resends)
+    X(router_resends)                                                                              \
+    X(worker_steps_timed)                                                                          \
+    X(worker_step_wall_us_total)                                                                   \
+    X(worker_step_device_us_total)
 #define ROUTER_COUNTER_ENUM(f) ROUTER_COUNTER_##f,
 enum { ROUTER_COUNTERS(ROUTER_COUNTER_ENUM) ROUTER_NUM_COUNTERS };
 #undef ROUTER_COUNTER_ENUM

@@ -679,6 +679,9 @@ static void fill_stats(struct router *r, const Pagoda__Internal__SchedulerStats 
     COPY(prefix_waits);
     COPY(worker_step_wall_us);
     COPY(worker_step_device_us);
+    COPY(worker_steps_timed);
+    COPY(worker_step_wall_us_total);
+    COPY(worker_step_device_us_total);
     COPY(prefill_tokens);
     COPY(decode_tokens);
     COPY(locality);

@@ -8,6 +8,7 @@
 #include "wire/sampling_wire.h"
 #include "wire/wire.h"
 
+#include <math.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1226,6 +1227,12 @@ static void apply_result(struct scheduler *s, const Pagoda__Internal__StepResult
         s->stats.worker_step_wall_us = r->wall_us_total / (double)r->steps_run;
         s->stats.worker_step_device_us = r->device_us_total / (double)r->steps_run;
     }
+    if (r->has_step_wall_us && r->has_step_device_us && r->step_wall_us >= 0 &&
+        r->step_device_us >= 0 && isfinite(r->step_wall_us) && isfinite(r->step_device_us)) {
+        s->stats.worker_steps_timed++;
+        s->stats.worker_step_wall_us_sum += r->step_wall_us;
+        s->stats.worker_step_device_us_sum += r->step_device_us;
+    }
     w->fresh = false;
     isolation_step_accepted(s);
     /* Tokens of sequences that ended (a stop found in an earlier step's result, a cancel) or were
@@ -1762,6 +1769,11 @@ static void on_stats_request(struct scheduler *s, const Pagoda__Internal__StatsR
     ps.has_worker_step_wall_us = ps.has_worker_step_device_us = 1;
     ps.worker_step_wall_us = st.worker_step_wall_us;
     ps.worker_step_device_us = st.worker_step_device_us;
+    ps.has_worker_steps_timed = ps.has_worker_step_wall_us_total = 1;
+    ps.has_worker_step_device_us_total = 1;
+    ps.worker_steps_timed = st.worker_steps_timed;
+    ps.worker_step_wall_us_total = (uint64_t)llround(st.worker_step_wall_us_sum);
+    ps.worker_step_device_us_total = (uint64_t)llround(st.worker_step_device_us_sum);
     ps.has_prefill_tokens = ps.has_decode_tokens = ps.has_locality = 1;
     ps.has_locality_run_length = 1;
     ps.prefill_tokens = st.prefill_tokens;

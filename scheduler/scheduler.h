@@ -336,6 +336,10 @@ struct scheduler_stats {
     /* The current worker's mean wall and device time per step (its StepResult totals over its
      * steps run), microseconds; 0 until it reports them. */
     double worker_step_wall_us, worker_step_device_us;
+    /* Over the scheduler's life, every worker's: step results carrying their times, and the
+     * sums of those times, microseconds (proto SchedulerStats' worker_step_*_total). */
+    uint64_t worker_steps_timed;
+    double worker_step_wall_us_sum, worker_step_device_us_sum;
     int ready; /* the worker answered a resync (Control{ready} was sent) */
 };
 

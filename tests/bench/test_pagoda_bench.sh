@@ -160,9 +160,10 @@ check_report local 2
 check "local: locality 1 on a fresh pool with one sequence (sampled while it ran)" \
     jq_true "$tmp/local.json" '.engine.locality_min == 1 and .engine.locality_mean == 1 and
                                .engine.run_length_mean >= 3'
-check "local: the worker's time a step over the run (its means before and after, by steps)" \
+check "local: the worker's time a step over the run (its counters' differences), a result a step" \
     jq_true "$tmp/local.json" '.engine.steps > 0 and .engine.worker_step_device_ms > 0 and
-                               .engine.worker_step_wall_ms > 0'
+                               .engine.worker_step_wall_ms > 0 and
+                               (.engine.worker_steps_timed - .engine.steps | fabs) <= 2'
 check "local: the text report has the worker's GPU time a step" \
     grep -q "^Worker GPU time per step (delta): *[0-9.]* ms\$" "$tmp/local.out"
 
@@ -319,7 +320,10 @@ check "pagoda stats answers (exit $rc)" [ "$rc" = 0 ]
 check "stats: work, locality, steps in flight and the worker's step times" jq_true \
     "$tmp/stats.json" '.prefill_tokens > 0 and .decode_tokens > 0 and .locality == 1 and
      .peak_steps_in_flight >= 1 and .worker_step_wall_us > 0 and .worker_step_device_us > 0 and
-     .worker_step_device_us <= .worker_step_wall_us * 1.5'
+     .worker_step_device_us <= .worker_step_wall_us * 1.5 and
+     .worker_steps_timed > 0 and .worker_steps_timed <= .steps and
+     (.worker_step_device_us_total / .worker_steps_timed - .worker_step_device_us | fabs) <=
+         0.01 * .worker_step_device_us + 1'
 
 # -- refusals: a workload that does not fit the model's 2048 positions, bad flags.
 "$bin_dir/pagoda-bench" --url "$url" --model "$tmp/model" --workload shared-prefix \

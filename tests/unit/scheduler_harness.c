@@ -192,6 +192,10 @@ void reply_result(struct queue *out, uint64_t epoch, uint64_t step_id, int err,
         r.has_error_code = 1;
         r.error_code = err;
         r.error_message = "refused";
+    } else { /* a step that ran: its times, as a worker's step loop reports them */
+        r.has_step_wall_us = r.has_step_device_us = 1;
+        r.step_wall_us = FW_STEP_WALL_US;
+        r.step_device_us = FW_STEP_DEVICE_US;
     }
     Pagoda__Internal__ToScheduler m = PAGODA__INTERNAL__TO_SCHEDULER__INIT;
     m.msg_case = PAGODA__INTERNAL__TO_SCHEDULER__MSG_RESULT;

@@ -216,6 +216,10 @@ void fw_set_tokens(struct fseq *f, const int32_t *ids, size_t n, int n_prompt);
 /* The token after f's tokens, computed from what the pool holds. */
 int32_t fw_sample(struct fake_worker *fw, const struct fseq *f);
 
+/* A step result; one without err carries the step's wall and device time, these (microseconds;
+ * 1.25 and 0.75 ms: exact in binary, so that sums compare exactly). */
+#define FW_STEP_WALL_US 1250.0
+#define FW_STEP_DEVICE_US 750.0
 void reply_result(struct queue *out, uint64_t epoch, uint64_t step_id, int err,
                   Pagoda__Internal__SeqResult **results, size_t n, uint64_t computed);
 

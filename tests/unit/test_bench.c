@@ -185,6 +185,16 @@ static void test_engine_deltas_and_hit_rate(void **state)
     e.after.steps = 30;
     e.after.peak_kv_usage = 0.75;
     e.after.fragmentation = 0.1;
+    /* The worker's step times: 18 results over the run, 36 ms of device and 40 of wall time; the
+     * means since a worker's start (worker_step_*_us) are not what the figure reads. */
+    e.before.worker_steps_timed = 7;
+    e.before.worker_step_device_us_total = 14000;
+    e.before.worker_step_wall_us_total = 15000;
+    e.before.worker_step_device_us = 9999;
+    e.after.worker_steps_timed = 25;
+    e.after.worker_step_device_us_total = 50000;
+    e.after.worker_step_wall_us_total = 55000;
+    e.after.worker_step_device_us = 1;
     e.samples = 4;
     e.fragmentation_samples = 2;
     e.fragmentation_sum = 0.5;
@@ -201,7 +211,28 @@ static void test_engine_deltas_and_hit_rate(void **state)
     assert_int_equal(rep.steps, 20);
     assert_true(rep.peak_kv_usage == 0.75 && rep.kv_usage_max_sampled == 0.6);
     assert_true(fabs(rep.fragmentation_mean - 0.25) < 1e-12 && rep.fragmentation_max == 0.3);
+    assert_int_equal(rep.worker_steps_timed, 18);
+    assert_true(fabs(rep.worker_step_device_ms - 2.0) < 1e-12);
+    assert_true(fabs(rep.worker_step_wall_ms - 40.0 / 18.0) < 1e-12);
     report_fini(&rep);
+    /* A counter that fell (a router restarted between the readings), or no result in the run:
+     * no figure. */
+    e.after.worker_step_device_us_total = 100;
+    assert_int_equal(report_compute(&cfg, &r, 1, &e, &rep), 0);
+    assert_true(isnan(rep.worker_step_device_ms) && isnan(rep.worker_step_wall_ms));
+    report_fini(&rep);
+    e.after.worker_step_device_us_total = 50000;
+    e.after.worker_steps_timed = e.before.worker_steps_timed;
+    assert_int_equal(report_compute(&cfg, &r, 1, &e, &rep), 0);
+    assert_true(isnan(rep.worker_step_device_ms));
+    report_fini(&rep);
+    /* A tenant's figures: no engine-wide step time. */
+    e.after.worker_steps_timed = 25;
+    snprintf(e.after.tenant, sizeof(e.after.tenant), "%s", "t1");
+    assert_int_equal(report_compute(&cfg, &r, 1, &e, &rep), 0);
+    assert_true(isnan(rep.worker_step_device_ms));
+    report_fini(&rep);
+    e.after.tenant[0] = '\0';
     /* No lookups in the run: no hit rate (null), not 0. */
     e.after.prefix_query_tokens = e.before.prefix_query_tokens;
     e.after.prefix_hit_tokens = e.before.prefix_hit_tokens;

@@ -1,6 +1,6 @@
 /* Tests of the scheduler's work and page-locality figures (scheduler_stats: prefill_tokens,
- * decode_tokens, locality, locality_run_length), through the fake worker of
- * scheduler_harness.h. */
+ * decode_tokens, locality, locality_run_length, the worker's step times), through the fake worker
+ * of scheduler_harness.h. */
 #include "scheduler_harness.h"
 
 /* One sequence on a fresh pool: its blocks are consecutive (locality 1, one run of all its
@@ -28,6 +28,12 @@ static void test_one_sequence_is_local(void **state)
      * last one's token ends the request: 19 decode steps computed one token each. */
     assert_int_equal(st.decode_tokens, 19);
     assert_int_equal(st.prefill_tokens + st.decode_tokens, st.computed_tokens);
+    /* Every step answered: each result's times summed (the counters pagoda-bench's per-step
+     * times are differences of). */
+    assert_int_equal(st.steps_in_flight, 0);
+    assert_int_equal(st.worker_steps_timed, st.steps);
+    assert_true(st.worker_step_wall_us_sum == FW_STEP_WALL_US * (double)st.steps);
+    assert_true(st.worker_step_device_us_sum == FW_STEP_DEVICE_US * (double)st.steps);
     harness_close(h);
 }
 
