@@ -759,9 +759,10 @@ static void engine_count(struct engine *e, Pagoda__Internal__ToRouter *msg)
 }
 
 /* The engines' SchedulerStats of mask as one: counters and sizes summed, ratios and means
- * averaged over the engines that have them, peaks the highest. With one engine: its own. With
- * several, each counter is the sum of every engine's totals (engine_count), those not asked
- * (down now) included: a merged counter never falls while the router runs. */
+ * averaged over the engines that have them, peaks the highest. With one engine: its own (but
+ * for the worker step-time counters, carried as below). With several, each counter is the sum
+ * of every engine's totals (engine_count), those not asked (down now) included: a merged
+ * counter never falls while the router runs. */
 static void merge_stats(struct router *r, uint64_t mask, Pagoda__Internal__SchedulerStats *agg)
 {
     const int several = r->num_engines > 1;
@@ -825,6 +826,22 @@ static void merge_stats(struct router *r, uint64_t mask, Pagoda__Internal__Sched
             if (c->has & (1u << k)) {
                 *counter_has(agg, k) = 1;
                 *counter_at(agg, k) += c->carry[k] + c->last[k];
+            }
+    }
+    /* The worker's step-time counters are carried with one engine too (its scheduler restarted
+     * while the router ran): a client takes their differences over an interval (pagoda-bench's
+     * time per step), which a counter that started again would bend. */
+    static const int carried[] = {ROUTER_COUNTER_worker_steps_timed,
+                                  ROUTER_COUNTER_worker_step_wall_us_total,
+                                  ROUTER_COUNTER_worker_step_device_us_total};
+    for (uint32_t i = 0; !several && i < r->num_engines; i++) {
+        const struct engine_counters *c = &r->engines[i].counters;
+        if (!(mask & (1ull << i)))
+            continue;
+        for (size_t j = 0; j < sizeof(carried) / sizeof(carried[0]); j++)
+            if (c->has & (1u << carried[j])) {
+                *counter_has(agg, carried[j]) = 1;
+                *counter_at(agg, carried[j]) = c->carry[carried[j]] + c->last[carried[j]];
             }
     }
     double *means[] = {&agg->kv_usage,

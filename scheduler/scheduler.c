@@ -1214,6 +1214,14 @@ static void count_work(struct scheduler *s, const struct seq *q, int32_t num_new
         s->stats.prefill_tokens += (uint64_t)num_new;
 }
 
+/* A sum of step times in microseconds as a counter: rounded, and held at 2^62 (not reached by
+ * times of at most SCHEDULER_STEP_US_MAX in any life of a scheduler, but llround's range is
+ * not to be left). */
+static uint64_t us_counter(double sum)
+{
+    return sum < 0x1p62 ? (uint64_t)llround(sum) : (uint64_t)1 << 62;
+}
+
 /* Applies the result of the oldest step in flight (checked by check_result): tokens to the
  * router, stop conditions, the step's blocks acknowledged. Then the next step may go out. */
 static void apply_result(struct scheduler *s, const Pagoda__Internal__StepResult *r, int64_t now_ms)
@@ -1227,8 +1235,11 @@ static void apply_result(struct scheduler *s, const Pagoda__Internal__StepResult
         s->stats.worker_step_wall_us = r->wall_us_total / (double)r->steps_run;
         s->stats.worker_step_device_us = r->device_us_total / (double)r->steps_run;
     }
+    /* A step's times count when they are times (a peer may send anything: NaN, negative, or
+     * values whose sums would leave uint64 microseconds). */
     if (r->has_step_wall_us && r->has_step_device_us && r->step_wall_us >= 0 &&
-        r->step_device_us >= 0 && isfinite(r->step_wall_us) && isfinite(r->step_device_us)) {
+        r->step_device_us >= 0 && r->step_wall_us <= SCHEDULER_STEP_US_MAX &&
+        r->step_device_us <= SCHEDULER_STEP_US_MAX) {
         s->stats.worker_steps_timed++;
         s->stats.worker_step_wall_us_sum += r->step_wall_us;
         s->stats.worker_step_device_us_sum += r->step_device_us;
@@ -1772,8 +1783,8 @@ static void on_stats_request(struct scheduler *s, const Pagoda__Internal__StatsR
     ps.has_worker_steps_timed = ps.has_worker_step_wall_us_total = 1;
     ps.has_worker_step_device_us_total = 1;
     ps.worker_steps_timed = st.worker_steps_timed;
-    ps.worker_step_wall_us_total = (uint64_t)llround(st.worker_step_wall_us_sum);
-    ps.worker_step_device_us_total = (uint64_t)llround(st.worker_step_device_us_sum);
+    ps.worker_step_wall_us_total = us_counter(st.worker_step_wall_us_sum);
+    ps.worker_step_device_us_total = us_counter(st.worker_step_device_us_sum);
     ps.has_prefill_tokens = ps.has_decode_tokens = ps.has_locality = 1;
     ps.has_locality_run_length = 1;
     ps.prefill_tokens = st.prefill_tokens;

@@ -282,6 +282,9 @@ struct scheduler_io {
     void (*to_supervisor)(void *ctx, const Pagoda__Internal__Control *msg);
 };
 
+/* The longest step time a worker's result may report and have counted (microseconds: a day). */
+#define SCHEDULER_STEP_US_MAX 86400e6
+
 /* Counters and gauges. The first group mirrors proto SchedulerStats; num_blocks counts the
  * blocks that can be handed out (the pool's less block 0), free_blocks those on the free list
  * now, kv_usage = 1 - free_blocks / num_blocks. */
@@ -336,8 +339,9 @@ struct scheduler_stats {
     /* The current worker's mean wall and device time per step (its StepResult totals over its
      * steps run), microseconds; 0 until it reports them. */
     double worker_step_wall_us, worker_step_device_us;
-    /* Over the scheduler's life, every worker's: step results carrying their times, and the
-     * sums of those times, microseconds (proto SchedulerStats' worker_step_*_total). */
+    /* Over the scheduler's life, every worker's: step results carrying their times (both in 0 ..
+     * SCHEDULER_STEP_US_MAX), and the sums of those times, microseconds (proto SchedulerStats'
+     * worker_step_*_total). */
     uint64_t worker_steps_timed;
     double worker_step_wall_us_sum, worker_step_device_us_sum;
     int ready; /* the worker answered a resync (Control{ready} was sent) */

@@ -365,11 +365,14 @@ static void scenario_kill_worker(struct group *g, int lost)
 
 /* The program the kill-scheduler and kill-router scenarios kill ("scheduler" or "router"). */
 static const char *victim;
+/* The engine's figures just before the kill. */
+static pagoda_engine_stats before_kill;
 
 static void kill_victim(struct group *g)
 {
     char program[32];
     snprintf(program, sizeof(program), "pagoda-%s", victim);
+    CHECK(get_stats(g, &before_kill) == 0, "stats before the kill");
     pid_t pid = group_program_pid(g, program);
     CHECK(pid > 0 && atomic_load(&started_jobs) == 32,
           "every request has its first token; killing %s %d", victim, (int)pid);
@@ -415,6 +418,18 @@ static void scenario_kill_program(struct group *g, const char *program)
     snprintf(log, sizeof(log), "%s/supervisor.log", g->tmp);
     snprintf(cmd, sizeof(cmd), "grep -q '%s.*exited' '%s'", program, log);
     CHECK(system(cmd) == 0, "the supervisor restarted the %s", program);
+    /* The worker's step-time counters go on across a scheduler that started again (the router
+     * carries what the killed one counted), where the steps count starts again with one engine:
+     * at least the steps timed before the kill plus the new scheduler's steps, less the two it
+     * may have in flight. */
+    pagoda_engine_stats after;
+    if (strcmp(program, "scheduler") == 0 && get_stats(g, &after) == 0)
+        CHECK(after.worker_steps_timed + 2 >= before_kill.worker_steps_timed + after.steps &&
+                  after.worker_step_device_us_total >= before_kill.worker_step_device_us_total,
+              "the step-time counters carried across the restart (%llu timed before the kill, "
+              "%llu after, %llu steps of the new scheduler)",
+              (unsigned long long)before_kill.worker_steps_timed,
+              (unsigned long long)after.worker_steps_timed, (unsigned long long)after.steps);
     free_jobs(kill_jobs, 32);
     CHECK(group_stop(g) == 0, "the group stops");
 }

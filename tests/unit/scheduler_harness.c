@@ -178,6 +178,8 @@ int32_t fw_sample(struct fake_worker *fw, const struct fseq *f)
     return (int32_t)(h % VOCAB);
 }
 
+double fw_step_wall_us = FW_STEP_WALL_US, fw_step_device_us = FW_STEP_DEVICE_US;
+
 void reply_result(struct queue *out, uint64_t epoch, uint64_t step_id, int err,
                   Pagoda__Internal__SeqResult **results, size_t n, uint64_t computed)
 {
@@ -194,8 +196,8 @@ void reply_result(struct queue *out, uint64_t epoch, uint64_t step_id, int err,
         r.error_message = "refused";
     } else { /* a step that ran: its times, as a worker's step loop reports them */
         r.has_step_wall_us = r.has_step_device_us = 1;
-        r.step_wall_us = FW_STEP_WALL_US;
-        r.step_device_us = FW_STEP_DEVICE_US;
+        r.step_wall_us = fw_step_wall_us;
+        r.step_device_us = fw_step_device_us;
     }
     Pagoda__Internal__ToScheduler m = PAGODA__INTERNAL__TO_SCHEDULER__INIT;
     m.msg_case = PAGODA__INTERNAL__TO_SCHEDULER__MSG_RESULT;

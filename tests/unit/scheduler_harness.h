@@ -216,10 +216,12 @@ void fw_set_tokens(struct fseq *f, const int32_t *ids, size_t n, int n_prompt);
 /* The token after f's tokens, computed from what the pool holds. */
 int32_t fw_sample(struct fake_worker *fw, const struct fseq *f);
 
-/* A step result; one without err carries the step's wall and device time, these (microseconds;
- * 1.25 and 0.75 ms: exact in binary, so that sums compare exactly). */
+/* A step result; one without err carries the step's wall and device time, fw_step_wall_us and
+ * fw_step_device_us (microseconds; by default these, 1.25 and 0.75 ms: exact in binary, so that
+ * sums compare exactly; a test may set others, as a broken worker would send). */
 #define FW_STEP_WALL_US 1250.0
 #define FW_STEP_DEVICE_US 750.0
+extern double fw_step_wall_us, fw_step_device_us;
 void reply_result(struct queue *out, uint64_t epoch, uint64_t step_id, int err,
                   Pagoda__Internal__SeqResult **results, size_t n, uint64_t computed);
 

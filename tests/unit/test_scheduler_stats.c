@@ -3,6 +3,8 @@
  * of scheduler_harness.h. */
 #include "scheduler_harness.h"
 
+#include <math.h>
+
 /* One sequence on a fresh pool: its blocks are consecutive (locality 1, one run of all its
  * blocks); prefill and decode tokens count what the acknowledged steps computed. */
 static void test_one_sequence_is_local(void **state)
@@ -67,11 +69,46 @@ static void test_churn_lowers_locality(void **state)
     harness_close(h);
 }
 
+/* A worker's step times count only when they are times: NaN, negative, or longer than
+ * SCHEDULER_STEP_US_MAX (whose sums would leave the counters' range), in either of the two,
+ * leave the counters as they were; good times count again after. */
+static void test_step_times_from_a_peer(void **state)
+{
+    struct harness *h = harness_open(&DEFAULT_SETUP);
+    int32_t p[16];
+    make_prompt(3, 16, p);
+    struct req_rec *r = submit(h, 1, p, 16, 40);
+    const double bad[][2] = {{NAN, 750.0}, {1250.0, -1.0}, {1e300, 750.0}, {1250.0, INFINITY}};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        fw_step_wall_us = bad[i][0];
+        fw_step_device_us = bad[i][1];
+        for (int k = 0; k < 3; k++)
+            exchange(h);
+    }
+    fw_step_wall_us = FW_STEP_WALL_US;
+    fw_step_device_us = FW_STEP_DEVICE_US;
+    struct scheduler_stats st = stats(h);
+    assert_true(st.steps >= 10);
+    assert_int_equal(st.worker_steps_timed, 0);
+    assert_true(st.worker_step_wall_us_sum == 0 && st.worker_step_device_us_sum == 0);
+    const uint64_t steps = st.steps;
+    pump(h);
+    expect_output(r, p, 16, 40, PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH);
+    st = stats(h);
+    /* every step sent after the good times came back was timed (and at most the two in flight
+     * before them too) */
+    assert_true(st.worker_steps_timed + steps >= st.steps &&
+                st.worker_steps_timed <= st.steps - steps + 2);
+    assert_true(st.worker_step_device_us_sum == FW_STEP_DEVICE_US * (double)st.worker_steps_timed);
+    harness_close(h);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_one_sequence_is_local),
         cmocka_unit_test(test_churn_lowers_locality),
+        cmocka_unit_test(test_step_times_from_a_peer),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
