@@ -47,8 +47,9 @@
 #   split    the throughput run (TP_* as above) with the worker at debug level, its steps' device
 #            time split into staging, layers and LM head, sampling and the idle time before each
 #            (bench/step_split.py over its log, graph replays and eager steps apart), then
-#            decode_step's step of STEP_BATCH at STEP_CONTEXT split the same way (split.txt): where
-#            a run's step is longer than decode_step's, which part is; not in the default parts
+#            decode_step's step of STEP_BATCH at STEP_CONTEXT (its first) split the same way
+#            (split.txt): where a run's step is longer than decode_step's, which part is; not in
+#            the default parts
 #   table    the results as markdown tables
 # Where nvidia-smi is found, each pagoda-bench run (and the step part) also samples the GPUs' SM
 # clock and power every 250 ms (OUT_DIR/clocks/NAME.csv, summarized in clocks/NAME.json over the
@@ -304,9 +305,14 @@ for name in ("engines-1", "engines-2-cache-aware", "engines-2-round-robin"):
 EOF2
 }
 
+# The throughput workload's pagoda-bench flags (TP_*; the throughput and split parts).
+tp_workload=(--workload random --num-prompts "${TP_NUM_PROMPTS:-512}"
+             --input-len "${TP_INPUT_LEN:-128}" --output-len "${TP_OUTPUT_LEN:-1024}"
+             --seed "$seed" --ignore-eos)
+tp_concurrency=${TP_CONCURRENCY:-256}
+
 part_throughput() { # issue 15: 128 + 1024 at 256 in flight against transformers, with bounds
-    local n=${TP_NUM_PROMPTS:-512} il=${TP_INPUT_LEN:-128} ol=${TP_OUTPUT_LEN:-1024} tf
-    local c=${TP_CONCURRENCY:-256}
+    local tf
     if [ -n "${MATRIX_TFLOPS:-}" ]; then # given (the CPU try of this script)
         printf '{"tflops": %s, "method": "given (MATRIX_TFLOPS)"}\n' "$MATRIX_TFLOPS" \
             >"$out/matrix-rate.json"
@@ -315,11 +321,11 @@ part_throughput() { # issue 15: 128 + 1024 at 256 in flight against transformers
     fi
     tf=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["tflops"])' \
         "$out/matrix-rate.json")
-    local w=(--workload random --num-prompts "$n" --input-len "$il" --output-len "$ol"
-             --seed "$seed" --ignore-eos)
-    "$bin/pagoda-bench" --model "$model" "${w[@]}" --dump-workload "$out/tp-workload.json"
+    "$bin/pagoda-bench" --model "$model" "${tp_workload[@]}" \
+        --dump-workload "$out/tp-workload.json"
     if [ -z "${TP_SKIP_HF:-}" ]; then
-        echo "== hf_baseline.py (${il} + ${ol}, batch sizes ${HF_BATCH_SIZES:-256})"
+        echo "== hf_baseline.py (${TP_INPUT_LEN:-128} + ${TP_OUTPUT_LEN:-1024}, batch sizes" \
+            "${HF_BATCH_SIZES:-256})"
         python3 "$root/bench/hf_baseline.py" --model "$model" --workload "$out/tp-workload.json" \
             --batch-sizes "${HF_BATCH_SIZES:-256}" --compile "${HF_COMPILE:-auto}" \
             --seed "$seed" --json "$out/tp-hf.json"
@@ -327,7 +333,8 @@ part_throughput() { # issue 15: 128 + 1024 at 256 in flight against transformers
     local base
     base=$(baseline_tps "$out/tp-hf.json")
     up "${modes[0]}"
-    bench tp-main "${w[@]}" --rate inf --max-concurrency "$c" --bandwidth-gbs "$bandwidth" \
+    bench tp-main "${tp_workload[@]}" --rate inf --max-concurrency "$tp_concurrency" \
+        --bandwidth-gbs "$bandwidth" \
         --matrix-tflops "$tf" ${base:+--baseline-tps "$base"}
     bench tp-1024 "${random_flags[@]}" --rate inf --max-concurrency "$max_conc" \
         --bandwidth-gbs "$bandwidth" --matrix-tflops "$tf"
@@ -336,35 +343,33 @@ part_throughput() { # issue 15: 128 + 1024 at 256 in flight against transformers
 }
 
 part_step() { # decode_step's step of 256 at the run's mean context, sustained, clock sampled
-    local b=${STEP_BATCH:-256} c kv=auto
-    [[ ${KV_CACHE_DTYPE:-auto} != fp8* ]] || kv=fp8
+    local b=${STEP_BATCH:-256} c
     : >"$out/step.txt"
     clocks_start step
     for c in ${STEP_CONTEXT:-640}; do
         echo "== decode_step: $b sequences at context $c, six runs of 200 steps"
         "$bin/decode_step" "$model" --batches "$b,$b,$b,$b,$b,$b" --context "$c" --only shipped \
-            --reps 200 --pipelined --kv-cache-dtype "$kv" 2>&1 | grep '^batch' |
+            --reps 200 --pipelined --kv-cache-dtype "${KV_CACHE_DTYPE:-auto}" 2>&1 | grep '^batch' |
             sed "s/^/context $c: /" | tee -a "$out/step.txt" || true
     done
     clocks_stop
 }
 
 part_split() { # the throughput run's steps split (worker debug log) beside decode_step's
-    local n=${TP_NUM_PROMPTS:-512} il=${TP_INPUT_LEN:-128} ol=${TP_OUTPUT_LEN:-1024}
-    local c=${TP_CONCURRENCY:-256} b=${STEP_BATCH:-256} ctx=${STEP_CONTEXT:-640} lines kv=auto
-    [[ ${KV_CACHE_DTYPE:-auto} != fp8* ]] || kv=fp8
+    local b=${STEP_BATCH:-256} ctx=${STEP_CONTEXT:-640} lines
+    ctx=${ctx%% *} # the first context when STEP_CONTEXT lists several
     up "${modes[0]}" --log-level debug
     lines=$(wc -l <"$run/worker-0.log")
-    bench tp-split --workload random --num-prompts "$n" --input-len "$il" --output-len "$ol" \
-        --seed "$seed" --ignore-eos --rate inf --max-concurrency "$c" >/dev/null
+    bench tp-split "${tp_workload[@]}" --rate inf --max-concurrency "$tp_concurrency" >/dev/null
     grep -E "Output token throughput|^Worker" "$out/tp-split.txt" | tee "$out/split.txt"
     grep -E "decode graph" "$run/worker-0.log" | cut -c1-240 | tee -a "$out/split.txt" || true
     tail -n +"$((lines + 1))" "$run/worker-0.log" | python3 "$root/bench/step_split.py" run |
         tee -a "$out/split.txt" || true
     down
     "$bin/decode_step" "$model" --batches "$b" --context "$ctx" --only shipped --reps 100 \
-        --pipelined --max-tokens 2048 --kv-cache-dtype "$kv" --debug 2>&1 |
-        python3 "$root/bench/step_split.py" "decode_step_${b}_at_$ctx" | tee -a "$out/split.txt" || true
+        --pipelined --max-tokens 2048 --kv-cache-dtype "${KV_CACHE_DTYPE:-auto}" --debug 2>&1 |
+        python3 "$root/bench/step_split.py" "decode_step_${b}_at_$ctx" |
+        tee -a "$out/split.txt" || true
 }
 
 part_throughput_table() {
