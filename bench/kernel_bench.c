@@ -948,6 +948,13 @@ int main(int argc, char **argv)
         {"decode_step_b64_c1100", "decode_step", 64, 1100, 1, 32, 8, 128, 16, false, 32, 0},
         /* the step of 256 at the throughput workload's mean context (issue 15) */
         {"decode_step_b256_c640", "decode_step", 256, 640, 1, 32, 8, 128, 16, false, 32, 0},
+        /* and at the contexts its run passes through (129 .. 1152): whether the attention of a
+         * step of 256 is linear in the context, so that the run's mean step is the step at its
+         * mean context (bench/RESULTS.md, thirty-fifth session) */
+        {"decode_step_b256_c128", "decode_step", 256, 128, 1, 32, 8, 128, 16, false, 32, 0},
+        {"decode_step_b256_c384", "decode_step", 256, 384, 1, 32, 8, 128, 16, false, 32, 0},
+        {"decode_step_b256_c896", "decode_step", 256, 896, 1, 32, 8, 128, 16, false, 32, 0},
+        {"decode_step_b256_c1152", "decode_step", 256, 1152, 1, 32, 8, 128, 16, false, 32, 0},
         {"decode_step_b64_c1100_g64", "decode_step", 64, 1100, 1, 32, 8, 128, 16, false, 32, 64},
         {"decode_step_b1_c32768", "decode_step", 1, 32768, 1, 32, 8, 128, 16, false, 32, 0},
         {"decode_step_b1_c32768_g1", "decode_step", 1, 32768, 1, 32, 8, 128, 16, false, 32, 1},

@@ -621,8 +621,8 @@ static void test_attention_graph(struct shape sh)
     float *cpool = xmalloc(elems * sizeof(float));
     bf16_to_f32_n(pool, cpool, elems);
     pool_round(cpool, elems);
-    uint8_t *codes = xmalloc(elems);
-    for (size_t i = 0; attn_f8 && i < elems; i++)
+    uint8_t *codes = attn_f8 ? xmalloc(elems) : NULL; /* the F8E4M3 pool's bytes, if it is one */
+    for (size_t i = 0; codes != NULL && i < elems; i++)
         codes[i] = f32_to_e4m3(cpool[i]);
     struct kv_layer_view cview = kv_layer_view_make(&cg, cpool, 0);
     void *d_pool = attn_f8 ? dev_upload(codes, elems) : dev_upload(pool, elems * sizeof(uint16_t));
