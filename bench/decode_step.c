@@ -183,6 +183,8 @@ struct result {
  * defaults with the decode attention's copies of 4 and of 16 rows at every batch size
  * (cuda_backend_options.decode_copy_rows); the defaults with the decode attention's CTAs of 8
  * and of 4 warps at every batch size (warps8, warps4: cuda_backend_options.decode_warps); the
+ * defaults with two and three of the decode attention's CTAs of 4 warps an SM over an F8E4M3 pool
+ * at every batch size (ctas2, ctas3: cuda_backend_options.decode_ctas); the
  * defaults with cuBLASLt on the linears no GEMV takes up to 256 rows
  * (cuda_backend_options.lt_max_rows); the defaults with the streaming GEMV on QKV and O up to
  * CUDA_GEMV_MAX_ROWS rows; the defaults with cuda_gemv_row on the linears of one row
@@ -208,6 +210,7 @@ struct version {
     int no_early_kv;      /* 1: cuda_backend_options.decode_early_kv 0 (the defaults otherwise) */
     int copy_rows;        /* cuda_backend_options.decode_copy_rows (the defaults otherwise) */
     int warps;            /* cuda_backend_options.decode_warps (the defaults otherwise) */
+    int ctas;             /* cuda_backend_options.decode_ctas (the defaults otherwise) */
     int lt_rows;          /* cuda_backend_options.lt_max_rows: 0 the default's */
     int64_t lt_weight;    /* cuda_backend_options.lt_max_weight: 0 the default's */
     int no_residual_gemm; /* 1: cuda_backend_options.residual_gemm_max_rows 0 */
@@ -228,7 +231,7 @@ struct version {
 #define kQKV ((int64_t)6144 * 4096)
 #define kEvery INT64_MAX
 #define kDown ((int64_t)14336 * 4096)
-#define kVersions 47
+#define kVersions 49
 static const struct version versions[kVersions] = {
     {.name = "baseline", .baseline = 1},
     {.name = "cublas"},
@@ -297,6 +300,8 @@ static const struct version versions[kVersions] = {
     {.name = "copy8", .ref = 3, .defaults = 1, .copy_rows = 8},
     {.name = "warps8", .ref = 3, .defaults = 1, .warps = 8},
     {.name = "warps4", .ref = 3, .defaults = 1, .warps = 4},
+    {.name = "ctas2", .ref = 3, .defaults = 1, .ctas = 2},
+    {.name = "ctas3", .ref = 3, .defaults = 1, .ctas = 3},
     /* (lt, qo16, lt_qo, lt_o and o_gemvs16 measure cuBLASLt and the GEMVs at 2 to 16 rows too,
      * which linear_tma takes by default since the twenty-fifth session: they run without it, to
      * be read against notma) */
@@ -386,6 +391,8 @@ static void run_version(const struct model_config *c, const struct kv_geometry *
         o.decode_copy_rows = versions[version].copy_rows;
     if (versions[version].warps != 0)
         o.decode_warps = versions[version].warps;
+    if (versions[version].ctas != 0)
+        o.decode_ctas = versions[version].ctas;
     if (versions[version].lt_rows != 0)
         o.lt_max_rows = versions[version].lt_rows;
     o.lt_max_weight = versions[version].lt_weight;

@@ -11,7 +11,9 @@
  * and freed before: bench/RESULTS.md measured both). --copy-rows sets the rows of the decode
  * kernel's copies (cuda_attention_set_decode_copy_rows; 0, the default, lets the plan choose),
  * --decode-warps 4|8 the decode kernel's warps a CTA (cuda_attention_set_decode_warps; by
- * default the plan chooses), --split the decode split-KV partition in keys
+ * default the plan chooses), --decode-ctas 2|3 the decode kernel's CTAs of 4 warps an SM over an
+ * F8E4M3 pool (cuda_attention_set_decode_ctas; by default the plan chooses), --split the decode
+ * split-KV partition in keys
  * (cuda_attention_set_decode_split; 0, the default, lets the plan's cost model choose), --early-kv
  * the decode kernel's K/V requested before its PDL wait, as the worker runs it
  * (cuda_attention_set_early_kv; off by default), --kv-cache-dtype fp8 the attention cases over an
@@ -83,6 +85,7 @@ static bool pool_vmm = true; /* --pool: the attention pools by kv_cuda_pool_crea
 static int copy_rows;        /* --copy-rows: cuda_attention_set_decode_copy_rows */
 static int decode_split;     /* --split: cuda_attention_set_decode_split */
 static int decode_warps;     /* --decode-warps: cuda_attention_set_decode_warps */
+static int decode_ctas;      /* --decode-ctas: cuda_attention_set_decode_ctas */
 static int early_kv;         /* --early-kv: cuda_attention_set_early_kv, as the worker */
 static enum dtype kv_dtype = DTYPE_BF16; /* --kv-cache-dtype: the attention cases' pool */
 
@@ -292,6 +295,7 @@ static void bench_attention(const struct attn_case *c)
     cuda_attention_set_decode_copy_rows(r.plan, copy_rows);
     cuda_attention_set_decode_split(r.plan, decode_split);
     cuda_attention_set_decode_warps(r.plan, decode_warps);
+    cuda_attention_set_decode_ctas(r.plan, decode_ctas);
     cuda_attention_set_early_kv(r.plan, early_kv);
     struct attention_batch b = {c->batch, num_tokens, query_start, context_len, tables, nb};
     cudaGraph_t graph = NULL;
@@ -870,6 +874,9 @@ int main(int argc, char **argv)
         } else if (strcmp(argv[i], "--decode-warps") == 0 && i + 1 < argc &&
                    (strcmp(argv[i + 1], "4") == 0 || strcmp(argv[i + 1], "8") == 0)) {
             decode_warps = atoi(argv[++i]);
+        } else if (strcmp(argv[i], "--decode-ctas") == 0 && i + 1 < argc &&
+                   (strcmp(argv[i + 1], "2") == 0 || strcmp(argv[i + 1], "3") == 0)) {
+            decode_ctas = atoi(argv[++i]);
         } else if (strcmp(argv[i], "--early-kv") == 0) {
             early_kv = 1;
         } else if (strcmp(argv[i], "--kv-cache-dtype") == 0 && i + 1 < argc) {
@@ -885,11 +892,11 @@ int main(int argc, char **argv)
                    atoi(argv[i + 1]) >= 1 && atoi(argv[i + 1]) <= 1024) {
             lt_sm_target = atoi(argv[++i]);
         } else {
-            fprintf(stderr,
-                    "usage: kernel_bench [--json FILE] [--quick] [--filter SUB[,SUB]] "
-                    "[--pool vmm|malloc] [--copy-rows 0|4|8|16] [--split KEYS] "
-                    "[--decode-warps 4|8] [--early-kv] [--kv-cache-dtype auto|fp8] [--lt-algos N] "
-                    "[--lt-sm-target N]\n");
+            fprintf(stderr, "usage: kernel_bench [--json FILE] [--quick] [--filter SUB[,SUB]] "
+                            "[--pool vmm|malloc] [--copy-rows 0|4|8|16] [--split KEYS] "
+                            "[--decode-warps 4|8] [--decode-ctas 2|3] [--early-kv] "
+                            "[--kv-cache-dtype auto|fp8] [--lt-algos N] "
+                            "[--lt-sm-target N]\n");
             return 2;
         }
     }

@@ -734,6 +734,7 @@ static int open_backend(const struct model_config *cfg, const struct model_weigh
         cuda_attention_set_early_kv(b->plan, b->opt.decode_early_kv);
         cuda_attention_set_decode_copy_rows(b->plan, b->opt.decode_copy_rows);
         cuda_attention_set_decode_warps(b->plan, b->opt.decode_warps);
+        cuda_attention_set_decode_ctas(b->plan, b->opt.decode_ctas);
         cuda_attention_set_decode_split(b->plan, b->opt.decode_split);
     }
     if (rc != 0 ||

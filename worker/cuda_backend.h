@@ -183,6 +183,10 @@ struct cuda_backend_options {
      * 16 sequences, else 4); 4 or 8 force them (kernels/cuda/attention.h
      * cuda_attention_set_decode_warps), for benchmarks. */
     int decode_warps;
+    /* 0 (the default): the decode attention's plan chooses how many of its CTAs of 4 warps share
+     * an SM over an F8E4M3 pool (3 from 96 sequences, else 2); 2 or 3 force it
+     * (kernels/cuda/attention.h cuda_attention_set_decode_ctas), for benchmarks. */
+    int decode_ctas;
     /* 0 (the default): the decode attention's plan cuts contexts into split-KV partitions as its
      * cost model finds fastest; a multiple of 64 keys forces that partition (kernels/cuda/
      * attention.h cuda_attention_set_decode_split), for benchmarks. */

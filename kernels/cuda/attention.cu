@@ -235,8 +235,15 @@ constexpr int32_t kDecodeWideCopySeqs = 64;
  * twice as deep (6 stages at head dim 128: 99 KiB a CTA of 4 warps, two an SM as for bf16; 8 at
  * 64). The warps read the codes from the stage by ldmatrix as b16 pairs and convert them in
  * registers (decode_kernel), with no copy of the tile in f16. */
-template <int HD, int G_, int W_, bool F8_ = false> struct decode_geom {
+/* DENSE (F8 at head dim 128, 4 warps; decode_variant): 4 stages (66 KiB) and at most 168
+ * registers (__launch_bounds__ of 3 CTAs; ptxas spills 48 bytes), so that three CTAs share an SM
+ * where two did. An F8 CTA is bound by its warps' latency, not by the bytes in flight (the
+ * thirty-sixth session's ncu: issue slots 26% busy, DRAM 69%, 7 cycles between a warp's
+ * instructions), and a third CTA streams while the others start or merge. */
+template <int HD, int G_, int W_, bool F8_ = false, bool DENSE_ = false> struct decode_geom {
     static constexpr bool F8 = F8_;
+    static constexpr bool DENSE = DENSE_;
+    static_assert(!DENSE || (F8 && HD == 128 && W_ == 4), "dense: F8, head dim 128, 4 warps");
     static constexpr int EB = F8 ? 1 : 2; /* bytes per pool element */
     static constexpr int W = W_;          /* warps */
     static constexpr int THREADS = 32 * W;
@@ -244,7 +251,7 @@ template <int HD, int G_, int W_, bool F8_ = false> struct decode_geom {
     static constexpr int G = G_;
     static_assert(W == kDecodeWarps || W == kDecodeWideWarps, "decode warps");
     static_assert(G == 4 || G == 8 || G == 16, "decode copy rows");
-    static constexpr int STAGES = F8 ? (HD == 128 ? 6 : 8) : (HD == 128 ? 3 : 4);
+    static constexpr int STAGES = F8 ? (HD == 128 ? (DENSE ? 4 : 6) : 8) : (HD == 128 ? 3 : 4);
     static constexpr int GROUP = G * HD + 16 / EB; /* elements per group of rows, 16 bytes of
                                                       padding included */
     static constexpr int STAGE_ELEMS = 2 * (T / G) * GROUP;
@@ -411,10 +418,10 @@ __device__ __forceinline__ void newest_kv_store(const attn_args &a, const newest
  * A operand. The warps merge through shared memory at the end. A partition that is the whole
  * context writes bf16 out, otherwise the normalised f32 output and its log-sum-exp for the merge
  * kernel. */
-template <int HD, int G_, int W_, bool F8>
-__global__ void __launch_bounds__(32 * W_) decode_kernel(attn_args a)
+template <int HD, int G_, int W_, bool F8, bool DENSE = false>
+__global__ void __launch_bounds__(32 * W_, DENSE ? 3 : 1) decode_kernel(attn_args a)
 {
-    using D = decode_geom<HD, G_, W_, F8>;
+    using D = decode_geom<HD, G_, W_, F8, DENSE>;
     using E = typename std::conditional<F8, uint8_t, uint16_t>::type; /* a pool element */
     constexpr int T = D::T, S = D::STAGES, W = D::W, THREADS = D::THREADS, EB = D::EB;
     extern __shared__ __align__(16) unsigned char smem[];
@@ -1182,14 +1189,15 @@ using kernel_fn = void (*)(attn_args);
 
 /* The decode kernels of head dimension HD and W warps for copies of 4, 8 and 16 rows, and their
  * shared memory. */
-template <int HD, int W, bool F8> static void decode_variants(kernel_fn *fn, size_t *smem)
+template <int HD, int W, bool F8, bool DENSE = false>
+static void decode_variants(kernel_fn *fn, size_t *smem)
 {
-    fn[0] = decode_kernel<HD, 4, W, F8>;
-    fn[1] = decode_kernel<HD, 8, W, F8>;
-    fn[2] = decode_kernel<HD, 16, W, F8>;
-    smem[0] = decode_geom<HD, 4, W, F8>::smem;
-    smem[1] = decode_geom<HD, 8, W, F8>::smem;
-    smem[2] = decode_geom<HD, 16, W, F8>::smem;
+    fn[0] = decode_kernel<HD, 4, W, F8, DENSE>;
+    fn[1] = decode_kernel<HD, 8, W, F8, DENSE>;
+    fn[2] = decode_kernel<HD, 16, W, F8, DENSE>;
+    smem[0] = decode_geom<HD, 4, W, F8, DENSE>::smem;
+    smem[1] = decode_geom<HD, 8, W, F8, DENSE>::smem;
+    smem[2] = decode_geom<HD, 16, W, F8, DENSE>::smem;
 }
 
 /* The copy rows of a step with n decode sequences (a graph plan's n: its padded size, so that
@@ -1222,6 +1230,22 @@ static bool decode_wide(int32_t set, int32_t n, int32_t head_dim)
     return head_dim == 128 && n >= kDecodeWideMinSeqs && n <= kDecodeWideMaxSeqs;
 }
 
+/* The decode kernel's variants: kDecodeNarrow (CTAs of kDecodeWarps, two an SM), kDecodeWide
+ * (kDecodeWideWarps) and kDecodeDense (kDecodeWarps, three an SM: decode_geom's DENSE, F8 at
+ * head dim 128 only; elsewhere the plan's kernels of that index are the narrow ones and never
+ * chosen). */
+enum { kDecodeNarrow = 0, kDecodeWide = 1, kDecodeDense = 2, kDecodeVariants = 3 };
+/* The variant of a step with n decode sequences (a graph plan's n: its padded size): the wide one
+ * as decode_wide says; else the dense one where the plan has it, from kDecodeDenseMinSeqs
+ * sequences, or as cuda_attention_set_decode_ctas set (3 dense, 2 narrow). Measured on an H100
+ * (bench/RESULTS.md, thirty-sixth session; decode_step fp8, device ms, narrow -> dense): 1
+ * sequence at 1100 keys 5.641 -> 5.645, 16 6.211 -> 6.170 (8 warps either way), 64 8.457 ->
+ * 8.961 and at 640 keys 7.480 -> 8.007, 96 9.855 -> 9.494 (640: 8.371 -> 8.191), 128 10.986 ->
+ * 10.454 (9.075 -> 8.841), 192 13.600 -> 12.884 (10.864 -> 10.653), 256 at 640 12.58-12.63 ->
+ * 12.33-12.34; the throughput workload (fp8, 256 in flight) 18,015 -> 18,770 tok/s. On an H200,
+ * 256 at 640 keys 11.56-11.60 -> 11.18-11.23. */
+constexpr int32_t kDecodeDenseMinSeqs = 96;
+
 /* Rounds a word count up to a multiple of 4, so that int4 arrays stay 16-byte aligned. */
 size_t align4(size_t words)
 {
@@ -1232,21 +1256,22 @@ size_t align4(size_t words)
 
 struct cuda_attention_plan {
     struct cuda_attention_config config;
-    int32_t group;         /* query heads per KV head */
-    int32_t decode_chunks; /* decode CTAs per KV head: ceil(group / kDecodeHeadsMax) */
-    int32_t tile_tokens;   /* query tokens per prefill tile */
-    int32_t slots[2];      /* decode CTAs resident at once on the GPU: 4 warps, 8 warps */
-    /* The kernels for head_dim and the pool's dtype (kernel_set): decode_kernel of 4 and 8 warps,
-     * copies of 4, 8, 16 rows; prefill_kernel; and their shared memory. */
-    kernel_fn decode[2][3];
-    size_t decode_smem[2][3];
+    int32_t group;                  /* query heads per KV head */
+    int32_t decode_chunks;          /* decode CTAs per KV head: ceil(group / kDecodeHeadsMax) */
+    int32_t tile_tokens;            /* query tokens per prefill tile */
+    int32_t slots[kDecodeVariants]; /* decode CTAs resident at once on the GPU, per variant */
+    /* The kernels for head_dim and the pool's dtype (kernel_set): decode_kernel of each variant
+     * (narrow, wide, dense), copies of 4, 8, 16 rows; prefill_kernel; and their shared memory. */
+    kernel_fn decode[kDecodeVariants][3];
+    size_t decode_smem[kDecodeVariants][3];
+    bool has_dense; /* decode[kDecodeDense] is decode_geom's DENSE (F8 at head dim 128) */
     kernel_fn prefill;
     size_t prefill_smem;
     int32_t max_parts;   /* decode partitions the scratch holds */
     int32_t split_extra; /* partitions a split adds to one per sequence, at most */
-    /* The same for the CTAs of 4 and of 8 warps alone (their own slots): a graph plan's grid
-     * holds pad + graph_extra[wide] partitions' CTAs, split_extra for the larger. */
-    int32_t graph_extra[2];
+    /* The same for each variant alone (its own slots): a graph plan's grid holds pad +
+     * graph_extra[variant] partitions' CTAs, split_extra for the largest. */
+    int32_t graph_extra[kDecodeVariants];
 
     /* Metadata: packed per step into pinned staging (two slots, each guarded by an event
      * recorded after its copy), then one copy into the device buffer. */
@@ -1271,14 +1296,27 @@ struct cuda_attention_plan {
     int32_t split_set;     /* cuda_attention_set_decode_split: 0 or the partition's keys */
     int32_t copy_rows;     /* the planned step's: 4, 8 or 16 */
     int32_t warps_set;     /* cuda_attention_set_decode_warps: 0, 4 or 8 */
-    int32_t wide;          /* the planned step's: 0 (4 warps) or 1 (8) */
+    int32_t ctas_set;      /* cuda_attention_set_decode_ctas: 0, 2 or 3 */
+    int32_t variant;       /* the planned step's: kDecodeNarrow, kDecodeWide or kDecodeDense */
 };
+
+static int decode_variant(const struct cuda_attention_plan *p, int32_t n)
+{
+    if (decode_wide(p->warps_set, n, p->config.head_dim))
+        return kDecodeWide;
+    if (!p->has_dense || p->ctas_set == 2)
+        return kDecodeNarrow;
+    return p->ctas_set == 3 || n >= kDecodeDenseMinSeqs ? kDecodeDense : kDecodeNarrow;
+}
 
 /* The plan's kernels for head dimension HD and a bf16 (F8 false) or F8E4M3 pool. */
 template <int HD, bool F8> static void kernel_set(struct cuda_attention_plan *p)
 {
-    decode_variants<HD, kDecodeWarps, F8>(p->decode[0], p->decode_smem[0]);
-    decode_variants<HD, kDecodeWideWarps, F8>(p->decode[1], p->decode_smem[1]);
+    decode_variants<HD, kDecodeWarps, F8>(p->decode[kDecodeNarrow], p->decode_smem[kDecodeNarrow]);
+    decode_variants<HD, kDecodeWideWarps, F8>(p->decode[kDecodeWide], p->decode_smem[kDecodeWide]);
+    p->has_dense = F8 && HD == 128;
+    decode_variants<HD, kDecodeWarps, F8, F8 && HD == 128>(p->decode[kDecodeDense],
+                                                           p->decode_smem[kDecodeDense]);
     p->prefill = prefill_kernel<HD, F8>;
     p->prefill_smem = prefill_geom<HD, F8>::smem;
 }
@@ -1408,11 +1446,11 @@ int cuda_attention_plan_new(const struct cuda_attention_config *c, struct cuda_a
     else
         f8 ? kernel_set<128, true>(p) : kernel_set<128, false>(p);
     p->copy_rows = 4;
-    /* The slots of each width: the fewest CTAs an SM holds of its three variants (the same
+    /* The slots of each variant: the fewest CTAs an SM holds of its three copy widths (the same
      * today). */
-    for (int w = 0; w < 2 && rc == 0; w++) {
+    for (int w = 0; w < kDecodeVariants && rc == 0; w++) {
         int resident = INT32_MAX;
-        const int threads = 32 * (w == 0 ? kDecodeWarps : kDecodeWideWarps);
+        const int threads = 32 * (w == kDecodeWide ? kDecodeWideWarps : kDecodeWarps);
         for (int v = 0; v < 3 && rc == 0; v++) {
             int r = 0;
             rc = cuda_call_result(cudaFuncSetAttribute(p->decode[w][v],
@@ -1439,9 +1477,11 @@ int cuda_attention_plan_new(const struct cuda_attention_config *c, struct cuda_a
      * fewer than D / split + sequences <= want + sequences. A graph plan launches the decode
      * CTAs of that many partitions (launch), so that one captured launch serves every split a
      * step of its size can get. */
-    for (int w = 0; w < 2; w++)
+    p->split_extra = 0;
+    for (int w = 0; w < kDecodeVariants; w++) {
         p->graph_extra[w] = (int32_t)split_want(kSplitWavesMax, p->slots[w], ctas_per_part) + 1;
-    p->split_extra = p->graph_extra[0] > p->graph_extra[1] ? p->graph_extra[0] : p->graph_extra[1];
+        p->split_extra = p->graph_extra[w] > p->split_extra ? p->graph_extra[w] : p->split_extra;
+    }
     p->max_parts = c->max_num_seqs + p->split_extra;
 
     /* Words of one step's metadata at its largest (int32 sizes: no overflow in uint64). */
@@ -1617,10 +1657,10 @@ static int plan_impl(struct cuda_attention_plan *p, const struct attention_batch
     }
     p->copy_rows =
         decode_copy_rows(p->copy_rows_set, p->graph ? p->num_seqs : num_decode, c->block_size);
-    p->wide = decode_wide(p->warps_set, p->graph ? p->num_seqs : num_decode, c->head_dim);
+    p->variant = decode_variant(p, p->graph ? p->num_seqs : num_decode);
     /* Partitions are whole tiles of the kernel's width. */
-    const int64_t align = p->wide ? 16 * kDecodeWideWarps : kSplitAlign;
-    const int64_t slots = p->slots[p->wide];
+    const int64_t align = p->variant == kDecodeWide ? 16 * kDecodeWideWarps : kSplitAlign;
+    const int64_t slots = p->slots[p->variant];
 
     /* Split-KV: the cheapest of no split and splits sized for 1 .. kSplitWavesMax waves of the
      * resident decode CTAs (split_cost); see the loop below for how a context is cut. */
@@ -1673,7 +1713,7 @@ static int plan_impl(struct cuda_attention_plan *p, const struct attention_batch
     if (p->graph) {
         /* the grid's partitions: as many as the layout holds, or fewer for the CTAs of 8 warps
          * (decode_ctas), whose splits aim at their own, fewer slots */
-        const size_t grid_parts = ps + (size_t)p->graph_extra[p->wide];
+        const size_t grid_parts = ps + (size_t)p->graph_extra[p->variant];
         if ((size_t)num_parts + ps - (size_t)ns > grid_parts)
             return pagoda_error_set(PAGODA_EINTERNAL,
                                     "cuda_attention_plan_graph: %d split-KV partitions exceed "
@@ -1768,7 +1808,7 @@ static int view_check(const struct cuda_attention_config *c, const struct kv_lay
 /* The decode kernel's grid for the planned step. */
 static unsigned decode_ctas(const struct cuda_attention_plan *p)
 {
-    const int32_t parts = p->graph ? p->num_seqs + p->graph_extra[p->wide] : p->num_parts;
+    const int32_t parts = p->graph ? p->num_seqs + p->graph_extra[p->variant] : p->num_parts;
     return (unsigned)parts * (unsigned)p->config.num_kv_heads * (unsigned)p->decode_chunks;
 }
 
@@ -1780,9 +1820,9 @@ static int launch(const struct cuda_attention_plan *p, const attn_args &a, cudaS
     const unsigned ctas = decode_ctas(p);
     if (ctas > 0) {
         const int v = p->copy_rows == 4 ? 0 : p->copy_rows == 8 ? 1 : 2;
-        const int threads = 32 * (p->wide ? kDecodeWideWarps : kDecodeWarps);
-        int rc = launch_pdl("cuda_attention_run: decode kernel", p->decode[p->wide][v], ctas,
-                            threads, p->decode_smem[p->wide][v], s, a);
+        const int threads = 32 * (p->variant == kDecodeWide ? kDecodeWideWarps : kDecodeWarps);
+        int rc = launch_pdl("cuda_attention_run: decode kernel", p->decode[p->variant][v], ctas,
+                            threads, p->decode_smem[p->variant][v], s, a);
         if (rc < 0)
             return rc;
         cuda_pdl_note_late(a.late);
@@ -1910,6 +1950,12 @@ void cuda_attention_set_decode_warps(struct cuda_attention_plan *p, int warps)
 {
     if (p != NULL && (warps == 0 || warps == kDecodeWarps || warps == kDecodeWideWarps))
         p->warps_set = warps;
+}
+
+void cuda_attention_set_decode_ctas(struct cuda_attention_plan *p, int ctas)
+{
+    if (p != NULL && (ctas == 0 || ctas == 2 || ctas == 3))
+        p->ctas_set = ctas;
 }
 
 void cuda_attention_set_decode_split(struct cuda_attention_plan *p, int32_t keys)

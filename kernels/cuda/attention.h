@@ -17,7 +17,8 @@
  * with query_len 1 (decode) go to a paged decode kernel, one CTA per (KV partition, KV head)
  * handling up to 8 of that KV head's query heads so that each K/V byte is read once (CTAs of 8
  * warps from 2 to 16 decode sequences at head dim 128, else of 4:
- * cuda_attention_set_decode_warps), K/V tiles
+ * cuda_attention_set_decode_warps; over an F8E4M3 pool at head dim 128, three CTAs of 4 an SM
+ * from 96 sequences: cuda_attention_set_decode_ctas), K/V tiles
  * brought in by bulk copies through the block table (4 keys a copy below 64 decode sequences, 16
  * from 64 up, 8 where the block size is not a multiple of 16:
  * cuda_attention_set_decode_copy_rows), with a merge kernel when a context was
@@ -193,6 +194,16 @@ void cuda_attention_set_decode_copy_rows(struct cuda_attention_plan *p, int rows
  * takes whole). Set it before a graph plan's first plan. Results differ in the last bits between
  * settings. Other values and NULL are ignored. */
 void cuda_attention_set_decode_warps(struct cuda_attention_plan *p, int warps);
+
+/* How many CTAs of 4 warps an SM the decode kernel runs over an F8E4M3 pool at head dim 128: 0
+ * (a new plan's setting) lets each step choose, 3 from 96 decode sequences (a graph plan: its
+ * padded size), else 2, the faster on the H100 (bench/RESULTS.md, thirty-sixth session); 2 or 3
+ * force it. With 3, 4 pipeline stages where 2 CTAs have 6, and at most 168 registers a thread.
+ * Steps whose CTAs have 8 warps (cuda_attention_set_decode_warps), bf16 pools and head dim 64
+ * are not affected. Set it before a graph plan's first plan. Results can differ in the last bits
+ * between settings (the split-KV cost model counts each variant's resident CTAs, so a context
+ * may be cut otherwise). Other values and NULL are ignored. */
+void cuda_attention_set_decode_ctas(struct cuda_attention_plan *p, int ctas);
 
 /* The split-KV partition of decode contexts, for benchmarks and tests: 0 (a new plan's setting)
  * lets each step's cost model choose; a multiple of 64 keys cuts every decode context longer

@@ -35,6 +35,10 @@ static int attn_copy_rows;
 /* The decode kernel's warps a CTA the cases force (cuda_attention_set_decode_warps): 0 lets
  * each plan choose (8 from 2 to 16 decode sequences, else 4), 4 or 8. */
 static int attn_warps;
+/* The decode kernel's CTAs of 4 warps an SM over an F8E4M3 pool at head dim 128 the cases force
+ * (cuda_attention_set_decode_ctas): 0 lets each plan choose (3 from 96 decode sequences, else 2),
+ * 2 or 3. */
+static int attn_ctas;
 /* 1: test_attention_early_kv's passes keep early K/V off (they still launch with the attribute) */
 static int attn_early_off;
 /* 1: the cases' GPU pools are F8E4M3 (--kv-cache-dtype fp8): the CPU reference's K/V are then
@@ -225,6 +229,7 @@ static void test_attention(const char *label, struct shape sh, int32_t num_seqs,
     GPU_CHECK(rc == 0, "cuda_attention_plan_new: %d (%s)", rc, pagoda_error_detail());
     cuda_attention_set_decode_copy_rows(gplan, attn_copy_rows);
     cuda_attention_set_decode_warps(gplan, attn_warps);
+    cuda_attention_set_decode_ctas(gplan, attn_ctas);
     /* Three plans in a row: the staging slots are reused once. */
     for (int i = 0; i < 3 && rc == 0; i++)
         rc = cuda_attention_plan(gplan, &batch, stream);
@@ -254,9 +259,12 @@ static void test_attention(const char *label, struct shape sh, int32_t num_seqs,
     for (int32_t s = 0; s < num_seqs; s++)
         num_decode += query_len[s] == 1;
     char cfg[160];
-    snprintf(cfg, sizeof(cfg), "%s hd %d bs %d %d/%d heads, %d seqs (%d decode), %d tok%s%s%s",
+    snprintf(cfg, sizeof(cfg), "%s hd %d bs %d %d/%d heads, %d seqs (%d decode), %d tok%s%s%s%s",
              label, (int)hd, (int)bs, (int)nh, (int)nkv, (int)num_seqs, (int)num_decode,
              (int)num_tokens, attn_f8 ? ", fp8" : "",
+             attn_ctas == 3   ? ", 3 ctas"
+             : attn_ctas == 2 ? ", 2 ctas"
+                              : "",
              attn_copy_rows == 4    ? ", rows 4"
              : attn_copy_rows == 8  ? ", rows 8"
              : attn_copy_rows == 16 ? ", rows 16"
@@ -455,6 +463,7 @@ static void test_attention_early_kv(struct shape sh, int32_t n, int32_t max_ctx,
     rc = cuda_attention_plan_new(&cfg, &plan);
     cuda_attention_set_decode_copy_rows(plan, attn_copy_rows);
     cuda_attention_set_decode_warps(plan, attn_warps);
+    cuda_attention_set_decode_ctas(plan, attn_ctas);
     struct attention_batch batch = {n, n, qs, ctx, tables, max_blocks};
     if (rc == 0)
         rc = cuda_attention_plan(plan, &batch, stream);
@@ -648,6 +657,7 @@ static void test_attention_graph(struct shape sh)
     int rc = cuda_attention_plan_new(&gcfg, &p);
     GPU_CHECK(rc == 0, "cuda_attention_plan_new: %d (%s)", rc, pagoda_error_detail());
     cuda_attention_set_decode_warps(p, attn_warps);
+    cuda_attention_set_decode_ctas(p, attn_ctas);
     cudaGraphExec_t graphs[num_pads] = {NULL};
     int32_t grid[num_pads] = {0};
     static const int32_t zero = 0;
@@ -736,12 +746,12 @@ static void test_attention_graph(struct shape sh)
         attention_plan_free(cplan);
 
         char cfg[160];
-        snprintf(cfg, sizeof(cfg), "graph of %d, %d seqs (first context %d): %d partitions%s%s",
+        snprintf(cfg, sizeof(cfg), "graph of %d, %d seqs (first context %d): %d partitions%s%s%s",
                  (int)st->pad, (int)n, (int)st->context_len[0], (int)real_parts,
                  attn_warps == 4   ? ", 4 warps"
                  : attn_warps == 8 ? ", 8 warps"
                                    : "",
-                 attn_f8 ? ", fp8" : "");
+                 attn_f8 ? ", fp8" : "", attn_ctas == 3 ? ", 3 ctas" : "");
         report("attention graph", cfg, rel_err_bf16(gout, ref, (size_t)n * qw), TOLERANCE);
         const bool same = memcmp(gout, eout, (size_t)n * qw * sizeof(uint16_t)) == 0;
         printf("%-20s   %-56s %s\n", "attention graph", "replay against eager",
@@ -1196,6 +1206,17 @@ int main(int argc, char **argv)
         decode_edges_forced();
         test_attention_decode_edges((struct shape){24, 2, 128, 16});
     }
+    /* Three CTAs of 4 warps an SM (4 stages) at every size, the plan's choice from 96 decode
+     * sequences, and two at 300 sequences, where the plan would take three. */
+    attn_ctas = 3;
+    for (int r = 0; r < 3; r++) {
+        copy_rows_and_warps(r);
+        decode_edges_forced();
+        test_attention_decode_edges((struct shape){24, 2, 128, 16});
+    }
+    attn_ctas = 2;
+    test_attention_many_decodes((struct shape){32, 8, 128, 16}, 300);
+    attn_ctas = 0;
     attn_copy_rows = 0;
     attn_warps = 0;
     test_attention_early_kv((struct shape){32, 8, 128, 16}, 256, 1200, false, false);
@@ -1213,6 +1234,11 @@ graphs:
     attn_f8 = 1; /* the same over an F8E4M3 pool */
     test_attention_graph((struct shape){32, 8, 128, 16});
     test_attention_graph((struct shape){16, 4, 64, 32});
+    attn_warps = 4; /* and with three CTAs of 4 warps an SM at every graph size */
+    attn_ctas = 3;
+    test_attention_graph((struct shape){32, 8, 128, 16});
+    attn_warps = 0;
+    attn_ctas = 0;
     attn_f8 = 0;
     test_attention_graph_bound();
 
