@@ -48,8 +48,8 @@
 #            time split into staging, layers and LM head, sampling and the idle time before each
 #            (bench/step_split.py over its log, graph replays and eager steps apart), then
 #            decode_step's step of STEP_BATCH at STEP_CONTEXT (its first) split the same way
-#            (split.txt): where a run's step is longer than decode_step's, which part is; not in
-#            the default parts
+#            (split.txt, with the SM clock and power through each): where a run's step is longer
+#            than decode_step's, which part is; not in the default parts
 #   table    the results as markdown tables
 # Where nvidia-smi is found, each pagoda-bench run (and the step part) also samples the GPUs' SM
 # clock and power every 250 ms (OUT_DIR/clocks/NAME.csv, summarized in clocks/NAME.json over the
@@ -362,14 +362,24 @@ part_split() { # the throughput run's steps split (worker debug log) beside deco
     lines=$(wc -l <"$run/worker-0.log")
     bench tp-split "${tp_workload[@]}" --rate inf --max-concurrency "$tp_concurrency" >/dev/null
     grep -E "Output token throughput|^Worker" "$out/tp-split.txt" | tee "$out/split.txt"
+    clocks_line "the run" tp-split | tee -a "$out/split.txt"
     grep -E "decode graph" "$run/worker-0.log" | cut -c1-240 | tee -a "$out/split.txt" || true
     tail -n +"$((lines + 1))" "$run/worker-0.log" | python3 "$root/bench/step_split.py" run |
         tee -a "$out/split.txt" || true
     down
+    clocks_start split-decode-step
     "$bin/decode_step" "$model" --batches "$b" --context "$ctx" --only shipped --reps 100 \
         --pipelined --max-tokens 2048 --kv-cache-dtype "${KV_CACHE_DTYPE:-auto}" --debug 2>&1 |
         python3 "$root/bench/step_split.py" "decode_step_${b}_at_$ctx" |
         tee -a "$out/split.txt" || true
+    clocks_stop >/dev/null
+    clocks_line "decode_step" split-decode-step | tee -a "$out/split.txt"
+}
+
+clocks_line() { # clocks_line LABEL NAME: "SM clock, power (busy), LABEL: ..." from clocks/NAME.json
+    [ -f "$out/clocks/$2.json" ] || return 0
+    python3 -c 'import json, sys; print("SM clock, power (busy), %s: %s" % (sys.argv[1],
+json.load(open(sys.argv[2])).get("summary", "n/a")))' "$1" "$out/clocks/$2.json" || true
 }
 
 part_throughput_table() {
