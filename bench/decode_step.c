@@ -184,7 +184,7 @@ struct result {
  * (cuda_backend_options.decode_copy_rows); the defaults with the decode attention's CTAs of 8
  * and of 4 warps at every batch size (warps8, warps4: cuda_backend_options.decode_warps); the
  * defaults with two and three of the decode attention's CTAs of 4 warps an SM over an F8E4M3 pool
- * at every batch size (ctas2, ctas3: cuda_backend_options.decode_ctas); the
+ * at every batch size whose CTAs have 4 warps (ctas2, ctas3: cuda_backend_options.decode_ctas); the
  * defaults with cuBLASLt on the linears no GEMV takes up to 256 rows
  * (cuda_backend_options.lt_max_rows); the defaults with the streaming GEMV on QKV and O up to
  * CUDA_GEMV_MAX_ROWS rows; the defaults with cuda_gemv_row on the linears of one row

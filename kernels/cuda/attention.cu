@@ -65,8 +65,9 @@ constexpr int kSplitMergePartKeys = 2;
 /* Partitions whose partial results the merge loads at once: 32, so that the 32 partitions of
  * one 32k-token sequence at batch 1 come through L2 in one round trip (ncu on the H200: the
  * merge took ~3.4 of 42 us with 8 at a time, ~2.9 with 32; bench/RESULTS.md). The decode
- * kernel's registers rise (142 -> 208 at head dim 128, 86 -> 138 at 64) without costing
- * occupancy, which shared memory limits to 2 and 3 CTAs per SM. */
+ * kernel's registers rise without costing occupancy, which shared memory limits to 2 and 3 CTAs
+ * per SM (174-181 registers at head dim 128, 140 at 64, thirty-sixth session; the dense variant,
+ * bound to 3 CTAs at head dim 128 by its registers, 168 with a few spilled). */
 constexpr int kMergeBatch = 32;
 
 /* Everything a kernel needs, passed by value. Metadata pointers point into the plan's device
@@ -419,7 +420,7 @@ __device__ __forceinline__ void newest_kv_store(const attn_args &a, const newest
  * context writes bf16 out, otherwise the normalised f32 output and its log-sum-exp for the merge
  * kernel. */
 template <int HD, int G_, int W_, bool F8, bool DENSE = false>
-__global__ void __launch_bounds__(32 * W_, DENSE ? 3 : 1) decode_kernel(attn_args a)
+__global__ void __launch_bounds__(32 * W_, DENSE ? 3 : 0) decode_kernel(attn_args a)
 {
     using D = decode_geom<HD, G_, W_, F8, DENSE>;
     using E = typename std::conditional<F8, uint8_t, uint16_t>::type; /* a pool element */
@@ -1230,10 +1231,12 @@ static bool decode_wide(int32_t set, int32_t n, int32_t head_dim)
     return head_dim == 128 && n >= kDecodeWideMinSeqs && n <= kDecodeWideMaxSeqs;
 }
 
-/* The decode kernel's variants: kDecodeNarrow (CTAs of kDecodeWarps, two an SM), kDecodeWide
- * (kDecodeWideWarps) and kDecodeDense (kDecodeWarps, three an SM: decode_geom's DENSE, F8 at
- * head dim 128 only; elsewhere the plan's kernels of that index are the narrow ones and never
- * chosen). */
+/* The decode kernel's variants: kDecodeNarrow (CTAs of kDecodeWarps, two an SM at head dim 128,
+ * three at 64), kDecodeWide (kDecodeWideWarps) and kDecodeDense (kDecodeWarps, three an SM:
+ * decode_geom's DENSE, F8 at head dim 128 only; elsewhere the plan's kernels of that index are
+ * the narrow ones and never chosen). Only DENSE passes __launch_bounds__ a minimum of CTAs an
+ * SM: a minimum of 1 for the others let ptxas take 236 registers a thread (from 140 at head dim
+ * 64: two CTAs an SM where shared memory allows three; the thirty-sixth session's review). */
 enum { kDecodeNarrow = 0, kDecodeWide = 1, kDecodeDense = 2, kDecodeVariants = 3 };
 /* The variant of a step with n decode sequences (a graph plan's n: its padded size): the wide one
  * as decode_wide says; else the dense one where the plan has it, from kDecodeDenseMinSeqs
@@ -1711,8 +1714,8 @@ static int plan_impl(struct cuda_attention_plan *p, const struct attention_batch
         num_parts += n;
     }
     if (p->graph) {
-        /* the grid's partitions: as many as the layout holds, or fewer for the CTAs of 8 warps
-         * (decode_ctas), whose splits aim at their own, fewer slots */
+        /* the grid's partitions: as many as the layout holds for the step's variant (decode_ctas),
+         * whose splits aim at its own slots (fewer for CTAs of 8 warps, more for dense ones) */
         const size_t grid_parts = ps + (size_t)p->graph_extra[p->variant];
         if ((size_t)num_parts + ps - (size_t)ns > grid_parts)
             return pagoda_error_set(PAGODA_EINTERNAL,

@@ -516,10 +516,10 @@ static void test_attention_early_kv(struct shape sh, int32_t n, int32_t max_ctx,
     cuda_set_pdl(0);
     char label[160];
     snprintf(label, sizeof(label),
-             "hd %d bs %d %d/%d heads, %d decodes, %d partitions, rows %d%s%s%s%s", (int)hd,
+             "hd %d bs %d %d/%d heads, %d decodes, %d partitions, rows %d%s%s%s%s%s", (int)hd,
              (int)bs, (int)nh, (int)nkv, (int)n, (int)parts, attn_copy_rows,
              slow_q ? ", slow q" : "", fused ? ", RoPE" : "", attn_early_off ? ", no early" : "",
-             attn_f8 ? ", fp8" : "");
+             attn_f8 ? ", fp8" : "", attn_ctas == 3 ? ", 3 ctas" : "");
     printf("%-20s %-58s %d of 10 differ, %d NaN%s%s\n", "attention early kv", label, differ, nans,
            fused ? (kv_differ ? ", the step's K/V differ" : ", the step's K/V equal") : "",
            differ == 0 && nans == 0 && kv_differ == 0 ? "" : "  FAIL");
@@ -1224,6 +1224,13 @@ int main(int argc, char **argv)
     test_attention_early_kv((struct shape){32, 8, 128, 16}, 4, 3000, false, true);
     test_attention_early_kv((struct shape){16, 4, 64, 32}, 64, 700, false, true);
     test_attention_early_kv((struct shape){24, 2, 128, 16}, 8, 900, false, true);
+    /* early K/V and RoPE in the dense kernel where contexts are split (partitions without the
+     * newest key), which the plan's choice (from 96 sequences) leaves whole */
+    attn_warps = 4;
+    attn_ctas = 3;
+    test_attention_early_kv((struct shape){32, 8, 128, 16}, 4, 3000, false, true);
+    attn_warps = 0;
+    attn_ctas = 0;
     attn_f8 = 0;
 
 graphs:
