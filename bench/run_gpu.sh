@@ -67,7 +67,8 @@
 # off runs a layer's linears of 2 to 16 rows through the GEMVs and cuBLAS, not linear_tma;
 # stream-k runs linear_tma with stream-K where it balances), KV_CACHE_DTYPE (unset: bf16; fp8 serves
 # with an 8-bit K/V pool, pagoda-up --kv-cache-dtype fp8, and counts one byte a K/V element in the
-# floors and bounds).
+# floors and bounds), PACK_OUT (unset; 1 packs OUT_DIR into OUT_DIR.tar.gz when the parts are
+# done, one file where a device tool returns only so many files from a call).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd -P)
 build=$(cd "${1:?usage: bench/run_gpu.sh BUILD_DIR [hf|random|shared|floor|table ...]}" && pwd -P)
@@ -562,3 +563,7 @@ for p in "${parts[@]}"; do
             "throughput, throughput_table, split, step, pagesize, pagesize_table, table)"; exit 2 ;;
     esac
 done
+if [ "${PACK_OUT:-}" = 1 ]; then
+    tar -C "$(dirname "$out")" -czf "$out.tar.gz" "$(basename "$out")"
+    echo "run_gpu.sh: results packed into $out.tar.gz"
+fi
