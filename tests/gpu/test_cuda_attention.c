@@ -1208,10 +1208,11 @@ int main(int argc, char **argv)
     }
     /* Three CTAs of 4 warps an SM (4 stages) at every size, the plan's choice from 96 decode
      * sequences, and two at 300 sequences, where the plan would take three. */
-    attn_ctas = 3;
+    attn_ctas = 3; /* at head dim 128, the only one with the dense kernel */
     for (int r = 0; r < 3; r++) {
         copy_rows_and_warps(r);
-        decode_edges_forced();
+        test_attention_decode_edges((struct shape){32, 8, 128, 16});
+        test_attention_decode_edges((struct shape){32, 8, 128, 24});
         test_attention_decode_edges((struct shape){24, 2, 128, 16});
     }
     attn_ctas = 2;
