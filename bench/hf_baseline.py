@@ -18,14 +18,18 @@ batch. `--compile auto` leaves compilation to generate (transformers compiles th
 forward pass itself when the cache is static, on CUDA); `forward` compiles model.forward with
 torch.compile(mode="reduce-overhead", fullgraph=True) instead, as the transformers guide shows;
 `none` runs eager (for comparison). Each batch size in --batch-sizes is timed over the whole
-workload; the best is the baseline.
+workload; the best is the baseline. A batch size whose static cache and activations do not fit
+the GPU (torch's out-of-memory error: 256 of 128 + 1024 tokens on the 8B shape on an 80 GB H100)
+is recorded as such and the next smaller power of two is tried in its place, down to 1, skipping
+sizes already run: the baseline is then the largest that fits, as one would run transformers there.
 
 Throughput counted two ways: `output_tps` counts the tokens the workload asks for (each request's
 max_tokens: what pagoda generates with --ignore-eos), which is the figure to compare pagoda's
 output tokens/s with; `generated_tps` counts every token generate produced, padding rows and
 tokens past a request's max_tokens included.
 
-Prints one JSON line per batch size and, last, {"best": ...}; --json writes all of it.
+Prints one JSON line per batch size (an out-of-memory one as {"batch_size": B, "error": ...}) and,
+last, {"best": ...}; --json writes all of it ("out_of_memory": the batch sizes that did not fit).
 """
 import argparse
 import json
@@ -130,6 +134,38 @@ def run_batch_size(model, torch, prompts, outs, batch, compile_mode, pad_id):
     }
 
 
+def is_out_of_memory(torch, e):
+    """torch's out-of-memory error, or one a compiled graph raised with it as its message."""
+    return isinstance(e, torch.OutOfMemoryError) or (isinstance(e, RuntimeError) and
+                                                     "out of memory" in str(e))
+
+
+def release_after_out_of_memory(model, torch):
+    """What a batch that ran out of memory left: the static cache generate keeps on the model for
+    the next call of that shape, the compiled graphs (their memory pools), cached blocks."""
+    import gc
+    if getattr(model, "_cache", None) is not None:
+        try:
+            delattr(model, "_cache")
+        except AttributeError:
+            model._cache = None
+    torch._dynamo.reset()
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
+def smaller_batch_sizes(batch):
+    """The sizes tried after `batch` did not fit: the powers of two below it, largest first."""
+    b = 1
+    while b * 2 < batch:
+        b *= 2
+    out = []
+    while b >= 1 and b < batch:
+        out.append(b)
+        b //= 2
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[1])
     ap.add_argument("--model", required=True, help="model dir (config.json, optional weights)")
@@ -160,20 +196,42 @@ def main():
     if args.compile == "forward":
         model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
 
-    results = []
-    for b in [int(x) for x in args.batch_sizes.split(",") if x]:
-        r = run_batch_size(model, torch, prompts, outs, b, args.compile, pad_id=0)
-        r.update(workload=w.get("workload"), seed=w.get("seed"), compile=args.compile,
-                 weights="file" if has_weights else "random", torch=torch.__version__,
-                 transformers=transformers.__version__, gpu=torch.cuda.get_device_name())
-        print(json.dumps(r), flush=True)
-        results.append(r)
-        torch.cuda.empty_cache()
+    sizes = [int(x) for x in args.batch_sizes.split(",") if x]
+    if not sizes or min(sizes) < 1:
+        sys.exit(f"--batch-sizes {args.batch_sizes}: positive integers")
+    results, out_of_memory, tried = [], [], set()
+    for asked in sizes:
+        for b in [asked] + smaller_batch_sizes(asked):
+            if b in tried:
+                break  # run already (or out of memory) as an earlier size's fallback
+            tried.add(b)
+            try:
+                r = run_batch_size(model, torch, prompts, outs, b, args.compile, pad_id=0)
+            except Exception as e:  # noqa: BLE001 -- only out of memory is caught; others re-raised
+                if not is_out_of_memory(torch, e):
+                    raise
+                release_after_out_of_memory(model, torch)
+                out_of_memory.append(b)
+                print(json.dumps({"batch_size": b, "error": "out of memory: " +
+                                  str(e).splitlines()[0][:200]}), flush=True)
+                continue
+            r.update(workload=w.get("workload"), seed=w.get("seed"), compile=args.compile,
+                     weights="file" if has_weights else "random", torch=torch.__version__,
+                     transformers=transformers.__version__, gpu=torch.cuda.get_device_name())
+            if b != asked:
+                r["asked_batch_size"] = asked
+            print(json.dumps(r), flush=True)
+            results.append(r)
+            torch.cuda.empty_cache()
+            break
+    if not results:
+        sys.exit(f"hf_baseline.py: no batch size fit the GPU (out of memory at {out_of_memory})")
     best = max(results, key=lambda r: r["output_tps"])
     print(json.dumps({"best": best}), flush=True)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"results": results, "best": best}, f, indent=2)
+            json.dump({"results": results, "best": best, "out_of_memory": out_of_memory}, f,
+                      indent=2)
 
 
 if __name__ == "__main__":

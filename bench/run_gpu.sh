@@ -20,7 +20,8 @@
 #   throughput  issue 15's throughput figure: the matrix rate measured first (bench/matrix_rate.py:
 #            torch bf16 GEMMs, cuBLAS), then TP_NUM_PROMPTS (512) prompts of TP_INPUT_LEN (128) +
 #            TP_OUTPUT_LEN (1024) tokens, TP_CONCURRENCY (256) in flight, through transformers
-#            generate (static cache, compiled; HF_BATCH_SIZES) and through pagoda, then the 1024 +
+#            generate (static cache, compiled; HF_BATCH_SIZES; a size that does not fit the GPU
+#            falls back to the next smaller power of two) and through pagoda, then the 1024 +
 #            256 random workload through pagoda; each pagoda run with its compute-and-bandwidth
 #            bound (pagoda-bench --matrix-tflops; MATRIX_TFLOPS skips the measurement); then its
 #            table; not in the default parts
@@ -396,7 +397,9 @@ if m:
 if hf:
     b = hf["best"]
     print(f"transformers generate (static cache, compile {b['compile']}): batch {b['batch_size']}, "
-          f"{b['output_tps']:.0f} output tok/s ({b['requests']} requests, {b['time_s']:.1f} s)")
+          f"{b['output_tps']:.0f} output tok/s ({b['requests']} requests, {b['time_s']:.1f} s)"
+          + (f"; out of memory at batch {', '.join(map(str, hf['out_of_memory']))}"
+             if hf.get("out_of_memory") else ""))
 def clocks(name):
     return (load(os.path.join("clocks", name)) or {}).get("summary", "n/a")
 print("| run | done | failed | out tok/s | / transformers | TTFT p50 ms | TPOT p50 ms | ITL p50 ms "
@@ -505,6 +508,8 @@ if hf:
     for r in hf["results"]:
         print(f"  batch {r['batch_size']}: {r['output_tps']:.1f} output tok/s, "
               f"{r['generated_tps']:.1f} generated tok/s")
+    for bs in hf.get("out_of_memory", []):
+        print(f"  batch {bs}: out of memory (the next smaller power of two tried instead)")
 print()
 print("| run | prefix cache | done | failed | req/s | out tok/s | / HF | TTFT p50 | TTFT p99 "
       "| TPOT p50 | TPOT p99 | ITL p99 | E2E p50 | hit rate | peak KV | preempt |")
