@@ -216,9 +216,19 @@ part_hf() {
     "$bin/pagoda-bench" --model "$model" "${random_flags[@]}" \
         --dump-workload "$out/random-workload.json"
     echo "== hf_baseline.py (batch sizes ${HF_BATCH_SIZES:-64,256}, compile ${HF_COMPILE:-auto})"
+    rm -f "$out/hf.json" # never an earlier run's baseline beside this run's figures
     python3 "$root/bench/hf_baseline.py" --model "$model" --workload "$out/random-workload.json" \
         --batch-sizes "${HF_BATCH_SIZES:-64,256}" --compile "${HF_COMPILE:-auto}" \
-        --seed "$seed" --json "$out/hf.json"
+        --seed "$seed" --json "$out/hf.json" || baseline_failed $?
+}
+
+# A baseline that fails (its exit status and its last lines above) does not stop the parts after
+# it, whose device time would be lost with it: they run without a baseline, and the script exits
+# with 1 at the end.
+status=0
+baseline_failed() {
+    echo "run_gpu.sh: hf_baseline.py failed (exit $1): the runs go on without a baseline" >&2
+    status=1
 }
 
 part_random() {
@@ -328,9 +338,10 @@ part_throughput() { # issue 15: 128 + 1024 at 256 in flight against transformers
     if [ -z "${TP_SKIP_HF:-}" ]; then
         echo "== hf_baseline.py (${TP_INPUT_LEN:-128} + ${TP_OUTPUT_LEN:-1024}, batch sizes" \
             "${HF_BATCH_SIZES:-256})"
+        rm -f "$out/tp-hf.json"
         python3 "$root/bench/hf_baseline.py" --model "$model" --workload "$out/tp-workload.json" \
             --batch-sizes "${HF_BATCH_SIZES:-256}" --compile "${HF_COMPILE:-auto}" \
-            --seed "$seed" --json "$out/tp-hf.json"
+            --seed "$seed" --json "$out/tp-hf.json" || baseline_failed $?
     fi
     local base
     base=$(baseline_tps "$out/tp-hf.json")
@@ -572,3 +583,4 @@ if [ "${PACK_OUT:-}" = 1 ]; then
     tar -C "$(dirname "$out")" -czf "$out.tar.gz" "$(basename "$out")"
     echo "run_gpu.sh: results packed into $out.tar.gz"
 fi
+exit $status
