@@ -1246,7 +1246,9 @@ enum { kDecodeNarrow = 0, kDecodeWide = 1, kDecodeDense = 2, kDecodeVariants = 3
  * 8.961 and at 640 keys 7.480 -> 8.007, 96 9.855 -> 9.494 (640: 8.371 -> 8.191), 128 10.986 ->
  * 10.454 (9.075 -> 8.841), 192 13.600 -> 12.884 (10.864 -> 10.653), 256 at 640 12.58-12.63 ->
  * 12.33-12.34; the throughput workload (fp8, 256 in flight) 18,015 -> 18,770 tok/s. On an H200,
- * 256 at 640 keys 11.56-11.60 -> 11.18-11.23. */
+ * 256 at 640 keys 11.56-11.60 -> 11.18-11.23. At 64 the dense kernel loses uncut too (both forced
+ * to one partition: 7.46 -> 7.50 at 640 keys, 8.43 -> 8.56 at 1100; thirty-seventh session), so
+ * the split-KV cost model's cut with its 396 slots is only part of its loss there. */
 constexpr int32_t kDecodeDenseMinSeqs = 96;
 
 /* Rounds a word count up to a multiple of 4, so that int4 arrays stay 16-byte aligned. */
