@@ -20,8 +20,9 @@ torch.compile(mode="reduce-overhead", fullgraph=True) instead, as the transforme
 `none` runs eager (for comparison). Each batch size in --batch-sizes is timed over the whole
 workload; the best is the baseline. A batch size whose static cache and activations do not fit
 the GPU (torch's out-of-memory error: 256 of 128 + 1024 tokens on the 8B shape on an 80 GB H100)
-is recorded as such and the next smaller power of two is tried in its place, down to 1, skipping
-sizes already run: the baseline is then the largest that fits, as one would run transformers there.
+is recorded as such and the next smaller power of two is tried in its place, down to 1, stopping
+at a size already tried or no larger than one that fit: the baseline is then the largest that
+fits, as one would run transformers there.
 
 Throughput counted two ways: `output_tps` counts the tokens the workload asks for (each request's
 max_tokens: what pagoda generates with --ignore-eos), which is the figure to compare pagoda's
@@ -144,11 +145,8 @@ def release_after_out_of_memory(model, torch):
     """What a batch that ran out of memory left: the static cache generate keeps on the model for
     the next call of that shape, the compiled graphs (their memory pools), cached blocks."""
     import gc
-    if getattr(model, "_cache", None) is not None:
-        try:
-            delattr(model, "_cache")
-        except AttributeError:
-            model._cache = None
+    # Gone, not None: generate makes a new cache only where the model has no `_cache` attribute.
+    model.__dict__.pop("_cache", None)
     torch._dynamo.reset()
     gc.collect()
     torch.cuda.empty_cache()
@@ -204,16 +202,22 @@ def main():
         for b in [asked] + smaller_batch_sizes(asked):
             if b in tried:
                 break  # run already (or out of memory) as an earlier size's fallback
+            if b != asked and any(r["batch_size"] >= b for r in results):
+                break  # a fallback no larger than a size that fit: nothing new to learn
             tried.add(b)
+            oom = None
             try:
                 r = run_batch_size(model, torch, prompts, outs, b, args.compile, pad_id=0)
             except Exception as e:  # noqa: BLE001 -- only out of memory is caught; others re-raised
                 if not is_out_of_memory(torch, e):
                     raise
+                oom = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+            if oom is not None:
+                # Released here, past the except: its traceback held generate's frames (the
+                # failed batch's cache and activations) until the block ended.
                 release_after_out_of_memory(model, torch)
                 out_of_memory.append(b)
-                print(json.dumps({"batch_size": b, "error": "out of memory: " +
-                                  str(e).splitlines()[0][:200]}), flush=True)
+                print(json.dumps({"batch_size": b, "error": "out of memory: " + oom}), flush=True)
                 continue
             r.update(workload=w.get("workload"), seed=w.get("seed"), compile=args.compile,
                      weights="file" if has_weights else "random", torch=torch.__version__,

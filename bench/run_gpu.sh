@@ -520,7 +520,7 @@ if hf:
         print(f"  batch {r['batch_size']}: {r['output_tps']:.1f} output tok/s, "
               f"{r['generated_tps']:.1f} generated tok/s")
     for bs in hf.get("out_of_memory", []):
-        print(f"  batch {bs}: out of memory (the next smaller power of two tried instead)")
+        print(f"  batch {bs}: out of memory")
 print()
 print("| run | prefix cache | done | failed | req/s | out tok/s | / HF | TTFT p50 | TTFT p99 "
       "| TPOT p50 | TPOT p99 | ITL p99 | E2E p50 | hit rate | peak KV | preempt |")

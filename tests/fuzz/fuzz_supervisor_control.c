@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* As SUP_MAX_WORKERS in supervisor.c; a smaller limit too, to reach its edge. */
+/* As SUP_MAX_WORKERS in supervisor_opts.h; a smaller limit too, to reach its edge. */
 #define FUZZ_MAX_WORKERS 64
 #define FUZZ_FEW_WORKERS 3
 
