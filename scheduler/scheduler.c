@@ -34,7 +34,7 @@ static void charge_cpu(struct scheduler *s, uint64_t start_ns)
 
 /* Request ids may be a client's own (one default tenant), so buckets come from a keyed hash:
  * nobody can choose ids that pile into one bucket. */
-static uint64_t request_hash(const struct scheduler *s, const uint8_t *id)
+uint64_t request_hash(const struct scheduler *s, const uint8_t *id)
 {
     return XXH3_64bits_withSeed(id, SCHEDULER_REQUEST_ID_BYTES, s->hash_seed);
 }
@@ -49,7 +49,7 @@ static uint32_t id_bucket(const struct scheduler *s, uint64_t seq_id)
     return (uint32_t)(XXH3_64bits_withSeed(&seq_id, sizeof(seq_id), s->hash_seed) & s->bucket_mask);
 }
 
-static struct seq *find_request(const struct scheduler *s, const uint8_t *id)
+struct seq *find_request(const struct scheduler *s, const uint8_t *id)
 {
     for (struct seq *q = s->req_buckets[req_bucket(s, id)]; q; q = q->req_next)
         if (memcmp(q->request_id, id, SCHEDULER_REQUEST_ID_BYTES) == 0)
@@ -67,7 +67,7 @@ static struct seq *find_seq_id(const struct scheduler *s, uint64_t seq_id)
     return NULL;
 }
 
-static void hash_request(struct scheduler *s, struct seq *q)
+void hash_request(struct scheduler *s, struct seq *q)
 {
     uint32_t b = req_bucket(s, q->request_id);
     q->req_next = s->req_buckets[b];
@@ -102,7 +102,7 @@ static void unhash_seq_id(struct scheduler *s, struct seq *q)
     q->seq_id = 0;
 }
 
-static void seq_free(struct seq *q)
+void seq_free(struct seq *q)
 {
     if (q == NULL)
         return;
@@ -153,7 +153,7 @@ static void id_list_push(struct scheduler *s, struct id_list *l, uint64_t id)
 
 /* The most tokens a sequence may hold while `pinned` blocks are pinned: the model's positions
  * and the pool less those blocks. */
-static int64_t context_with_pins(const struct scheduler *s, int32_t pinned)
+int64_t context_with_pins(const struct scheduler *s, int32_t pinned)
 {
     int64_t pool = (int64_t)(block_manager_usable(s->bm) - pinned) * s->block_size;
     int64_t limit = s->worker.max_positions > 0 ? s->worker.max_positions : pool;
@@ -162,7 +162,7 @@ static int64_t context_with_pins(const struct scheduler *s, int32_t pinned)
 
 /* The most tokens a sequence may hold now: the model's positions and the pool less its pinned
  * blocks (which no sequence can take). */
-static int64_t context_limit(const struct scheduler *s)
+int64_t context_limit(const struct scheduler *s)
 {
     return context_with_pins(s, (int32_t)prefix_cache_pinned_blocks(s->pc));
 }
@@ -277,8 +277,8 @@ bool send_router(struct scheduler *s, Pagoda__Internal__ToRouter *m)
 
 /* Sends n events in one message; announce_done marks the last message of an announcement.
  * Returns false when the message was lost. */
-static bool send_events_msg(struct scheduler *s, Pagoda__Internal__TokenEvent **events, size_t n,
-                            bool announce_done)
+bool send_events_msg(struct scheduler *s, Pagoda__Internal__TokenEvent **events, size_t n,
+                     bool announce_done)
 {
     Pagoda__Internal__TokenEvents evs = PAGODA__INTERNAL__TOKEN_EVENTS__INIT;
     evs.n_events = n;
@@ -293,7 +293,7 @@ static bool send_events_msg(struct scheduler *s, Pagoda__Internal__TokenEvent **
 
 /* Tells the router the model's context (it sizes its prompt and message limits from it), once a
  * worker has said it. Returns false when the message was lost. */
-static bool send_model_info(struct scheduler *s)
+bool send_model_info(struct scheduler *s)
 {
     if (s->worker.max_positions <= 0)
         return true;
@@ -316,9 +316,9 @@ static void send_events(struct scheduler *s, Pagoda__Internal__TokenEvent **even
 
 /* Sends one event that ends a request: reason, with error (0 or a PAGODA_E* code and a
  * message) and no tokens. id is echoed as given (any length). */
-static void send_end(struct scheduler *s, const uint8_t *id, size_t id_len, uint32_t offset,
-                     uint32_t prompt_tokens, Pagoda__Internal__FinishReason reason, int error,
-                     const char *message)
+void send_end(struct scheduler *s, const uint8_t *id, size_t id_len, uint32_t offset,
+              uint32_t prompt_tokens, Pagoda__Internal__FinishReason reason, int error,
+              const char *message)
 {
     Pagoda__Internal__TokenEvent ev = PAGODA__INTERNAL__TOKEN_EVENT__INIT;
     if (id != NULL) {
@@ -341,8 +341,8 @@ static void send_end(struct scheduler *s, const uint8_t *id, size_t id_len, uint
     send_events(s, &p, 1);
 }
 
-static void send_error(struct scheduler *s, const uint8_t *id, size_t id_len, int error,
-                       const char *message)
+void send_error(struct scheduler *s, const uint8_t *id, size_t id_len, int error,
+                const char *message)
 {
     char hex[2 * SCHEDULER_REQUEST_ID_BYTES + 1] = "";
     for (size_t i = 0; id && i < id_len && i < SCHEDULER_REQUEST_ID_BYTES; i++)
@@ -384,8 +384,8 @@ void seq_remove(struct scheduler *s, struct seq *q)
  * a message to the router is lost and not yet made good (their ends may be among what it held).
  * Its tokens, not its blocks: a router that restarts before it heard the end learns it from the
  * announcement, one whose event was lost from the resend. */
-static void ended_push(struct scheduler *s, struct seq_list *l, struct seq *q, uint32_t keep,
-                       uint32_t keep_behind)
+void ended_push(struct scheduler *s, struct seq_list *l, struct seq *q, uint32_t keep,
+                uint32_t keep_behind)
 {
     q->state = SEQ_WAITING;
     q->end_order = ++s->end_count;
@@ -411,7 +411,7 @@ static void seq_retire(struct scheduler *s, struct seq *q)
 }
 
 /* Sets q's end to FINISH_ERROR with error and (a copy of) message, for the recent list. */
-static void seq_set_error(struct seq *q, int error, const char *message)
+void seq_set_error(struct seq *q, int error, const char *message)
 {
     q->finish_reason = PAGODA__INTERNAL__FINISH_REASON__FINISH_ERROR;
     q->error_code = error;
@@ -421,8 +421,8 @@ static void seq_set_error(struct seq *q, int error, const char *message)
 }
 
 /* A request that ended (finished, cancelled, or out of memory) with reason. */
-static void seq_end(struct scheduler *s, struct seq *q, Pagoda__Internal__FinishReason reason,
-                    int32_t error_code, const char *error_message)
+void seq_end(struct scheduler *s, struct seq *q, Pagoda__Internal__FinishReason reason,
+             int32_t error_code, const char *error_message)
 {
     if (q->pin != NULL) {
         pin_seq_ended(s, q, reason != PAGODA__INTERNAL__FINISH_REASON__FINISH_ERROR, error_code,
@@ -730,8 +730,8 @@ static bool ensure_blocks(struct scheduler *s, struct seq *q, int64_t upto)
 
 /* A strict_max_tokens request's check: PAGODA_ERANGE with why in msg when its prompt and
  * max_tokens (> 0) pass limit, else 0. */
-static int strict_check(int64_t limit, int32_t prompt, int32_t max_tokens,
-                        char msg[SCHEDULER_ERROR_MESSAGE_MAX])
+int strict_check(int64_t limit, int32_t prompt, int32_t max_tokens,
+                 char msg[SCHEDULER_ERROR_MESSAGE_MAX])
 {
     if (max_tokens <= 0 || (int64_t)prompt + max_tokens <= limit)
         return 0;
@@ -1096,7 +1096,7 @@ static bool step_once(struct scheduler *s, int64_t now_ms)
 }
 
 /* Sends steps while one may go out: with two in flight, step n+1 right behind step n. */
-static void try_step(struct scheduler *s, int64_t now_ms)
+void try_step(struct scheduler *s, int64_t now_ms)
 {
     for (int i = 0; i < SCHEDULER_MAX_STEPS_IN_FLIGHT && step_once(s, now_ms); i++)
         ;
@@ -1217,7 +1217,7 @@ static void count_work(struct scheduler *s, const struct seq *q, int32_t num_new
 /* A sum of step times in microseconds as a counter: rounded, and held at 2^62 (not reached by
  * times of at most SCHEDULER_STEP_US_MAX in any life of a scheduler, but llround's range is
  * not to be left). */
-static uint64_t us_counter(double sum)
+uint64_t us_counter(double sum)
 {
     return sum < 0x1p62 ? (uint64_t)llround(sum) : (uint64_t)1 << 62;
 }
@@ -1590,442 +1590,6 @@ void scheduler_on_worker(struct scheduler *s, uint32_t worker_id,
         if (w->hello_seen)
             send_resync(s, now_ms, false);
     }
-}
-
-/* ---- router messages ------------------------------------------------------------------------ */
-
-/* What a submission says of who it is, for q: its request id, tenant (a copy: false without
- * memory) and client_request_id, and ignore_eos, as an announcement tells them. */
-static bool seq_take_submit_ids(struct seq *q, const Pagoda__Internal__SubmitSeq *m)
-{
-    memcpy(q->request_id, m->request_id.data, SCHEDULER_REQUEST_ID_BYTES);
-    q->ignore_eos = m->has_ignore_eos && m->ignore_eos;
-    if (m->has_client_request_id && m->client_request_id.len == SCHEDULER_REQUEST_ID_BYTES) {
-        q->has_client_id = true;
-        memcpy(q->client_id, m->client_request_id.data, SCHEDULER_REQUEST_ID_BYTES);
-    }
-    return m->tenant == NULL || (q->tenant = strdup(m->tenant)) != NULL;
-}
-
-/* A submission (of a 16-byte request id) refused before it became a sequence: its error end,
- * and an empty sequence with that end in the refused list, so that a resend after a lost message
- * or an announcement tells the router (under load, when the queue is full, is when the link to
- * the router is most likely to drop a message). */
-static void refuse_submit(struct scheduler *s, const Pagoda__Internal__SubmitSeq *m, int err,
-                          const char *msg)
-{
-    send_error(s, m->request_id.data, SCHEDULER_REQUEST_ID_BYTES, err, msg);
-    struct seq *q = seq_new(NULL, 0, 0);
-    if (q == NULL)
-        return; /* the end went out once; without memory it cannot be kept */
-    q->max_tokens = m->has_max_tokens && m->max_tokens > 0 ? m->max_tokens : 0;
-    if (!seq_take_submit_ids(q, m)) {
-        seq_free(q); /* announced without its tenant it would be another tenant's */
-        return;
-    }
-    seq_set_error(q, err, msg);
-    ended_push(s, &s->refused, q, SCHEDULER_MAX_RECENT_REFUSED, 8 * SCHEDULER_MAX_RECENT_REFUSED);
-}
-
-static void on_submit(struct scheduler *s, const Pagoda__Internal__SubmitSeq *m)
-{
-    const uint8_t *id = m->has_request_id ? m->request_id.data : NULL;
-    size_t id_len = m->has_request_id ? m->request_id.len : 0;
-    char msg[SCHEDULER_ERROR_MESSAGE_MAX];
-    if (id_len != SCHEDULER_REQUEST_ID_BYTES) {
-        snprintf(msg, sizeof(msg), "request_id must be %d bytes, not %zu",
-                 SCHEDULER_REQUEST_ID_BYTES, id_len);
-        send_error(s, id, id_len, PAGODA_EINVAL, msg);
-        return;
-    }
-    if (find_request(s, id) != NULL) {
-        log_debug("submit of a request already queued: ignored");
-        return;
-    }
-    size_t n_prompt = m->n_prompt_token_ids, n_out = m->n_output_token_ids;
-    int64_t limit = context_limit(s);
-    int err = 0;
-    if (n_prompt == 0) {
-        err = PAGODA_EINVAL;
-        snprintf(msg, sizeof(msg), "the prompt is empty");
-    } else if (n_prompt > SCHEDULER_MAX_PROMPT_TOKENS || n_out > SCHEDULER_MAX_PROMPT_TOKENS ||
-               (int64_t)n_prompt + 1 > limit) {
-        err = PAGODA_ERANGE;
-        snprintf(msg, sizeof(msg), "prompt of %zu tokens + 1 exceeds the context of %lld tokens",
-                 n_prompt,
-                 (long long)(limit < SCHEDULER_MAX_PROMPT_TOKENS
-                                 ? limit
-                                 : (int64_t)SCHEDULER_MAX_PROMPT_TOKENS));
-    } else if (m->n_stop_token_ids > SCHEDULER_MAX_STOP_IDS) {
-        err = PAGODA_ERANGE;
-        snprintf(msg, sizeof(msg), "%zu stop token ids, more than %d", m->n_stop_token_ids,
-                 SCHEDULER_MAX_STOP_IDS);
-    } else if (m->has_max_tokens && m->max_tokens < 0) {
-        err = PAGODA_ERANGE;
-        snprintf(msg, sizeof(msg), "max_tokens %d is negative", (int)m->max_tokens);
-    } else if (m->has_strict_max_tokens && m->strict_max_tokens && n_out == 0 &&
-               strict_check(context_with_pins(s, 0), (int32_t)n_prompt, m->max_tokens, msg) != 0) {
-        /* refused now, not after its wait in the queue: what no context without pins would
-         * hold (pins may go while it waits; the admission checks what is left then) */
-        err = PAGODA_ERANGE;
-    } else if (s->waiting.count + s->running.count >= (uint32_t)s->cfg.max_queued) {
-        err = PAGODA_EEXHAUSTED;
-        snprintf(msg, sizeof(msg), "the scheduler's queue is full (%d requests)",
-                 (int)s->cfg.max_queued);
-    }
-    int64_t vocab = s->worker.hello_seen ? s->worker.vocab_size : INT32_MAX;
-    for (size_t i = 0; err == 0 && i < n_prompt + n_out; i++) {
-        int32_t t = i < n_prompt ? m->prompt_token_ids[i] : m->output_token_ids[i - n_prompt];
-        if (t < 0 || t >= vocab) {
-            err = PAGODA_EINVAL;
-            snprintf(msg, sizeof(msg), "token id %d is outside the vocabulary", (int)t);
-        }
-    }
-    struct sampling_params sp;
-    if (err == 0 && (err = sampling_from_internal(m->sampling, &sp)) != 0)
-        snprintf(msg, sizeof(msg), "%s", pagoda_error_detail());
-    if (err != 0) {
-        refuse_submit(s, m, err, msg);
-        return;
-    }
-    struct seq *q = seq_new(m->prompt_token_ids, (int32_t)n_prompt, (int32_t)n_out);
-    if (q == NULL) {
-        send_error(s, id, id_len, PAGODA_ENOMEM, "out of memory for the request");
-        return;
-    }
-    if (n_out > 0)
-        memcpy(q->tokens + n_prompt, m->output_token_ids, n_out * sizeof(int32_t));
-    q->num_tokens = (int32_t)(n_prompt + n_out);
-    q->sampling = sp;
-    q->max_tokens = m->has_max_tokens ? m->max_tokens : 0;
-    q->strict_max_tokens = m->has_strict_max_tokens && m->strict_max_tokens && n_out == 0;
-    q->num_stop_ids = (int32_t)m->n_stop_token_ids;
-    if (m->n_stop_token_ids > 0)
-        memcpy(q->stop_ids, m->stop_token_ids, m->n_stop_token_ids * sizeof(int32_t));
-    q->owner = tenant_get(s, m->tenant != NULL ? m->tenant : "default");
-    if (!seq_take_submit_ids(q, m) || q->owner == NULL) {
-        seq_free(q);
-        send_error(s, id, id_len, PAGODA_ENOMEM, "out of memory for the request");
-        return;
-    }
-    hash_request(s, q);
-    waiting_push(s, q, false);
-    if (q->max_tokens > 0 && (int64_t)n_out >= q->max_tokens) {
-        /* A resubmission whose output is already complete. */
-        send_end(s, q->request_id, SCHEDULER_REQUEST_ID_BYTES, (uint32_t)n_out, (uint32_t)n_prompt,
-                 PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH, 0, NULL);
-        seq_end(s, q, PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH, 0, NULL);
-    }
-}
-
-static void on_cancel(struct scheduler *s, const Pagoda__Internal__CancelSeq *m)
-{
-    if (!m->has_request_id || m->request_id.len != SCHEDULER_REQUEST_ID_BYTES) {
-        log_warn("cancel with a request id that is not %d bytes: ignored",
-                 SCHEDULER_REQUEST_ID_BYTES);
-        return;
-    }
-    struct seq *q = find_request(s, m->request_id.data);
-    if (q == NULL)
-        return;
-    send_end(s, q->request_id, SCHEDULER_REQUEST_ID_BYTES,
-             (uint32_t)(q->num_tokens - q->num_prompt_tokens), (uint32_t)q->num_prompt_tokens,
-             PAGODA__INTERNAL__FINISH_REASON__FINISH_CANCELLED, 0, NULL);
-    seq_end(s, q, PAGODA__INTERNAL__FINISH_REASON__FINISH_CANCELLED, 0, NULL);
-}
-
-static void on_stats_request(struct scheduler *s, const Pagoda__Internal__StatsRequest *m)
-{
-    struct scheduler_stats st;
-    scheduler_get_stats(s, &st);
-    Pagoda__Internal__SchedulerStats ps = PAGODA__INTERNAL__SCHEDULER_STATS__INIT;
-    ps.has_cookie = m->has_cookie;
-    ps.cookie = m->cookie;
-    ps.has_running = ps.has_waiting = ps.has_peak_running = ps.has_steps = 1;
-    ps.has_resyncs = ps.has_worker_restarts = ps.has_num_blocks = ps.has_free_blocks = 1;
-    ps.has_kv_usage = ps.has_computed_tokens = ps.has_malformed_messages = 1;
-    ps.has_preemptions = ps.has_step_cpu_us = 1;
-    ps.running = st.running;
-    ps.waiting = st.waiting;
-    ps.peak_running = st.peak_running;
-    ps.steps = st.steps;
-    ps.resyncs = st.resyncs;
-    ps.worker_restarts = st.worker_restarts;
-    ps.num_blocks = st.num_blocks;
-    ps.free_blocks = st.free_blocks;
-    ps.kv_usage = st.kv_usage;
-    ps.computed_tokens = st.computed_tokens;
-    ps.malformed_messages = st.malformed_messages;
-    ps.preemptions = st.preemptions;
-    ps.step_cpu_us = st.step_cpu_us;
-    ps.has_fragmentation = ps.has_cached_blocks = ps.has_peak_kv_usage = 1;
-    ps.has_prefix_query_tokens = ps.has_prefix_hit_tokens = ps.has_evictions = 1;
-    ps.has_pinned_blocks = 1;
-    ps.fragmentation = st.fragmentation;
-    ps.cached_blocks = st.cached_blocks;
-    ps.peak_kv_usage = st.peak_kv_usage;
-    ps.prefix_query_tokens = st.prefix_query_tokens;
-    ps.prefix_hit_tokens = st.prefix_hit_tokens;
-    ps.evictions = st.evictions;
-    ps.pinned_blocks = st.pinned_blocks;
-    ps.has_steps_in_flight = ps.has_peak_steps_in_flight = ps.has_discarded_tokens = 1;
-    ps.steps_in_flight = st.steps_in_flight;
-    ps.peak_steps_in_flight = st.peak_steps_in_flight;
-    ps.discarded_tokens = st.discarded_tokens;
-    ps.has_prefix_waits = 1;
-    ps.prefix_waits = st.prefix_waits;
-    ps.has_router_drops = ps.has_router_resends = 1;
-    ps.router_drops = st.router_drops;
-    ps.router_resends = st.router_resends;
-    ps.has_worker_step_wall_us = ps.has_worker_step_device_us = 1;
-    ps.worker_step_wall_us = st.worker_step_wall_us;
-    ps.worker_step_device_us = st.worker_step_device_us;
-    ps.has_worker_steps_timed = ps.has_worker_step_wall_us_total = 1;
-    ps.has_worker_step_device_us_total = 1;
-    ps.worker_steps_timed = st.worker_steps_timed;
-    ps.worker_step_wall_us_total = us_counter(st.worker_step_wall_us_sum);
-    ps.worker_step_device_us_total = us_counter(st.worker_step_device_us_sum);
-    ps.has_prefill_tokens = ps.has_decode_tokens = ps.has_locality = 1;
-    ps.has_locality_run_length = 1;
-    ps.prefill_tokens = st.prefill_tokens;
-    ps.decode_tokens = st.decode_tokens;
-    ps.locality = st.locality;
-    ps.locality_run_length = st.locality_run_length;
-    Pagoda__Internal__ToRouter r = PAGODA__INTERNAL__TO_ROUTER__INIT;
-    r.msg_case = PAGODA__INTERNAL__TO_ROUTER__MSG_STATS;
-    r.stats = &ps;
-    send_router(s, &r);
-}
-
-/* The newest ended sequence of each request id among the recent and refused lists, for one pass
- * over them: open addressing over the request buckets' keyed hash (ids may be a client's own
- * choice), at most half full. */
-struct newest_map {
-    const struct scheduler *s;
-    const struct seq **slots;
-    uint32_t mask;
-};
-
-static bool newest_map_init(struct newest_map *m, const struct scheduler *s, uint32_t count)
-{
-    uint32_t size = 16;
-    while (size < 2 * count)
-        size *= 2;
-    m->s = s;
-    m->slots = calloc(size, sizeof(*m->slots));
-    m->mask = size - 1;
-    return m->slots != NULL;
-}
-
-/* The slot of q's id: the one holding that id, or the empty one where it goes. */
-static uint32_t newest_map_slot(const struct newest_map *m, const struct seq *q)
-{
-    uint32_t i = (uint32_t)request_hash(m->s, q->request_id) & m->mask;
-    while (m->slots[i] != NULL &&
-           memcmp(m->slots[i]->request_id, q->request_id, SCHEDULER_REQUEST_ID_BYTES) != 0)
-        i = (i + 1) & m->mask;
-    return i;
-}
-
-static void newest_map_add(struct newest_map *m, const struct seq *q)
-{
-    const uint32_t i = newest_map_slot(m, q);
-    if (m->slots[i] == NULL || m->slots[i]->end_order < q->end_order)
-        m->slots[i] = q;
-}
-
-static bool newest_map_is_newest(const struct newest_map *m, const struct seq *q)
-{
-    return m->slots[newest_map_slot(m, q)] == q;
-}
-
-/* The older of the two lists' next ended sequences (their cursors *a and *b), advanced past. */
-static struct seq *next_ended(struct seq **a, struct seq **b)
-{
-    struct seq **p = *a == NULL ? b : *b == NULL ? a : (*a)->end_order < (*b)->end_order ? a : b;
-    struct seq *q = *p;
-    if (q != NULL)
-        *p = q->next;
-    return q;
-}
-
-static void announce_fill(Pagoda__Internal__TokenEvent *ev, struct seq *q)
-{
-    pagoda__internal__token_event__init(ev);
-    ev->has_request_id = 1;
-    ev->request_id.data = q->request_id;
-    ev->request_id.len = SCHEDULER_REQUEST_ID_BYTES;
-    ev->has_offset = 1;
-    ev->offset = 0;
-    ev->n_token_ids = (size_t)(q->num_tokens - q->num_prompt_tokens);
-    ev->token_ids = q->tokens + q->num_prompt_tokens;
-    ev->n_logprobs = ev->n_token_ids;
-    ev->logprobs = q->logprobs + q->num_prompt_tokens;
-    ev->has_prompt_tokens = ev->has_cached_tokens = 1;
-    ev->prompt_tokens = (uint32_t)q->num_prompt_tokens;
-    ev->cached_tokens = q->cached_tokens;
-    ev->has_announce = 1;
-    ev->announce = 1;
-    ev->tenant = q->tenant;
-    ev->has_max_tokens = 1;
-    ev->max_tokens = q->max_tokens;
-    ev->has_ignore_eos = 1;
-    ev->ignore_eos = q->ignore_eos;
-    if (q->has_client_id) {
-        ev->has_client_request_id = 1;
-        ev->client_request_id.data = q->client_id;
-        ev->client_request_id.len = SCHEDULER_REQUEST_ID_BYTES;
-    }
-    if (q->finish_reason != PAGODA__INTERNAL__FINISH_REASON__FINISH_NONE) {
-        ev->has_finish_reason = 1;
-        ev->finish_reason = q->finish_reason;
-        if (q->error_code != 0) {
-            ev->has_error_code = 1;
-            ev->error_code = q->error_code;
-            ev->error_message = (char *)q->error_message;
-        }
-    }
-}
-
-/* Sends every request held (running, waiting, and the recently ended and refused, of an id the
- * newest only) from output offset 0, in
- * messages of at most max_seqs events and about SCHEDULER_ANNOUNCE_TOKENS tokens: as an
- * announcement (announce set, announce_done on the last message), or as a resend after a lost
- * message (neither: a router takes the tokens it lacks and adopts no request; requests with no
- * output and no end are left out). Stops at the first message lost and returns false; true when
- * every message went. *total: the requests sent. */
-static bool send_held(struct scheduler *s, bool announce, size_t *total)
-{
-    size_t n = 0, tokens = 0;
-    *total = 0;
-    /* Of the ends of one request id (submitted again after it ended) only the newest is told:
-     * the router holds at most one request of an id. */
-    struct newest_map newest;
-    if (!newest_map_init(&newest, s, s->recent.count + s->refused.count)) {
-        s->router_behind = true; /* without memory: as if lost, tried again (resend_to_router) */
-        return false;
-    }
-    for (struct seq *q = s->recent.head; q != NULL; q = q->next)
-        newest_map_add(&newest, q);
-    for (struct seq *q = s->refused.head; q != NULL; q = q->next)
-        newest_map_add(&newest, q);
-    /* Running, waiting, then the ended oldest first (a router over its cap of finished requests
-     * drops its oldest). */
-    struct seq *run = s->running.head, *wait = s->waiting.head;
-    struct seq *rec = s->recent.head, *ref = s->refused.head;
-    bool whole = true;
-    for (;;) {
-        struct seq *q;
-        bool ended = false;
-        if (run != NULL) {
-            q = run;
-            run = run->next;
-        } else if (wait != NULL) {
-            q = wait;
-            wait = wait->next;
-        } else if ((q = next_ended(&rec, &ref)) != NULL) {
-            ended = true;
-        } else {
-            break;
-        }
-        if (q->pin != NULL || (ended && (find_request(s, q->request_id) != NULL ||
-                                         !newest_map_is_newest(&newest, q))))
-            continue; /* a pin's own, or ended then submitted again: the newest speaks */
-        size_t out = (size_t)(q->num_tokens - q->num_prompt_tokens);
-        if (!announce && out == 0 &&
-            q->finish_reason == PAGODA__INTERNAL__FINISH_REASON__FINISH_NONE)
-            continue; /* no event of it can have been lost */
-        if (n > 0 && (n == (size_t)s->cfg.max_seqs || tokens + out > SCHEDULER_ANNOUNCE_TOKENS)) {
-            if (!(whole = send_events_msg(s, s->ev_ptrs, n, false)))
-                break;
-            n = tokens = 0;
-        }
-        Pagoda__Internal__TokenEvent *ev = &s->ev_msgs[n];
-        announce_fill(ev, q);
-        if (!announce) {
-            ev->has_announce = ev->announce = 0;
-            ev->tenant = NULL;
-            ev->has_max_tokens = ev->has_ignore_eos = ev->has_client_request_id = 0;
-        }
-        s->ev_ptrs[n] = ev;
-        n++;
-        tokens += out;
-        (*total)++;
-    }
-    free(newest.slots);
-    return whole && ((!announce && n == 0) || send_events_msg(s, s->ev_ptrs, n, announce));
-}
-
-/* RouterHello: announces every request held; an announcement not delivered whole is sent
- * again as one (resend_to_router). */
-static void on_router_hello(struct scheduler *s)
-{
-    send_model_info(s);
-    size_t total = 0;
-    if (!send_held(s, true, &total))
-        s->resend_announce = true;
-    log_info("router hello: announced %zu requests", total);
-}
-
-/* After a message to the router was lost: the model's context (in case that was the message)
- * and everything held again, as an announcement when one was lost, until a resend goes through
- * whole. The first SCHEDULER_ROUTER_RESEND_MS after the last resend, then twice as long after
- * each resend that was lost too, up to SCHEDULER_ROUTER_RESEND_MAX_MS. */
-static void resend_to_router(struct scheduler *s, int64_t now_ms)
-{
-    if (!s->router_behind || now_ms - s->router_resend_ms < s->router_resend_wait_ms)
-        return;
-    s->router_behind = false;
-    s->router_resend_ms = now_ms;
-    s->stats.router_resends++;
-    size_t total = 0;
-    bool whole = send_model_info(s) && send_held(s, s->resend_announce, &total);
-    if (whole) {
-        s->resend_announce = false;
-        s->router_resend_wait_ms = SCHEDULER_ROUTER_RESEND_MS;
-        log_warn("messages to the router were lost: %zu requests sent again from offset 0", total);
-        return;
-    }
-    s->router_behind = true;
-    if (s->router_resend_wait_ms < SCHEDULER_ROUTER_RESEND_MAX_MS)
-        s->router_resend_wait_ms *= 2;
-    log_warn("messages to the router were lost, and so was their resend: again in %lld ms",
-             (long long)s->router_resend_wait_ms);
-}
-
-void scheduler_on_router(struct scheduler *s, const Pagoda__Internal__ToScheduler *msg,
-                         int64_t now_ms)
-{
-    if (msg == NULL) {
-        s->stats.malformed_messages++;
-        log_warn("router: malformed message");
-        return;
-    }
-    switch (msg->msg_case) {
-    case PAGODA__INTERNAL__TO_SCHEDULER__MSG_SUBMIT:
-        on_submit(s, msg->submit);
-        break;
-    case PAGODA__INTERNAL__TO_SCHEDULER__MSG_CANCEL:
-        on_cancel(s, msg->cancel);
-        break;
-    case PAGODA__INTERNAL__TO_SCHEDULER__MSG_STATS:
-        on_stats_request(s, msg->stats);
-        return;
-    case PAGODA__INTERNAL__TO_SCHEDULER__MSG_ROUTER_HELLO:
-        on_router_hello(s);
-        return;
-    case PAGODA__INTERNAL__TO_SCHEDULER__MSG_POLICY:
-        on_policy(s, msg->policy);
-        break;
-    case PAGODA__INTERNAL__TO_SCHEDULER__MSG_ADMIN:
-        on_admin(s, msg->admin);
-        return;
-    default:
-        s->stats.malformed_messages++;
-        log_warn("router: unexpected message (case %d)", (int)msg->msg_case);
-        return;
-    }
-    try_step(s, now_ms);
 }
 
 /* ---- timer ---------------------------------------------------------------------------------- */

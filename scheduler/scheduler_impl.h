@@ -1,6 +1,7 @@
-/* The scheduler's private state, shared by scheduler.c (steps, results, workers, requests) and
- * scheduler_cache.c (the prefix cache in use: lookups, publication, tenants, pins, the policy
- * and admin calls). Nothing outside scheduler/ includes it. */
+/* The scheduler's private state, shared by scheduler.c (steps, results, workers, sequences),
+ * scheduler_router.c (the router's messages) and scheduler_cache.c (the prefix cache in use:
+ * lookups, publication, tenants, pins, the policy and admin calls). Nothing outside scheduler/
+ * includes it. */
 #ifndef PAGODA_SCHEDULER_SCHEDULER_IMPL_H
 #define PAGODA_SCHEDULER_SCHEDULER_IMPL_H
 
@@ -290,6 +291,62 @@ int check_inflight(const struct scheduler *s, const char **why);
 
 /* Sends m to the router with protocol version and epoch set. */
 bool send_router(struct scheduler *s, Pagoda__Internal__ToRouter *m);
+
+/* ---- scheduler.c, for scheduler_router.c ---- */
+
+/* Request ids may be a client's own (one default tenant), so buckets come from a keyed hash:
+ * nobody can choose ids that pile into one bucket. */
+uint64_t request_hash(const struct scheduler *s, const uint8_t *id);
+/* The live sequence of request id (SCHEDULER_REQUEST_ID_BYTES), or NULL. */
+struct seq *find_request(const struct scheduler *s, const uint8_t *id);
+/* Lists q under its request id (find_request). */
+void hash_request(struct scheduler *s, struct seq *q);
+/* Frees q and what it owns (its block table's memory, not its blocks); NULL is ignored. */
+void seq_free(struct seq *q);
+/* The most tokens a sequence may hold while `pinned` blocks are pinned: the model's positions
+ * and the pool less those blocks. */
+int64_t context_with_pins(const struct scheduler *s, int32_t pinned);
+/* The most tokens a sequence may hold now (context_with_pins of the blocks pinned now). */
+int64_t context_limit(const struct scheduler *s);
+/* Sends n events in one message; announce_done marks the last message of an announcement.
+ * Returns false when the message was lost. */
+bool send_events_msg(struct scheduler *s, Pagoda__Internal__TokenEvent **events, size_t n,
+                     bool announce_done);
+/* Tells the router the model's context, once a worker has said it. Returns false when the
+ * message was lost. */
+bool send_model_info(struct scheduler *s);
+/* Sends one event that ends a request: reason, with error (0 or a PAGODA_E* code and a
+ * message) and no tokens. id is echoed as given (any length). */
+void send_end(struct scheduler *s, const uint8_t *id, size_t id_len, uint32_t offset,
+              uint32_t prompt_tokens, Pagoda__Internal__FinishReason reason, int error,
+              const char *message);
+/* A refusal of request id: logged, counted, and sent as its end (FINISH_ERROR). */
+void send_error(struct scheduler *s, const uint8_t *id, size_t id_len, int error,
+                const char *message);
+/* Keeps q, which ended and is in no list, at the end of list l (the recent or the refused
+ * list), dropping l's oldest beyond keep (keep_behind while a message to the router is lost). */
+void ended_push(struct scheduler *s, struct seq_list *l, struct seq *q, uint32_t keep,
+                uint32_t keep_behind);
+/* Sets q's end to FINISH_ERROR with error and (a copy of) message, for the recent list. */
+void seq_set_error(struct seq *q, int error, const char *message);
+/* A request that ended (finished, cancelled, or out of memory) with reason. */
+void seq_end(struct scheduler *s, struct seq *q, Pagoda__Internal__FinishReason reason,
+             int32_t error_code, const char *error_message);
+/* A strict_max_tokens request's check: PAGODA_ERANGE with why in msg when its prompt and
+ * max_tokens (> 0) pass limit, else 0. */
+int strict_check(int64_t limit, int32_t prompt, int32_t max_tokens,
+                 char msg[SCHEDULER_ERROR_MESSAGE_MAX]);
+/* Sends steps while one may go out: with two in flight, step n+1 right behind step n. */
+void try_step(struct scheduler *s, int64_t now_ms);
+/* A sum of step times in microseconds as a counter: rounded, held at 2^62. */
+uint64_t us_counter(double sum);
+
+/* ---- scheduler_router.c: the router's messages (submit, cancel, stats, the router's hello and
+ * the announcement of what the scheduler holds), for scheduler.c ---- */
+
+/* After a message to the router was lost: the model's context and everything held again, until
+ * a resend goes through whole (backing off from SCHEDULER_ROUTER_RESEND_MS). */
+void resend_to_router(struct scheduler *s, int64_t now_ms);
 
 /* ---- scheduler_cache.c ---- */
 
