@@ -146,7 +146,12 @@ def release_after_out_of_memory(model, torch):
     the next call of that shape, the compiled graphs (their memory pools), cached blocks."""
     import gc
     # Gone, not None: generate makes a new cache only where the model has no `_cache` attribute.
-    model.__dict__.pop("_cache", None)
+    # delattr, not the instance dict: where the cache is a torch Module (some transformers
+    # versions) the model holds it among its submodules.
+    try:
+        delattr(model, "_cache")
+    except AttributeError:
+        pass
     torch._dynamo.reset()
     gc.collect()
     torch.cuda.empty_cache()
