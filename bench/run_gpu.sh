@@ -48,8 +48,9 @@
 #   split    the throughput run (TP_* as above) with the worker at debug level, its steps' device
 #            time split into staging, layers and LM head, sampling and the idle time before each
 #            (bench/step_split.py over its log, graph replays and eager steps apart), then
-#            decode_step's step of STEP_BATCH at STEP_CONTEXT (its first) split the same way
-#            (split.txt, with the SM clock and power through each): where a run's step is longer
+#            decode_step's step of STEP_BATCH at STEP_CONTEXT (its first; six runs of 200 steps,
+#            as the step part) split the same way (split.txt, with the SM clock and power through
+#            each): where a run's step is longer
 #            than decode_step's, which part is; not in the default parts
 #   table    the results as markdown tables
 # Where nvidia-smi is found, each pagoda-bench run (and the step part) also samples the GPUs' SM
@@ -381,8 +382,10 @@ part_split() { # the throughput run's steps split (worker debug log) beside deco
         tee -a "$out/split.txt" || true
     down
     clocks_start split-decode-step
-    "$bin/decode_step" "$model" --batches "$b" --context "$ctx" --only shipped --reps 100 \
-        --pipelined --max-tokens 2048 --kv-cache-dtype "${KV_CACHE_DTYPE:-auto}" --debug 2>&1 |
+    # six runs of 200 steps back to back (about 15 s), so that its clock, like the run's, is
+    # the one the power limit holds (103 steps, 1.3 s, read 581-589 W where the run held 685).
+    "$bin/decode_step" "$model" --batches "$b,$b,$b,$b,$b,$b" --context "$ctx" --only shipped \
+        --reps 200 --pipelined --max-tokens 2048 --kv-cache-dtype "${KV_CACHE_DTYPE:-auto}" --debug 2>&1 |
         python3 "$root/bench/step_split.py" "decode_step_${b}_at_$ctx" |
         tee -a "$out/split.txt" || true
     clocks_stop >/dev/null
