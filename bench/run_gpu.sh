@@ -50,8 +50,8 @@
 #            (bench/step_split.py over its log, graph replays and eager steps apart), then
 #            decode_step's step of STEP_BATCH at STEP_CONTEXT (its first; six runs of 200 steps,
 #            as the step part) split the same way (split.txt, with the SM clock and power through
-#            each): where a run's step is longer
-#            than decode_step's, which part is; not in the default parts
+#            each): where a run's step is longer than decode_step's, which part is; not in the
+#            default parts
 #   table    the results as markdown tables
 # Where nvidia-smi is found, each pagoda-bench run (and the step part) also samples the GPUs' SM
 # clock and power every 250 ms (OUT_DIR/clocks/NAME.csv, summarized in clocks/NAME.json over the
@@ -356,14 +356,24 @@ part_throughput() { # issue 15: 128 + 1024 at 256 in flight against transformers
     part_throughput_table
 }
 
+# decode_step_sustained CONTEXT [FLAG...]: decode_step's step of STEP_BATCH (256) sequences at
+# CONTEXT keys, six runs of 200 steps back to back (about 15 s), so that its clock is the one the
+# power limit holds, as a serving run's is (103 steps, 1.3 s, read 581-589 W on an H100 where the
+# run held 685): the step and split parts.
+decode_step_sustained() {
+    local b=${STEP_BATCH:-256} c=$1
+    shift
+    "$bin/decode_step" "$model" --batches "$b,$b,$b,$b,$b,$b" --context "$c" --only shipped \
+        --reps 200 --pipelined --kv-cache-dtype "${KV_CACHE_DTYPE:-auto}" "$@"
+}
+
 part_step() { # decode_step's step of 256 at the run's mean context, sustained, clock sampled
     local b=${STEP_BATCH:-256} c
     : >"$out/step.txt"
     clocks_start step
     for c in ${STEP_CONTEXT:-640}; do
         echo "== decode_step: $b sequences at context $c, six runs of 200 steps"
-        "$bin/decode_step" "$model" --batches "$b,$b,$b,$b,$b,$b" --context "$c" --only shipped \
-            --reps 200 --pipelined --kv-cache-dtype "${KV_CACHE_DTYPE:-auto}" 2>&1 | grep '^batch' |
+        decode_step_sustained "$c" 2>&1 | grep '^batch' |
             sed "s/^/context $c: /" | tee -a "$out/step.txt" || true
     done
     clocks_stop
@@ -382,10 +392,7 @@ part_split() { # the throughput run's steps split (worker debug log) beside deco
         tee -a "$out/split.txt" || true
     down
     clocks_start split-decode-step
-    # six runs of 200 steps back to back (about 15 s), so that its clock, like the run's, is
-    # the one the power limit holds (103 steps, 1.3 s, read 581-589 W where the run held 685).
-    "$bin/decode_step" "$model" --batches "$b,$b,$b,$b,$b,$b" --context "$ctx" --only shipped \
-        --reps 200 --pipelined --max-tokens 2048 --kv-cache-dtype "${KV_CACHE_DTYPE:-auto}" --debug 2>&1 |
+    decode_step_sustained "$ctx" --max-tokens 2048 --debug 2>&1 |
         python3 "$root/bench/step_split.py" "decode_step_${b}_at_$ctx" |
         tee -a "$out/split.txt" || true
     clocks_stop >/dev/null
