@@ -283,8 +283,8 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const void *p)
 }
 
 /* ---- shared by the kernels that write the step's K/V (kernels/cuda/ops.cu) and the decode
- * attention that writes it itself (attention.cu, cuda_attention_run_rope): one definition, so
- * that they agree bit for bit ---- */
+ * attention that writes it itself (attention_decode.cu, cuda_attention_run_rope): one definition,
+ * so that they agree bit for bit ---- */
 
 /* The element offset of slot `slot` in a pool layer (its block times block_stride, plus its
  * place in the block times slot_stride), or -1 for a slot written nowhere: padding (negative),

@@ -48,7 +48,7 @@ __device__ __forceinline__ void load_group(const uint16_t *wa, const uint16_t *w
 }
 
 /* The inputs of chunk ch: rows 8t + g, zeros past the last row (they are small and stay in L2).
- * x is the kernel ahead's output: coherent loads, never __ldg (see attention.cu's q). */
+ * x is the kernel ahead's output: coherent loads, never __ldg (see attention_decode.cu's q). */
 template <int TILES>
 __device__ __forceinline__ void load_x(const uint16_t *const xr[TILES], const bool xok[TILES],
                                        int32_t ch, uint4 xv[TILES])

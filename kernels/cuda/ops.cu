@@ -316,7 +316,7 @@ __global__ void silu_mul_kernel(const uint16_t *__restrict__ gate_up, uint16_t *
         const uint16_t *g = gate_up + r * 2 * inter;
         if (VEC) {
             float gf[8], uf[8];
-            /* g is the kernel ahead's output: coherent loads (see attention.cu's q). */
+            /* g is the kernel ahead's output: coherent loads (see attention_decode.cu's q). */
             bf16x8_to_float(__ldcg(reinterpret_cast<const uint4 *>(g + (int64_t)c * 8)), gf);
             bf16x8_to_float(__ldcg(reinterpret_cast<const uint4 *>(g + inter + (int64_t)c * 8)),
                             uf);
