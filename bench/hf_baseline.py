@@ -141,9 +141,12 @@ def is_out_of_memory(torch, e):
                                                      "out of memory" in str(e))
 
 
-def release_after_out_of_memory(model, torch):
-    """What a batch that ran out of memory left: the static cache generate keeps on the model for
-    the next call of that shape, the compiled graphs (their memory pools), cached blocks."""
+def release_batch_state(model, torch):
+    """What a batch size left behind, run or out of memory: the static cache generate keeps on the
+    model for the next call of that shape, the compiled graphs (their memory pools; and the shapes
+    dynamo saw, after which --compile forward, torch.compile's default dynamic=None, would compile
+    the next size with dynamic shapes), cached blocks; so that each size runs as if it were the
+    first, whatever the order."""
     import gc
     # Gone, not None: generate makes a new cache only where the model has no `_cache` attribute.
     # delattr, not the instance dict: where the cache is a torch Module (some transformers
@@ -220,7 +223,7 @@ def main():
             if oom is not None:
                 # Released here, past the except: its traceback held generate's frames (the
                 # failed batch's cache and activations) until the block ended.
-                release_after_out_of_memory(model, torch)
+                release_batch_state(model, torch)
                 out_of_memory.append(b)
                 print(json.dumps({"batch_size": b, "error": "out of memory: " + oom}), flush=True)
                 continue
@@ -231,7 +234,7 @@ def main():
                 r["asked_batch_size"] = asked
             print(json.dumps(r), flush=True)
             results.append(r)
-            torch.cuda.empty_cache()
+            release_batch_state(model, torch)
             break
     if not results:
         sys.exit(f"hf_baseline.py: no batch size fit the GPU (out of memory at {out_of_memory})")
