@@ -300,8 +300,8 @@ static void bench_attention(const struct attn_case *c)
     struct attention_batch b = {c->batch, num_tokens, query_start, context_len, tables, nb};
     cudaGraph_t graph = NULL;
     if (c->layers > 0) {
-        /* A decode graph of the worker is captured on a plan of padding alone (capture_graphs),
-         * then replayed on each step's plan. */
+        /* A decode graph of the worker is captured on a plan of padding alone
+         * (cuda_be_capture_graphs), then replayed on each step's plan. */
         static const int32_t zero = 0;
         const struct attention_batch none = {0, 0, &zero, NULL, NULL, 1};
         if (c->graph_seqs > 0)

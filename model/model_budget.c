@@ -1,8 +1,8 @@
 #include "model/model_budget.h"
 
-/* Mirrors load_weights in worker/cuda_backend.c: embeddings (and an untied LM head), the final
- * norm, and per layer two norms, QKV, O, gate/up and down, with the optional biases; for a
- * shard, its slices of each (model_shard.h). */
+/* Mirrors cuda_be_load_weights in worker/cuda_backend_load.c: embeddings (and an untied LM head),
+ * the final norm, and per layer two norms, QKV, O, gate/up and down, with the optional biases; for
+ * a shard, its slices of each (model_shard.h). */
 uint64_t model_budget_shard_weight_bytes(const struct model_config *c, const struct model_shard *s)
 {
     uint64_t H = (uint64_t)c->hidden_size, I = (uint64_t)s->intermediate_size;
@@ -30,7 +30,7 @@ uint64_t model_budget_sampler_bytes(int64_t vocab, int64_t max_seqs, int64_t max
     return S * (V * 8 + (V + 4095) / 4096 * 24 + 4 + 80 + 12 + Hs * 4 + 24 + Hs * 4);
 }
 
-/* Mirrors alloc_activations in worker/cuda_backend.c (and the gathered logits of
+/* Mirrors cuda_be_alloc_activations in worker/cuda_backend_load.c (and the gathered logits of
  * worker/cuda_tp.c, which the backend allocates for an NCCL group), and the sampler the
  * backend opens (model_budget_sampler_bytes: its rows max_seqs, its history the model's
  * positions). */

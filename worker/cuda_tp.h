@@ -1,4 +1,4 @@
-/* The CUDA backend's collectives for a tensor-parallel rank (internal to worker/cuda_backend.c):
+/* The CUDA backend's collectives for a tensor-parallel rank (internal to worker/cuda_backend*.c):
  * the all-reduce of a row-parallel projection's f32 partial sums and the all-gather of the
  * vocabulary-split logits, on device buffers, through comm/comm.h.
  *

@@ -60,8 +60,8 @@ int cuda_add_rmsnorm(float *residual, const uint16_t *x, const uint16_t *weight,
 /* cuda_add_rmsnorm that also adds nparts f32 partial sums into the residual (after x, in order:
  * residual = ((residual + x) + parts[0]) + parts[1] + ...), part p of row r at parts + p *
  * part_stride + r * dim (part_stride >= rows * dim): the slices of a split-K product whose sum
- * no kernel formed (worker/cuda_backend.c, opt.split_parts). nparts 0: cuda_add_rmsnorm. The
- * slices must overlap neither the residual nor out (PAGODA_EINVAL). */
+ * no kernel formed (worker/cuda_backend_forward.c, opt.split_parts). nparts 0: cuda_add_rmsnorm.
+ * The slices must overlap neither the residual nor out (PAGODA_EINVAL). */
 int cuda_add_parts_rmsnorm(float *residual, const uint16_t *x, const float *parts, int32_t nparts,
                            int64_t part_stride, const uint16_t *weight, uint16_t *out, int32_t rows,
                            int32_t dim, float eps, cudaStream_t s);

@@ -574,10 +574,10 @@ struct graph_step {
 };
 
 /* Decode attention replayed from CUDA graphs as the worker's decode graphs run it
- * (worker/cuda_backend.c, capture_graphs): one plan; for each batch size a graph captured on a
- * plan of padding alone (cuda_attention_plan_graph of no sequence), then steps planned by
- * cuda_attention_plan_graph and replayed, padded to the graph's size (3 sequences in the graph
- * of 4, 13 and 2 in 16), at contexts whose splits differ from step to step and from the
+ * (worker/cuda_backend_graphs.c, cuda_be_capture_graphs): one plan; for each batch size a graph
+ * captured on a plan of padding alone (cuda_attention_plan_graph of no sequence), then steps
+ * planned by cuda_attention_plan_graph and replayed, padded to the graph's size (3 sequences in the
+ * graph of 4, 13 and 2 in 16), at contexts whose splits differ from step to step and from the
  * capture's: one sequence of 1100 keys cut into at least 16 partitions on the Llama-3-8B shape
  * with CTAs of 4 warps (18 of 64 keys on the H200), 8 with CTAs of 8 (9 of 128), one of 32768,
  * short and long

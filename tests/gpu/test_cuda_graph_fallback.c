@@ -1,7 +1,7 @@
 /* The CUDA backend's fallback when a decode graph cannot be captured at open
- * (worker/cuda_backend.c, capture_graphs): with PAGODA_CUDA_GRAPH_FAIL_AT=<batch> (a test's
- * fault: the capture of that batch size is invalidated by a synchronization, as a capture the
- * stream refuses is), the backend still opens, counts one capture failure, frees the graphs
+ * (worker/cuda_backend_graphs.c, cuda_be_capture_graphs): with PAGODA_CUDA_GRAPH_FAIL_AT=<batch> (a
+ * test's fault: the capture of that batch size is invalidated by a synchronization, as a capture
+ * the stream refuses is), the backend still opens, counts one capture failure, frees the graphs
  * captured before, and runs every step launch by launch: SEQS sequences prefilled together, then
  * DECODE greedy decode steps of all of them give the same tokens, token for token, as the same
  * run with graphs off, and no step replays a graph. The fault at the first and at the last batch

@@ -798,11 +798,11 @@ static size_t late_gemm(int gemm, struct cuda_lt *lt, cublasHandle_t h, const ui
 
 /* kernels/cuda/util.h's late trigger: a graph of [cuda_add_parts_rmsnorm (kind 0) or
  * cuda_silu_mul (kind 1), launched with the late trigger] -> a cuBLAS GEMM on its output
- * (late_gemm's three forms), the edge between them made programmatic as worker/cuda_backend.c
- * makes it (cuBLAS's kernels never wait, bench/pdl_cublas.cu), replayed on fresh inputs each
- * time, the kernel's output zeroed before: every product equals, bit for bit, the same two
- * calls in plain stream order without PDL. A control (printed, not counted: whether a race
- * shows is timing) makes the same edge behind the usual early trigger. */
+ * (late_gemm's three forms), the edge between them made programmatic as
+ * worker/cuda_backend_forward.c makes it (cuBLAS's kernels never wait, bench/pdl_cublas.cu),
+ * replayed on fresh inputs each time, the kernel's output zeroed before: every product equals, bit
+ * for bit, the same two calls in plain stream order without PDL. A control (printed, not counted:
+ * whether a race shows is timing) makes the same edge behind the usual early trigger. */
 static void test_late_into_cublas(struct cuda_lt *lt, cublasHandle_t h, int kind, int gemm)
 {
     const int32_t rows = 16, dim = 4096, nparts = 2, reps = 40;
@@ -1080,7 +1080,7 @@ int main(void)
     test_add_rmsnorm(5, 1000, false, 0);
     test_add_rmsnorm(3, 100, true, 0);
     test_add_rmsnorm(3, 16384, true, 0); /* past the register-resident kernel */
-    /* the slices of a split-K product (worker/cuda_backend.c split_parts) */
+    /* the slices of a split-K product (worker/cuda_backend_forward.c split_parts) */
     test_add_rmsnorm(16, 4096, false, 2);
     test_add_rmsnorm(5, 4096, true, 3);
     test_add_rmsnorm(3, 16384, false, 2);

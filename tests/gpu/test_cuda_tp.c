@@ -1,4 +1,4 @@
-/* The CUDA backend's tensor-parallel path (worker/cuda_backend.c, worker/cuda_tp.c) on one GPU:
+/* The CUDA backend's tensor-parallel path (worker/cuda_backend*.c, worker/cuda_tp.c) on one GPU:
  * two ranks as threads of one process, both on device 0, each with its shard of the weights and
  * a cpu comm (the collectives staged through pinned host memory), run a prompt and then decode
  * teacher-forced along TP 1's greedy path:
