@@ -2,7 +2,7 @@
  * scaled logit (step 3) and the integer weight exp~ (step 4).
  *
  * Header-only so that the CPU sampler (kernels/cpu/sampler.c) and the CUDA sampler
- * (kernels/cuda/sampler.cu) compile the same text and agree bit for bit. Every function is
+ * (kernels/cuda/sampler_rows.cu) compile the same text and agree bit for bit. Every function is
  * SAMPLING_FN: `static inline` in C, `__host__ __device__` as well under nvcc. Each float
  * operation goes through sampling_fmul/fadd/fsub/fdiv, which are the plain operators on the
  * host and the round-to-nearest intrinsics (__fmul_rn, ...) on the device, which nvcc never

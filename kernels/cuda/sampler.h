@@ -12,9 +12,10 @@
  * the result does not depend on how the work is split between threads. The log-probability is
  * the one value that may differ from the CPU's in the last bits.
  *
- * A plain C header: the implementation is kernels/cuda/sampler.cu. It also needs
- * pagoda_kernels_cpu at link time (sampling_params_validate(), so that both samplers refuse the
- * same parameters with the same errors). */
+ * A plain C header: the implementation is kernels/cuda/sampler.cu, the host side, with its
+ * kernels in sampler_rows.cu and sampler_greedy.cu. It also needs pagoda_kernels_cpu at link time
+ * (sampling_params_validate(), so that both samplers refuse the same parameters with the same
+ * errors). */
 #ifndef PAGODA_KERNELS_CUDA_SAMPLER_H
 #define PAGODA_KERNELS_CUDA_SAMPLER_H
 

@@ -1,5 +1,5 @@
-/* The greedy fast path of kernels/cuda/sampler.cu (a part of test_cuda_sampler; main is in
- * test_cuda_sampler.c): ties and bad values around its chunk boundaries, masked rows, 1 to 300
+/* The greedy fast path of kernels/cuda/sampler_greedy.cu (a part of test_cuda_sampler; main is
+ * in test_cuda_sampler.c): ties and bad values around its chunk boundaries, masked rows, 1 to 300
  * rows and mixed calls, against the CPU sampler and the general path; and its timings. */
 #include "tests/gpu/sampler_test.h"
 
