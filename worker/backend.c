@@ -17,6 +17,18 @@ int backend_forward(struct backend *b, const struct fwd_batch *batch, float *log
     return rc;
 }
 
+struct attention_batch backend_attention_batch(const struct fwd_batch *batch)
+{
+    return (struct attention_batch){
+        .num_seqs = batch->num_seqs,
+        .num_tokens = batch->num_tokens,
+        .query_start = batch->query_start,
+        .context_len = batch->context_lens,
+        .block_tables = batch->block_tables,
+        .max_blocks_per_seq = batch->max_blocks_per_seq,
+    };
+}
+
 int backend_check_pool(const struct model_config *c, const struct kv_geometry *g, enum dtype dtype,
                        const char *backend_name)
 {

@@ -8,6 +8,7 @@
 #ifndef PAGODA_WORKER_BACKEND_H
 #define PAGODA_WORKER_BACKEND_H
 
+#include "kernels/cpu/attention.h"
 #include "kernels/cpu/sampler.h"
 #include "kvpool/geometry.h"
 #include "model/model_config.h"
@@ -165,6 +166,10 @@ int backend_check_pool(const struct model_config *c, const struct kv_geometry *g
  * model's positions, logits rows inside the step. Returns 0 or PAGODA_ERANGE with a detail. */
 int backend_check_batch(const struct model_config *c, const struct backend_limits *limits,
                         const struct fwd_batch *batch);
+
+/* The attention kernels' view of batch (sequences, query starts, contexts, block tables), over
+ * its arrays: what every backend plans its attention with. */
+struct attention_batch backend_attention_batch(const struct fwd_batch *batch);
 
 /* The device time of the last forward pass (with its sampling) in microseconds, measured on the
  * backend's stream (CUDA events), in *us. Returns 0, or PAGODA_EUNSUPPORTED for a backend that

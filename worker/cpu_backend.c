@@ -305,14 +305,7 @@ static int cpu_forward(struct backend *base, const struct fwd_batch *batch, floa
     int rc = backend_check_batch(&b->base.config, &b->opt.limits, batch);
     if (rc != 0)
         return rc;
-    struct attention_batch ab = {
-        .num_seqs = batch->num_seqs,
-        .num_tokens = batch->num_tokens,
-        .query_start = batch->query_start,
-        .context_len = batch->context_lens,
-        .block_tables = batch->block_tables,
-        .max_blocks_per_seq = batch->max_blocks_per_seq,
-    };
+    struct attention_batch ab = backend_attention_batch(batch);
     if ((rc = attention_plan(b->plan, &ab)) != 0)
         return rc;
 

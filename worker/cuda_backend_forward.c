@@ -341,14 +341,7 @@ int cuda_be_forward_pass(struct cuda_backend *b, const struct fwd_batch *batch, 
     }
     if ((e = cudaEventRecord(b->ev_start[k], b->stream)) != cudaSuccess)
         return cuda_be_fail(e, "cudaEventRecord");
-    struct attention_batch ab = {
-        .num_seqs = batch->num_seqs,
-        .num_tokens = batch->num_tokens,
-        .query_start = batch->query_start,
-        .context_len = batch->context_lens,
-        .block_tables = batch->block_tables,
-        .max_blocks_per_seq = batch->max_blocks_per_seq,
-    };
+    struct attention_batch ab = backend_attention_batch(batch);
     /* A decode step replays the graph of its batch size; should its graph plan fail, the step
      * runs eagerly (the plan of the step alone reports what is wrong with it, if anything). */
     int32_t g = cuda_be_graph_of(b, batch);
