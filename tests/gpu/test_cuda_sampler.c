@@ -1,13 +1,13 @@
-/* Tests of kernels/cuda/sampler.cu against kernels/cpu/sampler.c: the GPU must choose exactly
- * the CPU's token for every draw (10,000 draws over vocabularies of 512, 32000 and 151936
- * tokens, temperatures, top-k, top-p, min-p, penalties, ties, -0 and -inf logits), the same
- * token wherever a row sits in a batch, docs/sampling.md's golden draws, and the CPU's errors;
- * the asynchronous calls (cuda_sampler_enqueue, cuda_sampler_result, cuda_gather_tokens); the
- * histories read on the device (history gathers and keys: test_cuda_sampler_history.c); and
- * the greedy fast path (ties and bad values around its chunk boundaries, masked rows, 1 to 300
- * rows, mixed calls) against the CPU and the general path (those cases in
- * test_cuda_sampler_greedy.c). Prints the largest log-probability difference and a few timings,
- * then "N passed, M failed". */
+/* Tests of the CUDA sampler (kernels/cuda/sampler.cu, sampler_rows.cu, sampler_greedy.cu) against
+ * kernels/cpu/sampler.c: the GPU must choose exactly the CPU's token for every draw (10,000 draws
+ * over vocabularies of 512, 32000 and 151936 tokens, temperatures, top-k, top-p, min-p, penalties,
+ * ties, -0 and -inf logits), the same token wherever a row sits in a batch, docs/sampling.md's
+ * golden draws, and the CPU's errors; the asynchronous calls (cuda_sampler_enqueue,
+ * cuda_sampler_result, cuda_gather_tokens); the histories read on the device (history gathers and
+ * keys: test_cuda_sampler_history.c); and the greedy fast path (ties and bad values around its
+ * chunk boundaries, masked rows, 1 to 300 rows, mixed calls) against the CPU and the general path
+ * (those cases in test_cuda_sampler_greedy.c). Prints the largest log-probability difference and a
+ * few timings, then "N passed, M failed". */
 #include "tests/gpu/sampler_test.h"
 
 #include "common/error.h"
