@@ -1,7 +1,7 @@
-/* The scheduler's private state, shared by scheduler.c (steps, results, workers, sequences),
- * scheduler_router.c (the router's messages) and scheduler_cache.c (the prefix cache in use:
- * lookups, publication, tenants, pins, the policy and admin calls). Nothing outside scheduler/
- * includes it. */
+/* The scheduler's private state, shared by scheduler.c (results, resyncs, workers, sequences),
+ * scheduler_step.c (forming and sending steps), scheduler_router.c (the router's messages) and
+ * scheduler_cache.c (the prefix cache in use: lookups, publication, tenants, pins, the policy
+ * and admin calls). Nothing outside scheduler/ includes it. */
 #ifndef PAGODA_SCHEDULER_SCHEDULER_IMPL_H
 #define PAGODA_SCHEDULER_SCHEDULER_IMPL_H
 
@@ -246,8 +246,8 @@ struct sched_tenant {
     uint32_t max_running; /* 0: none */
     uint32_t running;
     uint32_t waiting; /* its sequences in the waiting queue (waiting_push, waiting_remove) */
-    /* form_plan's admissions (scheduler.c): in pass `seen`, head is its first waiting sequence
-     * (NULL: none left). */
+    /* form_plan's admissions (scheduler_step.c): in pass `seen`, head is its first waiting
+     * sequence (NULL: none left). */
     uint64_t seen;
     struct seq *head;
     struct sched_pin **pins;
@@ -332,14 +332,51 @@ void seq_set_error(struct seq *q, int error, const char *message);
 /* A request that ended (finished, cancelled, or out of memory) with reason. */
 void seq_end(struct scheduler *s, struct seq *q, Pagoda__Internal__FinishReason reason,
              int32_t error_code, const char *error_message);
+/* A sum of step times in microseconds as a counter: rounded, held at 2^62. */
+uint64_t us_counter(double sum);
+
+/* ---- scheduler.c, for scheduler_step.c ---- */
+
+/* The calling thread's CPU time in nanoseconds. */
+uint64_t cpu_now_ns(void);
+/* Adds the thread's CPU time since start_ns (cpu_now_ns) to what steps cost (step_cpu_us). */
+void charge_cpu(struct scheduler *s, uint64_t start_ns);
+/* Lists q, just admitted, under its seq id (the worker's key for it). */
+void hash_seq_id(struct scheduler *s, struct seq *q);
+/* The step in flight i places after the oldest (i < num_steps). */
+struct step_rec *step_at(struct worker_link *w, uint32_t i);
+/* Forgets q's parts of the steps in flight: it continues from what was acknowledged. */
+void seq_clear_inflight(struct seq *q);
+/* Sends m to worker worker_id with the protocol version set. */
+void send_worker(struct scheduler *s, uint32_t worker_id, Pagoda__Internal__ToWorker *m);
+/* Ends q with an error event (a request found unfit at admission). */
+void seq_refuse(struct scheduler *s, struct seq *q, int error, const char *message);
+/* Releases a running sequence's blocks and requeues it at the front to recompute everything it
+ * knows (a step being formed gives back its tokens). */
+void seq_preempt(struct scheduler *s, struct seq *v);
+/* From now_ms on the worker owes an answer (the watchdog counts from it), unless it owed one
+ * already. */
+void owe_from(struct worker_link *w, int64_t now_ms);
+/* Sends a resync to the worker: discards the steps in flight and snapshots every running
+ * sequence as acknowledged. announce: the empty resync sent before any Hello. */
+void send_resync(struct scheduler *s, int64_t now_ms, bool announce);
+/* Whether q may run in the step being formed: anything when not isolating a refused step, else
+ * only the probe (the first probe_len suspects). */
+bool isolation_may_run(const struct scheduler *s, const struct seq *q);
+/* Ends the isolation of a refused step (if one is under way), logging why. */
+void isolation_end(struct scheduler *s, const char *why);
+/* Before a step is formed while isolating: forgets suspects that no longer run and picks the
+ * probe again. */
+void isolation_prune(struct scheduler *s);
+
+/* ---- scheduler_step.c: forming and sending steps, for scheduler.c and scheduler_router.c ---- */
+
 /* A strict_max_tokens request's check: PAGODA_ERANGE with why in msg when its prompt and
  * max_tokens (> 0) pass limit, else 0. */
 int strict_check(int64_t limit, int32_t prompt, int32_t max_tokens,
                  char msg[SCHEDULER_ERROR_MESSAGE_MAX]);
 /* Sends steps while one may go out: with two in flight, step n+1 right behind step n. */
 void try_step(struct scheduler *s, int64_t now_ms);
-/* A sum of step times in microseconds as a counter: rounded, held at 2^62. */
-uint64_t us_counter(double sum);
 
 /* ---- scheduler_router.c: the router's messages (submit, cancel, stats, the router's hello and
  * the announcement of what the scheduler holds), for scheduler.c ---- */
@@ -358,7 +395,7 @@ void cache_close(struct scheduler *s);
 struct sched_tenant *tenant_get(struct scheduler *s, const char *name);
 
 /* The waiting queue, with its count of tenants waiting (admissions are fair between them:
- * scheduler.c next_admission). Every change of s->waiting goes through these. */
+ * scheduler_step.c next_admission). Every change of s->waiting goes through these. */
 static inline void waiting_count(struct scheduler *s, const struct seq *q, int delta)
 {
     if (q->owner == NULL) {

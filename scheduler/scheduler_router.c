@@ -1,7 +1,7 @@
 /* The scheduler's side of the router link (scheduler_impl.h): submissions and their checks,
  * cancels, stats requests, the router's hello, and the announcement and resend of what the
  * scheduler holds for the router (live requests, ended ones it may not have heard of). The
- * steps, results, workers and sequences are scheduler.c's. */
+ * steps are scheduler_step.c's; results, workers and sequences scheduler.c's. */
 #include "scheduler/scheduler.h"
 
 #include "common/error.h"
