@@ -1,4 +1,5 @@
-/* Tests of scheduler/scheduler.c: the state machine driven by a fake worker.
+/* Tests of the scheduler (scheduler/scheduler.c, scheduler_step.c, scheduler_router.c,
+ * scheduler_cache.c): the state machine driven by a fake worker.
  *
  * The fake worker keeps a mirror as docs/protocol.md says a worker must (resyncs replace it,
  * steps of other epochs are ignored, an unexpected step id is refused with an error result,

@@ -1,5 +1,5 @@
-/* Tests of scheduler/scheduler.c: the state machine driven by the fake worker of
- * scheduler_harness.c. */
+/* Tests of the scheduler (scheduler/scheduler.c, scheduler_step.c, scheduler_router.c,
+ * scheduler_cache.c): the state machine driven by the fake worker of scheduler_harness.c. */
 #include "scheduler_harness.h"
 
 /* ---- tests ---------------------------------------------------------------------------------- */

@@ -1,7 +1,7 @@
-/* Tests of scheduler/scheduler.c with two steps in flight (max_steps_in_flight 2, the default):
- * step n+1 formed from what step n will have written, stops found one step late, cancel,
- * preemption, a worker's error, lost results and resyncs with two steps outstanding, and the
- * step timeout that counts from when a step could start and grows with its tokens. The fake
+/* Tests of the scheduler (scheduler/scheduler*.c) with two steps in flight (max_steps_in_flight 2,
+ * the default): step n+1 formed from what step n will have written, stops found one step late,
+ * cancel, preemption, a worker's error, lost results and resyncs with two steps outstanding, and
+ * the step timeout that counts from when a step could start and grows with its tokens. The fake
  * worker of scheduler_harness.c computes every output from what its pool holds, so a block
  * freed or reused while a step could still write it shows up as a wrong token. */
 #include "scheduler_harness.h"
