@@ -1,8 +1,8 @@
 /* The gateway's loop: HTTP requests in, libpagoda's asynchronous calls out, their results back
- * through a mailbox (NNG's threads hand them over with uv_async_send), responses and stream
- * chunks written. One struct greq per HTTP request, freed when nothing refers to it any more:
- * the HTTP side until it is answered or the client went away, the parse job, and every call to
- * the router still outstanding. */
+ * through a mailbox (NNG's threads hand them over with uv_async_send), gathered and handed to
+ * gateway_answer.c, which writes the responses and stream chunks. One struct greq per HTTP
+ * request, freed when nothing refers to it any more: the HTTP side until it is answered or the
+ * client went away, the parse job, and every call to the router still outstanding. */
 #include "gateway/gateway.h"
 #include "gateway/gateway_internal.h"
 
@@ -27,9 +27,6 @@
 /* The most bytes of Submits one request's choices send together: n copies of its prompts, and
  * each choice's parameters (choices_refused). */
 #define GATEWAY_MAX_CHOICES_BYTES (64u << 20)
-/* What a choice adds to a whole answer's JSON besides its text and tokens (index, finish, ...),
- * for the size that decides where it is built. */
-#define GATEWAY_JSON_CHOICE_BYTES 128u
 
 void gateway_config_default(struct gateway_config *cfg)
 {
@@ -51,7 +48,7 @@ static uint64_t now_ns(void)
 
 /* ---- lifetime --------------------------------------------------------------------------- */
 
-static void greq_unref(struct greq *q)
+void greq_unref(struct greq *q)
 {
     if (--q->refs > 0)
         return;
@@ -74,116 +71,6 @@ static void greq_unref(struct greq *q)
     free(q->choices);
     free(q);
     gateway_maybe_free(g);
-}
-
-/* The HTTP side is done (answered, or the client went away). */
-static void http_done(struct greq *q)
-{
-    if (q->http == NULL)
-        return;
-    q->http = NULL;
-    greq_unref(q);
-}
-
-/* After a call that ends the response (http_respond, http_stream_end) or a write on the way to it,
- * rc its result: the HTTP side is done when the response ended. When the call failed the request
- * is still the HTTP layer's, and its close callback (on_http_close) is still to come and drops
- * the HTTP side's reference then: dropping it here would free q before the callback reads it (a
- * client that closes its connection as its answer goes out). A failure other than a closed
- * connection (out of memory, say: the request cannot be answered) closes the connection, so that
- * the callback comes now rather than when the client gives up. q may be freed after this. */
-static void http_end(struct greq *q, int rc)
-{
-    if (q->http == NULL)
-        return;
-    if (rc == 0)
-        http_done(q);
-    else if (rc != PAGODA_ECLOSED)
-        http_request_abort(q->http);
-}
-
-/* An answer of no request of ours (a route answered at once, or refused before a request was
- * made): one that cannot be made for want of memory closes the connection, which would wait
- * unanswered otherwise (a closed one is gone already). */
-void gateway_respond_plain(struct http_request *http, int status, const char *content_type,
-                           const void *body, size_t len, const char *const *headers,
-                           size_t num_headers)
-{
-    int rc = http_respond(http, status, content_type, body, len, headers, num_headers);
-    if (rc != 0 && rc != PAGODA_ECLOSED)
-        http_request_abort(http);
-}
-
-/* ---- answering ----------------------------------------------------------------------------- */
-
-/* The extra header of a status a client should retry after (429: a limit is full; 503: the router
- * or the gateway cannot take it now): Retry-After: 1, which OpenAI's clients wait for before their
- * retry, as the HTTP server's own 503s carry. *n: 1 with it, 0 without. */
-static const char *const *retry_headers(int status, size_t *n)
-{
-    static const char *const retry[] = {"Retry-After: 1"};
-    *n = status == 429 || status == 503;
-    return *n ? retry : NULL;
-}
-
-static void respond_json(struct greq *q, int status, char *json);
-static void on_poll_result(struct gchoice *c, pagoda_async_result *res);
-static int stream_write_json(struct greq *q, char *json);
-
-void gateway_respond_text(struct greq *q, int status, const char *content_type, const char *body,
-                          size_t len)
-{
-    if (q->http == NULL)
-        return;
-    http_end(q, http_respond(q->http, status, content_type, body, len, NULL, 0));
-}
-
-void gateway_respond_json(struct greq *q, int status, char *json)
-{
-    respond_json(q, status, json);
-}
-
-static void respond_json(struct greq *q, int status, char *json)
-{
-    if (q->http == NULL) {
-        free(json);
-        return;
-    }
-    int rc;
-    if (json == NULL) {
-        static const char oom[] = "{\"error\":{\"message\":\"out of memory\",\"type\":"
-                                  "\"internal_server_error\",\"param\":null,\"code\":null}}";
-        rc = http_respond(q->http, 500, "application/json", oom, sizeof(oom) - 1, NULL, 0);
-    } else {
-        size_t n;
-        const char *const *headers = retry_headers(status, &n);
-        rc = http_respond(q->http, status, "application/json", json, strlen(json), headers, n);
-        free(json);
-    }
-    http_end(q, rc);
-}
-
-static void respond_error(struct greq *q, const struct openai_error *err)
-{
-    if (q->http == NULL)
-        return; /* answered already (another choice's error), or the client is gone */
-    gateway_metrics_error(q->g, err->status);
-    if (q->streaming) {
-        /* The status line is gone: the error is the stream's last event. */
-        int rc = stream_write_json(q, openai_error_json(err));
-        if (rc == 0 && (rc = http_stream_write(q->http, "data: [DONE]\n\n", 14)) == 0)
-            rc = http_stream_end(q->http);
-        http_end(q, rc);
-        return;
-    }
-    respond_json(q, err->status, openai_error_json(err));
-}
-
-static void respond_code(struct greq *q, int code, const char *detail)
-{
-    struct openai_error err;
-    openai_error_from_code(code, detail, &err);
-    respond_error(q, &err);
 }
 
 /* ---- calls to the router ------------------------------------------------------------------ */
@@ -291,7 +178,7 @@ static void cancel_all(struct greq *q)
 /* Answers q with the error of a libpagoda code, ending the choices still running. */
 static void fail(struct greq *q, int code, const char *detail)
 {
-    respond_code(q, code, detail);
+    gateway_respond_code(q, code, detail);
     cancel_all(q);
 }
 
@@ -306,35 +193,7 @@ static void poll_next(struct gchoice *c)
 
 /* ---- a generation ------------------------------------------------------------------------ */
 
-/* The fields of an answer or chunk of choice c that come from the request and from a result r
- * (its finish, stop and usage); the caller adds the text and tokens. */
-static void fill_out(const struct gchoice *c, const pagoda_result *r, struct openai_out *o)
-{
-    const struct greq *q = c->q;
-    memset(o, 0, sizeof(*o));
-    o->req = &q->req;
-    o->id = q->id_str;
-    o->created = q->created;
-    o->model = q->g->cfg.model_name;
-    o->index = c->index;
-    o->finish = r->finish_reason;
-    o->stop_string = r->stop_string;
-    o->has_stop_token_id = r->has_stop_token_id;
-    o->stop_token_id = r->stop_token_id;
-    o->prompt_tokens = r->prompt_tokens;
-    o->completion_tokens = r->completion_tokens;
-    o->cached_tokens = r->cached_tokens;
-}
-
-static int stream_write_json(struct greq *q, char *json)
-{
-    int rc = json == NULL ? PAGODA_ENOMEM : 0;
-    if (rc == 0 && (rc = http_stream_write(q->http, "data: ", 6)) == 0 &&
-        (rc = http_stream_write(q->http, json, strlen(json))) == 0)
-        rc = http_stream_write(q->http, "\n\n", 2);
-    free(json);
-    return rc;
-}
+static void on_poll_result(struct gchoice *c, pagoda_async_result *res);
 
 /* Keeps what a choice's finish says (its reason, stop and usage) for the answer's end: the
  * stream's usage chunk, a whole answer's choice. */
@@ -352,60 +211,6 @@ static int keep_finish(struct gchoice *c, const pagoda_result *r)
     return 0;
 }
 
-/* A piece of choice c's output for a streaming client: one chunk with its text (and its finish);
- * after the last choice's finish, the usage (when asked for) and the end. */
-static void stream_piece(struct gchoice *c, const pagoda_result *r)
-{
-    struct greq *q = c->q;
-    struct openai_out o;
-    fill_out(c, r, &o);
-    o.text = r->text;
-    o.text_len = r->text_len;
-    o.token_ids = r->token_ids;
-    o.logprobs = q->req.params.logprobs ? r->logprobs : NULL;
-    o.token_text_ends = r->token_text_ends;
-    o.text_offset = c->chars_sent;
-    o.n = r->num_tokens;
-    int first = !c->first_chunk_sent;
-    /* A piece whose tokens completed no text yet (a character split over tokens) sends nothing,
-     * unless the client asked for the tokens' log-probabilities. */
-    if (r->text_len > 0 || (r->num_tokens > 0 && o.logprobs != NULL) || first ||
-        r->finish_reason != PAGODA_FINISH_NONE) {
-        int rc = stream_write_json(q, openai_chunk_json(&o, first, false));
-        if (rc != 0) {
-            http_end(q, rc); /* its close callback cancels */
-            return;
-        }
-        c->first_chunk_sent = 1;
-        c->chars_sent += openai_utf8_chars(r->text, r->text_len);
-    }
-    if (!q->finished)
-        return;
-    int rc = 0;
-    if (q->req.include_usage) {
-        struct openai_out *outs = malloc(q->num_choices * sizeof(*outs));
-        char *json = NULL;
-        if (outs != NULL) {
-            for (uint32_t i = 0; i < q->num_choices; i++)
-                fill_out(&q->choices[i], &q->choices[i].whole, &outs[i]);
-            openai_usage_sum(&o, outs, q->num_choices);
-            free(outs);
-            json = openai_chunk_json(&o, false, true);
-        }
-        rc = stream_write_json(q, json);
-    }
-    if (rc == 0 && (rc = http_stream_write(q->http, "data: [DONE]\n\n", 14)) == 0)
-        rc = http_stream_end(q->http);
-    http_end(q, rc);
-}
-
-/* What a token of q's answer counts in its JSON's size: GATEWAY_JSON_TOKEN_BYTES, or
- * GATEWAY_LOGPROB_BYTES with log-probabilities. */
-static size_t token_json_bytes(const struct greq *q)
-{
-    return q->req.params.logprobs ? GATEWAY_LOGPROB_BYTES : GATEWAY_JSON_TOKEN_BYTES;
-}
-
 /* Gathers a piece of choice c for a whole answer, at most GATEWAY_MAX_ANSWER_BYTES of text and
  * GATEWAY_JSON_TOKEN_BYTES a token over all the choices. */
 static int gather(struct gchoice *c, const pagoda_result *r)
@@ -421,130 +226,6 @@ static int gather(struct gchoice *c, const pagoda_result *r)
         q->gathered_tokens = n;
     }
     return rc;
-}
-
-/* An answer's JSON built on the threadpool, where it is large: a whole answer (res NULL: its
- * choices, which no call changes once all have finished, and q's reference keeps) or a tokenize
- * call's (res, its result, owned). */
-struct json_job {
-    uv_work_t work;
-    struct greq *q;
-    pagoda_async_result *res;
-    char *json;
-    struct json_job *next; /* gateway.json_waiting */
-};
-
-static char *whole_json(const struct greq *q);
-static char *tokenized_json(const struct greq *q, const pagoda_async_result *res);
-
-static void json_work(uv_work_t *w)
-{
-    struct json_job *j = w->data;
-    j->json = j->res != NULL ? tokenized_json(j->q, j->res) : whole_json(j->q);
-}
-
-static void after_json(uv_work_t *w, int status);
-
-/* Starts the waiting JSON jobs while fewer than GATEWAY_JSON_JOBS run: the threadpool's other
- * threads stay free for the bodies' parsing, and at most that many large answers are held twice
- * (gathered and as JSON) at once. A job that cannot be queued builds on the loop. */
-static void json_start(struct gateway *g)
-{
-    while (g->json_running < GATEWAY_JSON_JOBS && g->json_waiting != NULL) {
-        struct json_job *j = g->json_waiting;
-        g->json_waiting = j->next;
-        if (g->json_waiting == NULL)
-            g->json_waiting_tail = NULL;
-        g->json_running++;
-        if (g->closing) { /* nobody to answer: dropped unbuilt */
-            after_json(&j->work, UV_ECANCELED);
-            continue;
-        }
-        if (uv_queue_work(g->loop, &j->work, json_work, after_json) != 0) {
-            json_work(&j->work);
-            after_json(&j->work, 0);
-        }
-    }
-}
-
-static void after_json(uv_work_t *w, int status)
-{
-    struct json_job *j = w->data;
-    struct greq *q = j->q;
-    struct gateway *g = q->g;
-    g->json_running--;
-    if (status == 0 && !g->closing)    /* else cancelled, or the gateway is closing */
-        respond_json(q, 200, j->json); /* NULL: out of memory, a 500 */
-    else
-        free(j->json);
-    pagoda_async_result_free(j->res);
-    free(j);
-    json_start(g); /* before the reference goes: q keeps the gateway */
-    greq_unref(q); /* the job's reference */
-}
-
-/* Answers q with 200 and the JSON of its whole answer (res NULL) or of its tokenize call's
- * result res (taken: *res set to NULL): built here when it is small, of bytes bytes (its text,
- * and GATEWAY_JSON_TOKEN_BYTES or GATEWAY_LOGPROB_BYTES a token), else on the threadpool, at
- * most GATEWAY_JSON_JOBS at once (json_start), so that one client's large answer (a 64 MiB one
- * with log-probabilities, n choices of long outputs, a long text's ids) does not stall the loop
- * and every other client with it. Nothing while the gateway closes. */
-static void answer_json(struct greq *q, pagoda_async_result **res, size_t bytes)
-{
-    struct gateway *g = q->g;
-    if (g->closing)
-        return; /* every connection is being closed: nobody to answer */
-    struct json_job *j = NULL;
-    if (bytes > GATEWAY_JSON_INLINE_BYTES && (j = calloc(1, sizeof(*j))) != NULL) {
-        j->q = q;
-        j->work.data = j;
-        j->res = res != NULL ? *res : NULL;
-        if (res != NULL)
-            *res = NULL;
-        q->refs++; /* the job's */
-        if (g->json_waiting_tail != NULL)
-            g->json_waiting_tail->next = j;
-        else
-            g->json_waiting = j;
-        g->json_waiting_tail = j;
-        json_start(g);
-        return;
-    }
-    respond_json(q, 200, res != NULL ? tokenized_json(q, *res) : whole_json(q));
-}
-
-/* The JSON of q's whole answer, every choice finished (any thread). */
-static char *whole_json(const struct greq *q)
-{
-    struct openai_out *outs = malloc(q->num_choices * sizeof(*outs));
-    if (outs == NULL)
-        return NULL;
-    for (uint32_t i = 0; i < q->num_choices; i++) {
-        const struct gchoice *c = &q->choices[i];
-        struct openai_out *o = &outs[i];
-        fill_out(c, &c->whole, o);
-        o->text = c->whole.text;
-        o->text_len = c->whole.text_len;
-        o->token_ids = c->whole.token_ids;
-        o->logprobs = q->req.params.logprobs ? c->whole.logprobs : NULL;
-        o->token_text_ends = c->whole.token_text_ends;
-        o->n = c->whole.num_tokens;
-        o->with_usage = true;
-    }
-    char *json = openai_response_json(outs, q->num_choices);
-    free(outs);
-    return json;
-}
-
-/* Every choice has finished: the whole answer. */
-static void answer_whole(struct greq *q)
-{
-    const size_t per_token = token_json_bytes(q);
-    size_t bytes = 0;
-    for (uint32_t i = 0; i < q->num_choices; i++)
-        bytes += q->choices[i].whole.text_len + q->choices[i].whole.num_tokens * per_token +
-                 GATEWAY_JSON_CHOICE_BYTES;
-    answer_json(q, NULL, bytes);
 }
 
 /* A stream of several prompts opens once every choice has had its first answer, the earlier ones
@@ -609,7 +290,7 @@ static void on_poll_result(struct gchoice *c, pagoda_async_result *res)
         openai_error_from_code(PAGODA_EINVAL, r->error_message, &err);
         c->finished = 1;
         q->finished = 1; /* counted as a 4xx, not as a finished request */
-        respond_error(q, &err);
+        gateway_respond_error(q, &err);
         cancel_all(q);
         return;
     }
@@ -631,13 +312,13 @@ static void on_poll_result(struct gchoice *c, pagoda_async_result *res)
         int rc = http_stream_start(q->http, 200, "text/event-stream", headers, 1);
         if (rc != 0) {
             cancel_all(q);
-            http_end(q, rc);
+            gateway_http_end(q, rc);
             return;
         }
         q->streaming = 1;
     }
     if (q->streaming) {
-        stream_piece(c, r);
+        gateway_stream_piece(c, r);
     } else {
         int rc = gather(c, r);
         if (rc != 0) {
@@ -645,7 +326,7 @@ static void on_poll_result(struct gchoice *c, pagoda_async_result *res)
             return;
         }
         if (q->finished)
-            answer_whole(q);
+            gateway_answer_whole(q);
     }
     if (r->finish_reason == PAGODA_FINISH_NONE && q->http != NULL)
         poll_next(c);
@@ -710,7 +391,7 @@ static int make_choices(struct greq *q)
     q->choices = calloc(total, sizeof(*q->choices));
     if (q->choices == NULL) {
         openai_request_release_prompt(&q->req);
-        respond_code(q, PAGODA_ENOMEM, "out of memory");
+        gateway_respond_code(q, PAGODA_ENOMEM, "out of memory");
         return -1;
     }
     q->num_choices = total;
@@ -828,7 +509,7 @@ static int choices_refused(struct greq *q)
     const struct gateway *g = q->g;
     const uint64_t total = choices_asked(q), n = q->req.n;
     struct openai_error err = {.status = 400, .type = "invalid_request_error"};
-    const uint64_t per_token = token_json_bytes(q);
+    const uint64_t per_token = gateway_token_json_bytes(q);
     if (total > g->cfg.max_requests)
         snprintf(err.message, sizeof(err.message),
                  "%u choices (%u prompts x n %u) pass the gateway's limit of %u requests in "
@@ -850,7 +531,7 @@ static int choices_refused(struct greq *q)
                  params_bytes(q), GATEWAY_MAX_CHOICES_BYTES >> 20);
     else
         return 0;
-    respond_error(q, &err);
+    gateway_respond_error(q, &err);
     return 1;
 }
 
@@ -870,14 +551,14 @@ static void after_parse(uv_work_t *w, int status)
         return;
     }
     if (q->parse_rc != 0) {
-        respond_error(q, &q->err);
+        gateway_respond_error(q, &q->err);
     } else if (q->req.model != NULL && strcmp(q->req.model, g->cfg.model_name) != 0) {
         struct openai_error err = {
             .status = 404, .type = "not_found_error", .code = "model_not_found"};
         snprintf(err.message, sizeof(err.message),
                  "the model '%s' does not exist: this server serves '%s'", q->req.model,
                  g->cfg.model_name);
-        respond_error(q, &err);
+        gateway_respond_error(q, &err);
     } else if (q->route == ROUTE_TOKENIZE || q->route == ROUTE_DETOKENIZE) {
         const pagoda_prompt *p = &q->req.prompt;
         int rc = gateway_call_started(
@@ -888,7 +569,7 @@ static void after_parse(uv_work_t *w, int status)
                                           q->req.params.skip_special_tokens, on_tokenize_call, q));
         openai_request_release_prompt(&q->req); /* serialised by the call */
         if (rc != 0)
-            respond_code(q, rc, pagoda_error_detail());
+            gateway_respond_code(q, rc, pagoda_error_detail());
     } else if (choices_asked(q) > 1 && choices_refused(q)) {
         /* refused */
     } else if (choices_asked(q) > 1 &&
@@ -900,7 +581,7 @@ static void after_parse(uv_work_t *w, int status)
                  "retry later",
                  (unsigned)choices_asked(q), (unsigned)(g->num_generations - 1),
                  g->cfg.max_requests);
-        respond_error(q, &err);
+        gateway_respond_error(q, &err);
     } else {
         g->num_generations += choices_asked(q) - 1;
         q->generation = choices_asked(q);
@@ -918,45 +599,6 @@ static void parse_work(uv_work_t *w)
                                                            : OPENAI_COMPLETION;
     q->parse_rc =
         openai_parse(kind, q->body, q->body_len, q->g->cfg.default_max_tokens, &q->req, &q->err);
-}
-
-/* The JSON of a /tokenize or /detokenize call's result (any thread). */
-static char *tokenized_json(const struct greq *q, const pagoda_async_result *res)
-{
-    const pagoda_tokenized *t = &res->tokenized;
-    return q->route == ROUTE_TOKENIZE
-               ? openai_tokenize_json(t->token_ids, t->num_token_ids, t->max_model_len)
-               : openai_detokenize_json(t->text, t->text_len);
-}
-
-/* /tokenize's or /detokenize's answer from the router (*res taken when its JSON is built on the
- * threadpool). */
-static void on_tokenized(struct greq *q, pagoda_async_result **res)
-{
-    if (q->http == NULL)
-        return;
-    if ((*res)->rc != 0) {
-        respond_code(q, (*res)->rc, (*res)->detail);
-        return;
-    }
-    const pagoda_tokenized *t = &(*res)->tokenized;
-    q->finished = 1; /* answered: not a disconnect if the client goes now */
-    answer_json(q, res, t->text_len + t->num_token_ids * GATEWAY_JSON_TOKEN_BYTES);
-}
-
-/* ---- the other routes ----------------------------------------------------------------------- */
-
-static void on_health(struct greq *q, pagoda_async_result *res)
-{
-    if (q->http == NULL)
-        return; /* the client went away, or the gateway's own call (learn_router_limit) */
-    if (res->rc == 0 && res->healthy) {
-        respond_json(q, 200, strdup("{\"status\":\"ok\"}"));
-        return;
-    }
-    struct openai_error err;
-    openai_error_from_code(PAGODA_ECLOSED, res->rc ? res->detail : res->detail, &err);
-    respond_error(q, &err);
 }
 
 /* ---- the mailbox ---------------------------------------------------------------------------- */
@@ -982,7 +624,7 @@ static void on_async(uv_async_t *h)
         case CALL_KIND_CANCEL:
             break;
         case CALL_KIND_HEALTH:
-            on_health(q, m->res);
+            gateway_on_health(q, m->res);
             break;
         case CALL_KIND_STATS:
             gateway_metrics_answer(q, &m->res);
@@ -991,7 +633,7 @@ static void on_async(uv_async_t *h)
             gateway_metrics_tenants(q, m->res);
             break;
         case CALL_KIND_TOKENIZE:
-            on_tokenized(q, &m->res);
+            gateway_on_tokenized(q, &m->res);
             break;
         case CALL_KIND_PROMPT_IDS:
             on_prompt_ids(m->c, m->res);
@@ -1086,7 +728,7 @@ static void start_generation(struct gateway *g, struct http_request *http, enum 
                  g->cfg.max_requests);
         char *json = openai_error_json(&err);
         size_t n;
-        const char *const *headers = retry_headers(429, &n);
+        const char *const *headers = gateway_retry_headers(429, &n);
         gateway_respond_plain(http, 429, "application/json", json ? json : "{}",
                               json ? strlen(json) : 2, headers, n);
         free(json);
@@ -1108,14 +750,14 @@ static void start_generation(struct gateway *g, struct http_request *http, enum 
         snprintf(err.message, sizeof(err.message),
                  "the Authorization header must be 'Bearer KEY' (at most %u bytes)",
                  PAGODA_MAX_API_KEY_BYTES);
-        respond_error(q, &err);
+        gateway_respond_error(q, &err);
         return;
     }
     /* The body moves to the request (no copy; the HTTP request keeps none for the response). */
     size_t len;
     q->body = http_request_take_body(http, &len);
     if (q->body == NULL) {
-        respond_code(q, PAGODA_ENOMEM, "out of memory");
+        gateway_respond_code(q, PAGODA_ENOMEM, "out of memory");
         return;
     }
     /* Bodies waiting for the threadpool count against the same budget as those arriving. */
@@ -1126,7 +768,7 @@ static void start_generation(struct gateway *g, struct http_request *http, enum 
         snprintf(err.message, sizeof(err.message),
                  "request bodies waiting to be parsed pass the gateway's %zu bytes: try again",
                  g->cfg.http.max_body_memory);
-        respond_error(q, &err);
+        gateway_respond_error(q, &err);
         return;
     }
     g->parse_bytes += len;
@@ -1141,7 +783,7 @@ static void start_generation(struct gateway *g, struct http_request *http, enum 
     if (uv != 0) {
         q->refs--;
         g->parse_bytes -= q->body_len;
-        respond_code(q, PAGODA_EIO, uv_strerror(uv));
+        gateway_respond_code(q, PAGODA_EIO, uv_strerror(uv));
     }
 }
 
@@ -1216,7 +858,7 @@ static void on_http(void *user, struct http_request *http)
                                                                   gateway_on_stats_call, q))
                      : gateway_call_started(q, pagoda_health_async(g->client, on_health_call, q));
         if (rc != 0)
-            respond_code(q, rc, pagoda_error_detail());
+            gateway_respond_code(q, rc, pagoda_error_detail());
         return;
     }
     if (strcmp(path, "/") == 0 || strcmp(path, "/status") == 0) {

@@ -1,6 +1,7 @@
 /* The gateway's private state, shared by its source files:
  *
- *   gateway.c          the loop: HTTP requests, calls to the router, responses and streams
+ *   gateway.c          the loop: HTTP requests, calls to the router, a generation's choices
+ *   gateway_answer.c   what is written to clients: responses, errors, streams, whole answers
  *   gateway_metrics.c  /metrics (Prometheus) and the latency figures it reports
  *   gateway_status.c   the status page (/ and /status)
  *   openai.c           OpenAI's JSON in and out (pure)
@@ -39,8 +40,8 @@ enum call_kind {
 };
 
 /* Answers (whole ones, /tokenize's) whose text and tokens, at GATEWAY_JSON_TOKEN_BYTES a token,
- * pass GATEWAY_JSON_INLINE_BYTES have their JSON built on the threadpool (gateway.c answer_json),
- * smaller ones on the loop: the loop never spends long on one client. */
+ * pass GATEWAY_JSON_INLINE_BYTES have their JSON built on the threadpool (gateway_answer.c
+ * answer_json), smaller ones on the loop: the loop never spends long on one client. */
 #define GATEWAY_JSON_INLINE_BYTES (64u << 10)
 #define GATEWAY_JSON_TOKEN_BYTES 12u
 /* With log-probabilities: about what a token's JSON costs to build (a chat's, in jansson's
@@ -146,7 +147,7 @@ struct gateway {
                                 * GATEWAY_PROMPT_IDS_CALLS) */
     struct greq *live;
     uint32_t num_generations;
-    /* Large answers' JSON jobs (gateway.c answer_json): running, and waiting their turn. */
+    /* Large answers' JSON jobs (gateway_answer.c answer_json): running, and waiting their turn. */
     uint32_t json_running;
     struct json_job *json_waiting, *json_waiting_tail;
     size_t parse_bytes; /* bodies taken and not yet parsed (cfg.http.max_body_memory) */
@@ -158,6 +159,9 @@ struct gateway {
 
 /* ---- gateway.c --------------------------------------------------------------------------- */
 
+/* Drops a reference on q (the HTTP side's, a job's, a call's): q is freed with its last, and the
+ * gateway then too where it is closing and nothing else is left (gateway_maybe_free). */
+void greq_unref(struct greq *q);
 /* Counts a call that started (rc 0) against q and the gateway; returns rc. */
 int gateway_call_started(struct greq *q, int rc);
 /* The NNG-thread callbacks of the Stats and admin tenants calls made for /metrics. */
@@ -182,16 +186,48 @@ void gateway_metrics_disconnect(struct gateway *g, struct greq *q);
 void gateway_metrics_answer(struct greq *q, pagoda_async_result **res);
 /* The tenants for q's /metrics arrived (or failed: the page goes without them): answers q. */
 void gateway_metrics_tenants(struct greq *q, pagoda_async_result *res);
-/* Answers a request with a JSON body and ends its HTTP side (gateway.c). */
+
+/* ---- gateway_answer.c -------------------------------------------------------------------- */
+
+/* Answers a request with a JSON body (taken and freed; NULL: out of memory, a 500) and ends its
+ * HTTP side. Nothing once q is answered or its client gone. */
 void gateway_respond_json(struct greq *q, int status, char *json);
+/* The same with a body of any type (the caller's). */
 void gateway_respond_text(struct greq *q, int status, const char *content_type, const char *body,
                           size_t len);
-
-/* An answer of no request of ours (gateway.c): on a failure other than a closed connection, the
- * connection is closed (it would wait unanswered). */
+/* An answer of no request of ours: on a failure other than a closed connection, the connection
+ * is closed (it would wait unanswered). */
 void gateway_respond_plain(struct http_request *http, int status, const char *content_type,
                            const void *body, size_t len, const char *const *headers,
                            size_t num_headers);
+/* After a call that ends q's response, or a write on the way to it, with its result rc: the
+ * HTTP side is done (its reference dropped) when rc is 0; a failure other than a closed
+ * connection closes the connection, whose close callback drops it. q may be freed after this. */
+void gateway_http_end(struct greq *q, int rc);
+/* The extra headers of a response of this status (Retry-After: 1 for 429 and 503), in static
+ * storage, and their number in *n (0: NULL). */
+const char *const *gateway_retry_headers(int status, size_t *n);
+/* Answers q with err (counted in the gateway's errors): a JSON error, or a streaming answer's
+ * last event and its end. Nothing once q is answered or its client gone. */
+void gateway_respond_error(struct greq *q, const struct openai_error *err);
+/* The same with the error of a libpagoda code and its detail. */
+void gateway_respond_code(struct greq *q, int code, const char *detail);
+/* Writes result r of choice c to q's open stream: a chunk (none where r completed no text and is
+ * neither the choice's first nor its finish nor asked-for log-probabilities), and after the last
+ * choice's finish the usage (when asked for) and the end. A failed write ends the HTTP side
+ * (gateway_http_end). */
+void gateway_stream_piece(struct gchoice *c, const pagoda_result *r);
+/* What a token of q's answer counts in its JSON's size: GATEWAY_JSON_TOKEN_BYTES, or
+ * GATEWAY_LOGPROB_BYTES with log-probabilities. */
+size_t gateway_token_json_bytes(const struct greq *q);
+/* Every choice of q has finished: answers its whole answer, its JSON built on the loop when it
+ * is small, else on the threadpool. */
+void gateway_answer_whole(struct greq *q);
+/* A /tokenize or /detokenize call's result: answers q (*res taken, set to NULL, where its JSON
+ * is built on the threadpool). */
+void gateway_on_tokenized(struct greq *q, pagoda_async_result **res);
+/* A health call's result: answers q's /health (nothing for the gateway's own call). */
+void gateway_on_health(struct greq *q, pagoda_async_result *res);
 
 /* ---- gateway_status.c -------------------------------------------------------------------- */
 
