@@ -647,8 +647,7 @@ static void on_async(uv_async_t *h)
     gateway_maybe_free(g);
 }
 
-/* ---- requests in ------------------------------------------------------------------------------
- */
+/* ---- requests in ---------------------------------------------------------------------------- */
 
 static void on_http_close(void *arg)
 {

@@ -372,6 +372,6 @@ void gateway_on_health(struct greq *q, pagoda_async_result *res)
         return;
     }
     struct openai_error err;
-    openai_error_from_code(PAGODA_ECLOSED, res->rc ? res->detail : res->detail, &err);
+    openai_error_from_code(PAGODA_ECLOSED, res->detail, &err);
     gateway_respond_error(q, &err);
 }
