@@ -156,6 +156,13 @@ def release_batch_state(model, torch):
     except AttributeError:
         pass
     torch._dynamo.reset()
+    # The CUDA graphs of reduce-overhead mode and their memory pool: dynamo's reset frees them
+    # only in newer torch versions; the explicit call, where torch has it, frees them in all.
+    try:
+        from torch._inductor import cudagraph_trees
+        cudagraph_trees.reset_cudagraph_trees()
+    except (ImportError, AttributeError):
+        pass
     gc.collect()
     torch.cuda.empty_cache()
 
