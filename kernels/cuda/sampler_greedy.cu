@@ -26,20 +26,13 @@
 #define GREEDY_CHUNK (GREEDY_THREADS * GREEDY_PER_THREAD)
 static_assert(GREEDY_CHUNK == CUDA_SAMPLER_GREEDY_CHUNK, "sampler.h's chunk size");
 
-/* Reduces (bv, bi) over the warp and the lowest bad id with it: the argmax pair is a total
- * order, so the result does not depend on the order of the shuffles. Lane 0 holds the result. */
+/* Reduces (bv, bi) over the warp (warp_argmax) and the lowest bad id with it. Lane 0 holds the
+ * result. */
 __device__ static void warp_argmax_bad(float &bv, int32_t &bi, int32_t &bad)
 {
-    for (int o = 16; o > 0; o >>= 1) {
-        float ov = __shfl_down_sync(0xffffffffu, bv, o);
-        int32_t oi = __shfl_down_sync(0xffffffffu, bi, o);
-        int32_t ob = __shfl_down_sync(0xffffffffu, bad, o);
-        if (argmax_better(ov, oi, bv, bi)) {
-            bv = ov;
-            bi = oi;
-        }
-        bad = min(bad, ob);
-    }
+    warp_argmax(bv, bi);
+    for (int o = 16; o > 0; o >>= 1)
+        bad = min(bad, __shfl_down_sync(0xffffffffu, bad, o));
 }
 
 /* The sum of a double per lane in a fixed tree (lane 0 holds it): the same bits on every run. */

@@ -66,6 +66,20 @@ __device__ __forceinline__ bool argmax_better(float v, int32_t i, float bv, int3
     return v > bv || (v == bv && i < bi);
 }
 
+/* Reduces the argmax pair (bv, bi) over the warp; lane 0 holds the result. The pair is a total
+ * order, so the result does not depend on the order of the shuffles. */
+__device__ __forceinline__ void warp_argmax(float &bv, int32_t &bi)
+{
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_down_sync(0xffffffffu, bv, o);
+        int32_t oi = __shfl_down_sync(0xffffffffu, bi, o);
+        if (argmax_better(ov, oi, bv, bi)) {
+            bv = ov;
+            bi = oi;
+        }
+    }
+}
+
 /* Queues sample_rows on stream: one block of SAMPLER_THREADS (sampler_rows.cu) for each of rows
  * rows, block b sampling row row_list[b]; the arguments are the kernel's. Returns the launch's
  * error (cudaGetLastError()). */

@@ -163,14 +163,7 @@ __device__ static void block_argmax(const float *l, int32_t vocab, struct block_
             bi = i;
         }
     }
-    for (int o = 16; o > 0; o >>= 1) {
-        float ov = __shfl_down_sync(0xffffffffu, bv, o);
-        int32_t oi = __shfl_down_sync(0xffffffffu, bi, o);
-        if (argmax_better(ov, oi, bv, bi)) {
-            bv = ov;
-            bi = oi;
-        }
-    }
+    warp_argmax(bv, bi);
     if (lane == 0) {
         sh.red_f32[warp] = bv;
         sh.red_i32[warp] = bi;
@@ -179,14 +172,7 @@ __device__ static void block_argmax(const float *l, int32_t vocab, struct block_
     if (warp == 0) {
         bv = sh.red_f32[lane];
         bi = sh.red_i32[lane];
-        for (int o = 16; o > 0; o >>= 1) {
-            float ov = __shfl_down_sync(0xffffffffu, bv, o);
-            int32_t oi = __shfl_down_sync(0xffffffffu, bi, o);
-            if (argmax_better(ov, oi, bv, bi)) {
-                bv = ov;
-                bi = oi;
-            }
-        }
+        warp_argmax(bv, bi);
         if (lane == 0) {
             sh.best = bi;
             sh.max_logit = bv;
