@@ -20,28 +20,28 @@
 
 /* ---- helpers -------------------------------------------------------------------------------- */
 
-uint64_t cpu_now_ns(void)
+uint64_t sched_cpu_now_ns(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-void charge_cpu(struct scheduler *s, uint64_t start_ns)
+void sched_charge_cpu(struct scheduler *s, uint64_t start_ns)
 {
-    s->step_cpu_ns += cpu_now_ns() - start_ns;
+    s->step_cpu_ns += sched_cpu_now_ns() - start_ns;
 }
 
 /* Request ids may be a client's own (one default tenant), so buckets come from a keyed hash:
  * nobody can choose ids that pile into one bucket. */
-uint64_t request_hash(const struct scheduler *s, const uint8_t *id)
+uint64_t sched_request_hash(const struct scheduler *s, const uint8_t *id)
 {
     return XXH3_64bits_withSeed(id, SCHEDULER_REQUEST_ID_BYTES, s->hash_seed);
 }
 
 static uint32_t req_bucket(const struct scheduler *s, const uint8_t *id)
 {
-    return (uint32_t)(request_hash(s, id) & s->bucket_mask);
+    return (uint32_t)(sched_request_hash(s, id) & s->bucket_mask);
 }
 
 static uint32_t id_bucket(const struct scheduler *s, uint64_t seq_id)
@@ -49,7 +49,7 @@ static uint32_t id_bucket(const struct scheduler *s, uint64_t seq_id)
     return (uint32_t)(XXH3_64bits_withSeed(&seq_id, sizeof(seq_id), s->hash_seed) & s->bucket_mask);
 }
 
-struct seq *find_request(const struct scheduler *s, const uint8_t *id)
+struct seq *sched_find_request(const struct scheduler *s, const uint8_t *id)
 {
     for (struct seq *q = s->req_buckets[req_bucket(s, id)]; q; q = q->req_next)
         if (memcmp(q->request_id, id, SCHEDULER_REQUEST_ID_BYTES) == 0)
@@ -67,7 +67,7 @@ static struct seq *find_seq_id(const struct scheduler *s, uint64_t seq_id)
     return NULL;
 }
 
-void hash_request(struct scheduler *s, struct seq *q)
+void sched_hash_request(struct scheduler *s, struct seq *q)
 {
     uint32_t b = req_bucket(s, q->request_id);
     q->req_next = s->req_buckets[b];
@@ -83,7 +83,7 @@ static void unhash_request(struct scheduler *s, struct seq *q)
         *p = q->req_next;
 }
 
-void hash_seq_id(struct scheduler *s, struct seq *q)
+void sched_hash_seq_id(struct scheduler *s, struct seq *q)
 {
     uint32_t b = id_bucket(s, q->seq_id);
     q->id_next = s->id_buckets[b];
@@ -102,7 +102,7 @@ static void unhash_seq_id(struct scheduler *s, struct seq *q)
     q->seq_id = 0;
 }
 
-void seq_free(struct seq *q)
+void sched_seq_free(struct seq *q)
 {
     if (q == NULL)
         return;
@@ -116,7 +116,7 @@ void seq_free(struct seq *q)
     free(q);
 }
 
-struct seq *seq_new(const int32_t *tokens, int32_t n, int32_t more)
+struct seq *sched_seq_new(const int32_t *tokens, int32_t n, int32_t more)
 {
     struct seq *q = calloc(1, sizeof(*q));
     int32_t cap = 16;
@@ -153,7 +153,7 @@ static void id_list_push(struct scheduler *s, struct id_list *l, uint64_t id)
 
 /* The most tokens a sequence may hold while `pinned` blocks are pinned: the model's positions
  * and the pool less those blocks. */
-int64_t context_with_pins(const struct scheduler *s, int32_t pinned)
+int64_t sched_context_with_pins(const struct scheduler *s, int32_t pinned)
 {
     int64_t pool = (int64_t)(block_manager_usable(s->bm) - pinned) * s->block_size;
     int64_t limit = s->worker.max_positions > 0 ? s->worker.max_positions : pool;
@@ -162,19 +162,19 @@ int64_t context_with_pins(const struct scheduler *s, int32_t pinned)
 
 /* The most tokens a sequence may hold now: the model's positions and the pool less its pinned
  * blocks (which no sequence can take). */
-int64_t context_limit(const struct scheduler *s)
+int64_t sched_context_limit(const struct scheduler *s)
 {
-    return context_with_pins(s, (int32_t)prefix_cache_pinned_blocks(s->pc));
+    return sched_context_with_pins(s, (int32_t)prefix_cache_pinned_blocks(s->pc));
 }
 
 /* The step in flight i places after the oldest (i < num_steps). */
-struct step_rec *step_at(struct worker_link *w, uint32_t i)
+struct step_rec *sched_step_at(struct worker_link *w, uint32_t i)
 {
     return &w->steps[(w->step_head + i) % SCHEDULER_MAX_STEPS_IN_FLIGHT];
 }
 
 /* Forgets q's parts of the steps in flight: it continues from what was acknowledged. */
-void seq_clear_inflight(struct seq *q)
+void sched_seq_clear_inflight(struct seq *q)
 {
     q->num_inflight = 0;
     q->pending_samples = 0;
@@ -187,7 +187,7 @@ static bool seq_in_step(const struct seq *q, uint64_t step_id)
     return q->num_inflight > 0 && q->inflight[0].step_id == step_id;
 }
 
-int check_inflight(const struct scheduler *s, const char **why)
+int sched_check_inflight(const struct scheduler *s, const char **why)
 {
     const struct worker_link *w = &s->worker;
     for (const struct seq *q = s->running.head; q; q = q->next) {
@@ -220,7 +220,7 @@ int check_inflight(const struct scheduler *s, const char **why)
 
 /* ---- messages out --------------------------------------------------------------------------- */
 
-void send_worker(struct scheduler *s, uint32_t worker_id, Pagoda__Internal__ToWorker *m)
+void sched_send_worker(struct scheduler *s, uint32_t worker_id, Pagoda__Internal__ToWorker *m)
 {
     m->has_protocol_version = 1;
     m->protocol_version = WIRE_PROTOCOL_VERSION;
@@ -235,7 +235,7 @@ static void send_supervisor(struct scheduler *s, Pagoda__Internal__Control *ctl)
     s->io.to_supervisor(s->io.ctx, ctl);
 }
 
-bool send_router(struct scheduler *s, Pagoda__Internal__ToRouter *m)
+bool sched_send_router(struct scheduler *s, Pagoda__Internal__ToRouter *m)
 {
     m->has_protocol_version = 1;
     m->protocol_version = WIRE_PROTOCOL_VERSION;
@@ -251,8 +251,8 @@ bool send_router(struct scheduler *s, Pagoda__Internal__ToRouter *m)
 
 /* Sends n events in one message; announce_done marks the last message of an announcement.
  * Returns false when the message was lost. */
-bool send_events_msg(struct scheduler *s, Pagoda__Internal__TokenEvent **events, size_t n,
-                     bool announce_done)
+bool sched_send_events_msg(struct scheduler *s, Pagoda__Internal__TokenEvent **events, size_t n,
+                           bool announce_done)
 {
     Pagoda__Internal__TokenEvents evs = PAGODA__INTERNAL__TOKEN_EVENTS__INIT;
     evs.n_events = n;
@@ -262,12 +262,12 @@ bool send_events_msg(struct scheduler *s, Pagoda__Internal__TokenEvent **events,
     Pagoda__Internal__ToRouter m = PAGODA__INTERNAL__TO_ROUTER__INIT;
     m.msg_case = PAGODA__INTERNAL__TO_ROUTER__MSG_EVENTS;
     m.events = &evs;
-    return send_router(s, &m);
+    return sched_send_router(s, &m);
 }
 
 /* Tells the router the model's context (it sizes its prompt and message limits from it), once a
  * worker has said it. Returns false when the message was lost. */
-bool send_model_info(struct scheduler *s)
+bool sched_send_model_info(struct scheduler *s)
 {
     if (s->worker.max_positions <= 0)
         return true;
@@ -279,20 +279,20 @@ bool send_model_info(struct scheduler *s)
     Pagoda__Internal__ToRouter m = PAGODA__INTERNAL__TO_ROUTER__INIT;
     m.msg_case = PAGODA__INTERNAL__TO_ROUTER__MSG_MODEL;
     m.model = &info;
-    return send_router(s, &m);
+    return sched_send_router(s, &m);
 }
 
 static void send_events(struct scheduler *s, Pagoda__Internal__TokenEvent **events, size_t n)
 {
     if (n > 0)
-        send_events_msg(s, events, n, false);
+        sched_send_events_msg(s, events, n, false);
 }
 
 /* Sends one event that ends a request: reason, with error (0 or a PAGODA_E* code and a
  * message) and no tokens. id is echoed as given (any length). */
-void send_end(struct scheduler *s, const uint8_t *id, size_t id_len, uint32_t offset,
-              uint32_t prompt_tokens, Pagoda__Internal__FinishReason reason, int error,
-              const char *message)
+void sched_send_end(struct scheduler *s, const uint8_t *id, size_t id_len, uint32_t offset,
+                    uint32_t prompt_tokens, Pagoda__Internal__FinishReason reason, int error,
+                    const char *message)
 {
     Pagoda__Internal__TokenEvent ev = PAGODA__INTERNAL__TOKEN_EVENT__INIT;
     if (id != NULL) {
@@ -315,15 +315,16 @@ void send_end(struct scheduler *s, const uint8_t *id, size_t id_len, uint32_t of
     send_events(s, &p, 1);
 }
 
-void send_error(struct scheduler *s, const uint8_t *id, size_t id_len, int error,
-                const char *message)
+void sched_send_error(struct scheduler *s, const uint8_t *id, size_t id_len, int error,
+                      const char *message)
 {
     char hex[2 * SCHEDULER_REQUEST_ID_BYTES + 1] = "";
     for (size_t i = 0; id && i < id_len && i < SCHEDULER_REQUEST_ID_BYTES; i++)
         snprintf(hex + 2 * i, 3, "%02x", id[i]);
     log_warn("request %s refused: %s", hex, message);
     s->stats.rejected_requests++;
-    send_end(s, id, id_len, 0, 0, PAGODA__INTERNAL__FINISH_REASON__FINISH_ERROR, error, message);
+    sched_send_end(s, id, id_len, 0, 0, PAGODA__INTERNAL__FINISH_REASON__FINISH_ERROR, error,
+                   message);
 }
 
 /* ---- ending sequences ----------------------------------------------------------------------- */
@@ -338,7 +339,7 @@ static void seq_detach(struct scheduler *s, struct seq *q)
             q->owner->running--;
         if (q->worker_knows)
             id_list_push(s, &s->pending_finished, q->seq_id);
-        seq_release_blocks(s, q);
+        sched_seq_release_blocks(s, q);
         unhash_seq_id(s, q);
     } else {
         waiting_remove(s, q);
@@ -347,10 +348,10 @@ static void seq_detach(struct scheduler *s, struct seq *q)
 }
 
 /* Removes q from its list and the tables and frees it. */
-void seq_remove(struct scheduler *s, struct seq *q)
+void sched_seq_remove(struct scheduler *s, struct seq *q)
 {
     seq_detach(s, q);
-    seq_free(q);
+    sched_seq_free(q);
 }
 
 /* Keeps q, which ended and is in no list, at the end of list l (the recent list, or the refused
@@ -358,8 +359,8 @@ void seq_remove(struct scheduler *s, struct seq *q)
  * a message to the router is lost and not yet made good (their ends may be among what it held).
  * Its tokens, not its blocks: a router that restarts before it heard the end learns it from the
  * announcement, one whose event was lost from the resend. */
-void ended_push(struct scheduler *s, struct seq_list *l, struct seq *q, uint32_t keep,
-                uint32_t keep_behind)
+void sched_ended_push(struct scheduler *s, struct seq_list *l, struct seq *q, uint32_t keep,
+                      uint32_t keep_behind)
 {
     q->state = SEQ_WAITING;
     q->end_order = ++s->end_count;
@@ -368,16 +369,16 @@ void ended_push(struct scheduler *s, struct seq_list *l, struct seq *q, uint32_t
     while (l->count > limit) {
         struct seq *old = l->head;
         list_remove(l, old);
-        seq_free(old);
+        sched_seq_free(old);
     }
 }
 
 static void recent_push(struct scheduler *s, struct seq *q)
 {
-    ended_push(s, &s->recent, q, SCHEDULER_MAX_RECENT_ENDED, SCHEDULER_MAX_RECENT_BEHIND);
+    sched_ended_push(s, &s->recent, q, SCHEDULER_MAX_RECENT_ENDED, SCHEDULER_MAX_RECENT_BEHIND);
 }
 
-/* Like seq_remove, but keeps the removed sequence in the recent list (recent_push). */
+/* Like sched_seq_remove, but keeps the removed sequence in the recent list (recent_push). */
 static void seq_retire(struct scheduler *s, struct seq *q)
 {
     seq_detach(s, q);
@@ -385,7 +386,7 @@ static void seq_retire(struct scheduler *s, struct seq *q)
 }
 
 /* Sets q's end to FINISH_ERROR with error and (a copy of) message, for the recent list. */
-void seq_set_error(struct seq *q, int error, const char *message)
+void sched_seq_set_error(struct seq *q, int error, const char *message)
 {
     q->finish_reason = PAGODA__INTERNAL__FINISH_REASON__FINISH_ERROR;
     q->error_code = error;
@@ -395,13 +396,13 @@ void seq_set_error(struct seq *q, int error, const char *message)
 }
 
 /* A request that ended (finished, cancelled, or out of memory) with reason. */
-void seq_end(struct scheduler *s, struct seq *q, Pagoda__Internal__FinishReason reason,
-             int32_t error_code, const char *error_message)
+void sched_seq_end(struct scheduler *s, struct seq *q, Pagoda__Internal__FinishReason reason,
+                   int32_t error_code, const char *error_message)
 {
     if (q->pin != NULL) {
-        pin_seq_ended(s, q, reason != PAGODA__INTERNAL__FINISH_REASON__FINISH_ERROR, error_code,
-                      error_message);
-        seq_remove(s, q);
+        sched_pin_seq_ended(s, q, reason != PAGODA__INTERNAL__FINISH_REASON__FINISH_ERROR,
+                            error_code, error_message);
+        sched_seq_remove(s, q);
         return;
     }
     s->stats.finished_requests++;
@@ -412,17 +413,17 @@ void seq_end(struct scheduler *s, struct seq *q, Pagoda__Internal__FinishReason 
 }
 
 /* Ends q with an error event (a request found unfit at admission). */
-void seq_refuse(struct scheduler *s, struct seq *q, int error, const char *message)
+void sched_seq_refuse(struct scheduler *s, struct seq *q, int error, const char *message)
 {
     if (q->pin != NULL) {
-        pin_seq_ended(s, q, false, error, message);
-        seq_remove(s, q);
+        sched_pin_seq_ended(s, q, false, error, message);
+        sched_seq_remove(s, q);
         return;
     }
-    send_error(s, q->request_id, SCHEDULER_REQUEST_ID_BYTES, error, message);
+    sched_send_error(s, q->request_id, SCHEDULER_REQUEST_ID_BYTES, error, message);
     /* Kept with its error like any ended request, so that an announcement or a resend after a
      * lost message tells a router. */
-    seq_set_error(q, error, message);
+    sched_seq_set_error(q, error, message);
     seq_retire(s, q);
 }
 
@@ -441,15 +442,16 @@ static void seq_fail(struct scheduler *s, struct seq *q, int32_t code, const cha
     q->error_text = strndup(why, SCHEDULER_ERROR_MESSAGE_MAX - 1);
     const char *kept = q->error_text != NULL ? q->error_text : "the worker failed the request";
     if (q->pin == NULL)
-        send_end(s, q->request_id, SCHEDULER_REQUEST_ID_BYTES,
-                 (uint32_t)(q->num_tokens - q->num_prompt_tokens), (uint32_t)q->num_prompt_tokens,
-                 PAGODA__INTERNAL__FINISH_REASON__FINISH_ERROR, code, kept);
-    seq_end(s, q, PAGODA__INTERNAL__FINISH_REASON__FINISH_ERROR, code, kept);
+        sched_send_end(s, q->request_id, SCHEDULER_REQUEST_ID_BYTES,
+                       (uint32_t)(q->num_tokens - q->num_prompt_tokens),
+                       (uint32_t)q->num_prompt_tokens,
+                       PAGODA__INTERNAL__FINISH_REASON__FINISH_ERROR, code, kept);
+    sched_seq_end(s, q, PAGODA__INTERNAL__FINISH_REASON__FINISH_ERROR, code, kept);
 }
 
 /* Releases a running sequence's blocks and requeues it at the front to recompute everything it
  * knows. */
-void seq_preempt(struct scheduler *s, struct seq *v)
+void sched_seq_preempt(struct scheduler *s, struct seq *v)
 {
     if (v->plan_index >= 0) {
         struct plan_entry *e = &s->plan[v->plan_index];
@@ -459,13 +461,13 @@ void seq_preempt(struct scheduler *s, struct seq *v)
     }
     if (v->worker_knows)
         id_list_push(s, &s->pending_preempted, v->seq_id);
-    seq_release_blocks(s, v);
+    sched_seq_release_blocks(s, v);
     if (v->owner)
         v->owner->running--;
     log_debug("preempting seq %llu (%d tokens)", (unsigned long long)v->seq_id, (int)v->num_tokens);
     unhash_seq_id(s, v);
     v->num_computed = 0;
-    seq_clear_inflight(v);
+    sched_seq_clear_inflight(v);
     v->worker_knows = false;
     v->blocks_sent = 0;
     list_remove(&s->running, v);
@@ -498,7 +500,7 @@ static int64_t watchdog_timeout(const struct scheduler *s, int64_t num_tokens)
 
 /* ---- resync --------------------------------------------------------------------------------- */
 
-void owe_from(struct worker_link *w, int64_t now_ms)
+void sched_owe_from(struct worker_link *w, int64_t now_ms)
 {
     if (w->state != LINK_STEP && w->state != LINK_RESYNCING)
         w->owes_since_ms = now_ms;
@@ -510,7 +512,7 @@ static void discard_inflight(struct scheduler *s)
 {
     struct worker_link *w = &s->worker;
     for (struct seq *q = s->running.head; q; q = q->next)
-        seq_clear_inflight(q);
+        sched_seq_clear_inflight(q);
     w->num_steps = 0;
     w->step_head = 0;
 }
@@ -518,7 +520,7 @@ static void discard_inflight(struct scheduler *s)
 /* Sends a resync to the worker: discards the step in flight and snapshots every running
  * sequence as acknowledged. announce: the empty resync sent before any Hello. A resync other
  * than an announcement names the pool its block ids refer to. */
-void send_resync(struct scheduler *s, int64_t now_ms, bool announce)
+void sched_send_resync(struct scheduler *s, int64_t now_ms, bool announce)
 {
     struct worker_link *w = &s->worker;
     discard_inflight(s);
@@ -563,21 +565,21 @@ void send_resync(struct scheduler *s, int64_t now_ms, bool announce)
         w->announced = true;
         w->announce_ms = now_ms;
     } else {
-        owe_from(w, now_ms);
+        sched_owe_from(w, now_ms);
         w->state = LINK_RESYNCING;
         w->resync_sent_ms = now_ms;
         s->stats.resyncs++;
         log_info("resync %llu to worker 0: %zu sequences, next step %llu",
                  (unsigned long long)r.resync_id, n, (unsigned long long)r.next_step_id);
     }
-    send_worker(s, 0, &m);
+    sched_send_worker(s, 0, &m);
 }
 
 /* ---- isolating a refused step --------------------------------------------------------------- */
 
 /* Whether q may run in the step being formed: anything when not isolating, else only the probe
  * (the first probe_len suspects). */
-bool isolation_may_run(const struct scheduler *s, const struct seq *q)
+bool sched_isolation_may_run(const struct scheduler *s, const struct seq *q)
 {
     const struct worker_link *w = &s->worker;
     if (!w->isolating)
@@ -588,7 +590,7 @@ bool isolation_may_run(const struct scheduler *s, const struct seq *q)
     return false;
 }
 
-void isolation_end(struct scheduler *s, const char *why)
+void sched_isolation_end(struct scheduler *s, const char *why)
 {
     struct worker_link *w = &s->worker;
     if (w->isolating)
@@ -600,7 +602,7 @@ void isolation_end(struct scheduler *s, const char *why)
 /* Before a step is formed while isolating: forgets suspects that no longer run (ended,
  * cancelled, preempted: a preempted sequence comes back with another seq_id) and picks the
  * probe again. */
-void isolation_prune(struct scheduler *s)
+void sched_isolation_prune(struct scheduler *s)
 {
     struct worker_link *w = &s->worker;
     if (!w->isolating)
@@ -615,7 +617,7 @@ void isolation_prune(struct scheduler *s)
     w->num_suspects = kept;
     w->probe_len = probe > 0 ? probe : (kept + 1) / 2;
     if (kept == 0)
-        isolation_end(s, "no suspect runs any more");
+        sched_isolation_end(s, "no suspect runs any more");
 }
 
 /* A step was accepted: when it was a probe, its sequences are cleared and the rest remain. */
@@ -629,7 +631,7 @@ static void isolation_step_accepted(struct scheduler *s)
     w->num_suspects = rest;
     w->probe_len = (rest + 1) / 2;
     if (rest == 0)
-        isolation_end(s, "every suspect ran");
+        sched_isolation_end(s, "every suspect ran");
 }
 
 /* The step in flight was refused. Right after a resync (fresh), or while isolating, its
@@ -641,14 +643,14 @@ static void isolation_step_refused(struct scheduler *s, const Pagoda__Internal__
     struct worker_link *w = &s->worker;
     if (!w->fresh && !w->isolating)
         return;
-    const struct step_rec *rec = step_at(w, 0);
+    const struct step_rec *rec = sched_step_at(w, 0);
     uint32_t n = 0;
     for (uint32_t i = 0; i < rec->num_seqs; i++)
         if (find_seq_id(s, rec->seq_ids[i]) != NULL)
             w->suspects[n++] = rec->seq_ids[i];
     w->num_suspects = n;
     if (n == 0) {
-        isolation_end(s, "the refused step's sequences are gone");
+        sched_isolation_end(s, "the refused step's sequences are gone");
         return;
     }
     if (n == 1 && w->fresh) {
@@ -656,10 +658,10 @@ static void isolation_step_refused(struct scheduler *s, const Pagoda__Internal__
         log_warn("worker 0 refused step %llu right after a resync, and seq %llu alone: failing it",
                  (unsigned long long)r->step_id, (unsigned long long)q->seq_id);
         s->stats.isolated_seqs++;
-        seq_clear_inflight(q);
+        sched_seq_clear_inflight(q);
         seq_fail(s, q, r->error_code,
                  r->error_message != NULL ? r->error_message : "the worker refused its steps");
-        isolation_end(s, "the culprit failed");
+        sched_isolation_end(s, "the culprit failed");
         return;
     }
     if (!w->isolating)
@@ -686,7 +688,7 @@ static Pagoda__Internal__FinishReason stop_reason(const struct scheduler *s, con
             return PAGODA__INTERNAL__FINISH_REASON__FINISH_STOP;
     if (q->max_tokens > 0 && q->num_tokens - q->num_prompt_tokens >= q->max_tokens)
         return PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH;
-    if ((int64_t)q->num_tokens >= context_limit(s))
+    if ((int64_t)q->num_tokens >= sched_context_limit(s))
         return PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH;
     return PAGODA__INTERNAL__FINISH_REASON__FINISH_NONE;
 }
@@ -761,7 +763,7 @@ static int check_result(struct scheduler *s, const Pagoda__Internal__StepResult 
         q->result_token = res->token_id;
         q->result_logprob = res->has_logprob ? res->logprob : 0.0f;
     }
-    const struct step_rec *rec = step_at(&s->worker, 0);
+    const struct step_rec *rec = sched_step_at(&s->worker, 0);
     for (uint32_t i = 0; i < rec->num_seqs; i++) {
         struct seq *q = find_seq_id(s, rec->seq_ids[i]);
         if (q != NULL && seq_in_step(q, rec->step_id) && q->inflight[0].samples && !q->has_result) {
@@ -786,7 +788,7 @@ static void count_work(struct scheduler *s, const struct seq *q, int32_t num_new
 /* A sum of step times in microseconds as a counter: rounded, and held at 2^62 (not reached by
  * times of at most SCHEDULER_STEP_US_MAX in any life of a scheduler, but llround's range is
  * not to be left). */
-uint64_t us_counter(double sum)
+uint64_t sched_us_counter(double sum)
 {
     return sum < 0x1p62 ? (uint64_t)llround(sum) : (uint64_t)1 << 62;
 }
@@ -796,7 +798,7 @@ uint64_t us_counter(double sum)
 static void apply_result(struct scheduler *s, const Pagoda__Internal__StepResult *r, int64_t now_ms)
 {
     struct worker_link *w = &s->worker;
-    struct step_rec *rec = step_at(w, 0);
+    struct step_rec *rec = sched_step_at(w, 0);
     block_manager_ack(s->bm, r->step_id);
     if (r->has_computed_tokens)
         s->stats.computed_tokens = r->computed_tokens;
@@ -834,14 +836,14 @@ static void apply_result(struct scheduler *s, const Pagoda__Internal__StepResult
         if (q->has_result && q->result_error != 0) {
             /* The worker failed it: nothing of this step counts for it, and it ends (a later
              * step in flight that holds it is answered for nothing). */
-            seq_clear_inflight(q);
+            sched_seq_clear_inflight(q);
             q->has_result = false;
             seq_fail(s, q, q->result_error, q->result_error_message);
             continue;
         }
         count_work(s, q, part.num_new);
         q->num_computed += part.num_new;
-        cache_publish(s, q);
+        sched_cache_publish(s, q);
         if (!part.samples)
             continue;
         q->pending_samples--;
@@ -879,7 +881,7 @@ static void apply_result(struct scheduler *s, const Pagoda__Internal__StepResult
         if (reason != PAGODA__INTERNAL__FINISH_REASON__FINISH_NONE) {
             ev->has_finish_reason = 1;
             ev->finish_reason = reason;
-            seq_end(s, q, reason, ev->has_error_code ? ev->error_code : 0, ev->error_message);
+            sched_seq_end(s, q, reason, ev->has_error_code ? ev->error_code : 0, ev->error_message);
         }
     }
     send_events(s, s->ev_ptrs, n_ev);
@@ -888,8 +890,8 @@ static void apply_result(struct scheduler *s, const Pagoda__Internal__StepResult
     if (w->num_steps == 0)
         w->state = LINK_IDLE;
     else
-        step_at(w, 0)->start_ms = now_ms; /* the worker starts the next one now */
-    try_step(s, now_ms);
+        sched_step_at(w, 0)->start_ms = now_ms; /* the worker starts the next one now */
+    sched_try_step(s, now_ms);
 }
 
 static void on_step_result(struct scheduler *s, const Pagoda__Internal__StepResult *r,
@@ -914,12 +916,12 @@ static void on_step_result(struct scheduler *s, const Pagoda__Internal__StepResu
         s->stats.refused_steps++;
         log_warn("worker 0 refused step %llu: %s (%d)", (unsigned long long)r->step_id,
                  r->error_message ? r->error_message : "", (int)r->error_code);
-        if (w->state == LINK_STEP && r->step_id == step_at(w, 0)->step_id)
+        if (w->state == LINK_STEP && r->step_id == sched_step_at(w, 0)->step_id)
             isolation_step_refused(s, r);
-        send_resync(s, now_ms, false);
+        sched_send_resync(s, now_ms, false);
         return;
     }
-    if (w->state != LINK_STEP || r->step_id < step_at(w, 0)->step_id) {
+    if (w->state != LINK_STEP || r->step_id < sched_step_at(w, 0)->step_id) {
         s->stats.ignored_messages++;
         if (r->step_id == w->timed_out_step) {
             w->timed_out_step = 0;
@@ -932,27 +934,27 @@ static void on_step_result(struct scheduler *s, const Pagoda__Internal__StepResu
         }
         return;
     }
-    if (r->step_id != step_at(w, 0)->step_id) {
+    if (r->step_id != sched_step_at(w, 0)->step_id) {
         /* A later step's result first: the oldest one's was lost (or the worker skipped it). */
         s->stats.malformed_messages++;
         log_warn("worker 0: result of step %llu while step %llu's is missing; resync",
-                 (unsigned long long)r->step_id, (unsigned long long)step_at(w, 0)->step_id);
-        send_resync(s, now_ms, false);
+                 (unsigned long long)r->step_id, (unsigned long long)sched_step_at(w, 0)->step_id);
+        sched_send_resync(s, now_ms, false);
         return;
     }
-    uint64_t cpu0 = cpu_now_ns();
+    uint64_t cpu0 = sched_cpu_now_ns();
     const char *why = NULL;
     if (check_result(s, r, &why) != 0) {
         clear_results(s, r);
         s->stats.malformed_messages++;
         log_warn("worker 0: result of step %llu breaks the protocol (%s); resync",
                  (unsigned long long)r->step_id, why);
-        send_resync(s, now_ms, false);
-        charge_cpu(s, cpu0);
+        sched_send_resync(s, now_ms, false);
+        sched_charge_cpu(s, cpu0);
         return;
     }
     apply_result(s, r, now_ms);
-    charge_cpu(s, cpu0);
+    sched_charge_cpu(s, cpu0);
 }
 
 /* ---- worker messages ------------------------------------------------------------------------ */
@@ -1017,9 +1019,9 @@ static void refuse_hello(struct scheduler *s, int32_t pid, const char *why)
 static void adopt_pool(struct scheduler *s, uint64_t pool_id)
 {
     uint32_t running = s->running.count;
-    uint32_t dropped = cache_drop_all(s);
+    uint32_t dropped = sched_cache_drop_all(s);
     while (s->running.tail != NULL)
-        seq_preempt(s, s->running.tail);
+        sched_seq_preempt(s, s->running.tail);
     log_warn("worker 0 maps pool %016llx, the block table describes pool %016llx: adopting the "
              "new pool; %u cached blocks dropped, %u running sequences recomputed",
              (unsigned long long)pool_id, (unsigned long long)s->cfg.geometry.pool_id, dropped,
@@ -1055,7 +1057,7 @@ static void on_hello(struct scheduler *s, const Pagoda__Internal__Hello *h, int6
     w->pid = pid;
     w->vocab_size = h->vocab_size;
     w->max_positions = h->max_position_embeddings;
-    send_model_info(s);
+    sched_send_model_info(s);
     w->num_eos = (int32_t)h->n_eos_token_ids;
     if (h->n_eos_token_ids > 0)
         memcpy(w->eos_ids, h->eos_token_ids, h->n_eos_token_ids * sizeof(int32_t));
@@ -1067,17 +1069,17 @@ static void on_hello(struct scheduler *s, const Pagoda__Internal__Hello *h, int6
         log_info("worker 0 names pool %016llx at its first Hello (the table was opened with "
                  "%016llx): taken",
                  (unsigned long long)pool_id, (unsigned long long)s->cfg.geometry.pool_id);
-        cache_drop_all(s);
+        sched_cache_drop_all(s);
         s->cfg.geometry.pool_id = pool_id;
     } else if (!same_pool)
         adopt_pool(s, pool_id);
     w->hello_ever = true;
-    if (cache_on_hello(s, h) != 0) {
+    if (sched_cache_on_hello(s, h) != 0) {
         /* Another model: what the running sequences hold in the pool is the old model's. */
         while (s->running.tail != NULL)
-            seq_preempt(s, s->running.tail);
+            sched_seq_preempt(s, s->running.tail);
     }
-    send_resync(s, now_ms, false);
+    sched_send_resync(s, now_ms, false);
 }
 
 static void on_resync_done(struct scheduler *s, const Pagoda__Internal__ResyncDone *d,
@@ -1122,7 +1124,7 @@ static void on_resync_done(struct scheduler *s, const Pagoda__Internal__ResyncDo
         ctl.ready = 1;
         send_supervisor(s, &ctl);
     }
-    try_step(s, now_ms);
+    sched_try_step(s, now_ms);
 }
 
 void scheduler_on_worker(struct scheduler *s, uint32_t worker_id,
@@ -1157,7 +1159,7 @@ void scheduler_on_worker(struct scheduler *s, uint32_t worker_id,
         s->stats.malformed_messages++;
         log_warn("worker 0: malformed message%s", w->hello_seen ? "; resync" : "");
         if (w->hello_seen)
-            send_resync(s, now_ms, false);
+            sched_send_resync(s, now_ms, false);
     }
 }
 
@@ -1165,21 +1167,21 @@ void scheduler_on_worker(struct scheduler *s, uint32_t worker_id,
 
 void scheduler_tick(struct scheduler *s, int64_t now_ms)
 {
-    resend_to_router(s, now_ms);
+    sched_resend_to_router(s, now_ms);
     struct worker_link *w = &s->worker;
     switch (w->state) {
     case LINK_NEED_HELLO:
         if (w->refused)
             return;
         if (!w->announced || now_ms - w->announce_ms >= SCHEDULER_ANNOUNCE_MS)
-            send_resync(s, now_ms, true);
+            sched_send_resync(s, now_ms, true);
         return;
     case LINK_STEP:
     case LINK_RESYNCING: {
         /* The oldest step in flight is the one the worker is on: its timeouts count from when
          * it could start, and grow with its tokens. */
         bool step = w->state == LINK_STEP;
-        const struct step_rec *rec = step ? step_at(w, 0) : NULL;
+        const struct step_rec *rec = step ? sched_step_at(w, 0) : NULL;
         int64_t sent = step ? rec->start_ms : w->resync_sent_ms;
         int64_t timeout = step ? step_timeout(s, rec->num_tokens) : result_timeout(s);
         int64_t watchdog = watchdog_timeout(s, step ? rec->num_tokens : 0);
@@ -1204,15 +1206,15 @@ void scheduler_tick(struct scheduler *s, int64_t now_ms)
             log_warn("worker 0: %s %llu unanswered for %lld ms; resync", step ? "step" : "resync",
                      (unsigned long long)(step ? rec->step_id : w->resync_id),
                      (long long)(now_ms - sent));
-            send_resync(s, now_ms, false);
+            sched_send_resync(s, now_ms, false);
             return;
         }
         if (step)
-            try_step(s, now_ms); /* a second step, when the first went out alone */
+            sched_try_step(s, now_ms); /* a second step, when the first went out alone */
         return;
     }
     case LINK_IDLE:
-        try_step(s, now_ms);
+        sched_try_step(s, now_ms);
         return;
     }
 }
@@ -1323,7 +1325,7 @@ int scheduler_open(const struct scheduler_config *cfg, const struct scheduler_io
         goto fail;
     }
     s->pending_finished.cap = s->pending_preempted.cap = 2 * (uint32_t)m;
-    if ((rc = cache_open(s)) != 0)
+    if ((rc = sched_cache_open(s)) != 0)
         goto fail;
     s->worker.state = LINK_NEED_HELLO;
     *out = s;
@@ -1338,7 +1340,7 @@ static void free_list(struct seq_list *l)
     struct seq *q = l->head;
     while (q) {
         struct seq *next = q->next;
-        seq_free(q);
+        sched_seq_free(q);
         q = next;
     }
     l->head = l->tail = NULL;
@@ -1353,7 +1355,7 @@ void scheduler_close(struct scheduler *s)
     free_list(&s->running);
     free_list(&s->recent);
     free_list(&s->refused);
-    cache_close(s);
+    sched_cache_close(s);
     block_manager_close(s->bm);
     free(s->req_buckets);
     free(s->id_buckets);
@@ -1384,7 +1386,7 @@ void scheduler_get_stats(const struct scheduler *s, struct scheduler_stats *out)
     out->waiting = s->waiting.count;
     out->num_blocks = block_manager_usable(s->bm);
     out->free_blocks = block_manager_free_count(s->bm);
-    cache_stats(s, out);
+    sched_cache_stats(s, out);
     out->deferred_blocks = block_manager_deferred_count(s->bm);
     out->step_cpu_us = s->stats.steps ? (double)s->step_cpu_ns / 1e3 / (double)s->stats.steps : 0;
     out->ready = s->ready_sent;

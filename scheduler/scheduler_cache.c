@@ -12,7 +12,7 @@
 
 /* ---- opening and closing -------------------------------------------------------------------- */
 
-int cache_open(struct scheduler *s)
+int sched_cache_open(struct scheduler *s)
 {
     uint8_t secret[PREFIX_CACHE_SECRET_BYTES];
     size_t got = 0;
@@ -36,7 +36,7 @@ static void pin_free(struct sched_pin *p)
     free(p);
 }
 
-void cache_close(struct scheduler *s)
+void sched_cache_close(struct scheduler *s)
 {
     struct sched_tenant *t = s->tenants;
     while (t) {
@@ -76,7 +76,7 @@ static void tenant_defaults(struct scheduler *s, struct sched_tenant *t)
     t->num_pins = 0;
 }
 
-struct sched_tenant *tenant_get(struct scheduler *s, const char *name)
+struct sched_tenant *sched_tenant_get(struct scheduler *s, const char *name)
 {
     for (struct sched_tenant *t = s->tenants; t; t = t->next)
         if (strcmp(t->name, name) == 0)
@@ -163,7 +163,7 @@ static int32_t walk(struct scheduler *s, struct seq *q, struct pc_namespace *ns,
     return i;
 }
 
-int32_t cache_match(struct scheduler *s, struct seq *q, int32_t *evictable_hits)
+int32_t sched_cache_match(struct scheduler *s, struct seq *q, int32_t *evictable_hits)
 {
     *evictable_hits = 0;
     q->ns = q->pin ? q->pin->ns : q->owner ? q->owner->ns : NULL;
@@ -204,13 +204,13 @@ int32_t cache_match(struct scheduler *s, struct seq *q, int32_t *evictable_hits)
     return hits;
 }
 
-bool cache_computed_elsewhere(struct scheduler *s, struct seq *q, int32_t hits)
+bool sched_cache_computed_elsewhere(struct scheduler *s, struct seq *q, int32_t hits)
 {
     if (!cache_on(s) || q->ns == NULL || hits < 0 || hits >= q->num_keys)
         return false;
     const struct pc_key key = q->keys[hits];
     for (struct seq *p = s->running.head; p != NULL; p = p->next) {
-        /* p publishes block hits when it is computed (cache_publish) only if it has decided
+        /* p publishes block hits when it is computed (sched_cache_publish) only if it has decided
          * the blocks before it and holds the entry of the one before it (a block after a
          * private one stays private): the very entry q matched there (a parent flushed since
          * q's lookup would not be what q matched, and p's child of it stays private), and if
@@ -231,14 +231,14 @@ bool cache_computed_elsewhere(struct scheduler *s, struct seq *q, int32_t hits)
     return false;
 }
 
-int cache_take_match(struct scheduler *s, struct seq *q, int32_t n)
+int sched_cache_take_match(struct scheduler *s, struct seq *q, int32_t n)
 {
     if (reserve((void **)&q->entries, &q->cap_entries, n + 1, sizeof(*q->entries)) != 0)
         return PAGODA_ENOMEM;
     for (int32_t i = 0; i < n; i++) {
         int rc = block_table_append_shared(s->bm, &q->table, prefix_cache_entry_block(s->match[i]));
         if (rc != 0) {
-            seq_release_blocks(s, q);
+            sched_seq_release_blocks(s, q);
             return rc;
         }
         prefix_cache_acquire(s->pc, s->match[i]);
@@ -266,7 +266,7 @@ int cache_take_match(struct scheduler *s, struct seq *q, int32_t n)
 
 /* ---- blocks --------------------------------------------------------------------------------- */
 
-int seq_append_block(struct scheduler *s, struct seq *q)
+int sched_seq_append_block(struct scheduler *s, struct seq *q)
 {
     if (reserve((void **)&q->entries, &q->cap_entries, q->table.num_blocks + 1,
                 sizeof(*q->entries)) != 0)
@@ -282,7 +282,7 @@ int seq_append_block(struct scheduler *s, struct seq *q)
     }
 }
 
-void seq_release_blocks(struct scheduler *s, struct seq *q)
+void sched_seq_release_blocks(struct scheduler *s, struct seq *q)
 {
     /* From the tail, so that a chain's leaves enter the LRU before their parents. */
     for (int32_t i = q->table.num_blocks - 1; i >= 0; i--) {
@@ -303,7 +303,7 @@ void seq_release_blocks(struct scheduler *s, struct seq *q)
     q->num_keys = 0;
 }
 
-void cache_publish(struct scheduler *s, struct seq *q)
+void sched_cache_publish(struct scheduler *s, struct seq *q)
 {
     if (!cache_on(s) || q->ns == NULL)
         return;
@@ -335,7 +335,7 @@ void cache_publish(struct scheduler *s, struct seq *q)
     q->num_published = full;
 }
 
-void cache_assert_writable(const struct scheduler *s, const struct seq *q, int32_t num_new)
+void sched_cache_assert_writable(const struct scheduler *s, const struct seq *q, int32_t num_new)
 {
     if (num_new <= 0)
         return;
@@ -371,7 +371,7 @@ static void pin_fail(struct sched_pin *p, int error, const char *message)
     log_warn("pin %s failed: %s", p->name, p->error);
 }
 
-/* Pinned blocks are out of every sequence's reach (context_limit): the pins together hold at
+/* Pinned blocks are out of every sequence's reach (sched_context_limit): the pins together hold at
  * most half the pool, so that pins cannot shrink every tenant's context to nothing (a hostile
  * probe's pins held 1,018 of 1,023 blocks, and requests of tenants that could read none of them
  * ended at 80 tokens). A pin counts the full blocks it holds or will hold (pins that share a
@@ -386,7 +386,7 @@ static int64_t pin_blocks(const struct scheduler *s, const struct sched_pin *p)
     return p->num_tokens / s->block_size;
 }
 
-int32_t pins_computing_blocks(const struct scheduler *s)
+int32_t sched_pins_computing_blocks(const struct scheduler *s)
 {
     int64_t n = 0;
     for (const struct sched_pin *p = s->pins; p; p = p->next)
@@ -424,7 +424,7 @@ static void pin_start(struct scheduler *s, struct sched_pin *p)
             return;
         }
     }
-    /* The others of the policy in force (on_policy checks again once the pins it drops are
+    /* The others of the policy in force (sched_on_policy checks again once the pins it drops are
      * gone: pins_within_cap). */
     int64_t pinned = pin_blocks(s, p);
     for (const struct sched_pin *o = s->pins; o; o = o->next)
@@ -434,7 +434,7 @@ static void pin_start(struct scheduler *s, struct sched_pin *p)
         pin_fail_cap(s, p, pinned);
         return;
     }
-    struct seq *q = seq_new(p->tokens, p->num_tokens, 0);
+    struct seq *q = sched_seq_new(p->tokens, p->num_tokens, 0);
     if (q == NULL) {
         pin_fail(p, PAGODA_ENOMEM, "out of memory");
         return;
@@ -449,7 +449,8 @@ static void pin_start(struct scheduler *s, struct sched_pin *p)
 
 static void policy_maybe_reply(struct scheduler *s);
 
-void pin_seq_ended(struct scheduler *s, struct seq *q, bool ok, int error, const char *message)
+void sched_pin_seq_ended(struct scheduler *s, struct seq *q, bool ok, int error,
+                         const char *message)
 {
     struct sched_pin *p = q->pin;
     q->pin = NULL; /* the sequence goes; the pin stays */
@@ -492,7 +493,7 @@ static void pin_drop(struct scheduler *s, struct sched_pin *p)
         struct seq *q = p->computing;
         q->pin = NULL;
         p->computing = NULL;
-        seq_remove(s, q);
+        sched_seq_remove(s, q);
     }
 }
 
@@ -570,7 +571,7 @@ static void policy_maybe_reply(struct scheduler *s)
     Pagoda__Internal__ToRouter m = PAGODA__INTERNAL__TO_ROUTER__INIT;
     m.msg_case = PAGODA__INTERNAL__TO_ROUTER__MSG_POLICY_APPLIED;
     m.policy_applied = &pa;
-    send_router(s, &m);
+    sched_send_router(s, &m);
     free(st);
     free(ptrs);
 }
@@ -639,7 +640,7 @@ static void apply_tenant(struct scheduler *s, const Pagoda__Internal__TenantPoli
 {
     if (tp->name == NULL)
         return;
-    struct sched_tenant *t = tenant_get(s, tp->name);
+    struct sched_tenant *t = sched_tenant_get(s, tp->name);
     if (t == NULL) {
         log_warn("policy: tenant %s: name too long or out of memory", tp->name);
         return;
@@ -662,7 +663,7 @@ static void apply_tenant(struct scheduler *s, const Pagoda__Internal__TenantPoli
     }
 }
 
-void on_policy(struct scheduler *s, const Pagoda__Internal__Policy *m)
+void sched_on_policy(struct scheduler *s, const Pagoda__Internal__Policy *m)
 {
     for (size_t i = 0; i < m->n_namespaces; i++) {
         const Pagoda__Internal__NamespacePolicy *np = m->namespaces[i];
@@ -708,7 +709,7 @@ void on_policy(struct scheduler *s, const Pagoda__Internal__Policy *m)
     policy_maybe_reply(s);
 }
 
-int cache_on_hello(struct scheduler *s, const Pagoda__Internal__Hello *h)
+int sched_cache_on_hello(struct scheduler *s, const Pagoda__Internal__Hello *h)
 {
     char fallback[96];
     const void *fp;
@@ -748,7 +749,7 @@ static void flush_ns(void *user, struct pc_namespace *ns)
     f->blocks += prefix_cache_flush(f->pc, ns);
 }
 
-uint32_t cache_drop_all(struct scheduler *s)
+uint32_t sched_cache_drop_all(struct scheduler *s)
 {
     struct flush_all f = {.pc = s->pc};
     prefix_cache_each_namespace(s->pc, flush_ns, &f);
@@ -791,7 +792,7 @@ static void count_ns(void *user, struct pc_namespace *ns)
     (*(size_t *)user)++;
 }
 
-void on_admin(struct scheduler *s, const Pagoda__Internal__AdminCall *m)
+void sched_on_admin(struct scheduler *s, const Pagoda__Internal__AdminCall *m)
 {
     Pagoda__Internal__AdminResult r = PAGODA__INTERNAL__ADMIN_RESULT__INIT;
     r.has_cookie = m->has_cookie;
@@ -857,7 +858,7 @@ void on_admin(struct scheduler *s, const Pagoda__Internal__AdminCall *m)
     Pagoda__Internal__ToRouter out = PAGODA__INTERNAL__TO_ROUTER__INIT;
     out.msg_case = PAGODA__INTERNAL__TO_ROUTER__MSG_ADMIN;
     out.admin = &r;
-    send_router(s, &out);
+    sched_send_router(s, &out);
     free(tf);
     free(tptrs);
     free(nc.figs);
@@ -868,7 +869,7 @@ void on_admin(struct scheduler *s, const Pagoda__Internal__AdminCall *m)
 
 /* ---- figures and checks --------------------------------------------------------------------- */
 
-void cache_stats(const struct scheduler *s, struct scheduler_stats *out)
+void sched_cache_stats(const struct scheduler *s, struct scheduler_stats *out)
 {
     out->cached_blocks = prefix_cache_cached_blocks(s->pc);
     out->pinned_blocks = prefix_cache_pinned_blocks(s->pc);
@@ -964,7 +965,7 @@ int scheduler_check_invariants(const struct scheduler *s, const char **why)
         *why = "the tenants' running counts differ from the running sequences";
         goto out;
     }
-    if (check_inflight(s, why) != 0)
+    if (sched_check_inflight(s, why) != 0)
         goto out;
     for (const struct seq *q = s->waiting.head; q; q = q->next) {
         if (q->table.num_blocks != 0) {

@@ -278,121 +278,121 @@ struct sched_pin {
 /* ---- scheduler.c, for scheduler_cache.c ---- */
 
 /* Removes q from its list and tables, releases its blocks and frees it. */
-void seq_remove(struct scheduler *s, struct seq *q);
+void sched_seq_remove(struct scheduler *s, struct seq *q);
 
 /* A waiting sequence for tokens (n of them, all prompt), not yet listed anywhere; NULL when out
  * of memory. */
-struct seq *seq_new(const int32_t *tokens, int32_t n, int32_t more);
+struct seq *sched_seq_new(const int32_t *tokens, int32_t n, int32_t more);
 
 /* Tests: each running sequence's parts in flight against the steps in flight (in order, one per
  * step at most, adding up to num_scheduled and pending_samples, with the table covering them).
  * Returns 0, or -1 with a reason in *why. */
-int check_inflight(const struct scheduler *s, const char **why);
+int sched_check_inflight(const struct scheduler *s, const char **why);
 
 /* Sends m to the router with protocol version and epoch set. */
-bool send_router(struct scheduler *s, Pagoda__Internal__ToRouter *m);
+bool sched_send_router(struct scheduler *s, Pagoda__Internal__ToRouter *m);
 
 /* ---- scheduler.c, for scheduler_router.c ---- */
 
 /* Request ids may be a client's own (one default tenant), so buckets come from a keyed hash:
  * nobody can choose ids that pile into one bucket. */
-uint64_t request_hash(const struct scheduler *s, const uint8_t *id);
+uint64_t sched_request_hash(const struct scheduler *s, const uint8_t *id);
 /* The live sequence of request id (SCHEDULER_REQUEST_ID_BYTES), or NULL. */
-struct seq *find_request(const struct scheduler *s, const uint8_t *id);
-/* Lists q under its request id (find_request). */
-void hash_request(struct scheduler *s, struct seq *q);
+struct seq *sched_find_request(const struct scheduler *s, const uint8_t *id);
+/* Lists q under its request id (sched_find_request). */
+void sched_hash_request(struct scheduler *s, struct seq *q);
 /* Frees q and what it owns (its block table's memory, not its blocks); NULL is ignored. */
-void seq_free(struct seq *q);
+void sched_seq_free(struct seq *q);
 /* The most tokens a sequence may hold while `pinned` blocks are pinned: the model's positions
  * and the pool less those blocks. */
-int64_t context_with_pins(const struct scheduler *s, int32_t pinned);
-/* The most tokens a sequence may hold now (context_with_pins of the blocks pinned now). */
-int64_t context_limit(const struct scheduler *s);
+int64_t sched_context_with_pins(const struct scheduler *s, int32_t pinned);
+/* The most tokens a sequence may hold now (sched_context_with_pins of the blocks pinned now). */
+int64_t sched_context_limit(const struct scheduler *s);
 /* Sends n events in one message; announce_done marks the last message of an announcement.
  * Returns false when the message was lost. */
-bool send_events_msg(struct scheduler *s, Pagoda__Internal__TokenEvent **events, size_t n,
-                     bool announce_done);
+bool sched_send_events_msg(struct scheduler *s, Pagoda__Internal__TokenEvent **events, size_t n,
+                           bool announce_done);
 /* Tells the router the model's context, once a worker has said it. Returns false when the
  * message was lost. */
-bool send_model_info(struct scheduler *s);
+bool sched_send_model_info(struct scheduler *s);
 /* Sends one event that ends a request: reason, with error (0 or a PAGODA_E* code and a
  * message) and no tokens. id is echoed as given (any length). */
-void send_end(struct scheduler *s, const uint8_t *id, size_t id_len, uint32_t offset,
-              uint32_t prompt_tokens, Pagoda__Internal__FinishReason reason, int error,
-              const char *message);
+void sched_send_end(struct scheduler *s, const uint8_t *id, size_t id_len, uint32_t offset,
+                    uint32_t prompt_tokens, Pagoda__Internal__FinishReason reason, int error,
+                    const char *message);
 /* A refusal of request id: logged, counted, and sent as its end (FINISH_ERROR). */
-void send_error(struct scheduler *s, const uint8_t *id, size_t id_len, int error,
-                const char *message);
+void sched_send_error(struct scheduler *s, const uint8_t *id, size_t id_len, int error,
+                      const char *message);
 /* Keeps q, which ended and is in no list, at the end of list l (the recent or the refused
  * list), dropping l's oldest beyond keep (keep_behind while a message to the router is lost). */
-void ended_push(struct scheduler *s, struct seq_list *l, struct seq *q, uint32_t keep,
-                uint32_t keep_behind);
+void sched_ended_push(struct scheduler *s, struct seq_list *l, struct seq *q, uint32_t keep,
+                      uint32_t keep_behind);
 /* Sets q's end to FINISH_ERROR with error and (a copy of) message, for the recent list. */
-void seq_set_error(struct seq *q, int error, const char *message);
+void sched_seq_set_error(struct seq *q, int error, const char *message);
 /* A request that ended (finished, cancelled, or out of memory) with reason. */
-void seq_end(struct scheduler *s, struct seq *q, Pagoda__Internal__FinishReason reason,
-             int32_t error_code, const char *error_message);
+void sched_seq_end(struct scheduler *s, struct seq *q, Pagoda__Internal__FinishReason reason,
+                   int32_t error_code, const char *error_message);
 /* A sum of step times in microseconds as a counter: rounded, held at 2^62. */
-uint64_t us_counter(double sum);
+uint64_t sched_us_counter(double sum);
 
 /* ---- scheduler.c, for scheduler_step.c ---- */
 
 /* The calling thread's CPU time in nanoseconds. */
-uint64_t cpu_now_ns(void);
-/* Adds the thread's CPU time since start_ns (cpu_now_ns) to what steps cost (step_cpu_us). */
-void charge_cpu(struct scheduler *s, uint64_t start_ns);
+uint64_t sched_cpu_now_ns(void);
+/* Adds the thread's CPU time since start_ns (sched_cpu_now_ns) to what steps cost (step_cpu_us). */
+void sched_charge_cpu(struct scheduler *s, uint64_t start_ns);
 /* Lists q, just admitted, under its seq id (the worker's key for it). */
-void hash_seq_id(struct scheduler *s, struct seq *q);
+void sched_hash_seq_id(struct scheduler *s, struct seq *q);
 /* The step in flight i places after the oldest (i < num_steps). */
-struct step_rec *step_at(struct worker_link *w, uint32_t i);
+struct step_rec *sched_step_at(struct worker_link *w, uint32_t i);
 /* Forgets q's parts of the steps in flight: it continues from what was acknowledged. */
-void seq_clear_inflight(struct seq *q);
+void sched_seq_clear_inflight(struct seq *q);
 /* Sends m to worker worker_id with the protocol version set. */
-void send_worker(struct scheduler *s, uint32_t worker_id, Pagoda__Internal__ToWorker *m);
+void sched_send_worker(struct scheduler *s, uint32_t worker_id, Pagoda__Internal__ToWorker *m);
 /* Ends q with an error event (a request found unfit at admission). */
-void seq_refuse(struct scheduler *s, struct seq *q, int error, const char *message);
+void sched_seq_refuse(struct scheduler *s, struct seq *q, int error, const char *message);
 /* Releases a running sequence's blocks and requeues it at the front to recompute everything it
  * knows (a step being formed gives back its tokens). */
-void seq_preempt(struct scheduler *s, struct seq *v);
+void sched_seq_preempt(struct scheduler *s, struct seq *v);
 /* From now_ms on the worker owes an answer (the watchdog counts from it), unless it owed one
  * already. */
-void owe_from(struct worker_link *w, int64_t now_ms);
+void sched_owe_from(struct worker_link *w, int64_t now_ms);
 /* Sends a resync to the worker: discards the steps in flight and snapshots every running
  * sequence as acknowledged. announce: the empty resync sent before any Hello. */
-void send_resync(struct scheduler *s, int64_t now_ms, bool announce);
+void sched_send_resync(struct scheduler *s, int64_t now_ms, bool announce);
 /* Whether q may run in the step being formed: anything when not isolating a refused step, else
  * only the probe (the first probe_len suspects). */
-bool isolation_may_run(const struct scheduler *s, const struct seq *q);
+bool sched_isolation_may_run(const struct scheduler *s, const struct seq *q);
 /* Ends the isolation of a refused step (if one is under way), logging why. */
-void isolation_end(struct scheduler *s, const char *why);
+void sched_isolation_end(struct scheduler *s, const char *why);
 /* Before a step is formed while isolating: forgets suspects that no longer run and picks the
  * probe again. */
-void isolation_prune(struct scheduler *s);
+void sched_isolation_prune(struct scheduler *s);
 
 /* ---- scheduler_step.c: forming and sending steps, for scheduler.c and scheduler_router.c ---- */
 
 /* A strict_max_tokens request's check: PAGODA_ERANGE with why in msg when its prompt and
  * max_tokens (> 0) pass limit, else 0. */
-int strict_check(int64_t limit, int32_t prompt, int32_t max_tokens,
-                 char msg[SCHEDULER_ERROR_MESSAGE_MAX]);
+int sched_strict_check(int64_t limit, int32_t prompt, int32_t max_tokens,
+                       char msg[SCHEDULER_ERROR_MESSAGE_MAX]);
 /* Sends steps while one may go out: with two in flight, step n+1 right behind step n. */
-void try_step(struct scheduler *s, int64_t now_ms);
+void sched_try_step(struct scheduler *s, int64_t now_ms);
 
 /* ---- scheduler_router.c: the router's messages (submit, cancel, stats, the router's hello and
  * the announcement of what the scheduler holds), for scheduler.c ---- */
 
 /* After a message to the router was lost: the model's context and everything held again, until
  * a resend goes through whole (backing off from SCHEDULER_ROUTER_RESEND_MS). */
-void resend_to_router(struct scheduler *s, int64_t now_ms);
+void sched_resend_to_router(struct scheduler *s, int64_t now_ms);
 
 /* ---- scheduler_cache.c ---- */
 
-int cache_open(struct scheduler *s);
-void cache_close(struct scheduler *s);
+int sched_cache_open(struct scheduler *s);
+void sched_cache_close(struct scheduler *s);
 
 /* The tenant called name (created with the defaults when new); NULL when out of memory or the
  * name is too long. */
-struct sched_tenant *tenant_get(struct scheduler *s, const char *name);
+struct sched_tenant *sched_tenant_get(struct scheduler *s, const char *name);
 
 /* The waiting queue, with its count of tenants waiting (admissions are fair between them:
  * scheduler_step.c next_admission). Every change of s->waiting goes through these. */
@@ -431,54 +431,55 @@ static inline void waiting_remove(struct scheduler *s, struct seq *q)
 /* Looks q up (at admission): fills s->match with the entries its known tokens hit, never the
  * block holding its last token, and returns how many; *evictable_hits counts those now waiting
  * in an LRU (taking them makes them unevictable). Sets q's namespaces and key switch. */
-int32_t cache_match(struct scheduler *s, struct seq *q, int32_t *evictable_hits);
+int32_t sched_cache_match(struct scheduler *s, struct seq *q, int32_t *evictable_hits);
 
 /* Whether another running sequence is computing block hits of q's prompt now and will publish
  * it (the same key: the same namespace, the same tokens before it and in it), under the entry
- * q matched for the block before: right after a cache_match of q that returned hits (it reads
+ * q matched for the block before: right after a sched_cache_match of q that returned hits (it reads
  * s->match). Then q is better admitted once that block is cached: it
  * hits it instead of computing it beside (SGLang holds back such requests too). */
-bool cache_computed_elsewhere(struct scheduler *s, struct seq *q, int32_t hits);
+bool sched_cache_computed_elsewhere(struct scheduler *s, struct seq *q, int32_t hits);
 
-/* Takes the n entries of the last cache_match into q's empty table as computed tokens, and
+/* Takes the n entries of the last sched_cache_match into q's empty table as computed tokens, and
  * counts the lookup (the first admission's) in q's tenant's figures and the stats. */
-int cache_take_match(struct scheduler *s, struct seq *q, int32_t n);
+int sched_cache_take_match(struct scheduler *s, struct seq *q, int32_t n);
 
 /* Appends a new block to q's table, evicting cached blocks while none is free. Errors:
  * PAGODA_EEXHAUSTED (nothing to evict), PAGODA_ENOMEM. */
-int seq_append_block(struct scheduler *s, struct seq *q);
+int sched_seq_append_block(struct scheduler *s, struct seq *q);
 
 /* Releases q's blocks: cached ones at once (no step writes them), private ones fenced on the
  * last step sent. Empties q's table. */
-void seq_release_blocks(struct scheduler *s, struct seq *q);
+void sched_seq_release_blocks(struct scheduler *s, struct seq *q);
 
 /* Publishes q's newly computed full blocks (after the step that filled them was acknowledged). */
-void cache_publish(struct scheduler *s, struct seq *q);
+void sched_cache_publish(struct scheduler *s, struct seq *q);
 
 /* Aborts when the num_new tokens q computes next would land in a cached or shared block. */
-void cache_assert_writable(const struct scheduler *s, const struct seq *q, int32_t num_new);
+void sched_cache_assert_writable(const struct scheduler *s, const struct seq *q, int32_t num_new);
 
 /* A worker's Hello: the root key from its model fingerprint and the pool's dtype. Returns 1
  * when the model changed (the cache was flushed and the pins are computed again: the caller
  * must preempt every running sequence, whose KV is the old model's), else 0. */
-int cache_on_hello(struct scheduler *s, const Pagoda__Internal__Hello *h);
+int sched_cache_on_hello(struct scheduler *s, const Pagoda__Internal__Hello *h);
 
 /* The worker maps another pool than the one the block table describes: drops every cached
  * block (no later lookup finds them) and computes the pins again. The caller preempts every
  * running sequence. Returns the number of cached blocks dropped. */
-uint32_t cache_drop_all(struct scheduler *s);
+uint32_t sched_cache_drop_all(struct scheduler *s);
 
 /* The blocks the pins being computed will hold once ready (not yet in the cache's pinned
  * count). */
-int32_t pins_computing_blocks(const struct scheduler *s);
+int32_t sched_pins_computing_blocks(const struct scheduler *s);
 
 /* A pin's sequence ended: ok (its blocks are computed: hold them), or failed with error. */
-void pin_seq_ended(struct scheduler *s, struct seq *q, bool ok, int error, const char *message);
+void sched_pin_seq_ended(struct scheduler *s, struct seq *q, bool ok, int error,
+                         const char *message);
 
-void on_policy(struct scheduler *s, const Pagoda__Internal__Policy *m);
-void on_admin(struct scheduler *s, const Pagoda__Internal__AdminCall *m);
+void sched_on_policy(struct scheduler *s, const Pagoda__Internal__Policy *m);
+void sched_on_admin(struct scheduler *s, const Pagoda__Internal__AdminCall *m);
 
 /* Fills the cache's and the pool's figures into out. */
-void cache_stats(const struct scheduler *s, struct scheduler_stats *out);
+void sched_cache_stats(const struct scheduler *s, struct scheduler_stats *out);
 
 #endif

@@ -35,17 +35,18 @@ static bool seq_take_submit_ids(struct seq *q, const Pagoda__Internal__SubmitSeq
 static void refuse_submit(struct scheduler *s, const Pagoda__Internal__SubmitSeq *m, int err,
                           const char *msg)
 {
-    send_error(s, m->request_id.data, SCHEDULER_REQUEST_ID_BYTES, err, msg);
-    struct seq *q = seq_new(NULL, 0, 0);
+    sched_send_error(s, m->request_id.data, SCHEDULER_REQUEST_ID_BYTES, err, msg);
+    struct seq *q = sched_seq_new(NULL, 0, 0);
     if (q == NULL)
         return; /* the end went out once; without memory it cannot be kept */
     q->max_tokens = m->has_max_tokens && m->max_tokens > 0 ? m->max_tokens : 0;
     if (!seq_take_submit_ids(q, m)) {
-        seq_free(q); /* announced without its tenant it would be another tenant's */
+        sched_seq_free(q); /* announced without its tenant it would be another tenant's */
         return;
     }
-    seq_set_error(q, err, msg);
-    ended_push(s, &s->refused, q, SCHEDULER_MAX_RECENT_REFUSED, 8 * SCHEDULER_MAX_RECENT_REFUSED);
+    sched_seq_set_error(q, err, msg);
+    sched_ended_push(s, &s->refused, q, SCHEDULER_MAX_RECENT_REFUSED,
+                     8 * SCHEDULER_MAX_RECENT_REFUSED);
 }
 
 static void on_submit(struct scheduler *s, const Pagoda__Internal__SubmitSeq *m)
@@ -56,15 +57,15 @@ static void on_submit(struct scheduler *s, const Pagoda__Internal__SubmitSeq *m)
     if (id_len != SCHEDULER_REQUEST_ID_BYTES) {
         snprintf(msg, sizeof(msg), "request_id must be %d bytes, not %zu",
                  SCHEDULER_REQUEST_ID_BYTES, id_len);
-        send_error(s, id, id_len, PAGODA_EINVAL, msg);
+        sched_send_error(s, id, id_len, PAGODA_EINVAL, msg);
         return;
     }
-    if (find_request(s, id) != NULL) {
+    if (sched_find_request(s, id) != NULL) {
         log_debug("submit of a request already queued: ignored");
         return;
     }
     size_t n_prompt = m->n_prompt_token_ids, n_out = m->n_output_token_ids;
-    int64_t limit = context_limit(s);
+    int64_t limit = sched_context_limit(s);
     int err = 0;
     if (n_prompt == 0) {
         err = PAGODA_EINVAL;
@@ -85,7 +86,8 @@ static void on_submit(struct scheduler *s, const Pagoda__Internal__SubmitSeq *m)
         err = PAGODA_ERANGE;
         snprintf(msg, sizeof(msg), "max_tokens %d is negative", (int)m->max_tokens);
     } else if (m->has_strict_max_tokens && m->strict_max_tokens && n_out == 0 &&
-               strict_check(context_with_pins(s, 0), (int32_t)n_prompt, m->max_tokens, msg) != 0) {
+               sched_strict_check(sched_context_with_pins(s, 0), (int32_t)n_prompt, m->max_tokens,
+                                  msg) != 0) {
         /* refused now, not after its wait in the queue: what no context without pins would
          * hold (pins may go while it waits; the admission checks what is left then) */
         err = PAGODA_ERANGE;
@@ -109,9 +111,9 @@ static void on_submit(struct scheduler *s, const Pagoda__Internal__SubmitSeq *m)
         refuse_submit(s, m, err, msg);
         return;
     }
-    struct seq *q = seq_new(m->prompt_token_ids, (int32_t)n_prompt, (int32_t)n_out);
+    struct seq *q = sched_seq_new(m->prompt_token_ids, (int32_t)n_prompt, (int32_t)n_out);
     if (q == NULL) {
-        send_error(s, id, id_len, PAGODA_ENOMEM, "out of memory for the request");
+        sched_send_error(s, id, id_len, PAGODA_ENOMEM, "out of memory for the request");
         return;
     }
     if (n_out > 0)
@@ -123,19 +125,19 @@ static void on_submit(struct scheduler *s, const Pagoda__Internal__SubmitSeq *m)
     q->num_stop_ids = (int32_t)m->n_stop_token_ids;
     if (m->n_stop_token_ids > 0)
         memcpy(q->stop_ids, m->stop_token_ids, m->n_stop_token_ids * sizeof(int32_t));
-    q->owner = tenant_get(s, m->tenant != NULL ? m->tenant : "default");
+    q->owner = sched_tenant_get(s, m->tenant != NULL ? m->tenant : "default");
     if (!seq_take_submit_ids(q, m) || q->owner == NULL) {
-        seq_free(q);
-        send_error(s, id, id_len, PAGODA_ENOMEM, "out of memory for the request");
+        sched_seq_free(q);
+        sched_send_error(s, id, id_len, PAGODA_ENOMEM, "out of memory for the request");
         return;
     }
-    hash_request(s, q);
+    sched_hash_request(s, q);
     waiting_push(s, q, false);
     if (q->max_tokens > 0 && (int64_t)n_out >= q->max_tokens) {
         /* A resubmission whose output is already complete. */
-        send_end(s, q->request_id, SCHEDULER_REQUEST_ID_BYTES, (uint32_t)n_out, (uint32_t)n_prompt,
-                 PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH, 0, NULL);
-        seq_end(s, q, PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH, 0, NULL);
+        sched_send_end(s, q->request_id, SCHEDULER_REQUEST_ID_BYTES, (uint32_t)n_out,
+                       (uint32_t)n_prompt, PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH, 0, NULL);
+        sched_seq_end(s, q, PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH, 0, NULL);
     }
 }
 
@@ -146,13 +148,13 @@ static void on_cancel(struct scheduler *s, const Pagoda__Internal__CancelSeq *m)
                  SCHEDULER_REQUEST_ID_BYTES);
         return;
     }
-    struct seq *q = find_request(s, m->request_id.data);
+    struct seq *q = sched_find_request(s, m->request_id.data);
     if (q == NULL)
         return;
-    send_end(s, q->request_id, SCHEDULER_REQUEST_ID_BYTES,
-             (uint32_t)(q->num_tokens - q->num_prompt_tokens), (uint32_t)q->num_prompt_tokens,
-             PAGODA__INTERNAL__FINISH_REASON__FINISH_CANCELLED, 0, NULL);
-    seq_end(s, q, PAGODA__INTERNAL__FINISH_REASON__FINISH_CANCELLED, 0, NULL);
+    sched_send_end(s, q->request_id, SCHEDULER_REQUEST_ID_BYTES,
+                   (uint32_t)(q->num_tokens - q->num_prompt_tokens), (uint32_t)q->num_prompt_tokens,
+                   PAGODA__INTERNAL__FINISH_REASON__FINISH_CANCELLED, 0, NULL);
+    sched_seq_end(s, q, PAGODA__INTERNAL__FINISH_REASON__FINISH_CANCELLED, 0, NULL);
 }
 
 static void on_stats_request(struct scheduler *s, const Pagoda__Internal__StatsRequest *m)
@@ -204,8 +206,8 @@ static void on_stats_request(struct scheduler *s, const Pagoda__Internal__StatsR
     ps.has_worker_steps_timed = ps.has_worker_step_wall_us_total = 1;
     ps.has_worker_step_device_us_total = 1;
     ps.worker_steps_timed = st.worker_steps_timed;
-    ps.worker_step_wall_us_total = us_counter(st.worker_step_wall_us_sum);
-    ps.worker_step_device_us_total = us_counter(st.worker_step_device_us_sum);
+    ps.worker_step_wall_us_total = sched_us_counter(st.worker_step_wall_us_sum);
+    ps.worker_step_device_us_total = sched_us_counter(st.worker_step_device_us_sum);
     ps.has_prefill_tokens = ps.has_decode_tokens = ps.has_locality = 1;
     ps.has_locality_run_length = 1;
     ps.prefill_tokens = st.prefill_tokens;
@@ -215,7 +217,7 @@ static void on_stats_request(struct scheduler *s, const Pagoda__Internal__StatsR
     Pagoda__Internal__ToRouter r = PAGODA__INTERNAL__TO_ROUTER__INIT;
     r.msg_case = PAGODA__INTERNAL__TO_ROUTER__MSG_STATS;
     r.stats = &ps;
-    send_router(s, &r);
+    sched_send_router(s, &r);
 }
 
 /* The newest ended sequence of each request id among the recent and refused lists, for one pass
@@ -241,7 +243,7 @@ static bool newest_map_init(struct newest_map *m, const struct scheduler *s, uin
 /* The slot of q's id: the one holding that id, or the empty one where it goes. */
 static uint32_t newest_map_slot(const struct newest_map *m, const struct seq *q)
 {
-    uint32_t i = (uint32_t)request_hash(m->s, q->request_id) & m->mask;
+    uint32_t i = (uint32_t)sched_request_hash(m->s, q->request_id) & m->mask;
     while (m->slots[i] != NULL &&
            memcmp(m->slots[i]->request_id, q->request_id, SCHEDULER_REQUEST_ID_BYTES) != 0)
         i = (i + 1) & m->mask;
@@ -323,7 +325,8 @@ static bool send_held(struct scheduler *s, bool announce, size_t *total)
      * the router holds at most one request of an id. */
     struct newest_map newest;
     if (!newest_map_init(&newest, s, s->recent.count + s->refused.count)) {
-        s->router_behind = true; /* without memory: as if lost, tried again (resend_to_router) */
+        s->router_behind =
+            true; /* without memory: as if lost, tried again (sched_resend_to_router) */
         return false;
     }
     for (struct seq *q = s->recent.head; q != NULL; q = q->next)
@@ -349,7 +352,7 @@ static bool send_held(struct scheduler *s, bool announce, size_t *total)
         } else {
             break;
         }
-        if (q->pin != NULL || (ended && (find_request(s, q->request_id) != NULL ||
+        if (q->pin != NULL || (ended && (sched_find_request(s, q->request_id) != NULL ||
                                          !newest_map_is_newest(&newest, q))))
             continue; /* a pin's own, or ended then submitted again: the newest speaks */
         size_t out = (size_t)(q->num_tokens - q->num_prompt_tokens);
@@ -357,7 +360,7 @@ static bool send_held(struct scheduler *s, bool announce, size_t *total)
             q->finish_reason == PAGODA__INTERNAL__FINISH_REASON__FINISH_NONE)
             continue; /* no event of it can have been lost */
         if (n > 0 && (n == (size_t)s->cfg.max_seqs || tokens + out > SCHEDULER_ANNOUNCE_TOKENS)) {
-            if (!(whole = send_events_msg(s, s->ev_ptrs, n, false)))
+            if (!(whole = sched_send_events_msg(s, s->ev_ptrs, n, false)))
                 break;
             n = tokens = 0;
         }
@@ -374,14 +377,14 @@ static bool send_held(struct scheduler *s, bool announce, size_t *total)
         (*total)++;
     }
     free(newest.slots);
-    return whole && ((!announce && n == 0) || send_events_msg(s, s->ev_ptrs, n, announce));
+    return whole && ((!announce && n == 0) || sched_send_events_msg(s, s->ev_ptrs, n, announce));
 }
 
 /* RouterHello: announces every request held; an announcement not delivered whole is sent
- * again as one (resend_to_router). */
+ * again as one (sched_resend_to_router). */
 static void on_router_hello(struct scheduler *s)
 {
-    send_model_info(s);
+    sched_send_model_info(s);
     size_t total = 0;
     if (!send_held(s, true, &total))
         s->resend_announce = true;
@@ -392,7 +395,7 @@ static void on_router_hello(struct scheduler *s)
  * and everything held again, as an announcement when one was lost, until a resend goes through
  * whole. The first SCHEDULER_ROUTER_RESEND_MS after the last resend, then twice as long after
  * each resend that was lost too, up to SCHEDULER_ROUTER_RESEND_MAX_MS. */
-void resend_to_router(struct scheduler *s, int64_t now_ms)
+void sched_resend_to_router(struct scheduler *s, int64_t now_ms)
 {
     if (!s->router_behind || now_ms - s->router_resend_ms < s->router_resend_wait_ms)
         return;
@@ -400,7 +403,7 @@ void resend_to_router(struct scheduler *s, int64_t now_ms)
     s->router_resend_ms = now_ms;
     s->stats.router_resends++;
     size_t total = 0;
-    bool whole = send_model_info(s) && send_held(s, s->resend_announce, &total);
+    bool whole = sched_send_model_info(s) && send_held(s, s->resend_announce, &total);
     if (whole) {
         s->resend_announce = false;
         s->router_resend_wait_ms = SCHEDULER_ROUTER_RESEND_MS;
@@ -436,15 +439,15 @@ void scheduler_on_router(struct scheduler *s, const Pagoda__Internal__ToSchedule
         on_router_hello(s);
         return;
     case PAGODA__INTERNAL__TO_SCHEDULER__MSG_POLICY:
-        on_policy(s, msg->policy);
+        sched_on_policy(s, msg->policy);
         break;
     case PAGODA__INTERNAL__TO_SCHEDULER__MSG_ADMIN:
-        on_admin(s, msg->admin);
+        sched_on_admin(s, msg->admin);
         return;
     default:
         s->stats.malformed_messages++;
         log_warn("router: unexpected message (case %d)", (int)msg->msg_case);
         return;
     }
-    try_step(s, now_ms);
+    sched_try_step(s, now_ms);
 }

@@ -41,7 +41,7 @@ static bool seq_waits(const struct scheduler *s, const struct seq *q)
         return false;
     int32_t known = seq_known(q);
     return (q->max_tokens > 0 && known - q->num_prompt_tokens >= q->max_tokens) ||
-           (int64_t)known >= context_limit(s);
+           (int64_t)known >= sched_context_limit(s);
 }
 
 /* ---- forming a step ------------------------------------------------------------------------- */
@@ -61,14 +61,14 @@ static bool ensure_blocks(struct scheduler *s, struct seq *q, int64_t upto)
 {
     int32_t need = block_count_for(upto, s->block_size);
     while (q->table.num_blocks < need) {
-        int rc = seq_append_block(s, q);
+        int rc = sched_seq_append_block(s, q);
         if (rc == 0)
             continue;
         struct seq *victim = rc == PAGODA_EEXHAUSTED ? s->running.tail : q;
         if (rc != PAGODA_EEXHAUSTED)
             log_error("scheduler: block table of seq %llu: %s", (unsigned long long)q->seq_id,
                       pagoda_strerror(rc));
-        seq_preempt(s, victim);
+        sched_seq_preempt(s, victim);
         if (victim == q)
             return false;
     }
@@ -77,8 +77,8 @@ static bool ensure_blocks(struct scheduler *s, struct seq *q, int64_t upto)
 
 /* A strict_max_tokens request's check: PAGODA_ERANGE with why in msg when its prompt and
  * max_tokens (> 0) pass limit, else 0. */
-int strict_check(int64_t limit, int32_t prompt, int32_t max_tokens,
-                 char msg[SCHEDULER_ERROR_MESSAGE_MAX])
+int sched_strict_check(int64_t limit, int32_t prompt, int32_t max_tokens,
+                       char msg[SCHEDULER_ERROR_MESSAGE_MAX])
 {
     if (max_tokens <= 0 || (int64_t)prompt + max_tokens <= limit)
         return 0;
@@ -96,20 +96,20 @@ static int admission_check(struct scheduler *s, struct seq *q)
 {
     char msg[SCHEDULER_ERROR_MESSAGE_MAX];
     const int32_t pinned = (int32_t)prefix_cache_pinned_blocks(s->pc);
-    int64_t limit = context_with_pins(s, pinned);
+    int64_t limit = sched_context_with_pins(s, pinned);
     if ((int64_t)q->num_prompt_tokens + 1 > limit) {
         snprintf(msg, sizeof(msg), "prompt of %d tokens + 1 exceeds the context of %lld tokens",
                  (int)q->num_prompt_tokens, (long long)limit);
-        seq_refuse(s, q, PAGODA_ERANGE, msg);
+        sched_seq_refuse(s, q, PAGODA_ERANGE, msg);
         return -1;
     }
     /* Checked at its Submit against the context without pins; pins may have been taken since,
      * and those being computed will take their blocks before it ends (it must not end by the
      * context below its max_tokens). */
     if (q->strict_max_tokens &&
-        strict_check(context_with_pins(s, pinned + pins_computing_blocks(s)), q->num_prompt_tokens,
-                     q->max_tokens, msg) != 0) {
-        seq_refuse(s, q, PAGODA_ERANGE, msg);
+        sched_strict_check(sched_context_with_pins(s, pinned + sched_pins_computing_blocks(s)),
+                           q->num_prompt_tokens, q->max_tokens, msg) != 0) {
+        sched_seq_refuse(s, q, PAGODA_ERANGE, msg);
         return -1;
     }
     if (q->vocab_checked != s->worker.vocab_size) {
@@ -117,7 +117,7 @@ static int admission_check(struct scheduler *s, struct seq *q)
             if (q->tokens[i] >= s->worker.vocab_size) {
                 snprintf(msg, sizeof(msg), "token id %d at %d is outside the vocabulary of %lld",
                          (int)q->tokens[i], (int)i, (long long)s->worker.vocab_size);
-                seq_refuse(s, q, PAGODA_EINVAL, msg);
+                sched_seq_refuse(s, q, PAGODA_EINVAL, msg);
                 return -1;
             }
         }
@@ -125,9 +125,10 @@ static int admission_check(struct scheduler *s, struct seq *q)
     }
     if ((int64_t)q->num_tokens >= limit) {
         uint32_t out = (uint32_t)(q->num_tokens - q->num_prompt_tokens);
-        send_end(s, q->request_id, SCHEDULER_REQUEST_ID_BYTES, out, (uint32_t)q->num_prompt_tokens,
-                 PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH, 0, NULL);
-        seq_end(s, q, PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH, 0, NULL);
+        sched_send_end(s, q->request_id, SCHEDULER_REQUEST_ID_BYTES, out,
+                       (uint32_t)q->num_prompt_tokens,
+                       PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH, 0, NULL);
+        sched_seq_end(s, q, PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH, 0, NULL);
         return -1;
     }
     return 0;
@@ -230,7 +231,7 @@ static void form_plan(struct scheduler *s)
     for (uint32_t i = 0; i < n && s->budget > 0; i++) {
         struct seq *q = s->order[i];
         if (q->state != SEQ_RUNNING || seq_remaining(q) != 1 || seq_waits(s, q) ||
-            !isolation_may_run(s, q))
+            !sched_isolation_may_run(s, q))
             continue;
         if (ensure_blocks(s, q, (int64_t)q->num_scheduled + 1))
             plan_add(s, q, 1);
@@ -239,7 +240,7 @@ static void form_plan(struct scheduler *s)
     for (uint32_t i = 0; i < n && s->budget > 0; i++) {
         struct seq *q = s->order[i];
         int32_t remaining = seq_remaining(q);
-        if (q->state != SEQ_RUNNING || remaining <= 1 || !isolation_may_run(s, q))
+        if (q->state != SEQ_RUNNING || remaining <= 1 || !sched_isolation_may_run(s, q))
             continue;
         int32_t chunk = remaining < s->budget ? remaining : s->budget;
         if (ensure_blocks(s, q, (int64_t)q->num_scheduled + chunk))
@@ -264,13 +265,13 @@ static void form_plan(struct scheduler *s)
             continue;
         }
         int32_t evictable_hits = 0;
-        int32_t hits = cache_match(s, q, &evictable_hits);
+        int32_t hits = sched_cache_match(s, q, &evictable_hits);
         /* The next block of its prefix is being computed by another sequence: it waits for
          * that block to be cached rather than computing it too, and so do the requests behind
          * it (FIFO: nobody takes its place, its tenant's slots or the blocks it needs). The
          * wait is short: with budget left for admissions, every prefilling sequence has its
          * whole prompt in this step or the one in flight (the chunks above). */
-        if (cache_computed_elsewhere(s, q, hits)) {
+        if (sched_cache_computed_elsewhere(s, q, hits)) {
             if (!q->prefix_waited) {
                 q->prefix_waited = true;
                 s->stats.prefix_waits++;
@@ -289,15 +290,15 @@ static void form_plan(struct scheduler *s)
         q->strict_max_tokens = false;
         q->state = SEQ_RUNNING;
         q->seq_id = ++s->next_seq_id;
-        hash_seq_id(s, q);
+        sched_hash_seq_id(s, q);
         list_push_back(&s->running, q);
         if (q->owner)
             q->owner->running++;
         q->num_computed = 0;
-        seq_clear_inflight(q);
+        sched_seq_clear_inflight(q);
         q->plan_index = -1;
-        if (cache_take_match(s, q, hits) != 0) {
-            seq_preempt(s, q); /* out of memory for its table: try again later */
+        if (sched_cache_take_match(s, q, hits) != 0) {
+            sched_seq_preempt(s, q); /* out of memory for its table: try again later */
             break;
         }
         int32_t remaining = q->num_tokens - q->num_computed;
@@ -334,23 +335,23 @@ static bool step_once(struct scheduler *s, int64_t now_ms)
         return false;
     }
     if (s->need_resync) {
-        send_resync(s, now_ms, false);
+        sched_send_resync(s, now_ms, false);
         return false;
     }
     if (s->running.count == 0 && s->waiting.count == 0)
         return false;
-    uint64_t cpu0 = cpu_now_ns();
-    isolation_prune(s);
+    uint64_t cpu0 = sched_cpu_now_ns();
+    sched_isolation_prune(s);
     form_plan(s);
     if (s->need_resync) { /* a pending list overflowed while forming */
         for (uint32_t i = 0; i < s->plan_len; i++)
             if (s->plan[i].seq)
                 s->plan[i].seq->plan_index = -1;
-        send_resync(s, now_ms, false);
+        sched_send_resync(s, now_ms, false);
         return false;
     }
     size_t n_new = 0, n_cont = 0;
-    struct step_rec *rec = step_at(w, w->num_steps);
+    struct step_rec *rec = sched_step_at(w, w->num_steps);
     rec->num_seqs = 0;
     rec->num_tokens = 0;
     uint64_t step_id = s->last_step_id + 1;
@@ -359,7 +360,7 @@ static bool step_once(struct scheduler *s, int64_t now_ms)
         if (q == NULL)
             continue;
         int32_t num_new = s->plan[i].num_new;
-        cache_assert_writable(s, q, num_new);
+        sched_cache_assert_writable(s, q, num_new);
         q->plan_index = -1;
         rec->seq_ids[rec->num_seqs++] = q->seq_id;
         rec->num_tokens += num_new;
@@ -404,8 +405,8 @@ static bool step_once(struct scheduler *s, int64_t now_ms)
          * the preempted ids wait for the next step, the next tick tries again (without a probe
          * that cannot run). */
         if (w->num_steps == 0)
-            isolation_end(s, "the probe cannot run");
-        charge_cpu(s, cpu0);
+            sched_isolation_end(s, "the probe cannot run");
+        sched_charge_cpu(s, cpu0);
         return false;
     }
     Pagoda__Internal__Step st = PAGODA__INTERNAL__STEP__INIT;
@@ -424,7 +425,7 @@ static bool step_once(struct scheduler *s, int64_t now_ms)
     Pagoda__Internal__ToWorker m = PAGODA__INTERNAL__TO_WORKER__INIT;
     m.msg_case = PAGODA__INTERNAL__TO_WORKER__MSG_STEP;
     m.step = &st;
-    owe_from(w, now_ms);
+    sched_owe_from(w, now_ms);
     w->state = LINK_STEP;
     rec->step_id = step_id;
     rec->start_ms = now_ms; /* for a step behind another: reset when that one is answered */
@@ -432,19 +433,19 @@ static bool step_once(struct scheduler *s, int64_t now_ms)
     if (w->num_steps > s->stats.peak_steps_in_flight)
         s->stats.peak_steps_in_flight = w->num_steps;
     s->stats.steps++;
-    send_worker(s, 0, &m);
+    sched_send_worker(s, 0, &m);
     if (s->cfg.fault_dup_step != 0 && st.step_id == s->cfg.fault_dup_step) {
         log_warn("fault injection: sending step %llu twice", (unsigned long long)st.step_id);
-        send_worker(s, 0, &m);
+        sched_send_worker(s, 0, &m);
     }
     s->pending_finished.count = 0;
     s->pending_preempted.count = 0;
-    charge_cpu(s, cpu0);
+    sched_charge_cpu(s, cpu0);
     return true;
 }
 
 /* Sends steps while one may go out: with two in flight, step n+1 right behind step n. */
-void try_step(struct scheduler *s, int64_t now_ms)
+void sched_try_step(struct scheduler *s, int64_t now_ms)
 {
     for (int i = 0; i < SCHEDULER_MAX_STEPS_IN_FLIGHT && step_once(s, now_ms); i++)
         ;
