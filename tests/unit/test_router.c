@@ -1,5 +1,6 @@
 /* Tests of router/: pagoda-router against a stand-in scheduler (router_fake_scheduler.h),
- * spoken to through libpagoda and through raw REQ sockets (for what libpagoda never sends). */
+ * spoken to through libpagoda and through raw REQ sockets (for what libpagoda never sends). The
+ * tenants file and what it bounds are test_router_tenants.c's. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -13,6 +14,7 @@
 #include "router/router.h"
 #include "router/tenants.h"
 #include "tests/unit/router_fake_scheduler.h"
+#include "tests/unit/router_test_client.h"
 
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/req.h>
@@ -30,128 +32,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-/* ---- helpers -------------------------------------------------------------------------------- */
-
-static pagoda_client *open_client(const struct rtr_env *e)
-{
-    pagoda_client *c = NULL;
-    assert_int_equal(pagoda_client_open(e->url, &c), 0);
-    pagoda_client_set_timeout_ms(c, 5000);
-    return c;
-}
-
-static pagoda_generate_params greedy(int32_t max_tokens)
-{
-    pagoda_generate_params p = pagoda_generate_params_default();
-    p.temperature = 0.0f;
-    p.max_tokens = max_tokens;
-    p.logprobs = 1;
-    return p;
-}
-
-static void assert_tokens(const int32_t *prompt, size_t n, const int32_t *got, size_t count,
-                          uint32_t first)
-{
-    for (size_t i = 0; i < count; i++)
-        assert_int_equal(got[i], fake_sched_token(prompt, n, first + (uint32_t)i));
-}
-
-/* Sends bytes on a fresh REQ socket and returns the unpacked reply, or NULL when none came
- * within timeout_ms. */
-static Pagoda__ClientResponse *raw_call(const struct rtr_env *e, const void *bytes, size_t len,
-                                        int timeout_ms)
-{
-    nng_socket s;
-    assert_int_equal(nng_req0_open(&s), 0);
-    nng_socket_set_ms(s, NNG_OPT_RECVTIMEO, timeout_ms);
-    nng_socket_set_ms(s, NNG_OPT_SENDTIMEO, timeout_ms);
-    nng_socket_set_ms(s, NNG_OPT_REQ_RESENDTIME, 60000);
-    assert_int_equal(nng_dial(s, e->url, NULL, 0), 0);
-    assert_int_equal(nng_send(s, (void *)bytes, len, 0), 0);
-    nng_msg *m = NULL;
-    Pagoda__ClientResponse *resp = NULL;
-    if (nng_recvmsg(s, &m, 0) == 0) {
-        resp = pagoda__client_response__unpack(NULL, nng_msg_len(m), nng_msg_body(m));
-        assert_non_null(resp);
-        nng_msg_free(m);
-    }
-    nng_close(s);
-    return resp;
-}
-
-static Pagoda__ClientResponse *raw_request(const struct rtr_env *e, Pagoda__ClientRequest *req)
-{
-    size_t len = pagoda__client_request__get_packed_size(req);
-    uint8_t *buf = malloc(len + 1);
-    pagoda__client_request__pack(req, buf);
-    Pagoda__ClientResponse *resp = raw_call(e, buf, len, 5000);
-    free(buf);
-    assert_non_null(resp);
-    return resp;
-}
-
-/* A Submit with defaults for everything but what the test changes. */
-struct raw_submit {
-    Pagoda__ClientRequest req;
-    Pagoda__SubmitRequest sub;
-    Pagoda__SamplingParams sp;
-    uint8_t id[16];
-    int32_t prompt[8];
-};
-
-static void raw_submit_init(struct raw_submit *r, const uint8_t *id, int32_t max_tokens)
-{
-    pagoda__client_request__init(&r->req);
-    pagoda__submit_request__init(&r->sub);
-    pagoda__sampling_params__init(&r->sp);
-    memcpy(r->id, id, 16);
-    r->prompt[0] = 11;
-    r->prompt[1] = 12;
-    r->prompt[2] = 13;
-    r->sub.has_request_id = 1;
-    r->sub.request_id.data = r->id;
-    r->sub.request_id.len = 16;
-    r->sub.n_prompt_token_ids = 3;
-    r->sub.prompt_token_ids = r->prompt;
-    r->sub.has_max_tokens = 1;
-    r->sub.max_tokens = max_tokens;
-    r->sp.has_temperature = 1;
-    r->sp.temperature = 0.0f;
-    r->sub.sampling = &r->sp;
-    r->req.call_case = PAGODA__CLIENT_REQUEST__CALL_SUBMIT;
-    r->req.submit = &r->sub;
-}
-
-static int response_code(const Pagoda__ClientResponse *resp)
-{
-    return resp->has_error_code ? resp->error_code : 0;
-}
-
-/* Polls until the request has finished; returns the final piece's finish reason. */
-static pagoda_finish_reason wait_finished(pagoda_client *c, const uint8_t *id, uint32_t *count)
-{
-    uint32_t have = 0;
-    for (int i = 0; i < 1000; i++) {
-        pagoda_result r;
-        assert_int_equal(pagoda_poll(c, id, have, 2000, &r), 0);
-        have += (uint32_t)r.num_tokens;
-        pagoda_finish_reason f = r.finish_reason;
-        pagoda_result_free(&r);
-        if (f != PAGODA_FINISH_NONE) {
-            if (count)
-                *count = have;
-            return f;
-        }
-    }
-    fail_msg("the request never finished");
-    return PAGODA_FINISH_NONE;
-}
-
-static void random_id(uint8_t id[16])
-{
-    assert_int_equal(getrandom(id, 16, 0), 16);
-}
-
 /* ---- the shared router ------------------------------------------------------------------ */
 
 static int group_setup(void **state)
@@ -163,34 +43,23 @@ static int group_setup(void **state)
     return 0;
 }
 
-static int group_teardown(void **state)
-{
-    struct rtr_env *e = *state;
-    int status = rtr_env_stop(e);
-    if (status != 0) {
-        fprintf(stderr, "pagoda-router exited with status %d after SIGTERM\n", status);
-        return -1;
-    }
-    return 0;
-}
-
 static void test_poll_from_offset_returns_only_later_tokens(void **state)
 {
     struct rtr_env *e = *state;
-    pagoda_client *c = open_client(e);
+    pagoda_client *c = rt_open_client(e);
     const int32_t prompt[] = {5, 6, 7};
-    pagoda_generate_params p = greedy(10);
+    pagoda_generate_params p = rt_greedy(10);
     pagoda_result all;
     assert_int_equal(pagoda_generate(c, &p, prompt, 3, &all), 0);
     assert_int_equal(all.finish_reason, PAGODA_FINISH_LENGTH);
     assert_int_equal(all.num_tokens, 10);
-    assert_tokens(prompt, 3, all.token_ids, 10, 0);
+    rt_assert_tokens(prompt, 3, all.token_ids, 10, 0);
 
     pagoda_result r;
     assert_int_equal(pagoda_poll(c, all.request_id, 4, 0, &r), 0);
     assert_int_equal(r.offset, 4);
     assert_int_equal(r.num_tokens, 6);
-    assert_tokens(prompt, 3, r.token_ids, 6, 4);
+    rt_assert_tokens(prompt, 3, r.token_ids, 6, 4);
     assert_non_null(r.logprobs);
     assert_true(r.logprobs[0] == fake_sched_logprob(4));
     assert_int_equal(r.finish_reason, PAGODA_FINISH_LENGTH);
@@ -225,9 +94,9 @@ static void *release_later(void *arg)
 static void test_poll_wait_returns_early_when_tokens_come(void **state)
 {
     struct rtr_env *e = *state;
-    pagoda_client *c = open_client(e);
+    pagoda_client *c = rt_open_client(e);
     const int32_t prompt[] = {21, 22};
-    pagoda_generate_params p = greedy(5);
+    pagoda_generate_params p = rt_greedy(5);
     uint8_t id[16];
     fake_sched_hold(e->fs, 1);
     assert_int_equal(pagoda_submit(c, &p, prompt, 2, id), 0);
@@ -243,18 +112,18 @@ static void test_poll_wait_returns_early_when_tokens_come(void **state)
     assert_true(elapsed < 2500);
     assert_true(r.num_tokens >= 1);
     assert_int_equal(r.offset, 0);
-    assert_tokens(prompt, 2, r.token_ids, r.num_tokens, 0);
+    rt_assert_tokens(prompt, 2, r.token_ids, r.num_tokens, 0);
     pagoda_result_free(&r);
-    assert_int_equal(wait_finished(c, id, NULL), PAGODA_FINISH_LENGTH);
+    assert_int_equal(rt_wait_finished(c, id, NULL), PAGODA_FINISH_LENGTH);
     pagoda_client_close(c);
 }
 
 static void test_poll_wait_runs_out_empty(void **state)
 {
     struct rtr_env *e = *state;
-    pagoda_client *c = open_client(e);
+    pagoda_client *c = rt_open_client(e);
     const int32_t prompt[] = {31};
-    pagoda_generate_params p = greedy(5);
+    pagoda_generate_params p = rt_greedy(5);
     uint8_t id[16];
     fake_sched_hold(e->fs, 1);
     assert_int_equal(pagoda_submit(c, &p, prompt, 1, id), 0);
@@ -274,7 +143,7 @@ static void test_poll_wait_runs_out_empty(void **state)
     assert_int_equal(r.num_tokens, 0);
     pagoda_result_free(&r);
     fake_sched_hold(e->fs, 0);
-    assert_int_equal(wait_finished(c, id, NULL), PAGODA_FINISH_LENGTH);
+    assert_int_equal(rt_wait_finished(c, id, NULL), PAGODA_FINISH_LENGTH);
     pagoda_client_close(c);
 }
 
@@ -284,25 +153,25 @@ static void test_duplicate_submit_is_one_request(void **state)
     struct fake_sched_counts before, after;
     fake_sched_get_counts(e->fs, &before);
     uint8_t id[16];
-    random_id(id);
-    struct raw_submit s;
-    raw_submit_init(&s, id, 4);
+    rt_random_id(id);
+    struct rt_raw_submit s;
+    rt_raw_submit_init(&s, id, 4);
     for (int i = 0; i < 2; i++) {
-        Pagoda__ClientResponse *resp = raw_request(e, &s.req);
-        assert_int_equal(response_code(resp), 0);
+        Pagoda__ClientResponse *resp = rt_raw_request(e, &s.req);
+        assert_int_equal(rt_response_code(resp), 0);
         assert_int_equal(resp->result_case, PAGODA__CLIENT_RESPONSE__RESULT_UPDATE);
         assert_int_equal(resp->update->offset, 0);
         assert_int_equal(resp->update->n_token_ids, 0);
         assert_memory_equal(resp->update->request_id.data, id, 16);
         pagoda__client_response__free_unpacked(resp, NULL);
     }
-    pagoda_client *c = open_client(e);
+    pagoda_client *c = rt_open_client(e);
     uint32_t count = 0;
-    assert_int_equal(wait_finished(c, id, &count), PAGODA_FINISH_LENGTH);
+    assert_int_equal(rt_wait_finished(c, id, &count), PAGODA_FINISH_LENGTH);
     assert_int_equal(count, 4);
     /* Submitted again after it finished: still the same request, not a new one. */
-    Pagoda__ClientResponse *resp = raw_request(e, &s.req);
-    assert_int_equal(response_code(resp), 0);
+    Pagoda__ClientResponse *resp = rt_raw_request(e, &s.req);
+    assert_int_equal(rt_response_code(resp), 0);
     assert_int_equal(resp->update->finish_reason, PAGODA__FINISH_REASON__FINISH_LENGTH);
     pagoda__client_response__free_unpacked(resp, NULL);
     fake_sched_get_counts(e->fs, &after);
@@ -315,20 +184,20 @@ static void test_duplicate_submit_is_one_request(void **state)
     /* The same id with other parameters is refused (the finished request's prompt is gone, its
      * hash remains). */
     s.prompt[1] = 99;
-    resp = raw_request(e, &s.req);
-    assert_int_equal(response_code(resp), PAGODA_EEXIST);
+    resp = rt_raw_request(e, &s.req);
+    assert_int_equal(rt_response_code(resp), PAGODA_EEXIST);
     pagoda__client_response__free_unpacked(resp, NULL);
     s.prompt[1] = 12;
     s.sub.max_tokens = 5;
-    resp = raw_request(e, &s.req);
-    assert_int_equal(response_code(resp), PAGODA_EEXIST);
+    resp = rt_raw_request(e, &s.req);
+    assert_int_equal(rt_response_code(resp), PAGODA_EEXIST);
     assert_non_null(resp->error_message);
     pagoda__client_response__free_unpacked(resp, NULL);
     s.sub.max_tokens = 4;
     s.sp.has_seed = 1;
     s.sp.seed = 7;
-    resp = raw_request(e, &s.req);
-    assert_int_equal(response_code(resp), PAGODA_EEXIST);
+    resp = rt_raw_request(e, &s.req);
+    assert_int_equal(rt_response_code(resp), PAGODA_EEXIST);
     pagoda__client_response__free_unpacked(resp, NULL);
     pagoda_client_close(c);
 }
@@ -336,9 +205,9 @@ static void test_duplicate_submit_is_one_request(void **state)
 static void test_unknown_id_is_enoent(void **state)
 {
     struct rtr_env *e = *state;
-    pagoda_client *c = open_client(e);
+    pagoda_client *c = rt_open_client(e);
     uint8_t id[16];
-    random_id(id);
+    rt_random_id(id);
     pagoda_result r;
     assert_int_equal(pagoda_poll(c, id, 0, 100, &r), PAGODA_ENOENT);
     assert_non_null(strstr(pagoda_error_detail(), "no request"));
@@ -350,81 +219,81 @@ static void test_bad_submits_are_refused(void **state)
 {
     struct rtr_env *e = *state;
     uint8_t id[16];
-    random_id(id);
-    struct raw_submit s;
+    rt_random_id(id);
+    struct rt_raw_submit s;
     Pagoda__ClientResponse *resp;
 
-    raw_submit_init(&s, id, 4);
+    rt_raw_submit_init(&s, id, 4);
     s.sub.request_id.len = 15;
-    resp = raw_request(e, &s.req);
-    assert_int_equal(response_code(resp), PAGODA_EINVAL);
+    resp = rt_raw_request(e, &s.req);
+    assert_int_equal(rt_response_code(resp), PAGODA_EINVAL);
     pagoda__client_response__free_unpacked(resp, NULL);
 
-    raw_submit_init(&s, id, 4);
+    rt_raw_submit_init(&s, id, 4);
     s.sub.has_request_id = 0;
-    resp = raw_request(e, &s.req);
-    assert_int_equal(response_code(resp), PAGODA_EINVAL);
+    resp = rt_raw_request(e, &s.req);
+    assert_int_equal(rt_response_code(resp), PAGODA_EINVAL);
     pagoda__client_response__free_unpacked(resp, NULL);
 
-    raw_submit_init(&s, id, 4);
+    rt_raw_submit_init(&s, id, 4);
     s.sub.n_prompt_token_ids = 0;
-    resp = raw_request(e, &s.req);
-    assert_int_equal(response_code(resp), PAGODA_EINVAL);
+    resp = rt_raw_request(e, &s.req);
+    assert_int_equal(rt_response_code(resp), PAGODA_EINVAL);
     pagoda__client_response__free_unpacked(resp, NULL);
 
-    raw_submit_init(&s, id, 0);
-    resp = raw_request(e, &s.req);
-    assert_int_equal(response_code(resp), PAGODA_ERANGE);
+    rt_raw_submit_init(&s, id, 0);
+    resp = rt_raw_request(e, &s.req);
+    assert_int_equal(rt_response_code(resp), PAGODA_ERANGE);
     pagoda__client_response__free_unpacked(resp, NULL);
 
-    raw_submit_init(&s, id, 4);
+    rt_raw_submit_init(&s, id, 4);
     s.prompt[1] = -3;
-    resp = raw_request(e, &s.req);
-    assert_int_equal(response_code(resp), PAGODA_ERANGE);
+    resp = rt_raw_request(e, &s.req);
+    assert_int_equal(rt_response_code(resp), PAGODA_ERANGE);
     pagoda__client_response__free_unpacked(resp, NULL);
 
-    raw_submit_init(&s, id, 4);
+    rt_raw_submit_init(&s, id, 4);
     s.sp.has_top_p = 1;
     s.sp.top_p = 1.5f;
-    resp = raw_request(e, &s.req);
-    assert_int_equal(response_code(resp), PAGODA_ERANGE);
+    resp = rt_raw_request(e, &s.req);
+    assert_int_equal(rt_response_code(resp), PAGODA_ERANGE);
     assert_non_null(strstr(resp->error_message, "top_p"));
     pagoda__client_response__free_unpacked(resp, NULL);
 
-    raw_submit_init(&s, id, 4);
+    rt_raw_submit_init(&s, id, 4);
     s.sp.temperature = NAN;
-    resp = raw_request(e, &s.req);
-    assert_int_equal(response_code(resp), PAGODA_ERANGE);
+    resp = rt_raw_request(e, &s.req);
+    assert_int_equal(rt_response_code(resp), PAGODA_ERANGE);
     pagoda__client_response__free_unpacked(resp, NULL);
 
-    raw_submit_init(&s, id, 4);
+    rt_raw_submit_init(&s, id, 4);
     s.sp.has_presence_penalty = 1;
     s.sp.presence_penalty = -2.5f;
-    resp = raw_request(e, &s.req);
-    assert_int_equal(response_code(resp), PAGODA_ERANGE);
+    resp = rt_raw_request(e, &s.req);
+    assert_int_equal(rt_response_code(resp), PAGODA_ERANGE);
     pagoda__client_response__free_unpacked(resp, NULL);
 
     /* Finite and above 0, but outside the sampler's range (a logit divided by it overflows):
      * refused here with the sampler's own definition, not left to fail in the worker. */
     const float bad_penalties[] = {1e-45f, 0.001f, 1000.0f};
     for (size_t k = 0; k < sizeof(bad_penalties) / sizeof(bad_penalties[0]); k++) {
-        raw_submit_init(&s, id, 4);
+        rt_raw_submit_init(&s, id, 4);
         s.sp.has_repetition_penalty = 1;
         s.sp.repetition_penalty = bad_penalties[k];
-        resp = raw_request(e, &s.req);
-        assert_int_equal(response_code(resp), PAGODA_ERANGE);
+        resp = rt_raw_request(e, &s.req);
+        assert_int_equal(rt_response_code(resp), PAGODA_ERANGE);
         assert_non_null(strstr(resp->error_message, "repetition_penalty"));
         pagoda__client_response__free_unpacked(resp, NULL);
     }
-    raw_submit_init(&s, id, 4);
+    rt_raw_submit_init(&s, id, 4);
     s.sp.temperature = 1e-30f;
-    resp = raw_request(e, &s.req);
-    assert_int_equal(response_code(resp), PAGODA_ERANGE);
+    resp = rt_raw_request(e, &s.req);
+    assert_int_equal(rt_response_code(resp), PAGODA_ERANGE);
     assert_non_null(strstr(resp->error_message, "temperature"));
     pagoda__client_response__free_unpacked(resp, NULL);
 
     /* None of them was registered. */
-    pagoda_client *c = open_client(e);
+    pagoda_client *c = rt_open_client(e);
     pagoda_result r;
     assert_int_equal(pagoda_poll(c, id, 0, 0, &r), PAGODA_ENOENT);
     pagoda_client_close(c);
@@ -434,29 +303,29 @@ static void test_malformed_bytes_are_answered_and_router_serves(void **state)
 {
     struct rtr_env *e = *state;
     static const uint8_t garbage[] = {0xff, 0xff, 0xff, 0xff, 0xff, 0x0f, 0x0a, 0x40, 0x01};
-    Pagoda__ClientResponse *resp = raw_call(e, garbage, sizeof(garbage), 5000);
+    Pagoda__ClientResponse *resp = rt_raw_call(e, garbage, sizeof(garbage), 5000);
     assert_non_null(resp);
-    assert_int_equal(response_code(resp), PAGODA_EFORMAT);
+    assert_int_equal(rt_response_code(resp), PAGODA_EFORMAT);
     assert_non_null(resp->error_message);
     pagoda__client_response__free_unpacked(resp, NULL);
 
     /* An empty message is a valid ClientRequest that names no call. */
-    resp = raw_call(e, "", 0, 5000);
+    resp = rt_raw_call(e, "", 0, 5000);
     assert_non_null(resp);
-    assert_int_equal(response_code(resp), PAGODA_EFORMAT);
+    assert_int_equal(rt_response_code(resp), PAGODA_EFORMAT);
     pagoda__client_response__free_unpacked(resp, NULL);
 
     /* A message above the router's limit is refused by NNG: no answer, and no harm. */
     size_t big = (5u << 20);
     uint8_t *huge = calloc(1, big);
-    resp = raw_call(e, huge, big, 300);
+    resp = rt_raw_call(e, huge, big, 300);
     free(huge);
     assert_null(resp);
 
     /* Within the size limit, but 100,000 one-byte stop strings: refused before a hundred thousand
      * allocations are made, as malformed, and the router goes on. */
-    struct raw_submit many;
-    raw_submit_init(&many, (const uint8_t *)"many-empty-stops", 4);
+    struct rt_raw_submit many;
+    rt_raw_submit_init(&many, (const uint8_t *)"many-empty-stops", 4);
     size_t n_stops = 100000;
     ProtobufCBinaryData *stops = calloc(n_stops, sizeof(*stops));
     assert_non_null(stops);
@@ -468,13 +337,13 @@ static void test_malformed_bytes_are_answered_and_router_serves(void **state)
     many.sub.stop = stops;
     size_t len = pagoda__client_request__get_packed_size(&many.req);
     assert_true(len < router_max_message_bytes(ROUTER_DEFAULT_MAX_PROMPT_TOKENS));
-    resp = raw_request(e, &many.req);
+    resp = rt_raw_request(e, &many.req);
     free(stops);
-    assert_int_equal(response_code(resp), PAGODA_EFORMAT);
+    assert_int_equal(rt_response_code(resp), PAGODA_EFORMAT);
     assert_non_null(strstr(resp->error_message, "strings and messages"));
     pagoda__client_response__free_unpacked(resp, NULL);
 
-    pagoda_client *c = open_client(e);
+    pagoda_client *c = rt_open_client(e);
     int healthy = 0;
     assert_int_equal(pagoda_health(c, &healthy), 0);
     assert_true(healthy);
@@ -482,7 +351,7 @@ static void test_malformed_bytes_are_answered_and_router_serves(void **state)
     assert_int_equal(pagoda_stats(c, &st), 0);
     assert_true(st.malformed_requests >= 3);
     const int32_t prompt[] = {1, 2};
-    pagoda_generate_params p = greedy(3);
+    pagoda_generate_params p = rt_greedy(3);
     pagoda_result r;
     assert_int_equal(pagoda_generate(c, &p, prompt, 2, &r), 0);
     assert_int_equal(r.num_tokens, 3);
@@ -493,11 +362,11 @@ static void test_malformed_bytes_are_answered_and_router_serves(void **state)
 static void test_cancel_finishes_cancelled(void **state)
 {
     struct rtr_env *e = *state;
-    pagoda_client *c = open_client(e);
+    pagoda_client *c = rt_open_client(e);
     struct fake_sched_counts before, after;
     fake_sched_get_counts(e->fs, &before);
     const int32_t prompt[] = {41, 42, 43};
-    pagoda_generate_params p = greedy(50);
+    pagoda_generate_params p = rt_greedy(50);
     uint8_t id[16];
     fake_sched_hold(e->fs, 1);
     assert_int_equal(pagoda_submit(c, &p, prompt, 3, id), 0);
@@ -552,9 +421,9 @@ static void *poll_thread_3s(void *arg)
 static void test_cancel_wakes_a_parked_poll(void **state)
 {
     struct rtr_env *e = *state;
-    pagoda_client *c = open_client(e);
+    pagoda_client *c = rt_open_client(e);
     const int32_t prompt[] = {44};
-    pagoda_generate_params p = greedy(50);
+    pagoda_generate_params p = rt_greedy(50);
     struct parked_poll pp = {.c = c};
     fake_sched_hold(e->fs, 1);
     assert_int_equal(pagoda_submit(c, &p, prompt, 1, pp.id), 0);
@@ -575,7 +444,7 @@ static void test_cancel_wakes_a_parked_poll(void **state)
 static void test_stats_round_trip(void **state)
 {
     struct rtr_env *e = *state;
-    pagoda_client *c = open_client(e);
+    pagoda_client *c = rt_open_client(e);
     pagoda_engine_stats st;
     assert_int_equal(pagoda_stats(c, &st), 0);
     assert_true(st.peak_running > FAKE_SCHED_PEAK_RUNNING_BASE);
@@ -598,16 +467,16 @@ static void test_stats_round_trip(void **state)
 static void test_resent_events_do_not_duplicate_tokens(void **state)
 {
     struct rtr_env *e = *state;
-    pagoda_client *c = open_client(e);
+    pagoda_client *c = rt_open_client(e);
     fake_sched_set_duplicates(e->fs, 1);
     const int32_t prompt[] = {51, 52, 53, 54};
-    pagoda_generate_params p = greedy(20);
+    pagoda_generate_params p = rt_greedy(20);
     pagoda_result r;
     int rc = pagoda_generate(c, &p, prompt, 4, &r);
     fake_sched_set_duplicates(e->fs, 0);
     assert_int_equal(rc, 0);
     assert_int_equal(r.num_tokens, 20);
-    assert_tokens(prompt, 4, r.token_ids, 20, 0);
+    rt_assert_tokens(prompt, 4, r.token_ids, 20, 0);
     for (uint32_t i = 0; i < 20; i++)
         assert_true(r.logprobs[i] == fake_sched_logprob(i));
     assert_int_equal(r.completion_tokens, 20);
@@ -621,12 +490,12 @@ static void test_resent_events_do_not_duplicate_tokens(void **state)
 static void test_lost_events_are_made_good(void **state)
 {
     struct rtr_env *e = *state;
-    pagoda_client *c = open_client(e);
+    pagoda_client *c = rt_open_client(e);
     struct fake_sched_counts before, after;
     fake_sched_get_counts(e->fs, &before);
     fake_sched_lose_events(e->fs, 4);
     const int32_t prompt[] = {57, 58};
-    pagoda_generate_params p = greedy(7);
+    pagoda_generate_params p = rt_greedy(7);
     uint8_t id[16];
     assert_int_equal(pagoda_submit(c, &p, prompt, 2, id), 0);
     /* Polls with a deadline, so that a lost end fails the test instead of hanging it. */
@@ -650,7 +519,7 @@ static void test_lost_events_are_made_good(void **state)
     fake_sched_lose_events(e->fs, 0);
     assert_int_equal(f, PAGODA_FINISH_LENGTH);
     assert_int_equal(count, 7);
-    assert_tokens(prompt, 2, tokens, 7, 0);
+    rt_assert_tokens(prompt, 2, tokens, 7, 0);
     /* The losses and resends reach pagoda stats (the fake reports its own counts). */
     pagoda_engine_stats st;
     assert_int_equal(pagoda_stats(c, &st), 0);
@@ -666,10 +535,10 @@ static void test_lost_events_are_made_good(void **state)
 static void test_stop_token_and_engine_error(void **state)
 {
     struct rtr_env *e = *state;
-    pagoda_client *c = open_client(e);
+    pagoda_client *c = rt_open_client(e);
     const int32_t prompt[] = {61, 62};
     int32_t stop = fake_sched_token(prompt, 2, 4);
-    pagoda_generate_params p = greedy(20);
+    pagoda_generate_params p = rt_greedy(20);
     p.stop_token_ids = &stop;
     p.num_stop_token_ids = 1;
     pagoda_result r;
@@ -680,7 +549,7 @@ static void test_stop_token_and_engine_error(void **state)
     pagoda_result_free(&r);
 
     const int32_t bad[] = {FAKE_SCHED_ERROR_TOKEN};
-    p = greedy(5);
+    p = rt_greedy(5);
     assert_int_equal(pagoda_generate(c, &p, bad, 1, &r), 0);
     assert_int_equal(r.finish_reason, PAGODA_FINISH_ERROR);
     assert_non_null(r.error_message);
@@ -695,9 +564,9 @@ static void test_scheduler_restart_resumes_requests(void **state)
 {
     struct rtr_env env, *e = &env;
     assert_int_equal(rtr_env_start(e, NULL), 0);
-    pagoda_client *c = open_client(e);
+    pagoda_client *c = rt_open_client(e);
     const int32_t prompt[] = {71, 72, 73};
-    pagoda_generate_params p = greedy(30);
+    pagoda_generate_params p = rt_greedy(30);
     uint8_t id[16];
     fake_sched_hold(e->fs, 1);
     assert_int_equal(pagoda_submit(c, &p, prompt, 3, id), 0);
@@ -729,7 +598,7 @@ static void test_scheduler_restart_resumes_requests(void **state)
         }
     }
     assert_int_equal(count, 30);
-    assert_tokens(prompt, 3, tokens, 30, 0);
+    rt_assert_tokens(prompt, 3, tokens, 30, 0);
     struct fake_sched_counts counts;
     fake_sched_get_counts(e->fs, &counts);
     assert_int_equal(counts.submits, 1);
@@ -744,9 +613,9 @@ static void test_sigterm_drains(void **state)
     static const char *const args[] = {"--drain-timeout-ms", "5000", NULL};
     struct rtr_env env, *e = &env;
     assert_int_equal(rtr_env_start(e, args), 0);
-    pagoda_client *c = open_client(e);
+    pagoda_client *c = rt_open_client(e);
     const int32_t prompt[] = {81, 82};
-    pagoda_generate_params p = greedy(10);
+    pagoda_generate_params p = rt_greedy(10);
     uint8_t id[16];
     fake_sched_hold(e->fs, 1);
     assert_int_equal(pagoda_submit(c, &p, prompt, 2, id), 0);
@@ -768,7 +637,7 @@ static void test_sigterm_drains(void **state)
 
     fake_sched_hold(e->fs, 0);
     uint32_t count = 0;
-    assert_int_equal(wait_finished(c, id, &count), PAGODA_FINISH_LENGTH);
+    assert_int_equal(rt_wait_finished(c, id, &count), PAGODA_FINISH_LENGTH);
     assert_int_equal(count, 10);
     assert_int_equal(rtr_env_wait(e, 5000), 0);
     pagoda_client_close(c);
@@ -786,7 +655,7 @@ static void test_requests_at_the_message_limit_are_answered(void **state)
     static const char *const args[] = {"--max-prompt-tokens", "1000", NULL};
     struct rtr_env env, *e = &env;
     assert_int_equal(rtr_env_start(e, args), 0);
-    pagoda_client *c = open_client(e);
+    pagoda_client *c = rt_open_client(e);
     pagoda_client_set_timeout_ms(c, 3000);
     int healthy;
     assert_int_equal(pagoda_health(c, &healthy), 0); /* a reply: the limit is known */
@@ -794,7 +663,7 @@ static void test_requests_at_the_message_limit_are_answered(void **state)
     for (int i = 0; i < 5200; i++)
         prompt[i] = 3000000; /* 4 bytes each, packed */
     const int32_t last[] = {1, 200, 20000, 3000000};
-    pagoda_generate_params p = greedy(1);
+    pagoda_generate_params p = rt_greedy(1);
     int refused_by_client = 0, refused_by_router = 0;
     for (int n = 5075; n <= 5100; n++) {
         for (int k = 0; k < 4; k++) {
@@ -827,11 +696,11 @@ static void test_abandoned_request_is_cancelled(void **state)
     static const char *const args[] = {"--abandon-ms", "2000", NULL};
     struct rtr_env env, *e = &env;
     assert_int_equal(rtr_env_start(e, args), 0);
-    pagoda_client *c = open_client(e);
+    pagoda_client *c = rt_open_client(e);
     struct fake_sched_counts before, after;
     fake_sched_get_counts(e->fs, &before);
     const int32_t prompt[] = {61, 62, 63};
-    pagoda_generate_params p = greedy(50);
+    pagoda_generate_params p = rt_greedy(50);
     uint8_t gone[16], kept[16], waited[16];
     fake_sched_hold(e->fs, 1);
     assert_int_equal(pagoda_submit(c, &p, prompt, 3, gone), 0);
@@ -873,9 +742,9 @@ static void test_parked_calls_are_bounded(void **state)
     static const char *const args[] = {"--contexts", "2", "--max-parked", "3", NULL};
     struct rtr_env env, *e = &env;
     assert_int_equal(rtr_env_start(e, args), 0);
-    pagoda_client *c = open_client(e);
+    pagoda_client *c = rt_open_client(e);
     const int32_t prompt[] = {91, 92};
-    pagoda_generate_params p = greedy(4);
+    pagoda_generate_params p = rt_greedy(4);
     uint8_t id[16];
     fake_sched_hold(e->fs, 1);
     assert_int_equal(pagoda_submit(c, &p, prompt, 2, id), 0);
@@ -931,7 +800,7 @@ static void test_parked_calls_are_bounded(void **state)
     assert_int_equal(pagoda_generate(c, &p, prompt, 2, &all), 0);
     pthread_join(t, NULL);
     assert_int_equal(all.num_tokens, 4);
-    assert_tokens(prompt, 2, all.token_ids, 4, 0);
+    rt_assert_tokens(prompt, 2, all.token_ids, 4, 0);
     pagoda_result_free(&all);
     for (int i = 0; i < 3; i++) {
         nng_aio_wait(aios[i]);
@@ -950,9 +819,9 @@ static void test_drain_timeout_exits_nonzero(void **state)
     static const char *const args[] = {"--drain-timeout-ms", "300", NULL};
     struct rtr_env env, *e = &env;
     assert_int_equal(rtr_env_start(e, args), 0);
-    pagoda_client *c = open_client(e);
+    pagoda_client *c = rt_open_client(e);
     const int32_t prompt[] = {91};
-    pagoda_generate_params p = greedy(10);
+    pagoda_generate_params p = rt_greedy(10);
     uint8_t id[16];
     fake_sched_hold(e->fs, 1);
     assert_int_equal(pagoda_submit(c, &p, prompt, 1, id), 0);
@@ -962,735 +831,6 @@ static void test_drain_timeout_exits_nonzero(void **state)
     assert_true(rtr_now_ms() - t0 >= 250);
     pagoda_client_close(c);
     rtr_env_stop(e);
-}
-
-/* ---- tenants ------------------------------------------------------------------------------ */
-
-static const char tenants_json[] =
-    "{\"tenants\": ["
-    "{\"name\": \"alice\", \"api_keys\": [\"alice-key-1\", \"alice-key-2\"], \"max_running\": 4,"
-    " \"max_waiting\": 4},"
-    "{\"name\": \"bob\", \"api_keys\": [\"bob-key\"]},"
-    "{\"name\": \"carol\", \"api_keys\": [\"carol-key\"], \"max_running\": 2, \"max_waiting\": 1}"
-    "]}";
-
-static char tenants_path[64];
-
-static pagoda_client *open_tenant_client(const struct rtr_env *e, const char *key)
-{
-    pagoda_client *c = open_client(e);
-    assert_int_equal(pagoda_client_set_api_key(c, key), 0);
-    return c;
-}
-
-/* Writes json into a new file /tmp/pagoda-tenants-XXXXXX, its name into path. Returns 0 or -1. */
-static int write_tenants_file(char path[64], const char *json)
-{
-    snprintf(path, 64, "/tmp/pagoda-tenants-XXXXXX");
-    int fd = mkstemp(path);
-    if (fd < 0)
-        return -1;
-    size_t len = strlen(json);
-    ssize_t n = write(fd, json, len);
-    close(fd);
-    return n == (ssize_t)len ? 0 : -1;
-}
-
-static int tenants_setup(void **state)
-{
-    static struct rtr_env env;
-    if (write_tenants_file(tenants_path, tenants_json) != 0)
-        return -1;
-    /* A global bound of 9: alice (8) and carol (3) together can reach it. */
-    const char *const args[] = {"--tenants", tenants_path, "--max-requests", "9", NULL};
-    if (rtr_env_start(&env, args) != 0)
-        return -1;
-    *state = &env;
-    return 0;
-}
-
-static int tenants_teardown(void **state)
-{
-    unlink(tenants_path);
-    return group_teardown(state);
-}
-
-/* Parses doc; expects code and, when field is not NULL, a detail that names it. */
-static void expect_tenants_error(const char *doc, int code, const char *field)
-{
-    struct router_tenants *t = NULL;
-    int rc = router_tenants_parse(doc, strlen(doc), "t.json", &t);
-    if (rc != code || (field != NULL && strstr(pagoda_error_detail(), field) == NULL))
-        fail_msg("for %s: got %d (%s), expected %d naming %s", doc, rc, pagoda_error_detail(), code,
-                 field ? field : "-");
-    assert_null(t);
-}
-
-static void test_tenants_file_errors_name_the_field(void **state)
-{
-    (void)state;
-    struct router_tenants *t = NULL;
-    assert_int_equal(router_tenants_parse(tenants_json, strlen(tenants_json), "t.json", &t), 0);
-    assert_int_equal(t->count, 3);
-    assert_string_equal(t->tenants[1].name, "bob");
-    assert_int_equal(t->tenants[1].max_running, ROUTER_TENANT_DEFAULT_MAX_RUNNING);
-    assert_int_equal(t->tenants[1].max_waiting, ROUTER_TENANT_DEFAULT_MAX_WAITING);
-    assert_int_equal(t->tenants[2].max_running, 2);
-    assert_string_equal(router_tenants_find_key(t, "alice-key-2")->name, "alice");
-    assert_null(router_tenants_find_key(t, "alice-key-3"));
-    assert_null(router_tenants_find_key(t, NULL));
-    router_tenants_free(t);
-
-    expect_tenants_error("{\"tenants\": [", PAGODA_EFORMAT, "t.json:");
-    expect_tenants_error("[]", PAGODA_EFORMAT, "object");
-    expect_tenants_error("{\"tenant\": []}", PAGODA_EFORMAT, "tenant");
-    expect_tenants_error("{\"tenants\": {}}", PAGODA_EFORMAT, "\"tenants\"");
-    expect_tenants_error("{\"tenants\": []}", PAGODA_ERANGE, "\"tenants\"");
-    expect_tenants_error("{\"tenants\": [7]}", PAGODA_EFORMAT, "tenants[0]");
-    expect_tenants_error("{\"tenants\": [{\"api_keys\": [\"k\"]}]}", PAGODA_EFORMAT,
-                         "tenants[0].name");
-    expect_tenants_error("{\"tenants\": [{\"name\": \"a b\", \"api_keys\": [\"k\"]}]}",
-                         PAGODA_EFORMAT, "tenants[0].name");
-    expect_tenants_error("{\"tenants\": [{\"name\": \"a\"}]}", PAGODA_EFORMAT,
-                         "tenants[0].api_keys");
-    expect_tenants_error("{\"tenants\": [{\"name\": \"a\", \"api_keys\": []}]}", PAGODA_ERANGE,
-                         "tenants[0].api_keys");
-    expect_tenants_error("{\"tenants\": [{\"name\": \"a\", \"api_keys\": [\"k\", 3]}]}",
-                         PAGODA_EFORMAT, "tenants[0].api_keys[1]");
-    expect_tenants_error("{\"tenants\": [{\"name\": \"a\", \"api_keys\": [\"\"]}]}", PAGODA_EFORMAT,
-                         "tenants[0].api_keys[0]");
-    expect_tenants_error("{\"tenants\": [{\"name\": \"a\", \"api_keys\": [\"k\"]},"
-                         " {\"name\": \"b\", \"api_keys\": [\"k\"]}]}",
-                         PAGODA_EEXIST, "tenants[1].api_keys[0]");
-    expect_tenants_error("{\"tenants\": [{\"name\": \"a\", \"api_keys\": [\"k\"]},"
-                         " {\"name\": \"a\", \"api_keys\": [\"j\"]}]}",
-                         PAGODA_EEXIST, "tenants[1].name");
-    expect_tenants_error("{\"tenants\": [{\"name\": \"a\", \"api_keys\": [\"k\"], "
-                         "\"max_running\": 0}]}",
-                         PAGODA_ERANGE, "tenants[0].max_running");
-    expect_tenants_error("{\"tenants\": [{\"name\": \"a\", \"api_keys\": [\"k\"], "
-                         "\"max_waiting\": \"many\"}]}",
-                         PAGODA_EFORMAT, "tenants[0].max_waiting");
-    expect_tenants_error("{\"tenants\": [{\"name\": \"a\", \"api_keys\": [\"k\"], "
-                         "\"max_wait\": 3}]}",
-                         PAGODA_EFORMAT, "max_wait");
-    /* A file above the size bound is refused before it is parsed. */
-    size_t big = ROUTER_MAX_TENANTS_FILE_BYTES + 1;
-    char *huge = malloc(big + 1);
-    memset(huge, ' ', big);
-    huge[big] = '\0';
-    expect_tenants_error(huge, PAGODA_ERANGE, "limit");
-    free(huge);
-}
-
-/* max_finished: per tenant, with a default, in [1, ROUTER_TENANT_LIMIT_MAX]. */
-static void test_tenants_file_max_finished(void **state)
-{
-    (void)state;
-    const char doc[] = "{\"tenants\": [{\"name\": \"a\", \"api_keys\": [\"k\"], "
-                       "\"max_finished\": 7}, {\"name\": \"b\", \"api_keys\": [\"j\"]}]}";
-    struct router_tenants *t = NULL;
-    assert_int_equal(router_tenants_parse(doc, strlen(doc), "t.json", &t), 0);
-    assert_int_equal(t->tenants[0].max_finished, 7);
-    assert_int_equal(t->tenants[1].max_finished, ROUTER_TENANT_DEFAULT_MAX_FINISHED);
-    router_tenants_free(t);
-    expect_tenants_error("{\"tenants\": [{\"name\": \"a\", \"api_keys\": [\"k\"], "
-                         "\"max_finished\": 0}]}",
-                         PAGODA_ERANGE, "tenants[0].max_finished");
-    expect_tenants_error("{\"tenants\": [{\"name\": \"a\", \"api_keys\": [\"k\"], "
-                         "\"max_finished\": \"all\"}]}",
-                         PAGODA_EFORMAT, "tenants[0].max_finished");
-}
-
-struct load_call {
-    const char *path;
-    struct router_tenants *t;
-    int rc;
-    char detail[512];
-    atomic_int done;
-};
-
-static void *load_thread(void *arg)
-{
-    struct load_call *l = arg;
-    l->rc = router_tenants_load(l->path, &l->t);
-    snprintf(l->detail, sizeof(l->detail), "%s", pagoda_error_detail());
-    atomic_store(&l->done, 1);
-    return NULL;
-}
-
-/* router_tenants_load on path, on a thread so that a load that blocks (a FIFO opened for reading
- * waits for a writer) fails the test instead of hanging it: after 3 s a writer opens the FIFO
- * to let it go. Expects code and a detail naming the path and what (when not NULL). */
-static void expect_load(const char *path, int code, const char *what)
-{
-    struct load_call l = {.path = path};
-    pthread_t th;
-    assert_int_equal(pthread_create(&th, NULL, load_thread, &l), 0);
-    int blocked = 1;
-    for (uint64_t t0 = rtr_now_ms(); rtr_now_ms() - t0 < 3000 && blocked; usleep(1000))
-        blocked = !atomic_load(&l.done);
-    for (int i = 0; i < 100 && !atomic_load(&l.done); i++) {
-        int fd = open(path, O_WRONLY | O_NONBLOCK);
-        if (fd >= 0)
-            close(fd);
-        usleep(10000);
-    }
-    pthread_join(th, NULL);
-    router_tenants_free(l.t);
-    if (blocked)
-        fail_msg("loading %s blocked (it returned %d only once a writer came)", path, l.rc);
-    if (l.rc != code || strstr(l.detail, path) == NULL ||
-        (what != NULL && strstr(l.detail, what) == NULL))
-        fail_msg("loading %s: got %d (%s), expected %d naming the path and %s", path, l.rc,
-                 l.detail, code, what ? what : "-");
-}
-
-/* A tenants file that is a FIFO, a directory, a device or too large is refused by name without
- * reading it, and never blocks the caller; a symlink to a regular file is followed. */
-static void test_tenants_load_refuses_what_is_not_a_file(void **state)
-{
-    (void)state;
-    char dir[] = "/tmp/pagoda-load-XXXXXX", path[128], link_path[128];
-    assert_non_null(mkdtemp(dir));
-    snprintf(path, sizeof(path), "%s/t.json", dir);
-    snprintf(link_path, sizeof(link_path), "%s/link.json", dir);
-
-    assert_int_equal(mkfifo(path, 0600), 0);
-    expect_load(path, PAGODA_EINVAL, "FIFO");
-    assert_int_equal(unlink(path), 0);
-
-    assert_int_equal(mkdir(path, 0700), 0);
-    expect_load(path, PAGODA_EINVAL, "directory");
-    assert_int_equal(rmdir(path), 0);
-
-    expect_load("/dev/null", PAGODA_EINVAL, "device");
-    expect_load(path, PAGODA_ENOENT, NULL);
-
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    assert_int_equal(fputs(tenants_json, f) >= 0, 1);
-    assert_int_equal(fclose(f), 0);
-    assert_int_equal(truncate(path, (off_t)ROUTER_MAX_TENANTS_FILE_BYTES + 1), 0);
-    expect_load(path, PAGODA_ERANGE, "limit");
-    assert_int_equal(truncate(path, (off_t)strlen(tenants_json)), 0);
-    assert_int_equal(symlink(path, link_path), 0);
-    struct router_tenants *t = NULL;
-    assert_int_equal(router_tenants_load(link_path, &t), 0);
-    assert_int_equal(t->count, 3);
-    router_tenants_free(t);
-    unlink(link_path);
-    unlink(path);
-    rmdir(dir);
-}
-
-/* The keys an issue-7 file adds: groups, namespaces and quotas, pins, admin keys. */
-static void test_tenants_file_groups_pins_admin_keys(void **state)
-{
-    (void)state;
-    static const char doc[] =
-        "{\"admin_keys\": [\"adm\", \"adm2\"],"
-        " \"groups\": [{\"name\": \"team\", \"cache_quota_blocks\": 1000}, {\"name\": \"empty\"}],"
-        " \"tenants\": [{\"name\": \"zed\", \"api_keys\": [\"k3\"], \"cache_quota_blocks\": 500},"
-        "  {\"name\": \"alice\", \"api_keys\": [\"k1\"], \"group\": \"team\", \"max_running\": 64,"
-        "   \"max_waiting\": 256},"
-        "  {\"name\": \"bob\", \"api_keys\": [\"k2\"], \"group\": \"team\"}],"
-        " \"pins\": [{\"name\": \"sys\", \"token_ids\": [1, 2, 3], \"tenants\": [\"alice\", "
-        "\"zed\"]}]}";
-    struct router_tenants *t = NULL;
-    assert_int_equal(router_tenants_parse(doc, strlen(doc), "t.json", &t), 0);
-    assert_int_equal(t->count, 3);
-    assert_int_equal(t->num_groups, 2);
-    assert_int_equal(t->num_admin_keys, 2);
-    assert_int_equal(t->num_pins, 1);
-    const struct router_tenant *alice = router_tenants_find(t, "alice");
-    assert_non_null(alice);
-    assert_string_equal(alice->namespace_name, "g:team");
-    assert_int_equal(alice->cache_quota_blocks, 1000); /* the group's */
-    assert_int_equal(alice->max_running, 64);
-    assert_string_equal(t->groups[alice->group].name, "team");
-    const struct router_tenant *zed = router_tenants_find(t, "zed");
-    assert_string_equal(zed->namespace_name, "t:zed");
-    assert_int_equal(zed->group, -1);
-    assert_int_equal(zed->cache_quota_blocks, 500);
-    assert_string_equal(router_tenants_find(t, "bob")->namespace_name, "g:team");
-    assert_null(router_tenants_find(t, "carol"));
-    assert_int_equal(router_tenants_find_group(t, "empty")->cache_quota_blocks, 0);
-    assert_true(router_tenants_is_admin_key(t, "adm2"));
-    assert_false(router_tenants_is_admin_key(t, "k1"));
-    assert_null(router_tenants_find_key(t, "adm"));
-    assert_string_equal(t->pins[0].name, "sys");
-    assert_int_equal(t->pins[0].num_tokens, 3);
-    assert_int_equal(t->pins[0].token_ids[2], 3);
-    assert_int_equal(t->pins[0].num_tenants, 2);
-    assert_string_equal(t->pins[0].tenants[1], "zed");
-    router_tenants_free(t);
-
-#define T1 "{\"name\": \"a\", \"api_keys\": [\"k\"]}"
-    /* Groups. */
-    expect_tenants_error("{\"groups\": {}, \"tenants\": [" T1 "]}", PAGODA_EFORMAT, "\"groups\"");
-    expect_tenants_error("{\"groups\": [{\"name\": \"g h\"}], \"tenants\": [" T1 "]}",
-                         PAGODA_EFORMAT, "groups[0].name");
-    expect_tenants_error("{\"groups\": [{\"name\": \"g\"}, {\"name\": \"g\"}], \"tenants\": [" T1
-                         "]}",
-                         PAGODA_EEXIST, "groups[1].name");
-    expect_tenants_error("{\"groups\": [{\"name\": \"g\", \"quota\": 3}], \"tenants\": [" T1 "]}",
-                         PAGODA_EFORMAT, "quota");
-    expect_tenants_error("{\"groups\": [{\"name\": \"g\", \"cache_quota_blocks\": -1}],"
-                         " \"tenants\": [" T1 "]}",
-                         PAGODA_ERANGE, "groups[0].cache_quota_blocks");
-    /* A tenant's group and quota. */
-    expect_tenants_error(
-        "{\"tenants\": [{\"name\": \"a\", \"api_keys\": [\"k\"], \"group\": \"g\"}]}",
-        PAGODA_EINVAL, "tenants[0].group");
-    expect_tenants_error("{\"groups\": [{\"name\": \"g\"}], \"tenants\": [{\"name\": \"a\","
-                         " \"api_keys\": [\"k\"], \"group\": \"g\", \"cache_quota_blocks\": 5}]}",
-                         PAGODA_EINVAL, "tenants[0].cache_quota_blocks");
-    expect_tenants_error("{\"tenants\": [{\"name\": \"a\", \"api_keys\": [\"k\"], \"group\": 7}]}",
-                         PAGODA_EFORMAT, "tenants[0].group");
-    expect_tenants_error("{\"tenants\": [{\"name\": \"a\", \"api_keys\": [\"k\"],"
-                         " \"cache_quota_blocks\": 2000000000}]}",
-                         PAGODA_ERANGE, "tenants[0].cache_quota_blocks");
-    /* Admin keys. */
-    expect_tenants_error("{\"admin_keys\": [\"k\"], \"tenants\": [" T1 "]}", PAGODA_EEXIST,
-                         "admin_keys[0]");
-    expect_tenants_error("{\"admin_keys\": [\"x\", \"x\"], \"tenants\": [" T1 "]}", PAGODA_EEXIST,
-                         "admin_keys[1]");
-    expect_tenants_error("{\"admin_keys\": [\"\"], \"tenants\": [" T1 "]}", PAGODA_EFORMAT,
-                         "admin_keys[0]");
-    expect_tenants_error("{\"admin_keys\": \"x\", \"tenants\": [" T1 "]}", PAGODA_EFORMAT,
-                         "\"admin_keys\"");
-    /* Pins. */
-    expect_tenants_error("{\"tenants\": [" T1 "], \"pins\": [{\"name\": \"p\", \"token_ids\": [1],"
-                         " \"tenants\": [\"a\", \"b\"]}]}",
-                         PAGODA_EINVAL, "pins[0].tenants[1]");
-    expect_tenants_error(
-        "{\"tenants\": [" T1 "], \"pins\": [{\"name\": \"p\", \"token_ids\": [1],"
-        " \"tenants\": [\"a\"]}, {\"name\": \"p\", \"token_ids\": [2], \"tenants\": [\"a\"]}]}",
-        PAGODA_EEXIST, "pins[1].name");
-    expect_tenants_error("{\"tenants\": [" T1
-                         "], \"pins\": [{\"name\": \"p q\", \"token_ids\": [1],"
-                         " \"tenants\": [\"a\"]}]}",
-                         PAGODA_EFORMAT, "pins[0].name");
-    expect_tenants_error("{\"tenants\": [" T1 "], \"pins\": [{\"name\": \"p\", \"token_ids\": [],"
-                         " \"tenants\": [\"a\"]}]}",
-                         PAGODA_ERANGE, "pins[0].token_ids");
-    expect_tenants_error("{\"tenants\": [" T1
-                         "], \"pins\": [{\"name\": \"p\", \"token_ids\": [1, -2],"
-                         " \"tenants\": [\"a\"]}]}",
-                         PAGODA_ERANGE, "pins[0].token_ids[1]");
-    expect_tenants_error("{\"tenants\": [" T1
-                         "], \"pins\": [{\"name\": \"p\", \"token_ids\": [\"1\"],"
-                         " \"tenants\": [\"a\"]}]}",
-                         PAGODA_EFORMAT, "pins[0].token_ids[0]");
-    expect_tenants_error("{\"tenants\": [" T1 "], \"pins\": [{\"name\": \"p\", \"token_ids\": [1],"
-                         " \"tenants\": []}]}",
-                         PAGODA_ERANGE, "pins[0].tenants");
-    expect_tenants_error("{\"tenants\": [" T1 "], \"pins\": [{\"name\": \"p\", \"token_ids\": [1],"
-                         " \"tenants\": [\"a\", \"a\"]}]}",
-                         PAGODA_EEXIST, "pins[0].tenants[1]");
-    expect_tenants_error("{\"tenants\": [" T1 "], \"pins\": [{\"name\": \"p\", \"token_ids\": [1],"
-                         " \"tenants\": [\"a\"], \"group\": \"g\"}]}",
-                         PAGODA_EFORMAT, "pins[0]");
-    expect_tenants_error("{\"tenants\": [" T1 "], \"pins\": [{\"name\": \"p\", \"token_ids\": 1,"
-                         " \"tenants\": [\"a\"]}]}",
-                         PAGODA_EFORMAT, "pins[0].token_ids");
-#undef T1
-    /* One pin above ROUTER_PIN_MAX_TOKENS, and pins above ROUTER_MAX_PINNED_TOKENS in all. */
-    size_t cap = 8u << 20;
-    char *big = malloc(cap);
-    size_t n = (size_t)snprintf(big, cap,
-                                "{\"tenants\": [{\"name\": \"a\", \"api_keys\": [\"k\"]}],"
-                                " \"pins\": [{\"name\": \"p\", \"tenants\": [\"a\"], "
-                                "\"token_ids\": [0");
-    for (uint32_t i = 0; i < ROUTER_PIN_MAX_TOKENS; i++)
-        n += (size_t)snprintf(big + n, cap - n, ",1");
-    n += (size_t)snprintf(big + n, cap - n, "]}]}");
-    expect_tenants_error(big, PAGODA_ERANGE, "pins[0]");
-    n = (size_t)snprintf(big, cap,
-                         "{\"tenants\": [{\"name\": \"a\", \"api_keys\": [\"k\"]}],"
-                         " \"pins\": [");
-    uint32_t num_pins = ROUTER_MAX_PINNED_TOKENS / ROUTER_PIN_MAX_TOKENS + 1;
-    for (uint32_t p = 0; p < num_pins; p++) {
-        n += (size_t)snprintf(big + n, cap - n,
-                              "%s{\"name\": \"p%u\", \"tenants\": [\"a\"], \"token_ids\": [0",
-                              p ? ", " : "", p);
-        for (uint32_t i = 1; i < ROUTER_PIN_MAX_TOKENS; i++) {
-            memcpy(big + n, ",1", 2);
-            n += 2;
-        }
-        n += (size_t)snprintf(big + n, cap - n, "]}");
-    }
-    snprintf(big + n, cap - n, "]}");
-    expect_tenants_error(big, PAGODA_ERANGE, "in all");
-    free(big);
-}
-
-static void test_tenants_unknown_key_is_refused(void **state)
-{
-    struct rtr_env *e = *state;
-    const int32_t prompt[] = {5, 6};
-    pagoda_generate_params p = greedy(3);
-    uint8_t id[16];
-    const char *keys[] = {NULL, "", "nobody", "alice-key-3"};
-    for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
-        pagoda_client *c = open_tenant_client(e, keys[i]);
-        assert_int_equal(pagoda_submit(c, &p, prompt, 2, id), PAGODA_EPERM);
-        assert_non_null(strstr(pagoda_error_detail(), "unknown API key"));
-        assert_null(strstr(pagoda_error_detail(), "alice"));
-        assert_null(strstr(pagoda_error_detail(), "bob"));
-        pagoda_result r;
-        assert_int_equal(pagoda_poll(c, id, 0, 0, &r), PAGODA_EPERM);
-        assert_int_equal(pagoda_cancel(c, id, NULL), PAGODA_EPERM);
-        pagoda_engine_stats st;
-        assert_int_equal(pagoda_stats(c, &st), PAGODA_EPERM);
-        /* Health is open to anyone. */
-        int healthy = 0;
-        assert_int_equal(pagoda_health(c, &healthy), 0);
-        assert_true(healthy);
-        pagoda_client_close(c);
-    }
-    /* Either of a tenant's keys works, and the request is stamped with its name. */
-    const char *good[] = {"alice-key-1", "alice-key-2"};
-    for (int i = 0; i < 2; i++) {
-        pagoda_client *c = open_tenant_client(e, good[i]);
-        pagoda_result r;
-        assert_int_equal(pagoda_generate(c, &p, prompt, 2, &r), 0);
-        assert_int_equal(r.num_tokens, 3);
-        pagoda_result_free(&r);
-        struct fake_sched_counts counts;
-        fake_sched_get_counts(e->fs, &counts);
-        assert_string_equal(counts.last_tenant, "alice");
-        pagoda_client_close(c);
-    }
-}
-
-static void test_tenants_other_tenants_id_is_enoent(void **state)
-{
-    struct rtr_env *e = *state;
-    pagoda_client *alice = open_tenant_client(e, "alice-key-1");
-    pagoda_client *bob = open_tenant_client(e, "bob-key");
-    const int32_t prompt[] = {7, 8, 9};
-    pagoda_generate_params p = greedy(6);
-    uint8_t id[16], unknown[16];
-    random_id(unknown);
-    fake_sched_hold(e->fs, 1);
-    assert_int_equal(pagoda_submit(alice, &p, prompt, 3, id), 0);
-
-    pagoda_result r;
-    char unknown_msg[256];
-    assert_int_equal(pagoda_poll(bob, unknown, 0, 0, &r), PAGODA_ENOENT);
-    snprintf(unknown_msg, sizeof(unknown_msg), "%s", pagoda_error_detail());
-    assert_int_equal(pagoda_poll(bob, id, 0, 0, &r), PAGODA_ENOENT);
-    assert_string_equal(pagoda_error_detail(), unknown_msg);
-    assert_int_equal(pagoda_cancel(bob, unknown, NULL), PAGODA_ENOENT);
-    snprintf(unknown_msg, sizeof(unknown_msg), "%s", pagoda_error_detail());
-    assert_int_equal(pagoda_cancel(bob, id, NULL), PAGODA_ENOENT);
-    assert_string_equal(pagoda_error_detail(), unknown_msg);
-
-    /* Bob's cancel touched nothing: alice's request runs to its end. */
-    fake_sched_hold(e->fs, 0);
-    uint32_t count = 0;
-    assert_int_equal(wait_finished(alice, id, &count), PAGODA_FINISH_LENGTH);
-    assert_int_equal(count, 6);
-    pagoda_client_close(alice);
-    pagoda_client_close(bob);
-}
-
-static void test_tenants_dedup_is_per_tenant(void **state)
-{
-    struct rtr_env *e = *state;
-    struct fake_sched_counts before, after;
-    fake_sched_get_counts(e->fs, &before);
-    uint8_t id[16];
-    random_id(id);
-    struct raw_submit a, b;
-    raw_submit_init(&a, id, 4);
-    a.req.api_key = (char *)"alice-key-1";
-    raw_submit_init(&b, id, 5); /* other parameters: would be EEXIST within one tenant */
-    b.req.api_key = (char *)"bob-key";
-    b.prompt[0] = 99;
-    for (int i = 0; i < 2; i++) { /* each twice: the resend is the same request */
-        Pagoda__ClientResponse *resp = raw_request(e, &a.req);
-        assert_int_equal(response_code(resp), 0);
-        pagoda__client_response__free_unpacked(resp, NULL);
-        resp = raw_request(e, &b.req);
-        assert_int_equal(response_code(resp), 0);
-        assert_memory_equal(resp->update->request_id.data, id, 16);
-        pagoda__client_response__free_unpacked(resp, NULL);
-    }
-    /* Within a tenant the same id with other parameters is still refused. */
-    a.sub.max_tokens = 7;
-    Pagoda__ClientResponse *resp = raw_request(e, &a.req);
-    assert_int_equal(response_code(resp), PAGODA_EEXIST);
-    pagoda__client_response__free_unpacked(resp, NULL);
-
-    pagoda_client *alice = open_tenant_client(e, "alice-key-2");
-    pagoda_client *bob = open_tenant_client(e, "bob-key");
-    pagoda_result r;
-    uint32_t count = 0;
-    assert_int_equal(wait_finished(alice, id, &count), PAGODA_FINISH_LENGTH);
-    assert_int_equal(count, 4);
-    assert_int_equal(pagoda_poll(alice, id, 0, 0, &r), 0);
-    assert_tokens(a.prompt, 3, r.token_ids, r.num_tokens, 0);
-    pagoda_result_free(&r);
-    assert_int_equal(wait_finished(bob, id, &count), PAGODA_FINISH_LENGTH);
-    assert_int_equal(count, 5);
-    assert_int_equal(pagoda_poll(bob, id, 0, 0, &r), 0);
-    assert_tokens(b.prompt, 3, r.token_ids, r.num_tokens, 0);
-    pagoda_result_free(&r);
-    fake_sched_get_counts(e->fs, &after);
-    assert_int_equal(after.submits, before.submits + 2);
-    pagoda_client_close(alice);
-    pagoda_client_close(bob);
-}
-
-static void test_tenants_exhausted_keeps_admitted(void **state)
-{
-    struct rtr_env *e = *state;
-    pagoda_client *alice = open_tenant_client(e, "alice-key-1");
-    pagoda_client *carol = open_tenant_client(e, "carol-key");
-    pagoda_client *bob = open_tenant_client(e, "bob-key");
-    pagoda_generate_params p = greedy(5);
-    int32_t prompts[9][2];
-    uint8_t ids[9][16], extra[16];
-    fake_sched_hold(e->fs, 1);
-    /* carol may hold 2 + 1. */
-    for (int i = 0; i < 3; i++) {
-        prompts[i][0] = 200 + i;
-        prompts[i][1] = 1;
-        assert_int_equal(pagoda_submit(carol, &p, prompts[i], 2, ids[i]), 0);
-    }
-    assert_int_equal(pagoda_submit(carol, &p, prompts[0], 2, extra), PAGODA_EEXHAUSTED);
-    assert_non_null(strstr(pagoda_error_detail(), "this tenant"));
-    /* Others are not held back by carol's bound: alice fills the global one (9). */
-    for (int i = 3; i < 9; i++) {
-        prompts[i][0] = 200 + i;
-        prompts[i][1] = 2;
-        assert_int_equal(pagoda_submit(alice, &p, prompts[i], 2, ids[i]), 0);
-    }
-    assert_int_equal(pagoda_submit(bob, &p, prompts[0], 2, extra), PAGODA_EEXHAUSTED);
-    assert_non_null(strstr(pagoda_error_detail(), "router holds"));
-    assert_int_equal(pagoda_submit(alice, &p, prompts[0], 2, extra), PAGODA_EEXHAUSTED);
-
-    /* Every admitted request completes, with its own tokens. */
-    fake_sched_hold(e->fs, 0);
-    for (int i = 0; i < 9; i++) {
-        pagoda_client *c = i < 3 ? carol : alice;
-        uint32_t count = 0;
-        assert_int_equal(wait_finished(c, ids[i], &count), PAGODA_FINISH_LENGTH);
-        assert_int_equal(count, 5);
-        pagoda_result r;
-        assert_int_equal(pagoda_poll(c, ids[i], 0, 0, &r), 0);
-        assert_tokens(prompts[i], 2, r.token_ids, r.num_tokens, 0);
-        pagoda_result_free(&r);
-    }
-    /* And there is room again. */
-    pagoda_result r;
-    assert_int_equal(pagoda_generate(carol, &p, prompts[0], 2, &r), 0);
-    assert_int_equal(r.num_tokens, 5);
-    pagoda_result_free(&r);
-    pagoda_client_close(alice);
-    pagoda_client_close(carol);
-    pagoda_client_close(bob);
-}
-
-/* kill -9 of the router: the restarted one learns the request from the scheduler's
- * announcement (with a tenants file, under the client's id that the scheduler echoes), so its
- * owner polling by id gets every token, and another tenant still gets PAGODA_ENOENT. */
-static void test_tenants_router_restart_keeps_requests(void **state)
-{
-    struct rtr_env *e = *state;
-    pagoda_client *alice = open_tenant_client(e, "alice-key-2");
-    const int32_t prompt[] = {21, 22, 23};
-    pagoda_generate_params p = greedy(30);
-    uint8_t id[16];
-    assert_int_equal(pagoda_submit(alice, &p, prompt, 3, id), 0);
-    pagoda_result r;
-    assert_int_equal(pagoda_poll(alice, id, 0, 2000, &r), 0);
-    assert_true(r.num_tokens > 0);
-    pagoda_result_free(&r);
-    fake_sched_hold(e->fs, 1);
-    struct fake_sched_counts before, after;
-    fake_sched_get_counts(e->fs, &before);
-    assert_int_equal(rtr_env_restart_router(e), 0);
-    pagoda_client *bob = open_tenant_client(e, "bob-key");
-    assert_int_equal(pagoda_poll(bob, id, 0, 0, &r), PAGODA_ENOENT);
-    fake_sched_get_counts(e->fs, &after);
-    assert_int_equal(after.router_hellos, before.router_hellos + 1);
-    fake_sched_hold(e->fs, 0);
-    int32_t out[30];
-    uint32_t have = 0;
-    pagoda_finish_reason f = PAGODA_FINISH_NONE;
-    for (int i = 0; i < 1000 && f == PAGODA_FINISH_NONE; i++) {
-        assert_int_equal(pagoda_poll(alice, id, have, 2000, &r), 0);
-        assert_true(have + r.num_tokens <= 30);
-        memcpy(out + have, r.token_ids, r.num_tokens * sizeof(int32_t));
-        have += (uint32_t)r.num_tokens;
-        f = r.finish_reason;
-        pagoda_result_free(&r);
-    }
-    assert_int_equal(f, PAGODA_FINISH_LENGTH);
-    assert_int_equal(have, 30);
-    for (uint32_t i = 0; i < 30; i++)
-        assert_int_equal(out[i], fake_sched_token(prompt, 3, i));
-    pagoda_client_close(alice);
-    pagoda_client_close(bob);
-}
-
-/* A Tokenize call's answer, filled on NNG's thread. */
-struct tok_call {
-    atomic_int done;
-    int rc;
-    size_t ids;
-    char detail[512];
-};
-
-static void on_tok_call(void *user, pagoda_async_result *res)
-{
-    struct tok_call *t = user;
-    t->rc = res->rc;
-    t->ids = res->tokenized.num_token_ids;
-    snprintf(t->detail, sizeof(t->detail), "%s", res->detail);
-    pagoda_async_result_free(res);
-    atomic_store(&t->done, 1);
-}
-
-/* n Tokenize calls of prompt with key's tenant at once, each answering into calls[i]. */
-static void send_tok_calls(pagoda_client *c, const char *key, const pagoda_prompt *prompt,
-                           struct tok_call *calls, int n)
-{
-    for (int i = 0; i < n; i++) {
-        atomic_store(&calls[i].done, 0);
-        assert_int_equal(pagoda_tokenize_async(c, key, prompt, on_tok_call, &calls[i]), 0);
-    }
-}
-
-/* Waits (at most a minute) for t's answer. */
-static void wait_tok_call(const struct tok_call *t)
-{
-    for (int waited = 0; !atomic_load(&t->done); waited++) {
-        assert_true(waited < 60000);
-        nng_msleep(1);
-    }
-}
-
-/* Tokenize calls are bounded by tenant, in bytes and in calls: one tenant holds at most
- * ROUTER_MAX_TENANT_TEXT_CALL_BYTES (a quarter of ROUTER_MAX_TEXT_CALL_BYTES, all tenants'), so
- * that its burst of big calls is refused (PAGODA_EBUSY) where it would have taken every tenant's
- * bytes and refused another tenant's call. Prompts of up to a million tokens make 4 MB calls
- * possible; twenty of alice's are sent at once (each tokenized for hundreds of milliseconds,
- * one at a time), then, once one of them has been refused, one of bob's, which is answered. Each
- * refusal of alice's says she held her share while all tenants' bytes had room. Without the
- * tenant's bound alice's calls are refused only when all 64 MB are held, and bob's call too if none
- * ended meanwhile. Then bob's burst of 64 small calls meets the count of calls a tenant may
- * have waiting (ROUTER_MAX_TENANT_TEXT_CALLS). */
-static void test_tokenize_calls_are_bounded_by_tenant(void **state)
-{
-    (void)state;
-    static const char tenants[] =
-        "{\"tenants\": [{\"name\": \"alice\", \"api_keys\": [\"alice-key\"]},"
-        " {\"name\": \"bob\", \"api_keys\": [\"bob-key\"]}]}";
-    char path[64];
-    assert_int_equal(write_tenants_file(path, tenants), 0);
-    const char *const args[] = {
-        "--tenants",           path,      "--model", PAGODA_SOURCE_DIR "/tests/data/tiny-text",
-        "--max-prompt-tokens", "1000000", NULL};
-    /* One thread tokenizes (libuv's pool): alice's calls end one after another, so that they
-     * pile up whatever the machine's cores and speed. */
-    struct rtr_env env, *e = &env;
-    assert_int_equal(setenv("UV_THREADPOOL_SIZE", "1", 1), 0);
-    assert_int_equal(rtr_env_start(e, args), 0);
-    unsetenv("UV_THREADPOOL_SIZE");
-    enum { CALLS = 20, TEXT_BYTES = 4000000 };
-    char *text = malloc(TEXT_BYTES + 1);
-    assert_non_null(text);
-    static const char words[] = "the router tokenizes this text ";
-    for (size_t i = 0; i < TEXT_BYTES; i++)
-        text[i] = words[i % (sizeof(words) - 1)];
-    text[TEXT_BYTES] = '\0';
-    pagoda_client *a = open_tenant_client(e, "alice-key"), *b = open_tenant_client(e, "bob-key");
-    pagoda_client_set_timeout_ms(a, 60000);
-    pagoda_client_set_timeout_ms(b, 60000);
-    int healthy;
-    assert_int_equal(pagoda_health(a, &healthy), 0); /* a reply: the message limit is known */
-    assert_int_equal(pagoda_health(b, &healthy), 0);
-    pagoda_prompt pr = pagoda_prompt_default();
-    pr.text = text;
-    static struct tok_call calls[CALLS];
-    send_tok_calls(a, "alice-key", &pr, calls, CALLS);
-    /* Bob's call once one of alice's has been refused (or all of hers have ended). */
-    for (int waited = 0;; waited++) {
-        int ended = 0, refused = 0;
-        for (int i = 0; i < CALLS; i++)
-            if (atomic_load(&calls[i].done)) {
-                ended++;
-                refused += calls[i].rc == PAGODA_EBUSY;
-            }
-        if (refused > 0 || ended == CALLS)
-            break;
-        assert_true(waited < 60000);
-        nng_msleep(1);
-    }
-    pagoda_tokenized tk;
-    int rc = pagoda_tokenize(b, &pr, &tk);
-    if (rc != 0)
-        fail_msg("bob's call beside alice's burst: %d %s", rc, pagoda_error_detail());
-    assert_true(tk.num_token_ids > TEXT_BYTES / 8);
-    size_t bob_ids = tk.num_token_ids;
-    pagoda_tokenized_free(&tk);
-    int accepted = 0, refused = 0;
-    for (int i = 0; i < CALLS; i++) {
-        wait_tok_call(&calls[i]);
-        if (calls[i].rc == 0) {
-            assert_int_equal(calls[i].ids, bob_ids);
-            accepted++;
-            continue;
-        }
-        /* Refused by the tenant's bound, with room left in all tenants' bytes. */
-        size_t held = 0, tenant_max = 0, all = 0, all_max = 0, call = 0;
-        const char *d = strstr(calls[i].detail, "calls hold ");
-        if (calls[i].rc != PAGODA_EBUSY || d == NULL ||
-            sscanf(d, "calls hold %zu of %zu; all tenants' %zu of %zu; this call's: %zu", &held,
-                   &tenant_max, &all, &all_max, &call) != 5 ||
-            tenant_max != ROUTER_MAX_TENANT_TEXT_CALL_BYTES || held + call <= tenant_max ||
-            all + call > all_max)
-            fail_msg("alice's call %d: %d %s", i, calls[i].rc, calls[i].detail);
-        refused++;
-    }
-    print_message("alice's burst of %d: %d accepted, %d refused; bob's call answered\n", CALLS,
-                  accepted, refused);
-    assert_true(accepted >= 4 && refused >= 1);
-    /* The tenant's count of calls waiting binds before its bytes: 64 calls of 200 kB of bob's at
-     * once (12.8 MB, under his 16 MiB), one tokenized at a time (a call takes about ten times as
-     * long to tokenize as to arrive): past ROUTER_MAX_TENANT_TEXT_CALLS waiting, a call is
-     * refused, saying so. */
-    enum { SMALL_CALLS = 64, SMALL_BYTES = 200000 };
-    static struct tok_call small[SMALL_CALLS];
-    text[SMALL_BYTES] = '\0';
-    send_tok_calls(b, "bob-key", &pr, small, SMALL_CALLS);
-    int small_ok = 0, small_refused = 0;
-    char want[96];
-    snprintf(want, sizeof(want), "this tenant's Tokenize calls: %u of %u",
-             ROUTER_MAX_TENANT_TEXT_CALLS, ROUTER_MAX_TENANT_TEXT_CALLS);
-    for (int i = 0; i < SMALL_CALLS; i++) {
-        wait_tok_call(&small[i]);
-        if (small[i].rc == 0) {
-            small_ok++;
-        } else {
-            if (small[i].rc != PAGODA_EBUSY || strstr(small[i].detail, want) == NULL)
-                fail_msg("bob's call %d: %d %s", i, small[i].rc, small[i].detail);
-            small_refused++;
-        }
-    }
-    print_message("bob's burst of %d: %d accepted, %d refused\n", SMALL_CALLS, small_ok,
-                  small_refused);
-    assert_true(small_ok >= (int)ROUTER_MAX_TENANT_TEXT_CALLS && small_refused >= 1);
-    free(text);
-    pagoda_client_close(a);
-    pagoda_client_close(b);
-    unlink(path);
-    assert_int_equal(rtr_env_stop(e), 0);
 }
 
 int main(void)
@@ -1710,17 +850,6 @@ int main(void)
         cmocka_unit_test(test_lost_events_are_made_good),
         cmocka_unit_test(test_stop_token_and_engine_error),
     };
-    const struct CMUnitTest tenants[] = {
-        cmocka_unit_test(test_tenants_file_errors_name_the_field),
-        cmocka_unit_test(test_tenants_file_max_finished),
-        cmocka_unit_test(test_tenants_load_refuses_what_is_not_a_file),
-        cmocka_unit_test(test_tenants_file_groups_pins_admin_keys),
-        cmocka_unit_test(test_tenants_unknown_key_is_refused),
-        cmocka_unit_test(test_tenants_other_tenants_id_is_enoent),
-        cmocka_unit_test(test_tenants_dedup_is_per_tenant),
-        cmocka_unit_test(test_tenants_exhausted_keeps_admitted),
-        cmocka_unit_test(test_tenants_router_restart_keeps_requests),
-    };
     const struct CMUnitTest own[] = {
         cmocka_unit_test(test_scheduler_restart_resumes_requests),
         cmocka_unit_test(test_sigterm_drains),
@@ -1728,12 +857,9 @@ int main(void)
         cmocka_unit_test(test_parked_calls_are_bounded),
         cmocka_unit_test(test_abandoned_request_is_cancelled),
         cmocka_unit_test(test_requests_at_the_message_limit_are_answered),
-        cmocka_unit_test(test_tokenize_calls_are_bounded_by_tenant),
     };
     signal(SIGPIPE, SIG_IGN);
-    int failed = cmocka_run_group_tests_name("router", shared, group_setup, group_teardown);
-    failed +=
-        cmocka_run_group_tests_name("router tenants", tenants, tenants_setup, tenants_teardown);
+    int failed = cmocka_run_group_tests_name("router", shared, group_setup, rt_env_teardown);
     failed += cmocka_run_group_tests_name("router processes", own, NULL, NULL);
     nng_fini();
     return failed;
