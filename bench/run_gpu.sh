@@ -466,10 +466,12 @@ part_pagesize() {
 }
 
 part_pagesize_table() {
-    python3 - "$out" "${PAGE_POOL_BYTES:-16000000000}" <<'EOF'
+    local kv_bytes=2 # the serving runs' K/V element (the kernels' column is bf16's either way)
+    [[ ${KV_CACHE_DTYPE:-auto} != fp8* ]] || kv_bytes=1
+    python3 - "$out" "${PAGE_POOL_BYTES:-16000000000}" "$kv_bytes" <<'EOF'
 import glob, json, math, os, sys
-out, pool_bytes = sys.argv[1], float(sys.argv[2])
-kv_token = 32 * 8 * 128 * 2 * 2  # the 8B shape: layers x KV heads x head dim x (K, V) x bf16
+out, pool_bytes, kv_bytes = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
+kv_token = 32 * 8 * 128 * 2 * kv_bytes  # the 8B shape: layers x KV heads x head dim x (K, V)
 def load(p):
     return json.load(open(p)) if os.path.exists(p) else None
 def f(v, spec=".3f"):

@@ -349,7 +349,12 @@ int group_use_cuda(struct group *g)
     g->cuda = 1;
     g->weight_seed = 7;
     const char *kv = getenv("PAGODA_TEST_KV_CACHE_DTYPE");
-    g->kv_cache_dtype = kv != NULL && strcmp(kv, "fp8") == 0 ? "fp8" : "auto";
+    if (kv != NULL && kv[0] != '\0' && strcmp(kv, "auto") != 0 && strcmp(kv, "fp8") != 0 &&
+        strcmp(kv, "fp8_e4m3") != 0) {
+        fprintf(stderr, "PAGODA_TEST_KV_CACHE_DTYPE=%s: expected auto, fp8 or fp8_e4m3\n", kv);
+        return -1;
+    }
+    g->kv_cache_dtype = kv != NULL && strncmp(kv, "fp8", 3) == 0 ? "fp8" : "auto";
     if (strcmp(g->kv_cache_dtype, "auto") != 0)
         printf("     the K/V in 8-bit pools (PAGODA_TEST_KV_CACHE_DTYPE=fp8)\n");
     return 0;
