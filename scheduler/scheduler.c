@@ -976,11 +976,17 @@ static const char *hello_refusal(const struct scheduler *s, const Pagoda__Intern
         return "worker_id differs from the link's";
     if (pg == NULL || !pg->has_pool_id || pg->pool_id == 0)
         return "it names no pool (geometry.pool_id)";
-    if ((pg->has_num_blocks && pg->num_blocks != g->num_blocks) ||
-        (pg->has_block_size && pg->block_size != g->block_size) ||
-        (pg->has_num_layers && pg->num_layers != g->num_layers) ||
-        (pg->has_dtype && (int)pg->dtype != (int)g->dtype))
-        return "its pool's geometry differs from kvpool's";
+    /* The scheduler took kvpool's geometry at its start: a pool made since with other settings
+     * (by hand: the supervisor restarts kvpool with the same arguments) needs it restarted too. */
+    if (pg->has_num_blocks && pg->num_blocks != g->num_blocks)
+        return "its pool's block count differs from kvpool's when the scheduler started";
+    if (pg->has_block_size && pg->block_size != g->block_size)
+        return "its pool's block size differs from kvpool's when the scheduler started";
+    if (pg->has_num_layers && pg->num_layers != g->num_layers)
+        return "its pool's layer count differs from kvpool's when the scheduler started";
+    if (pg->has_dtype && (int)pg->dtype != (int)g->dtype)
+        return "its pool's K/V dtype (--kv-cache-dtype) differs from kvpool's when the scheduler "
+               "started";
     return NULL;
 }
 

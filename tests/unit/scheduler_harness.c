@@ -213,6 +213,10 @@ void fw_hello(struct fake_worker *fw, const struct hello_opts *ho, struct queue 
     g.pool_id = fw->pool_id;
     g.num_blocks = fw->num_blocks;
     g.block_size = fw->block_size;
+    if (fw->dtype >= 0) {
+        g.has_dtype = 1;
+        g.dtype = (Pagoda__Internal__DType)fw->dtype;
+    }
     Pagoda__Internal__Hello h = PAGODA__INTERNAL__HELLO__INIT;
     h.has_worker_id = h.has_pid = h.has_vocab_size = h.has_max_position_embeddings = 1;
     h.worker_id = 0;
@@ -868,6 +872,7 @@ struct harness *harness_open(const struct setup *su)
     h->fw.pid = 100;
     h->fw.pool_id = h->cfg.geometry.pool_id;
     h->fw.num_blocks = h->cfg.geometry.num_blocks;
+    h->fw.dtype = (int32_t)h->cfg.geometry.dtype;
     h->fw.block_size = h->cfg.geometry.block_size;
     size_t slots = (size_t)h->fw.num_blocks * (size_t)h->fw.block_size;
     h->fw.pool = malloc(slots * sizeof(int32_t));

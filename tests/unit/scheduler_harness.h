@@ -59,6 +59,7 @@ struct fake_worker {
     int32_t *pool;    /* token id per slot, -1 never written */
     uint64_t pool_id; /* the identity of the pool it maps, in Hello and ResyncDone */
     int32_t num_blocks, block_size;
+    int32_t dtype; /* its pool's K/V dtype (enum dtype) in Hello's geometry; -1: none sent */
     uint64_t computed_tokens;
     /* Behaviour knobs. */
     bool silent;        /* consume everything, answer nothing (hung) */

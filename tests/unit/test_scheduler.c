@@ -1285,6 +1285,14 @@ static void test_refused_hello_gets_no_resync(void **state)
     h->fw.pool_id = 9;
     deliver_answers(h);
     assert_int_equal(stats(h).refused_hellos, 2);
+    /* A successor whose pool keeps K/V in another dtype (a kvpool restarted by hand with another
+     * --kv-cache-dtype) is refused too. */
+    fw_restart(&h->fw, 103);
+    h->fw.dtype = DTYPE_BF16;
+    fw_hello(&h->fw, &h->hello, &h->from_worker);
+    h->fw.dtype = DTYPE_F32;
+    deliver_answers(h);
+    assert_int_equal(stats(h).refused_hellos, 3);
     for (int64_t t = 0; t <= 4 * SCHEDULER_DEFAULT_RESULT_TIMEOUT_MS; t += 100)
         tick(h, t);
     assert_int_equal(h->to_worker.count, 0);
