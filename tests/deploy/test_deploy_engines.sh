@@ -79,8 +79,10 @@ up() { # DIR ARGS...
     local dir=$1
     shift
     [ -d "$dir" ] || mkdir -m 0700 "$dir"
+    local pool=(--kv-blocks 256) # an engine's setting: a router alone refuses it
+    [ "${1:-} ${2:-}" != "--role router" ] || pool=()
     "$deploy/pagoda-up" --run-dir "$dir" --bin-dir "$bin_dir" --model "$tmp/model" \
-        --kv-blocks 256 "$@"
+        "${pool[@]}" "$@"
 }
 ask() { # URL
     timeout 30 "$bin_dir/pagoda" --url "$1" generate --tokens 1,2,3 --max-tokens 4
@@ -144,6 +146,12 @@ refused "an ipc:// scheduler address for 2 engines" "several engines need a tcp:
 refused "--scheduler without --role router" "--scheduler is for --role router" \
     --scheduler tcp://127.0.0.1:$port
 refused "--role router without engines" "--role router needs its engines" --role router
+# An engine's settings with --role router would be taken and go nowhere.
+refused "--role router with an engine's setting (--max-seqs)" \
+    "-arg --max-seqs with --role router: an engine's setting" \
+    --role router --scheduler tcp://127.0.0.1:$port --max-seqs 8
+refused "--role router with --kv-blocks" "--kv-blocks with --role router: an engine's setting" \
+    --role router --scheduler tcp://127.0.0.1:$port --kv-blocks 64
 refused "--workers 2" "run several engines: --engines N" --workers 2
 # The supervisor itself, started without pagoda-up: refused at once (exit 2), no crash loop.
 mkdir -m 0700 "$tmp/sup"
