@@ -268,6 +268,7 @@ struct bench {
     FILE *requests_out;
     double weight_bytes, kv_bytes_per_token, flops_per_token, lm_head_flops,
         attention_flops_per_key;
+    double kv_elems_per_token; /* K/V elements a token keeps: kv_bytes_per_token / their size */
     char workload_params[256];
     /* The last single run's timeline (not for sweeps). */
     struct timeline_sample *samples;
@@ -276,6 +277,35 @@ struct bench {
     size_t num_windows;
     double timeline_interval_s;
 };
+
+/* The bytes of the K/V element the engines name in their stats (torch's spelling), 0 unknown. */
+static int kv_dtype_bytes(const char *name)
+{
+    static const struct {
+        const char *name;
+        int bytes;
+    } known[] = {{"float8_e4m3fn", 1}, {"bfloat16", 2}, {"float16", 2}, {"float32", 4}};
+    for (size_t i = 0; i < sizeof(known) / sizeof(known[0]); i++)
+        if (strcmp(name, known[i].name) == 0)
+            return known[i].bytes;
+    return 0;
+}
+
+/* The floor's K/V bytes a token from the element the engines keep (kv_cache_dtype of their
+ * stats) when --kv-dtype-bytes was not given; a given one that differs is kept, with a warning. */
+static void floor_kv_from_engine(struct bench *b, const char *kv_cache_dtype)
+{
+    const int bytes = kv_dtype_bytes(kv_cache_dtype);
+    if (bytes == 0)
+        return;
+    if (!GIVEN(b->o, OPT_KV_DTYPE_BYTES))
+        b->kv_bytes_per_token = b->kv_elems_per_token * bytes;
+    else if (bytes != b->o->kv_dtype_bytes)
+        fprintf(stderr,
+                "pagoda-bench: --kv-dtype-bytes %d, but the engines keep K/V as %s (%d bytes an "
+                "element): the floor counts %d\n",
+                b->o->kv_dtype_bytes, kv_cache_dtype, bytes, b->o->kv_dtype_bytes);
+}
 
 /* One run of the workload (all of it, or what --duration lets start). recs (num_requests of
  * them) are filled, those sent marked; *eng with stats; b->samples with the stats sampled. */
@@ -301,6 +331,8 @@ static int run_workload(struct bench *b, int open_loop, uint32_t threads,
     eng->have_before = b->stats_client != NULL && pagoda_stats(b->stats_client, &eng->before) == 0;
     if (!eng->have_before && b->stats_client != NULL)
         fprintf(stderr, "pagoda-bench: stats before the run: %s\n", pagoda_error_detail());
+    if (eng->have_before && b->o->bandwidth_gbs > 0)
+        floor_kv_from_engine(b, eng->before.kv_cache_dtype);
 
     run.t0 = now_s();
     struct sampler s = {.client = b->stats_client,
@@ -800,7 +832,8 @@ int main(int argc, char **argv)
         b.weight_bytes = GIVEN(&o, OPT_WEIGHT_BYTES)
                              ? o.weight_bytes
                              : floor_weight_bytes(&cfg, o.weight_dtype_bytes);
-        b.kv_bytes_per_token = floor_kv_bytes_per_token(&cfg, o.kv_dtype_bytes);
+        b.kv_elems_per_token = floor_kv_bytes_per_token(&cfg, 1);
+        b.kv_bytes_per_token = b.kv_elems_per_token * o.kv_dtype_bytes;
         b.flops_per_token = floor_flops_per_token(&cfg);
         b.lm_head_flops = floor_lm_head_flops(&cfg);
         b.attention_flops_per_key = floor_attention_flops_per_key(&cfg);

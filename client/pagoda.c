@@ -1026,6 +1026,7 @@ void client_stats_from_proto(const Pagoda__Stats *s, pagoda_engine_stats *out)
     out->text_jobs = s->text_jobs;
     copy_router_text(out->tenant, sizeof(out->tenant), s->tenant);
     copy_router_text(out->routing, sizeof(out->routing), s->routing);
+    copy_router_text(out->kv_cache_dtype, sizeof(out->kv_cache_dtype), s->kv_cache_dtype);
     /* An entry that cannot be told apart (no index, an index past the list, one seen already) is
      * dropped and counted with those past the room: the router's other figures still stand. */
     for (size_t i = 0; i < s->n_engines; i++) {

@@ -53,6 +53,8 @@
 #define PAGODA_STATS_MAX_ENGINES 64u
 #define PAGODA_STATS_ADDRESS_BYTES 128u
 #define PAGODA_STATS_ROUTING_BYTES 32u
+/* Room for pagoda_engine_stats.kv_cache_dtype ("float8_e4m3fn" and the like). */
+#define PAGODA_STATS_DTYPE_BYTES 32u
 /* The most stop strings a request may have (the router's limit). */
 #define PAGODA_MAX_STOP_STRINGS 16u
 /* The largest reply the client accepts (NNG_OPT_RECVMAXSZ). */
@@ -227,6 +229,10 @@ typedef struct pagoda_engine_stats {
     char routing[PAGODA_STATS_ROUTING_BYTES];
     uint32_t num_engines, engines_dropped;
     pagoda_engine_info engines[PAGODA_STATS_MAX_ENGINES];
+    /* The engines' K/V element in torch's spelling: "bfloat16" (the GPU's default), "float8_e4m3fn"
+     * (--kv-cache-dtype fp8), "float32" (the CPU's); "" when the engines differ, none has said, or
+     * for a tenant's key. Printable as the router's other strings. */
+    char kv_cache_dtype[PAGODA_STATS_DTYPE_BYTES];
 } pagoda_engine_stats;
 
 /* Temperature 1 with every filter and penalty off, no seed (the router draws one), max_tokens

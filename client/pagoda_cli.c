@@ -706,6 +706,13 @@ static int cmd_stats(pagoda_client *c, const struct cli *o)
     if (engine)
         FIELD("malformed_requests", "%llu", (unsigned long long)s.malformed_requests);
     FIELD("scheduler_connected", "%s", s.scheduler_connected ? "true" : "false");
+    if (engine && s.kv_cache_dtype[0] != '\0') { /* the router's string: escaped in JSON */
+        printf(fmt, sep0, "kv_cache_dtype");
+        if (o->json)
+            print_json_string(s.kv_cache_dtype);
+        else
+            fputs(s.kv_cache_dtype, stdout);
+    }
 #undef FIELD
 #undef DFIELD
     if (engine && s.num_engines > 0)

@@ -320,6 +320,13 @@ static void render(struct greq *q, const pagoda_async_result *res, const pagoda_
                 "Text jobs the router ran: prompts rendered and tokenized (text Submits, "
                 "Tokenize calls), ids decoded (Detokenize calls).",
                 (double)s->text_jobs);
+        if (s->kv_cache_dtype[0] != '\0') { /* as vLLM's cache_config_info: the value a label */
+            metrics_family(&b, "pagoda_kv_cache_dtype_info", METRICS_GAUGE,
+                           "The engines' K/V cache element (torch's spelling) as the dtype label; "
+                           "absent when they differ.");
+            const struct metrics_label label = {"dtype", s->kv_cache_dtype};
+            metrics_sample(&b, &label, 1, 1.0);
+        }
     } else {
         log_debug("/metrics without the engine's figures: %s", res->detail);
     }

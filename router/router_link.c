@@ -6,6 +6,7 @@
  * to router_admin.c. */
 #include "router/router_internal.h"
 
+#include "common/dtype.h"
 #include "common/error.h"
 #include "common/log.h"
 #include "wire/sampling_wire.h"
@@ -691,6 +692,9 @@ static void fill_stats(struct router *r, const Pagoda__Internal__SchedulerStats 
 #undef COPY
     out->has_event_gaps = 1;
     out->event_gaps = r->event_gaps;
+    /* A dtype the scheduler names that is none of ours is left out, as the engines' disagreeing. */
+    if (s->has_kv_dtype && (int)s->kv_dtype >= DTYPE_BF16 && (int)s->kv_dtype <= DTYPE_F8E4M3)
+        out->kv_cache_dtype = (char *)dtype_torch_name((enum dtype)s->kv_dtype);
     out->has_prefix_hit_rate = s->has_prefix_query_tokens;
     out->prefix_hit_rate = s->prefix_query_tokens == 0
                                ? 0.0
@@ -767,6 +771,7 @@ static void merge_stats(struct router *r, uint64_t mask, Pagoda__Internal__Sched
 {
     const int several = r->num_engines > 1;
     uint32_t n_mean[16] = {0};
+    int dtypes_differ = 0;
     for (uint32_t i = 0; i < r->num_engines; i++) {
         if (!(mask & (1ull << i)) || r->engines[i].stats == NULL ||
             r->engines[i].stats->stats == NULL)
@@ -815,6 +820,11 @@ static void merge_stats(struct router *r, uint64_t mask, Pagoda__Internal__Sched
         HIGHEST(peak_kv_usage);
         HIGHEST(peak_running);
         HIGHEST(peak_steps_in_flight);
+        if (s->has_kv_dtype) { /* one K/V element for all, or none */
+            dtypes_differ |= agg->has_kv_dtype && agg->kv_dtype != s->kv_dtype;
+            agg->has_kv_dtype = 1;
+            agg->kv_dtype = s->kv_dtype;
+        }
 #undef SUM
 #undef COUNT
 #undef MEAN
@@ -854,6 +864,8 @@ static void merge_stats(struct router *r, uint64_t mask, Pagoda__Internal__Sched
     for (size_t k = 0; k < sizeof(means) / sizeof(means[0]); k++)
         if (n_mean[k] > 1)
             *means[k] /= n_mean[k];
+    if (dtypes_differ)
+        agg->has_kv_dtype = 0;
 }
 
 /* Answers a stats call with the figures of the engines it asked (those that answered). */

@@ -197,6 +197,8 @@ static void on_stats_request(struct scheduler *s, const Pagoda__Internal__StatsR
     ps.discarded_tokens = st.discarded_tokens;
     ps.has_prefix_waits = 1;
     ps.prefix_waits = st.prefix_waits;
+    ps.has_kv_dtype = 1;
+    ps.kv_dtype = (Pagoda__Internal__DType)s->cfg.geometry.dtype;
     ps.has_router_drops = ps.has_router_resends = 1;
     ps.router_drops = st.router_drops;
     ps.router_resends = st.router_resends;

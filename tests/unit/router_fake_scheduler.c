@@ -51,11 +51,12 @@ struct fake_sched {
     nng_socket sock;
     pthread_t thread;
     atomic_int stop, hold, dups, hold_policy, hold_admin, hold_stats, pause;
-    atomic_uint drops;  /* event messages lost (counts.drops) */
-    atomic_int lose;    /* event messages still to lose on purpose (fake_sched_lose_events) */
-    atomic_int rehello; /* an announcement was lost: announce again (tick) */
-    atomic_int behind;  /* a message to the router was lost: resend every request (tick) */
-    uint8_t *policy;    /* the last Policy, packed; guarded by lock */
+    atomic_uint drops;   /* event messages lost (counts.drops) */
+    atomic_int lose;     /* event messages still to lose on purpose (fake_sched_lose_events) */
+    atomic_int rehello;  /* an announcement was lost: announce again (tick) */
+    atomic_int behind;   /* a message to the router was lost: resend every request (tick) */
+    atomic_int kv_dtype; /* SchedulerStats.kv_dtype (fake_sched_set_kv_dtype); -1: none */
+    uint8_t *policy;     /* the last Policy, packed; guarded by lock */
     size_t policy_len;
     int policy_pending; /* it is still to be answered (held); guarded by lock */
     pthread_mutex_t lock;
@@ -217,6 +218,9 @@ static void on_stats(struct fake_sched *fs, const Pagoda__Internal__StatsRequest
     st.has_router_drops = st.has_router_resends = 1;
     st.router_drops = atomic_load(&fs->drops);
     st.router_resends = fs->counts.resends;
+    const int kv_dtype = atomic_load(&fs->kv_dtype);
+    st.has_kv_dtype = kv_dtype >= 0;
+    st.kv_dtype = (Pagoda__Internal__DType)kv_dtype;
     pthread_mutex_unlock(&fs->lock);
     Pagoda__Internal__ToRouter env = PAGODA__INTERNAL__TO_ROUTER__INIT;
     env.msg_case = PAGODA__INTERNAL__TO_ROUTER__MSG_STATS;
@@ -724,6 +728,7 @@ int fake_sched_start(const char *url, struct fake_sched **out)
     struct timespec now;
     clock_gettime(CLOCK_REALTIME, &now);
     fs->epoch = (uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec;
+    atomic_init(&fs->kv_dtype, PAGODA__INTERNAL__DTYPE__DTYPE_F32); /* a CPU engine's pool */
     nng_socket_set_int(fs->sock, NNG_OPT_SENDBUF, 1024);
     nng_socket_set_ms(fs->sock, NNG_OPT_RECVTIMEO, 1);
     nng_socket_set_ms(fs->sock, NNG_OPT_SENDTIMEO, 1000);
@@ -765,6 +770,11 @@ void fake_sched_lose_events(struct fake_sched *fs, int n)
 void fake_sched_set_duplicates(struct fake_sched *fs, int on)
 {
     atomic_store(&fs->dups, on);
+}
+
+void fake_sched_set_kv_dtype(struct fake_sched *fs, int dtype)
+{
+    atomic_store(&fs->kv_dtype, dtype);
 }
 
 void fake_sched_pause(struct fake_sched *fs, int on)

@@ -78,6 +78,8 @@ void fake_sched_stop(struct fake_sched *fs);
 void fake_sched_hold(struct fake_sched *fs, int hold);
 /* Sends every event twice, each overlapping the previous one by a token. */
 void fake_sched_set_duplicates(struct fake_sched *fs, int on);
+/* The K/V element its stats name (internal.proto DType; F32 at start, -1: none). */
+void fake_sched_set_kv_dtype(struct fake_sched *fs, int dtype);
 /* The next n event messages are lost, as on a full link; each loss is made good as the real
  * scheduler's are, by sending every request again from offset 0 (counts.resends). */
 void fake_sched_lose_events(struct fake_sched *fs, int n);

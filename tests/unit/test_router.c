@@ -458,6 +458,18 @@ static void test_stats_round_trip(void **state)
     assert_true(st.computed_tokens > 0);
     assert_true(st.scheduler_connected);
     assert_true(st.finished_requests > 0);
+    assert_string_equal(st.kv_cache_dtype, "float32");
+    /* An element the router does not know is left out, as is one not said. */
+    fake_sched_set_kv_dtype(e->fs, 99);
+    assert_int_equal(pagoda_stats(c, &st), 0);
+    assert_string_equal(st.kv_cache_dtype, "");
+    fake_sched_set_kv_dtype(e->fs, -1);
+    assert_int_equal(pagoda_stats(c, &st), 0);
+    assert_string_equal(st.kv_cache_dtype, "");
+    fake_sched_set_kv_dtype(e->fs, PAGODA__INTERNAL__DTYPE__DTYPE_F8E4M3);
+    assert_int_equal(pagoda_stats(c, &st), 0);
+    assert_string_equal(st.kv_cache_dtype, "float8_e4m3fn");
+    fake_sched_set_kv_dtype(e->fs, PAGODA__INTERNAL__DTYPE__DTYPE_F32);
     struct fake_sched_counts counts;
     fake_sched_get_counts(e->fs, &counts);
     assert_true(counts.stats_requests >= 1);

@@ -168,6 +168,11 @@ static void test_round_robin_and_stats(void **state)
     assert_int_equal(st.num_engines, 2);
     for (uint32_t i = 0; i < st.num_engines; i++)
         assert_int_equal(st.engines[i].prefix_waits, FAKE_SCHED_PREFIX_WAITS);
+    /* The K/V element is named when every engine keeps the same one, and not when they differ. */
+    assert_string_equal(st.kv_cache_dtype, "float32");
+    fake_sched_set_kv_dtype(m.fs[1], PAGODA__INTERNAL__DTYPE__DTYPE_BF16);
+    assert_int_equal(pagoda_stats(m.client, &st), 0);
+    assert_string_equal(st.kv_cache_dtype, "");
     multi_stop(&m);
 }
 
