@@ -269,6 +269,7 @@ struct bench {
     double weight_bytes, kv_bytes_per_token, flops_per_token, lm_head_flops,
         attention_flops_per_key;
     double kv_elems_per_token; /* K/V elements a token keeps: kv_bytes_per_token / their size */
+    int kv_dtype_warned;       /* floor_kv_from_engine said so once (a sweep runs many times) */
     char workload_params[256];
     /* The last single run's timeline (not for sweeps). */
     struct timeline_sample *samples;
@@ -300,7 +301,7 @@ static void floor_kv_from_engine(struct bench *b, const char *kv_cache_dtype)
         return;
     if (!GIVEN(b->o, OPT_KV_DTYPE_BYTES))
         b->kv_bytes_per_token = b->kv_elems_per_token * bytes;
-    else if (bytes != b->o->kv_dtype_bytes)
+    else if (bytes != b->o->kv_dtype_bytes && !b->kv_dtype_warned++)
         fprintf(stderr,
                 "pagoda-bench: --kv-dtype-bytes %d, but the engines keep K/V as %s (%d bytes an "
                 "element): the floor counts %d\n",

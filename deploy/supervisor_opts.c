@@ -256,19 +256,23 @@ static int check_engines(const struct sup_opts *o)
         /* An engine's settings would be taken and go nowhere: the engines are started elsewhere,
          * with their own (pagoda-up turns --kv-cache-dtype, --device, --cuda-* and the like
          * into these). */
-        for (int r = ROLE_KVPOOL; r <= ROLE_SCHEDULER; r++)
+        for (int r = ROLE_SCHEDULER; r >= ROLE_KVPOOL; r--) /* --max-seqs: the scheduler's */
             if (o->num_extra[r] > 0)
                 return pagoda_error_set(PAGODA_EINVAL,
                                         "--%s-arg %s with --role router: an engine's setting "
                                         "(this group starts no %s; give it to --role engine)",
                                         role_names[r], o->extra[r][0], role_names[r]);
-        if (o->tensor_parallel != 1 || o->kv_blocks != NULL || o->kv_bytes != NULL)
+        const char *engine_flag = o->tensor_parallel != 1          ? "--tensor-parallel"
+                                  : o->kv_blocks != NULL           ? "--kv-blocks"
+                                  : o->kv_bytes != NULL            ? "--kv-bytes"
+                                  : o->block_size != NULL          ? "--block-size"
+                                  : strcmp(o->backend, "cpu") != 0 ? "--backend"
+                                                                   : NULL;
+        if (engine_flag != NULL)
             return pagoda_error_set(PAGODA_EINVAL,
                                     "%s with --role router: an engine's setting (give it to "
                                     "--role engine)",
-                                    o->tensor_parallel != 1 ? "--tensor-parallel"
-                                    : o->kv_blocks != NULL  ? "--kv-blocks"
-                                                            : "--kv-bytes");
+                                    engine_flag);
         return check_port_overlap(o);
     }
     if (o->num_schedulers > 0)

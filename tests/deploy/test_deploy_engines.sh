@@ -148,10 +148,14 @@ refused "--scheduler without --role router" "--scheduler is for --role router" \
 refused "--role router without engines" "--role router needs its engines" --role router
 # An engine's settings with --role router would be taken and go nowhere.
 refused "--role router with an engine's setting (--max-seqs)" \
-    "-arg --max-seqs with --role router: an engine's setting" \
+    "--scheduler-arg --max-seqs with --role router: an engine's setting" \
     --role router --scheduler tcp://127.0.0.1:$port --max-seqs 8
 refused "--role router with --kv-blocks" "--kv-blocks with --role router: an engine's setting" \
     --role router --scheduler tcp://127.0.0.1:$port --kv-blocks 64
+refused "--role router with --block-size" "--block-size with --role router: an engine's setting" \
+    --role router --scheduler tcp://127.0.0.1:$port --block-size 32
+refused "an empty option value" "--kv-cache-dtype needs a value (got an empty one)" \
+    --kv-cache-dtype ""
 refused "--workers 2" "run several engines: --engines N" --workers 2
 # The supervisor itself, started without pagoda-up: refused at once (exit 2), no crash loop.
 mkdir -m 0700 "$tmp/sup"
