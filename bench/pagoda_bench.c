@@ -293,12 +293,20 @@ static int kv_dtype_bytes(const char *name)
 }
 
 /* The floor's K/V bytes a token from the element the engines keep (kv_cache_dtype of their
- * stats) when --kv-dtype-bytes was not given; a given one that differs is kept, with a warning. */
+ * stats, "" when unknown) when --kv-dtype-bytes was not given; a given one that differs is kept,
+ * and an unknown element leaves the default: each with a warning, once. */
 static void floor_kv_from_engine(struct bench *b, const char *kv_cache_dtype)
 {
     const int bytes = kv_dtype_bytes(kv_cache_dtype);
-    if (bytes == 0)
+    if (bytes == 0) {
+        if (!GIVEN(b->o, OPT_KV_DTYPE_BYTES) && !b->kv_dtype_warned++)
+            fprintf(stderr,
+                    "pagoda-bench: the engines' K/V element is unknown (no stats, a tenant's "
+                    "key, or an element not known here): the floor counts %d bytes an element "
+                    "(--kv-dtype-bytes)\n",
+                    b->o->kv_dtype_bytes);
         return;
+    }
     if (!GIVEN(b->o, OPT_KV_DTYPE_BYTES))
         b->kv_bytes_per_token = b->kv_elems_per_token * bytes;
     else if (bytes != b->o->kv_dtype_bytes && !b->kv_dtype_warned++)
@@ -332,8 +340,8 @@ static int run_workload(struct bench *b, int open_loop, uint32_t threads,
     eng->have_before = b->stats_client != NULL && pagoda_stats(b->stats_client, &eng->before) == 0;
     if (!eng->have_before && b->stats_client != NULL)
         fprintf(stderr, "pagoda-bench: stats before the run: %s\n", pagoda_error_detail());
-    if (eng->have_before && b->o->bandwidth_gbs > 0)
-        floor_kv_from_engine(b, eng->before.kv_cache_dtype);
+    if (b->o->bandwidth_gbs > 0)
+        floor_kv_from_engine(b, eng->have_before ? eng->before.kv_cache_dtype : "");
 
     run.t0 = now_s();
     struct sampler s = {.client = b->stats_client,
