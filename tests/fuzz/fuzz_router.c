@@ -526,6 +526,8 @@ static void scheduler_answer(struct input *in)
             st.running = u8(in);
             st.num_blocks = 100;
             st.free_blocks = u8(in);
+            st.has_kv_dtype = (what & 8) != 0; /* the K/V element, ours (0..3) or not */
+            st.kv_dtype = (Pagoda__Internal__DType)(int8_t)u8(in);
             msg.msg_case = PAGODA__INTERNAL__TO_ROUTER__MSG_STATS;
             msg.stats = &st;
         } else {
