@@ -22,6 +22,7 @@
 #include "bench/timeline.h"
 #include "bench/workload.h"
 #include "client/pagoda.h"
+#include "common/dtype.h"
 #include "common/error.h"
 #include "model/model_config.h"
 
@@ -279,16 +280,13 @@ struct bench {
     double timeline_interval_s;
 };
 
-/* The bytes of the K/V element the engines name in their stats (torch's spelling), 0 unknown. */
+/* The bytes of the K/V element the engines name in their stats (dtype_torch_name's spelling),
+ * 0 unknown. */
 static int kv_dtype_bytes(const char *name)
 {
-    static const struct {
-        const char *name;
-        int bytes;
-    } known[] = {{"float8_e4m3fn", 1}, {"bfloat16", 2}, {"float16", 2}, {"float32", 4}};
-    for (size_t i = 0; i < sizeof(known) / sizeof(known[0]); i++)
-        if (strcmp(name, known[i].name) == 0)
-            return known[i].bytes;
+    for (int t = DTYPE_BF16; t <= DTYPE_F8E4M3; t++)
+        if (strcmp(name, dtype_torch_name((enum dtype)t)) == 0)
+            return (int)dtype_size((enum dtype)t);
     return 0;
 }
 

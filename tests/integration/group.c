@@ -1,5 +1,8 @@
 #include "tests/integration/group.h"
 
+#include "common/dtype.h"
+#include "common/error.h"
+
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/req.h>
 
@@ -348,13 +351,15 @@ int group_use_cuda(struct group *g)
         return -1;
     g->cuda = 1;
     g->weight_seed = 7;
+    /* Spelled as --kv-cache-dtype (its one parser); anything else ends the test. */
     const char *kv = getenv("PAGODA_TEST_KV_CACHE_DTYPE");
-    if (kv != NULL && kv[0] != '\0' && strcmp(kv, "auto") != 0 && strcmp(kv, "fp8") != 0 &&
-        strcmp(kv, "fp8_e4m3") != 0) {
-        fprintf(stderr, "PAGODA_TEST_KV_CACHE_DTYPE=%s: expected auto, fp8 or fp8_e4m3\n", kv);
+    enum dtype kv_dtype = DTYPE_BF16;
+    if (kv != NULL && kv[0] != '\0' &&
+        dtype_from_kv_cache_name("PAGODA_TEST_KV_CACHE_DTYPE", kv, DTYPE_BF16, &kv_dtype) != 0) {
+        fprintf(stderr, "%s\n", pagoda_error_detail());
         return -1;
     }
-    g->kv_cache_dtype = kv != NULL && strncmp(kv, "fp8", 3) == 0 ? "fp8" : "auto";
+    g->kv_cache_dtype = kv_dtype == DTYPE_F8E4M3 ? "fp8" : "auto";
     if (strcmp(g->kv_cache_dtype, "auto") != 0)
         printf("     the K/V in 8-bit pools (PAGODA_TEST_KV_CACHE_DTYPE=fp8)\n");
     return 0;
