@@ -95,6 +95,13 @@
  * by the peer pid that only a Unix socket carries, and the programs it supervises are its
  * children on this host anyway. Nobody else can reach it: DIR is 0700.
  *
+ * The keeper (deploy/keeper.h): each kvpool is started with one end of a socket pair as its
+ * descriptor 3 (WIRE_KVPOOL_KEEPER_ENV=3 in its environment). A GPU kvpool deposits its pool's
+ * descriptors there; the supervisor takes the deposit when kvpool is ready (and when it exits),
+ * holds it, and offers it on the next kvpool's link, so a kvpool killed with SIGKILL is replaced
+ * by one that re-adopts the same pool (a GPU pool has no name a new kvpool could find it by).
+ * What is held is let go of when the group has stopped.
+ *
  * SIGTERM or SIGINT drains the group in the reverse order of its dependencies: the router first
  * (it stops admitting and lets running requests finish), then the scheduler, the workers, and
  * the kvpool last, whose memory must outlive everyone who maps it. Each is sent SIGTERM and
@@ -126,6 +133,7 @@
  * two files share is supervisor_impl.h. */
 #include "common/error.h"
 #include "common/exit_status.h"
+#include "common/fd_pass.h"
 #include "common/log.h"
 #include "comm/comm_file.h"
 #include "deploy/control.h"
@@ -172,6 +180,8 @@ static void describe_exit(const struct child *c, char *buf, size_t len)
 static void on_child_exit(uv_process_t *p, int64_t exit_status, int term_signal)
 {
     struct child *c = p->data;
+    /* What it deposited is kept for the next one (deploy/keeper.h). */
+    keeper_close_link(&c->keeper);
     c->exit_status = exit_status;
     c->term_signal = term_signal;
     c->state = CHILD_CLOSING;
@@ -200,6 +210,27 @@ static int child_open_log(struct supervisor *sup, struct child *c)
     return fd;
 }
 
+extern char **environ;
+
+/* This process's environment with entry ("NAME=VALUE") in place of any NAME it has: a new array
+ * of the same strings (free only the array), or NULL when out of memory. */
+static char **env_with(const char *entry)
+{
+    size_t name_len = strcspn(entry, "=") + 1, n = 0;
+    while (environ[n] != NULL)
+        n++;
+    char **env = calloc(n + 2, sizeof(*env));
+    if (env == NULL)
+        return NULL;
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        if (strncmp(environ[i], entry, name_len) != 0)
+            env[k++] = environ[i];
+    env[k++] = (char *)entry;
+    env[k] = NULL;
+    return env;
+}
+
 /* Starts c's program. Whatever happens, c leaves CHILD_IDLE: on success it is CHILD_RUNNING;
  * when uv_spawn fails its handle is closing and on_child_closed treats the failure like an
  * exit (a failed start of the group, or a fast exit counted towards giving up). */
@@ -223,7 +254,7 @@ static void child_spawn(struct child *c)
                  pagoda_error_message(fd, msg, sizeof(msg)));
     }
     int out_fd = fd >= 0 ? fd : STDERR_FILENO;
-    uv_stdio_container_t stdio[3];
+    uv_stdio_container_t stdio[4];
     stdio[0].flags = UV_IGNORE;
     stdio[1].flags = UV_INHERIT_FD;
     stdio[1].data.fd = out_fd;
@@ -237,9 +268,31 @@ static void child_spawn(struct child *c)
     options.stdio_count = 3;
     options.stdio = stdio;
     options.flags = UV_PROCESS_DETACHED;
+    /* A kvpool's keeper link (deploy/keeper.h) becomes its descriptor 3, named in its
+     * environment; without one (out of descriptors) it starts as a kvpool started by hand. */
+    int keeper_fd = -1;
+    char **env = NULL;
+    if (c->role == ROLE_KVPOOL) {
+        char msg[700];
+        int rc = keeper_open_link(&c->keeper, &keeper_fd);
+        if (rc == 0 && (env = env_with(WIRE_KVPOOL_KEEPER_ENV "=3")) == NULL)
+            rc = pagoda_error_set(PAGODA_ENOMEM, "the environment of %s", c->name);
+        if (rc != 0) {
+            log_warn("%s starts without a keeper link: %s", c->name,
+                     pagoda_error_message(rc, msg, sizeof(msg)));
+        } else {
+            stdio[3].flags = UV_INHERIT_FD;
+            stdio[3].data.fd = keeper_fd;
+            options.stdio_count = 4;
+            options.env = env;
+        }
+    }
     int rv = uv_spawn(&sup->loop, &c->proc, &options);
     if (fd >= 0)
         close(fd);
+    if (keeper_fd >= 0)
+        close(keeper_fd);
+    free(env);
     c->proc.data = c;
     c->starts++;
     if (rv != 0) {
@@ -493,6 +546,9 @@ static void close_handle(uv_handle_t *h)
 static void finish(struct supervisor *sup)
 {
     sup->phase = PHASE_DONE;
+    /* Every kvpool has stopped: the pools kept for their restarts go. */
+    for (int i = 0; i < sup->num_children; i++)
+        keeper_release(&sup->children[i].keeper);
     if (sup->timers_init) {
         close_handle((uv_handle_t *)&sup->ready_timer);
         close_handle((uv_handle_t *)&sup->stop_timer);
@@ -823,6 +879,7 @@ static void on_ready(struct supervisor *sup, const char *sender, int pid)
     c->watched = 1;
     c->alive_ms = uv_now(&sup->loop);
     log_info("%s (pid %d) is ready%s", c->name, c->pid, c->starts > 1 ? " again" : "");
+    keeper_collect(&c->keeper); /* a GPU kvpool deposits its pool before it is ready */
     if (sup->phase != PHASE_STARTING)
         return;
     if (sup->awaiting < sup->num_children && c == &sup->children[sup->awaiting]) {
@@ -1067,6 +1124,12 @@ int main(int argc, char **argv)
         log_error("%s", pagoda_error_message(rc, msg, sizeof(msg)));
         return rc == PAGODA_EBUSY ? SUP_EXIT_BUSY : 1;
     }
+    /* A keeper link is given to each kvpool by its own environment (child_spawn); one in this
+     * process's would name a descriptor nobody gave. */
+    unsetenv(WIRE_KVPOOL_KEEPER_ENV);
+    /* The keepers hold a descriptor per chunk of every GPU pool (2 GiB each): take all the
+     * descriptors the system allows. */
+    fd_limit_raise();
     /* The programs learn the heartbeat interval from their environment (wire.h), so that none
      * of them needs a flag for it. */
     if (sup->opts.heartbeat_ms > 0) {

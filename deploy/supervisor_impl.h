@@ -7,6 +7,7 @@
 #define PAGODA_DEPLOY_SUPERVISOR_IMPL_H
 
 #include "deploy/control.h"
+#include "deploy/keeper.h"
 #include "deploy/restart_policy.h"
 #include "deploy/supervisor_opts.h"
 
@@ -73,6 +74,7 @@ struct child {
     int watched;         /* the current process sent a ready or heartbeat: liveness applies */
     uint64_t alive_ms;   /* loop time of its last ready or heartbeat */
     struct restart_state restart;
+    struct keeper keeper; /* a kvpool's (deploy/keeper.h); unused for the other roles */
 };
 
 enum phase { PHASE_STARTING, PHASE_RUNNING, PHASE_STOPPING, PHASE_DONE };

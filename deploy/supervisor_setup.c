@@ -389,6 +389,7 @@ static void add_child(struct supervisor *sup, enum role role, int engine, int wo
     else
         snprintf(c->name, sizeof(c->name), "%s", base);
     child_build_argv(sup, c);
+    keeper_init(&c->keeper, c->name);
 }
 
 /* Engine e's run directory (DIR itself when it is the only one; DIR/engine-E, created and

@@ -1,5 +1,6 @@
 #include "kvpool/cuda_pool.h"
 #include "common/error.h"
+#include "common/fd_pass.h"
 #include "common/log.h"
 
 #include <cuda.h>
@@ -21,7 +22,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#define KV_CUDA_MAGIC UINT32_C(0x44464750) /* "PGFD" in memory order */
+#define KV_CUDA_MAGIC UINT32_C(0x44464750)         /* "PGFD" in memory order */
+#define KV_CUDA_DEPOSIT_MAGIC UINT32_C(0x504b4750) /* "PGKP" in memory order */
 #define KV_CUDA_PROTOCOL_VERSION 1u
 #define KV_CUDA_MESSAGE_BYTES 192
 /* Connections waiting to be accepted: workers ask once each at start. */
@@ -555,44 +557,17 @@ static int exchange(int fd, const struct kv_cuda_request *req, struct kv_cuda_re
                     int *fds, int *num_fds)
 {
     *num_fds = 0;
-    if (send(fd, req, sizeof(*req), MSG_NOSIGNAL) != (ssize_t)sizeof(*req))
-        return pagoda_error_set(errno == EAGAIN ? PAGODA_ETIMEDOUT : PAGODA_EIO,
-                                "sending the request to kvpool: %s", strerror(errno));
-    union {
-        char buf[CMSG_SPACE(KV_CUDA_MAX_CHUNKS * sizeof(int))];
-        struct cmsghdr align;
-    } control;
-    struct iovec iov = {reply, sizeof(*reply)};
-    struct msghdr msg;
-    memset(&msg, 0, sizeof(msg));
     memset(reply, 0, sizeof(*reply));
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.buf;
-    msg.msg_controllen = sizeof(control.buf);
-    ssize_t n = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
-    if (n < 0)
-        return pagoda_error_set(errno == EAGAIN ? PAGODA_ETIMEDOUT : PAGODA_EIO,
-                                "receiving kvpool's answer: %s", strerror(errno));
-    for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c != NULL; c = CMSG_NXTHDR(&msg, c)) {
-        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
-            continue;
-        size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-        for (size_t i = 0; i < count; i++) {
-            int got;
-            memcpy(&got, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-            if (*num_fds < KV_CUDA_MAX_CHUNKS)
-                fds[(*num_fds)++] = got;
-            else
-                close(got);
-        }
-    }
-    if (n == 0)
-        return pagoda_error_set(PAGODA_ECLOSED, "kvpool closed the connection without answering");
-    if ((size_t)n != sizeof(*reply) || (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) != 0)
-        return pagoda_error_set(PAGODA_EPROTO, "kvpool's answer has %zd bytes (expected %zu)%s", n,
-                                sizeof(*reply),
-                                (msg.msg_flags & MSG_CTRUNC) ? ", its descriptors were cut" : "");
+    size_t n = 0;
+    int rc = fd_pass_send(fd, req, sizeof(*req), NULL, 0, 0, "the request to kvpool");
+    if (rc != 0 || (rc = fd_pass_recv(fd, reply, sizeof(*reply), &n, fds, KV_CUDA_MAX_CHUNKS,
+                                      num_fds, 0, "kvpool's answer")) != 0)
+        return rc == PAGODA_ECLOSED
+                   ? pagoda_error_set(rc, "kvpool closed the connection without answering")
+                   : rc;
+    if (n != sizeof(*reply))
+        return pagoda_error_set(PAGODA_EPROTO, "kvpool's answer has %zu bytes (expected %zu)", n,
+                                sizeof(*reply));
     if (reply->magic != KV_CUDA_MAGIC || reply->version != KV_CUDA_PROTOCOL_VERSION)
         return pagoda_error_set(PAGODA_EPROTO,
                                 "kvpool's answer has magic %08x version %u (expected %08x "
@@ -626,6 +601,54 @@ static int find_device(const uint8_t *uuid, int *device)
                             "the KV pool is on %s, which is not among the %d CUDA device(s) this "
                             "process sees (check CUDA_VISIBLE_DEVICES)",
                             want, count);
+}
+
+/* A pool's layout as a peer describes it: num_chunks chunks, all but the last of chunk_bytes, the
+ * last of 1 to chunk_bytes, holding data_bytes of KV, one descriptor each. */
+static int check_layout(const char *who, uint32_t num_chunks, uint64_t chunk_bytes,
+                        uint64_t mapped_bytes, uint64_t data_bytes, int num_fds)
+{
+    if (num_chunks < 1 || num_chunks > KV_CUDA_MAX_CHUNKS || chunk_bytes == 0 ||
+        chunk_bytes > UINT64_MAX / num_chunks || mapped_bytes < data_bytes ||
+        mapped_bytes <= chunk_bytes * (num_chunks - 1) || mapped_bytes > chunk_bytes * num_chunks ||
+        (int)num_chunks != num_fds)
+        return pagoda_error_set(PAGODA_EPROTO,
+                                "%s: %u chunks of %llu bytes, %llu bytes in all, with %d "
+                                "descriptors for %llu bytes of KV data",
+                                who, num_chunks, (unsigned long long)chunk_bytes,
+                                (unsigned long long)mapped_bytes, num_fds,
+                                (unsigned long long)data_bytes);
+    return 0;
+}
+
+/* Imports the chunks' descriptors (p's layout, uuid and device set; the descriptors stay the
+ * caller's) and maps them: the import side's, and an adopting kvpool's, way to the memory. */
+static int pool_import_chunks(struct kv_cuda_pool *p, const int *fds, const char *whose)
+{
+    int rc = device_enter(p->device);
+    if (rc != 0)
+        return rc;
+    CUresult r;
+    uint64_t gran;
+    if ((r = drv.cuDeviceGet(&p->cu_device, p->device)) != CUDA_SUCCESS)
+        return cu_fail(r, "cuDeviceGet (%d)", p->device);
+    if ((rc = pool_granularity(p, &gran)) != 0)
+        return rc;
+    if (p->chunk_bytes % gran != 0 || p->mapped_bytes % gran != 0)
+        return pagoda_error_set(PAGODA_EPROTO,
+                                "%s chunks of %llu bytes (%llu in all) are not whole granules "
+                                "of %llu",
+                                whose, (unsigned long long)p->chunk_bytes,
+                                (unsigned long long)p->mapped_bytes, (unsigned long long)gran);
+    for (int i = 0; i < p->num_chunks; i++) {
+        r = drv.cuMemImportFromShareableHandle(&p->handles[i], (void *)(uintptr_t)fds[i],
+                                               CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+        if (r != CUDA_SUCCESS)
+            return cu_fail(r, "cuMemImportFromShareableHandle (chunk %d of %d, GPU %d)", i + 1,
+                           p->num_chunks, p->device);
+        p->num_handles++;
+    }
+    return pool_map(p, gran);
 }
 
 int kv_cuda_pool_import(const char *socket_path, int64_t worker_id,
@@ -664,20 +687,9 @@ int kv_cuda_pool_import(const char *socket_path, int64_t worker_id,
             (unsigned long long)expected->pool_id, (unsigned long long)data_bytes);
         goto out;
     }
-    /* num_chunks chunks: all but the last of chunk_bytes, the last of 1 to chunk_bytes. */
-    if (reply.num_chunks < 1 || reply.num_chunks > KV_CUDA_MAX_CHUNKS || reply.chunk_bytes == 0 ||
-        reply.chunk_bytes > UINT64_MAX / reply.num_chunks || reply.mapped_bytes < data_bytes ||
-        reply.mapped_bytes <= reply.chunk_bytes * (reply.num_chunks - 1) ||
-        reply.mapped_bytes > reply.chunk_bytes * reply.num_chunks ||
-        (int)reply.num_chunks != num_fds) {
-        rc = pagoda_error_set(
-            PAGODA_EPROTO,
-            "kvpool's answer: %u chunks of %llu bytes, %llu bytes in all, with %d "
-            "descriptors for %llu bytes of KV data",
-            reply.num_chunks, (unsigned long long)reply.chunk_bytes,
-            (unsigned long long)reply.mapped_bytes, num_fds, (unsigned long long)data_bytes);
+    if ((rc = check_layout("kvpool's answer", reply.num_chunks, reply.chunk_bytes,
+                           reply.mapped_bytes, data_bytes, num_fds)) != 0)
         goto out;
-    }
     if ((p = pool_alloc()) == NULL) {
         rc = PAGODA_ENOMEM;
         goto out;
@@ -688,35 +700,8 @@ int kv_cuda_pool_import(const char *socket_path, int64_t worker_id,
     p->num_chunks = (int)reply.num_chunks;
     p->mapped_bytes = reply.mapped_bytes;
     memcpy(p->uuid, reply.uuid, sizeof(p->uuid));
-    CUresult r;
-    uint64_t gran;
-    if ((rc = find_device(reply.uuid, &p->device)) != 0 || (rc = device_enter(p->device)) != 0)
-        goto out;
-    if ((r = drv.cuDeviceGet(&p->cu_device, p->device)) != CUDA_SUCCESS) {
-        rc = cu_fail(r, "cuDeviceGet (%d)", p->device);
-        goto out;
-    }
-    if ((rc = pool_granularity(p, &gran)) != 0)
-        goto out;
-    if (p->chunk_bytes % gran != 0 || p->mapped_bytes % gran != 0) {
-        rc = pagoda_error_set(PAGODA_EPROTO,
-                              "kvpool's chunks of %llu bytes (%llu in all) are not whole granules "
-                              "of %llu",
-                              (unsigned long long)p->chunk_bytes,
-                              (unsigned long long)p->mapped_bytes, (unsigned long long)gran);
-        goto out;
-    }
-    for (int i = 0; i < p->num_chunks; i++) {
-        r = drv.cuMemImportFromShareableHandle(&p->handles[i], (void *)(uintptr_t)fds[i],
-                                               CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
-        if (r != CUDA_SUCCESS) {
-            rc = cu_fail(r, "cuMemImportFromShareableHandle (chunk %d of %d, GPU %d)", i + 1,
-                         p->num_chunks, p->device);
-            goto out;
-        }
-        p->num_handles++;
-    }
-    if ((rc = pool_map(p, gran)) != 0)
+    if ((rc = find_device(reply.uuid, &p->device)) != 0 ||
+        (rc = pool_import_chunks(p, fds, "kvpool's")) != 0)
         goto out;
     char text[48];
     uuid_text(p->uuid, text, sizeof(text));
@@ -734,6 +719,178 @@ out:
         close(sock);
     kv_cuda_pool_close(p);
     return rc;
+}
+
+/* ---- kept across kvpool's restarts --------------------------------------------------------- */
+
+/* What kvpool deposits with its keeper beside the chunks' descriptors: the pool's identity,
+ * layout, device and geometry. Opaque to the keeper (deploy/keeper.h), read back only here. */
+struct kv_cuda_deposit {
+    uint32_t magic;
+    uint32_t version;
+    uint32_t num_chunks;
+    int32_t device; /* the depositor's ordinal (for logs) */
+    uint64_t pool_id;
+    uint64_t data_bytes;
+    uint64_t chunk_bytes;
+    uint64_t mapped_bytes;
+    uint8_t uuid[16];
+    int32_t num_layers, num_blocks, block_size, num_kv_heads, head_dim, dtype;
+};
+
+struct kv_cuda_offer {
+    struct kv_cuda_deposit d;
+    struct kv_geometry geometry; /* d's, as a geometry */
+    int fds[KV_CUDA_MAX_CHUNKS];
+    int num_fds;
+};
+
+int kv_cuda_pool_deposit(const struct kv_cuda_pool *p, int sock)
+{
+    if (p == NULL || !p->exported)
+        return pagoda_error_set(PAGODA_EINVAL, "kv_cuda_pool_deposit: needs kvpool's own pool");
+    struct kv_cuda_deposit d;
+    memset(&d, 0, sizeof(d));
+    d.magic = KV_CUDA_DEPOSIT_MAGIC;
+    d.version = KV_CUDA_PROTOCOL_VERSION;
+    d.num_chunks = (uint32_t)p->num_chunks;
+    d.device = p->device;
+    d.pool_id = p->geometry.pool_id;
+    d.data_bytes = p->data_bytes;
+    d.chunk_bytes = p->chunk_bytes;
+    d.mapped_bytes = p->mapped_bytes;
+    memcpy(d.uuid, p->uuid, sizeof(d.uuid));
+    d.num_layers = p->geometry.num_layers;
+    d.num_blocks = p->geometry.num_blocks;
+    d.block_size = p->geometry.block_size;
+    d.num_kv_heads = p->geometry.num_kv_heads;
+    d.head_dim = p->geometry.head_dim;
+    d.dtype = (int32_t)p->geometry.dtype;
+    return fd_pass_send(sock, &d, sizeof(d), p->fds, p->num_chunks, MSG_DONTWAIT,
+                        "the KV pool's descriptors to the keeper");
+}
+
+void kv_cuda_offer_free(struct kv_cuda_offer *o)
+{
+    if (o == NULL)
+        return;
+    fd_pass_close(o->fds, o->num_fds);
+    free(o);
+}
+
+int kv_cuda_offer_take(int sock, struct kv_cuda_offer **out)
+{
+    *out = NULL;
+    struct kv_cuda_offer *o = calloc(1, sizeof(*o));
+    if (o == NULL)
+        return PAGODA_ENOMEM;
+    /* Room for a larger deposit (another version's), told apart by its size and version. */
+    union {
+        struct kv_cuda_deposit d;
+        unsigned char bytes[2 * sizeof(struct kv_cuda_deposit)];
+    } in;
+    memset(&in, 0, sizeof(in));
+    size_t n = 0;
+    int rc = fd_pass_recv(sock, &in, sizeof(in), &n, o->fds, KV_CUDA_MAX_CHUNKS, &o->num_fds,
+                          MSG_DONTWAIT, "the keeper's offer");
+    if (rc == PAGODA_ETIMEDOUT || rc == PAGODA_ECLOSED) { /* nothing offered */
+        free(o);
+        return 0;
+    }
+    o->d = in.d;
+    if (rc == 0 && (n != sizeof(o->d) || o->d.magic != KV_CUDA_DEPOSIT_MAGIC ||
+                    o->d.version != KV_CUDA_PROTOCOL_VERSION))
+        rc = pagoda_error_set(PAGODA_EPROTO,
+                              "the keeper's offer has %zu bytes, magic %08x, version %u "
+                              "(expected %zu, %08x, %u)",
+                              n, o->d.magic, o->d.version, sizeof(o->d), KV_CUDA_DEPOSIT_MAGIC,
+                              KV_CUDA_PROTOCOL_VERSION);
+    if (rc == 0 && o->d.pool_id == 0)
+        rc = pagoda_error_set(PAGODA_EPROTO, "the keeper's offer has pool id 0 (no identity)");
+    if (rc == 0) {
+        struct kv_geometry *g = &o->geometry;
+        g->pool_id = o->d.pool_id;
+        g->num_layers = o->d.num_layers;
+        g->num_blocks = o->d.num_blocks;
+        g->block_size = o->d.block_size;
+        g->num_kv_heads = o->d.num_kv_heads;
+        g->head_dim = o->d.head_dim;
+        g->dtype = (enum dtype)o->d.dtype;
+        if ((rc = kv_geometry_validate(g)) == 0 && kv_pool_bytes(g) != o->d.data_bytes)
+            rc = pagoda_error_set(PAGODA_EPROTO,
+                                  "the keeper's offer: %llu bytes of KV data for a geometry of "
+                                  "%zu",
+                                  (unsigned long long)o->d.data_bytes, kv_pool_bytes(g));
+        if (rc == 0)
+            rc = check_layout("the keeper's offer", o->d.num_chunks, o->d.chunk_bytes,
+                              o->d.mapped_bytes, o->d.data_bytes, o->num_fds);
+    }
+    if (rc != 0) {
+        kv_cuda_offer_free(o);
+        return rc;
+    }
+    *out = o;
+    return 0;
+}
+
+const struct kv_geometry *kv_cuda_offer_geometry(const struct kv_cuda_offer *o)
+{
+    return &o->geometry;
+}
+
+int kv_cuda_pool_adopt(struct kv_cuda_offer *o, const struct kv_geometry *want,
+                       const struct kv_cuda_pool_options *opt, struct kv_cuda_pool **out)
+{
+    if (o == NULL || want == NULL || opt == NULL || out == NULL)
+        return pagoda_error_set(PAGODA_EINVAL, "kv_cuda_pool_adopt: NULL argument");
+    int rc = drv_load();
+    if (rc != 0)
+        return rc;
+    struct kv_geometry same = *want;
+    same.pool_id = o->geometry.pool_id;
+    if (!kv_geometry_equal(&same, &o->geometry))
+        return pagoda_error_set(
+            PAGODA_EMISMATCH,
+            "the pool left is %d layers x %d blocks of %d tokens x %d KV heads x %d, %s; this "
+            "kvpool's is %d x %d of %d x %d x %d, %s",
+            o->geometry.num_layers, o->geometry.num_blocks, o->geometry.block_size,
+            o->geometry.num_kv_heads, o->geometry.head_dim, dtype_name(o->geometry.dtype),
+            want->num_layers, want->num_blocks, want->block_size, want->num_kv_heads,
+            want->head_dim, dtype_name(want->dtype));
+    int device = -1;
+    if ((rc = find_device(o->d.uuid, &device)) != 0)
+        return rc;
+    if (device != opt->device) {
+        char text[48];
+        uuid_text(o->d.uuid, text, sizeof(text));
+        return pagoda_error_set(PAGODA_EMISMATCH,
+                                "the pool left is on %s, GPU %d here; this kvpool's is GPU %d",
+                                text, device, opt->device);
+    }
+    struct kv_cuda_pool *p = pool_alloc();
+    if (p == NULL)
+        return PAGODA_ENOMEM;
+    p->geometry = same;
+    p->device = device;
+    p->data_bytes = o->d.data_bytes;
+    p->chunk_bytes = o->d.chunk_bytes;
+    p->num_chunks = (int)o->d.num_chunks;
+    p->mapped_bytes = o->d.mapped_bytes;
+    memcpy(p->uuid, o->d.uuid, sizeof(p->uuid));
+    if ((rc = pool_import_chunks(p, o->fds, "the keeper's")) != 0) {
+        kv_cuda_pool_close(p);
+        return rc;
+    }
+    /* Its descriptors are now this pool's, handed to workers as a created pool's are. */
+    p->exported = 1;
+    for (int i = 0; i < o->num_fds; i++) {
+        p->fds[i] = o->fds[i];
+        o->fds[i] = -1;
+    }
+    p->num_fds = o->num_fds;
+    o->num_fds = 0;
+    *out = p;
+    return 0;
 }
 
 /* ---- the server --------------------------------------------------------------------------- */
@@ -817,31 +974,14 @@ static void serve_one(struct kv_cuda_server *s, int conn)
     if (num_dups == p->num_chunks) {
         struct kv_cuda_reply r;
         fill_reply(p, &r);
-        union {
-            char buf[CMSG_SPACE(KV_CUDA_MAX_CHUNKS * sizeof(int))];
-            struct cmsghdr align;
-        } control;
-        memset(&control, 0, sizeof(control));
-        struct iovec iov = {&r, sizeof(r)};
-        struct msghdr msg;
-        memset(&msg, 0, sizeof(msg));
-        msg.msg_iov = &iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = control.buf;
-        msg.msg_controllen = CMSG_SPACE((size_t)num_dups * sizeof(int));
-        struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
-        c->cmsg_level = SOL_SOCKET;
-        c->cmsg_type = SCM_RIGHTS;
-        c->cmsg_len = CMSG_LEN((size_t)num_dups * sizeof(int));
-        memcpy(CMSG_DATA(c), dups, (size_t)num_dups * sizeof(int));
-        if (sendmsg(conn, &msg, MSG_NOSIGNAL) == (ssize_t)sizeof(r)) {
+        if (fd_pass_send(conn, &r, sizeof(r), dups, num_dups, 0, "the KV pool's descriptors") ==
+            0) {
             atomic_fetch_add(&s->handouts, 1);
             log_info("handed the KV pool (%d descriptor(s), %.1f MiB) to worker %lld (pid %d)",
                      num_dups, mib(p->mapped_bytes), (long long)req.worker_id, (int)cred.pid);
         } else {
             atomic_fetch_add(&s->refusals, 1);
-            log_warn("sending the KV pool's descriptors to pid %d: %s", (int)cred.pid,
-                     strerror(errno));
+            log_warn("to pid %d: %s", (int)cred.pid, pagoda_error_detail());
         }
     } else {
         refuse(s, conn, PAGODA_EIO, "cannot duplicate the pool's descriptors: %s", strerror(errno));

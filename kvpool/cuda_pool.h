@@ -9,12 +9,13 @@
  * descriptors (SCM_RIGHTS) and maps them (cuMemImportFromShareableHandle, cuMemAddressReserve,
  * cuMemMap, cuMemSetAccess) at a device address of its own. A worker that restarts imports
  * again and finds the KV its predecessor wrote: a VMM allocation lives while any process holds
- * a handle to it or a mapping of it, whoever exported it (GPU.md: measured on the H200).
+ * a handle to it, a mapping of it or an exported descriptor of it, whoever exported it (GPU.md:
+ * measured on the H200; a descriptor alone: tests/gpu/test_cuda_pool.c).
  *
  * Same shape as kvpool/shm_pool.h: a pool is created or opened against a geometry (checked
  * field by field), and gives its geometry, the base address of the KV data (a device address
  * here) and layer views; closing only unmaps. The memory goes back to the device when the last
- * process that maps it has closed it (or exited).
+ * process that maps it or holds a descriptor of it has closed it (or exited).
  *
  * The socket protocol (SOCK_SEQPACKET, one exchange per connection, host byte order: a pool
  * never leaves its machine): the importer sends a request {magic, version, worker id, the pool
@@ -85,6 +86,39 @@ int kv_cuda_pool_create(const struct kv_geometry *g, const struct kv_cuda_pool_o
  * PAGODA_ENOMEM, or the error the kvpool answered. */
 int kv_cuda_pool_import(const char *socket_path, int64_t worker_id,
                         const struct kv_geometry *expected, int wait_ms, struct kv_cuda_pool **out);
+
+/* Kept across kvpool's restarts. A GPU pool is alive while any process holds a descriptor of
+ * it, so a kvpool killed with SIGKILL leaves it to whoever holds one: the worker that maps it,
+ * and the supervisor's keeper (deploy/keeper.h), to which kvpool deposits its descriptors on a
+ * socket the supervisor gives it. The kvpool the supervisor starts next takes them back as an
+ * offer and adopts the pool (its identity, its memory and the KV in it: nothing is zeroed), as a
+ * CPU kvpool re-adopts its shared memory by name; without an offer it creates a new pool.
+ *
+ * kv_cuda_pool_deposit sends the pool's descriptors with its identity, layout, device and
+ * geometry as one message on sock (SOCK_SEQPACKET, without blocking); the descriptors stay the
+ * pool's. */
+int kv_cuda_pool_deposit(const struct kv_cuda_pool *pool, int sock);
+
+struct kv_cuda_offer;
+
+/* Takes what a keeper offers on sock, without waiting: 0 with *out NULL when nothing is offered,
+ * 0 with an offer (checked for form: its geometry valid, its layout whole, a descriptor per
+ * chunk), or a PAGODA_E* code for a malformed one (its descriptors closed). */
+int kv_cuda_offer_take(int sock, struct kv_cuda_offer **out);
+
+/* The offered pool's geometry, its identity (pool_id) included. */
+const struct kv_geometry *kv_cuda_offer_geometry(const struct kv_cuda_offer *offer);
+
+/* Adopts the offered pool when it has want's geometry (pool_id aside) and lies on opt's device:
+ * imports and maps its chunks, and keeps its descriptors to hand to workers, as a created pool
+ * does (kv_cuda_server_open). The pool keeps the offer's pool_id. PAGODA_EMISMATCH, giving both
+ * geometries or both devices, when it is another pool; a failed import or mapping is the driver's
+ * error. On any failure the offer's descriptors stay the offer's. */
+int kv_cuda_pool_adopt(struct kv_cuda_offer *offer, const struct kv_geometry *want,
+                       const struct kv_cuda_pool_options *opt, struct kv_cuda_pool **out);
+
+/* Closes the offer's descriptors (those not adopted) and frees it. Accepts NULL. */
+void kv_cuda_offer_free(struct kv_cuda_offer *offer);
 
 /* Unmaps the pool and releases this process's handles (and, on the export side, its
  * descriptors). The memory returns to the device once no process maps it. Accepts NULL. The

@@ -53,8 +53,17 @@
  * recomputed, and the machine holds one pool, not two. Anything else under the name is unlinked
  * and a new pool (a new identity) is created; a worker still mapping the old one keeps it until
  * it exits, and the scheduler, seeing the new identity in the next worker's Hello, drops its
- * prefix cache and recomputes (scheduler/scheduler.h). A GPU pool dies with its kvpool: a
- * restarted one always makes a new pool.
+ * prefix cache and recomputes (scheduler/scheduler.h).
+ *
+ * A GPU pool has no name to be found by: it lives while any process holds a descriptor of it.
+ * Started by pagoda-supervisor, kvpool gets a keeper link (wire.h's WIRE_KVPOOL_KEEPER_ENV,
+ * deploy/keeper.h) and deposits the pool's descriptors there once the pool is made; a kvpool
+ * restarted after a kill is offered them and re-adopts the pool (kv_cuda_pool_adopt: the same
+ * geometry on the same device; its identity and its KV stay, nothing is zeroed), as above. A
+ * pool sized by default keeps the offered block count (the GPU's free memory, measured now,
+ * counts the old pool as used). An offer that does not fit is logged, the supervisor is told to
+ * let go of it, and a new pool is made;
+ * without a keeper link (a kvpool started by hand) a restarted kvpool always makes a new pool.
  *
  * Serving: the pool's state never changes after start, so both possible answers (the geometry,
  * and the error for a malformed request) are packed once; NNG aio callbacks on a few REP
@@ -64,6 +73,7 @@
  * scripts/nng.patch), and another kvpool serving DIR makes nng_listen fail with
  * NNG_EADDRINUSE. */
 #include "common/error.h"
+#include "common/fd_pass.h"
 #include "common/log.h"
 #include "common/parse.h"
 #include "kvpool/geometry.h"
@@ -82,6 +92,7 @@
 #include <nng/protocol/reqrep0/rep.h>
 
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <limits.h>
@@ -91,6 +102,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -246,6 +259,77 @@ static double mib(uint64_t bytes)
 {
     return (double)bytes / (1024.0 * 1024.0);
 }
+
+/* The socket pagoda-supervisor gives a kvpool (wire.h's WIRE_KVPOOL_KEEPER_ENV): a GPU
+ * pool's descriptors are deposited there and offered back to the next kvpool. -1 when there is
+ * none, or for a CPU pool (re-adopted by its shared memory's name: nothing to keep). */
+static int keeper_link(int gpu)
+{
+    const char *value = getenv(WIRE_KVPOOL_KEEPER_ENV);
+    if (value == NULL)
+        return -1;
+    char text[32];
+    snprintf(text, sizeof(text), "%s", value);
+    unsetenv(WIRE_KVPOOL_KEEPER_ENV);
+    int64_t fd = -1;
+    struct stat st;
+    if (parse_i64(WIRE_KVPOOL_KEEPER_ENV, text, 3, INT_MAX, &fd) != 0 || fstat((int)fd, &st) != 0 ||
+        !S_ISSOCK(st.st_mode)) {
+        log_warn("%s=%s is not a socket of this process: ignored", WIRE_KVPOOL_KEEPER_ENV, text);
+        return -1;
+    }
+    fcntl((int)fd, F_SETFD, FD_CLOEXEC);
+    if (!gpu) {
+        close((int)fd);
+        return -1;
+    }
+    return (int)fd;
+}
+
+#ifdef PAGODA_HAVE_CUDA
+/* Takes what the supervisor's keeper offers and adopts it (see the file comment): *out is the
+ * adopted pool, or NULL (nothing offered, or an offer that does not fit: the keeper is then told
+ * to let go of it, and a new pool is made, sized as if nothing had been offered). */
+static void adopt_kept_pool(int keeper, const struct opts *o, const struct model_config *c,
+                            enum dtype dtype, struct kv_cuda_pool **out)
+{
+    *out = NULL;
+    struct kv_cuda_offer *offer = NULL;
+    char msg[700];
+    int rc = kv_cuda_offer_take(keeper, &offer);
+    if (rc == 0 && offer == NULL)
+        return;
+    if (rc == 0) {
+        const struct kv_geometry *og = kv_cuda_offer_geometry(offer);
+        log_info("the supervisor offers pool %016" PRIx64 " (%d blocks), left by the kvpool "
+                 "before this one",
+                 og->pool_id, og->num_blocks);
+        /* A pool sized by default keeps its block count: the GPU's free memory, measured now,
+         * counts the pool as used, and the scheduler's block table has that count. */
+        struct opts sized = *o;
+        if (sized.kv_blocks == 0 && !sized.kv_bytes_set)
+            sized.kv_blocks = og->num_blocks;
+        struct kv_geometry want;
+        struct kv_cuda_pool_options co = {.device = o->device};
+        if ((rc = pool_geometry(&sized, c, dtype, &want)) == 0)
+            rc = kv_cuda_pool_adopt(offer, &want, &co, out);
+        if (rc == 0)
+            log_warn("kv pool %016" PRIx64 " on GPU %d, left by the kvpool before this one: "
+                     "re-adopting it, with its identity and its KV",
+                     og->pool_id, o->device);
+    }
+    kv_cuda_offer_free(offer);
+    if (rc == 0)
+        return;
+    log_warn("cannot re-adopt the pool the supervisor kept (%s): it is told to let go of it, and "
+             "a new pool is made",
+             pagoda_error_message(rc, msg, sizeof(msg)));
+    /* A message without descriptors: the keeper lets go of what it holds (deploy/keeper.h). */
+    if ((rc = fd_pass_send(keeper, "refused", 7, NULL, 0, MSG_DONTWAIT,
+                           "the refusal to the keeper")) != 0)
+        log_warn("%s", pagoda_error_message(rc, msg, sizeof(msg)));
+}
+#endif
 
 /* What the GPU has free before the pool, and what the worker will need beside it. */
 struct gpu_budget {
@@ -652,6 +736,7 @@ int main(int argc, char **argv)
 #ifdef PAGODA_HAVE_CUDA
     struct gpu_budget budget = {0};
 #endif
+    int keeper = -1;
     int listening = 0, rc;
     struct wire_heartbeat *heartbeat = NULL;
     char run_dir[PATH_MAX], shm_name[KV_SHM_NAME_MAX + 1], fds_path[PATH_MAX + 32];
@@ -666,16 +751,21 @@ int main(int argc, char **argv)
     }
     if ((rc = model_config_load(o.model, &cfg)) != 0)
         goto fail;
+    keeper = keeper_link(gpu);
+    const enum dtype dtype = !gpu ? DTYPE_F32 : o.kv_fp8 ? DTYPE_F8E4M3 : DTYPE_BF16;
 #ifdef PAGODA_HAVE_CUDA
-    if (gpu && (rc = gpu_size(&o, &cfg, &budget)) != 0)
+    if (keeper >= 0)
+        adopt_kept_pool(keeper, &o, &cfg, dtype, &gpu_pool);
+    if (gpu_pool != NULL)
+        g = *kv_cuda_pool_geometry(gpu_pool);
+    else if (gpu && (rc = gpu_size(&o, &cfg, &budget)) != 0)
+        goto fail;
+    if (gpu_pool == NULL && (rc = pool_geometry(&o, &cfg, dtype, &g)) != 0)
+        goto fail;
+#else
+    if ((rc = pool_geometry(&o, &cfg, dtype, &g)) != 0)
         goto fail;
 #endif
-    if ((rc = pool_geometry(&o, &cfg,
-                            !gpu       ? DTYPE_F32
-                            : o.kv_fp8 ? DTYPE_F8E4M3
-                                       : DTYPE_BF16,
-                            &g)) != 0)
-        goto fail;
     snprintf(shm_name, sizeof(shm_name), "/pagoda-%016" PRIx64, fnv1a64(run_dir));
     snprintf(fds_path, sizeof(fds_path), "%s/%s", run_dir, KVPOOL_FDS_SOCKET);
     char rank_listen[512]; /* as server.url */
@@ -708,7 +798,7 @@ int main(int argc, char **argv)
     } else {
 #ifdef PAGODA_HAVE_CUDA
         uint64_t need = kv_pool_bytes(&g) + budget.weight_bytes + budget.reserve_bytes;
-        if (need > budget.free_bytes)
+        if (gpu_pool == NULL && need > budget.free_bytes)
             log_warn(
                 "the KV pool (%.0f MiB) leaves %.0f MiB of GPU %d free; a worker needs about "
                 "%.0f MiB beside it (weights %.0f MiB, reserve %.0f MiB) and will refuse to "
@@ -719,7 +809,7 @@ int main(int argc, char **argv)
                 o.device, mib(budget.weight_bytes + budget.reserve_bytes), mib(budget.weight_bytes),
                 mib(budget.reserve_bytes), mib(need - budget.free_bytes));
         struct kv_cuda_pool_options co = {.device = o.device};
-        if ((rc = kv_cuda_pool_create(&g, &co, &gpu_pool)) != 0 ||
+        if ((gpu_pool == NULL && (rc = kv_cuda_pool_create(&g, &co, &gpu_pool)) != 0) ||
             (rc = kv_cuda_server_open(gpu_pool, fds_path, &fds_server)) != 0 ||
             (rc = kvpool_response_pack(&g, NULL, o.device, fds_path, 0, NULL, &srv.geometry_reply,
                                        &srv.geometry_reply_len)) != 0 ||
@@ -731,7 +821,17 @@ int main(int argc, char **argv)
                  "on GPU %d (%.0f MiB mapped in %d chunk(s), descriptors on %.*s)", o.device,
                  mib(kv_cuda_pool_mapped_bytes(gpu_pool)), kv_cuda_pool_num_chunks(gpu_pool),
                  PATH_MAX, fds_path);
+        if (keeper >= 0 && (rc = kv_cuda_pool_deposit(gpu_pool, keeper)) != 0) {
+            char msg[700];
+            log_warn("the supervisor keeps no copy of the pool's descriptors (%s): a kill -9 of "
+                     "this kvpool would leave the pool to the workers alone",
+                     pagoda_error_message(rc, msg, sizeof(msg)));
+        }
 #endif
+    }
+    if (keeper >= 0) {
+        close(keeper);
+        keeper = -1;
     }
     if ((rc = server_start(&srv)) != 0)
         goto fail;
@@ -803,10 +903,13 @@ out:
     kv_cuda_server_close(fds_server);
     if (gpu_pool != NULL) {
         kv_cuda_pool_close(gpu_pool);
-        log_info("kv pool on GPU %d released (its memory returns once no worker maps it)",
+        log_info("kv pool on GPU %d released (its memory returns once no worker maps it and the "
+                 "supervisor has let go of it)",
                  o.device);
     }
 #endif
+    if (keeper >= 0)
+        close(keeper);
     free(srv.geometry_reply);
     free(srv.error_reply);
     nng_fini();

@@ -5,6 +5,7 @@
  * finished (bounded by --drain-timeout-ms), then the router exits 0 (1 when the drain ran out of
  * time). A second signal stops at once. */
 #include "common/error.h"
+#include "common/fd_pass.h"
 #include "common/log.h"
 #include "common/parse.h"
 #include "router/route.h"
@@ -17,7 +18,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 
 /* Allocations at least this big (client messages) are mapped on their own and go back to the
  * system when freed. glibc's default threshold rises with every such block freed, after which
@@ -277,13 +277,7 @@ int main(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
     /* Every client connection is a descriptor: take all the system allows (the router keeps
      * its connection cap below it). */
-    struct rlimit rl;
-    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
-        rl.rlim_cur = rl.rlim_max;
-        if (setrlimit(RLIMIT_NOFILE, &rl) != 0)
-            log_warn("could not raise the descriptor limit to %llu",
-                     (unsigned long long)rl.rlim_max);
-    }
+    fd_limit_raise();
     mallopt(M_MMAP_THRESHOLD, ROUTER_MMAP_THRESHOLD_BYTES);
 
     uv_loop_t loop;

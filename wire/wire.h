@@ -72,6 +72,12 @@ int wire_ipc_url(char *buf, size_t len, const char *run_dir, const char *name);
 #define WIRE_HEARTBEAT_ENV "PAGODA_HEARTBEAT_MS"
 #define WIRE_MAX_HEARTBEAT_MS 3600000
 
+/* The keeper: a supervisor gives each kvpool it starts one end of a SOCK_SEQPACKET socket pair
+ * as a descriptor named by WIRE_KVPOOL_KEEPER_ENV=FD in that kvpool's environment. A GPU kvpool
+ * deposits its pool's descriptors there, and the supervisor offers them to the kvpool it starts
+ * next (kvpool/cuda_pool.h, deploy/keeper.h). */
+#define WIRE_KVPOOL_KEEPER_ENV "PAGODA_KVPOOL_KEEPER_FD"
+
 struct wire_heartbeat;
 
 /* Prepares sender's heartbeat when WIRE_HEARTBEAT_ENV asks for one (and run_dir is set): *out

@@ -10,6 +10,12 @@
 # 2. A --kv-bytes that leaves the worker 2 GiB (its weights alone take 2.3 GB): the worker
 #    refuses to start and says by how much, the supervisor does not restart it, pagoda-up fails,
 #    and the memory is back.
+# 3. kill -9 of kvpool with the default pool (deploy/keeper.h): the supervisor offers the pool
+#    its predecessor deposited to the restarted kvpool, which re-adopts it (the same pool id, no
+#    second pool's memory taken); a repeated 64-token prompt still finds its prefix cached and
+#    gets the same greedy tokens (the KV survived). Then kill -9 of kvpool and the worker
+#    together, so that the supervisor alone holds the pool until they are back: the same again.
+#    After pagoda-down the memory is back.
 # Prints a line per check and "N passed, M failed"; exits 77 when there is no CUDA device.
 set -uo pipefail
 # shellcheck source=tests/check.sh
@@ -43,6 +49,13 @@ wait_back() {
         sleep 0.5
     done
     echo "$f"
+}
+# Checks that the free memory comes back to $before (within the tolerance): check "$1: ...".
+check_memory_back() {
+    local after
+    after=$(wait_back "$before")
+    check "$1: $(mib "$after") MiB free after, $(mib "$before") before" \
+        [ $((after + tolerance)) -ge "$before" ]
 }
 show_logs() {
     for f in "$1"/supervisor.log "$1"/kvpool.log "$1"/worker-0.log; do
@@ -93,9 +106,7 @@ check "the group on the GPU answers a request (${n:-no} tokens of 8)" [ "${n:-0}
 "$root/deploy/pagoda-down" --run-dir "$run" >"$tmp/down1.out" 2>&1 && rc=0 || rc=$?
 check "pagoda-down drains and stops the group (exit $rc)" [ "$rc" = 0 ]
 grep -h 'released\|handed out' "$run/kvpool.log" 2>/dev/null
-after=$(wait_back "$before")
-check "the pool's memory is released: $(mib "$after") MiB free after, $(mib "$before") before" \
-    [ $((after + tolerance)) -ge "$before" ]
+check_memory_back "the pool's memory is released"
 
 # ---- 2. a budget that cannot fit: the worker refuses -----------------------------------------
 run=$tmp/run2
@@ -112,8 +123,68 @@ check "the supervisor did not restart it (${starts:-0} start)" [ "${starts:-0}" 
 check "the supervisor says why it stopped the group" \
     grep -q 'worker-0.*cannot run as configured' "$run/supervisor.log"
 [ "$failed" = 0 ] || show_logs "$run"
-after=$(wait_back "$before")
-check "the memory is back after the refusal: $(mib "$after") MiB free, $(mib "$before") before" \
-    [ $((after + tolerance)) -ge "$before" ]
+check_memory_back "the memory is back after the refusal"
+
+# ---- 3. kill -9 of kvpool: the pool is kept by the supervisor and re-adopted ----------------
+run=$tmp/run3
+before=$(free_bytes)
+up "$run" >"$tmp/up3.out" 2>"$tmp/up3.err" && rc=0 || rc=$?
+check "pagoda-up for the kill -9 of kvpool (exit $rc)" [ "$rc" = 0 ]
+[ "$rc" = 0 ] || { cat "$tmp/up3.err"; show_logs "$run"; }
+prompt=$(seq -s, 101 164)
+ask() { # the same 64-token prompt, greedy; prints "TOKENS CACHED" (retries while the group is back)
+    local out i
+    for ((i = 0; i < 60; i++)); do
+        out=$(timeout 60 "$bin/pagoda" --url "ipc://$run.client.ipc" generate --tokens "$prompt" \
+            --max-tokens 16 --ignore-eos --json 2>>"$tmp/ask.err") &&
+            python3 -c 'import json,sys; r=json.loads(sys.stdin.read()); \
+print(",".join(map(str, r["token_ids"])), r["usage"]["cached_tokens"])' <<<"$out" && return 0
+        sleep 2
+    done
+    echo "none -1"
+}
+pool_id() { sed -n 's/.*kv pool on GPU.*pool id \([0-9a-f]*\).*/\1/p' "$run/kvpool.log" | tail -n 1; }
+read -r first _ <<<"$(ask)"
+read -r tokens cached <<<"$(ask)"
+check "the prompt asked twice gets the same tokens, the second time from the cache ($cached)" \
+    [ "$tokens" = "$first" -a "${cached:-0}" -gt 0 ]
+id=$(pool_id)
+during=$(free_bytes)
+echo "pool ${id:-?}, $(mib "$during") MiB free while the group runs"
+for round in 1 2; do
+    victims=$(pgrep -f "pagoda-kvpool.*$run" | head -n 1)
+    what=kvpool
+    if [ "$round" = 2 ]; then
+        victims="$victims $(pgrep -f "pagoda-worker.*$run" | head -n 1)"
+        what="kvpool and the worker"
+    fi
+    # shellcheck disable=SC2086
+    set -- $victims
+    check "round $round: $what running (pids: ${victims:-none})" [ "$#" = "$round" ]
+    starts=$(grep -c 'kv pool on GPU' "$run/kvpool.log")
+    # shellcheck disable=SC2086
+    kill -9 $victims
+    for ((i = 0; i < 120; i++)); do
+        [ "$(grep -c 'kv pool on GPU' "$run/kvpool.log")" -gt "$starts" ] && break
+        sleep 0.5
+    done
+    read -r again cached_again <<<"$(ask)"
+    grep -h 're-adopting\|offers pool' "$run/kvpool.log" | tail -n 2
+    check "after kill -9 of $what the restarted kvpool re-adopts pool $id ($(pool_id))" \
+        [ "$(pool_id)" = "$id" -a "$(grep -c 'left by the kvpool before this one: re-adopting' \
+            "$run/kvpool.log")" = "$round" ]
+    now=$(free_bytes)
+    check "no second pool: $(mib "$now") MiB free, $(mib "$during") before the kill" \
+        [ $((now + tolerance)) -ge "$during" ]
+    check "after kill -9 of $what the prompt gets the same tokens from the cache ($cached_again)" \
+        [ "$again" = "$first" -a "${cached_again:-0}" = "$cached" ]
+done
+grep -h 'deposited\|offering' "$run/supervisor.log" 2>/dev/null | tail -n 2
+"$root/deploy/pagoda-down" --run-dir "$run" >"$tmp/down3.out" 2>&1 && rc=0 || rc=$?
+check "pagoda-down stops the group (exit $rc)" [ "$rc" = 0 ]
+check "the supervisor lets go of the pool it kept" \
+    grep -q "letting go of kvpool's pool" "$run/supervisor.log"
+[ "$failed" = 0 ] || show_logs "$run"
+check_memory_back "the kept pool's memory is released"
 
 check_summary

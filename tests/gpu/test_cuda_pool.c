@@ -9,21 +9,29 @@
  * 3. The device's free memory is back where it started once every process let go, each time.
  * 4. Errors: no server (a timeout), a pool larger than the free memory (refused, saying by how
  *    much).
+ * 5. Kept across kvpool's restarts: a child creates a pool, writes a pattern, deposits the pool on
+ *    a socket (kv_cuda_pool_deposit) and is killed with SIGKILL; the deposit alone keeps the
+ *    memory. Here the offer is taken, refused for another geometry (and still usable), adopted:
+ *    the same pool id and the child's pattern (not zeroed), served to a child that imports it.
+ *    An empty socket offers nothing; a malformed deposit is refused. The memory is back after.
  * Prints "N passed, M failed"; exits 77 (skipped) without a CUDA device.
  *
  * usage: test_cuda_pool
  *        test_cuda_pool --import SOCKET POOL_ID CHECK_SEED WRITE_SEED   (a child)
- *        test_cuda_pool --export SOCKET POOL_ID WRITE_SEED              (a child) */
+ *        test_cuda_pool --export SOCKET POOL_ID WRITE_SEED              (a child)
+ *        test_cuda_pool --deposit FD POOL_ID WRITE_SEED                 (a child) */
 #include "common/error.h"
 #include "kvpool/cuda_pool.h"
 #include "tests/gpu/gpu_test.h"
 
+#include <fcntl.h>
 #include <inttypes.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -168,8 +176,10 @@ static int child_import(const char *sock, uint64_t pool_id, uint32_t check, uint
     return status;
 }
 
-/* Exports a pool, writes a pattern, serves it, says "ready" on stdout and waits to be killed. */
-static int child_export(const char *sock, uint64_t pool_id, uint32_t write)
+/* Creates a pool, writes a pattern, then serves it on sock, or (sock NULL) deposits it on
+ * descriptor deposit_fd (a kvpool that deposited its pool with its keeper); says "ready" on
+ * stdout and waits to be killed. */
+static int child_export(const char *sock, int deposit_fd, uint64_t pool_id, uint32_t write)
 {
     struct kv_geometry g = test_geometry(pool_id);
     struct kv_cuda_pool_options o = {.device = 0, .max_chunk_bytes = TEST_CHUNK_BYTES};
@@ -181,7 +191,7 @@ static int child_export(const char *sock, uint64_t pool_id, uint32_t write)
     if (rc == 0 && cudaDeviceSynchronize() != cudaSuccess)
         rc = PAGODA_ECUDA;
     if (rc == 0)
-        rc = kv_cuda_server_open(p, sock, &s);
+        rc = sock != NULL ? kv_cuda_server_open(p, sock, &s) : kv_cuda_pool_deposit(p, deposit_fd);
     if (rc != 0) {
         printf("exporter: %s\n", msg(rc));
         fflush(stdout);
@@ -216,6 +226,21 @@ static pid_t spawn(char *const *args, int *out_fd)
         close(fds[1]);
         *out_fd = fds[0];
     }
+    return pid;
+}
+
+/* Starts a child that holds a pool (child_export) and checks that it said "ready". */
+static pid_t spawn_holder(char *const *args, const char *what)
+{
+    int out = -1;
+    pid_t pid = spawn(args, &out);
+    char line[64] = "";
+    FILE *f = out >= 0 ? fdopen(out, "r") : NULL;
+    if (f == NULL || fgets(line, sizeof(line), f) == NULL)
+        line[0] = '\0';
+    if (f != NULL)
+        fclose(f);
+    GPU_CHECK(strcmp(line, "ready\n") == 0, "a child %s (said '%s')", what, line);
     return pid;
 }
 
@@ -291,14 +316,7 @@ static void test_export_there_survives_its_death(const char *dir, uint64_t base_
     struct kv_geometry g = test_geometry(pool_id);
     size_t bytes = kv_pool_bytes(&g);
     char *exporter[] = {"test_cuda_pool", "--export", sock, id, "44", NULL};
-    int out = -1;
-    pid_t pid = spawn(exporter, &out);
-    char line[64] = "";
-    FILE *f = fdopen(out, "r");
-    if (f == NULL || fgets(line, sizeof(line), f) == NULL)
-        line[0] = '\0';
-    GPU_CHECK(strcmp(line, "ready\n") == 0, "a child exports a pool and serves it (said '%s')",
-              line);
+    pid_t pid = spawn_holder(exporter, "exports a pool and serves it");
     struct kv_cuda_pool *p = NULL;
     int rc = kv_cuda_pool_import(sock, 1, &g, WAIT_MS, &p);
     GPU_CHECK(rc == 0, "import it here: %s", msg(rc));
@@ -307,8 +325,6 @@ static void test_export_there_survives_its_death(const char *dir, uint64_t base_
     kill(pid, SIGKILL);
     int status = wait_exit(pid);
     GPU_CHECK(status == 128 + SIGKILL, "the exporter is killed with SIGKILL (%d)", status);
-    if (f != NULL)
-        fclose(f);
     if (rc != 0)
         return;
     sleep_ms(500);
@@ -326,6 +342,84 @@ static void test_export_there_survives_its_death(const char *dir, uint64_t base_
     GPU_CHECK(after + FREE_TOLERANCE_BYTES >= base_free,
               "the memory is back once the importer lets go too (%.0f MiB free, %.0f before)",
               mib(after), mib(base_free));
+}
+
+static void test_deposit_and_adopt(const char *dir, uint64_t base_free)
+{
+    char sock[300], id[32], fd_text[16];
+    snprintf(sock, sizeof(sock), "%s/fds3.ipc", dir);
+    uint64_t pool_id = UINT64_C(0xcafe0000) ^ (uint64_t)getpid();
+    snprintf(id, sizeof(id), "%" PRIu64, pool_id);
+    struct kv_geometry g = test_geometry(pool_id);
+    size_t bytes = kv_pool_bytes(&g);
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv) != 0) {
+        GPU_CHECK(0, "socketpair");
+        return;
+    }
+    fcntl(sv[0], F_SETFD, FD_CLOEXEC); /* the keeper's end stays here */
+    struct kv_cuda_offer *offer = NULL;
+    int rc = kv_cuda_offer_take(sv[0], &offer);
+    GPU_CHECK(rc == 0 && offer == NULL, "an empty keeper link offers nothing (%s)", msg(rc));
+    snprintf(fd_text, sizeof(fd_text), "%d", sv[1]);
+    char *depositor[] = {"test_cuda_pool", "--deposit", fd_text, id, "66", NULL};
+    pid_t pid = spawn_holder(depositor, "creates a pool and deposits it");
+    close(sv[1]);
+    kill(pid, SIGKILL);
+    int status = wait_exit(pid);
+    GPU_CHECK(status == 128 + SIGKILL, "the depositor is killed with SIGKILL (%d)", status);
+    sleep_ms(500);
+    uint64_t held = free_now();
+    GPU_CHECK(held + bytes <= base_free + FREE_TOLERANCE_BYTES,
+              "the deposit alone keeps the pool on the device (%.0f MiB free, %.0f before)",
+              mib(held), mib(base_free));
+    rc = kv_cuda_offer_take(sv[0], &offer);
+    GPU_CHECK(rc == 0 && offer != NULL && kv_cuda_offer_geometry(offer)->pool_id == pool_id,
+              "the deposit is taken as an offer of pool %016" PRIx64 " (%s)", pool_id, msg(rc));
+    close(sv[0]);
+    if (offer == NULL)
+        return;
+    struct kv_cuda_pool_options o = {.device = 0};
+    struct kv_cuda_pool *p = NULL;
+    struct kv_geometry other = test_geometry(1);
+    other.num_blocks++;
+    rc = kv_cuda_pool_adopt(offer, &other, &o, &p);
+    GPU_CHECK(rc == PAGODA_EMISMATCH, "an offer of another geometry is refused: %s", msg(rc));
+    struct kv_geometry want = test_geometry(12345); /* the pool id is the offer's */
+    rc = kv_cuda_pool_adopt(offer, &want, &o, &p);
+    GPU_CHECK(rc == 0, "the offer is adopted after the refusal: %s", msg(rc));
+    kv_cuda_offer_free(offer);
+    if (rc != 0)
+        return;
+    GPU_CHECK(kv_cuda_pool_geometry(p)->pool_id == pool_id, "the adopted pool keeps its identity");
+    GPU_CHECK(count_wrong(kv_cuda_pool_data(p), bytes, 66) == 0,
+              "the adopted pool holds the dead child's pattern");
+    struct kv_cuda_server *s = NULL;
+    rc = kv_cuda_server_open(p, sock, &s);
+    GPU_CHECK(rc == 0, "the adopted pool is served: %s", msg(rc));
+    if (rc == 0) {
+        char *import[] = {"test_cuda_pool", "--import", sock, id, "66", "77", NULL};
+        status = wait_exit(spawn(import, NULL));
+        GPU_CHECK(status == 0, "a child imports the adopted pool and sees the pattern (exit %d)",
+                  status);
+        GPU_CHECK(count_wrong(kv_cuda_pool_data(p), bytes, 77) == 0,
+                  "this process sees the importer's pattern");
+        kv_cuda_server_close(s);
+    }
+    kv_cuda_pool_close(p);
+    uint64_t after = wait_free_back(base_free);
+    GPU_CHECK(after + FREE_TOLERANCE_BYTES >= base_free,
+              "the memory is back once the adopter lets go (%.0f MiB free, %.0f before)",
+              mib(after), mib(base_free));
+    /* A malformed deposit: 4 bytes, no descriptor. */
+    if (socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv) == 0) {
+        GPU_CHECK(send(sv[1], "junk", 4, 0) == 4, "send junk");
+        rc = kv_cuda_offer_take(sv[0], &offer);
+        GPU_CHECK(rc == PAGODA_EPROTO && offer == NULL, "a malformed deposit is refused: %s",
+                  msg(rc));
+        close(sv[0]);
+        close(sv[1]);
+    }
 }
 
 static void test_errors(const char *dir)
@@ -354,8 +448,11 @@ int main(int argc, char **argv)
     if (argc == 6 && strcmp(argv[1], "--import") == 0)
         return child_import(argv[2], strtoull(argv[3], NULL, 10), (uint32_t)atoi(argv[4]),
                             (uint32_t)atoi(argv[5]));
+    if (argc == 5 && strcmp(argv[1], "--deposit") == 0)
+        return child_export(NULL, atoi(argv[2]), strtoull(argv[3], NULL, 10),
+                            (uint32_t)atoi(argv[4]));
     if (argc == 5 && strcmp(argv[1], "--export") == 0)
-        return child_export(argv[2], strtoull(argv[3], NULL, 10), (uint32_t)atoi(argv[4]));
+        return child_export(argv[2], -1, strtoull(argv[3], NULL, 10), (uint32_t)atoi(argv[4]));
     gpu_test_require_device("test_cuda_pool");
     char dir[] = "/tmp/pagoda-cuda-pool-XXXXXX";
     if (mkdtemp(dir) == NULL) {
@@ -366,6 +463,7 @@ int main(int argc, char **argv)
     printf("GPU 0: %.0f MiB free at the start\n", mib(base));
     test_export_here_import_there(dir, base);
     test_export_there_survives_its_death(dir, base);
+    test_deposit_and_adopt(dir, base);
     test_errors(dir);
     rmdir(dir);
     return gpu_test_finish();

@@ -215,10 +215,10 @@ kill_mid brown2 worker-0 kill0
 check "kill -9 of rank 0 mid-request: every request completes with TP 1's tokens" same brown1 kill0
 
 # kill -9 of rank 1's kvpool mid-request: it restarts alone and re-adopts its segment (a CPU
-# pool outlives its kvpool); the worker ranks, which map it, go on: every request completes with
-# TP 1's tokens, and the group answers again afterwards (below).
-# (CPU only: a GPU kvpool's restart makes a new pool, docs/tensor-parallel.md's limits.)
-if [ ${#backend_args[@]} -eq 0 ]; then
+# pool outlives its kvpool; a GPU kvpool takes its pool back from the supervisor's keeper,
+# deploy/keeper.h); the worker ranks, which map it, go on: every request completes with TP 1's
+# tokens, and the group answers again afterwards (below).
+{
     start brown2 killkv
     n=0
     until [ -s "$tmp/killkv.1" ] && [ -s "$tmp/killkv.2" ] && [ -s "$tmp/killkv.3" ] &&
@@ -241,7 +241,7 @@ if [ ${#backend_args[@]} -eq 0 ]; then
     done
     check "  kvpool-r1 restarted, re-adopting its pool" \
         grep -q "re-adopting it, with its identity and its KV" "$tmp/runbrown2/kvpool-r1.log"
-fi
+}
 
 # A worker given the running group's file: its place is claimed (a stale file for it).
 run=$tmp/runbrown2

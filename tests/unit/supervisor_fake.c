@@ -25,11 +25,22 @@
  *   --term-delay-ms N      on SIGTERM, wait N ms (draining) before exiting 0
  *   --report-hung I:J      (scheduler) 100 ms after ready, report worker I hung with the pid of
  *                          worker J's fake (repeatable; reports are sent in order)
+ *   --deposit-junk         (kvpool) before its deposit, send the keeper a message too large for
+ *                          it (ignored) and a refusal, a message without descriptors (the keeper
+ *                          lets go of what it holds; the deposit that follows replaces it)
+ *
+ * The keeper (deploy/keeper.h): a kvpool fake given a keeper link (WIRE_KVPOOL_KEEPER_ENV) does
+ * what a GPU kvpool does with it, with a memfd of 8 bytes as its "pool": it takes what is offered
+ * (event "offer", detail the counter in the memfd, or "none", or "bad: why"), then deposits the
+ * offered memfd with its counter incremented, or a new one holding 1, before it is ready. So a
+ * counter of N in the offer says that the same memory went through N kvpools, held by the
+ * supervisor alone between them.
  * A fake runs only under the supervisor whose pid is in RUN_DIR/supervisor.pid (or, for an
  * engine's RUN_DIR/engine-I, in RUN_DIR's) and dies with
  * it (PR_SET_PDEATHSIG, and a check of its parent), so a failed test leaves no process
  * behind. */
 #include "common/error.h"
+#include "common/fd_pass.h"
 #include "wire/wire.h"
 
 #include <errno.h>
@@ -38,7 +49,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -76,6 +89,7 @@ static const struct flag flags[] = {
     {"--term-delay-ms", R_ALL, 1},
     {"--report-hung", R_SCHEDULER, 1},
     {"--hang-after-ms", R_ALL, 1},
+    {"--deposit-junk", R_KVPOOL, 0},
 };
 
 #define MAX_REPORTS 8
@@ -147,6 +161,52 @@ static int read_pid(const char *run_dir, int worker_id)
     return pid;
 }
 
+/* The keeper link, as a GPU kvpool uses it (see the file comment). */
+static void keeper_round(int junk)
+{
+    const char *text = getenv(WIRE_KVPOOL_KEEPER_ENV);
+    if (text == NULL)
+        return;
+    int link = atoi(text);
+    char msg[64], detail[700];
+    int fds[4], n = 0, pool = -1;
+    size_t len = 0;
+    unsigned long long count = 0;
+    int rc = fd_pass_recv(link, msg, sizeof(msg), &len, fds, 4, &n, MSG_DONTWAIT, "the offer");
+    if (rc == PAGODA_ETIMEDOUT) {
+        event("offer", "none");
+    } else if (rc != 0 || n != 1 || len != 4 || memcmp(msg, "pool", 4) != 0 ||
+               pread(fds[0], &count, sizeof(count), 0) != (ssize_t)sizeof(count)) {
+        snprintf(detail, sizeof(detail), "bad: rc %d, %d descriptors, %zu bytes", rc, n, len);
+        event("offer", detail);
+        fd_pass_close(fds, n);
+    } else {
+        pool = fds[0];
+        snprintf(detail, sizeof(detail), "%llu", count);
+        event("offer", detail);
+    }
+    if (pool < 0 && (pool = memfd_create("supervisor_fake_pool", MFD_CLOEXEC)) < 0) {
+        event("deposit", "memfd_create failed");
+        return;
+    }
+    count++;
+    if (pwrite(pool, &count, sizeof(count), 0) != (ssize_t)sizeof(count)) {
+        event("deposit", "pwrite failed");
+        return;
+    }
+    if (junk) {
+        char big[2048];
+        memset(big, 'j', sizeof(big));
+        fd_pass_send(link, big, sizeof(big), &pool, 1, 0, "junk");
+        fd_pass_send(link, "refused", 7, NULL, 0, 0, "a refusal");
+    }
+    rc = fd_pass_send(link, "pool", 4, &pool, 1, 0, "the deposit");
+    snprintf(detail, sizeof(detail), "%llu%s", count, rc == 0 ? "" : " (send failed)");
+    event("deposit", detail);
+    close(pool);
+    close(link);
+}
+
 int main(int argc, char **argv)
 {
     const char *base = strrchr(argv[0], '/');
@@ -170,7 +230,7 @@ int main(int argc, char **argv)
     const char *run_dir = NULL, *model = NULL, *worker_id = NULL, *workers = NULL, *listen = NULL,
                *crash_once = NULL;
     int ready_delay_ms = 0, never_ready = 0, crash_after_ms = -1, crash_code = 1, crash_signal = 0,
-        ignore_term = 0, term_delay_ms = 0, hang_after_ms = -1;
+        ignore_term = 0, term_delay_ms = 0, hang_after_ms = -1, deposit_junk = 0;
     int report_id[MAX_REPORTS], report_of[MAX_REPORTS], num_reports = 0;
     const char *delay_for = NULL;
     char args[3000] = "";
@@ -223,6 +283,8 @@ int main(int argc, char **argv)
             term_delay_ms = atoi(v);
         else if (strcmp(fl->name, "--hang-after-ms") == 0)
             hang_after_ms = atoi(v);
+        else if (strcmp(fl->name, "--deposit-junk") == 0)
+            deposit_junk = 1;
         else if (strcmp(fl->name, "--report-hung") == 0) {
             if (num_reports == MAX_REPORTS ||
                 sscanf(v, "%d:%d", &report_id[num_reports], &report_of[num_reports]) != 2)
@@ -306,6 +368,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "supervisor_fake (%s): heartbeat: %s\n", name, pagoda_strerror(hb_rc));
     unsigned long long beat_at = 0;
     event("start", args);
+    if (role == R_KVPOOL)
+        keeper_round(deposit_junk);
 
     unsigned long long t0 = now_ms(), ready_at = 0;
     int ready = 0, reported = 0;
