@@ -132,10 +132,11 @@ up "$run" >"$tmp/up3.out" 2>"$tmp/up3.err" && rc=0 || rc=$?
 check "pagoda-up for the kill -9 of kvpool (exit $rc)" [ "$rc" = 0 ]
 [ "$rc" = 0 ] || { cat "$tmp/up3.err"; show_logs "$run"; }
 prompt=$(seq -s, 101 164)
-ask() { # the same 64-token prompt, greedy; prints "TOKENS CACHED" (retries while the group is back)
-    local out i
-    for ((i = 0; i < 60; i++)); do
-        out=$(timeout 60 "$bin/pagoda" --url "ipc://$run.client.ipc" generate --tokens "$prompt" \
+ask() { # the same 64-token prompt, greedy; prints "TOKENS CACHED" (retried for up to 2 minutes
+    # while the group comes back)
+    local out deadline=$((SECONDS + 120))
+    while [ "$SECONDS" -lt "$deadline" ]; do
+        out=$(timeout 30 "$bin/pagoda" --url "ipc://$run.client.ipc" generate --tokens "$prompt" \
             --max-tokens 16 --ignore-eos --json 2>>"$tmp/ask.err") &&
             python3 -c 'import json,sys; r=json.loads(sys.stdin.read()); \
 print(",".join(map(str, r["token_ids"])), r["usage"]["cached_tokens"])' <<<"$out" && return 0
