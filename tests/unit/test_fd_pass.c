@@ -8,26 +8,13 @@
 
 #include "common/error.h"
 #include "common/fd_pass.h"
+#include "tests/unit/proc_fds.h"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
-
-/* The descriptors this process holds. */
-static int open_fds(void)
-{
-    DIR *d = opendir("/proc/self/fd");
-    assert_non_null(d);
-    int n = 0;
-    for (struct dirent *e = readdir(d); e != NULL; e = readdir(d))
-        if (e->d_name[0] != '.')
-            n++;
-    closedir(d);
-    return n - 1; /* the directory's own */
-}
 
 /* A memfd holding value. */
 static int memfd_with(int value)
@@ -85,7 +72,8 @@ static void test_what_does_not_fit_is_refused_and_closed(void **state)
     (void)state;
     int sv[2], fds[3] = {memfd_with(1), memfd_with(2), memfd_with(3)};
     pair(sv);
-    int before = open_fds();
+    int before = proc_fds(getpid());
+    assert_true(before > 0);
     char big[64] = {0}, buf[16];
     size_t len = 0;
     int got[4], n = 0;
@@ -94,12 +82,12 @@ static void test_what_does_not_fit_is_refused_and_closed(void **state)
                      PAGODA_EPROTO);
     assert_int_equal(n, 0);
     assert_non_null(strstr(pagoda_error_detail(), "does not fit"));
-    assert_int_equal(open_fds(), before);
+    assert_int_equal(proc_fds(getpid()), before);
     assert_int_equal(fd_pass_send(sv[0], "x", 1, fds, 3, 0, "test"), 0);
     assert_int_equal(fd_pass_recv(sv[1], buf, sizeof(buf), &len, got, 2, &n, 0, "test"),
                      PAGODA_EPROTO);
     assert_int_equal(n, 0);
-    assert_int_equal(open_fds(), before);
+    assert_int_equal(proc_fds(getpid()), before);
     /* The socket goes on: the next message arrives whole. */
     assert_int_equal(fd_pass_send(sv[0], "ok", 2, fds, 1, 0, "test"), 0);
     assert_int_equal(fd_pass_recv(sv[1], buf, sizeof(buf), &len, got, 2, &n, 0, "test"), 0);

@@ -17,8 +17,8 @@
 #include "common/error.h"
 #include "common/exit_status.h"
 #include "deploy/restart_policy.h"
+#include "tests/unit/proc_fds.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
@@ -1117,21 +1117,6 @@ static int fake_pid(const struct fx *f, const char *name)
     return pid > 0 ? pid : -1;
 }
 
-/* The descriptors process pid holds (its /proc/PID/fd entries). */
-static int count_fds(pid_t pid)
-{
-    char path[64];
-    snprintf(path, sizeof(path), "/proc/%d/fd", (int)pid);
-    DIR *d = opendir(path);
-    assert_non_null(d);
-    int n = 0;
-    for (struct dirent *e = readdir(d); e != NULL; e = readdir(d))
-        if (e->d_name[0] != '.')
-            n++;
-    closedir(d);
-    return n;
-}
-
 /* The keeper (deploy/keeper.h): what a kvpool deposits on its keeper link (a memfd holding a
  * counter, in the fake) is held by the supervisor and offered to the next kvpool after a kill -9,
  * twice: the counter the third kvpool is offered (2) says the same memory went through both
@@ -1146,7 +1131,8 @@ static void test_kvpool_pool_is_kept_across_restarts(void **state)
     assert_true(wait_ready_file(f, 10000));
     assert_true(wait_output(f, "deposited its pool's 1 descriptor(s)", 5000));
     sleep_ms(500); /* every program's heartbeat pipe connected */
-    int fds_before = count_fds(f->sup);
+    int fds_before = proc_fds(f->sup);
+    assert_true(fds_before > 0);
     struct ev *evs = events;
     for (int round = 1; round <= 2; round++) {
         int pid = fake_pid(f, "kvpool");
@@ -1157,7 +1143,7 @@ static void test_kvpool_pool_is_kept_across_restarts(void **state)
     /* The last deposit taken (at ready): the supervisor holds what it held before. */
     assert_true(wait_ev(f, evs, "ready", "kvpool", 3, 10000));
     sleep_ms(500);
-    assert_int_equal(count_fds(f->sup), fds_before);
+    assert_int_equal(proc_fds(f->sup), fds_before);
     int n = load_events(f, evs);
     const char *offers[] = {"none", "1", "2"}, *deposits[] = {"1", "2", "3"};
     for (int i = 0; i < 3; i++) {
