@@ -16,6 +16,14 @@ void keeper_init(struct keeper *k, const char *name)
         k->fds[i] = -1;
 }
 
+/* Lets go of what is held. */
+static void drop(struct keeper *k)
+{
+    fd_pass_close(k->fds, k->num_fds);
+    k->num_fds = 0;
+    k->len = 0;
+}
+
 int keeper_collect(struct keeper *k)
 {
     if (k->link < 0)
@@ -43,12 +51,10 @@ int keeper_collect(struct keeper *k)
                 log_info("%s refused the pool it was offered: letting go of it (%d "
                          "descriptor(s))",
                          k->name, k->num_fds);
-            fd_pass_close(k->fds, k->num_fds);
-            k->num_fds = 0;
-            k->len = 0;
+            drop(k);
             continue;
         }
-        fd_pass_close(k->fds, k->num_fds);
+        drop(k);
         memcpy(k->msg, msg, len);
         k->len = len;
         memcpy(k->fds, fds, (size_t)n * sizeof(int));
@@ -99,7 +105,5 @@ void keeper_release(struct keeper *k)
     keeper_close_link(k);
     if (k->num_fds > 0)
         log_info("letting go of %s's pool (%d descriptor(s))", k->name, k->num_fds);
-    fd_pass_close(k->fds, k->num_fds);
-    k->num_fds = 0;
-    k->len = 0;
+    drop(k);
 }

@@ -62,8 +62,8 @@
  * geometry on the same device; its identity and its KV stay, nothing is zeroed), as above. A
  * pool sized by default keeps the offered block count (the GPU's free memory, measured now,
  * counts the old pool as used). An offer that does not fit is logged, the supervisor is told to
- * let go of it, and a new pool is made;
- * without a keeper link (a kvpool started by hand) a restarted kvpool always makes a new pool.
+ * let go of it, and a new pool is made; without a keeper link (a kvpool started by hand) a
+ * restarted kvpool always makes a new pool.
  *
  * Serving: the pool's state never changes after start, so both possible answers (the geometry,
  * and the error for a malformed request) are packed once; NNG aio callbacks on a few REP
@@ -753,19 +753,17 @@ int main(int argc, char **argv)
         goto fail;
     keeper = keeper_link(gpu);
     const enum dtype dtype = !gpu ? DTYPE_F32 : o.kv_fp8 ? DTYPE_F8E4M3 : DTYPE_BF16;
+    int adopted = 0;
 #ifdef PAGODA_HAVE_CUDA
     if (keeper >= 0)
         adopt_kept_pool(keeper, &o, &cfg, dtype, &gpu_pool);
-    if (gpu_pool != NULL)
+    if ((adopted = gpu_pool != NULL))
         g = *kv_cuda_pool_geometry(gpu_pool);
     else if (gpu && (rc = gpu_size(&o, &cfg, &budget)) != 0)
         goto fail;
-    if (gpu_pool == NULL && (rc = pool_geometry(&o, &cfg, dtype, &g)) != 0)
-        goto fail;
-#else
-    if ((rc = pool_geometry(&o, &cfg, dtype, &g)) != 0)
-        goto fail;
 #endif
+    if (!adopted && (rc = pool_geometry(&o, &cfg, dtype, &g)) != 0)
+        goto fail;
     snprintf(shm_name, sizeof(shm_name), "/pagoda-%016" PRIx64, fnv1a64(run_dir));
     snprintf(fds_path, sizeof(fds_path), "%s/%s", run_dir, KVPOOL_FDS_SOCKET);
     char rank_listen[512]; /* as server.url */
