@@ -603,22 +603,62 @@ static int find_device(const uint8_t *uuid, int *device)
                             want, count);
 }
 
-/* A pool's layout as a peer describes it: num_chunks chunks, all but the last of chunk_bytes, the
- * last of 1 to chunk_bytes, holding data_bytes of KV, one descriptor each. */
-static int check_layout(const char *who, uint32_t num_chunks, uint64_t chunk_bytes,
-                        uint64_t mapped_bytes, uint64_t data_bytes, int num_fds)
+/* The answer a worker gets: the pool's identity, layout and device (the server's, and inside a
+ * deposit). */
+static void fill_reply(const struct kv_cuda_pool *p, struct kv_cuda_reply *r)
 {
-    if (num_chunks < 1 || num_chunks > KV_CUDA_MAX_CHUNKS || chunk_bytes == 0 ||
-        chunk_bytes > UINT64_MAX / num_chunks || mapped_bytes < data_bytes ||
-        mapped_bytes <= chunk_bytes * (num_chunks - 1) || mapped_bytes > chunk_bytes * num_chunks ||
-        (int)num_chunks != num_fds)
+    memset(r, 0, sizeof(*r));
+    r->magic = KV_CUDA_MAGIC;
+    r->version = KV_CUDA_PROTOCOL_VERSION;
+    r->num_chunks = (uint32_t)p->num_chunks;
+    r->pool_id = p->geometry.pool_id;
+    r->data_bytes = p->data_bytes;
+    r->chunk_bytes = p->chunk_bytes;
+    r->mapped_bytes = p->mapped_bytes;
+    memcpy(r->uuid, p->uuid, sizeof(r->uuid));
+    r->device = p->device;
+}
+
+/* A pool's layout as a peer describes it (r: kvpool's answer, or a deposit's): num_chunks chunks,
+ * all but the last of chunk_bytes, the last of 1 to chunk_bytes, holding data_bytes of KV, one
+ * descriptor each. */
+static int check_layout(const char *who, const struct kv_cuda_reply *r, uint64_t data_bytes,
+                        int num_fds)
+{
+    if (r->num_chunks < 1 || r->num_chunks > KV_CUDA_MAX_CHUNKS || r->chunk_bytes == 0 ||
+        r->chunk_bytes > UINT64_MAX / r->num_chunks || r->mapped_bytes < data_bytes ||
+        r->mapped_bytes <= r->chunk_bytes * (r->num_chunks - 1) ||
+        r->mapped_bytes > r->chunk_bytes * r->num_chunks || (int)r->num_chunks != num_fds)
         return pagoda_error_set(PAGODA_EPROTO,
                                 "%s: %u chunks of %llu bytes, %llu bytes in all, with %d "
                                 "descriptors for %llu bytes of KV data",
-                                who, num_chunks, (unsigned long long)chunk_bytes,
-                                (unsigned long long)mapped_bytes, num_fds,
+                                who, r->num_chunks, (unsigned long long)r->chunk_bytes,
+                                (unsigned long long)r->mapped_bytes, num_fds,
                                 (unsigned long long)data_bytes);
     return 0;
+}
+
+/* A new pool of geometry g laid out as r says (checked with check_layout), on the device with
+ * r's UUID; NULL when out of memory (PAGODA_ENOMEM in *rc) or the device is not here. */
+static struct kv_cuda_pool *pool_described(const struct kv_geometry *g,
+                                           const struct kv_cuda_reply *r, int *rc)
+{
+    struct kv_cuda_pool *p = pool_alloc();
+    if (p == NULL) {
+        *rc = PAGODA_ENOMEM;
+        return NULL;
+    }
+    p->geometry = *g;
+    p->data_bytes = r->data_bytes;
+    p->chunk_bytes = r->chunk_bytes;
+    p->num_chunks = (int)r->num_chunks;
+    p->mapped_bytes = r->mapped_bytes;
+    memcpy(p->uuid, r->uuid, sizeof(p->uuid));
+    if ((*rc = find_device(r->uuid, &p->device)) != 0) {
+        kv_cuda_pool_close(p);
+        return NULL;
+    }
+    return p;
 }
 
 /* Imports the chunks' descriptors (p's layout, uuid and device set; the descriptors stay the
@@ -687,20 +727,8 @@ int kv_cuda_pool_import(const char *socket_path, int64_t worker_id,
             (unsigned long long)expected->pool_id, (unsigned long long)data_bytes);
         goto out;
     }
-    if ((rc = check_layout("kvpool's answer", reply.num_chunks, reply.chunk_bytes,
-                           reply.mapped_bytes, data_bytes, num_fds)) != 0)
-        goto out;
-    if ((p = pool_alloc()) == NULL) {
-        rc = PAGODA_ENOMEM;
-        goto out;
-    }
-    p->geometry = *expected;
-    p->data_bytes = data_bytes;
-    p->chunk_bytes = reply.chunk_bytes;
-    p->num_chunks = (int)reply.num_chunks;
-    p->mapped_bytes = reply.mapped_bytes;
-    memcpy(p->uuid, reply.uuid, sizeof(p->uuid));
-    if ((rc = find_device(reply.uuid, &p->device)) != 0 ||
+    if ((rc = check_layout("kvpool's answer", &reply, data_bytes, num_fds)) != 0 ||
+        (p = pool_described(expected, &reply, &rc)) == NULL ||
         (rc = pool_import_chunks(p, fds, "kvpool's")) != 0)
         goto out;
     char text[48];
@@ -723,18 +751,13 @@ out:
 
 /* ---- kept across kvpool's restarts --------------------------------------------------------- */
 
-/* What kvpool deposits with its keeper beside the chunks' descriptors: the pool's identity,
- * layout, device and geometry. Opaque to the keeper (deploy/keeper.h), read back only here. */
+/* What kvpool deposits with its keeper beside the chunks' descriptors: the answer a worker gets
+ * (the pool's identity, layout and device) and the geometry. Opaque to the keeper
+ * (deploy/keeper.h), read back only here. */
 struct kv_cuda_deposit {
     uint32_t magic;
     uint32_t version;
-    uint32_t num_chunks;
-    int32_t device; /* the depositor's ordinal (for logs) */
-    uint64_t pool_id;
-    uint64_t data_bytes;
-    uint64_t chunk_bytes;
-    uint64_t mapped_bytes;
-    uint8_t uuid[16];
+    struct kv_cuda_reply pool;
     int32_t num_layers, num_blocks, block_size, num_kv_heads, head_dim, dtype;
 };
 
@@ -753,13 +776,7 @@ int kv_cuda_pool_deposit(const struct kv_cuda_pool *p, int sock)
     memset(&d, 0, sizeof(d));
     d.magic = KV_CUDA_DEPOSIT_MAGIC;
     d.version = KV_CUDA_PROTOCOL_VERSION;
-    d.num_chunks = (uint32_t)p->num_chunks;
-    d.device = p->device;
-    d.pool_id = p->geometry.pool_id;
-    d.data_bytes = p->data_bytes;
-    d.chunk_bytes = p->chunk_bytes;
-    d.mapped_bytes = p->mapped_bytes;
-    memcpy(d.uuid, p->uuid, sizeof(d.uuid));
+    fill_reply(p, &d.pool);
     d.num_layers = p->geometry.num_layers;
     d.num_blocks = p->geometry.num_blocks;
     d.block_size = p->geometry.block_size;
@@ -805,25 +822,25 @@ int kv_cuda_offer_take(int sock, struct kv_cuda_offer **out)
                               "(expected %zu, %08x, %u)",
                               n, o->d.magic, o->d.version, sizeof(o->d), KV_CUDA_DEPOSIT_MAGIC,
                               KV_CUDA_PROTOCOL_VERSION);
-    if (rc == 0 && o->d.pool_id == 0)
+    const struct kv_cuda_reply *r = &o->d.pool;
+    if (rc == 0 && r->pool_id == 0)
         rc = pagoda_error_set(PAGODA_EPROTO, "the keeper's offer has pool id 0 (no identity)");
     if (rc == 0) {
         struct kv_geometry *g = &o->geometry;
-        g->pool_id = o->d.pool_id;
+        g->pool_id = r->pool_id;
         g->num_layers = o->d.num_layers;
         g->num_blocks = o->d.num_blocks;
         g->block_size = o->d.block_size;
         g->num_kv_heads = o->d.num_kv_heads;
         g->head_dim = o->d.head_dim;
         g->dtype = (enum dtype)o->d.dtype;
-        if ((rc = kv_geometry_validate(g)) == 0 && kv_pool_bytes(g) != o->d.data_bytes)
+        if ((rc = kv_geometry_validate(g)) == 0 && kv_pool_bytes(g) != r->data_bytes)
             rc = pagoda_error_set(PAGODA_EPROTO,
                                   "the keeper's offer: %llu bytes of KV data for a geometry of "
                                   "%zu",
-                                  (unsigned long long)o->d.data_bytes, kv_pool_bytes(g));
+                                  (unsigned long long)r->data_bytes, kv_pool_bytes(g));
         if (rc == 0)
-            rc = check_layout("the keeper's offer", o->d.num_chunks, o->d.chunk_bytes,
-                              o->d.mapped_bytes, o->d.data_bytes, o->num_fds);
+            rc = check_layout("the keeper's offer", r, r->data_bytes, o->num_fds);
     }
     if (rc != 0) {
         kv_cuda_offer_free(o);
@@ -857,27 +874,17 @@ int kv_cuda_pool_adopt(struct kv_cuda_offer *o, const struct kv_geometry *want,
             o->geometry.num_kv_heads, o->geometry.head_dim, dtype_name(o->geometry.dtype),
             want->num_layers, want->num_blocks, want->block_size, want->num_kv_heads,
             want->head_dim, dtype_name(want->dtype));
-    int device = -1;
-    if ((rc = find_device(o->d.uuid, &device)) != 0)
-        return rc;
-    if (device != opt->device) {
-        char text[48];
-        uuid_text(o->d.uuid, text, sizeof(text));
-        return pagoda_error_set(PAGODA_EMISMATCH,
-                                "the pool left is on %s, GPU %d here; this kvpool's is GPU %d",
-                                text, device, opt->device);
-    }
-    struct kv_cuda_pool *p = pool_alloc();
+    struct kv_cuda_pool *p = pool_described(&same, &o->d.pool, &rc);
     if (p == NULL)
-        return PAGODA_ENOMEM;
-    p->geometry = same;
-    p->device = device;
-    p->data_bytes = o->d.data_bytes;
-    p->chunk_bytes = o->d.chunk_bytes;
-    p->num_chunks = (int)o->d.num_chunks;
-    p->mapped_bytes = o->d.mapped_bytes;
-    memcpy(p->uuid, o->d.uuid, sizeof(p->uuid));
-    if ((rc = pool_import_chunks(p, o->fds, "the keeper's")) != 0) {
+        return rc;
+    if (p->device != opt->device) {
+        char text[48];
+        uuid_text(p->uuid, text, sizeof(text));
+        rc = pagoda_error_set(PAGODA_EMISMATCH,
+                              "the pool left is on %s, GPU %d here; this kvpool's is GPU %d", text,
+                              p->device, opt->device);
+    }
+    if (rc != 0 || (rc = pool_import_chunks(p, o->fds, "the keeper's")) != 0) {
         kv_cuda_pool_close(p);
         return rc;
     }
@@ -894,20 +901,6 @@ int kv_cuda_pool_adopt(struct kv_cuda_offer *o, const struct kv_geometry *want,
 }
 
 /* ---- the server --------------------------------------------------------------------------- */
-
-static void fill_reply(const struct kv_cuda_pool *p, struct kv_cuda_reply *r)
-{
-    memset(r, 0, sizeof(*r));
-    r->magic = KV_CUDA_MAGIC;
-    r->version = KV_CUDA_PROTOCOL_VERSION;
-    r->num_chunks = (uint32_t)p->num_chunks;
-    r->pool_id = p->geometry.pool_id;
-    r->data_bytes = p->data_bytes;
-    r->chunk_bytes = p->chunk_bytes;
-    r->mapped_bytes = p->mapped_bytes;
-    memcpy(r->uuid, p->uuid, sizeof(r->uuid));
-    r->device = p->device;
-}
 
 static void refuse(struct kv_cuda_server *s, int conn, int code, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
