@@ -5,7 +5,6 @@
 #include "kernels/cpu/sampler.h"
 #include "scheduler/block_manager.h"
 #include "scheduler/scheduler_impl.h"
-#include "wire/sampling_wire.h"
 #include "wire/wire.h"
 
 #include <math.h>
@@ -540,16 +539,7 @@ void sched_send_resync(struct scheduler *s, int64_t now_ms, bool announce)
         for (struct seq *q = s->running.head; q; q = q->next, n++) {
             Pagoda__Internal__SequenceSnapshot *m = &s->snap_msgs[n];
             pagoda__internal__sequence_snapshot__init(m);
-            m->has_seq_id = m->has_num_prompt_tokens = m->has_num_computed_tokens = 1;
-            m->seq_id = q->seq_id;
-            m->n_token_ids = (size_t)q->num_tokens;
-            m->token_ids = q->tokens;
-            m->num_prompt_tokens = q->num_prompt_tokens;
-            m->n_block_ids = (size_t)q->table.num_blocks;
-            m->block_ids = q->table.ids;
-            s->sp_msgs[n] = sampling_to_internal(&q->sampling);
-            m->sampling = &s->sp_msgs[n];
-            m->num_computed_tokens = q->num_computed;
+            SCHED_FILL_SEQ_STATE(m, q, &s->sp_msgs[n]);
             s->snap_ptrs[n] = m;
             q->worker_knows = true;
             q->blocks_sent = q->table.num_blocks;

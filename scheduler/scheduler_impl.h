@@ -10,6 +10,7 @@
 #include "scheduler/block_manager.h"
 #include "scheduler/prefix_cache.h"
 #include "scheduler/scheduler.h"
+#include "wire/sampling_wire.h"
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -237,6 +238,23 @@ struct scheduler {
     bool policy_reply_owed;  /* PolicyApplied waits for pins being computed */
     uint64_t next_pin_id;
 };
+
+/* Fills the fields a NewSequence and a SequenceSnapshot share (protobuf-c gives the two messages
+ * two types of the same six fields) from q: its id, tokens, prompt length, block table, what the
+ * pool holds, and its sampling, converted into *sp, which must live as long as the message. */
+#define SCHED_FILL_SEQ_STATE(m, q, sp)                                                             \
+    do {                                                                                           \
+        (m)->has_seq_id = (m)->has_num_prompt_tokens = (m)->has_num_computed_tokens = 1;           \
+        (m)->seq_id = (q)->seq_id;                                                                 \
+        (m)->n_token_ids = (size_t)(q)->num_tokens;                                                \
+        (m)->token_ids = (q)->tokens;                                                              \
+        (m)->num_prompt_tokens = (q)->num_prompt_tokens;                                           \
+        (m)->n_block_ids = (size_t)(q)->table.num_blocks;                                          \
+        (m)->block_ids = (q)->table.ids;                                                           \
+        (m)->num_computed_tokens = (q)->num_computed;                                              \
+        *(sp) = sampling_to_internal(&(q)->sampling);                                              \
+        (m)->sampling = (sp);                                                                      \
+    } while (0)
 
 /* A tenant as the scheduler knows it: from the router's policy, or by default (a namespace of
  * its own, no cap, no pins) when the policy does not name it. */

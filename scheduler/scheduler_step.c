@@ -10,7 +10,6 @@
 #include "common/log.h"
 #include "scheduler/block_manager.h"
 #include "scheduler/scheduler_impl.h"
-#include "wire/sampling_wire.h"
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -367,17 +366,8 @@ static bool step_once(struct scheduler *s, int64_t now_ms)
         if (!q->worker_knows) {
             Pagoda__Internal__NewSequence *m = &s->new_msgs[n_new];
             pagoda__internal__new_sequence__init(m);
-            m->has_seq_id = m->has_num_prompt_tokens = 1;
-            m->has_num_computed_tokens = m->has_num_new_tokens = 1;
-            m->seq_id = q->seq_id;
-            m->n_token_ids = (size_t)q->num_tokens;
-            m->token_ids = q->tokens;
-            m->num_prompt_tokens = q->num_prompt_tokens;
-            m->n_block_ids = (size_t)q->table.num_blocks;
-            m->block_ids = q->table.ids;
-            s->sp_msgs[n_new] = sampling_to_internal(&q->sampling);
-            m->sampling = &s->sp_msgs[n_new];
-            m->num_computed_tokens = q->num_computed;
+            SCHED_FILL_SEQ_STATE(m, q, &s->sp_msgs[n_new]);
+            m->has_num_new_tokens = 1;
             m->num_new_tokens = num_new;
             s->new_ptrs[n_new++] = m;
             q->worker_knows = true;
