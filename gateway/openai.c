@@ -541,12 +541,61 @@ static int refuse_unsupported(struct openai_request *req, struct openai_error *e
                        guided[i]);
     if ((v = json_object_get(root, "stream_options")) != NULL && !json_is_null(v) && !req->stream)
         return bad(err, "invalid_request", "'stream_options' is only allowed with 'stream': true");
+    if (v != NULL && json_is_true(json_object_get(v, "continuous_usage_stats")))
+        return bad(err, "unsupported",
+                   "'stream_options.continuous_usage_stats' is not supported (usage comes in "
+                   "the last chunk)");
+    /* vLLM's other parameters that change the output, each refused unless null or its neutral
+     * value (vLLM's default): what asks for it is not done here. */
+    enum neutral { NEUTRAL_FALSE, NEUTRAL_ZERO, NEUTRAL_EMPTY, NEUTRAL_NULL };
+    static const struct {
+        const char *key;
+        enum neutral neutral;
+        bool chat_only;
+    } extras[] = {
+        {"min_tokens", NEUTRAL_ZERO, false},
+        {"include_stop_str_in_output", NEUTRAL_FALSE, false},
+        {"allowed_token_ids", NEUTRAL_NULL, false},
+        {"bad_words", NEUTRAL_EMPTY, false},
+        {"logits_processors", NEUTRAL_EMPTY, false},
+        {"prompt_logprobs", NEUTRAL_NULL, false},
+        {"truncate_prompt_tokens", NEUTRAL_NULL, false},
+        {"use_beam_search", NEUTRAL_FALSE, false},
+        {"prompt_embeds", NEUTRAL_NULL, false},
+        {"chat_template", NEUTRAL_NULL, true},
+        {"continue_final_message", NEUTRAL_FALSE, true},
+    };
+    for (size_t i = 0; i < sizeof(extras) / sizeof(extras[0]); i++) {
+        if (extras[i].chat_only && req->kind == OPENAI_COMPLETION)
+            continue;
+        if ((v = json_object_get(root, extras[i].key)) == NULL || json_is_null(v))
+            continue;
+        bool neutral = false;
+        switch (extras[i].neutral) {
+        case NEUTRAL_FALSE:
+            neutral = json_is_false(v);
+            break;
+        case NEUTRAL_ZERO:
+            neutral = json_is_integer(v) && json_integer_value(v) == 0;
+            break;
+        case NEUTRAL_EMPTY:
+            neutral = json_is_array(v) && json_array_size(v) == 0;
+            break;
+        case NEUTRAL_NULL:
+            break;
+        }
+        if (!neutral)
+            return bad(err, "unsupported", "'%s' is not supported", extras[i].key);
+    }
     return 0;
 }
 
 static int read_logprobs(struct openai_request *req, struct openai_error *err)
 {
     const json_t *lp = json_object_get(req->root, "logprobs");
+    long long top = 0;
+    if (req->kind != OPENAI_COMPLETION && integer(req->root, "top_logprobs", 0, 0, &top, err))
+        return bad(err, "unsupported", "'top_logprobs' must be 0 (the sampled token's only)");
     if (lp == NULL || json_is_null(lp))
         return 0;
     if (req->kind == OPENAI_COMPLETION) {
@@ -559,9 +608,6 @@ static int read_logprobs(struct openai_request *req, struct openai_error *err)
     if (!json_is_boolean(lp))
         return bad(err, "invalid_type", "'logprobs' must be true or false");
     req->params.logprobs = json_is_true(lp);
-    long long top = 0;
-    if (integer(req->root, "top_logprobs", 0, 0, &top, err))
-        return bad(err, "unsupported", "'top_logprobs' must be 0 (the sampled token's only)");
     return 0;
 }
 

@@ -217,6 +217,36 @@ static void test_bad_requests_are_400_with_a_reason(void **state)
          "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
          "\"tool_choice\": \"required\"}",
          "'tool_choice'"},
+        /* vLLM's parameters that change the output: refused past their neutral values */
+        {OPENAI_CHAT,
+         "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"top_logprobs\": 2}",
+         "'top_logprobs'"},
+        {OPENAI_COMPLETION, "{\"prompt\": \"x\", \"min_tokens\": 6}", "'min_tokens'"},
+        {OPENAI_COMPLETION, "{\"prompt\": \"x\", \"include_stop_str_in_output\": true}",
+         "'include_stop_str_in_output'"},
+        {OPENAI_COMPLETION, "{\"prompt\": \"x\", \"allowed_token_ids\": [5]}",
+         "'allowed_token_ids'"},
+        {OPENAI_COMPLETION, "{\"prompt\": \"x\", \"bad_words\": [\"a\"]}", "'bad_words'"},
+        {OPENAI_COMPLETION, "{\"prompt\": \"x\", \"prompt_logprobs\": 0}", "'prompt_logprobs'"},
+        {OPENAI_COMPLETION, "{\"prompt\": \"x\", \"truncate_prompt_tokens\": 4}",
+         "'truncate_prompt_tokens'"},
+        {OPENAI_COMPLETION, "{\"prompt\": \"x\", \"use_beam_search\": true}", "'use_beam_search'"},
+        {OPENAI_COMPLETION, "{\"prompt\": \"x\", \"min_tokens\": \"0\"}", "'min_tokens'"},
+        {OPENAI_COMPLETION,
+         "{\"prompt\": \"x\", \"stream\": true, \"stream_options\": "
+         "{\"continuous_usage_stats\": true}}",
+         "'stream_options.continuous_usage_stats'"},
+        {OPENAI_CHAT,
+         "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"chat_template\": "
+         "\"{{ 1/0 }}\"}",
+         "'chat_template'"},
+        {OPENAI_TOKENIZE,
+         "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"chat_template\": \"\"}",
+         "'chat_template'"},
+        {OPENAI_CHAT,
+         "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
+         "\"continue_final_message\": true}",
+         "'continue_final_message'"},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         struct openai_request req;
@@ -233,7 +263,12 @@ static void test_bad_requests_are_400_with_a_reason(void **state)
     struct openai_error err;
     assert_int_equal(parse(OPENAI_COMPLETION,
                            "{\"prompt\": \"x\", \"logit_bias\": {}, \"suffix\": \"\", "
-                           "\"response_format\": {\"type\": \"text\"}, \"logprobs\": 0}",
+                           "\"response_format\": {\"type\": \"text\"}, \"logprobs\": 0, "
+                           "\"min_tokens\": 0, \"include_stop_str_in_output\": false, "
+                           "\"allowed_token_ids\": null, \"bad_words\": [], "
+                           "\"prompt_logprobs\": null, \"use_beam_search\": false, "
+                           "\"chat_template\": \"ignored: not a chat\", "
+                           "\"stream_options\": null}",
                            &req, &err),
                      0);
     assert_true(req.params.logprobs);
@@ -246,7 +281,8 @@ static void test_bad_requests_are_400_with_a_reason(void **state)
     openai_request_fini(&req);
     assert_int_equal(parse(OPENAI_CHAT,
                            "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
-                           "\"tool_choice\": \"auto\"}",
+                           "\"tool_choice\": \"auto\", \"continue_final_message\": false, "
+                           "\"top_logprobs\": 0}",
                            &req, &err),
                      0);
     openai_request_fini(&req);
