@@ -15,7 +15,13 @@ struct output_text {
     uint32_t num_tokens, cap_tokens;
     char **stops;
     size_t *stop_lens;
-    size_t num_stops, max_stop;
+    size_t num_stops;
+    /* Per stop string: its prefix function (pi[j]: the longest proper prefix of stop[0..j] that
+     * is also its suffix) and how much of it the text ends with (the longest prefix of the stop
+     * that is a suffix of text[0..len), always shorter than the stop: a whole one ends the
+     * output). What is held back is the longest of these. */
+    uint16_t **pi;
+    uint16_t *partial;
     size_t vocab;
     bool over; /* stopped or finished */
 };
@@ -59,6 +65,19 @@ static bool utf8_valid(const unsigned char *s, size_t len)
     return true;
 }
 
+/* pi[j] for j in [0, n): the length of the longest proper prefix of s[0..j] that is also its
+ * suffix (Knuth-Morris-Pratt's failure function). */
+static void prefix_function(const char *s, size_t n, uint16_t *pi)
+{
+    pi[0] = 0;
+    for (size_t j = 1; j < n; j++) {
+        size_t k = pi[j - 1];
+        while (k > 0 && s[j] != s[k])
+            k = pi[k - 1];
+        pi[j] = (uint16_t)(s[j] == s[k] ? k + 1 : k);
+    }
+}
+
 int output_text_new(const Tokenizer *t, bool skip_special_tokens, const char *const *stops,
                     const size_t *stop_lens, size_t num_stops, struct output_text **out)
 {
@@ -91,16 +110,19 @@ int output_text_new(const Tokenizer *t, bool skip_special_tokens, const char *co
     if (num_stops > 0) {
         o->stops = calloc(num_stops, sizeof(*o->stops));
         o->stop_lens = calloc(num_stops, sizeof(*o->stop_lens));
-        if (o->stops == NULL || o->stop_lens == NULL)
+        o->pi = calloc(num_stops, sizeof(*o->pi));
+        o->partial = calloc(num_stops, sizeof(*o->partial));
+        if (o->stops == NULL || o->stop_lens == NULL || o->pi == NULL || o->partial == NULL)
             goto fail;
         o->num_stops = num_stops;
         for (size_t i = 0; i < num_stops; i++) {
-            if ((o->stops[i] = malloc(stop_lens[i])) == NULL)
+            size_t n = stop_lens[i];
+            if ((o->stops[i] = malloc(n)) == NULL ||
+                (o->pi[i] = malloc(n * sizeof(uint16_t))) == NULL)
                 goto fail;
-            memcpy(o->stops[i], stops[i], stop_lens[i]);
-            o->stop_lens[i] = stop_lens[i];
-            if (stop_lens[i] > o->max_stop)
-                o->max_stop = stop_lens[i];
+            memcpy(o->stops[i], stops[i], n);
+            o->stop_lens[i] = n;
+            prefix_function(o->stops[i], n, o->pi[i]);
         }
     }
     *out = o;
@@ -115,8 +137,12 @@ void output_text_free(struct output_text *o)
     if (o == NULL)
         return;
     tokenizer_stream_free(o->stream);
-    for (size_t i = 0; i < o->num_stops; i++)
+    for (size_t i = 0; i < o->num_stops; i++) {
         free(o->stops[i]);
+        free(o->pi ? o->pi[i] : NULL);
+    }
+    free(o->pi);
+    free(o->partial);
     free(o->stops);
     free(o->stop_lens);
     free(o->token_end);
@@ -153,10 +179,27 @@ static int find_stop(struct output_text *o, size_t from)
 }
 
 /* Moves the visible end forward to what can no longer begin a stop string, on a character
- * boundary. */
-static void advance_visible(struct output_text *o, bool all)
+ * boundary: text[from..len) is new and completes no stop string; all: nothing is held back. Only
+ * a tail that is the beginning of a stop string is held (not the last longest-stop - 1 bytes
+ * whatever they are, as vLLM holds), so that a token's text shows with it unless it may begin a
+ * stop. */
+static void advance_visible(struct output_text *o, size_t from, bool all)
 {
-    size_t hold = all || o->max_stop == 0 ? 0 : o->max_stop - 1;
+    size_t hold = 0;
+    for (size_t i = 0; i < o->num_stops && !all; i++) {
+        const char *stop = o->stops[i];
+        const uint16_t *pi = o->pi[i];
+        size_t n = o->stop_lens[i], q = o->partial[i];
+        for (size_t j = from; j < o->len; j++) {
+            while (q > 0 && (q == n || stop[q] != o->text[j]))
+                q = pi[q - 1];
+            if (stop[q] == o->text[j])
+                q++;
+        }
+        o->partial[i] = (uint16_t)q;
+        if (q > hold)
+            hold = q;
+    }
     size_t v = o->len > hold ? o->len - hold : 0;
     while (v > 0 && v < o->len && ((unsigned char)o->text[v] & 0xC0) == 0x80)
         v--;
@@ -189,7 +232,7 @@ int output_text_push(struct output_text *o, int32_t id, int *stop)
         tokenizer_stream_free(o->stream); /* no more text: what a finished output keeps is less */
         o->stream = NULL;
     } else {
-        advance_visible(o, false);
+        advance_visible(o, before, false);
     }
     o->token_end[o->num_tokens++] = o->visible;
     return 0;
@@ -209,7 +252,7 @@ int output_text_finish(struct output_text *o, int *stop)
     o->stream = NULL;
     if (o->num_stops > 0 && o->len > before && (*stop = find_stop(o, before)) != 0)
         return 0;
-    advance_visible(o, true);
+    advance_visible(o, before, true);
     return 0;
 }
 
@@ -232,7 +275,7 @@ size_t output_text_bytes(const struct output_text *o)
 {
     size_t b = sizeof(*o) + o->cap + (size_t)o->cap_tokens * sizeof(size_t);
     for (size_t i = 0; i < o->num_stops; i++)
-        b += o->stop_lens[i] + sizeof(char *) + sizeof(size_t);
+        b += 3 * o->stop_lens[i] + 2 * sizeof(char *) + sizeof(size_t) + sizeof(uint16_t);
     return b;
 }
 

@@ -2,10 +2,12 @@
  * token boundaries, and for every token the text that was visible when it arrived, so that the
  * text of any range of tokens can be served again (a resumable poll from any offset).
  *
- * Text that could still turn out to begin a stop string is held back (the last longest-stop - 1
- * bytes, as vLLM does) until it cannot, so nothing past a stop string is ever visible. When a
- * stop string matches, the text is cut where it begins and the output ends. Pure: no I/O; one
- * output_text belongs to one thread at a time. */
+ * Text that could still turn out to begin a stop string is held back until it cannot, so nothing
+ * past a stop string is ever visible: the longest end of the text that is the beginning of a stop
+ * string (vLLM holds the last longest-stop - 1 bytes whatever they are; before the forty-first
+ * session so did this, which gave every token's text to the token after it, and log-probabilities
+ * named by that text the wrong names). When a stop string matches, the text is cut where it
+ * begins and the output ends. Pure: no I/O; one output_text belongs to one thread at a time. */
 #ifndef PAGODA_TEXT_OUTPUT_TEXT_H
 #define PAGODA_TEXT_OUTPUT_TEXT_H
 

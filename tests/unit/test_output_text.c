@@ -155,6 +155,104 @@ static void test_nothing_that_may_begin_a_stop_is_shown_until_finish(void **stat
     tokenizer_ids_fini(&ids);
 }
 
+/* Only what may begin a stop string is held back: with a stop string the text never begins,
+ * each token's piece is its own text (before the forty-first session every token's text went to
+ * the token after it, the last longest-stop - 1 bytes being held whatever they were). */
+static void test_a_token_shows_its_own_text_when_it_may_begin_no_stop(void **state)
+{
+    (void)state;
+    const char *text = "The scheduler owns the block table, and the worker runs the kernels.";
+    TokenizerIds ids;
+    encode(text, &ids);
+    const char *stops[] = {"zzzzz"};
+    size_t lens[] = {5};
+    struct output_text *o;
+    assert_int_equal(output_text_new(tok, true, stops, lens, 1, &o), 0);
+    size_t taken;
+    assert_int_equal(push_all(o, ids.ids, ids.len, &taken), 0);
+    size_t vis_len;
+    const char *vis = output_text_visible(o, &vis_len);
+    for (size_t i = 0; i < ids.len; i++) {
+        char *own;
+        size_t own_len;
+        assert_int_equal(tokenizer_decode(tok, &ids.ids[i], 1, true, &own, &own_len), 0);
+        size_t start = output_text_start(o, (uint32_t)i),
+               end = output_text_start(o, (uint32_t)i + 1);
+        assert_int_equal(end - start, own_len);
+        assert_memory_equal(vis + start, own, own_len);
+        free(own);
+    }
+    output_text_free(o);
+    tokenizer_ids_fini(&ids);
+}
+
+/* The longest k < n such that t[0..len) ends with s[0..k). */
+static size_t ends_with_prefix(const char *t, size_t len, const char *s, size_t n)
+{
+    for (size_t k = n - 1; k > 0; k--)
+        if (k <= len && memcmp(t + len - k, s, k) == 0)
+            return k;
+    return 0;
+}
+
+/* Random text over a three-letter alphabet, one byte token a letter, against random stop strings
+ * over it (so that partial matches are frequent): after each token the visible text is what a
+ * brute force says (everything but the longest end that begins a stop string), and a stop cuts
+ * where the earliest stop string completed by that token begins. */
+static void test_what_is_held_is_the_longest_beginning_of_a_stop(void **state)
+{
+    (void)state;
+    uint32_t x = 777;
+#define NEXT() (x = x * 1664525u + 1013904223u, x >> 8)
+    for (int round = 0; round < 3000; round++) {
+        char stop_buf[4][8];
+        const char *stops[4];
+        size_t lens[4], num_stops = 1 + NEXT() % 4;
+        for (size_t i = 0; i < num_stops; i++) {
+            lens[i] = 1 + NEXT() % 7;
+            for (size_t k = 0; k < lens[i]; k++)
+                stop_buf[i][k] = (char)('a' + NEXT() % 3);
+            stops[i] = stop_buf[i];
+        }
+        struct output_text *o;
+        assert_int_equal(output_text_new(tok, true, stops, lens, num_stops, &o), 0);
+        char t[64];
+        size_t len = 0, shown = 0;
+        for (size_t step = 0; step < 48; step++) {
+            t[len++] = (char)('a' + NEXT() % 3);
+            int stop = 0;
+            assert_int_equal(output_text_push(o, 6 + (unsigned char)t[len - 1], &stop), 0);
+            size_t begin = SIZE_MAX, vis_len;
+            int want = 0;
+            for (size_t i = 0; i < num_stops; i++)
+                if (lens[i] <= len && memcmp(t + len - lens[i], stops[i], lens[i]) == 0 &&
+                    len - lens[i] < begin) {
+                    begin = len - lens[i];
+                    want = (int)i + 1;
+                }
+            const char *vis = output_text_visible(o, &vis_len);
+            if (want != 0) {
+                assert_int_equal(stop, want);
+                assert_int_equal(vis_len, begin);
+                assert_memory_equal(vis, t, begin);
+                break;
+            }
+            assert_int_equal(stop, 0);
+            size_t hold = 0;
+            for (size_t i = 0; i < num_stops; i++) {
+                size_t k = ends_with_prefix(t, len, stops[i], lens[i]);
+                hold = k > hold ? k : hold;
+            }
+            if (len - hold > shown)
+                shown = len - hold;
+            assert_int_equal(vis_len, shown);
+            assert_memory_equal(vis, t, shown);
+        }
+        output_text_free(o);
+    }
+#undef NEXT
+}
+
 static void test_stop_strings_are_checked(void **state)
 {
     (void)state;
@@ -221,6 +319,8 @@ int main(void)
         cmocka_unit_test(test_pieces_join_to_the_full_decode),
         cmocka_unit_test(test_a_stop_string_across_tokens_cuts_the_text),
         cmocka_unit_test(test_nothing_that_may_begin_a_stop_is_shown_until_finish),
+        cmocka_unit_test(test_a_token_shows_its_own_text_when_it_may_begin_no_stop),
+        cmocka_unit_test(test_what_is_held_is_the_longest_beginning_of_a_stop),
         cmocka_unit_test(test_stop_strings_are_checked),
         cmocka_unit_test(test_an_id_outside_the_tokenizer_adds_nothing),
         cmocka_unit_test(test_a_nul_is_text),
