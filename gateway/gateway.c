@@ -48,6 +48,45 @@ static uint64_t now_ns(void)
 
 /* ---- lifetime --------------------------------------------------------------------------- */
 
+/* A parsed body's tree (jansson: one allocation a value, about twenty bytes of tree a byte of
+ * body) takes millions of free() calls for a body of megabytes of token ids, about 0.1 s on the
+ * loop: a tree from a body of at least this many bytes is freed on libuv's threadpool. */
+#define GATEWAY_FREE_OFF_LOOP_BYTES (64u << 10)
+
+struct tree_job {
+    uv_work_t work;
+    json_t *root;
+};
+
+static void tree_free_work(uv_work_t *w)
+{
+    struct tree_job *j = w->data;
+    json_decref(j->root);
+}
+
+static void after_tree_free(uv_work_t *w, int status)
+{
+    (void)status;
+    free(w->data);
+}
+
+/* Releases q's prompts (openai_request_release_prompt), the parsed tree of a large body on the
+ * threadpool. */
+static void release_prompt(struct greq *q)
+{
+    struct tree_job *j;
+    if (q->req.root != NULL && q->body_bytes >= GATEWAY_FREE_OFF_LOOP_BYTES && !q->g->closing &&
+        (j = malloc(sizeof(*j))) != NULL) {
+        j->root = q->req.root;
+        j->work.data = j;
+        if (uv_queue_work(q->g->loop, &j->work, tree_free_work, after_tree_free) == 0)
+            q->req.root = NULL;
+        else
+            free(j);
+    }
+    openai_request_release_prompt(&q->req);
+}
+
 void greq_unref(struct greq *q)
 {
     if (--q->refs > 0)
@@ -60,6 +99,7 @@ void greq_unref(struct greq *q)
     if (q->next)
         q->next->prev = q->prev;
     g->num_generations -= q->generation;
+    release_prompt(q);
     openai_request_fini(&q->req);
     pagoda_async_result_free(q->stats_res);
     free(q->body);
@@ -390,7 +430,7 @@ static int make_choices(struct greq *q)
     const uint32_t total = choices_asked(q);
     q->choices = calloc(total, sizeof(*q->choices));
     if (q->choices == NULL) {
-        openai_request_release_prompt(&q->req);
+        release_prompt(q);
         gateway_respond_code(q, PAGODA_ENOMEM, "out of memory");
         return -1;
     }
@@ -413,7 +453,7 @@ static void submit_prompt(struct greq *q, uint32_t p, const pagoda_prompt *ids)
     for (uint32_t j = 0; j < q->req.n && q->http != NULL; j++)
         submit_one(q, &q->choices[p * q->req.n + j], ids);
     if (++q->prompts_submitted == q->req.num_prompts)
-        openai_request_release_prompt(&q->req);
+        release_prompt(q);
 }
 
 /* Takes q's text prompts in turn: each gets a Tokenize call while the gateway has fewer than
@@ -567,7 +607,7 @@ static void after_parse(uv_work_t *w, int status)
                 ? pagoda_tokenize_async(g->client, q->api_key, p, on_tokenize_call, q)
                 : pagoda_detokenize_async(g->client, q->api_key, p->token_ids, p->num_token_ids,
                                           q->req.params.skip_special_tokens, on_tokenize_call, q));
-        openai_request_release_prompt(&q->req); /* serialised by the call */
+        release_prompt(q); /* serialised by the call */
         if (rc != 0)
             gateway_respond_code(q, rc, pagoda_error_detail());
     } else if (choices_asked(q) > 1 && choices_refused(q)) {
@@ -599,6 +639,8 @@ static void parse_work(uv_work_t *w)
                                                            : OPENAI_COMPLETION;
     q->parse_rc =
         openai_parse(kind, q->body, q->body_len, q->g->cfg.default_max_tokens, &q->req, &q->err);
+    if (q->parse_rc != 0) /* refused: its answer is in q->err, and its tree is freed here */
+        openai_request_release_prompt(&q->req);
 }
 
 /* ---- the mailbox ---------------------------------------------------------------------------- */
