@@ -231,6 +231,25 @@ static int on_body(llhttp_t *p, const char *at, size_t n)
     return 0;
 }
 
+/* A chunk's size is known (llhttp's content_length): one that would take the body past its
+ * limit, or the bodies held at once past theirs, is refused now, as a declared Content-Length
+ * is, rather than once its bytes have come (or, never coming, at the request's timeout). */
+static int on_chunk_header(llhttp_t *p)
+{
+    struct http_conn *c = conn_of(p);
+    const struct http_server *s = c->server;
+    if (p->content_length > s->cfg.max_body_bytes - c->req->body_len) {
+        c->error_status = 413;
+        return -1;
+    }
+    if (s->body_bytes + p->content_length > s->cfg.max_body_memory) {
+        c->error_status = 503;
+        c->error_detail = kBodyBudget;
+        return -1;
+    }
+    return 0;
+}
+
 static int on_message_complete(llhttp_t *p)
 {
     return HPE_PAUSED;
@@ -248,6 +267,7 @@ void http_conn_settings_init(llhttp_settings_t *s)
     s->on_header_value_complete = on_header_value_complete;
     s->on_headers_complete = on_headers_complete;
     s->on_body = on_body;
+    s->on_chunk_header = on_chunk_header;
     s->on_message_complete = on_message_complete;
 }
 
