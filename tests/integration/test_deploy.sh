@@ -7,7 +7,8 @@
 # a second group in the same run dir, status tells running from stopped, a request is answered,
 # a router whose loop stops (SIGSTOP) is killed and replaced by the supervisor and the group
 # serves again, and down leaves no process, no socket and no shared memory behind, also after
-# the supervisor was killed with SIGKILL.
+# the supervisor was killed with SIGKILL; with --http-listen, status lists the gateway and up's
+# --gateway-arg reaches it.
 # The group listens on a private ipc:// address in a temporary dir, so it never collides with a
 # group on the default TCP port.
 set -euo pipefail
@@ -23,7 +24,7 @@ run=$tmp/run
 url=ipc://$run/client.ipc
 cleanup() {
     local d
-    for d in "$run" "$tmp/theirs" "$tmp/open" "$tmp/linked"; do
+    for d in "$run" "$tmp/theirs" "$tmp/open" "$tmp/linked" "$tmp/gw"; do
         [ ! -d "$d" ] || "$deploy/pagoda-down" --run-dir "$d" --timeout 30 >/dev/null 2>&1 || true
     done
     rm -rf -- "$tmp"
@@ -239,6 +240,24 @@ check "no pagoda process names the run dir afterwards" no_group_process
 check "no socket is left afterwards" no_socket
 check "the shared memory is gone afterwards" [ -n "$pool" -a ! -e "/dev/shm$pool" ]
 check "no ready file announces the dead group" [ ! -e "$run/ready" ]
+
+# -- with --http-listen: pagoda-status lists the gateway, and up's --gateway-arg reaches it (its
+# model name, which --gateway-arg overrides, in /v1/models).
+# shellcheck source=tests/ports.sh
+. "$src/tests/ports.sh"
+take_port http_port
+gw=$tmp/gw
+up_in "$gw" --http-listen "127.0.0.1:$http_port" --gateway-arg --model-name \
+    --gateway-arg passed-through >"$tmp/gw-up.out" 2>&1 && rc=0 || rc=$?
+check "pagoda-up with --gateway-arg starts the group (exit $rc)" [ "$rc" = 0 ]
+models=$(curl -s --max-time 10 "http://127.0.0.1:$http_port/v1/models" || true)
+check "the gateway got --gateway-arg ($models)" grep -q '"id": *"passed-through"' <<<"$models"
+"$deploy/pagoda-status" --run-dir "$gw" >"$tmp/gw-status.out" 2>&1 || true
+check "pagoda-status lists the gateway" grep -q "gateway .*pid [0-9]" "$tmp/gw-status.out"
+"$deploy/pagoda-down" --run-dir "$gw" >"$tmp/gw-down.out" 2>&1 && rc=0 || rc=$?
+check "pagoda-down stops it (exit $rc)" [ "$rc" = 0 ]
+"$deploy/pagoda-up" --run-dir "$gw" --gateway-arg >"$tmp/gw-bad.out" 2>&1 && rc=0 || rc=$?
+check "a --gateway-arg without its value is refused (exit $rc)" [ "$rc" = 2 ]
 
 if [ "$failed" != 0 ]; then
     for f in "$tmp"/*.out "$tmp"/*.err "$run"/*.log; do
