@@ -5,10 +5,12 @@
 
 #include "common/error.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #define NAME_IS(p, len, lit) ((len) == sizeof(lit) - 1 && memcmp((p), (lit), (len)) == 0)
 
@@ -306,9 +308,85 @@ static int length_of(struct jrender *r, int line, const jv *v, int64_t *n)
     }
 }
 
-/* The int and float filters: dflt when the value does not convert. */
-static int to_number(const jv *in, bool want_int, const jv *dflt, jv *out)
+/* Python's int() and float() of a string, for the int and float filters (jinja2's do_int and
+ * do_float call them): ASCII whitespace around, a sign, decimal digits with single underscores
+ * between them; float() also a fraction, an exponent, "inf", "infinity" and "nan" in any case.
+ * Copies the number without its whitespace and underscores into buf (size n) and returns 1 when
+ * s[0..len) is one (*is_int: an int() literal), else 0. Not hexadecimal, which strtod would
+ * take ('0x1A'|int is 0 in jinja2); not Unicode digits. */
+static bool py_space(char c)
 {
+    return c == ' ' || (c >= '\t' && c <= '\r') || (c >= '\x1c' && c <= '\x1f');
+}
+
+static int py_number(const char *s, size_t len, char *buf, size_t n, bool *is_int)
+{
+    size_t i = 0, o = 0;
+    while (len > 0 && py_space(s[len - 1]))
+        len--;
+    while (i < len && py_space(s[i]))
+        i++;
+    if (len - i + 1 > n)
+        return 0;
+    if (i < len && (s[i] == '+' || s[i] == '-'))
+        buf[o++] = s[i++];
+    static const char *const words[] = {"inf", "infinity", "nan"};
+    for (size_t w = 0; w < 3; w++)
+        if (len - i == strlen(words[w]) && strncasecmp(s + i, words[w], len - i) == 0) {
+            memcpy(buf + o, words[w], len - i + 1);
+            *is_int = false;
+            return 1;
+        }
+    /* digits ('_' only between two), then '.' digits, then 'e' sign digits */
+    size_t int_digits = 0, frac_digits = 0;
+    bool dot = false, exp = false;
+    for (int part = 0; part < 3; part++) {
+        if (part == 1) {
+            if (i >= len || s[i] != '.')
+                continue;
+            dot = true;
+            buf[o++] = s[i++];
+        } else if (part == 2) {
+            if (i >= len || (s[i] != 'e' && s[i] != 'E'))
+                break;
+            exp = true;
+            buf[o++] = s[i++];
+            if (i < len && (s[i] == '+' || s[i] == '-'))
+                buf[o++] = s[i++];
+        }
+        size_t digits = 0;
+        while (i < len) {
+            if (s[i] >= '0' && s[i] <= '9') {
+                buf[o++] = s[i++];
+                digits++;
+            } else if (s[i] == '_' && digits > 0 && i + 1 < len && s[i + 1] >= '0' &&
+                       s[i + 1] <= '9') {
+                i++;
+            } else {
+                break;
+            }
+        }
+        if (part == 0)
+            int_digits = digits;
+        else if (part == 1)
+            frac_digits = digits;
+        else if (digits == 0)
+            return 0; /* an exponent without digits */
+    }
+    buf[o] = '\0';
+    if (i != len || int_digits + frac_digits == 0)
+        return 0;
+    *is_int = !dot && !exp;
+    return 1;
+}
+
+/* The int and float filters as jinja2's: int() of a string, else int(float()) ("42.23"|int is
+ * 42), else dflt; float(), else dflt. An int past 64 bits (Python's is unbounded) or of an infinity
+ * (Python's OverflowError) is an error; of a NaN, dflt. */
+static int to_number(struct jrender *r, int line, const jv *in, bool want_int, const jv *dflt,
+                     jv *out)
+{
+    double d;
     switch (in->kind) {
     case JV_INT:
         *out = want_int ? *in : jv_float((double)in->u.i);
@@ -317,47 +395,46 @@ static int to_number(const jv *in, bool want_int, const jv *dflt, jv *out)
         *out = want_int ? jv_int(in->u.b) : jv_float(in->u.b);
         return 0;
     case JV_FLOAT:
-        if (want_int) {
-            if (!(in->u.f > -9.2e18 && in->u.f < 9.2e18)) {
-                *out = *dflt;
-                return 0;
-            }
-            *out = jv_int((int64_t)in->u.f);
-        } else {
+        if (!want_int) {
             *out = *in;
+            return 0;
         }
-        return 0;
+        d = in->u.f;
+        break;
     case JV_STRING: {
-        char buf[64];
-        if (in->u.s.len == 0 || in->u.s.len >= sizeof(buf)) {
+        char buf[512];
+        bool is_int = false;
+        if (!py_number(in->u.s.p, in->u.s.len, buf, sizeof(buf), &is_int)) {
             *out = *dflt;
             return 0;
         }
-        memcpy(buf, in->u.s.p, in->u.s.len);
-        buf[in->u.s.len] = '\0';
-        char *end;
-        if (want_int) {
-            long long v = strtoll(buf, &end, 10);
-            if (*end != '\0' && *end != ' ') {
-                double d = strtod(buf, &end);
-                if (*end == '\0' && d > -9.2e18 && d < 9.2e18) {
-                    *out = jv_int((int64_t)d);
-                    return 0;
-                }
-                *out = *dflt;
-                return 0;
-            }
+        if (want_int && is_int) {
+            errno = 0;
+            long long v = strtoll(buf, NULL, 10);
+            if (errno == ERANGE)
+                return jinja_fail(r, line, PAGODA_ERANGE, "integer result out of 64-bit range");
             *out = jv_int(v);
-        } else {
-            double d = strtod(buf, &end);
-            *out = *end == '\0' ? jv_float(d) : *dflt;
+            return 0;
         }
-        return 0;
+        d = strtod(buf, NULL);
+        if (!want_int) {
+            *out = jv_float(d);
+            return 0;
+        }
+        break;
     }
     default:
         *out = *dflt;
         return 0;
     }
+    if (isnan(d)) {
+        *out = *dflt;
+        return 0;
+    }
+    if (!(d > -9223372036854775808.0 && d < 9223372036854775808.0))
+        return jinja_fail(r, line, PAGODA_ERANGE, "integer result out of 64-bit range");
+    *out = jv_int((int64_t)d);
+    return 0;
 }
 
 static int map_filter(struct jrender *r, struct jframe *f, int line, const jv *in,
@@ -436,7 +513,7 @@ int jinja_filter(struct jrender *r, struct jframe *f, int line, const char *name
     if (IS("int") || IS("float")) {
         jv d = IS("int") ? jv_int(0) : jv_float(0.0);
         const jv *dv = jinja_arg(a, 0, "default");
-        return to_number(in, IS("int"), dv ? dv : &d, out);
+        return to_number(r, line, in, IS("int"), dv ? dv : &d, out);
     }
     if (IS("abs")) {
         if (in->kind == JV_INT) {
