@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <utf8proc.h>
 
 #define NAME_IS(p, len, lit) ((len) == sizeof(lit) - 1 && memcmp((p), (lit), (len)) == 0)
 
@@ -538,6 +539,34 @@ int jinja_filter(struct jrender *r, struct jframe *f, int line, const char *name
             return rc;
         if (in->kind != JV_INT && in->kind != JV_FLOAT && in->kind != JV_BOOL)
             return jinja_type_error(r, line, "round takes a number", in);
+        bool common = method == NULL || (method->kind == JV_STRING &&
+                                         NAME_IS(method->u.s.p, method->u.s.len, "common"));
+        if (!common &&
+            !(method->kind == JV_STRING && (NAME_IS(method->u.s.p, method->u.s.len, "floor") ||
+                                            NAME_IS(method->u.s.p, method->u.s.len, "ceil"))))
+            return jinja_fail(r, line, PAGODA_EINVAL, "method must be common, ceil or floor");
+        if (common && in->kind != JV_FLOAT) {
+            /* Python's round() of an int is an int (5|round is 5, not 5.0), half to even */
+            int64_t v = in->kind == JV_INT ? in->u.i : in->u.b;
+            if (p >= 0) {
+                *out = jv_int(v);
+                return 0;
+            }
+            if (p < -19) { /* 10^20 is past every int64, half of it too */
+                *out = jv_int(0);
+                return 0;
+            }
+            uint64_t m = 1, mag = v < 0 ? 0 - (uint64_t)v : (uint64_t)v;
+            for (int64_t k = 0; k < -p; k++)
+                m *= 10;
+            uint64_t q = mag / m, rem = mag % m;
+            if (rem > m - rem || (rem == m - rem && (q & 1)))
+                q++;
+            if (q > (uint64_t)INT64_MAX / m)
+                return jinja_fail(r, line, PAGODA_ERANGE, "integer result out of 64-bit range");
+            *out = jv_int(v < 0 ? -(int64_t)(q * m) : (int64_t)(q * m));
+            return 0;
+        }
         double v = in->kind == JV_FLOAT ? in->u.f : in->kind == JV_INT ? (double)in->u.i : in->u.b;
         double m = pow(10.0, (double)(p > 300 ? 300 : p < -300 ? -300 : p));
         double s = v * m;
@@ -745,7 +774,7 @@ int jinja_filter(struct jrender *r, struct jframe *f, int line, const char *name
     if (IS("lower"))
         return jinja_str_case(r, line, &s, JCASE_LOWER, out);
     if (IS("title"))
-        return jinja_str_case(r, line, &s, JCASE_TITLE, out);
+        return jinja_str_case(r, line, &s, JCASE_TITLE_WORDS, out);
     if (IS("capitalize"))
         return jinja_str_case(r, line, &s, JCASE_CAPITALIZE, out);
     if (IS("replace")) {
@@ -763,11 +792,21 @@ int jinja_filter(struct jrender *r, struct jframe *f, int line, const char *name
     if (IS("indent"))
         return indent_filter(r, line, &s, a, out);
     if (IS("wordcount")) {
-        jv words;
-        if ((rc = jinja_str_split(r, line, &s, NULL, -1, &words)) != 0)
-            return rc;
-        *out = jv_int((int64_t)words.u.list->n);
-        return 0;
+        /* jinja2 counts the matches of \\w+: runs of letters, numbers and '_' (Python's \\w:
+         * str.isalnum() or '_'), not split() */
+        int64_t words = 0;
+        bool in_word = false;
+        for (size_t i = 0; i < s.u.s.len;) {
+            uint32_t cp;
+            i += jinja_u8_next(s.u.s.p + i, s.u.s.len - i, &cp);
+            utf8proc_category_t cat = utf8proc_category((utf8proc_int32_t)cp);
+            bool w = cp == '_' || (cat >= UTF8PROC_CATEGORY_LU && cat <= UTF8PROC_CATEGORY_LO) ||
+                     (cat >= UTF8PROC_CATEGORY_ND && cat <= UTF8PROC_CATEGORY_NO);
+            words += w && !in_word;
+            in_word = w;
+        }
+        *out = jv_int(words);
+        return jinja_step(r, s.u.s.len / 16);
     }
     /* e / escape: HTML escaping, as jinja2's markupsafe does */
     struct jbuf b = {0};

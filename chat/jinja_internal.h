@@ -427,7 +427,8 @@ int jinja_need_int(struct jrender *r, int line, const jv *v, const char *what, i
 
 /* ---- strings (jinja_strings.c), shared by str's methods and the filters ---- */
 
-enum jcase { JCASE_UPPER, JCASE_LOWER, JCASE_TITLE, JCASE_CAPITALIZE };
+/* JCASE_TITLE is str.title(); JCASE_TITLE_WORDS the title filter (jinja2's do_title). */
+enum jcase { JCASE_UPPER, JCASE_LOWER, JCASE_TITLE, JCASE_CAPITALIZE, JCASE_TITLE_WORDS };
 
 /* str.strip/lstrip/rstrip(chars): chars NULL strips str.isspace() characters. No copy. */
 int jinja_str_strip(struct jrender *r, int line, const jv *s, const jv *chars, bool left,

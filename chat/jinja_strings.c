@@ -146,11 +146,27 @@ int jinja_str_case(struct jrender *r, int line, const jv *s, enum jcase how, jv 
     if (p == NULL)
         return nomem(r, line);
     size_t o = 0;
-    bool prev_cased = false, first = true;
+    bool prev_cased = false, first = true, word_start = true;
     for (size_t i = 0; i < s->u.s.len;) {
         uint32_t cp;
         i += jinja_u8_next(s->u.s.p + i, s->u.s.len - i, &cp);
         utf8proc_int32_t c = (utf8proc_int32_t)cp, m = c;
+        if (how == JCASE_TITLE_WORDS) {
+            /* jinja2's title filter: each piece between runs of whitespace and -({[< is its
+             * first character upper() and the rest lower() ("it's" stays "It's") */
+            bool sep = jinja_is_space(cp) || (cp < 0x80 && strchr("-({[<", (int)cp) != NULL);
+            const char *special = special_case(cp, word_start ? JCASE_UPPER : JCASE_LOWER, false);
+            if (special != NULL) {
+                size_t sl = strlen(special);
+                memcpy(p + o, special, sl);
+                o += sl;
+            } else {
+                m = word_start ? utf8proc_toupper(c) : utf8proc_tolower(c);
+                o += (size_t)utf8proc_encode_char(m, (utf8proc_uint8_t *)p + o);
+            }
+            word_start = sep;
+            continue;
+        }
         /* title case for the first of capitalize, and after an uncased character in title */
         bool as_title = (how == JCASE_CAPITALIZE && first) || (how == JCASE_TITLE && !prev_cased);
         const char *special = special_case(cp, how, as_title);
@@ -175,6 +191,8 @@ int jinja_str_case(struct jrender *r, int line, const jv *s, enum jcase how, jv 
             break;
         case JCASE_CAPITALIZE:
             m = first ? utf8proc_totitle(c) : utf8proc_tolower(c);
+            break;
+        case JCASE_TITLE_WORDS: /* above */
             break;
         case JCASE_TITLE: {
             utf8proc_category_t cat = utf8proc_category(c);
