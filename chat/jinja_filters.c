@@ -201,6 +201,33 @@ static int sort_list(struct jrender *r, int line, const jv *items, size_t n, boo
     return 0;
 }
 
+/* The first line break in [p, end) as Python's str.splitlines() finds them (\\n, \\r, \\r\\n,
+ * \\v, \\f, \\x1c-\\x1e, U+0085, U+2028, U+2029), its length in *len; NULL when there is none. */
+static const char *line_break(const char *p, const char *end, size_t *len)
+{
+    for (; p < end; p++) {
+        unsigned char c = (unsigned char)*p;
+        if (c == '\r') {
+            *len = p + 1 < end && p[1] == '\n' ? 2 : 1;
+            return p;
+        }
+        if (c == '\n' || c == '\v' || c == '\f' || (c >= 0x1c && c <= 0x1e)) {
+            *len = 1;
+            return p;
+        }
+        if (c == 0xC2 && p + 1 < end && (unsigned char)p[1] == 0x85) {
+            *len = 2;
+            return p;
+        }
+        if (c == 0xE2 && p + 2 < end && (unsigned char)p[1] == 0x80 &&
+            ((unsigned char)p[2] == 0xA8 || (unsigned char)p[2] == 0xA9)) {
+            *len = 3;
+            return p;
+        }
+    }
+    return NULL;
+}
+
 static int indent_filter(struct jrender *r, int line, const jv *s, const struct jargs *a, jv *out)
 {
     const jv *w = jinja_arg(a, 0, "width");
@@ -229,7 +256,8 @@ static int indent_filter(struct jrender *r, int line, const jv *s, const struct 
     bool is_first = true;
     rc = 0;
     for (;;) {
-        const char *nl = memchr(p, '\n', (size_t)(end - p));
+        size_t brk = 0;
+        const char *nl = line_break(p, end, &brk);
         size_t l = nl ? (size_t)(nl - p) : (size_t)(end - p);
         bool empty = l == 0;
         if (!is_first && rc == 0)
@@ -241,7 +269,7 @@ static int indent_filter(struct jrender *r, int line, const jv *s, const struct 
         is_first = false;
         if (nl == NULL || rc != 0)
             break;
-        p = nl + 1;
+        p = nl + brk;
     }
     if (rc != 0) {
         free(buf.p);
