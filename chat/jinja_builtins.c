@@ -506,8 +506,8 @@ int jinja_test(struct jrender *r, int line, const char *name, size_t len, const 
         *out = k == JV_NONE;
     else if (IS("string"))
         *out = k == JV_STRING;
-    else if (IS("number"))
-        *out = k == JV_INT || k == JV_FLOAT;
+    else if (IS("number")) /* Python's bool is a Number; jinja2's integer test leaves it out */
+        *out = k == JV_INT || k == JV_FLOAT || k == JV_BOOL;
     else if (IS("integer"))
         *out = k == JV_INT;
     else if (IS("float"))

@@ -75,6 +75,7 @@ T = [
  "{{ '0x1A'|int }}|{{ '1_000'|int }}|{{ ' 2 '|float }}|{{ '1_0'|float }}|{{ '1e3'|int }}|{{ ' -7\\n'|int }}|{{ 'nan'|int(5) }}|{{ '.5'|float }}|{{ '1__0'|int(9) }}|{{ '5.'|float }}|{{ '1e5_0'|float }}|{{ '12abc'|int(3) }}|{{ -2.9|int }}|{{ '+4.5e-1'|float }}|{{ 'e5'|float(1) }}|{{ '1e'|float(2) }}|{{ '_1'|int(8) }}|{{ '0x10'|float(6) }}",
  "{{ 5|round }}|{{ true|round }}|{{ 1250|round(-2) }}|{{ 1350|round(-2) }}|{{ -1250|round(-2) }}|{{ -1351|round(-2) }}|{{ 123|round(-30) }}|{{ 5|round(2) }}|{{ 5|round(0, 'floor') }}|{{ 2.5|round }}|{{ 'héllo wörld x_y 3.4 a-b'|wordcount }}|{{ 'e\u0301t\u00e9 ²3 ⅷ'|wordcount }}|{{ ''|wordcount }}|{{ \"it's o'neil x.y 3rd ﬁne ǆ (a[b{c<d -e\"|title }}|{{ 'hello WORLD'|title }}|{{ 'ß x'|title }}|{{ \"it's o'neil\".title() }}",
  "{{ 'a\u2028b\u0085c\u000bd\u001ce\\r\\nf\\rg\\n'|indent(2) }}|{{ 'a\\r\\n\\nb'|indent(1, true, true) }}|{{ 'x\u2029'|indent(3, blank=true) }}",
+ "{{ true is number }}|{{ false is integer }}|{{ 1 is number }}|{{ 'x' is number }}|{{ none is number }}",
  "{{ '%d' if false }}|{{ 3|abs }}|{{ -3.5|abs }}|{{ 2.675|round(2) }}|{{ 3.7|int }}|{{ '42'|int }}|{{ 'x'|int(7) }}|{{ '3.5'|float }}",
  "{{ 'ab\ncd'|indent(2) }}|{{ 'ab\ncd'|indent(2, true) }}|{{ 'one two  three'|wordcount }}|{{ '<&>'|e }}",
  "  {% if true %}\n    a\n  {% endif %}\n  b\n{%- if true %} c {% endif -%}\n d",
