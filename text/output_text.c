@@ -264,10 +264,11 @@ const char *output_text_visible(const struct output_text *o, size_t *len)
 
 size_t output_text_start(const struct output_text *o, uint32_t offset)
 {
-    if (offset == 0)
-        return 0;
+    /* clamped first: an offset past an output without tokens yet is 0 (a poll may ask ahead) */
     if (offset > o->num_tokens)
         offset = o->num_tokens;
+    if (offset == 0)
+        return 0;
     return o->token_end[offset - 1];
 }
 

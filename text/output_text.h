@@ -49,8 +49,9 @@ int output_text_finish(struct output_text *o, int *stop);
 const char *output_text_visible(const struct output_text *o, size_t *len);
 
 /* Where the text of the tokens from output index offset on begins in the visible text: 0 for
- * offset 0, else the visible length when token offset - 1 arrived. offset may be at most the
- * number of tokens pushed. */
+ * offset 0, else the visible length when token offset - 1 arrived. An offset past the tokens
+ * pushed is taken for their number (0 before the first: before the forty-first session that read
+ * before the array, and a poll ahead of a new request's output crashed the router). */
 size_t output_text_start(const struct output_text *o, uint32_t offset);
 
 /* Stop string number index (1-based, as push and finish report it): *len bytes, owned by o. */

@@ -434,6 +434,25 @@ static void scenario_text(struct group *g, const Tokenizer *tok, const ChatTempl
           "an invalid stop string is refused at Submit: '%s'", pagoda_error_detail());
     CHECK(ids_served(c), "the group still serves");
 
+    /* A poll ahead of a text request's output, answered at once (wait 0) while it has no
+     * tokens yet or few: the offset past them is taken for their end (before the forty-first
+     * session the router read before its array of token ends and crashed). */
+    pagoda_generate_params pahead = group_greedy(200);
+    pahead.ignore_eos = 1;
+    pr = pagoda_prompt_default();
+    pr.text = PROSE;
+    pagoda_result ahead = {0};
+    rc = pagoda_submit_prompt(c, &pahead, &pr, id);
+    if (rc == 0)
+        rc = pagoda_poll(c, id, 199, 0, &ahead);
+    CHECK(rc == 0 && ahead.num_tokens == 0,
+          "a poll ahead of a new text request's output is answered (%d, %zu tokens): %s", rc,
+          ahead.num_tokens, rc ? pagoda_error_detail() : "");
+    pagoda_result_free(&ahead);
+    CHECK(rc != 0 || pagoda_cancel(c, id, NULL) == 0, "and the request is cancelled: %s",
+          pagoda_error_detail());
+    CHECK(ids_served(c), "the group still serves");
+
     /* A burst of text prompts, more than are tokenized at once: every one is admitted (they wait
      * their turn in the router) and ends with its tokens. The prompts are short (about 8 tokens):
      * the sanitizer build's CPU worker takes over the scheduler's step timeout on a step of a

@@ -54,6 +54,7 @@ static int push_all(struct output_text *o, const int32_t *ids, size_t n, size_t 
         output_text_visible(o, &len);
         assert_true(len >= prev);
         assert_int_equal(output_text_start(o, (uint32_t)i + 1), len);
+        assert_int_equal(output_text_start(o, (uint32_t)i + 5), len); /* past the tokens */
         assert_int_equal(output_text_start(o, (uint32_t)i), prev);
         prev = len;
         if (stop) {
@@ -284,6 +285,8 @@ static void test_an_id_outside_the_tokenizer_adds_nothing(void **state)
     (void)state;
     struct output_text *o;
     assert_int_equal(output_text_new(tok, true, NULL, NULL, 0, &o), 0);
+    /* an offset ahead of an output without tokens (a poll asking ahead) */
+    assert_int_equal(output_text_start(o, 5), 0);
     int stop;
     assert_int_equal(output_text_push(o, 100000, &stop), 0);
     assert_int_equal(output_text_push(o, -1, &stop), 0);
