@@ -316,6 +316,16 @@ static void scenario_text(struct group *g, const Tokenizer *tok, const ChatTempl
               (eos_first || (by_stop_id.has_stop_token_id && by_stop_id.stop_token_id == stop_id &&
                              by_stop_id.num_tokens == at + 1 && by_stop_id.stop_string == NULL)),
           "stop token id %d: named, after %zu tokens", stop_id, by_stop_id.num_tokens);
+    /* ... and its text is not in the output, as vLLM's (the tokens before it are) */
+    char *before = NULL;
+    size_t before_len = 0;
+    if (!eos_first && rc == 0)
+        tokenizer_decode(tok, by_stop_id.token_ids, at, true, &before, &before_len);
+    CHECK(eos_first || (before != NULL && by_stop_id.text_len == before_len &&
+                        memcmp(by_stop_id.text, before, before_len) == 0),
+          "stop token id %d: the text is the %zu tokens' before it (%zu bytes, want %zu)", stop_id,
+          at, by_stop_id.text_len, before_len);
+    free(before);
     pagoda_result_free(&by_stop_id);
 
     /* A chat: the template's rendering, then the same tokens as its ids. */
