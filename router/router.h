@@ -86,8 +86,9 @@
  *    client's REQ reconnects when it calls again; a slow peer holding a partial message loses
  *    it). Contexts are opened on demand, so that num_contexts of them are always free to receive
  *    while calls are parked: a parked poll never keeps Health or a Submit from being answered.
- *    At most max_parked_calls calls are parked at once; a poll beyond that is answered at once
- *    with what there is (the client polls again), a Stats with PAGODA_EBUSY. A finished request
+ *    At most max_parked_calls calls are parked at once, and with a tenants file a tenant's at most
+ *    its share (ROUTER_PARKED_PER_ADMITTED); a poll beyond that is answered at once with what
+ *    there is (the client polls again), a Stats or Tokenize with PAGODA_EBUSY. A finished request
  *    keeps only what its client can still fetch (tokens, logprobs, usage, the finish), not its
  *    prompt: a resent Submit of it is recognised by a keyed hash of its prompt. */
 #ifndef PAGODA_ROUTER_ROUTER_H
@@ -170,6 +171,11 @@
  * bytes (four calls of ROUTER_MAX_CLIENT_MESSAGE_BYTES), so that one tenant's burst never takes
  * them all (four tenants' can). */
 #define ROUTER_MAX_TENANT_TEXT_CALLS 32u
+/* With a tenants file, a tenant's calls parked at once (polls, stats, tokenize) are at most this
+ * many for each request it may have (max_running + max_waiting), plus its Tokenize calls and 16
+ * (router_may_park). A client parks one poll a request; past its share a poll is answered at once
+ * with what there is, a Stats with PAGODA_EBUSY. */
+#define ROUTER_PARKED_PER_ADMITTED 4u
 #define ROUTER_MAX_TEXT_CALL_BYTES (64u << 20)
 #define ROUTER_MAX_TENANT_TEXT_CALL_BYTES (ROUTER_MAX_TEXT_CALL_BYTES / 4)
 /* Unpacking one client message may make at most this many allocations (one per string or

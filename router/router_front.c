@@ -310,11 +310,15 @@ void router_park_remove(struct rctx **list, struct rctx *c)
         c->next->prev = c->prev;
     c->prev = c->next = NULL;
     c->r->num_parked--;
+    if (c->caller != CALLER_NONE)
+        c->r->slots[c->caller].parked--;
 }
 
 static void park_push(struct rctx **list, struct rctx *c)
 {
     c->r->num_parked++;
+    if (c->caller != CALLER_NONE)
+        c->r->slots[c->caller].parked++;
     c->prev = NULL;
     c->next = *list;
     if (*list)
@@ -371,6 +375,19 @@ static void on_park_timeout(uv_timer_t *t)
         router_reply_error(c, PAGODA_ETIMEDOUT, "tokenize: not done within %u ms",
                            ROUTER_TEXT_CALL_TIMEOUT_MS);
     }
+}
+
+uint32_t router_tenant_park_share(const struct tenant_slot *slot)
+{
+    return ROUTER_PARKED_PER_ADMITTED * slot->limit + ROUTER_MAX_TENANT_TEXT_CALLS + 16;
+}
+
+int router_may_park(const struct router *r, const struct rctx *c)
+{
+    if (r->num_parked >= r->cfg.max_parked_calls)
+        return 0;
+    return r->tenants == NULL || c->caller == CALLER_NONE ||
+           r->slots[c->caller].parked < router_tenant_park_share(&r->slots[c->caller]);
 }
 
 void router_park(struct rctx **list, struct rctx *c, uint32_t timeout_ms)
@@ -493,11 +510,14 @@ static void handle_call(struct router *r, struct rctx *c)
     }
     uint32_t tenant = 0;
     int admin = 0;
+    c->caller = CALLER_NONE;
     if (req->call_case != PAGODA__CLIENT_REQUEST__CALL__NOT_SET &&
         check_caller(r, c, req, &tenant, &admin) != 0) {
         protobuf_c_message_free_unpacked(&req->base, &alloc);
         return;
     }
+    if (!admin)
+        c->caller = tenant;
     switch (req->call_case) {
     case PAGODA__CLIENT_REQUEST__CALL_SUBMIT:
         registry_handle_submit(r, c, tenant, req->submit);
@@ -594,6 +614,7 @@ static int ctx_add(struct router *r)
     if (c == NULL)
         return PAGODA_ENOMEM;
     c->r = r;
+    c->caller = CALLER_NONE;
     int rv = nng_ctx_open(&c->ctx, r->rep);
     if (rv != 0) {
         free(c);

@@ -83,6 +83,9 @@ struct rctx {
                                               (owned), or NULL */
     uint8_t id[ID_BYTES]; /* PARK_UNKNOWN: the poll's id, tenant, offset and wait */
     uint32_t tenant;
+    /* The tenant slot whose share of the parked calls the call takes while parked
+     * (router_may_park), or CALLER_NONE (an admin key, or before the caller is known). */
+    uint32_t caller;
     int has_offset;
     uint32_t wait_ms;
     enum admin_op admin_op;                      /* PARK_ADMIN, PARK_POLICY */
@@ -174,6 +177,7 @@ struct tenant_slot {
     uint64_t duplicate_submits;
     uint32_t text_jobs;     /* its prompts being tokenized (router_text.c) */
     uint32_t text_calls;    /* its Tokenize calls waiting (router_text.c) */
+    uint32_t parked;        /* its calls parked, of every kind (router_may_park) */
     size_t text_call_bytes; /* what they hold (ROUTER_MAX_TENANT_TEXT_CALL_BYTES) */
 };
 
@@ -371,6 +375,17 @@ int front_open(struct router *r);
 int front_ensure_contexts(struct router *r);
 /* Loop thread: handles the calls waiting in the mailbox, then keeps contexts free to receive. */
 void front_on_mail(struct router *r);
+
+/* No tenant's call (struct rctx.caller). */
+#define CALLER_NONE UINT32_MAX
+
+/* Whether c may be parked: fewer than max_parked_calls are, and, with a tenants file, its
+ * tenant's parked calls are fewer than its share, ROUTER_PARKED_PER_ADMITTED for each request it
+ * may have (max_running + max_waiting) and its Tokenize calls, so that one tenant's flood of polls
+ * or stats calls does not take the parked calls every tenant needs. */
+int router_may_park(const struct router *r, const struct rctx *c);
+/* A tenant's share of the parked calls (router_may_park). */
+uint32_t router_tenant_park_share(const struct tenant_slot *slot);
 
 /* Packs resp and sends it on c's context (the context then receives its next call). */
 void router_reply(struct rctx *c, Pagoda__ClientResponse *resp);

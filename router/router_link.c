@@ -976,10 +976,11 @@ void link_handle_stats(struct router *r, struct rctx *c, uint32_t tenant, int ad
 {
     /* Every Stats call parks until the schedulers answer, a tenant's too: all of them count
      * against --max-parked. */
-    if (r->num_parked >= r->cfg.max_parked_calls) {
+    if (!router_may_park(r, c)) {
         r->parked_refused++;
-        router_reply_error(c, PAGODA_EBUSY, "stats: %u calls wait already: retry later",
-                           r->num_parked);
+        router_reply_error(
+            c, PAGODA_EBUSY, "stats: %u calls wait already (%u of them this tenant's): retry later",
+            r->num_parked, c->caller != CALLER_NONE ? r->slots[c->caller].parked : 0);
         return;
     }
     if (r->tenants != NULL && !admin) {

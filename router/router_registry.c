@@ -587,11 +587,12 @@ static void poll_answer(struct router *r, struct rctx *c, uint32_t tenant, const
     uint64_t age = uv_now(r->loop) - r->started_ms;
     if (q == NULL && !r->announced && age < ANNOUNCE_GRACE_MS &&
         r->num_unknown_parked < MAX_UNKNOWN_PARKED) {
-        if (r->num_parked >= r->cfg.max_parked_calls) {
+        if (!router_may_park(r, c)) {
             r->parked_refused++;
             router_reply_error(c, PAGODA_EBUSY,
-                               "poll: the router is starting and %u calls wait: poll again",
-                               r->num_parked);
+                               "poll: the router is starting and %u calls wait (this tenant's "
+                               "%u): poll again",
+                               r->num_parked, r->slots[tenant].parked);
             return;
         }
         /* A restarted router: the scheduler may still announce this request. */
@@ -627,9 +628,9 @@ static void poll_answer(struct router *r, struct rctx *c, uint32_t tenant, const
         router_reply_update(c, q, offset);
         return;
     }
-    if (r->num_parked >= r->cfg.max_parked_calls) {
-        /* As many calls wait as the router holds: this one gets what there is (nothing new)
-         * now, and its client polls again. */
+    if (!router_may_park(r, c)) {
+        /* As many calls wait as the router holds, or as the tenant's share: this one gets what
+         * there is (nothing new) now, and its client polls again. */
         r->parked_refused++;
         router_reply_update(c, q, offset);
         return;

@@ -42,7 +42,8 @@ static uint32_t slot_for(struct router *r, const char *name, uint32_t limit, uin
     for (i = 0; i < r->num_slots; i++) {
         if (strcmp(r->slots[i].name, name) == 0)
             break;
-        if (free_slot == UINT32_MAX && !r->slots[i].active && r->slots[i].refs == 0)
+        if (free_slot == UINT32_MAX && !r->slots[i].active && r->slots[i].refs == 0 &&
+            r->slots[i].parked == 0) /* its calls parked take its share until answered */
             free_slot = i;
     }
     if (i == r->num_slots) {

@@ -671,8 +671,7 @@ void router_text_handle_tokenize(struct router *r, struct rctx *c, uint32_t tena
      * prompts), and in the bytes the jobs hold (their packed text fields, or ids), a tenant's and
      * all tenants'. */
     struct tenant_slot *slot = &r->slots[tenant];
-    if (r->num_parked >= r->cfg.max_parked_calls ||
-        slot->text_calls >= ROUTER_MAX_TENANT_TEXT_CALLS) {
+    if (!router_may_park(r, c) || slot->text_calls >= ROUTER_MAX_TENANT_TEXT_CALLS) {
         r->parked_refused++;
         router_reply_error(c, PAGODA_EBUSY,
                            "tokenize: too many calls wait (this tenant's Tokenize calls: %u of %u; "

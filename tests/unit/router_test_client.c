@@ -71,6 +71,54 @@ Pagoda__ClientResponse *rt_raw_request(const struct rtr_env *e, Pagoda__ClientRe
     return resp;
 }
 
+void rt_calls_send(struct rt_calls *k, const char *url, Pagoda__ClientRequest *req, int n)
+{
+    size_t len = pagoda__client_request__get_packed_size(req);
+    uint8_t *buf = malloc(len + 1);
+    assert_non_null(buf);
+    pagoda__client_request__pack(req, buf);
+    k->n = n;
+    k->ctxs = calloc((size_t)n, sizeof(*k->ctxs));
+    k->aios = calloc((size_t)n, sizeof(*k->aios));
+    assert_true(k->ctxs != NULL && k->aios != NULL);
+    assert_int_equal(nng_req0_open(&k->s), 0);
+    assert_int_equal(nng_dial(k->s, url, NULL, 0), 0);
+    for (int i = 0; i < n; i++) {
+        nng_msg *m;
+        assert_int_equal(nng_ctx_open(&k->ctxs[i], k->s), 0);
+        assert_int_equal(nng_aio_alloc(&k->aios[i], NULL, NULL), 0);
+        assert_int_equal(nng_msg_alloc(&m, len), 0);
+        memcpy(nng_msg_body(m), buf, len);
+        nng_aio_set_msg(k->aios[i], m);
+        nng_aio_set_timeout(k->aios[i], 30000);
+        nng_ctx_send(k->ctxs[i], k->aios[i]);
+        nng_aio_wait(k->aios[i]);
+        assert_int_equal(nng_aio_result(k->aios[i]), 0);
+        nng_ctx_recv(k->ctxs[i], k->aios[i]);
+    }
+    free(buf);
+}
+
+void rt_calls_end(struct rt_calls *k, int wait)
+{
+    for (int i = 0; i < k->n; i++) {
+        if (wait) {
+            nng_aio_wait(k->aios[i]);
+            assert_int_equal(nng_aio_result(k->aios[i]), 0);
+        } else {
+            nng_aio_stop(k->aios[i]);
+        }
+        if (nng_aio_result(k->aios[i]) == 0)
+            nng_msg_free(nng_aio_get_msg(k->aios[i]));
+        nng_aio_free(k->aios[i]);
+        nng_ctx_close(k->ctxs[i]);
+    }
+    nng_close(k->s);
+    free(k->ctxs);
+    free(k->aios);
+    memset(k, 0, sizeof(*k));
+}
+
 void rt_raw_submit_init(struct rt_raw_submit *r, const uint8_t *id, int32_t max_tokens)
 {
     pagoda__client_request__init(&r->req);

@@ -1,4 +1,5 @@
-/* The router tests' client side (test_router.c, test_router_tenants.c): libpagoda clients with
+/* The router tests' client side (test_router.c, test_router_tenants.c, test_router_admin.c):
+ * libpagoda clients with
  * the tests' timeout, greedy parameters, the stand-in scheduler's tokens checked, raw REQ calls
  * for what libpagoda never sends, and the teardown of a cmocka group's router. */
 #ifndef PAGODA_TESTS_UNIT_ROUTER_TEST_CLIENT_H
@@ -8,6 +9,7 @@
 #include "proto/pagoda.pb-c.h"
 #include "tests/unit/router_fake_scheduler.h"
 
+#include <nng/nng.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -47,6 +49,22 @@ int rt_response_code(const Pagoda__ClientResponse *resp);
 /* Polls until the request has finished; returns the final piece's finish reason (and the count
  * of tokens in *count unless NULL). */
 pagoda_finish_reason rt_wait_finished(pagoda_client *c, const uint8_t *id, uint32_t *count);
+
+/* n copies of one call sent at once on one REQ socket's contexts, each then waiting for its
+ * answer (a poll or stats call the router parks). */
+struct rt_calls {
+    nng_socket s;
+    int n;
+    nng_ctx *ctxs;
+    nng_aio **aios;
+};
+
+/* Packs req and sends it n times on a fresh socket to url (asserting each send). */
+void rt_calls_send(struct rt_calls *k, const char *url, Pagoda__ClientRequest *req, int n);
+
+/* With wait, asserts that every call is answered (within 30 s of its send); without, drops the
+ * calls unanswered. Closes the socket. */
+void rt_calls_end(struct rt_calls *k, int wait);
 
 /* A random request id. */
 void rt_random_id(uint8_t id[16]);

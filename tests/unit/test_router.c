@@ -769,26 +769,8 @@ static void test_parked_calls_are_bounded(void **state)
     Pagoda__ClientRequest req = PAGODA__CLIENT_REQUEST__INIT;
     req.call_case = PAGODA__CLIENT_REQUEST__CALL_POLL;
     req.poll = &poll;
-    uint8_t buf[64];
-    size_t len = pagoda__client_request__pack(&req, buf);
-    nng_socket s;
-    assert_int_equal(nng_req0_open(&s), 0);
-    assert_int_equal(nng_dial(s, e->url, NULL, 0), 0);
-    nng_ctx ctxs[3];
-    nng_aio *aios[3];
-    for (int i = 0; i < 3; i++) {
-        nng_msg *m;
-        assert_int_equal(nng_ctx_open(&ctxs[i], s), 0);
-        assert_int_equal(nng_aio_alloc(&aios[i], NULL, NULL), 0);
-        assert_int_equal(nng_msg_alloc(&m, len), 0);
-        memcpy(nng_msg_body(m), buf, len);
-        nng_aio_set_msg(aios[i], m);
-        nng_aio_set_timeout(aios[i], 30000);
-        nng_ctx_send(ctxs[i], aios[i]);
-        nng_aio_wait(aios[i]);
-        assert_int_equal(nng_aio_result(aios[i]), 0);
-        nng_ctx_recv(ctxs[i], aios[i]);
-    }
+    struct rt_calls polls;
+    rt_calls_send(&polls, e->url, &req, 3);
     usleep(200 * 1000); /* the router parks them */
 
     uint64_t t0 = rtr_now_ms();
@@ -814,14 +796,7 @@ static void test_parked_calls_are_bounded(void **state)
     assert_int_equal(all.num_tokens, 4);
     rt_assert_tokens(prompt, 2, all.token_ids, 4, 0);
     pagoda_result_free(&all);
-    for (int i = 0; i < 3; i++) {
-        nng_aio_wait(aios[i]);
-        assert_int_equal(nng_aio_result(aios[i]), 0);
-        nng_msg_free(nng_aio_get_msg(aios[i]));
-        nng_aio_free(aios[i]);
-        nng_ctx_close(ctxs[i]);
-    }
-    nng_close(s);
+    rt_calls_end(&polls, 1);
     pagoda_client_close(c);
     assert_int_equal(rtr_env_stop(e), 0);
 }

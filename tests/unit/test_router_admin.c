@@ -12,10 +12,14 @@
 #include "client/pagoda_admin.h"
 #include "common/error.h"
 #include "proto/internal.pb-c.h"
+#include "proto/pagoda.pb-c.h"
+#include "router/router.h"
 #include "router/tenants.h"
 #include "tests/unit/router_fake_scheduler.h"
+#include "tests/unit/router_test_client.h"
 
 #include <nng/nng.h>
+#include <nng/protocol/reqrep0/req.h>
 
 #include <fcntl.h>
 #include <pthread.h>
@@ -886,6 +890,47 @@ static void test_tenant_stats_count_against_max_parked(void **state)
     env_stop(&a);
 }
 
+/* With a tenants file a tenant's parked calls are at most its share (ROUTER_PARKED_PER_ADMITTED
+ * a request it may have, plus its Tokenize calls and 16): under --max-parked one above carol's
+ * share (max_running 2, max_waiting 1: 60), she parks 60 Stats calls while the scheduler holds
+ * its answers, her 61st is refused at once, and bob's Stats still parks and is answered. Before,
+ * carol's 61st took the last parked call and bob's was refused (an outside probe's 17,000 polls
+ * made every tenant's Stats PAGODA_EBUSY). */
+static void test_a_tenant_parks_its_share(void **state)
+{
+    (void)state;
+    enum { SHARE = ROUTER_PARKED_PER_ADMITTED * 3 + ROUTER_MAX_TENANT_TEXT_CALLS + 16 };
+    char max_parked[16];
+    snprintf(max_parked, sizeof(max_parked), "%d", SHARE + 1);
+    const char *const extra[] = {"--max-parked", max_parked, NULL};
+    struct admin_env a;
+    env_start(&a, tenants_json, extra);
+    wait_policies(&a, 1);
+    fake_sched_hold_admin(a.e.fs, 1);
+    Pagoda__StatsRequest sr = PAGODA__STATS_REQUEST__INIT;
+    Pagoda__ClientRequest req = PAGODA__CLIENT_REQUEST__INIT;
+    req.api_key = "carol-key";
+    req.call_case = PAGODA__CLIENT_REQUEST__CALL_STATS;
+    req.stats = &sr;
+    struct rt_calls stats;
+    rt_calls_send(&stats, a.e.url, &req, SHARE);
+    usleep(500 * 1000); /* all parked in the router (their answers are held) */
+    pagoda_client *carol = client_with_key(&a, "carol-key");
+    pagoda_engine_stats st;
+    assert_int_equal(pagoda_stats(carol, &st), PAGODA_EBUSY);
+    assert_non_null(strstr(pagoda_error_detail(), "this tenant's"));
+    fake_sched_hold_admin(a.e.fs, 0);
+    pagoda_client *bob = client_with_key(&a, "bob-key");
+    int rc = pagoda_stats(bob, &st);
+    if (rc != 0)
+        fail_msg("bob's Stats beside carol's share: %s: %s", pagoda_strerror(rc),
+                 pagoda_error_detail());
+    rt_calls_end(&stats, 0); /* carol's held calls are never answered */
+    pagoda_client_close(bob);
+    pagoda_client_close(carol);
+    env_stop(&a);
+}
+
 static void test_stats_are_per_tenant(void **state)
 {
     (void)state;
@@ -1220,6 +1265,7 @@ int main(void)
         cmocka_unit_test(test_finished_results_tenant_bound),
         cmocka_unit_test(test_stats_are_per_tenant),
         cmocka_unit_test(test_tenant_stats_count_against_max_parked),
+        cmocka_unit_test(test_a_tenant_parks_its_share),
         cmocka_unit_test(test_reload_fifo_does_not_block_others),
         cmocka_unit_test(test_reload_refuses_directory_and_large_file),
     };
