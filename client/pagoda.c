@@ -519,6 +519,8 @@ int client_submit_build(struct client_submit *cs, const pagoda_generate_params *
                 cs->store[i].has_content = 1;
                 cs->store[i].content.data = (uint8_t *)m->content;
                 cs->store[i].content.len = strlen(m->content);
+            } else if (m->content_absent) {
+                cs->store[i].has_content_absent = cs->store[i].content_absent = 1;
             }
             cs->store[i].name = (char *)m->name;
             cs->store[i].tool_call_id = (char *)m->tool_call_id;

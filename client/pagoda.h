@@ -109,6 +109,10 @@ typedef struct pagoda_chat_message {
     const char *tool_call_id;
     const char *tool_calls_json;   /* an assistant's tool calls: a JSON array */
     const char *reasoning_content; /* an assistant's reasoning */
+    /* With content NULL: 0 passes a null content (the template's None, as transformers passes
+     * a null), 1 none at all (undefined to the template, printed as "": a JSON message without
+     * the key). */
+    int content_absent;
 } pagoda_chat_message;
 
 /* A prompt: exactly one of token ids, text and a chat (rendered by the model's chat template).

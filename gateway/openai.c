@@ -445,8 +445,11 @@ static int read_messages(struct openai_request *req, struct openai_error *err)
         out->role = json_string_value(json_object_get(m, "role"));
         if (out->role == NULL)
             return bad(err, "invalid_value", "messages[%zu] needs a string 'role'", i);
-        if (read_content(req, json_object_get(m, "content"), i, &out->content, err))
+        const json_t *content = json_object_get(m, "content");
+        if (read_content(req, content, i, &out->content, err))
             return -1;
+        /* no key (a tool-call turn's, often): undefined to the template, not null's None */
+        out->content_absent = content == NULL;
         out->name = json_string_value(json_object_get(m, "name"));
         out->tool_call_id = json_string_value(json_object_get(m, "tool_call_id"));
         out->reasoning_content = json_string_value(json_object_get(m, "reasoning_content"));

@@ -239,8 +239,12 @@ static json_t *message_json(const Pagoda__ChatMessage *m, char *why, size_t why_
         snprintf(why, why_len, "out of memory");
         return NULL;
     }
+    /* Content left out is left out (the template's undefined, ""), a null is None as in
+     * transformers; before the forty-first session a left-out content was None too. */
     json_t *content = m->has_content ? json_stringn(text, m->content.len) : json_null();
-    if (content == NULL || json_object_set_new(o, "content", content) != 0) {
+    if (!m->has_content && m->has_content_absent && m->content_absent)
+        json_decref(content);
+    else if (content == NULL || json_object_set_new(o, "content", content) != 0) {
         snprintf(why, why_len, "message %zu: its content is not valid UTF-8", i);
         json_decref(o);
         return NULL;

@@ -356,6 +356,37 @@ static void scenario_text(struct group *g, const Tokenizer *tok, const ChatTempl
                        by_chat_ids.num_tokens),
           "chat: the same tokens as its rendering's ids");
 
+    /* A message without content is rendered without it (undefined to the template, as
+     * transformers renders OpenAI's message without the key), a null content as None: each
+     * tokenizes as the template's rendering of that JSON (before the forty-first session a
+     * left-out content was None too). */
+    for (int absent = 0; absent < 2; absent++) {
+        pagoda_chat_message turn[] = {{.role = "user", .content = "hi"},
+                                      {.role = "assistant", .content_absent = absent}};
+        json_t *mv = absent ? json_pack("[{s:s,s:s},{s:s}]", "role", "user", "content", "hi",
+                                        "role", "assistant")
+                            : json_pack("[{s:s,s:s},{s:s,s:n}]", "role", "user", "content", "hi",
+                                        "role", "assistant", "content");
+        char *turn_text = NULL;
+        size_t turn_len = 0;
+        TokenizerIds turn_ids = {0};
+        pagoda_tokenized got = {0};
+        pr = pagoda_prompt_default();
+        pr.messages = turn;
+        pr.num_messages = 2;
+        rc = pagoda_tokenize(c, &pr, &got);
+        CHECK(mv && chat_template_apply(chat, mv, NULL, true, NULL, &turn_text, &turn_len) == 0 &&
+                  tokenizer_encode(tok, turn_text, turn_len, false, &turn_ids) == 0 && rc == 0 &&
+                  same_ids(got.token_ids, got.num_token_ids, turn_ids.ids, turn_ids.len) &&
+                  (absent ? strstr(turn_text, "None") == NULL : strstr(turn_text, "None") != NULL),
+              "a message with its content %s tokenizes as its rendering (%zu ids, want %zu)",
+              absent ? "left out" : "null", got.num_token_ids, turn_ids.len);
+        json_decref(mv);
+        free(turn_text);
+        tokenizer_ids_fini(&turn_ids);
+        pagoda_tokenized_free(&got);
+    }
+
     /* Tokenize calls: a text and a chat give the ids their Submits had, with the model's
      * context; the output's ids give its text back; token-id prompts and ids outside the
      * vocabulary are refused with why. */

@@ -149,6 +149,8 @@ static void test_a_chat_is_read(void **state)
     assert_int_equal(req.prompt.num_messages, 3);
     assert_string_equal(req.prompt.messages[1].content, "Hi there");
     assert_null(req.prompt.messages[2].content);
+    assert_false(req.prompt.messages[2].content_absent); /* null: None to the template */
+    assert_false(req.prompt.messages[0].content_absent);
     assert_non_null(strstr(req.prompt.messages[2].tool_calls_json, "\"arguments\":{\"x\":1}"));
     assert_int_equal(req.params.max_tokens, 5);
     assert_string_equal(req.prompt.chat_template_kwargs, "{\"enable_thinking\":false}");
@@ -160,6 +162,15 @@ static void test_a_chat_is_read(void **state)
                            &req, &err),
                      0);
     assert_int_equal(req.params.max_tokens, 1024); /* the gateway's default */
+    openai_request_fini(&req);
+    /* a message without the key: none at all (undefined to the template) */
+    assert_int_equal(parse(OPENAI_CHAT,
+                           "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}, "
+                           "{\"role\": \"assistant\"}]}",
+                           &req, &err),
+                     0);
+    assert_null(req.prompt.messages[1].content);
+    assert_true(req.prompt.messages[1].content_absent);
     openai_request_fini(&req);
 }
 
