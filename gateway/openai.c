@@ -654,6 +654,11 @@ int openai_parse(enum openai_kind kind, const char *body, size_t len, int32_t de
     req->prompt = pagoda_prompt_default();
     json_error_t jerr;
     req->root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &jerr);
+    if (req->root == NULL && strstr(jerr.text, "\\u0000") != NULL)
+        /* valid JSON, but C strings end at a NUL: refused as what it is, not as a syntax error */
+        return bad(err, "invalid_value",
+                   "a string in the body holds a NUL character (\\u0000), which is not "
+                   "supported");
     if (req->root == NULL)
         return bad(err, "invalid_json", "the body is not JSON: line %d: %s", jerr.line, jerr.text);
     if (!json_is_object(req->root))

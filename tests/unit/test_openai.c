@@ -183,6 +183,7 @@ static void test_bad_requests_are_400_with_a_reason(void **state)
     } cases[] = {
         {OPENAI_COMPLETION, "{\"prompt\": \"x\"", "not JSON"},
         {OPENAI_COMPLETION, "[1]", "JSON object"},
+        {OPENAI_COMPLETION, "{\"prompt\": \"a\\u0000b\"}", "NUL character"},
         {OPENAI_COMPLETION, "{}", "'prompt'"},
         {OPENAI_COMPLETION, "{\"prompt\": \"\"}", "empty"},
         {OPENAI_COMPLETION, "{\"prompt\": [\"a\", [1]]}", "not both"},
