@@ -383,7 +383,8 @@ static int read_prompt(struct openai_request *req, struct openai_error *err)
     return 0;
 }
 
-/* A chat message's content: a string, null, or a list of text parts (joined). */
+/* A chat message's content: a string, null, or a list of text parts, joined with "\n" as vLLM
+ * joins them (before the forty-first session with nothing between). */
 static int read_content(struct openai_request *req, const json_t *c, size_t i, const char **out,
                         struct openai_error *err)
 {
@@ -408,7 +409,7 @@ static int read_content(struct openai_request *req, const json_t *c, size_t i, c
                        "messages[%zu].content[%zu]: only {\"type\": \"text\", \"text\": ...} "
                        "parts are supported",
                        i, k);
-        len += json_string_length(text);
+        len += json_string_length(text) + 1;
     }
     char *joined = own(req, malloc(len + 1));
     if (joined == NULL)
@@ -417,6 +418,8 @@ static int read_content(struct openai_request *req, const json_t *c, size_t i, c
     json_array_foreach(c, k, part)
     {
         const json_t *text = json_object_get(part, "text");
+        if (k > 0)
+            joined[at++] = '\n';
         memcpy(joined + at, json_string_value(text), json_string_length(text));
         at += json_string_length(text);
     }

@@ -147,7 +147,7 @@ static void test_a_chat_is_read(void **state)
               &req, &err),
         0);
     assert_int_equal(req.prompt.num_messages, 3);
-    assert_string_equal(req.prompt.messages[1].content, "Hi there");
+    assert_string_equal(req.prompt.messages[1].content, "Hi \nthere"); /* vLLM's "\n" join */
     assert_null(req.prompt.messages[2].content);
     assert_false(req.prompt.messages[2].content_absent); /* null: None to the template */
     assert_false(req.prompt.messages[0].content_absent);
