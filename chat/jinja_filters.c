@@ -267,7 +267,8 @@ static int indent_filter(struct jrender *r, int line, const jv *s, const struct 
         if (rc == 0)
             rc = jbuf_append(&buf, p, l);
         is_first = false;
-        if (nl == NULL || rc != 0)
+        /* jinja2 splits s + "\n": a \r at the very end becomes \r\n, one break, no line after */
+        if (nl == NULL || rc != 0 || (*nl == '\r' && nl + 1 == end))
             break;
         p = nl + brk;
     }
@@ -337,24 +338,34 @@ static int length_of(struct jrender *r, int line, const jv *v, int64_t *n)
     }
 }
 
+/* s[*b..*e) without the str.isspace() characters around it, as int() and float() strip. */
+static void py_strip(const char *s, size_t *b, size_t *e)
+{
+    uint32_t cp;
+    size_t k;
+    while (*b < *e && (k = jinja_u8_next(s + *b, *e - *b, &cp)) > 0 && jinja_is_space(cp))
+        *b += k;
+    while (*e > *b) {
+        size_t start = *e - 1;
+        while (start > *b && ((unsigned char)s[start] & 0xC0) == 0x80)
+            start--;
+        jinja_u8_next(s + start, *e - start, &cp);
+        if (!jinja_is_space(cp))
+            break;
+        *e = start;
+    }
+}
+
 /* Python's int() and float() of a string, for the int and float filters (jinja2's do_int and
- * do_float call them): ASCII whitespace around, a sign, decimal digits with single underscores
+ * do_float call them): whitespace around, a sign, decimal digits with single underscores
  * between them; float() also a fraction, an exponent, "inf", "infinity" and "nan" in any case.
  * Copies the number without its whitespace and underscores into buf (size n) and returns 1 when
  * s[0..len) is one (*is_int: an int() literal), else 0. Not hexadecimal, which strtod would
- * take ('0x1A'|int is 0 in jinja2); not Unicode digits. */
-static bool py_space(char c)
-{
-    return c == ' ' || (c >= '\t' && c <= '\r') || (c >= '\x1c' && c <= '\x1f');
-}
-
+ * take ('0x1A'|int is 0 in jinja2, int(base=16) reads it: py_int_base); not Unicode digits. */
 static int py_number(const char *s, size_t len, char *buf, size_t n, bool *is_int)
 {
     size_t i = 0, o = 0;
-    while (len > 0 && py_space(s[len - 1]))
-        len--;
-    while (i < len && py_space(s[i]))
-        i++;
+    py_strip(s, &i, &len);
     if (len - i + 1 > n)
         return 0;
     if (i < len && (s[i] == '+' || s[i] == '-'))
@@ -409,11 +420,65 @@ static int py_number(const char *s, size_t len, char *buf, size_t n, bool *is_in
     return 1;
 }
 
+/* Python's int(s, base) for a base other than 10 (0: from the prefix, or 2 to 36): whitespace
+ * around, a sign, the base's prefix (0x, 0o, 0b), digits of the base with single underscores
+ * between them (and after the prefix). Returns 1 with *v, 0 when it is not one, -1 past 64 bits. */
+static int py_int_base(const char *s, size_t len, int64_t base, int64_t *v)
+{
+    size_t i = 0;
+    py_strip(s, &i, &len);
+    if (base != 0 && (base < 2 || base > 36))
+        return 0;
+    bool neg = false;
+    if (i < len && (s[i] == '+' || s[i] == '-'))
+        neg = s[i++] == '-';
+    if (len - i >= 2 && s[i] == '0') {
+        char x = (char)(s[i + 1] | 0x20);
+        int64_t pb = x == 'x' ? 16 : x == 'o' ? 8 : x == 'b' ? 2 : 0;
+        if (pb != 0 && (base == 0 || base == pb)) {
+            base = pb;
+            i += 2;
+            if (i < len && s[i] == '_')
+                i++;
+        }
+    }
+    bool zero_lead = base == 0; /* base 0 without a prefix: decimal, no leading 0 but 0 itself */
+    if (base == 0)
+        base = 10;
+    uint64_t acc = 0;
+    size_t digits = 0;
+    bool over = false, nonzero = false, first_zero = false;
+    for (; i < len; i++) {
+        char c = s[i];
+        int dv = c >= '0' && c <= '9'                     ? c - '0'
+                 : (c | 0x20) >= 'a' && (c | 0x20) <= 'z' ? (c | 0x20) - 'a' + 10
+                                                          : -1;
+        if (c == '_' && digits > 0 && i + 1 < len && s[i + 1] != '_')
+            continue;
+        if (dv < 0 || dv >= base)
+            return 0;
+        if (digits == 0)
+            first_zero = dv == 0;
+        nonzero |= dv != 0;
+        digits++;
+        if (acc > (UINT64_MAX - (uint64_t)dv) / (uint64_t)base)
+            over = true;
+        else
+            acc = acc * (uint64_t)base + (uint64_t)dv;
+    }
+    if (digits == 0 || (zero_lead && first_zero && nonzero))
+        return 0;
+    if (over || acc > (uint64_t)INT64_MAX + neg)
+        return -1;
+    *v = neg ? (int64_t)(0 - acc) : (int64_t)acc;
+    return 1;
+}
+
 /* The int and float filters as jinja2's: int() of a string, else int(float()) ("42.23"|int is
  * 42), else dflt; float(), else dflt. An int past 64 bits (Python's is unbounded) or of an infinity
  * (Python's OverflowError) is an error; of a NaN, dflt. */
-static int to_number(struct jrender *r, int line, const jv *in, bool want_int, const jv *dflt,
-                     jv *out)
+static int to_number(struct jrender *r, int line, const jv *in, bool want_int, int64_t base,
+                     const jv *dflt, jv *out)
 {
     double d;
     switch (in->kind) {
@@ -433,6 +498,14 @@ static int to_number(struct jrender *r, int line, const jv *in, bool want_int, c
     case JV_STRING: {
         char buf[512];
         bool is_int = false;
+        int64_t based;
+        int got = want_int && base != 10 ? py_int_base(in->u.s.p, in->u.s.len, base, &based) : 0;
+        if (got < 0)
+            return jinja_fail(r, line, PAGODA_ERANGE, "integer result out of 64-bit range");
+        if (got > 0) {
+            *out = jv_int(based);
+            return 0;
+        }
         if (!py_number(in->u.s.p, in->u.s.len, buf, sizeof(buf), &is_int)) {
             *out = *dflt;
             return 0;
@@ -542,7 +615,11 @@ int jinja_filter(struct jrender *r, struct jframe *f, int line, const char *name
     if (IS("int") || IS("float")) {
         jv d = IS("int") ? jv_int(0) : jv_float(0.0);
         const jv *dv = jinja_arg(a, 0, "default");
-        return to_number(r, line, in, IS("int"), dv ? dv : &d, out);
+        const jv *bv = IS("int") ? jinja_arg(a, 1, "base") : NULL;
+        int64_t base = 10;
+        if (bv != NULL && (rc = jinja_need_int(r, line, bv, "int base must be an integer", &base)))
+            return rc;
+        return to_number(r, line, in, IS("int"), base, dv ? dv : &d, out);
     }
     if (IS("abs")) {
         if (in->kind == JV_INT) {

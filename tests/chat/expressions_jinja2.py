@@ -76,6 +76,8 @@ T = [
  "{{ 5|round }}|{{ true|round }}|{{ 1250|round(-2) }}|{{ 1350|round(-2) }}|{{ -1250|round(-2) }}|{{ -1351|round(-2) }}|{{ 123|round(-30) }}|{{ 5|round(2) }}|{{ 5|round(0, 'floor') }}|{{ 2.5|round }}|{{ 'héllo wörld x_y 3.4 a-b'|wordcount }}|{{ 'e\u0301t\u00e9 ²3 ⅷ'|wordcount }}|{{ ''|wordcount }}|{{ \"it's o'neil x.y 3rd ﬁne ǆ (a[b{c<d -e\"|title }}|{{ 'hello WORLD'|title }}|{{ 'ß x'|title }}|{{ \"it's o'neil\".title() }}",
  "{{ 'a\u2028b\u0085c\u000bd\u001ce\\r\\nf\\rg\\n'|indent(2) }}|{{ 'a\\r\\n\\nb'|indent(1, true, true) }}|{{ 'x\u2029'|indent(3, blank=true) }}",
  "{{ true is number }}|{{ false is integer }}|{{ 1 is number }}|{{ 'x' is number }}|{{ none is number }}",
+ "{{ 'a\\r'|indent }}|{{ 'a\\r'|indent(2, blank=true) }}|{{ 'a\\r\\r'|indent(1, blank=true) }}|{{ '\\r'|indent(1, true) }}|{{ 'a\\rb\\r'|indent(1) }}",
+ "{{ '0x1A'|int(base=16) }}|{{ 'ff'|int(0, 16) }}|{{ '0o17'|int(base=0) }}|{{ '-0b1_01'|int(base=2) }}|{{ ' z '|int(0, 36) }}|{{ '010'|int(7, 0) }}|{{ '0'|int(7, 0) }}|{{ '1.5'|int(base=16) }}|{{ '0x_1f'|int(base=16) }}|{{ '12'|int(base=8) }}|{{ '19'|int(3, 8) }}|{{ '\u00a042\u3000'|int }}|{{ '\u2003 2.5 '|float }}|{{ 5|int(base=16) }}|{{ '00'|int(9, 0) }}|{{ '1__0'|int(4, 16) }}|{{ '_1'|int(4, 16) }}|{{ 'g'|int(4, 16) }}",
  "{{ '%d' if false }}|{{ 3|abs }}|{{ -3.5|abs }}|{{ 2.675|round(2) }}|{{ 3.7|int }}|{{ '42'|int }}|{{ 'x'|int(7) }}|{{ '3.5'|float }}",
  "{{ 'ab\ncd'|indent(2) }}|{{ 'ab\ncd'|indent(2, true) }}|{{ 'one two  three'|wordcount }}|{{ '<&>'|e }}",
  "  {% if true %}\n    a\n  {% endif %}\n  b\n{%- if true %} c {% endif -%}\n d",
