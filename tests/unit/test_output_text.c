@@ -254,6 +254,80 @@ static void test_what_is_held_is_the_longest_beginning_of_a_stop(void **state)
 #undef NEXT
 }
 
+/* The same against tokens of several characters (the test tokenizer's encoding of English), whose
+ * new text may complete, begin and continue partial matches at once: stop strings are pieces of
+ * the text, some with their last character changed so that they begin without completing. */
+static void test_what_is_held_across_tokens_of_several_characters(void **state)
+{
+    (void)state;
+    const char *text = "the router accepts the requests and the scheduler forms the batches "
+                       "while the worker runs the kernels on the batches the scheduler forms";
+    TokenizerIds ids;
+    encode(text, &ids);
+    size_t text_len = strlen(text);
+    uint32_t x = 4242;
+#define NEXT() (x = x * 1664525u + 1013904223u, x >> 8)
+    for (int round = 0; round < 400; round++) {
+        char stop_buf[3][9];
+        const char *stops[3];
+        size_t lens[3], num_stops = 1 + NEXT() % 3;
+        for (size_t i = 0; i < num_stops; i++) {
+            lens[i] = 2 + NEXT() % 7;
+            size_t at = NEXT() % (text_len - lens[i]);
+            memcpy(stop_buf[i], text + at, lens[i]);
+            if (NEXT() % 2)
+                stop_buf[i][lens[i] - 1] = '#'; /* begins, never completes */
+            stops[i] = stop_buf[i];
+        }
+        struct output_text *o;
+        assert_int_equal(output_text_new(tok, true, stops, lens, num_stops, &o), 0);
+        size_t shown = 0, before = 0;
+        for (size_t k = 0; k < ids.len; k++) {
+            int stop = 0;
+            assert_int_equal(output_text_push(o, ids.ids[k], &stop), 0);
+            char *t;
+            size_t len, vis_len;
+            assert_int_equal(tokenizer_decode(tok, ids.ids, k + 1, true, &t, &len), 0);
+            size_t begin = SIZE_MAX;
+            int want = 0;
+            for (size_t i = 0; i < num_stops; i++) {
+                size_t from = before >= lens[i] - 1 ? before - (lens[i] - 1) : 0;
+                for (size_t p = from; p + lens[i] <= len; p++)
+                    if (memcmp(t + p, stops[i], lens[i]) == 0) {
+                        if (p < begin) {
+                            begin = p;
+                            want = (int)i + 1;
+                        }
+                        break;
+                    }
+            }
+            const char *vis = output_text_visible(o, &vis_len);
+            if (want != 0) {
+                assert_int_equal(stop, want);
+                assert_int_equal(vis_len, begin);
+                assert_memory_equal(vis, t, begin);
+                free(t);
+                break;
+            }
+            assert_int_equal(stop, 0);
+            size_t hold = 0;
+            for (size_t i = 0; i < num_stops; i++) {
+                size_t h = ends_with_prefix(t, len, stops[i], lens[i]);
+                hold = h > hold ? h : hold;
+            }
+            if (len - hold > shown)
+                shown = len - hold;
+            assert_int_equal(vis_len, shown);
+            assert_memory_equal(vis, t, shown);
+            before = len;
+            free(t);
+        }
+        output_text_free(o);
+    }
+#undef NEXT
+    tokenizer_ids_fini(&ids);
+}
+
 static void test_stop_strings_are_checked(void **state)
 {
     (void)state;
@@ -324,6 +398,7 @@ int main(void)
         cmocka_unit_test(test_nothing_that_may_begin_a_stop_is_shown_until_finish),
         cmocka_unit_test(test_a_token_shows_its_own_text_when_it_may_begin_no_stop),
         cmocka_unit_test(test_what_is_held_is_the_longest_beginning_of_a_stop),
+        cmocka_unit_test(test_what_is_held_across_tokens_of_several_characters),
         cmocka_unit_test(test_stop_strings_are_checked),
         cmocka_unit_test(test_an_id_outside_the_tokenizer_adds_nothing),
         cmocka_unit_test(test_a_nul_is_text),
