@@ -196,6 +196,48 @@ static size_t ends_with_prefix(const char *t, size_t len, const char *s, size_t 
     return 0;
 }
 
+/* After a push that took the text t[0..len) from before bytes to len: checks o against a brute
+ * force. A stop string found at or after before - (its length - 1), the earliest beginning first,
+ * must have cut the text there (stop says which); else the visible text is the most of t ever
+ * shown (*shown) once the longest end of t that begins a stop string is held. Returns 1 when the
+ * output stopped. */
+static int check_push(const struct output_text *o, const char *t, size_t len, size_t before,
+                      const char *const *stops, const size_t *lens, size_t num_stops, int stop,
+                      size_t *shown)
+{
+    size_t begin = SIZE_MAX, vis_len;
+    int want = 0;
+    for (size_t i = 0; i < num_stops; i++) {
+        size_t from = before >= lens[i] - 1 ? before - (lens[i] - 1) : 0;
+        for (size_t p = from; p + lens[i] <= len; p++)
+            if (memcmp(t + p, stops[i], lens[i]) == 0) {
+                if (p < begin) {
+                    begin = p;
+                    want = (int)i + 1;
+                }
+                break;
+            }
+    }
+    const char *vis = output_text_visible(o, &vis_len);
+    if (want != 0) {
+        assert_int_equal(stop, want);
+        assert_int_equal(vis_len, begin);
+        assert_memory_equal(vis, t, begin);
+        return 1;
+    }
+    assert_int_equal(stop, 0);
+    size_t hold = 0;
+    for (size_t i = 0; i < num_stops; i++) {
+        size_t h = ends_with_prefix(t, len, stops[i], lens[i]);
+        hold = h > hold ? h : hold;
+    }
+    if (len - hold > *shown)
+        *shown = len - hold;
+    assert_int_equal(vis_len, *shown);
+    assert_memory_equal(vis, t, *shown);
+    return 0;
+}
+
 /* Random text over a three-letter alphabet, one byte token a letter, against random stop strings
  * over it (so that partial matches are frequent): after each token the visible text is what a
  * brute force says (everything but the longest end that begins a stop string), and a stop cuts
@@ -223,31 +265,8 @@ static void test_what_is_held_is_the_longest_beginning_of_a_stop(void **state)
             t[len++] = (char)('a' + NEXT() % 3);
             int stop = 0;
             assert_int_equal(output_text_push(o, 6 + (unsigned char)t[len - 1], &stop), 0);
-            size_t begin = SIZE_MAX, vis_len;
-            int want = 0;
-            for (size_t i = 0; i < num_stops; i++)
-                if (lens[i] <= len && memcmp(t + len - lens[i], stops[i], lens[i]) == 0 &&
-                    len - lens[i] < begin) {
-                    begin = len - lens[i];
-                    want = (int)i + 1;
-                }
-            const char *vis = output_text_visible(o, &vis_len);
-            if (want != 0) {
-                assert_int_equal(stop, want);
-                assert_int_equal(vis_len, begin);
-                assert_memory_equal(vis, t, begin);
+            if (check_push(o, t, len, len - 1, stops, lens, num_stops, stop, &shown))
                 break;
-            }
-            assert_int_equal(stop, 0);
-            size_t hold = 0;
-            for (size_t i = 0; i < num_stops; i++) {
-                size_t k = ends_with_prefix(t, len, stops[i], lens[i]);
-                hold = k > hold ? k : hold;
-            }
-            if (len - hold > shown)
-                shown = len - hold;
-            assert_int_equal(vis_len, shown);
-            assert_memory_equal(vis, t, shown);
         }
         output_text_free(o);
     }
@@ -286,41 +305,13 @@ static void test_what_is_held_across_tokens_of_several_characters(void **state)
             int stop = 0;
             assert_int_equal(output_text_push(o, ids.ids[k], &stop), 0);
             char *t;
-            size_t len, vis_len;
+            size_t len;
             assert_int_equal(tokenizer_decode(tok, ids.ids, k + 1, true, &t, &len), 0);
-            size_t begin = SIZE_MAX;
-            int want = 0;
-            for (size_t i = 0; i < num_stops; i++) {
-                size_t from = before >= lens[i] - 1 ? before - (lens[i] - 1) : 0;
-                for (size_t p = from; p + lens[i] <= len; p++)
-                    if (memcmp(t + p, stops[i], lens[i]) == 0) {
-                        if (p < begin) {
-                            begin = p;
-                            want = (int)i + 1;
-                        }
-                        break;
-                    }
-            }
-            const char *vis = output_text_visible(o, &vis_len);
-            if (want != 0) {
-                assert_int_equal(stop, want);
-                assert_int_equal(vis_len, begin);
-                assert_memory_equal(vis, t, begin);
-                free(t);
-                break;
-            }
-            assert_int_equal(stop, 0);
-            size_t hold = 0;
-            for (size_t i = 0; i < num_stops; i++) {
-                size_t h = ends_with_prefix(t, len, stops[i], lens[i]);
-                hold = h > hold ? h : hold;
-            }
-            if (len - hold > shown)
-                shown = len - hold;
-            assert_int_equal(vis_len, shown);
-            assert_memory_equal(vis, t, shown);
-            before = len;
+            int stopped = check_push(o, t, len, before, stops, lens, num_stops, stop, &shown);
             free(t);
+            if (stopped)
+                break;
+            before = len;
         }
         output_text_free(o);
     }
