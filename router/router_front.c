@@ -377,7 +377,8 @@ static void on_park_timeout(uv_timer_t *t)
     }
 }
 
-uint32_t router_tenant_park_share(const struct tenant_slot *slot)
+/* A tenant's share of the parked calls (router_may_park). */
+static uint32_t tenant_park_share(const struct tenant_slot *slot)
 {
     return ROUTER_PARKED_PER_ADMITTED * slot->limit + ROUTER_MAX_TENANT_TEXT_CALLS + 16;
 }
@@ -387,7 +388,7 @@ int router_may_park(const struct router *r, const struct rctx *c)
     if (r->num_parked >= r->cfg.max_parked_calls)
         return 0;
     return r->tenants == NULL || c->caller == CALLER_NONE ||
-           r->slots[c->caller].parked < router_tenant_park_share(&r->slots[c->caller]);
+           r->slots[c->caller].parked < tenant_park_share(&r->slots[c->caller]);
 }
 
 void router_park(struct rctx **list, struct rctx *c, uint32_t timeout_ms)

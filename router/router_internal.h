@@ -384,8 +384,6 @@ void front_on_mail(struct router *r);
  * may have (max_running + max_waiting) and its Tokenize calls, so that one tenant's flood of polls
  * or stats calls does not take the parked calls every tenant needs. */
 int router_may_park(const struct router *r, const struct rctx *c);
-/* A tenant's share of the parked calls (router_may_park). */
-uint32_t router_tenant_park_share(const struct tenant_slot *slot);
 
 /* Packs resp and sends it on c's context (the context then receives its next call). */
 void router_reply(struct rctx *c, Pagoda__ClientResponse *resp);

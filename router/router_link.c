@@ -975,7 +975,7 @@ static void stats_on_engine_down(struct router *r, struct engine *e)
 void link_handle_stats(struct router *r, struct rctx *c, uint32_t tenant, int admin)
 {
     /* Every Stats call parks until the schedulers answer, a tenant's too: all of them count
-     * against --max-parked. */
+     * against --max-parked, and a tenant's against its share (router_may_park). */
     if (!router_may_park(r, c)) {
         r->parked_refused++;
         router_reply_error(
