@@ -152,6 +152,24 @@ static int on_header_value_complete(llhttp_t *p)
     return head_terminate(c);
 }
 
+/* A declared length (Content-Length, or a chunk's size) of bytes still to come: refused (-1, with
+ * the status set) when it would take the body past its limit (413) or the bodies held at once
+ * past theirs (503), before any of it is read (and before a 100 Continue invites it). */
+static int refuse_declared(struct http_conn *c, uint64_t declared)
+{
+    const struct http_server *s = c->server;
+    if (declared > s->cfg.max_body_bytes - c->req->body_len) {
+        c->error_status = 413;
+        return -1;
+    }
+    if (s->body_bytes + declared > s->cfg.max_body_memory) {
+        c->error_status = 503;
+        c->error_detail = kBodyBudget;
+        return -1;
+    }
+    return 0;
+}
+
 /* Refuses a body over the limit before it is read; answers Expect: 100-continue. Pauses the
  * parser, so that conn_parse learns where the headers ended. */
 static int on_headers_complete(llhttp_t *p)
@@ -162,18 +180,8 @@ static int on_headers_complete(llhttp_t *p)
         c->error_status = 400; /* no tunnels */
         return -1;
     }
-    if (!(p->flags & F_CHUNKED) && p->content_length > c->server->cfg.max_body_bytes) {
-        c->error_status = 413;
+    if (!(p->flags & F_CHUNKED) && refuse_declared(c, p->content_length) != 0)
         return -1;
-    }
-    /* A declared body the bodies held now leave no room for: refused before it is sent (and
-     * before a 100 Continue invites it). */
-    const struct http_server *s = c->server;
-    if (!(p->flags & F_CHUNKED) && s->body_bytes + p->content_length > s->cfg.max_body_memory) {
-        c->error_status = 503;
-        c->error_detail = kBodyBudget;
-        return -1;
-    }
     /* No protocol switches: an Upgrade request is answered as plain HTTP (llhttp reads the flag
      * after this callback), and the connection goes on. */
     p->upgrade = 0;
@@ -231,23 +239,11 @@ static int on_body(llhttp_t *p, const char *at, size_t n)
     return 0;
 }
 
-/* A chunk's size is known (llhttp's content_length): one that would take the body past its
- * limit, or the bodies held at once past theirs, is refused now, as a declared Content-Length
+/* A chunk's size is known (llhttp's content_length): refused now as a declared Content-Length
  * is, rather than once its bytes have come (or, never coming, at the request's timeout). */
 static int on_chunk_header(llhttp_t *p)
 {
-    struct http_conn *c = conn_of(p);
-    const struct http_server *s = c->server;
-    if (p->content_length > s->cfg.max_body_bytes - c->req->body_len) {
-        c->error_status = 413;
-        return -1;
-    }
-    if (s->body_bytes + p->content_length > s->cfg.max_body_memory) {
-        c->error_status = 503;
-        c->error_detail = kBodyBudget;
-        return -1;
-    }
-    return 0;
+    return refuse_declared(conn_of(p), p->content_length);
 }
 
 static int on_message_complete(llhttp_t *p)
