@@ -215,11 +215,53 @@ static void cancel_all(struct greq *q)
         send_cancel(&q->choices[i]);
 }
 
-/* Answers q with the error of a libpagoda code, ending the choices still running. */
+/* Whether q's choices go on: its client is there and no error ends it (fail). */
+static int answering(const struct greq *q)
+{
+    return q->http != NULL && !q->failing;
+}
+
+/* An ending q (fail) is answered once the router has let go of its choices: no Submit in flight,
+ * and each Cancel answered, so that a client that sends its next request on the error finds its
+ * tenant's places free (a 429 for choice 2 of 4 while choice 1 still held the tenant's place
+ * refused the client's retry too). A Cancel that fails (the router gone) settles as well. */
+static void settle(struct greq *q)
+{
+    if (q->failing != FAILING_WAITS)
+        return;
+    for (uint32_t i = 0; i < q->num_choices; i++) {
+        const struct gchoice *c = &q->choices[i];
+        if (c->submit_in_flight || (c->cancel_sent && !c->cancel_answered))
+            return;
+    }
+    q->failing = FAILING_ANSWERED;
+    gateway_respond_error(q, &q->failure); /* nothing, should the client be gone */
+}
+
+/* Ends q with err: every choice still running is cancelled, and the first error is the answer once
+ * they are (settle), or at once where the router could not be reached (wait 0: its Cancels would
+ * wait as long); the others find it taken. */
+static void fail_with(struct greq *q, const struct openai_error *err, int wait)
+{
+    if (answering(q)) {
+        q->failure = *err;
+        q->failing = FAILING_WAITS;
+        q->finished = 1; /* answered (an error): not a disconnect should the client go now */
+    }
+    cancel_all(q);
+    if (!wait && q->failing == FAILING_WAITS) {
+        q->failing = FAILING_ANSWERED;
+        gateway_respond_error(q, &q->failure);
+    }
+    settle(q);
+}
+
+/* Ends q with the error of a libpagoda code (fail_with). */
 static void fail(struct greq *q, int code, const char *detail)
 {
-    gateway_respond_code(q, code, detail);
-    cancel_all(q);
+    struct openai_error err;
+    openai_error_from_code(code, detail, &err);
+    fail_with(q, &err, code != PAGODA_ETIMEDOUT && code != PAGODA_EIO && code != PAGODA_ECLOSED);
 }
 
 static void poll_next(struct gchoice *c)
@@ -294,7 +336,7 @@ static int stream_hold(struct gchoice *c, pagoda_async_result **res)
 static void on_poll(struct gchoice *c, pagoda_async_result **resp)
 {
     struct greq *q = c->q;
-    if (q->http == NULL)
+    if (!answering(q))
         return; /* the client went away, or the answer ended: the cancels are out */
     if ((*resp)->rc != 0) {
         fail(q, (*resp)->rc, (*resp)->detail);
@@ -305,7 +347,7 @@ static void on_poll(struct gchoice *c, pagoda_async_result **resp)
     const int release = q->req.stream && !q->streaming && q->req.num_prompts > 1;
     on_poll_result(c, *resp);
     /* the last first answer opened the stream: the held ones follow */
-    for (uint32_t i = 0; release && i < q->num_choices && q->http != NULL; i++) {
+    for (uint32_t i = 0; release && i < q->num_choices && answering(q); i++) {
         pagoda_async_result *h = q->choices[i].held;
         if (h != NULL) {
             q->choices[i].held = NULL;
@@ -328,10 +370,8 @@ static void on_poll_result(struct gchoice *c, pagoda_async_result *res)
         /* Refused before any output (a template error, bad text): the client's request. */
         struct openai_error err;
         openai_error_from_code(PAGODA_EINVAL, r->error_message, &err);
-        c->finished = 1;
-        q->finished = 1; /* counted as a 4xx, not as a finished request */
-        gateway_respond_error(q, &err);
-        cancel_all(q);
+        c->finished = 1; /* counted as a 4xx, not as a finished request */
+        fail_with(q, &err, 1);
         return;
     }
     if (r->finish_reason != PAGODA_FINISH_NONE) {
@@ -368,13 +408,14 @@ static void on_poll_result(struct gchoice *c, pagoda_async_result *res)
         if (q->finished)
             gateway_answer_whole(q);
     }
-    if (r->finish_reason == PAGODA_FINISH_NONE && q->http != NULL)
+    if (r->finish_reason == PAGODA_FINISH_NONE && answering(q))
         poll_next(c);
 }
 
 static void on_submitted(struct gchoice *c, pagoda_async_result *res)
 {
     struct greq *q = c->q;
+    c->submit_in_flight = 0;
     if (res->rc != 0) {
         /* Without an answer the router may have taken it: cancelled with the others, by its id
          * (a cancel of an id the router does not have changes nothing). */
@@ -396,8 +437,9 @@ static void on_submitted(struct gchoice *c, pagoda_async_result *res)
         return;
     }
     c->submitted = 1;
-    if (q->http == NULL) {
+    if (!answering(q)) {
         send_cancel(c); /* the client left, or the answer ended, while it was submitted */
+        settle(q);
         return;
     }
     poll_next(c);
@@ -421,6 +463,8 @@ static void submit_one(struct greq *q, struct gchoice *c, const pagoda_prompt *i
         q, pagoda_submit_async(q->g->client, q->api_key, &params, p, c->id, on_submit_call, c));
     if (rc != 0)
         fail(q, rc, pagoda_error_detail());
+    else
+        c->submit_in_flight = 1;
 }
 
 /* Makes q's choices (n of each prompt, none submitted yet). Returns 0, or answers q (out of
@@ -450,7 +494,7 @@ static int make_choices(struct greq *q)
  * none of them). */
 static void submit_prompt(struct greq *q, uint32_t p, const pagoda_prompt *ids)
 {
-    for (uint32_t j = 0; j < q->req.n && q->http != NULL; j++)
+    for (uint32_t j = 0; j < q->req.n && answering(q); j++)
         submit_one(q, &q->choices[p * q->req.n + j], ids);
     if (++q->prompts_submitted == q->req.num_prompts)
         release_prompt(q);
@@ -464,7 +508,7 @@ static void submit_prompt(struct greq *q, uint32_t p, const pagoda_prompt *ids)
 static void tokenize_prompts(struct greq *q)
 {
     struct gateway *g = q->g;
-    while (q->prompts_asked < q->req.num_prompts && q->http != NULL) {
+    while (q->prompts_asked < q->req.num_prompts && answering(q)) {
         const uint32_t p = q->prompts_asked;
         if (g->prompt_ids_calls >= GATEWAY_PROMPT_IDS_CALLS) {
             if (q->ids_in_flight > 0)
@@ -516,7 +560,7 @@ static void on_prompt_ids(struct gchoice *c, pagoda_async_result *res)
     struct greq *q = c->q;
     q->ids_in_flight--;
     q->g->prompt_ids_calls--;
-    if (q->http == NULL || q->g->closing)
+    if (!answering(q) || q->g->closing)
         return; /* the prompts go with the request (openai_request_fini) */
     if (res->rc != 0 || res->tokenized.num_token_ids == 0) {
         submit_prompt(q, c->prompt, NULL);
@@ -664,6 +708,8 @@ static void on_async(uv_async_t *h)
             on_poll(m->c, &m->res); /* may take it (stream_hold) */
             break;
         case CALL_KIND_CANCEL:
+            m->c->cancel_answered = 1;
+            settle(q);
             break;
         case CALL_KIND_HEALTH:
             gateway_on_health(q, m->res);

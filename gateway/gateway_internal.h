@@ -63,6 +63,7 @@ struct gchoice {
     uint32_t prompt, draw; /* its prompt (openai_prompt), and which of that prompt's n it is */
     uint8_t id[PAGODA_REQUEST_ID_BYTES];
     int submitted, finished, cancel_sent, first_chunk_sent;
+    int submit_in_flight, cancel_answered; /* what an ending request waits for (gateway.c settle) */
     /* A stream of several prompts: the choice's first answer came (answered), and is held until
      * every choice's has (gateway.c stream_hold). */
     int answered;
@@ -97,6 +98,9 @@ struct greq {
     long long created;
     /* finished: every choice has (or the request was answered: a refusal, /tokenize) */
     int finished, streaming;
+    /* An error ends it: answered with failure once its choices are let go (gateway.c settle). */
+    enum { FAILING_NO, FAILING_WAITS, FAILING_ANSWERED } failing;
+    struct openai_error failure;
     /* A generation's choices (openai_request.n of each prompt) and how many have finished. */
     struct gchoice *choices;
     uint32_t num_choices, num_finished;
