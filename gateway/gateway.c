@@ -203,8 +203,10 @@ static void send_cancel(struct gchoice *c)
     c->cancel_sent = 1;
     struct greq *q = c->q;
     if (gateway_call_started(
-            q, pagoda_cancel_async(q->g->client, q->api_key, c->id, on_cancel_call, c)) != 0)
+            q, pagoda_cancel_async(q->g->client, q->api_key, c->id, on_cancel_call, c)) != 0) {
         log_warn("could not cancel a request whose client went away: %s", pagoda_error_detail());
+        c->cancel_answered = 1; /* nothing to wait for (settle) */
+    }
 }
 
 /* The client went away, or its answer ended early (an error): every choice still running is
@@ -221,10 +223,22 @@ static int answering(const struct greq *q)
     return q->http != NULL && !q->failing;
 }
 
+/* Answers q with its failure (nothing, should the client be gone: a disconnect then). */
+static void answer_failure(struct greq *q)
+{
+    q->failing = FAILING_ANSWERED;
+    if (q->http != NULL)
+        q->finished = 1; /* answered (an error): not a disconnect should the client go now */
+    gateway_respond_error(q, &q->failure);
+}
+
 /* An ending q (fail) is answered once the router has let go of its choices: no Submit in flight,
  * and each Cancel answered, so that a client that sends its next request on the error finds its
  * tenant's places free (a 429 for choice 2 of 4 while choice 1 still held the tenant's place
- * refused the client's retry too). A Cancel that fails (the router gone) settles as well. */
+ * refused the client's retry too). A Cancel that fails (the router gone) settles as well. A
+ * request of one choice waits too (one Cancel's round trip), as its place is the tenant's as much.
+ * A text Submit in flight may wait its turn for the router's tokenizer: the error waits with it, at
+ * most the router's timeout. */
 static void settle(struct greq *q)
 {
     if (q->failing != FAILING_WAITS)
@@ -234,8 +248,7 @@ static void settle(struct greq *q)
         if (c->submit_in_flight || (c->cancel_sent && !c->cancel_answered))
             return;
     }
-    q->failing = FAILING_ANSWERED;
-    gateway_respond_error(q, &q->failure); /* nothing, should the client be gone */
+    answer_failure(q);
 }
 
 /* Ends q with err: every choice still running is cancelled, and the first error is the answer once
@@ -246,13 +259,10 @@ static void fail_with(struct greq *q, const struct openai_error *err, int wait)
     if (answering(q)) {
         q->failure = *err;
         q->failing = FAILING_WAITS;
-        q->finished = 1; /* answered (an error): not a disconnect should the client go now */
     }
     cancel_all(q);
-    if (!wait && q->failing == FAILING_WAITS) {
-        q->failing = FAILING_ANSWERED;
-        gateway_respond_error(q, &q->failure);
-    }
+    if (!wait && q->failing == FAILING_WAITS)
+        answer_failure(q);
     settle(q);
 }
 
