@@ -56,7 +56,7 @@ void bench_usage(FILE *f)
         "--sweep R1,R2,...: one open-loop run per rate, the k-th with fresh prompts from seed\n"
         "S + k (a prefix cache would serve repeated ones), and --plot FILE.png.\n"
         "API: --api pagoda (the default) speaks to the router at --url through libpagoda;\n"
-        "--api openai streams OpenAI completions (POST /v1/completions, stream, logprobs 1,\n"
+        "--api openai streams OpenAI completions (POST /v1/completions, stream, logprobs 0,\n"
         "the prompt as token ids) from --url http://HOST:PORT (pagoda-gateway or any\n"
         "OpenAI-compatible server); TTFT and token times come from the SSE chunks.\n"
         "--model-name: the requests' \"model\" (default: the first of GET /v1/models);\n"

@@ -408,7 +408,7 @@ static char *request_json(const char *model, const pagoda_generate_params *p, co
      * tokens by id, which the report compares with NNG's. */
     json_t *body = json_pack("{s:o,s:i,s:f,s:b,s:{s:b},s:i,s:b}", "prompt", ids, "max_tokens",
                              (int)p->max_tokens, "temperature", (double)p->temperature, "stream", 1,
-                             "stream_options", "include_usage", 1, "logprobs", 1,
+                             "stream_options", "include_usage", 1, "logprobs", 0,
                              "return_tokens_as_token_ids", 1);
     if (body == NULL)
         return NULL;

@@ -4,7 +4,7 @@
  * router over NNG.
  *
  * The prompt is sent as token ids; each chunk's tokens are counted from its logprobs (the
- * request asks for "logprobs": 1, the sampled token's only): pagoda-gateway names them
+ * request asks for "logprobs": 0, the sampled token's only): pagoda-gateway names them
  * "token_id:N" (as vLLM with --return-tokens-as-token-ids), so the ids are exact; a server that
  * names tokens otherwise gets id -1 for each, and a chunk without logprobs counts as one token
  * when it carries text (one token per chunk, as vLLM streams). The usage comes from the last

@@ -3,6 +3,8 @@
 #include "common/error.h"
 #include "text/output_text.h"
 
+#include <ctype.h>
+#include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -107,15 +109,53 @@ static char *own(struct openai_request *req, char *s)
 }
 
 /* A number field within [lo, hi], or the default when absent or null. */
+/* Numbers are read as vLLM's pydantic models read them (lax mode): a number may come as a string
+ * of one ("0.5"), an integer as a real without a fraction (5.0, which Python's json writes for a
+ * computed float) or a string of one ("5"). Whether v holds a number, into *out. */
+static bool lax_number(const json_t *v, double *out)
+{
+    if (json_is_number(v)) {
+        *out = json_number_value(v);
+        return true;
+    }
+    if (!json_is_string(v) || json_string_length(v) == 0)
+        return false;
+    const char *s = json_string_value(v);
+    char *end;
+    *out = strtod(s, &end);
+    return end == s + json_string_length(v) && !isspace((unsigned char)s[0]);
+}
+
+/* Whether v holds an integer (lax_number), into *out. */
+static bool lax_integer(const json_t *v, long long *out)
+{
+    if (json_is_integer(v)) {
+        *out = json_integer_value(v);
+        return true;
+    }
+    if (json_is_string(v) && json_string_length(v) > 0) {
+        const char *s = json_string_value(v);
+        char *end;
+        errno = 0;
+        *out = strtoll(s, &end, 10);
+        return errno == 0 && end == s + json_string_length(v) && !isspace((unsigned char)s[0]);
+    }
+    double d;
+    if (!json_is_real(v) || !lax_number(v, &d) || d != floor(d) || !(fabs(d) < 0x1p63))
+        return false;
+    *out = (long long)d;
+    return true;
+}
+
 static int number(const json_t *root, const char *key, double lo, double hi, double *out,
                   struct openai_error *err)
 {
     const json_t *v = json_object_get(root, key);
     if (v == NULL || json_is_null(v))
         return 0;
-    if (!json_is_number(v))
+    double d;
+    if (!lax_number(v, &d))
         return bad(err, "invalid_type", "'%s' must be a number", key);
-    double d = json_number_value(v);
     if (!(d >= lo && d <= hi))
         return bad(err, "invalid_value", "'%s' is %g; it must be in [%g, %g]", key, d, lo, hi);
     *out = d;
@@ -128,9 +168,9 @@ static int integer(const json_t *root, const char *key, long long lo, long long 
     const json_t *v = json_object_get(root, key);
     if (v == NULL || json_is_null(v))
         return 0;
-    if (!json_is_integer(v))
+    long long n;
+    if (!lax_integer(v, &n))
         return bad(err, "invalid_type", "'%s' must be an integer", key);
-    long long n = json_integer_value(v);
     if (n < lo || n > hi)
         return bad(err, "invalid_value", "'%s' is %lld; it must be in [%lld, %lld]", key, n, lo,
                    hi);
@@ -194,10 +234,10 @@ static int read_common(struct openai_request *req, struct openai_error *err)
     p->repetition_penalty = (float)d;
     const json_t *seed = json_object_get(root, "seed");
     if (seed != NULL && !json_is_null(seed)) {
-        if (!json_is_integer(seed))
+        if (!lax_integer(seed, &n))
             return bad(err, "invalid_type", "'seed' must be an integer");
         p->has_seed = 1;
-        p->seed = (uint64_t)json_integer_value(seed);
+        p->seed = (uint64_t)n;
     }
     n = -1;
     if (integer(root, "max_completion_tokens", 1, INT32_MAX, &n, err) ||
@@ -214,8 +254,7 @@ static int read_common(struct openai_request *req, struct openai_error *err)
         return -1;
     req->n = (uint32_t)n;
     const json_t *best = json_object_get(root, "best_of");
-    if (best != NULL && !json_is_null(best) &&
-        !(json_is_integer(best) && json_integer_value(best) == (json_int_t)req->n))
+    if (best != NULL && !json_is_null(best) && !(lax_integer(best, &n) && n == (long long)req->n))
         return bad(err, "unsupported", "'best_of' must equal n (%u): it is not supported",
                    (unsigned)req->n);
     bool b = false;
@@ -605,9 +644,19 @@ static int read_logprobs(struct openai_request *req, struct openai_error *err)
     if (lp == NULL || json_is_null(lp))
         return 0;
     if (req->kind == OPENAI_COMPLETION) {
-        if (!json_is_integer(lp) || json_integer_value(lp) < 0 || json_integer_value(lp) > 1)
-            return bad(err, "unsupported", "'logprobs' must be 0 or 1 (the sampled token's only)");
-        /* the number of alternatives beside the sampled token's: 0 still asks for its own */
+        /* the number of alternatives beside the sampled token's: 0 still asks for its own. Only
+         * the sampled token's is computed, which is the one alternative of 1 where decoding is
+         * greedy (the most likely token is the one sampled) */
+        long long alternatives = 0;
+        if (integer(req->root, "logprobs", 0, 20, &alternatives, err))
+            return -1;
+        const bool greedy = req->params.temperature == 0 || req->params.top_k == 1;
+        if (alternatives > (greedy ? 1 : 0))
+            return bad(err, "unsupported",
+                       "'logprobs' is %lld: only the sampled token's log-probability is computed, "
+                       "so 'logprobs' must be 0 (or 1 when decoding is greedy: temperature 0 or "
+                       "top_k 1)",
+                       alternatives);
         req->params.logprobs = 1;
         return 0;
     }
@@ -774,12 +823,13 @@ static json_t *logprobs_json(const struct openai_out *o)
     const char *text = o->text ? o->text : ""; /* a whole answer without text has none */
     const size_t text_len = o->text ? o->text_len : 0;
     /* a chat's content, or a completion's four arrays: only what the answer has is built */
-    json_t *content = NULL, *tokens = NULL, *lps = NULL, *offsets = NULL;
+    json_t *content = NULL, *tokens = NULL, *lps = NULL, *tops = NULL, *offsets = NULL;
     if (chat) {
         content = json_array();
     } else {
         tokens = json_array();
         lps = json_array();
+        tops = json_array();
         offsets = json_array();
     }
     uint64_t chars = o->text_offset;
@@ -813,6 +863,11 @@ static json_t *logprobs_json(const struct openai_out *o)
             json_array_append_new(content, json_pack("{s:o,s:f,s:o,s:[]}", "token", name, "logprob",
                                                      lp, "bytes", bytes, "top_logprobs"));
         } else {
+            /* top_logprobs: the token's own, its one alternative (read_logprobs) */
+            json_t *top = json_object();
+            json_object_setn_new(top, json_string_value(name), json_string_length(name),
+                                 json_real(lp));
+            json_array_append_new(tops, top);
             json_array_append_new(tokens, name);
             json_array_append_new(lps, json_real(lp));
             /* without text, every offset is the output's start */
@@ -824,8 +879,8 @@ static json_t *logprobs_json(const struct openai_out *o)
     }
     if (chat)
         return json_pack("{s:o}", "content", content);
-    return json_pack("{s:o,s:o,s:n,s:o}", "tokens", tokens, "token_logprobs", lps, "top_logprobs",
-                     "text_offset", offsets);
+    return json_pack("{s:o,s:o,s:o,s:o}", "tokens", tokens, "token_logprobs", lps, "top_logprobs",
+                     tops, "text_offset", offsets);
 }
 
 static json_t *stop_reason_json(const struct openai_out *o)

@@ -71,7 +71,7 @@ function stream(i) {
                      error: null};
         const body = JSON.stringify({
             model, prompt: [10 + (i % 50), 11, 12, 13 + (i % 7)], max_tokens: maxTokens, stream: true,
-            ignore_eos: true, logprobs: 1, temperature: 0.8, seed: i,
+            ignore_eos: true, logprobs: 0, temperature: 0.8, seed: i,
         });
         const req = http.request({
             host: url.hostname, port: url.port, method: 'POST', path: '/v1/completions', agent,

@@ -245,7 +245,7 @@ check(await status(completion({ ...base, n: 129 })) === 400, 'n 129: 400');
 // log-probabilities: 64 MiB) are refused before any work; streamed, they are not.
 {
   let st = 0, msg = '';
-  try { await completion({ ...base, n: 128, max_tokens: 3000, logprobs: 1 }); } catch (e) {
+  try { await completion({ ...base, n: 128, max_tokens: 3000, logprobs: 0 }); } catch (e) {
     st = e.status; msg = e.message;
   }
   check(st === 400 && /whole answer holds/.test(msg),
@@ -273,11 +273,37 @@ check(stoppedStream.text === want && stoppedStream.finish === 'stop',
       'stop, streamed: nothing past the stop string');
 
 // Log-probabilities of the sampled tokens.
-const lp = await completion({ ...base, logprobs: 1 });
+const lp = await completion({ ...base, logprobs: 0 });
 const l = lp.choices[0].logprobs;
 check(l && l.token_logprobs.length === 24 && l.tokens.length === 24 &&
       l.token_logprobs.every((x) => typeof x === 'number' && x <= 0),
       'completion logprobs: one per token, each <= 0');
+// top_logprobs: for each token a map of its name to its log-probability (vLLM's with logprobs 0:
+// the sampled token's), which clients index (top_logprobs[i]).
+check(Array.isArray(l.top_logprobs) && l.top_logprobs.length === 24 &&
+      l.top_logprobs.every((t, i) => Object.keys(t).length === 1 &&
+                           t[l.tokens[i]] === l.token_logprobs[i]),
+      `completion top_logprobs: the sampled token's each (${JSON.stringify(l.top_logprobs[0])})`);
+// One alternative is the sampled token where decoding is greedy; sampled, it is not computed.
+{
+  const g = await completion({ ...base, temperature: 0, logprobs: 1, max_tokens: 4 });
+  const gl = g.choices[0].logprobs;
+  const st = await status(client.completions.create({ model, ...base, logprobs: 1 }));
+  check(gl.top_logprobs.length === 4 && gl.top_logprobs.every((t, i) => i in gl.tokens &&
+        t[gl.tokens[i]] === gl.token_logprobs[i]) && st === 400,
+        `logprobs 1: greedy gives the sampled token as the top one, sampled is refused (${st})`);
+}
+// Numbers as vLLM's pydantic models take them: 5.0 for an integer, "0" for a number.
+{
+  const r = await fetch(`${baseURL}/completions`, {
+    method: 'POST', headers: { Authorization: `Bearer ${key}`,
+                               'Content-Type': 'application/json' },
+    body: `{"model": "${model}", "prompt": "Hello", "max_tokens": 5.0, "temperature": "0"}` });
+  const j = await r.json();
+  finished += r.status === 200;
+  check(r.status === 200 && j.usage.completion_tokens <= 5,
+        `max_tokens 5.0 and temperature "0": ${r.status} (${j.usage?.completion_tokens} tokens)`);
+}
 // Each token named by its piece of the text (the pieces join to it), text_offset in characters.
 const offsetsOf = (toks) => toks.map((_, i) => [...toks.slice(0, i).join('')].length);
 check(l.tokens.join('') === lp.choices[0].text && l.tokens.some((t) => t.length > 0) &&
@@ -286,7 +312,7 @@ check(l.tokens.join('') === lp.choices[0].text && l.tokens.some((t) => t.length 
       `text_offset ${JSON.stringify(l.text_offset.slice(0, 4))}`);
 // Streamed with a stop string (text held back, then cut): the pieces still join to the text and
 // the offsets run on across chunks.
-const lps = await completionStream({ ...base, logprobs: 1, stop: [stop] });
+const lps = await completionStream({ ...base, logprobs: 0, stop: [stop] });
 check(lps.finish === 'stop' && lps.text === want && lps.tokens.join('') === want &&
       JSON.stringify(lps.offsets) === JSON.stringify(offsetsOf(lps.tokens)),
       `completion logprobs streamed with a stop string: ${lps.tokens.length} pieces join to ` +

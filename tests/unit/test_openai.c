@@ -19,6 +19,26 @@ static int parse(enum openai_kind kind, const char *body, struct openai_request 
     return openai_parse(kind, body, strlen(body), 1024, req, err);
 }
 
+/* Numbers as vLLM's pydantic models read them: an integral real or a string of an integer for an
+ * integer, a string of a number for a number; greedy decoding takes logprobs 1. */
+static void test_numbers_are_read_as_pydantic_reads_them(void **state)
+{
+    (void)state;
+    struct openai_request req;
+    struct openai_error err;
+    assert_int_equal(parse(OPENAI_COMPLETION,
+                           "{\"prompt\": \"x\", \"max_tokens\": 5.0, \"n\": \"2\", \"seed\": "
+                           "-3.0, \"temperature\": \"0\", \"top_p\": \"0.5\", \"logprobs\": 1}",
+                           &req, &err),
+                     0);
+    assert_int_equal(req.params.max_tokens, 5);
+    assert_int_equal(req.n, 2);
+    assert_true(req.params.temperature == 0.0f);
+    assert_true(req.params.top_p == 0.5f);
+    assert_true(req.params.logprobs);
+    openai_request_fini(&req);
+}
+
 static void test_a_completion_is_read(void **state)
 {
     (void)state;
@@ -204,7 +224,13 @@ static void test_bad_requests_are_400_with_a_reason(void **state)
         {OPENAI_COMPLETION, "{\"prompt\": \"x\", \"stop\": 5}", "'stop'"},
         {OPENAI_COMPLETION, "{\"prompt\": \"x\", \"max_tokens\": 0}", "'max_tokens'"},
         {OPENAI_COMPLETION, "{\"prompt\": \"x\", \"logprobs\": 5}", "'logprobs'"},
-        {OPENAI_COMPLETION, "{\"prompt\": \"x\", \"seed\": \"7\"}", "'seed'"},
+        {OPENAI_COMPLETION, "{\"prompt\": \"x\", \"seed\": \"seven\"}", "'seed'"},
+        {OPENAI_COMPLETION, "{\"prompt\": \"x\", \"seed\": 7.5}", "'seed'"},
+        {OPENAI_COMPLETION, "{\"prompt\": \"x\", \"seed\": \" 7\"}", "'seed'"},
+        {OPENAI_COMPLETION, "{\"prompt\": \"x\", \"max_tokens\": 1e30}", "'max_tokens'"},
+        {OPENAI_COMPLETION, "{\"prompt\": \"x\", \"temperature\": \"warm\"}", "'temperature'"},
+        /* one alternative is only the sampled token where decoding is greedy */
+        {OPENAI_COMPLETION, "{\"prompt\": \"x\", \"logprobs\": 1}", "'logprobs' is 1"},
         {OPENAI_CHAT, "{\"messages\": []}", "'messages'"},
         {OPENAI_CHAT, "{\"messages\": [{\"content\": \"x\"}]}", "'role'"},
         {OPENAI_CHAT,
@@ -473,7 +499,7 @@ static void test_completion_logprobs_name_pieces(void **state)
     (void)state;
     struct openai_request req;
     struct openai_error err;
-    assert_int_equal(parse(OPENAI_COMPLETION, "{\"prompt\": \"x\", \"logprobs\": 1}", &req, &err),
+    assert_int_equal(parse(OPENAI_COMPLETION, "{\"prompt\": \"x\", \"logprobs\": 0}", &req, &err),
                      0);
     int32_t ids[3] = {1, 2, 3};
     float lps[3] = {-1.0f, -2.0f, -3.0f};
@@ -500,6 +526,12 @@ static void test_completion_logprobs_name_pieces(void **state)
     assert_int_equal(json_integer_value(json_array_get(off, 0)), 5);
     assert_int_equal(json_integer_value(json_array_get(off, 1)), 5);
     assert_int_equal(json_integer_value(json_array_get(off, 2)), 7); /* "h\xc3\xa9": 2 chars */
+    /* top_logprobs: each token's name to its log-probability (vLLM's with logprobs 0) */
+    json_t *tops = json_object_get(l, "top_logprobs");
+    assert_int_equal(json_array_size(tops), 3);
+    assert_int_equal(json_object_size(json_array_get(tops, 1)), 1);
+    assert_true(json_real_value(json_object_get(json_array_get(tops, 1), "h\xc3\xa9")) == -2.0);
+    assert_true(json_real_value(json_object_get(json_array_get(tops, 0), "")) == -1.0);
     json_decref(j);
     free(s);
     /* vLLM's return_tokens_as_token_ids: named by id, the offsets kept. */
@@ -545,6 +577,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_a_completion_is_read),
+        cmocka_unit_test(test_numbers_are_read_as_pydantic_reads_them),
         cmocka_unit_test(test_a_list_of_prompts_is_read),
         cmocka_unit_test(test_a_chat_is_read),
         cmocka_unit_test(test_bad_requests_are_400_with_a_reason),
