@@ -543,7 +543,7 @@ static int read_messages(struct openai_request *req, struct openai_error *err)
 /* Parameters that change the output, which this server does not do, with a value that asks for
  * them: refused (400) rather than ignored, as 'n' and 'echo' are, so that a client never takes an
  * answer made without them for one made with them. Their neutral values pass (an empty
- * logit_bias, response_format text, tool_choice auto or none). */
+ * logit_bias, response_format text, tool_choice none, or auto without tools). */
 static int refuse_unsupported(struct openai_request *req, struct openai_error *err)
 {
     const json_t *root = req->root, *v;
@@ -563,13 +563,26 @@ static int refuse_unsupported(struct openai_request *req, struct openai_error *e
                        "output): only 'text'",
                        type);
     }
+    const char *choice = NULL; /* tool_choice: absent, null or a string */
     if ((v = json_object_get(root, "tool_choice")) != NULL && !json_is_null(v)) {
-        const char *c = json_string_value(v);
-        if (c == NULL || (strcmp(c, "auto") != 0 && strcmp(c, "none") != 0))
+        choice = json_string_value(v);
+        if (choice == NULL || (strcmp(choice, "auto") != 0 && strcmp(choice, "none") != 0))
             return bad(err, "unsupported",
                        "'tool_choice' other than 'auto' or 'none' is not supported (a tool call "
                        "cannot be forced)");
     }
+    /* A chat's tools with tool_choice 'auto' (the default where tools are given) would have the
+     * model's tool calls come back as text: refused, as vLLM refuses them without a tool-call
+     * parser (--enable-auto-tool-choice); 'none' renders the tools into the prompt (vLLM's
+     * default) and the output is text. */
+    v = json_object_get(root, "tools");
+    if (req->kind == OPENAI_CHAT && json_is_array(v) && json_array_size(v) > 0 &&
+        (choice == NULL || strcmp(choice, "auto") == 0))
+        return bad(err, "unsupported",
+                   "'tools' with tool_choice 'auto' (the default where tools are given) is not "
+                   "supported: tool calls are not parsed out of the output (as vLLM without "
+                   "--enable-auto-tool-choice); tool_choice 'none' renders the tools into the "
+                   "prompt and answers with text");
     if (req->kind == OPENAI_COMPLETION && (v = json_object_get(root, "suffix")) != NULL &&
         !json_is_null(v)) {
         if (!json_is_string(v))
@@ -616,12 +629,13 @@ static int refuse_unsupported(struct openai_request *req, struct openai_error *e
         if ((v = json_object_get(root, extras[i].key)) == NULL || json_is_null(v))
             continue;
         bool neutral = false;
+        long long zero;
         switch (extras[i].neutral) {
         case NEUTRAL_FALSE:
             neutral = json_is_false(v);
             break;
         case NEUTRAL_ZERO:
-            neutral = json_is_integer(v) && json_integer_value(v) == 0;
+            neutral = lax_integer(v, &zero) && zero == 0;
             break;
         case NEUTRAL_EMPTY:
             neutral = json_is_array(v) && json_array_size(v) == 0;

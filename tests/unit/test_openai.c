@@ -39,6 +39,44 @@ static void test_numbers_are_read_as_pydantic_reads_them(void **state)
     openai_request_fini(&req);
 }
 
+/* A chat's tools: refused with tool_choice 'auto' or none given (tool calls are not parsed, as
+ * vLLM without --enable-auto-tool-choice), rendered with 'none'; /tokenize takes them. */
+static void test_tools_need_tool_choice_none(void **state)
+{
+    (void)state;
+    struct openai_request req;
+    struct openai_error err;
+    const char *tools = "\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\"}}]";
+    char body[512];
+    const char *choices[] = {"", ", \"tool_choice\": null", ", \"tool_choice\": \"auto\""};
+    for (size_t i = 0; i < sizeof(choices) / sizeof(choices[0]); i++) {
+        snprintf(body, sizeof(body),
+                 "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], %s%s}", tools,
+                 choices[i]);
+        assert_int_equal(parse(OPENAI_CHAT, body, &req, &err), -1);
+        assert_int_equal(err.status, 400);
+        assert_non_null(strstr(err.message, "'tools' with tool_choice 'auto'"));
+        openai_request_fini(&req);
+        assert_int_equal(parse(OPENAI_TOKENIZE, body, &req, &err), 0);
+        assert_non_null(req.prompt.tools_json);
+        openai_request_fini(&req);
+    }
+    snprintf(body, sizeof(body),
+             "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], %s, \"tool_choice\": "
+             "\"none\"}",
+             tools);
+    assert_int_equal(parse(OPENAI_CHAT, body, &req, &err), 0);
+    assert_non_null(strstr(req.prompt.tools_json, "\"f\""));
+    openai_request_fini(&req);
+    /* no tools (an empty list): 'auto' is nothing to refuse */
+    assert_int_equal(parse(OPENAI_CHAT,
+                           "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
+                           "\"tools\": [], \"tool_choice\": \"auto\"}",
+                           &req, &err),
+                     0);
+    openai_request_fini(&req);
+}
+
 static void test_a_completion_is_read(void **state)
 {
     (void)state;
@@ -269,7 +307,8 @@ static void test_bad_requests_are_400_with_a_reason(void **state)
         {OPENAI_COMPLETION, "{\"prompt\": \"x\", \"truncate_prompt_tokens\": 4}",
          "'truncate_prompt_tokens'"},
         {OPENAI_COMPLETION, "{\"prompt\": \"x\", \"use_beam_search\": true}", "'use_beam_search'"},
-        {OPENAI_COMPLETION, "{\"prompt\": \"x\", \"min_tokens\": \"0\"}", "'min_tokens'"},
+        {OPENAI_COMPLETION, "{\"prompt\": \"x\", \"min_tokens\": \"none\"}", "'min_tokens'"},
+        {OPENAI_COMPLETION, "{\"prompt\": \"x\", \"min_tokens\": 0.5}", "'min_tokens'"},
         {OPENAI_COMPLETION,
          "{\"prompt\": \"x\", \"stream\": true, \"stream_options\": "
          "{\"continuous_usage_stats\": true}}",
@@ -302,7 +341,7 @@ static void test_bad_requests_are_400_with_a_reason(void **state)
     assert_int_equal(parse(OPENAI_COMPLETION,
                            "{\"prompt\": \"x\", \"logit_bias\": {}, \"suffix\": \"\", "
                            "\"response_format\": {\"type\": \"text\"}, \"logprobs\": 0, "
-                           "\"min_tokens\": 0, \"include_stop_str_in_output\": false, "
+                           "\"min_tokens\": \"0\", \"include_stop_str_in_output\": false, "
                            "\"allowed_token_ids\": null, \"bad_words\": [], "
                            "\"prompt_logprobs\": null, \"use_beam_search\": false, "
                            "\"chat_template\": \"ignored: not a chat\", "
@@ -578,6 +617,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_a_completion_is_read),
         cmocka_unit_test(test_numbers_are_read_as_pydantic_reads_them),
+        cmocka_unit_test(test_tools_need_tool_choice_none),
         cmocka_unit_test(test_a_list_of_prompts_is_read),
         cmocka_unit_test(test_a_chat_is_read),
         cmocka_unit_test(test_bad_requests_are_400_with_a_reason),
