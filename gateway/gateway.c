@@ -11,6 +11,7 @@
 #include "common/log.h"
 #include "gateway/openai.h"
 
+#include <ctype.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -906,10 +907,37 @@ static void not_found(struct gateway *g, struct http_request *http, const char *
     gateway_metrics_error(g, status);
 }
 
+/* A CORS preflight (OPTIONS with Origin and Access-Control-Request-Method) where the gateway
+ * allows origins (--allowed-origins): 204 with the methods, the headers asked for (where they are
+ * a list of header names; else Authorization and Content-Type) and a 10-minute cache; the HTTP
+ * server adds Access-Control-Allow-Origin where the origin is allowed. Returns whether it
+ * answered. */
+static int preflight(struct gateway *g, struct http_request *http)
+{
+    const char *origins = g->cfg.http.allowed_origins;
+    const char *asked = http_request_header(http, "Access-Control-Request-Headers");
+    if (origins == NULL || *origins == '\0' || http_request_header(http, "Origin") == NULL ||
+        http_request_header(http, "Access-Control-Request-Method") == NULL)
+        return 0;
+    size_t n = asked != NULL ? strlen(asked) : 0;
+    int names = n > 0 && n <= 1024;
+    for (size_t i = 0; names && i < n; i++)
+        names = isalnum((unsigned char)asked[i]) || strchr("-_, ", asked[i]) != NULL;
+    char allow_headers[1100];
+    snprintf(allow_headers, sizeof(allow_headers), "Access-Control-Allow-Headers: %s",
+             names ? asked : "Authorization, Content-Type");
+    const char *headers[] = {"Access-Control-Allow-Methods: GET, HEAD, POST, OPTIONS",
+                             allow_headers, "Access-Control-Max-Age: 600"};
+    gateway_respond_plain(http, 204, NULL, NULL, 0, headers, 3);
+    return 1;
+}
+
 static void on_http(void *user, struct http_request *http)
 {
     struct gateway *g = user;
     const char *method = http_request_method(http), *path = http_request_path(http);
+    if (strcmp(method, "OPTIONS") == 0 && preflight(g, http))
+        return;
     /* HEAD is GET without the body (the HTTP server leaves it out). */
     int post = strcmp(method, "POST") == 0,
         get = strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0;

@@ -4,7 +4,7 @@
  *                  [--stats-key KEY] [--max-connections N] [--max-requests N]
  *                  [--max-body-bytes N] [--max-body-memory N] [--max-write-memory N]
  *                  [--request-timeout-ms MS] [--idle-timeout-ms MS]
- *                  [--default-max-tokens N] [--log-level L]
+ *                  [--default-max-tokens N] [--allowed-origins LIST] [--log-level L]
  *
  * SIGTERM or SIGINT stops it: the listener closes and every request in progress is cancelled in
  * the router (its client gets the connection closed). Under the supervisor (DIR given) it says
@@ -37,7 +37,8 @@ static void usage(FILE *f)
             "                      [--max-connections N] [--max-requests N] [--max-body-bytes N]\n"
             "                      [--max-body-memory N] [--max-write-memory N]\n"
             "                      [--request-timeout-ms MS] [--idle-timeout-ms MS]\n"
-            "                      [--default-max-tokens N] [--log-level debug|info|warn|error]\n"
+            "                      [--default-max-tokens N] [--allowed-origins LIST]\n"
+            "                      [--log-level debug|info|warn|error]\n"
             "Serves OpenAI's API (POST /v1/completions, /v1/chat/completions; GET /v1/models,\n"
             "/health, /metrics, and a status page at /) for the router at URL.\n"
             "--model-name: the model's id in /v1/models and responses (default \"pagoda\").\n"
@@ -52,7 +53,10 @@ static void usage(FILE *f)
             "--max-write-memory: bytes of responses held for clients that have not read them\n"
             "           yet, every connection together; past it the clients stalled longest\n"
             "           are disconnected (256 MiB).\n"
-            "--default-max-tokens: a chat completion without max_tokens (%d).\n",
+            "--default-max-tokens: a chat completion without max_tokens (%d).\n"
+            "--allowed-origins: CORS, the origins whose web pages may call the API from a\n"
+            "           browser: '*' any (vLLM's default), or a comma-separated list\n"
+            "           (https://a.example,http://b.example:8080); none unless given.\n",
             GATEWAY_DEFAULT_MAX_REQUESTS, GATEWAY_DEFAULT_MAX_TOKENS);
 }
 
@@ -114,6 +118,7 @@ enum {
     OPT_REQUEST_TIMEOUT,
     OPT_IDLE_TIMEOUT,
     OPT_DEFAULT_MAX_TOKENS,
+    OPT_ALLOWED_ORIGINS,
     OPT_LOG_LEVEL,
 };
 
@@ -133,6 +138,7 @@ int main(int argc, char **argv)
         {"request-timeout-ms", required_argument, NULL, OPT_REQUEST_TIMEOUT},
         {"idle-timeout-ms", required_argument, NULL, OPT_IDLE_TIMEOUT},
         {"default-max-tokens", required_argument, NULL, OPT_DEFAULT_MAX_TOKENS},
+        {"allowed-origins", required_argument, NULL, OPT_ALLOWED_ORIGINS},
         {"log-level", required_argument, NULL, OPT_LOG_LEVEL},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
@@ -198,6 +204,9 @@ int main(int argc, char **argv)
         case OPT_DEFAULT_MAX_TOKENS:
             if ((rc = parse_i64("--default-max-tokens", optarg, 1, INT32_MAX, &v)) == 0)
                 cfg.default_max_tokens = (int32_t)v;
+            break;
+        case OPT_ALLOWED_ORIGINS:
+            cfg.http.allowed_origins = optarg;
             break;
         case OPT_LOG_LEVEL: {
             enum log_level level;

@@ -39,6 +39,11 @@ static int config_check(const struct http_config *cfg)
         cfg->idle_timeout_ms == 0 || cfg->max_queued_write_bytes == 0 || cfg->max_write_memory == 0)
         return pagoda_error_set(PAGODA_EINVAL, "http: every limit must be set (headers >= 64, "
                                                "body memory at least the body limit)");
+    for (const char *o = cfg->allowed_origins; o != NULL && *o != '\0'; o++)
+        if (*o <= ' ' || *o > '~')
+            return pagoda_error_set(PAGODA_EINVAL,
+                                    "http: allowed origins must be printable ASCII without blanks "
+                                    "(origins separated by commas)");
     /* Header offsets are 32 bits. */
     if (cfg->max_header_bytes > UINT32_MAX / 2 || cfg->max_body_bytes > SIZE_MAX / 2)
         return pagoda_error_set(PAGODA_EINVAL, "http: limits too large");

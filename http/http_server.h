@@ -46,6 +46,12 @@ struct http_config {
      * has taken no whole write for longest first, until it fits; none when even cutting all of
      * them would not make it fit (the write then goes out). */
     size_t max_write_memory;
+    /* CORS: the origins whose pages may read the answers: NULL or "" none, "*" any, else a
+     * comma-separated list ("https://a.example,http://b.example:8080"). The answer to a request
+     * whose Origin header is allowed carries Access-Control-Allow-Origin ("*", or the origin with
+     * Vary: Origin); preflights (OPTIONS) are the handler's. Printable ASCII without blanks; not
+     * copied: it must outlive the server. */
+    const char *allowed_origins;
 };
 
 /* Defaults: 127.0.0.1:8000, 4096 connections, 64 KiB of headers, 8 MiB bodies, 256 MiB of bodies

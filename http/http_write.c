@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 /* One write: the libuv request and the bytes it carries, freed by its callback. */
 struct http_write {
@@ -294,11 +295,40 @@ static int check_answer(struct http_request *req, enum http_req_state want, int 
     return 0;
 }
 
+/* The Access-Control-Allow-Origin value of the answer to req (http_config.allowed_origins): "*",
+ * its Origin where the list has it (*vary: the answer depends on it), or NULL. */
+static const char *cors_origin(const struct http_request *req, bool *vary)
+{
+    const char *list = req->conn->server->cfg.allowed_origins;
+    *vary = false;
+    const char *origin = list != NULL && *list != '\0' ? http_request_header(req, "Origin") : NULL;
+    if (origin == NULL)
+        return NULL;
+    if (strcmp(list, "*") == 0)
+        return "*";
+    const size_t n = strlen(origin);
+    for (const char *p = list;;) {
+        const char *comma = strchr(p, ',');
+        const size_t len = comma != NULL ? (size_t)(comma - p) : strlen(p);
+        if (len == n && strncasecmp(p, origin, n) == 0) {
+            *vary = true;
+            return origin;
+        }
+        if (comma == NULL)
+            return NULL;
+        p = comma + 1;
+    }
+}
+
 /* The status line and headers: their size, then their bytes into w. */
-static size_t head_size(int status, const char *content_type, const char *const *headers,
-                        size_t num_headers)
+static size_t head_size(const struct http_request *req, int status, const char *content_type,
+                        const char *const *headers, size_t num_headers)
 {
     size_t n = 128 + strlen(http_status_reason(status)); /* fixed lines and numbers */
+    bool vary;
+    const char *origin = cors_origin(req, &vary);
+    if (origin != NULL)
+        n += strlen(origin) + 64;
     if (content_type)
         n += strlen(content_type) + 16;
     for (size_t i = 0; i < num_headers; i++)
@@ -306,10 +336,16 @@ static size_t head_size(int status, const char *content_type, const char *const 
     return n;
 }
 
-static void head_write(struct http_write *w, const struct http_conn *c, int status,
+static void head_write(struct http_write *w, const struct http_request *req, int status,
                        const char *content_type, const char *const *headers, size_t num_headers)
 {
+    const struct http_conn *c = req->conn;
     wbuf_printf(w, "HTTP/1.1 %d %s\r\n", status, http_status_reason(status));
+    bool vary;
+    const char *origin = cors_origin(req, &vary);
+    if (origin != NULL)
+        wbuf_printf(w, "Access-Control-Allow-Origin: %s\r\n%s", origin,
+                    vary ? "Vary: Origin\r\n" : "");
     if (content_type)
         wbuf_printf(w, "Content-Type: %s\r\n", content_type);
     if (!c->keep_alive)
@@ -331,13 +367,13 @@ int http_respond(struct http_request *req, int status, const char *content_type,
     struct http_conn *c = req->conn;
     bool has_body = status != 204 && status != 304;
     bool send_body = has_body && !req->head_only;
-    size_t size = head_size(status, content_type, headers, num_headers) + 48;
+    size_t size = head_size(req, status, content_type, headers, num_headers) + 48;
     if (send_body)
         size += len;
     struct http_write *w = wbuf_new(size);
     if (!w)
         return PAGODA_ENOMEM;
-    head_write(w, c, status, content_type, headers, num_headers);
+    head_write(w, req, status, content_type, headers, num_headers);
     if (has_body)
         wbuf_printf(w, "Content-Length: %zu\r\n", len);
     wbuf_put(w, "\r\n", 2);
@@ -362,10 +398,11 @@ int http_stream_start(struct http_request *req, int status, const char *content_
     struct http_conn *c = req->conn;
     if (!req->chunked_response)
         c->keep_alive = false; /* HTTP/1.0: the body ends with the connection */
-    struct http_write *w = wbuf_new(head_size(status, content_type, headers, num_headers) + 48);
+    struct http_write *w =
+        wbuf_new(head_size(req, status, content_type, headers, num_headers) + 48);
     if (!w)
         return PAGODA_ENOMEM;
-    head_write(w, c, status, content_type, headers, num_headers);
+    head_write(w, req, status, content_type, headers, num_headers);
     if (req->chunked_response)
         wbuf_printf(w, "Transfer-Encoding: chunked\r\n");
     wbuf_put(w, "\r\n", 2);

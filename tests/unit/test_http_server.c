@@ -211,9 +211,83 @@ static void test_malformed_requests(void **state)
     assert_int_equal(f.requests, 0);
 }
 
-/* ---- configuration ---- */
+/* ---- CORS ---- */
 
 static void noop_handler(void *user, struct http_request *req) {}
+
+static void client_cors(struct fx *f)
+{
+    struct cl c;
+    struct resp r;
+    char v[128];
+    CHECK(f, cl_connect(&c, f->port) == 0);
+    /* listed (either one, any case): the origin echoed, with Vary: Origin */
+    const char *listed[] = {"https://a.example", "http://B.example:8080"};
+    for (int i = 0; i < 2; i++) {
+        char req[160];
+        snprintf(req, sizeof(req), "GET /echo HTTP/1.1\r\nOrigin: %s\r\n\r\n", listed[i]);
+        CHECK(f, cl_sends(&c, req) == 0);
+        CHECK(f, cl_response(&c, &r, false) == 0 && r.status == 200);
+        CHECK(f, resp_header(&r, "Access-Control-Allow-Origin", v, sizeof(v)) &&
+                     strcmp(v, listed[i]) == 0);
+        CHECK(f, resp_header(&r, "Vary", v, sizeof(v)) && strcmp(v, "Origin") == 0);
+        resp_free(&r);
+    }
+    /* not listed (a prefix of one, one longer), or no Origin: nothing */
+    const char *other[] = {"GET /echo HTTP/1.1\r\nOrigin: https://a.exampl\r\n\r\n",
+                           "GET /echo HTTP/1.1\r\nOrigin: https://a.example.evil\r\n\r\n",
+                           "GET /echo HTTP/1.1\r\n\r\n"};
+    for (int i = 0; i < 3; i++) {
+        CHECK(f, cl_sends(&c, other[i]) == 0);
+        CHECK(f, cl_response(&c, &r, false) == 0 && r.status == 200);
+        CHECK(f, !resp_header(&r, "Access-Control-Allow-Origin", v, sizeof(v)));
+        resp_free(&r);
+    }
+    /* a stream's head too */
+    CHECK(f, cl_sends(&c, "GET /stream?n=1 HTTP/1.1\r\nOrigin: https://a.example\r\n\r\n") == 0);
+    CHECK(f, cl_response(&c, &r, false) == 0 && r.status == 200);
+    CHECK(f, resp_header(&r, "Access-Control-Allow-Origin", v, sizeof(v)) &&
+                 strcmp(v, "https://a.example") == 0);
+    resp_free(&r);
+    cl_close(&c);
+}
+
+static void client_cors_any(struct fx *f)
+{
+    struct cl c;
+    struct resp r;
+    char v[64];
+    CHECK(f, cl_connect(&c, f->port) == 0);
+    CHECK(f, cl_sends(&c, "GET /echo HTTP/1.1\r\nOrigin: http://x.example\r\n\r\n") == 0);
+    CHECK(f, cl_response(&c, &r, false) == 0 && r.status == 200);
+    CHECK(f, resp_header(&r, "Access-Control-Allow-Origin", v, sizeof(v)) && strcmp(v, "*") == 0);
+    CHECK(f, !resp_header(&r, "Vary", v, sizeof(v)));
+    resp_free(&r);
+    cl_close(&c);
+}
+
+static void test_cors(void **state)
+{
+    struct fx f;
+    fx_config(&f);
+    f.cfg.allowed_origins = "https://a.example,http://b.example:8080";
+    fx_run(&f, client_cors);
+    fx_config(&f);
+    f.cfg.allowed_origins = "*";
+    fx_run(&f, client_cors_any);
+    /* blanks or control characters in the list: refused */
+    uv_loop_t loop;
+    uv_loop_init(&loop);
+    struct http_config cfg;
+    http_config_default(&cfg);
+    cfg.port = 0;
+    cfg.allowed_origins = "https://a.example, https://b.example";
+    struct http_server *srv = NULL;
+    assert_int_equal(http_server_open(&loop, &cfg, noop_handler, NULL, &srv), PAGODA_EINVAL);
+    uv_loop_close(&loop);
+}
+
+/* ---- configuration ---- */
 
 static void test_bad_config_and_busy_port(void **state)
 {
@@ -263,6 +337,7 @@ int main(void)
         cmocka_unit_test(test_chunked_stream),
         cmocka_unit_test(test_malformed_requests),
         cmocka_unit_test(test_bad_config_and_busy_port),
+        cmocka_unit_test(test_cors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
