@@ -145,6 +145,9 @@ int main(int argc, char **argv)
     };
     struct gateway_config cfg;
     gateway_config_default(&cfg);
+    /* A hang-up (SIGHUP: a closed terminal, or an operator's "reload") would kill it by default;
+     * the group's programs stop on SIGTERM and SIGINT only (the router's SIGHUP reloads). */
+    signal(SIGHUP, SIG_IGN);
     log_set_name("pagoda-gateway");
     const char *run_dir = NULL, *listen = NULL;
     char host[256];

@@ -714,6 +714,9 @@ int main(int argc, char **argv)
         .tp_size = 1,
     };
     log_set_name("kvpool");
+    /* A hang-up (SIGHUP: a closed terminal, or an operator's "reload") would kill it by default;
+     * the group's programs stop on SIGTERM and SIGINT only (the router's SIGHUP reloads). */
+    signal(SIGHUP, SIG_IGN);
     int status = parse_args(argc, argv, &o);
     if (status != 0)
         return status == 3 ? 0 : status;

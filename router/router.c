@@ -138,6 +138,11 @@ void router_drain(struct router *r, router_drained_fn done, void *arg)
     drain_check(r);
 }
 
+int router_reload(struct router *r)
+{
+    return tenancy_reload_start(r, 1);
+}
+
 /* ---- lifecycle ------------------------------------------------------------------------------- */
 
 static void router_free(struct router *r)

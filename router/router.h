@@ -235,6 +235,11 @@ typedef void (*router_drained_fn)(void *arg, int drained);
  * cfg->drain_timeout_ms has passed. A second call is ignored. */
 void router_drain(struct router *r, router_drained_fn done, void *arg);
 
+/* SIGHUP: reads the tenants file again, as an admin reload does, and logs the outcome (a file it
+ * refuses leaves the configuration as it was). Errors: as an admin reload's start
+ * (PAGODA_EUNSUPPORTED without a tenants file, PAGODA_EBUSY while a read is in flight). */
+int router_reload(struct router *r);
+
 /* Stops every aio, closes the sockets and frees the router once libuv has closed its handles
  * (so the loop must run a little after this). Parked calls get no answer. Call on the loop
  * thread. Accepts NULL. */

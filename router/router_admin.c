@@ -608,7 +608,7 @@ static void handle_reload(struct router *r, struct rctx *c)
 {
     if (need_link(r, c, "reload") != 0)
         return;
-    int rc = tenancy_reload_start(r);
+    int rc = tenancy_reload_start(r, 0);
     if (rc != 0) {
         log_warn("admin: reload refused, the configuration stays: %s", pagoda_error_detail());
         router_reply_error(c, rc, "reload: %s (the configuration stays as it was)",
@@ -622,8 +622,19 @@ static void handle_reload(struct router *r, struct rctx *c)
 }
 
 void admin_on_reload_read(struct router *r, struct router_tenants *t, int rc, const char *detail,
-                          uint64_t started_ms)
+                          uint64_t started_ms, int by_signal)
 {
+    if (by_signal) {
+        if (rc == 0 && (rc = tenancy_apply(r, t)) != 0)
+            detail = rc == PAGODA_ENOMEM ? "out of memory" : pagoda_error_detail();
+        if (rc != 0)
+            log_error("SIGHUP: reload of %s refused, the configuration stays: %s", r->tenants_file,
+                      detail);
+        else
+            log_info("SIGHUP: %s reloaded (policy version %llu sent to the engines)",
+                     r->tenants_file, (unsigned long long)r->policy_version);
+        return;
+    }
     struct rctx *c = r->admin_waiters;
     while (c != NULL && !(c->admin_op == ADMIN_OP_RELOAD && c->cookie == 0))
         c = c->next;

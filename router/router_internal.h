@@ -559,8 +559,8 @@ int tenancy_remove_pin(struct router *r, const char *name);
 /* Starts reading and parsing the tenants file again on libuv's threadpool (the loop never opens
  * or reads it); admin_on_reload_read gets the outcome on the loop. Errors: PAGODA_EUNSUPPORTED
  * (no tenants file), PAGODA_EBUSY (a read is still in flight: one at a time), PAGODA_EIO (the
- * threadpool refused the work). */
-int tenancy_reload_start(struct router *r);
+ * threadpool refused the work). by_signal: SIGHUP's (router_reload), whose outcome is logged. */
+int tenancy_reload_start(struct router *r, int by_signal);
 /* Replaces tenants, groups and file pins with t's (taking t in every case); runtime pins stay, less
  * the tenants that are gone (one left with no reader goes), unless t has one of the same name.
  * Errors: PAGODA_ERANGE (too many
@@ -597,9 +597,10 @@ uint64_t admin_applied_version(const struct router *r);
 void admin_on_timeout(struct rctx *c);
 /* The tenants file a reload read: t (taken; NULL when rc is an error whose detail is detail),
  * read since started_ms. Applies it and answers the reload call, or drops it when that call is
- * no longer waiting (it timed out: the admin was told nothing changed). */
+ * no longer waiting (it timed out: the admin was told nothing changed); by_signal (SIGHUP's, no
+ * call), applies it and logs the outcome. */
 void admin_on_reload_read(struct router *r, struct router_tenants *t, int rc, const char *detail,
-                          uint64_t started_ms);
+                          uint64_t started_ms, int by_signal);
 /* A tenant's Stats call (with a tenants file): asks the scheduler for the figures and answers
  * with the tenant's own (and the router's figures of it), never another tenant's or the
  * engine's. */

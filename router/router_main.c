@@ -3,7 +3,8 @@
  *
  * SIGTERM or SIGINT drains: new Submits are refused, polls are answered until every request has
  * finished (bounded by --drain-timeout-ms), then the router exits 0 (1 when the drain ran out of
- * time). A second signal stops at once. */
+ * time). A second signal stops at once. SIGHUP reads the tenants file again (as `pagoda admin
+ * reload`), the outcome in the log. */
 #include "common/error.h"
 #include "common/fd_pass.h"
 #include "common/log.h"
@@ -27,7 +28,7 @@
 struct main_state {
     struct router *router;
     struct wire_heartbeat *heartbeat; /* the supervisor's liveness check (wire.h) */
-    uv_signal_t sigterm, sigint;
+    uv_signal_t sigterm, sigint, sighup;
     int signals_open;
     int status;
 };
@@ -97,6 +98,7 @@ static void stop(struct main_state *st, int status)
         st->signals_open = 0;
         uv_close((uv_handle_t *)&st->sigterm, on_signal_closed);
         uv_close((uv_handle_t *)&st->sigint, on_signal_closed);
+        uv_close((uv_handle_t *)&st->sighup, on_signal_closed);
     }
     router_close(st->router);
     st->router = NULL;
@@ -123,6 +125,14 @@ static void on_signal(uv_signal_t *h, int signum)
         log_warn("signal %d again: stopping now", signum);
         stop(st, 1);
     }
+}
+
+static void on_sighup(uv_signal_t *h, int signum)
+{
+    struct main_state *st = h->data;
+    (void)signum;
+    if (router_reload(st->router) != 0)
+        log_warn("SIGHUP: no reload: %s", pagoda_error_detail());
 }
 
 static int parse_u32(const char *flag, const char *text, int64_t min, int64_t max, uint32_t *out)
@@ -295,6 +305,9 @@ int main(int argc, char **argv)
     st.sigterm.data = st.sigint.data = &st;
     uv_signal_start(&st.sigterm, on_signal, SIGTERM);
     uv_signal_start(&st.sigint, on_signal, SIGINT);
+    uv_signal_init(&loop, &st.sighup);
+    st.sighup.data = &st;
+    uv_signal_start(&st.sighup, on_sighup, SIGHUP);
     st.signals_open = 1;
     log_info("listening on %s", cfg.listen_url);
     if ((rc = wire_control_ready(cfg.run_dir, "router")) != 0)

@@ -140,6 +140,7 @@ struct reload_job {
     struct router_tenants *t; /* what the thread parsed */
     int rc;
     char detail[512]; /* the thread's pagoda_error_detail (thread-local) */
+    int by_signal;    /* SIGHUP's: its outcome is logged, no call waits for it */
 };
 
 static void reload_job_free(struct reload_job *job)
@@ -345,11 +346,11 @@ static void after_reload(uv_work_t *w, int status)
     }
     struct router_tenants *t = job->t;
     job->t = NULL;
-    admin_on_reload_read(r, t, job->rc, job->detail, job->started_ms);
+    admin_on_reload_read(r, t, job->rc, job->detail, job->started_ms, job->by_signal);
     reload_job_free(job);
 }
 
-int tenancy_reload_start(struct router *r)
+int tenancy_reload_start(struct router *r, int by_signal)
 {
     if (r->tenants_file == NULL)
         return pagoda_error_set(PAGODA_EUNSUPPORTED, "the router was started without a tenants "
@@ -363,6 +364,7 @@ int tenancy_reload_start(struct router *r)
         return PAGODA_ENOMEM;
     }
     job->r = r;
+    job->by_signal = by_signal;
     job->started_ms = uv_now(r->loop);
     job->work.data = job;
     int uv = uv_queue_work(r->loop, &job->work, reload_work, after_reload);

@@ -33,6 +33,7 @@
 
 #include <inttypes.h>
 #include <stdbool.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -282,6 +283,9 @@ static int parse_flags(int argc, char **argv, struct scheduler_config *cfg, stru
 int main(int argc, char **argv)
 {
     log_set_name("scheduler");
+    /* A hang-up (SIGHUP: a closed terminal, or an operator's "reload") would kill it by default;
+     * the group's programs stop on SIGTERM and SIGINT only (the router's SIGHUP reloads). */
+    signal(SIGHUP, SIG_IGN);
     struct app app;
     memset(&app, 0, sizeof(app));
     struct scheduler_config cfg;

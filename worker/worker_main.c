@@ -818,6 +818,9 @@ int main(int argc, char **argv)
 {
     static struct worker w; /* large and process-wide; zeroed */
     log_set_name("worker");
+    /* A hang-up (SIGHUP: a closed terminal, or an operator's "reload") would kill it by default;
+     * the group's programs stop on SIGTERM and SIGINT only (the router's SIGHUP reloads). */
+    signal(SIGHUP, SIG_IGN);
     int status = worker_args_parse(argc, argv, &w.o);
     if (status != 0)
         return status == WORKER_ARGS_HELP ? 0 : status;
