@@ -275,6 +275,10 @@ static void render(struct greq *q, const pagoda_async_result *res, const pagoda_
     gauge(&b, "pagoda_http_write_bytes",
           "Bytes of responses held until the kernel takes them (--max-write-memory).",
           g->http ? (double)http_server_write_bytes(g->http) : 0.0);
+    counter(&b, "pagoda_http_connection_evictions_total",
+            "Connections closed at --max-connections to take a new one in their place (idle, "
+            "or whose request had not all arrived).",
+            g->http ? (double)http_server_evictions(g->http) : 0.0);
     counter(&b, "pagoda_http_write_cuts_total",
             "Connections cut because the responses held for slow readers reached "
             "--max-write-memory.",

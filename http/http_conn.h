@@ -116,6 +116,7 @@ struct http_server {
     size_t body_bytes;   /* body bytes every request holds (cfg.max_body_memory) */
     size_t write_bytes;  /* bytes of writes in flight, connections not closing (max_write_memory) */
     uint64_t write_cuts; /* connections cut for max_write_memory */
+    uint64_t evictions;  /* connections closed for a new one at max_connections (make_room) */
     /* Detached: where responses go. */
     void (*sink)(void *arg, const char *data, size_t len);
     void *sink_arg;

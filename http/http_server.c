@@ -247,12 +247,50 @@ static void refuse(uv_stream_t *listener)
     uv_close((uv_handle_t *)t, on_refused_closed);
 }
 
+/* At max_connections: closes the connection that least deserves its place, so that a new one is
+ * taken instead of refused. Clients that open connections and hold them without completing a
+ * request (slowloris: a header line every few seconds, within request_timeout_ms) would otherwise
+ * keep every other client out for as long as they like, with no key needed. The first found, in
+ * the order they were accepted, of: one lingering after its last answer, one idle between
+ * keep-alive requests, one whose request's head is incomplete, one whose body is still arriving.
+ * A connection whose request is with the handler (a generation, a stream) is never closed here.
+ * Connections already closing count until libuv has closed them, so as many of those as there
+ * are keep the cap: true when a place is (being) made. */
+static bool make_room(struct http_server *s)
+{
+    enum { LINGER, IDLE, HEAD, BODY, CLASSES };
+    struct http_conn *victim[CLASSES] = {NULL};
+    unsigned closing = 0;
+    for (struct http_conn *c = s->conns.head; c != NULL; c = c->next) {
+        int k = -1;
+        if (c->closing)
+            closing++;
+        else if (c->state == CONN_LINGER)
+            k = LINGER;
+        else if (c->state == CONN_IDLE)
+            k = IDLE;
+        else if (c->state == CONN_READING)
+            k = c->headers_done ? BODY : HEAD;
+        if (k >= 0 && victim[k] == NULL)
+            victim[k] = c;
+    }
+    if (s->conns.count - closing < s->cfg.max_connections)
+        return true; /* the places of those closing are being made */
+    for (int k = 0; k < CLASSES; k++)
+        if (victim[k] != NULL) {
+            s->evictions++;
+            http_conn_close(victim[k]);
+            return true;
+        }
+    return false;
+}
+
 static void on_connection(uv_stream_t *listener, int status)
 {
     struct http_server *s = listener->data;
     if (status < 0 || s->closing)
         return;
-    if (s->conns.count >= s->cfg.max_connections) {
+    if (s->conns.count >= s->cfg.max_connections && !make_room(s)) {
         refuse(listener);
         return;
     }
@@ -333,6 +371,11 @@ uint32_t http_server_connections(const struct http_server *s)
 size_t http_server_write_bytes(const struct http_server *s)
 {
     return s->write_bytes;
+}
+
+uint64_t http_server_evictions(const struct http_server *s)
+{
+    return s->evictions;
 }
 
 uint64_t http_server_write_cuts(const struct http_server *s)

@@ -30,7 +30,8 @@
 struct http_config {
     const char *host;         /* address to listen on, e.g. "127.0.0.1" or "0.0.0.0" */
     uint16_t port;            /* 0: any free port (http_server_port tells which) */
-    uint32_t max_connections; /* open at once */
+    uint32_t max_connections; /* open at once (a new one past it takes the place of one idle or
+                                 whose request has not all arrived: http_server_evictions) */
     size_t max_header_bytes;  /* request line and headers */
     size_t max_body_bytes;    /* a body over it: 413 and the connection closes */
     /* Body bytes held by every request together, until a handler takes one
@@ -78,8 +79,10 @@ int http_server_open(uv_loop_t *loop, const struct http_config *cfg, http_handle
 /* The port listened on (useful with port 0). */
 uint16_t http_server_port(const struct http_server *s);
 
-/* Connections open now. */
+/* Connections open now, and those closed so far at max_connections to take a new one in their
+ * place (one lingering, idle, or whose request has not all arrived: never one being handled). */
 uint32_t http_server_connections(const struct http_server *s);
+uint64_t http_server_evictions(const struct http_server *s);
 
 /* Bytes of responses held until the kernel takes them (http_config.max_write_memory), and the
  * connections cut so far to keep within it. */

@@ -140,6 +140,7 @@ static void handler(void *user, struct http_request *req)
 static void shut_everything(struct fx *f)
 {
     f->write_cuts = http_server_write_cuts(f->srv);
+    f->evictions = http_server_evictions(f->srv);
     http_server_close(f->srv);
     f->srv = NULL;
     if (f->flood_timer_open) {

@@ -74,6 +74,7 @@ struct fx {
     int flood_writes;
     int flood_last_rc;
     uint64_t write_cuts; /* http_server_write_cuts when the client was done */
+    uint64_t evictions;  /* http_server_evictions then */
     /* Client sockets left open for the server's close; closed after the loop ends. */
     int leftover[8];
     int num_leftover;

@@ -172,42 +172,45 @@ static void test_slow_and_idle_clients(void **state)
     fx_run(&f, client_slow_and_idle);
 }
 
+/* At the cap a new connection takes the place of one idle or whose request has not all arrived
+ * (a slowloris client's), never of one whose request is with the handler; only when every place
+ * is busy so is it refused. */
 static void client_connection_cap(struct fx *f)
 {
-    struct cl a, b, extra;
+    struct cl a, b, c, d, extra;
     struct resp r;
     CHECK(f, cl_connect(&a, f->port) == 0);
     CHECK(f, cl_connect(&b, f->port) == 0);
     CHECK(f, cl_sends(&a, "GET /echo HTTP/1.1\r\n\r\n") == 0);
     CHECK(f, cl_response(&a, &r, false) == 0 && r.status == 200);
     resp_free(&r);
-    CHECK(f, cl_sends(&b, "GET /echo HTTP/1.1\r\n\r\n") == 0);
-    CHECK(f, cl_response(&b, &r, false) == 0 && r.status == 200 && strstr(r.body, "conns=2"));
+    CHECK(f, cl_sends(&b, "GET /hold HTTP/1.1\r\n\r\n") == 0); /* busy from now on */
+    CHECK(f, wait_atomic(&f->num_held, 1));
+    /* a third takes the place of a, idle between requests */
+    CHECK(f, cl_connect(&extra, f->port) == 0);
+    CHECK(f, cl_sends(&extra, "GET /echo HTTP/1.1\r\n\r\n") == 0);
+    CHECK(f, cl_response(&extra, &r, false) == 0 && r.status == 200);
     resp_free(&r);
-    /* The third is refused with a 503 and closed. */
+    CHECK(f, cl_closed(&a));
+    cl_close(&a);
+    /* c sends half a head and holds its place (slowloris) after taking extra's; d takes c's */
+    CHECK(f, cl_connect(&c, f->port) == 0);
+    CHECK(f, cl_sends(&c, "GET /echo HTTP/1.1\r\nX-Slow: 1\r\n") == 0);
+    CHECK(f, cl_closed(&extra));
+    cl_close(&extra);
+    CHECK(f, cl_connect(&d, f->port) == 0);
+    CHECK(f, cl_sends(&d, "GET /hold HTTP/1.1\r\n\r\n") == 0);
+    CHECK(f, wait_atomic(&f->num_held, 2));
+    CHECK(f, cl_closed(&c));
+    cl_close(&c);
+    /* both places busy with the handler: the next is refused with a 503 and closed */
     CHECK(f, cl_connect(&extra, f->port) == 0);
     CHECK(f, cl_response(&extra, &r, false) == 0 && r.status == 503);
     resp_free(&r);
     CHECK(f, cl_closed(&extra));
     cl_close(&extra);
-    /* The others are still served; once one leaves, a new one is let in. */
-    CHECK(f, cl_sends(&a, "GET /echo HTTP/1.1\r\n\r\n") == 0);
-    CHECK(f, cl_response(&a, &r, false) == 0 && r.status == 200);
-    resp_free(&r);
-    cl_close(&a);
-    bool served = false;
-    for (int i = 0; i < 50 && !served; i++) { /* until the server has seen a's close */
-        CHECK(f, cl_connect(&extra, f->port) == 0);
-        CHECK(f, cl_sends(&extra, "GET /echo HTTP/1.1\r\n\r\n") == 0);
-        CHECK(f, cl_response(&extra, &r, false) == 0);
-        served = r.status == 200;
-        resp_free(&r);
-        cl_close(&extra);
-        if (!served)
-            sleep_ms(20);
-    }
-    CHECK(f, served);
     cl_close(&b);
+    cl_close(&d);
 }
 
 static void test_connection_cap(void **state)
@@ -216,7 +219,9 @@ static void test_connection_cap(void **state)
     fx_config(&f);
     f.cfg.max_connections = 2;
     fx_run(&f, client_connection_cap);
-    assert_int_equal(f.max_conns_seen, 2);
+    /* (a connection closing still counts until libuv has closed it) */
+    assert_true(f.max_conns_seen >= 2 && f.max_conns_seen <= 3);
+    assert_int_equal(f.evictions, 3);
 }
 
 /* ---- clients that go away or do not read ---- */
