@@ -13,14 +13,18 @@
 #define CFG "config.json: "
 
 /* Upper bounds that no real model reaches. They keep every product of two sizes (weight
- * shapes, byte counts) far inside int64_t, so that the weight loader need not check overflow. */
-#define MAX_VOCAB (INT64_C(1) << 31)
+ * shapes, byte counts) far inside int64_t, so that the weight loader need not check overflow.
+ * The vocabulary and the positions are the scheduler's bounds (scheduler.h SCHEDULER_MAX_VOCAB and
+ * SCHEDULER_MAX_POSITIONS, 2^24: it refuses a worker's Hello past them), so that a model past them
+ * is refused where it is read, by name, instead of loading in a worker the scheduler never takes
+ * (which left pagoda-up waiting for its whole --timeout). */
+#define MAX_VOCAB (INT64_C(1) << 24)
 #define MAX_HIDDEN (INT64_C(1) << 18)
 #define MAX_INTERMEDIATE (INT64_C(1) << 20)
 #define MAX_LAYERS 1024
 #define MAX_HEADS 1024
 #define MAX_HEAD_DIM 1024
-#define MAX_POSITIONS INT32_MAX
+#define MAX_POSITIONS (INT64_C(1) << 24)
 
 static const struct {
     const char *class_name;
@@ -543,7 +547,7 @@ int model_config_validate(const struct model_config *c)
         (rc = check_range("num_attention_heads", c->num_heads, 1, MAX_HEADS)) != 0 ||
         (rc = check_range("num_key_value_heads", c->num_kv_heads, 1, c->num_heads)) != 0 ||
         (rc = check_range("head_dim", c->head_dim, 2, MAX_HEAD_DIM)) != 0 ||
-        (rc = check_range("max_position_embeddings", c->max_position_embeddings, 1,
+        (rc = check_range("max_position_embeddings", c->max_position_embeddings, 2,
                           MAX_POSITIONS)) != 0)
         return rc;
     if (c->num_heads % c->num_kv_heads != 0)

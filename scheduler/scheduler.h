@@ -247,7 +247,8 @@
 /* The longest prompt (and resubmitted output) accepted before any worker has told the
  * context length; the context limit applies on top. */
 #define SCHEDULER_MAX_PROMPT_TOKENS (1 << 20)
-/* The largest vocabulary and context a worker may announce. */
+/* The largest vocabulary and context a worker may announce (model_config.c refuses a model past
+ * them where it reads config.json). */
 #define SCHEDULER_MAX_VOCAB (1 << 24)
 #define SCHEDULER_MAX_POSITIONS (1 << 24)
 

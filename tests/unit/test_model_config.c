@@ -440,6 +440,12 @@ static void test_missing_or_mistyped_fields(void **state)
                    NULL);
     expect_refusal(LLAMA31, "{\"num_attention_heads\": 0}", NULL, PAGODA_ERANGE,
                    "num_attention_heads", NULL);
+    /* past what the scheduler takes from a worker (2^24): refused here, by name */
+    expect_refusal(LLAMA31, "{\"vocab_size\": 16777217}", NULL, PAGODA_ERANGE, "vocab_size", NULL);
+    expect_refusal(LLAMA31, "{\"max_position_embeddings\": 16777217}", NULL, PAGODA_ERANGE,
+                   "max_position_embeddings", NULL);
+    expect_refusal(LLAMA31, "{\"max_position_embeddings\": 1}", NULL, PAGODA_ERANGE,
+                   "max_position_embeddings", NULL);
 
     struct model_config c;
     json_t *not_object = json_array();
@@ -465,9 +471,9 @@ static void test_validate(void **state)
     bad.rms_norm_eps = 0.0;
     assert_int_equal(model_config_validate(&bad), PAGODA_ERANGE);
     bad = c;
-    bad.vocab_size = (INT64_C(1) << 31) + 1;
+    bad.vocab_size = (INT64_C(1) << 24) + 1;
     assert_int_equal(model_config_validate(&bad), PAGODA_ERANGE);
-    bad.vocab_size = INT64_C(1) << 31;
+    bad.vocab_size = INT64_C(1) << 24;
     assert_int_equal(model_config_validate(&bad), 0);
     bad = c;
     bad.rope.type = ROPE_LINEAR;
