@@ -645,6 +645,15 @@ void admin_on_reload_read(struct router *r, struct router_tenants *t, int rc, co
         return;
     }
     router_unpark(c);
+    /* A file without admin keys would refuse every admin call after it, this one's next reload
+     * included, until the router restarts: refused here (a SIGHUP's reload, from the operator's
+     * shell, takes it). */
+    if (rc == 0 && t->num_admin_keys == 0 && r->tenants != NULL && r->tenants->num_admin_keys > 0) {
+        router_tenants_free(t);
+        rc = PAGODA_EINVAL;
+        detail = "the file names no admin_keys, so no admin call (another reload included) would "
+                 "be taken after it";
+    }
     if (rc == 0 && (rc = tenancy_apply(r, t)) != 0)
         detail = rc == PAGODA_ENOMEM ? "out of memory" : pagoda_error_detail();
     if (rc != 0) {

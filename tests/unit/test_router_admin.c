@@ -653,6 +653,11 @@ static void test_reload_failure_keeps_old_config(void **state)
     assert_int_equal(pagoda_admin_reload(adm, NULL), PAGODA_EFORMAT);
     unlink(a.path);
     assert_int_equal(pagoda_admin_reload(adm, NULL), PAGODA_ENOENT);
+    /* A valid file without admin keys: refused, or no admin call (the next reload included)
+     * would be taken after it. */
+    write_file(a.path, "{\"tenants\": [{\"name\": \"bob\", \"api_keys\": [\"bob-key\"]}]}");
+    assert_int_equal(pagoda_admin_reload(adm, NULL), PAGODA_EINVAL);
+    assert_non_null(strstr(pagoda_error_detail(), "no admin_keys"));
     counts(&a, &after);
     assert_int_equal(after.policies, before.policies);
     pagoda_admin_list l;
