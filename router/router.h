@@ -160,6 +160,15 @@
  * never holds up everyone's, and none is refused for it (admission bounds them, as any request). */
 #define ROUTER_MAX_TEXT_JOBS 64u
 #define ROUTER_MAX_TENANT_TEXT_JOBS 8u
+/* libuv's threadpool in pagoda-router (UV_THREADPOOL_SIZE, set in main before the first
+ * uv_queue_work unless the environment sets it): the text jobs and the tenants file's reload run
+ * on it. libuv's default of 4 threads let one tenant's 8 jobs take all 4, and another tenant's
+ * 2-token prompt waited behind them (28 ms alone, a median of 1.9 s beside a tenant whose template
+ * rendered 12 MB). 8 + 4 = 12 leaves 4 threads free while a tenant is at its cap, so that a
+ * second tenant's prompt and a reload start at once; several tenants at their caps share the 12
+ * as the router's queue and libuv's take them in turn. The per-tenant cap is kept at 8, not
+ * lowered under 4, so that a tenant alone still tokenizes on 8 cores. */
+#define ROUTER_THREADPOOL_SIZE (ROUTER_MAX_TENANT_TEXT_JOBS + 4u)
 /* The most messages in a chat. */
 #define ROUTER_MAX_CHAT_MESSAGES 4096u
 /* The longest a Tokenize call waits for its job (queued behind others, then run): libpagoda's

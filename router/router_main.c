@@ -290,6 +290,11 @@ int main(int argc, char **argv)
     fd_limit_raise();
     mallopt(M_MMAP_THRESHOLD, ROUTER_MMAP_THRESHOLD_BYTES);
 
+    /* libuv sizes its threadpool from the environment at its first use: before the loop. */
+    char pool[16];
+    snprintf(pool, sizeof(pool), "%u", ROUTER_THREADPOOL_SIZE);
+    setenv("UV_THREADPOOL_SIZE", pool, 0); /* one set by the caller is kept */
+
     uv_loop_t loop;
     if (uv_loop_init(&loop) != 0)
         return fail(pagoda_error_set(PAGODA_EIO, "uv_loop_init failed"));

@@ -361,8 +361,21 @@ static void job_work(uv_work_t *w)
         text = rendered;
         len = rendered_len;
     }
+    /* A text longer than the limit's worth of the longest tokens cannot fit: refused before it is
+     * encoded, so that a template's megabytes (or a client's) cost the threadpool no more than
+     * rendering them. A Tokenize call is not held to the prompt limit. */
+    const Tokenizer *tok = text_model_tokenizer(m);
+    const size_t per_token = tokenizer_max_bytes_per_token(tok);
+    if (rc == 0 && job->kind == JOB_PROMPT && per_token > 0 && len > 0 &&
+        (len - 1) / per_token >= job->max_prompt_tokens) { /* len > limit * bound */
+        rc = PAGODA_ERANGE;
+        snprintf(job->detail, sizeof(job->detail),
+                 "the prompt has more tokens than the limit of %u: its %zu bytes of text make at "
+                 "least %zu (a token stands for at most %zu bytes)",
+                 job->max_prompt_tokens, len, (len + per_token - 1) / per_token, per_token);
+    }
     if (rc == 0)
-        rc = tokenizer_encode(text_model_tokenizer(m), text ? text : "", len, special, &job->ids);
+        rc = tokenizer_encode(tok, text ? text : "", len, special, &job->ids);
     if (rc == 0 && job->ids.len == 0 && job->kind == JOB_PROMPT) {
         rc = PAGODA_EINVAL;
         snprintf(job->detail, sizeof(job->detail), "the prompt is empty once tokenized");

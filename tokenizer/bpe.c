@@ -117,6 +117,35 @@ size_t tok_bpe_vocab_count(const TokBpe *m)
     return m->count;
 }
 
+/* A leaf symbol of a word (a character in the vocabulary, a <0xNN> byte token, or the unknown
+ * token for one character) stands for at most as many bytes of the word as its string has, the
+ * unknown token excepted (one character, up to 4 bytes, whatever its string); a merged token's
+ * string is its parts' strings joined, so the longest string bounds every token, times 4 where
+ * the unknown token may be a part. A character that gives no symbol (no byte fallback, no unknown
+ * token) or a run of them fused into one unknown token has no bound: 0. */
+size_t tok_bpe_max_bytes_per_token(const TokBpe *m, bool bytelevel_words)
+{
+    size_t longest = 0;
+    for (size_t id = 0; id < m->nids; id++)
+        if (m->by_id[id].len > longest)
+            longest = m->by_id[id].len;
+    bool every_byte = m->byte_fallback;
+    for (int b = 0; b < 256 && every_byte; b++)
+        every_byte = m->byte_ids[b] >= 0;
+    /* the 256 ByteLevel characters are the code points below 324 that stand for a byte */
+    bool every_char = bytelevel_words;
+    for (uint32_t cp = 0; cp < 324 && every_char; cp++) {
+        char enc[4];
+        if (tok_bytelevel_byte(cp) >= 0)
+            every_char = tok_bpe_token_to_id(m, enc, tok_utf8_encode(cp, enc)) >= 0;
+    }
+    if (every_byte || every_char)
+        return longest;
+    if (m->unk_id < 0 || m->fuse_unk)
+        return 0;
+    return 4 * (longest > 0 ? longest : 1);
+}
+
 static const MergeSlot *merge_find(const TokBpe *m, int32_t a, int32_t b)
 {
     uint64_t key = (((uint64_t)(uint32_t)a << 32) | (uint32_t)b) + 1;

@@ -20,6 +20,14 @@
 
 #include "tokenizer/tokenizer.h"
 
+/* How much a Unicode normal form (NFC, NFD, NFKC, NFKD) may shorten text, in input bytes per
+ * output byte: an output character c stands for at most |NFD(c)| input characters of at most 4
+ * bytes each, and the largest 4 * |NFD(c)| / bytes(c) is 6 (U+01D5, 2 bytes, 3 in NFD;
+ * test_tokenizer checks it against utf8proc's tables). Lowercase maps a character to one or more
+ * characters: at most 4 input bytes per output byte. */
+#define TOK_NORMAL_FORM_MAX_SHRINK 6u
+#define TOK_LOWERCASE_MAX_SHRINK 4u
+
 /* Bounds of what a tokenizer.json may hold (each exceeded one is PAGODA_EFORMAT at load). */
 #define TOK_MAX_VOCAB (1u << 22)  /* ids */
 #define TOK_MAX_TOKEN_BYTES 4096u /* bytes of one vocabulary or added token */
@@ -212,6 +220,11 @@ size_t tok_bpe_vocab_size(const TokBpe *m);
 /* The number of entries of the vocabulary (HF's get_vocab_size, which ignores gaps). */
 size_t tok_bpe_vocab_count(const TokBpe *m);
 
+/* The most bytes of a word that one token of the model stands for, or 0 when there is no bound
+ * (a character may give no token, or a run of unknown ones one token). bytelevel_words: the
+ * words hold only the 256 ByteLevel characters (a ByteLevel pre-tokenizer ran). */
+size_t tok_bpe_max_bytes_per_token(const TokBpe *m, bool bytelevel_words);
+
 /* ---- decoders (decode.c) ---- */
 
 typedef enum TokDecKind {
@@ -295,6 +308,8 @@ struct Tokenizer {
     bool has_template;
     TokDecoder dec[TOK_MAX_STAGES];
     size_t ndec;
+    /* tokenizer_max_bytes_per_token, derived at load */
+    size_t max_bytes_per_token;
     /* scratch of past encodes, for the next (see TOK_SCRATCH_POOL) */
     pthread_mutex_t pool_lock;
     TokScratch *pool[TOK_SCRATCH_POOL];

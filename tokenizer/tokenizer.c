@@ -465,6 +465,48 @@ static int refuse_set(const json_t *root, const char *key)
     return 0;
 }
 
+/* tokenizer_max_bytes_per_token: the bytes of raw text one id may stand for, through each
+ * stage. An added token matched in the raw text stands for its content; one matched in normalized
+ * text, and the model's tokens (in words the pre-tokenizers cut without dropping a byte), for
+ * their bytes of normalized text, which stand for at most the normalizers' shrink factors'
+ * product of raw bytes. 0 where a stage may make any run of text one id or none. */
+static size_t derive_max_bytes_per_token(const Tokenizer *t)
+{
+    for (size_t i = 0; i < t->nadded; i++)
+        if (t->added[i].lstrip || t->added[i].rstrip) /* any run of whitespace besides */
+            return 0;
+    uint64_t shrink = 1;
+    for (size_t i = 0; i < t->nnorm; i++) {
+        const TokNormalizer *z = &t->norm[i];
+        if (z->kind == TOK_NORM_LOWERCASE)
+            shrink *= TOK_LOWERCASE_MAX_SHRINK;
+        else if (z->kind == TOK_NORM_REPLACE && z->a_len > z->b_len)
+            shrink *= z->b_len == 0 ? 0 : (z->a_len + z->b_len - 1) / z->b_len;
+        else if (z->kind != TOK_NORM_PREPEND && z->kind != TOK_NORM_REPLACE)
+            shrink *= TOK_NORMAL_FORM_MAX_SHRINK;
+        if (shrink == 0 || shrink > TOKENIZER_MAX_TEXT_BYTES)
+            return 0;
+    }
+    bool bytelevel = false;
+    for (size_t i = 0; i < t->npre; i++) {
+        if (t->pre[i].kind == TOK_PRE_SPLIT && t->pre[i].behavior == TOK_SPLIT_REMOVED)
+            return 0;
+        bytelevel |= t->pre[i].kind == TOK_PRE_BYTELEVEL;
+    }
+    uint64_t normalized = tok_bpe_max_bytes_per_token(t->bpe, bytelevel);
+    if (normalized == 0)
+        return 0;
+    for (size_t k = 0; k < t->added_norm.n; k++)
+        if (t->added_norm.pat_len[k] > normalized)
+            normalized = t->added_norm.pat_len[k];
+    uint64_t most = normalized * shrink;
+    for (size_t k = 0; k < t->added_raw.n; k++)
+        if (t->added_raw.pat_len[k] > most)
+            most = t->added_raw.pat_len[k];
+    /* A token standing for more than the longest text is no bound at all. */
+    return most > TOKENIZER_MAX_TEXT_BYTES ? 0 : (size_t)most;
+}
+
 static int build(const json_t *root, Tokenizer **out)
 {
     if (!json_is_object(root))
@@ -514,6 +556,7 @@ static int build(const json_t *root, Tokenizer **out)
         rc = build_set(t, true, &t->added_norm);
     if (rc)
         goto fail;
+    t->max_bytes_per_token = derive_max_bytes_per_token(t);
     *out = t;
     return 0;
 fail:
@@ -594,6 +637,11 @@ const char *tokenizer_id_to_token(const Tokenizer *t, int32_t id)
 {
     size_t len;
     return t ? tok_id_string(t, id, &len) : NULL;
+}
+
+size_t tokenizer_max_bytes_per_token(const Tokenizer *t)
+{
+    return t ? t->max_bytes_per_token : 0;
 }
 
 bool tokenizer_is_special(const Tokenizer *t, int32_t id)

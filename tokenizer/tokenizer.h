@@ -65,6 +65,17 @@ void tokenizer_free(Tokenizer *t);
 int tokenizer_encode(const Tokenizer *t, const char *text, size_t len, bool add_special_tokens,
                      TokenizerIds *out);
 
+/* A bound on the bytes of text one id of an encoding stands for, derived once at load from the
+ * vocabulary, the added tokens and the pipeline (a normalizer that may shorten text counts by how
+ * much: NFC/NFKC up to 6 bytes in for one out, Lowercase 4, Replace its pattern's length over its
+ * content's): tokenizer_encode of a text longer than n * tokenizer_max_bytes_per_token(t) bytes
+ * gives more than n ids (with or without add_special_tokens), so that a caller with a limit of n
+ * ids may refuse such a text without encoding it. 0 where no bound holds: an added token with
+ * lstrip or rstrip (it takes any run of whitespace), a Replace to "", a Split that removes what
+ * it matches, a model that drops characters it does not know (no byte fallback, no unknown
+ * token) or fuses runs of them into one unknown token. */
+size_t tokenizer_max_bytes_per_token(const Tokenizer *t);
+
 /* Decodes ids into a NUL-terminated UTF-8 string (*text, *text_len), the caller's to free(), as
  * HF's `decode(ids, skip_special_tokens)` does (invalid byte sequences become U+FFFD as Rust's
  * from_utf8_lossy makes them). PAGODA_EINVAL for an id outside the vocabulary. */

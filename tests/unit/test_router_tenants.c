@@ -760,6 +760,83 @@ static void test_tokenize_calls_are_bounded_by_tenant(void **state)
     assert_int_equal(rtr_env_stop(e), 0);
 }
 
+/* Generates prompt (greedy, 2 tokens) and returns the finish; *why the error message or "". */
+static pagoda_finish_reason generate_text(pagoda_client *c, const pagoda_prompt *prompt, char *why,
+                                          size_t why_len)
+{
+    pagoda_generate_params p = rt_greedy(2);
+    pagoda_result res;
+    int rc = pagoda_generate_prompt(c, &p, prompt, NULL, NULL, &res);
+    if (rc != 0)
+        fail_msg("generate: %d %s", rc, pagoda_error_detail());
+    snprintf(why, why_len, "%s", res.error_message ? res.error_message : "");
+    pagoda_finish_reason f = res.finish_reason;
+    pagoda_result_free(&res);
+    return f;
+}
+
+/* A text or a chat longer than the prompt limit's worth of the tokenizer's longest tokens
+ * (tokenizer_max_bytes_per_token) ends with the over-limit error before it is encoded: the error
+ * gives no count of tokens but the bound, where an encoded prompt's gives its count. Prompts at
+ * exactly the limit are served, one token more is refused as before, and a Tokenize call of the
+ * long text is not held to the prompt limit. */
+static void test_text_past_the_limit_is_refused_unencoded(void **state)
+{
+    (void)state;
+    enum { LIMIT = 64 };
+    const char *const args[] = {"--model", PAGODA_SOURCE_DIR "/tests/data/tiny-text",
+                                "--max-prompt-tokens", "64", NULL};
+    struct rtr_env env, *e = &env;
+    assert_int_equal(rtr_env_start(e, args), 0);
+    pagoda_client *c = rt_open_client(e);
+    int healthy;
+    assert_int_equal(pagoda_health(c, &healthy), 0); /* a reply: the message limit is known */
+    char why[512], text[8192] = "";
+    pagoda_prompt pr = pagoda_prompt_default();
+    pr.text = text;
+    /* A text of LIMIT tokens, then of LIMIT + 1, a byte at a time (the count is the router's,
+     * BOS included). */
+    static const char words[] = " hello world, the router tokenizes";
+    size_t len = 0;
+    for (size_t want = LIMIT; want <= LIMIT + 1; want++) {
+        size_t ids = 0;
+        while (ids < want) {
+            text[len] = words[len % (sizeof(words) - 1)];
+            text[++len] = '\0';
+            pagoda_tokenized tk;
+            assert_int_equal(pagoda_tokenize(c, &pr, &tk), 0);
+            ids = tk.num_token_ids;
+            pagoda_tokenized_free(&tk);
+        }
+        assert_int_equal(ids, want);
+        pagoda_finish_reason f = generate_text(c, &pr, why, sizeof(why));
+        assert_int_equal(f, want == LIMIT ? PAGODA_FINISH_LENGTH : PAGODA_FINISH_ERROR);
+    }
+    assert_non_null(strstr(why, "the prompt has 65 tokens, more than the limit of 64"));
+    /* 6,000 bytes: past 64 times the bytes of tiny-text's longest token (19). */
+    text[0] = '\0';
+    for (int i = 0; i < 500; i++)
+        strcat(text, "hello world ");
+    assert_int_equal(generate_text(c, &pr, why, sizeof(why)), PAGODA_FINISH_ERROR);
+    if (strstr(why, "the prompt has more tokens than the limit of 64: its 6000 bytes") == NULL)
+        fail_msg("the long text: %s", why);
+    /* A chat whose rendering is as long. */
+    pagoda_chat_message msg = {.role = "user", .content = text};
+    pagoda_prompt chat = pagoda_prompt_default();
+    chat.messages = &msg;
+    chat.num_messages = 1;
+    assert_int_equal(generate_text(c, &chat, why, sizeof(why)), PAGODA_FINISH_ERROR);
+    if (strstr(why, "the prompt has more tokens than the limit of 64: its ") == NULL)
+        fail_msg("the long chat: %s", why);
+    /* /tokenize counts it all. */
+    pagoda_tokenized tk;
+    assert_int_equal(pagoda_tokenize(c, &pr, &tk), 0);
+    assert_true(tk.num_token_ids > 2 * LIMIT);
+    pagoda_tokenized_free(&tk);
+    pagoda_client_close(c);
+    assert_int_equal(rtr_env_stop(e), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tenants[] = {
@@ -775,6 +852,7 @@ int main(void)
     };
     const struct CMUnitTest own[] = {
         cmocka_unit_test(test_tokenize_calls_are_bounded_by_tenant),
+        cmocka_unit_test(test_text_past_the_limit_is_refused_unencoded),
     };
     signal(SIGPIPE, SIG_IGN);
     int failed =

@@ -12,6 +12,7 @@
 #include <cmocka.h>
 
 #include "common/error.h"
+#include "tokenizer/tok_internal.h"
 #include "tokenizer/tokenizer.h"
 
 #include <jansson.h>
@@ -20,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <utf8proc.h>
 
 /* Llama 3's pre-tokenizer pattern. */
 #define LLAMA3_REGEX                                                                               \
@@ -1113,6 +1115,122 @@ static void test_malformed_files_are_refused(void **state)
     assert_null(t);
 }
 
+/* ---- the bound on bytes per token ---- */
+
+/* Texts meant to make few ids of many bytes: long tokens and added tokens repeated, runs of
+ * spaces, and characters that normalizers shorten (NFD forms that compose, U+01D5 among them,
+ * compatibility characters of 3 and 4 bytes that become one, U+212A that lowercases to "k"). */
+static const char *const DENSE_TEXTS[] = {
+    " the the the the hello hello aa12aa12",
+    "<|bos|><|bos|><|eot|><|bos|>",
+    "                                                  x",
+    "abababababbbbbaaaa ab ab ab",
+    "U\xCC\x88\xCC\x84U\xCC\x88\xCC\x84U\xCC\x88\xCC\x84",                      /* U+01D5 as NFD */
+    "\xF0\x9D\x90\x80\xF0\x9D\x90\x80\xF0\x9D\x90\x80\xEF\xBC\xA1\xEF\xBC\xA1", /* 𝐀 Ａ */
+    "\xE2\x84\xAA\xE2\x84\xAA\xE2\x84\xAA\xE2\x84\xAA",                         /* Kelvin sign */
+    "\xE1\x84\x80\xE1\x85\xA1\xE1\x86\xA8\xE1\x84\x80\xE1\x85\xA1\xE1\x86\xA8", /* Hangul L V T */
+    "abcabcabcabc xyz",
+    "\xF0\x9F\x98\x80\xE2\x82\xAC\xC3\xA9",
+};
+
+/* t's bound (want, or 0 for none) and, where there is one, that no text above makes fewer ids
+ * than its bytes over the bound. */
+static void expect_bound(json_t *root, size_t want, const char *what)
+{
+    Tokenizer *t = load(root);
+    size_t per_token = tokenizer_max_bytes_per_token(t);
+    if (per_token != want)
+        fail_msg("%s: a bound of %zu bytes a token, expected %zu", what, per_token, want);
+    for (size_t i = 0; per_token > 0 && i < sizeof(DENSE_TEXTS) / sizeof(DENSE_TEXTS[0]); i++) {
+        TokenizerIds ids = {0};
+        size_t len = strlen(DENSE_TEXTS[i]);
+        assert_int_equal(tokenizer_encode(t, DENSE_TEXTS[i], len, false, &ids), 0);
+        if (ids.len * per_token < len)
+            fail_msg("%s: text %zu has %zu bytes in %zu ids, above %zu a token", what, i, len,
+                     ids.len, per_token);
+        tokenizer_ids_fini(&ids);
+    }
+    tokenizer_free(t);
+}
+
+/* The bound a caller may refuse a text by without encoding it: the longest token (or added
+ * token) times what the normalizers may shorten, and none where a stage may make a run of text
+ * one id or none. */
+static void test_max_bytes_per_token(void **state)
+{
+    (void)state;
+    /* "<|bos|>" (7 bytes, matched in the raw text) is the longest; then "Ġthe" (5 bytes) */
+    expect_bound(bytelevel_fixture(true), 7, "byte-level");
+    /* <0x00>..<0xFF> (6 bytes) for one byte each; Replace " " -> ▁ only lengthens */
+    expect_bound(sentencepiece_fixture(), 6, "SentencePiece");
+    const struct {
+        const char *type;
+        size_t want;
+    } forms[] = {{"NFC", 30}, {"NFD", 30}, {"NFKC", 30}, {"NFKD", 30}, {"Lowercase", 20}};
+    for (size_t i = 0; i < sizeof(forms) / sizeof(forms[0]); i++) {
+        json_t *root = bytelevel_fixture(true);
+        set_path(root, json_pack("{s:s}", "type", forms[i].type), "normalizer", NULL);
+        expect_bound(root, forms[i].want, forms[i].type);
+    }
+    json_t *root = bytelevel_fixture(true);
+    set_path(root,
+             json_pack("{s:s, s:{s:s}, s:s}", "type", "Replace", "pattern", "String", "abc",
+                       "content", "x"),
+             "normalizer", NULL);
+    expect_bound(root, 15, "Replace abc -> x");
+    /* a normalized added token is matched in normalized text: its length times the shrink */
+    root = with_added(bytelevel_fixture(true), 265, "<|a-long-one|>", NULL, false, true);
+    set_path(root, json_pack("{s:s}", "type", "NFC"), "normalizer", NULL);
+    expect_bound(root, 14 * 6, "normalized added token");
+    /* no bound: Replace to "", lstrip or rstrip, a Split that removes, characters dropped
+     * (no ByteLevel, no byte fallback, no unknown token) or fused into one unknown token */
+    root = bytelevel_fixture(true);
+    set_path(root,
+             json_pack("{s:s, s:{s:s}, s:s}", "type", "Replace", "pattern", "String", " ",
+                       "content", ""),
+             "normalizer", NULL);
+    expect_bound(root, 0, "Replace to nothing");
+    expect_bound(with_added(bytelevel_fixture(true), 265, "<|x|>", "lstrip", true, false), 0,
+                 "lstrip");
+    expect_bound(with_added(bytelevel_fixture(true), 265, "<|x|>", "rstrip", true, false), 0,
+                 "rstrip");
+    root = bytelevel_fixture(true);
+    set_path(root,
+             json_pack("{s:s, s:{s:s}, s:s, s:b}", "type", "Split", "pattern", "String", " ",
+                       "behavior", "Removed", "invert", 0),
+             "pre_tokenizer", NULL);
+    expect_bound(root, 0, "Split Removed");
+    root = bytelevel_fixture(true);
+    set_path(root, json_null(), "pre_tokenizer", NULL);
+    expect_bound(root, 0, "characters without ids");
+    root = sentencepiece_fixture();
+    set_path(root, json_false(), "model", "byte_fallback", NULL);
+    expect_bound(root, 0, "fused unknown tokens");
+    /* an unknown token for each character: up to 4 bytes whatever its string */
+    root = sentencepiece_fixture();
+    set_path(root, json_false(), "model", "byte_fallback", NULL);
+    set_path(root, json_false(), "model", "fuse_unk", NULL);
+    expect_bound(root, 4 * 6, "unknown tokens");
+}
+
+/* TOK_NORMAL_FORM_MAX_SHRINK (6) against utf8proc's tables: an output character c of a normal
+ * form stands for at most |NFD(c)| input characters of at most 4 bytes each. */
+static void test_normal_form_shrink_holds_for_every_code_point(void **state)
+{
+    (void)state;
+    for (utf8proc_int32_t cp = 0; cp < 0x110000; cp++) {
+        if (cp >= 0xD800 && cp < 0xE000)
+            continue;
+        utf8proc_int32_t out[32];
+        int last = 0;
+        utf8proc_ssize_t n = utf8proc_decompose_char(cp, out, 32, UTF8PROC_DECOMPOSE, &last);
+        assert_true(n >= 1 && n <= 32);
+        size_t bytes = cp < 0x80 ? 1 : cp < 0x800 ? 2 : cp < 0x10000 ? 3 : 4;
+        if (4 * (size_t)n > TOK_NORMAL_FORM_MAX_SHRINK * bytes)
+            fail_msg("U+%04X: %zd characters in NFD, %zu bytes", (unsigned)cp, n, bytes);
+    }
+}
+
 /* ---- threads ---- */
 
 typedef struct {
@@ -1177,6 +1295,8 @@ int main(void)
         cmocka_unit_test(test_regex_classes_follow_hf_unicode),
         cmocka_unit_test(test_bytelevel_pretokenizer_regex_and_prefix_space),
         cmocka_unit_test(test_digits),
+        cmocka_unit_test(test_max_bytes_per_token),
+        cmocka_unit_test(test_normal_form_shrink_holds_for_every_code_point),
         cmocka_unit_test(test_metaspace),
         cmocka_unit_test(test_decoders),
         cmocka_unit_test(test_decode_of_nothing_is_an_empty_string),
