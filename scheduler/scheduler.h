@@ -317,21 +317,23 @@ struct scheduler_stats {
     uint64_t preemptions;
     double step_cpu_us; /* mean thread CPU time per step: forming it and handling its result */
     /* Beyond the proto. */
-    uint64_t ignored_messages;  /* results and ResyncDones of another epoch, step or resync */
-    uint64_t refused_steps;     /* StepResults with an error code (but while a resync is on its
-                                   way: those are ignored_messages) */
-    uint64_t failed_seqs;       /* sequences ended by an error of their own in a step */
-    uint64_t isolated_seqs;     /* of them, found by isolating a refused step */
-    uint64_t result_timeouts;   /* steps or resyncs unanswered for result_timeout_ms */
-    uint64_t hung_reports;      /* Control{hung_worker_id} sent */
-    uint64_t rejected_requests; /* submits answered with an error event */
-    uint64_t finished_requests; /* requests that ended (any finish reason but error) */
-    uint64_t refused_hellos;    /* Hellos refused (bad fields, another pool geometry) */
-    uint64_t pool_changes;      /* Hellos naming another pool than the block table's */
-    uint64_t pool_id;           /* the pool the block table describes now */
-    int32_t deferred_blocks;    /* blocks waiting for a step to be acknowledged */
-    int64_t result_timeout_ms;  /* in force now (see SCHEDULER_MAX_TIMEOUT_BACKOFF) */
-    uint32_t steps_in_flight;   /* steps sent and not answered now */
+    uint64_t ignored_messages;     /* results and ResyncDones of another epoch, step or resync */
+    uint64_t refused_steps;        /* StepResults with an error code (but while a resync is on its
+                                      way: those are ignored_messages) */
+    uint64_t failed_seqs;          /* sequences ended by an error of their own in a step */
+    uint64_t isolated_seqs;        /* of them, found by isolating a refused step */
+    uint64_t result_timeouts;      /* steps or resyncs unanswered for result_timeout_ms */
+    uint64_t hung_reports;         /* Control{hung_worker_id} sent */
+    uint64_t rejected_requests;    /* submits answered with an error event */
+    uint64_t finished_requests;    /* requests that ended (any finish reason but error) */
+    uint64_t refused_hellos;       /* Hellos refused (bad fields, another pool geometry) */
+    uint64_t pool_changes;         /* Hellos naming another pool than the block table's */
+    uint64_t fairness_preemptions; /* of preemptions, those that gave a tenant under its share
+                                      of max_seqs a place (scheduler_step.c) */
+    uint64_t pool_id;              /* the pool the block table describes now */
+    int32_t deferred_blocks;       /* blocks waiting for a step to be acknowledged */
+    int64_t result_timeout_ms;     /* in force now (see SCHEDULER_MAX_TIMEOUT_BACKOFF) */
+    uint32_t steps_in_flight;      /* steps sent and not answered now */
     uint32_t peak_steps_in_flight;
     uint64_t discarded_tokens; /* sampled tokens dropped: their sequence ended or was preempted
                                   while the step ran (a stop found one step late, a cancel) */

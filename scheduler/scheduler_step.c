@@ -213,11 +213,50 @@ static void admissions_advance(struct scheduler *s, struct sched_tenant *t, stru
     t->head = after;
 }
 
+/* Fairness of the places (max_seqs): admissions alone are fair only about who comes next, so a
+ * tenant that took every place while the others were idle (one request of n 32 where max_seqs is
+ * 32, or two of n 128 at the defaults) kept them all for its generations' whole length, every
+ * other tenant's request waiting behind (an outside probe's: 96 s for a 16-token completion).
+ * When every place is taken and a tenant that may be admitted waits with fewer than its share
+ * (max_seqs over the tenants running or waiting to), the most recently admitted sequence of the
+ * tenant furthest over its share is preempted, one a step, as memory pressure preempts (its
+ * prefix mostly stays cached): that step admits nobody, and the next admits the tenant running
+ * the fewest (next_admission). Sequences of no tenant (pins, a router without a tenants file) are
+ * left out. */
+static void preempt_for_fairness(struct scheduler *s)
+{
+    if (s->running.count < (uint32_t)s->cfg.max_seqs || s->worker.isolating)
+        return;
+    uint32_t demand = 0;
+    for (const struct sched_tenant *t = s->tenants; t; t = t->next)
+        demand += t->running > 0 || (t->waiting > 0 && !tenant_at_cap(t));
+    if (demand < 2)
+        return;
+    const uint32_t share =
+        (uint32_t)s->cfg.max_seqs / demand > 0 ? (uint32_t)s->cfg.max_seqs / demand : 1;
+    bool starved = false;
+    struct sched_tenant *over = NULL;
+    for (struct sched_tenant *t = s->tenants; t; t = t->next) {
+        starved |= t->waiting > 0 && !tenant_at_cap(t) && t->running < share;
+        if (t->running > share && (over == NULL || t->running > over->running))
+            over = t;
+    }
+    if (!starved || over == NULL)
+        return;
+    for (struct seq *q = s->running.tail; q; q = q->prev)
+        if (q->owner == over) {
+            s->stats.fairness_preemptions++;
+            sched_seq_preempt(s, q);
+            return;
+        }
+}
+
 static void form_plan(struct scheduler *s)
 {
     s->plan_len = 0;
     s->budget = s->cfg.max_batched_tokens;
     s->preempted_now = false;
+    preempt_for_fairness(s);
 
     /* The running sequences in admission order (preemption edits the list as we go). */
     uint32_t n = 0;

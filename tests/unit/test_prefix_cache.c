@@ -859,6 +859,47 @@ static void test_admissions_fair_between_tenants(void **state)
     harness_close(h);
 }
 
+/* Fairness of the places: a tenant that took every place (max_seqs 4) while the other was idle
+ * gives one back when the other's request comes (preempted, recomputed later), so the other's
+ * 2-token request ends before any of its 200-token ones; they still end with the reference's
+ * tokens. Without it the request waited for the first of them to end. */
+static void test_places_fair_between_tenants(void **state)
+{
+    (void)state;
+    struct setup su = CACHE_SETUP;
+    su.max_seqs = 4;
+    su.num_blocks = 1 + 400;
+    su.max_positions = 1024;
+    struct harness *h = harness_open(&su);
+    int32_t prompts[4][20], tiny[3];
+    struct req_rec *hog[4];
+    h->tenant = "hog";
+    for (int i = 0; i < 4; i++) {
+        make_prompt(700 + i, 20, prompts[i]);
+        hog[i] = submit(h, next_idn++, prompts[i], 20, 200);
+    }
+    for (int i = 0; i < 4; i++)
+        exchange(h);
+    assert_int_equal(stats(h).running, 4);
+    h->tenant = "late";
+    make_prompt(790, 3, tiny);
+    struct req_rec *late = submit(h, next_idn++, tiny, 3, 2);
+    for (int i = 0; i < 10000 && late->finish < 0; i++)
+        exchange(h);
+    int hog_done = 0;
+    for (int i = 0; i < 4; i++)
+        hog_done += hog[i]->finish >= 0;
+    assert_true(late->finish >= 0);
+    assert_int_equal(hog_done, 0);
+    assert_true(stats(h).preemptions >= 1);
+    pump(h);
+    expect_output(late, tiny, 3, 2, PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH);
+    for (int i = 0; i < 4; i++)
+        expect_output(hog[i], prompts[i], 20, 200, PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH);
+    assert_int_equal(stats(h).running + stats(h).waiting, 0);
+    harness_close(h);
+}
+
 /* Flushing a tenant's namespace: the next request misses; pinned namespaces refuse a flush. */
 static void test_flush(void **state)
 {
@@ -1385,6 +1426,7 @@ int main(void)
         cmocka_unit_test(test_empty_pin_named_twice),
         cmocka_unit_test(test_quota_flood),
         cmocka_unit_test(test_admissions_fair_between_tenants),
+        cmocka_unit_test(test_places_fair_between_tenants),
         cmocka_unit_test(test_flush),
         cmocka_unit_test(test_chunked_prefill_beside_decodes),
         cmocka_unit_test(test_preemption_with_cache),
