@@ -170,14 +170,6 @@ static void merge_put(TokBpe *m, int32_t a, int32_t b, uint32_t rank, int32_t ne
     m->merges[i] = (MergeSlot){key, rank, new_id};
 }
 
-static size_t pow2_at_least(size_t n)
-{
-    size_t c = 16;
-    while (c < n)
-        c *= 2;
-    return c;
-}
-
 void tok_bpe_free(TokBpe *m)
 {
     if (!m)
@@ -245,7 +237,7 @@ static int parse_vocab(TokBpe *m, const json_t *vocab)
     m->count = n;
     m->arena = malloc(bytes);
     m->by_id = malloc(m->nids * sizeof(*m->by_id));
-    size_t cap = pow2_at_least(n * 2);
+    size_t cap = tok_pow2_at_least(n * 2);
     m->table = malloc(cap * sizeof(*m->table));
     if (!m->arena || !m->by_id || !m->table)
         return PAGODA_ENOMEM;
@@ -273,7 +265,7 @@ static int parse_vocab(TokBpe *m, const json_t *vocab)
 static int parse_merges(TokBpe *m, const json_t *merges)
 {
     size_t n = json_array_size(merges);
-    size_t cap = pow2_at_least(n * 2 + 2);
+    size_t cap = tok_pow2_at_least(n * 2 + 2);
     m->merges = calloc(cap, sizeof(*m->merges));
     char *tmp = malloc(2 * TOK_MAX_TOKEN_BYTES + 1);
     if (!m->merges || !tmp) {

@@ -78,6 +78,7 @@ void tokscratch_fini(TokScratch *s)
     tokbuf_fini(&s->tmp);
     free(s->matches);
     pcre2_match_data_free(s->md);
+    free(s->added_hits);
     free(s->bpe_syms);
     free(s->bpe_heap);
     memset(s, 0, sizeof(*s));
@@ -86,8 +87,16 @@ void tokscratch_fini(TokScratch *s)
 size_t tokscratch_bytes(const TokScratch *s)
 {
     return s->a.buf.cap + s->a.cap * sizeof(TokSpan) + s->b.buf.cap + s->b.cap * sizeof(TokSpan) +
-           s->norm.cap + s->tmp.cap + s->cap_matches * sizeof(TokMatch) + s->bpe_syms_cap * 16 +
-           s->bpe_heap_cap * 8;
+           s->norm.cap + s->tmp.cap + s->cap_matches * sizeof(TokMatch) +
+           s->added_hits_cap * sizeof(TokAddedHit) + s->bpe_syms_cap * 16 + s->bpe_heap_cap * 8;
+}
+
+size_t tok_pow2_at_least(size_t n)
+{
+    size_t c = 16;
+    while (c < n)
+        c *= 2;
+    return c;
 }
 
 /* How many continuation bytes a lead byte takes, and the range its first continuation must be

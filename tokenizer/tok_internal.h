@@ -34,6 +34,14 @@
 #define TOK_MAX_STAGES 16u        /* normalizers, pre-tokenizers or decoders in a chain */
 #define TOK_MAX_TEMPLATE 16u      /* pieces of a TemplateProcessing "single" */
 #define TOK_MAX_REGEX_BYTES 4096u /* a Split pattern */
+/* Bytes of the added tokens' contents matched in one pass (normalized ones as normalized): the
+ * nodes of its automaton. A file holds at most TOKENIZER_MAX_FILE_BYTES of contents; only a
+ * normalizer that grows them could reach past it. */
+#define TOK_MAX_ADDED_BYTES (64u << 20)
+/* Positions of the text that split_added searches for added tokens in one backwards pass. A
+ * window is at least as long as the longest token, so that the bytes a pass reads past its
+ * window (the longest token's length) cost at most as much as the window itself. */
+#define TOK_ADDED_WINDOW 16384u
 /* The word cache: direct-mapped slots, words up to TOK_CACHE_KEY_BYTES bytes whose encoding has
  * at most TOK_CACHE_IDS ids; locked by stripes. */
 #define TOK_CACHE_SLOTS 16384u
@@ -107,6 +115,13 @@ typedef struct TokMatch {
     bool is_match;
 } TokMatch;
 
+/* An added token found at off in a window of the text: k into its TokAddedSet, the longest
+ * one that begins there. */
+typedef struct TokAddedHit {
+    uint32_t off;
+    uint32_t k;
+} TokAddedHit;
+
 /* Per-call scratch of the encoder: nothing in it outlives one tokenizer_encode. */
 typedef struct TokScratch {
     TokPieces a;
@@ -117,6 +132,9 @@ typedef struct TokScratch {
     size_t nmatches;
     size_t cap_matches;
     pcre2_match_data *md;
+    /* where added tokens begin in a window of the text (split_added in tokenizer.c) */
+    TokAddedHit *added_hits;
+    size_t added_hits_cap;
     /* BPE work arrays (bpe.c) */
     void *bpe_syms;
     size_t bpe_syms_cap;
@@ -127,6 +145,8 @@ typedef struct TokScratch {
 void tokscratch_fini(TokScratch *s);
 /* The bytes a scratch holds (what keeping it costs). */
 size_t tokscratch_bytes(const TokScratch *s);
+/* The smallest power of two at least n (and at least 16): the size of a hash table. */
+size_t tok_pow2_at_least(size_t n);
 
 /* ---- normalizers (normalize.c) ---- */
 
@@ -271,14 +291,26 @@ typedef struct TokAdded {
     size_t dec_len;
 } TokAdded;
 
-/* Added tokens of one kind (normalized or not), found leftmost-longest. */
+/* Added tokens of one kind (normalized or not), found leftmost-longest by an Aho-Corasick
+ * automaton over their contents read backwards (tokenizer.c says why backwards). Node 0 is the
+ * root; each other node is a string that some content ends with, read backwards from its end
+ * along the path from the root. The arrays "per node" have nnodes entries. */
 typedef struct TokAddedSet {
-    uint32_t *idx; /* into Tokenizer.added, sorted by first byte */
-    size_t n;
-    uint32_t first[257]; /* idx[first[c]..first[c+1]) start with byte c */
-    /* normalized contents (the normalized set matches them in normalized text) */
-    char **pat;
+    uint32_t *idx; /* into Tokenizer.added, in the file's order */
+    /* the length of each one's matched content (normalized in the normalized set) */
     size_t *pat_len;
+    size_t n;
+    size_t max_len; /* the longest pat_len */
+    size_t nnodes;
+    uint32_t *parent;    /* per node: the node one byte shorter */
+    unsigned char *byte; /* per node: the byte from its parent */
+    uint32_t *fail;      /* per node: the node of its longest proper suffix (the root if none) */
+    /* per node: k + 1 of the longest content that its string, in the text's order, begins
+     * with; 0 when none */
+    uint32_t *longest;
+    uint32_t *edges; /* (parent, byte) -> node, open addressing, 0 empty */
+    size_t edges_mask;
+    uint32_t root_next[256]; /* the root's edges, the step every byte of plain text takes */
 } TokAddedSet;
 
 typedef struct TokTemplatePiece {
@@ -293,6 +325,9 @@ struct Tokenizer {
     size_t nadded;
     TokAddedSet added_raw;
     TokAddedSet added_norm;
+    /* content -> index into added, -1 empty (open addressing, xxhash of the content) */
+    int32_t *added_table;
+    size_t added_mask;
     /* id -> index into added + 1, or 0 (ids up to vocab_size) */
     uint32_t *added_by_id;
     /* id -> 1 when skip_special_tokens drops it: HF drops every id whose string is the content

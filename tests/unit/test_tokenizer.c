@@ -1231,6 +1231,262 @@ static void test_normal_form_shrink_holds_for_every_code_point(void **state)
     }
 }
 
+/* ---- many added tokens ---- */
+
+/* The reference for test_many_added_tokens: the added tokens of one pass, sorted by content,
+ * searched by trying every length at every position (nothing shared with the library's
+ * matching). */
+typedef struct RefTok {
+    char s[320];
+    size_t len;
+    int32_t id;
+    uint32_t first; /* where its content first appears in the file */
+} RefTok;
+
+typedef struct RefSet {
+    RefTok *tok;
+    size_t n;
+    bool has_len[321];
+} RefSet;
+
+static int cmp_bytes(const char *a, size_t alen, const char *b, size_t blen)
+{
+    int c = memcmp(a, b, alen < blen ? alen : blen);
+    return c ? c : (alen > blen) - (alen < blen);
+}
+
+static int cmp_ref(const void *a, const void *b)
+{
+    const RefTok *x = a, *y = b;
+    int c = cmp_bytes(x->s, x->len, y->s, y->len);
+    return c ? c : (x->first > y->first) - (x->first < y->first);
+}
+
+/* Sorts the set and keeps the earliest of equal contents (the one HF finds). */
+static void ref_set_finish(RefSet *set)
+{
+    qsort(set->tok, set->n, sizeof(*set->tok), cmp_ref);
+    size_t k = 0;
+    for (size_t i = 0; i < set->n; i++)
+        if (k == 0 ||
+            cmp_bytes(set->tok[k - 1].s, set->tok[k - 1].len, set->tok[i].s, set->tok[i].len) != 0)
+            set->tok[k++] = set->tok[i];
+    set->n = k;
+    for (size_t i = 0; i < set->n; i++)
+        set->has_len[set->tok[i].len] = true;
+}
+
+static const RefTok *ref_find(const RefSet *set, const char *s, size_t len)
+{
+    size_t lo = 0, hi = set->n;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        int c = cmp_bytes(set->tok[mid].s, set->tok[mid].len, s, len);
+        if (c == 0)
+            return &set->tok[mid];
+        if (c < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return NULL;
+}
+
+static void ids_append(TokenizerIds *out, const int32_t *ids, size_t n)
+{
+    out->ids = realloc(out->ids, (out->len + n + 1) * sizeof(*out->ids));
+    assert_non_null(out->ids);
+    memcpy(out->ids + out->len, ids, n * sizeof(*ids));
+    out->len += n;
+}
+
+static void ref_split(const RefSet *set, const char *text, size_t len, const RefSet *next,
+                      const Tokenizer *base, TokenizerIds *out);
+
+/* Text between tokens: lowercased and cut by the normalized tokens (next), or, after both
+ * passes, encoded by the same tokenizer without the added tokens. */
+static void ref_gap(const char *text, size_t len, const RefSet *next, const Tokenizer *base,
+                    TokenizerIds *out)
+{
+    if (len == 0)
+        return;
+    if (next) {
+        char *low = malloc(len);
+        for (size_t i = 0; i < len; i++)
+            low[i] = text[i] >= 'A' && text[i] <= 'Z' ? (char)(text[i] - 'A' + 'a') : text[i];
+        ref_split(next, low, len, NULL, base, out);
+        free(low);
+        return;
+    }
+    TokenizerIds ids = {0};
+    assert_int_equal(tokenizer_encode(base, text, len, false, &ids), 0);
+    ids_append(out, ids.ids, ids.len);
+    tokenizer_ids_fini(&ids);
+}
+
+/* Leftmost-longest: the first position where some token begins, the longest one there. */
+static void ref_split(const RefSet *set, const char *text, size_t len, const RefSet *next,
+                      const Tokenizer *base, TokenizerIds *out)
+{
+    size_t gap = 0;
+    for (size_t ms = 0; ms < len;) {
+        const RefTok *hit = NULL;
+        for (size_t l = len - ms < 320 ? len - ms : 320; l > 0 && !hit; l--)
+            if (set->has_len[l])
+                hit = ref_find(set, text + ms, l);
+        if (!hit) {
+            ms++;
+            continue;
+        }
+        ref_gap(text + gap, ms - gap, next, base, out);
+        ids_append(out, &hit->id, 1);
+        ms += hit->len;
+        gap = ms;
+    }
+    ref_gap(text + gap, len - gap, next, base, out);
+}
+
+/* The library's ids of text are the reference's, and mostly added tokens. */
+static void expect_as_reference(const Tokenizer *t, const Tokenizer *base, const RefSet *raw,
+                                const RefSet *low, const char *text, size_t n)
+{
+    TokenizerIds want = {0}, got = {0};
+    ref_split(raw, text, n, low, base, &want);
+    assert_int_equal(tokenizer_encode(t, text, n, false, &got), 0);
+    assert_int_equal(got.len, want.len);
+    for (size_t i = 0; i < got.len; i++)
+        if (got.ids[i] != want.ids[i])
+            fail_msg("id %zu of %zu: got %d, want %d", i, got.len, got.ids[i], want.ids[i]);
+    assert_true(want.len < n / 2);
+    tokenizer_ids_fini(&want);
+    tokenizer_ids_fini(&got);
+}
+
+static uint64_t rng_next(uint64_t *s)
+{
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    return *s;
+}
+
+/* 100k added tokens, normalized (matched lowercased) and not, many given twice with other
+ * flags, many sharing long runs of '<' (the run that made every position of a text of '<'
+ * try thousands of them), and 64 KB of text of those runs and the tokens' bytes: the ids are
+ * those of the reference's leftmost-longest search, and every content is found by its id as
+ * HF assigns them (the first time a content appears; its last flags win). The library was
+ * quadratic here (20 s to load, 7 s for 20 KB of '<'); the reference is the check, not a
+ * clock. */
+static void test_many_added_tokens(void **state)
+{
+    enum { N = 100000, TEXT = 64 << 10 };
+    static const char alphabet[] = "<>xyXY";
+    RefTok *all = calloc(N, sizeof(*all));
+    bool *normalized = calloc(N, sizeof(*normalized));
+    assert_non_null(all);
+    uint64_t rng = 0x9E3779B97F4A7C15ull;
+    json_t *root = bytelevel_fixture(true);
+    set_path(root, json_pack("{s:s}", "type", "Lowercase"), "normalizer", NULL);
+    json_t *list = json_object_get(root, "added_tokens");
+    for (uint32_t i = 0; i < N; i++) {
+        RefTok *a = &all[i];
+        uint64_t r = rng_next(&rng);
+        if (r % 8 == 0) { /* a long run of '<' and a letter */
+            a->len = 2 + (r >> 8) % 40;
+            if (r % 1000 == 0)
+                a->len = 300;
+            memset(a->s, '<', a->len - 1);
+            a->s[a->len - 1] = alphabet[2 + (r >> 20) % 4];
+        } else {
+            a->len = 2 + (r >> 8) % 7;
+            for (size_t j = 0; j < a->len; j++)
+                a->s[j] = alphabet[rng_next(&rng) % 6];
+        }
+        if (i == N - 1) { /* the token the second text is made of, whatever came before */
+            a->len = 300;
+            memset(a->s, '<', 299);
+            a->s[299] = 'x';
+        }
+        a->first = i;
+        normalized[i] = i < N - 1 && rng_next(&rng) % 3 == 0;
+        json_array_append_new(list, added(0, a->s, false, normalized[i]));
+    }
+    Tokenizer *t = load(root);
+    Tokenizer *base = load(bytelevel_fixture(true));
+
+    /* ids by first appearance (the fixture's vocabulary and added tokens take 0-264), flags by
+     * the last */
+    RefTok *sorted = malloc(N * sizeof(*sorted));
+    memcpy(sorted, all, N * sizeof(*sorted));
+    qsort(sorted, N, sizeof(*sorted), cmp_ref);
+    bool *uniq = calloc(N, sizeof(*uniq)), *norm_of = calloc(N, sizeof(*norm_of));
+    for (size_t i = 0; i < N;) {
+        size_t j = i;
+        while (j < N && cmp_bytes(sorted[i].s, sorted[i].len, sorted[j].s, sorted[j].len) == 0)
+            j++;
+        uniq[sorted[i].first] = true;
+        norm_of[sorted[i].first] = normalized[sorted[j - 1].first];
+        i = j;
+    }
+    RefSet raw = {calloc(N, sizeof(RefTok)), 0, {false}};
+    RefSet low = {calloc(N, sizeof(RefTok)), 0, {false}};
+    int32_t next_id = 265;
+    for (uint32_t i = 0; i < N; i++) {
+        if (!uniq[i])
+            continue;
+        all[i].id = next_id++;
+        assert_int_equal(tokenizer_token_to_id(t, all[i].s), all[i].id);
+        if (!norm_of[i]) {
+            raw.tok[raw.n++] = all[i];
+            continue;
+        }
+        RefTok *l = &low.tok[low.n++];
+        *l = all[i];
+        for (size_t j = 0; j < l->len; j++)
+            if (l->s[j] >= 'A' && l->s[j] <= 'Z')
+                l->s[j] = (char)(l->s[j] - 'A' + 'a');
+    }
+    ref_set_finish(&raw);
+    ref_set_finish(&low);
+
+    /* the text: runs of '<' (8 KB first) ended by a letter, so that long tokens begin
+     * everywhere, and stretches of the tokens' bytes and others */
+    char *text = malloc(TEXT + 1);
+    static const char bytes[] = "<>xyXYc ";
+    size_t n = 0;
+    while (n < TEXT) {
+        uint64_t r = rng_next(&rng);
+        bool angles = r % 2 == 0;
+        size_t run = angles ? (n == 0 ? 8192 : 1 + (r >> 8) % 400) : 1 + (r >> 8) % 30;
+        for (size_t j = 0; j < run && n < TEXT; j++)
+            text[n++] = angles ? '<' : bytes[rng_next(&rng) % 8];
+        if (angles && n < TEXT)
+            text[n++] = alphabet[2 + (r >> 20) % 4];
+    }
+    text[n] = 0;
+    expect_as_reference(t, base, &raw, &low, text, n);
+    assert_true(n > 60000);
+    /* texts that are the 300-byte token over and over after a few bytes no token has: wherever
+     * the library cuts a text into windows, a token crosses the cut, at another place of it
+     * in each text */
+    for (size_t skip = 0; skip < 300; skip += 50) {
+        memset(text, 'c', skip);
+        for (size_t i = skip; i < TEXT; i++)
+            text[i] = (i - skip) % 300 == 299 ? 'x' : '<';
+        expect_as_reference(t, base, &raw, &low, text, TEXT);
+    }
+    free(text);
+    free(raw.tok);
+    free(low.tok);
+    free(uniq);
+    free(norm_of);
+    free(sorted);
+    free(normalized);
+    free(all);
+    tokenizer_free(base);
+    tokenizer_free(t);
+}
+
 /* ---- threads ---- */
 
 typedef struct {
@@ -1290,6 +1546,7 @@ int main(void)
         cmocka_unit_test(test_added_tokens_and_their_flags),
         cmocka_unit_test(test_lookups),
         cmocka_unit_test(test_added_token_ids_are_assigned_as_hf_does),
+        cmocka_unit_test(test_many_added_tokens),
         cmocka_unit_test(test_normalizers),
         cmocka_unit_test(test_split_behaviors),
         cmocka_unit_test(test_regex_classes_follow_hf_unicode),
