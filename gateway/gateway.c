@@ -909,16 +909,24 @@ static void not_found(struct gateway *g, struct http_request *http, const char *
 
 /* A CORS preflight (OPTIONS with Origin and Access-Control-Request-Method) where the gateway
  * allows origins (--allowed-origins): 204 with the methods, the headers asked for (where they are
- * a list of header names; else Authorization and Content-Type) and a 10-minute cache; the HTTP
- * server adds Access-Control-Allow-Origin where the origin is allowed. Returns whether it
+ * a list of header names; else Authorization and Content-Type) and a 10-minute cache, the HTTP
+ * server adding Access-Control-Allow-Origin; 403 for an origin not allowed. Returns whether it
  * answered. */
 static int preflight(struct gateway *g, struct http_request *http)
 {
     const char *origins = g->cfg.http.allowed_origins;
     const char *asked = http_request_header(http, "Access-Control-Request-Headers");
-    if (origins == NULL || *origins == '\0' || http_request_header(http, "Origin") == NULL ||
+    const char *origin = http_request_header(http, "Origin");
+    if (origins == NULL || *origins == '\0' || origin == NULL ||
         http_request_header(http, "Access-Control-Request-Method") == NULL)
         return 0;
+    if (!http_origin_allowed(origins, origin)) {
+        static const char body[] = "{\"error\":{\"message\":\"this origin may not call the API "
+                                   "(--allowed-origins)\",\"type\":\"invalid_request_error\","
+                                   "\"param\":null,\"code\":null}}";
+        gateway_respond_plain(http, 403, "application/json", body, sizeof(body) - 1, NULL, 0);
+        return 1;
+    }
     size_t n = asked != NULL ? strlen(asked) : 0;
     int names = n > 0 && n <= 1024;
     for (size_t i = 0; names && i < n; i++)

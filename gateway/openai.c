@@ -120,10 +120,18 @@ static bool lax_number(const json_t *v, double *out)
     }
     if (!json_is_string(v) || json_string_length(v) == 0)
         return false;
+    /* a decimal number only, as JSON writes one with an optional sign (not strtod's "0x10",
+     * "inf" or "nan") */
     const char *s = json_string_value(v);
+    size_t i = s[0] == '-' || s[0] == '+', digits = 0;
+    while (isdigit((unsigned char)s[i]) || s[i] == '.' || s[i] == 'e' || s[i] == 'E' ||
+           ((s[i] == '-' || s[i] == '+') && (s[i - 1] == 'e' || s[i - 1] == 'E')))
+        digits += isdigit((unsigned char)s[i++]) != 0;
+    if (digits == 0 || i != json_string_length(v))
+        return false;
     char *end;
     *out = strtod(s, &end);
-    return end == s + json_string_length(v) && !isspace((unsigned char)s[0]);
+    return end == s + i;
 }
 
 /* Whether v holds an integer (lax_number), into *out. */

@@ -91,6 +91,9 @@ struct http_conn {
     /* When the client last took a whole write (its callback) or a backlog began: under
      * max_write_memory the connection stalled longest is cut first. */
     uint64_t progress_ms;
+    /* When its last bytes arrived (or it was accepted): at max_connections, the connection quiet
+     * longest gives its place (http_server.c make_room). */
+    uint64_t read_ms;
     bool reading; /* uv_read_start in effect */
     bool parsing; /* inside conn_parse: a response ending now is picked up by its loop */
     bool closing; /* closed or being closed: nothing more is read or written */

@@ -174,9 +174,10 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
 {
     struct http_conn *c = stream->data;
-    if (nread > 0)
+    if (nread > 0) {
+        c->read_ms = uv_now(c->server->loop);
         http_conn_feed(c, buf->base, (size_t)nread);
-    else if (nread < 0)
+    } else if (nread < 0)
         http_conn_close(c); /* EOF or an error: the client is gone */
     free(buf->base);
 }
@@ -250,39 +251,38 @@ static void refuse(uv_stream_t *listener)
 /* At max_connections: closes the connection that least deserves its place, so that a new one is
  * taken instead of refused. Clients that open connections and hold them without completing a
  * request (slowloris: a header line every few seconds, within request_timeout_ms) would otherwise
- * keep every other client out for as long as they like, with no key needed. The first found, in
- * the order they were accepted, of: one lingering after its last answer, one idle between
- * keep-alive requests, one whose request's head is incomplete, one whose body is still arriving.
- * A connection whose request is with the handler (a generation, a stream) is never closed here.
- * Connections already closing count until libuv has closed them, so as many of those as there
- * are keep the cap: true when a place is (being) made. */
+ * keep every other client out for as long as they like, with no key needed. The place given is
+ * that of a connection lingering after its last answer, else of the one whose last bytes came
+ * longest ago (so that a trickle loses to a client sending now, a fresh connection included)
+ * among those idle between keep-alive requests with nothing left to send or parse, and those
+ * whose request has not all arrived. A connection whose request is with the handler (a
+ * generation, a stream), or whose answer is still going out, is never closed here. Connections
+ * already closing count until libuv has closed them, so as many of those as there are keep the
+ * cap: true when a place is (being) made. */
 static bool make_room(struct http_server *s)
 {
-    enum { LINGER, IDLE, HEAD, BODY, CLASSES };
-    struct http_conn *victim[CLASSES] = {NULL};
+    struct http_conn *linger = NULL, *quiet = NULL;
     unsigned closing = 0;
     for (struct http_conn *c = s->conns.head; c != NULL; c = c->next) {
-        int k = -1;
-        if (c->closing)
+        if (c->closing) {
             closing++;
-        else if (c->state == CONN_LINGER)
-            k = LINGER;
-        else if (c->state == CONN_IDLE)
-            k = IDLE;
-        else if (c->state == CONN_READING)
-            k = c->headers_done ? BODY : HEAD;
-        if (k >= 0 && victim[k] == NULL)
-            victim[k] = c;
+        } else if (c->state == CONN_LINGER) {
+            if (linger == NULL)
+                linger = c;
+        } else if ((c->state == CONN_IDLE && c->writes_in_flight == 0 && c->pending_len == 0) ||
+                   c->state == CONN_READING) {
+            if (quiet == NULL || c->read_ms < quiet->read_ms)
+                quiet = c;
+        }
     }
     if (s->conns.count - closing < s->cfg.max_connections)
         return true; /* the places of those closing are being made */
-    for (int k = 0; k < CLASSES; k++)
-        if (victim[k] != NULL) {
-            s->evictions++;
-            http_conn_close(victim[k]);
-            return true;
-        }
-    return false;
+    struct http_conn *victim = linger != NULL ? linger : quiet;
+    if (victim == NULL)
+        return false;
+    s->evictions++;
+    http_conn_close(victim);
+    return true;
 }
 
 static void on_connection(uv_stream_t *listener, int status)
@@ -307,6 +307,7 @@ static void on_connection(uv_stream_t *listener, int status)
     c->tcp.data = c;
     c->timer.data = c;
     c->handles_open = 2;
+    c->read_ms = uv_now(s->loop);
     conn_init(s, c);
     if (uv_accept(listener, (uv_stream_t *)&c->tcp) < 0) {
         http_conn_close(c);

@@ -23,6 +23,7 @@
 #ifndef PAGODA_HTTP_HTTP_SERVER_H
 #define PAGODA_HTTP_HTTP_SERVER_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <uv.h>
@@ -79,8 +80,13 @@ int http_server_open(uv_loop_t *loop, const struct http_config *cfg, http_handle
 /* The port listened on (useful with port 0). */
 uint16_t http_server_port(const struct http_server *s);
 
+/* Whether origin is one of list's (http_config.allowed_origins: "*" any, else a comma-separated
+ * list; NULL or "" none). */
+bool http_origin_allowed(const char *list, const char *origin);
+
 /* Connections open now, and those closed so far at max_connections to take a new one in their
- * place (one lingering, idle, or whose request has not all arrived: never one being handled). */
+ * place (one lingering, else the quietest of those idle or whose request has not all arrived:
+ * never one whose request is with the handler or whose answer is still going out). */
 uint32_t http_server_connections(const struct http_server *s);
 uint64_t http_server_evictions(const struct http_server *s);
 

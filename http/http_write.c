@@ -295,29 +295,37 @@ static int check_answer(struct http_request *req, enum http_req_state want, int 
     return 0;
 }
 
-/* The Access-Control-Allow-Origin value of the answer to req (http_config.allowed_origins): "*",
- * its Origin where the list has it (*vary: the answer depends on it), or NULL. */
-static const char *cors_origin(const struct http_request *req, bool *vary)
+bool http_origin_allowed(const char *list, const char *origin)
 {
-    const char *list = req->conn->server->cfg.allowed_origins;
-    *vary = false;
-    const char *origin = list != NULL && *list != '\0' ? http_request_header(req, "Origin") : NULL;
-    if (origin == NULL)
-        return NULL;
+    if (list == NULL || *list == '\0' || origin == NULL)
+        return false;
     if (strcmp(list, "*") == 0)
-        return "*";
+        return true;
     const size_t n = strlen(origin);
     for (const char *p = list;;) {
         const char *comma = strchr(p, ',');
         const size_t len = comma != NULL ? (size_t)(comma - p) : strlen(p);
-        if (len == n && strncasecmp(p, origin, n) == 0) {
-            *vary = true;
-            return origin;
-        }
+        if (len == n && strncasecmp(p, origin, n) == 0)
+            return true;
         if (comma == NULL)
-            return NULL;
+            return false;
         p = comma + 1;
     }
+}
+
+/* The Access-Control-Allow-Origin value of the answer to req (http_config.allowed_origins): "*",
+ * its Origin where the list has it, or NULL; *vary where the answer depends on the Origin (a list
+ * of origins: every answer then says so, so that a shared cache keeps one per origin). */
+static const char *cors_origin(const struct http_request *req, bool *vary)
+{
+    const char *list = req->conn->server->cfg.allowed_origins;
+    *vary = list != NULL && *list != '\0' && strcmp(list, "*") != 0;
+    const char *origin = list != NULL && *list != '\0' ? http_request_header(req, "Origin") : NULL;
+    if (origin == NULL)
+        return NULL;
+    if (!*vary)
+        return "*";
+    return http_origin_allowed(list, origin) ? origin : NULL;
 }
 
 /* The status line and headers: their size, then their bytes into w. */
@@ -327,8 +335,8 @@ static size_t head_size(const struct http_request *req, int status, const char *
     size_t n = 128 + strlen(http_status_reason(status)); /* fixed lines and numbers */
     bool vary;
     const char *origin = cors_origin(req, &vary);
-    if (origin != NULL)
-        n += strlen(origin) + 64;
+    if (origin != NULL || vary)
+        n += (origin != NULL ? strlen(origin) : 0) + 64;
     if (content_type)
         n += strlen(content_type) + 16;
     for (size_t i = 0; i < num_headers; i++)
@@ -344,8 +352,9 @@ static void head_write(struct http_write *w, const struct http_request *req, int
     bool vary;
     const char *origin = cors_origin(req, &vary);
     if (origin != NULL)
-        wbuf_printf(w, "Access-Control-Allow-Origin: %s\r\n%s", origin,
-                    vary ? "Vary: Origin\r\n" : "");
+        wbuf_printf(w, "Access-Control-Allow-Origin: %s\r\n", origin);
+    if (vary)
+        wbuf_printf(w, "Vary: Origin\r\n");
     if (content_type)
         wbuf_printf(w, "Content-Type: %s\r\n", content_type);
     if (!c->keep_alive)

@@ -218,11 +218,11 @@ static void admissions_advance(struct scheduler *s, struct sched_tenant *t, stru
  * 32, or two of n 128 at the defaults) kept them all for its generations' whole length, every
  * other tenant's request waiting behind (an outside probe's: 96 s for a 16-token completion).
  * When every place is taken and a tenant that may be admitted waits with fewer than its share
- * (max_seqs over the tenants running or waiting to), the most recently admitted sequence of the
- * tenant furthest over its share is preempted, one a step, as memory pressure preempts (its
- * prefix mostly stays cached): that step admits nobody, and the next admits the tenant running
- * the fewest (next_admission). Sequences of no tenant (pins, a router without a tenants file) are
- * left out. */
+ * (max_seqs over the tenants running or waiting to), and its request fits the free blocks, the
+ * most recently admitted sequence of the tenant furthest over its share is preempted, one a step,
+ * as memory pressure preempts (its prefix mostly stays cached): that step admits nobody, and the
+ * next admits the tenant running the fewest (next_admission). Sequences of no tenant (pins, a
+ * router without a tenants file) are left out. */
 static void preempt_for_fairness(struct scheduler *s)
 {
     if (s->running.count < (uint32_t)s->cfg.max_seqs || s->worker.isolating)
@@ -234,14 +234,25 @@ static void preempt_for_fairness(struct scheduler *s)
         return;
     const uint32_t share =
         (uint32_t)s->cfg.max_seqs / demand > 0 ? (uint32_t)s->cfg.max_seqs / demand : 1;
-    bool starved = false;
     struct sched_tenant *over = NULL;
-    for (struct sched_tenant *t = s->tenants; t; t = t->next) {
-        starved |= t->waiting > 0 && !tenant_at_cap(t) && t->running < share;
+    for (struct sched_tenant *t = s->tenants; t; t = t->next)
         if (t->running > share && (over == NULL || t->running > over->running))
             over = t;
-    }
-    if (!starved || over == NULL)
+    if (over == NULL)
+        return;
+    /* The first waiting sequence of a tenant under its share, which must fit the blocks free
+     * now: where memory is the limit too, admissions' own fairness hands out the blocks as they
+     * free, and a place given back would only be taken again by memory's preemption (of the
+     * sequence just admitted, the newest), both tenants recomputing. */
+    const struct seq *head = NULL;
+    for (const struct seq *q = s->waiting.head; q && head == NULL; q = q->next)
+        if (q->owner != NULL && q->owner->running < share && !tenant_at_cap(q->owner))
+            head = q;
+    if (head == NULL)
+        return;
+    const int64_t available = (int64_t)block_manager_free_count(s->bm) +
+                              prefix_cache_evictable_blocks(s->pc) - blocks_owed(s);
+    if (available < block_count_for((int64_t)head->num_tokens + 1, s->block_size))
         return;
     for (struct seq *q = s->running.tail; q; q = q->prev)
         if (q->owner == over) {

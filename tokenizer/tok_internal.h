@@ -35,9 +35,11 @@
 #define TOK_MAX_TEMPLATE 16u      /* pieces of a TemplateProcessing "single" */
 #define TOK_MAX_REGEX_BYTES 4096u /* a Split pattern */
 /* Bytes of the added tokens' contents matched in one pass (normalized ones as normalized): the
- * nodes of its automaton. A file holds at most TOKENIZER_MAX_FILE_BYTES of contents; only a
- * normalizer that grows them could reach past it. */
-#define TOK_MAX_ADDED_BYTES (64u << 20)
+ * nodes of its automaton, which costs about 30 bytes a byte of contents at its peak (its arrays
+ * and its edge table), so 8 MiB of contents about 250 MB. Real files hold far less (200,000 added
+ * tokens of 20 bytes are 4 MB); at 64 MiB a hostile file of that size could make the router take
+ * gigabytes at its start. */
+#define TOK_MAX_ADDED_BYTES (8u << 20)
 /* Positions of the text that split_added searches for added tokens in one backwards pass. A
  * window is at least as long as the longest token, so that the bytes a pass reads past its
  * window (the longest token's length) cost at most as much as the window itself. */

@@ -213,6 +213,31 @@ static void client_connection_cap(struct fx *f)
     cl_close(&d);
 }
 
+/* Of the connections that may give their place, the one whose last bytes came longest ago does:
+ * a slowloris client's half head before a connection just opened (whose request is on its way). */
+static void client_quietest_gives_way(struct fx *f)
+{
+    struct cl b, c, x, y;
+    struct resp r;
+    CHECK(f, cl_connect(&b, f->port) == 0);
+    CHECK(f, cl_sends(&b, "GET /hold HTTP/1.1\r\n\r\n") == 0);
+    CHECK(f, wait_atomic(&f->num_held, 1));
+    CHECK(f, cl_connect(&c, f->port) == 0);
+    CHECK(f, cl_sends(&c, "GET /echo HTTP/1.1\r\nX-Slow: 1\r\n") == 0);
+    sleep_ms(50);
+    CHECK(f, cl_connect(&x, f->port) == 0); /* nothing sent yet */
+    sleep_ms(20);
+    CHECK(f, cl_connect(&y, f->port) == 0);
+    CHECK(f, cl_closed(&c));
+    CHECK(f, cl_sends(&x, "GET /echo HTTP/1.1\r\n\r\n") == 0);
+    CHECK(f, cl_response(&x, &r, false) == 0 && r.status == 200);
+    resp_free(&r);
+    cl_close(&c);
+    cl_close(&x);
+    cl_close(&y);
+    cl_close(&b);
+}
+
 static void test_connection_cap(void **state)
 {
     struct fx f;
@@ -222,6 +247,10 @@ static void test_connection_cap(void **state)
     /* (a connection closing still counts until libuv has closed it) */
     assert_true(f.max_conns_seen >= 2 && f.max_conns_seen <= 3);
     assert_int_equal(f.evictions, 3);
+    fx_config(&f);
+    f.cfg.max_connections = 3;
+    fx_run(&f, client_quietest_gives_way);
+    assert_int_equal(f.evictions, 1);
 }
 
 /* ---- clients that go away or do not read ---- */

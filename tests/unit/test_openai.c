@@ -267,6 +267,9 @@ static void test_bad_requests_are_400_with_a_reason(void **state)
         {OPENAI_COMPLETION, "{\"prompt\": \"x\", \"seed\": \" 7\"}", "'seed'"},
         {OPENAI_COMPLETION, "{\"prompt\": \"x\", \"max_tokens\": 1e30}", "'max_tokens'"},
         {OPENAI_COMPLETION, "{\"prompt\": \"x\", \"temperature\": \"warm\"}", "'temperature'"},
+        {OPENAI_COMPLETION, "{\"prompt\": \"x\", \"temperature\": \"0x1\"}", "'temperature'"},
+        {OPENAI_COMPLETION, "{\"prompt\": \"x\", \"top_p\": \"inf\"}", "'top_p'"},
+        {OPENAI_COMPLETION, "{\"prompt\": \"x\", \"top_p\": \"1.0.0\"}", "'top_p'"},
         /* one alternative is only the sampled token where decoding is greedy */
         {OPENAI_COMPLETION, "{\"prompt\": \"x\", \"logprobs\": 1}", "'logprobs' is 1"},
         {OPENAI_CHAT, "{\"messages\": []}", "'messages'"},
