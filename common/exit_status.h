@@ -10,7 +10,8 @@
  * beside the GPU KV pool, or when kvpool's pool is of the wrong kind, dtype or shape for its
  * backend and model. pagoda-supervisor, reading it from a program while the group starts,
  * stops the group and says why instead of restarting the program (restart_policy.h); once the
- * group has served, it restarts with back-off as for any exit. */
+ * group has served, it restarts it with back-off without end, the rest of the group going on.
+ * pagoda-router exits with it when its tenants file cannot be taken. */
 #define PAGODA_EXIT_CANNOT_RUN 78
 
 #endif

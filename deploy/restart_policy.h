@@ -9,7 +9,8 @@
  * that count, so a program that crashes every few seconds keeps being restarted, at the
  * longest delay, while the operator reads its log. A program that exits with
  * PAGODA_EXIT_CANNOT_RUN (common/exit_status.h) while the group starts is not restarted at all;
- * the supervisor decides that before it asks this policy. */
+ * once the group has served, such exits are not counted as fast exits (the supervisor clears the
+ * count before it asks this policy): the program is tried again, without end. */
 #ifndef PAGODA_DEPLOY_RESTART_POLICY_H
 #define PAGODA_DEPLOY_RESTART_POLICY_H
 

@@ -693,9 +693,9 @@ static void on_child_closed(uv_handle_t *h)
     case PHASE_STARTING:
     case PHASE_RUNNING:
         /* "Cannot run as configured" stops a group that is starting; once it has served, the
-         * same status can be passing (a restarted worker that found the GPU memory of the one
-         * it replaces not yet released): restart with back-off, whose crash-loop limit stops a
-         * failure that persists. */
+         * same status can be passing or the operator's to fix (a restarted worker that found
+         * the GPU memory of the one it replaces not yet released, a router whose tenants file
+         * was broken since): tried again with back-off, without end (below). */
         if (sup->phase == PHASE_STARTING && c->spawn_error == 0 && c->term_signal == 0 &&
             c->exit_status == PAGODA_EXIT_CANNOT_RUN) {
             log_error("%s (pid %d) cannot run as configured (exit status %d, see %s/%s.log); not "
@@ -727,6 +727,14 @@ static void on_child_closed(uv_handle_t *h)
         return;
     }
     uint64_t delay_ms = 0;
+    /* "Cannot run as configured" once the group has served: the operator can fix it while the
+     * rest goes on (the router's tenants file; a worker's GPU memory still held by the one it
+     * replaces), so it is tried again without end, with the back-off, never counted as a crash
+     * loop that would stop the group and lose the engines' requests. */
+    const int cannot_run =
+        c->spawn_error == 0 && c->term_signal == 0 && c->exit_status == PAGODA_EXIT_CANNOT_RUN;
+    if (cannot_run)
+        c->restart.fast_exits = 0;
     if (restart_policy_exit(&sup->policy, &c->restart, uptime_ms, &delay_ms) != 0) {
         log_error("%s exited %d times in a row, each within %llu ms of its start; the last "
                   "time: %s (see %s/%s.log); stopping the group",
@@ -735,7 +743,11 @@ static void on_child_closed(uv_handle_t *h)
         begin_stop(sup, 1);
         return;
     }
-    if (c->spawn_error != 0)
+    if (cannot_run)
+        log_error("%s (pid %d) cannot run as configured (see %s/%s.log); the group goes on "
+                  "without it: trying again in %llu ms",
+                  c->name, c->pid, sup->run_dir, c->name, (unsigned long long)delay_ms);
+    else if (c->spawn_error != 0)
         log_warn("%s (%s) %s; trying again in %llu ms", c->name, c->argv[0], how,
                  (unsigned long long)delay_ms);
     else

@@ -6,11 +6,13 @@
  * time). A second signal stops at once. SIGHUP reads the tenants file again (as `pagoda admin
  * reload`), the outcome in the log. */
 #include "common/error.h"
+#include "common/exit_status.h"
 #include "common/fd_pass.h"
 #include "common/log.h"
 #include "common/parse.h"
 #include "router/route.h"
 #include "router/router.h"
+#include "router/tenants.h"
 #include "wire/wire.h"
 
 #include <getopt.h>
@@ -294,6 +296,20 @@ int main(int argc, char **argv)
     char pool[16];
     snprintf(pool, sizeof(pool), "%u", ROUTER_THREADPOOL_SIZE);
     setenv("UV_THREADPOOL_SIZE", pool, 0); /* one set by the caller is kept */
+
+    /* A tenants file the router cannot take is the operator's to fix, and the router says so
+     * with PAGODA_EXIT_CANNOT_RUN: the supervisor then stops a group that is starting, and keeps
+     * one that has served (its engines and their requests) while it tries this router again,
+     * instead of stopping everything after a few quick exits (a typo left in the file, then the
+     * router killed: the whole group went down). router_open reads it again (this is a check). */
+    if (cfg.tenants_file != NULL) {
+        struct router_tenants *t = NULL;
+        if ((rc = router_tenants_load(cfg.tenants_file, &t)) != 0) {
+            fail(rc);
+            return PAGODA_EXIT_CANNOT_RUN;
+        }
+        router_tenants_free(t);
+    }
 
     uv_loop_t loop;
     if (uv_loop_init(&loop) != 0)

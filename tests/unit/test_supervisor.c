@@ -1020,6 +1020,25 @@ static void test_cannot_run_exit_after_start_is_restarted(void **state)
     assert_int_equal(count_ev(evs, n, "start", "worker-0"), 2);
 }
 
+/* Such exits, again and again once the group has served (a router whose tenants file was
+ * broken since), are not a crash loop: the program is tried again without end while the rest of
+ * the group goes on (five quick exits of another status stop the group). */
+static void test_cannot_run_exits_after_start_do_not_stop_the_group(void **state)
+{
+    struct fx *f = *state;
+    char code[16];
+    snprintf(code, sizeof(code), "%d", PAGODA_EXIT_CANNOT_RUN);
+    const char *extra[] = {
+        "--worker-arg", "--crash-after-ms", "--worker-arg", "150", "--worker-arg",
+        "--crash-code", "--worker-arg",     code,           NULL};
+    start_sup(f, extra);
+    struct ev *evs = events;
+    assert_true(wait_ev(f, evs, "start", "worker-0", 7, 20000));
+    assert_int_equal(waitpid(f->sup, NULL, WNOHANG), 0); /* still supervising */
+    assert_output_has(f, "cannot run as configured");
+    assert_output_has(f, "the group goes on without it");
+}
+
 static void test_hung_report_kills_that_worker(void **state)
 {
     struct fx *f = *state;
@@ -1363,6 +1382,8 @@ int main(int argc, char **argv)
                                         teardown),
         cmocka_unit_test_setup_teardown(test_crash_loop_stops_the_group, setup, teardown),
         cmocka_unit_test_setup_teardown(test_cannot_run_exit_stops_the_group, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_cannot_run_exits_after_start_do_not_stop_the_group,
+                                        setup, teardown),
         cmocka_unit_test_setup_teardown(test_cannot_run_exit_after_start_is_restarted, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_hung_report_kills_that_worker, setup, teardown),
