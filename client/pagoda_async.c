@@ -109,6 +109,7 @@ static void read_reply(struct acall *a, nng_msg *m)
     } else if (a->kind == CALL_HEALTH) {
         if (resp->result_case == PAGODA__CLIENT_RESPONSE__RESULT_HEALTHY) {
             res->healthy = resp->healthy != 0;
+            res->max_model_len = resp->has_max_model_len ? resp->max_model_len : 0;
             if (!res->healthy)
                 snprintf(res->detail, sizeof(res->detail), "%s",
                          resp->error_message ? resp->error_message : "the router is not healthy");

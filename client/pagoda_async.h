@@ -24,6 +24,7 @@ typedef struct pagoda_async_result {
     pagoda_result result;       /* submit (no tokens), poll, cancel */
     pagoda_engine_stats *stats; /* stats (zeroed until its reply is read) */
     int healthy;                /* health */
+    uint32_t max_model_len;     /* health: the model's context; 0 while the router does not know */
     pagoda_admin_list tenants;  /* admin tenants */
     pagoda_tokenized tokenized; /* tokenize, detokenize */
 } pagoda_async_result;

@@ -972,16 +972,12 @@ static void on_http(void *user, struct http_request *http)
         not_found(g, http, known ? "GET, HEAD" : NULL);
         return;
     }
-    if (strcmp(path, "/v1/models") == 0) {
-        char *json = openai_models_json(g->cfg.model_name, g->started);
-        gateway_respond_plain(http, json ? 200 : 500, "application/json", json ? json : "{}",
-                              json ? strlen(json) : 2, NULL, 0);
-        free(json);
-        return;
-    }
-    if (strcmp(path, "/health") == 0 || strcmp(path, "/metrics") == 0) {
+    if (strcmp(path, "/health") == 0 || strcmp(path, "/metrics") == 0 ||
+        strcmp(path, "/v1/models") == 0) {
+        /* /v1/models asks the router's Health too: its answer carries the model's context */
         int metrics = path[1] == 'm';
-        struct greq *q = greq_new(g, http, metrics ? ROUTE_METRICS : ROUTE_HEALTH);
+        struct greq *q = greq_new(
+            g, http, metrics ? ROUTE_METRICS : (path[1] == 'v' ? ROUTE_MODELS : ROUTE_HEALTH));
         if (q == NULL) {
             gateway_respond_plain(http, 500, "text/plain", "out of memory\n", 14, NULL, 0);
             return;
@@ -990,8 +986,14 @@ static void on_http(void *user, struct http_request *http)
                      ? gateway_call_started(q, pagoda_stats_async(g->client, g->cfg.stats_key,
                                                                   gateway_on_stats_call, q))
                      : gateway_call_started(q, pagoda_health_async(g->client, on_health_call, q));
-        if (rc != 0)
-            gateway_respond_code(q, rc, pagoda_error_detail());
+        if (rc != 0) {
+            pagoda_async_result none = {.rc = rc}; /* /v1/models: the list without its context */
+            snprintf(none.detail, sizeof(none.detail), "%s", pagoda_error_detail());
+            if (metrics)
+                gateway_respond_code(q, rc, none.detail);
+            else
+                gateway_on_health(q, &none);
+        }
         return;
     }
     if (strcmp(path, "/") == 0 || strcmp(path, "/status") == 0) {

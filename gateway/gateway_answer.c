@@ -367,6 +367,13 @@ void gateway_on_health(struct greq *q, pagoda_async_result *res)
 {
     if (q->http == NULL)
         return; /* the client went away, or the gateway's own call (learn_router_limit) */
+    if (q->route ==
+        ROUTE_MODELS) { /* the list whatever the router's health: its context if known */
+        respond_json(q, 200,
+                     openai_models_json(q->g->cfg.model_name, q->g->started,
+                                        res->rc == 0 ? res->max_model_len : 0));
+        return;
+    }
     if (res->rc == 0 && res->healthy) {
         respond_json(q, 200, strdup("{\"status\":\"ok\"}"));
         return;

@@ -25,7 +25,8 @@ enum route {
     ROUTE_TOKENIZE,
     ROUTE_DETOKENIZE,
     ROUTE_HEALTH,
-    ROUTE_METRICS
+    ROUTE_METRICS,
+    ROUTE_MODELS
 };
 
 enum call_kind {

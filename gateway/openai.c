@@ -1023,8 +1023,12 @@ char *openai_detokenize_json(const char *text, size_t len)
     return dump(json_pack("{s:o}", "prompt", text_json(text, len)));
 }
 
-char *openai_models_json(const char *model, long long created)
+char *openai_models_json(const char *model, long long created, uint32_t max_model_len)
 {
-    return dump(json_pack("{s:s,s:[{s:s,s:s,s:I,s:s}]}", "object", "list", "data", "id", model,
-                          "object", "model", "created", (json_int_t)created, "owned_by", "pagoda"));
+    json_t *card =
+        json_pack("{s:s,s:s,s:I,s:s,s:s,s:n,s:[]}", "id", model, "object", "model", "created",
+                  (json_int_t)created, "owned_by", "pagoda", "root", model, "parent", "permission");
+    if (card != NULL && max_model_len > 0)
+        json_object_set_new(card, "max_model_len", json_integer(max_model_len));
+    return dump(card != NULL ? json_pack("{s:s,s:[o]}", "object", "list", "data", card) : NULL);
 }

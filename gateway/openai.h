@@ -143,7 +143,8 @@ char *openai_chunk_json(const struct openai_out *o, bool first_chunk, bool usage
 char *openai_tokenize_json(const int32_t *ids, size_t n, uint32_t max_model_len);
 char *openai_detokenize_json(const char *text, size_t len);
 
-/* GET /v1/models. */
-char *openai_models_json(const char *model, long long created);
+/* GET /v1/models: the served model as vLLM lists it (id, object, created, owned_by, root, parent
+ * null, max_model_len where known: 0 leaves it out, permission []). */
+char *openai_models_json(const char *model, long long created, uint32_t max_model_len);
 
 #endif

@@ -419,6 +419,10 @@ static void handle_health(struct router *r, struct rctx *c)
     Pagoda__ClientResponse resp = PAGODA__CLIENT_RESPONSE__INIT;
     resp.result_case = PAGODA__CLIENT_RESPONSE__RESULT_HEALTHY;
     resp.healthy = router_link_up(r) && !r->draining;
+    if (r->model_positions > 0) { /* what /v1/models lists as max_model_len */
+        resp.has_max_model_len = 1;
+        resp.max_model_len = r->model_positions;
+    }
     if (r->draining)
         resp.error_message = (char *)"the router is draining";
     else if (!router_link_up(r))

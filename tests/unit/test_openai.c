@@ -77,6 +77,28 @@ static void test_tools_need_tool_choice_none(void **state)
     openai_request_fini(&req);
 }
 
+/* /v1/models as vLLM lists it: max_model_len where known, left out where not. */
+static void test_models_list(void **state)
+{
+    (void)state;
+    char *s = openai_models_json("m", 7, 4096);
+    json_t *j = json_loads(s, 0, NULL), *card = json_array_get(json_object_get(j, "data"), 0);
+    assert_string_equal(json_string_value(json_object_get(j, "object")), "list");
+    assert_string_equal(json_string_value(json_object_get(card, "id")), "m");
+    assert_string_equal(json_string_value(json_object_get(card, "root")), "m");
+    assert_true(json_is_null(json_object_get(card, "parent")));
+    assert_int_equal(json_integer_value(json_object_get(card, "max_model_len")), 4096);
+    assert_int_equal(json_integer_value(json_object_get(card, "created")), 7);
+    json_decref(j);
+    free(s);
+    s = openai_models_json("m", 7, 0);
+    j = json_loads(s, 0, NULL);
+    card = json_array_get(json_object_get(j, "data"), 0);
+    assert_null(json_object_get(card, "max_model_len"));
+    json_decref(j);
+    free(s);
+}
+
 static void test_a_completion_is_read(void **state)
 {
     (void)state;
@@ -619,6 +641,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_a_completion_is_read),
+        cmocka_unit_test(test_models_list),
         cmocka_unit_test(test_numbers_are_read_as_pydantic_reads_them),
         cmocka_unit_test(test_tools_need_tool_choice_none),
         cmocka_unit_test(test_a_list_of_prompts_is_read),
