@@ -193,6 +193,7 @@ struct scheduler {
     /* Queue keys (struct seq queue_key): the last given at the front, and at the back. */
     int64_t queue_front_key, queue_back_key;
     uint64_t admission_pass; /* next_admission's passes, the tenants' seen marks */
+    uint32_t pins_running;   /* in a step's admissions: running sequences of no tenant (pins) */
     struct seq_list recent;  /* ended requests kept for announcements, oldest first */
     struct seq_list refused; /* the same for refusals at submission (empty sequences) */
     uint64_t end_count;      /* the last end_order given */
@@ -264,6 +265,9 @@ struct sched_tenant {
     uint32_t max_running; /* 0: none */
     uint32_t running;
     uint32_t waiting; /* its sequences in the waiting queue (waiting_push, waiting_remove) */
+    /* The places it wants (running and waiting, at most max_running) and its share of
+     * max_seqs, as scheduler_step.c's fill_shares last computed them. */
+    uint32_t want, share;
     /* form_plan's admissions (scheduler_step.c): in pass `seen`, head is its first waiting
      * sequence (NULL: none left). */
     uint64_t seen;

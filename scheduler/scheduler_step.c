@@ -175,6 +175,9 @@ static void admissions_begin(struct scheduler *s)
     for (const struct sched_tenant *t = s->tenants; t; t = t->next)
         eligible += t->waiting > 0 && !tenant_at_cap(t);
     uint64_t pass = ++s->admission_pass;
+    s->pins_running = 0;
+    for (const struct seq *q = s->running.head; q; q = q->next)
+        s->pins_running += q->owner == NULL;
     for (struct seq *q = s->waiting.head; q && met < eligible; q = q->next) {
         if (q->owner == NULL || q->owner->seen == pass)
             continue;
@@ -184,13 +187,12 @@ static void admissions_begin(struct scheduler *s)
     }
 }
 
-/* The next waiting sequence to admit, or NULL. */
+/* The next waiting sequence to admit, or NULL. Pins' computations (sequences of no tenant) take
+ * their turn as one more tenant would, running s->pins_running, after the tenants on a tie: an
+ * operator's pins (eight of 1,000 tokens) were admitted before every tenant's request, which then
+ * waited for all of them (18 s on the CPU). */
 static struct seq *next_admission(struct scheduler *s)
 {
-    if (s->ownerless_waiting > 0)
-        for (struct seq *q = s->waiting.head; q; q = q->next)
-            if (q->owner == NULL)
-                return q; /* before any tenant's, in queue order (pins start at its front) */
     struct sched_tenant *best = NULL;
     for (struct sched_tenant *t = s->tenants; t; t = t->next) {
         if (t->seen != s->admission_pass || t->head == NULL || tenant_at_cap(t))
@@ -199,6 +201,10 @@ static struct seq *next_admission(struct scheduler *s)
             (t->running == best->running && t->head->queue_key < best->head->queue_key))
             best = t;
     }
+    if (s->ownerless_waiting > 0 && (best == NULL || s->pins_running < best->running))
+        for (struct seq *q = s->waiting.head; q; q = q->next)
+            if (q->owner == NULL)
+                return q; /* in queue order (pins start at its front) */
     return best != NULL ? best->head : NULL;
 }
 
@@ -213,30 +219,67 @@ static void admissions_advance(struct scheduler *s, struct sched_tenant *t, stru
     t->head = after;
 }
 
+/* Each tenant's share of the places (t->share): max_seqs water-filled over what each wants (its
+ * running and waiting sequences, at most its max_running), so that a tenant wanting less than an
+ * equal part keeps what it wants and the rest is split among the others (a tenant capped at 1
+ * leaves 31 of 32 places to two others, 15 each, not 10). Rounds fix the tenants that want no more
+ * than the level; after a few (staggered wants of many tenants) the rest get the level. Returns
+ * how many tenants want a place. */
+static uint32_t fill_shares(struct scheduler *s)
+{
+    uint32_t open = 0;
+    for (struct sched_tenant *t = s->tenants; t; t = t->next) {
+        uint32_t want = t->running + t->waiting;
+        if (t->max_running > 0 && want > t->max_running)
+            want = t->max_running;
+        t->want = want;
+        t->share = 0;
+        open += want > 0;
+    }
+    const uint32_t wanting = open;
+    uint32_t left = (uint32_t)s->cfg.max_seqs;
+    for (int round = 0; open > 0; round++) {
+        const uint32_t level = left / open > 0 ? left / open : 1;
+        uint32_t fixed = 0;
+        for (struct sched_tenant *t = s->tenants; t; t = t->next) {
+            if (t->want == 0 || t->share != 0)
+                continue;
+            if (round == 8 || t->want <= level) {
+                t->share = t->want <= level ? t->want : level;
+                left -= t->share < left ? t->share : left;
+                open--;
+                fixed++;
+            }
+        }
+        if (fixed == 0) { /* every one left wants more than the level: that is their share */
+            for (struct sched_tenant *t = s->tenants; t; t = t->next)
+                if (t->want > 0 && t->share == 0)
+                    t->share = level;
+            break;
+        }
+    }
+    return wanting;
+}
+
 /* Fairness of the places (max_seqs): admissions alone are fair only about who comes next, so a
  * tenant that took every place while the others were idle (one request of n 32 where max_seqs is
  * 32, or two of n 128 at the defaults) kept them all for its generations' whole length, every
  * other tenant's request waiting behind (an outside probe's: 96 s for a 16-token completion).
  * When every place is taken and a tenant that may be admitted waits with fewer than its share
- * (max_seqs over the tenants running or waiting to), and its request fits the free blocks, the
- * most recently admitted sequence of the tenant furthest over its share is preempted, one a step,
- * as memory pressure preempts (its prefix mostly stays cached): that step admits nobody, and the
- * next admits the tenant running the fewest (next_admission). Sequences of no tenant (pins, a
- * router without a tenants file) are left out. */
+ * (fill_shares), and its request fits the free blocks, the most recently admitted sequence of the
+ * tenant furthest over its share is preempted, one a step, as memory pressure preempts (its
+ * prefix mostly stays cached): that step admits nobody, and the next admits the tenant running
+ * the fewest (next_admission). Sequences of no tenant (pins' computations) are left out. */
 static void preempt_for_fairness(struct scheduler *s)
 {
     if (s->running.count < (uint32_t)s->cfg.max_seqs || s->worker.isolating)
         return;
-    uint32_t demand = 0;
-    for (const struct sched_tenant *t = s->tenants; t; t = t->next)
-        demand += t->running > 0 || (t->waiting > 0 && !tenant_at_cap(t));
-    if (demand < 2)
+    if (fill_shares(s) < 2)
         return;
-    const uint32_t share =
-        (uint32_t)s->cfg.max_seqs / demand > 0 ? (uint32_t)s->cfg.max_seqs / demand : 1;
     struct sched_tenant *over = NULL;
     for (struct sched_tenant *t = s->tenants; t; t = t->next)
-        if (t->running > share && (over == NULL || t->running > over->running))
+        if (t->running > t->share &&
+            (over == NULL || t->running - t->share > over->running - over->share))
             over = t;
     if (over == NULL)
         return;
@@ -246,7 +289,7 @@ static void preempt_for_fairness(struct scheduler *s)
      * sequence just admitted, the newest), both tenants recomputing. */
     const struct seq *head = NULL;
     for (const struct seq *q = s->waiting.head; q && head == NULL; q = q->next)
-        if (q->owner != NULL && q->owner->running < share && !tenant_at_cap(q->owner))
+        if (q->owner != NULL && q->owner->running < q->owner->share && !tenant_at_cap(q->owner))
             head = q;
     if (head == NULL)
         return;
@@ -343,6 +386,8 @@ static void form_plan(struct scheduler *s)
         list_push_back(&s->running, q);
         if (q->owner)
             q->owner->running++;
+        else
+            s->pins_running++;
         q->num_computed = 0;
         sched_seq_clear_inflight(q);
         q->plan_index = -1;

@@ -900,6 +900,44 @@ static void test_places_fair_between_tenants(void **state)
     harness_close(h);
 }
 
+/* Pins' computations take their turn among the tenants (after them on a tie): a tenant's request
+ * sent with three long pins to compute ends before the last pin is ready (the policy is applied
+ * once every pin is). Pins used to be admitted before any tenant's request, which waited for all
+ * of them. */
+static void test_pins_take_their_turn(void **state)
+{
+    (void)state;
+    struct setup su = CACHE_SETUP;
+    su.max_batched_tokens = 32;
+    su.num_blocks = 1 + 200;
+    struct harness *h = harness_open(&su);
+    int32_t pins[3][96], tiny[3];
+    const char *names[] = {"t:bob"};
+    const uint32_t quotas[] = {0};
+    const struct tenant_spec ts[] = {{"bob", "t:bob", 0, NULL}};
+    struct pin_spec ps[3];
+    for (int i = 0; i < 3; i++) {
+        make_prompt(5100 + i, 96, pins[i]);
+        ps[i] = (struct pin_spec){i == 0 ? "p0" : i == 1 ? "p1" : "p2", pins[i], 96};
+    }
+    send_policy(h, 1, names, quotas, 1, ts, 1, ps, 3);
+    assert_int_equal(h->applied_count, 0); /* the pins are being computed */
+    h->tenant = "bob";
+    make_prompt(5199, 3, tiny);
+    struct req_rec *bob = submit(h, next_idn++, tiny, 3, 2);
+    for (int i = 0; i < 10000 && bob->finish < 0; i++)
+        exchange(h);
+    assert_true(bob->finish >= 0);
+    assert_int_equal(h->applied_count, 0); /* a pin still computing */
+    pump(h);
+    assert_int_equal(h->applied_count, 1);
+    assert_int_equal(h->applied->n_pins, 3);
+    for (int i = 0; i < 3; i++)
+        assert_true(h->applied->pins[i]->ready);
+    expect_output(bob, tiny, 3, 2, PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH);
+    harness_close(h);
+}
+
 /* Flushing a tenant's namespace: the next request misses; pinned namespaces refuse a flush. */
 static void test_flush(void **state)
 {
@@ -1427,6 +1465,7 @@ int main(void)
         cmocka_unit_test(test_quota_flood),
         cmocka_unit_test(test_admissions_fair_between_tenants),
         cmocka_unit_test(test_places_fair_between_tenants),
+        cmocka_unit_test(test_pins_take_their_turn),
         cmocka_unit_test(test_flush),
         cmocka_unit_test(test_chunked_prefill_beside_decodes),
         cmocka_unit_test(test_preemption_with_cache),
