@@ -194,6 +194,7 @@ struct scheduler {
     int64_t queue_front_key, queue_back_key;
     uint64_t admission_pass; /* next_admission's passes, the tenants' seen marks */
     uint32_t pins_running;   /* in a step's admissions: running sequences of no tenant (pins) */
+    bool pins_win_tie;       /* whether the next tie between pins and a tenant goes to the pins */
     struct seq_list recent;  /* ended requests kept for announcements, oldest first */
     struct seq_list refused; /* the same for refusals at submission (empty sequences) */
     uint64_t end_count;      /* the last end_order given */

@@ -188,9 +188,11 @@ static void admissions_begin(struct scheduler *s)
 }
 
 /* The next waiting sequence to admit, or NULL. Pins' computations (sequences of no tenant) take
- * their turn as one more tenant would, running s->pins_running, after the tenants on a tie: an
+ * their turn as one more tenant would, running s->pins_running, a tie going to the pins and to the
+ * tenants in turn (s->pins_win_tie), so that neither waits for the other's whole queue: an
  * operator's pins (eight of 1,000 tokens) were admitted before every tenant's request, which then
- * waited for all of them (18 s on the CPU). */
+ * waited for all of them (18 s on the CPU); after the tenants on every tie, a pin could wait
+ * forever where each place freed went to a tenant running none. */
 static struct seq *next_admission(struct scheduler *s)
 {
     struct sched_tenant *best = NULL;
@@ -201,7 +203,8 @@ static struct seq *next_admission(struct scheduler *s)
             (t->running == best->running && t->head->queue_key < best->head->queue_key))
             best = t;
     }
-    if (s->ownerless_waiting > 0 && (best == NULL || s->pins_running < best->running))
+    if (s->ownerless_waiting > 0 && (best == NULL || s->pins_running < best->running ||
+                                     (s->pins_running == best->running && s->pins_win_tie)))
         for (struct seq *q = s->waiting.head; q; q = q->next)
             if (q->owner == NULL)
                 return q; /* in queue order (pins start at its front) */
@@ -277,16 +280,20 @@ static void preempt_for_fairness(struct scheduler *s)
     if (fill_shares(s) < 2)
         return;
     struct sched_tenant *over = NULL;
-    for (struct sched_tenant *t = s->tenants; t; t = t->next)
+    bool starved = false;
+    for (struct sched_tenant *t = s->tenants; t; t = t->next) {
+        starved |= t->waiting > 0 && t->running < t->share && !tenant_at_cap(t);
         if (t->running > t->share &&
             (over == NULL || t->running - t->share > over->running - over->share))
             over = t;
-    if (over == NULL)
+    }
+    if (over == NULL || !starved) /* (the steady state of a busy engine: no queue scan) */
         return;
     /* The first waiting sequence of a tenant under its share, which must fit the blocks free
-     * now: where memory is the limit too, admissions' own fairness hands out the blocks as they
-     * free, and a place given back would only be taken again by memory's preemption (of the
-     * sequence just admitted, the newest), both tenants recomputing. */
+     * now with one more for each running sequence (each may cross into a new block soon): where
+     * memory is the limit too, admissions' own fairness hands out the blocks as they free, and a
+     * place given back would only be taken again by memory's preemption (of the sequence just
+     * admitted, the newest), both tenants recomputing. */
     const struct seq *head = NULL;
     for (const struct seq *q = s->waiting.head; q && head == NULL; q = q->next)
         if (q->owner != NULL && q->owner->running < q->owner->share && !tenant_at_cap(q->owner))
@@ -295,7 +302,8 @@ static void preempt_for_fairness(struct scheduler *s)
         return;
     const int64_t available = (int64_t)block_manager_free_count(s->bm) +
                               prefix_cache_evictable_blocks(s->pc) - blocks_owed(s);
-    if (available < block_count_for((int64_t)head->num_tokens + 1, s->block_size))
+    if (available <
+        block_count_for((int64_t)head->num_tokens + 1, s->block_size) + (int64_t)s->running.count)
         return;
     for (struct seq *q = s->running.tail; q; q = q->prev)
         if (q->owner == over) {
@@ -388,6 +396,8 @@ static void form_plan(struct scheduler *s)
             q->owner->running++;
         else
             s->pins_running++;
+        if (s->ownerless_waiting > 0 || q->owner == NULL)
+            s->pins_win_tie = q->owner != NULL; /* the next tie goes to the other side */
         q->num_computed = 0;
         sched_seq_clear_inflight(q);
         q->plan_index = -1;
