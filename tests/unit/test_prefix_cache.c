@@ -938,6 +938,44 @@ static void test_pins_take_their_turn(void **state)
     harness_close(h);
 }
 
+/* And a pin is not held behind a tenant's whole queue: with one place, a tenant running one
+ * request at a time and a pin sent while its first runs, the tie for the freed place goes to the
+ * tenant, then to the pin, so the pin is ready before the tenant's last request ends (with ties
+ * always the tenants', it waited for all of them). */
+static void test_pins_win_every_other_tie(void **state)
+{
+    (void)state;
+    struct setup su = CACHE_SETUP;
+    su.max_seqs = 1;
+    su.num_blocks = 1 + 200;
+    struct harness *h = harness_open(&su);
+    const char *names[] = {"t:bob"};
+    const uint32_t quotas[] = {0};
+    const struct tenant_spec ts[] = {{"bob", "t:bob", 0, NULL}};
+    send_policy(h, 1, names, quotas, 1, ts, 1, NULL, 0);
+    h->tenant = "bob";
+    int32_t prompts[4][3], pin[96];
+    struct req_rec *bob[4];
+    for (int i = 0; i < 4; i++) {
+        make_prompt(5300 + i, 3, prompts[i]);
+        bob[i] = submit(h, next_idn++, prompts[i], 3, 8);
+    }
+    exchange(h); /* bob's first runs */
+    const uint32_t applied = h->applied_count;
+    make_prompt(5399, 96, pin);
+    const struct pin_spec ps[] = {{"p", pin, 96}};
+    send_policy(h, 2, names, quotas, 1, ts, 1, ps, 1);
+    for (int i = 0; i < 10000 && bob[3]->finish < 0; i++)
+        exchange(h);
+    assert_true(bob[3]->finish >= 0);
+    assert_int_equal(h->applied_count, applied + 1); /* the pin was ready before */
+    assert_true(h->applied->pins[0]->ready);
+    pump(h);
+    for (int i = 0; i < 4; i++)
+        expect_output(bob[i], prompts[i], 3, 8, PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH);
+    harness_close(h);
+}
+
 /* Flushing a tenant's namespace: the next request misses; pinned namespaces refuse a flush. */
 static void test_flush(void **state)
 {
@@ -1466,6 +1504,7 @@ int main(void)
         cmocka_unit_test(test_admissions_fair_between_tenants),
         cmocka_unit_test(test_places_fair_between_tenants),
         cmocka_unit_test(test_pins_take_their_turn),
+        cmocka_unit_test(test_pins_win_every_other_tie),
         cmocka_unit_test(test_flush),
         cmocka_unit_test(test_chunked_prefill_beside_decodes),
         cmocka_unit_test(test_preemption_with_cache),
