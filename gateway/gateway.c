@@ -921,10 +921,13 @@ static int preflight(struct gateway *g, struct http_request *http)
         http_request_header(http, "Access-Control-Request-Method") == NULL)
         return 0;
     if (!http_origin_allowed(origins, origin)) {
-        static const char body[] = "{\"error\":{\"message\":\"this origin may not call the API "
-                                   "(--allowed-origins)\",\"type\":\"invalid_request_error\","
-                                   "\"param\":null,\"code\":null}}";
-        gateway_respond_plain(http, 403, "application/json", body, sizeof(body) - 1, NULL, 0);
+        struct openai_error err = {.status = 403, .type = "invalid_request_error"};
+        snprintf(err.message, sizeof(err.message),
+                 "this origin may not call the API (--allowed-origins)");
+        char *json = openai_error_json(&err);
+        gateway_respond_plain(http, 403, "application/json", json ? json : "{}",
+                              json ? strlen(json) : 2, NULL, 0);
+        free(json);
         return 1;
     }
     size_t n = asked != NULL ? strlen(asked) : 0;
