@@ -195,6 +195,10 @@ struct scheduler {
     uint64_t admission_pass; /* next_admission's passes, the tenants' seen marks */
     uint32_t pins_running;   /* in a step's admissions: running sequences of no tenant (pins) */
     bool pins_win_tie;       /* whether the next tie between pins and a tenant goes to the pins */
+    /* form_plan's prefill shares (scheduler_step.c): the tenants marked in pass prefill_pass are
+     * this step's parties; the prefill tokens planned for pins' computations. */
+    uint64_t prefill_pass;
+    int32_t pins_prefill_used;
     struct seq_list recent;  /* ended requests kept for announcements, oldest first */
     struct seq_list refused; /* the same for refusals at submission (empty sequences) */
     uint64_t end_count;      /* the last end_order given */
@@ -273,6 +277,9 @@ struct sched_tenant {
      * sequence (NULL: none left). */
     uint64_t seen;
     struct seq *head;
+    /* form_plan's prefill shares: in pass prefill_pass, the prefill tokens planned for it. */
+    uint64_t prefill_pass;
+    int32_t prefill_used;
     struct sched_pin **pins;
     uint32_t num_pins;
     uint64_t lookups, hits, query_tokens, hit_tokens;

@@ -1,9 +1,9 @@
 /* Forming and sending the scheduler's steps (scheduler_impl.h): each step's decodes, then the
- * chunks of sequences still prefilling, then admissions (fair between tenants, checked against
- * the worker's model and the context, held back while a prefix they need is computed elsewhere),
- * the blocks they need (preempting while none is free), and the Step to the worker, with up to
- * max_steps_in_flight out. Results, resyncs, the isolation of a refused step, workers and
- * sequences are scheduler.c's; the router's messages scheduler_router.c's. */
+ * chunks of sequences still prefilling (shared between tenants), then admissions (fair between
+ * tenants, checked against the worker's model and the context, held back while a prefix they need
+ * is computed elsewhere), the blocks they need (preempting while none is free), and the Step to the
+ * worker, with up to max_steps_in_flight out. Results, resyncs, the isolation of a refused step,
+ * workers and sequences are scheduler.c's; the router's messages scheduler_router.c's. */
 #include "scheduler/scheduler.h"
 
 #include "common/error.h"
@@ -313,6 +313,77 @@ static void preempt_for_fairness(struct scheduler *s)
         }
 }
 
+/* Prefill shares (form_plan): running sequences' prefill chunks used to be planned in admission
+ * order before any admission, so that one tenant's long prompts (eight of 1,023 tokens, a chunk
+ * budget of 2,048) filled every step's budget and held another tenant's request, admitted or
+ * not, until all of them were computed (an outside probe's: 37 s on the CPU for 16 tokens; on the
+ * GPU, a backlog of 256 long prompts is seconds). When more than one party has prefill work (a
+ * tenant with a running sequence prefilling or a request that may be admitted; pins' computations
+ * as one more), each party's running chunks are first held to an equal part of the budget left
+ * after the decodes; admissions take what is left, and what they leave goes to the running
+ * chunks again, in admission order, so that a step is as full as before. Returns the share
+ * (INT32_MAX: one party or none, no limit) and resets the parties' counts. */
+static int32_t prefill_share(struct scheduler *s, uint32_t n)
+{
+    const uint64_t pass = ++s->prefill_pass;
+    uint32_t parties = 0;
+    bool pins = false;
+    s->pins_prefill_used = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        struct seq *q = s->order[i];
+        if (q->state != SEQ_RUNNING || seq_remaining(q) <= 1 || !sched_isolation_may_run(s, q))
+            continue;
+        if (q->owner == NULL) {
+            parties += !pins;
+            pins = true;
+        } else if (q->owner->prefill_pass != pass) {
+            q->owner->prefill_pass = pass;
+            q->owner->prefill_used = 0;
+            parties++;
+        }
+    }
+    if (s->running.count < (uint32_t)s->cfg.max_seqs && !s->worker.isolating && !s->preempted_now) {
+        for (struct sched_tenant *t = s->tenants; t; t = t->next)
+            if (t->waiting > 0 && !tenant_at_cap(t) && t->prefill_pass != pass) {
+                t->prefill_pass = pass;
+                t->prefill_used = 0;
+                parties++;
+            }
+        parties += s->ownerless_waiting > 0 && !pins;
+    }
+    if (parties < 2)
+        return INT32_MAX;
+    return s->budget / (int32_t)parties > 0 ? s->budget / (int32_t)parties : 1;
+}
+
+/* The prefill tokens planned this step for q's party (prefill_share). */
+static int32_t *prefill_used(struct scheduler *s, const struct seq *q)
+{
+    return q->owner != NULL ? &q->owner->prefill_used : &s->pins_prefill_used;
+}
+
+/* After admissions, the budget left goes to the running sequences still prefilling, in admission
+ * order: a chunk planned within its party's share grows, one left out is planned. */
+static void prefill_rest(struct scheduler *s, uint32_t n)
+{
+    for (uint32_t i = 0; i < n && s->budget > 0; i++) {
+        struct seq *q = s->order[i];
+        int32_t remaining = seq_remaining(q);
+        if (q->state != SEQ_RUNNING || remaining <= 1 || !sched_isolation_may_run(s, q))
+            continue;
+        int32_t planned = q->plan_index >= 0 ? s->plan[q->plan_index].num_new : 0;
+        int32_t more = remaining - planned < s->budget ? remaining - planned : s->budget;
+        if (more <= 0 || !ensure_blocks(s, q, (int64_t)q->num_scheduled + planned + more))
+            continue;
+        if (q->plan_index >= 0) {
+            s->plan[q->plan_index].num_new += more;
+            s->budget -= more;
+        } else {
+            plan_add(s, q, more);
+        }
+    }
+}
+
 static void form_plan(struct scheduler *s)
 {
     s->plan_len = 0;
@@ -336,15 +407,22 @@ static void form_plan(struct scheduler *s)
         if (ensure_blocks(s, q, (int64_t)q->num_scheduled + 1))
             plan_add(s, q, 1);
     }
-    /* Then the chunks of sequences still prefilling (after their chunk in flight, if any). */
+    /* Then the chunks of sequences still prefilling (after their chunk in flight, if any), each
+     * party's within its share (prefill_share). */
+    const int32_t share = prefill_share(s, n);
     for (uint32_t i = 0; i < n && s->budget > 0; i++) {
         struct seq *q = s->order[i];
         int32_t remaining = seq_remaining(q);
         if (q->state != SEQ_RUNNING || remaining <= 1 || !sched_isolation_may_run(s, q))
             continue;
+        int32_t *used = prefill_used(s, q);
         int32_t chunk = remaining < s->budget ? remaining : s->budget;
-        if (ensure_blocks(s, q, (int64_t)q->num_scheduled + chunk))
+        if (chunk > share - *used)
+            chunk = share - *used;
+        if (chunk > 0 && ensure_blocks(s, q, (int64_t)q->num_scheduled + chunk)) {
             plan_add(s, q, chunk);
+            *used += chunk;
+        }
     }
     /* Then admissions, unless this step had to preempt or runs a probe, in next_admission's
      * order: FIFO within a tenant, fair between tenants, a tenant at its cap passed over (its
@@ -370,7 +448,8 @@ static void form_plan(struct scheduler *s)
          * that block to be cached rather than computing it too, and so do the requests behind
          * it (FIFO: nobody takes its place, its tenant's slots or the blocks it needs). The
          * wait is short: with budget left for admissions, every prefilling sequence has its
-         * whole prompt in this step or the one in flight (the chunks above). */
+         * whole prompt in this step or the one in flight (the chunks above), or, where parties
+         * share the budget (prefill_share), its party has its share of every step. */
         if (sched_cache_computed_elsewhere(s, q, hits)) {
             if (!q->prefix_waited) {
                 q->prefix_waited = true;
@@ -412,6 +491,8 @@ static void form_plan(struct scheduler *s)
         plan_add(s, q, chunk);
         owed += need - (q->table.num_blocks - hits);
     }
+    if (share != INT32_MAX)
+        prefill_rest(s, n);
     if (s->running.count > s->stats.peak_running)
         s->stats.peak_running = s->running.count;
     int32_t usable = block_manager_usable(s->bm);

@@ -976,6 +976,45 @@ static void test_pins_win_every_other_tie(void **state)
     harness_close(h);
 }
 
+/* Prefill is shared between tenants: with one tenant's long prompts (four of 400 tokens, a budget
+ * of 32 a step) being computed, another tenant's short request is admitted and answered before
+ * the first of them is. The running chunks used to take every step's budget before any
+ * admission, so that it waited for the whole prompt being computed (10 more steps). */
+static void test_prefill_shared_between_tenants(void **state)
+{
+    (void)state;
+    struct setup su = CACHE_SETUP;
+    su.max_batched_tokens = 32;
+    su.max_seqs = 8;
+    su.num_blocks = 1 + 400;
+    su.max_positions = 1024;
+    struct harness *h = harness_open(&su);
+    int32_t prompts[4][400], tiny[3];
+    struct req_rec *hog[4];
+    h->tenant = "hog";
+    for (int i = 0; i < 4; i++) {
+        make_prompt(6100 + i, 400, prompts[i]);
+        hog[i] = submit(h, next_idn++, prompts[i], 400, 4);
+    }
+    for (int i = 0; i < 2; i++)
+        exchange(h);
+    assert_true(stats(h).running >= 1);
+    h->tenant = "late";
+    make_prompt(6199, 3, tiny);
+    struct req_rec *late = submit(h, next_idn++, tiny, 3, 2);
+    for (int i = 0; i < 8 && late->finish < 0; i++)
+        exchange(h);
+    assert_true(late->finish >= 0);
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(hog[i]->n_out, 0); /* every long prompt still being computed */
+    pump(h);
+    expect_output(late, tiny, 3, 2, PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH);
+    for (int i = 0; i < 4; i++)
+        expect_output(hog[i], prompts[i], 400, 4, PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH);
+    assert_int_equal(stats(h).running + stats(h).waiting, 0);
+    harness_close(h);
+}
+
 /* Flushing a tenant's namespace: the next request misses; pinned namespaces refuse a flush. */
 static void test_flush(void **state)
 {
@@ -1505,6 +1544,7 @@ int main(void)
         cmocka_unit_test(test_places_fair_between_tenants),
         cmocka_unit_test(test_pins_take_their_turn),
         cmocka_unit_test(test_pins_win_every_other_tie),
+        cmocka_unit_test(test_prefill_shared_between_tenants),
         cmocka_unit_test(test_flush),
         cmocka_unit_test(test_chunked_prefill_beside_decodes),
         cmocka_unit_test(test_preemption_with_cache),
