@@ -199,6 +199,7 @@ struct scheduler {
      * this step's parties; the prefill tokens planned for pins' computations. */
     uint64_t prefill_pass;
     int32_t pins_prefill_used;
+    uint64_t victim_pass;    /* memory_victim's passes */
     struct seq_list recent;  /* ended requests kept for announcements, oldest first */
     struct seq_list refused; /* the same for refusals at submission (empty sequences) */
     uint64_t end_count;      /* the last end_order given */
@@ -280,6 +281,10 @@ struct sched_tenant {
     /* form_plan's prefill shares: in pass prefill_pass, the prefill tokens planned for it. */
     uint64_t prefill_pass;
     int32_t prefill_used;
+    /* memory_victim's count (scheduler_step.c): in pass victim_pass, the blocks its running
+     * sequences hold. */
+    uint64_t victim_pass;
+    int64_t blocks_held;
     struct sched_pin **pins;
     uint32_t num_pins;
     uint64_t lookups, hits, query_tokens, hit_tokens;

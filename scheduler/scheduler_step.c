@@ -54,8 +54,45 @@ static void plan_add(struct scheduler *s, struct seq *q, int32_t num_new)
     s->budget -= num_new;
 }
 
-/* Makes q's table cover upto tokens, preempting the most recently admitted running sequences
- * while no block is free. Returns false when q itself had to go. */
+/* The running sequence memory's preemption takes: the most recently admitted, of the tenant
+ * whose running sequences hold the most blocks where more than one tenant runs (pins'
+ * computations only when no tenant's sequence runs). Taking the most recently admitted of all
+ * took the request that fair admissions had just let in, so a tenant whose long generations
+ * filled the memory had every other tenant's requests preempted, again each time they were
+ * admitted, while its own ran on. */
+static struct seq *memory_victim(struct scheduler *s)
+{
+    struct seq *tail = s->running.tail;
+    bool several = false;
+    for (const struct seq *q = s->running.head; q && !several; q = q->next)
+        several = q->owner != tail->owner;
+    if (!several)
+        return tail;
+    const uint64_t pass = ++s->victim_pass;
+    struct sched_tenant *most = NULL;
+    for (const struct seq *q = s->running.head; q; q = q->next) {
+        struct sched_tenant *t = q->owner;
+        if (t == NULL)
+            continue;
+        if (t->victim_pass != pass) {
+            t->victim_pass = pass;
+            t->blocks_held = 0;
+        }
+        t->blocks_held += q->table.num_blocks;
+        if (most == NULL || t->blocks_held > most->blocks_held ||
+            (t->blocks_held == most->blocks_held && t == tail->owner))
+            most = t;
+    }
+    if (most == NULL)
+        return tail;
+    for (struct seq *q = tail; q; q = q->prev)
+        if (q->owner == most)
+            return q;
+    return tail;
+}
+
+/* Makes q's table cover upto tokens, preempting running sequences (memory_victim) while no block
+ * is free. Returns false when q itself had to go. */
 static bool ensure_blocks(struct scheduler *s, struct seq *q, int64_t upto)
 {
     int32_t need = block_count_for(upto, s->block_size);
@@ -63,7 +100,7 @@ static bool ensure_blocks(struct scheduler *s, struct seq *q, int64_t upto)
         int rc = sched_seq_append_block(s, q);
         if (rc == 0)
             continue;
-        struct seq *victim = rc == PAGODA_EEXHAUSTED ? s->running.tail : q;
+        struct seq *victim = rc == PAGODA_EEXHAUSTED ? memory_victim(s) : q;
         if (rc != PAGODA_EEXHAUSTED)
             log_error("scheduler: block table of seq %llu: %s", (unsigned long long)q->seq_id,
                       pagoda_strerror(rc));

@@ -65,6 +65,10 @@ struct fake_worker {
     bool silent;        /* consume everything, answer nothing (hung) */
     int drop_steps;     /* lose this many steps */
     bool strip_results; /* answer the next step without its tokens (a broken result) */
+    /* Whether to check that every preemption takes the most recently admitted sequence, the
+     * scheduler's choice with one tenant (memory's preemption takes from the tenant holding the
+     * most blocks where several run, fairness's from the one furthest over its share). */
+    bool any_preemption;
     /* A sequence holding poison_token fails alone when it samples (as NaN logits would): an
      * error result for it, the mirror drops it, the step goes on. */
     bool poison;

@@ -976,6 +976,43 @@ static void test_pins_win_every_other_tie(void **state)
     harness_close(h);
 }
 
+/* Memory's preemption takes from the tenant holding the most blocks: a tenant's short request
+ * admitted beside another's two long generations that fill the memory is not the one preempted
+ * (it was, being the most recently admitted), and ends before the first of them. */
+static void test_memory_preempts_the_biggest_tenant(void **state)
+{
+    (void)state;
+    struct setup su = CACHE_SETUP;
+    su.num_blocks = 1 + 16;
+    struct harness *h = harness_open(&su);
+    h->fw.any_preemption = true; /* not the most recently admitted: that is the point */
+    int32_t prompts[2][20], tiny[3];
+    struct req_rec *hog[2];
+    h->tenant = "hog";
+    for (int i = 0; i < 2; i++) {
+        make_prompt(6300 + i, 20, prompts[i]);
+        hog[i] = submit(h, next_idn++, prompts[i], 20, 60);
+    }
+    for (int i = 0; i < 3; i++)
+        exchange(h);
+    h->tenant = "late";
+    make_prompt(6399, 3, tiny);
+    struct req_rec *late = submit(h, next_idn++, tiny, 3, 40);
+    for (int i = 0; i < 10000 && late->finish < 0; i++)
+        exchange(h);
+    assert_true(late->finish >= 0);
+    assert_true(stats(h).preemptions >= 1);
+    assert_true(hog[0]->finish < 0 && hog[1]->finish < 0);
+    pump(h);
+    expect_output(late, tiny, 3, 40, PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH);
+    for (int i = 0; i < 2; i++)
+        expect_output(hog[i], prompts[i], 20, 60, PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH);
+    const char *why = NULL;
+    if (scheduler_check_invariants(h->s, &why) != 0)
+        fail_msg("%s", why);
+    harness_close(h);
+}
+
 /* Prefill is shared between tenants: with one tenant's long prompts (four of 400 tokens, a budget
  * of 32 a step) being computed, another tenant's short request is admitted and answered before
  * the first of them is. The running chunks used to take every step's budget before any
@@ -1545,6 +1582,7 @@ int main(void)
         cmocka_unit_test(test_pins_take_their_turn),
         cmocka_unit_test(test_pins_win_every_other_tie),
         cmocka_unit_test(test_prefill_shared_between_tenants),
+        cmocka_unit_test(test_memory_preempts_the_biggest_tenant),
         cmocka_unit_test(test_flush),
         cmocka_unit_test(test_chunked_prefill_beside_decodes),
         cmocka_unit_test(test_preemption_with_cache),
