@@ -1091,8 +1091,13 @@ static int open_loop(struct supervisor *sup)
     if ((rc = wire_inbox_open(&sup->loop, sup->control, on_control, sup, &sup->inbox)) != 0)
         return rc;
 
-    /* A ready file left by an earlier group must not announce this one. */
+    /* A ready file left by an earlier group must not announce this one, and its router's runtime
+     * pins (router/router_pins_file.c: they live as long as the group) are not this one's. */
     sup_remove_file(sup->ready_path);
+    char pins_path[PATH_MAX];
+    if (snprintf(pins_path, sizeof(pins_path), "%s/router-pins.json", sup->run_dir) <
+        (int)sizeof(pins_path))
+        sup_remove_file(pins_path);
     char text[32];
     snprintf(text, sizeof(text), "%d\n", (int)getpid());
     if ((rc = sup_write_file_atomic(sup->pid_path, text)) != 0)

@@ -201,8 +201,9 @@ static int check_run_files(struct supervisor *sup)
 {
     char names[SUP_MAX_CHILDREN + 8][64];
     int n = 0;
-    const char *fixed[] = {"lock",  "supervisor.pid", "supervisor.pid.tmp",
-                           "ready", "ready.tmp",      "supervisor.log"};
+    const char *fixed[] = {
+        "lock",      "supervisor.pid", "supervisor.pid.tmp", "ready",
+        "ready.tmp", "supervisor.log", "router-pins.json",   "router-pins.json.tmp"};
     for (size_t i = 0; i < sizeof(fixed) / sizeof(fixed[0]); i++)
         snprintf(names[n++], sizeof(names[0]), "%s", fixed[i]);
     for (int i = 0; i < sup->num_children; i++)

@@ -276,12 +276,18 @@ static void wake_policy_waiters(struct router *r)
     struct rctx *c = r->policy_waiters;
     while (c != NULL) {
         struct rctx *next = c->next;
-        if (r->applied_version > 0 && c->cookie <= r->applied_version) {
+        if (r->applied_version > 0 && c->cookie <= r->applied_version &&
+            c->cookie <= r->pins_saved_version) {
             router_unpark(c);
             answer_applied(r, c);
         }
         c = next;
     }
+}
+
+void admin_on_pins_saved(struct router *r)
+{
+    wake_policy_waiters(r);
 }
 
 void admin_on_policy_applied(struct router *r, struct engine *e,

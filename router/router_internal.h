@@ -10,6 +10,7 @@
  *   route.c            the routing decision (route.h): which engine a request goes to
  *   router_tenancy.c   the tenancy it owns: tenants (from the tenants file), pins, the Policy it
  *                      pushes to the scheduler
+ *   router_pins_file.c the runtime pins kept in the run dir across a restart of the router
  *   router_admin.c     the admin API (ClientRequest.admin) and the scheduler's answers to it
  *   router_text.c      the text side: tokenizer, chat template, output text
  *
@@ -57,6 +58,7 @@ enum admin_op {
 
 struct request;
 struct reload_job;
+struct pins_save_job;
 struct text_holder;
 struct text_job;
 
@@ -306,6 +308,11 @@ struct router {
     uint64_t applied_version; /* the latest every usable engine said it applied */
     /* The tenants file being read on libuv's threadpool, or NULL. */
     struct reload_job *reload;
+    /* The runtime pins' file (router_pins_file.c; NULL without a run dir), its write in flight
+     * (or NULL), the policy version whose pins are to be written and the one last written. */
+    char *pins_path;
+    struct pins_save_job *pins_save;
+    uint64_t pins_wanted_version, pins_saved_version;
     uint64_t id_seed;
 
     struct request **buckets;
@@ -580,7 +587,21 @@ int tenancy_send_policy(struct router *r, struct engine *e);
 /* Keeps the pins' statuses of a PolicyApplied. */
 void tenancy_on_policy_applied(struct router *r, const Pagoda__Internal__PolicyApplied *pa);
 
+/* ---- router_pins_file.c -------------------------------------------------------------------- */
+
+/* Names the runtime pins' file in the run dir and restores the pins it holds (tenancy_open, after
+ * the tenants file's); what cannot be restored is logged and left out. Errors: PAGODA_ENOMEM. */
+int pins_file_open(struct router *r);
+/* The tenancy changed (policy_version): queues the write of the runtime pins as they are now. */
+void pins_file_changed(struct router *r);
+/* Lets a write in flight finish without the router; frees the rest. */
+void pins_file_close(struct router *r);
+
 /* ---- router_admin.c ------------------------------------------------------------------------ */
+
+/* A write of the runtime pins is over (pins_saved_version): the calls that waited for it and for
+ * their policy version to be applied are answered. */
+void admin_on_pins_saved(struct router *r);
 
 /* One admin call from a caller with an admin key: answered or parked. */
 void admin_handle(struct router *r, struct rctx *c, const Pagoda__AdminRequest *a);

@@ -125,6 +125,8 @@ int tenancy_open(struct router *r, const char *tenants_file)
                  r->tenants->num_groups, r->num_pins, r->tenants->num_admin_keys, tenants_file);
     }
     r->policy_version = 1;
+    if ((rc = pins_file_open(r)) != 0)
+        return rc;
     for (uint32_t i = 0; i < r->num_pins; i++)
         r->pins[i].version = 1;
     return 0; /* each engine gets the Policy when its link comes up */
@@ -152,6 +154,7 @@ static void reload_job_free(struct reload_job *job)
 
 void tenancy_close(struct router *r)
 {
+    pins_file_close(r);
     if (r->reload != NULL) {
         r->reload->r = NULL; /* after_reload frees it */
         uv_cancel((uv_req_t *)&r->reload->work);
@@ -485,6 +488,7 @@ void tenancy_changed(struct router *r)
             r->pins[i].version = r->policy_version;
     for (uint32_t i = 0; i < r->num_engines; i++)
         r->engines[i].need_policy = 1;
+    pins_file_changed(r);
     router_flush_pending(r);
 }
 

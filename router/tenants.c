@@ -569,30 +569,28 @@ static const char *file_kind(mode_t mode)
  * the open of a FIFO return at once instead of waiting for a writer; fstat on what was opened
  * (not stat on the path, which could change in between) then refuses anything but a regular
  * file before a byte is read. The size is checked again while reading: the file may grow. */
-static int read_regular_file(const char *path, size_t max, char **out, size_t *len)
+int router_read_file(const char *path, size_t max, const char *what, char **out, size_t *len)
 {
     int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
     if (fd < 0)
-        return pagoda_error_set(pagoda_from_errno(errno), "%s: cannot open the tenants file: %s",
-                                path, strerror(errno));
+        return pagoda_error_set(pagoda_from_errno(errno), "%s: cannot open %s: %s", path, what,
+                                strerror(errno));
     struct stat st;
     char *buf = NULL;
     size_t n = 0;
     int rc = 0;
     if (fstat(fd, &st) != 0) {
-        rc = pagoda_error_set(PAGODA_EIO, "%s: cannot stat the tenants file: %s", path,
-                              strerror(errno));
+        rc = pagoda_error_set(PAGODA_EIO, "%s: cannot stat %s: %s", path, what, strerror(errno));
         goto out;
     }
     if (!S_ISREG(st.st_mode)) {
-        rc = pagoda_error_set(PAGODA_EINVAL, "%s: the tenants file is %s, not a regular file", path,
+        rc = pagoda_error_set(PAGODA_EINVAL, "%s: %s is %s, not a regular file", path, what,
                               file_kind(st.st_mode));
         goto out;
     }
     if ((uint64_t)st.st_size > max) {
-        rc = pagoda_error_set(PAGODA_ERANGE,
-                              "%s: the tenants file has %lld bytes, more than the limit of %zu",
-                              path, (long long)st.st_size, max);
+        rc = pagoda_error_set(PAGODA_ERANGE, "%s: %s has %lld bytes, more than the limit of %zu",
+                              path, what, (long long)st.st_size, max);
         goto out;
     }
     if ((buf = malloc((size_t)st.st_size + 1)) == NULL) {
@@ -605,8 +603,8 @@ static int read_regular_file(const char *path, size_t max, char **out, size_t *l
         if (got < 0 && errno == EINTR)
             continue;
         if (got < 0) {
-            rc = pagoda_error_set(PAGODA_EIO, "%s: cannot read the tenants file: %s", path,
-                                  strerror(errno));
+            rc =
+                pagoda_error_set(PAGODA_EIO, "%s: cannot read %s: %s", path, what, strerror(errno));
             goto out;
         }
         if (got == 0)
@@ -614,7 +612,7 @@ static int read_regular_file(const char *path, size_t max, char **out, size_t *l
         n += (size_t)got;
     }
     if (n == cap)
-        rc = pagoda_error_set(PAGODA_EBUSY, "%s: the tenants file grew while it was read", path);
+        rc = pagoda_error_set(PAGODA_EBUSY, "%s: %s grew while it was read", path, what);
 out:
     close(fd);
     if (rc != 0) {
@@ -630,7 +628,7 @@ int router_tenants_load(const char *path, struct router_tenants **out)
 {
     char *buf = NULL;
     size_t len = 0;
-    int rc = read_regular_file(path, ROUTER_MAX_TENANTS_FILE_BYTES, &buf, &len);
+    int rc = router_read_file(path, ROUTER_MAX_TENANTS_FILE_BYTES, "the tenants file", &buf, &len);
     if (rc != 0)
         return rc;
     rc = router_tenants_parse(buf, len, path, out);

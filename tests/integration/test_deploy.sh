@@ -6,7 +6,7 @@
 # starts the group and the other says it is already running; up prints the address and refuses
 # a second group in the same run dir, status tells running from stopped, a request is answered,
 # a router whose loop stops (SIGSTOP) is killed and replaced by the supervisor and the group
-# serves again, and down leaves no process, no socket and no shared memory behind, also after
+# serves again, an earlier group's runtime pins file is removed, and down leaves no process, no socket and no shared memory behind, also after
 # the supervisor was killed with SIGKILL; with --http-listen, status lists the gateway and up's
 # --gateway-arg reaches it.
 # The group listens on a private ipc:// address in a temporary dir, so it never collides with a
@@ -128,7 +128,9 @@ check "the links' target is unchanged" [ "$(cat "$tmp/precious")" = precious ]
 check "nothing runs after the refusals" nothing_runs
 
 # -- two ups at once on one run dir: one group starts, the other up says it is already running
-# and leaves that group alone.
+# and leaves that group alone. The runtime pins an earlier group's router kept are not the new
+# group's: its supervisor removes them.
+echo '{"pins": []}' >"$run/router-pins.json"
 up >"$tmp/upA.out" 2>"$tmp/upA.err" &
 a=$!
 up >"$tmp/upB.out" 2>"$tmp/upB.err" &
@@ -143,6 +145,7 @@ check "the other says the group is already running" grep -q "already running (pi
 check "pagoda-up prints the address ($out)" [ "$out" = "$url" ]
 check "the group serves after the race" healthy
 check "DIR/ready names the address" [ "$(head -n 1 "$run/ready" 2>/dev/null)" = "$url" ]
+check "an earlier group's runtime pins are removed" [ ! -e "$run/router-pins.json" ]
 sup_pid=$(cat "$run/supervisor.pid" 2>/dev/null || true)
 up >"$tmp/up2.out" 2>"$tmp/up2.err" && rc=0 || rc=$?
 check "a second pagoda-up on the same run dir is refused (exit $rc)" [ "$rc" != 0 ]

@@ -465,6 +465,59 @@ static void test_pin_waits_for_policy_applied(void **state)
     env_stop(&a);
 }
 
+/* Runtime pins survive a kill -9 of the router (router_pins_file.c): a pin made by the admin API
+ * is listed again by the router that replaces it, with its tokens and readers; a pin of the
+ * tenants file that the admin API replaced is the file's again; an unpinned one stays gone; a
+ * runtime pins file that does not parse is logged and left out (the router starts with the file's
+ * pins). */
+static void test_runtime_pins_survive_a_restart(void **state)
+{
+    (void)state;
+    struct admin_env a;
+    env_start(&a, tenants_json, NULL);
+    wait_policies(&a, 1);
+    pagoda_client *adm = client_with_key(&a, "adm-key");
+    const int32_t tokens[] = {11, 12, 13, 14, 15, 16, 17, 18, 19};
+    const char *const zoe[] = {"zoe"};
+    const char *const two[] = {"alice", "bob"};
+    assert_int_equal(pagoda_admin_pin(adm, "late", tokens, 9, zoe, 1, NULL), 0);
+    assert_int_equal(pagoda_admin_pin(adm, "gone", tokens, 3, two, 2, NULL), 0);
+    assert_int_equal(pagoda_admin_pin(adm, "sys", tokens, 5, two, 2, NULL), 0);
+    assert_int_equal(pagoda_admin_unpin(adm, "gone"), 0);
+    pagoda_client_close(adm);
+
+    assert_int_equal(rtr_env_restart_router(&a.e), 0);
+    adm = client_with_key(&a, "adm-key");
+    pagoda_admin_list l;
+    assert_int_equal(pagoda_admin_tenants(adm, &l), 0);
+    assert_int_equal(l.num_pins, 2);
+    const pagoda_pin_info *p = list_pin(&l, "late");
+    assert_non_null(p);
+    assert_int_equal(p->num_tokens, 9);
+    assert_false(p->from_file);
+    assert_int_equal(p->num_tenants, 1);
+    assert_string_equal(p->tenants[0], "zoe");
+    p = list_pin(&l, "sys");
+    assert_non_null(p);
+    assert_int_equal(p->num_tokens, 8); /* the file's */
+    assert_true(p->from_file);
+    assert_null(list_pin(&l, "gone"));
+    pagoda_admin_list_free(&l);
+    pagoda_client_close(adm);
+
+    char path[128];
+    snprintf(path, sizeof(path), "%s/router-pins.json", a.e.dir);
+    write_file(path, "{\"pins\": [");
+    assert_int_equal(rtr_env_restart_router(&a.e), 0);
+    adm = client_with_key(&a, "adm-key");
+    assert_int_equal(pagoda_admin_tenants(adm, &l), 0);
+    assert_int_equal(l.num_pins, 1);
+    assert_non_null(list_pin(&l, "sys"));
+    pagoda_admin_list_free(&l);
+    pagoda_client_close(adm);
+    env_stop(&a);
+}
+
 /* A scheduler that does not apply the Policy in time: the call says so, and the pin stays
  * configured (it is listed, and goes out with every later Policy). */
 static void test_pin_timeout_keeps_it_configured(void **state)
@@ -1261,6 +1314,7 @@ int main(void)
         cmocka_unit_test(test_admin_refused_without_admin_key),
         cmocka_unit_test(test_pin_waits_for_policy_applied),
         cmocka_unit_test(test_pin_timeout_keeps_it_configured),
+        cmocka_unit_test(test_runtime_pins_survive_a_restart),
         cmocka_unit_test(test_tenants_listing_joins_figures),
         cmocka_unit_test(test_flush_maps_tenant_to_namespace),
         cmocka_unit_test(test_reload_failure_keeps_old_config),
