@@ -322,6 +322,7 @@ static int hf_unicode(const char *pat, size_t len, TokBuf *out)
     return tokbuf_reserve(out, 0);
 }
 
+/* PCRE2's message for an error code (of pcre2_compile or pcre2_match). */
 static void compile_error(int code, char *buf, size_t len)
 {
     pcre2_get_error_message(code, (PCRE2_UCHAR *)buf, len);
@@ -390,8 +391,13 @@ static int regex_matches(const TokPreTokenizer *p, const char *text, size_t len,
             rc = pcre2_match(p->re, (PCRE2_SPTR)text, len, at, PCRE2_NO_UTF_CHECK | 0, s->md, NULL);
         if (rc == PCRE2_ERROR_NOMATCH)
             break;
-        if (rc < 0)
-            return pagoda_error_set(PAGODA_EINVAL, "pre-tokenizer regex: PCRE2 error %d", rc);
+        if (rc < 0) {
+            char why[128];
+            compile_error(rc, why, sizeof(why)); /* "match limit exceeded", ... */
+            return pagoda_error_set(PAGODA_EINVAL,
+                                    "pre-tokenizer regex: %s (PCRE2 error %d) at byte %zu of %zu",
+                                    why, rc, at, len);
+        }
         PCRE2_SIZE *ov = pcre2_get_ovector_pointer(s->md);
         size_t ms = ov[0], me = ov[1];
         /* Oniguruma's find_iter skips an empty match right after a match ("a*" on "aab":

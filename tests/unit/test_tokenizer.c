@@ -654,6 +654,29 @@ static void test_split_behaviors(void **state)
     }
 }
 
+/* A pre-tokenizer regex that backtracks without end on a text refuses it with PCRE2's reason
+ * and where, not only its error number ("PCRE2 error -47"). */
+static void test_regex_match_limit_is_named(void **state)
+{
+    (void)state;
+    json_t *root = sentencepiece_fixture();
+    set_path(root, json_null(), "normalizer", NULL);
+    set_path(root,
+             json_pack("{s:s, s:{s:s}, s:s, s:b}", "type", "Split", "pattern", "Regex", "(a|aa)+$",
+                       "behavior", "Isolated", "invert", false),
+             "pre_tokenizer", NULL);
+    Tokenizer *t = load(root);
+    char text[64];
+    memset(text, 'a', 60);
+    text[60] = 'b';
+    TokenizerIds ids = {0};
+    assert_int_equal(tokenizer_encode(t, text, 61, false, &ids), PAGODA_EINVAL);
+    assert_non_null(strstr(pagoda_error_detail(), "limit"));
+    assert_non_null(strstr(pagoda_error_detail(), "at byte 0 of 61"));
+    tokenizer_ids_fini(&ids);
+    tokenizer_free(t);
+}
+
 /* HF's regexes see Unicode 16.0 (Oniguruma), PCRE2 here Unicode 14.0: a character added since
  * is in its class to the pattern (CJK extension H U+31350 a letter, Kaktovik numeral U+1D2C0 a
  * digit, U+1FA75 a symbol, Kawi's U+11F00 a mark, Balinese U+1B7F punctuation, U+1C89 an
@@ -1549,6 +1572,7 @@ int main(void)
         cmocka_unit_test(test_many_added_tokens),
         cmocka_unit_test(test_normalizers),
         cmocka_unit_test(test_split_behaviors),
+        cmocka_unit_test(test_regex_match_limit_is_named),
         cmocka_unit_test(test_regex_classes_follow_hf_unicode),
         cmocka_unit_test(test_bytelevel_pretokenizer_regex_and_prefix_space),
         cmocka_unit_test(test_digits),
