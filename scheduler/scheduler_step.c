@@ -331,10 +331,15 @@ static void preempt_for_fairness(struct scheduler *s)
      * memory is the limit too, admissions' own fairness hands out the blocks as they free, and a
      * place given back would only be taken again by memory's preemption (of the sequence just
      * admitted, the newest), both tenants recomputing. */
+    /* Checked as its admission will check it (admission_check: refused or ended now, as it
+     * would be then), so that no place is given back for a request that cannot take it. */
     const struct seq *head = NULL;
-    for (const struct seq *q = s->waiting.head; q && head == NULL; q = q->next)
-        if (q->owner != NULL && q->owner->running < q->owner->share && !tenant_at_cap(q->owner))
+    for (struct seq *q = s->waiting.head, *next; q && head == NULL; q = next) {
+        next = q->next;
+        if (q->owner != NULL && q->owner->running < q->owner->share && !tenant_at_cap(q->owner) &&
+            admission_check(s, q) == 0)
             head = q;
+    }
     if (head == NULL)
         return;
     const int64_t available = (int64_t)block_manager_free_count(s->bm) +

@@ -1273,6 +1273,44 @@ static void test_strict_checked_again_at_admission(void **state)
     harness_close(h);
 }
 
+/* Fairness's preemption checks the waiting request as its admission will: a strict request that
+ * the context left by a pin cannot hold is refused at once, and no place is taken back for it
+ * (a sequence of the tenant over its share was preempted, recomputed for nothing). */
+static void test_fairness_checks_before_preempting(void **state)
+{
+    (void)state;
+    struct setup su = CACHE_SETUP;
+    su.num_blocks = 1 + 40; /* 320 tokens of 8-token blocks */
+    su.max_seqs = 2;
+    struct harness *h = harness_open(&su);
+    int32_t sys[160], run[2][6], p[10];
+    make_prompt(44, 160, sys); /* a pin of 20 blocks: 160 tokens left */
+    const struct pin_spec ps[] = {{"sys", sys, 160}};
+    send_policy(h, 1, NULL, NULL, 0, NULL, 0, ps, 1);
+    pump(h);
+    assert_true(h->applied->pins[0]->ready);
+    h->tenant = "hog";
+    struct req_rec *hog[2];
+    for (int i = 0; i < 2; i++) {
+        make_prompt(45 + i, 6, run[i]);
+        hog[i] = submit(h, next_idn++, run[i], 6, 40);
+    }
+    exchange(h);
+    exchange(h);
+    assert_int_equal(stats(h).running, 2);
+    h->tenant = "late";
+    h->strict_max_tokens = true;
+    make_prompt(47, 10, p);
+    struct req_rec *over = submit(h, next_idn++, p, 10, 200); /* 210: fits 320, not 160 */
+    pump(h);
+    expect_strict_refused(h, over);
+    assert_int_equal(stats(h).fairness_preemptions, 0);
+    assert_int_equal(stats(h).preemptions, 0);
+    for (int i = 0; i < 2; i++)
+        expect_output(hog[i], run[i], 6, 40, PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH);
+    harness_close(h);
+}
+
 /* A strict request admitted beside a pin being computed (its last chunk and the request's prompt
  * in one step) is checked against the context the pin leaves once ready: without that it was
  * admitted, then ended by the context at 150 of its 200 tokens when the pin took its blocks. */
@@ -1589,6 +1627,7 @@ int main(void)
         cmocka_unit_test(test_model_change_recomputes),
         cmocka_unit_test(test_pins_shrink_the_context),
         cmocka_unit_test(test_strict_checked_again_at_admission),
+        cmocka_unit_test(test_fairness_checks_before_preempting),
         cmocka_unit_test(test_strict_checked_against_pins_being_computed),
         cmocka_unit_test(test_strict_checked_when_admitted),
         cmocka_unit_test(test_pins_capped_at_half_the_pool),
