@@ -195,6 +195,7 @@ struct scheduler {
     uint64_t admission_pass; /* next_admission's passes, the tenants' seen marks */
     uint32_t pins_running;   /* in a step's admissions: running sequences of no tenant (pins) */
     bool pins_win_tie;       /* whether the next tie between pins and a tenant goes to the pins */
+    bool pins_passed;        /* in a step's admissions: the pins' first waits for a prefix */
     /* form_plan's prefill shares (scheduler_step.c): the tenants marked in pass prefill_pass are
      * this step's parties; the prefill tokens planned for pins' computations. */
     uint64_t prefill_pass;

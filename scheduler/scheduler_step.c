@@ -54,39 +54,57 @@ static void plan_add(struct scheduler *s, struct seq *q, int32_t num_new)
     s->budget -= num_new;
 }
 
-/* The running sequence memory's preemption takes: the most recently admitted, of the tenant
- * whose running sequences hold the most blocks where more than one tenant runs (pins'
- * computations only when no tenant's sequence runs). Taking the most recently admitted of all
- * took the request that fair admissions had just let in, so a tenant whose long generations
- * filled the memory had every other tenant's requests preempted, again each time they were
- * admitted, while its own ran on. */
+/* The blocks preempting q would give back: free again or, held by the prefix cache alone,
+ * evictable. Shared ones (a cached prefix other sequences read: reference count 3 or more) stay
+ * held. (A block of a pinned prefix that q alone reads counts, though it stays pinned.) */
+static int64_t blocks_freed_by(const struct scheduler *s, const struct seq *q)
+{
+    int64_t n = 0;
+    for (int32_t i = 0; i < q->table.num_blocks; i++)
+        n += block_manager_refcount(s->bm, q->table.ids[i]) <= 2;
+    return n;
+}
+
+/* The running sequence memory's preemption takes. With one tenant (or only pins' computations
+ * beside it), the most recently admitted, as ever. Where several tenants run: the most recently
+ * admitted of the tenant whose running sequences would give back the most blocks, leaving out
+ * the sequence first in queue order (a sequence preempted before has its place at the queue's
+ * front: it is not taken again while another can go, and the oldest request always progresses,
+ * as it did when the newest always went) and pins' computations; the newest of all when no
+ * other is left. Taking the newest of all took the request that fair admissions had just let
+ * in, so a tenant whose long generations filled the memory had every other tenant's requests
+ * preempted, again each time they were admitted, while its own ran on. */
 static struct seq *memory_victim(struct scheduler *s)
 {
     struct seq *tail = s->running.tail;
+    const struct sched_tenant *one = NULL;
     bool several = false;
-    for (const struct seq *q = s->running.head; q && !several; q = q->next)
-        several = q->owner != tail->owner;
+    const struct seq *first = s->running.head;
+    for (const struct seq *q = s->running.head; q; q = q->next) {
+        if (q->owner != NULL && one == NULL)
+            one = q->owner;
+        several |= q->owner != NULL && q->owner != one;
+        if (q->queue_key < first->queue_key)
+            first = q;
+    }
     if (!several)
         return tail;
     const uint64_t pass = ++s->victim_pass;
     struct sched_tenant *most = NULL;
     for (const struct seq *q = s->running.head; q; q = q->next) {
         struct sched_tenant *t = q->owner;
-        if (t == NULL)
+        if (t == NULL || q == first)
             continue;
         if (t->victim_pass != pass) {
             t->victim_pass = pass;
             t->blocks_held = 0;
         }
-        t->blocks_held += q->table.num_blocks;
-        if (most == NULL || t->blocks_held > most->blocks_held ||
-            (t->blocks_held == most->blocks_held && t == tail->owner))
+        t->blocks_held += blocks_freed_by(s, q);
+        if (most == NULL || t->blocks_held > most->blocks_held)
             most = t;
     }
-    if (most == NULL)
-        return tail;
-    for (struct seq *q = tail; q; q = q->prev)
-        if (q->owner == most)
+    for (struct seq *q = tail; most != NULL && q; q = q->prev)
+        if (q->owner == most && q != first)
             return q;
     return tail;
 }
@@ -213,6 +231,7 @@ static void admissions_begin(struct scheduler *s)
         eligible += t->waiting > 0 && !tenant_at_cap(t);
     uint64_t pass = ++s->admission_pass;
     s->pins_running = 0;
+    s->pins_passed = false;
     for (const struct seq *q = s->running.head; q; q = q->next)
         s->pins_running += q->owner == NULL;
     for (struct seq *q = s->waiting.head; q && met < eligible; q = q->next) {
@@ -240,8 +259,9 @@ static struct seq *next_admission(struct scheduler *s)
             (t->running == best->running && t->head->queue_key < best->head->queue_key))
             best = t;
     }
-    if (s->ownerless_waiting > 0 && (best == NULL || s->pins_running < best->running ||
-                                     (s->pins_running == best->running && s->pins_win_tie)))
+    if (s->ownerless_waiting > 0 && !s->pins_passed &&
+        (best == NULL || s->pins_running < best->running ||
+         (s->pins_running == best->running && s->pins_win_tie)))
         for (struct seq *q = s->waiting.head; q; q = q->next)
             if (q->owner == NULL)
                 return q; /* in queue order (pins start at its front) */
@@ -329,8 +349,8 @@ static void preempt_for_fairness(struct scheduler *s)
     /* The first waiting sequence of a tenant under its share, which must fit the blocks free
      * now with one more for each running sequence (each may cross into a new block soon): where
      * memory is the limit too, admissions' own fairness hands out the blocks as they free, and a
-     * place given back would only be taken again by memory's preemption (of the sequence just
-     * admitted, the newest), both tenants recomputing. */
+     * place given back would only be taken again by memory's preemption, both tenants
+     * recomputing. */
     /* Checked as its admission will check it (admission_check: refused or ended now, as it
      * would be then), so that no place is given back for a request that cannot take it. */
     const struct seq *head = NULL;
@@ -487,9 +507,11 @@ static void form_plan(struct scheduler *s)
         int32_t evictable_hits = 0;
         int32_t hits = sched_cache_match(s, q, &evictable_hits);
         /* The next block of its prefix is being computed by another sequence: it waits for
-         * that block to be cached rather than computing it too, and so do the requests behind
-         * it (FIFO: nobody takes its place, its tenant's slots or the blocks it needs). The
-         * wait is short: with budget left for admissions, every prefilling sequence has its
+         * that block to be cached rather than computing it too, and so do its tenant's requests
+         * behind it (FIFO within a tenant: none of them takes its place); the other tenants'
+         * are admitted meanwhile (when the wait stopped every admission, a tenant sending
+         * requests that share a long prompt held every other tenant's behind its computation).
+         * The wait is short: with budget left for admissions, every prefilling sequence has its
          * whole prompt in this step or the one in flight (the chunks above), or, where parties
          * share the budget (prefill_share), its party has its share of every step. */
         if (sched_cache_computed_elsewhere(s, q, hits)) {
@@ -497,7 +519,11 @@ static void form_plan(struct scheduler *s)
                 q->prefix_waited = true;
                 s->stats.prefix_waits++;
             }
-            break;
+            if (owner != NULL)
+                owner->head = NULL; /* passed over until the next step */
+            else
+                s->pins_passed = true;
+            continue;
         }
         int32_t need = block_count_for((int64_t)q->num_tokens + 1, s->block_size) - hits;
         int64_t available = (int64_t)block_manager_free_count(s->bm) +

@@ -976,6 +976,53 @@ static void test_pins_win_every_other_tie(void **state)
     harness_close(h);
 }
 
+/* A tenant's request waiting for a prefix its own running request computes holds that tenant's
+ * requests behind it, not every tenant's: another tenant's short request is admitted and answered
+ * while the prefix is still being computed (a reviewer's: the wait stopped all admissions, so a
+ * tenant sending requests that share a long prompt held everyone behind its computation). */
+static void test_prefix_wait_holds_only_its_tenant(void **state)
+{
+    (void)state;
+    struct setup su = CACHE_SETUP;
+    su.max_batched_tokens = 32;
+    su.num_blocks = 1 + 400;
+    su.max_positions = 1024;
+    struct harness *h = harness_open(&su);
+    int32_t longp[300], again[300], dec[3][4], tiny[3];
+    struct req_rec *bee[3];
+    h->tenant = "bee";
+    for (int i = 0; i < 3; i++) {
+        make_prompt(6400 + i, 4, dec[i]);
+        bee[i] = submit(h, next_idn++, dec[i], 4, 100);
+    }
+    exchange(h);
+    h->tenant = "ay";
+    make_prompt(6410, 300, longp);
+    memcpy(again, longp, sizeof(again));
+    again[299] ^= 1; /* the same prompt but its last token */
+    struct req_rec *first = submit(h, next_idn++, longp, 300, 2);
+    exchange(h);
+    exchange(h);
+    struct req_rec *second = submit(h, next_idn++, again, 300, 2);
+    exchange(h);
+    h->tenant = "bee";
+    make_prompt(6420, 3, tiny);
+    struct req_rec *late = submit(h, next_idn++, tiny, 3, 2);
+    for (int i = 0; i < 6 && late->finish < 0; i++)
+        exchange(h);
+    assert_true(late->finish >= 0);
+    assert_int_equal(first->n_out, 0); /* the prefix still being computed */
+    assert_true(stats(h).prefix_waits >= 1);
+    pump(h);
+    expect_output(late, tiny, 3, 2, PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH);
+    expect_output(first, longp, 300, 2, PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH);
+    expect_output(second, again, 300, 2, PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH);
+    for (int i = 0; i < 3; i++)
+        expect_output(bee[i], dec[i], 4, 100, PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH);
+    assert_true(second->cached_tokens >= 288);
+    harness_close(h);
+}
+
 /* Memory's preemption takes from the tenant holding the most blocks: a tenant's short request
  * admitted beside another's two long generations that fill the memory is not the one preempted
  * (it was, being the most recently admitted), and ends before the first of them. */
@@ -1007,6 +1054,54 @@ static void test_memory_preempts_the_biggest_tenant(void **state)
     expect_output(late, tiny, 3, 40, PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH);
     for (int i = 0; i < 2; i++)
         expect_output(hog[i], prompts[i], 20, 60, PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH);
+    const char *why = NULL;
+    if (scheduler_check_invariants(h->s, &why) != 0)
+        fail_msg("%s", why);
+    harness_close(h);
+}
+
+/* ... and the oldest request always progresses: a long generation beside another tenant's stream
+ * of short requests (two at a time) that it outgrows in memory is not the one preempted, again
+ * and again (each time it was admitted back it held the most blocks): it ends early in the
+ * stream, and the stream's short requests recompute instead. */
+static void test_memory_preemption_spares_the_oldest(void **state)
+{
+    (void)state;
+    struct setup su = CACHE_SETUP;
+    su.num_blocks = 1 + 24;
+    struct harness *h = harness_open(&su);
+    h->fw.any_preemption = true;
+    int32_t lp[4], sp[40][4];
+    h->tenant = "long";
+    make_prompt(6500, 4, lp);
+    struct req_rec *x = submit(h, next_idn++, lp, 4, 180); /* 23 of the 24 blocks at its end */
+    struct req_rec *y[40];
+    int sent = 0;
+    h->tenant = "short";
+    for (int i = 0; i < 100000 && (x->finish < 0 || sent < 40); i++) {
+        int open = 0;
+        for (int k = 0; k < sent; k++)
+            open += y[k]->finish < 0;
+        while (open < 2 && sent < 40) {
+            make_prompt(6501 + sent, 4, sp[sent]);
+            y[sent] = submit(h, next_idn++, sp[sent], 4, 20);
+            sent++;
+            open++;
+        }
+        if (x->finish >= 0)
+            break;
+        exchange(h);
+    }
+    assert_true(x->finish >= 0);
+    /* It ends by the stream's 18th request, recomputing little (617 tokens computed in all);
+     * taken again and again, it ended by the 25th (842 tokens computed). */
+    assert_true(sent <= 20);
+    assert_true(h->fw.computed_tokens < 700);
+    assert_true(stats(h).preemptions >= 1);
+    pump(h);
+    expect_output(x, lp, 4, 180, PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH);
+    for (int k = 0; k < sent; k++)
+        expect_output(y[k], sp[k], 4, 20, PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH);
     const char *why = NULL;
     if (scheduler_check_invariants(h->s, &why) != 0)
         fail_msg("%s", why);
@@ -1461,15 +1556,17 @@ static void check_invariants(struct harness *h, long op)
  * a group) and two pins; the invariants hold after every one, every output equals the
  * reference, and when all requests have ended and the cache is flushed and unpinned, every
  * block is free. */
-static void test_randomized_invariants(void **state)
+/* The randomized run of test_randomized_invariants in a pool of num_blocks (and its null
+ * block): max_ops operations, at least min_preemptions preemptions. */
+static void randomized_run(int32_t num_blocks, long max_ops, uint64_t min_preemptions)
 {
-    (void)state;
     struct setup su = CACHE_SETUP;
-    su.num_blocks = 1 + 40;
+    su.num_blocks = 1 + num_blocks;
     su.max_seqs = 8;
     su.max_queued = 64;
     su.max_batched_tokens = 64;
     struct harness *h = harness_open(&su);
+    h->fw.any_preemption = true; /* three tenants: memory's preemption takes from the biggest */
     const char *tenants[] = {"ann", "ben", "cat"};
     const char *names[] = {"g:ab", "t:cat"};
     const uint32_t quotas[] = {16, 8};
@@ -1487,7 +1584,7 @@ static void test_randomized_invariants(void **state)
     int n_live = 0, submitted = 0;
     long ops = 0;
     bool pinned = true;
-    while (ops < 100000) {
+    while (ops < max_ops) {
         uint32_t op = rnd(100);
         if (h->n_reqs >= MAX_REQS - 72 && n_live == 0) {
             /* The harness's records are full and none is live: start over (ids stay unique). */
@@ -1580,7 +1677,7 @@ static void test_randomized_invariants(void **state)
                   ops, submitted, (unsigned long long)st.steps, (unsigned long long)st.preemptions,
                   (unsigned long long)st.evictions, (unsigned long long)st.prefix_hit_tokens,
                   (unsigned long long)st.prefix_query_tokens);
-    assert_true(st.preemptions > 0);
+    assert_true(st.preemptions >= min_preemptions);
     assert_true(st.prefix_hit_tokens > 0);
     assert_true(st.evictions > 0);
     assert_int_equal(st.running + st.waiting, 0);
@@ -1593,6 +1690,20 @@ static void test_randomized_invariants(void **state)
     assert_int_equal(st.free_blocks + (int32_t)st.cached_blocks, st.num_blocks);
     assert_true(st.kv_usage == 0.0);
     harness_close(h);
+}
+
+static void test_randomized_invariants(void **state)
+{
+    (void)state;
+    randomized_run(40, 100000, 1);
+}
+
+/* The same under memory pressure (20 blocks for three tenants and their pins): dozens of
+ * preemptions (53), memory's choice between tenants among them. */
+static void test_randomized_invariants_under_pressure(void **state)
+{
+    (void)state;
+    randomized_run(20, 40000, 30);
 }
 
 int main(void)
@@ -1620,7 +1731,9 @@ int main(void)
         cmocka_unit_test(test_pins_take_their_turn),
         cmocka_unit_test(test_pins_win_every_other_tie),
         cmocka_unit_test(test_prefill_shared_between_tenants),
+        cmocka_unit_test(test_prefix_wait_holds_only_its_tenant),
         cmocka_unit_test(test_memory_preempts_the_biggest_tenant),
+        cmocka_unit_test(test_memory_preemption_spares_the_oldest),
         cmocka_unit_test(test_flush),
         cmocka_unit_test(test_chunked_prefill_beside_decodes),
         cmocka_unit_test(test_preemption_with_cache),
@@ -1633,6 +1746,7 @@ int main(void)
         cmocka_unit_test(test_pins_capped_at_half_the_pool),
         cmocka_unit_test(test_moved_tenant_stops_publishing),
         cmocka_unit_test(test_randomized_invariants),
+        cmocka_unit_test(test_randomized_invariants_under_pressure),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
