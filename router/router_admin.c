@@ -279,7 +279,14 @@ static void wake_policy_waiters(struct router *r)
         if (r->applied_version > 0 && c->cookie <= r->applied_version &&
             c->cookie <= r->pins_saved_version) {
             router_unpark(c);
-            answer_applied(r, c);
+            if (r->pins_failed_version >= c->cookie)
+                router_reply_error(c, PAGODA_EIO,
+                                   "admin: the change is applied (the scheduler has policy version "
+                                   "%llu), but the runtime pins could not be saved, so a restarted "
+                                   "router would not have it: %s",
+                                   (unsigned long long)c->cookie, r->pins_failed_detail);
+            else
+                answer_applied(r, c);
         }
         c = next;
     }
@@ -507,6 +514,12 @@ void admin_on_timeout(struct rctx *c)
     else if (c->admin_op == ADMIN_OP_TENANTS || c->admin_op == ADMIN_OP_FLUSH)
         router_reply_error(c, PAGODA_ETIMEDOUT, "admin: the scheduler did not answer within %u ms",
                            r->cfg.admin_timeout_ms);
+    else if (c->cookie > r->pins_saved_version && c->cookie <= r->applied_version)
+        router_reply_error(c, PAGODA_ETIMEDOUT,
+                           "admin: the scheduler applied policy version %llu, but saving the "
+                           "runtime pins (RUN_DIR/router-pins.json) took more than %u ms; the "
+                           "change stays configured",
+                           (unsigned long long)c->cookie, r->cfg.admin_timeout_ms);
     else
         router_reply_error(c, PAGODA_ETIMEDOUT,
                            "admin: the scheduler did not apply policy version %llu within %u ms; "

@@ -313,6 +313,9 @@ struct router {
     char *pins_path;
     struct pins_save_job *pins_save;
     uint64_t pins_wanted_version, pins_saved_version;
+    /* The version of the last write, when it failed (0: it did not), and why. */
+    uint64_t pins_failed_version;
+    char pins_failed_detail[512];
     uint64_t id_seed;
 
     struct request **buckets;

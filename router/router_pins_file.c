@@ -9,16 +9,19 @@
  * into a temporary file, flushed to the disk, then renamed over the old one, so that a router
  * killed mid-write leaves the old file whole. An admin call that changed the pins is answered
  * once the write that holds its version is over (router_admin.c), so that a pin the admin was
- * told about survives a kill -9 right after the answer. A failed write is logged; the pin stays
- * in force in this process.
+ * told about survives a kill -9 right after the answer. A failed write is logged and the call
+ * answered PAGODA_EIO saying so; the change stays in force in this process.
  *
  * It is read at start, on the loop before the router serves anyone (as the tenants file is):
  * each pin is checked as the admin API checks one; a pin the tenants file also has is the file's
  * (as on a reload); tenants the file no longer has are left out, and a pin left with no reader is
  * dropped; a pin that fails a check is dropped with a warning naming it; a file that cannot be
- * read or parsed is ignored with an error naming it (the router serves the tenants file's pins).
- * deploy/pagoda-up removes it when it starts a group: the runtime pins live as long as the group;
- * what must outlive it belongs in the tenants file. */
+ * read or parsed is ignored with an error naming it (the router serves the tenants file's pins);
+ * at most ROUTER_MAX_PINS entries are read. So a pin of the tenants file that the admin API
+ * replaced or unpinned is the file's again after a restart, as after a reload. The supervisor
+ * removes the file when it starts a group (deploy/supervisor.c): the runtime pins live as long as
+ * the group; what must outlive it belongs in the tenants file. (A router run without the
+ * supervisor keeps its run dir's file until it is removed.) */
 #include "router/router_internal.h"
 
 #include "common/error.h"
@@ -87,7 +90,14 @@ static void save_work(uv_work_t *w)
     struct pins_save_job *job = w->data;
     char tmp[4096];
     snprintf(tmp, sizeof(tmp), "%s.tmp", job->path);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+    /* A new file (not one a link in the run dir points at, nor one another name shares). */
+    if (unlink(tmp) != 0 && errno != ENOENT) {
+        job->rc = PAGODA_EIO;
+        snprintf(job->detail, sizeof(job->detail), "%.300s: cannot remove it: %s", tmp,
+                 strerror(errno));
+        return;
+    }
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
     FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
     if (f == NULL) {
         job->rc = PAGODA_EIO;
@@ -126,6 +136,15 @@ static void save_work(uv_work_t *w)
 
 static int start_save(struct router *r);
 
+/* The write of pins_wanted_version could not be queued (logged): the calls waiting for it are
+ * answered with that. */
+static void save_not_started(struct router *r)
+{
+    r->pins_saved_version = r->pins_failed_version = r->pins_wanted_version;
+    snprintf(r->pins_failed_detail, sizeof(r->pins_failed_detail),
+             "%.300s: the write could not be started", r->pins_path);
+}
+
 /* Loop: a write is over (or was cancelled because the router closed). */
 static void after_save(uv_work_t *w, int status)
 {
@@ -144,10 +163,12 @@ static void after_save(uv_work_t *w, int status)
         log_error("the runtime pins were not saved (a router restarted now would not have the "
                   "ones changed since the last save): %s",
                   job->detail);
+    r->pins_failed_version = job->rc != 0 ? job->version : 0;
+    snprintf(r->pins_failed_detail, sizeof(r->pins_failed_detail), "%s", job->detail);
     r->pins_saved_version = job->version;
     save_job_free(job);
     if (r->pins_wanted_version > r->pins_saved_version && start_save(r) != 0)
-        r->pins_saved_version = r->pins_wanted_version; /* logged: nobody waits for it */
+        save_not_started(r);
     admin_on_pins_saved(r);
 }
 
@@ -193,7 +214,7 @@ void pins_file_changed(struct router *r)
         return;
     }
     if (r->pins_save == NULL && start_save(r) != 0)
-        r->pins_saved_version = r->policy_version; /* logged: waiting would not help */
+        save_not_started(r);
 }
 
 /* One pin of the file, checked as the admin API's are, its tenants that are gone left out. */
@@ -211,6 +232,10 @@ static void restore_pin(struct router *r, uint32_t i, const json_t *obj)
         return;
     }
     const char *pin_name = json_string_value(name);
+    if (!router_name_ok(pin_name)) { /* checked before it is logged */
+        log_warn("%s: the name is not a pin name: dropped", what);
+        return;
+    }
     const struct pin_state *configured = tenancy_find_pin(r, pin_name);
     if (configured != NULL && configured->from_file) {
         log_info("%s: \"%.64s\" is the tenants file's pin now", what, pin_name);
@@ -235,8 +260,8 @@ static void restore_pin(struct router *r, uint32_t i, const json_t *obj)
     }
     for (size_t k = 0; k < nt; k++) {
         const char *t = json_string_value(json_array_get(names, k));
-        if (t == NULL) {
-            pagoda_error_set(rc, "%s.tenants[%zu] is not a string", what, k);
+        if (t == NULL || !router_name_ok(t)) {
+            pagoda_error_set(rc, "%s.tenants[%zu] is not a tenant name", what, k);
             goto out;
         }
         if (router_tenants_find(r->tenants, t) == NULL)
@@ -297,7 +322,10 @@ int pins_file_open(struct router *r)
         json_decref(root);
         return 0;
     }
-    for (size_t i = 0; i < json_array_size(pins); i++)
+    if (json_array_size(pins) > ROUTER_MAX_PINS)
+        log_error("%s: %zu pins, more than the limit of %u: the first %u are restored",
+                  r->pins_path, json_array_size(pins), ROUTER_MAX_PINS, ROUTER_MAX_PINS);
+    for (size_t i = 0; i < json_array_size(pins) && i < ROUTER_MAX_PINS; i++)
         restore_pin(r, (uint32_t)i, json_array_get(pins, i));
     json_decref(root);
     return 0;

@@ -468,8 +468,8 @@ static void test_pin_waits_for_policy_applied(void **state)
 /* Runtime pins survive a kill -9 of the router (router_pins_file.c): a pin made by the admin API
  * is listed again by the router that replaces it, with its tokens and readers; a pin of the
  * tenants file that the admin API replaced is the file's again; an unpinned one stays gone; a
- * runtime pins file that does not parse is logged and left out (the router starts with the file's
- * pins). */
+ * call whose write fails says so (PAGODA_EIO); a runtime pins file that does not parse is logged
+ * and left out (the router starts with the file's pins). */
 static void test_runtime_pins_survive_a_restart(void **state)
 {
     (void)state;
@@ -484,6 +484,14 @@ static void test_runtime_pins_survive_a_restart(void **state)
     assert_int_equal(pagoda_admin_pin(adm, "gone", tokens, 3, two, 2, NULL), 0);
     assert_int_equal(pagoda_admin_pin(adm, "sys", tokens, 5, two, 2, NULL), 0);
     assert_int_equal(pagoda_admin_unpin(adm, "gone"), 0);
+    /* A write that fails: the call says the change is applied but not saved. */
+    char tmp[128];
+    snprintf(tmp, sizeof(tmp), "%s/router-pins.json.tmp", a.e.dir);
+    assert_int_equal(mkdir(tmp, 0700), 0);
+    assert_int_equal(pagoda_admin_pin(adm, "unsaved", tokens, 4, zoe, 1, NULL), PAGODA_EIO);
+    assert_non_null(strstr(pagoda_error_detail(), "could not be saved"));
+    assert_int_equal(rmdir(tmp), 0);
+    assert_int_equal(pagoda_admin_unpin(adm, "unsaved"), 0);
     pagoda_client_close(adm);
 
     assert_int_equal(rtr_env_restart_router(&a.e), 0);
