@@ -976,6 +976,38 @@ static void test_pins_win_every_other_tie(void **state)
     harness_close(h);
 }
 
+/* ... and a step stays as full as before: the budget an admission cannot use (another tenant's
+ * request waiting for memory) goes to the running prompt's chunk, which is computed at the whole
+ * budget a step, not at its half. */
+static void test_prefill_share_left_unused_is_used(void **state)
+{
+    (void)state;
+    struct setup su = CACHE_SETUP;
+    su.max_batched_tokens = 32;
+    su.num_blocks = 1 + 60;
+    su.max_positions = 1024;
+    struct harness *h = harness_open(&su);
+    int32_t big[320], other[200];
+    h->tenant = "ay";
+    make_prompt(6600, 320, big);
+    struct req_rec *a = submit(h, next_idn++, big, 320, 2); /* 41 blocks */
+    exchange(h);
+    h->tenant = "bee";
+    make_prompt(6601, 200, other);
+    struct req_rec *b = submit(h, next_idn++, other, 200, 2); /* 26: not beside it */
+    int steps = 0;
+    while (a->n_out == 0 && steps < 100) {
+        exchange(h);
+        steps++;
+    }
+    assert_true(steps <= 6); /* 5 exchanges (of up to two steps each); 8 at half the budget */
+    assert_int_equal(b->n_out, 0);
+    pump(h);
+    expect_output(a, big, 320, 2, PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH);
+    expect_output(b, other, 200, 2, PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH);
+    harness_close(h);
+}
+
 /* A tenant's request waiting for a prefix its own running request computes holds that tenant's
  * requests behind it, not every tenant's: another tenant's short request is admitted and answered
  * while the prefix is still being computed (a reviewer's: the wait stopped all admissions, so a
@@ -1732,6 +1764,7 @@ int main(void)
         cmocka_unit_test(test_pins_win_every_other_tie),
         cmocka_unit_test(test_prefill_shared_between_tenants),
         cmocka_unit_test(test_prefix_wait_holds_only_its_tenant),
+        cmocka_unit_test(test_prefill_share_left_unused_is_used),
         cmocka_unit_test(test_memory_preempts_the_biggest_tenant),
         cmocka_unit_test(test_memory_preemption_spares_the_oldest),
         cmocka_unit_test(test_flush),
