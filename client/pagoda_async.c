@@ -280,16 +280,30 @@ int pagoda_stats_async(pagoda_client *c, const char *api_key, pagoda_async_fn do
     return a == NULL ? PAGODA_ENOMEM : start(c, api_key, &req, 0, a);
 }
 
-int pagoda_health_async(pagoda_client *c, pagoda_async_fn done, void *user)
+/* A Health call; with check_key the router checks api_key as a Submit's. */
+static int health_start(pagoda_client *c, const char *api_key, int check_key, pagoda_async_fn done,
+                        void *user)
 {
     if (c == NULL || done == NULL)
         return pagoda_error_set(PAGODA_EINVAL, "pagoda_health_async: NULL argument");
     Pagoda__HealthRequest hreq = PAGODA__HEALTH_REQUEST__INIT;
+    hreq.has_check_key = check_key;
+    hreq.check_key = check_key;
     Pagoda__ClientRequest req = PAGODA__CLIENT_REQUEST__INIT;
     req.call_case = PAGODA__CLIENT_REQUEST__CALL_HEALTH;
     req.health = &hreq;
     struct acall *a = acall_new(CALL_HEALTH, NULL, done, user);
-    return a == NULL ? PAGODA_ENOMEM : start(c, NULL, &req, 0, a);
+    return a == NULL ? PAGODA_ENOMEM : start(c, api_key, &req, 0, a);
+}
+
+int pagoda_health_async(pagoda_client *c, pagoda_async_fn done, void *user)
+{
+    return health_start(c, NULL, 0, done, user);
+}
+
+int pagoda_health_key_async(pagoda_client *c, const char *api_key, pagoda_async_fn done, void *user)
+{
+    return health_start(c, api_key, 1, done, user);
 }
 
 int pagoda_admin_tenants_async(pagoda_client *c, const char *api_key, pagoda_async_fn done,

@@ -55,6 +55,11 @@ int pagoda_cancel_async(pagoda_client *c, const char *api_key,
 /* pagoda_stats and pagoda_health without waiting. */
 int pagoda_stats_async(pagoda_client *c, const char *api_key, pagoda_async_fn done, void *user);
 int pagoda_health_async(pagoda_client *c, pagoda_async_fn done, void *user);
+/* pagoda_health_async where the router also checks api_key (NULL: none) as it checks a Submit's:
+ * the result's rc is PAGODA_EPERM for a key a Submit could not use (unknown, missing where the
+ * router has a tenants file, or an admin key), else as pagoda_health_async's. */
+int pagoda_health_key_async(pagoda_client *c, const char *api_key, pagoda_async_fn done,
+                            void *user);
 
 /* pagoda_tokenize and pagoda_detokenize without waiting, with api_key (a tenant's): the result's
  * tokenized. */

@@ -815,6 +815,24 @@ static char *bearer_key(struct http_request *http, int *bad)
     return strndup(h, n);
 }
 
+/* The key of q's Authorization header into q->api_key (NULL without one), for the router to
+ * check, as it checks every /v1 route's (an unknown key: PAGODA_EPERM, 401). A header that is not
+ * 'Bearer KEY' is answered here with 401: returns -1 then (q answered), else 0. */
+static int take_api_key(struct greq *q)
+{
+    int bad = 0;
+    q->api_key = bearer_key(q->http, &bad);
+    if (!bad)
+        return 0;
+    struct openai_error err = {
+        .status = 401, .type = "authentication_error", .code = "invalid_api_key"};
+    snprintf(err.message, sizeof(err.message),
+             "the Authorization header must be 'Bearer KEY' (at most %u bytes)",
+             PAGODA_MAX_API_KEY_BYTES);
+    gateway_respond_error(q, &err);
+    return -1;
+}
+
 static void start_generation(struct gateway *g, struct http_request *http, enum route route)
 {
     /* Tokenize calls do not count as generations (the router bounds them per tenant). */
@@ -840,17 +858,8 @@ static void start_generation(struct gateway *g, struct http_request *http, enum 
     }
     q->generation = generation;
     g->num_generations += generation;
-    int bad = 0;
-    q->api_key = bearer_key(http, &bad);
-    if (bad) {
-        struct openai_error err = {
-            .status = 401, .type = "authentication_error", .code = "invalid_api_key"};
-        snprintf(err.message, sizeof(err.message),
-                 "the Authorization header must be 'Bearer KEY' (at most %u bytes)",
-                 PAGODA_MAX_API_KEY_BYTES);
-        gateway_respond_error(q, &err);
+    if (take_api_key(q) != 0)
         return;
-    }
     /* The body moves to the request (no copy; the HTTP request keeps none for the response). */
     size_t len;
     q->body = http_request_take_body(http, &len);
@@ -977,20 +986,23 @@ static void on_http(void *user, struct http_request *http)
     }
     if (strcmp(path, "/health") == 0 || strcmp(path, "/metrics") == 0 ||
         strcmp(path, "/v1/models") == 0) {
-        /* /v1/models asks the router's Health too: its answer carries the model's context */
-        int metrics = path[1] == 'm';
-        struct greq *q = greq_new(
-            g, http, metrics ? ROUTE_METRICS : (path[1] == 'v' ? ROUTE_MODELS : ROUTE_HEALTH));
+        int metrics = path[1] == 'm', models = path[1] == 'v';
+        struct greq *q =
+            greq_new(g, http, metrics ? ROUTE_METRICS : (models ? ROUTE_MODELS : ROUTE_HEALTH));
         if (q == NULL) {
             gateway_respond_plain(http, 500, "text/plain", "out of memory\n", 14, NULL, 0);
             return;
         }
-        int rc = metrics
-                     ? gateway_call_started(q, pagoda_stats_async(g->client, g->cfg.stats_key,
-                                                                  gateway_on_stats_call, q))
-                     : gateway_call_started(q, pagoda_health_async(g->client, on_health_call, q));
+        /* /v1/models asks the router's Health with the client's key checked as a Submit's (the
+         * answer carries the model's context too) */
+        if (models && take_api_key(q) != 0)
+            return;
+        int rc = gateway_call_started(
+            q, metrics  ? pagoda_stats_async(g->client, g->cfg.stats_key, gateway_on_stats_call, q)
+               : models ? pagoda_health_key_async(g->client, q->api_key, on_health_call, q)
+                        : pagoda_health_async(g->client, on_health_call, q));
         if (rc != 0) {
-            pagoda_async_result none = {.rc = rc}; /* /v1/models: the list without its context */
+            pagoda_async_result none = {.rc = rc};
             snprintf(none.detail, sizeof(none.detail), "%s", pagoda_error_detail());
             if (metrics)
                 gateway_respond_code(q, rc, none.detail);

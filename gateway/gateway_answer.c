@@ -367,11 +367,16 @@ void gateway_on_health(struct greq *q, pagoda_async_result *res)
 {
     if (q->http == NULL)
         return; /* the client went away, or the gateway's own call (learn_router_limit) */
-    if (q->route ==
-        ROUTE_MODELS) { /* the list whatever the router's health: its context if known */
-        respond_json(q, 200,
-                     openai_models_json(q->g->cfg.model_name, q->g->started,
-                                        res->rc == 0 ? res->max_model_len : 0));
+    if (q->route == ROUTE_MODELS) {
+        /* The list whatever the router's health, its context if known, once the router has taken
+         * the client's key: refused (401), or not checked for want of an answer (503), it is
+         * answered as a generation's would be. */
+        if (res->rc != 0)
+            gateway_respond_code(q, res->rc, res->detail);
+        else
+            respond_json(
+                q, 200,
+                openai_models_json(q->g->cfg.model_name, q->g->started, res->max_model_len));
         return;
     }
     if (res->rc == 0 && res->healthy) {

@@ -231,7 +231,7 @@ void gateway_answer_whole(struct greq *q);
 /* A /tokenize or /detokenize call's result: answers q (*res taken, set to NULL, where its JSON
  * is built on the threadpool). */
 void gateway_on_tokenized(struct greq *q, pagoda_async_result **res);
-/* A health call's result: answers q's /health (nothing for the gateway's own call). */
+/* A health call's result: answers q's /health or /v1/models (nothing for the gateway's own). */
 void gateway_on_health(struct greq *q, pagoda_async_result *res);
 
 /* ---- gateway_status.c -------------------------------------------------------------------- */

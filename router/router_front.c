@@ -430,16 +430,18 @@ static void handle_health(struct router *r, struct rctx *c)
     router_reply(c, &resp);
 }
 
-/* Who may make the call: Health anyone; Submit, Poll and Cancel a tenant's key; Stats a tenant's
- * or an admin key; the admin API an admin key only. Without a tenants file every key (or none) is
- * the default tenant's and there is no admin key. Answers the call and returns nonzero when it is
- * refused; otherwise *tenant is the caller's slot (unused when *admin is set for an admin). */
+/* Who may make the call: Health anyone, unless it asks for its key to be checked (check_key: then
+ * as a Submit); Submit, Poll and Cancel a tenant's key; Stats a tenant's or an admin key; the
+ * admin API an admin key only. Without a tenants file every key (or none) is the default tenant's
+ * and there is no admin key. Answers the call and returns nonzero when it is refused; otherwise
+ * *tenant is the caller's slot (unused when *admin is set for an admin). */
 static int check_caller(struct router *r, struct rctx *c, const Pagoda__ClientRequest *req,
                         uint32_t *tenant, int *admin_out)
 {
     *tenant = 0;
     *admin_out = 0;
-    if (req->call_case == PAGODA__CLIENT_REQUEST__CALL_HEALTH)
+    if (req->call_case == PAGODA__CLIENT_REQUEST__CALL_HEALTH &&
+        !(req->health != NULL && req->health->has_check_key && req->health->check_key))
         return 0;
     int admin = 0;
     int rc = tenancy_authenticate(r, req->api_key, tenant, &admin);
@@ -464,8 +466,8 @@ static int check_caller(struct router *r, struct rctx *c, const Pagoda__ClientRe
     if (admin && req->call_case != PAGODA__CLIENT_REQUEST__CALL_STATS) {
         r->refused_keys++;
         router_reply_error(c, PAGODA_EPERM,
-                           "an admin key may not submit, poll, cancel or tokenize: use a "
-                           "tenant's key");
+                           "an admin key may not submit, poll, cancel, tokenize or pass a "
+                           "Health's key check: use a tenant's key");
         return -1;
     }
     return 0;

@@ -374,6 +374,9 @@ check(bs === 400 && getTok.status === 405, `/detokenize of a non-id: ${bs}; GET 
 const bad = new OpenAI({ apiKey: badKey, baseURL, maxRetries: 0 });
 check(await status(bad.completions.create({ model, prompt: 'x', max_tokens: 2 })) === 401,
       'a wrong key: 401');
+const listed = await client.models.list();
+check(await status(bad.models.list()) === 401 && listed.data[0]?.id === model,
+      'models.list: 401 for a wrong key, the model for a tenant\'s');
 const long = 'word '.repeat(3000);
 check(await status(client.completions.create({ model, prompt: long, max_tokens: 2 })) === 400,
       'an over-long prompt: 400');

@@ -642,6 +642,30 @@ static void wait_tok_call(const struct tok_call *t)
     }
 }
 
+/* Health is open to anyone, but one that asks for its key to be checked (check_key: the gateway's
+ * GET /v1/models) is refused as a Submit is for a key a Submit could not use, and answered for a
+ * tenant's. */
+static void test_tenants_health_checks_key_when_asked(void **state)
+{
+    struct rtr_env *e = *state;
+    pagoda_client *c = rt_open_client(e);
+    const char *keys[] = {NULL, "", "nobody", "alice-key-3", "alice-key-1", "bob-key"};
+    for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
+        const int good = i >= 4;
+        struct tok_call t = {0};
+        assert_int_equal(pagoda_health_key_async(c, keys[i], on_tok_call, &t), 0);
+        wait_tok_call(&t);
+        assert_int_equal(t.rc, good ? 0 : PAGODA_EPERM);
+        if (!good)
+            assert_non_null(strstr(t.detail, "unknown API key"));
+        atomic_store(&t.done, 0);
+        assert_int_equal(pagoda_health_async(c, on_tok_call, &t), 0); /* no check: anyone */
+        wait_tok_call(&t);
+        assert_int_equal(t.rc, 0);
+    }
+    pagoda_client_close(c);
+}
+
 /* Tokenize calls are bounded by tenant, in bytes and in calls: one tenant holds at most
  * ROUTER_MAX_TENANT_TEXT_CALL_BYTES (a quarter of ROUTER_MAX_TEXT_CALL_BYTES, all tenants'), so
  * that its burst of big calls is refused (PAGODA_EBUSY) where it would have taken every tenant's
@@ -845,6 +869,7 @@ int main(void)
         cmocka_unit_test(test_tenants_load_refuses_what_is_not_a_file),
         cmocka_unit_test(test_tenants_file_groups_pins_admin_keys),
         cmocka_unit_test(test_tenants_unknown_key_is_refused),
+        cmocka_unit_test(test_tenants_health_checks_key_when_asked),
         cmocka_unit_test(test_tenants_other_tenants_id_is_enoent),
         cmocka_unit_test(test_tenants_dedup_is_per_tenant),
         cmocka_unit_test(test_tenants_exhausted_keeps_admitted),
