@@ -9,6 +9,7 @@
 #include "client/pagoda_async.h"
 #include "common/error.h"
 #include "common/log.h"
+#include "common/version.h"
 #include "gateway/openai.h"
 
 #include <ctype.h>
@@ -952,6 +953,52 @@ static int preflight(struct gateway *g, struct http_request *http)
     return 1;
 }
 
+/* The routes of GET (and HEAD). /ping is vLLM's (SageMaker's) name for /health. None of them
+ * takes an API key but /v1/models, whose key the router checks. */
+enum get_route { GET_NONE, GET_HEALTH, GET_METRICS, GET_MODELS, GET_VERSION, GET_STATUS };
+
+static enum get_route get_route(const char *path)
+{
+    static const struct {
+        const char *path;
+        enum get_route route;
+    } routes[] = {{"/health", GET_HEALTH},    {"/ping", GET_HEALTH},     {"/metrics", GET_METRICS},
+                  {"/v1/models", GET_MODELS}, {"/version", GET_VERSION}, {"/", GET_STATUS},
+                  {"/status", GET_STATUS}};
+    for (size_t i = 0; i < sizeof(routes) / sizeof(routes[0]); i++)
+        if (strcmp(path, routes[i].path) == 0)
+            return routes[i].route;
+    return GET_NONE;
+}
+
+/* /health (and /ping), /v1/models and /metrics: answered once a call to the router has (its
+ * Health; for /v1/models with the client's key checked as a Submit's, the answer carrying the
+ * model's context too; its Stats). */
+static void start_router_route(struct gateway *g, struct http_request *http, enum route route)
+{
+    struct greq *q = greq_new(g, http, route);
+    if (q == NULL) {
+        gateway_respond_plain(http, 500, "text/plain", "out of memory\n", 14, NULL, 0);
+        return;
+    }
+    if (route == ROUTE_MODELS && take_api_key(q) != 0)
+        return;
+    int rc = gateway_call_started(
+        q, route == ROUTE_METRICS
+               ? pagoda_stats_async(g->client, g->cfg.stats_key, gateway_on_stats_call, q)
+           : route == ROUTE_MODELS
+               ? pagoda_health_key_async(g->client, q->api_key, on_health_call, q)
+               : pagoda_health_async(g->client, on_health_call, q));
+    if (rc != 0) {
+        pagoda_async_result none = {.rc = rc};
+        snprintf(none.detail, sizeof(none.detail), "%s", pagoda_error_detail());
+        if (route == ROUTE_METRICS)
+            gateway_respond_code(q, rc, none.detail);
+        else
+            gateway_on_health(q, &none);
+    }
+}
+
 static void on_http(void *user, struct http_request *http)
 {
     struct gateway *g = user;
@@ -977,45 +1024,26 @@ static void on_http(void *user, struct http_request *http)
         start_generation(g, http, path[1] == 't' ? ROUTE_TOKENIZE : ROUTE_DETOKENIZE);
         return;
     }
-    if (!get) {
-        int known = strcmp(path, "/v1/models") == 0 || strcmp(path, "/health") == 0 ||
-                    strcmp(path, "/metrics") == 0 || strcmp(path, "/") == 0 ||
-                    strcmp(path, "/status") == 0;
-        not_found(g, http, known ? "GET, HEAD" : NULL);
+    enum get_route route = get_route(path);
+    if (!get || route == GET_NONE) {
+        not_found(g, http, route != GET_NONE ? "GET, HEAD" : NULL);
         return;
     }
-    if (strcmp(path, "/health") == 0 || strcmp(path, "/metrics") == 0 ||
-        strcmp(path, "/v1/models") == 0) {
-        int metrics = path[1] == 'm', models = path[1] == 'v';
-        struct greq *q =
-            greq_new(g, http, metrics ? ROUTE_METRICS : (models ? ROUTE_MODELS : ROUTE_HEALTH));
-        if (q == NULL) {
-            gateway_respond_plain(http, 500, "text/plain", "out of memory\n", 14, NULL, 0);
-            return;
-        }
-        /* /v1/models asks the router's Health with the client's key checked as a Submit's (the
-         * answer carries the model's context too) */
-        if (models && take_api_key(q) != 0)
-            return;
-        int rc = gateway_call_started(
-            q, metrics  ? pagoda_stats_async(g->client, g->cfg.stats_key, gateway_on_stats_call, q)
-               : models ? pagoda_health_key_async(g->client, q->api_key, on_health_call, q)
-                        : pagoda_health_async(g->client, on_health_call, q));
-        if (rc != 0) {
-            pagoda_async_result none = {.rc = rc};
-            snprintf(none.detail, sizeof(none.detail), "%s", pagoda_error_detail());
-            if (metrics)
-                gateway_respond_code(q, rc, none.detail);
-            else
-                gateway_on_health(q, &none);
-        }
-        return;
-    }
-    if (strcmp(path, "/") == 0 || strcmp(path, "/status") == 0) {
+    if (route == GET_STATUS) {
         gateway_status_page(http);
-        return;
+    } else if (route == GET_VERSION) {
+        char *json = openai_version_json(pagoda_version());
+        if (json != NULL)
+            gateway_respond_plain(http, 200, "application/json", json, strlen(json), NULL, 0);
+        else
+            gateway_respond_plain(http, 500, "text/plain", "out of memory\n", 14, NULL, 0);
+        free(json);
+    } else {
+        start_router_route(g, http,
+                           route == GET_METRICS  ? ROUTE_METRICS
+                           : route == GET_MODELS ? ROUTE_MODELS
+                                                 : ROUTE_HEALTH);
     }
-    not_found(g, http, NULL);
 }
 
 /* ---- open and close ----------------------------------------------------------------------- */

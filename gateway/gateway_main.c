@@ -40,7 +40,7 @@ static void usage(FILE *f)
             "                      [--default-max-tokens N] [--allowed-origins LIST]\n"
             "                      [--log-level debug|info|warn|error]\n"
             "Serves OpenAI's API (POST /v1/completions, /v1/chat/completions; GET /v1/models,\n"
-            "/health, /metrics, and a status page at /) for the router at URL.\n"
+            "/health, /ping, /version, /metrics, and a status page at /) for the router at URL.\n"
             "--model-name: the model's id in /v1/models and responses (default \"pagoda\").\n"
             "--stats-key: the API key /metrics asks the router's Stats with (an admin key when\n"
             "           the router has a tenants file; an admin key also gives the per-tenant\n"

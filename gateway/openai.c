@@ -1032,3 +1032,8 @@ char *openai_models_json(const char *model, long long created, uint32_t max_mode
         json_object_set_new(card, "max_model_len", json_integer(max_model_len));
     return dump(card != NULL ? json_pack("{s:s,s:[o]}", "object", "list", "data", card) : NULL);
 }
+
+char *openai_version_json(const char *version)
+{
+    return dump(json_pack("{s:s}", "version", version));
+}

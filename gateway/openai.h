@@ -147,4 +147,7 @@ char *openai_detokenize_json(const char *text, size_t len);
  * null, max_model_len where known: 0 leaves it out, permission []). */
 char *openai_models_json(const char *model, long long created, uint32_t max_model_len);
 
+/* GET /version: {"version": version} (vLLM's route; pagoda's version). */
+char *openai_version_json(const char *version);
+
 #endif
