@@ -149,7 +149,10 @@ static int on_header_value_complete(llhttp_t *p)
            (req->head[req->head_len - 1] == ' ' || req->head[req->head_len - 1] == '\t'))
         req->head_len--;
     req->in_value = true;
-    return head_terminate(c);
+    if (head_terminate(c) < 0)
+        return -1;
+    req->num_complete_headers = req->num_headers;
+    return 0;
 }
 
 /* A declared length (Content-Length, or a chunk's size) of bytes still to come: refused (-1, with

@@ -57,6 +57,9 @@ struct http_request {
     size_t head_len, head_cap;
     struct http_header_ref *headers;
     size_t num_headers, cap_headers;
+    /* Headers whose value has all arrived, the first ones (in order): what http_request_header
+     * reads, so that an error answered while the head is read sees no value in part. */
+    size_t num_complete_headers;
     bool in_value;      /* the last fragment was a header value */
     const char *method; /* llhttp's static name */
     const char *path;   /* into head */
@@ -143,13 +146,24 @@ void http_request_free(struct http_request *req);
 /* Queues len bytes (copied) for the client, or gives them to the sink. PAGODA_ENOMEM, or
  * PAGODA_ECLOSED when the write fails at once (the connection is closed). */
 int http_conn_send(struct http_conn *c, const char *data, size_t len);
-/* Answers a request that failed before the handler saw it (400, 408, 413, 431) and closes. */
+/* Answers a request that failed before the handler saw it (400, 408, 413, 431, 503) and closes;
+ * with the CORS lines of the request's Origin where its header has arrived (http_cors_origin). */
 void http_conn_fail(struct http_conn *c, int status);
 /* The reason phrase of a status ("Not Found"); "Unknown" when it has none here. */
 const char *http_status_reason(int status);
-/* The whole error response (JSON body, Connection: close; a 503 says Retry-After: 1) into buf;
- * its length, or 0 when it does not fit. detail: the message, or NULL for the status's. */
-size_t http_error_response(char *buf, size_t cap, int status, const char *detail);
+/* The Access-Control-Allow-Origin value of an answer to req under cfg->allowed_origins: "*", its
+ * Origin where the list has it, or NULL (none allowed, no Origin, or req NULL: nothing read yet);
+ * *vary where the answer depends on the Origin (a list of origins: every answer then says so,
+ * whether or not req's Origin is known). */
+const char *http_cors_origin(const struct http_config *cfg, const struct http_request *req,
+                             bool *vary);
+/* The whole error response (JSON body, Connection: close; a 503 says Retry-After: 1) into buf,
+ * with the CORS lines of origin and vary (http_cors_origin's); its length, or 0 when it does not
+ * fit (HTTP_ERROR_RESPONSE_BYTES and origin's length always do). detail: the message, or NULL
+ * for the status's. */
+#define HTTP_ERROR_RESPONSE_BYTES 512
+size_t http_error_response(char *buf, size_t cap, int status, const char *detail,
+                           const char *origin, bool vary);
 
 /* ---- http_server.c: the socket's side ---- */
 

@@ -229,9 +229,12 @@ static void on_refused_closed(uv_handle_t *h)
     free(h);
 }
 
-/* Over the cap: a 503 if the socket takes it at once, and the connection closes. */
+/* Over the cap: a 503 if the socket takes it at once, and the connection closes. No byte of the
+ * request is read, so its Origin is not known: the answer has no Access-Control-Allow-Origin (a
+ * page sees a network error), only the Vary: Origin of a list of origins. */
 static void refuse(uv_stream_t *listener)
 {
+    const struct http_server *s = listener->data;
     uv_tcp_t *t = malloc(sizeof(*t));
     if (!t)
         return; /* out of memory: libuv holds the connection until the next accept */
@@ -240,8 +243,10 @@ static void refuse(uv_stream_t *listener)
         return;
     }
     if (uv_accept(listener, (uv_stream_t *)t) == 0) {
-        char buf[512];
-        size_t n = http_error_response(buf, sizeof(buf), 503, "too many connections");
+        char buf[HTTP_ERROR_RESPONSE_BYTES];
+        bool vary;
+        const char *origin = http_cors_origin(&s->cfg, NULL, &vary);
+        size_t n = http_error_response(buf, sizeof(buf), 503, "too many connections", origin, vary);
         uv_buf_t b = uv_buf_init(buf, (unsigned)n);
         (void)uv_try_write((uv_stream_t *)t, &b, 1);
     }
@@ -468,9 +473,9 @@ const char *http_request_query(const struct http_request *req)
 
 const char *http_request_header(const struct http_request *req, const char *name)
 {
-    for (size_t i = 0; i < req->num_headers; i++) {
+    for (size_t i = 0; i < req->num_complete_headers; i++) {
         const struct http_header_ref *h = &req->headers[i];
-        if (h->value != UINT32_MAX && strcasecmp(req->head + h->name, name) == 0)
+        if (strcasecmp(req->head + h->name, name) == 0)
             return req->head + h->value;
     }
     return NULL;

@@ -13,8 +13,11 @@
  * None
  * of them stops the server serving others. Malformed requests get 400. These answers of the
  * server's own carry a JSON body in OpenAI's error shape ({"error": {"message", "type",
- * "param", "code"}}, the last two null, as the gateway's own) and close the connection (after a
- * short linger, so that a client still sending reads them).
+ * "param", "code"}}, the last two null, as the gateway's own) and the CORS headers of the
+ * handler's answers (allowed_origins) where the request's Origin header had all arrived: not
+ * those of a connection refused at the cap (nothing of it is read), nor those of a head that
+ * grew too large (431), stopped (408) or broke (400) before its Origin line; and they close the
+ * connection (after a short linger, so that a client still sending reads them).
  *
  * One request per connection at a time: while a response is in progress the connection parses
  * no further request. It keeps reading, so that a client that goes away is noticed (EOF counts as
@@ -51,8 +54,8 @@ struct http_config {
     /* CORS: the origins whose pages may read the answers: NULL or "" none, "*" any, else a
      * comma-separated list ("https://a.example,http://b.example:8080"). The answer to a request
      * whose Origin header is allowed carries Access-Control-Allow-Origin ("*", or the origin with
-     * Vary: Origin); preflights (OPTIONS) are the handler's. Printable ASCII without blanks; not
-     * copied: it must outlive the server. */
+     * Vary: Origin), the server's own error answers too (above); preflights (OPTIONS) are the
+     * handler's. Printable ASCII without blanks; not copied: it must outlive the server. */
     const char *allowed_origins;
 };
 

@@ -228,7 +228,8 @@ static const char *error_message(int status)
     }
 }
 
-size_t http_error_response(char *buf, size_t cap, int status, const char *detail)
+size_t http_error_response(char *buf, size_t cap, int status, const char *detail,
+                           const char *origin, bool vary)
 {
     char body[192];
     int blen =
@@ -236,11 +237,13 @@ size_t http_error_response(char *buf, size_t cap, int status, const char *detail
                  "{\"error\":{\"message\":\"%s\",\"type\":\"%s\",\"param\":null,\"code\":null}}\n",
                  detail ? detail : error_message(status),
                  status >= 500 ? "server_error" : "invalid_request_error");
-    int n = snprintf(buf, cap,
-                     "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
-                     "%sConnection: close\r\n\r\n%s",
-                     status, http_status_reason(status), blen,
-                     status == 503 ? "Retry-After: 1\r\n" : "", body);
+    int n = snprintf(
+        buf, cap,
+        "HTTP/1.1 %d %s\r\n%s%s%s%sContent-Type: application/json\r\n"
+        "Content-Length: %d\r\n%sConnection: close\r\n\r\n%s",
+        status, http_status_reason(status), origin != NULL ? "Access-Control-Allow-Origin: " : "",
+        origin != NULL ? origin : "", origin != NULL ? "\r\n" : "", vary ? "Vary: Origin\r\n" : "",
+        blen, status == 503 ? "Retry-After: 1\r\n" : "", body);
     return n > 0 && (size_t)n < cap ? (size_t)n : 0;
 }
 
@@ -252,10 +255,19 @@ void http_conn_fail(struct http_conn *c, int status)
         http_conn_close(c); /* a response may be under way: no second one */
         return;
     }
-    char buf[512];
-    size_t n = http_error_response(buf, sizeof(buf), status, c->error_detail);
+    /* The request's headers that have arrived whole may hold its Origin (http_request_header
+     * reads no other): 413, 503 and a 408 or 400 in the body know it, a 431 or a 408 or 400 in
+     * the head only when it came before. */
+    bool vary;
+    const char *origin = http_cors_origin(&c->server->cfg, c->req, &vary);
+    const size_t cap = HTTP_ERROR_RESPONSE_BYTES + (origin != NULL ? strlen(origin) : 0);
+    char *buf = malloc(cap);
+    size_t n =
+        buf != NULL ? http_error_response(buf, cap, status, c->error_detail, origin, vary) : 0;
     c->keep_alive = false;
-    if (http_conn_send(c, buf, n) < 0) {
+    int rc = n > 0 ? http_conn_send(c, buf, n) : PAGODA_ENOMEM;
+    free(buf);
+    if (rc < 0) {
         http_conn_close(c);
         return;
     }
@@ -313,19 +325,25 @@ bool http_origin_allowed(const char *list, const char *origin)
     }
 }
 
-/* The Access-Control-Allow-Origin value of the answer to req (http_config.allowed_origins): "*",
- * its Origin where the list has it, or NULL; *vary where the answer depends on the Origin (a list
- * of origins: every answer then says so, so that a shared cache keeps one per origin). */
-static const char *cors_origin(const struct http_request *req, bool *vary)
+/* Every answer to an Origin of a list says Vary: Origin, so that a shared cache keeps one per
+ * origin. */
+const char *http_cors_origin(const struct http_config *cfg, const struct http_request *req,
+                             bool *vary)
 {
-    const char *list = req->conn->server->cfg.allowed_origins;
+    const char *list = cfg->allowed_origins;
     *vary = list != NULL && *list != '\0' && strcmp(list, "*") != 0;
-    const char *origin = list != NULL && *list != '\0' ? http_request_header(req, "Origin") : NULL;
+    const char *origin =
+        list != NULL && *list != '\0' && req != NULL ? http_request_header(req, "Origin") : NULL;
     if (origin == NULL)
         return NULL;
     if (!*vary)
         return "*";
     return http_origin_allowed(list, origin) ? origin : NULL;
+}
+
+static const char *cors_origin(const struct http_request *req, bool *vary)
+{
+    return http_cors_origin(&req->conn->server->cfg, req, vary);
 }
 
 /* The status line and headers: their size, then their bytes into w. */

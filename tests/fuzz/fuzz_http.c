@@ -4,7 +4,9 @@
  * into a sink.
  *
  * Input: a script. Byte 0 chooses how the handler answers (low 2 bits: respond at once, stream
- * at once, hold the request until told, respond with a header the server must refuse first).
+ * at once, hold the request until told, respond with a header the server must refuse first) and,
+ * with bit 2, a server that allows a list of origins (CORS lines in every answer, the server's
+ * own errors included, from an Origin header read whole or in part).
  * Then commands: a byte L in 1..0xF0 feeds the next L bytes to the connection; 0xF1 fires the
  * connection's timer; 0xF2 answers the held request; 0xF3 starts a stream on it and writes;
  * any other byte ends the stream of the held request, if one was started. At the end the server
@@ -99,6 +101,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     http_config_default(&cfg);
     cfg.max_header_bytes = 512;
     cfg.max_body_bytes = 1024;
+    cfg.allowed_origins = data[0] & 4 ? "https://a.example,http://b.example:8080" : NULL;
     struct http_server *s;
     if (http_server_open_detached(&cfg, handler, NULL, sink, NULL, &s) != 0)
         return 0;

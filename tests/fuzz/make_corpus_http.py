@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Writes fuzz_http's seed corpus (tests/fuzz/corpus/http/): scripts of a handler mode byte and
 commands (a length byte 1..0xF0 and that many request bytes; 0xF1 the timer; 0xF2 answer the
-held request; 0xF3 stream on it; 0xF4 end the stream), as tests/fuzz/fuzz_http.c reads them; and
+held request; 0xF3 stream on it; 0xF4 end the stream), the mode byte's bit 2 a server allowing a
+list of origins, as tests/fuzz/fuzz_http.c reads them; and
 fuzz_openai's (tests/fuzz/corpus/openai/): a kind byte (0 completion, 1 chat, 2 /tokenize,
 3 /detokenize) and a request body, as tests/fuzz/fuzz_openai.c reads them."""
 import os
@@ -10,6 +11,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 OUT = os.path.join(HERE, "corpus", "http")
 
 RESPOND, STREAM, HOLD, BAD_HEADERS = 0, 1, 2, 3
+CORS = 4  # with a mode: the server allows https://a.example and http://b.example:8080
 
 
 def feed(data: bytes, piece: int = 0xF0) -> bytes:
@@ -47,6 +49,12 @@ SEEDS = {
     "pipelined_hold.bin": bytes([HOLD]) + feed(GET + POST) + b"\xf2\xf2",
     "upgrade.bin": bytes([RESPOND]) + feed(
         b"GET / HTTP/1.1\r\nConnection: upgrade\r\nUpgrade: websocket\r\n\r\nrest"),
+    "cors_get.bin": bytes([RESPOND | CORS]) + feed(
+        b"GET / HTTP/1.1\r\nOrigin: https://a.example\r\n\r\n"),
+    "cors_too_big.bin": bytes([RESPOND | CORS]) + feed(
+        b"POST / HTTP/1.1\r\nOrigin: http://b.example:8080\r\nContent-Length: 100000\r\n\r\n"),
+    "cors_origin_in_part.bin": bytes([HOLD | CORS]) + feed(
+        b"GET / HTTP/1.1\r\nOrigin: https://a.exa") + b"\xf1",
 }
 
 os.makedirs(OUT, exist_ok=True)

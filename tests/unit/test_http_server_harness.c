@@ -445,23 +445,42 @@ bool wait_atomic(atomic_int *v, int at_least)
     return false;
 }
 
-void expect_error_and_close(struct fx *f, const char *request, int status, bool *ok)
+/* Both: with cors, the CORS headers are checked too. */
+static void expect_error(struct fx *f, const char *request, int status, bool cors,
+                         const char *origin, bool *ok)
 {
     struct cl c;
     struct resp r;
-    char v[64];
+    char v[128];
     *ok = false;
     CHECK(f, cl_connect(&c, f->port) == 0);
     CHECK(f, cl_sends(&c, request) == 0);
     CHECK(f, cl_response(&c, &r, false) == 0);
-    if (r.status != status)
-        snprintf(f->failure, sizeof(f->failure), "status %d, not %d, for %.60s", r.status, status,
-                 request);
-    CHECK(f, r.status == status);
+    bool allowed = resp_header(&r, "Access-Control-Allow-Origin", v, sizeof(v)) != NULL;
+    bool right =
+        r.status == status &&
+        (!cors || (allowed == (origin != NULL) && (origin == NULL || strcmp(v, origin) == 0)));
+    if (!right && f->failure[0] == '\0')
+        snprintf(f->failure, sizeof(f->failure),
+                 "status %d, Access-Control-Allow-Origin %s; not %d, %s; for %.60s", r.status,
+                 allowed ? v : "none", status, origin != NULL ? origin : "none", request);
+    CHECK(f, right);
+    CHECK(f, !cors || (resp_header(&r, "Vary", v, sizeof(v)) && strcmp(v, "Origin") == 0));
     CHECK(f, resp_header(&r, "Connection", v, sizeof(v)) && strcmp(v, "close") == 0);
     CHECK(f, strstr(r.body, "\"error\"") != NULL);
     resp_free(&r);
     CHECK(f, cl_closed(&c));
     cl_close(&c);
     *ok = true;
+}
+
+void expect_error_and_close(struct fx *f, const char *request, int status, bool *ok)
+{
+    expect_error(f, request, status, false, NULL, ok);
+}
+
+void expect_cors_error_and_close(struct fx *f, const char *request, int status, const char *origin,
+                                 bool *ok)
+{
+    expect_error(f, request, status, true, origin, ok);
 }

@@ -132,5 +132,9 @@ bool wait_atomic(atomic_int *v, int at_least);
 /* Sends request on a new connection and expects status with a JSON error body, then the
  * close. *ok tells whether all of it happened (CHECK returns early otherwise). */
 void expect_error_and_close(struct fx *f, const char *request, int status, bool *ok);
+/* The same, the answer carrying Access-Control-Allow-Origin: origin (none when NULL) and Vary:
+ * Origin (for a server allowing a list of origins). */
+void expect_cors_error_and_close(struct fx *f, const char *request, int status, const char *origin,
+                                 bool *ok);
 
 #endif

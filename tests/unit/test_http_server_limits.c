@@ -1,8 +1,8 @@
 /* Tests of http/'s limits and endings: header and body sizes (431, 413), the bodies held at
- * once (503), slow clients (408) while others are served, idle connections closed, the connection
- * cap (503), a client that stops reading cut, the slowest reader cut for the responses held at
- * once, a client gone mid-stream (the close callback once),
- * and http_server_close with connections open. The harness is test_http_server_harness.h. */
+ * once (503), slow clients (408) while others are served, the CORS headers of these answers, idle
+ * connections closed, the connection cap (503), a client that stops reading cut, the slowest reader
+ * cut for the responses held at once, a client gone mid-stream (the close callback once), and
+ * http_server_close with connections open. The harness is test_http_server_harness.h. */
 #include "tests/unit/test_http_server_harness.h"
 
 #include <poll.h>
@@ -60,6 +60,69 @@ static void test_size_limits(void **state)
     f.cfg.max_header_bytes = 1024;
     f.cfg.max_body_bytes = 1000;
     fx_run(&f, client_size_limits);
+}
+
+/* The server's own error answers carry the CORS headers the handler's answers would (a page then
+ * reads why it was refused, where it saw a network error) once the request's Origin header has
+ * all arrived: a declared body too large (413), headers too large after it (431), a body that
+ * stops (408), broken chunks (400), a body past the budget of bodies held (503). A head too large
+ * before its Origin line (431), or that stops before it (408), has only Vary: Origin. */
+static void client_error_cors(struct fx *f)
+{
+    static const char allowed[] = "https://a.example";
+    char before[2048], after[2048];
+    snprintf(before, sizeof(before), "GET /echo HTTP/1.1\r\nOrigin: %s\r\nX-Big: %01200d\r\n\r\n",
+             allowed, 7);
+    snprintf(after, sizeof(after), "GET /echo HTTP/1.1\r\nX-Big: %01200d\r\nOrigin: %s\r\n\r\n", 7,
+             allowed);
+    const struct {
+        const char *request;
+        int status;
+        const char *origin;
+    } cases[] = {
+        {before, 431, allowed},
+        {after, 431, NULL},
+        {"POST /echo HTTP/1.1\r\nOrigin: https://a.example\r\nContent-Length: 5000\r\n\r\n", 413,
+         allowed},
+        {"POST /echo HTTP/1.1\r\nOrigin: https://a.example\r\nContent-Length: 10\r\n\r\nabc", 408,
+         allowed},
+        /* a value still arriving is not read: the Origin that begins with an allowed one is not
+         * known */
+        {"GET /echo HTTP/1.1\r\nOrigin: https://a.example", 408, NULL},
+        {"POST /echo HTTP/1.1\r\nOrigin: https://a.example\r\nTransfer-Encoding: chunked\r\n\r\n"
+         "zz\r\n",
+         400, allowed},
+    };
+    bool ok;
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        expect_cors_error_and_close(f, cases[i].request, cases[i].status, cases[i].origin, &ok);
+        CHECK(f, ok);
+    }
+    /* 900 bytes of one body held: the next body of 1000 passes the budget of 1500 */
+    struct cl held;
+    CHECK(f, cl_connect(&held, f->port) == 0);
+    CHECK(f, cl_sends(&held, "POST /echo HTTP/1.1\r\nContent-Length: 1000\r\n\r\n") == 0);
+    char body[900];
+    memset(body, 'b', sizeof(body));
+    CHECK(f, cl_send(&held, body, sizeof(body)) == 0);
+    sleep_ms(50); /* read by the server before the next */
+    expect_cors_error_and_close(
+        f, "POST /echo HTTP/1.1\r\nOrigin: https://a.example\r\nContent-Length: 1000\r\n\r\n", 503,
+        allowed, &ok);
+    CHECK(f, ok);
+    cl_close(&held);
+}
+
+static void test_error_answers_carry_cors(void **state)
+{
+    struct fx f;
+    fx_config(&f);
+    f.cfg.allowed_origins = "http://b.example,https://a.example";
+    f.cfg.max_header_bytes = 1024;
+    f.cfg.max_body_bytes = 1000;
+    f.cfg.max_body_memory = 1500;
+    f.cfg.request_timeout_ms = 300;
+    fx_run(&f, client_error_cors);
 }
 
 /* Two bodies of 1000 bytes under a budget of 1500 body bytes for every connection, 900 bytes of
@@ -203,9 +266,14 @@ static void client_connection_cap(struct fx *f)
     CHECK(f, wait_atomic(&f->num_held, 2));
     CHECK(f, cl_closed(&c));
     cl_close(&c);
-    /* both places busy with the handler: the next is refused with a 503 and closed */
+    /* both places busy with the handler: the next is refused with a 503 and closed, before
+     * anything of it is read (so no Access-Control-Allow-Origin: its Origin is not known; the
+     * Vary: Origin of the list of origins all the same) */
     CHECK(f, cl_connect(&extra, f->port) == 0);
-    CHECK(f, cl_response(&extra, &r, false) == 0 && r.status == 503);
+    char v[64];
+    CHECK(f, cl_response(&extra, &r, false) == 0 && r.status == 503 &&
+                 !resp_header(&r, "Access-Control-Allow-Origin", v, sizeof(v)) &&
+                 resp_header(&r, "Vary", v, sizeof(v)) && strcmp(v, "Origin") == 0);
     resp_free(&r);
     CHECK(f, cl_closed(&extra));
     cl_close(&extra);
@@ -243,6 +311,7 @@ static void test_connection_cap(void **state)
     struct fx f;
     fx_config(&f);
     f.cfg.max_connections = 2;
+    f.cfg.allowed_origins = "https://a.example";
     fx_run(&f, client_connection_cap);
     /* (a connection closing still counts until libuv has closed it) */
     assert_true(f.max_conns_seen >= 2 && f.max_conns_seen <= 3);
@@ -438,6 +507,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_size_limits),
         cmocka_unit_test(test_body_memory),
+        cmocka_unit_test(test_error_answers_carry_cors),
         cmocka_unit_test(test_slow_and_idle_clients),
         cmocka_unit_test(test_connection_cap),
         cmocka_unit_test(test_client_not_reading_is_cut),
