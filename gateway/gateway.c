@@ -843,13 +843,9 @@ static void start_generation(struct gateway *g, struct http_request *http, enum 
         snprintf(err.message, sizeof(err.message),
                  "%u requests are in progress, the gateway's limit: retry later",
                  g->cfg.max_requests);
-        char *json = openai_error_json(&err);
         size_t n;
         const char *const *headers = gateway_retry_headers(429, &n);
-        gateway_respond_plain(http, 429, "application/json", json ? json : "{}",
-                              json ? strlen(json) : 2, headers, n);
-        free(json);
-        gateway_metrics_error(g, 429);
+        gateway_respond_plain_error(g, http, &err, headers, n);
         return;
     }
     struct greq *q = greq_new(g, http, route);
@@ -906,22 +902,18 @@ static void not_found(struct gateway *g, struct http_request *http, const char *
         snprintf(err.message, sizeof(err.message), "this route takes %s", allow);
     else
         snprintf(err.message, sizeof(err.message), "no such route");
-    char *json = openai_error_json(&err);
     char header[64];
     const char *headers[] = {header};
     snprintf(header, sizeof(header), "Allow: %s", allow != NULL ? allow : "");
-    gateway_respond_plain(http, status, "application/json", json ? json : "{}",
-                          json ? strlen(json) : 2, allow != NULL ? headers : NULL,
-                          allow != NULL ? 1 : 0);
-    free(json);
-    gateway_metrics_error(g, status);
+    gateway_respond_plain_error(g, http, &err, allow != NULL ? headers : NULL,
+                                allow != NULL ? 1 : 0);
 }
 
 /* A CORS preflight (OPTIONS with Origin and Access-Control-Request-Method) where the gateway
  * allows origins (--allowed-origins): 204 with the methods, the headers asked for (where they are
  * a list of header names; else Authorization and Content-Type) and a 10-minute cache, the HTTP
- * server adding Access-Control-Allow-Origin; 403 for an origin not allowed. Returns whether it
- * answered. */
+ * server adding Access-Control-Allow-Origin; 403 for an origin not allowed (counted in
+ * pagoda_http_errors_total as every error answer is). Returns whether it answered. */
 static int preflight(struct gateway *g, struct http_request *http)
 {
     const char *origins = g->cfg.http.allowed_origins;
@@ -934,10 +926,7 @@ static int preflight(struct gateway *g, struct http_request *http)
         struct openai_error err = {.status = 403, .type = "invalid_request_error"};
         snprintf(err.message, sizeof(err.message),
                  "this origin may not call the API (--allowed-origins)");
-        char *json = openai_error_json(&err);
-        gateway_respond_plain(http, 403, "application/json", json ? json : "{}",
-                              json ? strlen(json) : 2, NULL, 0);
-        free(json);
+        gateway_respond_plain_error(g, http, &err, NULL, 0);
         return 1;
     }
     size_t n = asked != NULL ? strlen(asked) : 0;

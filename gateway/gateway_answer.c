@@ -56,6 +56,19 @@ void gateway_respond_plain(struct http_request *http, int status, const char *co
         http_request_abort(http);
 }
 
+/* An error answer of no request of ours (a refusal before one is made: 404, 405, a preflight's
+ * 403, the gateway's 429): counted as the errors of requests are (gateway_respond_error). */
+void gateway_respond_plain_error(struct gateway *g, struct http_request *http,
+                                 const struct openai_error *err, const char *const *headers,
+                                 size_t num_headers)
+{
+    char *json = openai_error_json(err);
+    gateway_respond_plain(http, err->status, "application/json", json ? json : "{}",
+                          json ? strlen(json) : 2, headers, num_headers);
+    free(json);
+    gateway_metrics_error(g, err->status);
+}
+
 /* ---- answering ----------------------------------------------------------------------------- */
 
 /* The extra header of a status a client should retry after (429: a limit is full; 503: the router

@@ -205,6 +205,11 @@ void gateway_respond_text(struct greq *q, int status, const char *content_type, 
 void gateway_respond_plain(struct http_request *http, int status, const char *content_type,
                            const void *body, size_t len, const char *const *headers,
                            size_t num_headers);
+/* The same with err's JSON (OpenAI's error shape), counted in pagoda_http_errors_total
+ * (gateway_metrics_error) as every error answer of the gateway is. */
+void gateway_respond_plain_error(struct gateway *g, struct http_request *http,
+                                 const struct openai_error *err, const char *const *headers,
+                                 size_t num_headers);
 /* After a call that ends q's response, or a write on the way to it, with its result rc: the
  * HTTP side is done (its reference dropped) when rc is 0; a failure other than a closed
  * connection closes the connection, whose close callback drops it. q may be freed after this. */
