@@ -400,14 +400,12 @@ static void on_poll_result(struct gchoice *c, pagoda_async_result *res)
         /* A stream's status line waits for the first poll's answer, so that a prompt the router
          * refuses (too long, a token outside the vocabulary, a chat its template rejects) gets
          * its 4xx as a whole answer above, as vLLM checks a prompt before it opens the stream. */
-        static const char *const headers[] = {"Cache-Control: no-cache"};
-        int rc = http_stream_start(q->http, 200, "text/event-stream", headers, 1);
+        int rc = gateway_stream_open(q);
         if (rc != 0) {
             cancel_all(q);
             gateway_http_end(q, rc);
             return;
         }
-        q->streaming = 1;
     }
     if (q->streaming) {
         gateway_stream_piece(c, r);

@@ -172,6 +172,26 @@ static int stream_write_json(struct greq *q, char *json)
     return rc;
 }
 
+int gateway_stream_open(struct greq *q)
+{
+    static const char *const headers[] = {"Cache-Control: no-cache"};
+    int rc = http_stream_start(q->http, 200, "text/event-stream", headers, 1);
+    if (rc != 0)
+        return rc;
+    q->streaming = 1;
+    if (q->req.kind != OPENAI_CHAT)
+        return 0;
+    /* OpenAI and vLLM send each choice's role alone, in index order, before any content. */
+    const pagoda_result none = {.finish_reason = PAGODA_FINISH_NONE};
+    for (uint32_t i = 0; i < q->num_choices && rc == 0; i++) {
+        struct openai_out o;
+        fill_out(&q->choices[i], &none, &o);
+        rc = stream_write_json(q, openai_chunk_json(&o, true, false));
+        q->choices[i].first_chunk_sent = 1;
+    }
+    return rc;
+}
+
 /* A piece of choice c's output for a streaming client: one chunk with its text (and its finish);
  * after the last choice's finish, the usage (when asked for) and the end. */
 void gateway_stream_piece(struct gchoice *c, const pagoda_result *r)
@@ -186,12 +206,12 @@ void gateway_stream_piece(struct gchoice *c, const pagoda_result *r)
     o.token_text_ends = r->token_text_ends;
     o.text_offset = c->chars_sent;
     o.n = r->num_tokens;
-    int first = !c->first_chunk_sent;
     /* A piece whose tokens completed no text yet (a character split over tokens) sends nothing,
-     * unless the client asked for the tokens' log-probabilities. */
-    if (r->text_len > 0 || (r->num_tokens > 0 && o.logprobs != NULL) || first ||
+     * unless the client asked for the tokens' log-probabilities, or it is a completion's first
+     * (a chat's first chunk is its role: gateway_stream_open). */
+    if (r->text_len > 0 || (r->num_tokens > 0 && o.logprobs != NULL) || !c->first_chunk_sent ||
         r->finish_reason != PAGODA_FINISH_NONE) {
-        int rc = stream_write_json(q, openai_chunk_json(&o, first, false));
+        int rc = stream_write_json(q, openai_chunk_json(&o, false, false));
         if (rc != 0) {
             gateway_http_end(q, rc); /* its close callback cancels */
             return;

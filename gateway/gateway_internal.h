@@ -63,7 +63,8 @@ struct gchoice {
     uint32_t index;        /* OpenAI's: prompt * n + draw */
     uint32_t prompt, draw; /* its prompt (openai_prompt), and which of that prompt's n it is */
     uint8_t id[PAGODA_REQUEST_ID_BYTES];
-    int submitted, finished, cancel_sent, first_chunk_sent;
+    int submitted, finished, cancel_sent;
+    int first_chunk_sent; /* a stream's: a completion's first piece, a chat's role chunk */
     int submit_in_flight, cancel_answered; /* what an ending request waits for (gateway.c settle) */
     /* A stream of several prompts: the choice's first answer came (answered), and is held until
      * every choice's has (gateway.c stream_hold). */
@@ -222,6 +223,11 @@ const char *const *gateway_retry_headers(int status, size_t *n);
 void gateway_respond_error(struct greq *q, const struct openai_error *err);
 /* The same with the error of a libpagoda code and its detail. */
 void gateway_respond_code(struct greq *q, int code, const char *detail);
+/* Opens q's stream: its status line (200, text/event-stream) and, for a chat, each choice's first
+ * chunk, its role alone (delta {"role": "assistant", "content": ""}), in index order, before any
+ * content, as OpenAI and vLLM send them. q->streaming is set once the status line is out. Returns
+ * 0 or the failing call's code (for gateway_http_end). */
+int gateway_stream_open(struct greq *q);
 /* Writes result r of choice c to q's open stream: a chunk (none where r completed no text and is
  * neither the choice's first nor its finish nor asked-for log-probabilities), and after the last
  * choice's finish the usage (when asked for) and the end. A failed write ends the HTTP side

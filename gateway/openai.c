@@ -973,18 +973,20 @@ char *openai_response_json(const struct openai_out *o, size_t n)
                           "usage", usage_json(&usage)));
 }
 
-char *openai_chunk_json(const struct openai_out *o, bool first_chunk, bool usage_only)
+char *openai_chunk_json(const struct openai_out *o, bool role_chunk, bool usage_only)
 {
     const bool chat = o->req->kind == OPENAI_CHAT;
     json_t *choices = json_array();
-    if (!usage_only) {
+    if (!usage_only && chat && role_chunk) {
+        json_array_append_new(choices, json_pack("{s:I,s:{s:s,s:s},s:n,s:n}", "index",
+                                                 (json_int_t)o->index, "delta", "role", "assistant",
+                                                 "content", "", "logprobs", "finish_reason"));
+    } else if (!usage_only) {
         const char *finish = openai_finish_reason(o->finish);
         json_t *choice;
         if (chat) {
             json_t *delta = json_object();
-            if (first_chunk)
-                json_object_set_new(delta, "role", json_string("assistant"));
-            if (o->text_len > 0 || first_chunk)
+            if (o->text_len > 0)
                 json_object_set_new(delta, "content", text_json(o->text, o->text_len));
             choice = json_pack("{s:I,s:o,s:o,s:o}", "index", (json_int_t)o->index, "delta", delta,
                                "logprobs", logprobs_json(o), "finish_reason",

@@ -102,8 +102,7 @@ const char *openai_finish_reason(pagoda_finish_reason reason);
 
 /* One response, or one stream chunk, as a malloc'd JSON string. id is "cmpl-..." or
  * "chatcmpl-..."; index the choice's; text the text (whole or the delta); logprobs the sampled
- * tokens' (n of them, NULL for none); usage is included when with_usage. A chat's first chunk of
- * a choice carries the role (first_chunk). */
+ * tokens' (n of them, NULL for none); usage is included when with_usage. */
 struct openai_out {
     const struct openai_request *req;
     const char *id;
@@ -136,7 +135,11 @@ char *openai_response_json(const struct openai_out *o, size_t n);
 void openai_usage_sum(struct openai_out *sum, const struct openai_out *o, size_t n);
 /* The characters (code points) of len bytes of UTF-8. */
 uint64_t openai_utf8_chars(const char *s, size_t len);
-char *openai_chunk_json(const struct openai_out *o, bool first_chunk, bool usage_only);
+/* A stream chunk of o's choice: its text (a chat's delta content, left out when empty), tokens
+ * and finish; with role_chunk, a chat's first chunk of the choice, the role alone (delta {"role":
+ * "assistant", "content": ""}, OpenAI's and vLLM's, sent before the content: o's text, tokens and
+ * finish not read; ignored for a completion); with usage_only, the usage chunk (no choices). */
+char *openai_chunk_json(const struct openai_out *o, bool role_chunk, bool usage_only);
 
 /* /tokenize's answer ({"count", "max_model_len", "tokens", "token_strs": null}, vLLM's) and
  * /detokenize's ({"prompt": text}). */

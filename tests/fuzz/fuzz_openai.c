@@ -100,13 +100,15 @@ static void check_response(const struct openai_request *req)
         json_decref(j);
         free(s);
     }
-    s = openai_chunk_json(&o[total - 1], true, false);
-    if (s != NULL) {
-        json_t *j = json_loads(s, 0, NULL);
-        if (j == NULL)
-            abort();
-        json_decref(j);
-        free(s);
+    for (int role = 0; role < 2; role++) { /* a chunk of text, and a chat's role chunk */
+        s = openai_chunk_json(&o[total - 1], role, false);
+        if (s != NULL) {
+            json_t *j = json_loads(s, 0, NULL);
+            if (j == NULL)
+                abort();
+            json_decref(j);
+            free(s);
+        }
     }
     free(o);
 }

@@ -48,15 +48,26 @@ async function chat(params) {
 async function chatStream(params) {
   const s = await client.chat.completions.create({ model, ...params, stream: true });
   let text = '', finish = null, role = null;
+  const deltas = []; // each chunk's choices: { index, delta, finish }
   for await (const c of s) {
     for (const ch of c.choices) {
       if (ch.delta.role) role = ch.delta.role;
       text += ch.delta.content ?? '';
       if (ch.finish_reason) finish = ch.finish_reason;
+      deltas.push({ index: ch.index, delta: ch.delta, finish: ch.finish_reason });
     }
   }
   finished++;
-  return { text, finish, role };
+  return { text, finish, role, deltas };
+}
+// A chat stream of n choices begins as OpenAI's and vLLM's do: each choice's role alone
+// (delta {"role": "assistant", "content": ""}), in index order, then the content without it.
+function rolesFirst(deltas, n) {
+  const head = deltas.slice(0, n), rest = deltas.slice(n);
+  return head.every((d, i) => d.index === i && Object.keys(d.delta).length === 2 &&
+                              d.delta.role === 'assistant' && d.delta.content === '' &&
+                              d.finish === null) &&
+    rest.length > 0 && rest.every((d) => d.delta.role === undefined);
 }
 async function status(promise) {
   try { await promise; return 200; } catch (e) { return e.status ?? String(e); }
@@ -220,11 +231,12 @@ check(three.usage.prompt_tokens === whole.usage.prompt_tokens &&
   const s = await client.chat.completions.create({
     model, messages: [{ role: 'user', content: 'Say something.' }], max_tokens: 8, n: 2,
     temperature: 0.9, seed: 5, stream: true });
-  const roles = [null, null], texts = ['', ''];
+  const roles = [null, null], texts = ['', ''], deltas = [];
   for await (const c of s)
     for (const ch of c.choices) {
       if (ch.delta.role) roles[ch.index] = ch.delta.role;
       texts[ch.index] += ch.delta.content ?? '';
+      deltas.push({ index: ch.index, delta: ch.delta, finish: ch.finish_reason });
     }
   finished += 2;
   const w = await chat({ messages: [{ role: 'user', content: 'Say something.' }], max_tokens: 8,
@@ -239,6 +251,8 @@ check(three.usage.prompt_tokens === whole.usage.prompt_tokens &&
         w.usage.prompt_tokens === alone.usage.prompt_tokens,
         'chat n 2 streamed: a role for each index, the texts of the whole answer, choice 1 ' +
         'the chat alone with seed + 1');
+  check(rolesFirst(deltas, 2), 'chat n 2 streamed: the role chunks of index 0 and 1 first, ' +
+        `then the content (${JSON.stringify(deltas.slice(0, 3))})`);
 }
 check(await status(completion({ ...base, n: 129 })) === 400, 'n 129: 400');
 // Choices whose whole answer could not hold n x max_tokens tokens (256 bytes a token with
@@ -333,6 +347,8 @@ check(cl.map((c) => c.token).join('') === cw.choices[0].message.content &&
 const cs = await chatStream({ messages, max_tokens: 16, temperature: 0.7, seed: 99 });
 check(cs.role === 'assistant' && cs.text === cw.choices[0].message.content &&
       cs.finish === cw.choices[0].finish_reason, 'chat streamed: the same text as whole');
+check(rolesFirst(cs.deltas, 1), 'chat streamed: the role alone first, then the content ' +
+      `(${JSON.stringify(cs.deltas.slice(0, 2))})`);
 
 // vLLM's /tokenize and /detokenize (at the server's root): a prompt's ids are as many as its
 // completion's prompt_tokens and give its text back; a chat's as many as its chat's.

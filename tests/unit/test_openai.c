@@ -455,14 +455,28 @@ static void test_responses_and_chunks_are_openai_json(void **state)
     json_decref(j);
     free(s);
     o.token_text_ends = NULL;
-    /* The first chunk carries the role; a usage chunk has no choices. */
-    o.finish = PAGODA_FINISH_NONE;
+    /* A choice's first chunk is its role alone, as OpenAI's and vLLM's ({"role": "assistant",
+     * "content": ""}: none of o's text, tokens or finish); the content follows without the role.
+     * A usage chunk has no choices. */
     s = openai_chunk_json(&o, true, false);
     j = json_loads(s, JSON_ALLOW_NUL, NULL);
     assert_string_equal(json_string_value(json_object_get(j, "object")), "chat.completion.chunk");
-    json_t *delta = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "delta");
+    c0 = json_array_get(json_object_get(j, "choices"), 0);
+    json_t *delta = json_object_get(c0, "delta");
+    assert_int_equal(json_object_size(delta), 2);
     assert_string_equal(json_string_value(json_object_get(delta, "role")), "assistant");
+    assert_string_equal(json_string_value(json_object_get(delta, "content")), "");
+    assert_true(json_is_null(json_object_get(c0, "logprobs")));
+    assert_true(json_is_null(json_object_get(c0, "finish_reason")));
     assert_true(json_is_null(json_object_get(j, "usage")));
+    json_decref(j);
+    free(s);
+    o.finish = PAGODA_FINISH_NONE;
+    s = openai_chunk_json(&o, false, false);
+    j = json_loads(s, JSON_ALLOW_NUL, NULL);
+    delta = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "delta");
+    assert_null(json_object_get(delta, "role"));
+    assert_int_equal(json_string_length(json_object_get(delta, "content")), 3);
     json_decref(j);
     free(s);
     s = openai_chunk_json(&o, false, true);
