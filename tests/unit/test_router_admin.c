@@ -1291,8 +1291,7 @@ static void test_admin_cli(void **state)
                          "flush",
                          "flush --tenant a --group b",
                          "tenants --tokens 1",
-                         "pin x --tokens 1,y "
-                         "--tenants a",
+                         "pin x --tokens 1,y --tenants a",
                          "pin x --tokens 1 --tenants a,,b",
                          "reload extra",
                          "tenants --bogus"};
