@@ -29,12 +29,19 @@
  * undefined value is an error as an operand, an object or a callee; tojson is transformers'
  * (json.dumps with ensure_ascii off, keys in their order, ", " and ": ").
  *
- * Anything else is an error at compile time (an unknown tag, filter or test: PAGODA_EINVAL), or at
- * render time (a type error, calling something that is not callable: PAGODA_EFORMAT), never
- * silently skipped. Compile errors are PAGODA_EINVAL (template syntax, invalid UTF-8) or
- * PAGODA_ERANGE (a source over JINJA_MAX_SOURCE_BYTES, nesting deeper than JINJA_MAX_DEPTH); every
- * detail set through pagoda_error_set() starts with "line N: ". A template's
- * raise_exception(msg) gives PAGODA_EINVAL with the detail "line N: raise_exception: msg".
+ * Anything else is an error at compile time, or at render time (a type error, calling something
+ * that is not callable: PAGODA_EFORMAT), never silently skipped. Compile errors tell what jinja2
+ * would refuse as well from what it would take: PAGODA_EINVAL for a template that is not Jinja
+ * (a syntax error, a tag, filter or test that jinja2 does not have either, invalid UTF-8);
+ * PAGODA_EUNSUPPORTED for valid jinja2 beyond this subset (the tags, filters and tests above
+ * that are not supported, jinja2's other filters and tests, integer literals in base 16, 8 or 2,
+ * nested tuples in targets, a block set's filter, a surrogate escape; a filter or test no Jinja
+ * knows where jinja2 only fails if it runs: under an if or in a conditional expression; the
+ * whole list in docs/chat-templates.md); PAGODA_ERANGE for a limit
+ * of this interpreter (a source over JINJA_MAX_SOURCE_BYTES, nesting deeper than
+ * JINJA_MAX_DEPTH, a number literal over 64 bits). Every detail set through pagoda_error_set()
+ * starts with "line N: ". A template's raise_exception(msg) gives PAGODA_EINVAL with the detail
+ * "line N: raise_exception: msg".
  *
  * Rendering is bounded: at most JINJA_MAX_OUTPUT_BYTES of output, JINJA_MAX_STEPS evaluation
  * steps (each statement, expression and loop iteration, and work proportional to the data an

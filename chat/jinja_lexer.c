@@ -221,8 +221,12 @@ static int lex_string(struct lexer *lx)
             cp = cp * 16 + (uint32_t)h;
         }
         i += (size_t)digits;
-        if (cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
+        if (cp > 0x10FFFF)
             return lex_fail(line, "escape outside Unicode scalar values in a string", NULL);
+        if (cp >= 0xD800 && cp <= 0xDFFF) /* Python's str holds a lone surrogate; UTF-8 cannot */
+            return pagoda_error_set(PAGODA_EUNSUPPORTED,
+                                    "line %d: a surrogate escape in a string is not supported",
+                                    line);
         n += put_utf8(o + n, cp);
     }
     o[n] = '\0';
@@ -256,6 +260,10 @@ static int lex_number(struct lexer *lx)
 {
     const char *s = lx->src;
     size_t start = lx->pos, pos = scan_digits(s, lx->len, lx->pos);
+    if (pos == start + 1 && s[start] == '0' && pos < lx->len && memchr("xXoObB", s[pos], 6) != NULL)
+        return pagoda_error_set(PAGODA_EUNSUPPORTED,
+                                "line %d: integer literals in base 16, 8 or 2 are not supported",
+                                lx->line);
     bool is_float = false;
     bool after_dot =
         lx->n > 0 && lx->toks[lx->n - 1].kind == JT_OP && lx->toks[lx->n - 1].op == JOP_DOT;
@@ -278,8 +286,8 @@ static int lex_number(struct lexer *lx)
         if (s[i] != '_')
             buf[n++] = s[i];
     buf[n] = '\0';
-    if (pos - start >= sizeof(buf))
-        return lex_fail(lx->line, "number literal too long", NULL);
+    if (pos - start >= sizeof(buf)) /* a limit of ours: jinja2 takes any length */
+        return pagoda_error_set(PAGODA_ERANGE, "line %d: number literal too long", lx->line);
     struct jtoken t = {.line = lx->line};
     if (is_float) {
         t.kind = JT_FLOAT;
@@ -287,8 +295,9 @@ static int lex_number(struct lexer *lx)
     } else {
         errno = 0;
         unsigned long long v = strtoull(buf, NULL, 10);
-        if (errno == ERANGE || v > INT64_MAX)
-            return lex_fail(lx->line, "integer literal out of 64-bit range", NULL);
+        if (errno == ERANGE || v > INT64_MAX) /* Python's ints have no bound */
+            return pagoda_error_set(PAGODA_ERANGE, "line %d: integer literal out of 64-bit range",
+                                    lx->line);
         t.kind = JT_INT;
         t.ival = (int64_t)v;
     }
@@ -482,6 +491,11 @@ int jinja_lex(struct jinja_arena *a, const char *source, size_t len, struct jtok
             size_t q = lx.pos;
             while (q + 1 < lx.len && !(s[q] == '#' && s[q + 1] == '}'))
                 q++;
+            if (q + 1 >= lx.len && lx.pos >= lx.len) /* jinja2 drops a {# that ends the source */
+                return pagoda_error_set(PAGODA_EUNSUPPORTED,
+                                        "line %d: a '{#' at the end of the template is not "
+                                        "supported",
+                                        open_line);
             if (q + 1 >= lx.len)
                 return lex_fail(open_line, "unclosed comment {#", NULL);
             bool minus = q > lx.pos && s[q - 1] == '-';
@@ -497,6 +511,14 @@ int jinja_lex(struct jinja_arena *a, const char *source, size_t len, struct jtok
                 lx.line++;
             }
             continue;
+        }
+        if (kind == '%') {
+            /* {% raw %}: its body is text to jinja2, which this lexer would read as tags */
+            size_t q = skip_space(s, lx.len, lx.pos);
+            if (lx.len - q >= 3 && memcmp(s + q, "raw", 3) == 0 &&
+                (lx.len - q == 3 || !(is_name_start(s[q + 3]) || is_digit(s[q + 3]))))
+                return pagoda_error_set(PAGODA_EUNSUPPORTED,
+                                        "line %d: the 'raw' tag is not supported", open_line);
         }
         struct jtoken t = {.kind = kind == '%' ? JT_BLOCK_BEGIN : JT_VAR_BEGIN, .line = open_line};
         if ((rc = push(&lx, t)) != 0)

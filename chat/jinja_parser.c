@@ -7,7 +7,11 @@
  * so `a + b | trim` trims b only, `-x | abs` is abs(-x), and `x is defined and y` tests x.
  * Statements: if/elif/else, for (with an `if` filter and else), set (a name, names, ns.attr, or
  * a captured block), macro, break, continue; the transformers-only generation tags are accepted
- * and ignored. Anything else is refused with the line it is on. */
+ * and ignored. Anything else is refused with the line it is on: PAGODA_EUNSUPPORTED where jinja2
+ * would take it (one of its tags, filters or tests that this interpreter lacks, a recursive loop,
+ * *args), PAGODA_EINVAL where jinja2 refuses it too (a syntax error, a name no Jinja knows), so
+ * that a model's template that is not Jinja at all can be told from one beyond this subset
+ * (text/text_model.h fails the model's start on the first only). */
 #include "chat/jinja_internal.h"
 
 #include "common/error.h"
@@ -21,11 +25,45 @@ struct parser {
     size_t n, i;
     unsigned depth;
     unsigned loops; /* for loops around the statement being parsed (break, continue) */
+    /* jinja2 compiles a filter or test name it does not know inside an if's condition or body
+     * or a conditional expression (its "soft frames", left again by a for's or a macro's body
+     * and a block set), failing only if it runs; elsewhere it refuses the template. Both are
+     * refused here, at the end of the parse: hard (PAGODA_EINVAL) when any such name stood where
+     * jinja2 refuses it, else soft (PAGODA_EUNSUPPORTED). */
+    unsigned soft;                         /* inside a soft frame when > 0 */
+    unsigned hard;                         /* unknown names outside soft frames */
+    char first_hard[160], first_soft[160]; /* the first of each, "line N: ..." ("" for none) */
 };
 
 static int fail_at(const struct jtoken *t, const char *fmt, const char *arg)
 {
     return pagoda_error_set(PAGODA_EINVAL, "line %d: %s%s", t->line, fmt, arg ? arg : "");
+}
+
+/* Valid jinja2 that this interpreter does not implement (see the file's comment). */
+static int unsupported_at(const struct jtoken *t, const char *what)
+{
+    return pagoda_error_set(PAGODA_EUNSUPPORTED, "line %d: %s", t->line, what);
+}
+
+/* jinja2's own statement tags, filters and tests that this interpreter lacks: the names jinja2
+ * 3.1 compiles (jinja2.defaults, its Parser's statement keywords) less the ones implemented
+ * here. A name in neither is refused by jinja2 at compile time too. */
+static const char *const JINJA2_ONLY_TAGS[] = {"autoescape", "block", "call",   "extends",
+                                               "filter",     "from",  "import", "include",
+                                               "print",      "with",  NULL};
+static const char *const JINJA2_ONLY_FILTERS[] = {
+    "attr",  "batch",     "center",   "filesizeformat", "format", "groupby",  "pprint",  "random",
+    "slice", "striptags", "truncate", "urlencode",      "urlize", "wordwrap", "xmlattr", NULL};
+static const char *const JINJA2_ONLY_TESTS[] = {"escaped",  "filter", "greaterthan",
+                                                "lessthan", "test",   NULL};
+
+static bool in_list(const char *const *names, const char *s, size_t len)
+{
+    for (size_t k = 0; names[k] != NULL; k++)
+        if (strlen(names[k]) == len && memcmp(names[k], s, len) == 0)
+            return true;
+    return false;
 }
 
 static int oom(const struct parser *p)
@@ -227,7 +265,7 @@ static int parse_call_args(struct parser *p, struct jnode_list *args)
             kw_seen = true;
         } else {
             if (tok_is_op(t, JOP_MUL) || tok_is_op(t, JOP_POW))
-                return fail_at(t, "*args and **kwargs in calls are not supported", NULL);
+                return unsupported_at(t, "*args and **kwargs in calls are not supported");
             if (kw_seen)
                 return fail_at(t, "a positional argument follows a keyword argument", NULL);
             if ((rc = parse_expr(p, true, &arg)) != 0)
@@ -255,6 +293,8 @@ static int parse_subscript(struct parser *p, struct jnode **io)
                 return fail_at(peek(p), "a slice has at most three parts", NULL);
             continue;
         }
+        if (parts[nparts] != NULL && tok_is_op(peek(p), JOP_COMMA))
+            return unsupported_at(peek(p), "a tuple as a subscript is not supported");
         if (parts[nparts] != NULL)
             return fail_at(peek(p), "expected ':' or ']' in a subscript", NULL);
         int rc = parse_expr(p, true, &parts[nparts]);
@@ -275,8 +315,8 @@ static int parse_subscript(struct parser *p, struct jnode **io)
         memcpy(n->args.v, parts, sizeof(parts));
         n->args.n = 3;
     } else {
-        if (parts[0] == NULL)
-            return fail_at(peek(p), "expected an expression in '[]'", NULL);
+        if (parts[0] == NULL) /* jinja2's x[] is x[()] */
+            return unsupported_at(peek(p), "an empty subscript is not supported");
         n = node(p, JN_ITEM, line);
         if (n == NULL)
             return oom(p);
@@ -334,7 +374,8 @@ static int parse_postfix(struct parser *p, struct jnode **io)
     }
 }
 
-/* A filter's or test's name. */
+/* A filter's or test's name: jinja2 reads name(.name)* (none of its filters or tests has a dot,
+ * so such a name is an unknown one). */
 static int parse_dotted_name(struct parser *p, struct jnode *n)
 {
     const struct jtoken *t = peek(p);
@@ -343,21 +384,39 @@ static int parse_dotted_name(struct parser *p, struct jnode *n)
     n->str = t->p;
     n->len = t->len;
     p->i++;
+    while (tok_is_op(peek(p), JOP_DOT) && peek2(p)->kind == JT_NAME) {
+        const struct jtoken *part = peek2(p);
+        n->len = (size_t)(part->p + part->len - n->str); /* the source's span, for messages */
+        p->i += 2;
+    }
     return 0;
 }
 
-static int unknown(const struct jtoken *t, const char *what, const struct jnode *n)
+/* A filter or test this interpreter lacks: jinja2's own (jinja2_only) is refused at once; a
+ * name no Jinja knows is noted (struct parser) and the parse goes on. */
+static int unknown(struct parser *p, const struct jtoken *t, const char *what,
+                   const struct jnode *n, const char *const *jinja2_only)
 {
-    return pagoda_error_set(PAGODA_EINVAL, "line %d: unknown %s '%.*s'", t->line, what,
-                            (int)(n->len < 64 ? n->len : 64), n->str);
+    int len = (int)(n->len < 64 ? n->len : 64);
+    if (in_list(jinja2_only, n->str, n->len))
+        return pagoda_error_set(PAGODA_EUNSUPPORTED, "line %d: the %s '%.*s' is not supported",
+                                t->line, what, len, n->str);
+    char *first = p->soft ? p->first_soft : p->hard++ == 0 ? p->first_hard : NULL;
+    if (first != NULL && first[0] == '\0')
+        snprintf(first, sizeof(p->first_hard), "line %d: unknown %s '%.*s'", t->line, what, len,
+                 n->str);
+    return 0;
 }
 
+/* Whether a test's one argument without parentheses starts here: jinja2's rule, by which any
+ * name but else, or and and starts one (`x is divisibleby if` tests x with a variable named
+ * "if", and jinja2 then refuses `x is defined if y else z`); is is left out here (jinja2 refuses a
+ * second test, this parser chains it). */
 static bool starts_test_arg(const struct jtoken *t)
 {
     if (t->kind == JT_NAME)
         return !(tok_is_name(t, "else") || tok_is_name(t, "or") || tok_is_name(t, "and") ||
-                 tok_is_name(t, "if") || tok_is_name(t, "is") || tok_is_name(t, "in") ||
-                 tok_is_name(t, "not"));
+                 tok_is_name(t, "is"));
     return t->kind == JT_STRING || t->kind == JT_INT || t->kind == JT_FLOAT ||
            tok_is_op(t, JOP_LPAREN) || tok_is_op(t, JOP_LBRACKET) || tok_is_op(t, JOP_LBRACE);
 }
@@ -374,8 +433,9 @@ static int parse_filter_expr(struct parser *p, struct jnode **io)
                 return oom(p);
             if ((rc = parse_dotted_name(p, n)) != 0)
                 return rc;
-            if (!jinja_filter_exists(n->str, n->len))
-                return unknown(t, "filter", n);
+            if (!jinja_filter_exists(n->str, n->len) &&
+                (rc = unknown(p, t, "filter", n, JINJA2_ONLY_FILTERS)) != 0)
+                return rc;
             if (accept_op(p, JOP_LPAREN) && (rc = parse_call_args(p, &n->args)) != 0)
                 return rc;
             n->a = *io;
@@ -389,8 +449,9 @@ static int parse_filter_expr(struct parser *p, struct jnode **io)
                 n->op = JOP_NOT;
             if ((rc = parse_dotted_name(p, n)) != 0)
                 return rc;
-            if (!jinja_test_exists(n->str, n->len))
-                return unknown(t, "test", n);
+            if (!jinja_test_exists(n->str, n->len) &&
+                (rc = unknown(p, t, "test", n, JINJA2_ONLY_TESTS)) != 0)
+                return rc;
             if (accept_op(p, JOP_LPAREN)) {
                 if ((rc = parse_call_args(p, &n->args)) != 0)
                     return rc;
@@ -656,6 +717,7 @@ static int parse_expr(struct parser *p, bool condexpr, struct jnode **out)
     if (rc != 0)
         return rc;
     struct jnode *e;
+    unsigned hard = p->hard;
     if ((rc = parse_level(p, L_OR, &e)) != 0)
         return rc;
     while (condexpr && tok_is_name(peek(p), "if")) {
@@ -664,10 +726,19 @@ static int parse_expr(struct parser *p, bool condexpr, struct jnode **out)
             return oom(p);
         p->i++;
         n->a = e;
+        if (p->hard > hard) { /* the names before the if were in its soft frame after all */
+            if (hard == 0 && p->first_soft[0] == '\0')
+                memcpy(p->first_soft, p->first_hard, sizeof(p->first_soft));
+            if (hard == 0)
+                p->first_hard[0] = '\0';
+            p->hard = hard;
+        }
+        p->soft++;
         if ((rc = parse_level(p, L_OR, &n->b)) != 0)
             return rc;
         if (accept_name(p, "else") && (rc = parse_expr(p, true, &n->c)) != 0)
             return rc;
+        p->soft--;
         e = n;
     }
     p->depth--;
@@ -692,6 +763,8 @@ static int parse_target(struct parser *p, bool allow_attr, struct jnode **out)
     size_t cap = 0;
     for (;;) {
         const struct jtoken *nt = peek(p);
+        if (tok_is_op(nt, JOP_LPAREN))
+            return unsupported_at(nt, "nested tuples in a for or set target are not supported");
         if (nt->kind != JT_NAME)
             return fail_at(nt, "expected a variable name, found ", describe(nt));
         struct jnode *n = node(p, JN_NAME, nt->line);
@@ -739,8 +812,11 @@ static int parse_if(struct parser *p, struct jnode *n)
 {
     static const char *const ends[] = {"elif", "else", "endif", NULL};
     int rc;
-    if ((rc = parse_expr(p, true, &n->a)) != 0 || (rc = end_tag(p)) != 0 ||
-        (rc = parse_body(p, &n->body, ends, "if", n->line)) != 0)
+    if ((rc = parse_expr(p, true, &n->a)) != 0)
+        return rc;
+    if (tok_is_op(peek(p), JOP_COMMA)) /* jinja2 reads a tuple there */
+        return unsupported_at(peek(p), "a tuple as an if's condition is not supported");
+    if ((rc = end_tag(p)) != 0 || (rc = parse_body(p, &n->body, ends, "if", n->line)) != 0)
         return rc;
     /* at {% elif / else / endif */
     p->i++;
@@ -776,10 +852,12 @@ static int parse_for(struct parser *p, struct jnode *n)
         return fail_at(peek(p), "expected 'in' in a for loop", NULL);
     if ((rc = parse_tuple(p, false, false, &n->b)) != 0)
         return rc;
+    unsigned soft = p->soft;
+    p->soft = 0; /* the loop's filter, body and else are frames of their own */
     if (accept_name(p, "if") && (rc = parse_expr(p, true, &n->c)) != 0)
         return rc;
     if (tok_is_name(peek(p), "recursive"))
-        return fail_at(peek(p), "recursive for loops are not supported", NULL);
+        return unsupported_at(peek(p), "recursive for loops are not supported");
     if ((rc = end_tag(p)) != 0)
         return rc;
     p->loops++;
@@ -796,6 +874,7 @@ static int parse_for(struct parser *p, struct jnode *n)
             return rc;
         p->i += 2;
     }
+    p->soft = soft;
     return end_tag(p);
 }
 
@@ -809,11 +888,16 @@ static int parse_set(struct parser *p, struct jnode *n)
             return rc;
         return end_tag(p);
     }
+    if (tok_is_op(peek(p), JOP_PIPE))
+        return unsupported_at(peek(p), "a filter on a block set is not supported");
     if (n->a->kind != JN_NAME)
         return fail_at(peek(p), "a block set assigns one name", NULL);
     static const char *const ends[] = {"endset", NULL};
+    unsigned soft = p->soft;
+    p->soft = 0; /* a frame of its own */
     if ((rc = end_tag(p)) != 0 || (rc = parse_body(p, &n->body, ends, "set", n->line)) != 0)
         return rc;
+    p->soft = soft;
     p->i += 2;
     return end_tag(p);
 }
@@ -831,6 +915,8 @@ static int parse_macro(struct parser *p, struct jnode *n)
         return rc;
     size_t cap = 0;
     bool defaults = false;
+    unsigned soft = p->soft;
+    p->soft = 0; /* its defaults and body are a frame of its own */
     while (!accept_op(p, JOP_RPAREN)) {
         if (n->args.n > 0 && (rc = expect_op(p, JOP_COMMA, "',' or ')'")) != 0)
             return rc;
@@ -865,6 +951,7 @@ static int parse_macro(struct parser *p, struct jnode *n)
     p->loops = loops;
     if (rc != 0)
         return rc;
+    p->soft = soft;
     p->i += 2;
     if (peek(p)->kind == JT_NAME)
         p->i++; /* {% endmacro name %} */
@@ -896,9 +983,12 @@ static int parse_statement(struct parser *p, struct jnode **out)
     else if (tok_is_name(t, "continue"))
         kind = JN_CONTINUE;
     else {
-        char name[64];
+        char name[64], what[96];
         snprintf(name, sizeof(name), "%.*s", (int)(t->len < 48 ? t->len : 48), t->p);
-        return fail_at(t, "unknown tag: ", name);
+        if (!in_list(JINJA2_ONLY_TAGS, t->p, t->len))
+            return fail_at(t, "unknown tag: ", name);
+        snprintf(what, sizeof(what), "the '%s' tag is not supported", name);
+        return unsupported_at(t, what);
     }
     struct jnode *n = node(p, kind, t->line);
     if (n == NULL)
@@ -907,7 +997,9 @@ static int parse_statement(struct parser *p, struct jnode **out)
         return rc;
     switch (kind) {
     case JN_IF:
+        p->soft++; /* its condition, elifs and bodies */
         rc = parse_if(p, n);
+        p->soft--;
         break;
     case JN_FOR:
         rc = parse_for(p, n);
@@ -1008,5 +1100,12 @@ int jinja_parse(struct jinja_arena *a, const struct jtoken *toks, size_t count,
 {
     struct parser p = {.a = a, .t = toks, .n = count};
     memset(out, 0, sizeof(*out));
-    return parse_body(&p, out, NULL, NULL, 0);
+    int rc = parse_body(&p, out, NULL, NULL, 0);
+    if (rc == 0 && p.hard > 0)
+        rc = pagoda_error_set(PAGODA_EINVAL, "%s", p.first_hard);
+    else if (rc == 0 && p.first_soft[0] != '\0')
+        rc = pagoda_error_set(PAGODA_EUNSUPPORTED,
+                              "%s (under an if: jinja2 fails on it only where it runs)",
+                              p.first_soft);
+    return rc;
 }

@@ -4,6 +4,7 @@
  *
  *   chat_compare [--also LABEL] CASES.jsonl NAME=tokenizer_config.json...
  *   chat_compare --jinja EXPRESSIONS.jsonl
+ *   chat_compare --compile TEMPLATES.jsonl
  *
  * A case matches when both render the same bytes, or both refuse. Prints the counts per template
  * (and how many also equal expected_raw: the unmodified npm reference, see reference.mjs, or
@@ -63,6 +64,22 @@ static void show(const char *what, const char *s, size_t n)
     fputc('\n', stderr);
 }
 
+/* The next case of a JSON-lines file of templates of their own (an object with a string
+ * "source"), or NULL at its end; a line that is not one is said and counted in *bad. */
+static json_t *next_case(FILE *f, const char *path, char **line, size_t *cap, unsigned *bad)
+{
+    while (getline(line, cap, f) > 0) {
+        json_error_t jerr;
+        json_t *c = json_loads(*line, 0, &jerr);
+        if (json_is_string(json_object_get(c, "source")))
+            return c;
+        fprintf(stderr, "chat_compare: %s: unreadable case\n", path);
+        (*bad)++;
+        json_decref(c);
+    }
+    return NULL;
+}
+
 /* chat_compare --jinja CASES.jsonl: templates of their own ({id, source, vars, expected | error},
  * from expressions_jinja2.py) through jinja.h directly. */
 static int compare_expressions(const char *path)
@@ -75,16 +92,9 @@ static int compare_expressions(const char *path)
     char *line = NULL;
     size_t cap = 0;
     unsigned cases = 0, equal = 0, both_error = 0, mismatches = 0;
-    while (getline(&line, &cap, f) > 0) {
-        json_error_t jerr;
-        json_t *c = json_loads(line, 0, &jerr);
+    json_t *c;
+    while ((c = next_case(f, path, &line, &cap, &mismatches)) != NULL) {
         const json_t *src = json_object_get(c, "source");
-        if (!json_is_string(src)) {
-            fprintf(stderr, "chat_compare: %s: unreadable case\n", path);
-            mismatches++;
-            json_decref(c);
-            continue;
-        }
         cases++;
         JinjaTemplate *t = NULL;
         char *out = NULL;
@@ -126,10 +136,59 @@ static int compare_expressions(const char *path)
     return mismatches ? 1 : 0;
 }
 
+/* chat_compare --compile CASES.jsonl: templates that jinja2 compiles or refuses ({id, source,
+ * compiles, error}, from compile_errors_jinja2.py). A mismatch is a template pagoda refuses as
+ * not Jinja (PAGODA_EINVAL) that jinja2 compiles: a model shipping it would not start. The
+ * other ways they differ are counted: pagoda lacking what jinja2 compiles (PAGODA_EUNSUPPORTED,
+ * PAGODA_ERANGE), and compiling what jinja2 refuses. */
+static int compare_compiles(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    if (f == NULL) {
+        fprintf(stderr, "chat_compare: cannot open %s\n", path);
+        return 2;
+    }
+    char *line = NULL;
+    size_t cap = 0;
+    unsigned cases = 0, both = 0, refused_both = 0, beyond = 0, lenient = 0, mismatches = 0;
+    json_t *c;
+    while ((c = next_case(f, path, &line, &cap, &mismatches)) != NULL) {
+        const json_t *src = json_object_get(c, "source");
+        cases++;
+        bool compiles = json_is_true(json_object_get(c, "compiles"));
+        JinjaTemplate *t = NULL;
+        int rc = jinja_template_new(json_string_value(src), json_string_length(src), &t);
+        jinja_template_free(t);
+        if (compiles && rc == 0)
+            both++;
+        else if (!compiles && rc != 0)
+            refused_both++;
+        else if (!compiles)
+            lenient++;
+        else if (rc != PAGODA_EINVAL)
+            beyond++;
+        else if (mismatches++ < MAX_SHOWN) {
+            fprintf(stderr, "MISMATCH template %u: jinja2 compiles it, pagoda: %s\n",
+                    (unsigned)json_integer_value(json_object_get(c, "id")), pagoda_error_detail());
+            show("source", json_string_value(src), json_string_length(src));
+        }
+        json_decref(c);
+    }
+    free(line);
+    fclose(f);
+    printf("compile: %u templates: %u compiled by both, %u refused by both, %u compiled by jinja2 "
+           "only (beyond pagoda's subset), %u by pagoda only, %u refused as not Jinja that "
+           "jinja2 compiles\n",
+           cases, both, refused_both, beyond, lenient, mismatches);
+    return mismatches ? 1 : 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 3 && strcmp(argv[1], "--jinja") == 0)
         return compare_expressions(argv[2]);
+    if (argc == 3 && strcmp(argv[1], "--compile") == 0)
+        return compare_compiles(argv[2]);
     /* --also LABEL: what expected_raw is (the unmodified npm package, unless said) */
     const char *also = "the unmodified reference";
     if (argc > 2 && strcmp(argv[1], "--also") == 0) {

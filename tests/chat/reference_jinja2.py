@@ -42,12 +42,18 @@ def strftime_now(fmt):
     return datetime.now().strftime(fmt)
 
 
-def main():
+def transformers_env():
+    """jinja2 as transformers' apply_chat_template configures it (compile_errors_jinja2.py too)."""
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                         extensions=[Generation, loopcontrols])
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = strftime_now
+    return env
+
+
+def main():
+    env = transformers_env()
     templates = {}
     for arg in sys.argv[1:]:
         name, path = arg.split("=", 1)

@@ -276,6 +276,72 @@ static void test_errors_name_lines(void **state)
     assert_int_equal(jinja_template_new(bad, sizeof(bad) - 1, &t), PAGODA_EINVAL);
 }
 
+/* A template that no Jinja compiles (PAGODA_EINVAL: a model whose template this is cannot start,
+ * text/text_model.h) is told from valid jinja2 beyond this interpreter (PAGODA_EUNSUPPORTED: its
+ * chats are refused, the model still starts). Each PAGODA_EUNSUPPORTED case compiles in jinja2
+ * 3.1 as transformers configures it, each PAGODA_EINVAL case does not. */
+static void test_invalid_told_from_unsupported(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *src;
+        int code;
+        const char *detail;
+    } cases[] = {
+        /* not Jinja: jinja2 refuses these at compile time too */
+        {"{% if x %}a", PAGODA_EINVAL, "never closed"},
+        {"{% endif %}", PAGODA_EINVAL, "unexpected tag: endif"},
+        {"{{ x ", PAGODA_EINVAL, "unclosed {{ tag"},
+        {"{% if x = 1 %}{% endif %}", PAGODA_EINVAL, "line 1:"},
+        {"{% frobnicate %}", PAGODA_EINVAL, "unknown tag: frobnicate"},
+        {"{% do x %}", PAGODA_EINVAL, "unknown tag: do"},
+        {"{{ x|toson }}", PAGODA_EINVAL, "unknown filter 'toson'"},
+        /* in a for's body inside an if: a frame of its own, where jinja2 refuses it again */
+        {"{% if a %}{% for m in x %}{{ m|toson }}{% endfor %}{% endif %}", PAGODA_EINVAL,
+         "unknown filter 'toson'"},
+        {"{% macro f() %}{{ 1 is nosuch }}{% endmacro %}", PAGODA_EINVAL, "unknown test 'nosuch'"},
+        {"{% if a %}{% endif %}{{ x|a.b }}", PAGODA_EINVAL, "unknown filter 'a.b'"},
+        /* valid jinja2 beyond the subset */
+        {"{% call f() %}x{% endcall %}", PAGODA_EUNSUPPORTED, "the 'call' tag is not supported"},
+        {"{% raw %}{{ x }}{% endraw %}", PAGODA_EUNSUPPORTED, "the 'raw' tag"},
+        {"{%- filter upper %}x{% endfilter %}", PAGODA_EUNSUPPORTED, "the 'filter' tag"},
+        {"{% include 'x' %}", PAGODA_EUNSUPPORTED, "the 'include' tag"},
+        {"{{ x|groupby('a') }}", PAGODA_EUNSUPPORTED, "the filter 'groupby' is not supported"},
+        {"{{ x is escaped }}", PAGODA_EUNSUPPORTED, "the test 'escaped' is not supported"},
+        {"{% for a in x recursive %}{% endfor %}", PAGODA_EUNSUPPORTED, "recursive"},
+        {"{{ f(*a) }}", PAGODA_EUNSUPPORTED, "*args"},
+        {"{{ 0x1F }}", PAGODA_EUNSUPPORTED, "base 16"},
+        {"{% for a, (b, c) in x %}{% endfor %}", PAGODA_EUNSUPPORTED, "nested tuples"},
+        {"{% set x | upper %}a{% endset %}", PAGODA_EUNSUPPORTED, "a filter on a block set"},
+        {"{{ x[] }}", PAGODA_EUNSUPPORTED, "an empty subscript"},
+        {"{{ x[1, 2] }}", PAGODA_EUNSUPPORTED, "a tuple as a subscript"},
+        {"{% if a, b %}{% endif %}", PAGODA_EUNSUPPORTED, "a tuple as an if's condition"},
+        {"{{ '\\ud800' }}", PAGODA_EUNSUPPORTED, "surrogate"},
+        {"a{#", PAGODA_EUNSUPPORTED, "'{#' at the end"},
+        /* a name jinja2 does not know, where it compiles it and fails only if it runs: under an
+         * if (its condition, its bodies) or a conditional expression */
+        {"{% if a %}{{ x|toson }}{% endif %}", PAGODA_EUNSUPPORTED,
+         "line 1: unknown filter 'toson' (under an if"},
+        {"{% if a is defind %}{% endif %}", PAGODA_EUNSUPPORTED, "unknown test 'defind'"},
+        {"{% if a %}{% else %}{{ x|toson }}{% endif %}", PAGODA_EUNSUPPORTED, "toson"},
+        {"{{ x|toson if a else b }}", PAGODA_EUNSUPPORTED, "unknown filter 'toson' (under an if"},
+        {"{{ a if b else x|toson }}", PAGODA_EUNSUPPORTED, "toson"},
+        /* limits of this interpreter */
+        {"{{ 99999999999999999999 }}", PAGODA_ERANGE, "64-bit range"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        JinjaTemplate *t = NULL;
+        int rc = jinja_template_new(cases[i].src, strlen(cases[i].src), &t);
+        jinja_template_free(t);
+        if (rc != cases[i].code)
+            fail_msg("%s: rc %d (%s), want %d", cases[i].src, rc, pagoda_error_detail(),
+                     cases[i].code);
+        if (strstr(pagoda_error_detail(), cases[i].detail) == NULL)
+            fail_msg("%s: detail [%s] lacks [%s]", cases[i].src, pagoda_error_detail(),
+                     cases[i].detail);
+    }
+}
+
 static void test_limits(void **state)
 {
     (void)state;
@@ -424,6 +490,7 @@ int main(void)
         cmocka_unit_test(test_whitespace),
         cmocka_unit_test(test_filters_and_methods),
         cmocka_unit_test(test_errors_name_lines),
+        cmocka_unit_test(test_invalid_told_from_unsupported),
         cmocka_unit_test(test_limits),
         cmocka_unit_test(test_more_tests_and_filters),
         cmocka_unit_test(test_threads),
