@@ -11,7 +11,8 @@
  * backend and model. pagoda-supervisor, reading it from a program while the group starts,
  * stops the group and says why instead of restarting the program (restart_policy.h); once the
  * group has served, it restarts it with back-off without end, the rest of the group going on.
- * pagoda-router exits with it when its tenants file cannot be taken. */
+ * pagoda-router exits with it when its tenants file cannot be taken, or its model's
+ * tokenizer.json or tokenizer_config.json is broken (router/router.h, router_text_load). */
 #define PAGODA_EXIT_CANNOT_RUN 78
 
 #endif

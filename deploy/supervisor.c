@@ -695,7 +695,8 @@ static void on_child_closed(uv_handle_t *h)
         /* "Cannot run as configured" stops a group that is starting; once it has served, the
          * same status can be passing or the operator's to fix (a restarted worker that found
          * the GPU memory of the one it replaces not yet released, a router whose tenants file
-         * was broken since): tried again with back-off, without end (below). */
+         * or model's tokenizer files were broken since): tried again with back-off, without end
+         * (below). */
         if (sup->phase == PHASE_STARTING && c->spawn_error == 0 && c->term_signal == 0 &&
             c->exit_status == PAGODA_EXIT_CANNOT_RUN) {
             log_error("%s (pid %d) cannot run as configured (exit status %d, see %s/%s.log); not "
@@ -728,8 +729,9 @@ static void on_child_closed(uv_handle_t *h)
     }
     uint64_t delay_ms = 0;
     /* "Cannot run as configured" once the group has served: the operator can fix it while the
-     * rest goes on (the router's tenants file; a worker's GPU memory still held by the one it
-     * replaces), so it is tried again without end, with the back-off, never counted as a crash
+     * rest goes on (the router's tenants file or tokenizer files; a worker's GPU memory still
+     * held by the one it replaces), so it is tried again without end, with the back-off, never
+     * counted as a crash
      * loop that would stop the group and lose the engines' requests. */
     const int cannot_run =
         c->spawn_error == 0 && c->term_signal == 0 && c->exit_status == PAGODA_EXIT_CANNOT_RUN;

@@ -317,8 +317,6 @@ int router_open(uv_loop_t *loop, const struct router_config *cfg, struct router 
     r->id_seed = router_random_u64();
     if ((rc = tenancy_open(r, cfg->tenants_file)) != 0)
         goto fail;
-    if ((rc = router_text_open(r, cfg->model_dir)) != 0)
-        goto fail;
     if (pthread_mutex_init(&r->lock, NULL) != 0) {
         rc = pagoda_error_set(PAGODA_EIO, "router: pthread_mutex_init failed");
         goto fail;
@@ -342,6 +340,10 @@ int router_open(uv_loop_t *loop, const struct router_config *cfg, struct router 
     if ((rc = front_open(r)) != 0)
         goto fail;
     uv_timer_start(&r->housekeeping, on_housekeeping, HOUSEKEEPING_MS, HOUSEKEEPING_MS);
+    /* Taken once nothing can fail (it stays the caller's on error); no call is served before
+     * the loop runs. */
+    router_text_adopt(r, cfg->text);
+    r->cfg.text = NULL;
     *out = r;
     return 0;
 

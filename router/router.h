@@ -200,14 +200,16 @@ struct router_config {
      * the one engine of scheduler_url. At most ROUTE_MAX_ENGINES (route.h). */
     const char *const *scheduler_urls;
     uint32_t num_scheduler_urls;
-    const char *routing;        /* "cache-aware" (NULL: the default) or "round-robin" (route.h) */
-    const char *tenants_file;   /* router/tenants.h; NULL: one tenant, any key */
-    const char *model_dir;      /* the model's folder: its tokenizer; NULL: token ids only */
-    uint32_t num_contexts;      /* contexts always free to receive a call */
-    uint32_t max_parked_calls;  /* polls and stats waiting at once */
-    uint32_t max_connections;   /* client connections at once (lowered to fit the fd limit) */
-    uint32_t idle_timeout_ms;   /* a connection with no call and no complete message */
-    uint32_t max_live_requests; /* admitted, unfinished; more is PAGODA_EEXHAUSTED */
+    const char *routing;      /* "cache-aware" (NULL: the default) or "round-robin" (route.h) */
+    const char *tenants_file; /* router/tenants.h; NULL: one tenant, any key */
+    /* The model's tokenizer and chat template (router_text_load), taken by router_open when it
+     * succeeds; NULL: token ids only (no model folder given). */
+    struct router_text *text;
+    uint32_t num_contexts;          /* contexts always free to receive a call */
+    uint32_t max_parked_calls;      /* polls and stats waiting at once */
+    uint32_t max_connections;       /* client connections at once (lowered to fit the fd limit) */
+    uint32_t idle_timeout_ms;       /* a connection with no call and no complete message */
+    uint32_t max_live_requests;     /* admitted, unfinished; more is PAGODA_EEXHAUSTED */
     uint32_t max_finished_requests; /* finished results kept in all, >= 1 (see above) */
     uint32_t finished_ttl_ms;       /* and for how long at most */
     uint32_t max_prompt_tokens;
@@ -221,6 +223,24 @@ struct router_config {
 
 struct router;
 
+/* A model's text side as a router serves it: its tokenizer and chat template, or why it serves
+ * token ids only. */
+struct router_text;
+
+/* Reads model_dir's tokenizer.json and tokenizer_config.json (text/text_model.h), for
+ * router_config.text. Blocking file reads and parsing (a large tokenizer takes a few hundred ms):
+ * call it before the loop runs, as pagoda-router does, or off it. On success *out is the
+ * caller's: text and chats; text only (no chat template, or one beyond chat/jinja.h's subset:
+ * chats are refused with the reason); or token ids only (no tokenizer.json, or one asking for
+ * what pagoda does not support: text is refused with the reason, logged). Errors: PAGODA_ENOMEM;
+ * any other means the folder's tokenizer files are broken (unreadable, not JSON, a field of the
+ * wrong type, a chat template that is not Jinja at all), the detail naming the file and the
+ * cause: a router cannot serve that model as configured (docs/text.md). */
+int router_text_load(const char *model_dir, struct router_text **out);
+
+/* Frees router_text_load's result; accepts NULL. */
+void router_text_free(struct router_text *t);
+
 /* The largest client message the router accepts for prompts of up to max_prompt_tokens. */
 size_t router_max_message_bytes(uint32_t max_prompt_tokens);
 
@@ -228,7 +248,8 @@ size_t router_max_message_bytes(uint32_t max_prompt_tokens);
 void router_config_default(struct router_config *cfg);
 
 /* Starts a router on loop: dials the scheduler, listens at cfg->listen_url and starts receiving.
- * The strings in cfg are copied. On success *out is released with router_close. On error the
+ * The strings in cfg are copied; cfg->text is taken on success, and stays the caller's on error.
+ * On success *out is released with router_close. On error the
  * partly built router has already been closed, and the caller must run the loop until it has no
  * handles left (uv_run(loop, UV_RUN_DEFAULT)) before closing it. Errors: PAGODA_EINVAL (a bad
  * configuration or address), PAGODA_ENOMEM, PAGODA_EIO (a socket could not listen or dial), and

@@ -496,11 +496,9 @@ void link_handle_stats(struct router *r, struct rctx *c, uint32_t tenant, int ad
 
 /* ---- router_text.c ------------------------------------------------------------------------- */
 
-/* Loads model_dir's tokenizer and chat template (text/text_model.h). A model without
- * tokenizer.json, or with a broken one, serves token ids only: r->text stays NULL and
- * r->text_error says why (the load error is logged). Errors: PAGODA_ENOMEM only. Reads files: it
- * runs once at start, before the loop serves anyone. */
-int router_text_open(struct router *r, const char *model_dir);
+/* Takes router_text_load's result t (router.h; NULL: no --model): r->text is its tokenizer and
+ * chat template, or NULL with r->text_error saying why the model serves token ids only. */
+void router_text_adopt(struct router *r, struct router_text *t);
 void router_text_close(struct router *r);
 /* Checks a Submit's text fields (one prompt form, stop strings, the model having a tokenizer)
  * and computes the hash of what identifies them, for deduplication; *has_text is set for a text

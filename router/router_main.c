@@ -4,7 +4,8 @@
  * SIGTERM or SIGINT drains: new Submits are refused, polls are answered until every request has
  * finished (bounded by --drain-timeout-ms), then the router exits 0 (1 when the drain ran out of
  * time). A second signal stops at once. SIGHUP reads the tenants file again (as `pagoda admin
- * reload`), the outcome in the log. */
+ * reload`), the outcome in the log. A tenants file or model tokenizer files it cannot take at
+ * start make it exit with PAGODA_EXIT_CANNOT_RUN (common/exit_status.h). */
 #include "common/error.h"
 #include "common/exit_status.h"
 #include "common/fd_pass.h"
@@ -53,7 +54,8 @@ static void usage(FILE *f)
             "--routing: with several engines, cache-aware (the longest cached prefix unless\n"
             "           that engine is much busier; the default) or round-robin.\n"
             "--model: the model's folder; its tokenizer.json and tokenizer_config.json give\n"
-            "           text prompts, chats and text output (without it: token ids only).\n"
+            "           text prompts, chats and text output (without it: token ids only);\n"
+            "           broken ones stop the router at start (exit status %d).\n"
             "--tenants: JSON {\"admin_keys\": [...], \"groups\": [{\"name\",\n"
             "           \"cache_quota_blocks\"}], \"tenants\": [{\"name\", \"api_keys\": [...],\n"
             "           \"group\", \"max_running\", \"max_waiting\", \"cache_quota_blocks\"}],\n"
@@ -74,11 +76,11 @@ static void usage(FILE *f)
             "           this long is cancelled, its client taken for gone; 0: never (%u).\n"
             "--max-prompt-tokens: lowered to the model's context - 1 once the scheduler\n"
             "           reports it; the largest client message is %u bytes per token + %u.\n",
-            ROUTE_MAX_ENGINES, ROUTER_DEFAULT_ADMIN_TIMEOUT_MS, ROUTER_DEFAULT_STATS_TIMEOUT_MS,
-            ROUTER_DEFAULT_CONTEXTS, ROUTER_DEFAULT_MAX_PARKED_CALLS, ROUTER_RESERVED_FDS,
-            ROUTER_DEFAULT_MAX_CONNECTIONS, ROUTER_DEFAULT_IDLE_TIMEOUT_MS,
-            ROUTER_DEFAULT_ABANDON_MS, ROUTER_BYTES_PER_PROMPT_TOKEN,
-            ROUTER_MESSAGE_OVERHEAD_BYTES);
+            ROUTE_MAX_ENGINES, PAGODA_EXIT_CANNOT_RUN, ROUTER_DEFAULT_ADMIN_TIMEOUT_MS,
+            ROUTER_DEFAULT_STATS_TIMEOUT_MS, ROUTER_DEFAULT_CONTEXTS,
+            ROUTER_DEFAULT_MAX_PARKED_CALLS, ROUTER_RESERVED_FDS, ROUTER_DEFAULT_MAX_CONNECTIONS,
+            ROUTER_DEFAULT_IDLE_TIMEOUT_MS, ROUTER_DEFAULT_ABANDON_MS,
+            ROUTER_BYTES_PER_PROMPT_TOKEN, ROUTER_MESSAGE_OVERHEAD_BYTES);
 }
 
 static int fail(int rc)
@@ -171,6 +173,8 @@ enum {
 
 /* The --scheduler flags, in order (engine i = the i-th). */
 static const char *scheduler_urls[ROUTE_MAX_ENGINES];
+/* --model: the folder whose tokenizer files main reads into cfg.text. */
+static const char *model_dir;
 
 static int parse_flag(int opt, const char *arg, struct router_config *cfg)
 {
@@ -222,7 +226,7 @@ static int parse_flag(int opt, const char *arg, struct router_config *cfg)
         cfg->tenants_file = arg;
         return 0;
     case OPT_MODEL:
-        cfg->model_dir = arg;
+        model_dir = arg;
         return 0;
     case OPT_DRAIN_TIMEOUT:
         return parse_u32("--drain-timeout-ms", arg, 0, UINT32_MAX, &cfg->drain_timeout_ms);
@@ -310,12 +314,30 @@ int main(int argc, char **argv)
         }
         router_tenants_free(t);
     }
+    /* The model's tokenizer files likewise (docs/text.md): a folder whose tokenizer.json or
+     * tokenizer_config.json is broken fails the start, naming the file and the cause, rather than
+     * a router that starts healthy and refuses every text and chat request. Read here, before the
+     * loop runs, and handed to the router. A folder without them serves token ids only. */
+    if (model_dir != NULL && model_dir[0] != '\0' &&
+        (rc = router_text_load(model_dir, &cfg.text)) != 0) {
+        if (rc == PAGODA_ENOMEM)
+            return fail(rc);
+        char why[700];
+        fprintf(stderr,
+                "pagoda-router: %s; the model's tokenizer files cannot be served: fix the file "
+                "(a model folder without tokenizer.json serves token ids only)\n",
+                pagoda_error_message(rc, why, sizeof(why)));
+        return PAGODA_EXIT_CANNOT_RUN;
+    }
 
     uv_loop_t loop;
-    if (uv_loop_init(&loop) != 0)
+    if (uv_loop_init(&loop) != 0) {
+        router_text_free(cfg.text);
         return fail(pagoda_error_set(PAGODA_EIO, "uv_loop_init failed"));
+    }
     struct main_state st = {.status = 0};
     if ((rc = router_open(&loop, &cfg, &st.router)) != 0) {
+        router_text_free(cfg.text);
         int status = fail(rc);
         uv_run(&loop, UV_RUN_DEFAULT); /* lets the partly built router close its handles */
         uv_loop_close(&loop);

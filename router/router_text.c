@@ -70,44 +70,67 @@ struct text_job {
     char detail[512];
 };
 
-int router_text_open(struct router *r, const char *model_dir)
+/* What router_text_load read: the text model, or why the model serves token ids only. */
+struct router_text {
+    struct text_holder *holder; /* NULL: token ids only */
+    char error[512];            /* why, when holder is NULL */
+};
+
+int router_text_load(const char *model_dir, struct router_text **out)
 {
-    if (model_dir == NULL || model_dir[0] == '\0') {
-        snprintf(r->text_error, sizeof(r->text_error),
-                 "the router was started without the model's folder (--model): token ids only");
-        return 0;
-    }
+    struct router_text *t = calloc(1, sizeof(*t));
+    if (t == NULL)
+        return pagoda_error_set(PAGODA_ENOMEM, "out of memory for the tokenizer");
     struct text_model *m = NULL;
     int rc = text_model_open(model_dir, &m);
     if (rc == PAGODA_ENOENT) {
-        snprintf(r->text_error, sizeof(r->text_error),
+        snprintf(t->error, sizeof(t->error),
                  "the model has no tokenizer.json: it serves token ids only");
         log_warn("%s has no tokenizer.json: token ids only", model_dir);
-        return 0;
-    }
-    if (rc != 0) {
-        /* A broken tokenizer.json: token ids are still served; text gets the reason. */
-        char why[512];
-        snprintf(r->text_error, sizeof(r->text_error),
-                 "the model's tokenizer.json could not be loaded: %s",
-                 pagoda_error_message(rc, why, sizeof(why)));
-        log_error("%s", r->text_error);
-        return 0;
-    }
-    struct text_holder *h = calloc(1, sizeof(*h));
-    if (h == NULL) {
+    } else if (rc == PAGODA_EUNSUPPORTED || rc == PAGODA_ERANGE) {
+        /* Valid for HF, beyond what tokenizer/ implements: token ids are served, text gets the
+         * reason (as before the files were checked at start). */
+        snprintf(t->error, sizeof(t->error),
+                 "the model's tokenizer.json is beyond what pagoda supports: %s",
+                 pagoda_error_detail()[0] ? pagoda_error_detail() : pagoda_strerror(rc));
+        log_error("%s: token ids only", t->error);
+    } else if (rc != 0) {
+        free(t); /* broken files, named in the detail: the caller cannot run */
+        return rc;
+    } else if ((t->holder = calloc(1, sizeof(*t->holder))) == NULL) {
         text_model_close(m);
+        free(t);
         return pagoda_error_set(PAGODA_ENOMEM, "out of memory for the tokenizer");
+    } else {
+        atomic_init(&t->holder->refs, 1);
+        t->holder->model = m;
+        const char *chat = text_model_chat_error(m);
+        log_info("tokenizer of %s loaded: %zu tokens%s%s", model_dir,
+                 tokenizer_vocab_size(text_model_tokenizer(m)), chat[0] ? "; chats refused: " : "",
+                 chat);
     }
-    atomic_init(&h->refs, 1);
-    h->model = m;
-    r->text = h;
-    r->text_error[0] = '\0';
-    const char *chat = text_model_chat_error(m);
-    log_info("tokenizer of %s loaded: %zu tokens%s%s", model_dir,
-             tokenizer_vocab_size(text_model_tokenizer(m)), chat[0] ? "; chats refused: " : "",
-             chat);
+    *out = t;
     return 0;
+}
+
+void router_text_free(struct router_text *t)
+{
+    if (t == NULL)
+        return;
+    holder_unref(t->holder);
+    free(t);
+}
+
+void router_text_adopt(struct router *r, struct router_text *t)
+{
+    if (t == NULL) {
+        snprintf(r->text_error, sizeof(r->text_error),
+                 "the router was started without the model's folder (--model): token ids only");
+        return;
+    }
+    r->text = t->holder;
+    snprintf(r->text_error, sizeof(r->text_error), "%s", t->holder ? "" : t->error);
+    free(t);
 }
 
 void router_text_close(struct router *r)

@@ -2,15 +2,14 @@
 
 #include "chat/chat_template.h"
 #include "common/error.h"
+#include "common/json_util.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 struct text_model {
     Tokenizer *tok;
@@ -18,87 +17,83 @@ struct text_model {
     char chat_error[512]; /* why chats are refused; "" when they are not */
 };
 
-/* Reads a whole regular file of at most max bytes into a malloc'd buffer. */
-static int read_file(const char *path, size_t max, char **out, size_t *len)
+/* Whether path names nothing at all: not even a symbolic link (one to nothing is a broken
+ * file, not an absent one: a model folder of HF's cache whose blob is missing). */
+static bool absent(const char *path)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return errno == ENOENT
-                   ? PAGODA_ENOENT
-                   : pagoda_error_set(pagoda_from_errno(errno), "%s: %s", path, strerror(errno));
     struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || (size_t)st.st_size > max) {
-        close(fd);
-        return pagoda_error_set(PAGODA_EFORMAT, "%s: not a regular file of at most %zu bytes", path,
-                                max);
-    }
-    char *buf = malloc((size_t)st.st_size + 1);
-    if (buf == NULL) {
-        close(fd);
-        return PAGODA_ENOMEM;
-    }
-    size_t got = 0;
-    while (got < (size_t)st.st_size) {
-        ssize_t n = read(fd, buf + got, (size_t)st.st_size - got);
-        if (n <= 0) {
-            int e = n < 0 ? errno : EIO;
-            free(buf);
-            close(fd);
-            return pagoda_error_set(pagoda_from_errno(e), "%s: read failed", path);
-        }
-        got += (size_t)n;
-    }
-    close(fd);
-    buf[got] = '\0';
-    *out = buf;
-    *len = got;
-    return 0;
+    return lstat(path, &st) != 0 && errno == ENOENT;
 }
 
-/* Reads tokenizer_config.json's chat template and special tokens; a failure is kept as the reason
- * chats are refused. */
-static void load_chat(struct text_model *m, const char *dir)
+/* Reads tokenizer_config.json's chat template and special tokens. What leaves a model without
+ * chats, their reason kept in m->chat_error: no such file, no chat_template in it, a template
+ * beyond chat/jinja.h's subset (PAGODA_EUNSUPPORTED) or over its limits (PAGODA_ERANGE), as
+ * transformers would still load and apply it. Anything else is a broken file, returned with a
+ * detail naming it: one that cannot be read, is not JSON or has a field of the wrong type (which
+ * transformers would not load), or a template that is not Jinja at all (PAGODA_EINVAL, which
+ * jinja2 refuses too). */
+static int load_chat(struct text_model *m, const char *dir)
 {
     char path[PATH_MAX];
     char *text = NULL;
     size_t len = 0;
     snprintf(path, sizeof(path), "%s/tokenizer_config.json", dir);
-    int rc = read_file(path, CHAT_TEMPLATE_MAX_CONFIG_BYTES, &text, &len);
-    if (rc != 0) {
-        char why[512];
-        snprintf(m->chat_error, sizeof(m->chat_error), "%s",
-                 rc == PAGODA_ENOENT ? "the model has no tokenizer_config.json (no chat template)"
-                                     : pagoda_error_message(rc, why, sizeof(why)));
-        return;
+    if (absent(path)) {
+        snprintf(m->chat_error, sizeof(m->chat_error),
+                 "the model has no tokenizer_config.json (no chat template)");
+        return 0;
     }
-    rc = chat_template_new(text, len, &m->chat);
-    free(text);
-    if (rc != 0) {
-        char why[512];
-        snprintf(m->chat_error, sizeof(m->chat_error), "%s",
-                 rc == PAGODA_ENOENT ? "tokenizer_config.json has no chat_template"
-                                     : pagoda_error_message(rc, why, sizeof(why)));
+    int rc = json_util_read_file(path, CHAT_TEMPLATE_MAX_CONFIG_BYTES, &text, &len);
+    if (rc == PAGODA_ENOENT) /* a symbolic link to nothing, or gone since: broken, not absent */
+        return pagoda_error_set(PAGODA_EIO, "%s: %s", path,
+                                absent(path) ? "removed while read" : "a symbolic link to nothing");
+    if (rc == 0) {
+        rc = chat_template_new(text, len, &m->chat);
+        free(text);
     }
+    if (rc == 0 || rc == PAGODA_ENOMEM)
+        return rc;
+    char why[512];
+    snprintf(why, sizeof(why), "%s",
+             pagoda_error_detail()[0] ? pagoda_error_detail() : pagoda_strerror(rc));
+    if (rc == PAGODA_ENOENT || rc == PAGODA_EUNSUPPORTED || rc == PAGODA_ERANGE) {
+        snprintf(m->chat_error, sizeof(m->chat_error), "%s", why);
+        return 0;
+    }
+    /* A detail from json_util_read_file names the path; chat_template.h's name the file's part
+     * ("tokenizer_config.json: line 1 ...", "chat template 'default': line 3: ..."). */
+    if (strncmp(why, path, strlen(path)) == 0)
+        return rc;
+    if (strncmp(why, "tokenizer_config.json", strlen("tokenizer_config.json")) == 0)
+        return pagoda_error_set(rc, "%s/%s", dir, why);
+    return pagoda_error_set(rc, "%s: %s", path, why);
 }
 
 int text_model_open(const char *dir, struct text_model **out)
 {
     char path[PATH_MAX];
-    if (snprintf(path, sizeof(path), "%s/tokenizer.json", dir) >= (int)sizeof(path))
-        return pagoda_error_set(PAGODA_ERANGE, "%s: path too long", dir);
-    if (access(path, F_OK) != 0 && errno == ENOENT)
+    /* tokenizer_config.json's path is 7 bytes longer */
+    if (snprintf(path, sizeof(path), "%s/tokenizer_config.json", dir) >= (int)sizeof(path))
+        return pagoda_error_set(PAGODA_EINVAL, "%s: path too long", dir);
+    snprintf(path, sizeof(path), "%s/tokenizer.json", dir);
+    if (absent(path))
         return pagoda_error_set(PAGODA_ENOENT, "%s has no tokenizer.json", dir);
     struct text_model *m = calloc(1, sizeof(*m));
     if (m == NULL)
         return PAGODA_ENOMEM;
     int rc = tokenizer_new_from_file(path, &m->tok);
     if (rc != 0) {
-        if (rc == PAGODA_ENOENT) /* the file went away: broken, not absent */
-            rc = PAGODA_EIO;
         free(m);
+        if (rc == PAGODA_ENOENT) /* a symbolic link to nothing, or gone since: broken, not absent */
+            return pagoda_error_set(PAGODA_EIO, "%s: %s", path,
+                                    absent(path) ? "removed while read"
+                                                 : "a symbolic link to nothing");
         return rc;
     }
-    load_chat(m, dir);
+    if ((rc = load_chat(m, dir)) != 0) {
+        text_model_close(m);
+        return rc;
+    }
     *out = m;
     return 0;
 }

@@ -19,11 +19,21 @@
 
 struct text_model;
 
-/* Reads DIR/tokenizer.json and, when present, DIR/tokenizer_config.json. Errors: PAGODA_ENOENT
- * when DIR has no tokenizer.json (the model serves token ids only); the tokenizer's errors when
- * tokenizer.json is broken or asks for what is not implemented (the detail names it). A broken
- * tokenizer_config.json or chat template does not fail the open: chats are then refused with
- * that reason (text_model_chat_error). On success *out is the caller's (text_model_close). */
+/* Reads DIR/tokenizer.json and, when present, DIR/tokenizer_config.json. On success *out is the
+ * caller's (text_model_close); chats may still be refused (text_model_chat_error): without a
+ * tokenizer_config.json or a chat_template in it, or with a template beyond chat/jinja.h's subset
+ * (PAGODA_EUNSUPPORTED) or limits (PAGODA_ERANGE), which transformers would still apply.
+ * Errors, by what they mean to a server (pagoda-router's start, docs/text.md):
+ *   - PAGODA_ENOENT: DIR has no tokenizer.json (nothing by that name, not even a symbolic link):
+ *     the model serves token ids only;
+ *   - PAGODA_EUNSUPPORTED, PAGODA_ERANGE: a tokenizer.json that asks for what tokenizer/ does not
+ *     implement, or is over its limits: valid for HF, not served by pagoda (token ids only);
+ *   - PAGODA_ENOMEM;
+ *   - any other: the files are broken, the detail naming the file and the cause: a tokenizer.json
+ *     or tokenizer_config.json that cannot be read (a symbolic link to nothing, no permission,
+ *     not a regular file), is not JSON or has a field of the wrong type (transformers, and so
+ *     vLLM, would not load the tokenizer), or a chat template that is not Jinja at all
+ *     (PAGODA_EINVAL, "line N: ...": jinja2 refuses it too, docs/chat-templates.md). */
 int text_model_open(const char *dir, struct text_model **out);
 
 /* Frees a text model; accepts NULL. */

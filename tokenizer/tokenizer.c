@@ -718,8 +718,13 @@ int tokenizer_new_from_file(const char *path, Tokenizer **out)
         return rc;
     rc = tokenizer_new_from_json(buf, size, out);
     if (rc && pagoda_error_detail()[0]) {
+        /* the path instead of the details' own "tokenizer.json: " where they start with it */
+        static const char own[] = "tokenizer.json: ";
+        const char *d = pagoda_error_detail();
+        if (strncmp(d, own, sizeof(own) - 1) == 0)
+            d += sizeof(own) - 1;
         char detail[512];
-        snprintf(detail, sizeof(detail), "%s", pagoda_error_detail());
+        snprintf(detail, sizeof(detail), "%s", d);
         pagoda_error_set(rc, "%s: %s", path, detail);
     }
     free(buf);

@@ -8,7 +8,8 @@
 # a router whose loop stops (SIGSTOP) is killed and replaced by the supervisor and the group
 # serves again, an earlier group's runtime pins file is removed, and down leaves no process, no socket and no shared memory behind, also after
 # the supervisor was killed with SIGKILL; with --http-listen, status lists the gateway and up's
-# --gateway-arg reaches it.
+# --gateway-arg reaches it; a model folder whose tokenizer.json is broken fails the start, saying
+# which file and why, the router tried once.
 # The group listens on a private ipc:// address in a temporary dir, so it never collides with a
 # group on the default TCP port.
 set -euo pipefail
@@ -24,7 +25,7 @@ run=$tmp/run
 url=ipc://$run/client.ipc
 cleanup() {
     local d
-    for d in "$run" "$tmp/theirs" "$tmp/open" "$tmp/linked" "$tmp/gw"; do
+    for d in "$run" "$tmp/theirs" "$tmp/open" "$tmp/linked" "$tmp/gw" "$tmp/tok"; do
         [ ! -d "$d" ] || "$deploy/pagoda-down" --run-dir "$d" --timeout 30 >/dev/null 2>&1 || true
     done
     rm -rf -- "$tmp"
@@ -261,6 +262,27 @@ check "pagoda-status lists the gateway" grep -q "gateway .*pid [0-9]" "$tmp/gw-s
 check "pagoda-down stops it (exit $rc)" [ "$rc" = 0 ]
 "$deploy/pagoda-up" --run-dir "$gw" --gateway-arg >"$tmp/gw-bad.out" 2>&1 && rc=0 || rc=$?
 check "a --gateway-arg without its value is refused (exit $rc)" [ "$rc" = 2 ]
+
+# -- the bundled model with its tokenizer.json cut short (a copy that did not finish): the group
+# does not start. The router says it cannot run as configured, naming the file and the cause, and
+# the supervisor stops the group at once instead of restarting it (vLLM and llama.cpp refuse such
+# a model folder too); a folder without tokenizer.json would serve token ids.
+brown=$src/assets/pagoda-brown
+mkdir "$tmp/brown" && ln -s "$brown/config.json" "$brown/model.safetensors" "$tmp/brown/" &&
+    cp "$brown/tokenizer_config.json" "$tmp/brown/"
+head -c 100000 "$brown/tokenizer.json" >"$tmp/brown/tokenizer.json"
+mkdir -m 0700 "$tmp/tok"
+"$deploy/pagoda-up" --run-dir "$tmp/tok" --bin-dir "$bin_dir" --model "$tmp/brown" \
+    --listen "ipc://$tmp/tok/client.ipc" --kv-blocks 256 >"$tmp/tok-up.out" 2>&1 && rc=0 || rc=$?
+check "a model whose tokenizer.json is broken does not start (exit $rc)" [ "$rc" = 1 ]
+check "pagoda-up shows the router naming the file and the cause" grep -q \
+    "pagoda-router: $tmp/brown/tokenizer.json: line [0-9]* column [0-9]*: .*end of file" \
+    "$tmp/tok-up.out"
+check "the supervisor says the router cannot run as configured and stops the group" grep -q \
+    "router (pid [0-9]*) cannot run as configured (exit status 78.*stopping the group" \
+    "$tmp/tok/supervisor.log"
+check "the router was started once" [ "$(grep -c "starting router" "$tmp/tok/router.log")" = 1 ]
+check "nothing runs after the refused model" nothing_runs
 
 if [ "$failed" != 0 ]; then
     for f in "$tmp"/*.out "$tmp"/*.err "$run"/*.log; do

@@ -2,8 +2,12 @@
  * test tokenizer of tests/data/tiny-text (a byte-level BPE laid out as Llama 3's, a Llama-3-style
  * chat template).
  *
- *   - A model without tokenizer.json, then with a broken one: text and chats get a clear error at
- *     Submit, token ids are served.
+ *   - A model without tokenizer.json, then with one that asks for what pagoda does not support:
+ *     text and chats get a clear error at Submit, token ids are served. A template beyond the
+ *     Jinja subset: chats get that error, text is served.
+ *   - Broken files: a truncated tokenizer.json, a tokenizer_config.json with a field of the
+ *     wrong type, a chat template that is not Jinja: the group does not start, the router
+ *     exits saying it cannot run as configured and names the file and the cause.
  *   - With the tokenizer: a text prompt gives the tokens a token-id client gets for its encoding
  *     (the two share the group), the text is the decode of those tokens and the streamed pieces
  *     join to it; a chat is the template's rendering; a stop string cuts the text before it (across
@@ -130,6 +134,73 @@ static void scenario_refused(struct group *g, const char *what, const char *want
         pagoda_client_close(c);
     }
     CHECK(group_stop(g) == 0, "%s: the group drains", what);
+}
+
+/* The files are broken: the router cannot run as configured (PAGODA_EXIT_CANNOT_RUN), so the
+ * supervisor stops the group that is starting, and the router's log names the file (want_file)
+ * and the cause (want). */
+static void scenario_cannot_start(struct group *g, const char *what, const char *want_file,
+                                  const char *want)
+{
+    char path[700];
+    snprintf(path, sizeof(path), "%s/router.log", g->run_dir);
+    unlink(path); /* this start's lines only */
+    int rc = group_start(g, NULL);
+    CHECK(rc != 0, "%s: the group does not start", what);
+    if (rc == 0) {
+        group_stop(g);
+        return;
+    }
+    size_t len = 0;
+    char *log = read_all(path, &len);
+    const char *said = log != NULL ? strstr(log, "pagoda-router: ") : NULL;
+    const char *line = said != NULL ? strstr(said, want_file) : NULL;
+    CHECK(line != NULL && strstr(line, want) != NULL,
+          "%s: the router's log names %s and why ('%s'): %.*s", what, want_file, want,
+          said != NULL ? (int)strcspn(said, "\n") : 8, said != NULL ? said : "(no log)");
+    CHECK(log != NULL && strstr(log, "cannot be served") != NULL &&
+              strstr(strstr(log, "cannot be served") + 1, "cannot be served") == NULL,
+          "%s: the router was started once, not restarted", what);
+    free(log);
+    snprintf(path, sizeof(path), "%s/supervisor.log", g->tmp);
+    log = read_all(path, &len);
+    CHECK(log != NULL && strstr(log, "router (pid ") != NULL &&
+              strstr(log, "cannot run as configured") != NULL,
+          "%s: the supervisor says the router cannot run as configured", what);
+    free(log);
+    CHECK(group_program_pid(g, "pagoda-scheduler") < 0 && group_program_pid(g, "pagoda-worker") < 0,
+          "%s: nothing of the group is left running", what);
+}
+
+/* A template beyond the Jinja subset (valid for jinja2): the group starts, chats are refused
+ * with the reason, text is served. */
+static void scenario_no_chats(struct group *g, const char *want)
+{
+    int ok = group_start(g, NULL) == 0;
+    CHECK(ok, "a template beyond the subset: the group starts");
+    pagoda_client *c = ok ? open_client(g) : NULL;
+    if (c != NULL) {
+        pagoda_generate_params p = group_greedy(4);
+        pagoda_chat_message m = {.role = "user", .content = "hi"};
+        pagoda_prompt pr = pagoda_prompt_default();
+        pr.messages = &m;
+        pr.num_messages = 1;
+        uint8_t id[PAGODA_REQUEST_ID_BYTES];
+        int rc = pagoda_submit_prompt(c, &p, &pr, id);
+        CHECK(rc == PAGODA_EUNSUPPORTED && strstr(pagoda_error_detail(), want) != NULL,
+              "a template beyond the subset: a chat is refused: %d '%s'", rc,
+              pagoda_error_detail());
+        pr = pagoda_prompt_default();
+        pr.text = "hello";
+        pagoda_result r;
+        rc = pagoda_generate_prompt(c, &p, &pr, NULL, NULL, &r);
+        CHECK(rc == 0 && r.num_tokens == 4, "a template beyond the subset: text is served (%d)",
+              rc);
+        if (rc == 0)
+            pagoda_result_free(&r);
+        pagoda_client_close(c);
+    }
+    CHECK(group_stop(g) == 0, "a template beyond the subset: the group drains");
 }
 
 struct pieces {
@@ -589,13 +660,31 @@ int main(int argc, char **argv)
     char from[1024], to[1024];
     scenario_refused(&g, "no tokenizer.json", "no tokenizer.json");
     snprintf(to, sizeof(to), "%s/tokenizer.json", g.model);
-    CHECK(write_text(to, "{\"model\": {\"type\": \"WordPiece\"") == 0, "a broken tokenizer.json");
-    scenario_refused(&g, "broken tokenizer.json", "could not be loaded");
+    CHECK(write_text(to, "{\"model\": {\"type\": \"WordPiece\", \"vocab\": {}}}") == 0,
+          "a tokenizer.json pagoda does not support");
+    scenario_refused(&g, "an unsupported tokenizer.json", "WordPiece is not supported");
+    CHECK(write_text(to, "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0,") == 0,
+          "a truncated tokenizer.json");
+    scenario_cannot_start(&g, "a truncated tokenizer.json", "tokenizer.json: line 1",
+                          "end of file");
 
     snprintf(from, sizeof(from), "%s/tests/data/tiny-text/tokenizer.json", src ? src : ".");
     int ok = copy_file(from, to) == 0;
-    snprintf(from, sizeof(from), "%s/tests/data/tiny-text/tokenizer_config.json", src ? src : ".");
     snprintf(to, sizeof(to), "%s/tokenizer_config.json", g.model);
+    CHECK(ok && write_text(to, "{\"bos_token\": 1, \"chat_template\": \"{{ bos_token }}\"}") == 0,
+          "a tokenizer_config.json with a field of the wrong type");
+    scenario_cannot_start(&g, "a wrong type in tokenizer_config.json", "tokenizer_config.json",
+                          "bos_token must be a string");
+    CHECK(write_text(to, "{\"chat_template\": \"{% for m in messages %}{{ m.content }}\"}") == 0,
+          "a chat template that is not Jinja");
+    scenario_cannot_start(&g, "a chat template that is not Jinja", "tokenizer_config.json",
+                          "never closed");
+    CHECK(write_text(to, "{\"chat_template\": \"{% for m in messages %}{{ m.content|wordwrap(80) "
+                         "}}{% endfor %}\"}") == 0,
+          "a chat template beyond the subset");
+    scenario_no_chats(&g, "the filter 'wordwrap' is not supported");
+
+    snprintf(from, sizeof(from), "%s/tests/data/tiny-text/tokenizer_config.json", src ? src : ".");
     ok = ok && copy_file(from, to) == 0;
     CHECK(ok, "the test tokenizer is in the model's folder");
     Tokenizer *tok = NULL;
