@@ -83,6 +83,8 @@ static int send_submit(struct engine *e, struct request *q)
     sub.stop_token_ids = q->stop_ids;
     sub.has_ignore_eos = 1;
     sub.ignore_eos = q->p.ignore_eos;
+    sub.has_logprobs = q->p.logprobs != 0;
+    sub.logprobs = q->p.logprobs != 0;
     sub.n_output_token_ids = q->num_tokens;
     sub.output_token_ids = q->tokens;
     sub.has_client_request_id = 1;

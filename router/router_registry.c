@@ -306,6 +306,9 @@ struct request *registry_adopt(struct router *r, const Pagoda__Internal__TokenEv
     q->p.max_tokens =
         ev->has_max_tokens && ev->max_tokens > 0 ? ev->max_tokens : (int32_t)r->cfg.max_new_tokens;
     q->p.ignore_eos = ev->has_ignore_eos && ev->ignore_eos;
+    /* its client's polls answer the log-probabilities (and each token's text end) it asked for;
+     * without this they came back 0.0, or none, and a whole answer's names as token ids */
+    q->p.logprobs = ev->has_logprobs_asked && ev->logprobs_asked;
     q->prompt_tokens = ev->has_prompt_tokens ? ev->prompt_tokens : 0;
     size_t b = bucket_of(r, q->sched_id);
     q->hash_next = r->buckets[b];

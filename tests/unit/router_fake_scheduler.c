@@ -38,6 +38,7 @@ struct fseq {
     int32_t stop_ids[64];
     size_t num_stop;
     int ignore_eos;
+    int logprobs; /* the SubmitSeq's, echoed in announcements */
     char tenant[32];
     uint8_t client_id[16];
     int has_client_id;
@@ -173,6 +174,7 @@ static void on_submit(struct fake_sched *fs, const Pagoda__Internal__SubmitSeq *
     if (q->num_stop > 0)
         memcpy(q->stop_ids, s->stop_token_ids, q->num_stop * sizeof(int32_t));
     q->ignore_eos = s->ignore_eos;
+    q->logprobs = s->has_logprobs && s->logprobs;
     snprintf(q->tenant, sizeof(q->tenant), "%s", s->tenant ? s->tenant : "");
     if (s->has_client_request_id && s->client_request_id.len == 16) {
         q->has_client_id = 1;
@@ -228,12 +230,14 @@ static void on_stats(struct fake_sched *fs, const Pagoda__Internal__StatsRequest
     send_msg(fs, &env);
 }
 
-/* RouterHello: every unfinished request from offset 0, then announce_done (one message). */
+/* RouterHello: every unfinished request from offset 0 (its tokens with their log-probabilities,
+ * as the scheduler's), then announce_done (one message). */
 static void on_router_hello(struct fake_sched *fs)
 {
     enum { MAX_ANNOUNCE = 64, MAX_TOKENS = 256 };
     Pagoda__Internal__TokenEvent events[MAX_ANNOUNCE], *ptrs[MAX_ANNOUNCE];
     static int32_t tokens[MAX_ANNOUNCE][MAX_TOKENS];
+    static float lps[MAX_ANNOUNCE][MAX_TOKENS];
     size_t n = 0;
     pthread_mutex_lock(&fs->lock);
     fs->counts.router_hellos++;
@@ -247,14 +251,19 @@ static void on_router_hello(struct fake_sched *fs)
         ev->request_id.len = 16;
         ev->announce = 1;
         uint32_t k = q->emitted < MAX_TOKENS ? q->emitted : MAX_TOKENS;
-        for (uint32_t i = 0; i < k; i++)
+        for (uint32_t i = 0; i < k; i++) {
             tokens[n][i] = fake_sched_token(q->prompt, q->num_prompt, i);
-        ev->n_token_ids = k;
+            lps[n][i] = fake_sched_logprob(i);
+        }
+        ev->n_token_ids = ev->n_logprobs = k;
         ev->token_ids = tokens[n];
+        ev->logprobs = lps[n];
         ev->tenant = q->tenant;
         ev->has_max_tokens = ev->has_ignore_eos = ev->has_prompt_tokens = 1;
         ev->max_tokens = q->max_tokens;
         ev->ignore_eos = q->ignore_eos;
+        ev->has_logprobs_asked = q->logprobs != 0;
+        ev->logprobs_asked = q->logprobs != 0;
         ev->prompt_tokens = (uint32_t)q->num_prompt;
         if (q->has_client_id) {
             ev->has_client_request_id = 1;

@@ -673,6 +673,7 @@ int io_to_router(void *ctx, const Pagoda__Internal__ToRouter *msg)
                 a->finish = ev->has_finish_reason ? (int)ev->finish_reason : 0;
                 a->max_tokens = ev->max_tokens;
                 a->ignore_eos = ev->ignore_eos;
+                a->logprobs_asked = ev->has_logprobs_asked && ev->logprobs_asked;
                 a->tenant_ok = ev->tenant != NULL && strcmp(ev->tenant, "t") == 0;
                 a->prompt_tokens = ev->prompt_tokens;
                 continue;
@@ -944,6 +945,8 @@ struct req_rec *submit_full(struct harness *h, int idn, const int32_t *prompt, i
     sub.ignore_eos = ignore_eos;
     sub.has_strict_max_tokens = h->strict_max_tokens;
     sub.strict_max_tokens = h->strict_max_tokens;
+    sub.has_logprobs = h->logprobs;
+    sub.logprobs = h->logprobs;
     uint8_t client_id[SCHEDULER_REQUEST_ID_BYTES];
     for (int i = 0; i < SCHEDULER_REQUEST_ID_BYTES; i++)
         client_id[i] = (uint8_t)(r->id[i] ^ 0xa5);

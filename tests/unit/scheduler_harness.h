@@ -123,6 +123,7 @@ struct ann_rec {
     int finish;
     int32_t max_tokens;
     bool ignore_eos;
+    bool logprobs_asked;
     bool tenant_ok;
     uint32_t prompt_tokens;
 };
@@ -154,6 +155,7 @@ struct harness {
     int32_t rec_index[REC_INDEX]; /* 1 + the index in reqs of an id, 0: empty */
     const char *tenant;           /* what submit_full stamps ("t" when NULL) */
     bool strict_max_tokens;       /* what submit_full stamps (SubmitSeq.strict_max_tokens) */
+    bool logprobs;                /* what submit_full stamps (SubmitSeq.logprobs) */
     /* The latest PolicyApplied and AdminResult received (unpacked copies), and counts. */
     Pagoda__Internal__PolicyApplied *applied;
     Pagoda__Internal__AdminResult *admin;

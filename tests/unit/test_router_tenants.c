@@ -564,7 +564,9 @@ static void test_tenants_exhausted_keeps_admitted(void **state)
 
 /* kill -9 of the router: the restarted one learns the request from the scheduler's
  * announcement (with a tenants file, under the client's id that the scheduler echoes), so its
- * owner polling by id gets every token, and another tenant still gets PAGODA_ENOENT. */
+ * owner polling by id gets every token with the log-probabilities it asked for (also echoed: an
+ * outside probe's whole answers had 0.0 after the kill, and their streams none), and another
+ * tenant still gets PAGODA_ENOENT. */
 static void test_tenants_router_restart_keeps_requests(void **state)
 {
     struct rtr_env *e = *state;
@@ -592,6 +594,9 @@ static void test_tenants_router_restart_keeps_requests(void **state)
     for (int i = 0; i < 1000 && f == PAGODA_FINISH_NONE; i++) {
         assert_int_equal(pagoda_poll(alice, id, have, 2000, &r), 0);
         assert_true(have + r.num_tokens <= 30);
+        assert_true(r.num_tokens == 0 || r.logprobs != NULL);
+        for (size_t k = 0; k < r.num_tokens; k++)
+            assert_true(r.logprobs[k] == fake_sched_logprob(have + (uint32_t)k));
         memcpy(out + have, r.token_ids, r.num_tokens * sizeof(int32_t));
         have += (uint32_t)r.num_tokens;
         f = r.finish_reason;
