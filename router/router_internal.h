@@ -153,6 +153,11 @@ struct request {
      * that ended it (1-based index, 0 none) or the stop token id. */
     struct output_text *text;
     struct text_job *job;
+    /* Its text parameters as SubmitSeq.router_text carries them to the scheduler (a packed
+     * RouterText; NULL without output text), so that a router restarted meanwhile gets them back
+     * in the announcement. */
+    uint8_t *router_text;
+    size_t router_text_len;
     int stop_index;
     int has_stop_token_id;
     int32_t stop_token_id;
@@ -506,10 +511,16 @@ void router_text_close(struct router *r);
 int router_text_read(const struct router *r, const Pagoda__SubmitRequest *s, int *has_text,
                      uint64_t hash[2]);
 /* Gives q its output text (when the model has a tokenizer and the client did not turn it off;
- * s NULL: the defaults, for an adopted request) and, for a text or chat prompt, starts the job
- * that tokenizes it (q->job). Errors: those of output_text_new (a bad stop string),
- * PAGODA_ENOMEM, PAGODA_EIO. */
+ * s NULL: the defaults) and q->router_text, and, for a text or chat prompt, starts the job that
+ * tokenizes it (q->job). Errors: those of output_text_new (a bad stop string), PAGODA_ENOMEM,
+ * PAGODA_EIO. */
 int router_text_attach(struct router *r, struct request *q, const Pagoda__SubmitRequest *s);
+/* An adopted request's output text, from the router_text its announcement echoes (ev's; absent:
+ * the defaults): the stop strings and options its first router had, so that the announced output,
+ * appended from offset 0, holds back and stops as it did there. Errors: those of
+ * router_text_attach, PAGODA_EFORMAT (router_text that does not unpack). */
+int router_text_attach_announced(struct router *r, struct request *q,
+                                 const Pagoda__Internal__TokenEvent *ev);
 /* Releases q's text side; a job in flight is cancelled or left to free itself. */
 void router_text_request_free(struct router *r, struct request *q);
 /* The router is being freed: jobs in flight no longer report to it. */

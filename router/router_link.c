@@ -85,6 +85,9 @@ static int send_submit(struct engine *e, struct request *q)
     sub.ignore_eos = q->p.ignore_eos;
     sub.has_logprobs = q->p.logprobs != 0;
     sub.logprobs = q->p.logprobs != 0;
+    sub.has_router_text = q->router_text != NULL;
+    sub.router_text.data = q->router_text;
+    sub.router_text.len = q->router_text_len;
     sub.n_output_token_ids = q->num_tokens;
     sub.output_token_ids = q->tokens;
     sub.has_client_request_id = 1;

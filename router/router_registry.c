@@ -322,8 +322,8 @@ struct request *registry_adopt(struct router *r, const Pagoda__Internal__TokenEv
         r->alias_buckets[b] = q;
         q->aliased = 1;
     }
-    if (router_text_attach(r, q, NULL) != 0)
-        log_warn("request %s: no memory for its text: it gets token ids only", hex);
+    if (router_text_attach_announced(r, q, ev) != 0)
+        log_warn("request %s: %s: it gets token ids only", hex, pagoda_error_detail());
     list_push_back(&r->live, q);
     r->slots[tenant].live++;
     tenancy_ref(r, tenant);

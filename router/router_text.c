@@ -541,6 +541,21 @@ int router_text_attach(struct router *r, struct request *q, const Pagoda__Submit
             output_text_new(text_model_tokenizer(r->text->model), skip, stops, lens, n, &q->text);
         if (rc != 0)
             return rc;
+        /* the same parameters for the scheduler to hold (router_text_attach_announced) */
+        Pagoda__Internal__RouterText rt = PAGODA__INTERNAL__ROUTER_TEXT__INIT;
+        ProtobufCBinaryData bins[OUTPUT_TEXT_MAX_STOPS];
+        for (size_t i = 0; i < n; i++)
+            bins[i] = (ProtobufCBinaryData){lens[i], (uint8_t *)stops[i]};
+        rt.n_stop = n;
+        rt.stop = bins;
+        rt.has_skip_special_tokens = rt.has_detokenize = 1;
+        rt.skip_special_tokens = skip;
+        rt.detokenize = 1;
+        size_t len = pagoda__internal__router_text__get_packed_size(&rt);
+        free(q->router_text);
+        if ((q->router_text = malloc(len ? len : 1)) == NULL)
+            return pagoda_error_set(PAGODA_ENOMEM, "out of memory for the request's text");
+        q->router_text_len = pagoda__internal__router_text__pack(&rt, q->router_text);
     }
     if (!text)
         return 0;
@@ -585,6 +600,33 @@ void router_text_request_free(struct router *r, struct request *q)
     detach_job(r, q);
     output_text_free(q->text);
     q->text = NULL;
+    free(q->router_text);
+    q->router_text = NULL;
+    q->router_text_len = 0;
+}
+
+int router_text_attach_announced(struct router *r, struct request *q,
+                                 const Pagoda__Internal__TokenEvent *ev)
+{
+    if (!ev->has_router_text || ev->router_text.len == 0)
+        return router_text_attach(r, q, NULL);
+    Pagoda__Internal__RouterText *rt =
+        pagoda__internal__router_text__unpack(NULL, ev->router_text.len, ev->router_text.data);
+    if (rt == NULL || rt->n_stop > OUTPUT_TEXT_MAX_STOPS) {
+        pagoda__internal__router_text__free_unpacked(rt, NULL);
+        return pagoda_error_set(PAGODA_EFORMAT, "its router_text does not unpack");
+    }
+    /* as the client's SubmitRequest said it (no prompt text: no tokenizing job) */
+    Pagoda__SubmitRequest s = PAGODA__SUBMIT_REQUEST__INIT;
+    s.n_stop = rt->n_stop;
+    s.stop = rt->stop;
+    s.has_skip_special_tokens = rt->has_skip_special_tokens;
+    s.skip_special_tokens = rt->skip_special_tokens;
+    s.has_detokenize = 1;
+    s.detokenize = !rt->has_detokenize || rt->detokenize;
+    int rc = router_text_attach(r, q, &s);
+    pagoda__internal__router_text__free_unpacked(rt, NULL);
+    return rc;
 }
 
 void router_text_router_closing(struct router *r)

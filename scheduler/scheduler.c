@@ -109,6 +109,7 @@ void sched_seq_free(struct seq *q)
     free(q->tokens);
     free(q->logprobs);
     free(q->tenant);
+    free(q->router_text);
     free(q->entries);
     free(q->keys);
     free(q->error_text);

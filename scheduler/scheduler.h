@@ -237,6 +237,9 @@
  * submissions are refused as fast as it sends them cannot push out other clients' ends: this
  * many, or 8 times as many while a resend is pending. */
 #define SCHEDULER_MAX_RECENT_REFUSED 256
+/* The most bytes of a SubmitSeq's router_text held (the router's stop strings: 16 of 256 bytes);
+ * a longer one is not the router's and is not kept. */
+#define SCHEDULER_MAX_ROUTER_TEXT 8192u
 /* The longest worker's error message kept for a request that failed (longer ones are cut). */
 #define SCHEDULER_ERROR_MESSAGE_MAX 256
 /* Request ids are 128-bit. */

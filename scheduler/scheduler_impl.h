@@ -60,7 +60,9 @@ struct seq {
     int32_t max_tokens;     /* 0: up to the context */
     bool strict_max_tokens; /* until its first admission check: prompt + max_tokens must fit */
     bool ignore_eos;
-    bool logprobs_asked; /* the client asked for log-probabilities (echoed in announcements) */
+    bool logprobs_asked;  /* the client asked for log-probabilities (echoed in announcements) */
+    uint8_t *router_text; /* SubmitSeq.router_text (NULL: none), echoed in announcements */
+    size_t router_text_len;
     int32_t num_stop_ids;
     int32_t stop_ids[SCHEDULER_MAX_STOP_IDS];
     struct seq *prev, *next; /* in waiting or running */

@@ -16,12 +16,20 @@
 #include <string.h>
 
 /* What a submission says of who it is, for q: its request id, tenant (a copy: false without
- * memory) and client_request_id, ignore_eos and logprobs, as an announcement tells them. */
+ * memory) and client_request_id, ignore_eos, logprobs and the router's text parameters (a copy),
+ * as an announcement tells them. */
 static bool seq_take_submit_ids(struct seq *q, const Pagoda__Internal__SubmitSeq *m)
 {
     memcpy(q->request_id, m->request_id.data, SCHEDULER_REQUEST_ID_BYTES);
     q->ignore_eos = m->has_ignore_eos && m->ignore_eos;
     q->logprobs_asked = m->has_logprobs && m->logprobs;
+    if (m->has_router_text && m->router_text.len > 0 &&
+        m->router_text.len <= SCHEDULER_MAX_ROUTER_TEXT) { /* (longer: not the router's) */
+        if ((q->router_text = malloc(m->router_text.len)) == NULL)
+            return false;
+        memcpy(q->router_text, m->router_text.data, m->router_text.len);
+        q->router_text_len = m->router_text.len;
+    }
     if (m->has_client_request_id && m->client_request_id.len == SCHEDULER_REQUEST_ID_BYTES) {
         q->has_client_id = true;
         memcpy(q->client_id, m->client_request_id.data, SCHEDULER_REQUEST_ID_BYTES);
@@ -299,6 +307,9 @@ static void announce_fill(Pagoda__Internal__TokenEvent *ev, struct seq *q)
     ev->ignore_eos = q->ignore_eos;
     ev->has_logprobs_asked = q->logprobs_asked;
     ev->logprobs_asked = q->logprobs_asked;
+    ev->has_router_text = q->router_text != NULL;
+    ev->router_text.data = q->router_text;
+    ev->router_text.len = q->router_text_len;
     if (q->has_client_id) {
         ev->has_client_request_id = 1;
         ev->client_request_id.data = q->client_id;
@@ -375,7 +386,7 @@ static bool send_held(struct scheduler *s, bool announce, size_t *total)
             ev->has_announce = ev->announce = 0;
             ev->tenant = NULL;
             ev->has_max_tokens = ev->has_ignore_eos = ev->has_client_request_id = 0;
-            ev->has_logprobs_asked = 0;
+            ev->has_logprobs_asked = ev->has_router_text = 0;
         }
         s->ev_ptrs[n] = ev;
         n++;

@@ -674,6 +674,9 @@ int io_to_router(void *ctx, const Pagoda__Internal__ToRouter *msg)
                 a->max_tokens = ev->max_tokens;
                 a->ignore_eos = ev->ignore_eos;
                 a->logprobs_asked = ev->has_logprobs_asked && ev->logprobs_asked;
+                snprintf(a->router_text, sizeof(a->router_text), "%.*s",
+                         ev->has_router_text ? (int)ev->router_text.len : 0,
+                         ev->has_router_text ? (const char *)ev->router_text.data : "");
                 a->tenant_ok = ev->tenant != NULL && strcmp(ev->tenant, "t") == 0;
                 a->prompt_tokens = ev->prompt_tokens;
                 continue;
@@ -947,6 +950,9 @@ struct req_rec *submit_full(struct harness *h, int idn, const int32_t *prompt, i
     sub.strict_max_tokens = h->strict_max_tokens;
     sub.has_logprobs = h->logprobs;
     sub.logprobs = h->logprobs;
+    sub.has_router_text = h->router_text != NULL;
+    sub.router_text.data = (uint8_t *)h->router_text;
+    sub.router_text.len = h->router_text ? strlen(h->router_text) : 0;
     uint8_t client_id[SCHEDULER_REQUEST_ID_BYTES];
     for (int i = 0; i < SCHEDULER_REQUEST_ID_BYTES; i++)
         client_id[i] = (uint8_t)(r->id[i] ^ 0xa5);

@@ -124,6 +124,7 @@ struct ann_rec {
     int32_t max_tokens;
     bool ignore_eos;
     bool logprobs_asked;
+    char router_text[64]; /* its router_text as a string ("" for none) */
     bool tenant_ok;
     uint32_t prompt_tokens;
 };
@@ -156,6 +157,7 @@ struct harness {
     const char *tenant;           /* what submit_full stamps ("t" when NULL) */
     bool strict_max_tokens;       /* what submit_full stamps (SubmitSeq.strict_max_tokens) */
     bool logprobs;                /* what submit_full stamps (SubmitSeq.logprobs) */
+    const char *router_text;      /* and SubmitSeq.router_text (NULL: none) */
     /* The latest PolicyApplied and AdminResult received (unpacked copies), and counts. */
     Pagoda__Internal__PolicyApplied *applied;
     Pagoda__Internal__AdminResult *admin;

@@ -909,7 +909,8 @@ static void router_hello(struct harness *h)
 }
 
 /* RouterHello: every request held is announced from offset 0 with its output so far, the
- * parameters a router needs (ignore_eos, whether logprobs were asked for) and the client's id; a
+ * parameters a router needs (ignore_eos, whether logprobs were asked for, its text parameters'
+ * bytes) and the client's id; a
  * recently ended one with its finish reason; announce_done closes the announcement, and events
  * continue from where they were. */
 static void test_router_hello_announces(void **state)
@@ -923,8 +924,10 @@ static void test_router_hello_announces(void **state)
     make_prompt(41, 6, pb);
     struct req_rec *a = submit(h, 1, pa, 6, 2);
     h->logprobs = true;
+    h->router_text = "the router's own bytes";
     struct req_rec *b = submit_full(h, 2, pb, 6, 30, NULL, 0, true);
     h->logprobs = false;
+    h->router_text = NULL;
     for (int i = 0; i < 5; i++)
         exchange(h);
     assert_int_equal(a->ends, 1);
@@ -941,6 +944,7 @@ static void test_router_hello_announces(void **state)
     assert_int_equal(ab->finish, 0);
     assert_int_equal(ab->max_tokens, 30);
     assert_true(ab->ignore_eos && ab->logprobs_asked && ab->tenant_ok && ab->has_client_id);
+    assert_string_equal(ab->router_text, "the router's own bytes");
     assert_int_equal(ab->client_id[0], b->id[0] ^ 0xa5);
     assert_int_equal(ab->prompt_tokens, 6);
     assert_memory_equal(aa->id, a->id, SCHEDULER_REQUEST_ID_BYTES);
@@ -949,6 +953,7 @@ static void test_router_hello_announces(void **state)
     assert_memory_equal(aa->lp, a->lp, 2 * sizeof(float));
     assert_int_equal(aa->finish, PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH);
     assert_false(aa->ignore_eos || aa->logprobs_asked);
+    assert_string_equal(aa->router_text, "");
     pump(h);
     assert_int_equal(b->ends, 1);
     assert_int_equal(b->n_out, 30);
