@@ -143,8 +143,10 @@ struct request {
      * its link rejoined did not name it (heard: bit e, an event from e since that join), so that
      * the old copy's end is never taken for the new one's (router_link.c). */
     uint64_t left, heard;
-    int adopted; /* registered from the scheduler's announcement (no prompt known) */
-    int aliased; /* also in router.alias_buckets (see registry_adopt) */
+    int adopted;   /* registered from the scheduler's announcement */
+    int no_prompt; /* adopted without its prompt (an older scheduler's announcement, or one it
+                    * could not read): it is never submitted again, nor moved */
+    int aliased;   /* also in router.alias_buckets (see registry_adopt) */
     struct request *alias_next;
     /* Once finished: its tenant's finished list (tenant_slot.fin_head), oldest first. */
     struct request *tprev, *tnext;

@@ -154,12 +154,12 @@ static const char *request_namespace(const struct router *r, const struct reques
 
 /* The engine q goes to now: the one it is on while that is usable; otherwise (new, or its engine
  * is down and another is usable) the one routing picks. NULL when none is usable: q waits (with
- * one engine, for its scheduler to come back). An adopted request (no prompt known) never
+ * one engine, for its scheduler to come back). An adopted request without its prompt never
  * moves. */
 static struct engine *request_engine(struct router *r, struct request *q)
 {
     uint32_t old = q->engine;
-    if (old != ROUTE_NONE && (engine_usable(&r->engines[old]) || q->adopted))
+    if (old != ROUTE_NONE && (engine_usable(&r->engines[old]) || q->no_prompt))
         return engine_usable(&r->engines[old]) ? &r->engines[old] : NULL;
     /* Neither an engine that is not usable now (routing's view may lag its link) nor one whose
      * copy of q may still run (q->left). */
@@ -284,7 +284,7 @@ static void on_engine_down(struct router *r, struct engine *e)
 {
     uint32_t n = 0;
     for (struct request *q = r->live.head; q != NULL; q = q->next)
-        if (q->engine == e->index && q->job == NULL && !q->adopted) {
+        if (q->engine == e->index && q->job == NULL && !q->no_prompt) {
             registry_set_pending(r, q, &q->need_submit, 1);
             n++;
         }

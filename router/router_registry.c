@@ -264,11 +264,50 @@ void registry_finish(struct router *r, struct request *q, Pagoda__FinishReason r
     router_wake_waiters(q);
 }
 
+/* An adopted request's SubmitSeq, from its announcement (a request not ended carries its prompt,
+ * sampling parameters and stop ids): what submitting it again takes, should the scheduler
+ * restart too, or its engine go down. Without them (an older scheduler's announcement, or one
+ * that does not read) q->no_prompt: its resubmission would be refused, and it stays where it is.
+ * Returns 0, or PAGODA_ENOMEM. */
+static int adopt_submit_params(struct request *q, const Pagoda__Internal__TokenEvent *ev)
+{
+    q->no_prompt = 1;
+    if (ev->n_prompt_token_ids == 0 || ev->n_prompt_token_ids > UINT32_MAX ||
+        ev->n_stop_token_ids > UINT32_MAX)
+        return 0;
+    struct sampling_params sp;
+    if (sampling_from_internal(ev->sampling, &sp) != 0) {
+        char hex[2 * ID_BYTES + 1];
+        router_id_hex(ev->request_id.data, hex);
+        log_warn("announced request %s: its sampling parameters: %s: it cannot be submitted "
+                 "again",
+                 hex, pagoda_error_detail());
+        return 0;
+    }
+    size_t n = ev->n_prompt_token_ids, m = ev->n_stop_token_ids;
+    q->prompt = malloc(n * sizeof(int32_t));
+    q->stop_ids = malloc((m ? m : 1) * sizeof(int32_t));
+    if (q->prompt == NULL || q->stop_ids == NULL)
+        return PAGODA_ENOMEM;
+    memcpy(q->prompt, ev->prompt_token_ids, n * sizeof(int32_t));
+    if (m)
+        memcpy(q->stop_ids, ev->stop_token_ids, m * sizeof(int32_t));
+    q->p.prompt = q->prompt;
+    q->p.num_prompt = (uint32_t)n;
+    q->p.stop_ids = q->stop_ids;
+    q->p.num_stop = (uint32_t)m;
+    q->p.sampling = sp;
+    q->p.has_seed = 1; /* the seed its first router drew, or its client's */
+    q->p.strict_max_tokens = ev->has_strict_max_tokens && ev->strict_max_tokens;
+    q->no_prompt = 0;
+    return 0;
+}
+
 /* Registers a request the scheduler announced and this router does not hold (it restarted):
  * under the tenant and client id the event echoes (without a tenants file the scheduler's id is
- * the client's), with what Poll and Cancel need. The prompt is not known: should the scheduler
- * restart too, its resubmission is refused and the request ends with an error. The caller
- * appends the event's tokens. Returns NULL when it cannot be registered. */
+ * the client's), with what Poll and Cancel need, and what submitting it again needs
+ * (adopt_submit_params). The caller appends the event's tokens. Returns NULL when it cannot be
+ * registered. */
 struct request *registry_adopt(struct router *r, const Pagoda__Internal__TokenEvent *ev,
                                uint32_t engine)
 {
@@ -310,6 +349,10 @@ struct request *registry_adopt(struct router *r, const Pagoda__Internal__TokenEv
      * without this they came back 0.0, or none, and a whole answer's names as token ids */
     q->p.logprobs = ev->has_logprobs_asked && ev->logprobs_asked;
     q->prompt_tokens = ev->has_prompt_tokens ? ev->prompt_tokens : 0;
+    if (!ev->has_finish_reason && adopt_submit_params(q, ev) != 0) {
+        registry_request_free(r, q);
+        return NULL;
+    }
     size_t b = bucket_of(r, q->sched_id);
     q->hash_next = r->buckets[b];
     r->buckets[b] = q;

@@ -1313,11 +1313,13 @@ int scheduler_open(const struct scheduler_config *cfg, const struct scheduler_io
     s->snap_ptrs = calloc(m, sizeof(*s->snap_ptrs));
     s->ev_msgs = calloc(m, sizeof(*s->ev_msgs));
     s->ev_ptrs = calloc(m, sizeof(*s->ev_ptrs));
+    s->ev_sampling = calloc(m, sizeof(*s->ev_sampling));
     s->ev_slots = calloc(m, sizeof(*s->ev_slots));
     if (!s->req_buckets || !s->id_buckets || !steps_ok || !s->worker.suspects ||
         !s->pending_finished.ids || !s->pending_preempted.ids || !s->plan || !s->order ||
         !s->new_msgs || !s->new_ptrs || !s->cont_msgs || !s->cont_ptrs || !s->sp_msgs ||
-        !s->snap_msgs || !s->snap_ptrs || !s->ev_msgs || !s->ev_ptrs || !s->ev_slots) {
+        !s->snap_msgs || !s->snap_ptrs || !s->ev_msgs || !s->ev_ptrs || !s->ev_sampling ||
+        !s->ev_slots) {
         rc = PAGODA_ENOMEM;
         goto fail;
     }
@@ -1372,6 +1374,7 @@ void scheduler_close(struct scheduler *s)
     free(s->snap_ptrs);
     free(s->ev_msgs);
     free(s->ev_ptrs);
+    free(s->ev_sampling);
     free(s->ev_slots);
     free(s);
 }

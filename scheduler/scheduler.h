@@ -222,7 +222,8 @@
 /* How often the scheduler announces its epoch to a worker it has not heard from. */
 #define SCHEDULER_ANNOUNCE_MS 500
 /* Ended requests kept (tokens, not blocks) for the announcement a restarted router asks for
- * with RouterHello, and the most output tokens one announcement message carries. */
+ * with RouterHello, and the most tokens one announcement message carries (output, and the
+ * prompts of the requests not ended). */
 #define SCHEDULER_MAX_RECENT_ENDED 1024
 #define SCHEDULER_ANNOUNCE_TOKENS (1 << 20)
 /* After a message to the router could not be delivered, the scheduler sends every request it

@@ -237,6 +237,7 @@ struct scheduler {
     Pagoda__Internal__SequenceSnapshot **snap_ptrs;
     Pagoda__Internal__TokenEvent *ev_msgs;
     Pagoda__Internal__TokenEvent **ev_ptrs;
+    Pagoda__Internal__SamplingParams *ev_sampling; /* an announcement's (announce_fill) */
     struct event_slot *ev_slots;
     struct scheduler_stats stats;
     uint64_t step_cpu_ns;

@@ -283,7 +283,11 @@ static struct seq *next_ended(struct seq **a, struct seq **b)
     return q;
 }
 
-static void announce_fill(Pagoda__Internal__TokenEvent *ev, struct seq *q)
+/* q's event in an announcement: its output from offset 0 and what a restarted router needs to
+ * register it again (and, for a request not ended, to submit it again: *sp holds its sampling
+ * parameters). */
+static void announce_fill(Pagoda__Internal__TokenEvent *ev, Pagoda__Internal__SamplingParams *sp,
+                          struct seq *q)
 {
     pagoda__internal__token_event__init(ev);
     ev->has_request_id = 1;
@@ -315,7 +319,18 @@ static void announce_fill(Pagoda__Internal__TokenEvent *ev, struct seq *q)
         ev->client_request_id.data = q->client_id;
         ev->client_request_id.len = SCHEDULER_REQUEST_ID_BYTES;
     }
-    if (q->finish_reason != PAGODA__INTERNAL__FINISH_REASON__FINISH_NONE) {
+    if (q->finish_reason == PAGODA__INTERNAL__FINISH_REASON__FINISH_NONE) {
+        /* the rest of its SubmitSeq: without it a router restarted before this scheduler could
+         * not submit the request again, and it ended with an error ("the prompt is empty") */
+        *sp = sampling_to_internal(&q->sampling);
+        ev->sampling = sp;
+        ev->n_prompt_token_ids = (size_t)q->num_prompt_tokens;
+        ev->prompt_token_ids = q->tokens;
+        ev->n_stop_token_ids = (size_t)q->num_stop_ids;
+        ev->stop_token_ids = q->stop_ids;
+        ev->has_strict_max_tokens = q->strict_max_tokens;
+        ev->strict_max_tokens = q->strict_max_tokens;
+    } else {
         ev->has_finish_reason = 1;
         ev->finish_reason = q->finish_reason;
         if (q->error_code != 0) {
@@ -374,23 +389,29 @@ static bool send_held(struct scheduler *s, bool announce, size_t *total)
         size_t out = (size_t)(q->num_tokens - q->num_prompt_tokens);
         if (!announce && out == 0 &&
             q->finish_reason == PAGODA__INTERNAL__FINISH_REASON__FINISH_NONE)
-            continue; /* no event of it can have been lost */
-        if (n > 0 && (n == (size_t)s->cfg.max_seqs || tokens + out > SCHEDULER_ANNOUNCE_TOKENS)) {
+            continue;      /* no event of it can have been lost */
+        size_t sent = out; /* the tokens its event carries (an announcement's: its prompt too) */
+        if (announce && q->finish_reason == PAGODA__INTERNAL__FINISH_REASON__FINISH_NONE)
+            sent += (size_t)q->num_prompt_tokens;
+        if (n > 0 && (n == (size_t)s->cfg.max_seqs || tokens + sent > SCHEDULER_ANNOUNCE_TOKENS)) {
             if (!(whole = sched_send_events_msg(s, s->ev_ptrs, n, false)))
                 break;
             n = tokens = 0;
         }
         Pagoda__Internal__TokenEvent *ev = &s->ev_msgs[n];
-        announce_fill(ev, q);
+        announce_fill(ev, &s->ev_sampling[n], q);
         if (!announce) {
             ev->has_announce = ev->announce = 0;
             ev->tenant = NULL;
             ev->has_max_tokens = ev->has_ignore_eos = ev->has_client_request_id = 0;
             ev->has_logprobs_asked = ev->has_router_text = 0;
+            ev->sampling = NULL;
+            ev->n_prompt_token_ids = ev->n_stop_token_ids = 0;
+            ev->has_strict_max_tokens = 0;
         }
         s->ev_ptrs[n] = ev;
         n++;
-        tokens += out;
+        tokens += sent;
         (*total)++;
     }
     free(newest.slots);

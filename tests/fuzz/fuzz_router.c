@@ -462,7 +462,8 @@ static void scheduler_answer(struct input *in)
     Pagoda__Internal__NamespaceFigures nf = PAGODA__INTERNAL__NAMESPACE_FIGURES__INIT;
     Pagoda__Internal__NamespaceFigures *nf_ptr = &nf;
     Pagoda__Internal__ModelInfo mi = PAGODA__INTERNAL__MODEL_INFO__INIT;
-    int32_t tokens[8];
+    int32_t tokens[8], prompt[8];
+    Pagoda__Internal__SamplingParams sp = PAGODA__INTERNAL__SAMPLING_PARAMS__INIT;
     float logprobs[8];
     uint8_t id[16] = {0};
     switch (what % 4) {
@@ -504,6 +505,23 @@ static void scheduler_answer(struct input *in)
             ev.has_client_request_id = 1;
             ev.client_request_id.data = id;
             ev.client_request_id.len = 16;
+            uint8_t rest = u8(in);
+            if (rest & 1) { /* the rest of its SubmitSeq: a prompt, sampling, stop ids */
+                ev.n_prompt_token_ids = 1 + u8(in) % 8;
+                ev.prompt_token_ids = prompt;
+                for (size_t i = 0; i < ev.n_prompt_token_ids; i++)
+                    prompt[i] = (int32_t)u8(in) - 2;
+                ev.n_stop_token_ids = (rest >> 1) % 3;
+                ev.stop_token_ids = prompt;
+                ev.has_strict_max_tokens = ev.strict_max_tokens = (rest & 8) != 0;
+                if (rest & 16) { /* some out of range: the adopted request keeps no prompt */
+                    ev.sampling = &sp;
+                    sp.has_temperature = sp.has_top_p = sp.has_seed = 1;
+                    sp.temperature = (float)u8(in) / 64.0f - 0.5f;
+                    sp.top_p = (float)u8(in) / 128.0f;
+                    sp.seed = u8(in);
+                }
+            }
         }
         evs.n_events = 1;
         evs.events = &ev_ptr;

@@ -20,6 +20,9 @@
  *                all complete, outputs equal a run without the kill
  *   kill-router  kill -9 of the router amid 32 requests (greedy and seeded sampling): the
  *                scheduler announces them to the new router, all complete unchanged
+ *   kill-router-scheduler  the same, then, once the new router has the announcement, kill -9 of
+ *                the scheduler: the new router submits the requests it adopted again (their
+ *                prompts and parameters came in the announcement), all complete unchanged
  *   stop-worker  SIGSTOP of the worker: the watchdog reports it, the supervisor replaces it,
  *                all requests complete unchanged
  *   stop-router  SIGSTOP of the router amid 8 long requests until the scheduler's messages to
@@ -363,19 +366,40 @@ static void scenario_kill_worker(struct group *g, int lost)
     CHECK(group_stop(g) == 0, "the group stops");
 }
 
-/* The program the kill-scheduler and kill-router scenarios kill ("scheduler" or "router"). */
+/* The program the kill-scheduler and kill-router scenarios kill ("scheduler" or "router"), or
+ * "router-scheduler": the router, then the scheduler once the new router has its announcement. */
 static const char *victim;
 /* The engine's figures just before the kill. */
 static pagoda_engine_stats before_kill;
 
+/* router-scheduler: the requests the new router held when the scheduler was killed. */
+static uint32_t adopted_at_kill;
+
 static void kill_victim(struct group *g)
 {
+    int both = strcmp(victim, "router-scheduler") == 0;
     char program[32];
-    snprintf(program, sizeof(program), "pagoda-%s", victim);
+    snprintf(program, sizeof(program), "pagoda-%s", both ? "router" : victim);
     CHECK(get_stats(g, &before_kill) == 0, "stats before the kill");
     pid_t pid = group_program_pid(g, program);
     CHECK(pid > 0 && atomic_load(&started_jobs) == 32,
-          "every request has its first token; killing %s %d", victim, (int)pid);
+          "every request has its first token; killing %s %d", program, (int)pid);
+    if (pid > 0)
+        kill(pid, SIGKILL);
+    if (!both)
+        return;
+    /* The new router answers Stats; its live requests are the ones it adopted from the
+     * announcement (one message: all of them at once). */
+    pagoda_engine_stats st = {0};
+    for (int i = 0; i < 600; i++) {
+        if (get_stats(g, &st) == 0 && st.live_requests > 0)
+            break;
+        usleep(50 * 1000);
+    }
+    adopted_at_kill = st.live_requests;
+    CHECK(adopted_at_kill > 0, "the new router adopted %u unfinished requests", adopted_at_kill);
+    pid = group_program_pid(g, "pagoda-scheduler");
+    CHECK(pid > 0, "killing pagoda-scheduler %d as well", (int)pid);
     if (pid > 0)
         kill(pid, SIGKILL);
 }
@@ -396,8 +420,11 @@ static void scenario_kill_program(struct group *g, const char *program)
         NULL};
     /* clang-format on */
     victim = program;
+    int both = strcmp(program, "router-scheduler") == 0;
     CHECK(group_start(g, extra) == 0, "group started");
-    make_jobs(kill_jobs, 32, 20, 80, 30, 11);
+    /* two kills: outputs long enough that requests still run at the second */
+    int32_t max_new = both ? 120 : 40;
+    make_jobs(kill_jobs, 32, 20, 80, max_new - 10, 11);
     for (int i = 16; i < 32; i++) {
         kill_jobs[i].temperature = 0.8f;
         kill_jobs[i].seed = 777;
@@ -410,13 +437,17 @@ static void scenario_kill_program(struct group *g, const char *program)
             printf("job %d: %s\n", i, pagoda_strerror(kill_jobs[i].rc));
     }
     CHECK(ok == 32, "all 32 requests completed after the kill (%d)", ok);
-    CHECK(compare_with_pagoda_run(g, kill_jobs, 16, 40) == 0,
+    CHECK(compare_with_pagoda_run(g, kill_jobs, 16, max_new) == 0,
           "greedy outputs equal a run without the kill");
-    CHECK(compare_with_pagoda_run(g, kill_jobs + 16, 16, 40) == 0,
+    CHECK(compare_with_pagoda_run(g, kill_jobs + 16, 16, max_new) == 0,
           "seeded sampled outputs equal a run without the kill");
-    char log[700], cmd[800];
+    char log[700], cmd[1600];
     snprintf(log, sizeof(log), "%s/supervisor.log", g->tmp);
-    snprintf(cmd, sizeof(cmd), "grep -q '%s.*exited' '%s'", program, log);
+    if (strcmp(program, "router-scheduler") == 0)
+        snprintf(cmd, sizeof(cmd),
+                 "grep -q 'router.*exited' '%s' && grep -q 'scheduler.*exited' '%s'", log, log);
+    else
+        snprintf(cmd, sizeof(cmd), "grep -q '%s.*exited' '%s'", program, log);
     CHECK(system(cmd) == 0, "the supervisor restarted the %s", program);
     /* The worker's step-time counters go on across a scheduler that started again (the router
      * carries what the killed one counted), where the steps count starts again with one engine:
@@ -1119,6 +1150,8 @@ int main(int argc, char **argv)
         scenario_kill_program(&g, "scheduler");
     else if (strcmp(s, "kill-router") == 0)
         scenario_kill_program(&g, "router");
+    else if (strcmp(s, "kill-router-scheduler") == 0)
+        scenario_kill_program(&g, "router-scheduler");
     else if (strcmp(s, "stop-worker") == 0)
         scenario_stop_worker(&g);
     else if (strcmp(s, "faults") == 0)

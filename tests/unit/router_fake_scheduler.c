@@ -38,7 +38,9 @@ struct fseq {
     int32_t stop_ids[64];
     size_t num_stop;
     int ignore_eos;
-    int logprobs; /* the SubmitSeq's, echoed in announcements */
+    int logprobs;                              /* the SubmitSeq's, echoed in announcements */
+    Pagoda__Internal__SamplingParams sampling; /* the SubmitSeq's (every field a scalar) */
+    int strict_max_tokens;
     char tenant[32];
     uint8_t client_id[16];
     int has_client_id;
@@ -175,6 +177,11 @@ static void on_submit(struct fake_sched *fs, const Pagoda__Internal__SubmitSeq *
         memcpy(q->stop_ids, s->stop_token_ids, q->num_stop * sizeof(int32_t));
     q->ignore_eos = s->ignore_eos;
     q->logprobs = s->has_logprobs && s->logprobs;
+    if (s->sampling != NULL)
+        q->sampling = *s->sampling;
+    else
+        pagoda__internal__sampling_params__init(&q->sampling);
+    q->strict_max_tokens = s->has_strict_max_tokens && s->strict_max_tokens;
     snprintf(q->tenant, sizeof(q->tenant), "%s", s->tenant ? s->tenant : "");
     if (s->has_client_request_id && s->client_request_id.len == 16) {
         q->has_client_id = 1;
@@ -265,6 +272,14 @@ static void on_router_hello(struct fake_sched *fs)
         ev->has_logprobs_asked = q->logprobs != 0;
         ev->logprobs_asked = q->logprobs != 0;
         ev->prompt_tokens = (uint32_t)q->num_prompt;
+        /* the rest of its SubmitSeq, as the scheduler's announcement carries it */
+        ev->n_prompt_token_ids = q->num_prompt;
+        ev->prompt_token_ids = q->prompt;
+        ev->sampling = &q->sampling;
+        ev->n_stop_token_ids = q->num_stop;
+        ev->stop_token_ids = q->stop_ids;
+        ev->has_strict_max_tokens = q->strict_max_tokens;
+        ev->strict_max_tokens = q->strict_max_tokens;
         if (q->has_client_id) {
             ev->has_client_request_id = 1;
             ev->client_request_id.data = q->client_id;

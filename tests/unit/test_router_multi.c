@@ -42,6 +42,27 @@ static void sleep_ms(long millis)
     nanosleep(&ts, NULL);
 }
 
+/* Starts m's router on its two engines with routing (and the tenants file at tenants_path). */
+static void router_spawn(struct multi *m, const char *routing, const char *tenants_path)
+{
+    fflush(NULL);
+    m->router = fork();
+    assert_true(m->router >= 0);
+    if (m->router == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (tenants_path != NULL)
+            execl(PAGODA_BIN_DIR "/pagoda-router", "pagoda-router", "--run-dir", m->dir, "--listen",
+                  m->url, "--scheduler", m->sched_url[0], "--scheduler", m->sched_url[1],
+                  "--routing", routing, "--log-level", "warn", "--tenants", tenants_path,
+                  "--admin-timeout-ms", "500", (char *)NULL);
+        else
+            execl(PAGODA_BIN_DIR "/pagoda-router", "pagoda-router", "--run-dir", m->dir, "--listen",
+                  m->url, "--scheduler", m->sched_url[0], "--scheduler", m->sched_url[1],
+                  "--routing", routing, "--log-level", "warn", (char *)NULL);
+        _exit(127);
+    }
+}
+
 /* Starts two fakes and a router on them with routing and, when tenants is not NULL, a tenants
  * file of that text and a 500 ms admin timeout. With tcp, engine 1 is on tcp://127.0.0.1. */
 static void multi_start_with(struct multi *m, const char *routing, const char *tenants, int tcp)
@@ -73,22 +94,7 @@ static void multi_start_with(struct multi *m, const char *routing, const char *t
         assert_true(fputs(tenants, f) >= 0);
         assert_int_equal(fclose(f), 0);
     }
-    fflush(NULL);
-    m->router = fork();
-    assert_true(m->router >= 0);
-    if (m->router == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (tenants != NULL)
-            execl(PAGODA_BIN_DIR "/pagoda-router", "pagoda-router", "--run-dir", m->dir, "--listen",
-                  m->url, "--scheduler", m->sched_url[0], "--scheduler", m->sched_url[1],
-                  "--routing", routing, "--log-level", "warn", "--tenants", path,
-                  "--admin-timeout-ms", "500", (char *)NULL);
-        else
-            execl(PAGODA_BIN_DIR "/pagoda-router", "pagoda-router", "--run-dir", m->dir, "--listen",
-                  m->url, "--scheduler", m->sched_url[0], "--scheduler", m->sched_url[1],
-                  "--routing", routing, "--log-level", "warn", (char *)NULL);
-        _exit(127);
-    }
+    router_spawn(m, routing, tenants != NULL ? path : NULL);
     assert_int_equal(pagoda_client_open(m->url, &m->client), 0);
     pagoda_client_set_timeout_ms(m->client, WAIT_MS);
     /* Healthy once a link is up; both are up once each fake has had a Policy. */
@@ -278,6 +284,18 @@ static void finish_long(struct multi *m, const int32_t *prompt, size_t n, const 
     check_tokens(prompt, n, &all, 60);
 }
 
+/* Finishes id (finish_long) after its engine's link died: engine `to` got it once, with the
+ * output it had; *c: its counts. */
+static void finish_moved(struct multi *m, const int32_t *prompt, size_t n, const uint8_t *id,
+                         int to, struct fake_sched_counts *c)
+{
+    finish_long(m, prompt, n, id);
+    fake_sched_get_counts(m->fs[to], c);
+    assert_int_equal(c->submits, 1);
+    assert_int_equal(c->resumed, 1); /* with the output it had */
+    assert_int_equal(c->output_mismatches, 0);
+}
+
 /* The engine's link dies amid a request: it moves to the other engine with its output so far. */
 static void test_failover_on_link_death(void **state)
 {
@@ -292,12 +310,47 @@ static void test_failover_on_link_death(void **state)
     int owner = start_long(&m, prompt, 40, id, &have);
     fake_sched_stop(m.fs[owner]);
     m.fs[owner] = NULL;
-    finish_long(&m, prompt, 40, id);
     struct fake_sched_counts c;
-    fake_sched_get_counts(m.fs[1 - owner], &c);
-    assert_int_equal(c.submits, 1);
-    assert_int_equal(c.resumed, 1); /* with the output it had */
-    assert_int_equal(c.output_mismatches, 0);
+    finish_moved(&m, prompt, 40, id, 1 - owner, &c);
+    multi_stop(&m);
+}
+
+/* A router restarted amid a request adopts it from its engine's announcement, which carries the
+ * prompt and the parameters: when that engine's link then dies, the request moves to the other
+ * engine with its output so far and the seed the first router drew (before, an adopted request
+ * had no prompt, stayed on its dead engine and ended with an error when it came back). */
+static void test_adopted_moves_on_link_death(void **state)
+{
+    (void)state;
+    struct multi m;
+    multi_start(&m, "cache-aware");
+    int32_t prompt[40];
+    for (int i = 0; i < 40; i++)
+        prompt[i] = 300 + i;
+    uint8_t id[PAGODA_REQUEST_ID_BYTES];
+    uint32_t have;
+    int owner = start_long(&m, prompt, 40, id, &have);
+    fake_sched_hold(m.fs[owner], 1); /* no more tokens: it still runs at the second failure */
+    struct fake_sched_counts first;
+    fake_sched_get_counts(m.fs[owner], &first);
+    kill(m.router, SIGKILL);
+    int status;
+    assert_int_equal(waitpid(m.router, &status, 0), m.router);
+    router_spawn(&m, "cache-aware", NULL);
+    /* The new router holds it once the announcement came (a poll of an unknown id waits for the
+     * announcement, then fails) with the output the owner had sent. */
+    pagoda_result r = {0};
+    assert_int_equal(pagoda_poll(m.client, id, 0, 10, &r), 0);
+    assert_true(r.num_tokens >= have);
+    uint32_t adopted_have = (uint32_t)r.num_tokens;
+    pagoda_result_free(&r);
+    fake_sched_stop(m.fs[owner]);
+    m.fs[owner] = NULL;
+    struct fake_sched_counts c;
+    finish_moved(&m, prompt, 40, id, 1 - owner, &c);
+    assert_true(c.last_has_seed);
+    assert_true(c.last_seed == first.last_seed); /* the first router's draw */
+    assert_true(adopted_have >= 6);
     multi_stop(&m);
 }
 
@@ -505,6 +558,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_round_robin_and_stats),
         cmocka_unit_test(test_counters_survive_engine_restart),
+        cmocka_unit_test(test_adopted_moves_on_link_death),
         cmocka_unit_test(test_failover_on_link_death),
         cmocka_unit_test(test_failover_on_hang),
         cmocka_unit_test(test_admin_over_engines),
