@@ -1,4 +1,5 @@
-/* tokenizer_config.json's chat templates, and their application to a chat. */
+/* A model's chat templates (tokenizer_config.json's, or its template files'), and their
+ * application to a chat. */
 #include "chat/chat_template.h"
 
 #include "chat/jinja.h"
@@ -86,7 +87,9 @@ void chat_template_free(ChatTemplate *ct)
     free(ct);
 }
 
-static int add_template(ChatTemplate *ct, const char *name, const json_t *text)
+/* origin: the file the template came from, which errors name; NULL for tokenizer_config.json,
+ * whose errors name the template. */
+static int add_template(ChatTemplate *ct, const char *name, const json_t *text, const char *origin)
 {
     if (!json_is_string(text))
         return pagoda_error_set(PAGODA_EFORMAT, "chat_template '%s': the template must be a string",
@@ -107,6 +110,8 @@ static int add_template(ChatTemplate *ct, const char *name, const json_t *text)
         char detail[512];
         snprintf(detail, sizeof(detail), "%s", pagoda_error_detail());
         free(t->name);
+        if (origin != NULL)
+            return pagoda_error_set(rc, "%s: %s", origin, detail);
         return pagoda_error_set(rc, "chat template '%s': %s", name, detail);
     }
     ct->n++;
@@ -118,8 +123,8 @@ int chat_template_new(const char *config_json, size_t len, ChatTemplate **out)
     return chat_template_new_with(config_json, len, NULL, 0, out);
 }
 
-int chat_template_new_with(const char *config_json, size_t len, const char *template_text,
-                           size_t template_len, ChatTemplate **out)
+int chat_template_new_with(const char *config_json, size_t len, const ChatTemplateFile *files,
+                           size_t n_files, ChatTemplate **out)
 {
     *out = NULL;
     if (len > CHAT_TEMPLATE_MAX_CONFIG_BYTES)
@@ -146,17 +151,20 @@ int chat_template_new_with(const char *config_json, size_t len, const char *temp
     if ((rc = read_special_tokens(ct, root)) != 0)
         goto fail;
     const json_t *tpl = json_object_get(root, "chat_template");
-    if (template_text != NULL) {
-        /* chat_template.jinja: it wins over the config's, as in transformers */
-        json_t *text = json_stringn(template_text, template_len);
-        if (text == NULL) {
-            rc = pagoda_error_set(PAGODA_EINVAL, "chat_template.jinja: not valid UTF-8");
-            goto fail;
+    if (n_files > 0) {
+        /* template files: they replace the config's, as in transformers */
+        for (size_t i = 0; i < n_files; i++) {
+            /* json_stringn checks the UTF-8, as Python's read of the file decodes it */
+            json_t *text = json_stringn(files[i].text, files[i].len);
+            if (text == NULL) {
+                rc = pagoda_error_set(PAGODA_EINVAL, "%s: not valid UTF-8", files[i].origin);
+                goto fail;
+            }
+            rc = add_template(ct, files[i].name, text, files[i].origin);
+            json_decref(text);
+            if (rc != 0)
+                goto fail;
         }
-        rc = add_template(ct, "default", text);
-        json_decref(text);
-        if (rc != 0)
-            goto fail;
         json_decref(root);
         *out = ct;
         return 0;
@@ -167,7 +175,7 @@ int chat_template_new_with(const char *config_json, size_t len, const char *temp
         goto fail;
     }
     if (json_is_string(tpl)) {
-        rc = add_template(ct, "default", tpl);
+        rc = add_template(ct, "default", tpl, NULL);
     } else if (json_is_array(tpl)) {
         size_t i;
         const json_t *item;
@@ -181,8 +189,8 @@ int chat_template_new_with(const char *config_json, size_t len, const char *temp
                                       i);
                 break;
             }
-            if ((rc = add_template(ct, json_string_value(name),
-                                   json_object_get(item, "template"))) != 0)
+            if ((rc = add_template(ct, json_string_value(name), json_object_get(item, "template"),
+                                   NULL)) != 0)
                 break;
         }
         if (rc == 0 && ct->n == 0)

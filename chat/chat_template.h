@@ -1,6 +1,7 @@
-/* A model's chat template: read from the text of its tokenizer_config.json, compiled once, and
- * applied to a chat (OpenAI-style messages) to give the prompt text, as transformers'
- * apply_chat_template(messages, tools=..., add_generation_prompt=..., **kwargs) renders it.
+/* A model's chat template: read from the text of its tokenizer_config.json (or of its template
+ * files, which text/text_model.c reads), compiled once, and applied to a chat (OpenAI-style
+ * messages) to give the prompt text, as transformers' apply_chat_template(messages, tools=...,
+ * add_generation_prompt=..., **kwargs) renders it.
  *
  * The template may be one string or a list of {"name", "template"}; as transformers does, the
  * "tool_use" template is used when tools are given and it exists, "default" otherwise.
@@ -39,12 +40,23 @@ typedef struct ChatTemplate ChatTemplate;
  * template's own compile errors (PAGODA_EINVAL "chat template 'name': line N: ..."). */
 int chat_template_new(const char *config_json, size_t len, ChatTemplate **out);
 
-/* As chat_template_new, with the template taken from template_text (template_len bytes: the
- * model's chat_template.jinja, which newer models ship beside tokenizer_config.json) when it is
- * not NULL; it is then the only one ("default"), whatever the config holds, as transformers
- * prefers that file. The special tokens still come from the config. */
-int chat_template_new_with(const char *config_json, size_t len, const char *template_text,
-                           size_t template_len, ChatTemplate **out);
+/* A template read from a file of the model's folder rather than from tokenizer_config.json:
+ * chat_template.jinja ("default") or additional_chat_templates/NAME.jinja (NAME). */
+typedef struct ChatTemplateFile {
+    const char *name; /* the template's name */
+    const char *text; /* its text, len bytes (it must be UTF-8) */
+    size_t len;
+    const char *origin; /* what errors name (the file's path) */
+} ChatTemplateFile;
+
+/* As chat_template_new, with the templates of files (n_files of them) when there are any: they
+ * are then the only ones, whatever the config's chat_template holds (not even read), as
+ * transformers' from_pretrained lets template files replace the config's. The special tokens
+ * still come from the config. The caller keeps files. Errors also: PAGODA_EINVAL ("ORIGIN: not
+ * valid UTF-8", "ORIGIN: line N: ..." for a template that is not Jinja), PAGODA_ERANGE (more than
+ * CHAT_TEMPLATE_MAX_TEMPLATES), PAGODA_EFORMAT (two of one name). */
+int chat_template_new_with(const char *config_json, size_t len, const ChatTemplateFile *files,
+                           size_t n_files, ChatTemplate **out);
 
 /* Frees; accepts NULL. */
 void chat_template_free(ChatTemplate *ct);

@@ -118,18 +118,31 @@ static void test_special_tokens_map(void **state)
 static void test_template_file(void **state)
 {
     (void)state;
-    const char *cfg = "{\"bos_token\": \"<s>\", \"chat_template\": \"from the config\"}";
+    /* the files replace the config's templates, its tool_use too; its tokens stay */
+    const char *cfg = "{\"bos_token\": \"<s>\", \"chat_template\": [{\"name\": \"default\","
+                      " \"template\": \"config\"}, {\"name\": \"tool_use\", \"template\": \"x\"}]}";
     const char *file = "{{ bos_token }}from the file\n";
+    ChatTemplateFile files[] = {{"default", file, strlen(file), "/m/chat_template.jinja"},
+                                {"rag", "rag", 3, "/m/additional_chat_templates/rag.jinja"}};
     ChatTemplate *ct = NULL;
-    assert_int_equal(chat_template_new_with(cfg, strlen(cfg), file, strlen(file), &ct), 0);
-    apply(ct, "[]", NULL, false, NULL, 0, "<s>from the file");
+    assert_int_equal(chat_template_new_with(cfg, strlen(cfg), files, 2, &ct), 0);
+    apply(ct, "[]", "[]", false, NULL, 0, "<s>from the file");
+    assert_false(chat_template_has(ct, "tool_use"));
+    assert_true(chat_template_has(ct, "rag"));
     chat_template_free(ct);
     /* a config without a template, and a file */
     const char *bare = "{\"eos_token\": \"</s>\"}";
-    assert_int_equal(chat_template_new_with(bare, strlen(bare), "{{ eos_token }}", 15, &ct), 0);
+    files[0] = (ChatTemplateFile){"default", "{{ eos_token }}", 15, "/m/chat_template.jinja"};
+    assert_int_equal(chat_template_new_with(bare, strlen(bare), files, 1, &ct), 0);
     apply(ct, "[]", NULL, false, NULL, 0, "</s>");
     chat_template_free(ct);
-    assert_int_equal(chat_template_new_with(bare, strlen(bare), "{% if %}", 8, &ct), PAGODA_EINVAL);
+    /* errors name the file */
+    files[0] = (ChatTemplateFile){"default", "{% if %}", 8, "/m/chat_template.jinja"};
+    assert_int_equal(chat_template_new_with(bare, strlen(bare), files, 1, &ct), PAGODA_EINVAL);
+    assert_non_null(strstr(pagoda_error_detail(), "/m/chat_template.jinja: line 1"));
+    files[0] = (ChatTemplateFile){"default", "\xff", 1, "/m/chat_template.jinja"};
+    assert_int_equal(chat_template_new_with(bare, strlen(bare), files, 1, &ct), PAGODA_EINVAL);
+    assert_string_equal(pagoda_error_detail(), "/m/chat_template.jinja: not valid UTF-8");
 }
 
 static void test_refusals(void **state)
