@@ -62,27 +62,6 @@ static void save_job_free(struct pins_save_job *job)
     free(job);
 }
 
-static int copy_pin(const struct router_pin *from, struct router_pin *to)
-{
-    memset(to, 0, sizeof(*to));
-    snprintf(to->name, sizeof(to->name), "%s", from->name);
-    to->token_ids = malloc((from->num_tokens ? from->num_tokens : 1) * sizeof(int32_t));
-    to->tenants = calloc(from->num_tenants ? from->num_tenants : 1, sizeof(char *));
-    if (to->token_ids == NULL || to->tenants == NULL)
-        goto nomem;
-    memcpy(to->token_ids, from->token_ids, from->num_tokens * sizeof(int32_t));
-    to->num_tokens = from->num_tokens;
-    for (uint32_t i = 0; i < from->num_tenants; i++) {
-        if ((to->tenants[i] = strdup(from->tenants[i])) == NULL)
-            goto nomem;
-        to->num_tenants++;
-    }
-    return 0;
-nomem:
-    router_pin_fini(to);
-    return PAGODA_ENOMEM;
-}
-
 /* Threadpool: writes the job's pins to path.tmp, flushes it to the disk and renames it over
  * path. Names are [A-Za-z0-9_.-] (router_name_ok): nothing to escape. */
 static void save_work(uv_work_t *w)
@@ -183,7 +162,10 @@ static int start_save(struct router *r)
     for (uint32_t i = 0; i < r->num_pins; i++) {
         if (r->pins[i].from_file)
             continue;
-        if ((rc = copy_pin(&r->pins[i].pin, &job->pins[job->num_pins])) != 0)
+        const struct router_pin *p = &r->pins[i].pin;
+        if ((rc = router_pin_copy(p->name, p->token_ids, p->num_tokens,
+                                  (const char *const *)p->tenants, p->num_tenants,
+                                  &job->pins[job->num_pins])) != 0)
             goto fail;
         job->num_pins++;
     }

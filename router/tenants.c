@@ -219,12 +219,20 @@ int router_pin_make(const struct router_tenants *t, const char *what, const char
                 return pagoda_error_set(PAGODA_EEXIST, "%s.tenants[%zu] \"%s\" is named twice",
                                         what, i, tenants[i]);
     }
+    return router_pin_copy(name, token_ids, num_tokens, tenants, num_tenants, out);
+}
+
+int router_pin_copy(const char *name, const int32_t *token_ids, size_t num_tokens,
+                    const char *const *tenants, size_t num_tenants, struct router_pin *out)
+{
+    memset(out, 0, sizeof(*out));
     snprintf(out->name, sizeof(out->name), "%s", name);
-    out->token_ids = malloc(num_tokens * sizeof(int32_t));
-    out->tenants = calloc(num_tenants, sizeof(char *));
+    out->token_ids = malloc((num_tokens ? num_tokens : 1) * sizeof(int32_t));
+    out->tenants = calloc(num_tenants ? num_tenants : 1, sizeof(char *));
     if (out->token_ids == NULL || out->tenants == NULL)
         goto nomem;
-    memcpy(out->token_ids, token_ids, num_tokens * sizeof(int32_t));
+    if (num_tokens)
+        memcpy(out->token_ids, token_ids, num_tokens * sizeof(int32_t));
     out->num_tokens = (uint32_t)num_tokens;
     for (size_t i = 0; i < num_tenants; i++) {
         if ((out->tenants[i] = strdup(tenants[i])) == NULL)

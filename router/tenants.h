@@ -148,6 +148,11 @@ int router_pin_make(const struct router_tenants *t, const char *what, const char
                     const int32_t *token_ids, size_t num_tokens, const char *const *tenants,
                     size_t num_tenants, struct router_pin *out);
 
+/* Copies a pin into *out without checking it (router_pin_make checks, then copies; a pin
+ * already made is copied as it is). Returns 0 or PAGODA_ENOMEM (*out zeroed). */
+int router_pin_copy(const char *name, const int32_t *token_ids, size_t num_tokens,
+                    const char *const *tenants, size_t num_tenants, struct router_pin *out);
+
 /* Frees what a pin holds and zeroes it. Accepts NULL and a zeroed pin. */
 void router_pin_fini(struct router_pin *p);
 
