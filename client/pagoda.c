@@ -495,6 +495,8 @@ int client_submit_build(struct client_submit *cs, const pagoda_generate_params *
     }
     sub.has_skip_special_tokens = 1;
     sub.skip_special_tokens = params->skip_special_tokens != 0;
+    sub.has_include_stop_str_in_output = params->include_stop_str_in_output != 0;
+    sub.include_stop_str_in_output = params->include_stop_str_in_output != 0;
     if (prompt->add_special_tokens >= 0) {
         sub.has_add_special_tokens = 1;
         sub.add_special_tokens = prompt->add_special_tokens != 0;

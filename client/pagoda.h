@@ -99,6 +99,10 @@ typedef struct pagoda_generate_params {
     size_t num_stop;
     int detokenize;
     int skip_special_tokens;
+    /* 1: the stop string that ends the request stays in its text, and so does the text of a stop
+     * token id that ends it (vLLM's include_stop_str_in_output); 0 (the default): the text ends
+     * before the stop string, and a stop token adds none. */
+    int include_stop_str_in_output;
 } pagoda_generate_params;
 
 /* One message of a chat (pagoda.proto ChatMessage): role is required, the rest may be NULL. */

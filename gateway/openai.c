@@ -278,6 +278,10 @@ static int read_common(struct openai_request *req, struct openai_error *err)
     if (boolean(root, "skip_special_tokens", &skip, err))
         return -1;
     p->skip_special_tokens = skip;
+    bool keep = false;
+    if (boolean(root, "include_stop_str_in_output", &keep, err))
+        return -1;
+    p->include_stop_str_in_output = keep;
     if (boolean(root, "stream", &req->stream, err) ||
         boolean(root, "return_tokens_as_token_ids", &req->tokens_as_ids, err))
         return -1;
@@ -619,8 +623,8 @@ static int refuse_unsupported(struct openai_request *req, struct openai_error *e
         enum neutral neutral;
         bool chat_only;
     } extras[] = {
+        /* clang-format off */
         {"min_tokens", NEUTRAL_ZERO, false},
-        {"include_stop_str_in_output", NEUTRAL_FALSE, false},
         {"allowed_token_ids", NEUTRAL_NULL, false},
         {"bad_words", NEUTRAL_EMPTY, false},
         {"logits_processors", NEUTRAL_EMPTY, false},
@@ -630,6 +634,7 @@ static int refuse_unsupported(struct openai_request *req, struct openai_error *e
         {"prompt_embeds", NEUTRAL_NULL, false},
         {"chat_template", NEUTRAL_NULL, true},
         {"continue_final_message", NEUTRAL_FALSE, true},
+        /* clang-format on */
     };
     for (size_t i = 0; i < sizeof(extras) / sizeof(extras[0]); i++) {
         if (extras[i].chat_only && req->kind == OPENAI_COMPLETION)

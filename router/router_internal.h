@@ -161,6 +161,7 @@ struct request {
     uint8_t *router_text;
     size_t router_text_len;
     int stop_index;
+    int keep_stops; /* include_stop_str_in_output: the stop string's text, a stop token's too */
     int has_stop_token_id;
     int32_t stop_token_id;
 };

@@ -587,10 +587,11 @@ static void apply_event(struct router *r, struct engine *e, const Pagoda__Intern
         float lp = i < ev->n_logprobs ? ev->logprobs[i] : 0.0f;
         int stop = 0;
         /* The token that stopped the sequence (the model's end-of-sequence or a stop token id:
-         * the scheduler's FINISH_STOP comes with it) is an output token without text, as vLLM's
-         * (whose include_stop_str_in_output is refused here). */
+         * the scheduler's FINISH_STOP comes with it) is an output token without text, as vLLM's,
+         * unless the client asked for include_stop_str_in_output. */
         bool stopper = i + 1 == ev->n_token_ids && ev->has_finish_reason &&
-                       ev->finish_reason == PAGODA__INTERNAL__FINISH_REASON__FINISH_STOP;
+                       ev->finish_reason == PAGODA__INTERNAL__FINISH_REASON__FINISH_STOP &&
+                       !q->keep_stops;
         if (append_token(q, ev->token_ids[i], lp) != 0 ||
             router_text_on_token(q, stopper ? -1 : ev->token_ids[i], &stop) != 0) {
             registry_finish(r, q, PAGODA__FINISH_REASON__FINISH_ERROR, PAGODA_ENOMEM,

@@ -160,6 +160,8 @@ static uint8_t *pack_text_fields(const Pagoda__SubmitRequest *s, int with_stops,
         key.detokenize = s->detokenize;
         key.has_skip_special_tokens = s->has_skip_special_tokens;
         key.skip_special_tokens = s->skip_special_tokens;
+        key.has_include_stop_str_in_output = s->has_include_stop_str_in_output;
+        key.include_stop_str_in_output = s->include_stop_str_in_output;
     }
     *len = pagoda__submit_request__get_packed_size(&key);
     uint8_t *buf = malloc(*len ? *len : 1);
@@ -227,7 +229,8 @@ int router_text_read(const struct router *r, const Pagoda__SubmitRequest *s, int
                                     s->stop[i].len, OUTPUT_TEXT_MAX_STOP_BYTES);
     if (s->n_stop > 0 && s->has_detokenize && !s->detokenize)
         return pagoda_error_set(PAGODA_EINVAL, "stop strings need the text: detokenize is off");
-    if (!*has_text && s->n_stop == 0 && !s->has_detokenize && !s->has_skip_special_tokens)
+    if (!*has_text && s->n_stop == 0 && !s->has_detokenize && !s->has_skip_special_tokens &&
+        !s->has_include_stop_str_in_output)
         return 0; /* nothing of the text side: the hash stays 0 as before */
     /* What identifies the text side of the request, for a resent Submit's comparison. */
     size_t n;
@@ -537,10 +540,14 @@ int router_text_attach(struct router *r, struct request *q, const Pagoda__Submit
             lens[i] = s->stop[i].len;
         }
         bool skip = s == NULL || !s->has_skip_special_tokens || s->skip_special_tokens;
+        bool keep = s != NULL && s->has_include_stop_str_in_output && s->include_stop_str_in_output;
         int rc =
             output_text_new(text_model_tokenizer(r->text->model), skip, stops, lens, n, &q->text);
         if (rc != 0)
             return rc;
+        if (keep)
+            output_text_keep_stops(q->text);
+        q->keep_stops = keep;
         /* the same parameters for the scheduler to hold (router_text_attach_announced) */
         Pagoda__Internal__RouterText rt = PAGODA__INTERNAL__ROUTER_TEXT__INIT;
         ProtobufCBinaryData bins[OUTPUT_TEXT_MAX_STOPS];
@@ -551,6 +558,8 @@ int router_text_attach(struct router *r, struct request *q, const Pagoda__Submit
         rt.has_skip_special_tokens = rt.has_detokenize = 1;
         rt.skip_special_tokens = skip;
         rt.detokenize = 1;
+        rt.has_include_stop_str_in_output = keep;
+        rt.include_stop_str_in_output = keep;
         size_t len = pagoda__internal__router_text__get_packed_size(&rt);
         free(q->router_text);
         if ((q->router_text = malloc(len ? len : 1)) == NULL)
@@ -624,6 +633,8 @@ int router_text_attach_announced(struct router *r, struct request *q,
     s.skip_special_tokens = rt->skip_special_tokens;
     s.has_detokenize = 1;
     s.detokenize = !rt->has_detokenize || rt->detokenize;
+    s.has_include_stop_str_in_output = rt->has_include_stop_str_in_output;
+    s.include_stop_str_in_output = rt->include_stop_str_in_output;
     int rc = router_text_attach(r, q, &s);
     pagoda__internal__router_text__free_unpacked(rt, NULL);
     return rc;

@@ -23,7 +23,8 @@ struct output_text {
     uint16_t **pi;
     uint16_t *partial;
     size_t vocab;
-    bool over; /* stopped or finished */
+    bool over;       /* stopped or finished */
+    bool keep_stops; /* output_text_keep_stops */
 };
 
 /* Whether s[0..len) is well-formed UTF-8 (RFC 3629: no overlongs, surrogates or values above
@@ -150,9 +151,14 @@ void output_text_free(struct output_text *o)
     free(o);
 }
 
+void output_text_keep_stops(struct output_text *o)
+{
+    o->keep_stops = true;
+}
+
 /* Looks for the earliest stop string that ends in text[from..len): a match may begin up to
- * longest-stop - 1 bytes before from. Cuts the text there and returns the stop's index + 1, or
- * 0. */
+ * longest-stop - 1 bytes before from. Cuts the text there (after the stop with keep_stops) and
+ * returns the stop's index + 1, or 0. */
 static int find_stop(struct output_text *o, size_t from)
 {
     size_t best = SIZE_MAX;
@@ -170,7 +176,10 @@ static int find_stop(struct output_text *o, size_t from)
     }
     if (which != 0) {
         /* Everything before the stop is final now; nothing after it was ever visible (text
-         * that could begin a stop is held back). */
+         * that could begin a stop is held back, or with keep_stops the match ends in the new
+         * text). */
+        if (o->keep_stops)
+            best += o->stop_lens[which - 1];
         o->len = best;
         o->text[best] = '\0';
         o->visible = best;
@@ -186,7 +195,7 @@ static int find_stop(struct output_text *o, size_t from)
 static void advance_visible(struct output_text *o, size_t from, bool all)
 {
     size_t hold = 0;
-    for (size_t i = 0; i < o->num_stops && !all; i++) {
+    for (size_t i = 0; i < o->num_stops && !all && !o->keep_stops; i++) {
         const char *stop = o->stops[i];
         const uint16_t *pi = o->pi[i];
         size_t n = o->stop_lens[i], q = o->partial[i];

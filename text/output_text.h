@@ -30,6 +30,11 @@ struct output_text;
 int output_text_new(const Tokenizer *t, bool skip_special_tokens, const char *const *stops,
                     const size_t *stop_lens, size_t num_stops, struct output_text **out);
 
+/* Keeps the stop string that ends the output in its text (vLLM's include_stop_str_in_output),
+ * cutting the text after it rather than before; nothing is held back then, since text that may
+ * begin a stop is output either way. Called before the first push. */
+void output_text_keep_stops(struct output_text *o);
+
 /* Frees an output; accepts NULL. */
 void output_text_free(struct output_text *o);
 

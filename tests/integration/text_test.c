@@ -372,6 +372,23 @@ static void scenario_text(struct group *g, const Tokenizer *tok, const ChatTempl
         stopped.num_tokens < by_text.num_tokens &&
             same_ids(stopped.token_ids, stopped.num_tokens, by_text.token_ids, stopped.num_tokens),
         "stop string: %zu tokens, up to the one that completed it", stopped.num_tokens);
+    size_t stopped_tokens = stopped.num_tokens;
+    pagoda_result_free(&stopped);
+    /* include_stop_str_in_output: the same stop, the text ends after it (nothing past it, though
+     * the token that completed it may have more), and what streams is that text. */
+    ps.include_stop_str_in_output = 1;
+    memset(&pieces, 0, sizeof(pieces));
+    rc = pagoda_generate_prompt(c, &ps, &pr, on_piece, &pieces, &stopped);
+    size_t with = want + strlen(stop);
+    CHECK(rc == 0 && stopped.finish_reason == PAGODA_FINISH_STOP && stopped.stop_string != NULL &&
+              strcmp(stopped.stop_string, stop) == 0 && stopped.num_tokens == stopped_tokens,
+          "include_stop_str_in_output: the same stop after the same %zu tokens",
+          stopped.num_tokens);
+    CHECK(first != NULL && stopped.text_len == with && memcmp(stopped.text, decoded, with) == 0,
+          "include_stop_str_in_output: the text is the %zu bytes up to its end (got %zu)", with,
+          stopped.text_len);
+    CHECK(pieces.len == stopped.text_len && memcmp(pieces.buf, decoded, with) == 0,
+          "include_stop_str_in_output: the stream is that text");
     pagoda_result_free(&stopped);
     router_kill_keeps_text(g, c, ids.ids, ids.len);
     /* With logprobs: where each token's piece of the text ends. Without stop strings a token's
@@ -465,6 +482,21 @@ static void scenario_text(struct group *g, const Tokenizer *tok, const ChatTempl
           "stop token id %d: the text is the %zu tokens' before it (%zu bytes, want %zu)", stop_id,
           at, by_stop_id.text_len, before_len);
     free(before);
+    pagoda_result_free(&by_stop_id);
+    /* With include_stop_str_in_output its text is (vLLM's: the stop token is detokenized too). */
+    pt.include_stop_str_in_output = 1;
+    rc = pagoda_generate_prompt(c, &pt, &pr, NULL, NULL, &by_stop_id);
+    char *with_stop = NULL;
+    size_t with_len = 0;
+    if (!eos_first && rc == 0)
+        tokenizer_decode(tok, by_stop_id.token_ids, at + 1, true, &with_stop, &with_len);
+    CHECK(eos_first || (with_stop != NULL && by_stop_id.num_tokens == at + 1 &&
+                        by_stop_id.text_len == with_len && with_len > before_len &&
+                        memcmp(by_stop_id.text, with_stop, with_len) == 0),
+          "stop token id %d with include_stop_str_in_output: the text is the %zu tokens' with it "
+          "(%zu bytes, want %zu)",
+          stop_id, at + 1, by_stop_id.text_len, with_len);
+    free(with_stop);
     pagoda_result_free(&by_stop_id);
 
     /* A chat: the template's rendering, then the same tokens as its ids. */

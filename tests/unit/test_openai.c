@@ -108,7 +108,8 @@ static void test_a_completion_is_read(void **state)
                            "{\"model\": \"m\", \"prompt\": \"Hello\", \"max_tokens\": 7, "
                            "\"temperature\": 0, \"top_p\": 0.5, \"seed\": 42, \"stop\": [\"a\", "
                            "\"bc\"], \"stream\": true, \"stream_options\": {\"include_usage\": "
-                           "true}, \"logprobs\": 1, \"top_k\": -1, \"ignore_eos\": true}",
+                           "true}, \"logprobs\": 1, \"top_k\": -1, \"ignore_eos\": true, "
+                           "\"include_stop_str_in_output\": true}",
                            &req, &err),
                      0);
     assert_string_equal(req.model, "m");
@@ -124,6 +125,7 @@ static void test_a_completion_is_read(void **state)
     assert_true(req.stream && req.include_usage);
     assert_true(req.params.logprobs);
     assert_true(req.params.ignore_eos);
+    assert_true(req.params.include_stop_str_in_output);
     openai_request_fini(&req);
     /* Token ids, and the defaults: 16 tokens, temperature 1. */
     assert_int_equal(parse(OPENAI_COMPLETION, "{\"prompt\": [[1, 2, 3]]}", &req, &err), 0);
@@ -132,6 +134,7 @@ static void test_a_completion_is_read(void **state)
     assert_int_equal(req.params.strict_max_tokens, 0); /* defaulted: ends at the context */
     assert_int_equal(req.params.max_tokens, 16);
     assert_true(req.params.temperature == 1.0f);
+    assert_false(req.params.include_stop_str_in_output);
     assert_null(req.model);
     openai_request_fini(&req);
 }
@@ -323,7 +326,7 @@ static void test_bad_requests_are_400_with_a_reason(void **state)
          "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"top_logprobs\": 2}",
          "'top_logprobs'"},
         {OPENAI_COMPLETION, "{\"prompt\": \"x\", \"min_tokens\": 6}", "'min_tokens'"},
-        {OPENAI_COMPLETION, "{\"prompt\": \"x\", \"include_stop_str_in_output\": true}",
+        {OPENAI_COMPLETION, "{\"prompt\": \"x\", \"include_stop_str_in_output\": 1}",
          "'include_stop_str_in_output'"},
         {OPENAI_COMPLETION, "{\"prompt\": \"x\", \"allowed_token_ids\": [5]}",
          "'allowed_token_ids'"},

@@ -132,6 +132,48 @@ static void test_a_stop_string_across_tokens_cuts_the_text(void **state)
     tokenizer_ids_fini(&ids);
 }
 
+/* include_stop_str_in_output (output_text_keep_stops): the text ends after the stop string,
+ * nothing past it within the token that completed it, and nothing is held back meanwhile: each
+ * token's own text shows with it, the stop's beginning included. */
+static void test_a_kept_stop_string_ends_the_text(void **state)
+{
+    (void)state;
+    const char *text = "The scheduler owns the block table, and the worker runs the kernels.";
+    TokenizerIds ids;
+    encode(text, &ids);
+    const char *stops[] = {"zzz", "le, and th"};
+    size_t lens[] = {3, strlen(stops[1])};
+    struct output_text *o;
+    assert_int_equal(output_text_new(tok, true, stops, lens, 2, &o), 0);
+    output_text_keep_stops(o);
+    const char *at = strstr(text, stops[1]);
+    size_t end = (size_t)(at - text) + lens[1], len, decoded = 0;
+    int stop = 0;
+    size_t i = 0;
+    for (; i < ids.len && stop == 0; i++) {
+        assert_int_equal(output_text_push(o, ids.ids[i], &stop), 0);
+        if (stop == 0) { /* all its text so far is visible (every token here is whole text) */
+            char *all;
+            assert_int_equal(tokenizer_decode(tok, ids.ids, i + 1, true, &all, &decoded), 0);
+            free(all);
+            output_text_visible(o, &len);
+            assert_int_equal(len, decoded);
+        }
+    }
+    assert_int_equal(stop, 2);
+    assert_true(decoded < end); /* the stop completed within the last token pushed... */
+    const char *vis = output_text_visible(o, &len);
+    assert_int_equal(len, end); /* ...and the text ends with it, nothing after */
+    assert_memory_equal(vis, text, len);
+    assert_int_equal(output_text_start(o, (uint32_t)i), end);
+    int again;
+    assert_int_equal(output_text_finish(o, &again), 0);
+    output_text_visible(o, &len);
+    assert_int_equal(len, end);
+    output_text_free(o);
+    tokenizer_ids_fini(&ids);
+}
+
 static void test_nothing_that_may_begin_a_stop_is_shown_until_finish(void **state)
 {
     (void)state;
@@ -386,6 +428,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pieces_join_to_the_full_decode),
         cmocka_unit_test(test_a_stop_string_across_tokens_cuts_the_text),
+        cmocka_unit_test(test_a_kept_stop_string_ends_the_text),
         cmocka_unit_test(test_nothing_that_may_begin_a_stop_is_shown_until_finish),
         cmocka_unit_test(test_a_token_shows_its_own_text_when_it_may_begin_no_stop),
         cmocka_unit_test(test_what_is_held_is_the_longest_beginning_of_a_stop),
