@@ -108,6 +108,7 @@ void greq_unref(struct greq *q)
     free(q->api_key);
     for (uint32_t i = 0; i < q->num_choices; i++) {
         pagoda_result_free(&q->choices[i].whole);
+        tool_calls_stream_free(q->choices[i].tools);
         pagoda_async_result_free(q->choices[i].held);
     }
     free(q->choices);
@@ -691,8 +692,8 @@ static void parse_work(uv_work_t *w)
                             : q->route == ROUTE_TOKENIZE   ? OPENAI_TOKENIZE
                             : q->route == ROUTE_DETOKENIZE ? OPENAI_DETOKENIZE
                                                            : OPENAI_COMPLETION;
-    q->parse_rc =
-        openai_parse(kind, q->body, q->body_len, q->g->cfg.default_max_tokens, &q->req, &q->err);
+    q->parse_rc = openai_parse(kind, q->body, q->body_len, q->g->cfg.default_max_tokens,
+                               q->g->cfg.tool_call_parser, &q->req, &q->err);
     if (q->parse_rc != 0) /* refused: its answer is in q->err, and its tree is freed here */
         openai_request_release_prompt(&q->req);
 }

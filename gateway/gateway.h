@@ -18,6 +18,7 @@
 #ifndef PAGODA_GATEWAY_GATEWAY_H
 #define PAGODA_GATEWAY_GATEWAY_H
 
+#include "gateway/tool_calls.h"
 #include "http/http_server.h"
 
 #include <stdint.h>
@@ -32,6 +33,9 @@ struct gateway_config {
     int32_t default_max_tokens; /* a chat without max_tokens */
     uint32_t poll_wait_ms;      /* each long poll's wait */
     uint32_t router_timeout_ms; /* a call to the router beyond its poll wait */
+    /* Parses chats' tool calls out of their output where the request gives tools with
+     * tool_choice auto (vLLM's --tool-call-parser); NONE (the default) refuses such chats. */
+    enum tool_call_parser tool_call_parser;
 };
 
 #define GATEWAY_DEFAULT_MAX_REQUESTS 4096u

@@ -192,8 +192,23 @@ int gateway_stream_open(struct greq *q)
     return rc;
 }
 
+/* Choice c's piece r through its tool-call parser (made with its first piece) into *calls: the
+ * content to show now and the calls completed, the last piece's with what was held back. */
+static int parse_piece(struct gchoice *c, const pagoda_result *r, struct tool_calls_output *calls)
+{
+    int rc = 0;
+    if (c->tools == NULL && (rc = tool_calls_stream_new(c->q->req.tool_parser, &c->tools)) != 0)
+        return rc;
+    if (r->text_len > 0)
+        rc = tool_calls_stream_feed(c->tools, r->text, r->text_len, calls);
+    if (rc == 0 && r->finish_reason != PAGODA_FINISH_NONE)
+        rc = tool_calls_stream_finish(c->tools, calls);
+    return rc;
+}
+
 /* A piece of choice c's output for a streaming client: one chunk with its text (and its finish);
- * after the last choice's finish, the usage (when asked for) and the end. */
+ * after the last choice's finish, the usage (when asked for) and the end. A chat parsed for tool
+ * calls has its content and calls in the chunk instead of the text. */
 void gateway_stream_piece(struct gchoice *c, const pagoda_result *r)
 {
     struct greq *q = c->q;
@@ -206,19 +221,40 @@ void gateway_stream_piece(struct gchoice *c, const pagoda_result *r)
     o.token_text_ends = r->token_text_ends;
     o.text_offset = c->chars_sent;
     o.n = r->num_tokens;
-    /* A piece whose tokens completed no text yet (a character split over tokens) sends nothing,
-     * unless the client asked for the tokens' log-probabilities, or it is a completion's first
-     * (a chat's first chunk is its role: gateway_stream_open). */
-    if (r->text_len > 0 || (r->num_tokens > 0 && o.logprobs != NULL) || !c->first_chunk_sent ||
+    struct tool_calls_output calls = {0};
+    if (q->req.tool_parser != TOOL_CALL_PARSER_NONE) {
+        int rc = parse_piece(c, r, &calls);
+        if (rc != 0) {
+            tool_calls_output_fini(&calls);
+            gateway_http_end(q, rc); /* its close callback cancels */
+            return;
+        }
+        const uint32_t called = tool_calls_stream_num_calls(c->tools);
+        o.tools_parsed = true;
+        o.tools_called = called > 0;
+        o.content = calls.content;
+        o.content_len = calls.content_len;
+        o.tool_calls = calls.calls;
+        o.num_tool_calls = calls.num_calls;
+        o.first_tool_call = called - (uint32_t)calls.num_calls;
+    }
+    const bool shown = o.tools_parsed ? o.content_len > 0 || o.num_tool_calls > 0 : r->text_len > 0;
+    /* A piece whose tokens completed no text yet (a character split over tokens, or text held
+     * back as a tool call's) sends nothing, unless the client asked for the tokens'
+     * log-probabilities, or it is a completion's first (a chat's first chunk is its role:
+     * gateway_stream_open). */
+    if (shown || (r->num_tokens > 0 && o.logprobs != NULL) || !c->first_chunk_sent ||
         r->finish_reason != PAGODA_FINISH_NONE) {
         int rc = stream_write_json(q, openai_chunk_json(&o, false, false));
         if (rc != 0) {
+            tool_calls_output_fini(&calls);
             gateway_http_end(q, rc); /* its close callback cancels */
             return;
         }
         c->first_chunk_sent = 1;
         c->chars_sent += openai_utf8_chars(r->text, r->text_len);
     }
+    tool_calls_output_fini(&calls);
     if (!q->finished)
         return;
     int rc = 0;
@@ -336,12 +372,16 @@ static void answer_json(struct greq *q, pagoda_async_result **res, size_t bytes)
     respond_json(q, 200, res != NULL ? tokenized_json(q, *res) : whole_json(q));
 }
 
-/* The JSON of q's whole answer, every choice finished (any thread). */
+/* The JSON of q's whole answer, every choice finished (any thread); a chat's tool calls parsed
+ * out of each choice's text where the request asks. */
 static char *whole_json(const struct greq *q)
 {
+    const bool tools = q->req.tool_parser != TOOL_CALL_PARSER_NONE;
     struct openai_out *outs = malloc(q->num_choices * sizeof(*outs));
-    if (outs == NULL)
-        return NULL;
+    struct tool_calls_result *parsed = tools ? calloc(q->num_choices, sizeof(*parsed)) : NULL;
+    char *json = NULL;
+    if (outs == NULL || (tools && parsed == NULL))
+        goto done;
     for (uint32_t i = 0; i < q->num_choices; i++) {
         const struct gchoice *c = &q->choices[i];
         struct openai_out *o = &outs[i];
@@ -353,8 +393,23 @@ static char *whole_json(const struct greq *q)
         o->token_text_ends = c->whole.token_text_ends;
         o->n = c->whole.num_tokens;
         o->with_usage = true;
+        if (!tools)
+            continue;
+        struct tool_calls_result *t = &parsed[i];
+        if (tool_calls_parse(q->req.tool_parser, o->text ? o->text : "", o->text_len, t) != 0)
+            goto done;
+        o->tools_parsed = true;
+        o->tools_called = t->num_calls > 0;
+        o->content = t->num_calls > 0 ? t->content : o->text; /* no calls: the text */
+        o->content_len = t->num_calls > 0 ? t->content_len : o->text_len;
+        o->tool_calls = t->calls;
+        o->num_tool_calls = t->num_calls;
     }
-    char *json = openai_response_json(outs, q->num_choices);
+    json = openai_response_json(outs, q->num_choices);
+done:
+    for (uint32_t i = 0; parsed != NULL && i < q->num_choices; i++)
+        tool_calls_result_fini(&parsed[i]);
+    free(parsed);
     free(outs);
     return json;
 }

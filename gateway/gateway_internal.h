@@ -76,6 +76,9 @@ struct gchoice {
     pagoda_result whole;
     /* A stream: the characters (code points) of text sent so far, for completions' text_offset. */
     uint64_t chars_sent;
+    /* A stream of a chat parsed for tool calls (openai_request.tool_parser): its parser, made
+     * with its first piece. */
+    struct tool_calls_stream *tools;
     /* Times for the latency figures (CLOCK_MONOTONIC, ns). */
     uint64_t t_first_ns, t_last_ns;
 };
@@ -229,15 +232,17 @@ void gateway_respond_code(struct greq *q, int code, const char *detail);
  * 0 or the failing call's code (for gateway_http_end). */
 int gateway_stream_open(struct greq *q);
 /* Writes result r of choice c to q's open stream: a chunk (none where r completed no text and is
- * neither the choice's first nor its finish nor asked-for log-probabilities), and after the last
+ * neither the choice's first nor its finish nor asked-for log-probabilities; a chat parsed for
+ * tool calls shows the content and the calls its parser gives, c->tools), and after the last
  * choice's finish the usage (when asked for) and the end. A failed write ends the HTTP side
  * (gateway_http_end). */
 void gateway_stream_piece(struct gchoice *c, const pagoda_result *r);
 /* What a token of q's answer counts in its JSON's size: GATEWAY_JSON_TOKEN_BYTES, or
  * GATEWAY_LOGPROB_BYTES with log-probabilities. */
 size_t gateway_token_json_bytes(const struct greq *q);
-/* Every choice of q has finished: answers its whole answer, its JSON built on the loop when it
- * is small, else on the threadpool. */
+/* Every choice of q has finished: answers its whole answer (a chat's tool calls parsed out of
+ * each choice's text where the request asks), its JSON built on the loop when it is small, else
+ * on the threadpool. */
 void gateway_answer_whole(struct greq *q);
 /* A /tokenize or /detokenize call's result: answers q (*res taken, set to NULL, where its JSON
  * is built on the threadpool). */

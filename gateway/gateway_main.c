@@ -4,7 +4,8 @@
  *                  [--stats-key KEY] [--max-connections N] [--max-requests N]
  *                  [--max-body-bytes N] [--max-body-memory N] [--max-write-memory N]
  *                  [--request-timeout-ms MS] [--idle-timeout-ms MS]
- *                  [--default-max-tokens N] [--allowed-origins LIST] [--log-level L]
+ *                  [--default-max-tokens N] [--allowed-origins LIST]
+ *                  [--tool-call-parser hermes|llama3_json] [--log-level L]
  *
  * SIGTERM or SIGINT stops it: the listener closes and every request in progress is cancelled in
  * the router (its client gets the connection closed). Under the supervisor (DIR given) it says
@@ -38,6 +39,7 @@ static void usage(FILE *f)
             "                      [--max-body-memory N] [--max-write-memory N]\n"
             "                      [--request-timeout-ms MS] [--idle-timeout-ms MS]\n"
             "                      [--default-max-tokens N] [--allowed-origins LIST]\n"
+            "                      [--tool-call-parser hermes|llama3_json]\n"
             "                      [--log-level debug|info|warn|error]\n"
             "Serves OpenAI's API (POST /v1/completions, /v1/chat/completions; GET /v1/models,\n"
             "/health, /ping, /version, /metrics, and a status page at /) for the router at URL.\n"
@@ -56,7 +58,15 @@ static void usage(FILE *f)
             "--default-max-tokens: a chat completion without max_tokens (%d).\n"
             "--allowed-origins: CORS, the origins whose web pages may call the API from a\n"
             "           browser: '*' any (vLLM's default), or a comma-separated list\n"
-            "           (https://a.example,http://b.example:8080); none unless given.\n",
+            "           (https://a.example,http://b.example:8080); none unless given.\n"
+            "--tool-call-parser: parse tool calls out of chats that give tools with\n"
+            "           tool_choice auto (OpenAI's default with tools) into message.tool_calls\n"
+            "           and stream deltas, finish_reason tool_calls (vLLM's\n"
+            "           --enable-auto-tool-choice --tool-call-parser): hermes (Hermes, Qwen 2.5\n"
+            "           and 3: <tool_call>{\"name\", \"arguments\"}</tool_call>) or llama3_json\n"
+            "           (Llama 3.1 and later: {\"name\", \"parameters\"}, several separated\n"
+            "           by ';'); without it such chats get 400. tool_choice required, or\n"
+            "           naming a function, is refused either way.\n",
             GATEWAY_DEFAULT_MAX_REQUESTS, GATEWAY_DEFAULT_MAX_TOKENS);
 }
 
@@ -119,6 +129,7 @@ enum {
     OPT_IDLE_TIMEOUT,
     OPT_DEFAULT_MAX_TOKENS,
     OPT_ALLOWED_ORIGINS,
+    OPT_TOOL_CALL_PARSER,
     OPT_LOG_LEVEL,
 };
 
@@ -139,6 +150,7 @@ int main(int argc, char **argv)
         {"idle-timeout-ms", required_argument, NULL, OPT_IDLE_TIMEOUT},
         {"default-max-tokens", required_argument, NULL, OPT_DEFAULT_MAX_TOKENS},
         {"allowed-origins", required_argument, NULL, OPT_ALLOWED_ORIGINS},
+        {"tool-call-parser", required_argument, NULL, OPT_TOOL_CALL_PARSER},
         {"log-level", required_argument, NULL, OPT_LOG_LEVEL},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
@@ -210,6 +222,9 @@ int main(int argc, char **argv)
             break;
         case OPT_ALLOWED_ORIGINS:
             cfg.http.allowed_origins = optarg;
+            break;
+        case OPT_TOOL_CALL_PARSER:
+            rc = tool_call_parser_from_name(optarg, &cfg.tool_call_parser);
             break;
         case OPT_LOG_LEVEL: {
             enum log_level level;

@@ -578,23 +578,40 @@ static int refuse_unsupported(struct openai_request *req, struct openai_error *e
     const char *choice = NULL; /* tool_choice: absent, null or a string */
     if ((v = json_object_get(root, "tool_choice")) != NULL && !json_is_null(v)) {
         choice = json_string_value(v);
-        if (choice == NULL || (strcmp(choice, "auto") != 0 && strcmp(choice, "none") != 0))
+        if (choice != NULL && strcmp(choice, "auto") != 0 && strcmp(choice, "none") != 0 &&
+            strcmp(choice, "required") != 0)
+            return bad(err, "invalid_value",
+                       "'tool_choice' must be 'none', 'auto', 'required' or a named function");
+        if (choice == NULL && !json_is_object(v))
+            return bad(err, "invalid_type",
+                       "'tool_choice' must be 'none', 'auto', 'required' or a named function");
+        if (choice == NULL || strcmp(choice, "required") == 0)
             return bad(err, "unsupported",
-                       "'tool_choice' other than 'auto' or 'none' is not supported (a tool call "
-                       "cannot be forced)");
+                       "'tool_choice' %s is not supported: a tool call cannot be forced (vLLM "
+                       "forces one with guided decoding, which pagoda does not do); 'auto' lets "
+                       "the model call the tools (with pagoda-gateway --tool-call-parser), 'none' "
+                       "answers with text",
+                       choice != NULL ? "'required'" : "naming a function");
     }
-    /* A chat's tools with tool_choice 'auto' (the default where tools are given) would have the
-     * model's tool calls come back as text: refused, as vLLM refuses them without a tool-call
-     * parser (--enable-auto-tool-choice); 'none' renders the tools into the prompt (vLLM's
+    /* A chat's tools with tool_choice 'auto' (the default where tools are given): the model's
+     * tool calls are parsed out of its output by the gateway's parser, vLLM's
+     * --enable-auto-tool-choice --tool-call-parser; without one they would come back as text,
+     * and are refused as vLLM refuses them. 'none' renders the tools into the prompt (vLLM's
      * default) and the output is text. */
+    const enum tool_call_parser parser = req->tool_parser;
+    req->tool_parser = TOOL_CALL_PARSER_NONE;
     v = json_object_get(root, "tools");
     if (req->kind == OPENAI_CHAT && json_is_array(v) && json_array_size(v) > 0 &&
-        (choice == NULL || strcmp(choice, "auto") == 0))
-        return bad(err, "unsupported",
-                   "'tools' with tool_choice 'auto' (the default where tools are given) is not "
-                   "supported: tool calls are not parsed out of the output (as vLLM without "
-                   "--enable-auto-tool-choice); tool_choice 'none' renders the tools into the "
-                   "prompt and answers with text");
+        (choice == NULL || strcmp(choice, "auto") == 0)) {
+        if (parser == TOOL_CALL_PARSER_NONE)
+            return bad(err, "unsupported",
+                       "'tools' with tool_choice 'auto' (the default where tools are given) "
+                       "needs the gateway's tool-call parser, which is off: start pagoda-gateway "
+                       "with --tool-call-parser hermes|llama3_json (vLLM's "
+                       "--enable-auto-tool-choice --tool-call-parser), or send tool_choice 'none' "
+                       "to render the tools into the prompt and answer with text");
+        req->tool_parser = parser;
+    }
     if (req->kind == OPENAI_COMPLETION && (v = json_object_get(root, "suffix")) != NULL &&
         !json_is_null(v)) {
         if (!json_is_string(v))
@@ -721,11 +738,13 @@ static int read_tokens(struct openai_request *req, struct openai_error *err)
 }
 
 int openai_parse(enum openai_kind kind, const char *body, size_t len, int32_t default_max_tokens,
-                 struct openai_request *req, struct openai_error *err)
+                 enum tool_call_parser tool_parser, struct openai_request *req,
+                 struct openai_error *err)
 {
     memset(req, 0, sizeof(*req));
     memset(err, 0, sizeof(*err));
     req->kind = kind;
+    req->tool_parser = tool_parser; /* kept by refuse_unsupported for a chat that calls tools */
     req->n = 1;
     req->num_prompts = 1;
     req->params = pagoda_generate_params_default();
@@ -926,15 +945,56 @@ static char *dump(json_t *j)
     return s;
 }
 
-static json_t *response_choice(const struct openai_out *o)
+/* The finish_reason of o's choice: "tool_calls" where it called tools (vLLM's) and ended by
+ * stop or length. */
+static const char *finish_name(const struct openai_out *o)
 {
     const char *finish = openai_finish_reason(o->finish);
-    if (o->req->kind == OPENAI_CHAT)
-        return json_pack("{s:I,s:{s:s,s:o},s:o,s:o,s:o}", "index", (json_int_t)o->index, "message",
-                         "role", "assistant", "content", text_json(o->text, o->text_len),
+    if (o->tools_called && (o->finish == PAGODA_FINISH_STOP || o->finish == PAGODA_FINISH_LENGTH))
+        return "tool_calls";
+    return finish;
+}
+
+/* A chat message's or delta's content: the text, or with tools parsed the content, null in a
+ * message with tool calls and no content (vLLM's). */
+static json_t *chat_content_json(const struct openai_out *o)
+{
+    if (!o->tools_parsed)
+        return text_json(o->text, o->text_len);
+    if (o->content_len == 0 && o->num_tool_calls > 0)
+        return json_null();
+    return text_json(o->content, o->content_len);
+}
+
+/* o's tool calls, OpenAI's {id, type: "function", function: {name, arguments}}; a stream's with
+ * their index in the choice's calls. */
+static json_t *tool_calls_json(const struct openai_out *o, bool indexed)
+{
+    json_t *calls = json_array();
+    for (size_t i = 0; calls != NULL && i < o->num_tool_calls; i++) {
+        const struct tool_call *c = &o->tool_calls[i];
+        json_t *call = json_pack("{s:s,s:s,s:{s:s,s:s}}", "id", c->id, "type", "function",
+                                 "function", "name", c->name, "arguments", c->arguments);
+        if (call != NULL && indexed)
+            json_object_set_new(call, "index", json_integer(o->first_tool_call + (json_int_t)i));
+        json_array_append_new(calls, call);
+    }
+    return calls;
+}
+
+static json_t *response_choice(const struct openai_out *o)
+{
+    const char *finish = finish_name(o);
+    if (o->req->kind == OPENAI_CHAT) {
+        json_t *message =
+            json_pack("{s:s,s:o}", "role", "assistant", "content", chat_content_json(o));
+        if (message != NULL && o->num_tool_calls > 0)
+            json_object_set_new(message, "tool_calls", tool_calls_json(o, false));
+        return json_pack("{s:I,s:o,s:o,s:o,s:o}", "index", (json_int_t)o->index, "message", message,
                          "logprobs", logprobs_json(o), "finish_reason",
                          finish ? json_string(finish) : json_null(), "stop_reason",
                          stop_reason_json(o));
+    }
     return json_pack("{s:I,s:o,s:o,s:o,s:o}", "index", (json_int_t)o->index, "text",
                      text_json(o->text, o->text_len), "logprobs", logprobs_json(o), "finish_reason",
                      finish ? json_string(finish) : json_null(), "stop_reason",
@@ -987,12 +1047,14 @@ char *openai_chunk_json(const struct openai_out *o, bool role_chunk, bool usage_
                                                  (json_int_t)o->index, "delta", "role", "assistant",
                                                  "content", "", "logprobs", "finish_reason"));
     } else if (!usage_only) {
-        const char *finish = openai_finish_reason(o->finish);
+        const char *finish = finish_name(o);
         json_t *choice;
         if (chat) {
             json_t *delta = json_object();
-            if (o->text_len > 0)
-                json_object_set_new(delta, "content", text_json(o->text, o->text_len));
+            if (o->tools_parsed ? o->content_len > 0 : o->text_len > 0)
+                json_object_set_new(delta, "content", chat_content_json(o));
+            if (o->num_tool_calls > 0)
+                json_object_set_new(delta, "tool_calls", tool_calls_json(o, true));
             choice = json_pack("{s:I,s:o,s:o,s:o}", "index", (json_int_t)o->index, "delta", delta,
                                "logprobs", logprobs_json(o), "finish_reason",
                                finish ? json_string(finish) : json_null());

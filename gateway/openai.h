@@ -15,11 +15,15 @@
  * at index p * n + j (vLLM's order), with seed + j; chat content may be a string or a list of
  * {"type": "text"} parts (joined), other parts are refused. vLLM's extensions top_k, min_p,
  * repetition_penalty, ignore_eos, stop_token_ids, skip_special_tokens, add_special_tokens,
- * chat_template_kwargs and add_generation_prompt are read. */
+ * chat_template_kwargs and add_generation_prompt are read. A chat's tools with tool_choice 'auto'
+ * (or none given) need the gateway's tool-call parser (vLLM's --enable-auto-tool-choice
+ * --tool-call-parser), whose calls are parsed out of the output (gateway/tool_calls.h); 'required'
+ * and a named function are refused (vLLM forces them with guided decoding). */
 #ifndef PAGODA_GATEWAY_OPENAI_H
 #define PAGODA_GATEWAY_OPENAI_H
 
 #include "client/pagoda.h"
+#include "gateway/tool_calls.h"
 
 #include <jansson.h>
 #include <stdbool.h>
@@ -45,7 +49,10 @@ struct openai_request {
     char *model;
     bool stream, include_usage;
     bool tokens_as_ids; /* vLLM's return_tokens_as_token_ids: logprobs name tokens token_id:N */
-    uint32_t n;         /* choices of each prompt: 1 .. OPENAI_MAX_CHOICES */
+    /* A chat whose output is parsed for tool calls (tools with tool_choice auto, and the
+     * gateway's parser); NONE for every other request. */
+    enum tool_call_parser tool_parser;
+    uint32_t n; /* choices of each prompt: 1 .. OPENAI_MAX_CHOICES */
     pagoda_generate_params params;
     /* The prompt; a completion's list of several is prompt and then more_prompts
      * (openai_prompt()). */
@@ -71,10 +78,12 @@ struct openai_error {
     char message[512];
 };
 
-/* Parses body as the request of kind. default_max_tokens applies to chats without max_tokens.
- * Returns 0, or -1 with *err filled (status 400). */
+/* Parses body as the request of kind. default_max_tokens applies to chats without max_tokens;
+ * tool_parser is the gateway's (NONE: a chat's tools with tool_choice auto are refused). Returns
+ * 0, or -1 with *err filled (status 400). */
 int openai_parse(enum openai_kind kind, const char *body, size_t len, int32_t default_max_tokens,
-                 struct openai_request *req, struct openai_error *err);
+                 enum tool_call_parser tool_parser, struct openai_request *req,
+                 struct openai_error *err);
 
 void openai_request_fini(struct openai_request *req);
 
@@ -86,8 +95,8 @@ static inline const pagoda_prompt *openai_prompt(const struct openai_request *re
 
 /* Frees what the params and prompt borrow (the JSON tree, the token ids, the messages, the
  * strings made here) once the request has been sent: a long generation keeps only the few fields
- * its answers read (kind, model, stream, include_usage, params.logprobs). The params' and
- * prompt's pointers are cleared. */
+ * its answers read (kind, model, stream, include_usage, params.logprobs, tool_parser). The params'
+ * and prompt's pointers are cleared. */
 void openai_request_release_prompt(struct openai_request *req);
 
 /* The error for a libpagoda failure code and its detail. */
@@ -97,7 +106,8 @@ void openai_error_from_code(int code, const char *detail, struct openai_error *e
 char *openai_error_json(const struct openai_error *err);
 
 /* The finish_reason name OpenAI uses: "stop", "length", or NULL while running; cancelled and
- * error become "abort" and "error" (vLLM's). */
+ * error become "abort" and "error" (vLLM's). A choice that called tools finishes with
+ * "tool_calls" instead (openai_out.tools_called). */
 const char *openai_finish_reason(pagoda_finish_reason reason);
 
 /* One response, or one stream chunk, as a malloc'd JSON string. id is "cmpl-..." or
@@ -124,6 +134,17 @@ struct openai_out {
     int32_t stop_token_id;
     bool with_usage;
     uint32_t prompt_tokens, completion_tokens, cached_tokens;
+    /* A chat parsed for tool calls (req->tool_parser): the message's (or delta's) content is
+     * content, not text (which logprobs still name tokens by); a whole message with calls has
+     * null for an empty content; tool_calls are the calls (a stream chunk's, the first of them
+     * the choice's call first_tool_call); tools_called (any call of the choice so far) makes the
+     * finish "tool_calls", vLLM's. */
+    bool tools_parsed, tools_called;
+    const char *content;
+    size_t content_len;
+    const struct tool_call *tool_calls;
+    size_t num_tool_calls;
+    uint32_t first_tool_call;
 };
 /* A whole response of n choices, o[i] the choice of index o[i].index; the response's fields
  * from o[0], its usage openai_usage_sum's. */
@@ -135,10 +156,12 @@ char *openai_response_json(const struct openai_out *o, size_t n);
 void openai_usage_sum(struct openai_out *sum, const struct openai_out *o, size_t n);
 /* The characters (code points) of len bytes of UTF-8. */
 uint64_t openai_utf8_chars(const char *s, size_t len);
-/* A stream chunk of o's choice: its text (a chat's delta content, left out when empty), tokens
- * and finish; with role_chunk, a chat's first chunk of the choice, the role alone (delta {"role":
- * "assistant", "content": ""}, OpenAI's and vLLM's, sent before the content: o's text, tokens and
- * finish not read; ignored for a completion); with usage_only, the usage chunk (no choices). */
+/* A stream chunk of o's choice: its text (a chat's delta content, left out when empty; with
+ * tools_parsed, its content and tool_calls, each call whole: {index, id, type, function: {name,
+ * arguments}}), tokens and finish; with role_chunk, a chat's first chunk of the choice, the role
+ * alone (delta {"role": "assistant", "content": ""}, OpenAI's and vLLM's, sent before the content:
+ * o's text, tokens and finish not read; ignored for a completion); with usage_only, the usage chunk
+ * (no choices). */
 char *openai_chunk_json(const struct openai_out *o, bool role_chunk, bool usage_only);
 
 /* /tokenize's answer ({"count", "max_model_len", "tokens", "token_strs": null}, vLLM's) and

@@ -1,11 +1,13 @@
 /* libFuzzer target: a request body from any HTTP client through OpenAI's parsing
  * (gateway/openai.h), and the responses built for what it parsed.
  *
- * Input: byte 0 picks the body's kind (completion, chat, /tokenize, /detokenize); the rest is the
- * body.
+ * Input: byte 0 picks the body's kind (completion, chat, /tokenize, /detokenize) in its low two
+ * bits and the gateway's tool-call parser (none, hermes, llama3_json, none) in the next two; the
+ * rest is the body.
  *
  * Checked beyond the sanitizers: a refusal is a 4xx with a message; an accepted request keeps
- * the limits it promises (n, the prompts and each one's form, the stop strings, the messages);
+ * the limits it promises (n, the prompts and each one's form, the stop strings, the messages, a
+ * tool-call parser only for a chat and only the gateway's);
  * a whole response and a stream chunk for its choices (OPENAI_FUZZ_MAX_CHOICES of them at most,
  * with tokens and log-probabilities) parse back as JSON with the choices in index order and the
  * usage openai_usage_sum gives; releasing the prompt, then finishing, frees everything. */
@@ -74,6 +76,16 @@ static void check_response(const struct openai_request *req)
         o[i].n = 3;
         o[i].index = i;
         o[i].finish = (i & 1) ? PAGODA_FINISH_LENGTH : PAGODA_FINISH_STOP;
+        if (req->tool_parser != TOOL_CALL_PARSER_NONE) { /* every other choice calls a tool */
+            static const struct tool_call call = {"chatcmpl-tool-0", "f", "{\"x\": 1}"};
+            o[i].tools_parsed = true;
+            o[i].tools_called = (i & 1) != 0;
+            o[i].content = "a";
+            o[i].content_len = i & 2 ? 1 : 0;
+            o[i].tool_calls = o[i].tools_called ? &call : NULL;
+            o[i].num_tool_calls = o[i].tools_called;
+            o[i].first_tool_call = i;
+        }
         o[i].stop_string = (i & 2) ? "s" : NULL;
         o[i].with_usage = true;
         o[i].prompt_tokens = 5 + i / req->n; /* one figure a prompt */
@@ -119,10 +131,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         return 0;
     static const enum openai_kind kinds[4] = {OPENAI_COMPLETION, OPENAI_CHAT, OPENAI_TOKENIZE,
                                               OPENAI_DETOKENIZE};
+    static const enum tool_call_parser parsers[4] = {TOOL_CALL_PARSER_NONE, TOOL_CALL_PARSER_HERMES,
+                                                     TOOL_CALL_PARSER_LLAMA3_JSON,
+                                                     TOOL_CALL_PARSER_NONE};
     const enum openai_kind kind = kinds[data[0] & 3];
+    const enum tool_call_parser parser = parsers[(data[0] >> 2) & 3];
     struct openai_request req;
     struct openai_error err;
-    int rc = openai_parse(kind, (const char *)data + 1, size - 1, 64, &req, &err);
+    int rc = openai_parse(kind, (const char *)data + 1, size - 1, 64, parser, &req, &err);
     if (rc != 0) {
         if (rc != -1 || err.status < 400 || err.status > 499 || err.message[0] == 0)
             abort();
@@ -133,7 +149,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         req.num_prompts > OPENAI_MAX_PROMPTS ||
         (req.num_prompts > 1 && kind != OPENAI_COMPLETION) || req.params.max_tokens < 1 ||
         req.params.num_stop > OPENAI_MAX_STOPS ||
-        req.params.num_stop_token_ids > OPENAI_MAX_STOP_TOKEN_IDS)
+        req.params.num_stop_token_ids > OPENAI_MAX_STOP_TOKEN_IDS ||
+        (req.tool_parser != TOOL_CALL_PARSER_NONE &&
+         (kind != OPENAI_CHAT || req.tool_parser != parser)))
         abort();
     for (size_t i = 0; i < req.params.num_stop; i++)
         if (req.params.stop[i] == NULL || strlen(req.params.stop[i]) > OUTPUT_TEXT_MAX_STOP_BYTES)

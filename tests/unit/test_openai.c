@@ -16,7 +16,7 @@
 static int parse(enum openai_kind kind, const char *body, struct openai_request *req,
                  struct openai_error *err)
 {
-    return openai_parse(kind, body, strlen(body), 1024, req, err);
+    return openai_parse(kind, body, strlen(body), 1024, TOOL_CALL_PARSER_NONE, req, err);
 }
 
 /* Numbers as vLLM's pydantic models read them: an integral real or a string of an integer for an
@@ -56,6 +56,7 @@ static void test_tools_need_tool_choice_none(void **state)
         assert_int_equal(parse(OPENAI_CHAT, body, &req, &err), -1);
         assert_int_equal(err.status, 400);
         assert_non_null(strstr(err.message, "'tools' with tool_choice 'auto'"));
+        assert_non_null(strstr(err.message, "--tool-call-parser hermes|llama3_json"));
         openai_request_fini(&req);
         assert_int_equal(parse(OPENAI_TOKENIZE, body, &req, &err), 0);
         assert_non_null(req.prompt.tools_json);
@@ -74,6 +75,148 @@ static void test_tools_need_tool_choice_none(void **state)
                            "\"tools\": [], \"tool_choice\": \"auto\"}",
                            &req, &err),
                      0);
+    openai_request_fini(&req);
+}
+
+/* With the gateway's tool-call parser a chat's tools with tool_choice auto (or none given) are
+ * taken and its output is to be parsed (req.tool_parser); tool_choice none, no tools, a
+ * completion are not parsed; required and a named function are refused either way, naming why. */
+static void test_tools_with_a_tool_call_parser(void **state)
+{
+    (void)state;
+    struct openai_request req;
+    struct openai_error err;
+    const char *tools = "\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\"}}]";
+    static const struct {
+        const char *choice;
+        int rc;
+        enum tool_call_parser parsed;
+        const char *message;
+    } cases[] = {
+        {"", 0, TOOL_CALL_PARSER_LLAMA3_JSON, NULL},
+        {", \"tool_choice\": \"auto\"", 0, TOOL_CALL_PARSER_LLAMA3_JSON, NULL},
+        {", \"tool_choice\": \"none\"", 0, TOOL_CALL_PARSER_NONE, NULL},
+        {", \"tool_choice\": \"required\"", -1, TOOL_CALL_PARSER_NONE,
+         "'tool_choice' 'required' is not supported: a tool call cannot be forced"},
+        {", \"tool_choice\": {\"type\": \"function\", \"function\": {\"name\": \"f\"}}", -1,
+         TOOL_CALL_PARSER_NONE, "'tool_choice' naming a function is not supported"},
+        {", \"tool_choice\": \"any\"", -1, TOOL_CALL_PARSER_NONE, "must be 'none', 'auto'"},
+    };
+    char body[512];
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        snprintf(body, sizeof(body),
+                 "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], %s%s}", tools,
+                 cases[i].choice);
+        int rc = openai_parse(OPENAI_CHAT, body, strlen(body), 1024, TOOL_CALL_PARSER_LLAMA3_JSON,
+                              &req, &err);
+        assert_int_equal(rc, cases[i].rc);
+        if (rc == 0)
+            assert_int_equal(req.tool_parser, cases[i].parsed);
+        else
+            assert_non_null(strstr(err.message, cases[i].message));
+        openai_request_fini(&req);
+    }
+    const char *none[] = {
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}]}",
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": []}"};
+    for (size_t i = 0; i < 2; i++) {
+        assert_int_equal(openai_parse(OPENAI_CHAT, none[i], strlen(none[i]), 1024,
+                                      TOOL_CALL_PARSER_HERMES, &req, &err),
+                         0);
+        assert_int_equal(req.tool_parser, TOOL_CALL_PARSER_NONE);
+        openai_request_fini(&req);
+    }
+    snprintf(body, sizeof(body), "{\"prompt\": \"x\", %s}", tools);
+    assert_int_equal(openai_parse(OPENAI_COMPLETION, body, strlen(body), 16,
+                                  TOOL_CALL_PARSER_HERMES, &req, &err),
+                     0);
+    assert_int_equal(req.tool_parser, TOOL_CALL_PARSER_NONE);
+    openai_request_fini(&req);
+}
+
+/* A choice with tool calls: message.tool_calls ({id, type, function: {name, arguments}}), its
+ * content null where none came before them, finish_reason "tool_calls" (vLLM's); a stream's delta
+ * has each call whole with its index in the choice, and no content where there is none. */
+static void test_tool_calls_in_responses_and_chunks(void **state)
+{
+    (void)state;
+    struct openai_request req;
+    struct openai_error err;
+    const char *body = "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": "
+                       "[{\"type\": \"function\", \"function\": {\"name\": \"f\"}}]}";
+    assert_int_equal(
+        openai_parse(OPENAI_CHAT, body, strlen(body), 1024, TOOL_CALL_PARSER_HERMES, &req, &err),
+        0);
+    const char *text = "<tool_call>{\"name\": \"f\", \"arguments\": {\"x\": 1}}</tool_call>";
+    struct tool_calls_result r;
+    assert_int_equal(tool_calls_parse(TOOL_CALL_PARSER_HERMES, text, strlen(text), &r), 0);
+    struct openai_out o = {.req = &req,
+                           .id = "chatcmpl-1",
+                           .model = "m",
+                           .text = text,
+                           .text_len = strlen(text),
+                           .finish = PAGODA_FINISH_STOP,
+                           .with_usage = true,
+                           .tools_parsed = true,
+                           .tools_called = true,
+                           .content = r.content,
+                           .content_len = r.content_len,
+                           .tool_calls = r.calls,
+                           .num_tool_calls = r.num_calls};
+    char *s = openai_response_json(&o, 1);
+    json_t *j = json_loads(s, 0, NULL);
+    json_t *c0 = json_array_get(json_object_get(j, "choices"), 0);
+    json_t *msg = json_object_get(c0, "message");
+    assert_true(json_is_null(json_object_get(msg, "content")));
+    assert_string_equal(json_string_value(json_object_get(c0, "finish_reason")), "tool_calls");
+    json_t *call = json_array_get(json_object_get(msg, "tool_calls"), 0);
+    assert_int_equal(json_array_size(json_object_get(msg, "tool_calls")), 1);
+    assert_string_equal(json_string_value(json_object_get(call, "id")), r.calls[0].id);
+    assert_string_equal(json_string_value(json_object_get(call, "type")), "function");
+    json_t *fn = json_object_get(call, "function");
+    assert_string_equal(json_string_value(json_object_get(fn, "name")), "f");
+    assert_string_equal(json_string_value(json_object_get(fn, "arguments")), "{\"x\": 1}");
+    json_decref(j);
+    free(s);
+    /* text before the calls is the content; no calls: the text, finish as it was */
+    o.content = "Hi";
+    o.content_len = 2;
+    s = openai_response_json(&o, 1);
+    assert_non_null(strstr(s, "\"content\":\"Hi\""));
+    free(s);
+    o.tools_called = false;
+    o.num_tool_calls = 0;
+    s = openai_response_json(&o, 1);
+    assert_non_null(strstr(s, "\"finish_reason\":\"stop\""));
+    assert_null(strstr(s, "tool_calls"));
+    free(s);
+    /* a stream's chunk: the second call of the choice, then its finish */
+    o.tools_called = true;
+    o.content_len = 0;
+    o.num_tool_calls = 1;
+    o.first_tool_call = 1;
+    o.finish = PAGODA_FINISH_NONE;
+    s = openai_chunk_json(&o, false, false);
+    j = json_loads(s, 0, NULL);
+    c0 = json_array_get(json_object_get(j, "choices"), 0);
+    json_t *delta = json_object_get(c0, "delta");
+    assert_null(json_object_get(delta, "content"));
+    call = json_array_get(json_object_get(delta, "tool_calls"), 0);
+    assert_int_equal(json_integer_value(json_object_get(call, "index")), 1);
+    assert_string_equal(json_string_value(json_object_get(call, "id")), r.calls[0].id);
+    assert_string_equal(
+        json_string_value(json_object_get(json_object_get(call, "function"), "arguments")),
+        "{\"x\": 1}");
+    assert_true(json_is_null(json_object_get(c0, "finish_reason")));
+    json_decref(j);
+    free(s);
+    o.num_tool_calls = 0;
+    o.finish = PAGODA_FINISH_LENGTH;
+    s = openai_chunk_json(&o, false, false);
+    assert_non_null(strstr(s, "\"finish_reason\":\"tool_calls\""));
+    assert_null(strstr(s, "\"tool_calls\":["));
+    free(s);
+    tool_calls_result_fini(&r);
     openai_request_fini(&req);
 }
 
@@ -661,6 +804,8 @@ int main(void)
         cmocka_unit_test(test_models_list),
         cmocka_unit_test(test_numbers_are_read_as_pydantic_reads_them),
         cmocka_unit_test(test_tools_need_tool_choice_none),
+        cmocka_unit_test(test_tools_with_a_tool_call_parser),
+        cmocka_unit_test(test_tool_calls_in_responses_and_chunks),
         cmocka_unit_test(test_a_list_of_prompts_is_read),
         cmocka_unit_test(test_a_chat_is_read),
         cmocka_unit_test(test_bad_requests_are_400_with_a_reason),
