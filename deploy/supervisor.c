@@ -14,7 +14,10 @@
  * where every program pushes Control messages (docs/protocol.md), and starts the programs of
  * BINDIR in order, kvpool, worker 0..N-1, scheduler, router, each after the one before it has
  * pushed Control{ready}: every program needs the ones before it (a worker maps the kvpool's
- * memory, the scheduler resyncs every worker, the router dials the scheduler). A program that
+ * memory, the scheduler resyncs every worker, the router dials the scheduler). Before any of
+ * them, the router's own command line with --check reads its tenants file and the model's
+ * tokenizer files and exits: one it cannot take fails the start at once, rather than once the
+ * engines have loaded the weights. A program that
  * exits or stays silent for --ready-timeout-ms during this start fails it: the supervisor stops
  * what it started and exits 1, naming the program. When the last is ready it writes DIR/ready
  * (the client URL, as a client on this host dials it) for whoever waits on the group
@@ -188,9 +191,9 @@ static void on_child_exit(uv_process_t *p, int64_t exit_status, int term_signal)
     uv_close((uv_handle_t *)p, on_child_closed);
 }
 
-/* Opens DIR/<name>.log for appending and writes a header line for this start. Returns the
- * descriptor or a PAGODA_E* code. */
-static int child_open_log(struct supervisor *sup, struct child *c)
+/* Opens DIR/<name>.log for appending and writes a header line for this start (what: "starting",
+ * or "checking" for the router's check). Returns the descriptor or a PAGODA_E* code. */
+static int child_open_log(struct supervisor *sup, struct child *c, const char *what)
 {
     char path[PATH_MAX];
     if (snprintf(path, sizeof(path), "%s/%s.log", sup->run_dir, c->name) >= (int)sizeof(path))
@@ -203,8 +206,8 @@ static int child_open_log(struct supervisor *sup, struct child *c)
     struct tm tm;
     gmtime_r(&now, &tm);
     strftime(stamp, sizeof(stamp), "%Y-%m-%dT%H:%M:%SZ", &tm);
-    int n = snprintf(line, sizeof(line), "---- %s pagoda-supervisor: starting %s (start %d)\n",
-                     stamp, c->name, c->starts + 1);
+    int n = snprintf(line, sizeof(line), "---- %s pagoda-supervisor: %s %s (start %d)\n", stamp,
+                     what, c->name, c->starts + 1);
     if (n > 0 && write(fd, line, (size_t)n) < 0)
         log_warn("cannot write to %s: %s", path, strerror(errno));
     return fd;
@@ -246,7 +249,7 @@ static void child_spawn(struct child *c)
     c->pid = 0;
     c->started_ms = uv_now(&sup->loop);
 
-    int fd = child_open_log(sup, c);
+    int fd = child_open_log(sup, c, "starting");
     if (fd < 0) {
         /* The program matters more than its log: let it write to the supervisor's stderr. */
         char msg[700];
@@ -483,6 +486,110 @@ static void check_group_ready(struct supervisor *sup)
                  sup->opts.workers == 1 ? "" : "s", sup->listen_dial);
 }
 
+/* ---- the router's check before the start --------------------------------------------------- */
+
+/* The router reads its tenants file and the model's tokenizer files at start, and one it cannot
+ * take stops a starting group (PAGODA_EXIT_CANNOT_RUN). It starts last, after the engines have
+ * loaded the weights (minutes for a large model on a GPU), so the group first runs the router's
+ * own argv with --check, which reads them and exits: a broken file fails the start at once,
+ * before anything else starts (the 43rd session's note). Its output goes to the router's log. */
+static void start_next(struct supervisor *sup);
+
+static struct child *router_child(struct supervisor *sup)
+{
+    for (int i = 0; i < sup->num_children; i++)
+        if (sup->children[i].role == ROLE_ROUTER)
+            return &sup->children[i];
+    return NULL;
+}
+
+static void on_check_closed(uv_handle_t *h)
+{
+    (void)h;
+}
+
+static void on_check_exit(uv_process_t *p, int64_t exit_status, int term_signal)
+{
+    struct supervisor *sup = p->data;
+    sup->check_running = 0;
+    uv_close((uv_handle_t *)p, on_check_closed);
+    uv_timer_stop(&sup->ready_timer);
+    if (sup->phase != PHASE_STARTING)
+        return; /* stopped meanwhile: nothing was started */
+    struct child *c = router_child(sup);
+    if (term_signal == 0 && exit_status == 0) {
+        start_next(sup);
+        return;
+    }
+    if (term_signal != 0)
+        log_error("the router's check (%s --check) was killed by signal %d (see %s/%s.log); "
+                  "stopping the group",
+                  c->argv[0], term_signal, sup->run_dir, c->name);
+    else if (exit_status == PAGODA_EXIT_CANNOT_RUN)
+        log_error("the router cannot run as configured (its check, %s --check, exit status %d, "
+                  "see %s/%s.log); nothing was started: stopping the group",
+                  c->argv[0], PAGODA_EXIT_CANNOT_RUN, sup->run_dir, c->name);
+    else
+        log_error("the router's check (%s --check) failed: exit status %lld (see %s/%s.log); "
+                  "stopping the group",
+                  c->argv[0], (long long)exit_status, sup->run_dir, c->name);
+    begin_stop(sup, 1);
+}
+
+static void on_check_timeout(uv_timer_t *t)
+{
+    struct supervisor *sup = t->data;
+    if (!sup->check_running)
+        return;
+    log_error("the router's check did not end within %llu ms: killing it",
+              (unsigned long long)sup->opts.ready_timeout_ms);
+    uv_process_kill(&sup->check_proc, SIGKILL); /* its exit stops the group */
+}
+
+/* Starts the group: the router's check first where there is a router, then the programs in
+ * order (start_next). */
+static void start_group(struct supervisor *sup)
+{
+    struct child *c = router_child(sup);
+    if (c == NULL) {
+        start_next(sup);
+        return;
+    }
+    char *argv[SUP_MAX_ARGV + 1];
+    int n = 0;
+    while (c->argv[n] != NULL) {
+        argv[n] = c->argv[n];
+        n++;
+    }
+    argv[n++] = "--check";
+    argv[n] = NULL;
+    int fd = child_open_log(sup, c, "checking");
+    uv_stdio_container_t stdio[3];
+    stdio[0].flags = UV_IGNORE;
+    stdio[1].flags = stdio[2].flags = UV_INHERIT_FD;
+    stdio[1].data.fd = stdio[2].data.fd = fd >= 0 ? fd : STDERR_FILENO;
+    uv_process_options_t options;
+    memset(&options, 0, sizeof(options));
+    options.exit_cb = on_check_exit;
+    options.file = argv[0];
+    options.args = argv;
+    options.stdio_count = 3;
+    options.stdio = stdio;
+    int rv = uv_spawn(&sup->loop, &sup->check_proc, &options);
+    if (fd >= 0)
+        close(fd);
+    sup->check_proc.data = sup;
+    if (rv != 0) {
+        uv_close((uv_handle_t *)&sup->check_proc, on_check_closed);
+        log_error("the router (%s) could not be started for its check: %s; stopping the group",
+                  argv[0], uv_strerror(rv));
+        begin_stop(sup, 1);
+        return;
+    }
+    sup->check_running = 1;
+    uv_timer_start(&sup->ready_timer, on_check_timeout, sup->opts.ready_timeout_ms, 0);
+}
+
 /* Starts the next program of the start order; after the last, checks the group. */
 static void start_next(struct supervisor *sup)
 {
@@ -633,6 +740,8 @@ static void begin_stop(struct supervisor *sup, int exit_code)
         return;
     sup->phase = PHASE_STOPPING;
     uv_timer_stop(&sup->ready_timer);
+    if (sup->check_running)
+        uv_process_kill(&sup->check_proc, SIGKILL); /* its exit, now, starts nothing */
     uv_timer_stop(&sup->liveness_timer);
     sup_remove_file(sup->ready_path);
     for (int i = 0; i < sup->num_children; i++) {
@@ -1175,7 +1284,7 @@ int main(int argc, char **argv)
         pid_written = 1;
         log_info("supervising %d worker%s in %s (programs from %s)", sup->opts.workers,
                  sup->opts.workers == 1 ? "" : "s", sup->run_dir, sup->opts.bin_dir);
-        start_next(sup);
+        start_group(sup);
     }
     uv_run(&sup->loop, UV_RUN_DEFAULT);
 

@@ -116,7 +116,11 @@ struct supervisor {
 
     uv_signal_t sigterm, sigint;
     int signals_init;
-    uv_timer_t ready_timer;    /* the start of the awaited child */
+    uv_timer_t ready_timer; /* the start of the awaited child (or of the router's check) */
+    /* The router's check before the start (pagoda-router --check, start_group): running while
+     * check_running, its handle closing after. */
+    uv_process_t check_proc;
+    int check_running;
     uv_timer_t stop_timer;     /* the bound of the current stop stage */
     uv_timer_t liveness_timer; /* every --heartbeat-ms: who stopped sending */
     uint64_t liveness_tick_ms; /* loop time of the last liveness check (or of its start) */

@@ -48,6 +48,7 @@ static void usage(FILE *f)
             "                     [--drain-timeout-ms MS] [--tenants FILE]\n"
             "                     [--admin-timeout-ms MS] [--max-connections N]\n"
             "                     [--idle-timeout-ms MS] [--max-parked N] [--model DIR]\n"
+            "                     [--check]\n"
             "--listen: tcp://HOST:PORT or ipc://PATH (clients' address).\n"
             "--scheduler: a scheduler link, ipc:// or tcp:// (default ipc://DIR/scheduler.ipc);\n"
             "           given several times (at most %u), one engine each (docs/routing.md).\n"
@@ -56,6 +57,8 @@ static void usage(FILE *f)
             "--model: the model's folder; its tokenizer.json and tokenizer_config.json give\n"
             "           text prompts, chats and text output (without it: token ids only);\n"
             "           broken ones stop the router at start (exit status %d).\n"
+            "--check: read the tenants file and the model's tokenizer files, then exit (0, or\n"
+            "           the status above); the supervisor runs it before anything starts.\n"
             "--tenants: JSON {\"admin_keys\": [...], \"groups\": [{\"name\",\n"
             "           \"cache_quota_blocks\"}], \"tenants\": [{\"name\", \"api_keys\": [...],\n"
             "           \"group\", \"max_running\", \"max_waiting\", \"cache_quota_blocks\"}],\n"
@@ -169,12 +172,15 @@ enum {
     OPT_MODEL,
     OPT_ROUTING,
     OPT_STATS_TIMEOUT,
+    OPT_CHECK,
 };
 
 /* The --scheduler flags, in order (engine i = the i-th). */
 static const char *scheduler_urls[ROUTE_MAX_ENGINES];
 /* --model: the folder whose tokenizer files main reads into cfg.text. */
 static const char *model_dir;
+/* --check: the start's checks only (the tenants file, the tokenizer files), then exit. */
+static int check_only;
 
 static int parse_flag(int opt, const char *arg, struct router_config *cfg)
 {
@@ -228,6 +234,9 @@ static int parse_flag(int opt, const char *arg, struct router_config *cfg)
     case OPT_MODEL:
         model_dir = arg;
         return 0;
+    case OPT_CHECK:
+        check_only = 1;
+        return 0;
     case OPT_DRAIN_TIMEOUT:
         return parse_u32("--drain-timeout-ms", arg, 0, UINT32_MAX, &cfg->drain_timeout_ms);
     case OPT_MAX_CONNECTIONS:
@@ -267,6 +276,7 @@ int main(int argc, char **argv)
         {"model", required_argument, NULL, OPT_MODEL},
         {"routing", required_argument, NULL, OPT_ROUTING},
         {"stats-timeout-ms", required_argument, NULL, OPT_STATS_TIMEOUT},
+        {"check", no_argument, NULL, OPT_CHECK},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -328,6 +338,10 @@ int main(int argc, char **argv)
                 "(a model folder without tokenizer.json serves token ids only)\n",
                 pagoda_error_message(rc, why, sizeof(why)));
         return PAGODA_EXIT_CANNOT_RUN;
+    }
+    if (check_only) {
+        router_text_free(cfg.text);
+        return 0;
     }
 
     uv_loop_t loop;

@@ -266,7 +266,8 @@ check "a --gateway-arg without its value is refused (exit $rc)" [ "$rc" = 2 ]
 # -- the bundled model with its tokenizer.json cut short (a copy that did not finish): the group
 # does not start. The router says it cannot run as configured, naming the file and the cause, and
 # the supervisor stops the group at once instead of restarting it (vLLM and llama.cpp refuse such
-# a model folder too); a folder without tokenizer.json would serve token ids.
+# a model folder too), before starting anything: the router's check (pagoda-router --check) runs
+# first; a folder without tokenizer.json would serve token ids.
 brown=$src/assets/pagoda-brown
 mkdir "$tmp/brown" && ln -s "$brown/config.json" "$brown/model.safetensors" "$tmp/brown/" &&
     cp "$brown/tokenizer_config.json" "$tmp/brown/"
@@ -279,9 +280,10 @@ check "pagoda-up shows the router naming the file and the cause" grep -q \
     "pagoda-router: $tmp/brown/tokenizer.json: line [0-9]* column [0-9]*: .*end of file" \
     "$tmp/tok-up.out"
 check "the supervisor says the router cannot run as configured and stops the group" grep -q \
-    "router (pid [0-9]*) cannot run as configured (exit status 78.*stopping the group" \
+    "the router cannot run as configured (its check.*exit status 78.*nothing was started" \
     "$tmp/tok/supervisor.log"
-check "the router was started once" [ "$(grep -c "starting router" "$tmp/tok/router.log")" = 1 ]
+check "the router's check ran once and nothing was started" \
+    [ "$(grep -c "checking router" "$tmp/tok/router.log")" = 1 -a ! -e "$tmp/tok/kvpool.log" ]
 check "nothing runs after the refused model" nothing_runs
 
 if [ "$failed" != 0 ]; then

@@ -138,15 +138,20 @@ static void scenario_refused(struct group *g, const char *what, const char *want
     CHECK(group_stop(g) == 0, "%s: the group drains", what);
 }
 
-/* The files are broken: the router cannot run as configured (PAGODA_EXIT_CANNOT_RUN), so the
- * supervisor stops the group that is starting, and the router's log names the file (want_file)
- * and the cause (want). */
+/* The files are broken: the router cannot run as configured (PAGODA_EXIT_CANNOT_RUN), which the
+ * supervisor learns from the router's check (pagoda-router --check) before it starts anything:
+ * it stops the group, no kvpool or worker having started (before the 44th session the router,
+ * started last, said so after the engines had loaded the weights), and the router's log names
+ * the file (want_file) and the cause (want). */
 static void scenario_cannot_start(struct group *g, const char *what, const char *want_file,
                                   const char *want)
 {
     char path[700];
     snprintf(path, sizeof(path), "%s/router.log", g->run_dir);
     unlink(path); /* this start's lines only */
+    char worker_log[700];
+    snprintf(worker_log, sizeof(worker_log), "%s/worker-0.log", g->run_dir);
+    unlink(worker_log);
     int rc = group_start(g, NULL);
     CHECK(rc != 0, "%s: the group does not start", what);
     if (rc == 0) {
@@ -166,10 +171,11 @@ static void scenario_cannot_start(struct group *g, const char *what, const char 
     free(log);
     snprintf(path, sizeof(path), "%s/supervisor.log", g->tmp);
     log = read_all(path, &len);
-    CHECK(log != NULL && strstr(log, "router (pid ") != NULL &&
-              strstr(log, "cannot run as configured") != NULL,
-          "%s: the supervisor says the router cannot run as configured", what);
+    CHECK(log != NULL && strstr(log, "the router cannot run as configured (its check") != NULL &&
+              strstr(log, "nothing was started") != NULL,
+          "%s: the supervisor says the router cannot run as configured, from its check", what);
     free(log);
+    CHECK(access(worker_log, F_OK) != 0, "%s: no worker was started (%s absent)", what, worker_log);
     CHECK(group_program_pid(g, "pagoda-scheduler") < 0 && group_program_pid(g, "pagoda-worker") < 0,
           "%s: nothing of the group is left running", what);
 }

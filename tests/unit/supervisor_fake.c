@@ -25,6 +25,9 @@
  *   --term-delay-ms N      on SIGTERM, wait N ms (draining) before exiting 0
  *   --report-hung I:J      (scheduler) 100 ms after ready, report worker I hung with the pid of
  *                          worker J's fake (repeatable; reports are sent in order)
+ *   --check                (router) the router's check before the start: event "check" (detail:
+ *                          its other arguments), then exit 0, or with --check-fails exit
+ *                          PAGODA_EXIT_CANNOT_RUN (a file the router cannot take)
  *   --deposit-junk         (kvpool) before its deposit, send the keeper a message too large for
  *                          it (ignored) and a refusal, a message without descriptors (the keeper
  *                          lets go of what it holds; the deposit that follows replaces it)
@@ -40,6 +43,7 @@
  * it (PR_SET_PDEATHSIG, and a check of its parent), so a failed test leaves no process
  * behind. */
 #include "common/error.h"
+#include "common/exit_status.h"
 #include "common/fd_pass.h"
 #include "wire/wire.h"
 
@@ -90,6 +94,8 @@ static const struct flag flags[] = {
     {"--report-hung", R_SCHEDULER, 1},
     {"--hang-after-ms", R_ALL, 1},
     {"--deposit-junk", R_KVPOOL, 0},
+    {"--check", R_ROUTER, 0},
+    {"--check-fails", R_ROUTER, 0},
 };
 
 #define MAX_REPORTS 8
@@ -230,7 +236,8 @@ int main(int argc, char **argv)
     const char *run_dir = NULL, *model = NULL, *worker_id = NULL, *workers = NULL, *listen = NULL,
                *crash_once = NULL;
     int ready_delay_ms = 0, never_ready = 0, crash_after_ms = -1, crash_code = 1, crash_signal = 0,
-        ignore_term = 0, term_delay_ms = 0, hang_after_ms = -1, deposit_junk = 0;
+        ignore_term = 0, term_delay_ms = 0, hang_after_ms = -1, deposit_junk = 0, check = 0,
+        check_fails = 0;
     int report_id[MAX_REPORTS], report_of[MAX_REPORTS], num_reports = 0;
     const char *delay_for = NULL;
     char args[3000] = "";
@@ -249,6 +256,12 @@ int main(int argc, char **argv)
                 return usage_error("%s needs a value", argv[i]);
             v = argv[++i];
         }
+        if (strcmp(fl->name, "--check") == 0) {
+            check = 1;
+            continue;
+        }
+        if (strcmp(fl->name, "--check-fails") == 0)
+            check_fails = 1;
         int n = snprintf(args + args_len, sizeof(args) - args_len, "%s%s%s%s", args_len ? " " : "",
                          fl->name, v ? " " : "", v ? v : "");
         if (n > 0 && (size_t)n < sizeof(args) - args_len)
@@ -314,6 +327,10 @@ int main(int argc, char **argv)
         return usage_error("%s", "--workers is required");
     if (role == R_ROUTER && listen == NULL)
         return usage_error("%s", "--listen is required");
+    if (check) {
+        event("check", args);
+        return check_fails ? PAGODA_EXIT_CANNOT_RUN : 0;
+    }
 
     if (ignore_term) {
         signal(SIGTERM, SIG_IGN);

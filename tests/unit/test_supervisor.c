@@ -459,6 +459,11 @@ static void test_start_order_and_arguments(void **state)
     assert_non_null(strstr(evs[find_ev(evs, n, "start", "gateway", 0)].rest,
                            "--router " URL " --listen 127.0.0.1:0 --model-name nonexistent-model"));
     assert_non_null(strstr(evs[0].rest, "--run-dir /"));
+    /* The router's check ran first, once, with the router's own arguments. */
+    int check = find_ev(evs, n, "check", "router", 0);
+    assert_true(check >= 0 && check < find_ev(evs, n, "start", "kvpool", 0));
+    assert_int_equal(count_ev(evs, n, "check", "router"), 1);
+    assert_string_equal(evs[check].rest, evs[find_ev(evs, n, "start", "router", 0)].rest);
 
     /* Each program's output goes to its own log. */
     snprintf(path, sizeof(path), "%s/worker-1.log", f->run);
@@ -539,6 +544,25 @@ static void test_exit_before_ready_fails_the_start(void **state)
     assert_int_equal(count_ev(evs, n, "start", "worker-0"), 1); /* not restarted */
     assert_int_equal(count_ev(evs, n, "start", "scheduler"), 0);
     assert_true(find_ev(evs, n, "exit", "kvpool", 0) >= 0);
+}
+
+/* The router's check (pagoda-router --check) says it cannot run as configured (a broken tenants
+ * file or tokenizer file): the start fails at once, before the kvpool, the workers and the
+ * scheduler, which would load the model first, are started. */
+static void test_router_check_fails_the_start(void **state)
+{
+    struct fx *f = *state;
+    const char *extra[] = {"--router-arg", "--check-fails", NULL};
+    start_sup(f, extra);
+    assert_true(wait_sup(f, 8000));
+    assert_int_equal(f->sup_exit, 1);
+    assert_output_has(f, "the router cannot run as configured (its check");
+    assert_output_has(f, "nothing was started");
+    struct ev *evs = events;
+    int n = load_events(f, evs);
+    assert_int_equal(count_ev(evs, n, "check", "router"), 1);
+    assert_int_equal(count_ev(evs, n, "start", "kvpool"), 0);
+    assert_int_equal(count_ev(evs, n, "start", "router"), 0);
 }
 
 static void test_bad_command_lines(void **state)
@@ -1365,6 +1389,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_start_order_and_arguments, setup, teardown),
         cmocka_unit_test_setup_teardown(test_never_ready_fails_the_start, setup, teardown),
         cmocka_unit_test_setup_teardown(test_exit_before_ready_fails_the_start, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_router_check_fails_the_start, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bad_command_lines, setup, teardown),
         cmocka_unit_test_setup_teardown(test_workers_above_one_are_refused_at_once, setup,
                                         teardown),
