@@ -138,8 +138,13 @@ static void member_text(const char *s, size_t n, const char *key, size_t *start,
 static int make_call(enum tool_call_parser parser, const char *body, size_t n,
                      struct tool_call *call)
 {
-    json_t *root = json_loadb(body, n, 0, NULL);
-    const char *name = json_string_value(json_object_get(root, "name"));
+    /* as Python's json reads it: integers past 64 bits, and "\u0000" in a string (the arguments
+     * are given out as the model wrote them; only a name with a NUL is not one) */
+    json_t *root = json_loadb(body, n, JSON_DECODE_INT_AS_REAL | JSON_ALLOW_NUL, NULL);
+    const json_t *name_value = json_object_get(root, "name");
+    const char *name = json_string_value(name_value);
+    if (name != NULL && strlen(name) != json_string_length(name_value))
+        name = NULL;
     const char *key = "arguments";
     if (parser == TOOL_CALL_PARSER_LLAMA3_JSON && json_object_get(root, key) == NULL)
         key = "parameters"; /* Llama 3's prompt asks for "parameters" */
@@ -221,8 +226,13 @@ struct tool_calls_stream {
     char *held;
     size_t held_len, held_cap;
     /* MODE_CALL: where in held the end marker may begin; MODE_OBJECT: held scanned so far, and
-     * where the object begins, with the scan's state. */
+     * where the object begins, with the scan's state; MODE_TEXT after a call, MODE_START and
+     * MODE_SEPARATOR: the whitespace held scanned so far (each piece is scanned once, never the
+     * whole held text again: a model that writes whitespace for ever cost the loop quadratic
+     * time). */
     size_t scanned, object_start;
+    bool tag_seen;  /* MODE_START: <|python_tag|> was read */
+    bool semicolon; /* MODE_SEPARATOR: the ';' was read */
     size_t depth;
     bool in_string, escaped;
     bool after_call; /* hermes: only whitespace since the last call (held, dropped before the
@@ -330,11 +340,6 @@ static size_t partial_suffix(const char *s, size_t n, const char *lit, size_t li
     return 0;
 }
 
-static bool all_ws(const char *s, size_t n)
-{
-    return skip_ws(s, n, 0) == n;
-}
-
 /* hermes: <tool_call>JSON</tool_call>, text anywhere around (vLLM's regex
  * "<tool_call>(.*?)</tool_call>|<tool_call>(.*)": the first end marker ends a call, and one left
  * open at the end is a call when its JSON is whole). at_end: the output has ended. */
@@ -343,27 +348,37 @@ static int run_hermes(struct tool_calls_stream *s, struct tool_calls_output *out
     int rc;
     for (;;) {
         if (s->mode == MODE_TEXT) {
-            size_t start = find(s->held, s->held_len, 0, HERMES_START, LIT_LEN(HERMES_START));
+            /* (held[0, scanned) is whitespace after a call: no marker begins there) */
+            size_t start =
+                find(s->held, s->held_len, s->scanned, HERMES_START, LIT_LEN(HERMES_START));
             size_t text = start != NOT_FOUND ? start
                           : at_end
                               ? s->held_len
                               : s->held_len - partial_suffix(s->held, s->held_len, HERMES_START,
                                                              LIT_LEN(HERMES_START));
-            if (s->after_call && all_ws(s->held, text)) {
-                if (start == NOT_FOUND && !at_end)
-                    return 0; /* the space between two calls, perhaps */
+            if (s->after_call && skip_ws(s->held, text, s->scanned) == text) {
+                if (start == NOT_FOUND && !at_end) {
+                    /* the space between two calls, perhaps: held (at most
+                     * TOOL_CALLS_MAX_CALL_BYTES of it; more is dropped, as it would be) */
+                    if (text > TOOL_CALLS_MAX_CALL_BYTES) {
+                        consume(s, text);
+                        text = 0;
+                    }
+                    s->scanned = text;
+                    return 0;
+                }
             } else if (text > 0) {
                 if ((rc = emit_text(s, out, s->held, text)) != 0)
                     return rc;
                 s->after_call = false;
             }
+            s->scanned = 0;
             if (start == NOT_FOUND) {
                 consume(s, text);
                 return 0;
             }
             consume(s, start + LIT_LEN(HERMES_START));
             s->mode = MODE_CALL;
-            s->scanned = 0;
             continue;
         }
         size_t end = find(s->held, s->held_len, s->scanned, HERMES_END, LIT_LEN(HERMES_END));
@@ -385,6 +400,7 @@ static int run_hermes(struct tool_calls_stream *s, struct tool_calls_output *out
             return rc;
         consume(s, end != NOT_FOUND ? end + LIT_LEN(HERMES_END) : s->held_len);
         s->mode = MODE_TEXT;
+        s->scanned = 0;
     }
 }
 
@@ -398,15 +414,20 @@ static int run_llama3(struct tool_calls_stream *s, struct tool_calls_output *out
     for (;;) {
         switch (s->mode) {
         case MODE_START: {
-            size_t i = skip_ws(s->held, s->held_len, 0), left = s->held_len - i;
-            if (left >= LIT_LEN(PYTHON_TAG) &&
-                memcmp(s->held + i, PYTHON_TAG, LIT_LEN(PYTHON_TAG)) == 0)
+            size_t i = skip_ws(s->held, s->held_len, s->scanned), left = s->held_len - i;
+            if (!s->tag_seen && left >= LIT_LEN(PYTHON_TAG) &&
+                memcmp(s->held + i, PYTHON_TAG, LIT_LEN(PYTHON_TAG)) == 0) {
+                s->tag_seen = true;
                 i = skip_ws(s->held, s->held_len, i + LIT_LEN(PYTHON_TAG));
-            else if (left > 0 && left < LIT_LEN(PYTHON_TAG) &&
-                     memcmp(s->held + i, PYTHON_TAG, left) == 0 && !at_end)
+            } else if (!s->tag_seen && left > 0 && left < LIT_LEN(PYTHON_TAG) &&
+                       memcmp(s->held + i, PYTHON_TAG, left) == 0 && !at_end) {
+                s->scanned = i;
                 return 0; /* the tag, perhaps */
-            if (i == s->held_len && !at_end)
+            }
+            if (i == s->held_len && !at_end && i <= TOOL_CALLS_MAX_CALL_BYTES) {
+                s->scanned = i;
                 return 0;
+            }
             if (i < s->held_len && s->held[i] == '{') {
                 s->mode = MODE_OBJECT;
                 s->object_start = s->scanned = i;
@@ -450,22 +471,33 @@ static int run_llama3(struct tool_calls_stream *s, struct tool_calls_output *out
             }
             consume(s, end);
             s->mode = MODE_SEPARATOR;
+            s->scanned = 0;
+            s->semicolon = false;
             continue;
         }
         case MODE_SEPARATOR: {
-            size_t i = skip_ws(s->held, s->held_len, 0);
-            bool semicolon = i < s->held_len && s->held[i] == ';';
-            if (semicolon)
+            size_t i = skip_ws(s->held, s->held_len, s->scanned);
+            if (!s->semicolon && i < s->held_len && s->held[i] == ';') {
+                s->semicolon = true;
                 i = skip_ws(s->held, s->held_len, i + 1);
+            }
             if (i == s->held_len) {
-                if (at_end)
-                    consume(s, s->held_len); /* the calls' trailing separators */
+                /* the calls' trailing separators at the end; held meanwhile (at most
+                 * TOOL_CALLS_MAX_CALL_BYTES: more is dropped, as it would be) */
+                if (at_end || i > TOOL_CALLS_MAX_CALL_BYTES) {
+                    consume(s, s->held_len);
+                    i = 0;
+                }
+                s->scanned = i;
                 return 0;
             }
-            if (semicolon && s->held[i] == '{') {
+            bool next = s->semicolon && s->held[i] == '{';
+            s->semicolon = false;
+            s->scanned = 0;
+            if (next) {
                 consume(s, i);
                 s->mode = MODE_OBJECT;
-                s->object_start = s->scanned = 0;
+                s->object_start = 0;
                 s->depth = 0;
                 s->in_string = s->escaped = false;
             } else {
@@ -515,9 +547,15 @@ int tool_calls_parse(enum tool_call_parser parser, const char *text, size_t len,
         (rc = tool_calls_stream_finish(s, &o)) == 0 && !s->malformed && o.num_calls > 0) {
         /* vLLM's: the text before the first call, or null; the text after the calls is left
          * out */
-        if (s->content_before_call > 0 &&
-            (out->content = strndup(o.content, s->content_before_call)) == NULL)
-            rc = PAGODA_ENOMEM;
+        /* (a copy of its length: the text may hold a NUL) */
+        if (s->content_before_call > 0) {
+            if ((out->content = malloc(s->content_before_call + 1)) == NULL) {
+                rc = PAGODA_ENOMEM;
+            } else {
+                memcpy(out->content, o.content, s->content_before_call);
+                out->content[s->content_before_call] = '\0';
+            }
+        }
         out->content_len = s->content_before_call;
         out->calls = o.calls;
         out->num_calls = o.num_calls;

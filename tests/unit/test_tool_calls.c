@@ -302,6 +302,89 @@ static void test_llama3_json_text(void **state)
     assert_string_equal(calls, "");
 }
 
+/* Text before a call may hold a NUL (a model's byte 0x00): the content is all of it, its
+ * length's bytes (a strndup cut it at the NUL while its length stayed, and the JSON writer read
+ * past the copy). */
+static void test_content_with_a_nul(void **state)
+{
+    (void)state;
+    static const char text[] = "ab\0cd<tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>";
+    struct tool_calls_result r;
+    assert_int_equal(tool_calls_parse(TOOL_CALL_PARSER_HERMES, text, sizeof(text) - 1, &r), 0);
+    assert_int_equal(r.num_calls, 1);
+    assert_int_equal(r.content_len, 5);
+    assert_memory_equal(r.content, "ab\0cd", 6); /* with its terminating NUL */
+    tool_calls_result_fini(&r);
+}
+
+/* What Python's json reads, jansson's defaults refuse: an integer past 64 bits and "\u0000"
+ * in the arguments are a call (their text as written); a name with a NUL is not one. (A real
+ * past a double's range, 1e400, which Python reads as inf, jansson still refuses.) */
+static void test_json_as_python_reads_it(void **state)
+{
+    (void)state;
+    char content[256], calls[512];
+    parse(TOOL_CALL_PARSER_HERMES,
+          "<tool_call>{\"name\": \"f\", \"arguments\": {\"id\": 99999999999999999999, "
+          "\"s\": \"a\\u0000b\"}}</tool_call>",
+          content, sizeof(content), calls, sizeof(calls));
+    assert_string_equal(calls, "f({\"id\": 99999999999999999999, \"s\": \"a\\u0000b\"})");
+    parse(TOOL_CALL_PARSER_LLAMA3_JSON,
+          "{\"name\": \"g\", \"parameters\": {\"x\": -18446744073709551617}}", content,
+          sizeof(content), calls, sizeof(calls));
+    assert_string_equal(calls, "g({\"x\": -18446744073709551617})");
+    const char *nul_name = "<tool_call>{\"name\": \"f\\u0000\", \"arguments\": {}}</tool_call>";
+    parse(TOOL_CALL_PARSER_HERMES, nul_name, content, sizeof(content), calls, sizeof(calls));
+    assert_string_equal(calls, "");
+    assert_string_equal(content, nul_name);
+}
+
+/* Feeds n bytes of whitespace one at a time (a model writing newlines for ever), then tail. */
+static void feed_whitespace(struct tool_calls_stream *s, struct tool_calls_output *out, size_t n,
+                            const char *tail)
+{
+    for (size_t i = 0; i < n; i++)
+        assert_int_equal(tool_calls_stream_feed(s, i % 2 ? "\n" : " ", 1, out), 0);
+    assert_int_equal(tool_calls_stream_feed(s, tail, strlen(tail), out), 0);
+    assert_int_equal(tool_calls_stream_finish(s, out), 0);
+}
+
+/* Whitespace streamed after a call (hermes, llama3_json) or before one (llama3_json) is scanned
+ * once per piece: megabytes of it, byte by byte, take linear time (each piece rescanned all that
+ * was held: 20,000 pieces of 16 bytes cost the loop 5.5 s, a million would not end), and a call
+ * after it is still one. */
+static void test_streamed_whitespace_is_scanned_once(void **state)
+{
+    (void)state;
+    const size_t n = (size_t)3 << 20; /* past TOOL_CALLS_MAX_CALL_BYTES: dropped, as it would be */
+    const char *call = "<tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>";
+    struct tool_calls_stream *s;
+    struct tool_calls_output out = {0};
+    assert_int_equal(tool_calls_stream_new(TOOL_CALL_PARSER_HERMES, &s), 0);
+    assert_int_equal(tool_calls_stream_feed(s, call, strlen(call), &out), 0);
+    feed_whitespace(s, &out, n, call);
+    assert_int_equal(out.num_calls, 2);
+    assert_int_equal(out.content_len, 0);
+    tool_calls_stream_free(s);
+    tool_calls_output_fini(&out);
+
+    const char *obj = "{\"name\": \"g\", \"parameters\": {}}";
+    assert_int_equal(tool_calls_stream_new(TOOL_CALL_PARSER_LLAMA3_JSON, &s), 0);
+    feed_whitespace(s, &out, n / 4, obj); /* at the start: a call after it */
+    assert_int_equal(out.num_calls, 1);
+    tool_calls_stream_free(s);
+    tool_calls_output_fini(&out);
+
+    assert_int_equal(tool_calls_stream_new(TOOL_CALL_PARSER_LLAMA3_JSON, &s), 0);
+    assert_int_equal(tool_calls_stream_feed(s, obj, strlen(obj), &out), 0);
+    assert_int_equal(tool_calls_stream_feed(s, ";", 1, &out), 0);
+    feed_whitespace(s, &out, n, obj); /* between two calls */
+    assert_int_equal(out.num_calls, 2);
+    assert_int_equal(out.content_len, 0);
+    tool_calls_stream_free(s);
+    tool_calls_output_fini(&out);
+}
+
 static void test_parser_names(void **state)
 {
     (void)state;
@@ -325,6 +408,9 @@ int main(void)
         cmocka_unit_test(test_hermes_stream_holds_back_only_a_marker_prefix),
         cmocka_unit_test(test_llama3_json_calls),
         cmocka_unit_test(test_llama3_json_text),
+        cmocka_unit_test(test_content_with_a_nul),
+        cmocka_unit_test(test_json_as_python_reads_it),
+        cmocka_unit_test(test_streamed_whitespace_is_scanned_once),
         cmocka_unit_test(test_parser_names),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
