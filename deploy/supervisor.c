@@ -1105,6 +1105,29 @@ static void on_hung(struct supervisor *sup, const Pagoda__Internal__Control *ctl
         log_warn("a hung-worker report from pid %d, which is no engine's program; ignored", pid);
         return;
     }
+    if (ctl->hung_worker_pid == 0) {
+        /* No Hello to a scheduler (one started while the worker hung knows no pid): killed only
+         * where it is ready (not loading) and its loop has sent no heartbeat for two intervals
+         * (with heartbeats off, on the scheduler's word). */
+        uint64_t now = uv_now(&sup->loop), hb = sup->opts.heartbeat_ms;
+        if (c->state != CHILD_RUNNING || !c->ready || c->hung_killed ||
+            (hb > 0 && now - c->alive_ms < 2 * hb)) {
+            log_info("%s says %s sent it no Hello; %s (pid %d) is %s: not killed",
+                     ctl->sender ? ctl->sender : "a peer", c->name, c->name, c->pid,
+                     c->state != CHILD_RUNNING ? "not running"
+                     : !c->ready               ? "not ready yet"
+                     : c->hung_killed          ? "being killed"
+                                               : "alive (heartbeats)");
+            return;
+        }
+        log_warn("%s says %s sent it no Hello, and %s (pid %d) sent no heartbeat for %llu ms: "
+                 "hung; killing it with SIGKILL",
+                 ctl->sender ? ctl->sender : "a peer", c->name, c->name, c->pid,
+                 (unsigned long long)(now - c->alive_ms));
+        c->hung_killed = 1;
+        child_signal(c, SIGKILL);
+        return;
+    }
     if (c->state != CHILD_RUNNING || c->pid != ctl->hung_worker_pid) {
         log_warn("%s reports %s hung as pid %d, which is not its current process (pid %d, "
                  "%s); ignored",

@@ -1051,6 +1051,7 @@ static void on_hello(struct scheduler *s, const Pagoda__Internal__Hello *h, int6
              (unsigned long long)pool_id, restart ? " (restarted)" : "");
     w->hello_seen = true;
     w->refused = false;
+    w->no_hello_since_ms = 0;
     w->pid = pid;
     w->vocab_size = h->vocab_size;
     w->max_positions = h->max_position_embeddings;
@@ -1168,10 +1169,29 @@ void scheduler_tick(struct scheduler *s, int64_t now_ms)
     struct worker_link *w = &s->worker;
     switch (w->state) {
     case LINK_NEED_HELLO:
-        if (w->refused)
+        if (w->refused) {
+            w->no_hello_since_ms = 0;
             return;
+        }
         if (!w->announced || now_ms - w->announce_ms >= SCHEDULER_ANNOUNCE_MS)
             sched_send_resync(s, now_ms, true);
+        /* A worker that sends no Hello: one that is loading (the supervisor knows it is not
+         * ready yet) or one that hangs, which a scheduler started meanwhile could otherwise
+         * never report (it knows no pid), and every tenant would wait for good. */
+        if (w->no_hello_since_ms == 0)
+            w->no_hello_since_ms = now_ms;
+        else if (now_ms - w->no_hello_since_ms >= (int64_t)s->cfg.watchdog_ms) {
+            w->no_hello_since_ms = now_ms;
+            s->stats.hung_reports++;
+            log_warn("worker 0 sent no Hello for %lld ms: reported to the supervisor (which "
+                     "kills it if it is ready and silent)",
+                     (long long)s->cfg.watchdog_ms);
+            Pagoda__Internal__Control ctl = PAGODA__INTERNAL__CONTROL__INIT;
+            ctl.has_hung_worker_id = ctl.has_hung_worker_pid = 1;
+            ctl.hung_worker_id = 0;
+            ctl.hung_worker_pid = 0;
+            send_supervisor(s, &ctl);
+        }
         return;
     case LINK_STEP:
     case LINK_RESYNCING: {

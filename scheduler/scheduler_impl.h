@@ -167,6 +167,10 @@ struct worker_link {
     int64_t last_rx_ms;
     int64_t owes_since_ms; /* when the outstanding answer became due */
     bool hung_reported;
+    /* LINK_NEED_HELLO: since when no Hello came (0: not counted yet); a worker silent for the
+     * watchdog's time is reported without a pid (a scheduler started while it was hung has
+     * none), every watchdog period until a Hello. */
+    int64_t no_hello_since_ms;
 };
 
 /* ---- the scheduler -------------------------------------------------------------------------- */

@@ -25,6 +25,9 @@
  *                prompts and parameters came in the announcement), all complete unchanged
  *   stop-worker  SIGSTOP of the worker: the watchdog reports it, the supervisor replaces it,
  *                all requests complete unchanged
+ *   stop-worker-kill-scheduler  the same, the scheduler killed right after the SIGSTOP: the new
+ *                one reports a worker that sends no Hello, the supervisor kills it (no heartbeat
+ *                either), all requests complete unchanged
  *   stop-router  SIGSTOP of the router amid 8 long requests until the scheduler's messages to
  *                it are lost (its log says so): the scheduler sends what it holds again, and
  *                every request completes unchanged
@@ -621,7 +624,20 @@ static void stop_worker(struct group *g)
         kill(pid, SIGSTOP);
 }
 
-static void scenario_stop_worker(struct group *g)
+/* SIGSTOP of the worker, then kill -9 of the scheduler before its watchdog fires: the new
+ * scheduler never hears from the worker and knows no pid to report. Before the 44th session the
+ * group waited for good (every tenant); now it reports the worker's silence and the supervisor,
+ * seeing no heartbeat from it either, kills it. */
+static void stop_worker_kill_scheduler(struct group *g)
+{
+    stop_worker(g);
+    pid_t pid = group_program_pid(g, "pagoda-scheduler");
+    CHECK(pid > 0, "kill -9 of the scheduler %d", (int)pid);
+    if (pid > 0)
+        kill(pid, SIGKILL);
+}
+
+static void scenario_stop_worker(struct group *g, int kill_scheduler)
 {
     /* clang-format off */
     const char *extra[] = {
@@ -634,18 +650,22 @@ static void scenario_stop_worker(struct group *g)
     CHECK(group_start(g, extra) == 0, "group started");
     static struct job jobs[16];
     make_jobs(jobs, 16, 10, 60, 30, 11);
-    run_jobs(g, jobs, 16, stop_worker);
+    run_jobs(g, jobs, 16, kill_scheduler ? stop_worker_kill_scheduler : stop_worker);
     int ok = 0;
     for (int i = 0; i < 16; i++)
         ok += jobs[i].rc == 0;
     CHECK(ok == 16, "all 16 requests completed (%d)", ok);
     CHECK(compare_with_pagoda_run(g, jobs, 16, 40) == 0, "outputs unchanged");
     pagoda_engine_stats st = {0};
-    CHECK(get_stats(g, &st) == 0 && st.worker_restarts >= 1,
+    /* (a new scheduler counts no restart of a worker it never heard from) */
+    CHECK(kill_scheduler || (get_stats(g, &st) == 0 && st.worker_restarts >= 1),
           "the hung worker was replaced (restarts %llu)", (unsigned long long)st.worker_restarts);
     char log[700], cmd[800];
     snprintf(log, sizeof(log), "%s/supervisor.log", g->tmp);
-    snprintf(cmd, sizeof(cmd), "grep -qi 'hung' '%s'", log);
+    snprintf(cmd, sizeof(cmd),
+             kill_scheduler ? "grep -q 'sent it no Hello.*killing it' '%s'"
+                            : "grep -qi 'hung' '%s'",
+             log);
     CHECK(system(cmd) == 0, "the supervisor logged the watchdog's report");
     free_jobs(jobs, 16);
     CHECK(group_stop(g) == 0, "the group stops");
@@ -1153,7 +1173,9 @@ int main(int argc, char **argv)
     else if (strcmp(s, "kill-router-scheduler") == 0)
         scenario_kill_program(&g, "router-scheduler");
     else if (strcmp(s, "stop-worker") == 0)
-        scenario_stop_worker(&g);
+        scenario_stop_worker(&g, 0);
+    else if (strcmp(s, "stop-worker-kill-scheduler") == 0)
+        scenario_stop_worker(&g, 1);
     else if (strcmp(s, "faults") == 0)
         scenario_faults(&g);
     else if (strcmp(s, "stop-router") == 0)
