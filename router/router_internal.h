@@ -85,6 +85,7 @@ struct rctx {
                                               (owned), or NULL */
     uint8_t id[ID_BYTES]; /* PARK_UNKNOWN: the poll's id, tenant, offset and wait */
     uint32_t tenant;
+    int is_cancel; /* PARK_UNKNOWN: a Cancel, not a Poll */
     /* The tenant slot whose share of the parked calls the call takes while parked
      * (router_may_park), or CALLER_NONE (an admin key, or before the caller is known). */
     uint32_t caller;
@@ -457,8 +458,8 @@ void registry_handle_poll(struct router *r, struct rctx *c, uint32_t tenant,
                           const Pagoda__PollRequest *poll);
 void registry_handle_cancel(struct router *r, struct rctx *c, uint32_t tenant,
                             const Pagoda__CancelRequest *cancel);
-/* A poll parked for an unknown id (PARK_UNKNOWN) is taken off and answered as if it arrived now:
- * the announcement arrived or the grace ended, so it is not parked that way again. */
+/* A poll or cancel parked for an unknown id (PARK_UNKNOWN) is taken off and answered as if it
+ * arrived now: the announcement arrived or the grace ended, so it is not parked that way again. */
 void registry_unpark_unknown(struct rctx *c);
 /* A text or chat prompt's job ended: on success (rc 0) q takes ids (n of them, malloc'd) and goes
  * to the scheduler; otherwise q ends with FINISH_ERROR and detail. Either way q is q as it was

@@ -626,31 +626,45 @@ void router_prompt_ready(struct router *r, struct request *q, int rc, const char
     router_flush_pending(r);
 }
 
+static void cancel_answer(struct router *r, struct rctx *c, uint32_t tenant, const uint8_t *id);
+
+/* A call naming an id this router does not hold, which a restarted router's scheduler may still
+ * announce (before its announcement, within ANNOUNCE_GRACE_MS of the start): parked until then
+ * (registry_unpark_unknown answers it again). Returns 1 when c was parked or answered (busy), 0
+ * when the id is to be taken for unknown. */
+static int park_unknown(struct router *r, struct rctx *c, uint32_t tenant, const uint8_t *id,
+                        const char *what)
+{
+    uint64_t age = uv_now(r->loop) - r->started_ms;
+    if (r->announced || age >= ANNOUNCE_GRACE_MS || r->num_unknown_parked >= MAX_UNKNOWN_PARKED)
+        return 0;
+    if (!router_may_park(r, c)) {
+        r->parked_refused++;
+        router_reply_error(c, PAGODA_EBUSY,
+                           "%s: the router is starting and %u calls wait (this tenant's %u): %s "
+                           "again",
+                           what, r->num_parked, r->slots[tenant].parked, what);
+        return 1;
+    }
+    c->park = PARK_UNKNOWN;
+    memcpy(c->id, id, ID_BYTES);
+    c->tenant = tenant;
+    r->num_unknown_parked++;
+    router_park(&r->unknown_waiters, c, (uint32_t)(ANNOUNCE_GRACE_MS - age));
+    return 1;
+}
+
 static void poll_answer(struct router *r, struct rctx *c, uint32_t tenant, const uint8_t *id,
                         int has_offset, uint32_t offset, uint32_t wait_ms)
 {
     struct request *q = registry_find_client(r, tenant, id);
-    uint64_t age = uv_now(r->loop) - r->started_ms;
-    if (q == NULL && !r->announced && age < ANNOUNCE_GRACE_MS &&
-        r->num_unknown_parked < MAX_UNKNOWN_PARKED) {
-        if (!router_may_park(r, c)) {
-            r->parked_refused++;
-            router_reply_error(c, PAGODA_EBUSY,
-                               "poll: the router is starting and %u calls wait (this tenant's "
-                               "%u): poll again",
-                               r->num_parked, r->slots[tenant].parked);
-            return;
-        }
-        /* A restarted router: the scheduler may still announce this request. */
-        c->park = PARK_UNKNOWN;
-        memcpy(c->id, id, ID_BYTES);
-        c->tenant = tenant;
+    if (q == NULL) {
+        c->is_cancel = 0;
         c->has_offset = has_offset;
         c->offset = offset;
         c->wait_ms = wait_ms;
-        r->num_unknown_parked++;
-        router_park(&r->unknown_waiters, c, (uint32_t)(ANNOUNCE_GRACE_MS - age));
-        return;
+        if (park_unknown(r, c, tenant, id, "poll"))
+            return; /* a restarted router: the scheduler may still announce this request */
     }
     if (q == NULL) {
         router_reply_error(
@@ -694,9 +708,12 @@ void registry_unpark_unknown(struct rctx *c)
     uint8_t id[ID_BYTES];
     memcpy(id, c->id, ID_BYTES);
     uint32_t tenant = c->tenant, offset = c->offset, wait_ms = c->wait_ms;
-    int has_offset = c->has_offset;
+    int has_offset = c->has_offset, is_cancel = c->is_cancel;
     router_unpark(c);
-    poll_answer(c->r, c, tenant, id, has_offset, offset, wait_ms);
+    if (is_cancel)
+        cancel_answer(c->r, c, tenant, id);
+    else
+        poll_answer(c->r, c, tenant, id, has_offset, offset, wait_ms);
 }
 
 void registry_handle_poll(struct router *r, struct rctx *c, uint32_t tenant,
@@ -734,15 +751,17 @@ void registry_cancel_abandoned(struct router *r, uint64_t now_ms)
     }
 }
 
-void registry_handle_cancel(struct router *r, struct rctx *c, uint32_t tenant,
-                            const Pagoda__CancelRequest *cancel)
+/* A Cancel of id: the request ends (FINISH_CANCELLED) unless it has ended. An id a restarted
+ * router may still learn from the announcement waits for it, as a poll does: answered ENOENT at
+ * once, its client (which takes that for "ended meanwhile") polled on, and a Ctrl-C during a
+ * router restart let the request run to its end (a kill-sequence probe: 1000 tokens). */
+static void cancel_answer(struct router *r, struct rctx *c, uint32_t tenant, const uint8_t *id)
 {
-    if (read_id(&cancel->request_id, cancel->has_request_id) != 0) {
-        router_reply_error(c, PAGODA_EINVAL, "cancel: %s", pagoda_error_detail());
-        return;
-    }
-    struct request *q = registry_find_client(r, tenant, cancel->request_id.data);
+    struct request *q = registry_find_client(r, tenant, id);
     if (q == NULL) {
+        c->is_cancel = 1;
+        if (park_unknown(r, c, tenant, id, "cancel"))
+            return;
         router_reply_error(
             c, PAGODA_ENOENT,
             "cancel: no request with this id (never submitted, or its result expired)");
@@ -752,4 +771,14 @@ void registry_handle_cancel(struct router *r, struct rctx *c, uint32_t tenant,
         cancel_live(r, q);
     router_reply_update(c, q, q->num_tokens);
     registry_trim(r, tenant);
+}
+
+void registry_handle_cancel(struct router *r, struct rctx *c, uint32_t tenant,
+                            const Pagoda__CancelRequest *cancel)
+{
+    if (read_id(&cancel->request_id, cancel->has_request_id) != 0) {
+        router_reply_error(c, PAGODA_EINVAL, "cancel: %s", pagoda_error_detail());
+        return;
+    }
+    cancel_answer(r, c, tenant, cancel->request_id.data);
 }

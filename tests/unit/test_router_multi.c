@@ -17,6 +17,7 @@
 
 #include <signal.h>
 #include <stdio.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
@@ -315,6 +316,27 @@ static void test_failover_on_link_death(void **state)
     multi_stop(&m);
 }
 
+/* Starts m (cache-aware) with a long request of prompt[40] (base, base + 1, ...) on its owner
+ * engine, which then holds its tokens (the request runs on, with no more), kills the router
+ * with SIGKILL and starts a new one; with pause, both engines stop reading first (the new
+ * router's Hello waits, and so does their announcement). Returns the owner. */
+static int long_request_then_router_kill(struct multi *m, int32_t *prompt, int32_t base,
+                                         uint8_t *id, uint32_t *have, int pause)
+{
+    multi_start(m, "cache-aware");
+    for (int i = 0; i < 40; i++)
+        prompt[i] = base + i;
+    int owner = start_long(m, prompt, 40, id, have);
+    fake_sched_hold(m->fs[owner], 1);
+    for (int i = 0; pause && i < 2; i++)
+        fake_sched_pause(m->fs[i], 1);
+    kill(m->router, SIGKILL);
+    int status;
+    assert_int_equal(waitpid(m->router, &status, 0), m->router);
+    router_spawn(m, "cache-aware", NULL);
+    return owner;
+}
+
 /* A router restarted amid a request adopts it from its engine's announcement, which carries the
  * prompt and the parameters: when that engine's link then dies, the request moves to the other
  * engine with its output so far and the seed the first router drew (before, an adopted request
@@ -323,20 +345,12 @@ static void test_adopted_moves_on_link_death(void **state)
 {
     (void)state;
     struct multi m;
-    multi_start(&m, "cache-aware");
     int32_t prompt[40];
-    for (int i = 0; i < 40; i++)
-        prompt[i] = 300 + i;
     uint8_t id[PAGODA_REQUEST_ID_BYTES];
     uint32_t have;
-    int owner = start_long(&m, prompt, 40, id, &have);
-    fake_sched_hold(m.fs[owner], 1); /* no more tokens: it still runs at the second failure */
+    int owner = long_request_then_router_kill(&m, prompt, 300, id, &have, 0);
     struct fake_sched_counts first;
     fake_sched_get_counts(m.fs[owner], &first);
-    kill(m.router, SIGKILL);
-    int status;
-    assert_int_equal(waitpid(m.router, &status, 0), m.router);
-    router_spawn(&m, "cache-aware", NULL);
     /* The new router holds it once the announcement came (a poll of an unknown id waits for the
      * announcement, then fails) with the output the owner had sent. */
     pagoda_result r = {0};
@@ -351,6 +365,46 @@ static void test_adopted_moves_on_link_death(void **state)
     assert_true(c.last_has_seed);
     assert_true(c.last_seed == first.last_seed); /* the first router's draw */
     assert_true(adopted_have >= 6);
+    multi_stop(&m);
+}
+
+static void *unpause_later(void *arg)
+{
+    struct multi *m = arg;
+    sleep_ms(300);
+    for (int i = 0; i < 2; i++)
+        fake_sched_pause(m->fs[i], 0);
+    return NULL;
+}
+
+/* A Cancel that reaches a restarted router before the schedulers' announcement waits for it, as a
+ * Poll does, and cancels the request (it was answered "no request with this id" at once, which
+ * the client takes for "ended meanwhile": a Ctrl-C during a router restart let the request run to
+ * its end). */
+static void test_cancel_waits_for_the_announcement(void **state)
+{
+    (void)state;
+    struct multi m;
+    int32_t prompt[40];
+    uint8_t id[PAGODA_REQUEST_ID_BYTES];
+    uint32_t have;
+    int owner = long_request_then_router_kill(&m, prompt, 500, id, &have, 1);
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, unpause_later, &m), 0);
+    pagoda_result r = {0};
+    int rc = pagoda_cancel(m.client, id, &r);
+    pthread_join(t, NULL);
+    assert_int_equal(rc, 0);
+    assert_int_equal(r.finish_reason, PAGODA_FINISH_CANCELLED);
+    pagoda_result_free(&r);
+    struct fake_sched_counts c;
+    for (int k = 0; k < WAIT_MS / 10; k++) {
+        fake_sched_get_counts(m.fs[owner], &c);
+        if (c.cancels > 0)
+            break;
+        sleep_ms(10);
+    }
+    assert_int_equal(c.cancels, 1); /* the engine was told */
     multi_stop(&m);
 }
 
@@ -559,6 +613,7 @@ int main(void)
         cmocka_unit_test(test_round_robin_and_stats),
         cmocka_unit_test(test_counters_survive_engine_restart),
         cmocka_unit_test(test_adopted_moves_on_link_death),
+        cmocka_unit_test(test_cancel_waits_for_the_announcement),
         cmocka_unit_test(test_failover_on_link_death),
         cmocka_unit_test(test_failover_on_hang),
         cmocka_unit_test(test_admin_over_engines),
