@@ -773,6 +773,10 @@ int pagoda_client_cancel_generations(pagoda_client *c)
     int rc = 0;
     for (i = 0; i < n; i++) {
         int r = pagoda_cancel(c, ids[i], NULL);
+        for (int k = 0; r == PAGODA_EBUSY && k < 50; k++) { /* a starting router: again */
+            nng_msleep(50);
+            r = pagoda_cancel(c, ids[i], NULL);
+        }
         if (r != 0 && r != PAGODA_ENOENT && rc == 0)
             rc = r;
     }
@@ -837,10 +841,17 @@ static int generate_polls(pagoda_client *c, const pagoda_generate_params *params
         pagoda_result piece;
         uint32_t have = (uint32_t)result->num_tokens;
         nng_time asked = nng_clock();
-        if ((rc = pagoda_poll(c, result->request_id, have, GENERATE_POLL_WAIT_MS, &piece)) != 0)
+        rc = pagoda_poll(c, result->request_id, have, GENERATE_POLL_WAIT_MS, &piece);
+        /* The router is busy (a restarted one whose places for calls naming ids it has not
+         * learned yet are taken, or its parked calls at their limit): it asks to poll again,
+         * which is what an empty answer leads to as well. */
+        int busy = rc == PAGODA_EBUSY;
+        if (busy)
+            memset(&piece, 0, sizeof(piece));
+        else if (rc != 0)
             return rc;
         if (piece.num_tokens == 0 && piece.finish_reason == PAGODA_FINISH_NONE &&
-            nng_clock() - asked < GENERATE_POLL_WAIT_MS / 2) {
+            (busy || nng_clock() - asked < GENERATE_POLL_WAIT_MS / 2)) {
             backoff_ms = backoff_ms == 0 ? GENERATE_BUSY_BACKOFF_FIRST_MS : 2 * backoff_ms;
             if (backoff_ms > GENERATE_BUSY_BACKOFF_MAX_MS)
                 backoff_ms = GENERATE_BUSY_BACKOFF_MAX_MS;

@@ -339,6 +339,7 @@ void router_unpark(struct rctx *c)
     else if (c->park == PARK_UNKNOWN) {
         router_park_remove(&c->r->unknown_waiters, c);
         c->r->num_unknown_parked--;
+        c->r->slots[c->tenant].unknown_parked--;
     } else if (c->park == PARK_ADMIN)
         router_park_remove(&c->r->admin_waiters, c);
     else if (c->park == PARK_POLICY)

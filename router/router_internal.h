@@ -186,10 +186,11 @@ struct tenant_slot {
     struct request *fin_head, *fin_tail;
     uint32_t num_finished, max_finished;
     uint64_t duplicate_submits;
-    uint32_t text_jobs;     /* its prompts being tokenized (router_text.c) */
-    uint32_t text_calls;    /* its Tokenize calls waiting (router_text.c) */
-    uint32_t parked;        /* its calls parked, of every kind (router_may_park) */
-    size_t text_call_bytes; /* what they hold (ROUTER_MAX_TENANT_TEXT_CALL_BYTES) */
+    uint32_t text_jobs;      /* its prompts being tokenized (router_text.c) */
+    uint32_t text_calls;     /* its Tokenize calls waiting (router_text.c) */
+    uint32_t parked;         /* its calls parked, of every kind (router_may_park) */
+    uint32_t unknown_parked; /* of them, calls for an id not announced yet (park_unknown) */
+    size_t text_call_bytes;  /* what they hold (ROUTER_MAX_TENANT_TEXT_CALL_BYTES) */
 };
 
 /* A configured pin (from the tenants file or the admin API) and what the scheduler last said of

@@ -24,6 +24,9 @@
 
 /* The most polls parked that way at once; more are answered at once. */
 #define MAX_UNKNOWN_PARKED 1024
+/* ... and of one tenant (with a tenants file): one tenant's calls for made-up ids cannot take the
+ * places of another's for its own requests. */
+#define MAX_TENANT_UNKNOWN_PARKED 128
 
 PAGODA_LIST_DEFINE(list, struct req_list, struct request)
 
@@ -630,15 +633,19 @@ static void cancel_answer(struct router *r, struct rctx *c, uint32_t tenant, con
 
 /* A call naming an id this router does not hold, which a restarted router's scheduler may still
  * announce (before its announcement, within ANNOUNCE_GRACE_MS of the start): parked until then
- * (registry_unpark_unknown answers it again). Returns 1 when c was parked or answered (busy), 0
- * when the id is to be taken for unknown. */
+ * (registry_unpark_unknown answers it again). Where the places for such calls are taken (all, or
+ * the tenant's share), PAGODA_EBUSY: retry. Before, a full set of places answered ENOENT, so one
+ * tenant's flood of cancels of made-up ids made another tenant's clients give up their live
+ * requests (a probe: 3 of 6). Returns 1 when c was parked or answered (busy), 0 when the id is to
+ * be taken for unknown. */
 static int park_unknown(struct router *r, struct rctx *c, uint32_t tenant, const uint8_t *id,
                         const char *what)
 {
     uint64_t age = uv_now(r->loop) - r->started_ms;
-    if (r->announced || age >= ANNOUNCE_GRACE_MS || r->num_unknown_parked >= MAX_UNKNOWN_PARKED)
+    if (r->announced || age >= ANNOUNCE_GRACE_MS)
         return 0;
-    if (!router_may_park(r, c)) {
+    if (!router_may_park(r, c) || r->num_unknown_parked >= MAX_UNKNOWN_PARKED ||
+        (r->tenants != NULL && r->slots[tenant].unknown_parked >= MAX_TENANT_UNKNOWN_PARKED)) {
         r->parked_refused++;
         router_reply_error(c, PAGODA_EBUSY,
                            "%s: the router is starting and %u calls wait (this tenant's %u): %s "
@@ -650,6 +657,7 @@ static int park_unknown(struct router *r, struct rctx *c, uint32_t tenant, const
     memcpy(c->id, id, ID_BYTES);
     c->tenant = tenant;
     r->num_unknown_parked++;
+    r->slots[tenant].unknown_parked++;
     router_park(&r->unknown_waiters, c, (uint32_t)(ANNOUNCE_GRACE_MS - age));
     return 1;
 }
