@@ -234,6 +234,41 @@ static char **env_with(const char *entry)
     return env;
 }
 
+/* Spawns argv (c's program, or its check) as proc with its output appended to c's log (a header
+ * line saying what), stdin closed, extra_fd (>= 0) as its descriptor 3, and env (NULL: this
+ * process's). Returns uv_spawn's code; the handle is initialized either way. */
+static int spawn_logged(struct child *c, const char *what, char **argv, uv_process_t *proc,
+                        uv_exit_cb exit_cb, unsigned int flags, int extra_fd, char **env)
+{
+    int fd = child_open_log(c->sup, c, what);
+    if (fd < 0) {
+        /* The program matters more than its log: let it write to the supervisor's stderr. */
+        char msg[700];
+        log_warn("%s: %s; its output goes to the supervisor's", c->name,
+                 pagoda_error_message(fd, msg, sizeof(msg)));
+    }
+    int out_fd = fd >= 0 ? fd : STDERR_FILENO;
+    uv_stdio_container_t stdio[4];
+    stdio[0].flags = UV_IGNORE;
+    stdio[1].flags = stdio[2].flags = UV_INHERIT_FD;
+    stdio[1].data.fd = stdio[2].data.fd = out_fd;
+    stdio[3].flags = UV_INHERIT_FD;
+    stdio[3].data.fd = extra_fd;
+    uv_process_options_t options;
+    memset(&options, 0, sizeof(options));
+    options.exit_cb = exit_cb;
+    options.file = argv[0];
+    options.args = argv;
+    options.stdio_count = extra_fd >= 0 ? 4 : 3;
+    options.stdio = stdio;
+    options.flags = flags;
+    options.env = env;
+    int rv = uv_spawn(&c->sup->loop, proc, &options);
+    if (fd >= 0)
+        close(fd);
+    return rv;
+}
+
 /* Starts c's program. Whatever happens, c leaves CHILD_IDLE: on success it is CHILD_RUNNING;
  * when uv_spawn fails its handle is closing and on_child_closed treats the failure like an
  * exit (a failed start of the group, or a fast exit counted towards giving up). */
@@ -249,28 +284,6 @@ static void child_spawn(struct child *c)
     c->pid = 0;
     c->started_ms = uv_now(&sup->loop);
 
-    int fd = child_open_log(sup, c, "starting");
-    if (fd < 0) {
-        /* The program matters more than its log: let it write to the supervisor's stderr. */
-        char msg[700];
-        log_warn("%s: %s; its output goes to the supervisor's", c->name,
-                 pagoda_error_message(fd, msg, sizeof(msg)));
-    }
-    int out_fd = fd >= 0 ? fd : STDERR_FILENO;
-    uv_stdio_container_t stdio[4];
-    stdio[0].flags = UV_IGNORE;
-    stdio[1].flags = UV_INHERIT_FD;
-    stdio[1].data.fd = out_fd;
-    stdio[2].flags = UV_INHERIT_FD;
-    stdio[2].data.fd = out_fd;
-    uv_process_options_t options;
-    memset(&options, 0, sizeof(options));
-    options.exit_cb = on_child_exit;
-    options.file = c->argv[0];
-    options.args = c->argv;
-    options.stdio_count = 3;
-    options.stdio = stdio;
-    options.flags = UV_PROCESS_DETACHED;
     /* A kvpool's keeper link (deploy/keeper.h) becomes its descriptor 3, named in its
      * environment; without one (out of descriptors) it starts as a kvpool started by hand. */
     int keeper_fd = -1;
@@ -283,16 +296,13 @@ static void child_spawn(struct child *c)
         if (rc != 0) {
             log_warn("%s starts without a keeper link: %s", c->name,
                      pagoda_error_message(rc, msg, sizeof(msg)));
-        } else {
-            stdio[3].flags = UV_INHERIT_FD;
-            stdio[3].data.fd = keeper_fd;
-            options.stdio_count = 4;
-            options.env = env;
+            if (keeper_fd >= 0)
+                close(keeper_fd);
+            keeper_fd = -1;
         }
     }
-    int rv = uv_spawn(&sup->loop, &c->proc, &options);
-    if (fd >= 0)
-        close(fd);
+    int rv = spawn_logged(c, "starting", c->argv, &c->proc, on_child_exit, UV_PROCESS_DETACHED,
+                          keeper_fd, env);
     if (keeper_fd >= 0)
         close(keeper_fd);
     free(env);
@@ -563,21 +573,7 @@ static void start_group(struct supervisor *sup)
     }
     argv[n++] = "--check";
     argv[n] = NULL;
-    int fd = child_open_log(sup, c, "checking");
-    uv_stdio_container_t stdio[3];
-    stdio[0].flags = UV_IGNORE;
-    stdio[1].flags = stdio[2].flags = UV_INHERIT_FD;
-    stdio[1].data.fd = stdio[2].data.fd = fd >= 0 ? fd : STDERR_FILENO;
-    uv_process_options_t options;
-    memset(&options, 0, sizeof(options));
-    options.exit_cb = on_check_exit;
-    options.file = argv[0];
-    options.args = argv;
-    options.stdio_count = 3;
-    options.stdio = stdio;
-    int rv = uv_spawn(&sup->loop, &sup->check_proc, &options);
-    if (fd >= 0)
-        close(fd);
+    int rv = spawn_logged(c, "checking", argv, &sup->check_proc, on_check_exit, 0, -1, NULL);
     sup->check_proc.data = sup;
     if (rv != 0) {
         uv_close((uv_handle_t *)&sup->check_proc, on_check_closed);

@@ -267,6 +267,26 @@ void registry_finish(struct router *r, struct request *q, Pagoda__FinishReason r
     router_wake_waiters(q);
 }
 
+/* q's own copies of its prompt (n ids; none yet for a text or chat prompt) and stop ids (m),
+ * which q->p then points at. Returns 0 or PAGODA_ENOMEM (the caller frees q). */
+static int request_own_ids(struct request *q, const int32_t *prompt, uint32_t n,
+                           const int32_t *stop_ids, uint32_t m)
+{
+    q->prompt = malloc((n ? n : 1) * sizeof(int32_t));
+    q->stop_ids = malloc((m ? m : 1) * sizeof(int32_t));
+    if (q->prompt == NULL || q->stop_ids == NULL)
+        return PAGODA_ENOMEM;
+    if (n)
+        memcpy(q->prompt, prompt, n * sizeof(int32_t));
+    if (m)
+        memcpy(q->stop_ids, stop_ids, m * sizeof(int32_t));
+    q->p.prompt = q->prompt;
+    q->p.num_prompt = n;
+    q->p.stop_ids = q->stop_ids;
+    q->p.num_stop = m;
+    return 0;
+}
+
 /* An adopted request's SubmitSeq, from its announcement (a request not ended carries its prompt,
  * sampling parameters and stop ids): what submitting it again takes, should the scheduler
  * restart too, or its engine go down. Without them (an older scheduler's announcement, or one
@@ -287,18 +307,9 @@ static int adopt_submit_params(struct request *q, const Pagoda__Internal__TokenE
                  hex, pagoda_error_detail());
         return 0;
     }
-    size_t n = ev->n_prompt_token_ids, m = ev->n_stop_token_ids;
-    q->prompt = malloc(n * sizeof(int32_t));
-    q->stop_ids = malloc((m ? m : 1) * sizeof(int32_t));
-    if (q->prompt == NULL || q->stop_ids == NULL)
+    if (request_own_ids(q, ev->prompt_token_ids, (uint32_t)ev->n_prompt_token_ids,
+                        ev->stop_token_ids, (uint32_t)ev->n_stop_token_ids) != 0)
         return PAGODA_ENOMEM;
-    memcpy(q->prompt, ev->prompt_token_ids, n * sizeof(int32_t));
-    if (m)
-        memcpy(q->stop_ids, ev->stop_token_ids, m * sizeof(int32_t));
-    q->p.prompt = q->prompt;
-    q->p.num_prompt = (uint32_t)n;
-    q->p.stop_ids = q->stop_ids;
-    q->p.num_stop = (uint32_t)m;
     q->p.sampling = sp;
     q->p.has_seed = 1; /* the seed its first router drew, or its client's */
     q->p.strict_max_tokens = ev->has_strict_max_tokens && ev->strict_max_tokens;
@@ -481,18 +492,10 @@ static struct request *request_new(struct router *r, uint32_t tenant, const uint
     q->engine = ROUTE_NONE;
     sched_id_of(r, tenant, id, q->sched_id);
     q->p = *p;
-    q->prompt = malloc((p->num_prompt ? p->num_prompt : 1) * sizeof(int32_t));
-    q->stop_ids = malloc((p->num_stop ? p->num_stop : 1) * sizeof(int32_t));
-    if (q->prompt == NULL || q->stop_ids == NULL) {
+    if (request_own_ids(q, p->prompt, p->num_prompt, p->stop_ids, p->num_stop) != 0) {
         registry_request_free(r, q);
         return NULL;
     }
-    if (p->num_prompt) /* a text or chat prompt has no ids yet: p->prompt is NULL */
-        memcpy(q->prompt, p->prompt, p->num_prompt * sizeof(int32_t));
-    if (p->num_stop)
-        memcpy(q->stop_ids, p->stop_ids, p->num_stop * sizeof(int32_t));
-    q->p.prompt = q->prompt;
-    q->p.stop_ids = q->stop_ids;
     prompt_hash(r, p, q->prompt_hash);
     if (!q->p.has_seed) /* the router draws a seed for requests without one */
         q->p.sampling.seed = router_random_u64();

@@ -1163,6 +1163,18 @@ void scheduler_on_worker(struct scheduler *s, uint32_t worker_id,
 
 /* ---- timer ---------------------------------------------------------------------------------- */
 
+/* Control{hung_worker_id 0, hung_worker_pid pid} to the supervisor (pid 0: a worker that sent
+ * this scheduler no Hello), counted in stats.hung_reports. */
+static void report_hung(struct scheduler *s, int32_t pid)
+{
+    s->stats.hung_reports++;
+    Pagoda__Internal__Control ctl = PAGODA__INTERNAL__CONTROL__INIT;
+    ctl.has_hung_worker_id = ctl.has_hung_worker_pid = 1;
+    ctl.hung_worker_id = 0;
+    ctl.hung_worker_pid = pid;
+    send_supervisor(s, &ctl);
+}
+
 void scheduler_tick(struct scheduler *s, int64_t now_ms)
 {
     sched_resend_to_router(s, now_ms);
@@ -1182,15 +1194,10 @@ void scheduler_tick(struct scheduler *s, int64_t now_ms)
             w->no_hello_since_ms = now_ms;
         else if (now_ms - w->no_hello_since_ms >= (int64_t)s->cfg.watchdog_ms) {
             w->no_hello_since_ms = now_ms;
-            s->stats.hung_reports++;
             log_warn("worker 0 sent no Hello for %lld ms: reported to the supervisor (which "
                      "kills it if it is ready and silent)",
                      (long long)s->cfg.watchdog_ms);
-            Pagoda__Internal__Control ctl = PAGODA__INTERNAL__CONTROL__INIT;
-            ctl.has_hung_worker_id = ctl.has_hung_worker_pid = 1;
-            ctl.hung_worker_id = 0;
-            ctl.hung_worker_pid = 0;
-            send_supervisor(s, &ctl);
+            report_hung(s, 0);
         }
         return;
     case LINK_STEP:
@@ -1205,14 +1212,9 @@ void scheduler_tick(struct scheduler *s, int64_t now_ms)
         int64_t quiet_since = w->last_rx_ms > w->owes_since_ms ? w->last_rx_ms : w->owes_since_ms;
         if (!w->hung_reported && now_ms - quiet_since >= watchdog) {
             w->hung_reported = true;
-            s->stats.hung_reports++;
             log_error("worker 0 (pid %d) silent for %lld ms while owing an answer: hung",
                       (int)w->pid, (long long)(now_ms - quiet_since));
-            Pagoda__Internal__Control ctl = PAGODA__INTERNAL__CONTROL__INIT;
-            ctl.has_hung_worker_id = ctl.has_hung_worker_pid = 1;
-            ctl.hung_worker_id = 0;
-            ctl.hung_worker_pid = w->pid;
-            send_supervisor(s, &ctl);
+            report_hung(s, w->pid);
         }
         if (now_ms - sent >= timeout) {
             s->stats.result_timeouts++;

@@ -318,14 +318,18 @@ static void test_failover_on_link_death(void **state)
     multi_stop(&m);
 }
 
-/* Starts m (cache-aware) with a long request of prompt[40] (base, base + 1, ...) on its owner
- * engine, which then holds its tokens (the request runs on, with no more), kills the router
- * with SIGKILL and starts a new one; with pause, both engines stop reading first (the new
- * router's Hello waits, and so does their announcement). Returns the owner. */
-static int long_request_then_router_kill(struct multi *m, int32_t *prompt, int32_t base,
-                                         uint8_t *id, uint32_t *have, int pause)
+/* Starts m (cache-aware; with a tenants file of that text when tenants is not NULL, its client
+ * using key) with a long request of prompt[40] (base, base + 1, ...) on its owner engine, which
+ * then holds its tokens (the request runs on, with no more), kills the router with SIGKILL and
+ * starts a new one; with pause, both engines stop reading first (the new router's Hello waits,
+ * and so does their announcement). Returns the owner. */
+static int long_request_then_router_kill(struct multi *m, const char *tenants, const char *key,
+                                         int32_t *prompt, int32_t base, uint8_t *id, uint32_t *have,
+                                         int pause)
 {
-    multi_start(m, "cache-aware");
+    multi_start_with(m, "cache-aware", tenants, 0);
+    if (key != NULL)
+        assert_int_equal(pagoda_client_set_api_key(m->client, key), 0);
     for (int i = 0; i < 40; i++)
         prompt[i] = base + i;
     int owner = start_long(m, prompt, 40, id, have);
@@ -335,7 +339,9 @@ static int long_request_then_router_kill(struct multi *m, int32_t *prompt, int32
     kill(m->router, SIGKILL);
     int status;
     assert_int_equal(waitpid(m->router, &status, 0), m->router);
-    router_spawn(m, "cache-aware", NULL);
+    char path[128];
+    snprintf(path, sizeof(path), "%s/tenants.json", m->dir);
+    router_spawn(m, "cache-aware", tenants != NULL ? path : NULL);
     return owner;
 }
 
@@ -350,7 +356,7 @@ static void test_adopted_moves_on_link_death(void **state)
     int32_t prompt[40];
     uint8_t id[PAGODA_REQUEST_ID_BYTES];
     uint32_t have;
-    int owner = long_request_then_router_kill(&m, prompt, 300, id, &have, 0);
+    int owner = long_request_then_router_kill(&m, NULL, NULL, prompt, 300, id, &have, 0);
     struct fake_sched_counts first;
     fake_sched_get_counts(m.fs[owner], &first);
     /* The new router holds it once the announcement came (a poll of an unknown id waits for the
@@ -390,7 +396,7 @@ static void test_cancel_waits_for_the_announcement(void **state)
     int32_t prompt[40];
     uint8_t id[PAGODA_REQUEST_ID_BYTES];
     uint32_t have;
-    int owner = long_request_then_router_kill(&m, prompt, 500, id, &have, 1);
+    int owner = long_request_then_router_kill(&m, NULL, NULL, prompt, 500, id, &have, 1);
     pthread_t t;
     assert_int_equal(pthread_create(&t, NULL, unpause_later, &m), 0);
     pagoda_result r = {0};
@@ -435,23 +441,10 @@ static void test_unknown_id_flood_spares_other_tenants(void **state)
         "{\"tenants\": [{\"name\": \"alice\", \"api_keys\": [\"alice-key\"]},"
         "  {\"name\": \"bob\", \"api_keys\": [\"bob-key\"]}]}";
     struct multi m;
-    multi_start_with(&m, "cache-aware", tenants, 0);
-    assert_int_equal(pagoda_client_set_api_key(m.client, "alice-key"), 0);
     int32_t prompt[40];
-    for (int i = 0; i < 40; i++)
-        prompt[i] = 700 + i;
     uint8_t id[PAGODA_REQUEST_ID_BYTES];
     uint32_t have;
-    int owner = start_long(&m, prompt, 40, id, &have);
-    fake_sched_hold(m.fs[owner], 1);
-    for (int i = 0; i < 2; i++)
-        fake_sched_pause(m.fs[i], 1);
-    kill(m.router, SIGKILL);
-    int status;
-    assert_int_equal(waitpid(m.router, &status, 0), m.router);
-    char path[128];
-    snprintf(path, sizeof(path), "%s/tenants.json", m.dir);
-    router_spawn(&m, "cache-aware", path);
+    long_request_then_router_kill(&m, tenants, "alice-key", prompt, 700, id, &have, 1);
     pagoda_client *bob = NULL;
     assert_int_equal(pagoda_client_open(m.url, &bob), 0);
     pagoda_client_set_timeout_ms(bob, WAIT_MS);
