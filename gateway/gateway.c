@@ -199,17 +199,23 @@ int gateway_call_started(struct greq *q, int rc)
     return rc;
 }
 
-static void send_cancel(struct gchoice *c)
+/* Sends choice c's Cancel (send_cancel, or again: retry_later). */
+static void cancel_call(struct gchoice *c)
 {
-    if (!c->submitted || c->finished || c->cancel_sent)
-        return;
-    c->cancel_sent = 1;
     struct greq *q = c->q;
     if (gateway_call_started(
             q, pagoda_cancel_async(q->g->client, q->api_key, c->id, on_cancel_call, c)) != 0) {
         log_warn("could not cancel a request whose client went away: %s", pagoda_error_detail());
         c->cancel_answered = 1; /* nothing to wait for (settle) */
     }
+}
+
+static void send_cancel(struct gchoice *c)
+{
+    if (!c->submitted || c->finished || c->cancel_sent)
+        return;
+    c->cancel_sent = 1;
+    cancel_call(c);
 }
 
 /* The client went away, or its answer ended early (an error): every choice still running is
@@ -286,6 +292,78 @@ static void poll_next(struct gchoice *c)
         fail(q, rc, pagoda_error_detail());
 }
 
+/* ---- calls the router asks to make again ------------------------------------------------- */
+
+static void on_retry_timer(uv_timer_t *t);
+
+/* The first pause before a call is made again, and the longest (it doubles in between). */
+#define RETRY_FIRST_MS 20u
+#define RETRY_MAX_MS 320u
+
+/* The router answered c's poll (cancel 0) or Cancel (1) with PAGODA_EBUSY: a restarted router
+ * whose places for calls naming ids it has not learned yet are taken (router_registry.c
+ * park_unknown), or whose parked calls are at their limit. The call is made again after a pause,
+ * as libpagoda's generate does; until then c holds a reference on its request. Before, the
+ * gateway ended the request: across a router restart, 72 of 200 streams of one tenant ended with
+ * a 429 mid-stream (the tenant's 128 places), and a Cancel answered EBUSY was lost (its request
+ * ran on until the router abandoned it). */
+static void retry_later(struct gchoice *c, int cancel)
+{
+    struct gateway *g = c->q->g;
+    if (c->retry_waiting) {
+        /* a poll waits its turn, and the request is ending meanwhile: its Cancel takes the turn */
+        c->retry_cancel |= cancel;
+        return;
+    }
+    c->retry_ms = c->retry_ms == 0 ? RETRY_FIRST_MS : 2 * c->retry_ms;
+    if (c->retry_ms > RETRY_MAX_MS)
+        c->retry_ms = RETRY_MAX_MS;
+    c->retry_waiting = 1;
+    c->retry_cancel = cancel;
+    c->retry_due = uv_now(g->loop) + c->retry_ms;
+    c->q->refs++;
+    c->retry_next = g->retry_head;
+    g->retry_head = c;
+    if (!uv_is_active((uv_handle_t *)&g->retry_timer) ||
+        uv_timer_get_due_in(&g->retry_timer) > c->retry_ms)
+        uv_timer_start(&g->retry_timer, on_retry_timer, c->retry_ms, 0);
+}
+
+/* The calls whose pause is over are made again (a poll only while its request is answered and
+ * the gateway open: otherwise its Cancel is out); the timer waits for the next one. */
+static void on_retry_timer(uv_timer_t *t)
+{
+    struct gateway *g = t->data;
+    uint64_t now = uv_now(g->loop), next = UINT64_MAX;
+    struct gchoice *due = NULL, **pp = &g->retry_head;
+    while (*pp != NULL) {
+        struct gchoice *c = *pp;
+        if (c->retry_due <= now) {
+            *pp = c->retry_next;
+            c->retry_next = due;
+            due = c;
+        } else {
+            next = c->retry_due < next ? c->retry_due : next;
+            pp = &c->retry_next;
+        }
+    }
+    if (next != UINT64_MAX)
+        uv_timer_start(&g->retry_timer, on_retry_timer, next - now, 0);
+    while (due != NULL) {
+        struct gchoice *c = due;
+        struct greq *q = c->q;
+        due = c->retry_next;
+        c->retry_next = NULL;
+        c->retry_waiting = 0;
+        if (c->retry_cancel)
+            cancel_call(c);
+        else if (answering(q) && !g->closing)
+            poll_next(c);
+        greq_unref(q); /* the pause's reference */
+    }
+    gateway_maybe_free(g);
+}
+
 /* ---- a generation ------------------------------------------------------------------------ */
 
 static void on_poll_result(struct gchoice *c, pagoda_async_result *res);
@@ -351,10 +429,15 @@ static void on_poll(struct gchoice *c, pagoda_async_result **resp)
     struct greq *q = c->q;
     if (!answering(q))
         return; /* the client went away, or the answer ended: the cancels are out */
+    if ((*resp)->rc == PAGODA_EBUSY) {
+        retry_later(c, 0);
+        return;
+    }
     if ((*resp)->rc != 0) {
         fail(q, (*resp)->rc, (*resp)->detail);
         return;
     }
+    c->retry_ms = 0;
     if (stream_hold(c, resp))
         return;
     const int release = q->req.stream && !q->streaming && q->req.num_prompts > 1;
@@ -719,6 +802,10 @@ static void on_async(uv_async_t *h)
             on_poll(m->c, &m->res); /* may take it (stream_hold) */
             break;
         case CALL_KIND_CANCEL:
+            if (m->res->rc == PAGODA_EBUSY) {
+                retry_later(m->c, 1);
+                break;
+            }
             m->c->cancel_answered = 1;
             settle(q);
             break;
@@ -1048,12 +1135,20 @@ static void on_async_closed(uv_handle_t *h)
     free(g);
 }
 
+static void on_retry_timer_closed(uv_handle_t *h)
+{
+    struct gateway *g = h->data;
+    uv_close((uv_handle_t *)&g->async, on_async_closed);
+}
+
+/* Closes the retry timer, then the mailbox, then frees g (with nothing left to retry: each
+ * waiting call holds its request, and g->live is empty). */
 void gateway_maybe_free(struct gateway *g)
 {
     if (!g->closing || g->live != NULL || g->calls_outstanding > g->calls_lost || g->freeing)
         return;
     g->freeing = 1;
-    uv_close((uv_handle_t *)&g->async, on_async_closed);
+    uv_close((uv_handle_t *)&g->retry_timer, on_retry_timer_closed);
 }
 
 int gateway_open(uv_loop_t *loop, const struct gateway_config *cfg, struct gateway **out)
@@ -1100,6 +1195,8 @@ int gateway_open(uv_loop_t *loop, const struct gateway_config *cfg, struct gatew
         return rc;
     }
     g->async.data = g;
+    uv_timer_init(loop, &g->retry_timer); /* cannot fail */
+    g->retry_timer.data = g;
     if ((rc = http_server_open(loop, &g->cfg.http, on_http, g, &g->http)) != 0) {
         g->closing = 1;
         gateway_maybe_free(g);

@@ -81,6 +81,12 @@ struct gchoice {
     struct tool_calls_stream *tools;
     /* Times for the latency figures (CLOCK_MONOTONIC, ns). */
     uint64_t t_first_ns, t_last_ns;
+    /* A poll or Cancel the router answered EBUSY, to be made again at retry_due (uv_now) on
+     * gateway.retry_head (gateway.c retry_later); retry_ms is the pause, doubling. */
+    struct gchoice *retry_next;
+    int retry_waiting, retry_cancel;
+    uint32_t retry_ms;
+    uint64_t retry_due;
 };
 
 /* One HTTP request in progress. Alive while refs > 0: the HTTP side (until answered or the
@@ -148,6 +154,8 @@ struct gateway {
     struct http_server *http;
     pagoda_client *client;
     uv_async_t async;
+    uv_timer_t retry_timer;     /* the calls to make again (gateway.c retry_later) */
+    struct gchoice *retry_head; /* each holds a reference on its request */
     pthread_mutex_t lock;
     struct gmail *mail_head, *mail_tail; /* guarded by lock */
     uint64_t calls_lost;                 /* guarded by lock: results lost for want of memory */
