@@ -17,8 +17,9 @@
  * Policy, before the resubmissions), and the scheduler announces every request it holds: a
  * restarted router (whose registry was lost) registers the requests it does not hold under the
  * tenant and client id the announcement echoes, so that clients polling by id get every token. A
- * poll for an unknown id within ANNOUNCE_GRACE_MS (router_registry.c) of the router's start, before
- * the announcement completed, waits for it instead of failing at once.
+ * poll for an unknown id before the announcement completed, within ANNOUNCE_WAIT_MS
+ * (router_registry.c) of the router's start, waits for it instead of failing at once (at most
+ * ANNOUNCE_GRACE_MS, then PAGODA_EBUSY: poll again).
  *
  * Several engines (docs/routing.md): the router may hold N scheduler links (engines), each with
  * its own Policy, announcement and resubmission as above. A request is sent to the engine that

@@ -357,7 +357,7 @@ static void on_park_timeout(uv_timer_t *t)
 {
     struct rctx *c = t->data;
     if (c->park == PARK_UNKNOWN) {
-        registry_unpark_unknown(c);
+        registry_unpark_unknown(c, 1);
     } else if (c->park == PARK_POLL) {
         struct request *q = c->req;
         uint32_t offset = c->offset;

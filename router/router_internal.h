@@ -460,8 +460,10 @@ void registry_handle_poll(struct router *r, struct rctx *c, uint32_t tenant,
 void registry_handle_cancel(struct router *r, struct rctx *c, uint32_t tenant,
                             const Pagoda__CancelRequest *cancel);
 /* A poll or cancel parked for an unknown id (PARK_UNKNOWN) is taken off and answered as if it
- * arrived now: the announcement arrived or the grace ended, so it is not parked that way again. */
-void registry_unpark_unknown(struct rctx *c);
+ * arrived now (the announcement arrived, or the router's start is ANNOUNCE_WAIT_MS past, so it is
+ * not parked that way again); where its wait ran out (timed_out) before the announcement, within
+ * ANNOUNCE_WAIT_MS of the start, PAGODA_EBUSY (retry). */
+void registry_unpark_unknown(struct rctx *c, int timed_out);
 /* A text or chat prompt's job ended: on success (rc 0) q takes ids (n of them, malloc'd) and goes
  * to the scheduler; otherwise q ends with FINISH_ERROR and detail. Either way q is q as it was
  * when the job started, unless it has finished since (then ids are freed). */

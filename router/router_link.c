@@ -525,7 +525,7 @@ static void on_announced(struct router *r, struct engine *e)
                  r->live.count);
     r->announced = 1;
     while (r->unknown_waiters != NULL)
-        registry_unpark_unknown(r->unknown_waiters);
+        registry_unpark_unknown(r->unknown_waiters, 0);
 }
 
 /* Appends an event's new tokens (those beyond what the request holds: a resent or overlapping

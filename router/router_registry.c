@@ -18,9 +18,14 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
-/* A poll for an unknown id within this long of the router's start, before the scheduler's
- * announcement has arrived, waits for it (a restarted router does not know its requests yet). */
+/* A call for an unknown id before the schedulers' announcement has arrived (a restarted router
+ * does not know its requests yet) waits for it, at most this long at a time (park_unknown) ... */
 #define ANNOUNCE_GRACE_MS 2000
+/* ... and within this long of the router's start, a call whose wait runs out before the
+ * announcement is answered PAGODA_EBUSY (retry); after it, an id still unknown is unknown
+ * (PAGODA_ENOENT). Longer than the supervisor's liveness limit (15 s): a scheduler hung across
+ * the restart is replaced, and its successor announces what it holds. */
+#define ANNOUNCE_WAIT_MS 20000
 
 /* The most polls parked that way at once; more are answered at once. */
 #define MAX_UNKNOWN_PARKED 1024
@@ -635,8 +640,11 @@ void router_prompt_ready(struct router *r, struct request *q, int rc, const char
 static void cancel_answer(struct router *r, struct rctx *c, uint32_t tenant, const uint8_t *id);
 
 /* A call naming an id this router does not hold, which a restarted router's scheduler may still
- * announce (before its announcement, within ANNOUNCE_GRACE_MS of the start): parked until then
- * (registry_unpark_unknown answers it again). Where the places for such calls are taken (all, or
+ * announce (before its announcement, within ANNOUNCE_WAIT_MS of the start): parked until then,
+ * ANNOUNCE_GRACE_MS at most (registry_unpark_unknown answers it again, or PAGODA_EBUSY where its
+ * wait ran out first: before, a scheduler that announced more than 2 s after the router's start,
+ * held up or slow, made every client in flight fail with "no request with this id", and the
+ * requests then ran on unread). Where the places for such calls are taken (all, or
  * the tenant's share), PAGODA_EBUSY: retry. Before, a full set of places answered ENOENT, so one
  * tenant's flood of cancels of made-up ids made another tenant's clients give up their live
  * requests (a probe: 3 of 6). Returns 1 when c was parked or answered (busy), 0 when the id is to
@@ -645,7 +653,7 @@ static int park_unknown(struct router *r, struct rctx *c, uint32_t tenant, const
                         const char *what)
 {
     uint64_t age = uv_now(r->loop) - r->started_ms;
-    if (r->announced || age >= ANNOUNCE_GRACE_MS)
+    if (r->announced || age >= ANNOUNCE_WAIT_MS)
         return 0;
     if (!router_may_park(r, c) || r->num_unknown_parked >= MAX_UNKNOWN_PARKED ||
         (r->tenants != NULL && r->slots[tenant].unknown_parked >= MAX_TENANT_UNKNOWN_PARKED)) {
@@ -661,7 +669,9 @@ static int park_unknown(struct router *r, struct rctx *c, uint32_t tenant, const
     c->tenant = tenant;
     r->num_unknown_parked++;
     r->slots[tenant].unknown_parked++;
-    router_park(&r->unknown_waiters, c, (uint32_t)(ANNOUNCE_GRACE_MS - age));
+    uint64_t left = ANNOUNCE_WAIT_MS - age;
+    router_park(&r->unknown_waiters, c,
+                (uint32_t)(left < ANNOUNCE_GRACE_MS ? left : ANNOUNCE_GRACE_MS));
     return 1;
 }
 
@@ -712,15 +722,23 @@ static void poll_answer(struct router *r, struct rctx *c, uint32_t tenant, const
     router_park(&q->waiters, c, wait_ms);
 }
 
-/* A poll parked for an unknown id is answered as if it arrived now (the announcement has
- * arrived or the grace has ended, so it is not parked that way again). */
-void registry_unpark_unknown(struct rctx *c)
+void registry_unpark_unknown(struct rctx *c, int timed_out)
 {
+    struct router *r = c->r;
     uint8_t id[ID_BYTES];
     memcpy(id, c->id, ID_BYTES);
     uint32_t tenant = c->tenant, offset = c->offset, wait_ms = c->wait_ms;
     int has_offset = c->has_offset, is_cancel = c->is_cancel;
     router_unpark(c);
+    uint64_t age = uv_now(r->loop) - r->started_ms;
+    if (timed_out && !r->announced && age < ANNOUNCE_WAIT_MS) {
+        router_reply_error(c, PAGODA_EBUSY,
+                           "%s: the router started %u ms ago and the scheduler has not yet said "
+                           "which requests it holds: %s again",
+                           is_cancel ? "cancel" : "poll", (unsigned)age,
+                           is_cancel ? "cancel" : "poll");
+        return;
+    }
     if (is_cancel)
         cancel_answer(c->r, c, tenant, id);
     else
