@@ -773,7 +773,9 @@ int pagoda_client_cancel_generations(pagoda_client *c)
     int rc = 0;
     for (i = 0; i < n; i++) {
         int r = pagoda_cancel(c, ids[i], NULL);
-        for (int k = 0; r == PAGODA_EBUSY && k < 50; k++) { /* a starting router: again */
+        /* A starting router: again (each try may wait up to 2 s for its announcement, and it
+         * answers so for at most 20 s after its start: docs/protocol.md). */
+        for (int k = 0; r == PAGODA_EBUSY && k < 50; k++) {
             nng_msleep(50);
             r = pagoda_cancel(c, ids[i], NULL);
         }

@@ -303,7 +303,10 @@ static void on_retry_timer(uv_timer_t *t);
 /* The router answered c's poll (cancel 0) or Cancel (1) with PAGODA_EBUSY: a restarted router
  * whose places for calls naming ids it has not learned yet are taken (router_registry.c
  * park_unknown), or whose parked calls are at their limit. The call is made again after a pause,
- * as libpagoda's generate does; until then c holds a reference on its request. Before, the
+ * as libpagoda's generate does; until then c holds a reference on its request. A router answers
+ * so for at most ANNOUNCE_WAIT_MS (20 s) after its start (router_registry.c), so an ending request
+ * whose Cancel is retried may wait that long for its error answer; a closing gateway does not
+ * retry Cancels (the router cancels requests nobody polls). Before, the
  * gateway ended the request: across a router restart, 72 of 200 streams of one tenant ended with
  * a 429 mid-stream (the tenant's 128 places), and a Cancel answered EBUSY was lost (its request
  * ran on until the router abandoned it). */
@@ -355,9 +358,10 @@ static void on_retry_timer(uv_timer_t *t)
         due = c->retry_next;
         c->retry_next = NULL;
         c->retry_waiting = 0;
-        if (c->retry_cancel)
+        if (c->retry_cancel) {
             cancel_call(c);
-        else if (answering(q) && !g->closing)
+            settle(q); /* (a Cancel that could not be sent counts as answered) */
+        } else if (answering(q) && !g->closing)
             poll_next(c);
         greq_unref(q); /* the pause's reference */
     }
@@ -802,8 +806,8 @@ static void on_async(uv_async_t *h)
             on_poll(m->c, &m->res); /* may take it (stream_hold) */
             break;
         case CALL_KIND_CANCEL:
-            if (m->res->rc == PAGODA_EBUSY) {
-                retry_later(m->c, 1);
+            if (m->res->rc == PAGODA_EBUSY && !g->closing) {
+                retry_later(m->c, 1); /* (closing: not again, so as not to hold the exit) */
                 break;
             }
             m->c->cancel_answered = 1;
