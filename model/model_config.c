@@ -494,6 +494,53 @@ int model_config_parse(const json_t *root, struct model_config *out)
     return 0;
 }
 
+/* Merges DIR/generation_config.json's eos_token_id (transformers' GenerationConfig, which
+ * generate() stops at, and so does vLLM) into c's, after config.json's, without repeats: Llama 3
+ * Instruct's config.json names only <|end_of_text|> (128001), its generation_config.json the end
+ * of a turn too (<|eot_id|>, 128009), and a chat that ends its turn must stop there. Before, its
+ * answers ran on to max_tokens. An absent file changes nothing; one that cannot be read, is not
+ * JSON or lists ids of the wrong type is refused by name. */
+static int merge_generation_eos(const char *model_dir, struct model_config *c)
+{
+    char path[4096];
+    if ((size_t)snprintf(path, sizeof(path), "%s/generation_config.json", model_dir) >=
+        sizeof(path))
+        return pagoda_error_set(PAGODA_ERANGE, "%s: model directory path is too long", model_dir);
+    json_t *root;
+    int rc = json_util_load_file(path, MODEL_CONFIG_MAX_BYTES, &root);
+    if (rc == PAGODA_ENOENT)
+        return 0;
+    if (rc != 0)
+        return rc;
+    int32_t ids[MODEL_MAX_EOS];
+    int n = 0;
+    char detail[512];
+    if (!json_is_object(root)) {
+        rc = pagoda_error_set(PAGODA_EFORMAT, "%s: not a JSON object", path);
+    } else if ((rc = parse_token_ids(root, "eos_token_id", ids, MODEL_MAX_EOS, &n)) != 0) {
+        snprintf(detail, sizeof(detail), "%s", pagoda_error_detail() + strlen(CFG));
+        rc = pagoda_error_set(rc, "%s: %s", path, detail);
+    }
+    json_decref(root);
+    for (int i = 0; rc == 0 && i < n; i++) {
+        int have = 0;
+        for (int k = 0; k < c->num_eos; k++)
+            have |= c->eos_token_ids[k] == ids[i];
+        if (have)
+            continue;
+        if (c->num_eos == MODEL_MAX_EOS)
+            return pagoda_error_set(PAGODA_ERANGE,
+                                    "%s: with config.json's, more than %d eos_token_id values",
+                                    path, MODEL_MAX_EOS);
+        c->eos_token_ids[c->num_eos++] = ids[i];
+    }
+    if (rc == 0 && (rc = model_config_validate(c)) != 0) {
+        snprintf(detail, sizeof(detail), "%s", pagoda_error_detail());
+        rc = pagoda_error_set(rc, "%s: %s", path, detail);
+    }
+    return rc;
+}
+
 int model_config_load(const char *model_dir, struct model_config *out)
 {
     char path[4096];
@@ -512,8 +559,9 @@ int model_config_load(const char *model_dir, struct model_config *out)
             d += strlen(CFG);
         snprintf(detail, sizeof(detail), "%s", d);
         pagoda_error_set(rc, "%s: %s", path, detail);
+        return rc;
     }
-    return rc;
+    return merge_generation_eos(model_dir, out);
 }
 
 static int check_range(const char *key, int64_t v, int64_t min, int64_t max)

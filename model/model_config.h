@@ -67,7 +67,10 @@ const char *model_arch_type(enum model_arch arch);
  * (pagoda_error_detail) that names the field. */
 int model_config_parse(const json_t *root, struct model_config *out);
 
-/* Reads DIR/config.json and parses it. Same errors, plus those of opening the file. */
+/* Reads DIR/config.json and parses it, then adds DIR/generation_config.json's eos_token_id (when
+ * the file is there) to the config's eos_token_ids, as transformers' generate and vLLM stop at
+ * them too. Same errors, plus those of opening the files (an absent generation_config.json is
+ * not one); a detail names the file. On an error *out may hold config.json's parse. */
 int model_config_load(const char *model_dir, struct model_config *out);
 
 /* Checks that a config is self-consistent (positive sizes, heads divisible by KV heads, ...).

@@ -8,6 +8,7 @@
 
 #include "common/error.h"
 #include "model/model_config.h"
+#include "tests/unit/test_files.h"
 
 #include <limits.h>
 #include <stdio.h>
@@ -639,6 +640,55 @@ static void test_load_from_directory(void **state)
     rmdir(dir);
 }
 
+/* generation_config.json's eos_token_id joins config.json's (Llama 3 Instruct's <|eot_id|> is
+ * only there); an absent file changes nothing, a broken one is refused by name. */
+static void test_generation_config_eos(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/pagoda_genconf_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    test_write_text(dir, "config.json", QWEN2); /* eos_token_id 151643 */
+    struct model_config c;
+    assert_int_equal(model_config_load(dir, &c), 0);
+    assert_int_equal(c.num_eos, 1);
+    assert_int_equal(c.eos_token_ids[0], 151643);
+
+    test_write_text(
+        dir, "generation_config.json",
+        "{\"bos_token_id\": 151643, \"eos_token_id\": [151645, 151643], \"top_p\": 0.8}");
+    assert_int_equal(model_config_load(dir, &c), 0);
+    assert_int_equal(c.num_eos, 2);
+    assert_int_equal(c.eos_token_ids[0], 151643);
+    assert_int_equal(c.eos_token_ids[1], 151645);
+
+    test_write_text(dir, "generation_config.json", "{\"eos_token_id\": 151645}");
+    assert_int_equal(model_config_load(dir, &c), 0);
+    assert_int_equal(c.num_eos, 2);
+    test_write_text(dir, "generation_config.json", "{\"do_sample\": true}");
+    assert_int_equal(model_config_load(dir, &c), 0);
+    assert_int_equal(c.num_eos, 1);
+
+    test_write_text(dir, "generation_config.json", "{\"eos_token_id\": \"</s>\"}");
+    assert_int_equal(model_config_load(dir, &c), PAGODA_EFORMAT);
+    assert_non_null(strstr(pagoda_error_detail(), "generation_config.json: \"eos_token_id\""));
+    test_write_text(dir, "generation_config.json", "{\"eos_token_id\": [999999999]}");
+    assert_int_equal(model_config_load(dir, &c), PAGODA_ERANGE);
+    assert_non_null(strstr(pagoda_error_detail(), "generation_config.json"));
+    assert_non_null(strstr(pagoda_error_detail(), "outside the vocabulary"));
+    test_write_text(dir, "generation_config.json", "{\"eos_token_id\": [1, 2, 3, 4, 5, 6, 7, 8]}");
+    assert_int_equal(model_config_load(dir, &c), PAGODA_ERANGE);
+    test_write_text(dir, "generation_config.json", "{\"eos_token_id\": [1,");
+    assert_int_equal(model_config_load(dir, &c), PAGODA_EFORMAT);
+    assert_non_null(strstr(pagoda_error_detail(), "generation_config.json"));
+
+    char path[256];
+    snprintf(path, sizeof(path), "%s/generation_config.json", dir);
+    unlink(path);
+    snprintf(path, sizeof(path), "%s/config.json", dir);
+    unlink(path);
+    rmdir(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -658,6 +708,7 @@ int main(void)
         cmocka_unit_test(test_missing_or_mistyped_fields),
         cmocka_unit_test(test_validate),
         cmocka_unit_test(test_tiny_preset),
+        cmocka_unit_test(test_generation_config_eos),
         cmocka_unit_test(test_to_json_round_trip),
         cmocka_unit_test(test_load_from_directory),
     };

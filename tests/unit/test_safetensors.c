@@ -8,6 +8,7 @@
 
 #include "common/error.h"
 #include "model/safetensors.h"
+#include "tests/unit/test_files.h"
 
 #include <dirent.h>
 #include <jansson.h>
@@ -283,17 +284,6 @@ static void test_refuses_unsupported_and_malformed(void **state)
     remove_dir(dir);
 }
 
-/* Writes DIR/name with the given text. */
-static void write_text(const char *dir, const char *name, const char *text)
-{
-    char path[128];
-    snprintf(path, sizeof(path), "%s/%s", dir, name);
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    fputs(text, f);
-    fclose(f);
-}
-
 static const struct spec SHARD1[] = {
     {"model.embed_tokens.weight", "BF16", 2, {8, 4}},
     {"model.layers.0.mlp.up_proj.weight", "F32", 2, {6, 4}},
@@ -359,7 +349,7 @@ static void test_set_finds_across_shards(void **state)
     char dir[32];
     make_dir(dir);
     write_shards(dir);
-    write_text(dir, "model.safetensors.index.json", INDEX);
+    test_write_text(dir, "model.safetensors.index.json", INDEX);
     struct safetensors_set *set;
     int rc = safetensors_set_open(dir, &set);
     if (rc != 0)
@@ -392,7 +382,7 @@ static void test_set_refuses_missing_shard(void **state)
     char dir[32], path[64];
     make_dir(dir);
     write_shards(dir);
-    write_text(dir, "model.safetensors.index.json", INDEX);
+    test_write_text(dir, "model.safetensors.index.json", INDEX);
     snprintf(path, sizeof(path), "%s/model-00002-of-00002.safetensors", dir);
     unlink(path);
     expect_set_error(dir, PAGODA_ENOENT, path, "missing");
@@ -405,20 +395,21 @@ static void test_set_refuses_inconsistent_index(void **state)
     make_dir(dir);
     write_shards(dir);
     /* The index puts model.norm.weight in the first shard, which does not hold it. */
-    write_text(dir, "model.safetensors.index.json",
-               "{\"weight_map\": {"
-               " \"model.embed_tokens.weight\": \"model-00001-of-00002.safetensors\","
-               " \"model.norm.weight\": \"model-00001-of-00002.safetensors\","
-               " \"lm_head.weight\": \"model-00002-of-00002.safetensors\"}}");
+    test_write_text(dir, "model.safetensors.index.json",
+                    "{\"weight_map\": {"
+                    " \"model.embed_tokens.weight\": \"model-00001-of-00002.safetensors\","
+                    " \"model.norm.weight\": \"model-00001-of-00002.safetensors\","
+                    " \"lm_head.weight\": \"model-00002-of-00002.safetensors\"}}");
     expect_set_error(dir, PAGODA_EMISMATCH, "tensor model.norm.weight",
                      "model-00001-of-00002.safetensors");
 
-    write_text(dir, "model.safetensors.index.json",
-               "{\"weight_map\": {\"lm_head.weight\": \"../model-00002-of-00002.safetensors\"}}");
+    test_write_text(
+        dir, "model.safetensors.index.json",
+        "{\"weight_map\": {\"lm_head.weight\": \"../model-00002-of-00002.safetensors\"}}");
     expect_set_error(dir, PAGODA_EFORMAT, "lm_head.weight", "model directory");
-    write_text(dir, "model.safetensors.index.json", "{\"metadata\": {}}");
+    test_write_text(dir, "model.safetensors.index.json", "{\"metadata\": {}}");
     expect_set_error(dir, PAGODA_EFORMAT, "weight_map", NULL);
-    write_text(dir, "model.safetensors.index.json", "{\"weight_map\": {}}");
+    test_write_text(dir, "model.safetensors.index.json", "{\"weight_map\": {}}");
     expect_set_error(dir, PAGODA_EFORMAT, "weight_map", "empty");
 
     /* The same tensor in two shards: which one to use would be a guess. */
@@ -427,10 +418,10 @@ static void test_set_refuses_inconsistent_index(void **state)
     const struct spec dup[] = {{"model.norm.weight", "F16", 1, {4}},
                                {"model.embed_tokens.weight", "BF16", 2, {8, 4}}};
     write_safetensors(path, dup, 2);
-    write_text(dir, "model.safetensors.index.json",
-               "{\"weight_map\": {"
-               " \"model.embed_tokens.weight\": \"model-00001-of-00002.safetensors\","
-               " \"model.norm.weight\": \"model-00002-of-00002.safetensors\"}}");
+    test_write_text(dir, "model.safetensors.index.json",
+                    "{\"weight_map\": {"
+                    " \"model.embed_tokens.weight\": \"model-00001-of-00002.safetensors\","
+                    " \"model.norm.weight\": \"model-00002-of-00002.safetensors\"}}");
     expect_set_error(dir, PAGODA_EFORMAT, "tensor model.embed_tokens.weight is in both", NULL);
     remove_dir(dir);
 }
