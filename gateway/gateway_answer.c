@@ -238,7 +238,8 @@ void gateway_stream_piece(struct gchoice *c, const pagoda_result *r)
         o.num_tool_calls = calls.num_calls;
         o.first_tool_call = called - (uint32_t)calls.num_calls;
     }
-    const bool shown = o.tools_parsed ? o.content_len > 0 || o.num_tool_calls > 0 : r->text_len > 0;
+    const bool shown =
+        o.tools_parsed ? o.content_len > 0 || openai_tool_calls_shown(&o) > 0 : r->text_len > 0;
     /* A piece whose tokens completed no text yet (a character split over tokens, or text held
      * back as a tool call's) sends nothing, unless the client asked for the tokens'
      * log-probabilities, or it is a completion's first (a chat's first chunk is its role:

@@ -502,22 +502,33 @@ static int read_messages(struct openai_request *req, struct openai_error *err)
         const json_t *content = json_object_get(m, "content");
         if (read_content(req, content, i, &out->content, err))
             return -1;
-        /* no key (a tool-call turn's, often): undefined to the template, not null's None */
-        out->content_absent = content == NULL;
+        /* A null or absent content (an assistant's tool-call turn, as OpenAI's clients send it
+         * back) is "" to the template, as vLLM renders it: "None" printed, or a template's
+         * `'...' + message.content` failing (Qwen2.5's), is what transformers would do with a
+         * null, not what a client moving from vLLM expects (docs/chat-templates.md). */
+        if (out->content == NULL)
+            out->content = "";
         out->name = json_string_value(json_object_get(m, "name"));
         out->tool_call_id = json_string_value(json_object_get(m, "tool_call_id"));
         out->reasoning_content = json_string_value(json_object_get(m, "reasoning_content"));
         const json_t *calls = json_object_get(m, "tool_calls");
-        if (json_is_array(calls)) {
-            /* OpenAI sends arguments as a JSON string; templates iterate them as objects. */
+        /* An empty list (vLLM's answers carry "tool_calls": [], and clients send them back) is
+         * left out, as vLLM leaves it out: a template would take the turn for a tool call's
+         * (Llama 3.1's refused it, "only supports single tool-calls at once"). */
+        if (json_is_array(calls) && json_array_size(calls) > 0) {
+            /* OpenAI sends arguments as a JSON string; templates iterate them as objects. As
+             * vLLM's, arguments that are empty, null or absent are {}. */
             json_t *copy = json_deep_copy(calls);
             size_t k;
             json_t *call;
             json_array_foreach(copy, k, call)
             {
                 json_t *fn = json_object_get(call, "function");
-                const char *args = json_string_value(json_object_get(fn, "arguments"));
-                json_t *parsed = args ? json_loads(args, 0, NULL) : NULL;
+                const json_t *a = json_object_get(fn, "arguments");
+                const char *args = json_string_value(a);
+                json_t *parsed = args && args[0] ? json_loads(args, 0, NULL) : NULL;
+                if (json_is_object(fn) && (a == NULL || json_is_null(a) || (args && !args[0])))
+                    parsed = json_object();
                 if (parsed != NULL)
                     json_object_set_new(fn, "arguments", parsed);
             }
@@ -612,6 +623,8 @@ static int refuse_unsupported(struct openai_request *req, struct openai_error *e
                        "to render the tools into the prompt and answer with text");
         req->tool_parser = parser;
     }
+    if (boolean(root, "parallel_tool_calls", &req->parallel_tool_calls, err))
+        return -1;
     if (req->kind == OPENAI_COMPLETION && (v = json_object_get(root, "suffix")) != NULL &&
         !json_is_null(v)) {
         if (!json_is_string(v))
@@ -745,6 +758,7 @@ int openai_parse(enum openai_kind kind, const char *body, size_t len, int32_t de
     memset(err, 0, sizeof(*err));
     req->kind = kind;
     req->tool_parser = tool_parser; /* kept by refuse_unsupported for a chat that calls tools */
+    req->parallel_tool_calls = true;
     req->n = 1;
     req->num_prompts = 1;
     req->params = pagoda_generate_params_default();
@@ -955,13 +969,20 @@ static const char *finish_name(const struct openai_out *o)
     return finish;
 }
 
+size_t openai_tool_calls_shown(const struct openai_out *o)
+{
+    if (o->req == NULL || o->req->parallel_tool_calls)
+        return o->num_tool_calls;
+    return o->first_tool_call == 0 && o->num_tool_calls > 0 ? 1 : 0;
+}
+
 /* A chat message's or delta's content: the text, or with tools parsed the content, null in a
  * message with tool calls and no content (vLLM's). */
 static json_t *chat_content_json(const struct openai_out *o)
 {
     if (!o->tools_parsed)
         return text_json(o->text, o->text_len);
-    if (o->content_len == 0 && o->num_tool_calls > 0)
+    if (o->content_len == 0 && openai_tool_calls_shown(o) > 0)
         return json_null();
     return text_json(o->content, o->content_len);
 }
@@ -971,7 +992,7 @@ static json_t *chat_content_json(const struct openai_out *o)
 static json_t *tool_calls_json(const struct openai_out *o, bool indexed)
 {
     json_t *calls = json_array();
-    for (size_t i = 0; calls != NULL && i < o->num_tool_calls; i++) {
+    for (size_t i = 0; calls != NULL && i < openai_tool_calls_shown(o); i++) {
         const struct tool_call *c = &o->tool_calls[i];
         json_t *call = json_pack("{s:s,s:s,s:{s:s,s:s}}", "id", c->id, "type", "function",
                                  "function", "name", c->name, "arguments", c->arguments);
@@ -988,7 +1009,7 @@ static json_t *response_choice(const struct openai_out *o)
     if (o->req->kind == OPENAI_CHAT) {
         json_t *message =
             json_pack("{s:s,s:o}", "role", "assistant", "content", chat_content_json(o));
-        if (message != NULL && o->num_tool_calls > 0)
+        if (message != NULL && openai_tool_calls_shown(o) > 0)
             json_object_set_new(message, "tool_calls", tool_calls_json(o, false));
         return json_pack("{s:I,s:o,s:o,s:o,s:o}", "index", (json_int_t)o->index, "message", message,
                          "logprobs", logprobs_json(o), "finish_reason",
@@ -1053,7 +1074,7 @@ char *openai_chunk_json(const struct openai_out *o, bool role_chunk, bool usage_
             json_t *delta = json_object();
             if (o->tools_parsed ? o->content_len > 0 : o->text_len > 0)
                 json_object_set_new(delta, "content", chat_content_json(o));
-            if (o->num_tool_calls > 0)
+            if (openai_tool_calls_shown(o) > 0)
                 json_object_set_new(delta, "tool_calls", tool_calls_json(o, true));
             choice = json_pack("{s:I,s:o,s:o,s:o}", "index", (json_int_t)o->index, "delta", delta,
                                "logprobs", logprobs_json(o), "finish_reason",

@@ -52,6 +52,9 @@ struct openai_request {
     /* A chat whose output is parsed for tool calls (tools with tool_choice auto, and the
      * gateway's parser); NONE for every other request. */
     enum tool_call_parser tool_parser;
+    /* parallel_tool_calls (default true): false keeps a choice's first tool call only, as vLLM's
+     * maybe_filter_parallel_tool_calls does (a stream's deltas of later calls are left out). */
+    bool parallel_tool_calls;
     uint32_t n; /* choices of each prompt: 1 .. OPENAI_MAX_CHOICES */
     pagoda_generate_params params;
     /* The prompt; a completion's list of several is prompt and then more_prompts
@@ -146,6 +149,10 @@ struct openai_out {
     size_t num_tool_calls;
     uint32_t first_tool_call;
 };
+/* How many of o's tool calls go out (the first of them): all, or with the request's
+ * parallel_tool_calls false the choice's first call only (o->first_tool_call 0), as vLLM's
+ * maybe_filter_parallel_tool_calls; the finish is "tool_calls" either way. */
+size_t openai_tool_calls_shown(const struct openai_out *o);
 /* A whole response of n choices, o[i] the choice of index o[i].index; the response's fields
  * from o[0], its usage openai_usage_sum's. */
 char *openai_response_json(const struct openai_out *o, size_t n);

@@ -134,6 +134,24 @@ static void test_tools_with_a_tool_call_parser(void **state)
     openai_request_fini(&req);
 }
 
+/* The whole answer of a chat whose text gave the calls of r (finished by a stop). */
+static struct openai_out called_out(const struct openai_request *req, const char *text,
+                                    const struct tool_calls_result *r)
+{
+    return (struct openai_out){.req = req,
+                               .id = "chatcmpl-1",
+                               .model = "m",
+                               .text = text,
+                               .text_len = strlen(text),
+                               .finish = PAGODA_FINISH_STOP,
+                               .tools_parsed = true,
+                               .tools_called = true,
+                               .content = r->content,
+                               .content_len = r->content_len,
+                               .tool_calls = r->calls,
+                               .num_tool_calls = r->num_calls};
+}
+
 /* A choice with tool calls: message.tool_calls ({id, type, function: {name, arguments}}), its
  * content null where none came before them, finish_reason "tool_calls" (vLLM's); a stream's delta
  * has each call whole with its index in the choice, and no content where there is none. */
@@ -150,19 +168,8 @@ static void test_tool_calls_in_responses_and_chunks(void **state)
     const char *text = "<tool_call>{\"name\": \"f\", \"arguments\": {\"x\": 1}}</tool_call>";
     struct tool_calls_result r;
     assert_int_equal(tool_calls_parse(TOOL_CALL_PARSER_HERMES, text, strlen(text), &r), 0);
-    struct openai_out o = {.req = &req,
-                           .id = "chatcmpl-1",
-                           .model = "m",
-                           .text = text,
-                           .text_len = strlen(text),
-                           .finish = PAGODA_FINISH_STOP,
-                           .with_usage = true,
-                           .tools_parsed = true,
-                           .tools_called = true,
-                           .content = r.content,
-                           .content_len = r.content_len,
-                           .tool_calls = r.calls,
-                           .num_tool_calls = r.num_calls};
+    struct openai_out o = called_out(&req, text, &r);
+    o.with_usage = true;
     char *s = openai_response_json(&o, 1);
     json_t *j = json_loads(s, 0, NULL);
     json_t *c0 = json_array_get(json_object_get(j, "choices"), 0);
@@ -218,6 +225,61 @@ static void test_tool_calls_in_responses_and_chunks(void **state)
     free(s);
     tool_calls_result_fini(&r);
     openai_request_fini(&req);
+}
+
+/* parallel_tool_calls false: a choice's first call only, in a whole answer and in a stream (a later
+ * call's delta has none), the finish still "tool_calls" (vLLM's maybe_filter_parallel_tool_calls);
+ * before, it was ignored and every call went out. */
+static void test_parallel_tool_calls_false_keeps_the_first(void **state)
+{
+    (void)state;
+    const char *text = "<tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>"
+                       "<tool_call>{\"name\": \"g\", \"arguments\": {}}</tool_call>";
+    struct tool_calls_result r;
+    assert_int_equal(tool_calls_parse(TOOL_CALL_PARSER_HERMES, text, strlen(text), &r), 0);
+    assert_int_equal(r.num_calls, 2);
+    for (int parallel = 0; parallel < 2; parallel++) {
+        struct openai_request req;
+        struct openai_error err;
+        char body[256];
+        snprintf(body, sizeof(body),
+                 "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": "
+                 "[{\"type\": \"function\", \"function\": {\"name\": \"f\"}}], "
+                 "\"parallel_tool_calls\": %s}",
+                 parallel ? "true" : "false");
+        assert_int_equal(openai_parse(OPENAI_CHAT, body, strlen(body), 1024,
+                                      TOOL_CALL_PARSER_HERMES, &req, &err),
+                         0);
+        struct openai_out o = called_out(&req, text, &r);
+        char *s = openai_response_json(&o, 1);
+        json_t *j = json_loads(s, 0, NULL);
+        json_t *c0 = json_array_get(json_object_get(j, "choices"), 0);
+        json_t *calls = json_object_get(json_object_get(c0, "message"), "tool_calls");
+        assert_int_equal(json_array_size(calls), parallel ? 2 : 1);
+        assert_string_equal(json_string_value(json_object_get(
+                                json_object_get(json_array_get(calls, 0), "function"), "name")),
+                            "f");
+        assert_string_equal(json_string_value(json_object_get(c0, "finish_reason")), "tool_calls");
+        json_decref(j);
+        free(s);
+        /* a stream: the chunk of the first call, then the chunk of the second */
+        o.finish = PAGODA_FINISH_NONE;
+        o.content_len = 0;
+        for (uint32_t k = 0; k < 2; k++) {
+            o.tool_calls = &r.calls[k];
+            o.num_tool_calls = 1;
+            o.first_tool_call = k;
+            s = openai_chunk_json(&o, false, false);
+            j = json_loads(s, 0, NULL);
+            json_t *delta =
+                json_object_get(json_array_get(json_object_get(j, "choices"), 0), "delta");
+            assert_int_equal(json_object_get(delta, "tool_calls") != NULL, parallel || k == 0);
+            json_decref(j);
+            free(s);
+        }
+        openai_request_fini(&req);
+    }
+    tool_calls_result_fini(&r);
 }
 
 /* /v1/models as vLLM lists it: max_model_len where known, left out where not. */
@@ -374,9 +436,11 @@ static void test_a_chat_is_read(void **state)
         0);
     assert_int_equal(req.prompt.num_messages, 3);
     assert_string_equal(req.prompt.messages[1].content, "Hi \nthere"); /* vLLM's "\n" join */
-    assert_null(req.prompt.messages[2].content);
-    assert_false(req.prompt.messages[2].content_absent); /* null: None to the template */
+    /* null: "" to the template, as vLLM's (a template's `'...' + message.content` works) */
+    assert_string_equal(req.prompt.messages[2].content, "");
+    assert_false(req.prompt.messages[2].content_absent);
     assert_false(req.prompt.messages[0].content_absent);
+    assert_true(req.parallel_tool_calls); /* the default */
     assert_non_null(strstr(req.prompt.messages[2].tool_calls_json, "\"arguments\":{\"x\":1}"));
     assert_int_equal(req.params.max_tokens, 5);
     assert_string_equal(req.prompt.chat_template_kwargs, "{\"enable_thinking\":false}");
@@ -389,14 +453,40 @@ static void test_a_chat_is_read(void **state)
                      0);
     assert_int_equal(req.params.max_tokens, 1024); /* the gateway's default */
     openai_request_fini(&req);
-    /* a message without the key: none at all (undefined to the template) */
+    /* a message without the key: "" as well (vLLM's) */
     assert_int_equal(parse(OPENAI_CHAT,
                            "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}, "
                            "{\"role\": \"assistant\"}]}",
                            &req, &err),
                      0);
-    assert_null(req.prompt.messages[1].content);
-    assert_true(req.prompt.messages[1].content_absent);
+    assert_string_equal(req.prompt.messages[1].content, "");
+    assert_false(req.prompt.messages[1].content_absent);
+    openai_request_fini(&req);
+    /* vLLM's answers carry "tool_calls": [], which clients send back: left out (a template would
+     * take the turn for a tool call's); arguments empty, null or absent are {}; a later call's
+     * arguments that are not JSON stay a string */
+    assert_int_equal(
+        parse(OPENAI_CHAT,
+              "{\"messages\": [{\"role\": \"assistant\", \"content\": \"a\", \"tool_calls\": []}, "
+              "{\"role\": \"assistant\", \"tool_calls\": [{\"function\": {\"name\": \"f\", "
+              "\"arguments\": \"\"}}, {\"function\": {\"name\": \"g\", \"arguments\": null}}, "
+              "{\"function\": {\"name\": \"h\"}}, {\"function\": {\"name\": \"k\", "
+              "\"arguments\": \"not json\"}}]}], \"parallel_tool_calls\": false}",
+              &req, &err),
+        0);
+    assert_null(req.prompt.messages[0].tool_calls_json);
+    assert_string_equal(req.prompt.messages[1].tool_calls_json,
+                        "[{\"function\":{\"name\":\"f\",\"arguments\":{}}},{\"function\":{\"name\":"
+                        "\"g\",\"arguments\":{}}},{\"function\":{\"name\":\"h\",\"arguments\":{}}},"
+                        "{\"function\":{\"name\":\"k\",\"arguments\":\"not json\"}}]");
+    assert_false(req.parallel_tool_calls);
+    openai_request_fini(&req);
+    assert_int_equal(parse(OPENAI_CHAT,
+                           "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
+                           "\"parallel_tool_calls\": \"no\"}",
+                           &req, &err),
+                     -1);
+    assert_non_null(strstr(err.message, "'parallel_tool_calls' must be true or false"));
     openai_request_fini(&req);
 }
 
@@ -806,6 +896,7 @@ int main(void)
         cmocka_unit_test(test_tools_need_tool_choice_none),
         cmocka_unit_test(test_tools_with_a_tool_call_parser),
         cmocka_unit_test(test_tool_calls_in_responses_and_chunks),
+        cmocka_unit_test(test_parallel_tool_calls_false_keeps_the_first),
         cmocka_unit_test(test_a_list_of_prompts_is_read),
         cmocka_unit_test(test_a_chat_is_read),
         cmocka_unit_test(test_bad_requests_are_400_with_a_reason),
