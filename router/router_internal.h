@@ -128,6 +128,7 @@ struct request {
     uint32_t num_tokens, cap_tokens;
     Pagoda__FinishReason finish;
     uint32_t prompt_tokens, cached_tokens;
+    int cached_known; /* cached_tokens is the first admission's (router_link.c apply_event) */
     int32_t error_code;
     char *error_message;
     uint64_t finished_at_ms;

@@ -568,6 +568,14 @@ static void apply_event(struct router *r, struct engine *e, const Pagoda__Intern
     }
     if (q->finish != PAGODA__FINISH_REASON__FINISH_NONE)
         return;
+    /* The prefix cache's figure of the request's first admission (vLLM's num_cached_tokens): a
+     * later one (its scheduler restarted, or it moved engine) finds its own blocks of before, or
+     * its siblings', and says more; before, the last figure was taken (usage's cached_tokens of
+     * n choices went from 0 to 6 across a scheduler restart). */
+    if (ev->has_cached_tokens && !q->cached_known) {
+        q->cached_tokens = ev->cached_tokens;
+        q->cached_known = 1;
+    }
     uint32_t offset = ev->has_offset ? ev->offset : 0;
     if (offset > q->num_tokens) {
         /* An event before it was lost; the scheduler sends what it holds again
@@ -606,8 +614,6 @@ static void apply_event(struct router *r, struct engine *e, const Pagoda__Intern
              * the scheduler stops the sequence; what it sends later is ignored. */
             if (ev->has_prompt_tokens)
                 q->prompt_tokens = ev->prompt_tokens;
-            if (ev->has_cached_tokens)
-                q->cached_tokens = ev->cached_tokens;
             registry_finish(r, q, PAGODA__FINISH_REASON__FINISH_STOP, 0, NULL);
             registry_set_pending(r, q, &q->need_cancel, 1);
             router_flush_pending(r);
@@ -621,8 +627,6 @@ static void apply_event(struct router *r, struct engine *e, const Pagoda__Intern
         ev->finish_reason != PAGODA__INTERNAL__FINISH_REASON__FINISH_NONE) {
         if (ev->has_prompt_tokens)
             q->prompt_tokens = ev->prompt_tokens;
-        if (ev->has_cached_tokens)
-            q->cached_tokens = ev->cached_tokens;
         /* Which stop: a stop token id is the last token; EOS is neither. */
         if (ev->finish_reason == PAGODA__INTERNAL__FINISH_REASON__FINISH_STOP &&
             q->num_tokens > 0 && q->stop_ids != NULL) {

@@ -299,8 +299,9 @@ static void announce_fill(Pagoda__Internal__TokenEvent *ev, Pagoda__Internal__Sa
     ev->token_ids = q->tokens + q->num_prompt_tokens;
     ev->n_logprobs = ev->n_token_ids;
     ev->logprobs = q->logprobs + q->num_prompt_tokens;
-    ev->has_prompt_tokens = ev->has_cached_tokens = 1;
+    ev->has_prompt_tokens = 1;
     ev->prompt_tokens = (uint32_t)q->num_prompt_tokens;
+    ev->has_cached_tokens = q->looked_up; /* (not yet admitted: not known yet) */
     ev->cached_tokens = q->cached_tokens;
     ev->has_announce = 1;
     ev->announce = 1;

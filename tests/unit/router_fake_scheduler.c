@@ -45,6 +45,9 @@ struct fseq {
     uint8_t client_id[16];
     int has_client_id;
     uint32_t emitted;
+    /* The prompt tokens its admission found cached, told with every event: half the prompt, or
+     * all of it where it came back with output (a resubmission finds its blocks of before). */
+    uint32_t cached;
     int done;
     int finish; /* the end sent (Pagoda__Internal__FinishReason), for a resend; 0 while running */
     struct fseq *next;
@@ -194,6 +197,7 @@ static void on_submit(struct fake_sched *fs, const Pagoda__Internal__SubmitSeq *
                 fs->counts.output_mismatches++;
         q->emitted = (uint32_t)s->n_output_token_ids;
     }
+    q->cached = (uint32_t)(s->n_output_token_ids > 0 ? q->num_prompt : q->num_prompt / 2);
     q->next = fs->seqs;
     fs->seqs = q;
     uint32_t running = count_running(fs);
@@ -272,6 +276,8 @@ static void on_router_hello(struct fake_sched *fs)
         ev->has_logprobs_asked = q->logprobs != 0;
         ev->logprobs_asked = q->logprobs != 0;
         ev->prompt_tokens = (uint32_t)q->num_prompt;
+        ev->has_cached_tokens = 1;
+        ev->cached_tokens = q->cached;
         /* the rest of its SubmitSeq, as the scheduler's announcement carries it */
         ev->n_prompt_token_ids = q->num_prompt;
         ev->prompt_token_ids = q->prompt;
@@ -621,8 +627,9 @@ static void tick(struct fake_sched *fs)
                 break;
             }
         }
-        ev->has_offset = 1;
+        ev->has_offset = ev->has_cached_tokens = 1;
         ev->offset = start;
+        ev->cached_tokens = q->cached;
         ev->n_token_ids = ev->n_logprobs = k;
         ev->token_ids = tokens[n];
         ev->logprobs = logprobs[n];
@@ -635,7 +642,7 @@ static void tick(struct fake_sched *fs)
             ev->has_finish_reason = ev->has_prompt_tokens = ev->has_cached_tokens = 1;
             ev->finish_reason = (Pagoda__Internal__FinishReason)finish;
             ev->prompt_tokens = (uint32_t)q->num_prompt;
-            ev->cached_tokens = (uint32_t)q->num_prompt / 2;
+            ev->cached_tokens = q->cached;
             q->done = 1;
             q->finish = finish;
         }
@@ -683,7 +690,7 @@ static void resend(struct fake_sched *fs)
             ev->has_finish_reason = ev->has_prompt_tokens = ev->has_cached_tokens = 1;
             ev->finish_reason = (Pagoda__Internal__FinishReason)q->finish;
             ev->prompt_tokens = (uint32_t)q->num_prompt;
-            ev->cached_tokens = (uint32_t)q->num_prompt / 2;
+            ev->cached_tokens = q->cached;
             if (q->finish == PAGODA__INTERNAL__FINISH_REASON__FINISH_ERROR) {
                 ev->has_error_code = 1;
                 ev->error_code = PAGODA_ERANGE;

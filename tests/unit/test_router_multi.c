@@ -266,10 +266,11 @@ static int start_long(struct multi *m, const int32_t *prompt, size_t n, uint8_t 
     return owner;
 }
 
-/* Polls id to its end and checks every token. */
-static void finish_long(struct multi *m, const int32_t *prompt, size_t n, const uint8_t *id)
+/* Polls id to its end and checks every token. Returns the end's usage cached_tokens. */
+static uint32_t finish_long(struct multi *m, const int32_t *prompt, size_t n, const uint8_t *id)
 {
     pagoda_result all = {0};
+    uint32_t cached = UINT32_MAX;
     int32_t tokens[60];
     size_t got = 0;
     for (int t = 0; t < WAIT_MS / 100 && got < 60; t++) {
@@ -278,6 +279,8 @@ static void finish_long(struct multi *m, const int32_t *prompt, size_t n, const 
         for (size_t i = 0; i < r.num_tokens && got < 60; i++)
             tokens[got++] = r.token_ids[i];
         int done = r.finish_reason != PAGODA_FINISH_NONE;
+        if (done)
+            cached = r.cached_tokens;
         pagoda_result_free(&r);
         if (done)
             break;
@@ -285,6 +288,7 @@ static void finish_long(struct multi *m, const int32_t *prompt, size_t n, const 
     all.token_ids = tokens;
     all.num_tokens = got;
     check_tokens(prompt, n, &all, 60);
+    return cached;
 }
 
 /* Finishes id (finish_long) after its engine's link died: engine `to` got it once, with the
@@ -292,7 +296,9 @@ static void finish_long(struct multi *m, const int32_t *prompt, size_t n, const 
 static void finish_moved(struct multi *m, const int32_t *prompt, size_t n, const uint8_t *id,
                          int to, struct fake_sched_counts *c)
 {
-    finish_long(m, prompt, n, id);
+    /* usage's cached_tokens: the first admission's (half the prompt, the fake's), not the
+     * second's (all of it: a resubmission finds its blocks) */
+    assert_int_equal(finish_long(m, prompt, n, id), n / 2);
     fake_sched_get_counts(m->fs[to], c);
     assert_int_equal(c->submits, 1);
     assert_int_equal(c->resumed, 1); /* with the output it had */
