@@ -517,7 +517,8 @@ static int read_messages(struct openai_request *req, struct openai_error *err)
          * (Llama 3.1's refused it, "only supports single tool-calls at once"). */
         if (json_is_array(calls) && json_array_size(calls) > 0) {
             /* OpenAI sends arguments as a JSON string; templates iterate them as objects. As
-             * vLLM's, arguments that are empty, null or absent are {}. */
+             * vLLM's, arguments that are empty, null or absent are {}, and a string of any JSON
+             * value is that value ("null" is null). */
             json_t *copy = json_deep_copy(calls);
             size_t k;
             json_t *call;
@@ -526,7 +527,7 @@ static int read_messages(struct openai_request *req, struct openai_error *err)
                 json_t *fn = json_object_get(call, "function");
                 const json_t *a = json_object_get(fn, "arguments");
                 const char *args = json_string_value(a);
-                json_t *parsed = args && args[0] ? json_loads(args, 0, NULL) : NULL;
+                json_t *parsed = args && args[0] ? json_loads(args, JSON_DECODE_ANY, NULL) : NULL;
                 if (json_is_object(fn) && (a == NULL || json_is_null(a) || (args && !args[0])))
                     parsed = json_object();
                 if (parsed != NULL)

@@ -500,6 +500,8 @@ int model_config_parse(const json_t *root, struct model_config *out)
  * of a turn too (<|eot_id|>, 128009), and a chat that ends its turn must stop there. Before, its
  * answers ran on to max_tokens. An absent file changes nothing; one that cannot be read, is not
  * JSON or lists ids of the wrong type is refused by name. */
+#define MODEL_MAX_EOS_LISTED 64 /* in the file, repeats of config.json's counted */
+
 static int merge_generation_eos(const char *model_dir, struct model_config *c)
 {
     char path[4096];
@@ -512,12 +514,12 @@ static int merge_generation_eos(const char *model_dir, struct model_config *c)
         return 0;
     if (rc != 0)
         return rc;
-    int32_t ids[MODEL_MAX_EOS];
+    int32_t ids[MODEL_MAX_EOS_LISTED];
     int n = 0;
     char detail[512];
     if (!json_is_object(root)) {
         rc = pagoda_error_set(PAGODA_EFORMAT, "%s: not a JSON object", path);
-    } else if ((rc = parse_token_ids(root, "eos_token_id", ids, MODEL_MAX_EOS, &n)) != 0) {
+    } else if ((rc = parse_token_ids(root, "eos_token_id", ids, MODEL_MAX_EOS_LISTED, &n)) != 0) {
         snprintf(detail, sizeof(detail), "%s", pagoda_error_detail() + strlen(CFG));
         rc = pagoda_error_set(rc, "%s: %s", path, detail);
     }

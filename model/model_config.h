@@ -14,7 +14,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#define MODEL_MAX_EOS 8
+/* The most EOS ids a model's config and generation_config.json name together. */
+#define MODEL_MAX_EOS 16
 /* config.json files larger than this are refused (real ones are a few KiB). */
 #define MODEL_CONFIG_MAX_BYTES (1u << 20)
 

@@ -571,8 +571,13 @@ static void apply_event(struct router *r, struct engine *e, const Pagoda__Intern
     /* The prefix cache's figure of the request's first admission (vLLM's num_cached_tokens): a
      * later one (its scheduler restarted, or it moved engine) finds its own blocks of before, or
      * its siblings', and says more; before, the last figure was taken (usage's cached_tokens of
-     * n choices went from 0 to 6 across a scheduler restart). */
-    if (ev->has_cached_tokens && !q->cached_known) {
+     * n choices went from 0 to 6 across a scheduler restart). Taken from an event with tokens or
+     * an end: a scheduler before the forty-fifth session announced 0 for a request it had not
+     * admitted yet. */
+    if (ev->has_cached_tokens && !q->cached_known &&
+        (ev->n_token_ids > 0 ||
+         (ev->has_finish_reason &&
+          ev->finish_reason != PAGODA__INTERNAL__FINISH_REASON__FINISH_NONE))) {
         q->cached_tokens = ev->cached_tokens;
         q->cached_known = 1;
     }

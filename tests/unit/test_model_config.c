@@ -335,8 +335,9 @@ static void test_eos_number_list_null(void **state)
     assert_int_equal(c.num_eos, 0);
     assert_int_equal(parse_with(MISTRAL, "{\"bos_token_id\": [3]}", NULL, &c), 0);
     assert_int_equal(c.bos_token_id, 3);
-    expect_refusal(MISTRAL, "{\"eos_token_id\": [1, 2, 3, 4, 5, 6, 7, 8, 9]}", NULL, PAGODA_ERANGE,
-                   "eos_token_id", NULL);
+    expect_refusal(
+        MISTRAL, "{\"eos_token_id\": [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17]}",
+        NULL, PAGODA_ERANGE, "eos_token_id", NULL);
     expect_refusal(MISTRAL, "{\"eos_token_id\": \"2\"}", NULL, PAGODA_EFORMAT, "eos_token_id",
                    NULL);
     expect_refusal(MISTRAL, "{\"eos_token_id\": [2, -1]}", NULL, PAGODA_ERANGE, "eos_token_id",
@@ -675,8 +676,16 @@ static void test_generation_config_eos(void **state)
     assert_int_equal(model_config_load(dir, &c), PAGODA_ERANGE);
     assert_non_null(strstr(pagoda_error_detail(), "generation_config.json"));
     assert_non_null(strstr(pagoda_error_detail(), "outside the vocabulary"));
-    test_write_text(dir, "generation_config.json", "{\"eos_token_id\": [1, 2, 3, 4, 5, 6, 7, 8]}");
+    /* past 16 in all is refused; repeats do not count */
+    test_write_text(dir, "generation_config.json",
+                    "{\"eos_token_id\": [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]}");
     assert_int_equal(model_config_load(dir, &c), PAGODA_ERANGE);
+    assert_non_null(strstr(pagoda_error_detail(), "more than 16 eos_token_id values"));
+    test_write_text(dir, "generation_config.json",
+                    "{\"eos_token_id\": [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 1, 2, "
+                    "3, 4, 151643, 5, 6, 7, 8, 9, 10]}");
+    assert_int_equal(model_config_load(dir, &c), 0);
+    assert_int_equal(c.num_eos, 16);
     test_write_text(dir, "generation_config.json", "{\"eos_token_id\": [1,");
     assert_int_equal(model_config_load(dir, &c), PAGODA_EFORMAT);
     assert_non_null(strstr(pagoda_error_detail(), "generation_config.json"));

@@ -463,22 +463,24 @@ static void test_a_chat_is_read(void **state)
     assert_false(req.prompt.messages[1].content_absent);
     openai_request_fini(&req);
     /* vLLM's answers carry "tool_calls": [], which clients send back: left out (a template would
-     * take the turn for a tool call's); arguments empty, null or absent are {}; a later call's
-     * arguments that are not JSON stay a string */
+     * take the turn for a tool call's); arguments empty, null or absent are {}; a string of any
+     * JSON value is the value ("null": null); arguments that are not JSON stay a string */
     assert_int_equal(
         parse(OPENAI_CHAT,
               "{\"messages\": [{\"role\": \"assistant\", \"content\": \"a\", \"tool_calls\": []}, "
               "{\"role\": \"assistant\", \"tool_calls\": [{\"function\": {\"name\": \"f\", "
               "\"arguments\": \"\"}}, {\"function\": {\"name\": \"g\", \"arguments\": null}}, "
               "{\"function\": {\"name\": \"h\"}}, {\"function\": {\"name\": \"k\", "
-              "\"arguments\": \"not json\"}}]}], \"parallel_tool_calls\": false}",
+              "\"arguments\": \"not json\"}}, {\"function\": {\"name\": \"m\", \"arguments\": "
+              "\"null\"}}]}], \"parallel_tool_calls\": false}",
               &req, &err),
         0);
     assert_null(req.prompt.messages[0].tool_calls_json);
     assert_string_equal(req.prompt.messages[1].tool_calls_json,
                         "[{\"function\":{\"name\":\"f\",\"arguments\":{}}},{\"function\":{\"name\":"
                         "\"g\",\"arguments\":{}}},{\"function\":{\"name\":\"h\",\"arguments\":{}}},"
-                        "{\"function\":{\"name\":\"k\",\"arguments\":\"not json\"}}]");
+                        "{\"function\":{\"name\":\"k\",\"arguments\":\"not json\"}},"
+                        "{\"function\":{\"name\":\"m\",\"arguments\":null}}]");
     assert_false(req.parallel_tool_calls);
     openai_request_fini(&req);
     assert_int_equal(parse(OPENAI_CHAT,
