@@ -525,11 +525,15 @@ static int read_messages(struct openai_request *req, struct openai_error *err)
             json_array_foreach(copy, k, call)
             {
                 json_t *fn = json_object_get(call, "function");
+                if (!json_is_object(fn))
+                    continue;
                 const json_t *a = json_object_get(fn, "arguments");
                 const char *args = json_string_value(a);
-                json_t *parsed = args && args[0] ? json_loads(args, JSON_DECODE_ANY, NULL) : NULL;
-                if (json_is_object(fn) && (a == NULL || json_is_null(a) || (args && !args[0])))
+                json_t *parsed = NULL;
+                if (a == NULL || json_is_null(a) || (args && !args[0]))
                     parsed = json_object();
+                else if (args != NULL)
+                    parsed = json_loads(args, JSON_DECODE_ANY, NULL);
                 if (parsed != NULL)
                     json_object_set_new(fn, "arguments", parsed);
             }

@@ -494,6 +494,27 @@ int model_config_parse(const json_t *root, struct model_config *out)
     return 0;
 }
 
+/* Re-records the current detail with the file it came from in front, in place of config.json's
+ * own prefix (CFG), where it has one. Returns rc. */
+static int with_path(int rc, const char *path)
+{
+    char detail[512];
+    const char *d = pagoda_error_detail();
+    if (strncmp(d, CFG, strlen(CFG)) == 0)
+        d += strlen(CFG);
+    snprintf(detail, sizeof(detail), "%s", d);
+    return pagoda_error_set(rc, "%s: %s", path, detail);
+}
+
+/* Reads DIR/name (JSON, at most MODEL_CONFIG_MAX_BYTES) into *root; path receives its path. */
+static int load_model_json(const char *model_dir, const char *name, char *path, size_t path_size,
+                           json_t **root)
+{
+    if ((size_t)snprintf(path, path_size, "%s/%s", model_dir, name) >= path_size)
+        return pagoda_error_set(PAGODA_ERANGE, "%s: model directory path is too long", model_dir);
+    return json_util_load_file(path, MODEL_CONFIG_MAX_BYTES, root);
+}
+
 /* Merges DIR/generation_config.json's eos_token_id (transformers' GenerationConfig, which
  * generate() stops at, and so does vLLM) into c's, after config.json's, without repeats: Llama 3
  * Instruct's config.json names only <|end_of_text|> (128001), its generation_config.json the end
@@ -505,24 +526,18 @@ int model_config_parse(const json_t *root, struct model_config *out)
 static int merge_generation_eos(const char *model_dir, struct model_config *c)
 {
     char path[4096];
-    if ((size_t)snprintf(path, sizeof(path), "%s/generation_config.json", model_dir) >=
-        sizeof(path))
-        return pagoda_error_set(PAGODA_ERANGE, "%s: model directory path is too long", model_dir);
     json_t *root;
-    int rc = json_util_load_file(path, MODEL_CONFIG_MAX_BYTES, &root);
+    int rc = load_model_json(model_dir, "generation_config.json", path, sizeof(path), &root);
     if (rc == PAGODA_ENOENT)
         return 0;
     if (rc != 0)
         return rc;
     int32_t ids[MODEL_MAX_EOS_LISTED];
     int n = 0;
-    char detail[512];
-    if (!json_is_object(root)) {
+    if (!json_is_object(root))
         rc = pagoda_error_set(PAGODA_EFORMAT, "%s: not a JSON object", path);
-    } else if ((rc = parse_token_ids(root, "eos_token_id", ids, MODEL_MAX_EOS_LISTED, &n)) != 0) {
-        snprintf(detail, sizeof(detail), "%s", pagoda_error_detail() + strlen(CFG));
-        rc = pagoda_error_set(rc, "%s: %s", path, detail);
-    }
+    else if ((rc = parse_token_ids(root, "eos_token_id", ids, MODEL_MAX_EOS_LISTED, &n)) != 0)
+        rc = with_path(rc, path);
     json_decref(root);
     for (int i = 0; rc == 0 && i < n; i++) {
         int have = 0;
@@ -536,33 +551,22 @@ static int merge_generation_eos(const char *model_dir, struct model_config *c)
                                     path, MODEL_MAX_EOS);
         c->eos_token_ids[c->num_eos++] = ids[i];
     }
-    if (rc == 0 && (rc = model_config_validate(c)) != 0) {
-        snprintf(detail, sizeof(detail), "%s", pagoda_error_detail());
-        rc = pagoda_error_set(rc, "%s: %s", path, detail);
-    }
+    if (rc == 0 && (rc = model_config_validate(c)) != 0)
+        rc = with_path(rc, path);
     return rc;
 }
 
 int model_config_load(const char *model_dir, struct model_config *out)
 {
     char path[4096];
-    if ((size_t)snprintf(path, sizeof(path), "%s/config.json", model_dir) >= sizeof(path))
-        return pagoda_error_set(PAGODA_ERANGE, "%s: model directory path is too long", model_dir);
     json_t *root;
-    int rc = json_util_load_file(path, MODEL_CONFIG_MAX_BYTES, &root);
+    int rc = load_model_json(model_dir, "config.json", path, sizeof(path), &root);
     if (rc != 0)
         return rc;
     rc = model_config_parse(root, out);
     json_decref(root);
-    if (rc != 0) {
-        char detail[512];
-        const char *d = pagoda_error_detail();
-        if (strncmp(d, CFG, strlen(CFG)) == 0)
-            d += strlen(CFG);
-        snprintf(detail, sizeof(detail), "%s", d);
-        pagoda_error_set(rc, "%s: %s", path, detail);
-        return rc;
-    }
+    if (rc != 0)
+        return with_path(rc, path);
     return merge_generation_eos(model_dir, out);
 }
 

@@ -649,11 +649,13 @@ static void cancel_answer(struct router *r, struct rctx *c, uint32_t tenant, con
  * tenant's flood of cancels of made-up ids made another tenant's clients give up their live
  * requests (a probe: 3 of 6). Returns 1 when c was parked or answered (busy), 0 when the id is to
  * be taken for unknown. */
+static uint64_t announcement_wait_left(const struct router *r);
+
 static int park_unknown(struct router *r, struct rctx *c, uint32_t tenant, const uint8_t *id,
                         const char *what)
 {
-    uint64_t age = uv_now(r->loop) - r->started_ms;
-    if (r->announced || age >= ANNOUNCE_WAIT_MS)
+    uint64_t left = announcement_wait_left(r);
+    if (left == 0)
         return 0;
     if (!router_may_park(r, c) || r->num_unknown_parked >= MAX_UNKNOWN_PARKED ||
         (r->tenants != NULL && r->slots[tenant].unknown_parked >= MAX_TENANT_UNKNOWN_PARKED)) {
@@ -669,7 +671,6 @@ static int park_unknown(struct router *r, struct rctx *c, uint32_t tenant, const
     c->tenant = tenant;
     r->num_unknown_parked++;
     r->slots[tenant].unknown_parked++;
-    uint64_t left = ANNOUNCE_WAIT_MS - age;
     router_park(&r->unknown_waiters, c,
                 (uint32_t)(left < ANNOUNCE_GRACE_MS ? left : ANNOUNCE_GRACE_MS));
     return 1;
@@ -722,6 +723,14 @@ static void poll_answer(struct router *r, struct rctx *c, uint32_t tenant, const
     router_park(&q->waiters, c, wait_ms);
 }
 
+/* How much longer a call for an unknown id may wait for the schedulers' announcement: 0 once it
+ * arrived, or ANNOUNCE_WAIT_MS after the router's start. */
+static uint64_t announcement_wait_left(const struct router *r)
+{
+    uint64_t age = uv_now(r->loop) - r->started_ms;
+    return r->announced || age >= ANNOUNCE_WAIT_MS ? 0 : ANNOUNCE_WAIT_MS - age;
+}
+
 void registry_unpark_unknown(struct rctx *c, int timed_out)
 {
     struct router *r = c->r;
@@ -730,12 +739,12 @@ void registry_unpark_unknown(struct rctx *c, int timed_out)
     uint32_t tenant = c->tenant, offset = c->offset, wait_ms = c->wait_ms;
     int has_offset = c->has_offset, is_cancel = c->is_cancel;
     router_unpark(c);
-    uint64_t age = uv_now(r->loop) - r->started_ms;
-    if (timed_out && !r->announced && age < ANNOUNCE_WAIT_MS) {
+    if (timed_out && announcement_wait_left(r) > 0) {
         router_reply_error(c, PAGODA_EBUSY,
                            "%s: the router started %u ms ago and the scheduler has not yet said "
                            "which requests it holds: %s again",
-                           is_cancel ? "cancel" : "poll", (unsigned)age,
+                           is_cancel ? "cancel" : "poll",
+                           (unsigned)(uv_now(r->loop) - r->started_ms),
                            is_cancel ? "cancel" : "poll");
         return;
     }
