@@ -114,6 +114,7 @@ pagoda_generate_params pagoda_generate_params_default(void)
         .num_stop = 0,
         .detokenize = -1,
         .skip_special_tokens = 1,
+        .model_defaults = 0,
     };
     return p;
 }
@@ -445,8 +446,13 @@ int client_submit_build(struct client_submit *cs, const pagoda_generate_params *
                                 (int)params->max_tokens);
     memcpy(cs->id, id, PAGODA_REQUEST_ID_BYTES);
     Pagoda__SamplingParams sp = PAGODA__SAMPLING_PARAMS__INIT;
-    sp.has_temperature = sp.has_top_p = sp.has_top_k = sp.has_min_p = 1;
-    sp.has_repetition_penalty = sp.has_presence_penalty = sp.has_frequency_penalty = 1;
+    const unsigned model = params->model_defaults;
+    sp.has_temperature = !(model & PAGODA_PARAM_TEMPERATURE);
+    sp.has_top_p = !(model & PAGODA_PARAM_TOP_P);
+    sp.has_top_k = !(model & PAGODA_PARAM_TOP_K);
+    sp.has_min_p = !(model & PAGODA_PARAM_MIN_P);
+    sp.has_repetition_penalty = !(model & PAGODA_PARAM_REPETITION_PENALTY);
+    sp.has_presence_penalty = sp.has_frequency_penalty = 1;
     sp.temperature = params->temperature;
     sp.top_p = params->top_p;
     sp.top_k = params->top_k;

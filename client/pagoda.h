@@ -103,7 +103,19 @@ typedef struct pagoda_generate_params {
      * token id that ends it (vLLM's include_stop_str_in_output); 0 (the default): the text ends
      * before the stop string, and a stop token adds none. */
     int include_stop_str_in_output;
+    /* The fields left to the model (PAGODA_PARAM_*, 0 by default): those named are sent absent,
+     * and the router samples with what the model's generation_config.json recommends for them
+     * (pagoda-router --generation-config auto, as vLLM), or with the defaults above where it
+     * names none. Their values here are not sent. */
+    unsigned model_defaults;
 } pagoda_generate_params;
+
+/* pagoda_generate_params.model_defaults: the fields a model's generation_config.json may give. */
+#define PAGODA_PARAM_TEMPERATURE (1u << 0)
+#define PAGODA_PARAM_TOP_P (1u << 1)
+#define PAGODA_PARAM_TOP_K (1u << 2)
+#define PAGODA_PARAM_MIN_P (1u << 3)
+#define PAGODA_PARAM_REPETITION_PENALTY (1u << 4)
 
 /* One message of a chat (pagoda.proto ChatMessage): role is required, the rest may be NULL. */
 typedef struct pagoda_chat_message {

@@ -210,6 +210,25 @@ static int read_common(struct openai_request *req, struct openai_error *err)
     }
     double d;
     long long n;
+    /* What the request leaves out (or null) is the model's to choose: its generation_config.json's
+     * recommendation where it gives one (the router's --generation-config auto, as vLLM), else
+     * the defaults below. */
+    static const struct {
+        const char *key;
+        unsigned bit;
+    } model_fields[] = {
+        {"temperature", PAGODA_PARAM_TEMPERATURE},
+        {"top_p", PAGODA_PARAM_TOP_P},
+        {"top_k", PAGODA_PARAM_TOP_K},
+        {"min_p", PAGODA_PARAM_MIN_P},
+        {"repetition_penalty", PAGODA_PARAM_REPETITION_PENALTY},
+    };
+    p->model_defaults = 0;
+    for (size_t i = 0; i < sizeof(model_fields) / sizeof(model_fields[0]); i++) {
+        const json_t *v = json_object_get(root, model_fields[i].key);
+        if (v == NULL || json_is_null(v))
+            p->model_defaults |= model_fields[i].bit;
+    }
     d = 1.0;
     if (number(root, "temperature", 0, 100, &d, err))
         return -1;

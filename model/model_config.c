@@ -523,20 +523,33 @@ static int load_model_json(const char *model_dir, const char *name, char *path, 
  * JSON or lists ids of the wrong type is refused by name. */
 #define MODEL_MAX_EOS_LISTED 64 /* in the file, repeats of config.json's counted */
 
+/* Reads DIR/generation_config.json into *root (NULL when there is none); a document that is not an
+ * object is refused. path receives its path. */
+static int load_generation_config(const char *model_dir, char *path, size_t path_size,
+                                  json_t **root)
+{
+    *root = NULL;
+    int rc = load_model_json(model_dir, "generation_config.json", path, path_size, root);
+    if (rc == PAGODA_ENOENT)
+        return 0;
+    if (rc == 0 && !json_is_object(*root)) {
+        json_decref(*root);
+        *root = NULL;
+        rc = pagoda_error_set(PAGODA_EFORMAT, "%s: not a JSON object", path);
+    }
+    return rc;
+}
+
 static int merge_generation_eos(const char *model_dir, struct model_config *c)
 {
     char path[4096];
     json_t *root;
-    int rc = load_model_json(model_dir, "generation_config.json", path, sizeof(path), &root);
-    if (rc == PAGODA_ENOENT)
-        return 0;
-    if (rc != 0)
+    int rc = load_generation_config(model_dir, path, sizeof(path), &root);
+    if (rc != 0 || root == NULL)
         return rc;
     int32_t ids[MODEL_MAX_EOS_LISTED];
     int n = 0;
-    if (!json_is_object(root))
-        rc = pagoda_error_set(PAGODA_EFORMAT, "%s: not a JSON object", path);
-    else if ((rc = parse_token_ids(root, "eos_token_id", ids, MODEL_MAX_EOS_LISTED, &n)) != 0)
+    if ((rc = parse_token_ids(root, "eos_token_id", ids, MODEL_MAX_EOS_LISTED, &n)) != 0)
         rc = with_path(rc, path);
     json_decref(root);
     for (int i = 0; rc == 0 && i < n; i++) {
@@ -553,6 +566,77 @@ static int merge_generation_eos(const char *model_dir, struct model_config *c)
     }
     if (rc == 0 && (rc = model_config_validate(c)) != 0)
         rc = with_path(rc, path);
+    return rc;
+}
+
+/* generation_config.json's sampling defaults, as vLLM's --generation-config auto takes them
+ * (ModelConfig.get_diff_sampling_param): transformers' GenerationConfig.to_diff_dict keeps only
+ * values other than GenerationConfig's own defaults, so temperature 1, top_p 1, top_k 50 and
+ * repetition_penalty 1 are not defaults of the model's (a file naming top_k 50 samples without a
+ * top-k in vLLM, and here). A negative top_k is off (0), as vLLM's -1. */
+int model_generation_defaults_load(const char *model_dir, struct model_generation_defaults *out)
+{
+    memset(out, 0, sizeof(*out));
+    char path[4096];
+    json_t *root;
+    int rc = load_generation_config(model_dir, path, sizeof(path), &root);
+    if (rc != 0 || root == NULL)
+        return rc;
+    static const struct {
+        const char *key;
+        unsigned bit;
+        double transformers_default;
+    } fields[] = {
+        {"temperature", MODEL_GEN_TEMPERATURE, 1.0},
+        {"top_p", MODEL_GEN_TOP_P, 1.0},
+        {"top_k", MODEL_GEN_TOP_K, 50.0},
+        {"min_p", MODEL_GEN_MIN_P, NAN}, /* None in transformers: any number is the model's */
+        {"repetition_penalty", MODEL_GEN_REPETITION_PENALTY, 1.0},
+    };
+    struct model_generation_defaults g = {0};
+    for (size_t i = 0; rc == 0 && i < sizeof(fields) / sizeof(fields[0]); i++) {
+        double v;
+        if ((rc = opt_number(root, NULL, fields[i].key, &v)) == PAGODA_ENOENT) {
+            rc = 0;
+            continue;
+        }
+        if (rc != 0) {
+            rc = with_path(rc, path);
+            break;
+        }
+        if (!(fabs(v) <= 1e30)) { /* a float's range, with room: the sampler checks the rest */
+            rc = pagoda_error_set(PAGODA_ERANGE, "%s: \"%s\" %g is out of range", path,
+                                  fields[i].key, v);
+            break;
+        }
+        if (fields[i].bit == MODEL_GEN_TOP_K && (v != floor(v) || v > INT32_MAX)) {
+            rc = pagoda_error_set(PAGODA_EFORMAT, "%s: \"top_k\" must be an integer (%g)", path, v);
+            break;
+        }
+        if (v == fields[i].transformers_default)
+            continue;
+        g.set |= fields[i].bit;
+        switch (fields[i].bit) {
+        case MODEL_GEN_TEMPERATURE:
+            g.temperature = v;
+            break;
+        case MODEL_GEN_TOP_P:
+            g.top_p = v;
+            break;
+        case MODEL_GEN_TOP_K:
+            g.top_k = v < 0 ? 0 : (int32_t)v;
+            break;
+        case MODEL_GEN_MIN_P:
+            g.min_p = v;
+            break;
+        default:
+            g.repetition_penalty = v;
+            break;
+        }
+    }
+    json_decref(root);
+    if (rc == 0)
+        *out = g;
     return rc;
 }
 

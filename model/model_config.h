@@ -74,6 +74,28 @@ int model_config_parse(const json_t *root, struct model_config *out);
  * not one); a detail names the file. On an error *out may hold config.json's parse. */
 int model_config_load(const char *model_dir, struct model_config *out);
 
+/* The sampling defaults a model's generation_config.json recommends (what vLLM applies to a
+ * request that leaves them out, --generation-config auto): the fields named in set, each a value
+ * other than transformers' own default (model_config.c says which). */
+enum {
+    MODEL_GEN_TEMPERATURE = 1u << 0,
+    MODEL_GEN_TOP_P = 1u << 1,
+    MODEL_GEN_TOP_K = 1u << 2,
+    MODEL_GEN_MIN_P = 1u << 3,
+    MODEL_GEN_REPETITION_PENALTY = 1u << 4,
+};
+struct model_generation_defaults {
+    unsigned set; /* MODEL_GEN_* */
+    double temperature, top_p, min_p, repetition_penalty;
+    int32_t top_k; /* 0: off (the file's negative top_k) */
+};
+
+/* Reads DIR/generation_config.json's temperature, top_p, top_k, min_p and repetition_penalty
+ * into *out (set 0 when the file is absent). Types are checked here (PAGODA_EFORMAT, the detail
+ * naming the file and the field), ranges by the caller (the sampler's one definition). Errors
+ * also those of reading the file (a symbolic link to nothing, not JSON). */
+int model_generation_defaults_load(const char *model_dir, struct model_generation_defaults *out);
+
 /* Checks that a config is self-consistent (positive sizes, heads divisible by KV heads, ...).
  * model_config_parse calls it; pagoda-mkmodel calls it on what it is asked to write. */
 int model_config_validate(const struct model_config *cfg);

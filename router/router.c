@@ -45,6 +45,7 @@ void router_config_default(struct router_config *cfg)
     cfg->admin_timeout_ms = ROUTER_DEFAULT_ADMIN_TIMEOUT_MS;
     cfg->drain_timeout_ms = ROUTER_DEFAULT_DRAIN_TIMEOUT_MS;
     cfg->abandon_ms = ROUTER_DEFAULT_ABANDON_MS;
+    cfg->sampling_defaults = sampling_params_default();
 }
 
 size_t router_max_message_bytes(uint32_t max_prompt_tokens)

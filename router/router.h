@@ -95,6 +95,8 @@
 #ifndef PAGODA_ROUTER_ROUTER_H
 #define PAGODA_ROUTER_ROUTER_H
 
+#include "kernels/cpu/sampler.h"
+
 #include <stdint.h>
 #include <uv.h>
 
@@ -220,6 +222,10 @@ struct router_config {
     uint32_t admin_timeout_ms; /* an admin call's wait for the scheduler (pins are computed) */
     uint32_t drain_timeout_ms;
     uint32_t abandon_ms; /* a live request no call names for this long is cancelled; 0: never */
+    /* What a Submit's absent sampling fields mean (wire/sampling_wire.h): sampling_params_default()
+     * (router_config_default), or the model's generation_config.json's recommendations over it,
+     * as vLLM applies them (pagoda-router --generation-config auto, the default with --model). */
+    struct sampling_params sampling_defaults;
 };
 
 struct router;

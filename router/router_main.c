@@ -11,6 +11,7 @@
 #include "common/fd_pass.h"
 #include "common/log.h"
 #include "common/parse.h"
+#include "model/model_config.h"
 #include "router/route.h"
 #include "router/router.h"
 #include "router/tenants.h"
@@ -48,7 +49,7 @@ static void usage(FILE *f)
             "                     [--drain-timeout-ms MS] [--tenants FILE]\n"
             "                     [--admin-timeout-ms MS] [--max-connections N]\n"
             "                     [--idle-timeout-ms MS] [--max-parked N] [--model DIR]\n"
-            "                     [--check]\n"
+            "                     [--generation-config auto|vllm] [--check]\n"
             "--listen: tcp://HOST:PORT or ipc://PATH (clients' address).\n"
             "--scheduler: a scheduler link, ipc:// or tcp:// (default ipc://DIR/scheduler.ipc);\n"
             "           given several times (at most %u), one engine each (docs/routing.md).\n"
@@ -57,6 +58,11 @@ static void usage(FILE *f)
             "--model: the model's folder; its tokenizer.json and tokenizer_config.json give\n"
             "           text prompts, chats and text output (without it: token ids only);\n"
             "           broken ones stop the router at start (exit status %d).\n"
+            "--generation-config: auto (the default): the sampling defaults the model's\n"
+            "           generation_config.json recommends (temperature, top_p, top_k, min_p,\n"
+            "           repetition_penalty) apply to a request that leaves them out, as vLLM\n"
+            "           applies them; vllm: they do not (temperature 1, every filter off).\n"
+            "           A file with a value out of range stops the router at start.\n"
             "--check: read the tenants file and the model's tokenizer files, then exit (0, or\n"
             "           the status above); the supervisor runs it before anything starts.\n"
             "--tenants: JSON {\"admin_keys\": [...], \"groups\": [{\"name\",\n"
@@ -173,6 +179,7 @@ enum {
     OPT_ROUTING,
     OPT_STATS_TIMEOUT,
     OPT_CHECK,
+    OPT_GENERATION_CONFIG,
 };
 
 /* The --scheduler flags, in order (engine i = the i-th). */
@@ -181,6 +188,56 @@ static const char *scheduler_urls[ROUTE_MAX_ENGINES];
 static const char *model_dir;
 /* --check: the start's checks only (the tenants file, the tokenizer files), then exit. */
 static int check_only;
+/* --generation-config vllm: the model's generation_config.json's sampling defaults are not used. */
+static int generation_config_vllm;
+
+/* A model folder's file the router cannot take at start (the error, then what to do): the
+ * operator's to fix, PAGODA_EXIT_CANNOT_RUN; out of memory is not. */
+static int cannot_run(int rc, const char *advice)
+{
+    if (rc == PAGODA_ENOMEM)
+        return fail(rc);
+    char why[700];
+    fprintf(stderr, "pagoda-router: %s; %s\n", pagoda_error_message(rc, why, sizeof(why)), advice);
+    return PAGODA_EXIT_CANNOT_RUN;
+}
+
+/* The model's generation_config.json's sampling defaults over sampling_params_default(), checked
+ * by the sampler's one definition of the ranges (a file's out-of-range value is the operator's to
+ * fix: it would fail every request that leaves the field out). Logs what applies. */
+static int load_sampling_defaults(const char *dir, struct sampling_params *out)
+{
+    struct model_generation_defaults g;
+    int rc = model_generation_defaults_load(dir, &g);
+    if (rc != 0)
+        return rc;
+    struct sampling_params s = sampling_params_default();
+    char said[256] = "";
+    size_t len = 0;
+#define TAKE(bit, field, fmt, value)                                                               \
+    if (g.set & (bit)) {                                                                           \
+        s.field = value;                                                                           \
+        len += (size_t)snprintf(said + len, len < sizeof(said) ? sizeof(said) - len : 0,           \
+                                "%s" #field " " fmt, len ? ", " : "", s.field);                    \
+    }
+    TAKE(MODEL_GEN_TEMPERATURE, temperature, "%g", (float)g.temperature)
+    TAKE(MODEL_GEN_TOP_P, top_p, "%g", (float)g.top_p)
+    TAKE(MODEL_GEN_TOP_K, top_k, "%d", g.top_k)
+    TAKE(MODEL_GEN_MIN_P, min_p, "%g", (float)g.min_p)
+    TAKE(MODEL_GEN_REPETITION_PENALTY, repetition_penalty, "%g", (float)g.repetition_penalty)
+#undef TAKE
+    if ((rc = sampling_params_validate(&s)) != 0) {
+        char why[512];
+        snprintf(why, sizeof(why), "%s", pagoda_error_detail());
+        return pagoda_error_set(rc, "%s/generation_config.json: %s", dir, why);
+    }
+    if (g.set != 0)
+        log_warn("%s/generation_config.json's sampling defaults apply to requests that leave "
+                 "them out (--generation-config vllm: not): %s",
+                 dir, said);
+    *out = s;
+    return 0;
+}
 
 static int parse_flag(int opt, const char *arg, struct router_config *cfg)
 {
@@ -237,6 +294,12 @@ static int parse_flag(int opt, const char *arg, struct router_config *cfg)
     case OPT_CHECK:
         check_only = 1;
         return 0;
+    case OPT_GENERATION_CONFIG:
+        if (strcmp(arg, "auto") != 0 && strcmp(arg, "vllm") != 0)
+            return pagoda_error_set(PAGODA_EINVAL, "--generation-config: auto or vllm, not '%s'",
+                                    arg);
+        generation_config_vllm = strcmp(arg, "vllm") == 0;
+        return 0;
     case OPT_DRAIN_TIMEOUT:
         return parse_u32("--drain-timeout-ms", arg, 0, UINT32_MAX, &cfg->drain_timeout_ms);
     case OPT_MAX_CONNECTIONS:
@@ -277,6 +340,7 @@ int main(int argc, char **argv)
         {"routing", required_argument, NULL, OPT_ROUTING},
         {"stats-timeout-ms", required_argument, NULL, OPT_STATS_TIMEOUT},
         {"check", no_argument, NULL, OPT_CHECK},
+        {"generation-config", required_argument, NULL, OPT_GENERATION_CONFIG},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -330,14 +394,14 @@ int main(int argc, char **argv)
      * loop runs, and handed to the router. A folder without them serves token ids only. */
     if (model_dir != NULL && model_dir[0] != '\0' &&
         (rc = router_text_load(model_dir, &cfg.text)) != 0) {
-        if (rc == PAGODA_ENOMEM)
-            return fail(rc);
-        char why[700];
-        fprintf(stderr,
-                "pagoda-router: %s; the model's tokenizer files cannot be served: fix the file "
-                "(a model folder without tokenizer.json serves token ids only)\n",
-                pagoda_error_message(rc, why, sizeof(why)));
-        return PAGODA_EXIT_CANNOT_RUN;
+        return cannot_run(rc, "the model's tokenizer files cannot be served: fix the file (a "
+                              "model folder without tokenizer.json serves token ids only)");
+    }
+    if (model_dir != NULL && model_dir[0] != '\0' && !generation_config_vllm &&
+        (rc = load_sampling_defaults(model_dir, &cfg.sampling_defaults)) != 0) {
+        router_text_free(cfg.text);
+        return cannot_run(rc, "fix the file, or start with --generation-config vllm to leave it "
+                              "unused");
     }
     if (check_only) {
         router_text_free(cfg.text);

@@ -455,7 +455,7 @@ static int submit_params_read(const struct router *r, const Pagoda__SubmitReques
     const Pagoda__SamplingParams *sp = s->sampling;
     p->has_seed = sp && sp->has_seed;
     p->logprobs = sp && sp->has_logprobs && sp->logprobs;
-    if (sampling_from_client(sp, &p->sampling) != 0) {
+    if (sampling_from_client_over(sp, &cfg->sampling_defaults, &p->sampling) != 0) {
         char why[512];
         snprintf(why, sizeof(why), "%s", pagoda_error_detail());
         /* A NaN is out of range too, for a client: one code for every bad value. */

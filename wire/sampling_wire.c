@@ -23,7 +23,14 @@
 
 int sampling_from_client(const Pagoda__SamplingParams *m, struct sampling_params *out)
 {
-    struct sampling_params s = sampling_params_default();
+    const struct sampling_params base = sampling_params_default();
+    return sampling_from_client_over(m, &base, out);
+}
+
+int sampling_from_client_over(const Pagoda__SamplingParams *m, const struct sampling_params *base,
+                              struct sampling_params *out)
+{
+    struct sampling_params s = *base;
     if (m != NULL)
         SAMPLING_READ(m, s);
     *out = s;

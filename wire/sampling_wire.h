@@ -4,8 +4,10 @@
  *
  * An absent message or field means the default of sampling_params_default(): temperature 1
  * (plain sampling from the softmax, as OpenAI's API and vLLM default to), every filter and
- * penalty off, seed 0. The router, the scheduler, the worker's mirror and pagoda-run all read
- * parameters through here, so no two of them can disagree on what an absent field means. */
+ * penalty off, seed 0; for a client's, the router's defaults instead (sampling_from_client_over:
+ * the model's generation_config.json's where it names some, as vLLM applies them). The router, the
+ * scheduler, the worker's mirror and pagoda-run all read parameters through here, so no two of them
+ * can disagree on what an absent field means. */
 #ifndef PAGODA_WIRE_SAMPLING_WIRE_H
 #define PAGODA_WIRE_SAMPLING_WIRE_H
 
@@ -17,6 +19,11 @@
  * (sampling_params_validate). Returns 0, or PAGODA_EINVAL/PAGODA_ERANGE with the detail naming
  * the field; *out holds the values read either way. */
 int sampling_from_client(const Pagoda__SamplingParams *m, struct sampling_params *out);
+
+/* The same with base's values for the absent fields in place of sampling_params_default()'s: the
+ * router's, where the model's generation_config.json recommends some (router_config). */
+int sampling_from_client_over(const Pagoda__SamplingParams *m, const struct sampling_params *base,
+                              struct sampling_params *out);
 
 /* The same for internal.proto's SamplingParams (the scheduler's and the worker's input). */
 int sampling_from_internal(const Pagoda__Internal__SamplingParams *m, struct sampling_params *out);

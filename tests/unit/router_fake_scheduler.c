@@ -167,6 +167,10 @@ static void on_submit(struct fake_sched *fs, const Pagoda__Internal__SubmitSeq *
     fs->counts.submits++;
     fs->counts.last_has_seed = s->sampling && s->sampling->has_seed;
     fs->counts.last_seed = s->sampling ? s->sampling->seed : 0;
+    if (s->sampling != NULL)
+        fs->counts.last_sampling = *s->sampling;
+    else
+        pagoda__internal__sampling_params__init(&fs->counts.last_sampling);
     snprintf(fs->counts.last_tenant, sizeof(fs->counts.last_tenant), "%s",
              s->tenant ? s->tenant : "");
     q = calloc(1, sizeof(*q));
@@ -929,6 +933,41 @@ static int spawn_router(struct rtr_env *e)
     }
     pagoda_client_close(c);
     return healthy ? 0 : -1;
+}
+
+int rtr_router_check(const char *const *extra_args, char *err, size_t err_size)
+{
+    const char *argv[32] = {PAGODA_BIN_DIR "/pagoda-router",   "--run-dir", "/tmp", "--listen",
+                            "ipc:///tmp/pagoda-rtr-check.ipc", "--check"};
+    int argc = 6;
+    for (int i = 0; extra_args != NULL && extra_args[i] != NULL && argc < 31; i++)
+        argv[argc++] = extra_args[i];
+    argv[argc] = NULL;
+    int fds[2];
+    if (pipe(fds) != 0)
+        return -1;
+    pid_t pid = fork();
+    if (pid < 0)
+        return -1;
+    if (pid == 0) {
+        dup2(fds[1], 2);
+        close(fds[0]);
+        close(fds[1]);
+        execv(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+    close(fds[1]);
+    size_t len = 0;
+    ssize_t n;
+    while (err_size > 0 && (n = read(fds[0], err + len, err_size - 1 - len)) > 0)
+        len += (size_t)n;
+    if (err_size > 0)
+        err[len] = '\0';
+    close(fds[0]);
+    int status;
+    if (waitpid(pid, &status, 0) != pid)
+        return -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
 int rtr_env_wait(struct rtr_env *e, int timeout_ms)

@@ -45,6 +45,7 @@ struct fake_sched_counts {
     uint32_t running;
     int last_has_seed;
     uint64_t last_seed;
+    Pagoda__Internal__SamplingParams last_sampling; /* the last new SubmitSeq's (all scalars) */
     char last_tenant[32];
     uint32_t policies;            /* Policy messages */
     uint64_t last_policy_version; /* of the last one */
@@ -118,6 +119,10 @@ int rtr_env_stop(struct rtr_env *e);
 /* Waits up to timeout_ms for the router to exit; returns its status, -1 for a signal or -2 for
  * a timeout. */
 int rtr_env_wait(struct rtr_env *e, int timeout_ms);
+
+/* Runs pagoda-router --check (its start's checks of files, then exit) with the extra flags
+ * (NULL-terminated), its standard error in err. Returns its exit status, or -1. */
+int rtr_router_check(const char *const *extra_args, char *err, size_t err_size);
 
 /* Monotonic milliseconds. */
 uint64_t rtr_now_ms(void);

@@ -698,6 +698,66 @@ static void test_generation_config_eos(void **state)
     rmdir(dir);
 }
 
+/* generation_config.json's sampling defaults, as vLLM's --generation-config auto reads them:
+ * transformers' own defaults (temperature 1, top_p 1, top_k 50, repetition_penalty 1) are not the
+ * model's; an absent file or field gives none; a field of the wrong type is refused by name. */
+static void test_generation_sampling_defaults(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/pagoda_gendef_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    struct model_generation_defaults g;
+    g.set = 99;
+    assert_int_equal(model_generation_defaults_load(dir, &g), 0); /* no file */
+    assert_int_equal(g.set, 0);
+
+    /* Llama 3.1 8B Instruct's */
+    test_write_text(dir, "generation_config.json",
+                    "{\"bos_token_id\": 128000, \"do_sample\": true, \"eos_token_id\": [128001, "
+                    "128008, 128009], \"temperature\": 0.6, \"top_p\": 0.9}");
+    assert_int_equal(model_generation_defaults_load(dir, &g), 0);
+    assert_int_equal(g.set, MODEL_GEN_TEMPERATURE | MODEL_GEN_TOP_P);
+    assert_true(g.temperature == 0.6 && g.top_p == 0.9);
+
+    /* Qwen3's: top_k 20 is the model's; transformers' defaults and nulls are not */
+    test_write_text(dir, "generation_config.json",
+                    "{\"temperature\": 1.0, \"top_p\": 1, \"top_k\": 20, \"min_p\": 0, "
+                    "\"repetition_penalty\": 1.05}");
+    assert_int_equal(model_generation_defaults_load(dir, &g), 0);
+    assert_int_equal(g.set, MODEL_GEN_TOP_K | MODEL_GEN_MIN_P | MODEL_GEN_REPETITION_PENALTY);
+    assert_int_equal(g.top_k, 20);
+    assert_true(g.min_p == 0 && g.repetition_penalty == 1.05);
+    test_write_text(dir, "generation_config.json",
+                    "{\"top_k\": 50, \"temperature\": null, \"min_p\": null, \"top_p\": 0.95}");
+    assert_int_equal(model_generation_defaults_load(dir, &g), 0);
+    assert_int_equal(g.set, MODEL_GEN_TOP_P);
+    test_write_text(dir, "generation_config.json", "{\"top_k\": -1, \"temperature\": 0}");
+    assert_int_equal(model_generation_defaults_load(dir, &g), 0);
+    assert_int_equal(g.set, MODEL_GEN_TOP_K | MODEL_GEN_TEMPERATURE);
+    assert_true(g.top_k == 0 && g.temperature == 0);
+
+    test_write_text(dir, "generation_config.json", "{\"temperature\": \"0.7\"}");
+    assert_int_equal(model_generation_defaults_load(dir, &g), PAGODA_EFORMAT);
+    assert_non_null(strstr(pagoda_error_detail(), "generation_config.json: \"temperature\""));
+    test_write_text(dir, "generation_config.json", "{\"top_k\": 2.5}");
+    assert_int_equal(model_generation_defaults_load(dir, &g), PAGODA_EFORMAT);
+    assert_non_null(strstr(pagoda_error_detail(), "\"top_k\" must be an integer"));
+    test_write_text(dir, "generation_config.json", "{\"top_p\": 1e300}");
+    assert_int_equal(model_generation_defaults_load(dir, &g), PAGODA_ERANGE);
+    assert_non_null(strstr(pagoda_error_detail(), "\"top_p\""));
+    test_write_text(dir, "generation_config.json", "[0.7]");
+    assert_int_equal(model_generation_defaults_load(dir, &g), PAGODA_EFORMAT);
+    assert_non_null(strstr(pagoda_error_detail(), "not a JSON object"));
+    test_write_text(dir, "generation_config.json", "{\"temperature\": 0.7");
+    assert_int_equal(model_generation_defaults_load(dir, &g), PAGODA_EFORMAT);
+    assert_non_null(strstr(pagoda_error_detail(), "generation_config.json"));
+
+    char path[256];
+    snprintf(path, sizeof(path), "%s/generation_config.json", dir);
+    unlink(path);
+    rmdir(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -718,6 +778,7 @@ int main(void)
         cmocka_unit_test(test_validate),
         cmocka_unit_test(test_tiny_preset),
         cmocka_unit_test(test_generation_config_eos),
+        cmocka_unit_test(test_generation_sampling_defaults),
         cmocka_unit_test(test_to_json_round_trip),
         cmocka_unit_test(test_load_from_directory),
     };

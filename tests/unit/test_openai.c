@@ -331,6 +331,17 @@ static void test_a_completion_is_read(void **state)
     assert_true(req.params.logprobs);
     assert_true(req.params.ignore_eos);
     assert_true(req.params.include_stop_str_in_output);
+    /* given: the request's own; left out: the model's (generation_config.json, the router's) */
+    assert_int_equal(req.params.model_defaults,
+                     PAGODA_PARAM_MIN_P | PAGODA_PARAM_REPETITION_PENALTY);
+    openai_request_fini(&req);
+    assert_int_equal(parse(OPENAI_CHAT,
+                           "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], "
+                           "\"temperature\": null, \"min_p\": 0.1, \"repetition_penalty\": 1}",
+                           &req, &err),
+                     0);
+    assert_int_equal(req.params.model_defaults,
+                     PAGODA_PARAM_TEMPERATURE | PAGODA_PARAM_TOP_P | PAGODA_PARAM_TOP_K);
     openai_request_fini(&req);
     /* Token ids, and the defaults: 16 tokens, temperature 1. */
     assert_int_equal(parse(OPENAI_COMPLETION, "{\"prompt\": [[1, 2, 3]]}", &req, &err), 0);

@@ -10,11 +10,13 @@
 #include "client/pagoda.h"
 #include "client/pagoda_async.h"
 #include "common/error.h"
+#include "common/exit_status.h"
 #include "proto/pagoda.pb-c.h"
 #include "router/router.h"
 #include "router/tenants.h"
 #include "tests/unit/router_fake_scheduler.h"
 #include "tests/unit/router_test_client.h"
+#include "tests/unit/test_files.h"
 
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/req.h>
@@ -698,6 +700,78 @@ static void test_requests_at_the_message_limit_are_answered(void **state)
     rtr_env_stop(e);
 }
 
+/* The sampling a request of `mask` (PAGODA_PARAM_*; top_p 0.5 and the rest rt_greedy's where
+ * given) reached the scheduler with, through a router started with args. */
+static Pagoda__Internal__SamplingParams sampled_with(const char *const *args, unsigned mask)
+{
+    struct rtr_env env, *e = &env;
+    assert_int_equal(rtr_env_start(e, args), 0);
+    pagoda_client *c = rt_open_client(e);
+    pagoda_generate_params p = rt_greedy(2);
+    p.top_p = 0.5f;
+    p.model_defaults = mask;
+    const int32_t prompt[] = {4, 5};
+    pagoda_result r;
+    assert_int_equal(pagoda_generate(c, &p, prompt, 2, &r), 0);
+    assert_int_equal(r.num_tokens, 2);
+    pagoda_result_free(&r);
+    struct fake_sched_counts counts;
+    fake_sched_get_counts(e->fs, &counts);
+    pagoda_client_close(c);
+    assert_int_equal(rtr_env_stop(e), 0);
+    return counts.last_sampling;
+}
+
+/* A model's generation_config.json recommends sampling defaults: a field a request leaves to the
+ * model (sent absent) is sampled with the model's value, as vLLM's --generation-config auto does,
+ * a field it gives with its own, and one the file does not name with the usual default;
+ * --generation-config vllm leaves the file unused. A value out of range stops the router at start
+ * naming the file (it would fail every request that leaves the field out). */
+static void test_generation_config_defaults(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/pagoda_gencfg_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    test_write_text(dir, "generation_config.json",
+                    "{\"temperature\": 0.6, \"top_p\": 0.9, \"top_k\": 20, "
+                    "\"repetition_penalty\": 1.1}");
+    const char *const args[] = {"--model", dir, NULL};
+    const unsigned all = PAGODA_PARAM_TEMPERATURE | PAGODA_PARAM_TOP_P | PAGODA_PARAM_TOP_K |
+                         PAGODA_PARAM_MIN_P | PAGODA_PARAM_REPETITION_PENALTY;
+    Pagoda__Internal__SamplingParams s = sampled_with(args, all);
+    assert_true(s.temperature == 0.6f && s.top_p == 0.9f && s.top_k == 20 && s.min_p == 0.0f &&
+                s.repetition_penalty == 1.1f);
+    s = sampled_with(args, PAGODA_PARAM_TEMPERATURE | PAGODA_PARAM_TOP_K);
+    assert_true(s.temperature == 0.6f && s.top_p == 0.5f && s.top_k == 20 &&
+                s.repetition_penalty == 1.0f);
+    s = sampled_with(args, 0);
+    assert_true(s.temperature == 0.0f && s.top_p == 0.5f && s.top_k == 0);
+    const char *const vllm[] = {"--model", dir, "--generation-config", "vllm", NULL};
+    s = sampled_with(vllm, all);
+    assert_true(s.temperature == 1.0f && s.top_p == 1.0f && s.top_k == 0 &&
+                s.repetition_penalty == 1.0f);
+    s = sampled_with(NULL, all); /* no model folder */
+    assert_true(s.temperature == 1.0f && s.top_p == 1.0f && s.top_k == 0);
+
+    char err[4096];
+    assert_int_equal(rtr_router_check(args, err, sizeof(err)), 0);
+    test_write_text(dir, "generation_config.json", "{\"temperature\": 0.6, \"top_p\": 0}");
+    assert_int_equal(rtr_router_check(args, err, sizeof(err)), PAGODA_EXIT_CANNOT_RUN);
+    assert_non_null(strstr(err, "generation_config.json: sampling param top_p 0"));
+    assert_int_equal(rtr_router_check(vllm, err, sizeof(err)), 0);
+    test_write_text(dir, "generation_config.json", "{\"top_k\": \"20\"}");
+    assert_int_equal(rtr_router_check(args, err, sizeof(err)), PAGODA_EXIT_CANNOT_RUN);
+    assert_non_null(strstr(err, "generation_config.json: \"top_k\""));
+    const char *const typo[] = {"--model", dir, "--generation-config", "hf", NULL};
+    assert_int_not_equal(rtr_router_check(typo, err, sizeof(err)), 0);
+    assert_non_null(strstr(err, "--generation-config: auto or vllm"));
+
+    char path[256];
+    snprintf(path, sizeof(path), "%s/generation_config.json", dir);
+    unlink(path);
+    rmdir(dir);
+}
+
 /* A live request that no call names for --abandon-ms is cancelled, its client taken for gone
  * (its scheduler told, as a Cancel would); one polled meanwhile, or with a poll waiting on it
  * (longer than --abandon-ms), is not, nor in the second after that poll left (a poll names its
@@ -843,6 +917,7 @@ int main(void)
         cmocka_unit_test(test_drain_timeout_exits_nonzero),
         cmocka_unit_test(test_parked_calls_are_bounded),
         cmocka_unit_test(test_abandoned_request_is_cancelled),
+        cmocka_unit_test(test_generation_config_defaults),
         cmocka_unit_test(test_requests_at_the_message_limit_are_answered),
     };
     signal(SIGPIPE, SIG_IGN);

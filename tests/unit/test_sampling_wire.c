@@ -79,12 +79,37 @@ static void test_both_refuse_the_same_values(void **state)
     assert_int_equal(sampling_from_internal(&im, &out), PAGODA_EINVAL);
 }
 
+/* A client's absent fields take the base given (the router's: the model's recommendations),
+ * its present ones stay its own; the result is validated either way. */
+static void test_absent_client_fields_take_the_base(void **state)
+{
+    (void)state;
+    struct sampling_params base = sampling_params_default(), out;
+    base.temperature = 0.6f;
+    base.top_p = 0.9f;
+    base.top_k = 20;
+    Pagoda__SamplingParams cm = PAGODA__SAMPLING_PARAMS__INIT;
+    cm.has_top_p = cm.has_seed = 1;
+    cm.top_p = 0.5f;
+    cm.seed = 3;
+    assert_int_equal(sampling_from_client_over(&cm, &base, &out), 0);
+    assert_true(out.temperature == 0.6f && out.top_p == 0.5f && out.top_k == 20);
+    assert_true(out.min_p == 0.0f && out.repetition_penalty == 1.0f && out.seed == 3);
+    assert_int_equal(sampling_from_client_over(NULL, &base, &out), 0);
+    assert_params_equal(&out, &base);
+    base.top_p = 0.0f; /* a bad base is refused as a bad field would be */
+    assert_int_equal(sampling_from_client_over(NULL, &base, &out), PAGODA_ERANGE);
+    cm.top_p = 0.25f;
+    assert_int_equal(sampling_from_client_over(&cm, &base, &out), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_absent_means_the_default_everywhere),
         cmocka_unit_test(test_set_fields_survive_the_round_trip),
         cmocka_unit_test(test_both_refuse_the_same_values),
+        cmocka_unit_test(test_absent_client_fields_take_the_base),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
