@@ -604,7 +604,9 @@ int model_generation_defaults_load(const char *model_dir, struct model_generatio
             rc = with_path(rc, path);
             break;
         }
-        if (!(fabs(v) <= 1e30)) { /* a float's range, with room: the sampler checks the rest */
+        if (!(fabs(v) <= 1e30) || (v != 0 && fabs(v) < 1e-30)) {
+            /* a float's range, with room (1e-50 would be a float's 0, greedy): the sampler's
+             * ranges are checked by the caller */
             rc = pagoda_error_set(PAGODA_ERANGE, "%s: \"%s\" %g is out of range", path,
                                   fields[i].key, v);
             break;

@@ -745,6 +745,13 @@ static void test_generation_sampling_defaults(void **state)
     test_write_text(dir, "generation_config.json", "{\"top_p\": 1e300}");
     assert_int_equal(model_generation_defaults_load(dir, &g), PAGODA_ERANGE);
     assert_non_null(strstr(pagoda_error_detail(), "\"top_p\""));
+    test_write_text(dir, "generation_config.json", "{\"temperature\": 1e-50}"); /* float 0 */
+    assert_int_equal(model_generation_defaults_load(dir, &g), PAGODA_ERANGE);
+    assert_non_null(strstr(pagoda_error_detail(), "\"temperature\" 1e-50"));
+    test_write_text(dir, "generation_config.json", "{\"repetition_penalty\": 1, \"min_p\": 0.05}");
+    assert_int_equal(model_generation_defaults_load(dir, &g), 0);
+    assert_int_equal(g.set, MODEL_GEN_MIN_P);
+    assert_true(g.min_p == 0.05);
     test_write_text(dir, "generation_config.json", "[0.7]");
     assert_int_equal(model_generation_defaults_load(dir, &g), PAGODA_EFORMAT);
     assert_non_null(strstr(pagoda_error_detail(), "not a JSON object"));

@@ -733,19 +733,20 @@ static void test_generation_config_defaults(void **state)
     char dir[] = "/tmp/pagoda_gencfg_XXXXXX";
     assert_non_null(mkdtemp(dir));
     test_write_text(dir, "generation_config.json",
-                    "{\"temperature\": 0.6, \"top_p\": 0.9, \"top_k\": 20, "
+                    "{\"temperature\": 0.6, \"top_p\": 0.9, \"top_k\": 20, \"min_p\": 0.05, "
                     "\"repetition_penalty\": 1.1}");
     const char *const args[] = {"--model", dir, NULL};
     const unsigned all = PAGODA_PARAM_TEMPERATURE | PAGODA_PARAM_TOP_P | PAGODA_PARAM_TOP_K |
                          PAGODA_PARAM_MIN_P | PAGODA_PARAM_REPETITION_PENALTY;
     Pagoda__Internal__SamplingParams s = sampled_with(args, all);
-    assert_true(s.temperature == 0.6f && s.top_p == 0.9f && s.top_k == 20 && s.min_p == 0.0f &&
+    assert_true(s.temperature == 0.6f && s.top_p == 0.9f && s.top_k == 20 && s.min_p == 0.05f &&
                 s.repetition_penalty == 1.1f);
     s = sampled_with(args, PAGODA_PARAM_TEMPERATURE | PAGODA_PARAM_TOP_K);
-    assert_true(s.temperature == 0.6f && s.top_p == 0.5f && s.top_k == 20 &&
+    assert_true(s.temperature == 0.6f && s.top_p == 0.5f && s.top_k == 20 && s.min_p == 0.0f &&
                 s.repetition_penalty == 1.0f);
     s = sampled_with(args, 0);
-    assert_true(s.temperature == 0.0f && s.top_p == 0.5f && s.top_k == 0);
+    assert_true(s.temperature == 0.0f && s.top_p == 0.5f && s.top_k == 0 && s.min_p == 0.0f &&
+                s.repetition_penalty == 1.0f);
     const char *const vllm[] = {"--model", dir, "--generation-config", "vllm", NULL};
     s = sampled_with(vllm, all);
     assert_true(s.temperature == 1.0f && s.top_p == 1.0f && s.top_k == 0 &&
