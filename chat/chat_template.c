@@ -368,3 +368,75 @@ int chat_template_apply(const ChatTemplate *ct, const json_t *messages, const js
     return chat_template_apply_named(ct, NULL, messages, tools, add_generation_prompt, extra, out,
                                      len);
 }
+
+/* The length of the white space (Python's str.isspace: ASCII's, U+001C..U+001F, U+0085, U+00A0,
+ * U+1680, U+2000..U+200A, U+2028, U+2029, U+202F, U+205F, U+3000) at s, 0 when none. */
+static size_t space_at(const unsigned char *s, size_t n)
+{
+    if (n >= 1 && ((s[0] >= 0x09 && s[0] <= 0x0d) || (s[0] >= 0x1c && s[0] <= 0x20)))
+        return 1;
+    if (n >= 2 && s[0] == 0xc2 && (s[1] == 0x85 || s[1] == 0xa0))
+        return 2;
+    if (n >= 3 && s[0] == 0xe1 && s[1] == 0x9a && s[2] == 0x80)
+        return 3;
+    if (n >= 3 && s[0] == 0xe2 && s[1] == 0x80 &&
+        ((s[2] >= 0x80 && s[2] <= 0x8a) || s[2] == 0xa8 || s[2] == 0xa9 || s[2] == 0xaf))
+        return 3;
+    if (n >= 3 && s[0] == 0xe2 && s[1] == 0x81 && s[2] == 0x9f)
+        return 3;
+    if (n >= 3 && s[0] == 0xe3 && s[1] == 0x80 && s[2] == 0x80)
+        return 3;
+    return 0;
+}
+
+/* The length of the white space that ends s[0..n) (a UTF-8 string). */
+static size_t space_before(const unsigned char *s, size_t n)
+{
+    size_t total = 0;
+    while (total < n) {
+        size_t k = 1;
+        while (k < 3 && k < n - total && (s[n - total - k] & 0xc0) == 0x80)
+            k++; /* the start of the last character */
+        if (space_at(s + n - total - k, k) != k)
+            break;
+        total += k;
+    }
+    return total;
+}
+
+int chat_template_continue_final(const json_t *messages, char *text, size_t *len)
+{
+    size_t n = json_is_array(messages) ? json_array_size(messages) : 0;
+    if (n == 0)
+        return pagoda_error_set(PAGODA_EINVAL, "continue_final_message: there is no message");
+    const json_t *content = json_object_get(json_array_get(messages, n - 1), "content");
+    if (!json_is_string(content))
+        return pagoda_error_set(PAGODA_EINVAL, "continue_final_message: the final message has no "
+                                               "text to continue");
+    const unsigned char *msg = (const unsigned char *)json_string_value(content);
+    size_t msg_len = json_string_length(content), lead = 0, k;
+    while (lead < msg_len && (k = space_at(msg + lead, msg_len - lead)) > 0)
+        lead += k;
+    size_t trail = lead < msg_len ? space_before(msg + lead, msg_len - lead) : 0;
+    const unsigned char *core = msg + lead; /* final_message.strip() */
+    size_t core_len = msg_len - lead - trail;
+    /* rindex: the last occurrence (an empty one is at the end) */
+    size_t at = *len;
+    bool found = core_len == 0;
+    for (size_t i = *len >= core_len ? *len - core_len + 1 : 0; !found && i-- > 0;)
+        if (memcmp(text + i, core, core_len) == 0) {
+            at = i;
+            found = true;
+        }
+    if (!found)
+        return pagoda_error_set(PAGODA_EINVAL,
+                                "continue_final_message: the final message does not appear in "
+                                "the chat the template renders (the template changes it)");
+    size_t lstripped = msg_len - lead; /* len(final_message.lstrip()) */
+    size_t end = at + core_len;
+    if (lead == 0 && at + lstripped <= *len && memcmp(text + at, msg, msg_len) == 0)
+        end = at + lstripped;
+    *len = end;
+    text[end] = '\0';
+    return 0;
+}

@@ -85,6 +85,16 @@ int chat_template_apply_named(const ChatTemplate *ct, const char *name, const js
                               const json_t *tools, bool add_generation_prompt, const json_t *extra,
                               char **out, size_t *len);
 
+/* continue_final_message (transformers' apply_chat_template, which vLLM passes it to): cuts a
+ * rendered chat (*len bytes of text, cut in place) after the last occurrence of the final
+ * message's content, so that the model continues that message instead of ending its turn (an
+ * assistant's answer begun by the caller). transformers' rule, byte for byte: the content stripped
+ * of white space (Python's str.strip) must occur in the text; the text ends at its last
+ * occurrence plus the content's length without its leading white space where the text holds the
+ * whole content there, else plus the stripped content's length. Errors: PAGODA_EINVAL (no
+ * messages, a final message without a string content, or its text not in the rendered chat). */
+int chat_template_continue_final(const json_t *messages, char *text, size_t *len);
+
 #ifdef __cplusplus
 }
 #endif

@@ -543,6 +543,9 @@ int client_submit_build(struct client_submit *cs, const pagoda_generate_params *
         sub.chat_template_kwargs = (char *)prompt->chat_template_kwargs;
         sub.tools_json = (char *)prompt->tools_json;
     }
+    /* sent with any prompt: the router refuses it without a chat */
+    sub.has_continue_final_message = prompt->continue_final_message != 0;
+    sub.continue_final_message = prompt->continue_final_message != 0;
     cs->sub = sub;
     cs->sub.sampling = &cs->sp;
     Pagoda__ClientRequest req = PAGODA__CLIENT_REQUEST__INIT;

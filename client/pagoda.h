@@ -144,6 +144,9 @@ typedef struct pagoda_prompt {
     const char *chat_template_kwargs; /* chat: a JSON object of template variables, or NULL */
     const char *tools_json;           /* chat: a JSON array of tools, or NULL */
     int add_special_tokens;           /* -1 (default): on for text (BOS), off for chats */
+    /* chat: 1 continues the final message (an assistant's answer begun) instead of ending its
+     * turn, as transformers' continue_final_message; needs add_generation_prompt 0. */
+    int continue_final_message;
 } pagoda_prompt;
 
 /* Output of a request, all of it (pagoda_generate) or one piece (pagoda_poll). The arrays belong

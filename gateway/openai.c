@@ -580,10 +580,17 @@ static int read_messages(struct openai_request *req, struct openai_error *err)
     } else if (kw != NULL && !json_is_null(kw)) {
         return bad(err, "invalid_type", "'chat_template_kwargs' must be an object");
     }
-    bool gen = true;
-    if (boolean(req->root, "add_generation_prompt", &gen, err))
+    bool gen = true, cont = false;
+    if (boolean(req->root, "add_generation_prompt", &gen, err) ||
+        boolean(req->root, "continue_final_message", &cont, err))
         return -1;
+    if (gen && cont)
+        return bad(err, "invalid_value",
+                   "'continue_final_message' and 'add_generation_prompt' cannot both be true "
+                   "(add_generation_prompt is true unless given false): continuing the final "
+                   "message needs add_generation_prompt false");
     req->prompt.add_generation_prompt = gen;
+    req->prompt.continue_final_message = cont;
     return 0;
 }
 
@@ -687,7 +694,6 @@ static int refuse_unsupported(struct openai_request *req, struct openai_error *e
         {"use_beam_search", NEUTRAL_FALSE, false},
         {"prompt_embeds", NEUTRAL_NULL, false},
         {"chat_template", NEUTRAL_NULL, true},
-        {"continue_final_message", NEUTRAL_FALSE, true},
         /* clang-format on */
     };
     for (size_t i = 0; i < sizeof(extras) / sizeof(extras[0]); i++) {

@@ -10,6 +10,8 @@
         (d)->messages = (s)->messages;                                                             \
         (d)->has_add_generation_prompt = (s)->has_add_generation_prompt;                           \
         (d)->add_generation_prompt = (s)->add_generation_prompt;                                   \
+        (d)->has_continue_final_message = (s)->has_continue_final_message;                         \
+        (d)->continue_final_message = (s)->continue_final_message;                                 \
         (d)->chat_template_kwargs = (s)->chat_template_kwargs;                                     \
         (d)->tools_json = (s)->tools_json;                                                         \
         (d)->has_add_special_tokens = (s)->has_add_special_tokens;                                 \

@@ -149,6 +149,8 @@ static uint8_t *pack_text_fields(const Pagoda__SubmitRequest *s, int with_stops,
     key.messages = s->messages;
     key.has_add_generation_prompt = s->has_add_generation_prompt;
     key.add_generation_prompt = s->add_generation_prompt;
+    key.has_continue_final_message = s->has_continue_final_message;
+    key.continue_final_message = s->continue_final_message;
     key.chat_template_kwargs = s->chat_template_kwargs;
     key.tools_json = s->tools_json;
     key.has_add_special_tokens = s->has_add_special_tokens;
@@ -178,10 +180,11 @@ static int text_forms_check(const Pagoda__SubmitRequest *s, size_t n_ids, const 
     int text = s->has_prompt_text, chat = s->n_messages > 0;
     if (text + chat + (n_ids > 0) > 1)
         return pagoda_error_set(PAGODA_EINVAL, "give one of %s", forms);
-    if (!chat &&
-        (s->chat_template_kwargs != NULL || s->tools_json != NULL || s->has_add_generation_prompt))
-        return pagoda_error_set(PAGODA_EINVAL, "chat_template_kwargs, tools_json and "
-                                               "add_generation_prompt go with messages");
+    if (!chat && (s->chat_template_kwargs != NULL || s->tools_json != NULL ||
+                  s->has_add_generation_prompt || s->has_continue_final_message))
+        return pagoda_error_set(PAGODA_EINVAL, "chat_template_kwargs, tools_json, "
+                                               "add_generation_prompt and continue_final_message "
+                                               "go with messages");
     return 0;
 }
 
@@ -344,7 +347,8 @@ static int job_render(struct text_job *job, const struct text_model *m,
         }
     }
     bool gen = !s->has_add_generation_prompt || s->add_generation_prompt;
-    rc = text_model_render_chat(m, messages, tools, gen, kwargs, text, text_len);
+    bool cont = s->has_continue_final_message && s->continue_final_message;
+    rc = text_model_render_chat(m, messages, tools, gen, cont, kwargs, text, text_len);
 out:
     if (rc == PAGODA_ENOMEM && job->detail[0] == '\0')
         snprintf(job->detail, sizeof(job->detail), "out of memory rendering the chat");

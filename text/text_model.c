@@ -266,11 +266,21 @@ const char *text_model_chat_error(const struct text_model *m)
 }
 
 int text_model_render_chat(const struct text_model *m, const json_t *messages, const json_t *tools,
-                           bool add_generation_prompt, const json_t *kwargs, char **out,
-                           size_t *out_len)
+                           bool add_generation_prompt, bool continue_final_message,
+                           const json_t *kwargs, char **out, size_t *out_len)
 {
     if (m->chat == NULL)
         return pagoda_error_set(PAGODA_ENOENT, "%s", m->chat_error);
-    return chat_template_apply(m->chat, messages, tools, add_generation_prompt, kwargs, out,
-                               out_len);
+    if (continue_final_message && add_generation_prompt)
+        return pagoda_error_set(PAGODA_EINVAL,
+                                "continue_final_message and add_generation_prompt cannot both be "
+                                "true (add_generation_prompt is true unless set false)");
+    int rc =
+        chat_template_apply(m->chat, messages, tools, add_generation_prompt, kwargs, out, out_len);
+    if (rc == 0 && continue_final_message &&
+        (rc = chat_template_continue_final(messages, *out, out_len)) != 0) {
+        free(*out);
+        *out = NULL;
+    }
+    return rc;
 }

@@ -49,11 +49,13 @@ const char *text_model_chat_error(const struct text_model *m);
 
 /* Renders a chat (messages: a JSON array of OpenAI chat messages; tools: a JSON array or NULL;
  * kwargs: a JSON object of further template variables or NULL) into a prompt text, *out the
- * caller's to free(). Errors: PAGODA_ENOENT (no chat template: the detail says why), the
- * template's errors (PAGODA_EINVAL for a bad message or a raise_exception, with the template's
- * line), PAGODA_ERANGE (a limit). */
+ * caller's to free(); with continue_final_message, cut after the final message's content
+ * (chat/chat_template.h chat_template_continue_final: the model continues that message; both it
+ * and add_generation_prompt true is PAGODA_EINVAL, as transformers refuses). Errors: PAGODA_ENOENT
+ * (no chat template: the detail says why), the template's errors (PAGODA_EINVAL for a bad message
+ * or a raise_exception, with the template's line), PAGODA_ERANGE (a limit). */
 int text_model_render_chat(const struct text_model *m, const json_t *messages, const json_t *tools,
-                           bool add_generation_prompt, const json_t *kwargs, char **out,
-                           size_t *out_len);
+                           bool add_generation_prompt, bool continue_final_message,
+                           const json_t *kwargs, char **out, size_t *out_len);
 
 #endif

@@ -1,7 +1,10 @@
 /* libFuzzer target: chat/jinja.h. The bytes are a template, compiled and, when it compiles,
- * rendered with a small fixed chat. Either step may refuse with an error of the contract (not
- * Jinja, EINVAL; Jinja beyond this interpreter, EUNSUPPORTED; its limits, ERANGE); neither
- * may crash, hang or run past its limits (JINJA_MAX_STEPS, JINJA_MAX_DEPTH, the output bound). */
+ * rendered with a small fixed chat; a rendered text is then cut for continue_final_message
+ * (chat/chat_template.h) with a final message of the input's first bytes. Either step may refuse
+ * with an error of the contract (not Jinja, EINVAL; Jinja beyond this interpreter, EUNSUPPORTED;
+ * its limits, ERANGE); neither may crash, hang or run past its limits (JINJA_MAX_STEPS,
+ * JINJA_MAX_DEPTH, the output bound). */
+#include "chat/chat_template.h"
 #include "chat/jinja.h"
 #include "common/error.h"
 
@@ -44,6 +47,24 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (rc != 0 && rc != PAGODA_EINVAL && rc != PAGODA_EUNSUPPORTED && rc != PAGODA_EFORMAT &&
         rc != PAGODA_ERANGE && rc != PAGODA_ENOMEM)
         abort();
+    /* continue_final_message: a final message of the template's first bytes (often in the
+     * output), where they are UTF-8; the cut keeps a prefix of the text, NUL-terminated */
+    json_t *content = rc == 0 ? json_stringn((const char *)data, size < 24 ? size : 24) : NULL;
+    if (content != NULL) {
+        json_t *messages = json_pack("[{s:s, s:o}]", "role", "assistant", "content", content);
+        size_t cut = len;
+        char *copy = messages != NULL ? malloc(len + 1) : NULL; /* the text may hold NULs */
+        if (copy != NULL) {
+            memcpy(copy, out, len + 1);
+            int crc = chat_template_continue_final(messages, out, &cut);
+            if (crc == 0 && (cut > len || out[cut] != '\0' || memcmp(out, copy, cut) != 0))
+                abort();
+            if (crc != 0 && crc != PAGODA_EINVAL)
+                abort();
+        }
+        free(copy);
+        json_decref(messages);
+    }
     free(out);
     jinja_template_free(t);
     return 0;

@@ -159,6 +159,60 @@ static void test_refusals(void **state)
     chat_template_free(ct);
 }
 
+/* continue_final_message's cut, transformers' rule: each case's expected text is what
+ * apply_chat_template's Python gives for that rendered text and final message (computed with it):
+ * the last occurrence of the stripped content; the whole content kept where the text holds it,
+ * else the stripped content (a template that trims); Unicode white space as str.strip's. */
+static void test_continue_final_message(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *rendered, *content, *want; /* want NULL: refused */
+    } cases[] = {
+        {"<u>hi</u><a>The answer is</a>", "The answer is", "<u>hi</u><a>The answer is"},
+        {"<u>hi</u><a>The answer is</a>", "The answer is ", "<u>hi</u><a>The answer is"},
+        {"<u>hi</u><a>The answer is </a>", "The answer is ", "<u>hi</u><a>The answer is "},
+        {"<u>x</u><a>  x</a>", "  x", "<u>x</u><a>  x"},
+        {"<u>hi</u><a>hi</a>", "hi", "<u>hi</u><a>hi"},
+        {"<u>hi</u><a>yo</a>", "nope", NULL},
+        {"<u>hi</u><a></a>", "", "<u>hi</u><a></a>"},
+        {"<u>hi</u><a></a>", "   ", "<u>hi</u><a></a>"},
+        {"<a>x\u00a0y\u3000</a>", "x\u00a0y\u3000", "<a>x\u00a0y\u3000"},
+        {"<a>x\u00a0y</a>", "\u2003x\u00a0y\u3000", "<a>x\u00a0y"},
+        {"<a>\u00e9  </a>", "\u00e9  \n", "<a>\u00e9"},
+        {"<a>ab</a>", "abc", NULL},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        json_t *messages = json_pack("[{s:s, s:s}, {s:s, s:s}]", "role", "user", "content", "q",
+                                     "role", "assistant", "content", cases[i].content);
+        assert_non_null(messages);
+        char text[128];
+        size_t len = strlen(cases[i].rendered);
+        memcpy(text, cases[i].rendered, len + 1);
+        int rc = chat_template_continue_final(messages, text, &len);
+        if (cases[i].want == NULL) {
+            assert_int_equal(rc, PAGODA_EINVAL);
+            assert_non_null(strstr(pagoda_error_detail(), "does not appear"));
+        } else {
+            if (rc != 0)
+                fail_msg("case %zu: %s", i, pagoda_error_detail());
+            assert_string_equal(text, cases[i].want);
+            assert_int_equal(len, strlen(cases[i].want));
+        }
+        json_decref(messages);
+    }
+    /* no text to continue: no message, a null content */
+    char text[] = "<a></a>";
+    size_t len = strlen(text);
+    json_t *none = json_array(),
+           *null_content = json_pack("[{s:s, s:n}]", "role", "assistant", "content");
+    assert_int_equal(chat_template_continue_final(none, text, &len), PAGODA_EINVAL);
+    assert_int_equal(chat_template_continue_final(null_content, text, &len), PAGODA_EINVAL);
+    assert_non_null(strstr(pagoda_error_detail(), "no text to continue"));
+    json_decref(none);
+    json_decref(null_content);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -167,6 +221,7 @@ int main(void)
         cmocka_unit_test(test_special_tokens_map),
         cmocka_unit_test(test_template_file),
         cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_continue_final_message),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

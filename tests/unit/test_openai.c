@@ -430,6 +430,40 @@ static void test_a_list_of_prompts_is_read(void **state)
     free(body);
 }
 
+/* continue_final_message: with add_generation_prompt false it reaches the prompt; with it true
+ * (its default) the request is refused, as transformers refuses the pair. */
+static void test_continue_final_message_is_read(void **state)
+{
+    (void)state;
+    struct openai_request req;
+    struct openai_error err;
+    assert_int_equal(parse(OPENAI_CHAT,
+                           "{\"messages\": [{\"role\": \"user\", \"content\": \"q\"}, {\"role\": "
+                           "\"assistant\", \"content\": \"The answer is\"}], "
+                           "\"continue_final_message\": true, \"add_generation_prompt\": false}",
+                           &req, &err),
+                     0);
+    assert_int_equal(req.prompt.continue_final_message, 1);
+    assert_int_equal(req.prompt.add_generation_prompt, 0);
+    openai_request_fini(&req);
+    assert_int_equal(parse(OPENAI_CHAT,
+                           "{\"messages\": [{\"role\": \"user\", \"content\": \"q\"}], "
+                           "\"continue_final_message\": false}",
+                           &req, &err),
+                     0);
+    assert_int_equal(req.prompt.continue_final_message, 0);
+    assert_int_equal(req.prompt.add_generation_prompt, 1);
+    openai_request_fini(&req);
+    assert_int_not_equal(parse(OPENAI_CHAT,
+                               "{\"messages\": [{\"role\": \"user\", \"content\": \"q\"}], "
+                               "\"continue_final_message\": true}",
+                               &req, &err),
+                         0);
+    assert_int_equal(err.status, 400);
+    assert_non_null(strstr(err.message, "cannot both be true"));
+    openai_request_fini(&req);
+}
+
 static void test_a_chat_is_read(void **state)
 {
     (void)state;
@@ -912,6 +946,7 @@ int main(void)
         cmocka_unit_test(test_parallel_tool_calls_false_keeps_the_first),
         cmocka_unit_test(test_a_list_of_prompts_is_read),
         cmocka_unit_test(test_a_chat_is_read),
+        cmocka_unit_test(test_continue_final_message_is_read),
         cmocka_unit_test(test_bad_requests_are_400_with_a_reason),
         cmocka_unit_test(test_responses_and_chunks_are_openai_json),
         cmocka_unit_test(test_completion_logprobs_name_pieces),

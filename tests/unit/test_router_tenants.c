@@ -866,6 +866,64 @@ static void test_text_past_the_limit_is_refused_unencoded(void **state)
     assert_int_equal(rtr_env_stop(e), 0);
 }
 
+/* The ids of pr through the router, into *out (the caller frees). */
+static void tokenize_ok(pagoda_client *c, const pagoda_prompt *pr, pagoda_tokenized *out)
+{
+    if (pagoda_tokenize(c, pr, out) != 0)
+        fail_msg("tokenize: %s", pagoda_error_detail());
+}
+
+/* continue_final_message through libpagoda and the router: the chat is rendered (tiny-text's
+ * template, which trims contents) and cut after the final message's content, transformers'
+ * apply_chat_template(continue_final_message=True): the ids of that text, where the same chat
+ * without it ends the assistant's turn. With add_generation_prompt (its default) or without a
+ * chat it is refused. */
+static void test_chat_continue_final_message(void **state)
+{
+    (void)state;
+    const char *const args[] = {"--model", PAGODA_SOURCE_DIR "/tests/data/tiny-text", NULL};
+    struct rtr_env env, *e = &env;
+    assert_int_equal(rtr_env_start(e, args), 0);
+    pagoda_client *c = rt_open_client(e);
+    const pagoda_chat_message msgs[] = {{.role = "user", .content = "q"},
+                                        {.role = "assistant", .content = "The answer is "}};
+    pagoda_prompt chat = pagoda_prompt_default();
+    chat.messages = msgs;
+    chat.num_messages = 2;
+    chat.add_generation_prompt = 0;
+    chat.continue_final_message = 1;
+    pagoda_prompt text = pagoda_prompt_default();
+    text.text = "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nq<|eot_id|>"
+                "<|start_header_id|>assistant<|end_header_id|>\n\nThe answer is";
+    text.add_special_tokens = 0;
+    pagoda_tokenized got, want, ended;
+    tokenize_ok(c, &chat, &got);
+    tokenize_ok(c, &text, &want);
+    assert_int_equal(got.num_token_ids, want.num_token_ids);
+    assert_memory_equal(got.token_ids, want.token_ids, want.num_token_ids * sizeof(int32_t));
+    chat.continue_final_message = 0;
+    tokenize_ok(c, &chat, &ended); /* ... The answer is<|eot_id|> */
+    assert_int_equal(ended.num_token_ids, want.num_token_ids + 1);
+    pagoda_tokenized_free(&got);
+    pagoda_tokenized_free(&want);
+    pagoda_tokenized_free(&ended);
+
+    chat.continue_final_message = 1;
+    chat.add_generation_prompt = 1;
+    assert_int_equal(pagoda_tokenize(c, &chat, &got), PAGODA_EINVAL);
+    assert_non_null(strstr(pagoda_error_detail(), "cannot both be true"));
+    char why[512];
+    assert_int_equal(generate_text(c, &chat, why, sizeof(why)), PAGODA_FINISH_ERROR);
+    assert_non_null(strstr(why, "cannot both be true"));
+    pagoda_prompt cont_text = pagoda_prompt_default();
+    cont_text.text = "hi";
+    cont_text.continue_final_message = 1;
+    assert_int_equal(pagoda_tokenize(c, &cont_text, &got), PAGODA_EINVAL);
+    assert_non_null(strstr(pagoda_error_detail(), "go with messages"));
+    pagoda_client_close(c);
+    assert_int_equal(rtr_env_stop(e), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tenants[] = {
@@ -883,6 +941,7 @@ int main(void)
     const struct CMUnitTest own[] = {
         cmocka_unit_test(test_tokenize_calls_are_bounded_by_tenant),
         cmocka_unit_test(test_text_past_the_limit_is_refused_unencoded),
+        cmocka_unit_test(test_chat_continue_final_message),
     };
     signal(SIGPIPE, SIG_IGN);
     int failed =

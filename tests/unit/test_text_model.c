@@ -76,7 +76,7 @@ static void render(const char *dir, bool tools, const char *want)
     json_t *tool_list = tools ? json_loads("[{\"type\": \"function\"}]", 0, NULL) : NULL;
     char *out = NULL;
     size_t len = 0;
-    rc = text_model_render_chat(m, messages, tool_list, false, NULL, &out, &len);
+    rc = text_model_render_chat(m, messages, tool_list, false, false, NULL, &out, &len);
     if (rc != 0)
         fail_msg("render: %s", pagoda_error_detail());
     if (strcmp(out, want) != 0)
