@@ -153,6 +153,12 @@ check "a second pagoda-up on the same run dir is refused (exit $rc)" [ "$rc" != 
 check "the refusal says why" grep -q "already running (pid $sup_pid)" "$tmp/up2.err"
 check "the first group still runs" kill -0 "$sup_pid"
 check "the first group's pid file is kept" [ "$(cat "$run/supervisor.pid")" = "$sup_pid" ]
+# pagoda-down of a directory the group names only as another flag's value (its bin dir here; a
+# model folder alike) leaves it alone: a program is DIR's only by its --run-dir. It stopped the
+# group before.
+"$deploy/pagoda-down" --run-dir "$bin_dir" --timeout 10 >"$tmp/down-bin.out" 2>&1 || true
+check "pagoda-down of the group's bin dir leaves the group running" kill -0 "$sup_pid"
+check "and it serves" healthy
 if ! "$bin_dir/pagoda-router" --help 2>&1 | grep -q -- --tenants; then
     touch "$tmp/tenants"
     up --tenants "$tmp/tenants" >/dev/null 2>"$tmp/up3.err" && rc=0 || rc=$?
