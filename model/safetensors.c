@@ -262,7 +262,9 @@ int safetensors_open(const char *path, struct safetensors_file **out)
         rc = pagoda_error_set(PAGODA_ENOMEM, "%s: out of memory", path);
         goto fail;
     }
-    fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: a FIFO in the file's place must not hold the open (a worker's start, for
+     * ever) until something writes to it; a regular file's reads and mapping ignore the flag. */
+    fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
     struct stat st;
     if (fd < 0 || fstat(fd, &st) != 0) {
         int e = errno;
@@ -270,7 +272,10 @@ int safetensors_open(const char *path, struct safetensors_file **out)
         goto fail;
     }
     if (!S_ISREG(st.st_mode)) {
-        rc = pagoda_error_set(PAGODA_EFORMAT, "%s: not a regular file", path);
+        rc = pagoda_error_set(PAGODA_EFORMAT, "%s: not a regular file (%s)", path,
+                              S_ISFIFO(st.st_mode)  ? "a FIFO"
+                              : S_ISDIR(st.st_mode) ? "a directory"
+                                                    : "a device or socket");
         goto fail;
     }
     if (st.st_size < 8) {

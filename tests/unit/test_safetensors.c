@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 struct spec {
@@ -195,6 +196,23 @@ static void test_refuses_truncated_file(void **state)
     expect_open_error(path, PAGODA_EFORMAT, "truncated");
     assert_int_equal(truncate(path, 0), 0);
     expect_open_error(path, PAGODA_EFORMAT, "truncated");
+    remove_dir(dir);
+}
+
+/* A FIFO (or a directory) in the file's place is refused at once, naming what it is: the open
+ * of a FIFO waited for a writer for ever (a worker's start stalled, its group healthy). */
+static void test_refuses_what_is_not_a_file(void **state)
+{
+    (void)state;
+    char dir[32], path[64];
+    make_dir(dir);
+    snprintf(path, sizeof(path), "%s/x.safetensors", dir);
+    assert_int_equal(mkfifo(path, 0600), 0);
+    expect_open_error(path, PAGODA_EFORMAT, "not a regular file (a FIFO)");
+    unlink(path);
+    assert_int_equal(mkdir(path, 0700), 0);
+    expect_open_error(path, PAGODA_EFORMAT, "not a regular file (a directory)");
+    rmdir(path);
     remove_dir(dir);
 }
 
@@ -431,6 +449,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_reads_good_file),
         cmocka_unit_test(test_refuses_truncated_file),
+        cmocka_unit_test(test_refuses_what_is_not_a_file),
         cmocka_unit_test(test_refuses_bad_offsets),
         cmocka_unit_test(test_refuses_wrong_byte_size),
         cmocka_unit_test(test_refuses_unsupported_and_malformed),
