@@ -73,6 +73,7 @@
  * scripts/nng.patch), and another kvpool serving DIR makes nng_listen fail with
  * NNG_EADDRINUSE. */
 #include "common/error.h"
+#include "common/exit_status.h"
 #include "common/fd_pass.h"
 #include "common/log.h"
 #include "common/parse.h"
@@ -752,8 +753,13 @@ int main(int argc, char **argv)
                               strerror(errno));
         goto fail;
     }
-    if ((rc = model_config_load(o.model, &cfg)) != 0)
+    if ((rc = model_config_load(o.model, &cfg)) != 0) {
+        /* The model folder's files (config.json, generation_config.json) are the operator's to
+         * fix: a served group tries again without stopping (common/exit_status.h). */
+        if (rc != PAGODA_ENOMEM)
+            status = PAGODA_EXIT_CANNOT_RUN;
         goto fail;
+    }
     keeper = keeper_link(gpu);
     const enum dtype dtype = !gpu ? DTYPE_F32 : o.kv_fp8 ? DTYPE_F8E4M3 : DTYPE_BF16;
     int adopted = 0;

@@ -400,8 +400,8 @@ int main(int argc, char **argv)
     if (model_dir != NULL && model_dir[0] != '\0' && !generation_config_vllm &&
         (rc = load_sampling_defaults(model_dir, &cfg.sampling_defaults)) != 0) {
         router_text_free(cfg.text);
-        return cannot_run(rc, "fix the file, or start with --generation-config vllm to leave it "
-                              "unused");
+        return cannot_run(rc, "fix the file (--generation-config vllm leaves its sampling "
+                              "values unused; the engines read its eos_token_id either way)");
     }
     if (check_only) {
         router_text_free(cfg.text);

@@ -244,6 +244,18 @@ static int check_gpu_memory(struct worker *w, const struct backend_limits *bl)
 }
 #endif
 
+/* A model folder's file that cannot be read as a model (config.json, generation_config.json,
+ * the safetensors files: broken, missing, a FIFO) is the operator's to fix, and a restart at once
+ * would fail alike: the worker cannot run as configured, so that a served group tries it again
+ * without end instead of counting a crash loop and stopping (the router and gateway with it, and
+ * the requests waiting). Out of memory is not the files'. Returns rc. */
+static int model_files_failed(struct worker *w, int rc)
+{
+    if (rc != 0 && rc != PAGODA_ENOMEM)
+        w->cannot_run = 1;
+    return rc;
+}
+
 /* Opens the backend the options ask for over the mapped pool. */
 static int open_backend(struct worker *w, const struct backend_limits *bl)
 {
@@ -275,7 +287,7 @@ static int open_backend(struct worker *w, const struct backend_limits *bl)
         if (strcmp(o->load_format, "random") != 0 &&
             (rc = w->tp != NULL ? model_weights_open_shard(o->model, o->tp_rank, o->tp_size, &mw)
                                 : model_weights_open(o->model, &mw)) != 0)
-            return rc;
+            return model_files_failed(w, rc);
         rc = cuda_backend_open(&w->config, mw, o->seed, pg, kv_cuda_pool_data(w->pool.gpu), &co,
                                &w->backend);
         if (rc == PAGODA_EEXHAUSTED)
@@ -284,12 +296,12 @@ static int open_backend(struct worker *w, const struct backend_limits *bl)
     } else if (w->tp != NULL) {
         /* One rank of a group of processes: its shard, over its kvpool's pool of the shard's
          * KV heads, collectives through the group. */
-        if ((rc = model_weights_open_shard(o->model, o->tp_rank, o->tp_size, &mw)) == 0) {
-            struct cpu_backend_options co = cpu_backend_default_options();
-            co.limits = *bl;
-            co.comm = tp_proc_comm(w->tp);
-            rc = cpu_backend_open(mw, pg, kv_shm_pool_data(w->pool.shm), &co, &w->backend);
-        }
+        if ((rc = model_weights_open_shard(o->model, o->tp_rank, o->tp_size, &mw)) != 0)
+            return model_files_failed(w, rc);
+        struct cpu_backend_options co = cpu_backend_default_options();
+        co.limits = *bl;
+        co.comm = tp_proc_comm(w->tp);
+        rc = cpu_backend_open(mw, pg, kv_shm_pool_data(w->pool.shm), &co, &w->backend);
     } else if (o->tensor_parallel > 1) {
         struct cpu_backend_options co = cpu_backend_default_options();
         co.limits = *bl;
@@ -297,7 +309,9 @@ static int open_backend(struct worker *w, const struct backend_limits *bl)
                            o->tp_timeout_ms, &w->backend);
         if (rc == PAGODA_EUNSUPPORTED)
             w->cannot_run = 1; /* a size the model cannot be split by: restarting will not help */
-    } else if ((rc = model_weights_open(o->model, &mw)) == 0) {
+    } else if ((rc = model_weights_open(o->model, &mw)) != 0) {
+        return model_files_failed(w, rc);
+    } else {
         struct cpu_backend_options co = cpu_backend_default_options();
         co.limits = *bl;
         rc = cpu_backend_open(mw, pg, kv_shm_pool_data(w->pool.shm), &co, &w->backend);
@@ -400,7 +414,7 @@ static int worker_load(struct worker *w)
     }
     if ((rc = model_config_load(o->model, &w->config)) != 0 ||
         (rc = model_fingerprint(o->model, o->load_format, o->seed, w->fingerprint)) != 0)
-        return rc;
+        return model_files_failed(w, rc);
     /* A rank's pool holds its shard's KV heads: a size the model cannot be split by stops here,
      * naming the field. */
     struct model_config pool_config = w->config;

@@ -238,6 +238,42 @@ answer=
 ids=$(sed -n 's/.*"token_ids": *\[\([0-9, ]*\)\].*/\1/p' <<<"$answer")
 check "the group serves again ($ids)" [ "$(tr ',' '\n' <<<"$ids" | grep -c '[0-9]')" = 5 ]
 
+# -- the model folder's generation_config.json broken while the group serves, then the worker
+# killed: it cannot run as configured (exit status 78) and is tried again without end while the
+# rest of the group goes on; once the file is fixed, the group serves again. Before, the worker
+# exited 1 five times within seconds and the supervisor stopped the whole group.
+program_pid() { # NAME: the pid of the group's program of that name, or nothing
+    local p
+    for p in $(group_pids); do
+        if [ "$(basename -- "$(tr '\0' '\n' 2>/dev/null <"/proc/$p/cmdline" | head -n 1)")" = \
+            "$1" ]; then
+            echo "$p"
+            return 0
+        fi
+    done
+    return 0
+}
+sup_pid=$(cat "$run/supervisor.pid" 2>/dev/null || true)
+router_before=$(router_pid)
+printf '{"eos_token_id": ' >"$tmp/model/generation_config.json"
+worker=$(program_pid pagoda-worker)
+check "the worker runs ($worker)" [ -n "$worker" ]
+[ -z "$worker" ] || kill -KILL "$worker"
+for _ in $(seq 1 100); do # until it has failed (and been tried again) at least 6 times
+    [ "$(grep -c "worker.*cannot run as configured" "$run/supervisor.log")" -ge 6 ] && break
+    sleep 0.1
+done
+check "the worker cannot run with the broken file, and is tried again" \
+    [ "$(grep -c "worker.*cannot run as configured" "$run/supervisor.log")" -ge 6 ]
+check "the supervisor keeps the group" kill -0 "$sup_pid"
+check "the router is the same one" [ "$(router_pid)" = "$router_before" ]
+rm -f "$tmp/model/generation_config.json"
+answer=$("$bin_dir/pagoda" --url "$url" generate --tokens 1,2,3 --max-tokens 5 --json \
+    --timeout-ms 30000) || true
+ids=$(sed -n 's/.*"token_ids": *\[\([0-9, ]*\)\].*/\1/p' <<<"$answer")
+check "once the file is fixed the group serves again ($ids)" \
+    [ "$(tr ',' '\n' <<<"$ids" | grep -c '[0-9]')" = 5 ]
+
 # -- a supervisor killed with SIGKILL leaves its programs running: pagoda-down stops them.
 kill -KILL "$(cat "$run/supervisor.pid")" 2>/dev/null || true
 sleep 0.2

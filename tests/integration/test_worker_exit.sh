@@ -2,8 +2,11 @@
 # test_worker_exit.sh BINDIR: how pagoda-worker tells the supervisor whether a restart can help.
 # Beside a kvpool started for another model (a pool of 4 layers, a model of 2), the worker says
 # what does not fit and exits with PAGODA_EXIT_CANNOT_RUN (common/exit_status.h, read here from
-# the header), which the supervisor takes as "do not restart me"; a worker whose model directory
-# does not exist fails like any other start failure, with status 1.
+# the header), which the supervisor takes as "do not restart me" while the group starts (and as
+# "try me again, without counting a crash loop" once it has served). A worker whose model
+# directory does not exist says the same: the model folder is the operator's to fix (a served
+# group goes on, and the worker comes back once the folder is there; it exited 1 before, and a
+# served group whose folder went away stopped after five quick exits).
 set -uo pipefail
 # shellcheck source=tests/check.sh
 . "$(dirname "$0")/../check.sh"
@@ -46,5 +49,6 @@ check "it says it cannot run as configured" grep -q 'cannot run as configured' "
 timeout 60 "$bin_dir/pagoda-worker" --run-dir "$run" --model "$tmp/missing" --worker-id 0 \
     >"$tmp/worker2.log" 2>&1
 status=$?
-check "a missing model: exit status 1 (got $status)" [ "$status" = 1 ]
+check "a missing model: exit status $cannot_run (got $status)" [ "$status" = "$cannot_run" ]
+check "it names the file" grep -q "$tmp/missing/config.json: cannot open" "$tmp/worker2.log"
 check_summary || { cat "$tmp/worker.log" "$tmp/worker2.log" "$tmp/kvpool.log"; exit 1; }
