@@ -232,6 +232,9 @@ static int read_common(struct openai_request *req, struct openai_error *err)
     d = 1.0;
     if (number(root, "temperature", 0, 100, &d, err))
         return -1;
+    if (d != 0 && (float)d == 0) /* a float's 0 would decode greedily: refused as too small */
+        return bad(err, "invalid_value",
+                   "'temperature' %g is too small: 0 (greedy) or at least 1e-06", d);
     p->temperature = (float)d;
     d = 1.0;
     if (number(root, "top_p", 0, 1, &d, err))

@@ -343,6 +343,11 @@ static void test_a_completion_is_read(void **state)
     assert_int_equal(req.params.model_defaults,
                      PAGODA_PARAM_TEMPERATURE | PAGODA_PARAM_TOP_P | PAGODA_PARAM_TOP_K);
     openai_request_fini(&req);
+    /* a temperature that is a float's 0 would be greedy: refused, as 1e-7 is by the router */
+    assert_int_not_equal(
+        parse(OPENAI_COMPLETION, "{\"prompt\": \"x\", \"temperature\": 1e-50}", &req, &err), 0);
+    assert_non_null(strstr(err.message, "too small"));
+    openai_request_fini(&req);
     /* Token ids, and the defaults: 16 tokens, temperature 1. */
     assert_int_equal(parse(OPENAI_COMPLETION, "{\"prompt\": [[1, 2, 3]]}", &req, &err), 0);
     assert_int_equal(req.prompt.num_token_ids, 3);
