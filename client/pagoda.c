@@ -38,7 +38,24 @@ struct pagoda_client {
     pthread_mutex_t live_lock;
     struct live_generation *live;
     atomic_int generations_cancelled;
+    atomic_int pipes; /* connections to the router now (pagoda_client_connected) */
 };
+
+/* NNG thread: a connection to the router came or went. */
+static void on_pipe(nng_pipe p, nng_pipe_ev ev, void *arg)
+{
+    (void)p;
+    pagoda_client *c = arg;
+    if (ev == NNG_PIPE_EV_ADD_POST)
+        atomic_fetch_add(&c->pipes, 1);
+    else if (atomic_fetch_sub(&c->pipes, 1) <= 0)
+        atomic_fetch_add(&c->pipes, 1); /* one never added (removed before ADD_POST) */
+}
+
+int pagoda_client_connected(pagoda_client *c)
+{
+    return c != NULL && atomic_load(&c->pipes) > 0;
+}
 
 /* A generate call's request, on its stack from before its Submit until it returns. */
 struct live_generation {
@@ -149,8 +166,11 @@ int pagoda_client_open(const char *url, pagoda_client **out)
         free(c);
         return wire_error(rv, "client socket options");
     }
+    atomic_init(&c->pipes, 0);
     /* Non-blocking: the dial goes on in the background until the router is there. */
-    if ((rv = nng_dial(c->sock, url, NULL, NNG_FLAG_NONBLOCK)) != 0) {
+    if ((rv = nng_pipe_notify(c->sock, NNG_PIPE_EV_ADD_POST, on_pipe, c)) != 0 ||
+        (rv = nng_pipe_notify(c->sock, NNG_PIPE_EV_REM_POST, on_pipe, c)) != 0 ||
+        (rv = nng_dial(c->sock, url, NULL, NNG_FLAG_NONBLOCK)) != 0) {
         nng_close(c->sock);
         pthread_mutex_destroy(&c->live_lock);
         free(c);

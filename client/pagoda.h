@@ -272,6 +272,11 @@ pagoda_prompt pagoda_prompt_default(void);
 int pagoda_client_open(const char *url, pagoda_client **out);
 
 /* Closes the socket and frees the client. No call may be running on it. Accepts NULL. */
+/* 1 while the client holds a connection to the router, 0 while it dials or dials again (the
+ * router not started yet, or restarting): a call made then waits for the router, up to the
+ * client's timeout. For a health check that must not wait (pagoda-gateway's /health). */
+int pagoda_client_connected(pagoda_client *c);
+
 void pagoda_client_close(pagoda_client *c);
 
 /* Cancels the request of every pagoda_generate* call running on c now, from another thread (a

@@ -1062,6 +1062,14 @@ static void start_router_route(struct gateway *g, struct http_request *http, enu
     }
     if (route == ROUTE_MODELS && take_api_key(q) != 0)
         return;
+    if (route == ROUTE_HEALTH && !pagoda_client_connected(g->client)) {
+        /* no connection to the router (restarting, or gone): 503 at once, not after the
+         * client's timeout (30 s by default) that a call would wait for it */
+        pagoda_async_result none = {.rc = PAGODA_ECLOSED};
+        snprintf(none.detail, sizeof(none.detail), "the router is not connected");
+        gateway_on_health(q, &none);
+        return;
+    }
     int rc = gateway_call_started(
         q, route == ROUTE_METRICS
                ? pagoda_stats_async(g->client, g->cfg.stats_key, gateway_on_stats_call, q)
