@@ -429,6 +429,30 @@ static int prepare_engine(struct supervisor *sup, int e)
     return 0;
 }
 
+/* An ipc:// address to listen at must name a socket in a directory that is there (the run
+ * directory exists by now): checked before anything starts, where the program that listens
+ * found it after the engines had started, with NNG's "Entry not found". */
+static int check_ipc_dir(const char *flag, const char *address)
+{
+    if (address == NULL || strncmp(address, "ipc://", 6) != 0)
+        return 0;
+    char dir[PATH_MAX];
+    snprintf(dir, sizeof(dir), "%s", address + 6);
+    char *slash = strrchr(dir, '/');
+    if (slash == NULL)
+        snprintf(dir, sizeof(dir), ".");
+    else if (slash == dir)
+        dir[1] = '\0';
+    else
+        *slash = '\0';
+    struct stat st;
+    int failed = stat(dir, &st) != 0, missing = failed && errno == ENOENT;
+    if (failed || !S_ISDIR(st.st_mode))
+        return pagoda_error_set(PAGODA_EINVAL, "%s %s: %s is not a directory%s", flag, address, dir,
+                                missing ? " (it does not exist)" : "");
+    return 0;
+}
+
 /* Resolves the run directory and the programs and prepares each child. */
 int sup_prepare(struct supervisor *sup)
 {
@@ -460,6 +484,11 @@ int sup_prepare(struct supervisor *sup)
         return rc;
     snprintf(sup->pid_path, sizeof(sup->pid_path), "%s/supervisor.pid", sup->run_dir);
     snprintf(sup->ready_path, sizeof(sup->ready_path), "%s/ready", sup->run_dir);
+    if ((rc = check_ipc_dir("--listen", o->listen)) != 0)
+        return rc;
+    for (int l = 0; l < LINK_COUNT; l++)
+        if ((rc = check_ipc_dir(sup_link_flags[l], o->link_listen[l])) != 0)
+            return rc;
 
     char bin_dir[PATH_MAX];
     if (realpath(o->bin_dir, bin_dir) == NULL)

@@ -97,6 +97,12 @@ check "--workers 2 is refused (exit $rc)" [ "$rc" = 2 ]
 check "the refusal says why" grep -q -- "--workers 2: a group runs 1 worker" "$tmp/workers.err"
 check "nothing was started for --workers 2" nothing_runs
 check "no supervisor was started for --workers 2" [ ! -e "$run/supervisor.log" ]
+up --listen "ipc://$tmp/no-such-dir/client.ipc" >/dev/null 2>"$tmp/ipcdir.err" && rc=0 || rc=$?
+check "a client address in a directory that is not there is refused (exit $rc)" [ "$rc" != 0 ]
+check "the refusal names the flag and the directory" \
+    grep -q -- "--listen ipc://$tmp/no-such-dir/client.ipc: $tmp/no-such-dir is not a directory" \
+    "$tmp/ipcdir.err"
+check "nothing was started for it" nothing_runs
 
 mkdir -m 0700 "$tmp/theirs"
 if chown 65534:65534 "$tmp/theirs" 2>/dev/null; then
