@@ -1057,6 +1057,21 @@ static void on_liveness_timer(uv_timer_t *t)
     uint64_t limit_ms = sup->opts.heartbeat_ms * (uint64_t)sup->opts.heartbeat_misses;
     for (int i = 0; i < sup->num_children; i++) {
         struct child *c = &sup->children[i];
+        /* A program restarted while the group runs that is not ready within the start's limit
+         * (--ready-timeout-ms) is stuck in its start (a file that blocks, a peer that never
+         * answers): killed, so that it is started again, where nothing replaced it (a worker's
+         * loop sends no heartbeat before it is ready, and the scheduler's reports of it are
+         * ignored until then). */
+        if (sup->phase == PHASE_RUNNING && c->state == CHILD_RUNNING && !c->ready &&
+            !c->hung_killed && now - c->started_ms > sup->opts.ready_timeout_ms) {
+            log_warn("%s (pid %d) is not ready %llu ms after its restart (--ready-timeout-ms "
+                     "%llu): stuck in its start; killing it with SIGKILL",
+                     c->name, c->pid, (unsigned long long)(now - c->started_ms),
+                     (unsigned long long)sup->opts.ready_timeout_ms);
+            c->hung_killed = 1;
+            child_signal(c, SIGKILL);
+            continue;
+        }
         if (c->state != CHILD_RUNNING || !c->watched || c->hung_killed || c->role == ROLE_WORKER ||
             now - c->alive_ms <= limit_ms)
             continue;

@@ -15,6 +15,7 @@
  *   --ready-delay-ms N     push Control{ready} N ms after the start (default 0)
  *   --ready-delay-for NAME:N   the same, only for the fake named NAME ("worker-1")
  *   --never-ready          never push it
+ *   --never-ready-if FILE  never push it when FILE exists at the start (a restart that stalls)
  *   --crash-after-ms N     N ms after ready (after the start with --never-ready), crash:
  *   --crash-code C         exit with status C (default 1), or
  *   --crash-signal S       kill itself with signal S
@@ -85,6 +86,7 @@ static const struct flag flags[] = {
     {"--ready-delay-ms", R_ALL, 1},
     {"--ready-delay-for", R_ALL, 1},
     {"--never-ready", R_ALL, 0},
+    {"--never-ready-if", R_ALL, 1},
     {"--crash-after-ms", R_ALL, 1},
     {"--crash-code", R_ALL, 1},
     {"--crash-signal", R_ALL, 1},
@@ -234,7 +236,7 @@ int main(int argc, char **argv)
     snprintf(name, sizeof(name), "%s", sender);
 
     const char *run_dir = NULL, *model = NULL, *worker_id = NULL, *workers = NULL, *listen = NULL,
-               *crash_once = NULL;
+               *crash_once = NULL, *never_ready_if = NULL;
     int ready_delay_ms = 0, never_ready = 0, crash_after_ms = -1, crash_code = 1, crash_signal = 0,
         ignore_term = 0, term_delay_ms = 0, hang_after_ms = -1, deposit_junk = 0, check = 0,
         check_fails = 0;
@@ -282,6 +284,8 @@ int main(int argc, char **argv)
             delay_for = v;
         else if (strcmp(fl->name, "--never-ready") == 0)
             never_ready = 1;
+        else if (strcmp(fl->name, "--never-ready-if") == 0)
+            never_ready_if = v;
         else if (strcmp(fl->name, "--crash-after-ms") == 0)
             crash_after_ms = atoi(v);
         else if (strcmp(fl->name, "--crash-code") == 0)
@@ -370,6 +374,8 @@ int main(int argc, char **argv)
             perror("supervisor_fake: pid file");
         close(fd);
     }
+    if (never_ready_if != NULL && access(never_ready_if, F_OK) == 0)
+        never_ready = 1;
     /* crash-once decides now, so that the decision belongs to this process alone. */
     int will_crash = crash_after_ms >= 0, will_hang = hang_after_ms >= 0;
     if ((will_crash || will_hang) && crash_once != NULL) {

@@ -853,6 +853,48 @@ static void test_crash_once_is_restarted(void **state)
     stop_sup(f);
 }
 
+/* A program restarted while the group runs that never gets ready (stuck in its start) is killed
+ * after --ready-timeout-ms and started again, the rest of the group going on: before, nothing
+ * replaced it (a worker sends no heartbeat before it is ready, and its scheduler's reports were
+ * ignored), and the group answered healthy while it could not serve. */
+static void test_restart_stuck_in_its_start_is_killed(void **state)
+{
+    struct fx *f = *state;
+    char marker[160];
+    snprintf(marker, sizeof(marker), "%s/crashed", f->root);
+    const char *extra[] = {"--ready-timeout-ms",
+                           "800",
+                           "--worker-arg",
+                           "--crash-once",
+                           "--worker-arg",
+                           marker,
+                           "--worker-arg",
+                           "--crash-after-ms",
+                           "--worker-arg",
+                           "300",
+                           "--worker-arg",
+                           "--never-ready-if",
+                           "--worker-arg",
+                           marker,
+                           NULL};
+    start_sup(f, extra);
+    struct ev *evs = events;
+    assert_true(wait_ready_file(f, 10000));
+    /* the first worker crashes 300 ms after it was ready; each restart stalls and is killed */
+    assert_true(wait_ev(f, evs, "start", "worker-0", 3, 10000));
+    assert_int_equal(waitpid(f->sup, NULL, WNOHANG), 0); /* still supervising */
+    int n = load_events(f, evs);
+    assert_int_equal(count_ev(evs, n, "ready", "worker-0"), 1);
+    assert_int_equal(count_ev(evs, n, "start", "router"), 1);
+    assert_int_equal(count_ev(evs, n, "start", "scheduler"), 1);
+    int second = find_ev(evs, n, "start", "worker-0", 1);
+    int third = find_ev(evs, n, "start", "worker-0", 2);
+    assert_true(evs[third].ms >= evs[second].ms + 800);
+    assert_output_has(f, "is not ready");
+    assert_output_has(f, "after its restart (--ready-timeout-ms 800): stuck in its start");
+    stop_sup(f);
+}
+
 static void test_restart_during_the_start_delays_ready(void **state)
 {
     struct fx *f = *state;
@@ -1401,6 +1443,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_second_supervisor_on_the_same_dir_is_refused, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_crash_once_is_restarted, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_restart_stuck_in_its_start_is_killed, setup, teardown),
         cmocka_unit_test_setup_teardown(test_restart_during_the_start_delays_ready, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_ready_is_credited_to_the_process_that_sent_it, setup,
