@@ -23,8 +23,8 @@
 #            generate (static cache, compiled; HF_BATCH_SIZES; a size that does not fit the GPU
 #            falls back to the next smaller power of two) and through pagoda, then the 1024 +
 #            256 random workload through pagoda; each pagoda run with its compute-and-bandwidth
-#            bound (pagoda-bench --matrix-tflops; MATRIX_TFLOPS skips the measurement); then its
-#            table; not in the default parts
+#            bound (pagoda-bench --matrix-tflops; MATRIX_TFLOPS skips the measurement; TP_SKIP_1024
+#            skips the 1024 + 256 run); then its table; not in the default parts
 #   long     an 8-minute run (LONG_DURATION, 480 s) of the realistic workload, LONG_CLIENTS (128)
 #            clients, with its timeline (long.json, long.png); not in the default parts
 #   engines  two engines sharing the GPU (pagoda-up --engines 2, ENGINES_KV_BYTES (20e9) of pool
@@ -350,8 +350,9 @@ part_throughput() { # issue 15: 128 + 1024 at 256 in flight against transformers
     bench tp-main "${tp_workload[@]}" --rate inf --max-concurrency "$tp_concurrency" \
         --bandwidth-gbs "$bandwidth" \
         --matrix-tflops "$tf" ${base:+--baseline-tps "$base"}
-    bench tp-1024 "${random_flags[@]}" --rate inf --max-concurrency "$max_conc" \
-        --bandwidth-gbs "$bandwidth" --matrix-tflops "$tf"
+    [ -n "${TP_SKIP_1024:-}" ] || # (a call short of device time: the 128 + 1024 run alone)
+        bench tp-1024 "${random_flags[@]}" --rate inf --max-concurrency "$max_conc" \
+            --bandwidth-gbs "$bandwidth" --matrix-tflops "$tf"
     down
     part_throughput_table
 }
