@@ -828,19 +828,26 @@ static void on_child_closed(uv_handle_t *h)
         break;
     }
 
-    if (is_unit_rank(c)) {
-        unit_exited(sup, c, uptime_ms, how);
-        return;
-    }
-    uint64_t delay_ms = 0;
     /* "Cannot run as configured" once the group has served: the operator can fix it while the
      * rest goes on (the router's tenants file or tokenizer files; a worker's GPU memory still
      * held by the one it replaces), so it is tried again without end, with the back-off, never
      * counted as a crash
-     * loop that would stop the group and lose the engines' requests. */
+     * loop that would stop the group and lose the engines' requests. A tensor-parallel unit's
+     * count is its rank 0's: a rank's such exit clears it the same way. */
     const int cannot_run =
         c->spawn_error == 0 && c->term_signal == 0 && c->exit_status == PAGODA_EXIT_CANNOT_RUN;
-    if (cannot_run)
+    /* Killed by this supervisor as stuck in its start (on_liveness_timer): not a crash of its
+     * own, however short --ready-timeout-ms is (below fast_exit_ms it would count as one, and
+     * five would stop the group). */
+    const int stuck_killed = c->hung_killed && !c->ready;
+    if (is_unit_rank(c)) {
+        if (cannot_run || stuck_killed)
+            unit_leader(sup, c)->restart.fast_exits = 0;
+        unit_exited(sup, c, uptime_ms, how);
+        return;
+    }
+    uint64_t delay_ms = 0;
+    if (cannot_run || stuck_killed)
         c->restart.fast_exits = 0;
     if (restart_policy_exit(&sup->policy, &c->restart, uptime_ms, &delay_ms) != 0) {
         log_error("%s exited %d times in a row, each within %llu ms of its start; the last "

@@ -432,10 +432,13 @@ static int prepare_engine(struct supervisor *sup, int e)
 /* An ipc:// address to listen at must name a socket in a directory that is there (the run
  * directory exists by now): checked before anything starts, where the program that listens
  * found it after the engines had started, with NNG's "Entry not found". */
-static int check_ipc_dir(const char *flag, const char *address)
+static int check_ipc_dir(const char *run_dir, const char *flag, const char *address)
 {
     if (address == NULL || strncmp(address, "ipc://", 6) != 0)
         return 0;
+    size_t n = strlen(run_dir);
+    if (strncmp(address + 6, run_dir, n) == 0 && address[6 + n] == '/')
+        return 0; /* in the run directory: made by the supervisor (an engine's directory, later) */
     char dir[PATH_MAX];
     snprintf(dir, sizeof(dir), "%s", address + 6);
     char *slash = strrchr(dir, '/');
@@ -484,10 +487,10 @@ int sup_prepare(struct supervisor *sup)
         return rc;
     snprintf(sup->pid_path, sizeof(sup->pid_path), "%s/supervisor.pid", sup->run_dir);
     snprintf(sup->ready_path, sizeof(sup->ready_path), "%s/ready", sup->run_dir);
-    if ((rc = check_ipc_dir("--listen", o->listen)) != 0)
+    if ((rc = check_ipc_dir(sup->run_dir, "--listen", o->listen)) != 0)
         return rc;
     for (int l = 0; l < LINK_COUNT; l++)
-        if ((rc = check_ipc_dir(sup_link_flags[l], o->link_listen[l])) != 0)
+        if ((rc = check_ipc_dir(sup->run_dir, sup_link_flags[l], o->link_listen[l])) != 0)
             return rc;
 
     char bin_dir[PATH_MAX];

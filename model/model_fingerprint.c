@@ -4,10 +4,12 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #define XXH_INLINE_ALL
 #include <xxhash.h>
@@ -18,14 +20,29 @@
 /* Adds the first max bytes of path (all of it when max is 0) to st, after its length. */
 static int hash_file(XXH3_state_t *st, const char *path, int header_only)
 {
-    FILE *f = fopen(path, "rb");
-    if (f == NULL)
+    /* O_NONBLOCK: a FIFO in a model file's place must not hold the open (the worker's start,
+     * for ever) until something writes to it; what was opened is checked before a read. */
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+    if (fd < 0)
         return pagoda_error_set(errno == ENOENT ? PAGODA_ENOENT : PAGODA_EIO, "%s: %s", path,
                                 strerror(errno));
     struct stat sb;
-    if (fstat(fileno(f), &sb) != 0) {
-        fclose(f);
-        return pagoda_error_set(PAGODA_EIO, "%s: %s", path, strerror(errno));
+    if (fstat(fd, &sb) != 0) {
+        int e = errno;
+        close(fd);
+        return pagoda_error_set(PAGODA_EIO, "%s: %s", path, strerror(e));
+    }
+    if (!S_ISREG(sb.st_mode)) {
+        close(fd);
+        return pagoda_error_set(PAGODA_EFORMAT, "%s: not a regular file (%s)", path,
+                                S_ISFIFO(sb.st_mode)  ? "a FIFO"
+                                : S_ISDIR(sb.st_mode) ? "a directory"
+                                                      : "a device or socket");
+    }
+    FILE *f = fdopen(fd, "rb");
+    if (f == NULL) {
+        close(fd);
+        return pagoda_error_set(PAGODA_ENOMEM, "%s: out of memory", path);
     }
     uint64_t size = (uint64_t)sb.st_size;
     XXH3_128bits_update(st, &size, sizeof(size));

@@ -251,7 +251,7 @@ static int check_gpu_memory(struct worker *w, const struct backend_limits *bl)
  * the requests waiting). Out of memory is not the files'. Returns rc. */
 static int model_files_failed(struct worker *w, int rc)
 {
-    if (rc != 0 && rc != PAGODA_ENOMEM)
+    if (rc != 0 && rc != PAGODA_ENOMEM && !g_stop) /* (a stop during the start is not) */
         w->cannot_run = 1;
     return rc;
 }

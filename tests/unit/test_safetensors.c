@@ -7,6 +7,7 @@
 #include <cmocka.h>
 
 #include "common/error.h"
+#include "model/model_fingerprint.h"
 #include "model/safetensors.h"
 #include "tests/unit/test_files.h"
 
@@ -213,6 +214,29 @@ static void test_refuses_what_is_not_a_file(void **state)
     assert_int_equal(mkdir(path, 0700), 0);
     expect_open_error(path, PAGODA_EFORMAT, "not a regular file (a directory)");
     rmdir(path);
+    remove_dir(dir);
+}
+
+/* The worker fingerprints the model folder's files before it opens them: a FIFO named like a
+ * safetensors file is refused there too, at once, where its open waited for a writer for ever. */
+static void test_fingerprint_refuses_a_fifo(void **state)
+{
+    (void)state;
+    char dir[32], path[64];
+    make_dir(dir);
+    snprintf(path, sizeof(path), "%s/config.json", dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("{}", f);
+    fclose(f);
+    snprintf(path, sizeof(path), "%s/model.safetensors", dir);
+    assert_int_equal(mkfifo(path, 0600), 0);
+    uint8_t fp[MODEL_FINGERPRINT_BYTES];
+    assert_int_equal(model_fingerprint(dir, "auto", 0, fp), PAGODA_EFORMAT);
+    assert_non_null(strstr(pagoda_error_detail(), "not a regular file (a FIFO)"));
+    unlink(path);
+    snprintf(path, sizeof(path), "%s/config.json", dir);
+    unlink(path);
     remove_dir(dir);
 }
 
@@ -450,6 +474,7 @@ int main(void)
         cmocka_unit_test(test_reads_good_file),
         cmocka_unit_test(test_refuses_truncated_file),
         cmocka_unit_test(test_refuses_what_is_not_a_file),
+        cmocka_unit_test(test_fingerprint_refuses_a_fifo),
         cmocka_unit_test(test_refuses_bad_offsets),
         cmocka_unit_test(test_refuses_wrong_byte_size),
         cmocka_unit_test(test_refuses_unsupported_and_malformed),
