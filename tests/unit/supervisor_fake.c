@@ -20,6 +20,9 @@
  *   --crash-code C         exit with status C (default 1), or
  *   --crash-signal S       kill itself with signal S
  *   --crash-once FILE      crash (or hang) only if FILE does not exist yet (and create it)
+ *   --crash-after-group-ready  count --crash-after-ms from when both it is ready and RUN_DIR/ready
+ *                          (the group's) exists: a crash that lands while the group still starts
+ *                          is a failed start (whatever the machine's load), not a restart
  *   --hang-after-ms N      N ms after ready, stop: no more heartbeats, no answer to SIGTERM
  *                          (a blocked event loop); the process stays until it is killed
  *   --ignore-term          ignore SIGTERM
@@ -91,6 +94,7 @@ static const struct flag flags[] = {
     {"--crash-code", R_ALL, 1},
     {"--crash-signal", R_ALL, 1},
     {"--crash-once", R_ALL, 1},
+    {"--crash-after-group-ready", R_ALL, 0},
     {"--ignore-term", R_ALL, 0},
     {"--term-delay-ms", R_ALL, 1},
     {"--report-hung", R_SCHEDULER, 1},
@@ -237,6 +241,7 @@ int main(int argc, char **argv)
 
     const char *run_dir = NULL, *model = NULL, *worker_id = NULL, *workers = NULL, *listen = NULL,
                *crash_once = NULL, *never_ready_if = NULL;
+    int after_group_ready = 0;
     int ready_delay_ms = 0, never_ready = 0, crash_after_ms = -1, crash_code = 1, crash_signal = 0,
         ignore_term = 0, term_delay_ms = 0, hang_after_ms = -1, deposit_junk = 0, check = 0,
         check_fails = 0;
@@ -294,6 +299,8 @@ int main(int argc, char **argv)
             crash_signal = atoi(v);
         else if (strcmp(fl->name, "--crash-once") == 0)
             crash_once = v;
+        else if (strcmp(fl->name, "--crash-after-group-ready") == 0)
+            after_group_ready = 1;
         else if (strcmp(fl->name, "--ignore-term") == 0)
             ignore_term = 1;
         else if (strcmp(fl->name, "--term-delay-ms") == 0)
@@ -395,7 +402,7 @@ int main(int argc, char **argv)
         keeper_round(deposit_junk);
 
     unsigned long long t0 = now_ms(), ready_at = 0;
-    int ready = 0, reported = 0;
+    int ready = 0, reported = 0, group_ready = 0;
     for (;;) {
         if (getppid() != parent)
             _exit(0); /* the supervisor is gone */
@@ -428,6 +435,16 @@ int main(int argc, char **argv)
                 fprintf(stderr, "supervisor_fake (%s): ready: %s\n", name, pagoda_strerror(rc));
             ready = 1;
             ready_at = now_ms();
+            continue;
+        }
+        if (will_crash && after_group_ready && ready && !group_ready) {
+            char group_path[4200];
+            snprintf(group_path, sizeof(group_path), "%s/ready", run_dir);
+            if (access(group_path, F_OK) == 0) {
+                group_ready = 1;
+                ready_at = now_ms(); /* the crash's count starts now */
+            }
+            sleep_ms(5);
             continue;
         }
         if (will_crash && (ready || never_ready) &&

@@ -1079,6 +1079,8 @@ static void test_cannot_run_exit_after_start_is_restarted(void **state)
                            "--crash-code",
                            "--worker-arg",
                            code,
+                           "--worker-arg",
+                           "--crash-after-group-ready",
                            NULL};
     start_sup(f, extra);
     struct ev *evs = events;
@@ -1096,9 +1098,17 @@ static void test_cannot_run_exits_after_start_do_not_stop_the_group(void **state
     struct fx *f = *state;
     char code[16];
     snprintf(code, sizeof(code), "%d", PAGODA_EXIT_CANNOT_RUN);
-    const char *extra[] = {
-        "--worker-arg", "--crash-after-ms", "--worker-arg", "150", "--worker-arg",
-        "--crash-code", "--worker-arg",     code,           NULL};
+    const char *extra[] = {"--worker-arg",
+                           "--crash-after-ms",
+                           "--worker-arg",
+                           "150",
+                           "--worker-arg",
+                           "--crash-code",
+                           "--worker-arg",
+                           code,
+                           "--worker-arg",
+                           "--crash-after-group-ready",
+                           NULL};
     start_sup(f, extra);
     struct ev *evs = events;
     assert_true(wait_ev(f, evs, "start", "worker-0", 7, 20000));
