@@ -143,9 +143,9 @@ static void step_make(struct step *st, int32_t B, int32_t ctx, int32_t bps, int3
         st->rows[s].params = sampling_params_default();
         st->rows[s].params.temperature = 0.0f;
     }
-    struct fwd_batch fb = {B,   st->tokens, st->positions, st->slots,
-                           B,   st->qs,     st->ctx,       st->tables,
-                           bps, B,          st->logits_idx};
+    struct fwd_batch fb = {
+        B,   st->tokens, st->positions,  st->slots, B, st->qs, st->ctx, st->tables,
+        bps, B,          st->logits_idx, NULL,      0};
     st->batch = fb;
 }
 

@@ -127,6 +127,10 @@ pagoda_generate_params pagoda_generate_params_default(void)
         .num_stop_token_ids = 0,
         .ignore_eos = 0,
         .logprobs = 0,
+        .logit_bias_ids = NULL,
+        .logit_bias_values = NULL,
+        .num_logit_bias = 0,
+        .min_tokens = 0,
         .stop = NULL,
         .num_stop = 0,
         .detokenize = -1,
@@ -453,6 +457,8 @@ int client_submit_build(struct client_submit *cs, const pagoda_generate_params *
         (prompt->num_token_ids > 0 && prompt->token_ids == NULL) ||
         (prompt->num_messages > 0 && prompt->messages == NULL) ||
         (params->num_stop_token_ids > 0 && params->stop_token_ids == NULL) ||
+        (params->num_logit_bias > 0 &&
+         (params->logit_bias_ids == NULL || params->logit_bias_values == NULL)) ||
         (params->num_stop > 0 && params->stop == NULL))
         return pagoda_error_set(PAGODA_EINVAL, "pagoda_submit: NULL argument");
     int forms = (prompt->num_token_ids > 0) + (prompt->text != NULL) + (prompt->num_messages > 0);
@@ -464,6 +470,14 @@ int client_submit_build(struct client_submit *cs, const pagoda_generate_params *
     if (params->max_tokens < 1)
         return pagoda_error_set(PAGODA_ERANGE, "pagoda_submit: max_tokens %d must be >= 1",
                                 (int)params->max_tokens);
+    if (params->min_tokens < 0 || params->min_tokens > params->max_tokens)
+        return pagoda_error_set(PAGODA_ERANGE,
+                                "pagoda_submit: min_tokens %d must be in [0, max_tokens %d]",
+                                (int)params->min_tokens, (int)params->max_tokens);
+    /* the ids' vocabulary and the values' range are the router's to check (it knows the model) */
+    if (params->num_logit_bias > PAGODA_MAX_LOGIT_BIAS)
+        return pagoda_error_set(PAGODA_ERANGE, "pagoda_submit: %zu logit bias pairs, more than %u",
+                                params->num_logit_bias, PAGODA_MAX_LOGIT_BIAS);
     memcpy(cs->id, id, PAGODA_REQUEST_ID_BYTES);
     Pagoda__SamplingParams sp = PAGODA__SAMPLING_PARAMS__INIT;
     const unsigned model = params->model_defaults;
@@ -484,6 +498,12 @@ int client_submit_build(struct client_submit *cs, const pagoda_generate_params *
     sp.seed = params->seed;
     sp.has_logprobs = 1;
     sp.logprobs = params->logprobs != 0;
+    /* sent only when asked for, so that a router without them sees the Submit it knew */
+    sp.n_logit_bias_token_ids = sp.n_logit_bias_values = params->num_logit_bias;
+    sp.logit_bias_token_ids = (int32_t *)params->logit_bias_ids;
+    sp.logit_bias_values = (float *)params->logit_bias_values;
+    sp.has_min_tokens = params->min_tokens > 0;
+    sp.min_tokens = params->min_tokens;
     cs->sp = sp;
     Pagoda__SubmitRequest sub = PAGODA__SUBMIT_REQUEST__INIT;
     sub.has_request_id = 1;

@@ -57,6 +57,10 @@
 #define PAGODA_STATS_DTYPE_BYTES 32u
 /* The most stop strings a request may have (the router's limit). */
 #define PAGODA_MAX_STOP_STRINGS 16u
+/* The most (token id, value) pairs of a request's logit bias, and the largest value's magnitude
+ * (the router's limits: kernels/cpu/logit_bias.h SAMPLING_LOGIT_BIAS_MAX and _LIMIT). */
+#define PAGODA_MAX_LOGIT_BIAS 300u
+#define PAGODA_LOGIT_BIAS_LIMIT 100.0f
 /* The largest reply the client accepts (NNG_OPT_RECVMAXSZ). */
 #define PAGODA_MAX_REPLY_BYTES (64u << 20)
 
@@ -91,6 +95,16 @@ typedef struct pagoda_generate_params {
     size_t num_stop_token_ids;
     int ignore_eos;
     int logprobs; /* return the log-probability of every sampled token */
+    /* OpenAI's logit_bias: values[i] in [-100, 100] added to token ids[i]'s logit before
+     * sampling (at most PAGODA_MAX_LOGIT_BIAS distinct ids of the vocabulary, which the router
+     * checks; borrowed for the call; NULL when num_logit_bias is 0). */
+    const int32_t *logit_bias_ids;
+    const float *logit_bias_values;
+    size_t num_logit_bias;
+    /* vLLM's min_tokens (>= 0, at most max_tokens, else PAGODA_ERANGE; 0: off): no EOS (unless
+     * ignore_eos), stop token id or stop string ends the request before this many output
+     * tokens. */
+    int32_t min_tokens;
     /* Text (a model with a tokenizer.json): stop strings matched on the output text (borrowed
      * for the call; at most 16 of at most 256 bytes), whether the router returns text (-1: its
      * default, on when the model has a tokenizer; 0 off; 1 on), and whether special tokens are
@@ -259,7 +273,8 @@ typedef struct pagoda_engine_stats {
 } pagoda_engine_stats;
 
 /* Temperature 1 with every filter and penalty off, no seed (the router draws one), max_tokens
- * 16, no stop ids or strings, EOS honoured, no logprobs, the router's text default. */
+ * 16, no stop ids or strings, EOS honoured, no logprobs, no logit bias, min_tokens 0, the
+ * router's text default. */
 pagoda_generate_params pagoda_generate_params_default(void);
 
 /* No prompt yet, add_generation_prompt 1, add_special_tokens -1. */

@@ -1,7 +1,8 @@
 /* pagoda: the command-line client of a pagoda router (libpagoda).
  *
  *   pagoda [--url URL] [--api-key KEY] generate --tokens 1,2,3 | --prompt TEXT [--max-tokens N]
- *                                [sampling flags] [--stop STR]... [--stream] [--json]
+ *                                [sampling flags] [--logit-bias ID:VALUE]... [--min-tokens N]
+ *                                [--stop STR]... [--stream] [--json]
  *   pagoda [--url URL] [--api-key KEY] chat [--system TEXT] [--max-tokens N] [sampling flags]
  *                                (reads a user turn per line of stdin, streams the answers)
  *   pagoda [--url URL] stats [--json]
@@ -44,6 +45,7 @@ static void usage(FILE *f)
         "              [--temperature T] [--top-p P] [--top-k K] [--min-p M]\n"
         "              [--repetition-penalty R] [--presence-penalty X]\n"
         "              [--frequency-penalty X] [--seed S] [--stop-token-ids 1,2]\n"
+        "              [--logit-bias ID:VALUE]... [--min-tokens N]\n"
         "              [--stop STR]... [--ignore-eos] [--stream] [--json] [--timeout-ms MS]\n"
         "       pagoda [--url URL] chat [--system TEXT] [--max-tokens N] [sampling flags]\n"
         "       pagoda [--url URL] stats [--json]\n"
@@ -57,12 +59,15 @@ static void usage(FILE *f)
         "line per piece, then the summary line). --prompt sends text (the model needs a\n"
         "tokenizer.json) and prints the text of the output; --stop ends the output before a\n"
         "stop string (repeatable); with --json the text, \"stop_string\" and \"stop_token_id\"\n"
-        "are in the line too. Interrupted (SIGINT, SIGTERM, SIGHUP) it cancels its request,\n"
-        "prints what it has (finish_reason \"cancelled\") and exits 128 + the signal.\n"
+        "are in the line too. --logit-bias adds VALUE (in [-100, 100]) to token ID's logit\n"
+        "before sampling (repeatable, up to %u tokens); with --min-tokens N no EOS, stop token\n"
+        "or stop string ends the output before N tokens (N at most max_tokens).\n"
+        "Interrupted (SIGINT, SIGTERM, SIGHUP) it cancels its request, prints what it has\n"
+        "(finish_reason \"cancelled\") and exits 128 + the signal.\n"
         "chat: one user turn per line of stdin, the model's chat template, the answer streamed\n"
         "as text; the conversation is kept until end of input. 256 tokens unless told.\n"
         "Exit status: 0 done, 1 the router or the request failed, 2 bad flags.\n",
-        PAGODA_DEFAULT_URL);
+        PAGODA_DEFAULT_URL, PAGODA_MAX_LOGIT_BIAS);
     admin_cli_usage(f);
 }
 
@@ -178,6 +183,8 @@ enum {
     OPT_PROMPT,
     OPT_STOP_STRING,
     OPT_SYSTEM,
+    OPT_LOGIT_BIAS,
+    OPT_MIN_TOKENS,
 };
 
 static const struct option longopts[] = {
@@ -201,6 +208,8 @@ static const struct option longopts[] = {
     {"prompt", required_argument, NULL, OPT_PROMPT},
     {"stop", required_argument, NULL, OPT_STOP_STRING},
     {"system", required_argument, NULL, OPT_SYSTEM},
+    {"logit-bias", required_argument, NULL, OPT_LOGIT_BIAS},
+    {"min-tokens", required_argument, NULL, OPT_MIN_TOKENS},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
 };
@@ -215,12 +224,48 @@ struct cli {
     const char *system; /* chat --system */
     const char *stops[MAX_STOP_STRINGS];
     size_t num_stops;
+    int32_t bias_ids[PAGODA_MAX_LOGIT_BIAS]; /* --logit-bias, in the order given */
+    float bias_values[PAGODA_MAX_LOGIT_BIAS];
     int max_tokens_set;
     pagoda_generate_params params;
     int stream, json;
     uint32_t timeout_ms;
     int generate; /* flags only generate takes were given */
 };
+
+/* --logit-bias ID:VALUE, once per token: appended to o's params. The router checks the id
+ * against the vocabulary; a value outside [-100, 100] and an id given twice are refused here
+ * (the gateway clamps values, as OpenAI's API is documented to take them: a flag of this
+ * program's own is better refused than changed). */
+static int parse_logit_bias(struct cli *o, const char *arg)
+{
+    const char *colon = strchr(arg, ':');
+    char id_text[16];
+    int64_t id;
+    double value;
+    int rc;
+    if (colon == NULL || colon == arg || (size_t)(colon - arg) >= sizeof(id_text))
+        return pagoda_error_set(PAGODA_EINVAL, "--logit-bias: '%s' is not ID:VALUE", arg);
+    memcpy(id_text, arg, (size_t)(colon - arg));
+    id_text[colon - arg] = '\0';
+    if ((rc = parse_i64("--logit-bias", id_text, 0, INT32_MAX, &id)) != 0 ||
+        (rc = parse_f64("--logit-bias", colon + 1, -PAGODA_LOGIT_BIAS_LIMIT,
+                        PAGODA_LOGIT_BIAS_LIMIT, &value)) != 0)
+        return rc;
+    size_t n = o->params.num_logit_bias;
+    if (n == PAGODA_MAX_LOGIT_BIAS)
+        return pagoda_error_set(PAGODA_ERANGE, "--logit-bias: at most %u tokens",
+                                PAGODA_MAX_LOGIT_BIAS);
+    for (size_t i = 0; i < n; i++)
+        if (o->bias_ids[i] == (int32_t)id)
+            return pagoda_error_set(PAGODA_EINVAL, "--logit-bias: token %d given twice", (int)id);
+    o->bias_ids[n] = (int32_t)id;
+    o->bias_values[n] = (float)value;
+    o->params.logit_bias_ids = o->bias_ids;
+    o->params.logit_bias_values = o->bias_values;
+    o->params.num_logit_bias = n + 1;
+    return 0;
+}
 
 static int parse_flag(struct cli *o, int opt, const char *arg)
 {
@@ -311,6 +356,12 @@ static int parse_flag(struct cli *o, int opt, const char *arg)
     case OPT_IGNORE_EOS:
         o->params.ignore_eos = 1;
         return 0;
+    case OPT_LOGIT_BIAS:
+        return parse_logit_bias(o, arg);
+    case OPT_MIN_TOKENS:
+        if ((rc = parse_i64("--min-tokens", arg, 0, INT32_MAX, &i)) == 0)
+            o->params.min_tokens = (int32_t)i;
+        return rc;
     case OPT_STREAM:
         o->stream = 1;
         return 0;
@@ -401,12 +452,26 @@ static void *interrupt_watch(void *arg)
     return NULL;
 }
 
+/* --min-tokens against the max_tokens in force (--max-tokens or the command's default): 0, or
+ * 2 (bad flags) said on stderr, before anything is sent. */
+static int check_min_tokens(const struct cli *o)
+{
+    if (o->params.min_tokens <= o->params.max_tokens)
+        return 0;
+    fprintf(stderr, "pagoda: --min-tokens %d is more than max_tokens (%d%s)\n",
+            (int)o->params.min_tokens, (int)o->params.max_tokens,
+            o->max_tokens_set ? "" : ", the default: give --max-tokens");
+    return 2;
+}
+
 static int cmd_generate(pagoda_client *c, struct cli *o)
 {
     if ((o->num_prompt == 0) == (o->text == NULL)) {
         fprintf(stderr, "pagoda: generate needs one of --tokens and --prompt\n");
         return 2;
     }
+    if (check_min_tokens(o) != 0)
+        return 2;
     o->params.logprobs = 1;
     struct stream_state st = {.json = o->json, .text = o->text != NULL};
     pagoda_prompt prompt = pagoda_prompt_default();
@@ -512,6 +577,8 @@ static int cmd_chat(pagoda_client *c, struct cli *o)
     }
     if (!o->max_tokens_set)
         o->params.max_tokens = 256;
+    if (check_min_tokens(o) != 0)
+        return 2;
     pagoda_chat_message *msgs = calloc(CHAT_MAX_MESSAGES, sizeof(*msgs));
     char **owned = calloc(CHAT_MAX_MESSAGES, sizeof(*owned));
     size_t n = 0;

@@ -671,11 +671,12 @@ static void on_prompt_ids(struct gchoice *c, pagoda_async_result *res)
     tokenize_prompts(q);
 }
 
-/* About the bytes of a Submit's parameters: its stop strings and stop token ids, and the rest. */
+/* About the bytes of a Submit's parameters: its stop strings, stop token ids and logit bias (a
+ * packed id and a float a pair), and the rest. */
 static size_t params_bytes(const struct greq *q)
 {
     const pagoda_generate_params *p = &q->req.params;
-    size_t bytes = 128 + 5 * p->num_stop_token_ids;
+    size_t bytes = 128 + 5 * p->num_stop_token_ids + 9 * p->num_logit_bias;
     for (size_t i = 0; i < p->num_stop; i++)
         bytes += strlen(p->stop[i]) + 2;
     return bytes;

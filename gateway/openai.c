@@ -599,17 +599,11 @@ static int read_messages(struct openai_request *req, struct openai_error *err)
 
 /* Parameters that change the output, which this server does not do, with a value that asks for
  * them: refused (400) rather than ignored, as 'n' and 'echo' are, so that a client never takes an
- * answer made without them for one made with them. Their neutral values pass (an empty
- * logit_bias, response_format text, tool_choice none, or auto without tools). */
+ * answer made without them for one made with them. Their neutral values pass (response_format
+ * text, tool_choice none, or auto without tools). */
 static int refuse_unsupported(struct openai_request *req, struct openai_error *err)
 {
     const json_t *root = req->root, *v;
-    if ((v = json_object_get(root, "logit_bias")) != NULL && !json_is_null(v)) {
-        if (!json_is_object(v))
-            return bad(err, "invalid_type", "'logit_bias' must be an object");
-        if (json_object_size(v) > 0)
-            return bad(err, "unsupported", "'logit_bias' is not supported");
-    }
     if ((v = json_object_get(root, "response_format")) != NULL && !json_is_null(v)) {
         const char *type = json_string_value(json_object_get(v, "type"));
         if (!json_is_object(v) || type == NULL)
@@ -681,14 +675,13 @@ static int refuse_unsupported(struct openai_request *req, struct openai_error *e
                    "the last chunk)");
     /* vLLM's other parameters that change the output, each refused unless null or its neutral
      * value (vLLM's default): what asks for it is not done here. */
-    enum neutral { NEUTRAL_FALSE, NEUTRAL_ZERO, NEUTRAL_EMPTY, NEUTRAL_NULL };
+    enum neutral { NEUTRAL_FALSE, NEUTRAL_EMPTY, NEUTRAL_NULL };
     static const struct {
         const char *key;
         enum neutral neutral;
         bool chat_only;
     } extras[] = {
         /* clang-format off */
-        {"min_tokens", NEUTRAL_ZERO, false},
         {"allowed_token_ids", NEUTRAL_NULL, false},
         {"bad_words", NEUTRAL_EMPTY, false},
         {"logits_processors", NEUTRAL_EMPTY, false},
@@ -705,13 +698,9 @@ static int refuse_unsupported(struct openai_request *req, struct openai_error *e
         if ((v = json_object_get(root, extras[i].key)) == NULL || json_is_null(v))
             continue;
         bool neutral = false;
-        long long zero;
         switch (extras[i].neutral) {
         case NEUTRAL_FALSE:
             neutral = json_is_false(v);
-            break;
-        case NEUTRAL_ZERO:
-            neutral = lax_integer(v, &zero) && zero == 0;
             break;
         case NEUTRAL_EMPTY:
             neutral = json_is_array(v) && json_array_size(v) == 0;
@@ -722,6 +711,127 @@ static int refuse_unsupported(struct openai_request *req, struct openai_error *e
         if (!neutral)
             return bad(err, "unsupported", "'%s' is not supported", extras[i].key);
     }
+    return 0;
+}
+
+/* How many bytes of a logit_bias key an error message shows: at most 64, cut on a character
+ * boundary (a message that is not UTF-8 is not sent as it is: message_json). */
+static int key_shown(const char *key)
+{
+    size_t n = strlen(key);
+    if (n <= 64)
+        return (int)n;
+    n = 64;
+    while (n > 0 && ((unsigned char)key[n] & 0xC0) == 0x80) /* key[n] continues a character */
+        n--;
+    return (int)n;
+}
+
+/* A logit_bias key: digits with an optional sign, as Python's int() reads the keys for vLLM
+ * (without the spaces and underscores it also skips). Returns 1 with the id, 0 for an integer
+ * that is no token id (negative, or past INT32_MAX), -1 for what is no integer. */
+static int token_id_key(const char *key, int32_t *out)
+{
+    const char *digits = key + (key[0] == '-' || key[0] == '+');
+    if (*digits == '\0')
+        return -1;
+    for (const char *c = digits; *c != '\0'; c++)
+        if (!isdigit((unsigned char)*c))
+            return -1;
+    errno = 0;
+    long long id = strtoll(key, NULL, 10);
+    if (errno != 0 || id < 0 || id > INT32_MAX)
+        return 0;
+    *out = (int32_t)id;
+    return 1;
+}
+
+/* OpenAI's logit_bias: an object mapping token ids, written as base-10 integers ("50256"), to
+ * numbers; null or {} is none. Each value is clamped to [-100, 100], as vLLM's protocol does
+ * (min(100, max(-100, bias))): OpenAI documents the range without saying what happens outside
+ * it, and a client that sends 150 (or 1e9, to ban or force a token) gets vLLM's answer rather
+ * than a refusal. Refused (400): a key that is no integer, as vLLM refuses one (int() fails);
+ * one that is no token id (negative, past INT32_MAX); two keys naming one token ("1" and "01":
+ * vLLM's dict keeps the later, the router takes each id once, and which one the client meant is
+ * not ours to guess); a value that is no number; more than PAGODA_MAX_LOGIT_BIAS pairs (the
+ * router's bound; vLLM has none). An id past the vocabulary is the router's to refuse (it knows
+ * the model), which reaches the client as a 400 too (openai_error_from_code). */
+static int read_logit_bias(struct openai_request *req, struct openai_error *err)
+{
+    json_t *lb = json_object_get(req->root, "logit_bias");
+    if (lb == NULL || json_is_null(lb))
+        return 0;
+    if (!json_is_object(lb))
+        return bad(err, "invalid_type",
+                   "'logit_bias' must be an object mapping token ids to numbers");
+    const size_t n = json_object_size(lb);
+    if (n == 0)
+        return 0;
+    if (n > PAGODA_MAX_LOGIT_BIAS)
+        return bad(err, "invalid_value", "'logit_bias' has %zu tokens, more than %u", n,
+                   PAGODA_MAX_LOGIT_BIAS);
+    if ((req->logit_bias_ids = malloc(n * sizeof(int32_t))) == NULL ||
+        (req->logit_bias_values = malloc(n * sizeof(float))) == NULL)
+        return bad(err, NULL, "out of memory");
+    const char *keys[PAGODA_MAX_LOGIT_BIAS]; /* for a message naming two keys of one id */
+    size_t at = 0;
+    const char *key;
+    json_t *v;
+    json_object_foreach(lb, key, v)
+    {
+        int32_t id;
+        int kind = token_id_key(key, &id);
+        if (kind < 0)
+            return bad(err, "invalid_value",
+                       "'logit_bias' key '%.*s' is not a token id: keys are token ids written "
+                       "as base-10 integers (\"50256\")",
+                       key_shown(key), key);
+        if (kind == 0)
+            return bad(err, "invalid_value",
+                       "'logit_bias' key '%.*s' is not a token id: ids are 0 or more, within the "
+                       "model's vocabulary",
+                       key_shown(key), key);
+        for (size_t i = 0; i < at; i++)
+            if (req->logit_bias_ids[i] == id)
+                return bad(err, "invalid_value",
+                           "'logit_bias' keys '%.*s' and '%.*s' name the same token (%d)",
+                           key_shown(keys[i]), keys[i], key_shown(key), key, (int)id);
+        double d;
+        if (!lax_number(v, &d))
+            return bad(err, "invalid_type", "'logit_bias' value of token '%.*s' must be a number",
+                       key_shown(key), key);
+        d = d > PAGODA_LOGIT_BIAS_LIMIT ? PAGODA_LOGIT_BIAS_LIMIT : d;
+        d = d < -PAGODA_LOGIT_BIAS_LIMIT ? -PAGODA_LOGIT_BIAS_LIMIT : d;
+        keys[at] = key;
+        req->logit_bias_ids[at] = id;
+        req->logit_bias_values[at] = (float)d;
+        at++;
+    }
+    req->params.logit_bias_ids = req->logit_bias_ids;
+    req->params.logit_bias_values = req->logit_bias_values;
+    req->params.num_logit_bias = at;
+    return 0;
+}
+
+/* vLLM's min_tokens: an integer >= 0 (null: 0) and at most max_tokens, as vLLM's SamplingParams
+ * refuses more (400). Without a max_tokens in the request its default here bounds it (16 for a
+ * completion, as vLLM's; --default-max-tokens for a chat, where vLLM's default is the rest of the
+ * context, which only the router knows): the message says to give max_tokens. */
+static int read_min_tokens(struct openai_request *req, struct openai_error *err)
+{
+    pagoda_generate_params *p = &req->params;
+    long long n = 0;
+    if (integer(req->root, "min_tokens", 0, INT32_MAX, &n, err))
+        return -1;
+    if (n > p->max_tokens && p->strict_max_tokens)
+        return bad(err, "invalid_value", "'min_tokens' is %lld; it must be at most max_tokens (%d)",
+                   n, (int)p->max_tokens);
+    if (n > p->max_tokens)
+        return bad(err, "invalid_value",
+                   "'min_tokens' is %lld; it must be at most max_tokens, which is %d when not "
+                   "given: give max_tokens",
+                   n, (int)p->max_tokens);
+    p->min_tokens = (int32_t)n;
     return 0;
 }
 
@@ -810,6 +920,10 @@ int openai_parse(enum openai_kind kind, const char *body, size_t len, int32_t de
         return bad(err, "invalid_json", "the body must be a JSON object");
     if (read_common(req, err) || read_logprobs(req, err) || refuse_unsupported(req, err))
         return -1;
+    /* what only a generation reads (vLLM's /tokenize takes neither) */
+    if ((kind == OPENAI_COMPLETION || kind == OPENAI_CHAT) &&
+        (read_logit_bias(req, err) || read_min_tokens(req, err)))
+        return -1;
     if (kind == OPENAI_DETOKENIZE)
         return read_tokens(req, err);
     if (kind == OPENAI_TOKENIZE) { /* a chat's messages, or a text prompt */
@@ -834,6 +948,13 @@ void openai_request_release_prompt(struct openai_request *req)
     req->params.num_stop = 0;
     req->params.stop_token_ids = NULL;
     req->params.num_stop_token_ids = 0;
+    free(req->logit_bias_ids);
+    free(req->logit_bias_values);
+    req->logit_bias_ids = NULL;
+    req->logit_bias_values = NULL;
+    req->params.logit_bias_ids = NULL;
+    req->params.logit_bias_values = NULL;
+    req->params.num_logit_bias = 0;
     free(req->prompt_ids);
     free(req->more_prompts);
     free(req->messages);

@@ -13,12 +13,15 @@
  * return_tokens_as_token_ids, or no text); a completion's prompt may be a list of strings or of
  * token-id lists (up to OPENAI_MAX_PROMPTS): each prompt has its n choices, prompt p's choice j
  * at index p * n + j (vLLM's order), with seed + j; chat content may be a string or a list of
- * {"type": "text"} parts (joined), other parts are refused. vLLM's extensions top_k, min_p,
- * repetition_penalty, ignore_eos, stop_token_ids, skip_special_tokens, add_special_tokens,
- * chat_template_kwargs and add_generation_prompt are read. A chat's tools with tool_choice 'auto'
- * (or none given) need the gateway's tool-call parser (vLLM's --enable-auto-tool-choice
- * --tool-call-parser), whose calls are parsed out of the output (gateway/tool_calls.h); 'required'
- * and a named function are refused (vLLM forces them with guided decoding). */
+ * {"type": "text"} parts (joined), other parts are refused. logit_bias maps token ids written
+ * as base-10 integers to numbers, each clamped to [-100, 100] (vLLM's); at most
+ * PAGODA_MAX_LOGIT_BIAS of them. vLLM's extensions top_k, min_p, repetition_penalty, ignore_eos,
+ * stop_token_ids, skip_special_tokens, add_special_tokens, chat_template_kwargs,
+ * add_generation_prompt and min_tokens (at most max_tokens, given or defaulted) are read. A chat's
+ * tools with tool_choice 'auto' (or none given) need the gateway's tool-call parser (vLLM's
+ * --enable-auto-tool-choice --tool-call-parser), whose calls are parsed out of the output
+ * (gateway/tool_calls.h); 'required' and a named function are refused (vLLM forces them with
+ * guided decoding). */
 #ifndef PAGODA_GATEWAY_OPENAI_H
 #define PAGODA_GATEWAY_OPENAI_H
 
@@ -66,6 +69,8 @@ struct openai_request {
     json_t *root;
     char *stops[OPENAI_MAX_STOPS];
     int32_t stop_ids[OPENAI_MAX_STOP_TOKEN_IDS];
+    int32_t *logit_bias_ids; /* num_logit_bias of each, or NULL */
+    float *logit_bias_values;
     int32_t *prompt_ids;
     pagoda_chat_message *messages;
     char **owned; /* strings made here (joined content parts, tool_calls JSON) */
@@ -96,10 +101,10 @@ static inline const pagoda_prompt *openai_prompt(const struct openai_request *re
     return i == 0 ? &req->prompt : &req->more_prompts[i - 1];
 }
 
-/* Frees what the params and prompt borrow (the JSON tree, the token ids, the messages, the
- * strings made here) once the request has been sent: a long generation keeps only the few fields
- * its answers read (kind, model, stream, include_usage, params.logprobs, tool_parser). The params'
- * and prompt's pointers are cleared. */
+/* Frees what the params and prompt borrow (the JSON tree, the token ids, the logit bias, the
+ * messages, the strings made here) once the request has been sent: a long generation keeps only the
+ * few fields its answers read (kind, model, stream, include_usage, params.logprobs, tool_parser).
+ * The params' and prompt's pointers are cleared. */
 void openai_request_release_prompt(struct openai_request *req);
 
 /* The error for a libpagoda failure code and its detail. */

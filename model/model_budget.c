@@ -30,10 +30,15 @@ uint64_t model_budget_sampler_bytes(int64_t vocab, int64_t max_seqs, int64_t max
     return S * (V * 8 + (V + 4095) / 4096 * 24 + 4 + 80 + 12 + Hs * 4 + 24 + Hs * 4);
 }
 
+uint64_t model_budget_logit_entry_bytes(int64_t max_seqs)
+{
+    return (uint64_t)max_seqs * MODEL_BUDGET_LOGIT_ENTRIES_PER_ROW * MODEL_BUDGET_LOGIT_ENTRY_BYTES;
+}
+
 /* Mirrors cuda_be_alloc_activations in worker/cuda_backend_load.c (and the gathered logits of
- * worker/cuda_tp.c, which the backend allocates for an NCCL group), and the sampler the
- * backend opens (model_budget_sampler_bytes: its rows max_seqs, its history the model's
- * positions). */
+ * worker/cuda_tp.c, which the backend allocates for an NCCL group, and the step's logit entries,
+ * model_budget_logit_entry_bytes), and the sampler the backend opens
+ * (model_budget_sampler_bytes: its rows max_seqs, its history the model's positions). */
 uint64_t model_budget_shard_activation_bytes(const struct model_config *c,
                                              const struct model_shard *s,
                                              enum model_budget_comm comm, int64_t max_tokens,
@@ -52,6 +57,7 @@ uint64_t model_budget_shard_activation_bytes(const struct model_config *c,
     /* residual [T][H] f32 and residual_alt [H] f32, then the bf16 activations */
     return T * H * 4 + H * 4 + T * (H + qd + 2 * kvd + qd + H + 2 * I + I) * 2 + S * H * 2 +
            S * (uint64_t)c->vocab_size * 4 + tp + T * (4 + 4 + 8) + S * 4 +
+           model_budget_logit_entry_bytes(max_seqs) +
            model_budget_sampler_bytes(c->vocab_size, max_seqs, c->max_position_embeddings);
 }
 

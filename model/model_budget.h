@@ -54,8 +54,21 @@ uint64_t model_budget_weight_bytes(const struct model_config *c);
  * about 279 MB, more than half of MODEL_BUDGET_RESERVE_BYTES, so it is counted. */
 uint64_t model_budget_sampler_bytes(int64_t vocab, int64_t max_seqs, int64_t max_history);
 
+/* A step's logit entries (kernels/cpu/logit_bias.h: the rows' logit bias and min_tokens'
+ * suppressed stop tokens), which the CUDA backend copies to the GPU before it adds them to the
+ * logits: at most LOGIT_ENTRIES_PER_ROW a row, each a struct logit_entry of 12 bytes. model/
+ * includes common/ only, so the two are repeated here; worker/cuda_backend_impl.h asserts that
+ * they still match. */
+#define MODEL_BUDGET_LOGIT_ENTRIES_PER_ROW 428
+#define MODEL_BUDGET_LOGIT_ENTRY_BYTES 12
+
+/* Device bytes of the logit entries of a step of max_seqs rows: about 1.3 MB for 256 rows. One
+ * buffer serves every step slot (the steps run in the order of one stream); their staging in
+ * pinned host memory (one per step slot and one for the synchronous calls) is not the GPU's. */
+uint64_t model_budget_logit_entry_bytes(int64_t max_seqs);
+
 /* Bytes of the activations of a step of up to max_tokens tokens and max_seqs sequences, the
- * sampler's among them. */
+ * sampler's and the logit entries' among them. */
 uint64_t model_budget_activation_bytes(const struct model_config *c, int64_t max_tokens,
                                        int64_t max_seqs);
 

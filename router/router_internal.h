@@ -105,7 +105,10 @@ struct submit_params {
     const int32_t *stop_ids;
     uint32_t num_stop;
     struct sampling_params sampling; /* the seed is the router's draw unless has_seed */
-    int has_seed;                    /* the client chose the seed */
+    const int32_t *bias_ids;         /* the logit bias: [num_bias] (distinct ids) */
+    const float *bias_values;        /* [num_bias] */
+    uint32_t num_bias;
+    int has_seed; /* the client chose the seed */
     int32_t max_tokens;
     int strict_max_tokens; /* prompt + max_tokens past the context is refused */
     int ignore_eos;
@@ -120,9 +123,11 @@ struct request {
     uint32_t tenant;            /* index into router.slots */
     struct request *hash_next;
     struct request *prev, *next; /* the live list or the finished list (oldest first) */
-    struct submit_params p;      /* prompt and stop_ids point into the two arrays below */
+    struct submit_params p;      /* prompt, stop_ids and the bias point into the arrays below */
     int32_t *prompt;
     int32_t *stop_ids;
+    int32_t *bias_ids;
+    float *bias_values;
     int32_t *tokens;
     float *logprobs;
     uint32_t num_tokens, cap_tokens;

@@ -66,6 +66,8 @@ static int send_submit(struct engine *e, struct request *q)
 {
     struct router *r = e->r;
     Pagoda__Internal__SamplingParams sp = sampling_to_internal(&q->p.sampling);
+    const struct logit_bias bias = {(int32_t)q->p.num_bias, q->bias_ids, q->bias_values};
+    logit_bias_to_internal(&bias, &sp);
 
     Pagoda__Internal__SubmitSeq sub = PAGODA__INTERNAL__SUBMIT_SEQ__INIT;
     sub.has_request_id = 1;

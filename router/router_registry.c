@@ -99,6 +99,8 @@ void registry_request_free(struct router *r, struct request *q)
     router_text_request_free(r, q);
     free(q->prompt);
     free(q->stop_ids);
+    free(q->bias_ids);
+    free(q->bias_values);
     free(q->tokens);
     free(q->logprobs);
     free(q->error_message);
@@ -141,6 +143,8 @@ void registry_account(struct router *r, struct request *q)
         bytes += (size_t)q->p.num_prompt * sizeof(int32_t);
     if (q->stop_ids != NULL)
         bytes += (size_t)(q->p.num_stop ? q->p.num_stop : 1) * sizeof(int32_t);
+    if (q->bias_ids != NULL)
+        bytes += (size_t)q->p.num_bias * (sizeof(int32_t) + sizeof(float));
     if (q->error_message != NULL)
         bytes += strlen(q->error_message) + 1;
     bytes += router_text_bytes(q);
@@ -148,8 +152,8 @@ void registry_account(struct router *r, struct request *q)
     q->bytes = bytes;
 }
 
-/* A keyed hash of a Submit's prompt and stop ids: a finished request keeps it instead of them,
- * so that a resent Submit is still recognised. */
+/* A keyed hash of a Submit's prompt, stop ids and logit bias: a finished request keeps it instead
+ * of them, so that a resent Submit is still recognised. */
 static void prompt_hash(const struct router *r, const struct submit_params *p, uint64_t out[2])
 {
     XXH3_state_t st;
@@ -161,6 +165,11 @@ static void prompt_hash(const struct router *r, const struct submit_params *p, u
     if (p->num_stop)
         XXH3_128bits_update(&st, p->stop_ids, (size_t)p->num_stop * sizeof(int32_t));
     XXH3_128bits_update(&st, p->text_hash, sizeof(p->text_hash));
+    XXH3_128bits_update(&st, &p->num_bias, sizeof(p->num_bias));
+    if (p->num_bias) {
+        XXH3_128bits_update(&st, p->bias_ids, (size_t)p->num_bias * sizeof(int32_t));
+        XXH3_128bits_update(&st, p->bias_values, (size_t)p->num_bias * sizeof(float));
+    }
     XXH128_hash_t h = XXH3_128bits_digest(&st);
     out[0] = h.low64;
     out[1] = h.high64;
@@ -172,8 +181,12 @@ static void request_forget_prompt(struct router *r, struct request *q)
 {
     free(q->prompt);
     free(q->stop_ids);
-    q->prompt = q->stop_ids = NULL;
-    q->p.prompt = q->p.stop_ids = NULL;
+    free(q->bias_ids);
+    free(q->bias_values);
+    q->prompt = q->stop_ids = q->bias_ids = NULL;
+    q->bias_values = NULL;
+    q->p.prompt = q->p.stop_ids = q->p.bias_ids = NULL;
+    q->p.bias_values = NULL;
     registry_account(r, q);
 }
 
@@ -275,12 +288,21 @@ void registry_finish(struct router *r, struct request *q, Pagoda__FinishReason r
 /* q's own copies of its prompt (n ids; none yet for a text or chat prompt) and stop ids (m),
  * which q->p then points at. Returns 0 or PAGODA_ENOMEM (the caller frees q). */
 static int request_own_ids(struct request *q, const int32_t *prompt, uint32_t n,
-                           const int32_t *stop_ids, uint32_t m)
+                           const int32_t *stop_ids, uint32_t m, const int32_t *bias_ids,
+                           const float *bias_values, uint32_t nb)
 {
     q->prompt = malloc((n ? n : 1) * sizeof(int32_t));
     q->stop_ids = malloc((m ? m : 1) * sizeof(int32_t));
     if (q->prompt == NULL || q->stop_ids == NULL)
         return PAGODA_ENOMEM;
+    if (nb > 0) {
+        q->bias_ids = malloc(nb * sizeof(int32_t));
+        q->bias_values = malloc(nb * sizeof(float));
+        if (q->bias_ids == NULL || q->bias_values == NULL)
+            return PAGODA_ENOMEM;
+        memcpy(q->bias_ids, bias_ids, nb * sizeof(int32_t));
+        memcpy(q->bias_values, bias_values, nb * sizeof(float));
+    }
     if (n)
         memcpy(q->prompt, prompt, n * sizeof(int32_t));
     if (m)
@@ -289,6 +311,9 @@ static int request_own_ids(struct request *q, const int32_t *prompt, uint32_t n,
     q->p.num_prompt = n;
     q->p.stop_ids = q->stop_ids;
     q->p.num_stop = m;
+    q->p.bias_ids = q->bias_ids;
+    q->p.bias_values = q->bias_values;
+    q->p.num_bias = nb;
     return 0;
 }
 
@@ -304,7 +329,9 @@ static int adopt_submit_params(struct request *q, const Pagoda__Internal__TokenE
         ev->n_stop_token_ids > UINT32_MAX)
         return 0;
     struct sampling_params sp;
-    if (sampling_from_internal(ev->sampling, &sp) != 0) {
+    struct logit_bias bias = {0};
+    if (sampling_from_internal(ev->sampling, &sp) != 0 ||
+        logit_bias_from_internal(ev->sampling, 0, &bias) != 0) {
         char hex[2 * ID_BYTES + 1];
         router_id_hex(ev->request_id.data, hex);
         log_warn("announced request %s: its sampling parameters: %s: it cannot be submitted "
@@ -312,8 +339,11 @@ static int adopt_submit_params(struct request *q, const Pagoda__Internal__TokenE
                  hex, pagoda_error_detail());
         return 0;
     }
-    if (request_own_ids(q, ev->prompt_token_ids, (uint32_t)ev->n_prompt_token_ids,
-                        ev->stop_token_ids, (uint32_t)ev->n_stop_token_ids) != 0)
+    int rc = request_own_ids(q, ev->prompt_token_ids, (uint32_t)ev->n_prompt_token_ids,
+                             ev->stop_token_ids, (uint32_t)ev->n_stop_token_ids, bias.ids,
+                             bias.values, (uint32_t)bias.n);
+    logit_bias_fini(&bias);
+    if (rc != 0)
         return PAGODA_ENOMEM;
     q->p.sampling = sp;
     q->p.has_seed = 1; /* the seed its first router drew, or its client's */
@@ -461,6 +491,21 @@ static int submit_params_read(const struct router *r, const Pagoda__SubmitReques
         /* A NaN is out of range too, for a client: one code for every bad value. */
         return pagoda_error_set(PAGODA_ERANGE, "%s", why);
     }
+    if (p->sampling.min_tokens > p->max_tokens)
+        return pagoda_error_set(PAGODA_ERANGE, "min_tokens %d is more than max_tokens %d",
+                                (int)p->sampling.min_tokens, (int)p->max_tokens);
+    /* The logit bias: ids in the vocabulary are the scheduler's to check (it knows it). */
+    if (sp != NULL && sp->n_logit_bias_token_ids != sp->n_logit_bias_values)
+        return pagoda_error_set(PAGODA_EINVAL, "logit_bias: %zu token ids but %zu values",
+                                sp->n_logit_bias_token_ids, sp->n_logit_bias_values);
+    if (sp != NULL && (rc = logit_bias_validate(sp->logit_bias_token_ids, sp->logit_bias_values,
+                                                sp->n_logit_bias_token_ids, 0)) != 0)
+        return rc;
+    if (sp != NULL) {
+        p->bias_ids = sp->logit_bias_token_ids;
+        p->bias_values = sp->logit_bias_values;
+        p->num_bias = (uint32_t)sp->n_logit_bias_token_ids;
+    }
     return 0;
 }
 
@@ -480,6 +525,7 @@ static int submit_params_equal(const struct submit_params *a, const uint64_t a_h
            a->sampling.repetition_penalty == b->sampling.repetition_penalty &&
            a->sampling.presence_penalty == b->sampling.presence_penalty &&
            a->sampling.frequency_penalty == b->sampling.frequency_penalty &&
+           a->sampling.min_tokens == b->sampling.min_tokens && a->num_bias == b->num_bias &&
            a->has_seed == b->has_seed && (!a->has_seed || a->sampling.seed == b->sampling.seed) &&
            a->max_tokens == b->max_tokens && a->strict_max_tokens == b->strict_max_tokens &&
            a->ignore_eos == b->ignore_eos && a->logprobs == b->logprobs;
@@ -497,7 +543,8 @@ static struct request *request_new(struct router *r, uint32_t tenant, const uint
     q->engine = ROUTE_NONE;
     sched_id_of(r, tenant, id, q->sched_id);
     q->p = *p;
-    if (request_own_ids(q, p->prompt, p->num_prompt, p->stop_ids, p->num_stop) != 0) {
+    if (request_own_ids(q, p->prompt, p->num_prompt, p->stop_ids, p->num_stop, p->bias_ids,
+                        p->bias_values, p->num_bias) != 0) {
         registry_request_free(r, q);
         return NULL;
     }

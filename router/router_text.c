@@ -551,6 +551,8 @@ int router_text_attach(struct router *r, struct request *q, const Pagoda__Submit
             return rc;
         if (keep)
             output_text_keep_stops(q->text);
+        if (q->p.sampling.min_tokens > 0)
+            output_text_min_tokens(q->text, (uint32_t)q->p.sampling.min_tokens);
         q->keep_stops = keep;
         /* the same parameters for the scheduler to hold (router_text_attach_announced) */
         Pagoda__Internal__RouterText rt = PAGODA__INTERNAL__ROUTER_TEXT__INIT;

@@ -110,6 +110,7 @@ void sched_seq_free(struct seq *q)
     free(q->logprobs);
     free(q->tenant);
     free(q->router_text);
+    logit_bias_fini(&q->bias);
     free(q->entries);
     free(q->keys);
     free(q->error_text);
@@ -540,7 +541,7 @@ void sched_send_resync(struct scheduler *s, int64_t now_ms, bool announce)
         for (struct seq *q = s->running.head; q; q = q->next, n++) {
             Pagoda__Internal__SequenceSnapshot *m = &s->snap_msgs[n];
             pagoda__internal__sequence_snapshot__init(m);
-            SCHED_FILL_SEQ_STATE(m, q, &s->sp_msgs[n]);
+            SCHED_FILL_SEQ_STATE(s, m, q, &s->sp_msgs[n]);
             s->snap_ptrs[n] = m;
             q->worker_knows = true;
             q->blocks_sent = q->table.num_blocks;
@@ -666,15 +667,43 @@ static void isolation_step_refused(struct scheduler *s, const Pagoda__Internal__
 
 /* ---- results -------------------------------------------------------------------------------- */
 
-/* The finish reason for q after its newest token, or FINISH_NONE. */
+void sched_fill_sampling(const struct scheduler *s, struct seq *q,
+                         Pagoda__Internal__SamplingParams *sp)
+{
+    *sp = sampling_to_internal(&q->sampling);
+    logit_bias_to_internal(&q->bias, sp);
+    q->num_suppress = 0;
+    if (q->sampling.min_tokens <= 0)
+        return;
+    const int32_t *lists[2] = {s->worker.eos_ids, q->stop_ids};
+    const int32_t counts[2] = {q->ignore_eos ? 0 : s->worker.num_eos, q->num_stop_ids};
+    for (int l = 0; l < 2; l++)
+        for (int32_t i = 0; i < counts[l]; i++) {
+            /* an id outside the worker's vocabulary can never be sampled: nothing to suppress
+             * (the mirror refuses it, which failed the request) */
+            if (lists[l][i] < 0 || lists[l][i] >= s->worker.vocab_size)
+                continue;
+            bool seen = false;
+            for (int32_t j = 0; j < q->num_suppress && !seen; j++)
+                seen = q->suppress[j] == lists[l][i];
+            if (!seen)
+                q->suppress[q->num_suppress++] = lists[l][i];
+        }
+    sp->n_min_tokens_stop_ids = (size_t)q->num_suppress;
+    sp->min_tokens_stop_ids = q->suppress;
+}
+
+/* The finish reason for q after its newest token, or FINISH_NONE. A token within the first
+ * min_tokens of the output is not a stop (the worker suppressed the stop ids there). */
 static Pagoda__Internal__FinishReason stop_reason(const struct scheduler *s, const struct seq *q)
 {
     int32_t t = q->tokens[q->num_tokens - 1];
-    if (!q->ignore_eos)
+    const bool may_stop = q->num_tokens - q->num_prompt_tokens > q->sampling.min_tokens;
+    if (may_stop && !q->ignore_eos)
         for (int32_t i = 0; i < s->worker.num_eos; i++)
             if (t == s->worker.eos_ids[i])
                 return PAGODA__INTERNAL__FINISH_REASON__FINISH_STOP;
-    for (int32_t i = 0; i < q->num_stop_ids; i++)
+    for (int32_t i = 0; may_stop && i < q->num_stop_ids; i++)
         if (t == q->stop_ids[i])
             return PAGODA__INTERNAL__FINISH_REASON__FINISH_STOP;
     if (q->max_tokens > 0 && q->num_tokens - q->num_prompt_tokens >= q->max_tokens)

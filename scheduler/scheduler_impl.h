@@ -65,6 +65,10 @@ struct seq {
     size_t router_text_len;
     int32_t num_stop_ids;
     int32_t stop_ids[SCHEDULER_MAX_STOP_IDS];
+    struct logit_bias bias; /* the request's logit bias (owned) */
+    /* The ids min_tokens suppresses, as last sent to the worker (sched_fill_sampling). */
+    int32_t num_suppress;
+    int32_t suppress[SCHEDULER_MAX_EOS_IDS + SCHEDULER_MAX_STOP_IDS];
     struct seq *prev, *next; /* in waiting or running */
     struct seq *req_next;    /* request-id hash chain */
     struct seq *id_next;     /* seq-id hash chain, while running */
@@ -255,10 +259,17 @@ struct scheduler {
     uint64_t next_pin_id;
 };
 
+/* *sp = q's sampling for the worker: its parameters and logit bias, and with min_tokens the ids
+ * it suppresses (the worker's EOS ids unless ignore_eos, then the request's stop ids, each once,
+ * kept in q->suppress). sp points into q: it lives as long as q. */
+void sched_fill_sampling(const struct scheduler *s, struct seq *q,
+                         Pagoda__Internal__SamplingParams *sp);
+
 /* Fills the fields a NewSequence and a SequenceSnapshot share (protobuf-c gives the two messages
  * two types of the same six fields) from q: its id, tokens, prompt length, block table, what the
- * pool holds, and its sampling, converted into *sp, which must live as long as the message. */
-#define SCHED_FILL_SEQ_STATE(m, q, sp)                                                             \
+ * pool holds, and its sampling (sched_fill_sampling), into *sp, which must live as long as the
+ * message. */
+#define SCHED_FILL_SEQ_STATE(s, m, q, sp)                                                          \
     do {                                                                                           \
         (m)->has_seq_id = (m)->has_num_prompt_tokens = (m)->has_num_computed_tokens = 1;           \
         (m)->seq_id = (q)->seq_id;                                                                 \
@@ -268,7 +279,7 @@ struct scheduler {
         (m)->n_block_ids = (size_t)(q)->table.num_blocks;                                          \
         (m)->block_ids = (q)->table.ids;                                                           \
         (m)->num_computed_tokens = (q)->num_computed;                                              \
-        *(sp) = sampling_to_internal(&(q)->sampling);                                              \
+        sched_fill_sampling((s), (q), (sp));                                                       \
         (m)->sampling = (sp);                                                                      \
     } while (0)
 

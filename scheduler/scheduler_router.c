@@ -114,7 +114,10 @@ static void on_submit(struct scheduler *s, const Pagoda__Internal__SubmitSeq *m)
         }
     }
     struct sampling_params sp;
-    if (err == 0 && (err = sampling_from_internal(m->sampling, &sp)) != 0)
+    struct logit_bias bias = {0};
+    if (err == 0 && ((err = sampling_from_internal(m->sampling, &sp)) != 0 ||
+                     (err = logit_bias_from_internal(m->sampling, s->worker.hello_seen ? vocab : 0,
+                                                     &bias)) != 0))
         snprintf(msg, sizeof(msg), "%s", pagoda_error_detail());
     if (err != 0) {
         refuse_submit(s, m, err, msg);
@@ -122,6 +125,7 @@ static void on_submit(struct scheduler *s, const Pagoda__Internal__SubmitSeq *m)
     }
     struct seq *q = sched_seq_new(m->prompt_token_ids, (int32_t)n_prompt, (int32_t)n_out);
     if (q == NULL) {
+        logit_bias_fini(&bias);
         sched_send_error(s, id, id_len, PAGODA_ENOMEM, "out of memory for the request");
         return;
     }
@@ -129,6 +133,7 @@ static void on_submit(struct scheduler *s, const Pagoda__Internal__SubmitSeq *m)
         memcpy(q->tokens + n_prompt, m->output_token_ids, n_out * sizeof(int32_t));
     q->num_tokens = (int32_t)(n_prompt + n_out);
     q->sampling = sp;
+    q->bias = bias;
     q->max_tokens = m->has_max_tokens ? m->max_tokens : 0;
     q->strict_max_tokens = m->has_strict_max_tokens && m->strict_max_tokens && n_out == 0;
     q->num_stop_ids = (int32_t)m->n_stop_token_ids;
@@ -324,6 +329,7 @@ static void announce_fill(Pagoda__Internal__TokenEvent *ev, Pagoda__Internal__Sa
         /* the rest of its SubmitSeq: without it a router restarted before this scheduler could
          * not submit the request again, and it ended with an error ("the prompt is empty") */
         *sp = sampling_to_internal(&q->sampling);
+        logit_bias_to_internal(&q->bias, sp);
         ev->sampling = sp;
         ev->n_prompt_token_ids = (size_t)q->num_prompt_tokens;
         ev->prompt_token_ids = q->tokens;

@@ -620,7 +620,7 @@ static bool step_once(struct scheduler *s, int64_t now_ms)
         if (!q->worker_knows) {
             Pagoda__Internal__NewSequence *m = &s->new_msgs[n_new];
             pagoda__internal__new_sequence__init(m);
-            SCHED_FILL_SEQ_STATE(m, q, &s->sp_msgs[n_new]);
+            SCHED_FILL_SEQ_STATE(s, m, q, &s->sp_msgs[n_new]);
             m->has_num_new_tokens = 1;
             m->num_new_tokens = num_new;
             s->new_ptrs[n_new++] = m;

@@ -23,8 +23,9 @@ struct output_text {
     uint16_t **pi;
     uint16_t *partial;
     size_t vocab;
-    bool over;       /* stopped or finished */
-    bool keep_stops; /* output_text_keep_stops */
+    bool over;           /* stopped or finished */
+    bool keep_stops;     /* output_text_keep_stops */
+    uint32_t min_tokens; /* output_text_min_tokens */
 };
 
 /* Whether s[0..len) is well-formed UTF-8 (RFC 3629: no overlongs, surrogates or values above
@@ -156,6 +157,11 @@ void output_text_keep_stops(struct output_text *o)
     o->keep_stops = true;
 }
 
+void output_text_min_tokens(struct output_text *o, uint32_t n)
+{
+    o->min_tokens = n;
+}
+
 /* Looks for the earliest stop string that ends in text[from..len): a match may begin up to
  * longest-stop - 1 bytes before from. Cuts the text there (after the stop with keep_stops) and
  * returns the stop's index + 1, or 0. */
@@ -236,7 +242,9 @@ int output_text_push(struct output_text *o, int32_t id, int *stop)
         if (rc != 0 && rc != PAGODA_EINVAL)
             return rc;
     }
-    if (o->num_stops > 0 && o->len > before && (*stop = find_stop(o, before)) != 0) {
+    /* (a token within the first min_tokens does not end the output) */
+    if (o->num_stops > 0 && o->len > before && o->num_tokens >= o->min_tokens &&
+        (*stop = find_stop(o, before)) != 0) {
         o->over = true;
         tokenizer_stream_free(o->stream); /* no more text: what a finished output keeps is less */
         o->stream = NULL;
@@ -259,7 +267,9 @@ int output_text_finish(struct output_text *o, int *stop)
     o->over = true;
     tokenizer_stream_free(o->stream);
     o->stream = NULL;
-    if (o->num_stops > 0 && o->len > before && (*stop = find_stop(o, before)) != 0)
+    /* (the held-back text is the last token's) */
+    if (o->num_stops > 0 && o->len > before && o->num_tokens > o->min_tokens &&
+        (*stop = find_stop(o, before)) != 0)
         return 0;
     advance_visible(o, before, true);
     return 0;

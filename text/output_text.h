@@ -35,6 +35,11 @@ int output_text_new(const Tokenizer *t, bool skip_special_tokens, const char *co
  * begin a stop is output either way. Called before the first push. */
 void output_text_keep_stops(struct output_text *o);
 
+/* vLLM's min_tokens: the text of the first n tokens ends no output (a stop string counts only
+ * where it ends in the text of token n or a later one: one completed earlier is not looked for
+ * again, as vLLM looks only in the new text). Called before the first push. */
+void output_text_min_tokens(struct output_text *o, uint32_t n);
+
 /* Frees an output; accepts NULL. */
 void output_text_free(struct output_text *o);
 

@@ -11,6 +11,7 @@
 #ifndef PAGODA_WIRE_SAMPLING_WIRE_H
 #define PAGODA_WIRE_SAMPLING_WIRE_H
 
+#include "kernels/cpu/logit_bias.h"
 #include "kernels/cpu/sampler.h"
 #include "proto/internal.pb-c.h"
 #include "proto/pagoda.pb-c.h"
@@ -30,5 +31,16 @@ int sampling_from_internal(const Pagoda__Internal__SamplingParams *m, struct sam
 
 /* internal.proto's SamplingParams with every field present. */
 Pagoda__Internal__SamplingParams sampling_to_internal(const struct sampling_params *p);
+
+/* A message's logit bias (its logit_bias_token_ids and logit_bias_values, m may be NULL),
+ * checked by logit_bias_validate against vocab (<= 0: not known here) and copied into *out, to be
+ * released with logit_bias_fini. Returns 0, PAGODA_EINVAL when the two lists differ in length,
+ * the errors of logit_bias_validate, or PAGODA_ENOMEM; *out is empty on failure. */
+int logit_bias_from_client(const Pagoda__SamplingParams *m, int64_t vocab, struct logit_bias *out);
+int logit_bias_from_internal(const Pagoda__Internal__SamplingParams *m, int64_t vocab,
+                             struct logit_bias *out);
+
+/* Points m's logit bias lists at b's arrays (b must outlive m's use). */
+void logit_bias_to_internal(const struct logit_bias *b, Pagoda__Internal__SamplingParams *m);
 
 #endif

@@ -1,6 +1,7 @@
 #include "worker/backend.h"
 #include "common/error.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -70,6 +71,21 @@ int backend_check_batch(const struct model_config *c, const struct backend_limit
         if (batch->logits_indices[i] < 0 || batch->logits_indices[i] >= batch->num_tokens)
             return pagoda_error_set(PAGODA_ERANGE, "logits row %d is outside the step",
                                     batch->logits_indices[i]);
+    if (batch->num_logit_entries < 0 ||
+        (int64_t)batch->num_logit_entries >
+            (int64_t)batch->num_logits * (int64_t)LOGIT_ENTRIES_PER_ROW ||
+        (batch->num_logit_entries > 0 && batch->logit_entries == NULL))
+        return pagoda_error_set(PAGODA_ERANGE, "step has %d logit bias entries for %d rows",
+                                batch->num_logit_entries, batch->num_logits);
+    for (int32_t i = 0; i < batch->num_logit_entries; i++) {
+        const struct logit_entry *e = &batch->logit_entries[i];
+        if (e->row < 0 || e->row >= batch->num_logits || e->token < 0 ||
+            e->token >= c->vocab_size || isnan(e->value))
+            return pagoda_error_set(PAGODA_ERANGE,
+                                    "logit bias entry %d (row %d, token %d) is outside the step "
+                                    "or the vocabulary",
+                                    i, e->row, e->token);
+    }
     return 0;
 }
 
@@ -95,6 +111,8 @@ static int forward_sample_host(struct backend *b, const struct fwd_batch *batch,
             return rc;
     }
     int rc = backend_forward(b, batch, b->host_logits);
+    if (rc == 0)
+        logit_entries_apply(b->host_logits, vocab, batch->logit_entries, batch->num_logit_entries);
     for (int32_t r = 0; rc == 0 && r < batch->num_logits; r++) {
         const struct sample_row *row = &rows[r];
         int row_rc =

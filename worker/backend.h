@@ -9,6 +9,7 @@
 #define PAGODA_WORKER_BACKEND_H
 
 #include "kernels/cpu/attention.h"
+#include "kernels/cpu/logit_bias.h"
 #include "kernels/cpu/sampler.h"
 #include "kvpool/geometry.h"
 #include "model/model_config.h"
@@ -27,6 +28,13 @@ struct fwd_batch {
     int32_t max_blocks_per_seq;
     int32_t num_logits;            /* rows of logits wanted */
     const int32_t *logits_indices; /* [num_logits]: token rows (usually each sequence's last) */
+    /* Added to the logits rows before they are sampled (backend_forward's logits are without
+     * them; backend_check_batch checks them): the rows'
+     * logit bias and min_tokens' suppressed stop tokens (kernels/cpu/logit_bias.h; rows below
+     * num_logits, tokens below the vocabulary, distinct within a row; at most num_logits *
+     * LOGIT_ENTRIES_PER_ROW). NULL when num_logit_entries is 0. */
+    const struct logit_entry *logit_entries;
+    int32_t num_logit_entries;
 };
 
 /* Limits a backend is built for: the largest step it accepts. */

@@ -63,6 +63,7 @@ static void cuda_close(struct backend *base)
             cudaFreeHost(b->stage[i].logits_rows);
             cudaFreeHost(b->stage[i].gathers);
             cudaFreeHost(b->stage[i].slots);
+            cudaFreeHost(b->stage[i].entries);
         }
         if (b->ev_start[i] != NULL)
             cudaEventDestroy(b->ev_start[i]);
@@ -386,9 +387,12 @@ static int tp_fail(struct cuda_backend *b, int rc)
 
 /* cuda_be_forward_pass after the checks. A batch the limits or the attention plan refuse fails
  * alike on every rank before any collective (every rank checks the same batch against the same
- * limits and pool size): the group goes on. Any other failure aborts the group (tp_fail). */
+ * limits and pool size): the group goes on. Any other failure aborts the group (tp_fail). The
+ * batch's logit entries are checked either way, and added to b->logits only with entries (the
+ * steps that sample on the device: backend_forward's logits are without them, backend.h). */
 static int cuda_forward_device(struct cuda_backend *b, const struct fwd_batch *batch, int k,
-                               const struct backend_gather *gathers, int32_t num_gathers)
+                               const struct backend_gather *gathers, int32_t num_gathers,
+                               int entries)
 {
     if (b->tp_broken)
         return pagoda_error_set(PAGODA_ECLOSED,
@@ -398,15 +402,24 @@ static int cuda_forward_device(struct cuda_backend *b, const struct fwd_batch *b
     int rc = backend_check_batch(&b->base.config, &b->opt.limits, batch);
     if (rc != 0)
         return rc;
+    struct fwd_batch raw;
+    if (!entries && batch->num_logit_entries > 0) {
+        raw = *batch;
+        raw.logit_entries = NULL;
+        raw.num_logit_entries = 0;
+        batch = &raw;
+    }
     b->batch_refused = 0;
     rc = cuda_be_forward_pass(b, batch, k, gathers, num_gathers);
     return b->batch_refused ? rc : tp_fail(b, rc);
 }
 
+/* The raw logits: backend_forward_sample_rows's host path, which adds the entries itself after
+ * this returns (worker/backend.c), calls it after a failed cuda_forward_sample. */
 static int cuda_forward(struct backend *base, const struct fwd_batch *batch, float *logits)
 {
     struct cuda_backend *b = (struct cuda_backend *)base;
-    int rc = cuda_forward_device(b, batch, STAGE_SYNC, NULL, 0);
+    int rc = cuda_forward_device(b, batch, STAGE_SYNC, NULL, 0, 0);
     if (rc != 0)
         return rc;
     cudaError_t e = cudaMemcpyAsync(logits, b->logits,
@@ -438,7 +451,7 @@ static int cuda_forward_sample(struct backend *base, const struct fwd_batch *bat
                                const struct sample_row *rows, int32_t *tokens, float *logprobs)
 {
     struct cuda_backend *b = (struct cuda_backend *)base;
-    int rc = cuda_forward_device(b, batch, STAGE_SYNC, NULL, 0);
+    int rc = cuda_forward_device(b, batch, STAGE_SYNC, NULL, 0, 1);
     if (rc != 0)
         return rc;
     int32_t n = batch->num_logits;
@@ -495,7 +508,7 @@ static int cuda_submit(struct backend *base, int slot, const struct fwd_batch *b
             .src = hgathers[i].slot * seqs + hgathers[i].src_row,
         };
     }
-    int rc = cuda_forward_device(b, batch, slot, gathers, num_gathers);
+    int rc = cuda_forward_device(b, batch, slot, gathers, num_gathers, 1);
     if (rc != 0)
         return rc;
     cudaError_t e = cudaEventRecord(b->ev_sample[slot], b->stream);

@@ -2,8 +2,11 @@
  * BF16; the projections and the LM head are cuBLAS GEMMs (BF16 in, FP32 accumulate); the
  * residual stream is FP32; K/V are written into and read from a BF16 pool in device memory
  * through the same layout as the CPU pool; tokens are sampled on the GPU with the algorithm of
- * docs/sampling.md. Decode steps replay CUDA graphs captured at open (cuda_backend_options
- * .cuda_graphs). Available only in builds with CUDA (PAGODA_HAVE_CUDA). */
+ * docs/sampling.md, after the step's logit entries (struct fwd_batch) are added to the logits on
+ * the GPU (kernels/cuda/logit_bias.h; backend_forward's logits are without them). Decode steps
+ * replay CUDA graphs captured at open (cuda_backend_options .cuda_graphs), which hold the layers
+ * and the LM head; the logit entries and the sampler run behind them, launch by launch. Available
+ * only in builds with CUDA (PAGODA_HAVE_CUDA). */
 #ifndef PAGODA_WORKER_CUDA_BACKEND_H
 #define PAGODA_WORKER_CUDA_BACKEND_H
 

@@ -8,6 +8,7 @@
 #include "kernels/cuda/linear.h"
 #include "kernels/cuda/linear_lt.h"
 #include "kernels/cuda/linear_tma.h"
+#include "kernels/cuda/logit_bias.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/util.h"
 #include "worker/cuda_tp.h"
@@ -236,11 +237,11 @@ static int rope_attention(struct cuda_backend *b, const struct kv_layer_view *kv
     return rc ? rc : cuda_attention_run(b->plan, kv, b->qkv, qkvd, b->attn, b->stream);
 }
 
-/* Copies the step's metadata to the device through pinned stage k, then writes the gathered
- * input tokens (sampled by earlier steps, still on the device) over their placeholders. With pad
- * above the batch's tokens (a graph's batch size), tokens num_tokens .. pad - 1 are padding:
- * token 0 at position 0, slot -1 (their K/V is written nowhere), and logits rows num_logits ..
- * pad - 1 name rows inside the step (computed, never sampled). */
+/* Copies the step's metadata and its logit entries to the device through pinned stage k, then
+ * writes the gathered input tokens (sampled by earlier steps, still on the device) over their
+ * placeholders. With pad above the batch's tokens (a graph's batch size), tokens num_tokens ..
+ * pad - 1 are padding: token 0 at position 0, slot -1 (their K/V is written nowhere), and logits
+ * rows num_logits .. pad - 1 name rows inside the step (computed, never sampled, never biased). */
 int cuda_be_stage_step(struct cuda_backend *b, int k, const struct fwd_batch *batch, int32_t pad,
                        const struct backend_gather *gathers, int32_t num_gathers)
 {
@@ -252,6 +253,11 @@ int cuda_be_stage_step(struct cuda_backend *b, int k, const struct fwd_batch *ba
     if (e != cudaSuccess)
         return cuda_be_fail(e, "cudaEventSynchronize (step stage)");
     size_t n = (size_t)batch->num_tokens, nl = (size_t)batch->num_logits;
+    /* (backend_check_batch keeps them within num_logits * LOGIT_ENTRIES_PER_ROW, which the
+     * stage holds: num_logits <= max_num_seqs) */
+    const size_t ne = (size_t)batch->num_logit_entries;
+    if (ne > 0)
+        memcpy(st->entries, batch->logit_entries, ne * sizeof(*st->entries));
     if (n > 0) {
         memcpy(st->token_ids, batch->token_ids, n * 4);
         memcpy(st->positions, batch->positions, n * 4);
@@ -287,6 +293,8 @@ int cuda_be_stage_step(struct cuda_backend *b, int k, const struct fwd_batch *ba
                                         cudaMemcpyHostToDevice, s)) != cudaSuccess) ||
         (num_gathers > 0 && (e = cudaMemcpyAsync(b->d_gathers, st->gathers, (size_t)num_gathers * 8,
                                                  cudaMemcpyHostToDevice, s)) != cudaSuccess) ||
+        (ne > 0 && (e = cudaMemcpyAsync(b->d_logit_entries, st->entries, ne * sizeof(*st->entries),
+                                        cudaMemcpyHostToDevice, s)) != cudaSuccess) ||
         (e = cudaEventRecord(b->staged[k], s)) != cudaSuccess)
         return cuda_be_fail(e, "cudaMemcpyAsync (step metadata)");
     return cuda_gather_tokens(b->d_token_ids, b->d_gathers, num_gathers, b->d_sampled, s);
@@ -363,9 +371,13 @@ int cuda_be_forward_pass(struct cuda_backend *b, const struct fwd_batch *batch, 
         if ((e = cudaGraphLaunch(b->graph[g], b->stream)) != cudaSuccess)
             return cuda_be_fail(e, "cudaGraphLaunch");
         b->base.graph_steps++;
-        return 0;
+    } else if ((rc = cuda_be_forward_layers(b, batch->num_tokens, batch->num_logits)) != 0) {
+        return rc;
     }
-    return cuda_be_forward_layers(b, batch->num_tokens, batch->num_logits);
+    /* The logit entries, after the LM head and outside the graphs (their count changes from
+     * step to step): one launch, none without entries. */
+    return cuda_logit_entries_apply(b->logits, b->base.config.vocab_size, b->d_logit_entries,
+                                    batch->num_logit_entries, b->stream);
 }
 
 /* The residual stream's RMSNorm (after adding `add`, NULL for nothing) and the linear behind it,

@@ -32,6 +32,11 @@ struct cuda_layer {
 /* Staging: STAGES sets of pinned step metadata (the step slots, then the synchronous calls'). */
 #define STAGES (BACKEND_STEP_SLOTS + 1)
 #define STAGE_SYNC BACKEND_STEP_SLOTS
+/* The memory budget counts the step's logit entries on the device with its own copy of their
+ * sizes (model/model_budget.h). */
+_Static_assert(MODEL_BUDGET_LOGIT_ENTRIES_PER_ROW == LOGIT_ENTRIES_PER_ROW &&
+                   MODEL_BUDGET_LOGIT_ENTRY_BYTES == sizeof(struct logit_entry),
+               "model/model_budget.h's logit entry sizes differ from kernels/cpu/logit_bias.h's");
 /* Each step slot samples into the sampler's slot of the same index. */
 _Static_assert(CUDA_SAMPLER_SLOTS >= BACKEND_STEP_SLOTS,
                "the CUDA sampler has fewer slots than the backend's steps");
@@ -39,6 +44,9 @@ _Static_assert(CUDA_SAMPLER_SLOTS >= BACKEND_STEP_SLOTS,
 struct step_stage {
     int32_t *token_ids, *positions, *logits_rows, *gathers; /* gathers: [max_num_tokens][2] */
     int64_t *slots;
+    /* [max_num_seqs * LOGIT_ENTRIES_PER_ROW]: the step's logit entries (cuda_forward_sample and
+     * cuda_submit only: cuda_forward's logits are without them) */
+    struct logit_entry *entries;
 };
 
 struct cuda_backend {
@@ -89,6 +97,12 @@ struct cuda_backend {
     /* The step's token metadata on the device. */
     int32_t *d_token_ids, *d_positions, *d_logits_rows;
     int64_t *d_slots;
+    /* [max_num_seqs * LOGIT_ENTRIES_PER_ROW]: the step's logit entries, added to its logits
+     * after the LM head (model_budget_logit_entry_bytes). One buffer for every stage, as the
+     * metadata above: a step's copy into it is queued on the one stream behind the addition of
+     * the step before, so no step sees another's entries (the pinned stages are per stage: the
+     * host writes one while the device may still copy from another). */
+    struct logit_entry *d_logit_entries;
     /* The sampler's per-row arguments, one array per field, sized max_num_seqs. */
     struct sampling_params *row_params;
     uint64_t *row_index;
@@ -139,11 +153,13 @@ int cuda_be_tp_agree(struct cuda_backend *b, const struct model_weights *w, uint
 /* ---- cuda_backend_forward.c ---- */
 
 /* Runs a checked batch into b->logits through stage k (a step slot, or STAGE_SYNC), for
- * cuda_forward_device. */
+ * cuda_forward_device; the batch's logit entries are added to the logits after the LM head (a
+ * graph's or the eager one), so a caller that wants the raw logits passes a batch without
+ * them. */
 int cuda_be_forward_pass(struct cuda_backend *b, const struct fwd_batch *batch, int k,
                          const struct backend_gather *gathers, int32_t num_gathers);
-/* For capture_one: the step's metadata staged through stage k, and the layers and LM head (the
- * part of a step a graph holds). */
+/* For capture_one: the step's metadata (and its logit entries) staged through stage k, and the
+ * layers and LM head (the part of a step a graph holds). */
 int cuda_be_stage_step(struct cuda_backend *b, int k, const struct fwd_batch *batch, int32_t pad,
                        const struct backend_gather *gathers, int32_t num_gathers);
 int cuda_be_forward_layers(struct cuda_backend *b, int32_t n, int32_t num_logits);

@@ -211,12 +211,16 @@ int cuda_be_alloc_activations(struct cuda_backend *b)
         (rc = cuda_be_alloc(b, T * 4, (void **)&b->d_token_ids)) ||
         (rc = cuda_be_alloc(b, T * 4, (void **)&b->d_positions)) ||
         (rc = cuda_be_alloc(b, T * 8, (void **)&b->d_slots)) ||
-        (rc = cuda_be_alloc(b, S * 4, (void **)&b->d_logits_rows)))
+        (rc = cuda_be_alloc(b, S * 4, (void **)&b->d_logits_rows)) ||
+        (rc = cuda_be_alloc(b, (size_t)model_budget_logit_entry_bytes((int64_t)S),
+                            (void **)&b->d_logit_entries)))
         return rc;
     return 0;
 }
 
-/* The pinned stages, the events around each pass, the sampled tokens of the step slots. */
+/* The pinned stages (with the step's logit entries: max_num_seqs * LOGIT_ENTRIES_PER_ROW of 12
+ * bytes each, 1.3 MB of pinned memory per stage at 256 rows), the events around each pass, the
+ * sampled tokens of the step slots. */
 int cuda_be_alloc_steps(struct cuda_backend *b)
 {
     size_t T = (size_t)b->opt.limits.max_num_tokens, S = (size_t)b->opt.limits.max_num_seqs;
@@ -239,7 +243,9 @@ int cuda_be_alloc_steps(struct cuda_backend *b)
             (e = cudaMallocHost((void **)&st->positions, T * 4)) != cudaSuccess ||
             (e = cudaMallocHost((void **)&st->logits_rows, S * 4)) != cudaSuccess ||
             (e = cudaMallocHost((void **)&st->gathers, T * 8)) != cudaSuccess ||
-            (e = cudaMallocHost((void **)&st->slots, T * 8)) != cudaSuccess)
+            (e = cudaMallocHost((void **)&st->slots, T * 8)) != cudaSuccess ||
+            (e = cudaMallocHost((void **)&st->entries,
+                                S * LOGIT_ENTRIES_PER_ROW * sizeof(*st->entries))) != cudaSuccess)
             return cuda_be_fail(e, "cudaMallocHost (step stage)");
         if ((e = cudaEventCreate(&b->ev_start[i])) != cudaSuccess ||
             (e = cudaEventCreate(&b->ev_end[i])) != cudaSuccess ||

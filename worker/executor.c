@@ -39,6 +39,8 @@ struct slot {
     int32_t *block_tables;                  /* grown on submit */
     size_t block_tables_cap;                /* entries */
     struct sample_row *rows;                /* [max_num_seqs] */
+    struct logit_entry *entries;            /* the batch's logit bias, grown on submit */
+    size_t entries_cap;                     /* entries */
     uint64_t *seq_ids;                      /* [max_num_seqs] */
     struct history_cache histories;         /* penalised rows' prompt + output */
     struct mirror_seq_error *failed;        /* [2 * max_num_seqs] */
@@ -128,6 +130,7 @@ static void slot_free(struct slot *s)
     free(s->gathers);
     free(s->gather_seq);
     free(s->undo);
+    free(s->entries);
     free(s->hgathers);
     free(s->hpending);
 }
@@ -829,7 +832,9 @@ static int copy_step(struct slot *s, const struct mirror_step *ms)
     size_t nt = (size_t)b->num_tokens, ns = (size_t)b->num_seqs, nl = (size_t)b->num_logits;
     size_t bt = ns * (size_t)(b->max_blocks_per_seq > 0 ? b->max_blocks_per_seq : 1);
     int rc;
+    size_t ne = (size_t)b->num_logit_entries;
     if ((rc = grow((void **)&s->block_tables, &s->block_tables_cap, bt, sizeof(int32_t))) != 0 ||
+        (rc = grow((void **)&s->entries, &s->entries_cap, ne, sizeof(*s->entries))) != 0 ||
         (rc = history_cache_place(&s->histories, ms->rows, s->rows, nl, HISTORY_TAIL)) != 0)
         return rc;
     if (nt > 0) {
@@ -846,6 +851,8 @@ static int copy_step(struct slot *s, const struct mirror_step *ms)
         memcpy(s->logits_indices, b->logits_indices, nl * sizeof(int32_t));
         memcpy(s->seq_ids, ms->seq_ids, nl * sizeof(uint64_t));
     }
+    if (ne > 0)
+        memcpy(s->entries, b->logit_entries, ne * sizeof(*s->entries));
     memcpy(s->failed, ms->failed, (size_t)ms->num_failed * sizeof(*ms->failed));
     s->num_failed = ms->num_failed;
     s->batch = (struct fwd_batch){
@@ -860,6 +867,8 @@ static int copy_step(struct slot *s, const struct mirror_step *ms)
         .max_blocks_per_seq = b->max_blocks_per_seq,
         .num_logits = b->num_logits,
         .logits_indices = s->logits_indices,
+        .logit_entries = ne > 0 ? s->entries : NULL,
+        .num_logit_entries = b->num_logit_entries,
     };
     return 0;
 }

@@ -25,6 +25,12 @@ struct mseq {
     int32_t *blocks;
     int32_t num_blocks, blocks_cap;
     struct sampling_params sampling;
+    /* The request's logit bias, and the stop ids min_tokens suppresses (kernels/cpu/logit_bias.h):
+     * the sampled rows' struct logit_entry list; bias_rest, the bias without them (while they are
+     * suppressed). */
+    struct logit_bias bias, bias_rest;
+    int32_t *suppress;
+    int32_t n_suppress;
     /* The prepare generation that drops, continues or fails this sequence: scratch marks, not
      * state. A failed sequence is dropped at commit. */
     uint64_t drop_mark, cont_mark, fail_mark;
@@ -85,8 +91,10 @@ struct mirror {
     int64_t *slots;                         /* [max_batched_tokens] */
     int32_t *query_start;                   /* [max_seqs + 1] */
     int32_t *context_lens, *logits_indices; /* [max_seqs] */
-    struct sample_row *rows;                /* [max_seqs] */
-    uint64_t *row_seq_ids;                  /* [max_seqs] */
+    struct logit_entry *entries;            /* [max_seqs * LOGIT_ENTRIES_PER_ROW]: the batch's */
+    int32_t num_entries;
+    struct sample_row *rows; /* [max_seqs] */
+    uint64_t *row_seq_ids;   /* [max_seqs] */
     int32_t *block_tables;
     size_t block_tables_cap; /* entries */
 
@@ -107,6 +115,9 @@ static void mseq_free(struct mseq *s)
         return;
     free(s->tokens);
     free(s->blocks);
+    logit_bias_fini(&s->bias);
+    logit_bias_fini(&s->bias_rest);
+    free(s->suppress);
     free(s);
 }
 
@@ -193,7 +204,17 @@ static int check_seq_fields(const struct mirror *m, const struct seq_fields *f,
                                 "sequence %" PRIu64 ": %zu blocks cannot hold its %d computed "
                                 "tokens",
                                 id, f->n_blocks, f->num_computed);
-    if ((rc = sampling_from_internal(f->sampling, sp)) != 0) {
+    const Pagoda__Internal__SamplingParams *smp = f->sampling;
+    if ((rc = sampling_from_internal(smp, sp)) != 0 ||
+        (smp != NULL && smp->n_logit_bias_token_ids != smp->n_logit_bias_values &&
+         (rc = pagoda_error_set(PAGODA_EINVAL, "%zu logit_bias ids but %zu values",
+                                smp->n_logit_bias_token_ids, smp->n_logit_bias_values)) != 0) ||
+        (smp != NULL &&
+         (rc = logit_bias_validate(smp->logit_bias_token_ids, smp->logit_bias_values,
+                                   smp->n_logit_bias_token_ids, m->lim.vocab_size)) != 0) ||
+        (smp != NULL &&
+         (rc = logit_suppress_validate(smp->min_tokens_stop_ids, smp->n_min_tokens_stop_ids,
+                                       m->lim.vocab_size)) != 0)) {
         char why[512];
         snprintf(why, sizeof(why), "%s", pagoda_error_detail());
         return pagoda_error_set(rc, "sequence %" PRIu64 ": %s", id, why);
@@ -219,6 +240,23 @@ static int mseq_from_fields(const struct mirror *m, const struct seq_fields *f,
     s->num_computed = f->num_computed;
     s->num_blocks = (int32_t)f->n_blocks;
     s->sampling = *sp;
+    const Pagoda__Internal__SamplingParams *smp = f->sampling;
+    if (smp != NULL && smp->n_min_tokens_stop_ids > 0) {
+        s->suppress = malloc(smp->n_min_tokens_stop_ids * sizeof(int32_t));
+        if (s->suppress == NULL) {
+            mseq_free(s);
+            return PAGODA_ENOMEM;
+        }
+        memcpy(s->suppress, smp->min_tokens_stop_ids, smp->n_min_tokens_stop_ids * sizeof(int32_t));
+        s->n_suppress = (int32_t)smp->n_min_tokens_stop_ids;
+    }
+    if (smp != NULL &&
+        (logit_bias_copy(&s->bias, smp->logit_bias_token_ids, smp->logit_bias_values,
+                         smp->n_logit_bias_token_ids) != 0 ||
+         logit_bias_without(&s->bias, s->suppress, s->n_suppress, &s->bias_rest) != 0)) {
+        mseq_free(s);
+        return PAGODA_ENOMEM;
+    }
     int32_t room = s->num_tokens + extra;
     if (room > m->lim.max_tokens_per_seq)
         room = m->lim.max_tokens_per_seq;
@@ -331,6 +369,7 @@ int mirror_new(const struct mirror_limits *limits, struct mirror **out)
     m->context_lens = malloc(ns * sizeof(int32_t));
     m->logits_indices = malloc(ns * sizeof(int32_t));
     m->rows = malloc(ns * sizeof(*m->rows));
+    m->entries = malloc(ns * LOGIT_ENTRIES_PER_ROW * sizeof(*m->entries));
     m->row_seq_ids = malloc(ns * sizeof(*m->row_seq_ids));
     m->recent = calloc(2 * ns, sizeof(*m->recent));
     int inflight_ok = 1;
@@ -342,7 +381,7 @@ int mirror_new(const struct mirror_limits *limits, struct mirror **out)
     if (!inflight_ok || !m->recent || !m->seqs || !m->spare || !m->index || !m->scratch_ids ||
         !m->pend || !m->staged || !m->staged_chunk || !m->failed || !m->token_ids ||
         !m->positions || !m->slots || !m->query_start || !m->context_lens || !m->logits_indices ||
-        !m->rows || !m->row_seq_ids) {
+        !m->rows || !m->entries || !m->row_seq_ids) {
         mirror_free(m);
         return PAGODA_ENOMEM;
     }
@@ -381,6 +420,7 @@ void mirror_free(struct mirror *m)
     free(m->context_lens);
     free(m->logits_indices);
     free(m->rows);
+    free(m->entries);
     free(m->row_seq_ids);
     free(m->block_tables);
     free(m->recent);
@@ -724,6 +764,10 @@ static void add_chunk(struct mirror *m, struct mseq *q, int32_t chunk, int32_t n
         };
         m->logits_indices[*nl] = *n - 1;
         m->row_seq_ids[*nl] = q->seq_id;
+        const int suppress = out_len < q->sampling.min_tokens && q->n_suppress > 0;
+        m->num_entries +=
+            logit_entries_build(*nl, suppress ? &q->bias_rest : &q->bias, q->suppress,
+                                suppress ? q->n_suppress : 0, m->entries + m->num_entries);
         p->row = *nl;
         (*nl)++;
     }
@@ -831,6 +875,7 @@ int mirror_step_prepare(struct mirror *m, const Pagoda__Internal__Step *s, struc
     /* Everything is checked: build the batch. Appended block ids go past num_blocks. */
     int32_t n = 0, ns = 0, nl = 0;
     m->num_pend = 0;
+    m->num_entries = 0;
     for (size_t i = 0; i < s->n_cont_seqs; i++) {
         const Pagoda__Internal__ContinuingSequence *cs = s->cont_seqs[i];
         struct mseq *q = lookup(m, cs->seq_id);
@@ -857,6 +902,8 @@ int mirror_step_prepare(struct mirror *m, const Pagoda__Internal__Step *s, struc
         .max_blocks_per_seq = width,
         .num_logits = nl,
         .logits_indices = m->logits_indices,
+        .logit_entries = m->num_entries > 0 ? m->entries : NULL,
+        .num_logit_entries = m->num_entries,
     };
     out->rows = m->rows;
     out->seq_ids = m->row_seq_ids;

@@ -85,6 +85,9 @@ static void unpack(const struct step_header *h, char *buf, struct fwd_batch *b)
     b->context_lens = take(&buf, s * 4);
     b->block_tables = take(&buf, s * (size_t)h->max_blocks_per_seq * 4);
     b->logits_indices = take(&buf, (size_t)h->num_logits * 4);
+    /* rank 0 alone samples: the logit bias entries stay there */
+    b->logit_entries = NULL;
+    b->num_logit_entries = 0;
 }
 
 /* Errors of the group itself (a rank did not arrive in time, aborted, or called another

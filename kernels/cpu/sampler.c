@@ -62,6 +62,9 @@ int sampling_params_validate(const struct sampling_params *p)
                                 "sampling param temperature %g must be 0 (greedy) or in [%g, %g]",
                                 (double)p->temperature, (double)SAMPLING_TEMPERATURE_MIN,
                                 (double)SAMPLING_TEMPERATURE_MAX);
+    if (p->min_tokens < 0)
+        return pagoda_error_set(PAGODA_ERANGE, "sampling param min_tokens %d must be >= 0",
+                                (int)p->min_tokens);
     if (p->top_k < 0)
         return pagoda_error_set(PAGODA_ERANGE, "sampling param top_k %d must be >= 0 (0: off)",
                                 (int)p->top_k);

@@ -48,6 +48,10 @@ struct sampling_params {
     float presence_penalty;   /* 0: off; in [-2, 2] */
     float frequency_penalty;  /* 0: off; in [-2, 2] */
     uint64_t seed;            /* keys the Philox stream; equal seeds give equal draws */
+    /* >= 0: no stop token before this many output tokens (vLLM's min_tokens). Not a step of the
+     * sampler: the worker suppresses the stop tokens' logits (kernels/cpu/logit_bias.h), and the
+     * scheduler and router end no request by a stop before it. */
+    int32_t min_tokens;
 };
 
 /* Parameters with every step off and temperature 1 (plain sampling from the softmax), seed 0. */
@@ -56,9 +60,9 @@ struct sampling_params sampling_params_default(void);
 /* Checks every field's range (the constants above). Returns 0, PAGODA_EINVAL for a NaN or a NULL
  * p, or PAGODA_ERANGE for a value outside its range (a temperature that is neither 0 nor in
  * [SAMPLING_TEMPERATURE_MIN, SAMPLING_TEMPERATURE_MAX], negative top_k, top_p outside (0, 1],
- * min_p outside [0, 1], repetition_penalty outside [SAMPLING_REPETITION_PENALTY_MIN,
- * SAMPLING_REPETITION_PENALTY_MAX], a presence or frequency penalty outside [-2, 2]); the detail
- * names the field, its value and its range. */
+ * min_p outside [0, 1], a negative min_tokens, repetition_penalty outside
+ * [SAMPLING_REPETITION_PENALTY_MIN, SAMPLING_REPETITION_PENALTY_MAX], a presence or frequency
+ * penalty outside [-2, 2]); the detail names the field, its value and its range. */
 int sampling_params_validate(const struct sampling_params *p);
 
 /* 1 when step 1 (the penalties) reads the history: a repetition penalty other than 1 or a

@@ -73,6 +73,19 @@ static void check_batch(const struct mirror_step *ms, int32_t max_blocks_per_seq
     for (int32_t r = 0; r < b->num_logits; r++)
         if (b->logits_indices[r] < 0 || b->logits_indices[r] >= b->num_tokens)
             die("a logits row outside the batch");
+    /* The logit bias entries: in the rows and the vocabulary, each (row, token) once. */
+    if (b->num_logit_entries < 0 ||
+        b->num_logit_entries > b->num_logits * (int32_t)LOGIT_ENTRIES_PER_ROW)
+        die("logit entries outside the limit");
+    for (int32_t i = 0; i < b->num_logit_entries; i++) {
+        const struct logit_entry *e = &b->logit_entries[i];
+        if (e->row < 0 || e->row >= b->num_logits || e->token < 0 || e->token >= VOCAB ||
+            e->value != e->value)
+            die("a logit entry outside the batch");
+        for (int32_t j = 0; j < i; j++)
+            if (b->logit_entries[j].row == e->row && b->logit_entries[j].token == e->token)
+                die("a logit entry twice");
+    }
 }
 
 /* What a refusal must leave unchanged. */

@@ -7,7 +7,9 @@
  *
  * Checked beyond the sanitizers: a refusal is a 4xx with a message; an accepted request keeps
  * the limits it promises (n, the prompts and each one's form, the stop strings, the messages, a
- * tool-call parser only for a chat and only the gateway's);
+ * tool-call parser only for a chat and only the gateway's, a logit bias of at most
+ * PAGODA_MAX_LOGIT_BIAS distinct ids >= 0 with values in [-100, 100] and min_tokens in [0,
+ * max_tokens], both only for a generation);
  * a whole response and a stream chunk for its choices (OPENAI_FUZZ_MAX_CHOICES of them at most,
  * with tokens and log-probabilities) parse back as JSON with the choices in index order and the
  * usage openai_usage_sum gives; releasing the prompt, then finishing, frees everything. */
@@ -49,6 +51,27 @@ static void check_prompt(const struct openai_request *req, const pagoda_prompt *
     for (size_t i = 0; i < p->num_token_ids; i++)
         if (p->token_ids[i] < 0)
             abort();
+}
+
+/* The logit bias and min_tokens handed to libpagoda: within the router's limits (the vocabulary
+ * aside), and none for /tokenize and /detokenize. */
+static void check_bias(const struct openai_request *req)
+{
+    const pagoda_generate_params *p = &req->params;
+    const bool generation = req->kind == OPENAI_COMPLETION || req->kind == OPENAI_CHAT;
+    if (p->num_logit_bias > PAGODA_MAX_LOGIT_BIAS || (!generation && p->num_logit_bias > 0) ||
+        (p->num_logit_bias > 0 && (p->logit_bias_ids == NULL || p->logit_bias_values == NULL)) ||
+        p->min_tokens < 0 || p->min_tokens > p->max_tokens || (!generation && p->min_tokens > 0))
+        abort();
+    for (size_t i = 0; i < p->num_logit_bias; i++) {
+        const float v = p->logit_bias_values[i];
+        if (p->logit_bias_ids[i] < 0 ||
+            !(v >= -PAGODA_LOGIT_BIAS_LIMIT && v <= PAGODA_LOGIT_BIAS_LIMIT))
+            abort();
+        for (size_t j = 0; j < i; j++)
+            if (p->logit_bias_ids[j] == p->logit_bias_ids[i])
+                abort();
+    }
 }
 
 static void check_response(const struct openai_request *req)
@@ -158,8 +181,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             abort();
     for (uint32_t i = 0; i < req.num_prompts; i++)
         check_prompt(&req, openai_prompt(&req, i));
+    check_bias(&req);
     check_response(&req);
     openai_request_release_prompt(&req);
+    if (req.params.logit_bias_ids != NULL || req.params.num_logit_bias != 0)
+        abort();
     openai_request_fini(&req);
     return 0;
 }

@@ -340,6 +340,15 @@ static void worker_step(struct fuzz *f, const Pagoda__Internal__Step *s, uint8_t
     } else if (rc == 0) {
         if (ms.batch.num_logits > WORKER_MAX_SEQS)
             die("mirror", "more logits rows than sequences");
+        for (int32_t i = 0; i < ms.batch.num_logit_entries; i++) {
+            const struct logit_entry *e = &ms.batch.logit_entries[i];
+            if (e->row < 0 || e->row >= ms.batch.num_logits || e->token < 0 || e->token >= VOCAB)
+                die("mirror", "entry outside");
+            for (int32_t j = 0; j < i; j++)
+                if (ms.batch.logit_entries[j].row == e->row &&
+                    ms.batch.logit_entries[j].token == e->token)
+                    die("mirror", "entry twice");
+        }
         for (int32_t i = 0; i < ms.batch.num_logits; i++) {
             tokens[i] = token(in);
             if (tokens[i] < 0 || tokens[i] >= VOCAB)
@@ -467,6 +476,25 @@ static void router_submit(struct fuzz *f, struct input *in)
         for (size_t i = 0; i < sub.n_output_token_ids; i++)
             output[i] = token(in);
         sub.output_token_ids = output;
+    }
+    /* min_tokens (sometimes negative) and a logit bias (sometimes of mismatched lists) */
+    uint8_t more = u8(in);
+    int32_t bias_ids[4];
+    float bias_values[4];
+    if (more & 1) {
+        sp.has_min_tokens = 1;
+        sp.min_tokens = (int32_t)(u8(in) % 12) - ((more & 8) ? 1 : 0);
+    }
+    if (more & 2) {
+        size_t nb = 1 + u8(in) % 4;
+        for (size_t i = 0; i < nb; i++) {
+            bias_ids[i] = token(in);
+            bias_values[i] = (float)((int)u8(in) - 128);
+        }
+        sp.n_logit_bias_token_ids = nb - ((more & 4) ? 1 : 0); /* sometimes mismatched */
+        sp.n_logit_bias_values = nb;
+        sp.logit_bias_token_ids = bias_ids;
+        sp.logit_bias_values = bias_values;
     }
     sub.has_client_request_id = 1;
     sub.client_request_id.data = id;

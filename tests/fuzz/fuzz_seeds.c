@@ -91,6 +91,13 @@ static void submit_body(struct script *s, const char *key, uint8_t *id, size_t i
     sp.has_temperature = sp.has_logprobs = 1;
     sp.temperature = temperature;
     sp.logprobs = 1;
+    int32_t bias_ids[2] = {3, 4};
+    float bias_values[2] = {2.0f, -100.0f};
+    sp.n_logit_bias_token_ids = sp.n_logit_bias_values = 2;
+    sp.logit_bias_token_ids = bias_ids;
+    sp.logit_bias_values = bias_values;
+    sp.has_min_tokens = 1;
+    sp.min_tokens = 1;
     int32_t stop[2] = {5, 6};
     Pagoda__SubmitRequest sub = PAGODA__SUBMIT_REQUEST__INIT;
     sub.has_request_id = 1;
@@ -442,6 +449,16 @@ static void mirror_seeds(void)
     sp.has_temperature = sp.has_top_p = 1;
     sp.temperature = 0.7f;
     sp.top_p = 0.9f;
+    /* a logit bias and min_tokens' stop ids (one id in both) */
+    int32_t bias_ids[3] = {7, 9, 2}, stop_ids[2] = {2, 3};
+    float bias_values[3] = {100.0f, -5.5f, 1.0f};
+    sp.n_logit_bias_token_ids = sp.n_logit_bias_values = 3;
+    sp.logit_bias_token_ids = bias_ids;
+    sp.logit_bias_values = bias_values;
+    sp.has_min_tokens = 1;
+    sp.min_tokens = 2;
+    sp.n_min_tokens_stop_ids = 2;
+    sp.min_tokens_stop_ids = stop_ids;
 
     /* Resync, then two sequences prefilled in chunks, decoded, one finished, one preempted. */
     to_worker_resync(&s, 5, 1, NULL, 0);

@@ -87,6 +87,12 @@ OPENAI = {
                           b'"add_generation_prompt": false}'),
     "detokenize.bin": (DETOKENIZE, b'{"tokens": [1, 2, 3], "skip_special_tokens": true}'),
     "unsupported.bin": (COMPLETION, b'{"prompt": "x", "logit_bias": {"1": 2}, "echo": true}'),
+    "logit_bias.bin": (COMPLETION, b'{"prompt": "x", "logit_bias": {"50256": -100, "7": 150, '
+                       b'"+01": "2.5", "3": -1e9}, "min_tokens": 5, "max_tokens": 5}'),
+    "logit_bias_chat.bin": (CHAT, b'{"messages": [{"role": "user", "content": "x"}], '
+                            b'"logit_bias": {"0": 1, "12": "0.5"}, "min_tokens": "2"}'),
+    "logit_bias_twice.bin": (COMPLETION, b'{"prompt": "x", "logit_bias": {"9": 1, "009": 2}}'),
+    "min_tokens_over.bin": (COMPLETION, b'{"prompt": "x", "min_tokens": 17}'),
 }
 OUT_OPENAI = os.path.join(HERE, "corpus", "openai")
 os.makedirs(OUT_OPENAI, exist_ok=True)

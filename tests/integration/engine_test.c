@@ -43,7 +43,12 @@
  *                `--stream --json` pieces carry consecutive offsets
  *   poll-resume  a client polls a request, disconnects, and a new client polls on from the
  *                offset reached: every token arrives once, in order, and the whole equals a
- *                one-shot generate of the same seeded request */
+ *                one-shot generate of the same seeded request
+ *   bias-restart a request with a logit bias of +100 on a token X that is also its stop id, and
+ *                min_tokens M: M tokens without X, then X; kill -9 of the router, then, once the
+ *                new router has adopted it, of the scheduler: the request submitted again from
+ *                the announcement keeps its bias and min_tokens (the same output as without
+ *                the kills) */
 #include "common/error.h"
 #include "tests/integration/group.h"
 
@@ -465,6 +470,84 @@ static void scenario_kill_program(struct group *g, const char *program)
               (unsigned long long)before_kill.worker_steps_timed,
               (unsigned long long)after.worker_steps_timed, (unsigned long long)after.steps);
     free_jobs(kill_jobs, 32);
+    CHECK(group_stop(g) == 0, "the group stops");
+}
+
+static void scenario_bias_restart(struct group *g)
+{
+    /* clang-format off */
+    const char *extra[] = {
+        "--worker-arg", "--step-delay-ms", "--worker-arg", "15",
+        "--scheduler-arg", "--result-timeout-ms", "--scheduler-arg", group_ms(2000),
+        "--scheduler-arg", "--watchdog-ms", "--scheduler-arg", group_ms(10000),
+        NULL};
+    /* clang-format on */
+    CHECK(group_start(g, extra) == 0, "group started");
+    pagoda_client *c = NULL;
+    CHECK(pagoda_client_open(g->url, &c) == 0, "a client");
+    if (c == NULL)
+        return;
+    pagoda_client_set_timeout_ms(c, (uint32_t)(60000 * group_time_scale()));
+    int32_t prompt[] = {7, 8, 9, 10, 11};
+    int32_t x = 77;
+    float plus = 100.0f;
+    const int32_t m = 100;
+    pagoda_generate_params p = group_greedy(200);
+    p.ignore_eos = 0;
+    p.stop_token_ids = &x;
+    p.num_stop_token_ids = 1;
+    p.logit_bias_ids = &x;
+    p.logit_bias_values = &plus;
+    p.num_logit_bias = 1;
+    p.min_tokens = m;
+    pagoda_result ref = {0};
+    int rc = pagoda_generate(c, &p, prompt, 5, &ref);
+    int shape = rc == 0 && ref.num_tokens == (size_t)m + 1 && ref.token_ids[m] == x &&
+                ref.finish_reason == PAGODA_FINISH_STOP;
+    for (int32_t i = 0; shape && i < m; i++)
+        shape = ref.token_ids[i] != x;
+    CHECK(shape, "without kills: %zu tokens, %d of them without token %d, then it (%s)",
+          rc == 0 ? ref.num_tokens : 0, (int)m, (int)x, rc == 0 ? "served" : pagoda_strerror(rc));
+    uint8_t id[PAGODA_REQUEST_ID_BYTES];
+    CHECK(pagoda_submit(c, &p, prompt, 5, id) == 0, "submitted again");
+    pagoda_result first;
+    rc = pagoda_poll(c, id, 0, 5000, &first);
+    CHECK(rc == 0 && first.num_tokens > 0 && first.num_tokens < (size_t)m, "its first tokens (%zu)",
+          rc == 0 ? first.num_tokens : 0);
+    if (rc == 0)
+        pagoda_result_free(&first);
+    pid_t pid = group_program_pid(g, "pagoda-router");
+    CHECK(pid > 0 && kill(pid, SIGKILL) == 0, "kill -9 of the router (%d)", (int)pid);
+    pagoda_engine_stats st = {0};
+    for (int i = 0; i < 600 && !(pagoda_stats(c, &st) == 0 && st.live_requests > 0); i++)
+        sleep_ms(50);
+    CHECK(st.live_requests > 0, "the new router adopted it (%u live)", st.live_requests);
+    pid = group_program_pid(g, "pagoda-scheduler");
+    CHECK(pid > 0 && kill(pid, SIGKILL) == 0, "kill -9 of the scheduler (%d)", (int)pid);
+    pagoda_result all = {0};
+    uint32_t off = 0;
+    int done = 0, finish = -1;
+    for (int i = 0; i < 400 && !done; i++) {
+        pagoda_result piece;
+        if (pagoda_poll(c, id, off, 5000, &piece) != 0) {
+            sleep_ms(100);
+            continue;
+        }
+        pagoda_result_append(&all, &piece, 0);
+        off += (uint32_t)piece.num_tokens;
+        done = piece.finish_reason != PAGODA_FINISH_NONE;
+        finish = (int)piece.finish_reason;
+        pagoda_result_free(&piece);
+    }
+    int same = done && rc == 0 && all.num_tokens == ref.num_tokens;
+    for (size_t i = 0; same && i < all.num_tokens; i++)
+        same = all.token_ids[i] == ref.token_ids[i];
+    CHECK(same, "after the kills: %zu tokens, finish %d, the same as without them (%zu)",
+          all.num_tokens, finish, ref.num_tokens);
+    pagoda_result_free(&all);
+    if (ref.token_ids != NULL)
+        pagoda_result_free(&ref);
+    pagoda_client_close(c);
     CHECK(group_stop(g) == 0, "the group stops");
 }
 
@@ -1186,6 +1269,8 @@ int main(int argc, char **argv)
         scenario_stream_cli(&g);
     else if (strcmp(s, "poll-resume") == 0)
         scenario_poll_resume(&g);
+    else if (strcmp(s, "bias-restart") == 0)
+        scenario_bias_restart(&g);
     else
         fprintf(stderr, "unknown scenario %s\n", s);
     return group_finish(&g);

@@ -505,6 +505,78 @@ static void scenario_text(struct group *g, const Tokenizer *tok, const ChatTempl
     free(with_stop);
     pagoda_result_free(&by_stop_id);
 
+    /* min_tokens: the stop id cannot be drawn within the first min_tokens tokens, so the greedy
+     * output follows by_ids up to its first occurrence and then leaves it; nothing stops it
+     * before min_tokens (EOS ignored: the stop id alone). */
+    pagoda_generate_params pm = p;
+    pm.stop_token_ids = &stop_id;
+    pm.num_stop_token_ids = 1;
+    pm.min_tokens = (int32_t)(at + 4 < MAX_TOKENS ? at + 4 : MAX_TOKENS);
+    pagoda_result by_min;
+    rc = pagoda_generate(c, &pm, ids.ids, ids.len, &by_min);
+    int follows = rc == 0 && by_min.num_tokens >= (size_t)pm.min_tokens &&
+                  same_ids(by_min.token_ids, at, by_ids.token_ids, at) &&
+                  by_min.token_ids[at] != stop_id;
+    for (size_t i = 0; follows && i < (size_t)pm.min_tokens; i++)
+        follows = by_min.token_ids[i] != stop_id;
+    CHECK(follows,
+          "min_tokens %d with stop id %d (greedy's token %zu): %zu tokens, the first %zu "
+          "greedy's, then not the stop id",
+          (int)pm.min_tokens, stop_id, at, rc == 0 ? by_min.num_tokens : 0, at);
+    CHECK(rc == 0 &&
+              (by_min.finish_reason == PAGODA_FINISH_LENGTH ||
+               (by_min.has_stop_token_id && by_min.token_ids[by_min.num_tokens - 1] == stop_id)),
+          "min_tokens: it ends by length or at a later stop id");
+    if (rc == 0)
+        pagoda_result_free(&by_min);
+
+    /* ... and a stop id outside the vocabulary (never drawn: nothing to suppress) fails nothing */
+    int32_t far_stop = 100000;
+    pm.stop_token_ids = &far_stop;
+    rc = pagoda_generate(c, &pm, ids.ids, ids.len, &by_min);
+    CHECK(rc == 0 && by_min.finish_reason == PAGODA_FINISH_LENGTH,
+          "min_tokens with stop id %d outside the vocabulary: served (%s)", (int)far_stop,
+          rc != 0                ? pagoda_error_detail()
+          : by_min.error_message ? by_min.error_message
+                                 : "");
+    if (rc == 0)
+        pagoda_result_free(&by_min);
+
+    /* logit_bias: +100 on a token makes greedy choose it every time; -100 on greedy's first
+     * token makes it choose another; an id unknown_id the vocabulary is refused. */
+    int32_t forced = (by_ids.token_ids[0] + 7) % 256;
+    float plus = 100.0f, minus = -100.0f;
+    pagoda_generate_params pbias = p;
+    pbias.logit_bias_ids = &forced;
+    pbias.logit_bias_values = &plus;
+    pbias.num_logit_bias = 1;
+    pagoda_result biased;
+    rc = pagoda_generate(c, &pbias, ids.ids, ids.len, &biased);
+    int all_forced = rc == 0 && biased.num_tokens == MAX_TOKENS;
+    for (size_t i = 0; all_forced && i < biased.num_tokens; i++)
+        all_forced = biased.token_ids[i] == forced;
+    CHECK(all_forced, "logit_bias +100 on token %d: every token is it", forced);
+    if (rc == 0)
+        pagoda_result_free(&biased);
+    pbias.logit_bias_ids = &by_ids.token_ids[0];
+    pbias.logit_bias_values = &minus;
+    rc = pagoda_generate(c, &pbias, ids.ids, ids.len, &biased);
+    CHECK(rc == 0 && biased.num_tokens > 0 && biased.token_ids[0] != by_ids.token_ids[0],
+          "logit_bias -100 on greedy's first token %d: another first token", by_ids.token_ids[0]);
+    if (rc == 0)
+        pagoda_result_free(&biased);
+    int32_t unknown_id = 1 << 27;
+    pbias.logit_bias_ids = &unknown_id;
+    pbias.logit_bias_values = &plus;
+    rc = pagoda_generate(c, &pbias, ids.ids, ids.len, &biased);
+    const char *why = rc != 0                                       ? pagoda_error_detail()
+                      : biased.finish_reason == PAGODA_FINISH_ERROR ? biased.error_message
+                                                                    : NULL;
+    CHECK(why != NULL && strstr(why, "vocabulary") != NULL, "logit_bias of token %d: refused (%s)",
+          unknown_id, why ? why : "not refused");
+    if (rc == 0)
+        pagoda_result_free(&biased);
+
     /* A chat: the template's rendering, then the same tokens as its ids. */
     pagoda_chat_message msgs[] = {
         {.role = "system", .content = "You are terse."},

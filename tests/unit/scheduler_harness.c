@@ -930,6 +930,11 @@ struct req_rec *submit_full(struct harness *h, int idn, const int32_t *prompt, i
     sp.has_temperature = sp.has_seed = 1;
     sp.temperature = 0.7f;
     sp.seed = (uint64_t)idn;
+    sp.has_min_tokens = h->min_tokens != 0;
+    sp.min_tokens = h->min_tokens;
+    sp.n_logit_bias_token_ids = sp.n_logit_bias_values = h->n_bias;
+    sp.logit_bias_token_ids = (int32_t *)h->bias_ids;
+    sp.logit_bias_values = (float *)h->bias_values;
     Pagoda__Internal__SubmitSeq sub = PAGODA__INTERNAL__SUBMIT_SEQ__INIT;
     sub.has_request_id = 1;
     sub.request_id.data = r->id;

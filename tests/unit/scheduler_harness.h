@@ -158,6 +158,10 @@ struct harness {
     bool strict_max_tokens;       /* what submit_full stamps (SubmitSeq.strict_max_tokens) */
     bool logprobs;                /* what submit_full stamps (SubmitSeq.logprobs) */
     const char *router_text;      /* and SubmitSeq.router_text (NULL: none) */
+    int32_t min_tokens;           /* and its sampling's min_tokens (0: absent) */
+    const int32_t *bias_ids;      /* and its logit bias (n_bias pairs) */
+    const float *bias_values;
+    size_t n_bias;
     /* The latest PolicyApplied and AdminResult received (unpacked copies), and counts. */
     Pagoda__Internal__PolicyApplied *applied;
     Pagoda__Internal__AdminResult *admin;

@@ -56,6 +56,28 @@ static void test_params_default_and_local_checks(void **state)
     assert_int_equal(pagoda_submit(c, &p, prompt, 0, id), PAGODA_EINVAL);
     p.max_tokens = 0;
     assert_int_equal(pagoda_submit(c, &p, prompt, 1, id), PAGODA_ERANGE);
+    /* logit bias and min_tokens: what the client can tell without the model */
+    p = pagoda_generate_params_default();
+    assert_int_equal(p.num_logit_bias, 0);
+    assert_int_equal(p.min_tokens, 0);
+    static const int32_t bias_ids[PAGODA_MAX_LOGIT_BIAS + 1];
+    static const float bias_values[PAGODA_MAX_LOGIT_BIAS + 1];
+    p.num_logit_bias = 1;
+    p.logit_bias_values = bias_values;
+    assert_int_equal(pagoda_submit(c, &p, prompt, 1, id), PAGODA_EINVAL); /* ids NULL */
+    p.logit_bias_ids = bias_ids;
+    p.logit_bias_values = NULL;
+    assert_int_equal(pagoda_submit(c, &p, prompt, 1, id), PAGODA_EINVAL); /* values NULL */
+    p.logit_bias_values = bias_values;
+    p.num_logit_bias = PAGODA_MAX_LOGIT_BIAS + 1;
+    assert_int_equal(pagoda_submit(c, &p, prompt, 1, id), PAGODA_ERANGE);
+    assert_non_null(strstr(pagoda_error_detail(), "301 logit bias pairs"));
+    p.num_logit_bias = 0;
+    p.min_tokens = -1;
+    assert_int_equal(pagoda_submit(c, &p, prompt, 1, id), PAGODA_ERANGE);
+    p.min_tokens = p.max_tokens + 1;
+    assert_int_equal(pagoda_submit(c, &p, prompt, 1, id), PAGODA_ERANGE);
+    assert_non_null(strstr(pagoda_error_detail(), "min_tokens 17"));
     pagoda_client_close(c);
     assert_int_equal(pagoda_client_open("nonsense://x", &c), PAGODA_EINVAL);
     pagoda_client_close(NULL);
@@ -65,6 +87,57 @@ static void test_params_default_and_local_checks(void **state)
     char hex[33];
     pagoda_request_id_hex(hex_id, hex);
     assert_string_equal(hex, "01ab00000000000000000000000000ff");
+}
+
+/* The Submit carries logit_bias and min_tokens in its sampling params, and leaves them out when
+ * they are off (a router that predates them sees the Submit it knew). */
+static void test_submit_carries_logit_bias_and_min_tokens(void **state)
+{
+    (void)state;
+    const uint8_t id[PAGODA_REQUEST_ID_BYTES] = {1};
+    const int32_t prompt_ids[] = {4, 5};
+    const int32_t bias_ids[] = {7, 50256, 0};
+    const float bias_values[] = {-100.0f, 2.5f, 100.0f};
+    pagoda_prompt prompt = pagoda_prompt_default();
+    prompt.token_ids = prompt_ids;
+    prompt.num_token_ids = 2;
+    for (int on = 0; on < 2; on++) {
+        pagoda_generate_params p = pagoda_generate_params_default();
+        if (on) {
+            p.logit_bias_ids = bias_ids;
+            p.logit_bias_values = bias_values;
+            p.num_logit_bias = 3;
+            p.min_tokens = 16; /* max_tokens' default */
+        }
+        struct client_submit cs;
+        assert_int_equal(client_submit_build(&cs, &p, &prompt, id), 0);
+        size_t len = pagoda__client_request__get_packed_size(&cs.req);
+        uint8_t *buf = malloc(len);
+        assert_non_null(buf);
+        pagoda__client_request__pack(&cs.req, buf);
+        client_submit_fini(&cs);
+        Pagoda__ClientRequest *req = pagoda__client_request__unpack(NULL, len, buf);
+        free(buf);
+        assert_non_null(req);
+        assert_int_equal(req->call_case, PAGODA__CLIENT_REQUEST__CALL_SUBMIT);
+        const Pagoda__SamplingParams *sp = req->submit->sampling;
+        assert_non_null(sp);
+        if (!on) {
+            assert_int_equal(sp->n_logit_bias_token_ids, 0);
+            assert_int_equal(sp->n_logit_bias_values, 0);
+            assert_false(sp->has_min_tokens);
+        } else {
+            assert_int_equal(sp->n_logit_bias_token_ids, 3);
+            assert_int_equal(sp->n_logit_bias_values, 3);
+            for (size_t i = 0; i < 3; i++) {
+                assert_int_equal(sp->logit_bias_token_ids[i], bias_ids[i]);
+                assert_true(sp->logit_bias_values[i] == bias_values[i]);
+            }
+            assert_true(sp->has_min_tokens);
+            assert_int_equal(sp->min_tokens, 16);
+        }
+        pagoda__client_request__free_unpacked(req, NULL);
+    }
 }
 
 static void test_unreachable_router_times_out(void **state)
@@ -316,6 +389,15 @@ static void test_cli(void **state)
              fake_sched_token(prompt, 2, 1));
     assert_string_equal(out, expect);
 
+    /* --logit-bias and --min-tokens go with the request (the fake scheduler does not apply
+     * them: what they change is the router's and the engine's to test) */
+    snprintf(cmd, sizeof(cmd),
+             PAGODA_BIN_DIR "/pagoda --url %s generate --tokens 5,6 --max-tokens 2 "
+                            "--logit-bias 3:-100 --logit-bias 4:2.5 --min-tokens 2",
+             e->url);
+    assert_int_equal(run(cmd, out, sizeof(out)), 0);
+    assert_string_equal(out, expect);
+
     snprintf(cmd, sizeof(cmd),
              PAGODA_BIN_DIR "/pagoda --url %s generate --tokens 5,6 "
                             "--max-tokens 2 --stream",
@@ -352,6 +434,31 @@ static void test_cli(void **state)
     assert_int_equal(run(cmd, out, sizeof(out)), 2);
     snprintf(cmd, sizeof(cmd), PAGODA_BIN_DIR "/pagoda frobnicate 2>/dev/null");
     assert_int_equal(run(cmd, out, sizeof(out)), 2);
+    /* --logit-bias ID:VALUE with VALUE in [-100, 100], each id once; --min-tokens at most
+     * max_tokens (given or the default): refused before anything is sent */
+    static const char *const bad_bias[] = {
+        "--logit-bias 3",
+        "--logit-bias :1",
+        "--logit-bias x:1",
+        "--logit-bias 3:x",
+        "--logit-bias -1:1",
+        "--logit-bias 3:101",
+        "--logit-bias 3:-100.5",
+        "--logit-bias 3:1 --logit-bias 3:2",
+        "--min-tokens -1",
+        "--min-tokens 17",
+        "--max-tokens 4 --min-tokens 5",
+    };
+    for (size_t i = 0; i < sizeof(bad_bias) / sizeof(bad_bias[0]); i++) {
+        snprintf(cmd, sizeof(cmd), PAGODA_BIN_DIR "/pagoda --url %s generate --tokens 1 %s 2>&1",
+                 e->url, bad_bias[i]);
+        if (run(cmd, out, sizeof(out)) != 2)
+            fail_msg("'%s' was not refused as a bad flag: %s", bad_bias[i], out);
+    }
+    snprintf(cmd, sizeof(cmd),
+             PAGODA_BIN_DIR "/pagoda --url %s generate --tokens 1 --min-tokens 17 2>&1", e->url);
+    assert_int_equal(run(cmd, out, sizeof(out)), 2);
+    assert_non_null(strstr(out, "--min-tokens 17 is more than max_tokens (16, the default"));
     snprintf(cmd, sizeof(cmd),
              PAGODA_BIN_DIR "/pagoda --url %s generate --tokens %d "
                             "--max-tokens 3 --json 2>/dev/null",
@@ -719,6 +826,7 @@ int main(void)
 {
     const struct CMUnitTest alone[] = {
         cmocka_unit_test(test_params_default_and_local_checks),
+        cmocka_unit_test(test_submit_carries_logit_bias_and_min_tokens),
         cmocka_unit_test(test_result_append),
         cmocka_unit_test(test_stats_engines_are_bounded),
         cmocka_unit_test(test_stats_strings_are_printable),

@@ -10,6 +10,7 @@
 #include "common/error.h"
 #include "worker/mirror.h"
 
+#include <math.h>
 #include <string.h>
 
 #define BS 8 /* block size */
@@ -994,6 +995,92 @@ static void test_first_sample_failure_fails_the_sequence_in_the_step_behind(void
     expect_first_sample_failure_remembered(0);
 }
 
+/* A sequence's logit bias and min_tokens' stop ids become its row's entries: the stop ids at
+ * -inf while its output (pending tokens counted) is shorter than min_tokens, the bias always;
+ * a sequence without either adds none. Bad lists fail that sequence alone. */
+static void test_logit_bias_and_min_tokens_make_entries(void **state)
+{
+    (void)state;
+    struct mirror *m = new_mirror();
+    int32_t a_tokens[] = {1, 2, 3}, b_tokens[] = {5, 6}, a_blocks[] = {4}, b_blocks[] = {5};
+    int32_t bias_ids[] = {9, 2}, stop_ids[] = {2, 3};
+    float bias_values[] = {5.0f, -1.0f};
+    Pagoda__Internal__SamplingParams asp = PAGODA__INTERNAL__SAMPLING_PARAMS__INIT;
+    asp.has_min_tokens = 1;
+    asp.min_tokens = 2;
+    asp.n_min_tokens_stop_ids = 2;
+    asp.min_tokens_stop_ids = stop_ids;
+    asp.n_logit_bias_token_ids = asp.n_logit_bias_values = 2;
+    asp.logit_bias_token_ids = bias_ids;
+    asp.logit_bias_values = bias_values;
+    Pagoda__Internal__SequenceSnapshot b = snap(2, b_tokens, 2, 2, 0, b_blocks, 1), *seqs[] = {&b};
+    resync(m, 1, 10, seqs, 1);
+    Pagoda__Internal__NewSequence a = new_seq(1, a_tokens, 3, 3, 0, 3, a_blocks, 1), *np[] = {&a};
+    a.sampling = &asp;
+    Pagoda__Internal__ContinuingSequence cb = cont_seq(2, 0, 2, NULL, 0), *cp[] = {&cb};
+    Pagoda__Internal__Step s = step_msg(1, 10);
+    s.new_seqs = np;
+    s.n_new_seqs = 1;
+    s.cont_seqs = cp;
+    s.n_cont_seqs = 1;
+    struct mirror_step ms;
+    assert_int_equal(mirror_step_prepare(m, &s, &ms), 0);
+    assert_int_equal(ms.num_failed, 0);
+    assert_int_equal(ms.batch.num_logits, 2); /* row 0: B (continuing first), row 1: A */
+    assert_int_equal(ms.seq_ids[1], 1);
+    /* A's output is empty: 2 and 3 suppressed, then 9's bias (2's is dropped: suppressed) */
+    assert_int_equal(ms.batch.num_logit_entries, 3);
+    const struct logit_entry *e = ms.batch.logit_entries;
+    assert_true(e[0].row == 1 && e[0].token == 2 && isinf(e[0].value) && e[0].value < 0);
+    assert_true(e[1].row == 1 && e[1].token == 3 && isinf(e[1].value));
+    assert_true(e[2].row == 1 && e[2].token == 9 && e[2].value == 5.0f);
+    mirror_step_commit_pending(m);
+
+    /* the next step: A's one pending token is its output: still under min_tokens 2 */
+    Pagoda__Internal__ContinuingSequence ca = cont_seq(1, 3, 1, NULL, 0), *cp2[] = {&ca};
+    s = step_msg(1, 11);
+    s.cont_seqs = cp2;
+    s.n_cont_seqs = 1;
+    assert_int_equal(mirror_step_prepare(m, &s, &ms), 0);
+    assert_int_equal(ms.batch.num_logits, 1);
+    assert_int_equal(ms.batch.num_logit_entries, 3);
+    mirror_step_commit_pending(m);
+    int32_t t10[] = {7, 8}, t11[] = {4};
+    mirror_step_resolve(m, 10, t10, NULL);
+    mirror_step_resolve(m, 11, t11, NULL);
+
+    /* two output tokens: min_tokens is met, the bias alone (both pairs) */
+    ca = cont_seq(1, 4, 1, NULL, 0);
+    s = step_msg(1, 12);
+    s.cont_seqs = cp2;
+    s.n_cont_seqs = 1;
+    assert_int_equal(mirror_step_prepare(m, &s, &ms), 0);
+    assert_int_equal(ms.batch.num_logit_entries, 2);
+    e = ms.batch.logit_entries;
+    assert_true(e[0].row == 0 && e[0].token == 9 && e[1].token == 2 && e[1].value == -1.0f);
+    mirror_step_abort(m);
+
+    /* bad lists: the sequence fails, naming why */
+    int32_t c_tokens[] = {1}, c_blocks[] = {6};
+    Pagoda__Internal__SamplingParams bad = asp;
+    Pagoda__Internal__NewSequence c = new_seq(3, c_tokens, 1, 1, 0, 1, c_blocks, 1), *np3[] = {&c};
+    c.sampling = &bad;
+    s = step_msg(1, 12);
+    s.new_seqs = np3;
+    s.n_new_seqs = 1;
+    int32_t out_of_vocab[] = {9, 100};
+    bad.logit_bias_token_ids = out_of_vocab;
+    expect_seq_fails(m, &s, 3, PAGODA_ERANGE, "outside the vocabulary");
+    bad = asp;
+    bad.n_logit_bias_values = 1;
+    expect_seq_fails(m, &s, 3, PAGODA_EINVAL, "2 logit_bias ids but 1 values");
+    bad = asp;
+    int32_t twice[] = {3, 3};
+    bad.min_tokens_stop_ids = twice;
+    expect_seq_fails(m, &s, 3, PAGODA_EINVAL, "listed twice");
+    mirror_free(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1011,6 +1098,7 @@ int main(void)
         cmocka_unit_test(test_row_failure_fails_the_sequence_in_later_steps),
         cmocka_unit_test(test_row_failure_at_commit_fails_the_sequence_in_the_next_step),
         cmocka_unit_test(test_first_sample_failure_fails_the_sequence_in_the_step_behind),
+        cmocka_unit_test(test_logit_bias_and_min_tokens_make_entries),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -593,8 +593,6 @@ static void test_bad_requests_are_400_with_a_reason(void **state)
          "\"logprobs\": true, \"top_logprobs\": 3}",
          "'top_logprobs'"},
         /* what changes the output and is not done here: refused, not ignored */
-        {OPENAI_COMPLETION, "{\"prompt\": \"x\", \"logit_bias\": {\"100\": 100}}", "'logit_bias'"},
-        {OPENAI_COMPLETION, "{\"prompt\": \"x\", \"logit_bias\": \"x\"}", "must be an object"},
         {OPENAI_COMPLETION, "{\"prompt\": \"x\", \"suffix\": \"end\"}", "'suffix'"},
         {OPENAI_COMPLETION, "{\"prompt\": \"x\", \"guided_json\": {}}", "'guided_json'"},
         {OPENAI_COMPLETION, "{\"prompt\": \"x\", \"stream_options\": {}}", "'stream': true"},
@@ -610,7 +608,6 @@ static void test_bad_requests_are_400_with_a_reason(void **state)
         {OPENAI_CHAT,
          "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"top_logprobs\": 2}",
          "'top_logprobs'"},
-        {OPENAI_COMPLETION, "{\"prompt\": \"x\", \"min_tokens\": 6}", "'min_tokens'"},
         {OPENAI_COMPLETION, "{\"prompt\": \"x\", \"include_stop_str_in_output\": 1}",
          "'include_stop_str_in_output'"},
         {OPENAI_COMPLETION, "{\"prompt\": \"x\", \"allowed_token_ids\": [5]}",
@@ -620,8 +617,6 @@ static void test_bad_requests_are_400_with_a_reason(void **state)
         {OPENAI_COMPLETION, "{\"prompt\": \"x\", \"truncate_prompt_tokens\": 4}",
          "'truncate_prompt_tokens'"},
         {OPENAI_COMPLETION, "{\"prompt\": \"x\", \"use_beam_search\": true}", "'use_beam_search'"},
-        {OPENAI_COMPLETION, "{\"prompt\": \"x\", \"min_tokens\": \"none\"}", "'min_tokens'"},
-        {OPENAI_COMPLETION, "{\"prompt\": \"x\", \"min_tokens\": 0.5}", "'min_tokens'"},
         {OPENAI_COMPLETION,
          "{\"prompt\": \"x\", \"stream\": true, \"stream_options\": "
          "{\"continuous_usage_stats\": true}}",
@@ -675,6 +670,175 @@ static void test_bad_requests_are_400_with_a_reason(void **state)
                            "\"top_logprobs\": 0}",
                            &req, &err),
                      0);
+    openai_request_fini(&req);
+}
+
+/* OpenAI's logit_bias (token ids written as integers, values clamped to [-100, 100] as vLLM's)
+ * and vLLM's min_tokens, into the params handed to libpagoda, on completions and chats. */
+static void test_logit_bias_and_min_tokens_are_read(void **state)
+{
+    (void)state;
+    struct openai_request req;
+    struct openai_error err;
+    assert_int_equal(parse(OPENAI_COMPLETION,
+                           "{\"prompt\": \"x\", \"max_tokens\": 8, \"min_tokens\": 8, "
+                           "\"logit_bias\": {\"50256\": -100, \"7\": 2.5, \"0\": \"-1.5\", "
+                           "\"+12\": 3, \"0013\": 0, \"20\": 150, \"21\": -1e9, \"22\": "
+                           "\"1e999\"}}",
+                           &req, &err),
+                     0);
+    /* in the body's order (jansson keeps it), each clamped */
+    const int32_t ids[] = {50256, 7, 0, 12, 13, 20, 21, 22};
+    const float values[] = {-100.0f, 2.5f, -1.5f, 3.0f, 0.0f, 100.0f, -100.0f, 100.0f};
+    assert_int_equal(req.params.num_logit_bias, 8);
+    assert_non_null(req.params.logit_bias_ids);
+    assert_non_null(req.params.logit_bias_values);
+    for (size_t i = 0; i < 8; i++) {
+        assert_int_equal(req.params.logit_bias_ids[i], ids[i]);
+        assert_true(req.params.logit_bias_values[i] == values[i]);
+    }
+    assert_int_equal(req.params.min_tokens, 8);
+    /* sent, the params borrow nothing more */
+    openai_request_release_prompt(&req);
+    assert_null(req.params.logit_bias_ids);
+    assert_null(req.params.logit_bias_values);
+    assert_int_equal(req.params.num_logit_bias, 0);
+    openai_request_fini(&req);
+
+    /* a chat: min_tokens up to its default max_tokens (1024 here) */
+    assert_int_equal(parse(OPENAI_CHAT,
+                           "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
+                           "\"logit_bias\": {\"3\": 1}, \"min_tokens\": \"1024\"}",
+                           &req, &err),
+                     0);
+    assert_int_equal(req.params.num_logit_bias, 1);
+    assert_int_equal(req.params.logit_bias_ids[0], 3);
+    assert_true(req.params.logit_bias_values[0] == 1.0f);
+    assert_int_equal(req.params.min_tokens, 1024);
+    openai_request_fini(&req);
+
+    /* null, {} and 0 are none */
+    const char *none[] = {"{\"prompt\": \"x\", \"logit_bias\": null, \"min_tokens\": null}",
+                          "{\"prompt\": \"x\", \"logit_bias\": {}, \"min_tokens\": 0}",
+                          "{\"prompt\": \"x\"}"};
+    for (size_t i = 0; i < sizeof(none) / sizeof(none[0]); i++) {
+        assert_int_equal(parse(OPENAI_COMPLETION, none[i], &req, &err), 0);
+        assert_int_equal(req.params.num_logit_bias, 0);
+        assert_null(req.params.logit_bias_ids);
+        assert_null(req.params.logit_bias_values);
+        assert_int_equal(req.params.min_tokens, 0);
+        openai_request_fini(&req);
+    }
+
+    /* /tokenize reads neither (vLLM's takes neither) */
+    assert_int_equal(parse(OPENAI_TOKENIZE,
+                           "{\"prompt\": \"x\", \"logit_bias\": {\"a\": 1}, \"min_tokens\": 99}",
+                           &req, &err),
+                     0);
+    assert_int_equal(req.params.num_logit_bias, 0);
+    assert_int_equal(req.params.min_tokens, 0);
+    openai_request_fini(&req);
+
+    /* PAGODA_MAX_LOGIT_BIAS pairs, and one more */
+    for (unsigned count = PAGODA_MAX_LOGIT_BIAS; count <= PAGODA_MAX_LOGIT_BIAS + 1; count++) {
+        char body[8192] = "{\"prompt\": \"x\", \"logit_bias\": {";
+        size_t at = strlen(body);
+        for (unsigned i = 0; i < count; i++)
+            at += (size_t)snprintf(body + at, sizeof(body) - at, "%s\"%u\": -1", i ? ", " : "",
+                                   i * 7);
+        snprintf(body + at, sizeof(body) - at, "}}");
+        if (count == PAGODA_MAX_LOGIT_BIAS) {
+            assert_int_equal(parse(OPENAI_COMPLETION, body, &req, &err), 0);
+            assert_int_equal(req.params.num_logit_bias, PAGODA_MAX_LOGIT_BIAS);
+            assert_int_equal(req.params.logit_bias_ids[PAGODA_MAX_LOGIT_BIAS - 1],
+                             (PAGODA_MAX_LOGIT_BIAS - 1) * 7);
+        } else {
+            assert_int_equal(parse(OPENAI_COMPLETION, body, &req, &err), -1);
+            assert_int_equal(err.status, 400);
+            assert_string_equal(err.message, "'logit_bias' has 301 tokens, more than 300");
+        }
+        openai_request_fini(&req);
+    }
+
+    /* refusals (400), each message naming what is wrong */
+    static const struct {
+        enum openai_kind kind;
+        const char *body;
+        const char *want;
+    } cases[] = {
+        {OPENAI_COMPLETION, "{\"prompt\": \"x\", \"logit_bias\": \"x\"}",
+         "'logit_bias' must be an object mapping token ids to numbers"},
+        {OPENAI_COMPLETION, "{\"prompt\": \"x\", \"logit_bias\": [[1, 2]]}",
+         "'logit_bias' must be an object"},
+        {OPENAI_COMPLETION, "{\"prompt\": \"x\", \"logit_bias\": {\"abc\": 1}}",
+         "'logit_bias' key 'abc' is not a token id: keys are token ids written as base-10 "
+         "integers (\"50256\")"},
+        {OPENAI_CHAT,
+         "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
+         "\"logit_bias\": {\"1.5\": 1}}",
+         "'logit_bias' key '1.5' is not a token id: keys are"},
+        {OPENAI_COMPLETION, "{\"prompt\": \"x\", \"logit_bias\": {\"\": 1}}",
+         "'logit_bias' key '' is not a token id: keys are"},
+        {OPENAI_COMPLETION, "{\"prompt\": \"x\", \"logit_bias\": {\" 5\": 1}}",
+         "'logit_bias' key ' 5' is not a token id: keys are"},
+        {OPENAI_COMPLETION, "{\"prompt\": \"x\", \"logit_bias\": {\"0x10\": 1}}",
+         "'logit_bias' key '0x10' is not a token id: keys are"},
+        {OPENAI_COMPLETION, "{\"prompt\": \"x\", \"logit_bias\": {\"-\": 1}}",
+         "'logit_bias' key '-' is not a token id: keys are"},
+        {OPENAI_COMPLETION, "{\"prompt\": \"x\", \"logit_bias\": {\"-1\": 1}}",
+         "'logit_bias' key '-1' is not a token id: ids are 0 or more"},
+        {OPENAI_COMPLETION, "{\"prompt\": \"x\", \"logit_bias\": {\"2147483648\": 1}}",
+         "'logit_bias' key '2147483648' is not a token id: ids are 0 or more"},
+        {OPENAI_COMPLETION, "{\"prompt\": \"x\", \"logit_bias\": {\"99999999999999999999999\": 1}}",
+         "'logit_bias' key '99999999999999999999999' is not a token id: ids are 0 or more"},
+        {OPENAI_COMPLETION, "{\"prompt\": \"x\", \"logit_bias\": {\"5\": 1, \"05\": 2}}",
+         "'logit_bias' keys '5' and '05' name the same token (5)"},
+        {OPENAI_COMPLETION, "{\"prompt\": \"x\", \"logit_bias\": {\"5\": \"high\"}}",
+         "'logit_bias' value of token '5' must be a number"},
+        {OPENAI_COMPLETION, "{\"prompt\": \"x\", \"logit_bias\": {\"5\": true}}",
+         "'logit_bias' value of token '5' must be a number"},
+        {OPENAI_COMPLETION, "{\"prompt\": \"x\", \"logit_bias\": {\"5\": null}}",
+         "'logit_bias' value of token '5' must be a number"},
+        {OPENAI_COMPLETION, "{\"prompt\": \"x\", \"min_tokens\": -1}",
+         "'min_tokens' is -1; it must be in [0, 2147483647]"},
+        {OPENAI_COMPLETION, "{\"prompt\": \"x\", \"min_tokens\": \"none\"}",
+         "'min_tokens' must be an integer"},
+        {OPENAI_COMPLETION, "{\"prompt\": \"x\", \"min_tokens\": 0.5}",
+         "'min_tokens' must be an integer"},
+        {OPENAI_COMPLETION, "{\"prompt\": \"x\", \"max_tokens\": 4, \"min_tokens\": 5}",
+         "'min_tokens' is 5; it must be at most max_tokens (4)"},
+        {OPENAI_CHAT,
+         "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
+         "\"max_completion_tokens\": 4, \"min_tokens\": 5}",
+         "'min_tokens' is 5; it must be at most max_tokens (4)"},
+        {OPENAI_COMPLETION, "{\"prompt\": \"x\", \"min_tokens\": 17}",
+         "'min_tokens' is 17; it must be at most max_tokens, which is 16 when not given: give "
+         "max_tokens"},
+        {OPENAI_CHAT,
+         "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"min_tokens\": 1025}",
+         "'min_tokens' is 1025; it must be at most max_tokens, which is 1024 when not given"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        assert_int_equal(parse(cases[i].kind, cases[i].body, &req, &err), -1);
+        assert_int_equal(err.status, 400);
+        assert_string_equal(err.type, "invalid_request_error");
+        if (strstr(err.message, cases[i].want) == NULL)
+            fail_msg("case %zu: '%s' does not say '%s'", i, err.message, cases[i].want);
+        openai_request_fini(&req);
+    }
+
+    /* a long key is shown cut, on a character boundary: the error stays UTF-8 */
+    char body[512], key[200];
+    memset(key, 'a', 63);
+    strcpy(key + 63, "\xc3\xa9tail"); /* 63 bytes, then a 2-byte character across byte 64 */
+    snprintf(body, sizeof(body), "{\"prompt\": \"x\", \"logit_bias\": {\"%s\": 1}}", key);
+    assert_int_equal(parse(OPENAI_COMPLETION, body, &req, &err), -1);
+    char *json = openai_error_json(&err);
+    assert_non_null(json);
+    assert_null(strstr(json, "unprintable"));
+    assert_null(strstr(json, "\xc3"));
+    assert_non_null(strstr(json, "aaa' is not a token id"));
+    free(json);
     openai_request_fini(&req);
 }
 
@@ -815,6 +979,13 @@ static void test_responses_and_chunks_are_openai_json(void **state)
     assert_int_equal(e.status, 401);
     openai_error_from_code(PAGODA_EEXHAUSTED, "full", &e);
     assert_int_equal(e.status, 429);
+    /* the router's refusal of a request's parameters (a logit bias id outside the vocabulary) */
+    openai_error_from_code(PAGODA_ERANGE, "logit_bias: token 999999 is outside the vocabulary", &e);
+    assert_int_equal(e.status, 400);
+    assert_string_equal(e.type, "invalid_request_error");
+    assert_string_equal(e.message, "logit_bias: token 999999 is outside the vocabulary");
+    openai_error_from_code(PAGODA_EINVAL, "logit_bias: token 5 twice", &e);
+    assert_int_equal(e.status, 400);
     openai_error_from_code(PAGODA_ECLOSED, "draining", &e);
     assert_int_equal(e.status, 503);
     s = openai_error_json(&e);
@@ -953,6 +1124,7 @@ int main(void)
         cmocka_unit_test(test_a_chat_is_read),
         cmocka_unit_test(test_continue_final_message_is_read),
         cmocka_unit_test(test_bad_requests_are_400_with_a_reason),
+        cmocka_unit_test(test_logit_bias_and_min_tokens_are_read),
         cmocka_unit_test(test_responses_and_chunks_are_openai_json),
         cmocka_unit_test(test_completion_logprobs_name_pieces),
     };

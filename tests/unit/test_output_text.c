@@ -132,6 +132,46 @@ static void test_a_stop_string_across_tokens_cuts_the_text(void **state)
     tokenizer_ids_fini(&ids);
 }
 
+/* min_tokens (output_text_min_tokens): a stop string that ends in the text of the first
+ * min_tokens tokens ends nothing and is not looked for again; one ending in the text of token
+ * min_tokens or later does, as without it. */
+static void test_min_tokens_defers_stop_strings(void **state)
+{
+    (void)state;
+    const char *text = "the worker runs the kernels, and the worker ends the step.";
+    TokenizerIds ids;
+    encode(text, &ids);
+    const char *stops[] = {"the worker"};
+    size_t lens[] = {strlen(stops[0])};
+    struct output_text *o;
+    assert_int_equal(output_text_new(tok, true, stops, lens, 1, &o), 0);
+    size_t first;
+    assert_int_equal(push_all(o, ids.ids, ids.len, &first), 1);
+    size_t len;
+    output_text_visible(o, &len);
+    assert_int_equal(len, 0); /* the text begins with the stop */
+    output_text_free(o);
+    /* the token completing it is token first - 1: min_tokens = first skips it */
+    assert_int_equal(output_text_new(tok, true, stops, lens, 1, &o), 0);
+    output_text_min_tokens(o, (uint32_t)first);
+    size_t second;
+    assert_int_equal(push_all(o, ids.ids, ids.len, &second), 1);
+    assert_true(second > first && second < ids.len);
+    const char *vis = output_text_visible(o, &len);
+    const char *at = strstr(text + 1, stops[0]);
+    assert_int_equal(len, (size_t)(at - text));
+    assert_memory_equal(vis, text, len);
+    output_text_free(o);
+    /* min_tokens = first - 1: token first - 1 is past it, and the first match ends the text */
+    assert_int_equal(output_text_new(tok, true, stops, lens, 1, &o), 0);
+    output_text_min_tokens(o, (uint32_t)first - 1);
+    size_t again;
+    assert_int_equal(push_all(o, ids.ids, ids.len, &again), 1);
+    assert_int_equal(again, first);
+    output_text_free(o);
+    tokenizer_ids_fini(&ids);
+}
+
 /* include_stop_str_in_output (output_text_keep_stops): the text ends after the stop string,
  * nothing past it within the token that completed it, and nothing is held back meanwhile: each
  * token's own text shows with it, the stop's beginning included. */
@@ -428,6 +468,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pieces_join_to_the_full_decode),
         cmocka_unit_test(test_a_stop_string_across_tokens_cuts_the_text),
+        cmocka_unit_test(test_min_tokens_defers_stop_strings),
         cmocka_unit_test(test_a_kept_stop_string_ends_the_text),
         cmocka_unit_test(test_nothing_that_may_begin_a_stop_is_shown_until_finish),
         cmocka_unit_test(test_a_token_shows_its_own_text_when_it_may_begin_no_stop),

@@ -294,6 +294,43 @@ static void test_bad_submits_are_refused(void **state)
     assert_non_null(strstr(resp->error_message, "temperature"));
     pagoda__client_response__free_unpacked(resp, NULL);
 
+    /* The logit bias and min_tokens: each bad one refused, naming why (ids in the vocabulary are
+     * the scheduler's to check) */
+    int32_t bias_ids[2] = {5, 5};
+    float bias_values[2] = {1.0f, 2.0f};
+    const struct {
+        int32_t id1;
+        float v0;
+        size_t n_values;
+        int32_t min_tokens;
+        int code;
+        const char *says;
+    } bad_bias[] = {
+        {5, 1.0f, 2, 0, PAGODA_EINVAL, "names token 5 twice"},
+        {6, 100.5f, 2, 0, PAGODA_ERANGE, "outside [-100, 100]"},
+        {6, INFINITY, 2, 0, PAGODA_EINVAL, "not a finite number"},
+        {-6, 1.0f, 2, 0, PAGODA_ERANGE, "token id -6 is negative"},
+        {6, 1.0f, 1, 0, PAGODA_EINVAL, "2 token ids but 1 values"},
+        {6, 1.0f, 2, 5, PAGODA_ERANGE, "min_tokens 5 is more than max_tokens 4"},
+        {6, 1.0f, 2, -1, PAGODA_ERANGE, "min_tokens"},
+    };
+    for (size_t k = 0; k < sizeof(bad_bias) / sizeof(bad_bias[0]); k++) {
+        rt_raw_submit_init(&s, id, 4);
+        bias_ids[1] = bad_bias[k].id1;
+        bias_values[0] = bad_bias[k].v0;
+        s.sp.n_logit_bias_token_ids = 2;
+        s.sp.logit_bias_token_ids = bias_ids;
+        s.sp.n_logit_bias_values = bad_bias[k].n_values;
+        s.sp.logit_bias_values = bias_values;
+        s.sp.has_min_tokens = bad_bias[k].min_tokens != 0;
+        s.sp.min_tokens = bad_bias[k].min_tokens;
+        resp = rt_raw_request(e, &s.req);
+        assert_int_equal(rt_response_code(resp), bad_bias[k].code);
+        if (strstr(resp->error_message, bad_bias[k].says) == NULL)
+            fail_msg("case %zu: '%s' does not say '%s'", k, resp->error_message, bad_bias[k].says);
+        pagoda__client_response__free_unpacked(resp, NULL);
+    }
+
     /* None of them was registered. */
     pagoda_client *c = rt_open_client(e);
     pagoda_result r;

@@ -192,6 +192,62 @@ static void test_stop_conditions(void **state)
     harness_close(h);
 }
 
+/* min_tokens: the worker is sent the ids to suppress (the EOS ids unless ignore_eos, then the
+ * stop ids, each once) and the logit bias; and no EOS or stop id ends a request within its first
+ * min_tokens tokens (the fake worker does not suppress them, so the scheduler's check is what
+ * is tested). */
+static void test_min_tokens_defers_stops(void **state)
+{
+    (void)state;
+    int32_t p1[6], r1[8];
+    prompt_with_distinct_outputs(10, p1, 6, r1);
+    struct setup su = DEFAULT_SETUP;
+    su.eos = r1[2];
+    su.max_steps_in_flight = 1;
+    struct harness *h = harness_open(&su);
+    int32_t bias_ids[] = {3, 4};
+    float bias_values[] = {1.0f, -2.0f};
+    h->min_tokens = 4;
+    h->bias_ids = bias_ids;
+    h->bias_values = bias_values;
+    h->n_bias = 2;
+    int32_t stop_a[2] = {r1[5], su.eos}; /* the EOS id again: sent once */
+    struct req_rec *a = submit_full(h, 1, p1, 6, 7, stop_a, 2, false);
+    Pagoda__Internal__ToWorker *m = peek_worker(h);
+    assert_non_null(m);
+    assert_int_equal(m->msg_case, PAGODA__INTERNAL__TO_WORKER__MSG_STEP);
+    assert_int_equal(m->step->n_new_seqs, 1);
+    const Pagoda__Internal__SamplingParams *sp = m->step->new_seqs[0]->sampling;
+    assert_true(sp->has_min_tokens && sp->min_tokens == 4);
+    assert_int_equal(sp->n_min_tokens_stop_ids, 2);
+    assert_int_equal(sp->min_tokens_stop_ids[0], su.eos);
+    assert_int_equal(sp->min_tokens_stop_ids[1], r1[5]);
+    assert_int_equal(sp->n_logit_bias_token_ids, 2);
+    assert_true(sp->logit_bias_token_ids[1] == 4 && sp->logit_bias_values[1] == -2.0f);
+    protobuf_c_message_free_unpacked(&m->base, NULL);
+    /* ignore_eos: the stop ids alone */
+    h->min_tokens = 2;
+    h->n_bias = 0;
+    int32_t stop_b[1] = {r1[1]};
+    struct req_rec *b = submit_full(h, 2, p1, 6, 0, stop_b, 1, true);
+    pump(h);
+    /* A: EOS at index 2 is within min_tokens 4, r1[5] (a stop id) at index 5 ends it */
+    expect_output(a, p1, 6, 6, PAGODA__INTERNAL__FINISH_REASON__FINISH_STOP);
+    /* B (ignore_eos): its stop id at index 1 is within min_tokens 2; the EOS does not stop it;
+     * nothing else does before the context: it ends by length */
+    assert_true(b->n_out > 2);
+    for (int i = 0; i < b->n_out && i < 8; i++)
+        assert_int_equal(b->out[i], r1[i]);
+    harness_close(h);
+
+    /* and without min_tokens the same stop id ends B at once */
+    h = harness_open(&su);
+    struct req_rec *c = submit_full(h, 3, p1, 6, 0, stop_b, 1, true);
+    pump(h);
+    expect_output(c, p1, 6, 2, PAGODA__INTERNAL__FINISH_REASON__FINISH_STOP);
+    harness_close(h);
+}
+
 /* A request cancelled while a step that writes its blocks is in flight keeps them out of the
  * free list until that step's result arrives; the next step tells the worker. */
 static void test_blocks_freed_after_ack(void **state)
@@ -1391,6 +1447,7 @@ int main(void)
         cmocka_unit_test(test_continuous_batching),
         cmocka_unit_test(test_chunked_prefill_under_budget),
         cmocka_unit_test(test_stop_conditions),
+        cmocka_unit_test(test_min_tokens_defers_stops),
         cmocka_unit_test(test_blocks_freed_after_ack),
         cmocka_unit_test(test_preemption_keeps_outputs),
         cmocka_unit_test(test_resync_after_hello),
