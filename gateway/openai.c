@@ -754,8 +754,8 @@ static int token_id_key(const char *key, int32_t *out)
  * one that is no token id (negative, past INT32_MAX); two keys naming one token ("1" and "01":
  * vLLM's dict keeps the later, the router takes each id once, and which one the client meant is
  * not ours to guess); a value that is no number; more than PAGODA_MAX_LOGIT_BIAS pairs (the
- * router's bound; vLLM has none). An id past the vocabulary is the router's to refuse (it knows
- * the model), which reaches the client as a 400 too (openai_error_from_code). */
+ * router's bound; vLLM has none). An id past the vocabulary is the engine's scheduler's to refuse
+ * (it knows the vocabulary), which reaches the client as a 400 too (openai_error_from_code). */
 static int read_logit_bias(struct openai_request *req, struct openai_error *err)
 {
     json_t *lb = json_object_get(req->root, "logit_bias");

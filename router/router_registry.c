@@ -495,11 +495,9 @@ static int submit_params_read(const struct router *r, const Pagoda__SubmitReques
         return pagoda_error_set(PAGODA_ERANGE, "min_tokens %d is more than max_tokens %d",
                                 (int)p->sampling.min_tokens, (int)p->max_tokens);
     /* The logit bias: ids in the vocabulary are the scheduler's to check (it knows it). */
-    if (sp != NULL && sp->n_logit_bias_token_ids != sp->n_logit_bias_values)
-        return pagoda_error_set(PAGODA_EINVAL, "logit_bias: %zu token ids but %zu values",
-                                sp->n_logit_bias_token_ids, sp->n_logit_bias_values);
-    if (sp != NULL && (rc = logit_bias_validate(sp->logit_bias_token_ids, sp->logit_bias_values,
-                                                sp->n_logit_bias_token_ids, 0)) != 0)
+    if (sp != NULL &&
+        (rc = logit_bias_validate(sp->logit_bias_token_ids, sp->n_logit_bias_token_ids,
+                                  sp->logit_bias_values, sp->n_logit_bias_values, 0)) != 0)
         return rc;
     if (sp != NULL) {
         p->bias_ids = sp->logit_bias_token_ids;

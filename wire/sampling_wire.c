@@ -1,7 +1,5 @@
 #include "wire/sampling_wire.h"
 
-#include "common/error.h"
-
 /* Both messages carry the same fields under the same names; one macro reads either. */
 #define SAMPLING_READ(m, s)                                                                        \
     do {                                                                                           \
@@ -73,10 +71,7 @@ static int bias_read(const int32_t *ids, size_t n_ids, const float *values, size
                      int64_t vocab, struct logit_bias *out)
 {
     *out = (struct logit_bias){0};
-    if (n_ids != n_values)
-        return pagoda_error_set(PAGODA_EINVAL, "logit_bias: %zu token ids but %zu values", n_ids,
-                                n_values);
-    int rc = logit_bias_validate(ids, values, n_ids, vocab);
+    int rc = logit_bias_validate(ids, n_ids, values, n_values, vocab);
     return rc != 0 ? rc : logit_bias_copy(out, ids, values, n_ids);
 }
 

@@ -34,8 +34,8 @@ Pagoda__Internal__SamplingParams sampling_to_internal(const struct sampling_para
 
 /* A message's logit bias (its logit_bias_token_ids and logit_bias_values, m may be NULL),
  * checked by logit_bias_validate against vocab (<= 0: not known here) and copied into *out, to be
- * released with logit_bias_fini. Returns 0, PAGODA_EINVAL when the two lists differ in length,
- * the errors of logit_bias_validate, or PAGODA_ENOMEM; *out is empty on failure. */
+ * released with logit_bias_fini. Returns 0, the errors of logit_bias_validate, or PAGODA_ENOMEM;
+ * *out is empty on failure. */
 int logit_bias_from_client(const Pagoda__SamplingParams *m, int64_t vocab, struct logit_bias *out);
 int logit_bias_from_internal(const Pagoda__Internal__SamplingParams *m, int64_t vocab,
                              struct logit_bias *out);

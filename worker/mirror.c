@@ -206,12 +206,10 @@ static int check_seq_fields(const struct mirror *m, const struct seq_fields *f,
                                 id, f->n_blocks, f->num_computed);
     const Pagoda__Internal__SamplingParams *smp = f->sampling;
     if ((rc = sampling_from_internal(smp, sp)) != 0 ||
-        (smp != NULL && smp->n_logit_bias_token_ids != smp->n_logit_bias_values &&
-         (rc = pagoda_error_set(PAGODA_EINVAL, "%zu logit_bias ids but %zu values",
-                                smp->n_logit_bias_token_ids, smp->n_logit_bias_values)) != 0) ||
         (smp != NULL &&
-         (rc = logit_bias_validate(smp->logit_bias_token_ids, smp->logit_bias_values,
-                                   smp->n_logit_bias_token_ids, m->lim.vocab_size)) != 0) ||
+         (rc = logit_bias_validate(smp->logit_bias_token_ids, smp->n_logit_bias_token_ids,
+                                   smp->logit_bias_values, smp->n_logit_bias_values,
+                                   m->lim.vocab_size)) != 0) ||
         (smp != NULL &&
          (rc = logit_suppress_validate(smp->min_tokens_stop_ids, smp->n_min_tokens_stop_ids,
                                        m->lim.vocab_size)) != 0)) {
@@ -253,7 +251,8 @@ static int mseq_from_fields(const struct mirror *m, const struct seq_fields *f,
     if (smp != NULL &&
         (logit_bias_copy(&s->bias, smp->logit_bias_token_ids, smp->logit_bias_values,
                          smp->n_logit_bias_token_ids) != 0 ||
-         logit_bias_without(&s->bias, s->suppress, s->n_suppress, &s->bias_rest) != 0)) {
+         (s->n_suppress > 0 &&
+          logit_bias_without(&s->bias, s->suppress, s->n_suppress, &s->bias_rest) != 0))) {
         mseq_free(s);
         return PAGODA_ENOMEM;
     }

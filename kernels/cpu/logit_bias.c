@@ -6,8 +6,13 @@
 
 #include "common/error.h"
 
-int logit_bias_validate(const int32_t *ids, const float *values, size_t n, int64_t vocab)
+int logit_bias_validate(const int32_t *ids, size_t n_ids, const float *values, size_t n_values,
+                        int64_t vocab)
 {
+    if (n_ids != n_values)
+        return pagoda_error_set(PAGODA_EINVAL, "logit_bias: %zu token ids but %zu values", n_ids,
+                                n_values);
+    const size_t n = n_ids;
     if (n > SAMPLING_LOGIT_BIAS_MAX)
         return pagoda_error_set(PAGODA_ERANGE, "logit_bias has %zu tokens, more than %d", n,
                                 SAMPLING_LOGIT_BIAS_MAX);

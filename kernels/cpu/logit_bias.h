@@ -38,12 +38,14 @@ struct logit_bias {
     float *values;
 };
 
-/* Checks n pairs: n in [0, SAMPLING_LOGIT_BIAS_MAX], every id in [0, vocab) (vocab <= 0: ids
- * only >= 0, for a caller that does not know the vocabulary), no id twice, every value finite
- * and within the limit. Returns 0, PAGODA_EINVAL (a NULL array with n > 0, a NaN or infinite
- * value, an id twice) or PAGODA_ERANGE (too many pairs, an id or value out of range); the
- * detail names the pair. */
-int logit_bias_validate(const int32_t *ids, const float *values, size_t n, int64_t vocab);
+/* Checks a message's two lists of n_ids ids and n_values values: as many of each, at most
+ * SAMPLING_LOGIT_BIAS_MAX, every id in [0, vocab) (vocab <= 0: ids only >= 0, for a caller that
+ * does not know the vocabulary), no id twice, every value finite and within the limit. Returns 0,
+ * PAGODA_EINVAL (lists of two lengths, a NULL array with pairs, a NaN or infinite value, an id
+ * twice) or PAGODA_ERANGE (too many pairs, an id or value out of range); the detail names the
+ * pair. The router, the scheduler (wire/sampling_wire.h) and the worker's mirror all check so. */
+int logit_bias_validate(const int32_t *ids, size_t n_ids, const float *values, size_t n_values,
+                        int64_t vocab);
 
 /* Checks min_tokens' stop ids: at most SAMPLING_SUPPRESS_MAX, each in [0, vocab), distinct.
  * Returns 0, PAGODA_EINVAL (NULL with n > 0, an id twice) or PAGODA_ERANGE. */

@@ -1073,7 +1073,7 @@ static void test_logit_bias_and_min_tokens_make_entries(void **state)
     expect_seq_fails(m, &s, 3, PAGODA_ERANGE, "outside the vocabulary");
     bad = asp;
     bad.n_logit_bias_values = 1;
-    expect_seq_fails(m, &s, 3, PAGODA_EINVAL, "2 logit_bias ids but 1 values");
+    expect_seq_fails(m, &s, 3, PAGODA_EINVAL, "2 token ids but 1 values");
     bad = asp;
     int32_t twice[] = {3, 3};
     bad.min_tokens_stop_ids = twice;

@@ -188,8 +188,11 @@ static void test_logit_bias_read_and_checked(void **state)
         many_ids[i] = i;
         many_values[i] = 1.0f;
     }
-    assert_int_equal(logit_bias_validate(many_ids, many_values, SAMPLING_LOGIT_BIAS_MAX, 0), 0);
-    assert_int_equal(logit_bias_validate(many_ids, many_values, SAMPLING_LOGIT_BIAS_MAX + 1, 0),
+    assert_int_equal(logit_bias_validate(many_ids, SAMPLING_LOGIT_BIAS_MAX, many_values,
+                                         SAMPLING_LOGIT_BIAS_MAX, 0),
+                     0);
+    assert_int_equal(logit_bias_validate(many_ids, SAMPLING_LOGIT_BIAS_MAX + 1, many_values,
+                                         SAMPLING_LOGIT_BIAS_MAX + 1, 0),
                      PAGODA_ERANGE);
 }
 
