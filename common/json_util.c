@@ -86,13 +86,18 @@ int json_util_read_file(const char *path, size_t max_bytes, char **out, size_t *
 
 int json_util_load_file(const char *path, size_t max_bytes, json_t **out)
 {
+    return json_util_load_file_with(path, max_bytes, JSON_REJECT_DUPLICATES, out);
+}
+
+int json_util_load_file_with(const char *path, size_t max_bytes, size_t flags, json_t **out)
+{
     char *buf = NULL;
     size_t len = 0;
     int rc = json_util_read_file(path, max_bytes, &buf, &len);
     if (rc != 0)
         return rc;
     json_error_t jerr;
-    json_t *root = json_loadb(buf, len, JSON_REJECT_DUPLICATES, &jerr);
+    json_t *root = json_loadb(buf, len, flags, &jerr);
     free(buf);
     if (root == NULL)
         return pagoda_error_set(PAGODA_EFORMAT, "%s:%d:%d: %s", path, jerr.line, jerr.column,

@@ -27,6 +27,11 @@ int json_util_read_file(const char *path, size_t max_bytes, char **buf, size_t *
  * large), PAGODA_EFORMAT (with line and column); the detail names the path. */
 int json_util_load_file(const char *path, size_t max_bytes, json_t **out);
 
+/* The same with jansson's decoding flags instead of JSON_REJECT_DUPLICATES: a file that Python's
+ * json reads (duplicates, the last kept; integers past 64 bits with JSON_DECODE_INT_AS_REAL,
+ * such as Llama 3's tokenizer_config.json's model_max_length). */
+int json_util_load_file_with(const char *path, size_t max_bytes, size_t flags, json_t **out);
+
 /* An integer value (a JSON integer, or a real with no fractional part). */
 int json_util_get_int(const json_t *obj, const char *key, int64_t *out);
 

@@ -5,6 +5,7 @@
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* Every detail recorded while parsing starts with this, so that a user reading "rope type
@@ -506,14 +507,27 @@ static int with_path(int rc, const char *path)
     return pagoda_error_set(rc, "%s: %s", path, detail);
 }
 
-/* Reads DIR/name (JSON, at most MODEL_CONFIG_MAX_BYTES) into *root; path receives its path. */
-static int load_model_json(const char *model_dir, const char *name, char *path, size_t path_size,
-                           json_t **root)
+/* Reads DIR/name (JSON, at most max_bytes, jansson's decoding flags) into *root; path receives
+ * its path. */
+static int load_model_json_max(const char *model_dir, const char *name, size_t max_bytes,
+                               size_t flags, char *path, size_t path_size, json_t **root)
 {
     if ((size_t)snprintf(path, path_size, "%s/%s", model_dir, name) >= path_size)
         return pagoda_error_set(PAGODA_ERANGE, "%s: model directory path is too long", model_dir);
-    return json_util_load_file(path, MODEL_CONFIG_MAX_BYTES, root);
+    return json_util_load_file_with(path, max_bytes, flags, root);
 }
+
+/* The same, at most MODEL_CONFIG_MAX_BYTES: config.json, generation_config.json. */
+static int load_model_json(const char *model_dir, const char *name, char *path, size_t path_size,
+                           json_t **root)
+{
+    return load_model_json_max(model_dir, name, MODEL_CONFIG_MAX_BYTES, JSON_REJECT_DUPLICATES,
+                               path, path_size, root);
+}
+
+/* tokenizer_config.json (Gemma 3's, with its added tokens, passes 1 MiB) and tokenizer.json: the
+ * tokenizer library's limit (tokenizer.h's TOKENIZER_MAX_FILE_BYTES). */
+#define MODEL_TOKENIZER_MAX_BYTES (64u << 20)
 
 /* Merges DIR/generation_config.json's eos_token_id (transformers' GenerationConfig, which
  * generate() stops at, and so does vLLM) into c's, after config.json's, without repeats: Llama 3
@@ -540,6 +554,20 @@ static int load_generation_config(const char *model_dir, char *path, size_t path
     return rc;
 }
 
+/* Adds id to c's EOS ids unless there already; file names the source in a refusal. */
+static int add_eos(struct model_config *c, int32_t id, const char *file)
+{
+    for (int k = 0; k < c->num_eos; k++)
+        if (c->eos_token_ids[k] == id)
+            return 0;
+    if (c->num_eos == MODEL_MAX_EOS)
+        return pagoda_error_set(PAGODA_ERANGE,
+                                "%s: with config.json's, more than %d eos_token_id values", file,
+                                MODEL_MAX_EOS);
+    c->eos_token_ids[c->num_eos++] = id;
+    return 0;
+}
+
 static int merge_generation_eos(const char *model_dir, struct model_config *c)
 {
     char path[4096];
@@ -552,20 +580,107 @@ static int merge_generation_eos(const char *model_dir, struct model_config *c)
     if ((rc = parse_token_ids(root, "eos_token_id", ids, MODEL_MAX_EOS_LISTED, &n)) != 0)
         rc = with_path(rc, path);
     json_decref(root);
-    for (int i = 0; rc == 0 && i < n; i++) {
-        int have = 0;
-        for (int k = 0; k < c->num_eos; k++)
-            have |= c->eos_token_ids[k] == ids[i];
-        if (have)
-            continue;
-        if (c->num_eos == MODEL_MAX_EOS)
-            return pagoda_error_set(PAGODA_ERANGE,
-                                    "%s: with config.json's, more than %d eos_token_id values",
-                                    path, MODEL_MAX_EOS);
-        c->eos_token_ids[c->num_eos++] = ids[i];
-    }
+    for (int i = 0; rc == 0 && i < n; i++)
+        if ((rc = add_eos(c, ids[i], path)) != 0)
+            return rc;
     if (rc == 0 && (rc = model_config_validate(c)) != 0)
         rc = with_path(rc, path);
+    return rc;
+}
+
+/* The id of the token whose text is eos in tokenizer_config.json's added_tokens_decoder
+ * ({"ID": {"content": ...}}, what transformers 4.34 and later write), else in tokenizer.json's
+ * added_tokens ([{"id": ID, "content": ...}]) or its model's vocabulary (an object of text to id;
+ * a Unigram model's list of [text, score], where the id is the index): transformers'
+ * convert_tokens_to_ids. -1: none. Reads tokenizer.json only when the first has no such entry. */
+static int find_token_id(const char *model_dir, const json_t *config, const char *eos, int32_t *out)
+{
+    *out = -1;
+    const char *key;
+    json_t *v;
+    json_object_foreach((json_t *)json_object_get(config, "added_tokens_decoder"), key, v)
+    {
+        const char *text = json_string_value(json_object_get(v, "content"));
+        char *end;
+        long id = strtol(key, &end, 10);
+        if (text != NULL && strcmp(text, eos) == 0 && *key != '\0' && *end == '\0' && id >= 0 &&
+            id <= INT32_MAX) {
+            *out = (int32_t)id;
+            return 0;
+        }
+    }
+    char path[4096];
+    json_t *root;
+    int rc =
+        load_model_json_max(model_dir, "tokenizer.json", MODEL_TOKENIZER_MAX_BYTES,
+                            JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, path, sizeof(path), &root);
+    if (rc == PAGODA_ENOENT)
+        return 0;
+    if (rc != 0)
+        return rc;
+    size_t i;
+    json_array_foreach(json_object_get(root, "added_tokens"), i, v)
+    {
+        const char *text = json_string_value(json_object_get(v, "content"));
+        json_int_t id = json_integer_value(json_object_get(v, "id"));
+        if (text != NULL && strcmp(text, eos) == 0 && json_is_integer(json_object_get(v, "id")) &&
+            id >= 0 && id <= INT32_MAX) {
+            *out = (int32_t)id;
+            break;
+        }
+    }
+    const json_t *vocab = json_object_get(json_object_get(root, "model"), "vocab");
+    const json_t *id = json_object_get(vocab, eos);
+    if (*out < 0 && json_is_integer(id) && json_integer_value(id) >= 0 &&
+        json_integer_value(id) <= INT32_MAX)
+        *out = (int32_t)json_integer_value(id);
+    json_array_foreach(vocab, i, v)
+    {
+        if (*out >= 0 || i > INT32_MAX)
+            break;
+        const char *text = json_string_value(json_array_get(v, 0));
+        if (text != NULL && strcmp(text, eos) == 0)
+            *out = (int32_t)i;
+    }
+    json_decref(root);
+    return 0;
+}
+
+/* Merges the tokenizer's EOS (tokenizer_config.json's eos_token, a string or an AddedToken's
+ * "content") into c's: vLLM stops at the tokenizer's eos_token_id beside generation_config.json's
+ * ids (SamplingParams.update_from_generation_config), and a model tuned to a chat format often
+ * names its end of turn there alone (a Llama 2 tuned to ChatML: eos_token <|im_end|>, config.json
+ * and generation_config.json still </s>). Before, such a chat ran on to max_tokens. No file, no
+ * eos_token, or a text no token has (transformers' id then is unk's or None) changes nothing, nor
+ * does an id past the model's vocabulary (the model cannot sample it). A file that cannot be read,
+ * is not JSON or has an eos_token of another type is refused by name, as the router's reading of
+ * the same file refuses it (text/text_model.c), and transformers too. */
+static int merge_tokenizer_eos(const char *model_dir, struct model_config *c)
+{
+    char path[4096];
+    json_t *root;
+    int rc = load_model_json_max(model_dir, "tokenizer_config.json", MODEL_TOKENIZER_MAX_BYTES,
+                                 JSON_DECODE_INT_AS_REAL, path, sizeof(path), &root);
+    if (rc == PAGODA_ENOENT)
+        return 0;
+    if (rc != 0)
+        return rc;
+    const json_t *eos = json_object_get(root, "eos_token");
+    if (json_is_object(eos))
+        eos = json_object_get(eos, "content");
+    int32_t id = -1;
+    if (!json_is_object(root))
+        rc = pagoda_error_set(PAGODA_EFORMAT, "%s: not a JSON object", path);
+    else if (eos != NULL && !json_is_null(eos) && !json_is_string(eos))
+        rc = pagoda_error_set(PAGODA_EFORMAT,
+                              "%s: \"eos_token\" must be a string or an object with a string "
+                              "\"content\"",
+                              path);
+    else if (json_is_string(eos))
+        rc = find_token_id(model_dir, root, json_string_value(eos), &id);
+    json_decref(root);
+    if (rc == 0 && id >= 0 && id < c->vocab_size)
+        rc = add_eos(c, id, path);
     return rc;
 }
 
@@ -653,7 +768,9 @@ int model_config_load(const char *model_dir, struct model_config *out)
     json_decref(root);
     if (rc != 0)
         return with_path(rc, path);
-    return merge_generation_eos(model_dir, out);
+    if ((rc = merge_generation_eos(model_dir, out)) != 0)
+        return rc;
+    return merge_tokenizer_eos(model_dir, out);
 }
 
 static int check_range(const char *key, int64_t v, int64_t min, int64_t max)

@@ -14,7 +14,13 @@
  * of each check: the string escaped, both id lists or texts, the first differing position.
  *
  * Exit status: 0 when everything matched, 1 on any mismatch (or fewer than --min-strings
- * strings), 2 when it could not run (usage, unreadable file, the tokenizer did not load). */
+ * strings), 2 when it could not run (usage, unreadable file, the tokenizer did not load).
+ *
+ *   tokenizer_compare --eos MODEL_DIR
+ *
+ * prints the model's EOS ids as model_config_load reads them (config.json's, generation_config's
+ * and the tokenizer's eos_token), one line, for tests/tokenizer/run to hold the last against the
+ * reference tokenizer's eos_token_id. */
 #include <errno.h>
 #include <inttypes.h>
 #include <jansson.h>
@@ -25,6 +31,7 @@
 #include <time.h>
 
 #include "common/error.h"
+#include "model/model_config.h"
 #include "tokenizer/tokenizer.h"
 
 /* The longest line read from the references (a string of the corpus with its ids and decodes). */
@@ -462,12 +469,29 @@ static int compare_vocab(const Tokenizer *t, json_t *rec)
 static int usage(void)
 {
     fprintf(stderr, "usage: tokenizer_compare [--show N] [--min-strings N] TOKENIZER_JSON "
-                    "REF_JSONL\n");
+                    "REF_JSONL\n       tokenizer_compare --eos MODEL_DIR\n");
     return 2;
+}
+
+static int print_eos(const char *model_dir)
+{
+    struct model_config c;
+    int rc = model_config_load(model_dir, &c);
+    if (rc != 0) {
+        char buf[600];
+        fprintf(stderr, "tokenizer_compare: %s\n", pagoda_error_message(rc, buf, sizeof buf));
+        return 2;
+    }
+    for (int i = 0; i < c.num_eos; i++)
+        printf("%s%" PRId32, i ? " " : "", c.eos_token_ids[i]);
+    printf("\n");
+    return 0;
 }
 
 int main(int argc, char **argv)
 {
+    if (argc == 3 && strcmp(argv[1], "--eos") == 0)
+        return print_eos(argv[2]);
     unsigned long min_strings = 0;
     int i = 1;
     for (; i + 1 < argc && strncmp(argv[i], "--", 2) == 0; i += 2) {

@@ -698,6 +698,95 @@ static void test_generation_config_eos(void **state)
     rmdir(dir);
 }
 
+static void expect_eos(const char *dir, int n, int32_t last)
+{
+    struct model_config c;
+    assert_int_equal(model_config_load(dir, &c), 0);
+    assert_int_equal(c.num_eos, n);
+    assert_int_equal(c.eos_token_ids[0], 151643);
+    assert_int_equal(c.eos_token_ids[n - 1], last);
+}
+
+/* tokenizer_config.json's eos_token joins the EOS ids (vLLM stops at the tokenizer's
+ * eos_token_id): its id from added_tokens_decoder, else tokenizer.json's added_tokens or
+ * vocabulary; a text no token has, or an id past the vocabulary, adds nothing; a broken file is
+ * refused by name. */
+static void test_tokenizer_eos(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/pagoda_tokeos_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    test_write_text(dir, "config.json", QWEN2); /* eos_token_id 151643, vocabulary 151936 */
+    test_write_text(
+        dir, "tokenizer_config.json",
+        "{\"eos_token\": \"<|im_end|>\", \"added_tokens_decoder\": {\"151643\": "
+        "{\"content\": \"<|endoftext|>\"}, \"151645\": {\"content\": \"<|im_end|>\"}}}");
+    expect_eos(dir, 2, 151645);
+    /* an AddedToken object; with generation_config.json's ids, no repeat */
+    test_write_text(dir, "tokenizer_config.json",
+                    "{\"eos_token\": {\"__type\": \"AddedToken\", \"content\": \"<|im_end|>\"}, "
+                    "\"added_tokens_decoder\": {\"151645\": {\"content\": \"<|im_end|>\"}}}");
+    test_write_text(dir, "generation_config.json", "{\"eos_token_id\": [151645, 151643]}");
+    expect_eos(dir, 2, 151645);
+    test_write_text(dir, "generation_config.json", "{\"eos_token_id\": [151644]}");
+    expect_eos(dir, 3, 151645);
+    char path[256];
+    snprintf(path, sizeof(path), "%s/generation_config.json", dir);
+    unlink(path);
+
+    /* no added_tokens_decoder (transformers before 4.34): tokenizer.json's added_tokens, then
+     * its vocabulary (BPE's object; Unigram's list, the id its index) */
+    test_write_text(dir, "tokenizer_config.json", "{\"eos_token\": \"</s>\"}");
+    expect_eos(dir, 1, 151643); /* no tokenizer.json: nothing */
+    test_write_text(dir, "tokenizer.json",
+                    "{\"added_tokens\": [{\"id\": 0, \"content\": \"<unk>\"}, {\"id\": 2, "
+                    "\"content\": \"</s>\"}], \"model\": {\"vocab\": {\"</s>\": 9}}}");
+    expect_eos(dir, 2, 2);
+    test_write_text(dir, "tokenizer.json",
+                    "{\"added_tokens\": [], \"model\": {\"vocab\": {\"a\": 0, \"</s>\": 9}}}");
+    expect_eos(dir, 2, 9);
+    test_write_text(
+        dir, "tokenizer.json",
+        "{\"model\": {\"type\": \"Unigram\", \"vocab\": [[\"<pad>\", 0], [\"a\", -1.5], "
+        "[\"</s>\", 0]]}}");
+    expect_eos(dir, 2, 2);
+
+    /* what adds nothing */
+    test_write_text(dir, "tokenizer.json",
+                    "{\"added_tokens\": [{\"id\": 200000, \"content\": "
+                    "\"</s>\"}], \"model\": {\"vocab\": {}}}");
+    expect_eos(dir, 1, 151643); /* past the vocabulary */
+    test_write_text(dir, "tokenizer_config.json", "{\"eos_token\": \"<eos>\"}");
+    expect_eos(dir, 1, 151643); /* no such token */
+    test_write_text(dir, "tokenizer_config.json", "{\"eos_token\": null}");
+    expect_eos(dir, 1, 151643);
+    test_write_text(dir, "tokenizer_config.json", "{\"bos_token\": \"<s>\"}");
+    expect_eos(dir, 1, 151643);
+
+    /* refusals name the file */
+    struct model_config c;
+    test_write_text(dir, "tokenizer_config.json", "{\"eos_token\": 2}");
+    assert_int_equal(model_config_load(dir, &c), PAGODA_EFORMAT);
+    assert_non_null(strstr(pagoda_error_detail(), "tokenizer_config.json: \"eos_token\""));
+    test_write_text(dir, "tokenizer_config.json", "[\"</s>\"]");
+    assert_int_equal(model_config_load(dir, &c), PAGODA_EFORMAT);
+    assert_non_null(strstr(pagoda_error_detail(), "tokenizer_config.json: not a JSON object"));
+    test_write_text(dir, "tokenizer_config.json", "{\"eos_token\": \"</s>\",");
+    assert_int_equal(model_config_load(dir, &c), PAGODA_EFORMAT);
+    assert_non_null(strstr(pagoda_error_detail(), "tokenizer_config.json"));
+    test_write_text(dir, "tokenizer_config.json", "{\"eos_token\": \"</s>\"}");
+    test_write_text(dir, "tokenizer.json", "{\"added_tokens\": [");
+    assert_int_equal(model_config_load(dir, &c), PAGODA_EFORMAT);
+    assert_non_null(strstr(pagoda_error_detail(), "tokenizer.json"));
+
+    const char *names[] = {"tokenizer.json", "tokenizer_config.json", "config.json"};
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+        snprintf(path, sizeof(path), "%s/%s", dir, names[i]);
+        unlink(path);
+    }
+    rmdir(dir);
+}
+
 /* generation_config.json's sampling defaults, as vLLM's --generation-config auto reads them:
  * transformers' own defaults (temperature 1, top_p 1, top_k 50, repetition_penalty 1) are not the
  * model's; an absent file or field gives none; a field of the wrong type is refused by name. */
@@ -785,6 +874,7 @@ int main(void)
         cmocka_unit_test(test_validate),
         cmocka_unit_test(test_tiny_preset),
         cmocka_unit_test(test_generation_config_eos),
+        cmocka_unit_test(test_tokenizer_eos),
         cmocka_unit_test(test_generation_sampling_defaults),
         cmocka_unit_test(test_to_json_round_trip),
         cmocka_unit_test(test_load_from_directory),
