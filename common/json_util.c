@@ -1,5 +1,6 @@
 #include "common/json_util.h"
 #include "common/error.h"
+#include "common/file.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -9,31 +10,20 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-/* The file is opened with O_NONBLOCK, so that a FIFO in its place does not block the open until
- * a writer comes, and what was opened is checked (fstat, not stat on the path, which may change
- * in between) before a byte is read. */
+/* file_open_regular: no wait on a FIFO, nothing but a regular file read. */
 int json_util_read_file(const char *path, size_t max_bytes, char **out, size_t *out_len)
 {
     *out = NULL;
     *out_len = 0;
-    int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
-    if (fd < 0)
-        return pagoda_error_set(pagoda_from_errno(errno), "%s: cannot open", path);
+    int fd;
     struct stat st;
-    int rc = 0;
-    if (fstat(fd, &st) != 0)
-        rc = pagoda_error_set(PAGODA_EIO, "%s: cannot stat", path);
-    else if (!S_ISREG(st.st_mode))
-        rc = pagoda_error_set(PAGODA_EINVAL, "%s: not a regular file (%s)", path,
-                              S_ISDIR(st.st_mode)    ? "a directory"
-                              : S_ISFIFO(st.st_mode) ? "a FIFO"
-                                                     : "a device or socket");
-    else if ((size_t)st.st_size > max_bytes)
-        rc = pagoda_error_set(PAGODA_ERANGE, "%s: %lld bytes, more than the limit of %zu", path,
-                              (long long)st.st_size, max_bytes);
-    if (rc != 0) {
-        close(fd);
+    int rc = file_open_regular(path, PAGODA_EINVAL, &fd, &st);
+    if (rc != 0)
         return rc;
+    if ((size_t)st.st_size > max_bytes) {
+        close(fd);
+        return pagoda_error_set(PAGODA_ERANGE, "%s: %lld bytes, more than the limit of %zu", path,
+                                (long long)st.st_size, max_bytes);
     }
     /* Large reads (jansson's json_loadfd reads one byte per read(2)), never more than
      * max_bytes even when the file grows after the fstat; one byte more is room for a NUL. */

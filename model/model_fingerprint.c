@@ -1,6 +1,7 @@
 #include "model/model_fingerprint.h"
 
 #include "common/error.h"
+#include "common/file.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -20,25 +21,12 @@
 /* Adds the first max bytes of path (all of it when max is 0) to st, after its length. */
 static int hash_file(XXH3_state_t *st, const char *path, int header_only)
 {
-    /* O_NONBLOCK: a FIFO in a model file's place must not hold the open (the worker's start,
-     * for ever) until something writes to it; what was opened is checked before a read. */
-    int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
-    if (fd < 0)
-        return pagoda_error_set(errno == ENOENT ? PAGODA_ENOENT : PAGODA_EIO, "%s: %s", path,
-                                strerror(errno));
+    /* no wait on a FIFO in a model file's place (the worker's start, for ever) */
+    int fd;
     struct stat sb;
-    if (fstat(fd, &sb) != 0) {
-        int e = errno;
-        close(fd);
-        return pagoda_error_set(PAGODA_EIO, "%s: %s", path, strerror(e));
-    }
-    if (!S_ISREG(sb.st_mode)) {
-        close(fd);
-        return pagoda_error_set(PAGODA_EFORMAT, "%s: not a regular file (%s)", path,
-                                S_ISFIFO(sb.st_mode)  ? "a FIFO"
-                                : S_ISDIR(sb.st_mode) ? "a directory"
-                                                      : "a device or socket");
-    }
+    int rc = file_open_regular(path, PAGODA_EFORMAT, &fd, &sb);
+    if (rc != 0)
+        return rc;
     FILE *f = fdopen(fd, "rb");
     if (f == NULL) {
         close(fd);

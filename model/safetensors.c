@@ -1,5 +1,6 @@
 #include "model/safetensors.h"
 #include "common/error.h"
+#include "common/file.h"
 #include "common/json_util.h"
 
 #include <errno.h>
@@ -262,22 +263,10 @@ int safetensors_open(const char *path, struct safetensors_file **out)
         rc = pagoda_error_set(PAGODA_ENOMEM, "%s: out of memory", path);
         goto fail;
     }
-    /* O_NONBLOCK: a FIFO in the file's place must not hold the open (a worker's start, for
-     * ever) until something writes to it; a regular file's reads and mapping ignore the flag. */
-    fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+    /* no wait on a FIFO in the file's place (a worker's start, for ever) */
     struct stat st;
-    if (fd < 0 || fstat(fd, &st) != 0) {
-        int e = errno;
-        rc = pagoda_error_set(pagoda_from_errno(e), "%s: cannot open: %s", path, strerror(e));
+    if ((rc = file_open_regular(path, PAGODA_EFORMAT, &fd, &st)) != 0)
         goto fail;
-    }
-    if (!S_ISREG(st.st_mode)) {
-        rc = pagoda_error_set(PAGODA_EFORMAT, "%s: not a regular file (%s)", path,
-                              S_ISFIFO(st.st_mode)  ? "a FIFO"
-                              : S_ISDIR(st.st_mode) ? "a directory"
-                                                    : "a device or socket");
-        goto fail;
-    }
     if (st.st_size < 8) {
         rc = pagoda_error_set(PAGODA_EFORMAT,
                               "%s: truncated: %lld bytes, less than the 8-byte header length", path,

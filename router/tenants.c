@@ -1,6 +1,7 @@
 #include "router/tenants.h"
 
 #include "common/error.h"
+#include "common/json_util.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -560,76 +561,17 @@ int router_tenants_parse(const char *json, size_t len, const char *origin,
     return 0;
 }
 
-static const char *file_kind(mode_t mode)
-{
-    if (S_ISDIR(mode))
-        return "a directory";
-    if (S_ISFIFO(mode))
-        return "a FIFO";
-    if (S_ISSOCK(mode))
-        return "a socket";
-    if (S_ISCHR(mode) || S_ISBLK(mode))
-        return "a device";
-    return "not a regular file";
-}
-
-/* Reads the whole regular file at path (at most max bytes) into a new buffer. O_NONBLOCK makes
- * the open of a FIFO return at once instead of waiting for a writer; fstat on what was opened
- * (not stat on the path, which could change in between) then refuses anything but a regular
- * file before a byte is read. The size is checked again while reading: the file may grow. */
+/* json_util_read_file (a regular file only, opened without blocking on a FIFO; at most max bytes,
+ * also while it grows), its refusals prefixed by what the file is. */
 int router_read_file(const char *path, size_t max, const char *what, char **out, size_t *len)
 {
-    int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
-    if (fd < 0)
-        return pagoda_error_set(pagoda_from_errno(errno), "%s: cannot open %s: %s", path, what,
-                                strerror(errno));
-    struct stat st;
-    char *buf = NULL;
-    size_t n = 0;
-    int rc = 0;
-    if (fstat(fd, &st) != 0) {
-        rc = pagoda_error_set(PAGODA_EIO, "%s: cannot stat %s: %s", path, what, strerror(errno));
-        goto out;
+    int rc = json_util_read_file(path, max, out, len);
+    if (rc != 0 && pagoda_error_detail()[0] != '\0') {
+        char detail[600];
+        snprintf(detail, sizeof(detail), "%s", pagoda_error_detail());
+        pagoda_error_set(rc, "%s: %s", what, detail);
     }
-    if (!S_ISREG(st.st_mode)) {
-        rc = pagoda_error_set(PAGODA_EINVAL, "%s: %s is %s, not a regular file", path, what,
-                              file_kind(st.st_mode));
-        goto out;
-    }
-    if ((uint64_t)st.st_size > max) {
-        rc = pagoda_error_set(PAGODA_ERANGE, "%s: %s has %lld bytes, more than the limit of %zu",
-                              path, what, (long long)st.st_size, max);
-        goto out;
-    }
-    if ((buf = malloc((size_t)st.st_size + 1)) == NULL) {
-        rc = PAGODA_ENOMEM;
-        goto out;
-    }
-    size_t cap = (size_t)st.st_size + 1; /* one more byte tells a file that grew */
-    while (n < cap) {
-        ssize_t got = read(fd, buf + n, cap - n);
-        if (got < 0 && errno == EINTR)
-            continue;
-        if (got < 0) {
-            rc =
-                pagoda_error_set(PAGODA_EIO, "%s: cannot read %s: %s", path, what, strerror(errno));
-            goto out;
-        }
-        if (got == 0)
-            break;
-        n += (size_t)got;
-    }
-    if (n == cap)
-        rc = pagoda_error_set(PAGODA_EBUSY, "%s: %s grew while it was read", path, what);
-out:
-    close(fd);
-    if (rc != 0) {
-        free(buf);
-        return rc;
-    }
-    *out = buf;
-    *len = n;
-    return 0;
+    return rc;
 }
 
 int router_tenants_load(const char *path, struct router_tenants **out)

@@ -159,10 +159,11 @@ void router_pin_fini(struct router_pin *p);
 /* Accepts NULL. */
 void router_tenants_free(struct router_tenants *t);
 
-/* Reads the whole regular file at path, at most max bytes, into a new NUL-less buffer (*out, the
- * caller's to free; *len bytes), without blocking on a FIFO; what names the file in errors ("the
- * tenants file"). Errors: PAGODA_EINVAL (not a regular file), PAGODA_ERANGE (too large),
- * PAGODA_EBUSY (it grew while read), PAGODA_EIO, PAGODA_ENOMEM and those of open. */
+/* Reads the whole regular file at path, at most max bytes, into a new buffer (*out, the caller's
+ * to free; *len bytes, then a NUL), without blocking on a FIFO: json_util_read_file, whose errors
+ * it returns with what ("the tenants file") before the detail. Errors: PAGODA_EINVAL (not a
+ * regular file), PAGODA_ERANGE (too large, also once grown while read), PAGODA_EIO, PAGODA_ENOMEM
+ * and those of open. */
 int router_read_file(const char *path, size_t max, const char *what, char **out, size_t *len);
 
 #endif
