@@ -588,98 +588,130 @@ static int merge_generation_eos(const char *model_dir, struct model_config *c)
     return rc;
 }
 
-/* The id of the token whose text is eos in tokenizer_config.json's added_tokens_decoder
- * ({"ID": {"content": ...}}, what transformers 4.34 and later write), else in tokenizer.json's
- * added_tokens ([{"id": ID, "content": ...}]) or its model's vocabulary (an object of text to id;
- * a Unigram model's list of [text, score], where the id is the index): transformers'
- * convert_tokens_to_ids. -1: none. Reads tokenizer.json only when the first has no such entry. */
-static int find_token_id(const char *model_dir, const json_t *config, const char *eos, int32_t *out)
+/* Whether v is a string of exactly these len bytes (a NUL inside a JSON string is part of it). */
+static bool same_text(const json_t *v, const char *text, size_t len)
+{
+    return json_is_string(v) && json_string_length(v) == len &&
+           memcmp(json_string_value(v), text, len) == 0;
+}
+
+/* The id of the token whose text is eos (len bytes): tokenizer_config.json's added_tokens_decoder
+ * ({"ID": {"content": ...}}, what transformers 4.34 and later write; config may be NULL), else
+ * tokenizer.json's model vocabulary (an object of text to id; a Unigram model's list of [text,
+ * score], where the id is the index) or its added_tokens ([{"id": ID, "content": ...}], a token
+ * the vocabulary lacks): what transformers' convert_tokens_to_ids finds in files that agree, the
+ * vocabulary's id first as HF tokenizers' loading keeps it. -1: none. Reads tokenizer.json only
+ * when the first has no such entry; one that cannot be read adds nothing (the router, which reads
+ * it for text, says why). */
+static void find_token_id(const char *model_dir, const json_t *config, const char *eos, size_t len,
+                          int32_t *out)
 {
     *out = -1;
     const char *key;
     json_t *v;
     json_object_foreach((json_t *)json_object_get(config, "added_tokens_decoder"), key, v)
     {
-        const char *text = json_string_value(json_object_get(v, "content"));
         char *end;
         long id = strtol(key, &end, 10);
-        if (text != NULL && strcmp(text, eos) == 0 && *key != '\0' && *end == '\0' && id >= 0 &&
-            id <= INT32_MAX) {
+        if (same_text(json_object_get(v, "content"), eos, len) && *key != '\0' && *end == '\0' &&
+            id >= 0 && id <= INT32_MAX) {
             *out = (int32_t)id;
-            return 0;
+            return;
         }
     }
     char path[4096];
     json_t *root;
-    int rc =
-        load_model_json_max(model_dir, "tokenizer.json", MODEL_TOKENIZER_MAX_BYTES,
-                            JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, path, sizeof(path), &root);
-    if (rc == PAGODA_ENOENT)
-        return 0;
-    if (rc != 0)
-        return rc;
-    size_t i;
-    json_array_foreach(json_object_get(root, "added_tokens"), i, v)
-    {
-        const char *text = json_string_value(json_object_get(v, "content"));
-        json_int_t id = json_integer_value(json_object_get(v, "id"));
-        if (text != NULL && strcmp(text, eos) == 0 && json_is_integer(json_object_get(v, "id")) &&
-            id >= 0 && id <= INT32_MAX) {
-            *out = (int32_t)id;
-            break;
-        }
-    }
+    if (load_model_json_max(model_dir, "tokenizer.json", MODEL_TOKENIZER_MAX_BYTES,
+                            JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, path, sizeof(path),
+                            &root) != 0)
+        return;
     const json_t *vocab = json_object_get(json_object_get(root, "model"), "vocab");
-    const json_t *id = json_object_get(vocab, eos);
-    if (*out < 0 && json_is_integer(id) && json_integer_value(id) >= 0 &&
-        json_integer_value(id) <= INT32_MAX)
+    const json_t *id = strlen(eos) == len ? json_object_get(vocab, eos) : NULL;
+    if (json_is_integer(id) && json_integer_value(id) >= 0 && json_integer_value(id) <= INT32_MAX)
         *out = (int32_t)json_integer_value(id);
+    size_t i;
     json_array_foreach(vocab, i, v)
     {
         if (*out >= 0 || i > INT32_MAX)
             break;
-        const char *text = json_string_value(json_array_get(v, 0));
-        if (text != NULL && strcmp(text, eos) == 0)
+        if (same_text(json_array_get(v, 0), eos, len))
             *out = (int32_t)i;
     }
+    json_array_foreach(json_object_get(root, "added_tokens"), i, v)
+    {
+        id = json_object_get(v, "id");
+        if (*out < 0 && same_text(json_object_get(v, "content"), eos, len) && json_is_integer(id) &&
+            json_integer_value(id) >= 0 && json_integer_value(id) <= INT32_MAX)
+            *out = (int32_t)json_integer_value(id);
+    }
     json_decref(root);
-    return 0;
 }
 
-/* Merges the tokenizer's EOS (tokenizer_config.json's eos_token, a string or an AddedToken's
- * "content") into c's: vLLM stops at the tokenizer's eos_token_id beside generation_config.json's
- * ids (SamplingParams.update_from_generation_config), and a model tuned to a chat format often
- * names its end of turn there alone (a Llama 2 tuned to ChatML: eos_token <|im_end|>, config.json
- * and generation_config.json still </s>). Before, such a chat ran on to max_tokens. No file, no
- * eos_token, or a text no token has (transformers' id then is unk's or None) changes nothing, nor
- * does an id past the model's vocabulary (the model cannot sample it). A file that cannot be read,
- * is not JSON or has an eos_token of another type is refused by name, as the router's reading of
- * the same file refuses it (text/text_model.c), and transformers too. */
-static int merge_tokenizer_eos(const char *model_dir, struct model_config *c)
+/* root's eos_token (a string, or an AddedToken's "content"), into *text (NULL: none, or null);
+ * another type is refused by name, as the router's reading of tokenizer_config.json refuses it
+ * (chat/chat_template.c), and transformers too. */
+static int eos_token_text(const json_t *root, const char *path, const json_t **text)
 {
-    char path[4096];
-    json_t *root;
-    int rc = load_model_json_max(model_dir, "tokenizer_config.json", MODEL_TOKENIZER_MAX_BYTES,
-                                 JSON_DECODE_INT_AS_REAL, path, sizeof(path), &root);
-    if (rc == PAGODA_ENOENT)
-        return 0;
-    if (rc != 0)
-        return rc;
     const json_t *eos = json_object_get(root, "eos_token");
     if (json_is_object(eos))
         eos = json_object_get(eos, "content");
+    *text = json_is_string(eos) ? eos : NULL;
+    if (eos != NULL && !json_is_null(eos) && !json_is_string(eos))
+        return pagoda_error_set(PAGODA_EFORMAT,
+                                "%s: \"eos_token\" must be a string or an object with a string "
+                                "\"content\"",
+                                path);
+    return 0;
+}
+
+/* DIR/name as a JSON object (integers past 64 bits read as reals, as Python reads them), or NULL:
+ * absent, or a file that cannot be read, is not JSON or not an object. The tokenizer's EOS is read
+ * at its best: the router, which reads these files for text, refuses such a file and says why; a
+ * group that serves token ids alone starts as it did before the tokenizer's EOS was read. */
+static json_t *load_tokenizer_file(const char *model_dir, const char *name, char *path,
+                                   size_t path_size)
+{
+    json_t *root = NULL;
+    if (load_model_json_max(model_dir, name, MODEL_TOKENIZER_MAX_BYTES, JSON_DECODE_INT_AS_REAL,
+                            path, path_size, &root) != 0)
+        return NULL;
+    if (!json_is_object(root)) {
+        json_decref(root);
+        return NULL;
+    }
+    return root;
+}
+
+/* Merges the tokenizer's EOS into c's: vLLM stops at the tokenizer's eos_token_id beside
+ * generation_config.json's ids (SamplingParams.update_from_generation_config), and a model tuned
+ * to a chat format often names its end of turn there alone (a Llama 2 tuned to ChatML: eos_token
+ * <|im_end|>, config.json and generation_config.json still </s>). Before, such a chat ran on to
+ * max_tokens. The token is tokenizer_config.json's eos_token; where that file predates
+ * transformers 4.34 (no added_tokens_decoder) or is absent, special_tokens_map.json's eos_token
+ * wins, as transformers' legacy loading lets it. No eos_token, a text no token has, an id past the
+ * model's vocabulary (the model cannot sample it) or no room left among MODEL_MAX_EOS ids adds
+ * nothing; an eos_token of another type is refused by name. */
+static int merge_tokenizer_eos(const char *model_dir, struct model_config *c)
+{
+    char path[4096], map_path[4096];
+    json_t *config = load_tokenizer_file(model_dir, "tokenizer_config.json", path, sizeof(path));
+    json_t *map = NULL;
+    const json_t *eos = NULL;
+    int rc = config != NULL ? eos_token_text(config, path, &eos) : 0;
+    if (rc == 0 && json_object_get(config, "added_tokens_decoder") == NULL &&
+        (map = load_tokenizer_file(model_dir, "special_tokens_map.json", map_path,
+                                   sizeof(map_path))) != NULL) {
+        const json_t *legacy;
+        if ((rc = eos_token_text(map, map_path, &legacy)) == 0 &&
+            json_object_get(map, "eos_token") != NULL)
+            eos = legacy;
+    }
     int32_t id = -1;
-    if (!json_is_object(root))
-        rc = pagoda_error_set(PAGODA_EFORMAT, "%s: not a JSON object", path);
-    else if (eos != NULL && !json_is_null(eos) && !json_is_string(eos))
-        rc = pagoda_error_set(PAGODA_EFORMAT,
-                              "%s: \"eos_token\" must be a string or an object with a string "
-                              "\"content\"",
-                              path);
-    else if (json_is_string(eos))
-        rc = find_token_id(model_dir, root, json_string_value(eos), &id);
-    json_decref(root);
-    if (rc == 0 && id >= 0 && id < c->vocab_size)
+    if (rc == 0 && eos != NULL)
+        find_token_id(model_dir, config, json_string_value(eos), json_string_length(eos), &id);
+    json_decref(map);
+    json_decref(config);
+    if (rc == 0 && id >= 0 && id < c->vocab_size && c->num_eos < MODEL_MAX_EOS)
         rc = add_eos(c, id, path);
     return rc;
 }

@@ -708,78 +708,99 @@ static void expect_eos(const char *dir, int n, int32_t last)
 }
 
 /* tokenizer_config.json's eos_token joins the EOS ids (vLLM stops at the tokenizer's
- * eos_token_id): its id from added_tokens_decoder, else tokenizer.json's added_tokens or
- * vocabulary; a text no token has, or an id past the vocabulary, adds nothing; a broken file is
- * refused by name. */
+ * eos_token_id): its id from added_tokens_decoder, else tokenizer.json's vocabulary or
+ * added_tokens; special_tokens_map.json's wins over a file without added_tokens_decoder (legacy);
+ * a text no token has, an id past the vocabulary, no room or a file that cannot be read adds
+ * nothing; an eos_token of another type is refused by name. */
 static void test_tokenizer_eos(void **state)
 {
     (void)state;
     char dir[] = "/tmp/pagoda_tokeos_XXXXXX";
     assert_non_null(mkdtemp(dir));
     test_write_text(dir, "config.json", QWEN2); /* eos_token_id 151643, vocabulary 151936 */
-    test_write_text(
-        dir, "tokenizer_config.json",
-        "{\"eos_token\": \"<|im_end|>\", \"added_tokens_decoder\": {\"151643\": "
-        "{\"content\": \"<|endoftext|>\"}, \"151645\": {\"content\": \"<|im_end|>\"}}}");
+    test_write_text(dir, "tokenizer_config.json",
+                    "{\"eos_token\": \"<|im_end|>\", \"added_tokens_decoder\": {\"151643\": "
+                    "{\"content\": \"<|endoftext|>\"}, \"151645\": {\"content\": \"<|im_end|>\"}}, "
+                    "\"model_max_length\": 1000000000000000019884624838656}");
     expect_eos(dir, 2, 151645);
-    /* an AddedToken object; with generation_config.json's ids, no repeat */
+    /* an AddedToken object; with generation_config.json's ids, no repeat; special_tokens_map.json
+     * does not override a file with added_tokens_decoder */
     test_write_text(dir, "tokenizer_config.json",
                     "{\"eos_token\": {\"__type\": \"AddedToken\", \"content\": \"<|im_end|>\"}, "
-                    "\"added_tokens_decoder\": {\"151645\": {\"content\": \"<|im_end|>\"}}}");
+                    "\"added_tokens_decoder\": {\"151645\": {\"content\": \"<|im_end|>\"}, "
+                    "\"7\": {\"content\": \"</s>\"}}}");
+    test_write_text(dir, "special_tokens_map.json", "{\"eos_token\": \"</s>\"}");
     test_write_text(dir, "generation_config.json", "{\"eos_token_id\": [151645, 151643]}");
     expect_eos(dir, 2, 151645);
     test_write_text(dir, "generation_config.json", "{\"eos_token_id\": [151644]}");
     expect_eos(dir, 3, 151645);
+    /* no room among the 16: nothing added, nothing refused */
+    test_write_text(dir, "generation_config.json",
+                    "{\"eos_token_id\": [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15]}");
+    expect_eos(dir, 16, 15);
     char path[256];
     snprintf(path, sizeof(path), "%s/generation_config.json", dir);
     unlink(path);
 
-    /* no added_tokens_decoder (transformers before 4.34): tokenizer.json's added_tokens, then
-     * its vocabulary (BPE's object; Unigram's list, the id its index) */
-    test_write_text(dir, "tokenizer_config.json", "{\"eos_token\": \"</s>\"}");
+    /* no added_tokens_decoder (transformers before 4.34): special_tokens_map.json's eos_token
+     * wins; tokenizer.json's vocabulary (BPE's object; Unigram's list, the id its index), then
+     * its added_tokens */
+    test_write_text(dir, "tokenizer_config.json", "{\"eos_token\": \"<|im_end|>\"}");
     expect_eos(dir, 1, 151643); /* no tokenizer.json: nothing */
     test_write_text(dir, "tokenizer.json",
                     "{\"added_tokens\": [{\"id\": 0, \"content\": \"<unk>\"}, {\"id\": 2, "
-                    "\"content\": \"</s>\"}], \"model\": {\"vocab\": {\"</s>\": 9}}}");
-    expect_eos(dir, 2, 2);
-    test_write_text(dir, "tokenizer.json",
-                    "{\"added_tokens\": [], \"model\": {\"vocab\": {\"a\": 0, \"</s>\": 9}}}");
+                    "\"content\": \"</s>\"}, {\"id\": 32000, \"content\": \"<|im_end|>\"}], "
+                    "\"model\": {\"vocab\": {\"</s>\": 9}}}");
     expect_eos(dir, 2, 9);
+    snprintf(path, sizeof(path), "%s/special_tokens_map.json", dir);
+    unlink(path);
+    expect_eos(dir, 2, 32000);
+    test_write_text(dir, "special_tokens_map.json",
+                    "{\"eos_token\": {\"content\": \"</s>\", \"lstrip\": false}}");
+    unlink(strcat(strcpy(path, dir), "/tokenizer_config.json"));
+    expect_eos(dir, 2, 9); /* no tokenizer_config.json: the map's */
+    unlink(strcat(strcpy(path, dir), "/special_tokens_map.json"));
+    test_write_text(dir, "tokenizer_config.json", "{\"eos_token\": \"</s>\"}");
     test_write_text(
         dir, "tokenizer.json",
         "{\"model\": {\"type\": \"Unigram\", \"vocab\": [[\"<pad>\", 0], [\"a\", -1.5], "
-        "[\"</s>\", 0]]}}");
-    expect_eos(dir, 2, 2);
+        "[\"</s>\\u0000x\", 0], [\"</s>\", 0]]}}");
+    expect_eos(dir, 2, 3); /* not the text with a NUL inside */
+    test_write_text(dir, "tokenizer.json",
+                    "{\"added_tokens\": [{\"id\": 5, \"content\": \"</s>\\u0000x\"}, {\"id\": 6, "
+                    "\"content\": \"</s>\"}], \"model\": {\"vocab\": {}}}");
+    expect_eos(dir, 2, 6);
 
     /* what adds nothing */
     test_write_text(dir, "tokenizer.json",
                     "{\"added_tokens\": [{\"id\": 200000, \"content\": "
                     "\"</s>\"}], \"model\": {\"vocab\": {}}}");
     expect_eos(dir, 1, 151643); /* past the vocabulary */
+    test_write_text(dir, "tokenizer.json", "{\"added_tokens\": [");
+    expect_eos(dir, 1, 151643); /* tokenizer.json not JSON */
     test_write_text(dir, "tokenizer_config.json", "{\"eos_token\": \"<eos>\"}");
     expect_eos(dir, 1, 151643); /* no such token */
     test_write_text(dir, "tokenizer_config.json", "{\"eos_token\": null}");
     expect_eos(dir, 1, 151643);
     test_write_text(dir, "tokenizer_config.json", "{\"bos_token\": \"<s>\"}");
     expect_eos(dir, 1, 151643);
+    test_write_text(dir, "tokenizer_config.json", "[\"</s>\"]");
+    expect_eos(dir, 1, 151643);
+    test_write_text(dir, "tokenizer_config.json", "{\"eos_token\": \"</s>\", \"x\": NaN}");
+    expect_eos(dir, 1, 151643);
 
-    /* refusals name the file */
+    /* an eos_token of another type is refused by name */
     struct model_config c;
     test_write_text(dir, "tokenizer_config.json", "{\"eos_token\": 2}");
     assert_int_equal(model_config_load(dir, &c), PAGODA_EFORMAT);
     assert_non_null(strstr(pagoda_error_detail(), "tokenizer_config.json: \"eos_token\""));
-    test_write_text(dir, "tokenizer_config.json", "[\"</s>\"]");
+    test_write_text(dir, "tokenizer_config.json", "{\"bos_token\": \"<s>\"}");
+    test_write_text(dir, "special_tokens_map.json", "{\"eos_token\": {\"content\": 5}}");
     assert_int_equal(model_config_load(dir, &c), PAGODA_EFORMAT);
-    assert_non_null(strstr(pagoda_error_detail(), "tokenizer_config.json: not a JSON object"));
-    test_write_text(dir, "tokenizer_config.json", "{\"eos_token\": \"</s>\",");
-    assert_int_equal(model_config_load(dir, &c), PAGODA_EFORMAT);
-    assert_non_null(strstr(pagoda_error_detail(), "tokenizer_config.json"));
-    test_write_text(dir, "tokenizer_config.json", "{\"eos_token\": \"</s>\"}");
-    test_write_text(dir, "tokenizer.json", "{\"added_tokens\": [");
-    assert_int_equal(model_config_load(dir, &c), PAGODA_EFORMAT);
-    assert_non_null(strstr(pagoda_error_detail(), "tokenizer.json"));
+    assert_non_null(strstr(pagoda_error_detail(), "special_tokens_map.json: \"eos_token\""));
 
-    const char *names[] = {"tokenizer.json", "tokenizer_config.json", "config.json"};
+    const char *names[] = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                           "config.json"};
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
         snprintf(path, sizeof(path), "%s/%s", dir, names[i]);
         unlink(path);
