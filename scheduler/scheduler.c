@@ -676,7 +676,9 @@ void sched_fill_sampling(const struct scheduler *s, struct seq *q,
     if (q->sampling.min_tokens <= 0)
         return;
     const int32_t *lists[2] = {s->worker.eos_ids, q->stop_ids};
-    const int32_t counts[2] = {q->ignore_eos ? 0 : s->worker.num_eos, q->num_stop_ids};
+    /* the EOS ids also with ignore_eos, as vLLM's _all_stop_token_ids: ignore_eos decides only
+     * whether an EOS ends the request */
+    const int32_t counts[2] = {s->worker.num_eos, q->num_stop_ids};
     for (int l = 0; l < 2; l++)
         for (int32_t i = 0; i < counts[l]; i++) {
             /* an id outside the worker's vocabulary can never be sampled: nothing to suppress

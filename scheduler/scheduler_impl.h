@@ -260,8 +260,8 @@ struct scheduler {
 };
 
 /* *sp = q's sampling for the worker: its parameters and logit bias, and with min_tokens the ids
- * it suppresses (the worker's EOS ids unless ignore_eos, then the request's stop ids, each once,
- * kept in q->suppress). sp points into q: it lives as long as q. */
+ * it suppresses (the worker's EOS ids, also with ignore_eos, then the request's stop ids, each
+ * once, kept in q->suppress). sp points into q: it lives as long as q. */
 void sched_fill_sampling(const struct scheduler *s, struct seq *q,
                          Pagoda__Internal__SamplingParams *sp);
 

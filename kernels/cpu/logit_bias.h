@@ -4,7 +4,7 @@
  * A request's bias is a set of (token id, value) pairs with distinct ids, each value finite and
  * in [-SAMPLING_LOGIT_BIAS_LIMIT, SAMPLING_LOGIT_BIAS_LIMIT], at most SAMPLING_LOGIT_BIAS_MAX of
  * them. While a sequence has generated fewer than its min_tokens tokens (struct
- * sampling_params.min_tokens), its stop tokens (the model's EOS ids unless ignore_eos, and the
+ * sampling_params.min_tokens), its stop tokens (the model's EOS ids, also with ignore_eos, and the
  * request's stop token ids: at most SAMPLING_SUPPRESS_MAX) are suppressed: their logits become
  * -inf, so that the sampler cannot choose them, as vLLM's min_tokens does.
  *

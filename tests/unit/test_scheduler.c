@@ -192,7 +192,7 @@ static void test_stop_conditions(void **state)
     harness_close(h);
 }
 
-/* min_tokens: the worker is sent the ids to suppress (the EOS ids unless ignore_eos, then the
+/* min_tokens: the worker is sent the ids to suppress (the EOS ids, also with ignore_eos, then the
  * stop ids, each once) and the logit bias; and no EOS or stop id ends a request within its first
  * min_tokens tokens (the fake worker does not suppress them, so the scheduler's check is what
  * is tested). */
@@ -225,14 +225,27 @@ static void test_min_tokens_defers_stops(void **state)
     assert_int_equal(sp->n_logit_bias_token_ids, 2);
     assert_true(sp->logit_bias_token_ids[1] == 4 && sp->logit_bias_values[1] == -2.0f);
     protobuf_c_message_free_unpacked(&m->base, NULL);
-    /* ignore_eos: the stop ids alone */
-    h->min_tokens = 2;
-    h->n_bias = 0;
-    int32_t stop_b[1] = {r1[1]};
-    struct req_rec *b = submit_full(h, 2, p1, 6, 0, stop_b, 1, true);
     pump(h);
     /* A: EOS at index 2 is within min_tokens 4, r1[5] (a stop id) at index 5 ends it */
     expect_output(a, p1, 6, 6, PAGODA__INTERNAL__FINISH_REASON__FINISH_STOP);
+    harness_close(h);
+
+    /* ignore_eos: the EOS ids are suppressed all the same (vLLM's _all_stop_token_ids hold the
+     * EOS whatever ignore_eos says: a benchmark's ignore_eos with min_tokens = max_tokens must
+     * not see an EOS among its tokens), then the stop ids */
+    h = harness_open(&su);
+    h->min_tokens = 2;
+    int32_t stop_b[1] = {r1[1]};
+    struct req_rec *b = submit_full(h, 2, p1, 6, 0, stop_b, 1, true);
+    m = peek_worker(h);
+    assert_non_null(m);
+    assert_int_equal(m->msg_case, PAGODA__INTERNAL__TO_WORKER__MSG_STEP);
+    sp = m->step->new_seqs[0]->sampling;
+    assert_int_equal(sp->n_min_tokens_stop_ids, 2);
+    assert_int_equal(sp->min_tokens_stop_ids[0], su.eos);
+    assert_int_equal(sp->min_tokens_stop_ids[1], r1[1]);
+    protobuf_c_message_free_unpacked(&m->base, NULL);
+    pump(h);
     /* B (ignore_eos): its stop id at index 1 is within min_tokens 2; the EOS does not stop it;
      * nothing else does before the context: it ends by length */
     assert_true(b->n_out > 2);
