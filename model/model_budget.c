@@ -57,6 +57,7 @@ uint64_t model_budget_shard_activation_bytes(const struct model_config *c,
     /* residual [T][H] f32 and residual_alt [H] f32, then the bf16 activations */
     return T * H * 4 + H * 4 + T * (H + qd + 2 * kvd + qd + H + 2 * I + I) * 2 + S * H * 2 +
            S * (uint64_t)c->vocab_size * 4 + tp + T * (4 + 4 + 8) + S * 4 +
+           MODEL_BUDGET_STEP_SLOTS * S * 4 + T * 8 + /* the slots' sampled tokens, the gathers */
            model_budget_logit_entry_bytes(max_seqs) +
            model_budget_sampler_bytes(c->vocab_size, max_seqs, c->max_position_embeddings);
 }

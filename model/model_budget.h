@@ -62,13 +62,19 @@ uint64_t model_budget_sampler_bytes(int64_t vocab, int64_t max_seqs, int64_t max
 #define MODEL_BUDGET_LOGIT_ENTRIES_PER_ROW 428
 #define MODEL_BUDGET_LOGIT_ENTRY_BYTES 12
 
+/* The CUDA backend's step slots (worker/backend.h's BACKEND_STEP_SLOTS, repeated here as the two
+ * above; worker/cuda_backend_impl.h asserts that they match): each keeps its step's sampled tokens
+ * on the device, max_seqs int32s, counted in the activations with the gathers that read them (an
+ * 8-byte (slot, row) pair per token). */
+#define MODEL_BUDGET_STEP_SLOTS 4
+
 /* Device bytes of the logit entries of a step of max_seqs rows: about 1.3 MB for 256 rows. One
  * buffer serves every step slot (the steps run in the order of one stream); their staging in
  * pinned host memory (one per step slot and one for the synchronous calls) is not the GPU's. */
 uint64_t model_budget_logit_entry_bytes(int64_t max_seqs);
 
 /* Bytes of the activations of a step of up to max_tokens tokens and max_seqs sequences, the
- * sampler's and the logit entries' among them. */
+ * sampler's, the logit entries' and the step slots' sampled tokens among them. */
 uint64_t model_budget_activation_bytes(const struct model_config *c, int64_t max_tokens,
                                        int64_t max_seqs);
 

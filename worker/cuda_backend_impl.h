@@ -37,6 +37,8 @@ struct cuda_layer {
 _Static_assert(MODEL_BUDGET_LOGIT_ENTRIES_PER_ROW == LOGIT_ENTRIES_PER_ROW &&
                    MODEL_BUDGET_LOGIT_ENTRY_BYTES == sizeof(struct logit_entry),
                "model/model_budget.h's logit entry sizes differ from kernels/cpu/logit_bias.h's");
+_Static_assert(MODEL_BUDGET_STEP_SLOTS == BACKEND_STEP_SLOTS,
+               "model/model_budget.h's step slots differ from worker/backend.h's");
 /* Each step slot samples into the sampler's slot of the same index. */
 _Static_assert(CUDA_SAMPLER_SLOTS >= BACKEND_STEP_SLOTS,
                "the CUDA sampler has fewer slots than the backend's steps");
