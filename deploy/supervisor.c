@@ -1032,10 +1032,21 @@ static void on_heartbeat(struct supervisor *sup, const char *sender, int pid)
     c->alive_ms = uv_now(&sup->loop);
 }
 
+/* How often the liveness check runs with --heartbeat-ms 0: it then checks only starts that
+ * outlast --ready-timeout-ms, which must run whether or not heartbeats are watched. */
+#define SUP_START_CHECK_MS 500u
+
+static uint64_t liveness_period_ms(const struct supervisor *sup)
+{
+    return sup->opts.heartbeat_ms > 0 ? sup->opts.heartbeat_ms : SUP_START_CHECK_MS;
+}
+
 /* Every --heartbeat-ms: a program that has shown signs of life (a ready or a heartbeat: before
  * them it may be loading, which the ready timeout bounds) and then stays silent for
  * --heartbeat-ms x --heartbeat-misses has a loop that no longer runs; SIGKILL it (SIGTERM would
- * need that loop), and its exit restarts it with the usual back-off.
+ * need that loop), and its exit restarts it with the usual back-off. With --heartbeat-ms 0 no
+ * silence is watched, and the check runs every SUP_START_CHECK_MS for stuck starts alone (before
+ * the forty-eighth session it did not run at all, and a restart stuck in its start stayed so).
  *
  * Workers are left to the scheduler's step watchdog (on_hung): a worker runs each step on its
  * loop, and a long step (a long prefill on the CPU backend, a sanitizer build) may outlast any
@@ -1053,10 +1064,11 @@ static void on_liveness_timer(uv_timer_t *t)
     uint64_t now = uv_now(&sup->loop);
     uint64_t last = sup->liveness_tick_ms;
     sup->liveness_tick_ms = now;
-    if (now - last > 2 * sup->opts.heartbeat_ms) {
+    const uint64_t period = liveness_period_ms(sup);
+    if (now - last > 2 * period) {
         log_warn("the liveness check ran %llu ms late (this supervisor was stopped?): counting "
                  "every program's silence from now",
-                 (unsigned long long)(now - last - sup->opts.heartbeat_ms));
+                 (unsigned long long)(now - last - period));
         for (int i = 0; i < sup->num_children; i++)
             sup->children[i].alive_ms = now;
         return;
@@ -1079,8 +1091,8 @@ static void on_liveness_timer(uv_timer_t *t)
             child_signal(c, SIGKILL);
             continue;
         }
-        if (c->state != CHILD_RUNNING || !c->watched || c->hung_killed || c->role == ROLE_WORKER ||
-            now - c->alive_ms <= limit_ms)
+        if (sup->opts.heartbeat_ms == 0 || c->state != CHILD_RUNNING || !c->watched ||
+            c->hung_killed || c->role == ROLE_WORKER || now - c->alive_ms <= limit_ms)
             continue;
         log_warn("%s (pid %d) sent no heartbeat for %llu ms (--heartbeat-ms %llu x "
                  "--heartbeat-misses %d): its event loop has stopped; killing it with SIGKILL",
@@ -1254,11 +1266,9 @@ static int open_loop(struct supervisor *sup)
     snprintf(text, sizeof(text), "%d\n", (int)getpid());
     if ((rc = sup_write_file_atomic(sup->pid_path, text)) != 0)
         return rc;
-    if (sup->opts.heartbeat_ms > 0) {
-        sup->liveness_tick_ms = uv_now(&sup->loop);
-        uv_timer_start(&sup->liveness_timer, on_liveness_timer, sup->opts.heartbeat_ms,
-                       sup->opts.heartbeat_ms);
-    }
+    sup->liveness_tick_ms = uv_now(&sup->loop);
+    uv_timer_start(&sup->liveness_timer, on_liveness_timer, liveness_period_ms(sup),
+                   liveness_period_ms(sup));
     return 0;
 }
 

@@ -64,7 +64,7 @@ struct sup_opts {
     int num_schedulers;
     uint64_t ready_timeout_ms;
     uint64_t stop_timeout_ms;
-    uint64_t heartbeat_ms; /* 0: no liveness check */
+    uint64_t heartbeat_ms; /* 0: no heartbeats watched (stuck starts still are) */
     int heartbeat_misses;
     const char *extra[ROLE_COUNT][SUP_MAX_EXTRA_ARGS];
     int num_extra[ROLE_COUNT];

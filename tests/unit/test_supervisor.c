@@ -20,6 +20,7 @@
 #include "tests/unit/proc_fds.h"
 
 #include <errno.h>
+#include <stdbool.h>
 #include <fcntl.h>
 #include <ftw.h>
 #include <limits.h>
@@ -857,9 +858,8 @@ static void test_crash_once_is_restarted(void **state)
  * after --ready-timeout-ms and started again, the rest of the group going on: before, nothing
  * replaced it (a worker sends no heartbeat before it is ready, and its scheduler's reports were
  * ignored), and the group answered healthy while it could not serve. */
-static void test_restart_stuck_in_its_start_is_killed(void **state)
+static void stuck_start(struct fx *f, bool heartbeat_off, int starts)
 {
-    struct fx *f = *state;
     char marker[160];
     snprintf(marker, sizeof(marker), "%s/crashed", f->root);
     const char *extra[] = {"--ready-timeout-ms",
@@ -876,6 +876,8 @@ static void test_restart_stuck_in_its_start_is_killed(void **state)
                            "--never-ready-if",
                            "--worker-arg",
                            marker,
+                           heartbeat_off ? "--heartbeat-ms" : NULL,
+                           "0",
                            NULL};
     start_sup(f, extra);
     struct ev *evs = events;
@@ -883,7 +885,7 @@ static void test_restart_stuck_in_its_start_is_killed(void **state)
     /* the first worker crashes 300 ms after it was ready; each restart stalls and is killed:
      * more kills than max_fast_exits, each within fast_exit_ms of its start, and the group goes
      * on (the supervisor's kills are not the program's crashes) */
-    assert_true(wait_ev(f, evs, "start", "worker-0", 7, 20000));
+    assert_true(wait_ev(f, evs, "start", "worker-0", starts, 20000));
     assert_int_equal(waitpid(f->sup, NULL, WNOHANG), 0); /* still supervising */
     int n = load_events(f, evs);
     assert_int_equal(count_ev(evs, n, "ready", "worker-0"), 1);
@@ -895,6 +897,18 @@ static void test_restart_stuck_in_its_start_is_killed(void **state)
     assert_output_has(f, "is not ready");
     assert_output_has(f, "after its restart (--ready-timeout-ms 800): stuck in its start");
     stop_sup(f);
+}
+
+static void test_restart_stuck_in_its_start_is_killed(void **state)
+{
+    stuck_start(*state, false, 7);
+}
+
+/* The same with --heartbeat-ms 0 (no heartbeats watched): the check of starts runs all the same
+ * (it ran in the heartbeats' timer, and not at all without them). */
+static void test_restart_stuck_in_its_start_is_killed_without_heartbeats(void **state)
+{
+    stuck_start(*state, true, 3);
 }
 
 static void test_restart_during_the_start_delays_ready(void **state)
@@ -1456,6 +1470,8 @@ int main(int argc, char **argv)
                                         teardown),
         cmocka_unit_test_setup_teardown(test_crash_once_is_restarted, setup, teardown),
         cmocka_unit_test_setup_teardown(test_restart_stuck_in_its_start_is_killed, setup, teardown),
+        cmocka_unit_test_setup_teardown(
+            test_restart_stuck_in_its_start_is_killed_without_heartbeats, setup, teardown),
         cmocka_unit_test_setup_teardown(test_restart_during_the_start_delays_ready, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_ready_is_credited_to_the_process_that_sent_it, setup,
