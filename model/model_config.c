@@ -595,6 +595,15 @@ static bool same_text(const json_t *v, const char *text, size_t len)
            memcmp(json_string_value(v), text, len) == 0;
 }
 
+/* Whether v is an integer id in [0, INT32_MAX]; then *out is it. */
+static bool token_id(const json_t *v, int32_t *out)
+{
+    if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > INT32_MAX)
+        return false;
+    *out = (int32_t)json_integer_value(v);
+    return true;
+}
+
 /* The id of the token whose text is eos (len bytes): tokenizer_config.json's added_tokens_decoder
  * ({"ID": {"content": ...}}, what transformers 4.34 and later write; config may be NULL), else
  * tokenizer.json's model vocabulary (an object of text to id; a Unigram model's list of [text,
@@ -626,24 +635,23 @@ static void find_token_id(const char *model_dir, const json_t *config, const cha
                             &root) != 0)
         return;
     const json_t *vocab = json_object_get(json_object_get(root, "model"), "vocab");
-    const json_t *id = strlen(eos) == len ? json_object_get(vocab, eos) : NULL;
-    if (json_is_integer(id) && json_integer_value(id) >= 0 && json_integer_value(id) <= INT32_MAX)
-        *out = (int32_t)json_integer_value(id);
     size_t i;
+    if (strlen(eos) == len && token_id(json_object_get(vocab, eos), out))
+        goto done;
     json_array_foreach(vocab, i, v)
     {
-        if (*out >= 0 || i > INT32_MAX)
-            break;
-        if (same_text(json_array_get(v, 0), eos, len))
+        if (i <= INT32_MAX && same_text(json_array_get(v, 0), eos, len)) {
             *out = (int32_t)i;
+            goto done;
+        }
     }
     json_array_foreach(json_object_get(root, "added_tokens"), i, v)
     {
-        id = json_object_get(v, "id");
-        if (*out < 0 && same_text(json_object_get(v, "content"), eos, len) && json_is_integer(id) &&
-            json_integer_value(id) >= 0 && json_integer_value(id) <= INT32_MAX)
-            *out = (int32_t)json_integer_value(id);
+        if (same_text(json_object_get(v, "content"), eos, len) &&
+            token_id(json_object_get(v, "id"), out))
+            break;
     }
+done:
     json_decref(root);
 }
 
