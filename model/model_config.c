@@ -699,7 +699,7 @@ static json_t *load_tokenizer_file(const char *model_dir, const char *name, char
  * wins, as transformers' legacy loading lets it. No eos_token, a text no token has, an id past the
  * model's vocabulary (the model cannot sample it) or no room left among MODEL_MAX_EOS ids adds
  * nothing; an eos_token of another type is refused by name. */
-static int merge_tokenizer_eos(const char *model_dir, struct model_config *c)
+int model_config_add_tokenizer_eos(const char *model_dir, struct model_config *c)
 {
     char path[4096], map_path[4096];
     json_t *config = load_tokenizer_file(model_dir, "tokenizer_config.json", path, sizeof(path));
@@ -808,9 +808,7 @@ int model_config_load(const char *model_dir, struct model_config *out)
     json_decref(root);
     if (rc != 0)
         return with_path(rc, path);
-    if ((rc = merge_generation_eos(model_dir, out)) != 0)
-        return rc;
-    return merge_tokenizer_eos(model_dir, out);
+    return merge_generation_eos(model_dir, out);
 }
 
 static int check_range(const char *key, int64_t v, int64_t min, int64_t max)

@@ -71,8 +71,21 @@ int model_config_parse(const json_t *root, struct model_config *out);
 /* Reads DIR/config.json and parses it, then adds DIR/generation_config.json's eos_token_id (when
  * the file is there) to the config's eos_token_ids, as transformers' generate and vLLM stop at
  * them too. Same errors, plus those of opening the files (an absent generation_config.json is
- * not one); a detail names the file. On an error *out may hold config.json's parse. */
+ * not one); a detail names the file. On an error *out may hold config.json's parse. Reads no
+ * tokenizer file: what loads a model's shape or weights (kvpool, every tensor-parallel rank,
+ * model_weights_open, the benchmarks) needs no stop ids; see model_config_add_tokenizer_eos. */
 int model_config_load(const char *model_dir, struct model_config *out);
+
+/* Adds the tokenizer's EOS to c's eos_token_ids, as vLLM stops at the tokenizer's eos_token_id
+ * beside generation_config.json's: tokenizer_config.json's eos_token (special_tokens_map.json's
+ * where the first has no added_tokens_decoder or is absent), its id from added_tokens_decoder,
+ * else tokenizer.json's vocabulary or added_tokens (model_config.c says why each). For what stops
+ * generation by c's EOS ids: the worker that announces them to the scheduler (rank 0 of a
+ * tensor-parallel group), pagoda-run, pagoda-model-info. Read at its best: no eos_token, a file
+ * that cannot be read or is not JSON, a text no token has, an id past c->vocab_size or no room
+ * left adds nothing; only an eos_token that is neither a string nor an object with a string
+ * "content" is an error (PAGODA_EFORMAT, the detail naming the file). */
+int model_config_add_tokenizer_eos(const char *model_dir, struct model_config *c);
 
 /* The sampling defaults a model's generation_config.json recommends (what vLLM applies to a
  * request that leaves them out, --generation-config auto): the fields named in set, each a value

@@ -262,6 +262,9 @@ int main(int argc, char **argv)
     struct weight_stats stats;
     pagoda_error_clear();
     int rc = model_weights_open(dir, &w);
+    /* The EOS ids the group stops at: the tokenizer's too. */
+    if (rc == 0)
+        rc = model_config_add_tokenizer_eos(dir, &w->config);
     if (rc == 0)
         rc = collect_stats(dir, w, &stats);
     if (rc == 0) {

@@ -558,6 +558,9 @@ int main(int argc, char **argv)
             goto fail;
         cfg = w->config;
     }
+    /* Its stop ids: the tokenizer's EOS too, as the group stops at it. */
+    if ((rc = model_config_add_tokenizer_eos(o.model, &cfg)) != 0)
+        goto fail;
     const struct model_config *c = &cfg;
 
     /* Text prompts: the model folder's tokenizer, as the router encodes them. */

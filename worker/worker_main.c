@@ -412,7 +412,9 @@ static int worker_load(struct worker *w)
             return rc;
         kvpool = kvpool_url;
     }
+    /* The tokenizer's EOS only where the Hello announces the stop ids: rank 0. */
     if ((rc = model_config_load(o->model, &w->config)) != 0 ||
+        (o->tp_rank == 0 && (rc = model_config_add_tokenizer_eos(o->model, &w->config)) != 0) ||
         (rc = model_fingerprint(o->model, o->load_format, o->seed, w->fingerprint)) != 0)
         return model_files_failed(w, rc);
     /* A rank's pool holds its shard's KV heads: a size the model cannot be split by stops here,

@@ -89,6 +89,9 @@ nothing_runs() { [ -z "$(any_pids)" ]; }
 healthy() { timeout 10 "$bin_dir/pagoda" --url "$url" health >/dev/null 2>&1; }
 
 "$bin_dir/pagoda-mkmodel" --preset tiny --seed 1 --out "$tmp/model" >/dev/null
+# The tokenizer's EOS (token 7 here) is one the worker announces (it stops below).
+printf '{"eos_token": "<end>", "added_tokens_decoder": {"7": {"content": "<end>"}}}\n' \
+    >"$tmp/model/tokenizer_config.json"
 mkdir -m 0700 "$run"
 
 # -- refused before anything starts.
@@ -194,6 +197,10 @@ check "pagoda-status prints stats" grep -q '"num_blocks": 255' "$tmp/status.out"
 answer=$("$bin_dir/pagoda" --url "$url" generate --tokens 1,2,3 --max-tokens 5 --json) || true
 ids=$(sed -n 's/.*"token_ids": *\[\([0-9, ]*\)\].*/\1/p' <<<"$answer")
 check "generate answers with 5 tokens ($ids)" [ "$(tr ',' '\n' <<<"$ids" | grep -c '[0-9]')" = 5 ]
+answer=$("$bin_dir/pagoda" --url "$url" generate --tokens 1,2,3 --max-tokens 5 --logit-bias 7:100 \
+    --json) || true
+check "the tokenizer's EOS stops a request ($answer)" \
+    grep -Eq '"token_ids": *\[7\].*"finish_reason": *"stop"' <<<"$answer"
 pool=$(pool_name)
 check "the kvpool's pool exists while the group runs ($pool)" [ -n "$pool" -a -e "/dev/shm$pool" ]
 

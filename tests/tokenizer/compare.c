@@ -18,9 +18,9 @@
  *
  *   tokenizer_compare --eos MODEL_DIR
  *
- * prints the model's EOS ids as model_config_load reads them (config.json's, generation_config's
- * and the tokenizer's eos_token), one line, for tests/tokenizer/run to hold the last against the
- * reference tokenizer's eos_token_id. */
+ * prints the model's EOS ids as the group stops at them (model_config_load's, config.json's and
+ * generation_config's, then model_config_add_tokenizer_eos's, the tokenizer's eos_token), one line,
+ * for tests/tokenizer/run to hold the last against the reference tokenizer's eos_token_id. */
 #include <errno.h>
 #include <inttypes.h>
 #include <jansson.h>
@@ -477,6 +477,8 @@ static int print_eos(const char *model_dir)
 {
     struct model_config c;
     int rc = model_config_load(model_dir, &c);
+    if (rc == 0)
+        rc = model_config_add_tokenizer_eos(model_dir, &c);
     if (rc != 0) {
         char buf[600];
         fprintf(stderr, "tokenizer_compare: %s\n", pagoda_error_message(rc, buf, sizeof buf));

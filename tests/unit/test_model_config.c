@@ -698,10 +698,12 @@ static void test_generation_config_eos(void **state)
     rmdir(dir);
 }
 
+/* model_config_load's EOS ids, then with the tokenizer's: n of them, the last `last`. */
 static void expect_eos(const char *dir, int n, int32_t last)
 {
     struct model_config c;
     assert_int_equal(model_config_load(dir, &c), 0);
+    assert_int_equal(model_config_add_tokenizer_eos(dir, &c), 0);
     assert_int_equal(c.num_eos, n);
     assert_int_equal(c.eos_token_ids[0], 151643);
     assert_int_equal(c.eos_token_ids[n - 1], last);
@@ -723,6 +725,9 @@ static void test_tokenizer_eos(void **state)
                     "{\"content\": \"<|endoftext|>\"}, \"151645\": {\"content\": \"<|im_end|>\"}}, "
                     "\"model_max_length\": 1000000000000000019884624838656}");
     expect_eos(dir, 2, 151645);
+    struct model_config c;
+    assert_int_equal(model_config_load(dir, &c), 0);
+    assert_int_equal(c.num_eos, 1); /* config.json's alone: no tokenizer file read */
     /* an AddedToken object; with generation_config.json's ids, no repeat; special_tokens_map.json
      * does not override a file with added_tokens_decoder */
     test_write_text(dir, "tokenizer_config.json",
@@ -789,14 +794,16 @@ static void test_tokenizer_eos(void **state)
     test_write_text(dir, "tokenizer_config.json", "{\"eos_token\": \"</s>\", \"x\": NaN}");
     expect_eos(dir, 1, 151643);
 
-    /* an eos_token of another type is refused by name */
-    struct model_config c;
+    /* an eos_token of another type is refused by name, by what reads the tokenizer's EOS only:
+     * model_config_load (kvpool, every rank, the weights) reads no tokenizer file */
     test_write_text(dir, "tokenizer_config.json", "{\"eos_token\": 2}");
-    assert_int_equal(model_config_load(dir, &c), PAGODA_EFORMAT);
+    assert_int_equal(model_config_load(dir, &c), 0);
+    assert_int_equal(model_config_add_tokenizer_eos(dir, &c), PAGODA_EFORMAT);
     assert_non_null(strstr(pagoda_error_detail(), "tokenizer_config.json: \"eos_token\""));
     test_write_text(dir, "tokenizer_config.json", "{\"bos_token\": \"<s>\"}");
     test_write_text(dir, "special_tokens_map.json", "{\"eos_token\": {\"content\": 5}}");
-    assert_int_equal(model_config_load(dir, &c), PAGODA_EFORMAT);
+    assert_int_equal(model_config_load(dir, &c), 0);
+    assert_int_equal(model_config_add_tokenizer_eos(dir, &c), PAGODA_EFORMAT);
     assert_non_null(strstr(pagoda_error_detail(), "special_tokens_map.json: \"eos_token\""));
 
     const char *names[] = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
