@@ -728,14 +728,28 @@ int model_config_add_tokenizer_eos(const char *model_dir, struct model_config *c
  * (ModelConfig.get_diff_sampling_param): transformers' GenerationConfig.to_diff_dict keeps only
  * values other than GenerationConfig's own defaults, so temperature 1, top_p 1, top_k 50 and
  * repetition_penalty 1 are not defaults of the model's (a file naming top_k 50 samples without a
- * top-k in vLLM, and here). A negative top_k is off (0), as vLLM's -1. */
+ * top-k in vLLM, and here). A negative top_k is off (0), as vLLM's -1. A model without
+ * generation_config.json has config.json's fields instead, as vLLM's try_get_generation_config
+ * falls back to GenerationConfig.from_model_config (an old config.json's serialised transformers
+ * defaults, temperature 1.0 and top_k 50, are not the model's); a config.json that is absent,
+ * cannot be read or is no JSON object gives none here (the worker refuses it and says why). */
 int model_generation_defaults_load(const char *model_dir, struct model_generation_defaults *out)
 {
     memset(out, 0, sizeof(*out));
+    out->file = "generation_config.json";
     char path[4096];
     json_t *root;
     int rc = load_generation_config(model_dir, path, sizeof(path), &root);
-    if (rc != 0 || root == NULL)
+    if (rc == 0 && root == NULL) {
+        out->file = "config.json";
+        rc = load_model_json(model_dir, "config.json", path, sizeof(path), &root);
+        if ((rc != 0 && rc != PAGODA_ENOMEM) || (rc == 0 && !json_is_object(root))) {
+            json_decref(root);
+            pagoda_error_clear();
+            return 0;
+        }
+    }
+    if (rc != 0)
         return rc;
     static const struct {
         const char *key;
@@ -748,7 +762,7 @@ int model_generation_defaults_load(const char *model_dir, struct model_generatio
         {"min_p", MODEL_GEN_MIN_P, NAN}, /* None in transformers: any number is the model's */
         {"repetition_penalty", MODEL_GEN_REPETITION_PENALTY, 1.0},
     };
-    struct model_generation_defaults g = {0};
+    struct model_generation_defaults g = {.file = out->file};
     for (size_t i = 0; rc == 0 && i < sizeof(fields) / sizeof(fields[0]); i++) {
         double v;
         if ((rc = opt_number(root, NULL, fields[i].key, &v)) == PAGODA_ENOENT) {

@@ -98,13 +98,15 @@ enum {
     MODEL_GEN_REPETITION_PENALTY = 1u << 4,
 };
 struct model_generation_defaults {
-    unsigned set; /* MODEL_GEN_* */
+    unsigned set;     /* MODEL_GEN_* */
+    const char *file; /* where they come from: "generation_config.json", or "config.json" */
     double temperature, top_p, min_p, repetition_penalty;
     int32_t top_k; /* 0: off (the file's negative top_k) */
 };
 
 /* Reads DIR/generation_config.json's temperature, top_p, top_k, min_p and repetition_penalty
- * into *out (set 0 when the file is absent). Types are checked here (PAGODA_EFORMAT, the detail
+ * into *out, or config.json's where that file is absent, as vLLM does (set 0 when neither names
+ * one). Types are checked here (PAGODA_EFORMAT, the detail
  * naming the file and the field), ranges by the caller (the sampler's one definition). Errors
  * also those of reading the file (a symbolic link to nothing, not JSON). */
 int model_generation_defaults_load(const char *model_dir, struct model_generation_defaults *out);

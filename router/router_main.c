@@ -60,8 +60,9 @@ static void usage(FILE *f)
             "           broken ones stop the router at start (exit status %d).\n"
             "--generation-config: auto (the default): the sampling defaults the model's\n"
             "           generation_config.json recommends (temperature, top_p, top_k, min_p,\n"
-            "           repetition_penalty) apply to a request that leaves them out, as vLLM\n"
-            "           applies them; vllm: they do not (temperature 1, every filter off).\n"
+            "           repetition_penalty; config.json's without that file) apply to a\n"
+            "           request that leaves them out, as vLLM applies them; vllm: they do not\n"
+            "           (temperature 1, every filter off).\n"
             "           A file with a value out of range stops the router at start.\n"
             "--check: read the tenants file and the model's tokenizer files, then exit (0, or\n"
             "           the status above); the supervisor runs it before anything starts.\n"
@@ -202,9 +203,10 @@ static int cannot_run(int rc, const char *advice)
     return PAGODA_EXIT_CANNOT_RUN;
 }
 
-/* The model's generation_config.json's sampling defaults over sampling_params_default(), checked
- * by the sampler's one definition of the ranges (a file's out-of-range value is the operator's to
- * fix: it would fail every request that leaves the field out). Logs what applies. */
+/* The model's generation_config.json's sampling defaults (config.json's without that file) over
+ * sampling_params_default(), checked by the sampler's one definition of the ranges (a file's
+ * out-of-range value is the operator's to fix: it would fail every request that leaves the field
+ * out). Logs what applies. */
 static int load_sampling_defaults(const char *dir, struct sampling_params *out)
 {
     struct model_generation_defaults g;
@@ -229,12 +231,12 @@ static int load_sampling_defaults(const char *dir, struct sampling_params *out)
     if ((rc = sampling_params_validate(&s)) != 0) {
         char why[512];
         snprintf(why, sizeof(why), "%s", pagoda_error_detail());
-        return pagoda_error_set(rc, "%s/generation_config.json: %s", dir, why);
+        return pagoda_error_set(rc, "%s/%s: %s", dir, g.file, why);
     }
     if (g.set != 0)
-        log_warn("%s/generation_config.json's sampling defaults apply to requests that leave "
-                 "them out (--generation-config vllm: not): %s",
-                 dir, said);
+        log_warn("%s/%s's sampling defaults apply to requests that leave them out "
+                 "(--generation-config vllm: not): %s",
+                 dir, g.file, said);
     *out = s;
     return 0;
 }

@@ -876,8 +876,34 @@ static void test_generation_sampling_defaults(void **state)
     assert_int_equal(model_generation_defaults_load(dir, &g), PAGODA_EFORMAT);
     assert_non_null(strstr(pagoda_error_detail(), "generation_config.json"));
 
+    /* No generation_config.json: config.json's fields, as vLLM's from_model_config (an old
+     * config.json's serialised transformers defaults are not the model's); a broken config.json
+     * gives none (the worker refuses it) */
     char path[256];
     snprintf(path, sizeof(path), "%s/generation_config.json", dir);
+    unlink(path);
+    test_write_text(
+        dir, "config.json",
+        "{\"model_type\": \"gpt2\", \"temperature\": 0.7, \"top_k\": 50, \"top_p\": 1.0, "
+        "\"repetition_penalty\": 1.0, \"max_length\": 20}");
+    assert_int_equal(model_generation_defaults_load(dir, &g), 0);
+    assert_int_equal(g.set, MODEL_GEN_TEMPERATURE);
+    assert_true(g.temperature == 0.7);
+    test_write_text(dir, "config.json", "{\"top_k\": \"20\"}");
+    assert_int_equal(model_generation_defaults_load(dir, &g), PAGODA_EFORMAT);
+    assert_non_null(strstr(pagoda_error_detail(), "config.json: \"top_k\""));
+    test_write_text(dir, "generation_config.json", "{\"top_p\": 0.8}"); /* the file wins */
+    assert_int_equal(model_generation_defaults_load(dir, &g), 0);
+    assert_int_equal(g.set, MODEL_GEN_TOP_P);
+    unlink(path);
+    test_write_text(dir, "config.json", "{\"temperature\": 0.7");
+    g.set = 99;
+    assert_int_equal(model_generation_defaults_load(dir, &g), 0);
+    assert_int_equal(g.set, 0);
+    test_write_text(dir, "config.json", "[1]");
+    assert_int_equal(model_generation_defaults_load(dir, &g), 0);
+    assert_int_equal(g.set, 0);
+    snprintf(path, sizeof(path), "%s/config.json", dir);
     unlink(path);
     rmdir(dir);
 }
