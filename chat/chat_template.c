@@ -18,6 +18,7 @@ struct ChatTemplate {
     struct named_template t[CHAT_TEMPLATE_MAX_TEMPLATES];
     size_t n;
     json_t *tokens; /* {"bos_token": "...", ...}: the special tokens given to the template */
+    bool legacy;    /* the config has no added_tokens_decoder: special_tokens_map.json wins */
 };
 
 /* transformers passes the tokenizer's special_tokens_map to the template: these, and
@@ -25,8 +26,9 @@ struct ChatTemplate {
 static const char *const SPECIAL_TOKENS[] = {"bos_token", "eos_token", "unk_token", "pad_token",
                                              "cls_token", "sep_token", "mask_token"};
 
-/* A special token's text: a string, or an AddedToken object's "content"; NULL for none. */
-static int token_text(const json_t *tok, const char *name, const json_t **out)
+/* A special token's text: a string, or an AddedToken object's "content"; NULL for none. file
+ * names the source in a refusal. */
+static int token_text(const json_t *tok, const char *file, const char *name, const json_t **out)
 {
     if (json_is_object(tok))
         tok = json_object_get(tok, "content");
@@ -35,30 +37,38 @@ static int token_text(const json_t *tok, const char *name, const json_t **out)
         return 0;
     if (!json_is_string(tok))
         return pagoda_error_set(PAGODA_EFORMAT,
-                                "tokenizer_config.json: %s must be a string or an object with a "
-                                "string \"content\"",
-                                name);
+                                "%s: %s must be a string or an object with a string \"content\"",
+                                file, name);
     *out = tok;
     return 0;
 }
 
-static int read_special_tokens(ChatTemplate *ct, const json_t *root)
+/* The special tokens root names (file: the one it was read from, which refusals name) replace
+ * ct's: each key present sets its token, or removes it where the value is null. */
+static int read_special_tokens(ChatTemplate *ct, const json_t *root, const char *file)
 {
     int rc;
     for (size_t i = 0; i < sizeof(SPECIAL_TOKENS) / sizeof(SPECIAL_TOKENS[0]); i++) {
-        const json_t *tok;
-        if ((rc = token_text(json_object_get(root, SPECIAL_TOKENS[i]), SPECIAL_TOKENS[i], &tok)) !=
-            0)
+        const json_t *value = json_object_get(root, SPECIAL_TOKENS[i]), *tok;
+        if (value == NULL)
+            continue;
+        if ((rc = token_text(value, file, SPECIAL_TOKENS[i], &tok)) != 0)
             return rc;
-        if (tok != NULL && json_object_set(ct->tokens, SPECIAL_TOKENS[i], (json_t *)tok) != 0)
+        if (tok == NULL)
+            json_object_del(ct->tokens, SPECIAL_TOKENS[i]);
+        else if (json_object_set(ct->tokens, SPECIAL_TOKENS[i], (json_t *)tok) != 0)
             return pagoda_error_set(PAGODA_ENOMEM, "out of memory");
     }
     const json_t *extra = json_object_get(root, "additional_special_tokens");
-    if (extra == NULL || json_is_null(extra))
+    if (extra == NULL)
         return 0;
+    if (json_is_null(extra)) {
+        json_object_del(ct->tokens, "additional_special_tokens");
+        return 0;
+    }
     if (!json_is_array(extra))
-        return pagoda_error_set(PAGODA_EFORMAT,
-                                "tokenizer_config.json: additional_special_tokens must be a list");
+        return pagoda_error_set(PAGODA_EFORMAT, "%s: additional_special_tokens must be a list",
+                                file);
     json_t *list = json_array();
     if (list == NULL || json_object_set_new(ct->tokens, "additional_special_tokens", list) != 0)
         return pagoda_error_set(PAGODA_ENOMEM, "out of memory");
@@ -67,12 +77,37 @@ static int read_special_tokens(ChatTemplate *ct, const json_t *root)
     json_array_foreach(extra, i, item)
     {
         const json_t *tok;
-        if ((rc = token_text(item, "additional_special_tokens[]", &tok)) != 0)
+        if ((rc = token_text(item, file, "additional_special_tokens[]", &tok)) != 0)
             return rc;
         if (tok != NULL && json_array_append(list, (json_t *)tok) != 0)
             return pagoda_error_set(PAGODA_ENOMEM, "out of memory");
     }
     return 0;
+}
+
+bool chat_template_reads_special_tokens_map(const ChatTemplate *ct)
+{
+    return ct->legacy;
+}
+
+int chat_template_apply_special_tokens_map(ChatTemplate *ct, const char *map_json, size_t len)
+{
+    if (!ct->legacy)
+        return 0;
+    if (len > CHAT_TEMPLATE_MAX_CONFIG_BYTES)
+        return pagoda_error_set(PAGODA_ERANGE,
+                                "special_tokens_map.json of %zu bytes, more than the %u allowed",
+                                len, CHAT_TEMPLATE_MAX_CONFIG_BYTES);
+    json_error_t jerr;
+    json_t *root = json_loadb(map_json, len, JSON_DECODE_INT_AS_REAL, &jerr);
+    if (root == NULL)
+        return pagoda_error_set(PAGODA_EFORMAT, "special_tokens_map.json: line %d column %d: %s",
+                                jerr.line, jerr.column, jerr.text);
+    int rc = json_is_object(root)
+                 ? read_special_tokens(ct, root, "special_tokens_map.json")
+                 : pagoda_error_set(PAGODA_EFORMAT, "special_tokens_map.json: not a JSON object");
+    json_decref(root);
+    return rc;
 }
 
 void chat_template_free(ChatTemplate *ct)
@@ -148,7 +183,8 @@ int chat_template_new_with(const char *config_json, size_t len, const ChatTempla
         rc = pagoda_error_set(PAGODA_EFORMAT, "tokenizer_config.json: not a JSON object");
         goto fail;
     }
-    if ((rc = read_special_tokens(ct, root)) != 0)
+    ct->legacy = json_object_get(root, "added_tokens_decoder") == NULL;
+    if ((rc = read_special_tokens(ct, root, "tokenizer_config.json")) != 0)
         goto fail;
     const json_t *tpl = json_object_get(root, "chat_template");
     if (n_files > 0) {

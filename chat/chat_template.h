@@ -52,11 +52,23 @@ typedef struct ChatTemplateFile {
 /* As chat_template_new, with the templates of files (n_files of them) when there are any: they
  * are then the only ones, whatever the config's chat_template holds (not even read), as
  * transformers' from_pretrained lets template files replace the config's. The special tokens
- * still come from the config. The caller keeps files. Errors also: PAGODA_EINVAL ("ORIGIN: not
- * valid UTF-8", "ORIGIN: line N: ..." for a template that is not Jinja), PAGODA_ERANGE (more than
- * CHAT_TEMPLATE_MAX_TEMPLATES), PAGODA_EFORMAT (two of one name). */
+ * still come from the config (or special_tokens_map.json: chat_template_apply_special_tokens_map).
+ * The caller keeps files. Errors also: PAGODA_EINVAL ("ORIGIN: not valid UTF-8", "ORIGIN: line N:
+ * ..." for a template that is not Jinja), PAGODA_ERANGE (more than CHAT_TEMPLATE_MAX_TEMPLATES),
+ * PAGODA_EFORMAT (two of one name). */
 int chat_template_new_with(const char *config_json, size_t len, const ChatTemplateFile *files,
                            size_t n_files, ChatTemplate **out);
+
+/* transformers' legacy loading: where the config has no added_tokens_decoder (a
+ * tokenizer_config.json saved before transformers 4.34, or none: "{}"), the special tokens of
+ * special_tokens_map.json replace the config's, each key the map names (a null one: none), as
+ * from_pretrained lets the map win there; a config with added_tokens_decoder keeps its own
+ * (chat_template_reads_special_tokens_map says which, so that a caller reads the map only where
+ * it counts). model/model_config.c takes the tokenizer's EOS by the same rule. map_json: the
+ * map's text, len bytes. Errors: PAGODA_EFORMAT ("special_tokens_map.json: ..."), PAGODA_ERANGE
+ * (too large), PAGODA_ENOMEM. */
+bool chat_template_reads_special_tokens_map(const ChatTemplate *ct);
+int chat_template_apply_special_tokens_map(ChatTemplate *ct, const char *map_json, size_t len);
 
 /* Frees; accepts NULL. */
 void chat_template_free(ChatTemplate *ct);

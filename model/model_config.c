@@ -604,18 +604,92 @@ static bool token_id(const json_t *v, int32_t *out)
     return true;
 }
 
-/* The id of the token whose text is eos (len bytes): tokenizer_config.json's added_tokens_decoder
- * ({"ID": {"content": ...}}, what transformers 4.34 and later write; config may be NULL), else
- * tokenizer.json's model vocabulary (an object of text to id; a Unigram model's list of [text,
- * score], where the id is the index) or its added_tokens ([{"id": ID, "content": ...}], a token
- * the vocabulary lacks): what transformers' convert_tokens_to_ids finds in files that agree, the
- * vocabulary's id first as HF tokenizers' loading keeps it. -1: none. Reads tokenizer.json only
- * when the first has no such entry; one that cannot be read adds nothing (the router, which reads
- * it for text, says why). */
-static void find_token_id(const char *model_dir, const json_t *config, const char *eos, size_t len,
-                          int32_t *out)
+/* Whether text (len bytes) is in tokenizer.json's model vocabulary (vocab: an object of text to
+ * id; index: a Unigram list's texts to their index, or NULL); then *out is its id. */
+static bool vocab_id(const json_t *vocab, const json_t *index, const char *text, size_t len,
+                     int32_t *out)
+{
+    return token_id(json_object_getn(index != NULL ? index : vocab, text, len), out);
+}
+
+/* The id HF tokenizers gives the text (len bytes) in tokenizer.json (root): the model
+ * vocabulary's (an object of text to id; a Unigram model's list of [text, score], where the id is
+ * the index), else its added_tokens' as HF's AddedVocabulary numbers them, whatever the file's
+ * "id" says: in order, a token the vocabulary has keeps its id, a repeat its first, any other
+ * takes the next id past the largest so far, or the vocabulary's size (an empty content is passed
+ * over). tokenizer/tokenizer.c parse_added, the router's tokenizer, numbers them alike, so that the
+ * id stopped at is the one the router encodes the text to. -1 in *out: none. */
+static int tokenizer_json_id(const json_t *root, const char *text, size_t len, int32_t *out)
 {
     *out = -1;
+    const json_t *vocab = json_object_get(json_object_get(root, "model"), "vocab");
+    json_t *index = NULL, *seen = json_object(), *v;
+    int rc = seen == NULL ? PAGODA_ENOMEM : 0;
+    size_t i;
+    if (rc == 0 && json_is_array(vocab)) {
+        if ((index = json_object()) == NULL)
+            rc = PAGODA_ENOMEM;
+        json_array_foreach(vocab, i, v)
+        {
+            const json_t *t = json_array_get(v, 0);
+            if (rc == 0 && json_is_string(t) && i <= INT32_MAX &&
+                json_object_setn_new(index, json_string_value(t), json_string_length(t),
+                                     json_integer((json_int_t)i)) != 0)
+                rc = PAGODA_ENOMEM;
+        }
+    }
+    if (rc != 0 || vocab_id(vocab, index, text, len, out))
+        goto done;
+    const size_t count = json_is_array(vocab) ? json_array_size(vocab) : json_object_size(vocab);
+    int64_t max_id = -1;
+    json_array_foreach(json_object_get(root, "added_tokens"), i, v)
+    {
+        const json_t *content = json_object_get(v, "content");
+        const char *c = json_string_value(content);
+        size_t n = json_string_length(content);
+        if (c == NULL || n == 0 || json_object_getn(seen, c, n) != NULL)
+            continue;
+        int32_t vid;
+        int64_t id = vocab_id(vocab, index, c, n, &vid)                       ? vid
+                     : max_id >= 0 && ((size_t)max_id >= count || count == 0) ? max_id + 1
+                                                                              : (int64_t)count;
+        if (id > INT32_MAX)
+            break;
+        if (id > max_id)
+            max_id = id;
+        if (n == len && memcmp(c, text, len) == 0) {
+            *out = (int32_t)id;
+            break;
+        }
+        if (json_object_setn_new(seen, c, n, json_integer(id)) != 0) {
+            rc = PAGODA_ENOMEM;
+            break;
+        }
+    }
+done:
+    json_decref(index);
+    json_decref(seen);
+    return rc;
+}
+
+/* The id of the token whose text is eos (len bytes): tokenizer.json's (tokenizer_json_id), what
+ * transformers' fast tokenizer and the router's find; where that file cannot be read (absent: a
+ * slow tokenizer's folder; or broken, which the router refuses for text and says why),
+ * tokenizer_config.json's added_tokens_decoder ({"ID": {"content": ...}}, transformers 4.34 and
+ * later; config may be NULL). -1 in *out: none. */
+static int find_token_id(const char *model_dir, const json_t *config, const char *eos, size_t len,
+                         int32_t *out)
+{
+    *out = -1;
+    char path[4096];
+    json_t *root;
+    if (load_model_json_max(model_dir, "tokenizer.json", MODEL_TOKENIZER_MAX_BYTES,
+                            JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, path, sizeof(path),
+                            &root) == 0) {
+        int rc = tokenizer_json_id(root, eos, len, out);
+        json_decref(root);
+        return rc;
+    }
     const char *key;
     json_t *v;
     json_object_foreach((json_t *)json_object_get(config, "added_tokens_decoder"), key, v)
@@ -625,34 +699,10 @@ static void find_token_id(const char *model_dir, const json_t *config, const cha
         if (same_text(json_object_get(v, "content"), eos, len) && *key != '\0' && *end == '\0' &&
             id >= 0 && id <= INT32_MAX) {
             *out = (int32_t)id;
-            return;
-        }
-    }
-    char path[4096];
-    json_t *root;
-    if (load_model_json_max(model_dir, "tokenizer.json", MODEL_TOKENIZER_MAX_BYTES,
-                            JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, path, sizeof(path),
-                            &root) != 0)
-        return;
-    const json_t *vocab = json_object_get(json_object_get(root, "model"), "vocab");
-    size_t i;
-    if (strlen(eos) == len && token_id(json_object_get(vocab, eos), out))
-        goto done;
-    json_array_foreach(vocab, i, v)
-    {
-        if (i <= INT32_MAX && same_text(json_array_get(v, 0), eos, len)) {
-            *out = (int32_t)i;
-            goto done;
-        }
-    }
-    json_array_foreach(json_object_get(root, "added_tokens"), i, v)
-    {
-        if (same_text(json_object_get(v, "content"), eos, len) &&
-            token_id(json_object_get(v, "id"), out))
             break;
+        }
     }
-done:
-    json_decref(root);
+    return 0;
 }
 
 /* root's eos_token (a string, or an AddedToken's "content"), into *text (NULL: none, or null);
@@ -705,18 +755,19 @@ int model_config_add_tokenizer_eos(const char *model_dir, struct model_config *c
     json_t *config = load_tokenizer_file(model_dir, "tokenizer_config.json", path, sizeof(path));
     json_t *map = NULL;
     const json_t *eos = NULL;
-    int rc = config != NULL ? eos_token_text(config, path, &eos) : 0;
-    if (rc == 0 && json_object_get(config, "added_tokens_decoder") == NULL &&
-        (map = load_tokenizer_file(model_dir, "special_tokens_map.json", map_path,
-                                   sizeof(map_path))) != NULL) {
-        const json_t *legacy;
-        if ((rc = eos_token_text(map, map_path, &legacy)) == 0 &&
-            json_object_get(map, "eos_token") != NULL)
-            eos = legacy;
-    }
+    int rc = 0;
+    /* the map's eos_token replaces the config's, which is then not read at all (transformers
+     * replaces it before reading it): the chat template's special tokens follow the same rule
+     * (chat_template_apply_special_tokens_map) */
+    if (json_object_get(config, "added_tokens_decoder") == NULL)
+        map = load_tokenizer_file(model_dir, "special_tokens_map.json", map_path, sizeof(map_path));
+    if (json_object_get(map, "eos_token") != NULL)
+        rc = eos_token_text(map, map_path, &eos);
+    else if (config != NULL)
+        rc = eos_token_text(config, path, &eos);
     int32_t id = -1;
     if (rc == 0 && eos != NULL)
-        find_token_id(model_dir, config, json_string_value(eos), json_string_length(eos), &id);
+        rc = find_token_id(model_dir, config, json_string_value(eos), json_string_length(eos), &id);
     json_decref(map);
     json_decref(config);
     if (rc == 0 && id >= 0 && id < c->vocab_size && c->num_eos < MODEL_MAX_EOS)

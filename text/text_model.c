@@ -191,6 +191,24 @@ static int load_chat(struct text_model *m, const char *dir)
                           : chat_template_new_with("{}", 2, files, tf.n, &m->chat);
     }
     free(text);
+    text = NULL;
+    /* special_tokens_map.json's tokens where transformers' legacy loading lets them win */
+    snprintf(path, sizeof(path), "%s/special_tokens_map.json", dir);
+    if (rc == 0 && chat_template_reads_special_tokens_map(m->chat) && !absent(path)) {
+        rc = json_util_read_file(path, CHAT_TEMPLATE_MAX_CONFIG_BYTES, &text, &len);
+        if (rc == PAGODA_ENOENT) /* a symbolic link to nothing, or gone since: broken */
+            rc = pagoda_error_set(PAGODA_EIO, "%s: %s", path,
+                                  absent(path) ? "removed while read"
+                                               : "a symbolic link to nothing");
+        if (rc == 0)
+            rc = chat_template_apply_special_tokens_map(m->chat, text, len);
+        free(text);
+        if (rc != 0) {
+            chat_template_free(m->chat);
+            m->chat = NULL;
+        }
+    }
+    snprintf(path, sizeof(path), "%s/tokenizer_config.json", dir);
     template_files_fini(&tf);
     if (rc == 0 || rc == PAGODA_ENOMEM)
         return rc;
@@ -212,7 +230,8 @@ static int load_chat(struct text_model *m, const char *dir)
     size_t dir_len = strlen(dir);
     if (strncmp(why, dir, dir_len) == 0 && why[dir_len] == '/')
         return rc;
-    if (strncmp(why, "tokenizer_config.json", strlen("tokenizer_config.json")) == 0)
+    if (strncmp(why, "tokenizer_config.json", strlen("tokenizer_config.json")) == 0 ||
+        strncmp(why, "special_tokens_map.json", strlen("special_tokens_map.json")) == 0)
         return pagoda_error_set(rc, "%s/%s", dir, why);
     return pagoda_error_set(rc, "%s: %s", path, why);
 }

@@ -759,7 +759,9 @@ static void test_tokenizer_eos(void **state)
     expect_eos(dir, 2, 9);
     snprintf(path, sizeof(path), "%s/special_tokens_map.json", dir);
     unlink(path);
-    expect_eos(dir, 2, 32000);
+    /* numbered as HF's AddedVocabulary (and the router's tokenizer) numbers it, not by the file's
+     * 32000: <unk> takes the vocabulary's size (1), </s> keeps 9, <|im_end|> the next past 9 */
+    expect_eos(dir, 2, 10);
     test_write_text(dir, "special_tokens_map.json",
                     "{\"eos_token\": {\"content\": \"</s>\", \"lstrip\": false}}");
     unlink(strcat(strcpy(path, dir), "/tokenizer_config.json"));
@@ -774,12 +776,21 @@ static void test_tokenizer_eos(void **state)
     test_write_text(dir, "tokenizer.json",
                     "{\"added_tokens\": [{\"id\": 5, \"content\": \"</s>\\u0000x\"}, {\"id\": 6, "
                     "\"content\": \"</s>\"}], \"model\": {\"vocab\": {}}}");
-    expect_eos(dir, 2, 6);
+    expect_eos(dir, 2, 1); /* an empty vocabulary: 0, then 1 */
+    /* a repeat keeps its first id and takes none; tokenizer.json's id wins over an
+     * added_tokens_decoder key that disagrees (transformers' fast tokenizer asks tokenizer.json) */
+    test_write_text(dir, "tokenizer.json",
+                    "{\"added_tokens\": [{\"id\": 3, \"content\": \"<a>\"}, {\"id\": 9, "
+                    "\"content\": \"<a>\"}, {\"id\": 4, \"content\": \"</s>\"}], \"model\": "
+                    "{\"vocab\": {\"x\": 0, \"y\": 1}}}");
+    test_write_text(dir, "tokenizer_config.json",
+                    "{\"eos_token\": \"</s>\", \"added_tokens_decoder\": {\"77\": {\"content\": "
+                    "\"</s>\"}}}");
+    expect_eos(dir, 2, 3);
+    test_write_text(dir, "tokenizer_config.json", "{\"eos_token\": \"</s>\"}");
 
     /* what adds nothing */
-    test_write_text(dir, "tokenizer.json",
-                    "{\"added_tokens\": [{\"id\": 200000, \"content\": "
-                    "\"</s>\"}], \"model\": {\"vocab\": {}}}");
+    test_write_text(dir, "tokenizer.json", "{\"model\": {\"vocab\": {\"</s>\": 200000}}}");
     expect_eos(dir, 1, 151643); /* past the vocabulary */
     test_write_text(dir, "tokenizer.json", "{\"added_tokens\": [");
     expect_eos(dir, 1, 151643); /* tokenizer.json not JSON */
@@ -800,6 +811,10 @@ static void test_tokenizer_eos(void **state)
     assert_int_equal(model_config_load(dir, &c), 0);
     assert_int_equal(model_config_add_tokenizer_eos(dir, &c), PAGODA_EFORMAT);
     assert_non_null(strstr(pagoda_error_detail(), "tokenizer_config.json: \"eos_token\""));
+    /* not where the map's replaces it (legacy), as transformers replaces it unread */
+    test_write_text(dir, "special_tokens_map.json", "{\"eos_token\": \"</s>\"}");
+    assert_int_equal(model_config_load(dir, &c), 0);
+    assert_int_equal(model_config_add_tokenizer_eos(dir, &c), 0);
     test_write_text(dir, "tokenizer_config.json", "{\"bos_token\": \"<s>\"}");
     test_write_text(dir, "special_tokens_map.json", "{\"eos_token\": {\"content\": 5}}");
     assert_int_equal(model_config_load(dir, &c), 0);

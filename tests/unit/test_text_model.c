@@ -185,9 +185,41 @@ static void test_broken_template_file(void **state)
     remove_model(dir);
 }
 
+/* special_tokens_map.json's special tokens replace those of a tokenizer_config.json without
+ * added_tokens_decoder (saved before transformers 4.34), as transformers' legacy loading lets
+ * them, and as the engine's EOS (model_config_add_tokenizer_eos) takes them: a null one removes
+ * the config's; a config with added_tokens_decoder keeps its own, the map not even read; a broken
+ * map stops the load where it counts, named. */
+static void test_special_tokens_map(void **state)
+{
+    (void)state;
+    char dir[64];
+    make_model(dir, sizeof(dir));
+    const char *legacy = "{\"bos_token\": \"<s>\", \"eos_token\": \"<|endoftext|>\", "
+                         "\"chat_template\": \"{{ bos_token }}|{{ eos_token }}|{{ pad_token is "
+                         "defined }}\"}";
+    put(dir, "tokenizer_config.json", legacy, strlen(legacy));
+    render(dir, false, "<s>|<|endoftext|>|False");
+    const char *map = "{\"eos_token\": {\"content\": \"<|im_end|>\", \"lstrip\": false}, "
+                      "\"bos_token\": null, \"pad_token\": \"<pad>\"}";
+    put(dir, "special_tokens_map.json", map, strlen(map));
+    render(dir, false, "|<|im_end|>|True");
+    const char *current = "{\"bos_token\": \"<s>\", \"eos_token\": \"<|endoftext|>\", "
+                          "\"added_tokens_decoder\": {}, \"chat_template\": \"{{ eos_token }}\"}";
+    put(dir, "tokenizer_config.json", current, strlen(current));
+    put(dir, "special_tokens_map.json", "{", 1);
+    render(dir, false, "<|endoftext|>");
+    put(dir, "tokenizer_config.json", legacy, strlen(legacy));
+    refused(dir, "special_tokens_map.json: line 1", PAGODA_EFORMAT);
+    put(dir, "special_tokens_map.json", "{\"eos_token\": 2}", 16);
+    refused(dir, "special_tokens_map.json: eos_token must be a string", PAGODA_EFORMAT);
+    remove_model(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_special_tokens_map),
         cmocka_unit_test(test_template_file_alone),
         cmocka_unit_test(test_template_file_over_config),
         cmocka_unit_test(test_additional_templates),
