@@ -1032,21 +1032,26 @@ static void on_heartbeat(struct supervisor *sup, const char *sender, int pid)
     c->alive_ms = uv_now(&sup->loop);
 }
 
-/* How often the liveness check runs with --heartbeat-ms 0: it then checks only starts that
- * outlast --ready-timeout-ms, which must run whether or not heartbeats are watched. */
+/* How often, at the least, the liveness check runs: starts that outlast --ready-timeout-ms are
+ * checked whether or not heartbeats are watched, and soon after that limit whatever
+ * --heartbeat-ms is (up to an hour: the check ran every --heartbeat-ms before, and a stuck start
+ * waited that long). */
 #define SUP_START_CHECK_MS 500u
 
 static uint64_t liveness_period_ms(const struct supervisor *sup)
 {
-    return sup->opts.heartbeat_ms > 0 ? sup->opts.heartbeat_ms : SUP_START_CHECK_MS;
+    return sup->opts.heartbeat_ms > 0 && sup->opts.heartbeat_ms < SUP_START_CHECK_MS
+               ? sup->opts.heartbeat_ms
+               : SUP_START_CHECK_MS;
 }
 
-/* Every --heartbeat-ms: a program that has shown signs of life (a ready or a heartbeat: before
- * them it may be loading, which the ready timeout bounds) and then stays silent for
+/* Every --heartbeat-ms, or SUP_START_CHECK_MS where that is shorter: a program that has shown signs
+ * of life (a ready or a heartbeat: before them it may be loading, which the ready timeout bounds)
+ * and then stays silent for
  * --heartbeat-ms x --heartbeat-misses has a loop that no longer runs; SIGKILL it (SIGTERM would
  * need that loop), and its exit restarts it with the usual back-off. With --heartbeat-ms 0 no
- * silence is watched, and the check runs every SUP_START_CHECK_MS for stuck starts alone (before
- * the forty-eighth session it did not run at all, and a restart stuck in its start stayed so).
+ * silence is watched, and the check runs for stuck starts alone (before the forty-eighth session
+ * it did not run at all, and a restart stuck in its start stayed so).
  *
  * Workers are left to the scheduler's step watchdog (on_hung): a worker runs each step on its
  * loop, and a long step (a long prefill on the CPU backend, a sanitizer build) may outlast any

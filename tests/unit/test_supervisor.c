@@ -858,7 +858,7 @@ static void test_crash_once_is_restarted(void **state)
  * after --ready-timeout-ms and started again, the rest of the group going on: before, nothing
  * replaced it (a worker sends no heartbeat before it is ready, and its scheduler's reports were
  * ignored), and the group answered healthy while it could not serve. */
-static void stuck_start(struct fx *f, bool heartbeat_off, int starts)
+static void stuck_start(struct fx *f, const char *heartbeat_ms, int starts)
 {
     char marker[160];
     snprintf(marker, sizeof(marker), "%s/crashed", f->root);
@@ -876,8 +876,8 @@ static void stuck_start(struct fx *f, bool heartbeat_off, int starts)
                            "--never-ready-if",
                            "--worker-arg",
                            marker,
-                           heartbeat_off ? "--heartbeat-ms" : NULL,
-                           "0",
+                           heartbeat_ms != NULL ? "--heartbeat-ms" : NULL,
+                           heartbeat_ms,
                            NULL};
     start_sup(f, extra);
     struct ev *evs = events;
@@ -894,6 +894,8 @@ static void stuck_start(struct fx *f, bool heartbeat_off, int starts)
     int second = find_ev(evs, n, "start", "worker-0", 1);
     int third = find_ev(evs, n, "start", "worker-0", 2);
     assert_true(evs[third].ms >= evs[second].ms + 800);
+    /* checked every 500 ms at most, whatever --heartbeat-ms (the kill, then the back-off) */
+    assert_true(evs[third].ms < evs[second].ms + 800 + 2500);
     assert_output_has(f, "is not ready");
     assert_output_has(f, "after its restart (--ready-timeout-ms 800): stuck in its start");
     stop_sup(f);
@@ -901,14 +903,21 @@ static void stuck_start(struct fx *f, bool heartbeat_off, int starts)
 
 static void test_restart_stuck_in_its_start_is_killed(void **state)
 {
-    stuck_start(*state, false, 7);
+    stuck_start(*state, NULL, 7);
+}
+
+/* With heartbeats of 30 s: a stuck start is killed as soon after --ready-timeout-ms (it was
+ * checked only every --heartbeat-ms, up to an hour later). */
+static void test_restart_stuck_in_its_start_is_killed_with_slow_heartbeats(void **state)
+{
+    stuck_start(*state, "30000", 3);
 }
 
 /* The same with --heartbeat-ms 0 (no heartbeats watched): the check of starts runs all the same
  * (it ran in the heartbeats' timer, and not at all without them). */
 static void test_restart_stuck_in_its_start_is_killed_without_heartbeats(void **state)
 {
-    stuck_start(*state, true, 3);
+    stuck_start(*state, "0", 3);
 }
 
 static void test_restart_during_the_start_delays_ready(void **state)
@@ -1470,6 +1479,8 @@ int main(int argc, char **argv)
                                         teardown),
         cmocka_unit_test_setup_teardown(test_crash_once_is_restarted, setup, teardown),
         cmocka_unit_test_setup_teardown(test_restart_stuck_in_its_start_is_killed, setup, teardown),
+        cmocka_unit_test_setup_teardown(
+            test_restart_stuck_in_its_start_is_killed_with_slow_heartbeats, setup, teardown),
         cmocka_unit_test_setup_teardown(
             test_restart_stuck_in_its_start_is_killed_without_heartbeats, setup, teardown),
         cmocka_unit_test_setup_teardown(test_restart_during_the_start_delays_ready, setup,
