@@ -3,6 +3,7 @@
 #include "common/json_util.h"
 
 #include <limits.h>
+#include <stdarg.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -604,6 +605,20 @@ static bool token_id(const json_t *v, int32_t *out)
     return true;
 }
 
+/* Says why the tokenizer's EOS adds nothing, in note (note_size bytes; NULL: not told) unless it
+ * already says something. */
+static void tell(char *note, size_t note_size, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void tell(char *note, size_t note_size, const char *fmt, ...)
+{
+    if (note == NULL || note_size == 0 || note[0] != '\0')
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(note, note_size, fmt, ap);
+    va_end(ap);
+}
+
 /* Whether text (len bytes) is in tokenizer.json's model vocabulary (vocab: an object of text to
  * id; index: a Unigram list's texts to their index, or NULL); then *out is its id. */
 static bool vocab_id(const json_t *vocab, const json_t *index, const char *text, size_t len,
@@ -678,18 +693,21 @@ done:
  * tokenizer_config.json's added_tokens_decoder ({"ID": {"content": ...}}, transformers 4.34 and
  * later; config may be NULL). -1 in *out: none. */
 static int find_token_id(const char *model_dir, const json_t *config, const char *eos, size_t len,
-                         int32_t *out)
+                         int32_t *out, char *note, size_t note_size)
 {
     *out = -1;
     char path[4096];
     json_t *root;
-    if (load_model_json_max(model_dir, "tokenizer.json", MODEL_TOKENIZER_MAX_BYTES,
-                            JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, path, sizeof(path),
-                            &root) == 0) {
-        int rc = tokenizer_json_id(root, eos, len, out);
+    int rc =
+        load_model_json_max(model_dir, "tokenizer.json", MODEL_TOKENIZER_MAX_BYTES,
+                            JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, path, sizeof(path), &root);
+    if (rc == 0) {
+        rc = tokenizer_json_id(root, eos, len, out);
         json_decref(root);
         return rc;
     }
+    if (rc != PAGODA_ENOENT)
+        tell(note, note_size, "%s", pagoda_error_detail());
     const char *key;
     json_t *v;
     json_object_foreach((json_t *)json_object_get(config, "added_tokens_decoder"), key, v)
@@ -723,17 +741,23 @@ static int eos_token_text(const json_t *root, const char *path, const json_t **t
 }
 
 /* DIR/name as a JSON object (integers past 64 bits read as reals, as Python reads them), or NULL:
- * absent, or a file that cannot be read, is not JSON or not an object. The tokenizer's EOS is read
- * at its best: the router, which reads these files for text, refuses such a file and says why; a
- * group that serves token ids alone starts as it did before the tokenizer's EOS was read. */
+ * absent, or a file that cannot be read, is not JSON or not an object (note says which). The
+ * tokenizer's EOS is read at its best: the router, which reads these files for text, refuses such
+ * a file and says why; a group that serves token ids alone starts as it did before the
+ * tokenizer's EOS was read. */
 static json_t *load_tokenizer_file(const char *model_dir, const char *name, char *path,
-                                   size_t path_size)
+                                   size_t path_size, char *note, size_t note_size)
 {
     json_t *root = NULL;
-    if (load_model_json_max(model_dir, name, MODEL_TOKENIZER_MAX_BYTES, JSON_DECODE_INT_AS_REAL,
-                            path, path_size, &root) != 0)
+    int rc = load_model_json_max(model_dir, name, MODEL_TOKENIZER_MAX_BYTES,
+                                 JSON_DECODE_INT_AS_REAL, path, path_size, &root);
+    if (rc != 0) {
+        if (rc != PAGODA_ENOENT)
+            tell(note, note_size, "%s", pagoda_error_detail());
         return NULL;
+    }
     if (!json_is_object(root)) {
+        tell(note, note_size, "%s: not a JSON object", path);
         json_decref(root);
         return NULL;
     }
@@ -749,10 +773,14 @@ static json_t *load_tokenizer_file(const char *model_dir, const char *name, char
  * wins, as transformers' legacy loading lets it. No eos_token, a text no token has, an id past the
  * model's vocabulary (the model cannot sample it) or no room left among MODEL_MAX_EOS ids adds
  * nothing; an eos_token of another type is refused by name. */
-int model_config_add_tokenizer_eos(const char *model_dir, struct model_config *c)
+int model_config_add_tokenizer_eos(const char *model_dir, struct model_config *c, char *note,
+                                   size_t note_size)
 {
+    if (note != NULL && note_size > 0)
+        note[0] = '\0';
     char path[4096], map_path[4096];
-    json_t *config = load_tokenizer_file(model_dir, "tokenizer_config.json", path, sizeof(path));
+    json_t *config = load_tokenizer_file(model_dir, "tokenizer_config.json", path, sizeof(path),
+                                         note, note_size);
     json_t *map = NULL;
     const json_t *eos = NULL;
     int rc = 0;
@@ -760,14 +788,29 @@ int model_config_add_tokenizer_eos(const char *model_dir, struct model_config *c
      * replaces it before reading it): the chat template's special tokens follow the same rule
      * (chat_template_apply_special_tokens_map) */
     if (json_object_get(config, "added_tokens_decoder") == NULL)
-        map = load_tokenizer_file(model_dir, "special_tokens_map.json", map_path, sizeof(map_path));
+        map = load_tokenizer_file(model_dir, "special_tokens_map.json", map_path, sizeof(map_path),
+                                  note, note_size);
     if (json_object_get(map, "eos_token") != NULL)
         rc = eos_token_text(map, map_path, &eos);
     else if (config != NULL)
         rc = eos_token_text(config, path, &eos);
     int32_t id = -1;
-    if (rc == 0 && eos != NULL)
-        rc = find_token_id(model_dir, config, json_string_value(eos), json_string_length(eos), &id);
+    if (rc == 0 && eos != NULL) {
+        const char *text = json_string_value(eos);
+        rc = find_token_id(model_dir, config, text, json_string_length(eos), &id, note, note_size);
+        if (rc == 0 && id < 0)
+            tell(note, note_size, "the tokenizer's eos_token \"%.200s\" is no token of the model",
+                 text);
+        else if (rc == 0 && id >= c->vocab_size)
+            tell(note, note_size,
+                 "the tokenizer's eos_token \"%.200s\" is token %d, past the model's vocabulary "
+                 "(%lld)",
+                 text, (int)id, (long long)c->vocab_size);
+        else if (rc == 0 && c->num_eos == MODEL_MAX_EOS)
+            tell(note, note_size,
+                 "the tokenizer's eos_token \"%.200s\" (%d): no room past %d EOS ids", text,
+                 (int)id, MODEL_MAX_EOS);
+    }
     json_decref(map);
     json_decref(config);
     if (rc == 0 && id >= 0 && id < c->vocab_size && c->num_eos < MODEL_MAX_EOS)

@@ -83,9 +83,12 @@ int model_config_load(const char *model_dir, struct model_config *out);
  * generation by c's EOS ids: the worker that announces them to the scheduler (rank 0 of a
  * tensor-parallel group), pagoda-run, pagoda-model-info. Read at its best: no eos_token, a file
  * that cannot be read or is not JSON, a text no token has, an id past c->vocab_size or no room
- * left adds nothing; only an eos_token that is neither a string nor an object with a string
- * "content" is an error (PAGODA_EFORMAT, the detail naming the file). */
-int model_config_add_tokenizer_eos(const char *model_dir, struct model_config *c);
+ * left adds nothing, and note (note_size bytes, or NULL) then says why where a file or the token
+ * is there (empty otherwise), for the caller to warn of; only an eos_token that is neither a
+ * string nor an object with a string "content" is an error (PAGODA_EFORMAT, the detail naming
+ * the file). */
+int model_config_add_tokenizer_eos(const char *model_dir, struct model_config *c, char *note,
+                                   size_t note_size);
 
 /* The sampling defaults a model's generation_config.json recommends (what vLLM applies to a
  * request that leaves them out, --generation-config auto): the fields named in set, each a value

@@ -263,8 +263,11 @@ int main(int argc, char **argv)
     pagoda_error_clear();
     int rc = model_weights_open(dir, &w);
     /* The EOS ids the group stops at: the tokenizer's too. */
+    char note[640] = "";
     if (rc == 0)
-        rc = model_config_add_tokenizer_eos(dir, &w->config);
+        rc = model_config_add_tokenizer_eos(dir, &w->config, note, sizeof(note));
+    if (note[0] != '\0')
+        fprintf(stderr, PROG ": warning: %s: the tokenizer's EOS is not a stop id\n", note);
     if (rc == 0)
         rc = collect_stats(dir, w, &stats);
     if (rc == 0) {

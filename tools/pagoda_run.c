@@ -559,8 +559,11 @@ int main(int argc, char **argv)
         cfg = w->config;
     }
     /* Its stop ids: the tokenizer's EOS too, as the group stops at it. */
-    if ((rc = model_config_add_tokenizer_eos(o.model, &cfg)) != 0)
+    char note[640];
+    if ((rc = model_config_add_tokenizer_eos(o.model, &cfg, note, sizeof(note))) != 0)
         goto fail;
+    if (note[0] != '\0')
+        fprintf(stderr, "pagoda-run: warning: %s: the tokenizer's EOS is not a stop id\n", note);
     const struct model_config *c = &cfg;
 
     /* Text prompts: the model folder's tokenizer, as the router encodes them. */

@@ -413,10 +413,14 @@ static int worker_load(struct worker *w)
         kvpool = kvpool_url;
     }
     /* The tokenizer's EOS only where the Hello announces the stop ids: rank 0. */
+    char note[640] = "";
     if ((rc = model_config_load(o->model, &w->config)) != 0 ||
-        (o->tp_rank == 0 && (rc = model_config_add_tokenizer_eos(o->model, &w->config)) != 0) ||
+        (o->tp_rank == 0 &&
+         (rc = model_config_add_tokenizer_eos(o->model, &w->config, note, sizeof(note))) != 0) ||
         (rc = model_fingerprint(o->model, o->load_format, o->seed, w->fingerprint)) != 0)
         return model_files_failed(w, rc);
+    if (note[0] != '\0')
+        log_warn("%s: the tokenizer's EOS is not a stop id (vLLM would stop at it)", note);
     /* A rank's pool holds its shard's KV heads: a size the model cannot be split by stops here,
      * naming the field. */
     struct model_config pool_config = w->config;

@@ -478,7 +478,7 @@ static int print_eos(const char *model_dir)
     struct model_config c;
     int rc = model_config_load(model_dir, &c);
     if (rc == 0)
-        rc = model_config_add_tokenizer_eos(model_dir, &c);
+        rc = model_config_add_tokenizer_eos(model_dir, &c, NULL, 0);
     if (rc != 0) {
         char buf[600];
         fprintf(stderr, "tokenizer_compare: %s\n", pagoda_error_message(rc, buf, sizeof buf));

@@ -698,15 +698,26 @@ static void test_generation_config_eos(void **state)
     rmdir(dir);
 }
 
-/* model_config_load's EOS ids, then with the tokenizer's: n of them, the last `last`. */
-static void expect_eos(const char *dir, int n, int32_t last)
+/* model_config_load's EOS ids, then with the tokenizer's: n of them, the last `last`; the note
+ * says why nothing was added (note: a part of it), or nothing (NULL). */
+static void expect_eos_note(const char *dir, int n, int32_t last, const char *note)
 {
     struct model_config c;
+    char said[640];
     assert_int_equal(model_config_load(dir, &c), 0);
-    assert_int_equal(model_config_add_tokenizer_eos(dir, &c), 0);
+    assert_int_equal(model_config_add_tokenizer_eos(dir, &c, said, sizeof(said)), 0);
     assert_int_equal(c.num_eos, n);
     assert_int_equal(c.eos_token_ids[0], 151643);
     assert_int_equal(c.eos_token_ids[n - 1], last);
+    if (note == NULL && said[0] != '\0')
+        fail_msg("a note where none was due: %s", said);
+    if (note != NULL && strstr(said, note) == NULL)
+        fail_msg("note [%s] does not say [%s]", said, note);
+}
+
+static void expect_eos(const char *dir, int n, int32_t last)
+{
+    expect_eos_note(dir, n, last, NULL);
 }
 
 /* tokenizer_config.json's eos_token joins the EOS ids (vLLM stops at the tokenizer's
@@ -742,7 +753,7 @@ static void test_tokenizer_eos(void **state)
     /* no room among the 16: nothing added, nothing refused */
     test_write_text(dir, "generation_config.json",
                     "{\"eos_token_id\": [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15]}");
-    expect_eos(dir, 16, 15);
+    expect_eos_note(dir, 16, 15, "(151645): no room past 16 EOS ids");
     char path[256];
     snprintf(path, sizeof(path), "%s/generation_config.json", dir);
     unlink(path);
@@ -751,7 +762,8 @@ static void test_tokenizer_eos(void **state)
      * wins; tokenizer.json's vocabulary (BPE's object; Unigram's list, the id its index), then
      * its added_tokens */
     test_write_text(dir, "tokenizer_config.json", "{\"eos_token\": \"<|im_end|>\"}");
-    expect_eos(dir, 1, 151643); /* no tokenizer.json: nothing */
+    /* the map's </s> (legacy), and no tokenizer.json */
+    expect_eos_note(dir, 1, 151643, "\"</s>\" is no token");
     test_write_text(dir, "tokenizer.json",
                     "{\"added_tokens\": [{\"id\": 0, \"content\": \"<unk>\"}, {\"id\": 2, "
                     "\"content\": \"</s>\"}, {\"id\": 32000, \"content\": \"<|im_end|>\"}], "
@@ -791,34 +803,35 @@ static void test_tokenizer_eos(void **state)
 
     /* what adds nothing */
     test_write_text(dir, "tokenizer.json", "{\"model\": {\"vocab\": {\"</s>\": 200000}}}");
-    expect_eos(dir, 1, 151643); /* past the vocabulary */
+    expect_eos_note(dir, 1, 151643, "is token 200000, past the model's vocabulary (151936)");
     test_write_text(dir, "tokenizer.json", "{\"added_tokens\": [");
-    expect_eos(dir, 1, 151643); /* tokenizer.json not JSON */
+    expect_eos_note(dir, 1, 151643, "/tokenizer.json"); /* not JSON */
+    test_write_text(dir, "tokenizer.json", "{\"model\": {\"vocab\": {\"</s>\": 200}}}");
     test_write_text(dir, "tokenizer_config.json", "{\"eos_token\": \"<eos>\"}");
-    expect_eos(dir, 1, 151643); /* no such token */
+    expect_eos_note(dir, 1, 151643, "\"<eos>\" is no token of the model");
     test_write_text(dir, "tokenizer_config.json", "{\"eos_token\": null}");
     expect_eos(dir, 1, 151643);
     test_write_text(dir, "tokenizer_config.json", "{\"bos_token\": \"<s>\"}");
     expect_eos(dir, 1, 151643);
     test_write_text(dir, "tokenizer_config.json", "[\"</s>\"]");
-    expect_eos(dir, 1, 151643);
+    expect_eos_note(dir, 1, 151643, "tokenizer_config.json: not a JSON object");
     test_write_text(dir, "tokenizer_config.json", "{\"eos_token\": \"</s>\", \"x\": NaN}");
-    expect_eos(dir, 1, 151643);
+    expect_eos_note(dir, 1, 151643, "/tokenizer_config.json");
 
     /* an eos_token of another type is refused by name, by what reads the tokenizer's EOS only:
      * model_config_load (kvpool, every rank, the weights) reads no tokenizer file */
     test_write_text(dir, "tokenizer_config.json", "{\"eos_token\": 2}");
     assert_int_equal(model_config_load(dir, &c), 0);
-    assert_int_equal(model_config_add_tokenizer_eos(dir, &c), PAGODA_EFORMAT);
+    assert_int_equal(model_config_add_tokenizer_eos(dir, &c, NULL, 0), PAGODA_EFORMAT);
     assert_non_null(strstr(pagoda_error_detail(), "tokenizer_config.json: \"eos_token\""));
     /* not where the map's replaces it (legacy), as transformers replaces it unread */
     test_write_text(dir, "special_tokens_map.json", "{\"eos_token\": \"</s>\"}");
     assert_int_equal(model_config_load(dir, &c), 0);
-    assert_int_equal(model_config_add_tokenizer_eos(dir, &c), 0);
+    assert_int_equal(model_config_add_tokenizer_eos(dir, &c, NULL, 0), 0);
     test_write_text(dir, "tokenizer_config.json", "{\"bos_token\": \"<s>\"}");
     test_write_text(dir, "special_tokens_map.json", "{\"eos_token\": {\"content\": 5}}");
     assert_int_equal(model_config_load(dir, &c), 0);
-    assert_int_equal(model_config_add_tokenizer_eos(dir, &c), PAGODA_EFORMAT);
+    assert_int_equal(model_config_add_tokenizer_eos(dir, &c, NULL, 0), PAGODA_EFORMAT);
     assert_non_null(strstr(pagoda_error_detail(), "special_tokens_map.json: \"eos_token\""));
 
     const char *names[] = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
