@@ -239,27 +239,19 @@ struct cli {
  * program's own is better refused than changed). */
 static int parse_logit_bias(struct cli *o, const char *arg)
 {
-    const char *colon = strchr(arg, ':');
-    char id_text[16];
-    int64_t id;
+    int32_t id;
     double value;
-    int rc;
-    if (colon == NULL || colon == arg || (size_t)(colon - arg) >= sizeof(id_text))
-        return pagoda_error_set(PAGODA_EINVAL, "--logit-bias: '%s' is not ID:VALUE", arg);
-    memcpy(id_text, arg, (size_t)(colon - arg));
-    id_text[colon - arg] = '\0';
-    if ((rc = parse_i64("--logit-bias", id_text, 0, INT32_MAX, &id)) != 0 ||
-        (rc = parse_f64("--logit-bias", colon + 1, -PAGODA_LOGIT_BIAS_LIMIT,
-                        PAGODA_LOGIT_BIAS_LIMIT, &value)) != 0)
+    int rc = parse_id_value("--logit-bias", arg, PAGODA_LOGIT_BIAS_LIMIT, &id, &value);
+    if (rc != 0)
         return rc;
     size_t n = o->params.num_logit_bias;
     if (n == PAGODA_MAX_LOGIT_BIAS)
         return pagoda_error_set(PAGODA_ERANGE, "--logit-bias: at most %u tokens",
                                 PAGODA_MAX_LOGIT_BIAS);
     for (size_t i = 0; i < n; i++)
-        if (o->bias_ids[i] == (int32_t)id)
+        if (o->bias_ids[i] == id)
             return pagoda_error_set(PAGODA_EINVAL, "--logit-bias: token %d given twice", (int)id);
-    o->bias_ids[n] = (int32_t)id;
+    o->bias_ids[n] = id;
     o->bias_values[n] = (float)value;
     o->params.logit_bias_ids = o->bias_ids;
     o->params.logit_bias_values = o->bias_values;

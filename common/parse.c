@@ -75,3 +75,20 @@ int parse_i32_list(const char *flag, const char *text, int32_t min, int32_t max,
     *count = n;
     return 0;
 }
+
+int parse_id_value(const char *flag, const char *text, double limit, int32_t *id, double *value)
+{
+    const char *colon = strchr(text, ':');
+    char id_text[16];
+    int64_t i;
+    int rc;
+    if (colon == NULL || colon == text || (size_t)(colon - text) >= sizeof(id_text))
+        return pagoda_error_set(PAGODA_EINVAL, "%s: '%s' is not ID:VALUE", flag, text);
+    memcpy(id_text, text, (size_t)(colon - text));
+    id_text[colon - text] = '\0';
+    if ((rc = parse_i64(flag, id_text, 0, INT32_MAX, &i)) != 0 ||
+        (rc = parse_f64(flag, colon + 1, -limit, limit, value)) != 0)
+        return rc;
+    *id = (int32_t)i;
+    return 0;
+}

@@ -21,4 +21,9 @@ int parse_on_off(const char *flag, const char *text, int *out);
 int parse_i32_list(const char *flag, const char *text, int32_t min, int32_t max, size_t cap,
                    int32_t **out, size_t *count);
 
+/* Parses "ID:VALUE" (a --logit-bias pair): ID a decimal integer in [0, INT32_MAX], VALUE a finite
+ * number in [-limit, limit]. Same errors as parse_i64 (PAGODA_EINVAL for text that is not
+ * ID:VALUE). */
+int parse_id_value(const char *flag, const char *text, double limit, int32_t *id, double *value);
+
 #endif

@@ -33,6 +33,8 @@
 #define MAX_PROMPTS 256
 #define MAX_PROMPT_TOKENS (1 << 20)
 #define MAX_NEW_TOKENS (1 << 20)
+/* --stop-token-ids: the scheduler's limit for a request's. */
+#define MAX_STOP_IDS 64
 
 struct seq {
     int32_t *tokens; /* prompt then output */
@@ -65,33 +67,54 @@ struct run_opts {
     enum dtype kv_dtype;    /* --kv-cache-dtype (CUDA): BF16 (auto) or F8E4M3 */
     struct sampling_params sampling;
     const char **texts; /* [MAX_PROMPTS]: the text of a --prompt, NULL for --tokens */
+    /* --logit-bias ID:VALUE (each prompt's, as a request's; kernels/cpu/logit_bias.h) */
+    int32_t bias_ids[SAMPLING_LOGIT_BIAS_MAX];
+    float bias_values[SAMPLING_LOGIT_BIAS_MAX];
+    struct logit_bias bias;
+    int32_t *stop_ids; /* --stop-token-ids, num_stop of them */
+    size_t num_stop;
+    /* What --min-tokens suppresses until that many tokens: the model's EOS ids (also with
+     * --ignore-eos) and the stop ids, distinct, as the scheduler lists them; bias_rest is the bias
+     * without them (logit_bias_without). */
+    int32_t suppress[SAMPLING_SUPPRESS_MAX];
+    int32_t num_suppress;
+    struct logit_bias bias_rest;
 };
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: pagoda-run --model DIR --tokens 1,2,3 [--tokens 4,5 ...] --max-tokens N\n"
-               "                  [--temperature T] [--top-p P] [--top-k K] [--min-p M]\n"
-               "                  [--repetition-penalty R] [--presence-penalty X]\n"
-               "                  [--frequency-penalty X] [--seed S] [--block-size B]\n"
-               "                  [--max-batched-tokens N] [--attention paged|gather]\n"
-               "                  [--ignore-eos] [--stats] [--json] [--prompt TEXT ...]\n"
-               "                  [--backend cpu|cuda] [--load-format safetensors|random]\n"
-               "                  [--cuda-graphs on|off] [--cuda-pdl on|off]\n"
-               "                  [--cuda-residual-gemm on|off] [--cuda-tma on|off|stream-k]\n"
-               "                  [--kv-cache-dtype auto|fp8]\n"
-               "--load-format random (CUDA only) draws weights of the shape in DIR/config.json on\n"
-               "the GPU from --seed, so no weight file is needed. --cuda-graphs off runs decode\n"
-               "steps launch by launch instead of replaying CUDA graphs, --cuda-pdl off launches\n"
-               "every kernel in plain stream order (both for comparison: the same tokens).\n"
-               "--cuda-residual-gemm off rounds the O and down projections of steps of 2 to 256\n"
-               "tokens to BF16 before the residual add instead of adding them in FP32 inside\n"
-               "their GEMMs (other bits, for comparison). --cuda-tma off runs a layer's linears\n"
-               "of steps of 2 to 16 tokens through the GEMVs and cuBLAS instead of\n"
-               "kernels/cuda/linear_tma's GEMM (other bits, for comparison); --cuda-tma\n"
-               "stream-k runs that GEMM with stream-K where it balances (its QKV and gate/up\n"
-               "spread over every SM; other bits; off by default until measured).\n"
-               "--kv-cache-dtype fp8 (CUDA only) keeps K and V as 8-bit floats (E4M3), as\n"
-               "pagoda-kvpool's flag.\n");
+    fprintf(f,
+            "usage: pagoda-run --model DIR --tokens 1,2,3 [--tokens 4,5 ...] --max-tokens N\n"
+            "                  [--temperature T] [--top-p P] [--top-k K] [--min-p M]\n"
+            "                  [--repetition-penalty R] [--presence-penalty X]\n"
+            "                  [--frequency-penalty X] [--seed S] [--block-size B]\n"
+            "                  [--max-batched-tokens N] [--attention paged|gather]\n"
+            "                  [--ignore-eos] [--stop-token-ids ID,...] [--min-tokens N]\n"
+            "                  [--logit-bias ID:VALUE ...] [--stats] [--json]\n"
+            "                  [--prompt TEXT ...]\n"
+            "                  [--backend cpu|cuda] [--load-format safetensors|random]\n"
+            "                  [--cuda-graphs on|off] [--cuda-pdl on|off]\n"
+            "                  [--cuda-residual-gemm on|off] [--cuda-tma on|off|stream-k]\n"
+            "                  [--kv-cache-dtype auto|fp8]\n"
+            "--load-format random (CUDA only) draws weights of the shape in DIR/config.json on\n"
+            "the GPU from --seed, so no weight file is needed. --cuda-graphs off runs decode\n"
+            "steps launch by launch instead of replaying CUDA graphs, --cuda-pdl off launches\n"
+            "every kernel in plain stream order (both for comparison: the same tokens).\n"
+            "--cuda-residual-gemm off rounds the O and down projections of steps of 2 to 256\n"
+            "tokens to BF16 before the residual add instead of adding them in FP32 inside\n"
+            "their GEMMs (other bits, for comparison). --cuda-tma off runs a layer's linears\n"
+            "of steps of 2 to 16 tokens through the GEMVs and cuBLAS instead of\n"
+            "kernels/cuda/linear_tma's GEMM (other bits, for comparison); --cuda-tma\n"
+            "stream-k runs that GEMM with stream-K where it balances (its QKV and gate/up\n"
+            "spread over every SM; other bits; off by default until measured).\n"
+            "--kv-cache-dtype fp8 (CUDA only) keeps K and V as 8-bit floats (E4M3), as\n"
+            "pagoda-kvpool's flag.\n"
+            "As a request to the group: a sequence stops at the model's EOS ids (config.json's,\n"
+            "generation_config.json's, the tokenizer's; not with --ignore-eos) and at\n"
+            "--stop-token-ids (up to %d, also with --ignore-eos); --logit-bias adds VALUE (in\n"
+            "[-100, 100]) to token ID's logit (repeatable, up to %d tokens); --min-tokens N\n"
+            "suppresses the EOS ids (even with --ignore-eos) and the stop ids until N tokens.\n",
+            MAX_STOP_IDS, SAMPLING_LOGIT_BIAS_MAX);
 }
 
 static int fail(int rc)
@@ -107,6 +130,48 @@ static int is_eos(const struct model_config *c, int32_t tok)
         if (c->eos_token_ids[i] == tok)
             return 1;
     return 0;
+}
+
+/* Whether a sequence that has just sampled tok (its out_len-th output token) stops there: not
+ * before --min-tokens, then at a stop id, or at an EOS id unless --ignore-eos (vLLM's order). */
+static int stops(const struct model_config *c, const struct run_opts *o, int32_t tok,
+                 int32_t out_len)
+{
+    if (out_len < o->sampling.min_tokens)
+        return 0;
+    for (size_t i = 0; i < o->num_stop; i++)
+        if (o->stop_ids[i] == tok)
+            return 1;
+    return !o->ignore_eos && is_eos(c, tok);
+}
+
+/* The distinct union of the EOS ids and the stop ids into o->suppress, and the bias without them
+ * (what --min-tokens needs), once the model is known; and the flags' checks against it. */
+static int prepare_stops(const struct model_config *c, struct run_opts *o)
+{
+    int rc;
+    if ((rc = logit_bias_validate(o->bias.ids, (size_t)o->bias.n, o->bias.values, (size_t)o->bias.n,
+                                  c->vocab_size)) != 0)
+        return rc;
+    for (size_t i = 0; i < o->num_stop; i++)
+        if (o->stop_ids[i] >= c->vocab_size)
+            return pagoda_error_set(PAGODA_ERANGE,
+                                    "--stop-token-ids: %d is outside the vocabulary (size %lld)",
+                                    (int)o->stop_ids[i], (long long)c->vocab_size);
+    if (o->sampling.min_tokens > o->max_tokens)
+        return pagoda_error_set(PAGODA_ERANGE, "--min-tokens %d is more than --max-tokens %d",
+                                (int)o->sampling.min_tokens, (int)o->max_tokens);
+    o->num_suppress = 0;
+    for (size_t i = 0; i < (size_t)c->num_eos + o->num_stop; i++) {
+        int32_t id =
+            i < (size_t)c->num_eos ? c->eos_token_ids[i] : o->stop_ids[i - (size_t)c->num_eos];
+        int seen = 0;
+        for (int32_t k = 0; k < o->num_suppress && !seen; k++)
+            seen = o->suppress[k] == id;
+        if (!seen)
+            o->suppress[o->num_suppress++] = id; /* 16 + 64 fit SAMPLING_SUPPRESS_MAX */
+    }
+    return logit_bias_without(&o->bias, o->suppress, o->num_suppress, &o->bias_rest);
 }
 
 /* tok: the tokenizer of a text prompt (its output is printed as text), else NULL. */
@@ -176,6 +241,7 @@ struct step_buf {
     int32_t *tokens;
     float *logprobs;
     struct backend_row_error *errors;
+    struct logit_entry *entries; /* the rows' logit bias and suppressed ids */
 };
 
 static int generate(struct backend *be, struct seq *seqs, int num_seqs, int32_t block_size,
@@ -198,14 +264,17 @@ static int generate(struct backend *be, struct seq *seqs, int num_seqs, int32_t 
     sb.tokens = malloc((size_t)num_seqs * sizeof(int32_t));
     sb.logprobs = malloc((size_t)num_seqs * sizeof(float));
     sb.errors = malloc((size_t)num_seqs * sizeof(*sb.errors));
-    if (!sb.token_ids || !sb.positions || !sb.slots || !sb.query_start || !sb.context_lens ||
-        !sb.block_tables || !sb.logits_rows || !sb.seq_of_row || !sb.sched || !sb.rows ||
-        !sb.tokens || !sb.logprobs || !sb.errors)
+    const int entries = o->bias.n > 0 || (o->sampling.min_tokens > 0 && o->num_suppress > 0);
+    sb.entries =
+        entries ? malloc((size_t)num_seqs * LOGIT_ENTRIES_PER_ROW * sizeof(*sb.entries)) : NULL;
+    if ((entries && !sb.entries) || !sb.token_ids || !sb.positions || !sb.slots ||
+        !sb.query_start || !sb.context_lens || !sb.block_tables || !sb.logits_rows ||
+        !sb.seq_of_row || !sb.sched || !sb.rows || !sb.tokens || !sb.logprobs || !sb.errors)
         goto out;
 
     for (;;) {
         /* Schedule: decodes first (one token each), then prefill chunks within the budget. */
-        int32_t n = 0, ns = 0, nl = 0;
+        int32_t n = 0, ns = 0, nl = 0, ne = 0;
         for (int pass = 0; pass < 2; pass++) {
             for (int i = 0; i < num_seqs; i++) {
                 struct seq *s = &seqs[i];
@@ -242,6 +311,12 @@ static int generate(struct backend *be, struct seq *seqs, int num_seqs, int32_t 
                         .n_output = (size_t)out_len,
                     };
                     sb.logits_rows[nl] = n - 1;
+                    if (entries) {
+                        const int suppress = out_len < o->sampling.min_tokens;
+                        ne += logit_entries_build(nl, suppress ? &o->bias_rest : &o->bias,
+                                                  o->suppress, suppress ? o->num_suppress : 0,
+                                                  sb.entries + ne);
+                    }
                     sb.seq_of_row[nl++] = i;
                 }
                 ns++;
@@ -262,6 +337,8 @@ static int generate(struct backend *be, struct seq *seqs, int num_seqs, int32_t 
             .max_blocks_per_seq = max_blocks,
             .num_logits = nl,
             .logits_indices = sb.logits_rows,
+            .logit_entries = ne > 0 ? sb.entries : NULL,
+            .num_logit_entries = ne,
         };
         if ((rc = backend_forward_sample_rows(be, &b, sb.rows, sb.tokens, sb.logprobs,
                                               sb.errors)) != 0)
@@ -280,7 +357,7 @@ static int generate(struct backend *be, struct seq *seqs, int num_seqs, int32_t 
             s->tokens[s->num_tokens] = token;
             s->logprobs[out_len] = sb.logprobs[r];
             s->num_tokens++;
-            if (!o->ignore_eos && is_eos(c, token))
+            if (stops(c, o, token, out_len + 1))
                 s->finish = "stop";
             else if (s->num_tokens >= s->max_total)
                 s->finish = "length";
@@ -301,6 +378,7 @@ out:
     free(sb.tokens);
     free(sb.logprobs);
     free(sb.errors);
+    free(sb.entries);
     return rc;
 }
 
@@ -326,6 +404,9 @@ enum {
     OPT_CUDA_RESIDUAL_GEMM,
     OPT_CUDA_TMA,
     OPT_KV_CACHE_DTYPE,
+    OPT_STOP_TOKEN_IDS,
+    OPT_MIN_TOKENS,
+    OPT_LOGIT_BIAS,
 };
 
 static int parse_flag(int opt, const char *arg, struct run_opts *o, int32_t ***prompts,
@@ -439,6 +520,27 @@ static int parse_flag(int opt, const char *arg, struct run_opts *o, int32_t ***p
                                     "--load-format: '%s' is not safetensors or random", arg);
         o->load_format = arg;
         break;
+    case OPT_STOP_TOKEN_IDS:
+        free(o->stop_ids);
+        o->stop_ids = NULL;
+        rc = parse_i32_list("--stop-token-ids", arg, 0, INT32_MAX, MAX_STOP_IDS, &o->stop_ids,
+                            &o->num_stop);
+        break;
+    case OPT_MIN_TOKENS:
+        if ((rc = parse_i64("--min-tokens", arg, 0, MAX_NEW_TOKENS, &i)) == 0)
+            o->sampling.min_tokens = (int32_t)i;
+        break;
+    case OPT_LOGIT_BIAS: {
+        int32_t id;
+        if ((rc = parse_id_value("--logit-bias", arg, SAMPLING_LOGIT_BIAS_LIMIT, &id, &d)) != 0)
+            break;
+        if (o->bias.n == SAMPLING_LOGIT_BIAS_MAX)
+            return pagoda_error_set(PAGODA_ERANGE, "--logit-bias: at most %d tokens",
+                                    SAMPLING_LOGIT_BIAS_MAX);
+        o->bias_ids[o->bias.n] = id;
+        o->bias_values[o->bias.n++] = (float)d; /* an id twice: refused by logit_bias_validate */
+        break;
+    }
     default:
         return pagoda_error_set(PAGODA_EINVAL, "unknown option (see --help)");
     }
@@ -473,6 +575,9 @@ int main(int argc, char **argv)
         {"cuda-residual-gemm", required_argument, NULL, OPT_CUDA_RESIDUAL_GEMM},
         {"cuda-tma", required_argument, NULL, OPT_CUDA_TMA},
         {"kv-cache-dtype", required_argument, NULL, OPT_KV_CACHE_DTYPE},
+        {"stop-token-ids", required_argument, NULL, OPT_STOP_TOKEN_IDS},
+        {"min-tokens", required_argument, NULL, OPT_MIN_TOKENS},
+        {"logit-bias", required_argument, NULL, OPT_LOGIT_BIAS},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -490,6 +595,7 @@ int main(int argc, char **argv)
         .sampling = sampling_params_default(),
     };
     o.sampling.temperature = 0.0f; /* greedy unless asked otherwise */
+    o.bias = (struct logit_bias){.n = 0, .ids = o.bias_ids, .values = o.bias_values};
     int32_t **prompts = calloc(MAX_PROMPTS, sizeof(*prompts));
     size_t *lens = calloc(MAX_PROMPTS, sizeof(*lens));
     o.texts = calloc(MAX_PROMPTS, sizeof(*o.texts));
@@ -565,6 +671,8 @@ int main(int argc, char **argv)
     if (note[0] != '\0')
         fprintf(stderr, "pagoda-run: warning: %s: the tokenizer's EOS is not a stop id\n", note);
     const struct model_config *c = &cfg;
+    if ((rc = prepare_stops(c, &o)) != 0)
+        goto fail;
 
     /* Text prompts: the model folder's tokenizer, as the router encodes them. */
     for (int p = 0; p < num_prompts; p++) {
@@ -719,6 +827,8 @@ out:
     free(prompts);
     free(lens);
     free(o.texts);
+    free(o.stop_ids);
+    logit_bias_fini(&o.bias_rest);
     text_model_close(tm);
     model_weights_close(w);
     return status;

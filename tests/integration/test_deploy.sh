@@ -201,6 +201,18 @@ answer=$("$bin_dir/pagoda" --url "$url" generate --tokens 1,2,3 --max-tokens 5 -
     --json) || true
 check "the tokenizer's EOS stops a request ($answer)" \
     grep -Eq '"token_ids": *\[7\].*"finish_reason": *"stop"' <<<"$answer"
+# pagoda-run (offline) answers as the group does with stop ids, a logit bias and min_tokens: 3
+# tokens without 9 (nor the EOS ids), then 9.
+flags=(--tokens 1,2,3 --max-tokens 8 --logit-bias 9:100 --logit-bias 5:2.5 --stop-token-ids 9
+    --min-tokens 3 --json)
+answer=$("$bin_dir/pagoda" --url "$url" generate "${flags[@]}") || true
+offline=$("$bin_dir/pagoda-run" --model "$tmp/model" "${flags[@]}") || true
+ids=$(sed -n 's/.*"token_ids": *\[\([0-9, ]*\)\].*"finish_reason": *"\([a-z]*\)".*/\1 \2/p' <<<"$answer")
+check "a request with stop ids, a bias and min_tokens: 3 tokens, then 9 ($ids)" \
+    grep -Eq '^[0-9]+, [0-9]+, [0-9]+, 9 stop$' <<<"$ids"
+check "pagoda-run gives the group's tokens ($offline)" [ "$(sed -n \
+    's/.*"token_ids": *\[\([0-9, ]*\)\].*"finish_reason": *"\([a-z]*\)".*/\1 \2/p' \
+    <<<"$offline")" = "$ids" ]
 pool=$(pool_name)
 check "the kvpool's pool exists while the group runs ($pool)" [ -n "$pool" -a -e "/dev/shm$pool" ]
 
