@@ -1069,11 +1069,14 @@ static void on_liveness_timer(uv_timer_t *t)
     uint64_t now = uv_now(&sup->loop);
     uint64_t last = sup->liveness_tick_ms;
     sup->liveness_tick_ms = now;
-    const uint64_t period = liveness_period_ms(sup);
+    /* Late by two of the heartbeats' periods (not the shorter check's: a second's hiccup under
+     * load would restart every count, and a hung program would never reach its limit). */
+    const uint64_t check = liveness_period_ms(sup);
+    const uint64_t period = sup->opts.heartbeat_ms > 0 ? sup->opts.heartbeat_ms : check;
     if (now - last > 2 * period) {
         log_warn("the liveness check ran %llu ms late (this supervisor was stopped?): counting "
                  "every program's silence from now",
-                 (unsigned long long)(now - last - period));
+                 (unsigned long long)(now - last - check));
         for (int i = 0; i < sup->num_children; i++)
             sup->children[i].alive_ms = now;
         return;

@@ -555,12 +555,19 @@ static int load_generation_config(const char *model_dir, char *path, size_t path
     return rc;
 }
 
-/* Adds id to c's EOS ids unless there already; file names the source in a refusal. */
-static int add_eos(struct model_config *c, int32_t id, const char *file)
+static bool is_eos_id(const struct model_config *c, int32_t id)
 {
     for (int k = 0; k < c->num_eos; k++)
         if (c->eos_token_ids[k] == id)
-            return 0;
+            return true;
+    return false;
+}
+
+/* Adds id to c's EOS ids unless there already; file names the source in a refusal. */
+static int add_eos(struct model_config *c, int32_t id, const char *file)
+{
+    if (is_eos_id(c, id))
+        return 0;
     if (c->num_eos == MODEL_MAX_EOS)
         return pagoda_error_set(PAGODA_ERANGE,
                                 "%s: with config.json's, more than %d eos_token_id values", file,
@@ -689,9 +696,11 @@ done:
 
 /* The id of the token whose text is eos (len bytes): tokenizer.json's (tokenizer_json_id), what
  * transformers' fast tokenizer and the router's find; where that file cannot be read (absent: a
- * slow tokenizer's folder; or broken, which the router refuses for text and says why),
- * tokenizer_config.json's added_tokens_decoder ({"ID": {"content": ...}}, transformers 4.34 and
- * later; config may be NULL). -1 in *out: none. */
+ * slow tokenizer's folder; or broken, which the router refuses for text and says why) or lacks
+ * the token, tokenizer_config.json's added_tokens_decoder ({"ID": {"content": ...}},
+ * transformers 4.34 and later; config may be NULL): transformers' fast tokenizer adds such a
+ * token at its start, numbered next, which is the id the file was written with. -1 in *out:
+ * none. */
 static int find_token_id(const char *model_dir, const json_t *config, const char *eos, size_t len,
                          int32_t *out, char *note, size_t note_size)
 {
@@ -704,10 +713,11 @@ static int find_token_id(const char *model_dir, const json_t *config, const char
     if (rc == 0) {
         rc = tokenizer_json_id(root, eos, len, out);
         json_decref(root);
-        return rc;
-    }
-    if (rc != PAGODA_ENOENT)
+        if (rc != 0 || *out >= 0)
+            return rc;
+    } else if (rc != PAGODA_ENOENT) {
         tell(note, note_size, "%s", pagoda_error_detail());
+    }
     const char *key;
     json_t *v;
     json_object_foreach((json_t *)json_object_get(config, "added_tokens_decoder"), key, v)
@@ -806,15 +816,19 @@ int model_config_add_tokenizer_eos(const char *model_dir, struct model_config *c
                  "the tokenizer's eos_token \"%.200s\" is token %d, past the model's vocabulary "
                  "(%lld)",
                  text, (int)id, (long long)c->vocab_size);
-        else if (rc == 0 && c->num_eos == MODEL_MAX_EOS)
+        else if (rc == 0 && c->num_eos == MODEL_MAX_EOS && !is_eos_id(c, id))
             tell(note, note_size,
                  "the tokenizer's eos_token \"%.200s\" (%d): no room past %d EOS ids", text,
                  (int)id, MODEL_MAX_EOS);
     }
     json_decref(map);
     json_decref(config);
-    if (rc == 0 && id >= 0 && id < c->vocab_size && c->num_eos < MODEL_MAX_EOS)
+    if (rc == 0 && id >= 0 && id < c->vocab_size &&
+        (c->num_eos < MODEL_MAX_EOS || is_eos_id(c, id))) {
         rc = add_eos(c, id, path);
+        if (note != NULL && note_size > 0)
+            note[0] = '\0'; /* a file that could not be read did not keep it from a stop id */
+    }
     return rc;
 }
 
@@ -857,27 +871,32 @@ int model_generation_defaults_load(const char *model_dir, struct model_generatio
         {"repetition_penalty", MODEL_GEN_REPETITION_PENALTY, 1.0},
     };
     struct model_generation_defaults g = {.file = out->file};
+    /* config.json's fields are the model's only by the fallback: one that is not a number
+     * transformers could sample with (a boolean, a string, out of range) is passed over, as vLLM
+     * starts with it; generation_config.json's are refused (the operator's to fix). */
+    const bool lenient = strcmp(g.file, "config.json") == 0;
     for (size_t i = 0; rc == 0 && i < sizeof(fields) / sizeof(fields[0]); i++) {
         double v;
         if ((rc = opt_number(root, NULL, fields[i].key, &v)) == PAGODA_ENOENT) {
             rc = 0;
             continue;
         }
-        if (rc != 0) {
-            rc = with_path(rc, path);
-            break;
-        }
-        if (!(fabs(v) <= 1e30) || (v != 0 && fabs(v) < 1e-30)) {
+        if (rc == 0 && (!(fabs(v) <= 1e30) || (v != 0 && fabs(v) < 1e-30)))
             /* a float's range, with room (1e-50 would be a float's 0, greedy): the sampler's
              * ranges are checked by the caller */
             rc = pagoda_error_set(PAGODA_ERANGE, "%s: \"%s\" %g is out of range", path,
                                   fields[i].key, v);
-            break;
-        }
-        if (fields[i].bit == MODEL_GEN_TOP_K && (v != floor(v) || v > INT32_MAX)) {
+        else if (rc == 0 && fields[i].bit == MODEL_GEN_TOP_K && (v != floor(v) || v > INT32_MAX))
             rc = pagoda_error_set(PAGODA_EFORMAT, "%s: \"top_k\" must be an integer (%g)", path, v);
-            break;
+        else if (rc != 0)
+            rc = with_path(rc, path);
+        if (rc != 0 && lenient && rc != PAGODA_ENOMEM) {
+            rc = 0;
+            pagoda_error_clear();
+            continue;
         }
+        if (rc != 0)
+            break;
         if (v == fields[i].transformers_default)
             continue;
         g.set |= fields[i].bit;

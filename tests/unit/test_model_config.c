@@ -754,6 +754,9 @@ static void test_tokenizer_eos(void **state)
     test_write_text(dir, "generation_config.json",
                     "{\"eos_token_id\": [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15]}");
     expect_eos_note(dir, 16, 15, "(151645): no room past 16 EOS ids");
+    test_write_text(dir, "generation_config.json", /* there already: a stop id, no note */
+                    "{\"eos_token_id\": [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 151645]}");
+    expect_eos(dir, 16, 151645);
     char path[256];
     snprintf(path, sizeof(path), "%s/generation_config.json", dir);
     unlink(path);
@@ -799,6 +802,19 @@ static void test_tokenizer_eos(void **state)
                     "{\"eos_token\": \"</s>\", \"added_tokens_decoder\": {\"77\": {\"content\": "
                     "\"</s>\"}}}");
     expect_eos(dir, 2, 3);
+    /* a token tokenizer.json lacks: added_tokens_decoder's id (transformers' fast tokenizer adds
+     * it at its start, numbered next: the id the file was written with); with tokenizer.json
+     * broken too, and then no note (the EOS is a stop id all the same) */
+    test_write_text(dir, "tokenizer_config.json",
+                    "{\"eos_token\": \"<|im_end|>\", \"added_tokens_decoder\": {\"5\": "
+                    "{\"content\": \"<|im_end|>\"}}}");
+    expect_eos(dir, 2, 5);
+    test_write_text(dir, "tokenizer.json", "{");
+    expect_eos(dir, 2, 5);
+    test_write_text(dir, "tokenizer.json",
+                    "{\"added_tokens\": [{\"id\": 3, \"content\": \"<a>\"}, {\"id\": 9, "
+                    "\"content\": \"<a>\"}, {\"id\": 4, \"content\": \"</s>\"}], \"model\": "
+                    "{\"vocab\": {\"x\": 0, \"y\": 1}}}");
     test_write_text(dir, "tokenizer_config.json", "{\"eos_token\": \"</s>\"}");
 
     /* what adds nothing */
@@ -917,9 +933,12 @@ static void test_generation_sampling_defaults(void **state)
     assert_int_equal(model_generation_defaults_load(dir, &g), 0);
     assert_int_equal(g.set, MODEL_GEN_TEMPERATURE);
     assert_true(g.temperature == 0.7);
-    test_write_text(dir, "config.json", "{\"top_k\": \"20\"}");
-    assert_int_equal(model_generation_defaults_load(dir, &g), PAGODA_EFORMAT);
-    assert_non_null(strstr(pagoda_error_detail(), "config.json: \"top_k\""));
+    /* what transformers could not sample with is passed over there, as vLLM starts with it */
+    test_write_text(dir, "config.json",
+                    "{\"top_k\": \"20\", \"temperature\": true, \"top_p\": 1e300, \"min_p\": 0.5, "
+                    "\"repetition_penalty\": 1.5}");
+    assert_int_equal(model_generation_defaults_load(dir, &g), 0);
+    assert_int_equal(g.set, MODEL_GEN_MIN_P | MODEL_GEN_REPETITION_PENALTY);
     test_write_text(dir, "generation_config.json", "{\"top_p\": 0.8}"); /* the file wins */
     assert_int_equal(model_generation_defaults_load(dir, &g), 0);
     assert_int_equal(g.set, MODEL_GEN_TOP_P);

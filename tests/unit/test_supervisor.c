@@ -1344,6 +1344,35 @@ static void test_stopped_supervisor_kills_nobody(void **state)
     free(text);
 }
 
+/* The supervisor's own hiccups (its loop stopped 1.1 s at a time, as swapping or a starved CPU
+ * would) shorter than two heartbeat periods restart no count: a router that hangs meanwhile is
+ * killed all the same. When the check ran every 500 ms and counted a tick 1 s late as a stopped
+ * supervisor, each hiccup restarted every program's silence and the hung router lived on. */
+static void test_supervisor_hiccups_do_not_hide_a_hung_program(void **state)
+{
+    struct fx *f = *state;
+    const char *extra[] = {"--heartbeat-ms", "1000", "--heartbeat-misses", "3", NULL};
+    start_sup(f, extra);
+    assert_true(wait_ready_file(f, 10000));
+    int router = fake_pid(f, "router");
+    assert_true(router > 0);
+    assert_int_equal(kill(router, SIGSTOP), 0);
+    int killed = 0;
+    for (int i = 0; i < 8 && !killed; i++) {
+        sleep_ms(700);
+        assert_int_equal(kill(f->sup, SIGSTOP), 0);
+        sleep_ms(1100);
+        assert_int_equal(kill(f->sup, SIGCONT), 0);
+        char *text = read_text(f->out);
+        killed = text != NULL && strstr(text, "sent no heartbeat for") != NULL;
+        free(text);
+    }
+    if (!killed)
+        kill(router, SIGCONT);
+    assert_true(killed);
+    stop_sup(f);
+}
+
 /* The same for a program that is running but whose loop no longer turns (the fake stops its
  * loop, heartbeats included, and ignores SIGTERM). */
 static void test_hung_loop_is_killed_and_restarted(void **state)
@@ -1500,6 +1529,8 @@ int main(int argc, char **argv)
                                         teardown),
         cmocka_unit_test_setup_teardown(test_hung_loop_is_killed_and_restarted, setup, teardown),
         cmocka_unit_test_setup_teardown(test_stopped_supervisor_kills_nobody, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_supervisor_hiccups_do_not_hide_a_hung_program, setup,
+                                        teardown),
         cmocka_unit_test_setup_teardown(test_heartbeat_off_leaves_a_stopped_program, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_kvpool_pool_is_kept_across_restarts, setup, teardown),
