@@ -153,11 +153,6 @@ static int prepare_stops(const struct model_config *c, struct run_opts *o)
     if ((rc = logit_bias_validate(o->bias.ids, (size_t)o->bias.n, o->bias.values, (size_t)o->bias.n,
                                   c->vocab_size)) != 0)
         return rc;
-    for (size_t i = 0; i < o->num_stop; i++)
-        if (o->stop_ids[i] >= c->vocab_size)
-            return pagoda_error_set(PAGODA_ERANGE,
-                                    "--stop-token-ids: %d is outside the vocabulary (size %lld)",
-                                    (int)o->stop_ids[i], (long long)c->vocab_size);
     if (o->sampling.min_tokens > o->max_tokens)
         return pagoda_error_set(PAGODA_ERANGE, "--min-tokens %d is more than --max-tokens %d",
                                 (int)o->sampling.min_tokens, (int)o->max_tokens);
@@ -165,7 +160,8 @@ static int prepare_stops(const struct model_config *c, struct run_opts *o)
     for (size_t i = 0; i < (size_t)c->num_eos + o->num_stop; i++) {
         int32_t id =
             i < (size_t)c->num_eos ? c->eos_token_ids[i] : o->stop_ids[i - (size_t)c->num_eos];
-        int seen = 0;
+        int seen = id >= c->vocab_size; /* a stop id past the vocabulary is never drawn (the
+                                         * group takes it too) */
         for (int32_t k = 0; k < o->num_suppress && !seen; k++)
             seen = o->suppress[k] == id;
         if (!seen)
@@ -244,10 +240,11 @@ struct step_buf {
     struct logit_entry *entries; /* the rows' logit bias and suppressed ids */
 };
 
-static int generate(struct backend *be, struct seq *seqs, int num_seqs, int32_t block_size,
-                    int32_t max_blocks, const struct run_opts *o)
+/* c: the model's config with the tokenizer's EOS (the backend's has config.json's and
+ * generation_config.json's alone). */
+static int generate(struct backend *be, const struct model_config *c, struct seq *seqs,
+                    int num_seqs, int32_t block_size, int32_t max_blocks, const struct run_opts *o)
 {
-    const struct model_config *c = backend_config(be);
     struct step_buf sb = {0};
     size_t budget = (size_t)o->max_batched_tokens;
     int rc = PAGODA_ENOMEM;
@@ -780,7 +777,7 @@ int main(int argc, char **argv)
     }
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    if ((rc = generate(be, seqs, num_prompts, o.block_size, max_blocks, &o)) != 0)
+    if ((rc = generate(be, c, seqs, num_prompts, o.block_size, max_blocks, &o)) != 0)
         goto fail;
     clock_gettime(CLOCK_MONOTONIC, &t1);
     int failed = 0;

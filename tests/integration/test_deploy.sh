@@ -213,6 +213,11 @@ check "a request with stop ids, a bias and min_tokens: 3 tokens, then 9 ($ids)" 
 check "pagoda-run gives the group's tokens ($offline)" [ "$(sed -n \
     's/.*"token_ids": *\[\([0-9, ]*\)\].*"finish_reason": *"\([a-z]*\)".*/\1 \2/p' \
     <<<"$offline")" = "$ids" ]
+# ... and stops at the tokenizer's EOS (7) as the group does, once min_tokens lets it
+offline=$("$bin_dir/pagoda-run" --model "$tmp/model" --tokens 1,2,3 --max-tokens 6 \
+    --logit-bias 7:100 --min-tokens 2 --json) || true
+check "pagoda-run stops at the tokenizer's EOS after min_tokens ($offline)" \
+    grep -Eq '"token_ids": *\[[0-9]+, [0-9]+, 7\].*"finish_reason": *"stop"' <<<"$offline"
 pool=$(pool_name)
 check "the kvpool's pool exists while the group runs ($pool)" [ -n "$pool" -a -e "/dev/shm$pool" ]
 
