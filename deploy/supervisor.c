@@ -1069,16 +1069,23 @@ static void on_liveness_timer(uv_timer_t *t)
     uint64_t now = uv_now(&sup->loop);
     uint64_t last = sup->liveness_tick_ms;
     sup->liveness_tick_ms = now;
-    /* Late by two of the heartbeats' periods (not the shorter check's: a second's hiccup under
-     * load would restart every count, and a hung program would never reach its limit). */
+    /* A tick late by more than a period: the time this supervisor did not run is nobody's
+     * silence, so every count moves on by it, and this tick decides nothing (stuck starts
+     * included): the messages that queued meanwhile (heartbeats, readies) are read before the
+     * next. Counts are not
+     * restarted: hiccups of a second under load, each one late, then never let a hung program
+     * reach its limit (a review's repro); nor is a tick late only past two heartbeat periods,
+     * which killed healthy programs after a shorter stop where --heartbeat-misses is 1 or 2. */
     const uint64_t check = liveness_period_ms(sup);
-    const uint64_t period = sup->opts.heartbeat_ms > 0 ? sup->opts.heartbeat_ms : check;
-    if (now - last > 2 * period) {
-        log_warn("the liveness check ran %llu ms late (this supervisor was stopped?): counting "
-                 "every program's silence from now",
-                 (unsigned long long)(now - last - check));
-        for (int i = 0; i < sup->num_children; i++)
-            sup->children[i].alive_ms = now;
+    if (now - last > 2 * check) {
+        const uint64_t lost = now - last - check;
+        log_warn("the liveness check ran %llu ms late (this supervisor was stopped?): that time "
+                 "is not counted as any program's silence",
+                 (unsigned long long)lost);
+        for (int i = 0; i < sup->num_children; i++) {
+            struct child *c = &sup->children[i];
+            c->alive_ms = c->alive_ms + lost < now ? c->alive_ms + lost : now;
+        }
         return;
     }
     uint64_t limit_ms = sup->opts.heartbeat_ms * (uint64_t)sup->opts.heartbeat_misses;

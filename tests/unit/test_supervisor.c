@@ -1344,32 +1344,42 @@ static void test_stopped_supervisor_kills_nobody(void **state)
     free(text);
 }
 
-/* The supervisor's own hiccups (its loop stopped 1.1 s at a time, as swapping or a starved CPU
- * would) shorter than two heartbeat periods restart no count: a router that hangs meanwhile is
- * killed all the same. When the check ran every 500 ms and counted a tick 1 s late as a stopped
- * supervisor, each hiccup restarted every program's silence and the hung router lived on. */
+/* The supervisor's own hiccups (its loop stopped 1.4 s at a time, as swapping or a starved CPU
+ * would, with --heartbeat-ms 1000 --heartbeat-misses 2): the time it did not run is nobody's
+ * silence, so the healthy programs live on, and a router that hangs meanwhile is killed all the
+ * same. Before, a late tick restarted every count (each hiccup, and the hung router lived on), or
+ * was late only past two heartbeat periods (and the healthy programs were killed). */
 static void test_supervisor_hiccups_do_not_hide_a_hung_program(void **state)
 {
     struct fx *f = *state;
-    const char *extra[] = {"--heartbeat-ms", "1000", "--heartbeat-misses", "3", NULL};
+    const char *extra[] = {"--heartbeat-ms", "1000", "--heartbeat-misses", "2", NULL};
     start_sup(f, extra);
     assert_true(wait_ready_file(f, 10000));
     int router = fake_pid(f, "router");
     assert_true(router > 0);
     assert_int_equal(kill(router, SIGSTOP), 0);
     int killed = 0;
-    for (int i = 0; i < 8 && !killed; i++) {
+    for (int i = 0; i < 10 && !killed; i++) {
         sleep_ms(700);
         assert_int_equal(kill(f->sup, SIGSTOP), 0);
-        sleep_ms(1100);
+        sleep_ms(1400);
         assert_int_equal(kill(f->sup, SIGCONT), 0);
         char *text = read_text(f->out);
-        killed = text != NULL && strstr(text, "sent no heartbeat for") != NULL;
+        killed = text != NULL && strstr(text, "router (pid") != NULL &&
+                 strstr(text, "sent no heartbeat for") != NULL;
         free(text);
     }
     if (!killed)
         kill(router, SIGCONT);
     assert_true(killed);
+    assert_output_has(f, "is not counted as any program's silence");
+    char *text = read_text(f->out);
+    assert_non_null(text);
+    int kills = 0;
+    for (const char *p = text; (p = strstr(p, "sent no heartbeat for")) != NULL; p++)
+        kills++;
+    free(text);
+    assert_int_equal(kills, 1); /* the hung router's alone */
     stop_sup(f);
 }
 
