@@ -626,81 +626,123 @@ static void tell(char *note, size_t note_size, const char *fmt, ...)
     va_end(ap);
 }
 
-/* Whether text (len bytes) is in tokenizer.json's model vocabulary (vocab: an object of text to
- * id; index: a Unigram list's texts to their index, or NULL); then *out is its id. */
-static bool vocab_id(const json_t *vocab, const json_t *index, const char *text, size_t len,
-                     int32_t *out)
+/* tokenizer.json's ids as HF tokenizers gives them: the model vocabulary's (an object of text to
+ * id; a Unigram model's list of [text, score], where the id is the index), then its added_tokens'
+ * as HF's AddedVocabulary numbers them, whatever the file's "id" says: in order, a token the
+ * vocabulary has keeps its id, a repeat its first, any other takes the next id past the largest
+ * so far, or the vocabulary's size (an empty content is passed over). tokenizer/tokenizer.c
+ * parse_added, the router's tokenizer, numbers them alike, so that the id stopped at is the one
+ * the router encodes the text to. */
+struct tok_ids {
+    const json_t *vocab;
+    json_t *index; /* a Unigram list's texts to their index; NULL for an object */
+    json_t *added; /* added_tokens' contents to their ids */
+    int64_t next;  /* the id a token added next takes */
+};
+
+static void tok_ids_fini(struct tok_ids *t)
 {
-    return token_id(json_object_getn(index != NULL ? index : vocab, text, len), out);
+    json_decref(t->index);
+    json_decref(t->added);
 }
 
-/* The id HF tokenizers gives the text (len bytes) in tokenizer.json (root): the model
- * vocabulary's (an object of text to id; a Unigram model's list of [text, score], where the id is
- * the index), else its added_tokens' as HF's AddedVocabulary numbers them, whatever the file's
- * "id" says: in order, a token the vocabulary has keeps its id, a repeat its first, any other
- * takes the next id past the largest so far, or the vocabulary's size (an empty content is passed
- * over). tokenizer/tokenizer.c parse_added, the router's tokenizer, numbers them alike, so that the
- * id stopped at is the one the router encodes the text to. -1 in *out: none. */
-static int tokenizer_json_id(const json_t *root, const char *text, size_t len, int32_t *out)
+/* Whether text (len bytes) has an id in t; then *out is it. */
+static bool tok_ids_find(const struct tok_ids *t, const char *text, size_t len, int32_t *out)
 {
-    *out = -1;
-    const json_t *vocab = json_object_get(json_object_get(root, "model"), "vocab");
-    json_t *index = NULL, *seen = json_object(), *v;
-    int rc = seen == NULL ? PAGODA_ENOMEM : 0;
+    return token_id(json_object_getn(t->index != NULL ? t->index : t->vocab, text, len), out) ||
+           token_id(json_object_getn(t->added, text, len), out);
+}
+
+static int tok_ids_build(const json_t *root, struct tok_ids *t)
+{
+    *t = (struct tok_ids){.vocab = json_object_get(json_object_get(root, "model"), "vocab")};
+    json_t *v;
     size_t i;
-    if (rc == 0 && json_is_array(vocab)) {
-        if ((index = json_object()) == NULL)
-            rc = PAGODA_ENOMEM;
-        json_array_foreach(vocab, i, v)
+    if ((t->added = json_object()) == NULL)
+        return PAGODA_ENOMEM;
+    if (json_is_array(t->vocab)) {
+        if ((t->index = json_object()) == NULL)
+            return PAGODA_ENOMEM;
+        json_array_foreach(t->vocab, i, v)
         {
-            const json_t *t = json_array_get(v, 0);
-            if (rc == 0 && json_is_string(t) && i <= INT32_MAX &&
-                json_object_setn_new(index, json_string_value(t), json_string_length(t),
+            const json_t *text = json_array_get(v, 0);
+            if (json_is_string(text) && i <= INT32_MAX &&
+                json_object_setn_new(t->index, json_string_value(text), json_string_length(text),
                                      json_integer((json_int_t)i)) != 0)
-                rc = PAGODA_ENOMEM;
+                return PAGODA_ENOMEM;
         }
     }
-    if (rc != 0 || vocab_id(vocab, index, text, len, out))
-        goto done;
-    const size_t count = json_is_array(vocab) ? json_array_size(vocab) : json_object_size(vocab);
+    const size_t count =
+        json_is_array(t->vocab) ? json_array_size(t->vocab) : json_object_size(t->vocab);
     int64_t max_id = -1;
     json_array_foreach(json_object_get(root, "added_tokens"), i, v)
     {
         const json_t *content = json_object_get(v, "content");
         const char *c = json_string_value(content);
         size_t n = json_string_length(content);
-        if (c == NULL || n == 0 || json_object_getn(seen, c, n) != NULL)
-            continue;
         int32_t vid;
-        int64_t id = vocab_id(vocab, index, c, n, &vid)                       ? vid
+        if (c == NULL || n == 0 || json_object_getn(t->added, c, n) != NULL)
+            continue;
+        bool in_vocab =
+            token_id(json_object_getn(t->index != NULL ? t->index : t->vocab, c, n), &vid);
+        int64_t id = in_vocab                                                 ? vid
                      : max_id >= 0 && ((size_t)max_id >= count || count == 0) ? max_id + 1
                                                                               : (int64_t)count;
         if (id > INT32_MAX)
             break;
         if (id > max_id)
             max_id = id;
-        if (n == len && memcmp(c, text, len) == 0) {
-            *out = (int32_t)id;
-            break;
-        }
-        if (json_object_setn_new(seen, c, n, json_integer(id)) != 0) {
-            rc = PAGODA_ENOMEM;
-            break;
-        }
+        if (json_object_setn_new(t->added, c, n, json_integer(id)) != 0)
+            return PAGODA_ENOMEM;
     }
-done:
-    json_decref(index);
-    json_decref(seen);
-    return rc;
+    t->next = max_id >= 0 && ((size_t)max_id >= count || count == 0) ? max_id + 1 : (int64_t)count;
+    return 0;
 }
 
-/* The id of the token whose text is eos (len bytes): tokenizer.json's (tokenizer_json_id), what
- * transformers' fast tokenizer and the router's find; where that file cannot be read (absent: a
- * slow tokenizer's folder; or broken, which the router refuses for text and says why) or lacks
- * the token, tokenizer_config.json's added_tokens_decoder ({"ID": {"content": ...}},
- * transformers 4.34 and later; config may be NULL): transformers' fast tokenizer adds such a
- * token at its start, numbered next, which is the id the file was written with. -1 in *out:
- * none. */
+/* Where tokenizer.json lacks the token eos (len bytes) that tokenizer_config.json's
+ * added_tokens_decoder ({"ID": {"content": ...}}) lists: transformers' fast tokenizer adds, at its
+ * start, the decoder's tokens that tokenizer.json lacks, in the order of their ids, each numbered
+ * next; *out is the id eos takes so, -1 where the decoder does not list it. */
+static void decoder_added_id(const json_t *config, const struct tok_ids *t, const char *eos,
+                             size_t len, int32_t *out)
+{
+    *out = -1;
+    const json_t *decoder = json_object_get(config, "added_tokens_decoder");
+    const char *key;
+    json_t *v;
+    long long eos_key = -1;
+    json_object_foreach((json_t *)decoder, key, v)
+    {
+        char *end;
+        long long k = strtoll(key, &end, 10);
+        if (same_text(json_object_get(v, "content"), eos, len) && *key != '\0' && *end == '\0' &&
+            k >= 0 && (eos_key < 0 || k < eos_key))
+            eos_key = k;
+    }
+    if (eos_key < 0)
+        return;
+    int64_t before = 0; /* the decoder's tokens tokenizer.json lacks, with a smaller id */
+    json_object_foreach((json_t *)decoder, key, v)
+    {
+        char *end;
+        long long k = strtoll(key, &end, 10);
+        const json_t *content = json_object_get(v, "content");
+        int32_t id;
+        if (*key != '\0' && *end == '\0' && k >= 0 && k < eos_key && json_is_string(content) &&
+            json_string_length(content) > 0 &&
+            !tok_ids_find(t, json_string_value(content), json_string_length(content), &id))
+            before++;
+    }
+    if (t->next + before <= INT32_MAX)
+        *out = (int32_t)(t->next + before);
+}
+
+/* The id of the token whose text is eos (len bytes): tokenizer.json's (struct tok_ids), what
+ * transformers' fast tokenizer and the router's find, or the one that tokenizer adds from
+ * added_tokens_decoder where tokenizer.json lacks it (decoder_added_id); where tokenizer.json
+ * cannot be read (absent: a slow tokenizer's folder; or broken, which the router refuses for text
+ * and says why), added_tokens_decoder's key (what transformers 4.34 and later write; config may be
+ * NULL). -1 in *out: none. */
 static int find_token_id(const char *model_dir, const json_t *config, const char *eos, size_t len,
                          int32_t *out, char *note, size_t note_size)
 {
@@ -711,13 +753,15 @@ static int find_token_id(const char *model_dir, const json_t *config, const char
         load_model_json_max(model_dir, "tokenizer.json", MODEL_TOKENIZER_MAX_BYTES,
                             JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, path, sizeof(path), &root);
     if (rc == 0) {
-        rc = tokenizer_json_id(root, eos, len, out);
+        struct tok_ids t;
+        if ((rc = tok_ids_build(root, &t)) == 0 && !tok_ids_find(&t, eos, len, out))
+            decoder_added_id(config, &t, eos, len, out);
+        tok_ids_fini(&t);
         json_decref(root);
-        if (rc != 0 || *out >= 0)
-            return rc;
-    } else if (rc != PAGODA_ENOENT) {
-        tell(note, note_size, "%s", pagoda_error_detail());
+        return rc;
     }
+    if (rc != PAGODA_ENOENT)
+        tell(note, note_size, "%s", pagoda_error_detail());
     const char *key;
     json_t *v;
     json_object_foreach((json_t *)json_object_get(config, "added_tokens_decoder"), key, v)

@@ -216,11 +216,22 @@ static int load_sampling_defaults(const char *dir, struct sampling_params *out)
     struct sampling_params s = sampling_params_default();
     char said[256] = "";
     size_t len = 0;
+    /* config.json's values are the model's by the fallback alone: one out of the sampler's range
+     * is passed over, with a warning (vLLM starts with it), where generation_config.json's stops
+     * the start. */
+    const int lenient = strcmp(g.file, "config.json") == 0;
 #define TAKE(bit, field, fmt, value)                                                               \
     if (g.set & (bit)) {                                                                           \
+        struct sampling_params before = s;                                                         \
         s.field = value;                                                                           \
-        len += (size_t)snprintf(said + len, len < sizeof(said) ? sizeof(said) - len : 0,           \
-                                "%s" #field " " fmt, len ? ", " : "", s.field);                    \
+        if (lenient && sampling_params_validate(&s) != 0) {                                        \
+            log_warn("%s/config.json: %s: not used as a sampling default", dir,                    \
+                     pagoda_error_detail());                                                       \
+            s = before;                                                                            \
+        } else {                                                                                   \
+            len += (size_t)snprintf(said + len, len < sizeof(said) ? sizeof(said) - len : 0,       \
+                                    "%s" #field " " fmt, len ? ", " : "", s.field);                \
+        }                                                                                          \
     }
     TAKE(MODEL_GEN_TEMPERATURE, temperature, "%g", (float)g.temperature)
     TAKE(MODEL_GEN_TOP_P, top_p, "%g", (float)g.top_p)
@@ -233,7 +244,7 @@ static int load_sampling_defaults(const char *dir, struct sampling_params *out)
         snprintf(why, sizeof(why), "%s", pagoda_error_detail());
         return pagoda_error_set(rc, "%s/%s: %s", dir, g.file, why);
     }
-    if (g.set != 0)
+    if (len > 0)
         log_warn("%s/%s's sampling defaults apply to requests that leave them out "
                  "(--generation-config vllm: not): %s",
                  dir, g.file, said);

@@ -802,15 +802,17 @@ static void test_tokenizer_eos(void **state)
                     "{\"eos_token\": \"</s>\", \"added_tokens_decoder\": {\"77\": {\"content\": "
                     "\"</s>\"}}}");
     expect_eos(dir, 2, 3);
-    /* a token tokenizer.json lacks: added_tokens_decoder's id (transformers' fast tokenizer adds
-     * it at its start, numbered next: the id the file was written with); with tokenizer.json
-     * broken too, and then no note (the EOS is a stop id all the same) */
+    /* a token tokenizer.json lacks: transformers' fast tokenizer adds added_tokens_decoder's
+     * tokens tokenizer.json lacks at its start, in the order of their ids, each numbered next
+     * (past <a> 2 and </s> 3: <b> 4, <|im_end|> 5; the decoder's own keys are not the ids); with
+     * tokenizer.json broken, the decoder's key, and then no note (a stop id all the same) */
     test_write_text(dir, "tokenizer_config.json",
-                    "{\"eos_token\": \"<|im_end|>\", \"added_tokens_decoder\": {\"5\": "
-                    "{\"content\": \"<|im_end|>\"}}}");
+                    "{\"eos_token\": \"<|im_end|>\", \"added_tokens_decoder\": {\"9\": "
+                    "{\"content\": \"<|im_end|>\"}, \"1\": {\"content\": \"<b>\"}, \"3\": "
+                    "{\"content\": \"</s>\"}}}");
     expect_eos(dir, 2, 5);
     test_write_text(dir, "tokenizer.json", "{");
-    expect_eos(dir, 2, 5);
+    expect_eos(dir, 2, 9);
     test_write_text(dir, "tokenizer.json",
                     "{\"added_tokens\": [{\"id\": 3, \"content\": \"<a>\"}, {\"id\": 9, "
                     "\"content\": \"<a>\"}, {\"id\": 4, \"content\": \"</s>\"}], \"model\": "

@@ -804,8 +804,16 @@ static void test_generation_config_defaults(void **state)
     assert_int_not_equal(rtr_router_check(typo, err, sizeof(err)), 0);
     assert_non_null(strstr(err, "--generation-config: auto or vllm"));
 
+    /* without generation_config.json, config.json's (vLLM's from_model_config): a value out of
+     * the sampler's range there is passed over, the start goes on */
     char path[256];
     snprintf(path, sizeof(path), "%s/generation_config.json", dir);
+    unlink(path);
+    test_write_text(dir, "config.json", "{\"temperature\": -1, \"top_p\": 0.25}");
+    assert_int_equal(rtr_router_check(args, err, sizeof(err)), 0);
+    s = sampled_with(args, all);
+    assert_true(s.temperature == 1.0f && s.top_p == 0.25f);
+    snprintf(path, sizeof(path), "%s/config.json", dir);
     unlink(path);
     rmdir(dir);
 }
