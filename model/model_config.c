@@ -699,6 +699,17 @@ static int tok_ids_build(const json_t *root, struct tok_ids *t)
     return 0;
 }
 
+/* Whether an added_tokens_decoder key is a decimal id in [0, INT32_MAX]; then *out is it. */
+static bool decoder_key(const char *key, int32_t *out)
+{
+    char *end;
+    long long k = strtoll(key, &end, 10);
+    if (*key == '\0' || *end != '\0' || k < 0 || k > INT32_MAX)
+        return false;
+    *out = (int32_t)k;
+    return true;
+}
+
 /* Where tokenizer.json lacks the token eos (len bytes) that tokenizer_config.json's
  * added_tokens_decoder ({"ID": {"content": ...}}) lists: transformers' fast tokenizer adds, at its
  * start, the decoder's tokens that tokenizer.json lacks, in the order of their ids, each numbered
@@ -710,13 +721,11 @@ static void decoder_added_id(const json_t *config, const struct tok_ids *t, cons
     const json_t *decoder = json_object_get(config, "added_tokens_decoder");
     const char *key;
     json_t *v;
-    long long eos_key = -1;
+    int32_t eos_key = -1, k;
     json_object_foreach((json_t *)decoder, key, v)
     {
-        char *end;
-        long long k = strtoll(key, &end, 10);
-        if (same_text(json_object_get(v, "content"), eos, len) && *key != '\0' && *end == '\0' &&
-            k >= 0 && (eos_key < 0 || k < eos_key))
+        if (same_text(json_object_get(v, "content"), eos, len) && decoder_key(key, &k) &&
+            (eos_key < 0 || k < eos_key))
             eos_key = k;
     }
     if (eos_key < 0)
@@ -724,11 +733,9 @@ static void decoder_added_id(const json_t *config, const struct tok_ids *t, cons
     int64_t before = 0; /* the decoder's tokens tokenizer.json lacks, with a smaller id */
     json_object_foreach((json_t *)decoder, key, v)
     {
-        char *end;
-        long long k = strtoll(key, &end, 10);
         const json_t *content = json_object_get(v, "content");
         int32_t id;
-        if (*key != '\0' && *end == '\0' && k >= 0 && k < eos_key && json_is_string(content) &&
+        if (decoder_key(key, &k) && k < eos_key && json_is_string(content) &&
             json_string_length(content) > 0 &&
             !tok_ids_find(t, json_string_value(content), json_string_length(content), &id))
             before++;
@@ -766,13 +773,8 @@ static int find_token_id(const char *model_dir, const json_t *config, const char
     json_t *v;
     json_object_foreach((json_t *)json_object_get(config, "added_tokens_decoder"), key, v)
     {
-        char *end;
-        long id = strtol(key, &end, 10);
-        if (same_text(json_object_get(v, "content"), eos, len) && *key != '\0' && *end == '\0' &&
-            id >= 0 && id <= INT32_MAX) {
-            *out = (int32_t)id;
+        if (same_text(json_object_get(v, "content"), eos, len) && decoder_key(key, out))
             break;
-        }
     }
     return 0;
 }
