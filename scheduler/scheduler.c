@@ -2,6 +2,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "kernels/cpu/logit_bias.h"
 #include "kernels/cpu/sampler.h"
 #include "scheduler/block_manager.h"
 #include "scheduler/scheduler_impl.h"
@@ -675,22 +676,9 @@ void sched_fill_sampling(const struct scheduler *s, struct seq *q,
     q->num_suppress = 0;
     if (q->sampling.min_tokens <= 0)
         return;
-    const int32_t *lists[2] = {s->worker.eos_ids, q->stop_ids};
-    /* the EOS ids also with ignore_eos, as vLLM's _all_stop_token_ids: ignore_eos decides only
-     * whether an EOS ends the request */
-    const int32_t counts[2] = {s->worker.num_eos, q->num_stop_ids};
-    for (int l = 0; l < 2; l++)
-        for (int32_t i = 0; i < counts[l]; i++) {
-            /* an id outside the worker's vocabulary can never be sampled: nothing to suppress
-             * (the mirror refuses it, which failed the request) */
-            if (lists[l][i] < 0 || lists[l][i] >= s->worker.vocab_size)
-                continue;
-            bool seen = false;
-            for (int32_t j = 0; j < q->num_suppress && !seen; j++)
-                seen = q->suppress[j] == lists[l][i];
-            if (!seen)
-                q->suppress[q->num_suppress++] = lists[l][i];
-        }
+    /* an id outside the worker's vocabulary is left out (the mirror would refuse it) */
+    q->num_suppress = stop_ids_suppressed(s->worker.eos_ids, s->worker.num_eos, q->stop_ids,
+                                          q->num_stop_ids, s->worker.vocab_size, q->suppress);
     sp->n_min_tokens_stop_ids = (size_t)q->num_suppress;
     sp->min_tokens_stop_ids = q->suppress;
 }
@@ -699,15 +687,10 @@ void sched_fill_sampling(const struct scheduler *s, struct seq *q,
  * min_tokens of the output is not a stop (the worker suppressed the stop ids there). */
 static Pagoda__Internal__FinishReason stop_reason(const struct scheduler *s, const struct seq *q)
 {
-    int32_t t = q->tokens[q->num_tokens - 1];
-    const bool may_stop = q->num_tokens - q->num_prompt_tokens > q->sampling.min_tokens;
-    if (may_stop && !q->ignore_eos)
-        for (int32_t i = 0; i < s->worker.num_eos; i++)
-            if (t == s->worker.eos_ids[i])
-                return PAGODA__INTERNAL__FINISH_REASON__FINISH_STOP;
-    for (int32_t i = 0; may_stop && i < q->num_stop_ids; i++)
-        if (t == q->stop_ids[i])
-            return PAGODA__INTERNAL__FINISH_REASON__FINISH_STOP;
+    if (stop_token_ends(q->tokens[q->num_tokens - 1], q->num_tokens - q->num_prompt_tokens,
+                        q->sampling.min_tokens, q->ignore_eos, s->worker.eos_ids, s->worker.num_eos,
+                        q->stop_ids, q->num_stop_ids))
+        return PAGODA__INTERNAL__FINISH_REASON__FINISH_STOP;
     if (q->max_tokens > 0 && q->num_tokens - q->num_prompt_tokens >= q->max_tokens)
         return PAGODA__INTERNAL__FINISH_REASON__FINISH_LENGTH;
     if ((int64_t)q->num_tokens >= sched_context_limit(s))

@@ -124,25 +124,13 @@ static int fail(int rc)
     return 1;
 }
 
-static int is_eos(const struct model_config *c, int32_t tok)
-{
-    for (int i = 0; i < c->num_eos; i++)
-        if (c->eos_token_ids[i] == tok)
-            return 1;
-    return 0;
-}
-
-/* Whether a sequence that has just sampled tok (its out_len-th output token) stops there: not
- * before --min-tokens, then at a stop id, or at an EOS id unless --ignore-eos (vLLM's order). */
+/* Whether a sequence that has just sampled tok (its out_len-th output token) stops there: the
+ * group's rule (kernels/cpu/logit_bias.h). */
 static int stops(const struct model_config *c, const struct run_opts *o, int32_t tok,
                  int32_t out_len)
 {
-    if (out_len < o->sampling.min_tokens)
-        return 0;
-    for (size_t i = 0; i < o->num_stop; i++)
-        if (o->stop_ids[i] == tok)
-            return 1;
-    return !o->ignore_eos && is_eos(c, tok);
+    return stop_token_ends(tok, out_len, o->sampling.min_tokens, o->ignore_eos, c->eos_token_ids,
+                           c->num_eos, o->stop_ids, (int32_t)o->num_stop);
 }
 
 /* The distinct union of the EOS ids and the stop ids into o->suppress, and the bias without them
@@ -156,17 +144,9 @@ static int prepare_stops(const struct model_config *c, struct run_opts *o)
     if (o->sampling.min_tokens > o->max_tokens)
         return pagoda_error_set(PAGODA_ERANGE, "--min-tokens %d is more than --max-tokens %d",
                                 (int)o->sampling.min_tokens, (int)o->max_tokens);
-    o->num_suppress = 0;
-    for (size_t i = 0; i < (size_t)c->num_eos + o->num_stop; i++) {
-        int32_t id =
-            i < (size_t)c->num_eos ? c->eos_token_ids[i] : o->stop_ids[i - (size_t)c->num_eos];
-        int seen = id >= c->vocab_size; /* a stop id past the vocabulary is never drawn (the
-                                         * group takes it too) */
-        for (int32_t k = 0; k < o->num_suppress && !seen; k++)
-            seen = o->suppress[k] == id;
-        if (!seen)
-            o->suppress[o->num_suppress++] = id; /* 16 + 64 fit SAMPLING_SUPPRESS_MAX */
-    }
+    /* a stop id past the vocabulary is never drawn (the group takes it too); 16 + 64 ids fit */
+    o->num_suppress = stop_ids_suppressed(c->eos_token_ids, c->num_eos, o->stop_ids,
+                                          (int32_t)o->num_stop, c->vocab_size, o->suppress);
     return logit_bias_without(&o->bias, o->suppress, o->num_suppress, &o->bias_rest);
 }
 

@@ -62,6 +62,40 @@ int logit_suppress_validate(const int32_t *ids, size_t n, int64_t vocab)
     return 0;
 }
 
+int32_t stop_ids_suppressed(const int32_t *eos, int32_t n_eos, const int32_t *stop, int32_t n_stop,
+                            int64_t vocab, int32_t *out)
+{
+    const int32_t *lists[2] = {eos, stop};
+    const int32_t counts[2] = {n_eos, n_stop};
+    int32_t n = 0;
+    for (int l = 0; l < 2; l++)
+        for (int32_t i = 0; i < counts[l]; i++) {
+            const int32_t id = lists[l][i];
+            int seen = id < 0 || id >= vocab;
+            for (int32_t j = 0; j < n && !seen; j++)
+                seen = out[j] == id;
+            if (!seen)
+                out[n++] = id;
+        }
+    return n;
+}
+
+static int among(int32_t tok, const int32_t *ids, int32_t n)
+{
+    for (int32_t i = 0; i < n; i++)
+        if (ids[i] == tok)
+            return 1;
+    return 0;
+}
+
+int stop_token_ends(int32_t tok, int32_t out_len, int32_t min_tokens, int ignore_eos,
+                    const int32_t *eos, int32_t n_eos, const int32_t *stop, int32_t n_stop)
+{
+    if (out_len <= min_tokens)
+        return 0;
+    return (!ignore_eos && among(tok, eos, n_eos)) || among(tok, stop, n_stop);
+}
+
 int logit_bias_copy(struct logit_bias *out, const int32_t *ids, const float *values, size_t n)
 {
     *out = (struct logit_bias){0};

@@ -51,6 +51,25 @@ int logit_bias_validate(const int32_t *ids, size_t n_ids, const float *values, s
  * Returns 0, PAGODA_EINVAL (NULL with n > 0, an id twice) or PAGODA_ERANGE. */
 int logit_suppress_validate(const int32_t *ids, size_t n, int64_t vocab);
 
+/* The stop rules of a request, one definition for the group's scheduler and pagoda-run. A
+ * request's stop tokens are the model's EOS ids and its own stop token ids (each list at most
+ * 64 ids, the scheduler's limits).
+ *
+ * stop_ids_suppressed: what min_tokens suppresses, into out (room for SAMPLING_SUPPRESS_MAX):
+ * the EOS ids, also with ignore_eos (vLLM's _all_stop_token_ids: ignore_eos decides only whether
+ * an EOS ends the request), then the stop ids, each once, in that order, without the ids outside
+ * [0, vocab) (never sampled: nothing to suppress). Returns their number; n_eos + n_stop must not
+ * exceed SAMPLING_SUPPRESS_MAX. */
+int32_t stop_ids_suppressed(const int32_t *eos, int32_t n_eos, const int32_t *stop, int32_t n_stop,
+                            int64_t vocab, int32_t *out);
+
+/* Whether a sequence whose newest token is tok, its out_len-th output token (counted with it),
+ * stops there: never within the first min_tokens tokens of its output (where its stop tokens
+ * were suppressed), then at an EOS id unless ignore_eos, or at one of its stop ids. 1 or 0; the
+ * length limits are the caller's. */
+int stop_token_ends(int32_t tok, int32_t out_len, int32_t min_tokens, int ignore_eos,
+                    const int32_t *eos, int32_t n_eos, const int32_t *stop, int32_t n_stop);
+
 /* *out = a copy of the n pairs (no arrays when n is 0). Returns 0 or PAGODA_ENOMEM (then *out
  * is empty). Does not validate. */
 int logit_bias_copy(struct logit_bias *out, const int32_t *ids, const float *values, size_t n);

@@ -244,6 +244,32 @@ static void test_suppress_ids_checked(void **state)
     assert_int_equal(logit_suppress_validate(ids, SAMPLING_SUPPRESS_MAX + 1, 10), PAGODA_ERANGE);
 }
 
+/* The stop rules the scheduler and pagoda-run share: min_tokens' suppress list and the stop
+ * decision. */
+static void test_stop_rules(void **state)
+{
+    (void)state;
+    const int32_t eos[3] = {2, 9, 2}, stop[4] = {9, 4, -1, 10};
+    int32_t out[SAMPLING_SUPPRESS_MAX];
+    /* the EOS ids first, each once; ids outside [0, 10) left out */
+    assert_int_equal(stop_ids_suppressed(eos, 3, stop, 4, 10, out), 3);
+    assert_int_equal(out[0], 2);
+    assert_int_equal(out[1], 9);
+    assert_int_equal(out[2], 4);
+    assert_int_equal(stop_ids_suppressed(eos, 0, stop, 2, 5, out), 1);
+    assert_int_equal(out[0], 4);
+    assert_int_equal(stop_ids_suppressed(NULL, 0, NULL, 0, 10, out), 0);
+
+    /* no stop within the first min_tokens output tokens, then an EOS or a stop id ends it */
+    assert_false(stop_token_ends(2, 3, 3, 0, eos, 2, stop, 2));
+    assert_true(stop_token_ends(2, 4, 3, 0, eos, 2, stop, 2));
+    assert_true(stop_token_ends(4, 1, 0, 0, eos, 2, stop, 2));
+    assert_false(stop_token_ends(5, 1, 0, 0, eos, 2, stop, 2));
+    /* ignore_eos: an EOS id ends it only as a stop id */
+    assert_false(stop_token_ends(2, 1, 0, 1, eos, 2, stop, 2));
+    assert_true(stop_token_ends(9, 1, 0, 1, eos, 2, stop, 2));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -255,6 +281,7 @@ int main(void)
         cmocka_unit_test(test_logit_bias_read_and_checked),
         cmocka_unit_test(test_logit_entries_build_and_apply),
         cmocka_unit_test(test_suppress_ids_checked),
+        cmocka_unit_test(test_stop_rules),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
