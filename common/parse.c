@@ -6,12 +6,21 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Whether text begins a plain decimal integer, [+-]?[0-9]: what strtoll would also take with
+ * leading white space, which a flag's value does not have. */
+static int starts_integer(const char *text)
+{
+    if (*text == '+' || *text == '-')
+        text++;
+    return *text >= '0' && *text <= '9';
+}
+
 int parse_i64(const char *flag, const char *text, int64_t min, int64_t max, int64_t *out)
 {
     char *end;
     errno = 0;
     long long v = strtoll(text, &end, 10);
-    if (end == text || *end != '\0')
+    if (!starts_integer(text) || end == text || *end != '\0')
         return pagoda_error_set(PAGODA_EINVAL, "%s: '%s' is not an integer", flag, text);
     if (errno == ERANGE || v < min || v > max)
         return pagoda_error_set(PAGODA_ERANGE, "%s: %s is outside [%lld, %lld]", flag, text,
@@ -24,10 +33,14 @@ int parse_f64(const char *flag, const char *text, double min, double max, double
 {
     char *end;
     errno = 0;
-    double v = strtod(text, &end);
-    if (end == text || *end != '\0' || !isfinite(v))
+    /* decimal notation only: strtod's white space, hexadecimal, inf and nan are no flag values */
+    if (text[0] == '\0' || text[strspn(text, "0123456789+-.eE")] != '\0')
         return pagoda_error_set(PAGODA_EINVAL, "%s: '%s' is not a number", flag, text);
-    if (v < min || v > max)
+    double v = strtod(text, &end);
+    if (end == text || *end != '\0' || isnan(v))
+        return pagoda_error_set(PAGODA_EINVAL, "%s: '%s' is not a number", flag, text);
+    /* past the doubles (1e400) is out of range; below them (1e-400) rounds, as JSON's numbers do */
+    if (isinf(v) || v < min || v > max)
         return pagoda_error_set(PAGODA_ERANGE, "%s: %s is outside [%g, %g]", flag, text, min, max);
     *out = v;
     return 0;
@@ -58,7 +71,7 @@ int parse_i32_list(const char *flag, const char *text, int32_t min, int32_t max,
         char *end;
         errno = 0;
         long long v = strtoll(p, &end, 10);
-        if (end == p || (*end != ',' && *end != '\0')) {
+        if (!starts_integer(p) || end == p || (*end != ',' && *end != '\0')) {
             free(values);
             return pagoda_error_set(PAGODA_EINVAL, "%s: '%s' is not a list of integers", flag,
                                     text);

@@ -6,10 +6,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* Parses a decimal integer in [min, max]. Errors: PAGODA_EINVAL (not a number), PAGODA_ERANGE. */
+/* Parses a decimal integer in [min, max] ([+-]?[0-9]+, no white space). Errors: PAGODA_EINVAL
+ * (not a number), PAGODA_ERANGE. */
 int parse_i64(const char *flag, const char *text, int64_t min, int64_t max, int64_t *out);
 
-/* Parses a finite floating-point number in [min, max]. Same errors as parse_i64. */
+/* Parses a finite floating-point number in [min, max], in decimal notation (no white space,
+ * hexadecimal, inf or nan; one past the doubles, 1e400, is out of range, one below them rounds
+ * to 0). Same errors as parse_i64. */
 int parse_f64(const char *flag, const char *text, double min, double max, double *out);
 
 /* Parses "on" (1) or "off" (0) into *out. Errors: PAGODA_EINVAL (anything else). */

@@ -120,6 +120,25 @@ static void test_parse_values(void **state)
     assert_true(d == 0.5);
     assert_int_equal(parse_f64("--t", "nan", 0, 2, &d), PAGODA_EINVAL);
     assert_int_equal(parse_f64("--t", "-1", 0, 2, &d), PAGODA_ERANGE);
+    /* decimal text alone: no white space, hexadecimal or infinity; 1e400 is out of range */
+    assert_int_equal(parse_i64("--n", " 42", 0, 100, &i), PAGODA_EINVAL);
+    assert_int_equal(parse_i64("--n", "+42", 0, 100, &i), 0);
+    assert_int_equal(parse_f64("--t", " 0.5", 0, 2, &d), PAGODA_EINVAL);
+    assert_int_equal(parse_f64("--t", "0x1", 0, 2, &d), PAGODA_EINVAL);
+    assert_int_equal(parse_f64("--t", "inf", -1e9, 1e9, &d), PAGODA_EINVAL);
+    assert_int_equal(parse_f64("--t", "1e400", -1e9, 1e9, &d), PAGODA_ERANGE);
+    assert_int_equal(parse_f64("--t", "-1e400", -1e9, 1e9, &d), PAGODA_ERANGE);
+    assert_int_equal(parse_f64("--t", "1e-400", -1, 1, &d), 0);
+    assert_true(d == 0.0);
+    assert_int_equal(parse_f64("--t", "2.5e-1", 0, 2, &d), 0);
+    assert_true(d == 0.25);
+    int32_t id;
+    assert_int_equal(parse_id_value("--logit-bias", "5:-1.5", 100, &id, &d), 0);
+    assert_true(id == 5 && d == -1.5);
+    assert_int_equal(parse_id_value("--logit-bias", " 5:1", 100, &id, &d), PAGODA_EINVAL);
+    assert_int_equal(parse_id_value("--logit-bias", "5: 1", 100, &id, &d), PAGODA_EINVAL);
+    assert_int_equal(parse_id_value("--logit-bias", "5:0x10", 100, &id, &d), PAGODA_EINVAL);
+    assert_int_equal(parse_id_value("--logit-bias", "5:1e400", 100, &id, &d), PAGODA_ERANGE);
 
     int32_t *v;
     size_t n;
