@@ -39,8 +39,9 @@ int parse_f64(const char *flag, const char *text, double min, double max, double
     double v = strtod(text, &end);
     if (end == text || *end != '\0' || isnan(v))
         return pagoda_error_set(PAGODA_EINVAL, "%s: '%s' is not a number", flag, text);
-    /* past the doubles (1e400) is out of range; below them (1e-400) rounds, as JSON's numbers do */
-    if (isinf(v) || v < min || v > max)
+    /* past the doubles (1e400) or below them (1e-400, which would round to 0: a temperature's
+     * greedy) is out of range */
+    if (errno == ERANGE || isinf(v) || v < min || v > max)
         return pagoda_error_set(PAGODA_ERANGE, "%s: %s is outside [%g, %g]", flag, text, min, max);
     *out = v;
     return 0;

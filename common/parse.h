@@ -11,8 +11,8 @@
 int parse_i64(const char *flag, const char *text, int64_t min, int64_t max, int64_t *out);
 
 /* Parses a finite floating-point number in [min, max], in decimal notation (no white space,
- * hexadecimal, inf or nan; one past the doubles, 1e400, is out of range, one below them rounds
- * to 0). Same errors as parse_i64. */
+ * hexadecimal, inf or nan; a number past or below a double's range, 1e400 or 1e-400, is out of
+ * range). Same errors as parse_i64. */
 int parse_f64(const char *flag, const char *text, double min, double max, double *out);
 
 /* Parses "on" (1) or "off" (0) into *out. Errors: PAGODA_EINVAL (anything else). */

@@ -128,7 +128,8 @@ static void test_parse_values(void **state)
     assert_int_equal(parse_f64("--t", "inf", -1e9, 1e9, &d), PAGODA_EINVAL);
     assert_int_equal(parse_f64("--t", "1e400", -1e9, 1e9, &d), PAGODA_ERANGE);
     assert_int_equal(parse_f64("--t", "-1e400", -1e9, 1e9, &d), PAGODA_ERANGE);
-    assert_int_equal(parse_f64("--t", "1e-400", -1, 1, &d), 0);
+    assert_int_equal(parse_f64("--t", "1e-400", -1, 1, &d), PAGODA_ERANGE);
+    assert_int_equal(parse_f64("--t", "0e-400", -1, 1, &d), 0);
     assert_true(d == 0.0);
     assert_int_equal(parse_f64("--t", "2.5e-1", 0, 2, &d), 0);
     assert_true(d == 0.25);
