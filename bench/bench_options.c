@@ -237,8 +237,12 @@ static int parse_flag(struct options *o, int opt, const char *arg)
     case OPT_IGNORE_EOS:
         o->ignore_eos = 1;
         return 0;
-    case OPT_TEMPERATURE:
-        return parse_f64("--temperature", arg, 0, 1e6, &o->temperature);
+    case OPT_TEMPERATURE: {
+        float f; /* what the requests carry */
+        if ((rc = parse_f32("--temperature", arg, 0, 1e6, &f)) == 0)
+            o->temperature = f;
+        return rc;
+    }
     case OPT_MODEL:
         o->model_dir = arg;
         return 0;

@@ -261,7 +261,7 @@ static int parse_logit_bias(struct cli *o, const char *arg)
 
 static int parse_flag(struct cli *o, int opt, const char *arg)
 {
-    double d;
+    float f;
     int64_t i;
     int rc;
     size_t n;
@@ -300,36 +300,36 @@ static int parse_flag(struct cli *o, int opt, const char *arg)
         o->params.num_stop = o->num_stops;
         return 0;
     case OPT_TEMPERATURE:
-        if ((rc = parse_f64("--temperature", arg, 0, 1e6, &d)) == 0)
-            o->params.temperature = (float)d;
+        if ((rc = parse_f32("--temperature", arg, 0, 1e6, &f)) == 0)
+            o->params.temperature = f;
         return rc;
     case OPT_TOP_P:
-        if ((rc = parse_f64("--top-p", arg, 0, 1, &d)) == 0 && d <= 0)
+        if ((rc = parse_f32("--top-p", arg, 0, 1, &f)) == 0 && f <= 0)
             rc = pagoda_error_set(PAGODA_ERANGE, "--top-p: %s must be in (0, 1]", arg);
         if (rc == 0)
-            o->params.top_p = (float)d;
+            o->params.top_p = f;
         return rc;
     case OPT_TOP_K:
         if ((rc = parse_i64("--top-k", arg, 0, INT32_MAX, &i)) == 0)
             o->params.top_k = (int32_t)i;
         return rc;
     case OPT_MIN_P:
-        if ((rc = parse_f64("--min-p", arg, 0, 1, &d)) == 0)
-            o->params.min_p = (float)d;
+        if ((rc = parse_f32("--min-p", arg, 0, 1, &f)) == 0)
+            o->params.min_p = f;
         return rc;
     case OPT_REP:
-        if ((rc = parse_f64("--repetition-penalty", arg, 0, 1e6, &d)) == 0 && d <= 0)
+        if ((rc = parse_f32("--repetition-penalty", arg, 0, 1e6, &f)) == 0 && f <= 0)
             rc = pagoda_error_set(PAGODA_ERANGE, "--repetition-penalty: %s must be > 0", arg);
         if (rc == 0)
-            o->params.repetition_penalty = (float)d;
+            o->params.repetition_penalty = f;
         return rc;
     case OPT_PRESENCE:
-        if ((rc = parse_f64("--presence-penalty", arg, -2, 2, &d)) == 0)
-            o->params.presence_penalty = (float)d;
+        if ((rc = parse_f32("--presence-penalty", arg, -2, 2, &f)) == 0)
+            o->params.presence_penalty = f;
         return rc;
     case OPT_FREQUENCY:
-        if ((rc = parse_f64("--frequency-penalty", arg, -2, 2, &d)) == 0)
-            o->params.frequency_penalty = (float)d;
+        if ((rc = parse_f32("--frequency-penalty", arg, -2, 2, &f)) == 0)
+            o->params.frequency_penalty = f;
         return rc;
     case OPT_SEED:
         if ((rc = parse_i64("--seed", arg, 0, INT64_MAX, &i)) == 0) {

@@ -2,6 +2,7 @@
 #include "common/error.h"
 
 #include <errno.h>
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,6 +45,19 @@ int parse_f64(const char *flag, const char *text, double min, double max, double
     if (errno == ERANGE || isinf(v) || v < min || v > max)
         return pagoda_error_set(PAGODA_ERANGE, "%s: %s is outside [%g, %g]", flag, text, min, max);
     *out = v;
+    return 0;
+}
+
+int parse_f32(const char *flag, const char *text, double min, double max, float *out)
+{
+    double d;
+    int rc = parse_f64(flag, text, min, max, &d);
+    if (rc != 0)
+        return rc;
+    if (d != 0 && (float)d == 0) /* a temperature's float 0 would decode greedily */
+        return pagoda_error_set(PAGODA_ERANGE, "%s: %s is too small for a float (0 or at least %g)",
+                                flag, text, (double)FLT_MIN);
+    *out = (float)d;
     return 0;
 }
 

@@ -15,6 +15,10 @@ int parse_i64(const char *flag, const char *text, int64_t min, int64_t max, int6
  * range). Same errors as parse_i64. */
 int parse_f64(const char *flag, const char *text, double min, double max, double *out);
 
+/* parse_f64 into a float: also PAGODA_ERANGE for a number other than 0 that a float holds as 0
+ * (1e-50; max must be within a float's range). */
+int parse_f32(const char *flag, const char *text, double min, double max, float *out);
+
 /* Parses "on" (1) or "off" (0) into *out. Errors: PAGODA_EINVAL (anything else). */
 int parse_on_off(const char *flag, const char *text, int *out);
 

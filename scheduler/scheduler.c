@@ -677,6 +677,8 @@ void sched_fill_sampling(const struct scheduler *s, struct seq *q,
     if (q->sampling.min_tokens <= 0)
         return;
     /* an id outside the worker's vocabulary is left out (the mirror would refuse it) */
+    _Static_assert(SCHEDULER_MAX_EOS_IDS + SCHEDULER_MAX_STOP_IDS <= SAMPLING_SUPPRESS_MAX,
+                   "min_tokens suppresses every EOS and stop id");
     q->num_suppress = stop_ids_suppressed(s->worker.eos_ids, s->worker.num_eos, q->stop_ids,
                                           q->num_stop_ids, s->worker.vocab_size, q->suppress);
     sp->n_min_tokens_stop_ids = (size_t)q->num_suppress;

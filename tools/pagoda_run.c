@@ -144,7 +144,8 @@ static int prepare_stops(const struct model_config *c, struct run_opts *o)
     if (o->sampling.min_tokens > o->max_tokens)
         return pagoda_error_set(PAGODA_ERANGE, "--min-tokens %d is more than --max-tokens %d",
                                 (int)o->sampling.min_tokens, (int)o->max_tokens);
-    /* a stop id past the vocabulary is never drawn (the group takes it too); 16 + 64 ids fit */
+    /* a stop id past the vocabulary is never drawn (the group takes it too) */
+    _Static_assert(MODEL_MAX_EOS + MAX_STOP_IDS <= SAMPLING_SUPPRESS_MAX, "o->suppress holds all");
     o->num_suppress = stop_ids_suppressed(c->eos_token_ids, c->num_eos, o->stop_ids,
                                           (int32_t)o->num_stop, c->vocab_size, o->suppress);
     return logit_bias_without(&o->bias, o->suppress, o->num_suppress, &o->bias_rest);
@@ -391,6 +392,7 @@ static int parse_flag(int opt, const char *arg, struct run_opts *o, int32_t ***p
 {
     int64_t i;
     double d;
+    float f;
     int rc = 0;
     switch (opt) {
     case 'm':
@@ -418,32 +420,32 @@ static int parse_flag(int opt, const char *arg, struct run_opts *o, int32_t ***p
             o->max_tokens = (int32_t)i;
         break;
     case OPT_TEMPERATURE:
-        if ((rc = parse_f64("--temperature", arg, 0, 1e6, &d)) == 0)
-            o->sampling.temperature = (float)d;
+        if ((rc = parse_f32("--temperature", arg, 0, 1e6, &f)) == 0)
+            o->sampling.temperature = f;
         break;
     case OPT_TOP_P:
-        if ((rc = parse_f64("--top-p", arg, 0, 1, &d)) == 0)
-            o->sampling.top_p = (float)d;
+        if ((rc = parse_f32("--top-p", arg, 0, 1, &f)) == 0)
+            o->sampling.top_p = f;
         break;
     case OPT_TOP_K:
         if ((rc = parse_i64("--top-k", arg, 0, INT32_MAX, &i)) == 0)
             o->sampling.top_k = (int32_t)i;
         break;
     case OPT_MIN_P:
-        if ((rc = parse_f64("--min-p", arg, 0, 1, &d)) == 0)
-            o->sampling.min_p = (float)d;
+        if ((rc = parse_f32("--min-p", arg, 0, 1, &f)) == 0)
+            o->sampling.min_p = f;
         break;
     case OPT_REP:
-        if ((rc = parse_f64("--repetition-penalty", arg, 0, 1e6, &d)) == 0)
-            o->sampling.repetition_penalty = (float)d;
+        if ((rc = parse_f32("--repetition-penalty", arg, 0, 1e6, &f)) == 0)
+            o->sampling.repetition_penalty = f;
         break;
     case OPT_PRESENCE:
-        if ((rc = parse_f64("--presence-penalty", arg, -2, 2, &d)) == 0)
-            o->sampling.presence_penalty = (float)d;
+        if ((rc = parse_f32("--presence-penalty", arg, -2, 2, &f)) == 0)
+            o->sampling.presence_penalty = f;
         break;
     case OPT_FREQUENCY:
-        if ((rc = parse_f64("--frequency-penalty", arg, -2, 2, &d)) == 0)
-            o->sampling.frequency_penalty = (float)d;
+        if ((rc = parse_f32("--frequency-penalty", arg, -2, 2, &f)) == 0)
+            o->sampling.frequency_penalty = f;
         break;
     case OPT_SEED:
         if ((rc = parse_i64("--seed", arg, 0, INT64_MAX, &i)) == 0)

@@ -133,6 +133,12 @@ static void test_parse_values(void **state)
     assert_true(d == 0.0);
     assert_int_equal(parse_f64("--t", "2.5e-1", 0, 2, &d), 0);
     assert_true(d == 0.25);
+    float f;
+    assert_int_equal(parse_f32("--t", "1e-50", 0, 2, &f), PAGODA_ERANGE);
+    assert_int_equal(parse_f32("--t", "1e-30", 0, 2, &f), 0);
+    assert_true(f == 1e-30f);
+    assert_int_equal(parse_f32("--t", "0", 0, 2, &f), 0);
+    assert_true(f == 0.0f);
     int32_t id;
     assert_int_equal(parse_id_value("--logit-bias", "5:-1.5", 100, &id, &d), 0);
     assert_true(id == 5 && d == -1.5);
@@ -150,6 +156,8 @@ static void test_parse_values(void **state)
     assert_int_equal(parse_i32_list("--tokens", "1,,3", 0, 10, 8, &v, &n), PAGODA_EINVAL);
     assert_int_equal(parse_i32_list("--tokens", "1,2,", 0, 10, 8, &v, &n), PAGODA_EINVAL);
     assert_int_equal(parse_i32_list("--tokens", "1,11", 0, 10, 8, &v, &n), PAGODA_ERANGE);
+    assert_int_equal(parse_i32_list("--tokens", " 1,2", 0, 10, 8, &v, &n), PAGODA_EINVAL);
+    assert_int_equal(parse_i32_list("--tokens", "1, 2", 0, 10, 8, &v, &n), PAGODA_EINVAL);
     assert_int_equal(parse_i32_list("--tokens", "1,2,3", 0, 10, 2, &v, &n), PAGODA_ERANGE);
     int on = -1;
     assert_int_equal(parse_on_off("--cuda-graphs", "on", &on), 0);
