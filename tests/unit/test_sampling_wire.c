@@ -268,6 +268,22 @@ static void test_stop_rules(void **state)
     /* ignore_eos: an EOS id ends it only as a stop id */
     assert_false(stop_token_ends(2, 1, 0, 1, eos, 2, stop, 2));
     assert_true(stop_token_ends(9, 1, 0, 1, eos, 2, stop, 2));
+    /* a stop id's min_tokens boundary, with ignore_eos too */
+    assert_false(stop_token_ends(4, 2, 2, 1, eos, 2, stop, 2));
+    assert_true(stop_token_ends(4, 3, 2, 1, eos, 2, stop, 2));
+    assert_false(stop_token_ends(2, 3, 2, 1, eos, 2, stop, 2));
+
+    /* an id twice in one list, INT32_MAX, and a full list of 64 + 64 distinct ids */
+    const int32_t twice[3] = {7, 7, INT32_MAX};
+    assert_int_equal(stop_ids_suppressed(twice, 3, NULL, 0, (int64_t)INT32_MAX + 1, out), 2);
+    assert_int_equal(out[1], INT32_MAX);
+    int32_t a[64], b[64];
+    for (int32_t i = 0; i < 64; i++) {
+        a[i] = i;
+        b[i] = 1000 + i;
+    }
+    assert_int_equal(stop_ids_suppressed(a, 64, b, 64, 2000, out), SAMPLING_SUPPRESS_MAX);
+    assert_int_equal(out[SAMPLING_SUPPRESS_MAX - 1], 1063);
 }
 
 int main(void)
