@@ -17,6 +17,7 @@
 #include "common/error.h"
 #include "common/json_util.h"
 #include "common/parse.h"
+#include "common/sampling_flags.h"
 #include "client/pagoda_admin_cli.h"
 
 #include <getopt.h>
@@ -166,14 +167,6 @@ enum {
     OPT_URL = 1000,
     OPT_TOKENS,
     OPT_MAX_TOKENS,
-    OPT_TEMPERATURE,
-    OPT_TOP_P,
-    OPT_TOP_K,
-    OPT_MIN_P,
-    OPT_REP,
-    OPT_PRESENCE,
-    OPT_FREQUENCY,
-    OPT_SEED,
     OPT_STOP,
     OPT_IGNORE_EOS,
     OPT_STREAM,
@@ -191,14 +184,7 @@ static const struct option longopts[] = {
     {"url", required_argument, NULL, OPT_URL},
     {"tokens", required_argument, NULL, OPT_TOKENS},
     {"max-tokens", required_argument, NULL, OPT_MAX_TOKENS},
-    {"temperature", required_argument, NULL, OPT_TEMPERATURE},
-    {"top-p", required_argument, NULL, OPT_TOP_P},
-    {"top-k", required_argument, NULL, OPT_TOP_K},
-    {"min-p", required_argument, NULL, OPT_MIN_P},
-    {"repetition-penalty", required_argument, NULL, OPT_REP},
-    {"presence-penalty", required_argument, NULL, OPT_PRESENCE},
-    {"frequency-penalty", required_argument, NULL, OPT_FREQUENCY},
-    {"seed", required_argument, NULL, OPT_SEED},
+    SAMPLING_FLAG_OPTIONS,
     {"stop-token-ids", required_argument, NULL, OPT_STOP},
     {"ignore-eos", no_argument, NULL, OPT_IGNORE_EOS},
     {"stream", no_argument, NULL, OPT_STREAM},
@@ -227,6 +213,7 @@ struct cli {
     int32_t bias_ids[PAGODA_MAX_LOGIT_BIAS]; /* --logit-bias, in the order given */
     float bias_values[PAGODA_MAX_LOGIT_BIAS];
     int max_tokens_set;
+    struct sampling_flags flags; /* --temperature .. --seed as given (common/sampling_flags.h) */
     pagoda_generate_params params;
     int stream, json;
     uint32_t timeout_ms;
@@ -259,14 +246,43 @@ static int parse_logit_bias(struct cli *o, const char *arg)
     return 0;
 }
 
+/* The sampling flags given so far into o->params. */
+static void take_sampling_flags(struct cli *o)
+{
+    const struct sampling_flags *f = &o->flags;
+    pagoda_generate_params *p = &o->params;
+    if (SAMPLING_FLAG_GIVEN(f, SAMPLING_FLAG_TEMPERATURE))
+        p->temperature = f->temperature;
+    if (SAMPLING_FLAG_GIVEN(f, SAMPLING_FLAG_TOP_P))
+        p->top_p = f->top_p;
+    if (SAMPLING_FLAG_GIVEN(f, SAMPLING_FLAG_TOP_K))
+        p->top_k = f->top_k;
+    if (SAMPLING_FLAG_GIVEN(f, SAMPLING_FLAG_MIN_P))
+        p->min_p = f->min_p;
+    if (SAMPLING_FLAG_GIVEN(f, SAMPLING_FLAG_REPETITION_PENALTY))
+        p->repetition_penalty = f->repetition_penalty;
+    if (SAMPLING_FLAG_GIVEN(f, SAMPLING_FLAG_PRESENCE_PENALTY))
+        p->presence_penalty = f->presence_penalty;
+    if (SAMPLING_FLAG_GIVEN(f, SAMPLING_FLAG_FREQUENCY_PENALTY))
+        p->frequency_penalty = f->frequency_penalty;
+    if (SAMPLING_FLAG_GIVEN(f, SAMPLING_FLAG_SEED)) {
+        p->has_seed = 1;
+        p->seed = f->seed;
+    }
+}
+
 static int parse_flag(struct cli *o, int opt, const char *arg)
 {
-    float f;
     int64_t i;
     int rc;
     size_t n;
     if (opt != OPT_URL && opt != OPT_JSON && opt != OPT_TIMEOUT && opt != OPT_API_KEY)
         o->generate = 1;
+    if (sampling_flag_is(opt)) {
+        if ((rc = sampling_flag_parse(opt, arg, &o->flags)) == 0)
+            take_sampling_flags(o);
+        return rc;
+    }
     switch (opt) {
     case OPT_URL:
         o->url = arg;
@@ -299,44 +315,6 @@ static int parse_flag(struct cli *o, int opt, const char *arg)
         o->params.stop = o->stops;
         o->params.num_stop = o->num_stops;
         return 0;
-    case OPT_TEMPERATURE:
-        if ((rc = parse_f32("--temperature", arg, 0, 1e6, &f)) == 0)
-            o->params.temperature = f;
-        return rc;
-    case OPT_TOP_P:
-        if ((rc = parse_f32("--top-p", arg, 0, 1, &f)) == 0 && f <= 0)
-            rc = pagoda_error_set(PAGODA_ERANGE, "--top-p: %s must be in (0, 1]", arg);
-        if (rc == 0)
-            o->params.top_p = f;
-        return rc;
-    case OPT_TOP_K:
-        if ((rc = parse_i64("--top-k", arg, 0, INT32_MAX, &i)) == 0)
-            o->params.top_k = (int32_t)i;
-        return rc;
-    case OPT_MIN_P:
-        if ((rc = parse_f32("--min-p", arg, 0, 1, &f)) == 0)
-            o->params.min_p = f;
-        return rc;
-    case OPT_REP:
-        if ((rc = parse_f32("--repetition-penalty", arg, 0, 1e6, &f)) == 0 && f <= 0)
-            rc = pagoda_error_set(PAGODA_ERANGE, "--repetition-penalty: %s must be > 0", arg);
-        if (rc == 0)
-            o->params.repetition_penalty = f;
-        return rc;
-    case OPT_PRESENCE:
-        if ((rc = parse_f32("--presence-penalty", arg, -2, 2, &f)) == 0)
-            o->params.presence_penalty = f;
-        return rc;
-    case OPT_FREQUENCY:
-        if ((rc = parse_f32("--frequency-penalty", arg, -2, 2, &f)) == 0)
-            o->params.frequency_penalty = f;
-        return rc;
-    case OPT_SEED:
-        if ((rc = parse_i64("--seed", arg, 0, INT64_MAX, &i)) == 0) {
-            o->params.has_seed = 1;
-            o->params.seed = (uint64_t)i;
-        }
-        return rc;
     case OPT_STOP:
         free(o->stop_ids);
         o->stop_ids = NULL;

@@ -15,6 +15,7 @@
 #include "common/json_util.h"
 #include "common/log.h"
 #include "common/parse.h"
+#include "common/sampling_flags.h"
 #include "kernels/cpu/sampler.h"
 #include "model/model_weights.h"
 #include "text/text_model.h"
@@ -66,7 +67,8 @@ struct run_opts {
     int cuda_tma;           /* --cuda-tma: worker/backend.h BACKEND_CUDA_TMA_* (default on) */
     enum dtype kv_dtype;    /* --kv-cache-dtype (CUDA): BF16 (auto) or F8E4M3 */
     struct sampling_params sampling;
-    const char **texts; /* [MAX_PROMPTS]: the text of a --prompt, NULL for --tokens */
+    struct sampling_flags flags; /* --temperature .. --seed as given (common/sampling_flags.h) */
+    const char **texts;          /* [MAX_PROMPTS]: the text of a --prompt, NULL for --tokens */
     /* --logit-bias ID:VALUE (each prompt's, as a request's; kernels/cpu/logit_bias.h) */
     int32_t bias_ids[SAMPLING_LOGIT_BIAS_MAX];
     float bias_values[SAMPLING_LOGIT_BIAS_MAX];
@@ -361,15 +363,7 @@ out:
 }
 
 enum {
-    OPT_TEMPERATURE = 256,
-    OPT_TOP_P,
-    OPT_TOP_K,
-    OPT_MIN_P,
-    OPT_REP,
-    OPT_PRESENCE,
-    OPT_FREQUENCY,
-    OPT_SEED,
-    OPT_BLOCK_SIZE,
+    OPT_BLOCK_SIZE = 256,
     OPT_MAX_BATCHED,
     OPT_ATTENTION,
     OPT_IGNORE_EOS,
@@ -387,13 +381,38 @@ enum {
     OPT_LOGIT_BIAS,
 };
 
+/* The sampling flags given so far into o->sampling. */
+static void take_sampling_flags(const struct sampling_flags *f, struct sampling_params *s)
+{
+    if (SAMPLING_FLAG_GIVEN(f, SAMPLING_FLAG_TEMPERATURE))
+        s->temperature = f->temperature;
+    if (SAMPLING_FLAG_GIVEN(f, SAMPLING_FLAG_TOP_P))
+        s->top_p = f->top_p;
+    if (SAMPLING_FLAG_GIVEN(f, SAMPLING_FLAG_TOP_K))
+        s->top_k = f->top_k;
+    if (SAMPLING_FLAG_GIVEN(f, SAMPLING_FLAG_MIN_P))
+        s->min_p = f->min_p;
+    if (SAMPLING_FLAG_GIVEN(f, SAMPLING_FLAG_REPETITION_PENALTY))
+        s->repetition_penalty = f->repetition_penalty;
+    if (SAMPLING_FLAG_GIVEN(f, SAMPLING_FLAG_PRESENCE_PENALTY))
+        s->presence_penalty = f->presence_penalty;
+    if (SAMPLING_FLAG_GIVEN(f, SAMPLING_FLAG_FREQUENCY_PENALTY))
+        s->frequency_penalty = f->frequency_penalty;
+    if (SAMPLING_FLAG_GIVEN(f, SAMPLING_FLAG_SEED))
+        s->seed = f->seed;
+}
+
 static int parse_flag(int opt, const char *arg, struct run_opts *o, int32_t ***prompts,
                       size_t **lens, int *num_prompts)
 {
     int64_t i;
     double d;
-    float f;
     int rc = 0;
+    if (sampling_flag_is(opt)) {
+        if ((rc = sampling_flag_parse(opt, arg, &o->flags)) == 0)
+            take_sampling_flags(&o->flags, &o->sampling);
+        return rc;
+    }
     switch (opt) {
     case 'm':
         o->model = arg;
@@ -418,38 +437,6 @@ static int parse_flag(int opt, const char *arg, struct run_opts *o, int32_t ***p
     case 'n':
         if ((rc = parse_i64("--max-tokens", arg, 1, MAX_NEW_TOKENS, &i)) == 0)
             o->max_tokens = (int32_t)i;
-        break;
-    case OPT_TEMPERATURE:
-        if ((rc = parse_f32("--temperature", arg, 0, 1e6, &f)) == 0)
-            o->sampling.temperature = f;
-        break;
-    case OPT_TOP_P:
-        if ((rc = parse_f32("--top-p", arg, 0, 1, &f)) == 0)
-            o->sampling.top_p = f;
-        break;
-    case OPT_TOP_K:
-        if ((rc = parse_i64("--top-k", arg, 0, INT32_MAX, &i)) == 0)
-            o->sampling.top_k = (int32_t)i;
-        break;
-    case OPT_MIN_P:
-        if ((rc = parse_f32("--min-p", arg, 0, 1, &f)) == 0)
-            o->sampling.min_p = f;
-        break;
-    case OPT_REP:
-        if ((rc = parse_f32("--repetition-penalty", arg, 0, 1e6, &f)) == 0)
-            o->sampling.repetition_penalty = f;
-        break;
-    case OPT_PRESENCE:
-        if ((rc = parse_f32("--presence-penalty", arg, -2, 2, &f)) == 0)
-            o->sampling.presence_penalty = f;
-        break;
-    case OPT_FREQUENCY:
-        if ((rc = parse_f32("--frequency-penalty", arg, -2, 2, &f)) == 0)
-            o->sampling.frequency_penalty = f;
-        break;
-    case OPT_SEED:
-        if ((rc = parse_i64("--seed", arg, 0, INT64_MAX, &i)) == 0)
-            o->sampling.seed = (uint64_t)i;
         break;
     case OPT_BLOCK_SIZE:
         if ((rc = parse_i64("--block-size", arg, KV_BLOCK_SIZE_MIN, KV_BLOCK_SIZE_MAX, &i)) == 0)
@@ -533,14 +520,7 @@ int main(int argc, char **argv)
         {"tokens", required_argument, NULL, 't'},
         {"prompt", required_argument, NULL, 'P'},
         {"max-tokens", required_argument, NULL, 'n'},
-        {"temperature", required_argument, NULL, OPT_TEMPERATURE},
-        {"top-p", required_argument, NULL, OPT_TOP_P},
-        {"top-k", required_argument, NULL, OPT_TOP_K},
-        {"min-p", required_argument, NULL, OPT_MIN_P},
-        {"repetition-penalty", required_argument, NULL, OPT_REP},
-        {"presence-penalty", required_argument, NULL, OPT_PRESENCE},
-        {"frequency-penalty", required_argument, NULL, OPT_FREQUENCY},
-        {"seed", required_argument, NULL, OPT_SEED},
+        SAMPLING_FLAG_OPTIONS,
         {"block-size", required_argument, NULL, OPT_BLOCK_SIZE},
         {"max-batched-tokens", required_argument, NULL, OPT_MAX_BATCHED},
         {"attention", required_argument, NULL, OPT_ATTENTION},

@@ -82,10 +82,10 @@ refused "prompt as long as the model's positions" "2048 positions" \
     --model "$tmp/tiny" --tokens "$long" --max-tokens 2
 refused "negative temperature" "--temperature" --model "$tmp/tiny" --tokens 1 --temperature -1
 refused "top-p above 1" "--top-p" --model "$tmp/tiny" --tokens 1 --top-p 1.5
-refused "top-p of 0" "top_p" --model "$tmp/tiny" --tokens 1 --top-p 0
+refused "top-p of 0" "--top-p: 0 must be in" --model "$tmp/tiny" --tokens 1 --top-p 0
 refused "top-k not a number" "--top-k" --model "$tmp/tiny" --tokens 1 --top-k many
 refused "min-p above 1" "--min-p" --model "$tmp/tiny" --tokens 1 --min-p 2
-refused "zero repetition penalty" "repetition_penalty" --model "$tmp/tiny" --tokens 1 \
+refused "zero repetition penalty" "--repetition-penalty: 0 must be" --model "$tmp/tiny" --tokens 1 \
     --repetition-penalty 0
 refused "max-tokens 0" "--max-tokens" --model "$tmp/tiny" --tokens 1 --max-tokens 0
 refused "block size 7" "--block-size" --model "$tmp/tiny" --tokens 1 --block-size 7

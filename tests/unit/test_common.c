@@ -10,6 +10,7 @@
 #include "common/json_util.h"
 #include "common/log.h"
 #include "common/parse.h"
+#include "common/sampling_flags.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -339,6 +340,38 @@ static void test_log_call_site_burst_is_limited(void **state)
     fake_clock = 0;
 }
 
+/* The sampling flags pagoda-run and `pagoda generate` share: each value read into its field
+ * and marked given; refusals name the flag. */
+static void test_sampling_flags(void **state)
+{
+    (void)state;
+    struct sampling_flags f = {0};
+    assert_false(sampling_flag_is('m'));
+    assert_true(sampling_flag_is(SAMPLING_FLAG_SEED));
+    assert_false(sampling_flag_is(SAMPLING_FLAG_END));
+    assert_int_equal(sampling_flag_parse(SAMPLING_FLAG_TEMPERATURE, "0.5", &f), 0);
+    assert_int_equal(sampling_flag_parse(SAMPLING_FLAG_TOP_K, "40", &f), 0);
+    assert_int_equal(sampling_flag_parse(SAMPLING_FLAG_SEED, "18446744073709551615", &f),
+                     PAGODA_ERANGE);
+    assert_int_equal(sampling_flag_parse(SAMPLING_FLAG_SEED, "7", &f), 0);
+    assert_true(f.temperature == 0.5f && f.top_k == 40 && f.seed == 7);
+    assert_true(SAMPLING_FLAG_GIVEN(&f, SAMPLING_FLAG_TEMPERATURE));
+    assert_true(SAMPLING_FLAG_GIVEN(&f, SAMPLING_FLAG_SEED));
+    assert_false(SAMPLING_FLAG_GIVEN(&f, SAMPLING_FLAG_TOP_P));
+    /* a refused value leaves its field and its bit as they were */
+    assert_int_equal(sampling_flag_parse(SAMPLING_FLAG_TOP_P, "0", &f), PAGODA_ERANGE);
+    assert_non_null(strstr(pagoda_error_detail(), "--top-p"));
+    assert_false(SAMPLING_FLAG_GIVEN(&f, SAMPLING_FLAG_TOP_P));
+    assert_int_equal(sampling_flag_parse(SAMPLING_FLAG_REPETITION_PENALTY, "0", &f), PAGODA_ERANGE);
+    assert_int_equal(sampling_flag_parse(SAMPLING_FLAG_TEMPERATURE, "1e-50", &f), PAGODA_ERANGE);
+    assert_true(f.temperature == 0.5f);
+    assert_int_equal(sampling_flag_parse(SAMPLING_FLAG_PRESENCE_PENALTY, "-2.5", &f),
+                     PAGODA_ERANGE);
+    assert_int_equal(sampling_flag_parse(SAMPLING_FLAG_FREQUENCY_PENALTY, "-2", &f), 0);
+    assert_true(f.frequency_penalty == -2.0f);
+    assert_int_equal(sampling_flag_parse('m', "x", &f), PAGODA_EINVAL);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -347,6 +380,7 @@ int main(void)
         cmocka_unit_test(test_json_getters_tell_missing_from_wrong),
         cmocka_unit_test(test_json_load_file_errors),
         cmocka_unit_test(test_parse_values),
+        cmocka_unit_test(test_sampling_flags),
         cmocka_unit_test(test_bf16_round_trip_and_rounding),
         cmocka_unit_test(test_e4m3_codes_and_rounding),
         cmocka_unit_test(test_log_level_parse),
