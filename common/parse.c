@@ -3,7 +3,6 @@
 
 #include <errno.h>
 #include <float.h>
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -38,11 +37,11 @@ int parse_f64(const char *flag, const char *text, double min, double max, double
     if (text[0] == '\0' || text[strspn(text, "0123456789+-.eE")] != '\0')
         return pagoda_error_set(PAGODA_EINVAL, "%s: '%s' is not a number", flag, text);
     double v = strtod(text, &end);
-    if (end == text || *end != '\0' || isnan(v))
+    if (end == text || *end != '\0')
         return pagoda_error_set(PAGODA_EINVAL, "%s: '%s' is not a number", flag, text);
-    /* past the doubles (1e400) or below them (1e-400, which would round to 0: a temperature's
-     * greedy) is out of range */
-    if (errno == ERANGE || isinf(v) || v < min || v > max)
+    /* past the doubles (1e400: HUGE_VAL) or below them (1e-400, which would round to 0: a
+     * temperature's greedy) is out of range; without the letters of inf and nan, v is finite */
+    if (errno == ERANGE || v < min || v > max)
         return pagoda_error_set(PAGODA_ERANGE, "%s: %s is outside [%g, %g]", flag, text, min, max);
     *out = v;
     return 0;

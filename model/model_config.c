@@ -646,11 +646,23 @@ static void tok_ids_fini(struct tok_ids *t)
     json_decref(t->added);
 }
 
+/* Whether text (len bytes) is in t's model vocabulary; then *out is its id. */
+static bool tok_ids_vocab(const struct tok_ids *t, const char *text, size_t len, int32_t *out)
+{
+    return token_id(json_object_getn(t->index != NULL ? t->index : t->vocab, text, len), out);
+}
+
 /* Whether text (len bytes) has an id in t; then *out is it. */
 static bool tok_ids_find(const struct tok_ids *t, const char *text, size_t len, int32_t *out)
 {
-    return token_id(json_object_getn(t->index != NULL ? t->index : t->vocab, text, len), out) ||
-           token_id(json_object_getn(t->added, text, len), out);
+    return tok_ids_vocab(t, text, len, out) || token_id(json_object_getn(t->added, text, len), out);
+}
+
+/* The id an added token the vocabulary lacks takes: the next past the largest so far (max_id, -1
+ * for none) where that lies at or past the vocabulary's count ids, else count. */
+static int64_t next_added_id(int64_t max_id, size_t count)
+{
+    return max_id >= 0 && ((size_t)max_id >= count || count == 0) ? max_id + 1 : (int64_t)count;
 }
 
 static int tok_ids_build(const json_t *root, struct tok_ids *t)
@@ -683,11 +695,7 @@ static int tok_ids_build(const json_t *root, struct tok_ids *t)
         int32_t vid;
         if (c == NULL || n == 0 || json_object_getn(t->added, c, n) != NULL)
             continue;
-        bool in_vocab =
-            token_id(json_object_getn(t->index != NULL ? t->index : t->vocab, c, n), &vid);
-        int64_t id = in_vocab                                                 ? vid
-                     : max_id >= 0 && ((size_t)max_id >= count || count == 0) ? max_id + 1
-                                                                              : (int64_t)count;
+        int64_t id = tok_ids_vocab(t, c, n, &vid) ? vid : next_added_id(max_id, count);
         if (id > INT32_MAX)
             break;
         if (id > max_id)
@@ -695,7 +703,7 @@ static int tok_ids_build(const json_t *root, struct tok_ids *t)
         if (json_object_setn_new(t->added, c, n, json_integer(id)) != 0)
             return PAGODA_ENOMEM;
     }
-    t->next = max_id >= 0 && ((size_t)max_id >= count || count == 0) ? max_id + 1 : (int64_t)count;
+    t->next = next_added_id(max_id, count);
     return 0;
 }
 
